@@ -1,0 +1,40 @@
+"""The thin ``main`` every action exposes: validate, run the core, return a JSON dict.
+
+Contract violations come back as ``{"error": ..., "field": ...}`` (an OpenWhisk application
+error, not retried). ``__inject_failure`` in the payload makes the activation fail like a
+crashed container (a developer error, retried by the flow) -- fault injection for tests.
+Any other exception propagates to the runtime server, which reports a developer error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from actions.common import warm
+from actions.common.contracts import parse_request
+from actions.common.loading import configure_threads
+from actions.common.storage import IntegrityError, ObjectNotFound
+
+
+class InjectedFault(RuntimeError):
+    """Raised on purpose by fault injection."""
+
+
+def run_action(request_model: type, core: Callable[[Any], Any], args: dict[str, Any]) -> dict[str, Any]:
+    req = parse_request(request_model, args)
+    if isinstance(req, dict):
+        return req
+    if args.get("__inject_failure"):
+        raise InjectedFault("injected fault (faults.fail_fraction): simulated container crash")
+    configure_threads()
+    before = warm.stats()
+    try:
+        result = core(req)
+    except (ObjectNotFound, IntegrityError, ValueError) as exc:
+        # Missing or corrupted inputs will not heal by retrying: an application error.
+        return {"error": str(exc), "field": "store"}
+    after = warm.stats()
+    out = result.model_dump(mode="json")
+    out["__warm"] = {"hits": after["hits"] - before["hits"], "misses": after["misses"] - before["misses"]}
+    return out

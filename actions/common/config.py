@@ -1,0 +1,276 @@
+"""Campaign configuration: one validated pydantic tree, from YAML plus ``--set`` overrides.
+
+Every section forbids unknown keys, so a typo is an error naming the key rather than a
+silently ignored setting. Cross-field rules live in validators whose messages name the field,
+the value and the fix. The embedded defaults describe the laptop campaign ``make train`` runs:
+tiny Llama on CPU, local warm pool, local store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    path: str | None = None
+    """Local Hugging Face model directory; None builds the tiny default from the fields below."""
+    hidden_size: int = Field(96, ge=8)
+    num_layers: int = Field(2, ge=1)
+    num_heads: int = Field(4, ge=1)
+    intermediate_size: int = Field(256, ge=8)
+    max_positions: int = Field(256, ge=16)
+
+
+class DataConfig(_Section):
+    task: Literal["repeat"] = "repeat"
+    """Reward function and synthetic generator. ``repeat``: write a letter exactly k times."""
+    train_path: str | None = None
+    """JSONL of {prompt_id, prompt, answer}; None generates the synthetic task."""
+    eval_path: str | None = None
+    num_train_prompts: int = Field(512, ge=1)
+    num_eval_prompts: int = Field(64, ge=1)
+    max_count: int = Field(14, ge=1)
+    """Largest k of the synthetic task (answer length in tokens)."""
+
+
+class AlgorithmConfig(_Section):
+    name: Literal["grpo", "ppo"] = "grpo"
+    batch_size: int = Field(128, gt=0)
+    """Samples (responses) per step = prompts per step x group_size."""
+    group_size: int = Field(8, gt=0)
+    """Responses per prompt (GRPO's n)."""
+    kl_coef: float = Field(0.01, ge=0)
+    kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    clip_low: float = Field(0.2, gt=0, lt=1)
+    clip_high: float = Field(0.28, gt=0)
+    value_clip: float = Field(0.2, gt=0)
+    lr: float = Field(1e-3, gt=0)
+    critic_lr: float = Field(2e-3, gt=0)
+    epochs: int = Field(1, ge=1)
+    num_minibatches: int = Field(2, ge=1)
+    gamma: float = Field(1.0, ge=0, le=1)
+    gae_lambda: float = Field(0.95, ge=0, le=1)
+    max_grad_norm: float = Field(1.0, gt=0)
+    scale_by_std: bool = True
+
+    @model_validator(mode="after")
+    def _check_batch(self) -> AlgorithmConfig:
+        if self.batch_size % self.group_size:
+            raise ValueError(
+                f"algorithm.group_size={self.group_size} does not divide algorithm.batch_size="
+                f"{self.batch_size}; choose a batch_size that is a multiple of group_size"
+            )
+        if (self.batch_size // self.group_size) < self.num_minibatches:
+            raise ValueError(
+                f"algorithm.num_minibatches={self.num_minibatches} exceeds the {self.batch_size // self.group_size}"
+                " prompts per step; lower num_minibatches or raise batch_size"
+            )
+        return self
+
+    @property
+    def prompts_per_step(self) -> int:
+        return self.batch_size // self.group_size
+
+
+class WarmupConfig(_Section):
+    steps: int = Field(300, ge=0)
+    """Supervised steps on imperfect demonstrations before RL (0 skips warm-up)."""
+    batch_size: int = Field(32, gt=0)
+    lr: float = Field(3e-3, gt=0)
+    error_rate: float = Field(0.7, ge=0, le=1)
+    """How often the synthetic demonstrator miscounts a long answer."""
+
+
+class GenerationConfig(_Section):
+    max_new_tokens: int = Field(24, gt=0)
+    temperature: float = Field(1.0, ge=0)
+    engine: Literal["torch", "vllm"] = "torch"
+    dedup_prefill: bool = True
+    assignment: Literal["ranked", "round_robin"] = "ranked"
+    cut_threshold: float | None = Field(0.7, gt=0, le=1)
+    """tau: an action stops once this fraction of its samples finished (None: never cut)."""
+    prefill_capacity: int = Field(64, gt=0)
+    """B_prefill: most unique prefixes one prefill action computes (PAPER 3.1)."""
+    length_window: int = Field(1, ge=1)
+    """EWMA window (epochs) of the response-length predictor."""
+
+
+class ScalingConfig(_Section):
+    policy: str = "cost_aware"
+    """``cost_aware``, ``fixed:N`` or ``package.module:function``."""
+    n_min: int = Field(1, ge=1)
+    n_max: int = Field(4, ge=1)
+    lam: float = Field(0.7, ge=0, le=1)
+    gpus_per_actor: int = Field(1, ge=1)
+    cold_start_s: float = Field(2.0, ge=0)
+    profile: str | None = None
+    """TPOT profile JSON (``rlhfless profile``); None uses a built-in CPU estimate."""
+
+    @field_validator("policy")
+    @classmethod
+    def _check_policy(cls, v: str) -> str:
+        if v == "cost_aware" or ":" in v:
+            if v.startswith("fixed:"):
+                n = v.split(":", 1)[1]
+                if not n.isdigit() or int(n) < 1:
+                    raise ValueError(f"scaling.policy {v!r}: fixed:N needs a positive integer N, e.g. fixed:2")
+            return v
+        raise ValueError(f"scaling.policy {v!r} is unknown; use cost_aware, fixed:N or package.module:function")
+
+    @model_validator(mode="after")
+    def _check_range(self) -> ScalingConfig:
+        if self.n_min > self.n_max:
+            raise ValueError(f"scaling.n_min={self.n_min} is above scaling.n_max={self.n_max}; make n_min <= n_max")
+        return self
+
+
+class StoreConfig(_Section):
+    uri: str = "runs/store"
+    """A directory, or s3://bucket/prefix (endpoint and keys from AWS_* environment variables)."""
+
+
+class InvokerConfig(_Section):
+    kind: Literal["local", "inprocess", "openwhisk"] = "local"
+    num_workers: int = Field(0, ge=0)
+    """Local warm pool size; 0 = scaling.n_max + 1."""
+    package: str = "rlhfless"
+    """OpenWhisk package holding the actions."""
+    timeout_s: float = Field(600.0, gt=0)
+
+
+class BudgetConfig(_Section):
+    usd: float | None = Field(None, gt=0)
+    gpu_seconds: float | None = Field(None, gt=0)
+
+
+class FaultConfig(_Section):
+    """Fault injection for resilience tests: failures are transient and retried."""
+
+    fail_fraction: float = Field(0.0, ge=0, lt=1)
+    actions: list[str] = ["generate", "score"]
+    seed: int = 0
+
+
+class CampaignConfig(_Section):
+    run_id: str | None = None
+    """Names the run in the store; None derives it from the configuration's hash."""
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    warmup: WarmupConfig = WarmupConfig()
+    generation: GenerationConfig = GenerationConfig()
+    scaling: ScalingConfig = ScalingConfig()
+    store: StoreConfig = StoreConfig()
+    invoker: InvokerConfig = InvokerConfig()
+    budget: BudgetConfig = BudgetConfig()
+    faults: FaultConfig = FaultConfig()
+    price_per_gpu_second: float = Field(0.0004, ge=0)
+    """USD per GPU-second (0.0004 = $1.44 per GPU-hour)."""
+    seed: int = 0
+    steps: int = Field(16, ge=0)
+    eval_every: int = Field(4, ge=0)
+    """Evaluate on the held-out set every this many steps (0: only before and after)."""
+
+    @field_validator("run_id")
+    @classmethod
+    def _check_run_id(cls, v: str | None) -> str | None:
+        if v is not None and (not v or not all(c.isalnum() or c in "-_." for c in v)):
+            raise ValueError(f"run_id {v!r} may use only letters, digits, '-', '_' and '.'")
+        return v
+
+    def identity(self) -> dict[str, Any]:
+        """The settings that define what a run computes; resuming requires them unchanged.
+        Steps, budgets, store, invoker and fault injection may change between resumes."""
+        data = self.model_dump(mode="json")
+        for key in ("steps", "budget", "store", "invoker", "faults", "run_id", "eval_every"):
+            data.pop(key, None)
+        # Fan-out and planning change cost, never the training data (ARCHITECTURE invariant 3).
+        data.pop("scaling", None)
+        for key in ("assignment", "cut_threshold", "dedup_prefill", "prefill_capacity", "length_window"):
+            data["generation"].pop(key, None)
+        return data
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()[:12]
+
+    def resolved_run_id(self) -> str:
+        return self.run_id or f"{self.data.task}-{self.algorithm.name}-{self.fingerprint()}"
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _first_error(exc: ValidationError, raw: dict[str, Any]) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        parent = loc.rsplit(".", 1)[0] if "." in loc else "top level"
+        return f"unknown config key {loc!r}: not a setting of {parent}; check the spelling (see README, Configuration)"
+    if msg.startswith("Value error, "):
+        return msg[len("Value error, "):]
+    value = raw
+    for part in err["loc"]:
+        value = value.get(part, "<missing>") if isinstance(value, dict) else "<missing>"
+    return f"config {loc} = {value!r}: {msg.lower()}"
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b=value`` -> (["a", "b"], parsed YAML value)."""
+    if "=" not in item:
+        raise ValueError(f"--set {item!r} is not of the form dotted.key=value, e.g. --set algorithm.lr=1e-3")
+    key, raw = item.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ValueError(f"--set {item!r} has an empty key segment; use dotted.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def load_config(path: str | None = None, overrides: list[str] | None = None) -> CampaignConfig:
+    """Read a YAML file (optional), apply ``--set`` overrides, validate.
+
+    Raises:
+        ValueError: a one-line message naming the field, the value and the fix.
+    """
+    raw: dict[str, Any] = {}
+    if path:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ValueError(f"config file {path!r} cannot be read ({exc.strerror}); check --config") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark else ""
+            raise ValueError(f"config file {path!r} is not valid YAML{where}; fix the syntax") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ValueError(f"config file {path!r} must hold a mapping of sections, not {type(loaded).__name__}")
+        raw = loaded or {}
+    for item in overrides or []:
+        parts, value = parse_override(item)
+        node = raw
+        for p in parts[:-1]:
+            child = node.setdefault(p, {})
+            if not isinstance(child, dict):
+                raise ValueError(f"--set {item!r}: {p!r} is a value, not a section")
+            node = child
+        node[parts[-1]] = value
+    try:
+        return CampaignConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ValueError(_first_error(exc, raw)) from None

@@ -1,0 +1,201 @@
+"""Wire contracts between flows and actions: one pydantic model per message (STYLE P2).
+
+Payloads carry object-store keys and small statistics, never tensors (OpenWhisk caps params
+and results at about 1 MB). Both sides import these models; actions validate the incoming
+dict at the edge and return ``{"error": ..., "field": ...}`` when it does not fit.
+
+Key conventions: ``store_uri`` names the store, ``base_key`` the model's config/tokenizer
+artifact, ``policy_key`` a policy version's manifest. Every output key is chosen by the flow
+from (run, step, shard), so running an action twice writes the same bytes to the same keys.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from actions.common.config import AlgorithmConfig, WarmupConfig
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelRef(_Msg):
+    store_uri: str
+    base_key: str
+    policy_key: str
+    policy_version: int = Field(ge=0)
+
+
+class SampleStat(_Msg):
+    """One generated sample, summarised for planning and accounting."""
+
+    prompt_id: int
+    sample_index: int
+    length: int  # response tokens, EOS excluded
+    finish_reason: Literal["stop", "length", "cut"]
+
+
+class PartialSample(_Msg):
+    """A cut sample: continue it from ``tokens`` with the same random stream."""
+
+    prompt_id: int
+    sample_index: int
+    tokens: list[int]
+
+
+# ----------------------------------------------------------------------------- warmup
+
+
+class WarmupRequest(_Msg):
+    store_uri: str
+    base_key: str
+    init_key: str
+    dataset_key: str
+    output_key: str
+    warmup: WarmupConfig
+    task: str
+    seed: int
+
+
+class WarmupResult(_Msg):
+    policy_key: str
+    weights_sha256: str
+    loss_first: float
+    loss_last: float
+    num_steps: int
+
+
+# ----------------------------------------------------------------------------- prefill
+
+
+class PrefillRequest(_Msg):
+    model: ModelRef
+    dataset_key: str
+    prompt_ids: list[int]
+    prefix_len: int = Field(ge=1)
+    output_key: str
+
+
+class PrefillResult(_Msg):
+    bundle_key: str
+    num_unique_prefixes: int
+    tokens_computed: int
+
+
+# ----------------------------------------------------------------------------- generate
+
+
+class GenerateRequest(_Msg):
+    model: ModelRef
+    dataset_key: str
+    run_seed: int
+    step: int = Field(ge=0)
+    shard: str
+    prompt_ids: list[int] = []
+    group_size: int = Field(1, ge=1)
+    partial_keys: list[str] = []
+    """Continuation: objects holding PartialSample lists (cut samples to finish)."""
+    max_new_tokens: int = Field(gt=0)
+    temperature: float = Field(ge=0)
+    dedup_prefill: bool = True
+    kv_bundle_key: str | None = None
+    cut_after: int | None = Field(None, ge=1)
+    """Stop once this many samples finished and return the rest as partial (cut-and-migrate)."""
+    output_key: str
+
+
+class GenerateResult(_Msg):
+    rollout_key: str
+    samples: list[SampleStat]
+    partial_key: str | None = None
+    num_cut: int = 0
+    prefill_tokens: int
+    prefill_tokens_naive: int
+    decode_steps: int
+    kv_bundle_used: bool = False
+
+
+# ----------------------------------------------------------------------------- score
+
+
+class ScoreRequest(_Msg):
+    policy: ModelRef
+    reference_key: str
+    critic_key: str | None = None
+    dataset_key: str
+    rollout_keys: list[str]
+    task: str
+    algorithm: AlgorithmConfig
+    output_key: str
+
+
+class ScoreResult(_Msg):
+    scored_key: str
+    num_samples: int
+    reward_mean: float
+    reward_sum: float
+    kl_mean: float
+
+
+# ----------------------------------------------------------------------------- train
+
+
+class TrainStepRequest(_Msg):
+    policy: ModelRef
+    optimizer_key: str | None
+    critic_key: str | None = None
+    critic_optimizer_key: str | None = None
+    scored_keys: list[str]
+    algorithm: AlgorithmConfig
+    seed: int
+    step: int
+    output_prefix: str
+
+
+class TrainStepResult(_Msg):
+    policy_key: str
+    policy_version: int
+    weights_sha256: str
+    optimizer_key: str
+    critic_key: str | None = None
+    critic_optimizer_key: str | None = None
+    bytes_uploaded: int
+    metrics: dict[str, float]
+
+
+# ----------------------------------------------------------------------------- evaluate
+
+
+class EvaluateRequest(_Msg):
+    model: ModelRef
+    dataset_key: str
+    task: str
+    max_new_tokens: int = Field(gt=0)
+    output_key: str
+
+
+class EvaluateResult(_Msg):
+    accuracy: float
+    mean_length: float
+    num_prompts: int
+
+
+def parse_request(model: type[_Msg], args: dict[str, Any]) -> _Msg | dict[str, Any]:
+    """Validate an incoming payload; on failure return the OpenWhisk application-error dict
+    ``{"error": "<field>: <problem> (got <value>)", "field": ...}`` instead of raising."""
+    payload = {k: v for k, v in args.items() if not k.startswith("__")}
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "payload"
+        got = err.get("input", "<missing>")
+        if err["type"] == "missing":
+            got = "<missing>"
+        text = repr(got)
+        if len(text) > 80:
+            text = text[:77] + "..."
+        return {"error": f"{model.__name__}.{field}: {err['msg'].lower()} (got {text})", "field": field}

@@ -1,0 +1,127 @@
+"""Credentials: where the S3 and OpenWhisk secrets come from, and how to keep them out of text.
+
+Actions and flows receive a store *URI* only (``s3://bucket/prefix``), never credentials in a
+payload. Credentials come from the process environment -- for OpenWhisk actions, from action
+parameters bound at deploy time, which the runtime exposes as environment variables -- or, when
+``AWS_ACCESS_KEY_ID`` is absent, from boto3's default chain (shared config, IRSA, instance
+profile). See ``docs/storage.md`` for the least-privilege policy that scopes them.
+
+:func:`redact` scrubs every known secret value from a string. Call it on anything that may
+echo a request, a header or an environment dump before it is logged, raised or returned in an
+action result.
+
+What this module does not cover: fetching or rotating credentials (STS, vault).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+#: Environment variables whose values are secret. Access key ids are only semi-secret: they are
+#: shown masked (first 4 characters) so an operator can tell which key was used.
+SECRET_ENV_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "WSK_AUTH", "__OW_API_KEY")
+KEY_ID_ENV_VARS = ("AWS_ACCESS_KEY_ID",)
+
+# Values shorter than this are not scrubbed: replacing every "a" in a message helps nobody, and
+# no real key is this short.
+_MIN_SECRET_LEN = 4
+_REDACTED = "[REDACTED]"
+
+_extra_lock = threading.Lock()
+_extra_secrets: set[str] = set()
+_extra_key_ids: set[str] = set()
+
+
+def mask_key_id(key_id: str | None) -> str:
+    """The masked form of an access key id that may appear in messages (``AKIA****``)."""
+    if not key_id:
+        return "<none>"
+    return key_id[:4] + "****"
+
+
+def register_secret(value: str | None, *, key_id: bool = False) -> None:
+    """Make :func:`redact` scrub ``value`` too (credentials passed in code, not via env)."""
+    if not value or len(value) < _MIN_SECRET_LEN:
+        return
+    with _extra_lock:
+        (_extra_key_ids if key_id else _extra_secrets).add(value)
+
+
+def _variants(value: str) -> list[str]:
+    """A secret and the encodings under which it leaks: an OpenWhisk ``uuid:key`` auth string
+    also travels base64-encoded in ``Authorization: Basic``, and each half is secret alone."""
+    out = [value, base64.b64encode(value.encode()).decode()]
+    if ":" in value:
+        out.extend(part for part in value.split(":", 1) if len(part) >= _MIN_SECRET_LEN)
+    return out
+
+
+def redact(text: str, env: Mapping[str, str] | None = None) -> str:
+    """Remove current secret values from ``text``.
+
+    Scrubs the values of AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, WSK_AUTH and __OW_API_KEY
+    (plus the base64 form and both halves of ``uuid:key`` auth strings), masks
+    AWS_ACCESS_KEY_ID to its first 4 characters, and does the same for values passed to
+    :func:`register_secret`.
+
+    Args:
+        text: any message, log line, repr or traceback text.
+        env: the environment to read secrets from (default ``os.environ``).
+
+    Returns:
+        ``text`` with each secret replaced by ``[REDACTED]`` and each key id masked.
+
+    >>> import os; os.environ["WSK_AUTH"] = "23bc46b1:123zO3xZCLrMN6v2BKK"
+    >>> redact("auth=23bc46b1:123zO3xZCLrMN6v2BKK")
+    'auth=[REDACTED]'
+    """
+    env = os.environ if env is None else env
+    with _extra_lock:
+        secrets = set(_extra_secrets)
+        key_ids = set(_extra_key_ids)
+    secrets.update(v for name in SECRET_ENV_VARS if len(v := env.get(name, "")) >= _MIN_SECRET_LEN)
+    key_ids.update(v for name in KEY_ID_ENV_VARS if len(v := env.get(name, "")) >= _MIN_SECRET_LEN)
+    replacements = [(v, _REDACTED) for s in secrets for v in _variants(s)]
+    replacements += [(k, mask_key_id(k)) for k in key_ids]
+    # Longest first, so a secret that contains another one is replaced whole.
+    for value, repl in sorted(replacements, key=lambda r: -len(r[0])):
+        if value in text:
+            text = text.replace(value, repl)
+    return text
+
+
+@dataclass(frozen=True)
+class S3Credentials:
+    """Static S3 credentials. ``repr`` shows the masked key id only."""
+
+    access_key_id: str
+    secret_access_key: str = field(repr=False)
+    session_token: str | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        return f"S3Credentials(access_key_id={mask_key_id(self.access_key_id)!r})"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> S3Credentials | None:
+        """Read AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (/ AWS_SESSION_TOKEN).
+
+        Returns None when no key id is set: boto3's default chain (profile, IRSA, instance
+        role) then applies. Raises ValueError when only one half of the pair is set.
+        """
+        env = os.environ if env is None else env
+        key_id = env.get("AWS_ACCESS_KEY_ID") or None
+        secret = env.get("AWS_SECRET_ACCESS_KEY") or None
+        if key_id is None and secret is None:
+            return None
+        if key_id is None or secret is None:
+            missing = "AWS_SECRET_ACCESS_KEY" if key_id else "AWS_ACCESS_KEY_ID"
+            raise ValueError(f"{missing} is not set but its pair is; set both or neither")
+        creds = cls(key_id, secret, env.get("AWS_SESSION_TOKEN") or None)
+        register_secret(creds.secret_access_key)
+        register_secret(creds.session_token)
+        register_secret(creds.access_key_id, key_id=True)
+        return creds

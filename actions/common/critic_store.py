@@ -1,0 +1,20 @@
+"""Loading the PPO critic from the store (backbone + value head), optionally warm-cached."""
+
+from __future__ import annotations
+
+from actions.common import warm
+from actions.common.loading import load_base, store_for
+from actions.common.modeling import instantiate
+from actions.common.weights import load_tensors
+from actions.rl.critic import Critic, build_critic, split_tensors
+
+
+def load_critic(store_uri: str, base_key: str, critic_key: str, *, fresh: bool = False) -> Critic:
+    def build() -> Critic:
+        tensors, _ = load_tensors(store_for(store_uri), critic_key)
+        lm, _ = instantiate(load_base(store_uri, base_key), split_tensors(tensors))
+        return build_critic(lm, tensors)
+
+    if fresh:
+        return build()
+    return warm.get_or_build(("critic", store_uri, base_key, critic_key), build)[0]

@@ -1,0 +1,43 @@
+"""KV bundles: the prefill action's output, one artifact per (step, policy version).
+
+Each prefix i contributes tensors ``p{i}.k{layer}``, ``p{i}.v{layer}`` ([kv_heads, len,
+head_dim]) and ``p{i}.logits`` ([V]); the manifest's meta lists every prefix's token ids and
+the policy version the KV was computed with. Tensors are content-addressed blobs like weights.
+"""
+
+from __future__ import annotations
+
+from actions.common import warm
+from actions.common.storage import ObjectStore
+from actions.common.weights import load_tensors, publish_tensors
+from actions.engines.torch_engine import PrefixState
+
+
+def publish_bundle(store: ObjectStore, key: str, states: list[PrefixState], policy_version: int) -> None:
+    tensors = {}
+    for i, st in enumerate(states):
+        for li, (k, v) in enumerate(st.kv):
+            tensors[f"p{i}.k{li}"] = k
+            tensors[f"p{i}.v{li}"] = v
+        tensors[f"p{i}.logits"] = st.last_logits
+    meta = {"policy_version": policy_version, "prefixes": [list(st.tokens) for st in states],
+            "num_layers": len(states[0].kv) if states else 0}
+    publish_tensors(store, key, tensors, meta)
+
+
+def load_bundle(store: ObjectStore, key: str, policy_version: int) -> dict[tuple[int, ...], PrefixState]:
+    """Prefix tokens -> state. Refuses a bundle computed with other weights."""
+    def build():
+        tensors, meta = load_tensors(store, key)
+        if meta.get("policy_version") != policy_version:
+            raise ValueError(
+                f"KV bundle {key!r} was computed with policy version {meta.get('policy_version')}, "
+                f"not {policy_version}; re-run prefill for this version"
+            )
+        out = {}
+        for i, toks in enumerate(meta["prefixes"]):
+            kv = [(tensors[f"p{i}.k{li}"], tensors[f"p{i}.v{li}"]) for li in range(meta["num_layers"])]
+            out[tuple(toks)] = PrefixState(tuple(toks), kv, tensors[f"p{i}.logits"])
+        return out
+
+    return warm.get_or_build(("kv", store.uri, key), build)[0]

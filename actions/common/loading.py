@@ -1,0 +1,67 @@
+"""What actions load from the store, cached while the container stays warm (STYLE P7).
+
+Models are keyed by (store uri, base key, policy key): a policy version never changes once
+its manifest exists, so a hit is always valid. The train action takes a private copy
+(``fresh=True``) because it mutates weights.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from actions.common import warm
+from actions.common.contracts import ModelRef
+from actions.common.storage import ObjectStore, get_artifact, open_store
+from actions.common.weights import load_tensors
+from actions.common.modeling import instantiate
+from actions.tasks.dataset import PromptRow, parse_jsonl
+
+DATASET_FILE = "rows.jsonl"
+
+
+def configure_threads() -> None:
+    """One intra-op thread per action process unless told otherwise: the warm pool runs
+    several actions side by side, and oversubscribed cores slow everyone down."""
+    torch.set_num_threads(int(os.environ.get("RLHFLESS_THREADS", "1")))
+
+
+def store_for(uri: str) -> ObjectStore:
+    return warm.get_or_build(("store", uri), lambda: open_store(uri))[0]
+
+
+def load_base(store_uri: str, base_key: str) -> dict[str, bytes]:
+    return warm.get_or_build(("base", store_uri, base_key), lambda: get_artifact(store_for(store_uri), base_key)[0])[0]
+
+
+def load_model(ref: ModelRef, *, fresh: bool = False) -> tuple[torch.nn.Module, object, bool]:
+    """(model, tokenizer, warm_hit) for a policy version."""
+    def build():
+        tensors, _ = load_tensors(store_for(ref.store_uri), ref.policy_key)
+        return instantiate(load_base(ref.store_uri, ref.base_key), tensors)
+
+    if fresh:
+        model, tokenizer = build()
+        return model, tokenizer, False
+    (model, tokenizer), hit = warm.get_or_build(("model", ref.store_uri, ref.base_key, ref.policy_key), build)
+    return model, tokenizer, hit
+
+
+def load_dataset(store_uri: str, dataset_key: str) -> dict[int, PromptRow]:
+    def build():
+        files, _ = get_artifact(store_for(store_uri), dataset_key, [DATASET_FILE])
+        return {r.prompt_id: r for r in parse_jsonl(files[DATASET_FILE], source=dataset_key)}
+
+    return warm.get_or_build(("dataset", store_uri, dataset_key), build)[0]
+
+
+def encode(tokenizer: object, text: str) -> tuple[int, ...]:
+    return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])  # type: ignore[operator]
+
+
+def rows_for(dataset: dict[int, PromptRow], prompt_ids: list[int]) -> list[PromptRow]:
+    missing = [p for p in prompt_ids if p not in dataset]
+    if missing:
+        raise ValueError(f"prompt_ids {missing[:5]} are not in the dataset")
+    return [dataset[p] for p in prompt_ids]

@@ -1,0 +1,112 @@
+"""Causal LMs and tokenizers: build the tiny default, load any local Hugging Face model.
+
+Any ``transformers`` causal LM stored as a local directory (``config.json``,
+``*.safetensors``, tokenizer files) works. The embedded default is a tiny Llama built from a
+config with a character-level tokenizer -- nothing is downloaded.
+
+In the object store a model is split in two: the *base* artifact (config and tokenizer files,
+small, never changes during a campaign) and *policy versions* (tensors only, see
+``weights.py``). Actions rebuild a model from both and cache it while warm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerFast
+
+TINY_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 .,:;?!=+-*\n"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: ``<pad>`` 0, ``<eos>`` 1, ``<unk>`` 2, then one id per char."""
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
+    for ch in TINY_CHARS:
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+def build_tiny_model(
+    *, hidden_size: int, num_layers: int, num_heads: int, intermediate_size: int, max_positions: int, seed: int
+) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
+    """A randomly initialised Llama with the char tokenizer (deterministic for a seed)."""
+    tokenizer = build_char_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_positions,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model, tokenizer
+
+
+def read_model_dir(path: str | os.PathLike[str]) -> tuple[dict[str, bytes], dict[str, torch.Tensor]]:
+    """Split a local HF model directory into (base files, tensors).
+
+    Raises:
+        ValueError: the directory or a required file is missing (names ``model.path``).
+    """
+    root = Path(path)
+    if not (root / "config.json").is_file():
+        raise ValueError(
+            f"model.path {str(root)!r} has no config.json; point it at a local Hugging Face model directory"
+        )
+    model = AutoModelForCausalLM.from_pretrained(root, dtype=torch.float32)
+    files = {"config.json": (root / "config.json").read_bytes()}
+    for name in TOKENIZER_FILES:
+        if (root / name).is_file():
+            files[name] = (root / name).read_bytes()
+    if "tokenizer.json" not in files and "tokenizer_config.json" not in files:
+        raise ValueError(f"model.path {str(root)!r} has no tokenizer files; save the tokenizer next to the model")
+    return files, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def base_files(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast) -> dict[str, bytes]:
+    """The config and tokenizer files of an in-memory model, as saved by ``save_pretrained``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model.config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        return {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
+
+
+def instantiate(files: dict[str, bytes], tensors: dict[str, torch.Tensor]) -> tuple[torch.nn.Module, Any]:
+    """Rebuild (model, tokenizer) from base files and a tensor set, without any download."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, data in files.items():
+            Path(tmp, name).write_bytes(data)
+        config = AutoConfig.from_pretrained(tmp)
+        tokenizer = AutoTokenizer.from_pretrained(tmp)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    # Tied embeddings legitimately omit lm_head.weight; anything else is a broken checkpoint.
+    missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise ValueError(f"weights do not match the model config: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.eval()
+    return model, tokenizer
+
+
+def model_summary(files: dict[str, bytes]) -> dict[str, Any]:
+    """Small facts about a base model for manifests and refusal-to-resume checks."""
+    config = json.loads(files["config.json"])
+    keys = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+    return {k: config.get(k) for k in keys}

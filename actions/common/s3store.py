@@ -1,0 +1,536 @@
+"""S3 backend of the object store: any S3 endpoint (MinIO, AWS S3, SeaweedFS, Ceph RGW).
+
+``S3Store.from_uri("s3://bucket/prefix")`` takes the endpoint, credentials and region from the
+standard AWS environment variables and checks them once (:meth:`S3Store.check`), so a bad
+configuration fails with a one-line error before anything is written. Choices:
+
+* Path-style addressing whenever an endpoint is given (S3-compatible servers rarely have
+  wildcard DNS); boto3's default (virtual-hosted) for AWS itself.
+* ``request_checksum_calculation`` / ``response_checksum_validation`` = ``when_required``:
+  boto3 >= 1.36 otherwise sends CRC trailers that some S3-compatible servers reject. Integrity
+  of campaign data is checked end to end by sha256 in manifests instead.
+* Retries: botocore "standard" mode (transient errors only: 5xx, throttling, connection
+  errors; jittered exponential backoff) with ``max_attempts``; plus our own retry of a GET
+  whose body stream breaks after the headers arrived (botocore cannot retry that).
+* Large objects: multipart upload above ``multipart_threshold`` (8 MiB) through one shared,
+  bounded s3transfer manager, and parallel ranged GETs pinned to one ETag on the way back.
+* ``put_if_absent``: ``PutObject`` with ``If-None-Match: *`` (412 -> False). Some stores
+  (older MinIO, older Ceph RGW) silently ignore the header and overwrite. The first call
+  probes this once per store (create a probe key twice under the prefix); on such stores, or
+  with ``conditional_writes=False``, it falls back to HEAD-then-PUT, which has a race: two
+  writers that HEAD at the same moment both "create" the key and the last PUT wins. Callers
+  that need create-once across writers (``commit_pointer``) read back and compare.
+
+Secrets never appear in messages or reprs: key ids are masked (``AKIA****``) and every error
+text goes through :func:`actions.common.credentials.redact`.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import random
+import re
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NoReturn
+
+import boto3
+from boto3.s3.transfer import TransferConfig, create_transfer_manager
+from botocore import exceptions as bce
+from botocore.config import Config
+
+from actions.common.credentials import S3Credentials, mask_key_id, redact
+from actions.common.storage import (
+    BucketNotFound,
+    ObjectNotFound,
+    StoreAccessDenied,
+    StoreCredentialsError,
+    StoreError,
+    StoreUnreachable,
+    _check_key,
+)
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+_CREDENTIAL_CODES = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "InvalidToken",
+    "ExpiredToken",
+    "InvalidClientTokenId",
+    "AuthorizationHeaderMalformed",
+}
+_NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
+# Failures while reading a response body: the request succeeded, the stream broke.
+_STREAM_ERRORS = (bce.ResponseStreamingError, bce.IncompleteReadError, bce.ReadTimeoutError,
+                  bce.ConnectionClosedError)  # fmt: skip
+
+
+class S3Store:
+    """An S3 bucket (optionally under a key prefix) as an :class:`ObjectStore`.
+
+    Args:
+        bucket: bucket name.
+        prefix: key prefix inside the bucket (no leading/trailing slash); all keys live under it.
+        endpoint_url: e.g. ``http://minio:9000``; None for AWS S3.
+        credentials: static credentials; None uses boto3's default chain (profile, IRSA, role).
+        region: signing region (S3-compatible servers accept ``us-east-1``).
+        max_attempts: total attempts per request, first one included (botocore standard mode).
+        connect_timeout, read_timeout: seconds.
+        multipart_threshold, multipart_chunksize: bytes; objects at or above the threshold are
+            sent as multipart uploads and fetched as parallel ranged GETs of chunksize.
+        max_concurrency: threads for one large object's parts, and for the blobs of one
+            artifact (``put_artifact`` reads this attribute).
+        conditional_writes: True/False to state whether the server honours If-None-Match;
+            None probes on first use.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        credentials: S3Credentials | None = None,
+        region: str = "us-east-1",
+        max_attempts: int = 5,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 60.0,
+        multipart_threshold: int = 8 * MiB,
+        multipart_chunksize: int = 8 * MiB,
+        max_concurrency: int = 8,
+        conditional_writes: bool | None = None,
+    ) -> None:
+        if not _BUCKET_RE.match(bucket):
+            raise ValueError(f"S3 bucket name {bucket!r} is invalid: use 3-63 lowercase letters, digits, '.', '-'")
+        if multipart_chunksize < 5 * MiB:
+            raise ValueError(f"multipart_chunksize={multipart_chunksize} is below S3's 5 MiB part minimum")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.endpoint_url = endpoint_url.rstrip("/") if endpoint_url else None
+        self.region = region
+        self.max_attempts = max_attempts
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.multipart_threshold = multipart_threshold
+        self.multipart_chunksize = multipart_chunksize
+        self.max_concurrency = max_concurrency
+        self._key_id = credentials.access_key_id if credentials else None
+        self._conditional = conditional_writes
+        self._lock = threading.Lock()
+        self._client = self._make_client(credentials)
+        self._transfer = create_transfer_manager(
+            self._client,
+            TransferConfig(
+                multipart_threshold=multipart_threshold,
+                multipart_chunksize=multipart_chunksize,
+                max_concurrency=max_concurrency,
+            ),
+        )
+        self._range_pool: ThreadPoolExecutor | None = None
+
+    # ------------------------------------------------------------------ construction
+
+    def _make_client(self, credentials: S3Credentials | None) -> Any:
+        config = Config(
+            signature_version="s3v4",
+            s3={"addressing_style": "path" if self.endpoint_url else "auto"},
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+            retries={"max_attempts": self.max_attempts, "mode": "standard"},
+            connect_timeout=self.connect_timeout,
+            read_timeout=self.read_timeout,
+            # one connection per part thread plus one per blob thread
+            max_pool_connections=max(10, 2 * self.max_concurrency + 2),
+            # the endpoint is resolved here (from_uri), not again from the environment
+            ignore_configured_endpoint_urls=True,
+        )
+        session = boto3.session.Session()
+        kwargs: dict[str, Any] = {}
+        if credentials is not None:
+            kwargs = {
+                "aws_access_key_id": credentials.access_key_id,
+                "aws_secret_access_key": credentials.secret_access_key,
+                "aws_session_token": credentials.session_token,
+            }
+        return session.client(
+            "s3", endpoint_url=self.endpoint_url, region_name=self.region, config=config, **kwargs
+        )
+
+    @classmethod
+    def from_uri(
+        cls, uri: str, *, env: Mapping[str, str] | None = None, check: bool = True, **options: Any
+    ) -> S3Store:
+        """Open ``s3://bucket[/prefix]`` with settings from the environment.
+
+        Reads AWS_ENDPOINT_URL_S3 (else AWS_ENDPOINT_URL), AWS_ACCESS_KEY_ID,
+        AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION (else AWS_DEFAULT_REGION, else
+        us-east-1) and RLHFLESS_S3_CONDITIONAL_WRITES (``auto``/``on``/``off``).
+
+        Args:
+            uri: the store URI.
+            env: environment to read (default ``os.environ``).
+            check: run :meth:`check` before returning.
+            options: constructor keyword arguments that override the defaults.
+        """
+        if not uri.startswith("s3://"):
+            raise ValueError(f"store.uri {uri!r} is not an s3:// URI")
+        bucket, _, prefix = uri[len("s3://") :].partition("/")
+        env = os.environ if env is None else env
+        mode = env.get("RLHFLESS_S3_CONDITIONAL_WRITES", "auto").lower()
+        if mode not in ("auto", "on", "off"):
+            raise ValueError(f"RLHFLESS_S3_CONDITIONAL_WRITES={mode!r}: use auto, on or off")
+        settings: dict[str, Any] = {
+            "endpoint_url": env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None,
+            "credentials": S3Credentials.from_env(env),
+            "region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+            "conditional_writes": {"auto": None, "on": True, "off": False}[mode],
+        }
+        store = cls(bucket, prefix, **{**settings, **options})
+        if check:
+            store.check()
+        return store
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+
+    def __repr__(self) -> str:
+        endpoint = self.endpoint_url or "aws"
+        return f"S3Store(uri={self.uri!r}, endpoint={endpoint!r}, key_id={mask_key_id(self._key_id)!r})"
+
+    __str__ = __repr__
+
+    def close(self) -> None:
+        """Release transfer threads and connections (optional; a process exit does it too)."""
+        self._transfer.shutdown()
+        if self._range_pool is not None:
+            self._range_pool.shutdown()
+
+    def __enter__(self) -> S3Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ errors
+
+    def _where(self) -> str:
+        return self.endpoint_url or "AWS S3"
+
+    def _raise(self, exc: Exception, op: str, key: str | None = None) -> NoReturn:
+        """Turn a botocore exception into a one-line StoreError (secrets redacted)."""
+        raise _translate(self, exc, op, key) from None
+
+    def check(self) -> None:
+        """Validate endpoint, credentials and bucket with one cheap request.
+
+        Uses ``ListObjectsV2(MaxKeys=1)`` on the prefix rather than ``HeadBucket``: a HEAD
+        response has no body, so a 403 cannot tell a wrong secret from a policy denial, and a
+        policy scoped to the run prefix may deny HeadBucket while allowing this call.
+        """
+        try:
+            self._client.list_objects_v2(Bucket=self.bucket, Prefix=self._full(""), MaxKeys=1)
+        except (bce.BotoCoreError, bce.ClientError) as exc:
+            self._raise(exc, "check")
+
+    # ------------------------------------------------------------------ keys
+
+    def _full(self, key: str) -> str:
+        """Bucket key for a store key ("" gives the prefix itself, for listing)."""
+        if not key:
+            return f"{self.prefix}/" if self.prefix else ""
+        _check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    # ------------------------------------------------------------------ ObjectStore
+
+    def put(self, key: str, data: bytes) -> None:
+        full = self._full(key)
+        try:
+            if len(data) >= self.multipart_threshold:
+                # Multipart completes atomically: readers see the old object or the new one.
+                future = self._transfer.upload(io.BytesIO(data), self.bucket, full)
+                future.result()
+            else:
+                self._client.put_object(Bucket=self.bucket, Key=full, Body=data)
+        except (bce.BotoCoreError, bce.ClientError) as exc:
+            self._raise(exc, "put", key)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        if self._conditional is None:
+            with self._lock:
+                if self._conditional is None:
+                    self._conditional = self._probe_conditional_writes()
+        if self._conditional:
+            created = self._put_if_none_match(key, data)
+            if created is not None:
+                return created
+        # Fallback (store ignores If-None-Match): HEAD then PUT. Racy between writers; see
+        # the module docstring.
+        if self.exists(key):
+            return False
+        self.put(key, data)
+        return True
+
+    def _put_if_none_match(self, key: str, data: bytes) -> bool | None:
+        """True created, False exists, None: the server does not implement the header."""
+        full = self._full(key)
+        for attempt in range(self.max_attempts):
+            try:
+                self._client.put_object(Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*")
+                return True
+            except bce.ClientError as exc:
+                code = _code(exc)
+                if code == "PreconditionFailed" or _status(exc) == 412:
+                    return False
+                if code == "ConditionalRequestConflict" and attempt + 1 < self.max_attempts:
+                    _backoff(attempt)  # AWS: a concurrent conditional write is in flight
+                    continue
+                if code in ("NotImplemented", "InvalidArgument") or _status(exc) == 501:
+                    log.warning("%s does not implement If-None-Match; using HEAD+PUT", self)
+                    self._conditional = False
+                    return None
+                self._raise(exc, "put", key)
+            except bce.BotoCoreError as exc:
+                self._raise(exc, "put", key)
+        raise AssertionError("unreachable")
+
+    def _probe_conditional_writes(self) -> bool:
+        """Whether the server honours If-None-Match: write a probe key twice and see."""
+        key = f".rlhfless/conditional-probe-{uuid.uuid4().hex}"
+        full = self._full(key)
+        try:
+            self._client.put_object(Bucket=self.bucket, Key=full, Body=b"1", IfNoneMatch="*")
+            self._client.put_object(Bucket=self.bucket, Key=full, Body=b"2", IfNoneMatch="*")
+        except bce.ClientError as exc:
+            if _code(exc) == "PreconditionFailed" or _status(exc) == 412:
+                return True
+            if _code(exc) in ("NotImplemented", "InvalidArgument") or _status(exc) == 501:
+                return False
+            self._raise(exc, "put", key)
+        except bce.BotoCoreError as exc:
+            self._raise(exc, "put", key)
+        finally:
+            try:
+                self._client.delete_object(Bucket=self.bucket, Key=full)
+            except (bce.BotoCoreError, bce.ClientError):
+                pass  # a leftover 1-byte probe key is harmless
+        log.warning("%s ignores If-None-Match (overwrote a key); put_if_absent uses HEAD+PUT", self)
+        return False
+
+    def get(self, key: str) -> bytes:
+        buf = self.get_buffer(key)
+        return bytes(buf)
+
+    def get_buffer(self, key: str) -> bytearray:
+        """Read ``key`` into a fresh writable ``bytearray`` (no further copy).
+
+        Objects above ``multipart_threshold`` are fetched as parallel ranged GETs, each pinned
+        to the ETag of the first response so an overwrite in between cannot mix versions.
+        A body stream that breaks mid-read is retried (bounded, with backoff).
+        """
+        for attempt in range(self.max_attempts):
+            try:
+                return self._fetch(key)
+            except _STREAM_ERRORS as exc:
+                if attempt + 1 >= self.max_attempts:
+                    self._raise(exc, "get", key)
+                _backoff(attempt)
+            except bce.ClientError as exc:
+                if _code(exc) == "PreconditionFailed" and attempt + 1 < self.max_attempts:
+                    continue  # overwritten between ranges: start over on the new version
+                if _code(exc) in _NOT_FOUND_CODES:
+                    raise ObjectNotFound(f"object {key!r} not found in store {self.uri}") from None
+                self._raise(exc, "get", key)
+            except bce.BotoCoreError as exc:
+                self._raise(exc, "get", key)
+        raise AssertionError("unreachable")
+
+    def _fetch(self, key: str) -> bytearray:
+        full = self._full(key)
+        chunk = self.multipart_chunksize
+        try:
+            resp = self._client.get_object(Bucket=self.bucket, Key=full, Range=f"bytes=0-{chunk - 1}")
+        except bce.ClientError as exc:
+            if _code(exc) != "InvalidRange":
+                raise
+            return bytearray()  # a ranged GET of an empty object is 416
+        first = resp["ContentLength"]
+        content_range = resp.get("ContentRange")  # "bytes 0-8388607/104857600"
+        total = int(content_range.rsplit("/", 1)[1]) if content_range else first
+        buf = bytearray(total)
+        view = memoryview(buf)
+        _read_exactly(resp["Body"], view[:first])
+        if first < total:
+            etag = resp["ETag"]
+            starts = range(first, total, chunk)
+
+            def fetch_range(start: int) -> None:
+                end = min(start + chunk, total)
+                part = self._client.get_object(
+                    Bucket=self.bucket, Key=full, Range=f"bytes={start}-{end - 1}", IfMatch=etag
+                )
+                _read_exactly(part["Body"], view[start:end])
+
+            if self.max_concurrency <= 1:
+                for start in starts:
+                    fetch_range(start)
+            else:
+                list(self._ranges().map(fetch_range, starts))
+        return buf
+
+    def _ranges(self) -> ThreadPoolExecutor:
+        if self._range_pool is None:
+            with self._lock:
+                if self._range_pool is None:
+                    self._range_pool = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="s3-range")
+        return self._range_pool
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._client.head_object(Bucket=self.bucket, Key=self._full(key))
+            return True
+        except bce.ClientError as exc:
+            if _code(exc) in _NOT_FOUND_CODES:
+                return False
+            self._raise(exc, "head", key)
+        except bce.BotoCoreError as exc:
+            self._raise(exc, "head", key)
+
+    def delete(self, key: str) -> None:
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=self._full(key))
+        except bce.ClientError as exc:
+            if _code(exc) not in _NOT_FOUND_CODES:
+                self._raise(exc, "delete", key)
+        except bce.BotoCoreError as exc:
+            self._raise(exc, "delete", key)
+
+    def list(self, prefix: str) -> list[str]:
+        base = self._full("")
+        if prefix:
+            if prefix.startswith("/") or ".." in prefix.split("/"):
+                raise ValueError(f"list prefix {prefix!r} is invalid: use a relative path without '..'")
+        keys = []
+        try:
+            pages = self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=base + prefix
+            )
+            for page in pages:
+                keys.extend(obj["Key"][len(base) :] for obj in page.get("Contents", []))
+        except (bce.BotoCoreError, bce.ClientError) as exc:
+            self._raise(exc, "list", prefix or None)
+        return sorted(keys)
+
+    # ------------------------------------------------------------------ presigned URLs
+
+    def presign_get(self, key: str, expires_s: int = 3600) -> str:
+        """A URL that lets its holder GET ``key`` for ``expires_s`` seconds, no credentials."""
+        return self._presign("get_object", key, expires_s)
+
+    def presign_put(self, key: str, expires_s: int = 3600) -> str:
+        """A URL that lets its holder PUT ``key`` (plain HTTP PUT of the body)."""
+        return self._presign("put_object", key, expires_s)
+
+    def _presign(self, method: str, key: str, expires_s: int) -> str:
+        try:
+            return self._client.generate_presigned_url(
+                method, Params={"Bucket": self.bucket, "Key": self._full(key)}, ExpiresIn=expires_s
+            )
+        except (bce.BotoCoreError, bce.ClientError) as exc:
+            self._raise(exc, "presign", key)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _code(exc: bce.ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _status(exc: bce.ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+
+def _backoff(attempt: int, base: float = 0.2, cap: float = 5.0) -> None:
+    time.sleep(random.uniform(0, min(cap, base * 2**attempt)))
+
+
+def _read_exactly(body: Any, view: memoryview) -> None:
+    """Fill ``view`` from a streaming body, or raise IncompleteReadError."""
+    filled = 0
+    try:
+        while filled < len(view):
+            n = body.readinto(view[filled:])
+            if not n:
+                raise bce.IncompleteReadError(actual_bytes=filled, expected_bytes=len(view))
+            filled += n
+    finally:
+        body.close()
+
+
+def _connection_reason(exc: Exception, store: S3Store) -> str:
+    text = str(getattr(exc, "kwargs", {}).get("error", exc)).lower()
+    if isinstance(exc, bce.ConnectTimeoutError):
+        return f"no answer within the {store.connect_timeout:g} s connect timeout"
+    if isinstance(exc, bce.ReadTimeoutError):
+        return f"no response within the {store.read_timeout:g} s read timeout"
+    if "refused" in text:
+        return "connection refused"
+    if "name or service not known" in text or "nodename nor servname" in text or "resolution" in text:
+        return "host name not found"
+    if isinstance(exc, bce.SSLError):
+        return "TLS handshake failed"
+    return "connection failed"
+
+
+def _translate(store: S3Store, exc: Exception, op: str, key: str | None) -> StoreError:
+    """A one-line StoreError for a botocore failure; never carries a secret."""
+    where = store._where()
+    target = f"s3://{store.bucket}/{store._full(key)}" if key else store.uri
+    key_id = mask_key_id(store._key_id)
+    if isinstance(exc, bce.NoCredentialsError):
+        err: StoreError = StoreCredentialsError(
+            f"no S3 credentials found for bucket {store.bucket!r}; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
+        )
+    elif isinstance(exc, (bce.ConnectionError, bce.HTTPClientError)) and not isinstance(
+        exc, bce.ResponseStreamingError
+    ):
+        err = StoreUnreachable(
+            f"cannot reach S3 endpoint {where} : {_connection_reason(exc, store)}; check AWS_ENDPOINT_URL"
+        )
+    elif isinstance(exc, bce.ClientError):
+        code, status = _code(exc), _status(exc)
+        message = exc.response.get("Error", {}).get("Message", "")
+        if code in _CREDENTIAL_CODES:
+            err = StoreCredentialsError(
+                f"S3 rejected the credentials (key {key_id}) for bucket {store.bucket!r} at {where} "
+                f"({code}); check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
+            )
+        elif code == "NoSuchBucket":
+            err = BucketNotFound(f"bucket {store.bucket!r} does not exist at {where}; create it or fix store.uri")
+        elif op == "check" and code.isdigit():
+            # A GET answered without an S3 error document: something else listens there.
+            err = StoreError(
+                f"S3 endpoint {where} answered HTTP {status} without an S3 error to a bucket "
+                "listing; is AWS_ENDPOINT_URL an S3 server?"
+            )
+        elif code == "AccessDenied" or status == 403:
+            hint = "" if code else " (a HEAD response carries no reason: run store.check() to tell wrong credentials from a policy denial)"
+            err = StoreAccessDenied(
+                f"S3 denied {op} on {target} for key {key_id}; the bucket policy must allow it "
+                f"(see infra/minio/policy-action.json){hint}"
+            )
+        else:
+            err = StoreError(f"S3 {op} on {target} failed at {where}: {code or status} {message}".rstrip())
+    else:
+        err = StoreError(f"S3 {op} on {target} failed at {where}: {type(exc).__name__}: {exc}")
+    return type(err)(redact(str(err)))

@@ -1,0 +1,528 @@
+"""Object store: the only place where campaign bytes live.
+
+Every action and flow reads and writes through an :class:`ObjectStore`; nothing else in the
+code base talks to a filesystem path or an S3 SDK for campaign data. Two backends share one
+contract:
+
+* :class:`LocalStore` -- a directory on local disk (the embedded default). Writes go to a
+  temporary file that is renamed into place, so a reader never sees a half-written object.
+  Blobs are read through a private memory map, not copied.
+* ``S3Store`` (``actions.common.s3store``) -- any S3 endpoint (MinIO, AWS S3, SeaweedFS).
+
+On top of raw objects this module provides:
+
+* *artifacts*: a set of named files stored as content-addressed blobs
+  (``blobs/sha256/<2>/<64 hex>``) plus one JSON manifest, written last. An artifact exists only
+  once its manifest exists; readers go through the manifest and verify every blob's sha256, so
+  a corrupted or missing blob is named in a clear error. Blobs move through a bounded thread
+  pool (``store.max_concurrency``) and a blob already present is never uploaded again.
+* the *commit pointer* (:func:`commit_pointer` / :func:`read_pointer`): create-once,
+  step-numbered commit records plus a ``latest.json`` hint, read without listing.
+
+What this module does not cover: retries, multipart transfers and credentials (S3 backend);
+garbage collection of unreferenced blobs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+BLOB_PREFIX = "blobs/sha256"
+MANIFEST_SCHEMA = "rlhfless.artifact/v1"
+COMMIT_SCHEMA = "rlhfless.commit/v1"
+
+# Blobs up to this size are written with one conditional PUT (put_if_absent) instead of an
+# existence check followed by a PUT: for small objects the request, not the bytes, is the cost.
+# Larger blobs are checked first so that unchanged bytes are never sent again.
+SMALL_BLOB_BYTES = 256 * 1024
+DEFAULT_MAX_CONCURRENCY = 8
+
+
+class StoreError(RuntimeError):
+    """An infrastructure problem with the store (unreachable, denied, misconfigured)."""
+
+
+class ObjectNotFound(StoreError, KeyError):
+    """A key that should exist does not."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else "object not found"
+
+
+class IntegrityError(StoreError):
+    """A blob's bytes do not match the sha256 its manifest promises."""
+
+
+class StoreUnreachable(StoreError):
+    """The store endpoint cannot be reached (refused, DNS, timeout)."""
+
+
+class StoreCredentialsError(StoreError):
+    """The store rejected the credentials (unknown key id or wrong secret)."""
+
+
+class StoreAccessDenied(StoreError):
+    """The credentials are valid but a policy forbids the operation."""
+
+
+class BucketNotFound(StoreError):
+    """The bucket named by the store URI does not exist."""
+
+
+class CommitConflict(StoreError):
+    """A step was already committed with different content (two writers, or a replay that
+    produced different results)."""
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """Minimal key/value contract shared by all backends.
+
+    Keys are ``/``-separated relative paths without a leading slash. Values are bytes.
+    Backends may also offer ``max_concurrency`` (threads used for many-blob transfers) and
+    ``get_buffer(key)`` (a writable bytes-like object, avoiding a copy); both are optional.
+    """
+
+    uri: str
+
+    def put(self, key: str, data: bytes) -> None:
+        """Write ``data`` at ``key`` atomically (readers see the old or the new bytes)."""
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Create ``key`` only if it does not exist. Returns True if this call created it."""
+
+    def get(self, key: str) -> bytes:
+        """Read ``key``; raises :class:`ObjectNotFound` if it is missing."""
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` exists."""
+
+    def delete(self, key: str) -> None:
+        """Remove ``key`` if present (missing keys are not an error)."""
+
+    def list(self, prefix: str) -> list[str]:
+        """Keys under ``prefix``, sorted. For operators and garbage collection only:
+        the training path never lists, it follows manifests and pointers."""
+
+
+def _check_key(key: str) -> str:
+    if not key or key.startswith("/") or ".." in key.split("/"):
+        raise ValueError(f"object key {key!r} is invalid: use a relative path without '..'")
+    return key
+
+
+class LocalStore:
+    """A directory used as an object store (the embedded default)."""
+
+    def __init__(self, root: str | os.PathLike[str], *, max_concurrency: int | None = None) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.uri = str(self.root)
+        self.max_concurrency = max_concurrency or min(DEFAULT_MAX_CONCURRENCY, os.cpu_count() or 1)
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self.uri!r})"
+
+    def _path(self, key: str) -> Path:
+        return self.root / _check_key(key)
+
+    def _write_temp(self, path: Path, data: bytes) -> str:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        return tmp
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        # Temp file then rename: rename is atomic on POSIX, so a crash leaves either the old
+        # object or none, never a truncated one.
+        tmp = self._write_temp(path, data)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        tmp = self._write_temp(path, data)
+        try:
+            # link() fails if the target exists: an atomic create-once, like S3 If-None-Match.
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise ObjectNotFound(f"object {key!r} not found in store {self.uri}") from None
+
+    def get_buffer(self, key: str) -> mmap.mmap | bytes:
+        """A private copy-on-write memory map of ``key``: no read copy, and writes by the
+        caller (e.g. in-place ops on tensors viewing it) never reach the file."""
+        try:
+            with open(self._path(key), "rb") as fh:
+                if os.fstat(fh.fileno()).st_size == 0:
+                    return b""
+                return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+        except FileNotFoundError:
+            raise ObjectNotFound(f"object {key!r} not found in store {self.uri}") from None
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def delete(self, key: str) -> None:
+        try:
+            self._path(key).unlink()
+        except FileNotFoundError:
+            pass
+
+    def list(self, prefix: str) -> list[str]:
+        # Walk only the deepest directory the prefix names, not the whole store.
+        base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
+        if not base.is_dir():
+            return []
+        out = []
+        for p in base.rglob("*"):
+            if p.is_file() and not p.name.startswith(".tmp-"):
+                rel = p.relative_to(self.root).as_posix()
+                if rel.startswith(prefix):
+                    out.append(rel)
+        return sorted(out)
+
+
+def open_store(uri: str) -> ObjectStore:
+    """Open the store named by ``uri``.
+
+    Args:
+        uri: ``s3://bucket[/prefix]`` for S3 (endpoint and credentials come from the standard
+            AWS environment variables; the endpoint, credentials and bucket are checked once
+            here), ``file:///abs/dir`` or a plain directory path for the local backend.
+    """
+    if uri.startswith("s3://"):
+        from actions.common.s3store import S3Store  # boto3 is imported only when needed
+
+        return S3Store.from_uri(uri)
+    if uri.startswith("file://"):
+        uri = uri[len("file://") :]
+    if "://" in uri:
+        raise ValueError(
+            f"store.uri {uri!r} has an unsupported scheme: use a directory path or s3://bucket/prefix"
+        )
+    return LocalStore(uri)
+
+
+# ----------------------------------------------------------------------------- bounded pool
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def _concurrency(store: ObjectStore, num_items: int) -> int:
+    return max(1, min(int(getattr(store, "max_concurrency", 1)), num_items))
+
+
+def map_bounded(fn: Callable[[T], R], items: Iterable[T], max_workers: int) -> list[R]:
+    """``[fn(x) for x in items]`` on at most ``max_workers`` threads, results in item order.
+
+    On the first failure, work not yet started is cancelled and that exception is raised
+    (transfers already running finish; their objects are harmless: nothing points at them).
+    """
+    items = list(items)
+    if max_workers <= 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="store") as pool:
+        futures = [pool.submit(fn, x) for x in items]
+        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        for f in pending:
+            f.cancel()
+        for f in futures:  # the first failure in item order, for a deterministic message
+            if f in done and f.exception() is not None:
+                raise f.exception()  # type: ignore[misc]
+        return [f.result() for f in futures]
+
+
+# ----------------------------------------------------------------------------- artifacts
+
+
+def sha256_hex(data: bytes | memoryview | mmap.mmap) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def blob_key(digest: str) -> str:
+    return f"{BLOB_PREFIX}/{digest[:2]}/{digest}"
+
+
+def put_blob(store: ObjectStore, data: bytes, digest: str | None = None) -> tuple[str, bool]:
+    """Store ``data`` content-addressed. Returns (sha256, uploaded) -- uploaded is False
+    when an identical blob was already present, so unchanged bytes are never sent twice.
+
+    Small blobs go up as one conditional PUT; large ones are checked with ``exists`` first.
+    """
+    digest = digest or sha256_hex(data)
+    key = blob_key(digest)
+    if len(data) <= SMALL_BLOB_BYTES:
+        return digest, store.put_if_absent(key, data)
+    if store.exists(key):
+        return digest, False
+    store.put(key, data)
+    return digest, True
+
+
+def _missing_blob(store: ObjectStore, key: str, name: str) -> ObjectNotFound:
+    what = f" (file {name!r})" if name else ""
+    return ObjectNotFound(f"blob {key}{what} listed in a manifest is missing from {store.uri}")
+
+
+def _verify(key: str, data: Any, digest: str, name: str) -> None:
+    actual = sha256_hex(data)
+    if actual != digest:
+        what = f" for file {name!r}" if name else ""
+        raise IntegrityError(f"blob {key}{what} is corrupted: sha256 {actual} != expected {digest}")
+
+
+def get_blob(store: ObjectStore, digest: str, *, name: str = "") -> bytes:
+    """Read a blob and verify its sha256 (raises :class:`IntegrityError` on mismatch)."""
+    key = blob_key(digest)
+    try:
+        data = store.get(key)
+    except ObjectNotFound:
+        raise _missing_blob(store, key, name) from None
+    _verify(key, data, digest, name)
+    return data
+
+
+def get_blob_buffer(store: ObjectStore, digest: str, *, name: str = "") -> Any:
+    """Like :func:`get_blob` but returns the backend's cheapest buffer: a private memory map
+    (local) or a writable ``bytearray`` (S3), so callers can view it without copying."""
+    get_buffer = getattr(store, "get_buffer", None)
+    if get_buffer is None:
+        return get_blob(store, digest, name=name)
+    key = blob_key(digest)
+    try:
+        data = get_buffer(key)
+    except ObjectNotFound:
+        raise _missing_blob(store, key, name) from None
+    _verify(key, data, digest, name)
+    return data
+
+
+@dataclass(frozen=True)
+class PutStats:
+    """What publishing an artifact cost: how many files and bytes were actually uploaded."""
+
+    manifest_key: str
+    num_files: int
+    num_uploaded: int
+    bytes_uploaded: int
+
+
+def put_artifact(
+    store: ObjectStore,
+    manifest_key: str,
+    files: Mapping[str, bytes],
+    meta: Mapping[str, Any] | None = None,
+) -> PutStats:
+    """Publish ``files`` as blobs (in parallel, bounded by ``store.max_concurrency``), then
+    write the manifest last.
+
+    Idempotent: publishing the same files and meta twice writes the same bytes. If any blob
+    fails, the manifest is not written and the artifact does not exist.
+    """
+    names = sorted(files)
+    results = map_bounded(lambda n: put_blob(store, files[n]), names, _concurrency(store, len(names)))
+    entries = {}
+    num_uploaded = bytes_uploaded = 0
+    for name, (digest, uploaded) in zip(names, results):
+        entries[name] = {"sha256": digest, "size": len(files[name])}
+        if uploaded:
+            num_uploaded += 1
+            bytes_uploaded += len(files[name])
+    manifest = {"schema": MANIFEST_SCHEMA, "files": entries, "meta": dict(meta or {})}
+    store.put(manifest_key, json.dumps(manifest, sort_keys=True, indent=1).encode())
+    return PutStats(manifest_key, len(entries), num_uploaded, bytes_uploaded)
+
+
+def read_manifest(store: ObjectStore, manifest_key: str) -> dict[str, Any]:
+    """Load and sanity-check a manifest."""
+    raw = store.get(manifest_key)
+    try:
+        manifest = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise IntegrityError(f"manifest {manifest_key!r} is not valid JSON: {exc}") from None
+    if manifest.get("schema") != MANIFEST_SCHEMA or not isinstance(manifest.get("files"), dict):
+        raise IntegrityError(f"manifest {manifest_key!r} has no {MANIFEST_SCHEMA} file table")
+    return manifest
+
+
+def get_artifact_buffers(
+    store: ObjectStore, manifest_key: str, names: list[str] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Like :func:`get_artifact`, but each file is the backend's zero-copy buffer
+    (see :func:`get_blob_buffer`). Blobs are fetched in parallel."""
+    manifest = read_manifest(store, manifest_key)
+    table = manifest["files"]
+    wanted = sorted(table) if names is None else list(names)
+    for name in wanted:
+        if name not in table:
+            raise ObjectNotFound(f"file {name!r} is not listed in manifest {manifest_key!r}")
+    buffers = map_bounded(
+        lambda n: get_blob_buffer(store, table[n]["sha256"], name=n),
+        wanted,
+        _concurrency(store, len(wanted)),
+    )
+    return dict(zip(wanted, buffers)), manifest.get("meta", {})
+
+
+def get_artifact(
+    store: ObjectStore, manifest_key: str, names: list[str] | None = None
+) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """Read an artifact's files (all, or only ``names``) with sha256 verification.
+
+    Returns:
+        (files by name, the manifest's meta dict)
+    """
+    manifest = read_manifest(store, manifest_key)
+    table = manifest["files"]
+    wanted = sorted(table) if names is None else list(names)
+    for name in wanted:
+        if name not in table:
+            raise ObjectNotFound(f"file {name!r} is not listed in manifest {manifest_key!r}")
+    datas = map_bounded(
+        lambda n: get_blob(store, table[n]["sha256"], name=n), wanted, _concurrency(store, len(wanted))
+    )
+    return dict(zip(wanted, datas)), manifest.get("meta", {})
+
+
+def put_json(store: ObjectStore, key: str, obj: Any) -> None:
+    store.put(key, json.dumps(obj, sort_keys=True).encode())
+
+
+def get_json(store: ObjectStore, key: str) -> Any:
+    return json.loads(store.get(key))
+
+
+# ----------------------------------------------------------------------------- commit pointer
+#
+# Layout under a pointer key K (e.g. "runs/r1/campaign"):
+#   K/commits/step-000012.json   create-once (put_if_absent); the commit record itself
+#   K/latest.json                overwritten after each commit; a hint, never the truth
+# Steps are committed consecutively, starting at 0 or 1. The highest committed step is the
+# highest N whose commit record exists; since existence is monotone in N (consecutive), a
+# reader can find it by probing upward -- from latest.json's step when that hint is valid,
+# else by galloping from the first step -- in O(log distance) GETs/HEADs and no listing.
+
+
+def commit_key(key: str, step: int) -> str:
+    """Key of the commit record for ``step`` under pointer ``key``."""
+    return f"{key}/commits/step-{step:06d}.json"
+
+
+def _encode_commit(payload: Mapping[str, Any]) -> bytes:
+    return json.dumps({"schema": COMMIT_SCHEMA, **payload}, sort_keys=True).encode()
+
+
+def commit_pointer(store: ObjectStore, key: str, payload: Mapping[str, Any]) -> str:
+    """Commit ``payload`` as step ``payload["step"]`` of pointer ``key``.
+
+    Writes ``key/commits/step-NNNNNN.json`` create-once, then ``key/latest.json``. Committing
+    the same payload again is a no-op (replay after a crash between the two writes).
+
+    Args:
+        store: the object store.
+        key: the pointer's key prefix, e.g. ``runs/<run_id>/campaign``.
+        payload: JSON-serialisable dict with an int ``"step"`` >= 0 (plus anything the reader
+            needs: policy version, manifest keys, metrics).
+
+    Returns:
+        The commit record's key.
+
+    Raises:
+        ValueError: ``step`` is missing or negative, or step-1 was never committed (steps must
+            be consecutive from 0 or 1, or readers could not find them without listing).
+        CommitConflict: the step is already committed with a different payload.
+    """
+    step = payload.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"commit payload needs an int 'step' >= 0, got {step!r}")
+    if step > 1 and not store.exists(commit_key(key, step - 1)):
+        raise ValueError(
+            f"cannot commit step {step} of {key!r}: step {step - 1} is not committed "
+            "(commits must be consecutive)"
+        )
+    record_key = commit_key(key, step)
+    data = _encode_commit(payload)
+    if not store.put_if_absent(record_key, data):
+        existing = store.get(record_key)
+        if existing != data:
+            raise CommitConflict(
+                f"step {step} of {key!r} is already committed with a different payload "
+                f"({record_key}); another writer owns this campaign or the replay diverged"
+            )
+    put_json(store, f"{key}/latest.json", {"schema": COMMIT_SCHEMA, "step": step, "commit": record_key})
+    return record_key
+
+
+def _read_commit(store: ObjectStore, key: str, step: int) -> dict[str, Any] | None:
+    try:
+        record = json.loads(store.get(commit_key(key, step)))
+    except ObjectNotFound:
+        return None
+    record.pop("schema", None)
+    return record
+
+
+def _latest_hint(store: ObjectStore, key: str) -> int | None:
+    try:
+        hint = json.loads(store.get(f"{key}/latest.json"))
+        step = hint["step"]
+        return step if isinstance(step, int) and step >= 0 else None
+    except (ObjectNotFound, ValueError, KeyError, TypeError):
+        return None  # a missing or damaged hint only costs a few more probes
+
+
+def read_pointer(store: ObjectStore, key: str) -> dict[str, Any] | None:
+    """The payload of the highest committed step of pointer ``key``, or None if none.
+
+    Reads ``latest.json``, checks that its step's commit record exists, then probes upward
+    (1, 2, 4, ... steps ahead, then bisects) in case a writer crashed between the commit and
+    the hint update. Never lists.
+    """
+    hint = _latest_hint(store, key)
+    if hint is not None and store.exists(commit_key(key, hint)):
+        low = hint
+    else:
+        low = next((s for s in (0, 1) if store.exists(commit_key(key, s))), None)
+        if low is None:
+            return None
+    # Gallop: find a missing step above `low`, then bisect between the last present and it.
+    gap = 1
+    while store.exists(commit_key(key, low + gap)):
+        low, gap = low + gap, gap * 2
+    high = low + gap  # known missing
+    while high - low > 1:
+        mid = (low + high) // 2
+        if store.exists(commit_key(key, mid)):
+            low = mid
+        else:
+            high = mid
+    return _read_commit(store, key, low)

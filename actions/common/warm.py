@@ -1,0 +1,49 @@
+"""Warm-container cache: expensive objects kept across warm invocations (STYLE P7).
+
+OpenWhisk may reuse a container for the next activation of the same action, and the local
+warm pool always does. Anything costly to build (a model at a policy version, a tokenizer, a
+dataset) is cached here under an explicit key such as ``("policy", manifest_key)``. A miss is
+always correct, just slower; the action reports hits and misses in its result so the flow can
+log warm/cold ratios.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_MAX_ENTRIES = 8
+_cache: OrderedDict[Hashable, Any] = OrderedDict()
+_lock = threading.Lock()
+_stats = {"hits": 0, "misses": 0}
+
+
+def get_or_build(key: Hashable, build: Callable[[], T]) -> tuple[T, bool]:
+    """Return (value, hit). Builds outside the lock so a slow build does not block readers."""
+    with _lock:
+        if key in _cache:
+            _cache.move_to_end(key)
+            _stats["hits"] += 1
+            return _cache[key], True
+    value = build()
+    with _lock:
+        _cache[key] = value
+        _cache.move_to_end(key)
+        while len(_cache) > _MAX_ENTRIES:
+            _cache.popitem(last=False)
+        _stats["misses"] += 1
+    return value, False
+
+
+def stats() -> dict[str, int]:
+    with _lock:
+        return dict(_stats)
+
+
+def clear() -> None:
+    with _lock:
+        _cache.clear()

@@ -1,0 +1,123 @@
+"""Policy versions in the object store: one safetensors blob per tensor plus a manifest.
+
+Layout (all keys relative to the store root):
+
+* ``blobs/sha256/<2>/<sha256>`` -- one tensor serialised with ``safetensors`` (never pickle).
+  Content-addressed, so a tensor that did not change between versions (frozen parameters,
+  the reference model shared by every run) is stored and uploaded once.
+* ``<prefix>/manifest.json`` -- the file table (tensor name -> blob sha256) written last;
+  a version exists exactly when its manifest exists.
+
+``weights_sha256`` is the campaign's reproducibility fingerprint: it hashes tensor names,
+dtypes, shapes and bytes in name order, independent of how the tensors were stored.
+
+Loading does not copy a blob after it arrives: each tensor is a view of the downloaded buffer
+(S3) or of a private copy-on-write memory map of the blob file (local store), after the blob's
+sha256 has been verified.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from actions.common.storage import ObjectStore, PutStats, get_artifact_buffers, put_artifact
+
+# safetensors dtype tags (https://github.com/huggingface/safetensors, format spec).
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool, "U16": torch.uint16, "U32": torch.uint32,
+    "U64": torch.uint64, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "C64": torch.complex64,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PublishedWeights:
+    """Where a published tensor set lives and what publishing it cost."""
+
+    manifest_key: str
+    weights_sha256: str
+    stats: PutStats
+
+
+def weights_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
+    """Deterministic fingerprint of a state dict (names, dtypes, shapes, bytes)."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
+        if t.numel():
+            # reshape(-1) lets 0-d tensors be viewed as bytes; numpy exposes the buffer
+            # without the copy tobytes() would make.
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def serialize_tensor(name: str, tensor: torch.Tensor) -> bytes:
+    # One tensor per safetensors file keeps blobs content-addressable per parameter.
+    return st_save({name: tensor.detach().cpu().contiguous()})
+
+
+def publish_tensors(
+    store: ObjectStore,
+    manifest_key: str,
+    tensors: Mapping[str, torch.Tensor],
+    meta: Mapping[str, Any] | None = None,
+) -> PublishedWeights:
+    """Upload ``tensors`` (only the ones whose bytes are new) and write the manifest last."""
+    files = {name: serialize_tensor(name, t) for name, t in tensors.items()}
+    digest = weights_sha256(tensors)
+    stats = put_artifact(store, manifest_key, files, {**(meta or {}), "weights_sha256": digest})
+    return PublishedWeights(manifest_key, digest, stats)
+
+
+def _view_tensor(buf: Any, name: str, manifest_key: str) -> torch.Tensor:
+    """Parse a one-tensor safetensors buffer and return the tensor as a view of ``buf``.
+
+    ``buf`` must be writable (bytearray or a copy-on-write mmap) for a zero-copy view;
+    immutable ``bytes`` and unusual dtypes go through ``safetensors.torch.load`` (one copy).
+    """
+    if isinstance(buf, bytes):
+        loaded = st_load(buf)
+    else:
+        (header_len,) = struct.unpack_from("<Q", buf, 0)
+        header = json.loads(bytes(memoryview(buf)[8 : 8 + header_len]))
+        header.pop("__metadata__", None)
+        entry = header.get(name) if set(header) == {name} else None
+        if entry is not None and entry["dtype"] in _DTYPES:
+            dtype = _DTYPES[entry["dtype"]]
+            begin, end = entry["data_offsets"]
+            shape = entry["shape"]
+            count = (end - begin) // dtype.itemsize
+            if count == 0:
+                return torch.empty(shape, dtype=dtype)
+            flat = torch.frombuffer(buf, dtype=dtype, offset=8 + header_len + begin, count=count)
+            return flat.view(shape)
+        loaded = st_load(bytes(buf))
+    if set(loaded) != {name}:
+        raise ValueError(f"blob for {name!r} in {manifest_key!r} holds {sorted(loaded)}")
+    return loaded[name]
+
+
+def load_tensors(
+    store: ObjectStore, manifest_key: str
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Load every tensor listed in a manifest (sha256-verified, fetched in parallel).
+
+    Returns:
+        (tensors by name, the manifest's meta). Tensors are CPU views of the fetched blobs;
+        writing to them never changes the store.
+    """
+    buffers, meta = get_artifact_buffers(store, manifest_key)
+    tensors = {name: _view_tensor(buf, name, manifest_key) for name, buf in buffers.items()}
+    return tensors, meta

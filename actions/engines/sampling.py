@@ -1,0 +1,84 @@
+"""Counter-based sampling noise: a sample's randomness depends only on who it is.
+
+ARCHITECTURE invariant 3 says scaling is invisible to learning: the tokens a sample draws may
+depend only on (run seed, step, prompt id, sample index) -- never on the batch it shares, the
+actor that runs it, or whether it was cut and migrated. Stateful generators cannot give that
+cheaply in a batch, so sampling uses the Gumbel-max trick with noise from a counter-based hash:
+
+    token_t = argmax_v( logits_v / temperature + G(key, t, v) ),  G = -log(-log(U)),
+    U = hash64(key, t, v) mapped to (0, 1)
+
+``key`` = hash64(seed, step, prompt_id, sample_index); ``t`` is the position in the response,
+which is also the "random-stream position" a migrated sample carries. Gumbel-max draws exactly
+from softmax(logits / temperature). Temperature 0 means greedy argmax (no noise).
+
+The hash is MurmurHash3's 64-bit finaliser (fmix64) evaluated in int64 tensors; logical right
+shifts are emulated with a mask because torch shifts signed integers arithmetically.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_M1 = -49064778989728563  # 0xff51afd7ed558ccd as a signed int64
+_M2 = -4265267296055464877  # 0xc4ceb9fe1a85ec53 as a signed int64
+_GOLDEN = -7046029254386353131  # 0x9e3779b97f4a7c15 as a signed int64
+_MASK64 = (1 << 64) - 1
+
+
+def _shr(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Logical right shift of int64 values."""
+    return (x >> n) & ((1 << (64 - n)) - 1)
+
+
+def _fmix64(x: torch.Tensor) -> torch.Tensor:
+    x = x ^ _shr(x, 33)
+    x = x * _M1
+    x = x ^ _shr(x, 33)
+    x = x * _M2
+    return x ^ _shr(x, 33)
+
+
+def _py_fmix64(x: int) -> int:
+    x &= _MASK64
+    x ^= x >> 33
+    x = (x * 0xFF51AFD7ED558CCD) & _MASK64
+    x ^= x >> 33
+    x = (x * 0xC4CEB9FE1A85EC53) & _MASK64
+    return x ^ (x >> 33)
+
+
+def stream_key(seed: int, step: int, prompt_id: int, sample_index: int) -> int:
+    """The 64-bit stream key of one sample, as a signed int64 value."""
+    h = 0
+    for part in (seed, step, prompt_id, sample_index):
+        h = _py_fmix64(h ^ (part & _MASK64) ^ 0x9E3779B97F4A7C15)
+    return h - (1 << 64) if h >= (1 << 63) else h
+
+
+def gumbel_noise(keys: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Gumbel(0, 1) noise for each (row, vocab entry).
+
+    Args:
+        keys: [B] int64 stream keys.
+        positions: [B] int64 response positions (0 for the first generated token).
+        vocab_size: V.
+    Returns:
+        [B, V] float32 noise.
+    """
+    vocab = torch.arange(vocab_size, dtype=torch.int64)
+    row = _fmix64(keys ^ (positions * _GOLDEN))  # [B]
+    x = _fmix64(row[:, None] ^ (vocab[None, :] + 1) * _M2)  # [B, V]
+    # Top 53 bits -> a double in [0, 1); the half-ulp offset keeps U strictly inside (0, 1).
+    u = (_shr(x, 11).to(torch.float64) + 0.5) / float(1 << 53)
+    return (-torch.log(-torch.log(u))).to(torch.float32)
+
+
+def sample_next(
+    logits: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """Draw one token per row. logits [B, V] -> token ids [B] (int64)."""
+    if temperature <= 0.0:
+        return logits.argmax(dim=-1)
+    scaled = logits.float() / temperature + gumbel_noise(keys, positions, logits.shape[-1])
+    return scaled.argmax(dim=-1)

@@ -1,0 +1,237 @@
+"""The torch generation engine: KV-cached batched sampling on any HF causal LM.
+
+What it does, and why:
+
+* **Prefill once per unique prefix.** ``prefill`` runs a padded batch of token sequences and
+  returns each one's KV cache and last-position logits. With ``dedup`` a GRPO group's n samples
+  share one prefill of their prompt; a KV bundle from the ``prefill`` action can supply the
+  first ``L`` tokens (a template shared across prompts), and only the suffix is computed here.
+* **Fork, then decode.** Each sample's row starts from its prompt's KV (left-padded to the
+  batch's longest), decodes one token per step, and leaves the batch the moment it emits EOS
+  or reaches ``max_new_tokens`` -- finished rows cost nothing (Hugging Face ``generate`` keeps
+  them until the longest row ends).
+* **Cut.** With ``cut_after = m`` the call stops as soon as m samples have finished and returns
+  the others as partial samples (tokens so far); continuing one later re-prefills
+  prompt + tokens so far, and its random stream resumes at the same position (sampling.py).
+
+Shapes: KV per layer ``[rows, kv_heads, positions, head_dim]``; masks ``[rows, positions]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from actions.engines.sampling import sample_next, stream_key
+
+
+@dataclass
+class PrefixState:
+    """KV of one token sequence: per layer (keys, values), each [kv_heads, len, head_dim]."""
+
+    tokens: tuple[int, ...]
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    last_logits: torch.Tensor  # [V] logits after the final token
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class SampleSpec:
+    """A sample to generate: its identity, prompt and (for a continuation) tokens so far."""
+
+    prompt_id: int
+    sample_index: int
+    prompt_tokens: tuple[int, ...]
+    generated: tuple[int, ...] = ()
+
+
+@dataclass
+class SampleOut:
+    prompt_id: int
+    sample_index: int
+    tokens: list[int]  # response tokens, EOS excluded
+    finish_reason: str  # "stop" | "length" | "cut"
+
+
+@dataclass
+class EngineStats:
+    prefill_tokens: int = 0  # tokens pushed through prefill forwards by this call
+    decode_steps: int = 0
+    decode_token_slots: int = 0  # sum of active rows over decode steps
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class TorchEngine:
+    """Batched sampling over a loaded model (fp32 on CPU by default)."""
+
+    def __init__(self, model: torch.nn.Module, *, eos_id: int, pad_id: int) -> None:
+        self.model = model
+        self.eos_id = eos_id
+        self.pad_id = pad_id
+
+    # ------------------------------------------------------------------ prefill
+    @torch.no_grad()
+    def prefill(
+        self, sequences: list[tuple[int, ...]], prefixes: dict[tuple[int, ...], PrefixState] | None = None
+    ) -> tuple[list[PrefixState], int]:
+        """KV for each sequence. A sequence that extends a known prefix computes only its
+        suffix. Returns (states, tokens computed)."""
+        out: list[PrefixState | None] = [None] * len(sequences)
+        by_prefix: dict[tuple[int, ...], list[int]] = {}
+        for i, seq in enumerate(sequences):
+            best = _longest_prefix(seq, prefixes or {})
+            by_prefix.setdefault(best, []).append(i)
+        computed = 0
+        for prefix, idxs in by_prefix.items():
+            base = prefixes[prefix] if prefix else None
+            suffixes = [sequences[i][len(prefix):] for i in idxs]
+            states, n = self._extend(base, [sequences[i] for i in idxs], suffixes)
+            computed += n
+            for i, st in zip(idxs, states):
+                out[i] = st
+        return out, computed  # type: ignore[return-value]
+
+    def _extend(
+        self, base: PrefixState | None, full: list[tuple[int, ...]], suffixes: list[tuple[int, ...]]
+    ) -> tuple[list[PrefixState], int]:
+        if any(len(s) == 0 for s in suffixes):
+            # Whole sequence already cached: nothing to compute.
+            assert base is not None and all(len(s) == 0 for s in suffixes), "mixed empty suffixes"
+            return [base for _ in full], 0
+        rows = len(full)
+        width = max(len(s) for s in suffixes)
+        ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((rows, width), dtype=torch.long)
+        for r, s in enumerate(suffixes):  # left padding keeps every row's last token at -1
+            ids[r, width - len(s):] = torch.tensor(s)
+            mask[r, width - len(s):] = 1
+        start = base.length if base else 0
+        pos = (mask.cumsum(-1) - 1).clamp(min=0) + start
+        cache = None
+        if base is not None:
+            cache = DynamicCache(ddp_cache_data=[(k.unsqueeze(0).expand(rows, -1, -1, -1).contiguous(),
+                                                  v.unsqueeze(0).expand(rows, -1, -1, -1).contiguous())
+                                                 for k, v in base.kv])
+            mask = torch.cat([torch.ones((rows, start), dtype=torch.long), mask], dim=1)
+        res = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+        layers = res.past_key_values.layers
+        states = []
+        for r, (seq, s) in enumerate(zip(full, suffixes)):
+            keep = torch.cat([torch.arange(start), torch.arange(start + width - len(s), start + width)])
+            kv = [(layer.keys[r][:, keep].clone(), layer.values[r][:, keep].clone()) for layer in layers]
+            states.append(PrefixState(tuple(seq), kv, res.logits[r, -1].clone()))
+        return states, sum(len(s) for s in suffixes)
+
+    # ------------------------------------------------------------------ decode
+    @torch.no_grad()
+    def generate(
+        self,
+        samples: list[SampleSpec],
+        *,
+        seed: int,
+        step: int,
+        max_new_tokens: int,
+        temperature: float,
+        dedup: bool = True,
+        prefixes: dict[tuple[int, ...], PrefixState] | None = None,
+        cut_after: int | None = None,
+    ) -> tuple[list[SampleOut], EngineStats]:
+        """Generate every sample; see the module docstring for dedup and cut semantics."""
+        stats = EngineStats()
+        if not samples:
+            return [], stats
+        contexts = [s.prompt_tokens + s.generated for s in samples]
+        if dedup:
+            unique = list(dict.fromkeys(contexts))
+            states, stats.prefill_tokens = self.prefill(unique, prefixes)
+            lookup = dict(zip(unique, states))
+            row_states = [lookup[c] for c in contexts]
+        else:
+            row_states, stats.prefill_tokens = self.prefill(contexts, prefixes)
+        outs = self._decode(samples, row_states, seed, step, max_new_tokens, temperature, cut_after, stats)
+        return outs, stats
+
+    def _decode(
+        self,
+        samples: list[SampleSpec],
+        states: list[PrefixState],
+        seed: int,
+        step: int,
+        max_new_tokens: int,
+        temperature: float,
+        cut_after: int | None,
+        stats: EngineStats,
+    ) -> list[SampleOut]:
+        n = len(samples)
+        cache, mask = _stack_states(states)
+        keys = torch.tensor([stream_key(seed, step, s.prompt_id, s.sample_index) for s in samples])
+        gen: list[list[int]] = [list(s.generated) for s in samples]
+        positions = torch.tensor([len(g) for g in gen], dtype=torch.long)  # random-stream position
+        next_pos = torch.tensor([st.length for st in states], dtype=torch.long)  # model position
+        logits = torch.stack([st.last_logits for st in states])
+        active = torch.arange(n)
+        reasons: list[str | None] = [None] * n
+        num_done = 0
+        while True:
+            tok = sample_next(logits, keys[active], positions[active], temperature)
+            keep = []
+            for j, row in enumerate(active.tolist()):
+                t = int(tok[j])
+                if t == self.eos_id:
+                    reasons[row] = "stop"
+                else:
+                    gen[row].append(t)
+                    if len(gen[row]) >= max_new_tokens:
+                        reasons[row] = "length"
+                if reasons[row] is None:
+                    keep.append(j)
+                else:
+                    num_done += 1
+            if not keep or (cut_after is not None and num_done >= cut_after):
+                break
+            keep_t = torch.tensor(keep)
+            if len(keep) < len(active):
+                cache.batch_select_indices(keep_t)
+                mask = mask[keep_t]
+            active, tok = active[keep_t], tok[keep_t]
+            positions[active] += 1
+            mask = torch.cat([mask, torch.ones((len(active), 1), dtype=torch.long)], dim=1)
+            res = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[active][:, None],
+                             past_key_values=cache, use_cache=True)
+            next_pos[active] += 1
+            logits = res.logits[:, -1]
+            stats.decode_steps += 1
+            stats.decode_token_slots += len(active)
+        return [SampleOut(s.prompt_id, s.sample_index, gen[i], reasons[i] or "cut") for i, s in enumerate(samples)]
+
+
+def _longest_prefix(seq: tuple[int, ...], prefixes: dict[tuple[int, ...], PrefixState]) -> tuple[int, ...]:
+    best: tuple[int, ...] = ()
+    for p in prefixes:
+        if len(p) > len(best) and len(p) <= len(seq) and seq[: len(p)] == p:
+            best = p
+    return best
+
+
+def _stack_states(states: list[PrefixState]) -> tuple[DynamicCache, torch.Tensor]:
+    """Left-pad each row's KV to the longest and stack into one cache plus a padding mask."""
+    width = max(st.length for st in states)
+    num_layers = len(states[0].kv)
+    layers = []
+    for li in range(num_layers):
+        ks, vs = [], []
+        for st in states:
+            k, v = st.kv[li]
+            pad = width - st.length
+            ks.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
+            vs.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
+        layers.append((torch.stack(ks), torch.stack(vs)))
+    mask = torch.zeros((len(states), width), dtype=torch.long)
+    for r, st in enumerate(states):
+        mask[r, width - st.length:] = 1
+    return DynamicCache(ddp_cache_data=layers), mask

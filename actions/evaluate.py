@@ -1,0 +1,31 @@
+"""evaluate action: greedy decoding on the held-out set, exact-match accuracy."""
+
+from __future__ import annotations
+
+from actions.common.adapter import run_action
+from actions.common.contracts import EvaluateRequest, EvaluateResult
+from actions.common.loading import encode, load_dataset, load_model, store_for
+from actions.common.storage import put_json
+from actions.engines.torch_engine import SampleSpec, TorchEngine
+from actions.tasks import get_task
+
+
+def run_evaluate(req: EvaluateRequest) -> EvaluateResult:
+    model, tokenizer, _ = load_model(req.model)
+    rows = sorted(load_dataset(req.model.store_uri, req.dataset_key).values(), key=lambda r: r.prompt_id)
+    engine = TorchEngine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    specs = [SampleSpec(r.prompt_id, 0, encode(tokenizer, r.prompt)) for r in rows]
+    outs, _ = engine.generate(specs, seed=0, step=0, max_new_tokens=req.max_new_tokens, temperature=0.0)
+    texts = [tokenizer.decode(o.tokens) for o in outs]
+    rewards = get_task(req.task).reward(texts, answer=[r.answer for r in rows])
+    correct = [bool(r) for r in rewards]
+    put_json(store_for(req.model.store_uri), req.output_key,
+             {"policy_version": req.model.policy_version,
+              "items": [{"prompt_id": r.prompt_id, "completion": t, "correct": c}
+                        for r, t, c in zip(rows, texts, correct)]})
+    return EvaluateResult(accuracy=sum(correct) / len(rows), mean_length=sum(len(o.tokens) for o in outs) / len(rows),
+                          num_prompts=len(rows))
+
+
+def main(args: dict) -> dict:
+    return run_action(EvaluateRequest, run_evaluate, args)

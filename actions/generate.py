@@ -1,0 +1,75 @@
+"""generate action: sample ``group_size`` responses per prompt for one shard of the step.
+
+A shard is either fresh prompts (``prompt_ids`` x ``group_size`` samples) or continuations of
+cut samples (``partial_keys``). The action starts from the KV bundle when one is given,
+deduplicates the rest of the prompt prefill inside the shard, and stops early when
+``cut_after`` samples have finished: the unfinished ones are written as partial samples for a
+continuation action, and the activation returns so its billed time ends.
+
+Output (``output_key``): JSON ``{"samples": [{prompt_id, sample_index, tokens,
+finish_reason}], "policy_version"}`` for finished samples; cut samples go to
+``output_key + ".partial"``.
+"""
+
+from __future__ import annotations
+
+from actions.common.adapter import run_action
+from actions.common.contracts import GenerateRequest, GenerateResult, PartialSample, SampleStat
+from actions.common.kv_bundle import load_bundle
+from actions.common.loading import encode, load_dataset, load_model, rows_for, store_for
+from actions.common.storage import get_json, put_json
+from actions.engines.torch_engine import SampleSpec, TorchEngine
+
+
+def _specs(req: GenerateRequest, tokenizer: object) -> list[SampleSpec]:
+    store = store_for(req.model.store_uri)
+    dataset = load_dataset(req.model.store_uri, req.dataset_key)
+    specs = [
+        SampleSpec(row.prompt_id, i, encode(tokenizer, row.prompt))
+        for row in rows_for(dataset, req.prompt_ids)
+        for i in range(req.group_size)
+    ]
+    for key in req.partial_keys:
+        for p in (PartialSample.model_validate(x) for x in get_json(store, key)):
+            specs.append(SampleSpec(p.prompt_id, p.sample_index, encode(tokenizer, dataset[p.prompt_id].prompt),
+                                    tuple(p.tokens)))
+    return specs
+
+
+def run_generate(req: GenerateRequest) -> GenerateResult:
+    model, tokenizer, _ = load_model(req.model)
+    store = store_for(req.model.store_uri)
+    specs = _specs(req, tokenizer)
+    prefixes = load_bundle(store, req.kv_bundle_key, req.model.policy_version) if req.kv_bundle_key else None
+    engine = TorchEngine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    outs, stats = engine.generate(
+        specs, seed=req.run_seed, step=req.step, max_new_tokens=req.max_new_tokens,
+        temperature=req.temperature, dedup=req.dedup_prefill, prefixes=prefixes, cut_after=req.cut_after,
+    )
+    done = [o for o in outs if o.finish_reason != "cut"]
+    cut = [o for o in outs if o.finish_reason == "cut"]
+    put_json(store, req.output_key, {
+        "policy_version": req.model.policy_version,
+        "samples": [{"prompt_id": o.prompt_id, "sample_index": o.sample_index, "tokens": o.tokens,
+                     "finish_reason": o.finish_reason} for o in done],
+    })
+    partial_key = None
+    if cut:
+        partial_key = req.output_key + ".partial"
+        put_json(store, partial_key, [PartialSample(prompt_id=o.prompt_id, sample_index=o.sample_index,
+                                                    tokens=o.tokens).model_dump() for o in cut])
+    return GenerateResult(
+        rollout_key=req.output_key,
+        samples=[SampleStat(prompt_id=o.prompt_id, sample_index=o.sample_index, length=len(o.tokens),
+                            finish_reason=o.finish_reason) for o in outs],
+        partial_key=partial_key,
+        num_cut=len(cut),
+        prefill_tokens=stats.prefill_tokens,
+        prefill_tokens_naive=sum(len(s.prompt_tokens) + len(s.generated) for s in specs),
+        decode_steps=stats.decode_steps,
+        kv_bundle_used=prefixes is not None,
+    )
+
+
+def main(args: dict) -> dict:
+    return run_action(GenerateRequest, run_generate, args)

@@ -1,0 +1,30 @@
+"""prefill action: compute each unique prefix's KV once and store it as a KV bundle.
+
+The flow picks the prefix length L (planning/prefix.py: the largest L whose unique prefixes
+fit the prefill capacity). This action tokenizes the step's prompts, cuts them at L, runs each
+unique prefix through the policy exactly once, and publishes the KV tensors plus the logits
+after each prefix. Generation actions load the bundle and compute only the prompt suffix.
+The bundle is keyed by policy version: KV computed by other weights is never reused.
+"""
+
+from __future__ import annotations
+
+from actions.common.adapter import run_action
+from actions.common.contracts import PrefillRequest, PrefillResult
+from actions.common.kv_bundle import publish_bundle
+from actions.common.loading import encode, load_dataset, load_model, rows_for, store_for
+from actions.engines.torch_engine import TorchEngine
+
+
+def run_prefill(req: PrefillRequest) -> PrefillResult:
+    model, tokenizer, _ = load_model(req.model)
+    rows = rows_for(load_dataset(req.model.store_uri, req.dataset_key), req.prompt_ids)
+    prefixes = list(dict.fromkeys(encode(tokenizer, r.prompt)[: req.prefix_len] for r in rows))
+    engine = TorchEngine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    states, computed = engine.prefill(prefixes)
+    publish_bundle(store_for(req.model.store_uri), req.output_key, states, req.model.policy_version)
+    return PrefillResult(bundle_key=req.output_key, num_unique_prefixes=len(states), tokens_computed=computed)
+
+
+def main(args: dict) -> dict:
+    return run_action(PrefillRequest, run_prefill, args)

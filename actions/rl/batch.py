@@ -1,0 +1,69 @@
+"""Assembling the training batch from scored shards.
+
+Samples are sorted by (prompt id, sample index) so a prompt's group occupies contiguous rows
+(``row // group_size`` is its group) and the batch is the same whatever the fan-out was.
+Per-token tensors from shards of different widths are right-padded to the batch width T.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from actions.common.config import AlgorithmConfig
+from actions.common.storage import ObjectStore
+from actions.common.weights import load_tensors
+from actions.rl.sequences import PackedBatch, pack
+
+
+@dataclass
+class TrainBatch:
+    packed: PackedBatch
+    old_logp: torch.Tensor  # [B, T]
+    ref_logp: torch.Tensor  # [B, T]
+    rewards: torch.Tensor  # [B]
+    values: torch.Tensor | None  # [B, T] (PPO)
+    finish_reasons: list[str]
+
+
+def _pad_to(x: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]))
+
+
+def gather_batch(store: ObjectStore, keys: list[str], algo: AlgorithmConfig, pad_id: int) -> TrainBatch:
+    rows = []  # (identity, sample meta, per-row tensors)
+    for key in keys:
+        tensors, meta = load_tensors(store, key)
+        for i, s in enumerate(meta["samples"]):
+            per_row = {name: t[i] for name, t in tensors.items()}
+            rows.append(((s["prompt_id"], s["sample_index"]), s, per_row))
+    rows.sort(key=lambda r: r[0])
+    if len({r[0] for r in rows}) != len(rows):
+        raise ValueError("scored shards contain a sample twice; each sample must be scored exactly once")
+    if len(rows) % algo.group_size:
+        raise ValueError(f"{len(rows)} scored samples do not form whole groups of {algo.group_size}")
+    packed = pack([r[1]["prompt"] for r in rows], [r[1]["response"] for r in rows], pad_id)
+    T = packed.response_width
+
+    def stack(name: str) -> torch.Tensor:
+        return torch.stack([_pad_to(r[2][name][None], T)[0] for r in rows])
+
+    values = stack("values") * packed.response_mask if algo.name == "ppo" else None
+    return TrainBatch(packed, stack("old_logp") * packed.response_mask, stack("ref_logp") * packed.response_mask,
+                      torch.stack([r[2]["rewards"] for r in rows]), values, [r[1]["finish_reason"] for r in rows])
+
+
+def rollout_metrics(batch: TrainBatch, algo: AlgorithmConfig) -> dict[str, float]:
+    """Reward and length statistics (metric names of ARCHITECTURE.md)."""
+    lengths = batch.packed.response_mask.sum(-1)
+    groups = batch.rewards.view(-1, algo.group_size)
+    return {
+        "reward/mean": float(batch.rewards.mean()),
+        "reward/std": float(batch.rewards.std(unbiased=False)),
+        "frac_reward_zero_std": float((groups.std(-1, unbiased=False) == 0).float().mean()),
+        "response_length/mean": float(lengths.mean()),
+        "response_length/max": float(lengths.max()),
+        "response_length/min": float(lengths.min()),
+        "response_length/clip_ratio": sum(r == "length" for r in batch.finish_reasons) / len(batch.finish_reasons),
+    }

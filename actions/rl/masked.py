@@ -1,0 +1,69 @@
+"""Masked reductions over right-padded token tensors.
+
+Every RL loss here reduces a per-token tensor ``x`` of shape ``[B, T]`` (B samples, T response
+tokens, right-padded) with a mask of the same shape that is 1 on real response tokens and 0 on
+padding. Masks are 0/1 (bool or float); fractional weights are not supported because empty
+rows are handled by clamping the token count to at least 1.
+
+Masked positions are *selected away* with ``torch.where`` rather than multiplied by 0, so
+padding may hold anything (``inf`` or ``NaN`` from a padded log-prob) without poisoning the
+result: ``NaN * 0`` is ``NaN``, ``where(False, NaN, 0)`` is 0.
+
+Not covered: sequence-parallel or data-parallel all-reduces of the token count; a caller that
+accumulates gradients over micro-batches must weight each micro-batch by its token count.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Sum of ``x`` over positions where ``mask`` is set.
+
+    Args:
+        x: values, any shape (typically ``[B, T]``).
+        mask: 0/1 mask of the same shape as ``x``.
+        dim: dimension to reduce; ``None`` reduces everything to a scalar.
+    Returns:
+        The sum, with ``dim`` removed (a 0-d tensor when ``dim`` is None).
+    """
+    selected = torch.where(mask.bool(), x, torch.zeros_like(x))
+    return selected.sum() if dim is None else selected.sum(dim=dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of ``x`` over positions where ``mask`` is set; 0 where nothing is set.
+
+    Args:
+        x: values, any shape (typically ``[B, T]``).
+        mask: 0/1 mask of the same shape as ``x``.
+        dim: dimension to reduce; ``None`` gives the token-level mean over the whole batch.
+    Returns:
+        The mean, with ``dim`` removed. An all-zero mask (e.g. an empty response) yields 0
+        rather than NaN, so one empty row cannot turn a batch loss into NaN.
+    """
+    count = mask.to(x.dtype)
+    count = count.sum() if dim is None else count.sum(dim=dim)
+    return masked_sum(x, mask, dim) / count.clamp_min(1.0)
+
+
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """Standardise ``x`` to zero mean and unit variance over the masked positions.
+
+    Statistics are taken over all masked positions of the tensor (batch-level whitening of
+    PPO advantages, as in OpenAI baselines ppo2). The variance is the population variance
+    (divide by N, not N-1), matching ``group_normalized_advantages``.
+
+    Args:
+        x: values, any shape (typically advantages ``[B, T]``).
+        mask: 0/1 mask of the same shape.
+        eps: added to the variance before the square root.
+    Returns:
+        ``(x - mean) / sqrt(var + eps)`` on masked positions, 0 elsewhere; same shape as ``x``.
+    """
+    mean = masked_mean(x, mask)
+    centered = torch.where(mask.bool(), x - mean, torch.zeros_like(x))
+    var = masked_mean(centered.square(), mask)
+    return centered * torch.rsqrt(var + eps)

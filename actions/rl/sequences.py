@@ -1,0 +1,72 @@
+"""Packing prompt + response pairs into one batch and reading per-token log-probs.
+
+Layout: prompts are left-padded to a common width P and responses right-padded to T, so every
+response token t sits in column ``P + t`` for all rows and its log-prob comes from the logits
+at column ``P + t - 1``. A finished response ("stop") includes its EOS token: stopping is an
+action the policy must learn. Position ids skip the padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PackedBatch:
+    input_ids: torch.Tensor  # [B, P + T]
+    attention_mask: torch.Tensor  # [B, P + T]
+    position_ids: torch.Tensor  # [B, P + T]
+    response_mask: torch.Tensor  # [B, T] float, 1 on real response tokens
+    prompt_width: int  # P
+
+    @property
+    def response_width(self) -> int:
+        return self.response_mask.shape[1]
+
+    def select(self, idx: torch.Tensor) -> PackedBatch:
+        return PackedBatch(self.input_ids[idx], self.attention_mask[idx], self.position_ids[idx],
+                           self.response_mask[idx], self.prompt_width)
+
+
+def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int) -> PackedBatch:
+    """Pack B (prompt, response) token lists; responses must be non-empty."""
+    B = len(prompts)
+    P = max(len(p) for p in prompts)
+    T = max(1, max(len(r) for r in responses))
+    ids = torch.full((B, P + T), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, P + T), dtype=torch.long)
+    rmask = torch.zeros((B, T), dtype=torch.float32)
+    for b, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        ids[b, P - len(p):P] = torch.tensor(list(p), dtype=torch.long)
+        attn[b, P - len(p):P] = 1
+        if r:
+            ids[b, P:P + len(r)] = torch.tensor(list(r), dtype=torch.long)
+            attn[b, P:P + len(r)] = 1
+            rmask[b, :len(r)] = 1.0
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    return PackedBatch(ids, attn, pos, rmask, P)
+
+
+def response_logits(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
+    """Logits that predict each response token: [B, T, V]."""
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
+    P, T = batch.prompt_width, batch.response_width
+    return out.logits[:, P - 1:P + T - 1].float()
+
+
+def response_logprobs(model: torch.nn.Module, batch: PackedBatch, *, with_entropy: bool = False):
+    """Per-token log-prob of the response under ``model``: [B, T] (0 on padding).
+
+    With ``with_entropy`` also returns the per-token entropy [B, T].
+    """
+    logits = response_logits(model, batch)
+    targets = batch.input_ids[:, batch.prompt_width:]
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * batch.response_mask
+    if not with_entropy:
+        return logp
+    entropy = -(logp_all.exp() * logp_all).sum(-1) * batch.response_mask
+    return logp, entropy

@@ -1,0 +1,160 @@
+"""The OpenWhisk action-protocol server: ``POST /init`` and ``POST /run`` on one port.
+
+This is the entrypoint of the runtime images (port 8080) and of every local warm-pool worker
+(a free loopback port). It follows the contract in OpenWhisk's ``docs/actions-new.md``:
+
+* ``/init`` takes ``{"value": {name, main, code, binary, env}}`` once per container. The action
+  code is baked into the image, so ``code`` is ignored; ``env`` is exported. A second ``/init``
+  is refused, as the contract requires.
+* ``/run`` takes ``{"value": params, "action_name": "/ns/pkg/generate", "activation_id",
+  "deadline", ...}``; the last path segment of ``action_name`` (or ``value["__action"]`` when
+  no name is given) selects ``actions.<name>.main``. The reply is the action's JSON dict, with
+  an ``__activation`` block added: busy seconds, process id, image id, cold/warm.
+* Activations never overlap in one container (concurrency 1): a lock serialises ``/run``.
+* Every activation's logs end with the sentinel line on stdout and stderr so OpenWhisk
+  collects them promptly.
+
+What it does not do: authentication (OpenWhisk's invoker talks to it on a private network;
+the local pool binds loopback only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+SENTINEL = "XXX_THE_END_OF_A_WHISK_ACTIVATION_XXX"
+ACTION_NAMES = frozenset({"prefill", "generate", "score", "train_step", "warmup", "evaluate", "noop"})
+
+
+def image_id() -> str:
+    """The runtime image name:version this server runs in (``local`` outside an image)."""
+    return os.environ.get("RLHFLESS_IMAGE", "local")
+
+
+class ActionRuntime:
+    """Dispatches activations to ``actions.<name>.main`` and keeps per-container state."""
+
+    def __init__(self) -> None:
+        self.initialized = False
+        self.num_runs = 0
+        self.lock = threading.Lock()
+
+    def init(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if self.initialized:
+            return 403, {"error": "cannot initialize the action more than once"}
+        value = body.get("value") or {}
+        for key, val in (value.get("env") or {}).items():
+            os.environ[str(key)] = str(val)
+        self.initialized = True
+        return 200, {"ok": True}
+
+    def run(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        params = body.get("value")
+        if not isinstance(params, dict):
+            return 400, {"error": "run body must carry a JSON object under 'value'"}
+        name = _action_name(body, params)
+        if name not in ACTION_NAMES:
+            return 404, {"error": f"unknown action {name!r}; known: {sorted(ACTION_NAMES)}"}
+        with self.lock:
+            cold = self.num_runs == 0
+            self.num_runs += 1
+            _export_context(body)
+            start = time.time()
+            try:
+                module = importlib.import_module(f"actions.{name}")
+                result = module.main(dict(params))
+            except Exception as exc:  # outermost adapter: report, never crash the container
+                traceback.print_exc()
+                result = {"error": f"{type(exc).__name__}: {exc}", "developer_error": True}
+            busy = time.time() - start
+            print(SENTINEL, flush=True)
+            print(SENTINEL, file=sys.stderr, flush=True)
+        if not isinstance(result, dict):
+            result = {"error": f"action {name} returned {type(result).__name__}, not a dict"}
+        result["__activation"] = {
+            "busy_s": busy,
+            "start": start,
+            "pid": os.getpid(),
+            "image": image_id(),
+            "cold": cold,
+        }
+        return 200, result
+
+
+def _action_name(body: dict[str, Any], params: dict[str, Any]) -> str:
+    full = body.get("action_name") or params.get("__action") or ""
+    return str(full).rstrip("/").split("/")[-1]
+
+
+def _export_context(body: dict[str, Any]) -> None:
+    for key in ("api_host", "namespace", "action_name", "activation_id", "transaction_id", "deadline"):
+        if key in body:
+            os.environ[f"__OW_{key.upper()}"] = str(body[key])
+
+
+def make_handler(runtime: ActionRuntime) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt: str, *args: Any) -> None:  # keep activation logs clean
+            pass
+
+        def _reply(self, status: int, payload: dict[str, Any]) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # health probe for pools and orchestrators
+            self._reply(200, {"ok": True, "image": image_id(), "runs": runtime.num_runs})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                body = json.loads(self.rfile.read(length) or b"{}")
+                if not isinstance(body, dict):
+                    raise ValueError("body is not a JSON object")
+            except ValueError as exc:
+                self._reply(400, {"error": f"request body is not valid JSON: {exc}"})
+                return
+            if self.path == "/init":
+                self._reply(*runtime.init(body))
+            elif self.path == "/run":
+                self._reply(*runtime.run(body))
+            else:
+                self._reply(404, {"error": f"no route {self.path}; use /init or /run"})
+
+    return Handler
+
+
+def serve(host: str = "0.0.0.0", port: int = 8080, ready_fd: int | None = None) -> None:
+    """Serve forever. With ``ready_fd``, write the bound port there once listening."""
+    server = ThreadingHTTPServer((host, port), make_handler(ActionRuntime()))
+    if ready_fd is not None:
+        os.write(ready_fd, f"{server.server_address[1]}\n".encode())
+        os.close(ready_fd)
+    server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="RLHFless action-protocol server (/init, /run)")
+    parser.add_argument("--host", default=os.environ.get("RLHFLESS_HOST", "0.0.0.0"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("RLHFLESS_PORT", "8080")))
+    parser.add_argument("--ready-fd", type=int, default=None)
+    args = parser.parse_args(argv)
+    serve(args.host, args.port, args.ready_fd)
+
+
+if __name__ == "__main__":
+    main()

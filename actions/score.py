@@ -1,0 +1,65 @@
+"""score action: rewards, old and reference log-probs (and critic values for PPO) for a shard.
+
+Reads one or more rollout objects, scores every finished sample with the task's reward
+function, and computes per-token log-probs under the sampling policy (the "old" policy of
+the PPO ratio) and under the frozen reference, plus the critic's values for PPO. The output
+is an artifact of tensors [B, T] (right-padded responses) and a meta table of the samples.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from actions.common.adapter import run_action
+from actions.common.contracts import ModelRef, ScoreRequest, ScoreResult
+from actions.common.critic_store import load_critic
+from actions.common.loading import encode, load_dataset, load_model, store_for
+from actions.common.storage import get_json
+from actions.common.weights import publish_tensors
+from actions.rl.kl import kl_estimate
+from actions.rl.masked import masked_mean
+from actions.rl.sequences import pack, response_logprobs
+from actions.tasks import get_task
+
+
+def _load_samples(req: ScoreRequest) -> list[dict]:
+    store = store_for(req.policy.store_uri)
+    samples = [s for key in req.rollout_keys for s in get_json(store, key)["samples"]]
+    # Sorted by identity: the scored shard does not depend on how generation was split.
+    return sorted(samples, key=lambda s: (s["prompt_id"], s["sample_index"]))
+
+
+@torch.no_grad()
+def run_score(req: ScoreRequest) -> ScoreResult:
+    policy, tokenizer, _ = load_model(req.policy)
+    ref_model, _, _ = load_model(ModelRef(store_uri=req.policy.store_uri, base_key=req.policy.base_key,
+                                          policy_key=req.reference_key, policy_version=0))
+    dataset = load_dataset(req.policy.store_uri, req.dataset_key)
+    samples = _load_samples(req)
+    eos = tokenizer.eos_token_id
+    prompts = [encode(tokenizer, dataset[s["prompt_id"]].prompt) for s in samples]
+    responses = [s["tokens"] + ([eos] if s["finish_reason"] == "stop" else []) for s in samples]
+    texts = [tokenizer.decode(s["tokens"]) for s in samples]
+    task = get_task(req.task)
+    raw = task.reward(texts, answer=[dataset[s["prompt_id"]].answer for s in samples])
+    # Unscorable output (None) is data, not an error: it earns no reward (STYLE P8).
+    rewards = torch.tensor([0.0 if r is None else float(r) for r in raw])
+    packed = pack(prompts, responses, tokenizer.pad_token_id)
+    old_logp = response_logprobs(policy, packed)
+    ref_logp = response_logprobs(ref_model, packed)
+    tensors = {"old_logp": old_logp, "ref_logp": ref_logp, "rewards": rewards}
+    if req.algorithm.name == "ppo":
+        if req.critic_key is None:
+            raise ValueError("ScoreRequest.critic_key is required when algorithm.name is ppo")
+        tensors["values"] = load_critic(req.policy.store_uri, req.policy.base_key, req.critic_key)(packed)
+    meta = {"samples": [{"prompt_id": s["prompt_id"], "sample_index": s["sample_index"], "prompt": list(p),
+                         "response": r, "finish_reason": s["finish_reason"]}
+                        for s, p, r in zip(samples, prompts, responses)]}
+    publish_tensors(store_for(req.policy.store_uri), req.output_key, tensors, meta)
+    kl = masked_mean(kl_estimate(old_logp, ref_logp, req.algorithm.kl_kind), packed.response_mask)
+    return ScoreResult(scored_key=req.output_key, num_samples=len(samples), reward_mean=float(rewards.mean()),
+                       reward_sum=float(rewards.sum()), kl_mean=float(kl))
+
+
+def main(args: dict) -> dict:
+    return run_action(ScoreRequest, run_score, args)

@@ -1,0 +1,56 @@
+"""warmup action: a short supervised phase so RL starts from a non-trivial policy.
+
+Trains the initial weights on the task's demonstrations (teacher forcing, loss on answer
+tokens and EOS) and publishes the result, which becomes policy version 0 and the frozen
+reference for the KL term.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from actions.common.adapter import run_action
+from actions.common.contracts import WarmupRequest, WarmupResult
+from actions.common.loading import encode, load_base, load_dataset, store_for
+from actions.common.modeling import instantiate
+from actions.common.weights import load_tensors, publish_tensors
+from actions.rl.sequences import pack, response_logprobs
+from actions.tasks import get_task
+
+
+def run_warmup(req: WarmupRequest) -> WarmupResult:
+    store = store_for(req.store_uri)
+    tensors, _ = load_tensors(store, req.init_key)
+    model, tokenizer = instantiate(load_base(req.store_uri, req.base_key), tensors)
+    rows = list(load_dataset(req.store_uri, req.dataset_key).values())
+    task = get_task(req.task)
+    rng = random.Random(req.seed)
+    torch.manual_seed(req.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=req.warmup.lr, weight_decay=0.0)
+    eos = tokenizer.eos_token_id
+    model.train()
+    losses = []
+    for _ in range(req.warmup.steps):
+        batch = rng.sample(rows, min(req.warmup.batch_size, len(rows)))
+        targets = [list(encode(tokenizer, task.demonstrate(r, rng, req.warmup.error_rate))) + [eos] for r in batch]
+        packed = pack([encode(tokenizer, r.prompt) for r in batch], targets, tokenizer.pad_token_id)
+        logp = response_logprobs(model, packed)
+        loss = -(logp.sum() / packed.response_mask.sum())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    published = publish_tensors(store, req.output_key, model.state_dict(), {"version": 0, "source": "warmup"})
+    return WarmupResult(
+        policy_key=published.manifest_key,
+        weights_sha256=published.weights_sha256,
+        loss_first=losses[0] if losses else 0.0,
+        loss_last=losses[-1] if losses else 0.0,
+        num_steps=len(losses),
+    )
+
+
+def main(args: dict) -> dict:
+    return run_action(WarmupRequest, run_warmup, args)

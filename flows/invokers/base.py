@@ -1,0 +1,88 @@
+"""How the control plane calls an action, whatever runs it.
+
+An :class:`Invoker` takes an action name (``generate``, ``score``, ...) and a JSON payload and
+returns an :class:`Activation`: the action's result plus the accounting the flow needs
+(ARCHITECTURE invariant 5: every second is accounted). Three implementations share it:
+
+* ``InProcessInvoker`` -- calls ``actions.<name>.main`` in this process (unit tests).
+* ``LocalPoolInvoker`` -- a warm pool of worker processes serving the action protocol on
+  loopback (the embedded default).
+* ``OpenWhiskInvoker`` -- the OpenWhisk REST API (clusters).
+
+Errors: an action that rejects its payload returns ``{"error": ...}``; the invoker raises
+:class:`ActionError` with ``transient=False`` (retrying cannot help). Infrastructure failures
+(lost worker, 429/503, timeouts) raise :class:`ActionError` with ``transient=True`` so the
+flow's retry policy may try again -- actions are idempotent, so a retry gives the same bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+
+class ActionError(RuntimeError):
+    """An activation that did not produce a result."""
+
+    def __init__(self, action: str, message: str, *, transient: bool, activation_id: str = "") -> None:
+        super().__init__(f"action {action} failed: {message}")
+        self.action = action
+        self.message = message
+        self.transient = transient
+        self.activation_id = activation_id
+
+
+@dataclass
+class Activation:
+    """One completed activation and its accounting.
+
+    Times are epoch seconds; durations are seconds. ``billed_s`` is what a serverless
+    platform charges for: the activation's wall time inside the container, including a cold
+    start's init time.
+    """
+
+    action: str
+    activation_id: str
+    result: dict[str, Any]
+    submitted_at: float
+    started_at: float
+    ended_at: float
+    busy_s: float
+    init_s: float = 0.0
+    cold: bool = False
+    worker: str = ""
+    gpus: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def queue_s(self) -> float:
+        return max(0.0, self.started_at - self.submitted_at)
+
+    @property
+    def billed_s(self) -> float:
+        return max(self.busy_s, self.ended_at - self.started_at) + self.init_s
+
+    def accounting(self) -> dict[str, Any]:
+        """A JSON-able record without the result payload."""
+        record = asdict(self)
+        record.pop("result")
+        record.update(queue_s=self.queue_s, billed_s=self.billed_s)
+        return record
+
+
+class Invoker(Protocol):
+    """Calls actions. Implementations must be safe to call from several threads."""
+
+    def invoke(self, action: str, payload: dict[str, Any], *, timeout_s: float | None = None) -> Activation:
+        """Run ``action`` on ``payload`` and wait for its result.
+
+        Raises:
+            ActionError: the action returned an error or could not be run.
+        """
+
+    def prewarm(self, action: str, count: int) -> int:
+        """Make ``count`` containers for ``action`` warm ahead of use; returns how many
+        were started now (already-warm ones are not counted)."""
+
+    def close(self) -> None:
+        """Release workers and connections."""

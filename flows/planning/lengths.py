@@ -1,0 +1,123 @@
+"""Per-prompt response-length history and prediction (PAPER §3.2).
+
+RLHF revisits the same prompt set every epoch, so the length a prompt produced last epoch
+predicts its next one (paper: ~70% of prompts change by <= 50 tokens between epochs). Only the
+ranking matters: the planner sorts prompts by it (§3.3).
+
+- Observed length of a GRPO group = **max** over its n samples [I]. The paper does not say
+  max or mean; the group's samples run on one actor and the actor finishes with its longest
+  sample, so the max is what sets the actor's time and what straggler control needs.
+- Prediction = EWMA over the last ``window`` observed epochs, oldest to newest, with the usual
+  span smoothing ``alpha = 2 / (window + 1)`` and weights renormalised over the finite window:
+  ``pred = sum_k alpha (1-alpha)^k v_{-1-k} / sum_k alpha (1-alpha)^k``. ``window = 1`` (the
+  paper's default) is the last observed value.
+- No history (first epoch): the reference answer's length [P §3.2].
+- ``rank_correlation`` (Spearman, ties get their average rank) is the prediction-quality
+  metric: 1.0 means a perfect ranking, which is all the planner needs.
+
+The history is plain data (JSON round-trippable via ``to_dict``/``from_dict``); where it is
+stored (object store, campaign state) is the caller's business.
+"""
+
+from __future__ import annotations
+
+from bisect import insort
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+
+@dataclass
+class LengthHistory:
+    """prompt_id -> [(epoch, observed length)], sorted by epoch, one entry per epoch."""
+
+    observations: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+
+    def record(self, prompt_id: int, epoch: int, response_lens: Sequence[int]) -> None:
+        """Store the group's max length for ``epoch``; recording an epoch again replaces it
+        (a replayed step must not count twice)."""
+        if not response_lens:
+            raise ValueError(f"response_lens for prompt {prompt_id}: empty; pass the "
+                             "length of every sample of the group")
+        entries = self.observations.setdefault(int(prompt_id), [])
+        entries[:] = [e for e in entries if e[0] != epoch]
+        insort(entries, (int(epoch), float(max(response_lens))))
+
+    def last(self, prompt_id: int, window: int) -> list[float]:
+        """The last ``window`` observed lengths, oldest first (empty when unseen)."""
+        return [v for _, v in self.observations.get(prompt_id, [])[-window:]]
+
+    def to_dict(self) -> dict:
+        return {"observations": {str(pid): [[e, v] for e, v in entries]
+                                 for pid, entries in sorted(self.observations.items())}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "LengthHistory":
+        obs = {int(pid): [(int(e), float(v)) for e, v in entries]
+               for pid, entries in data.get("observations", {}).items()}
+        return cls({pid: sorted(entries) for pid, entries in obs.items()})
+
+
+def ewma(values: Sequence[float]) -> float:
+    """EWMA of ``values`` (oldest first) with span ``len(values)``, normalised weights."""
+    alpha = 2.0 / (len(values) + 1)
+    weights = [alpha * (1 - alpha) ** k for k in range(len(values))]  # k = 0 is newest
+    newest_first = list(reversed(values))
+    return sum(w * v for w, v in zip(weights, newest_first)) / sum(weights)
+
+
+def predict_lengths(history: LengthHistory, prompt_ids: Sequence[int],
+                    reference_lengths: Mapping[int, int], window: int = 1) -> dict[int, float]:
+    """Predicted response length (tokens) per prompt id.
+
+    Args:
+        history: observed group lengths of past epochs.
+        prompt_ids: prompts of this step.
+        reference_lengths: prompt id -> token length of the dataset's reference answer, used
+            when a prompt has no history.
+        window: number of most recent epochs in the EWMA (1 = last value).
+    """
+    if window < 1:
+        raise ValueError(f"lengths.window={window}: must be >= 1 (1 = last epoch only)")
+    out: dict[int, float] = {}
+    for pid in prompt_ids:
+        past = history.last(pid, window)
+        if past:
+            out[pid] = ewma(past)
+        elif pid in reference_lengths:
+            out[pid] = float(reference_lengths[pid])
+        else:
+            raise ValueError(f"reference_lengths: no entry for prompt {pid} and no history; "
+                             "pass the reference answer length of every prompt")
+    return out
+
+
+def _average_ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks; tied values share the mean of the ranks they span."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    return ranks
+
+
+def rank_correlation(predicted: Sequence[float], actual: Sequence[float]) -> float:
+    """Spearman rank correlation; 0.0 when undefined (fewer than 2 values or a constant side)."""
+    if len(predicted) != len(actual):
+        raise ValueError(f"rank_correlation: {len(predicted)} predicted vs {len(actual)} "
+                         "actual values; pass one of each per prompt")
+    if len(predicted) < 2:
+        return 0.0
+    rp, ra = _average_ranks(predicted), _average_ranks(actual)
+    mp, ma = sum(rp) / len(rp), sum(ra) / len(ra)
+    cov = sum((p - mp) * (a - ma) for p, a in zip(rp, ra))
+    vp = sum((p - mp) ** 2 for p in rp)
+    va = sum((a - ma) ** 2 for a in ra)
+    if vp == 0 or va == 0:
+        return 0.0
+    return cov / (vp * va) ** 0.5

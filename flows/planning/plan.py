@@ -1,0 +1,93 @@
+"""Plain data of the generation planner: cluster description, candidates and the plan
+(PAPER §3.5-3.6). Kept apart from ``scaling`` so user policies (``module:function``) can
+build a ``GenerationPlan`` without importing the planner's internals."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    """What the planner knows about the decode cluster."""
+
+    gpus_per_actor: int
+    """GPUs of every decode actor (G_i, equal for all actors as in the paper)."""
+    max_actors: int
+    """Cluster capacity in actors (total GPUs // gpus_per_actor)."""
+    price_per_gpu_second: float = 1.0
+    """rho; 1.0 makes cost_usd equal GPU-seconds (the paper's proxy)."""
+    cold_start_s: float = 0.0
+    """Start-up of an actor that is not pre-warmed (container + engine + weight load)."""
+    num_warm_actors: int = 1
+    """Pre-warmed actors (actor 0, co-located with the learner, is always warm)."""
+    weight_bytes: float = 0.0
+    """Bytes of policy weights sent to every remote actor each step."""
+    kv_bytes_per_token: float = 0.0
+    """Prefix-KV bytes per prompt token sent from the prefill actor."""
+    transfer_bandwidth_bytes_per_s: float = math.inf
+    """Learner/prefill -> remote actor bandwidth (bytes/s, per actor)."""
+    num_prefill_gpus: int = 0
+    """GPUs of the prefill actor (the learner's); 0 means gpus_per_actor."""
+
+    def __post_init__(self) -> None:
+        checks = {"gpus_per_actor": self.gpus_per_actor >= 1, "max_actors": self.max_actors >= 1,
+                  "price_per_gpu_second": self.price_per_gpu_second >= 0,
+                  "cold_start_s": self.cold_start_s >= 0,
+                  "num_warm_actors": self.num_warm_actors >= 0,
+                  "transfer_bandwidth_bytes_per_s": self.transfer_bandwidth_bytes_per_s > 0,
+                  "num_prefill_gpus": self.num_prefill_gpus >= 0}
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"cluster.{name}={getattr(self, name)!r}: out of range "
+                                 "(counts >= 1, times/prices >= 0, bandwidth > 0)")
+
+    @property
+    def prefill_gpus(self) -> int:
+        return self.num_prefill_gpus or self.gpus_per_actor
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One evaluated actor count. ``score`` is None for an infeasible candidate."""
+
+    n: int
+    time_s: float
+    gpu_seconds: float
+    cost_usd: float
+    score: float | None
+    feasible: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """The planner's decision for one generation phase (logged as an artifact)."""
+
+    policy: str
+    num_actors: int
+    assignments: tuple[tuple[int, ...], ...]
+    """Prompt ids per actor; actor 0 (co-located with the learner) has the heaviest load."""
+    predicted_time_s: float
+    predicted_gpu_seconds: float
+    candidates: tuple[Candidate, ...] = ()
+    planning_ms: float = field(default=0.0, compare=False)  # wall clock, not part of the decision
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["assignments"] = [list(a) for a in self.assignments]
+        out["candidates"] = [asdict(c) for c in self.candidates]
+        return out
+
+    def validate(self, prompt_ids: list[int] | tuple[int, ...]) -> None:
+        """Raise ValueError unless every prompt is assigned exactly once to a non-empty actor."""
+        flat = [pid for actor in self.assignments for pid in actor]
+        if self.num_actors != len(self.assignments) or self.num_actors < 1:
+            raise ValueError(f"plan.num_actors={self.num_actors} but {len(self.assignments)} "
+                             "assignments; return one tuple of prompt ids per actor")
+        if any(len(actor) == 0 for actor in self.assignments):
+            raise ValueError("plan.assignments: an actor has no prompts; drop empty actors")
+        if sorted(flat) != sorted(prompt_ids):
+            raise ValueError("plan.assignments: must contain every prompt id exactly once")

@@ -1,0 +1,239 @@
+"""Decode-speed profile: time per output token (TPOT) and prefill throughput (PAPER §3.5, §3.7).
+
+The planner and the simulator need ``TPOT(batch, context)``: the wall time of one decode step
+of an actor that holds ``batch`` live sequences whose mean context (prompt + tokens generated
+so far) is ``context`` tokens. RLHFless profiles it with dummy batches at start-up [P §3.7];
+here it is a small grid ``seconds[b][c]`` over ``batch_sizes`` x ``contexts``, read with
+bilinear interpolation. Beyond the grid it extrapolates linearly in both axes (decode bytes
+and attention flops grow linearly in batch and context, so clamping would under-estimate a
+long-context or large-batch actor). Results are floored at the smallest grid value.
+
+``roofline_profile`` builds such a grid without a GPU, from a roofline model of one decode
+step on an actor of ``g`` GPUs (tensor parallel, weights and KV split evenly)::
+
+    bytes(b, c) = W / g + b * c * kv_bytes_per_token / g          # weights + KV read per step
+    flops(b, c) = (2 * P * b + 4 * layers * hidden * c * b) / g   # GEMMs + attention (QK^T, AV)
+    TPOT(b, c)  = max(bytes / (hbm_bw * mem_eff), flops / (peak_bf16 * compute_eff))
+
+with ``W = P * dtype_bytes`` and ``kv_bytes_per_token = 2 * layers * kv_heads * head_dim *
+dtype_bytes``. Prefill is compute bound: ``prefill_tokens_per_s = g * peak * compute_eff /
+(2 * P)`` (attention over prompts <= 1k tokens is a few percent and is left out).
+
+Deviations / simplifications [I]: the paper uses profiled TPOT (and Vidur in simulation);
+the roofline has no kernel-launch, sampling, scheduler or tensor-parallel all-reduce time,
+so it is a lower bound of a real engine and gives a conservative (small) batch effect.
+Efficiencies: ``mem_eff = 0.8`` (decode GEMV/paged attention typically reach 70-85% of HBM
+bandwidth) and ``compute_eff = 0.6`` (decode GEMMs at batch 64-512).
+"""
+
+from __future__ import annotations
+
+import json
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+TpotFn = Callable[[int, float], float]
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU: HBM bandwidth (B/s), dense bf16 peak (FLOP/s), memory (B), efficiencies."""
+
+    name: str
+    hbm_bytes_per_s: float
+    peak_flops: float
+    memory_bytes: float
+    mem_eff: float = 0.8
+    compute_eff: float = 0.6
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Dense decoder-only model shape; ``dtype_bytes`` applies to weights and KV cache."""
+
+    name: str
+    num_params: float
+    num_layers: int
+    hidden: int
+    num_kv_heads: int
+    head_dim: int
+    dtype_bytes: int = 2
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.num_params * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        # K and V, every layer, every KV head (GQA keeps this small).
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+
+GPUS: dict[str, GpuSpec] = {
+    "h100": GpuSpec("H100-SXM", 3.35e12, 989e12, 80e9),
+    "h200": GpuSpec("H200-SXM", 4.8e12, 989e12, 141e9),
+    "a100": GpuSpec("A100-SXM-80G", 2.039e12, 312e12, 80e9),
+    "l40s": GpuSpec("L40S", 0.864e12, 362e12, 48e9),
+}
+
+MODELS: dict[str, ModelSpec] = {
+    "qwen2.5-3b": ModelSpec("Qwen2.5-3B", 3.09e9, 36, 2048, 2, 128),
+    "qwen2.5-7b": ModelSpec("Qwen2.5-7B", 7.62e9, 28, 3584, 4, 128),
+    "llama2-70b": ModelSpec("Llama2-70B", 68.98e9, 80, 8192, 8, 128),
+}
+
+CONTEXT_BUCKET = 16  # tokens per context bucket in bucket_row
+
+_ROOFLINE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048)
+_ROOFLINE_CONTEXTS = (0, 256, 512, 1024, 2048, 4096, 8192)
+
+
+@dataclass(frozen=True)
+class TpotProfile:
+    """TPOT grid for one actor size. ``seconds[i][j]`` = TPOT at ``batch_sizes[i]``,
+    ``contexts[j]``; both axes strictly increasing with at least two points."""
+
+    batch_sizes: tuple[int, ...]
+    contexts: tuple[float, ...]
+    seconds: tuple[tuple[float, ...], ...]
+    prefill_tokens_per_s: float
+    name: str = "custom"
+    # per-batch interpolated rows, filled lazily by tpot_fn (planning speed, not state)
+    _rows: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for axis, values in (("batch_sizes", self.batch_sizes), ("contexts", self.contexts)):
+            if len(values) < 2 or any(b <= a for a, b in zip(values, values[1:])):
+                raise ValueError(f"profile.{axis}={list(values)!r}: need >= 2 strictly "
+                                 "increasing values")
+        if len(self.seconds) != len(self.batch_sizes) or any(
+                len(row) != len(self.contexts) for row in self.seconds):
+            raise ValueError("profile.seconds: must be a len(batch_sizes) x len(contexts) grid")
+        if self.prefill_tokens_per_s <= 0:
+            raise ValueError(f"profile.prefill_tokens_per_s={self.prefill_tokens_per_s}: "
+                             "must be > 0")
+
+    def _row(self, batch: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Values and per-cell slopes along context, interpolated at this batch size."""
+        cached = self._rows.get(batch)
+        if cached is not None:
+            return cached
+        bs = self.batch_sizes
+        i = min(max(bisect_right(bs, batch) - 1, 0), len(bs) - 2)
+        w = (batch - bs[i]) / (bs[i + 1] - bs[i])  # > 1 extrapolates linearly
+        lo, hi = self.seconds[i], self.seconds[i + 1]
+        vals = tuple(a + (b - a) * w for a, b in zip(lo, hi))
+        cs = self.contexts
+        slopes = tuple((vals[j + 1] - vals[j]) / (cs[j + 1] - cs[j]) for j in range(len(cs) - 1))
+        self._rows[batch] = (vals, slopes)
+        return vals, slopes
+
+    def tpot(self, batch: int, context: float) -> float:
+        """Seconds per decode step for ``batch`` live sequences at mean ``context`` tokens."""
+        vals, slopes = self._row(batch)
+        cs = self.contexts
+        j = min(max(bisect_right(cs, context) - 1, 0), len(cs) - 2)
+        return max(vals[j] + slopes[j] * (context - cs[j]), self._floor)
+
+    @property
+    def _floor(self) -> float:
+        floor = self._rows.get("floor")
+        if floor is None:  # results never go below the grid's smallest value
+            floor = self._rows["floor"] = min(min(row) for row in self.seconds)
+        return floor
+
+    def tpot_fn(self) -> TpotFn:
+        """A ``tpot(batch, context)`` closure with cached per-batch rows."""
+        cs, last, floor, row = self.contexts, len(self.contexts) - 2, self._floor, self._row
+
+        def fn(batch: int, context: float) -> float:
+            vals, slopes = row(batch)
+            j = bisect_right(cs, context) - 1
+            j = 0 if j < 0 else (last if j > last else j)
+            v = vals[j] + slopes[j] * (context - cs[j])
+            return v if v > floor else floor
+        return fn
+
+    def bucket_row(self, batch: int, max_context: float) -> list[float]:
+        """TPOT at ``batch`` for contexts bucketed by ``CONTEXT_BUCKET`` tokens.
+
+        ``row[int(c) // CONTEXT_BUCKET]`` is TPOT at that bucket's centre (error at most half
+        a bucket of context, ~1e-4 relative for real profiles). The planner's hot loop uses
+        it because one list index is several times cheaper than a bilinear lookup; rows are
+        cached per batch and grown on demand.
+        """
+        need = int(max_context) // CONTEXT_BUCKET + 2
+        key = ("bucket", batch)
+        row = self._rows.get(key)
+        if row is None or len(row) < need:
+            vals, slopes = self._row(batch)
+            floor = self._floor
+            row = [max(vals[j] + slopes[j] * dc, floor) for j, dc in self._bucket_cells(need)]
+            self._rows[key] = row
+        return row
+
+    def _bucket_cells(self, need: int) -> list[tuple[int, float]]:
+        """(grid cell, context offset in the cell) of each bucket centre; shared by all rows."""
+        cells = self._rows.get("cells")
+        if cells is None or len(cells) < need:
+            cs, last = self.contexts, len(self.contexts) - 2
+            size = max(need, 2 * len(cells or ()))  # grow geometrically
+            cells = []
+            for k in range(size):
+                c = (k + 0.5) * CONTEXT_BUCKET
+                j = min(max(bisect_right(cs, c) - 1, 0), last)
+                cells.append((j, c - cs[j]))
+            self._rows["cells"] = cells
+        return cells[:need]
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "batch_sizes": list(self.batch_sizes),
+                "contexts": list(self.contexts), "seconds": [list(r) for r in self.seconds],
+                "prefill_tokens_per_s": self.prefill_tokens_per_s}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TpotProfile":
+        return cls(batch_sizes=tuple(int(b) for b in data["batch_sizes"]),
+                   contexts=tuple(float(c) for c in data["contexts"]),
+                   seconds=tuple(tuple(float(s) for s in row) for row in data["seconds"]),
+                   prefill_tokens_per_s=float(data["prefill_tokens_per_s"]),
+                   name=str(data.get("name", "custom")))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TpotProfile":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def roofline_tpot(gpu: GpuSpec, model: ModelSpec, gpus: int, batch: int, context: float) -> float:
+    """One decode step's time from the roofline formula in the module docstring."""
+    bytes_moved = (model.weight_bytes + batch * context * model.kv_bytes_per_token) / gpus
+    flops = (2 * model.num_params * batch + 4 * model.num_layers * model.hidden * context * batch)
+    return max(bytes_moved / (gpu.hbm_bytes_per_s * gpu.mem_eff),
+               flops / gpus / (gpu.peak_flops * gpu.compute_eff))
+
+
+def roofline_profile(gpu: GpuSpec, model: ModelSpec, gpus_per_actor: int,
+                     batch_sizes: Sequence[int] = _ROOFLINE_BATCHES,
+                     contexts: Sequence[float] = _ROOFLINE_CONTEXTS) -> TpotProfile:
+    """Roofline TPOT grid for ``model`` on an actor of ``gpus_per_actor`` x ``gpu``."""
+    if gpus_per_actor < 1:
+        raise ValueError(f"gpus_per_actor={gpus_per_actor}: must be >= 1")
+    seconds = tuple(tuple(roofline_tpot(gpu, model, gpus_per_actor, b, c) for c in contexts)
+                    for b in batch_sizes)
+    prefill = gpus_per_actor * gpu.peak_flops * gpu.compute_eff / (2 * model.num_params)
+    return TpotProfile(tuple(batch_sizes), tuple(float(c) for c in contexts), seconds, prefill,
+                       name=f"roofline:{gpu.name}:{model.name}:tp{gpus_per_actor}")
+
+
+def parse_roofline_spec(spec: str, gpus_per_actor: int) -> TpotProfile:
+    """``roofline:<gpu>:<model>`` (e.g. ``roofline:h100:qwen2.5-7b``) -> profile."""
+    parts = spec.split(":")
+    if len(parts) != 3 or parts[0] != "roofline" or parts[1] not in GPUS or parts[2] not in MODELS:
+        raise ValueError(f"profile={spec!r}: expected roofline:<gpu>:<model> with gpu in "
+                         f"{sorted(GPUS)} and model in {sorted(MODELS)}, or a JSON file path")
+    return roofline_profile(GPUS[parts[1]], MODELS[parts[2]], gpus_per_actor)

@@ -1,0 +1,218 @@
+"""Unit tests for actions/rl math on tiny hand-computed inputs (P9 tier 1, CPU, milliseconds)."""
+
+import math
+
+import pytest
+import torch
+
+from actions.rl.advantage import gae, group_normalized_advantages, kl_penalized_token_rewards
+from actions.rl.grpo_loss import grpo_loss
+from actions.rl.kl import kl_estimate
+from actions.rl.masked import masked_mean, masked_sum, masked_whiten
+from actions.rl.ppo_loss import ppo_policy_loss, value_loss
+
+
+def close(actual: torch.Tensor, expected: list, tol: float = 1e-5) -> bool:
+    return torch.allclose(actual, torch.tensor(expected, dtype=actual.dtype), atol=tol)
+
+
+# ---- masked -------------------------------------------------------------------------------
+
+
+def test_masked_reductions_ignore_padding_garbage():
+    x = torch.tensor([[1.0, 2.0, float("nan")], [3.0, float("inf"), 5.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert masked_sum(x, mask).item() == 6.0  # 1 + 2 + 3
+    assert masked_mean(x, mask).item() == 2.0  # 6 / 3 tokens
+    assert close(masked_mean(x, mask, dim=1), [1.5, 3.0])  # (1+2)/2, 3/1
+    assert masked_mean(x, torch.zeros_like(mask)).item() == 0.0  # empty mask: 0, not NaN
+
+
+def test_masked_whiten_uses_population_variance():
+    # real values [1, 2, 3]: mean 2, population var (1 + 0 + 1) / 3 = 2/3 -> (x-2)/sqrt(2/3)
+    x = torch.tensor([[1.0, 2.0, 3.0, 100.0]])
+    out = masked_whiten(x, torch.tensor([[1, 1, 1, 0]]))
+    s = math.sqrt(2 / 3)
+    assert close(out, [[-1 / s, 0.0, 1 / s, 0.0]])
+
+
+# ---- advantages ---------------------------------------------------------------------------
+
+
+def test_group_advantages_hand_computed():
+    # group 1 [1,0,0,1]: mean 0.5, population std 0.5 -> (r-0.5)/0.5 = +-1 (eps=1e-6 ~ 2e-6)
+    # group 2 [1,1,1,1]: mean 1, std 0 -> 0 / (0 + eps) = exactly 0
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    adv = group_normalized_advantages(rewards, group_size=4)
+    assert close(adv, [1, -1, -1, 1, 0, 0, 0, 0])
+    assert torch.equal(adv[4:], torch.zeros(4))
+
+
+def test_group_advantages_without_std_scaling():
+    # Dr. GRPO: mean-centring only, (r - 0.5) and (r - 1)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    adv = group_normalized_advantages(rewards, group_size=4, scale_by_std=False)
+    assert close(adv, [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0])
+
+
+def test_group_size_must_divide_batch():
+    with pytest.raises(ValueError, match="group_size"):
+        group_normalized_advantages(torch.zeros(6), group_size=4)
+
+
+def test_gae_undiscounted_is_return_minus_value():
+    # gamma = lam = 1: A_t = (sum of future rewards) - V_t = 1 - V_t; returns = A + V = 1
+    rewards = torch.tensor([[0.0, 0.0, 1.0]])
+    values = torch.tensor([[0.5, 0.6, 0.7]])
+    adv, ret = gae(rewards, values, torch.ones(1, 3), gamma=1.0, lam=1.0)
+    assert close(adv, [[0.5, 0.4, 0.3]])
+    assert close(ret, [[1.0, 1.0, 1.0]])
+
+
+def test_gae_discounted_hand_computed():
+    # gamma=0.9, lam=0.95 (gamma*lam = 0.855), terminal value after the last token is 0:
+    # delta_2 = 1 + 0.9*0   - 0.7 = 0.3
+    # delta_1 = 0 + 0.9*0.7 - 0.6 = 0.03
+    # delta_0 = 0 + 0.9*0.6 - 0.5 = 0.04
+    # A_2 = 0.3; A_1 = 0.03 + 0.855*0.3 = 0.2865; A_0 = 0.04 + 0.855*0.2865 = 0.2849575
+    rewards = torch.tensor([[0.0, 0.0, 1.0]])
+    values = torch.tensor([[0.5, 0.6, 0.7]])
+    adv, ret = gae(rewards, values, torch.ones(1, 3), gamma=0.9, lam=0.95)
+    assert close(adv, [[0.2849575, 0.2865, 0.3]])
+    assert close(ret, [[0.7849575, 0.8865, 1.0]])
+
+
+def test_gae_ignores_padding():
+    # same row as above plus a padded 4th token holding garbage: identical result, 0 there
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 100.0]])
+    values = torch.tensor([[0.5, 0.6, 0.7, 100.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    adv, ret = gae(rewards, values, mask, gamma=0.9, lam=0.95)
+    assert close(adv, [[0.2849575, 0.2865, 0.3, 0.0]])
+    assert close(ret, [[0.7849575, 0.8865, 1.0, 0.0]])
+
+
+def test_kl_penalized_token_rewards():
+    # k1 = logp - ref = [0.5, 0, -1]; -0.1 * k1 = [-0.05, 0, 0.1]; outcome 1 added at t=2
+    logp = torch.tensor([[-1.0, -1.0, -2.0, 0.0]])
+    ref = torch.tensor([[-1.5, -1.0, -1.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    out = kl_penalized_token_rewards(torch.tensor([1.0]), logp, ref, mask, kl_coef=0.1)
+    assert close(out, [[-0.05, 0.0, 1.1, 0.0]])
+
+
+# ---- KL -----------------------------------------------------------------------------------
+
+
+def test_kl_estimators_hand_computed():
+    # log_r = ref - logp = [-1, 1]
+    logp = torch.tensor([[0.0, -1.0]])
+    ref = torch.tensor([[-1.0, 0.0]])
+    assert close(kl_estimate(logp, ref, "k1"), [[1.0, -1.0]])  # -log_r
+    assert close(kl_estimate(logp, ref, "k2"), [[0.5, 0.5]])  # 0.5 * log_r^2
+    # exp(-1) - (-1) - 1 = e^-1 = 0.367879; exp(1) - 1 - 1 = e - 2 = 0.718282
+    assert close(kl_estimate(logp, ref, "k3"), [[0.367879, 0.718282]])
+    assert torch.equal(kl_estimate(logp, logp, "k3"), torch.zeros(1, 2))
+
+
+def test_kl_k3_clamp_keeps_outliers_finite():
+    # log_r = 200 clamps to 20: exp(20) - 20 - 1, finite instead of inf
+    out = kl_estimate(torch.tensor([[-200.0]]), torch.tensor([[0.0]]), "k3")
+    assert out.item() == pytest.approx(math.exp(20) - 21, rel=1e-5)
+    with pytest.raises(ValueError, match="k4"):
+        kl_estimate(torch.zeros(1, 1), torch.zeros(1, 1), "k4")
+
+
+# ---- GRPO ---------------------------------------------------------------------------------
+
+
+def test_grpo_loss_on_policy_is_minus_token_mean_advantage():
+    # ratio 1 everywhere: per-token loss -A_i. Row 0 (A=1) has 3 tokens, row 1 (A=-0.5) has 2:
+    # token mean = (3*(-1) + 2*0.5) / 5 = -0.4 (GRPO's sequence mean would give -0.25).
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.7, float("nan")]], requires_grad=True)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    loss, metrics = grpo_loss(
+        logp, logp.detach(), None, torch.tensor([1.0, -0.5]), mask,
+        clip_low=0.2, clip_high=0.2, kl_coef=0.0,
+    )
+    assert loss.item() == pytest.approx(-0.4)
+    expected = {"loss/policy": -0.4, "kl": 0.0, "clipfrac": 0.0, "ratio_mean": 1.0}
+    assert metrics == pytest.approx(expected)
+    loss.backward()
+    # d/dlogp (-A * ratio / 5) = -A / 5 at ratio 1; padding gets 0
+    assert close(logp.grad, [[-0.2, -0.2, -0.2], [0.1, 0.1, 0.0]])
+
+
+def test_grpo_loss_clipping_zeroes_gradient_and_counts_clipfrac():
+    # clip 0.2 -> ratio range [0.8, 1.2]; per token max(-A*r, -A*clip(r)):
+    # row 0, A=+1: r=1.5 -> max(-1.5, -1.2) = -1.2 clipped
+    #              r=0.5 -> max(-0.5, -0.8) = -0.5;  r=1 -> -1
+    # row 1, A=-1: r=0.5 -> max(0.5, 0.8) = 0.8 clipped;  r=1.5 -> max(1.5, 1.2) = 1.5
+    # loss = (-1.2 - 0.5 - 1 + 0.8 + 1.5) / 5 = -0.08; clipfrac = 2/5
+    ratios = torch.tensor([[1.5, 0.5, 1.0], [0.5, 1.5, 1.0]])
+    logp = torch.zeros(2, 3, requires_grad=True)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    loss, metrics = grpo_loss(
+        logp, -ratios.log(), None, torch.tensor([1.0, -1.0]), mask,
+        clip_low=0.2, clip_high=0.2, kl_coef=0.0,
+    )
+    assert loss.item() == pytest.approx(-0.08)
+    assert metrics["clipfrac"] == pytest.approx(0.4)
+    assert metrics["ratio_mean"] == pytest.approx(5.0 / 5)  # (1.5+0.5+1+0.5+1.5)/5
+    loss.backward()
+    # unclipped: d(-A*r/5)/dlogp = -A*r/5 -> -0.1, -0.2 (row 0), 0.3 (row 1); clipped: 0
+    assert close(logp.grad, [[0.0, -0.1, -0.2], [0.0, 0.3, 0.0]])
+
+
+def test_grpo_decoupled_clip_high():
+    # ratio 1.25, A=+1: clipped with clip_high 0.2 (1.2), inside with clip_high 0.28 (DAPO)
+    logp = torch.zeros(1, 1)
+    old = -torch.tensor([[1.25]]).log()
+    args = (logp, old, None, torch.tensor([1.0]), torch.ones(1, 1))
+    _, sym = grpo_loss(*args, clip_low=0.2, clip_high=0.2, kl_coef=0.0)
+    _, dapo = grpo_loss(*args, clip_low=0.2, clip_high=0.28, kl_coef=0.0)
+    assert (sym["clipfrac"], sym["loss/policy"]) == pytest.approx((1.0, -1.2))
+    assert (dapo["clipfrac"], dapo["loss/policy"]) == pytest.approx((0.0, -1.25))
+
+
+def test_grpo_kl_term_is_added_to_loss():
+    # A = 0 so the policy term is 0; k3 token mean = (e^-1 + e - 2) / 2 = 0.543081; x 0.1
+    logp = torch.tensor([[0.0, -1.0]])
+    ref = torch.tensor([[-1.0, 0.0]])
+    clips = dict(clip_low=0.2, clip_high=0.2)
+    mask = torch.ones(1, 2)
+    loss, metrics = grpo_loss(logp, logp, ref, torch.zeros(1), mask, **clips, kl_coef=0.1)
+    assert metrics["kl"] == pytest.approx(0.543081, abs=1e-6)
+    assert loss.item() == pytest.approx(0.0543081, abs=1e-6)
+    with pytest.raises(ValueError, match="ref_logp"):
+        grpo_loss(logp, logp, None, torch.zeros(1), mask, **clips, kl_coef=0.1)
+
+
+# ---- PPO ----------------------------------------------------------------------------------
+
+
+def test_ppo_policy_loss_per_token_advantages():
+    # ratio 1: loss = token mean of -A over real tokens = -(1 + 2 + 3) / 3 = -2
+    adv = torch.tensor([[1.0, 2.0, 99.0], [3.0, 99.0, 99.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    zeros, clips = torch.zeros(2, 3), dict(clip_low=0.2, clip_high=0.2)
+    loss, metrics = ppo_policy_loss(zeros, zeros, adv, mask, **clips)
+    assert loss.item() == pytest.approx(-2.0)
+    assert metrics["clipfrac"] == 0.0
+    with pytest.raises(ValueError, match="advantages"):
+        ppo_policy_loss(zeros, zeros, torch.zeros(2), mask, **clips)  # [B] instead of [B, T]
+
+
+def test_value_loss_clipping():
+    # token 0: old 0, V 1, R 1, c 0.2 -> unclipped (1-1)^2 = 0, clipped (0.2-1)^2 = 0.64: clipped
+    # token 1: old 0, V 1, R -1      -> unclipped (1+1)^2 = 4, clipped (0.2+1)^2 = 1.44 -> 4
+    # loss = 0.5 * (0.64 + 4) / 2 = 1.16; vf_clipfrac = 1/2; padding ignored
+    values = torch.tensor([[1.0, 1.0, 50.0]], requires_grad=True)
+    old = torch.zeros(1, 3)
+    returns = torch.tensor([[1.0, -1.0, 0.0]])
+    loss, metrics = value_loss(values, old, returns, torch.tensor([[1, 1, 0]]), clip=0.2)
+    assert loss.item() == pytest.approx(1.16)
+    assert metrics == pytest.approx({"loss/value": 1.16, "vf_clipfrac": 0.5})
+    loss.backward()
+    # clipped token: no gradient; unclipped: 0.5 * 2 * (V - R) / 2 tokens = 1.0
+    assert close(values.grad, [[0.0, 1.0, 0.0]])

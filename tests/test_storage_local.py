@@ -1,0 +1,297 @@
+"""Object-store contract (run on the local and S3 backends), artifacts, the commit pointer,
+local-only behaviour and secret redaction."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+
+import pytest
+
+from actions.common.credentials import S3Credentials, mask_key_id, redact, register_secret
+from actions.common.storage import (
+    CommitConflict,
+    IntegrityError,
+    LocalStore,
+    ObjectNotFound,
+    ObjectStore,
+    blob_key,
+    commit_key,
+    commit_pointer,
+    get_artifact,
+    open_store,
+    put_artifact,
+    read_manifest,
+    read_pointer,
+    sha256_hex,
+)
+
+# ----------------------------------------------------------------------------- contract
+
+
+def test_put_get_exists_delete(backend_store: ObjectStore) -> None:
+    s = backend_store
+    assert isinstance(s, ObjectStore)
+    assert not s.exists("a/b.bin")
+    s.put("a/b.bin", b"one")
+    assert s.exists("a/b.bin") and s.get("a/b.bin") == b"one"
+    s.put("a/b.bin", b"two")  # overwrite
+    assert s.get("a/b.bin") == b"two"
+    s.put("empty", b"")
+    assert s.get("empty") == b""
+    s.delete("a/b.bin")
+    s.delete("a/b.bin")  # deleting a missing key is not an error
+    assert not s.exists("a/b.bin")
+    with pytest.raises(ObjectNotFound, match="'a/b.bin' not found"):
+        s.get("a/b.bin")
+
+
+def test_list_is_sorted_and_scoped_to_prefix(backend_store: ObjectStore) -> None:
+    for key in ["runs/r2/x", "runs/r1/b", "runs/r1/a", "other/z", "runs/r10/c"]:
+        backend_store.put(key, b"1")
+    assert backend_store.list("runs/r1/") == ["runs/r1/a", "runs/r1/b"]
+    assert backend_store.list("runs/r1") == ["runs/r1/a", "runs/r1/b", "runs/r10/c"]
+    assert backend_store.list("nothing/") == []
+    assert backend_store.list("") == sorted(["runs/r2/x", "runs/r1/b", "runs/r1/a", "other/z", "runs/r10/c"])
+
+
+def test_put_if_absent_creates_once(backend_store: ObjectStore) -> None:
+    assert backend_store.put_if_absent("marker", b"first") is True
+    assert backend_store.put_if_absent("marker", b"second") is False
+    assert backend_store.get("marker") == b"first"
+
+
+def test_put_if_absent_has_one_winner_under_contention(backend_store: ObjectStore) -> None:
+    results: list[bool] = []
+    lock = threading.Lock()
+
+    def racer(i: int) -> None:
+        created = backend_store.put_if_absent("race", f"writer-{i}".encode())
+        with lock:
+            results.append(created)
+
+    threads = [threading.Thread(target=racer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False] * 7 + [True]
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a/../b", ".."])
+def test_invalid_keys_are_rejected(backend_store: ObjectStore, key: str) -> None:
+    with pytest.raises(ValueError, match="invalid"):
+        backend_store.put(key, b"x")
+
+
+def test_artifact_round_trip(backend_store: ObjectStore) -> None:
+    files = {"a.txt": b"alpha", "b.bin": bytes(range(256)) * 4000, "c": b""}
+    stats = put_artifact(backend_store, "art/manifest.json", files, {"step": 3})
+    assert (stats.num_files, stats.num_uploaded) == (3, 3)
+    assert stats.bytes_uploaded == sum(map(len, files.values()))
+    got, meta = get_artifact(backend_store, "art/manifest.json")
+    assert got == files and meta == {"step": 3}
+    some, _ = get_artifact(backend_store, "art/manifest.json", names=["a.txt"])
+    assert some == {"a.txt": b"alpha"}
+    with pytest.raises(ObjectNotFound, match="'zzz' is not listed"):
+        get_artifact(backend_store, "art/manifest.json", names=["zzz"])
+
+
+def test_unchanged_blobs_are_not_uploaded_again(backend_store: ObjectStore) -> None:
+    big = b"x" * 400_000  # above SMALL_BLOB_BYTES: existence is checked before sending
+    put_artifact(backend_store, "v1/manifest.json", {"small": b"s", "big": big, "c": b"c1"})
+    stats = put_artifact(backend_store, "v2/manifest.json", {"small": b"s", "big": big, "c": b"c2"})
+    assert (stats.num_uploaded, stats.bytes_uploaded) == (1, 2)
+
+
+def test_corrupted_blob_raises_integrity_error_naming_the_key(backend_store: ObjectStore) -> None:
+    put_artifact(backend_store, "m.json", {"w": b"good bytes"})
+    key = blob_key(sha256_hex(b"good bytes"))
+    backend_store.put(key, b"evil bytes")
+    with pytest.raises(IntegrityError, match=rf"{key} for file 'w' is corrupted"):
+        get_artifact(backend_store, "m.json")
+
+
+def test_missing_blob_raises_object_not_found_naming_the_blob(backend_store: ObjectStore) -> None:
+    put_artifact(backend_store, "m.json", {"w": b"bytes", "v": b"other"})
+    key = blob_key(sha256_hex(b"bytes"))
+    backend_store.delete(key)
+    with pytest.raises(ObjectNotFound, match=rf"blob {key} \(file 'w'\) listed in a manifest is missing"):
+        get_artifact(backend_store, "m.json")
+
+
+def test_damaged_manifest_is_an_integrity_error(backend_store: ObjectStore) -> None:
+    backend_store.put("m.json", b"{not json")
+    with pytest.raises(IntegrityError, match="not valid JSON"):
+        read_manifest(backend_store, "m.json")
+    backend_store.put("m.json", b'{"files": {}}')
+    with pytest.raises(IntegrityError, match="no rlhfless.artifact/v1 file table"):
+        read_manifest(backend_store, "m.json")
+
+
+class FailingStore:
+    """Delegates to a store, failing the Nth blob put (a crash mid-publish)."""
+
+    def __init__(self, inner: ObjectStore, fail_at: int) -> None:
+        self.inner, self.fail_at, self.num_puts = inner, fail_at, 0
+        self.uri = inner.uri
+        self.max_concurrency = 1
+        self._lock = threading.Lock()
+
+    def _count(self, key: str) -> None:
+        with self._lock:
+            self.num_puts += 1
+            if key.startswith("blobs/") and self.num_puts >= self.fail_at:
+                raise OSError(f"injected failure writing {key}")
+
+    def put(self, key: str, data: bytes) -> None:
+        self._count(key)
+        self.inner.put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        self._count(key)
+        return self.inner.put_if_absent(key, data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def test_failed_publish_leaves_no_manifest(backend_store: ObjectStore) -> None:
+    files = {f"f{i}": bytes([i]) * 10 for i in range(6)}
+    with pytest.raises(OSError, match="injected"):
+        put_artifact(FailingStore(backend_store, fail_at=3), "m.json", files)
+    assert not backend_store.exists("m.json")
+    put_artifact(backend_store, "m.json", files)  # a retry completes the artifact
+    assert get_artifact(backend_store, "m.json")[0] == files
+
+
+# ----------------------------------------------------------------------------- commit pointer
+
+
+class NoListStore:
+    """Proves the reader path never lists."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner, self.uri = inner, inner.uri
+
+    def list(self, prefix: str) -> list[str]:
+        raise AssertionError("the commit pointer must not list")
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def _commit_steps(store: ObjectStore, steps: range) -> None:
+    for step in steps:
+        commit_pointer(store, "run/campaign", {"step": step, "policy": f"policy/v{step}"})
+
+
+def test_commit_pointer_reads_the_highest_committed_step(backend_store: ObjectStore) -> None:
+    store = NoListStore(backend_store)
+    assert read_pointer(store, "run/campaign") is None
+    _commit_steps(store, range(0, 6))
+    assert read_pointer(store, "run/campaign") == {"step": 5, "policy": "policy/v5"}
+    assert backend_store.exists("run/campaign/commits/step-000005.json")
+    latest = json.loads(backend_store.get("run/campaign/latest.json"))
+    assert latest["step"] == 5 and latest["commit"] == commit_key("run/campaign", 5)
+
+
+@pytest.mark.parametrize("damage", ["stale", "missing", "garbage", "ahead"])
+def test_commit_pointer_survives_a_bad_latest_hint(backend_store: ObjectStore, damage: str) -> None:
+    store = NoListStore(backend_store)
+    _commit_steps(store, range(1, 12))  # steps may start at 1
+    latest = "run/campaign/latest.json"
+    if damage == "stale":  # a writer crashed between commit and hint update
+        backend_store.put(latest, json.dumps({"step": 2}).encode())
+    elif damage == "missing":
+        backend_store.delete(latest)
+    elif damage == "garbage":
+        backend_store.put(latest, b"\x00not json")
+    else:  # the hint names a commit that is gone
+        backend_store.put(latest, json.dumps({"step": 40}).encode())
+    assert read_pointer(store, "run/campaign")["step"] == 11
+
+
+def test_commit_pointer_is_create_once_and_idempotent(backend_store: ObjectStore) -> None:
+    _commit_steps(backend_store, range(0, 3))
+    commit_pointer(backend_store, "run/campaign", {"step": 2, "policy": "policy/v2"})  # replay: ok
+    with pytest.raises(CommitConflict, match="step 2 of 'run/campaign' is already committed"):
+        commit_pointer(backend_store, "run/campaign", {"step": 2, "policy": "policy/OTHER"})
+    assert read_pointer(backend_store, "run/campaign")["policy"] == "policy/v2"
+
+
+def test_commit_pointer_rejects_gaps_and_bad_steps(backend_store: ObjectStore) -> None:
+    _commit_steps(backend_store, range(0, 3))
+    with pytest.raises(ValueError, match="step 4 is not committed"):
+        commit_pointer(backend_store, "run/campaign", {"step": 5})
+    for bad in [{"step": -1}, {"step": "3"}, {"policy": "x"}, {"step": True}]:
+        with pytest.raises(ValueError, match="int 'step'"):
+            commit_pointer(backend_store, "run/campaign", bad)
+
+
+# ----------------------------------------------------------------------------- local only
+
+
+def test_open_store_local_forms(tmp_path) -> None:
+    assert isinstance(open_store(str(tmp_path)), LocalStore)
+    assert open_store(f"file://{tmp_path}").uri == str(tmp_path.resolve())
+    with pytest.raises(ValueError, match="unsupported scheme"):
+        open_store("gs://bucket/x")
+
+
+def test_local_buffer_is_copy_on_write(tmp_path) -> None:
+    store = LocalStore(tmp_path)
+    store.put("k", b"abcdef")
+    buf = store.get_buffer("k")
+    buf[0:3] = b"XYZ"  # writable, but private
+    assert bytes(buf) == b"XYZdef" and store.get("k") == b"abcdef"
+    with pytest.raises(ObjectNotFound):
+        store.get_buffer("nope")
+
+
+def test_local_put_leaves_no_temp_files(tmp_path) -> None:
+    store = LocalStore(tmp_path)
+    store.put("a/b", b"1")
+    store.put_if_absent("a/b", b"2")
+    store.put_if_absent("a/c", b"3")
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["b", "c"]
+
+
+# ----------------------------------------------------------------------------- redaction
+
+
+def test_redact_scrubs_env_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAIOSFODNN7EXAMPLE")
+    monkeypatch.setenv("__OW_API_KEY", "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:123zO3xZCLrMN6v2BKK1dXYFpXlPkccOFqm12CdAsMgRU4VrNZ9lyGVCGuMDGIwP")
+    monkeypatch.delenv("WSK_AUTH", raising=False)
+    auth = "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:123zO3xZCLrMN6v2BKK1dXYFpXlPkccOFqm12CdAsMgRU4VrNZ9lyGVCGuMDGIwP"
+    text = (
+        "secret=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY key=AKIAIOSFODNN7EXAMPLE "
+        f"auth={auth} header=Basic {base64.b64encode(auth.encode()).decode()} "
+        f"half={auth.split(':')[1]}"
+    )
+    out = redact(text)
+    assert "wJalrXUtnFEMI" not in out and "123zO3xZCLrMN6v2BKK" not in out
+    assert base64.b64encode(auth.encode()).decode() not in out
+    assert "AKIAIOSFODNN7EXAMPLE" not in out and "key=AKIA****" in out
+    assert out.count("[REDACTED]") == 4
+
+
+def test_redact_leaves_ordinary_text_and_short_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "ab")  # too short to scrub meaningfully
+    monkeypatch.delenv("WSK_AUTH", raising=False)
+    assert redact("a plain message about abc") == "a plain message about abc"
+    register_secret("explicit-secret-123")
+    assert redact("x explicit-secret-123 y") == "x [REDACTED] y"
+
+
+def test_s3_credentials_never_show_the_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLEKEY01", "AWS_SECRET_ACCESS_KEY": "very-secret-value"}
+    creds = S3Credentials.from_env(env)
+    assert "very-secret" not in repr(creds) and "AKIAEXAMPLEKEY01" not in repr(creds)
+    assert mask_key_id(creds.access_key_id) in repr(creds)
+    assert S3Credentials.from_env({}) is None
+    with pytest.raises(ValueError, match="AWS_SECRET_ACCESS_KEY is not set"):
+        S3Credentials.from_env({"AWS_ACCESS_KEY_ID": "AKIAEXAMPLEKEY01"})
