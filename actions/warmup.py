@@ -41,7 +41,7 @@ def run_warmup(req: WarmupRequest) -> WarmupResult:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     published = publish_tensors(store, req.output_key, model.state_dict(), {"version": 0, "source": "warmup"})
     return WarmupResult(
         policy_key=published.manifest_key,

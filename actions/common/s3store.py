@@ -237,18 +237,20 @@ class S3Store:
         policy scoped to the run prefix may deny HeadBucket while allowing this call.
         """
         try:
-            self._client.list_objects_v2(Bucket=self.bucket, Prefix=self._full(""), MaxKeys=1)
+            self._client.list_objects_v2(Bucket=self.bucket, Prefix=self._base(), MaxKeys=1)
         except (bce.BotoCoreError, bce.ClientError) as exc:
             self._raise(exc, "check")
 
     # ------------------------------------------------------------------ keys
 
     def _full(self, key: str) -> str:
-        """Bucket key for a store key ("" gives the prefix itself, for listing)."""
-        if not key:
-            return f"{self.prefix}/" if self.prefix else ""
+        """Bucket key for a store key."""
         _check_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _base(self) -> str:
+        """Bucket-key prefix of every key of this store ("" at the bucket root)."""
+        return f"{self.prefix}/" if self.prefix else ""
 
     # ------------------------------------------------------------------ ObjectStore
 
@@ -415,7 +417,7 @@ class S3Store:
             self._raise(exc, "delete", key)
 
     def list(self, prefix: str) -> list[str]:
-        base = self._full("")
+        base = self._base()
         if prefix:
             if prefix.startswith("/") or ".." in prefix.split("/"):
                 raise ValueError(f"list prefix {prefix!r} is invalid: use a relative path without '..'")

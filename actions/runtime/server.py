@@ -69,6 +69,12 @@ class ActionRuntime:
             self.num_runs += 1
             _export_context(body)
             start = time.time()
+            if params.get("__prewarm") is True:
+                # Pre-warming only needs a started, initialised container: return before the
+                # action module (and torch) is imported.
+                print(SENTINEL, flush=True)
+                print(SENTINEL, file=sys.stderr, flush=True)
+                return 200, {"ok": True, "prewarm": True, "__activation": _activation_block(0.0, start, cold)}
             try:
                 module = importlib.import_module(f"actions.{name}")
                 result = module.main(dict(params))
@@ -80,14 +86,12 @@ class ActionRuntime:
             print(SENTINEL, file=sys.stderr, flush=True)
         if not isinstance(result, dict):
             result = {"error": f"action {name} returned {type(result).__name__}, not a dict"}
-        result["__activation"] = {
-            "busy_s": busy,
-            "start": start,
-            "pid": os.getpid(),
-            "image": image_id(),
-            "cold": cold,
-        }
+        result["__activation"] = _activation_block(busy, start, cold)
         return 200, result
+
+
+def _activation_block(busy: float, start: float, cold: bool) -> dict[str, Any]:
+    return {"busy_s": busy, "start": start, "pid": os.getpid(), "image": image_id(), "cold": cold}
 
 
 def _action_name(body: dict[str, Any], params: dict[str, Any]) -> str:

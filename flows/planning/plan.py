@@ -30,6 +30,8 @@ class ClusterSpec:
     """Learner/prefill -> remote actor bandwidth (bytes/s, per actor)."""
     num_prefill_gpus: int = 0
     """GPUs of the prefill actor (the learner's); 0 means gpus_per_actor."""
+    prewarm_idle_s: float = 0.0
+    """Seconds a pre-warmed remote actor is billed while waiting to be invoked (the buffer)."""
 
     def __post_init__(self) -> None:
         checks = {"gpus_per_actor": self.gpus_per_actor >= 1, "max_actors": self.max_actors >= 1,
@@ -37,7 +39,8 @@ class ClusterSpec:
                   "cold_start_s": self.cold_start_s >= 0,
                   "num_warm_actors": self.num_warm_actors >= 0,
                   "transfer_bandwidth_bytes_per_s": self.transfer_bandwidth_bytes_per_s > 0,
-                  "num_prefill_gpus": self.num_prefill_gpus >= 0}
+                  "num_prefill_gpus": self.num_prefill_gpus >= 0,
+                  "prewarm_idle_s": self.prewarm_idle_s >= 0}
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"cluster.{name}={getattr(self, name)!r}: out of range "

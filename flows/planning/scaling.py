@@ -13,7 +13,8 @@ Timeline of one generation phase (t = 0: the learner has written the new weights
 - actor ``i >= 1`` (cold iff ``i >= num_warm_actors``) receives weights ``w = W / bw`` from
   t = 0 and its prompts' KV ``kv_i = kv_bytes * sum(prompt_len) / bw`` after prefill:
   ``ready_i = max(cold_i + w, P) + kv_i``; it is invoked just in time,
-  ``invoked_i = max(0, P - w - cold_i)``, and billed until it finishes;
+  ``invoked_i = max(0, P - w - cold_i)``, and billed until it finishes, plus
+  ``prewarm_idle_s`` when it was pre-warmed (it waits warm for its invocation);
 - actor time ``= ready_i + decode_i`` with ``decode_i`` the shrinking-batch estimate
   (cost.py; every sample of a prompt has the prompt's predicted length).
 
@@ -33,7 +34,7 @@ from __future__ import annotations
 import importlib
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 from flows.planning.assignment import (assign_contiguous, assign_ranked, assign_round_robin,
                                        rank_prompts, split_sizes)
@@ -51,7 +52,6 @@ class _Env:
     decode: DecodeEstimator
     cluster: ClusterSpec
     prefill_s: float
-    weight_s: float
 
 
 def _sorted_lengths(pids: Sequence[int], predicted: Mapping[int, float]) -> list[float]:
@@ -82,22 +82,49 @@ def _group_loads(groups: Sequence[Sequence[int]], predicted: Mapping[int, float]
     return decode, tokens
 
 
+def prefill_seconds(tokens: float, profile: TpotProfile, cluster: ClusterSpec) -> float:
+    """Prefill actor time: compute bound, so throughput scales with its GPU count."""
+    return tokens / (profile.prefill_tokens_per_s * cluster.prefill_gpus / cluster.gpus_per_actor)
+
+
+class ActorStart(NamedTuple):  # a NamedTuple: built ~2000 times per planning sweep
+    """When a decode actor is invoked (billing starts) and can decode, and its start costs."""
+
+    invoked_s: float
+    ready_s: float
+    cold_s: float
+    prewarm_idle_s: float  # billed seconds spent warm before the invocation
+    transfer_s: float  # weights + KV
+
+
+def actor_start(index: int, cluster: ClusterSpec, prefill_s: float,
+                prompt_tokens: float) -> ActorStart:
+    """Start-up timeline of decode actor ``index`` (the formulas in the module docstring)."""
+    if index == 0:  # co-located with the prefill actor: no cold start, no transfer
+        return ActorStart(prefill_s, prefill_s, 0.0, 0.0, 0.0)
+    bw = cluster.transfer_bandwidth_bytes_per_s
+    warm = index < max(cluster.num_warm_actors, 1)
+    cold = 0.0 if warm else cluster.cold_start_s
+    weights = cluster.weight_bytes / bw
+    kv = cluster.kv_bytes_per_token * prompt_tokens / bw
+    ready = max(cold + weights, prefill_s) + kv
+    invoked = max(0.0, prefill_s - weights - cold)
+    return ActorStart(invoked, ready, cold, cluster.prewarm_idle_s if warm else 0.0, weights + kv)
+
+
 def _evaluate(decode: list[float], tokens: list[float], env: _Env) -> tuple[float, float, str]:
     """(time_s, gpu_seconds, infeasibility reason or '') of one candidate."""
     c = env.cluster
     end0 = env.prefill_s + decode[0]
     t_max, billed, reason = end0, decode[0], ""
-    warm = max(c.num_warm_actors, 1)
-    kv_per_token_s = c.kv_bytes_per_token / c.transfer_bandwidth_bytes_per_s
     for i in range(1, len(decode)):
-        cold = c.cold_start_s if i >= warm else 0.0
-        kv = kv_per_token_s * tokens[i]
-        ready = max(cold + env.weight_s, env.prefill_s) + kv
-        t_max = max(t_max, ready + decode[i])
-        billed += ready - max(0.0, env.prefill_s - env.weight_s - cold) + decode[i]
-        if not reason and cold + env.weight_s + kv + decode[i] > end0:
+        st = actor_start(i, c, env.prefill_s, tokens[i])
+        t_max = max(t_max, st.ready_s + decode[i])
+        billed += st.prewarm_idle_s + st.ready_s - st.invoked_s + decode[i]
+        over = st.cold_s + st.transfer_s + decode[i] - end0
+        if over > 0 and not reason:
             reason = (f"actor {i}: start+transfer+decode exceeds prefill+decode of actor 0 "
-                      f"by {cold + env.weight_s + kv + decode[i] - end0:.3f}s")
+                      f"by {over:.3f}s")
     return t_max, env.prefill_s * c.prefill_gpus + billed * c.gpus_per_actor, reason
 
 
@@ -152,12 +179,10 @@ def _env(prompt_ids: Sequence[int], predicted: Mapping[int, float],
          cluster: ClusterSpec, prefill_tokens: float | None, max_groups: int) -> _Env:
     tokens = (float(sum(prompt_lengths[p] for p in prompt_ids)) if prefill_tokens is None
               else float(prefill_tokens))
-    rate = profile.prefill_tokens_per_s * cluster.prefill_gpus / cluster.gpus_per_actor
     max_context = (max(prompt_lengths[p] for p in prompt_ids)
                    + max(predicted[p] for p in prompt_ids))
     decode = DecodeEstimator(profile, group_size, max_groups, max_context)
-    return _Env(decode, cluster, tokens / rate,
-                cluster.weight_bytes / cluster.transfer_bandwidth_bytes_per_s)
+    return _Env(decode, cluster, prefill_seconds(tokens, profile, cluster))
 
 
 @dataclass(frozen=True)

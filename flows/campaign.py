@@ -1,0 +1,223 @@
+"""The training campaign: set up once, then loop over RLHF steps, committing each one.
+
+``rlhf_campaign`` resumes from the last committed step of its run, evaluates on the held-out
+set before RL, every ``eval_every`` steps and at the end, stops cleanly before a step that
+would exceed the budget, and returns the JSON summary the CLI writes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from prefect import flow
+
+from actions.common.config import CampaignConfig
+from actions.common.contracts import EvaluateRequest, ModelRef, WarmupRequest
+from actions.common.storage import ObjectStore, get_json, open_store
+from flows.context import RunContext, current, set_context
+from flows.hooks import plan_generation_phase
+from flows.invokers.factory import make_invoker, pool_size
+from flows.metrics import step_metrics
+from flows.planning.lengths import LengthHistory
+from flows.rlhf_step import rlhf_step
+from flows.schedule import step_prompts
+from flows.state import CampaignState, commit_state, load_state
+from flows.step_payloads import StepInputs
+from flows.tasks import invoke_action
+
+Progress = Callable[[str], None]
+
+
+class CampaignRefused(ValueError):
+    """The run exists and cannot be continued as asked (exit code 2 at the CLI)."""
+
+
+def _check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: bool) -> None:
+    if existing is None:
+        return
+    if not resume:
+        raise CampaignRefused(
+            f"run {existing.run_id!r} already has {existing.step} committed step(s); pass --resume to continue it "
+            "or set run_id to start a new run"
+        )
+    if existing.fingerprint != cfg.fingerprint():
+        now = cfg.identity()
+        diff = sorted(k for k in set(now) | set(existing.identity) if now.get(k) != existing.identity.get(k))
+        raise CampaignRefused(
+            f"refusing to resume run {existing.run_id!r}: it was made with a different configuration "
+            f"(sections differ: {', '.join(diff)}); use the original config or a new run_id"
+        )
+
+
+def _evaluate(ctx: RunContext, state: CampaignState) -> dict[str, Any]:
+    req = EvaluateRequest(model=_model_ref(ctx, state), dataset_key=state.prepared["eval_key"], task=ctx.config.data.task,
+                          max_new_tokens=ctx.config.generation.max_new_tokens,
+                          output_key=f"{ctx.prefix}/evals/v{state.policy_version:06d}.json")
+    out = invoke_action(action="evaluate", payload=req.model_dump(mode="json"), shard=f"eval-v{state.policy_version}")
+    return {"step": state.step, "policy_version": state.policy_version, **out["result"]}
+
+
+def _model_ref(ctx: RunContext, state: CampaignState) -> ModelRef:
+    return ModelRef(store_uri=ctx.store.uri, base_key=state.prepared["base_key"], policy_key=state.policy_key,
+                    policy_version=state.policy_version)
+
+
+def _setup(ctx: RunContext, progress: Progress) -> CampaignState:
+    from actions.prepare import prepare  # reads the local model directory; heavy imports stay out of flows
+
+    cfg = ctx.config
+    progress("prepare: model, initial weights and datasets -> store")
+    prepared = prepare(cfg, ctx.store, ctx.prefix)
+    policy_key = prepared.init_key
+    if cfg.warmup.steps:
+        progress(f"warmup: {cfg.warmup.steps} supervised steps")
+        req = WarmupRequest(store_uri=ctx.store.uri, base_key=prepared.base_key, init_key=prepared.init_key,
+                            dataset_key=prepared.train_key, output_key=f"{ctx.prefix}/policy/v000000/manifest.json",
+                            warmup=cfg.warmup, task=cfg.data.task, seed=cfg.seed)
+        warm = invoke_action(action="warmup", payload=req.model_dump(mode="json"), shard="warmup")["result"]
+        policy_key, sha = warm["policy_key"], warm["weights_sha256"]
+    else:
+        sha = ""
+    state = CampaignState(run_id=ctx.run_id, fingerprint=cfg.fingerprint(), identity=cfg.identity(),
+                          policy_key=policy_key, reference_key=policy_key, prepared=prepared.model_dump(),
+                          weights_sha256=sha)
+    if cfg.algorithm.name == "ppo":
+        state.critic_key = _init_critic(ctx, state)
+    state.evals.append(_evaluate(ctx, state))
+    return state
+
+
+def _init_critic(ctx: RunContext, state: CampaignState) -> str:
+    from actions.common.loading import load_model
+    from actions.common.weights import publish_tensors
+    from actions.rl.critic import build_critic
+
+    lm, _, _ = load_model(_model_ref(ctx, state), fresh=True)
+    critic = build_critic(lm, None)
+    return publish_tensors(ctx.store, f"{ctx.prefix}/critic/v000000/manifest.json", critic.tensors()).manifest_key
+
+
+def _budget_stop(cfg: CampaignConfig, state: CampaignState) -> str | None:
+    if not state.steps:
+        return None
+    last = state.steps[-1]
+    b = cfg.budget
+    if b.usd is not None and state.spend["usd"] + last["cost/usd"] > b.usd:
+        return f"budget.usd={b.usd} would be exceeded by the next step (spent {state.spend['usd']:.6f})"
+    if b.gpu_seconds is not None and state.spend["billed_gpu_seconds"] + last["cost/billed_gpu_seconds"] > b.gpu_seconds:
+        return (f"budget.gpu_seconds={b.gpu_seconds} would be exceeded by the next step "
+                f"(spent {state.spend['billed_gpu_seconds']:.1f})")
+    return None
+
+
+def _run_one_step(ctx: RunContext, state: CampaignState, tokens: dict, num_workers: int) -> CampaignState:
+    cfg = ctx.config
+    t0 = time.time()
+    epoch, prompt_ids = step_prompts(sorted(int(p) for p in tokens), cfg.algorithm.prompts_per_step, state.step,
+                                     cfg.seed)
+    history = LengthHistory.from_dict(state.length_history)
+    phase = plan_generation_phase(ctx, history, tokens, prompt_ids, num_workers)
+    inputs = StepInputs(step=state.step, epoch=epoch, prompt_ids=prompt_ids, model=_model_ref(ctx, state),
+                        reference_key=state.reference_key, train_key=state.prepared["train_key"],
+                        optimizer_key=state.optimizer_key, critic_key=state.critic_key,
+                        critic_optimizer_key=state.critic_optimizer_key)
+    t_plan = time.time() - t0
+    out = rlhf_step(inputs, phase)
+    t_commit0 = time.time()
+    lengths: dict[int, list[int]] = {}
+    for g in out["generate"]:
+        for s in g["samples"]:
+            if s["finish_reason"] != "cut":
+                lengths.setdefault(s["prompt_id"], []).append(s["length"])
+    for pid, lens in lengths.items():
+        history.record(pid, epoch, lens)
+    train = out["train"]
+    new = state.model_copy(deep=True)
+    new.step = state.step + 1
+    new.policy_key, new.policy_version = train["policy_key"], train["policy_version"]
+    new.weights_sha256 = train["weights_sha256"]
+    new.optimizer_key = train["optimizer_key"]
+    new.critic_key = train.get("critic_key") or state.critic_key
+    new.critic_optimizer_key = train.get("critic_optimizer_key") or state.critic_optimizer_key
+    new.length_history = history.to_dict()
+    metrics = step_metrics(out, phase, cfg.price_per_gpu_second, cfg.scaling.gpus_per_actor, t_plan,
+                           time.time() - t_commit0)
+    metrics["step"] = float(state.step)
+    metrics["plan"] = phase.plan.to_dict()  # type: ignore[assignment]
+    new.steps.append(metrics)
+    new.spend = {"billed_gpu_seconds": state.spend["billed_gpu_seconds"] + metrics["cost/billed_gpu_seconds"],
+                 "useful_gpu_seconds": state.spend["useful_gpu_seconds"] + metrics["cost/gpu_seconds"],
+                 "usd": state.spend["usd"] + metrics["cost/usd"]}
+    return new
+
+
+def run_campaign(cfg: CampaignConfig, *, resume: bool = False, progress: Progress = print,
+                 store: ObjectStore | None = None) -> dict[str, Any]:
+    """Run (or resume) a campaign to ``cfg.steps`` steps and return its summary."""
+    started = time.time()
+    store = store or open_store(cfg.store.uri)
+    run_id = cfg.resolved_run_id()
+    existing = load_state(store, run_id)
+    _check_resume(existing, cfg, resume)
+    num_workers = pool_size(cfg)
+    invoker = make_invoker(cfg, num_workers)
+    ctx = RunContext(config=cfg, store=store, invoker=invoker, run_id=run_id)
+    set_context(ctx)
+    try:
+        state = existing
+        if state is None:
+            state = _setup(ctx, progress)
+            commit_state(store, state)
+        tokens = get_json(store, state.prepared["tokens_key"])
+        state.stopped_reason = None
+        while state.step < cfg.steps:
+            reason = _budget_stop(cfg, state)
+            if reason:
+                state.stopped_reason = reason
+                progress(f"stopping before step {state.step}: {reason}")
+                break
+            state = _run_one_step(ctx, state, tokens, num_workers)
+            last = state.steps[-1]
+            if cfg.eval_every and state.step % cfg.eval_every == 0 or state.step == cfg.steps:
+                state.evals.append(_evaluate(ctx, state))
+            commit_state(store, state)
+            acc = f" eval_acc {state.evals[-1]['accuracy']:.3f}" if state.evals[-1]["step"] == state.step else ""
+            progress(f"step {state.step}/{cfg.steps} actors {int(last['actors/n'])} reward {last['reward/mean']:.3f}"
+                     f" len {last['response_length/mean']:.1f} cut {int(last['actors/migrated'])}"
+                     f" {last['timing_s/step']:.1f}s{acc}")
+    finally:
+        set_context(None)
+        invoker.close()
+    return summarize(state, time.time() - started)
+
+
+def summarize(state: CampaignState, wall: float) -> dict[str, Any]:
+    steps = [{k: v for k, v in s.items() if k != "plan"} for s in state.steps]
+    return {
+        "run_id": state.run_id,
+        "steps_completed": state.step,
+        "eval_accuracy_first": state.evals[0]["accuracy"] if state.evals else None,
+        "eval_accuracy_last": state.evals[-1]["accuracy"] if state.evals else None,
+        "reward_mean_first": steps[0]["reward/mean"] if steps else None,
+        "reward_mean_last": steps[-1]["reward/mean"] if steps else None,
+        "billed_gpu_seconds": state.spend["billed_gpu_seconds"],
+        "useful_gpu_seconds": state.spend["useful_gpu_seconds"],
+        "usd": state.spend["usd"],
+        "wall_seconds": wall,
+        "policy_version": state.policy_version,
+        "weights_sha256": state.weights_sha256,
+        "stopped_reason": state.stopped_reason,
+        "evals": state.evals,
+        "steps": steps,
+    }
+
+
+@flow(name="rlhf-campaign", log_prints=True)
+def rlhf_campaign(config: dict[str, Any], resume: bool = False) -> dict[str, Any]:
+    """Prefect entrypoint: ``config`` is a CampaignConfig as a dict (validated here)."""
+    return run_campaign(CampaignConfig.model_validate(config), resume=resume)
+
+
+__all__ = ["rlhf_campaign", "run_campaign", "CampaignRefused", "current"]

@@ -1,0 +1,150 @@
+"""The ``rlhfless`` command line: train, status, simulate, deploy, profile.
+
+Bad input (configuration, data, model path, store, credentials, arguments) is answered with
+one line on stderr naming what is wrong and how to fix it, and exit code 2; nothing is
+written to the store before the input has been validated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+# Quiet, offline-friendly defaults for the embedded Prefect server; users may override them.
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+class UsageError(ValueError):
+    """A bad command line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse exits 2 too; keep the one-line format
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _add_train(sub: Any) -> None:
+    p = sub.add_parser("train", help="run or resume a training campaign")
+    p.add_argument("--config", help="YAML campaign configuration")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set algorithm.name=ppo (repeatable)")
+    p.add_argument("--steps", type=int, help="total RL steps (same as --set steps=N)")
+    p.add_argument("--run-id", help="name of the run in the store (default: derived from the config)")
+    p.add_argument("--out", help="run directory for the summary and report (default runs/<run_id>)")
+    p.add_argument("--summary", help="where to write the JSON summary (default <out>/summary.json)")
+    p.add_argument("--resume", action="store_true", help="continue an existing run from its last committed step")
+
+
+def _add_status(sub: Any) -> None:
+    p = sub.add_parser("status", help="print the state of a run")
+    p.add_argument("run", nargs="?", help="run id (default: the only run in the store)")
+    p.add_argument("--store", default=None, help="store URI (default: store.uri of the default config)")
+    p.add_argument("--config", help="YAML configuration whose store.uri to use")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="rlhfless", description="Serverless RLHF: Prefect flows of OpenWhisk-style actions")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_train(sub)
+    _add_status(sub)
+    for name, module, helptext in (("simulate", "flows.simulate.cli", "replay a length trace on a modelled cluster"),
+                                   ("deploy", "flows.deploy", "create or update the OpenWhisk actions"),
+                                   ("profile", "flows.profiler", "measure the engine's time per output token")):
+        try:
+            mod = __import__(module, fromlist=["add_arguments"])
+        except ImportError:
+            continue
+        p = sub.add_parser(name, help=helptext)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def _train(args: argparse.Namespace) -> int:
+    from actions.common.config import load_config
+
+    overrides = list(args.overrides)
+    if args.steps is not None:
+        overrides.append(f"steps={args.steps}")
+    if args.run_id:
+        overrides.append(f"run_id={args.run_id}")
+    cfg = load_config(args.config, overrides)
+    out = Path(args.out or f"runs/{cfg.resolved_run_id()}")
+    summary_path = Path(args.summary) if args.summary else out / "summary.json"
+    from flows.campaign import rlhf_campaign
+
+    summary = rlhf_campaign(config=cfg.model_dump(mode="json"), resume=args.resume)
+    out.mkdir(parents=True, exist_ok=True)
+    summary["run_dir"] = str(out)
+    try:
+        from flows.report import write_report
+
+        write_report(summary, out)
+    except ImportError:
+        pass
+    summary_path.parent.mkdir(parents=True, exist_ok=True)
+    summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True))
+    print(f"eval accuracy {summary['eval_accuracy_first']} -> {summary['eval_accuracy_last']}; "
+          f"billed {summary['billed_gpu_seconds']:.1f} GPU-s; wall {summary['wall_seconds']:.0f} s")
+    print(summary_path)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from actions.common.config import load_config
+    from actions.common.storage import open_store
+    from flows.state import load_state
+
+    uri = args.store or load_config(args.config, []).store.uri
+    store = open_store(uri)
+    run = args.run
+    if run is None:
+        runs = sorted({k.split("/")[1] for k in store.list("runs/") if k.endswith("/latest.json")})
+        if len(runs) != 1:
+            raise ValueError(f"store {uri} holds {len(runs)} runs ({', '.join(runs) or 'none'}); name one: "
+                             "rlhfless status RUN_ID")
+        run = runs[0]
+    state = load_state(store, run)
+    if state is None:
+        raise ValueError(f"run {run!r} has no committed state in store {uri}; check the run id and --store")
+    last = state.steps[-1] if state.steps else {}
+    print(json.dumps({
+        "run_id": state.run_id, "steps_committed": state.step, "policy_version": state.policy_version,
+        "weights_sha256": state.weights_sha256, "spend": state.spend, "stopped_reason": state.stopped_reason,
+        "last_eval": state.evals[-1] if state.evals else None,
+        "last_metrics": {k: v for k, v in last.items() if k != "plan"},
+    }, indent=2, sort_keys=True))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from actions.common.credentials import redact
+
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "train":
+            return _train(args)
+        if args.command == "status":
+            return _status(args)
+        return int(args._run(args))
+    except (ValueError, OSError) as exc:
+        print(f"rlhfless: error: {redact(str(exc))}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # infrastructure failures: one line, secrets scrubbed, non-zero
+        from actions.common.storage import StoreError
+        from flows.invokers.base import ActionError
+
+        if isinstance(exc, (StoreError, ActionError)):
+            print(f"rlhfless: error: {redact(str(exc))}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""The flow-level hook that runs before every generation phase (the RLHFless planner).
+
+``plan_generation_phase`` reads the response-length history, predicts each prompt's length
+(EWMA; reference-answer length in the first epoch), picks the dedup prefix length, and asks
+the planner for the fan-out and the prompt->action assignment. It is the only place the
+step flow decides how generation is split; the flow executes exactly the returned plan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from flows.context import RunContext
+from flows.planning.lengths import LengthHistory, predict_lengths
+from flows.planning.migrate import cut_point
+from flows.planning.plan import ClusterSpec, GenerationPlan
+from flows.planning.prefix import PrefillPlan, plan_prefill
+from flows.planning.profile import TpotProfile
+from flows.planning.scaling import plan_generation
+
+# A measured-shape estimate for the tiny default model on one CPU core per actor: a decode
+# step costs a fixed ~4 ms of framework overhead plus ~0.06 ms per running sequence.
+# `rlhfless profile` replaces it with a measurement of this machine.
+CPU_TINY_PROFILE = TpotProfile(
+    batch_sizes=(1, 256), contexts=(16.0, 512.0),
+    seconds=((0.004, 0.0045), (0.004 + 255 * 6e-5, 0.0045 + 255 * 8e-5)),
+    prefill_tokens_per_s=20_000.0, name="cpu-tiny-estimate",
+)
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    plan: GenerationPlan
+    prefill: PrefillPlan | None
+    predicted: dict[int, float]
+    cut_after: dict[int, int | None]  # actor index -> samples finished before it is cut
+
+
+def load_profile(ctx: RunContext) -> TpotProfile:
+    path = ctx.config.scaling.profile
+    return TpotProfile.load(path) if path else CPU_TINY_PROFILE
+
+
+def cluster_spec(ctx: RunContext, num_workers: int) -> ClusterSpec:
+    s = ctx.config.scaling
+    return ClusterSpec(gpus_per_actor=s.gpus_per_actor, max_actors=max(1, num_workers),
+                       price_per_gpu_second=ctx.config.price_per_gpu_second, cold_start_s=s.cold_start_s,
+                       num_warm_actors=max(1, num_workers))
+
+
+def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: dict[str, dict],
+                          prompt_ids: list[int], num_workers: int) -> PhasePlan:
+    cfg = ctx.config
+    predicted = predict_lengths(history, prompt_ids, {p: tokens[str(p)]["answer_len"] for p in prompt_ids},
+                                window=cfg.generation.length_window)
+    # The EOS token is generated too; lengths are capped by max_new_tokens.
+    predicted = {p: min(v, cfg.generation.max_new_tokens) for p, v in predicted.items()}
+    prompts = {p: tokens[str(p)]["prompt"] for p in prompt_ids}
+    prefill = None
+    if cfg.generation.dedup_prefill:
+        prefill = plan_prefill(prompts, cfg.algorithm.group_size, cfg.generation.prefill_capacity)
+    s = cfg.scaling
+    plan = plan_generation(
+        prompt_ids, predicted, group_size=cfg.algorithm.group_size,
+        prompt_lengths={p: len(v) for p, v in prompts.items()}, policy=s.policy,
+        n_min=s.n_min, n_max=max(s.n_min, min(s.n_max, num_workers)), lam=s.lam,
+        assignment=cfg.generation.assignment, profile=load_profile(ctx), cluster=cluster_spec(ctx, num_workers),
+        cut_threshold=cfg.generation.cut_threshold,
+        prefill_tokens=prefill.tokens_computed if prefill else None,
+    )
+    tau = cfg.generation.cut_threshold
+    cut_after = {}
+    for i, group in enumerate(plan.assignments):
+        n = len(group) * cfg.algorithm.group_size
+        cut_after[i] = cut_point(n, tau) if tau is not None and tau < 1 and n > 1 else None
+    return PhasePlan(plan, prefill, predicted, cut_after)
+
+
+def fraction(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator > 0 and math.isfinite(denominator) else 0.0

@@ -1,0 +1,61 @@
+"""Turning a step's action results and accounting into the metric names of ARCHITECTURE.md."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flows.hooks import PhasePlan, fraction
+from flows.planning.lengths import rank_correlation
+
+
+def step_metrics(out: dict[str, Any], phase: PhasePlan, price: float, gpus_per_actor: int,
+                 timing_plan: float, timing_commit: float) -> dict[str, float]:
+    records = out["records"]
+    billed = sum(r["billed_s"] for r in records) * gpus_per_actor
+    useful = sum(r["busy_s"] for r in records) * gpus_per_actor
+    gens = out["generate"]
+    primary = [g for g in gens if "/rollouts/gen-" in g["rollout_key"]]  # not continuations
+    samples = [s for g in gens for s in g["samples"] if s["finish_reason"] != "cut"]
+    tokens = sum(s["length"] for s in samples)
+    observed: dict[int, int] = {}
+    for s in samples:
+        observed[s["prompt_id"]] = max(observed.get(s["prompt_id"], 0), s["length"])
+    ids = sorted(observed)
+    timing = dict(out["timing"], plan=timing_plan, commit=timing_commit)
+    timing["step"] = timing["step"] + timing_plan + timing_commit
+    gen_records = [r for r in records if r["action"] == "generate"]
+    prefill_naive = sum(g["prefill_tokens_naive"] for g in primary)
+    prefill_done = sum(g["prefill_tokens"] for g in primary)
+    if out.get("prefill"):
+        prefill_done += out["prefill"]["tokens_computed"]
+    m = {
+        **{f"timing_s/{k}": float(v) for k, v in timing.items()},
+        "cost/gpu_seconds": useful,
+        "cost/billed_gpu_seconds": billed,
+        "cost/usd": billed * price,
+        "cost/idle_fraction": fraction(billed - useful, billed),
+        "actors/n": float(phase.plan.num_actors),
+        "actors/cut": float(sum(1 for g in primary if g.get("num_cut"))),
+        "actors/migrated": float(sum(g.get("num_cut", 0) for g in gens)),
+        "actors/continuations": float(out["num_continuations"]),
+        "actors/cold_starts": float(sum(1 for r in gen_records if r.get("cold"))),
+        "perf/throughput": fraction(tokens, timing["generate"]),
+        "plan/predicted_time_s": phase.plan.predicted_time_s,
+        "plan/planning_ms": phase.plan.planning_ms,
+        "lengths/rank_correlation": rank_correlation([phase.predicted[p] for p in ids], [observed[p] for p in ids])
+        if len(ids) > 1 else 0.0,
+        "prefill/unique_prefixes": float(phase.prefill.num_unique_prefixes if phase.prefill else 0),
+        "prefill/tokens_saved": float(max(0, prefill_naive - prefill_done)),
+        "timing_s/overhead": max(0.0, timing["step"] - _critical_busy(records)),
+    }
+    m.update({k: float(v) for k, v in out["train"]["metrics"].items()})
+    return m
+
+
+def _critical_busy(records: list[dict[str, Any]]) -> float:
+    """Busy time on the critical path: prefill, the longest generate chain, the last score,
+    and train (a lower bound of the step's unavoidable compute)."""
+    by_action: dict[str, list[float]] = {}
+    for r in records:
+        by_action.setdefault(r["action"], []).append(r["busy_s"])
+    return sum(max(v) for v in by_action.values())

@@ -1,0 +1,76 @@
+"""One RLHF training step as a Prefect flow: plan -> prefill -> generate -> score -> train.
+
+The body reads like the paper's per-step workflow (PAPER §2). Scoring of a shard is submitted
+the moment its generation returns; cut samples are continued in continuation actions as soon
+as their shard returns; training waits for every score. The step is not visible until the
+campaign commits it (flows/state.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import flow
+from prefect.futures import as_completed
+
+from flows.context import current
+from flows.hooks import PhasePlan
+from flows.step_payloads import StepInputs, generate_payload, prefill_payload, score_payload, train_payload
+from flows.tasks import invoke_action
+
+
+@flow(name="rlhf-step", log_prints=False, validate_parameters=False)
+def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> dict[str, Any]:
+    """Run one step on ``inputs`` following ``phase`` (the hook's plan). Returns the action
+    results and accounting records; committing is the caller's job."""
+    ctx = current()
+    t0 = time.time()
+    records: list[dict[str, Any]] = []
+    bundle_key, prefill = None, None
+    if phase.prefill and phase.prefill.prefix_len:
+        pre = invoke_action(action="prefill", payload=prefill_payload(ctx, inputs, phase), shard="prefill")
+        records.append(pre["accounting"])
+        prefill = pre["result"]
+        bundle_key = prefill["bundle_key"]
+    t_gen = time.time()
+    gens = [invoke_action.submit(action="generate", shard=f"gen-{i}",
+                                 payload=generate_payload(ctx, inputs, f"gen-{i}", group, phase.cut_after[i], bundle_key))
+            for i, group in enumerate(phase.plan.assignments)]
+    scores, gen_results, num_cont = [], [], 0
+    pending = list(gens)
+    while pending:
+        done = next(as_completed(pending))
+        pending.remove(done)
+        out = done.result()
+        records.append(out["accounting"])
+        res = out["result"]
+        gen_results.append(res)
+        shard = res["rollout_key"].rsplit("/", 1)[-1].removesuffix(".json")
+        if any(s["finish_reason"] != "cut" for s in res["samples"]):
+            scores.append(invoke_action.submit(action="score", shard=f"score-{shard}",
+                                               payload=score_payload(ctx, inputs, [res["rollout_key"]], shard)))
+        if res.get("partial_key"):
+            # Migrate the cut stragglers into a continuation action at once (a free worker).
+            name = f"cont-{num_cont}"
+            num_cont += 1
+            pending.append(invoke_action.submit(
+                action="generate", shard=name,
+                payload=generate_payload(ctx, inputs, name, [], None, None, partial_keys=[res["partial_key"]])))
+    t_gen_end = time.time()
+    score_results = []
+    for fut in scores:
+        out = fut.result()
+        records.append(out["accounting"])
+        score_results.append(out["result"])
+    t_score_end = time.time()
+    train = invoke_action(action="train_step", shard="train",
+                          payload=train_payload(ctx, inputs, [r["scored_key"] for r in score_results]))
+    records.append(train["accounting"])
+    t_end = time.time()
+    return {
+        "prefill": prefill, "generate": gen_results, "score": score_results, "train": train["result"], "records": records,
+        "num_continuations": num_cont,
+        "timing": {"prefill": t_gen - t0, "generate": t_gen_end - t_gen, "score": t_score_end - t_gen_end,
+                   "train": t_end - t_score_end, "step": t_end - t0},
+    }

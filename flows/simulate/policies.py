@@ -1,0 +1,135 @@
+"""Policies compared by the simulator and how each one starts its actors (PAPER §4.1, §4.4).
+
+- ``rlhfless``: ranked assignment + cost-aware scaling (lam) + cut-and-migrate (tau), prefill
+  actor on the learner's GPUs with actor 0 co-located, serverless release.
+- ``static:N`` (VERL-like serverful baseline, paper default N = 3): N actors, contiguous
+  slices of the batch in the given order, each prefills its own prompts once (vLLM parallel
+  sampling shares a prompt across its n samples) and decodes; actors are co-located with the
+  learner (hybrid engine) so there is no weight transfer or cold start; every actor is held
+  for the whole phase: GPU-s = N * GPUs * phase time.
+- Ablations: ``no-assign`` (round-robin over the given order instead of ranking),
+  ``no-scale[:N]`` (N = 3 actors, ranked, serverless release, cut), ``no-cut`` (tau = 1),
+  ``oracle`` (rlhfless with predictions equal to the true group max lengths).
+
+Pre-warm [I]: a step's predictions use only earlier epochs, so its plan can be made while the
+previous step trains, and the planned actors are pre-warmed in time (PAPER §3.7): planned
+actors pay no cold start, each remote one is billed ``prewarm_idle_s`` of waiting. Only an
+unplanned continuation actor can be cold; it is warm if the pool kept from the previous step
+(``prewarm.warm_actor_count``) has a spare actor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from flows.planning.plan import ClusterSpec, GenerationPlan
+from flows.planning.profile import TpotProfile
+from flows.planning.scaling import actor_start, plan_generation, prefill_seconds
+from flows.simulate.cluster import ActorSpec, Sample, SimConfig
+
+DEFAULT_POLICIES = ("rlhfless", "static:3", "no-assign", "no-scale", "no-cut", "oracle")
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    serverful: bool
+    scaling: str  # planner policy: 'cost_aware' or 'fixed:N'
+    assignment: str  # 'ranked' | 'round_robin'
+    cut: bool
+    oracle: bool = False
+
+
+def parse_policy(name: str) -> Policy:
+    """Policy from its CLI name; ValueError naming the accepted forms otherwise."""
+    base, _, arg = name.partition(":")
+    count = arg if arg.isdigit() and int(arg) >= 1 else None
+    if base == "static" and count:
+        return Policy(name, True, f"fixed:{count}", "round_robin", cut=False)
+    if base == "no-scale" and (count or not arg):
+        return Policy(name, False, f"fixed:{count or 3}", "ranked", cut=True)
+    simple = {"rlhfless": Policy(name, False, "cost_aware", "ranked", cut=True),
+              "no-assign": Policy(name, False, "cost_aware", "round_robin", cut=True),
+              "no-cut": Policy(name, False, "cost_aware", "ranked", cut=False),
+              "oracle": Policy(name, False, "cost_aware", "ranked", cut=True, oracle=True)}
+    if not arg and base in simple:
+        return simple[base]
+    raise ValueError(f"policy={name!r}: unknown; use rlhfless, static:N, no-assign, "
+                     "no-scale[:N], no-cut or oracle")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterModel:
+    """The simulated cluster and the planner settings shared by every policy."""
+
+    profile: TpotProfile
+    num_nodes: int = 20
+    gpus_per_node: int = 8
+    gpus_per_actor: int = 2
+    weight_bytes: float
+    kv_bytes_per_token: float
+    bandwidth_bytes_per_s: float
+    cold_start_s: float = 30.0
+    prewarm_idle_s: float = 1.0
+    lam: float = 0.7
+    tau: float = 0.7
+    n_min: int = 1
+    n_max: int = 64
+    continuation: bool = False
+
+    @property
+    def max_actors(self) -> int:
+        return max(1, self.num_nodes * self.gpus_per_node // self.gpus_per_actor)
+
+    def cluster_spec(self) -> ClusterSpec:
+        """Planned actors are pre-warmed (see module docstring): all of them count as warm."""
+        return ClusterSpec(gpus_per_actor=self.gpus_per_actor, max_actors=self.max_actors,
+                           cold_start_s=self.cold_start_s, num_warm_actors=self.max_actors,
+                           weight_bytes=self.weight_bytes,
+                           kv_bytes_per_token=self.kv_bytes_per_token,
+                           transfer_bandwidth_bytes_per_s=self.bandwidth_bytes_per_s,
+                           num_prefill_gpus=self.gpus_per_node,
+                           prewarm_idle_s=self.prewarm_idle_s)
+
+
+def make_plan(policy: Policy, prompt_ids: Sequence[int], predicted: Mapping[int, float],
+              prompt_lengths: Mapping[int, int], group_size: int,
+              model: ClusterModel) -> GenerationPlan:
+    return plan_generation(prompt_ids, predicted, group_size=group_size,
+                           prompt_lengths=prompt_lengths, policy=policy.scaling,
+                           n_min=model.n_min, n_max=model.n_max, lam=model.lam,
+                           assignment=policy.assignment, profile=model.profile,
+                           cluster=model.cluster_spec(),
+                           cut_threshold=model.tau if policy.cut else None)
+
+
+def build_actors(policy: Policy, plan: GenerationPlan, samples: Mapping[int, list[Sample]],
+                 prompt_lengths: Mapping[int, int],
+                 model: ClusterModel) -> tuple[list[ActorSpec], float]:
+    """Actor start-ups for ``plan`` and the GPU-s billed outside the decode actors."""
+    if policy.serverful:
+        specs = []
+        for pids in plan.assignments:
+            own_prefill = sum(prompt_lengths[p] for p in pids) / model.profile.prefill_tokens_per_s
+            specs.append(ActorSpec(tuple(s for p in pids for s in samples[p]), 0.0, own_prefill,
+                                   holds_until_end=True))
+        return specs, 0.0
+    cluster = model.cluster_spec()
+    all_tokens = sum(prompt_lengths[p] for pids in plan.assignments for p in pids)
+    prefill_s = prefill_seconds(all_tokens, model.profile, cluster)
+    specs, extra = [], prefill_s * cluster.prefill_gpus
+    for i, pids in enumerate(plan.assignments):
+        st = actor_start(i, cluster, prefill_s, sum(prompt_lengths[p] for p in pids))
+        specs.append(ActorSpec(tuple(s for p in pids for s in samples[p]), st.invoked_s,
+                               st.ready_s))
+        extra += st.prewarm_idle_s * cluster.gpus_per_actor
+    return specs, extra
+
+
+def sim_config(policy: Policy, model: ClusterModel, spare_warm_actors: int) -> SimConfig:
+    return SimConfig(profile=model.profile, gpus_per_actor=model.gpus_per_actor,
+                     tau=model.tau if policy.cut else None, continuation=model.continuation,
+                     cold_start_s=model.cold_start_s,
+                     weight_transfer_s=model.weight_bytes / model.bandwidth_bytes_per_s,
+                     spare_warm_actors=spare_warm_actors)

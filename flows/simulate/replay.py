@@ -1,0 +1,162 @@
+"""Trace replay: plan and simulate every step of a length trace under each policy (PAPER §4.7).
+
+Trace format (JSONL, one line per prompt per step): ``epoch, step, prompt_id, prompt_len,
+answer_len, response_lens`` (one length per sample). Steps run in file order; a step's prompts
+keep their file order (the "given order" of contiguous / round-robin assignment).
+
+Per step: predictions come from a ``LengthHistory`` of earlier epochs (the reference answer
+length where a prompt has none, i.e. in epoch 0), or equal the true group max for ``oracle``;
+the planner runs (its wall time is recorded); the phase is simulated with the true lengths;
+then the step's observed lengths are recorded in the history (shared by all policies, since
+the trace fixes what was generated).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flows.planning.lengths import LengthHistory, predict_lengths, rank_correlation
+from flows.planning.prewarm import warm_actor_count
+from flows.simulate.cluster import PhaseResult, Sample, simulate_phase
+from flows.simulate.policies import (ClusterModel, Policy, build_actors, make_plan,
+                                     parse_policy, sim_config)
+
+_FIELDS = {"epoch": int, "step": int, "prompt_id": int, "prompt_len": int, "answer_len": int,
+           "response_lens": list}
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    prompt_id: int
+    prompt_len: int
+    answer_len: int
+    response_lens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    epoch: int
+    step: int
+    prompts: tuple[PromptRow, ...]
+
+
+def _parse_line(text: str, where: str) -> tuple[int, int, PromptRow]:
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: not JSON ({exc.msg})") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object")
+    for name, kind in _FIELDS.items():
+        if not isinstance(row.get(name), kind) or isinstance(row.get(name), bool):
+            raise ValueError(f"{where}: field {name!r} missing or not {kind.__name__}")
+    lens = row["response_lens"]
+    if not lens or not all(isinstance(x, int) and x >= 0 for x in lens):
+        raise ValueError(f"{where}: response_lens must be a non-empty list of ints >= 0")
+    return row["epoch"], row["step"], PromptRow(row["prompt_id"], row["prompt_len"],
+                                                row["answer_len"], tuple(lens))
+
+
+def read_trace(path: str | Path) -> list[TraceStep]:
+    """Steps of a JSONL trace; ValueError with the line number on a malformed line."""
+    steps: dict[tuple[int, int], list[PromptRow]] = {}
+    with open(path, encoding="utf-8") as fh:
+        for number, text in enumerate(fh, start=1):
+            if not text.strip():
+                continue
+            epoch, step, row = _parse_line(text, f"{path}:{number}")
+            rows = steps.setdefault((epoch, step), [])
+            if any(r.prompt_id == row.prompt_id for r in rows):
+                raise ValueError(f"{path}:{number}: prompt {row.prompt_id} twice in step {step}")
+            rows.append(row)
+    if not steps:
+        raise ValueError(f"{path}: no trace lines")
+    return [TraceStep(e, s, tuple(rows)) for (e, s), rows in steps.items()]
+
+
+@dataclass
+class StepRecord:
+    step: int
+    n_actors: int
+    time_s: float
+    gpu_seconds: float
+    idle_fraction: float
+    planning_ms: float
+    rank_corr: float
+    num_cut: int
+    num_migrated: int
+
+
+@dataclass
+class PolicyRun:
+    name: str
+    steps: list[StepRecord] = field(default_factory=list)
+    planned: list[int] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        ms = [s.planning_ms for s in self.steps]
+        return {"total_time_s": sum(s.time_s for s in self.steps),
+                "total_gpu_seconds": sum(s.gpu_seconds for s in self.steps),
+                "mean_idle_fraction": statistics.fmean(s.idle_fraction for s in self.steps),
+                "planning_ms_p50": statistics.median(ms), "planning_ms_max": max(ms),
+                "steps": [{"step": s.step, "n_actors": s.n_actors, "time_s": s.time_s,
+                           "gpu_seconds": s.gpu_seconds} for s in self.steps]}
+
+
+def _samples(step: TraceStep) -> dict[int, list[Sample]]:
+    out, sid = {}, 0
+    for row in step.prompts:
+        out[row.prompt_id] = []
+        for length in row.response_lens:
+            out[row.prompt_id].append(Sample(sid, row.prompt_id, row.prompt_len, length))
+            sid += 1
+    return out
+
+
+def run_step(policy: Policy, step: TraceStep, predicted: dict[int, float], model: ClusterModel,
+             warm_pool: int = 0) -> tuple[PhaseResult, float, int, list[Sample]]:
+    """Plan and simulate one step: (result, planning ms, planned N, samples).
+
+    ``warm_pool``: actors kept warm from the previous step; those beyond this step's N are
+    spares a continuation actor can use without a cold start.
+    """
+    ids = [r.prompt_id for r in step.prompts]
+    prompt_lengths = {r.prompt_id: r.prompt_len for r in step.prompts}
+    group_size = max(len(r.response_lens) for r in step.prompts)
+    plan = make_plan(policy, ids, predicted, prompt_lengths, group_size, model)
+    samples = _samples(step)
+    specs, extra = build_actors(policy, plan, samples, prompt_lengths, model)
+    spare = max(0, warm_pool - plan.num_actors)
+    result, done = simulate_phase(specs, sim_config(policy, model, spare),
+                                  extra_gpu_seconds=extra)
+    return result, plan.planning_ms, plan.num_actors, done
+
+
+def replay(steps: list[TraceStep], policy_names: list[str], model: ClusterModel,
+           window: int = 1) -> dict[str, PolicyRun]:
+    """Run every policy over every step; see the module docstring."""
+    policies = [parse_policy(name) for name in policy_names]
+    runs = {p.name: PolicyRun(p.name) for p in policies}
+    history = LengthHistory()
+    for step in steps:
+        ids = [r.prompt_id for r in step.prompts]
+        refs = {r.prompt_id: r.answer_len for r in step.prompts}
+        truth = {r.prompt_id: float(max(r.response_lens)) for r in step.prompts}
+        predicted = predict_lengths(history, ids, refs, window)
+        corr = rank_correlation([predicted[i] for i in ids], [truth[i] for i in ids])
+        for policy in policies:
+            run = runs[policy.name]
+            pred = truth if policy.oracle else predicted
+            pool = warm_actor_count(run.planned, default=0)
+            result, ms, n, _ = run_step(policy, step, pred, model, pool)
+            run.planned.append(n)
+            run.steps.append(StepRecord(step.step, n, result.time_s, result.gpu_seconds,
+                                        result.idle_fraction, ms,
+                                        1.0 if policy.oracle else corr,
+                                        result.num_cut, result.num_migrated))
+        for row in step.prompts:
+            history.record(row.prompt_id, step.epoch, row.response_lens)
+    return runs

@@ -1,0 +1,70 @@
+"""Building each action's payload for a step: object keys derived from (run, step, shard).
+
+Deterministic keys are what make a replayed or retried step idempotent: the same step writes
+the same objects, whichever attempt or fan-out produced them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from actions.common.contracts import (GenerateRequest, ModelRef, PrefillRequest, ScoreRequest,
+                                      TrainStepRequest)
+from flows.context import RunContext
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    step: int
+    epoch: int
+    prompt_ids: list[int]
+    model: ModelRef
+    reference_key: str
+    train_key: str
+    optimizer_key: str | None
+    critic_key: str | None
+    critic_optimizer_key: str | None
+
+
+def step_prefix(ctx: RunContext, step: int) -> str:
+    return f"{ctx.prefix}/steps/{step:06d}"
+
+
+def prefill_payload(ctx: RunContext, inputs: StepInputs, phase: Any) -> dict[str, Any]:
+    return PrefillRequest(
+        model=inputs.model, dataset_key=inputs.train_key, prompt_ids=inputs.prompt_ids,
+        prefix_len=phase.prefill.prefix_len,
+        output_key=f"{step_prefix(ctx, inputs.step)}/kv/v{inputs.model.policy_version:06d}/manifest.json",
+    ).model_dump(mode="json")
+
+
+def generate_payload(ctx: RunContext, inputs: StepInputs, shard: str, prompt_ids: list[int] | tuple[int, ...],
+                     cut_after: int | None, bundle_key: str | None, partial_keys: list[str] | None = None
+                     ) -> dict[str, Any]:
+    g = ctx.config.generation
+    return GenerateRequest(
+        model=inputs.model, dataset_key=inputs.train_key, run_seed=ctx.config.seed, step=inputs.step, shard=shard,
+        prompt_ids=list(prompt_ids), group_size=ctx.config.algorithm.group_size, partial_keys=partial_keys or [],
+        max_new_tokens=g.max_new_tokens, temperature=g.temperature, dedup_prefill=g.dedup_prefill,
+        kv_bundle_key=bundle_key, cut_after=cut_after,
+        output_key=f"{step_prefix(ctx, inputs.step)}/rollouts/{shard}.json",
+    ).model_dump(mode="json")
+
+
+def score_payload(ctx: RunContext, inputs: StepInputs, rollout_keys: list[str], shard: str) -> dict[str, Any]:
+    return ScoreRequest(
+        policy=inputs.model, reference_key=inputs.reference_key, critic_key=inputs.critic_key,
+        dataset_key=inputs.train_key, rollout_keys=rollout_keys, task=ctx.config.data.task,
+        algorithm=ctx.config.algorithm,
+        output_key=f"{step_prefix(ctx, inputs.step)}/scored/{shard}/manifest.json",
+    ).model_dump(mode="json")
+
+
+def train_payload(ctx: RunContext, inputs: StepInputs, scored_keys: list[str]) -> dict[str, Any]:
+    return TrainStepRequest(
+        policy=inputs.model, optimizer_key=inputs.optimizer_key, critic_key=inputs.critic_key,
+        critic_optimizer_key=inputs.critic_optimizer_key, scored_keys=sorted(scored_keys),
+        algorithm=ctx.config.algorithm, seed=ctx.config.seed, step=inputs.step,
+        output_prefix=f"{step_prefix(ctx, inputs.step)}/train",
+    ).model_dump(mode="json")

@@ -1,0 +1,97 @@
+"""Policy weights in the object store (both backends): round trip, dedup, fingerprint, views."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+
+from actions.common.storage import ObjectStore, blob_key, read_manifest
+from actions.common.weights import (
+    load_tensors,
+    publish_tensors,
+    serialize_tensor,
+    weights_sha256,
+)
+
+
+def _policy(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "embed.weight": torch.randn(300, 64, generator=g),  # 75 KiB
+        "layers.0.attn.q.weight": torch.randn(64, 64, generator=g).to(torch.bfloat16),
+        "layers.0.mlp.up.weight": torch.randn(512, 256, generator=g),  # 512 KiB: "large" path
+        "layers.0.norm.weight": torch.ones(64, dtype=torch.float16),
+        "step_counter": torch.tensor(7, dtype=torch.int64),  # 0-d
+        "mask": torch.tensor([True, False, True]),
+        "empty": torch.zeros(0, 4),
+        "ids": torch.arange(10, dtype=torch.int32),
+    }
+
+
+def test_round_trip_preserves_every_dtype_and_shape(backend_store: ObjectStore) -> None:
+    tensors = _policy()
+    published = publish_tensors(backend_store, "policy/v1/manifest.json", tensors, {"step": 1})
+    loaded, meta = load_tensors(backend_store, "policy/v1/manifest.json")
+    assert set(loaded) == set(tensors)
+    for name, t in tensors.items():
+        assert loaded[name].dtype == t.dtype and loaded[name].shape == t.shape, name
+        assert torch.equal(loaded[name], t), name
+    assert meta == {"step": 1, "weights_sha256": published.weights_sha256}
+    assert weights_sha256(loaded) == published.weights_sha256
+
+
+def test_only_changed_tensors_are_uploaded(backend_store: ObjectStore) -> None:
+    tensors = _policy()
+    first = publish_tensors(backend_store, "policy/v1/manifest.json", tensors)
+    assert first.stats.num_uploaded == len(tensors)
+    same = publish_tensors(backend_store, "policy/v2/manifest.json", tensors)
+    assert (same.stats.num_uploaded, same.stats.bytes_uploaded) == (0, 0)
+    changed = dict(tensors)
+    changed["layers.0.mlp.up.weight"] = tensors["layers.0.mlp.up.weight"] + 1
+    third = publish_tensors(backend_store, "policy/v3/manifest.json", changed)
+    blob = serialize_tensor("layers.0.mlp.up.weight", changed["layers.0.mlp.up.weight"])
+    assert third.stats.num_uploaded == 1 and third.stats.bytes_uploaded == len(blob)
+    assert third.weights_sha256 != first.weights_sha256 == same.weights_sha256
+
+
+def test_loaded_tensors_are_writable_views_that_never_touch_the_store(backend_store: ObjectStore) -> None:
+    tensors = _policy()
+    publish_tensors(backend_store, "m.json", tensors)
+    loaded, _ = load_tensors(backend_store, "m.json")
+    loaded["embed.weight"].add_(1.0)  # in-place update, e.g. by an optimizer
+    again, _ = load_tensors(backend_store, "m.json")
+    assert torch.equal(again["embed.weight"], tensors["embed.weight"])
+
+
+def test_non_contiguous_and_cuda_free_inputs(backend_store: ObjectStore) -> None:
+    base = torch.randn(32, 16)
+    tensors = {"t": base.t(), "s": base[::2]}
+    publish_tensors(backend_store, "m.json", tensors)
+    loaded, _ = load_tensors(backend_store, "m.json")
+    assert torch.equal(loaded["t"], base.t()) and torch.equal(loaded["s"], base[::2])
+
+
+def test_corrupted_tensor_blob_is_named(backend_store: ObjectStore) -> None:
+    from actions.common.storage import IntegrityError
+
+    tensors = {"w": torch.randn(8, 8)}
+    publish_tensors(backend_store, "m.json", tensors)
+    digest = read_manifest(backend_store, "m.json")["files"]["w"]["sha256"]
+    backend_store.put(blob_key(digest), serialize_tensor("w", torch.zeros(8, 8)))
+    with pytest.raises(IntegrityError, match=rf"{blob_key(digest)} for file 'w' is corrupted"):
+        load_tensors(backend_store, "m.json")
+
+
+def test_fingerprint_is_unchanged_from_the_reference_definition() -> None:
+    # The fingerprint is recorded in campaign state; it must never drift. Reference: names in
+    # order, "name|dtype|shape\n", then the raw bytes.
+    tensors = _policy(seed=3)
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    assert weights_sha256(tensors) == h.hexdigest()
