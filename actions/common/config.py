@@ -54,7 +54,7 @@ class AlgorithmConfig(_Section):
     clip_low: float = Field(0.2, gt=0, lt=1)
     clip_high: float = Field(0.28, gt=0)
     value_clip: float = Field(0.2, gt=0)
-    lr: float = Field(1e-3, gt=0)
+    lr: float = Field(4e-4, gt=0)
     critic_lr: float = Field(2e-3, gt=0)
     epochs: int = Field(1, ge=1)
     num_minibatches: int = Field(2, ge=1)
@@ -87,7 +87,7 @@ class WarmupConfig(_Section):
     """Supervised steps on imperfect demonstrations before RL (0 skips warm-up)."""
     batch_size: int = Field(32, gt=0)
     lr: float = Field(3e-3, gt=0)
-    error_rate: float = Field(0.7, ge=0, le=1)
+    error_rate: float = Field(0.9, ge=0, le=1)
     """How often the synthetic demonstrator miscounts a long answer."""
 
 
@@ -177,7 +177,7 @@ class CampaignConfig(_Section):
     price_per_gpu_second: float = Field(0.0004, ge=0)
     """USD per GPU-second (0.0004 = $1.44 per GPU-hour)."""
     seed: int = 0
-    steps: int = Field(16, ge=0)
+    steps: int = Field(24, ge=0)
     eval_every: int = Field(4, ge=0)
     """Evaluate on the held-out set every this many steps (0: only before and after)."""
 

@@ -42,25 +42,34 @@ def should_cut(num_samples: int, num_finished: int, tau: float) -> bool:
     return num_finished < num_samples and num_finished >= cut_point(num_samples, tau)
 
 
-def choose_destinations(num_to_move: int, free_slots: Mapping[int, int]) -> dict[int, int] | None:
-    """Spread ``num_to_move`` samples over actors' free slots, most free first (ties by id).
+def choose_destinations(num_to_move: int, free_slots: Mapping[int, int],
+                        prefer: Sequence[int] | None = None) -> dict[int, int] | None:
+    """Spread ``num_to_move`` samples over actors' free slots.
 
-    Returns actor id -> number of samples, or None when the free slots cannot take them all.
+    Args:
+        num_to_move: unfinished samples of the actor being cut.
+        free_slots: running actor id -> free slots.
+        prefer: actor ids in the order to fill; default: most free slots first (ties by id).
+    Returns:
+        actor id -> number of samples, or None when the free slots cannot take them all.
     """
     if num_to_move <= 0:
         return {}
     if sum(max(0, s) for s in free_slots.values()) < num_to_move:
         return None
+    if prefer is None:
+        prefer = sorted(free_slots, key=lambda a: (-free_slots[a], a))
     out: dict[int, int] = {}
     left = num_to_move
-    for actor_id, slots in sorted(free_slots.items(), key=lambda kv: (-kv[1], kv[0])):
+    for actor_id in prefer:
+        slots = free_slots.get(actor_id, 0)
         take = min(slots, left)
         if take > 0:
             out[actor_id] = take
             left -= take
         if left == 0:
             break
-    return out
+    return out if left == 0 else None
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,15 @@ class SimConfig:
     cold_start_s: float = 0.0
     weight_transfer_s: float = 0.0
     spare_warm_actors: int = 0  # pre-warmed actors a continuation may use without cold start
+    migration: str = "reprefill"  # 'reprefill' (ship token ids) | 'kv' (ship KV blocks)
+    kv_transfer_s_per_token: float = 0.0  # for 'kv': KV bytes per token / bandwidth
+    prefer: str = "most_free"  # destination order: 'most_free' | 'least_loaded'
+
+    def __post_init__(self) -> None:
+        if self.migration not in ("reprefill", "kv"):
+            raise ValueError(f"migration={self.migration!r}: use 'reprefill' or 'kv'")
+        if self.prefer not in ("most_free", "least_loaded"):
+            raise ValueError(f"prefer={self.prefer!r}: use 'most_free' or 'least_loaded'")
 
 
 @dataclass(frozen=True)
@@ -87,6 +96,7 @@ class _Actor:
     holds: bool
     slots: int
     live: list[tuple[float, int]] = field(default_factory=list)  # heap of (end mark, sid)
+    arriving: list[tuple[float, int]] = field(default_factory=list)  # (time, sid) in flight
     start_mark: dict[int, float] = field(default_factory=dict)
     progress: float = 0.0  # tokens each live sample gained on this actor
     ctx_base: float = 0.0  # sum over live of (prompt_len + length - end mark)
@@ -139,6 +149,8 @@ class _Phase:
         """Earliest time something changes; sets each decoding actor's current TPOT."""
         best = math.inf
         for a in self.running():
+            if a.arriving:
+                best = min(best, min(a.arriving)[0])
             if t < a.resume_s:
                 best = min(best, a.resume_s)
             elif a.live:
@@ -156,8 +168,12 @@ class _Phase:
                 a.busy_s += t_next - t
 
     def settle(self, t: float) -> None:
-        """Finish samples due at ``t``, then cut and release actors."""
+        """Land migrated samples, finish samples due at ``t``, then cut and release actors."""
         for a in self.running():
+            landed = [x for x in a.arriving if x[0] <= t]
+            a.arriving = [x for x in a.arriving if x[0] > t]
+            for _, sid in sorted(landed):
+                a.add(self.samples[sid])
             while a.live and a.live[0][0] <= a.progress + 1e-6:
                 end, sid = heapq.heappop(a.live)
                 a.take(self.samples[sid], end, end)
@@ -167,15 +183,21 @@ class _Phase:
                 if should_cut(a.held, a.finished, self.cfg.tau):
                     self._try_cut(a, t)
         for a in self.running():
-            if not a.live and not a.holds and t >= a.resume_s:
+            if not a.live and not a.arriving and not a.holds and t >= a.resume_s:
                 a.released_s = t
 
     def _free_slots(self, exclude: _Actor) -> dict[int, int]:
-        return {a.aid: a.slots - len(a.live) for a in self.running()
+        return {a.aid: a.slots - len(a.live) - len(a.arriving) for a in self.running()
                 if a is not exclude and not a.holds}
 
+    def _preference(self, free: dict[int, int]) -> list[int] | None:
+        if self.cfg.prefer == "most_free":
+            return None  # choose_destinations' default
+        return sorted(free, key=lambda aid: (len(self.actors[aid].live), aid))
+
     def _try_cut(self, src: _Actor, t: float) -> None:
-        moves = choose_destinations(len(src.live), self._free_slots(src))
+        free = self._free_slots(src)
+        moves = choose_destinations(len(src.live), free, self._preference(free))
         if moves is None and self.cfg.continuation:
             cont = self._start_continuation(t, max(len(src.live), src.slots))
             moves = {cont.aid: len(src.live)}
@@ -190,10 +212,15 @@ class _Phase:
             for end, sid in batch:
                 s = self.samples[sid]
                 src.take(s, end, src.progress)
-                dst.add(s)
                 tokens += s.prompt_len + s.decoded
-            # the destination re-prefills prompt + generated tokens before decoding on
-            dst.resume_s = max(dst.resume_s, t) + tokens / self.cfg.profile.prefill_tokens_per_s
+                if self.cfg.migration == "kv":  # KV blocks over the network; no recompute
+                    delay = (s.prompt_len + s.decoded) * self.cfg.kv_transfer_s_per_token
+                    dst.arriving.append((t + delay, sid))
+                else:
+                    dst.add(s)
+            if self.cfg.migration == "reprefill":
+                # the destination recomputes prompt + generated tokens before decoding on
+                dst.resume_s = max(dst.resume_s, t) + tokens / self.cfg.profile.prefill_tokens_per_s
         self.cuts += 1
         self.migrated += sum(moves.values())
         src.released_s = t

@@ -71,12 +71,14 @@ class ClusterModel:
     kv_bytes_per_token: float
     bandwidth_bytes_per_s: float
     cold_start_s: float = 30.0
-    prewarm_idle_s: float = 1.0
+    prewarm_idle_s: float = 0.0
     lam: float = 0.7
     tau: float = 0.7
     n_min: int = 1
     n_max: int = 64
     continuation: bool = False
+    migration: str = "reprefill"
+    prefer: str = "most_free"
 
     @property
     def max_actors(self) -> int:
@@ -132,4 +134,6 @@ def sim_config(policy: Policy, model: ClusterModel, spare_warm_actors: int) -> S
                      tau=model.tau if policy.cut else None, continuation=model.continuation,
                      cold_start_s=model.cold_start_s,
                      weight_transfer_s=model.weight_bytes / model.bandwidth_bytes_per_s,
-                     spare_warm_actors=spare_warm_actors)
+                     spare_warm_actors=spare_warm_actors, migration=model.migration,
+                     kv_transfer_s_per_token=model.kv_bytes_per_token / model.bandwidth_bytes_per_s,
+                     prefer=model.prefer)

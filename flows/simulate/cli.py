@@ -1,0 +1,118 @@
+"""``rlhfless simulate``: replay a length trace on a modelled cluster and compare policies.
+
+``add_arguments(parser)`` + ``run(args)`` let the main CLI mount this as a subcommand;
+``main(argv)`` runs it standalone (``python -m flows.simulate``). Bad input (missing trace,
+malformed line, unknown policy or profile) prints one line on stderr and returns 2.
+
+Defaults model the paper's simulated cluster (PAPER §4.7): 20 nodes x 8 H100, 2 GPUs per
+actor, roofline TPOT of Qwen2.5-7B, lam = tau = 0.7. Inter-node bandwidth: 40 GB/s per GPU
+(a 400 Gb/s NIC per GPU at ~80% NCCL efficiency), so an actor of g GPUs receives at g x 40 GB/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from flows.planning.profile import MODELS, TpotProfile, parse_roofline_spec
+from flows.simulate.policies import DEFAULT_POLICIES, ClusterModel, parse_policy
+from flows.simulate.replay import PolicyRun, read_trace, replay
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", required=True, help="JSONL length trace")
+    parser.add_argument("--policy", action="append", dest="policies", metavar="P",
+                        help=f"repeatable; default: {' '.join(DEFAULT_POLICIES)}")
+    parser.add_argument("--nodes", type=int, default=20)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--gpus-per-actor", type=int, default=2)
+    parser.add_argument("--profile", default="roofline:h100:qwen2.5-7b",
+                        help="roofline:<gpu>:<model> or a TpotProfile JSON file")
+    parser.add_argument("--model", default=None, choices=sorted(MODELS),
+                        help="model for weight/KV bytes (default: the roofline's, else qwen2.5-7b)")
+    parser.add_argument("--lam", type=float, default=0.7, help="time weight of the planner")
+    parser.add_argument("--tau", type=float, default=0.7, help="cut-and-migrate threshold")
+    parser.add_argument("--n-min", type=int, default=1)
+    parser.add_argument("--n-max", type=int, default=64)
+    parser.add_argument("--bandwidth-gb-per-gpu", type=float, default=40.0,
+                        help="learner -> actor transfer GB/s per actor GPU")
+    parser.add_argument("--cold-start-s", type=float, default=30.0,
+                        help="start of an actor that was not pre-warmed")
+    parser.add_argument("--prewarm-idle-s", type=float, default=0.0,
+                        help="billed wait of each pre-warmed remote actor (paper proxy: 0)")
+    parser.add_argument("--continuation", action="store_true",
+                        help="a cut with no free slots starts a continuation actor")
+    parser.add_argument("--migration", choices=("reprefill", "kv"), default="reprefill",
+                        help="cut samples re-prefill at the destination, or ship their KV")
+    parser.add_argument("--prefer", choices=("most_free", "least_loaded"), default="most_free",
+                        help="order in which destinations with free slots are filled")
+    parser.add_argument("--json", action="store_true", help="print the JSON report")
+    parser.add_argument("--plot", default=None, metavar="PNG", help="write a per-step plot")
+
+
+def build_model(args: argparse.Namespace) -> ClusterModel:
+    """ClusterModel from parsed arguments (ValueError/OSError on a bad profile)."""
+    if args.gpus_per_actor < 1 or args.nodes < 1 or args.gpus_per_node < 1:
+        raise ValueError("--nodes, --gpus-per-node and --gpus-per-actor must be >= 1")
+    if args.profile.startswith("roofline:"):
+        profile = parse_roofline_spec(args.profile, args.gpus_per_actor)
+        model_name = args.model or args.profile.split(":")[2]
+    else:
+        profile = TpotProfile.load(args.profile)
+        model_name = args.model or "qwen2.5-7b"
+    spec = MODELS[model_name]
+    return ClusterModel(profile=profile, num_nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                        gpus_per_actor=args.gpus_per_actor, weight_bytes=spec.weight_bytes,
+                        kv_bytes_per_token=spec.kv_bytes_per_token,
+                        bandwidth_bytes_per_s=args.bandwidth_gb_per_gpu * 1e9 * args.gpus_per_actor,
+                        cold_start_s=args.cold_start_s, prewarm_idle_s=args.prewarm_idle_s,
+                        lam=args.lam, tau=args.tau, n_min=args.n_min, n_max=args.n_max,
+                        continuation=args.continuation, migration=args.migration,
+                        prefer=args.prefer)
+
+
+def format_table(runs: dict[str, PolicyRun]) -> str:
+    """Totals per policy, with ratios against the first static policy when there is one."""
+    summaries = {name: run.summary() for name, run in runs.items()}
+    base = next((s for n, s in summaries.items() if n.startswith("static")), None)
+    lines = [f"{'policy':<12} {'time_s':>9} {'gpu_s':>10} {'speedup':>8} {'gpu_s_cut':>9} "
+             f"{'idle':>6} {'plan_ms_p50':>11} {'mean_N':>7}"]
+    for name, s in summaries.items():
+        speed = base["total_time_s"] / s["total_time_s"] if base else float("nan")
+        saved = 1 - s["total_gpu_seconds"] / base["total_gpu_seconds"] if base else float("nan")
+        mean_n = sum(x["n_actors"] for x in s["steps"]) / len(s["steps"])
+        lines.append(f"{name:<12} {s['total_time_s']:>9.1f} {s['total_gpu_seconds']:>10.1f} "
+                     f"{speed:>7.2f}x {saved:>9.1%} {s['mean_idle_fraction']:>6.2f} "
+                     f"{s['planning_ms_p50']:>11.2f} {mean_n:>7.1f}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        names = list(args.policies or DEFAULT_POLICIES)
+        for name in names:
+            parse_policy(name)
+        model = build_model(args)
+        steps = read_trace(args.trace)
+        runs = replay(steps, names, model)
+    except (ValueError, OSError) as exc:
+        print(f"rlhfless simulate: {exc}", file=sys.stderr)
+        return 2
+    summaries = {name: r.summary() for name, r in runs.items()}
+    if args.json:
+        print(json.dumps({"policies": summaries}, indent=1))
+    else:
+        print(format_table(runs))
+    if args.plot:
+        from flows.simulate.plot import plot_runs
+
+        plot_runs(summaries, args.plot, title=str(args.trace))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rlhfless simulate", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
