@@ -11,6 +11,8 @@ It runs where the model files are: in the control-plane process for a local mode
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel
 
 from actions.common.config import CampaignConfig
@@ -44,6 +46,15 @@ def _datasets(cfg: CampaignConfig) -> tuple[list[PromptRow], list[PromptRow]]:
             f"{cfg.algorithm.prompts_per_step}; add prompts or lower algorithm.batch_size"
         )
     return train, evals
+
+
+def validate_inputs(cfg: CampaignConfig) -> None:
+    """Check the model directory and datasets without writing anything (fails fast at the CLI)."""
+    _datasets(cfg)
+    if cfg.model.path and not (Path(cfg.model.path) / "config.json").is_file():
+        raise ValueError(
+            f"model.path {cfg.model.path!r} has no config.json; point it at a local Hugging Face model directory"
+        )
 
 
 def prepare(cfg: CampaignConfig, store: ObjectStore, run_prefix: str) -> Prepared:

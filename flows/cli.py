@@ -77,8 +77,10 @@ def _train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     out = Path(args.out or f"runs/{cfg.resolved_run_id()}")
     summary_path = Path(args.summary) if args.summary else out / "summary.json"
+    from actions.prepare import validate_inputs
     from flows.campaign import rlhf_campaign
 
+    validate_inputs(cfg)  # before Prefect or any worker starts, and before anything is written
     summary = rlhf_campaign(config=cfg.model_dump(mode="json"), resume=args.resume)
     out.mkdir(parents=True, exist_ok=True)
     summary["run_dir"] = str(out)

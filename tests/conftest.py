@@ -47,3 +47,35 @@ def backend_store(request: pytest.FixtureRequest, tmp_path):
     if request.param == "local":
         return LocalStore(tmp_path / "store")
     return request.getfixturevalue("s3_store")
+
+
+# ----------------------------------------------------------------------------- campaigns
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One temporary Prefect API for every flow test of the session (~10-20 s to start)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+TINY_OVERRIDES = [
+    "model.hidden_size=32", "model.num_heads=2", "model.intermediate_size=64",
+    "data.num_train_prompts=32", "data.num_eval_prompts=8", "data.max_count=6",
+    "algorithm.batch_size=16", "algorithm.group_size=4", "algorithm.num_minibatches=2",
+    "warmup.steps=5", "warmup.batch_size=8", "generation.max_new_tokens=10",
+    "steps=2", "eval_every=0", "scaling.n_max=3",
+]
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    """A campaign small enough to run in seconds: returns a factory taking extra overrides."""
+    from actions.common.config import load_config
+
+    def make(*extra: str):
+        return load_config(None, [*TINY_OVERRIDES, f"store.uri={tmp_path / 'store'}", *extra])
+
+    return make

@@ -153,6 +153,10 @@ class FailingStore:
         self._count(key)
         return self.inner.put_if_absent(key, data)
 
+    def put_content(self, key: str, parts, sha256: str) -> bool:
+        self._count(key)
+        return self.inner.put_content(key, parts, sha256)
+
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
 

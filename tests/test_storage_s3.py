@@ -221,6 +221,11 @@ class KillAfter:
         self._tick()
         return created
 
+    def put_content(self, key: str, parts, sha256: str) -> bool:
+        created = self.inner.put_content(key, parts, sha256)
+        self._tick()
+        return created
+
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
 

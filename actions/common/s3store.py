@@ -14,6 +14,11 @@ configuration fails with a one-line error before anything is written. Choices:
   whose body stream breaks after the headers arrived (botocore cannot retry that).
 * Large objects: multipart upload above ``multipart_threshold`` (8 MiB) through one shared,
   bounded s3transfer manager, and parallel ranged GETs pinned to one ETag on the way back.
+* Blobs (``put_content``): one conditional PUT with ``Expect: 100-continue`` -- when the
+  blob already exists the server answers 412 before the body is sent, so an unchanged
+  tensor costs one small request and no HEAD. The body streams from the caller's buffers
+  (no concatenation copy), and the SigV4 payload hash reuses the blob's sha256 instead of
+  hashing the bytes a second time.
 * ``put_if_absent``: ``PutObject`` with ``If-None-Match: *`` (412 -> False). Some stores
   (older MinIO, older Ceph RGW) silently ignore the header and overwrite. The first call
   probes this once per store (create a probe key twice under the prefix); on such stores, or
@@ -42,6 +47,7 @@ from typing import Any, NoReturn
 import boto3
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from botocore import exceptions as bce
+from botocore.auth import S3SigV4Auth
 from botocore.config import Config
 
 from actions.common.credentials import S3Credentials, mask_key_id, redact
@@ -53,6 +59,7 @@ from actions.common.storage import (
     StoreError,
     StoreUnreachable,
     _check_key,
+    as_parts,
 )
 
 log = logging.getLogger(__name__)
@@ -126,6 +133,7 @@ class S3Store:
         self._conditional = conditional_writes
         self._lock = threading.Lock()
         self._client = self._make_client(credentials)
+        _install_known_payload_signer(self._client)
         self._transfer = create_transfer_manager(
             self._client,
             TransferConfig(
@@ -255,39 +263,65 @@ class S3Store:
     # ------------------------------------------------------------------ ObjectStore
 
     def put(self, key: str, data: bytes) -> None:
+        self._write(key, as_parts(data))
+
+    def _write(self, key: str, parts: tuple[memoryview, ...], sha256: str | None = None) -> None:
         full = self._full(key)
+        size = sum(p.nbytes for p in parts)
         try:
-            if len(data) >= self.multipart_threshold:
+            if size >= self.multipart_threshold:
                 # Multipart completes atomically: readers see the old object or the new one.
-                future = self._transfer.upload(io.BytesIO(data), self.bucket, full)
-                future.result()
+                self._transfer.upload(_PartsReader(parts), self.bucket, full).result()
             else:
-                self._client.put_object(Bucket=self.bucket, Key=full, Body=data)
+                body: Any = bytes(parts[0]) if len(parts) == 1 and size < 1 * MiB else _PartsReader(parts)
+                with _known_payload(sha256):
+                    self._client.put_object(Bucket=self.bucket, Key=full, Body=body)
         except (bce.BotoCoreError, bce.ClientError) as exc:
             self._raise(exc, "put", key)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
+        return self._write_once(key, as_parts(data), None)
+
+    def put_content(self, key: str, parts: Any, sha256: str) -> bool:
+        """Create a content-addressed object from ``parts`` (buffers whose concatenation has
+        sha256 ``sha256``) unless it exists. Returns whether bytes were uploaded."""
+        parts = as_parts(parts)
+        if sum(p.nbytes for p in parts) >= self.multipart_threshold:
+            # Multipart cannot be conditional through s3transfer: check first. Two writers of
+            # the same content race harmlessly (same bytes).
+            if self.exists(key):
+                return False
+            self._write(key, parts)
+            return True
+        return self._write_once(key, parts, sha256)
+
+    def _write_once(self, key: str, parts: tuple[memoryview, ...], sha256: str | None) -> bool:
         if self._conditional is None:
             with self._lock:
                 if self._conditional is None:
                     self._conditional = self._probe_conditional_writes()
         if self._conditional:
-            created = self._put_if_none_match(key, data)
+            created = self._put_if_none_match(key, parts, sha256)
             if created is not None:
                 return created
         # Fallback (store ignores If-None-Match): HEAD then PUT. Racy between writers; see
         # the module docstring.
         if self.exists(key):
             return False
-        self.put(key, data)
+        self._write(key, parts, sha256)
         return True
 
-    def _put_if_none_match(self, key: str, data: bytes) -> bool | None:
+    def _put_if_none_match(self, key: str, parts: tuple[memoryview, ...], sha256: str | None) -> bool | None:
         """True created, False exists, None: the server does not implement the header."""
         full = self._full(key)
         for attempt in range(self.max_attempts):
             try:
-                self._client.put_object(Bucket=self.bucket, Key=full, Body=data, IfNoneMatch="*")
+                # A file-like body makes botocore send Expect: 100-continue, so a 412 arrives
+                # before the body is sent.
+                with _known_payload(sha256):
+                    self._client.put_object(
+                        Bucket=self.bucket, Key=full, Body=_PartsReader(parts), IfNoneMatch="*"
+                    )
                 return True
             except bce.ClientError as exc:
                 code = _code(exc)
@@ -452,6 +486,102 @@ class S3Store:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+class _PartsReader(io.RawIOBase):
+    """A seekable read-only file over a sequence of buffers (their concatenation), so a blob
+    made of a header and a tensor's memory can be streamed without joining them."""
+
+    def __init__(self, parts: tuple[memoryview, ...]) -> None:
+        super().__init__()
+        self._parts = parts
+        self._size = sum(p.nbytes for p in parts)
+        self._pos = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        filled, start = 0, 0
+        for part in self._parts:
+            end = start + part.nbytes
+            if self._pos < end and filled < out.nbytes:
+                lo = self._pos - start
+                n = min(part.nbytes - lo, out.nbytes - filled)
+                out[filled : filled + n] = part[lo : lo + n]
+                filled += n
+                self._pos += n
+            start = end
+        return filled
+
+    def read(self, size: int = -1) -> bytes:
+        size = self._size - self._pos if size is None or size < 0 else min(size, self._size - self._pos)
+        buf = bytearray(max(size, 0))
+        n = self.readinto(buf)
+        return bytes(buf[:n]) if n != len(buf) else bytes(buf)
+
+
+# The sha256 of the body being sent by this thread, when the caller already knows it (a
+# content-addressed blob): SigV4 needs exactly that hash, so botocore need not hash it again.
+_KNOWN_PAYLOAD = threading.local()
+
+
+class _known_payload:
+    def __init__(self, sha256: str | None) -> None:
+        self.sha256 = sha256
+
+    def __enter__(self) -> None:
+        _KNOWN_PAYLOAD.sha256 = self.sha256
+
+    def __exit__(self, *exc: object) -> None:
+        _KNOWN_PAYLOAD.sha256 = None
+
+
+class _S3SigV4KnownPayload(S3SigV4Auth):
+    """S3 SigV4 signer that signs with a payload hash computed earlier. If the hash were
+    wrong the server would reject the request (XAmzContentSHA256Mismatch), never store it."""
+
+    def payload(self, request: Any) -> str:
+        known = getattr(_KNOWN_PAYLOAD, "sha256", None)
+        if known and not self._is_streaming_checksum_payload(request) and self._should_sha256_sign_payload(request):
+            return known
+        return super().payload(request)
+
+
+def _install_known_payload_signer(client: Any) -> None:
+    """Make this client's plain S3 SigV4 signer honour :data:`_KNOWN_PAYLOAD`.
+
+    botocore has no public hook for a precomputed payload hash; this wraps the client's own
+    signer factory (per client, nothing global). If botocore's internals change, the client
+    simply keeps hashing bodies itself.
+    """
+    signer = getattr(client, "_request_signer", None)
+    original = getattr(signer, "get_auth_instance", None)
+    if original is None:
+        return
+
+    def get_auth_instance(*args: Any, **kwargs: Any) -> Any:
+        auth = original(*args, **kwargs)
+        if type(auth) is S3SigV4Auth:
+            auth.__class__ = _S3SigV4KnownPayload
+        return auth
+
+    signer.get_auth_instance = get_auth_instance
 
 
 def _code(exc: bce.ClientError) -> str:

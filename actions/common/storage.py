@@ -34,7 +34,12 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, Union, runtime_checkable
+
+#: A blob may be given as bytes or as a sequence of buffers to be concatenated (e.g. a
+#: safetensors header and the tensor's own memory), so it is never copied into one bytes object.
+Buffer = Union[bytes, bytearray, memoryview]
+BlobData = Union[Buffer, tuple[Buffer, ...], list[Buffer]]
 
 BLOB_PREFIX = "blobs/sha256"
 MANIFEST_SCHEMA = "rlhfless.artifact/v1"
@@ -88,8 +93,13 @@ class ObjectStore(Protocol):
     """Minimal key/value contract shared by all backends.
 
     Keys are ``/``-separated relative paths without a leading slash. Values are bytes.
-    Backends may also offer ``max_concurrency`` (threads used for many-blob transfers) and
-    ``get_buffer(key)`` (a writable bytes-like object, avoiding a copy); both are optional.
+    Backends may also offer, as optional fast paths:
+
+    * ``max_concurrency`` -- threads used for the blobs of one artifact;
+    * ``get_buffer(key)`` -- a writable bytes-like object instead of a bytes copy;
+    * ``put_content(key, parts, sha256) -> bool`` -- create a content-addressed object from a
+      sequence of buffers whose sha256 is known, if absent, in one round trip; returns
+      whether bytes were uploaded.
     """
 
     uri: str
@@ -134,12 +144,13 @@ class LocalStore:
     def _path(self, key: str) -> Path:
         return self.root / _check_key(key)
 
-    def _write_temp(self, path: Path, data: bytes) -> str:
+    def _write_temp(self, path: Path, data: BlobData) -> str:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         try:
             with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
+                for part in as_parts(data):
+                    fh.write(part)
                 fh.flush()
                 os.fsync(fh.fileno())
         except BaseException:
@@ -169,6 +180,12 @@ class LocalStore:
             return False
         finally:
             os.unlink(tmp)
+
+    def put_content(self, key: str, parts: BlobData, sha256: str) -> bool:
+        """Create a content-addressed object if absent (no temp file when it exists)."""
+        if self._path(key).is_file():
+            return False
+        return self.put_if_absent(key, parts)  # type: ignore[arg-type]
 
     def get(self, key: str) -> bytes:
         try:
@@ -264,22 +281,48 @@ def map_bounded(fn: Callable[[T], R], items: Iterable[T], max_workers: int) -> l
 # ----------------------------------------------------------------------------- artifacts
 
 
-def sha256_hex(data: bytes | memoryview | mmap.mmap) -> str:
+def as_parts(data: BlobData) -> tuple[memoryview, ...]:
+    """``data`` as a tuple of flat byte views (no copy)."""
+    if isinstance(data, (tuple, list)):
+        return tuple(memoryview(p).cast("B") for p in data)
+    return (memoryview(data).cast("B"),)
+
+
+def sha256_hex(data: BlobData | mmap.mmap) -> str:
+    if isinstance(data, (tuple, list)):
+        h = hashlib.sha256()
+        for part in data:
+            h.update(part)  # hashlib releases the GIL on large buffers
+        return h.hexdigest()
     return hashlib.sha256(data).hexdigest()
+
+
+def _nbytes(data: BlobData) -> int:
+    return sum(p.nbytes for p in as_parts(data))
 
 
 def blob_key(digest: str) -> str:
     return f"{BLOB_PREFIX}/{digest[:2]}/{digest}"
 
 
-def put_blob(store: ObjectStore, data: bytes, digest: str | None = None) -> tuple[str, bool]:
-    """Store ``data`` content-addressed. Returns (sha256, uploaded) -- uploaded is False
-    when an identical blob was already present, so unchanged bytes are never sent twice.
+def put_blob(store: ObjectStore, data: BlobData, digest: str | None = None) -> tuple[str, bool]:
+    """Store ``data`` (bytes, or a sequence of buffers) content-addressed.
 
-    Small blobs go up as one conditional PUT; large ones are checked with ``exists`` first.
+    Returns:
+        (sha256, uploaded) -- uploaded is False when an identical blob was already present:
+        unchanged bytes are never sent twice.
+
+    Uses the store's ``put_content`` when it has one (S3: one conditional PUT whose body is
+    not sent if the blob exists). Otherwise small blobs go up with ``put_if_absent`` and
+    large ones are checked with ``exists`` first.
     """
     digest = digest or sha256_hex(data)
     key = blob_key(digest)
+    put_content = getattr(store, "put_content", None)
+    if put_content is not None:
+        return digest, put_content(key, data, digest)
+    if not isinstance(data, bytes):
+        data = b"".join(as_parts(data))
     if len(data) <= SMALL_BLOB_BYTES:
         return digest, store.put_if_absent(key, data)
     if store.exists(key):
@@ -339,11 +382,18 @@ class PutStats:
 def put_artifact(
     store: ObjectStore,
     manifest_key: str,
-    files: Mapping[str, bytes],
-    meta: Mapping[str, Any] | None = None,
+    files: Mapping[str, BlobData],
+    meta: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None,
 ) -> PutStats:
     """Publish ``files`` as blobs (in parallel, bounded by ``store.max_concurrency``), then
     write the manifest last.
+
+    Args:
+        store: the object store.
+        manifest_key: where the manifest goes; the artifact exists once this key exists.
+        files: name -> bytes, or name -> sequence of buffers (concatenated, never copied).
+        meta: JSON-serialisable dict stored in the manifest, or a callable returning it,
+            called after the blobs are up (lets the caller compute it concurrently).
 
     Idempotent: publishing the same files and meta twice writes the same bytes. If any blob
     fails, the manifest is not written and the artifact does not exist.
@@ -353,10 +403,12 @@ def put_artifact(
     entries = {}
     num_uploaded = bytes_uploaded = 0
     for name, (digest, uploaded) in zip(names, results):
-        entries[name] = {"sha256": digest, "size": len(files[name])}
+        size = _nbytes(files[name])
+        entries[name] = {"sha256": digest, "size": size}
         if uploaded:
             num_uploaded += 1
-            bytes_uploaded += len(files[name])
+            bytes_uploaded += size
+    meta = meta() if callable(meta) else meta
     manifest = {"schema": MANIFEST_SCHEMA, "files": entries, "meta": dict(meta or {})}
     store.put(manifest_key, json.dumps(manifest, sort_keys=True, indent=1).encode())
     return PutStats(manifest_key, len(entries), num_uploaded, bytes_uploaded)

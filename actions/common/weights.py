@@ -22,6 +22,7 @@ import hashlib
 import json
 import struct
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,7 @@ _DTYPES = {
     "U64": torch.uint64, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
     "C64": torch.complex64,
 }  # fmt: skip
+_TAGS = {dtype: tag for tag, dtype in _DTYPES.items()}
 
 
 @dataclass(frozen=True)
@@ -56,15 +58,34 @@ def weights_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
     for name in sorted(tensors):
         t = tensors[name].detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
-        if t.numel():
-            # reshape(-1) lets 0-d tensors be viewed as bytes; numpy exposes the buffer
-            # without the copy tobytes() would make.
-            h.update(t.reshape(-1).view(torch.uint8).numpy())
+        h.update(_tensor_bytes(t))
     return h.hexdigest()
 
 
+def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    t = tensor.detach().cpu().contiguous()
+    # reshape(-1) lets 0-d tensors be viewed as bytes; numpy exposes the memory without a copy.
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
+
+
+def tensor_blob_parts(name: str, tensor: torch.Tensor) -> tuple[bytes, memoryview]:
+    """The safetensors file for one tensor as (header, tensor memory), without copying the
+    tensor. Byte-identical to ``safetensors.torch.save({name: tensor})``: an 8-byte
+    little-endian header length, the compact JSON header padded with spaces to a multiple of
+    8, then the raw little-endian data."""
+    dtype = tensor.dtype
+    if dtype not in _TAGS:
+        return (serialize_tensor(name, tensor), memoryview(b""))
+    data = _tensor_bytes(tensor)
+    entry = {"dtype": _TAGS[dtype], "shape": list(tensor.shape), "data_offsets": [0, data.nbytes]}
+    header = json.dumps({name: entry}, separators=(",", ":"), ensure_ascii=False).encode()
+    header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header, data
+
+
 def serialize_tensor(name: str, tensor: torch.Tensor) -> bytes:
-    # One tensor per safetensors file keeps blobs content-addressable per parameter.
+    """One tensor as a safetensors file (one tensor per file keeps blobs content-addressable
+    per parameter)."""
     return st_save({name: tensor.detach().cpu().contiguous()})
 
 
@@ -74,11 +95,18 @@ def publish_tensors(
     tensors: Mapping[str, torch.Tensor],
     meta: Mapping[str, Any] | None = None,
 ) -> PublishedWeights:
-    """Upload ``tensors`` (only the ones whose bytes are new) and write the manifest last."""
-    files = {name: serialize_tensor(name, t) for name, t in tensors.items()}
-    digest = weights_sha256(tensors)
-    stats = put_artifact(store, manifest_key, files, {**(meta or {}), "weights_sha256": digest})
-    return PublishedWeights(manifest_key, digest, stats)
+    """Upload ``tensors`` (only the ones whose bytes are new) and write the manifest last.
+
+    Blobs are built from the tensors' own memory (no serialisation copy) and uploaded in
+    parallel; the fingerprint is computed on a side thread meanwhile.
+    """
+    files = {name: tensor_blob_parts(name, t) for name, t in tensors.items()}
+    with ThreadPoolExecutor(1, thread_name_prefix="fingerprint") as pool:
+        fingerprint = pool.submit(weights_sha256, tensors)
+        stats = put_artifact(
+            store, manifest_key, files, lambda: {**(meta or {}), "weights_sha256": fingerprint.result()}
+        )
+    return PublishedWeights(manifest_key, fingerprint.result(), stats)
 
 
 def _view_tensor(buf: Any, name: str, manifest_key: str) -> torch.Tensor:

@@ -1,0 +1,92 @@
+"""Action contract tests: JSON in, JSON out, malformed payloads answered with {"error": ...}."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+import torch
+
+from actions.common.config import load_config
+from actions.common.contracts import ModelRef
+from actions.common.storage import LocalStore
+from actions.prepare import prepare
+
+ACTIONS = ["warmup", "prefill", "generate", "score", "train_step", "evaluate"]
+
+
+@pytest.mark.parametrize("name", ACTIONS)
+@pytest.mark.parametrize("payload", [{}, {"model": 3}, {"unexpected": True}])
+def test_malformed_payload_returns_error_not_exception(name, payload, capsys):
+    result = importlib.import_module(f"actions.{name}").main(json.loads(json.dumps(payload)))
+    assert isinstance(result, dict) and "error" in result and "field" in result
+    json.dumps(result)
+    assert capsys.readouterr().out == ""
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    from tests.conftest import TINY_OVERRIDES
+
+    root = tmp_path_factory.mktemp("store")
+    cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={root}"])
+    store = LocalStore(root)
+    return cfg, store, prepare(cfg, store, "runs/c")
+
+
+def _call(name, payload):
+    result = importlib.import_module(f"actions.{name}").main(json.loads(json.dumps(payload)))
+    json.dumps(result)
+    assert "error" not in result, result
+    return result
+
+
+def test_generate_score_train_round_trip_changes_every_parameter(prepared):
+    cfg, store, p = prepared
+    ref = ModelRef(store_uri=store.uri, base_key=p.base_key, policy_key=p.init_key, policy_version=0)
+    gen = _call("generate", {"model": ref.model_dump(), "dataset_key": p.train_key, "run_seed": 0, "step": 0,
+                             "shard": "gen-0", "prompt_ids": [0, 1, 2, 3], "group_size": 4, "max_new_tokens": 8,
+                             "temperature": 1.0, "output_key": "runs/c/roll.json"})
+    assert len(gen["samples"]) == 16 and gen["prefill_tokens"] * 4 == gen["prefill_tokens_naive"]
+    score = _call("score", {"policy": ref.model_dump(), "reference_key": p.init_key, "dataset_key": p.train_key,
+                            "rollout_keys": [gen["rollout_key"]], "task": "repeat",
+                            "algorithm": cfg.algorithm.model_dump(), "output_key": "runs/c/scored/manifest.json"})
+    assert score["num_samples"] == 16
+    train = _call("train_step", {"policy": ref.model_dump(), "optimizer_key": None,
+                                 "scored_keys": [score["scored_key"]], "algorithm": cfg.algorithm.model_dump(),
+                                 "seed": 0, "step": 0, "output_prefix": "runs/c/train"})
+    assert train["policy_version"] == 1
+    assert all(torch.isfinite(torch.tensor(v)) for v in train["metrics"].values())
+    from actions.common.weights import load_tensors
+
+    before, _ = load_tensors(store, p.init_key)
+    after, _ = load_tensors(store, train["policy_key"])
+    # Tied embeddings: lm_head shares the embedding matrix, so every stored tensor must move.
+    unchanged = [k for k in before if torch.equal(before[k], after[k])]
+    assert unchanged == []
+
+
+def test_prefill_bundle_feeds_generate_with_identical_output(prepared):
+    _, store, p = prepared
+    ref = ModelRef(store_uri=store.uri, base_key=p.base_key, policy_key=p.init_key, policy_version=0)
+    pre = _call("prefill", {"model": ref.model_dump(), "dataset_key": p.train_key, "prompt_ids": [0, 1, 2],
+                            "prefix_len": 10, "output_key": "runs/c/kv/manifest.json"})
+    assert pre["num_unique_prefixes"] == 1  # the shared instruction template
+    base = {"model": ref.model_dump(), "dataset_key": p.train_key, "run_seed": 0, "step": 1, "shard": "g",
+            "prompt_ids": [0, 1, 2], "group_size": 2, "max_new_tokens": 8, "temperature": 1.0}
+    with_kv = _call("generate", {**base, "kv_bundle_key": pre["bundle_key"], "output_key": "runs/c/a.json"})
+    plain = _call("generate", {**base, "output_key": "runs/c/b.json"})
+    assert with_kv["kv_bundle_used"] and with_kv["prefill_tokens"] < plain["prefill_tokens"]
+    from actions.common.storage import get_json
+
+    assert get_json(store, "runs/c/a.json")["samples"] == get_json(store, "runs/c/b.json")["samples"]
+
+
+def test_missing_input_is_an_application_error(prepared):
+    _, store, p = prepared
+    ref = ModelRef(store_uri=store.uri, base_key=p.base_key, policy_key="runs/c/nope/manifest.json", policy_version=0)
+    out = importlib.import_module("actions.evaluate").main({"model": ref.model_dump(), "dataset_key": p.eval_key,
+                                                            "task": "repeat", "max_new_tokens": 4,
+                                                            "output_key": "runs/c/e.json"})
+    assert "error" in out and "nope" in out["error"]

@@ -1,0 +1,80 @@
+"""TPOT profile and per-actor time estimates (PAPER §3.5)."""
+
+import random
+
+import pytest
+
+from flows.planning.cost import (DecodeEstimator, actor_cost, brute_force_decode_time,
+                                 decode_time, decode_time_desc, estimate_actor_time)
+from flows.planning.profile import (GPUS, MODELS, TpotProfile, parse_roofline_spec,
+                                    roofline_profile, roofline_tpot)
+
+# TPOT = 1 ms + 0.1 ms per sequence + 1 us per context token: bilinear, so exact in the grid
+GRID = TpotProfile(batch_sizes=(1, 5), contexts=(0.0, 1000.0),
+                   seconds=((1.1e-3, 2.1e-3), (1.5e-3, 2.5e-3)), prefill_tokens_per_s=1000.0)
+
+
+def test_bilinear_interpolation_and_extrapolation():
+    assert GRID.tpot(1, 0) == pytest.approx(1.1e-3)
+    assert GRID.tpot(3, 500) == pytest.approx(1e-3 + 0.3e-3 + 0.5e-3)
+    # beyond the grid: linear in batch and context
+    assert GRID.tpot(11, 2000) == pytest.approx(1e-3 + 1.1e-3 + 2e-3)
+    assert GRID.tpot_fn()(3, 500) == pytest.approx(GRID.tpot(3, 500))
+
+
+def test_profile_json_round_trip(tmp_path):
+    path = tmp_path / "p.json"
+    GRID.save(path)
+    assert TpotProfile.load(path) == GRID
+
+
+def test_profile_validation():
+    with pytest.raises(ValueError, match="batch_sizes"):
+        TpotProfile((1,), (0.0, 1.0), ((1.0, 1.0),), 1.0)
+    with pytest.raises(ValueError, match="seconds"):
+        TpotProfile((1, 2), (0.0, 1.0), ((1.0, 1.0),), 1.0)
+
+
+def test_roofline_formula():
+    gpu, model = GPUS["h100"], MODELS["qwen2.5-7b"]
+    assert model.kv_bytes_per_token == 2 * 28 * 4 * 128 * 2
+    # batch 1: weight streaming dominates: 15.24 GB / 2 GPUs / (3.35 TB/s * 0.8)
+    assert roofline_tpot(gpu, model, 2, 1, 0) == pytest.approx(7.62e9 / (3.35e12 * 0.8))
+    prof = roofline_profile(gpu, model, 2)
+    assert prof.tpot(64, 1024) == pytest.approx(roofline_tpot(gpu, model, 2, 64, 1024))
+    assert prof.tpot(512, 1000) > prof.tpot(8, 1000) > prof.tpot(1, 0)
+    assert parse_roofline_spec("roofline:h100:qwen2.5-7b", 2).name == prof.name
+    with pytest.raises(ValueError, match="roofline"):
+        parse_roofline_spec("roofline:tpu:qwen2.5-7b", 2)
+
+
+def test_shrinking_batch_matches_brute_force_within_2_percent():
+    prof = roofline_profile(GPUS["h100"], MODELS["qwen2.5-7b"], 2)
+    rng = random.Random(0)
+    for _ in range(5):
+        lengths = [rng.randint(1, 1500) for _ in range(rng.randint(1, 60))]
+        exact = brute_force_decode_time(lengths, 300, prof)
+        assert decode_time(lengths, 300, prof) == pytest.approx(exact, rel=0.02)
+
+
+def test_group_paths_agree():
+    prof = roofline_profile(GPUS["h100"], MODELS["qwen2.5-7b"], 2)
+    groups = [900.0, 640.0, 640.0, 100.0]
+    per_sample = [g for g in groups for _ in range(4)]
+    reference = decode_time(per_sample, 200, prof)
+    assert decode_time_desc(groups, 4, 200, prof.tpot_fn()) == pytest.approx(reference, rel=1e-9)
+    est = DecodeEstimator(prof, 4, max_groups=4, max_context=1200)
+    assert est.time_desc(groups, 200) == pytest.approx(reference, rel=0.01)
+    assert est.slice_timer(groups)(0, 4, 200) == pytest.approx(reference, rel=0.01)
+    assert est.slice_timer(groups)(1, 3, 200) == pytest.approx(
+        decode_time([640.0] * 8, 200, prof), rel=0.01)
+
+
+def test_actor_time_adds_prefill_and_cost_is_time_gpus_price():
+    lengths = [10, 10, 20]
+    decode = decode_time(lengths, 0, GRID)
+    # 10 steps at batch 3, then 10 at batch 1 (contexts 5.5 and 15.5 tokens)
+    assert decode == pytest.approx(10 * GRID.tpot(3, 5.5) + 10 * GRID.tpot(1, 15.5))
+    assert estimate_actor_time(lengths, 0, GRID, prefill_tokens=500) == pytest.approx(0.5 + decode)
+    assert estimate_actor_time([], 0, GRID) == 0.0
+    assert actor_cost(10.0, 2, 0.5) == 10.0

@@ -1,0 +1,41 @@
+"""Cut-and-migrate bookkeeping (PAPER §3.4)."""
+
+import pytest
+
+from flows.planning.migrate import (PartialSample, choose_destinations, cut_point,
+                                    plan_continuations, should_cut)
+
+
+def test_cut_point():
+    assert cut_point(10, 0.7) == 7  # 0.7 * 10 is 7.000000000000001 in floating point
+    assert cut_point(16, 0.7) == 12  # ceil(11.2)
+    assert cut_point(4, 1.0) == 4
+    assert cut_point(1, 0.3) == 1
+    with pytest.raises(ValueError, match="cut_threshold"):
+        cut_point(4, 0.0)
+
+
+def test_should_cut_never_at_tau_one_or_single_sample():
+    assert not any(should_cut(8, k, 1.0) for k in range(9))
+    assert not any(should_cut(1, k, 0.5) for k in range(2))
+    assert [should_cut(10, k, 0.7) for k in (6, 7, 9, 10)] == [False, True, True, False]
+
+
+def test_choose_destinations_all_or_nothing():
+    assert choose_destinations(3, {1: 2, 2: 5}) == {2: 3}
+    assert choose_destinations(6, {1: 2, 2: 5}) == {2: 5, 1: 1}
+    assert choose_destinations(8, {1: 2, 2: 5}) is None
+    assert choose_destinations(3, {1: 2, 2: 5}, prefer=[1, 2]) == {1: 2, 2: 1}
+    assert choose_destinations(0, {}) == {}
+
+
+def test_plan_continuations_batches_by_window_and_size():
+    partials = [PartialSample(0, 1, 0.0, 50), PartialSample(1, 2, 0.4, 80),
+                PartialSample(2, 3, 0.9, 10), PartialSample(2, 4, 5.0, 30),
+                PartialSample(3, 5, 5.1, 40)]
+    out = plan_continuations(partials, window_s=1.0, max_batch=2)
+    assert [c.sample_ids for c in out] == [(1, 2), (3,), (4, 5)]
+    assert [c.start_s for c in out] == [0.4, 0.9, 5.1]
+    assert out[0].predicted_tokens == 80
+    with pytest.raises(ValueError, match="max_batch"):
+        plan_continuations(partials, window_s=1.0, max_batch=0)

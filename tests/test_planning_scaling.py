@@ -1,0 +1,145 @@
+"""Cost-aware actor scaling and the feasibility check (PAPER §3.5-3.6)."""
+
+import textwrap
+
+import pytest
+
+from flows.planning.plan import ClusterSpec, GenerationPlan
+from flows.planning.profile import TpotProfile
+from flows.planning.scaling import plan_generation
+
+IDS = list(range(12))
+PRED = {i: float(100 + 60 * i) for i in IDS}  # prompt 11 longest
+PLEN = {i: 50 for i in IDS}
+# no batch benefit: TPOT is 10 ms whatever the batch and context
+FLAT = TpotProfile((1, 1000), (0.0, 10000.0), ((0.01, 0.01), (0.01, 0.01)), 1e6)
+# TPOT grows with batch: more actors are faster
+LINEAR = TpotProfile((1, 1001), (0.0, 10000.0), ((0.011, 0.011), (1.011, 1.011)), 1e6)
+CLUSTER = ClusterSpec(gpus_per_actor=2, max_actors=100)
+
+
+def _plan(**kw):
+    args = dict(group_size=4, prompt_lengths=PLEN, policy="cost_aware", n_min=1, n_max=8,
+                lam=0.7, assignment="ranked", profile=LINEAR, cluster=CLUSTER)
+    args.update(kw)
+    return plan_generation(IDS, PRED, **args)
+
+
+def test_lam_zero_is_cost_minimum_one_actor_without_batch_benefit():
+    plan = _plan(lam=0.0, profile=FLAT)
+    assert plan.num_actors == 1
+    assert plan.predicted_gpu_seconds == min(c.gpu_seconds for c in plan.candidates)
+    # one actor decodes until the longest prompt ends: 760 tokens * 10 ms * 2 GPUs
+    # plus the prefill of 12 x 50 prompt tokens at 1e6 tokens/s on 2 GPUs
+    assert plan.predicted_gpu_seconds == pytest.approx(760 * 0.01 * 2 + 600 / 1e6 * 2)
+
+
+def test_lam_one_is_fastest_n_with_smaller_n_on_ties():
+    plan = _plan(lam=1.0)
+    fastest = min(c.time_s for c in plan.candidates)
+    assert plan.predicted_time_s == fastest
+    assert plan.num_actors == min(c.n for c in plan.candidates if c.time_s == fastest)
+    # with a flat profile every N has the same time: the tie goes to N = 1
+    assert _plan(lam=1.0, profile=FLAT).num_actors == 1
+
+
+def test_assignment_is_ranked_heaviest_first():
+    plan = _plan(policy="fixed:3")
+    assert plan.assignments == ((11, 10, 9, 8), (7, 6, 5, 4), (3, 2, 1, 0))
+    rr = _plan(policy="fixed:3", assignment="round_robin")  # fixed: contiguous, given order
+    assert rr.assignments == ((0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11))
+    ca = _plan(policy="cost_aware", assignment="round_robin", n_min=3, n_max=3)
+    assert ca.assignments == ((0, 3, 6, 9), (1, 4, 7, 10), (2, 5, 8, 11))
+
+
+def test_degenerate_range():
+    plan = _plan(n_min=4, n_max=4)
+    assert plan.num_actors == 4 and len(plan.candidates) == 1
+    assert plan.candidates[0].score == 0.0  # zero range normalises to 0, not a division error
+
+
+def test_n_is_capped_by_prompts_and_cluster():
+    plan = _plan(n_min=1, n_max=50, cluster=ClusterSpec(gpus_per_actor=2, max_actors=5))
+    assert max(c.n for c in plan.candidates) == 5
+    assert max(c.n for c in _plan(n_max=50).candidates) == len(IDS)
+
+
+def test_infeasible_transfer_rejected():
+    # 3 GB of weights at 1 GB/s: 3 s of transfer, more than actor 0's decode lead at large N
+    slow = ClusterSpec(gpus_per_actor=2, max_actors=100, weight_bytes=3e9,
+                       transfer_bandwidth_bytes_per_s=1e9)
+    plan = _plan(lam=1.0, cluster=slow)
+    bad = [c for c in plan.candidates if not c.feasible]
+    assert bad and all(c.score is None and "actor" in c.reason for c in bad)
+    assert plan.candidates[plan.num_actors - 1].feasible
+    assert plan.num_actors < min(c.n for c in bad)
+    # nothing feasible: the smallest N is used and the plan says so
+    none = _plan(lam=1.0, n_min=2, n_max=4, policy="cost_aware",
+                 cluster=ClusterSpec(gpus_per_actor=2, max_actors=100, weight_bytes=1e12,
+                                     transfer_bandwidth_bytes_per_s=1e9))
+    assert none.num_actors == 2 and "no feasible" in none.note
+
+
+def test_cold_actors_pay_start():
+    warm = _plan(policy="fixed:3", cluster=ClusterSpec(gpus_per_actor=2, max_actors=9,
+                                                       num_warm_actors=3, cold_start_s=5.0))
+    cold = _plan(policy="fixed:3", cluster=ClusterSpec(gpus_per_actor=2, max_actors=9,
+                                                       num_warm_actors=1, cold_start_s=5.0))
+    # two cold remote actors: each +5 s billed on 2 GPUs
+    assert cold.predicted_gpu_seconds == pytest.approx(warm.predicted_gpu_seconds + 2 * 5 * 2)
+
+
+def test_deterministic_and_json():
+    a, b = _plan(), _plan()
+    assert a == b  # planning_ms is excluded from equality
+    d = a.to_dict()
+    assert d["num_actors"] == a.num_actors and isinstance(d["assignments"][0], list)
+    assert len(d["candidates"]) == 8
+
+
+def test_module_function_policy(tmp_path, monkeypatch):
+    (tmp_path / "my_policy.py").write_text(textwrap.dedent("""
+        from flows.planning.plan import GenerationPlan
+
+        def two(prompt_ids, predicted, **kw):
+            ids = list(prompt_ids)
+            return GenerationPlan("mine", 2, (tuple(ids[:1]), tuple(ids[1:])), 1.0, 2.0)
+
+        def broken(prompt_ids, predicted, **kw):
+            return GenerationPlan("mine", 1, ((0,),), 1.0, 2.0)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plan = _plan(policy="my_policy:two")
+    assert plan.num_actors == 2 and plan.assignments[0] == (0,)
+    with pytest.raises(ValueError, match="exactly once"):
+        _plan(policy="my_policy:broken")
+    with pytest.raises(ValueError, match="scaling.policy"):
+        _plan(policy="my_policy:missing")
+
+
+@pytest.mark.parametrize("kw, field", [
+    ({"n_min": 0}, "scaling.n_min"), ({"n_min": 5, "n_max": 4}, "scaling.n_max"),
+    ({"lam": 1.5}, "scaling.lam"), ({"policy": "bogus"}, "scaling.policy"),
+    ({"policy": "fixed:x"}, "scaling.policy"), ({"assignment": "random"}, "scaling.assignment"),
+    ({"cut_threshold": 0.0}, "scaling.cut_threshold"), ({"group_size": 0}, "scaling.group_size"),
+])
+def test_errors_name_the_field(kw, field):
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        _plan(**kw)
+
+
+def test_empty_prompts_and_missing_prediction():
+    with pytest.raises(ValueError, match="scaling.prompt_ids"):
+        plan_generation([], PRED, group_size=4, prompt_lengths=PLEN, policy="cost_aware",
+                        n_min=1, n_max=2, lam=0.7, assignment="ranked", profile=FLAT,
+                        cluster=CLUSTER)
+    with pytest.raises(ValueError, match="scaling.predicted"):
+        plan_generation([99], PRED, group_size=4, prompt_lengths=PLEN, policy="cost_aware",
+                        n_min=1, n_max=2, lam=0.7, assignment="ranked", profile=FLAT,
+                        cluster=CLUSTER)
+
+
+def test_cluster_spec_validation():
+    with pytest.raises(ValueError, match="cluster.gpus_per_actor"):
+        ClusterSpec(gpus_per_actor=0, max_actors=4)
+    assert isinstance(GenerationPlan("p", 1, ((1,),), 0.0, 0.0).to_dict(), dict)

@@ -1,0 +1,162 @@
+"""Trace-driven simulator: conservation, baseline accounting, policies and the CLI."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flows.planning.profile import GPUS, MODELS, TpotProfile, roofline_profile
+from flows.simulate.cli import main
+from flows.simulate.cluster import ActorSpec, Sample, SimConfig, simulate_phase
+from flows.simulate.policies import ClusterModel, parse_policy
+from flows.simulate.replay import PromptRow, TraceStep, read_trace, replay, run_step
+
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+FLAT = TpotProfile((1, 1000), (0.0, 10000.0), ((0.01, 0.01), (0.01, 0.01)), 1e4)
+QWEN = MODELS["qwen2.5-7b"]
+
+
+def _model(**kw) -> ClusterModel:
+    args = dict(profile=roofline_profile(GPUS["h100"], QWEN, 2), num_nodes=2,
+                gpus_per_actor=2, weight_bytes=QWEN.weight_bytes,
+                kv_bytes_per_token=QWEN.kv_bytes_per_token, bandwidth_bytes_per_s=80e9,
+                n_max=8)
+    args.update(kw)
+    return ClusterModel(**args)
+
+
+def _step() -> TraceStep:
+    """32 prompts of 4 samples; prompt 5 is predicted short but runs very long."""
+    rows = [PromptRow(i, 100 + i, 40 + 10 * i, tuple(40 + 10 * i + d for d in (0, 5, 9, 13)))
+            for i in range(32)]
+    rows[5] = PromptRow(5, 105, 20, (20, 25, 900, 950))
+    return TraceStep(0, 0, tuple(rows))
+
+
+def _check_conservation(samples):
+    for s in samples:
+        assert sum(tokens for _, tokens in s.segments) == pytest.approx(s.length, abs=1e-6)
+        assert s.decoded == pytest.approx(s.length, abs=1e-6)
+
+
+@pytest.mark.parametrize("migration", ["reprefill", "kv"])
+def test_every_sample_decoded_exactly_once_with_migration(migration):
+    step = _step()
+    predicted = {r.prompt_id: float(r.answer_len) for r in step.prompts}
+    policy = parse_policy("no-scale:4")
+    result, _, n, samples = run_step(policy, step, predicted, _model(tau=0.5, migration=migration))
+    assert n == 4 and len(samples) == 128
+    assert result.num_migrated > 0  # prompt 5's stragglers were cut and moved
+    _check_conservation(samples)
+    assert any(len({a for a, _ in s.segments}) == 2 for s in samples)
+
+
+def test_static_cost_is_n_gpus_time():
+    step = _step()
+    predicted = {r.prompt_id: float(r.answer_len) for r in step.prompts}
+    result, _, n, samples = run_step(parse_policy("static:3"), step, predicted, _model())
+    assert n == 3 and result.num_cut == 0
+    assert result.gpu_seconds == pytest.approx(3 * 2 * result.time_s)
+    _check_conservation(samples)
+
+
+def test_serverless_actor_is_released_when_done():
+    # one actor with samples of 10 and 30 tokens at a flat 10 ms: busy 0.3 s, billed 0.3 s
+    samples = (Sample(0, 0, 0, 10), Sample(1, 0, 0, 30))
+    cfg = SimConfig(profile=FLAT, gpus_per_actor=1)
+    res, done = simulate_phase([ActorSpec(samples, 0.0, 0.0)], cfg)
+    assert res.time_s == pytest.approx(0.3)
+    assert res.gpu_seconds == pytest.approx(0.3) and res.idle_fraction == pytest.approx(0.0)
+    # held (serverful) next to a longer actor: billed until the phase ends
+    samples = (Sample(0, 0, 0, 10), Sample(1, 0, 0, 30))  # fresh: samples record progress
+    long = (Sample(2, 1, 0, 50),)
+    res, _ = simulate_phase([ActorSpec(samples, 0.0, 0.0, True), ActorSpec(long, 0.0, 0.0, True)],
+                            cfg)
+    assert res.gpu_seconds == pytest.approx(2 * 0.5)
+    assert res.idle_fraction == pytest.approx(1 - 0.8 / 1.0)
+
+
+def test_cut_waits_without_free_slots():
+    # a single actor cannot migrate anywhere: it runs to the end, nothing is cut
+    samples = tuple(Sample(i, 0, 0, 10 * (i + 1)) for i in range(4))
+    cfg = SimConfig(profile=FLAT, gpus_per_actor=1, tau=0.5)
+    res, done = simulate_phase([ActorSpec(samples, 0.0, 0.0)], cfg)
+    assert res.num_cut == 0 and res.time_s == pytest.approx(0.4)
+    _check_conservation(done)
+
+
+def test_parse_policy():
+    assert parse_policy("static:3").serverful
+    assert parse_policy("no-scale").scaling == "fixed:3"
+    assert parse_policy("oracle").oracle
+    for bad in ("static", "static:0", "rlhfless:2", "nope"):
+        with pytest.raises(ValueError, match="policy"):
+            parse_policy(bad)
+
+
+def test_read_trace_errors_name_the_line(tmp_path):
+    good = {"epoch": 0, "step": 0, "prompt_id": 1, "prompt_len": 5, "answer_len": 3,
+            "response_lens": [4, 5]}
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(good) + "\n{not json\n")
+    with pytest.raises(ValueError, match=r"t\.jsonl:2"):
+        read_trace(path)
+    path.write_text(json.dumps({**good, "response_lens": []}) + "\n")
+    with pytest.raises(ValueError, match=r":1: response_lens"):
+        read_trace(path)
+
+
+def _write_trace(path: Path) -> None:
+    lines = []
+    for epoch in range(2):
+        for row in _step().prompts:
+            lines.append(json.dumps({"epoch": epoch, "step": epoch, "prompt_id": row.prompt_id,
+                                     "prompt_len": row.prompt_len, "answer_len": row.answer_len,
+                                     "response_lens": list(row.response_lens)}))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_cli_json_shape(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    _write_trace(trace)
+    rc = main(["--trace", str(trace), "--policy", "rlhfless", "--policy", "static:3",
+               "--nodes", "2", "--json", "--plot", str(tmp_path / "p.png")])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report) == {"policies"} and set(report["policies"]) == {"rlhfless", "static:3"}
+    summary = report["policies"]["rlhfless"]
+    assert set(summary) == {"total_time_s", "total_gpu_seconds", "mean_idle_fraction",
+                            "planning_ms_p50", "planning_ms_max", "steps"}
+    assert [set(s) for s in summary["steps"]] == [{"step", "n_actors", "time_s",
+                                                   "gpu_seconds"}] * 2
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--trace", "/nonexistent/trace.jsonl"], "No such file"),
+    (["--policy", "bogus"], "bogus"),
+    (["--profile", "roofline:h100:gpt5"], "roofline"),
+])
+def test_cli_bad_input_returns_2(tmp_path, capsys, args, message):
+    trace = tmp_path / "t.jsonl"
+    _write_trace(trace)
+    rc = main(["--trace", str(trace)] + args)
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and err.count("\n") == 1
+
+
+def test_cli_malformed_line(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    _write_trace(trace)
+    trace.write_text(trace.read_text() + '{"epoch": 0}\n')
+    assert main(["--trace", str(trace)]) == 2
+    assert ":65:" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not (TRACES / "gsm8k.jsonl").exists(),
+                    reason=f"shared traces not found at {TRACES}")
+def test_oracle_no_slower_than_rlhfless_on_trace():
+    steps = read_trace(TRACES / "gsm8k.jsonl")[:6]
+    runs = replay(steps, ["rlhfless", "oracle"], _model(num_nodes=20, n_max=64))
+    total = {name: run.summary()["total_time_s"] for name, run in runs.items()}
+    assert total["oracle"] <= total["rlhfless"] * 1.001
