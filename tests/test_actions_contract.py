@@ -53,13 +53,18 @@ def test_generate_score_train_round_trip_changes_every_parameter(prepared):
                             "rollout_keys": [gen["rollout_key"]], "task": "repeat",
                             "algorithm": cfg.algorithm.model_dump(), "output_key": "runs/c/scored/manifest.json"})
     assert score["num_samples"] == 16
+    # A random policy rarely solves the task: give each group mixed rewards so that every
+    # parameter receives a gradient (zero-variance groups carry no GRPO signal).
+    from actions.common.weights import load_tensors, publish_tensors
+
+    tensors, meta = load_tensors(store, score["scored_key"])
+    tensors["rewards"] = torch.tensor([1.0, 0.0] * 8)
+    publish_tensors(store, "runs/c/scored2/manifest.json", tensors, meta)
     train = _call("train_step", {"policy": ref.model_dump(), "optimizer_key": None,
-                                 "scored_keys": [score["scored_key"]], "algorithm": cfg.algorithm.model_dump(),
+                                 "scored_keys": ["runs/c/scored2/manifest.json"], "algorithm": cfg.algorithm.model_dump(),
                                  "seed": 0, "step": 0, "output_prefix": "runs/c/train"})
     assert train["policy_version"] == 1
     assert all(torch.isfinite(torch.tensor(v)) for v in train["metrics"].values())
-    from actions.common.weights import load_tensors
-
     before, _ = load_tensors(store, p.init_key)
     after, _ = load_tensors(store, train["policy_key"])
     # Tied embeddings: lm_head shares the embedding matrix, so every stored tensor must move.

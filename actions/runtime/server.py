@@ -71,7 +71,9 @@ class ActionRuntime:
             start = time.time()
             if params.get("__prewarm") is True:
                 # Pre-warming only needs a started, initialised container: return before the
-                # action module (and torch) is imported.
+                # action module (and torch) is imported. Holding the container briefly makes
+                # concurrent pre-warm calls land on distinct containers.
+                time.sleep(min(max(float(params.get("__prewarm_hold_s") or 0.0), 0.0), 10.0))
                 print(SENTINEL, flush=True)
                 print(SENTINEL, file=sys.stderr, flush=True)
                 return 200, {"ok": True, "prewarm": True, "__activation": _activation_block(0.0, start, cold)}

@@ -737,10 +737,20 @@ class OpenWhiskInvoker:
     the runtime server answers before importing the action, so ``n`` containers start.
     """
 
-    def __init__(self, client: OpenWhiskClient, *, package: str = "rlhfless", timeout_s: float | None = 600.0) -> None:
+    def __init__(
+        self,
+        client: OpenWhiskClient,
+        *,
+        package: str = "rlhfless",
+        timeout_s: float | None = 600.0,
+        prewarm_hold_s: float = 0.5,
+    ) -> None:
         self.client = client
         self.package = package.strip("/")
         self.timeout_s = timeout_s
+        self.prewarm_hold_s = prewarm_hold_s
+        """How long each pre-warm activation holds its container, so that concurrent pre-warm
+        calls cannot all be served by one already-warm container."""
 
     @classmethod
     def from_env(
@@ -781,7 +791,8 @@ class OpenWhiskInvoker:
 
         def warm_one(_: int) -> bool:
             try:
-                record = self.client.invoke(name, {"__prewarm": True}, timeout_s=self.timeout_s)
+                payload = {"__prewarm": True, "__prewarm_hold_s": self.prewarm_hold_s}
+                record = self.client.invoke(name, payload, timeout_s=self.timeout_s)
             except OpenWhiskError as exc:
                 if not exc.transient:
                     raise ActionError(action, str(exc), transient=False) from exc

@@ -104,7 +104,8 @@ class _Actor:
     finished: int = 0
     released_s: float | None = None
     busy_s: float = 0.0
-    tpot_now: float = 0.0
+    ctx0: float = 0.0  # mean context of the live samples when the current segment started
+    next_s: float = math.inf  # when the actor's next sample finishes if nothing intervenes
 
     def add(self, s: Sample) -> None:
         end = self.progress + (s.length - s.decoded)
@@ -146,7 +147,7 @@ class _Phase:
         return [a for a in self.actors if a.released_s is None]
 
     def next_event(self, t: float) -> float:
-        """Earliest time something changes; sets each decoding actor's current TPOT."""
+        """Earliest time something changes; records each decoding actor's own next finish."""
         best = math.inf
         for a in self.running():
             if a.arriving:
@@ -155,17 +156,30 @@ class _Phase:
                 best = min(best, a.resume_s)
             elif a.live:
                 k = a.live[0][0] - a.progress
-                b = len(a.live)
-                ctx = a.ctx_base / b + a.progress + 0.5 * (k + 1.0)
-                a.tpot_now = self.tpot(b, ctx)
-                best = min(best, t + k * a.tpot_now)
+                a.ctx0 = a.ctx_base / len(a.live) + a.progress
+                a.next_s = t + k * self.tpot(len(a.live), a.ctx0 + 0.5 * (k + 1.0))
+                best = min(best, a.next_s)
         return best
 
     def advance(self, t: float, t_next: float) -> None:
         for a in self.running():
-            if t >= a.resume_s and a.live:
-                a.progress += (t_next - t) / a.tpot_now
-                a.busy_s += t_next - t
+            if t < a.resume_s or not a.live:
+                continue
+            a.busy_s += t_next - t
+            if t_next >= a.next_s:  # the actor's own event: land exactly on the finish mark
+                a.progress = a.live[0][0]
+                continue
+            # interrupted: solve for the x tokens decoded in dt with TPOT linear in context
+            # over the segment (t0 + slope * u at token u), so a segment cut into pieces costs
+            # what the uninterrupted segment costs: x * (t0 + slope * x / 2) = dt
+            b, dt, k = len(a.live), t_next - t, a.live[0][0] - a.progress
+            t0 = self.tpot(b, a.ctx0 + 0.5)
+            slope = (self.tpot(b, a.ctx0 + 0.5 + k) - t0) / k if k > 0 else 0.0
+            if slope > 1e-15:
+                x = (math.sqrt(t0 * t0 + 2.0 * slope * dt) - t0) / slope
+            else:
+                x = dt / t0
+            a.progress = min(a.progress + x, a.live[0][0])
 
     def settle(self, t: float) -> None:
         """Land migrated samples, finish samples due at ``t``, then cut and release actors."""
