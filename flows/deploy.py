@@ -1,0 +1,350 @@
+"""``rlhfless deploy``: make the OpenWhisk actions match ``infra/openwhisk/actions.yaml``.
+
+The manifest is declarative (P12): one package, and per action its runtime image, memory,
+time limit, per-container concurrency, log size, annotations and default parameters. A
+top-level ``env`` block is bound to every action as *init* parameters, which OpenWhisk hands to
+``/init`` only and the runtime server exports as environment variables (S3 endpoint and keys:
+credentials never travel in activation payloads). ``${VAR}`` and ``${VAR:-default}`` in ``env``
+are read from the deploying shell.
+
+Deploying is idempotent: each action's desired ``ActionPut`` is compared with what the
+controller has (image, limits, annotations, parameters; the controller's own ``exec`` and
+``provide-api-key`` annotations are ignored), and only changed actions are PUT with
+``overwrite=true``. A second deploy of the same manifest changes nothing.
+
+What it does not do: delete actions that left the manifest (remove them with the ``wsk`` CLI),
+or create namespaces and keys (an OpenWhisk admin task).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from flows.invokers.base import ActionError
+from flows.invokers.openwhisk import OpenWhiskClient, OpenWhiskConfig, OpenWhiskError, OpenWhiskNotFound
+
+DEFAULT_MANIFEST = "infra/openwhisk/actions.yaml"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+#: Annotations the controller adds by itself; compared only when the manifest sets them.
+SYSTEM_ANNOTATIONS = frozenset({"exec", "provide-api-key"})
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class ManifestError(ValueError):
+    """The manifest is missing, unreadable or invalid; the message names the field."""
+
+
+class DeployError(RuntimeError):
+    """The controller refused a change."""
+
+
+class ActionSpec(BaseModel):
+    """One action. Units follow OpenWhisk's ``ActionLimits``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    docker: str = Field(min_length=1)
+    """Runtime image, ``registry/name:tag`` (an explicit tag: ``latest`` forces a pull check
+    on every cold start)."""
+    memory: int = Field(256, ge=128)
+    """Memory limit, MB. Also the invoker's scheduling currency (see docs/openwhisk.md)."""
+    timeout: int = Field(60_000, ge=100)
+    """Time limit, milliseconds."""
+    concurrency: int = Field(1, ge=1)
+    """Activations one container serves at once."""
+    logs: int = Field(10, ge=0)
+    """Log size limit, MB."""
+    annotations: dict[str, Any] = {}
+    """E.g. ``invoker-resources: [gpu]`` (tag-based scheduling) and ``gpus: 1`` (accounting)."""
+    parameters: dict[str, Any] = {}
+    """Default parameters, merged under every payload."""
+
+    @field_validator("docker")
+    @classmethod
+    def _check_image(cls, v: str) -> str:
+        if any(c.isspace() for c in v):
+            raise ValueError(f"image {v!r} contains whitespace")
+        return v
+
+    @field_validator("annotations")
+    @classmethod
+    def _check_gpus(cls, v: dict[str, Any]) -> dict[str, Any]:
+        gpus = v.get("gpus", 0)
+        if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
+            raise ValueError(f"annotation gpus must be a non-negative integer, got {gpus!r}")
+        return v
+
+
+class DeploymentManifest(BaseModel):
+    """``infra/openwhisk/actions.yaml``. Top-level keys starting with ``x-`` are YAML anchors
+    for reuse and are ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    package: str = Field("rlhfless", pattern=NAME_PATTERN)
+    env: dict[str, str] = {}
+    """Bound to every action as init parameters (container environment)."""
+    actions: dict[str, ActionSpec] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_extensions(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if not str(k).startswith("x-")}
+        return data
+
+    @field_validator("actions")
+    @classmethod
+    def _check_names(cls, v: dict[str, ActionSpec]) -> dict[str, ActionSpec]:
+        for name in v:
+            if not re.match(NAME_PATTERN, name):
+                raise ValueError(f"action name {name!r} may use letters, digits, '_', '.', '-' only")
+        return v
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _stringify_env(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: ("" if val is None else str(val)) for k, val in v.items()}
+        return v
+
+
+def load_manifest(path: str | Path) -> DeploymentManifest:
+    """Read and validate a manifest.
+
+    Raises:
+        ManifestError: naming the file and each offending field, e.g.
+            ``actions.generate.memory: Input should be greater than or equal to 128 (got 0)``.
+    """
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ManifestError(f"{path}: cannot read the manifest: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ManifestError(f"{path}: expected a mapping with 'package' and 'actions', got {type(data).__name__}")
+    try:
+        return DeploymentManifest.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            got = f" (got {err['input']!r})" if err["type"] not in ("missing", "extra_forbidden") else ""
+            problems.append(f"{where}: {err['msg']}{got}")
+        raise ManifestError(f"{path}: " + "; ".join(problems)) from None
+
+
+def expand_env(values: Mapping[str, str], environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """Substitute ``${VAR}`` / ``${VAR:-default}``; returns (values, names of unset VARs)."""
+    missing: list[str] = []
+
+    def sub(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in environ:
+            return environ[name]
+        if default is not None:
+            return default
+        missing.append(name)
+        return f"<unset ${name}>"
+
+    return {key: _ENV_REF.sub(sub, value) for key, value in values.items()}, missing
+
+
+def action_body(spec: ActionSpec, env: Mapping[str, str]) -> dict[str, Any]:
+    """The ``ActionPut`` body for one action (kind ``blackbox``: our runtime image)."""
+    params = [{"key": k, "value": v} for k, v in sorted(spec.parameters.items())]
+    params += [{"key": k, "value": v, "init": True} for k, v in sorted(env.items())]
+    return {
+        "exec": {"kind": "blackbox", "image": spec.docker},
+        "limits": {"timeout": spec.timeout, "memory": spec.memory, "logs": spec.logs, "concurrency": spec.concurrency},
+        "annotations": [{"key": k, "value": v} for k, v in sorted(spec.annotations.items())],
+        "parameters": params,
+    }
+
+
+def diff_action(desired: Mapping[str, Any], existing: Mapping[str, Any]) -> list[str]:
+    """Names of the fields where the stored action differs from the desired ``ActionPut``."""
+    changed = []
+    exec_now = existing.get("exec") or {}
+    if exec_now.get("kind") != "blackbox" or exec_now.get("image") != desired["exec"]["image"]:
+        changed.append("exec.image")
+    limits_now = existing.get("limits") or {}
+    changed += [f"limits.{k}" for k, v in desired["limits"].items() if limits_now.get(k) != v]
+    want_ann = _kv(desired["annotations"])
+    have_ann = {k: v for k, v in _kv(existing.get("annotations")).items() if k not in SYSTEM_ANNOTATIONS or k in want_ann}
+    if have_ann != want_ann:
+        changed.append("annotations")
+    if _params(existing.get("parameters")) != _params(desired["parameters"]):
+        changed.append("parameters")
+    return changed
+
+
+def _kv(items: Any) -> dict[str, Any]:
+    return {kv["key"]: kv.get("value") for kv in items or [] if isinstance(kv, dict) and "key" in kv}
+
+
+def _params(items: Any) -> dict[str, tuple[Any, bool]]:
+    return {kv["key"]: (kv.get("value"), bool(kv.get("init"))) for kv in items or [] if isinstance(kv, dict)}
+
+
+@dataclass(frozen=True)
+class Change:
+    """One entity's planned change. ``fields`` lists what differs (never values: parameters
+    may hold secrets)."""
+
+    entity: Literal["package", "action"]
+    name: str
+    kind: Literal["create", "update", "unchanged"]
+    fields: tuple[str, ...] = ()
+    body: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def describe(self) -> str:
+        detail = f" ({', '.join(self.fields)})" if self.fields else ""
+        return f"{self.entity} {self.name}: {self.kind}{detail}"
+
+
+def plan_deploy(
+    manifest: DeploymentManifest,
+    existing: Mapping[str, Mapping[str, Any]],
+    *,
+    package_exists: bool = True,
+    environ: Mapping[str, str] | None = None,
+    allow_unset_env: bool = False,
+) -> list[Change]:
+    """Compare the manifest with the stored actions (``existing``: action name -> record).
+
+    Pure: no network. ``environ`` feeds ``${VAR}`` in ``env`` (default: this process's).
+
+    Raises:
+        ManifestError: ``env`` names an unset variable (unless ``allow_unset_env``, as in a
+            dry run, which shows ``<unset $VAR>`` instead).
+    """
+    env, missing = expand_env(manifest.env, os.environ if environ is None else environ)
+    if missing and not allow_unset_env:
+        raise ManifestError(f"env refers to unset variable(s) {', '.join(sorted(set(missing)))}; export them or give ${{VAR:-default}}")
+    changes = [Change("package", manifest.package, "unchanged" if package_exists else "create")]
+    for name, spec in manifest.actions.items():
+        qualified = f"{manifest.package}/{name}"
+        body = action_body(spec, env)
+        record = existing.get(name)
+        if record is None:
+            changes.append(Change("action", qualified, "create", body=body))
+            continue
+        fields = diff_action(body, record)
+        changes.append(Change("action", qualified, "update" if fields else "unchanged", tuple(fields), body))
+    return changes
+
+
+def fetch_existing(client: OpenWhiskClient, manifest: DeploymentManifest) -> tuple[dict[str, dict[str, Any]], bool]:
+    """(records of the manifest's actions that exist, whether the package exists)."""
+    try:
+        client.get_package(manifest.package)
+    except OpenWhiskNotFound:
+        return {}, False
+    existing = {}
+    for name in manifest.actions:
+        try:
+            existing[name] = client.get_action(f"{manifest.package}/{name}")
+        except OpenWhiskNotFound:
+            pass
+    return existing, True
+
+
+def deploy(
+    client: OpenWhiskClient,
+    manifest: DeploymentManifest,
+    *,
+    dry_run: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> list[Change]:
+    """Apply the plan: create the package if missing, PUT (overwrite) created/updated actions.
+
+    Raises:
+        DeployError: the controller refused a change (e.g. a limit above the operator's maximum).
+    """
+    existing, package_exists = fetch_existing(client, manifest)
+    changes = plan_deploy(manifest, existing, package_exists=package_exists, environ=environ, allow_unset_env=dry_run)
+    if dry_run:
+        return changes
+    for change in changes:
+        if change.kind == "unchanged":
+            continue
+        try:
+            if change.entity == "package":
+                client.put_package(change.name, {"publish": False}, overwrite=True)
+            else:
+                client.put_action(change.name, change.body, overwrite=True)
+        except OpenWhiskError as exc:
+            hint = ""
+            if exc.status == 400 and "threshold" in str(exc):
+                hint = "; the operator must raise whisk.limits.actions.* (see infra/openwhisk/values-gpu.yaml)"
+            raise DeployError(f"{change.entity} {change.name}: {exc}{hint}") from exc
+    return changes
+
+
+def format_plan(changes: list[Change], *, dry_run: bool) -> str:
+    counts = {k: sum(c.kind == k for c in changes) for k in ("create", "update", "unchanged")}
+    summary = f"{counts['create']} to create, {counts['update']} to update, {counts['unchanged']} unchanged"
+    if dry_run:
+        summary += " (dry run: nothing was changed)"
+    return "\n".join([c.describe() for c in changes] + [summary])
+
+
+# ---------------------------------------------------------------------------- CLI
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``rlhfless deploy``."""
+    parser.add_argument("--manifest", default=DEFAULT_MANIFEST, help=f"action manifest (default {DEFAULT_MANIFEST})")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan, change nothing (needs no credentials)")
+    parser.add_argument(
+        "--secret-block",
+        default=None,
+        help="Prefect Secret block with the OpenWhisk connection (default: $RLHFLESS_OPENWHISK_SECRET, "
+        "else WSK_APIHOST/WSK_AUTH/__OW_NAMESPACE or ~/.wskprops)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``rlhfless deploy``; returns the exit code (2 with a one-line message on error)."""
+    try:
+        manifest = load_manifest(args.manifest)
+        config = _config_or_none(args) if args.dry_run else OpenWhiskConfig.resolve(secret_block=args.secret_block)
+        if config is None:
+            print("no OpenWhisk credentials: planning against an empty namespace", file=sys.stderr)
+            changes = plan_deploy(manifest, {}, package_exists=False, allow_unset_env=True)
+        else:
+            with OpenWhiskClient(config) as client:
+                changes = deploy(client, manifest, dry_run=args.dry_run)
+    except (ValueError, OpenWhiskError, DeployError, ActionError) as exc:
+        print(f"rlhfless deploy: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        return 2
+    print(format_plan(changes, dry_run=args.dry_run))
+    return 0
+
+
+def _config_or_none(args: argparse.Namespace) -> OpenWhiskConfig | None:
+    try:
+        return OpenWhiskConfig.resolve(secret_block=args.secret_block)
+    except ValueError:
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rlhfless deploy", description="Deploy the RLHFless actions to OpenWhisk")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The run directory's report: ``report.md`` plus PNG plots a CLI user can open.
+
+Plots (matplotlib, Agg backend, axes labelled with units): reward and held-out accuracy per
+step, response length per step, fan-out decisions, and cost per step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tuple[list, list]],
+          kind: str = "line") -> None:
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=110)
+    for label, (xs, ys) in series.items():
+        if kind == "bar":
+            ax.bar(xs, ys, label=label)
+        else:
+            ax.plot(xs, ys, marker="o", markersize=3, label=label)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if len(series) > 1:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
+    """Write ``report.md`` and the plots into ``out``; returns the files written."""
+    steps = summary["steps"]
+    xs = [int(s["step"]) + 1 for s in steps]
+    files = []
+    plots = {
+        "reward.png": ("Reward and held-out accuracy", "step", "fraction correct (0-1)",
+                       {"mean reward (training samples)": (xs, [s["reward/mean"] for s in steps]),
+                        "held-out greedy accuracy": ([e["step"] for e in summary["evals"]],
+                                                     [e["accuracy"] for e in summary["evals"]])}, "line"),
+        "response_length.png": ("Response length", "step", "tokens",
+                                {"mean": (xs, [s["response_length/mean"] for s in steps]),
+                                 "max": (xs, [s["response_length/max"] for s in steps])}, "line"),
+        "fanout.png": ("Generation fan-out chosen by the planner", "step", "generation actions",
+                       {"actions": (xs, [s["actors/n"] for s in steps])}, "bar"),
+        "cost.png": ("Cost per step", "step", "billed GPU-seconds",
+                     {"billed": (xs, [s["cost/billed_gpu_seconds"] for s in steps]),
+                      "useful": (xs, [s["cost/gpu_seconds"] for s in steps])}, "line"),
+    }
+    if steps:
+        for name, (title, xl, yl, series, kind) in plots.items():
+            _plot(out / name, title, xl, yl, series, kind)
+            files.append(out / name)
+    lines = [f"# Run {summary['run_id']}", "",
+             f"- steps completed: {summary['steps_completed']}",
+             f"- held-out accuracy: {summary['eval_accuracy_first']} -> {summary['eval_accuracy_last']}",
+             f"- billed GPU-seconds: {summary['billed_gpu_seconds']:.1f} (useful {summary['useful_gpu_seconds']:.1f}),"
+             f" cost ${summary['usd']:.4f}",
+             f"- wall time: {summary['wall_seconds']:.0f} s; policy version {summary['policy_version']}",
+             f"- weights sha256: `{summary['weights_sha256']}`"]
+    if summary.get("stopped_reason"):
+        lines.append(f"- stopped early: {summary['stopped_reason']}")
+    lines += ["", "| step | reward | length | actions | cut | billed GPU-s | step s |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {x} | {s['reward/mean']:.3f} | {s['response_length/mean']:.1f} | {int(s['actors/n'])} | "
+              f"{int(s['actors/migrated'])} | {s['cost/billed_gpu_seconds']:.2f} | {s['timing_s/step']:.2f} |"
+              for x, s in zip(xs, steps)]
+    lines += [""] + [f"![{p.stem}]({p.name})" for p in files]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    return [out / "report.md", *files]
