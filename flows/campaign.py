@@ -183,14 +183,23 @@ def run_campaign(cfg: CampaignConfig, *, resume: bool = False, progress: Progres
             if cfg.eval_every and state.step % cfg.eval_every == 0 or state.step == cfg.steps:
                 state.evals.append(_evaluate(ctx, state))
             commit_state(store, state)
-            acc = f" eval_acc {state.evals[-1]['accuracy']:.3f}" if state.evals[-1]["step"] == state.step else ""
-            progress(f"step {state.step}/{cfg.steps} actors {int(last['actors/n'])} reward {last['reward/mean']:.3f}"
-                     f" len {last['response_length/mean']:.1f} cut {int(last['actors/migrated'])}"
-                     f" {last['timing_s/step']:.1f}s{acc}")
+            progress(_progress_line(state, cfg.steps))
     finally:
         set_context(None)
         invoker.close()
     return summarize(state, time.time() - started)
+
+
+def _progress_line(state: CampaignState, total: int, width: int = 20) -> str:
+    """A text progress bar for the campaign plus the phases of the step just finished."""
+    last = state.steps[-1]
+    done = int(width * state.step / max(1, total))
+    phases = " ".join(f"{p} {last[f'timing_s/{p}']:.1f}s" for p in ("plan", "prefill", "generate", "score", "train",
+                                                                      "commit"))
+    acc = f" | eval acc {state.evals[-1]['accuracy']:.3f}" if state.evals[-1]["step"] == state.step else ""
+    return (f"[{'#' * done}{'.' * (width - done)}] step {state.step}/{total} | {phases} | "
+            f"actions {int(last['actors/n'])} cut {int(last['actors/migrated'])} | "
+            f"reward {last['reward/mean']:.3f} len {last['response_length/mean']:.1f}{acc}")
 
 
 def summarize(state: CampaignState, wall: float) -> dict[str, Any]:

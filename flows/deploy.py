@@ -319,6 +319,9 @@ def run(args: argparse.Namespace) -> int:
     """Run ``rlhfless deploy``; returns the exit code (2 with a one-line message on error)."""
     try:
         manifest = load_manifest(args.manifest)
+        if args.dry_run:
+            for name in sorted(set(expand_env(manifest.env, os.environ)[1])):
+                print(f"warning: env refers to unset ${name}; a real deploy would stop here", file=sys.stderr)
         config = _config_or_none(args) if args.dry_run else OpenWhiskConfig.resolve(secret_block=args.secret_block)
         if config is None:
             print("no OpenWhisk credentials: planning against an empty namespace", file=sys.stderr)

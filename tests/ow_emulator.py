@@ -330,7 +330,7 @@ class OpenWhiskEmulator:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         self.server.daemon_threads = True
         self.api_host = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True, name="ow-emulator").start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True, name="ow-emulator").start()
         return self
 
     def stop(self) -> None:

@@ -8,6 +8,7 @@ container before it starts the real action-protocol server, which then dispatche
 * ``print``: write a line to stdout (activation logs)
 * ``raise``: raise RuntimeError (the runtime reports ``developer_error: true``)
 * ``error``: return ``{"error": ...}`` (an application error)
+* ``getenv``: return ``{"env": os.environ.get(name)}`` (init parameters reach the container)
 * otherwise ``{"ok": true, "echo": payload["echo"], "pid": ...}``
 """
 
@@ -31,6 +32,8 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError(str(args["raise"]))
     if "error" in args:
         return {"error": str(args["error"]), "field": "probe"}
+    if "getenv" in args:
+        return {"env": os.environ.get(str(args["getenv"]))}
     return {"ok": True, "echo": args.get("echo"), "pid": os.getpid()}
 
 

@@ -8,7 +8,7 @@ import pytest
 from flows.planning.profile import GPUS, MODELS, TpotProfile, roofline_profile
 from flows.simulate.cli import main
 from flows.simulate.cluster import ActorSpec, Sample, SimConfig, simulate_phase
-from flows.simulate.policies import ClusterModel, parse_policy
+from flows.simulate.policies import ClusterModel, make_plan, parse_policy
 from flows.simulate.replay import PromptRow, TraceStep, read_trace, replay, run_step
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
@@ -160,3 +160,19 @@ def test_oracle_no_slower_than_rlhfless_on_trace():
     runs = replay(steps, ["rlhfless", "oracle"], _model(num_nodes=20, n_max=64))
     total = {name: run.summary()["total_time_s"] for name, run in runs.items()}
     assert total["oracle"] <= total["rlhfless"] * 1.001
+
+
+def test_plan_and_simulation_agree_when_predictions_are_exact():
+    # every sample of a prompt has the predicted length and nothing is cut: the planner's
+    # estimate and the event simulation must tell the same story
+    rows = tuple(PromptRow(i, 50 + 7 * i, 0, (300 + 37 * (i % 9),) * 4) for i in range(40))
+    step = TraceStep(0, 0, rows)
+    exact = {r.prompt_id: float(r.response_lens[0]) for r in rows}
+    model = _model()
+    policy = parse_policy("no-cut")
+    plan = make_plan(policy, [r.prompt_id for r in rows], exact,
+                     {r.prompt_id: r.prompt_len for r in rows}, 4, model)
+    result, _, n, _ = run_step(policy, step, exact, model)
+    assert n == plan.num_actors > 1
+    assert result.time_s == pytest.approx(plan.predicted_time_s, rel=0.01)
+    assert result.gpu_seconds == pytest.approx(plan.predicted_gpu_seconds, rel=0.01)

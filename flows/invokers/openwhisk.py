@@ -592,20 +592,22 @@ class OpenWhiskClient:
         delay = self.retry.poll_initial_s
         path = self._activation_path(activation_id)
         while True:
-            self._count("polls")
-            resp = self._request("GET", path, what=f"poll activation {activation_id}", deadline=deadline)
-            if resp.status_code == 200:
-                return resp.json()
-            if resp.status_code != 404:  # 404: not stored yet
-                raise self._fail(resp, f"poll activation {activation_id}")
-            now = self._clock()
-            if deadline is not None and now >= deadline:
+            if deadline is not None and self._clock() >= deadline:
                 raise ActionError(
                     name,
                     f"no result before the deadline; activation {activation_id} may still be running",
                     transient=True,
                     activation_id=activation_id,
                 )
+            self._count("polls")
+            remaining = self._remaining(deadline)
+            timeout = self.retry.request_timeout_s if remaining is None else max(0.05, min(self.retry.request_timeout_s, remaining))
+            resp = self._request("GET", path, what=f"poll activation {activation_id}", timeout_s=timeout)
+            if resp.status_code == 200:
+                return resp.json()
+            if resp.status_code != 404:  # 404: not stored yet
+                raise self._fail(resp, f"poll activation {activation_id}")
+            now = self._clock()
             if now >= lost_at:
                 return None
             self._sleep(max(0.0, min(delay, lost_at - now, (deadline or lost_at) - now)))

@@ -109,7 +109,8 @@ def plan_continuations(partials: Sequence[PartialSample], *, window_s: float,
         first = pending[i].arrival_s
         batch = [pending[i]]
         i += 1
-        while i < len(pending) and len(batch) < max_batch and pending[i].arrival_s - first <= window_s:
+        while (i < len(pending) and len(batch) < max_batch
+               and pending[i].arrival_s - first <= window_s):
             batch.append(pending[i])
             i += 1
         out.append(Continuation(batch[-1].arrival_s, tuple(p.sample_id for p in batch),

@@ -42,7 +42,7 @@ def plan_prewarm(history: Mapping[str, Sequence[Sequence[float]]],
 
 
 def warm_actor_count(planned_counts: Sequence[int], window: int = 1, default: int = 1) -> int:
-    """Decode actors to pre-warm: max of the last ``window`` planned counts (``default`` if none)."""
+    """Decode actors to pre-warm: max of the last ``window`` planned counts, or ``default``."""
     if window < 1:
         raise ValueError(f"prewarm.window={window}: must be >= 1")
     recent = list(planned_counts)[-window:]

@@ -5,24 +5,12 @@ the paper) the planner builds the assignment, estimates each actor's time and pi
 
     N' = argmin_N  lam * T~(N) + (1 - lam) * C~(N)      (min-max normalised over feasible N)
 
-Timeline of one generation phase (t = 0: the learner has written the new weights) [I]:
-
-- prefill actor (the learner's ``num_prefill_gpus``) computes every prompt's KV once:
-  ``P = prefill_tokens / (prefill_tokens_per_s * prefill_gpus / gpus_per_actor)``;
-- actor 0 is co-located with it: no cold start, no transfer, decodes from ``P``;
-- actor ``i >= 1`` (cold iff ``i >= num_warm_actors``) receives weights ``w = W / bw`` from
-  t = 0 and its prompts' KV ``kv_i = kv_bytes * sum(prompt_len) / bw`` after prefill:
-  ``ready_i = max(cold_i + w, P) + kv_i``; it is invoked just in time,
-  ``invoked_i = max(0, P - w - cold_i)``, and billed until it finishes, plus
-  ``prewarm_idle_s`` when it was pre-warmed (it waits warm for its invocation);
-- actor time ``= ready_i + decode_i`` with ``decode_i`` the shrinking-batch estimate
-  (cost.py; every sample of a prompt has the prompt's predicted length).
-
-``T(N)`` = latest actor end; ``GPU-s(N) = P * prefill_gpus + sum_i billed_i * gpus_per_actor``;
-``C(N) = GPU-s * price``. Feasibility (§3.6, conservative as in the paper, plus the cold start
-when an actor is not pre-warmed): ``cold_i + w + kv_i + decode_i <= P + decode_0`` for all
-``i >= 1``. Infeasible candidates stay in the table with their reason but are not chosen; if no
-N is feasible the smallest N is used and ``note`` says so. Ties go to the smaller N.
+``T(N)`` (latest actor end), ``C(N)`` (GPU-s x price) and the §3.6 feasibility check come
+from ``timeline.evaluate_candidate``; each actor's decode time from the shrinking-batch
+estimate (cost.py) with every sample of a prompt at the prompt's predicted length. The min-max
+ranges are taken over feasible candidates; a zero range normalises to 0. Infeasible candidates
+stay in the table with their reason but are not chosen; if no N is feasible the smallest N is
+used and ``note`` says so. Ties go to the smaller N.
 
 Policies: ``cost_aware``; ``fixed:N`` (contiguous slices of the given order unless
 ``assignment='ranked'``); ``module:function`` (a user function with this signature returning a
@@ -34,13 +22,14 @@ from __future__ import annotations
 import importlib
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping, NamedTuple, Sequence
+from typing import Callable, Mapping, Sequence
 
 from flows.planning.assignment import (assign_contiguous, assign_ranked, assign_round_robin,
                                        rank_prompts, split_sizes)
 from flows.planning.cost import DecodeEstimator
 from flows.planning.plan import Candidate, ClusterSpec, GenerationPlan
 from flows.planning.profile import TpotProfile
+from flows.planning.timeline import evaluate_candidate, prefill_seconds
 
 ASSIGNMENTS = ("ranked", "round_robin")
 
@@ -50,7 +39,6 @@ class _Env:
     """Per-call constants of the time/cost model."""
 
     decode: DecodeEstimator
-    cluster: ClusterSpec
     prefill_s: float
 
 
@@ -80,52 +68,6 @@ def _group_loads(groups: Sequence[Sequence[int]], predicted: Mapping[int, float]
         decode.append(env.decode.time_desc(_sorted_lengths(pids, predicted), tok / len(pids)))
         tokens.append(tok)
     return decode, tokens
-
-
-def prefill_seconds(tokens: float, profile: TpotProfile, cluster: ClusterSpec) -> float:
-    """Prefill actor time: compute bound, so throughput scales with its GPU count."""
-    return tokens / (profile.prefill_tokens_per_s * cluster.prefill_gpus / cluster.gpus_per_actor)
-
-
-class ActorStart(NamedTuple):  # a NamedTuple: built ~2000 times per planning sweep
-    """When a decode actor is invoked (billing starts) and can decode, and its start costs."""
-
-    invoked_s: float
-    ready_s: float
-    cold_s: float
-    prewarm_idle_s: float  # billed seconds spent warm before the invocation
-    transfer_s: float  # weights + KV
-
-
-def actor_start(index: int, cluster: ClusterSpec, prefill_s: float,
-                prompt_tokens: float) -> ActorStart:
-    """Start-up timeline of decode actor ``index`` (the formulas in the module docstring)."""
-    if index == 0:  # co-located with the prefill actor: no cold start, no transfer
-        return ActorStart(prefill_s, prefill_s, 0.0, 0.0, 0.0)
-    bw = cluster.transfer_bandwidth_bytes_per_s
-    warm = index < max(cluster.num_warm_actors, 1)
-    cold = 0.0 if warm else cluster.cold_start_s
-    weights = cluster.weight_bytes / bw
-    kv = cluster.kv_bytes_per_token * prompt_tokens / bw
-    ready = max(cold + weights, prefill_s) + kv
-    invoked = max(0.0, prefill_s - weights - cold)
-    return ActorStart(invoked, ready, cold, cluster.prewarm_idle_s if warm else 0.0, weights + kv)
-
-
-def _evaluate(decode: list[float], tokens: list[float], env: _Env) -> tuple[float, float, str]:
-    """(time_s, gpu_seconds, infeasibility reason or '') of one candidate."""
-    c = env.cluster
-    end0 = env.prefill_s + decode[0]
-    t_max, billed, reason = end0, decode[0], ""
-    for i in range(1, len(decode)):
-        st = actor_start(i, c, env.prefill_s, tokens[i])
-        t_max = max(t_max, st.ready_s + decode[i])
-        billed += st.prewarm_idle_s + st.ready_s - st.invoked_s + decode[i]
-        over = st.cold_s + st.transfer_s + decode[i] - end0
-        if over > 0 and not reason:
-            reason = (f"actor {i}: start+transfer+decode exceeds prefill+decode of actor 0 "
-                      f"by {over:.3f}s")
-    return t_max, env.prefill_s * c.prefill_gpus + billed * c.gpus_per_actor, reason
 
 
 def _normalise(value: float, lo: float, hi: float) -> float:
@@ -182,7 +124,7 @@ def _env(prompt_ids: Sequence[int], predicted: Mapping[int, float],
     max_context = (max(prompt_lengths[p] for p in prompt_ids)
                    + max(predicted[p] for p in prompt_ids))
     decode = DecodeEstimator(profile, group_size, max_groups, max_context)
-    return _Env(decode, cluster, prefill_seconds(tokens, profile, cluster))
+    return _Env(decode, prefill_seconds(tokens, profile, cluster))
 
 
 @dataclass(frozen=True)
@@ -252,11 +194,9 @@ def plan_generation(prompt_ids: Sequence[int], predicted: Mapping[int, float], *
         lam: weight of time in the objective (PAPER default 0.7).
         assignment: 'ranked' (paper) or 'round_robin' (ablation baseline).
         profile, cluster: the time and cost model.
-        cut_threshold: tau of cut-and-migrate; validated and passed on to user policies; the
-            built-in estimate does not use it
-            (the estimate assumes predictions are right, so nothing is cut).
-        prefill_tokens: prefill actor work (e.g. ``PrefillPlan.tokens_computed``); default is
-            every prompt once.
+        cut_threshold: tau, validated and passed on to user policies (the built-in estimate
+            assumes exact predictions, so nothing is cut).
+        prefill_tokens: prefill work (``PrefillPlan.tokens_computed``); default: every prompt.
     Returns:
         the plan; ``candidates`` holds every evaluated N.
     """
@@ -300,7 +240,7 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
     for n in range(n_lo, n_hi + 1):
         loads = _candidate_loads(n, prompt_ids, ranking, assignment, predicted, prompt_lengths,
                                  env, contiguous=fixed)
-        rows.append((n, *_evaluate(*loads, env)))
+        rows.append((n, *evaluate_candidate(*loads, cluster, env.prefill_s)))
     cands, best = _score(rows, lam, cluster.price_per_gpu_second)
     if best is None:
         best = n_lo

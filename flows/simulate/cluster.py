@@ -11,11 +11,16 @@ Modelled per actor (``ActorSpec``): when it is invoked (billing starts), when it
 held until the end of the step (serverful) or released when its last sample finishes
 (serverless). Cut-and-migrate (``tau``): when ``cut_point(n, tau)`` of the samples an actor
 has held are done, its unfinished samples move to other running actors with free slots
-(free slots = the samples an actor was planned for minus its live ones): all or nothing, otherwise the cut waits for slots (paper). A receiving actor pauses
-to re-prefill the moved samples' prompt + generated tokens (token ids are shipped, not KV)
-and the source is released at once. With ``continuation=True`` a cut that finds no slots
-starts a fresh continuation actor instead, which pays the cold start (when not pre-warmed),
-the weight transfer and the re-prefill, and accepts later cuts into its free slots.
+(free slots = the samples an actor was planned for minus its live and incoming ones), all or
+nothing, filled most-free first (``prefer``); otherwise the cut waits for slots (paper). The
+source is released at once. ``migration='reprefill'`` (default): token ids are shipped and the
+destination pauses to recompute prompt + generated tokens at the prefill rate (an upper
+bound: an engine with chunked prefill overlaps part of it with memory-bound decode).
+``migration='kv'``: the KV blocks are shipped over the transfer bandwidth (the NCCL path the
+prefill actor already uses) and the sample joins when they arrive. With ``continuation=True``
+a cut that finds no slots starts a fresh continuation actor, which pays the cold start (unless
+a spare pre-warmed actor exists), the weight transfer and the re-prefill, and accepts later
+cuts into its free slots.
 
 Accounting: ``gpu_seconds`` = sum over actors of GPUs x (release - invoke) plus the prefill
 actor's GPU-s and the pre-warm idle GPU-s passed in; ``busy`` = GPU-s spent decoding; idle
@@ -26,100 +31,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
 
 from flows.planning.migrate import choose_destinations, should_cut
-from flows.planning.profile import TpotProfile
+from flows.simulate.actors import ActorSpec, ActorState, PhaseResult, Sample, SimConfig
 
-
-@dataclass
-class Sample:
-    """One response: its prompt, true length and per-actor decode record (conservation)."""
-
-    sid: int
-    prompt_id: int
-    prompt_len: int
-    length: int
-    decoded: float = 0.0
-    segments: list[tuple[int, float]] = field(default_factory=list)  # (actor id, tokens)
-
-
-@dataclass(frozen=True)
-class ActorSpec:
-    """How the policy starts one actor."""
-
-    samples: tuple[Sample, ...]
-    invoked_s: float
-    ready_s: float
-    holds_until_end: bool = False  # serverful: billed until the whole phase ends
-
-
-@dataclass(frozen=True, kw_only=True)
-class SimConfig:
-    profile: TpotProfile
-    gpus_per_actor: int
-    tau: float | None = None  # cut threshold; None = never cut
-    continuation: bool = False
-    cold_start_s: float = 0.0
-    weight_transfer_s: float = 0.0
-    spare_warm_actors: int = 0  # pre-warmed actors a continuation may use without cold start
-    migration: str = "reprefill"  # 'reprefill' (ship token ids) | 'kv' (ship KV blocks)
-    kv_transfer_s_per_token: float = 0.0  # for 'kv': KV bytes per token / bandwidth
-    prefer: str = "most_free"  # destination order: 'most_free' | 'least_loaded'
-
-    def __post_init__(self) -> None:
-        if self.migration not in ("reprefill", "kv"):
-            raise ValueError(f"migration={self.migration!r}: use 'reprefill' or 'kv'")
-        if self.prefer not in ("most_free", "least_loaded"):
-            raise ValueError(f"prefer={self.prefer!r}: use 'most_free' or 'least_loaded'")
-
-
-@dataclass(frozen=True)
-class PhaseResult:
-    time_s: float
-    gpu_seconds: float
-    busy_gpu_seconds: float
-    num_actors: int
-    num_cut: int
-    num_migrated: int
-
-    @property
-    def idle_fraction(self) -> float:
-        return 0.0 if self.gpu_seconds <= 0 else max(0.0, 1.0 - self.busy_gpu_seconds / self.gpu_seconds)
-
-
-@dataclass
-class _Actor:
-    aid: int
-    spec_invoked: float
-    resume_s: float
-    holds: bool
-    slots: int
-    live: list[tuple[float, int]] = field(default_factory=list)  # heap of (end mark, sid)
-    arriving: list[tuple[float, int]] = field(default_factory=list)  # (time, sid) in flight
-    start_mark: dict[int, float] = field(default_factory=dict)
-    progress: float = 0.0  # tokens each live sample gained on this actor
-    ctx_base: float = 0.0  # sum over live of (prompt_len + length - end mark)
-    held: int = 0
-    finished: int = 0
-    released_s: float | None = None
-    busy_s: float = 0.0
-    ctx0: float = 0.0  # mean context of the live samples when the current segment started
-    next_s: float = math.inf  # when the actor's next sample finishes if nothing intervenes
-
-    def add(self, s: Sample) -> None:
-        end = self.progress + (s.length - s.decoded)
-        heapq.heappush(self.live, (end, s.sid))
-        self.start_mark[s.sid] = self.progress
-        self.ctx_base += s.prompt_len + s.length - end
-        self.held += 1
-
-    def take(self, s: Sample, end: float, upto: float) -> None:
-        """Credit ``s`` with the tokens decoded here up to mark ``upto`` and drop it."""
-        tokens = upto - self.start_mark.pop(s.sid)
-        s.decoded += tokens
-        s.segments.append((self.aid, tokens))
-        self.ctx_base -= s.prompt_len + s.length - end
+__all__ = ["ActorSpec", "PhaseResult", "Sample", "SimConfig", "simulate_phase"]
 
 
 class _Phase:
@@ -129,7 +45,7 @@ class _Phase:
         self.cfg = config
         self.tpot = config.profile.tpot_fn()
         self.samples = {s.sid: s for spec in specs for s in spec.samples}
-        self.actors: list[_Actor] = []
+        self.actors: list[ActorState] = []
         self.cuts = self.migrated = 0
         self.spare_warm = config.spare_warm_actors
         for spec in specs:
@@ -138,12 +54,12 @@ class _Phase:
             for s in spec.samples:
                 actor.add(s)
 
-    def _new_actor(self, invoked: float, ready: float, holds: bool, slots: int) -> _Actor:
-        actor = _Actor(len(self.actors), invoked, ready, holds, slots)
+    def _new_actor(self, invoked: float, ready: float, holds: bool, slots: int) -> ActorState:
+        actor = ActorState(len(self.actors), invoked, ready, holds, slots)
         self.actors.append(actor)
         return actor
 
-    def running(self) -> list[_Actor]:
+    def running(self) -> list[ActorState]:
         return [a for a in self.actors if a.released_s is None]
 
     def next_event(self, t: float) -> float:
@@ -200,7 +116,7 @@ class _Phase:
             if not a.live and not a.arriving and not a.holds and t >= a.resume_s:
                 a.released_s = t
 
-    def _free_slots(self, exclude: _Actor) -> dict[int, int]:
+    def _free_slots(self, exclude: ActorState) -> dict[int, int]:
         return {a.aid: a.slots - len(a.live) - len(a.arriving) for a in self.running()
                 if a is not exclude and not a.holds}
 
@@ -209,7 +125,7 @@ class _Phase:
             return None  # choose_destinations' default
         return sorted(free, key=lambda aid: (len(self.actors[aid].live), aid))
 
-    def _try_cut(self, src: _Actor, t: float) -> None:
+    def _try_cut(self, src: ActorState, t: float) -> None:
         free = self._free_slots(src)
         moves = choose_destinations(len(src.live), free, self._preference(free))
         if moves is None and self.cfg.continuation:
@@ -217,7 +133,7 @@ class _Phase:
             moves = {cont.aid: len(src.live)}
         if moves is None:
             return  # no free slots anywhere: the cut waits (PAPER §3.4)
-        live = sorted(src.live)  # longest remaining last: deterministic order
+        live = sorted(src.live)  # by (end mark, sample id): a deterministic order
         src.live = []
         for aid, count in sorted(moves.items()):
             dst = self.actors[aid]
@@ -239,22 +155,22 @@ class _Phase:
         self.migrated += sum(moves.values())
         src.released_s = t
 
-    def _start_continuation(self, t: float, slots: int) -> _Actor:
+    def _start_continuation(self, t: float, slots: int) -> ActorState:
         """A fresh actor sized like the one it relieves; later cuts may join its free slots."""
         cold = 0.0 if self.spare_warm > 0 else self.cfg.cold_start_s
         self.spare_warm = max(0, self.spare_warm - 1)
         return self._new_actor(t, t + cold + self.cfg.weight_transfer_s, False, slots)
 
 
-def simulate_phase(specs: list[ActorSpec], config: SimConfig, *, extra_gpu_seconds: float = 0.0,
-                   extra_busy_gpu_seconds: float = 0.0) -> tuple[PhaseResult, list[Sample]]:
+def simulate_phase(specs: list[ActorSpec], config: SimConfig, *,
+                   extra_gpu_seconds: float = 0.0) -> tuple[PhaseResult, list[Sample]]:
     """Run one generation phase to completion.
 
     Args:
         specs: the actors as the policy starts them.
         config: cluster and cut-and-migrate settings.
-        extra_gpu_seconds: billed GPU-s outside the decode actors (prefill actor, pre-warm).
-        extra_busy_gpu_seconds: part of the extra that is useful work (not idle).
+        extra_gpu_seconds: billed GPU-s outside the decode actors (prefill actor, pre-warm
+            waits); not decoding, so it counts as idle.
     Returns:
         the phase totals and every sample with its per-actor decode record.
     """
@@ -274,6 +190,6 @@ def simulate_phase(specs: list[ActorSpec], config: SimConfig, *, extra_gpu_secon
         release = end if a.holds or a.released_s is None else a.released_s
         billed += (release - a.spec_invoked) * config.gpus_per_actor
         busy += a.busy_s * config.gpus_per_actor
-    result = PhaseResult(end, billed + extra_gpu_seconds, busy + extra_busy_gpu_seconds,
+    result = PhaseResult(end, billed + extra_gpu_seconds, busy,
                          len(phase.actors), phase.cuts, phase.migrated)
     return result, list(phase.samples.values())

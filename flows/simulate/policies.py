@@ -25,7 +25,8 @@ from typing import Mapping, Sequence
 
 from flows.planning.plan import ClusterSpec, GenerationPlan
 from flows.planning.profile import TpotProfile
-from flows.planning.scaling import actor_start, plan_generation, prefill_seconds
+from flows.planning.scaling import plan_generation
+from flows.planning.timeline import actor_start, prefill_seconds
 from flows.simulate.cluster import ActorSpec, Sample, SimConfig
 
 DEFAULT_POLICIES = ("rlhfless", "static:3", "no-assign", "no-scale", "no-cut", "oracle")

@@ -1,0 +1,93 @@
+"""Timeline and cost of one generation phase for a candidate plan (PAPER §3.1, §3.6-3.8).
+
+t = 0 is when the learner has written the new weights [I]:
+
+- the prefill actor (the learner's ``num_prefill_gpus``) computes every prompt's KV once:
+  ``P = prefill_tokens / (prefill_tokens_per_s * prefill_gpus / gpus_per_actor)`` (prefill is
+  compute bound, so throughput scales with GPUs);
+- decode actor 0 is co-located with it (same GPUs): no cold start, no transfer, decodes from P;
+- actor ``i >= 1`` (cold iff ``i >= num_warm_actors``) receives the weights, ``w = W / bw``,
+  from t = 0 and its prompts' KV, ``kv_i = kv_bytes_per_token * sum(prompt_len) / bw``, after
+  prefill: ``ready_i = max(cold_i + w, P) + kv_i``. The flow knows P, so it invokes the
+  actor just in time, ``invoked_i = max(0, P - w - cold_i)``; the actor is billed from then
+  until it finishes, plus ``prewarm_idle_s`` when it was pre-warmed (it waited warm);
+- an actor ends at ``ready_i + decode_i``.
+
+``T`` = latest actor end; ``GPU-s = P * prefill_gpus + sum_i billed_i * gpus_per_actor`` (the
+paper's proxy, GPUs x invocation time [P §3.8]). Feasibility (§3.6, conservative as in the
+paper, plus the cold start when an actor was not pre-warmed):
+``cold_i + w + kv_i + decode_i <= P + decode_0`` for every ``i >= 1``.
+
+The simulator starts its actors with the same ``actor_start``, so plan and simulation agree
+when predictions are exact.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+from flows.planning.plan import ClusterSpec
+from flows.planning.profile import TpotProfile
+
+
+def prefill_seconds(tokens: float, profile: TpotProfile, cluster: ClusterSpec) -> float:
+    """Prefill actor time: compute bound, so throughput scales with its GPU count."""
+    return tokens / (profile.prefill_tokens_per_s * cluster.prefill_gpus / cluster.gpus_per_actor)
+
+
+class ActorStart(NamedTuple):  # a NamedTuple: built ~2000 times per planning sweep
+    """When a decode actor is invoked (billing starts) and can decode, and its start costs."""
+
+    invoked_s: float
+    ready_s: float
+    cold_s: float
+    prewarm_idle_s: float  # billed seconds spent warm before the invocation
+    transfer_s: float  # weights + KV
+
+
+def actor_start(index: int, cluster: ClusterSpec, prefill_s: float,
+                prompt_tokens: float) -> ActorStart:
+    """Start-up timeline of decode actor ``index`` (the formulas in the module docstring)."""
+    if index == 0:  # co-located with the prefill actor: no cold start, no transfer
+        return ActorStart(prefill_s, prefill_s, 0.0, 0.0, 0.0)
+    bw = cluster.transfer_bandwidth_bytes_per_s
+    warm = index < max(cluster.num_warm_actors, 1)
+    cold = 0.0 if warm else cluster.cold_start_s
+    weights = cluster.weight_bytes / bw
+    kv = cluster.kv_bytes_per_token * prompt_tokens / bw
+    ready = max(cold + weights, prefill_s) + kv
+    invoked = max(0.0, prefill_s - weights - cold)
+    return ActorStart(invoked, ready, cold, cluster.prewarm_idle_s if warm else 0.0, weights + kv)
+
+
+def evaluate_candidate(decode: Sequence[float], tokens: Sequence[float], cluster: ClusterSpec,
+                       prefill_s: float) -> tuple[float, float, str]:
+    """(time_s, gpu_seconds, infeasibility reason or '') of one candidate.
+
+    Args:
+        decode: predicted decode seconds per actor, actor 0 first.
+        tokens: prompt tokens per actor (sets its KV transfer).
+        cluster: GPUs, bandwidth, warm pool.
+        prefill_s: prefill actor time.
+    """
+    c = cluster
+    end0 = prefill_s + decode[0]
+    t_max, billed, reason = end0, decode[0], ""
+    # actor_start is linear in the prompt tokens (only the KV transfer depends on them), so
+    # take the zero-token start of a warm and a cold actor once and add each actor's KV time
+    warm_count = max(c.num_warm_actors, 1)
+    warm = actor_start(1, c, prefill_s, 0.0)
+    cold = actor_start(warm_count, c, prefill_s, 0.0)
+    kv_s_per_token = c.kv_bytes_per_token / c.transfer_bandwidth_bytes_per_s
+    for i in range(1, len(decode)):
+        st = warm if i < warm_count else cold
+        kv = kv_s_per_token * tokens[i]
+        end = st.ready_s + kv + decode[i]
+        if end > t_max:
+            t_max = end
+        billed += st.prewarm_idle_s + end - st.invoked_s
+        over = st.cold_s + st.transfer_s + kv + decode[i] - end0
+        if over > 0 and not reason:
+            reason = (f"actor {i}: start+transfer+decode exceeds prefill+decode of actor 0 "
+                      f"by {over:.3f}s")
+    return t_max, prefill_s * c.prefill_gpus + billed * c.gpus_per_actor, reason

@@ -1,0 +1,222 @@
+"""``rlhfless deploy``: manifest validation, the pure plan, idempotent deploys (emulator), CLI."""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from actions.runtime.server import ACTION_NAMES
+from flows import deploy as deploy_mod
+from flows.deploy import (
+    DeployError,
+    ManifestError,
+    action_body,
+    deploy,
+    expand_env,
+    load_manifest,
+    plan_deploy,
+)
+from flows.invokers.openwhisk import OpenWhiskClient, OpenWhiskConfig, OpenWhiskInvoker
+
+try:
+    from ow_emulator import OPENWHISK_DEFAULTS, OpenWhiskEmulator, ow_emulator, running_emulator  # noqa: F401
+except ImportError:  # tests/ imported as a package
+    from tests.ow_emulator import OPENWHISK_DEFAULTS, OpenWhiskEmulator, ow_emulator, running_emulator  # noqa: F401
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = REPO / "infra" / "openwhisk" / "actions.yaml"
+
+SMALL = """
+package: rlhfless
+env:
+  PROBE_SETTING: ${PROBE_SETTING:-from-default}
+actions:
+  probe:
+    docker: rlhfless/runtime-cpu:0.1.0
+    memory: 256
+    timeout: 20000
+    annotations: {gpus: 0}
+    parameters: {echo: bound}
+  noop:
+    docker: rlhfless/runtime-cpu:0.1.0
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "actions.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def client_for(emu: OpenWhiskEmulator) -> OpenWhiskClient:
+    api_host, auth, _ = emu.credentials
+    return OpenWhiskClient(OpenWhiskConfig(api_host, auth))
+
+
+def puts(emu: OpenWhiskEmulator) -> int:
+    return sum(1 for method, _, _ in emu.requests if method == "PUT")
+
+
+# ---------------------------------------------------------------------------- manifest
+def test_shipped_manifest_covers_every_runtime_action():
+    manifest = load_manifest(SHIPPED)
+    assert manifest.package == "rlhfless"
+    assert set(manifest.actions) == set(ACTION_NAMES), "infra/openwhisk/actions.yaml and ACTION_NAMES disagree"
+    generate = manifest.actions["generate"]
+    assert generate.annotations["invoker-resources"] == ["gpu"] and generate.annotations["gpus"] >= 1
+    assert generate.memory > 512 and generate.timeout > 300_000  # needs the raised limits
+    assert manifest.actions["noop"].annotations["gpus"] == 0
+    assert {"AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(manifest.env)
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("actions:\n  generate: {docker: img:1, memory: 0}\n", "actions.generate.memory: Input should be greater than or equal to 128 (got 0)"),
+        ("actions:\n  generate: {docker: img:1, memroy: 512}\n", "actions.generate.memroy: Extra inputs are not permitted"),
+        ("actions:\n  generate: {memory: 512}\n", "actions.generate.docker: Field required"),
+        ("actions:\n  generate: {docker: img:1, annotations: {gpus: -1}}\n", "actions.generate.annotations: Value error, annotation gpus"),
+        ("package: 'bad name'\nactions:\n  noop: {docker: img:1}\n", "package: String should match pattern"),
+        ("actions: {}\n", "actions: Dictionary should have at least 1 item"),
+        ("actions:\n  'no/slash': {docker: img:1}\n", "actions: Value error, action name 'no/slash'"),
+        ("- just\n- a list\n", "expected a mapping with 'package' and 'actions', got list"),
+        ("actions: [unclosed\n", "not valid YAML"),
+    ],
+)
+def test_manifest_errors_name_the_field(tmp_path, body, expected):
+    path = write(tmp_path, body)
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path)
+    assert str(info.value).startswith(f"{path}: ")
+    assert expected in str(info.value)
+
+
+def test_missing_manifest_file(tmp_path):
+    with pytest.raises(ManifestError, match="cannot read the manifest: No such file"):
+        load_manifest(tmp_path / "absent.yaml")
+
+
+def test_env_expansion():
+    values, missing = expand_env({"A": "${X}", "B": "${Y:-dflt}", "C": "pre-${X}-${Z}"}, {"X": "x"})
+    assert values == {"A": "x", "B": "dflt", "C": "pre-x-<unset $Z>"}
+    assert missing == ["Z"]
+
+
+# ---------------------------------------------------------------------------- plan (pure)
+def test_plan_is_pure_and_ignores_controller_annotations(tmp_path):
+    manifest = load_manifest(write(tmp_path, SMALL))
+    plan = plan_deploy(manifest, {}, package_exists=False, environ={})
+    assert [(c.entity, c.name, c.kind) for c in plan] == [
+        ("package", "rlhfless", "create"),
+        ("action", "rlhfless/probe", "create"),
+        ("action", "rlhfless/noop", "create"),
+    ]
+    # what the controller stores: our body plus its own exec/provide-api-key annotations
+    stored = {}
+    for name, spec in manifest.actions.items():
+        body = action_body(spec, {"PROBE_SETTING": "from-default"})
+        stored[name] = {
+            **body,
+            "exec": {**body["exec"], "binary": False},
+            "limits": {**body["limits"], "instances": 30},
+            "annotations": body["annotations"] + [{"key": "exec", "value": "blackbox"}, {"key": "provide-api-key", "value": False}],
+        }
+    assert {c.kind for c in plan_deploy(manifest, stored, environ={})} == {"unchanged"}
+    stored["probe"]["limits"]["memory"] = 512
+    stored["noop"]["exec"]["image"] = "rlhfless/runtime-cpu:0.0.9"
+    changed = {c.name: c.fields for c in plan_deploy(manifest, stored, environ={"PROBE_SETTING": "new"}) if c.kind == "update"}
+    assert changed == {"rlhfless/probe": ("limits.memory", "parameters"), "rlhfless/noop": ("exec.image", "parameters")}
+
+
+def test_plan_refuses_unset_env_unless_dry_run(tmp_path):
+    manifest = load_manifest(write(tmp_path, "env: {KEY: '${NOT_SET_ANYWHERE}'}\nactions:\n  noop: {docker: img:1}\n"))
+    with pytest.raises(ManifestError, match="unset variable\\(s\\) NOT_SET_ANYWHERE"):
+        plan_deploy(manifest, {}, environ={})
+    plan = plan_deploy(manifest, {}, environ={}, allow_unset_env=True)
+    assert plan[1].body["parameters"] == [{"key": "KEY", "value": "<unset $NOT_SET_ANYWHERE>", "init": True}]
+
+
+# ---------------------------------------------------------------------------- deploy (emulator)
+def test_deploy_is_idempotent_and_actions_run(ow_emulator: OpenWhiskEmulator, tmp_path):
+    manifest = load_manifest(write(tmp_path, SMALL))
+    with client_for(ow_emulator) as client:
+        first = deploy(client, manifest, environ={})
+        assert [c.kind for c in first] == ["create", "create", "create"]
+        assert puts(ow_emulator) == 3
+        second = deploy(client, manifest, environ={})
+        assert [c.kind for c in second] == ["unchanged"] * 3
+        assert puts(ow_emulator) == 3  # nothing was PUT again
+        # default and init parameters reach the running action
+        invoker = OpenWhiskInvoker(client)
+        assert invoker.invoke("probe", {"getenv": "PROBE_SETTING"}).result == {"env": "from-default"}
+        assert invoker.invoke("probe", {}).result["echo"] == "bound"
+        assert invoker.invoke("noop", {}).result == {"ok": True}
+        # one changed field -> one PUT
+        manifest.actions["probe"].memory = 1024
+        third = deploy(client, manifest, environ={})
+        assert [(c.name, c.kind, c.fields) for c in third if c.kind != "unchanged"] == [("rlhfless/probe", "update", ("limits.memory",))]
+        assert puts(ow_emulator) == 4
+
+
+def test_dry_run_changes_nothing(ow_emulator: OpenWhiskEmulator, tmp_path):
+    manifest = load_manifest(write(tmp_path, SMALL))
+    with client_for(ow_emulator) as client:
+        plan = deploy(client, manifest, dry_run=True, environ={})
+    assert [c.kind for c in plan] == ["create"] * 3
+    assert puts(ow_emulator) == 0
+
+
+def test_limits_below_the_manifest_are_refused_with_a_hint(tmp_path):
+    manifest = load_manifest(SHIPPED)
+    environ = {"AWS_ENDPOINT_URL": "http://minio:9000", "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    with running_emulator(limits=OPENWHISK_DEFAULTS) as emu, client_for(emu) as client:
+        with pytest.raises(DeployError) as info:
+            deploy(client, manifest, environ=environ)
+    message = str(info.value)
+    assert message.startswith("action rlhfless/prefill: put action rlhfless/prefill: HTTP 400 memory 32768 MB exceeds allowed threshold of 512 MB")
+    assert "values-gpu.yaml" in message
+
+
+# ---------------------------------------------------------------------------- CLI
+def cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    deploy_mod.add_arguments(parser)
+    return deploy_mod.run(parser.parse_args(argv))
+
+
+@pytest.fixture
+def no_credentials(monkeypatch, tmp_path):
+    for name in ("WSK_APIHOST", "__OW_API_HOST", "WSK_AUTH", "__OW_API_KEY", "__OW_NAMESPACE", "RLHFLESS_OPENWHISK_SECRET", "WSK_CONFIG_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+
+def test_cli_dry_run_needs_no_credentials(no_credentials, monkeypatch, capsys):
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    assert cli(["--manifest", str(SHIPPED), "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert "action rlhfless/generate: create" in out
+    assert out.strip().endswith("8 to create, 0 to update, 0 unchanged (dry run: nothing was changed)")
+    assert "no OpenWhisk credentials" in err and "unset $AWS_SECRET_ACCESS_KEY" in err
+
+
+def test_cli_errors_are_one_line_with_exit_code_2(no_credentials, tmp_path, capsys):
+    assert cli(["--manifest", str(tmp_path / "absent.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rlhfless deploy: ") and err.count("\n") == 1
+    assert cli(["--manifest", str(SHIPPED)]) == 2  # a real deploy needs credentials
+    assert "set WSK_APIHOST and WSK_AUTH" in capsys.readouterr().err
+
+
+def test_cli_deploys_against_the_emulator(ow_emulator: OpenWhiskEmulator, monkeypatch, tmp_path, capsys):
+    for name, value in ow_emulator.env().items():
+        monkeypatch.setenv(name, value)
+    path = write(tmp_path, SMALL)
+    assert cli(["--manifest", str(path)]) == 0
+    assert "3 to create" in capsys.readouterr().out
+    assert cli(["--manifest", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "0 to create, 0 to update, 3 unchanged" in out and ow_emulator.auth.split(":")[1] not in out

@@ -1,0 +1,358 @@
+"""OpenWhisk client and invoker, against the swagger-validating controller emulator.
+
+OpenWhisk cannot run on these machines; ``tests/ow_emulator.py`` serves the controller API and
+runs each activation in a real action-protocol server process. The ``ow_emulator`` fixture
+fails a test whose requests or responses violate the official swagger.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from flows.invokers.base import ActionError
+from flows.invokers.openwhisk import (
+    OpenWhiskAuthError,
+    OpenWhiskClient,
+    OpenWhiskConfig,
+    OpenWhiskError,
+    OpenWhiskInvoker,
+    OpenWhiskNotFound,
+    OpenWhiskUnreachable,
+    RetryPolicy,
+    activation_from_record,
+    classify_activation,
+)
+
+try:
+    from ow_emulator import OpenWhiskEmulator, ow_emulator, running_emulator  # noqa: F401 (fixture)
+except ImportError:  # tests/ imported as a package
+    from tests.ow_emulator import OpenWhiskEmulator, ow_emulator, running_emulator  # noqa: F401
+
+FAST = RetryPolicy(
+    backoff_base_s=0.01,
+    backoff_max_s=0.05,
+    poll_initial_s=0.01,
+    poll_max_s=0.05,
+    lost_grace_s=0.2,
+    blocking_wait_ms=10_000,
+    request_timeout_s=10.0,
+)
+CPU_IMAGE = "rlhfless/runtime-cpu:0.1.0"
+
+
+def make_client(emu: OpenWhiskEmulator, retry: RetryPolicy = FAST, **overrides: str) -> OpenWhiskClient:
+    api_host, auth, _ = emu.credentials
+    config = OpenWhiskConfig(overrides.get("api_host", api_host), overrides.get("auth", auth), overrides.get("namespace", "_"))
+    return OpenWhiskClient(config, retry=retry, seed=0)
+
+
+def put_action(client: OpenWhiskClient, name: str, *, timeout_ms: int = 20_000, gpus: int = 0) -> dict:
+    try:
+        client.get_package("rlhfless")
+    except OpenWhiskNotFound:
+        client.put_package("rlhfless", {"publish": False})
+    body = {
+        "exec": {"kind": "blackbox", "image": CPU_IMAGE},
+        "limits": {"timeout": timeout_ms, "memory": 256},
+        "annotations": [{"key": "gpus", "value": gpus}],
+    }
+    return client.put_action(f"rlhfless/{name}", body)
+
+
+@pytest.fixture
+def client(ow_emulator: OpenWhiskEmulator):
+    client = make_client(ow_emulator)
+    put_action(client, "probe", gpus=2)
+    put_action(client, "noop")
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def invoker(client: OpenWhiskClient):
+    return OpenWhiskInvoker(client, package="rlhfless", timeout_s=30.0, prewarm_hold_s=0.3)
+
+
+# ---------------------------------------------------------------------------- configuration
+def test_config_from_env_normalises_host_and_hides_key(monkeypatch, tmp_path):
+    env = {"WSK_APIHOST": "ow.example.org:31001", "WSK_AUTH": "23bc46b1-71f6:s3cr3tKEYvalue", "WSK_INSECURE": "true", "HOME": str(tmp_path)}
+    config = OpenWhiskConfig.from_env(env)
+    assert config.api_host == "https://ow.example.org:31001"
+    assert config.namespace == "_" and config.verify is False
+    assert "s3cr3tKEYvalue" not in repr(config) and "s3cr3tKEYvalue" not in repr(OpenWhiskClient(config))
+    # inside an action, __OW_* variables are what OpenWhisk provides
+    inner = OpenWhiskConfig.from_env({"__OW_API_HOST": "https://x/api/v1", "__OW_API_KEY": "a:b", "__OW_NAMESPACE": "team", "HOME": str(tmp_path)})
+    assert (inner.api_host, inner.namespace) == ("https://x", "team")
+    with pytest.raises(ValueError, match="set WSK_APIHOST and WSK_AUTH"):
+        OpenWhiskConfig.from_env({"HOME": str(tmp_path)})
+    with pytest.raises(ValueError, match="uuid:key") as info:
+        OpenWhiskConfig("https://x", "no-colon-secret")
+    assert "no-colon-secret" not in str(info.value)
+    (tmp_path / ".wskprops").write_text("APIHOST=10.0.0.1:443\nAUTH=u:k\nNAMESPACE=ns1\n")
+    props = OpenWhiskConfig.from_env({"HOME": str(tmp_path)})
+    assert (props.api_host, props.auth, props.namespace) == ("https://10.0.0.1:443", "u:k", "ns1")
+
+
+def test_config_from_prefect_secret_block(monkeypatch):
+    import prefect.blocks.system as system
+
+    stored = {"api_host": "http://127.0.0.1:3233", "auth": "uuid:key123", "namespace": "guest", "insecure": True}
+    loads = []
+
+    def fake_load(name):
+        loads.append(name)
+        return SimpleNamespace(get=lambda: stored)
+
+    monkeypatch.setattr(system.Secret, "load", staticmethod(fake_load))
+    config = OpenWhiskConfig.resolve(secret_block="ow-prod", env={})
+    assert loads == ["ow-prod"]
+    assert (config.api_host, config.auth, config.namespace, config.verify) == ("http://127.0.0.1:3233", "uuid:key123", "guest", False)
+    # explicit arguments win over the block
+    assert OpenWhiskConfig.resolve(api_host="http://h", auth="a:b", env={}).api_host == "http://h"
+
+
+# ---------------------------------------------------------------------------- CRUD
+def test_action_crud_roundtrip(ow_emulator: OpenWhiskEmulator):
+    with make_client(ow_emulator) as client:
+        with pytest.raises(OpenWhiskNotFound, match="package rlhfless does not exist; create it first"):
+            client.put_action("rlhfless/probe", {"exec": {"kind": "blackbox", "image": CPU_IMAGE}})
+        created = put_action(client, "probe")
+        assert created["version"] == "0.0.1" and created["exec"]["image"] == CPU_IMAGE
+        assert created["limits"] == {"timeout": 20_000, "memory": 256, "logs": 10, "concurrency": 1}
+        put_action(client, "noop")
+        assert client.get_action("rlhfless/probe")["namespace"] == "guest/rlhfless"
+        assert {a["name"] for a in client.list_actions()} == {"probe", "noop"}
+        assert {a["name"] for a in client.list_actions(package="rlhfless", page_size=1)} == {"probe", "noop"}
+        assert put_action(client, "probe", timeout_ms=5000)["version"] == "0.0.2"
+        with pytest.raises(OpenWhiskError) as conflict:
+            client.put_action("rlhfless/probe", {"exec": {"kind": "blackbox", "image": CPU_IMAGE}}, overwrite=False)
+        assert conflict.value.status == 409 and not conflict.value.transient
+        client.delete_action("rlhfless/probe")
+        with pytest.raises(OpenWhiskNotFound) as gone:
+            client.get_action("rlhfless/probe")
+        assert str(gone.value) == "action rlhfless/probe does not exist in namespace _; run `rlhfless deploy`"
+
+
+# ---------------------------------------------------------------------------- invoke
+def test_invoke_returns_result_and_accounting(invoker: OpenWhiskInvoker, client: OpenWhiskClient):
+    first = invoker.invoke("probe", {"echo": 7, "print": "hello from probe"})
+    assert first.result["ok"] is True and first.result["echo"] == 7
+    assert "__activation" not in first.result and first.extra["runtime"]["image"] == CPU_IMAGE
+    assert first.cold and first.init_s > 0 and first.gpus == 2 and first.extra["memory_mb"] == 256
+    assert first.submitted_at <= first.started_at <= first.ended_at
+    assert first.billed_s == pytest.approx(first.ended_at - first.started_at + first.init_s, abs=2e-3)
+    assert first.worker == f"{CPU_IMAGE}#{first.result['pid']}"
+    logs = client.activation_logs(first.activation_id)
+    assert any(line.endswith("stdout: hello from probe") for line in logs), logs
+    assert client.activation_result(first.activation_id)["status"] == "success"
+    second = invoker.invoke("probe", {"echo": 8})
+    assert not second.cold and second.init_s == 0 and second.result["pid"] == first.result["pid"]
+
+
+def test_non_blocking_invoke_polls_until_recorded(client: OpenWhiskClient):
+    record = client.invoke("rlhfless/probe", {"echo": "nb", "sleep_s": 0.2}, blocking=False, timeout_s=20)
+    assert record["response"]["result"]["echo"] == "nb"
+    assert client.stats["polls"] >= 2  # the first polls found nothing yet (404)
+
+
+def test_blocking_wait_running_out_falls_back_to_polling(ow_emulator: OpenWhiskEmulator, invoker: OpenWhiskInvoker):
+    ow_emulator.blocking_wait_cap_ms = 100
+    activation = invoker.invoke("probe", {"echo": "slow", "sleep_s": 0.6})
+    assert activation.result["echo"] == "slow"
+    assert ("POST", "/api/v1/namespaces/_/actions/rlhfless/probe", 202) in ow_emulator.requests
+    assert invoker.client.stats["polls"] >= 1
+
+
+def test_deadline_bounds_the_wait(ow_emulator: OpenWhiskEmulator, invoker: OpenWhiskInvoker):
+    ow_emulator.blocking_wait_cap_ms = 100
+    started = time.monotonic()
+    with pytest.raises(ActionError, match="no result before the deadline") as info:
+        invoker.invoke("probe", {"sleep_s": 3}, timeout_s=0.5)
+    assert info.value.transient and info.value.activation_id
+    assert time.monotonic() - started < 2.0
+
+
+def test_429_storm_is_ridden_out_with_bounded_retries(ow_emulator: OpenWhiskEmulator, invoker: OpenWhiskInvoker):
+    ow_emulator.throttle(3)
+    assert invoker.invoke("probe", {"echo": 1}).result["echo"] == 1
+    assert invoker.client.stats["throttled"] == 3
+    assert ow_emulator.num_invokes == 4
+    # a storm longer than max_attempts gives up, transient, after exactly max_attempts requests
+    ow_emulator.throttle(100)
+    with pytest.raises(ActionError, match=r"HTTP 429 .* after 8 attempts") as info:
+        invoker.invoke("probe", {"echo": 2})
+    assert info.value.transient
+    assert ow_emulator.num_invokes == 4 + FAST.max_attempts
+
+
+def test_503_is_retried_only_for_idempotent_calls(ow_emulator: OpenWhiskEmulator, client: OpenWhiskClient):
+    ow_emulator.unavailable(2)
+    assert client.invoke("rlhfless/probe", {"echo": 3})["response"]["success"]
+    assert client.stats["unavailable"] == 2
+    ow_emulator.unavailable(1)
+    with pytest.raises(OpenWhiskError) as info:
+        client.invoke("rlhfless/probe", {"echo": 4}, idempotent=False)
+    assert info.value.status == 503 and info.value.transient
+
+
+def test_application_error_is_not_transient(invoker: OpenWhiskInvoker):
+    with pytest.raises(ActionError) as info:
+        invoker.invoke("probe", {"error": "prompt_ids: must not be empty"})
+    assert not info.value.transient
+    assert info.value.message == "prompt_ids: must not be empty"
+    assert info.value.action == "probe" and info.value.activation_id
+
+
+def test_action_that_raises_is_transient(invoker: OpenWhiskInvoker):
+    with pytest.raises(ActionError) as info:
+        invoker.invoke("probe", {"raise": "S3 endpoint unreachable"})
+    assert info.value.transient and "RuntimeError: S3 endpoint unreachable" in info.value.message
+
+
+def test_developer_error_is_retried_once_in_place(ow_emulator: OpenWhiskEmulator, invoker: OpenWhiskInvoker):
+    ow_emulator.developer_error(1)
+    assert invoker.invoke("probe", {"echo": 5}).result["echo"] == 5
+    assert invoker.client.stats["developer_retry"] == 1
+    ow_emulator.developer_error(5)
+    before = ow_emulator.num_invokes
+    with pytest.raises(ActionError, match="developer error: The action did not initialize") as info:
+        invoker.invoke("probe", {"echo": 6})
+    assert info.value.transient
+    assert ow_emulator.num_invokes - before == 1 + FAST.developer_error_retries
+
+
+def test_time_limit_is_a_non_transient_developer_error(client: OpenWhiskClient, invoker: OpenWhiskInvoker):
+    put_action(client, "probe", timeout_ms=300)
+    with pytest.raises(ActionError, match="exceeded its time limits of 300 milliseconds") as info:
+        invoker.invoke("probe", {"sleep_s": 2})
+    assert not info.value.transient and "raise its timeout" in info.value.message
+
+
+def test_lost_activation_is_invoked_again_a_bounded_number_of_times(
+    ow_emulator: OpenWhiskEmulator, client: OpenWhiskClient, invoker: OpenWhiskInvoker
+):
+    put_action(client, "probe", timeout_ms=200)  # lost after 0.2 s time limit + 0.2 s grace
+    ow_emulator.lose(1)
+    assert invoker.invoke("probe", {"echo": "again"}).result["echo"] == "again"
+    assert client.stats["lost"] == 1 and ow_emulator.num_invokes == 2
+    ow_emulator.lose(10)
+    with pytest.raises(ActionError, match="accepted but never recorded") as info:
+        invoker.invoke("probe", {"echo": "gone"})
+    assert info.value.transient
+    assert ow_emulator.num_invokes == 2 + 1 + FAST.lost_retries
+
+
+# ---------------------------------------------------------------------------- clear failures
+def test_bad_credentials_give_a_clear_message_without_the_key(ow_emulator: OpenWhiskEmulator, caplog):
+    caplog.set_level(logging.DEBUG)
+    uuid_part = ow_emulator.auth.split(":")[0]
+    wrong = f"{uuid_part}:WRONGwrongWRONGwrongWRONG"
+    with make_client(ow_emulator, auth=wrong) as client:
+        with pytest.raises(OpenWhiskAuthError) as info:
+            client.list_actions()
+        invoker = OpenWhiskInvoker(client)
+        with pytest.raises(ActionError) as via_invoker:
+            invoker.invoke("generate", {})
+    host = ow_emulator.api_host
+    assert str(info.value) == f"OpenWhisk rejected the credentials for namespace _ at {host} (HTTP 401); check WSK_AUTH"
+    assert not via_invoker.value.transient
+    for text in (str(info.value), str(via_invoker.value), repr(invoker), caplog.text):
+        assert "WRONGwrong" not in text and ow_emulator.auth.split(":")[1] not in text
+
+
+def test_foreign_namespace_is_denied(ow_emulator: OpenWhiskEmulator):
+    with make_client(ow_emulator, namespace="someone-else") as client:
+        with pytest.raises(OpenWhiskAuthError, match="denied the credentials access to namespace someone-else"):
+            client.get_action("rlhfless/probe")
+
+
+def test_unreachable_host_is_one_line_naming_the_host():
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    retry = RetryPolicy(connect_attempts=2, backoff_base_s=0.01)
+    for host in (f"http://127.0.0.1:{port}", "http://no-such-host.invalid"):
+        with OpenWhiskClient(OpenWhiskConfig(host, "uuid:secretkey123"), retry=retry) as client:
+            with pytest.raises(OpenWhiskUnreachable) as info:
+                client.invoke("rlhfless/generate", {})
+        message = str(info.value)
+        assert message.startswith(f"cannot reach the OpenWhisk API at {host}: ") and "\n" not in message
+        assert "secretkey123" not in message and info.value.transient
+
+
+def test_missing_action_says_run_deploy(invoker: OpenWhiskInvoker):
+    with pytest.raises(ActionError) as info:
+        invoker.invoke("train_step", {})
+    assert not info.value.transient
+    assert info.value.message == "action rlhfless/train_step does not exist in namespace _; run `rlhfless deploy`"
+
+
+# ---------------------------------------------------------------------------- prewarm, threads
+def test_prewarm_starts_distinct_containers(ow_emulator: OpenWhiskEmulator, invoker: OpenWhiskInvoker):
+    assert invoker.prewarm("noop", 3) == 3
+    assert ow_emulator.pool.warm("rlhfless/noop") == 3
+    assert invoker.prewarm("noop", 3) == 0  # all three already warm
+    assert ow_emulator.pool.warm("rlhfless/noop") == 3
+    activation = invoker.invoke("noop", {})
+    assert activation.result == {"ok": True} and not activation.cold
+
+
+def test_concurrent_invokes_share_one_client(invoker: OpenWhiskInvoker):
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        activations = list(pool.map(lambda i: invoker.invoke("probe", {"echo": i, "sleep_s": 0.1}), range(6)))
+    assert [a.result["echo"] for a in activations] == list(range(6))
+    assert len({a.activation_id for a in activations}) == 6
+
+
+# ---------------------------------------------------------------------------- pure mapping
+def test_activation_from_record_accounting():
+    record = {
+        "activationId": "a1",
+        "start": 10_000,
+        "end": 12_500,
+        "duration": 2_500,
+        "annotations": [{"key": "waitTime", "value": 300}, {"key": "initTime", "value": 500}, {"key": "path", "value": "guest/rlhfless/generate"}],
+        "response": {"status": "success", "success": True, "result": {"k": 1, "__activation": {"busy_s": 1.75, "pid": 9, "image": "img:1"}}},
+    }
+    meta = {"limits": {"memory": 32768}, "annotations": [{"key": "invoker-resources", "value": ["gpu"]}]}
+    act = activation_from_record("generate", record, meta)
+    # submitted = start - wait; started = start + init; billed = run wall + init = duration
+    assert (act.submitted_at, act.started_at, act.ended_at) == (9.7, 10.5, 12.5)
+    assert act.init_s == 0.5 and act.cold and act.busy_s == 1.75
+    assert act.billed_s == pytest.approx(2.5) and act.queue_s == pytest.approx(0.8)
+    assert act.result == {"k": 1} and act.extra["runtime"]["pid"] == 9 and act.extra["wait_s"] == 0.3
+    assert act.gpus == 1 and act.extra["memory_mb"] == 32768  # invoker-resources gpu, no gpus annotation
+
+
+@pytest.mark.parametrize(
+    ("status", "result", "annotations", "expected"),
+    [
+        ("success", {"ok": True}, [], None),
+        ("application error", {"error": "bad payload"}, [], (False, False)),
+        ("application error", {"error": "boom", "developer_error": True}, [], (True, False)),
+        ("action developer error", {"error": "The action exceeded its time limits of 10 milliseconds."}, [{"key": "timeout", "value": True}], (False, False)),
+        ("action developer error", {"error": "The action did not initialize and exited unexpectedly."}, [], (True, True)),
+        ("whisk internal error", {"error": "internal"}, [], (True, True)),
+    ],
+)
+def test_classify_activation(status, result, annotations, expected):
+    error, retry_in_place = classify_activation("a", {"activationId": "x", "annotations": annotations, "response": {"status": status, "result": result}})
+    if expected is None:
+        assert error is None
+    else:
+        assert (error.transient, retry_in_place) == expected and error.activation_id == "x"
+
+
+def test_client_imports_without_torch():
+    """flows never import torch (ARCHITECTURE: dependency direction); checked in a clean interpreter."""
+    code = "import flows.invokers.openwhisk, flows.deploy, sys; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
