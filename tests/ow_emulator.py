@@ -464,7 +464,7 @@ class OpenWhiskEmulator:
                 return 200, self._package_view(name, self.packages[name]), None
             if method == "DELETE" and existing is not None:
                 if any(k.startswith(name + "/") for k in self.actions):
-                    raise HttpReply(409, {"error": f"Package not empty (contains actions).", "code": _tid()})
+                    raise HttpReply(409, {"error": "Package not empty (contains actions).", "code": _tid()})
                 del self.packages[name]
                 return 200, self._package_view(name, existing), None
         raise HttpReply(404, {"error": NOT_FOUND, "code": _tid()})

@@ -100,6 +100,8 @@ class S3Store:
             sent as multipart uploads and fetched as parallel ranged GETs of chunksize.
         max_concurrency: threads for one large object's parts, and for the blobs of one
             artifact (``put_artifact`` reads this attribute).
+        max_single_put: content-addressed blobs up to this size go up as one conditional
+            PUT (no HEAD, no re-hash); larger ones as multipart after a HEAD.
         conditional_writes: True/False to state whether the server honours If-None-Match;
             None probes on first use.
     """
@@ -118,6 +120,7 @@ class S3Store:
         multipart_threshold: int = 8 * MiB,
         multipart_chunksize: int = 8 * MiB,
         max_concurrency: int = 8,
+        max_single_put: int = 64 * MiB,
         conditional_writes: bool | None = None,
     ) -> None:
         if not _BUCKET_RE.match(bucket):
@@ -134,6 +137,7 @@ class S3Store:
         self.multipart_threshold = multipart_threshold
         self.multipart_chunksize = multipart_chunksize
         self.max_concurrency = max_concurrency
+        self.max_single_put = max_single_put
         self._key_id = credentials.access_key_id if credentials else None
         self._conditional = conditional_writes
         self._lock = threading.Lock()
@@ -273,11 +277,13 @@ class S3Store:
     def put(self, key: str, data: bytes) -> None:
         self._write(key, as_parts(data))
 
-    def _write(self, key: str, parts: tuple[memoryview, ...], sha256: str | None = None) -> None:
+    def _write(
+        self, key: str, parts: tuple[memoryview, ...], sha256: str | None = None, *, single: bool = False
+    ) -> None:
         full = self._full(key)
         size = sum(p.nbytes for p in parts)
         try:
-            if size >= self.multipart_threshold:
+            if size >= self.multipart_threshold and not single:
                 # Multipart completes atomically: readers see the old object or the new one.
                 self._transfer.upload(_PartsReader(parts), self.bucket, full).result()
             else:
@@ -294,7 +300,9 @@ class S3Store:
         """Create a content-addressed object from ``parts`` (buffers whose concatenation has
         sha256 ``sha256``) unless it exists. Returns whether bytes were uploaded."""
         parts = as_parts(parts)
-        if sum(p.nbytes for p in parts) >= self.multipart_threshold:
+        # Blobs of one artifact already move in parallel, so multipart buys little below
+        # max_single_put; a single PUT can be conditional and reuse the known sha256.
+        if sum(p.nbytes for p in parts) > max(self.max_single_put, self.multipart_threshold):
             # Multipart cannot be conditional through s3transfer: check first. Two writers of
             # the same content race harmlessly (same bytes).
             if self.exists(key):
@@ -316,7 +324,7 @@ class S3Store:
         # the module docstring.
         if self.exists(key):
             return False
-        self._write(key, parts, sha256)
+        self._write(key, parts, sha256, single=True)
         return True
 
     def _put_if_none_match(self, key: str, parts: tuple[memoryview, ...], sha256: str | None) -> bool | None:
@@ -581,10 +589,20 @@ class _PartsReader(io.RawIOBase):
         return filled
 
     def read(self, size: int = -1) -> bytes:
-        size = self._size - self._pos if size is None or size < 0 else min(size, self._size - self._pos)
-        buf = bytearray(max(size, 0))
-        n = self.readinto(buf)
-        return bytes(buf[:n]) if n != len(buf) else bytes(buf)
+        remaining = self._size - self._pos
+        size = remaining if size is None or size < 0 else min(size, remaining)
+        if size <= 0:
+            return b""
+        start = 0
+        for part in self._parts:  # the common case, a slice of one part: one copy
+            if start <= self._pos and self._pos + size <= start + part.nbytes:
+                lo = self._pos - start
+                self._pos += size
+                return part[lo : lo + size].tobytes()
+            start += part.nbytes
+        buf = bytearray(size)
+        self.readinto(buf)
+        return bytes(buf)
 
 
 # The sha256 of the body being sent by this thread, when the caller already knows it (a
