@@ -69,3 +69,36 @@ def test_ppo_step_trains_critic(tiny_config, prefect_harness):
     summary = run_campaign(cfg, progress=lambda m: None)
     step = summary["steps"][0]
     assert "loss/value" in step and step["loss/value"] >= 0.0
+
+
+def test_failed_activations_are_retried_and_change_nothing(tiny_config, prefect_harness):
+    clean = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=clean"), progress=lambda m: None)
+    cfg = tiny_config("invoker.kind=inprocess", "run_id=faulty", "faults.fail_fraction=0.2",
+                      "faults.actions=[generate,score]")
+    from flows.context import RunContext
+
+    injected: list = []
+    original = RunContext.should_inject
+
+    def spy(self, action, shard):
+        hit = original(self, action, shard)
+        if hit:
+            injected.append((action, shard))
+        return hit
+
+    RunContext.should_inject = spy
+    try:
+        faulty = run_campaign(cfg, progress=lambda m: None)
+    finally:
+        RunContext.should_inject = original
+    assert injected, "the fault injector should have failed some activations"
+    assert faulty["weights_sha256"] == clean["weights_sha256"]
+
+
+def test_budget_stops_cleanly_and_resume_with_larger_budget_completes(tiny_config, prefect_harness):
+    first = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=budget", "steps=3",
+                                     "budget.gpu_seconds=0.001"), progress=lambda m: None)
+    assert first["steps_completed"] == 1 and "budget.gpu_seconds" in first["stopped_reason"]
+    rest = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=budget", "steps=3"), resume=True,
+                        progress=lambda m: None)
+    assert rest["steps_completed"] == 3 and rest["stopped_reason"] is None

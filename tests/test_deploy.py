@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from actions.runtime.server import ACTION_NAMES
 from flows import deploy as deploy_mod
@@ -22,9 +23,9 @@ from flows.deploy import (
 from flows.invokers.openwhisk import OpenWhiskClient, OpenWhiskConfig, OpenWhiskInvoker
 
 try:
-    from ow_emulator import OPENWHISK_DEFAULTS, OpenWhiskEmulator, ow_emulator, running_emulator  # noqa: F401
+    from ow_emulator import OPENWHISK_DEFAULTS, RAISED_LIMITS, OpenWhiskEmulator, ow_emulator, running_emulator  # noqa: F401
 except ImportError:  # tests/ imported as a package
-    from tests.ow_emulator import OPENWHISK_DEFAULTS, OpenWhiskEmulator, ow_emulator, running_emulator  # noqa: F401
+    from tests.ow_emulator import OPENWHISK_DEFAULTS, RAISED_LIMITS, OpenWhiskEmulator, ow_emulator, running_emulator  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "infra" / "openwhisk" / "actions.yaml"
@@ -70,6 +71,20 @@ def test_shipped_manifest_covers_every_runtime_action():
     assert generate.memory > 512 and generate.timeout > 300_000  # needs the raised limits
     assert manifest.actions["noop"].annotations["gpus"] == 0
     assert {"AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(manifest.env)
+
+
+def test_shipped_manifest_fits_the_helm_limits():
+    """actions.yaml must deploy on a cluster installed with values-gpu.yaml (and the emulator's
+    raised limits must be those)."""
+    values = yaml.safe_load((REPO / "infra" / "openwhisk" / "values-gpu.yaml").read_text())
+    limits = values["whisk"]["limits"]["actions"]
+    max_memory_mb = int(limits["memory"]["max"].removesuffix("m"))
+    max_time_ms = int(limits["time"]["max"].removesuffix("m")) * 60_000
+    assert RAISED_LIMITS["memory"][1] == max_memory_mb and RAISED_LIMITS["timeout"][1] == max_time_ms
+    assert RAISED_LIMITS["concurrency"][1] == limits["concurrency"]["max"]
+    for name, spec in load_manifest(SHIPPED).actions.items():
+        assert spec.memory <= max_memory_mb and spec.timeout <= max_time_ms, name
+        assert spec.concurrency <= limits["concurrency"]["max"], name
 
 
 @pytest.mark.parametrize(

@@ -33,9 +33,9 @@ from flows.invokers.openwhisk import (
 )
 
 try:
-    from ow_emulator import OpenWhiskEmulator, ow_emulator, running_emulator  # noqa: F401 (fixture)
+    from ow_emulator import OpenWhiskEmulator, ow_emulator  # noqa: F401 (fixture)
 except ImportError:  # tests/ imported as a package
-    from tests.ow_emulator import OpenWhiskEmulator, ow_emulator, running_emulator  # noqa: F401
+    from tests.ow_emulator import OpenWhiskEmulator, ow_emulator  # noqa: F401
 
 FAST = RetryPolicy(
     backoff_base_s=0.01,

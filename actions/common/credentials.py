@@ -75,9 +75,8 @@ def redact(text: str, env: Mapping[str, str] | None = None) -> str:
     Returns:
         ``text`` with each secret replaced by ``[REDACTED]`` and each key id masked.
 
-    >>> import os; os.environ["WSK_AUTH"] = "23bc46b1:123zO3xZCLrMN6v2BKK"
-    >>> redact("auth=23bc46b1:123zO3xZCLrMN6v2BKK")
-    'auth=[REDACTED]'
+    >>> redact("auth=23bc46b1:123zO3xZCLrMN6v2BKK ok", env={"WSK_AUTH": "23bc46b1:123zO3xZCLrMN6v2BKK"})
+    'auth=[REDACTED] ok'
     """
     env = os.environ if env is None else env
     with _extra_lock:

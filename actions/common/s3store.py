@@ -12,19 +12,24 @@ configuration fails with a one-line error before anything is written. Choices:
 * Retries: botocore "standard" mode (transient errors only: 5xx, throttling, connection
   errors; jittered exponential backoff) with ``max_attempts``; plus our own retry of a GET
   whose body stream breaks after the headers arrived (botocore cannot retry that).
-* Large objects: multipart upload above ``multipart_threshold`` (8 MiB) through one shared,
-  bounded s3transfer manager, and parallel ranged GETs pinned to one ETag on the way back.
-* Blobs (``put_content``): one conditional PUT with ``Expect: 100-continue`` -- when the
-  blob already exists the server answers 412 before the body is sent, so an unchanged
-  tensor costs one small request and no HEAD. The body streams from the caller's buffers
-  (no concatenation copy), and the SigV4 payload hash reuses the blob's sha256 instead of
-  hashing the bytes a second time.
+* Large objects: ``put`` uses multipart above ``multipart_threshold`` (8 MiB) through one
+  shared, bounded s3transfer manager; reads above it are parallel ranged GETs pinned to the
+  first response's ETag.
+* Blobs (``put_content``, used by ``put_artifact``): one conditional PUT with
+  ``Expect: 100-continue`` up to ``max_single_put`` (64 MiB) -- when the blob already exists
+  the server answers 412 before the body is sent, so an unchanged tensor costs one small
+  request and no HEAD. The body streams from the caller's buffers (no concatenation copy),
+  and the SigV4 payload hash reuses the blob's sha256 instead of hashing the bytes again.
+* Reads go through presigned URLs on the client's own connection pool and land directly in
+  one ``bytearray``: a full botocore call costs ~1.5 ms of Python per request, which
+  dominates when a policy is hundreds of small blobs.
 * ``put_if_absent``: ``PutObject`` with ``If-None-Match: *`` (412 -> False). Some stores
   (older MinIO, older Ceph RGW) silently ignore the header and overwrite. The first call
-  probes this once per store (create a probe key twice under the prefix); on such stores, or
-  with ``conditional_writes=False``, it falls back to HEAD-then-PUT, which has a race: two
-  writers that HEAD at the same moment both "create" the key and the last PUT wins. Callers
-  that need create-once across writers (``commit_pointer``) read back and compare.
+  probes this once per store (create a probe key twice under the prefix, then delete it);
+  on such stores, or with ``conditional_writes=False`` / RLHFLESS_S3_CONDITIONAL_WRITES=off,
+  it falls back to HEAD-then-PUT, which has a race: two writers that HEAD at the same moment
+  both "create" the key and the last PUT wins. ``commit_pointer`` reads its record back,
+  which narrows that window to the two PUTs landing between one writer's PUT and GET.
 
 Secrets never appear in messages or reprs: key ids are masked (``AKIA****``) and every error
 text goes through :func:`actions.common.credentials.redact`.
@@ -792,7 +797,7 @@ def _translate(store: S3Store, exc: Exception, op: str, key: str | None) -> Stor
             hint = "" if code else " (a HEAD response carries no reason: run store.check() to tell wrong credentials from a policy denial)"
             err = StoreAccessDenied(
                 f"S3 denied {op} on {target} for key {key_id}; the bucket policy must allow it "
-                f"(see infra/minio/policy-action.json){hint}"
+                f"(see infra/minio/policy-actions.json){hint}"
             )
         else:
             err = StoreError(f"S3 {op} on {target} failed at {where}: {code or status} {message}".rstrip())

@@ -490,7 +490,9 @@ def commit_key(key: str, step: int) -> str:
 
 
 def _encode_commit(payload: Mapping[str, Any]) -> bytes:
-    return json.dumps({"schema": COMMIT_SCHEMA, **payload}, sort_keys=True).encode()
+    if "_schema" in payload:
+        raise ValueError("commit payload key '_schema' is reserved for the record format")
+    return json.dumps({"_schema": COMMIT_SCHEMA, **payload}, sort_keys=True).encode()
 
 
 def commit_pointer(store: ObjectStore, key: str, payload: Mapping[str, Any]) -> str:
@@ -523,14 +525,16 @@ def commit_pointer(store: ObjectStore, key: str, payload: Mapping[str, Any]) -> 
         )
     record_key = commit_key(key, step)
     data = _encode_commit(payload)
-    if not store.put_if_absent(record_key, data):
-        existing = store.get(record_key)
-        if existing != data:
-            raise CommitConflict(
-                f"step {step} of {key!r} is already committed with a different payload "
-                f"({record_key}); another writer owns this campaign or the replay diverged"
-            )
-    put_json(store, f"{key}/latest.json", {"schema": COMMIT_SCHEMA, "step": step, "commit": record_key})
+    store.put_if_absent(record_key, data)
+    # Read back whether or not this call created the record: a replay with the same payload
+    # is fine, a different payload is a second writer. (On stores that ignore If-None-Match,
+    # put_if_absent is HEAD+PUT and this also catches most of that race.)
+    if store.get(record_key) != data:
+        raise CommitConflict(
+            f"step {step} of {key!r} is already committed with a different payload "
+            f"({record_key}); another writer owns this campaign or the replay diverged"
+        )
+    put_json(store, f"{key}/latest.json", {"_schema": COMMIT_SCHEMA, "step": step, "commit": record_key})
     return record_key
 
 
@@ -539,7 +543,7 @@ def _read_commit(store: ObjectStore, key: str, step: int) -> dict[str, Any] | No
         record = json.loads(store.get(commit_key(key, step)))
     except ObjectNotFound:
         return None
-    record.pop("schema", None)
+    record.pop("_schema", None)
     return record
 
 

@@ -1,76 +1,30 @@
-"""Apache OpenWhisk: a thin REST client and the invoker that runs RLHFless actions on it.
-
-:class:`OpenWhiskClient` follows the controller's swagger (``/api/v1``; see
-``shared/specs/openwhisk-apiv1-swagger.json``) for the calls RLHFless needs: actions and
-packages (list/get/put/delete), invoke, and activations (get/logs/result). No maintained Python
-client exists (ECOSYSTEM B.7), so this is ~one method per endpoint over one pooled, thread-safe
-``httpx.Client``. :class:`OpenWhiskInvoker` maps ``generate`` to ``{package}/generate`` and turns
-activation records into :class:`~flows.invokers.base.Activation` accounting.
-
-What the controller says, and what the client does (``RetryPolicy`` holds every bound):
-
-============================================  ===============================================
-controller answer                             client behaviour
-============================================  ===============================================
-200 / 502 / 500 with an activation record     classify ``response.status`` (below)
-202 ``{activationId}`` (non-blocking, or a    poll ``/activations/{id}`` with backoff; 404 there
-blocking wait that ran out)                   means "not stored yet"
-activation never stored (past the action's    "lost": invoke again with the same payload,
-time limit + ``lost_grace_s``)                at most ``lost_retries`` times (actions are
-                                              idempotent), then ActionError(transient)
-``success``                                   return the record
-``application error`` (action returned        ActionError(transient=False) with the action's
-``{"error": ...}``)                           message; transient=True only when the runtime
-                                              marked it ``developer_error`` (``main`` raised)
-``action developer error``: time limit        ActionError(transient=False): raise the limit
-``action developer error``: other (init       invoke again in place ``developer_error_retries``
-failure, crash, bad response); ``whisk        times (a fresh container usually fixes it), then
-internal error``                              ActionError(transient=True)
-401 / 403                                     OpenWhiskAuthError (never retried, key never shown)
-404 on an action                              OpenWhiskNotFound: "run `rlhfless deploy`"
-413                                           non-transient: payload over ~1 MB
-429                                           exponential backoff with jitter (honours
-                                              Retry-After), ``max_attempts`` and the deadline
-503 / 500 / 504 / 408 / gateway 502 without   retried like 429 only when the call is idempotent
-a record; timeouts and dropped connections    (a flag; every RLHFless action is)
-connection refused / DNS failure              ``connect_attempts`` tries, then one line naming
-                                              the host (OpenWhiskUnreachable, transient)
-============================================  ===============================================
-
-Every request's timeout is cut to what is left of the caller's deadline. The auth key appears
-in no message, log line or repr (it is also registered with ``credentials.redact``).
-"""
+"""The OpenWhisk REST client: actions, packages, invoke (blocking, 202 fallback, polling) and
+activations, with the retry rules of the package docstring (``flows.invokers.openwhisk``)."""
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import random
 import ssl
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-from actions.common.credentials import redact, register_secret
-from flows.invokers.base import ActionError, Activation
+from actions.common.credentials import redact
+from flows.invokers.base import ActionError
+from flows.invokers.openwhisk.config import API_PATH, OpenWhiskConfig
 
 log = logging.getLogger(__name__)
 
-API_PATH = "/api/v1"
 MAX_BLOCKING_WAIT_MS = 60_000
 """The controller's cap on a blocking invoke's wait (``timeout`` query parameter)."""
 DEFAULT_TIME_LIMIT_MS = 300_000
-SECRET_BLOCK_ENV = "RLHFLESS_OPENWHISK_SECRET"
-"""Names a Prefect Secret block holding the OpenWhisk connection (see ``OpenWhiskConfig.from_secret``)."""
 
 
 class OpenWhiskError(RuntimeError):
@@ -92,112 +46,6 @@ class OpenWhiskNotFound(OpenWhiskError):
 
 class OpenWhiskUnreachable(OpenWhiskError):
     """No connection to the API host (refused, DNS failure, TLS failure)."""
-
-
-def _truthy(value: str | None) -> bool:
-    return str(value or "").strip().lower() in {"1", "true", "yes", "on"}
-
-
-@dataclass(frozen=True)
-class OpenWhiskConfig:
-    """Where the controller is and how to authenticate. ``repr`` never shows the key."""
-
-    api_host: str
-    """``https://host[:port]``; a bare host gets ``https://`` (as the ``wsk`` CLI does)."""
-    auth: str = field(repr=False)
-    """``uuid:key``, the AUTH value of ``~/.wskprops``."""
-    namespace: str = "_"
-    """``_`` means the key's default namespace."""
-    verify: bool | str = True
-    """TLS verification: True, False (``WSK_INSECURE``), or a CA bundle path."""
-
-    def __post_init__(self) -> None:
-        host = (self.api_host or "").strip().rstrip("/")
-        if not host:
-            raise ValueError("OpenWhisk API host is not set; set WSK_APIHOST (or __OW_API_HOST)")
-        if "://" not in host:
-            host = "https://" + host
-        if host.endswith(API_PATH):
-            host = host[: -len(API_PATH)]
-        object.__setattr__(self, "api_host", host)
-        uuid, _, key = (self.auth or "").partition(":")
-        if not uuid or not key:
-            raise ValueError("OpenWhisk auth must look like 'uuid:key' (the AUTH of ~/.wskprops); check WSK_AUTH")
-        register_secret(self.auth)
-        object.__setattr__(self, "namespace", (self.namespace or "_").strip("/") or "_")
-
-    def __repr__(self) -> str:
-        subject = self.auth.partition(":")[0][:4] + "****"
-        return f"OpenWhiskConfig(api_host={self.api_host!r}, namespace={self.namespace!r}, subject={subject!r})"
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> OpenWhiskConfig:
-        """Read ``WSK_APIHOST``/``__OW_API_HOST``, ``WSK_AUTH``/``__OW_API_KEY``,
-        ``__OW_NAMESPACE``/``WSK_NAMESPACE``, ``WSK_INSECURE``/``__OW_IGNORE_CERTS`` and
-        ``WSK_CA_BUNDLE``; values missing there come from ``~/.wskprops`` (``WSK_CONFIG_FILE``)."""
-        env = os.environ if env is None else env
-        props = _read_wskprops(env)
-        host = env.get("WSK_APIHOST") or env.get("__OW_API_HOST") or props.get("APIHOST", "")
-        auth = env.get("WSK_AUTH") or env.get("__OW_API_KEY") or props.get("AUTH", "")
-        if not host or not auth:
-            missing = " and ".join(n for n, v in (("WSK_APIHOST", host), ("WSK_AUTH", auth)) if not v)
-            raise ValueError(f"OpenWhisk connection not configured: set {missing} (or write ~/.wskprops)")
-        namespace = env.get("__OW_NAMESPACE") or env.get("WSK_NAMESPACE") or props.get("NAMESPACE") or "_"
-        return cls(host, auth, namespace, _verify_from(env))
-
-    @classmethod
-    def from_secret(cls, block_name: str, env: Mapping[str, str] | None = None) -> OpenWhiskConfig:
-        """Load a Prefect Secret block. Its value is either a JSON object with ``api_host``,
-        ``auth`` and optional ``namespace``, ``insecure``, ``ca_bundle``, or the bare
-        ``uuid:key`` string (host and namespace then come from the environment)."""
-        from prefect.blocks.system import Secret  # lazy: the client works without a Prefect server
-
-        value = Secret.load(block_name).get()
-        if isinstance(value, str) and value.lstrip().startswith("{"):
-            value = json.loads(value)
-        env = os.environ if env is None else env
-        if isinstance(value, str):
-            return cls.from_env({**env, "WSK_AUTH": value.strip()})
-        if not isinstance(value, Mapping):
-            raise ValueError(f"Prefect Secret {block_name!r} must hold 'uuid:key' or an object with api_host and auth")
-        verify: bool | str = value.get("ca_bundle") or not _truthy(str(value.get("insecure", "")))
-        host = value.get("api_host") or value.get("apihost") or env.get("WSK_APIHOST") or env.get("__OW_API_HOST", "")
-        return cls(host, str(value.get("auth", "")), str(value.get("namespace") or "_"), verify)
-
-    @classmethod
-    def resolve(
-        cls,
-        *,
-        api_host: str | None = None,
-        auth: str | None = None,
-        namespace: str | None = None,
-        secret_block: str | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> OpenWhiskConfig:
-        """Explicit arguments win, then a Secret block (argument or ``RLHFLESS_OPENWHISK_SECRET``),
-        then the environment."""
-        env = os.environ if env is None else env
-        block = secret_block or env.get(SECRET_BLOCK_ENV)
-        if api_host and auth:
-            return cls(api_host, auth, namespace or "_", _verify_from(env))
-        base = cls.from_secret(block, env) if block else cls.from_env(env)
-        return cls(api_host or base.api_host, auth or base.auth, namespace or base.namespace, base.verify)
-
-
-def _verify_from(env: Mapping[str, str]) -> bool | str:
-    if _truthy(env.get("WSK_INSECURE")) or _truthy(env.get("__OW_IGNORE_CERTS")):
-        return False
-    return env.get("WSK_CA_BUNDLE") or True
-
-
-def _read_wskprops(env: Mapping[str, str]) -> dict[str, str]:
-    path = Path(env.get("WSK_CONFIG_FILE") or Path(env.get("HOME", "~")).expanduser() / ".wskprops")
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return {}
-    pairs = (line.split("=", 1) for line in lines if "=" in line and not line.lstrip().startswith("#"))
-    return {k.strip(): v.strip() for k, v in pairs}
 
 
 @dataclass(frozen=True)
@@ -639,14 +487,14 @@ def classify_activation(action: str, record: dict[str, Any]) -> tuple[ActionErro
         crashed = result.get("developer_error") is True
         return ActionError(action, message, transient=crashed, activation_id=activation_id), False
     if status == "action developer error":
-        if _annotations(record).get("timeout") is True or "time limit" in message:
+        if annotations_of(record).get("timeout") is True or "time limit" in message:
             hint = "; raise its timeout in infra/openwhisk/actions.yaml (and whisk.limits.actions.time.max) or give it less work"
             return ActionError(action, message + hint, transient=False, activation_id=activation_id), False
         return ActionError(action, f"developer error: {message}", transient=True, activation_id=activation_id), True
     return ActionError(action, f"{status}: {message}", transient=True, activation_id=activation_id), True
 
 
-def _annotations(record: Mapping[str, Any]) -> dict[str, Any]:
+def annotations_of(record: Mapping[str, Any]) -> dict[str, Any]:
     return {kv.get("key"): kv.get("value") for kv in record.get("annotations") or [] if isinstance(kv, dict)}
 
 
@@ -676,137 +524,3 @@ def _error_text(resp: httpx.Response) -> str:
 def _reason(exc: Exception) -> str:
     text = str(exc) or type(exc).__name__
     return redact(text.splitlines()[0][:200])
-
-
-# ---------------------------------------------------------------------------- the invoker
-def action_gpus(action_record: Mapping[str, Any]) -> int:
-    """GPUs an action's container holds, for accounting: the ``gpus`` annotation, else 1 when
-    ``invoker-resources`` asks for ``gpu``, else 0."""
-    ann = _annotations(action_record)
-    if "gpus" in ann:
-        return int(ann["gpus"])
-    return 1 if "gpu" in (ann.get("invoker-resources") or []) else 0
-
-
-def activation_from_record(
-    action: str, record: dict[str, Any], action_record: Mapping[str, Any] | None = None
-) -> Activation:
-    """Accounting from an activation record.
-
-    OpenWhisk's ``start`` is when the container began work (including a cold start's init);
-    ``waitTime`` is the time queued before it, ``initTime`` (present only on cold starts) the
-    init. So ``submitted_at = start - waitTime``, ``started_at = start + initTime`` (the run
-    itself) and ``billed_s`` = run + init = the record's ``duration``. ``busy_s`` comes from
-    the runtime's ``__activation`` block, which is moved from the result to ``extra["runtime"]``.
-    """
-    ann = _annotations(record)
-    start_ms = int(record["start"])
-    end_ms = int(record.get("end") or start_ms + int(record.get("duration") or 0))
-    wait_ms = int(ann.get("waitTime") or 0)
-    init_ms = int(ann.get("initTime") or 0)
-    result = dict((record.get("response") or {}).get("result") or {})
-    runtime = result.pop("__activation", None) or {}
-    busy_s = float(runtime.get("busy_s", max(0, end_ms - start_ms - init_ms) / 1000))
-    meta = action_record or {}
-    extra = {
-        "runtime": runtime,
-        "image": runtime.get("image", ""),
-        "wait_s": wait_ms / 1000,
-        "memory_mb": (meta.get("limits") or {}).get("memory"),
-        "path": ann.get("path", ""),
-    }
-    return Activation(
-        action=action,
-        activation_id=str(record["activationId"]),
-        result=result,
-        submitted_at=(start_ms - wait_ms) / 1000,
-        started_at=(start_ms + init_ms) / 1000,
-        ended_at=end_ms / 1000,
-        busy_s=busy_s,
-        init_s=init_ms / 1000,
-        cold="initTime" in ann,
-        worker=f"{runtime.get('image', '')}#{runtime.get('pid', '')}" if runtime else "",
-        gpus=action_gpus(meta),
-        extra=extra,
-    )
-
-
-class OpenWhiskInvoker:
-    """The :class:`~flows.invokers.base.Invoker` for an OpenWhisk cluster.
-
-    ``invoke("generate", payload)`` runs ``{package}/generate`` and returns its accounting.
-    ``prewarm("generate", n)`` fires ``n`` concurrent ``{"__prewarm": true}`` activations, which
-    the runtime server answers before importing the action, so ``n`` containers start.
-    """
-
-    def __init__(
-        self,
-        client: OpenWhiskClient,
-        *,
-        package: str = "rlhfless",
-        timeout_s: float | None = 600.0,
-        prewarm_hold_s: float = 0.5,
-    ) -> None:
-        self.client = client
-        self.package = package.strip("/")
-        self.timeout_s = timeout_s
-        self.prewarm_hold_s = prewarm_hold_s
-        """How long each pre-warm activation holds its container, so that concurrent pre-warm
-        calls cannot all be served by one already-warm container."""
-
-    @classmethod
-    def from_env(
-        cls,
-        *,
-        package: str = "rlhfless",
-        timeout_s: float | None = 600.0,
-        secret_block: str | None = None,
-        retry: RetryPolicy | None = None,
-    ) -> OpenWhiskInvoker:
-        """Connection from the environment or a Prefect Secret block (``OpenWhiskConfig.resolve``)."""
-        return cls(OpenWhiskClient(OpenWhiskConfig.resolve(secret_block=secret_block), retry=retry), package=package, timeout_s=timeout_s)
-
-    def __repr__(self) -> str:
-        return f"OpenWhiskInvoker(package={self.package!r}, client={self.client!r})"
-
-    def qualified_name(self, action: str) -> str:
-        if action.startswith("/") or not self.package:
-            return action
-        return f"{self.package}/{action}"
-
-    def invoke(self, action: str, payload: dict[str, Any], *, timeout_s: float | None = None) -> Activation:
-        name = self.qualified_name(action)
-        try:
-            meta = self.client.describe_action(name)
-            record = self.client.invoke(name, payload, timeout_s=timeout_s or self.timeout_s)
-        except OpenWhiskError as exc:
-            raise ActionError(action, str(exc), transient=exc.transient) from exc
-        except ActionError as exc:  # raised under the qualified name; report the logical one
-            raise ActionError(action, exc.message, transient=exc.transient, activation_id=exc.activation_id) from exc
-        return activation_from_record(action, record, meta)
-
-    def prewarm(self, action: str, count: int) -> int:
-        """Start ``count`` containers for ``action``; returns how many were cold starts now."""
-        if count <= 0:
-            return 0
-        name = self.qualified_name(action)
-
-        def warm_one(_: int) -> bool:
-            try:
-                payload = {"__prewarm": True, "__prewarm_hold_s": self.prewarm_hold_s}
-                record = self.client.invoke(name, payload, timeout_s=self.timeout_s)
-            except OpenWhiskError as exc:
-                if not exc.transient:
-                    raise ActionError(action, str(exc), transient=False) from exc
-                log.warning("prewarm %s: %s", name, exc)
-                return False
-            except ActionError as exc:
-                log.warning("prewarm %s: %s", name, exc)
-                return False
-            return "initTime" in _annotations(record)
-
-        with ThreadPoolExecutor(max_workers=min(count, 32), thread_name_prefix="ow-prewarm") as pool:
-            return sum(pool.map(warm_one, range(count)))
-
-    def close(self) -> None:
-        self.client.close()

@@ -1,0 +1,79 @@
+"""Apache OpenWhisk: a thin REST client and the invoker that runs RLHFless actions on it.
+
+Modules: ``config`` (where the controller is, credentials), ``client`` (REST calls, retries,
+polling), ``invoker`` (the Invoker protocol and activation accounting). Import from here.
+
+:class:`OpenWhiskClient` follows the controller's swagger (``/api/v1``; see
+``shared/specs/openwhisk-apiv1-swagger.json``) for the calls RLHFless needs: actions and
+packages (list/get/put/delete), invoke, and activations (get/logs/result). No maintained Python
+client exists (ECOSYSTEM B.7), so this is ~one method per endpoint over one pooled, thread-safe
+``httpx.Client``. :class:`OpenWhiskInvoker` maps ``generate`` to ``{package}/generate`` and turns
+activation records into :class:`~flows.invokers.base.Activation` accounting.
+
+What the controller says, and what the client does (``RetryPolicy`` holds every bound):
+
+============================================  ===============================================
+controller answer                             client behaviour
+============================================  ===============================================
+200 / 502 / 500 with an activation record     classify ``response.status`` (below)
+202 ``{activationId}`` (non-blocking, or a    poll ``/activations/{id}`` with backoff; 404 there
+blocking wait that ran out)                   means "not stored yet"
+activation never stored (past the action's    "lost": invoke again with the same payload,
+time limit + ``lost_grace_s``)                at most ``lost_retries`` times (actions are
+                                              idempotent), then ActionError(transient)
+``success``                                   return the record
+``application error`` (action returned        ActionError(transient=False) with the action's
+``{"error": ...}``)                           message; transient=True only when the runtime
+                                              marked it ``developer_error`` (``main`` raised)
+``action developer error``: time limit        ActionError(transient=False): raise the limit
+``action developer error``: other (init       invoke again in place ``developer_error_retries``
+failure, crash, bad response); ``whisk        times (a fresh container usually fixes it), then
+internal error``                              ActionError(transient=True)
+401 / 403                                     OpenWhiskAuthError (never retried, key never shown)
+404 on an action                              OpenWhiskNotFound: "run `rlhfless deploy`"
+413                                           non-transient: payload over ~1 MB
+429                                           exponential backoff with jitter (honours
+                                              Retry-After), ``max_attempts`` and the deadline
+503 / 500 / 504 / 408 / gateway 502 without   retried like 429 only when the call is idempotent
+a record; timeouts and dropped connections    (a flag; every RLHFless action is)
+connection refused / DNS failure              ``connect_attempts`` tries, then one line naming
+                                              the host (OpenWhiskUnreachable, transient)
+============================================  ===============================================
+
+Every request's timeout is cut to what is left of the caller's deadline. The auth key appears
+in no message, log line or repr (it is also registered with ``credentials.redact``).
+"""
+
+from flows.invokers.openwhisk.client import (
+    DEFAULT_TIME_LIMIT_MS,
+    MAX_BLOCKING_WAIT_MS,
+    OpenWhiskAuthError,
+    OpenWhiskClient,
+    OpenWhiskError,
+    OpenWhiskNotFound,
+    OpenWhiskUnreachable,
+    RetryPolicy,
+    annotations_of,
+    classify_activation,
+)
+from flows.invokers.openwhisk.config import API_PATH, SECRET_BLOCK_ENV, OpenWhiskConfig
+from flows.invokers.openwhisk.invoker import OpenWhiskInvoker, action_gpus, activation_from_record
+
+__all__ = [
+    "API_PATH",
+    "DEFAULT_TIME_LIMIT_MS",
+    "MAX_BLOCKING_WAIT_MS",
+    "SECRET_BLOCK_ENV",
+    "OpenWhiskAuthError",
+    "OpenWhiskClient",
+    "OpenWhiskConfig",
+    "OpenWhiskError",
+    "OpenWhiskInvoker",
+    "OpenWhiskNotFound",
+    "OpenWhiskUnreachable",
+    "RetryPolicy",
+    "action_gpus",
+    "activation_from_record",
+    "annotations_of",
+    "classify_activation",
+]
