@@ -120,13 +120,15 @@ class DeploymentManifest(BaseModel):
 
 
 def load_manifest(path: str | Path) -> DeploymentManifest:
-    """Read and validate a manifest.
+    """Read and validate a manifest (the default path also resolves from outside the repo root).
 
     Raises:
         ManifestError: naming the file and each offending field, e.g.
             ``actions.generate.memory: Input should be greater than or equal to 128 (got 0)``.
     """
     path = Path(path)
+    if str(path) == DEFAULT_MANIFEST and not path.exists():
+        path = Path(__file__).resolve().parents[1] / DEFAULT_MANIFEST
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:

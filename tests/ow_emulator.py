@@ -21,7 +21,12 @@ Fault knobs (thread-safe; each counts down per invoke request): ``throttle(k)`` 
 ``lose(k)`` (202 with an id that is never stored). ``blocking_wait_cap_ms`` shortens every
 blocking wait, so a slow action answers 202 and must be polled.
 
-Use: ``with running_emulator() as emu: api_host, auth, namespace = emu.credentials``.
+Use: ``with running_emulator() as emu: api_host, auth, namespace = emu.credentials`` (or
+``emu.env()`` for ``OpenWhiskConfig.from_env``), or the ``ow_emulator`` fixture.
+
+What it does not emulate: sequences, triggers, rules, package bindings, web actions,
+``result=true``, Kafka, real throttling (only the injected 429s), intra-container concurrency,
+and container isolation (actions run as local processes without memory limits).
 """
 
 from __future__ import annotations

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import shutil
+import subprocess
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -176,6 +181,21 @@ def test_deploy_is_idempotent_and_actions_run(ow_emulator: OpenWhiskEmulator, tm
         assert puts(ow_emulator) == 4
 
 
+def test_shipped_manifest_deploys_and_its_actions_answer(ow_emulator: OpenWhiskEmulator):
+    environ = {"AWS_ENDPOINT_URL": "http://minio:9000", "AWS_ACCESS_KEY_ID": "rlhfless", "AWS_SECRET_ACCESS_KEY": "s3cr3t"}
+    with client_for(ow_emulator) as client:
+        changes = deploy(client, load_manifest(SHIPPED), environ=environ)
+        assert len(changes) == 1 + len(ACTION_NAMES) and {c.kind for c in changes} == {"create"}
+        stored = client.get_action("rlhfless/generate")
+        assert {"key": "AWS_SECRET_ACCESS_KEY", "value": "s3cr3t", "init": True} in stored["parameters"]
+        invoker = OpenWhiskInvoker(client, prewarm_hold_s=0.2)
+        assert invoker.invoke("noop", {}).gpus == 0
+        # a GPU action answers a pre-warm probe without importing its module (or torch)
+        assert invoker.prewarm("generate", 2) == 2
+        probe = client.invoke("rlhfless/generate", {"__prewarm": True})
+        assert probe["response"]["result"]["prewarm"] is True
+
+
 def test_dry_run_changes_nothing(ow_emulator: OpenWhiskEmulator, tmp_path):
     manifest = load_manifest(write(tmp_path, SMALL))
     with client_for(ow_emulator) as client:
@@ -235,3 +255,34 @@ def test_cli_deploys_against_the_emulator(ow_emulator: OpenWhiskEmulator, monkey
     assert cli(["--manifest", str(path)]) == 0
     out = capsys.readouterr().out
     assert "0 to create, 0 to update, 3 unchanged" in out and ow_emulator.auth.split(":")[1] not in out
+
+
+# ---------------------------------------------------------------------------- runtime image
+@pytest.mark.skipif(shutil.which("flock") is None or shutil.which("bash") is None, reason="needs bash and flock")
+def test_gpu_image_entrypoint_claims_distinct_gpus(tmp_path):
+    """The GPU claim in runtime_images/gpu/Dockerfile, run with a fake two-GPU nvidia-smi: two
+    containers get GPUs 0 and 1, a third finds none and exits, and a claim ends with its process."""
+    dockerfile = (REPO / "runtime_images" / "gpu" / "Dockerfile").read_text()
+    script = re.search(r"COPY <<'EOF_ENTRY' /usr/local/bin/rlhfless-entrypoint\n(.*?)\nEOF_ENTRY", dockerfile, re.S).group(1)
+    assert "exec python -m actions.runtime.server --port 8080" in script
+    entry = tmp_path / "entrypoint"
+    entry.write_text(script.replace("exec python -m actions.runtime.server --port 8080", 'echo "$CUDA_VISIBLE_DEVICES"; exec sleep 1'))
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'GPU 0: fake'\necho 'GPU 1: fake'\n")
+    for path in (entry, fake):
+        path.chmod(0o755)
+    (tmp_path / "locks").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env.update(PATH=f"{fake.parent}{os.pathsep}{env['PATH']}", RLHFLESS_CLAIM_GPUS="1", RLHFLESS_GPU_LOCK_DIR=str(tmp_path / "locks"))
+
+    def start() -> subprocess.Popen[str]:
+        proc = subprocess.Popen([str(entry)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(0.2)  # let it take its lock before the next one starts
+        return proc
+
+    first, second, third = start(), start(), start()
+    outputs = [p.communicate(timeout=10) for p in (first, second, third)]
+    assert [o.strip() for o, _ in outputs[:2]] == ["0", "1"]
+    assert third.returncode == 1 and "wanted 1 free GPU(s), found 0 of 2" in outputs[2][1]
+    assert start().communicate(timeout=10)[0].strip() == "0"  # the locks died with their processes

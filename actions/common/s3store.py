@@ -75,6 +75,7 @@ log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 _PRESIGN_TTL_S = 900
+_SMALL_BODY = 64 * 1024  # bodies up to this size are sent without Expect: 100-continue
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 _CREDENTIAL_CODES = {
     "InvalidAccessKeyId",
@@ -292,7 +293,7 @@ class S3Store:
                 # Multipart completes atomically: readers see the old object or the new one.
                 self._transfer.upload(_PartsReader(parts), self.bucket, full).result()
             else:
-                body: Any = bytes(parts[0]) if len(parts) == 1 and size < 1 * MiB else _PartsReader(parts)
+                body: Any = b"".join(parts) if size <= _SMALL_BODY else _PartsReader(parts)
                 with _known_payload(sha256):
                     self._client.put_object(Bucket=self.bucket, Key=full, Body=body)
         except (bce.BotoCoreError, bce.ClientError) as exc:
@@ -335,14 +336,14 @@ class S3Store:
     def _put_if_none_match(self, key: str, parts: tuple[memoryview, ...], sha256: str | None) -> bool | None:
         """True created, False exists, None: the server does not implement the header."""
         full = self._full(key)
+        size = sum(p.nbytes for p in parts)
         for attempt in range(self.max_attempts):
+            # A file-like body makes botocore send Expect: 100-continue, so a 412 arrives
+            # before the body is sent; a tiny body is cheaper to send than to wait for that.
+            body: Any = b"".join(parts) if size <= _SMALL_BODY else _PartsReader(parts)
             try:
-                # A file-like body makes botocore send Expect: 100-continue, so a 412 arrives
-                # before the body is sent.
                 with _known_payload(sha256):
-                    self._client.put_object(
-                        Bucket=self.bucket, Key=full, Body=_PartsReader(parts), IfNoneMatch="*"
-                    )
+                    self._client.put_object(Bucket=self.bucket, Key=full, Body=body, IfNoneMatch="*")
                 return True
             except bce.ClientError as exc:
                 code = _code(exc)

@@ -383,7 +383,7 @@ def put_artifact(
     store: ObjectStore,
     manifest_key: str,
     files: Mapping[str, BlobData],
-    meta: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None,
+    meta: Mapping[str, Any] | Callable[[dict[str, dict[str, Any]]], Mapping[str, Any]] | None = None,
 ) -> PutStats:
     """Publish ``files`` as blobs (in parallel, bounded by ``store.max_concurrency``), then
     write the manifest last.
@@ -392,8 +392,9 @@ def put_artifact(
         store: the object store.
         manifest_key: where the manifest goes; the artifact exists once this key exists.
         files: name -> bytes, or name -> sequence of buffers (concatenated, never copied).
-        meta: JSON-serialisable dict stored in the manifest, or a callable returning it,
-            called after the blobs are up (lets the caller compute it concurrently).
+        meta: JSON-serialisable dict stored in the manifest, or a callable that receives the
+            file table (``{name: {"sha256", "size"}}``) once the blobs are up and returns it
+            (lets the caller derive meta from the blob digests without hashing again).
 
     Idempotent: publishing the same files and meta twice writes the same bytes. If any blob
     fails, the manifest is not written and the artifact does not exist.
@@ -408,7 +409,7 @@ def put_artifact(
         if uploaded:
             num_uploaded += 1
             bytes_uploaded += size
-    meta = meta() if callable(meta) else meta
+    meta = meta(entries) if callable(meta) else meta
     manifest = {"schema": MANIFEST_SCHEMA, "files": entries, "meta": dict(meta or {})}
     store.put(manifest_key, json.dumps(manifest, sort_keys=True, indent=1).encode())
     return PutStats(manifest_key, len(entries), num_uploaded, bytes_uploaded)

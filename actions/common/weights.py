@@ -8,8 +8,11 @@ Layout (all keys relative to the store root):
 * ``<prefix>/manifest.json`` -- the file table (tensor name -> blob sha256) written last;
   a version exists exactly when its manifest exists.
 
-``weights_sha256`` is the campaign's reproducibility fingerprint: it hashes tensor names,
-dtypes, shapes and bytes in name order, independent of how the tensors were stored.
+``weights_sha256`` is the campaign's reproducibility fingerprint: the sha256 of the lines
+``"<name>|<blob sha256>\n"`` in name order, where the blob is the tensor's canonical
+one-tensor safetensors encoding (name, dtype, shape, raw bytes). It does not depend on the
+backend, equals a hash of the manifest's file table, and costs publishing no extra pass over
+the bytes.
 
 Loading does not copy a blob after it arrives: each tensor is a view of the downloaded buffer
 (S3) or of a private copy-on-write memory map of the blob file (local store), after the blob's
@@ -22,7 +25,6 @@ import hashlib
 import json
 import struct
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +32,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from actions.common.storage import ObjectStore, PutStats, get_artifact_buffers, put_artifact
+from actions.common.storage import ObjectStore, PutStats, get_artifact_buffers, put_artifact, sha256_hex
 
 # safetensors dtype tags (https://github.com/huggingface/safetensors, format spec).
 _DTYPES = {
@@ -54,11 +56,13 @@ class PublishedWeights:
 
 def weights_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
     """Deterministic fingerprint of a state dict (names, dtypes, shapes, bytes)."""
+    return _fingerprint({name: sha256_hex(tensor_blob_parts(name, t)) for name, t in tensors.items()})
+
+
+def _fingerprint(blob_digests: Mapping[str, str]) -> str:
     h = hashlib.sha256()
-    for name in sorted(tensors):
-        t = tensors[name].detach().cpu().contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
-        h.update(_tensor_bytes(t))
+    for name in sorted(blob_digests):
+        h.update(f"{name}|{blob_digests[name]}\n".encode())
     return h.hexdigest()
 
 
@@ -98,15 +102,18 @@ def publish_tensors(
     """Upload ``tensors`` (only the ones whose bytes are new) and write the manifest last.
 
     Blobs are built from the tensors' own memory (no serialisation copy) and uploaded in
-    parallel; the fingerprint is computed on a side thread meanwhile.
+    parallel; the fingerprint is derived from their digests. The tensors must not be modified
+    while this runs (the bytes are read twice: hashed, then sent).
     """
     files = {name: tensor_blob_parts(name, t) for name, t in tensors.items()}
-    with ThreadPoolExecutor(1, thread_name_prefix="fingerprint") as pool:
-        fingerprint = pool.submit(weights_sha256, tensors)
-        stats = put_artifact(
-            store, manifest_key, files, lambda: {**(meta or {}), "weights_sha256": fingerprint.result()}
-        )
-    return PublishedWeights(manifest_key, fingerprint.result(), stats)
+    fingerprint: list[str] = []
+
+    def manifest_meta(table: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        fingerprint.append(_fingerprint({name: entry["sha256"] for name, entry in table.items()}))
+        return {**(meta or {}), "weights_sha256": fingerprint[0]}
+
+    stats = put_artifact(store, manifest_key, files, manifest_meta)
+    return PublishedWeights(manifest_key, fingerprint[0], stats)
 
 
 def _view_tensor(buf: Any, name: str, manifest_key: str) -> torch.Tensor:

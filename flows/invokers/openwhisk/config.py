@@ -75,7 +75,11 @@ class OpenWhiskConfig:
         ``uuid:key`` string (host and namespace then come from the environment)."""
         from prefect.blocks.system import Secret  # lazy: the client works without a Prefect server
 
-        value = Secret.load(block_name).get()
+        try:
+            value = Secret.load(block_name).get()
+        except Exception as exc:  # Prefect raises ValueError, httpx or its own errors here
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ValueError(f"cannot load the Prefect Secret block {block_name!r}: {reason}") from None
         if isinstance(value, str) and value.lstrip().startswith("{"):
             value = json.loads(value)
         env = os.environ if env is None else env
@@ -85,7 +89,8 @@ class OpenWhiskConfig:
             raise ValueError(f"Prefect Secret {block_name!r} must hold 'uuid:key' or an object with api_host and auth")
         verify: bool | str = value.get("ca_bundle") or not _truthy(str(value.get("insecure", "")))
         host = value.get("api_host") or value.get("apihost") or env.get("WSK_APIHOST") or env.get("__OW_API_HOST", "")
-        return cls(host, str(value.get("auth", "")), str(value.get("namespace") or "_"), verify)
+        namespace = value.get("namespace") or env.get("__OW_NAMESPACE") or "_"
+        return cls(host, str(value.get("auth", "")), str(namespace), verify)
 
     @classmethod
     def resolve(
