@@ -99,6 +99,14 @@ def test_wrong_credentials_are_named_without_leaking(s3_server, which: str) -> N
     assert info.value.__cause__ is None and info.value.__suppress_context__
 
 
+def test_wrong_secret_found_on_head_is_named_too(s3_server) -> None:
+    env = {**s3_server.env(), "AWS_SECRET_ACCESS_KEY": "wrong-secret-for-head"}
+    store = S3Store.from_uri(s3_server.uri("x"), env=env, check=False)
+    with pytest.raises(StoreCredentialsError, match="SignatureDoesNotMatch") as info:
+        store.exists("any/key")
+    assert "wrong-secret-for-head" not in str(info.value)
+
+
 def test_missing_bucket(s3_server) -> None:
     with pytest.raises(BucketNotFound, match=rf"bucket 'no-such-bucket' does not exist at {s3_server.endpoint}; create it or fix store.uri"):
         S3Store.from_uri("s3://no-such-bucket/run", env=s3_server.env())

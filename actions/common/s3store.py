@@ -130,7 +130,9 @@ class S3Store:
         conditional_writes: bool | None = None,
     ) -> None:
         if not _BUCKET_RE.match(bucket):
-            raise ValueError(f"S3 bucket name {bucket!r} is invalid: use 3-63 lowercase letters, digits, '.', '-'")
+            raise ValueError(
+                f"S3 bucket name {bucket!r} is invalid: use 3-63 lowercase letters, digits, '.', '-'"
+            )
         if multipart_chunksize < 5 * MiB:
             raise ValueError(f"multipart_chunksize={multipart_chunksize} is below S3's 5 MiB part minimum")
         self.bucket = bucket
@@ -444,7 +446,9 @@ class S3Store:
         """GET bytes [start, end) of a bucket key; the body is read by ``.fill(view)``."""
         if self._http is None:
             extra = {"IfMatch": if_match} if if_match else {}
-            resp = self._client.get_object(Bucket=self.bucket, Key=full, Range=f"bytes={start}-{end - 1}", **extra)
+            resp = self._client.get_object(
+                Bucket=self.bucket, Key=full, Range=f"bytes={start}-{end - 1}", **extra
+            )
             body = resp["Body"]
             return _RangeResponse(resp["ContentLength"], resp.get("ContentRange"), resp.get("ETag", ""),
                                   lambda view: _read_exactly(body, view))  # fmt: skip
@@ -502,9 +506,20 @@ class S3Store:
         except bce.ClientError as exc:
             if _code(exc) in _NOT_FOUND_CODES:
                 return False
+            if _status(exc) == 403:
+                self._diagnose_denied_head(exc, key)
             self._raise(exc, "head", key)
         except bce.BotoCoreError as exc:
             self._raise(exc, "head", key)
+
+    def _diagnose_denied_head(self, exc: bce.ClientError, key: str) -> NoReturn:
+        """A 403 to HEAD carries no reason; a 1-byte GET's error document names it (wrong
+        key, wrong secret, or a policy denial)."""
+        try:
+            self._client.get_object(Bucket=self.bucket, Key=self._full(key), Range="bytes=0-0")
+        except (bce.ClientError, bce.BotoCoreError) as detail:
+            self._raise(detail, "head", key)
+        self._raise(exc, "head", key)
 
     def delete(self, key: str) -> None:
         try:
@@ -633,7 +648,11 @@ class _S3SigV4KnownPayload(S3SigV4Auth):
 
     def payload(self, request: Any) -> str:
         known = getattr(_KNOWN_PAYLOAD, "sha256", None)
-        if known and not self._is_streaming_checksum_payload(request) and self._should_sha256_sign_payload(request):
+        if (
+            known
+            and not self._is_streaming_checksum_payload(request)
+            and self._should_sha256_sign_payload(request)
+        ):
             return known
         return super().payload(request)
 
@@ -770,7 +789,8 @@ def _translate(store: S3Store, exc: Exception, op: str, key: str | None) -> Stor
     key_id = mask_key_id(store._key_id)
     if isinstance(exc, bce.NoCredentialsError):
         err: StoreError = StoreCredentialsError(
-            f"no S3 credentials found for bucket {store.bucket!r}; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
+            f"no S3 credentials found for bucket {store.bucket!r}; "
+            "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
         )
     elif isinstance(exc, (bce.ConnectionError, bce.HTTPClientError)) and not isinstance(
         exc, bce.ResponseStreamingError
@@ -787,7 +807,9 @@ def _translate(store: S3Store, exc: Exception, op: str, key: str | None) -> Stor
                 f"({code}); check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
             )
         elif code == "NoSuchBucket":
-            err = BucketNotFound(f"bucket {store.bucket!r} does not exist at {where}; create it or fix store.uri")
+            err = BucketNotFound(
+                f"bucket {store.bucket!r} does not exist at {where}; create it or fix store.uri"
+            )
         elif op == "check" and code.isdigit():
             # A GET answered without an S3 error document: something else listens there.
             err = StoreError(
@@ -795,7 +817,11 @@ def _translate(store: S3Store, exc: Exception, op: str, key: str | None) -> Stor
                 "listing; is AWS_ENDPOINT_URL an S3 server?"
             )
         elif code == "AccessDenied" or status == 403:
-            hint = "" if code else " (a HEAD response carries no reason: run store.check() to tell wrong credentials from a policy denial)"
+            bare = not code or code.isdigit()  # HEAD: a status, no error document
+            hint = (
+                " (a HEAD response carries no reason: run store.check() to tell wrong"
+                " credentials from a policy denial)"
+            ) if bare else ""
             err = StoreAccessDenied(
                 f"S3 denied {op} on {target} for key {key_id}; the bucket policy must allow it "
                 f"(see infra/minio/policy-actions.json){hint}"
