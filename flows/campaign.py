@@ -16,6 +16,7 @@ from prefect import flow
 from actions.common.config import CampaignConfig
 from actions.common.contracts import EvaluateRequest, ModelRef, WarmupRequest
 from actions.common.storage import ObjectStore, get_json, open_store
+from flows.artifacts import publish_step_artifacts
 from flows.context import RunContext, current, set_context
 from flows.hooks import plan_generation_phase
 from flows.invokers.factory import make_invoker, pool_size
@@ -183,6 +184,7 @@ def run_campaign(cfg: CampaignConfig, *, resume: bool = False, progress: Progres
             if cfg.eval_every and state.step % cfg.eval_every == 0 or state.step == cfg.steps:
                 state.evals.append(_evaluate(ctx, state))
             commit_state(store, state)
+            publish_step_artifacts(run_id, state.steps, state.evals)
             progress(_progress_line(state, cfg.steps))
     finally:
         set_context(None)

@@ -102,3 +102,23 @@ def test_budget_stops_cleanly_and_resume_with_larger_budget_completes(tiny_confi
     rest = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=budget", "steps=3"), resume=True,
                         progress=lambda m: None)
     assert rest["steps_completed"] == 3 and rest["stopped_reason"] is None
+
+
+def test_flow_run_publishes_step_artifacts(tiny_config, prefect_harness):
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.campaign import rlhf_campaign
+
+    cfg = tiny_config("invoker.kind=inprocess", "run_id=art_1", "steps=1")
+    rlhf_campaign(config=cfg.model_dump(mode="json"))
+
+    async def keys():
+        async with get_client() as client:
+            found = await client.read_artifacts(artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=["art-1-metrics", "art-1-plan", "art-1-report"])))
+            return {a.key for a in found}
+
+    assert asyncio.run(keys()) == {"art-1-metrics", "art-1-plan", "art-1-report"}

@@ -1,0 +1,44 @@
+"""Prefect artifacts for each committed step: metrics table, planner candidates, a report.
+
+Artifacts appear in the Prefect UI next to the campaign's flow run. Keys may hold only
+lowercase letters, digits and dashes, so the run id is slugged. Outside a flow run (library
+use, unit tests) nothing is published.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+TABLE_METRICS = ("reward/mean", "response_length/mean", "actors/n", "actors/migrated", "cost/billed_gpu_seconds",
+                 "cost/usd", "timing_s/step", "kl", "loss/policy")
+
+
+def slug(run_id: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-") or "run"
+
+
+def publish_step_artifacts(run_id: str, steps: list[dict[str, Any]], evals: list[dict[str, Any]]) -> bool:
+    """Publish the artifacts of the latest step. Returns False outside a flow run."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+    from prefect.context import FlowRunContext
+
+    if FlowRunContext.get() is None:
+        return False
+    key, last = slug(run_id), steps[-1]
+    create_table_artifact(key=f"{key}-metrics", description="per-step metrics",
+                          table=[{"step": int(s["step"]) + 1, **{m: round(float(s.get(m, 0.0)), 5) for m in TABLE_METRICS}}
+                                 for s in steps])
+    plan = last.get("plan", {})
+    create_table_artifact(key=f"{key}-plan", description=f"fan-out candidates, step {int(last['step']) + 1}: "
+                                                         f"chose {plan.get('num_actors')} actions ({plan.get('policy')})",
+                          table=[{k: c[k] for k in ("n", "time_s", "gpu_seconds", "score", "feasible", "reason")}
+                                 for c in plan.get("candidates", [])] or [{"n": plan.get("num_actors")}])
+    acc = evals[-1]["accuracy"] if evals else None
+    create_markdown_artifact(key=f"{key}-report", markdown=(
+        f"# {run_id}: step {int(last['step']) + 1}\n\n"
+        f"- reward {last['reward/mean']:.3f}, mean length {last['response_length/mean']:.1f} tokens\n"
+        f"- {int(last['actors/n'])} generation actions, {int(last['actors/migrated'])} samples migrated\n"
+        f"- billed {last['cost/billed_gpu_seconds']:.2f} GPU-s (${last['cost/usd']:.5f}), step {last['timing_s/step']:.2f} s\n"
+        f"- latest held-out accuracy: {acc}\n"))
+    return True
