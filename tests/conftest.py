@@ -1,4 +1,7 @@
 """Shared pytest fixtures."""
+import os
+
+os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
 
 from __future__ import annotations
 
