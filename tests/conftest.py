@@ -1,14 +1,16 @@
 """Shared pytest fixtures."""
-import os
-
-os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
 
 from __future__ import annotations
+
+import os
 
 import uuid
 from collections.abc import Iterator
 
 import pytest
+
+# Tasks called outside a flow run (library-style tests) have no flow run to send logs to.
+os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
 
 # ----------------------------------------------------------------------------- object store
 # A real S3 server (SeaweedFS `weed mini`, started once per session, ~2-10 s) and stores on it.
