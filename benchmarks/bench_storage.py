@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import statistics
 import sys
 import tempfile
@@ -73,7 +74,37 @@ def timed(fn) -> tuple[float, object]:
     return time.perf_counter() - t0, out
 
 
-def run(store: S3Store, args: argparse.Namespace) -> None:
+def process_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` (0.0 if unknown)."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Meter:
+    """Wall time, this process's CPU and the server's CPU for each named operation."""
+
+    def __init__(self, server_pid: int | None) -> None:
+        self.server_pid = server_pid
+        self.rows: dict[str, list[tuple[float, float]]] = {}
+
+    def __call__(self, name: str, fn) -> object:
+        c0, s0, t0 = time.process_time(), process_cpu_s(self.server_pid), time.perf_counter()
+        out = fn()
+        wall = time.perf_counter() - t0
+        cpu = time.process_time() - c0 + process_cpu_s(self.server_pid) - s0
+        self.rows.setdefault(name, []).append((wall, cpu))
+        return out
+
+    def wall(self, name: str) -> list[float]:
+        return [w for w, _ in self.rows[name]]
+
+    def cpu(self, name: str) -> list[float]:
+        return [c for _, c in self.rows[name]]
+
+
+def run(store: S3Store, args: argparse.Namespace, server_pid: int | None = None) -> None:
     from boto3.s3.transfer import TransferConfig
 
     client = store._client  # same endpoint, credentials, retries and checksum settings
@@ -88,40 +119,45 @@ def run(store: S3Store, args: argparse.Namespace) -> None:
     print(f"policy: {len(probe)} tensors, {size / MiB:.1f} MiB bf16; store {store}; "
           f"concurrency {store.max_concurrency}, multipart >= {store.multipart_threshold // MiB} MiB")  # fmt: skip
     store.put_if_absent(".bench-warmup", b"")  # connections + the conditional-write probe, untimed
-    rows = {k: [] for k in ("pub", "fetch", "raw_put", "raw_get")}
+    meter = Meter(server_pid)
     for rep in range(args.reps):
         tensors = small_lm(1000 + rep, **shape)
         blob = raw_bytes(tensors)
         manifest, raw_key = f"policy/rep{rep}/manifest.json", f"{store.prefix}/raw/rep{rep}.bin"
+        out = io.BytesIO()
+        ops = {
+            "publish": lambda: publish_tensors(store, manifest, tensors),
+            "raw put": lambda: client.upload_fileobj(io.BytesIO(blob), store.bucket, raw_key, Config=tconf),
+            "fetch": lambda: load_tensors(store, manifest),
+            "raw get": lambda: client.download_fileobj(store.bucket, raw_key, out, Config=tconf),
+        }
+        # ours and raw back to back for each direction, the order alternating by repetition
+        order = ["publish", "raw put", "fetch", "raw get"] if rep % 2 == 0 else ["raw put", "publish", "raw get", "fetch"]
+        results = {name: meter(name, ops[name]) for name in order}
+        assert torch.equal(results["fetch"][0]["lm_head.weight"], tensors["lm_head.weight"])
+        assert out.getbuffer().nbytes == len(blob)
+        w = {name: meter.rows[name][-1][0] for name in ops}
+        print(f"  rep {rep}: publish {w['publish']:.3f}s fetch {w['fetch']:.3f}s | "
+              f"raw put {w['raw put']:.3f}s get {w['raw get']:.3f}s")  # fmt: skip
 
-        def ours() -> None:
-            rows["pub"].append(timed(lambda: publish_tensors(store, manifest, tensors))[0])
-            dt, (loaded, _) = timed(lambda: load_tensors(store, manifest))
-            rows["fetch"].append(dt)
-            assert torch.equal(loaded["lm_head.weight"], tensors["lm_head.weight"])
-
-        def raw() -> None:
-            rows["raw_put"].append(timed(lambda: client.upload_fileobj(io.BytesIO(blob), store.bucket, raw_key, Config=tconf))[0])
-            out = io.BytesIO()
-            rows["raw_get"].append(timed(lambda: client.download_fileobj(store.bucket, raw_key, out, Config=tconf))[0])
-            assert out.getbuffer().nbytes == len(blob)
-
-        for step in (ours, raw) if rep % 2 == 0 else (raw, ours):
-            step()
-        print(f"  rep {rep}: publish {rows['pub'][-1]:.3f}s fetch {rows['fetch'][-1]:.3f}s | "
-              f"raw put {rows['raw_put'][-1]:.3f}s get {rows['raw_get'][-1]:.3f}s")  # fmt: skip
-    med = {k: statistics.median(v) for k, v in rows.items()}
+    med = statistics.median
     mb = size / 1e6
-    print(f"\nmedians over {args.reps} reps ({mb:.0f} MB):")
-    print(f"  {'':10s} {'ours':>8s} {'raw':>8s} {'ratio':>6s}")
-    for label, a, b in (("put", "pub", "raw_put"), ("get", "fetch", "raw_get")):
-        print(f"  {label:10s} {med[a]:7.3f}s {med[b]:7.3f}s {med[a] / med[b]:5.2f}x   ({mb / med[a]:.0f} vs {mb / med[b]:.0f} MB/s)")
-    ours_rt, raw_rt = med["pub"] + med["fetch"], med["raw_put"] + med["raw_get"]
-    print(f"  {'round trip':10s} {ours_rt:7.3f}s {raw_rt:7.3f}s {ours_rt / raw_rt:5.2f}x   (target <= 1.20x)")
-    # Each repetition runs both sides back to back, so per-repetition ratios cancel slow drift
-    # in machine load (shared cores); their median is the steadier figure.
-    paired = [(p + f) / (rp + rg) for p, f, rp, rg in zip(rows["pub"], rows["fetch"], rows["raw_put"], rows["raw_get"])]
-    print(f"  median of per-repetition round-trip ratios: {statistics.median(paired):.2f}x "
+    cpu_note = "client+server" if server_pid else "client only"
+    print(f"\nmedians over {args.reps} reps ({mb:.0f} MB); CPU = {cpu_note} CPU seconds:")
+    print(f"  {'':10s} {'ours':>8s} {'raw':>8s} {'ratio':>6s} | {'cpu ours':>8s} {'cpu raw':>8s} {'ratio':>6s}")
+    for label, a, b in (("put", "publish", "raw put"), ("get", "fetch", "raw get")):
+        wa, wb, ca, cb = med(meter.wall(a)), med(meter.wall(b)), med(meter.cpu(a)), med(meter.cpu(b))
+        print(f"  {label:10s} {wa:7.3f}s {wb:7.3f}s {wa / wb:5.2f}x | {ca:7.3f}s {cb:7.3f}s {ca / cb:5.2f}x")
+    ours_rt = [p + f for p, f in zip(meter.wall("publish"), meter.wall("fetch"))]
+    raw_rt = [p + g for p, g in zip(meter.wall("raw put"), meter.wall("raw get"))]
+    ours_cpu = [p + f for p, f in zip(meter.cpu("publish"), meter.cpu("fetch"))]
+    raw_cpu = [p + g for p, g in zip(meter.cpu("raw put"), meter.cpu("raw get"))]
+    print(f"  {'round trip':10s} {med(ours_rt):7.3f}s {med(raw_rt):7.3f}s {med(ours_rt) / med(raw_rt):5.2f}x | "
+          f"{med(ours_cpu):7.3f}s {med(raw_cpu):7.3f}s {med(ours_cpu) / med(raw_cpu):5.2f}x   (target <= 1.20x)")  # fmt: skip
+    # Both sides of a repetition run back to back, so per-repetition ratios cancel slow drift
+    # in machine load (shared cores); their median is the steadier wall-time figure.
+    paired = [o / r for o, r in zip(ours_rt, raw_rt)]
+    print(f"  median of per-repetition round-trip ratios: {med(paired):.2f}x "
           f"(min {min(paired):.2f}x, max {max(paired):.2f}x)")  # fmt: skip
 
     # Republish with one changed tensor: only its blob moves.
@@ -153,7 +189,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-seaweed-") as tmp, SeaweedS3Server(tmp) as server:
         store = S3Store.from_uri(server.uri(prefix), env=server.env(), max_concurrency=args.concurrency)
-        run(store, args)
+        run(store, args, server_pid=server._proc.pid if server._proc else None)
         store.close()
 
 

@@ -390,16 +390,18 @@ class S3Store:
         buf = self.get_buffer(key)
         return bytes(buf)
 
-    def get_buffer(self, key: str) -> bytearray:
+    def get_buffer(self, key: str, size: int | None = None) -> bytearray:
         """Read ``key`` into a fresh writable ``bytearray`` (no further copy).
 
-        Objects above ``multipart_threshold`` are fetched as parallel ranged GETs, each pinned
-        to the ETag of the first response so an overwrite in between cannot mix versions.
-        A body stream that breaks mid-read is retried (bounded, with backoff).
+        Objects larger than ``multipart_chunksize`` are fetched as parallel ranged GETs, each
+        pinned to the ETag of the first response so an overwrite in between cannot mix
+        versions. ``size`` (expected bytes, e.g. from a manifest) lets a small object be
+        fetched with a plain GET. A body stream that breaks mid-read is retried (bounded,
+        with backoff).
         """
         for attempt in range(self.max_attempts):
             try:
-                return self._fetch(key)
+                return self._fetch(key, size)
             except _STREAM_ERRORS as exc:
                 if attempt + 1 >= self.max_attempts:
                     self._raise(exc, "get", key)
@@ -414,11 +416,14 @@ class S3Store:
                 self._raise(exc, "get", key)
         raise AssertionError("unreachable")
 
-    def _fetch(self, key: str) -> bytearray:
+    def _fetch(self, key: str, size: int | None = None) -> bytearray:
         full = self._full(key)
         chunk = self.multipart_chunksize
         try:
-            first = self._open_range(full, 0, chunk)
+            if size is not None and size < chunk:
+                first = self._open_range(full, None, None)  # a plain GET costs the server less
+            else:
+                first = self._open_range(full, 0, chunk)
         except bce.ClientError as exc:
             if _code(exc) != "InvalidRange":
                 raise
@@ -442,19 +447,24 @@ class S3Store:
                 list(self._ranges().map(fetch_range, starts))
         return buf
 
-    def _open_range(self, full: str, start: int, end: int, if_match: str | None = None) -> _RangeResponse:
-        """GET bytes [start, end) of a bucket key; the body is read by ``.fill(view)``."""
+    def _open_range(
+        self, full: str, start: int | None, end: int | None, if_match: str | None = None
+    ) -> _RangeResponse:
+        """GET bytes [start, end) of a bucket key (all of it if start is None); the body is
+        read by ``.fill(view)``."""
         if self._http is None:
-            extra = {"IfMatch": if_match} if if_match else {}
-            resp = self._client.get_object(
-                Bucket=self.bucket, Key=full, Range=f"bytes={start}-{end - 1}", **extra
-            )
+            extra: dict[str, str] = {"IfMatch": if_match} if if_match else {}
+            if start is not None:
+                extra["Range"] = f"bytes={start}-{end - 1}"  # type: ignore[operator]
+            resp = self._client.get_object(Bucket=self.bucket, Key=full, **extra)
             body = resp["Body"]
             return _RangeResponse(resp["ContentLength"], resp.get("ContentRange"), resp.get("ETag", ""),
                                   lambda view: _read_exactly(body, view))  # fmt: skip
         return self._open_range_presigned(full, start, end, if_match)
 
-    def _open_range_presigned(self, full: str, start: int, end: int, if_match: str | None) -> _RangeResponse:
+    def _open_range_presigned(
+        self, full: str, start: int | None, end: int | None, if_match: str | None
+    ) -> _RangeResponse:
         """The same GET through a presigned URL on the client's own connection pool.
 
         A full botocore call costs ~1.5 ms of Python per request (parameter validation,
@@ -466,7 +476,7 @@ class S3Store:
         url = self._client.generate_presigned_url(
             "get_object", Params={"Bucket": self.bucket, "Key": full}, ExpiresIn=_PRESIGN_TTL_S
         )
-        headers = {"Range": f"bytes={start}-{end - 1}"}
+        headers = {} if start is None else {"Range": f"bytes={start}-{end - 1}"}  # type: ignore[operator]
         if if_match:
             headers["If-Match"] = if_match
         request = AWSRequest(method="GET", url=url, headers=headers)

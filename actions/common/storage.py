@@ -96,7 +96,8 @@ class ObjectStore(Protocol):
     Backends may also offer, as optional fast paths:
 
     * ``max_concurrency`` -- threads used for the blobs of one artifact;
-    * ``get_buffer(key)`` -- a writable bytes-like object instead of a bytes copy;
+    * ``get_buffer(key, size=None)`` -- a writable bytes-like object instead of a bytes copy
+      (``size``: the expected length when known, a hint);
     * ``put_content(key, parts, sha256) -> bool`` -- create a content-addressed object from a
       sequence of buffers whose sha256 is known, if absent, in one round trip; returns
       whether bytes were uploaded.
@@ -193,9 +194,10 @@ class LocalStore:
         except FileNotFoundError:
             raise ObjectNotFound(f"object {key!r} not found in store {self.uri}") from None
 
-    def get_buffer(self, key: str) -> mmap.mmap | bytes:
+    def get_buffer(self, key: str, size: int | None = None) -> mmap.mmap | bytes:
         """A private copy-on-write memory map of ``key``: no read copy, and writes by the
-        caller (e.g. in-place ops on tensors viewing it) never reach the file."""
+        caller (e.g. in-place ops on tensors viewing it) never reach the file. ``size`` is
+        accepted for interface parity and not needed here."""
         try:
             with open(self._path(key), "rb") as fh:
                 if os.fstat(fh.fileno()).st_size == 0:
@@ -354,7 +356,9 @@ def get_blob(store: ObjectStore, digest: str, *, name: str = "") -> bytes:
     return data
 
 
-def get_blob_buffer(store: ObjectStore, digest: str, *, name: str = "") -> Any:
+def get_blob_buffer(
+    store: ObjectStore, digest: str, *, name: str = "", size: int | None = None
+) -> Any:
     """Like :func:`get_blob` but returns the backend's cheapest buffer: a private memory map
     (local) or a writable ``bytearray`` (S3), so callers can view it without copying."""
     get_buffer = getattr(store, "get_buffer", None)
@@ -362,7 +366,7 @@ def get_blob_buffer(store: ObjectStore, digest: str, *, name: str = "") -> Any:
         return get_blob(store, digest, name=name)
     key = blob_key(digest)
     try:
-        data = get_buffer(key)
+        data = get_buffer(key, size=size)
     except ObjectNotFound:
         raise _missing_blob(store, key, name) from None
     _verify(key, data, digest, name)
@@ -439,7 +443,7 @@ def get_artifact_buffers(
         if name not in table:
             raise ObjectNotFound(f"file {name!r} is not listed in manifest {manifest_key!r}")
     buffers = map_bounded(
-        lambda n: get_blob_buffer(store, table[n]["sha256"], name=n),
+        lambda n: get_blob_buffer(store, table[n]["sha256"], name=n, size=table[n].get("size")),
         wanted,
         _concurrency(store, len(wanted)),
     )
