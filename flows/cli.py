@@ -81,6 +81,9 @@ def _train(args: argparse.Namespace) -> int:
     from flows.campaign import rlhf_campaign
 
     validate_inputs(cfg)  # before Prefect or any worker starts, and before anything is written
+    from actions.common.storage import open_store
+
+    open_store(cfg.store.uri)  # an unreachable endpoint, bad credentials or a missing bucket fail here
     summary = rlhf_campaign(config=cfg.model_dump(mode="json"), resume=args.resume)
     out.mkdir(parents=True, exist_ok=True)
     summary["run_dir"] = str(out)

@@ -50,3 +50,15 @@ def test_unreadable_yaml_and_dataset_row_missing_field(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "answer" in err and "bad.jsonl:1" in err
     assert not (tmp_path / "s").exists() or not any((tmp_path / "s").rglob("*"))
+
+
+@pytest.mark.parametrize("env, needle", [
+    ({"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, "127.0.0.1:9"),
+])
+def test_unreachable_s3_endpoint_is_one_line_exit_2(env, needle, monkeypatch, capsys):
+    for k, v in {**env, "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "verysecretvalue123"}.items():
+        monkeypatch.setenv(k, v)
+    code = main(["train", "--set", "store.uri=s3://bucket/prefix", "--set", "invoker.kind=inprocess"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and needle in err, err
+    assert "verysecretvalue123" not in err
