@@ -11,13 +11,12 @@ It runs where the model files are: in the control-plane process for a local mode
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import BaseModel
 
 from actions.common.config import CampaignConfig
 from actions.common.loading import DATASET_FILE, encode
-from actions.common.modeling import base_files, build_tiny_model, model_summary, read_model_dir
+from actions.common.modeling import (base_files, build_tiny_model, check_model_dir, instantiate, model_summary,
+                                     read_model_dir)
 from actions.common.storage import ObjectStore, put_artifact, put_json
 from actions.common.weights import publish_tensors
 from actions.tasks import get_task
@@ -51,10 +50,8 @@ def _datasets(cfg: CampaignConfig) -> tuple[list[PromptRow], list[PromptRow]]:
 def validate_inputs(cfg: CampaignConfig) -> None:
     """Check the model directory and datasets without writing anything (fails fast at the CLI)."""
     _datasets(cfg)
-    if cfg.model.path and not (Path(cfg.model.path) / "config.json").is_file():
-        raise ValueError(
-            f"model.path {cfg.model.path!r} has no config.json; point it at a local Hugging Face model directory"
-        )
+    if cfg.model.path:
+        check_model_dir(cfg.model.path)
 
 
 def prepare(cfg: CampaignConfig, store: ObjectStore, run_prefix: str) -> Prepared:
@@ -68,9 +65,7 @@ def prepare(cfg: CampaignConfig, store: ObjectStore, run_prefix: str) -> Prepare
                                             intermediate_size=m.intermediate_size, max_positions=m.max_positions,
                                             seed=cfg.seed)
         files, tensors = base_files(model, tokenizer), model.state_dict()
-    from actions.common.modeling import instantiate  # the tokenizer exactly as actions will load it
-
-    _, tokenizer = instantiate(files, tensors)
+    _, tokenizer = instantiate(files, tensors)  # the tokenizer exactly as actions will load it
     tokens = {str(r.prompt_id): {"prompt": list(encode(tokenizer, r.prompt)),
                                  "answer_len": len(encode(tokenizer, r.answer))} for r in train}
     base_key = f"{run_prefix}/base/manifest.json"

@@ -17,7 +17,7 @@ from actions.common.config import CampaignConfig
 from actions.common.contracts import EvaluateRequest, ModelRef, WarmupRequest
 from actions.common.storage import ObjectStore, get_json, open_store
 from flows.artifacts import publish_step_artifacts
-from flows.context import RunContext, current, set_context
+from flows.context import RunContext, set_context
 from flows.hooks import plan_generation_phase
 from flows.invokers.factory import make_invoker, pool_size
 from flows.metrics import step_metrics
@@ -231,4 +231,4 @@ def rlhf_campaign(config: dict[str, Any], resume: bool = False) -> dict[str, Any
     return run_campaign(CampaignConfig.model_validate(config), resume=resume)
 
 
-__all__ = ["rlhf_campaign", "run_campaign", "CampaignRefused", "current"]
+__all__ = ["rlhf_campaign", "run_campaign", "CampaignRefused"]

@@ -22,7 +22,7 @@ class RunContext:
     store: ObjectStore
     invoker: Invoker
     run_id: str
-    injected: set[str] = field(default_factory=set)
+    injected: set[tuple[str, str]] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -40,7 +40,7 @@ class RunContext:
         with self.lock:
             if (action, shard) in self.injected:
                 return False
-            self.injected.add((action, shard))  # type: ignore[arg-type]
+            self.injected.add((action, shard))
             return True
 
 

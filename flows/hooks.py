@@ -8,7 +8,6 @@ step flow decides how generation is split; the flow executes exactly the returne
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from flows.context import RunContext
@@ -75,7 +74,3 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: dict[
         n = len(group) * cfg.algorithm.group_size
         cut_after[i] = cut_point(n, tau) if tau is not None and tau < 1 and n > 1 else None
     return PhasePlan(plan, prefill, predicted, cut_after)
-
-
-def fraction(numerator: float, denominator: float) -> float:
-    return numerator / denominator if denominator > 0 and math.isfinite(denominator) else 0.0

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from flows.hooks import PhasePlan, fraction
+from flows.hooks import PhasePlan
 from flows.planning.lengths import rank_correlation
+
+
+def fraction(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator > 0 and math.isfinite(denominator) else 0.0
 
 
 def step_metrics(out: dict[str, Any], phase: PhasePlan, price: float, gpus_per_actor: int,

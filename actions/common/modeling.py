@@ -59,17 +59,23 @@ def build_tiny_model(
     return model, tokenizer
 
 
+def check_model_dir(path: str | os.PathLike[str]) -> Path:
+    """The directory as a Path; ValueError naming ``model.path`` when it holds no config.json."""
+    root = Path(path)
+    if not (root / "config.json").is_file():
+        raise ValueError(
+            f"model.path {str(root)!r} has no config.json; point it at a local Hugging Face model directory"
+        )
+    return root
+
+
 def read_model_dir(path: str | os.PathLike[str]) -> tuple[dict[str, bytes], dict[str, torch.Tensor]]:
     """Split a local HF model directory into (base files, tensors).
 
     Raises:
         ValueError: the directory or a required file is missing (names ``model.path``).
     """
-    root = Path(path)
-    if not (root / "config.json").is_file():
-        raise ValueError(
-            f"model.path {str(root)!r} has no config.json; point it at a local Hugging Face model directory"
-        )
+    root = check_model_dir(path)
     model = AutoModelForCausalLM.from_pretrained(root, dtype=torch.float32)
     files = {"config.json": (root / "config.json").read_bytes()}
     for name in TOKENIZER_FILES:

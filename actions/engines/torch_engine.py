@@ -19,7 +19,7 @@ Shapes: KV per layer ``[rows, kv_heads, positions, head_dim]``; masks ``[rows, p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
@@ -63,7 +63,6 @@ class EngineStats:
     prefill_tokens: int = 0  # tokens pushed through prefill forwards by this call
     decode_steps: int = 0
     decode_token_slots: int = 0  # sum of active rows over decode steps
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 class TorchEngine:

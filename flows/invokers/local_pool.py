@@ -116,12 +116,6 @@ class LocalPoolInvoker:
             self._workers = [w for w in self._workers if w is not worker]
         self._add(worker.name)
 
-    def kill_worker(self, index: int = 0) -> int:
-        """Fault injection: SIGKILL one worker process (it is replaced on next use). Returns its pid."""
-        victim = self._workers[index]
-        victim.proc.kill()
-        return victim.proc.pid
-
     def prewarm(self, action: str, count: int) -> int:
         """Workers are started warm; a no-op run per worker loads the action module code."""
         return 0
