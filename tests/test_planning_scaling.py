@@ -46,8 +46,10 @@ def test_lam_one_is_fastest_n_with_smaller_n_on_ties():
 def test_assignment_is_ranked_heaviest_first():
     plan = _plan(policy="fixed:3")
     assert plan.assignments == ((11, 10, 9, 8), (7, 6, 5, 4), (3, 2, 1, 0))
-    rr = _plan(policy="fixed:3", assignment="round_robin")  # fixed: contiguous, given order
-    assert rr.assignments == ((0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11))
+    rr = _plan(policy="fixed:3", assignment="round_robin")
+    assert rr.assignments == ((0, 3, 6, 9), (1, 4, 7, 10), (2, 5, 8, 11))
+    static = _plan(policy="fixed:3", assignment="contiguous")  # the serverful baseline's split
+    assert static.assignments == ((0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11))
     ca = _plan(policy="cost_aware", assignment="round_robin", n_min=3, n_max=3)
     assert ca.assignments == ((0, 3, 6, 9), (1, 4, 7, 10), (2, 5, 8, 11))
 

@@ -85,7 +85,29 @@ def test_cut_waits_without_free_slots():
     _check_conservation(done)
 
 
+def test_continuation_reuses_released_container_and_is_not_cut_again():
+    # actor 0 (4 samples: 10, 20, 300, 400 tokens) is cut at tau=0.5 once two finished; actor 1
+    # (one 5-token sample) was released at 0.05 s, so the continuation starts in its warm
+    # container at once: no cold start, no weight transfer, and it is never cut itself
+    a = tuple(Sample(i, 0, 0, n) for i, n in enumerate((10, 20, 300, 400)))
+    b = (Sample(4, 1, 0, 5),)
+    cfg = SimConfig(profile=FLAT, gpus_per_actor=1, tau=0.5, continuation=True, cold_start_s=30.0,
+                    weight_transfer_s=2.0)
+    res, done = simulate_phase([ActorSpec(a, 0.0, 0.0), ActorSpec(b, 0.0, 0.0)], cfg)
+    assert res.num_actors == 3 and res.num_cut == 1 and res.num_migrated == 2
+    # 400 tokens x 10 ms plus the re-prefill of 2 x 20 generated tokens at 1e4 tokens/s
+    assert res.time_s == pytest.approx(4.0 + 0.004)
+    _check_conservation(done)
+    # no released container and no spare: the continuation pays cold start + weights
+    a = tuple(Sample(i, 0, 0, n) for i, n in enumerate((10, 20, 300, 400)))
+    res, done = simulate_phase([ActorSpec(a, 0.0, 0.0)], cfg)
+    assert res.num_cut == 1 and res.time_s == pytest.approx(0.2 + 32.0 + 0.004 + 3.8)
+    _check_conservation(done)
+
+
 def test_parse_policy():
+    assert parse_policy("round-robin:4").assignment == "round_robin"
+    assert not parse_policy("round-robin:4").serverful and not parse_policy("round-robin:4").cut
     assert parse_policy("static:3").serverful
     assert parse_policy("no-scale").scaling == "fixed:3"
     assert parse_policy("oracle").oracle

@@ -12,8 +12,11 @@ ranges are taken over feasible candidates; a zero range normalises to 0. Infeasi
 stay in the table with their reason but are not chosen; if no N is feasible the smallest N is
 used and ``note`` says so. Ties go to the smaller N.
 
-Policies: ``cost_aware``; ``fixed:N`` (contiguous slices of the given order unless
-``assignment='ranked'``); ``module:function`` (a user function with this signature returning a
+Assignments: ``ranked`` (the paper), ``round_robin`` (ablation baseline) and ``contiguous``
+(equal slices of the given order: the static serverful baseline's data-parallel split).
+
+Policies: ``cost_aware``; ``fixed:N`` (N actors, the configured assignment);
+``module:function`` (a user function with this signature returning a
 ``GenerationPlan``; its output is validated).
 """
 
@@ -31,7 +34,7 @@ from flows.planning.plan import Candidate, ClusterSpec, GenerationPlan
 from flows.planning.profile import TpotProfile
 from flows.planning.timeline import evaluate_candidate, prefill_seconds
 
-ASSIGNMENTS = ("ranked", "round_robin")
+ASSIGNMENTS = ("ranked", "round_robin", "contiguous")
 
 
 @dataclass(frozen=True)
@@ -146,18 +149,20 @@ def _ranking(prompt_ids: Sequence[int], predicted: Mapping[int, float],
 
 def _candidate_loads(n: int, prompt_ids: Sequence[int], ranking: _Ranking, assignment: str,
                      predicted: Mapping[int, float], prompt_lengths: Mapping[int, int],
-                     env: _Env, contiguous: bool) -> tuple[list[float], list[float]]:
+                     env: _Env) -> tuple[list[float], list[float]]:
     if assignment == "ranked":
         return _loads(n, ranking, env)
-    return _group_loads(_groups(n, prompt_ids, predicted, assignment, contiguous), predicted,
+    return _group_loads(_groups(n, prompt_ids, predicted, assignment), predicted,
                         prompt_lengths, env)
 
 
-def _groups(n: int, prompt_ids: Sequence[int], predicted: Mapping[int, float], assignment: str,
-            contiguous: bool) -> tuple[tuple[int, ...], ...]:
+def _groups(n: int, prompt_ids: Sequence[int], predicted: Mapping[int, float],
+            assignment: str) -> tuple[tuple[int, ...], ...]:
     if assignment == "ranked":
         return assign_ranked(prompt_ids, predicted, n)
-    return assign_contiguous(prompt_ids, n) if contiguous else assign_round_robin(prompt_ids, n)
+    if assignment == "contiguous":
+        return assign_contiguous(prompt_ids, n)
+    return assign_round_robin(prompt_ids, n)
 
 
 def _load_policy(policy: str):
@@ -192,7 +197,7 @@ def plan_generation(prompt_ids: Sequence[int], predicted: Mapping[int, float], *
         policy: 'cost_aware' | 'fixed:N' | 'package.module:function'.
         n_min, n_max: candidate actor-count range (inclusive).
         lam: weight of time in the objective (PAPER default 0.7).
-        assignment: 'ranked' (paper) or 'round_robin' (ablation baseline).
+        assignment: 'ranked' (paper), 'round_robin' (ablation baseline) or 'contiguous'.
         profile, cluster: the time and cost model.
         cut_threshold: tau, validated and passed on to user policies (the built-in estimate
             assumes exact predictions, so nothing is cut).
@@ -239,12 +244,12 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
     rows = []
     for n in range(n_lo, n_hi + 1):
         loads = _candidate_loads(n, prompt_ids, ranking, assignment, predicted, prompt_lengths,
-                                 env, contiguous=fixed)
+                                 env)
         rows.append((n, *evaluate_candidate(*loads, cluster, env.prefill_s)))
     cands, best = _score(rows, lam, cluster.price_per_gpu_second)
     if best is None:
         best = n_lo
         note += "no feasible actor count: using the smallest; transfers will not be hidden."
     chosen = cands[best - n_lo]
-    return GenerationPlan(policy, best, _groups(best, prompt_ids, predicted, assignment, fixed),
+    return GenerationPlan(policy, best, _groups(best, prompt_ids, predicted, assignment),
                           chosen.time_s, chosen.gpu_seconds, tuple(cands), note=note.strip())

@@ -92,6 +92,7 @@ class ActorState:
     busy_s: float = 0.0
     ctx0: float = 0.0  # mean context of the live samples when the current segment started
     next_s: float = math.inf  # when the actor's next sample finishes if nothing intervenes
+    cuttable: bool = True  # continuation actors run to completion
 
     def add(self, s: Sample) -> None:
         end = self.progress + (s.length - s.decoded)

@@ -18,9 +18,11 @@ destination pauses to recompute prompt + generated tokens at the prefill rate (a
 bound: an engine with chunked prefill overlaps part of it with memory-bound decode).
 ``migration='kv'``: the KV blocks are shipped over the transfer bandwidth (the NCCL path the
 prefill actor already uses) and the sample joins when they arrive. With ``continuation=True``
-a cut that finds no slots starts a fresh continuation actor, which pays the cold start (unless
-a spare pre-warmed actor exists), the weight transfer and the re-prefill, and accepts later
-cuts into its free slots.
+a cut that finds no slots starts a continuation actor (what the live flow does), which accepts
+later cuts into its free slots and is never cut itself (the live continuation action has no
+cut point). It runs in the first container available: one released earlier in this phase
+(warm, and already holding this step's weights: no start-up), else a spare pre-warmed one
+(weight transfer), else a cold one (cold start + weight transfer); then the re-prefill.
 
 Accounting: ``gpu_seconds`` = sum over actors of GPUs x (release - invoke) plus the prefill
 actor's GPU-s and the pre-warm idle GPU-s passed in; ``busy`` = GPU-s spent decoding; idle
@@ -48,6 +50,7 @@ class _Phase:
         self.actors: list[ActorState] = []
         self.cuts = self.migrated = 0
         self.spare_warm = config.spare_warm_actors
+        self.released_warm = 0  # containers released in this phase: warm, this step's weights
         for spec in specs:
             actor = self._new_actor(spec.invoked_s, spec.ready_s, spec.holds_until_end,
                                     len(spec.samples))
@@ -109,12 +112,13 @@ class _Phase:
                 a.take(self.samples[sid], end, end)
                 a.finished += 1
         for a in self.running():
-            if self.cfg.tau is not None and not a.holds and a.live and t >= a.resume_s:
+            if self.cfg.tau is not None and a.cuttable and not a.holds and a.live and t >= a.resume_s:
                 if should_cut(a.held, a.finished, self.cfg.tau):
                     self._try_cut(a, t)
         for a in self.running():
             if not a.live and not a.arriving and not a.holds and t >= a.resume_s:
                 a.released_s = t
+                self.released_warm += 1
 
     def _free_slots(self, exclude: ActorState) -> dict[int, int]:
         return {a.aid: a.slots - len(a.live) - len(a.arriving) for a in self.running()
@@ -154,12 +158,22 @@ class _Phase:
         self.cuts += 1
         self.migrated += sum(moves.values())
         src.released_s = t
+        self.released_warm += 1
 
     def _start_continuation(self, t: float, slots: int) -> ActorState:
-        """A fresh actor sized like the one it relieves; later cuts may join its free slots."""
-        cold = 0.0 if self.spare_warm > 0 else self.cfg.cold_start_s
-        self.spare_warm = max(0, self.spare_warm - 1)
-        return self._new_actor(t, t + cold + self.cfg.weight_transfer_s, False, slots)
+        """An actor sized like the one it relieves, in the first container available (module
+        docstring); later cuts may join its free slots, and it is never cut itself."""
+        if self.released_warm > 0:
+            self.released_warm -= 1
+            start = 0.0
+        elif self.spare_warm > 0:
+            self.spare_warm -= 1
+            start = self.cfg.weight_transfer_s
+        else:
+            start = self.cfg.cold_start_s + self.cfg.weight_transfer_s
+        actor = self._new_actor(t, t + start, False, slots)
+        actor.cuttable = False
+        return actor
 
 
 def simulate_phase(specs: list[ActorSpec], config: SimConfig, *,

@@ -7,6 +7,9 @@
   sampling shares a prompt across its n samples) and decodes; actors are co-located with the
   learner (hybrid engine) so there is no weight transfer or cold start; every actor is held
   for the whole phase: GPU-s = N * GPUs * phase time.
+- ``round-robin:N``: N serverless actors (released when done), round-robin assignment, no
+  cut: the naive baseline of ranked assignment + cut-and-migrate at the same fan-out
+  (``no-scale:N``).
 - Ablations: ``no-assign`` (round-robin over the given order instead of ranking),
   ``no-scale[:N]`` (N = 3 actors, ranked, serverless release, cut), ``no-cut`` (tau = 1),
   ``oracle`` (rlhfless with predictions equal to the true group max lengths).
@@ -47,7 +50,9 @@ def parse_policy(name: str) -> Policy:
     base, _, arg = name.partition(":")
     count = arg if arg.isdigit() and int(arg) >= 1 else None
     if base == "static" and count:
-        return Policy(name, True, f"fixed:{count}", "round_robin", cut=False)
+        return Policy(name, True, f"fixed:{count}", "contiguous", cut=False)
+    if base == "round-robin" and count:
+        return Policy(name, False, f"fixed:{count}", "round_robin", cut=False)
     if base == "no-scale" and (count or not arg):
         return Policy(name, False, f"fixed:{count or 3}", "ranked", cut=True)
     simple = {"rlhfless": Policy(name, False, "cost_aware", "ranked", cut=True),
@@ -56,8 +61,8 @@ def parse_policy(name: str) -> Policy:
               "oracle": Policy(name, False, "cost_aware", "ranked", cut=True, oracle=True)}
     if not arg and base in simple:
         return simple[base]
-    raise ValueError(f"policy={name!r}: unknown; use rlhfless, static:N, no-assign, "
-                     "no-scale[:N], no-cut or oracle")
+    raise ValueError(f"policy={name!r}: unknown; use rlhfless, static:N, round-robin:N, "
+                     "no-assign, no-scale[:N], no-cut or oracle")
 
 
 @dataclass(frozen=True, kw_only=True)
