@@ -15,6 +15,7 @@ from flows.planning.lengths import LengthHistory, predict_lengths
 from flows.planning.migrate import cut_point
 from flows.planning.plan import ClusterSpec, GenerationPlan
 from flows.planning.prefix import PrefillPlan, plan_prefill
+from flows.planning.prewarm import prewarm_offset
 from flows.planning.profile import TpotProfile
 from flows.planning.scaling import plan_generation
 
@@ -34,6 +35,8 @@ class PhasePlan:
     prefill: PrefillPlan | None
     predicted: dict[int, float]
     cut_after: dict[int, int | None]  # actor index -> samples finished before it is cut
+    prewarm_offset_s: float | None = None
+    """Seconds after the step starts to pre-warm the generation actions (None: no history)."""
 
 
 def load_profile(ctx: RunContext) -> TpotProfile:
@@ -49,7 +52,10 @@ def cluster_spec(ctx: RunContext, num_workers: int) -> ClusterSpec:
 
 
 def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: dict[str, dict],
-                          prompt_ids: list[int], num_workers: int) -> PhasePlan:
+                          prompt_ids: list[int], num_workers: int,
+                          call_history: dict[str, list[float]] | None = None) -> PhasePlan:
+    """The plan of one generation phase. ``call_history``: action -> its earliest invocation
+    offset (seconds from step start) in each past step, for the pre-warm time."""
     cfg = ctx.config
     predicted = predict_lengths(history, prompt_ids, {p: tokens[str(p)]["answer_len"] for p in prompt_ids},
                                 window=cfg.generation.length_window)
@@ -73,4 +79,7 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: dict[
     for i, group in enumerate(plan.assignments):
         n = len(group) * cfg.algorithm.group_size
         cut_after[i] = cut_point(n, tau) if tau is not None and tau < 1 and n > 1 else None
-    return PhasePlan(plan, prefill, predicted, cut_after)
+    offset = None
+    if s.prewarm:
+        offset = prewarm_offset((call_history or {}).get("generate", []), s.prewarm_buffer_s)
+    return PhasePlan(plan, prefill, predicted, cut_after, offset)

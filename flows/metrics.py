@@ -39,6 +39,9 @@ def step_metrics(out: dict[str, Any], phase: PhasePlan, price: float, gpus_per_a
         "cost/billed_gpu_seconds": billed,
         "cost/usd": billed * price,
         "cost/idle_fraction": fraction(billed - useful, billed),
+        # generation actions alone (continuations included): what ranked assignment with early
+        # release and cut-and-migrate reduce
+        "cost/generate_billed_actor_s": sum(r["billed_s"] for r in gen_records),
         "actors/n": float(phase.plan.num_actors),
         "actors/cut": float(sum(1 for g in primary if g.get("num_cut"))),
         "actors/migrated": float(sum(g.get("num_cut", 0) for g in gens)),

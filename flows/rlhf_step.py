@@ -16,6 +16,7 @@ from prefect.futures import as_completed
 
 from flows.context import current
 from flows.hooks import PhasePlan
+from flows.prewarming import PhasePrewarmer
 from flows.step_payloads import StepInputs, generate_payload, prefill_payload, score_payload, train_payload
 from flows.tasks import invoke_action
 
@@ -28,6 +29,8 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> dict[str, Any]:
     t0 = time.time()
     records: list[dict[str, Any]] = []
     bundle_key, prefill = None, None
+    prewarm = PhasePrewarmer(ctx.invoker, t0=t0, offset_s=phase.prewarm_offset_s, action="generate",
+                             count=phase.plan.num_actors, model=inputs.model.model_dump(mode="json"))
     if phase.prefill and phase.prefill.prefix_len:
         pre = invoke_action(action="prefill", payload=prefill_payload(ctx, inputs, phase), shard="prefill")
         records.append(pre["accounting"])
@@ -68,7 +71,11 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> dict[str, Any]:
                           payload=train_payload(ctx, inputs, [r["scored_key"] for r in score_results]))
     records.append(train["accounting"])
     t_end = time.time()
+    offsets: dict[str, float] = {}
+    for r in records:  # call history for the next step's pre-warm
+        offsets[r["action"]] = min(offsets.get(r["action"], float("inf")), r["submitted_at"] - t0)
     return {
+        "prewarm": prewarm.report(), "call_offsets": offsets,
         "prefill": prefill, "generate": gen_results, "score": score_results, "train": train["result"], "records": records,
         "num_continuations": num_cont,
         "timing": {"prefill": t_gen - t0, "generate": t_gen_end - t_gen, "score": t_score_end - t_gen_end,

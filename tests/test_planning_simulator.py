@@ -105,6 +105,22 @@ def test_continuation_reuses_released_container_and_is_not_cut_again():
     _check_conservation(done)
 
 
+def test_shared_processors_slow_concurrent_actors():
+    # two actors of 100 tokens at a flat 10 ms on one shared processor: each decodes at half
+    # speed while both run, so the phase takes 2 s instead of 1 s; on two processors, 1 s
+    def run(cores):
+        specs = [ActorSpec((Sample(0, 0, 0, 100),), 0.0, 0.0), ActorSpec((Sample(1, 1, 0, 100),), 0.0, 0.0)]
+        return simulate_phase(specs, SimConfig(profile=FLAT, gpus_per_actor=1, shared_processors=cores))[0]
+    assert run(1).time_s == pytest.approx(2.0)
+    assert run(2).time_s == pytest.approx(1.0) == run(None).time_s
+    # unequal work: 50 and 100 tokens on one processor: both at half speed until 1.0 s, then
+    # the survivor alone at full speed for its last 50 tokens
+    specs = [ActorSpec((Sample(0, 0, 0, 50),), 0.0, 0.0), ActorSpec((Sample(1, 1, 0, 100),), 0.0, 0.0)]
+    res, done = simulate_phase(specs, SimConfig(profile=FLAT, gpus_per_actor=1, shared_processors=1))
+    assert res.time_s == pytest.approx(1.5)
+    _check_conservation(done)
+
+
 def test_parse_policy():
     assert parse_policy("round-robin:4").assignment == "round_robin"
     assert not parse_policy("round-robin:4").serverful and not parse_policy("round-robin:4").cut

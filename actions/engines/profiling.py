@@ -1,7 +1,7 @@
 """Measuring the torch engine's time per output token (TPOT) on this machine.
 
-Runs dummy decode steps of the configured model for a grid of batch sizes and context lengths
-and returns the grid the planner's ``TpotProfile`` takes. Prefill throughput is measured with
+Runs the torch engine itself (forward, sampling, cache bookkeeping) on dummy prompts for a grid
+of batch sizes and context lengths and returns the grid the planner's ``TpotProfile`` takes. Prefill throughput is measured with
 one padded batch. Timings are medians over a few repeats (these machines are noisy).
 """
 
@@ -11,26 +11,28 @@ import statistics
 import time
 
 import torch
-from transformers import DynamicCache
+
+from actions.engines.torch_engine import SampleSpec, TorchEngine
 
 
 @torch.no_grad()
-def decode_step_seconds(model: torch.nn.Module, batch: int, context: int, vocab: int, repeats: int = 5) -> float:
-    """Median wall time of one cached decode step for ``batch`` rows at ``context`` tokens."""
-    ids = torch.randint(3, vocab, (batch, context))
-    out = model(input_ids=ids, use_cache=True)
-    cache: DynamicCache = out.past_key_values
-    tok = torch.randint(3, vocab, (batch, 1))
-    times = []
-    for i in range(repeats + 1):
-        layers = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
-        c = DynamicCache(ddp_cache_data=layers)
-        pos = torch.full((batch, 1), context, dtype=torch.long)
+def decode_step_seconds(model: torch.nn.Module, batch: int, context: int, vocab: int, repeats: int = 3,
+                        steps: int = 8) -> float:
+    """Median wall time of one decode step of the torch engine (forward, sampling and cache
+    bookkeeping) for ``batch`` rows at about ``context`` tokens: the difference between
+    generating ``2 + steps`` and 2 tokens, divided by ``steps``, so prefill cancels out."""
+    engine = TorchEngine(model, eos_id=-1, pad_id=0)  # no token is EOS: every row runs on
+    gen = torch.Generator().manual_seed(batch * 100_003 + context)
+    specs = [SampleSpec(i, 0, tuple(torch.randint(3, vocab, (context,), generator=gen).tolist()))
+             for i in range(batch)]
+
+    def run(new_tokens: int) -> float:
         t0 = time.perf_counter()
-        model(input_ids=tok, past_key_values=c, position_ids=pos, use_cache=True)
-        if i:  # the first run warms up allocator and kernels
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        engine.generate(specs, seed=0, step=0, max_new_tokens=new_tokens, temperature=1.0)
+        return time.perf_counter() - t0
+
+    run(2)  # warms up allocator and kernels
+    return statistics.median((run(2 + steps) - run(2)) / steps for _ in range(repeats))
 
 
 @torch.no_grad()

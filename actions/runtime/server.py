@@ -74,9 +74,14 @@ class ActionRuntime:
                 # action module (and torch) is imported. Holding the container briefly makes
                 # concurrent pre-warm calls land on distinct containers.
                 time.sleep(min(max(float(params.get("__prewarm_hold_s") or 0.0), 0.0), 10.0))
+                loaded = False
+                if isinstance(params.get("__prewarm_model"), dict):
+                    # Also load the coming policy version, so the activation skips the load.
+                    loaded = _preload_model(params["__prewarm_model"])
                 print(SENTINEL, flush=True)
                 print(SENTINEL, file=sys.stderr, flush=True)
-                return 200, {"ok": True, "prewarm": True, "__activation": _activation_block(0.0, start, cold)}
+                return 200, {"ok": True, "prewarm": True, "model_loaded": loaded,
+                             "__activation": _activation_block(time.time() - start, start, cold)}
             try:
                 module = importlib.import_module(f"actions.{name}")
                 result = module.main(dict(params))
@@ -90,6 +95,20 @@ class ActionRuntime:
             result = {"error": f"action {name} returned {type(result).__name__}, not a dict"}
         result["__activation"] = _activation_block(busy, start, cold)
         return 200, result
+
+
+def _preload_model(ref: dict[str, Any]) -> bool:
+    """Load a policy version into the warm cache; True if it was not there. Best effort."""
+    try:
+        from actions.common.contracts import ModelRef
+        from actions.common.loading import configure_threads, load_model
+
+        configure_threads()
+        _, _, hit = load_model(ModelRef.model_validate(ref))
+        return not hit
+    except Exception:  # a pre-warm never fails the container; the activation loads it later
+        traceback.print_exc()
+        return False
 
 
 def _activation_block(busy: float, start: float, cold: bool) -> dict[str, Any]:

@@ -80,9 +80,11 @@ class Invoker(Protocol):
             ActionError: the action returned an error or could not be run.
         """
 
-    def prewarm(self, action: str, count: int) -> int:
+    def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None) -> int:
         """Make ``count`` containers for ``action`` warm ahead of use; returns how many
-        were started now (already-warm ones are not counted)."""
+        were started now (already-warm ones are not counted). With ``model`` (a ``ModelRef``
+        as JSON) each container also loads that policy version, so the activation that
+        follows finds the weights in memory."""
 
     def close(self) -> None:
         """Release workers and connections."""

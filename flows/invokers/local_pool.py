@@ -116,9 +116,36 @@ class LocalPoolInvoker:
             self._workers = [w for w in self._workers if w is not worker]
         self._add(worker.name)
 
-    def prewarm(self, action: str, count: int) -> int:
-        """Workers are started warm; a no-op run per worker loads the action module code."""
-        return 0
+    def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None) -> int:
+        """Workers are started warm; with ``model``, up to ``count`` idle workers load that
+        policy version now (busy ones are skipped: never wait). Returns how many loaded it."""
+        if model is None or count <= 0:
+            return 0
+        taken: list[_Worker] = []
+        while len(taken) < count:
+            try:
+                taken.append(self._idle.get_nowait())
+            except queue.Empty:
+                break
+        body = {"value": {"__prewarm": True, "__prewarm_model": model},
+                "action_name": f"/local/rlhfless/{action}", "activation_id": uuid.uuid4().hex}
+
+        def warm(worker: _Worker) -> bool:
+            try:
+                resp = self._client.post(f"http://127.0.0.1:{worker.port}/run", json=body, timeout=self.timeout_s)
+                return bool(resp.json().get("model_loaded"))
+            except (httpx.TransportError, ValueError):
+                return False  # a lost worker shows up (and is replaced) on its next invocation
+            finally:
+                self._idle.put(worker)
+
+        threads = [threading.Thread(target=lambda w=w: results.append(warm(w))) for w in taken]
+        results: list[bool] = []
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sum(results)
 
     def close(self) -> None:
         for w in self._workers:

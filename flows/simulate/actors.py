@@ -45,6 +45,8 @@ class SimConfig:
     migration: str = "reprefill"  # 'reprefill' (ship token ids) | 'kv' (ship KV blocks)
     kv_transfer_s_per_token: float = 0.0  # for 'kv': KV bytes per token / bandwidth
     prefer: str = "most_free"  # destination order: 'most_free' | 'least_loaded'
+    shared_processors: int | None = None  # actors time-share this many processors (None: own)
+    migrate_to_running: bool = True  # False: cut samples always go to a continuation (live flow)
 
     def __post_init__(self) -> None:
         if self.migration not in ("reprefill", "kv"):

@@ -24,6 +24,10 @@ cut point). It runs in the first container available: one released earlier in th
 (warm, and already holding this step's weights: no start-up), else a spare pre-warmed one
 (weight transfer), else a cold one (cold start + weight transfer); then the re-prefill.
 
+``shared_processors = p`` models actors that share p processors instead of owning their
+accelerators (the local warm pool: one thread per worker on a small CPU): while k > p actors
+decode, each decodes at p / k of its profiled speed.
+
 Accounting: ``gpu_seconds`` = sum over actors of GPUs x (release - invoke) plus the prefill
 actor's GPU-s and the pre-warm idle GPU-s passed in; ``busy`` = GPU-s spent decoding; idle
 fraction = 1 - busy / billed.
@@ -51,6 +55,7 @@ class _Phase:
         self.cuts = self.migrated = 0
         self.spare_warm = config.spare_warm_actors
         self.released_warm = 0  # containers released in this phase: warm, this step's weights
+        self.slow = 1.0  # TPOT multiplier of the current segment (processor sharing)
         for spec in specs:
             actor = self._new_actor(spec.invoked_s, spec.ready_s, spec.holds_until_end,
                                     len(spec.samples))
@@ -68,6 +73,10 @@ class _Phase:
     def next_event(self, t: float) -> float:
         """Earliest time something changes; records each decoding actor's own next finish."""
         best = math.inf
+        cores = self.cfg.shared_processors
+        if cores:  # processor sharing: more decoding actors than processors slow each down
+            active = sum(1 for a in self.running() if t >= a.resume_s and a.live)
+            self.slow = max(1.0, active / cores)
         for a in self.running():
             if a.arriving:
                 best = min(best, min(a.arriving)[0])
@@ -76,7 +85,7 @@ class _Phase:
             elif a.live:
                 k = a.live[0][0] - a.progress
                 a.ctx0 = a.ctx_base / len(a.live) + a.progress
-                a.next_s = t + k * self.tpot(len(a.live), a.ctx0 + 0.5 * (k + 1.0))
+                a.next_s = t + k * self.slow * self.tpot(len(a.live), a.ctx0 + 0.5 * (k + 1.0))
                 best = min(best, a.next_s)
         return best
 
@@ -92,8 +101,8 @@ class _Phase:
             # over the segment (t0 + slope * u at token u), so a segment cut into pieces costs
             # what the uninterrupted segment costs: x * (t0 + slope * x / 2) = dt
             b, dt, k = len(a.live), t_next - t, a.live[0][0] - a.progress
-            t0 = self.tpot(b, a.ctx0 + 0.5)
-            slope = (self.tpot(b, a.ctx0 + 0.5 + k) - t0) / k if k > 0 else 0.0
+            t0 = self.slow * self.tpot(b, a.ctx0 + 0.5)
+            slope = (self.slow * self.tpot(b, a.ctx0 + 0.5 + k) - t0) / k if k > 0 else 0.0
             if slope > 1e-15:
                 x = (math.sqrt(t0 * t0 + 2.0 * slope * dt) - t0) / slope
             else:
@@ -130,7 +139,7 @@ class _Phase:
         return sorted(free, key=lambda aid: (len(self.actors[aid].live), aid))
 
     def _try_cut(self, src: ActorState, t: float) -> None:
-        free = self._free_slots(src)
+        free = self._free_slots(src) if self.cfg.migrate_to_running else {}
         moves = choose_destinations(len(src.live), free, self._preference(free))
         if moves is None and self.cfg.continuation:
             cont = self._start_continuation(t, max(len(src.live), src.slots))

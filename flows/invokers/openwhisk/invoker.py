@@ -126,8 +126,9 @@ class OpenWhiskInvoker:
             raise ActionError(action, exc.message, transient=exc.transient, activation_id=exc.activation_id) from exc
         return activation_from_record(action, record, meta)
 
-    def prewarm(self, action: str, count: int) -> int:
-        """Start ``count`` containers for ``action``; returns how many were cold starts now."""
+    def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None) -> int:
+        """Start ``count`` containers for ``action``; returns how many were cold starts now.
+        With ``model`` each container also loads that policy version (``__prewarm_model``)."""
         if count <= 0:
             return 0
         name = self.qualified_name(action)
@@ -135,6 +136,8 @@ class OpenWhiskInvoker:
         def warm_one(_: int) -> bool:
             try:
                 payload = {"__prewarm": True, "__prewarm_hold_s": self.prewarm_hold_s}
+                if model is not None:
+                    payload["__prewarm_model"] = model
                 record = self.client.invoke(name, payload, timeout_s=self.timeout_s)
             except OpenWhiskError as exc:
                 if not exc.transient:

@@ -1,0 +1,54 @@
+"""Firing the pre-warm of a live generation phase (PAPER §3.7); when is decided by
+``planning.prewarm`` from the call history, this module only does the I/O.
+
+At the step's start the flow arms a timer for ``PhasePlan.prewarm_offset_s``; when it fires,
+the invoker warms as many generation containers as the plan has actors and makes each load
+the step's policy version, so the generate activations that follow skip the weight load. A
+pre-warm is best effort: a failure is logged and the step goes on (the activation then pays
+the start-up itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from flows.invokers.base import Invoker
+
+log = logging.getLogger(__name__)
+
+
+class PhasePrewarmer:
+    """One armed pre-warm; ``report()`` says whether and when it fired (seconds from ``t0``)."""
+
+    def __init__(self, invoker: Invoker, *, t0: float, offset_s: float | None, action: str, count: int,
+                 model: dict[str, Any]) -> None:
+        self.t0 = t0
+        self.offset_s = offset_s
+        self.fired_s: float | None = None
+        self.started = 0
+        self._timer: threading.Timer | None = None
+        if offset_s is None or count < 1:
+            return
+
+        def fire() -> None:
+            self.fired_s = time.time() - t0
+            try:
+                self.started = invoker.prewarm(action, count, model=model)
+            except Exception as exc:  # best effort: never fail the step for a pre-warm
+                log.warning("pre-warm of %s failed: %s", action, exc)
+
+        self._timer = threading.Timer(max(0.0, offset_s - (time.time() - t0)), fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def report(self) -> dict[str, float]:
+        """Cancel the pre-warm if it has not fired yet, wait for one in flight, and report."""
+        if self._timer is not None:
+            self._timer.cancel()  # no effect once fired; join then waits for it to finish
+            self._timer.join(timeout=60)
+        return {"prewarm/offset_s": -1.0 if self.offset_s is None else self.offset_s,
+                "prewarm/fired_s": -1.0 if self.fired_s is None else self.fired_s,
+                "prewarm/started": float(self.started)}
