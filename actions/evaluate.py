@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from actions.common.adapter import run_action
 from actions.common.contracts import EvaluateRequest, EvaluateResult
-from actions.common.loading import encode, load_dataset, load_model, store_for
+from actions.common.loading import encode, load_dataset, store_for
 from actions.common.storage import put_json
-from actions.engines.torch_engine import SampleSpec, TorchEngine
+from actions.engines.base import SampleSpec
+from actions.engines.factory import load_engine
 from actions.tasks import get_task
 
 
 def run_evaluate(req: EvaluateRequest) -> EvaluateResult:
-    model, tokenizer, _ = load_model(req.model)
+    engine, tokenizer, _ = load_engine(req.engine, req.model)
     rows = sorted(load_dataset(req.model.store_uri, req.dataset_key).values(), key=lambda r: r.prompt_id)
-    engine = TorchEngine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
     specs = [SampleSpec(r.prompt_id, 0, encode(tokenizer, r.prompt)) for r in rows]
     outs, _ = engine.generate(specs, seed=0, step=0, max_new_tokens=req.max_new_tokens, temperature=0.0)
     texts = [tokenizer.decode(o.tokens) for o in outs]

@@ -2,7 +2,8 @@
 
 A shard is either fresh prompts (``prompt_ids`` x ``group_size`` samples) or continuations of
 cut samples (``partial_keys``). The action starts from the KV bundle when one is given,
-deduplicates the rest of the prompt prefill inside the shard, and stops early when
+deduplicates the rest of the prompt prefill inside the shard (``engine: vllm`` ignores the
+bundle and deduplicates through vLLM's prefix cache), and stops early when
 ``cut_after`` samples have finished: the unfinished ones are written as partial samples for a
 continuation action, and the activation returns so its billed time ends.
 
@@ -16,9 +17,10 @@ from __future__ import annotations
 from actions.common.adapter import run_action
 from actions.common.contracts import GenerateRequest, GenerateResult, PartialSample, SampleStat
 from actions.common.kv_bundle import load_bundle
-from actions.common.loading import encode, load_dataset, load_model, rows_for, store_for
+from actions.common.loading import encode, load_dataset, rows_for, store_for
 from actions.common.storage import get_json, put_json
-from actions.engines.torch_engine import SampleSpec, TorchEngine
+from actions.engines.base import SampleSpec
+from actions.engines.factory import load_engine
 
 
 def _specs(req: GenerateRequest, tokenizer: object) -> list[SampleSpec]:
@@ -37,11 +39,12 @@ def _specs(req: GenerateRequest, tokenizer: object) -> list[SampleSpec]:
 
 
 def run_generate(req: GenerateRequest) -> GenerateResult:
-    model, tokenizer, _ = load_model(req.model)
+    engine, tokenizer, _ = load_engine(req.engine, req.model)
     store = store_for(req.model.store_uri)
     specs = _specs(req, tokenizer)
-    prefixes = load_bundle(store, req.kv_bundle_key, req.model.policy_version) if req.kv_bundle_key else None
-    engine = TorchEngine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    # vLLM cannot import KV tensors; its prefix cache deduplicates the prompts instead.
+    use_bundle = req.kv_bundle_key is not None and req.engine == "torch"
+    prefixes = load_bundle(store, req.kv_bundle_key, req.model.policy_version) if use_bundle else None
     outs, stats = engine.generate(
         specs, seed=req.run_seed, step=req.step, max_new_tokens=req.max_new_tokens,
         temperature=req.temperature, dedup=req.dedup_prefill, prefixes=prefixes, cut_after=req.cut_after,

@@ -11,16 +11,19 @@ It runs where the model files are: in the control-plane process for a local mode
 
 from __future__ import annotations
 
+import json
+import struct
+from pathlib import Path
+
 from pydantic import BaseModel
 
 from actions.common.config import CampaignConfig
-from actions.common.loading import DATASET_FILE, encode
-from actions.common.modeling import (base_files, build_tiny_model, check_model_dir, instantiate, model_summary,
-                                     read_model_dir)
 from actions.common.storage import ObjectStore, put_artifact, put_json
-from actions.common.weights import publish_tensors
 from actions.tasks import get_task
 from actions.tasks.dataset import PromptRow, load_jsonl, rows_to_jsonl
+
+# torch and transformers are imported inside prepare(): validate_inputs runs at the CLI and
+# answers bad input in well under a second.
 
 
 class Prepared(BaseModel):
@@ -34,9 +37,9 @@ class Prepared(BaseModel):
 
 def _datasets(cfg: CampaignConfig) -> tuple[list[PromptRow], list[PromptRow]]:
     task = get_task(cfg.data.task)
-    train = (load_jsonl(cfg.data.train_path) if cfg.data.train_path else
+    train = (load_jsonl(cfg.data.train_path, field="data.train_path") if cfg.data.train_path else
              task.make_rows(cfg.data.num_train_prompts, max_count=cfg.data.max_count, seed=cfg.seed + 1))
-    evals = (load_jsonl(cfg.data.eval_path) if cfg.data.eval_path else
+    evals = (load_jsonl(cfg.data.eval_path, field="data.eval_path") if cfg.data.eval_path else
              task.make_rows(cfg.data.num_eval_prompts, max_count=cfg.data.max_count, seed=cfg.seed + 2,
                             first_id=1_000_000))
     if len(train) < cfg.algorithm.prompts_per_step:
@@ -51,13 +54,84 @@ def validate_inputs(cfg: CampaignConfig) -> None:
     """Check the model directory and datasets without writing anything (fails fast at the CLI)."""
     _datasets(cfg)
     if cfg.model.path:
-        check_model_dir(cfg.model.path)
+        validate_model_dir(cfg.model.path)
+
+
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")
+
+
+def validate_model_dir(path: str) -> None:
+    """What ``from_pretrained`` needs, checked from file headers only (no torch, no tensor
+    reads): the directory, a JSON config.json, tokenizer files, and weight files whose
+    safetensors headers parse and whose sizes match them. Raises ValueError naming model.path."""
+    root = Path(path)
+    where = f"model.path {str(root)!r}"
+    if not root.is_dir():
+        raise ValueError(f"{where} is not a directory; point it at a local Hugging Face model directory")
+    try:
+        config = json.loads((root / "config.json").read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{where} has no config.json; point it at a local Hugging Face model directory") from None
+    except (OSError, ValueError):
+        raise ValueError(f"{where}: config.json is not valid JSON; save the model again with save_pretrained") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{where}: config.json is not a JSON object; save the model again with save_pretrained")
+    if not any((root / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json")):
+        raise ValueError(f"{where} has no tokenizer files; save the tokenizer next to the model")
+    found = [n for n in _WEIGHT_FILES if (root / n).is_file()]
+    if not found:
+        raise ValueError(f"{where} has no weights ({' or '.join(_WEIGHT_FILES[::2])}); save them with save_pretrained")
+    for name in _weight_shards(root, found[0], where):
+        if name.endswith(".safetensors"):
+            _check_safetensors(root / name, where)
+        elif (root / name).stat().st_size == 0:
+            raise ValueError(f"{where}: weight file {name} is empty; save the model again with save_pretrained")
+
+
+def _weight_shards(root: Path, name: str, where: str) -> list[str]:
+    if not name.endswith(".index.json"):
+        return [name]
+    try:
+        shards = sorted(set(json.loads((root / name).read_text())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise ValueError(f"{where}: {name} is not a weight index (no weight_map); save the model again") from None
+    missing = [s for s in shards if not (root / s).is_file()]
+    if missing:
+        raise ValueError(f"{where}: {name} lists missing shard(s) {', '.join(missing[:3])}; copy every shard")
+    return shards
+
+
+def _check_safetensors(file: Path, where: str) -> None:
+    """The safetensors layout: an 8-byte little-endian header length, a JSON header whose
+    data_offsets end exactly at the end of the file."""
+    size = file.stat().st_size
+    bad = f"{where}: weight file {file.name} is truncated or not safetensors; copy or save the model again"
+    with file.open("rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            raise ValueError(bad)
+        (length,) = struct.unpack("<Q", head)
+        if length > min(size - 8, 100 * 2**20):
+            raise ValueError(bad)
+        try:
+            header = json.loads(fh.read(length))
+            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            raise ValueError(bad) from None
+    if 8 + length + end != size:
+        raise ValueError(bad)
 
 
 def prepare(cfg: CampaignConfig, store: ObjectStore, run_prefix: str) -> Prepared:
     """Validate inputs, then write them. Raises ValueError before writing anything."""
+    from actions.common.loading import DATASET_FILE, encode
+    from actions.common.modeling import base_files, build_tiny_model, instantiate, model_summary, read_model_dir
+    from actions.common.weights import publish_tensors
+
     train, evals = _datasets(cfg)
     if cfg.model.path:
+        validate_model_dir(cfg.model.path)
         files, tensors = read_model_dir(cfg.model.path)
     else:
         m = cfg.model

@@ -1,4 +1,5 @@
-"""Prefect artifacts for each committed step: metrics table, planner candidates, a report.
+"""Prefect artifacts for each committed step: metrics table, planner candidates, a report,
+and one progress artifact per campaign run (updated in place after every commit).
 
 Artifacts appear in the Prefect UI next to the campaign's flow run. Keys may hold only
 lowercase letters, digits and dashes, so the run id is slugged. Outside a flow run (library
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from uuid import UUID
 
 TABLE_METRICS = ("reward/mean", "response_length/mean", "actors/n", "actors/migrated", "cost/billed_gpu_seconds",
                  "cost/usd", "timing_s/step", "kl", "loss/policy")
@@ -42,3 +44,28 @@ def publish_step_artifacts(run_id: str, steps: list[dict[str, Any]], evals: list
         f"- billed {last['cost/billed_gpu_seconds']:.2f} GPU-s (${last['cost/usd']:.5f}), step {last['timing_s/step']:.2f} s\n"
         f"- latest held-out accuracy: {acc}\n"))
     return True
+
+
+def _percent(done: int, total: int) -> float:
+    return 100.0 * min(done, total) / total if total > 0 else 100.0
+
+
+def start_progress(run_id: str, done: int, total: int) -> UUID | None:
+    """Create the campaign's progress artifact at ``done`` of ``total`` steps (a resumed run
+    starts part-way). Returns its id, or None outside a flow run."""
+    from prefect.artifacts import create_progress_artifact
+    from prefect.context import FlowRunContext
+
+    if FlowRunContext.get() is None:
+        return None
+    return create_progress_artifact(progress=_percent(done, total), key=f"{slug(run_id)}-progress",
+                                    description=f"{run_id}: {done}/{total} steps committed")
+
+
+def update_progress(artifact_id: UUID | None, run_id: str, done: int, total: int) -> None:
+    """Move the progress artifact to ``done`` committed steps (no-op without an artifact)."""
+    from prefect.artifacts import update_progress_artifact
+
+    if artifact_id is not None:
+        update_progress_artifact(artifact_id=artifact_id, progress=_percent(done, total),
+                                 description=f"{run_id}: {done}/{total} steps committed")

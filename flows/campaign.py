@@ -16,7 +16,7 @@ from prefect import flow
 from actions.common.config import CampaignConfig
 from actions.common.contracts import EvaluateRequest, ModelRef, WarmupRequest
 from actions.common.storage import ObjectStore, get_json, open_store
-from flows.artifacts import publish_step_artifacts
+from flows.artifacts import publish_step_artifacts, start_progress, update_progress
 from flows.context import RunContext, set_context
 from flows.hooks import plan_generation_phase
 from flows.invokers.factory import make_invoker, pool_size
@@ -27,8 +27,11 @@ from flows.schedule import step_prompts
 from flows.state import CampaignState, commit_state, load_state
 from flows.step_payloads import StepInputs
 from flows.tasks import invoke_action
+from flows.tensorboard import ScalarBoard
 
 Progress = Callable[[str], None]
+CALL_HISTORY = 8
+"""Steps of call history kept for pre-warming (the earliest offset over them is used)."""
 
 
 class CampaignRefused(ValueError):
@@ -54,7 +57,7 @@ def _check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: b
 
 def _evaluate(ctx: RunContext, state: CampaignState) -> dict[str, Any]:
     req = EvaluateRequest(model=_model_ref(ctx, state), dataset_key=state.prepared["eval_key"], task=ctx.config.data.task,
-                          max_new_tokens=ctx.config.generation.max_new_tokens,
+                          max_new_tokens=ctx.config.generation.max_new_tokens, engine=ctx.config.generation.engine,
                           output_key=f"{ctx.prefix}/evals/v{state.policy_version:06d}.json")
     out = invoke_action(action="evaluate", payload=req.model_dump(mode="json"), shard=f"eval-v{state.policy_version}")
     return {"step": state.step, "policy_version": state.policy_version, **out["result"]}
@@ -119,7 +122,7 @@ def _run_one_step(ctx: RunContext, state: CampaignState, tokens: dict, num_worke
     epoch, prompt_ids = step_prompts(sorted(int(p) for p in tokens), cfg.algorithm.prompts_per_step, state.step,
                                      cfg.seed)
     history = LengthHistory.from_dict(state.length_history)
-    phase = plan_generation_phase(ctx, history, tokens, prompt_ids, num_workers)
+    phase = plan_generation_phase(ctx, history, tokens, prompt_ids, num_workers, state.call_history)
     inputs = StepInputs(step=state.step, epoch=epoch, prompt_ids=prompt_ids, model=_model_ref(ctx, state),
                         reference_key=state.reference_key, train_key=state.prepared["train_key"],
                         optimizer_key=state.optimizer_key, critic_key=state.critic_key,
@@ -143,9 +146,12 @@ def _run_one_step(ctx: RunContext, state: CampaignState, tokens: dict, num_worke
     new.critic_key = train.get("critic_key") or state.critic_key
     new.critic_optimizer_key = train.get("critic_optimizer_key") or state.critic_optimizer_key
     new.length_history = history.to_dict()
+    for action, offset in out["call_offsets"].items():  # the last CALL_HISTORY steps
+        new.call_history[action] = [*state.call_history.get(action, []), offset][-CALL_HISTORY:]
     metrics = step_metrics(out, phase, cfg.price_per_gpu_second, cfg.scaling.gpus_per_actor, t_plan,
                            time.time() - t_commit0)
     metrics["step"] = float(state.step)
+    metrics.update(out["prewarm"])
     metrics["plan"] = phase.plan.to_dict()  # type: ignore[assignment]
     new.steps.append(metrics)
     new.spend = {"billed_gpu_seconds": state.spend["billed_gpu_seconds"] + metrics["cost/billed_gpu_seconds"],
@@ -162,6 +168,7 @@ def run_campaign(cfg: CampaignConfig, *, resume: bool = False, progress: Progres
     run_id = cfg.resolved_run_id()
     existing = load_state(store, run_id)
     _check_resume(existing, cfg, resume)
+    board = ScalarBoard.open(cfg, run_id)  # TensorBoard scalars when observability.tensorboard
     num_workers = pool_size(cfg)
     invoker = make_invoker(cfg, num_workers)
     ctx = RunContext(config=cfg, store=store, invoker=invoker, run_id=run_id)
@@ -173,6 +180,7 @@ def run_campaign(cfg: CampaignConfig, *, resume: bool = False, progress: Progres
             commit_state(store, state)
         tokens = get_json(store, state.prepared["tokens_key"])
         state.stopped_reason = None
+        progress_id = start_progress(run_id, state.step, cfg.steps)
         while state.step < cfg.steps:
             reason = _budget_stop(cfg, state)
             if reason:
@@ -185,10 +193,13 @@ def run_campaign(cfg: CampaignConfig, *, resume: bool = False, progress: Progres
                 state.evals.append(_evaluate(ctx, state))
             commit_state(store, state)
             publish_step_artifacts(run_id, state.steps, state.evals)
+            update_progress(progress_id, run_id, state.step, cfg.steps)
+            board.add_step(state.step, last, state.evals)
             progress(_progress_line(state, cfg.steps))
     finally:
         set_context(None)
         invoker.close()
+        board.close()
     return summarize(state, time.time() - started)
 
 
@@ -220,15 +231,19 @@ def summarize(state: CampaignState, wall: float) -> dict[str, Any]:
         "policy_version": state.policy_version,
         "weights_sha256": state.weights_sha256,
         "stopped_reason": state.stopped_reason,
+        "length_history": state.length_history,  # per prompt: [epoch, longest response of its group]
         "evals": state.evals,
         "steps": steps,
     }
 
 
 @flow(name="rlhf-campaign", log_prints=True)
-def rlhf_campaign(config: dict[str, Any], resume: bool = False) -> dict[str, Any]:
-    """Prefect entrypoint: ``config`` is a CampaignConfig as a dict (validated here)."""
-    return run_campaign(CampaignConfig.model_validate(config), resume=resume)
+def rlhf_campaign(config: CampaignConfig, resume: bool = False) -> dict[str, Any]:
+    """Prefect entrypoint. ``config`` arrives as a dict (deployment parameters, the CLI) and is
+    validated by Prefect with pydantic before the run starts: a bad value fails the run with
+    ``ParameterTypeError`` naming the field (``config.algorithm.batch_size``), and a deployment
+    rejects it when the run is created (the parameter schema is CampaignConfig's JSON schema)."""
+    return run_campaign(config, resume=resume)
 
 
 __all__ = ["rlhf_campaign", "run_campaign", "CampaignRefused"]

@@ -12,7 +12,10 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from actions.common.config import CampaignConfig
 
 # Quiet, offline-friendly defaults for the embedded Prefect server; users may override them.
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -26,7 +29,8 @@ class UsageError(ValueError):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse exits 2 too; keep the one-line format
-        raise UsageError(f"{self.prog}: {message}")
+        where = "" if self.prog == "rlhfless" else f"{self.prog}: "
+        raise UsageError(f"{where}{message}; see `{self.prog} --help`")
 
 
 def _add_train(sub: Any) -> None:
@@ -66,9 +70,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool) -> None:
+    """Every check that needs no campaign, in the order a user fixes them: inputs, output
+    paths, store, the existing run, the invoker. Reads only; before Prefect or any worker
+    starts, so a refusal is one line (a failure inside the flow would log a traceback)."""
+    from actions.prepare import validate_inputs
+
+    validate_inputs(cfg)
+    for flag, path in (("--out", out), ("--summary", summary_path.parent)):
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"{flag} {str(path)!r} is a file, not a directory; pass a directory path")
+    if summary_path.is_dir():
+        raise UsageError(f"--summary {str(summary_path)!r} is a directory; pass a file path")
+    from actions.common.storage import open_store
+
+    store = open_store(cfg.store.uri)  # an unreachable endpoint, bad credentials or a missing bucket fail here
+    from flows.campaign import _check_resume  # the campaign repeats this check; here it fails before Prefect
+    from flows.state import load_state
+
+    _check_resume(load_state(store, cfg.resolved_run_id()), cfg, resume)
+    from flows.invokers.factory import check_invoker
+
+    check_invoker(cfg)
+
+
 def _train(args: argparse.Namespace) -> int:
     from actions.common.config import load_config
 
+    if args.steps is not None and args.steps < 1:
+        raise UsageError(f"--steps {args.steps}: a campaign runs at least one RL step; pass --steps N with N >= 1")
     overrides = list(args.overrides)
     if args.steps is not None:
         overrides.append(f"steps={args.steps}")
@@ -77,13 +107,9 @@ def _train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     out = Path(args.out or f"runs/{cfg.resolved_run_id()}")
     summary_path = Path(args.summary) if args.summary else out / "summary.json"
-    from actions.prepare import validate_inputs
+    _preflight(cfg, out, summary_path, args.resume)
     from flows.campaign import rlhf_campaign
 
-    validate_inputs(cfg)  # before Prefect or any worker starts, and before anything is written
-    from actions.common.storage import open_store
-
-    open_store(cfg.store.uri)  # an unreachable endpoint, bad credentials or a missing bucket fail here
     summary = rlhf_campaign(config=cfg.model_dump(mode="json"), resume=args.resume)
     out.mkdir(parents=True, exist_ok=True)
     summary["run_dir"] = str(out)
@@ -111,8 +137,10 @@ def _status(args: argparse.Namespace) -> int:
     run = args.run
     if run is None:
         runs = sorted({k.split("/")[1] for k in store.list("runs/") if k.endswith("/latest.json")})
+        if not runs:
+            raise ValueError(f"store {uri} holds no runs; check --store (or store.uri of --config)")
         if len(runs) != 1:
-            raise ValueError(f"store {uri} holds {len(runs)} runs ({', '.join(runs) or 'none'}); name one: "
+            raise ValueError(f"store {uri} holds {len(runs)} runs ({', '.join(runs)}); name one: "
                              "rlhfless status RUN_ID")
         run = runs[0]
     state = load_state(store, run)
@@ -132,11 +160,16 @@ def main(argv: list[str] | None = None) -> int:
     from actions.common.credentials import redact
 
     try:
-        args = build_parser().parse_args(argv)
+        args, extra = build_parser().parse_known_args(argv)
+        if extra:  # argparse would blame the top-level parser; point at the subcommand's help
+            raise UsageError(f"rlhfless {args.command}: unrecognized arguments: {' '.join(extra)}; "
+                             f"see `rlhfless {args.command} --help`")
         if args.command == "train":
             return _train(args)
         if args.command == "status":
             return _status(args)
+        if args.command == "simulate" and not Path(args.trace).is_file():  # else a bare "[Errno 2]"
+            raise UsageError(f"simulate --trace {args.trace!r} is not a file; pass a JSONL length trace")
         return int(args._run(args))
     except (ValueError, OSError) as exc:
         print(f"rlhfless: error: {redact(str(exc))}", file=sys.stderr)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from actions.common.config import CampaignConfig
 from actions.common.storage import ObjectStore
@@ -23,25 +24,63 @@ class RunContext:
     invoker: Invoker
     run_id: str
     injected: set[tuple[str, str]] = field(default_factory=set)
+    killed: set[tuple[str, str]] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def prefix(self) -> str:
         return f"runs/{self.run_id}"
 
+    def fault_payload(self, action: str, shard: str) -> dict[str, Any]:
+        """The fault-injection keys (``faults``) to add to this activation's payload: at most
+        one of a failure or a kill on the first attempt, plus latency on every attempt."""
+        extra: dict[str, Any] = {}
+        if self.should_inject(action, shard):
+            extra["__inject_failure"] = True
+        elif self.should_kill(action, shard):
+            extra["__inject_kill_after_s"] = self.config.faults.kill_after_s
+        latency = self.latency_for(action, shard)
+        if latency:
+            extra["__inject_latency_s"] = latency
+        return extra
+
     def should_inject(self, action: str, shard: str) -> bool:
         """Fault injection: fail the first activation of a deterministic fraction of shards."""
         f = self.config.faults
-        if f.fail_fraction <= 0 or action not in f.actions:
+        if f.fail_fraction <= 0 or action not in f.actions or _draw(f.seed, "", action, shard) >= f.fail_fraction:
             return False
-        digest = hashlib.sha256(f"{f.seed}:{action}:{shard}".encode()).digest()
-        if int.from_bytes(digest[:8], "big") / 2**64 >= f.fail_fraction:
+        return self._first(self.injected, action, shard)
+
+    def should_kill(self, action: str, shard: str) -> bool:
+        """Fault injection: kill the worker during the first activation of a deterministic
+        fraction of shards, never one that ``should_inject`` fails."""
+        f = self.config.faults
+        if f.kill_fraction <= 0 or action not in f.actions or _draw(f.seed, "kill:", action, shard) >= f.kill_fraction:
             return False
+        if f.fail_fraction > 0 and _draw(f.seed, "", action, shard) < f.fail_fraction:
+            return False
+        return self._first(self.killed, action, shard)
+
+    def latency_for(self, action: str, shard: str) -> float:
+        """Fault injection: seconds of extra latency for every activation of a deterministic
+        fraction of shards (0.0 for the others)."""
+        f = self.config.faults
+        if f.latency_s <= 0 or action not in f.actions or _draw(f.seed, "latency:", action, shard) >= f.latency_fraction:
+            return 0.0
+        return f.latency_s
+
+    def _first(self, seen: set[tuple[str, str]], action: str, shard: str) -> bool:
         with self.lock:
-            if (action, shard) in self.injected:
+            if (action, shard) in seen:
                 return False
-            self.injected.add((action, shard))
+            seen.add((action, shard))
             return True
+
+
+def _draw(seed: int, kind: str, action: str, shard: str) -> float:
+    """A uniform number in [0, 1) fixed by (seed, fault kind, action, shard)."""
+    digest = hashlib.sha256(f"{seed}:{kind}{action}:{shard}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
 
 
 _current: RunContext | None = None

@@ -1,11 +1,13 @@
 """The run directory's report: ``report.md`` plus PNG plots a CLI user can open.
 
 Plots (matplotlib, Agg backend, axes labelled with units): reward and held-out accuracy per
-step, response length per step, fan-out decisions, and cost per step.
+step, response length per step, a histogram of response lengths per prompt (the long tail the
+planner sizes the fan-out for), fan-out decisions, and cost per step.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 
 def _plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tuple[list, list]],
@@ -21,6 +24,7 @@ def _plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tu
     for label, (xs, ys) in series.items():
         if kind == "bar":
             ax.bar(xs, ys, label=label)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and token counts
         else:
             ax.plot(xs, ys, marker="o", markersize=3, label=label)
     ax.set_title(title)
@@ -32,6 +36,15 @@ def _plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tu
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def length_histogram(summary: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """(lengths, number of prompts) over each prompt's latest observed group maximum, the
+    length the planner ranks prompts by (``length_history`` of the summary; empty if absent)."""
+    observations = summary.get("length_history", {}).get("observations", {})
+    counts = Counter(int(entries[-1][1]) for entries in observations.values() if entries)
+    xs = sorted(counts)
+    return xs, [counts[x] for x in xs]
 
 
 def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
@@ -47,6 +60,8 @@ def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
         "response_length.png": ("Response length", "step", "tokens",
                                 {"mean": (xs, [s["response_length/mean"] for s in steps]),
                                  "max": (xs, [s["response_length/max"] for s in steps])}, "line"),
+        "response_length_hist.png": ("Longest response per prompt group (latest epoch)", "tokens", "prompts",
+                                     {"prompts": length_histogram(summary)}, "bar"),
         "fanout.png": ("Generation fan-out chosen by the planner", "step", "generation actions",
                        {"actions": (xs, [s["actors/n"] for s in steps])}, "bar"),
         "cost.png": ("Cost per step", "step", "billed GPU-seconds",

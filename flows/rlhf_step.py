@@ -42,8 +42,21 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> dict[str, Any]:
             for i, group in enumerate(phase.plan.assignments)]
     scores, gen_results, num_cont = [], [], 0
     pending = list(gens)
-    while pending:
-        done = next(as_completed(pending))
+    partials: list[str] = []  # cut samples waiting to be batched into one continuation
+    window_end = 0.0
+    while pending or partials:
+        if partials and (not pending or time.time() >= window_end):
+            # Migrate the batched stragglers into one continuation action (a free worker).
+            name = f"cont-{num_cont}"
+            num_cont += 1
+            pending.append(invoke_action.submit(
+                action="generate", shard=name,
+                payload=generate_payload(ctx, inputs, name, [], None, None, partial_keys=partials)))
+            partials = []
+        try:
+            done = next(as_completed(pending, timeout=max(0.0, window_end - time.time()) if partials else None))
+        except TimeoutError:
+            continue  # the batching window closed: submit what has gathered
         pending.remove(done)
         out = done.result()
         records.append(out["accounting"])
@@ -54,12 +67,9 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> dict[str, Any]:
             scores.append(invoke_action.submit(action="score", shard=f"score-{shard}",
                                                payload=score_payload(ctx, inputs, [res["rollout_key"]], shard)))
         if res.get("partial_key"):
-            # Migrate the cut stragglers into a continuation action at once (a free worker).
-            name = f"cont-{num_cont}"
-            num_cont += 1
-            pending.append(invoke_action.submit(
-                action="generate", shard=name,
-                payload=generate_payload(ctx, inputs, name, [], None, None, partial_keys=[res["partial_key"]])))
+            if not partials:  # cut samples arriving within the window share one continuation
+                window_end = time.time() + ctx.config.generation.migrate_window_s
+            partials.append(res["partial_key"])
     t_gen_end = time.time()
     score_results = []
     for fut in scores:

@@ -47,7 +47,7 @@ def generate_payload(ctx: RunContext, inputs: StepInputs, shard: str, prompt_ids
         model=inputs.model, dataset_key=inputs.train_key, run_seed=ctx.config.seed, step=inputs.step, shard=shard,
         prompt_ids=list(prompt_ids), group_size=ctx.config.algorithm.group_size, partial_keys=partial_keys or [],
         max_new_tokens=g.max_new_tokens, temperature=g.temperature, dedup_prefill=g.dedup_prefill,
-        kv_bundle_key=bundle_key, cut_after=cut_after,
+        kv_bundle_key=bundle_key, cut_after=cut_after, engine=g.engine,
         output_key=f"{step_prefix(ctx, inputs.step)}/rollouts/{shard}.json",
     ).model_dump(mode="json")
 

@@ -3,19 +3,43 @@
 Every action is idempotent (its output keys derive from run, step and shard), so retrying a
 transient failure -- a lost worker, a 429/503, an injected fault -- gives the same bytes.
 Application errors (bad payload, missing input) are not retried.
+
+GPU actions hold slots of an optional Prefect global concurrency limit while they run
+(``invoker.gpu_concurrency_limit``), so several campaigns share one GPU pool without
+oversubscribing it. Only the activation holds the slots, never a retry's back-off.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.concurrency.sync import concurrency
 
+from actions.common.config import CampaignConfig
 from flows.context import current
 from flows.invokers.base import ActionError
 
 RETRY_DELAYS_S = [0.2, 0.5, 1.0, 2.0]
+
+GPU_ACTIONS = frozenset({"prefill", "generate", "score", "train_step", "evaluate", "warmup"})
+"""The actions on the GPU image (``x-gpu-action`` in infra/openwhisk/actions.yaml). ``score`` is
+one: it runs forward passes of the policy and the reference (and the critic for PPO)."""
+
+
+def gpu_slots(action: str, cfg: CampaignConfig) -> contextlib.AbstractContextManager:
+    """Hold ``scaling.gpus_per_actor`` slots of the GPU limit while a GPU action runs.
+
+    ``strict=False``: a limit the server does not know is skipped with a warning, so a
+    missing ``prefect gcl create`` degrades to "no limit" instead of failing the campaign.
+    The lease is renewed in the background, so activations may outlast ``lease_duration``.
+    """
+    name = cfg.invoker.gpu_concurrency_limit
+    if name is None or action not in GPU_ACTIONS:
+        return contextlib.nullcontext()
+    return concurrency(name, occupy=cfg.scaling.gpus_per_actor, strict=False)
 
 
 def _transient_only(task: Any, task_run: Any, state: Any) -> bool:
@@ -33,7 +57,7 @@ def _transient_only(task: Any, task_run: Any, state: Any) -> bool:
 def invoke_action(action: str, payload: dict[str, Any], shard: str) -> dict[str, Any]:
     """Invoke ``action`` and return ``{"result": ..., "accounting": ...}``."""
     ctx = current()
-    if ctx.should_inject(action, shard):
-        payload = {**payload, "__inject_failure": True}
-    activation = ctx.invoker.invoke(action, payload, timeout_s=ctx.config.invoker.timeout_s)
+    payload = {**payload, **ctx.fault_payload(action, shard)}  # empty unless faults.* are set
+    with gpu_slots(action, ctx.config):
+        activation = ctx.invoker.invoke(action, payload, timeout_s=ctx.config.invoker.timeout_s)
     return {"result": activation.result, "accounting": activation.accounting()}

@@ -62,6 +62,10 @@ def test_smoke_whole_flow_on_local_warm_pool(tiny_config, prefect_harness):
                  "response_length/mean", "loss/policy", "kl"):
         assert name in step, name
     assert 0.0 <= summary["eval_accuracy_last"] <= 1.0
+    # pre-warming from call history: none without history, then before the generation phase
+    first, last = summary["steps"]
+    assert first["prewarm/offset_s"] == -1.0 and first["prewarm/fired_s"] == -1.0
+    assert 0.0 <= last["prewarm/offset_s"] <= last["prewarm/fired_s"]
 
 
 def test_ppo_step_trains_critic(tiny_config, prefect_harness):

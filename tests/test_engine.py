@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from actions.common.modeling import build_tiny_model
-from actions.engines.sampling import sample_next, stream_key
 from actions.engines.torch_engine import SampleSpec, TorchEngine
 from actions.tasks.repeat import make_rows
+from reference_sampler import uncached_sample
 
 
 @pytest.fixture(scope="module")
@@ -29,25 +29,11 @@ def _gen(engine, specs, **kw):
     return {(o.prompt_id, o.sample_index): o for o in outs}, stats
 
 
-def _uncached(model, spec, eos, n, temperature=1.0):
-    ids, out = list(spec.prompt_tokens), []
-    key = torch.tensor([stream_key(7, 2, spec.prompt_id, spec.sample_index)])
-    for t in range(n):
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
-        tok = int(sample_next(logits[None], key, torch.tensor([t]), temperature)[0])
-        if tok == eos:
-            break
-        ids.append(tok)
-        out.append(tok)
-    return out
-
-
 def test_kv_cached_sampling_equals_uncached_forward(setup):
     model, tok, engine, specs = setup
     outs, _ = _gen(engine, specs)
     for s in specs:
-        assert outs[(s.prompt_id, s.sample_index)].tokens == _uncached(model, s, tok.eos_token_id, 12)
+        assert outs[(s.prompt_id, s.sample_index)].tokens == uncached_sample(model, s, tok.eos_token_id, 12, seed=7, step=2)
 
 
 def test_dedup_prefill_reproduces_per_sample_prefill_and_saves_tokens(setup):

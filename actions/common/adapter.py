@@ -1,13 +1,17 @@
 """The thin ``main`` every action exposes: validate, run the core, return a JSON dict.
 
 Contract violations come back as ``{"error": ..., "field": ...}`` (an OpenWhisk application
-error, not retried). ``__inject_failure`` in the payload makes the activation fail like a
-crashed container (a developer error, retried by the flow) -- fault injection for tests.
+error, not retried). Fault injection for tests (``faults`` in the campaign config):
+``__inject_failure`` in the payload makes the activation fail like a crashed container (a
+developer error, retried by the flow); ``__inject_latency_s`` sleeps that long first;
+``__inject_kill_after_s`` is taken by the runtime server, which kills its own process, so it
+arrives here only in-process, where it fails the activation like a crash instead.
 Any other exception propagates to the runtime server, which reports a developer error.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +31,10 @@ def run_action(request_model: type, core: Callable[[Any], Any], args: dict[str, 
         return req
     if args.get("__inject_failure"):
         raise InjectedFault("injected fault (faults.fail_fraction): simulated container crash")
+    if args.get("__inject_kill_after_s") is not None:
+        raise InjectedFault("injected kill (faults.kill_fraction) with no worker process to kill: simulated crash")
+    if args.get("__inject_latency_s"):
+        time.sleep(float(args["__inject_latency_s"]))
     configure_threads()
     before = warm.stats()
     try:

@@ -99,6 +99,8 @@ class GenerationConfig(_Section):
     assignment: Literal["ranked", "round_robin"] = "ranked"
     cut_threshold: float | None = Field(0.7, gt=0, le=1)
     """tau: an action stops once this fraction of its samples finished (None: never cut)."""
+    migrate_window_s: float = Field(0.25, ge=0)
+    """Cut samples arriving within this many seconds of the first share one continuation."""
     prefill_capacity: int = Field(64, gt=0)
     """B_prefill: most unique prefixes one prefill action computes (PAPER 3.1)."""
     length_window: int = Field(1, ge=1)
@@ -115,6 +117,10 @@ class ScalingConfig(_Section):
     cold_start_s: float = Field(2.0, ge=0)
     profile: str | None = None
     """TPOT profile JSON (``rlhfless profile``); None uses a built-in CPU estimate."""
+    prewarm: bool = True
+    """Warm the generation actions (and load the new policy version in them) ahead of use,
+    at the earliest past invocation offset minus ``prewarm_buffer_s`` (PAPER 3.7)."""
+    prewarm_buffer_s: float = Field(0.2, ge=0)
 
     @field_validator("policy")
     @classmethod
@@ -138,6 +144,17 @@ class StoreConfig(_Section):
     uri: str = "runs/store"
     """A directory, or s3://bucket/prefix (endpoint and keys from AWS_* environment variables)."""
 
+    @field_validator("uri")
+    @classmethod
+    def _check_uri(cls, v: str) -> str:
+        # A mistyped scheme would otherwise be taken as a relative directory name ("s3:").
+        if not v.strip():
+            raise ValueError("store.uri is empty; use a directory path or s3://bucket/prefix")
+        scheme = v.split(":", 1)[0].lower() if ":" in v else ""
+        if v.startswith(("s3://", "file://")) or (scheme not in ("s3", "file") and "://" not in v):
+            return v
+        raise ValueError(f"store.uri {v!r} is not a directory path or s3://bucket/prefix; fix the scheme")
+
 
 class InvokerConfig(_Section):
     kind: Literal["local", "inprocess", "openwhisk"] = "local"
@@ -146,6 +163,10 @@ class InvokerConfig(_Section):
     package: str = "rlhfless"
     """OpenWhisk package holding the actions."""
     timeout_s: float = Field(600.0, gt=0)
+    gpu_concurrency_limit: str | None = None
+    """Prefect global concurrency limit held by every GPU action while it runs, one slot per
+    ``scaling.gpus_per_actor`` (create it first: ``prefect gcl create gpu-actions --limit 8``).
+    None: no limit. A name the server does not know is skipped with a warning, never blocks."""
 
 
 class BudgetConfig(_Section):
@@ -154,11 +175,38 @@ class BudgetConfig(_Section):
 
 
 class FaultConfig(_Section):
-    """Fault injection for resilience tests: failures are transient and retried."""
+    """Fault injection for resilience tests: every fault is transient and retried.
+
+    Each kind picks a deterministic fraction of (action, shard) pairs by hash of ``seed``;
+    a failure or a kill hits only the first attempt, and one shard gets at most one of them.
+    """
 
     fail_fraction: float = Field(0.0, ge=0, lt=1)
+    """The action raises at once, like a crashed container (a developer error)."""
+    kill_fraction: float = Field(0.0, ge=0, lt=1)
+    """The worker process is killed (SIGKILL) ``kill_after_s`` into the activation."""
+    kill_after_s: float = Field(0.2, ge=0, le=60)
+    latency_fraction: float = Field(0.0, ge=0, le=1)
+    """These activations sleep ``latency_s`` before running (every attempt)."""
+    latency_s: float = Field(0.0, ge=0, le=600)
     actions: list[str] = ["generate", "score"]
     seed: int = 0
+
+    @field_validator("actions")
+    @classmethod
+    def _check_actions(cls, v: list[str]) -> list[str]:
+        known = ("prefill", "generate", "score", "train_step", "warmup", "evaluate")
+        unknown = [a for a in v if a not in known]
+        if unknown:
+            raise ValueError(f"faults.actions {unknown!r}: unknown action(s); choose from {', '.join(known)}")
+        return v
+
+
+class ObservabilityConfig(_Section):
+    tensorboard: bool = False
+    """Write each step's metrics as TensorBoard scalars (needs tensorboardX: the extra ``tensorboard``)."""
+    tensorboard_dir: str | None = None
+    """Event-file directory; None: ``runs/<run_id>/tensorboard``, beside the CLI's default run directory."""
 
 
 class CampaignConfig(_Section):
@@ -174,10 +222,11 @@ class CampaignConfig(_Section):
     invoker: InvokerConfig = InvokerConfig()
     budget: BudgetConfig = BudgetConfig()
     faults: FaultConfig = FaultConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
     price_per_gpu_second: float = Field(0.0004, ge=0)
     """USD per GPU-second (0.0004 = $1.44 per GPU-hour)."""
     seed: int = 0
-    steps: int = Field(24, ge=0)
+    steps: int = Field(24, ge=1)
     eval_every: int = Field(4, ge=0)
     """Evaluate on the held-out set every this many steps (0: only before and after)."""
 
@@ -190,9 +239,9 @@ class CampaignConfig(_Section):
 
     def identity(self) -> dict[str, Any]:
         """The settings that define what a run computes; resuming requires them unchanged.
-        Steps, budgets, store, invoker and fault injection may change between resumes."""
+        Steps, budgets, store, invoker, fault injection and observability may change between resumes."""
         data = self.model_dump(mode="json")
-        for key in ("steps", "budget", "store", "invoker", "faults", "run_id", "eval_every"):
+        for key in ("steps", "budget", "store", "invoker", "faults", "observability", "run_id", "eval_every"):
             data.pop(key, None)
         # Fan-out and planning change cost, never the training data (ARCHITECTURE invariant 3).
         data.pop("scaling", None)

@@ -104,6 +104,8 @@ class GenerateRequest(_Msg):
     kv_bundle_key: str | None = None
     cut_after: int | None = Field(None, ge=1)
     """Stop once this many samples finished and return the rest as partial (cut-and-migrate)."""
+    engine: Literal["torch", "vllm"] = "torch"
+    """Generation engine (``generation.engine``); see ``actions/engines/base.py``."""
     output_key: str
 
 
@@ -174,6 +176,8 @@ class EvaluateRequest(_Msg):
     dataset_key: str
     task: str
     max_new_tokens: int = Field(gt=0)
+    engine: Literal["torch", "vllm"] = "torch"
+    """Generation engine (``generation.engine``); greedy either way."""
     output_key: str
 
 

@@ -47,6 +47,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from urllib.parse import urlsplit
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -211,12 +212,28 @@ class S3Store:
         if not uri.startswith("s3://"):
             raise ValueError(f"store.uri {uri!r} is not an s3:// URI")
         bucket, _, prefix = uri[len("s3://") :].partition("/")
+        if not _BUCKET_RE.match(bucket):
+            raise ValueError(
+                f"store.uri {uri!r}: bucket name {bucket!r} is invalid; use 3-63 lowercase letters, digits, '.', '-'"
+            )
         env = os.environ if env is None else env
         mode = env.get("RLHFLESS_S3_CONDITIONAL_WRITES", "auto").lower()
         if mode not in ("auto", "on", "off"):
             raise ValueError(f"RLHFLESS_S3_CONDITIONAL_WRITES={mode!r}: use auto, on or off")
+        endpoint_var = "AWS_ENDPOINT_URL_S3" if env.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL"
+        endpoint = env.get(endpoint_var) or None
+        if endpoint is not None:
+            try:
+                parts = urlsplit(endpoint)
+                valid = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+            except ValueError:  # a port that is not a number
+                valid = False
+            if not valid or " " in endpoint:
+                raise ValueError(
+                    f"{endpoint_var}={endpoint!r} is not an http(s) URL; set it to e.g. http://127.0.0.1:9000"
+                )
         settings: dict[str, Any] = {
-            "endpoint_url": env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None,
+            "endpoint_url": endpoint,
             "credentials": S3Credentials.from_env(env),
             "region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
             "conditional_writes": {"auto": None, "on": True, "off": False}[mode],

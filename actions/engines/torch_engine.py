@@ -24,7 +24,10 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from actions.engines.base import EngineStats, SampleOut, SampleSpec
 from actions.engines.sampling import sample_next, stream_key
+
+__all__ = ["EngineStats", "PrefixState", "SampleOut", "SampleSpec", "TorchEngine"]
 
 
 @dataclass
@@ -38,31 +41,6 @@ class PrefixState:
     @property
     def length(self) -> int:
         return len(self.tokens)
-
-
-@dataclass
-class SampleSpec:
-    """A sample to generate: its identity, prompt and (for a continuation) tokens so far."""
-
-    prompt_id: int
-    sample_index: int
-    prompt_tokens: tuple[int, ...]
-    generated: tuple[int, ...] = ()
-
-
-@dataclass
-class SampleOut:
-    prompt_id: int
-    sample_index: int
-    tokens: list[int]  # response tokens, EOS excluded
-    finish_reason: str  # "stop" | "length" | "cut"
-
-
-@dataclass
-class EngineStats:
-    prefill_tokens: int = 0  # tokens pushed through prefill forwards by this call
-    decode_steps: int = 0
-    decode_token_slots: int = 0  # sum of active rows over decode steps
 
 
 class TorchEngine:

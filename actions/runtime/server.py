@@ -13,6 +13,8 @@ This is the entrypoint of the runtime images (port 8080) and of every local warm
 * Activations never overlap in one container (concurrency 1): a lock serialises ``/run``.
 * Every activation's logs end with the sentinel line on stdout and stderr so OpenWhisk
   collects them promptly.
+* Fault injection: ``__inject_kill_after_s`` in ``value`` makes the process kill itself
+  (SIGKILL) that long into the activation, without replying (``faults.kill_fraction``).
 
 What it does not do: authentication (OpenWhisk's invoker talks to it on a private network;
 the local pool binds loopback only).
@@ -24,6 +26,7 @@ import argparse
 import importlib
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -82,12 +85,17 @@ class ActionRuntime:
                 print(SENTINEL, file=sys.stderr, flush=True)
                 return 200, {"ok": True, "prewarm": True, "model_loaded": loaded,
                              "__activation": _activation_block(time.time() - start, start, cold)}
+            kill_after_s = params.pop("__inject_kill_after_s", None)
+            if kill_after_s is not None:
+                _schedule_kill(float(kill_after_s))
             try:
                 module = importlib.import_module(f"actions.{name}")
                 result = module.main(dict(params))
             except Exception as exc:  # outermost adapter: report, never crash the container
                 traceback.print_exc()
                 result = {"error": f"{type(exc).__name__}: {exc}", "developer_error": True}
+            if kill_after_s is not None:
+                threading.Event().wait()  # an action quicker than the kill still gets no reply
             busy = time.time() - start
             print(SENTINEL, flush=True)
             print(SENTINEL, file=sys.stderr, flush=True)
@@ -109,6 +117,20 @@ def _preload_model(ref: dict[str, Any]) -> bool:
     except Exception:  # a pre-warm never fails the container; the activation loads it later
         traceback.print_exc()
         return False
+
+
+def _schedule_kill(delay_s: float) -> None:
+    """Fault injection (``faults.kill_fraction``): this process dies ``delay_s`` into the
+    activation, with no reply, as an OOM-killed or preempted container does."""
+
+    def kill() -> None:
+        if os.getpid() == 1:  # PID 1 of a container ignores signals it has no handler for
+            os._exit(137)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    timer = threading.Timer(max(delay_s, 0.0), kill)
+    timer.daemon = True
+    timer.start()
 
 
 def _activation_block(busy: float, start: float, cold: bool) -> dict[str, Any]:

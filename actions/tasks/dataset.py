@@ -36,7 +36,11 @@ def parse_jsonl(data: bytes, *, source: str) -> list[PromptRow]:
     """Parse and validate JSONL bytes. Raises ValueError naming source, line and field."""
     rows: list[PromptRow] = []
     seen: set[int] = set()
-    for lineno, line in enumerate(data.decode("utf-8").splitlines(), start=1):
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{source}: byte {exc.start} is not UTF-8; a dataset is UTF-8 JSON Lines") from None
+    for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -54,21 +58,22 @@ def parse_jsonl(data: bytes, *, source: str) -> list[PromptRow]:
                 "every row needs prompt_id (int), prompt (str) and answer (str)"
             ) from None
         if row.prompt_id in seen:
-            raise ValueError(f"{source}:{lineno}: prompt_id {row.prompt_id} appears twice; ids must be unique")
+            raise ValueError(f"{source}:{lineno}: prompt_id {row.prompt_id} appears twice; make every prompt_id unique")
         seen.add(row.prompt_id)
         rows.append(row)
     if not rows:
-        raise ValueError(f"{source}: no rows; a dataset needs at least one prompt")
+        raise ValueError(f"{source}: no rows; add at least one {{prompt_id, prompt, answer}} line")
     return rows
 
 
-def load_jsonl(path: str | Path) -> list[PromptRow]:
-    """Read a JSONL dataset from local disk."""
+def load_jsonl(path: str | Path, *, field: str = "dataset") -> list[PromptRow]:
+    """Read a JSONL dataset from local disk. ``field`` names the setting that gave ``path``
+    (e.g. ``data.train_path``) in error messages."""
     p = Path(path)
     try:
         data = p.read_bytes()
     except FileNotFoundError:
-        raise ValueError(f"dataset file {str(p)!r} does not exist; fix data.train_path/data.eval_path") from None
+        raise ValueError(f"{field} {str(p)!r} does not exist; fix {field} (a JSONL file)") from None
     except OSError as exc:
-        raise ValueError(f"dataset file {str(p)!r} cannot be read ({exc.strerror})") from None
-    return parse_jsonl(data, source=str(p))
+        raise ValueError(f"{field} {str(p)!r} cannot be read ({exc.strerror}); fix {field} (a JSONL file)") from None
+    return parse_jsonl(data, source=f"{field} {p}")

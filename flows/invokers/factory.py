@@ -24,3 +24,27 @@ def make_invoker(cfg: CampaignConfig, num_workers: int) -> Invoker:
     from flows.invokers.openwhisk import OpenWhiskInvoker
 
     return OpenWhiskInvoker.from_env(package=cfg.invoker.package)
+
+
+def check_invoker(cfg: CampaignConfig) -> None:
+    """Fail fast, before anything is written, when the configured invoker cannot work.
+
+    OpenWhisk: the connection settings must parse and the controller must answer, with these
+    credentials, for the ``evaluate`` action that every campaign runs (one request, no retries,
+    so a wrong host costs one connection attempt). Local and in-process invokers need nothing.
+
+    Raises:
+        ValueError: one line naming the setting (WSK_APIHOST, WSK_AUTH, the package) and the fix.
+    """
+    if cfg.invoker.kind != "openwhisk":
+        return
+    from flows.invokers.openwhisk.client import OpenWhiskClient, OpenWhiskError, RetryPolicy
+    from flows.invokers.openwhisk.config import OpenWhiskConfig
+
+    config = OpenWhiskConfig.resolve()
+    action = f"{cfg.invoker.package}/evaluate" if cfg.invoker.package else "evaluate"
+    with OpenWhiskClient(config, retry=RetryPolicy(max_attempts=1, connect_attempts=1, request_timeout_s=10.0)) as c:
+        try:
+            c.get_action(action)
+        except OpenWhiskError as exc:
+            raise ValueError(str(exc)) from None

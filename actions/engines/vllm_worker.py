@@ -1,0 +1,102 @@
+"""Code that runs inside vLLM's worker: the sampling noise and the weight loader.
+
+vLLM imports these by name (``logits_processors=[FQCN]``, ``worker_extension_cls=FQCN``), in
+its engine-core process when multiprocessing is on. The module imports vLLM at the top, so
+only ``vllm_engine.VllmEngine`` (after its own lazy import check) should reference it.
+
+* ``CounterNoiseLogitsProcessor`` makes vLLM draw tokens exactly as ``sampling.sample_next``
+  does: requests run with vLLM temperature 0 (greedy argmax), and this processor -- applied
+  before the argmax because it is not argmax-invariant -- replaces a row's logits by
+  ``logits / T + G(key, t)`` with the sample's stream key and response position ``t``. vLLM's
+  own seeded generators are not used: their state cannot be advanced to position ``t``, so a
+  cut sample could not resume its stream.
+* ``WeightLoaderExtension.load_safetensors(path)`` reads a safetensors file in the worker and
+  feeds it to the model runner's in-place ``reload_weights`` (ECOSYSTEM D.2: tensors do not survive
+  ``collective_rpc`` arguments, a path the worker reads itself does).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
+from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+
+from actions.engines.sampling import gumbel_noise
+
+KEY_ARG = "rlhfless_key"  # SamplingParams.extra_args: the sample's stream key (int64)
+OFFSET_ARG = "rlhfless_offset"  # tokens generated before this request (a continuation)
+TEMPERATURE_ARG = "rlhfless_temperature"  # the real temperature; vLLM's own is 0
+
+
+class CounterNoiseLogitsProcessor(LogitsProcessor):
+    """Gumbel-max sampling with counter-based noise (see ``sampling.py``)."""
+
+    def __init__(self, vllm_config: object, device: torch.device, is_pin_memory: bool) -> None:
+        # batch row -> (stream key, position offset, temperature, live output token list)
+        self.rows: dict[int, tuple[int, int, float, list[int]]] = {}
+
+    def is_argmax_invariant(self) -> bool:
+        return False  # it changes which token greedy argmax picks, so it must run before it
+
+    @staticmethod
+    def _new_row(params: Any, _prompt: list[int] | None, output_tokens: list[int]) -> tuple | None:
+        args = params.extra_args or {}
+        if KEY_ARG not in args or args.get(TEMPERATURE_ARG, 0.0) <= 0.0:
+            return None  # plain greedy: no noise
+        return int(args[KEY_ARG]), int(args.get(OFFSET_ARG, 0)), float(args[TEMPERATURE_ARG]), output_tokens
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        process_dict_updates(self.rows, batch_update, self._new_row)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.rows:
+            return logits
+        idx = sorted(i for i in self.rows if i < logits.shape[0])
+        keys = torch.tensor([self.rows[i][0] for i in idx], dtype=torch.int64)
+        # ``output_tokens`` is vLLM's live list for the request: its length is the number of
+        # tokens this request has sampled so far, i.e. the position of the one drawn now.
+        pos = torch.tensor([self.rows[i][1] + len(self.rows[i][3]) for i in idx], dtype=torch.int64)
+        temps = torch.tensor([self.rows[i][2] for i in idx], dtype=torch.float32)
+        # The noise is built on the CPU (sampling.gumbel_noise allocates its vocab index there);
+        # on a GPU this costs one [rows, V] copy per step.
+        noise = gumbel_noise(keys, pos, logits.shape[-1]).to(logits.device)
+        rows = torch.tensor(idx, device=logits.device)
+        logits[rows] = logits[rows].float() / temps.to(logits.device)[:, None] + noise
+        return logits
+
+
+class WeightLoaderExtension:
+    """Mixed into vLLM's worker class (``worker_extension_cls``); called via collective_rpc."""
+
+    def load_safetensors(self, paths: list[str]) -> int:
+        """Load every tensor of these safetensors files into the running model in one reload
+        (a layer is repacked once all its tensors arrived); returns the tensor count."""
+        tensors: dict[str, torch.Tensor] = {}
+        for path in paths:
+            tensors.update(load_file(path))
+        # ``reload_weights`` (not ``model.load_weights``): on the CPU backend the linear layers
+        # hold prepacked copies and an emptied ``weight`` after loading; the in-place reload
+        # restores the checkpoint layout, loads, and reruns the packing.
+        self.model_runner.reload_weights(weights_iterator=iter(tensors.items()),  # type: ignore[attr-defined]
+                                         is_checkpoint_format=True)
+        _repack_tied_heads(self.model_runner.model)  # type: ignore[attr-defined]
+        return len(tensors)
+
+
+def _repack_tied_heads(model: torch.nn.Module) -> None:
+    """Rebuild the kernel of an LM head tied to the input embedding.
+
+    The in-place reload processes a tied parameter for one owner only (vLLM's reload
+    "Limitations" 2): the embedding gets the new weight, but on the CPU backend the head's
+    prepacked GEMM still holds the old one. No-op on CUDA, where the head reads the weight.
+    """
+    heads = [m for m in model.modules() if isinstance(m, ParallelLMHead)]
+    embeddings = {id(m.weight) for m in model.modules()
+                  if isinstance(m, VocabParallelEmbedding) and not isinstance(m, ParallelLMHead)}
+    for head in heads:
+        if id(head.weight) in embeddings:
+            head.quant_method.process_weights_after_loading(head)

@@ -1,0 +1,276 @@
+"""Bad-input battery: every way a user gets the input wrong, through the real ``rlhfless``.
+
+Each case runs the CLI in a subprocess and checks the contract of README, "The CLI": exit code
+2; one line on stderr that names the offending field or value and says how to fix it (each case
+lists substrings for both); no traceback; no secret from the environment echoed (the cases carry
+fake AWS and OpenWhisk secrets); and no change to any stored state -- the store, the run
+directory and the working directory are snapshotted (paths, sizes, mtimes, sha256) before and
+after. Every error is caught before a campaign starts, so no case starts Prefect or a worker;
+S3 and OpenWhisk endpoints are closed loopback ports, so nothing leaves the machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+AWS_KEY_ID = "AKIAFAKEBATTERY12345"
+AWS_SECRET = "battery/secret+Value0123456789abcdefXYZ"
+WSK_AUTH = "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:battery0secret0key0123456789abcdefABCDEF"
+CLOSED_PORT = "http://127.0.0.1:9"  # the discard port: nothing listens there
+S3_ENV = {"AWS_ENDPOINT_URL": CLOSED_PORT, "AWS_ACCESS_KEY_ID": AWS_KEY_ID, "AWS_SECRET_ACCESS_KEY": AWS_SECRET}
+SECRETS = (AWS_SECRET, WSK_AUTH, WSK_AUTH.split(":")[1], AWS_KEY_ID)  # the key id may show masked only
+
+
+@dataclass(frozen=True)
+class Case:
+    args: list[str]
+    """CLI arguments; ``{tmp}`` is the case's directory, ``{done}`` a store with a committed run."""
+    needles: tuple[str, ...]
+    """Substrings of the error line: the field or value, and the fix."""
+    env: dict[str, str] = field(default_factory=dict)
+    setup: Callable[[Path], None] | None = None
+    """Writes the case's input files under ``{tmp}``."""
+
+
+def _train(*args: str) -> list[str]:
+    return ["train", "--set", "store.uri={tmp}/store", *args]
+
+
+def _write(name: str, text: str | bytes) -> Callable[[Path], None]:
+    def setup(tmp: Path) -> None:
+        path = tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+
+    return setup
+
+
+def _rows(*rows: dict) -> str:
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+ROW = {"prompt_id": 1, "prompt": "write c once", "answer": "c"}
+
+
+def _model_dir(weights: bytes | None, *, config: str = '{"model_type": "llama"}', tokenizer: bool = True):
+    def setup(tmp: Path) -> None:
+        root = tmp / "model"
+        root.mkdir()
+        (root / "config.json").write_text(config)
+        if tokenizer:
+            (root / "tokenizer.json").write_text("{}")
+        if weights is not None:
+            (root / "model.safetensors").write_bytes(weights)
+
+    return setup
+
+
+def _safetensors(data_bytes: int) -> bytes:
+    """A safetensors header promising one float32[4] tensor (16 bytes), then ``data_bytes``."""
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    return struct.pack("<Q", len(header)) + header + b"\0" * data_bytes
+
+
+CASES: dict[str, Case] = {
+    # ----------------------------------------------------------------- configuration
+    "config unknown key": Case(_train("--set", "algorithm.colour=red"), ("'algorithm.colour'", "check the spelling")),
+    "config unknown top-level key in file": Case(
+        _train("--config", "{tmp}/c.yaml"), ("'colour'", "check the spelling"), setup=_write("c.yaml", "colour: red\n")),
+    "config unknown nested key in file": Case(
+        _train("--config", "{tmp}/c.yaml"), ("'scaling.nmax'", "check the spelling"),
+        setup=_write("c.yaml", "scaling:\n  nmax: 3\n")),
+    "config wrong type": Case(_train("--set", "algorithm.lr=abc"), ("algorithm.lr", "'abc'", "should be a valid number")),
+    "config section given a value": Case(_train("--set", "algorithm=3"), ("algorithm = 3", "should be a valid dictionary")),
+    "config out of range": Case(_train("--set", "algorithm.gamma=2"), ("algorithm.gamma", "less than or equal to 1")),
+    "config zero batch": Case(_train("--set", "algorithm.batch_size=0"), ("algorithm.batch_size", "greater than 0")),
+    "config negative batch": Case(_train("--set", "algorithm.batch_size=-8"), ("algorithm.batch_size", "greater than 0")),
+    "config group does not divide batch": Case(
+        _train("--set", "algorithm.group_size=3"), ("algorithm.group_size=3", "multiple of group_size")),
+    "config too many minibatches": Case(
+        _train("--set", "algorithm.num_minibatches=99"), ("algorithm.num_minibatches=99", "lower num_minibatches")),
+    "config unknown algorithm": Case(_train("--set", "algorithm.name=dpo"), ("algorithm.name", "'grpo' or 'ppo'")),
+    "config n_min above n_max": Case(
+        _train("--set", "scaling.n_min=5", "--set", "scaling.n_max=2"), ("scaling.n_min=5", "make n_min <= n_max")),
+    "config bad scaling policy": Case(_train("--set", "scaling.policy=biggest"), ("scaling.policy 'biggest'", "cost_aware")),
+    "config fixed policy without N": Case(_train("--set", "scaling.policy=fixed:0"), ("scaling.policy", "positive integer")),
+    "config bad run_id": Case(_train("--run-id", "a/b"), ("run_id 'a/b'", "only letters, digits")),
+    "config steps zero": Case(_train("--set", "steps=0"), ("steps = 0", "greater than or equal to 1")),
+    "config unknown fault action": Case(_train("--set", "faults.actions=[generat]"), ("faults.actions", "choose from")),
+    "config fault fraction out of range": Case(
+        _train("--set", "faults.kill_fraction=1.5"), ("faults.kill_fraction", "less than 1")),
+    "config unknown invoker": Case(_train("--set", "invoker.kind=lambda"), ("invoker.kind", "'openwhisk'")),
+    "config malformed YAML": Case(
+        _train("--config", "{tmp}/c.yaml"), ("c.yaml", "not valid YAML at line", "fix the syntax"),
+        setup=_write("c.yaml", "algorithm: [unclosed\n")),
+    "config YAML is not a mapping": Case(
+        _train("--config", "{tmp}/c.yaml"), ("c.yaml", "must hold a mapping"), setup=_write("c.yaml", "- a\n- b\n")),
+    "config file missing": Case(_train("--config", "{tmp}/missing.yaml"), ("missing.yaml", "check --config")),
+    "override without =": Case(_train("--set", "steps"), ("--set 'steps'", "dotted.key=value")),
+    "override empty key segment": Case(_train("--set", "algorithm..lr=1"), ("algorithm..lr", "empty key segment")),
+    "override into a value": Case(_train("--set", "steps=3", "--set", "steps.x=1"), ("'steps' is a value", "not a section")),
+    # ----------------------------------------------------------------- datasets
+    "dataset missing": Case(
+        _train("--set", "data.train_path={tmp}/none.jsonl"), ("data.train_path", "none.jsonl", "does not exist")),
+    "dataset invalid JSON line": Case(
+        _train("--set", "data.train_path={tmp}/d.jsonl"), ("data.train_path", "d.jsonl:2", "not valid JSON", "one object"),
+        setup=_write("d.jsonl", _rows(ROW) + "{oops\n")),
+    "dataset row without a field": Case(
+        _train("--set", "data.train_path={tmp}/d.jsonl"), ("d.jsonl:1", "'answer'", "every row needs"),
+        setup=_write("d.jsonl", _rows({"prompt_id": 1, "prompt": "x"}))),
+    "dataset duplicate prompt_id": Case(
+        _train("--set", "data.train_path={tmp}/d.jsonl"), ("d.jsonl:2", "prompt_id 1 appears twice", "unique"),
+        setup=_write("d.jsonl", _rows(ROW, ROW))),
+    "dataset empty file": Case(
+        _train("--set", "data.train_path={tmp}/d.jsonl"), ("data.train_path", "no rows", "add at least one"),
+        setup=_write("d.jsonl", "")),
+    "dataset not UTF-8": Case(
+        _train("--set", "data.eval_path={tmp}/d.jsonl"), ("data.eval_path", "not UTF-8"),
+        setup=_write("d.jsonl", b"\xff\xfe\x00garbage\n")),
+    "dataset too small for a step": Case(
+        _train("--set", "data.train_path={tmp}/d.jsonl"), ("1 training prompts", "lower algorithm.batch_size"),
+        setup=_write("d.jsonl", _rows(ROW))),
+    # ----------------------------------------------------------------- model paths
+    "model dir missing": Case(_train("--set", "model.path={tmp}/nomodel"), ("model.path", "nomodel", "not a directory")),
+    "model dir without config.json": Case(
+        _train("--set", "model.path={tmp}/model"), ("model.path", "no config.json", "Hugging Face model directory"),
+        setup=_write("model/tokenizer.json", "{}")),
+    "model config.json not JSON": Case(
+        _train("--set", "model.path={tmp}/model"), ("model.path", "config.json is not valid JSON", "save_pretrained"),
+        setup=_model_dir(_safetensors(16), config="{nope")),
+    "model without tokenizer": Case(
+        _train("--set", "model.path={tmp}/model"), ("model.path", "no tokenizer files", "save the tokenizer"),
+        setup=_model_dir(_safetensors(16), tokenizer=False)),
+    "model without weights": Case(
+        _train("--set", "model.path={tmp}/model"), ("model.path", "has no weights", "save_pretrained"),
+        setup=_model_dir(None)),
+    "model weights garbage": Case(
+        _train("--set", "model.path={tmp}/model"), ("model.safetensors", "not safetensors", "save the model again"),
+        setup=_model_dir(b"this is not a tensor file")),
+    "model weights truncated": Case(
+        _train("--set", "model.path={tmp}/model"), ("model.safetensors", "truncated", "save the model again"),
+        setup=_model_dir(_safetensors(4))),
+    # ----------------------------------------------------------------- stores and credentials
+    "store s3 endpoint unreachable": Case(
+        _train("--set", "store.uri=s3://bucket/run"), ("127.0.0.1:9", "connection refused", "check AWS_ENDPOINT_URL"),
+        env=S3_ENV),
+    "store malformed s3 URI": Case(
+        _train("--set", "store.uri=s3:/bucket/run"), ("store.uri 's3:/bucket/run'", "fix the scheme"), env=S3_ENV),
+    "store unsupported scheme": Case(
+        _train("--set", "store.uri=ftp://host/dir"), ("store.uri 'ftp://host/dir'", "s3://bucket/prefix")),
+    "store invalid bucket name": Case(
+        _train("--set", "store.uri=s3://Bad_Bucket/run"), ("store.uri", "'Bad_Bucket'", "lowercase letters"),
+        env=S3_ENV),
+    "store endpoint not a URL": Case(
+        _train("--set", "store.uri=s3://bucket/run"), ("AWS_ENDPOINT_URL='not a url'", "http://127.0.0.1:9000"),
+        env={**S3_ENV, "AWS_ENDPOINT_URL": "not a url"}),
+    "credentials missing for s3": Case(
+        _train("--set", "store.uri=s3://bucket/run"), ("no S3 credentials", "set AWS_ACCESS_KEY_ID"),
+        env={"AWS_ENDPOINT_URL": CLOSED_PORT}),
+    "credentials half a pair": Case(
+        _train("--set", "store.uri=s3://bucket/run"), ("AWS_SECRET_ACCESS_KEY is not set", "set both"),
+        env={"AWS_ENDPOINT_URL": CLOSED_PORT, "AWS_ACCESS_KEY_ID": AWS_KEY_ID}),
+    # ----------------------------------------------------------------- invoker endpoints and credentials
+    "openwhisk host unreachable": Case(
+        _train("--set", "invoker.kind=openwhisk"), ("127.0.0.1:9", "check WSK_APIHOST"),
+        env={"WSK_APIHOST": CLOSED_PORT, "WSK_AUTH": WSK_AUTH}),
+    "openwhisk host malformed": Case(
+        _train("--set", "invoker.kind=openwhisk"), ("'ht tp://bad host'", "set WSK_APIHOST to https://"),
+        env={"WSK_APIHOST": "ht tp://bad host", "WSK_AUTH": WSK_AUTH}),
+    "openwhisk auth missing": Case(
+        _train("--set", "invoker.kind=openwhisk"), ("not configured", "set WSK_AUTH"), env={"WSK_APIHOST": CLOSED_PORT}),
+    "openwhisk auth malformed": Case(
+        _train("--set", "invoker.kind=openwhisk"), ("'uuid:key'", "check WSK_AUTH"),
+        env={"WSK_APIHOST": CLOSED_PORT, "WSK_AUTH": WSK_AUTH.replace(":", "")}),
+    # ----------------------------------------------------------------- command line
+    "cli no subcommand": Case([], ("required: command", "rlhfless --help")),
+    "cli unknown subcommand": Case(["frobnicate"], ("invalid choice: 'frobnicate'", "rlhfless --help")),
+    "cli unknown flag": Case(_train("--stepz", "3"), ("unrecognized arguments: --stepz", "rlhfless train --help")),
+    "cli steps zero": Case(_train("--steps", "0"), ("--steps 0", "N >= 1")),
+    "cli steps not a number": Case(_train("--steps", "many"), ("--steps", "invalid int value: 'many'")),
+    "cli out is a file": Case(_train("--out", "{tmp}/taken"), ("--out", "taken", "pass a directory"),
+                              setup=_write("taken", "x")),
+    "cli status unknown run": Case(["status", "nosuch", "--store", "{done}"], ("'nosuch'", "check the run id")),
+    "cli status empty store": Case(["status", "--store", "{tmp}/store"], ("holds no runs", "check --store")),
+    "cli train existing run without --resume": Case(
+        ["train", "--set", "store.uri={done}", "--run-id", "done"], ("'done'", "pass --resume")),
+    "cli resume with changed config": Case(
+        ["train", "--set", "store.uri={done}", "--run-id", "done", "--resume", "--set", "algorithm.lr=0.1"],
+        ("different configuration", "algorithm", "new run_id")),
+    "cli simulate trace missing": Case(["simulate", "--trace", "{tmp}/none.jsonl"], ("--trace", "none.jsonl", "not a file")),
+    "cli simulate bad trace line": Case(
+        ["simulate", "--trace", "{tmp}/t.jsonl"], ("t.jsonl:1", "'epoch'"), setup=_write("t.jsonl", '{"step": 0}\n')),
+    "cli deploy manifest missing": Case(
+        ["deploy", "--dry-run", "--manifest", "{tmp}/none.yaml"], ("none.yaml", "cannot read the manifest")),
+}
+
+
+@pytest.fixture(scope="module")
+def done_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store holding run ``done`` with one committed step of the default configuration
+    (state only: resume and status checks never read the artifacts it names)."""
+    from actions.common.config import load_config
+    from actions.common.storage import LocalStore
+    from flows.state import CampaignState, commit_state
+
+    root = tmp_path_factory.mktemp("done") / "store"
+    cfg = load_config(None, [f"store.uri={root}", "run_id=done"])
+    key = "runs/done/policy/v000000/manifest.json"
+    commit_state(LocalStore(root), CampaignState(run_id="done", fingerprint=cfg.fingerprint(), identity=cfg.identity(),
+                                                 step=1, policy_key=key, reference_key=key, prepared={}))
+    return root
+
+
+def _snapshot(*roots: Path) -> dict[str, tuple]:
+    """Every path under ``roots`` with its kind, size, mtime and (for files) sha256."""
+    out: dict[str, tuple] = {}
+    for root in roots:
+        for path in sorted([root, *root.rglob("*")]) if root.exists() else []:
+            st = path.lstat()
+            digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "dir"
+            out[str(path)] = (st.st_size if path.is_file() else 0, st.st_mtime_ns, digest)
+    return out
+
+
+def _env(extra: dict[str, str], home: Path) -> dict[str, str]:
+    """This environment without credentials or endpoints, plus the case's."""
+    drop = ("AWS_", "WSK_", "__OW_", "RLHFLESS_OPENWHISK")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env.update({
+        # No credential file, profile or instance-metadata lookup: boto3 must not leave loopback.
+        "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": str(home / "aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(home / "aws-credentials"), "WSK_CONFIG_FILE": str(home / "wskprops"),
+    })
+    env.update(extra)
+    return env
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(name: str, tmp_path: Path, done_store: Path) -> None:
+    case = CASES[name]
+    if case.setup:
+        case.setup(tmp_path)
+    cwd = tmp_path / "cwd"  # where a default run directory (runs/<run_id>) would appear
+    cwd.mkdir()
+    args = [a.format(tmp=tmp_path, done=done_store) for a in case.args]
+    before = _snapshot(tmp_path, done_store)
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=_env(case.env, tmp_path),
+                          capture_output=True, text=True, timeout=60)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stderr}"
+    assert len(err.splitlines()) == 1 and err.startswith("rlhfless"), err
+    assert "Traceback" not in proc.stderr + proc.stdout
+    for needle in case.needles:
+        assert needle in err, f"{needle!r} not in: {err}"
+    for secret in SECRETS:
+        assert secret not in proc.stderr + proc.stdout, f"a secret value was echoed: {err}"
+    assert _snapshot(tmp_path, done_store) == before, f"stored state changed: {err}"

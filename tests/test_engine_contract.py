@@ -1,0 +1,264 @@
+"""The generation-engine contract (actions/engines/base.py), run against every engine.
+
+torch always runs; vllm runs under ``make test-vllm`` (marker ``vllm``) and is skipped where
+vLLM is not importable. The model is a random tiny Llama with head_dim 64 (the smallest the
+vLLM CPU attention accepts), saved to a directory; nothing is downloaded. The vLLM engine uses
+32-token KV blocks so that the 55-token prompts share one cached block (their instruction
+template) and prefix caching is observable.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from actions.common.loading import encode
+from actions.common.modeling import build_tiny_model
+from actions.engines.base import FINISH_REASONS, GenerationEngine, SampleSpec
+from actions.engines.factory import make_engine
+from actions.engines.torch_engine import TorchEngine
+from actions.engines.vllm_engine import INSTALL_HINT, vllm_available
+from actions.tasks.repeat import make_rows
+from reference_sampler import uncached_sample
+
+NO_VLLM = "vLLM is not importable in this environment; `make test-vllm` runs these cases"
+ENGINES = ["torch", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.skipif(not vllm_available(),
+                                                                                      reason=NO_VLLM)])]
+GROUP = 3  # samples per prompt
+SEED, STEP = 7, 2
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    torch.set_num_threads(1)
+    model, tok = build_tiny_model(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=256,
+                                  max_positions=512, seed=0)
+    model.eval()
+    model_dir = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(model_dir, safe_serialization=True)
+    tok.save_pretrained(model_dir)
+    rows = make_rows(6, max_count=9, seed=3)
+    specs = [SampleSpec(r.prompt_id, i, encode(tok, r.prompt)) for r in rows for i in range(GROUP)]
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return SimpleNamespace(model=model, tok=tok, dir=model_dir, specs=specs, weights=weights)
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def engine(request, tiny):
+    if request.param == "torch":
+        # A private model copy: the weight-update test loads other weights into it.
+        yield make_engine("torch", copy.deepcopy(tiny.model), tiny.tok)
+        return
+    eng = make_engine("vllm", None, tiny.tok, model_dir=tiny.dir, block_size=32, max_model_len=512)
+    yield eng
+    eng.shutdown()
+
+
+def _gen(engine, specs, **kw):
+    kw = {"seed": SEED, "step": STEP, "max_new_tokens": 12, "temperature": 1.0, **kw}
+    outs, stats = engine.generate(specs, **kw)
+    return outs, stats
+
+
+def _tokens(outs):
+    return {(o.prompt_id, o.sample_index): o.tokens for o in outs}
+
+
+def _load(engine, weights, version):
+    """Put a policy version into the engine: vLLM pushes it into the running engine; the torch
+    engine reads its model's parameters on every call."""
+    if isinstance(engine, TorchEngine):
+        engine.model.load_state_dict(weights, strict=False)
+    else:
+        engine.load_policy(weights, version)
+
+
+def test_every_sample_returned_once_with_valid_reason_and_bounded_length(engine, tiny):
+    outs, _ = _gen(engine, tiny.specs)
+    assert [(o.prompt_id, o.sample_index) for o in outs] == [(s.prompt_id, s.sample_index) for s in tiny.specs]
+    for o in outs:
+        assert o.finish_reason in FINISH_REASONS and o.finish_reason != "cut", o
+        assert len(o.tokens) <= 12 and tiny.tok.eos_token_id not in o.tokens, o
+        assert (o.finish_reason == "length") == (len(o.tokens) == 12), o
+    # Samples of one prompt differ: each has its own random stream.
+    assert len({tuple(o.tokens) for o in outs}) == len(outs)
+
+
+def test_same_identity_same_tokens_and_greedy_ignores_seed(engine, tiny):
+    a, _ = _gen(engine, tiny.specs)
+    b, _ = _gen(engine, tiny.specs)
+    assert _tokens(a) == _tokens(b)
+    g1, _ = _gen(engine, tiny.specs, temperature=0.0, seed=1)
+    g2, _ = _gen(engine, tiny.specs, temperature=0.0, seed=99)
+    assert _tokens(g1) == _tokens(g2) != _tokens(a)
+
+
+def test_samples_match_the_uncached_reference(engine, tiny):
+    # torch is exact (test_engine.py); vLLM runs other kernels, so a rare near-tie may round the
+    # other way. Random agreement would be about 1/51 per token.
+    outs, _ = _gen(engine, tiny.specs)
+    ref = [uncached_sample(tiny.model, s, tiny.tok.eos_token_id, 12, seed=SEED, step=STEP) for s in tiny.specs]
+    agree = sum(o.tokens == r for o, r in zip(outs, ref))
+    assert agree >= 0.9 * len(ref), (agree, len(ref))
+
+
+def test_fanout_split_gives_the_same_samples(engine, tiny):
+    whole, _ = _gen(engine, tiny.specs)
+    parts = []
+    for chunk in (tiny.specs[:5], tiny.specs[5:11], tiny.specs[11:]):
+        parts += _gen(engine, chunk)[0]
+    assert _tokens(parts) == _tokens(whole)
+
+
+def test_dedup_keeps_outputs_and_computes_fewer_prefill_tokens(engine, tiny):
+    plain, sp = _gen(engine, tiny.specs, dedup=False)
+    dedup, sd = _gen(engine, tiny.specs, dedup=True)
+    assert _tokens(plain) == _tokens(dedup)
+    assert sp.prefill_tokens == sum(len(s.prompt_tokens) for s in tiny.specs)
+    # torch: one prefill per prompt (1/GROUP). vLLM: every sample after the first hits at least
+    # the shared 32-token template block.
+    assert sd.prefill_tokens <= sp.prefill_tokens - 32 * (len(tiny.specs) - 1), (sd, sp)
+
+
+def test_weight_update_changes_outputs_and_invalidates_cached_prefixes(engine, tiny):
+    base, _ = _gen(engine, tiny.specs)
+    gen = torch.Generator().manual_seed(1)
+    # lm_head is tied to the embedding: perturb and send the embedding only.
+    perturbed = {k: v + 0.05 * torch.randn(v.shape, generator=gen)
+                 for k, v in tiny.weights.items() if k != "lm_head.weight"}
+    try:
+        _load(engine, perturbed, 1)
+        new, _ = _gen(engine, tiny.specs)
+        changed = sum(_tokens(new)[k] != t for k, t in _tokens(base).items())
+        assert changed >= len(tiny.specs) // 2, changed
+        ref_model = copy.deepcopy(tiny.model)
+        ref_model.load_state_dict(perturbed, strict=False)
+        ref = [uncached_sample(ref_model, s, tiny.tok.eos_token_id, 12, seed=SEED, step=STEP) for s in tiny.specs]
+        assert sum(o.tokens == r for o, r in zip(new, ref)) >= 0.9 * len(ref)
+    finally:
+        # Back to the original weights. The prefix cache now holds KV computed by the perturbed
+        # weights: were it not reset, these outputs would not equal the first ones.
+        _load(engine, {k: v for k, v in tiny.weights.items() if k != "lm_head.weight"}, 2)
+    again, stats = _gen(engine, tiny.specs[:1])
+    assert _tokens(again) == {k: t for k, t in _tokens(base).items() if k == (tiny.specs[0].prompt_id, 0)}
+    if not isinstance(engine, TorchEngine):
+        assert stats.prefill_tokens == len(tiny.specs[0].prompt_tokens)  # cold: nothing cached
+        assert _gen(engine, tiny.specs[:1])[1].prefill_tokens < stats.prefill_tokens  # warm again
+
+
+def test_cut_stops_at_the_mth_finish_and_continuation_completes_the_uncut_run(engine, tiny):
+    # A random model rarely emits EOS: give it room so samples finish at different steps.
+    whole, _ = _gen(engine, tiny.specs, max_new_tokens=60)
+    eos = tiny.tok.eos_token_id
+    # Index of the decode iteration in which each sample finished (all start together).
+    last = {(o.prompt_id, o.sample_index): len(o.tokens) - (o.finish_reason == "length") for o in whole}
+    m = 4
+    cut_iter = sorted(last.values())[m - 1]
+    cut, _ = _gen(engine, tiny.specs, max_new_tokens=60, cut_after=m)
+    done = {(o.prompt_id, o.sample_index) for o in cut if o.finish_reason != "cut"}
+    assert done == {k for k, it in last.items() if it <= cut_iter}
+    wanted = _tokens(whole)
+    partial = []
+    for o, s in zip(cut, tiny.specs):
+        if o.finish_reason == "cut":
+            assert len(o.tokens) == cut_iter + 1 and o.tokens == wanted[(o.prompt_id, o.sample_index)][: cut_iter + 1]
+            assert eos not in o.tokens
+            partial.append(SampleSpec(s.prompt_id, s.sample_index, s.prompt_tokens, tuple(o.tokens)))
+        else:
+            assert o.tokens == wanted[(o.prompt_id, o.sample_index)]
+    assert partial, "the cut should leave unfinished samples"
+    cont, _ = _gen(engine, partial, max_new_tokens=60)
+    assert all(o.finish_reason in ("stop", "length") for o in cont)
+    merged = [o for o in cut if o.finish_reason != "cut"] + cont
+    # Conservation: every sample exactly once, and it is the uncut run's sample.
+    assert sorted((o.prompt_id, o.sample_index) for o in merged) == sorted(wanted)
+    assert _tokens(merged) == wanted
+
+
+# ----------------------------------------------------------------------------- factory
+
+
+def test_factory_builds_a_torch_engine_and_names_the_fix_for_bad_kinds(tiny):
+    eng = make_engine("torch", tiny.model, tiny.tok)
+    assert isinstance(eng, TorchEngine) and isinstance(eng, GenerationEngine)
+    with pytest.raises(ValueError, match="'jax' is not supported"):
+        make_engine("jax", tiny.model, tiny.tok)
+    with pytest.raises(ValueError, match="needs model_dir"):
+        make_engine("vllm", None, tiny.tok)
+
+
+@pytest.mark.skipif(vllm_available(), reason="vLLM is installed here")
+def test_vllm_engine_without_vllm_says_how_to_install(tiny):
+    with pytest.raises(ImportError, match="make test-vllm") as exc:
+        make_engine("vllm", None, tiny.tok, model_dir=tiny.dir)
+    assert str(exc.value) == INSTALL_HINT
+
+
+def test_requests_default_to_torch_and_reject_unknown_engines():
+    from actions.common.contracts import EvaluateRequest, GenerateRequest, parse_request
+
+    ref = {"store_uri": "/s", "base_key": "b", "policy_key": "p", "policy_version": 0}
+    gen = {"model": ref, "dataset_key": "d", "run_seed": 0, "step": 0, "shard": "g", "max_new_tokens": 4,
+           "temperature": 1.0, "output_key": "o"}
+    assert GenerateRequest.model_validate(gen).engine == "torch"
+    assert GenerateRequest.model_validate({**gen, "engine": "vllm"}).engine == "vllm"
+    ev = {"model": ref, "dataset_key": "d", "task": "repeat", "max_new_tokens": 4, "output_key": "o"}
+    assert EvaluateRequest.model_validate(ev).engine == "torch"
+    err = parse_request(GenerateRequest, {**gen, "engine": "jax"})
+    assert isinstance(err, dict) and err["field"] == "engine", err
+
+
+# ----------------------------------------------------------------------------- actions on vLLM
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not vllm_available(), reason=NO_VLLM)
+def test_generate_and_evaluate_actions_on_vllm_reuse_one_engine_across_versions(tmp_path):
+    import importlib
+
+    from actions.common.config import load_config
+    from actions.common.contracts import ModelRef
+    from actions.common.storage import LocalStore, get_json
+    from actions.common.weights import load_tensors, publish_tensors
+    from actions.engines import factory
+    from actions.prepare import prepare
+    from tests.conftest import TINY_OVERRIDES
+
+    cfg = load_config(None, [*TINY_OVERRIDES, "model.hidden_size=128", "model.num_heads=2",
+                             f"store.uri={tmp_path}"])
+    store = LocalStore(tmp_path)
+    p = prepare(cfg, store, "runs/v")
+    ref = ModelRef(store_uri=store.uri, base_key=p.base_key, policy_key=p.init_key, policy_version=0)
+
+    def call(name, payload):
+        out = importlib.import_module(f"actions.{name}").main(json.loads(json.dumps(payload)))
+        assert "error" not in out, out
+        return out
+
+    gen = {"model": ref.model_dump(), "dataset_key": p.train_key, "run_seed": 0, "step": 0, "shard": "g",
+           "prompt_ids": [0, 1, 2, 3], "group_size": 4, "max_new_tokens": 8, "temperature": 1.0}
+    try:
+        on_torch = call("generate", {**gen, "output_key": "runs/v/t.json"})
+        on_vllm = call("generate", {**gen, "engine": "vllm", "output_key": "runs/v/v.json"})
+        assert len(on_vllm["samples"]) == 16 and on_vllm["num_cut"] == 0
+        t, v = get_json(store, "runs/v/t.json")["samples"], get_json(store, "runs/v/v.json")["samples"]
+        assert sum(a == b for a, b in zip(t, v)) >= 0.9 * len(t)
+        engine = factory._vllm.engine
+        # A new policy version goes into the same running engine.
+        tensors, meta = load_tensors(store, p.init_key)
+        published = publish_tensors(store, "runs/v/w1/manifest.json",
+                                    {k: v + 0.05 * torch.randn_like(v) for k, v in tensors.items()}, meta)
+        ref1 = ref.model_copy(update={"policy_key": published.manifest_key, "policy_version": 1})
+        call("generate", {**gen, "model": ref1.model_dump(), "engine": "vllm", "output_key": "runs/v/v1.json"})
+        assert factory._vllm.engine is engine and engine.policy_version == 1
+        assert get_json(store, "runs/v/v1.json")["samples"] != v
+        ev = call("evaluate", {"model": ref1.model_dump(), "dataset_key": p.eval_key, "task": "repeat",
+                               "max_new_tokens": 8, "engine": "vllm", "output_key": "runs/v/e.json"})
+        assert ev["num_prompts"] == 8 and 0.0 <= ev["accuracy"] <= 1.0
+        assert factory._vllm.engine is engine
+    finally:
+        factory.close_vllm()

@@ -1,0 +1,140 @@
+"""Fault injection through configuration (``faults``): workers killed mid-activation, failed
+activations and added latency cost time, never results.
+
+A tiny campaign on the local warm pool runs with all three kinds injected; its final weights
+must equal a fault-free run's, and every injected kill or failure must cost exactly one retry.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+import pytest
+
+from actions.common.config import load_config
+from flows.campaign import run_campaign
+from flows.context import RunContext
+from flows.invokers.base import ActionError
+from flows.invokers.local_pool import LocalPoolInvoker
+
+try:
+    from conftest import TINY_OVERRIDES
+except ImportError:  # tests/ imported as a package
+    from tests.conftest import TINY_OVERRIDES
+
+# seed 4 picks, among gen-0/1 and score-gen-0/1: failures of gen-1 and score-gen-1, a kill of
+# gen-0, latency on gen-1, score-gen-0 and score-gen-1 (more shards may join when fan-out is 3).
+FAULTS = ["faults.seed=4", "faults.fail_fraction=0.25", "faults.kill_fraction=0.4", "faults.kill_after_s=0.2",
+          "faults.latency_fraction=0.5", "faults.latency_s=0.3", "faults.actions=[generate,score]"]
+
+
+@dataclass
+class Call:
+    action: str
+    key: str
+    """The activation's output key (prefix): one per (step, action, shard), the same on a retry."""
+    fault: str | None
+    latency_s: float
+    error: ActionError | None = None
+    busy_s: float = 0.0
+
+
+@pytest.fixture(scope="module")
+def clean_summary(tmp_path_factory: pytest.TempPathFactory, prefect_harness) -> dict:
+    """The fault-free reference: the tiny campaign in-process (same weights as on the pool)."""
+    store = tmp_path_factory.mktemp("clean") / "store"
+    cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={store}", "invoker.kind=inprocess", "run_id=clean"])
+    return run_campaign(cfg, progress=lambda m: None)
+
+
+def _record_invocations(monkeypatch: pytest.MonkeyPatch) -> tuple[list[Call], list[int]]:
+    """Spy on the pool: every invocation with its injected fault and outcome, and the exit
+    status of every worker the pool had to replace."""
+    calls: list[Call] = []
+    exits: list[int] = []
+    invoke, replace = LocalPoolInvoker.invoke, LocalPoolInvoker._replace
+
+    def spy_invoke(self, action, payload, **kw):
+        fault = "kill" if "__inject_kill_after_s" in payload else "fail" if payload.get("__inject_failure") else None
+        key = str(payload.get("output_key") or payload.get("output_prefix"))
+        call = Call(action, key, fault, float(payload.get("__inject_latency_s") or 0.0))
+        calls.append(call)
+        try:
+            activation = invoke(self, action, payload, **kw)
+        except ActionError as exc:
+            call.error = exc
+            raise
+        call.busy_s = activation.busy_s
+        return activation
+
+    def spy_replace(self, worker):
+        exits.append(worker.proc.wait(timeout=30))  # the worker must already be dead, not killed here
+        return replace(self, worker)
+
+    monkeypatch.setattr(LocalPoolInvoker, "invoke", spy_invoke)
+    monkeypatch.setattr(LocalPoolInvoker, "_replace", spy_replace)
+    return calls, exits
+
+
+def _record_injections(monkeypatch: pytest.MonkeyPatch) -> dict[str, list]:
+    hits: dict[str, list] = {"fail": [], "kill": []}
+    for kind, name in (("fail", "should_inject"), ("kill", "should_kill")):
+        original = getattr(RunContext, name)
+
+        def spy(self, action, shard, original=original, kind=kind):
+            hit = original(self, action, shard)
+            if hit:
+                hits[kind].append((action, shard))
+            return hit
+
+        monkeypatch.setattr(RunContext, name, spy)
+    return hits
+
+
+def test_kills_failures_and_latency_on_the_pool_change_nothing_but_time(
+        tiny_config, prefect_harness, clean_summary, monkeypatch):
+    calls, exits = _record_invocations(monkeypatch)
+    hits = _record_injections(monkeypatch)
+    cfg = tiny_config("invoker.kind=local", "invoker.num_workers=2", "run_id=faulty", *FAULTS)
+
+    faulty = run_campaign(cfg, progress=lambda m: None)
+
+    assert faulty["steps_completed"] == 2
+    assert faulty["weights_sha256"] == clean_summary["weights_sha256"]
+    assert hits["kill"] and hits["fail"], hits
+    # Every injected kill or failure failed its activation, transiently, and nothing else failed.
+    failed = [c for c in calls if c.error is not None]
+    assert {id(c) for c in failed} == {id(c) for c in calls if c.fault}
+    assert len(failed) == len(hits["kill"]) + len(hits["fail"])
+    assert all(c.error.transient for c in failed)
+    assert all("lost mid-activation" in c.error.message for c in failed if c.fault == "kill")
+    assert all("faults.fail_fraction" in c.error.message for c in failed if c.fault == "fail")
+    # ... and cost exactly one retry: two attempts of that activation, the second one good.
+    for c in failed:
+        attempts = [x for x in calls if (x.action, x.key) == (c.action, c.key)]
+        assert len(attempts) == 2 and attempts[1].error is None, attempts
+    assert len(calls) - len({(c.action, c.key) for c in calls}) == len(failed)
+    # A killed worker really died of SIGKILL, and the pool replaced it.
+    assert exits == [-signal.SIGKILL] * len(hits["kill"])
+    delayed = [c for c in calls if c.latency_s and c.error is None]
+    assert delayed and all(c.busy_s >= c.latency_s for c in delayed)
+
+
+def test_fault_draws_are_deterministic_exclusive_and_first_attempt_only(tiny_config):
+    cfg = tiny_config("faults.fail_fraction=0.5", "faults.kill_fraction=0.5", "faults.latency_fraction=0.5",
+                      "faults.latency_s=0.1")
+    shards = [("generate", f"gen-{i}") for i in range(40)] + [("score", f"score-gen-{i}") for i in range(40)]
+
+    def draws():
+        ctx = RunContext(config=cfg, store=None, invoker=None, run_id="r")  # type: ignore[arg-type]
+        return [ctx.fault_payload(a, s) for a, s in shards], ctx
+
+    first, ctx = draws()
+    assert first == draws()[0]  # same seed, same faults
+    assert not any("__inject_failure" in p and "__inject_kill_after_s" in p for p in first)
+    assert sum("__inject_failure" in p for p in first) > 10 and sum("__inject_kill_after_s" in p for p in first) > 5
+    again = [ctx.fault_payload(a, s) for a, s in shards]  # the retries: latency stays, no new failure or kill
+    assert [p.get("__inject_latency_s") for p in again] == [p.get("__inject_latency_s") for p in first]
+    assert not any("__inject_failure" in p or "__inject_kill_after_s" in p for p in again)
+    assert ctx.fault_payload("train_step", "train") == {}  # not in faults.actions

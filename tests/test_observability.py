@@ -1,0 +1,109 @@
+"""Observability without a Prefect server: TensorBoard scalars, progress helpers, the run report.
+
+The Prefect side (table, markdown and progress artifacts of a real run, read back from the API)
+is tested in test_prefect_deployment.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+
+from actions.common.config import load_config
+from flows.artifacts import _percent, start_progress, update_progress
+from flows.report import length_histogram, write_report
+from flows.tensorboard import ScalarBoard, read_scalars
+
+needs_tensorboardx = pytest.mark.skipif(importlib.util.find_spec("tensorboardX") is None,
+                                        reason="tensorboardX not installed: pip install 'rlhfless[tensorboard]'")
+
+STEP_METRICS = {"reward/mean": 0.25, "response_length/mean": 7.5, "timing_s/generate": 0.3, "cost/usd": 1e-4,
+                "actors/n": 2.0, "kl": 0.01, "loss/policy": -0.2, "entropy": float("nan"), "step": 0.0,
+                "plan": {"num_actors": 2}}
+
+
+def _board(tmp_path, enabled: bool = True) -> ScalarBoard:
+    cfg = load_config(None, [f"observability.tensorboard={str(enabled).lower()}",
+                             f"observability.tensorboard_dir={tmp_path / 'tb'}"])
+    return ScalarBoard.open(cfg, "run")
+
+
+@needs_tensorboardx
+def test_board_writes_architecture_metric_names_per_step(tmp_path):
+    board = _board(tmp_path)
+    evals = [{"step": 0, "accuracy": 0.3}]
+    board.add_step(1, STEP_METRICS, evals)
+    evals.append({"step": 2, "accuracy": 0.6})
+    board.add_step(2, {**STEP_METRICS, "reward/mean": 0.5}, evals)
+    board.close()
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    scalars = read_scalars(tmp_path / "tb")
+    assert scalars["reward/mean"] == [(1, 0.25), (2, 0.5)]
+    for name in ("response_length/mean", "timing_s/generate", "cost/usd", "actors/n", "kl", "loss/policy"):
+        assert [s for s, _ in scalars[name]] == [1, 2], name
+    # each evaluation once, at the step it was measured (0 = before RL)
+    assert [(s, round(v, 3)) for s, v in scalars["eval/accuracy"]] == [(0, 0.3), (2, 0.6)]
+    # not scalars: the planner record, the step index, a NaN
+    assert not {"plan", "step", "entropy"} & scalars.keys()
+
+
+def test_disabled_board_writes_nothing(tmp_path):
+    board = _board(tmp_path, enabled=False)
+    board.add_step(1, STEP_METRICS, [])
+    board.close()
+    assert not board.enabled and not (tmp_path / "tb").exists()
+
+
+@needs_tensorboardx
+def test_torn_event_file_is_reported(tmp_path):
+    board = _board(tmp_path)
+    board.add_step(1, STEP_METRICS, [])
+    board.close()
+    path = next((tmp_path / "tb").glob("events.out.tfevents.*"))
+    data = bytearray(path.read_bytes())
+    data[-6] ^= 0xFF  # inside the last record's payload
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="corrupt record"):
+        read_scalars(tmp_path / "tb")
+
+
+def test_missing_tensorboardx_is_a_config_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)  # import fails as if not installed
+    with pytest.raises(ValueError, match=r"observability.tensorboard=true needs the tensorboardX package"):
+        _board(tmp_path)
+
+
+def test_observability_does_not_change_the_run_identity():
+    plain = load_config(None, [])
+    watched = load_config(None, ["observability.tensorboard=true", "invoker.gpu_concurrency_limit=gpu-actions"])
+    assert plain.fingerprint() == watched.fingerprint() and plain.resolved_run_id() == watched.resolved_run_id()
+
+
+def test_progress_outside_a_flow_run_is_a_no_op():
+    assert start_progress("run", 0, 4) is None
+    update_progress(None, "run", 1, 4)  # nothing to update, no API needed
+    # percent of committed steps; a resumed run past its target shows 100, zero steps is done
+    assert [_percent(d, 4) for d in (0, 1, 4, 6)] == [0.0, 25.0, 100.0, 100.0] and _percent(0, 0) == 100.0
+
+
+def test_report_has_plots_and_a_length_histogram(tmp_path):
+    steps = [{"step": float(i), "reward/mean": 0.1 * i, "response_length/mean": 5.0 + i, "response_length/max": 9.0,
+              "actors/n": 2.0, "actors/migrated": 1.0, "cost/billed_gpu_seconds": 1.5, "cost/gpu_seconds": 1.0,
+              "timing_s/step": 0.5} for i in range(3)]
+    # prompt -> [[epoch, longest response of the group]]: the latest epoch counts
+    history = {"observations": {"0": [[0, 3.0], [1, 4.0]], "1": [[0, 4.0]], "2": [[0, 12.0]]}}
+    summary = {"run_id": "r", "steps": steps, "evals": [{"step": 0, "accuracy": 0.3}, {"step": 3, "accuracy": 0.5}],
+               "steps_completed": 3, "eval_accuracy_first": 0.3, "eval_accuracy_last": 0.5, "billed_gpu_seconds": 4.5,
+               "useful_gpu_seconds": 3.0, "usd": 0.002, "wall_seconds": 9.0, "policy_version": 3,
+               "weights_sha256": "ab", "stopped_reason": None, "length_history": history}
+    assert length_histogram(summary) == ([4, 12], [2, 1])
+    files = write_report(summary, tmp_path)
+    names = {p.name for p in files}
+    assert {"report.md", "reward.png", "response_length.png", "response_length_hist.png", "fanout.png",
+            "cost.png"} <= names
+    assert all(p.stat().st_size > 1000 for p in files if p.suffix == ".png")
+    report = (tmp_path / "report.md").read_text()
+    assert "| 3 | 0.200 |" in report and "![response_length_hist](response_length_hist.png)" in report
+    assert length_histogram({}) == ([], [])  # summaries written before the histogram existed

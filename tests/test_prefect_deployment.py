@@ -1,0 +1,307 @@
+"""prefect.yaml against a real local Prefect server: deploy, run on a process worker, read back.
+
+One server (``prefect server start`` on a free loopback port, SQLite in a temporary
+PREFECT_HOME) serves the module. The tests run the operator's commands as subprocesses with
+no stdin and CI=true: ``prefect work-pool create``, ``prefect deploy --all`` from the repo root,
+``prefect worker start --run-once``; then they read the deployment, flow runs, artifacts,
+concurrency limits and events back from the server API. About 60 s on 2 cores (server start
+~10 s, the tiny campaign ~25 s on the worker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from actions.common.config import load_config
+
+try:
+    from conftest import TINY_OVERRIDES
+except ImportError:  # tests/ imported as a package
+    from tests.conftest import TINY_OVERRIDES
+
+pytestmark = pytest.mark.prefect_server
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOYMENT = "rlhf-campaign/nightly-campaign"
+POOL = "rlhfless-process"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalPrefectServer:
+    """``prefect server start`` in its own session (so teardown ends the uvicorn child too)."""
+
+    def __init__(self, home: Path) -> None:
+        self.home, self.port = home, _free_port()
+        self.url = f"http://127.0.0.1:{self.port}/api"
+        self.proc: subprocess.Popen | None = None
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+        env.update(PREFECT_HOME=str(self.home), PREFECT_API_URL=self.url, PREFECT_SERVER_ANALYTICS_ENABLED="false",
+                   CI="true", HF_HUB_OFFLINE="1", PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW="ignore")
+        return env
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        env = self.env()
+        del env["PREFECT_API_URL"]
+        log = open(self.home / "server.log", "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                      "--port", str(self.port)], stdin=subprocess.DEVNULL, stdout=log,
+                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"Prefect server not healthy after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # the group this fixture started
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def log_tail(self, n: int = 4000) -> str:
+        return (self.home / "server.log").read_text(errors="replace")[-n:]
+
+    def prefect(self, *args: str, cwd: Path = REPO, timeout_s: float = 120.0) -> subprocess.CompletedProcess:
+        """Run a ``prefect`` CLI command (from the repo root), no stdin; fails the test on error."""
+        out = subprocess.run([sys.executable, "-m", "prefect", *args], cwd=cwd, env=self.env(),
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s)
+        assert out.returncode == 0, \
+            f"prefect {' '.join(args)} -> {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        return out
+
+    @contextmanager
+    def client(self) -> Iterator[Any]:
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings(updates={PREFECT_API_URL: self.url}):
+            with get_client(sync_client=True) as client:
+                yield client
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPrefectServer]:
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    srv = LocalPrefectServer(tmp_path_factory.mktemp("prefect-home"))
+    srv.start()
+    yield srv
+    # Flush what this process still sends to the server (events, run logs) while it is up, as
+    # prefect_test_harness does, so nothing retries against a stopped server at exit.
+    EventsWorker.drain_all(timeout=10)
+    APILogWorker.drain_all(timeout=10)
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def deployed(server: LocalPrefectServer) -> LocalPrefectServer:
+    """The work pool exists and ``prefect deploy --all`` registered prefect.yaml's deployments."""
+    server.prefect("work-pool", "create", POOL, "--type", "process")
+    out = server.prefect("--no-prompt", "deploy", "--all")
+    assert DEPLOYMENT in out.stdout, out.stdout[-2000:]
+    return server
+
+
+def _tiny(tmp_path: Path, *extra: str) -> dict[str, Any]:
+    cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={tmp_path / 'store'}", "invoker.num_workers=2", *extra])
+    return cfg.model_dump(mode="json")
+
+
+def _run_worker(server: LocalPrefectServer, timeout_s: float = 300.0) -> str:
+    """One polling round of a process worker; returns when the runs it picked up have ended."""
+    log = server.home / "worker.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.run([sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--run-once"],
+                              cwd=server.home, env=server.env(), stdin=subprocess.DEVNULL, stdout=fh,
+                              stderr=subprocess.STDOUT, timeout=timeout_s)
+    text = log.read_text(errors="replace")
+    assert proc.returncode == 0, text[-4000:]
+    return text
+
+
+def test_deploy_registers_pool_schedule_pull_step_and_concurrency_limit(deployed: LocalPrefectServer):
+    with deployed.client() as client:
+        dep = client.read_deployment_by_name(DEPLOYMENT)
+    assert dep.work_pool_name == POOL and dep.entrypoint == "flows/campaign.py:rlhf_campaign"
+    assert [(s.schedule.cron, s.schedule.timezone) for s in dep.schedules] == [("0 2 * * *", "UTC")]
+    # Runs of the deployment never overlap: a deployment-level limit of 1, new runs cancelled.
+    assert dep.global_concurrency_limit is not None and dep.global_concurrency_limit.limit == 1
+    assert dep.concurrency_options.collision_strategy.value == "CANCEL_NEW"
+    # The pull step points at the checkout `prefect deploy` ran in, not at a git remote.
+    assert dep.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}]
+    # The parameter schema is CampaignConfig's: the server validates runs against it.
+    assert dep.enforce_parameter_schema
+    assert "CampaignConfig" in dep.parameter_openapi_schema["definitions"]
+
+
+def test_bad_parameter_is_rejected_naming_the_field(deployed: LocalPrefectServer, tmp_path: Path):
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    from flows.campaign import rlhf_campaign
+
+    cfg = _tiny(tmp_path, "run_id=bad")
+    with deployed.client() as client:
+        dep = client.read_deployment_by_name(DEPLOYMENT)
+        # Field bounds are in the JSON schema: the server refuses to create the run.
+        zero = {**cfg, "algorithm": {**cfg["algorithm"], "batch_size": 0}}
+        with pytest.raises(PrefectHTTPStatusError, match=r"config\.algorithm\.batch_size"):
+            client.create_flow_run_from_deployment(dep.id, parameters={"config": zero})
+    # Cross-field rules run in pydantic when the flow starts: the run fails naming the field.
+    odd = {**cfg, "algorithm": {**cfg["algorithm"], "batch_size": 18}}
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: deployed.url}):
+        state = rlhf_campaign(config=odd, return_state=True)
+    assert state.is_failed()
+    assert "config.algorithm" in state.message and "group_size=4 does not divide" in state.message
+    assert not (tmp_path / "store").exists()  # rejected before anything was written
+
+
+def test_deployment_run_on_worker_publishes_artifacts_and_holds_gpu_slots(deployed: LocalPrefectServer,
+                                                                          tmp_path: Path):
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    from flows.tensorboard import read_scalars
+
+    limit_name = "gpu-actions"
+    board = tmp_path / "tensorboard"
+    cfg = _tiny(tmp_path, "run_id=deployed-tiny", f"invoker.gpu_concurrency_limit={limit_name}",
+                "observability.tensorboard=true", f"observability.tensorboard_dir={board}")
+    deployed.prefect("gcl", "create", limit_name, "--limit", "2")  # the command docs/prefect.md gives
+    with deployed.client() as client:
+        limit_id = client.read_global_concurrency_limit_by_name(limit_name).id
+        dep = client.read_deployment_by_name(DEPLOYMENT)
+        run = client.create_flow_run_from_deployment(dep.id, parameters={"config": cfg, "resume": False})
+    worker_log = _run_worker(deployed)
+    with deployed.client() as client:
+        done = client.read_flow_run(run.id)
+        assert done.state.is_completed(), f"{done.state!r}\n{worker_log[-4000:]}"
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+        limit = client.read_global_concurrency_limit_by_name(limit_name)
+    latest = {a.key: a for a in sorted(artifacts, key=lambda a: a.created)}  # the last version of each key
+    rows = latest["deployed-tiny-metrics"].data
+    rows = rows if isinstance(rows, list) else json.loads(rows)
+    assert [r["step"] for r in rows] == [1, 2] and all(r["actors/n"] >= 1 for r in rows)
+    assert "# deployed-tiny: step 2" in latest["deployed-tiny-report"].data
+    assert latest["deployed-tiny-progress"].type == "progress" and float(latest["deployed-tiny-progress"].data) == 100
+    assert latest["deployed-tiny-plan"].type == "table"
+    # GPU slots: every GPU activation acquired a slot of the limit and released it.
+    assert limit.active_slots == 0
+    acquired = _concurrency_events(deployed, limit_id, "acquired", minimum=8)
+    released = _concurrency_events(deployed, limit_id, "released", minimum=len(acquired))
+    assert len(acquired) == len(released) >= 8  # warmup, 2 evals, 2 prefills, >=2 generate, >=2 score, 2 trains
+    # TensorBoard scalars under the ARCHITECTURE.md names, one point per step.
+    scalars = read_scalars(board)
+    for name in ("reward/mean", "response_length/mean", "timing_s/generate", "cost/billed_gpu_seconds", "actors/n",
+                 "kl", "loss/policy"):
+        assert [s for s, _ in scalars[name]] == [1, 2], name
+    assert [s for s, _ in scalars["eval/accuracy"]] == [0, 2]
+
+
+def _concurrency_events(server: LocalPrefectServer, limit_id: Any, phase: str, minimum: int) -> list[dict]:
+    """Events the flow run emitted for the limit (they reach the server asynchronously)."""
+    body = {"filter": {"event": {"name": [f"prefect.concurrency-limit.{phase}"]},
+                       "resource": {"id": [f"prefect.concurrency-limit.{limit_id}"]}}, "limit": 50}
+    deadline, events = time.time() + 30, []
+    while time.time() < deadline:
+        events = httpx.post(f"{server.url}/events/filter", json=body, timeout=10).raise_for_status().json()["events"]
+        if len(events) >= minimum:
+            break
+        time.sleep(1)
+    return events
+
+
+def test_gpu_slots_held_only_by_gpu_actions_and_missing_limit_never_blocks(deployed: LocalPrefectServer,
+                                                                            tmp_path: Path):
+    """invoke_action against the server with a fake invoker that looks at the limit mid-call."""
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+
+    from actions.common.storage import LocalStore
+    from flows.context import RunContext, set_context
+    from flows.invokers.base import Activation
+    from flows.tasks import invoke_action
+
+    seen: list[tuple[str, int]] = []
+
+    class PeekingInvoker:
+        def __init__(self, limit_name: str) -> None:
+            self.limit_name = limit_name
+
+        def invoke(self, action: str, payload: dict, *, timeout_s: float | None = None) -> Activation:
+            with deployed.client() as client:
+                names = {c.name: c.active_slots for c in client.read_global_concurrency_limits(limit=100)}
+            seen.append((action, names.get(self.limit_name, -1)))
+            now = time.time()
+            return Activation(action=action, activation_id="a", result={}, submitted_at=now, started_at=now,
+                              ended_at=now, busy_s=0.0)
+
+        def close(self) -> None:
+            pass
+
+    with deployed.client() as client:
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name="gpu-unit", limit=4))
+    for name in ("gpu-unit", "no-such-limit"):
+        cfg = load_config(None, [f"invoker.gpu_concurrency_limit={name}", "scaling.gpus_per_actor=2"])
+        set_context(RunContext(config=cfg, store=LocalStore(tmp_path / "s"), invoker=PeekingInvoker(name),
+                               run_id="unit"))
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        try:
+            with temporary_settings(updates={PREFECT_API_URL: deployed.url}):
+                for action in ("generate", "noop"):
+                    assert invoke_action.fn(action=action, payload={}, shard="s")["result"] == {}
+        finally:
+            set_context(None)
+    # generate held gpus_per_actor = 2 slots while it ran; noop (CPU) held none; an unknown
+    # limit name is skipped (strict=False) instead of blocking.
+    assert seen == [("generate", 2), ("noop", 0), ("generate", -1), ("noop", -1)]
+    with deployed.client() as client:
+        assert client.read_global_concurrency_limit_by_name("gpu-unit").active_slots == 0
+
+
+def test_deploy_from_a_checkout_elsewhere_points_the_worker_there(deployed: LocalPrefectServer, tmp_path: Path):
+    """prefect.yaml holds no path: a clone at any path deploys with its own directory."""
+    clone = tmp_path / "elsewhere" / "rlhfless"
+    shutil.copytree(REPO / "flows", clone / "flows", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "prefect.yaml", clone / "prefect.yaml")
+    try:
+        deployed.prefect("--no-prompt", "deploy", "--all", cwd=clone)
+        with deployed.client() as client:
+            dep = client.read_deployment_by_name(DEPLOYMENT)
+        pull = {"prefect.deployments.steps.set_working_directory": {"directory": str(clone.resolve())}}
+        assert dep.pull_steps == [pull]
+    finally:
+        deployed.prefect("--no-prompt", "deploy", "--all")  # back to this checkout for other tests
