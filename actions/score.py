@@ -44,14 +44,14 @@ def run_score(req: ScoreRequest) -> ScoreResult:
     raw = task.reward(texts, answer=[dataset[s["prompt_id"]].answer for s in samples])
     # Unscorable output (None) is data, not an error: it earns no reward (STYLE P8).
     rewards = torch.tensor([0.0 if r is None else float(r) for r in raw])
-    packed = pack(prompts, responses, tokenizer.pad_token_id)
+    packed = pack(prompts, responses, tokenizer.pad_token_id).to(next(policy.parameters()).device)
     old_logp = response_logprobs(policy, packed)
     ref_logp = response_logprobs(ref_model, packed)
-    tensors = {"old_logp": old_logp, "ref_logp": ref_logp, "rewards": rewards}
+    tensors = {"old_logp": old_logp.cpu(), "ref_logp": ref_logp.cpu(), "rewards": rewards}
     if req.algorithm.name == "ppo":
         if req.critic_key is None:
             raise ValueError("ScoreRequest.critic_key is required when algorithm.name is ppo")
-        tensors["values"] = load_critic(req.policy.store_uri, req.policy.base_key, req.critic_key)(packed)
+        tensors["values"] = load_critic(req.policy.store_uri, req.policy.base_key, req.critic_key)(packed).cpu()
     meta = {"samples": [{"prompt_id": s["prompt_id"], "sample_index": s["sample_index"], "prompt": list(p),
                          "response": r, "finish_reason": s["finish_reason"]}
                         for s, p, r in zip(samples, prompts, responses)]}

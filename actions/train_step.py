@@ -28,6 +28,7 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
     policy.train()
     algo = req.algorithm
     batch: TrainBatch = gather_batch(store, req.scored_keys, algo, policy.config.pad_token_id)
+    batch = batch.to(next(policy.parameters()).device)
     opt = make_optimizer(policy, algo.lr)
     if req.optimizer_key:
         load_optimizer_tensors(opt, load_tensors(store, req.optimizer_key)[0])

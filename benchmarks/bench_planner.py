@@ -1,9 +1,10 @@
 """Planning latency of the cost-aware planner (PAPER §4.7: scheduling overhead <= 30 ms).
 
 Sweeps N in [1, 64] for 512 prompts (4 samples each) with the roofline TPOT profile of
-Qwen2.5-7B on 2 x H100 and prints the median and max wall time over repeats against the
-project target of 10 ms. The first call on a fresh profile also builds the cached TPOT rows
-and is reported separately (it happens once per profile, i.e. once per campaign).
+Qwen2.5-7B on 2 x H100 and prints the median, p90 and max wall time over repeats against the
+project target of at most 10 ms per planning call. The first call on a new profile grid also
+builds the cached TPOT table (flows/planning/cost.py) and is reported separately (once per
+profile and process); the verdict counts it: every call, first included, within 10 ms.
 
     .venv/bin/python benchmarks/bench_planner.py [--repeats 30]
 """
@@ -15,6 +16,7 @@ import random
 import statistics
 import time
 
+from flows.planning import cost
 from flows.planning.plan import ClusterSpec
 from flows.planning.profile import GPUS, MODELS, roofline_profile
 from flows.planning.scaling import plan_generation
@@ -32,6 +34,7 @@ def workload(num_prompts: int, seed: int = 0) -> tuple[list[int], dict[int, floa
 
 
 def time_plans(assignment: str, repeats: int) -> tuple[float, list[float], int]:
+    cost._TABLES.clear()  # a cold first call for each assignment: the table is built again
     model = MODELS["qwen2.5-7b"]
     profile = roofline_profile(GPUS["h100"], model, 2)
     cluster = ClusterSpec(gpus_per_actor=2, max_actors=80, num_warm_actors=80,
@@ -54,14 +57,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args()
-    print(f"planner: 512 prompts x 4 samples, N in [1, 64], target <= {TARGET_MS:.0f} ms")
+    print(f"planner: 512 prompts x 4 samples, N in [1, 64], target <= {TARGET_MS:.0f} ms per call")
     for assignment in ("ranked", "round_robin"):
         first, times, chosen = time_plans(assignment, args.repeats)
         median = statistics.median(times)
-        verdict = "PASS" if median <= TARGET_MS else "FAIL"
-        print(f"  {assignment:<12} first call {first:7.2f} ms | median {median:6.2f} ms | "
-              f"max {max(times):6.2f} ms over {len(times)} | chosen N={chosen} | "
-              f"median {verdict}")
+        p90 = statistics.quantiles(times, n=10)[-1]
+        verdict = "PASS" if max(first, *times) <= TARGET_MS else "FAIL"
+        print(f"  {assignment:<12} first call {first:6.2f} ms | median {median:6.2f} ms | "
+              f"p90 {p90:6.2f} ms | max {max(times):6.2f} ms over {len(times)} | "
+              f"chosen N={chosen} | every call {verdict}")
 
 
 if __name__ == "__main__":

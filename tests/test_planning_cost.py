@@ -78,3 +78,52 @@ def test_actor_time_adds_prefill_and_cost_is_time_gpus_price():
     assert estimate_actor_time(lengths, 0, GRID, prefill_tokens=500) == pytest.approx(0.5 + decode)
     assert estimate_actor_time([], 0, GRID) == 0.0
     assert actor_cost(10.0, 2, 0.5) == 10.0
+
+
+def _profiles():
+    yield roofline_profile(GPUS["h100"], MODELS["qwen2.5-7b"], 2)
+    yield GRID  # extrapolates far beyond its 1..5 batch grid
+    yield TpotProfile((1, 3, 10), (0.0, 50.0, 400.0),
+                      ((1e-3, 1.2e-3, 2e-3), (1.1e-3, 1.5e-3, 2.6e-3), (2e-3, 2.2e-3, 4e-3)), 1e3)
+
+
+@pytest.mark.parametrize("group_size", [1, 4])
+def test_bucket_table_is_bucket_row_bit_for_bit(group_size):
+    for prof in _profiles():
+        table = DecodeEstimator(prof, group_size, max_groups=40, max_context=3000).table
+        assert table.shape[0] == 40
+        for j in range(40):
+            row = prof.bucket_row((j + 1) * group_size, 3001)
+            assert list(table[j][:len(row)]) == row[:table.shape[1]]
+            assert table[j][7] == prof.tpot((j + 1) * group_size, 7.5 * 16)
+
+
+def test_bucket_table_cache_is_keyed_by_grid_and_grows():
+    prof = roofline_profile(GPUS["a100"], MODELS["qwen2.5-3b"], 1)
+    small = DecodeEstimator(prof, 8, max_groups=4, max_context=100).table
+    copy = TpotProfile.from_dict(prof.to_dict())  # e.g. the live flow reloading its file
+    grown = DecodeEstimator(copy, 8, max_groups=10, max_context=2000).table
+    assert grown.shape[0] == 10 and grown.shape[1] >= 2001 // 16 + 2
+    assert (grown[:4, :small.shape[1]] == small).all()
+    # a smaller request is served from the grown table: no rebuild
+    assert DecodeEstimator(prof, 8, max_groups=3, max_context=50).table.base is grown.base
+
+
+def test_sweep_is_slice_timer_bit_for_bit():
+    rng = random.Random(3)
+    prof = roofline_profile(GPUS["h100"], MODELS["qwen2.5-7b"], 2)
+    for _ in range(20):
+        n = rng.randint(1, 60)
+        lengths = sorted((float(rng.choice([rng.randint(1, 40), rng.randint(1, 2000)]))
+                          for _ in range(n)), reverse=True)
+        est = DecodeEstimator(prof, rng.choice([1, 4, 8]), max_groups=n, max_context=3000)
+        timer = est.slice_timer(lengths)
+        slices = []
+        for _ in range(30):
+            start = rng.randrange(n)
+            end = rng.randint(start + 1, n)
+            slices.append((start, end, rng.uniform(0, 900)))
+        assert est.sweep(lengths, slices) == [timer(*s) for s in slices]
+    assert est.sweep(lengths, []) == []
+    with pytest.raises(ValueError, match="slices"):
+        DecodeEstimator(prof, 4, max_groups=2, max_context=100).sweep([3.0, 2.0, 1.0], [(0, 3, 0.0)])

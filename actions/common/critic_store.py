@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from actions.common import warm
+from actions.common.device import action_device, action_dtype
 from actions.common.loading import load_base, store_for
 from actions.common.modeling import instantiate
 from actions.common.weights import load_tensors
@@ -10,11 +11,14 @@ from actions.rl.critic import Critic, build_critic, split_tensors
 
 
 def load_critic(store_uri: str, base_key: str, critic_key: str, *, fresh: bool = False) -> Critic:
+    """The critic on ``RLHFLESS_DEVICE`` in ``RLHFLESS_DTYPE``, like the policy (loading.py)."""
+    device, dtype = action_device(), action_dtype()
+
     def build() -> Critic:
         tensors, _ = load_tensors(store_for(store_uri), critic_key)
         lm, _ = instantiate(load_base(store_uri, base_key), split_tensors(tensors))
-        return build_critic(lm, tensors)
+        return build_critic(lm, tensors).to(device=device, dtype=dtype)
 
     if fresh:
         return build()
-    return warm.get_or_build(("critic", store_uri, base_key, critic_key), build)[0]
+    return warm.get_or_build(("critic", store_uri, base_key, critic_key, str(device), str(dtype)), build)[0]

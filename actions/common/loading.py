@@ -13,6 +13,7 @@ import torch
 
 from actions.common import warm
 from actions.common.contracts import ModelRef
+from actions.common.device import action_device, action_dtype
 from actions.common.storage import ObjectStore, get_artifact, open_store
 from actions.common.weights import load_tensors
 from actions.common.modeling import instantiate
@@ -36,15 +37,20 @@ def load_base(store_uri: str, base_key: str) -> dict[str, bytes]:
 
 
 def load_model(ref: ModelRef, *, fresh: bool = False) -> tuple[torch.nn.Module, object, bool]:
-    """(model, tokenizer, warm_hit) for a policy version."""
+    """(model, tokenizer, warm_hit) for a policy version, on ``RLHFLESS_DEVICE`` in
+    ``RLHFLESS_DTYPE`` (default: fp32 on the CPU; see ``device.py``)."""
+    device, dtype = action_device(), action_dtype()
+
     def build():
         tensors, _ = load_tensors(store_for(ref.store_uri), ref.policy_key)
-        return instantiate(load_base(ref.store_uri, ref.base_key), tensors)
+        model, tokenizer = instantiate(load_base(ref.store_uri, ref.base_key), tensors)
+        return model.to(device=device, dtype=dtype), tokenizer
 
     if fresh:
         model, tokenizer = build()
         return model, tokenizer, False
-    (model, tokenizer), hit = warm.get_or_build(("model", ref.store_uri, ref.base_key, ref.policy_key), build)
+    key = ("model", ref.store_uri, ref.base_key, ref.policy_key, str(device), str(dtype))
+    (model, tokenizer), hit = warm.get_or_build(key, build)
     return model, tokenizer, hit
 
 

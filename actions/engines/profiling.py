@@ -1,8 +1,13 @@
 """Measuring the torch engine's time per output token (TPOT) on this machine.
 
 Runs the torch engine itself (forward, sampling, cache bookkeeping) on dummy prompts for a grid
-of batch sizes and context lengths and returns the grid the planner's ``TpotProfile`` takes. Prefill throughput is measured with
-one padded batch. Timings are medians over a few repeats (these machines are noisy).
+of batch sizes and context lengths and returns the grid the planner's ``TpotProfile`` takes.
+Every row of a dummy batch shares one random prompt, so the engine prefills it once and forks
+it (as it does for a GRPO group): the prefill stays cheap even at batch 256 x 2k tokens,
+while each decode step still reads every row's own KV. Prefill cancels out of the decode
+figure anyway (see ``decode_step_seconds``). Timings are medians over a few repeats (these
+machines are noisy); on CUDA every timed call ends with a device-to-host copy of the sampled
+tokens, so the host clock sees the finished work.
 """
 
 from __future__ import annotations
@@ -15,20 +20,36 @@ import torch
 from actions.engines.torch_engine import SampleSpec, TorchEngine
 
 
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @torch.no_grad()
 def decode_step_seconds(model: torch.nn.Module, batch: int, context: int, vocab: int, repeats: int = 3,
-                        steps: int = 8) -> float:
+                        steps: int | None = None) -> float:
     """Median wall time of one decode step of the torch engine (forward, sampling and cache
     bookkeeping) for ``batch`` rows at about ``context`` tokens: the difference between
-    generating ``2 + steps`` and 2 tokens, divided by ``steps``, so prefill cancels out."""
+    generating ``2 + steps`` and 2 tokens, divided by ``steps``, so prefill cancels out.
+    ``steps`` defaults to 8 on the CPU and 32 on CUDA, where a call's fixed cost (fork and
+    stack the prompt KV, launch jitter) is large next to one step and needs more steps to
+    average out."""
     engine = TorchEngine(model, eos_id=-1, pad_id=0)  # no token is EOS: every row runs on
     gen = torch.Generator().manual_seed(batch * 100_003 + context)
-    specs = [SampleSpec(i, 0, tuple(torch.randint(3, vocab, (context,), generator=gen).tolist()))
-             for i in range(batch)]
+    prompt = tuple(torch.randint(3, vocab, (context,), generator=gen).tolist())
+    specs = [SampleSpec(0, i, prompt) for i in range(batch)]  # one prompt, ``batch`` samples
+    device = _device(model)
+    steps = steps or (32 if device.type == "cuda" else 8)
 
     def run(new_tokens: int) -> float:
+        _sync(device)
         t0 = time.perf_counter()
         engine.generate(specs, seed=0, step=0, max_new_tokens=new_tokens, temperature=1.0)
+        _sync(device)
         return time.perf_counter() - t0
 
     run(2)  # warms up allocator and kernels
@@ -36,16 +57,28 @@ def decode_step_seconds(model: torch.nn.Module, batch: int, context: int, vocab:
 
 
 @torch.no_grad()
-def prefill_tokens_per_s(model: torch.nn.Module, vocab: int, batch: int = 16, length: int = 64) -> float:
-    ids = torch.randint(3, vocab, (batch, length))
-    model(input_ids=ids)
-    t0 = time.perf_counter()
-    model(input_ids=ids)
-    return batch * length / (time.perf_counter() - t0)
+def prefill_tokens_per_s(model: torch.nn.Module, vocab: int, batch: int = 16, length: int = 64,
+                         repeats: int = 3) -> float:
+    """Prompt tokens per second of one padded prefill forward of ``batch`` x ``length``."""
+    device = _device(model)
+    ids = torch.randint(3, vocab, (batch, length)).to(device)
+    model(input_ids=ids)  # warm-up
+
+    def run() -> float:
+        _sync(device)
+        t0 = time.perf_counter()
+        model(input_ids=ids)
+        _sync(device)
+        return time.perf_counter() - t0
+
+    return batch * length / statistics.median(run() for _ in range(repeats))
 
 
-def measure_grid(model: torch.nn.Module, vocab: int, batch_sizes: list[int], contexts: list[int]) -> dict:
+def measure_grid(model: torch.nn.Module, vocab: int, batch_sizes: list[int], contexts: list[int],
+                 *, prefill_shape: tuple[int, int] = (16, 64), name: str | None = None) -> dict:
     """The profile as a dict in ``TpotProfile.to_dict`` form (seconds per decode step)."""
     seconds = [[decode_step_seconds(model, b, c, vocab) for c in contexts] for b in batch_sizes]
+    param = next(model.parameters())
+    label = name or f"measured-torch-{param.device.type}-{str(param.dtype).removeprefix('torch.')}"
     return {"batch_sizes": batch_sizes, "contexts": [float(c) for c in contexts], "seconds": seconds,
-            "prefill_tokens_per_s": prefill_tokens_per_s(model, vocab), "name": "measured-torch-cpu"}
+            "prefill_tokens_per_s": prefill_tokens_per_s(model, vocab, *prefill_shape), "name": label}

@@ -66,7 +66,7 @@ def gumbel_noise(keys: torch.Tensor, positions: torch.Tensor, vocab_size: int) -
     Returns:
         [B, V] float32 noise.
     """
-    vocab = torch.arange(vocab_size, dtype=torch.int64)
+    vocab = torch.arange(vocab_size, dtype=torch.int64, device=keys.device)
     row = _fmix64(keys ^ (positions * _GOLDEN))  # [B]
     x = _fmix64(row[:, None] ^ (vocab[None, :] + 1) * _M2)  # [B, V]
     # Top 53 bits -> a double in [0, 1); the half-ulp offset keeps U strictly inside (0, 1).

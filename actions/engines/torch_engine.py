@@ -14,6 +14,11 @@ What it does, and why:
   the others as partial samples (tokens so far); continuing one later re-prefills
   prompt + tokens so far, and its random stream resumes at the same position (sampling.py).
 
+* **Any device.** Work happens on the model's device (``next(model.parameters()).device``):
+  token ids and masks are built on the host and moved once per forward, and each decode step
+  reads its sampled tokens back in one transfer. KV states from a bundle (host tensors) are
+  moved to the device when they are first used.
+
 Shapes: KV per layer ``[rows, kv_heads, positions, head_dim]``; masks ``[rows, positions]``.
 """
 
@@ -44,12 +49,13 @@ class PrefixState:
 
 
 class TorchEngine:
-    """Batched sampling over a loaded model (fp32 on CPU by default)."""
+    """Batched sampling over a loaded model, on the model's device (fp32 on CPU by default)."""
 
     def __init__(self, model: torch.nn.Module, *, eos_id: int, pad_id: int) -> None:
         self.model = model
         self.eos_id = eos_id
         self.pad_id = pad_id
+        self.device = next(model.parameters()).device
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()
@@ -79,6 +85,7 @@ class TorchEngine:
         if any(len(s) == 0 for s in suffixes):
             # Whole sequence already cached: nothing to compute.
             assert base is not None and all(len(s) == 0 for s in suffixes), "mixed empty suffixes"
+            base = self._on_device(base)
             return [base for _ in full], 0
         rows = len(full)
         width = max(len(s) for s in suffixes)
@@ -91,18 +98,28 @@ class TorchEngine:
         pos = (mask.cumsum(-1) - 1).clamp(min=0) + start
         cache = None
         if base is not None:
+            base = self._on_device(base)
             cache = DynamicCache(ddp_cache_data=[(k.unsqueeze(0).expand(rows, -1, -1, -1).contiguous(),
                                                   v.unsqueeze(0).expand(rows, -1, -1, -1).contiguous())
                                                  for k, v in base.kv])
             mask = torch.cat([torch.ones((rows, start), dtype=torch.long), mask], dim=1)
-        res = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+        dev = self.device
+        res = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
+                         past_key_values=cache, use_cache=True)
         layers = res.past_key_values.layers
         states = []
         for r, (seq, s) in enumerate(zip(full, suffixes)):
-            keep = torch.cat([torch.arange(start), torch.arange(start + width - len(s), start + width)])
+            keep = torch.cat([torch.arange(start), torch.arange(start + width - len(s), start + width)]).to(dev)
             kv = [(layer.keys[r][:, keep].clone(), layer.values[r][:, keep].clone()) for layer in layers]
             states.append(PrefixState(tuple(seq), kv, res.logits[r, -1].clone()))
         return states, sum(len(s) for s in suffixes)
+
+    def _on_device(self, state: PrefixState) -> PrefixState:
+        """The state with its tensors on this engine's device (a bundle is loaded on the host)."""
+        if state.last_logits.device == self.device:
+            return state
+        kv = [(k.to(self.device), v.to(self.device)) for k, v in state.kv]
+        return PrefixState(state.tokens, kv, state.last_logits.to(self.device))
 
     # ------------------------------------------------------------------ decode
     @torch.no_grad()
@@ -144,21 +161,21 @@ class TorchEngine:
         cut_after: int | None,
         stats: EngineStats,
     ) -> list[SampleOut]:
-        n = len(samples)
+        n, dev = len(samples), self.device
         cache, mask = _stack_states(states)
-        keys = torch.tensor([stream_key(seed, step, s.prompt_id, s.sample_index) for s in samples])
+        keys = torch.tensor([stream_key(seed, step, s.prompt_id, s.sample_index) for s in samples], device=dev)
         gen: list[list[int]] = [list(s.generated) for s in samples]
-        positions = torch.tensor([len(g) for g in gen], dtype=torch.long)  # random-stream position
-        next_pos = torch.tensor([st.length for st in states], dtype=torch.long)  # model position
+        positions = torch.tensor([len(g) for g in gen], dtype=torch.long, device=dev)  # random-stream position
+        next_pos = torch.tensor([st.length for st in states], dtype=torch.long, device=dev)  # model position
         logits = torch.stack([st.last_logits for st in states])
-        active = torch.arange(n)
+        active = torch.arange(n, device=dev)
+        rows = list(range(n))  # host copy of ``active``
         reasons: list[str | None] = [None] * n
         num_done = 0
         while True:
             tok = sample_next(logits, keys[active], positions[active], temperature)
             keep = []
-            for j, row in enumerate(active.tolist()):
-                t = int(tok[j])
+            for j, (row, t) in enumerate(zip(rows, tok.tolist())):  # one device->host copy per step
                 if t == self.eos_id:
                     reasons[row] = "stop"
                 else:
@@ -171,19 +188,20 @@ class TorchEngine:
                     num_done += 1
             if not keep or (cut_after is not None and num_done >= cut_after):
                 break
-            keep_t = torch.tensor(keep)
-            if len(keep) < len(active):
+            if len(keep) < len(rows):
+                keep_t = torch.tensor(keep, device=dev)
                 cache.batch_select_indices(keep_t)
                 mask = mask[keep_t]
-            active, tok = active[keep_t], tok[keep_t]
+                active, tok = active[keep_t], tok[keep_t]
+                rows = [rows[j] for j in keep]
             positions[active] += 1
-            mask = torch.cat([mask, torch.ones((len(active), 1), dtype=torch.long)], dim=1)
+            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long, device=dev)], dim=1)
             res = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[active][:, None],
                              past_key_values=cache, use_cache=True)
             next_pos[active] += 1
             logits = res.logits[:, -1]
             stats.decode_steps += 1
-            stats.decode_token_slots += len(active)
+            stats.decode_token_slots += len(rows)
         return [SampleOut(s.prompt_id, s.sample_index, gen[i], reasons[i] or "cut") for i, s in enumerate(samples)]
 
 
@@ -211,4 +229,4 @@ def _stack_states(states: list[PrefixState]) -> tuple[DynamicCache, torch.Tensor
     mask = torch.zeros((len(states), width), dtype=torch.long)
     for r, st in enumerate(states):
         mask[r, width - st.length:] = 1
-    return DynamicCache(ddp_cache_data=layers), mask
+    return DynamicCache(ddp_cache_data=layers), mask.to(layers[0][0].device)

@@ -26,6 +26,12 @@ class TrainBatch:
     values: torch.Tensor | None  # [B, T] (PPO)
     finish_reasons: list[str]
 
+    def to(self, device: torch.device) -> TrainBatch:
+        """Every tensor on ``device`` (the policy's), for the update loop."""
+        values = None if self.values is None else self.values.to(device)
+        return TrainBatch(self.packed.to(device), self.old_logp.to(device), self.ref_logp.to(device),
+                          self.rewards.to(device), values, self.finish_reasons)
+
 
 def _pad_to(x: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, width - x.shape[1]))

@@ -26,6 +26,11 @@ class PackedBatch:
     def response_width(self) -> int:
         return self.response_mask.shape[1]
 
+    def to(self, device: torch.device) -> PackedBatch:
+        """The batch on ``device`` (packing happens on the host; models may live elsewhere)."""
+        return PackedBatch(self.input_ids.to(device), self.attention_mask.to(device), self.position_ids.to(device),
+                           self.response_mask.to(device), self.prompt_width)
+
     def select(self, idx: torch.Tensor) -> PackedBatch:
         return PackedBatch(self.input_ids[idx], self.attention_mask[idx], self.position_ids[idx],
                            self.response_mask[idx], self.prompt_width)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from flows.planning.assignment import (assign_contiguous, assign_ranked, assign_round_robin,
                                        rank_prompts, split_sizes)
@@ -49,17 +49,26 @@ def _sorted_lengths(pids: Sequence[int], predicted: Mapping[int, float]) -> list
     return sorted((float(predicted[p]) for p in pids), reverse=True)
 
 
-def _loads(n: int, ranking: "_Ranking", env: _Env) -> tuple[list[float], list[float]]:
-    """Decode seconds and prompt tokens per actor for ranked slices (the fast path)."""
-    decode, tokens, start = [], [], 0
-    sums, timer = ranking.token_sums, ranking.timer
-    for size in split_sizes(len(ranking.order), n):
-        end = start + size
-        tok = sums[end] - sums[start]
-        decode.append(timer(start, end, tok / size))
-        tokens.append(tok)
-        start = end
-    return decode, tokens
+def _ranked_loads(ns: range, ranking: "_Ranking",
+                  env: _Env) -> list[tuple[list[float], list[float]]]:
+    """Decode seconds and prompt tokens per actor for ranked slices, for every N in ``ns``
+    (the fast path: the decode times of all candidates' slices in one vectorised call)."""
+    slices, tokens = [], []
+    sums = ranking.token_sums
+    for n in ns:
+        start = 0
+        for size in split_sizes(len(ranking.order), n):
+            end = start + size
+            tok = sums[end] - sums[start]
+            slices.append((start, end, tok / size))
+            tokens.append(tok)
+            start = end
+    decode = env.decode.sweep(ranking.lengths, slices)
+    out, i = [], 0
+    for n in ns:
+        out.append((decode[i:i + n], tokens[i:i + n]))
+        i += n
+    return out
 
 
 def _group_loads(groups: Sequence[Sequence[int]], predicted: Mapping[int, float],
@@ -134,26 +143,25 @@ def _env(prompt_ids: Sequence[int], predicted: Mapping[int, float],
 class _Ranking:
     order: list[int]
     token_sums: list[float]  # prefix sums of prompt tokens along the ranking
-    timer: Callable[[int, int, float], float]
+    lengths: list[float]  # predicted length along the ranking (non-increasing)
 
 
 def _ranking(prompt_ids: Sequence[int], predicted: Mapping[int, float],
-             prompt_lengths: Mapping[int, int], env: _Env) -> _Ranking:
+             prompt_lengths: Mapping[int, int]) -> _Ranking:
     order = rank_prompts(prompt_ids, predicted)
     sums = [0.0]
     for pid in order:
         sums.append(sums[-1] + prompt_lengths[pid])
-    timer = env.decode.slice_timer([float(predicted[p]) for p in order])
-    return _Ranking(order, sums, timer)
+    return _Ranking(order, sums, [float(predicted[p]) for p in order])
 
 
-def _candidate_loads(n: int, prompt_ids: Sequence[int], ranking: _Ranking, assignment: str,
+def _candidate_loads(ns: range, prompt_ids: Sequence[int], ranking: _Ranking, assignment: str,
                      predicted: Mapping[int, float], prompt_lengths: Mapping[int, int],
-                     env: _Env) -> tuple[list[float], list[float]]:
+                     env: _Env) -> list[tuple[list[float], list[float]]]:
     if assignment == "ranked":
-        return _loads(n, ranking, env)
-    return _group_loads(_groups(n, prompt_ids, predicted, assignment), predicted,
-                        prompt_lengths, env)
+        return _ranked_loads(ns, ranking, env)
+    return [_group_loads(_groups(n, prompt_ids, predicted, assignment), predicted,
+                         prompt_lengths, env) for n in ns]
 
 
 def _groups(n: int, prompt_ids: Sequence[int], predicted: Mapping[int, float],
@@ -240,16 +248,17 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
     max_groups = -(-len(prompt_ids) // n_lo)  # the largest actor of the smallest N
     env = _env(prompt_ids, predicted, prompt_lengths, group_size, profile, cluster,
                prefill_tokens, max_groups)
-    ranking = _ranking(prompt_ids, predicted, prompt_lengths, env)
-    rows = []
-    for n in range(n_lo, n_hi + 1):
-        loads = _candidate_loads(n, prompt_ids, ranking, assignment, predicted, prompt_lengths,
-                                 env)
-        rows.append((n, *evaluate_candidate(*loads, cluster, env.prefill_s)))
+    ranking = _ranking(prompt_ids, predicted, prompt_lengths)
+    ns = range(n_lo, n_hi + 1)
+    rows = [(n, *evaluate_candidate(*loads, cluster, env.prefill_s)) for n, loads in zip(
+        ns, _candidate_loads(ns, prompt_ids, ranking, assignment, predicted, prompt_lengths, env))]
     cands, best = _score(rows, lam, cluster.price_per_gpu_second)
     if best is None:
         best = n_lo
         note += "no feasible actor count: using the smallest; transfers will not be hidden."
     chosen = cands[best - n_lo]
-    return GenerationPlan(policy, best, _groups(best, prompt_ids, predicted, assignment),
-                          chosen.time_s, chosen.gpu_seconds, tuple(cands), note=note.strip())
+    # ranked: slices of the ranking already made (assign_ranked would sort again)
+    groups = (assign_contiguous(ranking.order, best) if assignment == "ranked"
+              else _groups(best, prompt_ids, predicted, assignment))
+    return GenerationPlan(policy, best, groups, chosen.time_s, chosen.gpu_seconds, tuple(cands),
+                          note=note.strip())

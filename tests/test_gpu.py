@@ -1,0 +1,147 @@
+"""The torch engine and the actions on a CUDA device (marker ``gpu``; skipped without CUDA).
+
+The same contract as on the CPU: cached decoding equals plain uncached forwards, and dedup,
+cut-and-continue and splitting a batch across calls change the cost, never the tokens. The
+CPU and the GPU compute the same logits up to float round-off; the actions run end to end
+with ``RLHFLESS_DEVICE=cuda`` and publish host tensors. Run with ``make test-gpu``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+import torch
+
+from actions.common.loading import encode
+from actions.common.modeling import build_tiny_model
+from actions.engines.base import SampleSpec
+from actions.engines.torch_engine import TorchEngine
+from actions.tasks.repeat import make_rows
+from reference_sampler import uncached_sample
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+SEED, STEP, NEW = 11, 3, 12
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tok = build_tiny_model(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
+                                  max_positions=256, seed=0)
+    rows = make_rows(4, max_count=6, seed=1)
+    specs = [SampleSpec(r.prompt_id, i, encode(tok, r.prompt)) for r in rows for i in range(4)]
+    return model.eval(), tok, specs
+
+
+def _by_id(outs):
+    return {(o.prompt_id, o.sample_index): (o.tokens, o.finish_reason) for o in outs}
+
+
+def _engine(model, tok):
+    return TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+
+
+def test_cuda_engine_matches_uncached_reference(tiny):
+    model, tok, specs = tiny
+    gpu = model.to("cuda")
+    outs, _ = _engine(gpu, tok).generate(specs, seed=SEED, step=STEP, max_new_tokens=NEW, temperature=1.0)
+    for o, s in zip(outs, specs):
+        assert o.tokens == uncached_sample(gpu, s, tok.eos_token_id, NEW, seed=SEED, step=STEP), s
+    model.to("cpu")
+
+
+def test_cuda_dedup_split_and_cut_reproduce_the_plain_run(tiny):
+    model, tok, specs = tiny
+    engine = _engine(model.to("cuda"), tok)
+    kw = {"seed": SEED, "step": STEP, "max_new_tokens": NEW, "temperature": 1.0}
+    plain = _by_id(engine.generate(specs, dedup=False, **kw)[0])
+    deduped, stats = engine.generate(specs, dedup=True, **kw)
+    assert _by_id(deduped) == plain
+    assert stats.prefill_tokens * 4 == sum(len(s.prompt_tokens) for s in specs)  # n = 4 share a prompt
+    split = {}
+    for part in (specs[:5], specs[5:11], specs[11:]):  # uneven fan-out
+        split.update(_by_id(engine.generate(part, **kw)[0]))
+    assert split == plain
+    # Cut right after the earliest finishing step (a stop at decode step len(tokens), a length
+    # stop at NEW - 1), so the samples still running then are cut and continued.
+    ends = [len(t) if r == "stop" else NEW - 1 for t, r in plain.values()]
+    first_done = sum(e == min(ends) for e in ends)
+    assert first_done < len(specs), "every sample ends in the same step; nothing to cut"
+    first, _ = engine.generate(specs, cut_after=first_done, **kw)
+    cut = [o for o in first if o.finish_reason == "cut"]
+    assert len(cut) == len(specs) - first_done
+    resumed = [SampleSpec(o.prompt_id, o.sample_index, s.prompt_tokens, tuple(o.tokens))
+               for o, s in zip(first, specs) if o.finish_reason == "cut"]
+    rest, _ = engine.generate(resumed, **kw)
+    merged = {**_by_id(o for o in first if o.finish_reason != "cut"), **_by_id(rest)}
+    assert merged == plain
+    model.to("cpu")
+
+
+def test_cuda_and_cpu_compute_the_same_logits(tiny):
+    model, tok, specs = tiny
+    states_cpu, _ = _engine(model.to("cpu"), tok).prefill([s.prompt_tokens for s in specs[::4]])
+    states_gpu, _ = _engine(model.to("cuda"), tok).prefill([s.prompt_tokens for s in specs[::4]])
+    for a, b in zip(states_cpu, states_gpu):
+        torch.testing.assert_close(b.last_logits.cpu(), a.last_logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(b.kv[0][0].cpu(), a.kv[0][0], atol=1e-4, rtol=1e-4)
+    model.to("cpu")
+
+
+def test_bf16_engine_generates_on_cuda(tiny):
+    model, tok, specs = tiny
+    half = build_tiny_model(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
+                            max_positions=256, seed=0)[0].to("cuda", torch.bfloat16).eval()
+    outs, _ = _engine(half, tok).generate(specs, seed=SEED, step=STEP, max_new_tokens=NEW, temperature=1.0)
+    assert [(o.prompt_id, o.sample_index) for o in outs] == [(s.prompt_id, s.sample_index) for s in specs]
+    assert all(len(o.tokens) <= NEW and o.finish_reason in ("stop", "length") for o in outs)
+
+
+def _call(name, payload):
+    result = importlib.import_module(f"actions.{name}").main(json.loads(json.dumps(payload)))
+    assert "error" not in result, result
+    return result
+
+
+def test_actions_round_trip_on_cuda(tmp_path, monkeypatch):
+    """generate -> score -> train_step with RLHFLESS_DEVICE=cuda: the same rollouts as on the
+    CPU up to round-off, and a train step that moves every parameter and stores host tensors."""
+    from actions.common import warm
+    from actions.common.config import load_config
+    from actions.common.contracts import ModelRef
+    from actions.common.storage import LocalStore
+    from actions.common.weights import load_tensors, publish_tensors
+    from actions.prepare import prepare
+    from tests.conftest import TINY_OVERRIDES
+
+    cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={tmp_path}"])
+    store = LocalStore(tmp_path)
+    p = prepare(cfg, store, "runs/g")
+    ref = ModelRef(store_uri=store.uri, base_key=p.base_key, policy_key=p.init_key, policy_version=0)
+    gen_payload = {"model": ref.model_dump(), "dataset_key": p.train_key, "run_seed": 0, "step": 0,
+                   "shard": "gen-0", "prompt_ids": [0, 1, 2, 3], "group_size": 4, "max_new_tokens": 8,
+                   "temperature": 1.0}
+    cpu = _call("generate", {**gen_payload, "output_key": "runs/g/roll-cpu.json"})
+    monkeypatch.setenv("RLHFLESS_DEVICE", "cuda")
+    gen = _call("generate", {**gen_payload, "output_key": "runs/g/roll.json"})
+    same = sum(a == b for a, b in zip(cpu["samples"], gen["samples"]))
+    assert same >= 0.9 * len(gen["samples"]), f"only {same}/{len(gen['samples'])} samples agree with the CPU"
+    score = _call("score", {"policy": ref.model_dump(), "reference_key": p.init_key, "dataset_key": p.train_key,
+                            "rollout_keys": [gen["rollout_key"]], "task": "repeat",
+                            "algorithm": cfg.algorithm.model_dump(), "output_key": "runs/g/scored/manifest.json"})
+    tensors, meta = load_tensors(store, score["scored_key"])
+    assert all(t.device.type == "cpu" for t in tensors.values())
+    tensors["rewards"] = torch.tensor([1.0, 0.0] * 8)  # mixed rewards: every parameter gets a gradient
+    publish_tensors(store, "runs/g/scored2/manifest.json", tensors, meta)
+    train = _call("train_step", {"policy": ref.model_dump(), "optimizer_key": None,
+                                 "scored_keys": ["runs/g/scored2/manifest.json"],
+                                 "algorithm": cfg.algorithm.model_dump(), "seed": 0, "step": 0,
+                                 "output_prefix": "runs/g/train"})
+    before, _ = load_tensors(store, p.init_key)
+    after, _ = load_tensors(store, train["policy_key"])
+    assert [k for k in before if torch.equal(before[k], after[k])] == []
+    assert all(torch.isfinite(torch.tensor(v)) for v in train["metrics"].values())
+    warm.clear()  # leave no CUDA models in the process-wide warm cache
