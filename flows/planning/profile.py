@@ -19,6 +19,16 @@ with ``W = P * dtype_bytes`` and ``kv_bytes_per_token = 2 * layers * kv_heads * 
 dtype_bytes``. Prefill is compute bound: ``prefill_tokens_per_s = g * peak * compute_eff /
 (2 * P)`` (attention over prompts <= 1k tokens is a few percent and is left out).
 
+KV memory bounds the batch. An actor holds ``capacity = (g * memory * util - W) /
+kv_bytes_per_token`` tokens of KV (``util = 0.9``, vLLM's default ``gpu_memory_utilization``),
+so at most ``k = floor(capacity / c)`` sequences of context ``c`` are resident at once. A batch
+of ``b > k`` live sequences is served in resident batches of ``k``, and on average each
+sequence gains one token every ``b / k`` steps: ``TPOT(b, c) = (b / k) * TPOT_roofline(k, c)``,
+the throughput of waves of ``k`` under continuous batching (a partial wave shares its steps,
+so there is no rounding up). This is what makes a large model on few GPUs (Llama2-70B on 2 x H100:
+about 6 GB, 18k tokens of KV) slow at large batches, and scaling out pay (PAPER §4.7); for
+Qwen2.5-7B on 2 x H100 (about 2.3M tokens) it binds only beyond the traces' batches.
+
 Deviations / simplifications [I]: the paper uses profiled TPOT (and Vidur in simulation);
 the roofline has no kernel-launch, sampling, scheduler or tensor-parallel all-reduce time,
 so it is a lower bound of a real engine and gives a conservative (small) batch effect.
@@ -85,6 +95,7 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 CONTEXT_BUCKET = 16  # tokens per context bucket in bucket_row
+MEMORY_UTILIZATION = 0.9  # share of GPU memory an engine takes for weights + KV (vLLM default)
 
 _ROOFLINE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048)
 _ROOFLINE_CONTEXTS = (0, 256, 512, 1024, 2048, 4096, 8192)
@@ -209,8 +220,28 @@ class TpotProfile:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
-def roofline_tpot(gpu: GpuSpec, model: ModelSpec, gpus: int, batch: int, context: float) -> float:
-    """One decode step's time from the roofline formula in the module docstring."""
+def kv_capacity_tokens(gpu: GpuSpec, model: ModelSpec, gpus: int,
+                       memory_utilization: float = MEMORY_UTILIZATION) -> float:
+    """Tokens of KV one actor of ``gpus`` x ``gpu`` holds next to the model's weights.
+
+    Raises:
+        ValueError: the weights alone do not fit (names the sizes and the fix).
+    """
+    usable = gpus * gpu.memory_bytes * memory_utilization
+    free = usable - model.weight_bytes
+    if free <= 0:
+        raise ValueError(f"{model.name} weights ({model.weight_bytes / 1e9:.0f} GB) do not fit {gpus} x "
+                         f"{gpu.name} ({usable / 1e9:.0f} GB usable); raise gpus_per_actor")
+    return free / model.kv_bytes_per_token
+
+
+def roofline_tpot(gpu: GpuSpec, model: ModelSpec, gpus: int, batch: int, context: float,
+                  capacity_tokens: float = float("inf")) -> float:
+    """One decode step's time from the roofline formula in the module docstring; with
+    ``capacity_tokens`` a batch whose KV does not fit runs as time-shared resident batches."""
+    if context > 0 and batch * context > capacity_tokens:
+        resident = max(1, int(capacity_tokens // context))
+        return batch / resident * roofline_tpot(gpu, model, gpus, resident, context)
     bytes_moved = (model.weight_bytes + batch * context * model.kv_bytes_per_token) / gpus
     flops = (2 * model.num_params * batch + 4 * model.num_layers * model.hidden * context * batch)
     return max(bytes_moved / (gpu.hbm_bytes_per_s * gpu.mem_eff),
@@ -223,7 +254,8 @@ def roofline_profile(gpu: GpuSpec, model: ModelSpec, gpus_per_actor: int,
     """Roofline TPOT grid for ``model`` on an actor of ``gpus_per_actor`` x ``gpu``."""
     if gpus_per_actor < 1:
         raise ValueError(f"gpus_per_actor={gpus_per_actor}: must be >= 1")
-    seconds = tuple(tuple(roofline_tpot(gpu, model, gpus_per_actor, b, c) for c in contexts)
+    capacity = kv_capacity_tokens(gpu, model, gpus_per_actor)
+    seconds = tuple(tuple(roofline_tpot(gpu, model, gpus_per_actor, b, c, capacity) for c in contexts)
                     for b in batch_sizes)
     prefill = gpus_per_actor * gpu.peak_flops * gpu.compute_eff / (2 * model.num_params)
     return TpotProfile(tuple(batch_sizes), tuple(float(c) for c in contexts), seconds, prefill,

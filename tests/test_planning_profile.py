@@ -1,0 +1,42 @@
+"""KV capacity in the roofline profile: a batch whose KV does not fit runs time-shared."""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.planning.profile import GPUS, MODELS, kv_capacity_tokens, roofline_profile, roofline_tpot
+
+H100, QWEN7, LLAMA70 = GPUS["h100"], MODELS["qwen2.5-7b"], MODELS["llama2-70b"]
+
+
+def test_capacity_is_memory_left_after_weights():
+    # 2 x 80 GB x 0.9 = 144 GB usable; 137.96 GB of bf16 weights; 327,680 B of KV per token
+    # (2 x 80 layers x 8 KV heads x 128 x 2 B)
+    assert kv_capacity_tokens(H100, LLAMA70, 2) == pytest.approx((144e9 - 137.96e9) / 327_680)
+    assert kv_capacity_tokens(H100, QWEN7, 2) == pytest.approx((144e9 - 15.24e9) / 57_344)
+
+
+def test_batch_beyond_capacity_is_time_shared():
+    cap = kv_capacity_tokens(H100, LLAMA70, 2)  # ~18.4k tokens
+    resident = int(cap // 600)  # 30 sequences of 600 tokens fit
+    assert resident == 30
+    assert roofline_tpot(H100, LLAMA70, 2, 171, 600, cap) == pytest.approx(
+        171 / 30 * roofline_tpot(H100, LLAMA70, 2, 30, 600))
+    # within capacity nothing changes
+    assert roofline_tpot(H100, LLAMA70, 2, 16, 600, cap) == roofline_tpot(H100, LLAMA70, 2, 16, 600)
+    # even one sequence that overflows the KV memory still runs, alone
+    assert roofline_tpot(H100, LLAMA70, 2, 4, 30_000, cap) == pytest.approx(
+        4 * roofline_tpot(H100, LLAMA70, 2, 1, 30_000))
+
+
+def test_profile_applies_capacity_only_where_it_binds():
+    qwen = roofline_profile(H100, QWEN7, 2)
+    # 512 sequences x 4096 tokens = 2.1M < 2.25M: the traces' working points are unchanged
+    assert qwen.tpot(512, 4096) == pytest.approx(roofline_tpot(H100, QWEN7, 2, 512, 4096))
+    llama = roofline_profile(H100, LLAMA70, 2)
+    assert llama.tpot(512, 1024) > 10 * llama.tpot(1, 1024)  # far more than bandwidth alone
+
+
+def test_model_that_does_not_fit_is_refused():
+    with pytest.raises(ValueError, match="raise gpus_per_actor"):
+        roofline_profile(H100, LLAMA70, 1)
