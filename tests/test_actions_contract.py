@@ -95,3 +95,19 @@ def test_missing_input_is_an_application_error(prepared):
                                                             "task": "repeat", "max_new_tokens": 4,
                                                             "output_key": "runs/c/e.json"})
     assert "error" in out and "nope" in out["error"]
+
+
+def test_bad_device_setting_is_an_application_error_naming_it(prepared, monkeypatch):
+    _, store, p = prepared
+    ref = ModelRef(store_uri=store.uri, base_key=p.base_key, policy_key=p.init_key, policy_version=0)
+    payload = {"model": ref.model_dump(), "dataset_key": p.train_key, "run_seed": 0, "step": 0, "shard": "g",
+               "prompt_ids": [0], "group_size": 4, "max_new_tokens": 4, "temperature": 1.0,
+               "output_key": "runs/c/dev.json"}
+    generate = importlib.import_module("actions.generate").main
+    monkeypatch.setenv("RLHFLESS_DEVICE", "tpu")
+    result = generate(dict(payload))
+    assert result["field"] == "RLHFLESS_DEVICE" and "cpu, cuda, cuda:N or auto" in result["error"]
+    monkeypatch.setenv("RLHFLESS_DEVICE", "cpu")
+    monkeypatch.setenv("RLHFLESS_DTYPE", "float8")
+    result = generate(dict(payload))
+    assert result["field"] == "RLHFLESS_DTYPE" and "bfloat16" in result["error"]

@@ -40,8 +40,9 @@ def run_action(request_model: type, core: Callable[[Any], Any], args: dict[str, 
     try:
         result = core(req)
     except (ObjectNotFound, IntegrityError, ValueError) as exc:
-        # Missing or corrupted inputs will not heal by retrying: an application error.
-        return {"error": str(exc), "field": "store"}
+        # Missing or corrupted inputs, or a bad device setting, will not heal by retrying: an
+        # application error naming what to fix.
+        return {"error": str(exc), "field": getattr(exc, "field", "store")}
     after = warm.stats()
     out = result.model_dump(mode="json")
     out["__warm"] = {"hits": after["hits"] - before["hits"], "misses": after["misses"] - before["misses"]}

@@ -21,23 +21,34 @@ import torch
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+class DeviceSettingError(ValueError):
+    """A bad ``RLHFLESS_DEVICE``/``RLHFLESS_DTYPE``; ``field`` names the setting for the
+    action's application error (retrying will not fix the container's environment)."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def parse_device(text: str, *, source: str = "RLHFLESS_DEVICE") -> torch.device:
     """``cpu`` | ``cuda`` | ``cuda:N`` | ``auto`` -> a device this process can use.
 
     Raises:
-        ValueError: an unknown name, or CUDA asked for where none is available.
+        DeviceSettingError (a ValueError): an unknown name, or CUDA asked for where none is.
     """
     name = text.strip().lower()
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name != "cpu" and name != "cuda" and not (name.startswith("cuda:") and name[5:].isdigit()):
-        raise ValueError(f"{source}={text!r} is not a device; use cpu, cuda, cuda:N or auto")
+        raise DeviceSettingError(f"{source}={text!r} is not a device; use cpu, cuda, cuda:N or auto", source)
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ValueError(f"{source}={text!r} but this process sees no CUDA device; use cpu or auto")
+            raise DeviceSettingError(f"{source}={text!r} but this process sees no CUDA device; use cpu or auto",
+                                     source)
         index = int(name[5:]) if ":" in name else 0
         if index >= torch.cuda.device_count():
-            raise ValueError(f"{source}={text!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
+            raise DeviceSettingError(f"{source}={text!r} but only {torch.cuda.device_count()} CUDA device(s) exist",
+                                     source)
     return torch.device(name)
 
 
@@ -46,7 +57,7 @@ def parse_dtype(text: str, *, source: str = "RLHFLESS_DTYPE") -> torch.dtype:
     try:
         return DTYPES[text.strip().lower()]
     except KeyError:
-        raise ValueError(f"{source}={text!r} is not a model dtype; use {', '.join(DTYPES)}") from None
+        raise DeviceSettingError(f"{source}={text!r} is not a model dtype; use {', '.join(DTYPES)}", source) from None
 
 
 def action_device() -> torch.device:
