@@ -24,7 +24,9 @@ def _plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, tu
     for label, (xs, ys) in series.items():
         if kind == "bar":
             ax.bar(xs, ys, label=label)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and token counts
+            # steps or token counts along x; counts (actions, prompts) up the y axis
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         else:
             ax.plot(xs, ys, marker="o", markersize=3, label=label)
     ax.set_title(title)
