@@ -123,7 +123,7 @@ def test_sweep_is_slice_timer_bit_for_bit():
             start = rng.randrange(n)
             end = rng.randint(start + 1, n)
             slices.append((start, end, rng.uniform(0, 900)))
-        assert est.sweep(lengths, slices) == [timer(*s) for s in slices]
-    assert est.sweep(lengths, []) == []
+        assert est.sweep(lengths, *zip(*slices)) == [timer(*s) for s in slices]
+    assert est.sweep(lengths, [], [], []) == []
     with pytest.raises(ValueError, match="slices"):
-        DecodeEstimator(prof, 4, max_groups=2, max_context=100).sweep([3.0, 2.0, 1.0], [(0, 3, 0.0)])
+        DecodeEstimator(prof, 4, max_groups=2, max_context=100).sweep([3.0, 2.0, 1.0], [0], [3], [0.0])

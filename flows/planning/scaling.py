@@ -27,8 +27,10 @@ import time
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from flows.planning.assignment import (assign_contiguous, assign_ranked, assign_round_robin,
-                                       rank_prompts, split_sizes)
+                                       rank_prompts)
 from flows.planning.cost import DecodeEstimator
 from flows.planning.plan import Candidate, ClusterSpec, GenerationPlan
 from flows.planning.profile import TpotProfile
@@ -52,22 +54,21 @@ def _sorted_lengths(pids: Sequence[int], predicted: Mapping[int, float]) -> list
 def _ranked_loads(ns: range, ranking: "_Ranking",
                   env: _Env) -> list[tuple[list[float], list[float]]]:
     """Decode seconds and prompt tokens per actor for ranked slices, for every N in ``ns``
-    (the fast path: the decode times of all candidates' slices in one vectorised call)."""
-    slices, tokens = [], []
-    sums = ranking.token_sums
-    for n in ns:
-        start = 0
-        for size in split_sizes(len(ranking.order), n):
-            end = start + size
-            tok = sums[end] - sums[start]
-            slices.append((start, end, tok / size))
-            tokens.append(tok)
-            start = end
-    decode = env.decode.sweep(ranking.lengths, slices)
-    out, i = [], 0
-    for n in ns:
-        out.append((decode[i:i + n], tokens[i:i + n]))
-        i += n
+    (the fast path: all candidates' slices at once, in numpy; the same numbers as slicing
+    with ``split_sizes`` and timing each slice with ``slice_timer``)."""
+    m, counts = len(ranking.order), np.arange(ns.start, ns.stop)
+    n = np.repeat(counts, counts)  # the N of each slice
+    i = np.arange(len(n)) - np.repeat(np.cumsum(counts) - counts, counts)  # index within its N
+    base, extra = m // n, m % n
+    starts = i * base + np.minimum(i, extra)  # split_sizes: the first m % N slices get one more
+    sizes = base + (i < extra)
+    sums = np.asarray(ranking.token_sums)
+    tokens = sums[starts + sizes] - sums[starts]
+    decode = env.decode.sweep(ranking.lengths, starts, starts + sizes, tokens / sizes)
+    tokens_l, out, j = tokens.tolist(), [], 0
+    for count in ns:
+        out.append((decode[j:j + count], tokens_l[j:j + count]))
+        j += count
     return out
 
 
