@@ -31,9 +31,9 @@ def build(args: argparse.Namespace) -> torch.nn.Module:
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     if args.model_config:
-        from flows.profiler import _random_model
+        from actions.common.modeling import random_model_from_config
 
-        return _random_model(args.model_config, device, dtype).eval()
+        return random_model_from_config(args.model_config, device, dtype, source="--model-config")
     from actions.common.modeling import build_tiny_model
 
     model, _ = build_tiny_model(hidden_size=96, num_layers=2, num_heads=4, intermediate_size=256,

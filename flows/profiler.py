@@ -9,8 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flows.planning.profile import TpotProfile
+
+if TYPE_CHECKING:  # torch is imported only when a profile is measured (flows stay torch-free)
+    import torch
+
+    from actions.common.config import CampaignConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,40 +63,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build_model(cfg: object, config_json: str | None, device: object, dtype: object) -> object:
+def _build_model(cfg: CampaignConfig, config_json: str | None, device: torch.device,
+                 dtype: torch.dtype) -> torch.nn.Module:
     """The model to profile, in eval mode on ``device`` in ``dtype``."""
     import torch
 
-    from actions.common.modeling import build_tiny_model, instantiate, read_model_dir
+    from actions.common.modeling import build_tiny_model, instantiate, random_model_from_config, read_model_dir
 
-    if device.type == "cpu":  # type: ignore[attr-defined]
+    if device.type == "cpu":
         torch.set_num_threads(1)  # one core per actor, as the local warm pool runs them
     if config_json is not None:
-        model = _random_model(config_json, device, dtype)
-    elif cfg.model.path:  # type: ignore[attr-defined]
-        model, _ = instantiate(*read_model_dir(cfg.model.path))  # type: ignore[attr-defined]
+        model = random_model_from_config(config_json, device, dtype, source="--model-config")
+    elif cfg.model.path:
+        model, _ = instantiate(*read_model_dir(cfg.model.path))
     else:
-        m = cfg.model  # type: ignore[attr-defined]
+        m = cfg.model
         model, _ = build_tiny_model(hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
                                     intermediate_size=m.intermediate_size, max_positions=m.max_positions, seed=0)
     return model.to(device=device, dtype=dtype).eval()
-
-
-def _random_model(config_json: str, device: object, dtype: object) -> object:
-    """A randomly initialised causal LM of the shape ``config_json`` describes, built directly
-    on ``device`` (a 7B model never passes through host memory). Timing does not depend on
-    the weights' values."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    try:
-        data = json.loads(Path(config_json).read_text())
-        config = AutoConfig.for_model(data.pop("model_type"), **data)
-    except FileNotFoundError:
-        raise ValueError(f"--model-config {config_json!r} does not exist; pass a Hugging Face config.json") from None
-    except (json.JSONDecodeError, KeyError, ValueError) as exc:
-        raise ValueError(f"--model-config {config_json!r} is not a Hugging Face config.json with a "
-                         f"model_type ({exc}); fix the file") from None
-    torch.manual_seed(0)
-    with torch.device(device):  # type: ignore[arg-type]
-        return AutoModelForCausalLM.from_config(config, dtype=dtype)

@@ -116,3 +116,25 @@ def model_summary(files: dict[str, bytes]) -> dict[str, Any]:
     config = json.loads(files["config.json"])
     keys = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
     return {k: config.get(k) for k in keys}
+
+
+def random_model_from_config(config_json: str | os.PathLike[str], device: torch.device, dtype: torch.dtype, *,
+                             source: str = "model config") -> torch.nn.Module:
+    """A randomly initialised causal LM of the shape a Hugging Face ``config.json`` describes,
+    built directly on ``device`` in ``dtype`` (a 7B model never passes through host memory).
+    For timing and profiling: nothing is downloaded, and speed does not depend on the values.
+
+    Raises:
+        ValueError: the file is missing or is not a config with a ``model_type`` (names ``source``).
+    """
+    try:
+        data = json.loads(Path(config_json).read_text())
+        config = AutoConfig.for_model(data.pop("model_type"), **data)
+    except FileNotFoundError:
+        raise ValueError(f"{source} {str(config_json)!r} does not exist; pass a Hugging Face config.json") from None
+    except (json.JSONDecodeError, KeyError, ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{source} {str(config_json)!r} is not a Hugging Face config.json with a "
+                         f"model_type ({exc}); fix the file") from None
+    torch.manual_seed(0)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
