@@ -2,23 +2,41 @@
 
 1. Measure this machine's TPOT profile of the default tiny model with the torch engine
    (the code behind ``rlhfless profile``).
-2. Measure the start-up of a generation activation on the local warm pool: a one-token
-   generate of one prompt on a worker holding the policy version (HTTP round trip, request
-   validation, KV/dataset lookups, output write); the step's pre-warm has loaded the weights.
-3. Run the default campaign (fewer steps) on the local warm pool, planning with the measured
+2. Run the default campaign (fewer steps) on the local warm pool, planning with the measured
    profile.
-4. Replay every step in the simulator: the plan the flow executed, the true length of every
-   sample (read back from the store), the measured profile, the measured start-up for every
-   generation and continuation action, cut-and-migrate as the live flow does it (cut samples
-   go to a continuation action, re-prefilled), and actors sharing this machine's processors.
+3. Microbenchmarks, independent of the campaign's timings (they reuse its store only for the
+   weights, dataset and prompts), each a median over repeats on an otherwise idle pool:
+   - the invocation's waits: the direct round trip of ``noop`` (about 44 ms, almost all of it
+     waiting -- the worker uses well under 1 ms of CPU --, hence modelled as latency that uses
+     no processor, and subtracted from the probes below, whose remainder is processor work);
+   - generation activation work beyond the decode steps, as a function of the request: a
+     one-token generate (no decode step: request parsing, dataset / KV-bundle reads, prefill,
+     output write, result transfer) of P prompts x group_size samples, P = 1, 2, 4, 8, on a
+     worker holding the policy version; least squares ``fixed + per sample x samples``;
+   - a continuation's start-up work: a one-token continuation of S synthetic partial samples
+     (half of max_new_tokens generated each), S = 2, 8, 16: ``fixed + per token x (prompt +
+     generated tokens)``;
+   - score activation work: scoring a rollout of P prompts x group_size full-length samples
+     (P = 1, 4): ``fixed + per sample x samples``;
+   - task submission latency of the flow: a Prefect task that invokes ``noop`` (submit, then
+     ``as_completed``) minus the direct invocation of ``noop``; and its processor cost: the CPU
+     time of the flow process and the Prefect server per task, minus the direct invocation's;
+     and the processors they keep busy while idle (2 s with nothing submitted).
+4. Replay every step in the simulator's live-flow mode: the plan the flow executed, the true
+   length of every sample (read back from the store), the measured profile, every primary
+   action starting after the submission latency and the invocation's waits with its
+   request's start-up work, cut
+   samples batched into ONE continuation action (``migrate_window_s``, or when no generation
+   action is pending) that pays submission + its start-up work (re-prefill) before decoding,
+   one score activation per returned shard, the flow + server work of every submitted task,
+   and all of it sharing this machine's processors.
    Compare with the measured ``timing_s/generate`` of the step.
 
 Target: simulated within +-20% of measured, per step (median and worst reported; the
 aggregate, total simulated over total measured, is printed too). For diagnosis each step also
 shows, from the activation records of the live step, when the last primary (planned)
 generation action returned and how long the phase then ran on (continuations of cut samples),
-and how many score activations ran during the phase on the same processors (the simulator
-does not model them).
+and how many score activations ran during the phase on the same processors.
 
     .venv/bin/python benchmarks/bench_fidelity.py [--steps 10]
 """
@@ -74,12 +92,18 @@ def main() -> int:
     records = capture_records()
     with prefect_test_harness(server_startup_timeout=120):
         run_campaign(cfg, progress=lambda line: None)
+        submit_s, latency, task_cpu, background = measure_submission()
     store = open_store(cfg.store.uri)
     state = load_state(store, cfg.resolved_run_id())
     tokens = get_json(store, state.prepared["tokens_key"])
-    startup = measure_startup(cfg, state, store)
+    costs = measure_activation_costs(cfg, state, store, tokens, latency)
     cores = os.cpu_count() or 1
-    print(f"start-up of a generation activation: {startup * 1e3:.0f} ms; processors shared: {cores}")
+    print(f"generate activation work: {costs['gen'][0] * 1e3:.1f} ms + {costs['gen'][1] * 1e3:.2f} ms/sample; "
+          f"continuation: {costs['cont'][0] * 1e3:.1f} ms + {costs['cont'][1] * 1e6:.1f} us/token; "
+          f"score: {costs['score'][0] * 1e3:.1f} ms + {costs['score'][1] * 1e3:.2f} ms/sample; "
+          f"invocation wait (noop round trip) {latency * 1e3:.1f} ms; task submission {submit_s * 1e3:.1f} ms, "
+          f"{task_cpu * 1e3:.1f} ms of flow + server CPU; idle load {background:.2f} processors; "
+          f"processors shared: {cores}")
     tau, group = cfg.generation.cut_threshold, cfg.algorithm.group_size
     print(f"{'step':>4} {'N':>2} {'cut':>3} {'measured s':>10} {'simulated s':>11} {'error':>7} "
           f"{'last primary s':>14} {'tail s':>6} {'scores':>6}")
@@ -102,11 +126,16 @@ def main() -> int:
                     steps = len(s["tokens"]) + (1 if s["finish_reason"] == "stop" else 0)
                     samples.append(Sample(sid, pid, len(tokens[str(pid)]["prompt"]), steps))
                     sid += 1
-            actors.append(ActorSpec(tuple(samples), 0.0, startup))
+            work = costs["gen"][0] + costs["gen"][1] * len(samples)
+            actors.append(ActorSpec(tuple(samples), 0.0, submit_s + latency, work_s=work))
         n = len(actors)
         sim = SimConfig(profile=profile, gpus_per_actor=1, tau=tau if tau is not None and tau < 1 else None,
-                        continuation=True, weight_transfer_s=startup, spare_warm_actors=n + 1,
-                        shared_processors=cores, migrate_to_running=False)
+                        continuation=True, spare_warm_actors=n + 1, shared_processors=cores,
+                        migrate_to_running=False, migrate_window_s=cfg.generation.migrate_window_s,
+                        submit_s=submit_s, activation_latency_s=latency, continuation_work_s=costs["cont"][0],
+                        continuation_work_s_per_token=costs["cont"][1], score_work_s=costs["score"][0],
+                        score_work_s_per_sample=costs["score"][1], task_work_s=task_cpu,
+                        background_processors=background)
         result, _ = simulate_phase(actors, sim)
         measured = entry["timing_s/generate"]
         err = result.time_s / measured - 1
@@ -153,30 +182,171 @@ def phase_breakdown(records: list[dict], measured: float, n: int) -> tuple[float
     return last, measured - last, scores
 
 
-def measure_startup(cfg, state, store) -> float:
-    """Median seconds of a one-token generate of one prompt on a worker that already holds the
-    policy version -- what a generation action finds after the step's pre-warm loaded it --
-    on a fresh one-worker pool."""
-    from actions.common.contracts import GenerateRequest, ModelRef
-    from actions.common.storage import get_json
+def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least squares ``y = a + b x`` (b >= 0; a >= 0)."""
+    xs, ys = [x for x, _ in points], [y for _, y in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    b = max(0.0, sum((x - mx) * (y - my) for x, y in points) / var) if var > 0 else 0.0
+    return max(0.0, my - b * mx), b
+
+
+def _median_time(call, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_activation_costs(cfg, state, store, tokens: dict, latency: float,
+                             repeats: int = 5) -> dict[str, tuple[float, float]]:
+    """Processor work of generation, continuation and score activations beyond the decode
+    steps, as ``(fixed s, s per unit)``: wall time of the probe minus ``latency`` (the noop
+    round trip, which uses no processor), on a fresh one-worker pool holding the last step's
+    policy version (see the module docstring)."""
+    from actions.common.contracts import GenerateRequest, ModelRef, PartialSample, ScoreRequest
+    from actions.common.storage import put_json
     from flows.invokers.local_pool import LocalPoolInvoker
 
-    pid = int(min(get_json(store, state.prepared["tokens_key"]), key=int))
+    entry = state.steps[-1]
+    k = int(entry["step"])
+    # the policy the last step generated with (k >= 1: trained by step k - 1, version k)
+    ref = ModelRef(store_uri=cfg.store.uri, base_key=state.prepared["base_key"], policy_version=k,
+                   policy_key=f"runs/{state.run_id}/steps/{k - 1:06d}/train/policy/manifest.json")
+    bundle = f"runs/{state.run_id}/steps/{k:06d}/kv/v{k:06d}/manifest.json"
+    bundle = bundle if store.exists(bundle) else None  # the step's KV bundle, if it had one
+    pids = [p for group in entry["plan"]["assignments"] for p in group]
+    group, g = cfg.algorithm.group_size, cfg.generation
     pool = LocalPoolInvoker(1)
+
+    def generate(prompt_ids, *, new_tokens=1, partial_keys=(), key="bench/probe.json", kv=bundle):
+        req = GenerateRequest(model=ref, dataset_key=state.prepared["train_key"], run_seed=0, step=k, shard="probe",
+                              prompt_ids=list(prompt_ids), group_size=group, partial_keys=list(partial_keys),
+                              max_new_tokens=new_tokens, temperature=g.temperature, dedup_prefill=g.dedup_prefill,
+                              kv_bundle_key=kv, engine=g.engine, output_key=key)
+        return pool.invoke("generate", req.model_dump(mode="json"))
+
     try:
+        generate(pids[:1])  # loads the version
+        gen, cpu0, wall0 = [], _worker_cpu_s(pool), time.perf_counter()
+        for p in (1, 2, 4, 8):
+            gen.append((p * group, _median_time(lambda: generate(pids[:p]), repeats) - latency))
+        # cross-check: the worker's CPU time over these probes vs their wall time minus the waits
+        cpu = _worker_cpu_s(pool) - cpu0
+        print(f"  generate probes: worker CPU {cpu:.2f} s, wall minus waits "
+              f"{time.perf_counter() - wall0 - 4 * repeats * latency:.2f} s")
+        cont, half = [], max(1, g.max_new_tokens // 2)
+        for num in (2, 8, 16):
+            parts, total = [], 0
+            for j in range(num):
+                pid = pids[j % len(pids)]
+                prompt = tokens[str(pid)]["prompt"]
+                gen_tokens = [prompt[(j + t) % len(prompt)] for t in range(half)]  # valid ids
+                parts.append(PartialSample(prompt_id=pid, sample_index=j // len(pids), tokens=gen_tokens).model_dump())
+                total += len(prompt) + half
+            put_json(store, f"bench/partial-{num}.json", parts)
+            cont.append((total, _median_time(lambda: generate([], new_tokens=half + 1, kv=None,
+                                                              partial_keys=[f"bench/partial-{num}.json"]),
+                                                 repeats) - latency))
+        score = []
+        for p in (1, 4):
+            key = f"bench/rollout-{p}.json"
+            generate(pids[:p], new_tokens=g.max_new_tokens, key=key)
+            req = ScoreRequest(policy=ref, reference_key=state.reference_key, critic_key=state.critic_key,
+                               dataset_key=state.prepared["train_key"], rollout_keys=[key], task=cfg.data.task,
+                               algorithm=cfg.algorithm, output_key=f"bench/scored-{p}/manifest.json")
+            payload = req.model_dump(mode="json")
+            pool.invoke("score", payload)  # loads the reference
+            score.append((p * group, _median_time(lambda: pool.invoke("score", payload), repeats) - latency))
+        print(f"  KV bundle: {bundle or 'none (the steps had no prefill)'}")
+        for name, pts in (("generate", gen), ("continuation", cont), ("score", score)):
+            print(f"  {name} probe: " + ", ".join(f"{x} -> {y * 1e3:.1f} ms" for x, y in pts))
+        return {"gen": _fit(gen), "cont": _fit(cont), "score": _fit(score)}
+    finally:
+        pool.close()
+
+
+def _worker_cpu_s(pool) -> float:
+    """User + system CPU seconds of the pool's (one) worker process so far (10 ms ticks)."""
+    fields = open(f"/proc/{pool._workers[0].proc.pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu_s(pid: int | str) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _tree_cpu_s(exclude: set[int]) -> float:
+    """CPU seconds of this process (all threads: the flow) and its descendants (the Prefect
+    server) other than ``exclude`` (the pool's workers)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    total, todo = 0.0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        if pid in exclude:
+            continue
+        try:
+            total += _proc_cpu_s(pid)
+        except OSError:
+            continue
+        todo.extend(children.get(pid, []))
+    return total
+
+
+def measure_submission(repeats: int = 15) -> tuple[float, float, float, float]:
+    """(seconds a Prefect task adds to an invocation -- submit, run in the task runner, resolve
+    through ``as_completed`` --: a task invoking ``noop`` minus the direct invocation; seconds
+    of the direct ``noop`` invocation: the round trip's waits, which use no processor -- the
+    worker spends well under a millisecond of CPU on it, see docs/results.md; processor
+    seconds the task costs the flow process and the Prefect server, beyond the direct
+    invocation's client side and the idle load; that idle load: processors the flow process and
+    the Prefect server keep busy with nothing submitted, over 2 s)."""
+    from prefect import flow, task
+    from prefect.cache_policies import NO_CACHE
+    from prefect.futures import as_completed
+
+    from flows.invokers.local_pool import LocalPoolInvoker
+
+    pool = LocalPoolInvoker(1)
+
+    @task(cache_policy=NO_CACHE, log_prints=False, retries=1)
+    def noop_task() -> dict:
+        return pool.invoke("noop", {}).result
+
+    @flow(log_prints=False, validate_parameters=False)
+    def probe() -> tuple[list[float], float]:
         times = []
-        for k in range(len(state.steps)):
-            ref = ModelRef(store_uri=cfg.store.uri, base_key=state.prepared["base_key"],
-                           policy_key=f"runs/{state.run_id}/steps/{k:06d}/train/policy/manifest.json",
-                           policy_version=k + 1)
-            req = GenerateRequest(model=ref, dataset_key=state.prepared["train_key"], run_seed=0, step=k,
-                                  shard="probe", prompt_ids=[pid], group_size=1, max_new_tokens=1,
-                                  temperature=1.0, output_key=f"bench/probe/{k}.json")
-            pool.invoke("generate", req.model_dump(mode="json"))  # loads the version
+        for i in range(repeats + 2):
+            if i == 2:
+                cpu0 = _tree_cpu_s(workers)
             t0 = time.perf_counter()
-            pool.invoke("generate", req.model_dump(mode="json"))
+            next(as_completed([noop_task.submit()])).result()
             times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        return times[2:], (_tree_cpu_s(workers) - cpu0) / repeats
+
+    try:
+        workers = {w.proc.pid for w in pool._workers}
+        cpu0, t0 = _tree_cpu_s(workers), time.perf_counter()
+        time.sleep(2.0)  # idle: what the orchestrator burns with nothing to do
+        background = (_tree_cpu_s(workers) - cpu0) / (time.perf_counter() - t0)
+        cpu0 = _tree_cpu_s(workers)
+        direct = _median_time(lambda: pool.invoke("noop", {}), 4 * repeats)
+        direct_cpu = (_tree_cpu_s(workers) - cpu0) / (4 * repeats)
+        t0 = time.perf_counter()
+        times, task_cpu = probe()
+        task_cpu -= background * (time.perf_counter() - t0) / (repeats + 2)  # the idle load during each task
+        return (max(0.0, statistics.median(times) - direct), direct, max(0.0, task_cpu - direct_cpu),
+                background)
     finally:
         pool.close()
 

@@ -214,3 +214,136 @@ def test_plan_and_simulation_agree_when_predictions_are_exact():
     assert n == plan.num_actors > 1
     assert result.time_s == pytest.approx(plan.predicted_time_s, rel=0.01)
     assert result.gpu_seconds == pytest.approx(plan.predicted_gpu_seconds, rel=0.01)
+
+
+# ---- live-flow mode (local warm pool as flows/rlhf_step.py drives it) ------------------------
+
+def _live(**kw) -> SimConfig:
+    args = dict(profile=FLAT, gpus_per_actor=1, tau=0.5, continuation=True, migrate_to_running=False,
+                migrate_window_s=1.0)
+    args.update(kw)
+    return SimConfig(**args)
+
+
+def test_startup_work_shares_the_processors():
+    # two actors, each 0.5 s of start-up work then one 100-token sample at a flat 10 ms, ready
+    # at 0.2 s. One processor: the start-ups run at half speed (0.2 -> 1.2 s), then both decode
+    # at half speed for 2 s: 3.2 s. Two processors: 0.2 + 0.5 + 1.0 = 1.7 s.
+    def run(cores):
+        specs = [ActorSpec((Sample(i, i, 0, 100),), 0.0, 0.2, work_s=0.5) for i in range(2)]
+        return simulate_phase(specs, SimConfig(profile=FLAT, gpus_per_actor=1, shared_processors=cores))
+    res, done = run(1)
+    assert res.time_s == pytest.approx(3.2)
+    assert res.busy_gpu_seconds == pytest.approx(2 * 2.0)  # start-up work is not decoding
+    _check_conservation(done)
+    assert run(2)[0].time_s == pytest.approx(1.7)
+    # one actor alone: ready 0.2 + work 0.5 + 100 x 10 ms
+    res, _ = simulate_phase([ActorSpec((Sample(0, 0, 0, 100),), 0.0, 0.2, work_s=0.5)],
+                            SimConfig(profile=FLAT, gpus_per_actor=1, shared_processors=1))
+    assert res.time_s == pytest.approx(1.7)
+
+
+def _cut_pair():
+    # actor 0: samples of 10, 20, 300, 400 tokens, cut at tau = 0.5 when the 20-token one
+    # finishes (0.2 s), its two stragglers having 20 tokens each; actor 1: one 50-token sample
+    # (0.5 s), never cut
+    a = tuple(Sample(i, 0, 0, n) for i, n in enumerate((10, 20, 300, 400)))
+    return [ActorSpec(a, 0.0, 0.0), ActorSpec((Sample(4, 1, 0, 50),), 0.0, 0.0)]
+
+
+def test_live_continuation_waits_for_the_last_pending_action():
+    # window 1 s: the flow submits the continuation when actor 1 returns (0.5 s), not at the
+    # cut; it starts 0.1 s (submission) + 0.02 s (round-trip wait) later, does 0.05 s + 40
+    # re-prefilled tokens x 1 ms of start-up work (0.09 s), then decodes the longest
+    # straggler's last 380 tokens: 0.5 + 0.12 + 0.09 + 3.8
+    cfg = _live(submit_s=0.1, activation_latency_s=0.02, continuation_work_s=0.05,
+                continuation_work_s_per_token=0.001)
+    res, done = simulate_phase(_cut_pair(), cfg)
+    assert res.num_actors == 3 and res.num_cut == 1 and res.num_migrated == 2
+    assert res.time_s == pytest.approx(0.5 + 0.12 + 0.09 + 3.8)
+    _check_conservation(done)
+    assert [len(s.segments) for s in done] == [1, 1, 2, 2, 1]
+
+
+def test_live_continuation_submitted_when_the_window_closes():
+    # window 0.1 s from the cut at 0.2 s: submitted at 0.3 s although actor 1 is still running
+    cfg = _live(migrate_window_s=0.1, submit_s=0.1, continuation_work_s=0.05,
+                continuation_work_s_per_token=0.001)
+    res, done = simulate_phase(_cut_pair(), cfg)
+    assert res.time_s == pytest.approx(0.3 + 0.1 + 0.09 + 3.8)
+    _check_conservation(done)
+
+
+def test_live_cuts_within_the_window_share_one_continuation():
+    # two identical actors cut at 0.2 s: one continuation with the 4 stragglers (re-prefill of
+    # 4 x (5 prompt + 20 generated) tokens x 1 ms = 0.1 s), submitted at once (nothing pending)
+    specs = []
+    for k in range(2):
+        specs.append(ActorSpec(tuple(Sample(4 * k + i, k, 5, n) for i, n in enumerate((10, 20, 300, 400))),
+                               0.0, 0.0))
+    res, done = simulate_phase(specs, _live(continuation_work_s_per_token=0.001))
+    assert res.num_actors == 3 and res.num_cut == 2 and res.num_migrated == 4
+    assert res.time_s == pytest.approx(0.2 + 0.1 + 3.8)
+    _check_conservation(done)
+
+
+def test_score_activations_share_the_processors_without_extending_the_phase():
+    # one processor. Actors of 100 and 10 tokens decode at half speed until the short one
+    # returns at 0.2 s (the long one has 10 tokens). Its score starts 0.1 s later (0.3 s; the
+    # long one is at 20 tokens) with 0.2 + 0.1 x 1 sample = 0.3 s of work: shared, it takes
+    # 0.6 s (to 0.9 s) while the long actor gains 30 tokens; its last 50 take 0.5 s: 1.4 s.
+    # The long actor's own score starts after the phase and does not extend it.
+    specs = [ActorSpec((Sample(0, 0, 0, 100),), 0.0, 0.0), ActorSpec((Sample(1, 1, 0, 10),), 0.0, 0.0)]
+    cfg = SimConfig(profile=FLAT, gpus_per_actor=1, shared_processors=1, submit_s=0.1, score_work_s=0.2,
+                    score_work_s_per_sample=0.1)
+    res, done = simulate_phase(specs, cfg)
+    assert res.time_s == pytest.approx(1.4)
+    _check_conservation(done)
+    # a cut action's score covers only its finished samples: 2 x 0.1 + 0.2 = 0.4 s of work
+    # from 0.3 s, sharing one processor with the continuation started at 0.2 s (no start-up)
+    res, done = simulate_phase([_cut_pair()[0]], _live(shared_processors=1, submit_s=0.1, score_work_s=0.2,
+                                                         score_work_s_per_sample=0.1))
+    # continuation: 0.2 -> 0.3 submission; 0.3 -> 1.1 shares with the score (40 tokens);
+    # then the longest straggler's last 400 - 20 - 40 = 340 tokens alone
+    assert res.time_s == pytest.approx(0.3 + 0.8 + 3.4)
+    _check_conservation(done)
+
+
+def test_live_window_needs_the_live_flow_settings():
+    with pytest.raises(ValueError, match="migrate_window_s"):
+        SimConfig(profile=FLAT, gpus_per_actor=1, tau=0.5, migrate_window_s=0.25)
+
+
+def test_task_submission_work_shares_the_processors():
+    # one processor, one actor of 100 tokens at 10 ms: its own submission (0.1 s of flow work
+    # from 0 s) runs beside it, so both go at half speed until 0.2 s (10 tokens); the last 90
+    # tokens then take 0.9 s. The continuation's and scores' submissions count the same way.
+    cfg = SimConfig(profile=FLAT, gpus_per_actor=1, shared_processors=1, task_work_s=0.1)
+    res, done = simulate_phase([ActorSpec((Sample(0, 0, 0, 100),), 0.0, 0.0)], cfg)
+    assert res.time_s == pytest.approx(1.1)
+    _check_conservation(done)
+    # the flow's task work runs one task at a time: on 2 processors an actor beside 3 queued
+    # submissions (0.3 s) sees 2 loads, never slows down (in parallel they would be 4 loads)
+    specs = [ActorSpec((Sample(0, 0, 0, 100),), 0.0, 0.0)] + [ActorSpec((), 0.0, 0.0) for _ in range(2)]
+    cfg = SimConfig(profile=FLAT, gpus_per_actor=1, shared_processors=2, task_work_s=0.1)
+    assert simulate_phase(specs, cfg)[0].time_s == pytest.approx(1.0)
+    # the cut pair on one processor (window 1 s, no score work): 0 -> 0.6 s, the two
+    # submissions one after the other beside the two actors (3 busy) -- each actor gains 20
+    # tokens: actor 0 reaches its cut (returns), actor 1 is at 20; 0.6 -> 0.9 s,
+    # actor 1 alone decodes its last 30 tokens and returns; the continuation is submitted at
+    # 0.9 s and its submission work (0.1 s) halves its speed to 1.1 s (10 tokens); then the
+    # longest straggler's last 400 - 20 - 10 = 370 tokens take 3.7 s
+    res, done = simulate_phase(_cut_pair(), _live(shared_processors=1, task_work_s=0.1))
+    assert res.time_s == pytest.approx(1.1 + 3.7)
+    _check_conservation(done)
+
+
+def test_background_load_shares_the_processors():
+    # two actors of 100 tokens at 10 ms on 2 processors with half a processor busy elsewhere:
+    # 2.5 loads on 2 processors, each actor at 2 / 2.5 of its speed: 1.25 s
+    def specs(n):
+        return [ActorSpec((Sample(i, i, 0, 100),), 0.0, 0.0) for i in range(n)]
+    cfg = SimConfig(profile=FLAT, gpus_per_actor=1, shared_processors=2, background_processors=0.5)
+    assert simulate_phase(specs(2), cfg)[0].time_s == pytest.approx(1.25)
+    # one actor: 1.5 loads on 2 processors, no slow-down
+    assert simulate_phase(specs(1), cfg)[0].time_s == pytest.approx(1.0)

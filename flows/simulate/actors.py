@@ -29,6 +29,7 @@ class ActorSpec:
     invoked_s: float
     ready_s: float
     holds_until_end: bool = False  # serverful: billed until the whole phase ends
+    work_s: float = 0.0  # processor work after ready_s before the first decode step (live mode)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,12 +48,24 @@ class SimConfig:
     prefer: str = "most_free"  # destination order: 'most_free' | 'least_loaded'
     shared_processors: int | None = None  # actors time-share this many processors (None: own)
     migrate_to_running: bool = True  # False: cut samples always go to a continuation (live flow)
+    # Live-flow mode (cluster.py "Live flow"); every default leaves the cluster model unchanged.
+    migrate_window_s: float | None = None  # batch cut samples into one continuation (flow window)
+    submit_s: float = 0.0  # flow -> activation latency of a submitted task (continuation, score)
+    activation_latency_s: float = 0.0  # a continuation's round-trip wait that uses no processor
+    task_work_s: float = 0.0  # processor work of the flow + orchestrator per submitted action
+    background_processors: float = 0.0  # processors other processes keep busy all along
+    continuation_work_s: float = 0.0  # processor work of a continuation before decoding: fixed
+    continuation_work_s_per_token: float = 0.0  # ... and per re-prefilled token (prompt + generated)
+    score_work_s: float = 0.0  # processor work of the score activation of a returned shard: fixed
+    score_work_s_per_sample: float = 0.0  # ... and per finished sample it scores
 
     def __post_init__(self) -> None:
         if self.migration not in ("reprefill", "kv"):
             raise ValueError(f"migration={self.migration!r}: use 'reprefill' or 'kv'")
         if self.prefer not in ("most_free", "least_loaded"):
             raise ValueError(f"prefer={self.prefer!r}: use 'most_free' or 'least_loaded'")
+        if self.migrate_window_s is not None and (not self.continuation or self.migrate_to_running):
+            raise ValueError("migrate_window_s (live flow) needs continuation=True and migrate_to_running=False")
 
 
 @dataclass(frozen=True)
@@ -95,6 +108,7 @@ class ActorState:
     ctx0: float = 0.0  # mean context of the live samples when the current segment started
     next_s: float = math.inf  # when the actor's next sample finishes if nothing intervenes
     cuttable: bool = True  # continuation actors run to completion
+    work_left: float = 0.0  # processor work (s at full speed) left before decoding starts
 
     def add(self, s: Sample) -> None:
         end = self.progress + (s.length - s.decoded)

@@ -28,6 +28,31 @@ cut point). It runs in the first container available: one released earlier in th
 accelerators (the local warm pool: one thread per worker on a small CPU): while k > p actors
 decode, each decodes at p / k of its profiled speed.
 
+Live flow (``migrate_window_s`` set; the local warm pool as ``flows/rlhf_step.py`` drives it;
+every setting below defaults to off, leaving the cluster model above unchanged):
+
+- an actor's ``ActorSpec.work_s`` is processor work it does after ``ready_s`` and before its
+  first decode step (request parsing, dataset / KV-bundle reads, prefill, output write, result
+  transfer: the activation's cost beyond the decode steps); it runs on the shared processors
+  like a decoding actor (while k busy actors and jobs exceed p processors, each runs at p / k);
+- a cut returns the action: its unfinished samples are batched, and ONE continuation action
+  is submitted when the batching window (``migrate_window_s`` from the first cut sample) closes
+  or no generation action is pending any more, whichever comes first; it starts ``submit_s``
+  + ``activation_latency_s`` later (task submission; the invocation's round-trip waits, which
+  use no processor) and first does ``continuation_work_s`` +
+  ``continuation_work_s_per_token`` x (prompt + generated tokens) of processor work (request,
+  re-prefill), then decodes; it is never cut;
+- every returned action with finished samples starts a score activation ``submit_s`` later,
+  ``score_work_s`` + ``score_work_s_per_sample`` x finished samples of processor work on the
+  shared processors; it does not extend the phase (the flow's generation phase ends when the
+  last generation action returns);
+- every submitted action (primary, continuation, score) costs ``task_work_s`` of processor
+  work in the flow and the orchestrator (Prefect task run, state updates) on the same
+  processors, from its submission; these run one at a time, in submission order (the flow's
+  engine shares one interpreter lock; the server one event loop), so they load at most one
+  processor; ``background_processors`` is the load other processes (the idle orchestrator)
+  keep on them all along.
+
 Accounting: ``gpu_seconds`` = sum over actors of GPUs x (release - invoke) plus the prefill
 actor's GPU-s and the pre-warm idle GPU-s passed in; ``busy`` = GPU-s spent decoding; idle
 fraction = 1 - busy / billed.
@@ -56,11 +81,19 @@ class _Phase:
         self.spare_warm = config.spare_warm_actors
         self.released_warm = 0  # containers released in this phase: warm, this step's weights
         self.slow = 1.0  # TPOT multiplier of the current segment (processor sharing)
+        self.jobs: list[list[float]] = []  # live mode: [start, work left] of score activations
+        self.tasks: list[list[float]] = []  # live mode: [start, work left] of the flow, in order
+        self.batch: list[int] = []  # live mode: cut samples waiting for their continuation
+        self.window_end = math.inf  # live mode: when the batching window closes
         for spec in specs:
             actor = self._new_actor(spec.invoked_s, spec.ready_s, spec.holds_until_end,
                                     len(spec.samples))
+            actor.work_left = spec.work_s
             for s in spec.samples:
                 actor.add(s)
+            if config.task_work_s > 0:  # the flow submits every planned action at its invocation
+                self.tasks.append([spec.invoked_s, config.task_work_s])
+        self.tasks.sort()
 
     def _new_actor(self, invoked: float, ready: float, holds: bool, slots: int) -> ActorState:
         actor = ActorState(len(self.actors), invoked, ready, holds, slots)
@@ -74,23 +107,36 @@ class _Phase:
         """Earliest time something changes; records each decoding actor's own next finish."""
         best = math.inf
         cores = self.cfg.shared_processors
-        if cores:  # processor sharing: more decoding actors than processors slow each down
-            active = sum(1 for a in self.running() if t >= a.resume_s and a.live)
+        if cores:  # processor sharing: more busy actors (and jobs) than processors slow each down
+            active = sum(1 for a in self.running() if t >= a.resume_s and (a.live or a.work_left > 0))
+            active += len(self._running_jobs(t)) + self.cfg.background_processors
             self.slow = max(1.0, active / cores)
         for a in self.running():
             if a.arriving:
                 best = min(best, min(a.arriving)[0])
             if t < a.resume_s:
                 best = min(best, a.resume_s)
+            elif a.work_left > 0:  # start-up work before decoding (live mode)
+                a.next_s = t + a.work_left * self.slow
+                best = min(best, a.next_s)
             elif a.live:
                 k = a.live[0][0] - a.progress
                 a.ctx0 = a.ctx_base / len(a.live) + a.progress
                 a.next_s = t + k * self.slow * self.tpot(len(a.live), a.ctx0 + 0.5 * (k + 1.0))
                 best = min(best, a.next_s)
+        for start, work in self.jobs + self.tasks[:1]:
+            best = min(best, start if start > t else t + work * self.slow)
+        if self.batch and self.window_end > t:
+            best = min(best, self.window_end)
         return best
 
     def advance(self, t: float, t_next: float) -> None:
+        for job in self._running_jobs(t):
+            job[1] -= (t_next - t) / self.slow
         for a in self.running():
+            if t >= a.resume_s and a.work_left > 0:
+                a.work_left = 0.0 if t_next >= a.next_s else a.work_left - (t_next - t) / self.slow
+                continue
             if t < a.resume_s or not a.live:
                 continue
             a.busy_s += t_next - t
@@ -120,14 +166,49 @@ class _Phase:
                 end, sid = heapq.heappop(a.live)
                 a.take(self.samples[sid], end, end)
                 a.finished += 1
+        self.jobs = [job for job in self.jobs if job[1] > 1e-12]
+        self.tasks = [job for job in self.tasks if job[1] > 1e-12]
         for a in self.running():
-            if self.cfg.tau is not None and a.cuttable and not a.holds and a.live and t >= a.resume_s:
+            if (self.cfg.tau is not None and a.cuttable and not a.holds and a.live
+                    and t >= a.resume_s and a.work_left <= 0):
                 if should_cut(a.held, a.finished, self.cfg.tau):
                     self._try_cut(a, t)
         for a in self.running():
             if not a.live and not a.arriving and not a.holds and t >= a.resume_s:
-                a.released_s = t
-                self.released_warm += 1
+                self._release(a, t)
+        if self.batch and (t >= self.window_end or not self.running()):
+            self._start_batched_continuation(t)
+
+    def _running_jobs(self, t: float) -> list[list[float]]:
+        """Score activations under way, and the flow's task work at the head of its queue (the
+        flow process and the orchestrator each run one thing at a time: GIL, one event loop)."""
+        return [job for job in self.jobs if job[0] <= t] + [job for job in self.tasks[:1] if job[0] <= t]
+
+    def _release(self, a: ActorState, t: float) -> None:
+        """The actor returns; in live mode the flow submits the score of its finished samples."""
+        a.released_s = t
+        self.released_warm += 1
+        work = self.cfg.score_work_s + self.cfg.score_work_s_per_sample * a.finished
+        if work > 0 and a.finished:
+            self.jobs.append([t + self.cfg.submit_s, work])
+            if self.cfg.task_work_s > 0:
+                self.tasks.append([t, self.cfg.task_work_s])
+
+    def _start_batched_continuation(self, t: float) -> None:
+        """Live flow: one continuation action for the batched cut samples, submitted now; it
+        starts after the submission latency and the invocation's waits and does its start-up
+        work (request, re-prefill of prompt + generated tokens) on the shared processors before
+        decoding."""
+        samples = [self.samples[sid] for sid in self.batch]
+        tokens = sum(s.prompt_len + s.decoded for s in samples)
+        actor = self._new_actor(t, t + self.cfg.submit_s + self.cfg.activation_latency_s, False, len(samples))
+        actor.cuttable = False
+        actor.work_left = self.cfg.continuation_work_s + self.cfg.continuation_work_s_per_token * tokens
+        for s in samples:
+            actor.add(s)
+        if self.cfg.task_work_s > 0:
+            self.tasks.append([t, self.cfg.task_work_s])
+        self.batch, self.window_end = [], math.inf
 
     def _free_slots(self, exclude: ActorState) -> dict[int, int]:
         return {a.aid: a.slots - len(a.live) - len(a.arriving) for a in self.running()
@@ -139,6 +220,17 @@ class _Phase:
         return sorted(free, key=lambda aid: (len(self.actors[aid].live), aid))
 
     def _try_cut(self, src: ActorState, t: float) -> None:
+        if self.cfg.migrate_window_s is not None:  # live flow: the action returns its cut samples
+            if not self.batch:
+                self.window_end = t + self.cfg.migrate_window_s
+            for end, sid in sorted(src.live):
+                src.take(self.samples[sid], end, src.progress)
+                self.batch.append(sid)
+            self.cuts += 1
+            self.migrated += len(src.live)
+            src.live = []
+            self._release(src, t)
+            return
         free = self._free_slots(src) if self.cfg.migrate_to_running else {}
         moves = choose_destinations(len(src.live), free, self._preference(free))
         if moves is None and self.cfg.continuation:
@@ -166,8 +258,7 @@ class _Phase:
                 dst.resume_s = max(dst.resume_s, t) + tokens / self.cfg.profile.prefill_tokens_per_s
         self.cuts += 1
         self.migrated += sum(moves.values())
-        src.released_s = t
-        self.released_warm += 1
+        self._release(src, t)
 
     def _start_continuation(self, t: float, slots: int) -> ActorState:
         """An actor sized like the one it relieves, in the first container available (module
