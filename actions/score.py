@@ -44,7 +44,8 @@ def run_score(req: ScoreRequest) -> ScoreResult:
     raw = task.reward(texts, answer=[dataset[s["prompt_id"]].answer for s in samples])
     # Unscorable output (None) is data, not an error: it earns no reward (STYLE P8).
     rewards = torch.tensor([0.0 if r is None else float(r) for r in raw])
-    packed = pack(prompts, responses, tokenizer.pad_token_id).to(next(policy.parameters()).device)
+    packed = pack(prompts, responses, tokenizer.pad_token_id, prompt_width=req.prompt_width,
+                  response_width=req.response_width).to(next(policy.parameters()).device)
     old_logp = response_logprobs(policy, packed)
     ref_logp = response_logprobs(ref_model, packed)
     tensors = {"old_logp": old_logp.cpu(), "ref_logp": ref_logp.cpu(), "rewards": rewards}

@@ -27,14 +27,20 @@ def test_same_config_and_seed_give_same_weights(tiny_config, prefect_harness):
 
 
 def test_fanout_one_and_three_produce_the_same_training_data(tiny_config, prefect_harness):
-    one = tiny_config("invoker.kind=inprocess", "run_id=one", "scaling.policy=fixed:1", "steps=1")
-    three = tiny_config("invoker.kind=inprocess", "run_id=three", "scaling.policy=fixed:3", "steps=1")
+    # hidden 96 (the default width): narrower models hide the float effects of batch shapes
+    wide = ("model.hidden_size=96", "model.num_heads=4", "model.intermediate_size=256")
+    one = tiny_config("invoker.kind=inprocess", "run_id=one", "scaling.policy=fixed:1", "steps=1",
+                      "generation.cut_threshold=null", *wide)
+    three = tiny_config("invoker.kind=inprocess", "run_id=three", "scaling.policy=fixed:3", "steps=1", *wide)
     s1, s3 = run_campaign(one, progress=lambda m: None), run_campaign(three, progress=lambda m: None)
     assert s1["steps"][0]["actors/n"] == 1 and s3["steps"][0]["actors/n"] == 3
+    assert s3["steps"][0]["actors/cut"] > 0  # the three-way run also cuts and continues
     t1, t3 = _rollout_tokens(one, 0), _rollout_tokens(three, 0)
     assert t1.keys() == t3.keys() and len(t1) == 16
-    same = sum(t1[k] == t3[k] for k in t1)
-    assert same / len(t1) >= 0.99
+    assert all(t1[k] == t3[k] for k in t1)
+    # Scoring pads every row to the step's widths, so a sample's log-probs do not depend on
+    # which shard it was scored in: the weights are equal bit for bit, not only the tokens.
+    assert s1["weights_sha256"] == s3["weights_sha256"]
 
 
 def test_existing_run_needs_resume_and_same_config(tiny_config, prefect_harness):

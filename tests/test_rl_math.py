@@ -216,3 +216,15 @@ def test_value_loss_clipping():
     loss.backward()
     # clipped token: no gradient; unclipped: 0.5 * 2 * (V - R) / 2 tokens = 1.0
     assert close(values.grad, [[0.0, 1.0, 0.0]])
+
+
+def test_pack_to_fixed_widths_and_refuse_rows_that_do_not_fit():
+    from actions.rl.sequences import pack
+
+    b = pack([[5, 6], [7]], [[8], [9, 10]], 0, prompt_width=4, response_width=3)
+    # prompts left-padded to 4, responses right-padded to 3, whatever the batch's own maxima
+    assert b.input_ids.tolist() == [[0, 0, 5, 6, 8, 0, 0], [0, 0, 0, 7, 9, 10, 0]]
+    assert b.response_mask.tolist() == [[1.0, 0.0, 0.0], [1.0, 1.0, 0.0]]
+    assert b.position_ids[1].tolist()[3:6] == [0, 1, 2]  # positions skip the padding
+    with pytest.raises(ValueError, match="prompt_width=1"):
+        pack([[5, 6]], [[8]], 0, prompt_width=1, response_width=3)

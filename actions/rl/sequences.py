@@ -36,11 +36,24 @@ class PackedBatch:
                            self.response_mask[idx], self.prompt_width)
 
 
-def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int) -> PackedBatch:
-    """Pack B (prompt, response) token lists; responses must be non-empty."""
+def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int, *,
+         prompt_width: int | None = None, response_width: int | None = None) -> PackedBatch:
+    """Pack B (prompt, response) token lists; responses must be non-empty.
+
+    By default P and T are the longest prompt and response of this batch. Fixed widths make
+    every row's shape independent of its batch mates, and so its log-probs bit for bit: CPU and
+    GPU kernels round a row differently for other padded widths.
+
+    Raises:
+        ValueError: a prompt or response is longer than the fixed width asked for.
+    """
     B = len(prompts)
-    P = max(len(p) for p in prompts)
-    T = max(1, max(len(r) for r in responses))
+    P = prompt_width or max(len(p) for p in prompts)
+    T = response_width or max(1, max(len(r) for r in responses))
+    if any(len(p) > P for p in prompts) or any(len(r) > T for r in responses):
+        raise ValueError(f"prompt_width={P}/response_width={T} is shorter than a row "
+                         f"({max(len(p) for p in prompts)}/{max(len(r) for r in responses)} tokens); "
+                         "widen them to the step's longest prompt and max_new_tokens + 1")
     ids = torch.full((B, P + T), pad_id, dtype=torch.long)
     attn = torch.zeros((B, P + T), dtype=torch.long)
     rmask = torch.zeros((B, T), dtype=torch.float32)
