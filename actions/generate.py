@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from actions.common.adapter import run_action
 from actions.common.contracts import GenerateRequest, GenerateResult, PartialSample, SampleStat
+from actions.common.device import action_device
 from actions.common.kv_bundle import load_bundle
 from actions.common.loading import encode, load_dataset, rows_for, store_for
 from actions.common.storage import get_json, put_json
@@ -44,7 +45,8 @@ def run_generate(req: GenerateRequest) -> GenerateResult:
     specs = _specs(req, tokenizer)
     # vLLM cannot import KV tensors; its prefix cache deduplicates the prompts instead.
     use_bundle = req.kv_bundle_key is not None and req.engine == "torch"
-    prefixes = load_bundle(store, req.kv_bundle_key, req.model.policy_version) if use_bundle else None
+    prefixes = (load_bundle(store, req.kv_bundle_key, req.model.policy_version, device=action_device())
+                if use_bundle else None)  # on the model's device (load_model), copied there once
     outs, stats = engine.generate(
         specs, seed=req.run_seed, step=req.step, max_new_tokens=req.max_new_tokens,
         temperature=req.temperature, dedup=req.dedup_prefill, prefixes=prefixes, cut_after=req.cut_after,

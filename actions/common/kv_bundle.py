@@ -7,6 +7,8 @@ the policy version the KV was computed with. Tensors are content-addressed blobs
 
 from __future__ import annotations
 
+import torch
+
 from actions.common import warm
 from actions.common.storage import ObjectStore
 from actions.common.weights import load_tensors, publish_tensors
@@ -25,8 +27,11 @@ def publish_bundle(store: ObjectStore, key: str, states: list[PrefixState], poli
     publish_tensors(store, key, tensors, meta)
 
 
-def load_bundle(store: ObjectStore, key: str, policy_version: int) -> dict[tuple[int, ...], PrefixState]:
-    """Prefix tokens -> state. Refuses a bundle computed with other weights."""
+def load_bundle(store: ObjectStore, key: str, policy_version: int,
+                device: torch.device | None = None) -> dict[tuple[int, ...], PrefixState]:
+    """Prefix tokens -> state, its tensors on ``device`` (default: the host). Cached while the
+    container stays warm, so a GPU action copies a bundle to its device once, not per call.
+    Refuses a bundle computed with other weights."""
     def build():
         tensors, meta = load_tensors(store, key)
         if meta.get("policy_version") != policy_version:
@@ -34,10 +39,11 @@ def load_bundle(store: ObjectStore, key: str, policy_version: int) -> dict[tuple
                 f"KV bundle {key!r} was computed with policy version {meta.get('policy_version')}, "
                 f"not {policy_version}; re-run prefill for this version"
             )
+        tensors = {name: t.to(device) for name, t in tensors.items()} if device is not None else tensors
         out = {}
         for i, toks in enumerate(meta["prefixes"]):
             kv = [(tensors[f"p{i}.k{li}"], tensors[f"p{i}.v{li}"]) for li in range(meta["num_layers"])]
             out[tuple(toks)] = PrefixState(tuple(toks), kv, tensors[f"p{i}.logits"])
         return out
 
-    return warm.get_or_build(("kv", store.uri, key), build)[0]
+    return warm.get_or_build(("kv", store.uri, key, str(device)), build)[0]

@@ -47,7 +47,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from urllib.parse import urlsplit
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -61,6 +60,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 
 from actions.common.credentials import S3Credentials, mask_key_id, redact
+from actions.common.endpoints import is_http_url
 from actions.common.storage import (
     BucketNotFound,
     ObjectNotFound,
@@ -222,16 +222,10 @@ class S3Store:
             raise ValueError(f"RLHFLESS_S3_CONDITIONAL_WRITES={mode!r}: use auto, on or off")
         endpoint_var = "AWS_ENDPOINT_URL_S3" if env.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL"
         endpoint = env.get(endpoint_var) or None
-        if endpoint is not None:
-            try:
-                parts = urlsplit(endpoint)
-                valid = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
-            except ValueError:  # a port that is not a number
-                valid = False
-            if not valid or " " in endpoint:
-                raise ValueError(
-                    f"{endpoint_var}={endpoint!r} is not an http(s) URL; set it to e.g. http://127.0.0.1:9000"
-                )
+        if endpoint is not None and not is_http_url(endpoint):
+            raise ValueError(
+                f"{endpoint_var}={endpoint!r} is not an http(s) URL; set it to e.g. http://127.0.0.1:9000"
+            )
         settings: dict[str, Any] = {
             "endpoint_url": endpoint,
             "credentials": S3Credentials.from_env(env),

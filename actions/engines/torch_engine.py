@@ -16,8 +16,9 @@ What it does, and why:
 
 * **Any device.** Work happens on the model's device (``next(model.parameters()).device``):
   token ids and masks are built on the host and moved once per forward, and each decode step
-  reads its sampled tokens back in one transfer. KV states from a bundle (host tensors) are
-  moved to the device when they are first used.
+  reads its sampled tokens back in one transfer. The generate action loads KV bundles onto
+  the device once per container (``kv_bundle.load_bundle``); a host state a caller passes in
+  is moved when used.
 
 Shapes: KV per layer ``[rows, kv_heads, positions, head_dim]``; masks ``[rows, positions]``.
 """
@@ -115,7 +116,7 @@ class TorchEngine:
         return states, sum(len(s) for s in suffixes)
 
     def _on_device(self, state: PrefixState) -> PrefixState:
-        """The state with its tensors on this engine's device (a bundle is loaded on the host)."""
+        """The state with its tensors on this engine's device (a no-op for states already there)."""
         if state.last_logits.device == self.device:
             return state
         kv = [(k.to(self.device), v.to(self.device)) for k, v in state.kv]

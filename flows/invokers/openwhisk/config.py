@@ -9,9 +9,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
-
 from actions.common.credentials import register_secret
+from actions.common.endpoints import is_http_url
 
 API_PATH = "/api/v1"
 SECRET_BLOCK_ENV = "RLHFLESS_OPENWHISK_SECRET"
@@ -43,12 +42,7 @@ class OpenWhiskConfig:
             host = "https://" + host
         if host.endswith(API_PATH):
             host = host[: -len(API_PATH)]
-        try:
-            parts = urlsplit(host)
-            valid = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
-        except ValueError:  # a port that is not a number
-            valid = False
-        if not valid or any(c.isspace() for c in host):
+        if not is_http_url(host):
             raise ValueError(f"OpenWhisk API host {self.api_host!r} is not a URL; set WSK_APIHOST to https://host[:port]")
         object.__setattr__(self, "api_host", host)
         uuid, _, key = (self.auth or "").partition(":")

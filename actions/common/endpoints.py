@@ -1,0 +1,16 @@
+"""Checking service endpoints from the environment (S3, OpenWhisk) before any connection."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+
+def is_http_url(text: str) -> bool:
+    """True for ``http(s)://host[:port][/path]``: a scheme, a host, a numeric non-zero port if
+    one is given, and no whitespace. Callers word the error, naming their own setting."""
+    try:
+        parts = urlsplit(text)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a port that is not a number
+        return False
+    return valid and not any(c.isspace() for c in text)
