@@ -3,10 +3,13 @@
 Reads one or more rollout objects, scores every finished sample with the task's reward
 function, and computes per-token log-probs under the sampling policy (the "old" policy of
 the PPO ratio) and under the frozen reference, plus the critic's values for PPO. The output
-is an artifact of tensors [B, T] (right-padded responses) and a meta table of the samples.
+is an artifact of tensors [B, T] (right-padded responses, T = the shard's widest row rounded
+up to ``sequences.WIDTH_BUCKET``) and a meta table of the samples.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 
@@ -18,7 +21,7 @@ from actions.common.storage import get_json
 from actions.common.weights import publish_tensors
 from actions.rl.kl import kl_estimate
 from actions.rl.masked import masked_mean
-from actions.rl.sequences import pack, response_logprobs
+from actions.rl.sequences import per_row_widths, response_logprobs
 from actions.tasks import get_task
 
 
@@ -44,20 +47,22 @@ def run_score(req: ScoreRequest) -> ScoreResult:
     raw = task.reward(texts, answer=[dataset[s["prompt_id"]].answer for s in samples])
     # Unscorable output (None) is data, not an error: it earns no reward (STYLE P8).
     rewards = torch.tensor([0.0 if r is None else float(r) for r in raw])
-    packed = pack(prompts, responses, tokenizer.pad_token_id, prompt_width=req.prompt_width,
-                  response_width=req.response_width).to(next(policy.parameters()).device)
-    old_logp = response_logprobs(policy, packed)
-    ref_logp = response_logprobs(ref_model, packed)
-    tensors = {"old_logp": old_logp.cpu(), "ref_logp": ref_logp.cpu(), "rewards": rewards}
+    fns = {"old_logp": partial(response_logprobs, policy), "ref_logp": partial(response_logprobs, ref_model)}
     if req.algorithm.name == "ppo":
         if req.critic_key is None:
             raise ValueError("ScoreRequest.critic_key is required when algorithm.name is ppo")
-        tensors["values"] = load_critic(req.policy.store_uri, req.policy.base_key, req.critic_key)(packed).cpu()
+        fns["values"] = load_critic(req.policy.store_uri, req.policy.base_key, req.critic_key)
+    # Each row at widths of its own: its log-probs do not depend on the shard it is scored in.
+    outs, mask = per_row_widths(list(fns.values()), prompts, responses, tokenizer.pad_token_id,
+                                device=next(policy.parameters()).device)
+    scored = dict(zip(fns, outs))
+    old_logp, ref_logp = scored["old_logp"], scored["ref_logp"]
+    tensors = {name: t.cpu() for name, t in scored.items()} | {"rewards": rewards}
     meta = {"samples": [{"prompt_id": s["prompt_id"], "sample_index": s["sample_index"], "prompt": list(p),
                          "response": r, "finish_reason": s["finish_reason"]}
                         for s, p, r in zip(samples, prompts, responses)]}
     publish_tensors(store_for(req.policy.store_uri), req.output_key, tensors, meta)
-    kl = masked_mean(kl_estimate(old_logp, ref_logp, req.algorithm.kl_kind), packed.response_mask)
+    kl = masked_mean(kl_estimate(old_logp, ref_logp, req.algorithm.kl_kind), mask)
     return ScoreResult(scored_key=req.output_key, num_samples=len(samples), reward_mean=float(rewards.mean()),
                        reward_sum=float(rewards.sum()), kl_mean=float(kl))
 

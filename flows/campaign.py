@@ -126,8 +126,7 @@ def _run_one_step(ctx: RunContext, state: CampaignState, tokens: dict, num_worke
     inputs = StepInputs(step=state.step, epoch=epoch, prompt_ids=prompt_ids, model=_model_ref(ctx, state),
                         reference_key=state.reference_key, train_key=state.prepared["train_key"],
                         optimizer_key=state.optimizer_key, critic_key=state.critic_key,
-                        critic_optimizer_key=state.critic_optimizer_key,
-                        prompt_width=max(len(tokens[str(p)]["prompt"]) for p in prompt_ids))
+                        critic_optimizer_key=state.critic_optimizer_key)
     t_plan = time.time() - t0
     out = rlhf_step(inputs, phase)
     t_commit0 = time.time()

@@ -25,8 +25,6 @@ class StepInputs:
     optimizer_key: str | None
     critic_key: str | None
     critic_optimizer_key: str | None
-    prompt_width: int | None = None
-    """Tokens of the step's longest prompt: scoring pads every row to it (ScoreRequest)."""
 
 
 def step_prefix(ctx: RunContext, step: int) -> str:
@@ -58,8 +56,7 @@ def score_payload(ctx: RunContext, inputs: StepInputs, rollout_keys: list[str], 
     return ScoreRequest(
         policy=inputs.model, reference_key=inputs.reference_key, critic_key=inputs.critic_key,
         dataset_key=inputs.train_key, rollout_keys=rollout_keys, task=ctx.config.data.task,
-        algorithm=ctx.config.algorithm, prompt_width=inputs.prompt_width,
-        response_width=ctx.config.generation.max_new_tokens + 1,
+        algorithm=ctx.config.algorithm,
         output_key=f"{step_prefix(ctx, inputs.step)}/scored/{shard}/manifest.json",
     ).model_dump(mode="json")
 

@@ -228,3 +228,30 @@ def test_pack_to_fixed_widths_and_refuse_rows_that_do_not_fit():
     assert b.position_ids[1].tolist()[3:6] == [0, 1, 2]  # positions skip the padding
     with pytest.raises(ValueError, match="prompt_width=1"):
         pack([[5, 6]], [[8]], 0, prompt_width=1, response_width=3)
+
+
+def test_rows_are_scored_at_widths_of_their_own_whatever_their_batch_mates():
+    from functools import partial
+
+    from actions.common.modeling import build_tiny_model
+    from actions.rl.sequences import bucket_widths, pack, per_row_widths, response_logprobs
+
+    assert bucket_widths(1, 1, 16) == (16, 16) and bucket_widths(17, 16, 16) == (32, 16)
+    torch.manual_seed(0)
+    model, _ = build_tiny_model(hidden_size=96, num_layers=2, num_heads=4, intermediate_size=256,
+                                max_positions=256, seed=0)
+    model.eval()
+    short = ([3, 4, 5], [6, 7])
+    long = ([8] * 40, [9] * 70)
+    mid = ([10] * 5, [11] * 20)
+    logp = partial(response_logprobs, model)
+    with torch.no_grad():
+        (alone,), mask_alone = per_row_widths([logp], [short[0]], [short[1]], 0)
+        (mixed,), mask = per_row_widths([logp], [mid[0], short[0], long[0]], [mid[1], short[1], long[1]], 0)
+        # padded to the batch's longest row instead: the same values to float tolerance only
+        wide = logp(pack([short[0], long[0]], [short[1], long[1]], 0))
+    assert alone.shape == (1, 16) and mixed.shape == (3, 80)  # widest group: 70 -> 80 tokens
+    assert torch.equal(mixed[1, :16], alone[0]) and not mixed[1, 16:].any()
+    assert mask.sum(-1).tolist() == [20.0, 2.0, 70.0] and torch.equal(mask_alone[0, :2], torch.ones(2))
+    assert torch.allclose(wide[0, :2], alone[0, :2], atol=1e-5)
+    assert alone[0, 2:].abs().sum() == 0  # nothing past the response

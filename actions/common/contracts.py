@@ -131,12 +131,6 @@ class ScoreRequest(_Msg):
     rollout_keys: list[str]
     task: str
     algorithm: AlgorithmConfig
-    prompt_width: int | None = Field(None, ge=1)
-    """Left-pad every prompt to this many tokens (the step's longest prompt). With
-    ``response_width`` every row has one shape whichever shard it is scored in, so its
-    log-probs, and the weights trained from them, do not depend on the fan-out."""
-    response_width: int | None = Field(None, ge=1)
-    """Right-pad every response to this many tokens (``max_new_tokens`` + 1 for the EOS)."""
     output_key: str
 
 

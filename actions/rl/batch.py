@@ -34,7 +34,7 @@ class TrainBatch:
 
 
 def _pad_to(x: torch.Tensor, width: int) -> torch.Tensor:
-    """Right-pad (or, for shards scored at a fixed wider width, crop the zero tail) to ``width``."""
+    """Right-pad (or, for a shard scored at bucketed widths wider than the batch, crop the zero tail) to ``width``."""
     if x.shape[1] >= width:
         return x[:, :width]
     return torch.nn.functional.pad(x, (0, width - x.shape[1]))

@@ -8,7 +8,8 @@ action the policy must learn. Position ids skip the padding.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +43,7 @@ def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], p
 
     By default P and T are the longest prompt and response of this batch. Fixed widths make
     every row's shape independent of its batch mates, and so its log-probs bit for bit: CPU and
-    GPU kernels round a row differently for other padded widths.
+    GPU kernels round a row differently for other padded widths (see ``per_row_widths``).
 
     Raises:
         ValueError: a prompt or response is longer than the fixed width asked for.
@@ -88,3 +89,51 @@ def response_logprobs(model: torch.nn.Module, batch: PackedBatch, *, with_entrop
         return logp
     entropy = -(logp_all.exp() * logp_all).sum(-1) * batch.response_mask
     return logp, entropy
+
+
+WIDTH_BUCKET = 16
+"""Tokens a scored row's prompt and response widths are rounded up to (``per_row_widths``)."""
+
+
+def bucket_widths(prompt_len: int, response_len: int, bucket: int = WIDTH_BUCKET) -> tuple[int, int]:
+    """(P, T) a row is padded to when scored: its own lengths rounded up to ``bucket``."""
+    if bucket < 1:
+        raise ValueError(f"bucket={bucket}: must be >= 1 token")
+    return (bucket * max(1, math.ceil(prompt_len / bucket)), bucket * max(1, math.ceil(response_len / bucket)))
+
+
+def per_row_widths(fns: Sequence[Callable[[PackedBatch], torch.Tensor]], prompts: Sequence[Sequence[int]],
+                   responses: Sequence[Sequence[int]], pad_id: int, *, device: torch.device | None = None,
+                   bucket: int = WIDTH_BUCKET) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Evaluate per-token functions of B rows, each row padded to widths of its own.
+
+    Rows are grouped by ``bucket_widths`` of their own lengths and each group is packed to
+    exactly those widths, so a row is computed in the same shape whichever rows share its call.
+    Kernels round a row differently for other padded widths (the softmax over keys, for one,
+    sums over the padded width), so padding to the batch's longest row would make a sample's
+    log-probs depend on how generation was split into shards. A fixed step-wide width would
+    remove that too, but pads a shard of short responses to the longest one of the step.
+
+    Args:
+        fns: each maps a packed group to a ``[b, T_group]`` tensor (log-probs, values).
+        prompts, responses: B token lists; responses must be non-empty.
+        device: where the groups are packed to (the models' device); results come back there.
+    Returns:
+        (one ``[B, T]`` float tensor per fn, zero past each row's group width; the ``[B, T]``
+        response mask), ``T`` = the widest group's response width, rows in input order.
+    """
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        groups.setdefault(bucket_widths(len(p), len(r), bucket), []).append(i)
+    width = max(t for _, t in groups)
+    outs = [torch.zeros((len(prompts), width), device=device) for _ in fns]
+    mask = torch.zeros((len(prompts), width), device=device)
+    for (pw, tw), rows in sorted(groups.items()):
+        packed = pack([prompts[i] for i in rows], [responses[i] for i in rows], pad_id,
+                      prompt_width=pw, response_width=tw)
+        packed = packed.to(device) if device is not None else packed
+        index = torch.tensor(rows, device=device)
+        mask[index, :tw] = packed.response_mask
+        for out, fn in zip(outs, fns):
+            out[index, :tw] = fn(packed).float()
+    return outs, mask
