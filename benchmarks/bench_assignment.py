@@ -7,12 +7,13 @@ Two parts, each printing ratios against its naive baseline measured in the same 
    ``assignment=ranked`` with ``cut_threshold=0.7``, both at ``fixed:4`` generation actions.
    Cut samples continue in continuation actions and every sample keeps its own random stream,
    so both campaigns generate the same samples (checked: every step's token sequences are
-   compared; the trained weights differ in the last bits, as the scored shards reach the
-   learner in another order): per-step figures are paired. Reported per step: billed
+   compared, and the trained weights' hashes): per-step figures are paired. Reported per step: billed
    actor-seconds of the generation actions (continuations included) and step wall time;
    printed as medians of per-step ratios and as totals. Targets: billed actor-seconds at
    least 25% lower, step time no more than 5% longer. ``--repeats R`` runs the pair R times,
-   alternating which strategy goes first.
+   alternating which strategy goes first, each campaign in a fresh process with its own
+   Prefect server (in one process, a campaign inherited the earlier ones' server database and
+   heap, and the last campaigns ran slower).
 
    The machine is shared (2 cores): another process's work during one campaign and not the
    other skews its steps. Every step therefore also records the CPU time used on the machine
@@ -31,9 +32,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -100,37 +103,51 @@ class ForeignCpu:
         return max(0.0, (now[0] - last[0]) - (now[1] - last[1])) / (now[2] - last[2])
 
 
-def run_live(steps: int, repeats: int) -> list[dict[str, dict]]:
+def run_live(steps: int, repeats: int, overrides: list[str]) -> list[dict[str, dict]]:
+    """Run the pair ``repeats`` times, alternating which strategy goes first; every campaign in
+    a fresh process with its own Prefect server, so no run inherits another's server database,
+    heap or workers."""
+    out = []
+    tmp = tempfile.mkdtemp(prefix="bench-assignment-")
+    for r in range(repeats):
+        names = list(STRATEGIES) if r % 2 == 0 else list(reversed(STRATEGIES))
+        runs = {}
+        for name in names:
+            store, result = f"{tmp}/{name}-{r}", f"{tmp}/{name}-{r}.json"
+            print(f"-- live campaign {name} ({steps} steps, repeat {r + 1}/{repeats})", flush=True)
+            subprocess.run([sys.executable, __file__, "--one-campaign", name, "--store", store,
+                            "--steps", str(steps), "--out", result, *[f"--set={o}" for o in overrides]],
+                           check=True,
+                           stdout=subprocess.DEVNULL)
+            with open(result) as fh:
+                runs[name] = json.load(fh)
+        out.append(runs)
+    return out
+
+
+def run_one_campaign(name: str, store: str, steps: int, out_path: str, overrides: list[str]) -> None:
+    """One campaign of the pair (this process's own Prefect server); writes its step metrics,
+    the CPU other processes used during each step, the run id and the weights' hash."""
     from prefect.testing.utilities import prefect_test_harness
 
     from actions.common.config import load_config
     from flows.campaign import run_campaign
 
-    out = []
-    tmp = tempfile.mkdtemp(prefix="bench-assignment-")
     meter = ForeignCpu()
+    cfg = load_config(None, [*WORKLOAD, f"steps={steps}", f"store.uri={store}", *STRATEGIES[name], *overrides])
+    foreign: list[float | None] = []
+
+    def progress(line: str) -> None:  # called after set-up phases and every step
+        value = meter.take()
+        if line.startswith("["):
+            foreign.append(value)
+
     with prefect_test_harness(server_startup_timeout=120):
-        for r in range(repeats):
-            names = list(STRATEGIES) if r % 2 == 0 else list(reversed(STRATEGIES))
-            runs = {}
-            for name in names:
-                store = f"{tmp}/{name}-{r}"
-                cfg = load_config(None, [*WORKLOAD, f"steps={steps}", f"store.uri={store}",
-                                         *STRATEGIES[name]])
-                print(f"-- live campaign {name} ({steps} steps, repeat {r + 1}/{repeats})", flush=True)
-                foreign: list[float | None] = []
-
-                def progress(line: str) -> None:  # called after set-up phases and every step
-                    value = meter.take()
-                    if line.startswith("["):
-                        foreign.append(value)
-
-                meter.take()
-                runs[name] = run_campaign(cfg, progress=progress)
-                runs[name]["store"] = store
-                runs[name]["foreign"] = foreign
-            out.append(runs)
-    return out
+        meter.take()
+        result = run_campaign(cfg, progress=progress)
+    with open(out_path, "w") as fh:
+        json.dump({"steps": result["steps"], "run_id": result["run_id"], "store": store,
+                   "weights_sha256": result["weights_sha256"], "foreign": foreign}, fh)
 
 
 def step_samples(run: dict, step: int) -> dict[tuple[int, int], list[int]]:
@@ -234,9 +251,17 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--skip-live", action="store_true")
     parser.add_argument("--skip-traces", action="store_true")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for both campaigns, e.g. generation.score_while_generating=false")
+    parser.add_argument("--one-campaign", choices=list(STRATEGIES), help=argparse.SUPPRESS)
+    parser.add_argument("--store", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one_campaign:  # a child of run_live
+        run_one_campaign(args.one_campaign, args.store, args.steps, args.out, args.set)
+        return 0
     if not args.skip_live:
-        report_live(run_live(args.steps, args.repeats))
+        report_live(run_live(args.steps, args.repeats, args.set))
     if not args.skip_traces:
         run_traces()
     return 0

@@ -117,7 +117,7 @@ def main() -> int:
                 for s in get_json(store, key)["samples"]:
                     final[(s["prompt_id"], s["sample_index"])] = s
         actors, sid = [], 0
-        for pids in entry["plan"]["assignments"]:
+        for pids, point in zip(entry["plan"]["assignments"], entry["plan"]["cut_after"], strict=True):
             samples = []
             for pid in pids:
                 for i in range(group):
@@ -127,7 +127,8 @@ def main() -> int:
                     samples.append(Sample(sid, pid, len(tokens[str(pid)]["prompt"]), steps))
                     sid += 1
             work = costs["gen"][0] + costs["gen"][1] * len(samples)
-            actors.append(ActorSpec(tuple(samples), 0.0, submit_s + latency, work_s=work))
+            actors.append(ActorSpec(tuple(samples), 0.0, submit_s + latency, work_s=work,
+                                    cuttable=point is not None))  # the plan's cut points
         n = len(actors)
         sim = SimConfig(profile=profile, gpus_per_actor=1, tau=tau if tau is not None and tau < 1 else None,
                         continuation=True, spare_warm_actors=n + 1, shared_processors=cores,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from flows.context import RunContext
 from flows.planning.lengths import LengthHistory, predict_lengths
-from flows.planning.migrate import cut_point
+from flows.planning.migrate import plan_cut_points
 from flows.planning.plan import ClusterSpec, GenerationPlan
 from flows.planning.prefix import PrefillPlan, plan_prefill
 from flows.planning.prewarm import prewarm_offset
@@ -66,19 +66,20 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: dict[
     if cfg.generation.dedup_prefill:
         prefill = plan_prefill(prompts, cfg.algorithm.group_size, cfg.generation.prefill_capacity)
     s = cfg.scaling
+    profile = load_profile(ctx)
     plan = plan_generation(
         prompt_ids, predicted, group_size=cfg.algorithm.group_size,
         prompt_lengths={p: len(v) for p, v in prompts.items()}, policy=s.policy,
         n_min=s.n_min, n_max=max(s.n_min, min(s.n_max, num_workers)), lam=s.lam,
-        assignment=cfg.generation.assignment, profile=load_profile(ctx), cluster=cluster_spec(ctx, num_workers),
+        assignment=cfg.generation.assignment, profile=profile, cluster=cluster_spec(ctx, num_workers),
         cut_threshold=cfg.generation.cut_threshold,
         prefill_tokens=prefill.tokens_computed if prefill else None,
     )
-    tau = cfg.generation.cut_threshold
-    cut_after = {}
-    for i, group in enumerate(plan.assignments):
-        n = len(group) * cfg.algorithm.group_size
-        cut_after[i] = cut_point(n, tau) if tau is not None and tau < 1 and n > 1 else None
+    g = cfg.algorithm.group_size
+    points = plan_cut_points([[predicted[p] for p in group for _ in range(g)] for group in plan.assignments],
+                             [sum(len(prompts[p]) for p in group) / len(group) for group in plan.assignments],
+                             cfg.generation.cut_threshold, profile)
+    cut_after = dict(enumerate(points))
     offset = None
     if s.prewarm:
         offset = prewarm_offset((call_history or {}).get("generate", []), s.prewarm_buffer_s)

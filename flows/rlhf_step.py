@@ -1,8 +1,9 @@
 """One RLHF training step as a Prefect flow: plan -> prefill -> generate -> score -> train.
 
 The body reads like the paper's per-step workflow (PAPER §2). Scoring of a shard is submitted
-the moment its generation returns; cut samples are continued in continuation actions as soon
-as their shard returns; training waits for every score. The step is not visible until the
+the moment its generation returns (unless ``generation.score_while_generating`` is off); cut
+samples are continued in continuation actions as soon as their shard returns; training waits
+for every score. The step is not visible until the
 campaign commits it (flows/state.py).
 """
 
@@ -43,34 +44,45 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> dict[str, Any]:
     scores, gen_results, num_cont = [], [], 0
     pending = list(gens)
     partials: list[str] = []  # cut samples waiting to be batched into one continuation
+    to_score: list[str] = []  # rollouts with finished samples whose score is not submitted yet
+
+    def submit_score(rollout_key: str):
+        shard = rollout_key.rsplit("/", 1)[-1].removesuffix(".json")
+        return invoke_action.submit(action="score", shard=f"score-{shard}",
+                                    payload=score_payload(ctx, inputs, [rollout_key], shard))
+
     window_end = 0.0
     while pending or partials:
+        try:
+            done = next(as_completed(pending, timeout=max(0.0, window_end - time.time()) if partials else None))
+        except TimeoutError:
+            done = None  # the batching window closed: submit what has gathered
+        res = None
+        if done is not None:
+            pending.remove(done)
+            out = done.result()
+            records.append(out["accounting"])
+            res = out["result"]
+            gen_results.append(res)
+            if res.get("partial_key"):
+                if not partials:  # cut samples arriving within the window share one continuation
+                    window_end = time.time() + ctx.config.generation.migrate_window_s
+                partials.append(res["partial_key"])
         if partials and (not pending or time.time() >= window_end):
-            # Migrate the batched stragglers into one continuation action (a free worker).
+            # Migrate the batched stragglers into one continuation action (a free worker),
+            # before this shard's score: the continuation is what the phase waits for.
             name = f"cont-{num_cont}"
             num_cont += 1
             pending.append(invoke_action.submit(
                 action="generate", shard=name,
                 payload=generate_payload(ctx, inputs, name, [], None, None, partial_keys=partials)))
             partials = []
-        try:
-            done = next(as_completed(pending, timeout=max(0.0, window_end - time.time()) if partials else None))
-        except TimeoutError:
-            continue  # the batching window closed: submit what has gathered
-        pending.remove(done)
-        out = done.result()
-        records.append(out["accounting"])
-        res = out["result"]
-        gen_results.append(res)
-        shard = res["rollout_key"].rsplit("/", 1)[-1].removesuffix(".json")
-        if any(s["finish_reason"] != "cut" for s in res["samples"]):
-            scores.append(invoke_action.submit(action="score", shard=f"score-{shard}",
-                                               payload=score_payload(ctx, inputs, [res["rollout_key"]], shard)))
-        if res.get("partial_key"):
-            if not partials:  # cut samples arriving within the window share one continuation
-                window_end = time.time() + ctx.config.generation.migrate_window_s
-            partials.append(res["partial_key"])
+        if res is not None and any(s["finish_reason"] != "cut" for s in res["samples"]):
+            to_score.append(res["rollout_key"])
+            if ctx.config.generation.score_while_generating:
+                scores.append(submit_score(to_score.pop()))
     t_gen_end = time.time()
+    scores += [submit_score(key) for key in to_score]  # generation.score_while_generating off
     score_results = []
     for fut in scores:
         out = fut.result()

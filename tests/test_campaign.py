@@ -38,9 +38,30 @@ def test_fanout_one_and_three_produce_the_same_training_data(tiny_config, prefec
     t1, t3 = _rollout_tokens(one, 0), _rollout_tokens(three, 0)
     assert t1.keys() == t3.keys() and len(t1) == 16
     assert all(t1[k] == t3[k] for k in t1)
-    # Scoring pads every row to the step's widths, so a sample's log-probs do not depend on
+    # Scoring pads every row to widths of its own, so a sample's log-probs do not depend on
     # which shard it was scored in: the weights are equal bit for bit, not only the tokens.
     assert s1["weights_sha256"] == s3["weights_sha256"]
+
+
+def test_scores_can_wait_for_the_end_of_generation(tiny_config, prefect_harness, monkeypatch):
+    import flows.campaign as campaign
+
+    records, metrics = [], campaign.step_metrics
+
+    def keep(out, *args, **kwargs):  # the step's activation records reach only the metrics
+        records.append(out["records"])
+        return metrics(out, *args, **kwargs)
+
+    monkeypatch.setattr(campaign, "step_metrics", keep)
+    common = ("invoker.kind=inprocess", "scaling.policy=fixed:3", "steps=1")
+    overlap = run_campaign(tiny_config(*common, "run_id=overlap"), progress=lambda m: None)
+    after = run_campaign(tiny_config(*common, "run_id=after", "generation.score_while_generating=false"),
+                         progress=lambda m: None)
+    gens = [r for r in records[1] if r["action"] == "generate"]
+    scores = [r for r in records[1] if r["action"] == "score"]
+    assert len(gens) >= 3 and scores
+    assert min(s["submitted_at"] for s in scores) >= max(g["ended_at"] for g in gens)
+    assert overlap["weights_sha256"] == after["weights_sha256"]  # only the order changed
 
 
 def test_existing_run_needs_resume_and_same_config(tiny_config, prefect_harness):

@@ -39,3 +39,24 @@ def test_plan_continuations_batches_by_window_and_size():
     assert out[0].predicted_tokens == 80
     with pytest.raises(ValueError, match="max_batch"):
         plan_continuations(partials, window_s=1.0, max_batch=0)
+
+
+def test_an_actor_is_cut_only_while_another_is_predicted_to_still_decode():
+    from flows.planning.migrate import plan_cut_points
+    from flows.planning.profile import TpotProfile
+
+    flat = TpotProfile(batch_sizes=(1, 64), contexts=(16.0, 512.0), seconds=((0.01, 0.01), (0.01, 0.01)),
+                       prefill_tokens_per_s=1e4)
+    # ranked: actor 0 holds the long groups and reaches its cut point (7 of 10 done at 100
+    # tokens) after actor 1 ended (40 tokens): its tail would only move, so it runs to the end
+    long, short = [100.0] * 7 + [200.0] * 3, [20.0] * 7 + [40.0] * 3
+    assert plan_cut_points([long, short], [16, 16], 0.7, flat) == [None, 7]
+    # similar loads: each reaches its cut point while the other still decodes
+    assert plan_cut_points([short, short], [16, 16], 0.7, flat) == [7, 7]
+    # a lone actor, single samples and tau 1 / None never cut
+    assert plan_cut_points([long], [16], 0.7, flat) == [None]
+    assert plan_cut_points([[50.0], long], [16, 16], 0.7, flat) == [None, None]
+    assert plan_cut_points([short, short], [16, 16], 1.0, flat) == [None, None]
+    assert plan_cut_points([short, short], [16, 16], None, flat) == [None, None]
+    # a late start counts: actor 1 starts decoding after actor 0 has ended
+    assert plan_cut_points([short, short], [16, 16], 0.7, flat, ready_s=[0.0, 5.0]) == [7, None]

@@ -101,6 +101,11 @@ class GenerationConfig(_Section):
     """tau: an action stops once this fraction of its samples finished (None: never cut)."""
     migrate_window_s: float = Field(0.25, ge=0)
     """Cut samples arriving within this many seconds of the first share one continuation."""
+    score_while_generating: bool = True
+    """Score a shard as soon as its generation returns (overlapping the rest of generation).
+    Turn off where score and generation actions share processors or accelerators (a small
+    local pool, one GPU for everything): there the overlap only slows the generation actions
+    still running and inflates their billed time; scores then start when generation ends."""
     prefill_capacity: int = Field(64, gt=0)
     """B_prefill: most unique prefixes one prefill action computes (PAPER 3.1)."""
     length_window: int = Field(1, ge=1)

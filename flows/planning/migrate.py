@@ -8,6 +8,15 @@ its GPUs are released. Definitions [I]:
   ``7.000000000000001`` in floating point and must give 7, not 8). The cut only happens while
   some samples are unfinished, so ``tau = 1`` never cuts, and an actor with a single sample is
   never cut (its cut point is 1 = all done).
+- Which actors get a cut point (``plan_cut_points``): a cut pays only where another actor is
+  still decoding when this one reaches its cut point. Its cut samples then share decode steps
+  with others (a running actor's free slots, or one continuation that batches several actors'
+  stragglers), so the source's tail is billed once instead of twice. An actor predicted to reach
+  its cut point after every other actor has finished (a tie counts as still running; under
+  ranked assignment, typically the
+  one holding the longest groups; always a lone actor) would move its tail, unshortened, into a
+  continuation that starts only after a start-up and a re-prefill: the same GPU-seconds plus
+  the start-up, and a longer phase. It runs to completion instead.
 - Destinations (the paper's rule): other still-running actors with free slots, where an
   actor's slots are the samples it was planned for; slots free up as over-estimated samples
   finish. ``choose_destinations`` fills the actors with the most free slots first and is
@@ -27,6 +36,9 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from flows.planning.cost import decode_time
+from flows.planning.profile import TpotProfile
+
 
 def cut_point(num_samples: int, tau: float) -> int:
     """Number of finished samples at which an actor of ``num_samples`` is cut."""
@@ -40,6 +52,41 @@ def cut_point(num_samples: int, tau: float) -> int:
 def should_cut(num_samples: int, num_finished: int, tau: float) -> bool:
     """True when the actor has reached its cut point and still has unfinished samples."""
     return num_finished < num_samples and num_finished >= cut_point(num_samples, tau)
+
+
+def plan_cut_points(actor_lengths: Sequence[Sequence[float]], prompt_lens: Sequence[float],
+                    tau: float | None, profile: TpotProfile,
+                    ready_s: Sequence[float] | None = None) -> list[int | None]:
+    """Per actor, the finished-sample count at which it is cut, or None (it runs to the end).
+
+    Args:
+        actor_lengths: predicted response length (tokens) of every sample, per actor.
+        prompt_lens: mean prompt length (tokens) per actor.
+        tau: the cut threshold; None or 1 never cuts.
+        profile: TPOT profile the predicted times come from.
+        ready_s: when each actor starts decoding (default: all at 0).
+    Returns:
+        ``cut_point(n, tau)`` where the cut pays (module docstring), else None.
+    """
+    if tau is None or tau >= 1.0:
+        return [None] * len(actor_lengths)
+    ready = list(ready_s) if ready_s is not None else [0.0] * len(actor_lengths)
+    ends, cuts, points = [], [], []
+    for lengths, prompt_len, start in zip(actor_lengths, prompt_lens, ready, strict=True):
+        n = len(lengths)
+        point = cut_point(n, tau) if n > 1 else None
+        ends.append(start + decode_time(lengths, prompt_len, profile))
+        if point is None:
+            cuts.append(math.inf)
+        else:  # decoding until the point-th shortest sample finishes
+            at = sorted(lengths)[point - 1]
+            cuts.append(start + decode_time([min(x, at) for x in lengths], prompt_len, profile))
+        points.append(point)
+    out: list[int | None] = []
+    for i, (point, cut_s) in enumerate(zip(points, cuts)):
+        others = max((e for j, e in enumerate(ends) if j != i), default=-math.inf)
+        out.append(point if point is not None and cut_s <= others else None)
+    return out
 
 
 def choose_destinations(num_to_move: int, free_slots: Mapping[int, int],

@@ -30,6 +30,7 @@ class ActorSpec:
     ready_s: float
     holds_until_end: bool = False  # serverful: billed until the whole phase ends
     work_s: float = 0.0  # processor work after ready_s before the first decode step (live mode)
+    cuttable: bool = True  # False: the plan gave this actor no cut point (migrate.plan_cut_points)
 
 
 @dataclass(frozen=True, kw_only=True)

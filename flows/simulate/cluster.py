@@ -89,6 +89,7 @@ class _Phase:
             actor = self._new_actor(spec.invoked_s, spec.ready_s, spec.holds_until_end,
                                     len(spec.samples))
             actor.work_left = spec.work_s
+            actor.cuttable = spec.cuttable
             for s in spec.samples:
                 actor.add(s)
             if config.task_work_s > 0:  # the flow submits every planned action at its invocation

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from flows.planning.migrate import plan_cut_points
 from flows.planning.plan import ClusterSpec, GenerationPlan
 from flows.planning.profile import TpotProfile
 from flows.planning.scaling import plan_generation
@@ -113,9 +114,13 @@ def make_plan(policy: Policy, prompt_ids: Sequence[int], predicted: Mapping[int,
 
 
 def build_actors(policy: Policy, plan: GenerationPlan, samples: Mapping[int, list[Sample]],
-                 prompt_lengths: Mapping[int, int],
-                 model: ClusterModel) -> tuple[list[ActorSpec], float]:
-    """Actor start-ups for ``plan`` and the GPU-s billed outside the decode actors."""
+                 prompt_lengths: Mapping[int, int], model: ClusterModel,
+                 predicted: Mapping[int, float] | None = None) -> tuple[list[ActorSpec], float]:
+    """Actor start-ups for ``plan`` and the GPU-s billed outside the decode actors.
+
+    With ``predicted`` (prompt id -> length the plan was made with) and a cutting policy, only
+    the actors ``migrate.plan_cut_points`` gives a cut point can be cut, as in the live flow.
+    """
     if policy.serverful:
         specs = []
         for pids in plan.assignments:
@@ -127,10 +132,18 @@ def build_actors(policy: Policy, plan: GenerationPlan, samples: Mapping[int, lis
     all_tokens = sum(prompt_lengths[p] for pids in plan.assignments for p in pids)
     prefill_s = prefill_seconds(all_tokens, model.profile, cluster)
     specs, extra = [], prefill_s * cluster.prefill_gpus
-    for i, pids in enumerate(plan.assignments):
-        st = actor_start(i, cluster, prefill_s, sum(prompt_lengths[p] for p in pids))
+    starts = [actor_start(i, cluster, prefill_s, sum(prompt_lengths[p] for p in pids))
+              for i, pids in enumerate(plan.assignments)]
+    cuttable = [True] * len(starts)
+    if policy.cut and predicted is not None:
+        points = plan_cut_points(
+            [[predicted[p] for p in pids for _ in samples[p]] for pids in plan.assignments],
+            [sum(prompt_lengths[p] for p in pids) / len(pids) for pids in plan.assignments],
+            model.tau, model.profile, [st.ready_s for st in starts])
+        cuttable = [point is not None for point in points]
+    for pids, st, cut in zip(plan.assignments, starts, cuttable):
         specs.append(ActorSpec(tuple(s for p in pids for s in samples[p]), st.invoked_s,
-                               st.ready_s))
+                               st.ready_s, cuttable=cut))
         extra += st.prewarm_idle_s * cluster.gpus_per_actor
     return specs, extra
 

@@ -128,7 +128,7 @@ def run_step(policy: Policy, step: TraceStep, predicted: dict[int, float], model
     group_size = max(len(r.response_lens) for r in step.prompts)
     plan = make_plan(policy, ids, predicted, prompt_lengths, group_size, model)
     samples = _samples(step)
-    specs, extra = build_actors(policy, plan, samples, prompt_lengths, model)
+    specs, extra = build_actors(policy, plan, samples, prompt_lengths, model, predicted)
     spare = max(0, warm_pool - plan.num_actors)
     result, done = simulate_phase(specs, sim_config(policy, model, spare),
                                   extra_gpu_seconds=extra)
