@@ -103,6 +103,11 @@ def test_continuation_reuses_released_container_and_is_not_cut_again():
     res, done = simulate_phase([ActorSpec(a, 0.0, 0.0)], cfg)
     assert res.num_cut == 1 and res.time_s == pytest.approx(0.2 + 32.0 + 0.004 + 3.8)
     _check_conservation(done)
+    # an actor the plan gave no cut point runs to the end (migrate.plan_cut_points)
+    a = tuple(Sample(i, 0, 0, n) for i, n in enumerate((10, 20, 300, 400)))
+    res, done = simulate_phase([ActorSpec(a, 0.0, 0.0, cuttable=False)], cfg)
+    assert res.num_cut == 0 and res.num_actors == 1 and res.time_s == pytest.approx(4.0)
+    _check_conservation(done)
 
 
 def test_shared_processors_slow_concurrent_actors():
@@ -118,6 +123,7 @@ def test_shared_processors_slow_concurrent_actors():
     specs = [ActorSpec((Sample(0, 0, 0, 50),), 0.0, 0.0), ActorSpec((Sample(1, 1, 0, 100),), 0.0, 0.0)]
     res, done = simulate_phase(specs, SimConfig(profile=FLAT, gpus_per_actor=1, shared_processors=1))
     assert res.time_s == pytest.approx(1.5)
+    assert res.release_s == pytest.approx((1.0, 1.5))  # per actor, in start order
     _check_conservation(done)
 
 

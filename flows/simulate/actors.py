@@ -79,6 +79,8 @@ class PhaseResult:
     num_actors: int
     num_cut: int
     num_migrated: int
+    release_s: tuple[float, ...] = ()
+    """When each actor returned (s), in start order: the planned actors, then continuations."""
 
     @property
     def idle_fraction(self) -> float:

@@ -306,5 +306,6 @@ def simulate_phase(specs: list[ActorSpec], config: SimConfig, *,
         billed += (release - a.spec_invoked) * config.gpus_per_actor
         busy += a.busy_s * config.gpus_per_actor
     result = PhaseResult(end, billed + extra_gpu_seconds, busy,
-                         len(phase.actors), phase.cuts, phase.migrated)
+                         len(phase.actors), phase.cuts, phase.migrated,
+                         tuple(end if a.released_s is None else a.released_s for a in phase.actors))
     return result, list(phase.samples.values())
