@@ -185,15 +185,6 @@ def phase_breakdown(records: list[dict], measured: float, n: int) -> tuple[float
     return last, measured - last, scores
 
 
-def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least squares ``y = a + b x`` (b >= 0; a >= 0)."""
-    xs, ys = [x for x, _ in points], [y for _, y in points]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    var = sum((x - mx) ** 2 for x in xs)
-    b = max(0.0, sum((x - mx) * (y - my) for x, y in points) / var) if var > 0 else 0.0
-    return max(0.0, my - b * mx), b
-
-
 def _median_time(call, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -210,6 +201,7 @@ def measure_activation_costs(cfg, state, store, tokens: dict, latency: float,
     round trip, which uses no processor), on a fresh one-worker pool holding the last step's
     policy version (see the module docstring)."""
     from actions.common.contracts import GenerateRequest, ModelRef, PartialSample, ScoreRequest
+    from actions.engines.profiling import fit_line
     from actions.common.storage import put_json
     from flows.invokers.local_pool import LocalPoolInvoker
 
@@ -266,7 +258,7 @@ def measure_activation_costs(cfg, state, store, tokens: dict, latency: float,
         print(f"  KV bundle: {bundle or 'none (the steps had no prefill)'}")
         for name, pts in (("generate", gen), ("continuation", cont), ("score", score)):
             print(f"  {name} probe: " + ", ".join(f"{x} -> {y * 1e3:.1f} ms" for x, y in pts))
-        return {"gen": _fit(gen), "cont": _fit(cont), "score": _fit(score)}
+        return {"gen": fit_line(gen), "cont": fit_line(cont), "score": fit_line(score)}
     finally:
         pool.close()
 

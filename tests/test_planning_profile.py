@@ -40,3 +40,20 @@ def test_profile_applies_capacity_only_where_it_binds():
 def test_model_that_does_not_fit_is_refused():
     with pytest.raises(ValueError, match="raise gpus_per_actor"):
         roofline_profile(H100, LLAMA70, 1)
+
+
+def test_shrink_cost_round_trips_and_defaults_to_zero():
+    import pytest
+
+    from flows.planning.profile import TpotProfile
+
+    grid = dict(batch_sizes=(1, 4), contexts=(8.0, 16.0), seconds=((1e-3, 1e-3), (2e-3, 2e-3)),
+                prefill_tokens_per_s=1e4)
+    p = TpotProfile(**grid, shrink_s=1e-4, shrink_s_per_kv_token=1e-7)
+    assert p.shrink(4, 10.0) == pytest.approx(1e-4 + 4e-6)
+    assert TpotProfile.from_dict(p.to_dict()) == p
+    old = p.to_dict()
+    del old["shrink_s"], old["shrink_s_per_kv_token"]  # a profile written before the fields
+    assert TpotProfile.from_dict(old).shrink(4, 10.0) == 0.0
+    with pytest.raises(ValueError, match="shrink_s=-1"):
+        TpotProfile(**grid, shrink_s=-1)

@@ -127,6 +127,19 @@ def test_shared_processors_slow_concurrent_actors():
     _check_conservation(done)
 
 
+def test_rows_finishing_while_others_go_on_cost_the_batch_shrink():
+    # 10 and 20 tokens at a flat 10 ms: the first finish (one survivor) costs 0.5 s of shrink
+    # before the next step; the last finish ends the actor and costs nothing
+    shrinking = TpotProfile((1, 1000), (0.0, 10000.0), ((0.01, 0.01), (0.01, 0.01)), 1e4, shrink_s=0.5)
+    samples = (Sample(0, 0, 0, 10), Sample(1, 0, 0, 20))
+    res, done = simulate_phase([ActorSpec(samples, 0.0, 0.0)], SimConfig(profile=shrinking, gpus_per_actor=1))
+    assert res.time_s == pytest.approx(0.1 + 0.5 + 0.1)
+    _check_conservation(done)
+    res, _ = simulate_phase([ActorSpec((Sample(0, 0, 0, 10),), 0.0, 0.0)],
+                            SimConfig(profile=shrinking, gpus_per_actor=1))
+    assert res.time_s == pytest.approx(0.1)
+
+
 def test_parse_policy():
     assert parse_policy("round-robin:4").assignment == "round_robin"
     assert not parse_policy("round-robin:4").serverful and not parse_policy("round-robin:4").cut

@@ -1,7 +1,9 @@
 """Measuring the torch engine's time per output token (TPOT) on this machine.
 
 Runs the torch engine itself (forward, sampling, cache bookkeeping) on dummy prompts for a grid
-of batch sizes and context lengths and returns the grid the planner's ``TpotProfile`` takes.
+of batch sizes and context lengths and returns the grid the planner's ``TpotProfile`` takes,
+with the cost of dropping finished rows from the batch (``shrink_seconds``), which the decode
+grid does not see: no dummy row ever stops.
 Every row of a dummy batch shares one random prompt, so the engine prefills it once and forks
 it (as it does for a GRPO group): the prefill stays cheap even at batch 256 x 2k tokens,
 while each decode step still reads every row's own KV. Prefill cancels out of the decode
@@ -74,11 +76,45 @@ def prefill_tokens_per_s(model: torch.nn.Module, vocab: int, batch: int = 16, le
     return batch * length / statistics.median(run() for _ in range(repeats))
 
 
+@torch.no_grad()
+def shrink_seconds(model: torch.nn.Module, batch: int, context: int, vocab: int, repeats: int = 9) -> float:
+    """Median wall time the torch engine spends dropping one finished row from a batch of
+    ``batch`` rows at ``context`` cached tokens (``DynamicCache.batch_select_indices`` and the
+    padding mask), as its decode loop does at every step where rows finish."""
+    device = _device(model)
+    times = []
+    for r in range(repeats):
+        ids = torch.randint(3, vocab, (batch, context)).to(device)
+        cache = model(input_ids=ids, use_cache=True).past_key_values
+        mask = torch.ones((batch, context), dtype=torch.long, device=device)
+        keep = torch.tensor([i for i in range(batch) if i != r % batch], device=device)
+        _sync(device)
+        t0 = time.perf_counter()
+        cache.batch_select_indices(keep)
+        mask = mask[keep]
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least squares ``y = a + b x`` with a, b >= 0."""
+    xs, ys = [x for x, _ in points], [y for _, y in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    b = max(0.0, sum((x - mx) * (y - my) for x, y in points) / var) if var > 0 else 0.0
+    return max(0.0, my - b * mx), b
+
+
 def measure_grid(model: torch.nn.Module, vocab: int, batch_sizes: list[int], contexts: list[int],
                  *, prefill_shape: tuple[int, int] = (16, 64), name: str | None = None) -> dict:
     """The profile as a dict in ``TpotProfile.to_dict`` form (seconds per decode step)."""
     seconds = [[decode_step_seconds(model, b, c, vocab) for c in contexts] for b in batch_sizes]
     param = next(model.parameters())
     label = name or f"measured-torch-{param.device.type}-{str(param.dtype).removeprefix('torch.')}"
+    # the batch-shrink cost at the grid's corners: fixed + per cached token (rows x context)
+    shapes = [(b, c) for b in (batch_sizes[0], batch_sizes[-1]) for c in (contexts[0], contexts[-1]) if b > 1]
+    shrink_s, per_token = fit_line([(b * c, shrink_seconds(model, b, c, vocab)) for b, c in shapes])
     return {"batch_sizes": batch_sizes, "contexts": [float(c) for c in contexts], "seconds": seconds,
-            "prefill_tokens_per_s": prefill_tokens_per_s(model, vocab, *prefill_shape), "name": label}
+            "prefill_tokens_per_s": prefill_tokens_per_s(model, vocab, *prefill_shape), "name": label,
+            "shrink_s": shrink_s, "shrink_s_per_kv_token": per_token}

@@ -111,6 +111,12 @@ class TpotProfile:
     seconds: tuple[tuple[float, ...], ...]
     prefill_tokens_per_s: float
     name: str = "custom"
+    shrink_s: float = 0.0
+    """Fixed seconds of a decode step at which rows finish and the engine drops them from its
+    batch and KV cache (the torch engine copies the cache; paged KV, as in vLLM, and the
+    roofline have no such cost: 0). See ``shrink``."""
+    shrink_s_per_kv_token: float = 0.0
+    """... plus this many seconds per cached token (rows before the drop x context)."""
     # per-batch interpolated rows, filled lazily by tpot_fn (planning speed, not state)
     _rows: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -125,6 +131,18 @@ class TpotProfile:
         if self.prefill_tokens_per_s <= 0:
             raise ValueError(f"profile.prefill_tokens_per_s={self.prefill_tokens_per_s}: "
                              "must be > 0")
+        for name in ("shrink_s", "shrink_s_per_kv_token"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"profile.{name}={getattr(self, name)}: must be >= 0 seconds")
+
+    def shrink(self, batch: int, context: float) -> float:
+        """Seconds to drop finished rows from a batch of ``batch`` rows at ``context`` tokens.
+
+        The simulator adds it at every decode step where some rows finish and others go on;
+        the planner's estimate leaves it out (it ranks candidate fan-outs, and the cost grows
+        with the same batch x context as the decode steps do).
+        """
+        return self.shrink_s + self.shrink_s_per_kv_token * batch * context
 
     def _row(self, batch: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Values and per-cell slopes along context, interpolated at this batch size."""
@@ -202,7 +220,8 @@ class TpotProfile:
     def to_dict(self) -> dict:
         return {"name": self.name, "batch_sizes": list(self.batch_sizes),
                 "contexts": list(self.contexts), "seconds": [list(r) for r in self.seconds],
-                "prefill_tokens_per_s": self.prefill_tokens_per_s}
+                "prefill_tokens_per_s": self.prefill_tokens_per_s, "shrink_s": self.shrink_s,
+                "shrink_s_per_kv_token": self.shrink_s_per_kv_token}
 
     @classmethod
     def from_dict(cls, data: dict) -> "TpotProfile":
@@ -210,7 +229,9 @@ class TpotProfile:
                    contexts=tuple(float(c) for c in data["contexts"]),
                    seconds=tuple(tuple(float(s) for s in row) for row in data["seconds"]),
                    prefill_tokens_per_s=float(data["prefill_tokens_per_s"]),
-                   name=str(data.get("name", "custom")))
+                   name=str(data.get("name", "custom")),
+                   shrink_s=float(data.get("shrink_s", 0.0)),  # absent in older profiles
+                   shrink_s_per_kv_token=float(data.get("shrink_s_per_kv_token", 0.0)))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))

@@ -53,6 +53,10 @@ every setting below defaults to off, leaving the cluster model above unchanged):
   processor; ``background_processors`` is the load other processes (the idle orchestrator)
   keep on them all along.
 
+Batch shrink: at a decode step where some of an actor's samples finish and others go on, the
+actor first spends ``profile.shrink(batch, context)`` dropping them (the torch engine copies
+its KV cache; 0 in GPU profiles), as work before its next decode step.
+
 Accounting: ``gpu_seconds`` = sum over actors of GPUs x (release - invoke) plus the prefill
 actor's GPU-s and the pre-warm idle GPU-s passed in; ``busy`` = GPU-s spent decoding; idle
 fraction = 1 - busy / billed.
@@ -158,15 +162,20 @@ class _Phase:
 
     def settle(self, t: float) -> None:
         """Land migrated samples, finish samples due at ``t``, then cut and release actors."""
+        shrinks: list[tuple[ActorState, float]] = []  # (actor, seconds to drop its finished rows)
         for a in self.running():
             landed = [x for x in a.arriving if x[0] <= t]
             a.arriving = [x for x in a.arriving if x[0] > t]
             for _, sid in sorted(landed):
                 a.add(self.samples[sid])
+            batch = len(a.live)
+            context = a.ctx_base / batch + a.progress if batch else 0.0
             while a.live and a.live[0][0] <= a.progress + 1e-6:
                 end, sid = heapq.heappop(a.live)
                 a.take(self.samples[sid], end, end)
                 a.finished += 1
+            if 0 < len(a.live) < batch:
+                shrinks.append((a, self.cfg.profile.shrink(batch, context)))
         self.jobs = [job for job in self.jobs if job[1] > 1e-12]
         self.tasks = [job for job in self.tasks if job[1] > 1e-12]
         for a in self.running():
@@ -174,6 +183,9 @@ class _Phase:
                     and t >= a.resume_s and a.work_left <= 0):
                 if should_cut(a.held, a.finished, self.cfg.tau):
                     self._try_cut(a, t)
+        for a, seconds in shrinks:  # an actor that was cut stops before shrinking (the engine)
+            if a.released_s is None and a.live:
+                a.work_left += seconds
         for a in self.running():
             if not a.live and not a.arriving and not a.holds and t >= a.resume_s:
                 self._release(a, t)
