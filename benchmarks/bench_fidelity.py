@@ -96,7 +96,7 @@ def main() -> int:
     store = open_store(cfg.store.uri)
     state = load_state(store, cfg.resolved_run_id())
     tokens = get_json(store, state.prepared["tokens_key"])
-    costs = measure_activation_costs(cfg, state, store, tokens, latency)
+    costs = measure_activation_costs(cfg, state, store, tokens, latency, profile)
     cores = os.cpu_count() or 1
     print(f"generate activation work: {costs['gen'][0] * 1e3:.1f} ms + {costs['gen'][1] * 1e3:.2f} ms/sample; "
           f"continuation: {costs['cont'][0] * 1e3:.1f} ms + {costs['cont'][1] * 1e6:.1f} us/token; "
@@ -136,6 +136,7 @@ def main() -> int:
                         submit_s=submit_s, activation_latency_s=latency, continuation_work_s=costs["cont"][0],
                         continuation_work_s_per_token=costs["cont"][1], score_work_s=costs["score"][0],
                         score_work_s_per_sample=costs["score"][1], task_work_s=task_cpu,
+                        corun_slowdown=costs["corun"],
                         background_processors=background)
         result, _ = simulate_phase(actors, sim)
         measured = entry["timing_s/generate"]
@@ -194,16 +195,17 @@ def _median_time(call, repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure_activation_costs(cfg, state, store, tokens: dict, latency: float,
+def measure_activation_costs(cfg, state, store, tokens: dict, latency: float, profile,
                              repeats: int = 5) -> dict[str, tuple[float, float]]:
     """Processor work of generation, continuation and score activations beyond the decode
     steps, as ``(fixed s, s per unit)``: wall time of the probe minus ``latency`` (the noop
     round trip, which uses no processor), on a fresh one-worker pool holding the last step's
     policy version (see the module docstring)."""
     from actions.common.contracts import GenerateRequest, ModelRef, PartialSample, ScoreRequest
-    from actions.engines.profiling import fit_line
     from actions.common.storage import put_json
+    from actions.engines.profiling import fit_line
     from flows.invokers.local_pool import LocalPoolInvoker
+    from flows.simulate.cluster import ActorSpec, Sample, SimConfig, simulate_phase
 
     entry = state.steps[-1]
     k = int(entry["step"])
@@ -214,14 +216,14 @@ def measure_activation_costs(cfg, state, store, tokens: dict, latency: float,
     bundle = bundle if store.exists(bundle) else None  # the step's KV bundle, if it had one
     pids = [p for group in entry["plan"]["assignments"] for p in group]
     group, g = cfg.algorithm.group_size, cfg.generation
-    pool = LocalPoolInvoker(1)
+    pool, both = LocalPoolInvoker(1), LocalPoolInvoker(2)
 
-    def generate(prompt_ids, *, new_tokens=1, partial_keys=(), key="bench/probe.json", kv=bundle):
+    def generate(prompt_ids, *, new_tokens=1, partial_keys=(), key="bench/probe.json", kv=bundle, on=pool):
         req = GenerateRequest(model=ref, dataset_key=state.prepared["train_key"], run_seed=0, step=k, shard="probe",
                               prompt_ids=list(prompt_ids), group_size=group, partial_keys=list(partial_keys),
                               max_new_tokens=new_tokens, temperature=g.temperature, dedup_prefill=g.dedup_prefill,
                               kv_bundle_key=kv, engine=g.engine, output_key=key)
-        return pool.invoke("generate", req.model_dump(mode="json"))
+        return on.invoke("generate", req.model_dump(mode="json"))
 
     try:
         generate(pids[:1])  # loads the version
@@ -258,9 +260,41 @@ def measure_activation_costs(cfg, state, store, tokens: dict, latency: float,
         print(f"  KV bundle: {bundle or 'none (the steps had no prefill)'}")
         for name, pts in (("generate", gen), ("continuation", cont), ("score", score)):
             print(f"  {name} probe: " + ", ".join(f"{x} -> {y * 1e3:.1f} ms" for x, y in pts))
-        return {"gen": fit_line(gen), "cont": fit_line(cont), "score": fit_line(score)}
+        full = lambda i: generate(pids[:4], kv=bundle, new_tokens=g.max_new_tokens,  # noqa: E731
+                                  key=f"bench/corun-{i}.json", on=both)
+        corun = measure_corun(full, repeats)
+        print(f"  co-run probe: one full generate of 4 prompts alone vs two at once: +{corun:.0%}")
+        # calibration: the same full generate alone, measured vs simulated from the profile
+        outs = full(0).result["samples"]
+        alone = _median_time(lambda: full(0), repeats) - latency
+        fixed, per = fit_line(gen)
+        sim, _ = simulate_phase([ActorSpec(tuple(
+            Sample(i, s["prompt_id"], len(tokens[str(s["prompt_id"])]["prompt"]),
+                   s["length"] + (1 if s["finish_reason"] == "stop" else 0)) for i, s in enumerate(outs)),
+            0.0, 0.0, work_s=fixed + per * len(outs))], SimConfig(profile=profile, gpus_per_actor=1))
+        print(f"  full generate alone (4 prompts x {group}, lengths {min(s['length'] for s in outs)}-"
+              f"{max(s['length'] for s in outs)}): measured {alone * 1e3:.1f} ms, simulated "
+              f"{sim.time_s * 1e3:.1f} ms")
+        return {"gen": fit_line(gen), "cont": fit_line(cont), "score": fit_line(score), "corun": corun}
     finally:
         pool.close()
+        both.close()
+
+
+def measure_corun(call, repeats: int) -> float:
+    """How much slower one activation runs while a second one runs on the other processor:
+    the median wall time of ``call`` alone vs of two started together, minus 1 (shared
+    memory bandwidth and caches; processor sharing alone predicts no slowdown)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as ex:
+        list(ex.map(call, range(2)))  # both workers load the version
+
+        def pair() -> None:
+            list(ex.map(call, range(2)))
+        alone = _median_time(lambda: call(0), repeats)
+        together = _median_time(pair, repeats)
+    return max(0.0, together / alone - 1.0)
 
 
 def _worker_cpu_s(pool) -> float:
@@ -314,9 +348,23 @@ def measure_submission(repeats: int = 15) -> tuple[float, float, float, float]:
 
     pool = LocalPoolInvoker(1)
 
-    @task(cache_policy=NO_CACHE, log_prints=False, retries=1)
-    def noop_task() -> dict:
-        return pool.invoke("noop", {}).result
+    # the live generate task's shape: its options, a request-sized payload (Prefect walks task
+    # parameters to track inputs) and a result of 32 per-sample records
+    payload = {"model": {"store_uri": "/tmp/store", "base_key": "runs/r/base/manifest.json",
+                         "policy_key": "runs/r/steps/000001/train/policy/manifest.json", "policy_version": 2},
+               "dataset_key": "runs/r/data/train.json", "run_seed": 0, "step": 2, "shard": "gen-0",
+               "prompt_ids": list(range(4)), "group_size": 8, "partial_keys": [], "max_new_tokens": 24,
+               "temperature": 1.0, "dedup_prefill": True, "kv_bundle_key": "runs/r/steps/000002/kv/manifest.json",
+               "engine": "torch", "output_key": "runs/r/steps/000002/rollouts/gen-0.json", "cut_after": 23}
+    samples = [{"prompt_id": i, "sample_index": j, "length": 12, "finish_reason": "stop"}
+               for i in range(4) for j in range(8)]
+
+    @task(cache_policy=NO_CACHE, log_prints=False, retries=4, retry_delay_seconds=[0.2, 0.5, 1.0, 2.0],
+          task_run_name="{action}-{shard}")
+    def noop_task(action: str, payload: dict, shard: str) -> dict:
+        activation = pool.invoke("noop", {})
+        return {"result": {"rollout_key": payload["output_key"], "samples": samples, "partial_key": None},
+                "accounting": activation.accounting()}
 
     @flow(log_prints=False, validate_parameters=False)
     def probe() -> tuple[list[float], float]:
@@ -325,7 +373,7 @@ def measure_submission(repeats: int = 15) -> tuple[float, float, float, float]:
             if i == 2:
                 cpu0 = _tree_cpu_s(workers)
             t0 = time.perf_counter()
-            next(as_completed([noop_task.submit()])).result()
+            next(as_completed([noop_task.submit(action="noop", payload=payload, shard=f"gen-{i}")])).result()
             times.append(time.perf_counter() - t0)
         return times[2:], (_tree_cpu_s(workers) - cpu0) / repeats
 

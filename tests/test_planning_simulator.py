@@ -118,6 +118,10 @@ def test_shared_processors_slow_concurrent_actors():
         return simulate_phase(specs, SimConfig(profile=FLAT, gpus_per_actor=1, shared_processors=cores))[0]
     assert run(1).time_s == pytest.approx(2.0)
     assert run(2).time_s == pytest.approx(1.0) == run(None).time_s
+    # processes busy at once on both processors contend (memory, caches): 25% slower each
+    specs = [ActorSpec((Sample(0, 0, 0, 100),), 0.0, 0.0), ActorSpec((Sample(1, 1, 0, 100),), 0.0, 0.0)]
+    cfg = SimConfig(profile=FLAT, gpus_per_actor=1, shared_processors=2, corun_slowdown=0.25)
+    assert simulate_phase(specs, cfg)[0].time_s == pytest.approx(1.25)
     # unequal work: 50 and 100 tokens on one processor: both at half speed until 1.0 s, then
     # the survivor alone at full speed for its last 50 tokens
     specs = [ActorSpec((Sample(0, 0, 0, 50),), 0.0, 0.0), ActorSpec((Sample(1, 1, 0, 100),), 0.0, 0.0)]

@@ -55,6 +55,7 @@ class SimConfig:
     activation_latency_s: float = 0.0  # a continuation's round-trip wait that uses no processor
     task_work_s: float = 0.0  # processor work of the flow + orchestrator per submitted action
     background_processors: float = 0.0  # processors other processes keep busy all along
+    corun_slowdown: float = 0.0  # extra slowdown of each busy process per other busy processor
     continuation_work_s: float = 0.0  # processor work of a continuation before decoding: fixed
     continuation_work_s_per_token: float = 0.0  # ... and per re-prefilled token (prompt + generated)
     score_work_s: float = 0.0  # processor work of the score activation of a returned shard: fixed

@@ -26,7 +26,9 @@ cut point). It runs in the first container available: one released earlier in th
 
 ``shared_processors = p`` models actors that share p processors instead of owning their
 accelerators (the local warm pool: one thread per worker on a small CPU): while k > p actors
-decode, each decodes at p / k of its profiled speed.
+decode, each decodes at p / k of its profiled speed; and with ``corun_slowdown = c`` every busy
+process runs ``1 + c * (min(k, p) - 1)`` times slower again (processors busy at once share memory
+bandwidth and caches; ``bench_fidelity.py`` measures c).
 
 Live flow (``migrate_window_s`` set; the local warm pool as ``flows/rlhf_step.py`` drives it;
 every setting below defaults to off, leaving the cluster model above unchanged):
@@ -115,7 +117,9 @@ class _Phase:
         if cores:  # processor sharing: more busy actors (and jobs) than processors slow each down
             active = sum(1 for a in self.running() if t >= a.resume_s and (a.live or a.work_left > 0))
             active += len(self._running_jobs(t)) + self.cfg.background_processors
-            self.slow = max(1.0, active / cores)
+            # beyond time sharing, processes busy at once contend for memory and caches
+            corun = 1.0 + self.cfg.corun_slowdown * max(0.0, min(active, cores) - 1.0)
+            self.slow = max(1.0, active / cores) * corun
         for a in self.running():
             if a.arriving:
                 best = min(best, min(a.arriving)[0])
