@@ -176,7 +176,7 @@ def report_live(repeats: list[dict[str, dict]]) -> bool:
         base, ours = runs["round_robin"], runs["ranked+cut"]
         differ = [s["step"] for s in base["steps"]
                   if step_samples(base, int(s["step"])) != step_samples(ours, int(s["step"]))]
-        same = same and not differ
+        same = same and not differ and base["weights_sha256"] == ours["weights_sha256"]
         print(f"repeat {r + 1}: same samples at every step: {not differ}"
               f"{f' (differ at steps {differ})' if differ else ''}; weights_sha256 equal: "
               f"{base['weights_sha256'] == ours['weights_sha256']}")
@@ -199,7 +199,8 @@ def report_live(repeats: list[dict[str, dict]]) -> bool:
           f"totals: billed x{sums[1] / sums[0]:.2f}, step time x{sums[3] / sums[2]:.2f}")
     quiet = [p for p in pairs if p[2]]
     if not same:
-        print("ranked+cut vs round_robin: FAIL (the campaigns did not generate the same samples)")
+        print("ranked+cut vs round_robin: FAIL (the campaigns did not generate the same samples "
+              "or train the same weights)")
         return False
     if len(quiet) < MIN_PAIRS:
         print(f"ranked+cut vs round_robin at fixed:{FANOUT}: INCONCLUSIVE, only {len(quiet)} pairs "

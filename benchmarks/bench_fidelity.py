@@ -22,6 +22,11 @@
      ``as_completed``) minus the direct invocation of ``noop``; and its processor cost: the CPU
      time of the flow process and the Prefect server per task, minus the direct invocation's;
      and the processors they keep busy while idle (2 s with nothing submitted).
+   - co-run interference: one full generate activation alone vs two at once on a two-worker
+     pool (processors busy at once share memory bandwidth and caches), and, as a check of the
+     engine model in isolation, that activation measured vs simulated from the profile;
+   - the task probe sends a request-sized payload and returns 32 sample records, like the
+     live generate task.
 4. Replay every step in the simulator's live-flow mode: the plan the flow executed, the true
    length of every sample (read back from the store), the measured profile, every primary
    action starting after the submission latency and the invocation's waits with its
@@ -196,11 +201,13 @@ def _median_time(call, repeats: int) -> float:
 
 
 def measure_activation_costs(cfg, state, store, tokens: dict, latency: float, profile,
-                             repeats: int = 5) -> dict[str, tuple[float, float]]:
+                             repeats: int = 5) -> dict[str, tuple[float, float] | float]:
     """Processor work of generation, continuation and score activations beyond the decode
-    steps, as ``(fixed s, s per unit)``: wall time of the probe minus ``latency`` (the noop
-    round trip, which uses no processor), on a fresh one-worker pool holding the last step's
-    policy version (see the module docstring)."""
+    steps, as ``(fixed s, s per unit)`` under "gen", "cont" and "score": wall time of the probe
+    minus ``latency`` (the noop round trip, which uses no processor), on a fresh one-worker
+    pool holding the last step's policy version (see the module docstring); and under "corun"
+    the co-run slowdown (``measure_corun``) on a two-worker pool. Also prints one full generate
+    activation alone, measured vs simulated from ``profile`` (the engine model in isolation)."""
     from actions.common.contracts import GenerateRequest, ModelRef, PartialSample, ScoreRequest
     from actions.common.storage import put_json
     from actions.engines.profiling import fit_line
@@ -216,7 +223,7 @@ def measure_activation_costs(cfg, state, store, tokens: dict, latency: float, pr
     bundle = bundle if store.exists(bundle) else None  # the step's KV bundle, if it had one
     pids = [p for group in entry["plan"]["assignments"] for p in group]
     group, g = cfg.algorithm.group_size, cfg.generation
-    pool, both = LocalPoolInvoker(1), LocalPoolInvoker(2)
+    pool = LocalPoolInvoker(1)
 
     def generate(prompt_ids, *, new_tokens=1, partial_keys=(), key="bench/probe.json", kv=bundle, on=pool):
         req = GenerateRequest(model=ref, dataset_key=state.prepared["train_key"], run_seed=0, step=k, shard="probe",
@@ -260,25 +267,29 @@ def measure_activation_costs(cfg, state, store, tokens: dict, latency: float, pr
         print(f"  KV bundle: {bundle or 'none (the steps had no prefill)'}")
         for name, pts in (("generate", gen), ("continuation", cont), ("score", score)):
             print(f"  {name} probe: " + ", ".join(f"{x} -> {y * 1e3:.1f} ms" for x, y in pts))
-        full = lambda i: generate(pids[:4], kv=bundle, new_tokens=g.max_new_tokens,  # noqa: E731
-                                  key=f"bench/corun-{i}.json", on=both)
-        corun = measure_corun(full, repeats)
-        print(f"  co-run probe: one full generate of 4 prompts alone vs two at once: +{corun:.0%}")
-        # calibration: the same full generate alone, measured vs simulated from the profile
-        outs = full(0).result["samples"]
-        alone = _median_time(lambda: full(0), repeats) - latency
-        fixed, per = fit_line(gen)
-        sim, _ = simulate_phase([ActorSpec(tuple(
-            Sample(i, s["prompt_id"], len(tokens[str(s["prompt_id"])]["prompt"]),
-                   s["length"] + (1 if s["finish_reason"] == "stop" else 0)) for i, s in enumerate(outs)),
-            0.0, 0.0, work_s=fixed + per * len(outs))], SimConfig(profile=profile, gpus_per_actor=1))
-        print(f"  full generate alone (4 prompts x {group}, lengths {min(s['length'] for s in outs)}-"
-              f"{max(s['length'] for s in outs)}): measured {alone * 1e3:.1f} ms, simulated "
-              f"{sim.time_s * 1e3:.1f} ms")
+        both = LocalPoolInvoker(2)  # started now: the probes above ran on an otherwise idle pool
+
+        def full(i: int):  # one full generate of 4 prompts on the two-worker pool
+            return generate(pids[:4], kv=bundle, new_tokens=g.max_new_tokens, key=f"bench/corun-{i}.json", on=both)
+        try:
+            corun = measure_corun(full, repeats)
+            print(f"  co-run probe: one full generate of 4 prompts alone vs two at once: +{corun:.0%}")
+            # calibration: the same full generate alone, measured vs simulated from the profile
+            outs = full(0).result["samples"]
+            alone = _median_time(lambda: full(0), repeats) - latency
+            fixed, per = fit_line(gen)
+            sim, _ = simulate_phase([ActorSpec(tuple(
+                Sample(i, s["prompt_id"], len(tokens[str(s["prompt_id"])]["prompt"]),
+                       s["length"] + (1 if s["finish_reason"] == "stop" else 0)) for i, s in enumerate(outs)),
+                0.0, 0.0, work_s=fixed + per * len(outs))], SimConfig(profile=profile, gpus_per_actor=1))
+            print(f"  full generate alone (4 prompts x {group}, lengths {min(s['length'] for s in outs)}-"
+                  f"{max(s['length'] for s in outs)}): measured {alone * 1e3:.1f} ms, simulated "
+                  f"{sim.time_s * 1e3:.1f} ms")
+        finally:
+            both.close()
         return {"gen": fit_line(gen), "cont": fit_line(cont), "score": fit_line(score), "corun": corun}
     finally:
         pool.close()
-        both.close()
 
 
 def measure_corun(call, repeats: int) -> float:

@@ -78,9 +78,10 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> dict[str, Any]:
                 payload=generate_payload(ctx, inputs, name, [], None, None, partial_keys=partials)))
             partials = []
         if res is not None and any(s["finish_reason"] != "cut" for s in res["samples"]):
-            to_score.append(res["rollout_key"])
             if ctx.config.generation.score_while_generating:
-                scores.append(submit_score(to_score.pop()))
+                scores.append(submit_score(res["rollout_key"]))
+            else:
+                to_score.append(res["rollout_key"])
     t_gen_end = time.time()
     scores += [submit_score(key) for key in to_score]  # generation.score_while_generating off
     score_results = []

@@ -43,8 +43,6 @@ def test_model_that_does_not_fit_is_refused():
 
 
 def test_shrink_cost_round_trips_and_defaults_to_zero():
-    import pytest
-
     from flows.planning.profile import TpotProfile
 
     grid = dict(batch_sizes=(1, 4), contexts=(8.0, 16.0), seconds=((1e-3, 1e-3), (2e-3, 2e-3)),

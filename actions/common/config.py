@@ -98,7 +98,9 @@ class GenerationConfig(_Section):
     dedup_prefill: bool = True
     assignment: Literal["ranked", "round_robin"] = "ranked"
     cut_threshold: float | None = Field(0.7, gt=0, le=1)
-    """tau: an action stops once this fraction of its samples finished (None: never cut)."""
+    """tau: an action stops once this fraction of its samples finished (None: never cut). Only
+    actions the planner gives a cut point stop (``migrate.plan_cut_points``: where another
+    action is predicted to still be decoding at that moment)."""
     migrate_window_s: float = Field(0.25, ge=0)
     """Cut samples arriving within this many seconds of the first share one continuation."""
     score_while_generating: bool = True
@@ -250,7 +252,8 @@ class CampaignConfig(_Section):
             data.pop(key, None)
         # Fan-out and planning change cost, never the training data (ARCHITECTURE invariant 3).
         data.pop("scaling", None)
-        for key in ("assignment", "cut_threshold", "dedup_prefill", "prefill_capacity", "length_window"):
+        for key in ("assignment", "cut_threshold", "migrate_window_s", "score_while_generating", "dedup_prefill",
+                    "prefill_capacity", "length_window"):
             data["generation"].pop(key, None)
         return data
 

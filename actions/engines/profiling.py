@@ -84,8 +84,11 @@ def shrink_seconds(model: torch.nn.Module, batch: int, context: int, vocab: int,
     device = _device(model)
     times = []
     for r in range(repeats):
-        ids = torch.randint(3, vocab, (batch, context)).to(device)
-        cache = model(input_ids=ids, use_cache=True).past_key_values
+        # one row prefilled and repeated (as a GRPO group is forked): the cache has the full
+        # batch x context shape without a batch x context forward and its logits
+        ids = torch.randint(3, vocab, (1, context)).to(device)
+        cache = model(input_ids=ids, use_cache=True, logits_to_keep=1).past_key_values
+        cache.batch_repeat_interleave(batch)
         mask = torch.ones((batch, context), dtype=torch.long, device=device)
         keep = torch.tensor([i for i in range(batch) if i != r % batch], device=device)
         _sync(device)
@@ -112,8 +115,10 @@ def measure_grid(model: torch.nn.Module, vocab: int, batch_sizes: list[int], con
     seconds = [[decode_step_seconds(model, b, c, vocab) for c in contexts] for b in batch_sizes]
     param = next(model.parameters())
     label = name or f"measured-torch-{param.device.type}-{str(param.dtype).removeprefix('torch.')}"
-    # the batch-shrink cost at the grid's corners: fixed + per cached token (rows x context)
-    shapes = [(b, c) for b in (batch_sizes[0], batch_sizes[-1]) for c in (contexts[0], contexts[-1]) if b > 1]
+    # the batch-shrink cost at the grid's corners (the smallest batch above one row: a lone row
+    # is never shrunk), fitted as fixed + per cached token (rows x context)
+    smallest = next((b for b in batch_sizes if b > 1), batch_sizes[-1])
+    shapes = [(b, c) for b in sorted({smallest, batch_sizes[-1]}) for c in (contexts[0], contexts[-1])]
     shrink_s, per_token = fit_line([(b * c, shrink_seconds(model, b, c, vocab)) for b, c in shapes])
     return {"batch_sizes": batch_sizes, "contexts": [float(c) for c in contexts], "seconds": seconds,
             "prefill_tokens_per_s": prefill_tokens_per_s(model, vocab, *prefill_shape), "name": label,

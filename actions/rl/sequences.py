@@ -54,7 +54,7 @@ def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], p
     if any(len(p) > P for p in prompts) or any(len(r) > T for r in responses):
         raise ValueError(f"prompt_width={P}/response_width={T} is shorter than a row "
                          f"({max(len(p) for p in prompts)}/{max(len(r) for r in responses)} tokens); "
-                         "widen them to the step's longest prompt and max_new_tokens + 1")
+                         "leave them unset, or take them from bucket_widths of the row's own lengths")
     ids = torch.full((B, P + T), pad_id, dtype=torch.long)
     attn = torch.zeros((B, P + T), dtype=torch.long)
     rmask = torch.zeros((B, T), dtype=torch.float32)

@@ -13,10 +13,10 @@ its GPUs are released. Definitions [I]:
   with others (a running actor's free slots, or one continuation that batches several actors'
   stragglers), so the source's tail is billed once instead of twice. An actor predicted to reach
   its cut point after every other actor has finished (a tie counts as still running; under
-  ranked assignment, typically the
-  one holding the longest groups; always a lone actor) would move its tail, unshortened, into a
-  continuation that starts only after a start-up and a re-prefill: the same GPU-seconds plus
-  the start-up, and a longer phase. It runs to completion instead.
+  ranked assignment, typically the one holding the longest groups; always a lone actor) would
+  move its tail, unshortened, into a continuation that starts only after a start-up and a
+  re-prefill: the same GPU-seconds plus the start-up, and a longer phase. It runs to
+  completion instead.
 - Destinations (the paper's rule): other still-running actors with free slots, where an
   actor's slots are the samples it was planned for; slots free up as over-estimated samples
   finish. ``choose_destinations`` fills the actors with the most free slots first and is

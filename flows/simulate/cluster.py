@@ -57,7 +57,8 @@ every setting below defaults to off, leaving the cluster model above unchanged):
 
 Batch shrink: at a decode step where some of an actor's samples finish and others go on, the
 actor first spends ``profile.shrink(batch, context)`` dropping them (the torch engine copies
-its KV cache; 0 in GPU profiles), as work before its next decode step.
+its KV cache; 0 in roofline profiles and in profiles written before the field), as work
+before its next decode step.
 
 Accounting: ``gpu_seconds`` = sum over actors of GPUs x (release - invoke) plus the prefill
 actor's GPU-s and the pre-warm idle GPU-s passed in; ``busy`` = GPU-s spent decoding; idle
@@ -223,8 +224,9 @@ class _Phase:
         actor.work_left = self.cfg.continuation_work_s + self.cfg.continuation_work_s_per_token * tokens
         for s in samples:
             actor.add(s)
-        if self.cfg.task_work_s > 0:
-            self.tasks.append([t, self.cfg.task_work_s])
+        if self.cfg.task_work_s > 0:  # the flow submits it before a score of the same moment
+            at = next((i for i, job in enumerate(self.tasks) if job[0] >= t and i > 0), len(self.tasks))
+            self.tasks.insert(at, [t, self.cfg.task_work_s])
         self.batch, self.window_end = [], math.inf
 
     def _free_slots(self, exclude: ActorState) -> dict[int, int]:

@@ -119,7 +119,8 @@ def build_actors(policy: Policy, plan: GenerationPlan, samples: Mapping[int, lis
     """Actor start-ups for ``plan`` and the GPU-s billed outside the decode actors.
 
     With ``predicted`` (prompt id -> length the plan was made with) and a cutting policy, only
-    the actors ``migrate.plan_cut_points`` gives a cut point can be cut, as in the live flow.
+    the actors ``migrate.plan_cut_points`` gives a cut point can be cut, as in the live flow
+    (which starts all its actions together; here each actor's ready time counts).
     """
     if policy.serverful:
         specs = []
