@@ -209,6 +209,11 @@ CASES: dict[str, Case] = {
     "cli simulate trace missing": Case(["simulate", "--trace", "{tmp}/none.jsonl"], ("--trace", "none.jsonl", "not a file")),
     "cli simulate bad trace line": Case(
         ["simulate", "--trace", "{tmp}/t.jsonl"], ("t.jsonl:1", "'epoch'"), setup=_write("t.jsonl", '{"step": 0}\n')),
+    "cli simulate bad learner rate": Case(
+        ["simulate", "--trace", "{tmp}/t.jsonl", "--learner-tokens-per-s", "0"],
+        ("--learner-tokens-per-s=0", "must be > 0"),
+        setup=_write("t.jsonl", '{"epoch": 0, "step": 0, "prompt_id": 0, "prompt_len": 5, "answer_len": 3, '
+                                '"response_lens": [3, 4]}\n')),
     "cli deploy manifest missing": Case(
         ["deploy", "--dry-run", "--manifest", "{tmp}/none.yaml"], ("none.yaml", "cannot read the manifest")),
 }

@@ -223,6 +223,23 @@ def test_oracle_no_slower_than_rlhfless_on_trace():
     assert total["oracle"] <= total["rlhfless"] * 1.001
 
 
+def test_learner_phases_lengthen_every_step_and_bill_only_held_actors():
+    from flows.planning.profile import learner_tokens_per_s
+
+    rate = learner_tokens_per_s(GPUS["h100"], QWEN, 8)  # 10 x params FLOPs per token at 40% MFU
+    assert rate == pytest.approx(8 * GPUS["h100"].peak_flops * 0.4 / (10 * QWEN.num_params))
+    step = _step()
+    tokens = sum(r.prompt_len * len(r.response_lens) + sum(r.response_lens) for r in step.prompts)
+    gen = replay([step], ["rlhfless", "static:3"], _model())
+    whole = replay([_step()], ["rlhfless", "static:3"], _model(learner_tokens_per_s=rate))
+    learn = tokens / rate
+    for name in ("rlhfless", "static:3"):
+        assert whole[name].steps[0].time_s == pytest.approx(gen[name].steps[0].time_s + learn)
+    # static:3 holds its 3 x 2 GPUs through the learner phases; rlhfless released its actors
+    assert whole["static:3"].steps[0].gpu_seconds == pytest.approx(gen["static:3"].steps[0].gpu_seconds + 6 * learn)
+    assert whole["rlhfless"].steps[0].gpu_seconds == pytest.approx(gen["rlhfless"].steps[0].gpu_seconds)
+
+
 def test_plan_and_simulation_agree_when_predictions_are_exact():
     # every sample of a prompt has the predicted length and nothing is cut: the planner's
     # estimate and the event simulation must tell the same story

@@ -269,6 +269,22 @@ def roofline_tpot(gpu: GpuSpec, model: ModelSpec, gpus: int, batch: int, context
                flops / gpus / (gpu.peak_flops * gpu.compute_eff))
 
 
+LEARNER_MFU = 0.4
+"""Model FLOP utilisation assumed for the learner's scoring and training passes."""
+
+
+def learner_tokens_per_s(gpu: GpuSpec, model: ModelSpec, gpus: int, mfu: float = LEARNER_MFU) -> float:
+    """Rollout tokens per second the learner scores and trains on (prompt + response tokens).
+
+    Per token: 6 x params FLOPs for training's forward and backward plus 2 x params for each
+    of scoring's two forwards (old and reference policy) = 10 x params, at ``mfu`` of the
+    ``gpus`` GPUs' dense peak. One epoch over the rollout, no critic (GRPO).
+    """
+    if not 0 < mfu <= 1 or gpus < 1:
+        raise ValueError(f"learner mfu={mfu}, gpus={gpus}: need 0 < mfu <= 1 and gpus >= 1")
+    return gpus * gpu.peak_flops * mfu / (10.0 * model.num_params)
+
+
 def roofline_profile(gpu: GpuSpec, model: ModelSpec, gpus_per_actor: int,
                      batch_sizes: Sequence[int] = _ROOFLINE_BATCHES,
                      contexts: Sequence[float] = _ROOFLINE_CONTEXTS) -> TpotProfile:

@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cut samples re-prefill at the destination, or ship their KV")
     parser.add_argument("--prefer", choices=("most_free", "least_loaded"), default="most_free",
                         help="order in which destinations with free slots are filled")
+    parser.add_argument("--learner-tokens-per-s", type=float, default=None, metavar="R",
+                        help="also model each step's scoring + training at R rollout tokens/s "
+                             "(serverful actors stay billed through it); default: generation only")
     parser.add_argument("--json", action="store_true", help="print the JSON report")
     parser.add_argument("--plot", default=None, metavar="PNG", help="write a per-step plot")
 
@@ -56,6 +59,9 @@ def build_model(args: argparse.Namespace) -> ClusterModel:
     """ClusterModel from parsed arguments (ValueError/OSError on a bad profile)."""
     if args.gpus_per_actor < 1 or args.nodes < 1 or args.gpus_per_node < 1:
         raise ValueError("--nodes, --gpus-per-node and --gpus-per-actor must be >= 1")
+    if args.learner_tokens_per_s is not None and args.learner_tokens_per_s <= 0:
+        raise ValueError(f"--learner-tokens-per-s={args.learner_tokens_per_s}: must be > 0 tokens/s "
+                         "(leave it out to simulate generation only)")
     if args.profile.startswith("roofline:"):
         profile = parse_roofline_spec(args.profile, args.gpus_per_actor)
         model_name = args.model or args.profile.split(":")[2]
@@ -70,7 +76,7 @@ def build_model(args: argparse.Namespace) -> ClusterModel:
                         cold_start_s=args.cold_start_s, prewarm_idle_s=args.prewarm_idle_s,
                         lam=args.lam, tau=args.tau, n_min=args.n_min, n_max=args.n_max,
                         continuation=args.continuation, migration=args.migration,
-                        prefer=args.prefer)
+                        prefer=args.prefer, learner_tokens_per_s=args.learner_tokens_per_s)
 
 
 def format_table(runs: dict[str, PolicyRun]) -> str:

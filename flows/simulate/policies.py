@@ -86,6 +86,13 @@ class ClusterModel:
     continuation: bool = False
     migration: str = "reprefill"
     prefer: str = "most_free"
+    learner_tokens_per_s: float | None = None
+    """None: simulate the generation phase only (as the paper's simulator does). A rate: each
+    step also runs the learner's scoring and training on its rollout (prompt + response tokens
+    of every sample / this rate, in seconds) after generation. Every policy's step time includes
+    it; serverful actors stay allocated, and billed, through it (standalone placement, PAPER
+    §4.9), while serverless actors are already released. The learner's own GPU-seconds are the
+    same for every policy and are not counted."""
 
     @property
     def max_actors(self) -> int:

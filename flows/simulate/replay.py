@@ -6,7 +6,8 @@ keep their file order (the "given order" of contiguous / round-robin assignment)
 
 Per step: predictions come from a ``LengthHistory`` of earlier epochs (the reference answer
 length where a prompt has none, i.e. in epoch 0), or equal the true group max for ``oracle``;
-the planner runs (its wall time is recorded); the phase is simulated with the true lengths;
+the planner runs (its wall time is recorded); the phase is simulated with the true lengths
+(plus the learner's scoring and training where ``ClusterModel.learner_tokens_per_s`` is set);
 then the step's observed lengths are recorded in the history (shared by all policies, since
 the trace fixes what was generated).
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from flows.planning.lengths import LengthHistory, predict_lengths, rank_correlation
@@ -132,6 +133,11 @@ def run_step(policy: Policy, step: TraceStep, predicted: dict[int, float], model
     spare = max(0, warm_pool - plan.num_actors)
     result, done = simulate_phase(specs, sim_config(policy, model, spare),
                                   extra_gpu_seconds=extra)
+    if model.learner_tokens_per_s:  # the rest of the step (see ClusterModel.learner_tokens_per_s)
+        tokens = sum(r.prompt_len * len(r.response_lens) + sum(r.response_lens) for r in step.prompts)
+        learn = tokens / model.learner_tokens_per_s
+        held = plan.num_actors * model.gpus_per_actor * learn if policy.serverful else 0.0
+        result = replace(result, time_s=result.time_s + learn, gpu_seconds=result.gpu_seconds + held)
     return result, plan.planning_ms, plan.num_actors, done
 
 
