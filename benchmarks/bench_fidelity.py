@@ -97,7 +97,7 @@ def main() -> int:
     records = capture_records()
     with prefect_test_harness(server_startup_timeout=120):
         run_campaign(cfg, progress=lambda line: None)
-        submit_s, latency, task_cpu, background = measure_submission()
+        submit_s, latency, task_cpu, background, stagger = measure_submission()
     store = open_store(cfg.store.uri)
     state = load_state(store, cfg.resolved_run_id())
     tokens = get_json(store, state.prepared["tokens_key"])
@@ -107,7 +107,8 @@ def main() -> int:
           f"continuation: {costs['cont'][0] * 1e3:.1f} ms + {costs['cont'][1] * 1e6:.1f} us/token; "
           f"score: {costs['score'][0] * 1e3:.1f} ms + {costs['score'][1] * 1e3:.2f} ms/sample; "
           f"invocation wait (noop round trip) {latency * 1e3:.1f} ms; task submission {submit_s * 1e3:.1f} ms, "
-          f"{task_cpu * 1e3:.1f} ms of flow + server CPU; idle load {background:.2f} processors; "
+          f"{task_cpu * 1e3:.1f} ms of flow + server CPU, tasks submitted together start {stagger * 1e3:.1f} ms "
+          f"apart; idle load {background:.2f} processors; "
           f"processors shared: {cores}")
     tau, group = cfg.generation.cut_threshold, cfg.algorithm.group_size
     print(f"{'step':>4} {'N':>2} {'cut':>3} {'measured s':>10} {'simulated s':>11} {'error':>7} "
@@ -122,7 +123,8 @@ def main() -> int:
                 for s in get_json(store, key)["samples"]:
                     final[(s["prompt_id"], s["sample_index"])] = s
         actors, sid = [], 0
-        for pids, point in zip(entry["plan"]["assignments"], entry["plan"]["cut_after"], strict=True):
+        plan = zip(entry["plan"]["assignments"], entry["plan"]["cut_after"], strict=True)
+        for index, (pids, point) in enumerate(plan):
             samples = []
             for pid in pids:
                 for i in range(group):
@@ -132,7 +134,7 @@ def main() -> int:
                     samples.append(Sample(sid, pid, len(tokens[str(pid)]["prompt"]), steps))
                     sid += 1
             work = costs["gen"][0] + costs["gen"][1] * len(samples)
-            actors.append(ActorSpec(tuple(samples), 0.0, submit_s + latency, work_s=work,
+            actors.append(ActorSpec(tuple(samples), 0.0, submit_s + latency + index * stagger, work_s=work,
                                     cuttable=point is not None))  # the plan's cut points
         n = len(actors)
         sim = SimConfig(profile=profile, gpus_per_actor=1, tau=tau if tau is not None and tau < 1 else None,
@@ -343,18 +345,20 @@ def _tree_cpu_s(exclude: set[int]) -> float:
     return total
 
 
-def measure_submission(repeats: int = 15) -> tuple[float, float, float, float]:
+def measure_submission(repeats: int = 15) -> tuple[float, float, float, float, float]:
     """(seconds a Prefect task adds to an invocation -- submit, run in the task runner, resolve
     through ``as_completed`` --: a task invoking ``noop`` minus the direct invocation; seconds
     of the direct ``noop`` invocation: the round trip's waits, which use no processor -- the
     worker spends well under a millisecond of CPU on it, see docs/results.md; processor
     seconds the task costs the flow process and the Prefect server, beyond the direct
     invocation's client side and the idle load; that idle load: processors the flow process and
-    the Prefect server keep busy with nothing submitted, over 2 s)."""
+    the Prefect server keep busy with nothing submitted, over 2 s; seconds between the starts of
+    4 tasks submitted together)."""
     from prefect import flow, task
     from prefect.cache_policies import NO_CACHE
     from prefect.futures import as_completed
 
+    from actions.engines.profiling import fit_line
     from flows.invokers.local_pool import LocalPoolInvoker
 
     pool = LocalPoolInvoker(1)
@@ -373,6 +377,7 @@ def measure_submission(repeats: int = 15) -> tuple[float, float, float, float]:
     @task(cache_policy=NO_CACHE, log_prints=False, retries=4, retry_delay_seconds=[0.2, 0.5, 1.0, 2.0],
           task_run_name="{action}-{shard}")
     def noop_task(action: str, payload: dict, shard: str) -> dict:
+        entered[shard] = time.perf_counter()
         activation = pool.invoke("noop", {})
         return {"result": {"rollout_key": payload["output_key"], "samples": samples, "partial_key": None},
                 "accounting": activation.accounting()}
@@ -388,6 +393,20 @@ def measure_submission(repeats: int = 15) -> tuple[float, float, float, float]:
             times.append(time.perf_counter() - t0)
         return times[2:], (_tree_cpu_s(workers) - cpu0) / repeats
 
+    @flow(log_prints=False, validate_parameters=False)
+    def burst(size: int = 4) -> float:
+        """Seconds between the starts of ``size`` tasks submitted together, as the flow submits
+        a phase's generation actions (the task runner starts them one after another)."""
+        points = []
+        for r in range(repeats):
+            t0 = time.perf_counter()
+            futures = [noop_task.submit(action="noop", payload=payload, shard=f"b{r}-{i}") for i in range(size)]
+            for f in futures:
+                f.result()
+            points += [(i, entered[f"b{r}-{i}"] - t0) for i in range(size)]
+        return fit_line(points)[1]
+
+    entered: dict[str, float] = {}
     try:
         workers = {w.proc.pid for w in pool._workers}
         cpu0, t0 = _tree_cpu_s(workers), time.perf_counter()
@@ -399,8 +418,9 @@ def measure_submission(repeats: int = 15) -> tuple[float, float, float, float]:
         t0 = time.perf_counter()
         times, task_cpu = probe()
         task_cpu -= background * (time.perf_counter() - t0) / (repeats + 2)  # the idle load during each task
+        stagger = burst()
         return (max(0.0, statistics.median(times) - direct), direct, max(0.0, task_cpu - direct_cpu),
-                background)
+                background, stagger)
     finally:
         pool.close()
 
