@@ -38,7 +38,10 @@ class CampaignRefused(ValueError):
     """The run exists and cannot be continued as asked (exit code 2 at the CLI)."""
 
 
-def _check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: bool) -> None:
+def check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: bool) -> None:
+    """Refuse (CampaignRefused) to start over an existing run without ``resume``, or to resume
+    one made with a different configuration (``CampaignConfig.identity``). The CLI calls it
+    before Prefect starts, the campaign again before its first step."""
     if existing is None:
         return
     if not resume:
@@ -168,7 +171,7 @@ def run_campaign(cfg: CampaignConfig, *, resume: bool = False, progress: Progres
     store = store or open_store(cfg.store.uri)
     run_id = cfg.resolved_run_id()
     existing = load_state(store, run_id)
-    _check_resume(existing, cfg, resume)
+    check_resume(existing, cfg, resume)
     board = ScalarBoard.open(cfg, run_id)  # TensorBoard scalars when observability.tensorboard
     num_workers = pool_size(cfg)
     invoker = make_invoker(cfg, num_workers)

@@ -85,10 +85,10 @@ def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool)
     from actions.common.storage import open_store
 
     store = open_store(cfg.store.uri)  # an unreachable endpoint, bad credentials or a missing bucket fail here
-    from flows.campaign import _check_resume  # the campaign repeats this check; here it fails before Prefect
+    from flows.campaign import check_resume  # the campaign repeats this check; here it fails before Prefect
     from flows.state import load_state
 
-    _check_resume(load_state(store, cfg.resolved_run_id()), cfg, resume)
+    check_resume(load_state(store, cfg.resolved_run_id()), cfg, resume)
     from flows.invokers.factory import check_invoker
 
     check_invoker(cfg)
