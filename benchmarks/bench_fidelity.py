@@ -55,22 +55,21 @@ import sys
 import tempfile
 import time
 
+from proc_cpu import process_cpu_s, tree_cpu_s
+
 TOLERANCE = 0.20
 WARM_STEPS = 1  # step 0 starts the workers' Python and torch: not a generation-time question
 
 
 def measure_profile(cfg) -> "TpotProfile":  # noqa: F821
+    """``rlhfless profile`` of the campaign's model on this CPU (one thread), for its grid."""
     import torch
 
-    from actions.common.modeling import build_tiny_model
     from actions.engines.profiling import measure_grid
     from flows.planning.profile import TpotProfile
+    from flows.profiler import build_profile_model
 
-    torch.set_num_threads(1)
-    m = cfg.model
-    model, _ = build_tiny_model(hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
-                                intermediate_size=m.intermediate_size, max_positions=m.max_positions, seed=0)
-    model.eval()
+    model = build_profile_model(cfg, None, torch.device("cpu"), torch.float32)
     return TpotProfile.from_dict(measure_grid(model, model.config.vocab_size, [1, 4, 16, 64, 128], [16, 48]))
 
 
@@ -311,38 +310,14 @@ def measure_corun(call, repeats: int) -> float:
 
 
 def _worker_cpu_s(pool) -> float:
-    """User + system CPU seconds of the pool's (one) worker process so far (10 ms ticks)."""
-    fields = open(f"/proc/{pool._workers[0].proc.pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _proc_cpu_s(pid: int | str) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of the pool's (one) worker process so far."""
+    return process_cpu_s(pool._workers[0].proc.pid)
 
 
 def _tree_cpu_s(exclude: set[int]) -> float:
     """CPU seconds of this process (all threads: the flow) and its descendants (the Prefect
     server) other than ``exclude`` (the pool's workers)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                ppid = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0.0, [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        if pid in exclude:
-            continue
-        try:
-            total += _proc_cpu_s(pid)
-        except OSError:
-            continue
-        todo.extend(children.get(pid, []))
-    return total
+    return tree_cpu_s(os.getpid(), exclude)
 
 
 def measure_submission(repeats: int = 15) -> tuple[float, float, float, float, float]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import statistics
 import sys
 import tempfile
@@ -39,6 +38,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from actions.common.s3store import S3Store  # noqa: E402
 from actions.common.weights import load_tensors, publish_tensors, serialize_tensor  # noqa: E402
+from proc_cpu import process_cpu_s  # noqa: E402  (beside this script)
 
 MiB = 1024 * 1024
 
@@ -72,14 +72,6 @@ def timed(fn) -> tuple[float, object]:
     t0 = time.perf_counter()
     out = fn()
     return time.perf_counter() - t0, out
-
-
-def process_cpu_s(pid: int | None) -> float:
-    """CPU seconds (user + system) used so far by process ``pid`` (0.0 if unknown)."""
-    if pid is None:
-        return 0.0
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Meter:

@@ -155,8 +155,7 @@ def _run_one_step(ctx: RunContext, state: CampaignState, tokens: dict, num_worke
                            time.time() - t_commit0)
     metrics["step"] = float(state.step)
     metrics.update(out["prewarm"])
-    cut_after = [phase.cut_after[i] for i in range(phase.plan.num_actors)]
-    metrics["plan"] = phase.plan.to_dict() | {"cut_after": cut_after}  # type: ignore[assignment]
+    metrics["plan"] = phase.plan.to_dict() | {"cut_after": list(phase.cut_after)}  # type: ignore[assignment]
     new.steps.append(metrics)
     new.spend = {"billed_gpu_seconds": state.spend["billed_gpu_seconds"] + metrics["cost/billed_gpu_seconds"],
                  "useful_gpu_seconds": state.spend["useful_gpu_seconds"] + metrics["cost/gpu_seconds"],

@@ -34,7 +34,7 @@ class PhasePlan:
     plan: GenerationPlan
     prefill: PrefillPlan | None
     predicted: dict[int, float]
-    cut_after: dict[int, int | None]  # actor index -> samples finished before it is cut
+    cut_after: tuple[int | None, ...]  # per actor: samples finished before it is cut (None: never)
     prewarm_offset_s: float | None = None
     """Seconds after the step starts to pre-warm the generation actions (None: no history)."""
 
@@ -76,10 +76,10 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: dict[
         prefill_tokens=prefill.tokens_computed if prefill else None,
     )
     g = cfg.algorithm.group_size
-    points = plan_cut_points([[predicted[p] for p in group for _ in range(g)] for group in plan.assignments],
-                             [sum(len(prompts[p]) for p in group) / len(group) for group in plan.assignments],
-                             cfg.generation.cut_threshold, profile)
-    cut_after = dict(enumerate(points))
+    cut_after = tuple(plan_cut_points(
+        [[predicted[p] for p in group for _ in range(g)] for group in plan.assignments],
+        [sum(len(prompts[p]) for p in group) / len(group) for group in plan.assignments],
+        cfg.generation.cut_threshold, profile))
     offset = None
     if s.prewarm:
         offset = prewarm_offset((call_history or {}).get("generate", []), s.prewarm_buffer_s)

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     batches, contexts = _ints(args.batch_sizes, "--batch-sizes"), _ints(args.contexts, "--contexts")
     device = parse_device(args.device, source="--device")
     dtype = parse_dtype(args.dtype or ("bfloat16" if device.type == "cuda" else "float32"), source="--dtype")
-    model = _build_model(cfg, args.model_config, device, dtype)
+    model = build_profile_model(cfg, args.model_config, device, dtype)
     # CPU: a small padded batch, as one action thread sees it; GPU: enough tokens to fill it.
     shape = (16, 512) if device.type == "cuda" else (16, 64)
     grid = measure_grid(model, model.config.vocab_size, batches, contexts, prefill_shape=shape)
@@ -63,9 +63,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build_model(cfg: CampaignConfig, config_json: str | None, device: torch.device,
+def build_profile_model(cfg: CampaignConfig, config_json: str | None, device: torch.device,
                  dtype: torch.dtype) -> torch.nn.Module:
-    """The model to profile, in eval mode on ``device`` in ``dtype``."""
+    """The model to profile, in eval mode on ``device`` in ``dtype``: a random one of
+    ``config_json``'s shape, else the campaign's (``model.path`` or its tiny model). On the CPU
+    torch gets one thread, as one action of the local warm pool has."""
     import torch
 
     from actions.common.modeling import build_tiny_model, instantiate, random_model_from_config, read_model_dir

@@ -91,6 +91,7 @@ class _Phase:
         self.jobs: list[list[float]] = []  # live mode: [start, work left] of score activations
         self.tasks: list[list[float]] = []  # live mode: [start, work left] of the flow, in order
         self.batch: list[int] = []  # live mode: cut samples waiting for their continuation
+        self.returned: list[int] = []  # live mode: finished samples of actions returned just now
         self.window_end = math.inf  # live mode: when the batching window closes
         for spec in specs:
             actor = self._new_actor(spec.invoked_s, spec.ready_s, spec.holds_until_end,
@@ -196,6 +197,12 @@ class _Phase:
                 self._release(a, t)
         if self.batch and (t >= self.window_end or not self.running()):
             self._start_batched_continuation(t)
+        for finished in self.returned:  # after the continuation, in the flow's order
+            work = self.cfg.score_work_s + self.cfg.score_work_s_per_sample * finished
+            self.jobs.append([t + self.cfg.submit_s, work])
+            if self.cfg.task_work_s > 0:
+                self.tasks.append([t, self.cfg.task_work_s])
+        self.returned = []
 
     def _running_jobs(self, t: float) -> list[list[float]]:
         """Score activations under way, and the flow's task work at the head of its queue (the
@@ -203,14 +210,12 @@ class _Phase:
         return [job for job in self.jobs if job[0] <= t] + [job for job in self.tasks[:1] if job[0] <= t]
 
     def _release(self, a: ActorState, t: float) -> None:
-        """The actor returns; in live mode the flow submits the score of its finished samples."""
+        """The actor returns; in live mode the flow then submits the score of its finished
+        samples (at the end of ``settle``, after a continuation submitted at the same moment)."""
         a.released_s = t
         self.released_warm += 1
-        work = self.cfg.score_work_s + self.cfg.score_work_s_per_sample * a.finished
-        if work > 0 and a.finished:
-            self.jobs.append([t + self.cfg.submit_s, work])
-            if self.cfg.task_work_s > 0:
-                self.tasks.append([t, self.cfg.task_work_s])
+        if a.finished and (self.cfg.score_work_s > 0 or self.cfg.score_work_s_per_sample > 0):
+            self.returned.append(a.finished)
 
     def _start_batched_continuation(self, t: float) -> None:
         """Live flow: one continuation action for the batched cut samples, submitted now; it
@@ -224,9 +229,8 @@ class _Phase:
         actor.work_left = self.cfg.continuation_work_s + self.cfg.continuation_work_s_per_token * tokens
         for s in samples:
             actor.add(s)
-        if self.cfg.task_work_s > 0:  # the flow submits it before a score of the same moment
-            at = next((i for i, job in enumerate(self.tasks) if job[0] >= t and i > 0), len(self.tasks))
-            self.tasks.insert(at, [t, self.cfg.task_work_s])
+        if self.cfg.task_work_s > 0:
+            self.tasks.append([t, self.cfg.task_work_s])
         self.batch, self.window_end = [], math.inf
 
     def _free_slots(self, exclude: ActorState) -> dict[int, int]:
