@@ -139,7 +139,7 @@ def _run_one_step(ctx: RunContext, state: CampaignState, tokens: dict, num_worke
             if s["finish_reason"] != "cut":
                 lengths.setdefault(s["prompt_id"], []).append(s["length"])
     for pid, lens in lengths.items():
-        history.record(pid, epoch, lens)
+        history.record(pid, epoch, lens, tokens[str(pid)]["answer_len"])
     train = out["train"]
     new = state.model_copy(deep=True)
     new.step = state.step + 1

@@ -74,6 +74,7 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: dict[
         assignment=cfg.generation.assignment, profile=profile, cluster=cluster_spec(ctx, num_workers),
         cut_threshold=cfg.generation.cut_threshold,
         prefill_tokens=prefill.tokens_computed if prefill else None,
+        rank_slack=cfg.generation.rank_slack,
     )
     g = cfg.algorithm.group_size
     cut_after = tuple(plan_cut_points(

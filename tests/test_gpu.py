@@ -91,6 +91,30 @@ def test_cuda_and_cpu_compute_the_same_logits(tiny):
     model.to("cpu")
 
 
+def test_cuda_scoring_does_not_depend_on_batch_mates(tiny):
+    """A row's log-probs on CUDA are the same bits whichever rows share its width group."""
+    from functools import partial
+
+    from actions.rl.sequences import CUDA_ROW_BLOCK, per_row_widths, response_logprobs
+
+    model, tok, _ = tiny
+    gpu = model.to("cuda")
+    gen = torch.Generator().manual_seed(5)
+    n = 2 * CUDA_ROW_BLOCK + 3  # one width group over three blocks, the last one topped up
+    prompts = [torch.randint(3, 30, (int(torch.randint(17, 33, (1,), generator=gen)),), generator=gen).tolist()
+               for _ in range(n)]
+    responses = [torch.randint(3, 30, (int(torch.randint(33, 49, (1,), generator=gen)),), generator=gen).tolist()
+                 for _ in range(n)]
+    logp = partial(response_logprobs, gpu)
+    cuda = torch.device("cuda")
+    with torch.no_grad():
+        (everyone,), _ = per_row_widths([logp], prompts, responses, tok.pad_token_id, device=cuda)
+        (few,), _ = per_row_widths([logp], prompts[3:6], responses[3:6], tok.pad_token_id, device=cuda)
+        (alone,), _ = per_row_widths([logp], prompts[-1:], responses[-1:], tok.pad_token_id, device=cuda)
+    assert torch.equal(everyone[3:6], few) and torch.equal(everyone[-1:], alone)
+    model.to("cpu")
+
+
 def test_bf16_engine_generates_on_cuda(tiny):
     model, tok, specs = tiny
     half = build_tiny_model(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
@@ -143,5 +167,12 @@ def test_actions_round_trip_on_cuda(tmp_path, monkeypatch):
     before, _ = load_tensors(store, p.init_key)
     after, _ = load_tensors(store, train["policy_key"])
     assert [k for k in before if torch.equal(before[k], after[k])] == []
+    # the same inputs train the same weights, bit for bit (fan-out invariance needs it)
+    again = _call("train_step", {"policy": ref.model_dump(), "optimizer_key": None,
+                                 "scored_keys": ["runs/g/scored2/manifest.json"],
+                                 "algorithm": cfg.algorithm.model_dump(), "seed": 0, "step": 0,
+                                 "output_prefix": "runs/g/train-again"})
+    after2, _ = load_tensors(store, again["policy_key"])
+    assert [k for k in after if not torch.equal(after[k], after2[k])] == []
     assert all(torch.isfinite(torch.tensor(v)) for v in train["metrics"].values())
     warm.clear()  # leave no CUDA models in the process-wide warm cache

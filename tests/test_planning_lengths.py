@@ -60,3 +60,19 @@ def test_rank_correlation():
     assert rank_correlation([1, 1, 1], [1, 2, 3]) == 0.0  # constant: undefined -> 0
     with pytest.raises(ValueError):
         rank_correlation([1, 2], [1])
+
+
+def test_unseen_prompts_scale_their_reference_by_what_seen_prompts_ran():
+    h = LengthHistory()
+    assert h.reference_scale() == 1.0  # nothing observed: the reference as it is
+    h.record(1, 0, [20, 30], reference_length=10)
+    h.record(2, 0, [50], reference_length=20)
+    h.record(3, 0, [999])  # no reference: not part of the scale
+    assert h.reference_scale() == pytest.approx(80 / 30)
+    pred = predict_lengths(h, [1, 4, 5], reference_lengths={4: 6, 5: 12})
+    assert pred == pytest.approx({1: 30.0, 4: 16.0, 5: 32.0})  # seen: history; unseen: ref x 8/3
+    # the scale travels with the history; a history saved without references has none
+    again = LengthHistory.from_dict(json.loads(json.dumps(h.to_dict())))
+    assert again == h and again.reference_scale() == h.reference_scale()
+    old = LengthHistory.from_dict({"observations": {"1": [[0, 30.0]]}})
+    assert old.reference_scale() == 1.0 and old.observations[1] == [(0, 30.0)]

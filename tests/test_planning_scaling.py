@@ -119,11 +119,68 @@ def test_module_function_policy(tmp_path, monkeypatch):
         _plan(policy="my_policy:missing")
 
 
+# TPOT grows with batch and context, so the slice of the longest prompts decodes slowest
+KV_HEAVY = TpotProfile((1, 1001), (0.0, 4000.0), ((0.01, 0.02), (0.3, 1.5)), 1e5)
+SKEWED = {i: float(50 + 15 * i * i) for i in IDS}  # 50 .. 1865 tokens, prompt 11 longest
+
+
+def _slicings(n: int, profile: TpotProfile) -> list[tuple[float, float]]:
+    """(time, GPU-s) of every split of the ranking into n contiguous slices (brute force)."""
+    from itertools import combinations
+
+    from flows.planning.cost import decode_time
+    from flows.planning.timeline import evaluate_candidate, prefill_seconds
+
+    order = sorted(IDS, key=lambda i: -SKEWED[i])
+    prefill_s = prefill_seconds(sum(PLEN.values()), profile, CLUSTER)
+    out = []
+    for cuts in combinations(range(1, len(order)), n - 1):
+        bounds = (0, *cuts, len(order))
+        groups = [order[i:j] for i, j in zip(bounds, bounds[1:])]
+        decode = [decode_time([SKEWED[p] for p in g for _ in range(4)], PLEN[g[0]], profile) for g in groups]
+        tokens = [float(sum(PLEN[p] for p in g)) for g in groups]
+        out.append(evaluate_candidate(decode, tokens, CLUSTER, prefill_s)[:2])
+    return out
+
+
+def test_rank_slack_sizes_ranked_slices_by_predicted_time():
+    kw = dict(policy="fixed:3", profile=KV_HEAVY)
+    equal = plan_generation(IDS, SKEWED, **{**_args(), **kw})
+    balanced = plan_generation(IDS, SKEWED, rank_slack=0.0, **{**_args(), **kw})
+    loose = plan_generation(IDS, SKEWED, rank_slack=0.3, **{**_args(), **kw})
+    ranking = sorted(IDS, key=lambda i: -SKEWED[i])
+    for plan in (balanced, loose):  # contiguous slices of the ranking, every prompt once
+        assert [p for a in plan.assignments for p in a] == ranking and all(plan.assignments)
+    assert equal.assignments == (tuple(ranking[:4]), tuple(ranking[4:8]), tuple(ranking[8:]))
+    slicings = _slicings(3, KV_HEAVY)
+    fastest = min(t for t, _ in slicings)
+    # slack 0: as fast as the fastest contiguous split (equal counts are much slower here),
+    # with fewer prompts on the slice of the longest ones
+    assert balanced.predicted_time_s <= fastest * 1.01 < equal.predicted_time_s * 0.9
+    assert len(balanced.assignments[0]) < 4
+    # slack 0.3: up to 30% longer, released earlier, within 3% of the cheapest such split
+    cheapest = min(c for t, c in slicings if t <= 1.3 * fastest)
+    assert loose.predicted_time_s <= 1.3 * fastest * 1.01
+    assert loose.predicted_gpu_seconds < balanced.predicted_gpu_seconds
+    assert loose.predicted_gpu_seconds <= cheapest * 1.03
+    # not a ranked plan, or one actor: nothing to size
+    rr = plan_generation(IDS, SKEWED, rank_slack=0.0, **{**_args(), **kw, "assignment": "round_robin"})
+    assert rr.assignments == plan_generation(IDS, SKEWED, **{**_args(), **kw, "assignment": "round_robin"}).assignments
+    one = plan_generation(IDS, SKEWED, rank_slack=0.0, **{**_args(), **kw, "policy": "fixed:1"})
+    assert one.assignments == (tuple(ranking),)
+
+
+def _args() -> dict:
+    return dict(group_size=4, prompt_lengths=PLEN, policy="cost_aware", n_min=1, n_max=8,
+                lam=0.7, assignment="ranked", profile=LINEAR, cluster=CLUSTER)
+
+
 @pytest.mark.parametrize("kw, field", [
     ({"n_min": 0}, "scaling.n_min"), ({"n_min": 5, "n_max": 4}, "scaling.n_max"),
     ({"lam": 1.5}, "scaling.lam"), ({"policy": "bogus"}, "scaling.policy"),
     ({"policy": "fixed:x"}, "scaling.policy"), ({"assignment": "random"}, "scaling.assignment"),
     ({"cut_threshold": 0.0}, "scaling.cut_threshold"), ({"group_size": 0}, "scaling.group_size"),
+    ({"rank_slack": -0.1}, "generation.rank_slack"),
 ])
 def test_errors_name_the_field(kw, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):

@@ -197,6 +197,7 @@ def test_cli_json_shape(tmp_path, capsys):
     (["--trace", "/nonexistent/trace.jsonl"], "No such file"),
     (["--policy", "bogus"], "bogus"),
     (["--profile", "roofline:h100:gpt5"], "roofline"),
+    (["--rank-slack", "-1"], "--rank-slack"),
 ])
 def test_cli_bad_input_returns_2(tmp_path, capsys, args, message):
     trace = tmp_path / "t.jsonl"
@@ -238,6 +239,22 @@ def test_learner_phases_lengthen_every_step_and_bill_only_held_actors():
     # static:3 holds its 3 x 2 GPUs through the learner phases; rlhfless released its actors
     assert whole["static:3"].steps[0].gpu_seconds == pytest.approx(gen["static:3"].steps[0].gpu_seconds + 6 * learn)
     assert whole["rlhfless"].steps[0].gpu_seconds == pytest.approx(gen["rlhfless"].steps[0].gpu_seconds)
+
+
+def test_replay_caps_predictions_at_the_generation_cap():
+    # epoch 0 predicts from reference answers; references far beyond what generation can
+    # produce plan exactly as references at the cap do (the trace's longest response)
+    step = _step()
+    cap = max(x for r in step.prompts for x in r.response_lens)
+    huge = TraceStep(0, 0, tuple(PromptRow(r.prompt_id, r.prompt_len, 100 * cap, r.response_lens)
+                                 for r in step.prompts))
+    at_cap = TraceStep(0, 0, tuple(PromptRow(r.prompt_id, r.prompt_len, cap, r.response_lens)
+                                   for r in step.prompts))
+    a = replay([huge], ["no-scale:4"], _model())["no-scale:4"].steps[0]
+    b = replay([at_cap], ["no-scale:4"], _model())["no-scale:4"].steps[0]
+    assert (a.time_s, a.gpu_seconds) == (b.time_s, b.gpu_seconds)
+    c = replay([huge], ["no-scale:4"], _model(), max_new_tokens=10 * cap)["no-scale:4"].steps[0]
+    assert (c.time_s, c.gpu_seconds) != (a.time_s, a.gpu_seconds)
 
 
 def test_plan_and_simulation_agree_when_predictions_are_exact():

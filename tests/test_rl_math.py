@@ -255,3 +255,9 @@ def test_rows_are_scored_at_widths_of_their_own_whatever_their_batch_mates():
     assert mask.sum(-1).tolist() == [20.0, 2.0, 70.0] and torch.equal(mask_alone[0, :2], torch.ones(2))
     assert torch.allclose(wide[0, :2], alone[0, :2], atol=1e-5)
     assert alone[0, 2:].abs().sum() == 0  # nothing past the response
+    # fixed row blocks (CUDA's): 5 rows of one group in blocks of 2, the last topped up
+    rows = [([12] * (3 + i), [13 + i] * (20 + i)) for i in range(5)]
+    with torch.no_grad():
+        (whole,), _ = per_row_widths([logp], [r[0] for r in rows], [r[1] for r in rows], 0)
+        (blocks,), bmask = per_row_widths([logp], [r[0] for r in rows], [r[1] for r in rows], 0, row_block=2)
+    assert torch.equal(blocks, whole) and bmask.sum(-1).tolist() == [20.0, 21.0, 22.0, 23.0, 24.0]

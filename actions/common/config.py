@@ -101,6 +101,12 @@ class GenerationConfig(_Section):
     """tau: an action stops once this fraction of its samples finished (None: never cut). Only
     actions the planner gives a cut point stop (``migrate.plan_cut_points``: where another
     action is predicted to still be decoding at that moment)."""
+    rank_slack: float | None = Field(0.1, ge=0, le=10)
+    """Ranked slices are sized, longest first, to keep every action's predicted end within
+    (1 + rank_slack) x the balanced phase time (the fastest contiguous slicing of the
+    ranking), instead of equal prompt counts; short slices still release early. None: equal
+    counts (the paper's split), which lets the slice of the longest prompts set the phase time
+    where decoding slows with batch and context."""
     migrate_window_s: float = Field(0.25, ge=0)
     """Cut samples arriving within this many seconds of the first share one continuation."""
     score_while_generating: bool = True
@@ -252,8 +258,8 @@ class CampaignConfig(_Section):
             data.pop(key, None)
         # Fan-out and planning change cost, never the training data (ARCHITECTURE invariant 3).
         data.pop("scaling", None)
-        for key in ("assignment", "cut_threshold", "migrate_window_s", "score_while_generating", "dedup_prefill",
-                    "prefill_capacity", "length_window"):
+        for key in ("assignment", "cut_threshold", "rank_slack", "migrate_window_s", "score_while_generating",
+                    "dedup_prefill", "prefill_capacity", "length_window"):
             data["generation"].pop(key, None)
         return data
 

@@ -94,6 +94,9 @@ def response_logprobs(model: torch.nn.Module, batch: PackedBatch, *, with_entrop
 WIDTH_BUCKET = 16
 """Tokens a scored row's prompt and response widths are rounded up to (``per_row_widths``)."""
 
+CUDA_ROW_BLOCK = 8
+"""Rows of every scoring call on a CUDA device (``per_row_widths``)."""
+
 
 def bucket_widths(prompt_len: int, response_len: int, bucket: int = WIDTH_BUCKET) -> tuple[int, int]:
     """(P, T) a row is padded to when scored: its own lengths rounded up to ``bucket``."""
@@ -104,7 +107,8 @@ def bucket_widths(prompt_len: int, response_len: int, bucket: int = WIDTH_BUCKET
 
 def per_row_widths(fns: Sequence[Callable[[PackedBatch], torch.Tensor]], prompts: Sequence[Sequence[int]],
                    responses: Sequence[Sequence[int]], pad_id: int, *, device: torch.device | None = None,
-                   bucket: int = WIDTH_BUCKET) -> tuple[list[torch.Tensor], torch.Tensor]:
+                   bucket: int = WIDTH_BUCKET, row_block: int | None = None
+                   ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Evaluate per-token functions of B rows, each row padded to widths of its own.
 
     Rows are grouped by ``bucket_widths`` of their own lengths and each group is packed to
@@ -114,10 +118,19 @@ def per_row_widths(fns: Sequence[Callable[[PackedBatch], torch.Tensor]], prompts
     log-probs depend on how generation was split into shards. A fixed step-wide width would
     remove that too, but pads a shard of short responses to the longest one of the step.
 
+    The number of rows matters on a GPU as well: cuBLAS picks its kernel, and with it the
+    order of a dot product's additions, by the matrix shapes, so a row's log-probs changed with
+    the number of rows in its group. On CUDA every call therefore takes exactly
+    ``CUDA_ROW_BLOCK`` rows, a group's last block topped up with copies of its first row (their
+    outputs are dropped). CPU kernels compute a row the same way whatever the row count (the
+    fan-out test checks weights bit for bit), so there a group is one call.
+
     Args:
         fns: each maps a packed group to a ``[b, T_group]`` tensor (log-probs, values).
         prompts, responses: B token lists; responses must be non-empty.
         device: where the groups are packed to (the models' device); results come back there.
+        row_block: rows per call, topped up as above; default ``CUDA_ROW_BLOCK`` on CUDA, else
+            a whole group per call.
     Returns:
         (one ``[B, T]`` float tensor per fn, zero past each row's group width; the ``[B, T]``
         response mask), ``T`` = the widest group's response width, rows in input order.
@@ -128,12 +141,18 @@ def per_row_widths(fns: Sequence[Callable[[PackedBatch], torch.Tensor]], prompts
     width = max(t for _, t in groups)
     outs = [torch.zeros((len(prompts), width), device=device) for _ in fns]
     mask = torch.zeros((len(prompts), width), device=device)
-    for (pw, tw), rows in sorted(groups.items()):
-        packed = pack([prompts[i] for i in rows], [responses[i] for i in rows], pad_id,
-                      prompt_width=pw, response_width=tw)
-        packed = packed.to(device) if device is not None else packed
-        index = torch.tensor(rows, device=device)
-        mask[index, :tw] = packed.response_mask
-        for out, fn in zip(outs, fns):
-            out[index, :tw] = fn(packed).float()
+    if row_block is None and device is not None and torch.device(device).type == "cuda":
+        row_block = CUDA_ROW_BLOCK
+    for (pw, tw), group in sorted(groups.items()):
+        block = row_block or len(group)
+        for start in range(0, len(group), block):
+            rows = group[start:start + block]
+            padded = rows + [rows[0]] * (block - len(rows))
+            packed = pack([prompts[i] for i in padded], [responses[i] for i in padded], pad_id,
+                          prompt_width=pw, response_width=tw)
+            packed = packed.to(device) if device is not None else packed
+            index = torch.tensor(rows, device=device)
+            mask[index, :tw] = packed.response_mask[:len(rows)]
+            for out, fn in zip(outs, fns):
+                out[index, :tw] = fn(packed)[:len(rows)].float()
     return outs, mask

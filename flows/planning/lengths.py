@@ -11,7 +11,12 @@ ranking matters: the planner sorts prompts by it (§3.3).
   span smoothing ``alpha = 2 / (window + 1)`` and weights renormalised over the finite window:
   ``pred = sum_k alpha (1-alpha)^k v_{-1-k} / sum_k alpha (1-alpha)^k``. ``window = 1`` (the
   paper's default) is the last observed value.
-- No history (first epoch): the reference answer's length [P §3.2].
+- No history (first epoch): the reference answer's length [P §3.2], scaled by what the
+  prompts already observed say of references: ``sum(observed) / sum(reference)`` over every
+  prompt recorded with its reference length (their latest group max; 1.0 before any). The
+  scale leaves the ranking as it is; it is there for the planner's time estimates, which need
+  tokens: on a trace of code answers (lcb) responses ran about twice their references, and
+  slices balanced on unscaled references under-counted the long groups' KV reads.
 - ``rank_correlation`` (Spearman, ties get their average rank) is the prediction-quality
   metric: 1.0 means a perfect ranking, which is all the planner needs.
 
@@ -31,16 +36,33 @@ class LengthHistory:
     """prompt_id -> [(epoch, observed length)], sorted by epoch, one entry per epoch."""
 
     observations: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    references: dict[int, float] = field(default_factory=dict)
+    """prompt_id -> reference answer length (tokens), for the first-epoch scale."""
 
-    def record(self, prompt_id: int, epoch: int, response_lens: Sequence[int]) -> None:
+    def record(self, prompt_id: int, epoch: int, response_lens: Sequence[int],
+               reference_length: float | None = None) -> None:
         """Store the group's max length for ``epoch``; recording an epoch again replaces it
-        (a replayed step must not count twice)."""
+        (a replayed step must not count twice). ``reference_length``: the prompt's reference
+        answer length, which calibrates predictions of prompts not seen yet."""
         if not response_lens:
             raise ValueError(f"response_lens for prompt {prompt_id}: empty; pass the "
                              "length of every sample of the group")
         entries = self.observations.setdefault(int(prompt_id), [])
         entries[:] = [e for e in entries if e[0] != epoch]
         insort(entries, (int(epoch), float(max(response_lens))))
+        if reference_length is not None and reference_length > 0:
+            self.references[int(prompt_id)] = float(reference_length)
+
+    def reference_scale(self) -> float:
+        """Observed group max per reference token over the prompts recorded with a reference
+        (latest observation each); 1.0 when there are none."""
+        observed = reference = 0.0
+        for pid, ref in self.references.items():
+            entries = self.observations.get(pid)
+            if entries:
+                observed += entries[-1][1]
+                reference += ref
+        return observed / reference if reference > 0 and observed > 0 else 1.0
 
     def last(self, prompt_id: int, window: int) -> list[float]:
         """The last ``window`` observed lengths, oldest first (empty when unseen)."""
@@ -48,13 +70,15 @@ class LengthHistory:
 
     def to_dict(self) -> dict:
         return {"observations": {str(pid): [[e, v] for e, v in entries]
-                                 for pid, entries in sorted(self.observations.items())}}
+                                 for pid, entries in sorted(self.observations.items())},
+                "references": {str(pid): v for pid, v in sorted(self.references.items())}}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "LengthHistory":
         obs = {int(pid): [(int(e), float(v)) for e, v in entries]
                for pid, entries in data.get("observations", {}).items()}
-        return cls({pid: sorted(entries) for pid, entries in obs.items()})
+        refs = {int(pid): float(v) for pid, v in data.get("references", {}).items()}
+        return cls({pid: sorted(entries) for pid, entries in obs.items()}, refs)
 
 
 def ewma(values: Sequence[float]) -> float:
@@ -73,18 +97,21 @@ def predict_lengths(history: LengthHistory, prompt_ids: Sequence[int],
         history: observed group lengths of past epochs.
         prompt_ids: prompts of this step.
         reference_lengths: prompt id -> token length of the dataset's reference answer, used
-            when a prompt has no history.
+            (times ``history.reference_scale()``) when a prompt has no history.
         window: number of most recent epochs in the EWMA (1 = last value).
     """
     if window < 1:
         raise ValueError(f"lengths.window={window}: must be >= 1 (1 = last epoch only)")
     out: dict[int, float] = {}
+    scale = None
     for pid in prompt_ids:
         past = history.last(pid, window)
         if past:
             out[pid] = ewma(past)
         elif pid in reference_lengths:
-            out[pid] = float(reference_lengths[pid])
+            if scale is None:
+                scale = history.reference_scale()
+            out[pid] = float(reference_lengths[pid]) * scale
         else:
             raise ValueError(f"reference_lengths: no entry for prompt {pid} and no history; "
                              "pass the reference answer length of every prompt")

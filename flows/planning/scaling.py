@@ -15,6 +15,16 @@ used and ``note`` says so. Ties go to the smaller N.
 Assignments: ``ranked`` (the paper), ``round_robin`` (ablation baseline) and ``contiguous``
 (equal slices of the given order: the static serverful baseline's data-parallel split).
 
+Slice sizes of a ranked plan (``rank_slack``). The sweep over N times equal-count slices of
+the ranking (the paper's "evenly"). Where TPOT grows with batch and context, the slice of the
+longest groups then decodes slowest of all and sets the phase time: on a trace of long code
+answers (lcb), equal slices made the phase about 1.2x longer than a length-oblivious split.
+With ``rank_slack = s`` the chosen N is re-sliced instead (``budget_slices``): ``T_bal``, the
+smallest predicted phase time any contiguous slicing of the ranking reaches, is found by
+bisection, and the slices are then filled longest first, each with as many groups as keep its
+actor's predicted end within ``(1 + s) * T_bal``. Short slices still release early, while the
+phase stays within ``s`` of the fastest ranked plan. ``None`` keeps equal counts.
+
 Policies: ``cost_aware``; ``fixed:N`` (N actors, the configured assignment);
 ``module:function`` (a user function with this signature returning a
 ``GenerationPlan``; its output is validated).
@@ -30,11 +40,11 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from flows.planning.assignment import (assign_contiguous, assign_ranked, assign_round_robin,
-                                       rank_prompts)
+                                       rank_prompts, split_sizes)
 from flows.planning.cost import DecodeEstimator
 from flows.planning.plan import Candidate, ClusterSpec, GenerationPlan
 from flows.planning.profile import TpotProfile
-from flows.planning.timeline import evaluate_candidate, prefill_seconds
+from flows.planning.timeline import actor_start, evaluate_candidate, prefill_seconds
 
 ASSIGNMENTS = ("ranked", "round_robin", "contiguous")
 
@@ -106,7 +116,7 @@ def _score(rows: list[tuple[int, float, float, str]], lam: float,
 
 def _check_args(prompt_ids: Sequence[int], predicted: Mapping[int, float], group_size: int,
                 n_min: int, n_max: int, lam: float, assignment: str,
-                cut_threshold: float | None) -> None:
+                cut_threshold: float | None, rank_slack: float | None = None) -> None:
     if not prompt_ids:
         raise ValueError("scaling.prompt_ids: empty; plan a phase with at least one prompt")
     if n_min < 1:
@@ -123,6 +133,9 @@ def _check_args(prompt_ids: Sequence[int], predicted: Mapping[int, float], group
                          "(1 = never cut) or None")
     if group_size < 1:
         raise ValueError(f"scaling.group_size={group_size}: must be >= 1 (samples per prompt)")
+    if rank_slack is not None and not 0.0 <= rank_slack <= 10.0:
+        raise ValueError(f"generation.rank_slack={rank_slack}: must be in [0, 10] (a fraction "
+                         "of the balanced phase time) or None for equal-count slices")
     missing = [p for p in prompt_ids if p not in predicted]
     if missing:
         raise ValueError(f"scaling.predicted: no length for prompts {missing[:5]}; predict "
@@ -196,7 +209,8 @@ def plan_generation(prompt_ids: Sequence[int], predicted: Mapping[int, float], *
                     n_min: int, n_max: int, lam: float, assignment: str,
                     profile: TpotProfile, cluster: ClusterSpec,
                     cut_threshold: float | None = None,
-                    prefill_tokens: float | None = None) -> GenerationPlan:
+                    prefill_tokens: float | None = None,
+                    rank_slack: float | None = None) -> GenerationPlan:
     """Decide how many decode actors to run and which prompts each gets.
 
     Args:
@@ -211,16 +225,20 @@ def plan_generation(prompt_ids: Sequence[int], predicted: Mapping[int, float], *
         cut_threshold: tau, validated and passed on to user policies (the built-in estimate
             assumes exact predictions, so nothing is cut).
         prefill_tokens: prefill work (``PrefillPlan.tokens_computed``); default: every prompt.
+        rank_slack: ranked plans of the built-in policies: re-slice the chosen N within this
+            fraction of the balanced phase time (module docstring); None: equal counts. Not
+            passed to user policies.
     Returns:
         the plan; ``candidates`` holds every evaluated N.
     """
     start = time.perf_counter()
-    _check_args(prompt_ids, predicted, group_size, n_min, n_max, lam, assignment, cut_threshold)
+    _check_args(prompt_ids, predicted, group_size, n_min, n_max, lam, assignment, cut_threshold,
+                rank_slack)
     kwargs = dict(group_size=group_size, prompt_lengths=prompt_lengths, policy=policy,
                   n_min=n_min, n_max=n_max, lam=lam, assignment=assignment, profile=profile,
                   cluster=cluster, cut_threshold=cut_threshold, prefill_tokens=prefill_tokens)
     if policy == "cost_aware" or policy.startswith("fixed:"):
-        plan = _plan_builtin(list(prompt_ids), predicted, **kwargs)
+        plan = _plan_builtin(list(prompt_ids), predicted, rank_slack=rank_slack, **kwargs)
     elif ":" in policy:
         plan = _load_policy(policy)(prompt_ids, predicted, **kwargs)
         if not isinstance(plan, GenerationPlan):
@@ -236,7 +254,8 @@ def plan_generation(prompt_ids: Sequence[int], predicted: Mapping[int, float], *
 def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, group_size: int,
                   prompt_lengths: Mapping[int, int], policy: str, n_min: int, n_max: int,
                   lam: float, assignment: str, profile: TpotProfile, cluster: ClusterSpec,
-                  cut_threshold: float | None, prefill_tokens: float | None) -> GenerationPlan:
+                  cut_threshold: float | None, prefill_tokens: float | None,
+                  rank_slack: float | None) -> GenerationPlan:
     fixed = policy.startswith("fixed:")
     note = ""
     if fixed:
@@ -247,6 +266,8 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
         if n_lo < n_min:
             note = f"n_min={n_min} capped to {n_lo} (prompts/cluster capacity). "
     max_groups = -(-len(prompt_ids) // n_lo)  # the largest actor of the smallest N
+    if assignment == "ranked" and rank_slack is not None:  # budget slices may be larger
+        max_groups = len(prompt_ids)
     env = _env(prompt_ids, predicted, prompt_lengths, group_size, profile, cluster,
                prefill_tokens, max_groups)
     ranking = _ranking(prompt_ids, predicted, prompt_lengths)
@@ -258,8 +279,70 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
         best = n_lo
         note += "no feasible actor count: using the smallest; transfers will not be hidden."
     chosen = cands[best - n_lo]
-    # ranked: slices of the ranking already made (assign_ranked would sort again)
-    groups = (assign_contiguous(ranking.order, best) if assignment == "ranked"
-              else _groups(best, prompt_ids, predicted, assignment))
-    return GenerationPlan(policy, best, groups, chosen.time_s, chosen.gpu_seconds, tuple(cands),
-                          note=note.strip())
+    time_s, gpu_s = chosen.time_s, chosen.gpu_seconds
+    if assignment == "ranked" and rank_slack is not None and best > 1:
+        groups = budget_slices(ranking, best, env, cluster, rank_slack)
+        time_s, gpu_s, _ = evaluate_candidate(*_group_loads(groups, predicted, prompt_lengths, env),
+                                              cluster, env.prefill_s)
+    elif assignment == "ranked":  # slices of the ranking already made (assign_ranked would sort again)
+        groups = assign_contiguous(ranking.order, best)
+    else:
+        groups = _groups(best, prompt_ids, predicted, assignment)
+    return GenerationPlan(policy, best, groups, time_s, gpu_s, tuple(cands), note=note.strip())
+
+
+def budget_slices(ranking: _Ranking, n: int, env: _Env, cluster: ClusterSpec,
+                  slack: float) -> tuple[tuple[int, ...], ...]:
+    """``n`` contiguous slices of the ranking, filled longest first within a time budget.
+
+    Each actor's predicted end is its start (``timeline.actor_start``: prefill, transfers)
+    plus its slice's decode time. ``fill(cap)`` gives every actor but the last the most groups
+    whose end stays within ``cap`` (at least one group each, leaving one for every later actor);
+    it fails when the last actor's rest ends after ``cap``. The balanced time is the smallest
+    ``cap`` that ``fill`` meets (bisection to 0.1%, starting from equal counts, which it always
+    meets); the slices returned are ``fill((1 + slack) * balanced)``.
+
+    Moving a boundary towards the short end moves one group to the longer slice, where it
+    decodes alongside longer groups, and takes the longest group off the shorter slice, which
+    then runs fewer steps; with a TPOT that grows linearly in the batch the total GPU-s does
+    not rise, which is why filling the long slices first is the cheap way to use the budget.
+    """
+    m = len(ranking.order)
+    timer = env.decode.slice_timer(ranking.lengths)
+    sums = ranking.token_sums
+
+    def end(actor: int, i: int, j: int) -> float:
+        tokens = sums[j] - sums[i]
+        ready = actor_start(actor, cluster, env.prefill_s, tokens).ready_s
+        return ready + timer(i, j, tokens / (j - i))
+
+    def fill(cap: float) -> list[int] | None:
+        bounds, i = [0], 0
+        for actor in range(n - 1):
+            lo, hi = i + 1, m - (n - 1 - actor)
+            if end(actor, i, lo) > cap:
+                return None
+            while lo < hi:  # the largest end index within the cap (end grows with the slice)
+                mid = (lo + hi + 1) // 2
+                if end(actor, i, mid) <= cap:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            bounds.append(lo)
+            i = lo
+        if end(n - 1, i, m) > cap:
+            return None
+        return bounds + [m]
+
+    equal = [0]
+    for size in split_sizes(m, n):
+        equal.append(equal[-1] + size)
+    hi = max(end(a, i, j) for a, (i, j) in enumerate(zip(equal, equal[1:])))
+    if fill(hi) is None:  # only where a slice's time is not monotone in its size
+        return assign_contiguous(ranking.order, n)
+    lo = 0.0
+    while hi - lo > 1e-3 * hi:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if fill(mid) is not None else (mid, hi)
+    bounds = fill(hi * (1.0 + slack)) or fill(hi)
+    return tuple(tuple(ranking.order[i:j]) for i, j in zip(bounds, bounds[1:]))

@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model for weight/KV bytes (default: the roofline's, else qwen2.5-7b)")
     parser.add_argument("--lam", type=float, default=0.7, help="time weight of the planner")
     parser.add_argument("--tau", type=float, default=0.7, help="cut-and-migrate threshold")
+    parser.add_argument("--rank-slack", default="0.1", metavar="S",
+                        help="ranked slices within (1 + S) x the balanced phase time; 'none' "
+                             "for equal prompt counts")
     parser.add_argument("--n-min", type=int, default=1)
     parser.add_argument("--n-max", type=int, default=64)
     parser.add_argument("--bandwidth-gb-per-gpu", type=float, default=40.0,
@@ -55,6 +58,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", default=None, metavar="PNG", help="write a per-step plot")
 
 
+def _slack(text: str) -> float | None:
+    if text.lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 10.0:
+        raise ValueError(f"--rank-slack={text}: use a number in [0, 10] (a fraction of the "
+                         "balanced phase time) or 'none' for equal prompt counts")
+    return value
+
+
 def build_model(args: argparse.Namespace) -> ClusterModel:
     """ClusterModel from parsed arguments (ValueError/OSError on a bad profile)."""
     if args.gpus_per_actor < 1 or args.nodes < 1 or args.gpus_per_node < 1:
@@ -74,7 +90,8 @@ def build_model(args: argparse.Namespace) -> ClusterModel:
                         kv_bytes_per_token=spec.kv_bytes_per_token,
                         bandwidth_bytes_per_s=args.bandwidth_gb_per_gpu * 1e9 * args.gpus_per_actor,
                         cold_start_s=args.cold_start_s, prewarm_idle_s=args.prewarm_idle_s,
-                        lam=args.lam, tau=args.tau, n_min=args.n_min, n_max=args.n_max,
+                        lam=args.lam, tau=args.tau, rank_slack=_slack(args.rank_slack),
+                        n_min=args.n_min, n_max=args.n_max,
                         continuation=args.continuation, migration=args.migration,
                         prefer=args.prefer, learner_tokens_per_s=args.learner_tokens_per_s)
 

@@ -81,6 +81,7 @@ class ClusterModel:
     prewarm_idle_s: float = 0.0
     lam: float = 0.7
     tau: float = 0.7
+    rank_slack: float | None = 0.1  # ranked slices within this fraction of the balanced time
     n_min: int = 1
     n_max: int = 64
     continuation: bool = False
@@ -117,7 +118,8 @@ def make_plan(policy: Policy, prompt_ids: Sequence[int], predicted: Mapping[int,
                            n_min=model.n_min, n_max=model.n_max, lam=model.lam,
                            assignment=policy.assignment, profile=model.profile,
                            cluster=model.cluster_spec(),
-                           cut_threshold=model.tau if policy.cut else None)
+                           cut_threshold=model.tau if policy.cut else None,
+                           rank_slack=model.rank_slack)
 
 
 def build_actors(policy: Policy, plan: GenerationPlan, samples: Mapping[int, list[Sample]],

@@ -6,7 +6,8 @@ keep their file order (the "given order" of contiguous / round-robin assignment)
 
 Per step: predictions come from a ``LengthHistory`` of earlier epochs (the reference answer
 length where a prompt has none, i.e. in epoch 0), or equal the true group max for ``oracle``;
-the planner runs (its wall time is recorded); the phase is simulated with the true lengths
+predictions are capped at the generation cap (``max_new_tokens``, as in the live planner); the
+planner runs (its wall time is recorded); the phase is simulated with the true lengths
 (plus the learner's scoring and training where ``ClusterModel.learner_tokens_per_s`` is set);
 then the step's observed lengths are recorded in the history (shared by all policies, since
 the trace fixes what was generated).
@@ -142,16 +143,22 @@ def run_step(policy: Policy, step: TraceStep, predicted: dict[int, float], model
 
 
 def replay(steps: list[TraceStep], policy_names: list[str], model: ClusterModel,
-           window: int = 1) -> dict[str, PolicyRun]:
-    """Run every policy over every step; see the module docstring."""
+           window: int = 1, max_new_tokens: int | None = None) -> dict[str, PolicyRun]:
+    """Run every policy over every step; see the module docstring.
+
+    ``max_new_tokens``: the generation cap the trace was made with; predictions are capped at
+    it, as the live planner caps them. Default: the trace's longest response (a trace of
+    capped generations has many responses at the cap).
+    """
     policies = [parse_policy(name) for name in policy_names]
     runs = {p.name: PolicyRun(p.name) for p in policies}
     history = LengthHistory()
+    cap = max_new_tokens or max(x for s in steps for r in s.prompts for x in r.response_lens)
     for step in steps:
         ids = [r.prompt_id for r in step.prompts]
         refs = {r.prompt_id: r.answer_len for r in step.prompts}
         truth = {r.prompt_id: float(max(r.response_lens)) for r in step.prompts}
-        predicted = predict_lengths(history, ids, refs, window)
+        predicted = {p: min(v, float(cap)) for p, v in predict_lengths(history, ids, refs, window).items()}
         corr = rank_correlation([predicted[i] for i in ids], [truth[i] for i in ids])
         for policy in policies:
             run = runs[policy.name]
@@ -164,5 +171,5 @@ def replay(steps: list[TraceStep], policy_names: list[str], model: ClusterModel,
                                         1.0 if policy.oracle else corr,
                                         result.num_cut, result.num_migrated))
         for row in step.prompts:
-            history.record(row.prompt_id, step.epoch, row.response_lens)
+            history.record(row.prompt_id, step.epoch, row.response_lens, row.answer_len)
     return runs
