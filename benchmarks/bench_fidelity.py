@@ -86,7 +86,9 @@ def main() -> int:
     from flows.state import load_state
 
     tmp = tempfile.mkdtemp(prefix="bench-fidelity-")
-    base_cfg = load_config(None, [f"steps={args.steps}", "eval_every=0", f"store.uri={tmp}/store"])
+    # scores overlapping generation, as the simulator's live mode models them
+    base_cfg = load_config(None, [f"steps={args.steps}", "eval_every=0", f"store.uri={tmp}/store",
+                                  "generation.score_while_generating=true"])
     profile = measure_profile(base_cfg)
     profile_path = f"{tmp}/profile.json"
     profile.save(profile_path)

@@ -1,7 +1,8 @@
 """One RLHF training step as a Prefect flow: plan -> prefill -> generate -> score -> train.
 
 The body reads like the paper's per-step workflow (PAPER §2). Scoring of a shard is submitted
-the moment its generation returns (unless ``generation.score_while_generating`` is off); cut
+the moment its generation returns where actions have accelerators of their own
+(``CampaignConfig.overlap_scoring``; after generation on the local pool's shared ones); cut
 samples are continued in continuation actions as soon as their shard returns; training waits
 for every score. The step is not visible until the
 campaign commits it (flows/state.py).
@@ -78,12 +79,12 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> dict[str, Any]:
                 payload=generate_payload(ctx, inputs, name, [], None, None, partial_keys=partials)))
             partials = []
         if res is not None and any(s["finish_reason"] != "cut" for s in res["samples"]):
-            if ctx.config.generation.score_while_generating:
+            if ctx.config.overlap_scoring():
                 scores.append(submit_score(res["rollout_key"]))
             else:
                 to_score.append(res["rollout_key"])
     t_gen_end = time.time()
-    scores += [submit_score(key) for key in to_score]  # generation.score_while_generating off
+    scores += [submit_score(key) for key in to_score]  # scores not overlapped (overlap_scoring)
     score_results = []
     for fut in scores:
         out = fut.result()

@@ -54,14 +54,25 @@ def test_scores_can_wait_for_the_end_of_generation(tiny_config, prefect_harness,
 
     monkeypatch.setattr(campaign, "step_metrics", keep)
     common = ("invoker.kind=inprocess", "scaling.policy=fixed:3", "steps=1")
-    overlap = run_campaign(tiny_config(*common, "run_id=overlap"), progress=lambda m: None)
-    after = run_campaign(tiny_config(*common, "run_id=after", "generation.score_while_generating=false"),
-                         progress=lambda m: None)
+    overlap = run_campaign(tiny_config(*common, "run_id=overlap", "generation.score_while_generating=true"),
+                           progress=lambda m: None)
+    after = run_campaign(tiny_config(*common, "run_id=after"), progress=lambda m: None)  # in-process: off
     gens = [r for r in records[1] if r["action"] == "generate"]
     scores = [r for r in records[1] if r["action"] == "score"]
     assert len(gens) >= 3 and scores
     assert min(s["submitted_at"] for s in scores) >= max(g["ended_at"] for g in gens)
     assert overlap["weights_sha256"] == after["weights_sha256"]  # only the order changed
+
+
+def test_scores_overlap_generation_by_default_only_where_actions_own_accelerators():
+    from actions.common.config import load_config
+
+    def overlap(*overrides):
+        return load_config(None, list(overrides)).overlap_scoring()
+
+    assert overlap("invoker.kind=openwhisk") and not overlap() and not overlap("invoker.kind=inprocess")
+    assert overlap("generation.score_while_generating=true")
+    assert not overlap("invoker.kind=openwhisk", "generation.score_while_generating=false")
 
 
 def test_existing_run_needs_resume_and_same_config(tiny_config, prefect_harness):

@@ -102,18 +102,21 @@ class GenerationConfig(_Section):
     actions the planner gives a cut point stop (``migrate.plan_cut_points``: where another
     action is predicted to still be decoding at that moment)."""
     rank_slack: float | None = Field(0.1, ge=0, le=10)
-    """Ranked slices are sized, longest first, to keep every action's predicted end within
-    (1 + rank_slack) x the balanced phase time (the fastest contiguous slicing of the
-    ranking), instead of equal prompt counts; short slices still release early. None: equal
-    counts (the paper's split), which lets the slice of the longest prompts set the phase time
-    where decoding slows with batch and context."""
+    """With ``scaling.policy: fixed:N``, ranked slices are sized, longest first, to keep every
+    action's predicted end within (1 + rank_slack) x the balanced phase time (the fastest
+    contiguous slicing of the ranking), instead of equal prompt counts; short slices still
+    release early. None: equal counts (the paper's split), which lets the slice of the longest
+    prompts set the phase time where decoding slows with batch and context. ``cost_aware``
+    keeps equal counts (``flows/planning/scaling.py``)."""
     migrate_window_s: float = Field(0.25, ge=0)
     """Cut samples arriving within this many seconds of the first share one continuation."""
-    score_while_generating: bool = True
+    score_while_generating: bool | None = None
     """Score a shard as soon as its generation returns (overlapping the rest of generation).
-    Turn off where score and generation actions share processors or accelerators (a small
-    local pool, one GPU for everything): there the overlap only slows the generation actions
-    still running and inflates their billed time; scores then start when generation ends."""
+    Off, scores start when generation ends. That is right where score and generation actions
+    share processors or accelerators (the local warm pool, one GPU for everything): there the
+    overlap only slows the generation actions still running and inflates their billed time.
+    None (default): on for ``invoker.kind: openwhisk``, where every action has its own
+    accelerators, off for the local and in-process invokers (``CampaignConfig.overlap_scoring``)."""
     prefill_capacity: int = Field(64, gt=0)
     """B_prefill: most unique prefixes one prefill action computes (PAPER 3.1)."""
     length_window: int = Field(1, ge=1)
@@ -249,6 +252,11 @@ class CampaignConfig(_Section):
         if v is not None and (not v or not all(c.isalnum() or c in "-_." for c in v)):
             raise ValueError(f"run_id {v!r} may use only letters, digits, '-', '_' and '.'")
         return v
+
+    def overlap_scoring(self) -> bool:
+        """Whether a shard's score is submitted while other shards still generate."""
+        overlap = self.generation.score_while_generating
+        return self.invoker.kind == "openwhisk" if overlap is None else overlap
 
     def identity(self) -> dict[str, Any]:
         """The settings that define what a run computes; resuming requires them unchanged.

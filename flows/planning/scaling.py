@@ -19,11 +19,15 @@ Slice sizes of a ranked plan (``rank_slack``). The sweep over N times equal-coun
 the ranking (the paper's "evenly"). Where TPOT grows with batch and context, the slice of the
 longest groups then decodes slowest of all and sets the phase time: on a trace of long code
 answers (lcb), equal slices made the phase about 1.2x longer than a length-oblivious split.
-With ``rank_slack = s`` the chosen N is re-sliced instead (``budget_slices``): ``T_bal``, the
-smallest predicted phase time any contiguous slicing of the ranking reaches, is found by
-bisection, and the slices are then filled longest first, each with as many groups as keep its
-actor's predicted end within ``(1 + s) * T_bal``. Short slices still release early, while the
-phase stays within ``s`` of the fastest ranked plan. ``None`` keeps equal counts.
+With a fixed fan-out (``fixed:N``) and ``rank_slack = s`` the N slices are sized instead
+(``budget_slices``): ``T_bal``, the smallest predicted phase time any contiguous slicing of
+the ranking reaches, is found by bisection, and the slices are then filled longest first, each
+with as many groups as keep its actor's predicted end within ``(1 + s) * T_bal`` (and within
+the equal-count plan's time). Short slices still release early, while the phase stays within
+``s`` of the fastest ranked plan. ``None`` keeps equal counts. ``cost_aware`` keeps equal counts
+too: its sweep already trades time against cost through N, by ``lam``; re-slicing the chosen N
+would trade again behind the objective's back, and on the traces (simulator, many actors per
+step) the uneven slices lost more time to mispredicted groups than the sweep had bought.
 
 Policies: ``cost_aware``; ``fixed:N`` (N actors, the configured assignment);
 ``module:function`` (a user function with this signature returning a
@@ -225,9 +229,9 @@ def plan_generation(prompt_ids: Sequence[int], predicted: Mapping[int, float], *
         cut_threshold: tau, validated and passed on to user policies (the built-in estimate
             assumes exact predictions, so nothing is cut).
         prefill_tokens: prefill work (``PrefillPlan.tokens_computed``); default: every prompt.
-        rank_slack: ranked plans of the built-in policies: re-slice the chosen N within this
-            fraction of the balanced phase time (module docstring); None: equal counts. Not
-            passed to user policies.
+        rank_slack: ranked ``fixed:N`` plans: size the slices within this fraction of the
+            balanced phase time (module docstring); None: equal counts. Not passed to user
+            policies.
     Returns:
         the plan; ``candidates`` holds every evaluated N.
     """
@@ -266,7 +270,7 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
         if n_lo < n_min:
             note = f"n_min={n_min} capped to {n_lo} (prompts/cluster capacity). "
     max_groups = -(-len(prompt_ids) // n_lo)  # the largest actor of the smallest N
-    if assignment == "ranked" and rank_slack is not None:  # budget slices may be larger
+    if assignment == "ranked" and rank_slack is not None and fixed:  # budget slices may be larger
         max_groups = len(prompt_ids)
     env = _env(prompt_ids, predicted, prompt_lengths, group_size, profile, cluster,
                prefill_tokens, max_groups)
@@ -280,7 +284,7 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
         note += "no feasible actor count: using the smallest; transfers will not be hidden."
     chosen = cands[best - n_lo]
     time_s, gpu_s = chosen.time_s, chosen.gpu_seconds
-    if assignment == "ranked" and rank_slack is not None and best > 1:
+    if assignment == "ranked" and rank_slack is not None and fixed and best > 1:
         groups = budget_slices(ranking, best, env, cluster, rank_slack)
         time_s, gpu_s, _ = evaluate_candidate(*_group_loads(groups, predicted, prompt_lengths, env),
                                               cluster, env.prefill_s)
@@ -337,12 +341,12 @@ def budget_slices(ranking: _Ranking, n: int, env: _Env, cluster: ClusterSpec,
     equal = [0]
     for size in split_sizes(m, n):
         equal.append(equal[-1] + size)
-    hi = max(end(a, i, j) for a, (i, j) in enumerate(zip(equal, equal[1:])))
+    hi = equal_end = max(end(a, i, j) for a, (i, j) in enumerate(zip(equal, equal[1:])))
     if fill(hi) is None:  # only where a slice's time is not monotone in its size
         return assign_contiguous(ranking.order, n)
     lo = 0.0
     while hi - lo > 1e-3 * hi:
         mid = 0.5 * (lo + hi)
         lo, hi = (lo, mid) if fill(mid) is not None else (mid, hi)
-    bounds = fill(hi * (1.0 + slack)) or fill(hi)
+    bounds = fill(min(hi * (1.0 + slack), equal_end)) or fill(hi)
     return tuple(tuple(ranking.order[i:j]) for i, j in zip(bounds, bounds[1:]))
