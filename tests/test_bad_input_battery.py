@@ -93,6 +93,8 @@ CASES: dict[str, Case] = {
     "config section given a value": Case(_train("--set", "algorithm=3"), ("algorithm = 3", "should be a valid dictionary")),
     "config out of range": Case(_train("--set", "algorithm.gamma=2"), ("algorithm.gamma", "less than or equal to 1")),
     "config zero batch": Case(_train("--set", "algorithm.batch_size=0"), ("algorithm.batch_size", "greater than 0")),
+    "config negative slack": Case(_train("--set", "generation.rank_slack=-0.5"),
+                                  ("generation.rank_slack", "greater than or equal to 0")),
     "config negative batch": Case(_train("--set", "algorithm.batch_size=-8"), ("algorithm.batch_size", "greater than 0")),
     "config group does not divide batch": Case(
         _train("--set", "algorithm.group_size=3"), ("algorithm.group_size=3", "multiple of group_size")),

@@ -20,7 +20,7 @@ the ranking (the paper's "evenly"). Where TPOT grows with batch and context, the
 longest groups then decodes slowest of all and sets the phase time: on a trace of long code
 answers (lcb), equal slices made the phase about 1.2x longer than a length-oblivious split.
 With a fixed fan-out (``fixed:N``) and ``rank_slack = s`` the N slices are sized instead
-(``budget_slices``): ``T_bal``, the smallest predicted phase time any contiguous slicing of
+(``_budget_slices``): ``T_bal``, the smallest predicted phase time any contiguous slicing of
 the ranking reaches, is found by bisection, and the slices are then filled longest first, each
 with as many groups as keep its actor's predicted end within ``(1 + s) * T_bal`` (and within
 the equal-count plan's time). Short slices still release early, while the phase stays within
@@ -285,7 +285,7 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
     chosen = cands[best - n_lo]
     time_s, gpu_s = chosen.time_s, chosen.gpu_seconds
     if assignment == "ranked" and rank_slack is not None and fixed and best > 1:
-        groups = budget_slices(ranking, best, env, cluster, rank_slack)
+        groups = _budget_slices(ranking, best, env, cluster, rank_slack)
         time_s, gpu_s, _ = evaluate_candidate(*_group_loads(groups, predicted, prompt_lengths, env),
                                               cluster, env.prefill_s)
     elif assignment == "ranked":  # slices of the ranking already made (assign_ranked would sort again)
@@ -295,8 +295,8 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
     return GenerationPlan(policy, best, groups, time_s, gpu_s, tuple(cands), note=note.strip())
 
 
-def budget_slices(ranking: _Ranking, n: int, env: _Env, cluster: ClusterSpec,
-                  slack: float) -> tuple[tuple[int, ...], ...]:
+def _budget_slices(ranking: _Ranking, n: int, env: _Env, cluster: ClusterSpec,
+                   slack: float) -> tuple[tuple[int, ...], ...]:
     """``n`` contiguous slices of the ranking, filled longest first within a time budget.
 
     Each actor's predicted end is its start (``timeline.actor_start``: prefill, transfers)
@@ -304,7 +304,7 @@ def budget_slices(ranking: _Ranking, n: int, env: _Env, cluster: ClusterSpec,
     whose end stays within ``cap`` (at least one group each, leaving one for every later actor);
     it fails when the last actor's rest ends after ``cap``. The balanced time is the smallest
     ``cap`` that ``fill`` meets (bisection to 0.1%, starting from equal counts, which it always
-    meets); the slices returned are ``fill((1 + slack) * balanced)``.
+    meets); the slices returned are ``fill(min((1 + slack) * balanced, equal-count time))``.
 
     Moving a boundary towards the short end moves one group to the longer slice, where it
     decodes alongside longer groups, and takes the longest group off the shorter slice, which
