@@ -118,9 +118,9 @@ def per_row_widths(fns: Sequence[Callable[[PackedBatch], torch.Tensor]], prompts
     log-probs depend on how generation was split into shards. A fixed step-wide width would
     remove that too, but pads a shard of short responses to the longest one of the step.
 
-    The number of rows matters on a GPU as well: cuBLAS picks its kernel, and with it the
-    order of a dot product's additions, by the matrix shapes, so a row's log-probs changed with
-    the number of rows in its group. On CUDA every call therefore takes exactly
+    The number of rows can matter on a GPU as well: cuBLAS picks its kernel, and with it the
+    order of a dot product's additions, by the matrix shapes, so a row's log-probs may change
+    with the number of rows in its group. On CUDA every call therefore takes exactly
     ``CUDA_ROW_BLOCK`` rows, a group's last block topped up with copies of its first row (their
     outputs are dropped). CPU kernels compute a row the same way whatever the row count (the
     fan-out test checks weights bit for bit), so there a group is one call.
