@@ -36,13 +36,14 @@ import argparse
 import dataclasses
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from proc_cpu import tree_cpu_s  # beside this script
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 FANOUT = 4
@@ -75,25 +76,9 @@ class ForeignCpu:
             with open("/proc/stat") as fh:
                 f = [int(x) for x in fh.readline().split()[1:]]
             busy = (sum(f[:8]) - f[3] - f[4]) / self.tick  # all but idle and iowait
-            stats, children = {}, {}
-            for pid in filter(str.isdigit, os.listdir("/proc")):
-                try:
-                    with open(f"/proc/{pid}/stat") as fh:
-                        fields = fh.read().rsplit(")", 1)[1].split()
-                except OSError:
-                    continue
-                stats[int(pid)] = sum(int(x) for x in fields[11:15]) / self.tick  # u+s, cu+cs
-                children.setdefault(int(fields[1]), []).append(int(pid))
+            own = tree_cpu_s(os.getpid(), reaped=True)  # this process, its descendants, reaped ones
         except OSError:
             return None
-        own, todo = 0.0, list(children.get(os.getpid(), []))
-        while todo:  # live descendants; reaped ones are in RUSAGE_CHILDREN
-            pid = todo.pop()
-            own += stats.get(pid, 0.0)
-            todo.extend(children.get(pid, []))
-        for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-            ru = resource.getrusage(who)
-            own += ru.ru_utime + ru.ru_stime
         return busy, own, time.monotonic()
 
     def take(self) -> float | None:

@@ -12,16 +12,18 @@ def _stat_fields(pid: int | str) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
-def process_cpu_s(pid: int | None) -> float:
-    """CPU seconds (user + system) used so far by process ``pid`` (0.0 if unknown)."""
+def process_cpu_s(pid: int | None, *, reaped: bool = False) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` (0.0 if unknown); with
+    ``reaped``, plus those of its children it has waited for (which /proc no longer lists)."""
     if pid is None:
         return 0.0
     fields = _stat_fields(pid)
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(int(x) for x in fields[11:15 if reaped else 13]) / os.sysconf("SC_CLK_TCK")
 
 
-def tree_cpu_s(root: int, exclude: set[int] = frozenset()) -> float:
-    """CPU seconds of ``root`` and its live descendants, skipping the subtrees of ``exclude``."""
+def tree_cpu_s(root: int, exclude: set[int] = frozenset(), *, reaped: bool = False) -> float:
+    """CPU seconds of ``root`` and its live descendants, skipping the subtrees of ``exclude``
+    (``reaped``: see ``process_cpu_s``)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -35,7 +37,7 @@ def tree_cpu_s(root: int, exclude: set[int] = frozenset()) -> float:
         if pid in exclude:
             continue
         try:
-            total += process_cpu_s(pid)
+            total += process_cpu_s(pid, reaped=reaped)
         except OSError:
             continue
         todo.extend(children.get(pid, []))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from flows.context import RunContext
 from flows.planning.lengths import LengthHistory, predict_lengths
-from flows.planning.migrate import plan_cut_points
+from flows.planning.migrate import plan_cut_points_of
 from flows.planning.plan import ClusterSpec, GenerationPlan
 from flows.planning.prefix import PrefillPlan, plan_prefill
 from flows.planning.prewarm import prewarm_offset
@@ -57,11 +57,11 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: dict[
     """The plan of one generation phase. ``call_history``: action -> its earliest invocation
     offset (seconds from step start) in each past step, for the pre-warm time."""
     cfg = ctx.config
+    # The EOS token is generated too, so no response runs past max_new_tokens.
     predicted = predict_lengths(history, prompt_ids, {p: tokens[str(p)]["answer_len"] for p in prompt_ids},
-                                window=cfg.generation.length_window)
-    # The EOS token is generated too; lengths are capped by max_new_tokens.
-    predicted = {p: min(v, cfg.generation.max_new_tokens) for p, v in predicted.items()}
+                                window=cfg.generation.length_window, max_length=cfg.generation.max_new_tokens)
     prompts = {p: tokens[str(p)]["prompt"] for p in prompt_ids}
+    prompt_lengths = {p: len(v) for p, v in prompts.items()}
     prefill = None
     if cfg.generation.dedup_prefill:
         prefill = plan_prefill(prompts, cfg.algorithm.group_size, cfg.generation.prefill_capacity)
@@ -69,18 +69,16 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: dict[
     profile = load_profile(ctx)
     plan = plan_generation(
         prompt_ids, predicted, group_size=cfg.algorithm.group_size,
-        prompt_lengths={p: len(v) for p, v in prompts.items()}, policy=s.policy,
+        prompt_lengths=prompt_lengths, policy=s.policy,
         n_min=s.n_min, n_max=max(s.n_min, min(s.n_max, num_workers)), lam=s.lam,
         assignment=cfg.generation.assignment, profile=profile, cluster=cluster_spec(ctx, num_workers),
         cut_threshold=cfg.generation.cut_threshold,
         prefill_tokens=prefill.tokens_computed if prefill else None,
         rank_slack=cfg.generation.rank_slack,
     )
-    g = cfg.algorithm.group_size
-    cut_after = tuple(plan_cut_points(
-        [[predicted[p] for p in group for _ in range(g)] for group in plan.assignments],
-        [sum(len(prompts[p]) for p in group) / len(group) for group in plan.assignments],
-        cfg.generation.cut_threshold, profile))
+    cut_after = tuple(plan_cut_points_of(
+        plan.assignments, predicted, {p: cfg.algorithm.group_size for p in prompt_ids},
+        prompt_lengths, cfg.generation.cut_threshold, profile))
     offset = None
     if s.prewarm:
         offset = prewarm_offset((call_history or {}).get("generate", []), s.prewarm_buffer_s)

@@ -90,7 +90,8 @@ def ewma(values: Sequence[float]) -> float:
 
 
 def predict_lengths(history: LengthHistory, prompt_ids: Sequence[int],
-                    reference_lengths: Mapping[int, int], window: int = 1) -> dict[int, float]:
+                    reference_lengths: Mapping[int, int], window: int = 1,
+                    max_length: float | None = None) -> dict[int, float]:
     """Predicted response length (tokens) per prompt id.
 
     Args:
@@ -99,6 +100,8 @@ def predict_lengths(history: LengthHistory, prompt_ids: Sequence[int],
         reference_lengths: prompt id -> token length of the dataset's reference answer, used
             (times ``history.reference_scale()``) when a prompt has no history.
         window: number of most recent epochs in the EWMA (1 = last value).
+        max_length: the generation cap (``max_new_tokens``): no response runs longer, so no
+            prediction is larger (a scaled reference can be). None: uncapped.
     """
     if window < 1:
         raise ValueError(f"lengths.window={window}: must be >= 1 (1 = last epoch only)")
@@ -115,6 +118,8 @@ def predict_lengths(history: LengthHistory, prompt_ids: Sequence[int],
         else:
             raise ValueError(f"reference_lengths: no entry for prompt {pid} and no history; "
                              "pass the reference answer length of every prompt")
+        if max_length is not None:
+            out[pid] = min(out[pid], float(max_length))
     return out
 
 

@@ -89,6 +89,18 @@ def plan_cut_points(actor_lengths: Sequence[Sequence[float]], prompt_lens: Seque
     return out
 
 
+def plan_cut_points_of(assignments: Sequence[Sequence[int]], predicted: Mapping[int, float],
+                       samples_per_prompt: Mapping[int, int], prompt_lengths: Mapping[int, float],
+                       tau: float | None, profile: TpotProfile,
+                       ready_s: Sequence[float] | None = None) -> list[int | None]:
+    """``plan_cut_points`` of a plan: prompt ids per actor, every sample of a prompt at the
+    prompt's predicted length, each actor at the mean prompt length of its prompts."""
+    return plan_cut_points(
+        [[predicted[p] for p in pids for _ in range(samples_per_prompt[p])] for pids in assignments],
+        [sum(prompt_lengths[p] for p in pids) / len(pids) for pids in assignments],
+        tau, profile, ready_s)
+
+
 def choose_destinations(num_to_move: int, free_slots: Mapping[int, int],
                         prefer: Sequence[int] | None = None) -> dict[int, int] | None:
     """Spread ``num_to_move`` samples over actors' free slots.

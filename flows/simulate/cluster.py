@@ -174,13 +174,14 @@ class _Phase:
             a.arriving = [x for x in a.arriving if x[0] > t]
             for _, sid in sorted(landed):
                 a.add(self.samples[sid])
-            batch = len(a.live)
-            context = a.ctx_base / batch + a.progress if batch else 0.0
+            if not a.live or a.live[0][0] > a.progress + 1e-6:
+                continue  # no sample finishes here
+            batch, context = len(a.live), a.ctx_base / len(a.live) + a.progress  # before the drop
             while a.live and a.live[0][0] <= a.progress + 1e-6:
                 end, sid = heapq.heappop(a.live)
                 a.take(self.samples[sid], end, end)
                 a.finished += 1
-            if 0 < len(a.live) < batch:
+            if a.live:
                 shrinks.append((a, self.cfg.profile.shrink(batch, context)))
         self.jobs = [job for job in self.jobs if job[1] > 1e-12]
         self.tasks = [job for job in self.tasks if job[1] > 1e-12]

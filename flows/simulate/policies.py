@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from flows.planning.migrate import plan_cut_points
+from flows.planning.migrate import plan_cut_points_of
 from flows.planning.plan import ClusterSpec, GenerationPlan
 from flows.planning.profile import TpotProfile
 from flows.planning.scaling import plan_generation
@@ -146,10 +146,8 @@ def build_actors(policy: Policy, plan: GenerationPlan, samples: Mapping[int, lis
               for i, pids in enumerate(plan.assignments)]
     cuttable = [True] * len(starts)
     if policy.cut and predicted is not None:
-        points = plan_cut_points(
-            [[predicted[p] for p in pids for _ in samples[p]] for pids in plan.assignments],
-            [sum(prompt_lengths[p] for p in pids) / len(pids) for pids in plan.assignments],
-            model.tau, model.profile, [st.ready_s for st in starts])
+        points = plan_cut_points_of(plan.assignments, predicted, {p: len(s) for p, s in samples.items()},
+                                    prompt_lengths, model.tau, model.profile, [st.ready_s for st in starts])
         cuttable = [point is not None for point in points]
     for pids, st, cut in zip(plan.assignments, starts, cuttable):
         specs.append(ActorSpec(tuple(s for p in pids for s in samples[p]), st.invoked_s,

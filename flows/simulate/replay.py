@@ -158,7 +158,7 @@ def replay(steps: list[TraceStep], policy_names: list[str], model: ClusterModel,
         ids = [r.prompt_id for r in step.prompts]
         refs = {r.prompt_id: r.answer_len for r in step.prompts}
         truth = {r.prompt_id: float(max(r.response_lens)) for r in step.prompts}
-        predicted = {p: min(v, float(cap)) for p, v in predict_lengths(history, ids, refs, window).items()}
+        predicted = predict_lengths(history, ids, refs, window, max_length=cap)
         corr = rank_correlation([predicted[i] for i in ids], [truth[i] for i in ids])
         for policy in policies:
             run = runs[policy.name]
