@@ -2,7 +2,8 @@
 
 The body reads like the paper's per-step workflow (PAPER §2). Scoring of a shard is submitted
 the moment its generation returns where actions have accelerators of their own
-(``CampaignConfig.overlap_scoring``; after generation on the local pool's shared ones); cut
+(``CampaignConfig.overlap_scoring``); on the local pool's shared ones every rollout is scored
+after generation, packed into at most one score activation per generation action; cut
 samples are continued in continuation actions as soon as their shard returns; training waits
 for every score. The step is not visible until the
 campaign commits it (flows/state.py).
@@ -18,6 +19,7 @@ from prefect.futures import as_completed
 
 from flows.context import current
 from flows.hooks import PhasePlan
+from flows.planning.score_batches import pack_score_batches
 from flows.prewarming import PhasePrewarmer
 from flows.step_payloads import StepInputs, generate_payload, prefill_payload, score_payload, train_payload
 from flows.tasks import invoke_action
@@ -45,12 +47,13 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> dict[str, Any]:
     scores, gen_results, num_cont = [], [], 0
     pending = list(gens)
     partials: list[str] = []  # cut samples waiting to be batched into one continuation
-    to_score: list[str] = []  # rollouts with finished samples whose score is not submitted yet
+    # rollouts with finished samples whose score is not submitted yet -> their scoring work
+    to_score: dict[str, float] = {}
 
-    def submit_score(rollout_key: str):
-        shard = rollout_key.rsplit("/", 1)[-1].removesuffix(".json")
+    def submit_score(rollout_keys: list[str]):
+        shard = rollout_keys[0].rsplit("/", 1)[-1].removesuffix(".json")
         return invoke_action.submit(action="score", shard=f"score-{shard}",
-                                    payload=score_payload(ctx, inputs, [rollout_key], shard))
+                                    payload=score_payload(ctx, inputs, rollout_keys, shard))
 
     window_end = 0.0
     while pending or partials:
@@ -80,11 +83,15 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> dict[str, Any]:
             partials = []
         if res is not None and any(s["finish_reason"] != "cut" for s in res["samples"]):
             if ctx.config.overlap_scoring():
-                scores.append(submit_score(res["rollout_key"]))
-            else:
-                to_score.append(res["rollout_key"])
+                scores.append(submit_score([res["rollout_key"]]))
+            else:  # response tokens: the prompts of one task are alike, responses are not
+                to_score[res["rollout_key"]] = float(sum(s["length"] + 1 for s in res["samples"]
+                                                         if s["finish_reason"] != "cut"))
     t_gen_end = time.time()
-    scores += [submit_score(key) for key in to_score]  # scores not overlapped (overlap_scoring)
+    # scores not overlapped (overlap_scoring): every rollout is known, so pack them into at
+    # most one activation per generation action (flows/planning/score_batches.py)
+    if to_score:
+        scores += [submit_score(keys) for keys in pack_score_batches(to_score, phase.plan.num_actors)]
     score_results = []
     for fut in scores:
         out = fut.result()

@@ -53,7 +53,8 @@ def test_scores_can_wait_for_the_end_of_generation(tiny_config, prefect_harness,
         return metrics(out, *args, **kwargs)
 
     monkeypatch.setattr(campaign, "step_metrics", keep)
-    common = ("invoker.kind=inprocess", "scaling.policy=fixed:3", "steps=1")
+    wide = ("model.hidden_size=96", "model.num_heads=4", "model.intermediate_size=256")  # it cuts
+    common = ("invoker.kind=inprocess", "scaling.policy=fixed:3", "steps=1", *wide)
     overlap = run_campaign(tiny_config(*common, "run_id=overlap", "generation.score_while_generating=true"),
                            progress=lambda m: None)
     after = run_campaign(tiny_config(*common, "run_id=after"), progress=lambda m: None)  # in-process: off
@@ -61,7 +62,13 @@ def test_scores_can_wait_for_the_end_of_generation(tiny_config, prefect_harness,
     scores = [r for r in records[1] if r["action"] == "score"]
     assert len(gens) >= 3 and scores
     assert min(s["submitted_at"] for s in scores) >= max(g["ended_at"] for g in gens)
-    assert overlap["weights_sha256"] == after["weights_sha256"]  # only the order changed
+    # after generation, rollouts (continuations included) share at most one score activation
+    # per generation action (flows/planning/score_batches.py); overlapping, one each
+    assert len(scores) <= 3 < len(gens)  # a continuation ran: four rollouts, three scores
+    assert len([r for r in records[0] if r["action"] == "score"]) == len(
+        [r for r in records[0] if r["action"] == "generate"])
+    # only the order and the packing changed: the same weights
+    assert overlap["weights_sha256"] == after["weights_sha256"]
 
 
 def test_scores_overlap_generation_by_default_only_where_actions_own_accelerators():

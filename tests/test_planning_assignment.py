@@ -46,3 +46,23 @@ def test_bad_input():
         assign_contiguous(IDS, 0)
     with pytest.raises(ValueError, match="duplicates"):
         assign_round_robin([1, 1], 1)
+
+
+def test_score_batches_pack_rollouts_heaviest_first_into_the_lightest():
+    from flows.planning.score_batches import pack_score_batches
+
+    # a ranked step: uneven slices and a continuation; four activations at most
+    weights = {"gen-0": 400.0, "gen-1": 900.0, "gen-2": 1000.0, "gen-3": 150.0, "cont-0": 300.0}
+    groups = pack_score_batches(weights, 4)
+    assert groups == [["gen-0"], ["gen-1"], ["gen-2"], ["gen-3", "cont-0"]]
+    assert sorted(k for g in groups for k in g) == sorted(weights)  # every rollout exactly once
+    # equal shards (round-robin) stay one activation each; fewer rollouts than bins: one each
+    assert pack_score_batches({f"gen-{i}": 10.0 for i in range(4)}, 4) == [[f"gen-{i}"] for i in range(4)]
+    assert pack_score_batches({"a": 1.0, "b": 5.0}, 8) == [["a"], ["b"]]
+    # one bin takes everything, in submission order; the largest load is the LPT bound
+    assert pack_score_batches(weights, 1) == [list(weights)]
+    two = pack_score_batches(weights, 2)
+    assert max(sum(weights[k] for k in g) for g in two) <= sum(weights.values()) / 2 + max(weights.values())
+    assert pack_score_batches({}, 3) == []
+    with pytest.raises(ValueError, match="bins=0"):
+        pack_score_batches(weights, 0)
