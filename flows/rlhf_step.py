@@ -50,8 +50,11 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> dict[str, Any]:
     # rollouts with finished samples whose score is not submitted yet -> their scoring work
     to_score: dict[str, float] = {}
 
+    def shard_of(rollout_key: str) -> str:
+        return rollout_key.rsplit("/", 1)[-1].removesuffix(".json")
+
     def submit_score(rollout_keys: list[str]):
-        shard = rollout_keys[0].rsplit("/", 1)[-1].removesuffix(".json")
+        shard = shard_of(rollout_keys[0])
         return invoke_action.submit(action="score", shard=f"score-{shard}",
                                     payload=score_payload(ctx, inputs, rollout_keys, shard))
 
@@ -89,9 +92,14 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> dict[str, Any]:
                                                          if s["finish_reason"] != "cut"))
     t_gen_end = time.time()
     # scores not overlapped (overlap_scoring): every rollout is known, so pack them into at
-    # most one activation per generation action (flows/planning/score_batches.py)
+    # most one activation per generation action (flows/planning/score_batches.py). In
+    # submission order (gen-0.., then cont-0..), not arrival order: the same step then packs
+    # alike every time, and a pack is named after its first generation shard.
     if to_score:
-        scores += [submit_score(keys) for keys in pack_score_batches(to_score, phase.plan.num_actors)]
+        submitted = [f"gen-{i}" for i in range(len(gens))] + [f"cont-{i}" for i in range(num_cont)]
+        order = {shard: i for i, shard in enumerate(submitted)}
+        by_order = dict(sorted(to_score.items(), key=lambda kv: (order.get(shard_of(kv[0]), len(order)), kv[0])))
+        scores += [submit_score(keys) for keys in pack_score_batches(by_order, phase.plan.num_actors)]
     score_results = []
     for fut in scores:
         out = fut.result()
