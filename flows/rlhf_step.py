@@ -4,7 +4,8 @@ The body reads like the paper's per-step workflow (PAPER §2). Scoring of a shar
 the moment its generation returns where actions have accelerators of their own
 (``CampaignConfig.overlap_scoring``); on the local pool's shared ones every rollout is scored
 after generation, packed into at most one score activation per generation action; cut
-samples are continued in continuation actions as soon as their shard returns; training waits
+samples are continued in continuation actions as soon as their shard returns (batched over
+``generation.migrate_window_s``, or until no action that can be cut is pending); training waits
 for every score. The step is not visible until the
 campaign commits it (flows/state.py).
 """
@@ -46,6 +47,9 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> dict[str, Any]:
             for i, group in enumerate(phase.plan.assignments)]
     scores, gen_results, num_cont = [], [], 0
     pending = list(gens)
+    # actions with a cut point: only these can still return cut samples (continuations and
+    # the actions the planner lets run to the end never do)
+    cuttable = [g for g, after in zip(gens, phase.cut_after) if after is not None]
     partials: list[str] = []  # cut samples waiting to be batched into one continuation
     # rollouts with finished samples whose score is not submitted yet -> their scoring work
     to_score: dict[str, float] = {}
@@ -75,9 +79,11 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> dict[str, Any]:
                 if not partials:  # cut samples arriving within the window share one continuation
                     window_end = time.time() + ctx.config.generation.migrate_window_s
                 partials.append(res["partial_key"])
-        if partials and (not pending or time.time() >= window_end):
+        if partials and (time.time() >= window_end or not any(g in pending for g in cuttable)):
             # Migrate the batched stragglers into one continuation action (a free worker),
-            # before this shard's score: the continuation is what the phase waits for.
+            # before this shard's score: the continuation is what the phase waits for. The
+            # window closes early once no pending action can be cut: nothing more can join,
+            # and waiting would only delay the phase's tail.
             name = f"cont-{num_cont}"
             num_cont += 1
             pending.append(invoke_action.submit(

@@ -1,5 +1,6 @@
 """Trace-driven simulator: conservation, baseline accounting, policies and the CLI."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -308,9 +309,9 @@ def _cut_pair():
     return [ActorSpec(a, 0.0, 0.0), ActorSpec((Sample(4, 1, 0, 50),), 0.0, 0.0)]
 
 
-def test_live_continuation_waits_for_the_last_pending_action():
-    # window 1 s: the flow submits the continuation when actor 1 returns (0.5 s), not at the
-    # cut; it starts 0.1 s (submission) + 0.02 s (round-trip wait) later, does 0.05 s + 40
+def test_live_continuation_waits_for_the_last_pending_action_that_can_be_cut():
+    # window 1 s, actor 1 has a cut point (cuttable): the flow submits the continuation when
+    # actor 1 returns (0.5 s), not at the cut; it starts 0.1 s (submission) + 0.02 s (round-trip wait) later, does 0.05 s + 40
     # re-prefilled tokens x 1 ms of start-up work (0.09 s), then decodes the longest
     # straggler's last 380 tokens: 0.5 + 0.12 + 0.09 + 3.8
     cfg = _live(submit_s=0.1, activation_latency_s=0.02, continuation_work_s=0.05,
@@ -320,6 +321,19 @@ def test_live_continuation_waits_for_the_last_pending_action():
     assert res.time_s == pytest.approx(0.5 + 0.12 + 0.09 + 3.8)
     _check_conservation(done)
     assert [len(s.segments) for s in done] == [1, 1, 2, 2, 1]
+
+
+def test_live_continuation_does_not_wait_for_actions_without_a_cut_point():
+    # actor 1 runs to the end (no cut point): no more cut samples can come, so the window
+    # closes at the cut (0.2 s) instead of when actor 1 returns (0.5 s)
+    cfg = _live(submit_s=0.1, activation_latency_s=0.02, continuation_work_s=0.05,
+                continuation_work_s_per_token=0.001)
+    specs = _cut_pair()
+    specs[1] = dataclasses.replace(specs[1], cuttable=False)
+    res, done = simulate_phase(specs, cfg)
+    assert res.num_cut == 1 and res.num_migrated == 2
+    assert res.time_s == pytest.approx(0.2 + 0.12 + 0.09 + 3.8)
+    _check_conservation(done)
 
 
 def test_live_continuation_submitted_when_the_window_closes():

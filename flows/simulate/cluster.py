@@ -39,7 +39,8 @@ every setting below defaults to off, leaving the cluster model above unchanged):
   like a decoding actor (while k busy actors and jobs exceed p processors, each runs at p / k);
 - a cut returns the action: its unfinished samples are batched, and ONE continuation action
   is submitted when the batching window (``migrate_window_s`` from the first cut sample) closes
-  or no generation action is pending any more, whichever comes first; it starts ``submit_s``
+  or no generation action that can be cut is still decoding (no more cut samples can come),
+  whichever comes first; it starts ``submit_s``
   + ``activation_latency_s`` later (task submission; the invocation's round-trip waits, which
   use no processor) and first does ``continuation_work_s`` +
   ``continuation_work_s_per_token`` x (prompt + generated tokens) of processor work (request,
@@ -196,7 +197,8 @@ class _Phase:
         for a in self.running():
             if not a.live and not a.arriving and not a.holds and t >= a.resume_s:
                 self._release(a, t)
-        if self.batch and (t >= self.window_end or not self.running()):
+        if self.batch and (t >= self.window_end
+                           or not any(a.cuttable and a.live for a in self.running())):
             self._start_batched_continuation(t)
         for finished in self.returned:  # after the continuation, in the flow's order
             work = self.cfg.score_work_s + self.cfg.score_work_s_per_sample * finished
