@@ -51,8 +51,9 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> dict[str, Any]:
     # the actions the planner lets run to the end never do)
     cuttable = [g for g, after in zip(gens, phase.cut_after) if after is not None]
     partials: list[str] = []  # cut samples waiting to be batched into one continuation
-    # rollouts with finished samples whose score is not submitted yet -> their scoring work
-    to_score: dict[str, float] = {}
+    # shard -> (its rollout, the rollout's scoring work), for rollouts with finished samples
+    # whose score is not submitted yet
+    to_score: dict[str, tuple[str, float]] = {}
 
     def shard_of(rollout_key: str) -> str:
         return rollout_key.rsplit("/", 1)[-1].removesuffix(".json")
@@ -94,8 +95,9 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> dict[str, Any]:
             if ctx.config.overlap_scoring():
                 scores.append(submit_score([res["rollout_key"]]))
             else:  # response tokens: the prompts of one task are alike, responses are not
-                to_score[res["rollout_key"]] = float(sum(s["length"] + 1 for s in res["samples"]
-                                                         if s["finish_reason"] != "cut"))
+                key = res["rollout_key"]
+                to_score[shard_of(key)] = (key, float(sum(s["length"] + 1 for s in res["samples"]
+                                                          if s["finish_reason"] != "cut")))
     t_gen_end = time.time()
     # scores not overlapped (overlap_scoring): every rollout is known, so pack them into at
     # most one activation per generation action (flows/planning/score_batches.py). In
@@ -103,9 +105,8 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> dict[str, Any]:
     # alike every time, and a pack is named after its first generation shard.
     if to_score:
         submitted = [f"gen-{i}" for i in range(len(gens))] + [f"cont-{i}" for i in range(num_cont)]
-        order = {shard: i for i, shard in enumerate(submitted)}
-        by_order = dict(sorted(to_score.items(), key=lambda kv: (order.get(shard_of(kv[0]), len(order)), kv[0])))
-        scores += [submit_score(keys) for keys in pack_score_batches(by_order, phase.plan.num_actors)]
+        work = dict(to_score[shard] for shard in submitted if shard in to_score)
+        scores += [submit_score(keys) for keys in pack_score_batches(work, phase.plan.num_actors)]
     score_results = []
     for fut in scores:
         out = fut.result()
