@@ -8,7 +8,8 @@ bundle and deduplicates through vLLM's prefix cache), and stops early when
 continuation action, and the activation returns so its billed time ends.
 
 Output (``output_key``): JSON ``{"samples": [{prompt_id, sample_index, tokens,
-finish_reason}], "policy_version"}`` for finished samples; cut samples go to
+finish_reason, stop_token}], "policy_version"}`` for finished samples (``stop_token``: the EOS
+id a stopped sample emitted); cut samples go to
 ``output_key + ".partial"``.
 """
 
@@ -56,7 +57,8 @@ def run_generate(req: GenerateRequest) -> GenerateResult:
     put_json(store, req.output_key, {
         "policy_version": req.model.policy_version,
         "samples": [{"prompt_id": o.prompt_id, "sample_index": o.sample_index, "tokens": o.tokens,
-                     "finish_reason": o.finish_reason} for o in done],
+                     "finish_reason": o.finish_reason}
+                    | ({"stop_token": o.stop_token} if o.stop_token is not None else {}) for o in done],
     })
     partial_key = None
     if cut:

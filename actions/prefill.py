@@ -13,14 +13,14 @@ from actions.common.adapter import run_action
 from actions.common.contracts import PrefillRequest, PrefillResult
 from actions.common.kv_bundle import publish_bundle
 from actions.common.loading import encode, load_dataset, load_model, rows_for, store_for
-from actions.engines.torch_engine import TorchEngine
+from actions.engines.factory import make_engine
 
 
 def run_prefill(req: PrefillRequest) -> PrefillResult:
     model, tokenizer, _ = load_model(req.model)
     rows = rows_for(load_dataset(req.model.store_uri, req.dataset_key), req.prompt_ids)
     prefixes = list(dict.fromkeys(encode(tokenizer, r.prompt)[: req.prefix_len] for r in rows))
-    engine = TorchEngine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    engine = make_engine("torch", model, tokenizer)
     states, computed = engine.prefill(prefixes)
     publish_bundle(store_for(req.model.store_uri), req.output_key, states, req.model.policy_version)
     return PrefillResult(bundle_key=req.output_key, num_unique_prefixes=len(states), tokens_computed=computed)

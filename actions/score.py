@@ -17,6 +17,7 @@ from actions.common.adapter import run_action
 from actions.common.contracts import ModelRef, ScoreRequest, ScoreResult
 from actions.common.critic_store import load_critic
 from actions.common.loading import encode, load_dataset, load_model, store_for
+from actions.common.special_tokens import special_tokens
 from actions.common.storage import get_json
 from actions.common.weights import publish_tensors
 from actions.rl.kl import kl_estimate
@@ -39,9 +40,11 @@ def run_score(req: ScoreRequest) -> ScoreResult:
                                           policy_key=req.reference_key, policy_version=0))
     dataset = load_dataset(req.policy.store_uri, req.dataset_key)
     samples = _load_samples(req)
-    eos = tokenizer.eos_token_id
+    ids = special_tokens(policy, tokenizer)
     prompts = [encode(tokenizer, dataset[s["prompt_id"]].prompt) for s in samples]
-    responses = [s["tokens"] + ([eos] if s["finish_reason"] == "stop" else []) for s in samples]
+    # A stopped sample ends with the EOS id it emitted (a model may have several).
+    responses = [s["tokens"] + ([s.get("stop_token", ids.eos_id)] if s["finish_reason"] == "stop" else [])
+                 for s in samples]
     texts = [tokenizer.decode(s["tokens"]) for s in samples]
     task = get_task(req.task)
     raw = task.reward(texts, answer=[dataset[s["prompt_id"]].answer for s in samples])
@@ -53,7 +56,7 @@ def run_score(req: ScoreRequest) -> ScoreResult:
             raise ValueError("ScoreRequest.critic_key is required when algorithm.name is ppo")
         fns["values"] = load_critic(req.policy.store_uri, req.policy.base_key, req.critic_key)
     # Each row at widths of its own: its log-probs do not depend on the shard it is scored in.
-    outs, mask = per_row_widths(list(fns.values()), prompts, responses, tokenizer.pad_token_id,
+    outs, mask = per_row_widths(list(fns.values()), prompts, responses, ids.pad_id,
                                 device=next(policy.parameters()).device)
     scored = dict(zip(fns, outs))
     old_logp, ref_logp = scored["old_logp"], scored["ref_logp"]

@@ -16,6 +16,7 @@ from actions.common.contracts import TrainStepRequest, TrainStepResult
 from actions.common.critic_store import load_critic
 from actions.common.loading import load_model, store_for
 from actions.common.optim_state import load_optimizer_tensors, optimizer_tensors
+from actions.common.special_tokens import special_tokens
 from actions.common.weights import load_tensors, publish_tensors
 from actions.rl.batch import TrainBatch, gather_batch, rollout_metrics
 from actions.rl.update import make_optimizer, run_updates
@@ -24,10 +25,10 @@ from actions.rl.update import make_optimizer, run_updates
 def run_train(req: TrainStepRequest) -> TrainStepResult:
     store = store_for(req.policy.store_uri)
     torch.manual_seed(req.seed * 100_003 + req.step)
-    policy, _, _ = load_model(req.policy, fresh=True)
+    policy, tokenizer, _ = load_model(req.policy, fresh=True)
     policy.train()
     algo = req.algorithm
-    batch: TrainBatch = gather_batch(store, req.scored_keys, algo, policy.config.pad_token_id)
+    batch: TrainBatch = gather_batch(store, req.scored_keys, algo, special_tokens(policy, tokenizer).pad_id)
     batch = batch.to(next(policy.parameters()).device)
     opt = make_optimizer(policy, algo.lr)
     if req.optimizer_key:

@@ -15,6 +15,7 @@ from actions.common.adapter import run_action
 from actions.common.contracts import WarmupRequest, WarmupResult
 from actions.common.loading import encode, load_base, load_dataset, store_for
 from actions.common.modeling import instantiate
+from actions.common.special_tokens import special_tokens
 from actions.common.weights import load_tensors, publish_tensors
 from actions.rl.sequences import pack, response_logprobs
 from actions.tasks import get_task
@@ -29,13 +30,13 @@ def run_warmup(req: WarmupRequest) -> WarmupResult:
     rng = random.Random(req.seed)
     torch.manual_seed(req.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=req.warmup.lr, weight_decay=0.0)
-    eos = tokenizer.eos_token_id
+    ids = special_tokens(model, tokenizer)
     model.train()
     losses = []
     for _ in range(req.warmup.steps):
         batch = rng.sample(rows, min(req.warmup.batch_size, len(rows)))
-        targets = [list(encode(tokenizer, task.demonstrate(r, rng, req.warmup.error_rate))) + [eos] for r in batch]
-        packed = pack([encode(tokenizer, r.prompt) for r in batch], targets, tokenizer.pad_token_id)
+        targets = [list(encode(tokenizer, task.demonstrate(r, rng, req.warmup.error_rate))) + [ids.eos_id] for r in batch]
+        packed = pack([encode(tokenizer, r.prompt) for r in batch], targets, ids.pad_id)
         logp = response_logprobs(model, packed)
         loss = -(logp.sum() / packed.response_mask.sum())
         opt.zero_grad()

@@ -1,4 +1,4 @@
-"""The ``rlhfless`` command line: train, status, simulate, deploy, profile.
+"""The ``rlhfless`` command line: train, status, simulate, deploy, profile, tiny-model.
 
 Bad input (configuration, data, model path, store, credentials, arguments) is answered with
 one line on stderr naming what is wrong and how to fix it, and exit code 2; nothing is
@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_status(sub)
     for name, module, helptext in (("simulate", "flows.simulate.cli", "replay a length trace on a modelled cluster"),
                                    ("deploy", "flows.deploy", "create or update the OpenWhisk actions"),
-                                   ("profile", "flows.profiler", "measure the engine's time per output token")):
+                                   ("profile", "flows.profiler", "measure the engine's time per output token"),
+                                   ("tiny-model", "flows.tiny_model", "write a tiny Hugging Face model folder")):
         try:
             mod = __import__(module, fromlist=["add_arguments"])
         except ImportError:

@@ -19,10 +19,16 @@ from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerFast
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig,
+                          PreTrainedTokenizerFast)
 
 TINY_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 .,:;?!=+-*\n"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json")
+# A slow tokenizer's files: needed only when there is no tokenizer.json (Qwen ships both).
+SLOW_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.model")
+# Generation settings: the list of EOS ids real instruct models stop at (special_tokens.py).
+GENERATION_CONFIG = "generation_config.json"
 
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
@@ -78,7 +84,10 @@ def read_model_dir(path: str | os.PathLike[str]) -> tuple[dict[str, bytes], dict
     root = check_model_dir(path)
     model = AutoModelForCausalLM.from_pretrained(root, dtype=torch.float32)
     files = {"config.json": (root / "config.json").read_bytes()}
-    for name in TOKENIZER_FILES:
+    names = TOKENIZER_FILES + (GENERATION_CONFIG,)
+    if not (root / "tokenizer.json").is_file():
+        names += SLOW_TOKENIZER_FILES
+    for name in names:
         if (root / name).is_file():
             files[name] = (root / name).read_bytes()
     if "tokenizer.json" not in files and "tokenizer_config.json" not in files:
@@ -95,13 +104,20 @@ def base_files(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast) -> di
 
 
 def instantiate(files: dict[str, bytes], tensors: dict[str, torch.Tensor]) -> tuple[torch.nn.Module, Any]:
-    """Rebuild (model, tokenizer) from base files and a tensor set, without any download."""
+    """Rebuild (model, tokenizer) from base files and a tensor set, without any download.
+
+    ``generation_config.json``, when the files have one, becomes ``model.generation_config``
+    (its EOS list is what generation stops at, see ``special_tokens``).
+    """
     with tempfile.TemporaryDirectory() as tmp:
         for name, data in files.items():
             Path(tmp, name).write_bytes(data)
         config = AutoConfig.from_pretrained(tmp)
         tokenizer = AutoTokenizer.from_pretrained(tmp)
+        generation = GenerationConfig.from_pretrained(tmp) if GENERATION_CONFIG in files else None
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if generation is not None:
+        model.generation_config = generation
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     # Tied embeddings legitimately omit lm_head.weight; anything else is a broken checkpoint.
     missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]

@@ -50,6 +50,7 @@ class SampleOut:
     sample_index: int
     tokens: list[int]  # response tokens, EOS excluded; a continuation includes ``generated``
     finish_reason: str  # "stop" | "length" | "cut"
+    stop_token: int | None = None  # the EOS id that ended a "stop" sample (models may have several)
 
 
 @dataclass
@@ -63,7 +64,8 @@ class EngineStats:
 class GenerationEngine(Protocol):
     """What the generate and evaluate actions need from an engine."""
 
-    eos_id: int
+    eos_id: int  # the primary EOS id
+    eos_ids: tuple[int, ...]  # every id that ends a sample
 
     def generate(
         self,

@@ -26,6 +26,7 @@ import torch
 
 from actions.common.contracts import ModelRef
 from actions.common.loading import load_base, load_model, store_for
+from actions.common.special_tokens import special_tokens, special_tokens_of_dir
 from actions.common.weights import load_tensors
 from actions.engines.base import GenerationEngine
 from actions.engines.torch_engine import TorchEngine
@@ -44,13 +45,14 @@ def make_engine(kind: str, model: torch.nn.Module | None, tokenizer: Any, *,
     if kind == "torch":
         if model is None:
             raise ValueError("generation.engine 'torch' needs a loaded model; got None")
-        return TorchEngine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+        ids = special_tokens(model, tokenizer)
+        return TorchEngine(model, eos_id=ids.eos_ids, pad_id=ids.pad_id)
     if kind == "vllm":
         if model_dir is None:
             raise ValueError("generation.engine 'vllm' needs model_dir (config.json + *.safetensors); got None")
         from actions.engines.vllm_engine import VllmEngine
 
-        return VllmEngine(model_dir, eos_id=tokenizer.eos_token_id, **vllm_kwargs)
+        return VllmEngine(model_dir, eos_id=special_tokens_of_dir(model_dir, tokenizer).eos_ids, **vllm_kwargs)
     raise ValueError(f"generation.engine {kind!r} is not supported; use 'torch' or 'vllm'")
 
 

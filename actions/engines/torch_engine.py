@@ -7,8 +7,8 @@ What it does, and why:
   share one prefill of their prompt; a KV bundle from the ``prefill`` action can supply the
   first ``L`` tokens (a template shared across prompts), and only the suffix is computed here.
 * **Fork, then decode.** Each sample's row starts from its prompt's KV (left-padded to the
-  batch's longest), decodes one token per step, and leaves the batch the moment it emits EOS
-  or reaches ``max_new_tokens`` -- finished rows cost nothing (Hugging Face ``generate`` keeps
+  batch's longest), decodes one token per step, and leaves the batch the moment it emits any
+  of the EOS ids (recorded as ``stop_token``) or reaches ``max_new_tokens`` -- finished rows cost nothing (Hugging Face ``generate`` keeps
   them until the longest row ends).
 * **Cut.** With ``cut_after = m`` the call stops as soon as m samples have finished and returns
   the others as partial samples (tokens so far); continuing one later re-prefills
@@ -25,6 +25,7 @@ Shapes: KV per layer ``[rows, kv_heads, positions, head_dim]``; masks ``[rows, p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -52,9 +53,12 @@ class PrefixState:
 class TorchEngine:
     """Batched sampling over a loaded model, on the model's device (fp32 on CPU by default)."""
 
-    def __init__(self, model: torch.nn.Module, *, eos_id: int, pad_id: int) -> None:
+    def __init__(self, model: torch.nn.Module, *, eos_id: int | Sequence[int], pad_id: int) -> None:
+        """``eos_id``: the id, or every id, that ends a sample (``special_tokens.eos_ids``);
+        ``pad_id``: any valid id (padding is masked out)."""
         self.model = model
-        self.eos_id = eos_id
+        self.eos_ids = (eos_id,) if isinstance(eos_id, int) else tuple(eos_id)
+        self.eos_id = self.eos_ids[0] if self.eos_ids else -1
         self.pad_id = pad_id
         self.device = next(model.parameters()).device
 
@@ -172,13 +176,15 @@ class TorchEngine:
         active = torch.arange(n, device=dev)
         rows = list(range(n))  # host copy of ``active``
         reasons: list[str | None] = [None] * n
+        stops: list[int | None] = [None] * n
+        eos = frozenset(self.eos_ids)
         num_done = 0
         while True:
             tok = sample_next(logits, keys[active], positions[active], temperature)
             keep = []
             for j, (row, t) in enumerate(zip(rows, tok.tolist())):  # one device->host copy per step
-                if t == self.eos_id:
-                    reasons[row] = "stop"
+                if t in eos:
+                    reasons[row], stops[row] = "stop", t
                 else:
                     gen[row].append(t)
                     if len(gen[row]) >= max_new_tokens:
@@ -203,7 +209,8 @@ class TorchEngine:
             logits = res.logits[:, -1]
             stats.decode_steps += 1
             stats.decode_token_slots += len(rows)
-        return [SampleOut(s.prompt_id, s.sample_index, gen[i], reasons[i] or "cut") for i, s in enumerate(samples)]
+        return [SampleOut(s.prompt_id, s.sample_index, gen[i], reasons[i] or "cut", stops[i])
+                for i, s in enumerate(samples)]
 
 
 def _longest_prefix(seq: tuple[int, ...], prefixes: dict[tuple[int, ...], PrefixState]) -> tuple[int, ...]:

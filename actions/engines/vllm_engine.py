@@ -43,7 +43,7 @@ import shutil
 import tempfile
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,14 +82,15 @@ class VllmEngine:
     Args:
         model_dir: Hugging Face model directory (``config.json`` + ``*.safetensors``); no
             tokenizer is needed (prompts are token ids).
-        eos_id: end-of-sequence id; it ends a sample and is never part of ``tokens``.
+        eos_id: the end-of-sequence id, or every such id; each ends a sample and is never part
+            of ``tokens``.
         policy_version: the version whose weights ``model_dir`` holds.
         in_process: run vLLM's engine core in this process (deterministic cut points).
         **llm_kwargs: passed to ``vllm.LLM`` over the defaults below (e.g. ``block_size``,
             ``max_model_len``, ``dtype``, ``enable_sleep_mode`` on CUDA).
     """
 
-    def __init__(self, model_dir: str | os.PathLike[str], *, eos_id: int, policy_version: int = 0,
+    def __init__(self, model_dir: str | os.PathLike[str], *, eos_id: int | Sequence[int], policy_version: int = 0,
                  in_process: bool = True, **llm_kwargs: Any) -> None:
         vllm = _import_vllm()
         if in_process:
@@ -111,7 +112,8 @@ class VllmEngine:
             )
         kwargs.update(llm_kwargs)
         self.llm = vllm.LLM(**kwargs)
-        self.eos_id = eos_id
+        self.eos_ids = (eos_id,) if isinstance(eos_id, int) else tuple(eos_id)
+        self.eos_id = self.eos_ids[0]
         self.policy_version = policy_version
         self._scratch = Path(tempfile.mkdtemp(prefix="rlhfless-vllm-weights-"))
         self._remove_scratch = weakref.finalize(self, shutil.rmtree, self._scratch, True)  # also at exit
@@ -200,7 +202,7 @@ class VllmEngine:
         from actions.engines.vllm_worker import KEY_ARG, OFFSET_ARG, TEMPERATURE_ARG
 
         return SamplingParams(
-            n=1, temperature=0.0, max_tokens=budget, stop_token_ids=[self.eos_id], detokenize=False,
+            n=1, temperature=0.0, max_tokens=budget, stop_token_ids=list(self.eos_ids), detokenize=False,
             skip_reading_prefix_cache=not dedup,
             # A cut needs every sample's tokens so far; otherwise only final outputs are sent.
             output_kind=RequestOutputKind.CUMULATIVE if streaming else RequestOutputKind.FINAL_ONLY,
@@ -209,11 +211,13 @@ class VllmEngine:
         )
 
     def _finished(self, s: SampleSpec, token_ids: list[int], reason: str | None) -> SampleOut:
-        if reason == "stop" and token_ids and token_ids[-1] == self.eos_id:
-            token_ids = token_ids[:-1]
+        stop = None
+        if reason == "stop" and token_ids and token_ids[-1] in self.eos_ids:
+            stop, token_ids = token_ids[-1], token_ids[:-1]
         # vLLM says "length" for max_tokens and for max_model_len; both are length limits.
         finish = "stop" if reason == "stop" else "length"
-        return SampleOut(s.prompt_id, s.sample_index, list(s.generated) + token_ids, finish)
+        return SampleOut(s.prompt_id, s.sample_index, list(s.generated) + token_ids, finish,
+                         stop if finish == "stop" else None)
 
     # ------------------------------------------------------------------ weights and memory
     def load_policy(self, weights: str | os.PathLike[str] | Mapping[str, torch.Tensor], version: int) -> int:

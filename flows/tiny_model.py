@@ -1,0 +1,61 @@
+"""``rlhfless tiny-model``: write a tiny, complete Hugging Face model folder (no download).
+
+For trying ``model.path`` and the data pipeline on a laptop, and for benchmarks: a Qwen2,
+Llama or Mistral model with random weights and a trained byte-level BPE tokenizer (see
+``actions.common.tiny_hf``). The default is the Qwen2 shape: ``pad_token_id: null``, no pad
+token, two EOS ids and a ChatML template.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="folder to write (created; files in it are replaced)")
+    parser.add_argument("--arch", default="qwen2", choices=("qwen2", "llama", "mistral"))
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help="embedding rows (default: the tokenizer's size rounded up to 64), e.g. 151936")
+    parser.add_argument("--tokenizer-vocab", type=int, default=512, help="learned BPE tokens (default 512)")
+    parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument("--num-layers", type=int, default=2)
+    parser.add_argument("--num-heads", type=int, default=4)
+    parser.add_argument("--num-kv-heads", type=int, default=2)
+    parser.add_argument("--max-positions", type=int, default=512)
+    parser.add_argument("--untied", action="store_true", help="a separate output head (default: tied embeddings)")
+    parser.add_argument("--pad-token", default=None,
+                        help="a pad token, e.g. '<|endoftext|>' or '<pad>' (default: none, pad_token_id null)")
+    parser.add_argument("--eos-token", dest="eos_tokens", action="append", default=None,
+                        help="an EOS token (repeatable; the first is the tokenizer's eos_token)")
+    parser.add_argument("--no-chat-template", action="store_true", help="no ChatML tokens and template")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+
+
+def run(args: argparse.Namespace) -> int:
+    for flag in ("vocab_size", "tokenizer_vocab", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                 "max_positions"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} {value}: must be >= 1")
+    if args.hidden_size % args.num_heads or args.num_heads % args.num_kv_heads:
+        raise ValueError(f"--hidden-size {args.hidden_size}, --num-heads {args.num_heads}, --num-kv-heads "
+                         f"{args.num_kv_heads}: heads must divide the width and kv heads the heads")
+    if args.tokenizer_vocab < 257:
+        raise ValueError(f"--tokenizer-vocab {args.tokenizer_vocab}: a byte-level BPE needs > 256 tokens")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is a file; pass a folder path")
+    from actions.common.tiny_hf import write_tiny_model_dir
+
+    info = write_tiny_model_dir(
+        out, args.arch, vocab_size=args.vocab_size, tokenizer_vocab=args.tokenizer_vocab,
+        hidden_size=args.hidden_size, num_layers=args.num_layers, num_heads=args.num_heads,
+        num_kv_heads=args.num_kv_heads, max_positions=args.max_positions,
+        tie_word_embeddings=not args.untied, pad_token=args.pad_token, eos_tokens=args.eos_tokens,
+        chat_template=not args.no_chat_template, seed=args.seed)
+    print(json.dumps({"path": str(info.path), "arch": info.arch, "vocab_size": info.vocab_size,
+                      "tokenizer_size": info.tokenizer_size, "pad_token_id": info.pad_token_id,
+                      "eos_token_ids": list(info.eos_token_ids)}))
+    return 0

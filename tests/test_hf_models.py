@@ -1,0 +1,172 @@
+"""Real Hugging Face model folders (Qwen2, Llama, Mistral; tied and untied; no pad token and
+several EOS ids) through prepare, generate, score and train_step, and the tiny-model builder."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from actions.common.config import load_config
+from actions.common.contracts import ModelRef
+from actions.common.modeling import instantiate, read_model_dir
+from actions.common.special_tokens import special_tokens
+from actions.common.storage import LocalStore, get_json, put_json
+from actions.common.tiny_hf import write_tiny_model_dir
+from actions.common.weights import load_tensors, publish_tensors
+from actions.engines.base import SampleSpec
+from actions.engines.factory import make_engine
+from actions.engines.torch_engine import TorchEngine
+from actions.prepare import prepare
+
+VARIANTS = {
+    # The Qwen2 default shape: pad_token_id null, no pad token, two EOS ids, tied embeddings.
+    "qwen2-nopad-2eos": dict(arch="qwen2"),
+    "qwen2-untied-pad": dict(arch="qwen2", tie_word_embeddings=False, pad_token="<|endoftext|>"),
+    "llama-chat-eoslist": dict(arch="llama"),
+    "llama-untied-plain": dict(arch="llama", tie_word_embeddings=False, chat_template=False),
+    "mistral-untied-newpad": dict(arch="mistral", tie_word_embeddings=False, pad_token="<pad>", chat_template=False),
+}
+
+
+def _files_digest(root: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.iterdir())}
+
+
+def test_builder_writes_the_qwen2_default_shape_and_is_deterministic(tmp_path):
+    info = write_tiny_model_dir(tmp_path / "a", "qwen2", seed=5)
+    config = json.loads((info.path / "config.json").read_text())
+    generation = json.loads((info.path / "generation_config.json").read_text())
+    tok_config = json.loads((info.path / "tokenizer_config.json").read_text())
+    assert "pad_token_id" in config and config["pad_token_id"] is None
+    assert tok_config["pad_token"] is None and "<|im_start|>" in tok_config["chat_template"]
+    assert generation["eos_token_id"] == list(info.eos_token_ids) and len(info.eos_token_ids) == 2
+    assert config["eos_token_id"] == info.eos_token_ids[0] and config["tie_word_embeddings"] is True
+    # Special tokens follow the learned vocabulary, and the embedding has spare rows (as Qwen's).
+    assert min(info.eos_token_ids) >= 512 and info.vocab_size % 64 == 0 and info.vocab_size > info.tokenizer_size
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(info.path)
+    text = "Ann has 12 apples. She buys 30 more.\n#### 42"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == text and len(ids) < len(text) / 2  # merges, not one token per character
+    assert tok.pad_token is None and tok.eos_token_id == info.eos_token_ids[0]
+    assert _files_digest(info.path) == _files_digest(write_tiny_model_dir(tmp_path / "b", "qwen2", seed=5).path)
+    other = _files_digest(write_tiny_model_dir(tmp_path / "c", "qwen2", seed=6).path)
+    assert other["model.safetensors"] != _files_digest(info.path)["model.safetensors"]
+    assert other["tokenizer.json"] == _files_digest(info.path)["tokenizer.json"]
+
+
+def test_special_tokens_take_every_eos_id_and_a_pad_id(tmp_path):
+    info = write_tiny_model_dir(tmp_path / "m", "qwen2")
+    model, tok = instantiate(*read_model_dir(info.path))
+    ids = special_tokens(model, tok)
+    assert ids.eos_ids == info.eos_token_ids and ids.pad_id == info.eos_token_ids[0]
+    llama = write_tiny_model_dir(tmp_path / "l", "llama", pad_token="<pad>")
+    model, tok = instantiate(*read_model_dir(llama.path))
+    assert json.loads((llama.path / "config.json").read_text())["eos_token_id"] == list(llama.eos_token_ids)
+    assert special_tokens(model, tok).pad_id == llama.pad_token_id
+
+
+class _Biased(torch.nn.Module):
+    """A model whose logits get ``bias`` added: steers sampling to chosen tokens."""
+
+    def __init__(self, lm: torch.nn.Module, bias: torch.Tensor) -> None:
+        super().__init__()
+        self.lm, self.bias = lm, bias
+
+    def forward(self, **kwargs):
+        out = self.lm(**kwargs)
+        out.logits = out.logits + self.bias
+        return out
+
+
+def test_generation_stops_at_the_second_eos_id_and_records_it(tmp_path):
+    info = write_tiny_model_dir(tmp_path / "m", "qwen2")
+    model, tok = instantiate(*read_model_dir(info.path))
+    engine = make_engine("torch", model, tok)
+    assert isinstance(engine, TorchEngine) and engine.eos_ids == info.eos_token_ids
+    second = info.eos_token_ids[1]
+    bias = torch.zeros(info.vocab_size)
+    bias[second] = 100.0
+    engine.model = _Biased(model, bias)
+    specs = [SampleSpec(0, i, tuple(tok("Ann has 3 pens.", add_special_tokens=False)["input_ids"])) for i in range(3)]
+    outs, _ = engine.generate(specs, seed=0, step=0, max_new_tokens=8, temperature=1.0)
+    assert [(o.tokens, o.finish_reason, o.stop_token) for o in outs] == [([], "stop", second)] * 3
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def prepared(request, tmp_path_factory):
+    from tests.conftest import TINY_OVERRIDES
+
+    root = tmp_path_factory.mktemp(request.param)
+    info = write_tiny_model_dir(root / "model", **VARIANTS[request.param])
+    cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={root / 'store'}", f"model.path={info.path}"])
+    store = LocalStore(root / "store")
+    return info, cfg, store, prepare(cfg, store, "runs/h")
+
+
+def _call(name, payload):
+    result = importlib.import_module(f"actions.{name}").main(json.loads(json.dumps(payload)))
+    assert "error" not in result, result
+    return result
+
+
+def test_generate_score_train_on_each_architecture(prepared):
+    info, cfg, store, p = prepared
+    ref = ModelRef(store_uri=store.uri, base_key=p.base_key, policy_key=p.init_key, policy_version=0)
+    gen = _call("generate", {"model": ref.model_dump(), "dataset_key": p.train_key, "run_seed": 0, "step": 0,
+                             "shard": "g", "prompt_ids": [0, 1, 2, 3], "group_size": 4, "max_new_tokens": 6,
+                             "temperature": 1.0, "output_key": "runs/h/roll.json"})
+    assert len(gen["samples"]) == 16
+    # One sample is made to stop at the last EOS id: score must append that id, not the first.
+    rollout = get_json(store, "runs/h/roll.json")
+    rollout["samples"][0].update(tokens=rollout["samples"][0]["tokens"][:2], finish_reason="stop",
+                                 stop_token=info.eos_token_ids[-1])
+    put_json(store, "runs/h/roll2.json", rollout)
+    score = _call("score", {"policy": ref.model_dump(), "reference_key": p.init_key, "dataset_key": p.train_key,
+                            "rollout_keys": ["runs/h/roll2.json"], "task": "repeat",
+                            "algorithm": cfg.algorithm.model_dump(), "output_key": "runs/h/scored/manifest.json"})
+    tensors, meta = load_tensors(store, score["scored_key"])
+    first = next(s for s in meta["samples"] if (s["prompt_id"], s["sample_index"]) == (0, 0))
+    assert first["response"][-1] == info.eos_token_ids[-1] and first["finish_reason"] == "stop"
+    assert torch.isfinite(tensors["old_logp"]).all() and score["num_samples"] == 16
+    tensors["rewards"] = torch.tensor([1.0, 0.0] * 8)  # mixed rewards: every group has a gradient
+    publish_tensors(store, "runs/h/scored2/manifest.json", tensors, meta)
+    train = _call("train_step", {"policy": ref.model_dump(), "optimizer_key": None,
+                                 "scored_keys": ["runs/h/scored2/manifest.json"],
+                                 "algorithm": cfg.algorithm.model_dump(), "seed": 0, "step": 0,
+                                 "output_prefix": "runs/h/train"})
+    before, _ = load_tensors(store, p.init_key)
+    after, _ = load_tensors(store, train["policy_key"])
+    assert set(before) == set(after) and all(torch.isfinite(t).all() for t in after.values())
+    assert not torch.equal(before["model.embed_tokens.weight"], after["model.embed_tokens.weight"])
+    tied = json.loads((info.path / "config.json").read_text())["tie_word_embeddings"]
+    if "lm_head.weight" in after:
+        same = torch.equal(after["lm_head.weight"], after["model.embed_tokens.weight"])
+        assert same == tied  # tied stays tied after an update; untied heads move on their own
+    # The next version loads back and generates (version 1 through the same actions).
+    ref1 = ModelRef(store_uri=store.uri, base_key=p.base_key, policy_key=train["policy_key"], policy_version=1)
+    _call("generate", {"model": ref1.model_dump(), "dataset_key": p.train_key, "run_seed": 0, "step": 1,
+                       "shard": "g", "prompt_ids": [4], "group_size": 2, "max_new_tokens": 4,
+                       "temperature": 1.0, "output_key": "runs/h/roll3.json"})
+
+
+def test_tiny_model_cli_writes_a_loadable_folder_and_refuses_bad_flags(tmp_path, capsys):
+    from flows.cli import main
+
+    assert main(["tiny-model", "--out", str(tmp_path / "m"), "--arch", "mistral", "--untied",
+                 "--pad-token", "<pad>", "--hidden-size", "32", "--num-heads", "2", "--num-kv-heads", "1"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["model_type"] == "mistral" and config["tie_word_embeddings"] is False
+    assert config["pad_token_id"] == printed["pad_token_id"] is not None and config["hidden_size"] == 32
+    assert main(["tiny-model", "--out", str(tmp_path / "x"), "--num-heads", "3"]) == 2
+    assert main(["tiny-model", "--out", str(tmp_path / "y"), "--eos-token", "<nope>"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "--num-heads 3" in err[0] and "<nope>" in err[1]
+    assert not (tmp_path / "x").exists()
