@@ -103,8 +103,8 @@ def _train(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.steps is not None:
         overrides.append(f"steps={args.steps}")
-    if args.run_id:
-        overrides.append(f"run_id={args.run_id}")
+    if args.run_id is not None:  # "" is refused by the validator, not silently replaced by the default
+        overrides.append(f"run_id={json.dumps(args.run_id)}")  # a JSON string is a YAML string: "007" stays text
     cfg = load_config(args.config, overrides)
     out = Path(args.out or f"runs/{cfg.resolved_run_id()}")
     summary_path = Path(args.summary) if args.summary else out / "summary.json"
@@ -130,6 +130,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     from actions.common.config import load_config
+    from actions.common.safe_paths import check_run_id
     from actions.common.storage import open_store
     from flows.state import load_state
 
@@ -144,7 +145,7 @@ def _status(args: argparse.Namespace) -> int:
             raise ValueError(f"store {uri} holds {len(runs)} runs ({', '.join(runs)}); name one: "
                              "rlhfless status RUN_ID")
         run = runs[0]
-    state = load_state(store, run)
+    state = load_state(store, check_run_id(run))
     if state is None:
         raise ValueError(f"run {run!r} has no committed state in store {uri}; check the run id and --store")
     last = state.steps[-1] if state.steps else {}

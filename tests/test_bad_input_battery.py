@@ -106,6 +106,12 @@ CASES: dict[str, Case] = {
     "config bad scaling policy": Case(_train("--set", "scaling.policy=biggest"), ("scaling.policy 'biggest'", "cost_aware")),
     "config fixed policy without N": Case(_train("--set", "scaling.policy=fixed:0"), ("scaling.policy", "positive integer")),
     "config bad run_id": Case(_train("--run-id", "a/b"), ("run_id 'a/b'", "only letters, digits")),
+    "config run_id dot-dot": Case(_train("--run-id", ".."), ("run_id '..'", "start with a letter or digit")),
+    "config run_id empty": Case(_train("--run-id", ""), ("run_id ''", "pick another run id")),
+    "config run_id over-long": Case(_train("--run-id", "r" * 129), ("run_id 'rrrr", "1 to 128 characters")),
+    "config run_id absolute": Case(_train("--run-id", "/tmp/x"), ("run_id '/tmp/x'", "only letters, digits")),
+    "config run_id traversal by --set": Case(_train("--set", "run_id=a/../../b"), ("run_id 'a/../../b'", "pick another")),
+    "config run_id backslash": Case(_train("--run-id", "a\\b"), ("run_id 'a\\\\b'", "only letters, digits")),
     "config steps zero": Case(_train("--set", "steps=0"), ("steps = 0", "greater than or equal to 1")),
     "config unknown fault action": Case(_train("--set", "faults.actions=[generat]"), ("faults.actions", "choose from")),
     "config fault fraction out of range": Case(
@@ -202,6 +208,7 @@ CASES: dict[str, Case] = {
     "cli out is a file": Case(_train("--out", "{tmp}/taken"), ("--out", "taken", "pass a directory"),
                               setup=_write("taken", "x")),
     "cli status unknown run": Case(["status", "nosuch", "--store", "{done}"], ("'nosuch'", "check the run id")),
+    "cli status run id traversal": Case(["status", "../done", "--store", "{done}"], ("run_id '../done'", "pick another")),
     "cli status empty store": Case(["status", "--store", "{tmp}/store"], ("holds no runs", "check --store")),
     "cli train existing run without --resume": Case(
         ["train", "--set", "store.uri={done}", "--run-id", "done"], ("'done'", "pass --resume")),

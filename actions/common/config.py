@@ -16,6 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from actions.common.safe_paths import check_run_id
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -249,9 +251,7 @@ class CampaignConfig(_Section):
     @field_validator("run_id")
     @classmethod
     def _check_run_id(cls, v: str | None) -> str | None:
-        if v is not None and (not v or not all(c.isalnum() or c in "-_." for c in v)):
-            raise ValueError(f"run_id {v!r} may use only letters, digits, '-', '_' and '.'")
-        return v
+        return v if v is None else check_run_id(v)
 
     def overlap_scoring(self) -> bool:
         """Whether a shard's score is submitted while other shards still generate."""
