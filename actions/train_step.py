@@ -32,14 +32,15 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
     batch = batch.to(next(policy.parameters()).device)
     opt = make_optimizer(policy, algo.lr)
     if req.optimizer_key:
-        load_optimizer_tensors(opt, load_tensors(store, req.optimizer_key)[0])
+        load_optimizer_tensors(opt, load_tensors(store, req.optimizer_key)[0], where=req.optimizer_key)
     critic = critic_opt = None
     if algo.name == "ppo":
         critic = load_critic(req.policy.store_uri, req.policy.base_key, req.critic_key, fresh=True)
         critic.train()
         critic_opt = make_optimizer(critic, algo.critic_lr)
         if req.critic_optimizer_key:
-            load_optimizer_tensors(critic_opt, load_tensors(store, req.critic_optimizer_key)[0])
+            load_optimizer_tensors(critic_opt, load_tensors(store, req.critic_optimizer_key)[0],
+                                   where=req.critic_optimizer_key)
     metrics = rollout_metrics(batch, algo)
     metrics.update(run_updates(policy, opt, batch, algo, critic, critic_opt, seed=req.seed, step=req.step))
     version = req.policy.policy_version + 1

@@ -11,11 +11,13 @@ same objects with the same bytes.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from actions.common.storage import ObjectStore, commit_pointer, read_pointer
+from actions.common.safe_paths import STORE_FIX, UnsafeName, check_name, shown
+from actions.common.storage import IntegrityError, ObjectStore, commit_pointer, read_pointer
 
 
 class CampaignState(BaseModel):
@@ -44,8 +46,44 @@ def pointer_key(run_id: str) -> str:
 
 
 def load_state(store: ObjectStore, run_id: str) -> CampaignState | None:
+    """The run's last committed state, or None before its first commit.
+
+    A commit record comes from the store, so it is checked before anything in it is used: it
+    must be a valid state of this run, and every object key it names must be a safe key under
+    this run's own prefix (``runs/<run_id>/``) -- a crafted record cannot point a step at
+    another run's objects or outside the store.
+
+    Raises:
+        IntegrityError / UnsafeName: one line naming the commit and the offending field.
+    """
     record = read_pointer(store, pointer_key(run_id))
-    return CampaignState.model_validate(record["state"]) if record else None
+    if record is None:
+        return None
+    where = f"commit record of run {run_id!r}"
+    try:
+        state = CampaignState.model_validate(record.get("state"))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise IntegrityError(f"{where} is not a valid campaign state ({'.'.join(map(str, err['loc']))}: "
+                             f"{err['msg']}); it was not written by this version or was tampered with") from None
+    if state.run_id != run_id:
+        raise IntegrityError(f"{where} belongs to run {shown(state.run_id)}; it was copied or tampered with")
+    if state.weights_sha256 and not re.fullmatch(r"[0-9a-f]{64}", state.weights_sha256):
+        raise IntegrityError(f"{where}: weights_sha256 {shown(state.weights_sha256)} is not a sha256 digest")
+    prefix = f"{pointer_key(run_id).rsplit('/', 1)[0]}/"
+    for field, key in _state_keys(state):
+        check_name(key, where=f"{where}, {field}", what="key", fix=STORE_FIX)
+        if not key.startswith(prefix):
+            raise UnsafeName(f"{where}, {field}: key {shown(key)} is outside the run's prefix {prefix!r}; {STORE_FIX}")
+    return state
+
+
+def _state_keys(state: CampaignState) -> list[tuple[str, str]]:
+    """(field, object key) for every key a state names."""
+    keys = [(f, getattr(state, f)) for f in ("policy_key", "reference_key", "optimizer_key", "critic_key",
+                                            "critic_optimizer_key")]
+    keys += [(f"prepared.{k}", v) for k, v in state.prepared.items() if k.endswith("_key")]
+    return [(f, k) for f, k in keys if k is not None]
 
 
 def commit_state(store: ObjectStore, state: CampaignState) -> str:

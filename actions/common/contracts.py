@@ -27,6 +27,9 @@ class ModelRef(_Msg):
     base_key: str
     policy_key: str
     policy_version: int = Field(ge=0)
+    weights_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    """The committed fingerprint of ``policy_key``; loading refuses a tensor set that differs
+    (a manifest overwritten after its commit). None: check the manifest against itself only."""
 
 
 class SampleStat(_Msg):

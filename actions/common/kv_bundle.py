@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from actions.common import warm
-from actions.common.storage import ObjectStore
+from actions.common.storage import IntegrityError, ObjectStore
 from actions.common.weights import load_tensors, publish_tensors
 from actions.engines.torch_engine import PrefixState
 
@@ -39,11 +39,26 @@ def load_bundle(store: ObjectStore, key: str, policy_version: int,
                 f"KV bundle {key!r} was computed with policy version {meta.get('policy_version')}, "
                 f"not {policy_version}; re-run prefill for this version"
             )
+        prefixes, num_layers = _check_meta(key, meta, tensors)
         tensors = {name: t.to(device) for name, t in tensors.items()} if device is not None else tensors
         out = {}
-        for i, toks in enumerate(meta["prefixes"]):
-            kv = [(tensors[f"p{i}.k{li}"], tensors[f"p{i}.v{li}"]) for li in range(meta["num_layers"])]
+        for i, toks in enumerate(prefixes):
+            kv = [(tensors[f"p{i}.k{li}"], tensors[f"p{i}.v{li}"]) for li in range(num_layers)]
             out[tuple(toks)] = PrefixState(tuple(toks), kv, tensors[f"p{i}.logits"])
         return out
 
     return warm.get_or_build(("kv", store.uri, key, str(device)), build)[0]
+
+
+def _check_meta(key: str, meta: dict, tensors: dict[str, torch.Tensor]) -> tuple[list[list[int]], int]:
+    """The bundle's (prefixes, num_layers) once they describe exactly the tensors it holds.
+    A bundle comes from the store: a malformed one fails here in one line, not as a KeyError."""
+    prefixes, num_layers = meta.get("prefixes"), meta.get("num_layers")
+    ok = (isinstance(prefixes, list) and isinstance(num_layers, int) and not isinstance(num_layers, bool)
+          and num_layers >= 0 and all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prefixes))
+    expected = {f"p{i}.{part}" for i in range(len(prefixes)) for part in
+                ["logits", *(f"{kv}{li}" for li in range(num_layers) for kv in "kv")]} if ok else set()
+    if not ok or expected != set(tensors):
+        raise IntegrityError(f"KV bundle {key!r} is malformed: its meta does not describe its tensors "
+                             f"({len(tensors)} tensors); re-run prefill")
+    return prefixes, num_layers

@@ -42,14 +42,14 @@ def load_model(ref: ModelRef, *, fresh: bool = False) -> tuple[torch.nn.Module, 
     device, dtype = action_device(), action_dtype()
 
     def build():
-        tensors, _ = load_tensors(store_for(ref.store_uri), ref.policy_key)
+        tensors, _ = load_tensors(store_for(ref.store_uri), ref.policy_key, expected_sha256=ref.weights_sha256)
         model, tokenizer = instantiate(load_base(ref.store_uri, ref.base_key), tensors)
         return model.to(device=device, dtype=dtype), tokenizer
 
     if fresh:
         model, tokenizer = build()
         return model, tokenizer, False
-    key = ("model", ref.store_uri, ref.base_key, ref.policy_key, str(device), str(dtype))
+    key = ("model", ref.store_uri, ref.base_key, ref.policy_key, ref.weights_sha256, str(device), str(dtype))
     (model, tokenizer), hit = warm.get_or_build(key, build)
     return model, tokenizer, hit
 

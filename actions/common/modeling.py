@@ -22,6 +22,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig,
                           PreTrainedTokenizerFast)
 
+from actions.common.safe_paths import write_beneath
+
 TINY_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 .,:;?!=+-*\n"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "chat_template.jinja", "chat_template.json")
@@ -110,8 +112,8 @@ def instantiate(files: dict[str, bytes], tensors: dict[str, torch.Tensor]) -> tu
     (its EOS list is what generation stops at, see ``special_tokens``).
     """
     with tempfile.TemporaryDirectory() as tmp:
-        for name, data in files.items():
-            Path(tmp, name).write_bytes(data)
+        for name, data in files.items():  # names come from a manifest: never a path outside tmp
+            write_beneath(tmp, name, data, where="base model")
         config = AutoConfig.from_pretrained(tmp)
         tokenizer = AutoTokenizer.from_pretrained(tmp)
         generation = GenerationConfig.from_pretrained(tmp) if GENERATION_CONFIG in files else None

@@ -6,7 +6,11 @@ parameter's position in ``model.parameters()``; hyper-parameters stay in the con
 
 from __future__ import annotations
 
+import re
+
 import torch
+
+from actions.common.safe_paths import shown
 
 
 def optimizer_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
@@ -17,11 +21,29 @@ def optimizer_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_optimizer_tensors(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor]) -> None:
+_NAME = re.compile(r"^p(0|[1-9][0-9]{0,8})\.(step|exp_avg|exp_avg_sq|max_exp_avg_sq)$")  # AdamW's state fields
+
+
+def load_optimizer_tensors(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], *, where: str = "") -> None:
+    """Put stored state back into ``opt``. Names come from a manifest, so each must be
+    ``p<index>.<field>`` with an index of one of the optimizer's parameters and an AdamW field,
+    and every parameter with state must have its ``step``.
+
+    Raises:
+        ValueError: one line naming the tensor and ``where`` (the manifest key).
+    """
+    num_params = sum(len(g["params"]) for g in opt.param_groups)
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
-        idx, name = key[1:].split(".", 1)
-        state.setdefault(int(idx), {})[name] = value
+        match = _NAME.match(key)
+        if match is None or int(match.group(1)) >= num_params:
+            raise ValueError(f"optimizer state {where!r}: tensor {shown(key)} is not p<index>.<field> for one of "
+                             f"the {num_params} parameters; re-publish the optimizer state")
+        state.setdefault(int(match.group(1)), {})[match.group(2)] = value
+    incomplete = sorted(idx for idx, fields in state.items() if "step" not in fields)
+    if incomplete:
+        raise ValueError(f"optimizer state {where!r}: parameter p{incomplete[0]} has no step; "
+                         "re-publish the optimizer state")
     sd = opt.state_dict()
     sd["state"] = state
     opt.load_state_dict(sd)

@@ -63,6 +63,7 @@ from actions.common.credentials import S3Credentials, mask_key_id, redact
 from actions.common.endpoints import is_http_url
 from actions.common.storage import (
     BucketNotFound,
+    IntegrityError,
     ObjectNotFound,
     StoreAccessDenied,
     StoreCredentialsError,
@@ -441,6 +442,12 @@ class S3Store:
             return bytearray()  # a ranged GET of an empty object is 416
         # "bytes 0-8388607/104857600"; absent if the server ignored Range and sent it all
         total = int(first.content_range.rsplit("/", 1)[1]) if first.content_range else first.length
+        if size is not None and total != size:
+            first.close()
+            # A blob whose length differs from its manifest's is corrupt: say so before
+            # allocating (a hostile store could claim terabytes) or downloading it.
+            raise IntegrityError(f"object {key!r} in {self.uri} is {total} bytes where its manifest says "
+                                 f"{size}; re-publish the artifact")
         buf = bytearray(total)
         view = memoryview(buf)
         first.fill(view[: first.length])
@@ -470,7 +477,7 @@ class S3Store:
             resp = self._client.get_object(Bucket=self.bucket, Key=full, **extra)
             body = resp["Body"]
             return _RangeResponse(resp["ContentLength"], resp.get("ContentRange"), resp.get("ETag", ""),
-                                  lambda view: _read_exactly(body, view))  # fmt: skip
+                                  lambda view: _read_exactly(body, view), body.close)  # fmt: skip
         return self._open_range_presigned(full, start, end, if_match)
 
     def _open_range_presigned(
@@ -505,7 +512,7 @@ class S3Store:
             if resp.status_code in (200, 206):
                 h = resp.headers
                 return _RangeResponse(int(h["Content-Length"]), h.get("Content-Range"), h.get("ETag", ""),
-                                      lambda view: _fill_from_raw(resp.raw, view))  # fmt: skip
+                                      lambda view: _fill_from_raw(resp.raw, view), resp.raw.close)  # fmt: skip
             error = _client_error(resp.status_code, resp.content, "GetObject")
             if not last and (resp.status_code >= 500 or _code(error) in ("SlowDown", "RequestTimeout")):
                 _backoff(attempt)
@@ -719,6 +726,8 @@ class _RangeResponse:
     content_range: str | None
     etag: str
     fill: Callable[[memoryview], None]
+    close: Callable[[], None]
+    """Drop the body unread (the connection is not reused)."""
 
 
 def _fill_from_raw(raw: Any, view: memoryview) -> None:

@@ -83,21 +83,25 @@ def name_problem(name: Any) -> str | None:
     return None
 
 
-def check_name(name: Any, *, where: str, what: str = "name") -> str:
+STORE_FIX = "refusing to use it: the store was tampered with or corrupted; re-publish it from a trusted source"
+
+
+def check_name(name: Any, *, where: str, what: str = "name",
+               fix: str = "use a relative path of plain names ('a/b.json')") -> str:
     """``name`` itself when it is a safe relative path (see the module docstring).
 
     Args:
         name: the untrusted value.
         where: what it came from, for the error ("manifest 'runs/r1/base/manifest.json'").
         what: what it is ("file", "key", "tensor").
+        fix: the advice ending the error (:data:`STORE_FIX` for names read from the store).
 
     Raises:
-        UnsafeName: one line naming ``where``, the value and the reason.
+        UnsafeName: one line naming ``where``, the value, the reason and the fix.
     """
     problem = name_problem(name)
     if problem is not None:
-        raise UnsafeName(f"{where}: {what} {shown(name)} is not a safe relative path ({problem}); "
-                         "refusing to use it -- re-publish it from a trusted source")
+        raise UnsafeName(f"{where}: {what} {shown(name)} is not a safe relative path ({problem}); {fix}")
     return name
 
 
@@ -123,8 +127,8 @@ def _is_symlink(name: str, dir_fd: int) -> bool:
 
 
 def _symlink_error(name: str, where: str) -> UnsafeName:
-    return UnsafeName(f"{where}: {shown(name)} passes through a symlink; symlinks are not followed "
-                      "beneath a store or model directory -- replace the link with the real file")
+    return UnsafeName(f"{where}: {shown(name)} passes through a symlink, and symlinks are not followed beneath "
+                      "a store or model directory; replace the link with the real file")
 
 
 def open_component(part: str, dir_fd: int, flags: int, *, name: str, where: str, mode: int = 0o600) -> int:
@@ -140,7 +144,7 @@ def open_component(part: str, dir_fd: int, flags: int, *, name: str, where: str,
 
 @contextmanager
 def parent_dir(root: str | os.PathLike[str], name: str, *, where: str, create: bool = False,
-               what: str = "name") -> Iterator[tuple[int, str]]:
+               what: str = "name", fix: str = STORE_FIX) -> Iterator[tuple[int, str]]:
     """``(fd of the directory that holds name, name's last component)`` beneath ``root``.
 
     Each directory component is opened with ``O_NOFOLLOW``; with ``create``, missing ones
@@ -151,7 +155,7 @@ def parent_dir(root: str | os.PathLike[str], name: str, *, where: str, create: b
         FileNotFoundError / NotADirectoryError: a component is missing (without ``create``)
             or is a file.
     """
-    parts = check_name(name, where=where, what=what).split("/")
+    parts = check_name(name, where=where, what=what, fix=fix).split("/")
     if create:
         Path(root).mkdir(parents=True, exist_ok=True)
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
@@ -187,8 +191,7 @@ def write_beneath(root: str | os.PathLike[str], name: str, data: bytes, *, where
         try:
             fd = open_component(last, dir_fd, os.O_WRONLY | os.O_CREAT | os.O_EXCL, name=name, where=where)
         except FileExistsError:
-            raise UnsafeName(f"{where}: file {shown(name)} is listed twice or already exists; "
-                             "re-publish it from a trusted source") from None
+            raise UnsafeName(f"{where}: file {shown(name)} is listed twice or already exists; {STORE_FIX}") from None
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
     return Path(root, name)

@@ -29,12 +29,15 @@ import hashlib
 import json
 import mmap
 import os
-import tempfile
+import secrets
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, Union, runtime_checkable
+
+from actions.common.safe_paths import STORE_FIX, UnsafeName, check_name, open_component, parent_dir, shown
 
 #: A blob may be given as bytes or as a sequence of buffers to be concatenated (e.g. a
 #: safetensors header and the tensor's own memory), so it is never copied into one bytes object.
@@ -126,13 +129,17 @@ class ObjectStore(Protocol):
 
 
 def _check_key(key: str) -> str:
-    if not key or key.startswith("/") or ".." in key.split("/"):
-        raise ValueError(f"object key {key!r} is invalid: use a relative path without '..'")
-    return key
+    """``key`` when it is a safe relative key (``safe_paths.check_name``), else UnsafeName."""
+    return check_name(key, where="object store", what="key", fix="use a relative key without '..'")
 
 
 class LocalStore:
-    """A directory used as an object store (the embedded default)."""
+    """A directory used as an object store (the embedded default).
+
+    Keys are opened beneath the root one component at a time without following symlinks
+    (``safe_paths.parent_dir``): a symlink placed in the store is refused, so no key can read
+    or write outside the root.
+    """
 
     def __init__(self, root: str | os.PathLike[str], *, max_concurrency: int | None = None) -> None:
         self.root = Path(root).expanduser().resolve()
@@ -142,90 +149,113 @@ class LocalStore:
     def __repr__(self) -> str:
         return f"LocalStore({self.uri!r})"
 
-    def _path(self, key: str) -> Path:
-        return self.root / _check_key(key)
+    def _dir(self, key: str, *, create: bool = False) -> Any:
+        """Context manager: (fd of key's directory, key's last component)."""
+        return parent_dir(self.root, key, where=f"store {self.uri}", create=create, what="key",
+                          fix="use a relative key without '..'")
 
-    def _write_temp(self, path: Path, data: BlobData) -> str:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    def _not_found(self, key: str) -> ObjectNotFound:
+        return ObjectNotFound(f"object {key!r} not found in store {self.uri}")
+
+    def _open(self, key: str) -> int:
+        """A read-only fd of ``key``'s file (ObjectNotFound when it is missing)."""
         try:
-            with os.fdopen(fd, "wb") as fh:
-                for part in as_parts(data):
-                    fh.write(part)
-                fh.flush()
-                os.fsync(fh.fileno())
-        except BaseException:
-            os.unlink(tmp)
-            raise
-        return tmp
+            with self._dir(key) as (dir_fd, last):
+                return open_component(last, dir_fd, os.O_RDONLY, name=key, where=f"store {self.uri}")
+        except (FileNotFoundError, NotADirectoryError):
+            raise self._not_found(key) from None
+
+    def _write(self, key: str, data: BlobData, publish: Callable[[str, int, str], bool]) -> bool:
+        """Write ``data`` to a temporary file beside ``key``, then ``publish(tmp, dir_fd, last)``
+        (rename or link it into place); the temporary file never outlives the call."""
+        with self._dir(key, create=True) as (dir_fd, last):
+            tmp = f".tmp-{secrets.token_hex(8)}"
+            fd = open_component(tmp, dir_fd, os.O_WRONLY | os.O_CREAT | os.O_EXCL, name=key, where=f"store {self.uri}")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    for part in as_parts(data):
+                        fh.write(part)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                return publish(tmp, dir_fd, last)
+            finally:
+                try:
+                    os.unlink(tmp, dir_fd=dir_fd)
+                except FileNotFoundError:
+                    pass  # renamed into place
 
     def put(self, key: str, data: bytes) -> None:
-        path = self._path(key)
         # Temp file then rename: rename is atomic on POSIX, so a crash leaves either the old
-        # object or none, never a truncated one.
-        tmp = self._write_temp(path, data)
-        try:
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        # object or none, never a truncated one. A symlink at the key is replaced, not followed.
+        def rename(tmp: str, dir_fd: int, last: str) -> bool:
+            os.replace(tmp, last, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            return True
+
+        self._write(key, data, rename)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
-        path = self._path(key)
-        tmp = self._write_temp(path, data)
-        try:
-            # link() fails if the target exists: an atomic create-once, like S3 If-None-Match.
-            os.link(tmp, path)
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            os.unlink(tmp)
+        # link() fails if the target exists (a symlink included): an atomic create-once, like
+        # S3 If-None-Match.
+        def link(tmp: str, dir_fd: int, last: str) -> bool:
+            try:
+                os.link(tmp, last, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+                return True
+            except FileExistsError:
+                return False
+
+        return self._write(key, data, link)
 
     def put_content(self, key: str, parts: BlobData, sha256: str) -> bool:
         """Create a content-addressed object if absent (no temp file when it exists)."""
-        if self._path(key).is_file():
+        if self.exists(key):
             return False
         return self.put_if_absent(key, parts)  # type: ignore[arg-type]
 
     def get(self, key: str) -> bytes:
-        try:
-            return self._path(key).read_bytes()
-        except FileNotFoundError:
-            raise ObjectNotFound(f"object {key!r} not found in store {self.uri}") from None
+        with os.fdopen(self._open(key), "rb") as fh:
+            return fh.read()
 
     def get_buffer(self, key: str, size: int | None = None) -> mmap.mmap | bytes:
         """A private copy-on-write memory map of ``key``: no read copy, and writes by the
         caller (e.g. in-place ops on tensors viewing it) never reach the file. ``size`` is
         accepted for interface parity and not needed here."""
-        try:
-            with open(self._path(key), "rb") as fh:
-                if os.fstat(fh.fileno()).st_size == 0:
-                    return b""
-                return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
-        except FileNotFoundError:
-            raise ObjectNotFound(f"object {key!r} not found in store {self.uri}") from None
+        with os.fdopen(self._open(key), "rb") as fh:
+            if os.fstat(fh.fileno()).st_size == 0:
+                return b""
+            return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
 
     def exists(self, key: str) -> bool:
-        return self._path(key).is_file()
+        try:
+            with self._dir(key) as (dir_fd, last):
+                st = os.stat(last, dir_fd=dir_fd, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafeName(f"store {self.uri}: key {key!r} is a symlink; symlinks are not followed "
+                             "beneath a store directory -- replace the link with the real file")
+        return stat.S_ISREG(st.st_mode)
 
     def delete(self, key: str) -> None:
         try:
-            self._path(key).unlink()
-        except FileNotFoundError:
+            with self._dir(key) as (dir_fd, last):
+                os.unlink(last, dir_fd=dir_fd)  # removes a symlink itself, never its target
+        except (FileNotFoundError, NotADirectoryError):
             pass
 
     def list(self, prefix: str) -> list[str]:
-        # Walk only the deepest directory the prefix names, not the whole store.
-        base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
-        if not base.is_dir():
+        # Walk only the deepest directory the prefix names, not the whole store, and never
+        # descend into or report a symlink.
+        base = self.root / _check_key(prefix.rsplit("/", 1)[0]) if "/" in prefix else self.root
+        if base.is_symlink() or not base.is_dir() or not base.resolve().is_relative_to(self.root):
             return []
         out = []
-        for p in base.rglob("*"):
-            if p.is_file() and not p.name.startswith(".tmp-"):
-                rel = p.relative_to(self.root).as_posix()
-                if rel.startswith(prefix):
-                    out.append(rel)
+        for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
+            for name in filenames:
+                path = Path(dirpath, name)
+                if not name.startswith(".tmp-") and not path.is_symlink():
+                    rel = path.relative_to(self.root).as_posix()
+                    if rel.startswith(prefix):
+                        out.append(rel)
         return sorted(out)
 
 
@@ -333,43 +363,54 @@ def put_blob(store: ObjectStore, data: BlobData, digest: str | None = None) -> t
     return digest, True
 
 
-def _missing_blob(store: ObjectStore, key: str, name: str) -> ObjectNotFound:
+def _missing_blob(store: ObjectStore, key: str, name: str, manifest_key: str) -> ObjectNotFound:
     what = f" (file {name!r})" if name else ""
-    return ObjectNotFound(f"blob {key}{what} listed in a manifest is missing from {store.uri}")
+    where = f"manifest {manifest_key!r}" if manifest_key else "a manifest"
+    return ObjectNotFound(f"blob {key}{what} listed in {where} is missing from {store.uri}")
 
 
-def _verify(key: str, data: Any, digest: str, name: str) -> None:
+def _verify(key: str, data: Any, digest: str, name: str, size: int | None, manifest_key: str) -> None:
+    """Raise IntegrityError unless ``data`` has ``size`` bytes (checked first: free) and sha256
+    ``digest``. The one pass over the bytes is the hash itself: the buffer is the one the caller
+    keeps (a memory map or the downloaded bytearray), never read a second time."""
+    what = f" for file {name!r}" if name else ""
+    where = f" (manifest {manifest_key!r})" if manifest_key else ""
+    if size is not None and len(data) != size:
+        raise IntegrityError(f"blob {key}{what} is truncated or padded{where}: expected {size} bytes, "
+                             f"found {len(data)}; re-publish the artifact")
     actual = sha256_hex(data)
     if actual != digest:
-        what = f" for file {name!r}" if name else ""
-        raise IntegrityError(f"blob {key}{what} is corrupted: sha256 {actual} != expected {digest}")
+        raise IntegrityError(f"blob {key}{what} is corrupted{where}: expected sha256 {digest}, found {actual}; "
+                             "re-publish the artifact")
 
 
-def get_blob(store: ObjectStore, digest: str, *, name: str = "") -> bytes:
-    """Read a blob and verify its sha256 (raises :class:`IntegrityError` on mismatch)."""
+def get_blob(store: ObjectStore, digest: str, *, name: str = "", size: int | None = None,
+             manifest_key: str = "") -> bytes:
+    """Read a blob and verify its size (when given) and sha256 (:class:`IntegrityError` on a
+    mismatch, naming the blob key, the file, the manifest and both digests)."""
     key = blob_key(digest)
     try:
         data = store.get(key)
     except ObjectNotFound:
-        raise _missing_blob(store, key, name) from None
-    _verify(key, data, digest, name)
+        raise _missing_blob(store, key, name, manifest_key) from None
+    _verify(key, data, digest, name, size, manifest_key)
     return data
 
 
 def get_blob_buffer(
-    store: ObjectStore, digest: str, *, name: str = "", size: int | None = None
+    store: ObjectStore, digest: str, *, name: str = "", size: int | None = None, manifest_key: str = ""
 ) -> Any:
     """Like :func:`get_blob` but returns the backend's cheapest buffer: a private memory map
     (local) or a writable ``bytearray`` (S3), so callers can view it without copying."""
     get_buffer = getattr(store, "get_buffer", None)
     if get_buffer is None:
-        return get_blob(store, digest, name=name)
+        return get_blob(store, digest, name=name, size=size, manifest_key=manifest_key)
     key = blob_key(digest)
     try:
         data = get_buffer(key, size=size)
     except ObjectNotFound:
-        raise _missing_blob(store, key, name) from None
-    _verify(key, data, digest, name)
+        raise _missing_blob(store, key, name, manifest_key) from None
+    _verify(key, data, digest, name, size, manifest_key)
     return data
 
 
@@ -419,55 +460,80 @@ def put_artifact(
     return PutStats(manifest_key, len(entries), num_uploaded, bytes_uploaded)
 
 
+def _is_digest(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
 def read_manifest(store: ObjectStore, manifest_key: str) -> dict[str, Any]:
-    """Load and sanity-check a manifest."""
+    """Load a manifest and check everything in it that will be used as a name or a key.
+
+    The store is not trusted: every file name must be a safe relative path
+    (``safe_paths.check_name``: it may become a file under a model directory), and every entry
+    must carry a sha256 digest (64 lowercase hex, so the blob key it makes is a key of this
+    store's blob area and nothing else) and a byte size.
+
+    Raises:
+        IntegrityError / UnsafeName: one line naming the manifest key, the file and the fix.
+    """
     raw = store.get(manifest_key)
     try:
         manifest = json.loads(raw)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise IntegrityError(f"manifest {manifest_key!r} is not valid JSON: {exc}") from None
-    if manifest.get("schema") != MANIFEST_SCHEMA or not isinstance(manifest.get("files"), dict):
+    if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA \
+            or not isinstance(manifest.get("files"), dict):
         raise IntegrityError(f"manifest {manifest_key!r} has no {MANIFEST_SCHEMA} file table")
+    if not isinstance(manifest.get("meta", {}), dict):
+        raise IntegrityError(f"manifest {manifest_key!r} has a meta that is not a JSON object")
+    where = f"manifest {manifest_key!r}"
+    for name, entry in manifest["files"].items():
+        check_name(name, where=where, what="file", fix=STORE_FIX)
+        digest = entry.get("sha256") if isinstance(entry, dict) else None
+        if not _is_digest(digest):
+            raise IntegrityError(f"{where}: file {shown(name)} has no valid sha256 digest ({shown(digest)}); "
+                                 "re-publish the artifact (every manifest entry needs one)")
+        size = entry.get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise IntegrityError(f"{where}: file {shown(name)} has no valid byte size ({shown(size)}); "
+                                 "re-publish the artifact")
     return manifest
 
 
-def get_artifact_buffers(
-    store: ObjectStore, manifest_key: str, names: list[str] | None = None
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Like :func:`get_artifact`, but each file is the backend's zero-copy buffer
-    (see :func:`get_blob_buffer`). Blobs are fetched in parallel."""
-    manifest = read_manifest(store, manifest_key)
-    table = manifest["files"]
-    wanted = sorted(table) if names is None else list(names)
-    for name in wanted:
-        if name not in table:
-            raise ObjectNotFound(f"file {name!r} is not listed in manifest {manifest_key!r}")
-    buffers = map_bounded(
-        lambda n: get_blob_buffer(store, table[n]["sha256"], name=n, size=table[n].get("size")),
-        wanted,
-        _concurrency(store, len(wanted)),
-    )
-    return dict(zip(wanted, buffers)), manifest.get("meta", {})
-
-
-def get_artifact(
-    store: ObjectStore, manifest_key: str, names: list[str] | None = None
-) -> tuple[dict[str, bytes], dict[str, Any]]:
-    """Read an artifact's files (all, or only ``names``) with sha256 verification.
-
-    Returns:
-        (files by name, the manifest's meta dict)
-    """
-    manifest = read_manifest(store, manifest_key)
+def _fetch_files(store: ObjectStore, manifest_key: str, manifest: dict[str, Any], names: list[str] | None,
+                 get: Callable[..., Any]) -> dict[str, Any]:
     table = manifest["files"]
     wanted = sorted(table) if names is None else list(names)
     for name in wanted:
         if name not in table:
             raise ObjectNotFound(f"file {name!r} is not listed in manifest {manifest_key!r}")
     datas = map_bounded(
-        lambda n: get_blob(store, table[n]["sha256"], name=n), wanted, _concurrency(store, len(wanted))
+        lambda n: get(store, table[n]["sha256"], name=n, size=table[n]["size"], manifest_key=manifest_key),
+        wanted, _concurrency(store, len(wanted)),
     )
-    return dict(zip(wanted, datas)), manifest.get("meta", {})
+    return dict(zip(wanted, datas))
+
+
+def get_artifact_buffers(
+    store: ObjectStore, manifest_key: str, names: list[str] | None = None, *,
+    manifest: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Like :func:`get_artifact`, but each file is the backend's zero-copy buffer
+    (see :func:`get_blob_buffer`). Blobs are fetched in parallel. ``manifest``: the result of
+    :func:`read_manifest` when the caller already read it."""
+    manifest = manifest if manifest is not None else read_manifest(store, manifest_key)
+    return _fetch_files(store, manifest_key, manifest, names, get_blob_buffer), manifest.get("meta", {})
+
+
+def get_artifact(
+    store: ObjectStore, manifest_key: str, names: list[str] | None = None
+) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """Read an artifact's files (all, or only ``names``) with size and sha256 verification.
+
+    Returns:
+        (files by name, the manifest's meta dict)
+    """
+    manifest = read_manifest(store, manifest_key)
+    return _fetch_files(store, manifest_key, manifest, names, get_blob), manifest.get("meta", {})
 
 
 def put_json(store: ObjectStore, key: str, obj: Any) -> None:
@@ -544,11 +610,15 @@ def commit_pointer(store: ObjectStore, key: str, payload: Mapping[str, Any]) -> 
 
 
 def _read_commit(store: ObjectStore, key: str, step: int) -> dict[str, Any] | None:
+    record_key = commit_key(key, step)
     try:
-        record = json.loads(store.get(commit_key(key, step)))
+        record = json.loads(store.get(record_key))
     except ObjectNotFound:
         return None
-    record.pop("_schema", None)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise IntegrityError(f"commit record {record_key!r} is not valid JSON: {exc}") from None
+    if not isinstance(record, dict) or record.pop("_schema", None) != COMMIT_SCHEMA:
+        raise IntegrityError(f"commit record {record_key!r} is not a {COMMIT_SCHEMA} record")
     return record
 
 

@@ -23,16 +23,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from actions.common.storage import ObjectStore, PutStats, get_artifact_buffers, put_artifact, sha256_hex
+from actions.common.safe_paths import shown
+from actions.common.storage import (IntegrityError, ObjectStore, PutStats, get_artifact_buffers, put_artifact,
+                                    read_manifest, sha256_hex)
 
 # safetensors dtype tags (https://github.com/huggingface/safetensors, format spec).
 _DTYPES = {
@@ -121,7 +125,22 @@ def _view_tensor(buf: Any, name: str, manifest_key: str) -> torch.Tensor:
 
     ``buf`` must be writable (bytearray or a copy-on-write mmap) for a zero-copy view;
     immutable ``bytes`` and unusual dtypes go through ``safetensors.torch.load`` (one copy).
+
+    Raises:
+        IntegrityError: the blob is not one well-formed tensor named ``name`` (a blob's digest
+            proves it unchanged, not well formed: whoever wrote the store chose the bytes).
     """
+    try:
+        return _parse_tensor(buf, name, manifest_key)
+    except (ValueError, KeyError, TypeError, RuntimeError, IndexError, struct.error, SafetensorError) as exc:
+        if isinstance(exc, IntegrityError):
+            raise
+        detail = (str(exc).splitlines() or [""])[0][:200]
+        raise IntegrityError(f"blob for tensor {shown(name)} in manifest {manifest_key!r} is not a valid one-tensor "
+                             f"safetensors file ({type(exc).__name__}: {detail}); re-publish it") from None
+
+
+def _parse_tensor(buf: Any, name: str, manifest_key: str) -> torch.Tensor:
     if isinstance(buf, bytes):
         loaded = st_load(buf)
     else:
@@ -134,25 +153,64 @@ def _view_tensor(buf: Any, name: str, manifest_key: str) -> torch.Tensor:
             begin, end = entry["data_offsets"]
             shape = entry["shape"]
             count = (end - begin) // dtype.itemsize
+            if not 0 <= begin <= end <= len(buf) - 8 - header_len or count != math.prod(shape):
+                raise ValueError(f"data_offsets {[begin, end]} do not hold a {entry['dtype']}{shape} tensor")
             if count == 0:
                 return torch.empty(shape, dtype=dtype)
             flat = torch.frombuffer(buf, dtype=dtype, offset=8 + header_len + begin, count=count)
             return flat.view(shape)
         loaded = st_load(bytes(buf))
     if set(loaded) != {name}:
-        raise ValueError(f"blob for {name!r} in {manifest_key!r} holds {sorted(loaded)}")
+        raise IntegrityError(f"blob for tensor {shown(name)} in manifest {manifest_key!r} holds "
+                             f"{shown(sorted(loaded))}; re-publish it")
     return loaded[name]
 
 
+def check_fingerprint(manifest: Mapping[str, Any], manifest_key: str, expected: str | None = None) -> str:
+    """The tensor set's ``weights_sha256``, after checking it against the manifest and ``expected``.
+
+    The fingerprint is recomputed from the file table (whose blob digests the fetch then
+    verifies), so a table edited without its fingerprint, or a manifest replaced by another
+    tensor set, is caught before any blob is downloaded.
+
+    Args:
+        manifest: a manifest as ``storage.read_manifest`` returns it.
+        manifest_key: its key, for the error.
+        expected: the fingerprint the caller was promised (a campaign commit's
+            ``weights_sha256``), or None to check only the manifest's own.
+
+    Raises:
+        IntegrityError: one line naming the key, the expected and the found digest.
+    """
+    found = _fingerprint({name: entry["sha256"] for name, entry in manifest["files"].items()})
+    recorded = manifest.get("meta", {}).get("weights_sha256")
+    if not isinstance(recorded, str):
+        raise IntegrityError(f"tensor manifest {manifest_key!r} carries no weights_sha256; "
+                             "re-publish it with publish_tensors")
+    if recorded != found:
+        raise IntegrityError(f"tensor manifest {manifest_key!r} does not match its weights_sha256: expected "
+                             f"{shown(recorded)}, found {found} from its file table; re-publish it")
+    if expected is not None and expected != found:
+        raise IntegrityError(f"policy {manifest_key!r} is not the committed one: expected weights_sha256 "
+                             f"{expected}, found {found}; the manifest was overwritten after its commit")
+    return found
+
+
 def load_tensors(
-    store: ObjectStore, manifest_key: str
+    store: ObjectStore, manifest_key: str, *, expected_sha256: str | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Load every tensor listed in a manifest (sha256-verified, fetched in parallel).
+    """Load every tensor listed in a manifest (size- and sha256-verified, fetched in parallel).
+
+    Args:
+        expected_sha256: the ``weights_sha256`` the tensor set must have (see
+            :func:`check_fingerprint`); None checks the manifest against itself only.
 
     Returns:
         (tensors by name, the manifest's meta). Tensors are CPU views of the fetched blobs;
         writing to them never changes the store.
     """
-    buffers, meta = get_artifact_buffers(store, manifest_key)
+    manifest = read_manifest(store, manifest_key)
+    check_fingerprint(manifest, manifest_key, expected_sha256)
+    buffers, meta = get_artifact_buffers(store, manifest_key, manifest=manifest)
     tensors = {name: _view_tensor(buf, name, manifest_key) for name, buf in buffers.items()}
     return tensors, meta

@@ -26,6 +26,7 @@ import torch
 
 from actions.common.contracts import ModelRef
 from actions.common.loading import load_base, load_model, store_for
+from actions.common.safe_paths import write_beneath
 from actions.common.special_tokens import special_tokens, special_tokens_of_dir
 from actions.common.weights import load_tensors
 from actions.engines.base import GenerationEngine
@@ -62,7 +63,7 @@ class _VllmSlot:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.base: tuple[str, str] | None = None
-        self.policy_key: str | None = None
+        self.policy: tuple[str, str | None] | None = None  # (policy key, expected weights_sha256)
         self.engine: Any = None
         self.tokenizer: Any = None
         self.model_dir: Path | None = None
@@ -87,9 +88,9 @@ def load_engine(kind: str, ref: ModelRef) -> tuple[GenerationEngine, Any, bool]:
         raise ValueError(f"generation.engine {kind!r} is not supported; use 'torch' or 'vllm'")
     with _vllm.lock:
         base = (ref.store_uri, ref.base_key)
-        if _vllm.base == base and _vllm.policy_key == ref.policy_key:
+        if _vllm.base == base and _vllm.policy == (ref.policy_key, ref.weights_sha256):
             return _vllm.engine, _vllm.tokenizer, True
-        tensors, _ = load_tensors(store_for(ref.store_uri), ref.policy_key)
+        tensors, _ = load_tensors(store_for(ref.store_uri), ref.policy_key, expected_sha256=ref.weights_sha256)
         if _vllm.base == base:
             _vllm.engine.load_policy(tensors, ref.policy_version)
         else:
@@ -101,7 +102,7 @@ def load_engine(kind: str, ref: ModelRef) -> tuple[GenerationEngine, Any, bool]:
             _vllm.engine = make_engine("vllm", None, _vllm.tokenizer, model_dir=_vllm.model_dir,
                                        policy_version=ref.policy_version)
             _vllm.base = base
-        _vllm.policy_key = ref.policy_key
+        _vllm.policy = (ref.policy_key, ref.weights_sha256)
         return _vllm.engine, _vllm.tokenizer, False
 
 
@@ -111,8 +112,8 @@ def write_model_dir(files: Mapping[str, bytes], tensors: Mapping[str, torch.Tens
 
     root = Path(tempfile.mkdtemp(prefix="rlhfless-vllm-model-"))
     atexit.register(shutil.rmtree, root, True)  # a warm container exits without close_vllm()
-    for name, data in files.items():
-        (root / name).write_bytes(data)
+    for name, data in files.items():  # names from a manifest: never a path outside root
+        write_beneath(root, name, data, where="base model")
     # clone(): save_file refuses tensors that share storage (tied embeddings).
     save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}, str(root / "model.safetensors"))
     return root
