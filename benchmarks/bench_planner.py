@@ -49,7 +49,7 @@ def time_plans(assignment: str, repeats: int) -> tuple[float, list[float], int]:
                                policy="cost_aware", n_min=1, n_max=64, lam=0.7,
                                assignment=assignment, profile=profile, cluster=cluster)
         times.append((time.perf_counter() - start) * 1e3)
-        assert len(plan.candidates) == 64
+        assert len({c.n for c in plan.candidates}) == 64
     return times[0], times[1:], plan.num_actors
 
 

@@ -74,7 +74,8 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: dict[
         assignment=cfg.generation.assignment, profile=profile, cluster=cluster_spec(ctx, num_workers),
         cut_threshold=cfg.generation.cut_threshold,
         prefill_tokens=prefill.tokens_computed if prefill else None,
-        rank_slack=cfg.generation.rank_slack,
+        rank_slack=cfg.generation.rank_slack, objective=s.objective,
+        value_of_time_usd_per_s=s.value_of_time_usd_per_s, time_slack=s.time_slack,
     )
     cut_after = tuple(plan_cut_points_of(
         plan.assignments, predicted, {p: cfg.algorithm.group_size for p in prompt_ids},

@@ -20,8 +20,9 @@ CLUSTER = ClusterSpec(gpus_per_actor=2, max_actors=100)
 
 
 def _plan(**kw):
+    """The paper's objective and candidate set unless ``objective`` is given."""
     args = dict(group_size=4, prompt_lengths=PLEN, policy="cost_aware", n_min=1, n_max=8,
-                lam=0.7, assignment="ranked", profile=LINEAR, cluster=CLUSTER)
+                lam=0.7, assignment="ranked", profile=LINEAR, cluster=CLUSTER, objective="paper")
     args.update(kw)
     return plan_generation(IDS, PRED, **args)
 
@@ -213,7 +214,10 @@ def _args() -> dict:
     ({"lam": 1.5}, "scaling.lam"), ({"policy": "bogus"}, "scaling.policy"),
     ({"policy": "fixed:x"}, "scaling.policy"), ({"assignment": "random"}, "scaling.assignment"),
     ({"cut_threshold": 0.0}, "scaling.cut_threshold"), ({"group_size": 0}, "scaling.group_size"),
-    ({"rank_slack": -0.1}, "generation.rank_slack"),
+    ({"rank_slack": -0.1}, "generation.rank_slack"), ({"objective": "fast"}, "scaling.objective"),
+    ({"value_of_time_usd_per_s": -1.0}, "scaling.value_of_time_usd_per_s"),
+    ({"value_of_time_usd_per_s": math.inf}, "scaling.value_of_time_usd_per_s"),
+    ({"time_slack": -0.5}, "scaling.time_slack"),
 ])
 def test_errors_name_the_field(kw, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):

@@ -264,7 +264,7 @@ def test_plan_and_simulation_agree_when_predictions_are_exact():
     rows = tuple(PromptRow(i, 50 + 7 * i, 0, (300 + 37 * (i % 9),) * 4) for i in range(40))
     step = TraceStep(0, 0, rows)
     exact = {r.prompt_id: float(r.response_lens[0]) for r in rows}
-    model = _model()
+    model = _model(value_of_time_usd_per_s=1e3)  # time is dear: a plan of several actors
     policy = parse_policy("no-cut")
     plan = make_plan(policy, [r.prompt_id for r in rows], exact,
                      {r.prompt_id: r.prompt_len for r in rows}, 4, model)

@@ -53,7 +53,8 @@ class ClusterSpec:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One evaluated actor count. ``score`` is None for an infeasible candidate."""
+    """One evaluated plan. ``score`` is the objective's value; None where the candidate is
+    infeasible or dominated (``objective.py``)."""
 
     n: int
     time_s: float
@@ -62,6 +63,9 @@ class Candidate:
     score: float | None
     feasible: bool
     reason: str = ""
+    kind: str = ""
+    """How the prompts are split: the assignment ('ranked', 'round_robin', 'contiguous'),
+    'sized' (budget-sized ranked slices) or '' (a user policy's own)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,8 @@ class GenerationPlan:
     candidates: tuple[Candidate, ...] = ()
     planning_ms: float = field(default=0.0, compare=False)  # wall clock, not part of the decision
     note: str = ""
+    chosen: int | None = None
+    """Index in ``candidates`` of the plan that was chosen (None: a user policy's plan)."""
 
     def to_dict(self) -> dict:
         out = asdict(self)

@@ -46,8 +46,9 @@ import numpy as np
 from flows.planning.assignment import (assign_contiguous, assign_ranked, assign_round_robin,
                                        rank_prompts, split_sizes)
 from flows.planning.cost import DecodeEstimator
+from flows.planning.objective import check_objective, choose
 from flows.planning.plan import Candidate, ClusterSpec, GenerationPlan
-from flows.planning.profile import TpotProfile
+from flows.planning.profile import CONTEXT_BUCKET, TpotProfile
 from flows.planning.timeline import actor_start, evaluate_candidate, prefill_seconds
 
 ASSIGNMENTS = ("ranked", "round_robin", "contiguous")
@@ -95,27 +96,6 @@ def _group_loads(groups: Sequence[Sequence[int]], predicted: Mapping[int, float]
         decode.append(env.decode.time_desc(_sorted_lengths(pids, predicted), tok / len(pids)))
         tokens.append(tok)
     return decode, tokens
-
-
-def _normalise(value: float, lo: float, hi: float) -> float:
-    return 0.0 if hi - lo <= 1e-12 * max(abs(hi), 1.0) else (value - lo) / (hi - lo)
-
-
-def _score(rows: list[tuple[int, float, float, str]], lam: float,
-           price: float) -> tuple[list[Candidate], int | None]:
-    """Candidates with normalised scores, and the chosen N (None if none is feasible)."""
-    ok = [r for r in rows if not r[3]]
-    t_lo, t_hi = min((r[1] for r in ok), default=0.0), max((r[1] for r in ok), default=0.0)
-    c_lo, c_hi = min((r[2] for r in ok), default=0.0), max((r[2] for r in ok), default=0.0)
-    cands, best, best_score = [], None, 0.0
-    for n, t, gs, reason in rows:  # ascending N: strict '<' keeps the smaller N on ties
-        score = None
-        if not reason:
-            score = lam * _normalise(t, t_lo, t_hi) + (1 - lam) * _normalise(gs, c_lo, c_hi)
-            if best is None or score < best_score - 1e-12:
-                best, best_score = n, score
-        cands.append(Candidate(n, t, gs, gs * price, score, not reason, reason))
-    return cands, best
 
 
 def _check_args(prompt_ids: Sequence[int], predicted: Mapping[int, float], group_size: int,
@@ -214,7 +194,9 @@ def plan_generation(prompt_ids: Sequence[int], predicted: Mapping[int, float], *
                     profile: TpotProfile, cluster: ClusterSpec,
                     cut_threshold: float | None = None,
                     prefill_tokens: float | None = None,
-                    rank_slack: float | None = None) -> GenerationPlan:
+                    rank_slack: float | None = None, objective: str = "value",
+                    value_of_time_usd_per_s: float | None = None,
+                    time_slack: float = 0.05) -> GenerationPlan:
     """Decide how many decode actors to run and which prompts each gets.
 
     Args:
@@ -223,7 +205,7 @@ def plan_generation(prompt_ids: Sequence[int], predicted: Mapping[int, float], *
         prompt_lengths: prompt id -> prompt length (tokens).
         policy: 'cost_aware' | 'fixed:N' | 'package.module:function'.
         n_min, n_max: candidate actor-count range (inclusive).
-        lam: weight of time in the objective (PAPER default 0.7).
+        lam: weight of time in the ``paper`` objective (PAPER default 0.7).
         assignment: 'ranked' (paper), 'round_robin' (ablation baseline) or 'contiguous'.
         profile, cluster: the time and cost model.
         cut_threshold: tau, validated and passed on to user policies (the built-in estimate
@@ -232,17 +214,25 @@ def plan_generation(prompt_ids: Sequence[int], predicted: Mapping[int, float], *
         rank_slack: ranked ``fixed:N`` plans: size the slices within this fraction of the
             balanced phase time (module docstring); None: equal counts. Not passed to user
             policies.
+        objective, value_of_time_usd_per_s, time_slack: how ``cost_aware`` picks among the
+            candidates (``objective.py``); ``value_of_time_usd_per_s`` None: the price of the
+            prefill (learner) GPUs, which wait for the phase (``default_value_of_time``).
     Returns:
         the plan; ``candidates`` holds every evaluated N.
     """
     start = time.perf_counter()
     _check_args(prompt_ids, predicted, group_size, n_min, n_max, lam, assignment, cut_threshold,
                 rank_slack)
+    check_objective(objective, lam, value_of_time_usd_per_s, time_slack)
     kwargs = dict(group_size=group_size, prompt_lengths=prompt_lengths, policy=policy,
                   n_min=n_min, n_max=n_max, lam=lam, assignment=assignment, profile=profile,
                   cluster=cluster, cut_threshold=cut_threshold, prefill_tokens=prefill_tokens)
     if policy == "cost_aware" or policy.startswith("fixed:"):
-        plan = _plan_builtin(list(prompt_ids), predicted, rank_slack=rank_slack, **kwargs)
+        value = (default_value_of_time(cluster) if value_of_time_usd_per_s is None
+                 else value_of_time_usd_per_s)
+        plan = _plan_builtin(list(prompt_ids), predicted, rank_slack=rank_slack,
+                             objective=objective, value_of_time=value, time_slack=time_slack,
+                             **kwargs)
     elif ":" in policy:
         plan = _load_policy(policy)(prompt_ids, predicted, **kwargs)
         if not isinstance(plan, GenerationPlan):
@@ -255,11 +245,25 @@ def plan_generation(prompt_ids: Sequence[int], predicted: Mapping[int, float], *
     return replace(plan, planning_ms=(time.perf_counter() - start) * 1e3)
 
 
+def default_value_of_time(cluster: ClusterSpec) -> float:
+    """Dollars per second of phase time when none is configured: the price of the prefill
+    (learner) GPUs, which sit idle until the phase ends. So an actor is worth adding when the
+    seconds it saves would cost the learner more than the actor bills."""
+    return cluster.prefill_gpus * cluster.price_per_gpu_second
+
+
+SIZED_MAX_N = 8
+"""``cost_aware`` also times budget-sized ranked slices (``_budget_slices``) for N up to
+this; each N costs a bisection (about 0.5 ms at 512 prompts), and the sized plans that
+win on the traces have 2-6 actors."""
+
+
 def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, group_size: int,
                   prompt_lengths: Mapping[int, int], policy: str, n_min: int, n_max: int,
                   lam: float, assignment: str, profile: TpotProfile, cluster: ClusterSpec,
                   cut_threshold: float | None, prefill_tokens: float | None,
-                  rank_slack: float | None) -> GenerationPlan:
+                  rank_slack: float | None, objective: str, value_of_time: float,
+                  time_slack: float) -> GenerationPlan:
     fixed = policy.startswith("fixed:")
     note = ""
     if fixed:
@@ -269,34 +273,60 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
         n_lo = min(n_min, n_hi)
         if n_lo < n_min:
             note = f"n_min={n_min} capped to {n_lo} (prompts/cluster capacity). "
-    max_groups = -(-len(prompt_ids) // n_lo)  # the largest actor of the smallest N
-    if assignment == "ranked" and rank_slack is not None and fixed:  # budget slices may be larger
-        max_groups = len(prompt_ids)
+    ranked = assignment == "ranked"
+    extras = not fixed and objective != "paper"  # the paper sweeps equal slices only
+    sized = ranked and (fixed and rank_slack is not None or extras)
+    max_groups = len(prompt_ids) if sized else -(-len(prompt_ids) // n_lo)
     env = _env(prompt_ids, predicted, prompt_lengths, group_size, profile, cluster,
                prefill_tokens, max_groups)
     ranking = _ranking(prompt_ids, predicted, prompt_lengths)
     ns = range(n_lo, n_hi + 1)
-    rows = [(n, *evaluate_candidate(*loads, cluster, env.prefill_s)) for n, loads in zip(
+    price = cluster.price_per_gpu_second
+
+    def candidate(n: int, loads: tuple[list[float], list[float]], kind: str) -> Candidate:
+        t, gs, reason = evaluate_candidate(*loads, cluster, env.prefill_s)
+        return Candidate(n, t, gs, gs * price, None, not reason, reason, kind)
+
+    # one candidate per N: equal slices of the ranking (the paper), or the configured split
+    cands = [candidate(n, loads, assignment) for n, loads in zip(
         ns, _candidate_loads(ns, prompt_ids, ranking, assignment, predicted, prompt_lengths, env))]
-    cands, best = _score(rows, lam, cluster.price_per_gpu_second)
+    builders = [lambda n=n: (assign_contiguous(ranking.order, n) if ranked
+                             else _groups(n, prompt_ids, predicted, assignment)) for n in ns]
+    if sized:  # budget-sized slices: fixed:N at its slack; cost_aware the fastest per N
+        slack = rank_slack if fixed else 0.0
+        for n in (ns if fixed else range(max(n_lo, 2), min(n_hi, SIZED_MAX_N) + 1)):
+            if n < 2:
+                continue
+            groups = _budget_slices(ranking, n, env, cluster, slack, fast=not fixed)
+            loads = _group_loads(groups, predicted, prompt_lengths, env)
+            if fixed:  # the sized slices replace the equal ones
+                cands, builders = [], []
+            cands.append(candidate(n, loads, "sized"))
+            builders.append(lambda g=groups: g)
+    if extras and ranked and n_lo <= BASELINE_N <= n_hi:  # a fixed-N plan of the given order
+        groups = assign_round_robin(prompt_ids, BASELINE_N)
+        cands.append(candidate(BASELINE_N, _group_loads(groups, predicted, prompt_lengths, env),
+                               "round_robin"))
+        builders.append(lambda g=groups: g)
+    best, scores = choose(cands, objective, lam=lam, value_of_time_usd_per_s=value_of_time,
+                          time_slack=time_slack)
+    cands = [replace(c, score=sc) for c, sc in zip(cands, scores)]
     if best is None:
-        best = n_lo
+        best = 0
         note += "no feasible actor count: using the smallest; transfers will not be hidden."
-    chosen = cands[best - n_lo]
-    time_s, gpu_s = chosen.time_s, chosen.gpu_seconds
-    if assignment == "ranked" and rank_slack is not None and fixed and best > 1:
-        groups = _budget_slices(ranking, best, env, cluster, rank_slack)
-        time_s, gpu_s, _ = evaluate_candidate(*_group_loads(groups, predicted, prompt_lengths, env),
-                                              cluster, env.prefill_s)
-    elif assignment == "ranked":  # slices of the ranking already made (assign_ranked would sort again)
-        groups = assign_contiguous(ranking.order, best)
-    else:
-        groups = _groups(best, prompt_ids, predicted, assignment)
-    return GenerationPlan(policy, best, groups, time_s, gpu_s, tuple(cands), note=note.strip())
+    chosen = cands[best]
+    return GenerationPlan(policy, chosen.n, builders[best](), chosen.time_s, chosen.gpu_seconds,
+                          tuple(cands), note=note.strip(), chosen=best)
+
+
+BASELINE_N = 3
+"""``cost_aware`` always times round-robin over this many actors with early release (the
+paper's static fan-out, served serverlessly), so it never runs a plan its own estimate says
+loses to that one in both time and cost."""
 
 
 def _budget_slices(ranking: _Ranking, n: int, env: _Env, cluster: ClusterSpec,
-                   slack: float) -> tuple[tuple[int, ...], ...]:
+                   slack: float, fast: bool = False) -> tuple[tuple[int, ...], ...]:
     """``n`` contiguous slices of the ranking, filled longest first within a time budget.
 
     Each actor's predicted end is its start (``timeline.actor_start``: prefill, transfers)
@@ -310,15 +340,33 @@ def _budget_slices(ranking: _Ranking, n: int, env: _Env, cluster: ClusterSpec,
     decodes alongside longer groups, and takes the longest group off the shorter slice, which
     then runs fewer steps; with a TPOT that grows linearly in the batch the total GPU-s does
     not rise, which is why filling the long slices first is the cheap way to use the budget.
+
+    ``fast`` (``cost_aware``'s extra candidates, timed exactly afterwards): every slice starts
+    from the step's mean prompt length (``_slice_ends``), which makes the search a few numpy
+    passes instead of ~10^5 table reads; ``fixed:N`` sizes with each slice's own context.
     """
     m = len(ranking.order)
-    timer = env.decode.slice_timer(ranking.lengths)
     sums = ranking.token_sums
+    if fast:
+        ends_from = _slice_ends(ranking, env, cluster)
+        cache: dict[tuple[int, int], list[float]] = {}  # the bisection revisits most starts
 
-    def end(actor: int, i: int, j: int) -> float:
-        tokens = sums[j] - sums[i]
-        ready = actor_start(actor, cluster, env.prefill_s, tokens).ready_s
-        return ready + timer(i, j, tokens / (j - i))
+        def end(actor: int, i: int, j: int) -> float:
+            row = cache.get((actor, i))
+            if row is None:
+                row = cache[(actor, i)] = ends_from(actor, i)
+            return row[j - i - 1]
+    else:
+        timer = env.decode.slice_timer(ranking.lengths)
+        memo: dict[tuple[int, int, int], float] = {}
+
+        def end(actor: int, i: int, j: int) -> float:
+            value = memo.get((actor, i, j))
+            if value is None:
+                tokens = sums[j] - sums[i]
+                ready = actor_start(actor, cluster, env.prefill_s, tokens).ready_s
+                value = memo[(actor, i, j)] = ready + timer(i, j, tokens / (j - i))
+            return value
 
     def fill(cap: float) -> list[int] | None:
         bounds, i = [0], 0
@@ -326,6 +374,10 @@ def _budget_slices(ranking: _Ranking, n: int, env: _Env, cluster: ClusterSpec,
             lo, hi = i + 1, m - (n - 1 - actor)
             if end(actor, i, lo) > cap:
                 return None
+            step = 1  # gallop first: slices of the long groups are short, and short is cheap
+            while lo + step <= hi and end(actor, i, lo + step) <= cap:
+                lo, step = lo + step, 2 * step
+            hi = min(hi, lo + step - 1)
             while lo < hi:  # the largest end index within the cap (end grows with the slice)
                 mid = (lo + hi + 1) // 2
                 if end(actor, i, mid) <= cap:
@@ -344,9 +396,38 @@ def _budget_slices(ranking: _Ranking, n: int, env: _Env, cluster: ClusterSpec,
     hi = equal_end = max(end(a, i, j) for a, (i, j) in enumerate(zip(equal, equal[1:])))
     if fill(hi) is None:  # only where a slice's time is not monotone in its size
         return assign_contiguous(ranking.order, n)
-    lo = 0.0
+    lo = end(0, 0, 1)  # no slicing beats the longest group alone on actor 0
     while hi - lo > 1e-3 * hi:
         mid = 0.5 * (lo + hi)
         lo, hi = (lo, mid) if fill(mid) is not None else (mid, hi)
     bounds = fill(min(hi * (1.0 + slack), equal_end)) or fill(hi)
     return tuple(tuple(ranking.order[i:j]) for i, j in zip(bounds, bounds[1:]))
+
+
+def _slice_ends(ranking: _Ranking, env: _Env, cluster: ClusterSpec):
+    """``ends_from(actor, i)``: predicted end of ``actor`` holding ranking slice ``i:j``, for
+    every ``j`` in ``i + 1 .. m`` (one numpy pass per start; the budget slicing asks for many
+    ends of few starts). The decode part is ``DecodeEstimator.slice_timer``'s sum with the
+    step's mean prompt length as every slice's starting context (one context bucket for all
+    slices, so one ``cumsum`` serves every end; the chosen slices are then timed exactly)."""
+    inv = 1.0 / CONTEXT_BUCKET
+    lengths = np.asarray(ranking.lengths, dtype=np.float64)
+    sums = np.asarray(ranking.token_sums, dtype=np.float64)
+    m = len(lengths)
+    table = env.decode.table
+    base = int(sums[-1] / m * inv)
+    diffs = lengths[:-1] - lengths[1:]
+    cols = base + (0.5 * (lengths[:-1] + lengths[1:] + 1.0) * inv).astype(np.int64)
+    last_cols = base + (0.5 * (lengths + 1.0) * inv).astype(np.int64)
+    rows = np.arange(m)
+    kv_per_token = cluster.kv_bytes_per_token / cluster.transfer_bandwidth_bytes_per_s
+
+    def ends_from(actor: int, i: int) -> list[float]:
+        partial = np.concatenate(([0.0], np.cumsum(diffs[i:] * table[rows[:m - 1 - i], cols[i:]])))
+        pos = rows[:m - i]  # slice i:j has j - i groups; its last is at pos j - 1 - i
+        decode = partial[pos] + lengths[i:] * table[pos, last_cols[i:]]
+        ready = actor_start(actor, cluster, env.prefill_s, 0.0).ready_s
+        if actor > 0:  # the slice's prompts' KV arrives after the prefill (timeline.actor_start)
+            ready = ready + kv_per_token * (sums[i + 1:] - sums[i])
+        return (ready + decode).tolist()
+    return ends_from

@@ -16,6 +16,7 @@ import json
 import sys
 from typing import Sequence
 
+from flows.planning.objective import check_objective
 from flows.planning.profile import MODELS, TpotProfile, parse_roofline_spec
 from flows.simulate.policies import DEFAULT_POLICIES, ClusterModel, parse_policy
 from flows.simulate.replay import PolicyRun, read_trace, replay
@@ -32,7 +33,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="roofline:<gpu>:<model> or a TpotProfile JSON file")
     parser.add_argument("--model", default=None, choices=sorted(MODELS),
                         help="model for weight/KV bytes (default: the roofline's, else qwen2.5-7b)")
-    parser.add_argument("--lam", type=float, default=0.7, help="time weight of the planner")
+    parser.add_argument("--objective", choices=("value", "slack", "paper"), default="value",
+                        help="how the planner picks a plan (flows/planning/objective.py)")
+    parser.add_argument("--value-of-time", type=float, default=None, metavar="V",
+                        help="objective value: GPU-seconds one second of phase time is worth "
+                             "(price 1 per GPU-s); default: the learner node's GPUs, which wait")
+    parser.add_argument("--time-slack", type=float, default=0.05,
+                        help="objective slack: cheapest plan within (1 + S) x the fastest")
+    parser.add_argument("--lam", type=float, default=0.7, help="time weight of the paper objective")
     parser.add_argument("--tau", type=float, default=0.7, help="cut-and-migrate threshold")
     parser.add_argument("--rank-slack", default="0.1", metavar="S",
                         help="ranked slices within (1 + S) x the balanced phase time; 'none' "
@@ -47,8 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="billed wait of each pre-warmed remote actor (paper proxy: 0)")
     parser.add_argument("--continuation", action="store_true",
                         help="a cut with no free slots starts a continuation actor")
-    parser.add_argument("--migration", choices=("reprefill", "kv"), default="reprefill",
-                        help="cut samples re-prefill at the destination, or ship their KV")
+    parser.add_argument("--migration", choices=("reprefill", "kv"), default="kv",
+                        help="cut samples ship their KV blocks over the transfer path the prefill "
+                             "KV uses (default), or re-prefill at the destination (a full stall)")
     parser.add_argument("--prefer", choices=("most_free", "least_loaded"), default="most_free",
                         help="order in which destinations with free slots are filled")
     parser.add_argument("--learner-tokens-per-s", type=float, default=None, metavar="R",
@@ -78,6 +87,7 @@ def build_model(args: argparse.Namespace) -> ClusterModel:
     if args.learner_tokens_per_s is not None and args.learner_tokens_per_s <= 0:
         raise ValueError(f"--learner-tokens-per-s={args.learner_tokens_per_s}: must be > 0 tokens/s "
                          "(leave it out to simulate generation only)")
+    check_objective(args.objective, args.lam, args.value_of_time, args.time_slack)
     if args.profile.startswith("roofline:"):
         profile = parse_roofline_spec(args.profile, args.gpus_per_actor)
         model_name = args.model or args.profile.split(":")[2]
@@ -90,7 +100,9 @@ def build_model(args: argparse.Namespace) -> ClusterModel:
                         kv_bytes_per_token=spec.kv_bytes_per_token,
                         bandwidth_bytes_per_s=args.bandwidth_gb_per_gpu * 1e9 * args.gpus_per_actor,
                         cold_start_s=args.cold_start_s, prewarm_idle_s=args.prewarm_idle_s,
-                        lam=args.lam, tau=args.tau, rank_slack=_slack(args.rank_slack),
+                        lam=args.lam, objective=args.objective,
+                        value_of_time_usd_per_s=args.value_of_time, time_slack=args.time_slack,
+                        tau=args.tau, rank_slack=_slack(args.rank_slack),
                         n_min=args.n_min, n_max=args.n_max,
                         continuation=args.continuation, migration=args.migration,
                         prefer=args.prefer, learner_tokens_per_s=args.learner_tokens_per_s)

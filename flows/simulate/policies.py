@@ -80,12 +80,15 @@ class ClusterModel:
     cold_start_s: float = 30.0
     prewarm_idle_s: float = 0.0
     lam: float = 0.7
+    objective: str = "value"
+    value_of_time_usd_per_s: float | None = None  # None: the prefill GPUs' price (scaling.py)
+    time_slack: float = 0.05
     tau: float = 0.7
     rank_slack: float | None = 0.1  # ranked slices within this fraction of the balanced time
     n_min: int = 1
     n_max: int = 64
     continuation: bool = False
-    migration: str = "reprefill"
+    migration: str = "kv"
     prefer: str = "most_free"
     learner_tokens_per_s: float | None = None
     """None: simulate the generation phase only (as the paper's simulator does). A rate: each
@@ -119,7 +122,9 @@ def make_plan(policy: Policy, prompt_ids: Sequence[int], predicted: Mapping[int,
                            assignment=policy.assignment, profile=model.profile,
                            cluster=model.cluster_spec(),
                            cut_threshold=model.tau if policy.cut else None,
-                           rank_slack=model.rank_slack)
+                           rank_slack=model.rank_slack, objective=model.objective,
+                           value_of_time_usd_per_s=model.value_of_time_usd_per_s,
+                           time_slack=model.time_slack)
 
 
 def build_actors(policy: Policy, plan: GenerationPlan, samples: Mapping[int, list[Sample]],

@@ -1,0 +1,125 @@
+"""The planner's objective: no dominated plan, absolute units, the paper's min-max kept."""
+
+import random
+
+import pytest
+
+from flows.planning.objective import choose, pareto_mask
+from flows.planning.plan import Candidate, ClusterSpec
+from flows.planning.profile import GPUS, MODELS, roofline_profile
+from flows.planning.scaling import BASELINE_N, default_value_of_time, plan_generation
+
+
+def _cand(n, t, cost, feasible=True):
+    return Candidate(n, t, cost, cost, None, feasible, "" if feasible else "slow transfer")
+
+
+def _dominated(c, cands):
+    return any(o.feasible and o.time_s <= c.time_s and o.cost_usd <= c.cost_usd
+               and (o.time_s < c.time_s or o.cost_usd < c.cost_usd) for o in cands)
+
+
+@pytest.mark.parametrize("objective", ["value", "slack", "paper"])
+def test_never_chooses_a_dominated_candidate(objective):
+    """Property: over random candidate sets (ties, infeasible ones, clusters of near-equal
+    points), the choice is feasible and no feasible candidate beats it on both axes."""
+    rnd = random.Random(objective)
+    for _ in range(400):
+        k = rnd.randint(1, 30)
+        grid = rnd.choice([None, 4])  # coarse values make exact ties likely
+        cands = []
+        for i in range(k):
+            t, c = rnd.uniform(1, 10), rnd.uniform(1, 100)
+            if grid:
+                t, c = float(round(t / grid) * grid), float(round(c / grid) * grid)
+            cands.append(_cand(i + 1, t, c, rnd.random() > 0.2))
+        best, scores = choose(cands, objective, lam=rnd.random(),
+                              value_of_time_usd_per_s=rnd.choice([0.0, 0.5, 8.0, 1e6]),
+                              time_slack=rnd.choice([0.0, 0.05, 1.0]))
+        if not any(c.feasible for c in cands):
+            assert best is None and all(s is None for s in scores)
+            continue
+        chosen = cands[best]
+        assert chosen.feasible and not _dominated(chosen, cands)
+        assert all(s is None for s, keep in zip(scores, pareto_mask(cands)) if not keep)
+
+
+def test_pareto_mask_matches_brute_force():
+    rnd = random.Random(3)
+    for _ in range(200):
+        cands = [_cand(i, float(rnd.randint(1, 6)), float(rnd.randint(1, 6)), rnd.random() > 0.1)
+                 for i in range(rnd.randint(1, 12))]
+        assert pareto_mask(cands) == [c.feasible and not _dominated(c, cands) for c in cands]
+
+
+def test_value_objective_prices_a_second_in_dollars():
+    # 10 s for $20 against 9 s for $40: the faster plan saves 1 s for $20 more
+    cands = [_cand(1, 10.0, 20.0), _cand(2, 9.0, 40.0)]
+    assert choose(cands, "value", value_of_time_usd_per_s=19.0)[0] == 0
+    assert choose(cands, "value", value_of_time_usd_per_s=21.0)[0] == 1
+    assert choose(cands, "value", value_of_time_usd_per_s=0.0)[0] == 0  # cheapest
+    assert choose(cands, "value", value_of_time_usd_per_s=1e9)[0] == 1  # fastest
+
+
+def test_paper_objective_buys_a_small_gain_at_any_price_value_does_not():
+    """The issue's example: 2% faster at twice the GPU-seconds wins under min-max lam = 0.7."""
+    cands = [_cand(3, 10.0, 60.0), _cand(12, 9.8, 120.0)]
+    assert choose(cands, "paper", lam=0.7)[0] == 1
+    assert choose(cands, "value", value_of_time_usd_per_s=8.0)[0] == 0
+
+
+def test_slack_objective_is_cheapest_within_the_slack_of_the_fastest():
+    cands = [_cand(1, 12.0, 10.0), _cand(2, 10.4, 20.0), _cand(4, 10.0, 40.0)]
+    assert choose(cands, "slack", time_slack=0.05)[0] == 1
+    assert choose(cands, "slack", time_slack=0.0)[0] == 2
+    assert choose(cands, "slack", time_slack=0.25)[0] == 0
+
+
+def _step(seed=0, m=128):
+    rnd = random.Random(seed)
+    ids = list(range(m))
+    pred = {i: float(min(2048, int(rnd.lognormvariate(5.8, 0.7)))) for i in ids}
+    plen = {i: rnd.randint(30, 700) for i in ids}
+    model = MODELS["qwen2.5-7b"]
+    cluster = ClusterSpec(gpus_per_actor=2, max_actors=80, num_warm_actors=80,
+                          weight_bytes=model.weight_bytes, kv_bytes_per_token=model.kv_bytes_per_token,
+                          transfer_bandwidth_bytes_per_s=80e9, num_prefill_gpus=8)
+    return ids, pred, dict(group_size=4, prompt_lengths=plen, policy="cost_aware", n_min=1,
+                           n_max=64, lam=0.7, assignment="ranked",
+                           profile=roofline_profile(GPUS["h100"], model, 2), cluster=cluster)
+
+
+def test_planner_candidates_include_the_fixed_baseline_and_choice_is_on_the_frontier():
+    for seed in range(3):
+        ids, pred, kw = _step(seed)
+        plan = plan_generation(ids, pred, **kw)
+        kinds = {c.kind for c in plan.candidates}
+        assert {"ranked", "sized", "round_robin"} <= kinds
+        base = [c for c in plan.candidates if c.kind == "round_robin"]
+        assert len(base) == 1 and base[0].n == BASELINE_N
+        chosen = plan.candidates[plan.chosen]
+        assert chosen.time_s == plan.predicted_time_s and chosen.n == plan.num_actors
+        assert not _dominated(chosen, plan.candidates)
+        plan.validate(ids)
+        # the default value of time is the prefill (learner) GPUs' price
+        value = default_value_of_time(kw["cluster"])
+        assert value == 8.0
+        best = min(c.cost_usd + value * c.time_s for c in plan.candidates if c.feasible)
+        assert chosen.cost_usd + value * chosen.time_s == pytest.approx(best)
+
+
+def test_paper_objective_keeps_the_papers_candidates():
+    ids, pred, kw = _step(1)
+    plan = plan_generation(ids, pred, objective="paper", **kw)
+    assert [c.n for c in plan.candidates] == list(range(1, 65))
+    assert {c.kind for c in plan.candidates} == {"ranked"}
+
+
+def test_value_of_time_moves_along_the_frontier():
+    """More dollars per second buy a faster, dearer plan; never the other way round."""
+    ids, pred, kw = _step(2)
+    plans = [plan_generation(ids, pred, value_of_time_usd_per_s=v, **kw) for v in (0.0, 4.0, 16.0, 1e4)]
+    times = [p.predicted_time_s for p in plans]
+    costs = [p.predicted_gpu_seconds for p in plans]
+    assert times == sorted(times, reverse=True) and costs == sorted(costs)
+    assert times[0] > times[-1]
