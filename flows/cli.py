@@ -170,8 +170,9 @@ def main(argv: list[str] | None = None) -> int:
             return _train(args)
         if args.command == "status":
             return _status(args)
-        if args.command == "simulate" and not Path(args.trace).is_file():  # else a bare "[Errno 2]"
-            raise UsageError(f"simulate --trace {args.trace!r} is not a file; pass a JSONL length trace")
+        for trace in (args.traces if args.command == "simulate" else ()):  # else a bare "[Errno 2]"
+            if not Path(trace).is_file():
+                raise UsageError(f"simulate --trace {trace!r} is not a file; pass a JSONL length trace")
         return int(args._run(args))
     except (ValueError, OSError) as exc:
         print(f"rlhfless: error: {redact(str(exc))}", file=sys.stderr)

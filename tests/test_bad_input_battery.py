@@ -231,6 +231,15 @@ CASES: dict[str, Case] = {
         ("--learner-tokens-per-s=0", "must be > 0"),
         setup=_write("t.jsonl", '{"epoch": 0, "step": 0, "prompt_id": 0, "prompt_len": 5, "answer_len": 3, '
                                 '"response_lens": [3, 4]}\n')),
+    "cli simulate unknown objective": Case(
+        ["simulate", "--trace", "{tmp}/t.jsonl", "--objective", "fastest"], ("--objective", "'fastest'", "choose from"),
+        setup=_write("t.jsonl", '{"epoch": 0, "step": 0, "prompt_id": 0, "prompt_len": 5, "answer_len": 3, '
+                                '"response_lens": [3, 4]}\n')),
+    "cli simulate negative value of time": Case(
+        ["simulate", "--trace", "{tmp}/t.jsonl", "--value-of-time", "-1"],
+        ("scaling.value_of_time_usd_per_s=-1.0", "finite number >= 0"),
+        setup=_write("t.jsonl", '{"epoch": 0, "step": 0, "prompt_id": 0, "prompt_len": 5, "answer_len": 3, '
+                                '"response_lens": [3, 4]}\n')),
     "cli deploy manifest missing": Case(
         ["deploy", "--dry-run", "--manifest", "{tmp}/none.yaml"], ("none.yaml", "cannot read the manifest")),
 }

@@ -188,10 +188,25 @@ def test_cli_json_shape(tmp_path, capsys):
     assert set(report) == {"policies"} and set(report["policies"]) == {"rlhfless", "static:3"}
     summary = report["policies"]["rlhfless"]
     assert set(summary) == {"total_time_s", "total_gpu_seconds", "mean_idle_fraction",
-                            "planning_ms_p50", "planning_ms_max", "steps"}
-    assert [set(s) for s in summary["steps"]] == [{"step", "n_actors", "time_s",
-                                                   "gpu_seconds"}] * 2
+                            "planning_ms_p50", "planning_ms_max", "steps", "generation", "fidelity"}
+    assert [set(s) for s in summary["steps"]] == [{"step", "n_actors", "time_s", "gpu_seconds",
+                                                   "gen_time_s", "predicted_time_s"}] * 2
+    # the whole step (the learner after generation) is longer than its generation phase
+    assert summary["total_time_s"] > summary["generation"]["time_s"] > 0
+    assert 0 <= summary["fidelity"]["median_abs_error"] <= summary["fidelity"]["p90_abs_error"]
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_cli_reports_generation_whole_step_and_frontier(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    _write_trace(trace)
+    rc = main(["--trace", str(trace), "--trace", str(trace), "--policy", "rlhfless", "--policy",
+               "static:3", "--nodes", "2", "--frontier", "--objective", "slack"])
+    out = capsys.readouterr().out
+    assert rc == 0 and out.count("generation only:") == 2 and out.count("whole step (learner:") == 2
+    assert "8 x H100-SXM at 40% MFU" in out and "pred_err p50/p90" in out
+    frontier = out.split("frontier of objective 'slack'")[1].split("==")[0].splitlines()[2:]
+    assert len(frontier) == 7  # one row per slack value
 
 
 @pytest.mark.parametrize("args, message", [
@@ -199,6 +214,9 @@ def test_cli_json_shape(tmp_path, capsys):
     (["--policy", "bogus"], "bogus"),
     (["--profile", "roofline:h100:gpt5"], "roofline"),
     (["--rank-slack", "-1"], "--rank-slack"),
+    (["--value-of-time", "-2"], "value_of_time_usd_per_s"),
+    (["--time-slack", "11"], "time_slack"),
+    (["--learner-mfu", "0"], "mfu"),
 ])
 def test_cli_bad_input_returns_2(tmp_path, capsys, args, message):
     trace = tmp_path / "t.jsonl"

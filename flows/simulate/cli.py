@@ -14,16 +14,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
+from pathlib import Path
 from typing import Sequence
 
 from flows.planning.objective import check_objective
-from flows.planning.profile import MODELS, TpotProfile, parse_roofline_spec
+from flows.planning.profile import (GPUS, LEARNER_MFU, MODELS, TpotProfile, learner_tokens_per_s,
+                                    parse_roofline_spec)
 from flows.simulate.policies import DEFAULT_POLICIES, ClusterModel, parse_policy
 from flows.simulate.replay import PolicyRun, read_trace, replay
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", required=True, help="JSONL length trace")
+    parser.add_argument("--trace", required=True, action="append", dest="traces", metavar="PATH",
+                        help="JSONL length trace (repeatable: one report per trace)")
     parser.add_argument("--policy", action="append", dest="policies", metavar="P",
                         help=f"repeatable; default: {' '.join(DEFAULT_POLICIES)}")
     parser.add_argument("--nodes", type=int, default=20)
@@ -61,8 +65,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefer", choices=("most_free", "least_loaded"), default="most_free",
                         help="order in which destinations with free slots are filled")
     parser.add_argument("--learner-tokens-per-s", type=float, default=None, metavar="R",
-                        help="also model each step's scoring + training at R rollout tokens/s "
-                             "(serverful actors stay billed through it); default: generation only")
+                        help="whole step: scoring + training at R rollout tokens/s (serverful "
+                             "actors stay billed through it); default: from the learner model")
+    parser.add_argument("--learner-gpus", type=int, default=8,
+                        help="whole step: GPUs of the learner (scoring + training)")
+    parser.add_argument("--learner-mfu", type=float, default=LEARNER_MFU,
+                        help="whole step: model FLOP utilisation of the learner's passes")
+    parser.add_argument("--learner-gpu", choices=sorted(GPUS), default=None,
+                        help="whole step: learner GPU type (default: the roofline's, else h100)")
+    parser.add_argument("--frontier", action="store_true",
+                        help="print rlhfless's time and cost against static:3 over the range of "
+                             "the objective's knob (value of time, slack or lam)")
     parser.add_argument("--json", action="store_true", help="print the JSON report")
     parser.add_argument("--plot", default=None, metavar="PNG", help="write a per-step plot")
 
@@ -86,7 +99,7 @@ def build_model(args: argparse.Namespace) -> ClusterModel:
         raise ValueError("--nodes, --gpus-per-node and --gpus-per-actor must be >= 1")
     if args.learner_tokens_per_s is not None and args.learner_tokens_per_s <= 0:
         raise ValueError(f"--learner-tokens-per-s={args.learner_tokens_per_s}: must be > 0 tokens/s "
-                         "(leave it out to simulate generation only)")
+                         "(leave it out to derive it from --learner-gpus and --learner-mfu)")
     check_objective(args.objective, args.lam, args.value_of_time, args.time_slack)
     if args.profile.startswith("roofline:"):
         profile = parse_roofline_spec(args.profile, args.gpus_per_actor)
@@ -95,6 +108,12 @@ def build_model(args: argparse.Namespace) -> ClusterModel:
         profile = TpotProfile.load(args.profile)
         model_name = args.model or "qwen2.5-7b"
     spec = MODELS[model_name]
+    gpu = args.learner_gpu or (args.profile.split(":")[1] if args.profile.startswith("roofline:") else "h100")
+    rate = args.learner_tokens_per_s or learner_tokens_per_s(GPUS[gpu], spec, args.learner_gpus,
+                                                             args.learner_mfu)
+    args.learner_note = (f"{args.learner_tokens_per_s:,.0f} tokens/s as given" if args.learner_tokens_per_s
+                         else f"{args.learner_gpus} x {GPUS[gpu].name} at {args.learner_mfu:.0%} MFU, "
+                              f"10 x {spec.num_params / 1e9:.2f}B FLOPs per token = {rate:,.0f} tokens/s")
     return ClusterModel(profile=profile, num_nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                         gpus_per_actor=args.gpus_per_actor, weight_bytes=spec.weight_bytes,
                         kv_bytes_per_token=spec.kv_bytes_per_token,
@@ -105,22 +124,56 @@ def build_model(args: argparse.Namespace) -> ClusterModel:
                         tau=args.tau, rank_slack=_slack(args.rank_slack),
                         n_min=args.n_min, n_max=args.n_max,
                         continuation=args.continuation, migration=args.migration,
-                        prefer=args.prefer, learner_tokens_per_s=args.learner_tokens_per_s)
+                        prefer=args.prefer, learner_tokens_per_s=rate)
 
 
-def format_table(runs: dict[str, PolicyRun]) -> str:
-    """Totals per policy, with ratios against the first static policy when there is one."""
+def format_table(runs: dict[str, PolicyRun], whole_step: bool = False) -> str:
+    """Totals per policy (the generation phases, or the whole steps), with ratios against the
+    first static policy when there is one; the generation table also gives the planner's
+    predicted against replayed phase time (median and p90 of the absolute relative error)."""
+    def totals(s: dict) -> tuple[float, float]:
+        if whole_step:
+            return s["total_time_s"], s["total_gpu_seconds"]
+        return s["generation"]["time_s"], s["generation"]["gpu_seconds"]
+
     summaries = {name: run.summary() for name, run in runs.items()}
-    base = next((s for n, s in summaries.items() if n.startswith("static")), None)
+    base = next((totals(s) for n, s in summaries.items() if n.startswith("static")), None)
     lines = [f"{'policy':<12} {'time_s':>9} {'gpu_s':>10} {'speedup':>8} {'gpu_s_cut':>9} "
-             f"{'idle':>6} {'plan_ms_p50':>11} {'mean_N':>7}"]
+             f"{'idle':>6} {'plan_ms_p50':>11} {'mean_N':>7}"
+             + ("" if whole_step else f" {'pred_err p50/p90':>16}")]
     for name, s in summaries.items():
-        speed = base["total_time_s"] / s["total_time_s"] if base else float("nan")
-        saved = 1 - s["total_gpu_seconds"] / base["total_gpu_seconds"] if base else float("nan")
+        time_s, gpu_s = totals(s)
+        speed = base[0] / time_s if base else float("nan")
+        saved = 1 - gpu_s / base[1] if base else float("nan")
         mean_n = sum(x["n_actors"] for x in s["steps"]) / len(s["steps"])
-        lines.append(f"{name:<12} {s['total_time_s']:>9.1f} {s['total_gpu_seconds']:>10.1f} "
-                     f"{speed:>7.2f}x {saved:>9.1%} {s['mean_idle_fraction']:>6.2f} "
-                     f"{s['planning_ms_p50']:>11.2f} {mean_n:>7.1f}")
+        fid = s["fidelity"]
+        lines.append(f"{name:<12} {time_s:>9.1f} {gpu_s:>10.1f} {speed:>7.2f}x {saved:>9.1%} "
+                     f"{s['mean_idle_fraction']:>6.2f} {s['planning_ms_p50']:>11.2f} {mean_n:>7.1f}"
+                     + ("" if whole_step else
+                        f" {fid['median_abs_error']:>9.1%}/{fid['p90_abs_error']:<6.1%}"))
+    return "\n".join(lines)
+
+
+FRONTIER = {"value": ("value_of_time_usd_per_s", (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 1e3)),
+            "slack": ("time_slack", (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)),
+            "paper": ("lam", (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0))}
+
+
+def format_frontier(steps: list, model: ClusterModel) -> str:
+    """rlhfless against static:3 over the objective's knob: generation-only and whole-step
+    time and GPU-s ratios (< 1 is faster or cheaper)."""
+    field, values = FRONTIER[model.objective]
+    lines = [f"{field:>24} {'gen time':>9} {'gen GPU-s':>10} {'step time':>10} {'step GPU-s':>11} "
+             f"{'mean_N':>7}"]
+    for value in values:
+        runs = replay(steps, ["static:3", "rlhfless"], replace(model, **{field: value}))
+        base, ours = runs["static:3"].summary(), runs["rlhfless"].summary()
+        mean_n = sum(runs["rlhfless"].planned) / len(runs["rlhfless"].planned)
+        lines.append(f"{value:>24g} "
+                     f"{ours['generation']['time_s'] / base['generation']['time_s']:>8.3f}x "
+                     f"{ours['generation']['gpu_seconds'] / base['generation']['gpu_seconds']:>9.3f}x "
+                     f"{ours['total_time_s'] / base['total_time_s']:>9.3f}x "
+                     f"{ours['total_gpu_seconds'] / base['total_gpu_seconds']:>10.3f}x {mean_n:>7.1f}")
     return "\n".join(lines)
 
 
@@ -130,20 +183,32 @@ def run(args: argparse.Namespace) -> int:
         for name in names:
             parse_policy(name)
         model = build_model(args)
-        steps = read_trace(args.trace)
-        runs = replay(steps, names, model)
+        traces = [(path, read_trace(path)) for path in args.traces]
+        reports = [(path, steps, replay(steps, names, model)) for path, steps in traces]
     except (ValueError, OSError) as exc:
         print(f"rlhfless simulate: {exc}", file=sys.stderr)
         return 2
-    summaries = {name: r.summary() for name, r in runs.items()}
-    if args.json:
-        print(json.dumps({"policies": summaries}, indent=1))
-    else:
-        print(format_table(runs))
-    if args.plot:
-        from flows.simulate.plot import plot_runs
+    out = {}
+    for path, steps, runs in reports:
+        summaries = {name: r.summary() for name, r in runs.items()}
+        out[path] = summaries
+        if not args.json:
+            print(f"== {path}: {len(steps)} steps")
+            print("generation only:")
+            print(format_table(runs))
+            print(f"whole step (learner: {args.learner_note}):")
+            print(format_table(runs, whole_step=True))
+            if args.frontier:
+                print(f"frontier of objective {model.objective!r} (rlhfless / static:3):")
+                print(format_frontier(steps, model))
+        if args.plot:
+            from flows.simulate.plot import plot_runs
 
-        plot_runs(summaries, args.plot, title=str(args.trace))
+            plot = args.plot if len(reports) == 1 else f"{args.plot.removesuffix('.png')}-{Path(path).stem}.png"
+            plot_runs(summaries, plot, title=str(path))
+    if args.json:
+        print(json.dumps({"policies": out[args.traces[0]]} if len(out) == 1 else
+                         {"traces": {p: {"policies": s} for p, s in out.items()}}, indent=1))
     return 0
 
 

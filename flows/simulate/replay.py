@@ -16,10 +16,12 @@ the trace fixes what was generated).
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from flows.planning.plan import GenerationPlan
 from flows.planning.lengths import LengthHistory, predict_lengths, rank_correlation
 from flows.planning.prewarm import warm_actor_count
 from flows.simulate.cluster import PhaseResult, Sample, simulate_phase
@@ -81,6 +83,10 @@ def read_trace(path: str | Path) -> list[TraceStep]:
 
 @dataclass
 class StepRecord:
+    """One replayed step. ``time_s``/``gpu_seconds``: the step as modelled (the generation
+    phase, plus the learner's phases where the model has a learner rate); ``gen_*``: the
+    generation phase alone; ``predicted_*``: what the planner estimated for that phase."""
+
     step: int
     n_actors: int
     time_s: float
@@ -90,6 +96,15 @@ class StepRecord:
     rank_corr: float
     num_cut: int
     num_migrated: int
+    gen_time_s: float = 0.0
+    gen_gpu_seconds: float = 0.0
+    predicted_time_s: float = 0.0
+    predicted_gpu_seconds: float = 0.0
+
+    @property
+    def time_error(self) -> float:
+        """(predicted - replayed) / replayed generation-phase time."""
+        return (self.predicted_time_s - self.gen_time_s) / self.gen_time_s if self.gen_time_s else 0.0
 
 
 @dataclass
@@ -99,13 +114,28 @@ class PolicyRun:
     planned: list[int] = field(default_factory=list)
 
     def summary(self) -> dict:
+        """Totals of the modelled steps (``total_*``) and of their generation phases alone
+        (``generation``); ``fidelity``: the planner's predicted against the replayed phase
+        time, as absolute relative errors over the steps (median and 90th percentile)."""
         ms = [s.planning_ms for s in self.steps]
+        errors = sorted(abs(s.time_error) for s in self.steps)
         return {"total_time_s": sum(s.time_s for s in self.steps),
                 "total_gpu_seconds": sum(s.gpu_seconds for s in self.steps),
+                "generation": {"time_s": sum(s.gen_time_s for s in self.steps),
+                               "gpu_seconds": sum(s.gen_gpu_seconds for s in self.steps)},
+                "fidelity": {"median_abs_error": statistics.median(errors),
+                             "p90_abs_error": _quantile(errors, 0.9)},
                 "mean_idle_fraction": statistics.fmean(s.idle_fraction for s in self.steps),
                 "planning_ms_p50": statistics.median(ms), "planning_ms_max": max(ms),
                 "steps": [{"step": s.step, "n_actors": s.n_actors, "time_s": s.time_s,
-                           "gpu_seconds": s.gpu_seconds} for s in self.steps]}
+                           "gpu_seconds": s.gpu_seconds, "gen_time_s": s.gen_time_s,
+                           "predicted_time_s": s.predicted_time_s} for s in self.steps]}
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank quantile of sorted values (the smallest value with at least q of them at
+    or below it)."""
+    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
 
 
 def _samples(step: TraceStep) -> dict[int, list[Sample]]:
@@ -120,11 +150,19 @@ def _samples(step: TraceStep) -> dict[int, list[Sample]]:
 
 def run_step(policy: Policy, step: TraceStep, predicted: dict[int, float], model: ClusterModel,
              warm_pool: int = 0) -> tuple[PhaseResult, float, int, list[Sample]]:
-    """Plan and simulate one step: (result, planning ms, planned N, samples).
+    """Plan and simulate one step: (result, planning ms, planned N, samples); see
+    ``replay_step`` for the generation phase and the plan as well.
 
     ``warm_pool``: actors kept warm from the previous step; those beyond this step's N are
     spares a continuation actor can use without a cold start.
     """
+    result, _, plan, done = replay_step(policy, step, predicted, model, warm_pool)
+    return result, plan.planning_ms, plan.num_actors, done
+
+
+def replay_step(policy: Policy, step: TraceStep, predicted: dict[int, float], model: ClusterModel,
+                warm_pool: int = 0) -> tuple[PhaseResult, PhaseResult, GenerationPlan, list[Sample]]:
+    """(the step's result, its generation phase's result, the plan, the samples)."""
     ids = [r.prompt_id for r in step.prompts]
     prompt_lengths = {r.prompt_id: r.prompt_len for r in step.prompts}
     group_size = max(len(r.response_lens) for r in step.prompts)
@@ -132,14 +170,14 @@ def run_step(policy: Policy, step: TraceStep, predicted: dict[int, float], model
     samples = _samples(step)
     specs, extra = build_actors(policy, plan, samples, prompt_lengths, model, predicted)
     spare = max(0, warm_pool - plan.num_actors)
-    result, done = simulate_phase(specs, sim_config(policy, model, spare),
-                                  extra_gpu_seconds=extra)
+    gen, done = simulate_phase(specs, sim_config(policy, model, spare), extra_gpu_seconds=extra)
+    result = gen
     if model.learner_tokens_per_s:  # the rest of the step (see ClusterModel.learner_tokens_per_s)
         tokens = sum(r.prompt_len * len(r.response_lens) + sum(r.response_lens) for r in step.prompts)
         learn = tokens / model.learner_tokens_per_s
         held = plan.num_actors * model.gpus_per_actor * learn if policy.serverful else 0.0
-        result = replace(result, time_s=result.time_s + learn, gpu_seconds=result.gpu_seconds + held)
-    return result, plan.planning_ms, plan.num_actors, done
+        result = replace(gen, time_s=gen.time_s + learn, gpu_seconds=gen.gpu_seconds + held)
+    return result, gen, plan, done
 
 
 def replay(steps: list[TraceStep], policy_names: list[str], model: ClusterModel,
@@ -164,12 +202,15 @@ def replay(steps: list[TraceStep], policy_names: list[str], model: ClusterModel,
             run = runs[policy.name]
             pred = truth if policy.oracle else predicted
             pool = warm_actor_count(run.planned, default=0)
-            result, ms, n, _ = run_step(policy, step, pred, model, pool)
+            result, gen, plan, _ = replay_step(policy, step, pred, model, pool)
+            n = plan.num_actors
             run.planned.append(n)
             run.steps.append(StepRecord(step.step, n, result.time_s, result.gpu_seconds,
-                                        result.idle_fraction, ms,
+                                        result.idle_fraction, plan.planning_ms,
                                         1.0 if policy.oracle else corr,
-                                        result.num_cut, result.num_migrated))
+                                        result.num_cut, result.num_migrated, gen.time_s,
+                                        gen.gpu_seconds, plan.predicted_time_s,
+                                        plan.predicted_gpu_seconds))
         for row in step.prompts:
             history.record(row.prompt_id, step.epoch, row.response_lens, row.answer_len)
     return runs
