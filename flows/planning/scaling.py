@@ -252,10 +252,9 @@ def default_value_of_time(cluster: ClusterSpec) -> float:
     return cluster.prefill_gpus * cluster.price_per_gpu_second
 
 
-SIZED_MAX_N = 8
+SIZED_MAX_N = 6
 """``cost_aware`` also times budget-sized ranked slices (``_budget_slices``) for N up to
-this; each N costs a bisection (about 0.5 ms at 512 prompts), and the sized plans that
-win on the traces have 2-6 actors."""
+this; each N costs a bisection, and the sized plans that win on the traces have 2-6 actors."""
 
 
 def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, group_size: int,
@@ -397,7 +396,7 @@ def _budget_slices(ranking: _Ranking, n: int, env: _Env, cluster: ClusterSpec,
     if fill(hi) is None:  # only where a slice's time is not monotone in its size
         return assign_contiguous(ranking.order, n)
     lo = end(0, 0, 1)  # no slicing beats the longest group alone on actor 0
-    while hi - lo > 1e-3 * hi:
+    while hi - lo > (2e-3 if fast else 1e-3) * hi:  # fast: candidates, timed exactly after
         mid = 0.5 * (lo + hi)
         lo, hi = (lo, mid) if fill(mid) is not None else (mid, hi)
     bounds = fill(min(hi * (1.0 + slack), equal_end)) or fill(hi)
