@@ -2,7 +2,10 @@
 
 Reads one or more rollout objects, scores every finished sample with the task's reward
 function, and computes per-token log-probs under the sampling policy (the "old" policy of
-the PPO ratio) and under the frozen reference, plus the critic's values for PPO. The output
+the PPO ratio) and under the frozen reference, plus the critic's values for PPO. Each
+forward runs only where the update needs it: no reference model without a KL term
+(``kl_coef: 0``), and no old log-probs where the update's own pass gives them (GRPO with one
+epoch of one mini-batch, ``update.needs_old_logp``). The output
 is an artifact of tensors [B, T] (right-padded responses, T = the shard's widest row rounded
 up to ``sequences.WIDTH_BUCKET``) and a meta table of the samples.
 """
@@ -14,7 +17,7 @@ from functools import partial
 import torch
 
 from actions.common.adapter import run_action
-from actions.common.contracts import ModelRef, ScoreRequest, ScoreResult
+from actions.common.contracts import ScoreRequest, ScoreResult
 from actions.common.critic_store import load_critic
 from actions.common.loading import encode, load_dataset, load_model, store_for
 from actions.common.special_tokens import special_tokens
@@ -22,6 +25,7 @@ from actions.common.storage import get_json
 from actions.common.weights import publish_tensors
 from actions.rl.kl import kl_estimate
 from actions.rl.masked import masked_mean
+from actions.rl.update import needs_old_logp, needs_ref_logp
 from actions.rl.sequences import per_row_widths, response_logprobs
 from actions.tasks import get_task
 
@@ -36,8 +40,6 @@ def _load_samples(req: ScoreRequest) -> list[dict]:
 @torch.no_grad()
 def run_score(req: ScoreRequest) -> ScoreResult:
     policy, tokenizer, _ = load_model(req.policy)
-    ref_model, _, _ = load_model(ModelRef(store_uri=req.policy.store_uri, base_key=req.policy.base_key,
-                                          policy_key=req.reference_key, policy_version=0))
     dataset = load_dataset(req.policy.store_uri, req.dataset_key)
     samples = _load_samples(req)
     ids = special_tokens(policy, tokenizer)
@@ -50,22 +52,32 @@ def run_score(req: ScoreRequest) -> ScoreResult:
     raw = task.reward(texts, answer=[dataset[s["prompt_id"]].answer for s in samples])
     # Unscorable output (None) is data, not an error: it earns no reward (STYLE P8).
     rewards = torch.tensor([0.0 if r is None else float(r) for r in raw])
-    fns = {"old_logp": partial(response_logprobs, policy), "ref_logp": partial(response_logprobs, ref_model)}
+    # Only the forwards the update needs (update.needs_old_logp / needs_ref_logp).
+    fns = {}
+    if needs_old_logp(req.algorithm):
+        fns["old_logp"] = partial(response_logprobs, policy)
+    if needs_ref_logp(req.algorithm):
+        ref_model, _, _ = load_model(req.policy.model_copy(update={"policy_key": req.reference_key,
+                                                                   "policy_version": 0, "weights_sha256": None}))
+        fns["ref_logp"] = partial(response_logprobs, ref_model)
     if req.algorithm.name == "ppo":
         if req.critic_key is None:
             raise ValueError("ScoreRequest.critic_key is required when algorithm.name is ppo")
-        fns["values"] = load_critic(req.policy.store_uri, req.policy.base_key, req.critic_key)
+        fns["values"] = load_critic(req.policy.store_uri, req.policy.base_key, req.critic_key,
+                                    dtype_setting=req.policy.dtype)
     # Each row at widths of its own: its log-probs do not depend on the shard it is scored in.
-    outs, mask = per_row_widths(list(fns.values()), prompts, responses, ids.pad_id,
-                                device=next(policy.parameters()).device)
+    device = next(policy.parameters()).device
+    outs, mask = (per_row_widths(list(fns.values()), prompts, responses, ids.pad_id, device=device) if fns
+                  else ([], None))
     scored = dict(zip(fns, outs))
-    old_logp, ref_logp = scored["old_logp"], scored["ref_logp"]
     tensors = {name: t.cpu() for name, t in scored.items()} | {"rewards": rewards}
     meta = {"samples": [{"prompt_id": s["prompt_id"], "sample_index": s["sample_index"], "prompt": list(p),
                          "response": r, "finish_reason": s["finish_reason"]}
                         for s, p, r in zip(samples, prompts, responses)]}
     publish_tensors(store_for(req.policy.store_uri), req.output_key, tensors, meta)
-    kl = masked_mean(kl_estimate(old_logp, ref_logp, req.algorithm.kl_kind), mask)
+    # KL of the sampling policy to the reference where both were computed; else the update reports it.
+    kl = (masked_mean(kl_estimate(scored["old_logp"], scored["ref_logp"], req.algorithm.kl_kind), mask)
+          if {"old_logp", "ref_logp"} <= set(scored) else 0.0)
     return ScoreResult(scored_key=req.output_key, num_samples=len(samples), reward_mean=float(rewards.mean()),
                        reward_sum=float(rewards.sum()), kl_mean=float(kl))
 

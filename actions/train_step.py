@@ -3,8 +3,10 @@
 Gathers every scored sample (sorted by prompt id and sample index, so the batch does not
 depend on the fan-out), computes advantages (GRPO: group-normalised outcome rewards; PPO:
 GAE over KL-penalised token rewards with the critic's values), runs ``epochs`` passes of
-``num_minibatches`` shuffled mini-batches (prompt groups stay together), and publishes policy
-version v+1 and the optimizer state (and the critic for PPO).
+``num_minibatches`` shuffled mini-batches (prompt groups stay together; each split into
+``micro_batch_size`` micro batches whose gradients accumulate), and publishes policy version
+v+1 in the training dtype and the optimizer state, fp32 master weights included under
+bf16/fp16 (and the critic for PPO).
 """
 
 from __future__ import annotations
@@ -15,11 +17,21 @@ from actions.common.adapter import run_action
 from actions.common.contracts import TrainStepRequest, TrainStepResult
 from actions.common.critic_store import load_critic
 from actions.common.loading import load_model, store_for
-from actions.common.optim_state import load_optimizer_tensors, optimizer_tensors
 from actions.common.special_tokens import special_tokens
 from actions.common.weights import load_tensors, publish_tensors
 from actions.rl.batch import TrainBatch, gather_batch, rollout_metrics
 from actions.rl.update import make_optimizer, run_updates
+
+
+def enable_checkpointing(model: torch.nn.Module, on: bool = True) -> None:
+    """Activation recomputation in the backward pass (``model.gradient_checkpointing``), with
+    the non-reentrant torch checkpoint (inputs need no ``requires_grad``)."""
+    if not on:
+        return
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x's name
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def run_train(req: TrainStepRequest) -> TrainStepResult:
@@ -27,32 +39,35 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
     torch.manual_seed(req.seed * 100_003 + req.step)
     policy, tokenizer, _ = load_model(req.policy, fresh=True)
     policy.train()
+    enable_checkpointing(policy, req.gradient_checkpointing)
     algo = req.algorithm
     batch: TrainBatch = gather_batch(store, req.scored_keys, algo, special_tokens(policy, tokenizer).pad_id)
     batch = batch.to(next(policy.parameters()).device)
     opt = make_optimizer(policy, algo.lr)
     if req.optimizer_key:
-        load_optimizer_tensors(opt, load_tensors(store, req.optimizer_key)[0], where=req.optimizer_key)
+        opt.load_state_tensors(load_tensors(store, req.optimizer_key)[0], where=req.optimizer_key)
     critic = critic_opt = None
     if algo.name == "ppo":
-        critic = load_critic(req.policy.store_uri, req.policy.base_key, req.critic_key, fresh=True)
+        critic = load_critic(req.policy.store_uri, req.policy.base_key, req.critic_key, fresh=True,
+                             dtype_setting=req.policy.dtype)
         critic.train()
+        enable_checkpointing(critic.lm, req.gradient_checkpointing)
         critic_opt = make_optimizer(critic, algo.critic_lr)
         if req.critic_optimizer_key:
-            load_optimizer_tensors(critic_opt, load_tensors(store, req.critic_optimizer_key)[0],
-                                   where=req.critic_optimizer_key)
+            critic_opt.load_state_tensors(load_tensors(store, req.critic_optimizer_key)[0],
+                                          where=req.critic_optimizer_key)
     metrics = rollout_metrics(batch, algo)
     metrics.update(run_updates(policy, opt, batch, algo, critic, critic_opt, seed=req.seed, step=req.step))
     version = req.policy.policy_version + 1
     pub = publish_tensors(store, f"{req.output_prefix}/policy/manifest.json", policy.state_dict(),
                           {"version": version, "step": req.step})
-    opt_pub = publish_tensors(store, f"{req.output_prefix}/optimizer/manifest.json", optimizer_tensors(opt))
+    opt_pub = publish_tensors(store, f"{req.output_prefix}/optimizer/manifest.json", opt.state_tensors())
     out = TrainStepResult(policy_key=pub.manifest_key, policy_version=version, weights_sha256=pub.weights_sha256,
                           optimizer_key=opt_pub.manifest_key,
                           bytes_uploaded=pub.stats.bytes_uploaded + opt_pub.stats.bytes_uploaded, metrics=metrics)
     if critic is not None:
         c = publish_tensors(store, f"{req.output_prefix}/critic/manifest.json", critic.tensors())
-        co = publish_tensors(store, f"{req.output_prefix}/critic_optimizer/manifest.json", optimizer_tensors(critic_opt))
+        co = publish_tensors(store, f"{req.output_prefix}/critic_optimizer/manifest.json", critic_opt.state_tensors())
         out.critic_key, out.critic_optimizer_key = c.manifest_key, co.manifest_key
     return out
 

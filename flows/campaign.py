@@ -68,7 +68,8 @@ def _evaluate(ctx: RunContext, state: CampaignState) -> dict[str, Any]:
 
 def _model_ref(ctx: RunContext, state: CampaignState) -> ModelRef:
     return ModelRef(store_uri=ctx.store.uri, base_key=state.prepared["base_key"], policy_key=state.policy_key,
-                    policy_version=state.policy_version, weights_sha256=state.weights_sha256 or None)
+                    policy_version=state.policy_version, weights_sha256=state.weights_sha256 or None,
+                    dtype=ctx.config.model.dtype)
 
 
 def _setup(ctx: RunContext, progress: Progress) -> CampaignState:

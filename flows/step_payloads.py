@@ -67,4 +67,5 @@ def train_payload(ctx: RunContext, inputs: StepInputs, scored_keys: list[str]) -
         critic_optimizer_key=inputs.critic_optimizer_key, scored_keys=sorted(scored_keys),
         algorithm=ctx.config.algorithm, seed=ctx.config.seed, step=inputs.step,
         output_prefix=f"{step_prefix(ctx, inputs.step)}/train",
+        gradient_checkpointing=ctx.config.model.gradient_checkpointing,
     ).model_dump(mode="json")

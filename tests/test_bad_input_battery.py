@@ -101,6 +101,14 @@ CASES: dict[str, Case] = {
     "config too many minibatches": Case(
         _train("--set", "algorithm.num_minibatches=99"), ("algorithm.num_minibatches=99", "lower num_minibatches")),
     "config unknown algorithm": Case(_train("--set", "algorithm.name=dpo"), ("algorithm.name", "'grpo' or 'ppo'")),
+    "config bad model dtype": Case(_train("--set", "model.dtype=float8"), ("model.dtype", "'float8'", "'bfloat16'")),
+    "config micro batch not a divisor": Case(
+        _train("--set", "algorithm.micro_batch_size=5"), ("algorithm.micro_batch_size=5", "choose a divisor of 64")),
+    "config micro batch unequal minibatches": Case(
+        _train("--set", "algorithm.num_minibatches=3", "--set", "algorithm.micro_batch_size=8"),
+        ("algorithm.micro_batch_size=8", "num_minibatches=3", "choose a num_minibatches")),
+    "config zero micro batch": Case(_train("--set", "algorithm.micro_batch_size=0"),
+                                    ("algorithm.micro_batch_size", "greater than 0")),
     "config n_min above n_max": Case(
         _train("--set", "scaling.n_min=5", "--set", "scaling.n_max=2"), ("scaling.n_min=5", "make n_min <= n_max")),
     "config unknown objective": Case(_train("--set", "scaling.objective=fastest"),

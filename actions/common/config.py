@@ -31,6 +31,13 @@ class ModelConfig(_Section):
     num_heads: int = Field(4, ge=1)
     intermediate_size: int = Field(256, ge=8)
     max_positions: int = Field(256, ge=16)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """What actions compute in: ``auto`` is bfloat16 on CUDA and float32 on the CPU (or
+    ``RLHFLESS_DTYPE`` where the action's environment sets it). Training in bfloat16/float16
+    keeps fp32 master weights in the optimizer state and publishes weights in this dtype."""
+    gradient_checkpointing: bool = False
+    """Recompute the transformer's activations in the backward pass (less memory, ~30% more
+    training compute); the weights come out the same."""
 
 
 class DataConfig(_Section):
@@ -64,6 +71,11 @@ class AlgorithmConfig(_Section):
     gae_lambda: float = Field(0.95, ge=0, le=1)
     max_grad_norm: float = Field(1.0, gt=0)
     scale_by_std: bool = True
+    micro_batch_size: int | None = Field(None, gt=0)
+    """Samples per forward/backward pass; gradients are accumulated over a mini-batch
+    (``batch_size / num_minibatches`` samples) before each optimizer step, with every micro
+    batch weighted by its share of the mini-batch's tokens, so the update equals the unsplit
+    one to float round-off. None: the whole mini-batch at once."""
 
     @model_validator(mode="after")
     def _check_batch(self) -> AlgorithmConfig:
@@ -77,6 +89,19 @@ class AlgorithmConfig(_Section):
                 f"algorithm.num_minibatches={self.num_minibatches} exceeds the {self.batch_size // self.group_size}"
                 " prompts per step; lower num_minibatches or raise batch_size"
             )
+        if self.micro_batch_size is not None:
+            if self.prompts_per_step % self.num_minibatches:
+                raise ValueError(
+                    f"algorithm.micro_batch_size={self.micro_batch_size} needs equal mini-batches, but "
+                    f"num_minibatches={self.num_minibatches} does not divide the {self.prompts_per_step} prompts per "
+                    "step; choose a num_minibatches that divides batch_size / group_size"
+                )
+            mini = self.batch_size // self.num_minibatches
+            if mini % self.micro_batch_size:
+                raise ValueError(
+                    f"algorithm.micro_batch_size={self.micro_batch_size} does not divide the mini-batch of {mini} "
+                    f"samples (batch_size / num_minibatches); choose a divisor of {mini}"
+                )
         return self
 
     @property
@@ -277,6 +302,7 @@ class CampaignConfig(_Section):
             data.pop(key, None)
         # Fan-out and planning change cost, never the training data (ARCHITECTURE invariant 3).
         data.pop("scaling", None)
+        data["model"].pop("gradient_checkpointing", None)  # memory for compute; the same weights
         for key in ("assignment", "cut_threshold", "rank_slack", "migrate_window_s", "score_while_generating",
                     "dedup_prefill", "prefill_capacity", "length_window"):
             data["generation"].pop(key, None)

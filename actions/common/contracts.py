@@ -30,6 +30,8 @@ class ModelRef(_Msg):
     weights_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     """The committed fingerprint of ``policy_key``; loading refuses a tensor set that differs
     (a manifest overwritten after its commit). None: check the manifest against itself only."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """``model.dtype``: what the action loads the weights in (``device.action_dtype``)."""
 
 
 class SampleStat(_Msg):
@@ -158,6 +160,7 @@ class TrainStepRequest(_Msg):
     seed: int
     step: int
     output_prefix: str
+    gradient_checkpointing: bool = False
 
 
 class TrainStepResult(_Msg):

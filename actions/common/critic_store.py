@@ -10,9 +10,11 @@ from actions.common.weights import load_tensors
 from actions.rl.critic import Critic, build_critic, split_tensors
 
 
-def load_critic(store_uri: str, base_key: str, critic_key: str, *, fresh: bool = False) -> Critic:
-    """The critic on ``RLHFLESS_DEVICE`` in ``RLHFLESS_DTYPE``, like the policy (loading.py)."""
-    device, dtype = action_device(), action_dtype()
+def load_critic(store_uri: str, base_key: str, critic_key: str, *, fresh: bool = False,
+                dtype_setting: str = "auto") -> Critic:
+    """The critic on ``RLHFLESS_DEVICE`` in the policy's dtype (``model.dtype``, loading.py)."""
+    device = action_device()
+    dtype = action_dtype(dtype_setting, device)
 
     def build() -> Critic:
         tensors, _ = load_tensors(store_for(store_uri), critic_key)

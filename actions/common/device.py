@@ -5,8 +5,10 @@ leave them unset, so actions default to fp32 on the CPU -- the configuration eve
 bit-for-bit reproducibility test is written against.
 
 * ``RLHFLESS_DEVICE``: ``cpu`` (default), ``cuda``, ``cuda:N`` or ``auto`` (CUDA when present).
-* ``RLHFLESS_DTYPE``: ``float32`` (default), ``bfloat16`` or ``float16``: the dtype a model is
-  loaded in. Weights are published in the dtype they are trained in, so a campaign keeps one.
+* ``RLHFLESS_DTYPE``: ``float32``, ``bfloat16`` or ``float16``: the dtype a model is loaded in
+  when the campaign's ``model.dtype`` is ``auto`` (unset: bfloat16 on CUDA, float32 on the
+  CPU). An explicit ``model.dtype`` wins. Weights are published in the dtype they are trained
+  in, so a campaign keeps one.
 
 Both are read on every call (cheap), so a test may change them between invocations; the warm
 model cache keys on them.
@@ -64,5 +66,13 @@ def action_device() -> torch.device:
     return parse_device(os.environ.get("RLHFLESS_DEVICE", "cpu"))
 
 
-def action_dtype() -> torch.dtype:
-    return parse_dtype(os.environ.get("RLHFLESS_DTYPE", "float32"))
+def action_dtype(setting: str = "auto", device: torch.device | None = None) -> torch.dtype:
+    """The dtype an action computes in: ``model.dtype`` (``setting``) when it names one; for
+    ``auto``, ``RLHFLESS_DTYPE`` when the environment sets it, else bfloat16 on CUDA and
+    float32 on the CPU (``device``: default ``action_device()``)."""
+    if setting != "auto":
+        return parse_dtype(setting, source="model.dtype")
+    if os.environ.get("RLHFLESS_DTYPE"):
+        return parse_dtype(os.environ["RLHFLESS_DTYPE"])
+    device = device if device is not None else action_device()
+    return torch.bfloat16 if device.type == "cuda" else torch.float32

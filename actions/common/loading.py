@@ -38,8 +38,9 @@ def load_base(store_uri: str, base_key: str) -> dict[str, bytes]:
 
 def load_model(ref: ModelRef, *, fresh: bool = False) -> tuple[torch.nn.Module, object, bool]:
     """(model, tokenizer, warm_hit) for a policy version, on ``RLHFLESS_DEVICE`` in
-    ``RLHFLESS_DTYPE`` (default: fp32 on the CPU; see ``device.py``)."""
-    device, dtype = action_device(), action_dtype()
+    ``ref.dtype`` (``auto``: bf16 on CUDA, fp32 on the CPU; see ``device.py``)."""
+    device = action_device()
+    dtype = action_dtype(ref.dtype, device)
 
     def build():
         tensors, _ = load_tensors(store_for(ref.store_uri), ref.policy_key, expected_sha256=ref.weights_sha256)

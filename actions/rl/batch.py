@@ -20,17 +20,22 @@ from actions.rl.sequences import PackedBatch, pack
 @dataclass
 class TrainBatch:
     packed: PackedBatch
-    old_logp: torch.Tensor  # [B, T]
-    ref_logp: torch.Tensor  # [B, T]
+    old_logp: torch.Tensor | None  # [B, T]; None where the update computes them (update.needs_old_logp)
+    ref_logp: torch.Tensor | None  # [B, T]; None without a KL term (update.needs_ref_logp)
     rewards: torch.Tensor  # [B]
     values: torch.Tensor | None  # [B, T] (PPO)
     finish_reasons: list[str]
+    prompts: list[list[int]]  # token ids, rows in batch order
+    responses: list[list[int]]
+    pad_id: int
 
     def to(self, device: torch.device) -> TrainBatch:
         """Every tensor on ``device`` (the policy's), for the update loop."""
-        values = None if self.values is None else self.values.to(device)
-        return TrainBatch(self.packed.to(device), self.old_logp.to(device), self.ref_logp.to(device),
-                          self.rewards.to(device), values, self.finish_reasons)
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return TrainBatch(self.packed.to(device), move(self.old_logp), move(self.ref_logp), self.rewards.to(device),
+                          move(self.values), self.finish_reasons, self.prompts, self.responses, self.pad_id)
 
 
 def _pad_to(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -55,12 +60,14 @@ def gather_batch(store: ObjectStore, keys: list[str], algo: AlgorithmConfig, pad
     packed = pack([r[1]["prompt"] for r in rows], [r[1]["response"] for r in rows], pad_id)
     T = packed.response_width
 
-    def stack(name: str) -> torch.Tensor:
-        return torch.stack([_pad_to(r[2][name][None], T)[0] for r in rows])
+    def stack(name: str) -> torch.Tensor | None:
+        if name not in rows[0][2]:  # not scored: see update.needs_old_logp / needs_ref_logp
+            return None
+        return torch.stack([_pad_to(r[2][name][None], T)[0] for r in rows]) * packed.response_mask
 
-    values = stack("values") * packed.response_mask if algo.name == "ppo" else None
-    return TrainBatch(packed, stack("old_logp") * packed.response_mask, stack("ref_logp") * packed.response_mask,
-                      torch.stack([r[2]["rewards"] for r in rows]), values, [r[1]["finish_reason"] for r in rows])
+    return TrainBatch(packed, stack("old_logp"), stack("ref_logp"), torch.stack([r[2]["rewards"] for r in rows]),
+                      stack("values") if algo.name == "ppo" else None, [r[1]["finish_reason"] for r in rows],
+                      [r[1]["prompt"] for r in rows], [r[1]["response"] for r in rows], pad_id)
 
 
 def rollout_metrics(batch: TrainBatch, algo: AlgorithmConfig) -> dict[str, float]:

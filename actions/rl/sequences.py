@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.utils.checkpoint
 
 
 @dataclass
@@ -69,19 +70,103 @@ def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], p
     return PackedBatch(ids, attn, pos, rmask, P)
 
 
-def response_logits(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
-    """Logits that predict each response token: [B, T, V]."""
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
+LOGIT_CHUNK_ELEMENTS = 1 << 25
+"""Most full-vocabulary logits (tokens x V) that exist at once in ``response_logprobs``: 128 MiB
+in fp32, about 220 tokens at Qwen's V = 151,936 and every token of a tiny model's batch."""
+
+
+def response_hidden(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
+    """The decoder's last hidden states at the positions that predict each response token:
+    ``[B, T, H]``. Runs the transformer without its output head (``model.<base_model_prefix>``),
+    so no ``[B, P + T, V]`` logits are ever made."""
+    decoder = getattr(model, model.base_model_prefix)
+    out = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
     P, T = batch.prompt_width, batch.response_width
-    return out.logits[:, P - 1:P + T - 1].float()
+    return out.last_hidden_state[:, P - 1:P + T - 1]
 
 
-def response_logprobs(model: torch.nn.Module, batch: PackedBatch, *, with_entropy: bool = False):
+def _head_logits(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """Output-head logits in fp32 for ``hidden`` [n, H], with the final soft-capping or scale
+    of models that have one (Gemma 2, Cohere), as their own ``forward`` applies it."""
+    logits = model.get_output_embeddings()(hidden).float()
+    config = model.config
+    scale = getattr(config, "logit_scale", None)
+    if isinstance(scale, (int, float)) and scale != 1:
+        logits = logits * scale
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+def _chunk_stats(model: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
+                 with_entropy: bool) -> torch.Tensor:
+    """Per token of one chunk: log-prob of the target, and (no gradient) the entropy: ``[n, 2]``.
+
+    ``log p(y) = logit_y - logsumexp(logits)``; ``H = logsumexp - sum softmax * logits``.
+    """
+    logits = _head_logits(model, hidden)
+    lse = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
+    if not with_entropy:
+        return torch.stack([logp, torch.zeros_like(logp)], dim=-1)
+    with torch.no_grad():  # a metric: its graph would keep another copy of the logits
+        entropy = lse.detach() - (torch.softmax(logits.detach(), dim=-1) * logits.detach()).sum(-1)
+    return torch.stack([logp, entropy], dim=-1)
+
+
+MIN_CHUNK_TOKENS = 16
+"""Fewest tokens in a chunk of ``response_logprobs``: CPU matrix products of fewer than about
+12 rows take other kernels (gemv, short-row tails) whose sums round differently, and a
+token's log-prob must not depend on the chunk it falls in. ``tests/test_logprob_chunks.py``
+checks the invariance."""
+
+
+def chunk_bounds(num_tokens: int, step: int) -> list[tuple[int, int]]:
+    """[start, stop) token ranges of ``max(step, MIN_CHUNK_TOKENS)`` tokens; a shorter tail
+    joins the range before it."""
+    step = max(step, MIN_CHUNK_TOKENS)
+    starts = list(range(0, num_tokens, step))
+    if len(starts) > 1 and num_tokens - starts[-1] < MIN_CHUNK_TOKENS:
+        starts.pop()
+    return [(s, e) for s, e in zip(starts, starts[1:] + [num_tokens])]
+
+
+def response_logprobs(model: torch.nn.Module, batch: PackedBatch, *, with_entropy: bool = False,
+                      chunk_elements: int = LOGIT_CHUNK_ELEMENTS):
     """Per-token log-prob of the response under ``model``: [B, T] (0 on padding).
 
-    With ``with_entropy`` also returns the per-token entropy [B, T].
+    With ``with_entropy`` also returns the per-token entropy [B, T] (a detached metric).
+
+    Memory: the transformer runs once; the output head, the log-softmax and the entropy run
+    over chunks of at most ``chunk_elements // V`` tokens, so no ``[B, T, V]`` tensor exists.
+    With gradients enabled each chunk is checkpointed (its logits are recomputed in the
+    backward pass), so a training step holds one chunk's logits at a time as well. A token's
+    values do not depend on the chunk it falls in (every op is per token, and ``chunk_bounds``
+    makes no chunk short enough to change the kernels).
     """
-    logits = response_logits(model, batch)
+    hidden = response_hidden(model, batch)
+    B, T, H = hidden.shape
+    flat, targets = hidden.reshape(B * T, H), batch.input_ids[:, batch.prompt_width:].reshape(B * T)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    checkpointed = torch.is_grad_enabled() and flat.requires_grad
+    parts = []
+    for start, stop in chunk_bounds(B * T, chunk_elements // vocab):
+        args = (model, flat[start:stop], targets[start:stop], with_entropy)
+        if checkpointed:
+            parts.append(torch.utils.checkpoint.checkpoint(_chunk_stats, *args, use_reentrant=False))
+        else:
+            parts.append(_chunk_stats(*args))
+    stats = torch.cat(parts).view(B, T, 2) * batch.response_mask[..., None]
+    return (stats[..., 0], stats[..., 1]) if with_entropy else stats[..., 0]
+
+
+def response_logprobs_full(model: torch.nn.Module, batch: PackedBatch, *, with_entropy: bool = False):
+    """The naive reference of ``response_logprobs``: the model's full ``[B, P + T, V]`` logits,
+    an fp32 ``[B, T, V]`` log-softmax and entropy over it. For tests and the memory benchmark."""
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
+    P, T = batch.prompt_width, batch.response_width
+    logits = out.logits[:, P - 1:P + T - 1].float()
     targets = batch.input_ids[:, batch.prompt_width:]
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * batch.response_mask
@@ -126,20 +211,21 @@ def per_row_widths(fns: Sequence[Callable[[PackedBatch], torch.Tensor]], prompts
     fan-out test checks weights bit for bit), so there a group is one call.
 
     Args:
-        fns: each maps a packed group to a ``[b, T_group]`` tensor (log-probs, values).
+        fns: each maps a packed group to a ``[b, T_group]`` tensor (log-probs, values), or
+            ``[b, T_group, k]``; with gradients enabled the results carry them.
         prompts, responses: B token lists; responses must be non-empty.
         device: where the groups are packed to (the models' device); results come back there.
         row_block: rows per call, topped up as above; default ``CUDA_ROW_BLOCK`` on CUDA, else
             a whole group per call.
     Returns:
-        (one ``[B, T]`` float tensor per fn, zero past each row's group width; the ``[B, T]``
+        (one ``[B, T(, k)]`` float tensor per fn, zero past each row's group width; the ``[B, T]``
         response mask), ``T`` = the widest group's response width, rows in input order.
     """
     groups: dict[tuple[int, int], list[int]] = {}
     for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
         groups.setdefault(bucket_widths(len(p), len(r), bucket), []).append(i)
     width = max(t for _, t in groups)
-    outs = [torch.zeros((len(prompts), width), device=device) for _ in fns]
+    outs: list[torch.Tensor | None] = [None for _ in fns]
     mask = torch.zeros((len(prompts), width), device=device)
     if row_block is None and device is not None and torch.device(device).type == "cuda":
         row_block = CUDA_ROW_BLOCK
@@ -153,6 +239,9 @@ def per_row_widths(fns: Sequence[Callable[[PackedBatch], torch.Tensor]], prompts
             packed = packed.to(device) if device is not None else packed
             index = torch.tensor(rows, device=device)
             mask[index, :tw] = packed.response_mask[:len(rows)]
-            for out, fn in zip(outs, fns):
-                out[index, :tw] = fn(packed)[:len(rows)].float()
-    return outs, mask
+            for k, fn in enumerate(fns):
+                value = fn(packed)[:len(rows)].float()
+                if outs[k] is None:  # [B, T] or [B, T, ...] as the function returns
+                    outs[k] = torch.zeros((len(prompts), width, *value.shape[2:]), device=device)
+                outs[k][index, :tw] = value  # index_put: differentiable when value needs grad
+    return outs, mask  # type: ignore[return-value]

@@ -4,6 +4,19 @@ Advantages: GRPO uses group-normalised outcome rewards with the KL to the refere
 term (k3); PPO uses GAE over token rewards that carry the KL as a per-token penalty (k1) and
 the outcome at the last token, whitened over the batch. Mini-batches are shuffled prompt
 groups drawn from a generator seeded by (seed, step), so an update is reproducible.
+
+Micro-batches (``algorithm.micro_batch_size``): each mini-batch is split into micro batches
+whose gradients are accumulated before the optimizer step. The losses are token means, so a
+micro batch's loss is weighted by its share of the mini-batch's real tokens: the sum of the
+weighted losses is the mini-batch's token mean, and the update equals the unsplit one up to
+float round-off. Metrics are combined with the same weights.
+
+The policy's log-probs are computed like the score action's (``sequences.per_row_widths``:
+each row at widths of its own, the output head in chunks), so on the first mini-batch of
+the first epoch they equal the scored ``old_logp`` bit for bit. That is what makes the
+one-pass shortcut exact (``needs_old_logp``): where the policy has not moved between scoring
+and a mini-batch (one epoch of one mini-batch, GRPO), ``old_logp`` is this pass's own
+log-probs, detached, and the score action does not compute them.
 """
 
 from __future__ import annotations
@@ -18,13 +31,29 @@ from actions.rl.batch import TrainBatch
 from actions.rl.critic import Critic
 from actions.rl.grpo_loss import grpo_loss
 from actions.rl.masked import masked_mean, masked_whiten
+from actions.rl.optimizer import TrainOptimizer
 from actions.rl.ppo_loss import ppo_policy_loss, value_loss
-from actions.rl.sequences import response_logprobs
+from actions.rl.sequences import per_row_widths, response_logprobs
 
 
-def make_optimizer(module: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
-    # foreach=False keeps the update order, and so the bytes, independent of tensor grouping.
-    return torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.0, foreach=False)
+def needs_old_logp(algo: AlgorithmConfig) -> bool:
+    """Whether the score action must compute the sampling policy's log-probs.
+
+    Not for GRPO with one epoch of one mini-batch: the policy trained on the batch is then the
+    policy that sampled it (on-policy data), unchanged until its only update, and the update
+    pass's own log-probs are the old ones. PPO needs them before any update, for the KL
+    penalty inside its advantages.
+    """
+    return algo.name == "ppo" or algo.epochs > 1 or algo.num_minibatches > 1
+
+
+def needs_ref_logp(algo: AlgorithmConfig) -> bool:
+    """Whether the reference model has to run: only for a KL term with a non-zero weight."""
+    return algo.kl_coef > 0
+
+
+def make_optimizer(module: torch.nn.Module, lr: float) -> TrainOptimizer:
+    return TrainOptimizer(module, lr)
 
 
 def compute_advantages(batch: TrainBatch, algo: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -32,7 +61,10 @@ def compute_advantages(batch: TrainBatch, algo: AlgorithmConfig) -> tuple[torch.
     if algo.name == "grpo":
         return group_normalized_advantages(batch.rewards, algo.group_size, scale_by_std=algo.scale_by_std), None
     mask = batch.packed.response_mask
-    token_rewards = kl_penalized_token_rewards(batch.rewards, batch.old_logp, batch.ref_logp, mask, algo.kl_coef)
+    if batch.old_logp is None:
+        raise ValueError("PPO needs the scored old_logp; the score action computes them for algorithm.name ppo")
+    ref = batch.ref_logp if batch.ref_logp is not None else batch.old_logp  # kl_coef == 0: no penalty
+    token_rewards = kl_penalized_token_rewards(batch.rewards, batch.old_logp, ref, mask, algo.kl_coef)
     adv, ret = gae(token_rewards, batch.values, mask, algo.gamma, algo.gae_lambda)
     return masked_whiten(adv, mask), ret
 
@@ -43,41 +75,92 @@ def _minibatches(num_rows: int, algo: AlgorithmConfig, gen: torch.Generator) -> 
     return list(rows.chunk(algo.num_minibatches))
 
 
-def run_updates(policy: torch.nn.Module, opt: torch.optim.Optimizer, batch: TrainBatch, algo: AlgorithmConfig,
-                critic: Critic | None, critic_opt: torch.optim.Optimizer | None, *, seed: int, step: int
+def policy_logprobs(policy: torch.nn.Module, batch: TrainBatch, idx: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs, entropy) of rows ``idx``, ``[len(idx), T]`` at the batch's width T, computed
+    as the score action computes them (each row at its own bucketed widths)."""
+    rows = idx.tolist()
+    device = batch.packed.input_ids.device
+
+    def stats(packed):
+        logp, entropy = response_logprobs(policy, packed, with_entropy=True)
+        return torch.stack([logp, entropy], dim=-1)
+
+    (out,), _ = per_row_widths([stats], [batch.prompts[i] for i in rows], [batch.responses[i] for i in rows],
+                               batch.pad_id, device=device)
+    T = batch.packed.response_width
+    if out.shape[1] < T:
+        out = torch.nn.functional.pad(out, (0, 0, 0, T - out.shape[1]))
+    out = out[:, :T]
+    return out[..., 0], out[..., 1]
+
+
+def _micro(idx: torch.Tensor, algo: AlgorithmConfig) -> list[torch.Tensor]:
+    return list(idx.split(algo.micro_batch_size or len(idx)))
+
+
+def _policy_pass(policy: torch.nn.Module, opt: TrainOptimizer, batch: TrainBatch, adv: torch.Tensor,
+                 idx: torch.Tensor, algo: AlgorithmConfig) -> dict[str, float]:
+    """One optimizer step of the policy on mini-batch ``idx``, gradients accumulated over micro batches."""
+    mask = batch.packed.response_mask
+    total = mask[idx].sum().clamp_min(1.0)
+    metrics: dict[str, float] = defaultdict(float)
+    opt.zero_grad()
+    for mb in _micro(idx, algo):
+        logp, entropy = policy_logprobs(policy, batch, mb)
+        sub_mask = mask[mb]
+        old = batch.old_logp[mb] if batch.old_logp is not None else logp.detach()
+        if algo.name == "grpo":
+            ref = batch.ref_logp[mb] if batch.ref_logp is not None else None
+            loss, m = grpo_loss(logp, old, ref, adv[mb], sub_mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
+                                kl_coef=algo.kl_coef if ref is not None else 0.0, kl_kind=algo.kl_kind)
+        else:
+            loss, m = ppo_policy_loss(logp, old, adv[mb], sub_mask, clip_low=algo.clip_low, clip_high=algo.clip_high)
+        share = sub_mask.sum() / total  # exactly 1 without micro batches
+        (loss * share).backward()
+        m["entropy"] = float(masked_mean(entropy.detach(), sub_mask))
+        for k, v in m.items():
+            metrics[k] += v * float(share)
+    metrics["grad_norm"] = opt.step(algo.max_grad_norm)
+    return metrics
+
+
+def _critic_pass(critic: Critic, opt: TrainOptimizer, batch: TrainBatch, ret: torch.Tensor, idx: torch.Tensor,
+                 algo: AlgorithmConfig) -> dict[str, float]:
+    mask = batch.packed.response_mask
+    total = mask[idx].sum().clamp_min(1.0)
+    metrics: dict[str, float] = defaultdict(float)
+    opt.zero_grad()
+    for mb in _micro(idx, algo):
+        values = critic(batch.packed.select(mb))
+        vloss, m = value_loss(values, batch.values[mb], ret[mb], mask[mb], clip=algo.value_clip)
+        share = mask[mb].sum() / total
+        (vloss * share).backward()
+        for k, v in m.items():
+            metrics[k] += v * float(share)
+    opt.step(algo.max_grad_norm)
+    return metrics
+
+
+def run_updates(policy: torch.nn.Module, opt: TrainOptimizer, batch: TrainBatch, algo: AlgorithmConfig,
+                critic: Critic | None, critic_opt: TrainOptimizer | None, *, seed: int, step: int
                 ) -> dict[str, float]:
+    if batch.old_logp is None and needs_old_logp(algo):
+        raise ValueError(f"the scored shards have no old_logp, but algorithm {algo.name} with epochs={algo.epochs}, "
+                         f"num_minibatches={algo.num_minibatches} needs them; score with this algorithm config")
     adv, ret = compute_advantages(batch, algo)
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
     sums: dict[str, float] = defaultdict(float)
     count = 0
     for _ in range(algo.epochs):
         for idx in _minibatches(len(batch.rewards), algo, gen):
-            sub = batch.packed.select(idx)
-            logp, entropy = response_logprobs(policy, sub, with_entropy=True)
-            if algo.name == "grpo":
-                loss, m = grpo_loss(logp, batch.old_logp[idx], batch.ref_logp[idx], adv[idx], sub.response_mask,
-                                    clip_low=algo.clip_low, clip_high=algo.clip_high, kl_coef=algo.kl_coef,
-                                    kl_kind=algo.kl_kind)
-            else:
-                loss, m = ppo_policy_loss(logp, batch.old_logp[idx], adv[idx], sub.response_mask,
-                                          clip_low=algo.clip_low, clip_high=algo.clip_high)
-            opt.zero_grad()
-            loss.backward()
-            m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), algo.max_grad_norm))
-            opt.step()
-            m["entropy"] = float(masked_mean(entropy.detach(), sub.response_mask))
+            m = _policy_pass(policy, opt, batch, adv, idx, algo)
             if critic is not None:
-                values = critic(sub)
-                vloss, vm = value_loss(values, batch.values[idx], ret[idx], sub.response_mask, clip=algo.value_clip)
-                critic_opt.zero_grad()
-                vloss.backward()
-                torch.nn.utils.clip_grad_norm_(critic.parameters(), algo.max_grad_norm)
-                critic_opt.step()
-                m.update(vm)
+                m.update(_critic_pass(critic, critic_opt, batch, ret, idx, algo))
             for k, v in m.items():
                 sums[k] += v
             count += 1
     out = {k: v / count for k, v in sums.items()}
-    if algo.name == "ppo":  # the KL the penalty saw (k1), for the same metric name as GRPO
+    if algo.name == "ppo" and batch.ref_logp is not None:  # the KL the penalty saw (k1), as GRPO's metric name
         out["kl"] = float(masked_mean(batch.old_logp - batch.ref_logp, batch.packed.response_mask))
     return out
