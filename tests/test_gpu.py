@@ -144,7 +144,8 @@ def test_actions_round_trip_on_cuda(tmp_path, monkeypatch):
     cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={tmp_path}"])
     store = LocalStore(tmp_path)
     p = prepare(cfg, store, "runs/g")
-    ref = ModelRef(store_uri=store.uri, base_key=p.base_key, policy_key=p.init_key, policy_version=0)
+    # fp32 explicitly (model.dtype auto is bf16 on CUDA): the rollouts are compared with the CPU's.
+    ref = ModelRef(store_uri=store.uri, base_key=p.base_key, policy_key=p.init_key, policy_version=0, dtype="float32")
     gen_payload = {"model": ref.model_dump(), "dataset_key": p.train_key, "run_seed": 0, "step": 0,
                    "shard": "gen-0", "prompt_ids": [0, 1, 2, 3], "group_size": 4, "max_new_tokens": 8,
                    "temperature": 1.0}
