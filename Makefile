@@ -21,7 +21,8 @@ train: install
 test: install
 	$(PY) -m pytest -q -m "not slow and not vllm and not gpu" $(PYTEST_ARGS)
 
-## Long suites: full campaigns for both algorithms, kill -9 resume, fault storms.
+## Tests marked `slow` (minutes each; `grep -rn mark.slow tests/` lists them): today kill -9 at
+## random points then resume, and two first-ever runs starting Prefect on one fresh PREFECT_HOME.
 test-slow: install
 	$(PY) -m pytest -q -m "slow" $(PYTEST_ARGS)
 

@@ -110,6 +110,9 @@ def _train(args: argparse.Namespace) -> int:
     summary_path = Path(args.summary) if args.summary else out / "summary.json"
     _preflight(cfg, out, summary_path, args.resume)
     from flows.campaign import rlhf_campaign
+    from flows.local_api import start_local_api
+
+    start_local_api()  # under a lock in PREFECT_HOME: concurrent first runs set its database up once
 
     summary = rlhf_campaign(config=cfg.model_dump(mode="json"), resume=args.resume)
     out.mkdir(parents=True, exist_ok=True)
@@ -180,8 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # infrastructure failures: one line, secrets scrubbed, non-zero
         from actions.common.storage import StoreError
         from flows.invokers.base import ActionError
+        from flows.local_api import LocalApiError
 
-        if isinstance(exc, (StoreError, ActionError)):
+        if isinstance(exc, (StoreError, ActionError, LocalApiError)):
             print(f"rlhfless: error: {redact(str(exc))}", file=sys.stderr)
             return 2
         raise

@@ -349,3 +349,22 @@ def test_instantiate_writes_base_files_only_beneath_its_scratch_directory(sandbo
         instantiate({"config.json": b"{}", str(sandbox["outside"] / "abs"): b"x"}, {})
     assert list(sandbox["outside"].iterdir()) == []
     assert not [p for p in sandbox["tmp"].rglob("*") if p.is_file()], "the scratch directory was not removed"
+
+
+def test_an_action_refuses_a_policy_overwritten_after_its_commit(tmp_path: Path) -> None:
+    """The flow passes the commit's ``weights_sha256`` with every policy (``ModelRef``): a second
+    writer that replaced the policy manifest cannot make an action load other weights."""
+    from actions.runtime.server import ActionRuntime
+
+    store = LocalStore(tmp_path / "store")
+    prepared = _prepared_store(store, tmp_path)
+    committed = json.loads(store.get(prepared.init_key))["meta"]["weights_sha256"]
+    tensors, _ = load_tensors(store, prepared.init_key)
+    publish_tensors(store, prepared.init_key, {name: t + 1 for name, t in tensors.items()})
+    payload = {"model": {"store_uri": store.uri, "base_key": prepared.base_key, "policy_key": prepared.init_key,
+                         "policy_version": 0, "weights_sha256": committed},
+               "dataset_key": prepared.eval_key, "task": "repeat", "max_new_tokens": 4,
+               "output_key": "runs/r1/evals/v000000.json"}
+    status, result = ActionRuntime().run({"value": payload, "action_name": "/guest/rlhfless/evaluate"})
+    assert status == 200 and "error" in result, result
+    one_line_naming(Exception(result["error"]), prepared.init_key, f"expected weights_sha256 {committed}")
