@@ -46,19 +46,22 @@ def pointer_key(run_id: str) -> str:
 
 
 def load_state(store: ObjectStore, run_id: str) -> CampaignState | None:
-    """The run's last committed state, or None before its first commit.
+    """The run's last committed state, or None before its first commit (see :func:`parse_state`
+    for the checks)."""
+    record = read_pointer(store, pointer_key(run_id))
+    return None if record is None else parse_state(record, run_id)
 
-    A commit record comes from the store, so it is checked before anything in it is used: it
-    must be a valid state of this run, and every object key it names must be a safe key under
-    this run's own prefix (``runs/<run_id>/``) -- a crafted record cannot point a step at
-    another run's objects or outside the store.
+
+def parse_state(record: dict[str, Any], run_id: str) -> CampaignState:
+    """The campaign state in a commit record of ``run_id``, checked before anything in it is used.
+
+    A commit record comes from the store: it must be a valid state of this run, and every
+    object key it names must be a safe key under this run's own prefix (``runs/<run_id>/``), so a
+    crafted record cannot point a step at another run's objects or outside the store.
 
     Raises:
         IntegrityError / UnsafeName: one line naming the commit and the offending field.
     """
-    record = read_pointer(store, pointer_key(run_id))
-    if record is None:
-        return None
     where = f"commit record of run {run_id!r}"
     try:
         state = CampaignState.model_validate(record.get("state"))
