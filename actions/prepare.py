@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
 from actions.common.config import CampaignConfig
 from actions.common.storage import ObjectStore, put_artifact, put_json
 from actions.tasks import get_task
-from actions.tasks.dataset import PromptRow, load_jsonl, rows_to_jsonl
+from actions.tasks.build import Datasets, build_datasets
+from actions.tasks.dataset import rows_to_jsonl
 
 # torch and transformers are imported inside prepare(): validate_inputs runs at the CLI and
 # answers bad input in well under a second.
@@ -33,25 +36,39 @@ class Prepared(BaseModel):
     eval_key: str
     tokens_key: str
     model: dict
+    data: dict = {}
+    """What loading the datasets did (``build.Datasets.summary``): rows kept, dropped, truncated."""
 
 
-def _datasets(cfg: CampaignConfig) -> tuple[list[PromptRow], list[PromptRow]]:
-    task = get_task(cfg.data.task)
-    train = (load_jsonl(cfg.data.train_path, field="data.train_path") if cfg.data.train_path else
-             task.make_rows(cfg.data.num_train_prompts, max_count=cfg.data.max_count, seed=cfg.seed + 1))
-    evals = (load_jsonl(cfg.data.eval_path, field="data.eval_path") if cfg.data.eval_path else
-             task.make_rows(cfg.data.num_eval_prompts, max_count=cfg.data.max_count, seed=cfg.seed + 2,
-                            first_id=1_000_000))
-    if len(train) < cfg.algorithm.prompts_per_step:
-        raise ValueError(
-            f"data has {len(train)} training prompts but a step needs algorithm.batch_size/group_size = "
-            f"{cfg.algorithm.prompts_per_step}; add prompts or lower algorithm.batch_size"
-        )
-    return train, evals
+def _tokenizer_source(cfg: CampaignConfig) -> Callable[[], Any]:
+    """The tokenizer the actions will use, loaded on demand: from ``model.path`` (checked
+    first), or the tiny model's character tokenizer."""
+    def load() -> Any:
+        if cfg.model.path:
+            validate_model_dir(cfg.model.path)
+            from transformers import AutoTokenizer
+
+            try:
+                return AutoTokenizer.from_pretrained(cfg.model.path)
+            except Exception as exc:  # tokenizer files of every kind of damage
+                raise ValueError(f"model.path {cfg.model.path!r}: the tokenizer cannot be loaded ({type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else ''}); save it again with "
+                                 "save_pretrained") from None
+        from actions.common.modeling import build_char_tokenizer
+
+        return build_char_tokenizer(get_task(cfg.data.task).extra_chars)
+
+    return load
+
+
+def _datasets(cfg: CampaignConfig) -> Datasets:
+    return build_datasets(cfg, _tokenizer_source(cfg), model_name=f"model.path {cfg.model.path!r}" if cfg.model.path
+                          else "the tiny default model")
 
 
 def validate_inputs(cfg: CampaignConfig) -> None:
-    """Check the model directory and datasets without writing anything (fails fast at the CLI)."""
+    """Check the datasets, the reward functions and the model directory without writing
+    anything (fails fast at the CLI)."""
     _datasets(cfg)
     if cfg.model.path:
         validate_model_dir(cfg.model.path)
@@ -129,7 +146,8 @@ def prepare(cfg: CampaignConfig, store: ObjectStore, run_prefix: str) -> Prepare
     from actions.common.modeling import base_files, build_tiny_model, instantiate, model_summary, read_model_dir
     from actions.common.weights import publish_tensors
 
-    train, evals = _datasets(cfg)
+    data = _datasets(cfg)
+    train, evals = data.train, data.evals
     if cfg.model.path:
         validate_model_dir(cfg.model.path)
         files, tensors = read_model_dir(cfg.model.path)
@@ -137,7 +155,7 @@ def prepare(cfg: CampaignConfig, store: ObjectStore, run_prefix: str) -> Prepare
         m = cfg.model
         model, tokenizer = build_tiny_model(hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
                                             intermediate_size=m.intermediate_size, max_positions=m.max_positions,
-                                            seed=cfg.seed)
+                                            seed=cfg.seed, extra_chars=get_task(cfg.data.task).extra_chars)
         files, tensors = base_files(model, tokenizer), model.state_dict()
     _, tokenizer = instantiate(files, tensors)  # the tokenizer exactly as actions will load it
     tokens = {str(r.prompt_id): {"prompt": list(encode(tokenizer, r.prompt)),
@@ -152,4 +170,4 @@ def prepare(cfg: CampaignConfig, store: ObjectStore, run_prefix: str) -> Prepare
     tokens_key = f"{run_prefix}/data/tokens.json"
     put_json(store, tokens_key, tokens)
     return Prepared(base_key=base_key, init_key=init.manifest_key, train_key=train_key, eval_key=eval_key,
-                    tokens_key=tokens_key, model=model_summary(files))
+                    tokens_key=tokens_key, model=model_summary(files), data=data.summary)

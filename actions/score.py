@@ -1,9 +1,10 @@
 """score action: rewards, old and reference log-probs (and critic values for PPO) for a shard.
 
-Reads one or more rollout objects, scores every finished sample with the task's reward
-function, and computes per-token log-probs under the sampling policy (the "old" policy of
-the PPO ratio) and under the frozen reference, plus the critic's values for PPO. Each
-forward runs only where the update needs it: no reference model without a KL term
+Reads one or more rollout objects, scores every sample with the configured reward functions
+(``actions/tasks/rewards``; a function that fails raises ``RewardFunctionError``, an application
+error that is not retried), and computes per-token log-probs under the sampling policy (the
+"old" policy of the PPO ratio) and under the frozen reference, plus the critic's values for PPO.
+Each forward runs only where the update needs it: no reference model without a KL term
 (``kl_coef: 0``), and no old log-probs where the update's own pass gives them (GRPO with one
 epoch of one mini-batch, ``update.needs_old_logp``). The output
 is an artifact of tensors [B, T] (right-padded responses, T = the shard's widest row rounded
@@ -27,7 +28,7 @@ from actions.rl.kl import kl_estimate
 from actions.rl.masked import masked_mean
 from actions.rl.update import needs_old_logp, needs_ref_logp
 from actions.rl.sequences import per_row_widths, response_logprobs
-from actions.tasks import get_task
+from actions.tasks.rewards import compute_rewards
 
 
 def _load_samples(req: ScoreRequest) -> list[dict]:
@@ -48,10 +49,8 @@ def run_score(req: ScoreRequest) -> ScoreResult:
     responses = [s["tokens"] + ([s.get("stop_token", ids.eos_id)] if s["finish_reason"] == "stop" else [])
                  for s in samples]
     texts = [tokenizer.decode(s["tokens"]) for s in samples]
-    task = get_task(req.task)
-    raw = task.reward(texts, answer=[dataset[s["prompt_id"]].answer for s in samples])
-    # Unscorable output (None) is data, not an error: it earns no reward (STYLE P8).
-    rewards = torch.tensor([0.0 if r is None else float(r) for r in raw])
+    # Unscorable output (None from every function) is data, not an error: it earns no reward (STYLE P8).
+    rewards = torch.tensor(compute_rewards(req.rewards, [dataset[s["prompt_id"]] for s in samples], texts).total)
     # Only the forwards the update needs (update.needs_old_logp / needs_ref_logp).
     fns = {}
     if needs_old_logp(req.algorithm):

@@ -1,7 +1,7 @@
 """warmup action: a short supervised phase so RL starts from a non-trivial policy.
 
-Trains the initial weights on the task's demonstrations (teacher forcing, loss on answer
-tokens and EOS) and publishes the result, which becomes policy version 0 and the frozen
+Trains the initial weights on demonstrations (teacher forcing, loss on answer tokens and EOS):
+a synthetic task's imperfect demonstrator, or a user dataset's reference answers verbatim, and publishes the result, which becomes policy version 0 and the frozen
 reference for the KL term.
 """
 
@@ -26,7 +26,7 @@ def run_warmup(req: WarmupRequest) -> WarmupResult:
     tensors, _ = load_tensors(store, req.init_key)
     model, tokenizer = instantiate(load_base(req.store_uri, req.base_key), tensors)
     rows = list(load_dataset(req.store_uri, req.dataset_key).values())
-    task = get_task(req.task)
+    task = get_task(req.task) if req.task is not None else None
     rng = random.Random(req.seed)
     torch.manual_seed(req.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=req.warmup.lr, weight_decay=0.0)
@@ -35,7 +35,8 @@ def run_warmup(req: WarmupRequest) -> WarmupResult:
     losses = []
     for _ in range(req.warmup.steps):
         batch = rng.sample(rows, min(req.warmup.batch_size, len(rows)))
-        targets = [list(encode(tokenizer, task.demonstrate(r, rng, req.warmup.error_rate))) + [ids.eos_id] for r in batch]
+        demos = [task.demonstrate(r.answer, rng, req.warmup.error_rate) if task else r.answer for r in batch]
+        targets = [list(encode(tokenizer, d)) + [ids.eos_id] for d in demos]
         packed = pack([encode(tokenizer, r.prompt) for r in batch], targets, ids.pad_id)
         logp = response_logprobs(model, packed)
         loss = -(logp.sum() / packed.response_mask.sum())

@@ -59,7 +59,8 @@ def check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: bo
 
 
 def _evaluate(ctx: RunContext, state: CampaignState) -> dict[str, Any]:
-    req = EvaluateRequest(model=_model_ref(ctx, state), dataset_key=state.prepared["eval_key"], task=ctx.config.data.task,
+    req = EvaluateRequest(model=_model_ref(ctx, state), dataset_key=state.prepared["eval_key"],
+                          rewards=ctx.config.reward_functions(),
                           max_new_tokens=ctx.config.generation.max_new_tokens, engine=ctx.config.generation.engine,
                           output_key=f"{ctx.prefix}/evals/v{state.policy_version:06d}.json")
     out = invoke_action(action="evaluate", payload=req.model_dump(mode="json"), shard=f"eval-v{state.policy_version}")
@@ -83,7 +84,7 @@ def _setup(ctx: RunContext, progress: Progress) -> CampaignState:
         progress(f"warmup: {cfg.warmup.steps} supervised steps")
         req = WarmupRequest(store_uri=ctx.store.uri, base_key=prepared.base_key, init_key=prepared.init_key,
                             dataset_key=prepared.train_key, output_key=f"{ctx.prefix}/policy/v000000/manifest.json",
-                            warmup=cfg.warmup, task=cfg.data.task, seed=cfg.seed)
+                            warmup=cfg.warmup, task=None if cfg.data.train_path else cfg.data.task, seed=cfg.seed)
         warm = invoke_action(action="warmup", payload=req.model_dump(mode="json"), shard="warmup")["result"]
         policy_key, sha = warm["policy_key"], warm["weights_sha256"]
     else:
@@ -233,6 +234,7 @@ def summarize(state: CampaignState, wall: float) -> dict[str, Any]:
         "usd": state.spend["usd"],
         "wall_seconds": wall,
         "policy_version": state.policy_version,
+        "data": state.prepared.get("data", {}),
         "weights_sha256": state.weights_sha256,
         "stopped_reason": state.stopped_reason,
         "length_history": state.length_history,  # per prompt: [epoch, longest response of its group]

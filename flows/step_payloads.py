@@ -55,7 +55,7 @@ def generate_payload(ctx: RunContext, inputs: StepInputs, shard: str, prompt_ids
 def score_payload(ctx: RunContext, inputs: StepInputs, rollout_keys: list[str], shard: str) -> dict[str, Any]:
     return ScoreRequest(
         policy=inputs.model, reference_key=inputs.reference_key, critic_key=inputs.critic_key,
-        dataset_key=inputs.train_key, rollout_keys=rollout_keys, task=ctx.config.data.task,
+        dataset_key=inputs.train_key, rollout_keys=rollout_keys, rewards=ctx.config.reward_functions(),
         algorithm=ctx.config.algorithm,
         output_key=f"{step_prefix(ctx, inputs.step)}/scored/{shard}/manifest.json",
     ).model_dump(mode="json")

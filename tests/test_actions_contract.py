@@ -50,7 +50,7 @@ def test_generate_score_train_round_trip_changes_every_parameter(prepared):
                              "temperature": 1.0, "output_key": "runs/c/roll.json"})
     assert len(gen["samples"]) == 16 and gen["prefill_tokens"] * 4 == gen["prefill_tokens_naive"]
     score = _call("score", {"policy": ref.model_dump(), "reference_key": p.init_key, "dataset_key": p.train_key,
-                            "rollout_keys": [gen["rollout_key"]], "task": "repeat",
+                            "rollout_keys": [gen["rollout_key"]], "rewards": [{"name": "repeat"}],
                             "algorithm": cfg.algorithm.model_dump(), "output_key": "runs/c/scored/manifest.json"})
     assert score["num_samples"] == 16
     # A random policy rarely solves the task: give each group mixed rewards so that every
@@ -92,7 +92,7 @@ def test_missing_input_is_an_application_error(prepared):
     _, store, p = prepared
     ref = ModelRef(store_uri=store.uri, base_key=p.base_key, policy_key="runs/c/nope/manifest.json", policy_version=0)
     out = importlib.import_module("actions.evaluate").main({"model": ref.model_dump(), "dataset_key": p.eval_key,
-                                                            "task": "repeat", "max_new_tokens": 4,
+                                                            "rewards": [{"name": "repeat"}], "max_new_tokens": 4,
                                                             "output_key": "runs/c/e.json"})
     assert "error" in out and "nope" in out["error"]
 

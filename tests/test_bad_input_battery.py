@@ -61,6 +61,20 @@ def _rows(*rows: dict) -> str:
 
 ROW = {"prompt_id": 1, "prompt": "write c once", "answer": "c"}
 
+PLUGIN = """
+def short(prompts, completions, **kw):
+    return [1.0]
+
+def text(prompts, completions, **kw):
+    return ["yes" for _ in completions]
+
+def boom(prompts, completions, answer, **kw):
+    return [{}["missing"] for _ in completions]
+"""
+# {tmp} is filled in per case; no bytecode, so the plug-in's folder is not changed by the import.
+PLUGIN_ENV = {"PYTHONPATH": os.pathsep.join(["{tmp}/plugins", *filter(None, [os.environ.get("PYTHONPATH")])]),
+              "PYTHONDONTWRITEBYTECODE": "1"}
+
 
 def _model_dir(weights: bytes | None, *, config: str = '{"model_type": "llama"}', tokenizer: bool = True):
     def setup(tmp: Path) -> None:
@@ -161,8 +175,78 @@ CASES: dict[str, Case] = {
         _train("--set", "data.eval_path={tmp}/d.jsonl"), ("data.eval_path", "not UTF-8"),
         setup=_write("d.jsonl", b"\xff\xfe\x00garbage\n")),
     "dataset too small for a step": Case(
-        _train("--set", "data.train_path={tmp}/d.jsonl"), ("1 training prompts", "lower algorithm.batch_size"),
+        _train("--set", "data.train_path={tmp}/d.jsonl", "--set", "data.eval_path={tmp}/d.jsonl"),
+        ("1 training prompts", "lower algorithm.batch_size"), setup=_write("d.jsonl", _rows(ROW))),
+    "dataset train without eval": Case(
+        _train("--set", "data.train_path={tmp}/d.jsonl"), ("data.eval_path", "held-out prompts"),
         setup=_write("d.jsonl", _rows(ROW))),
+    "dataset unknown format": Case(
+        _train("--set", "data.train_path={tmp}/d.csv"), ("data.train_path", "unknown format (.csv)", ".parquet"),
+        setup=_write("d.csv", "prompt,answer\n")),
+    "dataset parquet not parquet": Case(
+        _train("--set", "data.train_path={tmp}/d.parquet"), ("d.parquet", "not a readable Parquet", "write it again"),
+        setup=_write("d.parquet", "not parquet at all")),
+    "dataset folder without data": Case(
+        _train("--set", "data.train_path={tmp}/ds"), ("data.train_path", "without state.json", "save_to_disk"),
+        setup=_write("ds/readme.txt", "x")),
+    "dataset DatasetDict folder": Case(
+        _train("--set", "data.train_path={tmp}/dd"), ("DatasetDict with splits test, train", "dd/test"),
+        setup=lambda tmp: [_write(n, "{}")(tmp) for n in ("dd/dataset_dict.json", "dd/train/state.json",
+                                                          "dd/test/state.json")]),
+    "dataset prompt_key missing": Case(
+        _train("--set", "data.train_path={tmp}/d.jsonl", "--set", "data.prompt_key=question"),
+        ("d.jsonl:1", "key 'question' is missing", "set data.prompt_key"), setup=_write("d.jsonl", _rows(ROW))),
+    "dataset empty prompt": Case(
+        _train("--set", "data.train_path={tmp}/d.jsonl"), ("d.jsonl:2", "key 'prompt' is an empty prompt", "fill in"),
+        setup=_write("d.jsonl", _rows(ROW, {**ROW, "prompt_id": 2, "prompt": "  "}))),
+    "dataset prompt of the wrong type": Case(
+        _train("--set", "data.train_path={tmp}/d.jsonl"), ("d.jsonl:1", "key 'prompt' is 5 (int)", "list of chat messages"),
+        setup=_write("d.jsonl", _rows({**ROW, "prompt": 5}))),
+    "dataset malformed chat message": Case(
+        _train("--set", "data.train_path={tmp}/d.jsonl"), ("d.jsonl:1", "message 0", '{"role": str, "content": str}'),
+        setup=_write("d.jsonl", _rows({**ROW, "prompt": [{"role": "user"}]}))),
+    "dataset answer of the wrong type": Case(
+        _train("--set", "data.train_path={tmp}/d.jsonl"), ("d.jsonl:1", "key 'answer'", "a string or a number"),
+        setup=_write("d.jsonl", _rows({**ROW, "answer": ["c"]}))),
+    "dataset id_key missing": Case(
+        _train("--set", "data.train_path={tmp}/d.jsonl", "--set", "data.id_key=uid"),
+        ("d.jsonl:1", "key 'uid' is missing", "unset data.id_key"), setup=_write("d.jsonl", _rows(ROW))),
+    "dataset chat prompts without a chat template": Case(
+        _train("--set", "data.train_path={tmp}/d.jsonl", "--set", "data.eval_path={tmp}/d.jsonl"),
+        ("chat messages", "no chat template", "data.chat_template"),
+        setup=_write("d.jsonl", _rows({**ROW, "prompt": [{"role": "user", "content": "write c once"}]}))),
+    "dataset chat_template true without one": Case(
+        _train("--set", "data.chat_template=true"), ("data.chat_template is true", "no chat template", "auto or false")),
+    "dataset chat_template not a mode": Case(
+        _train("--set", "data.chat_template=maybe"), ("data.chat_template", "'maybe'")),
+    "dataset prompt above max_prompt_tokens": Case(
+        _train("--set", "data.max_prompt_tokens=8"), ("above data.max_prompt_tokens=8", "truncate_left or skip")),
+    "dataset unknown long_prompts policy": Case(
+        _train("--set", "data.long_prompts=drop"), ("data.long_prompts", "'truncate_left'")),
+    # ----------------------------------------------------------------- reward functions
+    "reward unknown name": Case(
+        _train("--set", "reward.functions=[{{name: gsm9k}}]"), ("'gsm9k' is not a built-in", "fix the name")),
+    "reward empty list": Case(_train("--set", "reward.functions=[]"), ("reward.functions is empty", "name at least one")),
+    "reward module cannot be imported": Case(
+        _train("--set", "reward.functions=[{{name: 'nosuch_pkg.rewards:score'}}]"),
+        ("'nosuch_pkg.rewards' cannot be imported", "PYTHONPATH")),
+    "reward module lacks the function": Case(
+        _train("--set", "reward.functions=[{{name: 'json:no_such_fn'}}]"), ("has no function 'no_such_fn'",)),
+    "reward returns the wrong length": Case(
+        _train("--set", "reward.functions=[{{name: 'plug:short'}}]"),
+        ("'plug:short' returned 1 values for 2 completions", "one float (or None) per completion"),
+        env=PLUGIN_ENV, setup=_write("plugins/plug.py", PLUGIN)),
+    "reward returns a string": Case(
+        _train("--set", "reward.functions=[{{name: 'plug:text'}}]"), ("'plug:text' returned 'yes'", "finite float"),
+        env=PLUGIN_ENV, setup=_write("plugins/plug.py", PLUGIN)),
+    "reward raises": Case(
+        _train("--set", "reward.functions=[{{name: 'plug:boom'}}]"),
+        ("'plug:boom' raised KeyError", "prompt_id 0", "fix the function"), env=PLUGIN_ENV,
+        setup=_write("plugins/plug.py", PLUGIN)),
+    "reward bad format pattern": Case(
+        _train("--set", "reward.functions=[{{name: format, pattern: '(unclosed'}}]"), ("'(unclosed'", "not a regular expression")),
+    "reward pattern on another reward": Case(
+        _train("--set", "reward.functions=[{{name: gsm8k, pattern: 'x'}}]"), ("'gsm8k' has a pattern", "remove it")),
     # ----------------------------------------------------------------- model paths
     "model dir missing": Case(_train("--set", "model.path={tmp}/nomodel"), ("model.path", "nomodel", "not a directory")),
     "model dir without config.json": Case(
@@ -302,7 +386,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(name: str, tmp_path: P
     cwd.mkdir()
     args = [a.format(tmp=tmp_path, done=done_store) for a in case.args]
     before = _snapshot(tmp_path, done_store)
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=_env(case.env, tmp_path),
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=_env({k: v.replace("{tmp}", str(tmp_path)) for k, v in case.env.items()}, tmp_path),
                           capture_output=True, text=True, timeout=60)
     err = proc.stderr.strip()
     assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stderr}"

@@ -1,10 +1,16 @@
-"""Run the doctest examples of the reward functions."""
+"""Run the doctest examples of the tasks, the data mapping and the reward functions."""
 
 import doctest
+import importlib
 
-import actions.tasks.repeat
+import pytest
+
+MODULES = ["actions.tasks.repeat", "actions.tasks.arith", "actions.tasks.fields", "actions.tasks.rewards.numeric",
+           "actions.tasks.rewards.gsm8k", "actions.tasks.rewards.text", "actions.tasks.rewards.exact_match",
+           "actions.tasks.rewards.format", "actions.tasks.rewards.symbolic"]
 
 
-def test_reward_function_doctests():
-    result = doctest.testmod(actions.tasks.repeat)
+@pytest.mark.parametrize("name", MODULES)
+def test_doctests(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name))
     assert result.attempted > 0 and result.failed == 0

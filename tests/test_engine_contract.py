@@ -206,7 +206,7 @@ def test_requests_default_to_torch_and_reject_unknown_engines():
            "temperature": 1.0, "output_key": "o"}
     assert GenerateRequest.model_validate(gen).engine == "torch"
     assert GenerateRequest.model_validate({**gen, "engine": "vllm"}).engine == "vllm"
-    ev = {"model": ref, "dataset_key": "d", "task": "repeat", "max_new_tokens": 4, "output_key": "o"}
+    ev = {"model": ref, "dataset_key": "d", "rewards": [{"name": "repeat"}], "max_new_tokens": 4, "output_key": "o"}
     assert EvaluateRequest.model_validate(ev).engine == "torch"
     err = parse_request(GenerateRequest, {**gen, "engine": "jax"})
     assert isinstance(err, dict) and err["field"] == "engine", err
@@ -256,7 +256,7 @@ def test_generate_and_evaluate_actions_on_vllm_reuse_one_engine_across_versions(
         call("generate", {**gen, "model": ref1.model_dump(), "engine": "vllm", "output_key": "runs/v/v1.json"})
         assert factory._vllm.engine is engine and engine.policy_version == 1
         assert get_json(store, "runs/v/v1.json")["samples"] != v
-        ev = call("evaluate", {"model": ref1.model_dump(), "dataset_key": p.eval_key, "task": "repeat",
+        ev = call("evaluate", {"model": ref1.model_dump(), "dataset_key": p.eval_key, "rewards": [{"name": "repeat"}],
                                "max_new_tokens": 8, "engine": "vllm", "output_key": "runs/v/e.json"})
         assert ev["num_prompts"] == 8 and 0.0 <= ev["accuracy"] <= 1.0
         assert factory._vllm.engine is engine

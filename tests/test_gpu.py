@@ -155,7 +155,7 @@ def test_actions_round_trip_on_cuda(tmp_path, monkeypatch):
     same = sum(a == b for a, b in zip(cpu["samples"], gen["samples"]))
     assert same >= 0.9 * len(gen["samples"]), f"only {same}/{len(gen['samples'])} samples agree with the CPU"
     score = _call("score", {"policy": ref.model_dump(), "reference_key": p.init_key, "dataset_key": p.train_key,
-                            "rollout_keys": [gen["rollout_key"]], "task": "repeat",
+                            "rollout_keys": [gen["rollout_key"]], "rewards": [{"name": "repeat"}],
                             "algorithm": cfg.algorithm.model_dump(), "output_key": "runs/g/scored/manifest.json"})
     tensors, meta = load_tensors(store, score["scored_key"])
     assert all(t.device.type == "cpu" for t in tensors.values())

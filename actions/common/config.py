@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,15 +42,91 @@ class ModelConfig(_Section):
 
 
 class DataConfig(_Section):
-    task: Literal["repeat"] = "repeat"
-    """Reward function and synthetic generator. ``repeat``: write a letter exactly k times."""
+    task: Literal["repeat", "arith"] = "repeat"
+    """The synthetic task used when ``train_path`` is unset, and the default reward. ``repeat``:
+    write a letter exactly k times; ``arith``: GSM8K-style arithmetic word problems."""
     train_path: str | None = None
-    """JSONL of {prompt_id, prompt, answer}; None generates the synthetic task."""
+    """A .jsonl or .parquet file, or a ``Dataset.save_to_disk`` folder; None generates the task."""
     eval_path: str | None = None
+    """Held-out prompts in the same format; required with ``train_path``."""
+    prompt_key: str = Field("prompt", min_length=1)
+    """Column holding the prompt: a string, or a list of chat messages {role, content}."""
+    answer_key: str = Field("answer", min_length=1)
+    """Column holding the reference answer (for GSM8K, the worked solution ending ``#### N``)."""
+    id_key: str | None = None
+    """Column holding a unique id (int or string); None: a ``prompt_id`` column if present,
+    else an id from the row's content."""
+    chat_template: Literal["auto"] | bool = "auto"
+    """Format prompts with the tokenizer's chat template: auto (when it has one), true, false."""
+    system_prompt: str | None = None
+    """Put first as a system message (or, without a chat template, before the prompt)."""
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    """Longest prompt in tokens (after formatting); None: no limit."""
+    long_prompts: Literal["error", "truncate_left", "skip"] = "error"
+    """What happens to a prompt above ``max_prompt_tokens``."""
     num_train_prompts: int = Field(512, ge=1)
     num_eval_prompts: int = Field(64, ge=1)
-    max_count: int = Field(14, ge=1)
-    """Largest k of the synthetic task (answer length in tokens)."""
+    max_count: int | None = Field(None, ge=1)
+    """Largest k of the repeat task (answer length in tokens; None: 14), or the most operations
+    of an arith problem (None: 3)."""
+
+
+    @field_validator("chat_template", mode="before")
+    @classmethod
+    def _check_chat_template(cls, v: Any) -> Any:
+        if v == "auto" or isinstance(v, bool):
+            return v
+        raise ValueError(f"data.chat_template {v!r} is not a mode; use auto, true or false")
+
+
+class RewardFunctionConfig(_Section):
+    name: str
+    """A built-in (repeat, gsm8k, math, exact_match, format) or ``package.module:function``."""
+    weight: float = 1.0
+    pattern: str | None = None
+    """The regular expression of the ``format`` reward (None: its default)."""
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, v: str) -> str:
+        from actions.tasks.rewards import BUILTIN_REWARDS
+
+        module, _, attr = v.partition(":")
+        if v in BUILTIN_REWARDS or (module and attr.isidentifier()
+                                    and all(p.isidentifier() for p in module.split("."))):
+            return v
+        raise ValueError(f"reward.functions name {v!r} is not a built-in ({', '.join(BUILTIN_REWARDS)}) nor "
+                         "package.module:function; fix the name")
+
+    @model_validator(mode="after")
+    def _check_pattern(self) -> RewardFunctionConfig:
+        if self.pattern is not None:
+            if self.name != "format":
+                raise ValueError(f"reward.functions {self.name!r} has a pattern, which only the format reward uses; "
+                                 "remove it")
+            try:
+                re.compile(self.pattern)
+            except re.error as exc:
+                raise ValueError(f"reward.functions format pattern {self.pattern!r} is not a regular expression "
+                                 f"({exc}); fix it") from None
+        return self
+
+
+class RewardConfig(_Section):
+    functions: list[RewardFunctionConfig] | None = None
+    """Weighted reward functions, summed; None: the task's (repeat: repeat, arith: gsm8k)."""
+
+    @field_validator("functions")
+    @classmethod
+    def _check_functions(cls, v: list[RewardFunctionConfig] | None) -> list[RewardFunctionConfig] | None:
+        if v is not None and not v:
+            raise ValueError("reward.functions is empty; name at least one, e.g. [{name: gsm8k}], or remove the key")
+        if v is not None and len({f.name for f in v}) != len(v):
+            raise ValueError("reward.functions names a function twice; give each once (weights add up instead)")
+        return v
+
+
+TASK_REWARDS = {"repeat": "repeat", "arith": "gsm8k"}
 
 
 class AlgorithmConfig(_Section):
@@ -110,8 +187,10 @@ class AlgorithmConfig(_Section):
 
 
 class WarmupConfig(_Section):
-    steps: int = Field(300, ge=0)
-    """Supervised steps on imperfect demonstrations before RL (0 skips warm-up)."""
+    steps: int | None = Field(None, ge=0)
+    """Supervised steps before RL (0 skips warm-up). None: 300 on a synthetic task (its
+    imperfect demonstrator), 0 on a user dataset, where warm-up trains on the reference answers
+    verbatim and is an explicit choice (only for answers that are worked solutions)."""
     batch_size: int = Field(32, gt=0)
     lr: float = Field(3e-3, gt=0)
     error_rate: float = Field(0.9, ge=0, le=1)
@@ -268,6 +347,7 @@ class CampaignConfig(_Section):
     """Names the run in the store; None derives it from the configuration's hash."""
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
+    reward: RewardConfig = RewardConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     warmup: WarmupConfig = WarmupConfig()
     generation: GenerationConfig = GenerationConfig()
@@ -288,6 +368,18 @@ class CampaignConfig(_Section):
     @classmethod
     def _check_run_id(cls, v: str | None) -> str | None:
         return v if v is None else check_run_id(v)
+
+    @model_validator(mode="after")
+    def _resolve_defaults(self) -> CampaignConfig:
+        if self.data.max_count is None:
+            self.data.max_count = {"repeat": 14, "arith": 3}[self.data.task]
+        if self.warmup.steps is None:
+            self.warmup.steps = 0 if self.data.train_path else 300
+        return self
+
+    def reward_functions(self) -> list[RewardFunctionConfig]:
+        """``reward.functions``, or the task's reward when unset."""
+        return self.reward.functions or [RewardFunctionConfig(name=TASK_REWARDS[self.data.task])]
 
     def overlap_scoring(self) -> bool:
         """Whether a shard's score is submitted while other shards still generate."""

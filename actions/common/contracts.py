@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from actions.common.config import AlgorithmConfig, WarmupConfig
+from actions.common.config import AlgorithmConfig, RewardFunctionConfig, WarmupConfig
 
 
 class _Msg(BaseModel):
@@ -61,7 +61,9 @@ class WarmupRequest(_Msg):
     dataset_key: str
     output_key: str
     warmup: WarmupConfig
-    task: str
+    task: str | None
+    """The synthetic task whose imperfect demonstrator writes the targets; None: the
+    dataset's reference answers, verbatim (a user dataset with worked solutions)."""
     seed: int
 
 
@@ -134,7 +136,8 @@ class ScoreRequest(_Msg):
     critic_key: str | None = None
     dataset_key: str
     rollout_keys: list[str]
-    task: str
+    rewards: list[RewardFunctionConfig] = Field(min_length=1)
+    """The weighted reward functions (``CampaignConfig.reward_functions``)."""
     algorithm: AlgorithmConfig
     output_key: str
 
@@ -180,7 +183,7 @@ class TrainStepResult(_Msg):
 class EvaluateRequest(_Msg):
     model: ModelRef
     dataset_key: str
-    task: str
+    rewards: list[RewardFunctionConfig] = Field(min_length=1)
     max_new_tokens: int = Field(gt=0)
     engine: Literal["torch", "vllm"] = "torch"
     """Generation engine (``generation.engine``); greedy either way."""
@@ -189,8 +192,10 @@ class EvaluateRequest(_Msg):
 
 class EvaluateResult(_Msg):
     accuracy: float
+    """Fraction of completions whose reward reached its row's best (``rewards.is_best``)."""
     mean_length: float
     num_prompts: int
+    reward_mean: float = 0.0
 
 
 def parse_request(model: type[_Msg], args: dict[str, Any]) -> _Msg | dict[str, Any]:

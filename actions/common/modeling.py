@@ -33,10 +33,12 @@ SLOW_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.model")
 GENERATION_CONFIG = "generation_config.json"
 
 
-def build_char_tokenizer() -> PreTrainedTokenizerFast:
-    """A character-level tokenizer: ``<pad>`` 0, ``<eos>`` 1, ``<unk>`` 2, then one id per char."""
+def build_char_tokenizer(extra_chars: str = "") -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: ``<pad>`` 0, ``<eos>`` 1, ``<unk>`` 2, then one id per
+    char of ``TINY_CHARS`` and then of ``extra_chars`` (a task's own, e.g. ``#``: appended, so
+    the default vocabulary and model are unchanged by tasks that need none)."""
     vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
-    for ch in TINY_CHARS:
+    for ch in TINY_CHARS + "".join(c for c in dict.fromkeys(extra_chars) if c not in TINY_CHARS):
         vocab[ch] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
@@ -45,10 +47,11 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def build_tiny_model(
-    *, hidden_size: int, num_layers: int, num_heads: int, intermediate_size: int, max_positions: int, seed: int
+    *, hidden_size: int, num_layers: int, num_heads: int, intermediate_size: int, max_positions: int, seed: int,
+    extra_chars: str = "",
 ) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
     """A randomly initialised Llama with the char tokenizer (deterministic for a seed)."""
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_char_tokenizer(extra_chars)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,

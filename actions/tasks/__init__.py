@@ -1,28 +1,51 @@
-"""Tasks: how prompts are made, demonstrated and rewarded. Looked up by ``data.task``."""
+"""Synthetic tasks: how their rows are made and demonstrated. Looked up by ``data.task``.
+
+A task produces dataset records (plain dicts, as a file would hold them) and names the keys
+that hold the prompt, the answer and the id, so its rows take the same path through
+``fields.py`` and ``chat.py`` as a user's file. Its reward is a name in ``rewards``
+(``CampaignConfig.reward_functions``).
+"""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from actions.tasks import repeat
-from actions.tasks.dataset import PromptRow
+from actions.tasks import arith, repeat
+from actions.tasks.fields import FieldMap
 
 
 @dataclass(frozen=True)
 class Task:
     name: str
-    reward: Callable[..., list[float | None]]
-    demonstrate: Callable[[PromptRow, random.Random, float], str]
-    make_rows: Callable[..., list[PromptRow]]
+    fields: FieldMap
+    make_records: Callable[..., list[dict[str, Any]]]
+    """(num_rows, *, max_count, seed, exclude) -> records; ``exclude``: questions not to repeat."""
+    demonstrate: Callable[[str, random.Random, float], str]
+    """(reference answer, rng, error_rate) -> an imperfect demonstration for warm-up."""
+    extra_chars: str = ""
+    """Characters the tiny model's tokenizer must hold beyond its base alphabet."""
 
 
-def _repeat_demo(row: PromptRow, rng: random.Random, error_rate: float) -> str:
-    return repeat.demonstrate(row, rng, error_rate=error_rate)
+def _repeat_records(num_rows: int, *, max_count: int, seed: int, exclude: frozenset[str] = frozenset(),
+                    first_id: int = 0) -> list[dict[str, Any]]:
+    return [r.model_dump(include={"prompt_id", "prompt", "answer"})
+            for r in repeat.make_rows(num_rows, max_count=max_count, seed=seed, first_id=first_id)]
 
 
-TASKS = {"repeat": Task("repeat", repeat.exact_match_reward, _repeat_demo, repeat.make_rows)}
+def _arith_records(num_rows: int, *, max_count: int, seed: int, exclude: frozenset[str] = frozenset(),
+                   first_id: int = 0) -> list[dict[str, Any]]:
+    return arith.make_records(num_rows, max_ops=max_count, seed=seed, exclude=exclude)
+
+
+TASKS = {
+    "repeat": Task("repeat", FieldMap("prompt", "answer", "prompt_id"), _repeat_records,
+                   lambda answer, rng, e: repeat.demonstrate_answer(answer, rng, error_rate=e)),
+    "arith": Task("arith", FieldMap("question", "answer"), _arith_records,
+                  lambda answer, rng, e: arith.demonstrate(answer, rng, error_rate=e), arith.EXTRA_CHARS),
+}
 
 
 def get_task(name: str) -> Task:

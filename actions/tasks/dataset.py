@@ -1,12 +1,16 @@
-"""Prompt datasets: rows with an id, a prompt and a reference answer, as JSONL.
+"""Prompt rows as the actions read them from the store: one JSON object per line.
 
-A dataset file is JSON Lines, one object per prompt::
+::
 
-    {"prompt_id": 17, "prompt": "...", "answer": "..."}
+    {"prompt_id": 17, "prompt": "...", "answer": "...", "source_prompt": null, "columns": {}}
 
-``prompt_id`` must be unique; it keys the response-length history and every sample's random
-stream. ``answer`` is the reference used by the reward function and, in the first epoch, as
-the length prediction. Validation errors name the file, the line and the field.
+``prompt_id`` is unique; it keys the response-length history and every sample's random
+stream. ``prompt`` is the exact text the policy is given (chat template and system prompt
+already applied, see ``chat.py``). ``answer`` is the reference used by the reward functions,
+by the warm-up on reference solutions and, in the first epoch, as the length prediction.
+``source_prompt`` keeps a chat-message prompt as the dataset wrote it (the reward functions'
+``prompts``), and ``columns`` the dataset's other columns. User files are read by
+``sources.py`` and mapped by ``fields.py``; this module is the store's own format.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
+
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -26,6 +32,10 @@ class PromptRow(BaseModel):
     prompt_id: int
     prompt: str
     answer: str
+    source_prompt: list[dict[str, str]] | None = None
+    """The dataset's chat-message prompt; None when the dataset gave a string (``prompt``)."""
+    columns: dict[str, Any] = {}
+    """The dataset's other columns (JSON values), passed to the reward functions by name."""
 
 
 def rows_to_jsonl(rows: Iterable[PromptRow]) -> bytes:
@@ -64,16 +74,3 @@ def parse_jsonl(data: bytes, *, source: str) -> list[PromptRow]:
     if not rows:
         raise ValueError(f"{source}: no rows; add at least one {{prompt_id, prompt, answer}} line")
     return rows
-
-
-def load_jsonl(path: str | Path, *, field: str = "dataset") -> list[PromptRow]:
-    """Read a JSONL dataset from local disk. ``field`` names the setting that gave ``path``
-    (e.g. ``data.train_path``) in error messages."""
-    p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise ValueError(f"{field} {str(p)!r} does not exist; fix {field} (a JSONL file)") from None
-    except OSError as exc:
-        raise ValueError(f"{field} {str(p)!r} cannot be read ({exc.strerror}); fix {field} (a JSONL file)") from None
-    return parse_jsonl(data, source=f"{field} {p}")

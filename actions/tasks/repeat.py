@@ -9,7 +9,7 @@ per-group prompt.
 Prompt: ``TEMPLATE + "k=<k> c=<letter>\\n"``; reference answer: ``letter * k``. The model
 must stop with EOS right after the k-th letter.
 
-The warm-up demonstrations come from an imperfect demonstrator (:func:`demonstrate`) that
+The warm-up demonstrations come from an imperfect demonstrator (:func:`demonstrate_answer`) that
 miscounts long answers, as weak teacher models do: warm-up gives a policy that writes the right
 kind of answer but often the wrong number of letters, and RL with the exact-match reward has a
 real error to fix.
@@ -40,11 +40,12 @@ def make_rows(num_rows: int, *, max_count: int, seed: int, first_id: int = 0) ->
     return rows
 
 
-def demonstrate(row: PromptRow, rng: random.Random, *, error_rate: float) -> str:
-    """An imperfect demonstration: with probability ``error_rate * k / max_k`` the count
-    is off by one or two (errors grow with the answer's length)."""
-    k = len(row.answer)
-    letter = row.answer[:1]
+def demonstrate_answer(answer: str, rng: random.Random, *, error_rate: float) -> str:
+    """An imperfect demonstration of the reference ``answer``: with probability
+    ``error_rate * min(1, k / 12)`` the count is off by one or two (errors grow with the
+    answer's length)."""
+    k = len(answer)
+    letter = answer[:1]
     if rng.random() < error_rate * min(1.0, k / 12):
         k = max(1, k + rng.choice([-2, -1, 1, 2]))
     return letter * k

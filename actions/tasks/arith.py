@@ -1,0 +1,85 @@
+"""A CPU-learnable task in GSM8K's format: short multi-step arithmetic word problems.
+
+Rows have GSM8K's columns, ``question`` and ``answer``, and the answer is a worked solution
+that ends in ``#### N``::
+
+    question: "mia has 3 coins. she finds 4 more. she loses 2. how many coins does mia have now?"
+    answer:   "3+4=7. 7-2=5.\\n#### 5"
+
+They go through the same field mapping (``fields.py``), the same formatting and the same
+``gsm8k`` reward as a real GSM8K dataset; only the file reading is skipped. Every quantity
+stays in 0..9, so the arithmetic is a table of about a hundred facts a tiny model can hold, and
+a problem has 1..``max_ops`` operations, so answer lengths vary as they do in GSM8K.
+
+The warm-up demonstrator (:func:`demonstrate`) is imperfect the way weak teachers are: on a
+long problem it often stops one operation early, writing the intermediate result as the final
+answer (the chance grows with the number of operations). Warm-up then gives a policy that
+writes well-formed worked solutions but stops early on long problems, and RL with the
+``gsm8k`` reward has a real error to fix.
+
+Only characters of the tiny model's alphabet are used (lower case, digits, ``.=+-?#``).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+EXTRA_CHARS = "#"
+"""Characters this task needs beyond the tiny tokenizer's base alphabet."""
+
+NAMES = (("tom", "he"), ("sam", "he"), ("leo", "he"), ("mia", "she"), ("ana", "she"), ("eva", "she"))
+ITEMS = ("apples", "coins", "pens", "books", "cards", "eggs", "shells", "stamps")
+GAINS = ("gets {n} more", "finds {n} more", "buys {n} more")
+LOSSES = ("gives away {n}", "loses {n}", "sells {n}")
+LIMIT = 9
+
+
+def make_problem(rng: random.Random, num_ops: int) -> dict[str, str]:
+    """One problem with ``num_ops`` operations, as a GSM8K row {question, answer}."""
+    name, pronoun = rng.choice(NAMES)
+    item = rng.choice(ITEMS)
+    value = rng.randint(1, LIMIT)
+    sentences = [f"{name} has {value} {item}."]
+    steps = []
+    for _ in range(num_ops):
+        grow = value < LIMIT and (value == 0 or rng.random() < 0.5)
+        n = rng.randint(1, LIMIT - value) if grow else rng.randint(1, value)
+        new = value + n if grow else value - n
+        sentences.append(f"{pronoun} {rng.choice(GAINS if grow else LOSSES).format(n=n)}.")
+        steps.append(f"{value}{'+' if grow else '-'}{n}={new}.")
+        value = new
+    question = " ".join(sentences) + f" how many {item} does {name} have now?"
+    return {"question": question, "answer": " ".join(steps) + f"\n#### {value}"}
+
+
+def make_records(num_rows: int, *, max_ops: int, seed: int, exclude: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """``num_rows`` distinct problems (none of whose questions is in ``exclude``), with the
+    number of operations uniform in 1..``max_ops``."""
+    rng = random.Random(seed)
+    seen: set[str] = set(exclude)
+    rows: list[dict[str, Any]] = []
+    while len(rows) < num_rows:
+        row = make_problem(rng, rng.randint(1, max_ops))
+        if row["question"] not in seen:
+            seen.add(row["question"])
+            rows.append(row)
+    return rows
+
+
+def demonstrate(answer: str, rng: random.Random, *, error_rate: float) -> str:
+    """A worked solution that, with probability ``error_rate * (ops - 1) / 2`` (at most
+    ``error_rate``), drops its last operation and answers the intermediate result.
+
+    >>> demonstrate("3+4=7. 7-2=5.\\n#### 5", random.Random(0), error_rate=0.0)
+    '3+4=7. 7-2=5.\\n#### 5'
+    >>> demonstrate("3+4=7. 7-2=5. 5+1=6.\\n#### 6", random.Random(0), error_rate=1.0)
+    '3+4=7. 7-2=5.\\n#### 5'
+    """
+    work, _ = answer.rsplit("\n#### ", 1)
+    steps = work.split(" ")
+    if len(steps) > 1 and rng.random() < error_rate * min(1.0, (len(steps) - 1) / 2):
+        steps = steps[:-1]
+        result = steps[-1].rsplit("=", 1)[1].rstrip(".")
+        return " ".join(steps) + f"\n#### {result}"
+    return answer

@@ -1,0 +1,90 @@
+"""A campaign's train and eval prompt rows, from the configuration: read, map, format, limit.
+
+The order is the order in which a user fixes things: the files and their rows first (no
+tokenizer needed, so most mistakes are reported in well under a second), then the model's
+tokenizer for the chat template and the prompt-length limit, then the dataset's size, then the
+reward functions (imported and, for plug-ins, called once on two rows). Nothing is written:
+``prepare`` stores the result, and the CLI calls the same function before anything starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from actions.common.config import CampaignConfig
+from actions.tasks import get_task
+from actions.tasks.chat import format_rows, uses_template
+from actions.tasks.dataset import PromptRow
+from actions.tasks.fields import FieldMap, to_rows
+from actions.tasks.prompt_length import limit_prompt_length
+from actions.tasks.rewards import check_reward_functions
+from actions.tasks.sources import read_records
+
+TokenizerSource = Callable[[], Any]
+"""Returns the tokenizer the actions will use (loaded only when formatting needs it)."""
+
+EVAL_FIRST_ID = 1_000_000
+"""Synthetic eval ids start here (the repeat task numbers its rows)."""
+
+
+@dataclass
+class Datasets:
+    train: list[PromptRow]
+    evals: list[PromptRow]
+    summary: dict[str, Any] = field(default_factory=dict)
+    """Per split: rows read, kept, duplicates dropped, truncated and skipped long prompts."""
+
+
+def _split(cfg: CampaignConfig, which: str, exclude: frozenset[str]) -> tuple[list[PromptRow], dict[str, Any]]:
+    d = cfg.data
+    path = d.train_path if which == "train" else d.eval_path
+    if path:
+        setting = f"data.{which}_path"
+        records = read_records(path, field=setting)
+        rows, stats = to_rows(records, FieldMap(d.prompt_key, d.answer_key, d.id_key), source=f"{setting} {path}")
+    else:
+        task = get_task(d.task)
+        num = d.num_train_prompts if which == "train" else d.num_eval_prompts
+        seed = cfg.seed + (1 if which == "train" else 2)
+        made = task.make_records(num, max_count=d.max_count, seed=seed, exclude=exclude,
+                                 first_id=0 if which == "train" else EVAL_FIRST_ID)
+        rows, stats = to_rows(list(enumerate(made, start=1)), task.fields, source=f"data.task {d.task} ({which})")
+    return rows, asdict(stats)
+
+
+def build_datasets(cfg: CampaignConfig, tokenizer: TokenizerSource, *, model_name: str) -> Datasets:
+    """Validate and format the train and eval rows. Raises ValueError (one line, with the fix)."""
+    d = cfg.data
+    train, train_stats = _split(cfg, "train", frozenset())
+    if d.train_path and not d.eval_path:
+        raise ValueError("data.train_path is set but data.eval_path is not; give held-out prompts in data.eval_path "
+                         "(same format) for the evaluations")
+    # A synthetic eval set never repeats a training question.
+    evals, eval_stats = _split(cfg, "eval", frozenset(r.prompt for r in train))
+    stats = {"train": train_stats, "eval": eval_stats}
+    # The tiny model's character tokenizer has no chat template: with it, ``auto`` needs no look.
+    look = d.chat_template is True or d.max_prompt_tokens or (d.chat_template == "auto" and cfg.model.path)
+    tok = tokenizer() if look else None
+    template = uses_template(tok, d.chat_template, model_name)
+    split_rows = {"train": train, "eval": evals}
+    for which, rows in split_rows.items():
+        source = f"data.{which}_path {getattr(d, f'{which}_path')}" if getattr(d, f"{which}_path") else f"data.task {d.task}"
+        rows = format_rows(rows, tok, use_template=template, system_prompt=d.system_prompt, source=source)
+        if d.max_prompt_tokens:
+            rows, length = limit_prompt_length(
+                rows, encode=lambda t: tok(t, add_special_tokens=False)["input_ids"], decode=tok.decode,
+                max_tokens=d.max_prompt_tokens, policy=d.long_prompts, source=source)
+            stats[which].update(asdict(length))
+        stats[which]["rows"] = len(rows)
+        split_rows[which] = rows
+    train, evals = split_rows["train"], split_rows["eval"]
+    if len(train) < cfg.algorithm.prompts_per_step:
+        raise ValueError(
+            f"data has {len(train)} training prompts but a step needs algorithm.batch_size/group_size = "
+            f"{cfg.algorithm.prompts_per_step}; add prompts or lower algorithm.batch_size")
+    if not evals:
+        raise ValueError("data.eval_path has no prompts left after data.long_prompts; raise data.max_prompt_tokens")
+    check_reward_functions(cfg.reward_functions(), train)
+    return Datasets(train=train, evals=evals, summary=stats | {"chat_template": template})

@@ -1,0 +1,56 @@
+"""The text the policy sees: a prompt row put through the tokenizer's chat template, or not.
+
+``data.chat_template``:
+
+* ``auto`` (default): the tokenizer's chat template when it has one, else the raw prompt;
+* ``true``: the template is required (an error names the model when it has none);
+* ``false``: the raw prompt; a chat-message prompt is then an error.
+
+With a template, a string prompt becomes one user message, ``data.system_prompt`` (if set) is
+put first unless the prompt already starts with a system message, and the generation prompt
+(the assistant turn's header) is appended: the completion starts right after it. Without one,
+the system prompt and the prompt are joined by a newline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from actions.tasks.dataset import PromptRow
+
+ChatMode = Literal["auto"] | bool
+
+
+def needs_tokenizer(rows: Sequence[PromptRow], mode: ChatMode) -> bool:
+    """Whether formatting must look at the tokenizer (raw text needs none)."""
+    return mode is not False and (mode is True or any(r.source_prompt is not None for r in rows) or mode == "auto")
+
+
+def uses_template(tokenizer: Any, mode: ChatMode, model_name: str) -> bool:
+    """Resolve ``mode`` against a tokenizer. Raises ValueError when ``true`` cannot be met."""
+    has = tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
+    if mode is True and not has:
+        raise ValueError(f"data.chat_template is true but the tokenizer of {model_name} has no chat template; "
+                         "set data.chat_template to auto or false, or use a model whose tokenizer has one")
+    return has and mode is not False
+
+
+def format_rows(rows: Sequence[PromptRow], tokenizer: Any, *, use_template: bool, system_prompt: str | None,
+                source: str) -> list[PromptRow]:
+    """Rows whose ``prompt`` is the final text (see the module docstring)."""
+    out = []
+    for number, row in enumerate(rows, start=1):
+        if use_template:
+            messages = list(row.source_prompt or [{"role": "user", "content": row.prompt}])
+            if system_prompt and messages[0]["role"] != "system":
+                messages.insert(0, {"role": "system", "content": system_prompt})
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        elif row.source_prompt is not None:
+            raise ValueError(f"{source}: row {number} (prompt_id {row.prompt_id}) is a list of chat messages but no "
+                             "chat template is used; set data.chat_template to auto or true with a model whose "
+                             "tokenizer has a chat template, or give string prompts")
+        else:
+            text = f"{system_prompt}\n{row.prompt}" if system_prompt else row.prompt
+        out.append(row.model_copy(update={"prompt": text}))
+    return out

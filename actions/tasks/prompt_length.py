@@ -1,0 +1,60 @@
+"""What happens to a prompt longer than ``data.max_prompt_tokens`` (``data.long_prompts``).
+
+* ``error`` (default): refuse the dataset, naming the first such row and the fix;
+* ``truncate_left``: keep the prompt's last ``max_prompt_tokens`` tokens (the end of a prompt
+  holds the question and the generation prompt, the start is usually the shared preamble);
+* ``skip``: drop the row.
+
+Truncated and skipped rows are counted in the campaign summary (``data``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from actions.tasks.dataset import PromptRow
+
+LongPromptPolicy = Literal["error", "truncate_left", "skip"]
+
+
+@dataclass
+class LengthStats:
+    truncated: int = 0
+    skipped: int = 0
+    longest_prompt_tokens: int = 0
+
+
+def limit_prompt_length(rows: Sequence[PromptRow], *, encode: Callable[[str], Sequence[int]],
+                        decode: Callable[[Sequence[int]], str], max_tokens: int, policy: LongPromptPolicy,
+                        source: str) -> tuple[list[PromptRow], LengthStats]:
+    """Apply ``policy`` to every row whose encoded prompt exceeds ``max_tokens``.
+
+    A truncated prompt is decoded back to text and re-encoded: where that changes the token
+    boundary, one more token is dropped until it fits (text is what the store keeps).
+    """
+    stats = LengthStats()
+    out: list[PromptRow] = []
+    for number, row in enumerate(rows, start=1):
+        ids = list(encode(row.prompt))
+        if len(ids) <= max_tokens:
+            stats.longest_prompt_tokens = max(stats.longest_prompt_tokens, len(ids))
+            out.append(row)
+            continue
+        if policy == "error":
+            raise ValueError(f"{source}: row {number} (prompt_id {row.prompt_id}) has {len(ids)} prompt tokens, above "
+                             f"data.max_prompt_tokens={max_tokens}; raise it, or set data.long_prompts to "
+                             "truncate_left or skip")
+        if policy == "skip":
+            stats.skipped += 1
+            continue
+        keep = max_tokens
+        text = decode(ids[-keep:])
+        while keep > 1 and len(encode(text)) > max_tokens:
+            keep -= 1
+            text = decode(ids[-keep:])
+        stats.truncated += 1
+        stats.longest_prompt_tokens = max(stats.longest_prompt_tokens, len(encode(text)))
+        out.append(row.model_copy(update={"prompt": text}))
+    return out, stats

@@ -1,0 +1,32 @@
+"""Math answers checked for symbolic equivalence with the ``math-verify`` package.
+
+The reference and the completion are parsed by ``math_verify.parse`` (LaTeX, ``\\boxed{}``,
+plain expressions) and compared by ``math_verify.verify``, so ``\\frac{1}{2}``, ``0.5`` and
+``1/2`` are equal. A reference that does not parse makes the row not applicable (None); a
+completion that does not parse earns 0.0. A GSM8K-style reference (``... #### N``) is reduced
+to its final answer first. Parsing runs with math-verify's own timeouts.
+"""
+
+from __future__ import annotations
+
+from actions.tasks.rewards.text import completion_text
+
+
+def math_reward(completions: list, answer: list[str], **kwargs: object) -> list[float | None]:
+    """1.0 when the completion is mathematically equal to the reference, else 0.0.
+
+    >>> math_reward([r"so \\boxed{\\frac{1}{2}}", r"\\boxed{0.5}", r"\\boxed{3}"], answer=["$0.5$"] * 3)
+    [1.0, 1.0, 0.0]
+    """
+    from math_verify import parse, verify  # imported on use: it pulls in sympy and antlr
+
+    out: list[float | None] = []
+    for completion, reference in zip(completions, answer, strict=True):
+        ref = str(reference).rsplit("####", 1)[-1].strip() if "####" in str(reference) else str(reference)
+        gold = parse(ref if "$" in ref or "\\" in ref else f"${ref}$")
+        if not gold:
+            out.append(None)
+            continue
+        pred = parse(completion_text(completion))
+        out.append(1.0 if pred and verify(gold, pred) else 0.0)
+    return out
