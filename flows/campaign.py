@@ -20,7 +20,7 @@ from flows.artifacts import publish_step_artifacts, start_progress, update_progr
 from flows.context import RunContext, set_context
 from flows.hooks import plan_generation_phase
 from flows.invokers.factory import make_invoker, pool_size
-from flows.metrics import step_metrics
+from flows.metrics import billing, step_metrics
 from flows.planning.lengths import LengthHistory
 from flows.rlhf_step import rlhf_step
 from flows.schedule import step_prompts
@@ -205,7 +205,7 @@ def run_campaign(cfg: CampaignConfig, *, resume: bool = False, progress: Progres
         set_context(None)
         invoker.close()
         board.close()
-    return summarize(state, time.time() - started)
+    return summarize(state, time.time() - started) | {"billing": billing(cfg.invoker.kind)}
 
 
 def _progress_line(state: CampaignState, total: int, width: int = 20) -> str:

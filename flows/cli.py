@@ -126,7 +126,7 @@ def _train(args: argparse.Namespace) -> int:
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True))
     print(f"eval accuracy {summary['eval_accuracy_first']} -> {summary['eval_accuracy_last']}; "
-          f"billed {summary['billed_gpu_seconds']:.1f} GPU-s; wall {summary['wall_seconds']:.0f} s")
+          f"billed {summary['billed_gpu_seconds']:.1f} {summary['billing']['unit']}; wall {summary['wall_seconds']:.0f} s")
     print(summary_path)
     return 0
 

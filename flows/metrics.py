@@ -13,6 +13,25 @@ def fraction(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator > 0 and math.isfinite(denominator) else 0.0
 
 
+BILLING = {
+    "local": ("action-seconds", "the wall time of every activation on the local worker processes (init included), "
+              "summed: processor time held by actions, not money; scaling.gpus_per_actor multiplies it"),
+    "inprocess": ("action-seconds", "the wall time of every action call in this process, summed: not money"),
+    "openwhisk": ("GPU-seconds", "each activation's OpenWhisk duration (run plus a cold start's init) times "
+                  "scaling.gpus_per_actor, summed: what a serverless GPU platform charges for"),
+}
+
+
+def billing(invoker_kind: str) -> dict[str, str]:
+    """The unit and meaning of ``billed_gpu_seconds`` on an invoker (for the CLI and report.md).
+
+    >>> billing("local")["unit"], billing("openwhisk")["unit"]
+    ('action-seconds', 'GPU-seconds')
+    """
+    unit, meaning = BILLING[invoker_kind]
+    return {"unit": unit, "meaning": meaning}
+
+
 def step_metrics(out: dict[str, Any], phase: PhasePlan, price: float, gpus_per_actor: int,
                  timing_plan: float, timing_commit: float) -> dict[str, float]:
     records = out["records"]

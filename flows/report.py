@@ -11,6 +11,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from flows.metrics import billing
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -54,6 +56,8 @@ def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
     steps = summary["steps"]
     xs = [int(s["step"]) + 1 for s in steps]
     files = []
+    # billed_gpu_seconds is GPU-seconds only on OpenWhisk; locally it is action wall time.
+    unit, meaning = (summary.get("billing") or billing("local")).values()
     plots = {
         "reward.png": ("Reward and held-out accuracy", "step", "fraction correct (0-1)",
                        {"mean reward (training samples)": (xs, [s["reward/mean"] for s in steps]),
@@ -66,7 +70,7 @@ def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
                                      {"prompts": length_histogram(summary)}, "bar"),
         "fanout.png": ("Generation fan-out chosen by the planner", "step", "generation actions",
                        {"actions": (xs, [s["actors/n"] for s in steps])}, "bar"),
-        "cost.png": ("Cost per step", "step", "billed GPU-seconds",
+        "cost.png": ("Cost per step", "step", f"billed {unit}",
                      {"billed": (xs, [s["cost/billed_gpu_seconds"] for s in steps]),
                       "useful": (xs, [s["cost/gpu_seconds"] for s in steps])}, "line"),
     }
@@ -77,13 +81,14 @@ def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
     lines = [f"# Run {summary['run_id']}", "",
              f"- steps completed: {summary['steps_completed']}",
              f"- held-out accuracy: {summary['eval_accuracy_first']} -> {summary['eval_accuracy_last']}",
-             f"- billed GPU-seconds: {summary['billed_gpu_seconds']:.1f} (useful {summary['useful_gpu_seconds']:.1f}),"
-             f" cost ${summary['usd']:.4f}",
+             f"- billed {unit}: {summary['billed_gpu_seconds']:.1f} (useful {summary['useful_gpu_seconds']:.1f}),"
+             f" cost ${summary['usd']:.4f} at price_per_gpu_second",
+             f"- billing: {meaning}",
              f"- wall time: {summary['wall_seconds']:.0f} s; policy version {summary['policy_version']}",
              f"- weights sha256: `{summary['weights_sha256']}`"]
     if summary.get("stopped_reason"):
         lines.append(f"- stopped early: {summary['stopped_reason']}")
-    lines += ["", "| step | reward | length | actions | cut | billed GPU-s | step s |", "|---|---|---|---|---|---|---|"]
+    lines += ["", f"| step | reward | length | actions | cut | billed {unit} | step s |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {x} | {s['reward/mean']:.3f} | {s['response_length/mean']:.1f} | {int(s['actors/n'])} | "
               f"{int(s['actors/migrated'])} | {s['cost/billed_gpu_seconds']:.2f} | {s['timing_s/step']:.2f} |"
               for x, s in zip(xs, steps)]

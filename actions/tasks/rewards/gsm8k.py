@@ -1,7 +1,7 @@
 """GSM8K answer checking: the reference's final answer against the completion's.
 
 Reference: the text after the last ``####`` (GSM8K's format, ``... #### 72``); a reference
-without ``####`` is read as a whole. Completion: the answer after its last ``####``, else the
+without ``####`` is read as a whole. Completion: the first number after its last ``####``, else the
 content of its last ``\\boxed{}``, else its last number. Both sides are compared by value
 (``numeric.py``): ``1,000``, ``1000.0`` and ``$1000`` are equal. A completion with no number
 earns 0.0; a reference with no number makes the row not applicable (None).
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from actions.tasks.rewards.numeric import boxed, last_number, parse_number
+from actions.tasks.rewards.numeric import boxed, first_number, last_number, parse_number
 from actions.tasks.rewards.text import completion_text
 
 
@@ -27,7 +27,7 @@ def final_answer(text: str) -> Fraction | None:
     if "####" in text:
         after = text.rsplit("####", 1)[1].strip()
         first_line = after.splitlines()[0] if after else ""
-        return parse_number(first_line) if parse_number(first_line) is not None else last_number(first_line)
+        return first_number(first_line)
     inner = boxed(text)
     if inner is not None:
         return parse_number(inner)

@@ -38,6 +38,16 @@ def last_number(text: str) -> Fraction | None:
     return _value(found[-1]) if found else None
 
 
+def first_number(text: str) -> Fraction | None:
+    """The value of the first number in ``text`` (None if it holds none).
+
+    >>> first_number("1000 (or 999)")
+    Fraction(1000, 1)
+    """
+    found = _NUMBER.findall(text)
+    return _value(found[0]) if found else None
+
+
 def boxed(text: str) -> str | None:
     """The content of the last ``\\boxed{...}`` in ``text`` (balanced braces), or None.
 

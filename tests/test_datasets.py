@@ -1,0 +1,109 @@
+"""Prompt datasets: JSONL, Parquet and save_to_disk sources, field mapping, ids, chat
+formatting and the prompt-length policy (``actions/tasks``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from actions.common.config import load_config
+from actions.tasks.build import build_datasets
+from actions.tasks.chat import format_rows, uses_template
+from actions.tasks.fields import FieldMap, content_id, to_rows
+from actions.tasks.prompt_length import limit_prompt_length
+from actions.tasks.sources import read_records
+
+GSM8K_ROWS = [
+    {"question": "Ann has 3 apples and buys 4 more. How many now?", "answer": "3+4=<<3+4=7>>7\n#### 7"},
+    {"question": "Ben had 10 pens and lost 2. How many left?", "answer": "10-2=<<10-2=8>>8\n#### 8"},
+]
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_the_three_formats_give_the_same_rows(tmp_path):
+    import datasets
+
+    ds = datasets.Dataset.from_list(GSM8K_ROWS)
+    ds.to_parquet(str(tmp_path / "t.parquet"))
+    ds.save_to_disk(str(tmp_path / "saved"))
+    (tmp_path / "folder").mkdir()
+    ds.to_parquet(str(tmp_path / "folder" / "train-00000-of-00001.parquet"))
+    fields = FieldMap(prompt_key="question", answer_key="answer")
+    sources = [_jsonl(tmp_path / "t.jsonl", GSM8K_ROWS), tmp_path / "t.parquet", tmp_path / "saved", tmp_path / "folder"]
+    results = [to_rows(read_records(str(p), field="data.train_path"), fields, source=str(p))[0] for p in sources]
+    assert all(r == results[0] for r in results)
+    first = results[0][0]
+    assert first.prompt == GSM8K_ROWS[0]["question"] and first.answer.endswith("#### 7")
+    # No id column: a stable id from the content, the same in every format and run.
+    assert first.prompt_id == content_id(GSM8K_ROWS[0]["question"], GSM8K_ROWS[0]["answer"]) < 2**48
+
+
+def test_ids_columns_and_duplicates():
+    records = [(1, {"uid": "a", "q": "x?", "a": 1, "level": 3}), (2, {"uid": "b", "q": "y?", "a": "2", "level": 5})]
+    rows, stats = to_rows(records, FieldMap("q", "a", "uid"), source="f")
+    assert [r.answer for r in rows] == ["1", "2"]  # a numeric answer is kept as its text
+    assert rows[0].columns == {"a": 1, "level": 3} and len({r.prompt_id for r in rows}) == 2
+    same = [(1, {"prompt": "p", "answer": "a"}), (2, {"prompt": "p", "answer": "a"}), (3, {"prompt": "q", "answer": "a"})]
+    rows, stats = to_rows(same, FieldMap(), source="f")
+    assert len(rows) == 2 and stats.duplicates_dropped == 1 and stats.rows_read == 3
+    with pytest.raises(ValueError, match=r"f:2: prompt_id 7 appears twice \(first at row 1\)"):
+        to_rows([(1, {"prompt_id": 7, "prompt": "p", "answer": "a"}), (2, {"prompt_id": 7, "prompt": "q", "answer": "b"})],
+                FieldMap(), source="f")
+
+
+class _ChatTokenizer:
+    chat_template = "{{ messages }}"
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+        assert tokenize is False and add_generation_prompt is True
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+
+def test_chat_formatting_and_system_prompt():
+    records = [(1, {"prompt": [{"role": "user", "content": "hi"}], "answer": "a"}), (2, {"prompt": "yo", "answer": "b"})]
+    rows, _ = to_rows(records, FieldMap(), source="f")
+    assert rows[0].source_prompt == [{"role": "user", "content": "hi"}] and rows[1].source_prompt is None
+    tok = _ChatTokenizer()
+    assert uses_template(tok, "auto", "m") and not uses_template(tok, False, "m") and not uses_template(None, "auto", "m")
+    with pytest.raises(ValueError, match="data.chat_template is true"):
+        uses_template(None, True, "the tiny default model")
+    out = format_rows(rows, tok, use_template=True, system_prompt="be brief", source="f")
+    assert [r.prompt for r in out] == ["<system>be brief<user>hi<assistant>", "<system>be brief<user>yo<assistant>"]
+    raw = format_rows(rows[1:], None, use_template=False, system_prompt="be brief", source="f")
+    assert raw[0].prompt == "be brief\nyo"
+    with pytest.raises(ValueError, match="f: row 1 .* chat messages"):
+        format_rows(rows, None, use_template=False, system_prompt=None, source="f")
+
+
+def test_prompt_length_policy():
+    records = [(i, {"prompt": "x" * n, "answer": "a"}) for i, n in enumerate([3, 9, 5], start=1)]
+    rows, _ = to_rows(records, FieldMap(), source="f")
+    enc, dec = (lambda t: list(t)), (lambda ids: "".join(ids))  # one token per character
+    kept, stats = limit_prompt_length(rows, encode=enc, decode=dec, max_tokens=5, policy="skip", source="f")
+    assert [len(r.prompt) for r in kept] == [3, 5] and stats.skipped == 1
+    cut, stats = limit_prompt_length(rows, encode=enc, decode=dec, max_tokens=5, policy="truncate_left", source="f")
+    assert [len(r.prompt) for r in cut] == [3, 5, 5] and stats.truncated == 1 and stats.longest_prompt_tokens == 5
+    with pytest.raises(ValueError, match="f: row 2 .* 9 prompt tokens, above data.max_prompt_tokens=5"):
+        limit_prompt_length(rows, encode=enc, decode=dec, max_tokens=5, policy="error", source="f")
+
+
+def test_build_counts_truncation_in_the_summary_and_keeps_eval_apart(tmp_path):
+    from actions.common.modeling import build_char_tokenizer
+
+    cfg = load_config(None, ["data.task=arith", "data.max_prompt_tokens=60", "data.long_prompts=truncate_left",
+                             "data.num_train_prompts=40", "data.num_eval_prompts=10"])
+    data = build_datasets(cfg, lambda: build_char_tokenizer("#"), model_name="tiny")
+    s = data.summary["train"]
+    assert s["rows"] == 40 and s["truncated"] > 0 and s["longest_prompt_tokens"] <= 60
+    assert all(len(r.prompt) <= 60 for r in data.train)  # one character = one token
+    assert not {r.prompt_id for r in data.train} & {r.prompt_id for r in data.evals}
+    # Warm-up stays off for a user dataset unless asked for; synthetic tasks keep theirs.
+    assert load_config(None, ["data.train_path=x.jsonl"]).warmup.steps == 0
+    assert load_config(None, ["data.train_path=x.jsonl", "warmup.steps=50"]).warmup.steps == 50
+    assert cfg.warmup.steps == 300 and cfg.data.max_count == 3

@@ -1,0 +1,74 @@
+"""Reward functions: the built-ins on hand-written cases, plug-ins with TRL's signature, the
+weighted sum, "not applicable", and failures that name the function and the row."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from actions.common.config import RewardFunctionConfig as Fn
+from actions.tasks.dataset import PromptRow
+from actions.tasks.rewards import RewardFunctionError, compute_rewards, is_best
+from actions.tasks.rewards.gsm8k import gsm8k_reward
+from actions.tasks.rewards.symbolic import math_reward
+
+
+def _rows(answers: list[str], **columns: list) -> list[PromptRow]:
+    return [PromptRow(prompt_id=i, prompt=f"q{i}", answer=a, columns={k: v[i] for k, v in columns.items()})
+            for i, a in enumerate(answers)]
+
+
+def test_gsm8k_reads_the_final_answer_by_value():
+    ref = ["Natalia sold 48/2 = <<48/2=24>>24 clips.\n#### 1000"] * 6
+    got = gsm8k_reward(["so #### 1,000", "#### $1000.00", r"the answer is \boxed{1000}", "I think 999 or 1000",
+                        "#### 1000 (or 999)", "#### 100"], answer=ref)
+    assert got == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0]
+    # "####" wins over a boxed or a later number; a negative and a decimal answer.
+    assert gsm8k_reward(["#### 5 \\boxed{6}", "#### -3", "#### 2.50"], answer=["#### 5", "#### -3", "#### 2.5"]) == [1.0] * 3
+
+
+def test_math_reward_is_symbolic():
+    assert math_reward([r"\boxed{\frac{2}{4}}", r"\boxed{x+1}", r"\boxed{2}"], answer=["0.5", "1+x", "3"]) == [1.0, 1.0, 0.0]
+
+
+def test_weighted_sum_none_and_best():
+    rows = _rows(["#### 4", "#### 5", "no number"])
+    texts = ["2+2=4.\n#### 4", "the answer is 6", "#### 1"]
+    r = compute_rewards([Fn(name="gsm8k"), Fn(name="format", weight=0.5)], rows, texts)
+    assert r.per_function == {"gsm8k": [1.0, 0.0, None], "format": [1.0, 0.0, 1.0]}
+    assert r.total == [1.5, 0.0, 0.5] and r.best == [1.5, 1.5, 0.5]
+    # Row 3: gsm8k does not apply (its reference has no number); format alone decides.
+    assert is_best(r) == [True, False, True]
+
+
+def test_plugin_gets_trl_arguments_and_failures_name_function_and_row(monkeypatch):
+    seen = {}
+
+    def length_bonus(prompts, completions, answer, level, **kwargs):
+        seen.update(prompts=prompts, completions=completions, answer=answer, level=level)
+        return [None if lv is None else float(len(c[0]["content"]) <= lv) for c, lv in zip(completions, level)]
+
+    def wrong_length(prompts, completions, **kwargs):
+        return [1.0]
+
+    def boom(prompts, completions, answer, **kwargs):
+        return [1.0 / len(a) for a in answer]  # ZeroDivisionError on an empty reference
+
+    module = types.ModuleType("my_rewards")
+    module.length_bonus, module.wrong_length, module.boom = length_bonus, wrong_length, boom
+    monkeypatch.setitem(sys.modules, "my_rewards", module)
+    chat = [{"role": "user", "content": "hi"}]
+    rows = [PromptRow(prompt_id=7, prompt="<formatted>", answer="ok", source_prompt=chat, columns={"level": 3}),
+            PromptRow(prompt_id=8, prompt="<formatted>", answer="", source_prompt=chat, columns={"level": None})]
+    r = compute_rewards([Fn(name="my_rewards:length_bonus", weight=2.0)], rows, ["abc", "abcd"])
+    assert r.total == [2.0, 0.0] and r.best == [2.0, 0.0] and is_best(r) == [True, False]
+    # TRL's conversational format: prompts as messages, completions as assistant messages.
+    assert seen["prompts"] == [chat, chat] and seen["completions"][1] == [{"role": "assistant", "content": "abcd"}]
+    assert seen["answer"] == ["ok", ""] and seen["level"] == [3, None]
+    with pytest.raises(RewardFunctionError, match="'my_rewards:wrong_length' returned 1 values for 2 completions"):
+        compute_rewards([Fn(name="my_rewards:wrong_length")], rows, ["a", "b"])
+    with pytest.raises(RewardFunctionError, match=r"'my_rewards:boom' raised ZeroDivisionError.*prompt_id 8 \(row 1"):
+        compute_rewards([Fn(name="my_rewards:boom")], rows, ["a", "b"])
+    assert issubclass(RewardFunctionError, ValueError)  # an application error: the action does not retry it
