@@ -193,8 +193,9 @@ class WarmupConfig(_Section):
     verbatim and is an explicit choice (only for answers that are worked solutions)."""
     batch_size: int = Field(32, gt=0)
     lr: float = Field(3e-3, gt=0)
-    error_rate: float = Field(0.9, ge=0, le=1)
-    """How often the synthetic demonstrator miscounts a long answer."""
+    error_rate: float | None = Field(None, ge=0, le=1)
+    """How often the synthetic demonstrator errs: miscounts a long repeat answer (None: 0.9),
+    stops an arith solution one operation early (None: 0.7)."""
 
 
 class GenerationConfig(_Section):
@@ -373,6 +374,8 @@ class CampaignConfig(_Section):
     def _resolve_defaults(self) -> CampaignConfig:
         if self.data.max_count is None:
             self.data.max_count = {"repeat": 14, "arith": 3}[self.data.task]
+        if self.warmup.error_rate is None:
+            self.warmup.error_rate = {"repeat": 0.9, "arith": 0.7}[self.data.task]
         if self.warmup.steps is None:
             self.warmup.steps = 0 if self.data.train_path else 300
         return self

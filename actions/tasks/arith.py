@@ -12,10 +12,11 @@ stays in 0..9, so the arithmetic is a table of about a hundred facts a tiny mode
 a problem has 1..``max_ops`` operations, so answer lengths vary as they do in GSM8K.
 
 The warm-up demonstrator (:func:`demonstrate`) is imperfect the way weak teachers are: on a
-long problem it often stops one operation early, writing the intermediate result as the final
-answer (the chance grows with the number of operations). Warm-up then gives a policy that
-writes well-formed worked solutions but stops early on long problems, and RL with the
-``gsm8k`` reward has a real error to fix.
+problem of two or more operations it often (``warmup.error_rate``, 0.7 by default for this
+task) stops one operation early and gives the intermediate result as the final answer. Warm-up
+then gives a policy that writes well-formed worked solutions and right arithmetic but, greedily,
+stops early on multi-step problems, while a correct full solution is still sampled often
+enough for RL with the ``gsm8k`` reward to find and reinforce it.
 
 Only characters of the tiny model's alphabet are used (lower case, digits, ``.=+-?#``).
 """
@@ -68,8 +69,8 @@ def make_records(num_rows: int, *, max_ops: int, seed: int, exclude: frozenset[s
 
 
 def demonstrate(answer: str, rng: random.Random, *, error_rate: float) -> str:
-    """A worked solution that, with probability ``error_rate * (ops - 1) / 2`` (at most
-    ``error_rate``), drops its last operation and answers the intermediate result.
+    """A worked solution that, with probability ``error_rate`` when it has two or more
+    operations, drops its last operation and answers the intermediate result.
 
     >>> demonstrate("3+4=7. 7-2=5.\\n#### 5", random.Random(0), error_rate=0.0)
     '3+4=7. 7-2=5.\\n#### 5'
@@ -78,7 +79,7 @@ def demonstrate(answer: str, rng: random.Random, *, error_rate: float) -> str:
     """
     work, _ = answer.rsplit("\n#### ", 1)
     steps = work.split(" ")
-    if len(steps) > 1 and rng.random() < error_rate * min(1.0, (len(steps) - 1) / 2):
+    if len(steps) > 1 and rng.random() < error_rate:
         steps = steps[:-1]
         result = steps[-1].rsplit("=", 1)[1].rstrip(".")
         return " ".join(steps) + f"\n#### {result}"
