@@ -129,7 +129,7 @@ def test_generate_score_train_on_each_architecture(prepared):
                                  stop_token=info.eos_token_ids[-1])
     put_json(store, "runs/h/roll2.json", rollout)
     score = _call("score", {"policy": ref.model_dump(), "reference_key": p.init_key, "dataset_key": p.train_key,
-                            "rollout_keys": ["runs/h/roll2.json"], "task": "repeat",
+                            "rollout_keys": ["runs/h/roll2.json"], "rewards": [{"name": "repeat"}],
                             "algorithm": cfg.algorithm.model_dump(), "output_key": "runs/h/scored/manifest.json"})
     tensors, meta = load_tensors(store, score["scored_key"])
     first = next(s for s in meta["samples"] if (s["prompt_id"], s["sample_index"]) == (0, 0))
