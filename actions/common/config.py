@@ -407,7 +407,8 @@ class CampaignConfig(_Section):
         return hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()[:12]
 
     def resolved_run_id(self) -> str:
-        return self.run_id or f"{self.data.task}-{self.algorithm.name}-{self.fingerprint()}"
+        source = "dataset" if self.data.train_path else self.data.task  # a user dataset is not the task
+        return self.run_id or f"{source}-{self.algorithm.name}-{self.fingerprint()}"
 
 
 # ----------------------------------------------------------------------------- loading
