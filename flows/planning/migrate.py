@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from flows.planning import charges
 from flows.planning.cost import decode_time
 from flows.planning.profile import TpotProfile
 
@@ -56,7 +57,8 @@ def should_cut(num_samples: int, num_finished: int, tau: float) -> bool:
 
 def plan_cut_points(actor_lengths: Sequence[Sequence[float]], prompt_lens: Sequence[float],
                     tau: float | None, profile: TpotProfile,
-                    ready_s: Sequence[float] | None = None) -> list[int | None]:
+                    ready_s: Sequence[float] | None = None, migration: str | None = None,
+                    kv_s_per_token: float = 0.0) -> list[int | None]:
     """Per actor, the finished-sample count at which it is cut, or None (it runs to the end).
 
     Args:
@@ -65,6 +67,10 @@ def plan_cut_points(actor_lengths: Sequence[Sequence[float]], prompt_lens: Seque
         tau: the cut threshold; None or 1 never cuts.
         profile: TPOT profile the predicted times come from.
         ready_s: when each actor starts decoding (default: all at 0).
+        migration: how cut samples move (``charges.migration_s``: 'reprefill' or 'kv', with
+            ``kv_s_per_token``); the cut pays only where the moved samples can decode at their
+            destination (cut time + the move's delay) while another actor is still decoding.
+            None: the move is free (the live flow's continuations, which the window batches).
     Returns:
         ``cut_point(n, tau)`` where the cut pays (module docstring), else None.
     """
@@ -80,7 +86,11 @@ def plan_cut_points(actor_lengths: Sequence[Sequence[float]], prompt_lens: Seque
             cuts.append(math.inf)
         else:  # decoding until the point-th shortest sample finishes
             at = sorted(lengths)[point - 1]
-            cuts.append(start + decode_time([min(x, at) for x in lengths], prompt_len, profile))
+            cut_s = start + decode_time([min(x, at) for x in lengths], prompt_len, profile)
+            if migration is not None:  # the unfinished samples' context moves: shared charge
+                moved = sum(prompt_len + at for x in lengths if x > at)
+                cut_s += charges.migration_s(moved, migration, profile, kv_s_per_token).delay_s
+            cuts.append(cut_s)
         points.append(point)
     out: list[int | None] = []
     for i, (point, cut_s) in enumerate(zip(points, cuts)):
@@ -92,13 +102,14 @@ def plan_cut_points(actor_lengths: Sequence[Sequence[float]], prompt_lens: Seque
 def plan_cut_points_of(assignments: Sequence[Sequence[int]], predicted: Mapping[int, float],
                        samples_per_prompt: Mapping[int, int], prompt_lengths: Mapping[int, float],
                        tau: float | None, profile: TpotProfile,
-                       ready_s: Sequence[float] | None = None) -> list[int | None]:
+                       ready_s: Sequence[float] | None = None, migration: str | None = None,
+                       kv_s_per_token: float = 0.0) -> list[int | None]:
     """``plan_cut_points`` of a plan: prompt ids per actor, every sample of a prompt at the
     prompt's predicted length, each actor at the mean prompt length of its prompts."""
     return plan_cut_points(
         [[predicted[p] for p in pids for _ in range(samples_per_prompt[p])] for pids in assignments],
         [sum(prompt_lengths[p] for p in pids) / len(pids) for pids in assignments],
-        tau, profile, ready_s)
+        tau, profile, ready_s, migration, kv_s_per_token)
 
 
 def choose_destinations(num_to_move: int, free_slots: Mapping[int, int],

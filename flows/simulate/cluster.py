@@ -71,6 +71,7 @@ from __future__ import annotations
 import heapq
 import math
 
+from flows.planning import charges
 from flows.planning.migrate import choose_destinations, should_cut
 from flows.simulate.actors import ActorSpec, ActorState, PhaseResult, Sample, SimConfig
 
@@ -275,13 +276,16 @@ class _Phase:
                 src.take(s, end, src.progress)
                 tokens += s.prompt_len + s.decoded
                 if self.cfg.migration == "kv":  # KV blocks over the network; no recompute
-                    delay = (s.prompt_len + s.decoded) * self.cfg.kv_transfer_s_per_token
-                    dst.arriving.append((t + delay, sid))
+                    move = charges.migration_s(s.prompt_len + s.decoded, "kv", self.cfg.profile,
+                                               self.cfg.kv_transfer_s_per_token)
+                    dst.arriving.append((t + move.delay_s, sid))
                 else:
                     dst.add(s)
             if self.cfg.migration == "reprefill":
                 # the destination recomputes prompt + generated tokens before decoding on
-                dst.resume_s = max(dst.resume_s, t) + tokens / self.cfg.profile.prefill_tokens_per_s
+                move = charges.migration_s(tokens, "reprefill", self.cfg.profile,
+                                           self.cfg.kv_transfer_s_per_token)
+                dst.resume_s = max(dst.resume_s, t) + move.stall_s
         self.cuts += 1
         self.migrated += sum(moves.values())
         self._release(src, t)
@@ -289,14 +293,12 @@ class _Phase:
     def _start_continuation(self, t: float, slots: int) -> ActorState:
         """An actor sized like the one it relieves, in the first container available (module
         docstring); later cuts may join its free slots, and it is never cut itself."""
-        if self.released_warm > 0:
-            self.released_warm -= 1
-            start = 0.0
-        elif self.spare_warm > 0:
-            self.spare_warm -= 1
-            start = self.cfg.weight_transfer_s
-        else:
-            start = self.cfg.cold_start_s + self.cfg.weight_transfer_s
+        released, spare = self.released_warm > 0, self.released_warm <= 0 and self.spare_warm > 0
+        self.released_warm -= released
+        self.spare_warm -= spare
+        start = charges.continuation_start_s(released_warm=released, spare_warm=spare,
+                                             cold_start_s=self.cfg.cold_start_s,
+                                             weight_transfer_s=self.cfg.weight_transfer_s)
         actor = self._new_actor(t, t + start, False, slots)
         actor.cuttable = False
         return actor

@@ -152,7 +152,8 @@ def build_actors(policy: Policy, plan: GenerationPlan, samples: Mapping[int, lis
     cuttable = [True] * len(starts)
     if policy.cut and predicted is not None:
         points = plan_cut_points_of(plan.assignments, predicted, {p: len(s) for p, s in samples.items()},
-                                    prompt_lengths, model.tau, model.profile, [st.ready_s for st in starts])
+                                    prompt_lengths, model.tau, model.profile, [st.ready_s for st in starts],
+                                    model.migration, model.kv_bytes_per_token / model.bandwidth_bytes_per_s)
         cuttable = [point is not None for point in points]
     for pids, st, cut in zip(plan.assignments, starts, cuttable):
         specs.append(ActorSpec(tuple(s for p in pids for s in samples[p]), st.invoked_s,
