@@ -87,6 +87,17 @@ def _ranked_loads(ns: range, ranking: "_Ranking",
     return out
 
 
+def _slice_loads(sizes: Sequence[int], ranking: "_Ranking",
+                 env: _Env) -> tuple[list[float], list[float]]:
+    """Decode seconds and prompt tokens per actor for consecutive slices of the ranking of
+    these sizes (``DecodeEstimator.sweep``, as ``_ranked_loads`` times equal slices)."""
+    sizes_a = np.asarray(sizes, dtype=np.int64)
+    starts = np.cumsum(sizes_a) - sizes_a
+    sums = np.asarray(ranking.token_sums)
+    tokens = sums[starts + sizes_a] - sums[starts]
+    return env.decode.sweep(ranking.lengths, starts, starts + sizes_a, tokens / sizes_a), tokens.tolist()
+
+
 def _group_loads(groups: Sequence[Sequence[int]], predicted: Mapping[int, float],
                  prompt_lengths: Mapping[int, int], env: _Env) -> tuple[list[float], list[float]]:
     """Decode seconds and prompt tokens per actor for an explicit assignment."""
@@ -252,9 +263,9 @@ def default_value_of_time(cluster: ClusterSpec) -> float:
     return cluster.prefill_gpus * cluster.price_per_gpu_second
 
 
-SIZED_MAX_N = 6
+SIZED_MAX_N = 4
 """``cost_aware`` also times budget-sized ranked slices (``_budget_slices``) for N up to
-this; each N costs a bisection, and the sized plans that win on the traces have 2-6 actors."""
+this; each N costs a bisection, and the sized plans chosen on the traces have 2-4 actors (each N costs ~1 ms at 512 prompts)."""
 
 
 def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, group_size: int,
@@ -293,11 +304,15 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
                              else _groups(n, prompt_ids, predicted, assignment)) for n in ns]
     if sized:  # budget-sized slices: fixed:N at its slack; cost_aware the fastest per N
         slack = rank_slack if fixed else 0.0
+        ends_from = None if fixed else _slice_ends(ranking, env, cluster)
         for n in (ns if fixed else range(max(n_lo, 2), min(n_hi, SIZED_MAX_N) + 1)):
             if n < 2:
                 continue
-            groups = _budget_slices(ranking, n, env, cluster, slack, fast=not fixed)
-            loads = _group_loads(groups, predicted, prompt_lengths, env)
+            groups = _budget_slices(ranking, n, env, cluster, slack, ends_from)
+            if fixed:
+                loads = _group_loads(groups, predicted, prompt_lengths, env)
+            else:  # contiguous slices of the ranking: timed as the equal slices are (sweep)
+                loads = _slice_loads([len(g) for g in groups], ranking, env)
             if fixed:  # the sized slices replace the equal ones
                 cands, builders = [], []
             cands.append(candidate(n, loads, "sized"))
@@ -325,7 +340,7 @@ loses to that one in both time and cost."""
 
 
 def _budget_slices(ranking: _Ranking, n: int, env: _Env, cluster: ClusterSpec,
-                   slack: float, fast: bool = False) -> tuple[tuple[int, ...], ...]:
+                   slack: float, ends_from=None) -> tuple[tuple[int, ...], ...]:
     """``n`` contiguous slices of the ranking, filled longest first within a time budget.
 
     Each actor's predicted end is its start (``timeline.actor_start``: prefill, transfers)
@@ -340,14 +355,14 @@ def _budget_slices(ranking: _Ranking, n: int, env: _Env, cluster: ClusterSpec,
     then runs fewer steps; with a TPOT that grows linearly in the batch the total GPU-s does
     not rise, which is why filling the long slices first is the cheap way to use the budget.
 
-    ``fast`` (``cost_aware``'s extra candidates, timed exactly afterwards): every slice starts
+    ``ends_from`` (``cost_aware``'s extra candidates, timed exactly afterwards: ``_slice_ends``
+    of the ranking, shared by every N): every slice starts
     from the step's mean prompt length (``_slice_ends``), which makes the search a few numpy
     passes instead of ~10^5 table reads; ``fixed:N`` sizes with each slice's own context.
     """
     m = len(ranking.order)
     sums = ranking.token_sums
-    if fast:
-        ends_from = _slice_ends(ranking, env, cluster)
+    if ends_from is not None:
         cache: dict[tuple[int, int], list[float]] = {}  # the bisection revisits most starts
 
         def end(actor: int, i: int, j: int) -> float:
@@ -396,7 +411,7 @@ def _budget_slices(ranking: _Ranking, n: int, env: _Env, cluster: ClusterSpec,
     if fill(hi) is None:  # only where a slice's time is not monotone in its size
         return assign_contiguous(ranking.order, n)
     lo = end(0, 0, 1)  # no slicing beats the longest group alone on actor 0
-    while hi - lo > (2e-3 if fast else 1e-3) * hi:  # fast: candidates, timed exactly after
+    while hi - lo > (1e-3 if ends_from is None else 5e-3) * hi:  # candidates are timed exactly after
         mid = 0.5 * (lo + hi)
         lo, hi = (lo, mid) if fill(mid) is not None else (mid, hi)
     bounds = fill(min(hi * (1.0 + slack), equal_end)) or fill(hi)
@@ -421,12 +436,22 @@ def _slice_ends(ranking: _Ranking, env: _Env, cluster: ClusterSpec):
     rows = np.arange(m)
     kv_per_token = cluster.kv_bytes_per_token / cluster.transfer_bandwidth_bytes_per_s
 
+    decodes: dict[int, np.ndarray] = {}  # start -> decode time of every end; shared by all N
+    rows_out: dict[tuple[float, int], list[float]] = {}  # (actor's zero-token ready, start)
+
     def ends_from(actor: int, i: int) -> list[float]:
-        partial = np.concatenate(([0.0], np.cumsum(diffs[i:] * table[rows[:m - 1 - i], cols[i:]])))
-        pos = rows[:m - i]  # slice i:j has j - i groups; its last is at pos j - 1 - i
-        decode = partial[pos] + lengths[i:] * table[pos, last_cols[i:]]
-        ready = actor_start(actor, cluster, env.prefill_s, 0.0).ready_s
-        if actor > 0:  # the slice's prompts' KV arrives after the prefill (timeline.actor_start)
-            ready = ready + kv_per_token * (sums[i + 1:] - sums[i])
-        return (ready + decode).tolist()
+        ready0 = actor_start(actor, cluster, env.prefill_s, 0.0).ready_s
+        key = (ready0 if actor > 0 else -1.0, i)  # actor 0 has no KV transfer
+        out = rows_out.get(key)
+        if out is None:
+            decode = decodes.get(i)
+            if decode is None:
+                partial = np.concatenate(([0.0], np.cumsum(diffs[i:] * table[rows[:m - 1 - i], cols[i:]])))
+                pos = rows[:m - i]  # slice i:j has j - i groups; its last is at pos j - 1 - i
+                decode = decodes[i] = partial[pos] + lengths[i:] * table[pos, last_cols[i:]]
+            ready = ready0
+            if actor > 0:  # the slice's prompts' KV arrives after the prefill (timeline.actor_start)
+                ready = ready0 + kv_per_token * (sums[i + 1:] - sums[i])
+            out = rows_out[key] = (ready + decode).tolist()
+        return out
     return ends_from
