@@ -239,3 +239,20 @@ def test_cluster_spec_validation():
     with pytest.raises(ValueError, match="cluster.gpus_per_actor"):
         ClusterSpec(gpus_per_actor=0, max_actors=4)
     assert isinstance(GenerationPlan("p", 1, ((1,),), 0.0, 0.0).to_dict(), dict)
+
+
+def test_colocated_actors_start_with_actor_zero():
+    """Actors on the prefill actor's GPUs pay neither the weight nor the KV transfer."""
+    remote = ClusterSpec(gpus_per_actor=2, max_actors=10, weight_bytes=4e9, kv_bytes_per_token=1e6,
+                         transfer_bandwidth_bytes_per_s=1e9, num_prefill_gpus=8)
+    local = ClusterSpec(gpus_per_actor=2, max_actors=10, weight_bytes=4e9, kv_bytes_per_token=1e6,
+                        transfer_bandwidth_bytes_per_s=1e9, num_prefill_gpus=8, colocated_actors=4)
+    far, near = _plan(policy="fixed:4", cluster=remote), _plan(policy="fixed:4", cluster=local)
+    assert near.predicted_time_s < far.predicted_time_s
+    assert near.predicted_gpu_seconds < far.predicted_gpu_seconds
+    from flows.planning.timeline import actor_start
+
+    assert actor_start(3, local, 0.5, 100.0) == actor_start(0, local, 0.5, 100.0)
+    assert actor_start(4, local, 0.5, 100.0).transfer_s > 0
+    with pytest.raises(ValueError, match="colocated_actors"):
+        ClusterSpec(gpus_per_actor=2, max_actors=10, num_prefill_gpus=8, colocated_actors=5)

@@ -272,7 +272,9 @@ def test_replay_caps_predictions_at_the_generation_cap():
     a = replay([huge], ["no-scale:4"], _model())["no-scale:4"].steps[0]
     b = replay([at_cap], ["no-scale:4"], _model())["no-scale:4"].steps[0]
     assert (a.time_s, a.gpu_seconds) == (b.time_s, b.gpu_seconds)
-    c = replay([huge], ["no-scale:4"], _model(), max_new_tokens=10 * cap)["no-scale:4"].steps[0]
+    # (one co-located actor: the other three pay transfers, which the longer predictions move)
+    c = replay([huge], ["no-scale:4"], _model(colocated_actors=1), max_new_tokens=10 * cap)["no-scale:4"].steps[0]
+    a = replay([huge], ["no-scale:4"], _model(colocated_actors=1))["no-scale:4"].steps[0]
     assert (c.time_s, c.gpu_seconds) != (a.time_s, a.gpu_seconds)
 
 

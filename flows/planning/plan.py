@@ -32,6 +32,10 @@ class ClusterSpec:
     """GPUs of the prefill actor (the learner's); 0 means gpus_per_actor."""
     prewarm_idle_s: float = 0.0
     """Seconds a pre-warmed remote actor is billed while waiting to be invoked (the buffer)."""
+    colocated_actors: int = 1
+    """Decode actors 0..k-1 run on the prefill actor's GPUs once prefill is done: they hold the
+    weights and the prefix KV already (no cold start, no transfer). At most
+    ``prefill_gpus // gpus_per_actor``; 1 is the paper's actor 0."""
 
     def __post_init__(self) -> None:
         checks = {"gpus_per_actor": self.gpus_per_actor >= 1, "max_actors": self.max_actors >= 1,
@@ -40,7 +44,9 @@ class ClusterSpec:
                   "num_warm_actors": self.num_warm_actors >= 0,
                   "transfer_bandwidth_bytes_per_s": self.transfer_bandwidth_bytes_per_s > 0,
                   "num_prefill_gpus": self.num_prefill_gpus >= 0,
-                  "prewarm_idle_s": self.prewarm_idle_s >= 0}
+                  "prewarm_idle_s": self.prewarm_idle_s >= 0,
+                  "colocated_actors": 1 <= self.colocated_actors <= max(
+                      1, (self.num_prefill_gpus or self.gpus_per_actor) // max(1, self.gpus_per_actor))}
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"cluster.{name}={getattr(self, name)!r}: out of range "

@@ -440,8 +440,9 @@ def _slice_ends(ranking: _Ranking, env: _Env, cluster: ClusterSpec):
     rows_out: dict[tuple[float, int], list[float]] = {}  # (actor's zero-token ready, start)
 
     def ends_from(actor: int, i: int) -> list[float]:
+        local = actor < cluster.colocated_actors  # no KV transfer
         ready0 = actor_start(actor, cluster, env.prefill_s, 0.0).ready_s
-        key = (ready0 if actor > 0 else -1.0, i)  # actor 0 has no KV transfer
+        key = (ready0 if not local else -1.0, i)
         out = rows_out.get(key)
         if out is None:
             decode = decodes.get(i)
@@ -450,7 +451,7 @@ def _slice_ends(ranking: _Ranking, env: _Env, cluster: ClusterSpec):
                 pos = rows[:m - i]  # slice i:j has j - i groups; its last is at pos j - 1 - i
                 decode = decodes[i] = partial[pos] + lengths[i:] * table[pos, last_cols[i:]]
             ready = ready0
-            if actor > 0:  # the slice's prompts' KV arrives after the prefill (timeline.actor_start)
+            if not local:  # the slice's prompts' KV arrives after the prefill (timeline.actor_start)
                 ready = ready0 + kv_per_token * (sums[i + 1:] - sums[i])
             out = rows_out[key] = (ready + decode).tolist()
         return out

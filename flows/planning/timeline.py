@@ -6,6 +6,8 @@ t = 0 is when the learner has written the new weights [I]:
   ``P = prefill_tokens / (prefill_tokens_per_s * prefill_gpus / gpus_per_actor)`` (prefill is
   compute bound, so throughput scales with GPUs);
 - decode actor 0 is co-located with it (same GPUs): no cold start, no transfer, decodes from P;
+  so are actors 1..k-1 when ``colocated_actors = k`` (the prefill actor's GPUs hold k decode
+  actors once prefill is done, as a hybrid engine shares the learner's GPUs);
 - actor ``i >= 1`` (cold iff ``i >= num_warm_actors``) receives the weights, ``w = W / bw``,
   from t = 0 and its prompts' KV, ``kv_i = kv_bytes_per_token * sum(prompt_len) / bw``, after
   prefill: ``ready_i = max(cold_i + w, P) + kv_i``. The flow knows P, so it invokes the
@@ -48,7 +50,7 @@ class ActorStart(NamedTuple):  # a NamedTuple: built ~2000 times per planning sw
 def actor_start(index: int, cluster: ClusterSpec, prefill_s: float,
                 prompt_tokens: float) -> ActorStart:
     """Start-up timeline of decode actor ``index`` (the formulas in the module docstring)."""
-    if index == 0:  # co-located with the prefill actor: no cold start, no transfer
+    if index < cluster.colocated_actors:  # on the prefill actor's GPUs: no start, no transfer
         return ActorStart(prefill_s, prefill_s, 0.0, 0.0, 0.0)
     bw = cluster.transfer_bandwidth_bytes_per_s
     warm = index < max(cluster.num_warm_actors, 1)
@@ -76,12 +78,13 @@ def evaluate_candidate(decode: Sequence[float], tokens: Sequence[float], cluster
     # actor_start is linear in the prompt tokens (only the KV transfer depends on them), so
     # take the zero-token start of a warm and a cold actor once and add each actor's KV time
     warm_count = max(c.num_warm_actors, 1)
-    warm = actor_start(1, c, prefill_s, 0.0)
-    cold = actor_start(warm_count, c, prefill_s, 0.0)
+    local = actor_start(0, c, prefill_s, 0.0)
+    warm = actor_start(max(1, c.colocated_actors), c, prefill_s, 0.0)
+    cold = actor_start(max(warm_count, c.colocated_actors), c, prefill_s, 0.0)
     kv_s_per_token = c.kv_bytes_per_token / c.transfer_bandwidth_bytes_per_s
     for i in range(1, len(decode)):
-        st = warm if i < warm_count else cold
-        kv = kv_s_per_token * tokens[i]
+        st = local if i < c.colocated_actors else warm if i < warm_count else cold
+        kv = 0.0 if i < c.colocated_actors else kv_s_per_token * tokens[i]
         end = st.ready_s + kv + decode[i]
         if end > t_max:
             t_max = end

@@ -49,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rank-slack", default="0.1", metavar="S",
                         help="ranked slices within (1 + S) x the balanced phase time; 'none' "
                              "for equal prompt counts")
+    parser.add_argument("--colocated-actors", type=int, default=None, metavar="K",
+                        help="decode actors on the learner node after prefill, without transfers "
+                             "(default: as many as fit; 1 = the paper's actor 0 alone)")
     parser.add_argument("--n-min", type=int, default=1)
     parser.add_argument("--n-max", type=int, default=64)
     parser.add_argument("--bandwidth-gb-per-gpu", type=float, default=40.0,
@@ -101,6 +104,8 @@ def build_model(args: argparse.Namespace) -> ClusterModel:
         raise ValueError(f"--learner-tokens-per-s={args.learner_tokens_per_s}: must be > 0 tokens/s "
                          "(leave it out to derive it from --learner-gpus and --learner-mfu)")
     check_objective(args.objective, args.lam, args.value_of_time, args.time_slack)
+    if args.colocated_actors is not None and args.colocated_actors < 1:
+        raise ValueError(f"--colocated-actors={args.colocated_actors}: must be >= 1 (1 = actor 0 alone)")
     if args.profile.startswith("roofline:"):
         profile = parse_roofline_spec(args.profile, args.gpus_per_actor)
         model_name = args.model or args.profile.split(":")[2]
@@ -122,7 +127,7 @@ def build_model(args: argparse.Namespace) -> ClusterModel:
                         lam=args.lam, objective=args.objective,
                         value_of_time_usd_per_s=args.value_of_time, time_slack=args.time_slack,
                         tau=args.tau, rank_slack=_slack(args.rank_slack),
-                        n_min=args.n_min, n_max=args.n_max,
+                        n_min=args.n_min, n_max=args.n_max, colocated_actors=args.colocated_actors,
                         continuation=args.continuation, migration=args.migration,
                         prefer=args.prefer, learner_tokens_per_s=rate)
 

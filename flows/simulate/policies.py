@@ -1,7 +1,8 @@
 """Policies compared by the simulator and how each one starts its actors (PAPER §4.1, §4.4).
 
-- ``rlhfless``: ranked assignment + cost-aware scaling (lam) + cut-and-migrate (tau), prefill
-  actor on the learner's GPUs with actor 0 co-located, serverless release.
+- ``rlhfless``: ranked assignment + cost-aware scaling (``objective``) + cut-and-migrate (tau),
+  prefill actor on the learner node's GPUs, the first decode actors co-located there once
+  prefill is done (``colocated_actors``), serverless release.
 - ``static:N`` (VERL-like serverful baseline, paper default N = 3): N actors, contiguous
   slices of the batch in the given order, each prefills its own prompts once (vLLM parallel
   sampling shares a prompt across its n samples) and decodes; actors are co-located with the
@@ -83,6 +84,10 @@ class ClusterModel:
     objective: str = "value"
     value_of_time_usd_per_s: float | None = None  # None: the prefill GPUs' price (scaling.py)
     time_slack: float = 0.05
+    colocated_actors: int | None = None
+    """Decode actors on the learner node's GPUs after prefill (no weight or KV transfer), as
+    static:N's hybrid engine shares them; None: as many as fit, gpus_per_node //
+    gpus_per_actor (``ClusterSpec.colocated_actors``); 1 is the paper's actor 0 alone."""
     tau: float = 0.7
     rank_slack: float | None = 0.1  # ranked slices within this fraction of the balanced time
     n_min: int = 1
@@ -110,7 +115,9 @@ class ClusterModel:
                            kv_bytes_per_token=self.kv_bytes_per_token,
                            transfer_bandwidth_bytes_per_s=self.bandwidth_bytes_per_s,
                            num_prefill_gpus=self.gpus_per_node,
-                           prewarm_idle_s=self.prewarm_idle_s)
+                           prewarm_idle_s=self.prewarm_idle_s,
+                           colocated_actors=max(1, min(self.colocated_actors or self.gpus_per_node,
+                                                       self.gpus_per_node // self.gpus_per_actor)))
 
 
 def make_plan(policy: Policy, prompt_ids: Sequence[int], predicted: Mapping[int, float],
