@@ -78,7 +78,10 @@ def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool)
     from actions.prepare import validate_inputs
 
     validate_inputs(cfg)
-    for flag, path in (("--out", out), ("--summary", summary_path.parent)):
+    checks = [("--out", out), ("--summary", summary_path.parent)]
+    if cfg.invoker.kind == "local" and cfg.invoker.log_dir:
+        checks.append(("invoker.log_dir", Path(cfg.invoker.log_dir)))
+    for flag, path in checks:
         if path.exists() and not path.is_dir():
             raise UsageError(f"{flag} {str(path)!r} is a file, not a directory; pass a directory path")
     if summary_path.is_dir():
@@ -108,6 +111,8 @@ def _train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     out = Path(args.out or f"runs/{cfg.resolved_run_id()}")
     summary_path = Path(args.summary) if args.summary else out / "summary.json"
+    if cfg.invoker.log_dir is None:  # worker logs live in the run directory
+        cfg.invoker.log_dir = str(out / "logs")
     _preflight(cfg, out, summary_path, args.resume)
     from flows.campaign import rlhf_campaign
     from flows.local_api import start_local_api

@@ -81,6 +81,7 @@ def tiny_config(tmp_path):
     from actions.common.config import load_config
 
     def make(*extra: str):
-        return load_config(None, [*TINY_OVERRIDES, f"store.uri={tmp_path / 'store'}", *extra])
+        return load_config(None, [*TINY_OVERRIDES, f"store.uri={tmp_path / 'store'}",
+                                  f"invoker.log_dir={tmp_path / 'logs'}", *extra])
 
     return make

@@ -507,9 +507,11 @@ class OpenWhiskEmulator:
             self.pool.release(key, container, destroy=destroy or not container.alive())
         if not isinstance(result, dict):
             return 2, {"error": DEV_ERROR_RUN}
+        if status != 200:  # a container failure: OpenWhisk keeps only the reply's error field
+            return 2, {"error": result.get("error") or DEV_ERROR_RUN}
         if "error" in result:
             return 1, result
-        return (0, result) if status == 200 else (2, {"error": DEV_ERROR_RUN})
+        return 0, result
 
     def _record(
         self,

@@ -6,7 +6,8 @@ container before it starts the real action-protocol server, which then dispatche
 
 * ``sleep_s``: sleep first (slow actions, blocking waits that run out)
 * ``print``: write a line to stdout (activation logs)
-* ``raise``: raise RuntimeError (the runtime reports ``developer_error: true``)
+* ``raise``: raise an exception of type ``raise_type`` (a builtin name, default RuntimeError)
+  with that message (the runtime answers 502 with its classification)
 * ``error``: return ``{"error": ...}`` (an application error)
 * ``getenv``: return ``{"env": os.environ.get(name)}`` (init parameters reach the container)
 * otherwise ``{"ok": true, "echo": payload["echo"], "pid": ...}``
@@ -29,7 +30,9 @@ def probe(args: dict[str, Any]) -> dict[str, Any]:
     if args.get("print"):
         print(args["print"], flush=True)
     if "raise" in args:
-        raise RuntimeError(str(args["raise"]))
+        import builtins
+
+        raise getattr(builtins, str(args.get("raise_type") or "RuntimeError"))(str(args["raise"]))
     if "error" in args:
         return {"error": str(args["error"]), "field": "probe"}
     if "getenv" in args:

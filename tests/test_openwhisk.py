@@ -221,10 +221,15 @@ def test_application_error_is_not_transient(invoker: OpenWhiskInvoker):
     assert info.value.action == "probe" and info.value.activation_id
 
 
-def test_action_that_raises_is_transient(invoker: OpenWhiskInvoker):
+def test_action_that_raises_is_classified_by_the_runtime(invoker: OpenWhiskInvoker):
+    """The runtime answers a crash with 502 and its classification, which survives OpenWhisk."""
     with pytest.raises(ActionError) as info:
-        invoker.invoke("probe", {"raise": "S3 endpoint unreachable"})
-    assert info.value.transient and "RuntimeError: S3 endpoint unreachable" in info.value.message
+        invoker.invoke("probe", {"raise": "S3 endpoint unreachable", "raise_type": "ConnectionRefusedError"})
+    assert info.value.transient and "ConnectionRefusedError: S3 endpoint unreachable" in info.value.message
+    with pytest.raises(ActionError) as info:
+        invoker.invoke("probe", {"raise": "unsupported operand", "raise_type": "TypeError"})
+    assert not info.value.transient and info.value.message == "TypeError: unsupported operand"
+    assert invoker.client.stats["developer_retry"] == 0  # a classified crash is not retried in place
 
 
 def test_developer_error_is_retried_once_in_place(ow_emulator: OpenWhiskEmulator, invoker: OpenWhiskInvoker):
@@ -347,7 +352,8 @@ def test_activation_from_record_accounting():
     [
         ("success", {"ok": True}, [], None),
         ("application error", {"error": "bad payload"}, [], (False, False)),
-        ("application error", {"error": "boom", "developer_error": True}, [], (True, False)),
+        ("action developer error", {"error": {"type": "ConnectionResetError", "message": "reset", "transient": True}}, [], (True, False)),
+        ("action developer error", {"error": {"type": "TypeError", "message": "bad", "transient": False}}, [], (False, False)),
         ("action developer error", {"error": "The action exceeded its time limits of 10 milliseconds."}, [{"key": "timeout", "value": True}], (False, False)),
         ("action developer error", {"error": "The action did not initialize and exited unexpectedly."}, [], (True, True)),
         ("whisk internal error", {"error": "internal"}, [], (True, True)),

@@ -2,8 +2,8 @@
 
 Contract violations come back as ``{"error": ..., "field": ...}`` (an OpenWhisk application
 error, not retried). Fault injection for tests (``faults`` in the campaign config):
-``__inject_failure`` in the payload makes the activation fail like a crashed container (a
-developer error, retried by the flow); ``__inject_latency_s`` sleeps that long first;
+``__inject_failure`` in the payload makes the activation fail like a crashed container
+(``InjectedFault``, classified transient and retried by the flow); ``__inject_latency_s`` sleeps that long first;
 ``__inject_kill_after_s`` is taken by the runtime server, which kills its own process, so it
 arrives here only in-process, where it fails the activation like a crash instead.
 Any other exception propagates to the runtime server, which reports a developer error.
@@ -17,12 +17,9 @@ from typing import Any
 
 from actions.common import warm
 from actions.common.contracts import parse_request
+from actions.common.errors import InjectedFault
 from actions.common.loading import configure_threads
 from actions.common.storage import IntegrityError, ObjectNotFound
-
-
-class InjectedFault(RuntimeError):
-    """Raised on purpose by fault injection."""
 
 
 def run_action(request_model: type, core: Callable[[Any], Any], args: dict[str, Any]) -> dict[str, Any]:

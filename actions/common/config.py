@@ -297,6 +297,14 @@ class InvokerConfig(_Section):
     package: str = "rlhfless"
     """OpenWhisk package holding the actions."""
     timeout_s: float = Field(600.0, gt=0)
+    log_dir: str | None = None
+    """Local pool: directory of the per-worker log files (``worker-N.log``, the workers' stdout
+    and stderr); None: ``logs`` in the run directory (the CLI's ``--out``, else ``runs/<run_id>``)."""
+    max_request_mb: float = Field(64.0, gt=0)
+    """Local pool: largest request body (MiB) a worker accepts; a larger one gets 413 unread."""
+    read_timeout_s: float = Field(30.0, gt=0)
+    """Local pool: a request must reach a worker whole within this many seconds of its first
+    byte, else the connection is cut."""
     gpu_concurrency_limit: str | None = None
     """Prefect global concurrency limit held by every GPU action while it runs, one slot per
     ``scaling.gpus_per_actor`` (create it first: ``prefect gcl create gpu-actions --limit 8``).

@@ -13,29 +13,71 @@ This is the entrypoint of the runtime images (port 8080) and of every local warm
 * Activations never overlap in one container (concurrency 1): a lock serialises ``/run``.
 * Every activation's logs end with the sentinel line on stdout and stderr so OpenWhisk
   collects them promptly.
+* An exception out of ``main`` (a crashed action) is answered with HTTP 502, as OpenWhisk's
+  action proxy does, and ``{"error": {"type", "message", "transient"[, "advice"]}}``
+  (``actions.common.errors.describe_crash``): OpenWhisk keeps the ``error`` field of a non-200
+  reply as the activation's result, so the classification reaches the flow on both paths. An
+  action that returns ``{"error": ...}`` itself (bad payload, missing input) gets 200: an
+  application error.
 * Fault injection: ``__inject_kill_after_s`` in ``value`` makes the process kill itself
   (SIGKILL) that long into the activation, without replying (``faults.kill_fraction``).
 
-What it does not do: authentication (OpenWhisk's invoker talks to it on a private network;
-the local pool binds loopback only).
+Request limits (:class:`Guard`), on every path: a body over ``max_body_bytes`` is refused with
+413 from its ``Content-Length`` alone, before any of it is read; a request must arrive whole
+within ``read_timeout_s`` of its first byte, or the connection is cut (a slow-loris client
+cannot hold a thread); an idle kept-alive connection is closed after ``idle_timeout_s``.
+
+Authentication: a local pool worker gets a per-pool secret on its control pipe
+(``--control-fd``, see ``actions.runtime.lifeline``) and answers 401, doing nothing, to any
+request without ``Authorization: Bearer <secret>`` (compared in constant time). The runtime
+images run by OpenWhisk get no secret and keep the action-proxy behaviour: the invoker talks to
+them on its private container network, which is the boundary there.
 """
 
 from __future__ import annotations
 
 import argparse
+import hmac
 import importlib
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from actions.common.errors import describe_crash
+
 SENTINEL = "XXX_THE_END_OF_A_WHISK_ACTIVATION_XXX"
 ACTION_NAMES = frozenset({"prefill", "generate", "score", "train_step", "warmup", "evaluate", "noop"})
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+"""Generous: payloads carry object-store keys, not data (OpenWhisk itself caps them at ~1 MB)."""
+
+
+@dataclass(frozen=True)
+class Guard:
+    """Who may call this server and how much a request may cost it."""
+
+    secret: str | None = None
+    """Bearer token every request must carry; None: no authentication (OpenWhisk images)."""
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    read_timeout_s: float = 30.0
+    """A request (line, headers, body) must arrive within this long of its first byte."""
+    idle_timeout_s: float = 600.0
+    """A kept-alive connection with no request for this long is closed. Far above the local
+    pool client's keep-alive expiry (5 s), so the pool never reuses a connection being closed."""
+
+    def authorized(self, header: str | None) -> bool:
+        """Constant-time check of an ``Authorization`` header value."""
+        if self.secret is None:
+            return True
+        given = (header or "").encode("utf-8", "surrogateescape")
+        return hmac.compare_digest(given, f"Bearer {self.secret}".encode())
 
 
 def image_id() -> str:
@@ -88,12 +130,14 @@ class ActionRuntime:
             kill_after_s = params.pop("__inject_kill_after_s", None)
             if kill_after_s is not None:
                 _schedule_kill(float(kill_after_s))
+            print(f"[rlhfless] {name} activation {body.get('activation_id', '')} started", flush=True)
+            status = 200
             try:
                 module = importlib.import_module(f"actions.{name}")
                 result = module.main(dict(params))
             except Exception as exc:  # outermost adapter: report, never crash the container
                 traceback.print_exc()
-                result = {"error": f"{type(exc).__name__}: {exc}", "developer_error": True}
+                status, result = 502, {"error": describe_crash(exc)}
             if kill_after_s is not None:
                 threading.Event().wait()  # an action quicker than the kill still gets no reply
             busy = time.time() - start
@@ -102,7 +146,7 @@ class ActionRuntime:
         if not isinstance(result, dict):
             result = {"error": f"action {name} returned {type(result).__name__}, not a dict"}
         result["__activation"] = _activation_block(busy, start, cold)
-        return 200, result
+        return status, result
 
 
 def _preload_model(ref: dict[str, Any]) -> bool:
@@ -148,36 +192,83 @@ def _export_context(body: dict[str, Any]) -> None:
             os.environ[f"__OW_{key.upper()}"] = str(body[key])
 
 
-def make_handler(runtime: ActionRuntime) -> type[BaseHTTPRequestHandler]:
+def make_handler(runtime: ActionRuntime, guard: Guard = Guard()) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         # TCP_NODELAY: a reply is two small writes (headers, then body); with Nagle's algorithm
         # the body waits for the ACK of the headers, which the client delays ~40 ms. That
         # stalled every activation by 44 ms over loopback while the worker sat idle.
         disable_nagle_algorithm = True
+        timeout = guard.idle_timeout_s  # socket timeout from setup(); tightened per request
+        cut = False
 
         def log_message(self, fmt: str, *args: Any) -> None:  # keep activation logs clean
             pass
 
-        def _reply(self, status: int, payload: dict[str, Any]) -> None:
+        def handle_one_request(self) -> None:
+            # Wait for the next request's first byte (an idle keep-alive connection), then give
+            # the whole request read_timeout_s. A per-read socket timeout alone would let a client
+            # trickle one byte per interval forever; the watchdog shuts the socket down instead,
+            # which wakes the blocked read.
+            try:
+                if not self.rfile.peek(1):
+                    self.close_connection = True
+                    return
+            except OSError:  # idle timeout, reset
+                self.close_connection = True
+                return
+            self.connection.settimeout(guard.read_timeout_s)
+            self.watchdog = threading.Timer(guard.read_timeout_s, self._cut)
+            self.watchdog.daemon = True
+            self.watchdog.start()
+            try:
+                super().handle_one_request()
+            except OSError:  # the watchdog cut the connection, or the client dropped it
+                self.close_connection = True
+            finally:
+                self.watchdog.cancel()
+                self.connection.settimeout(guard.idle_timeout_s)
+
+        def _cut(self) -> None:
+            self.cut = True
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+        def _reply(self, status: int, payload: dict[str, Any], *, close: bool = False) -> None:
+            if self.cut:
+                return
             data = json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            if close:  # the request body was not read: the connection cannot carry another one
+                self.send_header("Connection", "close")
+                self.close_connection = True
             self.end_headers()
             self.wfile.write(data)
 
+        def _admit(self) -> bool:
+            """Authentication first (an unauthenticated caller learns nothing), then the size."""
+            if self.cut:
+                self.close_connection = True
+                return False
+            if not guard.authorized(self.headers.get("Authorization")):
+                self._reply(401, {"error": "missing or wrong credentials"}, close=True)
+                return False
+            return True
+
         def do_GET(self) -> None:  # health probe for pools and orchestrators
-            self._reply(200, {"ok": True, "image": image_id(), "runs": runtime.num_runs})
+            if self._admit():
+                self._reply(200, {"ok": True, "image": image_id(), "runs": runtime.num_runs})
 
         def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            try:
-                body = json.loads(self.rfile.read(length) or b"{}")
-                if not isinstance(body, dict):
-                    raise ValueError("body is not a JSON object")
-            except ValueError as exc:
-                self._reply(400, {"error": f"request body is not valid JSON: {exc}"})
+            if not self._admit():
+                return
+            body = self._read_body()
+            if body is None:
                 return
             if self.path == "/init":
                 self._reply(*runtime.init(body))
@@ -186,12 +277,42 @@ def make_handler(runtime: ActionRuntime) -> type[BaseHTTPRequestHandler]:
             else:
                 self._reply(404, {"error": f"no route {self.path}; use /init or /run"})
 
+        def _read_body(self) -> dict[str, Any] | None:
+            """The JSON object body, or None once an error reply is sent (or the client is cut)."""
+            if self.headers.get("Transfer-Encoding"):
+                self._reply(411, {"error": "send the body with a Content-Length, not chunked"}, close=True)
+                return None
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+                if length < 0:
+                    raise ValueError
+            except ValueError:
+                self._reply(400, {"error": "Content-Length is not a non-negative integer"}, close=True)
+                return None
+            if length > guard.max_body_bytes:
+                self._reply(413, {"error": f"request body of {length} bytes is over this server's limit of "
+                                           f"{guard.max_body_bytes} bytes; pass object-store keys, not data"}, close=True)
+                return None
+            raw = self.rfile.read(length)
+            self.watchdog.cancel()  # the request is in: the action may take as long as it needs
+            if len(raw) < length:  # cut by the watchdog, or the client went away
+                self.close_connection = True
+                return None
+            try:
+                body = json.loads(raw or b"{}")
+                if not isinstance(body, dict):
+                    raise ValueError("body is not a JSON object")
+            except ValueError as exc:
+                self._reply(400, {"error": f"request body is not valid JSON: {exc}"})
+                return None
+            return body
+
     return Handler
 
 
-def serve(host: str = "0.0.0.0", port: int = 8080, ready_fd: int | None = None) -> None:
+def serve(host: str = "0.0.0.0", port: int = 8080, ready_fd: int | None = None, guard: Guard = Guard()) -> None:
     """Serve forever. With ``ready_fd``, write the bound port there once listening."""
-    server = ThreadingHTTPServer((host, port), make_handler(ActionRuntime()))
+    server = ThreadingHTTPServer((host, port), make_handler(ActionRuntime(), guard))
     if ready_fd is not None:
         os.write(ready_fd, f"{server.server_address[1]}\n".encode())
         os.close(ready_fd)
@@ -203,8 +324,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default=os.environ.get("RLHFLESS_HOST", "0.0.0.0"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("RLHFLESS_PORT", "8080")))
     parser.add_argument("--ready-fd", type=int, default=None)
+    parser.add_argument("--control-fd", type=int, default=None,
+                        help="local pool: pipe carrying the request secret; its end-of-file stops this worker")
+    parser.add_argument("--parent-pid", type=int, default=None,
+                        help="local pool: exit with this process (Linux parent-death signal)")
+    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    parser.add_argument("--read-timeout-s", type=float, default=30.0)
     args = parser.parse_args(argv)
-    serve(args.host, args.port, args.ready_fd)
+    secret = None
+    if args.parent_pid is not None:
+        from actions.runtime.lifeline import die_with_parent
+
+        die_with_parent(args.parent_pid)
+    if args.control_fd is not None:
+        from actions.runtime.lifeline import read_secret, watch_parent
+
+        secret = read_secret(args.control_fd)
+        watch_parent(args.control_fd)
+    print(f"[rlhfless] action server pid {os.getpid()} starting", flush=True)
+    serve(args.host, args.port, args.ready_fd,
+          Guard(secret=secret, max_body_bytes=args.max_body_bytes, read_timeout_s=args.read_timeout_s))
 
 
 if __name__ == "__main__":

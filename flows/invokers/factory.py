@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from actions.common.config import CampaignConfig
 from flows.invokers.base import Invoker
 
@@ -9,6 +11,12 @@ from flows.invokers.base import Invoker
 def pool_size(cfg: CampaignConfig) -> int:
     """Local pool: one worker per possible generation action plus one so scoring overlaps."""
     return cfg.invoker.num_workers or cfg.scaling.n_max + 1
+
+
+def worker_log_dir(cfg: CampaignConfig) -> Path:
+    """Where the local pool's worker logs go: ``invoker.log_dir``, else ``runs/<run_id>/logs``
+    (the CLI sets ``invoker.log_dir`` to ``<--out>/logs``)."""
+    return Path(cfg.invoker.log_dir) if cfg.invoker.log_dir else Path("runs") / cfg.resolved_run_id() / "logs"
 
 
 def make_invoker(cfg: CampaignConfig, num_workers: int) -> Invoker:
@@ -20,7 +28,9 @@ def make_invoker(cfg: CampaignConfig, num_workers: int) -> Invoker:
     if kind == "local":
         from flows.invokers.local_pool import LocalPoolInvoker
 
-        return LocalPoolInvoker(num_workers, timeout_s=cfg.invoker.timeout_s)
+        return LocalPoolInvoker(num_workers, timeout_s=cfg.invoker.timeout_s, log_dir=worker_log_dir(cfg),
+                                max_body_bytes=int(cfg.invoker.max_request_mb * 1024 * 1024),
+                                read_timeout_s=cfg.invoker.read_timeout_s)
     from flows.invokers.openwhisk import OpenWhiskInvoker
 
     return OpenWhiskInvoker.from_env(package=cfg.invoker.package)

@@ -1,7 +1,8 @@
 """In-process invoker: calls ``actions.<name>.main`` directly (unit tests, debugging).
 
 It goes through the same JSON round trip as a real activation, so a payload that would not
-survive OpenWhisk does not pass here either.
+survive OpenWhisk does not pass here either. An exception out of ``main`` is classified as the
+runtime server classifies it (``actions.common.errors``): transient or permanent.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 import uuid
 from typing import Any
 
+from actions.common.errors import crash_text, describe_crash
 from flows.invokers.base import ActionError, Activation
 
 
@@ -29,8 +31,9 @@ class InProcessInvoker:
             self.calls.append((action, wire))
             try:
                 result = importlib.import_module(f"actions.{action}").main(wire)
-            except Exception as exc:  # a crashed container: transient, may be retried
-                raise ActionError(action, f"{type(exc).__name__}: {exc}", transient=True) from exc
+            except Exception as exc:  # a crashed action, classified as the runtime server does
+                crash = describe_crash(exc)
+                raise ActionError(action, crash_text(crash), transient=crash["transient"]) from exc
             ended = time.time()
         result = json.loads(json.dumps(result))
         if "error" in result:

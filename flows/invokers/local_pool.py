@@ -4,24 +4,46 @@ Each worker runs ``python -m actions.runtime.server`` (the runtime images' entry
 free loopback port, gets one ``/init``, then serves ``/run`` one activation at a time and
 keeps models loaded between activations, like a warm OpenWhisk container. An invocation takes
 an idle worker (waiting in a queue when all are busy, which is the queue time it reports),
-posts ``/run`` and records the accounting. A worker that dies mid-activation is replaced and
-the activation fails as transient, so the flow's retry runs it again.
+posts ``/run`` and records the accounting.
+
+Security and lifetime (``actions.runtime.lifeline``):
+
+* The pool draws a random secret and writes it to each worker's control pipe, never to a
+  command line, the environment or a log; every request carries it as a bearer token and a
+  worker answers anything else with 401, doing nothing.
+* A worker exits when the pool process dies, however it dies: the control pipe reaches
+  end-of-file, and on Linux the kernel's parent-death signal fires too. That signal follows the
+  *thread* that forked the worker, so every worker is forked by one thread that lives as long
+  as the pool.
+* Each worker's stdout and stderr go to ``<log_dir>/<worker>.log`` (mode 0600), appended to
+  across replacements; every error message names that file.
+
+Errors (``flows.invokers.base``): a worker that dies or does not answer mid-activation is
+replaced and the activation fails as transient, so the flow's retry runs it again; a crashed
+action (502) is transient or permanent as the worker classified it; an application error
+(``{"error": ...}`` with 200) and any other refusal are permanent.
 """
 
 from __future__ import annotations
 
 import os
 import queue
+import secrets
+import signal
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from actions.common.errors import TRANSIENT_STATUS, crash_text, one_line
+from actions.runtime.server import DEFAULT_MAX_BODY_BYTES
 from flows.invokers.base import ActionError, Activation
 
 
@@ -30,38 +52,47 @@ class _Worker:
     name: str
     proc: subprocess.Popen
     port: int
+    control_fd: int
+    """Write end of the worker's control pipe; closing it tells the worker to exit."""
+    log_path: Path
     num_runs: int = 0
 
 
-def _spawn(name: str) -> _Worker:
-    read_fd, write_fd = os.pipe()
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", RLHFLESS_THREADS="1",
-               PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "actions.runtime.server", "--host", "127.0.0.1", "--port", "0",
-         "--ready-fd", str(write_fd)],
-        pass_fds=(write_fd,), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    os.close(write_fd)
-    with os.fdopen(read_fd) as fh:
-        line = fh.readline()
-    if not line.strip():
-        proc.kill()
-        raise RuntimeError(f"local worker {name} failed to start (exit code {proc.poll()})")
-    return _Worker(name, proc, int(line))
+def _exit_text(proc: subprocess.Popen) -> str:
+    code = proc.poll()
+    if code is None:
+        return "did not answer"
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
 
 
 class LocalPoolInvoker:
-    """A fixed-size pool of warm action workers on this machine."""
+    """A fixed-size pool of warm action workers on this machine.
 
-    def __init__(self, num_workers: int, *, timeout_s: float = 600.0) -> None:
+    Args:
+        num_workers: workers started now, all warm.
+        timeout_s: longest an activation may run before its worker is replaced.
+        log_dir: where each worker's log file goes (created).
+        max_body_bytes, read_timeout_s: the workers' request limits (``actions.runtime.server.Guard``).
+    """
+
+    def __init__(self, num_workers: int, *, timeout_s: float = 600.0, log_dir: str | Path = "runs/logs",
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, read_timeout_s: float = 30.0) -> None:
         if num_workers < 1:
             raise ValueError(f"invoker.num_workers={num_workers}: the local pool needs at least 1 worker")
         self.timeout_s = timeout_s
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._limits = ["--max-body-bytes", str(max_body_bytes), "--read-timeout-s", str(read_timeout_s)]
+        self._secret = secrets.token_urlsafe(32)
         self._idle: queue.Queue[_Worker] = queue.Queue()
-        self._client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=5.0))
+        self._client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=5.0),
+                                    headers={"Authorization": f"Bearer {self._secret}"})
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
+        # The one thread that forks workers (see the module docstring): it lives until close().
+        self._forker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pool-forker")
         threads = [threading.Thread(target=self._add, args=(f"worker-{i}",)) for i in range(num_workers)]
         for t in threads:
             t.start()
@@ -69,18 +100,57 @@ class LocalPoolInvoker:
             t.join()
         if len(self._workers) != num_workers:
             self.close()
-            raise RuntimeError("the local warm pool could not start all its workers")
+            raise RuntimeError(f"the local warm pool could not start all its workers; see the logs in {self.log_dir}")
 
-    def _add(self, name: str) -> None:
-        worker = _spawn(name)
-        self._client.post(f"http://127.0.0.1:{worker.port}/init", json={"value": {"name": name}}).raise_for_status()
-        with self._lock:
-            self._workers.append(worker)
-        self._idle.put(worker)
+    def __repr__(self) -> str:  # never the secret
+        return f"LocalPoolInvoker(size={self.size}, log_dir={str(self.log_dir)!r})"
 
     @property
     def size(self) -> int:
         return len(self._workers)
+
+    def worker_pids(self) -> list[int]:
+        with self._lock:
+            return [w.proc.pid for w in self._workers]
+
+    def _spawn(self, name: str) -> _Worker:
+        log_path = self.log_dir / f"{name}.log"
+        ready_r, ready_w = os.pipe()
+        control_r, control_w = os.pipe()
+        # Pipe capacity is far above one line: this write never blocks, and the worker reads it
+        # whenever it starts. The write end stays open: it is the worker's lifeline.
+        os.write(control_w, f"{self._secret}\n".encode())
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.write(log_fd, f"--- {name} starting at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", RLHFLESS_THREADS="1",
+                   PYTHONUNBUFFERED="1")
+        argv = [sys.executable, "-m", "actions.runtime.server", "--host", "127.0.0.1", "--port", "0",
+                "--ready-fd", str(ready_w), "--control-fd", str(control_r), "--parent-pid", str(os.getpid()),
+                *self._limits]
+        try:
+            proc = self._forker.submit(subprocess.Popen, argv, pass_fds=(ready_w, control_r), env=env,
+                                       stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd).result()
+        except BaseException:
+            os.close(control_w)
+            raise
+        finally:
+            for fd in (ready_w, control_r, log_fd):
+                os.close(fd)
+        with os.fdopen(ready_r) as fh:
+            line = fh.readline()
+        if not line.strip():
+            os.close(control_w)
+            proc.kill()
+            proc.wait()
+            raise RuntimeError(f"local worker {name} failed to start ({_exit_text(proc)}); see {log_path}")
+        return _Worker(name, proc, int(line), control_w, log_path)
+
+    def _add(self, name: str) -> None:
+        worker = self._spawn(name)
+        self._client.post(f"http://127.0.0.1:{worker.port}/init", json={"value": {"name": name}}).raise_for_status()
+        with self._lock:
+            self._workers.append(worker)
+        self._idle.put(worker)
 
     def invoke(self, action: str, payload: dict[str, Any], *, timeout_s: float | None = None) -> Activation:
         submitted = time.time()
@@ -94,28 +164,62 @@ class LocalPoolInvoker:
                                      timeout=timeout_s or self.timeout_s)
             result = resp.json()
         except (httpx.TransportError, ValueError) as exc:
+            try:  # a dead worker's socket closes as it exits: give the exit a moment to be reaped
+                worker.proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                pass
+            how = _exit_text(worker.proc)
             self._replace(worker)
-            raise ActionError(action, f"worker {worker.name} was lost mid-activation ({type(exc).__name__})",
-                              transient=True, activation_id=activation_id) from None
+            raise ActionError(action, f"worker {worker.name} was lost mid-activation ({how}; {type(exc).__name__}); "
+                              f"worker log {worker.log_path}", transient=True, activation_id=activation_id) from None
         worker.num_runs += 1
         self._idle.put(worker)
         ended = time.time()
-        meta = result.pop("__activation", {}) if isinstance(result, dict) else {}
-        if not isinstance(result, dict) or "error" in result:
-            err = result.get("error") if isinstance(result, dict) else f"non-JSON result {result!r}"
-            raise ActionError(action, str(err), transient=bool(result.get("developer_error")),
-                              activation_id=activation_id)
+        if not isinstance(result, dict):
+            raise ActionError(action, f"non-JSON-object result {one_line(repr(result), 200)}; worker log {worker.log_path}",
+                              transient=False, activation_id=activation_id)
+        meta = result.pop("__activation", {})
+        if resp.status_code != 200 or "error" in result:
+            raise self._failure(action, resp.status_code, result.get("error"), worker, activation_id)
         return Activation(action=action, activation_id=activation_id, result=result, submitted_at=submitted,
                           started_at=started, ended_at=ended, busy_s=float(meta.get("busy_s", ended - started)),
                           cold=bool(meta.get("cold", False)), worker=worker.name,
                           extra={"pid": meta.get("pid"), "image": meta.get("image")})
 
+    @staticmethod
+    def _failure(action: str, status: int, error: Any, worker: _Worker, activation_id: str) -> ActionError:
+        """One line: what failed, how (crash type and message, or the refusal), and the log."""
+        where = f"worker log {worker.log_path}"
+        if isinstance(error, dict):  # a crash the worker classified (actions.common.errors)
+            return ActionError(action, f"{crash_text(error)}; {where}", transient=bool(error.get("transient")),
+                               activation_id=activation_id)
+        text = one_line(str(error)) if error is not None else "(no error message)"
+        if status == 200:  # the action refused its input: an application error
+            return ActionError(action, text, transient=False, activation_id=activation_id)
+        return ActionError(action, f"HTTP {status}: {text}; {where}", transient=status in TRANSIENT_STATUS,
+                           activation_id=activation_id)
+
     def _replace(self, worker: _Worker) -> None:
-        worker.proc.kill()
-        worker.proc.wait()  # reap it: a lost worker leaves no zombie behind
+        self._retire(worker)
         with self._lock:
             self._workers = [w for w in self._workers if w is not worker]
         self._add(worker.name)
+
+    @staticmethod
+    def _retire(worker: _Worker, grace_s: float = 0.0) -> None:
+        """Stop a worker and reap it (a lost worker leaves no zombie behind)."""
+        if worker.control_fd >= 0:
+            os.close(worker.control_fd)
+            worker.control_fd = -1
+        if grace_s > 0:
+            worker.proc.terminate()
+            try:
+                worker.proc.wait(timeout=grace_s)
+                return
+            except subprocess.TimeoutExpired:
+                pass
+        worker.proc.kill()
+        worker.proc.wait()
 
     def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None) -> int:
         """Workers are started warm; with ``model``, up to ``count`` idle workers load that
@@ -149,11 +253,12 @@ class LocalPoolInvoker:
         return sum(results)
 
     def close(self) -> None:
-        for w in self._workers:
-            w.proc.terminate()
-        for w in self._workers:
-            try:
-                w.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                w.proc.kill()
+        with self._lock:
+            workers, self._workers = self._workers, []
+        for w in workers:
+            os.close(w.control_fd)  # end-of-file on the control pipe: each worker exits by itself
+            w.control_fd = -1
+        for w in workers:
+            self._retire(w, grace_s=5.0)
         self._client.close()
+        self._forker.shutdown(wait=True)

@@ -23,8 +23,11 @@ time limit + ``lost_grace_s``)                at most ``lost_retries`` times (ac
                                               idempotent), then ActionError(transient)
 ``success``                                   return the record
 ``application error`` (action returned        ActionError(transient=False) with the action's
-``{"error": ...}``)                           message; transient=True only when the runtime
-                                              marked it ``developer_error`` (``main`` raised)
+``{"error": ...}``)                           message
+``action developer error`` with the runtime's  ActionError(transient as the runtime classified
+crash ``{"error": {"type", "message",         the exception: connection refused/reset, timeouts,
+"transient"}}`` (``main`` raised: 502)        a store's 429/502/503 and injected faults are
+                                              transient; a TypeError, CUDA OOM... permanent)
 ``action developer error``: time limit        ActionError(transient=False): raise the limit
 ``action developer error``: other (init       invoke again in place ``developer_error_retries``
 failure, crash, bad response); ``whisk        times (a fresh container usually fixes it), then

@@ -17,6 +17,7 @@ from urllib.parse import quote
 import httpx
 
 from actions.common.credentials import redact
+from actions.common.errors import crash_text
 from flows.invokers.base import ActionError
 from flows.invokers.openwhisk.config import API_PATH, OpenWhiskConfig
 
@@ -472,9 +473,12 @@ class OpenWhiskClient:
 def classify_activation(action: str, record: dict[str, Any]) -> tuple[ActionError | None, bool]:
     """Map an activation record to (error or None, whether to invoke again in place).
 
-    The runtime server reports an exception raised by ``main`` as a result with
-    ``developer_error: true``; OpenWhisk files it as an application error, but it is a crash
-    (S3 down, CUDA OOM), so it is transient and left to the flow's retry policy.
+    The runtime server answers an exception raised by ``main`` with HTTP 502 and
+    ``{"error": {"type", "message", "transient"}}``; OpenWhisk files that as an action developer
+    error and keeps the ``error`` object, so the runtime's classification decides: a transient
+    crash (connection refused, timeout, injected fault) is left to the flow's retry policy, a
+    permanent one (a ``TypeError``, CUDA out of memory) fails at once. Other developer errors
+    (the container died, init failed) are OpenWhisk's own and are retried in place.
     """
     response = record.get("response") or {}
     status = response.get("status") or ("success" if response.get("success") else "unknown")
@@ -482,10 +486,13 @@ def classify_activation(action: str, record: dict[str, Any]) -> tuple[ActionErro
         return None, False
     activation_id = str(record.get("activationId", ""))
     result = response.get("result") if isinstance(response.get("result"), dict) else {}
-    message = str(result.get("error") or status)
-    if status == "application error":
-        crashed = result.get("developer_error") is True
-        return ActionError(action, message, transient=crashed, activation_id=activation_id), False
+    error = result.get("error")
+    if isinstance(error, dict) and "type" in error:  # the runtime server's classified crash
+        return ActionError(action, crash_text(error), transient=error.get("transient") is True,
+                           activation_id=activation_id), False
+    message = str(error or status)
+    if status == "application error":  # the action refused its input: the same every time
+        return ActionError(action, message, transient=False, activation_id=activation_id), False
     if status == "action developer error":
         if annotations_of(record).get("timeout") is True or "time limit" in message:
             hint = "; raise its timeout in infra/openwhisk/actions.yaml (and whisk.limits.actions.time.max) or give it less work"
