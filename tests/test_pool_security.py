@@ -1,0 +1,163 @@
+"""The action server's request guard and the local pool's secret.
+
+A pool worker answers 401, doing nothing, to a request without the pool's secret; refuses a
+body over its cap with 413 from the ``Content-Length`` alone; cuts a request that trickles in
+slower than its read timeout; and answers a crashed action with 502 and its classification.
+The secret travels on a pipe: it is on no command line and in no environment.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from actions.runtime.server import ActionRuntime, Guard, make_handler
+from flows.invokers.base import ActionError
+from flows.invokers.local_pool import LocalPoolInvoker
+
+SECRET = "s3cr3t-for-this-test"
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[ActionRuntime, int]]:
+    """An in-process action server with a secret, a 1 KiB body cap and a 1 s read timeout."""
+    runtime = ActionRuntime()
+    guard = Guard(secret=SECRET, max_body_bytes=1024, read_timeout_s=1.0)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(runtime, guard))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield runtime, server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _auth(secret: str = SECRET) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+def test_requests_without_the_secret_get_401_and_do_nothing(served):
+    runtime, port = served
+    url = f"http://127.0.0.1:{port}"
+    run = {"value": {}, "action_name": "/local/rlhfless/noop"}
+    with httpx.Client() as client:
+        for headers in ({}, _auth("wrong"), {"Authorization": SECRET}, _auth(SECRET + "x")):
+            assert client.post(f"{url}/init", json={"value": {"env": {"RLHFLESS_PWNED": "1"}}},
+                               headers=headers).status_code == 401
+            assert client.post(f"{url}/run", json=run, headers=headers).status_code == 401
+            assert client.get(url, headers=headers).status_code == 401
+        assert not runtime.initialized and runtime.num_runs == 0  # nothing happened
+        assert client.post(f"{url}/init", json={"value": {}}, headers=_auth()).status_code == 200
+        reply = client.post(f"{url}/run", json=run, headers=_auth())
+    assert reply.status_code == 200 and reply.json()["ok"] is True and runtime.num_runs == 1
+
+
+def _raw(port: int, data: bytes) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(data)
+    return sock
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_an_oversized_content_length_gets_413_at_once_unread(served):
+    runtime, port = served
+    head = (f"POST /run HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {SECRET}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {1 << 30}\r\n\r\n").encode()
+    t0 = time.monotonic()
+    with _raw(port, head + b'{"value": ') as sock:  # 1 GB announced, a few bytes sent
+        reply = _read_all(sock)
+    took = time.monotonic() - t0
+    status_line, _, rest = reply.partition(b"\r\n")
+    assert status_line.split()[1] == b"413", reply
+    assert b"over this server's limit of 1024 bytes" in rest
+    assert took < 0.5, took  # answered from the header, not after reading (or waiting for) the body
+    assert runtime.num_runs == 0
+
+
+@pytest.mark.parametrize("where", ["headers", "body"])
+def test_a_slow_loris_request_is_cut_at_the_read_timeout(served, where):
+    """One byte every 0.2 s never trips a per-read timeout; the request deadline (1 s) cuts it."""
+    runtime, port = served
+    body = json.dumps({"value": {}, "action_name": "noop"}).encode()
+    head = (f"POST /run HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {SECRET}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    first, trickle = (head[:10], head[10:] + body) if where == "headers" else (head, body)
+    t0 = time.monotonic()
+    sock = _raw(port, first)
+    closed_after = None
+    try:
+        for byte in trickle:
+            time.sleep(0.2)
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:  # reset: the server cut us
+                closed_after = time.monotonic() - t0
+                break
+            sock.setblocking(False)
+            try:
+                if sock.recv(1) == b"":
+                    closed_after = time.monotonic() - t0
+                    break
+            except BlockingIOError:
+                pass
+            except OSError:
+                closed_after = time.monotonic() - t0
+                break
+            finally:
+                sock.setblocking(True)
+    finally:
+        sock.close()
+    assert closed_after is not None, "the server let the trickling request run to its end"
+    assert 0.9 <= closed_after <= 2.5, closed_after
+    assert runtime.num_runs == 0
+
+
+def test_a_crashed_action_gets_502_with_its_classification(served, monkeypatch):
+    import actions.noop
+
+    runtime, port = served
+
+    def buggy(args):
+        return len(args["n"])  # TypeError: object of type 'int' has no len()
+
+    monkeypatch.setattr(actions.noop, "main", buggy)
+    with httpx.Client(headers=_auth()) as client:
+        reply = client.post(f"http://127.0.0.1:{port}/run", json={"value": {"n": 3}, "action_name": "noop"})
+    assert reply.status_code == 502
+    assert reply.json()["error"] == {"type": "TypeError", "message": "object of type 'int' has no len()",
+                                     "transient": False}
+
+
+def test_pool_workers_hold_the_secret_only_in_memory(tmp_path: Path):
+    pool = LocalPoolInvoker(1, log_dir=tmp_path / "logs", timeout_s=60)
+    try:
+        secret = pool._secret
+        (pid,) = pool.worker_pids()
+        for name in ("cmdline", "environ"):
+            assert secret.encode() not in Path(f"/proc/{pid}/{name}").read_bytes(), name
+        port = pool._workers[0].port
+        assert httpx.post(f"http://127.0.0.1:{port}/run", json={"value": {}, "action_name": "noop"}).status_code == 401
+        assert pool.invoke("noop", {}).result == {"ok": True}
+        # A refusal the action makes itself is not retried, and names no log (nothing crashed).
+        with pytest.raises(ActionError) as info:
+            pool.invoke("generate", {"prompt_ids": "not a list"})
+        assert not info.value.transient and "\n" not in str(info.value)
+    finally:
+        pool.close()
+    log = (tmp_path / "logs" / "worker-0.log").read_text()
+    assert "action server pid" in log and secret not in log
