@@ -85,3 +85,14 @@ def tiny_config(tmp_path):
                                   f"invoker.log_dir={tmp_path / 'logs'}", *extra])
 
     return make
+
+
+@pytest.fixture(scope="session")
+def clean_summary(tmp_path_factory: pytest.TempPathFactory, prefect_harness) -> dict:
+    """The fault-free reference: the tiny campaign in-process (same weights as on the pool)."""
+    from actions.common.config import load_config
+    from flows.campaign import run_campaign
+
+    store = tmp_path_factory.mktemp("clean") / "store"
+    cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={store}", "invoker.kind=inprocess", "run_id=clean"])
+    return run_campaign(cfg, progress=lambda m: None)

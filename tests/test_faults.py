@@ -7,21 +7,17 @@ must equal a fault-free run's, and every injected kill or failure must cost exac
 
 from __future__ import annotations
 
+import os
 import signal
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from actions.common.config import load_config
 from flows.campaign import run_campaign
 from flows.context import RunContext
 from flows.invokers.base import ActionError
 from flows.invokers.local_pool import LocalPoolInvoker
-
-try:
-    from conftest import TINY_OVERRIDES
-except ImportError:  # tests/ imported as a package
-    from tests.conftest import TINY_OVERRIDES
 
 # seed 4 picks, among gen-0/1 and score-gen-0/1: failures of gen-1 and score-gen-1, a kill of
 # gen-0, latency on gen-1, score-gen-0 and score-gen-1 (more shards may join when fan-out is 3).
@@ -38,14 +34,6 @@ class Call:
     latency_s: float
     error: ActionError | None = None
     busy_s: float = 0.0
-
-
-@pytest.fixture(scope="module")
-def clean_summary(tmp_path_factory: pytest.TempPathFactory, prefect_harness) -> dict:
-    """The fault-free reference: the tiny campaign in-process (same weights as on the pool)."""
-    store = tmp_path_factory.mktemp("clean") / "store"
-    cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={store}", "invoker.kind=inprocess", "run_id=clean"])
-    return run_campaign(cfg, progress=lambda m: None)
 
 
 def _record_invocations(monkeypatch: pytest.MonkeyPatch) -> tuple[list[Call], list[int]]:
@@ -138,3 +126,61 @@ def test_fault_draws_are_deterministic_exclusive_and_first_attempt_only(tiny_con
     assert [p.get("__inject_latency_s") for p in again] == [p.get("__inject_latency_s") for p in first]
     assert not any("__inject_failure" in p or "__inject_kill_after_s" in p for p in again)
     assert ctx.fault_payload("train_step", "train") == {}  # not in faults.actions
+
+
+# Every action is a target. Shard names repeat across steps and a shard is faulted at most once
+# per campaign, so these fractions make about a fifth of all first attempts fail or die.
+STORM = ["faults.seed=7", "faults.fail_fraction=0.15", "faults.kill_fraction=0.2", "faults.kill_after_s=0.1",
+         "faults.actions=[prefill,generate,score,train_step,warmup,evaluate]"]
+
+
+def test_a_fault_storm_ends_with_the_clean_weights(tiny_config, prefect_harness, clean_summary, monkeypatch):
+    """About 20% of activations fail or lose their worker (every kind of action); the campaign
+    retries each once and ends with exactly the weights of a clean run."""
+    calls, exits = _record_invocations(monkeypatch)
+    cfg = tiny_config("invoker.kind=local", "invoker.num_workers=2", "run_id=storm", "eval_every=1", *STORM)
+
+    storm = run_campaign(cfg, progress=lambda m: None)
+
+    assert storm["steps_completed"] == 2 and storm["weights_sha256"] == clean_summary["weights_sha256"]
+    first_attempts = {(c.action, c.key): c for c in reversed(calls)}  # the earliest call per activation
+    faulted = [c for c in first_attempts.values() if c.fault]
+    assert 0.18 <= len(faulted) / len(first_attempts) <= 0.4, (len(faulted), len(first_attempts))
+    assert {c.fault for c in faulted} == {"fail", "kill"}
+    assert len({c.action for c in faulted}) >= 3, faulted  # not only generation
+    assert all(c.error is not None and c.error.transient for c in faulted)
+    assert exits == [-signal.SIGKILL] * sum(c.fault == "kill" for c in faulted)
+    assert len(calls) == len(first_attempts) + len(faulted)  # one retry each, nothing else failed
+
+
+BUGGY_SCORE = '''
+"""Test-only start-up hook for pool workers: a bug in the score action (a helper called with
+the wrong number of arguments), to see how a permanent error is reported."""
+import actions.score
+actions.score._load_samples = lambda: []
+'''
+
+
+def test_a_bug_in_an_action_fails_the_step_on_the_first_attempt(tiny_config, prefect_harness, tmp_path,
+                                                                 monkeypatch):
+    """A TypeError is not retried: one activation, and one line naming the type, the message and
+    the worker log, which holds the traceback."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(BUGGY_SCORE)
+    monkeypatch.setenv("PYTHONPATH", f"{hook}{os.pathsep}{os.getcwd()}")  # the workers inherit it
+    calls, _ = _record_invocations(monkeypatch)
+    cfg = tiny_config("invoker.kind=local", "invoker.num_workers=2", "run_id=buggy")
+
+    with pytest.raises(ActionError) as info:
+        run_campaign(cfg, progress=lambda m: None)
+
+    line = str(info.value)
+    assert "\n" not in line and line.startswith("action score failed: TypeError: ")
+    assert "<lambda>() takes 0 positional arguments but 1 was given" in line
+    assert not info.value.transient
+    log = Path(line.rsplit("worker log ", 1)[1])
+    assert log.parent == tmp_path / "logs" and "Traceback" in log.read_text()
+    assert "_load_samples" in log.read_text()
+    scores = [c.key for c in calls if c.action == "score"]
+    assert scores and len(set(scores)) == len(scores)  # each failed at once, none retried

@@ -61,9 +61,9 @@ class _Worker:
 def _exit_text(proc: subprocess.Popen) -> str:
     code = proc.poll()
     if code is None:
-        return "did not answer"
+        return "still running, no answer"
     if code < 0:
-        return f"was killed by {signal.Signals(-code).name}"
+        return f"killed by {signal.Signals(-code).name}"
     return f"exited with code {code}"
 
 
