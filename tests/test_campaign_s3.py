@@ -12,17 +12,34 @@ import uuid
 import pytest
 
 from flows.campaign import run_campaign
+from flows.invokers.local_pool import LocalPoolInvoker
 
 pytestmark = pytest.mark.s3
 
 
-def test_campaign_on_s3_store_commits_and_resumes(tiny_config, s3_server, monkeypatch, prefect_harness):
+def test_campaign_on_s3_store_commits_and_resumes(tiny_config, s3_server, monkeypatch, prefect_harness, tmp_path):
+    """Also: neither the S3 secret nor the pool's secret reaches the worker logs, tracebacks
+    of failed activations included."""
     for k, v in s3_server.env().items():
         monkeypatch.setenv(k, v)
+    pool_secrets: list[str] = []
+    init = LocalPoolInvoker.__init__
+
+    def spy_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        pool_secrets.append(self._secret)
+
+    monkeypatch.setattr(LocalPoolInvoker, "__init__", spy_init)
     uri = s3_server.uri(f"e2e/{uuid.uuid4().hex[:8]}")
-    cfg = tiny_config("invoker.kind=local", "invoker.num_workers=2", f"store.uri={uri}", "run_id=s3run", "steps=1")
+    cfg = tiny_config("invoker.kind=local", "invoker.num_workers=2", f"store.uri={uri}", "run_id=s3run", "steps=1",
+                      "faults.fail_fraction=0.5", "faults.kill_fraction=0.5", "faults.kill_after_s=0.1")
     first = run_campaign(cfg, progress=lambda m: None)
     assert first["steps_completed"] == 1
+    logs = sorted((tmp_path / "logs").glob("worker-*.log"))
+    text = "".join(p.read_text() for p in logs)
+    assert len(logs) == 2 and "Traceback" in text and "InjectedFault" in text
+    assert len(pool_secrets) == 1 and pool_secrets[0] not in text
+    assert s3_server.secret_key not in text
     more = run_campaign(tiny_config("invoker.kind=inprocess", f"store.uri={uri}", "run_id=s3run", "steps=2"),
                         resume=True, progress=lambda m: None)
     assert more["steps_completed"] == 2 and more["policy_version"] == 2

@@ -3,6 +3,7 @@ the control pipe's end-of-file (every POSIX system) and Linux's parent-death sig
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+
+try:
+    from conftest import TINY_OVERRIDES
+except ImportError:  # tests/ imported as a package
+    from tests.conftest import TINY_OVERRIDES
 
 
 def alive(pid: int) -> bool:
@@ -99,3 +105,50 @@ def test_a_worker_whose_parent_is_already_gone_exits_at_start():
     proc = subprocess.run(_server_argv("--parent-pid", "1" if os.getpid() != 1 else "2"),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "is gone; exiting" in proc.stderr
+
+
+def _cli_args(tmp_path: Path) -> list[str]:
+    args = []
+    for override in (*TINY_OVERRIDES, f"store.uri={tmp_path / 'store'}", "invoker.kind=local", "invoker.num_workers=2"):
+        args += ["--set", override]
+    return [sys.executable, "-m", "flows.cli", "train", *args, "--run-id", "k9", "--out", str(tmp_path / "out")]
+
+
+def _worker_pids(log_dir: Path) -> list[int]:
+    pids = []
+    for log in log_dir.glob("worker-*.log"):
+        pids += [int(line.split()[4]) for line in log.read_text().splitlines()
+                 if line.startswith("[rlhfless] action server pid")]
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_sigkill_of_the_cli_mid_generation_then_resume(tmp_path, prefect_harness, clean_summary):
+    """SIGKILL of ``rlhfless train`` while generation runs: no worker of the run is left after
+    5 s, and ``--resume`` ends with the weights of an uninterrupted run."""
+    from prefect.settings import PREFECT_API_URL
+
+    env = dict(os.environ, PREFECT_API_URL=PREFECT_API_URL.value())  # no server start per CLI run
+    logs = tmp_path / "out" / "logs"
+    # Generation sleeps 3 s (fault injection's latency; faults never change results), so the
+    # kill lands while the generation actions run.
+    slow = ["--set", "faults.latency_fraction=1", "--set", "faults.latency_s=3", "--set", "faults.actions=[generate]"]
+    cli = subprocess.Popen(_cli_args(tmp_path) + slow, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not any("generate activation" in p.read_text() for p in logs.glob("worker-*.log")):
+        assert cli.poll() is None, f"the CLI exited with {cli.returncode} before generating"
+        assert time.monotonic() < deadline, "no generation started within 240 s"
+        time.sleep(0.1)
+    time.sleep(0.5)
+    pids = _worker_pids(logs)
+    assert len(pids) == 2 and all(alive(p) for p in pids)
+    cli.send_signal(signal.SIGKILL)
+    cli.wait()
+    assert wait_gone(pids, 5.0) == []
+
+    resumed = subprocess.run([*_cli_args(tmp_path), "--resume"], env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["steps_completed"] == 2
+    assert summary["weights_sha256"] == clean_summary["weights_sha256"]
+    assert wait_gone(_worker_pids(logs), 5.0) == []  # the resumed run's workers ended with it
