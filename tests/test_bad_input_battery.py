@@ -147,6 +147,12 @@ CASES: dict[str, Case] = {
     "config fault fraction out of range": Case(
         _train("--set", "faults.kill_fraction=1.5"), ("faults.kill_fraction", "less than 1")),
     "config unknown invoker": Case(_train("--set", "invoker.kind=lambda"), ("invoker.kind", "'openwhisk'")),
+    "config zero read timeout": Case(_train("--set", "invoker.read_timeout_s=0"),
+                                     ("invoker.read_timeout_s", "greater than 0")),
+    "config negative request cap": Case(_train("--set", "invoker.max_request_mb=-1"),
+                                        ("invoker.max_request_mb", "greater than 0")),
+    "config worker log dir is a file": Case(_train("--set", "invoker.log_dir={tmp}/taken"),
+                                            ("invoker.log_dir", "taken", "pass a directory"), setup=_write("taken", "x")),
     "config malformed YAML": Case(
         _train("--config", "{tmp}/c.yaml"), ("c.yaml", "not valid YAML at line", "fix the syntax"),
         setup=_write("c.yaml", "algorithm: [unclosed\n")),
