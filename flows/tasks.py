@@ -1,8 +1,9 @@
 """Prefect tasks: one remote effect each (an action invocation), retried only when transient.
 
 Every action is idempotent (its output keys derive from run, step and shard), so retrying a
-transient failure -- a lost worker, a 429/503, an injected fault -- gives the same bytes.
-Application errors (bad payload, missing input) are not retried.
+transient failure -- a killed or lost worker, a 429/502/503, a timeout, an injected fault --
+gives the same bytes. Application errors (bad payload, missing input) and permanent crashes (a
+``TypeError``, CUDA out of memory: ``actions.common.errors``) fail on the first attempt.
 
 GPU actions hold slots of an optional Prefect global concurrency limit while they run
 (``invoker.gpu_concurrency_limit``), so several campaigns share one GPU pool without

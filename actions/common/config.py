@@ -324,7 +324,7 @@ class FaultConfig(_Section):
     """
 
     fail_fraction: float = Field(0.0, ge=0, lt=1)
-    """The action raises at once, like a crashed container (a developer error)."""
+    """The action raises at once, like a crashed container (``InjectedFault``: transient)."""
     kill_fraction: float = Field(0.0, ge=0, lt=1)
     """The worker process is killed (SIGKILL) ``kill_after_s`` into the activation."""
     kill_after_s: float = Field(0.2, ge=0, le=60)

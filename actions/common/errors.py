@@ -29,9 +29,9 @@ _TRANSIENT_CLASSES = frozenset({
     ("urllib3", "ProtocolError"), ("httpx", "TransportError"),
 })
 
-OOM_ADVICE = ("give each activation less work: lower generation.max_new_tokens or algorithm.batch_size, "
-              "raise scaling.n_min/n_max so each generation action gets fewer prompts, or raise "
-              "algorithm.num_minibatches for train_step")
+OOM_ADVICE = ("give each activation less work: set a smaller algorithm.micro_batch_size (score, train_step), "
+              "lower generation.max_new_tokens or algorithm.batch_size, or raise scaling.n_min/n_max so each "
+              "generation action gets fewer prompts")
 
 
 class InjectedFault(RuntimeError):

@@ -10,9 +10,13 @@ returns an :class:`Activation`: the action's result plus the accounting the flow
 * ``OpenWhiskInvoker`` -- the OpenWhisk REST API (clusters).
 
 Errors: an action that rejects its payload returns ``{"error": ...}``; the invoker raises
-:class:`ActionError` with ``transient=False`` (retrying cannot help). Infrastructure failures
-(lost worker, 429/503, timeouts) raise :class:`ActionError` with ``transient=True`` so the
-flow's retry policy may try again -- actions are idempotent, so a retry gives the same bytes.
+:class:`ActionError` with ``transient=False`` (retrying cannot help). An action that raises is
+classified where it ran (``actions.common.errors``): connection refused/reset, timeouts, a
+store's 429/502/503 and fault injection's simulated crash are transient; anything else (a
+``TypeError``, CUDA out of memory) is permanent and fails at once. Infrastructure failures (a
+killed or lost worker, 429/502/503, timeouts) raise :class:`ActionError` with
+``transient=True`` so the flow's retry policy may try again -- actions are idempotent, so a
+retry gives the same bytes. Messages are one line.
 """
 
 from __future__ import annotations
