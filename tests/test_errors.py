@@ -1,0 +1,65 @@
+"""Which crashes are worth a retry (actions.common.errors)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from botocore import exceptions as bce
+
+from actions.common.errors import InjectedFault, OOM_ADVICE, crash_text, describe_crash
+from actions.common.storage import StoreError, StoreUnreachable
+
+
+def _store_error_over(exc: Exception) -> StoreError:
+    """A StoreError raised while handling ``exc``, as the S3 store translates client errors."""
+    try:
+        try:
+            raise exc
+        except Exception:
+            raise StoreError("S3 put on s3://b/k failed: SlowDown") from None
+    except StoreError as err:
+        return err
+
+
+def _client_error(status: int) -> bce.ClientError:
+    return bce.ClientError({"Error": {"Code": str(status)}, "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
+
+
+@pytest.mark.parametrize("exc", [
+    ConnectionRefusedError(111, "Connection refused"), ConnectionResetError(104, "reset by peer"),
+    TimeoutError("timed out"), socket.timeout("timed out"),
+    InjectedFault("injected fault (faults.fail_fraction): simulated container crash"),
+    StoreUnreachable("cannot reach S3 endpoint http://127.0.0.1:9"),
+    bce.EndpointConnectionError(endpoint_url="http://127.0.0.1:9"),
+    _client_error(503), _client_error(429), _client_error(502), _store_error_over(_client_error(503)),
+])
+def test_transient(exc):
+    assert describe_crash(exc)["transient"] is True
+
+
+@pytest.mark.parametrize("exc", [
+    TypeError("unsupported operand type(s) for +: 'int' and 'str'"), ImportError("No module named 'vllm'"),
+    KeyError("input_ids"), RuntimeError("shape mismatch"), _client_error(404), _store_error_over(_client_error(400)),
+    StoreError("S3 put failed: InvalidArgument"),
+])
+def test_permanent(exc):
+    crash = describe_crash(exc)
+    assert crash["transient"] is False and crash["type"] == type(exc).__name__
+
+
+def test_cuda_out_of_memory_is_named_with_advice_and_not_retried():
+    exc = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total capacity;\n"
+                       "77.3 GiB already allocated)")
+    crash = describe_crash(exc)
+    assert crash["type"] == "CUDA out of memory" and crash["transient"] is False and crash["advice"] == OOM_ADVICE
+    text = crash_text(crash)
+    assert "\n" not in text and text.startswith("CUDA out of memory: RuntimeError: CUDA out of memory. Tried")
+    assert "generation.max_new_tokens" in text and "algorithm.batch_size" in text
+    oom_class = type("OutOfMemoryError", (RuntimeError,), {})  # torch.cuda.OutOfMemoryError's name
+    assert describe_crash(oom_class("Tried to allocate 20.00 MiB"))["type"] == "CUDA out of memory"
+
+
+def test_messages_are_one_bounded_line():
+    crash = describe_crash(ValueError("a\nb\n" + "x" * 1000))
+    assert "\n" not in crash["message"] and len(crash["message"]) <= 400
