@@ -32,6 +32,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -73,16 +74,16 @@ class LocalPoolInvoker:
     Args:
         num_workers: workers started now, all warm.
         timeout_s: longest an activation may run before its worker is replaced.
-        log_dir: where each worker's log file goes (created).
+        log_dir: where each worker's log file goes (created); None: a new temporary directory.
         max_body_bytes, read_timeout_s: the workers' request limits (``actions.runtime.server.Guard``).
     """
 
-    def __init__(self, num_workers: int, *, timeout_s: float = 600.0, log_dir: str | Path = "runs/logs",
+    def __init__(self, num_workers: int, *, timeout_s: float = 600.0, log_dir: str | Path | None = None,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, read_timeout_s: float = 30.0) -> None:
         if num_workers < 1:
             raise ValueError(f"invoker.num_workers={num_workers}: the local pool needs at least 1 worker")
         self.timeout_s = timeout_s
-        self.log_dir = Path(log_dir)
+        self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="rlhfless-pool-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._limits = ["--max-body-bytes", str(max_body_bytes), "--read-timeout-s", str(read_timeout_s)]
         self._secret = secrets.token_urlsafe(32)
