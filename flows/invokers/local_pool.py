@@ -133,6 +133,7 @@ class LocalPoolInvoker:
                                        stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd).result()
         except BaseException:
             os.close(control_w)
+            os.close(ready_r)
             raise
         finally:
             for fd in (ready_w, control_r, log_fd):
