@@ -6,7 +6,8 @@ error, not retried). Fault injection for tests (``faults`` in the campaign confi
 (``InjectedFault``, classified transient and retried by the flow); ``__inject_latency_s`` sleeps that long first;
 ``__inject_kill_after_s`` is taken by the runtime server, which kills its own process, so it
 arrives here only in-process, where it fails the activation like a crash instead.
-Any other exception propagates to the runtime server, which reports a developer error.
+Any other exception propagates to the runtime server, which answers 502 with its classification
+(``actions.common.errors``: transient or permanent).
 """
 
 from __future__ import annotations
