@@ -7,8 +7,9 @@ tracemalloc) and the RSS after loading the model (the baseline every variant sha
 
 * ``chunked``: the code the actions run: scoring through ``per_row_widths`` with the output
   head in chunks (``sequences.response_logprobs``), then one GRPO update (``update.run_updates``)
-  whose log-probs go the same way, checkpointed per chunk; optionally with
-  ``--micro-batch-size``.
+  whose log-probs go the same way, checkpointed per chunk; optionally also with
+  ``--micro-batch-size`` (without it, the training step holds the transformer's activations
+  of every row at once, about 36 MB per 544-token row here).
 * ``naive``: the same two phases with the full-vocabulary path
   (``sequences.response_logprobs_full``: the model's ``[B, P + T, V]`` logits, an fp32
   ``[B, T, V]`` log-softmax, entropy over it), which is what scoring and training did before.
@@ -105,7 +106,8 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=512, help="response tokens per row")
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--micro-batch-size", type=int, default=None,
-                   help="also run the chunked path at --rows with this algorithm.micro_batch_size")
+                   help="algorithm.micro_batch_size of a child; in the parent: also run the chunked path at "
+                        "--rows with it (e.g. 16: training activations of 16 rows at a time)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--child", choices=("chunked", "naive"), help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
