@@ -224,7 +224,7 @@ def _score_train(prepared, score_algo: AlgorithmConfig, train_algo: AlgorithmCon
     cfg, store, p, ref, rollout = prepared
     ref = ref.model_copy(update={"dtype": dtype})
     score = _call("score", {"policy": ref.model_dump(), "reference_key": p.init_key, "dataset_key": p.train_key,
-                            "rollout_keys": [rollout], "task": "repeat", "algorithm": score_algo.model_dump(),
+                            "rollout_keys": [rollout], "rewards": [{"name": "repeat"}], "algorithm": score_algo.model_dump(),
                             "output_key": f"runs/s/{tag}/scored/manifest.json"})
     tensors, meta = load_tensors(store, score["scored_key"])
     if not tensors["rewards"].std():  # a random policy rarely solves the task: mixed rewards give a gradient
