@@ -135,6 +135,14 @@ def test_a_slow_loris_request_is_cut_at_the_read_timeout(served, where):
     assert runtime.num_runs == 0
 
 
+def test_an_idle_connection_is_closed_at_the_idle_timeout():
+    with _serve(Guard(secret=SECRET, idle_timeout_s=0.5)) as (_, port):
+        t0 = time.monotonic()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            assert sock.recv(1) == b""  # closed by the server, without a byte sent
+        assert 0.4 <= time.monotonic() - t0 <= 3.0
+
+
 def test_a_crashed_action_gets_502_with_its_classification(served, monkeypatch):
     import actions.noop
 

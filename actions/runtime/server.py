@@ -330,6 +330,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="local pool: exit with this process (Linux parent-death signal)")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     parser.add_argument("--read-timeout-s", type=float, default=30.0)
+    parser.add_argument("--idle-timeout-s", type=float, default=600.0)
     args = parser.parse_args(argv)
     secret = None
     if args.parent_pid is not None:
@@ -343,7 +344,8 @@ def main(argv: list[str] | None = None) -> None:
         watch_parent(args.control_fd)
     print(f"[rlhfless] action server pid {os.getpid()} starting", flush=True)
     serve(args.host, args.port, args.ready_fd,
-          Guard(secret=secret, max_body_bytes=args.max_body_bytes, read_timeout_s=args.read_timeout_s))
+          Guard(secret=secret, max_body_bytes=args.max_body_bytes, read_timeout_s=args.read_timeout_s,
+                idle_timeout_s=args.idle_timeout_s))
 
 
 if __name__ == "__main__":

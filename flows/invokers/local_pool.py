@@ -48,6 +48,10 @@ from actions.runtime.server import DEFAULT_MAX_BODY_BYTES
 from flows.invokers.base import ActionError, Activation
 
 
+KEEPALIVE_EXPIRY_S = 5.0
+"""How long the pool keeps an idle connection to a worker (well under the worker's idle timeout)."""
+
+
 @dataclass
 class _Worker:
     name: str
@@ -85,10 +89,16 @@ class LocalPoolInvoker:
         self.timeout_s = timeout_s
         self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="rlhfless-pool-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._limits = ["--max-body-bytes", str(max_body_bytes), "--read-timeout-s", str(read_timeout_s)]
+        # Idle connections: this client drops its own after KEEPALIVE_EXPIRY_S, so a worker may
+        # close idle ones after a minute (freeing a thread an idle stranger holds) without ever
+        # closing one the pool is about to reuse.
+        self._limits = ["--max-body-bytes", str(max_body_bytes), "--read-timeout-s", str(read_timeout_s),
+                        "--idle-timeout-s", str(max(60.0, read_timeout_s))]
         self._secret = secrets.token_urlsafe(32)
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=5.0),
+                                    limits=httpx.Limits(max_connections=100, max_keepalive_connections=20,
+                                                        keepalive_expiry=KEEPALIVE_EXPIRY_S),
                                     headers={"Authorization": f"Bearer {self._secret}"})
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
