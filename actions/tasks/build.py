@@ -64,8 +64,9 @@ def build_datasets(cfg: CampaignConfig, tokenizer: TokenizerSource, *, model_nam
     # A synthetic eval set never repeats a training question.
     evals, eval_stats = _split(cfg, "eval", frozenset(r.prompt for r in train))
     stats = {"train": train_stats, "eval": eval_stats}
-    # The tiny model's character tokenizer has no chat template: with it, ``auto`` needs no look.
-    look = d.chat_template is True or d.max_prompt_tokens or (d.chat_template == "auto" and cfg.model.path)
+    # The tiny model's character tokenizer has no chat template: without model.path only the
+    # length limit needs it (and the CLI answers a bad chat_template without importing torch).
+    look = d.max_prompt_tokens or (cfg.model.path and d.chat_template is not False)
     tok = tokenizer() if look else None
     template = uses_template(tok, d.chat_template, model_name)
     split_rows = {"train": train, "eval": evals}
