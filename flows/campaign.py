@@ -24,7 +24,10 @@ from flows.metrics import billing, step_metrics
 from flows.planning.lengths import LengthHistory
 from flows.rlhf_step import rlhf_step
 from flows.schedule import step_prompts
-from flows.state import CampaignState, commit_state, load_state
+from flows.gc import collect_garbage
+from flows.lease import RunLease, held_lease
+from flows.planning.retention import Retention
+from flows.state import CampaignRefused, CampaignState, check_resume, commit_state, load_state
 from flows.step_payloads import StepInputs
 from flows.tasks import invoke_action
 from flows.tensorboard import ScalarBoard
@@ -32,30 +35,6 @@ from flows.tensorboard import ScalarBoard
 Progress = Callable[[str], None]
 CALL_HISTORY = 8
 """Steps of call history kept for pre-warming (the earliest offset over them is used)."""
-
-
-class CampaignRefused(ValueError):
-    """The run exists and cannot be continued as asked (exit code 2 at the CLI)."""
-
-
-def check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: bool) -> None:
-    """Refuse (CampaignRefused) to start over an existing run without ``resume``, or to resume
-    one made with a different configuration (``CampaignConfig.identity``). The CLI calls it
-    before Prefect starts, the campaign again before its first step."""
-    if existing is None:
-        return
-    if not resume:
-        raise CampaignRefused(
-            f"run {existing.run_id!r} already has {existing.step} committed step(s); pass --resume to continue it "
-            "or set run_id to start a new run"
-        )
-    if existing.fingerprint != cfg.fingerprint():
-        now = cfg.identity()
-        diff = sorted(k for k in set(now) | set(existing.identity) if now.get(k) != existing.identity.get(k))
-        raise CampaignRefused(
-            f"refusing to resume run {existing.run_id!r}: it was made with a different configuration "
-            f"(sections differ: {', '.join(diff)}); use the original config or a new run_id"
-        )
 
 
 def _evaluate(ctx: RunContext, state: CampaignState) -> dict[str, Any]:
@@ -166,13 +145,33 @@ def _run_one_step(ctx: RunContext, state: CampaignState, tokens: dict, num_worke
 
 
 def run_campaign(cfg: CampaignConfig, *, resume: bool = False, progress: Progress = print,
-                 store: ObjectStore | None = None) -> dict[str, Any]:
-    """Run (or resume) a campaign to ``cfg.steps`` steps and return its summary."""
+                 store: ObjectStore | None = None, break_lease: bool = False) -> dict[str, Any]:
+    """Run (or resume) a campaign to ``cfg.steps`` steps and return its summary.
+
+    Holds the run's lease throughout (``flows/lease.py``): adopts the one this process already
+    holds (the CLI takes it before Prefect starts), else takes it, refusing with ``LeaseHeld``
+    when a live process has it. Every commit and collection checks the lease first.
+    """
     started = time.time()
     store = store or open_store(cfg.store.uri)
     run_id = cfg.resolved_run_id()
+    lease = held_lease(store, run_id)
+    owned = lease is None
+    if lease is None:
+        lease = RunLease.acquire(store, run_id, ttl_s=cfg.store.lease_ttl_s, break_lease=break_lease,
+                                 progress=progress)
+    try:
+        return _run_leased(cfg, store, run_id, lease, resume, progress, started)
+    finally:
+        if owned:
+            lease.release()
+
+
+def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: RunLease, resume: bool,
+                progress: Progress, started: float) -> dict[str, Any]:
     existing = load_state(store, run_id)
     check_resume(existing, cfg, resume)
+    retention = Retention(cfg.store.keep_last, cfg.store.checkpoint_every)
     board = ScalarBoard.open(cfg, run_id)  # TensorBoard scalars when observability.tensorboard
     num_workers = pool_size(cfg)
     invoker = make_invoker(cfg, num_workers)
@@ -182,7 +181,10 @@ def run_campaign(cfg: CampaignConfig, *, resume: bool = False, progress: Progres
         state = existing
         if state is None:
             state = _setup(ctx, progress)
+            lease.check()
             commit_state(store, state)
+        else:  # finish a collection a crash may have cut short
+            collect_garbage(store, state, retention, lease=lease)
         tokens = get_json(store, state.prepared["tokens_key"])
         state.stopped_reason = None
         progress_id = start_progress(run_id, state.step, cfg.steps)
@@ -192,11 +194,14 @@ def run_campaign(cfg: CampaignConfig, *, resume: bool = False, progress: Progres
                 state.stopped_reason = reason
                 progress(f"stopping before step {state.step}: {reason}")
                 break
+            lease.check()
             state = _run_one_step(ctx, state, tokens, num_workers)
             last = state.steps[-1]
             if cfg.eval_every and state.step % cfg.eval_every == 0 or state.step == cfg.steps:
                 state.evals.append(_evaluate(ctx, state))
+            lease.check()
             commit_state(store, state)
+            collect_garbage(store, state, retention, lease=lease)  # after the commit, never before
             publish_step_artifacts(run_id, state.steps, state.evals)
             update_progress(progress_id, run_id, state.step, cfg.steps)
             board.add_step(state.step, last, state.evals)
@@ -244,12 +249,12 @@ def summarize(state: CampaignState, wall: float) -> dict[str, Any]:
 
 
 @flow(name="rlhf-campaign", log_prints=True)
-def rlhf_campaign(config: CampaignConfig, resume: bool = False) -> dict[str, Any]:
+def rlhf_campaign(config: CampaignConfig, resume: bool = False, break_lease: bool = False) -> dict[str, Any]:
     """Prefect entrypoint. ``config`` arrives as a dict (deployment parameters, the CLI) and is
     validated by Prefect with pydantic before the run starts: a bad value fails the run with
     ``ParameterTypeError`` naming the field (``config.algorithm.batch_size``), and a deployment
     rejects it when the run is created (the parameter schema is CampaignConfig's JSON schema)."""
-    return run_campaign(config, resume=resume)
+    return run_campaign(config, resume=resume, break_lease=break_lease)
 
 
-__all__ = ["rlhf_campaign", "run_campaign", "CampaignRefused"]
+__all__ = ["rlhf_campaign", "run_campaign", "CampaignRefused", "check_resume"]

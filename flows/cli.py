@@ -1,4 +1,4 @@
-"""The ``rlhfless`` command line: train, status, simulate, deploy, profile, tiny-model.
+"""The ``rlhfless`` command line: train, status, gc, simulate, deploy, profile, tiny-model.
 
 Bad input (configuration, data, model path, store, credentials, arguments) is answered with
 one line on stderr naming what is wrong and how to fix it, and exit code 2; nothing is
@@ -43,6 +43,8 @@ def _add_train(sub: Any) -> None:
     p.add_argument("--out", help="run directory for the summary and report (default runs/<run_id>)")
     p.add_argument("--summary", help="where to write the JSON summary (default <out>/summary.json)")
     p.add_argument("--resume", action="store_true", help="continue an existing run from its last committed step")
+    p.add_argument("--break-lease", action="store_true",
+                   help="take the run's lease even if another process holds it (only when that process is gone)")
 
 
 def _add_status(sub: Any) -> None:
@@ -52,15 +54,32 @@ def _add_status(sub: Any) -> None:
     p.add_argument("--config", help="YAML configuration whose store.uri to use")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _add_gc(sub: Any) -> None:
+    p = sub.add_parser("gc", help="delete a run's old versions and the blobs nothing kept references")
+    p.add_argument("run", nargs="?", help="run id (default: the only run in the store)")
+    p.add_argument("--store", default=None, help="store URI (default: store.uri of the default config)")
+    p.add_argument("--config", help="YAML configuration whose store settings to use")
+    p.add_argument("--keep-last", type=int, help="versions to keep (default: store.keep_last)")
+    p.add_argument("--checkpoint-every", type=int, help="keep every Nth version for good (default: store.checkpoint_every)")
+    p.add_argument("--dry-run", action="store_true", help="count what would be deleted; delete nothing")
+    p.add_argument("--break-lease", action="store_true", help="take the run's lease even if another process holds it")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser. With ``command`` (the subcommand about to run) the other plugin subcommands
+    are listed without importing their modules: a refusal of ``train`` stays fast."""
     parser = _Parser(prog="rlhfless", description="Serverless RLHF: Prefect flows of OpenWhisk-style actions")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_train(sub)
     _add_status(sub)
+    _add_gc(sub)
     for name, module, helptext in (("simulate", "flows.simulate.cli", "replay a length trace on a modelled cluster"),
                                    ("deploy", "flows.deploy", "create or update the OpenWhisk actions"),
                                    ("profile", "flows.profiler", "measure the engine's time per output token"),
                                    ("tiny-model", "flows.tiny_model", "write a tiny Hugging Face model folder")):
+        if command is not None and command != name:
+            sub.add_parser(name, help=helptext)
+            continue
         try:
             mod = __import__(module, fromlist=["add_arguments"])
         except ImportError:
@@ -71,10 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool) -> None:
+def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool, break_lease: bool) -> Any:
     """Every check that needs no campaign, in the order a user fixes them: inputs, output
-    paths, store, the existing run, the invoker. Reads only; before Prefect or any worker
-    starts, so a refusal is one line (a failure inside the flow would log a traceback)."""
+    paths, store, the run's lease, the existing run, the invoker. Reads only; before Prefect or
+    any worker starts, so a refusal is one line (a failure inside the flow would log a
+    traceback). Then takes the run's lease (the first write) and returns it."""
     from actions.prepare import validate_inputs
 
     validate_inputs(cfg)
@@ -87,15 +107,17 @@ def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool)
     if summary_path.is_dir():
         raise UsageError(f"--summary {str(summary_path)!r} is a directory; pass a file path")
     from actions.common.storage import open_store
+    from flows.lease import RunLease, check_not_held
+    from flows.state import check_resume, load_state  # no Prefect import: a refusal stays fast
 
     store = open_store(cfg.store.uri)  # an unreachable endpoint, bad credentials or a missing bucket fail here
-    from flows.campaign import check_resume  # the campaign repeats this check; here it fails before Prefect
-    from flows.state import load_state
-
-    check_resume(load_state(store, cfg.resolved_run_id()), cfg, resume)
+    run_id = cfg.resolved_run_id()
+    check_not_held(store, run_id, break_lease=break_lease)
+    check_resume(load_state(store, run_id), cfg, resume)
     from flows.invokers.factory import check_invoker
 
     check_invoker(cfg)
+    return RunLease.acquire(store, run_id, ttl_s=cfg.store.lease_ttl_s, break_lease=break_lease)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -113,13 +135,15 @@ def _train(args: argparse.Namespace) -> int:
     summary_path = Path(args.summary) if args.summary else out / "summary.json"
     if cfg.invoker.log_dir is None:  # worker logs live in the run directory
         cfg.invoker.log_dir = str(out / "logs")
-    _preflight(cfg, out, summary_path, args.resume)
-    from flows.campaign import rlhf_campaign
-    from flows.local_api import start_local_api
+    lease = _preflight(cfg, out, summary_path, args.resume, args.break_lease)
+    try:
+        from flows.campaign import rlhf_campaign
+        from flows.local_api import start_local_api
 
-    start_local_api()  # under a lock in PREFECT_HOME: concurrent first runs set its database up once
-
-    summary = rlhf_campaign(config=cfg.model_dump(mode="json"), resume=args.resume)
+        start_local_api()  # under a lock in PREFECT_HOME: concurrent first runs set its database up once
+        summary = rlhf_campaign(config=cfg.model_dump(mode="json"), resume=args.resume)
+    finally:
+        lease.release()
     out.mkdir(parents=True, exist_ok=True)
     summary["run_dir"] = str(out)
     try:
@@ -136,26 +160,35 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _status(args: argparse.Namespace) -> int:
+def _only_run(store: Any, uri: str, command: str) -> str:
+    runs = sorted({k.split("/")[1] for k in store.list("runs/") if k.endswith("/latest.json")})
+    if not runs:
+        raise ValueError(f"store {uri} holds no runs; check --store (or store.uri of --config)")
+    if len(runs) != 1:
+        raise ValueError(f"store {uri} holds {len(runs)} runs ({', '.join(runs)}); name one: "
+                         f"rlhfless {command} RUN_ID")
+    return runs[0]
+
+
+def _open_run(args: argparse.Namespace, command: str) -> tuple[Any, Any, Any]:
+    """(config, store, the run's latest state) for ``status`` and ``gc``."""
     from actions.common.config import load_config
     from actions.common.safe_paths import check_run_id
     from actions.common.storage import open_store
     from flows.state import load_state
 
-    uri = args.store or load_config(args.config, []).store.uri
+    cfg = load_config(args.config, [])
+    uri = args.store or cfg.store.uri
     store = open_store(uri)
-    run = args.run
-    if run is None:
-        runs = sorted({k.split("/")[1] for k in store.list("runs/") if k.endswith("/latest.json")})
-        if not runs:
-            raise ValueError(f"store {uri} holds no runs; check --store (or store.uri of --config)")
-        if len(runs) != 1:
-            raise ValueError(f"store {uri} holds {len(runs)} runs ({', '.join(runs)}); name one: "
-                             "rlhfless status RUN_ID")
-        run = runs[0]
+    run = args.run or _only_run(store, uri, command)
     state = load_state(store, check_run_id(run))
     if state is None:
         raise ValueError(f"run {run!r} has no committed state in store {uri}; check the run id and --store")
+    return cfg, store, state
+
+
+def _status(args: argparse.Namespace) -> int:
+    _, _, state = _open_run(args, "status")
     last = state.steps[-1] if state.steps else {}
     print(json.dumps({
         "run_id": state.run_id, "steps_committed": state.step, "policy_version": state.policy_version,
@@ -166,11 +199,41 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gc(args: argparse.Namespace) -> int:
+    """Collect a run's garbage under its lease; prints the report as JSON."""
+    for flag, value, least in (("--keep-last", args.keep_last, 1), ("--checkpoint-every", args.checkpoint_every, 0)):
+        if value is not None and value < least:
+            raise UsageError(f"gc {flag} {value}: use {least} or more")
+    cfg, store, state = _open_run(args, "gc")
+    from flows.gc import collect_garbage
+    from flows.lease import RunLease, check_not_held
+    from flows.planning.retention import Retention
+    from flows.state import load_state
+
+    keep = args.keep_last if args.keep_last is not None else cfg.store.keep_last
+    if keep is None:
+        raise UsageError("gc: store.keep_last is null (every version is kept); pass --keep-last N")
+    every = args.checkpoint_every if args.checkpoint_every is not None else cfg.store.checkpoint_every
+    retention = Retention(keep, every)
+    if args.dry_run:
+        report = collect_garbage(store, state, retention, dry_run=True)
+    else:
+        check_not_held(store, state.run_id, break_lease=args.break_lease)
+        with RunLease.acquire(store, state.run_id, ttl_s=cfg.store.lease_ttl_s, break_lease=args.break_lease,
+                              progress=lambda m: print(m, file=sys.stderr)) as lease:
+            state = load_state(store, state.run_id) or state  # the newest commit, now that no one writes
+            report = collect_garbage(store, state, retention, lease=lease)
+    print(json.dumps({**report.to_dict(), "dry_run": args.dry_run}, sort_keys=True))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from actions.common.credentials import redact
 
     try:
-        args, extra = build_parser().parse_known_args(argv)
+        words = sys.argv[1:] if argv is None else argv
+        command = next((w for w in words if not w.startswith("-")), None)
+        args, extra = build_parser(command).parse_known_args(argv)
         if extra:  # argparse would blame the top-level parser; point at the subcommand's help
             raise UsageError(f"rlhfless {args.command}: unrecognized arguments: {' '.join(extra)}; "
                              f"see `rlhfless {args.command} --help`")
@@ -178,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
             return _train(args)
         if args.command == "status":
             return _status(args)
+        if args.command == "gc":
+            return _gc(args)
         for trace in (args.traces if args.command == "simulate" else ()):  # else a bare "[Errno 2]"
             if not Path(trace).is_file():
                 raise UsageError(f"simulate --trace {trace!r} is not a file; pass a JSONL length trace")

@@ -16,8 +16,10 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from actions.common.config import CampaignConfig
 from actions.common.safe_paths import STORE_FIX, UnsafeName, check_name, shown
-from actions.common.storage import IntegrityError, ObjectStore, commit_pointer, read_pointer
+from actions.common.storage import (IntegrityError, ObjectNotFound, ObjectStore, commit_key, commit_pointer, get_json,
+                                    read_pointer)
 
 
 class CampaignState(BaseModel):
@@ -87,6 +89,39 @@ def _state_keys(state: CampaignState) -> list[tuple[str, str]]:
                                             "critic_optimizer_key")]
     keys += [(f"prepared.{k}", v) for k, v in state.prepared.items() if k.endswith("_key")]
     return [(f, k) for f, k in keys if k is not None]
+
+
+def load_state_at(store: ObjectStore, run_id: str, step: int) -> CampaignState | None:
+    """The state committed at ``step`` (None if that step was never committed)."""
+    try:
+        record = get_json(store, commit_key(pointer_key(run_id), step))
+    except ObjectNotFound:
+        return None
+    return parse_state(record, run_id)
+
+
+class CampaignRefused(ValueError):
+    """The run exists and cannot be continued as asked (exit code 2 at the CLI)."""
+
+
+def check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: bool) -> None:
+    """Refuse (CampaignRefused) to start over an existing run without ``resume``, or to resume
+    one made with a different configuration (``CampaignConfig.identity``). The CLI calls it
+    before Prefect starts, the campaign again before its first step."""
+    if existing is None:
+        return
+    if not resume:
+        raise CampaignRefused(
+            f"run {existing.run_id!r} already has {existing.step} committed step(s); pass --resume to continue it "
+            "or set run_id to start a new run"
+        )
+    if existing.fingerprint != cfg.fingerprint():
+        now = cfg.identity()
+        diff = sorted(k for k in set(now) | set(existing.identity) if now.get(k) != existing.identity.get(k))
+        raise CampaignRefused(
+            f"refusing to resume run {existing.run_id!r}: it was made with a different configuration "
+            f"(sections differ: {', '.join(diff)}); use the original config or a new run_id"
+        )
 
 
 def commit_state(store: ObjectStore, state: CampaignState) -> str:

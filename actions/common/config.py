@@ -277,6 +277,24 @@ class ScalingConfig(_Section):
 class StoreConfig(_Section):
     uri: str = "runs/store"
     """A directory, or s3://bucket/prefix (endpoint and keys from AWS_* environment variables)."""
+    keep_last: int | None = 2
+    """Policy versions kept after each commit: the newest this many (the newest's optimizer
+    state too, for a resume). Older versions' objects, and blobs nothing kept references, are
+    deleted after the commit (``flows/gc.py``). None: keep every version."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Also keep every version whose number is a multiple of this, for good, with its optimizer
+    state (a restart point). 0: none."""
+    lease_ttl_s: float = Field(60.0, ge=2, le=3600)
+    """Seconds a run's lease stays valid without renewal (renewed every third of it). A run
+    whose process died on another host can be taken over this long after its last renewal."""
+
+    @field_validator("keep_last")
+    @classmethod
+    def _check_keep_last(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(f"store.keep_last={v}: the newest version is always kept; use 1 or more, "
+                             "or null to keep every version")
+        return v
 
     @field_validator("uri")
     @classmethod

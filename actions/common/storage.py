@@ -19,12 +19,18 @@ On top of raw objects this module provides:
 * the *commit pointer* (:func:`commit_pointer` / :func:`read_pointer`): create-once,
   step-numbered commit records plus a ``latest.json`` hint, read without listing.
 
+* *compare-and-swap* (:func:`replace_if` / :func:`delete_if`): replace or delete an object only
+  while it still holds the bytes the caller last read (the run lease, ``flows/lease.py``).
+
 What this module does not cover: retries, multipart transfers and credentials (S3 backend);
-garbage collection of unreferenced blobs.
+garbage collection (``flows/gc.py``), which finds manifests by their key ending in
+``manifest.json``: every artifact's manifest key must end that way.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import mmap
@@ -210,6 +216,44 @@ class LocalStore:
         if self.exists(key):
             return False
         return self.put_if_absent(key, parts)  # type: ignore[arg-type]
+
+    @contextlib.contextmanager
+    def _dir_lock(self, path: Path) -> Any:
+        """An exclusive flock on ``path``'s directory: compare-and-swap callers on this host
+        serialise on it (a directory fd can be flocked on Linux and the BSDs)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
+
+    def replace_if(self, key: str, expected: bytes, data: bytes) -> bool:
+        """Replace ``key`` with ``data`` only if it holds exactly ``expected``: the check and
+        the atomic rename happen under the directory's lock. False if it differs or is gone."""
+        path = self._path(key)
+        with self._dir_lock(path):
+            try:
+                if path.read_bytes() != expected:
+                    return False
+            except FileNotFoundError:
+                return False
+            tmp = self._write_temp(path, data)
+            os.replace(tmp, path)
+            return True
+
+    def delete_if(self, key: str, expected: bytes) -> bool:
+        """Delete ``key`` only if it holds exactly ``expected`` (under the directory's lock)."""
+        path = self._path(key)
+        with self._dir_lock(path):
+            try:
+                if path.read_bytes() != expected:
+                    return False
+                path.unlink()
+                return True
+            except FileNotFoundError:
+                return False
 
     def get(self, key: str) -> bytes:
         with os.fdopen(self._open(key), "rb") as fh:
@@ -534,6 +578,39 @@ def get_artifact(
     """
     manifest = read_manifest(store, manifest_key)
     return _fetch_files(store, manifest_key, manifest, names, get_blob), manifest.get("meta", {})
+
+
+def replace_if(store: ObjectStore, key: str, expected: bytes, data: bytes) -> bool:
+    """Compare-and-swap: write ``data`` at ``key`` only if ``key`` still holds ``expected``.
+
+    Uses the backend's ``replace_if`` (local: under a directory lock; S3: ``If-Match`` on the
+    ETag of the bytes compared). A backend without one gets a read, a compare and a write,
+    which is not atomic against another writer.
+    """
+    method = getattr(store, "replace_if", None)
+    if method is not None:
+        return bool(method(key, expected, data))
+    try:
+        if store.get(key) != expected:
+            return False
+    except ObjectNotFound:
+        return False
+    store.put(key, data)
+    return True
+
+
+def delete_if(store: ObjectStore, key: str, expected: bytes) -> bool:
+    """Delete ``key`` only if it still holds ``expected`` (see :func:`replace_if`)."""
+    method = getattr(store, "delete_if", None)
+    if method is not None:
+        return bool(method(key, expected))
+    try:
+        if store.get(key) != expected:
+            return False
+    except ObjectNotFound:
+        return False
+    store.delete(key)
+    return True
 
 
 def put_json(store: ObjectStore, key: str, obj: Any) -> None:

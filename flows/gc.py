@@ -1,0 +1,153 @@
+"""Garbage collection of a run's old versions (the executor; the plan is
+``flows/planning/retention.py``).
+
+After a commit, and on demand (``rlhfless gc``), under the run's lease:
+
+1. list the store's ``runs/`` keys and read the commits the retention policy keeps;
+2. plan which of the run's objects are garbage;
+3. read every manifest: the garbage ones give the candidate blobs, every other manifest in the
+   store (this run's kept ones and all of other runs') marks the blobs still referenced;
+4. delete the candidates nothing marks, then the garbage manifests, then the other garbage.
+
+Blobs go before the manifests that list them, so a crash part-way leaves garbage manifests that
+the next collection reads again (a delete of a missing blob is a no-op), never an unlisted
+blob that nobody would find. Nothing the newest commit or a resume from it needs is ever a
+candidate. Blobs are shared by content across the whole store; a blob is kept while any manifest
+of any run lists it. Not covered: another run of the same store publishing, at that very moment,
+a blob whose bytes equal a garbage one (it skips the upload because the blob exists, and this
+collection deletes it before that run's manifest appears); its reader then fails with a
+missing-blob error naming the key. Keep runs that could produce identical weights (same config
+and seed) in different stores, or collect with ``rlhfless gc`` while they are stopped.
+
+Fault injection for tests: ``RLHFLESS_FAULT_GC_KILL_AFTER=N`` SIGKILLs this process after its
+N-th blob deletion.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from actions.common.storage import (BLOB_PREFIX, IntegrityError, ObjectNotFound, ObjectStore, StoreError,
+                                    _concurrency, blob_key, map_bounded, read_manifest)
+from flows.planning.retention import GcPlan, Retention, VersionKeys, needed_commits, plan_collection
+from flows.state import CampaignState, load_state_at
+
+KILL_ENV = "RLHFLESS_FAULT_GC_KILL_AFTER"
+
+
+@dataclass(frozen=True)
+class GcReport:
+    """What one collection did. ``freed_bytes`` counts the deleted blobs' sizes (from the
+    manifests); ``seconds`` is wall time."""
+
+    run_id: str
+    versions_kept: list[int]
+    deleted_objects: int
+    deleted_blobs: int
+    freed_bytes: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def version_keys(state: CampaignState) -> VersionKeys:
+    """The manifests one commit names (see ``flows/planning/retention.py``)."""
+    shared = [state.reference_key, *(v for k, v in state.prepared.items() if k.endswith("_key") and isinstance(v, str))]
+    return VersionKeys(
+        step=state.step,
+        weights=tuple(k for k in (state.policy_key, state.critic_key) if k),
+        resume=tuple(k for k in (state.optimizer_key, state.critic_optimizer_key) if k),
+        shared=tuple(shared),
+    )
+
+
+def plan_for(store: ObjectStore, latest: CampaignState, retention: Retention) -> tuple[GcPlan, list[str]]:
+    """The plan for the run of ``latest`` and the listing of ``runs/`` it was made from."""
+    versions = {latest.step: version_keys(latest)}
+    for step in needed_commits(latest.step, retention):
+        if step not in versions:
+            state = load_state_at(store, latest.run_id, step)
+            if state is not None:
+                versions[step] = version_keys(state)
+    listing = store.list("runs/")
+    plan = plan_collection(f"runs/{latest.run_id}", latest.step, versions, listing, retention)
+    return plan, listing
+
+
+def _file_table(store: ObjectStore, key: str, *, garbage: bool) -> dict[str, int]:
+    """sha256 -> size of the blobs a manifest lists. A garbage manifest that cannot be read
+    lists nothing (its blobs stay: safe); a kept one that cannot be read stops the collection,
+    since what it references is unknown."""
+    try:
+        files = read_manifest(store, key)["files"]
+        return {e["sha256"]: int(e.get("size", 0)) for e in files.values()}
+    except ObjectNotFound:
+        return {}  # deleted since the listing (e.g. by a collection of its own run)
+    except (IntegrityError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        if garbage:
+            return {}
+        raise StoreError(f"garbage collection stopped: manifest {key} cannot be read ({exc}), so the blobs it "
+                         "references are unknown; repair or delete it, then run `rlhfless gc` again") from None
+
+
+def collect_garbage(store: ObjectStore, latest: CampaignState, retention: Retention, *,
+                    lease: Any = None, dry_run: bool = False) -> GcReport:
+    """Delete what ``retention`` does not keep of ``latest``'s run (see the module docstring).
+
+    Args:
+        store: the run's store.
+        latest: the run's newest committed state.
+        retention: the policy; ``keep_last=None`` deletes nothing.
+        lease: the run's :class:`flows.lease.RunLease`; checked before anything is deleted.
+        dry_run: plan and count only.
+    """
+    t0 = time.time()
+    plan, listing = plan_for(store, latest, retention)
+    garbage = set(plan.delete)
+    if not garbage:
+        return GcReport(latest.run_id, list(plan.versions), 0, 0, 0, time.time() - t0)
+    manifests = [k for k in listing if k.endswith("manifest.json")]
+    threads = _concurrency(store, len(manifests))
+    tables = map_bounded(lambda k: _file_table(store, k, garbage=k in garbage), manifests, threads)
+    marked: set[str] = set()
+    candidates: dict[str, int] = {}
+    for key, table in zip(manifests, tables):
+        if key in garbage:
+            candidates.update(table)
+        else:
+            marked.update(table)
+    blobs = sorted(set(candidates) - marked)
+    freed = sum(candidates[d] for d in blobs)
+    if not dry_run:
+        if lease is not None:
+            lease.check()
+        _delete_all(store, [blob_key(d) for d in blobs], count_for_fault=True)
+        _delete_all(store, list(plan.delete_manifests))
+        _delete_all(store, [k for k in plan.delete if not k.endswith("manifest.json")])
+    return GcReport(latest.run_id, list(plan.versions), len(plan.delete), len(blobs), freed, time.time() - t0)
+
+
+_KILL_LOCK = threading.Lock()
+_deleted_blobs = 0
+
+
+def _delete_all(store: ObjectStore, keys: list[str], *, count_for_fault: bool = False) -> None:
+    kill_after = int(os.environ.get(KILL_ENV, "0") or 0) if count_for_fault else 0
+
+    def delete(key: str) -> None:
+        global _deleted_blobs
+        assert key.startswith(BLOB_PREFIX) or not count_for_fault, key
+        store.delete(key)
+        if kill_after:
+            with _KILL_LOCK:
+                _deleted_blobs += 1
+                if _deleted_blobs >= kill_after:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+    map_bounded(delete, keys, _concurrency(store, len(keys)))

@@ -1,0 +1,134 @@
+"""Store lifecycle: the retention plan (pure), the collection on both backends (shared and
+foreign blobs survive, a crash part-way is finished by the next run), and campaigns whose store
+stays bounded and whose weights do not depend on collection."""
+
+from __future__ import annotations
+
+import pytest
+
+from actions.common.storage import BLOB_PREFIX, LocalStore, ObjectStore, blob_key, put_artifact, read_manifest, \
+    sha256_hex
+from flows.gc import collect_garbage
+from flows.planning.retention import Retention, VersionKeys, plan_collection
+from flows.state import CampaignState, commit_state, load_state
+
+# ----------------------------------------------------------------------------- the plan (pure)
+
+
+def _v(c: int) -> VersionKeys:
+    d = f"runs/r/steps/{c - 1:06d}/train"
+    return VersionKeys(c, (f"{d}/policy/manifest.json",), (f"{d}/optimizer/manifest.json",),
+                       ("runs/r/policy/v000000/manifest.json",))
+
+
+def _step_keys(d: int) -> list[str]:
+    p = f"runs/r/steps/{d:06d}"
+    return [f"{p}/train/policy/manifest.json", f"{p}/train/optimizer/manifest.json", f"{p}/rollouts/gen-0.json"]
+
+
+def test_window_keeps_newest_versions_and_only_the_newest_optimizer() -> None:
+    # after commit 5 with K=2: versions 4, 5 kept; dirs 0..2 garbage; dir 3 (version 4) loses
+    # its optimizer; dir 4 (version 5) whole; dir 5 (in flight) untouched
+    keys = [k for d in range(6) for k in _step_keys(d)] + ["runs/r/policy/v000000/manifest.json",
+                                                          "runs/other/steps/000000/rollouts/gen-0.json"]
+    plan = plan_collection("runs/r", 5, {c: _v(c) for c in (4, 5)}, keys, Retention(keep_last=2))
+    expected = [k for d in range(3) for k in _step_keys(d)] + ["runs/r/steps/000003/train/optimizer/manifest.json"]
+    assert plan.delete == tuple(sorted(expected))
+    assert plan.versions == (0, 4, 5)
+
+
+def test_checkpoints_keep_weights_and_optimizer_but_not_rollouts() -> None:
+    keys = [k for d in range(6) for k in _step_keys(d)]
+    plan = plan_collection("runs/r", 6, {c: _v(c) for c in (2, 4, 6)}, keys, Retention(keep_last=1, checkpoint_every=2))
+    kept = set(keys) - set(plan.delete)
+    # versions 2 and 4 (dirs 1, 3): weights + optimizer; version 6 (dir 5): everything
+    assert kept == {*_step_keys(1)[:2], *_step_keys(3)[:2], *_step_keys(5)}
+    assert plan.versions == (0, 2, 4, 6)
+
+
+def test_keep_all_deletes_nothing_and_keys_named_by_a_commit_survive_anywhere() -> None:
+    keys = [k for d in range(4) for k in _step_keys(d)]
+    assert plan_collection("runs/r", 4, {4: _v(4)}, keys, Retention(keep_last=None)).delete == ()
+    # a critic published in step 0 and named by the newest commit stays though its dir is old
+    v = VersionKeys(4, ("runs/r/steps/000003/train/policy/manifest.json", "runs/r/steps/000000/critic/manifest.json"), ())
+    plan = plan_collection("runs/r", 4, {4: v}, keys + ["runs/r/steps/000000/critic/manifest.json"], Retention(1))
+    assert "runs/r/steps/000000/critic/manifest.json" not in plan.delete
+
+
+# ----------------------------------------------------------------------------- the collection
+
+
+def _publish(store: ObjectStore, key: str, blobs: dict[str, bytes]) -> None:
+    put_artifact(store, key, blobs)
+
+
+def _fake_run(store: ObjectStore, run: str, steps: int, *, shared: bytes) -> CampaignState:
+    """Commits 0..steps whose policies each hold one blob of their own plus ``shared``."""
+    ref = f"runs/{run}/policy/v000000/manifest.json"
+    _publish(store, ref, {"w": b"reference", "s": shared})
+    state = CampaignState(run_id=run, fingerprint="f", identity={}, policy_key=ref, reference_key=ref, prepared={})
+    commit_state(store, state)
+    for c in range(1, steps + 1):
+        d = f"runs/{run}/steps/{c - 1:06d}"
+        _publish(store, f"{d}/train/policy/manifest.json", {"w": f"{run}-policy-{c}".encode(), "s": shared})
+        _publish(store, f"{d}/train/optimizer/manifest.json", {"m": f"{run}-adam-{c}".encode()})
+        store.put(f"{d}/rollouts/gen-0.json", b"[]")
+        state = state.model_copy(update={"step": c, "policy_version": c,
+                                         "policy_key": f"{d}/train/policy/manifest.json",
+                                         "optimizer_key": f"{d}/train/optimizer/manifest.json"})
+        commit_state(store, state)
+    return state
+
+
+def _blob_exists(store: ObjectStore, data: bytes) -> bool:
+    return store.exists(blob_key(sha256_hex(data)))
+
+
+def test_collection_deletes_old_versions_only(backend_store) -> None:
+    store = backend_store
+    latest = _fake_run(store, "r", 5, shared=b"shared-with-every-version")
+    _fake_run(store, "other", 1, shared=b"r-policy-1")  # another run references r's version-1 bytes
+    report = collect_garbage(store, latest, Retention(keep_last=2))
+    assert report.versions_kept == [0, 4, 5]
+    assert not any(store.list(f"runs/r/steps/{d:06d}/") for d in range(3))
+    assert store.list("runs/r/steps/000003/") == ["runs/r/steps/000003/rollouts/gen-0.json",
+                                                  "runs/r/steps/000003/train/policy/manifest.json"]
+    for data, alive in ((b"r-policy-1", True), (b"r-policy-2", False), (b"r-adam-3", False), (b"r-adam-4", False),
+                        (b"r-policy-4", True), (b"r-adam-5", True), (b"shared-with-every-version", True),
+                        (b"reference", True)):
+        assert _blob_exists(store, data) is alive, data
+    # deleted blobs: policy 2, 3; adam 1..4; version 1's own policy blob is the other run's
+    assert report.deleted_blobs == 6 and report.freed_bytes == 2 * len(b"r-policy-2") + 4 * len(b"r-adam-1")
+    again = collect_garbage(store, latest, Retention(keep_last=2))
+    assert (again.deleted_objects, again.deleted_blobs) == (0, 0)
+    assert load_state(store, "r").step == 5  # commit records are never collected
+
+
+class _CrashAfter:
+    """A store whose delete() raises after ``n`` blob deletions (a process dying mid-collection)."""
+
+    def __init__(self, inner: ObjectStore, n: int) -> None:
+        self.inner, self.n, self.uri, self.max_concurrency = inner, n, inner.uri, 1
+
+    def delete(self, key: str) -> None:
+        if key.startswith(BLOB_PREFIX):
+            if self.n == 0:
+                raise KeyboardInterrupt("killed")
+            self.n -= 1
+        self.inner.delete(key)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def test_a_collection_cut_short_is_finished_by_the_next(tmp_path) -> None:
+    store = LocalStore(tmp_path / "s")
+    latest = _fake_run(store, "r", 4, shared=b"s")
+    with pytest.raises(KeyboardInterrupt):
+        collect_garbage(_CrashAfter(store, 2), latest, Retention(keep_last=1))
+    # the garbage manifests are still there, so the next collection finds their blobs again
+    assert store.exists("runs/r/steps/000000/train/policy/manifest.json")
+    collect_garbage(store, latest, Retention(keep_last=1))
+    live = [k for k in store.list("runs/") if k.endswith("manifest.json")]
+    referenced = {blob_key(e["sha256"]) for k in live for e in read_manifest(store, k)["files"].values()}
+    assert set(store.list(BLOB_PREFIX)) == referenced  # nothing missing, nothing orphaned
