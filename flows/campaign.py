@@ -177,6 +177,14 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
     invoker = make_invoker(cfg, num_workers)
     ctx = RunContext(config=cfg, store=store, invoker=invoker, run_id=run_id)
     set_context(ctx)
+    gc_total = {"collections": 0, "deleted_objects": 0, "deleted_blobs": 0, "freed_bytes": 0, "seconds": 0.0}
+
+    def collect(state: CampaignState) -> None:
+        report = collect_garbage(store, state, retention, lease=lease)
+        gc_total["collections"] += 1
+        for k in ("deleted_objects", "deleted_blobs", "freed_bytes", "seconds"):
+            gc_total[k] += getattr(report, k)
+
     try:
         state = existing
         if state is None:
@@ -184,7 +192,7 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
             lease.check()
             commit_state(store, state)
         else:  # finish a collection a crash may have cut short
-            collect_garbage(store, state, retention, lease=lease)
+            collect(state)
         tokens = get_json(store, state.prepared["tokens_key"])
         state.stopped_reason = None
         progress_id = start_progress(run_id, state.step, cfg.steps)
@@ -201,7 +209,7 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
                 state.evals.append(_evaluate(ctx, state))
             lease.check()
             commit_state(store, state)
-            collect_garbage(store, state, retention, lease=lease)  # after the commit, never before
+            collect(state)  # after the commit, never before
             publish_step_artifacts(run_id, state.steps, state.evals)
             update_progress(progress_id, run_id, state.step, cfg.steps)
             board.add_step(state.step, last, state.evals)
@@ -210,7 +218,7 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
         set_context(None)
         invoker.close()
         board.close()
-    return summarize(state, time.time() - started) | {"billing": billing(cfg.invoker.kind)}
+    return summarize(state, time.time() - started) | {"billing": billing(cfg.invoker.kind), "gc": gc_total}
 
 
 def _progress_line(state: CampaignState, total: int, width: int = 20) -> str:
