@@ -95,6 +95,29 @@ def _safetensors(data_bytes: int) -> bytes:
     return struct.pack("<Q", len(header)) + header + b"\0" * data_bytes
 
 
+def _held_lease(run_id: str, raw: bytes | None = None, *, commit: bool = False) -> Callable[[Path], None]:
+    """A store whose run ``run_id`` is leased by a live process of another host (or whose lease
+    holds ``raw``), optionally with one committed step."""
+
+    def setup(tmp: Path) -> None:
+        import time
+
+        from actions.common.storage import LocalStore
+        from flows.lease import LeaseRecord, lease_key
+        from flows.state import CampaignState, commit_state
+
+        store, now = LocalStore(tmp / "store"), time.time()
+        record = LeaseRecord(run_id=run_id, host="elsewhere", pid=4242, token="0" * 32, since=now, renewed=now,
+                             expires=now + 3600)
+        store.put(lease_key(run_id), raw if raw is not None else record.encode())
+        if commit:
+            key = f"runs/{run_id}/policy/v000000/manifest.json"
+            commit_state(store, CampaignState(run_id=run_id, fingerprint="f", identity={}, step=1, policy_key=key,
+                                              reference_key=key, prepared={}))
+
+    return setup
+
+
 CASES: dict[str, Case] = {
     # ----------------------------------------------------------------- configuration
     "config unknown key": Case(_train("--set", "algorithm.colour=red"), ("'algorithm.colour'", "check the spelling")),
@@ -338,6 +361,29 @@ CASES: dict[str, Case] = {
         ("scaling.value_of_time_usd_per_s=-1.0", "finite number >= 0"),
         setup=_write("t.jsonl", '{"epoch": 0, "step": 0, "prompt_id": 0, "prompt_len": 5, "answer_len": 3, '
                                 '"response_lens": [3, 4]}\n')),
+    # ----------------------------------------------------------------- run lease and store lifecycle
+    "lease held by another process": Case(
+        _train("--run-id", "held"), ("run 'held'", "host 'elsewhere' pid 4242 since", "--break-lease"),
+        setup=_held_lease("held")),
+    "lease held, resume": Case(
+        _train("--run-id", "held", "--resume"), ("host 'elsewhere' pid 4242", "--break-lease"),
+        setup=_held_lease("held", commit=True)),
+    "lease damaged": Case(
+        _train("--run-id", "held"), ("runs/held/lease.json is damaged", "--break-lease"),
+        setup=_held_lease("held", b"{torn")),
+    "gc on a held run": Case(
+        ["gc", "held", "--store", "{tmp}/store"], ("host 'elsewhere' pid 4242", "--break-lease"),
+        setup=_held_lease("held", commit=True)),
+    "config keep_last zero": Case(_train("--set", "store.keep_last=0"), ("store.keep_last=0", "null to keep every")),
+    "config checkpoint_every negative": Case(
+        _train("--set", "store.checkpoint_every=-1"), ("store.checkpoint_every", "greater than or equal to 0")),
+    "config lease ttl too short": Case(
+        _train("--set", "store.lease_ttl_s=1"), ("store.lease_ttl_s", "greater than or equal to 2")),
+    "cli gc unknown run": Case(["gc", "nosuch", "--store", "{done}"], ("'nosuch'", "check the run id")),
+    "cli gc keep-last zero": Case(["gc", "done", "--store", "{done}", "--keep-last", "0"], ("--keep-last 0", "1 or more")),
+    "cli gc keep all": Case(["gc", "done", "--store", "{done}", "--config", "{tmp}/c.yaml"],
+                            ("store.keep_last is null", "--keep-last N"),
+                            setup=_write("c.yaml", "store:\n  keep_last: null\n")),
     "cli deploy manifest missing": Case(
         ["deploy", "--dry-run", "--manifest", "{tmp}/none.yaml"], ("none.yaml", "cannot read the manifest")),
 }

@@ -132,3 +132,59 @@ def test_a_collection_cut_short_is_finished_by_the_next(tmp_path) -> None:
     live = [k for k in store.list("runs/") if k.endswith("manifest.json")]
     referenced = {blob_key(e["sha256"]) for k in live for e in read_manifest(store, k)["files"].values()}
     assert set(store.list(BLOB_PREFIX)) == referenced  # nothing missing, nothing orphaned
+
+
+def test_retention_doctest() -> None:
+    import doctest
+
+    import flows.planning.retention
+
+    result = doctest.testmod(flows.planning.retention)
+    assert result.attempted > 0 and result.failed == 0
+
+
+# ----------------------------------------------------------------------------- campaigns
+
+
+def _policy_versions(store: ObjectStore, run: str) -> list[str]:
+    return [k for k in store.list(f"runs/{run}/") if k.endswith("manifest.json")
+            and ("/train/policy/" in k or "/policy/v" in k)]
+
+
+def _assert_store_consistent(store: ObjectStore) -> None:
+    """Every blob a manifest lists exists, and every blob is listed by some manifest."""
+    live = [k for k in store.list("runs/") if k.endswith("manifest.json")]
+    referenced = {blob_key(e["sha256"]) for k in live for e in read_manifest(store, k)["files"].values()}
+    assert set(store.list(BLOB_PREFIX)) == referenced
+
+
+def _growth(cfg, store: ObjectStore, run: str, steps: int, every: int) -> None:
+    """After a campaign with keep_last=2: the reference plus the last two policy versions,
+    plus one per checkpoint; optimizer state only for the newest and the checkpoints."""
+    from flows.campaign import run_campaign
+
+    summary = run_campaign(cfg, progress=lambda m: None)
+    assert summary["steps_completed"] == steps and summary["gc"]["deleted_blobs"] > 0
+    checkpoints = [v for v in range(every, steps - 1, every)]  # those outside the window
+    expected = {f"runs/{run}/policy/v000000/manifest.json"} | {
+        f"runs/{run}/steps/{v - 1:06d}/train/policy/manifest.json" for v in (*checkpoints, steps - 1, steps)}
+    assert set(_policy_versions(store, run)) == expected
+    optimizers = [k for k in store.list(f"runs/{run}/") if "/train/optimizer/" in k]
+    assert len(optimizers) == len(checkpoints) + 1
+    _assert_store_consistent(store)
+
+
+def test_store_stays_bounded_over_a_campaign(tiny_config, prefect_harness) -> None:
+    """A shortened equivalent of the 24-step default campaign (docs/storage.md records that one)."""
+    cfg = tiny_config("invoker.kind=inprocess", "run_id=grow", "steps=6", "store.keep_last=2",
+                      "store.checkpoint_every=4")
+    _growth(cfg, LocalStore(cfg.store.uri), "grow", 6, 4)
+
+
+@pytest.mark.slow
+def test_store_growth_of_the_default_24_step_campaign(tmp_path, prefect_harness) -> None:
+    from actions.common.config import load_config
+
+    cfg = load_config(None, [f"store.uri={tmp_path / 'store'}", "run_id=grow24", "store.keep_last=2",
+                             "store.checkpoint_every=8"])
+    _growth(cfg, LocalStore(cfg.store.uri), "grow24", 24, 8)
