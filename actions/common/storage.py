@@ -29,7 +29,6 @@ garbage collection (``flows/gc.py``), which finds manifests by their key ending 
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import json
@@ -217,43 +216,33 @@ class LocalStore:
             return False
         return self.put_if_absent(key, parts)  # type: ignore[arg-type]
 
-    @contextlib.contextmanager
-    def _dir_lock(self, path: Path) -> Any:
-        """An exclusive flock on ``path``'s directory: compare-and-swap callers on this host
-        serialise on it (a directory fd can be flocked on Linux and the BSDs)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path.parent, os.O_RDONLY)
+    def _if_holds(self, key: str, expected: bytes, then: Callable[[int, str], None]) -> bool:
+        """Under an exclusive flock of ``key``'s directory (compare-and-swap callers on this
+        host serialise on it): if ``key`` holds exactly ``expected``, run ``then(dir_fd, last)``
+        and return True; else False (a missing key included)."""
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing the descriptor releases the lock
+            with self._dir(key) as (dir_fd, last):
+                fcntl.flock(dir_fd, fcntl.LOCK_EX)  # released when the directory fd closes
+                try:
+                    fd = open_component(last, dir_fd, os.O_RDONLY, name=key, where=f"store {self.uri}")
+                except FileNotFoundError:
+                    return False
+                with os.fdopen(fd, "rb") as fh:
+                    if fh.read() != expected:
+                        return False
+                then(dir_fd, last)
+                return True
+        except (FileNotFoundError, NotADirectoryError):
+            return False
 
     def replace_if(self, key: str, expected: bytes, data: bytes) -> bool:
-        """Replace ``key`` with ``data`` only if it holds exactly ``expected``: the check and
-        the atomic rename happen under the directory's lock. False if it differs or is gone."""
-        path = self._path(key)
-        with self._dir_lock(path):
-            try:
-                if path.read_bytes() != expected:
-                    return False
-            except FileNotFoundError:
-                return False
-            tmp = self._write_temp(path, data)
-            os.replace(tmp, path)
-            return True
+        """Replace ``key`` with ``data`` (temporary file, atomic rename) only if it holds
+        exactly ``expected``; the compare and the rename happen under the directory's lock."""
+        return self._if_holds(key, expected, lambda dir_fd, last: self.put(key, data))
 
     def delete_if(self, key: str, expected: bytes) -> bool:
         """Delete ``key`` only if it holds exactly ``expected`` (under the directory's lock)."""
-        path = self._path(key)
-        with self._dir_lock(path):
-            try:
-                if path.read_bytes() != expected:
-                    return False
-                path.unlink()
-                return True
-            except FileNotFoundError:
-                return False
+        return self._if_holds(key, expected, lambda dir_fd, last: os.unlink(last, dir_fd=dir_fd))
 
     def get(self, key: str) -> bytes:
         with os.fdopen(self._open(key), "rb") as fh:
