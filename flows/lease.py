@@ -167,6 +167,9 @@ class RunLease:
                 writes; set RLHFLESS_S3_CONDITIONAL_WRITES=off to accept a best-effort lease).
         """
         _check_atomic_create(store)
+        mine_already = held_lease(store, run_id) if pid is None else None
+        if mine_already is not None and not break_lease:  # this very process: the pid rule would not see it
+            raise LeaseHeld(_held_message(run_id, mine_already.record, clock()))
         host = host or socket.gethostname()
         pid = os.getpid() if pid is None else pid
         key = lease_key(run_id)
@@ -195,8 +198,9 @@ class RunLease:
     def _held(self, renew: bool) -> RunLease:
         # Read back: on a store whose create is not atomic, a second writer shows here.
         self.check()
-        with _HELD_LOCK:
-            _HELD[(self.store.uri, self.record.run_id)] = self
+        if self.record.pid == os.getpid():  # (tests take leases in the name of other processes)
+            with _HELD_LOCK:
+                _HELD[(self.store.uri, self.record.run_id)] = self
         if renew:
             self._thread = threading.Thread(target=self._renew_loop, name=f"lease-{self.record.run_id}", daemon=True)
             self._thread.start()

@@ -4,6 +4,7 @@ taker, renewal, and a lost lease stopping the campaign before it commits."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -58,6 +59,13 @@ def test_second_taker_is_refused_naming_the_holder(backend_store) -> None:
         lease.check()  # the refused taker changed nothing
     assert read_lease(backend_store, "r1") is None  # released
     RunLease.acquire(backend_store, "r1", renew=False).release()  # free again
+
+
+def test_a_second_taker_in_the_same_process_is_refused(tmp_path) -> None:
+    store = LocalStore(tmp_path / "s")
+    with RunLease.acquire(store, "r9", renew=False):
+        with pytest.raises(LeaseHeld, match=f"pid {os.getpid()}"):
+            RunLease.acquire(store, "r9", renew=False)
 
 
 def test_live_foreign_lease_is_refused_by_the_read_only_check(backend_store) -> None:
