@@ -329,7 +329,7 @@ def test_crafted_store_plus_one_evaluate_request_writes_nothing_outside(backend:
     craft_manifest(store, prepared.base_key, table, meta)
     payload = {"model": {"store_uri": store.uri, "base_key": prepared.base_key, "policy_key": prepared.init_key,
                          "policy_version": 0},
-               "dataset_key": prepared.eval_key, "task": "repeat", "max_new_tokens": 4,
+               "dataset_key": prepared.eval_key, "rewards": [{"name": "repeat"}], "max_new_tokens": 4,
                "output_key": "runs/r1/evals/v000000.json"}
     status, result = ActionRuntime().run({"value": payload, "action_name": "/guest/rlhfless/evaluate"})
     assert status == 200 and "error" in result, result
@@ -363,7 +363,7 @@ def test_an_action_refuses_a_policy_overwritten_after_its_commit(tmp_path: Path)
     publish_tensors(store, prepared.init_key, {name: t + 1 for name, t in tensors.items()})
     payload = {"model": {"store_uri": store.uri, "base_key": prepared.base_key, "policy_key": prepared.init_key,
                          "policy_version": 0, "weights_sha256": committed},
-               "dataset_key": prepared.eval_key, "task": "repeat", "max_new_tokens": 4,
+               "dataset_key": prepared.eval_key, "rewards": [{"name": "repeat"}], "max_new_tokens": 4,
                "output_key": "runs/r1/evals/v000000.json"}
     status, result = ActionRuntime().run({"value": payload, "action_name": "/guest/rlhfless/evaluate"})
     assert status == 200 and "error" in result, result
