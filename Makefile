@@ -22,7 +22,8 @@ test: install
 	$(PY) -m pytest -q -m "not slow and not vllm and not gpu" $(PYTEST_ARGS)
 
 ## Tests marked `slow` (minutes each; `grep -rn mark.slow tests/` lists them): today kill -9 at
-## random points then resume, and two first-ever runs starting Prefect on one fresh PREFECT_HOME.
+## random points then resume, two first-ever runs starting Prefect on one fresh PREFECT_HOME, and
+## the store growth of the 24-step default campaign with keep_last: 2.
 test-slow: install
 	$(PY) -m pytest -q -m "slow" $(PYTEST_ARGS)
 
