@@ -401,37 +401,31 @@ class S3Store:
         in 150 races of 12). Callers must not rely on this for mutual exclusion between
         concurrent writers; the run lease uses it only to detect a lost lease.
         """
-        current = self._get_with_etag(key)
-        if current is None or current[0] != expected:
-            return False
-        try:
-            self._client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data, IfMatch=current[1])
-            return True
-        except bce.ClientError as exc:
-            if _code(exc) in ("PreconditionFailed", "ConditionalRequestConflict") or _status(exc) == 412:
-                return False
-            if _code(exc) in _NOT_FOUND_CODES:
-                return False
-            self._raise(exc, "put", key)
-        except bce.BotoCoreError as exc:
-            self._raise(exc, "put", key)
+        return self._if_unchanged(key, expected, "put", lambda etag: self._client.put_object(
+            Bucket=self.bucket, Key=self._full(key), Body=data, IfMatch=etag))
 
     def delete_if(self, key: str, expected: bytes) -> bool:
         """Delete a small object only if it holds ``expected`` (``If-Match`` on its ETag)."""
+        return self._if_unchanged(key, expected, "delete", lambda etag: self._client.delete_object(
+            Bucket=self.bucket, Key=self._full(key), IfMatch=etag))
+
+    def _if_unchanged(self, key: str, expected: bytes, op: str, request: Callable[[str], object]) -> bool:
+        """Run ``request(etag)`` (a PUT or DELETE carrying ``If-Match: etag``) only if ``key``
+        holds ``expected`` now; False when it does not, is gone, or changed in between (412)."""
         current = self._get_with_etag(key)
         if current is None or current[0] != expected:
             return False
         try:
-            self._client.delete_object(Bucket=self.bucket, Key=self._full(key), IfMatch=current[1])
+            request(current[1])
             return True
         except bce.ClientError as exc:
             if _code(exc) in ("PreconditionFailed", "ConditionalRequestConflict") or _status(exc) == 412:
                 return False
             if _code(exc) in _NOT_FOUND_CODES:
                 return False
-            self._raise(exc, "delete", key)
+            self._raise(exc, op, key)
         except bce.BotoCoreError as exc:
-            self._raise(exc, "delete", key)
+            self._raise(exc, op, key)
 
     def _probe_conditional_writes(self) -> bool:
         """Whether the server honours If-None-Match: write a probe key twice and see."""

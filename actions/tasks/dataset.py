@@ -42,27 +42,40 @@ def rows_to_jsonl(rows: Iterable[PromptRow]) -> bytes:
     return "".join(json.dumps(r.model_dump(), sort_keys=True) + "\n" for r in rows).encode()
 
 
-def parse_jsonl(data: bytes, *, source: str) -> list[PromptRow]:
-    """Parse and validate JSONL bytes. Raises ValueError naming source, line and field."""
-    rows: list[PromptRow] = []
-    seen: set[int] = set()
+def json_objects(data: bytes, *, where: str) -> list[tuple[int, dict[str, Any]]]:
+    """Decode UTF-8 JSON Lines into ``(line number from 1, object)`` pairs, skipping blank
+    lines. Raises ValueError naming ``where`` and the line for bad UTF-8, bad JSON or a line
+    that is not an object."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{source}: byte {exc.start} is not UTF-8; a dataset is UTF-8 JSON Lines") from None
+        raise ValueError(f"{where}: byte {exc.start} is not UTF-8; a dataset is UTF-8 JSON Lines") from None
+    objects: list[tuple[int, dict[str, Any]]] = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{source}:{lineno}: not valid JSON ({exc.msg}); each line must be one object") from None
+            raise ValueError(f"{where}:{lineno}: not valid JSON ({exc.msg}); each line must be one object") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{where}:{lineno}: a {type(obj).__name__}, not an object; each line must be one "
+                             "JSON object")
+        objects.append((lineno, obj))
+    return objects
+
+
+def parse_jsonl(data: bytes, *, source: str) -> list[PromptRow]:
+    """Parse and validate JSONL bytes. Raises ValueError naming source, line and field."""
+    rows: list[PromptRow] = []
+    seen: set[int] = set()
+    for lineno, obj in json_objects(data, where=source):
         try:
             row = PromptRow.model_validate(obj)
         except ValidationError as exc:
             err = exc.errors()[0]
             field = ".".join(str(p) for p in err["loc"]) or "row"
-            got = obj.get(field, "<missing>") if isinstance(obj, dict) else obj
+            got = obj.get(field, "<missing>")
             raise ValueError(
                 f"{source}:{lineno}: field {field!r} {err['msg'].lower()} (got {got!r}); "
                 "every row needs prompt_id (int), prompt (str) and answer (str)"

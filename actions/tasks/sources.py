@@ -20,12 +20,13 @@ Rows come back as plain dicts with their 1-based row number; what they must hold
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from actions.tasks.dataset import json_objects
 
 Record = tuple[int, dict[str, Any]]
 """(1-based row number in the file, the row)."""
@@ -113,20 +114,4 @@ def _read_jsonl(path: Path, field: str) -> list[Record]:
         data = path.read_bytes()
     except OSError as exc:
         raise ValueError(f"{field} {str(path)!r} cannot be read ({exc.strerror}); fix {field}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{field} {path}: byte {exc.start} is not UTF-8; a dataset is UTF-8 JSON Lines") from None
-    records: list[Record] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{field} {path}:{lineno}: not valid JSON ({exc.msg}); each line must be one object") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"{field} {path}:{lineno}: a {type(obj).__name__}, not an object; each line must be one "
-                             "JSON object")
-        records.append((lineno, obj))
-    return records
+    return json_objects(data, where=f"{field} {path}")
