@@ -172,6 +172,8 @@ CASES: dict[str, Case] = {
     "config unknown invoker": Case(_train("--set", "invoker.kind=lambda"), ("invoker.kind", "'openwhisk'")),
     "config zero read timeout": Case(_train("--set", "invoker.read_timeout_s=0"),
                                      ("invoker.read_timeout_s", "greater than 0")),
+    "config negative core count": Case(_train("--set", "invoker.num_cores=-2"),
+                                       ("invoker.num_cores", "greater than or equal to 0")),
     "config negative request cap": Case(_train("--set", "invoker.max_request_mb=-1"),
                                         ("invoker.max_request_mb", "greater than 0")),
     "config worker log dir is a file": Case(_train("--set", "invoker.log_dir={tmp}/taken"),

@@ -6,6 +6,8 @@ error, not retried). Fault injection for tests (``faults`` in the campaign confi
 (``InjectedFault``, classified transient and retried by the flow); ``__inject_latency_s`` sleeps that long first;
 ``__inject_kill_after_s`` is taken by the runtime server, which kills its own process, so it
 arrives here only in-process, where it fails the activation like a crash instead.
+``__threads`` (set by the local pool and the in-process invoker, never by users) is the
+activation's share of the machine's cores: torch's intra-op thread count while it runs.
 Any other exception propagates to the runtime server, which answers 502 with its classification
 (``actions.common.errors``: transient or permanent).
 """
@@ -33,7 +35,8 @@ def run_action(request_model: type, core: Callable[[Any], Any], args: dict[str, 
         raise InjectedFault("injected kill (faults.kill_fraction) with no worker process to kill: simulated crash")
     if args.get("__inject_latency_s"):
         time.sleep(float(args["__inject_latency_s"]))
-    configure_threads()
+    threads = args.get("__threads")
+    configure_threads(threads if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else None)
     before = warm.stats()
     try:
         result = core(req)

@@ -260,6 +260,10 @@ class InvokerConfig(_Section):
     kind: Literal["local", "inprocess", "openwhisk"] = "local"
     num_workers: int = Field(0, ge=0)
     """Local warm pool size; 0 = scaling.n_max + 1."""
+    num_cores: int = Field(0, ge=0)
+    """Local pool and in-process: cores shared by the running actions, each setting torch's
+    threads to its share when it starts (all of them when it runs alone); 0: the cores this
+    process may run on."""
     package: str = "rlhfless"
     """OpenWhisk package holding the actions."""
     timeout_s: float = Field(600.0, gt=0)

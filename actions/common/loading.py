@@ -22,10 +22,20 @@ from actions.tasks.dataset import PromptRow, parse_jsonl
 DATASET_FILE = "rows.jsonl"
 
 
-def configure_threads() -> None:
-    """One intra-op thread per action process unless told otherwise: the warm pool runs
-    several actions side by side, and oversubscribed cores slow everyone down."""
-    torch.set_num_threads(int(os.environ.get("RLHFLESS_THREADS", "1")))
+def configure_threads(num_threads: int | None = None) -> int:
+    """Set torch's intra-op threads for the activation about to run; returns the count.
+
+    ``num_threads`` is the activation's share of the machine, chosen by the invoker that
+    knows what else runs beside it (``flows.invokers.cores``): all the cores when it runs
+    alone (training), a share when generation actions run side by side. None (an OpenWhisk
+    container, which gets no share from its invoker): ``RLHFLESS_THREADS``, else 1, because
+    a container's CPU quota is rarely visible as its affinity mask. Setting the count per
+    activation is cheap (no pool restart): torch resizes its OpenMP team on the next op.
+    """
+    n = num_threads if num_threads is not None else int(os.environ.get("RLHFLESS_THREADS", "1"))
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    return n
 
 
 def store_for(uri: str) -> ObjectStore:

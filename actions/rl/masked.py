@@ -9,6 +9,11 @@ Masked positions are *selected away* with ``torch.where`` rather than multiplied
 padding may hold anything (``inf`` or ``NaN`` from a padded log-prob) without poisoning the
 result: ``NaN * 0`` is ``NaN``, ``where(False, NaN, 0)`` is 0.
 
+All-element reductions are pinned to one order: each row is summed, then the row sums. A
+plain ``x.sum()`` over more than ATen's grain (32,768 elements) splits the tensor among the
+intra-op threads and adds the pieces, so its last bits would depend on how many threads the
+activation was given (``flows.invokers.cores``); a row reduction is serial within the row.
+
 Not covered: sequence-parallel or data-parallel all-reduces of the token count; a caller that
 accumulates gradients over micro-batches must weight each micro-batch by its token count.
 """
@@ -30,7 +35,13 @@ def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
         The sum, with ``dim`` removed (a 0-d tensor when ``dim`` is None).
     """
     selected = torch.where(mask.bool(), x, torch.zeros_like(x))
-    return selected.sum() if dim is None else selected.sum(dim=dim)
+    return _sum_all(selected) if dim is None else selected.sum(dim=dim)
+
+
+def _sum_all(x: Tensor) -> Tensor:
+    """Sum of every element in an order that does not depend on the thread count: rows first
+    (each one serial), then the row sums."""
+    return x.sum(dim=-1).flatten().sum() if x.dim() >= 2 else x.sum()
 
 
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
@@ -45,7 +56,7 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
         rather than NaN, so one empty row cannot turn a batch loss into NaN.
     """
     count = mask.to(x.dtype)
-    count = count.sum() if dim is None else count.sum(dim=dim)
+    count = _sum_all(count) if dim is None else count.sum(dim=dim)
     return masked_sum(x, mask, dim) / count.clamp_min(1.0)
 
 

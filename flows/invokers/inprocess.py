@@ -2,7 +2,8 @@
 
 It goes through the same JSON round trip as a real activation, so a payload that would not
 survive OpenWhisk does not pass here either. An exception out of ``main`` is classified as the
-runtime server classifies it (``actions.common.errors``): transient or permanent.
+runtime server classifies it (``actions.common.errors``): transient or permanent. One
+activation runs at a time, with all of ``num_cores`` (``flows.invokers.cores``).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from typing import Any
 
 from actions.common.errors import crash_text, describe_crash
 from flows.invokers.base import ActionError, Activation
+from flows.invokers.cores import available_cores
 
 
 class InProcessInvoker:
-    def __init__(self) -> None:
+    def __init__(self, num_cores: int = 0) -> None:
+        self.num_cores = num_cores or available_cores()
         self._lock = threading.Lock()  # actions assume one activation per container at a time
         self.calls: list[tuple[str, dict[str, Any]]] = []
 
@@ -30,7 +33,7 @@ class InProcessInvoker:
             started = time.time()
             self.calls.append((action, wire))
             try:
-                result = importlib.import_module(f"actions.{action}").main(wire)
+                result = importlib.import_module(f"actions.{action}").main({**wire, "__threads": self.num_cores})
             except Exception as exc:  # a crashed action, classified as the runtime server does
                 crash = describe_crash(exc)
                 raise ActionError(action, crash_text(crash), transient=crash["transient"]) from exc

@@ -46,6 +46,7 @@ import httpx
 from actions.common.errors import TRANSIENT_STATUS, crash_text, one_line
 from actions.runtime.server import DEFAULT_MAX_BODY_BYTES
 from flows.invokers.base import ActionError, Activation
+from flows.invokers.cores import MKL_REPRODUCIBLE, CoreShare
 
 
 KEEPALIVE_EXPIRY_S = 5.0
@@ -80,13 +81,17 @@ class LocalPoolInvoker:
         timeout_s: longest an activation may run before its worker is replaced.
         log_dir: where each worker's log file goes (created); None: a new temporary directory.
         max_body_bytes, read_timeout_s: the workers' request limits (``actions.runtime.server.Guard``).
+        num_cores: cores the running activations share (``flows.invokers.cores``); 0: this
+            process's affinity mask.
     """
 
     def __init__(self, num_workers: int, *, timeout_s: float = 600.0, log_dir: str | Path | None = None,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, read_timeout_s: float = 30.0) -> None:
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, read_timeout_s: float = 30.0,
+                 num_cores: int = 0) -> None:
         if num_workers < 1:
             raise ValueError(f"invoker.num_workers={num_workers}: the local pool needs at least 1 worker")
         self.timeout_s = timeout_s
+        self.cores = CoreShare(num_cores)
         self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="rlhfless-pool-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # Idle connections: this client drops its own after KEEPALIVE_EXPIRY_S, so a worker may
@@ -133,8 +138,11 @@ class LocalPoolInvoker:
         os.write(control_w, f"{self._secret}\n".encode())
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.write(log_fd, f"--- {name} starting at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
+        # One thread until an activation says how many it may use (its share, set per
+        # activation); MKL in its reproducible mode unless the user chose one.
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", RLHFLESS_THREADS="1",
                    PYTHONUNBUFFERED="1")
+        env.setdefault("MKL_CBWR", MKL_REPRODUCIBLE)
         argv = [sys.executable, "-m", "actions.runtime.server", "--host", "127.0.0.1", "--port", "0",
                 "--ready-fd", str(ready_w), "--control-fd", str(control_r), "--parent-pid", str(os.getpid()),
                 *self._limits]
@@ -169,11 +177,12 @@ class LocalPoolInvoker:
         worker = self._idle.get()
         started = time.time()
         activation_id = uuid.uuid4().hex
-        body = {"value": payload, "action_name": f"/local/rlhfless/{action}", "activation_id": activation_id,
-                "deadline": int((started + (timeout_s or self.timeout_s)) * 1000)}
         try:
-            resp = self._client.post(f"http://127.0.0.1:{worker.port}/run", json=body,
-                                     timeout=timeout_s or self.timeout_s)
+            with self.cores.share() as threads:
+                body = {"value": {**payload, "__threads": threads}, "action_name": f"/local/rlhfless/{action}",
+                        "activation_id": activation_id, "deadline": int((started + (timeout_s or self.timeout_s)) * 1000)}
+                resp = self._client.post(f"http://127.0.0.1:{worker.port}/run", json=body,
+                                         timeout=timeout_s or self.timeout_s)
             result = resp.json()
         except (httpx.TransportError, ValueError) as exc:
             try:  # a dead worker's socket closes as it exits: give the exit a moment to be reaped
