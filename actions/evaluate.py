@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from actions.common.adapter import run_action
 from actions.common.contracts import EvaluateRequest, EvaluateResult
-from actions.common.loading import encode, load_dataset, store_for
-from actions.common.storage import put_json
+from actions.common.loading import encode, store_for
+from actions.common.store import put_json
 from actions.engines.base import SampleSpec
 from actions.engines.factory import load_engine
 from actions.tasks.rewards import compute_rewards, is_best
+from actions.tasks.stored import load_dataset
 
 
 def run_evaluate(req: EvaluateRequest) -> EvaluateResult:

@@ -18,11 +18,12 @@ from __future__ import annotations
 from actions.common.adapter import run_action
 from actions.common.contracts import GenerateRequest, GenerateResult, PartialSample, SampleStat
 from actions.common.device import action_device
-from actions.common.kv_bundle import load_bundle
-from actions.common.loading import encode, load_dataset, rows_for, store_for
-from actions.common.storage import get_json, put_json
+from actions.common.loading import encode, store_for
+from actions.common.store import get_json, put_json
 from actions.engines.base import SampleSpec
 from actions.engines.factory import load_engine
+from actions.engines.kv_bundle import load_bundle
+from actions.tasks.stored import load_dataset, rows_for
 
 
 def _specs(req: GenerateRequest, tokenizer: object) -> list[SampleSpec]:

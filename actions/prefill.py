@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from actions.common.adapter import run_action
 from actions.common.contracts import PrefillRequest, PrefillResult
-from actions.common.kv_bundle import publish_bundle
-from actions.common.loading import encode, load_dataset, load_model, rows_for, store_for
+from actions.common.loading import encode, load_model, store_for
 from actions.engines.factory import make_engine
+from actions.engines.kv_bundle import publish_bundle
+from actions.tasks.stored import load_dataset, rows_for
 
 
 def run_prefill(req: PrefillRequest) -> PrefillResult:

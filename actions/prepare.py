@@ -20,10 +20,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from actions.common.config import CampaignConfig
-from actions.common.storage import ObjectStore, put_artifact, put_json
+from actions.common.store import ObjectStore, put_artifact, put_json
 from actions.tasks import get_task
 from actions.tasks.build import Datasets, build_datasets
-from actions.tasks.dataset import rows_to_jsonl
+from actions.tasks.dataset import DATASET_FILE, rows_to_jsonl
 
 # torch and transformers are imported inside prepare(): validate_inputs runs at the CLI and
 # answers bad input in well under a second.
@@ -142,7 +142,7 @@ def _check_safetensors(file: Path, where: str) -> None:
 
 def prepare(cfg: CampaignConfig, store: ObjectStore, run_prefix: str) -> Prepared:
     """Validate inputs, then write them. Raises ValueError before writing anything."""
-    from actions.common.loading import DATASET_FILE, encode
+    from actions.common.loading import encode
     from actions.common.modeling import base_files, build_tiny_model, instantiate, model_summary, read_model_dir
     from actions.common.weights import publish_tensors
 

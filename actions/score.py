@@ -19,16 +19,17 @@ import torch
 
 from actions.common.adapter import run_action
 from actions.common.contracts import ScoreRequest, ScoreResult
-from actions.common.critic_store import load_critic
-from actions.common.loading import encode, load_dataset, load_model, store_for
+from actions.common.loading import encode, load_model, store_for
 from actions.common.special_tokens import special_tokens
-from actions.common.storage import get_json
+from actions.common.store import get_json
 from actions.common.weights import publish_tensors
+from actions.rl.critic_store import load_critic
 from actions.rl.kl import kl_estimate
 from actions.rl.masked import masked_mean
-from actions.rl.update import needs_old_logp, needs_ref_logp
 from actions.rl.sequences import per_row_widths, response_logprobs
+from actions.rl.update import needs_old_logp, needs_ref_logp
 from actions.tasks.rewards import compute_rewards
+from actions.tasks.stored import load_dataset
 
 
 def _load_samples(req: ScoreRequest) -> list[dict]:

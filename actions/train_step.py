@@ -15,7 +15,7 @@ import torch
 
 from actions.common.adapter import run_action
 from actions.common.contracts import TrainStepRequest, TrainStepResult
-from actions.common.critic_store import load_critic
+from actions.rl.critic_store import load_critic
 from actions.common.loading import load_model, store_for
 from actions.common.special_tokens import special_tokens
 from actions.common.weights import load_tensors, publish_tensors

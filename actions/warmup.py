@@ -13,12 +13,13 @@ import torch
 
 from actions.common.adapter import run_action
 from actions.common.contracts import WarmupRequest, WarmupResult
-from actions.common.loading import encode, load_base, load_dataset, store_for
+from actions.common.loading import encode, load_base, store_for
 from actions.common.modeling import instantiate
 from actions.common.special_tokens import special_tokens
 from actions.common.weights import load_tensors, publish_tensors
 from actions.rl.sequences import pack, response_logprobs
 from actions.tasks import get_task
+from actions.tasks.stored import load_dataset
 
 
 def run_warmup(req: WarmupRequest) -> WarmupResult:

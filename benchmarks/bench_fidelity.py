@@ -80,7 +80,7 @@ def main() -> int:
     from prefect.testing.utilities import prefect_test_harness
 
     from actions.common.config import load_config
-    from actions.common.storage import get_json, open_store
+    from actions.common.store import get_json, open_store
     from flows.campaign import run_campaign
     from flows.simulate.cluster import ActorSpec, Sample, SimConfig, simulate_phase
     from flows.state import load_state
@@ -212,7 +212,7 @@ def measure_activation_costs(cfg, state, store, tokens: dict, latency: float, pr
     the co-run slowdown (``measure_corun``) on a two-worker pool. Also prints one full generate
     activation alone, measured vs simulated from ``profile`` (the engine model in isolation)."""
     from actions.common.contracts import GenerateRequest, ModelRef, PartialSample, ScoreRequest
-    from actions.common.storage import put_json
+    from actions.common.store import put_json
     from actions.engines.profiling import fit_line
     from flows.invokers.local_pool import LocalPoolInvoker
     from flows.simulate.cluster import ActorSpec, Sample, SimConfig, simulate_phase

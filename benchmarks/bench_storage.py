@@ -36,7 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from actions.common.s3store import S3Store  # noqa: E402
+from actions.common.store.s3 import S3Store  # noqa: E402
 from actions.common.weights import load_tensors, publish_tensors, serialize_tensor  # noqa: E402
 from proc_cpu import process_cpu_s  # noqa: E402  (beside this script)
 

@@ -15,7 +15,7 @@ from prefect import flow
 
 from actions.common.config import CampaignConfig
 from actions.common.contracts import EvaluateRequest, ModelRef, WarmupRequest
-from actions.common.storage import ObjectStore, get_json, open_store
+from actions.common.store import ObjectStore, get_json, open_store
 from flows.artifacts import publish_step_artifacts, start_progress, update_progress
 from flows.context import RunContext, set_context
 from flows.hooks import plan_generation_phase

@@ -106,7 +106,7 @@ def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool,
             raise UsageError(f"{flag} {str(path)!r} is a file, not a directory; pass a directory path")
     if summary_path.is_dir():
         raise UsageError(f"--summary {str(summary_path)!r} is a directory; pass a file path")
-    from actions.common.storage import open_store
+    from actions.common.store import open_store
     from flows.lease import RunLease, check_not_held
     from flows.state import check_resume, load_state  # no Prefect import: a refusal stays fast
 
@@ -174,7 +174,7 @@ def _open_run(args: argparse.Namespace, command: str) -> tuple[Any, Any, Any]:
     """(config, store, the run's latest state) for ``status`` and ``gc``."""
     from actions.common.config import load_config
     from actions.common.safe_paths import check_run_id
-    from actions.common.storage import open_store
+    from actions.common.store import open_store
     from flows.state import load_state
 
     cfg = load_config(args.config, [])
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlhfless: error: {redact(str(exc))}", file=sys.stderr)
         return 2
     except Exception as exc:  # infrastructure failures: one line, secrets scrubbed, non-zero
-        from actions.common.storage import StoreError
+        from actions.common.store import StoreError
         from flows.invokers.base import ActionError
         from flows.local_api import LocalApiError
 

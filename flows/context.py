@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actions.common.config import CampaignConfig
-from actions.common.storage import ObjectStore
+from actions.common.store import ObjectStore
 from flows.invokers.base import Invoker
 
 

@@ -32,8 +32,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from actions.common.storage import (BLOB_PREFIX, IntegrityError, ObjectNotFound, ObjectStore, StoreError,
-                                    _concurrency, blob_key, map_bounded, read_manifest)
+from actions.common.store import (BLOB_PREFIX, IntegrityError, ObjectNotFound, ObjectStore, StoreError, blob_key,
+                                  map_bounded, read_manifest, transfer_threads)
 from flows.planning.retention import GcPlan, Retention, VersionKeys, needed_commits, plan_collection
 from flows.state import CampaignState, load_state_at
 
@@ -113,7 +113,7 @@ def collect_garbage(store: ObjectStore, latest: CampaignState, retention: Retent
     if not garbage:
         return GcReport(latest.run_id, list(plan.versions), 0, 0, 0, time.time() - t0)
     manifests = [k for k in listing if k.endswith("manifest.json")]
-    threads = _concurrency(store, len(manifests))
+    threads = transfer_threads(store, len(manifests))
     tables = map_bounded(lambda k: _file_table(store, k, garbage=k in garbage), manifests, threads)
     marked: set[str] = set()
     candidates: dict[str, int] = {}
@@ -150,4 +150,4 @@ def _delete_all(store: ObjectStore, keys: list[str], *, count_for_fault: bool = 
                 if _deleted_blobs >= kill_after:
                     os.kill(os.getpid(), signal.SIGKILL)
 
-    map_bounded(delete, keys, _concurrency(store, len(keys)))
+    map_bounded(delete, keys, transfer_threads(store, len(keys)))

@@ -18,8 +18,8 @@ from pydantic import BaseModel, ValidationError
 
 from actions.common.config import CampaignConfig
 from actions.common.safe_paths import STORE_FIX, UnsafeName, check_name, shown
-from actions.common.storage import (IntegrityError, ObjectNotFound, ObjectStore, commit_key, commit_pointer, get_json,
-                                    read_pointer)
+from actions.common.store import (IntegrityError, ObjectNotFound, ObjectStore, commit_key, commit_pointer, get_json,
+                                  read_pointer)
 
 
 class CampaignState(BaseModel):

@@ -10,7 +10,7 @@ import torch
 
 from actions.common.config import load_config
 from actions.common.contracts import ModelRef
-from actions.common.storage import LocalStore
+from actions.common.store import LocalStore
 from actions.prepare import prepare
 
 ACTIONS = ["warmup", "prefill", "generate", "score", "train_step", "evaluate"]
@@ -83,7 +83,7 @@ def test_prefill_bundle_feeds_generate_with_identical_output(prepared):
     with_kv = _call("generate", {**base, "kv_bundle_key": pre["bundle_key"], "output_key": "runs/c/a.json"})
     plain = _call("generate", {**base, "output_key": "runs/c/b.json"})
     assert with_kv["kv_bundle_used"] and with_kv["prefill_tokens"] < plain["prefill_tokens"]
-    from actions.common.storage import get_json
+    from actions.common.store import get_json
 
     assert get_json(store, "runs/c/a.json")["samples"] == get_json(store, "runs/c/b.json")["samples"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actions.common.storage import get_json, open_store
+from actions.common.store import get_json, open_store
 from flows.campaign import CampaignRefused, run_campaign
 
 

@@ -222,7 +222,7 @@ def test_generate_and_evaluate_actions_on_vllm_reuse_one_engine_across_versions(
 
     from actions.common.config import load_config
     from actions.common.contracts import ModelRef
-    from actions.common.storage import LocalStore, get_json
+    from actions.common.store import LocalStore, get_json
     from actions.common.weights import load_tensors, publish_tensors
     from actions.engines import factory
     from actions.prepare import prepare

@@ -8,7 +8,7 @@ import pytest
 from botocore import exceptions as bce
 
 from actions.common.errors import InjectedFault, OOM_ADVICE, crash_text, describe_crash
-from actions.common.storage import StoreError, StoreUnreachable
+from actions.common.store import StoreError, StoreUnreachable
 
 
 def _store_error_over(exc: Exception) -> StoreError:

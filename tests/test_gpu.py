@@ -136,7 +136,7 @@ def test_actions_round_trip_on_cuda(tmp_path, monkeypatch):
     from actions.common import warm
     from actions.common.config import load_config
     from actions.common.contracts import ModelRef
-    from actions.common.storage import LocalStore
+    from actions.common.store import LocalStore
     from actions.common.weights import load_tensors, publish_tensors
     from actions.prepare import prepare
     from tests.conftest import TINY_OVERRIDES

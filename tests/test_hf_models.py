@@ -15,7 +15,7 @@ from actions.common.config import load_config
 from actions.common.contracts import ModelRef
 from actions.common.modeling import instantiate, read_model_dir
 from actions.common.special_tokens import special_tokens
-from actions.common.storage import LocalStore, get_json, put_json
+from actions.common.store import LocalStore, get_json, put_json
 from actions.common.tiny_hf import write_tiny_model_dir
 from actions.common.weights import load_tensors, publish_tensors
 from actions.engines.base import SampleSpec

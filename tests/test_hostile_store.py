@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from actions.common.safe_paths import MAX_NAME_CHARS, UnsafeName, check_name, write_beneath
-from actions.common.storage import (
+from actions.common.store import (
     IntegrityError,
     LocalStore,
     ObjectStore,
@@ -155,7 +155,7 @@ def test_a_blob_that_is_not_one_tensor_is_an_integrity_error(backend_store: Obje
 
 
 def test_a_kv_bundle_whose_meta_does_not_match_its_tensors_is_refused(backend_store: ObjectStore) -> None:
-    from actions.common.kv_bundle import load_bundle
+    from actions.engines.kv_bundle import load_bundle
 
     key = "runs/r1/steps/000000/kv/v000000/manifest.json"
     publish_tensors(backend_store, key, {"p0.logits": torch.zeros(4)},
@@ -177,7 +177,7 @@ def test_optimizer_state_names_must_name_a_parameter() -> None:
 
 # ----------------------------------------------------------------------------- commit records
 def _committed(store: ObjectStore, **changes) -> None:
-    from actions.common.storage import commit_pointer
+    from actions.common.store import commit_pointer
     from flows.state import CampaignState, pointer_key
 
     keys = {"base_key": "runs/r1/base/manifest.json", "init_key": "runs/r1/init/manifest.json",

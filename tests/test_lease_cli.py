@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from actions.common.config import load_config
-from actions.common.storage import LocalStore, blob_key, open_store, read_manifest
+from actions.common.store import LocalStore, blob_key, open_store, read_manifest
 from flows.lease import read_lease
 
 try:

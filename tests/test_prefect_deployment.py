@@ -249,7 +249,7 @@ def test_gpu_slots_held_only_by_gpu_actions_and_missing_limit_never_blocks(deplo
     """invoke_action against the server with a fake invoker that looks at the limit mid-call."""
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 
-    from actions.common.storage import LocalStore
+    from actions.common.store import LocalStore
     from flows.context import RunContext, set_context
     from flows.invokers.base import Activation
     from flows.tasks import invoke_action

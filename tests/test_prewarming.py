@@ -55,7 +55,7 @@ def test_a_failing_prewarm_does_not_fail_the_step():
 
 
 def test_hook_offset_is_earliest_past_invocation_minus_buffer(tiny_config, tmp_path):
-    from actions.common.storage import LocalStore
+    from actions.common.store import LocalStore
     from flows.context import RunContext
     from flows.hooks import plan_generation_phase
     from flows.planning.lengths import LengthHistory
@@ -74,7 +74,7 @@ def test_hook_offset_is_earliest_past_invocation_minus_buffer(tiny_config, tmp_p
 def test_local_pool_prewarm_loads_the_policy_version_in_idle_workers(tmp_path):
     from actions.common.config import load_config
     from actions.common.contracts import ModelRef
-    from actions.common.storage import LocalStore
+    from actions.common.store import LocalStore
     from actions.prepare import prepare
     from flows.invokers.local_pool import LocalPoolInvoker
     from tests.conftest import TINY_OVERRIDES

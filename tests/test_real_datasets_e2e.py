@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from actions.common.config import load_config
-from actions.common.storage import get_artifact, open_store
+from actions.common.store import get_artifact, open_store
 from actions.common.tiny_hf import write_tiny_model_dir
 from actions.tasks import arith
 from flows.cli import main

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from actions.common.credentials import S3Credentials, mask_key_id, redact, register_secret
-from actions.common.storage import (
+from actions.common.store import (
     CommitConflict,
     IntegrityError,
     LocalStore,

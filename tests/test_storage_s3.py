@@ -1,5 +1,6 @@
 """S3 backend against a real SeaweedFS server: configuration errors, multipart, conditional
-writes, presigned URLs, stream retries and a server crash in the middle of a publish."""
+writes, presigned URLs, stream retries and a server crash in the middle of a publish.
+The fast path (presigned reads, known-payload signing) is tested in test_s3_fastpath.py."""
 
 from __future__ import annotations
 
@@ -14,8 +15,7 @@ import torch
 from botocore import exceptions as bce
 from botocore.config import Config
 
-from actions.common.s3store import S3Store
-from actions.common.storage import (
+from actions.common.store import (
     BucketNotFound,
     ObjectNotFound,
     StoreAccessDenied,
@@ -24,6 +24,7 @@ from actions.common.storage import (
     StoreUnreachable,
     open_store,
 )
+from actions.common.store.s3 import S3Store
 from actions.common.weights import load_tensors, publish_tensors
 
 pytestmark = pytest.mark.s3
@@ -152,59 +153,8 @@ def test_multipart_upload_and_ranged_download(s3_server) -> None:
     store.close()
 
 
-def test_presigned_and_sdk_get_paths_agree(s3_server) -> None:
-    store = S3Store.from_uri(
-        s3_server.uri(f"paths/{uuid.uuid4().hex[:8]}"), env=s3_server.env(),
-        multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB,
-    )  # fmt: skip
-    objects = {"big": bytes(range(256)) * (11 * MiB // 256), "small": b"abc", "empty": b""}
-    for key, data in objects.items():
-        store.put(key, data)
-    fast_path = store._http
-    assert fast_path is not None  # botocore still exposes its session: the fast path is on
-    for http in (fast_path, None):
-        store._http = http
-        assert {k: store.get(k) for k in objects} == objects
-        # with the expected size known (as from a manifest), small objects take a plain GET
-        assert {k: bytes(store.get_buffer(k, size=len(v))) for k, v in objects.items()} == objects
-        with pytest.raises(ObjectNotFound):
-            store.get("missing")
-
-
-class FlakyHTTP:
-    """An HTTP session that answers 503 SlowDown to the first N requests."""
-
-    def __init__(self, inner, num_failures: int) -> None:
-        self.inner, self.left = inner, num_failures
-
-    def send(self, request):
-        if self.left > 0:
-            self.left -= 1
-            body = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
-            return type("Resp", (), {"status_code": 503, "content": body, "headers": {}})()
-        return self.inner.send(request)
-
-
-def test_presigned_get_retries_transient_errors(s3_store: S3Store) -> None:
-    s3_store.put("k", b"payload")
-    s3_store._http = FlakyHTTP(s3_store._http, num_failures=2)
-    assert s3_store.get("k") == b"payload"
-    s3_store._http = FlakyHTTP(s3_store._http.inner, num_failures=s3_store.max_attempts)
-    with pytest.raises(StoreError, match="SlowDown"):
-        s3_store.get("k")
-
-
-def test_get_errors_never_show_the_presigned_url(s3_server) -> None:
-    env = {**s3_server.env(), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{_free_port()}"}
-    store = S3Store.from_uri(s3_server.uri("x"), env=env, check=False, max_attempts=1)
-    with pytest.raises(StoreUnreachable, match="connection refused") as info:
-        store.get("some/key")
-    assert "X-Amz" not in str(info.value) and "Signature" not in str(info.value)
-    _assert_no_secret(str(info.value), s3_server)
-
-
 def test_put_content_uploads_only_new_blobs(s3_server) -> None:
-    from actions.common.storage import sha256_hex
+    from actions.common.store import sha256_hex
 
     store = S3Store.from_uri(
         s3_server.uri(f"pc/{uuid.uuid4().hex[:8]}"), env=s3_server.env(),
@@ -222,31 +172,17 @@ def test_put_content_uploads_only_new_blobs(s3_server) -> None:
     assert head["ETag"].strip('"').endswith("-2") and store.get("big") == b"H" + b"x" * (7 * MiB)
 
 
-def test_parts_reader_is_a_seekable_concatenation() -> None:
-    from actions.common.s3store import _PartsReader
-    from actions.common.storage import as_parts
-
-    reader = _PartsReader(as_parts((b"abc", b"", b"defgh", bytearray(b"ij"))))
-    assert len(reader) == 10 and reader.read(2) == b"ab" and reader.read(3) == b"cde"
-    assert reader.read() == b"fghij" and reader.read(4) == b""
-    reader.seek(-4, 2)
-    buf = bytearray(10)
-    assert reader.readinto(buf) == 4 and bytes(buf[:4]) == b"ghij"
-    reader.seek(0)
-    assert reader.read(100) == b"abcdefghij" and reader.tell() == 10
-
-
 def test_broken_body_stream_is_retried(s3_store: S3Store, monkeypatch: pytest.MonkeyPatch) -> None:
     s3_store.put("k", b"payload")
-    real_fetch, calls = s3_store._fetch, []
+    real_read, calls = s3_store._reader.read, []
 
-    def flaky(key: str, size=None) -> bytearray:
-        calls.append(key)
+    def flaky(full: str, size, name: str) -> bytearray:
+        calls.append(full)
         if len(calls) == 1:
             raise bce.ResponseStreamingError(error="connection reset mid-body")
-        return real_fetch(key, size)
+        return real_read(full, size, name)
 
-    monkeypatch.setattr(s3_store, "_fetch", flaky)
+    monkeypatch.setattr(s3_store._reader, "read", flaky)
     assert s3_store.get("k") == b"payload" and len(calls) == 2
 
 

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 import torch
 
-from actions.common.storage import ObjectStore, blob_key, read_manifest
+from actions.common.store import ObjectStore, blob_key, read_manifest
 from actions.common.weights import (
     load_tensors,
     publish_tensors,
@@ -74,7 +74,7 @@ def test_non_contiguous_and_cuda_free_inputs(backend_store: ObjectStore) -> None
 
 
 def test_corrupted_tensor_blob_is_named(backend_store: ObjectStore) -> None:
-    from actions.common.storage import IntegrityError
+    from actions.common.store import IntegrityError
 
     tensors = {"w": torch.randn(8, 8)}
     publish_tensors(backend_store, "m.json", tensors)

@@ -22,7 +22,7 @@ from actions.common import warm
 from actions.common.contracts import parse_request
 from actions.common.errors import InjectedFault
 from actions.common.loading import configure_threads
-from actions.common.storage import IntegrityError, ObjectNotFound
+from actions.common.store import IntegrityError, ObjectNotFound
 
 
 def run_action(request_model: type, core: Callable[[Any], Any], args: dict[str, Any]) -> dict[str, Any]:

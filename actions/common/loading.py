@@ -14,13 +14,9 @@ import torch
 from actions.common import warm
 from actions.common.contracts import ModelRef
 from actions.common.device import action_device, action_dtype
-from actions.common.storage import ObjectStore, get_artifact, open_store
-from actions.common.weights import load_tensors
+from actions.common.store import ObjectStore, get_artifact, open_store
 from actions.common.modeling import instantiate
-from actions.tasks.dataset import PromptRow, parse_jsonl
-
-DATASET_FILE = "rows.jsonl"
-
+from actions.common.weights import load_tensors
 
 def configure_threads(num_threads: int | None = None) -> int:
     """Set torch's intra-op threads for the activation about to run; returns the count.
@@ -65,20 +61,5 @@ def load_model(ref: ModelRef, *, fresh: bool = False) -> tuple[torch.nn.Module, 
     return model, tokenizer, hit
 
 
-def load_dataset(store_uri: str, dataset_key: str) -> dict[int, PromptRow]:
-    def build():
-        files, _ = get_artifact(store_for(store_uri), dataset_key, [DATASET_FILE])
-        return {r.prompt_id: r for r in parse_jsonl(files[DATASET_FILE], source=dataset_key)}
-
-    return warm.get_or_build(("dataset", store_uri, dataset_key), build)[0]
-
-
 def encode(tokenizer: object, text: str) -> tuple[int, ...]:
     return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])  # type: ignore[operator]
-
-
-def rows_for(dataset: dict[int, PromptRow], prompt_ids: list[int]) -> list[PromptRow]:
-    missing = [p for p in prompt_ids if p not in dataset]
-    if missing:
-        raise ValueError(f"prompt_ids {missing[:5]} are not in the dataset")
-    return [dataset[p] for p in prompt_ids]

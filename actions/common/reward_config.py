@@ -8,6 +8,9 @@ from pydantic import field_validator, model_validator
 
 from actions.common.config_section import Section as _Section
 
+BUILTIN_REWARDS = ("repeat", "gsm8k", "math", "exact_match", "format")
+"""The built-in reward functions' names (``actions/tasks/rewards`` implements each)."""
+
 
 class RewardFunctionConfig(_Section):
     name: str
@@ -19,8 +22,6 @@ class RewardFunctionConfig(_Section):
     @field_validator("name")
     @classmethod
     def _check_name(cls, v: str) -> str:
-        from actions.tasks.rewards import BUILTIN_REWARDS
-
         module, _, attr = v.partition(":")
         if v in BUILTIN_REWARDS or (module and attr.isidentifier()
                                     and all(p.isidentifier() for p in module.split("."))):

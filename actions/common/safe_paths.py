@@ -20,7 +20,7 @@ outside. That is the whole rule; it needs no ``realpath`` and has no check-then-
 Run ids become path components (``runs/<run_id>/...``) and get a stricter rule of their own
 (:func:`check_run_id`).
 
-What this does not cover: the contents of files (digests do, see ``storage.py``), and
+What this does not cover: the contents of files (digests do, see ``store/artifacts.py``), and
 platforms without ``dir_fd`` support for ``os.open`` (Windows; the project runs on POSIX).
 """
 

@@ -35,8 +35,8 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from actions.common.safe_paths import shown
-from actions.common.storage import (IntegrityError, ObjectStore, PutStats, get_artifact_buffers, put_artifact,
-                                    read_manifest, sha256_hex)
+from actions.common.store import IntegrityError, ObjectStore, PutStats, get_artifact, put_artifact, read_manifest, \
+    sha256_hex
 
 # safetensors dtype tags (https://github.com/huggingface/safetensors, format spec).
 _DTYPES = {
@@ -211,6 +211,6 @@ def load_tensors(
     """
     manifest = read_manifest(store, manifest_key)
     check_fingerprint(manifest, manifest_key, expected_sha256)
-    buffers, meta = get_artifact_buffers(store, manifest_key, manifest=manifest)
+    buffers, meta = get_artifact(store, manifest_key, manifest=manifest, zero_copy=True)
     tensors = {name: _view_tensor(buf, name, manifest_key) for name, buf in buffers.items()}
     return tensors, meta

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from actions.common.config import AlgorithmConfig
-from actions.common.storage import ObjectStore
+from actions.common.store import ObjectStore
 from actions.common.weights import load_tensors
 from actions.rl.sequences import PackedBatch, pack
 

@@ -23,6 +23,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+DATASET_FILE = "rows.jsonl"
+"""The one file of a stored dataset artifact (JSON Lines of :class:`PromptRow`)."""
+
 
 class PromptRow(BaseModel):
     """One prompt with its reference answer."""

@@ -48,7 +48,8 @@ def check_invoker(cfg: CampaignConfig) -> None:
     """
     if cfg.invoker.kind != "openwhisk":
         return
-    from flows.invokers.openwhisk.client import OpenWhiskClient, OpenWhiskError, RetryPolicy
+    from flows.invokers.openwhisk.api import OpenWhiskError, RetryPolicy
+    from flows.invokers.openwhisk.client import OpenWhiskClient
     from flows.invokers.openwhisk.config import OpenWhiskConfig
 
     config = OpenWhiskConfig.resolve()

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-BUILTIN_REWARDS = ("repeat", "gsm8k", "math", "exact_match", "format")
+from actions.common.reward_config import BUILTIN_REWARDS
 
 
 class RewardSpec(Protocol):

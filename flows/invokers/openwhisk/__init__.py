@@ -47,18 +47,10 @@ Every request's timeout is cut to what is left of the caller's deadline. The aut
 in no message, log line or repr (it is also registered with ``credentials.redact``).
 """
 
-from flows.invokers.openwhisk.client import (
-    DEFAULT_TIME_LIMIT_MS,
-    MAX_BLOCKING_WAIT_MS,
-    OpenWhiskAuthError,
-    OpenWhiskClient,
-    OpenWhiskError,
-    OpenWhiskNotFound,
-    OpenWhiskUnreachable,
-    RetryPolicy,
-    annotations_of,
-    classify_activation,
-)
+from flows.invokers.openwhisk.activations import annotations_of, classify_activation
+from flows.invokers.openwhisk.api import (OpenWhiskAuthError, OpenWhiskError, OpenWhiskNotFound, OpenWhiskUnreachable,
+                                          RetryPolicy)
+from flows.invokers.openwhisk.client import DEFAULT_TIME_LIMIT_MS, MAX_BLOCKING_WAIT_MS, OpenWhiskClient
 from flows.invokers.openwhisk.config import API_PATH, SECRET_BLOCK_ENV, OpenWhiskConfig
 from flows.invokers.openwhisk.invoker import OpenWhiskInvoker, action_gpus, activation_from_record
 

@@ -9,12 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from flows.invokers.base import ActionError, Activation
-from flows.invokers.openwhisk.client import (
-    OpenWhiskClient,
-    OpenWhiskError,
-    RetryPolicy,
-    annotations_of,
-)
+from flows.invokers.openwhisk.activations import annotations_of
+from flows.invokers.openwhisk.api import OpenWhiskError, RetryPolicy
+from flows.invokers.openwhisk.client import OpenWhiskClient
 from flows.invokers.openwhisk.config import OpenWhiskConfig
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from actions.common import warm
-from actions.common.storage import IntegrityError, ObjectStore
+from actions.common.store import IntegrityError, ObjectStore
 from actions.common.weights import load_tensors, publish_tensors
 from actions.engines.torch_engine import PrefixState
 

@@ -1,0 +1,41 @@
+"""Object store: the only place where campaign bytes live.
+
+Every action and flow reads and writes through an :class:`ObjectStore`; nothing else in the
+code base talks to a filesystem path or an S3 SDK for campaign data. The package, bottom up
+(each module imports only those above it in this list):
+
+* :mod:`.protocol` -- the :class:`ObjectStore` contract, the errors, how blob bytes are passed;
+* :mod:`.local` -- :class:`LocalStore`, a directory on local disk (the embedded default);
+* :mod:`.s3` -- ``S3Store``, any S3 endpoint (MinIO, AWS S3, SeaweedFS, Ceph RGW), with
+  :mod:`.s3_settings` (URI and environment), :mod:`.s3_errors` (one-line errors, no secrets),
+  :mod:`.s3_reads` (ranged parallel reads) and :mod:`.s3_fastpath` (what it takes from
+  botocore internals, and the fallback when they change). Imported only for an ``s3://`` URI;
+* :mod:`.pool` -- the bounded thread pool for the blobs of one artifact;
+* :mod:`.objects` -- JSON objects and compare-and-swap on any backend;
+* :mod:`.artifacts` -- content-addressed blobs plus a manifest written last (P6);
+* :mod:`.commits` -- the commit pointer: create-once step records read without listing;
+* :mod:`.uri` -- :func:`open_store`, the backend a URI names.
+
+Callers import from this package; the names below are its public interface. What it does not
+cover: garbage collection (``flows/gc.py``) and the run lease (``flows/lease.py``), which are
+built on it.
+"""
+
+from actions.common.store.artifacts import (BLOB_PREFIX, PutStats, blob_key, get_artifact, get_blob, put_artifact,
+                                            put_blob, read_manifest, sha256_hex)
+from actions.common.store.commits import commit_key, commit_pointer, read_pointer
+from actions.common.store.local import LocalStore
+from actions.common.store.objects import delete_if, get_json, put_json, replace_if
+from actions.common.store.pool import map_bounded, transfer_threads
+from actions.common.store.protocol import (BlobData, BucketNotFound, CommitConflict, IntegrityError, ObjectNotFound,
+                                           ObjectStore, StoreAccessDenied, StoreCredentialsError, StoreError,
+                                           StoreUnreachable, as_parts)
+from actions.common.store.uri import open_store
+
+__all__ = [
+    "BLOB_PREFIX", "BlobData", "BucketNotFound", "CommitConflict", "IntegrityError", "LocalStore", "ObjectNotFound",
+    "ObjectStore", "PutStats", "StoreAccessDenied", "StoreCredentialsError", "StoreError", "StoreUnreachable",
+    "as_parts", "blob_key", "commit_key", "commit_pointer", "delete_if", "get_artifact", "get_blob", "get_json",
+    "map_bounded", "open_store", "put_artifact", "put_blob", "put_json", "read_manifest", "read_pointer",
+    "replace_if", "sha256_hex", "transfer_threads",
+]

@@ -1,0 +1,182 @@
+"""Local backend of the object store: a directory on local disk (the embedded default).
+
+Writes go to a temporary file that is renamed (``put``) or hard-linked (``put_if_absent``)
+into place, so a reader never sees a half-written object and a create-once is atomic. Blobs
+are read through a private copy-on-write memory map, not copied. Compare-and-swap runs under
+an exclusive ``flock`` of the key's directory, which serialises callers on this host only.
+
+Keys are opened beneath the root one component at a time without following symlinks
+(``safe_paths.parent_dir``): a symlink placed in the store is refused, so no key reads or
+writes outside the root.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import secrets
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from actions.common.safe_paths import UnsafeName, open_component, parent_dir
+from actions.common.store.protocol import BlobData, ObjectNotFound, as_parts, check_key
+
+DEFAULT_MAX_CONCURRENCY = 8
+
+
+class LocalStore:
+    """A directory used as an object store (the embedded default).
+
+    Keys are opened beneath the root one component at a time without following symlinks
+    (``safe_paths.parent_dir``): a symlink placed in the store is refused, so no key can read
+    or write outside the root.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, max_concurrency: int | None = None) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.uri = str(self.root)
+        self.max_concurrency = max_concurrency or min(DEFAULT_MAX_CONCURRENCY, os.cpu_count() or 1)
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self.uri!r})"
+
+    def _dir(self, key: str, *, create: bool = False) -> Any:
+        """Context manager: (fd of key's directory, key's last component)."""
+        return parent_dir(self.root, key, where=f"store {self.uri}", create=create, what="key",
+                          fix="use a relative key without '..'")
+
+    def _not_found(self, key: str) -> ObjectNotFound:
+        return ObjectNotFound(f"object {key!r} not found in store {self.uri}")
+
+    def _open(self, key: str) -> int:
+        """A read-only fd of ``key``'s file (ObjectNotFound when it is missing)."""
+        try:
+            with self._dir(key) as (dir_fd, last):
+                return open_component(last, dir_fd, os.O_RDONLY, name=key, where=f"store {self.uri}")
+        except (FileNotFoundError, NotADirectoryError):
+            raise self._not_found(key) from None
+
+    def _write(self, key: str, data: BlobData, publish: Callable[[str, int, str], bool]) -> bool:
+        """Write ``data`` to a temporary file beside ``key``, then ``publish(tmp, dir_fd, last)``
+        (rename or link it into place); the temporary file never outlives the call."""
+        with self._dir(key, create=True) as (dir_fd, last):
+            tmp = f".tmp-{secrets.token_hex(8)}"
+            fd = open_component(tmp, dir_fd, os.O_WRONLY | os.O_CREAT | os.O_EXCL, name=key, where=f"store {self.uri}")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    for part in as_parts(data):
+                        fh.write(part)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                return publish(tmp, dir_fd, last)
+            finally:
+                try:
+                    os.unlink(tmp, dir_fd=dir_fd)
+                except FileNotFoundError:
+                    pass  # renamed into place
+
+    def put(self, key: str, data: bytes) -> None:
+        # Temp file then rename: rename is atomic on POSIX, so a crash leaves either the old
+        # object or none, never a truncated one. A symlink at the key is replaced, not followed.
+        def rename(tmp: str, dir_fd: int, last: str) -> bool:
+            os.replace(tmp, last, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            return True
+
+        self._write(key, data, rename)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        # link() fails if the target exists (a symlink included): an atomic create-once, like
+        # S3 If-None-Match.
+        def link(tmp: str, dir_fd: int, last: str) -> bool:
+            try:
+                os.link(tmp, last, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+                return True
+            except FileExistsError:
+                return False
+
+        return self._write(key, data, link)
+
+    def put_content(self, key: str, parts: BlobData, sha256: str) -> bool:
+        """Create a content-addressed object if absent (no temp file when it exists)."""
+        if self.exists(key):
+            return False
+        return self.put_if_absent(key, parts)  # type: ignore[arg-type]
+
+    def _if_holds(self, key: str, expected: bytes, then: Callable[[int, str], None]) -> bool:
+        """Under an exclusive flock of ``key``'s directory (compare-and-swap callers on this
+        host serialise on it): if ``key`` holds exactly ``expected``, run ``then(dir_fd, last)``
+        and return True; else False (a missing key included)."""
+        try:
+            with self._dir(key) as (dir_fd, last):
+                fcntl.flock(dir_fd, fcntl.LOCK_EX)  # released when the directory fd closes
+                try:
+                    fd = open_component(last, dir_fd, os.O_RDONLY, name=key, where=f"store {self.uri}")
+                except FileNotFoundError:
+                    return False
+                with os.fdopen(fd, "rb") as fh:
+                    if fh.read() != expected:
+                        return False
+                then(dir_fd, last)
+                return True
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+
+    def replace_if(self, key: str, expected: bytes, data: bytes) -> bool:
+        """Replace ``key`` with ``data`` (temporary file, atomic rename) only if it holds
+        exactly ``expected``; the compare and the rename happen under the directory's lock."""
+        return self._if_holds(key, expected, lambda dir_fd, last: self.put(key, data))
+
+    def delete_if(self, key: str, expected: bytes) -> bool:
+        """Delete ``key`` only if it holds exactly ``expected`` (under the directory's lock)."""
+        return self._if_holds(key, expected, lambda dir_fd, last: os.unlink(last, dir_fd=dir_fd))
+
+    def get(self, key: str) -> bytes:
+        with os.fdopen(self._open(key), "rb") as fh:
+            return fh.read()
+
+    def get_buffer(self, key: str, size: int | None = None) -> mmap.mmap | bytes:
+        """A private copy-on-write memory map of ``key``: no read copy, and writes by the
+        caller (e.g. in-place ops on tensors viewing it) never reach the file. ``size`` is
+        accepted for interface parity and not needed here."""
+        with os.fdopen(self._open(key), "rb") as fh:
+            if os.fstat(fh.fileno()).st_size == 0:
+                return b""
+            return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+
+    def exists(self, key: str) -> bool:
+        try:
+            with self._dir(key) as (dir_fd, last):
+                st = os.stat(last, dir_fd=dir_fd, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafeName(f"store {self.uri}: key {key!r} is a symlink; symlinks are not followed "
+                             "beneath a store directory -- replace the link with the real file")
+        return stat.S_ISREG(st.st_mode)
+
+    def delete(self, key: str) -> None:
+        try:
+            with self._dir(key) as (dir_fd, last):
+                os.unlink(last, dir_fd=dir_fd)  # removes a symlink itself, never its target
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+
+    def list(self, prefix: str) -> list[str]:
+        # Walk only the deepest directory the prefix names, not the whole store, and never
+        # descend into or report a symlink.
+        base = self.root / check_key(prefix.rsplit("/", 1)[0]) if "/" in prefix else self.root
+        if base.is_symlink() or not base.is_dir() or not base.resolve().is_relative_to(self.root):
+            return []
+        out = []
+        for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
+            for name in filenames:
+                path = Path(dirpath, name)
+                if not name.startswith(".tmp-") and not path.is_symlink():
+                    rel = path.relative_to(self.root).as_posix()
+                    if rel.startswith(prefix):
+                        out.append(rel)
+        return sorted(out)
+

@@ -1,0 +1,456 @@
+"""S3 backend of the object store: any S3 endpoint (MinIO, AWS S3, SeaweedFS, Ceph RGW).
+
+``S3Store.from_uri("s3://bucket/prefix")`` takes the endpoint, credentials and region from the
+standard AWS environment variables and checks them once (:meth:`S3Store.check`), so a bad
+configuration fails with a one-line error before anything is written. Choices:
+
+* Path-style addressing whenever an endpoint is given (S3-compatible servers rarely have
+  wildcard DNS); boto3's default (virtual-hosted) for AWS itself.
+* ``request_checksum_calculation`` / ``response_checksum_validation`` = ``when_required``:
+  boto3 >= 1.36 otherwise sends CRC trailers that some S3-compatible servers reject. Integrity
+  of campaign data is checked end to end by sha256 in manifests instead.
+* Retries: botocore "standard" mode (transient errors only: 5xx, throttling, connection
+  errors; jittered exponential backoff) with ``max_attempts``; plus our own retry of a GET
+  whose body stream breaks after the headers arrived (botocore cannot retry that).
+* Large objects: ``put`` uses multipart above ``multipart_threshold`` (8 MiB) through one
+  shared, bounded s3transfer manager; reads above it are parallel ranged GETs pinned to the
+  first response's ETag (:mod:`.s3_reads`).
+* Blobs (``put_content``, used by ``put_artifact``): one conditional PUT with
+  ``Expect: 100-continue`` up to ``max_single_put`` (64 MiB) -- when the blob already exists
+  the server answers 412 before the body is sent, so an unchanged tensor costs one small
+  request and no HEAD. The body streams from the caller's buffers and the SigV4 payload hash
+  reuses the blob's sha256; reads are presigned GETs filling one ``bytearray``. These rely on
+  botocore internals and are kept apart, with their fallbacks, in :mod:`.s3_fastpath`.
+* ``put_if_absent``: ``PutObject`` with ``If-None-Match: *`` (412 -> False). Some stores
+  (older MinIO, older Ceph RGW) silently ignore the header and overwrite. The first call
+  probes this once per store (create a probe key twice under the prefix, then delete it);
+  on such stores, or with ``conditional_writes=False`` / RLHFLESS_S3_CONDITIONAL_WRITES=off,
+  it falls back to HEAD-then-PUT, which has a race: two writers that HEAD at the same moment
+  both "create" the key and the last PUT wins. ``commit_pointer`` reads its record back,
+  which narrows that window to the two PUTs landing between one writer's PUT and GET.
+
+Secrets never appear in messages or reprs (:mod:`.s3_errors`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
+
+from boto3.s3.transfer import TransferConfig, create_transfer_manager
+from botocore import exceptions as bce
+
+from actions.common.credentials import S3Credentials, mask_key_id
+from actions.common.store.protocol import ObjectNotFound, as_parts, check_key
+from actions.common.store.s3_errors import (NOT_FOUND_CODES, STREAM_ERRORS, ErrorContext, backoff, code,
+                                            is_not_implemented, is_precondition_failed, status, translate)
+from actions.common.store.s3_fastpath import PartsReader, attach, known_payload
+from actions.common.store.s3_reads import RangedReader
+from actions.common.store.s3_settings import BUCKET_FIX, BUCKET_RE, make_client, settings_from_env, split_uri
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+SMALL_BODY = 64 * 1024  # bodies up to this size are sent without Expect: 100-continue
+
+
+class S3Store:
+    """An S3 bucket (optionally under a key prefix) as an :class:`ObjectStore`.
+
+    Args:
+        bucket: bucket name.
+        prefix: key prefix inside the bucket (no leading/trailing slash); all keys live under it.
+        endpoint_url: e.g. ``http://minio:9000``; None for AWS S3.
+        credentials: static credentials; None uses boto3's default chain (profile, IRSA, role).
+        region: signing region (S3-compatible servers accept ``us-east-1``).
+        max_attempts: total attempts per request, first one included (botocore standard mode).
+        connect_timeout, read_timeout: seconds.
+        multipart_threshold, multipart_chunksize: bytes; objects at or above the threshold are
+            sent as multipart uploads and fetched as parallel ranged GETs of chunksize.
+        max_concurrency: threads for one large object's parts, and for the blobs of one
+            artifact (``put_artifact`` reads this attribute).
+        max_single_put: content-addressed blobs up to this size go up as one conditional
+            PUT (no HEAD, no re-hash); larger ones as multipart after a HEAD.
+        conditional_writes: True/False to state whether the server honours If-None-Match;
+            None probes on first use.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        credentials: S3Credentials | None = None,
+        region: str = "us-east-1",
+        max_attempts: int = 5,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 60.0,
+        multipart_threshold: int = 8 * MiB,
+        multipart_chunksize: int = 8 * MiB,
+        max_concurrency: int = 8,
+        max_single_put: int = 64 * MiB,
+        conditional_writes: bool | None = None,
+    ) -> None:
+        if not BUCKET_RE.match(bucket):
+            raise ValueError(f"S3 bucket name {bucket!r} is invalid: {BUCKET_FIX}")
+        if multipart_chunksize < 5 * MiB:
+            raise ValueError(f"multipart_chunksize={multipart_chunksize} is below S3's 5 MiB part minimum")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.endpoint_url = endpoint_url.rstrip("/") if endpoint_url else None
+        self.region = region
+        self.max_attempts = max_attempts
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.multipart_threshold = multipart_threshold
+        self.multipart_chunksize = multipart_chunksize
+        self.max_concurrency = max_concurrency
+        self.max_single_put = max_single_put
+        self._key_id = credentials.access_key_id if credentials else None
+        self._conditional = conditional_writes
+        self._lock = threading.Lock()
+        self._client = make_client(self.endpoint_url, region, credentials, max_attempts=max_attempts,
+                                   connect_timeout=connect_timeout, read_timeout=read_timeout,
+                                   max_concurrency=max_concurrency)
+        self.fast_path = attach(self._client)
+        self._transfer = create_transfer_manager(
+            self._client,
+            TransferConfig(
+                multipart_threshold=multipart_threshold,
+                multipart_chunksize=multipart_chunksize,
+                max_concurrency=max_concurrency,
+            ),
+        )
+        where = self.endpoint_url or "AWS S3"
+        self._reader = RangedReader(self._client, self.fast_path, bucket, chunk_size=multipart_chunksize,
+                                    max_concurrency=max_concurrency, max_attempts=max_attempts, where=where)
+        self._errors = ErrorContext(where, bucket, self.uri, mask_key_id(self._key_id), connect_timeout, read_timeout)
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_uri(
+        cls, uri: str, *, env: Mapping[str, str] | None = None, check: bool = True, **options: Any
+    ) -> S3Store:
+        """Open ``s3://bucket[/prefix]`` with settings from the environment.
+
+        See :func:`.s3_settings.settings_from_env` for the variables read.
+
+        Args:
+            uri: the store URI.
+            env: environment to read (default ``os.environ``).
+            check: run :meth:`check` before returning.
+            options: constructor keyword arguments that override the defaults.
+        """
+        bucket, prefix = split_uri(uri)
+        settings = settings_from_env(os.environ if env is None else env)
+        store = cls(bucket, prefix, **{**settings, **options})
+        if check:
+            store.check()
+        return store
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+
+    def __repr__(self) -> str:
+        endpoint = self.endpoint_url or "aws"
+        return f"S3Store(uri={self.uri!r}, endpoint={endpoint!r}, key_id={mask_key_id(self._key_id)!r})"
+
+    __str__ = __repr__
+
+    def close(self) -> None:
+        """Release transfer threads and connections (optional; a process exit does it too)."""
+        self._transfer.shutdown()
+        self._reader.close()
+
+    def __enter__(self) -> S3Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ errors
+
+    def _raise(self, exc: Exception, op: str, key: str | None = None) -> NoReturn:
+        """Turn a botocore exception into a one-line StoreError (secrets redacted)."""
+        raise translate(exc, op, self._errors, f"s3://{self.bucket}/{self._full(key)}" if key else self.uri) from None
+
+    def check(self) -> None:
+        """Validate endpoint, credentials and bucket with one cheap request.
+
+        Uses ``ListObjectsV2(MaxKeys=1)`` on the prefix rather than ``HeadBucket``: a HEAD
+        response has no body, so a 403 cannot tell a wrong secret from a policy denial, and a
+        policy scoped to the run prefix may deny HeadBucket while allowing this call.
+        """
+        try:
+            self._client.list_objects_v2(Bucket=self.bucket, Prefix=self._base(), MaxKeys=1)
+        except (bce.BotoCoreError, bce.ClientError) as exc:
+            self._raise(exc, "check")
+
+    # ------------------------------------------------------------------ keys
+
+    def _full(self, key: str) -> str:
+        """Bucket key for a store key."""
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _base(self) -> str:
+        """Bucket-key prefix of every key of this store ("" at the bucket root)."""
+        return f"{self.prefix}/" if self.prefix else ""
+
+    # ------------------------------------------------------------------ ObjectStore
+
+    def put(self, key: str, data: bytes) -> None:
+        self._write(key, as_parts(data))
+
+    def _write(
+        self, key: str, parts: tuple[memoryview, ...], sha256: str | None = None, *, single: bool = False
+    ) -> None:
+        full = self._full(key)
+        size = sum(p.nbytes for p in parts)
+        try:
+            if size >= self.multipart_threshold and not single:
+                # Multipart completes atomically: readers see the old object or the new one.
+                self._transfer.upload(PartsReader(parts), self.bucket, full).result()
+            else:
+                body: Any = b"".join(parts) if size <= SMALL_BODY else PartsReader(parts)
+                with known_payload(sha256):
+                    self._client.put_object(Bucket=self.bucket, Key=full, Body=body)
+        except (bce.BotoCoreError, bce.ClientError) as exc:
+            self._raise(exc, "put", key)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        return self._write_once(key, as_parts(data), None)
+
+    def put_content(self, key: str, parts: Any, sha256: str) -> bool:
+        """Create a content-addressed object from ``parts`` (buffers whose concatenation has
+        sha256 ``sha256``) unless it exists. Returns whether bytes were uploaded."""
+        parts = as_parts(parts)
+        # Blobs of one artifact already move in parallel, so multipart buys little below
+        # max_single_put; a single PUT can be conditional and reuse the known sha256.
+        if sum(p.nbytes for p in parts) > max(self.max_single_put, self.multipart_threshold):
+            # Multipart cannot be conditional through s3transfer: check first. Two writers of
+            # the same content race harmlessly (same bytes).
+            if self.exists(key):
+                return False
+            self._write(key, parts)
+            return True
+        return self._write_once(key, parts, sha256)
+
+    def _write_once(self, key: str, parts: tuple[memoryview, ...], sha256: str | None) -> bool:
+        if self.conditional_writes():
+            created = self._put_if_none_match(key, parts, sha256)
+            if created is not None:
+                return created
+        # Fallback (store ignores If-None-Match): HEAD then PUT. Racy between writers; see
+        # the module docstring.
+        if self.exists(key):
+            return False
+        self._write(key, parts, sha256, single=True)
+        return True
+
+    def _put_if_none_match(self, key: str, parts: tuple[memoryview, ...], sha256: str | None) -> bool | None:
+        """True created, False exists, None: the server does not implement the header."""
+        full = self._full(key)
+        size = sum(p.nbytes for p in parts)
+        for attempt in range(self.max_attempts):
+            # A file-like body makes botocore send Expect: 100-continue, so a 412 arrives
+            # before the body is sent; a tiny body is cheaper to send than to wait for that.
+            body: Any = b"".join(parts) if size <= SMALL_BODY else PartsReader(parts)
+            try:
+                with known_payload(sha256):
+                    self._client.put_object(Bucket=self.bucket, Key=full, Body=body, IfNoneMatch="*")
+                return True
+            except bce.ClientError as exc:
+                if is_precondition_failed(exc):
+                    return False
+                if code(exc) == "ConditionalRequestConflict" and attempt + 1 < self.max_attempts:
+                    backoff(attempt)  # AWS: a concurrent conditional write is in flight
+                    continue
+                if is_not_implemented(exc):
+                    log.warning("%s does not implement If-None-Match; using HEAD+PUT", self)
+                    self._conditional = False
+                    return None
+                self._raise(exc, "put", key)
+            except bce.BotoCoreError as exc:
+                self._raise(exc, "put", key)
+        raise AssertionError("unreachable")
+
+    def conditional_writes(self) -> bool:
+        """Whether ``put_if_absent`` is an atomic create on this store (probed once when the
+        mode is ``auto``); False means it is HEAD-then-PUT, which two writers can both win."""
+        if self._conditional is None:
+            with self._lock:
+                if self._conditional is None:
+                    self._conditional = self._probe_conditional_writes()
+        return bool(self._conditional)
+
+    def _get_with_etag(self, key: str) -> tuple[bytes, str] | None:
+        """(bytes, ETag) of a small object, or None when it does not exist."""
+        try:
+            resp = self._client.get_object(Bucket=self.bucket, Key=self._full(key))
+            return resp["Body"].read(), resp["ETag"]
+        except bce.ClientError as exc:
+            if code(exc) in NOT_FOUND_CODES:
+                return None
+            self._raise(exc, "get", key)
+        except bce.BotoCoreError as exc:
+            self._raise(exc, "get", key)
+
+    def replace_if(self, key: str, expected: bytes, data: bytes) -> bool:
+        """Replace a small object only if it holds ``expected``: GET, compare, then PUT with
+        ``If-Match`` on the ETag read, so a write in between makes the PUT fail (412).
+
+        SeaweedFS 4.48 checks If-Match and then writes without a lock: of 30 races of 8
+        concurrent If-Match PUTs on one ETag, 6 had two winners (If-None-Match had one winner
+        in 150 races of 12). Callers must not rely on this for mutual exclusion between
+        concurrent writers; the run lease uses it only to detect a lost lease.
+        """
+        return self._if_unchanged(key, expected, "put", lambda etag: self._client.put_object(
+            Bucket=self.bucket, Key=self._full(key), Body=data, IfMatch=etag))
+
+    def delete_if(self, key: str, expected: bytes) -> bool:
+        """Delete a small object only if it holds ``expected`` (``If-Match`` on its ETag)."""
+        return self._if_unchanged(key, expected, "delete", lambda etag: self._client.delete_object(
+            Bucket=self.bucket, Key=self._full(key), IfMatch=etag))
+
+    def _if_unchanged(self, key: str, expected: bytes, op: str, request: Callable[[str], object]) -> bool:
+        """Run ``request(etag)`` (a PUT or DELETE carrying ``If-Match: etag``) only if ``key``
+        holds ``expected`` now; False when it does not, is gone, or changed in between (412)."""
+        current = self._get_with_etag(key)
+        if current is None or current[0] != expected:
+            return False
+        try:
+            request(current[1])
+            return True
+        except bce.ClientError as exc:
+            if is_precondition_failed(exc) or code(exc) in ("ConditionalRequestConflict", *NOT_FOUND_CODES):
+                return False
+            self._raise(exc, op, key)
+        except bce.BotoCoreError as exc:
+            self._raise(exc, op, key)
+
+    def _probe_conditional_writes(self) -> bool:
+        """Whether the server honours If-None-Match: write a probe key twice and see."""
+        key = f".rlhfless/conditional-probe-{uuid.uuid4().hex}"
+        full = self._full(key)
+        try:
+            self._client.put_object(Bucket=self.bucket, Key=full, Body=b"1", IfNoneMatch="*")
+            self._client.put_object(Bucket=self.bucket, Key=full, Body=b"2", IfNoneMatch="*")
+        except bce.ClientError as exc:
+            if is_precondition_failed(exc):
+                return True
+            if is_not_implemented(exc):
+                return False
+            self._raise(exc, "put", key)
+        except bce.BotoCoreError as exc:
+            self._raise(exc, "put", key)
+        finally:
+            try:
+                self._client.delete_object(Bucket=self.bucket, Key=full)
+            except (bce.BotoCoreError, bce.ClientError):
+                pass  # a leftover 1-byte probe key is harmless
+        log.warning("%s ignores If-None-Match (overwrote a key); put_if_absent uses HEAD+PUT", self)
+        return False
+
+    def get(self, key: str) -> bytes:
+        buf = self.get_buffer(key)
+        return bytes(buf)
+
+    def get_buffer(self, key: str, size: int | None = None) -> bytearray:
+        """Read ``key`` into a fresh writable ``bytearray`` (no further copy).
+
+        Objects larger than ``multipart_chunksize`` are fetched as parallel ranged GETs, each
+        pinned to the ETag of the first response so an overwrite in between cannot mix
+        versions. ``size`` (expected bytes, e.g. from a manifest) lets a small object be
+        fetched with a plain GET. A body stream that breaks mid-read is retried (bounded,
+        with backoff).
+        """
+        for attempt in range(self.max_attempts):
+            try:
+                return self._reader.read(self._full(key), size, f"object {key!r} in {self.uri}")
+            except STREAM_ERRORS as exc:
+                if attempt + 1 >= self.max_attempts:
+                    self._raise(exc, "get", key)
+                backoff(attempt)
+            except bce.ClientError as exc:
+                if code(exc) == "PreconditionFailed" and attempt + 1 < self.max_attempts:
+                    continue  # overwritten between ranges: start over on the new version
+                if code(exc) in NOT_FOUND_CODES:
+                    raise ObjectNotFound(f"object {key!r} not found in store {self.uri}") from None
+                self._raise(exc, "get", key)
+            except bce.BotoCoreError as exc:
+                self._raise(exc, "get", key)
+        raise AssertionError("unreachable")
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._client.head_object(Bucket=self.bucket, Key=self._full(key))
+            return True
+        except bce.ClientError as exc:
+            if code(exc) in NOT_FOUND_CODES:
+                return False
+            if status(exc) == 403:
+                self._diagnose_denied_head(exc, key)
+            self._raise(exc, "head", key)
+        except bce.BotoCoreError as exc:
+            self._raise(exc, "head", key)
+
+    def _diagnose_denied_head(self, exc: bce.ClientError, key: str) -> NoReturn:
+        """A 403 to HEAD carries no reason; a 1-byte GET's error document names it (wrong
+        key, wrong secret, or a policy denial)."""
+        try:
+            self._client.get_object(Bucket=self.bucket, Key=self._full(key), Range="bytes=0-0")
+        except (bce.ClientError, bce.BotoCoreError) as detail:
+            self._raise(detail, "head", key)
+        self._raise(exc, "head", key)
+
+    def delete(self, key: str) -> None:
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=self._full(key))
+        except bce.ClientError as exc:
+            if code(exc) not in NOT_FOUND_CODES:
+                self._raise(exc, "delete", key)
+        except bce.BotoCoreError as exc:
+            self._raise(exc, "delete", key)
+
+    def list(self, prefix: str) -> list[str]:
+        base = self._base()
+        if prefix:
+            if prefix.startswith("/") or ".." in prefix.split("/"):
+                raise ValueError(f"list prefix {prefix!r} is invalid: use a relative path without '..'")
+        keys = []
+        try:
+            pages = self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=base + prefix
+            )
+            for page in pages:
+                keys.extend(obj["Key"][len(base) :] for obj in page.get("Contents", []))
+        except (bce.BotoCoreError, bce.ClientError) as exc:
+            self._raise(exc, "list", prefix or None)
+        return sorted(keys)
+
+    # ------------------------------------------------------------------ presigned URLs
+
+    def presign_get(self, key: str, expires_s: int = 3600) -> str:
+        """A URL that lets its holder GET ``key`` for ``expires_s`` seconds, no credentials."""
+        return self._presign("get_object", key, expires_s)
+
+    def presign_put(self, key: str, expires_s: int = 3600) -> str:
+        """A URL that lets its holder PUT ``key`` (plain HTTP PUT of the body)."""
+        return self._presign("put_object", key, expires_s)
+
+    def _presign(self, method: str, key: str, expires_s: int) -> str:
+        try:
+            return self._client.generate_presigned_url(
+                method, Params={"Bucket": self.bucket, "Key": self._full(key)}, ExpiresIn=expires_s
+            )
+        except (bce.BotoCoreError, bce.ClientError) as exc:
+            self._raise(exc, "presign", key)
+

@@ -1,0 +1,92 @@
+"""Settings of the S3 backend: a store URI and the environment in, a boto3 client out.
+
+Pure parsing (:func:`settings_from_env`) is apart from building the client
+(:func:`make_client`), so a bad URI or variable fails with a one-line ``ValueError`` naming it
+before any connection is made.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import boto3
+from botocore.config import Config
+
+from actions.common.credentials import S3Credentials
+from actions.common.endpoints import is_http_url
+
+BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+BUCKET_FIX = "use 3-63 lowercase letters, digits, '.', '-'"
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    """(bucket, prefix) of ``s3://bucket[/prefix]``; ValueError naming the URI otherwise."""
+    if not uri.startswith("s3://"):
+        raise ValueError(f"store.uri {uri!r} is not an s3:// URI")
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
+    if not BUCKET_RE.match(bucket):
+        raise ValueError(f"store.uri {uri!r}: bucket name {bucket!r} is invalid; {BUCKET_FIX}")
+    return bucket, prefix
+
+
+def settings_from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """``S3Store`` keyword arguments from the environment.
+
+    Reads AWS_ENDPOINT_URL_S3 (else AWS_ENDPOINT_URL), AWS_ACCESS_KEY_ID,
+    AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION (else AWS_DEFAULT_REGION, else
+    us-east-1) and RLHFLESS_S3_CONDITIONAL_WRITES (``auto``/``on``/``off``).
+
+    Returns:
+        ``endpoint_url``, ``credentials``, ``region`` and ``conditional_writes``.
+    """
+    mode = env.get("RLHFLESS_S3_CONDITIONAL_WRITES", "auto").lower()
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"RLHFLESS_S3_CONDITIONAL_WRITES={mode!r}: use auto, on or off")
+    endpoint_var = "AWS_ENDPOINT_URL_S3" if env.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL"
+    endpoint = env.get(endpoint_var) or None
+    if endpoint is not None and not is_http_url(endpoint):
+        raise ValueError(
+            f"{endpoint_var}={endpoint!r} is not an http(s) URL; set it to e.g. http://127.0.0.1:9000"
+        )
+    return {
+        "endpoint_url": endpoint,
+        "credentials": S3Credentials.from_env(env),
+        "region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+        "conditional_writes": {"auto": None, "on": True, "off": False}[mode],
+    }
+
+
+def make_client(endpoint_url: str | None, region: str, credentials: S3Credentials | None, *, max_attempts: int,
+                connect_timeout: float, read_timeout: float, max_concurrency: int) -> Any:
+    """A boto3 S3 client with the backend's choices (see :mod:`.s3`): path-style addressing
+    when an endpoint is given, checksums only when required, standard retries, and a pool
+    large enough for one connection per part thread plus one per blob thread.
+
+    Args:
+        credentials: static credentials; None uses boto3's default chain.
+        connect_timeout, read_timeout: seconds.
+    """
+    config = Config(
+        signature_version="s3v4",
+        s3={"addressing_style": "path" if endpoint_url else "auto"},
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+        retries={"max_attempts": max_attempts, "mode": "standard"},
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
+        max_pool_connections=max(10, 2 * max_concurrency + 2),
+        # the endpoint is resolved once (settings_from_env), not again from the environment
+        ignore_configured_endpoint_urls=True,
+    )
+    kwargs: dict[str, Any] = {}
+    if credentials is not None:
+        kwargs = {
+            "aws_access_key_id": credentials.access_key_id,
+            "aws_secret_access_key": credentials.secret_access_key,
+            "aws_session_token": credentials.session_token,
+        }
+    return boto3.session.Session().client(
+        "s3", endpoint_url=endpoint_url, region_name=region, config=config, **kwargs
+    )

@@ -1,0 +1,35 @@
+"""``open_store(uri)``: the backend a store URI names.
+
+The S3 backend (and with it boto3) is imported only when an ``s3://`` URI is opened, so the
+local default costs no boto3 import.
+"""
+
+from __future__ import annotations
+
+from actions.common.store.local import LocalStore
+from actions.common.store.protocol import ObjectStore
+
+
+def open_store(uri: str) -> ObjectStore:
+    """Open the store named by ``uri``.
+
+    Args:
+        uri: ``s3://bucket[/prefix]`` for S3 (endpoint and credentials come from the standard
+            AWS environment variables; the endpoint, credentials and bucket are checked once
+            here), ``file:///abs/dir`` or a plain directory path for the local backend.
+
+    Raises:
+        ValueError: an unsupported scheme (names the value and the accepted forms).
+        StoreError: the S3 endpoint, credentials or bucket failed the check.
+    """
+    if uri.startswith("s3://"):
+        from actions.common.store.s3 import S3Store  # boto3 is imported only when needed
+
+        return S3Store.from_uri(uri)
+    if uri.startswith("file://"):
+        uri = uri[len("file://") :]
+    if "://" in uri:
+        raise ValueError(
+            f"store.uri {uri!r} has an unsupported scheme: use a directory path or s3://bucket/prefix"
+        )
+    return LocalStore(uri)

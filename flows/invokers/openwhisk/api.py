@@ -1,0 +1,227 @@
+"""One OpenWhisk controller API request, riding out throttling, outages and dropped connections
+by the retry rules of the package docstring (``flows.invokers.openwhisk``); the errors it raises."""
+
+from __future__ import annotations
+
+import logging
+import random
+import ssl
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from actions.common.credentials import redact
+from flows.invokers.openwhisk.config import API_PATH, OpenWhiskConfig
+
+log = logging.getLogger(__name__)
+
+
+class OpenWhiskError(RuntimeError):
+    """A controller request that failed. ``transient``: trying again later may succeed."""
+
+    def __init__(self, message: str, *, status: int | None = None, transient: bool = False) -> None:
+        super().__init__(redact(message))
+        self.status = status
+        self.transient = transient
+
+
+class OpenWhiskAuthError(OpenWhiskError):
+    """The controller rejected the credentials (401) or the namespace (403)."""
+
+
+class OpenWhiskNotFound(OpenWhiskError):
+    """The action, package or activation does not exist."""
+
+
+class OpenWhiskUnreachable(OpenWhiskError):
+    """No connection to the API host (refused, DNS failure, TLS failure)."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounds on how the client rides out throttling, outages and lost activations."""
+
+    max_attempts: int = 8
+    """Attempts per request for 429, 5xx without a record, timeouts and dropped connections."""
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 20.0
+    connect_attempts: int = 3
+    """Attempts when the host refuses the connection or its name does not resolve."""
+    poll_initial_s: float = 0.05
+    poll_max_s: float = 2.0
+    lost_grace_s: float = 60.0
+    """How long past the action's time limit an accepted activation may stay unrecorded
+    before it counts as lost."""
+    lost_retries: int = 2
+    developer_error_retries: int = 1
+    blocking_wait_ms: int = 50_000
+    """Blocking wait asked of the controller; under the 60 s cap and common proxy timeouts."""
+    request_timeout_s: float = 30.0
+    idempotent: bool = True
+    """Every RLHFless action is: retrying after a 503 or a dropped connection is safe."""
+
+    def backoff_s(self, attempt: int, rng: random.Random) -> float:
+        """Equal-jitter exponential backoff: half the step fixed, half random."""
+        step = min(self.backoff_max_s, self.backoff_base_s * 2**attempt)
+        return step / 2 + rng.uniform(0, step / 2)
+
+
+class ControllerApi:
+    """Pooled HTTP requests to one controller, safe to share across threads.
+
+    ``stats`` counts retries by cause (``throttled``, ``unavailable``, ``transport``,
+    ``connect``) and whatever the caller counts with :meth:`count`.
+    """
+
+    def __init__(self, config: OpenWhiskConfig, retry: RetryPolicy, *, max_connections: int,
+                 transport: httpx.BaseTransport | None, sleep: Callable[[float], None],
+                 clock: Callable[[], float], seed: int | None) -> None:
+        self.config = config
+        self.retry = retry
+        self.sleep = sleep
+        self.clock = clock
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self.stats: Counter[str] = Counter()
+        verify = ssl.create_default_context(cafile=config.verify) if isinstance(config.verify, str) else config.verify
+        self._http = httpx.Client(
+            base_url=config.api_host + API_PATH,
+            auth=tuple(config.auth.split(":", 1)),
+            verify=verify,
+            timeout=retry.request_timeout_s,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            transport=transport,
+            headers={"User-Agent": "rlhfless-openwhisk"},
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def remaining(self, deadline: float | None) -> float | None:
+        """Seconds left before ``deadline`` (a ``clock()`` value); None when there is none."""
+        return None if deadline is None else deadline - self.clock()
+
+    def count(self, key: str) -> None:
+        with self._lock:
+            self.stats[key] += 1
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        params: dict[str, str] | None = None,
+        body: Any = None,
+        deadline: float | None = None,
+        retry_unavailable: bool = True,
+        timeout_s: float | None = None,
+    ) -> httpx.Response:
+        """Send one API request, riding out 429 (always) and 5xx/transport errors (when
+        ``retry_unavailable``), within ``max_attempts`` and the deadline."""
+        attempt = connect_failures = 0
+        while True:
+            remaining = self.remaining(deadline)
+            if remaining is not None and remaining <= 0:
+                raise OpenWhiskError(f"{what}: deadline passed before the request was sent", transient=True)
+            timeout = timeout_s or self.retry.request_timeout_s
+            timeout = timeout if remaining is None else max(0.05, min(timeout, remaining))
+            try:
+                resp = self._http.request(method, path, params=params, json=body, timeout=timeout)
+            except httpx.ConnectError as exc:
+                connect_failures += 1
+                self.count("connect")
+                if connect_failures >= self.retry.connect_attempts:
+                    raise OpenWhiskUnreachable(
+                        f"cannot reach the OpenWhisk API at {self.config.api_host}: {_reason(exc)}; "
+                        "check WSK_APIHOST (or __OW_API_HOST)",
+                        transient=True,
+                    ) from None
+                self.pause(what, "connection failed", attempt, None, deadline)
+                attempt += 1
+                continue
+            except httpx.TransportError as exc:
+                self.count("transport")
+                if not retry_unavailable or attempt + 1 >= self.retry.max_attempts:
+                    raise OpenWhiskError(
+                        f"{what}: {type(exc).__name__} talking to {self.config.api_host}: {_reason(exc)}", transient=True
+                    ) from None
+                self.pause(what, type(exc).__name__, attempt, None, deadline)
+                attempt += 1
+                continue
+            if resp.status_code in (401, 403):
+                raise OpenWhiskAuthError(self.auth_message(resp.status_code), status=resp.status_code)
+            throttled = resp.status_code == 429
+            if throttled or (retry_unavailable and _is_unavailable(resp)):
+                self.count("throttled" if throttled else "unavailable")
+                if attempt + 1 >= self.retry.max_attempts:
+                    hint = "; raise whisk.limits.actionsInvokesPerminute/Concurrent or lower the fan-out" if throttled else ""
+                    raise OpenWhiskError(
+                        f"{what}: HTTP {resp.status_code} {_error_text(resp)} after {attempt + 1} attempts{hint}",
+                        status=resp.status_code,
+                        transient=True,
+                    )
+                self.pause(what, f"HTTP {resp.status_code}", attempt, resp, deadline)
+                attempt += 1
+                continue
+            return resp
+
+    def pause(self, what: str, why: str, attempt: int, resp: httpx.Response | None, deadline: float | None) -> None:
+        delay = self.retry.backoff_s(attempt, self._rng)
+        retry_after = resp.headers.get("Retry-After", "") if resp is not None else ""
+        if retry_after.isdigit():
+            delay = max(delay, float(retry_after))
+        remaining = self.remaining(deadline)
+        if remaining is not None and delay >= remaining:
+            status = resp.status_code if resp is not None else None
+            raise OpenWhiskError(f"{what}: {why}; no time left before the deadline to retry", status=status, transient=True)
+        log.warning("%s: %s; retry %d/%d in %.2fs", what, why, attempt + 1, self.retry.max_attempts - 1, delay)
+        self._sleep(delay)
+
+    def auth_message(self, status: int) -> str:
+        ns, host = self.config.namespace, self.config.api_host
+        if status == 401:
+            return f"OpenWhisk rejected the credentials for namespace {ns} at {host} (HTTP 401); check WSK_AUTH"
+        return (
+            f"OpenWhisk denied the credentials access to namespace {ns} at {host} (HTTP 403); "
+            "check WSK_AUTH and the namespace (__OW_NAMESPACE, or _ for the key's own)"
+        )
+
+    def fail(self, resp: httpx.Response, what: str) -> OpenWhiskError:
+        status = resp.status_code
+        return OpenWhiskError(f"{what}: HTTP {status} {_error_text(resp)}", status=status, transient=status >= 500)
+
+
+def json_object(resp: httpx.Response) -> dict[str, Any]:
+    """The response body when it is a JSON object, else {}."""
+    try:
+        data = resp.json()
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def has_activation(resp: httpx.Response) -> bool:
+    """Whether the body is an activation record (a blocking invoke that finished)."""
+    data = json_object(resp)
+    return "activationId" in data and "response" in data
+
+
+def _is_unavailable(resp: httpx.Response) -> bool:
+    return resp.status_code in (408, 500, 502, 503, 504) and not has_activation(resp)
+
+
+def _error_text(resp: httpx.Response) -> str:
+    data = json_object(resp)
+    text = str(data.get("error") or resp.reason_phrase or "")
+    return redact(text[:300])
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc) or type(exc).__name__
+    return redact(text.splitlines()[0][:200])

@@ -1,0 +1,181 @@
+"""The import structure of ``actions/`` and ``flows/``, read statically (``ast``, no imports
+run, milliseconds): no import cycle, the layer rules below, and no source file above 500 lines.
+
+Every ``import`` counts -- top level or inside a function (a lazy import still ties the two
+modules together) -- except those under ``if TYPE_CHECKING:``, which never run. A layer rule
+says that modules under one prefix import nothing under some others; to add one, append a
+:class:`Rule` to :data:`RULES` (third-party packages are matched the same way: ``"torch"``).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("actions", "flows")
+SOURCE_DIRS = ("actions", "flows", "benchmarks")
+MAX_LINES = 500
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Modules named ``importers`` (or under it) import no module named in ``forbidden`` (or under one)."""
+
+    importers: str
+    forbidden: tuple[str, ...]
+    why: str
+
+
+RULES = [
+    Rule("actions.common", ("actions.rl", "actions.engines", "actions.tasks", "actions.runtime"),
+         "shared action code sits below the RL, engine, task and runtime code that uses it"),
+    Rule("actions", ("flows", "prefect"), "actions run in containers without the orchestrator"),
+]
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+@cache
+def project_modules() -> dict[str, Path]:
+    """Every module of PACKAGES by dotted name (a package by its ``__init__``)."""
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement, skipping the bodies of ``if TYPE_CHECKING:``."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        elif isinstance(node, ast.If) and _is_type_checking(node):
+            stack.extend(node.orelse)
+        else:
+            stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+@cache
+def imports_of(module: str) -> frozenset[str]:
+    """Dotted names ``module`` imports: a project module where the name is one (``from p
+    import m`` gives ``p.m`` when ``m`` is a module, else ``p``), else as written."""
+    modules = project_modules()
+    path = modules[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names = set()
+    for node in _import_nodes(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+            continue
+        base = node.module or ""
+        if node.level:  # relative: from .x import y
+            anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+            base = ".".join(anchor + ([base] if base else []))
+        for alias in node.names:
+            child = f"{base}.{alias.name}"
+            names.add(child if child in modules else base)
+    return frozenset(names)
+
+
+def project_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports."""
+    modules = project_modules()
+    return {m: {n for n in imports_of(m) if n in modules and n != m} for m in modules}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+# ----------------------------------------------------------------------------- the checks
+
+
+def test_the_analysis_sees_imports() -> None:
+    # guards against a checker that passes because it reads nothing
+    assert len(project_modules()) > 100
+    assert "actions.common.store.local" in imports_of("actions.common.store")
+    assert "actions.common.store.s3" in imports_of("actions.common.store.uri")  # a lazy import counts
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycle() -> None:
+    found = cycles(project_graph())
+    assert not found, "import cycles (break each by moving the shared part below both): " + \
+        "; ".join(" <-> ".join(c) for c in found)
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.importers)
+def test_layer_rule(rule: Rule) -> None:
+    broken = sorted(
+        f"{module} imports {name}"
+        for module in project_modules() if _under(module, rule.importers)
+        for name in imports_of(module) if any(_under(name, f) for f in rule.forbidden)
+    )
+    assert not broken, f"{rule.importers} must not import {', '.join(rule.forbidden)} ({rule.why}):\n" + \
+        "\n".join(broken)
+
+
+def test_no_source_file_above_500_lines() -> None:
+    long = sorted(
+        f"{path.relative_to(ROOT)}: {n} lines"
+        for d in SOURCE_DIRS for path in (ROOT / d).rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    )
+    assert not long, f"split these into cohesive modules under {MAX_LINES} lines:\n" + "\n".join(long)
