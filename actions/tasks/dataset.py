@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from pathlib import Path
-
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError

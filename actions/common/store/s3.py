@@ -77,6 +77,9 @@ class S3Store:
             PUT (no HEAD, no re-hash); larger ones as multipart after a HEAD.
         conditional_writes: True/False to state whether the server honours If-None-Match;
             None probes on first use.
+
+    Attributes:
+        fast_path: which parts of :mod:`.s3_fastpath` this client got (fixed at construction).
     """
 
     def __init__(

@@ -172,6 +172,8 @@ class ControllerApi:
             return resp
 
     def pause(self, what: str, why: str, attempt: int, resp: httpx.Response | None, deadline: float | None) -> None:
+        """Sleep before retry ``attempt + 1`` (backoff, at least ``Retry-After``), or raise a
+        transient OpenWhiskError when the deadline leaves no time for it."""
         delay = self.retry.backoff_s(attempt, self._rng)
         retry_after = resp.headers.get("Retry-After", "") if resp is not None else ""
         if retry_after.isdigit():
@@ -181,7 +183,7 @@ class ControllerApi:
             status = resp.status_code if resp is not None else None
             raise OpenWhiskError(f"{what}: {why}; no time left before the deadline to retry", status=status, transient=True)
         log.warning("%s: %s; retry %d/%d in %.2fs", what, why, attempt + 1, self.retry.max_attempts - 1, delay)
-        self._sleep(delay)
+        self.sleep(delay)
 
     def auth_message(self, status: int) -> str:
         ns, host = self.config.namespace, self.config.api_host
@@ -193,6 +195,7 @@ class ControllerApi:
         )
 
     def fail(self, resp: httpx.Response, what: str) -> OpenWhiskError:
+        """The error for an unexpected answer to ``what`` (transient for 5xx)."""
         status = resp.status_code
         return OpenWhiskError(f"{what}: HTTP {status} {_error_text(resp)}", status=status, transient=status >= 500)
 
