@@ -14,9 +14,10 @@ import torch
 from actions.common import warm
 from actions.common.contracts import ModelRef
 from actions.common.device import action_device, action_dtype
-from actions.common.store import ObjectStore, get_artifact, open_store
 from actions.common.modeling import instantiate
+from actions.common.store import ObjectStore, get_artifact, open_store
 from actions.common.weights import load_tensors
+
 
 def configure_threads(num_threads: int | None = None) -> int:
     """Set torch's intra-op threads for the activation about to run; returns the count.
