@@ -19,8 +19,9 @@ from actions.common.store import ObjectStore, get_json, open_store
 from flows.artifacts import publish_step_artifacts, start_progress, update_progress
 from flows.context import RunContext, set_context
 from flows.hooks import plan_generation_phase
+from flows.live_profile import finish_profiling, start_profiling
 from flows.invokers.factory import make_invoker, pool_size
-from flows.metrics import billing, step_metrics
+from flows.metrics import billing, planner_fidelity, step_metrics
 from flows.planning.lengths import LengthHistory
 from flows.rlhf_step import rlhf_step
 from flows.schedule import step_prompts
@@ -59,6 +60,11 @@ def _setup(ctx: RunContext, progress: Progress) -> CampaignState:
     progress("prepare: model, initial weights and datasets -> store")
     prepared = prepare(cfg, ctx.store, ctx.prefix)
     policy_key = prepared.init_key
+    # the pool profiles the engine beside warm-up and the first evaluation (speed does not
+    # depend on the weights' values, so the initial ones do)
+    init = ModelRef(store_uri=ctx.store.uri, base_key=prepared.base_key, policy_key=prepared.init_key,
+                    policy_version=0, dtype=cfg.model.dtype)
+    profiling = start_profiling(ctx, init, get_json(ctx.store, prepared.tokens_key))
     if cfg.warmup.steps:
         progress(f"warmup: {cfg.warmup.steps} supervised steps")
         req = WarmupRequest(store_uri=ctx.store.uri, base_key=prepared.base_key, init_key=prepared.init_key,
@@ -74,6 +80,7 @@ def _setup(ctx: RunContext, progress: Progress) -> CampaignState:
     if cfg.algorithm.name == "ppo":
         state.critic_key = _init_critic(ctx, state)
     state.evals.append(_evaluate(ctx, state))
+    ctx.live = finish_profiling(ctx, profiling, progress)
     return state
 
 
@@ -194,6 +201,8 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
         else:  # finish a collection a crash may have cut short
             collect(state)
         tokens = get_json(store, state.prepared["tokens_key"])
+        if ctx.live is None:  # a resumed run: the store's cached profile, usually
+            ctx.live = finish_profiling(ctx, start_profiling(ctx, _model_ref(ctx, state), tokens), progress)
         state.stopped_reason = None
         progress_id = start_progress(run_id, state.step, cfg.steps)
         while state.step < cfg.steps:
@@ -218,7 +227,8 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
         set_context(None)
         invoker.close()
         board.close()
-    return summarize(state, time.time() - started) | {"billing": billing(cfg.invoker.kind), "gc": gc_total}
+    return summarize(state, time.time() - started) | {"billing": billing(cfg.invoker.kind), "gc": gc_total,
+                                                      "profile": ctx.live.describe() if ctx.live else None}
 
 
 def _progress_line(state: CampaignState, total: int, width: int = 20) -> str:
@@ -252,6 +262,7 @@ def summarize(state: CampaignState, wall: float) -> dict[str, Any]:
         "stopped_reason": state.stopped_reason,
         "length_history": state.length_history,  # per prompt: [epoch, longest response of its group]
         "evals": state.evals,
+        "planner_fidelity": planner_fidelity(steps),
         "steps": steps,
     }
 

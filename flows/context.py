@@ -10,11 +10,14 @@ from __future__ import annotations
 import hashlib
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from actions.common.config import CampaignConfig
 from actions.common.store import ObjectStore
 from flows.invokers.base import Invoker
+
+if TYPE_CHECKING:
+    from flows.live_profile import LiveInputs
 
 
 @dataclass
@@ -23,6 +26,8 @@ class RunContext:
     store: ObjectStore
     invoker: Invoker
     run_id: str
+    live: LiveInputs | None = None
+    """The planner's measured inputs (``flows/live_profile.py``), set at campaign start."""
     injected: set[tuple[str, str]] = field(default_factory=set)
     killed: set[tuple[str, str]] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)

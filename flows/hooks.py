@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flows.context import RunContext
+from flows.live_profile import usable_cores
 from flows.planning.lengths import LengthHistory, predict_lengths
 from flows.planning.migrate import plan_cut_points_of
 from flows.planning.plan import ClusterSpec, GenerationPlan
@@ -20,8 +21,8 @@ from flows.planning.profile import TpotProfile
 from flows.planning.scaling import plan_generation
 
 # A measured-shape estimate for the tiny default model on one CPU core per actor: a decode
-# step costs a fixed ~4 ms of framework overhead plus ~0.06 ms per running sequence.
-# `rlhfless profile` replaces it with a measurement of this machine.
+# step costs a fixed ~4 ms of framework overhead plus ~0.06 ms per running sequence. Only a
+# fallback: campaigns plan from the pool's measured profile (flows/live_profile.py).
 CPU_TINY_PROFILE = TpotProfile(
     batch_sizes=(1, 256), contexts=(16.0, 512.0),
     seconds=((0.004, 0.0045), (0.004 + 255 * 6e-5, 0.0045 + 255 * 8e-5)),
@@ -40,15 +41,32 @@ class PhasePlan:
 
 
 def load_profile(ctx: RunContext) -> TpotProfile:
+    """The campaign's profile (measured, cached or its file: ``ctx.live``); outside a campaign
+    ``scaling.profile`` or the built-in estimate."""
+    if ctx.live is not None:
+        return ctx.live.profile
     path = ctx.config.scaling.profile
     return TpotProfile.load(path) if path else CPU_TINY_PROFILE
 
 
 def cluster_spec(ctx: RunContext, num_workers: int) -> ClusterSpec:
-    s = ctx.config.scaling
-    return ClusterSpec(gpus_per_actor=s.gpus_per_actor, max_actors=max(1, num_workers),
+    """The decode cluster as the planner sees it. With measured inputs: weights and prefix KV
+    travel through the store at its measured read rate, every activation pays the measured
+    round trip; on the local pool at most one action
+    per ``threads`` cores decodes at full speed, so that is the capacity (more would share
+    cores the profile measured alone)."""
+    s, live = ctx.config.scaling, ctx.live
+    capacity = max(1, num_workers)
+    transfer: dict[str, float] = {}
+    if live is not None:
+        transfer = dict(weight_bytes=live.weight_bytes, kv_bytes_per_token=live.kv_bytes_per_token,
+                        transfer_bandwidth_bytes_per_s=live.transfer_bandwidth_bytes_per_s,
+                        activation_s=live.activation_s)
+        if ctx.config.invoker.kind != "openwhisk":
+            capacity = max(1, min(capacity, usable_cores() // max(1, live.threads)))
+    return ClusterSpec(gpus_per_actor=s.gpus_per_actor, max_actors=capacity,
                        price_per_gpu_second=ctx.config.price_per_gpu_second, cold_start_s=s.cold_start_s,
-                       num_warm_actors=max(1, num_workers))
+                       num_warm_actors=max(1, num_workers), **transfer)
 
 
 def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: dict[str, dict],

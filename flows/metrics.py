@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 from flows.hooks import PhasePlan
@@ -68,6 +69,8 @@ def step_metrics(out: dict[str, Any], phase: PhasePlan, price: float, gpus_per_a
         "actors/cold_starts": float(sum(1 for r in gen_records if r.get("cold"))),
         "perf/throughput": fraction(tokens, timing["generate"]),
         "plan/predicted_time_s": phase.plan.predicted_time_s,
+        # what the plan predicts (prefill + generation actions), measured by the flow
+        "plan/measured_time_s": timing["prefill"] + timing["generate"],
         "plan/planning_ms": phase.plan.planning_ms,
         "lengths/rank_correlation": rank_correlation([phase.predicted[p] for p in ids], [observed[p] for p in ids])
         if len(ids) > 1 else 0.0,
@@ -77,6 +80,21 @@ def step_metrics(out: dict[str, Any], phase: PhasePlan, price: float, gpus_per_a
     }
     m.update({k: float(v) for k, v in out["train"]["metrics"].items()})
     return m
+
+
+def planner_fidelity(steps: list[dict[str, Any]]) -> dict[str, float | int | None]:
+    """How the planner's predicted generation-phase time compares with the measured one:
+    relative error ``(predicted - measured) / measured`` per step, its median (signed: below
+    zero the planner is optimistic) and the median and 90th percentile of its magnitude."""
+    errors = sorted(fraction(s["plan/predicted_time_s"] - s["plan/measured_time_s"], s["plan/measured_time_s"])
+                    for s in steps if "plan/measured_time_s" in s)
+    if not errors:
+        return {"steps": 0, "median_relative_error": None, "median_abs_relative_error": None,
+                "p90_abs_relative_error": None}
+    magnitudes = sorted(abs(e) for e in errors)
+    return {"steps": len(errors), "median_relative_error": statistics.median(errors),
+            "median_abs_relative_error": statistics.median(magnitudes),
+            "p90_abs_relative_error": magnitudes[min(len(magnitudes) - 1, math.ceil(0.9 * len(magnitudes)) - 1)]}
 
 
 def _critical_busy(records: list[dict[str, Any]]) -> float:

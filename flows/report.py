@@ -51,6 +51,25 @@ def length_histogram(summary: dict[str, Any]) -> tuple[list[int], list[int]]:
     return xs, [counts[x] for x in xs]
 
 
+def planner_lines(summary: dict[str, Any]) -> list[str]:
+    """The planner's inputs and how its predicted generation-phase time (prefill + generation
+    actions) compared with the measured one."""
+    lines = []
+    profile = summary.get("profile")
+    if profile:
+        lines.append(f"- planner profile: {profile['source']} `{profile['name']}`"
+                     + (f" (store key `{profile['key']}`)" if profile.get("key") else "")
+                     + f"; store reads {profile['store_read_bytes_per_s'] / 1e6:.0f} MB/s, weights "
+                     f"{profile['weight_bytes'] / 1e6:.2f} MB, KV {profile['kv_bytes_per_token']:.0f} B/token, "
+                     f"activation round trip {profile['activation_s'] * 1e3:.0f} ms")
+    fid = summary.get("planner_fidelity") or {}
+    if fid.get("steps"):
+        lines.append(f"- predicted vs measured generation phase over {fid['steps']} steps: median relative error "
+                     f"{fid['median_relative_error']:+.1%} (median |error| {fid['median_abs_relative_error']:.1%}, "
+                     f"90th percentile {fid['p90_abs_relative_error']:.1%})")
+    return lines
+
+
 def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
     """Write ``report.md`` and the plots into ``out``; returns the files written."""
     steps = summary["steps"]
@@ -88,9 +107,12 @@ def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
              f"- weights sha256: `{summary['weights_sha256']}`"]
     if summary.get("stopped_reason"):
         lines.append(f"- stopped early: {summary['stopped_reason']}")
-    lines += ["", f"| step | reward | length | actions | cut | billed {unit} | step s |", "|---|---|---|---|---|---|---|"]
+    lines += planner_lines(summary)
+    lines += ["", f"| step | reward | length | actions | cut | billed {unit} | step s | phase s predicted | "
+              "phase s measured |", "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {x} | {s['reward/mean']:.3f} | {s['response_length/mean']:.1f} | {int(s['actors/n'])} | "
-              f"{int(s['actors/migrated'])} | {s['cost/billed_gpu_seconds']:.2f} | {s['timing_s/step']:.2f} |"
+              f"{int(s['actors/migrated'])} | {s['cost/billed_gpu_seconds']:.2f} | {s['timing_s/step']:.2f} | "
+              f"{s['plan/predicted_time_s']:.3f} | {s.get('plan/measured_time_s', float('nan')):.3f} |"
               for x, s in zip(xs, steps)]
     lines += [""] + [f"![{p.stem}]({p.name})" for p in files]
     (out / "report.md").write_text("\n".join(lines) + "\n")

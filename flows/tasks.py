@@ -25,7 +25,7 @@ from flows.invokers.base import ActionError
 
 RETRY_DELAYS_S = [0.2, 0.5, 1.0, 2.0]
 
-GPU_ACTIONS = frozenset({"prefill", "generate", "score", "train_step", "evaluate", "warmup"})
+GPU_ACTIONS = frozenset({"prefill", "generate", "score", "train_step", "evaluate", "warmup", "profile"})
 """The actions on the GPU image (``x-gpu-action`` in infra/openwhisk/actions.yaml). ``score`` is
 one: it runs forward passes of the policy and the reference (and the critic for PPO)."""
 

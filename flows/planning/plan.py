@@ -32,6 +32,11 @@ class ClusterSpec:
     """GPUs of the prefill actor (the learner's); 0 means gpus_per_actor."""
     prewarm_idle_s: float = 0.0
     """Seconds a pre-warmed remote actor is billed while waiting to be invoked (the buffer)."""
+    activation_s: float = 0.0
+    """Fixed seconds every activation (the prefill and each decode actor) spends beyond its
+    compute and transfers: the invocation's round trip and the flow's task submission. The
+    live campaign measures it at start (``flows/live_profile.py``); 0 in the simulator, whose
+    live-flow mode models these waits itself."""
     colocated_actors: int = 1
     """Decode actors 0..k-1 run on the prefill actor's GPUs once prefill is done: they hold the
     weights and the prefix KV already (no cold start, no transfer). At most
@@ -45,6 +50,7 @@ class ClusterSpec:
                   "transfer_bandwidth_bytes_per_s": self.transfer_bandwidth_bytes_per_s > 0,
                   "num_prefill_gpus": self.num_prefill_gpus >= 0,
                   "prewarm_idle_s": self.prewarm_idle_s >= 0,
+                  "activation_s": self.activation_s >= 0,
                   "colocated_actors": 1 <= self.colocated_actors <= max(
                       1, (self.num_prefill_gpus or self.gpus_per_actor) // max(1, self.gpus_per_actor))}
         for name, ok in checks.items():

@@ -10,9 +10,12 @@ t = 0 is when the learner has written the new weights [I]:
   actors once prefill is done, as a hybrid engine shares the learner's GPUs);
 - actor ``i >= 1`` (cold iff ``i >= num_warm_actors``) receives the weights, ``w = W / bw``,
   from t = 0 and its prompts' KV, ``kv_i = kv_bytes_per_token * sum(prompt_len) / bw``, after
-  prefill: ``ready_i = max(cold_i + w, P) + kv_i``. The flow knows P, so it invokes the
+  prefill: ``ready_i = max(cold_i + w, P) + kv_i + a``. The flow knows P, so it invokes the
   actor just in time, ``invoked_i = max(0, P - w - cold_i)``; the actor is billed from then
   until it finishes, plus ``prewarm_idle_s`` when it was pre-warmed (it waited warm);
+- ``a = activation_s`` is every activation's fixed cost (invocation round trip, task
+  submission): the prefill pays it once (it is in P), every decode actor once more, co-located
+  ones too (``ready_0 = P + a``);
 - an actor ends at ``ready_i + decode_i``.
 
 ``T`` = latest actor end; ``GPU-s = P * prefill_gpus + sum_i billed_i * gpus_per_actor`` (the
@@ -33,8 +36,10 @@ from flows.planning.profile import TpotProfile
 
 
 def prefill_seconds(tokens: float, profile: TpotProfile, cluster: ClusterSpec) -> float:
-    """Prefill actor time: compute bound, so throughput scales with its GPU count."""
-    return tokens / (profile.prefill_tokens_per_s * cluster.prefill_gpus / cluster.gpus_per_actor)
+    """Prefill actor time: compute bound, so throughput scales with its GPU count; plus its
+    activation's fixed cost."""
+    return (tokens / (profile.prefill_tokens_per_s * cluster.prefill_gpus / cluster.gpus_per_actor)
+            + cluster.activation_s)
 
 
 class ActorStart(NamedTuple):  # a NamedTuple: built ~2000 times per planning sweep
@@ -50,14 +55,15 @@ class ActorStart(NamedTuple):  # a NamedTuple: built ~2000 times per planning sw
 def actor_start(index: int, cluster: ClusterSpec, prefill_s: float,
                 prompt_tokens: float) -> ActorStart:
     """Start-up timeline of decode actor ``index`` (the formulas in the module docstring)."""
+    a = cluster.activation_s
     if index < cluster.colocated_actors:  # on the prefill actor's GPUs: no start, no transfer
-        return ActorStart(prefill_s, prefill_s, 0.0, 0.0, 0.0)
+        return ActorStart(prefill_s, prefill_s + a, 0.0, 0.0, 0.0)
     bw = cluster.transfer_bandwidth_bytes_per_s
     warm = index < max(cluster.num_warm_actors, 1)
     cold = 0.0 if warm else cluster.cold_start_s
     weights = cluster.weight_bytes / bw
     kv = cluster.kv_bytes_per_token * prompt_tokens / bw
-    ready = max(cold + weights, prefill_s) + kv
+    ready = max(cold + weights, prefill_s) + kv + a
     invoked = max(0.0, prefill_s - weights - cold)
     return ActorStart(invoked, ready, cold, cluster.prewarm_idle_s if warm else 0.0, weights + kv)
 
@@ -73,12 +79,12 @@ def evaluate_candidate(decode: Sequence[float], tokens: Sequence[float], cluster
         prefill_s: prefill actor time.
     """
     c = cluster
-    end0 = prefill_s + decode[0]
-    t_max, billed, reason = end0, decode[0], ""
     # actor_start is linear in the prompt tokens (only the KV transfer depends on them), so
     # take the zero-token start of a warm and a cold actor once and add each actor's KV time
     warm_count = max(c.num_warm_actors, 1)
     local = actor_start(0, c, prefill_s, 0.0)
+    end0 = local.ready_s + decode[0]
+    t_max, billed, reason = end0, decode[0] + (local.ready_s - local.invoked_s), ""
     warm = actor_start(max(1, c.colocated_actors), c, prefill_s, 0.0)
     cold = actor_start(max(warm_count, c.colocated_actors), c, prefill_s, 0.0)
     kv_s_per_token = c.kv_bytes_per_token / c.transfer_bandwidth_bytes_per_s
@@ -89,7 +95,7 @@ def evaluate_candidate(decode: Sequence[float], tokens: Sequence[float], cluster
         if end > t_max:
             t_max = end
         billed += st.prewarm_idle_s + end - st.invoked_s
-        over = st.cold_s + st.transfer_s + kv + decode[i] - end0
+        over = st.cold_s + st.transfer_s + kv + c.activation_s + decode[i] - end0
         if over > 0 and not reason:
             reason = (f"actor {i}: start+transfer+decode exceeds prefill+decode of actor 0 "
                       f"by {over:.3f}s")

@@ -1,0 +1,102 @@
+"""profile action: the decode-speed profile of the campaign's model on this worker's device.
+
+Run once at campaign start on the same pool as ``generate``, so the process kind, device, dtype
+and torch threads are the ones that will generate. Reuses the store's cached profile for the
+same facts (``actions/common/profile_cache.py``); otherwise loads the policy as ``generate``
+does and measures the torch engine over the requested grid (``actions/engines/profiling.py``),
+then caches the result. Either way it reports what the planner's locality check needs: the
+weight bytes as published, the KV bytes per token and the store's measured read throughput.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import time
+
+import torch
+
+from actions.common.adapter import run_action
+from actions.common.device import action_device, action_dtype
+from actions.common.loading import load_base, load_model, store_for
+from actions.common.profile_cache import (ProfileFacts, ProfileRequest, ProfileResult, cache_record,
+                                          check_cached)
+from actions.common.storage import ObjectNotFound, ObjectStore, get_artifact, put_json, read_manifest
+
+
+def device_name(device: torch.device) -> str:
+    """``type:model`` of the device, so a cache shared by several machines keeps them apart."""
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        model = ""
+    return f"cpu:{model or platform.processor() or platform.machine()}"
+
+
+def kv_bytes_per_token(config: dict, dtype: torch.dtype) -> int:
+    """K and V of every layer and KV head at ``dtype`` (the engine's cache)."""
+    heads = int(config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    return 2 * int(config["num_hidden_layers"]) * kv_heads * head_dim * torch.finfo(dtype).bits // 8
+
+
+def read_throughput(store: ObjectStore, manifest_key: str, cap_bytes: int) -> tuple[int, float]:
+    """(weight bytes as published, bytes/s of reading them back) over the largest files up to
+    ``cap_bytes`` (at least one), fetched and sha256-verified as an action loading weights does."""
+    files = read_manifest(store, manifest_key)["files"]
+    total = sum(entry["size"] for entry in files.values())
+    names, taken = [], 0
+    for name in sorted(files, key=lambda n: -files[n]["size"]):
+        if names and taken + files[name]["size"] > cap_bytes:
+            break
+        names.append(name)
+        taken += files[name]["size"]
+    t0 = time.perf_counter()
+    get_artifact(store, manifest_key, names)
+    return total, taken / max(time.perf_counter() - t0, 1e-6)
+
+
+def run_profile(req: ProfileRequest) -> ProfileResult:
+    ref = req.model
+    device = action_device()
+    dtype = action_dtype(ref.dtype, device)
+    store = store_for(ref.store_uri)
+    base_config = load_base(ref.store_uri, ref.base_key)["config.json"]
+    config = json.loads(base_config)
+    facts = ProfileFacts(model_config_sha256=hashlib.sha256(base_config).hexdigest(),
+                         dtype=str(dtype).removeprefix("torch."), device=device_name(device), engine=req.engine,
+                         threads=torch.get_num_threads(), batch_sizes=req.batch_sizes, contexts=req.contexts,
+                         prefill_shape=req.prefill_shape)
+    key = facts.cache_key()
+    weight_bytes, read_bps = read_throughput(store, ref.policy_key, req.probe_bytes)
+    common = dict(profile_key=key, facts=facts, weight_bytes=weight_bytes,
+                  kv_bytes_per_token=kv_bytes_per_token(config, dtype), store_read_bytes_per_s=read_bps)
+    rejected = None
+    if not req.measure_grid:
+        return ProfileResult(profile={}, source="skipped", measure_s=0.0, **common)
+    if not req.refresh:
+        try:
+            profile, rejected = check_cached(store.get(key), facts, key)
+        except ObjectNotFound:
+            profile = None
+        if profile is not None:
+            return ProfileResult(profile=profile, source="cached", measure_s=0.0, **common)
+    from actions.engines.profiling import measure_grid  # torch engine: imported only to measure
+
+    t0 = time.perf_counter()
+    model, _, _ = load_model(ref)
+    name = f"measured-{req.engine}-{facts.device}-{facts.dtype}-{facts.threads}t"
+    profile = measure_grid(model, model.config.vocab_size, req.batch_sizes, req.contexts,
+                           prefill_shape=req.prefill_shape, name=name)
+    put_json(store, key, cache_record(facts, profile))
+    return ProfileResult(profile=profile, source="measured", rejected=rejected,
+                         measure_s=time.perf_counter() - t0, **common)
+
+
+def main(args: dict) -> dict:
+    return run_action(ProfileRequest, run_profile, args)

@@ -1,0 +1,170 @@
+"""The live planner's inputs at campaign start: a measured profile and the transfer model.
+
+``start_profiling`` submits the ``profile`` action (``actions/profile.py``) to the pool that
+generates, so it runs beside the rest of start-up (warm-up, the first evaluation);
+``finish_profiling`` collects it into a ``LiveInputs``:
+
+- the TPOT profile: measured by the pool on this campaign's model, dtype, device, engine and
+  torch threads, or reused from the store's cache for exactly those (``source`` says which);
+  an explicit ``scaling.profile`` file wins over both (``file``);
+- the locality model: weight bytes as published, KV bytes per token from the model config and
+  the store's read throughput as the pool measured it, so the planner's transfer times are
+  the ones this campaign pays.
+
+A cached profile the flow cannot use (``TpotProfile.from_dict`` rejects it) is reported and
+measured again (``refresh``); the action itself rejects one that is not what it wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from actions.common.contracts import ModelRef
+from actions.common.profile_cache import ProfileRequest, ProfileResult
+from flows.context import RunContext
+from flows.planning.profile import TpotProfile
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class LiveInputs:
+    """What the hook plans from (``flows/hooks.py``)."""
+
+    profile: TpotProfile
+    source: str
+    """``measured`` | ``cached`` (this store's profile for the same facts) | ``file``
+    (``scaling.profile``) | ``built-in`` (no profiler for the engine)."""
+    weight_bytes: float = 0.0
+    kv_bytes_per_token: float = 0.0
+    transfer_bandwidth_bytes_per_s: float = float("inf")
+    threads: int = 1
+    """Torch threads of one action (a generation action occupies this many cores)."""
+    activation_s: float = 0.0
+    """Median round trip of an empty activation through the flow's task path (seconds)."""
+    profile_key: str = ""
+
+    def describe(self) -> dict[str, Any]:
+        """The summary's ``profile`` entry."""
+        return {"name": self.profile.name, "source": self.source, "key": self.profile_key,
+                "weight_bytes": self.weight_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
+                "store_read_bytes_per_s": self.transfer_bandwidth_bytes_per_s, "threads": self.threads,
+                "activation_s": self.activation_s}
+
+
+def profile_grid(group_size: int, batch_size: int, prompt_lengths: list[int],
+                 max_new_tokens: int) -> tuple[list[int], list[int]]:
+    """A small grid covering the batches and contexts one step's actions can meet.
+
+    Batches: one group, the whole step's samples and their geometric middle (decode time is
+    close to linear in the batch, so three points suffice; the profile extrapolates linearly).
+    Contexts: the median prompt and the longest prompt plus a full response.
+
+    >>> profile_grid(8, 128, [20, 30, 40], 24)
+    ([8, 32, 128], [30, 64])
+    """
+    lo, hi = group_size, max(batch_size, group_size + 1)
+    mid = round((lo * hi) ** 0.5)
+    batches = sorted({lo, mid, hi}) if lo < mid < hi else [lo, hi]
+    short = max(1, int(statistics.median(prompt_lengths)))
+    long = max(short + 1, max(prompt_lengths) + max_new_tokens)
+    return batches, [short, long]
+
+
+def profile_request(ctx: RunContext, model: ModelRef, prompt_lengths: list[int]) -> ProfileRequest:
+    """The grid for this campaign; only the transfer facts when ``scaling.profile`` is set."""
+    cfg = ctx.config
+    batches, contexts = profile_grid(cfg.algorithm.group_size, cfg.algorithm.batch_size, prompt_lengths,
+                                     cfg.generation.max_new_tokens)
+    return ProfileRequest(model=model, batch_sizes=batches, contexts=contexts,
+                          measure_grid=not cfg.scaling.profile)
+
+
+def start_profiling(ctx: RunContext, model: ModelRef, tokens: Mapping[Any, Any]) -> tuple[Any, ProfileRequest] | None:
+    """Submit the profile action (None when the engine has no profiler). ``tokens``: the
+    prepared token table (prompt lengths)."""
+    from flows.tasks import invoke_action  # Prefect task; keeps this module importable alone
+
+    if ctx.config.generation.engine != "torch":
+        return None
+    lengths = [len(_prompt(t)) for t in tokens.values()]
+    req = profile_request(ctx, model, lengths)
+    return invoke_action.submit(action="profile", payload=req.model_dump(mode="json"), shard="profile"), req
+
+
+def finish_profiling(ctx: RunContext, started: tuple[Any, ProfileRequest] | None,
+                     progress: Progress = print) -> LiveInputs:
+    """The planner's inputs from the submitted profile action (see the module docstring)."""
+    from flows.tasks import invoke_action
+
+    path = ctx.config.scaling.profile
+    if started is None:
+        if path:
+            return LiveInputs(TpotProfile.load(path), "file")
+        from flows.hooks import CPU_TINY_PROFILE
+
+        progress(f"profile: engine {ctx.config.generation.engine} has no profiler; planning with "
+                 f"{CPU_TINY_PROFILE.name} (set scaling.profile to a measured file)")
+        return LiveInputs(CPU_TINY_PROFILE, "built-in")
+    future, req = started
+    result = _result(future.result())
+    if result.rejected:
+        progress(f"profile: {result.rejected}")
+    if path:  # an explicit file wins; the measured transfer facts still apply
+        profile, source = TpotProfile.load(path), "file"
+    else:
+        try:
+            profile = TpotProfile.from_dict(result.profile)
+        except (ValueError, KeyError, TypeError) as exc:
+            progress(f"profile: cached profile {result.profile_key!r} is unusable ({exc}); measuring again")
+            again = req.model_copy(update={"refresh": True})
+            out = invoke_action(action="profile", payload=again.model_dump(mode="json"), shard="profile-refresh")
+            result = _result(out)
+            profile = TpotProfile.from_dict(result.profile)
+        source = result.source
+    activation_s = measure_activation_s()
+    progress(f"profile: {source} {profile.name} ({result.profile_key}); store reads "
+             f"{result.store_read_bytes_per_s / 1e6:.0f} MB/s, weights {result.weight_bytes / 1e6:.1f} MB, "
+             f"activation round trip {activation_s * 1e3:.0f} ms")
+    return LiveInputs(profile, source, weight_bytes=float(result.weight_bytes),
+                      kv_bytes_per_token=float(result.kv_bytes_per_token),
+                      transfer_bandwidth_bytes_per_s=result.store_read_bytes_per_s,
+                      threads=result.facts.threads, activation_s=activation_s, profile_key=result.profile_key)
+
+
+def measure_activation_s(repeats: int = 5) -> float:
+    """Median wall time of an empty activation (``noop``) through the flow's task path: the
+    task submission, the invoker's round trip and the runtime's dispatch, which every
+    generation action pays on top of its work."""
+    import time
+
+    from flows.tasks import invoke_action
+
+    times = []
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        invoke_action(action="noop", payload={}, shard=f"probe-{i}")
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _result(out: dict[str, Any]) -> ProfileResult:
+    """The action's result without the runtime's bookkeeping keys (``__warm``)."""
+    return ProfileResult.model_validate({k: v for k, v in out["result"].items() if not k.startswith("__")})
+
+
+def _prompt(entry: Any) -> list[int]:
+    """A token-table entry's prompt ids (a dict from the store, or a typed row)."""
+    return entry["prompt"] if isinstance(entry, Mapping) else entry.prompt
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (the local pool's workers share them)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1

@@ -1,0 +1,163 @@
+"""The live planner's measured profile: the profile action's cache in the store, its rejection
+of a corrupt entry, and the hook planning from what was measured (flows/live_profile.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from actions.common.profile_cache import PROFILE_PREFIX
+from flows.live_profile import LiveInputs, finish_profiling, profile_grid
+from flows.planning.profile import TpotProfile
+
+GRID = {"batch_sizes": [1, 2], "contexts": [4, 8], "prefill_shape": [2, 4]}
+
+
+@pytest.fixture
+def published(tmp_path):
+    """A store holding a tiny model's base files and weights: (store, ModelRef payload)."""
+    from actions.common.modeling import base_files, build_tiny_model
+    from actions.common.storage import LocalStore, put_artifact
+    from actions.common.weights import publish_tensors
+
+    store = LocalStore(str(tmp_path / "store"))
+    model, tok = build_tiny_model(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                                  max_positions=64, seed=0)
+    put_artifact(store, "runs/r/base/manifest.json", base_files(model, tok))
+    publish_tensors(store, "runs/r/init/manifest.json", model.state_dict())
+    ref = {"store_uri": store.uri, "base_key": "runs/r/base/manifest.json",
+           "policy_key": "runs/r/init/manifest.json", "policy_version": 0}
+    return store, ref
+
+
+def _profile(ref: dict, **extra) -> dict:
+    from actions.profile import main
+
+    out = main(json.loads(json.dumps({"model": ref, **GRID, **extra})))
+    assert "error" not in out, out
+    return out
+
+
+def test_second_start_reuses_the_cached_profile_and_other_facts_measure_anew(published, monkeypatch):
+    store, ref = published
+    monkeypatch.setenv("RLHFLESS_THREADS", "1")
+    first = _profile(ref)
+    assert first["source"] == "measured" and first["measure_s"] > 0
+    assert first["profile_key"].startswith(PROFILE_PREFIX + "/") and store.exists(first["profile_key"])
+    TpotProfile.from_dict(first["profile"])  # a usable grid
+    # the planner's locality inputs come from the model and the store, not zeros
+    assert first["weight_bytes"] > 0 and first["store_read_bytes_per_s"] > 0
+    assert first["kv_bytes_per_token"] == 2 * 1 * 2 * 8 * 4  # K+V x layers x kv heads x head_dim x fp32
+
+    again = _profile(ref)  # a second campaign start on the same store
+    assert again["source"] == "cached" and again["measure_s"] == 0.0
+    assert again["profile_key"] == first["profile_key"] and again["profile"] == first["profile"]
+
+    bf16 = _profile({**ref, "dtype": "bfloat16"})
+    assert bf16["source"] == "measured" and bf16["profile_key"] != first["profile_key"]
+    assert bf16["facts"]["dtype"] == "bfloat16"
+    monkeypatch.setenv("RLHFLESS_THREADS", "2")
+    two = _profile(ref)
+    assert two["source"] == "measured" and two["facts"]["threads"] == 2
+    assert two["profile_key"] not in (first["profile_key"], bf16["profile_key"])
+
+
+def test_a_corrupt_cached_profile_is_rejected_with_a_clear_message_and_measured_again(published):
+    store, ref = published
+    key = _profile(ref)["profile_key"]
+    store.put(key, b'{"schema": "rlhfless.profile/1", "profile": trunc')
+    out = _profile(ref)
+    assert out["source"] == "measured"
+    assert out["rejected"].startswith(f"cached profile '{key}' is not valid JSON")
+    assert "measuring again" in out["rejected"]
+    assert _profile(ref)["source"] == "cached"  # the re-measured profile replaced it
+
+    record = json.loads(store.get(key))
+    record["profile"]["seconds"] = [[0.001, -1.0], [0.002, 0.003]]
+    store.put(key, json.dumps(record).encode())
+    out = _profile(ref)
+    assert out["source"] == "measured" and "not a positive finite number" in out["rejected"]
+
+
+class _Done:
+    def __init__(self, result: dict) -> None:
+        self._out = {"result": result}
+
+    def result(self) -> dict:
+        return self._out
+
+
+def _result(profile: dict, source: str = "cached") -> dict:
+    facts = {"model_config_sha256": "0" * 64, "dtype": "float32", "device": "cpu:x", "engine": "torch",
+             "threads": 1, "batch_sizes": [1, 2], "contexts": [4, 8], "prefill_shape": [2, 4]}
+    return {"profile": profile, "profile_key": "profiles/k.json", "source": source, "facts": facts,
+            "weight_bytes": 1000, "kv_bytes_per_token": 64, "store_read_bytes_per_s": 1e8, "measure_s": 0.0,
+            "__warm": {"hits": 0, "misses": 0}}
+
+
+def test_the_flow_measures_again_when_it_cannot_use_a_cached_grid(tiny_config, monkeypatch):
+    from actions.common.profile_cache import ProfileRequest
+    from flows import tasks
+    from flows.context import RunContext
+
+    good = TpotProfile((1, 2), (4.0, 8.0), ((0.001, 0.002), (0.002, 0.003)), 1000.0, name="m").to_dict()
+    bad = dict(good, batch_sizes=[2, 1])  # decreasing: TpotProfile refuses it
+    calls = []
+
+    def invoke(*, action, payload, shard):
+        calls.append(payload)
+        return _Done(_result(good, "measured")).result()
+
+    monkeypatch.setattr(tasks, "invoke_action", invoke)
+    ctx = RunContext(config=tiny_config(), store=None, invoker=None, run_id="r")  # type: ignore[arg-type]
+    req = ProfileRequest(model={"store_uri": "s", "base_key": "b", "policy_key": "p", "policy_version": 0},
+                         batch_sizes=[1, 2], contexts=[4, 8])
+    lines: list[str] = []
+    live = finish_profiling(ctx, (_Done(_result(bad)), req), lines.append)
+    assert [p["refresh"] for p in calls if p] == [True]  # (the empty payloads time the round trip)
+    assert live.source == "measured" and live.profile.name == "m"
+    assert any("profiles/k.json" in line and "measuring again" in line for line in lines)
+
+
+def test_the_hook_plans_from_the_measured_profile_and_the_store_transfer_model(tiny_config, tmp_path):
+    from actions.common.storage import LocalStore
+    from flows.context import RunContext
+    from flows.hooks import CPU_TINY_PROFILE, cluster_spec, load_profile, plan_generation_phase
+    from flows.planning.lengths import LengthHistory
+
+    # ten times slower than the built-in estimate at every point
+    slow = TpotProfile(CPU_TINY_PROFILE.batch_sizes, CPU_TINY_PROFILE.contexts,
+                       tuple(tuple(10 * v for v in row) for row in CPU_TINY_PROFILE.seconds),
+                       CPU_TINY_PROFILE.prefill_tokens_per_s, name="measured-x")
+    ctx = RunContext(config=tiny_config("scaling.policy=fixed:1"), store=LocalStore(str(tmp_path / "s")),
+                     invoker=None, run_id="r")  # type: ignore[arg-type]
+    tokens = {str(p): {"prompt": list(range(12)), "answer_len": 6} for p in range(4)}
+    plan = lambda: plan_generation_phase(ctx, LengthHistory(), tokens, [0, 1, 2, 3], 3).plan  # noqa: E731
+    builtin = plan().predicted_time_s
+    ctx.live = LiveInputs(slow, "measured", weight_bytes=4e6, kv_bytes_per_token=256.0,
+                          transfer_bandwidth_bytes_per_s=2e8, threads=1)
+    assert load_profile(ctx) is slow
+    spec = cluster_spec(ctx, 3)
+    assert (spec.weight_bytes, spec.kv_bytes_per_token, spec.transfer_bandwidth_bytes_per_s) == (4e6, 256.0, 2e8)
+    assert plan().predicted_time_s > 5 * builtin  # decode dominates and is 10x slower
+
+
+def test_profile_grid_covers_the_step():
+    assert profile_grid(4, 16, [10, 12, 30], 10) == ([4, 8, 16], [12, 40])
+    assert profile_grid(8, 8, [5], 3) == ([8, 9], [5, 8])  # one group per step still has two points
+
+
+def test_every_activation_pays_the_measured_round_trip_once():
+    from flows.planning.plan import ClusterSpec
+    from flows.planning.timeline import evaluate_candidate, prefill_seconds
+
+    profile = TpotProfile((1, 2), (4.0, 8.0), ((0.001, 0.002), (0.002, 0.003)), 1000.0)
+    base = ClusterSpec(gpus_per_actor=1, max_actors=2, num_warm_actors=2)
+    live = ClusterSpec(gpus_per_actor=1, max_actors=2, num_warm_actors=2, activation_s=0.05)
+    p0, p1 = prefill_seconds(100, profile, base), prefill_seconds(100, profile, live)
+    assert (p0, p1) == (0.1, 0.1 + 0.05)  # 100 tokens at 1000/s, plus the prefill's own round trip
+    t0, gs0, _ = evaluate_candidate([1.0, 0.5], [10, 10], base, p0)
+    t1, gs1, _ = evaluate_candidate([1.0, 0.5], [10, 10], live, p1)
+    assert t1 == pytest.approx(t0 + 2 * 0.05)  # the prefill's and then actor 0's
+    assert gs1 == pytest.approx(gs0 + 3 * 0.05)  # billed: prefill, actor 0, actor 1
