@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,13 +88,22 @@ def profile_request(ctx: RunContext, model: ModelRef, prompt_lengths: list[int])
 def start_profiling(ctx: RunContext, model: ModelRef, tokens: Mapping[Any, Any]) -> tuple[Any, ProfileRequest] | None:
     """Submit the profile action (None when the engine has no profiler). ``tokens``: the
     prepared token table (prompt lengths)."""
+    from prefect.context import FlowRunContext
+
     from flows.tasks import invoke_action  # Prefect task; keeps this module importable alone
 
     if ctx.config.generation.engine != "torch":
         return None
     lengths = [len(_prompt(t)) for t in tokens.values()]
     req = profile_request(ctx, model, lengths)
-    return invoke_action.submit(action="profile", payload=req.model_dump(mode="json"), shard="profile"), req
+    kwargs = dict(action="profile", payload=req.model_dump(mode="json"), shard="profile")
+    if FlowRunContext.get() is not None:
+        return invoke_action.submit(**kwargs), req
+    # outside a flow (a campaign run directly) Prefect has no task runner to submit to
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="profile")
+    future = pool.submit(invoke_action, **kwargs)
+    pool.shutdown(wait=False)
+    return future, req
 
 
 def finish_profiling(ctx: RunContext, started: tuple[Any, ProfileRequest] | None,

@@ -13,7 +13,7 @@ from actions.common.contracts import ModelRef
 from actions.common.store import LocalStore
 from actions.prepare import prepare
 
-ACTIONS = ["warmup", "prefill", "generate", "score", "train_step", "evaluate"]
+ACTIONS = ["warmup", "prefill", "generate", "score", "train_step", "evaluate", "profile"]
 
 
 @pytest.mark.parametrize("name", ACTIONS)

@@ -198,7 +198,9 @@ class ScalingConfig(_Section):
     gpus_per_actor: int = Field(1, ge=1)
     cold_start_s: float = Field(2.0, ge=0)
     profile: str | None = None
-    """TPOT profile JSON (``rlhfless profile``); None uses a built-in CPU estimate."""
+    """TPOT profile JSON (``rlhfless profile``); None: measured by the pool at campaign start,
+    or reused from the store's cache for the same model, dtype, device, engine and threads
+    (``flows/live_profile.py``)."""
     prewarm: bool = True
     """Warm the generation actions (and load the new policy version in them) ahead of use,
     at the earliest past invocation offset minus ``prewarm_buffer_s`` (PAPER 3.7)."""
