@@ -156,11 +156,11 @@ def _train(args: argparse.Namespace) -> int:
     summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True))
     print(f"eval accuracy {summary['eval_accuracy_first']} -> {summary['eval_accuracy_last']}; "
           f"billed {summary['billed_gpu_seconds']:.1f} {summary['billing']['unit']}; wall {summary['wall_seconds']:.0f} s")
-    profile, fid = summary.get("profile"), summary.get("planner_fidelity") or {}
+    profile, fid = summary.get("profile"), (summary.get("planner_fidelity") or {}).get("generate", {})
     if profile:
         print(f"planner profile: {profile['source']} {profile['name']}")
     if fid.get("steps"):
-        print(f"planner predicted vs measured generation phase: median relative error "
+        print(f"planner predicted vs measured generation actions' phase: median relative error "
               f"{fid['median_relative_error']:+.1%} over {fid['steps']} steps")
     print(summary_path)
     return 0

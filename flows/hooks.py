@@ -19,6 +19,7 @@ from flows.planning.prefix import PrefillPlan, plan_prefill
 from flows.planning.prewarm import prewarm_offset
 from flows.planning.profile import TpotProfile
 from flows.planning.scaling import plan_generation
+from flows.planning.timeline import prefill_seconds
 
 # A measured-shape estimate for the tiny default model on one CPU core per actor: a decode
 # step costs a fixed ~4 ms of framework overhead plus ~0.06 ms per running sequence. Only a
@@ -38,6 +39,9 @@ class PhasePlan:
     cut_after: tuple[int | None, ...]  # per actor: samples finished before it is cut (None: never)
     prewarm_offset_s: float | None = None
     """Seconds after the step starts to pre-warm the generation actions (None: no history)."""
+    predicted_prefill_s: float = 0.0
+    """The planner's prefill time P (``timeline.prefill_seconds``): ``plan.predicted_time_s``
+    minus this is its prediction of the generation actions' phase."""
 
 
 def load_profile(ctx: RunContext) -> TpotProfile:
@@ -85,11 +89,13 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: dict[
         prefill = plan_prefill(prompts, cfg.algorithm.group_size, cfg.generation.prefill_capacity)
     s = cfg.scaling
     profile = load_profile(ctx)
+    cluster = cluster_spec(ctx, num_workers)
+    prefill_tokens = prefill.tokens_computed if prefill else sum(prompt_lengths.values())
     plan = plan_generation(
         prompt_ids, predicted, group_size=cfg.algorithm.group_size,
         prompt_lengths=prompt_lengths, policy=s.policy,
         n_min=s.n_min, n_max=max(s.n_min, min(s.n_max, num_workers)), lam=s.lam,
-        assignment=cfg.generation.assignment, profile=profile, cluster=cluster_spec(ctx, num_workers),
+        assignment=cfg.generation.assignment, profile=profile, cluster=cluster,
         cut_threshold=cfg.generation.cut_threshold,
         prefill_tokens=prefill.tokens_computed if prefill else None,
         rank_slack=cfg.generation.rank_slack, objective=s.objective,
@@ -101,4 +107,5 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: dict[
     offset = None
     if s.prewarm:
         offset = prewarm_offset((call_history or {}).get("generate", []), s.prewarm_buffer_s)
-    return PhasePlan(plan, prefill, predicted, cut_after, offset)
+    return PhasePlan(plan, prefill, predicted, cut_after, offset,
+                     predicted_prefill_s=prefill_seconds(prefill_tokens, profile, cluster))

@@ -68,9 +68,11 @@ def step_metrics(out: dict[str, Any], phase: PhasePlan, price: float, gpus_per_a
         "actors/continuations": float(out["num_continuations"]),
         "actors/cold_starts": float(sum(1 for r in gen_records if r.get("cold"))),
         "perf/throughput": fraction(tokens, timing["generate"]),
+        # the plan's phase (prefill + generation actions) and its two parts; measured:
+        # timing_s/prefill and timing_s/generate
         "plan/predicted_time_s": phase.plan.predicted_time_s,
-        # what the plan predicts (prefill + generation actions), measured by the flow
-        "plan/measured_time_s": timing["prefill"] + timing["generate"],
+        "plan/predicted_prefill_s": phase.predicted_prefill_s,
+        "plan/predicted_generate_s": phase.plan.predicted_time_s - phase.predicted_prefill_s,
         "plan/planning_ms": phase.plan.planning_ms,
         "lengths/rank_correlation": rank_correlation([phase.predicted[p] for p in ids], [observed[p] for p in ids])
         if len(ids) > 1 else 0.0,
@@ -82,12 +84,30 @@ def step_metrics(out: dict[str, Any], phase: PhasePlan, price: float, gpus_per_a
     return m
 
 
-def planner_fidelity(steps: list[dict[str, Any]]) -> dict[str, float | int | None]:
-    """How the planner's predicted generation-phase time compares with the measured one:
+PHASES = {"generate": ("plan/predicted_generate_s", "timing_s/generate"),
+          "prefill": ("plan/predicted_prefill_s", "timing_s/prefill"),
+          "phase": ("plan/predicted_time_s", None)}
+"""Predicted and measured metric of each part the planner times (``phase``: both parts)."""
+
+
+def planner_fidelity(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """How the planner's predicted times compare with the measured ones, per part (``PHASES``):
     relative error ``(predicted - measured) / measured`` per step, its median (signed: below
-    zero the planner is optimistic) and the median and 90th percentile of its magnitude."""
-    errors = sorted(fraction(s["plan/predicted_time_s"] - s["plan/measured_time_s"], s["plan/measured_time_s"])
-                    for s in steps if "plan/measured_time_s" in s)
+    zero the planner is optimistic), and the median and 90th percentile of its magnitude. The
+    headline is ``generate``, the generation actions' phase the fan-out decides."""
+    out: dict[str, Any] = {}
+    for part, (pred_key, meas_key) in PHASES.items():
+        errors = []
+        for s in steps:
+            if pred_key not in s:
+                continue  # steps of an older revision
+            measured = s[meas_key] if meas_key else s["timing_s/prefill"] + s["timing_s/generate"]
+            errors.append(fraction(s[pred_key] - measured, measured))
+        out[part] = _error_stats(errors)
+    return out
+
+
+def _error_stats(errors: list[float]) -> dict[str, Any]:
     if not errors:
         return {"steps": 0, "median_relative_error": None, "median_abs_relative_error": None,
                 "p90_abs_relative_error": None}

@@ -62,11 +62,12 @@ def planner_lines(summary: dict[str, Any]) -> list[str]:
                      + f"; store reads {profile['store_read_bytes_per_s'] / 1e6:.0f} MB/s, weights "
                      f"{profile['weight_bytes'] / 1e6:.2f} MB, KV {profile['kv_bytes_per_token']:.0f} B/token, "
                      f"activation round trip {profile['activation_s'] * 1e3:.0f} ms")
-    fid = summary.get("planner_fidelity") or {}
-    if fid.get("steps"):
-        lines.append(f"- predicted vs measured generation phase over {fid['steps']} steps: median relative error "
-                     f"{fid['median_relative_error']:+.1%} (median |error| {fid['median_abs_relative_error']:.1%}, "
-                     f"90th percentile {fid['p90_abs_relative_error']:.1%})")
+    names = {"generate": "generation actions", "prefill": "prefill", "phase": "whole phase"}
+    for part, fid in (summary.get("planner_fidelity") or {}).items():
+        if fid.get("steps"):
+            lines.append(f"- predicted vs measured {names.get(part, part)} time over {fid['steps']} steps: median "
+                         f"relative error {fid['median_relative_error']:+.1%} (median |error| "
+                         f"{fid['median_abs_relative_error']:.1%}, 90th percentile {fid['p90_abs_relative_error']:.1%})")
     return lines
 
 
@@ -108,11 +109,11 @@ def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
     if summary.get("stopped_reason"):
         lines.append(f"- stopped early: {summary['stopped_reason']}")
     lines += planner_lines(summary)
-    lines += ["", f"| step | reward | length | actions | cut | billed {unit} | step s | phase s predicted | "
-              "phase s measured |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", f"| step | reward | length | actions | cut | billed {unit} | step s | generation s predicted | "
+              "generation s measured |", "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {x} | {s['reward/mean']:.3f} | {s['response_length/mean']:.1f} | {int(s['actors/n'])} | "
               f"{int(s['actors/migrated'])} | {s['cost/billed_gpu_seconds']:.2f} | {s['timing_s/step']:.2f} | "
-              f"{s['plan/predicted_time_s']:.3f} | {s.get('plan/measured_time_s', float('nan')):.3f} |"
+              f"{s.get('plan/predicted_generate_s', float('nan')):.3f} | {s['timing_s/generate']:.3f} |"
               for x, s in zip(xs, steps)]
     lines += [""] + [f"![{p.stem}]({p.name})" for p in files]
     (out / "report.md").write_text("\n".join(lines) + "\n")

@@ -161,3 +161,40 @@ def test_every_activation_pays_the_measured_round_trip_once():
     t1, gs1, _ = evaluate_candidate([1.0, 0.5], [10, 10], live, p1)
     assert t1 == pytest.approx(t0 + 2 * 0.05)  # the prefill's and then actor 0's
     assert gs1 == pytest.approx(gs0 + 3 * 0.05)  # billed: prefill, actor 0, actor 1
+
+
+def test_the_measured_fanout_follows_the_predicted_lengths(tiny_config, tmp_path, monkeypatch):
+    """Short responses: a second action saves less than its round trip costs; long ones: it pays."""
+    from actions.common.storage import LocalStore
+    from flows import hooks
+    from flows.context import RunContext
+    from flows.planning.lengths import LengthHistory
+
+    monkeypatch.setattr(hooks, "usable_cores", lambda: 2)
+    profile = TpotProfile((4, 16), (8.0, 64.0), ((0.01, 0.012), (0.03, 0.036)), 2000.0, name="measured-x")
+    ctx = RunContext(config=tiny_config("generation.max_new_tokens=200"), store=LocalStore(str(tmp_path / "s")),
+                     invoker=None, run_id="r",  # type: ignore[arg-type]
+                     live=LiveInputs(profile, "measured", activation_s=0.1, threads=1))
+    ids = [0, 1, 2, 3]
+
+    def actions(answer_len: int) -> int:
+        tokens = {str(p): {"prompt": list(range(8)), "answer_len": answer_len} for p in ids}
+        return hooks.plan_generation_phase(ctx, LengthHistory(), tokens, ids, 4).plan.num_actors
+
+    assert actions(2) == 1  # ~0.05 s of decoding: not worth a 0.1 s round trip
+    assert actions(150) == 2  # seconds of decoding: a second action halves them; capacity is 2 cores
+
+
+def test_planner_fidelity_reports_each_part_of_the_phase():
+    from flows.metrics import planner_fidelity
+
+    steps = [{"plan/predicted_time_s": 1.2, "plan/predicted_prefill_s": 0.2, "plan/predicted_generate_s": 1.0,
+              "timing_s/prefill": 0.4, "timing_s/generate": g} for g in (0.8, 1.0, 1.25, 2.0)]
+    fid = planner_fidelity(steps)
+    assert fid["generate"]["steps"] == 4
+    # errors +25%, 0%, -20%, -50%: median of the middle two, signed and in magnitude
+    assert fid["generate"]["median_relative_error"] == pytest.approx((0.0 - 0.2) / 2)
+    assert fid["generate"]["median_abs_relative_error"] == pytest.approx((0.2 + 0.25) / 2)
+    assert fid["generate"]["p90_abs_relative_error"] == pytest.approx(0.5)
+    assert fid["prefill"]["median_relative_error"] == pytest.approx(-0.5)
+    assert planner_fidelity([{"timing_s/generate": 1.0}])["generate"]["steps"] == 0  # older steps
