@@ -22,7 +22,7 @@ from actions.common.device import action_device, action_dtype
 from actions.common.loading import load_base, load_model, store_for
 from actions.common.profile_cache import (ProfileFacts, ProfileRequest, ProfileResult, cache_record,
                                           check_cached)
-from actions.common.storage import ObjectNotFound, ObjectStore, get_artifact, put_json, read_manifest
+from actions.common.store import ObjectNotFound, ObjectStore, get_artifact, put_json, read_manifest
 
 
 def device_name(device: torch.device) -> str:

@@ -18,7 +18,7 @@ GRID = {"batch_sizes": [1, 2], "contexts": [4, 8], "prefill_shape": [2, 4]}
 def published(tmp_path):
     """A store holding a tiny model's base files and weights: (store, ModelRef payload)."""
     from actions.common.modeling import base_files, build_tiny_model
-    from actions.common.storage import LocalStore, put_artifact
+    from actions.common.store import LocalStore, put_artifact
     from actions.common.weights import publish_tensors
 
     store = LocalStore(str(tmp_path / "store"))
@@ -121,7 +121,7 @@ def test_the_flow_measures_again_when_it_cannot_use_a_cached_grid(tiny_config, m
 
 
 def test_the_hook_plans_from_the_measured_profile_and_the_store_transfer_model(tiny_config, tmp_path):
-    from actions.common.storage import LocalStore
+    from actions.common.store import LocalStore
     from flows.context import RunContext
     from flows.hooks import CPU_TINY_PROFILE, cluster_spec, load_profile, plan_generation_phase
     from flows.planning.lengths import LengthHistory
@@ -165,7 +165,7 @@ def test_every_activation_pays_the_measured_round_trip_once():
 
 def test_the_measured_fanout_follows_the_predicted_lengths(tiny_config, tmp_path, monkeypatch):
     """Short responses: a second action saves less than its round trip costs; long ones: it pays."""
-    from actions.common.storage import LocalStore
+    from actions.common.store import LocalStore
     from flows import hooks
     from flows.context import RunContext
     from flows.planning.lengths import LengthHistory
