@@ -17,18 +17,9 @@ from flows.planning.migrate import plan_cut_points_of
 from flows.planning.plan import ClusterSpec, GenerationPlan
 from flows.planning.prefix import PrefillPlan, plan_prefill
 from flows.planning.prewarm import prewarm_offset
-from flows.planning.profile import TpotProfile
+from flows.planning.profile import CPU_TINY_PROFILE, TpotProfile
 from flows.planning.scaling import plan_generation
 from flows.planning.timeline import prefill_seconds
-
-# A measured-shape estimate for the tiny default model on one CPU core per actor: a decode
-# step costs a fixed ~4 ms of framework overhead plus ~0.06 ms per running sequence. Only a
-# fallback: campaigns plan from the pool's measured profile (flows/live_profile.py).
-CPU_TINY_PROFILE = TpotProfile(
-    batch_sizes=(1, 256), contexts=(16.0, 512.0),
-    seconds=((0.004, 0.0045), (0.004 + 255 * 6e-5, 0.0045 + 255 * 8e-5)),
-    prefill_tokens_per_s=20_000.0, name="cpu-tiny-estimate",
-)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Any
 from actions.common.contracts import ModelRef
 from actions.common.profile_cache import ProfileRequest, ProfileResult
 from flows.context import RunContext
-from flows.planning.profile import TpotProfile
+from flows.planning.profile import CPU_TINY_PROFILE, TpotProfile
 
 Progress = Callable[[str], None]
 
@@ -115,8 +115,6 @@ def finish_profiling(ctx: RunContext, started: tuple[Any, ProfileRequest] | None
     if started is None:
         if path:
             return LiveInputs(TpotProfile.load(path), "file")
-        from flows.hooks import CPU_TINY_PROFILE
-
         progress(f"profile: engine {ctx.config.generation.engine} has no profiler; planning with "
                  f"{CPU_TINY_PROFILE.name} (set scaling.profile to a measured file)")
         return LiveInputs(CPU_TINY_PROFILE, "built-in")

@@ -123,8 +123,9 @@ def test_the_flow_measures_again_when_it_cannot_use_a_cached_grid(tiny_config, m
 def test_the_hook_plans_from_the_measured_profile_and_the_store_transfer_model(tiny_config, tmp_path):
     from actions.common.store import LocalStore
     from flows.context import RunContext
-    from flows.hooks import CPU_TINY_PROFILE, cluster_spec, load_profile, plan_generation_phase
+    from flows.hooks import cluster_spec, load_profile, plan_generation_phase
     from flows.planning.lengths import LengthHistory
+    from flows.planning.profile import CPU_TINY_PROFILE
 
     # ten times slower than the built-in estimate at every point
     slow = TpotProfile(CPU_TINY_PROFILE.batch_sizes, CPU_TINY_PROFILE.contexts,

@@ -241,6 +241,16 @@ class TpotProfile:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
+# A measured-shape estimate for the tiny default model on one CPU core per actor: a decode
+# step costs a fixed ~4 ms of framework overhead plus ~0.06 ms per running sequence. Only a
+# fallback: campaigns plan from the pool's measured profile (flows/live_profile.py).
+CPU_TINY_PROFILE = TpotProfile(
+    batch_sizes=(1, 256), contexts=(16.0, 512.0),
+    seconds=((0.004, 0.0045), (0.004 + 255 * 6e-5, 0.0045 + 255 * 8e-5)),
+    prefill_tokens_per_s=20_000.0, name="cpu-tiny-estimate",
+)
+
+
 def kv_capacity_tokens(gpu: GpuSpec, model: ModelSpec, gpus: int,
                        memory_utilization: float = MEMORY_UTILIZATION) -> float:
     """Tokens of KV one actor of ``gpus`` x ``gpu`` holds next to the model's weights.
