@@ -58,6 +58,7 @@ class EngineStats:
     prefill_tokens: int = 0  # prompt tokens whose KV this call computed (cache hits excluded)
     decode_steps: int = 0  # engine steps after the first token
     decode_token_slots: int = 0  # sum of active rows over decode steps
+    spec: dict | None = None  # speculative decoding counters (``speculative.SpecStats``); None: off
 
 
 @runtime_checkable
@@ -78,6 +79,7 @@ class GenerationEngine(Protocol):
         dedup: bool = True,
         prefixes: Mapping[tuple[int, ...], Any] | None = None,
         cut_after: int | None = None,
+        speculation: Any = None,
     ) -> tuple[list[SampleOut], EngineStats]:
         """Generate every sample to EOS, ``max_new_tokens`` or the cut.
 
@@ -91,6 +93,9 @@ class GenerationEngine(Protocol):
             prefixes: precomputed KV states of shared token prefixes (torch only).
             cut_after: stop once this many samples finished; the others come back with
                 finish_reason "cut" and their tokens so far.
+            speculation: a ``speculative.Speculation`` (torch: draft and verify, same outputs
+                as plain decoding); None: plain decoding. vLLM ignores it: its own
+                speculative decoding is configured when the engine is built (docs/vllm.md).
         Returns:
             (one SampleOut per input sample, in input order; call statistics).
         """

@@ -33,6 +33,8 @@ from transformers import DynamicCache
 
 from actions.engines.base import EngineStats, SampleOut, SampleSpec
 from actions.engines.sampling import sample_next, stream_key
+from actions.engines.spec_select import AcceptanceTracker, ForwardCost
+from actions.engines.speculative import Speculation, decode_speculative
 
 __all__ = ["EngineStats", "PrefixState", "SampleOut", "SampleSpec", "TorchEngine"]
 
@@ -61,6 +63,9 @@ class TorchEngine:
         self.eos_id = self.eos_ids[0] if self.eos_ids else -1
         self.pad_id = pad_id
         self.device = next(model.parameters()).device
+        # Speculation estimates survive across warm calls; a cold engine starts from priors.
+        self.forward_cost = ForwardCost()
+        self.acceptance = AcceptanceTracker()
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()
@@ -139,8 +144,10 @@ class TorchEngine:
         dedup: bool = True,
         prefixes: dict[tuple[int, ...], PrefixState] | None = None,
         cut_after: int | None = None,
+        speculation: Speculation | None = None,
     ) -> tuple[list[SampleOut], EngineStats]:
-        """Generate every sample; see the module docstring for dedup and cut semantics."""
+        """Generate every sample; see the module docstring for dedup and cut semantics.
+        ``speculation``: decode speculatively (``speculative.py``; same outputs); None: plain."""
         stats = EngineStats()
         if not samples:
             return [], stats
@@ -152,7 +159,15 @@ class TorchEngine:
             row_states = [lookup[c] for c in contexts]
         else:
             row_states, stats.prefill_tokens = self.prefill(contexts, prefixes)
-        outs = self._decode(samples, row_states, seed, step, max_new_tokens, temperature, cut_after, stats)
+        if speculation is None:
+            outs = self._decode(samples, row_states, seed, step, max_new_tokens, temperature, cut_after, stats)
+            return outs, stats
+        self.acceptance.priors.update(speculation.priors)
+        outs, spec_stats = decode_speculative(
+            self, samples, row_states, seed=seed, step=step, max_new_tokens=max_new_tokens,
+            temperature=temperature, cut_after=cut_after, stats=stats, spec=speculation,
+            tracker=self.acceptance, cost=self.forward_cost)
+        stats.spec = spec_stats.to_dict()
         return outs, stats
 
     def _decode(

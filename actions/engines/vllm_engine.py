@@ -132,8 +132,10 @@ class VllmEngine:
         dedup: bool = True,
         prefixes: Mapping[tuple[int, ...], Any] | None = None,
         cut_after: int | None = None,
+        speculation: Any = None,
     ) -> tuple[list[SampleOut], EngineStats]:
-        """See ``base.GenerationEngine.generate``; ``prefixes`` is ignored (module docstring)."""
+        """See ``base.GenerationEngine.generate``; ``prefixes`` and ``speculation`` are ignored
+        (module docstring): vLLM's own speculative decoding is set when the engine is built."""
         with self._lock:
             return self._generate(samples, seed, step, max_new_tokens, temperature, dedup, cut_after)
 

@@ -1,0 +1,59 @@
+"""The drafter contract and the incremental n-gram index both strategies use.
+
+A drafter holds per-row state. The engine calls ``start`` once per row with the row's
+prompt and response so far, ``extend`` with every token the row accepts afterwards, and
+``propose`` before a verification forward. ``propose`` must be cheap: it runs once per row per
+decode round, between two forwards of the target model, in Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class Drafter(Protocol):
+    name: str
+
+    def start(self, row: int, prompt_id: int, prompt: Sequence[int], response: Sequence[int]) -> None:
+        """Begin tracking ``row`` (its prompt tokens and the response tokens it already has)."""
+        ...
+
+    def extend(self, row: int, tokens: Sequence[int]) -> None:
+        """Tokens appended to ``row``'s response (accepted or sampled), in order."""
+        ...
+
+    def propose(self, row: int, k: int) -> list[int]:
+        """Up to ``k`` tokens that may follow ``row``'s response so far (may be empty)."""
+        ...
+
+
+class NgramIndex:
+    """Where each n-gram (``min_n <= n <= max_n``) of a growing token list last occurred with a
+    known continuation: ``ngram -> index of the token after it``.
+
+    ``lookup(query)`` takes the longest suffix n-gram of ``query`` seen in the index and returns
+    the continuation position, so a drafter can copy the tokens that followed it. An n-gram is
+    registered only once its next token exists, so the list's own trailing n-gram never matches
+    itself.
+    """
+
+    def __init__(self, min_n: int, max_n: int) -> None:
+        self.min_n, self.max_n = min_n, max_n
+        self.tokens: list[int] = []
+        self._where: dict[tuple[int, ...], int] = {}
+
+    def append(self, tokens: Sequence[int]) -> None:
+        for t in tokens:
+            end = len(self.tokens)  # ``t`` is the continuation of every n-gram ending at end-1
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                self._where[tuple(self.tokens[end - n:end])] = end
+            self.tokens.append(t)
+
+    def lookup(self, query: Sequence[int]) -> int | None:
+        """Continuation index of the longest suffix of ``query`` in the index, or None."""
+        for n in range(min(self.max_n, len(query)), self.min_n - 1, -1):
+            pos = self._where.get(tuple(query[len(query) - n:]))
+            if pos is not None:
+                return pos
+        return None

@@ -1,0 +1,35 @@
+"""``prompt_lookup``: draft by copying what followed the latest earlier occurrence of the
+response's last n tokens in the row's own prompt + response (prompt-lookup decoding, as in
+Hugging Face ``prompt_lookup_num_tokens`` and vLLM's ``ngram`` method).
+
+It pays where responses quote their prompts (extraction, editing, code, repetition) and costs
+nothing to keep: the index grows by ``max_n - min_n + 1`` dictionary entries per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from actions.engines.drafters.base import NgramIndex
+
+
+class PromptLookupDrafter:
+    name = "prompt_lookup"
+
+    def __init__(self, min_n: int = 1, max_n: int = 3) -> None:
+        self.min_n, self.max_n = min_n, max_n
+        self._rows: dict[int, NgramIndex] = {}
+
+    def start(self, row: int, prompt_id: int, prompt: Sequence[int], response: Sequence[int]) -> None:
+        index = NgramIndex(self.min_n, self.max_n)
+        index.append(prompt)
+        index.append(response)
+        self._rows[row] = index
+
+    def extend(self, row: int, tokens: Sequence[int]) -> None:
+        self._rows[row].append(tokens)
+
+    def propose(self, row: int, k: int) -> list[int]:
+        index = self._rows[row]
+        pos = index.lookup(index.tokens[-self.max_n:])
+        return [] if pos is None or k <= 0 else index.tokens[pos:pos + k]

@@ -1,0 +1,160 @@
+"""Choosing the drafting strategy and the draft length k before each decode round (pure).
+
+One verification forward of the target at batch b and width k + 1 costs ``t(b, k + 1)``
+seconds and yields, per row, its sampled token plus the accepted prefix of its draft. With a
+per-token acceptance rate ``alpha`` for the strategy (each draft token accepted with
+probability alpha while all before it were; Leviathan et al. 2023, section 3.1, with the
+target's own Gumbel draw as the "verifier"), a row whose draft has m tokens gives
+``1 + sum_{i=1..m} alpha^i`` tokens in expectation. The selector maximises
+
+    rate(s, k) = sum_r (1 + sum_{i<=min(m_r(s), k)} alpha_s^i) / (t(b, 1 + max_r min(m_r(s), k)) + b * d_s)
+
+over strategies s and k in 0..max_k, where ``m_r(s)`` is the length of the draft s has for
+row r this round and ``d_s`` its drafting seconds per row; k = 0 is plain decoding, rate
+``b / t(b, 1)``. Speculation is chosen only where it beats that (``margin``). As the batch
+shrinks ``t(b, w)`` flattens in w (a forward reads the weights once whatever its width), so
+longer drafts pay.
+
+Both estimates are online: ``AcceptanceTracker`` counts accepted and rejected draft tokens per
+strategy (a Beta prior stands in before any), and ``ForwardCost`` fits ``t(b, w)`` to the
+forwards the engine has timed (least squares on 1, b and b * (w - 1), ridge-pulled towards a
+prior shaped like a TPOT profile: a fixed part plus a per-row part, width nearly free).
+Nothing here changes outputs: the engine accepts only tokens equal to plain decoding's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class AcceptanceTracker:
+    """Per strategy: draft tokens accepted and rounds that ended in a rejection.
+
+    The geometric model's maximum-likelihood rate is accepted / (accepted + rejections); the
+    prior adds ``prior_weight`` pseudo-tokens at ``prior_rate`` (or a caller's measured rate).
+    """
+
+    prior_rate: float = 0.5
+    prior_weight: float = 2.0
+    priors: dict[str, float] = field(default_factory=dict)
+    accepted: dict[str, int] = field(default_factory=dict)
+    rejections: dict[str, int] = field(default_factory=dict)
+    proposed: dict[str, int] = field(default_factory=dict)
+
+    def rate(self, strategy: str) -> float:
+        prior = self.priors.get(strategy, self.prior_rate)
+        a = self.accepted.get(strategy, 0) + self.prior_weight * prior
+        r = self.rejections.get(strategy, 0) + self.prior_weight * (1.0 - prior)
+        return a / (a + r) if a + r > 0 else 0.0
+
+    def record(self, strategy: str, num_proposed: int, num_accepted: int) -> None:
+        """One row's verification: ``num_accepted`` of its ``num_proposed`` draft tokens kept."""
+        self.proposed[strategy] = self.proposed.get(strategy, 0) + num_proposed
+        self.accepted[strategy] = self.accepted.get(strategy, 0) + num_accepted
+        if num_accepted < num_proposed:
+            self.rejections[strategy] = self.rejections.get(strategy, 0) + 1
+
+
+@dataclass
+class ForwardCost:
+    """Online estimate of one target forward's seconds at batch b and width w.
+
+    Model: ``t = c0 + c1 * b + c2 * b * (w - 1)``. The prior (``prior``, ``prior_weight``
+    pseudo-observations per coefficient) keeps the fit sane before the engine has timed any
+    forward wider than 1.
+    """
+
+    prior: tuple[float, float, float] = (2e-3, 1e-4, 1e-5)
+    prior_weight: float = 1.0
+    decay: float = 0.98
+    _xtx: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
+    _xty: list[float] = field(default_factory=lambda: [0.0] * 3)
+
+    def observe(self, batch: int, width: int, seconds: float) -> None:
+        x = (1.0, float(batch), float(batch * (width - 1)))
+        for i in range(3):
+            self._xty[i] = self.decay * self._xty[i] + x[i] * seconds
+            for j in range(3):
+                self._xtx[i][j] = self.decay * self._xtx[i][j] + x[i] * x[j]
+
+    def coefficients(self) -> tuple[float, float, float]:
+        # Ridge towards the prior, scaled per coefficient so each term has comparable pull.
+        scales = (1.0, 16.0, 16.0)
+        a = [[self._xtx[i][j] + (self.prior_weight * scales[i] ** 2 if i == j else 0.0) for j in range(3)]
+             for i in range(3)]
+        b = [self._xty[i] + self.prior_weight * scales[i] ** 2 * self.prior[i] for i in range(3)]
+        c = _solve3(a, b)
+        return (max(c[0], 0.0), max(c[1], 0.0), max(c[2], 0.0))
+
+    def seconds(self, batch: int, width: int) -> float:
+        c0, c1, c2 = self.coefficients()
+        return max(c0 + c1 * batch + c2 * batch * (width - 1), 1e-9)
+
+
+def _solve3(a: list[list[float]], b: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting for a 3x3 system (a is positive definite here)."""
+    m = [row[:] + [rhs] for row, rhs in zip(a, b)]
+    for col in range(3):
+        piv = max(range(col, 3), key=lambda r: abs(m[r][col]))
+        m[col], m[piv] = m[piv], m[col]
+        for r in range(col + 1, 3):
+            f = m[r][col] / m[col][col]
+            for c in range(col, 4):
+                m[r][c] -= f * m[col][c]
+    x = [0.0] * 3
+    for r in (2, 1, 0):
+        x[r] = (m[r][3] - sum(m[r][c] * x[c] for c in range(r + 1, 3))) / m[r][r]
+    return x
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A round's decision: ``strategy`` None and ``k`` 0 mean plain decoding."""
+
+    strategy: str | None
+    k: int
+    expected_rate: float  # tokens per second the model predicts for this choice
+    plain_rate: float  # ... and for plain decoding
+
+
+def expected_tokens(alpha: float, lengths: Sequence[int], k: int) -> float:
+    """Sum over rows of 1 + alpha + ... + alpha^min(m_r, k)."""
+    total = 0.0
+    for m in lengths:
+        m = min(m, k)
+        total += 1.0 + (sum(alpha ** i for i in range(1, m + 1)) if m > 0 else 0.0)
+    return total
+
+
+def choose(draft_lengths: Mapping[str, Sequence[int]], rates: Mapping[str, float],
+           seconds: "callable", max_k: int, draft_seconds: Mapping[str, float] | None = None,
+           margin: float = 0.02) -> Choice:
+    """The (strategy, k) with the highest expected tokens per second, or plain decoding.
+
+    Args:
+        draft_lengths: strategy -> per-row length of the draft it has this round (rows in
+            batch order; every list has the batch's length).
+        rates: strategy -> per-token acceptance rate alpha in [0, 1].
+        seconds: ``seconds(batch, width)`` -> one target forward's seconds.
+        max_k: the longest draft allowed (``generation.max_draft_len``).
+        draft_seconds: strategy -> drafting seconds per row and round (0 when absent).
+        margin: a speculative choice must beat plain decoding's rate by this fraction.
+    Returns:
+        the best choice; ``Choice(None, 0, ...)`` when nothing beats plain decoding.
+    """
+    b = len(next(iter(draft_lengths.values()))) if draft_lengths else 0
+    if b == 0:
+        return Choice(None, 0, 0.0, 0.0)
+    plain = b / seconds(b, 1)
+    best = Choice(None, 0, plain, plain)
+    for strategy, lengths in draft_lengths.items():
+        longest = min(max(lengths, default=0), max_k)
+        cost_draft = b * (draft_seconds or {}).get(strategy, 0.0)
+        for k in range(1, longest + 1):
+            width = 1 + max(min(m, k) for m in lengths)
+            rate = expected_tokens(rates.get(strategy, 0.0), lengths, k) / (seconds(b, width) + cost_draft)
+            if rate > best.expected_rate and rate > plain * (1.0 + margin):
+                best = Choice(strategy, k, rate, plain)
+    return best

@@ -1,0 +1,315 @@
+"""Speculative decoding in the torch engine, exact by construction.
+
+Sampling is counter-based Gumbel-max (``sampling.py``): a sample's token at response position
+t is ``argmax(logits_t / T + G(key, t))``, a function of the logits and of who the sample is.
+So a draft token can be checked exactly: feed ``[last token, d_1 .. d_k]`` to the target in
+one forward, draw the target's own token at each of the k positions with the same noise, keep
+the longest prefix of the draft that equals those draws and take the target's draw at the first
+mismatch as the next token. Every token kept is the token plain decoding draws there, so the
+outputs are those of plain decoding (up to the float round-off of a width-(k+1) forward
+against width-1 ones, the same caveat as batching; the tests compare token for token). No
+rejection sampling is involved.
+
+Ragged acceptance. Rows keep different numbers of draft tokens. After a verification forward
+the cache columns past the longest accepted prefix are cropped; a row that accepted fewer
+keeps its rejected columns as masked holes (attention mask 0; positions are explicit, so a
+hole shifts nothing). When holes exceed a quarter of the cache, each row's valid columns are
+packed to the right with one gather and the all-padding columns on the left are dropped.
+
+Per round, ``spec_select.choose`` picks the strategy and k from the drafts the strategies
+have, their online acceptance rates and the timed cost of past forwards; k = 0 is a plain
+decode step (width 1). Cuts (``cut_after``) are checked after every round: a cut sample
+carries exactly its accepted tokens and continues, later, from there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from actions.engines.base import EngineStats, SampleOut, SampleSpec
+from actions.engines.drafters import HistoryDrafter, PromptLookupDrafter
+from actions.engines.drafters.base import Drafter
+from actions.engines.sampling import sample_next, stream_key
+from actions.engines.spec_select import AcceptanceTracker, Choice, ForwardCost, choose
+
+PROBE_EVERY = 16
+"""Rounds of plain decoding after which one short speculative round re-measures a strategy
+that the estimates had switched off (acceptance can rise as training sharpens the policy)."""
+
+
+@dataclass
+class Speculation:
+    """What one generate call may do speculatively (``generation.speculation`` and friends).
+
+    ``history``: prompt_id -> earlier responses (token lists) for the ``history`` strategy;
+    ``priors``: strategy -> acceptance rate measured earlier (e.g. by the previous step);
+    ``fixed``: force one (strategy, k) every round (benchmark sweeps), bypassing the selector.
+    """
+
+    strategies: tuple[str, ...] = ("history", "prompt_lookup")
+    max_draft_len: int = 8
+    history: Mapping[int, Sequence[Sequence[int]]] = field(default_factory=dict)
+    priors: Mapping[str, float] = field(default_factory=dict)
+    fixed: tuple[str, int] | None = None
+
+
+@dataclass
+class SpecStats:
+    """Per call: rounds by strategy, draft tokens proposed and accepted, forwards saved."""
+
+    rounds: int = 0
+    spec_rounds: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    draft_len_sum: int = 0  # sum of k over speculative rounds
+    rounds_by_strategy: dict[str, int] = field(default_factory=dict)
+    accepted_by_strategy: dict[str, int] = field(default_factory=dict)
+    proposed_by_strategy: dict[str, int] = field(default_factory=dict)
+    forwards_saved: int = 0  # plain decode steps for the same tokens, minus the forwards run
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+def make_drafters(spec: Speculation) -> dict[str, Drafter]:
+    out: dict[str, Drafter] = {}
+    for name in spec.strategies:
+        if name == "history":
+            if spec.history:
+                out[name] = HistoryDrafter(spec.history)
+        elif name == "prompt_lookup":
+            out[name] = PromptLookupDrafter()
+        else:
+            raise ValueError(f"generation.draft_strategies: unknown strategy {name!r}; use history or prompt_lookup")
+    return out
+
+
+class _Batch:
+    """The running rows' cache, padding mask and model positions (all on the device)."""
+
+    def __init__(self, cache, mask: torch.Tensor, next_pos: torch.Tensor) -> None:
+        self.cache, self.mask, self.next_pos = cache, mask, next_pos
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.cache.batch_select_indices(keep)
+        self.mask, self.next_pos = self.mask[keep], self.next_pos[keep]
+
+    def _map_kv(self, fn) -> None:
+        for layer in self.cache.layers:
+            layer.keys, layer.values = fn(layer.keys), fn(layer.values)
+
+    def rollback(self, accepted: torch.Tensor, width: int) -> None:
+        """Keep, per row, the first ``accepted[r] + 1`` of the last ``width`` columns."""
+        longest = int(accepted.max())
+        drop = width - 1 - longest
+        if drop > 0:
+            self._map_kv(lambda t: t[:, :, :-drop])
+            self.mask = self.mask[:, :-drop]
+        length = self.mask.shape[1]
+        cols = torch.arange(length - (longest + 1), length, device=self.mask.device)  # the block's kept columns
+        hole = cols[None, :] > (length - (longest + 1) + accepted)[:, None]
+        if bool(hole.any()):
+            self.mask[:, length - (longest + 1):] = self.mask[:, length - (longest + 1):].masked_fill(hole, 0)
+        if int((self.mask == 0).sum()) > self.mask.numel() // 4:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Pack each row's valid columns to the right; drop columns that are padding everywhere."""
+        order = torch.argsort(self.mask, dim=1, stable=True)  # zeros first, valid columns in order
+        self.mask = self.mask.gather(1, order)
+        first = int((self.mask.sum(0) > 0).nonzero()[0]) if bool(self.mask.any()) else 0
+        self.mask = self.mask[:, first:]
+        idx = order[:, first:]
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            i = idx[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])
+            return t.gather(2, i)
+
+        self._map_kv(pack)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Selector:
+    """Per-call state of the round decisions: estimates, probing and forced choices."""
+
+    def __init__(self, spec: Speculation, tracker: AcceptanceTracker, cost: ForwardCost) -> None:
+        self.spec, self.tracker, self.cost = spec, tracker, cost
+        self.draft_seconds: dict[str, float] = {}
+        self.rounds_off = 0
+
+    def pick(self, proposals: Mapping[str, list[list[int]]]) -> Choice:
+        if self.spec.fixed is not None:
+            name, k = self.spec.fixed
+            return Choice(name, k, 0.0, 0.0) if name in proposals and k > 0 else Choice(None, 0, 0.0, 0.0)
+        lengths = {n: [len(p) for p in props] for n, props in proposals.items() if any(props)}
+        if not lengths:
+            return Choice(None, 0, 0.0, 0.0)
+        rates = {n: self.tracker.rate(n) for n in lengths}
+        c = choose(lengths, rates, self.cost.seconds, self.spec.max_draft_len, self.draft_seconds)
+        if c.k > 0:
+            self.rounds_off = 0
+            return c
+        self.rounds_off += 1
+        if self.rounds_off >= PROBE_EVERY:  # re-measure the most promising strategy, cheaply
+            self.rounds_off = 0
+            name = max(lengths, key=lambda n: rates[n])
+            return Choice(name, min(2, self.spec.max_draft_len), c.expected_rate, c.plain_rate)
+        return c
+
+    def propose(self, drafters: Mapping[str, Drafter], rows: list[int], room: list[int]) -> dict[str, list[list[int]]]:
+        """Every strategy's draft per row (at most ``max_draft_len`` and the row's room),
+        timing each strategy's drafting per row for the selector's cost."""
+        out = {}
+        for name, d in drafters.items():
+            if self.spec.fixed is not None and self.spec.fixed[0] != name:
+                continue
+            t0 = time.perf_counter()
+            out[name] = [d.propose(r, min(self.spec.max_draft_len, m)) for r, m in zip(rows, room)]
+            per_row = (time.perf_counter() - t0) / max(len(rows), 1)
+            self.draft_seconds[name] = 0.8 * self.draft_seconds.get(name, per_row) + 0.2 * per_row
+        return out
+
+
+def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed: int, step: int,
+                       max_new_tokens: int, temperature: float, cut_after: int | None, stats: EngineStats,
+                       spec: Speculation, tracker: AcceptanceTracker, cost: ForwardCost,
+                       ) -> tuple[list[SampleOut], SpecStats]:
+    """The decode loop of ``TorchEngine._decode`` with per-round speculation (module docstring).
+
+    ``tracker`` and ``cost`` are updated in place (a warm engine keeps them across calls).
+    Returns the samples, in input order, and the call's speculation statistics.
+    """
+    from actions.engines.torch_engine import _stack_states
+
+    n, dev, model = len(samples), engine.device, engine.model
+    cache, mask = _stack_states(states)
+    batch = _Batch(cache, mask, torch.tensor([st.length for st in states], dtype=torch.long, device=dev))
+    keys = torch.tensor([stream_key(seed, step, s.prompt_id, s.sample_index) for s in samples], device=dev)
+    gen: list[list[int]] = [list(s.generated) for s in samples]
+    start_len = [len(g) for g in gen]
+    logits = torch.stack([st.last_logits for st in states])
+    rows = list(range(n))
+    reasons: list[str | None] = [None] * n
+    stops: list[int | None] = [None] * n
+    eos = frozenset(engine.eos_ids)
+    drafters = make_drafters(spec)
+    for d in drafters.values():
+        for r, s in enumerate(samples):
+            d.start(r, s.prompt_id, s.prompt_tokens, s.generated)
+    selector = _Selector(spec, tracker, cost)
+    sstats = SpecStats()
+    num_done = 0
+
+    def emit(row: int, t: int) -> bool:
+        """Append one token the target drew for ``row``; True when the row finished."""
+        nonlocal num_done
+        if t in eos:
+            reasons[row], stops[row] = "stop", t
+        else:
+            gen[row].append(t)
+            if len(gen[row]) >= max_new_tokens:
+                reasons[row] = "length"
+        if reasons[row] is None:
+            return False
+        num_done += 1
+        return True
+
+    def cut() -> bool:
+        return cut_after is not None and num_done >= cut_after
+
+    while rows:
+        pos = torch.tensor([len(gen[r]) for r in rows], dtype=torch.long, device=dev)
+        toks = sample_next(logits, keys, pos, temperature).tolist()
+        keep = [j for j, (row, t) in enumerate(zip(rows, toks)) if not emit(row, t)]
+        if not keep or cut():
+            break
+        if len(keep) < len(rows):
+            keep_t = torch.tensor(keep, device=dev)
+            batch.select(keep_t)
+            keys, rows, toks = keys[keep_t], [rows[j] for j in keep], [toks[j] for j in keep]
+        for d in drafters.values():
+            for row, t in zip(rows, toks):
+                d.extend(row, (t,))
+        b = len(rows)
+        proposals = selector.propose(drafters, rows, [max_new_tokens - len(gen[r]) for r in rows])
+        choice = selector.pick(proposals)
+        drafts = [p[:choice.k] for p in proposals[choice.strategy]] if choice.k else [[] for _ in rows]
+        width = 1 + max(len(d) for d in drafts)
+        ids = torch.full((b, width), engine.pad_id, dtype=torch.long)
+        ids[:, 0] = torch.tensor(toks)
+        for j, d in enumerate(drafts):
+            if d:
+                ids[j, 1:1 + len(d)] = torch.tensor(d)
+        pos_ids = batch.next_pos[:, None] + torch.arange(width, device=dev)[None, :]
+        batch.mask = torch.cat([batch.mask, torch.ones((b, width), dtype=torch.long, device=dev)], dim=1)
+        t0 = time.perf_counter()
+        res = model(input_ids=ids.to(dev), attention_mask=batch.mask, position_ids=pos_ids,
+                    past_key_values=batch.cache, use_cache=True)
+        stats.decode_steps += 1
+        stats.decode_token_slots += b
+        sstats.rounds += 1
+        if width == 1:
+            logits = res.logits[:, -1]
+            batch.next_pos += 1
+            _sync(dev)
+            cost.observe(b, 1, time.perf_counter() - t0)
+            continue
+        # Verification: the target's own draw at each drafted position, with the sample's noise.
+        vocab = res.logits.shape[-1]
+        base = torch.tensor([len(gen[r]) for r in rows], dtype=torch.long, device=dev)
+        vpos = (base[:, None] + torch.arange(width - 1, device=dev)[None, :]).reshape(-1)
+        target = sample_next(res.logits[:, :-1].reshape(-1, vocab), keys.repeat_interleave(width - 1), vpos,
+                             temperature).view(b, width - 1).tolist()
+        cost.observe(b, width, time.perf_counter() - t0)
+        accepted, finished = [], []
+        for j, (row, d) in enumerate(zip(rows, drafts)):
+            a = 0
+            while a < len(d) and target[j][a] == d[a]:
+                a += 1
+            accepted.append(a)
+            if d:
+                tracker.record(choice.strategy, len(d), a)
+                sstats.proposed += len(d)
+                sstats.accepted += a
+            kept = 0
+            while kept < a and not emit(row, d[kept]):
+                kept += 1
+            if kept < a:
+                finished.append(j)
+            elif a:
+                for dr in drafters.values():
+                    dr.extend(row, d[:a])
+        _count_round(sstats, choice, drafts, accepted)
+        acc_t = torch.tensor(accepted, dtype=torch.long, device=dev)
+        logits = res.logits[torch.arange(b, device=dev), acc_t]
+        batch.next_pos += acc_t + 1
+        batch.rollback(acc_t, width)
+        if cut():
+            break
+        if finished:
+            keep = [j for j in range(b) if j not in set(finished)]
+            keep_t = torch.tensor(keep, dtype=torch.long, device=dev)
+            batch.select(keep_t)
+            keys, rows, logits = keys[keep_t], [rows[j] for j in keep], logits[keep_t]
+    plain_steps = max((len(gen[i]) - start_len[i] + (reasons[i] == "stop") for i in range(n)), default=1) - 1
+    sstats.forwards_saved = max(plain_steps - stats.decode_steps, 0)
+    outs = [SampleOut(s.prompt_id, s.sample_index, gen[i], reasons[i] or "cut", stops[i])
+            for i, s in enumerate(samples)]
+    return outs, sstats
+
+
+def _count_round(sstats: SpecStats, choice: Choice, drafts: list[list[int]], accepted: list[int]) -> None:
+    name = choice.strategy or "off"
+    sstats.spec_rounds += 1
+    sstats.draft_len_sum += choice.k
+    sstats.rounds_by_strategy[name] = sstats.rounds_by_strategy.get(name, 0) + 1
+    sstats.proposed_by_strategy[name] = sstats.proposed_by_strategy.get(name, 0) + sum(len(d) for d in drafts)
+    sstats.accepted_by_strategy[name] = sstats.accepted_by_strategy.get(name, 0) + sum(accepted)

@@ -1,0 +1,146 @@
+"""Speculative decoding in the torch engine is exact: every kept token is plain decoding's.
+
+Random tiny models (several seeds and shapes), drafts that are right, partly right and wrong,
+ragged acceptance across rows, cuts in the middle of a speculative round, continuations of
+cut samples, and the selector's own choices: the outputs must equal plain decoding's, token
+for token and finish reason for finish reason.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from actions.common.modeling import build_tiny_model
+from actions.engines.speculative import Speculation, _Batch
+from actions.engines.torch_engine import SampleSpec, TorchEngine
+from actions.tasks.repeat import make_rows
+
+KW = {"seed": 7, "step": 2, "max_new_tokens": 30, "temperature": 1.0}
+
+
+def _setup(seed: int, hidden: int = 32, layers: int = 2):
+    torch.set_num_threads(1)
+    model, tok = build_tiny_model(hidden_size=hidden, num_layers=layers, num_heads=2, intermediate_size=64,
+                                  max_positions=256, seed=seed)
+    model.eval()
+    engine = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    rows = make_rows(5, max_count=9, seed=seed)
+    specs = [SampleSpec(r.prompt_id, i, tuple(tok(r.prompt)["input_ids"])) for r in rows for i in range(3)]
+    return engine, specs
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return _setup(0, 32, 2)
+
+
+def test_another_model_shape_equals_plain():
+    engine, specs = _setup(1, 48, 3)
+    plain, _ = engine.generate(specs, **KW)
+    for fixed in (("history", 4), None):
+        spec = Speculation(history=_history(engine, specs, 5), fixed=fixed)
+        assert _key(engine.generate(specs, **KW, speculation=spec)[0]) == _key(plain)
+
+
+def _key(outs):
+    return [(o.prompt_id, o.sample_index, o.tokens, o.finish_reason, o.stop_token) for o in outs]
+
+
+_HISTORIES: dict = {}
+
+
+def _history(engine, specs, step):
+    key = (id(engine), step)
+    if key not in _HISTORIES:
+        _HISTORIES[key] = _make_history(engine, specs, step)
+    return _HISTORIES[key]
+
+
+def _make_history(engine, specs, step):
+    """Responses of an earlier 'epoch'. Step 2 is the step generated: its noise, so every
+    draft is right; another step has other noise, so a random model's drafts are mostly
+    wrong. Ragged: odd prompts get step 2's responses cut short, so their rows run out of
+    right drafts part-way while others still accept."""
+    hist: dict[int, list[list[int]]] = {}
+    for st in sorted({2, step}):
+        outs, _ = engine.generate(specs, **{**KW, "step": st})
+        for o in outs:
+            if (st == 2) == (o.prompt_id % 2 == 1 or step == 2):
+                toks = o.tokens + ([o.stop_token] if o.stop_token is not None else [])
+                hist.setdefault(o.prompt_id, []).append(toks[:12] if step != 2 else toks)
+    return hist
+
+
+@pytest.mark.parametrize(("fixed", "temperature"), [(("history", 1), 1.0), (("history", 8), 1.0),
+                                                     (("prompt_lookup", 4), 1.0), (("history", 3), 0.0),
+                                                     (None, 0.0)])
+def test_speculative_outputs_equal_plain(setup, fixed, temperature):
+    engine, specs = setup
+    plain, _ = engine.generate(specs, **{**KW, "temperature": temperature})
+    for hist_step in (2, 5):  # step 2: every draft right; step 5: drafts partly right
+        spec = Speculation(history=_history(engine, specs, hist_step), fixed=fixed)
+        out, stats = engine.generate(specs, **{**KW, "temperature": temperature}, speculation=spec)
+        assert _key(out) == _key(plain), (fixed, hist_step)
+        assert stats.spec["accepted"] <= stats.spec["proposed"]
+
+
+def test_ragged_acceptance_is_exercised_and_saves_forwards(setup):
+    engine, specs = setup
+    plain, ps = engine.generate(specs, **KW)
+    out, stats = engine.generate(specs, **KW, speculation=Speculation(history=_history(engine, specs, 5),
+                                                                      fixed=("history", 6)))
+    assert _key(out) == _key(plain)
+    s = stats.spec
+    assert 0 < s["accepted"] < s["proposed"], s  # some drafts kept, some rejected: ragged rows
+    assert stats.decode_token_slots < ps.decode_token_slots  # rows that accepted left earlier
+    assert s["forwards_saved"] == ps.decode_steps - stats.decode_steps
+
+
+@pytest.mark.parametrize("cut_after", [1, 9])
+def test_cut_mid_round_carries_exactly_the_accepted_tokens(setup, cut_after):
+    engine, specs = setup
+    kw = {**KW, "max_new_tokens": 60}
+    whole, _ = engine.generate(specs, **kw)
+    spec = Speculation(history=_history(engine, specs, 5), fixed=("history", 5))
+    cut, _ = engine.generate(specs, **kw, cut_after=cut_after, speculation=spec)
+    by_id = {(o.prompt_id, o.sample_index): o for o in whole}
+    partial = []
+    for s, o in zip(specs, cut):
+        ref = by_id[(s.prompt_id, s.sample_index)]
+        if o.finish_reason == "cut":  # a prefix of the plain sample, nothing drafted but not kept
+            assert ref.tokens[:len(o.tokens)] == o.tokens
+            partial.append(SampleSpec(s.prompt_id, s.sample_index, s.prompt_tokens, tuple(o.tokens)))
+        else:
+            assert (o.tokens, o.finish_reason) == (ref.tokens, ref.finish_reason)
+    assert partial, "the cut should leave unfinished samples"
+    cont, _ = engine.generate(partial, **kw, speculation=spec)  # continued speculatively too
+    for o in cont:
+        ref = by_id[(o.prompt_id, o.sample_index)]
+        assert (o.tokens, o.finish_reason) == (ref.tokens, ref.finish_reason)
+
+
+def test_selector_driven_run_equals_plain_on_both_strategies(setup):
+    engine, specs = setup
+    plain, _ = engine.generate(specs, **KW)
+    for strategies in (("history",), ("prompt_lookup",), ("history", "prompt_lookup")):
+        spec = Speculation(strategies=strategies, history=_history(engine, specs, 2))
+        out, stats = engine.generate(specs, **KW, speculation=spec)
+        assert _key(out) == _key(plain), strategies
+        assert stats.spec["rounds"] == stats.decode_steps
+
+
+def test_rollback_masks_holes_and_compaction_keeps_valid_columns_in_order():
+    layer = type("L", (), {})()
+    keys = torch.arange(2 * 6, dtype=torch.float32).view(2, 1, 6, 1)
+    layer.keys, layer.values = keys.clone(), keys.clone()
+    cache = type("C", (), {"layers": [layer]})()
+    mask = torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    batch = _Batch(cache, mask, torch.zeros(2, dtype=torch.long))
+    # The last 4 columns were [token, d1, d2, d3]; row 0 kept d1, row 1 kept nothing.
+    batch.rollback(torch.tensor([1, 0]), width=4)
+    # d2, d3 were rejected by both rows: cropped; row 1's d1 is a hole.
+    assert batch.mask.tolist() == [[0, 1, 1, 1], [1, 1, 1, 0]]
+    batch._compact()
+    assert batch.mask.tolist() == [[1, 1, 1], [1, 1, 1]]
+    assert layer.keys[:, 0, :, 0].tolist() == [[1.0, 2.0, 3.0], [6.0, 7.0, 8.0]]
