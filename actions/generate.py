@@ -18,11 +18,13 @@ from __future__ import annotations
 from actions.common.adapter import run_action
 from actions.common.contracts import GenerateRequest, GenerateResult, PartialSample, SampleStat
 from actions.common.device import action_device
+from actions.common.drafts import read_drafts
 from actions.common.loading import encode, store_for
 from actions.common.store import get_json, put_json
 from actions.engines.base import SampleSpec
 from actions.engines.factory import load_engine
 from actions.engines.kv_bundle import load_bundle
+from actions.engines.speculative import Speculation
 from actions.tasks.stored import load_dataset, rows_for
 
 
@@ -41,6 +43,19 @@ def _specs(req: GenerateRequest, tokenizer: object) -> list[SampleSpec]:
     return specs
 
 
+def _speculation(req: GenerateRequest, store: object) -> Speculation | None:
+    """What the engine may draft with; None for plain decoding (``speculation: off``, vLLM)."""
+    if req.speculation == "off" or req.engine != "torch":
+        return None
+    history: dict[int, list[list[int]]] = {}
+    if "history" in req.draft_strategies:
+        wanted = set(req.prompt_ids) | {p.prompt_id for k in req.partial_keys
+                                        for p in (PartialSample.model_validate(x) for x in get_json(store, k))}
+        history = read_drafts(store, req.draft_keys, wanted)
+    return Speculation(strategies=tuple(req.draft_strategies), max_draft_len=req.max_draft_len, history=history,
+                       priors=dict(req.spec_priors))
+
+
 def run_generate(req: GenerateRequest) -> GenerateResult:
     engine, tokenizer, _ = load_engine(req.engine, req.model)
     store = store_for(req.model.store_uri)
@@ -52,6 +67,7 @@ def run_generate(req: GenerateRequest) -> GenerateResult:
     outs, stats = engine.generate(
         specs, seed=req.run_seed, step=req.step, max_new_tokens=req.max_new_tokens,
         temperature=req.temperature, dedup=req.dedup_prefill, prefixes=prefixes, cut_after=req.cut_after,
+        speculation=_speculation(req, store),
     )
     done = [o for o in outs if o.finish_reason != "cut"]
     cut = [o for o in outs if o.finish_reason == "cut"]
@@ -76,6 +92,7 @@ def run_generate(req: GenerateRequest) -> GenerateResult:
         prefill_tokens_naive=sum(len(s.prompt_tokens) + len(s.generated) for s in specs),
         decode_steps=stats.decode_steps,
         kv_bundle_used=prefixes is not None,
+        spec=stats.spec,
     )
 
 

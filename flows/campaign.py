@@ -25,7 +25,9 @@ from flows.metrics import billing, planner_fidelity, step_metrics
 from flows.planning.lengths import LengthHistory
 from flows.rlhf_step import rlhf_step
 from flows.schedule import step_prompts
+from flows.drafts import drop_unreferenced, keys_for, record_drafts
 from flows.gc import collect_garbage
+from flows.planning.speculation import acceptance_rates, decode_speedup, running_speedup
 from flows.lease import RunLease, held_lease
 from flows.planning.retention import Retention
 from flows.state import CampaignRefused, CampaignState, check_resume, commit_state, load_state
@@ -107,17 +109,32 @@ def _budget_stop(cfg: CampaignConfig, state: CampaignState) -> str | None:
     return None
 
 
+def _record_speculation(ctx: RunContext, state: CampaignState, new: CampaignState, out: dict) -> None:
+    """Keep the step's responses as history drafts and its measured acceptance and speed-up."""
+    g = ctx.config.generation
+    if g.speculation == "auto" and "history" in g.draft_strategies:
+        new.draft_index = record_drafts(ctx.store, ctx.prefix, state.step,
+                                        [r["rollout_key"] for r in out["generate"]], state.draft_index)
+    reports = [r.get("spec") for r in out["generate"]]
+    if any(reports):
+        new.spec_rates = acceptance_rates(reports, state.spec_rates)
+        new.spec_speedup = running_speedup(state.spec_speedup, decode_speedup([r for r in reports if r]))
+
+
 def _run_one_step(ctx: RunContext, state: CampaignState, tokens: dict, num_workers: int) -> CampaignState:
     cfg = ctx.config
     t0 = time.time()
     epoch, prompt_ids = step_prompts(sorted(int(p) for p in tokens), cfg.algorithm.prompts_per_step, state.step,
                                      cfg.seed)
     history = LengthHistory.from_dict(state.length_history)
-    phase = plan_generation_phase(ctx, history, tokens, prompt_ids, num_workers, state.call_history)
+    phase = plan_generation_phase(ctx, history, tokens, prompt_ids, num_workers, state.call_history,
+                                  spec_speedup=state.spec_speedup)
     inputs = StepInputs(step=state.step, epoch=epoch, prompt_ids=prompt_ids, model=_model_ref(ctx, state),
                         reference_key=state.reference_key, train_key=state.prepared["train_key"],
                         optimizer_key=state.optimizer_key, critic_key=state.critic_key,
-                        critic_optimizer_key=state.critic_optimizer_key)
+                        critic_optimizer_key=state.critic_optimizer_key,
+                        draft_keys=tuple(keys_for(ctx.prefix, state.draft_index, prompt_ids)),
+                        spec_priors=dict(state.spec_rates))
     t_plan = time.time() - t0
     out = rlhf_step(inputs, phase)
     t_commit0 = time.time()
@@ -137,6 +154,7 @@ def _run_one_step(ctx: RunContext, state: CampaignState, tokens: dict, num_worke
     new.critic_key = train.get("critic_key") or state.critic_key
     new.critic_optimizer_key = train.get("critic_optimizer_key") or state.critic_optimizer_key
     new.length_history = history.to_dict()
+    _record_speculation(ctx, state, new, out)
     for action, offset in out["call_offsets"].items():  # the last CALL_HISTORY steps
         new.call_history[action] = [*state.call_history.get(action, []), offset][-CALL_HISTORY:]
     metrics = step_metrics(out, phase, cfg.price_per_gpu_second, cfg.scaling.gpus_per_actor, t_plan,
@@ -212,6 +230,7 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
                 progress(f"stopping before step {state.step}: {reason}")
                 break
             lease.check()
+            old_drafts = state.draft_index
             state = _run_one_step(ctx, state, tokens, num_workers)
             last = state.steps[-1]
             if cfg.eval_every and state.step % cfg.eval_every == 0 or state.step == cfg.steps:
@@ -219,6 +238,7 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
             lease.check()
             commit_state(store, state)
             collect(state)  # after the commit, never before
+            drop_unreferenced(store, ctx.prefix, old_drafts, state.draft_index)
             publish_step_artifacts(run_id, state.steps, state.evals)
             update_progress(progress_id, run_id, state.step, cfg.steps)
             board.add_step(state.step, last, state.evals)

@@ -20,6 +20,7 @@ from flows.planning.prewarm import prewarm_offset
 from flows.planning.profile import CPU_TINY_PROFILE, TpotProfile
 from flows.planning.scaling import plan_generation
 from flows.planning.timeline import prefill_seconds
+from flows.planning.speculation import speculative_profile
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,12 @@ def cluster_spec(ctx: RunContext, num_workers: int) -> ClusterSpec:
 
 def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: dict[str, dict],
                           prompt_ids: list[int], num_workers: int,
-                          call_history: dict[str, list[float]] | None = None) -> PhasePlan:
+                          call_history: dict[str, list[float]] | None = None,
+                          spec_speedup: float = 1.0) -> PhasePlan:
     """The plan of one generation phase. ``call_history``: action -> its earliest invocation
-    offset (seconds from step start) in each past step, for the pre-warm time."""
+    offset (seconds from step start) in each past step, for the pre-warm time;
+    ``spec_speedup``: the measured decode speed-up of speculative decoding, which divides the
+    profile's decode times (``flows/planning/speculation.py``)."""
     cfg = ctx.config
     # The EOS token is generated too, so no response runs past max_new_tokens.
     predicted = predict_lengths(history, prompt_ids, {p: tokens[str(p)]["answer_len"] for p in prompt_ids},
@@ -80,6 +84,8 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: dict[
         prefill = plan_prefill(prompts, cfg.algorithm.group_size, cfg.generation.prefill_capacity)
     s = cfg.scaling
     profile = load_profile(ctx)
+    if cfg.generation.speculation == "auto" and cfg.generation.engine == "torch":
+        profile = speculative_profile(profile, spec_speedup)
     cluster = cluster_spec(ctx, num_workers)
     prefill_tokens = prefill.tokens_computed if prefill else sum(prompt_lengths.values())
     plan = plan_generation(

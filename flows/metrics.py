@@ -8,6 +8,7 @@ from typing import Any
 
 from flows.hooks import PhasePlan
 from flows.planning.lengths import rank_correlation
+from flows.planning.speculation import step_spec_metrics
 
 
 def fraction(numerator: float, denominator: float) -> float:
@@ -80,6 +81,7 @@ def step_metrics(out: dict[str, Any], phase: PhasePlan, price: float, gpus_per_a
         "prefill/tokens_saved": float(max(0, prefill_naive - prefill_done)),
         "timing_s/overhead": max(0.0, timing["step"] - _critical_busy(records)),
     }
+    m.update(step_spec_metrics(g.get("spec") for g in gens))
     m.update({k: float(v) for k, v in out["train"]["metrics"].items()})
     return m
 

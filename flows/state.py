@@ -40,6 +40,12 @@ class CampaignState(BaseModel):
     weights_sha256: str = ""
     spend: dict[str, float] = {"billed_gpu_seconds": 0.0, "useful_gpu_seconds": 0.0, "usd": 0.0}
     call_history: dict[str, list[float]] = {}
+    draft_index: dict[str, int] = {}
+    """prompt_id -> step whose draft object holds its latest responses (``flows/drafts.py``)."""
+    spec_rates: dict[str, float] = {}
+    """Drafting strategy -> acceptance rate measured by the latest step that used it."""
+    spec_speedup: float = 1.0
+    """Running measured decode speed-up of speculation (``flows/planning/speculation.py``)."""
     stopped_reason: str | None = None
 
 

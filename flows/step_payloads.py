@@ -25,6 +25,10 @@ class StepInputs:
     optimizer_key: str | None
     critic_key: str | None
     critic_optimizer_key: str | None
+    draft_keys: tuple[str, ...] = ()
+    """Draft-history objects of this step's prompts (``flows/drafts.py``)."""
+    spec_priors: dict[str, float] | None = None
+    """Strategy -> acceptance rate measured by earlier steps."""
 
 
 def step_prefix(ctx: RunContext, step: int) -> str:
@@ -48,6 +52,8 @@ def generate_payload(ctx: RunContext, inputs: StepInputs, shard: str, prompt_ids
         prompt_ids=list(prompt_ids), group_size=ctx.config.algorithm.group_size, partial_keys=partial_keys or [],
         max_new_tokens=g.max_new_tokens, temperature=g.temperature, dedup_prefill=g.dedup_prefill,
         kv_bundle_key=bundle_key, cut_after=cut_after, engine=g.engine,
+        speculation=g.speculation, draft_strategies=list(g.draft_strategies), max_draft_len=g.max_draft_len,
+        draft_keys=list(inputs.draft_keys), spec_priors=dict(inputs.spec_priors or {}),
         output_key=f"{step_prefix(ctx, inputs.step)}/rollouts/{shard}.json",
     ).model_dump(mode="json")
 

@@ -176,6 +176,23 @@ class GenerationConfig(_Section):
     """B_prefill: most unique prefixes one prefill action computes (PAPER 3.1)."""
     length_window: int = Field(1, ge=1)
     """EWMA window (epochs) of the response-length predictor."""
+    speculation: Literal["auto", "off"] = "auto"
+    """Speculative decoding in the torch engine (``actions/engines/speculative.py``): ``auto``
+    drafts and verifies where the selector predicts it pays, per decode round, and decodes
+    plainly elsewhere; ``off`` never drafts. Outputs are plain decoding's either way (a draft
+    token is kept only where it equals the target's own draw). ``engine: vllm``: see docs/vllm.md."""
+    draft_strategies: list[Literal["history", "prompt_lookup"]] = Field(
+        default_factory=lambda: ["history", "prompt_lookup"], min_length=1)
+    """Drafting strategies the selector may use: ``history`` (the prompt's responses from
+    earlier epochs, kept in the store) and ``prompt_lookup`` (n-grams of prompt + response)."""
+    max_draft_len: int = Field(8, ge=1, le=64)
+    """Longest draft (k) one verification forward checks."""
+
+    @field_validator("speculation", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: object) -> object:
+        # YAML 1.1 reads a bare ``off`` as false: accept what the user wrote.
+        return "off" if v is False else v
 
 
 class ScalingConfig(_Section):
@@ -405,7 +422,12 @@ def _first_error(exc: ValidationError, raw: dict[str, Any]) -> str:
         return msg[len("Value error, "):]
     value = raw
     for part in err["loc"]:
-        value = value.get(part, "<missing>") if isinstance(value, dict) else "<missing>"
+        if isinstance(value, dict):
+            value = value.get(part, "<missing>")
+        elif isinstance(value, list) and isinstance(part, int) and 0 <= part < len(value):
+            value = value[part]  # an entry of a list setting, e.g. generation.draft_strategies.0
+        else:
+            value = "<missing>"
     return f"config {loc} = {value!r}: {msg.lower()}"
 
 

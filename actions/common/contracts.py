@@ -113,6 +113,14 @@ class GenerateRequest(_Msg):
     """Stop once this many samples finished and return the rest as partial (cut-and-migrate)."""
     engine: Literal["torch", "vllm"] = "torch"
     """Generation engine (``generation.engine``); see ``actions/engines/base.py``."""
+    speculation: Literal["auto", "off"] = "off"
+    """``generation.speculation`` (torch engine; outputs are the same either way)."""
+    draft_strategies: list[Literal["history", "prompt_lookup"]] = ["history", "prompt_lookup"]
+    max_draft_len: int = Field(8, ge=1, le=64)
+    draft_keys: list[str] = []
+    """Objects of earlier epochs' responses (``flows/drafts.py``) for the ``history`` strategy."""
+    spec_priors: dict[str, float] = {}
+    """Strategy -> acceptance rate measured by earlier steps (the selector's starting estimate)."""
     output_key: str
 
 
@@ -125,6 +133,8 @@ class GenerateResult(_Msg):
     prefill_tokens_naive: int
     decode_steps: int
     kv_bundle_used: bool = False
+    spec: dict[str, Any] | None = None
+    """Speculative decoding counters (``speculative.SpecStats.to_dict``); None: decoded plainly."""
 
 
 # ----------------------------------------------------------------------------- score

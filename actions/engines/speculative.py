@@ -69,7 +69,11 @@ class SpecStats:
     rounds_by_strategy: dict[str, int] = field(default_factory=dict)
     accepted_by_strategy: dict[str, int] = field(default_factory=dict)
     proposed_by_strategy: dict[str, int] = field(default_factory=dict)
+    rejections_by_strategy: dict[str, int] = field(default_factory=dict)  # rows with a rejected token
+    verified_rows: int = 0  # row-rounds that checked a non-empty draft
     forwards_saved: int = 0  # plain decode steps for the same tokens, minus the forwards run
+    seconds: float = 0.0  # measured time of every decode forward (with its sampling)
+    plain_seconds_est: float = 0.0  # the cost model's time for the same rounds at width 1
 
     def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items()}
@@ -256,11 +260,14 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
         stats.decode_steps += 1
         stats.decode_token_slots += b
         sstats.rounds += 1
+        sstats.plain_seconds_est += cost.seconds(b, 1)
         if width == 1:
             logits = res.logits[:, -1]
             batch.next_pos += 1
             _sync(dev)
-            cost.observe(b, 1, time.perf_counter() - t0)
+            elapsed = time.perf_counter() - t0
+            cost.observe(b, 1, elapsed)
+            sstats.seconds += elapsed
             continue
         # Verification: the target's own draw at each drafted position, with the sample's noise.
         vocab = res.logits.shape[-1]
@@ -268,7 +275,9 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
         vpos = (base[:, None] + torch.arange(width - 1, device=dev)[None, :]).reshape(-1)
         target = sample_next(res.logits[:, :-1].reshape(-1, vocab), keys.repeat_interleave(width - 1), vpos,
                              temperature).view(b, width - 1).tolist()
-        cost.observe(b, width, time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
+        cost.observe(b, width, elapsed)
+        sstats.seconds += elapsed
         accepted, finished = [], []
         for j, (row, d) in enumerate(zip(rows, drafts)):
             a = 0
@@ -313,3 +322,6 @@ def _count_round(sstats: SpecStats, choice: Choice, drafts: list[list[int]], acc
     sstats.rounds_by_strategy[name] = sstats.rounds_by_strategy.get(name, 0) + 1
     sstats.proposed_by_strategy[name] = sstats.proposed_by_strategy.get(name, 0) + sum(len(d) for d in drafts)
     sstats.accepted_by_strategy[name] = sstats.accepted_by_strategy.get(name, 0) + sum(accepted)
+    rejected = sum(1 for d, a in zip(drafts, accepted) if a < len(d))
+    sstats.rejections_by_strategy[name] = sstats.rejections_by_strategy.get(name, 0) + rejected
+    sstats.verified_rows += sum(1 for d in drafts if d)
