@@ -89,8 +89,12 @@ class ForwardCost:
         return (max(c[0], 0.0), max(c[1], 0.0), max(c[2], 0.0))
 
     def seconds(self, batch: int, width: int) -> float:
+        return self.snapshot()(batch, width)
+
+    def snapshot(self) -> "callable":
+        """``seconds`` with the current fit frozen (one solve for many queries)."""
         c0, c1, c2 = self.coefficients()
-        return max(c0 + c1 * batch + c2 * batch * (width - 1), 1e-9)
+        return lambda batch, width: max(c0 + c1 * batch + c2 * batch * (width - 1), 1e-9)
 
 
 def _solve3(a: list[list[float]], b: list[float]) -> list[float]:
@@ -152,9 +156,18 @@ def choose(draft_lengths: Mapping[str, Sequence[int]], rates: Mapping[str, float
     for strategy, lengths in draft_lengths.items():
         longest = min(max(lengths, default=0), max_k)
         cost_draft = b * (draft_seconds or {}).get(strategy, 0.0)
+        alpha = rates.get(strategy, 0.0)
+        # rows with a draft of at least i tokens gain alpha^i at every k >= i: one pass over
+        # a histogram of draft lengths instead of rows x k
+        at_least = [0] * (longest + 2)
+        for m in lengths:
+            at_least[min(m, longest)] += 1
+        for i in range(longest - 1, -1, -1):
+            at_least[i] += at_least[i + 1]
+        tokens = float(b)
         for k in range(1, longest + 1):
-            width = 1 + max(min(m, k) for m in lengths)
-            rate = expected_tokens(rates.get(strategy, 0.0), lengths, k) / (seconds(b, width) + cost_draft)
+            tokens += at_least[k] * alpha ** k
+            rate = tokens / (seconds(b, 1 + k) + cost_draft)
             if rate > best.expected_rate and rate > plain * (1.0 + margin):
                 best = Choice(strategy, k, rate, plain)
     return best

@@ -157,7 +157,9 @@ class _Selector:
         if not lengths:
             return Choice(None, 0, 0.0, 0.0)
         rates = {n: self.tracker.rate(n) for n in lengths}
-        c = choose(lengths, rates, self.cost.seconds, self.spec.max_draft_len, self.draft_seconds)
+        # Drafting is timed inside the rounds the cost model sees (every round drafts), so it is
+        # not charged again here.
+        c = choose(lengths, rates, self.cost.snapshot(), self.spec.max_draft_len)
         if c.k > 0:
             self.rounds_off = 0
             return c
@@ -229,9 +231,10 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
     def cut() -> bool:
         return cut_after is not None and num_done >= cut_after
 
+    known: dict[int, int] = {}  # row -> its next token, drawn already at a verification mismatch
     while rows:
-        pos = torch.tensor([len(gen[r]) for r in rows], dtype=torch.long, device=dev)
-        toks = sample_next(logits, keys, pos, temperature).tolist()
+        t_round = time.perf_counter()
+        toks = _next_tokens(rows, known, logits, keys, gen, temperature, dev)
         keep = [j for j, (row, t) in enumerate(zip(rows, toks)) if not emit(row, t)]
         if not keep or cut():
             break
@@ -254,7 +257,6 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
                 ids[j, 1:1 + len(d)] = torch.tensor(d)
         pos_ids = batch.next_pos[:, None] + torch.arange(width, device=dev)[None, :]
         batch.mask = torch.cat([batch.mask, torch.ones((b, width), dtype=torch.long, device=dev)], dim=1)
-        t0 = time.perf_counter()
         res = model(input_ids=ids.to(dev), attention_mask=batch.mask, position_ids=pos_ids,
                     past_key_values=batch.cache, use_cache=True)
         stats.decode_steps += 1
@@ -265,25 +267,12 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
             logits = res.logits[:, -1]
             batch.next_pos += 1
             _sync(dev)
-            elapsed = time.perf_counter() - t0
-            cost.observe(b, 1, elapsed)
-            sstats.seconds += elapsed
+            _observe(cost, sstats, b, 1, t_round)
             continue
-        # Verification: the target's own draw at each drafted position, with the sample's noise.
-        vocab = res.logits.shape[-1]
-        base = torch.tensor([len(gen[r]) for r in rows], dtype=torch.long, device=dev)
-        vpos = (base[:, None] + torch.arange(width - 1, device=dev)[None, :]).reshape(-1)
-        target = sample_next(res.logits[:, :-1].reshape(-1, vocab), keys.repeat_interleave(width - 1), vpos,
-                             temperature).view(b, width - 1).tolist()
-        elapsed = time.perf_counter() - t0
-        cost.observe(b, width, elapsed)
-        sstats.seconds += elapsed
-        accepted, finished = [], []
+        accepted = _verify(res.logits, drafts, rows, keys, gen, known, temperature)
+        finished = []
         for j, (row, d) in enumerate(zip(rows, drafts)):
-            a = 0
-            while a < len(d) and target[j][a] == d[a]:
-                a += 1
-            accepted.append(a)
+            a = accepted[j]
             if d:
                 tracker.record(choice.strategy, len(d), a)
                 sstats.proposed += len(d)
@@ -291,8 +280,9 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
             kept = 0
             while kept < a and not emit(row, d[kept]):
                 kept += 1
-            if kept < a:
+            if kept < a or reasons[row] is not None:
                 finished.append(j)
+                known.pop(row, None)
             elif a:
                 for dr in drafters.values():
                     dr.extend(row, d[:a])
@@ -301,6 +291,7 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
         logits = res.logits[torch.arange(b, device=dev), acc_t]
         batch.next_pos += acc_t + 1
         batch.rollback(acc_t, width)
+        _observe(cost, sstats, b, width, t_round)
         if cut():
             break
         if finished:
@@ -313,6 +304,54 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
     outs = [SampleOut(s.prompt_id, s.sample_index, gen[i], reasons[i] or "cut", stops[i])
             for i, s in enumerate(samples)]
     return outs, sstats
+
+
+def _observe(cost: ForwardCost, sstats: SpecStats, batch: int, width: int, t_round: float) -> None:
+    """Charge the whole round (sampling, drafting, forward, verification, cache rollback) to
+    a forward of this batch and width: the selector compares what rounds really cost."""
+    elapsed = time.perf_counter() - t_round
+    cost.observe(batch, width, elapsed)
+    sstats.seconds += elapsed
+
+
+def _next_tokens(rows: list[int], known: dict[int, int], logits: torch.Tensor, keys: torch.Tensor,
+                 gen: list[list[int]], temperature: float, dev: torch.device) -> list[int]:
+    """Each running row's next token: drawn at its last verification mismatch, else sampled
+    now from ``logits`` at its response position."""
+    need = [j for j, r in enumerate(rows) if r not in known]
+    drawn: list[int] = []
+    if need:
+        idx = torch.tensor(need, device=dev)
+        pos = torch.tensor([len(gen[rows[j]]) for j in need], dtype=torch.long, device=dev)
+        drawn = sample_next(logits[idx] if len(need) < len(rows) else logits, keys[idx], pos, temperature).tolist()
+    it = iter(drawn)
+    return [known.pop(r) if r in known else next(it) for r in rows]
+
+
+def _verify(logits: torch.Tensor, drafts: list[list[int]], rows: list[int], keys: torch.Tensor,
+            gen: list[list[int]], known: dict[int, int], temperature: float) -> list[int]:
+    """Accepted draft length per row: column by column, the target's own draw (same noise as
+    plain decoding) for the rows still matching, so the noise computed is that of the tokens
+    produced, as in plain decoding. A row's draw at its first mismatch goes to ``known``: it is
+    the row's next token. ``logits``: [b, width, V]."""
+    dev = logits.device
+    accepted = [0] * len(rows)
+    alive = [j for j, d in enumerate(drafts) if d]
+    col = 0
+    while alive:
+        idx = torch.tensor(alive, device=dev)
+        pos = torch.tensor([len(gen[rows[j]]) + col for j in alive], dtype=torch.long, device=dev)
+        drawn = sample_next(logits[idx, col], keys[idx], pos, temperature).tolist()
+        nxt = []
+        for j, t in zip(alive, drawn):
+            if t == drafts[j][col]:
+                accepted[j] += 1
+                if accepted[j] < len(drafts[j]):
+                    nxt.append(j)
+            else:
+                known[rows[j]] = t
+        alive, col = nxt, col + 1
+    return accepted
 
 
 def _count_round(sstats: SpecStats, choice: Choice, drafts: list[list[int]], accepted: list[int]) -> None:

@@ -36,12 +36,23 @@ class NgramIndex:
     the continuation position, so a drafter can copy the tokens that followed it. An n-gram is
     registered only once its next token exists, so the list's own trailing n-gram never matches
     itself.
+
+    ``fork()`` gives a child that shares this index's entries read-only and adds its own: the
+    rows of a GRPO group share their prompt's index instead of each building it (the parent
+    must not grow after forking).
     """
 
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n, self.max_n = min_n, max_n
         self.tokens: list[int] = []
         self._where: dict[tuple[int, ...], int] = {}
+        self._parent: dict[tuple[int, ...], int] | None = None
+
+    def fork(self) -> "NgramIndex":
+        child = NgramIndex(self.min_n, self.max_n)
+        child.tokens = list(self.tokens)
+        child._parent = self._where
+        return child
 
     def append(self, tokens: Sequence[int]) -> None:
         for t in tokens:
@@ -50,10 +61,23 @@ class NgramIndex:
                 self._where[tuple(self.tokens[end - n:end])] = end
             self.tokens.append(t)
 
+    def copy(self, pos: int, k: int) -> list[int]:
+        """``k`` tokens from ``pos`` on; past the end, the copy continues from its own output
+        (LZ77-style overlap), so a repeating pattern drafts its next period, not one token."""
+        out: list[int] = []
+        n = len(self.tokens)
+        for i in range(k):
+            j = pos + i
+            out.append(self.tokens[j] if j < n else out[j - n])
+        return out
+
     def lookup(self, query: Sequence[int]) -> int | None:
         """Continuation index of the longest suffix of ``query`` in the index, or None."""
         for n in range(min(self.max_n, len(query)), self.min_n - 1, -1):
-            pos = self._where.get(tuple(query[len(query) - n:]))
+            gram = tuple(query[len(query) - n:])
+            pos = self._where.get(gram)  # own entries are later than the parent's
+            if pos is None and self._parent is not None:
+                pos = self._parent.get(gram)
             if pos is not None:
                 return pos
         return None

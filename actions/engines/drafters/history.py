@@ -1,11 +1,14 @@
 """``history``: draft from the same prompt's responses in earlier epochs.
 
 RLHF samples every prompt again each epoch, and a policy that has learnt a task answers a
-prompt much as it did last time. Each row is matched against its prompt's stored responses
-(``flows/drafts.py``), each prefixed by a start marker, with an n-gram index over all of them:
-the query is the marker + the row's response so far, so early in a response the match is
-aligned with the start of an old response and later it follows whichever old response shares
-the last few tokens. The prompt itself is not indexed (``prompt_lookup`` covers it).
+prompt much as it did last time. The stored responses of a prompt (``flows/drafts.py``; each
+ends with the EOS token that ended it) form a prefix tree with counts. While a row's response
+so far is a path of the tree, the draft follows the most frequent continuation (the majority
+of the old responses; ties go to the token seen first), through EOS if the old responses
+ended there. Once the row leaves the tree, it drafts from an n-gram index over the old
+responses instead: whichever old response shares its last few tokens. The prompt itself is not
+indexed (``prompt_lookup`` covers it). Trees and indexes are built once per prompt per call
+and shared by the prompt's rows.
 """
 
 from __future__ import annotations
@@ -18,35 +21,77 @@ _START = -1  # never a token id
 _END = -2  # separates stored responses, so a draft never runs from one into the next
 
 
+class _Node:
+    __slots__ = ("count", "children", "best")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.children: dict[int, _Node] = {}
+        self.best: int | None = None  # the child token with the highest count
+
+
+def _tree(responses: Sequence[Sequence[int]]) -> _Node:
+    root = _Node()
+    for r in responses:
+        node = root
+        for t in r:
+            child = node.children.setdefault(t, _Node())
+            child.count += 1
+            if node.best is None or child.count > node.children[node.best].count:
+                node.best = t
+            node = child
+    return root
+
+
 class HistoryDrafter:
     name = "history"
 
     def __init__(self, responses: Mapping[int, Sequence[Sequence[int]]], min_n: int = 1, max_n: int = 4) -> None:
-        """``responses``: prompt_id -> earlier responses (token lists, EOS excluded)."""
+        """``responses``: prompt_id -> earlier responses (token lists, each with its EOS)."""
         self.min_n, self.max_n = min_n, max_n
-        self._indexes: dict[int, NgramIndex] = {}
-        for pid, resps in responses.items():
+        self._responses = responses
+        self._prompts: dict[int, tuple[_Node, NgramIndex] | None] = {}
+        # row -> [prompt's (tree, index) or None, current tree node or None, query tokens]
+        self._rows: dict[int, list] = {}
+
+    def _prompt(self, prompt_id: int) -> tuple[_Node, NgramIndex] | None:
+        if prompt_id not in self._prompts:
+            resps = self._responses.get(prompt_id) or []
+            entry = None
             if resps:
-                index = NgramIndex(min_n, max_n)
+                index = NgramIndex(self.min_n, self.max_n)
                 for r in resps:
                     index.append([_START, *r, _END])
-                self._indexes[int(pid)] = index
-        self._rows: dict[int, tuple[NgramIndex | None, list[int]]] = {}
+                entry = (_tree(resps), index)
+            self._prompts[prompt_id] = entry
+        return self._prompts[prompt_id]
 
     def start(self, row: int, prompt_id: int, prompt: Sequence[int], response: Sequence[int]) -> None:
-        self._rows[row] = (self._indexes.get(int(prompt_id)), [_START, *response])
+        entry = self._prompt(int(prompt_id))
+        self._rows[row] = [entry, entry[0] if entry else None, [_START]]
+        self.extend(row, response)
 
     def extend(self, row: int, tokens: Sequence[int]) -> None:
-        self._rows[row][1].extend(tokens)
+        state = self._rows[row]
+        node = state[1]
+        for t in tokens:
+            node = node.children.get(t) if node is not None else None
+        state[1] = node
+        state[2].extend(tokens)
 
     def propose(self, row: int, k: int) -> list[int]:
-        index, query = self._rows[row]
-        if index is None or k <= 0:
+        entry, node, query = self._rows[row]
+        if entry is None or k <= 0:
             return []
+        if node is not None and node.best is not None:  # still on an old response's path
+            out = []
+            while node is not None and node.best is not None and len(out) < k:
+                out.append(node.best)
+                node = node.children[node.best]
+            return out
+        index = entry[1]
         pos = index.lookup(query[-self.max_n:])
         if pos is None:
             return []
         out = index.tokens[pos:pos + k]
-        if _END in out:
-            out = out[:out.index(_END)]
-        return out
+        return out[:out.index(_END)] if _END in out else out

@@ -19,10 +19,15 @@ class PromptLookupDrafter:
     def __init__(self, min_n: int = 1, max_n: int = 3) -> None:
         self.min_n, self.max_n = min_n, max_n
         self._rows: dict[int, NgramIndex] = {}
+        self._prompts: dict[tuple[int, ...], NgramIndex] = {}  # one index per distinct prompt
 
     def start(self, row: int, prompt_id: int, prompt: Sequence[int], response: Sequence[int]) -> None:
-        index = NgramIndex(self.min_n, self.max_n)
-        index.append(prompt)
+        key = tuple(prompt)
+        if key not in self._prompts:
+            base = NgramIndex(self.min_n, self.max_n)
+            base.append(key)
+            self._prompts[key] = base
+        index = self._prompts[key].fork()
         index.append(response)
         self._rows[row] = index
 
@@ -32,4 +37,4 @@ class PromptLookupDrafter:
     def propose(self, row: int, k: int) -> list[int]:
         index = self._rows[row]
         pos = index.lookup(index.tokens[-self.max_n:])
-        return [] if pos is None or k <= 0 else index.tokens[pos:pos + k]
+        return [] if pos is None or k <= 0 else index.copy(pos, k)

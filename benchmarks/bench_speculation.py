@@ -1,0 +1,162 @@
+"""Speculative decoding on and off, side by side, at the same outputs (2 CPU cores).
+
+Setup (cached in ``--workdir``): the default campaign configuration (repeat task, tiny model
+of hidden 96) run for ``--rl-steps`` RL steps after its warm-up, in process. Its commits give
+the warmed-up policy (version 0) and the policy after the RL steps (version N).
+
+Workloads, each timed as one ``TorchEngine.generate`` call per step's prompts (8 prompts x 8
+samples = 64 rows, 24 new tokens, temperature 1; prefill + decode: the generation phase of one
+action), median of ``--repeats`` alternating on/off runs, outputs compared token for token:
+
+* ``history``: the default task from the second epoch on. The epoch-1 responses of version 0
+  are the drafts; version N generates epoch 2 (another step, so other noise).
+* ``prompt_lookup``: the first epoch (no history), drafting from n-grams of prompt + response
+  only. The repeat task's answers repeat one letter, so this is a self-quoting workload.
+* ``first_epoch``: the first epoch with ``speculation: auto`` and every strategy allowed (no
+  history exists yet), and the same on the untrained random-weight policy, where nothing a
+  drafter proposes is kept: the selector must turn speculation off (target >= 0.97x).
+* ``sweep``: every fixed (strategy, k) on the history workload, against the selector.
+
+Speculation "on" runs on a warm engine (one untimed call first: the cost model and acceptance
+rates a warm action container would have). Run:
+
+    nice -n 5 python benchmarks/bench_speculation.py [--workdir /tmp/bench_spec] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from actions.common.contracts import ModelRef
+from actions.common.loading import encode, load_dataset, load_model
+from actions.engines.base import SampleSpec
+from actions.engines.factory import make_engine
+from actions.engines.speculative import Speculation
+from actions.engines.torch_engine import TorchEngine
+
+GROUP, PER_STEP, NEW_TOKENS = 8, 8, 24
+
+
+def _train(workdir: Path, rl_steps: int) -> tuple[ModelRef, ModelRef, list[list[SampleSpec]], object]:
+    """(warmed-up policy, policy after the RL steps, prompt batches, tokenizer)."""
+    from actions.common.config import load_config
+    from actions.common.storage import open_store
+    from flows.campaign import run_campaign
+    from flows.state import load_state_at
+
+    store_dir = workdir / "store"
+    cfg = load_config(None, [f"store.uri={store_dir}", "invoker.kind=inprocess", f"steps={rl_steps}",
+                             "eval_every=0", "run_id=bench-spec", f"invoker.log_dir={workdir / 'logs'}",
+                             "generation.speculation=off"])
+    store = open_store(cfg.store.uri)
+    if load_state_at(store, "bench-spec", rl_steps) is None:
+        from prefect.testing.utilities import prefect_test_harness
+
+        with prefect_test_harness(server_startup_timeout=120):
+            run_campaign(cfg, progress=lambda m: None, resume=(store_dir / "runs").exists())
+    refs = []
+    for step in (0, rl_steps):
+        st = load_state_at(store, "bench-spec", step)
+        refs.append(ModelRef(store_uri=cfg.store.uri, base_key=st.prepared["base_key"], policy_key=st.policy_key,
+                             policy_version=st.policy_version, weights_sha256=st.weights_sha256 or None))
+    _, tokenizer, _ = load_model(refs[0])
+    data = load_dataset(cfg.store.uri, st.prepared["train_key"])
+    ids = sorted(data)[: PER_STEP * 4]
+    batches = [[SampleSpec(p, i, encode(tokenizer, data[p].prompt)) for p in ids[j:j + PER_STEP] for i in range(GROUP)]
+               for j in range(0, len(ids), PER_STEP)]
+    return refs[0], refs[1], batches, tokenizer
+
+
+def _engine(ref: ModelRef) -> TorchEngine:
+    model, tokenizer, _ = load_model(ref, fresh=True)
+    engine = make_engine("torch", model, tokenizer)
+    assert isinstance(engine, TorchEngine)
+    return engine
+
+
+def _history(engine: TorchEngine, batches: list[list[SampleSpec]]) -> dict[int, list[list[int]]]:
+    hist: dict[int, list[list[int]]] = {}
+    for step, specs in enumerate(batches):
+        outs, _ = engine.generate(specs, seed=0, step=step, max_new_tokens=NEW_TOKENS, temperature=1.0)
+        for o in outs:
+            hist.setdefault(o.prompt_id, []).append(o.tokens + ([o.stop_token] if o.stop_token is not None else []))
+    return hist
+
+
+def _run(engine, batches, step0: int, spec: Speculation | None) -> tuple[float, list, dict]:
+    t0, outs, agg = time.perf_counter(), [], {"proposed": 0, "accepted": 0, "rounds": 0, "spec_rounds": 0}
+    for i, specs in enumerate(batches):
+        o, stats = engine.generate(specs, seed=0, step=step0 + i, max_new_tokens=NEW_TOKENS, temperature=1.0,
+                                   speculation=spec)
+        outs.append([(x.prompt_id, x.sample_index, x.tokens, x.finish_reason) for x in o])
+        for k in agg:
+            agg[k] += (stats.spec or {}).get(k, 0)
+    return time.perf_counter() - t0, outs, agg
+
+
+def compare(engine, batches, step0: int, spec: Speculation, repeats: int) -> dict:
+    """Median seconds off and on (alternating), the ratio, and whether outputs are equal."""
+    _run(engine, batches[:1], step0, spec)  # warm the engine's estimates (a warm container)
+    off, on, same, agg = [], [], True, {}
+    for _ in range(repeats):
+        t_off, o_off, _ = _run(engine, batches, step0, None)
+        t_on, o_on, agg = _run(engine, batches, step0, spec)
+        off.append(t_off)
+        on.append(t_on)
+        same &= o_off == o_on
+    m_off, m_on = statistics.median(off), statistics.median(on)
+    acc = agg["accepted"] / agg["proposed"] if agg["proposed"] else 0.0
+    return {"off_s": round(m_off, 3), "on_s": round(m_on, 3), "speedup": round(m_off / m_on, 3),
+            "same_outputs": same, "accept_rate": round(acc, 3),
+            "spec_round_share": round(agg["spec_rounds"] / max(agg["rounds"], 1), 3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workdir", default="/tmp/bench_spec")
+    ap.add_argument("--rl-steps", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (actions run with 1)")
+    ap.add_argument("--no-sweep", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    v0, vn, batches, _ = _train(workdir, args.rl_steps)
+    old, new = _engine(v0), _engine(vn)
+    hist = _history(old, batches)
+    results: dict[str, dict] = {}
+    step2 = 100  # epoch 2: other steps, so other noise than the drafts had
+    results["history (epoch 2)"] = compare(new, batches, step2, Speculation(history=hist), args.repeats)
+    results["prompt_lookup (epoch 1)"] = compare(
+        new, batches, step2, Speculation(strategies=("prompt_lookup",)), args.repeats)
+    results["first_epoch auto (trained)"] = compare(new, batches, step2, Speculation(), args.repeats)
+    random_model = _engine(v0)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in random_model.model.parameters():
+            p.normal_(0.0, 0.05)
+    results["first_epoch auto (random weights)"] = compare(random_model, batches, step2, Speculation(), args.repeats)
+    if not args.no_sweep:
+        sweep = {}
+        for strategy in ("history", "prompt_lookup"):
+            for k in (1, 2, 4, 8):
+                r = compare(new, batches, step2, Speculation(history=hist, fixed=(strategy, k)), args.repeats)
+                sweep[f"{strategy}:{k}"] = r
+        best = min(sweep, key=lambda s: sweep[s]["on_s"])
+        sel = results["history (epoch 2)"]
+        results["sweep"] = {"best_fixed": best, "best_fixed_on_s": sweep[best]["on_s"],
+                            "selector_on_s": sel["on_s"],
+                            "selector_vs_best": round(sweep[best]["on_s"] / sel["on_s"], 3),
+                            "all": {k: (v["on_s"], v["speedup"]) for k, v in sweep.items()}}
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

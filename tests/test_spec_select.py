@@ -1,0 +1,113 @@
+"""Pure tests of the speculation selector, its estimates, the drafters and the planner side."""
+
+from __future__ import annotations
+
+import pytest
+
+from actions.engines.drafters import HistoryDrafter, PromptLookupDrafter
+from actions.engines.spec_select import AcceptanceTracker, ForwardCost, choose, expected_tokens
+from flows.planning.profile import TpotProfile
+from flows.planning.speculation import (acceptance_rates, decode_speedup, speculative_profile,
+                                        step_spec_metrics)
+
+
+def flat(batch: int, width: int) -> float:  # a memory-bound forward: width is free
+    return 0.01
+
+
+def linear(batch: int, width: int) -> float:  # a compute-bound forward: cost per token
+    return 0.001 * batch * width
+
+
+def test_expected_tokens_is_the_geometric_sum():
+    # rows with drafts of 3 and 0 tokens at alpha 0.5, k 2: (1 + .5 + .25) + 1
+    assert expected_tokens(0.5, [3, 0], 2) == pytest.approx(2.75)
+
+
+def test_flat_cost_and_good_acceptance_choose_the_longest_draft():
+    c = choose({"history": [8, 8]}, {"history": 0.9}, flat, max_k=8)
+    assert (c.strategy, c.k) == ("history", 8)
+    assert c.expected_rate > c.plain_rate
+
+
+def test_compute_bound_forward_turns_speculation_off():
+    # width 1+k costs (1+k)x; even alpha 0.9 gives fewer than 1+k tokens per forward
+    c = choose({"history": [8, 8]}, {"history": 0.9}, linear, max_k=8)
+    assert (c.strategy, c.k) == (None, 0)
+
+
+def test_low_acceptance_turns_speculation_off_and_no_drafts_means_off():
+    assert choose({"prompt_lookup": [4, 4]}, {"prompt_lookup": 0.01},
+                  lambda b, w: 0.01 * (1 + 0.2 * (w - 1)), max_k=8).k == 0
+    assert choose({"history": [0, 0]}, {"history": 0.9}, flat, max_k=8).k == 0
+
+
+def test_best_strategy_wins_and_k_is_bounded_by_drafts_and_max_k():
+    rates = {"history": 0.8, "prompt_lookup": 0.3}
+    c = choose({"history": [2, 2], "prompt_lookup": [6, 6]}, rates, flat, max_k=4)
+    assert (c.strategy, c.k) == ("history", 2)
+    # cost grows with width: the optimum is an interior k (sum of 0.6^i saturates)
+    mid = choose({"history": [8]}, {"history": 0.6}, lambda b, w: 0.01 * (1 + 0.1 * (w - 1)), max_k=8)
+    assert 1 <= mid.k < 8
+
+
+def test_drafting_cost_counts_against_a_strategy():
+    assert choose({"history": [4]}, {"history": 0.5}, flat, max_k=4, draft_seconds={"history": 0.05}).k == 0
+
+
+def test_acceptance_tracker_uses_prior_then_data():
+    t = AcceptanceTracker(prior_rate=0.5, prior_weight=2.0, priors={"history": 0.8})
+    assert t.rate("history") == pytest.approx(0.8)
+    assert t.rate("prompt_lookup") == pytest.approx(0.5)
+    for _ in range(10):
+        t.record("prompt_lookup", 4, 0)  # 10 rejections, nothing accepted
+    assert t.rate("prompt_lookup") == pytest.approx(1.0 / 12)
+
+
+def test_forward_cost_fits_observed_forwards():
+    cost = ForwardCost()
+    for b in (4, 8, 16, 32):
+        for w in (1, 3, 5):
+            cost.observe(b, w, 0.003 + 2e-4 * b + 5e-5 * b * (w - 1))
+    assert cost.seconds(16, 1) == pytest.approx(0.003 + 2e-4 * 16, rel=0.05)
+    assert cost.seconds(16, 5) == pytest.approx(0.003 + 2e-4 * 16 + 5e-5 * 64, rel=0.05)
+
+
+def test_prompt_lookup_copies_what_followed_the_last_match():
+    d = PromptLookupDrafter(max_n=3)
+    d.start(0, 7, [5, 6, 7, 8, 9], [5, 6])
+    assert d.propose(0, 3) == [7, 8, 9]
+    d.extend(0, [7, 1])  # "... 7 1": no earlier "7 1"; "1" unseen
+    assert d.propose(0, 3) == []
+
+
+def test_history_aligns_with_the_start_and_stops_at_the_end_of_a_response():
+    d = HistoryDrafter({3: [[10, 11, 12, 2]]})
+    d.start(0, 3, [1, 1], [])
+    assert d.propose(0, 8) == [10, 11, 12, 2]
+    d.extend(0, [10, 11])
+    assert d.propose(0, 1) == [12]
+    d.start(1, 4, [1], [])  # no history for prompt 4
+    assert d.propose(1, 4) == []
+
+
+def test_step_metrics_and_rates_from_reports():
+    reports = [{"rounds": 10, "spec_rounds": 5, "proposed": 20, "accepted": 10, "draft_len_sum": 20,
+                "verified_rows": 8, "forwards_saved": 6, "seconds": 0.1, "plain_seconds_est": 0.08,
+                "rounds_by_strategy": {"history": 5}, "accepted_by_strategy": {"history": 10},
+                "rejections_by_strategy": {"history": 5}}, None]
+    m = step_spec_metrics(reports)
+    assert m["spec/accept_rate"] == 0.5 and m["spec/mean_accepted"] == 1.25 and m["spec/draft_len"] == 4.0
+    assert m["spec/strategy/history"] == 0.5 and m["spec/strategy/off"] == 0.5
+    # (10 + 6) / 10 forwards x 0.08 / 0.1 s
+    assert m["spec/decode_speedup"] == pytest.approx(1.28)
+    assert acceptance_rates(reports, {"prompt_lookup": 0.2}) == {"prompt_lookup": 0.2, "history": 10 / 15}
+    assert step_spec_metrics([None]) == {} and decode_speedup([]) == 1.0
+
+
+def test_speculative_profile_divides_decode_time_only():
+    p = TpotProfile(batch_sizes=(1, 8), contexts=(16.0, 64.0), seconds=((0.01, 0.02), (0.03, 0.04)),
+                    prefill_tokens_per_s=1000.0, shrink_s=0.5)
+    q = speculative_profile(p, 2.0)
+    assert q.seconds == ((0.005, 0.01), (0.015, 0.02)) and q.shrink_s == 0.5
+    assert q.prefill_tokens_per_s == 1000.0 and speculative_profile(p, 1.0) is p
