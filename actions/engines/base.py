@@ -18,6 +18,7 @@ dedup / prefix reuse changes cost, never outputs        yes        yes (APC)
 cut then continue == uncut run, token for token         yes        yes (same noise stream)
 KV bundle (``prefixes``) from the prefill action        used       ignored: vLLM cannot
                                                                    import KV; APC dedups
+speculative decoding (``speculation``), same outputs    yes        not used (docs/vllm.md)
 ======================================================  =========  ==========================
 
 Both engines sample with the same counter-based Gumbel-max noise (``sampling.py``) keyed by

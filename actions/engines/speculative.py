@@ -37,8 +37,10 @@ from actions.engines.sampling import sample_next, stream_key
 from actions.engines.spec_select import AcceptanceTracker, Choice, ForwardCost, choose
 
 PROBE_EVERY = 16
-"""Rounds of plain decoding after which one short speculative round re-measures a strategy
-that the estimates had switched off (acceptance can rise as training sharpens the policy)."""
+"""Rounds of plain decoding, after the estimates switched speculation off although drafts
+were there, before the drafters are asked again and one short speculative round re-measures
+the most promising strategy (acceptance can rise as training sharpens the policy). In between
+nothing is drafted, so a workload where speculation does not pay costs almost nothing extra."""
 
 
 @dataclass
@@ -147,7 +149,8 @@ class _Selector:
     def __init__(self, spec: Speculation, tracker: AcceptanceTracker, cost: ForwardCost) -> None:
         self.spec, self.tracker, self.cost = spec, tracker, cost
         self.draft_seconds: dict[str, float] = {}
-        self.rounds_off = 0
+        self.cooldown = 0  # rounds left without drafting (off by estimate)
+        self.probe = False  # the next choice with drafts is a probe
 
     def pick(self, proposals: Mapping[str, list[list[int]]]) -> Choice:
         if self.spec.fixed is not None:
@@ -161,19 +164,22 @@ class _Selector:
         # not charged again here.
         c = choose(lengths, rates, self.cost.snapshot(), self.spec.max_draft_len)
         if c.k > 0:
-            self.rounds_off = 0
+            self.probe = False
             return c
-        self.rounds_off += 1
-        if self.rounds_off >= PROBE_EVERY:  # re-measure the most promising strategy, cheaply
-            self.rounds_off = 0
+        if self.probe:  # re-measure the most promising strategy, cheaply
+            self.probe = False
             name = max(lengths, key=lambda n: rates[n])
             return Choice(name, min(2, self.spec.max_draft_len), c.expected_rate, c.plain_rate)
+        self.cooldown, self.probe = PROBE_EVERY, True
         return c
 
     def propose(self, drafters: Mapping[str, Drafter], rows: list[int], room: list[int]) -> dict[str, list[list[int]]]:
         """Every strategy's draft per row (at most ``max_draft_len`` and the row's room),
         timing each strategy's drafting per row for the selector's cost."""
-        out = {}
+        out: dict[str, list[list[int]]] = {}
+        if self.cooldown > 0:
+            self.cooldown -= 1
+            return out
         for name, d in drafters.items():
             if self.spec.fixed is not None and self.spec.fixed[0] != name:
                 continue
@@ -248,7 +254,7 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
         b = len(rows)
         proposals = selector.propose(drafters, rows, [max_new_tokens - len(gen[r]) for r in rows])
         choice = selector.pick(proposals)
-        drafts = [p[:choice.k] for p in proposals[choice.strategy]] if choice.k else [[] for _ in rows]
+        drafts = [p[:choice.k] for p in proposals[choice.strategy]] if choice.k else [[]] * b
         width = 1 + max(len(d) for d in drafts)
         ids = torch.full((b, width), engine.pad_id, dtype=torch.long)
         ids[:, 0] = torch.tensor(toks)
