@@ -66,11 +66,13 @@ def test_acceptance_tracker_uses_prior_then_data():
 
 def test_forward_cost_fits_observed_forwards():
     cost = ForwardCost()
-    for b in (4, 8, 16, 32):
-        for w in (1, 3, 5):
-            cost.observe(b, w, 0.003 + 2e-4 * b + 5e-5 * b * (w - 1))
-    assert cost.seconds(16, 1) == pytest.approx(0.003 + 2e-4 * 16, rel=0.05)
-    assert cost.seconds(16, 5) == pytest.approx(0.003 + 2e-4 * 16 + 5e-5 * 64, rel=0.05)
+    for _ in range(10):  # enough rounds to outweigh the prior
+        for b in (16, 32, 64):
+            for w in (1, 3, 5, 9):
+                cost.observe(b, w, 0.003 + 2e-4 * b + 5e-5 * b * (w - 1))
+    # the prior on the width term (robustness to one slow round) leaves a small bias
+    assert cost.seconds(32, 1) == pytest.approx(0.003 + 2e-4 * 32, rel=0.1)
+    assert cost.seconds(32, 5) == pytest.approx(0.003 + 2e-4 * 32 + 5e-5 * 128, rel=0.1)
 
 
 def test_prompt_lookup_copies_what_followed_the_last_match():

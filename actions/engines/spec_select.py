@@ -66,9 +66,9 @@ class ForwardCost:
     forward wider than 1.
     """
 
-    prior: tuple[float, float, float] = (2e-3, 1e-4, 1e-5)
+    prior: tuple[float, float, float] = (2e-3, 1e-4, 2.5e-5)
     prior_weight: float = 1.0
-    decay: float = 0.98
+    decay: float = 0.99
     _xtx: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
     _xty: list[float] = field(default_factory=lambda: [0.0] * 3)
 
@@ -81,7 +81,10 @@ class ForwardCost:
 
     def coefficients(self) -> tuple[float, float, float]:
         # Ridge towards the prior, scaled per coefficient so each term has comparable pull.
-        scales = (1.0, 16.0, 16.0)
+        # The width term is identified only by the few speculative rounds: its prior weighs as
+        # much as ~8 of them at batch 64, so one round slowed by a neighbour's load cannot
+        # switch speculation off for the rest of the call.
+        scales = (1.0, 16.0, 512.0)
         a = [[self._xtx[i][j] + (self.prior_weight * scales[i] ** 2 if i == j else 0.0) for j in range(3)]
              for i in range(3)]
         b = [self._xty[i] + self.prior_weight * scales[i] ** 2 * self.prior[i] for i in range(3)]

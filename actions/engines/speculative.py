@@ -169,7 +169,7 @@ class _Selector:
         if self.probe:  # re-measure the most promising strategy, cheaply
             self.probe = False
             name = max(lengths, key=lambda n: rates[n])
-            return Choice(name, min(2, self.spec.max_draft_len), c.expected_rate, c.plain_rate)
+            return Choice(name, min(4, self.spec.max_draft_len), c.expected_rate, c.plain_rate)
         self.cooldown, self.probe = PROBE_EVERY, True
         return c
 
