@@ -36,9 +36,9 @@ from actions.engines.drafters.base import Drafter
 from actions.engines.sampling import sample_next, stream_key
 from actions.engines.spec_select import AcceptanceTracker, Choice, ForwardCost, choose
 
-PROBE_EVERY = 16
+PROBE_EVERY = 8
 """Rounds of plain decoding, after the estimates switched speculation off although drafts
-were there, before the drafters are asked again and one short speculative round re-measures
+were there, before the drafters are asked again and one speculative round re-measures
 the most promising strategy (acceptance can rise as training sharpens the policy). In between
 nothing is drafted, so a workload where speculation does not pay costs almost nothing extra."""
 
@@ -74,6 +74,7 @@ class SpecStats:
     rejections_by_strategy: dict[str, int] = field(default_factory=dict)  # rows with a rejected token
     verified_rows: int = 0  # row-rounds that checked a non-empty draft
     forwards_saved: int = 0  # plain decode steps for the same tokens, minus the forwards run
+    plain_calls: int = 0  # calls the estimates sent to the plain loop (TorchEngine._skip_speculation)
     seconds: float = 0.0  # measured time of every decode forward (with its sampling)
     plain_seconds_est: float = 0.0  # the cost model's time for the same rounds at width 1
 

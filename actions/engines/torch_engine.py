@@ -33,8 +33,11 @@ from transformers import DynamicCache
 
 from actions.engines.base import EngineStats, SampleOut, SampleSpec
 from actions.engines.sampling import sample_next, stream_key
-from actions.engines.spec_select import AcceptanceTracker, ForwardCost
-from actions.engines.speculative import Speculation, decode_speculative
+from actions.engines.spec_select import AcceptanceTracker, ForwardCost, choose
+from actions.engines.speculative import SpecStats, Speculation, decode_speculative
+
+RECHECK_CALLS = 4
+"""Of the calls the estimates would decode plainly, every this-many-th speculates anyway."""
 
 __all__ = ["EngineStats", "PrefixState", "SampleOut", "SampleSpec", "TorchEngine"]
 
@@ -66,6 +69,7 @@ class TorchEngine:
         # Speculation estimates survive across warm calls; a cold engine starts from priors.
         self.forward_cost = ForwardCost()
         self.acceptance = AcceptanceTracker()
+        self._hopeless_calls = 0
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()
@@ -124,6 +128,21 @@ class TorchEngine:
             states.append(PrefixState(tuple(seq), kv, res.logits[r, -1].clone()))
         return states, sum(len(s) for s in suffixes)
 
+    def _skip_speculation(self, spec: Speculation, batch: int) -> bool:
+        """True where the warm estimates say no strategy could pay even with full-length
+        drafts on every row: the call then runs the plain loop, without drafting overhead.
+        Every ``RECHECK_CALLS``-th such call speculates anyway, to re-measure."""
+        if spec.fixed is not None:
+            return False
+        names = [n for n in spec.strategies if n != "history" or spec.history]
+        full = {n: [spec.max_draft_len] * batch for n in names}
+        hopeless = not names or choose(full, {n: self.acceptance.rate(n) for n in names},
+                                       self.forward_cost.snapshot(), spec.max_draft_len).k == 0
+        if not hopeless:
+            return False
+        self._hopeless_calls += 1
+        return self._hopeless_calls % RECHECK_CALLS != 0
+
     def _on_device(self, state: PrefixState) -> PrefixState:
         """The state with its tensors on this engine's device (a no-op for states already there)."""
         if state.last_logits.device == self.device:
@@ -159,10 +178,13 @@ class TorchEngine:
             row_states = [lookup[c] for c in contexts]
         else:
             row_states, stats.prefill_tokens = self.prefill(contexts, prefixes)
-        if speculation is None:
+        if speculation is not None:
+            self.acceptance.priors.update(speculation.priors)
+        if speculation is None or self._skip_speculation(speculation, len(samples)):
             outs = self._decode(samples, row_states, seed, step, max_new_tokens, temperature, cut_after, stats)
+            if speculation is not None:  # decoded plainly by choice: say so in the counters
+                stats.spec = SpecStats(rounds=stats.decode_steps, plain_calls=1).to_dict()
             return outs, stats
-        self.acceptance.priors.update(speculation.priors)
         outs, spec_stats = decode_speculative(
             self, samples, row_states, seed=seed, step=step, max_new_tokens=max_new_tokens,
             temperature=temperature, cut_after=cut_after, stats=stats, spec=speculation,
