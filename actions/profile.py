@@ -19,7 +19,7 @@ import torch
 
 from actions.common.adapter import run_action
 from actions.common.device import action_device, action_dtype
-from actions.common.loading import load_base, load_model, store_for
+from actions.common.loading import configure_threads, load_base, load_model, store_for
 from actions.common.profile_cache import (ProfileFacts, ProfileRequest, ProfileResult, cache_record,
                                           check_cached)
 from actions.common.store import ObjectNotFound, ObjectStore, get_artifact, put_json, read_manifest
@@ -62,6 +62,8 @@ def read_throughput(store: ObjectStore, manifest_key: str, cap_bytes: int) -> tu
 
 
 def run_profile(req: ProfileRequest) -> ProfileResult:
+    if req.threads is not None:
+        configure_threads(req.threads)
     ref = req.model
     device = action_device()
     dtype = action_dtype(ref.dtype, device)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flows.context import RunContext
-from flows.live_profile import usable_cores
+from flows.live_profile import pool_cores
 from flows.planning.lengths import LengthHistory, predict_lengths
 from flows.planning.migrate import plan_cut_points_of
 from flows.planning.plan import ClusterSpec, GenerationPlan
@@ -48,9 +48,9 @@ def load_profile(ctx: RunContext) -> TpotProfile:
 def cluster_spec(ctx: RunContext, num_workers: int) -> ClusterSpec:
     """The decode cluster as the planner sees it. With measured inputs: weights and prefix KV
     travel through the store at its measured read rate, every activation pays the measured
-    round trip; on the local pool at most one action
-    per ``threads`` cores decodes at full speed, so that is the capacity (more would share
-    cores the profile measured alone)."""
+    round trip; on the local pool at most one action per ``threads`` cores (the share the
+    profile was measured with) decodes at the measured speed, so that is the capacity (more
+    would share cores the profile measured alone)."""
     s, live = ctx.config.scaling, ctx.live
     capacity = max(1, num_workers)
     transfer: dict[str, float] = {}
@@ -59,7 +59,7 @@ def cluster_spec(ctx: RunContext, num_workers: int) -> ClusterSpec:
                         transfer_bandwidth_bytes_per_s=live.transfer_bandwidth_bytes_per_s,
                         activation_s=live.activation_s)
         if ctx.config.invoker.kind != "openwhisk":
-            capacity = max(1, min(capacity, usable_cores() // max(1, live.threads)))
+            capacity = max(1, min(capacity, pool_cores(ctx.config) // max(1, live.threads)))
     return ClusterSpec(gpus_per_actor=s.gpus_per_actor, max_actors=capacity,
                        price_per_gpu_second=ctx.config.price_per_gpu_second, cold_start_s=s.cold_start_s,
                        num_warm_actors=max(1, num_workers), **transfer)

@@ -82,7 +82,7 @@ def profile_request(ctx: RunContext, model: ModelRef, prompt_lengths: list[int])
     batches, contexts = profile_grid(cfg.algorithm.group_size, cfg.algorithm.batch_size, prompt_lengths,
                                      cfg.generation.max_new_tokens)
     return ProfileRequest(model=model, batch_sizes=batches, contexts=contexts,
-                          measure_grid=not cfg.scaling.profile)
+                          measure_grid=not cfg.scaling.profile, threads=generation_threads(cfg))
 
 
 def start_profiling(ctx: RunContext, model: ModelRef, tokens: Mapping[Any, Any]) -> tuple[Any, ProfileRequest] | None:
@@ -170,9 +170,18 @@ def _prompt(entry: Any) -> list[int]:
     return entry["prompt"] if isinstance(entry, Mapping) else entry.prompt
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (the local pool's workers share them)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+def generation_threads(cfg: Any) -> int | None:
+    """Torch threads of one generation action at the widest fan-out on the local pool or in
+    process (their invokers divide ``invoker.num_cores`` among running activations,
+    ``flows.invokers.cores``); None on OpenWhisk, whose containers set their own."""
+    if cfg.invoker.kind == "openwhisk":
+        return None
+    cores = pool_cores(cfg)
+    return max(1, cores // max(1, min(cfg.scaling.n_max, cores)))
+
+
+def pool_cores(cfg: Any) -> int:
+    """Cores the local pool's activations share (``invoker.num_cores``, 0: this process's)."""
+    from flows.invokers.cores import available_cores
+
+    return cfg.invoker.num_cores or available_cores()

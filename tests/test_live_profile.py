@@ -61,6 +61,9 @@ def test_second_start_reuses_the_cached_profile_and_other_facts_measure_anew(pub
     two = _profile(ref)
     assert two["source"] == "measured" and two["facts"]["threads"] == 2
     assert two["profile_key"] not in (first["profile_key"], bf16["profile_key"])
+    monkeypatch.setenv("RLHFLESS_THREADS", "1")
+    asked = _profile(ref, threads=2)  # the flow asks for the share of the widest fan-out
+    assert asked["source"] == "cached" and asked["profile_key"] == two["profile_key"]
 
 
 def test_a_corrupt_cached_profile_is_rejected_with_a_clear_message_and_measured_again(published):
@@ -144,6 +147,14 @@ def test_the_hook_plans_from_the_measured_profile_and_the_store_transfer_model(t
     assert plan().predicted_time_s > 5 * builtin  # decode dominates and is 10x slower
 
 
+def test_the_profile_is_measured_at_one_generation_action_s_share_of_the_cores(tiny_config):
+    from flows.live_profile import generation_threads
+
+    assert generation_threads(tiny_config("invoker.num_cores=4", "scaling.n_max=4")) == 1
+    assert generation_threads(tiny_config("invoker.num_cores=4", "scaling.n_max=2")) == 2
+    assert generation_threads(tiny_config("invoker.num_cores=4", "scaling.n_max=1")) == 4
+
+
 def test_profile_grid_covers_the_step():
     assert profile_grid(4, 16, [10, 12, 30], 10) == ([4, 8, 16], [12, 40])
     assert profile_grid(8, 8, [5], 3) == ([8, 9], [5, 8])  # one group per step still has two points
@@ -171,7 +182,7 @@ def test_the_measured_fanout_follows_the_predicted_lengths(tiny_config, tmp_path
     from flows.context import RunContext
     from flows.planning.lengths import LengthHistory
 
-    monkeypatch.setattr(hooks, "usable_cores", lambda: 2)
+    monkeypatch.setattr(hooks, "pool_cores", lambda cfg: 2)
     profile = TpotProfile((4, 16), (8.0, 64.0), ((0.01, 0.012), (0.03, 0.036)), 2000.0, name="measured-x")
     ctx = RunContext(config=tiny_config("generation.max_new_tokens=200"), store=LocalStore(str(tmp_path / "s")),
                      invoker=None, run_id="r",  # type: ignore[arg-type]

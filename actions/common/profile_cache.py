@@ -46,6 +46,10 @@ class ProfileRequest(BaseModel):
     measure_grid: bool = True
     """False: report only the transfer facts (weights, KV, store throughput); the campaign
     plans from its own profile file (``scaling.profile``)."""
+    threads: int | None = Field(None, ge=1)
+    """Torch threads to measure with: the share one generation action gets at the widest
+    fan-out (the local pool divides its cores among running activations). None: this
+    activation's own share (an OpenWhisk container: ``RLHFLESS_THREADS``)."""
     probe_bytes: int = Field(256 * 2**20, ge=1)
     """Most weight bytes read to measure the store's read throughput."""
 
