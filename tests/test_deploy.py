@@ -234,7 +234,7 @@ def test_cli_dry_run_needs_no_credentials(no_credentials, monkeypatch, capsys):
     assert cli(["--manifest", str(SHIPPED), "--dry-run"]) == 0
     out, err = capsys.readouterr()
     assert "action rlhfless/generate: create" in out
-    assert out.strip().endswith("8 to create, 0 to update, 0 unchanged (dry run: nothing was changed)")
+    assert out.strip().endswith(f"{1 + len(ACTION_NAMES)} to create, 0 to update, 0 unchanged (dry run: nothing was changed)")
     assert "no OpenWhisk credentials" in err and "unset $AWS_SECRET_ACCESS_KEY" in err
 
 
