@@ -22,6 +22,7 @@ from flows.hooks import plan_generation_phase
 from flows.live_profile import finish_profiling, start_profiling
 from flows.invokers.factory import make_invoker, pool_size
 from flows.metrics import billing, planner_fidelity, step_metrics
+from flows.overhead import Background, StepClock, quiet_step_flows
 from flows.planning.lengths import LengthHistory
 from flows.rlhf_step import rlhf_step
 from flows.schedule import step_prompts
@@ -40,12 +41,14 @@ CALL_HISTORY = 8
 """Steps of call history kept for pre-warming (the earliest offset over them is used)."""
 
 
-def _evaluate(ctx: RunContext, state: CampaignState) -> dict[str, Any]:
+def _evaluate(ctx: RunContext, state: CampaignState, clock: StepClock | None = None) -> dict[str, Any]:
     req = EvaluateRequest(model=_model_ref(ctx, state), dataset_key=state.prepared["eval_key"],
                           rewards=ctx.config.reward_functions(),
                           max_new_tokens=ctx.config.generation.max_new_tokens, engine=ctx.config.generation.engine,
                           output_key=f"{ctx.prefix}/evals/v{state.policy_version:06d}.json")
     out = invoke_action(action="evaluate", payload=req.model_dump(mode="json"), shard=f"eval-v{state.policy_version}")
+    if clock is not None:
+        clock.add_work(out["accounting"]["busy_s"])
     return {"step": state.step, "policy_version": state.policy_version, **out["result"]}
 
 
@@ -203,6 +206,7 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
     ctx = RunContext(config=cfg, store=store, invoker=invoker, run_id=run_id)
     set_context(ctx)
     gc_total = {"collections": 0, "deleted_objects": 0, "deleted_blobs": 0, "freed_bytes": 0, "seconds": 0.0}
+    publisher = Background()  # Prefect artifacts, off the steps' critical path
 
     def collect(state: CampaignState) -> None:
         report = collect_garbage(store, state, retention, lease=lease)
@@ -223,39 +227,51 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
             ctx.live = finish_profiling(ctx, start_profiling(ctx, _model_ref(ctx, state), tokens), progress)
         state.stopped_reason = None
         progress_id = start_progress(run_id, state.step, cfg.steps)
-        while state.step < cfg.steps:
-            reason = _budget_stop(cfg, state)
-            if reason:
-                state.stopped_reason = reason
-                progress(f"stopping before step {state.step}: {reason}")
-                break
-            lease.check()
-            old_drafts = state.draft_index
-            state = _run_one_step(ctx, state, tokens, num_workers)
-            last = state.steps[-1]
-            if cfg.eval_every and state.step % cfg.eval_every == 0 or state.step == cfg.steps:
-                state.evals.append(_evaluate(ctx, state))
-            lease.check()
-            commit_state(store, state)
-            collect(state)  # after the commit, never before
-            drop_unreferenced(store, ctx.prefix, old_drafts, state.draft_index)
-            publish_step_artifacts(run_id, state.steps, state.evals)
-            update_progress(progress_id, run_id, state.step, cfg.steps)
-            board.add_step(state.step, last, state.evals)
-            progress(_progress_line(state, cfg.steps))
+        clock = StepClock()
+        with quiet_step_flows():
+            while state.step < cfg.steps:
+                reason = _budget_stop(cfg, state)
+                if reason:
+                    state.stopped_reason = reason
+                    progress(f"stopping before step {state.step}: {reason}")
+                    break
+                lease.check()
+                old_drafts = state.draft_index
+                state = _run_one_step(ctx, state, tokens, num_workers)
+                last = state.steps[-1]
+                if cfg.eval_every and state.step % cfg.eval_every == 0 or state.step == cfg.steps:
+                    state.evals.append(_evaluate(ctx, state, clock))
+                last["timing_s/period"], last["timing_s/overhead"] = clock.close_period(last["timing_s/work"])
+                lease.check()
+                t_commit = time.time()
+                commit_state(store, state)
+                collect(state)  # after the commit, never before
+                drop_unreferenced(store, ctx.prefix, old_drafts, state.draft_index)
+                clock.add_work(time.time() - t_commit)
+                publisher.submit(_publish, run_id, list(state.steps), list(state.evals), progress_id, state.step,
+                                 cfg.steps)
+                board.add_step(state.step, last, state.evals)
+                progress(_progress_line(state, cfg.steps))
     finally:
         set_context(None)
         invoker.close()
         board.close()
+        publisher.wait()
     return summarize(state, time.time() - started) | {"billing": billing(cfg.invoker.kind), "gc": gc_total,
                                                       "profile": ctx.live.describe() if ctx.live else None}
+
+
+def _publish(run_id: str, steps: list[dict[str, Any]], evals: list[dict[str, Any]], progress_id: Any,
+             done: int, total: int) -> None:
+    publish_step_artifacts(run_id, steps, evals)
+    update_progress(progress_id, run_id, done, total)
 
 
 def _progress_line(state: CampaignState, total: int, width: int = 20) -> str:
     """A text progress bar for the campaign plus the phases of the step just finished."""
     last = state.steps[-1]
     done = int(width * state.step / max(1, total))
-    phases = " ".join(f"{p} {last[f'timing_s/{p}']:.1f}s" for p in ("plan", "prefill", "generate", "score", "train",
+    phases = " ".join(f"{p} {last[f'timing_s/{p}']:.1f}s" for p in ("plan", "prefill", "generate", "score", "train", "overhead",
                                                                       "commit"))
     acc = f" | eval acc {state.evals[-1]['accuracy']:.3f}" if state.evals[-1]["step"] == state.step else ""
     return (f"[{'#' * done}{'.' * (width - done)}] step {state.step}/{total} | {phases} | "

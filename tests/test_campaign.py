@@ -117,6 +117,9 @@ def test_smoke_whole_flow_on_local_warm_pool(tiny_config, prefect_harness):
                  "response_length/mean", "loss/policy", "kl"):
         assert name in step, name
     assert 0.0 <= summary["eval_accuracy_last"] <= 1.0
+    # overhead from the outside: each step's period is its work plus the control plane's time
+    for s in summary["steps"]:
+        assert s["timing_s/period"] >= s["timing_s/overhead"] >= 0.0 and s["timing_s/work"] > 0.0
     # pre-warming from call history: none without history, then before the generation phase
     first, last = summary["steps"]
     assert first["prewarm/offset_s"] == -1.0 and first["prewarm/fired_s"] == -1.0
