@@ -14,6 +14,13 @@ from softmax(logits / temperature). Temperature 0 means greedy argmax (no noise)
 
 The hash is MurmurHash3's 64-bit finaliser (fmix64) evaluated in int64 tensors; logical right
 shifts are emulated with a mask because torch shifts signed integers arithmetically.
+
+Noise is computed on the device of its keys (the logits' device in both engines), so a GPU
+never waits for a host-built ``[rows, V]`` tensor. The integer hash and the uniform ``U`` are
+exact on any device; ``-log(-log(U))`` goes through the device's float64 ``log``, whose last
+bit may differ between CPU and CUDA libraries, and the result is rounded to float32, so CUDA
+noise equals CPU noise except, rarely, in the last float32 bit (tests/test_sampling_device.py,
+``gpu`` marker, measures how many entries differ).
 """
 
 from __future__ import annotations

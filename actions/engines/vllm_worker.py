@@ -56,16 +56,17 @@ class CounterNoiseLogitsProcessor(LogitsProcessor):
         if not self.rows:
             return logits
         idx = sorted(i for i in self.rows if i < logits.shape[0])
-        keys = torch.tensor([self.rows[i][0] for i in idx], dtype=torch.int64)
+        dev = logits.device
+        keys = torch.tensor([self.rows[i][0] for i in idx], dtype=torch.int64, device=dev)
         # ``output_tokens`` is vLLM's live list for the request: its length is the number of
         # tokens this request has sampled so far, i.e. the position of the one drawn now.
-        pos = torch.tensor([self.rows[i][1] + len(self.rows[i][3]) for i in idx], dtype=torch.int64)
-        temps = torch.tensor([self.rows[i][2] for i in idx], dtype=torch.float32)
-        # The noise is built on the CPU (sampling.gumbel_noise allocates its vocab index there);
-        # on a GPU this costs one [rows, V] copy per step.
-        noise = gumbel_noise(keys, pos, logits.shape[-1]).to(logits.device)
-        rows = torch.tensor(idx, device=logits.device)
-        logits[rows] = logits[rows].float() / temps.to(logits.device)[:, None] + noise
+        pos = torch.tensor([self.rows[i][1] + len(self.rows[i][3]) for i in idx], dtype=torch.int64, device=dev)
+        temps = torch.tensor([self.rows[i][2] for i in idx], dtype=torch.float32, device=dev)
+        # The noise is built where the logits are (gumbel_noise works on its keys' device):
+        # on a GPU only the row keys cross from the host, never a [rows, V] noise tensor.
+        noise = gumbel_noise(keys, pos, logits.shape[-1])
+        rows = torch.tensor(idx, device=dev)
+        logits[rows] = logits[rows].float() / temps[:, None] + noise
         return logits
 
 
