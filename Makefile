@@ -51,6 +51,7 @@ test-vllm: $(VLLM_STAMP)
 
 ## Benchmarks print ratios against a baseline measured in the same process.
 bench: install
+	$(VENV)/bin/pip install -q -e '.[dev,bench]'
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
