@@ -83,6 +83,7 @@ def run_generate(req: GenerateRequest) -> GenerateResult:
         put_json(store, partial_key, [PartialSample(prompt_id=o.prompt_id, sample_index=o.sample_index,
                                                     tokens=o.tokens).model_dump() for o in cut])
     return GenerateResult(
+        shard=req.shard, kind="continuation" if req.partial_keys else "first",
         rollout_key=req.output_key,
         samples=[SampleStat(prompt_id=o.prompt_id, sample_index=o.sample_index, length=len(o.tokens),
                             finish_reason=o.finish_reason) for o in outs],

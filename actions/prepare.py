@@ -17,9 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
 from actions.common.config import CampaignConfig
+from actions.common.contracts import Prepared
 from actions.common.store import ObjectStore, put_artifact, put_json
 from actions.tasks import get_task
 from actions.tasks.build import Datasets, build_datasets
@@ -27,17 +26,6 @@ from actions.tasks.dataset import DATASET_FILE, rows_to_jsonl
 
 # torch and transformers are imported inside prepare(): validate_inputs runs at the CLI and
 # answers bad input in well under a second.
-
-
-class Prepared(BaseModel):
-    base_key: str
-    init_key: str
-    train_key: str
-    eval_key: str
-    tokens_key: str
-    model: dict
-    data: dict = {}
-    """What loading the datasets did (``build.Datasets.summary``): rows kept, dropped, truncated."""
 
 
 def _tokenizer_source(cfg: CampaignConfig) -> Callable[[], Any]:

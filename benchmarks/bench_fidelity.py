@@ -101,7 +101,7 @@ def main() -> int:
         submit_s, latency, task_cpu, background, stagger = measure_submission()
     store = open_store(cfg.store.uri)
     state = load_state(store, cfg.resolved_run_id())
-    tokens = get_json(store, state.prepared["tokens_key"])
+    tokens = get_json(store, state.prepared.tokens_key)
     costs = measure_activation_costs(cfg, state, store, tokens, latency, profile)
     cores = os.cpu_count() or 1
     print(f"generate activation work: {costs['gen'][0] * 1e3:.1f} ms + {costs['gen'][1] * 1e3:.2f} ms/sample; "
@@ -176,7 +176,7 @@ def capture_records() -> dict[int, list[dict]]:
 
     def keep(out, phase, *args, **kwargs):
         m = metrics(out, phase, *args, **kwargs)
-        records[len(records)] = out["records"]
+        records[len(records)] = [r.accounting() for r in out.records]
         return m
     campaign.step_metrics = keep
     return records
@@ -220,7 +220,7 @@ def measure_activation_costs(cfg, state, store, tokens: dict, latency: float, pr
     entry = state.steps[-1]
     k = int(entry["step"])
     # the policy the last step generated with (k >= 1: trained by step k - 1, version k)
-    ref = ModelRef(store_uri=cfg.store.uri, base_key=state.prepared["base_key"], policy_version=k,
+    ref = ModelRef(store_uri=cfg.store.uri, base_key=state.prepared.base_key, policy_version=k,
                    policy_key=f"runs/{state.run_id}/steps/{k - 1:06d}/train/policy/manifest.json")
     bundle = f"runs/{state.run_id}/steps/{k:06d}/kv/v{k:06d}/manifest.json"
     bundle = bundle if store.exists(bundle) else None  # the step's KV bundle, if it had one
@@ -229,7 +229,7 @@ def measure_activation_costs(cfg, state, store, tokens: dict, latency: float, pr
     pool = LocalPoolInvoker(1)
 
     def generate(prompt_ids, *, new_tokens=1, partial_keys=(), key="bench/probe.json", kv=bundle, on=pool):
-        req = GenerateRequest(model=ref, dataset_key=state.prepared["train_key"], run_seed=0, step=k, shard="probe",
+        req = GenerateRequest(model=ref, dataset_key=state.prepared.train_key, run_seed=0, step=k, shard="probe",
                               prompt_ids=list(prompt_ids), group_size=group, partial_keys=list(partial_keys),
                               max_new_tokens=new_tokens, temperature=g.temperature, dedup_prefill=g.dedup_prefill,
                               kv_bundle_key=kv, engine=g.engine, output_key=key)
@@ -262,7 +262,7 @@ def measure_activation_costs(cfg, state, store, tokens: dict, latency: float, pr
             key = f"bench/rollout-{p}.json"
             generate(pids[:p], new_tokens=g.max_new_tokens, key=key)
             req = ScoreRequest(policy=ref, reference_key=state.reference_key, critic_key=state.critic_key,
-                               dataset_key=state.prepared["train_key"], rollout_keys=[key], rewards=cfg.reward_functions(),
+                               dataset_key=state.prepared.train_key, rollout_keys=[key], rewards=cfg.reward_functions(),
                                algorithm=cfg.algorithm, output_key=f"bench/scored-{p}/manifest.json")
             payload = req.model_dump(mode="json")
             pool.invoke("score", payload)  # loads the reference

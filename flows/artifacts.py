@@ -9,8 +9,12 @@ use, unit tests) nothing is published.
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
+
+if TYPE_CHECKING:
+    from flows.state import EvalRecord
 
 TABLE_METRICS = ("reward/mean", "response_length/mean", "actors/n", "actors/migrated", "cost/billed_gpu_seconds",
                  "cost/usd", "timing_s/step", "kl", "loss/policy")
@@ -20,7 +24,7 @@ def slug(run_id: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-") or "run"
 
 
-def publish_step_artifacts(run_id: str, steps: list[dict[str, Any]], evals: list[dict[str, Any]]) -> bool:
+def publish_step_artifacts(run_id: str, steps: list[dict[str, Any]], evals: Sequence[EvalRecord]) -> bool:
     """Publish the artifacts of the latest step. Returns False outside a flow run."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
     from prefect.context import FlowRunContext
@@ -36,7 +40,7 @@ def publish_step_artifacts(run_id: str, steps: list[dict[str, Any]], evals: list
                                                          f"chose {plan.get('num_actors')} actions ({plan.get('policy')})",
                           table=[{k: c[k] for k in ("n", "time_s", "gpu_seconds", "score", "feasible", "reason")}
                                  for c in plan.get("candidates", [])] or [{"n": plan.get("num_actors")}])
-    acc = evals[-1]["accuracy"] if evals else None
+    acc = evals[-1].accuracy if evals else None
     create_markdown_artifact(key=f"{key}-report", markdown=(
         f"# {run_id}: step {int(last['step']) + 1}\n\n"
         f"- reward {last['reward/mean']:.3f}, mean length {last['response_length/mean']:.1f} tokens\n"

@@ -14,7 +14,8 @@ from typing import Any
 from prefect import flow
 
 from actions.common.config import CampaignConfig
-from actions.common.contracts import EvaluateRequest, ModelRef, WarmupRequest
+from actions.common.contracts import (EvaluateRequest, ModelRef, PromptTokens, WarmupRequest, WarmupResult,
+                                      parse_token_table)
 from actions.common.store import ObjectStore, get_json, open_store
 from flows.artifacts import publish_step_artifacts, start_progress, update_progress
 from flows.context import RunContext, set_context
@@ -24,14 +25,14 @@ from flows.invokers.factory import make_invoker, pool_size
 from flows.metrics import billing, planner_fidelity, step_metrics
 from flows.overhead import Background, StepClock, quiet_step_flows
 from flows.planning.lengths import LengthHistory
-from flows.rlhf_step import rlhf_step
+from flows.rlhf_step import StepOutcome, rlhf_step
 from flows.schedule import step_prompts
 from flows.drafts import drop_unreferenced, keys_for, record_drafts
 from flows.gc import collect_garbage
 from flows.planning.speculation import acceptance_rates, decode_speedup, running_speedup
 from flows.lease import RunLease, held_lease
 from flows.planning.retention import Retention
-from flows.state import CampaignRefused, CampaignState, check_resume, commit_state, load_state
+from flows.state import CampaignRefused, CampaignState, EvalRecord, check_resume, commit_state, load_state
 from flows.step_payloads import StepInputs
 from flows.tasks import invoke_action
 from flows.tensorboard import ScalarBoard
@@ -41,19 +42,19 @@ CALL_HISTORY = 8
 """Steps of call history kept for pre-warming (the earliest offset over them is used)."""
 
 
-def _evaluate(ctx: RunContext, state: CampaignState, clock: StepClock | None = None) -> dict[str, Any]:
-    req = EvaluateRequest(model=_model_ref(ctx, state), dataset_key=state.prepared["eval_key"],
+def _evaluate(ctx: RunContext, state: CampaignState, clock: StepClock | None = None) -> EvalRecord:
+    req = EvaluateRequest(model=_model_ref(ctx, state), dataset_key=state.prepared.eval_key,
                           rewards=ctx.config.reward_functions(),
                           max_new_tokens=ctx.config.generation.max_new_tokens, engine=ctx.config.generation.engine,
                           output_key=f"{ctx.prefix}/evals/v{state.policy_version:06d}.json")
     out = invoke_action(action="evaluate", payload=req.model_dump(mode="json"), shard=f"eval-v{state.policy_version}")
     if clock is not None:
-        clock.add_work(out["accounting"]["busy_s"])
-    return {"step": state.step, "policy_version": state.policy_version, **out["result"]}
+        clock.add_work(out.record.busy_s)
+    return EvalRecord(step=state.step, policy_version=state.policy_version, **out.result.model_dump())
 
 
 def _model_ref(ctx: RunContext, state: CampaignState) -> ModelRef:
-    return ModelRef(store_uri=ctx.store.uri, base_key=state.prepared["base_key"], policy_key=state.policy_key,
+    return ModelRef(store_uri=ctx.store.uri, base_key=state.prepared.base_key, policy_key=state.policy_key,
                     policy_version=state.policy_version, weights_sha256=state.weights_sha256 or None,
                     dtype=ctx.config.model.dtype)
 
@@ -75,12 +76,12 @@ def _setup(ctx: RunContext, progress: Progress) -> CampaignState:
         req = WarmupRequest(store_uri=ctx.store.uri, base_key=prepared.base_key, init_key=prepared.init_key,
                             dataset_key=prepared.train_key, output_key=f"{ctx.prefix}/policy/v000000/manifest.json",
                             warmup=cfg.warmup, task=None if cfg.data.train_path else cfg.data.task, seed=cfg.seed)
-        warm = invoke_action(action="warmup", payload=req.model_dump(mode="json"), shard="warmup")["result"]
-        policy_key, sha = warm["policy_key"], warm["weights_sha256"]
+        warm: WarmupResult = invoke_action(action="warmup", payload=req.model_dump(mode="json"), shard="warmup").result
+        policy_key, sha = warm.policy_key, warm.weights_sha256
     else:
         sha = ""
     state = CampaignState(run_id=ctx.run_id, fingerprint=cfg.fingerprint(), identity=cfg.identity(),
-                          policy_key=policy_key, reference_key=policy_key, prepared=prepared.model_dump(),
+                          policy_key=policy_key, reference_key=policy_key, prepared=prepared,
                           weights_sha256=sha)
     if cfg.algorithm.name == "ppo":
         state.critic_key = _init_critic(ctx, state)
@@ -112,28 +113,28 @@ def _budget_stop(cfg: CampaignConfig, state: CampaignState) -> str | None:
     return None
 
 
-def _record_speculation(ctx: RunContext, state: CampaignState, new: CampaignState, out: dict) -> None:
+def _record_speculation(ctx: RunContext, state: CampaignState, new: CampaignState, out: StepOutcome) -> None:
     """Keep the step's responses as history drafts and its measured acceptance and speed-up."""
     g = ctx.config.generation
     if g.speculation == "auto" and "history" in g.draft_strategies:
         new.draft_index = record_drafts(ctx.store, ctx.prefix, state.step,
-                                        [r["rollout_key"] for r in out["generate"]], state.draft_index)
-    reports = [r.get("spec") for r in out["generate"]]
+                                        [r.rollout_key for r in out.generate], state.draft_index)
+    reports = [r.spec for r in out.generate]
     if any(reports):
         new.spec_rates = acceptance_rates(reports, state.spec_rates)
         new.spec_speedup = running_speedup(state.spec_speedup, decode_speedup([r for r in reports if r]))
 
 
-def _run_one_step(ctx: RunContext, state: CampaignState, tokens: dict, num_workers: int) -> CampaignState:
+def _run_one_step(ctx: RunContext, state: CampaignState, tokens: dict[int, PromptTokens],
+                  num_workers: int) -> CampaignState:
     cfg = ctx.config
     t0 = time.time()
-    epoch, prompt_ids = step_prompts(sorted(int(p) for p in tokens), cfg.algorithm.prompts_per_step, state.step,
-                                     cfg.seed)
+    epoch, prompt_ids = step_prompts(sorted(tokens), cfg.algorithm.prompts_per_step, state.step, cfg.seed)
     history = LengthHistory.from_dict(state.length_history)
     phase = plan_generation_phase(ctx, history, tokens, prompt_ids, num_workers, state.call_history,
                                   spec_speedup=state.spec_speedup)
     inputs = StepInputs(step=state.step, epoch=epoch, prompt_ids=prompt_ids, model=_model_ref(ctx, state),
-                        reference_key=state.reference_key, train_key=state.prepared["train_key"],
+                        reference_key=state.reference_key, train_key=state.prepared.train_key,
                         optimizer_key=state.optimizer_key, critic_key=state.critic_key,
                         critic_optimizer_key=state.critic_optimizer_key,
                         draft_keys=tuple(keys_for(ctx.prefix, state.draft_index, prompt_ids)),
@@ -142,28 +143,28 @@ def _run_one_step(ctx: RunContext, state: CampaignState, tokens: dict, num_worke
     out = rlhf_step(inputs, phase)
     t_commit0 = time.time()
     lengths: dict[int, list[int]] = {}
-    for g in out["generate"]:
-        for s in g["samples"]:
-            if s["finish_reason"] != "cut":
-                lengths.setdefault(s["prompt_id"], []).append(s["length"])
+    for g in out.generate:
+        for s in g.samples:
+            if s.finish_reason != "cut":
+                lengths.setdefault(s.prompt_id, []).append(s.length)
     for pid, lens in lengths.items():
-        history.record(pid, epoch, lens, tokens[str(pid)]["answer_len"])
-    train = out["train"]
+        history.record(pid, epoch, lens, tokens[pid].answer_len)
+    train = out.train
     new = state.model_copy(deep=True)
     new.step = state.step + 1
-    new.policy_key, new.policy_version = train["policy_key"], train["policy_version"]
-    new.weights_sha256 = train["weights_sha256"]
-    new.optimizer_key = train["optimizer_key"]
-    new.critic_key = train.get("critic_key") or state.critic_key
-    new.critic_optimizer_key = train.get("critic_optimizer_key") or state.critic_optimizer_key
+    new.policy_key, new.policy_version = train.policy_key, train.policy_version
+    new.weights_sha256 = train.weights_sha256
+    new.optimizer_key = train.optimizer_key
+    new.critic_key = train.critic_key or state.critic_key
+    new.critic_optimizer_key = train.critic_optimizer_key or state.critic_optimizer_key
     new.length_history = history.to_dict()
     _record_speculation(ctx, state, new, out)
-    for action, offset in out["call_offsets"].items():  # the last CALL_HISTORY steps
+    for action, offset in out.call_offsets.items():  # the last CALL_HISTORY steps
         new.call_history[action] = [*state.call_history.get(action, []), offset][-CALL_HISTORY:]
     metrics = step_metrics(out, phase, cfg.price_per_gpu_second, cfg.scaling.gpus_per_actor, t_plan,
                            time.time() - t_commit0)
     metrics["step"] = float(state.step)
-    metrics.update(out["prewarm"])
+    metrics.update(out.prewarm)
     metrics["plan"] = phase.plan.to_dict() | {"cut_after": list(phase.cut_after)}  # type: ignore[assignment]
     new.steps.append(metrics)
     new.spend = {"billed_gpu_seconds": state.spend["billed_gpu_seconds"] + metrics["cost/billed_gpu_seconds"],
@@ -222,7 +223,7 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
             commit_state(store, state)
         else:  # finish a collection a crash may have cut short
             collect(state)
-        tokens = get_json(store, state.prepared["tokens_key"])
+        tokens = parse_token_table(get_json(store, state.prepared.tokens_key))
         if ctx.live is None:  # a resumed run: the store's cached profile, usually
             ctx.live = finish_profiling(ctx, start_profiling(ctx, _model_ref(ctx, state), tokens), progress)
         state.stopped_reason = None
@@ -273,7 +274,7 @@ def _progress_line(state: CampaignState, total: int, width: int = 20) -> str:
     done = int(width * state.step / max(1, total))
     phases = " ".join(f"{p} {last[f'timing_s/{p}']:.1f}s" for p in ("plan", "prefill", "generate", "score", "train", "overhead",
                                                                       "commit"))
-    acc = f" | eval acc {state.evals[-1]['accuracy']:.3f}" if state.evals[-1]["step"] == state.step else ""
+    acc = f" | eval acc {state.evals[-1].accuracy:.3f}" if state.evals[-1].step == state.step else ""
     return (f"[{'#' * done}{'.' * (width - done)}] step {state.step}/{total} | {phases} | "
             f"actions {int(last['actors/n'])} cut {int(last['actors/migrated'])} | "
             f"reward {last['reward/mean']:.3f} len {last['response_length/mean']:.1f}{acc}")
@@ -284,8 +285,8 @@ def summarize(state: CampaignState, wall: float) -> dict[str, Any]:
     return {
         "run_id": state.run_id,
         "steps_completed": state.step,
-        "eval_accuracy_first": state.evals[0]["accuracy"] if state.evals else None,
-        "eval_accuracy_last": state.evals[-1]["accuracy"] if state.evals else None,
+        "eval_accuracy_first": state.evals[0].accuracy if state.evals else None,
+        "eval_accuracy_last": state.evals[-1].accuracy if state.evals else None,
         "reward_mean_first": steps[0]["reward/mean"] if steps else None,
         "reward_mean_last": steps[-1]["reward/mean"] if steps else None,
         "billed_gpu_seconds": state.spend["billed_gpu_seconds"],
@@ -293,11 +294,11 @@ def summarize(state: CampaignState, wall: float) -> dict[str, Any]:
         "usd": state.spend["usd"],
         "wall_seconds": wall,
         "policy_version": state.policy_version,
-        "data": state.prepared.get("data", {}),
+        "data": state.prepared.data,
         "weights_sha256": state.weights_sha256,
         "stopped_reason": state.stopped_reason,
         "length_history": state.length_history,  # per prompt: [epoch, longest response of its group]
-        "evals": state.evals,
+        "evals": [e.model_dump(mode="json") for e in state.evals],
         "planner_fidelity": planner_fidelity(steps),
         "steps": steps,
     }

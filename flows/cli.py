@@ -199,7 +199,7 @@ def _status(args: argparse.Namespace) -> int:
     print(json.dumps({
         "run_id": state.run_id, "steps_committed": state.step, "policy_version": state.policy_version,
         "weights_sha256": state.weights_sha256, "spend": state.spend, "stopped_reason": state.stopped_reason,
-        "last_eval": state.evals[-1] if state.evals else None,
+        "last_eval": state.evals[-1].model_dump(mode="json") if state.evals else None,
         "last_metrics": {k: v for k, v in last.items() if k != "plan"},
     }, indent=2, sort_keys=True))
     return 0

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from actions.common.config import CampaignConfig
+from actions.common.contracts import Control
 from actions.common.store import ObjectStore
 from flows.invokers.base import Invoker
 
@@ -39,15 +40,10 @@ class RunContext:
     def fault_payload(self, action: str, shard: str) -> dict[str, Any]:
         """The fault-injection keys (``faults``) to add to this activation's payload: at most
         one of a failure or a kill on the first attempt, plus latency on every attempt."""
-        extra: dict[str, Any] = {}
-        if self.should_inject(action, shard):
-            extra["__inject_failure"] = True
-        elif self.should_kill(action, shard):
-            extra["__inject_kill_after_s"] = self.config.faults.kill_after_s
-        latency = self.latency_for(action, shard)
-        if latency:
-            extra["__inject_latency_s"] = latency
-        return extra
+        inject = self.should_inject(action, shard)
+        kill = not inject and self.should_kill(action, shard)
+        return Control(inject_failure=inject, inject_kill_after_s=self.config.faults.kill_after_s if kill else None,
+                       inject_latency_s=self.latency_for(action, shard)).to_payload()
 
     def should_inject(self, action: str, shard: str) -> bool:
         """Fault injection: fail the first activation of a deterministic fraction of shards."""

@@ -58,7 +58,7 @@ class GcReport:
 
 def version_keys(state: CampaignState) -> VersionKeys:
     """The manifests one commit names (see ``flows/planning/retention.py``)."""
-    shared = [state.reference_key, *(v for k, v in state.prepared.items() if k.endswith("_key") and isinstance(v, str))]
+    shared = [state.reference_key, *state.prepared.object_keys().values()]
     return VersionKeys(
         step=state.step,
         weights=tuple(k for k in (state.policy_key, state.critic_key) if k),

@@ -8,7 +8,10 @@ step flow decides how generation is split; the flow executes exactly the returne
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from actions.common.contracts import PromptTokens
 
 from flows.context import RunContext
 from flows.live_profile import pool_cores
@@ -65,7 +68,7 @@ def cluster_spec(ctx: RunContext, num_workers: int) -> ClusterSpec:
                        num_warm_actors=max(1, num_workers), **transfer)
 
 
-def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: dict[str, dict],
+def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: Mapping[int, PromptTokens],
                           prompt_ids: list[int], num_workers: int,
                           call_history: dict[str, list[float]] | None = None,
                           spec_speedup: float = 1.0) -> PhasePlan:
@@ -75,9 +78,9 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: dict[
     profile's decode times (``flows/planning/speculation.py``)."""
     cfg = ctx.config
     # The EOS token is generated too, so no response runs past max_new_tokens.
-    predicted = predict_lengths(history, prompt_ids, {p: tokens[str(p)]["answer_len"] for p in prompt_ids},
+    predicted = predict_lengths(history, prompt_ids, {p: tokens[p].answer_len for p in prompt_ids},
                                 window=cfg.generation.length_window, max_length=cfg.generation.max_new_tokens)
-    prompts = {p: tokens[str(p)]["prompt"] for p in prompt_ids}
+    prompts = {p: tokens[p].prompt for p in prompt_ids}
     prompt_lengths = {p: len(v) for p, v in prompts.items()}
     prefill = None
     if cfg.generation.dedup_prefill:

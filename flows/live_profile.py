@@ -22,12 +22,15 @@ import statistics
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from actions.common.contracts import ModelRef
+from actions.common.contracts import ModelRef, PromptTokens
 from actions.common.profile_cache import ProfileRequest, ProfileResult
 from flows.context import RunContext
 from flows.planning.profile import CPU_TINY_PROFILE, TpotProfile
+
+if TYPE_CHECKING:
+    from flows.tasks import Returned
 
 Progress = Callable[[str], None]
 
@@ -85,7 +88,8 @@ def profile_request(ctx: RunContext, model: ModelRef, prompt_lengths: list[int])
                           measure_grid=not cfg.scaling.profile, threads=generation_threads(cfg))
 
 
-def start_profiling(ctx: RunContext, model: ModelRef, tokens: Mapping[Any, Any]) -> tuple[Any, ProfileRequest] | None:
+def start_profiling(ctx: RunContext, model: ModelRef,
+                    tokens: Mapping[int, PromptTokens]) -> tuple[Any, ProfileRequest] | None:
     """Submit the profile action (None when the engine has no profiler). ``tokens``: the
     prepared token table (prompt lengths)."""
     from prefect.context import FlowRunContext
@@ -160,14 +164,15 @@ def measure_activation_s(repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def _result(out: dict[str, Any]) -> ProfileResult:
-    """The action's result without the runtime's bookkeeping keys (``__warm``)."""
-    return ProfileResult.model_validate({k: v for k, v in out["result"].items() if not k.startswith("__")})
+def _result(out: Returned) -> ProfileResult:
+    """The profile action's result, validated on arrival (``invoke_action``)."""
+    assert isinstance(out.result, ProfileResult), type(out.result)
+    return out.result
 
 
-def _prompt(entry: Any) -> list[int]:
-    """A token-table entry's prompt ids (a dict from the store, or a typed row)."""
-    return entry["prompt"] if isinstance(entry, Mapping) else entry.prompt
+def _prompt(entry: PromptTokens) -> list[int]:
+    """A token-table entry's prompt ids."""
+    return entry.prompt
 
 
 def generation_threads(cfg: Any) -> int | None:

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from flows.hooks import PhasePlan
+from flows.invokers.base import Activation
 from flows.planning.lengths import rank_correlation
 from flows.planning.speculation import step_spec_metrics
+
+if TYPE_CHECKING:
+    from flows.rlhf_step import StepOutcome
 
 
 def fraction(numerator: float, denominator: float) -> float:
@@ -34,26 +39,26 @@ def billing(invoker_kind: str) -> dict[str, str]:
     return {"unit": unit, "meaning": meaning}
 
 
-def step_metrics(out: dict[str, Any], phase: PhasePlan, price: float, gpus_per_actor: int,
+def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_actor: int,
                  timing_plan: float, timing_commit: float) -> dict[str, float]:
-    records = out["records"]
-    billed = sum(r["billed_s"] for r in records) * gpus_per_actor
-    useful = sum(r["busy_s"] for r in records) * gpus_per_actor
-    gens = out["generate"]
-    primary = [g for g in gens if "/rollouts/gen-" in g["rollout_key"]]  # not continuations
-    samples = [s for g in gens for s in g["samples"] if s["finish_reason"] != "cut"]
-    tokens = sum(s["length"] for s in samples)
+    records = out.records
+    billed = sum(r.billed_s for r in records) * gpus_per_actor
+    useful = sum(r.busy_s for r in records) * gpus_per_actor
+    gens = out.generate
+    primary = [g for g in gens if g.kind == "first"]  # not continuations
+    samples = [s for g in gens for s in g.samples if s.finish_reason != "cut"]
+    tokens = sum(s.length for s in samples)
     observed: dict[int, int] = {}
     for s in samples:
-        observed[s["prompt_id"]] = max(observed.get(s["prompt_id"], 0), s["length"])
+        observed[s.prompt_id] = max(observed.get(s.prompt_id, 0), s.length)
     ids = sorted(observed)
-    timing = dict(out["timing"], plan=timing_plan, commit=timing_commit)
+    timing = dict(out.timing, plan=timing_plan, commit=timing_commit)
     timing["step"] = timing["step"] + timing_plan + timing_commit
-    gen_records = [r for r in records if r["action"] == "generate"]
-    prefill_naive = sum(g["prefill_tokens_naive"] for g in primary)
-    prefill_done = sum(g["prefill_tokens"] for g in primary)
-    if out.get("prefill"):
-        prefill_done += out["prefill"]["tokens_computed"]
+    gen_records = [r for r in records if r.action == "generate"]
+    prefill_naive = sum(g.prefill_tokens_naive for g in primary)
+    prefill_done = sum(g.prefill_tokens for g in primary)
+    if out.prefill is not None:
+        prefill_done += out.prefill.tokens_computed
     m = {
         **{f"timing_s/{k}": float(v) for k, v in timing.items()},
         "cost/gpu_seconds": useful,
@@ -62,12 +67,12 @@ def step_metrics(out: dict[str, Any], phase: PhasePlan, price: float, gpus_per_a
         "cost/idle_fraction": fraction(billed - useful, billed),
         # generation actions alone (continuations included): what ranked assignment with early
         # release and cut-and-migrate reduce
-        "cost/generate_billed_actor_s": sum(r["billed_s"] for r in gen_records),
+        "cost/generate_billed_actor_s": sum(r.billed_s for r in gen_records),
         "actors/n": float(phase.plan.num_actors),
-        "actors/cut": float(sum(1 for g in primary if g.get("num_cut"))),
-        "actors/migrated": float(sum(g.get("num_cut", 0) for g in gens)),
-        "actors/continuations": float(out["num_continuations"]),
-        "actors/cold_starts": float(sum(1 for r in gen_records if r.get("cold"))),
+        "actors/cut": float(sum(1 for g in primary if g.num_cut)),
+        "actors/migrated": float(sum(g.num_cut for g in gens)),
+        "actors/continuations": float(out.num_continuations),
+        "actors/cold_starts": float(sum(1 for r in gen_records if r.cold)),
         "perf/throughput": fraction(tokens, timing["generate"]),
         # the plan's phase (prefill + generation actions) and its two parts; measured:
         # timing_s/prefill and timing_s/generate
@@ -84,8 +89,8 @@ def step_metrics(out: dict[str, Any], phase: PhasePlan, price: float, gpus_per_a
         # records ``timing_s/overhead`` = period - work (flows/overhead.py)
         "timing_s/work": _critical_busy(records) + timing_plan + timing_commit,
     }
-    m.update(step_spec_metrics(g.get("spec") for g in gens))
-    m.update({k: float(v) for k, v in out["train"]["metrics"].items()})
+    m.update(step_spec_metrics(g.spec for g in gens))
+    m.update({k: float(v) for k, v in out.train.metrics.items()})
     return m
 
 
@@ -122,10 +127,10 @@ def _error_stats(errors: list[float]) -> dict[str, Any]:
             "p90_abs_relative_error": magnitudes[min(len(magnitudes) - 1, math.ceil(0.9 * len(magnitudes)) - 1)]}
 
 
-def _critical_busy(records: list[dict[str, Any]]) -> float:
+def _critical_busy(records: Sequence[Activation]) -> float:
     """Busy time on the critical path: prefill, the longest generate chain, the last score,
     and train (a lower bound of the step's unavoidable compute)."""
     by_action: dict[str, list[float]] = {}
     for r in records:
-        by_action.setdefault(r["action"], []).append(r["busy_s"])
+        by_action.setdefault(r.action, []).append(r.busy_s)
     return sum(max(v) for v in by_action.values())

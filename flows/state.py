@@ -14,12 +14,23 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from actions.common.config import CampaignConfig
+from actions.common.contracts import EvaluateResult, Prepared
 from actions.common.safe_paths import STORE_FIX, UnsafeName, check_name, shown
 from actions.common.store import (IntegrityError, ObjectNotFound, ObjectStore, commit_key, commit_pointer, get_json,
                                   read_pointer)
+
+
+class EvalRecord(EvaluateResult):
+    """One held-out evaluation as committed: the evaluate action's result, and when."""
+
+    # records written before this model carried the action's "__warm" counts: ignored
+    model_config = ConfigDict(extra="ignore")
+
+    step: int
+    policy_version: int
 
 
 class CampaignState(BaseModel):
@@ -33,10 +44,10 @@ class CampaignState(BaseModel):
     optimizer_key: str | None = None
     critic_key: str | None = None
     critic_optimizer_key: str | None = None
-    prepared: dict[str, Any]
+    prepared: Prepared
     length_history: dict[str, Any] = {}
     steps: list[dict[str, Any]] = []
-    evals: list[dict[str, Any]] = []
+    evals: list[EvalRecord] = []
     weights_sha256: str = ""
     spend: dict[str, float] = {"billed_gpu_seconds": 0.0, "useful_gpu_seconds": 0.0, "usd": 0.0}
     call_history: dict[str, list[float]] = {}
@@ -93,7 +104,7 @@ def _state_keys(state: CampaignState) -> list[tuple[str, str]]:
     """(field, object key) for every key a state names."""
     keys = [(f, getattr(state, f)) for f in ("policy_key", "reference_key", "optimizer_key", "critic_key",
                                             "critic_optimizer_key")]
-    keys += [(f"prepared.{k}", v) for k, v in state.prepared.items() if k.endswith("_key")]
+    keys += [(f"prepared.{k}", v) for k, v in state.prepared.object_keys().items()]
     return [(f, k) for f, k in keys if k is not None]
 
 

@@ -13,15 +13,21 @@ oversubscribing it. Only the activation holds the slots, never a retry's back-of
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 
+from pydantic import BaseModel
+
 from actions.common.config import CampaignConfig
+from actions.common.contracts import parse_result
 from flows.context import current
-from flows.invokers.base import ActionError
+from flows.invokers.base import ActionError, Activation
+
+R = TypeVar("R", bound=BaseModel)
 
 RETRY_DELAYS_S = [0.2, 0.5, 1.0, 2.0]
 
@@ -53,12 +59,22 @@ def _transient_only(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class Returned(Generic[R]):
+    """One action's validated result (its contract in ``actions/common/contracts.py``) and
+    the activation's accounting."""
+
+    result: R
+    record: Activation
+
+
 @task(retries=len(RETRY_DELAYS_S), retry_delay_seconds=RETRY_DELAYS_S, retry_condition_fn=_transient_only,
       cache_policy=NO_CACHE, task_run_name="{action}-{shard}", log_prints=False)
-def invoke_action(action: str, payload: dict[str, Any], shard: str) -> dict[str, Any]:
-    """Invoke ``action`` and return ``{"result": ..., "accounting": ...}``."""
+def invoke_action(action: str, payload: dict[str, Any], shard: str) -> Returned:
+    """Invoke ``action`` and validate its result against the action's contract on arrival
+    (``contracts.parse_result``: a result that does not fit fails the task, not a later read)."""
     ctx = current()
     payload = {**payload, **ctx.fault_payload(action, shard)}  # empty unless faults.* are set
     with gpu_slots(action, ctx.config):
         activation = ctx.invoker.invoke(action, payload, timeout_s=ctx.config.invoker.timeout_s)
-    return {"result": activation.result, "accounting": activation.accounting()}
+    return Returned(parse_result(action, activation.result), activation)

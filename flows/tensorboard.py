@@ -17,9 +17,13 @@ import importlib.util
 import math
 import struct
 from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from actions.common.config import CampaignConfig
+
+if TYPE_CHECKING:
+    from flows.state import EvalRecord
 
 NON_SCALAR_KEYS = ("plan", "step")
 """Entries of a step's metrics that are not TensorBoard scalars (the planner's record, the index)."""
@@ -59,7 +63,7 @@ class ScalarBoard:
     def enabled(self) -> bool:
         return self._writer is not None
 
-    def add_step(self, step: int, metrics: dict[str, Any], evals: list[dict[str, Any]]) -> None:
+    def add_step(self, step: int, metrics: dict[str, Any], evals: Sequence[EvalRecord]) -> None:
         """Write the metrics of the step that made ``step`` steps committed, and the evaluation
         measured at that step (with step 1 also the pre-RL evaluation, at step 0)."""
         if self._writer is None:
@@ -68,8 +72,8 @@ class ScalarBoard:
             if name not in NON_SCALAR_KEYS and isinstance(value, (int, float)) and math.isfinite(value):
                 self._writer.add_scalar(name, float(value), global_step=step)
         for ev in evals:
-            if ev["step"] == step or (step == 1 and ev["step"] == 0):
-                self._writer.add_scalar("eval/accuracy", float(ev["accuracy"]), global_step=int(ev["step"]))
+            if ev.step == step or (step == 1 and ev.step == 0):
+                self._writer.add_scalar("eval/accuracy", float(ev.accuracy), global_step=ev.step)
         self._writer.flush()  # visible to a running TensorBoard at once, not after flush_secs
 
     def close(self) -> None:

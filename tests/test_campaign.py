@@ -59,7 +59,7 @@ def test_scores_can_wait_for_the_end_of_generation(tiny_config, prefect_harness,
     records, metrics = [], campaign.step_metrics
 
     def keep(out, *args, **kwargs):  # the step's activation records reach only the metrics
-        records.append(out["records"])
+        records.append(out.records)
         return metrics(out, *args, **kwargs)
 
     monkeypatch.setattr(campaign, "step_metrics", keep)
@@ -68,15 +68,15 @@ def test_scores_can_wait_for_the_end_of_generation(tiny_config, prefect_harness,
     overlap = run_campaign(tiny_config(*common, "run_id=overlap", "generation.score_while_generating=true"),
                            progress=lambda m: None)
     after = run_campaign(tiny_config(*common, "run_id=after"), progress=lambda m: None)  # in-process: off
-    gens = [r for r in records[1] if r["action"] == "generate"]
-    scores = [r for r in records[1] if r["action"] == "score"]
+    gens = [r for r in records[1] if r.action == "generate"]
+    scores = [r for r in records[1] if r.action == "score"]
     assert len(gens) >= 3 and scores
-    assert min(s["submitted_at"] for s in scores) >= max(g["ended_at"] for g in gens)
+    assert min(s.submitted_at for s in scores) >= max(g.ended_at for g in gens)
     # after generation, rollouts (continuations included) share at most one score activation
     # per generation action (flows/planning/score_batches.py); overlapping, one each
     assert len(scores) <= 3 < len(gens)  # a continuation ran: four rollouts, three scores
-    assert len([r for r in records[0] if r["action"] == "score"]) == len(
-        [r for r in records[0] if r["action"] == "generate"])
+    assert len([r for r in records[0] if r.action == "score"]) == len(
+        [r for r in records[0] if r.action == "generate"])
     # only the order and the packing changed: the same weights
     assert overlap["weights_sha256"] == after["weights_sha256"]
 

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from actions.common.config import load_config
+from flows.state import EvalRecord
 from flows.artifacts import _percent, start_progress, update_progress
 from flows.report import length_histogram, write_report
 from flows.tensorboard import ScalarBoard, read_scalars
@@ -33,9 +34,9 @@ def _board(tmp_path, enabled: bool = True) -> ScalarBoard:
 @needs_tensorboardx
 def test_board_writes_architecture_metric_names_per_step(tmp_path):
     board = _board(tmp_path)
-    evals = [{"step": 0, "accuracy": 0.3}]
+    evals = [EvalRecord(step=0, policy_version=0, accuracy=0.3, mean_length=4.0, num_prompts=8)]
     board.add_step(1, STEP_METRICS, evals)
-    evals.append({"step": 2, "accuracy": 0.6})
+    evals.append(EvalRecord(step=2, policy_version=2, accuracy=0.6, mean_length=4.0, num_prompts=8))
     board.add_step(2, {**STEP_METRICS, "reward/mean": 0.5}, evals)
     board.close()
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))

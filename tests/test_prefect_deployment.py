@@ -246,13 +246,17 @@ def _concurrency_events(server: LocalPrefectServer, limit_id: Any, phase: str, m
 
 def test_gpu_slots_held_only_by_gpu_actions_and_missing_limit_never_blocks(deployed: LocalPrefectServer,
                                                                             tmp_path: Path):
-    """invoke_action against the server with a fake invoker that looks at the limit mid-call."""
+    """invoke_action against the server with a fake invoker that looks at the limit mid-call (a
+    GPU action) and the slot rule alone around a CPU action (no action off the GPU image has a
+    result contract to validate)."""
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 
     from actions.common.store import LocalStore
     from flows.context import RunContext, set_context
     from flows.invokers.base import Activation
-    from flows.tasks import invoke_action
+    from flows.tasks import gpu_slots, invoke_action
+
+    prefilled = {"bundle_key": "k", "num_unique_prefixes": 1, "tokens_computed": 3}
 
     seen: list[tuple[str, int]] = []
 
@@ -265,7 +269,7 @@ def test_gpu_slots_held_only_by_gpu_actions_and_missing_limit_never_blocks(deplo
                 names = {c.name: c.active_slots for c in client.read_global_concurrency_limits(limit=100)}
             seen.append((action, names.get(self.limit_name, -1)))
             now = time.time()
-            return Activation(action=action, activation_id="a", result={}, submitted_at=now, started_at=now,
+            return Activation(action=action, activation_id="a", result=dict(prefilled), submitted_at=now, started_at=now,
                               ended_at=now, busy_s=0.0)
 
         def close(self) -> None:
@@ -281,13 +285,14 @@ def test_gpu_slots_held_only_by_gpu_actions_and_missing_limit_never_blocks(deplo
 
         try:
             with temporary_settings(updates={PREFECT_API_URL: deployed.url}):
-                for action in ("generate", "noop"):
-                    assert invoke_action.fn(action=action, payload={}, shard="s")["result"] == {}
+                assert invoke_action.fn(action="prefill", payload={}, shard="s").result.tokens_computed == 3
+                with gpu_slots("noop", cfg):
+                    PeekingInvoker(name).invoke("noop", {})
         finally:
             set_context(None)
-    # generate held gpus_per_actor = 2 slots while it ran; noop (CPU) held none; an unknown
+    # prefill held gpus_per_actor = 2 slots while it ran; noop (CPU) held none; an unknown
     # limit name is skipped (strict=False) instead of blocking.
-    assert seen == [("generate", 2), ("noop", 0), ("generate", -1), ("noop", -1)]
+    assert seen == [("prefill", 2), ("noop", 0), ("prefill", -1), ("noop", -1)]
     with deployed.client() as client:
         assert client.read_global_concurrency_limit_by_name("gpu-unit").active_slots == 0
 

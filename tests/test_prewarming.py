@@ -55,6 +55,7 @@ def test_a_failing_prewarm_does_not_fail_the_step():
 
 
 def test_hook_offset_is_earliest_past_invocation_minus_buffer(tiny_config, tmp_path):
+    from actions.common.contracts import PromptTokens
     from actions.common.store import LocalStore
     from flows.context import RunContext
     from flows.hooks import plan_generation_phase
@@ -62,7 +63,7 @@ def test_hook_offset_is_earliest_past_invocation_minus_buffer(tiny_config, tmp_p
 
     cfg = tiny_config("scaling.prewarm_buffer_s=0.25")
     ctx = RunContext(config=cfg, store=LocalStore(str(tmp_path / "s")), invoker=RecordingInvoker(), run_id="r")
-    tokens = {str(p): {"prompt": "write c 3 times", "answer_len": 3} for p in range(4)}
+    tokens = {p: PromptTokens(prompt=list(range(15)), answer_len=3) for p in range(4)}
     plan = lambda hist: plan_generation_phase(ctx, LengthHistory(), tokens, [0, 1, 2, 3], 3, hist)  # noqa: E731
     assert plan(None).prewarm_offset_s is None
     assert plan({"generate": [0.9, 0.6, 1.2], "score": [0.1]}).prewarm_offset_s == 0.6 - 0.25

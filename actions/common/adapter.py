@@ -18,8 +18,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import ValidationError
+
 from actions.common import warm
-from actions.common.contracts import parse_request
+from actions.common.contracts import Control, WarmCounts, parse_request, split_control
 from actions.common.errors import InjectedFault
 from actions.common.loading import configure_threads
 from actions.common.store import IntegrityError, ObjectNotFound
@@ -29,14 +31,19 @@ def run_action(request_model: type, core: Callable[[Any], Any], args: dict[str, 
     req = parse_request(request_model, args)
     if isinstance(req, dict):
         return req
-    if args.get("__inject_failure"):
+    try:
+        _, control = split_control(args)
+    except ValidationError as exc:  # the invoker's keys: never set by hand, so a bug upstream
+        err = exc.errors()[0]
+        key = str(err["loc"][0]) if err["loc"] else "control"
+        return {"error": f"control key {key}: {err['msg'].lower()} (got {err.get('input')!r})", "field": key}
+    if control.inject_failure:
         raise InjectedFault("injected fault (faults.fail_fraction): simulated container crash")
-    if args.get("__inject_kill_after_s") is not None:
+    if control.inject_kill_after_s is not None:
         raise InjectedFault("injected kill (faults.kill_fraction) with no worker process to kill: simulated crash")
-    if args.get("__inject_latency_s"):
-        time.sleep(float(args["__inject_latency_s"]))
-    threads = args.get("__threads")
-    configure_threads(threads if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else None)
+    if control.inject_latency_s:
+        time.sleep(control.inject_latency_s)
+    configure_threads(control.threads)
     before = warm.stats()
     try:
         result = core(req)
@@ -45,6 +52,5 @@ def run_action(request_model: type, core: Callable[[Any], Any], args: dict[str, 
         # application error naming what to fix.
         return {"error": str(exc), "field": getattr(exc, "field", "store")}
     after = warm.stats()
-    out = result.model_dump(mode="json")
-    out["__warm"] = {"hits": after["hits"] - before["hits"], "misses": after["misses"] - before["misses"]}
-    return out
+    counts = WarmCounts(hits=after["hits"] - before["hits"], misses=after["misses"] - before["misses"])
+    return result.model_dump(mode="json") | Control(warm=counts).to_payload()

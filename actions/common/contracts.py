@@ -125,6 +125,10 @@ class GenerateRequest(_Msg):
 
 
 class GenerateResult(_Msg):
+    shard: str
+    """The request's ``shard``: the flow's name for this slice of the step (``gen-3``, ``cont-0``)."""
+    kind: Literal["first", "continuation"]
+    """``first``: a planned slice of fresh prompts; ``continuation``: cut samples finished."""
     rollout_key: str
     samples: list[SampleStat]
     partial_key: str | None = None
@@ -208,6 +212,141 @@ class EvaluateResult(_Msg):
     reward_mean: float = 0.0
 
 
+# ----------------------------------------------------------------------------- prepare
+
+
+class Prepared(_Msg):
+    """What preparing a campaign wrote to the store (``flows/campaign/prepare.py``)."""
+
+    base_key: str
+    init_key: str
+    train_key: str
+    eval_key: str
+    tokens_key: str
+    model: dict[str, Any]
+    data: dict[str, Any] = {}
+    """What loading the datasets did (``build.Datasets.summary``): rows kept, dropped, truncated."""
+
+    def object_keys(self) -> dict[str, str]:
+        """field -> object key, for every key this names (garbage collection, commit checks)."""
+        return {f: getattr(self, f) for f in ("base_key", "init_key", "train_key", "eval_key", "tokens_key")}
+
+
+class PromptTokens(_Msg):
+    """One training prompt in the token table (``Prepared.tokens_key``): what the planner needs
+    without loading a tokenizer."""
+
+    prompt: list[int]
+    answer_len: int = Field(ge=0)
+    """Tokens of the reference answer: the first epoch's length prediction."""
+
+
+def parse_token_table(raw: dict[str, Any]) -> dict[int, PromptTokens]:
+    """The stored token table (JSON object, prompt id as a string key) with int keys."""
+    return {int(pid): PromptTokens.model_validate(row) for pid, row in raw.items()}
+
+
+# ----------------------------------------------------------------------------- control keys
+
+
+class WarmCounts(_Msg):
+    """Warm-cache hits and misses during one activation (``actions/common/warm.py``)."""
+
+    hits: int
+    misses: int
+
+
+class Control(BaseModel):
+    """The ``__*`` keys that travel beside a request or a result, outside its contract.
+
+    Requests: the action to run when the URL does not say (``__action``), fault injection
+    (``faults.*``) and pre-warm calls. Results: the runtime's activation block and the warm
+    cache's counts. :func:`split_control` takes them out of a message before it is validated.
+    """
+
+    # extra="ignore": a platform may add keys of its own (OpenWhisk's ``__ow_*``)
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+
+    action: str | None = Field(None, alias="__action")
+    inject_failure: bool = Field(False, alias="__inject_failure")
+    """Fail this activation like a crashed container (transient: the flow retries)."""
+    inject_kill_after_s: float | None = Field(None, alias="__inject_kill_after_s")
+    """Kill the worker process this many seconds into the activation."""
+    inject_latency_s: float = Field(0.0, ge=0, alias="__inject_latency_s")
+    """Sleep this long before the action runs."""
+    threads: int | None = Field(None, ge=1, strict=True, alias="__threads")
+    """Torch threads for this activation (the invoker's share of its cores); None: the default."""
+    prewarm: bool = Field(False, alias="__prewarm")
+    """Only start the container (and load ``prewarm_model``); run no action."""
+    prewarm_hold_s: float = Field(0.0, alias="__prewarm_hold_s")
+    prewarm_model: dict[str, Any] | None = Field(None, alias="__prewarm_model")
+    """A ``ModelRef`` as JSON: the policy version a pre-warmed container loads."""
+    activation: dict[str, Any] | None = Field(None, alias="__activation")
+    """Result side: the runtime's record of the activation (busy time, pid, image, cold)."""
+    warm: WarmCounts | None = Field(None, alias="__warm")
+    """Result side: warm-cache hits and misses (STYLE P7)."""
+
+    def to_payload(self) -> dict[str, Any]:
+        """The keys that differ from their defaults, under their ``__`` names."""
+        return self.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+
+
+def split_control(message: dict[str, Any]) -> tuple[dict[str, Any], Control]:
+    """``message`` without its ``__*`` keys, and those keys as a :class:`Control`."""
+    body = {k: v for k, v in message.items() if not k.startswith("__")}
+    return body, Control.model_validate({k: v for k, v in message.items() if k.startswith("__")})
+
+
+def take_activation(result: dict[str, Any]) -> dict[str, Any]:
+    """Remove the runtime's ``__activation`` block from ``result`` and return it ({}: none)."""
+    return Control.model_validate({"__activation": result.pop("__activation", None)}).activation or {}
+
+
+class NoopResult(_Msg):
+    """``noop``: an empty activation (pre-warm, the invoker's round-trip probe)."""
+
+    ok: bool
+
+
+RESULT_MODELS: dict[str, type[_Msg]] = {
+    "warmup": WarmupResult, "prefill": PrefillResult, "generate": GenerateResult, "score": ScoreResult,
+    "train_step": TrainStepResult, "evaluate": EvaluateResult, "noop": NoopResult,
+}
+"""Each action's result contract, by action name (``profile``: see :func:`result_model`)."""
+
+
+def result_model(action: str) -> type[BaseModel]:
+    """The result contract of ``action``."""
+    if action == "profile":  # defined beside the profile cache, which imports this module
+        from actions.common.profile_cache import ProfileResult
+
+        return ProfileResult
+    return RESULT_MODELS[action]
+
+
+def parse_result(action: str, result: dict[str, Any]) -> BaseModel:
+    """Validate what ``action`` returned against its contract, the moment it arrives.
+
+    Raises:
+        ValueError: one line naming the action, the field, the value and the fix (an action
+            of another version answered).
+    """
+    body, _ = split_control(result)
+    model = result_model(action)
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "result"
+        raise ValueError(f"action {action} returned a result that does not fit {model.__name__}: {field}: "
+                         f"{err['msg'].lower()} (got {_shown(err)}); deploy actions of this version") from None
+
+
+def _shown(err: Any) -> str:
+    text = "<missing>" if err["type"] == "missing" else repr(err.get("input", "<missing>"))
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def parse_request(model: type[_Msg], args: dict[str, Any]) -> _Msg | dict[str, Any]:
     """Validate an incoming payload; on failure return the OpenWhisk application-error dict
     ``{"error": "<field>: <problem> (got <value>)", "field": ...}`` instead of raising."""
@@ -217,10 +356,4 @@ def parse_request(model: type[_Msg], args: dict[str, Any]) -> _Msg | dict[str, A
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"]) or "payload"
-        got = err.get("input", "<missing>")
-        if err["type"] == "missing":
-            got = "<missing>"
-        text = repr(got)
-        if len(text) > 80:
-            text = text[:77] + "..."
-        return {"error": f"{model.__name__}.{field}: {err['msg'].lower()} (got {text})", "field": field}
+        return {"error": f"{model.__name__}.{field}: {err['msg'].lower()} (got {_shown(err)})", "field": field}

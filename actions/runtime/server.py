@@ -106,7 +106,17 @@ class ActionRuntime:
         params = body.get("value")
         if not isinstance(params, dict):
             return 400, {"error": "run body must carry a JSON object under 'value'"}
-        name = _action_name(body, params)
+        # imported here, not at start-up: a worker process answers /init before pydantic loads
+        from pydantic import ValidationError
+
+        from actions.common.contracts import split_control
+
+        try:
+            control = split_control(params)[1]
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            return 400, {"error": f"control key {err['loc'][0]}: {err['msg'].lower()} (got {err.get('input')!r})"}
+        name = _action_name(body, control)
         if name not in ACTION_NAMES:
             return 404, {"error": f"unknown action {name!r}; known: {sorted(ACTION_NAMES)}"}
         with self.lock:
@@ -114,20 +124,21 @@ class ActionRuntime:
             self.num_runs += 1
             _export_context(body)
             start = time.time()
-            if params.get("__prewarm") is True:
+            if control.prewarm:
                 # Pre-warming only needs a started, initialised container: return before the
                 # action module (and torch) is imported. Holding the container briefly makes
                 # concurrent pre-warm calls land on distinct containers.
-                time.sleep(min(max(float(params.get("__prewarm_hold_s") or 0.0), 0.0), 10.0))
+                time.sleep(min(max(control.prewarm_hold_s, 0.0), 10.0))
                 loaded = False
-                if isinstance(params.get("__prewarm_model"), dict):
+                if control.prewarm_model is not None:
                     # Also load the coming policy version, so the activation skips the load.
-                    loaded = _preload_model(params["__prewarm_model"])
+                    loaded = _preload_model(control.prewarm_model)
                 print(SENTINEL, flush=True)
                 print(SENTINEL, file=sys.stderr, flush=True)
                 return 200, {"ok": True, "prewarm": True, "model_loaded": loaded,
-                             "__activation": _activation_block(time.time() - start, start, cold)}
-            kill_after_s = params.pop("__inject_kill_after_s", None)
+                             **_activation_block(time.time() - start, start, cold)}
+            kill_after_s = control.inject_kill_after_s
+            params.pop("__inject_kill_after_s", None)
             if kill_after_s is not None:
                 _schedule_kill(float(kill_after_s))
             print(f"[rlhfless] {name} activation {body.get('activation_id', '')} started", flush=True)
@@ -145,7 +156,7 @@ class ActionRuntime:
             print(SENTINEL, file=sys.stderr, flush=True)
         if not isinstance(result, dict):
             result = {"error": f"action {name} returned {type(result).__name__}, not a dict"}
-        result["__activation"] = _activation_block(busy, start, cold)
+        result.update(_activation_block(busy, start, cold))
         return status, result
 
 
@@ -178,11 +189,15 @@ def _schedule_kill(delay_s: float) -> None:
 
 
 def _activation_block(busy: float, start: float, cold: bool) -> dict[str, Any]:
-    return {"busy_s": busy, "start": start, "pid": os.getpid(), "image": image_id(), "cold": cold}
+    """The ``__activation`` control key the invokers move into an activation's accounting."""
+    from actions.common.contracts import Control
+
+    block = {"busy_s": busy, "start": start, "pid": os.getpid(), "image": image_id(), "cold": cold}
+    return Control(activation=block).to_payload()
 
 
-def _action_name(body: dict[str, Any], params: dict[str, Any]) -> str:
-    full = body.get("action_name") or params.get("__action") or ""
+def _action_name(body: dict[str, Any], control: Any) -> str:
+    full = body.get("action_name") or control.action or ""
     return str(full).rstrip("/").split("/")[-1]
 
 

@@ -45,6 +45,7 @@ import httpx
 
 from actions.common.errors import TRANSIENT_STATUS, crash_text, one_line
 from actions.runtime.server import DEFAULT_MAX_BODY_BYTES
+from actions.common.contracts import Control, take_activation
 from flows.invokers.base import ActionError, Activation
 from flows.invokers.cores import MKL_REPRODUCIBLE, CoreShare
 
@@ -199,7 +200,7 @@ class LocalPoolInvoker:
         if not isinstance(result, dict):
             raise ActionError(action, f"non-JSON-object result {one_line(repr(result), 200)}; worker log {worker.log_path}",
                               transient=False, activation_id=activation_id)
-        meta = result.pop("__activation", {})
+        meta = take_activation(result)
         if resp.status_code != 200 or "error" in result:
             raise self._failure(action, resp.status_code, result.get("error"), worker, activation_id)
         return Activation(action=action, activation_id=activation_id, result=result, submitted_at=submitted,
@@ -253,7 +254,7 @@ class LocalPoolInvoker:
                 taken.append(self._idle.get_nowait())
             except queue.Empty:
                 break
-        body = {"value": {"__prewarm": True, "__prewarm_model": model},
+        body = {"value": Control(prewarm=True, prewarm_model=model).to_payload(),
                 "action_name": f"/local/rlhfless/{action}", "activation_id": uuid.uuid4().hex}
 
         def warm(worker: _Worker) -> bool:

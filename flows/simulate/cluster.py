@@ -72,6 +72,7 @@ import heapq
 import math
 
 from flows.planning import charges
+from flows.planning.drain import ContinuationWindow
 from flows.planning.migrate import choose_destinations, should_cut
 from flows.simulate.actors import ActorSpec, ActorState, PhaseResult, Sample, SimConfig
 
@@ -92,9 +93,9 @@ class _Phase:
         self.slow = 1.0  # TPOT multiplier of the current segment (processor sharing)
         self.jobs: list[list[float]] = []  # live mode: [start, work left] of score activations
         self.tasks: list[list[float]] = []  # live mode: [start, work left] of the flow, in order
-        self.batch: list[int] = []  # live mode: cut samples waiting for their continuation
+        # live mode: cut samples waiting for their continuation (the flow's batching rule)
+        self.window: ContinuationWindow[int] = ContinuationWindow(config.migrate_window_s or 0.0)
         self.returned: list[int] = []  # live mode: finished samples of actions returned just now
-        self.window_end = math.inf  # live mode: when the batching window closes
         for spec in specs:
             actor = self._new_actor(spec.invoked_s, spec.ready_s, spec.holds_until_end,
                                     len(spec.samples))
@@ -139,8 +140,8 @@ class _Phase:
                 best = min(best, a.next_s)
         for start, work in self.jobs + self.tasks[:1]:
             best = min(best, start if start > t else t + work * self.slow)
-        if self.batch and self.window_end > t:
-            best = min(best, self.window_end)
+        if self.window.items and self.window.closes_at > t:
+            best = min(best, self.window.closes_at)
         return best
 
     def advance(self, t: float, t_next: float) -> None:
@@ -198,8 +199,8 @@ class _Phase:
         for a in self.running():
             if not a.live and not a.arriving and not a.holds and t >= a.resume_s:
                 self._release(a, t)
-        if self.batch and (t >= self.window_end
-                           or not any(a.cuttable and a.live for a in self.running())):
+        if self.window.items and self.window.due(  # (any() only when something waits: the hot path)
+                t, cuttable_pending=any(a.cuttable and a.live for a in self.running())):
             self._start_batched_continuation(t)
         for finished in self.returned:  # after the continuation, in the flow's order
             work = self.cfg.score_work_s + self.cfg.score_work_s_per_sample * finished
@@ -226,7 +227,7 @@ class _Phase:
         starts after the submission latency and the invocation's waits and does its start-up
         work (request, re-prefill of prompt + generated tokens) on the shared processors before
         decoding."""
-        samples = [self.samples[sid] for sid in self.batch]
+        samples = [self.samples[sid] for sid in self.window.take()]
         tokens = sum(s.prompt_len + s.decoded for s in samples)
         actor = self._new_actor(t, t + self.cfg.submit_s + self.cfg.activation_latency_s, False, len(samples))
         actor.cuttable = False
@@ -235,7 +236,6 @@ class _Phase:
             actor.add(s)
         if self.cfg.task_work_s > 0:
             self.tasks.append([t, self.cfg.task_work_s])
-        self.batch, self.window_end = [], math.inf
 
     def _free_slots(self, exclude: ActorState) -> dict[int, int]:
         return {a.aid: a.slots - len(a.live) - len(a.arriving) for a in self.running()
@@ -248,11 +248,10 @@ class _Phase:
 
     def _try_cut(self, src: ActorState, t: float) -> None:
         if self.cfg.migrate_window_s is not None:  # live flow: the action returns its cut samples
-            if not self.batch:
-                self.window_end = t + self.cfg.migrate_window_s
-            for end, sid in sorted(src.live):
+            cut = sorted(src.live)
+            for end, sid in cut:
                 src.take(self.samples[sid], end, src.progress)
-                self.batch.append(sid)
+            self.window.add((sid for _, sid in cut), t)
             self.cuts += 1
             self.migrated += len(src.live)
             src.live = []

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from actions.common.contracts import Control, take_activation
 from flows.invokers.base import ActionError, Activation
 from flows.invokers.openwhisk.activations import annotations_of
 from flows.invokers.openwhisk.api import OpenWhiskError, RetryPolicy
@@ -43,7 +44,7 @@ def activation_from_record(
     wait_ms = int(ann.get("waitTime") or 0)
     init_ms = int(ann.get("initTime") or 0)
     result = dict((record.get("response") or {}).get("result") or {})
-    runtime = result.pop("__activation", None) or {}
+    runtime = take_activation(result)
     busy_s = float(runtime.get("busy_s", max(0, end_ms - start_ms - init_ms) / 1000))
     meta = action_record or {}
     extra = {
@@ -132,9 +133,7 @@ class OpenWhiskInvoker:
 
         def warm_one(_: int) -> bool:
             try:
-                payload = {"__prewarm": True, "__prewarm_hold_s": self.prewarm_hold_s}
-                if model is not None:
-                    payload["__prewarm_model"] = model
+                payload = Control(prewarm=True, prewarm_hold_s=self.prewarm_hold_s, prewarm_model=model).to_payload()
                 record = self.client.invoke(name, payload, timeout_s=self.timeout_s)
             except OpenWhiskError as exc:
                 if not exc.transient:
