@@ -113,7 +113,9 @@ def _held_lease(run_id: str, raw: bytes | None = None, *, commit: bool = False) 
         if commit:
             key = f"runs/{run_id}/policy/v000000/manifest.json"
             commit_state(store, CampaignState(run_id=run_id, fingerprint="f", identity={}, step=1, policy_key=key,
-                                              reference_key=key, prepared={}))
+                                              reference_key=key, prepared={
+                                                  **{f"{n}_key": key for n in ("base", "init", "train", "eval", "tokens")},
+                                                  "model": {}}))
 
     return setup
 

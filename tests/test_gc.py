@@ -66,7 +66,9 @@ def _fake_run(store: ObjectStore, run: str, steps: int, *, shared: bytes) -> Cam
     """Commits 0..steps whose policies each hold one blob of their own plus ``shared``."""
     ref = f"runs/{run}/policy/v000000/manifest.json"
     _publish(store, ref, {"w": b"reference", "s": shared})
-    state = CampaignState(run_id=run, fingerprint="f", identity={}, policy_key=ref, reference_key=ref, prepared={})
+    inputs = {f"{name}_key": f"runs/{run}/{name}/manifest.json" for name in ("base", "init", "train", "eval", "tokens")}
+    state = CampaignState(run_id=run, fingerprint="f", identity={}, policy_key=ref, reference_key=ref,
+                          prepared={**inputs, "model": {}})
     commit_state(store, state)
     for c in range(1, steps + 1):
         d = f"runs/{run}/steps/{c - 1:06d}"

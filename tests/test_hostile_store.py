@@ -181,9 +181,12 @@ def _committed(store: ObjectStore, **changes) -> None:
     from flows.state import CampaignState, pointer_key
 
     keys = {"base_key": "runs/r1/base/manifest.json", "init_key": "runs/r1/init/manifest.json",
-            "train_key": "runs/r1/data/train/manifest.json", "eval_key": "runs/r1/data/eval/manifest.json"}
+            "train_key": "runs/r1/data/train/manifest.json", "eval_key": "runs/r1/data/eval/manifest.json",
+            "tokens_key": "runs/r1/data/tokens.json", "model": {}}
     state = CampaignState(run_id="r1", fingerprint="f", identity={}, policy_key="runs/r1/init/manifest.json",
                           reference_key="runs/r1/init/manifest.json", prepared=keys)
+    if "prepared" in changes:  # a key of the prepared inputs changed, the others as they were
+        changes["prepared"] = state.prepared.model_copy(update=changes["prepared"])
     for field, value in changes.items():
         setattr(state, field, value)
     commit_pointer(store, pointer_key("r1"), {"step": 0, "state": state.model_dump(mode="json")})
