@@ -15,6 +15,7 @@ import time
 import uuid
 from typing import Any
 
+from actions.common.contracts import Control
 from actions.common.errors import crash_text, describe_crash
 from flows.invokers.base import ActionError, Activation
 from flows.invokers.cores import available_cores
@@ -33,7 +34,7 @@ class InProcessInvoker:
             started = time.time()
             self.calls.append((action, wire))
             try:
-                result = importlib.import_module(f"actions.{action}").main({**wire, "__threads": self.num_cores})
+                result = importlib.import_module(f"actions.{action}").main({**wire, **Control(threads=self.num_cores).to_payload()})
             except Exception as exc:  # a crashed action, classified as the runtime server does
                 crash = describe_crash(exc)
                 raise ActionError(action, crash_text(crash), transient=crash["transient"]) from exc

@@ -180,8 +180,9 @@ class LocalPoolInvoker:
         activation_id = uuid.uuid4().hex
         try:
             with self.cores.share() as threads:
-                body = {"value": {**payload, "__threads": threads}, "action_name": f"/local/rlhfless/{action}",
-                        "activation_id": activation_id, "deadline": int((started + (timeout_s or self.timeout_s)) * 1000)}
+                body = {"value": {**payload, **Control(threads=threads).to_payload()},
+                        "action_name": f"/local/rlhfless/{action}", "activation_id": activation_id,
+                        "deadline": int((started + (timeout_s or self.timeout_s)) * 1000)}
                 resp = self._client.post(f"http://127.0.0.1:{worker.port}/run", json=body,
                                          timeout=timeout_s or self.timeout_s)
             result = resp.json()
