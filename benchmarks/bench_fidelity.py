@@ -80,6 +80,7 @@ def main() -> int:
     from prefect.testing.utilities import prefect_test_harness
 
     from actions.common.config import load_config
+    from actions.common.contracts import parse_token_table
     from actions.common.store import get_json, open_store
     from flows.campaign import run_campaign
     from flows.simulate.cluster import ActorSpec, Sample, SimConfig, simulate_phase
@@ -101,7 +102,7 @@ def main() -> int:
         submit_s, latency, task_cpu, background, stagger = measure_submission()
     store = open_store(cfg.store.uri)
     state = load_state(store, cfg.resolved_run_id())
-    tokens = get_json(store, state.prepared.tokens_key)
+    tokens = parse_token_table(get_json(store, state.prepared.tokens_key))
     costs = measure_activation_costs(cfg, state, store, tokens, latency, profile)
     cores = os.cpu_count() or 1
     print(f"generate activation work: {costs['gen'][0] * 1e3:.1f} ms + {costs['gen'][1] * 1e3:.2f} ms/sample; "
@@ -132,7 +133,7 @@ def main() -> int:
                     s = final[(pid, i)]
                     # a stopped sample also spent a decode step sampling its EOS
                     steps = len(s["tokens"]) + (1 if s["finish_reason"] == "stop" else 0)
-                    samples.append(Sample(sid, pid, len(tokens[str(pid)]["prompt"]), steps))
+                    samples.append(Sample(sid, pid, len(tokens[pid].prompt), steps))
                     sid += 1
             work = costs["gen"][0] + costs["gen"][1] * len(samples)
             actors.append(ActorSpec(tuple(samples), 0.0, submit_s + latency + index * stagger, work_s=work,
@@ -249,7 +250,7 @@ def measure_activation_costs(cfg, state, store, tokens: dict, latency: float, pr
             parts, total = [], 0
             for j in range(num):
                 pid = pids[j % len(pids)]
-                prompt = tokens[str(pid)]["prompt"]
+                prompt = tokens[pid].prompt
                 gen_tokens = [prompt[(j + t) % len(prompt)] for t in range(half)]  # valid ids
                 parts.append(PartialSample(prompt_id=pid, sample_index=j // len(pids), tokens=gen_tokens).model_dump())
                 total += len(prompt) + half
@@ -282,7 +283,7 @@ def measure_activation_costs(cfg, state, store, tokens: dict, latency: float, pr
             alone = _median_time(lambda: full(0), repeats) - latency
             fixed, per = fit_line(gen)
             sim, _ = simulate_phase([ActorSpec(tuple(
-                Sample(i, s["prompt_id"], len(tokens[str(s["prompt_id"])]["prompt"]),
+                Sample(i, s["prompt_id"], len(tokens[s["prompt_id"]].prompt),
                        s["length"] + (1 if s["finish_reason"] == "stop" else 0)) for i, s in enumerate(outs)),
                 0.0, 0.0, work_s=fixed + per * len(outs))], SimConfig(profile=profile, gpus_per_actor=1))
             print(f"  full generate alone (4 prompts x {group}, lengths {min(s['length'] for s in outs)}-"

@@ -10,6 +10,8 @@ import pytest
 from actions.common.profile_cache import PROFILE_PREFIX
 from flows.live_profile import LiveInputs, finish_profiling, profile_grid
 from flows.planning.profile import TpotProfile
+from actions.common.contracts import parse_result
+from flows.tasks import Returned
 
 GRID = {"batch_sizes": [1, 2], "contexts": [4, 8], "prefill_shape": [2, 4]}
 
@@ -85,9 +87,10 @@ def test_a_corrupt_cached_profile_is_rejected_with_a_clear_message_and_measured_
 
 class _Done:
     def __init__(self, result: dict) -> None:
-        self._out = {"result": result}
+        # what invoke_action returns: the result validated against the profile contract
+        self._out = Returned(parse_result("profile", result), None)
 
-    def result(self) -> dict:
+    def result(self) -> Returned:
         return self._out
 
 
