@@ -10,7 +10,7 @@ import pytest
 from actions.common.profile_cache import PROFILE_PREFIX
 from flows.live_profile import LiveInputs, finish_profiling, profile_grid
 from flows.planning.profile import TpotProfile
-from actions.common.contracts import parse_result
+from actions.common.contracts import PromptTokens, parse_result
 from flows.tasks import Returned
 
 GRID = {"batch_sizes": [1, 2], "contexts": [4, 8], "prefill_shape": [2, 4]}
@@ -139,7 +139,7 @@ def test_the_hook_plans_from_the_measured_profile_and_the_store_transfer_model(t
                        CPU_TINY_PROFILE.prefill_tokens_per_s, name="measured-x")
     ctx = RunContext(config=tiny_config("scaling.policy=fixed:1"), store=LocalStore(str(tmp_path / "s")),
                      invoker=None, run_id="r")  # type: ignore[arg-type]
-    tokens = {str(p): {"prompt": list(range(12)), "answer_len": 6} for p in range(4)}
+    tokens = {p: PromptTokens(prompt=list(range(12)), answer_len=6) for p in range(4)}
     plan = lambda: plan_generation_phase(ctx, LengthHistory(), tokens, [0, 1, 2, 3], 3).plan  # noqa: E731
     builtin = plan().predicted_time_s
     ctx.live = LiveInputs(slow, "measured", weight_bytes=4e6, kv_bytes_per_token=256.0,
@@ -193,7 +193,7 @@ def test_the_measured_fanout_follows_the_predicted_lengths(tiny_config, tmp_path
     ids = [0, 1, 2, 3]
 
     def actions(answer_len: int) -> int:
-        tokens = {str(p): {"prompt": list(range(8)), "answer_len": answer_len} for p in ids}
+        tokens = {p: PromptTokens(prompt=list(range(8)), answer_len=answer_len) for p in ids}
         return hooks.plan_generation_phase(ctx, LengthHistory(), tokens, ids, 4).plan.num_actors
 
     assert actions(2) == 1  # ~0.05 s of decoding: not worth a 0.1 s round trip
