@@ -70,7 +70,7 @@ def _setup(ctx: RunContext, progress: Progress) -> CampaignState:
     # depend on the weights' values, so the initial ones do)
     init = ModelRef(store_uri=ctx.store.uri, base_key=prepared.base_key, policy_key=prepared.init_key,
                     policy_version=0, dtype=cfg.model.dtype)
-    profiling = start_profiling(ctx, init, get_json(ctx.store, prepared.tokens_key))
+    profiling = start_profiling(ctx, init, parse_token_table(get_json(ctx.store, prepared.tokens_key)))
     if cfg.warmup.steps:
         progress(f"warmup: {cfg.warmup.steps} supervised steps")
         req = WarmupRequest(store_uri=ctx.store.uri, base_key=prepared.base_key, init_key=prepared.init_key,
