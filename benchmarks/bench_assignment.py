@@ -119,7 +119,7 @@ def run_one_campaign(name: str, store: str, steps: int, out_path: str, overrides
     from prefect.testing.utilities import prefect_test_harness
 
     from actions.common.config import load_config
-    from flows.campaign import run_campaign
+    from flows.campaign.run import run_campaign
 
     meter = ForeignCpu()
     cfg = load_config(None, [*WORKLOAD, f"steps={steps}", f"store.uri={store}", *STRATEGIES[name], *overrides])

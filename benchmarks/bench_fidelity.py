@@ -66,8 +66,8 @@ def measure_profile(cfg) -> "TpotProfile":  # noqa: F821
     import torch
 
     from actions.engines.profiling import measure_grid
-    from flows.planning.profile import TpotProfile
-    from flows.profiler import build_profile_model
+    from flows.planning.tpot import TpotProfile
+    from flows.commands.measure import build_profile_model
 
     model = build_profile_model(cfg, None, torch.device("cpu"), torch.float32)
     return TpotProfile.from_dict(measure_grid(model, model.config.vocab_size, [1, 4, 16, 64, 128], [16, 48]))
@@ -82,9 +82,9 @@ def main() -> int:
     from actions.common.config import load_config
     from actions.common.contracts import parse_token_table
     from actions.common.store import get_json, open_store
-    from flows.campaign import run_campaign
+    from flows.campaign.run import run_campaign
     from flows.simulate.cluster import ActorSpec, Sample, SimConfig, simulate_phase
-    from flows.state import load_state
+    from flows.campaign.state import load_state
 
     tmp = tempfile.mkdtemp(prefix="bench-fidelity-")
     # scores overlapping generation, as the simulator's live mode models them
@@ -170,7 +170,7 @@ def main() -> int:
 def capture_records() -> dict[int, list[dict]]:
     """step -> the activation records of the live step (kept by wrapping the campaign's
     metrics function, which receives them and keeps only totals)."""
-    import flows.campaign as campaign
+    import flows.campaign.run as campaign
 
     records: dict[int, list[dict]] = {}
     metrics = campaign.step_metrics

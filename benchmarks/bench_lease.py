@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from actions.common.store import ObjectStore, open_store  # noqa: E402
-from flows.lease import LeaseRecord, lease_key  # noqa: E402
+from flows.campaign.lease import LeaseRecord, lease_key  # noqa: E402
 
 
 def _hold(store: ObjectStore) -> None:
@@ -40,7 +40,7 @@ def _measure(uri: str, env: dict[str, str], reps: int) -> tuple[list[float], set
     times, codes, line = [], set(), ""
     for _ in range(reps):
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "flows.cli", "train", "--set", f"store.uri={uri}",
+        proc = subprocess.run([sys.executable, "-m", "flows.commands.cli", "train", "--set", f"store.uri={uri}",
                                "--run-id", "held"], env=env, capture_output=True, text=True, cwd=ROOT)
         times.append(time.perf_counter() - t0)
         codes.add(proc.returncode)

@@ -18,7 +18,7 @@ import time
 
 from flows.planning import cost
 from flows.planning.plan import ClusterSpec
-from flows.planning.profile import GPUS, MODELS, roofline_profile
+from flows.planning.tpot import GPUS, MODELS, roofline_profile
 from flows.planning.scaling import plan_generation
 
 TARGET_MS = 10.0

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from flows.planning.cost import decode_time
-from flows.planning.profile import (GPUS, LEARNER_MFU, MODELS, kv_capacity_tokens, learner_tokens_per_s,
+from flows.planning.tpot import (GPUS, LEARNER_MFU, MODELS, kv_capacity_tokens, learner_tokens_per_s,
                                     roofline_profile)
 from benchmarks.make_traces import SHAPES, make_trace
 from flows.simulate.policies import DEFAULT_POLICIES, ClusterModel

@@ -47,8 +47,8 @@ def _train(workdir: Path, rl_steps: int) -> tuple[ModelRef, ModelRef, list[list[
     """(warmed-up policy, policy after the RL steps, prompt batches, tokenizer)."""
     from actions.common.config import load_config
     from actions.common.storage import open_store
-    from flows.campaign import run_campaign
-    from flows.state import load_state_at
+    from flows.campaign.run import run_campaign
+    from flows.campaign.state import load_state_at
 
     store_dir = workdir / "store"
     cfg = load_config(None, [f"store.uri={store_dir}", "invoker.kind=inprocess", f"steps={rl_steps}",

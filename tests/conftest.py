@@ -91,7 +91,7 @@ def tiny_config(tmp_path):
 def clean_summary(tmp_path_factory: pytest.TempPathFactory, prefect_harness) -> dict:
     """The fault-free reference: the tiny campaign in-process (same weights as on the pool)."""
     from actions.common.config import load_config
-    from flows.campaign import run_campaign
+    from flows.campaign.run import run_campaign
 
     store = tmp_path_factory.mktemp("clean") / "store"
     cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={store}", "invoker.kind=inprocess", "run_id=clean"])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from actions.common.config import load_config
 from actions.tasks.rewards.gsm8k import final_answer
-from flows.campaign import run_campaign
+from flows.campaign.run import run_campaign
 
 SHORT_ARITH = [
     "data.task=arith", "invoker.kind=inprocess", "data.num_eval_prompts=32", "warmup.steps=150",

@@ -103,8 +103,8 @@ def _held_lease(run_id: str, raw: bytes | None = None, *, commit: bool = False) 
         import time
 
         from actions.common.store import LocalStore
-        from flows.lease import LeaseRecord, lease_key
-        from flows.state import CampaignState, commit_state
+        from flows.campaign.lease import LeaseRecord, lease_key
+        from flows.campaign.state import CampaignState, commit_state
 
         store, now = LocalStore(tmp / "store"), time.time()
         record = LeaseRecord(run_id=run_id, host="elsewhere", pid=4242, token="0" * 32, since=now, renewed=now,
@@ -407,7 +407,7 @@ def done_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (state only: resume and status checks never read the artifacts it names)."""
     from actions.common.config import load_config
     from actions.common.store import LocalStore
-    from flows.state import CampaignState, commit_state
+    from flows.campaign.state import CampaignState, commit_state
 
     root = tmp_path_factory.mktemp("done") / "store"
     cfg = load_config(None, [f"store.uri={root}", "run_id=done"])
@@ -450,7 +450,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(name: str, tmp_path: P
     cwd.mkdir()
     args = [a.format(tmp=tmp_path, done=done_store) for a in case.args]
     before = _snapshot(tmp_path, done_store)
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=_env({k: v.replace("{tmp}", str(tmp_path)) for k, v in case.env.items()}, tmp_path),
+    proc = subprocess.run([sys.executable, "-m", "flows.commands.cli", *args], cwd=cwd, env=_env({k: v.replace("{tmp}", str(tmp_path)) for k, v in case.env.items()}, tmp_path),
                           capture_output=True, text=True, timeout=60)
     err = proc.stderr.strip()
     assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stderr}"

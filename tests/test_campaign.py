@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from actions.common.store import get_json, open_store
-from flows.campaign import CampaignRefused, run_campaign
+from flows.campaign.run import CampaignRefused, run_campaign
 
 
 def _rollout_tokens(cfg, step: int) -> dict:
@@ -54,7 +54,7 @@ def test_fanout_one_and_three_produce_the_same_training_data(tiny_config, prefec
 
 
 def test_scores_can_wait_for_the_end_of_generation(tiny_config, prefect_harness, monkeypatch):
-    import flows.campaign as campaign
+    import flows.campaign.run as campaign
 
     records, metrics = [], campaign.step_metrics
 
@@ -106,7 +106,7 @@ def test_existing_run_needs_resume_and_same_config(tiny_config, prefect_harness)
 
 
 def test_smoke_whole_flow_on_local_warm_pool(tiny_config, prefect_harness):
-    from flows.campaign import rlhf_campaign
+    from flows.campaign.run import rlhf_campaign
 
     cfg = tiny_config("invoker.kind=local", "run_id=smoke", "invoker.num_workers=2")
     summary = rlhf_campaign(config=cfg.model_dump(mode="json"))
@@ -137,7 +137,7 @@ def test_failed_activations_are_retried_and_change_nothing(tiny_config, prefect_
     clean = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=clean"), progress=lambda m: None)
     cfg = tiny_config("invoker.kind=inprocess", "run_id=faulty", "faults.fail_fraction=0.2",
                       "faults.actions=[generate,score]")
-    from flows.context import RunContext
+    from flows.step.context import RunContext
 
     injected: list = []
     original = RunContext.should_inject
@@ -172,7 +172,7 @@ def test_flow_run_publishes_step_artifacts(tiny_config, prefect_harness):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from flows.campaign import rlhf_campaign
+    from flows.campaign.run import rlhf_campaign
 
     cfg = tiny_config("invoker.kind=inprocess", "run_id=art_1", "steps=1")
     rlhf_campaign(config=cfg.model_dump(mode="json"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flows.campaign import run_campaign
+from flows.campaign.run import run_campaign
 
 try:
     from ow_emulator import running_emulator

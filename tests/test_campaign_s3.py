@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from flows.campaign import run_campaign
+from flows.campaign.run import run_campaign
 from flows.invokers.local_pool import LocalPoolInvoker
 
 pytestmark = pytest.mark.s3
@@ -54,7 +54,7 @@ def test_kill_9_at_random_points_then_resume_gives_same_weights(tiny_config, tmp
             "--set", "data.num_train_prompts=32", "--set", "data.num_eval_prompts=8"]
 
     def run(store, out, resume=False, kill_after=None):
-        cmd = [sys.executable, "-m", "flows.cli", "train", "--set", f"store.uri={store}", "--run-id", "k9",
+        cmd = [sys.executable, "-m", "flows.commands.cli", "train", "--set", f"store.uri={store}", "--run-id", "k9",
                "--out", str(out), *args] + (["--resume"] if resume else [])
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if kill_after is None:

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from actions.runtime.server import ACTION_NAMES
-from flows import deploy as deploy_mod
-from flows.deploy import (
+from flows.commands import deploy as deploy_mod
+from flows.commands.deploy import (
     DeployError,
     ManifestError,
     action_body,

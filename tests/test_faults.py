@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.campaign import run_campaign
-from flows.context import RunContext
+from flows.campaign.run import run_campaign
+from flows.step.context import RunContext
 from flows.invokers.base import ActionError
 from flows.invokers.local_pool import LocalPoolInvoker
 

@@ -8,9 +8,9 @@ import pytest
 
 from actions.common.store import BLOB_PREFIX, LocalStore, ObjectStore, blob_key, put_artifact, read_manifest, \
     sha256_hex
-from flows.gc import collect_garbage
+from flows.campaign.collect import collect_garbage
 from flows.planning.retention import Retention, VersionKeys, plan_collection
-from flows.state import CampaignState, commit_state, load_state
+from flows.campaign.state import CampaignState, commit_state, load_state
 
 # ----------------------------------------------------------------------------- the plan (pure)
 
@@ -163,7 +163,7 @@ def _assert_store_consistent(store: ObjectStore) -> None:
 def _growth(cfg, store: ObjectStore, run: str, steps: int, every: int) -> None:
     """After a campaign with keep_last=2: the reference plus the last two policy versions,
     plus one per checkpoint; optimizer state only for the newest and the checkpoints."""
-    from flows.campaign import run_campaign
+    from flows.campaign.run import run_campaign
 
     summary = run_campaign(cfg, progress=lambda m: None)
     assert summary["steps_completed"] == steps and summary["gc"]["deleted_blobs"] > 0

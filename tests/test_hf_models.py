@@ -157,7 +157,7 @@ def test_generate_score_train_on_each_architecture(prepared):
 
 
 def test_tiny_model_cli_writes_a_loadable_folder_and_refuses_bad_flags(tmp_path, capsys):
-    from flows.cli import main
+    from flows.commands.cli import main
 
     assert main(["tiny-model", "--out", str(tmp_path / "m"), "--arch", "mistral", "--untied",
                  "--pad-token", "<pad>", "--hidden-size", "32", "--num-heads", "2", "--num-kv-heads", "1"]) == 0

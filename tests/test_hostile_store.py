@@ -178,7 +178,7 @@ def test_optimizer_state_names_must_name_a_parameter() -> None:
 # ----------------------------------------------------------------------------- commit records
 def _committed(store: ObjectStore, **changes) -> None:
     from actions.common.store import commit_pointer
-    from flows.state import CampaignState, pointer_key
+    from flows.campaign.state import CampaignState, pointer_key
 
     keys = {"base_key": "runs/r1/base/manifest.json", "init_key": "runs/r1/init/manifest.json",
             "train_key": "runs/r1/data/train/manifest.json", "eval_key": "runs/r1/data/eval/manifest.json",
@@ -198,7 +198,7 @@ def _committed(store: ObjectStore, **changes) -> None:
     {"run_id": "someone-else"}, {"weights_sha256": "not-a-digest"},
 ], ids=["traversal", "other run", "absolute", "backslash", "other run id", "bad fingerprint"])
 def test_a_commit_record_naming_keys_outside_its_run_is_refused(backend_store: ObjectStore, changes) -> None:
-    from flows.state import load_state
+    from flows.campaign.state import load_state
 
     _committed(backend_store, **changes)
     with pytest.raises((UnsafeName, IntegrityError)) as info:
@@ -207,7 +207,7 @@ def test_a_commit_record_naming_keys_outside_its_run_is_refused(backend_store: O
 
 
 def test_a_commit_record_that_is_not_a_record_is_refused(backend_store: ObjectStore) -> None:
-    from flows.state import load_state
+    from flows.campaign.state import load_state
 
     backend_store.put("runs/r1/campaign/commits/step-000000.json", b"[1, 2, 3]")
     with pytest.raises(IntegrityError) as info:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from actions.common.config import load_config
-from flows.campaign import run_campaign
+from flows.campaign.run import run_campaign
 
 LEARNING = [
     "invoker.kind=inprocess", "data.max_count=6", "data.num_eval_prompts=32", "warmup.steps=150",

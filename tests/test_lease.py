@@ -1,4 +1,4 @@
-"""The run lease (flows/lease.py) on the local store and on the real S3 server: one holder,
+"""The run lease (flows/campaign/lease.py) on the local store and on the real S3 server: one holder,
 a held run refused with its holder named, stale and broken leases taken over by exactly one
 taker, renewal, and a lost lease stopping the campaign before it commits."""
 
@@ -11,7 +11,7 @@ import time
 import pytest
 
 from actions.common.store import LocalStore
-from flows.lease import (SKEW_S, LeaseHeld, LeaseLost, LeaseRecord, RunLease, check_not_held, lease_key, read_lease,
+from flows.campaign.lease import (SKEW_S, LeaseHeld, LeaseLost, LeaseRecord, RunLease, check_not_held, lease_key, read_lease,
                          takeover_reason)
 
 
@@ -169,8 +169,8 @@ def test_same_host_dead_pid_is_taken_over_at_once(tmp_path) -> None:
 
 
 def test_losing_the_lease_stops_the_campaign_before_its_commit(tiny_config, prefect_harness) -> None:
-    from flows.campaign import run_campaign
-    from flows.state import load_state
+    from flows.campaign.run import run_campaign
+    from flows.campaign.state import load_state
 
     cfg = tiny_config("invoker.kind=inprocess", "run_id=lost", "steps=3")
     store = LocalStore(cfg.store.uri)
@@ -187,7 +187,7 @@ def test_losing_the_lease_stops_the_campaign_before_its_commit(tiny_config, pref
 
 
 def test_campaign_refuses_a_held_run(tiny_config, prefect_harness) -> None:
-    from flows.campaign import run_campaign
+    from flows.campaign.run import run_campaign
 
     cfg = tiny_config("invoker.kind=inprocess", "run_id=held")
     store = LocalStore(cfg.store.uri)

@@ -19,7 +19,7 @@ import pytest
 
 from actions.common.config import load_config
 from actions.common.store import LocalStore, blob_key, open_store, read_manifest
-from flows.lease import read_lease
+from flows.campaign.lease import read_lease
 
 try:
     from conftest import TINY_OVERRIDES
@@ -32,7 +32,7 @@ OVERRIDES = [*TINY_OVERRIDES, "invoker.kind=inprocess", "steps=3"]
 @pytest.fixture(scope="module")
 def solo_sha(tmp_path_factory, prefect_harness) -> str:
     """weights_sha256 of an uninterrupted, unshared 3-step run (retention does not change it)."""
-    from flows.campaign import run_campaign
+    from flows.campaign.run import run_campaign
 
     root = tmp_path_factory.mktemp("solo") / "store"
     cfg = load_config(None, [*OVERRIDES, f"store.uri={root}", "run_id=solo", "store.keep_last=null"])
@@ -50,7 +50,7 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def _train(uri: str, run_id: str, out: Path, *extra: str, env: dict[str, str]) -> subprocess.Popen:
     args = [a for o in [*OVERRIDES, f"store.uri={uri}"] for a in ("--set", o)]
-    return subprocess.Popen([sys.executable, "-m", "flows.cli", "train", "--run-id", run_id, "--out", str(out),
+    return subprocess.Popen([sys.executable, "-m", "flows.commands.cli", "train", "--run-id", run_id, "--out", str(out),
                              *args, *extra], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -1,5 +1,5 @@
 """The live planner's measured profile: the profile action's cache in the store, its rejection
-of a corrupt entry, and the hook planning from what was measured (flows/live_profile.py)."""
+of a corrupt entry, and the hook planning from what was measured (flows/campaign/live_profile.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import json
 import pytest
 
 from actions.common.profile_cache import PROFILE_PREFIX
-from flows.live_profile import LiveInputs, finish_profiling, profile_grid
-from flows.planning.profile import TpotProfile
+from flows.campaign.live_profile import LiveInputs, finish_profiling, profile_grid
+from flows.planning.tpot import TpotProfile
 from actions.common.contracts import PromptTokens, parse_result
-from flows.tasks import Returned
+from flows.step.invoke import Returned
 
 GRID = {"batch_sizes": [1, 2], "contexts": [4, 8], "prefill_shape": [2, 4]}
 
@@ -104,8 +104,8 @@ def _result(profile: dict, source: str = "cached") -> dict:
 
 def test_the_flow_measures_again_when_it_cannot_use_a_cached_grid(tiny_config, monkeypatch):
     from actions.common.profile_cache import ProfileRequest
-    from flows import tasks
-    from flows.context import RunContext
+    from flows.step import invoke as tasks
+    from flows.step.context import RunContext
 
     good = TpotProfile((1, 2), (4.0, 8.0), ((0.001, 0.002), (0.002, 0.003)), 1000.0, name="m").to_dict()
     bad = dict(good, batch_sizes=[2, 1])  # decreasing: TpotProfile refuses it
@@ -128,10 +128,10 @@ def test_the_flow_measures_again_when_it_cannot_use_a_cached_grid(tiny_config, m
 
 def test_the_hook_plans_from_the_measured_profile_and_the_store_transfer_model(tiny_config, tmp_path):
     from actions.common.store import LocalStore
-    from flows.context import RunContext
-    from flows.hooks import cluster_spec, load_profile, plan_generation_phase
+    from flows.step.context import RunContext
+    from flows.step.phase import cluster_spec, load_profile, plan_generation_phase
     from flows.planning.lengths import LengthHistory
-    from flows.planning.profile import CPU_TINY_PROFILE
+    from flows.planning.tpot import CPU_TINY_PROFILE
 
     # ten times slower than the built-in estimate at every point
     slow = TpotProfile(CPU_TINY_PROFILE.batch_sizes, CPU_TINY_PROFILE.contexts,
@@ -151,7 +151,7 @@ def test_the_hook_plans_from_the_measured_profile_and_the_store_transfer_model(t
 
 
 def test_the_profile_is_measured_at_one_generation_action_s_share_of_the_cores(tiny_config):
-    from flows.live_profile import generation_threads
+    from flows.campaign.live_profile import generation_threads
 
     assert generation_threads(tiny_config("invoker.num_cores=4", "scaling.n_max=4")) == 1
     assert generation_threads(tiny_config("invoker.num_cores=4", "scaling.n_max=2")) == 2
@@ -181,8 +181,8 @@ def test_every_activation_pays_the_measured_round_trip_once():
 def test_the_measured_fanout_follows_the_predicted_lengths(tiny_config, tmp_path, monkeypatch):
     """Short responses: a second action saves less than its round trip costs; long ones: it pays."""
     from actions.common.store import LocalStore
-    from flows import hooks
-    from flows.context import RunContext
+    from flows.step import phase as hooks
+    from flows.step.context import RunContext
     from flows.planning.lengths import LengthHistory
 
     monkeypatch.setattr(hooks, "pool_cores", lambda cfg: 2)
@@ -201,7 +201,7 @@ def test_the_measured_fanout_follows_the_predicted_lengths(tiny_config, tmp_path
 
 
 def test_planner_fidelity_reports_each_part_of_the_phase():
-    from flows.metrics import planner_fidelity
+    from flows.step.metrics import planner_fidelity
 
     steps = [{"plan/predicted_time_s": 1.2, "plan/predicted_prefill_s": 0.2, "plan/predicted_generate_s": 1.0,
               "timing_s/prefill": 0.4, "timing_s/generate": g} for g in (0.8, 1.0, 1.25, 2.0)]

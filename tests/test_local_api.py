@@ -1,4 +1,4 @@
-"""Prefect's local API start is serialised per PREFECT_HOME (flows/local_api.py): two
+"""Prefect's local API start is serialised per PREFECT_HOME (flows/commands/local_api.py): two
 first-ever runs never set up the same fresh database at once."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from flows.local_api import LOCK_NAME, LocalApiError, exclusive, start_local_api
+from flows.commands.local_api import LOCK_NAME, LocalApiError, exclusive, start_local_api
 
 REPO = Path(__file__).resolve().parents[1]
 HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from flows.local_api import exclusive
+    from flows.commands.local_api import exclusive
     lock, log, hold = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
     print("ready", flush=True)
     with exclusive(lock, timeout_s=60, what="testing"):
@@ -79,7 +79,7 @@ def test_nothing_is_started_or_locked_with_a_remote_api(tmp_path: Path) -> None:
 
 
 CONCURRENT = textwrap.dedent("""
-    from flows.local_api import start_local_api
+    from flows.commands.local_api import start_local_api
     from prefect.client.orchestration import get_client
     start_local_api()
     with get_client(sync_client=True) as client:

@@ -12,10 +12,10 @@ import sys
 import pytest
 
 from actions.common.config import load_config
-from flows.state import EvalRecord
-from flows.artifacts import _percent, start_progress, update_progress
-from flows.report import length_histogram, write_report
-from flows.tensorboard import ScalarBoard, read_scalars
+from flows.campaign.state import EvalRecord
+from flows.campaign.artifacts import _percent, start_progress, update_progress
+from flows.commands.report import length_histogram, write_report
+from flows.campaign.tensorboard import ScalarBoard, read_scalars
 
 needs_tensorboardx = pytest.mark.skipif(importlib.util.find_spec("tensorboardX") is None,
                                         reason="tensorboardX not installed: pip install 'rlhfless[tensorboard]'")

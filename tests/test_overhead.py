@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-import flows.overhead as overhead
-from flows.overhead import Background, StepClock, quiet_step_flows
+import flows.campaign.overhead as overhead
+from flows.campaign.overhead import Background, StepClock, quiet_step_flows
 
 
 def test_step_subflows_run_without_heartbeats_and_the_setting_comes_back():

@@ -5,7 +5,7 @@ import pytest
 from flows.planning import charges
 from flows.planning.charges import Migration, continuation_start_s, migration_s
 from flows.planning.migrate import plan_cut_points
-from flows.planning.profile import TpotProfile
+from flows.planning.tpot import TpotProfile
 from flows.simulate.cluster import ActorSpec, Sample, SimConfig, simulate_phase
 
 FLAT = TpotProfile((1, 1000), (0.0, 10000.0), ((0.01, 0.01), (0.01, 0.01)), 1000.0)

@@ -6,7 +6,7 @@ import pytest
 
 from flows.planning.cost import (DecodeEstimator, actor_cost, brute_force_decode_time,
                                  decode_time, decode_time_desc, estimate_actor_time)
-from flows.planning.profile import (GPUS, MODELS, TpotProfile, parse_roofline_spec,
+from flows.planning.tpot import (GPUS, MODELS, TpotProfile, parse_roofline_spec,
                                     roofline_profile, roofline_tpot)
 
 # TPOT = 1 ms + 0.1 ms per sequence + 1 us per context token: bilinear, so exact in the grid

@@ -43,7 +43,7 @@ def test_plan_continuations_batches_by_window_and_size():
 
 def test_an_actor_is_cut_only_while_another_is_predicted_to_still_decode():
     from flows.planning.migrate import plan_cut_points
-    from flows.planning.profile import TpotProfile
+    from flows.planning.tpot import TpotProfile
 
     flat = TpotProfile(batch_sizes=(1, 64), contexts=(16.0, 512.0), seconds=((0.01, 0.01), (0.01, 0.01)),
                        prefill_tokens_per_s=1e4)

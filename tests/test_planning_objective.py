@@ -6,7 +6,7 @@ import pytest
 
 from flows.planning.objective import choose, pareto_mask
 from flows.planning.plan import Candidate, ClusterSpec
-from flows.planning.profile import GPUS, MODELS, roofline_profile
+from flows.planning.tpot import GPUS, MODELS, roofline_profile
 from flows.planning.scaling import BASELINE_N, default_value_of_time, plan_generation
 
 

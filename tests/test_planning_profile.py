@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.planning.profile import GPUS, MODELS, kv_capacity_tokens, roofline_profile, roofline_tpot
+from flows.planning.tpot import GPUS, MODELS, kv_capacity_tokens, roofline_profile, roofline_tpot
 
 H100, QWEN7, LLAMA70 = GPUS["h100"], MODELS["qwen2.5-7b"], MODELS["llama2-70b"]
 
@@ -43,7 +43,7 @@ def test_model_that_does_not_fit_is_refused():
 
 
 def test_shrink_cost_round_trips_and_defaults_to_zero():
-    from flows.planning.profile import TpotProfile
+    from flows.planning.tpot import TpotProfile
 
     grid = dict(batch_sizes=(1, 4), contexts=(8.0, 16.0), seconds=((1e-3, 1e-3), (2e-3, 2e-3)),
                 prefill_tokens_per_s=1e4)

@@ -6,7 +6,7 @@ import textwrap
 import pytest
 
 from flows.planning.plan import ClusterSpec, GenerationPlan
-from flows.planning.profile import TpotProfile
+from flows.planning.tpot import TpotProfile
 from flows.planning.scaling import plan_generation
 
 IDS = list(range(12))

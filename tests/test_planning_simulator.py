@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.planning.profile import GPUS, MODELS, TpotProfile, roofline_profile
+from flows.planning.tpot import GPUS, MODELS, TpotProfile, roofline_profile
 from flows.simulate.cli import main
 from flows.simulate.cluster import ActorSpec, Sample, SimConfig, simulate_phase
 from flows.simulate.policies import ClusterModel, make_plan, parse_policy
@@ -244,7 +244,7 @@ def test_oracle_no_slower_than_rlhfless_on_trace():
 
 
 def test_learner_phases_lengthen_every_step_and_bill_only_held_actors():
-    from flows.planning.profile import learner_tokens_per_s
+    from flows.planning.tpot import learner_tokens_per_s
 
     rate = learner_tokens_per_s(GPUS["h100"], QWEN, 8)  # 10 x params FLOPs per token at 40% MFU
     assert rate == pytest.approx(8 * GPUS["h100"].peak_flops * 0.4 / (10 * QWEN.num_params))
@@ -294,7 +294,7 @@ def test_plan_and_simulation_agree_when_predictions_are_exact():
     assert result.gpu_seconds == pytest.approx(plan.predicted_gpu_seconds, rel=0.01)
 
 
-# ---- live-flow mode (local warm pool as flows/rlhf_step.py drives it) ------------------------
+# ---- live-flow mode (local warm pool as flows/step/flow.py drives it) ------------------------
 
 def _live(**kw) -> SimConfig:
     args = dict(profile=FLAT, gpus_per_actor=1, tau=0.5, continuation=True, migrate_to_running=False,

@@ -111,7 +111,7 @@ def _cli_args(tmp_path: Path) -> list[str]:
     args = []
     for override in (*TINY_OVERRIDES, f"store.uri={tmp_path / 'store'}", "invoker.kind=local", "invoker.num_workers=2"):
         args += ["--set", override]
-    return [sys.executable, "-m", "flows.cli", "train", *args, "--run-id", "k9", "--out", str(tmp_path / "out")]
+    return [sys.executable, "-m", "flows.commands.cli", "train", *args, "--run-id", "k9", "--out", str(tmp_path / "out")]
 
 
 def _worker_pids(log_dir: Path) -> list[int]:

@@ -154,7 +154,7 @@ def _run_worker(server: LocalPrefectServer, timeout_s: float = 300.0) -> str:
 def test_deploy_registers_pool_schedule_pull_step_and_concurrency_limit(deployed: LocalPrefectServer):
     with deployed.client() as client:
         dep = client.read_deployment_by_name(DEPLOYMENT)
-    assert dep.work_pool_name == POOL and dep.entrypoint == "flows/campaign.py:rlhf_campaign"
+    assert dep.work_pool_name == POOL and dep.entrypoint == "flows/campaign/run.py:rlhf_campaign"
     assert [(s.schedule.cron, s.schedule.timezone) for s in dep.schedules] == [("0 2 * * *", "UTC")]
     # Runs of the deployment never overlap: a deployment-level limit of 1, new runs cancelled.
     assert dep.global_concurrency_limit is not None and dep.global_concurrency_limit.limit == 1
@@ -169,7 +169,7 @@ def test_deploy_registers_pool_schedule_pull_step_and_concurrency_limit(deployed
 def test_bad_parameter_is_rejected_naming_the_field(deployed: LocalPrefectServer, tmp_path: Path):
     from prefect.exceptions import PrefectHTTPStatusError
 
-    from flows.campaign import rlhf_campaign
+    from flows.campaign.run import rlhf_campaign
 
     cfg = _tiny(tmp_path, "run_id=bad")
     with deployed.client() as client:
@@ -193,7 +193,7 @@ def test_deployment_run_on_worker_publishes_artifacts_and_holds_gpu_slots(deploy
                                                                           tmp_path: Path):
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
-    from flows.tensorboard import read_scalars
+    from flows.campaign.tensorboard import read_scalars
 
     limit_name = "gpu-actions"
     board = tmp_path / "tensorboard"
@@ -252,9 +252,9 @@ def test_gpu_slots_held_only_by_gpu_actions_and_missing_limit_never_blocks(deplo
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 
     from actions.common.store import LocalStore
-    from flows.context import RunContext, set_context
+    from flows.step.context import RunContext, set_context
     from flows.invokers.base import Activation
-    from flows.tasks import gpu_slots, invoke_action
+    from flows.step.invoke import gpu_slots, invoke_action
 
     prefilled = {"bundle_key": "k", "num_unique_prefixes": 1, "tokens_computed": 3}
 

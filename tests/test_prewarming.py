@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from flows.prewarming import PhasePrewarmer
+from flows.step.prewarmer import PhasePrewarmer
 
 
 class RecordingInvoker:
@@ -57,8 +57,8 @@ def test_a_failing_prewarm_does_not_fail_the_step():
 def test_hook_offset_is_earliest_past_invocation_minus_buffer(tiny_config, tmp_path):
     from actions.common.contracts import PromptTokens
     from actions.common.store import LocalStore
-    from flows.context import RunContext
-    from flows.hooks import plan_generation_phase
+    from flows.step.context import RunContext
+    from flows.step.phase import plan_generation_phase
     from flows.planning.lengths import LengthHistory
 
     cfg = tiny_config("scaling.prewarm_buffer_s=0.25")

@@ -2,8 +2,8 @@
 
 import json
 
-from flows.cli import main
-from flows.planning.profile import TpotProfile
+from flows.commands.cli import main
+from flows.planning.tpot import TpotProfile
 
 
 def test_profile_writes_a_loadable_grid(tmp_path, capsys):

@@ -21,7 +21,7 @@ from actions.common.config import load_config
 from actions.common.store import get_artifact, open_store
 from actions.common.tiny_hf import write_tiny_model_dir
 from actions.tasks import arith
-from flows.cli import main
+from flows.commands.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 

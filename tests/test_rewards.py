@@ -82,7 +82,7 @@ def picky(prompts, completions, answer, **kwargs):
 
 
 def test_a_reward_that_raises_mid_campaign_fails_the_step_once(tiny_config, prefect_harness, monkeypatch):
-    from flows.campaign import run_campaign
+    from flows.campaign.run import run_campaign
     from flows.invokers.base import ActionError
     from flows.invokers.inprocess import InProcessInvoker
 

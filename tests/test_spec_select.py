@@ -6,7 +6,7 @@ import pytest
 
 from actions.engines.drafters import HistoryDrafter, PromptLookupDrafter
 from actions.engines.spec_select import AcceptanceTracker, ForwardCost, choose, expected_tokens
-from flows.planning.profile import TpotProfile
+from flows.planning.tpot import TpotProfile
 from flows.planning.speculation import (acceptance_rates, decode_speedup, speculative_profile,
                                         step_spec_metrics)
 

@@ -1,6 +1,6 @@
 """Action results reach flows/ as typed models only (actions/common/contracts.py).
 
-The flow validates every result on arrival (``flows/tasks.py: invoke_action``) and then reads
+The flow validates every result on arrival (``flows/step/invoke.py: invoke_action``) and then reads
 attributes; renaming a result field then fails type checks and this test, not a run three
 modules away. The check is syntactic: any string-key read (``x["field"]``, ``x.get("field")``)
 in flows/ whose key is a field of an action result is a raw-dict read, except the few listed
@@ -23,13 +23,13 @@ RESULT_FIELDS = frozenset().union(
 
 ALLOWED = {
     # the campaign summary JSON the CLI wrote (its own document, not an action result)
-    ("flows/report.py", "accuracy"), ("flows/report.py", "policy_version"),
-    ("flows/report.py", "weights_sha256"),
+    ("flows/commands/report.py", "accuracy"), ("flows/commands/report.py", "policy_version"),
+    ("flows/commands/report.py", "weights_sha256"),
     # OpenWhisk's REST documents: an activation record's response and an action's exec
     ("flows/invokers/openwhisk/activations.py", "result"), ("flows/invokers/openwhisk/invoker.py", "result"),
-    ("flows/deploy.py", "kind"),
+    ("flows/commands/deploy.py", "kind"),
     # a rollout object read back from the store (the drafts of later epochs)
-    ("flows/drafts.py", "samples"),
+    ("flows/campaign/drafts.py", "samples"),
     # a length-trace row of a JSONL file (validated field by field there)
     ("flows/simulate/replay.py", "prompt_id"), ("flows/simulate/replay.py", "answer_len"),
     # an Activation's own dataclass fields, dropping its result to build the accounting record
@@ -67,10 +67,10 @@ def test_no_action_result_is_read_as_a_raw_dict_in_flows():
 
 
 def test_the_check_catches_an_injected_raw_read(tmp_path):
-    step = (ROOT / "flows" / "rlhf_step.py").read_text()
+    step = (ROOT / "flows" / "step" / "flow.py").read_text()
     injected = step + '\n\ndef _peek(out):\n    return out.generate[0]["rollout_key"], out.train.get("metrics")\n'
-    (tmp_path / "flows").mkdir(parents=True)
-    (tmp_path / "flows" / "rlhf_step.py").write_text(injected)
+    (tmp_path / "flows" / "step").mkdir(parents=True)
+    (tmp_path / "flows" / "step" / "flow.py").write_text(injected)
     assert [v.split(": ", 1)[1] for v in violations(tmp_path)] == ["['rollout_key']", "['metrics']"]
 
 

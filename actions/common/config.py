@@ -217,7 +217,7 @@ class ScalingConfig(_Section):
     profile: str | None = None
     """TPOT profile JSON (``rlhfless profile``); None: measured by the pool at campaign start,
     or reused from the store's cache for the same model, dtype, device, engine and threads
-    (``flows/live_profile.py``)."""
+    (``flows/campaign/live_profile.py``)."""
     prewarm: bool = True
     """Warm the generation actions (and load the new policy version in them) ahead of use,
     at the earliest past invocation offset minus ``prewarm_buffer_s`` (PAPER 3.7)."""
@@ -247,7 +247,7 @@ class StoreConfig(_Section):
     keep_last: int | None = 2
     """Policy versions kept after each commit: the newest this many (the newest's optimizer
     state too, for a resume). Older versions' objects, and blobs nothing kept references, are
-    deleted after the commit (``flows/gc.py``). None: keep every version."""
+    deleted after the commit (``flows/campaign/collect.py``). None: keep every version."""
     checkpoint_every: int = Field(0, ge=0)
     """Also keep every version whose number is a multiple of this, for good, with its optimizer
     state (a restart point). 0: none."""

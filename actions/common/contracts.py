@@ -118,7 +118,7 @@ class GenerateRequest(_Msg):
     draft_strategies: list[Literal["history", "prompt_lookup"]] = ["history", "prompt_lookup"]
     max_draft_len: int = Field(8, ge=1, le=64)
     draft_keys: list[str] = []
-    """Objects of earlier epochs' responses (``flows/drafts.py``) for the ``history`` strategy."""
+    """Objects of earlier epochs' responses (``flows/campaign/drafts.py``) for the ``history`` strategy."""
     spec_priors: dict[str, float] = {}
     """Strategy -> acceptance rate measured by earlier steps (the selector's starting estimate)."""
     output_key: str

@@ -1,7 +1,7 @@
 """Earlier epochs' responses kept as drafts for speculative decoding (``history`` strategy).
 
 One JSON object per step, written by the flow after the step's generation
-(``flows/drafts.py``): ``{"step": s, "responses": {"<prompt_id>": [[token, ...], ...]}}``,
+(``flows/campaign/drafts.py``): ``{"step": s, "responses": {"<prompt_id>": [[token, ...], ...]}}``,
 each response with the EOS token that ended it (a draft that ends in EOS lets the engine
 finish a row inside a verification round). Storage is bounded: at most
 ``MAX_RESPONSES_PER_PROMPT`` responses per prompt, and the campaign state keeps, per prompt,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from flows.planning.profile import TpotProfile
+from flows.planning.tpot import TpotProfile
 
 MIGRATIONS = ("reprefill", "kv")
 

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from flows.planning.profile import CONTEXT_BUCKET, TpotFn, TpotProfile
+from flows.planning.tpot import CONTEXT_BUCKET, TpotFn, TpotProfile
 
 # (grid, group_size) -> bucket table; a few profiles at most per process. Keyed by the grid's
 # values, not the object: the live flow reloads its profile file every step.

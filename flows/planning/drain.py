@@ -1,7 +1,7 @@
 """The generation drain: what a step does as its generation actions return (PAPER §3.4, §4.7).
 
 Pure decisions, no clock, futures or I/O: the caller passes ``now`` and executes what comes
-back. The live step (``flows/rlhf_step.py``) and the cluster model (``flows/simulate/cluster.py``)
+back. The live step (``flows/step/flow.py``) and the cluster model (``flows/simulate/cluster.py``)
 share :class:`ContinuationWindow`, the rule that batches cut samples into one continuation;
 the step drives it through :class:`GenerationDrain`, which also names the continuations and
 decides when and how each rollout is scored.

@@ -38,7 +38,7 @@ from typing import Mapping, Sequence
 
 from flows.planning import charges
 from flows.planning.cost import decode_time
-from flows.planning.profile import TpotProfile
+from flows.planning.tpot import TpotProfile
 
 
 def cut_point(num_samples: int, tau: float) -> int:

@@ -35,7 +35,7 @@ class ClusterSpec:
     activation_s: float = 0.0
     """Fixed seconds every activation (the prefill and each decode actor) spends beyond its
     compute and transfers: the invocation's round trip and the flow's task submission. The
-    live campaign measures it at start (``flows/live_profile.py``); 0 in the simulator, whose
+    live campaign measures it at start (``flows/campaign/live_profile.py``); 0 in the simulator, whose
     live-flow mode models these waits itself."""
     colocated_actors: int = 1
     """Decode actors 0..k-1 run on the prefill actor's GPUs once prefill is done: they hold the

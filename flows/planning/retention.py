@@ -1,11 +1,11 @@
 """Which of a run's objects a garbage collection keeps and which it deletes (pure planning).
 
-A run's layout (``flows/step_payloads.py``, ``flows/campaign.py``)::
+A run's layout (``flows/step/payloads.py``, ``flows/campaign/run.py``)::
 
     runs/<run>/steps/<d:06d>/...    written while step d runs; commit d+1 names its outputs
     runs/<run>/...                  everything else: set-up, reference, evaluations, commits
 
-Commit ``c`` (``flows/state.py``) names the manifests of policy version ``c``: its weights
+Commit ``c`` (``flows/campaign/state.py``) names the manifests of policy version ``c``: its weights
 (policy, critic) and what resuming from it needs (optimizer and critic-optimizer state), plus
 the set-up artifacts every commit shares. After commit ``S``, with ``keep_last = K`` and
 ``checkpoint_every = E``:
@@ -17,7 +17,7 @@ the set-up artifacts every commit shares. After commit ``S``, with ``keep_last =
   are never touched; nothing outside ``steps/`` is ever deleted;
 * every other object under ``steps/`` is garbage.
 
-Blobs are decided by the executor (``flows/gc.py``): a blob goes only if a garbage manifest
+Blobs are decided by the executor (``flows/campaign/collect.py``): a blob goes only if a garbage manifest
 lists it and no kept manifest anywhere in the store does.
 """
 

@@ -48,7 +48,7 @@ from flows.planning.assignment import (assign_contiguous, assign_ranked, assign_
 from flows.planning.cost import DecodeEstimator
 from flows.planning.objective import check_objective, choose
 from flows.planning.plan import Candidate, ClusterSpec, GenerationPlan
-from flows.planning.profile import CONTEXT_BUCKET, TpotProfile
+from flows.planning.tpot import CONTEXT_BUCKET, TpotProfile
 from flows.planning.timeline import actor_start, evaluate_candidate, prefill_seconds
 
 ASSIGNMENTS = ("ranked", "round_robin", "contiguous")

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from flows.planning.profile import TpotProfile
+from flows.planning.tpot import TpotProfile
 
 SPEEDUP_SMOOTHING = 0.5
 """Weight of the newest step in the campaign's running speed-up (EWMA)."""

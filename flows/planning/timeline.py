@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import NamedTuple, Sequence
 
 from flows.planning.plan import ClusterSpec
-from flows.planning.profile import TpotProfile
+from flows.planning.tpot import TpotProfile
 
 
 def prefill_seconds(tokens: float, profile: TpotProfile, cluster: ClusterSpec) -> float:

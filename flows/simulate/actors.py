@@ -6,7 +6,7 @@ import heapq
 import math
 from dataclasses import dataclass, field
 
-from flows.planning.profile import TpotProfile
+from flows.planning.tpot import TpotProfile
 
 
 @dataclass

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from flows.planning.objective import check_objective
-from flows.planning.profile import (GPUS, LEARNER_MFU, MODELS, TpotProfile, learner_tokens_per_s,
+from flows.planning.tpot import (GPUS, LEARNER_MFU, MODELS, TpotProfile, learner_tokens_per_s,
                                     parse_roofline_spec)
 from flows.simulate.policies import DEFAULT_POLICIES, ClusterModel, parse_policy
 from flows.simulate.replay import PolicyRun, read_trace, replay

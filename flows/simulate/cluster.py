@@ -30,7 +30,7 @@ decode, each decodes at p / k of its profiled speed; and with ``corun_slowdown =
 process runs ``1 + c * (min(k, p) - 1)`` times slower again (processors busy at once share memory
 bandwidth and caches; ``bench_fidelity.py`` measures c).
 
-Live flow (``migrate_window_s`` set; the local warm pool as ``flows/rlhf_step.py`` drives it;
+Live flow (``migrate_window_s`` set; the local warm pool as ``flows/step/flow.py`` drives it;
 every setting below defaults to off, leaving the cluster model above unchanged):
 
 - an actor's ``ActorSpec.work_s`` is processor work it does after ``ready_s`` and before its

@@ -29,7 +29,7 @@ from typing import Mapping, Sequence
 
 from flows.planning.migrate import plan_cut_points_of
 from flows.planning.plan import ClusterSpec, GenerationPlan
-from flows.planning.profile import TpotProfile
+from flows.planning.tpot import TpotProfile
 from flows.planning.scaling import plan_generation
 from flows.planning.timeline import actor_start, prefill_seconds
 from flows.simulate.cluster import ActorSpec, Sample, SimConfig

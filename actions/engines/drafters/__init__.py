@@ -5,7 +5,7 @@ A draft is only a guess: the engine keeps a drafted token only where it equals t
 target model itself draws at that position, so a strategy changes speed, never outputs.
 
 * ``prompt_lookup`` -- n-gram matches in the row's own prompt and response so far;
-* ``history`` -- the same prompt's responses from earlier epochs (``flows/drafts.py`` keeps
+* ``history`` -- the same prompt's responses from earlier epochs (``flows/campaign/drafts.py`` keeps
   them in the store, bounded);
 * ``draft_model`` -- not provided: on the tiny CPU models a second model's forward costs about
   as much as the target's, and on GPU vLLM brings its own (``docs/vllm.md``).

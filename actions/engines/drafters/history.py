@@ -1,7 +1,7 @@
 """``history``: draft from the same prompt's responses in earlier epochs.
 
 RLHF samples every prompt again each epoch, and a policy that has learnt a task answers a
-prompt much as it did last time. The stored responses of a prompt (``flows/drafts.py``; each
+prompt much as it did last time. The stored responses of a prompt (``flows/campaign/drafts.py``; each
 ends with the EOS token that ended it) form a prefix tree with counts. While a row's response
 so far is a path of the tree, the draft follows the most frequent continuation (the majority
 of the old responses; ties go to the token seen first), through EOS if the old responses

@@ -17,25 +17,25 @@ from actions.common.config import CampaignConfig
 from actions.common.contracts import (EvaluateRequest, ModelRef, PromptTokens, WarmupRequest, WarmupResult,
                                       parse_token_table)
 from actions.common.store import ObjectStore, get_json, open_store
-from flows.artifacts import publish_step_artifacts, start_progress, update_progress
-from flows.context import RunContext, set_context
-from flows.hooks import plan_generation_phase
-from flows.live_profile import finish_profiling, start_profiling
+from flows.campaign.artifacts import publish_step_artifacts, start_progress, update_progress
+from flows.step.context import RunContext, set_context
+from flows.step.phase import plan_generation_phase
+from flows.campaign.live_profile import finish_profiling, start_profiling
 from flows.invokers.factory import make_invoker, pool_size
-from flows.metrics import billing, planner_fidelity, step_metrics
-from flows.overhead import Background, StepClock, quiet_step_flows
+from flows.step.metrics import billing, planner_fidelity, step_metrics
+from flows.campaign.overhead import Background, StepClock, quiet_step_flows
 from flows.planning.lengths import LengthHistory
-from flows.rlhf_step import StepOutcome, rlhf_step
-from flows.schedule import step_prompts
-from flows.drafts import drop_unreferenced, keys_for, record_drafts
-from flows.gc import collect_garbage
+from flows.step.flow import StepOutcome, rlhf_step
+from flows.campaign.schedule import step_prompts
+from flows.campaign.drafts import drop_unreferenced, keys_for, record_drafts
+from flows.campaign.collect import collect_garbage
 from flows.planning.speculation import acceptance_rates, decode_speedup, running_speedup
-from flows.lease import RunLease, held_lease
+from flows.campaign.lease import RunLease, held_lease
 from flows.planning.retention import Retention
-from flows.state import CampaignRefused, CampaignState, EvalRecord, check_resume, commit_state, load_state
-from flows.step_payloads import StepInputs
-from flows.tasks import invoke_action
-from flows.tensorboard import ScalarBoard
+from flows.campaign.state import CampaignRefused, CampaignState, EvalRecord, check_resume, commit_state, load_state
+from flows.step.payloads import StepInputs
+from flows.step.invoke import invoke_action
+from flows.campaign.tensorboard import ScalarBoard
 
 Progress = Callable[[str], None]
 CALL_HISTORY = 8
@@ -177,7 +177,7 @@ def run_campaign(cfg: CampaignConfig, *, resume: bool = False, progress: Progres
                  store: ObjectStore | None = None, break_lease: bool = False) -> dict[str, Any]:
     """Run (or resume) a campaign to ``cfg.steps`` steps and return its summary.
 
-    Holds the run's lease throughout (``flows/lease.py``): adopts the one this process already
+    Holds the run's lease throughout (``flows/campaign/lease.py``): adopts the one this process already
     holds (the CLI takes it before Prefect starts), else takes it, refusing with ``LeaseHeld``
     when a live process has it. Every commit and collection checks the lease first.
     """

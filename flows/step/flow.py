@@ -1,11 +1,11 @@
 """One RLHF training step as a Prefect flow: plan -> prefill -> fan out -> drain -> score -> train.
 
 The body reads like the paper's per-step workflow (PAPER §2); the plan comes from the hook
-(``flows/hooks.py``), and what happens as generation actions return -- cut samples batched
+(``flows/step/phase.py``), and what happens as generation actions return -- cut samples batched
 into continuations, scores submitted at once or packed after the phase -- is decided by the
 pure drain (``flows/planning/drain.py``), which this module only executes. Every action's
-result is validated against its contract on arrival (``flows/tasks.py``). Training waits for
-every score. The step is not visible until the campaign commits it (flows/state.py).
+result is validated against its contract on arrival (``flows/step/invoke.py``). Training waits for
+every score. The step is not visible until the campaign commits it (flows/campaign/state.py).
 """
 
 from __future__ import annotations
@@ -18,19 +18,19 @@ from prefect import flow
 from prefect.futures import PrefectFuture, as_completed
 
 from actions.common.contracts import GenerateResult, PrefillResult, ScoreResult, TrainStepResult
-from flows.context import RunContext, current
-from flows.hooks import PhasePlan
+from flows.step.context import RunContext, current
+from flows.step.phase import PhasePlan
 from flows.invokers.base import Activation
 from flows.planning.drain import GenerationDrain, ReturnedShard, SubmitContinuation, SubmitScore
-from flows.prewarming import PhasePrewarmer
-from flows.step_payloads import StepInputs, generate_payload, prefill_payload, score_payload, train_payload
-from flows.tasks import Returned, invoke_action
+from flows.step.prewarmer import PhasePrewarmer
+from flows.step.payloads import StepInputs, generate_payload, prefill_payload, score_payload, train_payload
+from flows.step.invoke import Returned, invoke_action
 
 
 @dataclass(frozen=True)
 class StepOutcome:
     """What one step did: every action's typed result and accounting. Committing is the
-    campaign's job (``flows/campaign.py``)."""
+    campaign's job (``flows/campaign/run.py``)."""
 
     prefill: PrefillResult | None
     generate: tuple[GenerateResult, ...]

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flows.planning.profile import TpotProfile
+from flows.planning.tpot import TpotProfile
 
 if TYPE_CHECKING:  # torch is imported only when a profile is measured (flows stay torch-free)
     import torch

@@ -52,7 +52,7 @@ class CampaignState(BaseModel):
     spend: dict[str, float] = {"billed_gpu_seconds": 0.0, "useful_gpu_seconds": 0.0, "usd": 0.0}
     call_history: dict[str, list[float]] = {}
     draft_index: dict[str, int] = {}
-    """prompt_id -> step whose draft object holds its latest responses (``flows/drafts.py``)."""
+    """prompt_id -> step whose draft object holds its latest responses (``flows/campaign/drafts.py``)."""
     spec_rates: dict[str, float] = {}
     """Drafting strategy -> acceptance rate measured by the latest step that used it."""
     spec_speedup: float = 1.0

@@ -74,9 +74,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_status(sub)
     _add_gc(sub)
     for name, module, helptext in (("simulate", "flows.simulate.cli", "replay a length trace on a modelled cluster"),
-                                   ("deploy", "flows.deploy", "create or update the OpenWhisk actions"),
-                                   ("profile", "flows.profiler", "measure the engine's time per output token"),
-                                   ("tiny-model", "flows.tiny_model", "write a tiny Hugging Face model folder")):
+                                   ("deploy", "flows.commands.deploy", "create or update the OpenWhisk actions"),
+                                   ("profile", "flows.commands.measure", "measure the engine's time per output token"),
+                                   ("tiny-model", "flows.commands.tiny_model", "write a tiny Hugging Face model folder")):
         if command is not None and command != name:
             sub.add_parser(name, help=helptext)
             continue
@@ -107,8 +107,8 @@ def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool,
     if summary_path.is_dir():
         raise UsageError(f"--summary {str(summary_path)!r} is a directory; pass a file path")
     from actions.common.store import open_store
-    from flows.lease import RunLease, check_not_held
-    from flows.state import check_resume, load_state  # no Prefect import: a refusal stays fast
+    from flows.campaign.lease import RunLease, check_not_held
+    from flows.campaign.state import check_resume, load_state  # no Prefect import: a refusal stays fast
 
     store = open_store(cfg.store.uri)  # an unreachable endpoint, bad credentials or a missing bucket fail here
     run_id = cfg.resolved_run_id()
@@ -137,8 +137,8 @@ def _train(args: argparse.Namespace) -> int:
         cfg.invoker.log_dir = str(out / "logs")
     lease = _preflight(cfg, out, summary_path, args.resume, args.break_lease)
     try:
-        from flows.campaign import rlhf_campaign
-        from flows.local_api import start_local_api
+        from flows.campaign.run import rlhf_campaign
+        from flows.commands.local_api import start_local_api
 
         start_local_api()  # under a lock in PREFECT_HOME: concurrent first runs set its database up once
         summary = rlhf_campaign(config=cfg.model_dump(mode="json"), resume=args.resume)
@@ -147,7 +147,7 @@ def _train(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     summary["run_dir"] = str(out)
     try:
-        from flows.report import write_report
+        from flows.commands.report import write_report
 
         write_report(summary, out)
     except ImportError:
@@ -181,7 +181,7 @@ def _open_run(args: argparse.Namespace, command: str) -> tuple[Any, Any, Any]:
     from actions.common.config import load_config
     from actions.common.safe_paths import check_run_id
     from actions.common.store import open_store
-    from flows.state import load_state
+    from flows.campaign.state import load_state
 
     cfg = load_config(args.config, [])
     uri = args.store or cfg.store.uri
@@ -211,10 +211,10 @@ def _gc(args: argparse.Namespace) -> int:
         if value is not None and value < least:
             raise UsageError(f"gc {flag} {value}: use {least} or more")
     cfg, store, state = _open_run(args, "gc")
-    from flows.gc import collect_garbage
-    from flows.lease import RunLease, check_not_held
+    from flows.campaign.collect import collect_garbage
+    from flows.campaign.lease import RunLease, check_not_held
     from flows.planning.retention import Retention
-    from flows.state import load_state
+    from flows.campaign.state import load_state
 
     keep = args.keep_last if args.keep_last is not None else cfg.store.keep_last
     if keep is None:
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # infrastructure failures: one line, secrets scrubbed, non-zero
         from actions.common.store import StoreError
         from flows.invokers.base import ActionError
-        from flows.local_api import LocalApiError
+        from flows.commands.local_api import LocalApiError
 
         if isinstance(exc, (StoreError, ActionError, LocalApiError)):
             print(f"rlhfless: error: {redact(str(exc))}", file=sys.stderr)

@@ -11,7 +11,7 @@ from typing import Any
 
 from actions.common.contracts import (GenerateRequest, ModelRef, PrefillRequest, ScoreRequest,
                                       TrainStepRequest)
-from flows.context import RunContext
+from flows.step.context import RunContext
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class StepInputs:
     critic_key: str | None
     critic_optimizer_key: str | None
     draft_keys: tuple[str, ...] = ()
-    """Draft-history objects of this step's prompts (``flows/drafts.py``)."""
+    """Draft-history objects of this step's prompts (``flows/campaign/drafts.py``)."""
     spec_priors: dict[str, float] | None = None
     """Strategy -> acceptance rate measured by earlier steps."""
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from actions.common.config import CampaignConfig
 
 if TYPE_CHECKING:
-    from flows.state import EvalRecord
+    from flows.campaign.state import EvalRecord
 
 NON_SCALAR_KEYS = ("plan", "step")
 """Entries of a step's metrics that are not TensorBoard scalars (the planner's record, the index)."""

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 
 from actions.common.contracts import PromptTokens
 
-from flows.context import RunContext
-from flows.live_profile import pool_cores
+from flows.step.context import RunContext
+from flows.campaign.live_profile import pool_cores
 from flows.planning.lengths import LengthHistory, predict_lengths
 from flows.planning.migrate import plan_cut_points_of
 from flows.planning.plan import ClusterSpec, GenerationPlan
 from flows.planning.prefix import PrefillPlan, plan_prefill
 from flows.planning.prewarm import prewarm_offset
-from flows.planning.profile import CPU_TINY_PROFILE, TpotProfile
+from flows.planning.tpot import CPU_TINY_PROFILE, TpotProfile
 from flows.planning.scaling import plan_generation
 from flows.planning.timeline import prefill_seconds
 from flows.planning.speculation import speculative_profile

@@ -7,13 +7,13 @@ import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from flows.hooks import PhasePlan
+from flows.step.phase import PhasePlan
 from flows.invokers.base import Activation
 from flows.planning.lengths import rank_correlation
 from flows.planning.speculation import step_spec_metrics
 
 if TYPE_CHECKING:
-    from flows.rlhf_step import StepOutcome
+    from flows.step.flow import StepOutcome
 
 
 def fraction(numerator: float, denominator: float) -> float:
@@ -86,7 +86,7 @@ def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_acto
         "prefill/tokens_saved": float(max(0, prefill_naive - prefill_done)),
         # the step's work: activations' busy time on the critical path plus the flow's own
         # planning and bookkeeping; the campaign measures the step's period around it and
-        # records ``timing_s/overhead`` = period - work (flows/overhead.py)
+        # records ``timing_s/overhead`` = period - work (flows/campaign/overhead.py)
         "timing_s/work": _critical_busy(records) + timing_plan + timing_commit,
     }
     m.update(step_spec_metrics(g.spec for g in gens))

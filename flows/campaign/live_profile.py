@@ -26,18 +26,18 @@ from typing import TYPE_CHECKING, Any
 
 from actions.common.contracts import ModelRef, PromptTokens
 from actions.common.profile_cache import ProfileRequest, ProfileResult
-from flows.context import RunContext
-from flows.planning.profile import CPU_TINY_PROFILE, TpotProfile
+from flows.step.context import RunContext
+from flows.planning.tpot import CPU_TINY_PROFILE, TpotProfile
 
 if TYPE_CHECKING:
-    from flows.tasks import Returned
+    from flows.step.invoke import Returned
 
 Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
 class LiveInputs:
-    """What the hook plans from (``flows/hooks.py``)."""
+    """What the hook plans from (``flows/step/phase.py``)."""
 
     profile: TpotProfile
     source: str
@@ -94,7 +94,7 @@ def start_profiling(ctx: RunContext, model: ModelRef,
     prepared token table (prompt lengths)."""
     from prefect.context import FlowRunContext
 
-    from flows.tasks import invoke_action  # Prefect task; keeps this module importable alone
+    from flows.step.invoke import invoke_action  # Prefect task; keeps this module importable alone
 
     if ctx.config.generation.engine != "torch":
         return None
@@ -113,7 +113,7 @@ def start_profiling(ctx: RunContext, model: ModelRef,
 def finish_profiling(ctx: RunContext, started: tuple[Any, ProfileRequest] | None,
                      progress: Progress = print) -> LiveInputs:
     """The planner's inputs from the submitted profile action (see the module docstring)."""
-    from flows.tasks import invoke_action
+    from flows.step.invoke import invoke_action
 
     path = ctx.config.scaling.profile
     if started is None:
@@ -154,7 +154,7 @@ def measure_activation_s(repeats: int = 5) -> float:
     generation action pays on top of its work."""
     import time
 
-    from flows.tasks import invoke_action
+    from flows.step.invoke import invoke_action
 
     times = []
     for i in range(repeats):

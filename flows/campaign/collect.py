@@ -35,7 +35,7 @@ from typing import Any
 from actions.common.store import (BLOB_PREFIX, IntegrityError, ObjectNotFound, ObjectStore, StoreError, blob_key,
                                   map_bounded, read_manifest, transfer_threads)
 from flows.planning.retention import GcPlan, Retention, VersionKeys, needed_commits, plan_collection
-from flows.state import CampaignState, load_state_at
+from flows.campaign.state import CampaignState, load_state_at
 
 KILL_ENV = "RLHFLESS_FAULT_GC_KILL_AFTER"
 
@@ -104,7 +104,7 @@ def collect_garbage(store: ObjectStore, latest: CampaignState, retention: Retent
         store: the run's store.
         latest: the run's newest committed state.
         retention: the policy; ``keep_last=None`` deletes nothing.
-        lease: the run's :class:`flows.lease.RunLease`; checked before anything is deleted.
+        lease: the run's :class:`flows.campaign.lease.RunLease`; checked before anything is deleted.
         dry_run: plan and count only.
     """
     t0 = time.time()

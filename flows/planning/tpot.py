@@ -243,7 +243,7 @@ class TpotProfile:
 
 # A measured-shape estimate for the tiny default model on one CPU core per actor: a decode
 # step costs a fixed ~4 ms of framework overhead plus ~0.06 ms per running sequence. Only a
-# fallback: campaigns plan from the pool's measured profile (flows/live_profile.py).
+# fallback: campaigns plan from the pool's measured profile (flows/campaign/live_profile.py).
 CPU_TINY_PROFILE = TpotProfile(
     batch_sizes=(1, 256), contexts=(16.0, 512.0),
     seconds=((0.004, 0.0045), (0.004 + 255 * 6e-5, 0.0045 + 255 * 8e-5)),

@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from flows.metrics import billing
+from flows.step.metrics import billing
 
 import matplotlib
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 if TYPE_CHECKING:
-    from flows.state import EvalRecord
+    from flows.campaign.state import EvalRecord
 
 TABLE_METRICS = ("reward/mean", "response_length/mean", "actors/n", "actors/migrated", "cost/billed_gpu_seconds",
                  "cost/usd", "timing_s/step", "kl", "loss/policy")

@@ -18,7 +18,7 @@ from actions.common.store import ObjectStore
 from flows.invokers.base import Invoker
 
 if TYPE_CHECKING:
-    from flows.live_profile import LiveInputs
+    from flows.campaign.live_profile import LiveInputs
 
 
 @dataclass
@@ -28,7 +28,7 @@ class RunContext:
     invoker: Invoker
     run_id: str
     live: LiveInputs | None = None
-    """The planner's measured inputs (``flows/live_profile.py``), set at campaign start."""
+    """The planner's measured inputs (``flows/campaign/live_profile.py``), set at campaign start."""
     injected: set[tuple[str, str]] = field(default_factory=set)
     killed: set[tuple[str, str]] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from actions.common.config import CampaignConfig
 from actions.common.contracts import parse_result
-from flows.context import current
+from flows.step.context import current
 from flows.invokers.base import ActionError, Activation
 
 R = TypeVar("R", bound=BaseModel)

@@ -1,0 +1,1 @@
+"""The ``rlhfless`` command line and its subcommands (deploy, profile, tiny-model, report)."""

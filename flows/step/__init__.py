@@ -1,0 +1,1 @@
+"""One RLHF step: the planner hook, the step flow, its action invocations and metrics."""
