@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from actions.common.profile_cache import PROFILE_PREFIX
+from actions.common.profile_cache import PROFILE_PREFIX, ProfileResult
 from flows.campaign.live_profile import LiveInputs, finish_profiling, profile_grid
 from flows.planning.tpot import TpotProfile
 from actions.common.contracts import PromptTokens, parse_result
@@ -88,7 +88,7 @@ def test_a_corrupt_cached_profile_is_rejected_with_a_clear_message_and_measured_
 class _Done:
     def __init__(self, result: dict) -> None:
         # what invoke_action returns: the result validated against the profile contract
-        self._out = Returned(parse_result("profile", result), None)
+        self._out = Returned(parse_result("profile", result, ProfileResult), None)
 
     def result(self) -> Returned:
         return self._out

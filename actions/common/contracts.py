@@ -312,19 +312,11 @@ RESULT_MODELS: dict[str, type[_Msg]] = {
     "warmup": WarmupResult, "prefill": PrefillResult, "generate": GenerateResult, "score": ScoreResult,
     "train_step": TrainStepResult, "evaluate": EvaluateResult, "noop": NoopResult,
 }
-"""Each action's result contract, by action name (``profile``: see :func:`result_model`)."""
+"""Each action's result contract, by action name (``profile``'s is ``profile_cache.ProfileResult``,
+which imports this module: the flow adds it, ``flows/step/invoke.py``)."""
 
 
-def result_model(action: str) -> type[BaseModel]:
-    """The result contract of ``action``."""
-    if action == "profile":  # defined beside the profile cache, which imports this module
-        from actions.common.profile_cache import ProfileResult
-
-        return ProfileResult
-    return RESULT_MODELS[action]
-
-
-def parse_result(action: str, result: dict[str, Any]) -> BaseModel:
+def parse_result(action: str, result: dict[str, Any], model: type[BaseModel] | None = None) -> BaseModel:
     """Validate what ``action`` returned against its contract, the moment it arrives.
 
     Raises:
@@ -332,7 +324,7 @@ def parse_result(action: str, result: dict[str, Any]) -> BaseModel:
             of another version answered).
     """
     body, _ = split_control(result)
-    model = result_model(action)
+    model = model or RESULT_MODELS[action]
     try:
         return model.model_validate(body)
     except ValidationError as exc:

@@ -24,10 +24,14 @@ from pydantic import BaseModel
 
 from actions.common.config import CampaignConfig
 from actions.common.contracts import parse_result
+from actions.common.profile_cache import ProfileResult
 from flows.step.context import current
 from flows.invokers.base import ActionError, Activation
 
 R = TypeVar("R", bound=BaseModel)
+
+RESULTS = {"profile": ProfileResult}
+"""Result contracts beyond ``contracts.RESULT_MODELS`` (defined where the action's logic is)."""
 
 RETRY_DELAYS_S = [0.2, 0.5, 1.0, 2.0]
 
@@ -77,4 +81,4 @@ def invoke_action(action: str, payload: dict[str, Any], shard: str) -> Returned:
     payload = {**payload, **ctx.fault_payload(action, shard)}  # empty unless faults.* are set
     with gpu_slots(action, ctx.config):
         activation = ctx.invoker.invoke(action, payload, timeout_s=ctx.config.invoker.timeout_s)
-    return Returned(parse_result(action, activation.result), activation)
+    return Returned(parse_result(action, activation.result, RESULTS.get(action)), activation)
