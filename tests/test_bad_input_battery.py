@@ -413,7 +413,9 @@ def done_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cfg = load_config(None, [f"store.uri={root}", "run_id=done"])
     key = "runs/done/policy/v000000/manifest.json"
     commit_state(LocalStore(root), CampaignState(run_id="done", fingerprint=cfg.fingerprint(), identity=cfg.identity(),
-                                                 step=1, policy_key=key, reference_key=key, prepared={}))
+                                                 step=1, policy_key=key, reference_key=key, prepared={
+                                                     **{f"{n}_key": key for n in ("base", "init", "train", "eval", "tokens")},
+                                                     "model": {}}))
     return root
 
 
