@@ -137,10 +137,10 @@ def test_failed_activations_are_retried_and_change_nothing(tiny_config, prefect_
     clean = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=clean"), progress=lambda m: None)
     cfg = tiny_config("invoker.kind=inprocess", "run_id=faulty", "faults.fail_fraction=0.2",
                       "faults.actions=[generate,score]")
-    from flows.step.context import RunContext
+    from flows.step.faults import FaultInjector
 
     injected: list = []
-    original = RunContext.should_inject
+    original = FaultInjector.should_inject
 
     def spy(self, action, shard):
         hit = original(self, action, shard)
@@ -148,11 +148,11 @@ def test_failed_activations_are_retried_and_change_nothing(tiny_config, prefect_
             injected.append((action, shard))
         return hit
 
-    RunContext.should_inject = spy
+    FaultInjector.should_inject = spy
     try:
         faulty = run_campaign(cfg, progress=lambda m: None)
     finally:
-        RunContext.should_inject = original
+        FaultInjector.should_inject = original
     assert injected, "the fault injector should have failed some activations"
     assert faulty["weights_sha256"] == clean["weights_sha256"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from flows.campaign.run import run_campaign
-from flows.step.context import RunContext
+from flows.step.faults import FaultInjector
 from flows.invokers.base import ActionError
 from flows.invokers.local_pool import LocalPoolInvoker
 
@@ -68,7 +68,7 @@ def _record_invocations(monkeypatch: pytest.MonkeyPatch) -> tuple[list[Call], li
 def _record_injections(monkeypatch: pytest.MonkeyPatch) -> dict[str, list]:
     hits: dict[str, list] = {"fail": [], "kill": []}
     for kind, name in (("fail", "should_inject"), ("kill", "should_kill")):
-        original = getattr(RunContext, name)
+        original = getattr(FaultInjector, name)
 
         def spy(self, action, shard, original=original, kind=kind):
             hit = original(self, action, shard)
@@ -76,7 +76,7 @@ def _record_injections(monkeypatch: pytest.MonkeyPatch) -> dict[str, list]:
                 hits[kind].append((action, shard))
             return hit
 
-        monkeypatch.setattr(RunContext, name, spy)
+        monkeypatch.setattr(FaultInjector, name, spy)
     return hits
 
 
@@ -115,17 +115,17 @@ def test_fault_draws_are_deterministic_exclusive_and_first_attempt_only(tiny_con
     shards = [("generate", f"gen-{i}") for i in range(40)] + [("score", f"score-gen-{i}") for i in range(40)]
 
     def draws():
-        ctx = RunContext(config=cfg, store=None, invoker=None, run_id="r")  # type: ignore[arg-type]
-        return [ctx.fault_payload(a, s) for a, s in shards], ctx
+        faults = FaultInjector(cfg.faults)
+        return [faults.control(a, s).to_payload() for a, s in shards], faults
 
-    first, ctx = draws()
+    first, faults = draws()
     assert first == draws()[0]  # same seed, same faults
     assert not any("__inject_failure" in p and "__inject_kill_after_s" in p for p in first)
     assert sum("__inject_failure" in p for p in first) > 10 and sum("__inject_kill_after_s" in p for p in first) > 5
-    again = [ctx.fault_payload(a, s) for a, s in shards]  # the retries: latency stays, no new failure or kill
+    again = [faults.control(a, s).to_payload() for a, s in shards]  # the retries: latency stays, no new failure or kill
     assert [p.get("__inject_latency_s") for p in again] == [p.get("__inject_latency_s") for p in first]
     assert not any("__inject_failure" in p or "__inject_kill_after_s" in p for p in again)
-    assert ctx.fault_payload("train_step", "train") == {}  # not in faults.actions
+    assert faults.control("train_step", "train").to_payload() == {}  # not in faults.actions
 
 
 # Every action is a target. Shard names repeat across steps and a shard is faulted at most once

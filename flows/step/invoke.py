@@ -78,7 +78,7 @@ def invoke_action(action: str, payload: dict[str, Any], shard: str) -> Returned:
     """Invoke ``action`` and validate its result against the action's contract on arrival
     (``contracts.parse_result``: a result that does not fit fails the task, not a later read)."""
     ctx = current()
-    payload = {**payload, **ctx.fault_payload(action, shard)}  # empty unless faults.* are set
+    payload = {**payload, **ctx.faults.control(action, shard).to_payload()}  # empty unless faults.* are set
     with gpu_slots(action, ctx.config):
         activation = ctx.invoker.invoke(action, payload, timeout_s=ctx.config.invoker.timeout_s)
     return Returned(parse_result(action, activation.result, RESULTS.get(action)), activation)
