@@ -36,7 +36,8 @@ LR = 4e-4
 
 
 def write_inputs(work: Path) -> tuple[Path, Path]:
-    """The tiny Qwen2 folder and the prompts file (prompt, answer) both systems read."""
+    """The tiny Qwen2 folder and the prompts file (prompt, answer) both systems read, plus
+    ``eval.jsonl`` (8 of them) for RLHFless's evaluations before and after, outside the timing."""
     sys.path.insert(0, str(ROOT))
     from actions.common.config import load_config
     from actions.common.tiny_hf import write_tiny_model_dir
@@ -46,7 +47,9 @@ def write_inputs(work: Path) -> tuple[Path, Path]:
     write_tiny_model_dir(model, "qwen2")
     rows, _ = _split(load_config(None, ["data.num_train_prompts=256"]), "train", frozenset())
     data = work / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": r.prompt, "answer": r.answer}) + "\n" for r in rows))
+    lines = [json.dumps({"prompt": r.prompt, "answer": r.answer}) + "\n" for r in rows]
+    data.write_text("".join(lines))
+    (work / "eval.jsonl").write_text("".join(lines[:8]))
     return model, data
 
 
@@ -54,8 +57,8 @@ def run_rlhfless(work: Path, model: Path, data: Path, size: tuple[int, int, int]
     prompts, samples, tokens = size
     out = work / f"rlhfless-{tag}"
     cmd = [sys.executable, "-m", "flows.cli", "train", "--out", str(out), "--steps", str(steps),
-           *[a for kv in (f"model.path={model}", f"data.train_path={data}", f"data.eval_path={data}",
-                          "data.chat_template=false", "data.num_eval_prompts=8", "warmup.steps=0",
+           *[a for kv in (f"model.path={model}", f"data.train_path={data}", f"data.eval_path={data.with_name('eval.jsonl')}",
+                          "data.chat_template=false", "warmup.steps=0",
                           f"algorithm.batch_size={prompts * samples}", f"algorithm.group_size={samples}",
                           "algorithm.num_minibatches=1", "algorithm.kl_coef=0", f"algorithm.lr={LR}",
                           f"generation.max_new_tokens={tokens}", "eval_every=0", f"store.uri={out}/store")
