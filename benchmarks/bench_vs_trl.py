@@ -56,7 +56,7 @@ def write_inputs(work: Path) -> tuple[Path, Path]:
 def run_rlhfless(work: Path, model: Path, data: Path, size: tuple[int, int, int], steps: int, tag: str) -> dict:
     prompts, samples, tokens = size
     out = work / f"rlhfless-{tag}"
-    cmd = [sys.executable, "-m", "flows.cli", "train", "--out", str(out), "--steps", str(steps),
+    cmd = [sys.executable, "-m", "flows.commands.cli", "train", "--out", str(out), "--steps", str(steps),
            *[a for kv in (f"model.path={model}", f"data.train_path={data}", f"data.eval_path={data.with_name('eval.jsonl')}",
                           "data.chat_template=false", "warmup.steps=0",
                           f"algorithm.batch_size={prompts * samples}", f"algorithm.group_size={samples}",
