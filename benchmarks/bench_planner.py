@@ -17,7 +17,7 @@ import statistics
 import time
 
 from flows.planning import cost
-from flows.planning.plan import ClusterSpec
+from flows.planning.plan import ClusterSpec, PlannerSettings
 from flows.planning.tpot import GPUS, MODELS, roofline_profile
 from flows.planning.scaling import plan_generation
 
@@ -46,8 +46,8 @@ def time_plans(assignment: str, repeats: int) -> tuple[float, list[float], int]:
     for _ in range(repeats + 1):
         start = time.perf_counter()
         plan = plan_generation(ids, predicted, group_size=4, prompt_lengths=prompt_lengths,
-                               policy="cost_aware", n_min=1, n_max=64, lam=0.7,
-                               assignment=assignment, profile=profile, cluster=cluster)
+                               settings=PlannerSettings(policy="cost_aware", n_min=1, n_max=64, lam=0.7,
+                                                        assignment=assignment, profile=profile, cluster=cluster))
         times.append((time.perf_counter() - start) * 1e3)
         assert len({c.n for c in plan.candidates}) == 64
     return times[0], times[1:], plan.num_actors

@@ -7,7 +7,15 @@ import pytest
 from flows.planning.objective import choose, pareto_mask
 from flows.planning.plan import Candidate, ClusterSpec
 from flows.planning.tpot import GPUS, MODELS, roofline_profile
-from flows.planning.scaling import BASELINE_N, default_value_of_time, plan_generation
+from flows.planning.scaling import BASELINE_N, default_value_of_time
+from flows.planning.scaling import plan_generation as _plan_generation
+from flows.planning.plan import PlannerSettings
+
+
+def plan_generation(ids, predicted, *, group_size, prompt_lengths, prefill_tokens=None, **settings):
+    """The planner with its settings given flat, as these tests vary them one at a time."""
+    return _plan_generation(ids, predicted, group_size=group_size, prompt_lengths=prompt_lengths,
+                            prefill_tokens=prefill_tokens, settings=PlannerSettings(**settings))
 
 
 def _cand(n, t, cost, feasible=True):

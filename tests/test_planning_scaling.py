@@ -7,7 +7,14 @@ import pytest
 
 from flows.planning.plan import ClusterSpec, GenerationPlan
 from flows.planning.tpot import TpotProfile
-from flows.planning.scaling import plan_generation
+from flows.planning.scaling import plan_generation as _plan_generation
+from flows.planning.plan import PlannerSettings
+
+
+def plan_generation(ids, predicted, *, group_size, prompt_lengths, prefill_tokens=None, **settings):
+    """The planner with its settings given flat, as these tests vary them one at a time."""
+    return _plan_generation(ids, predicted, group_size=group_size, prompt_lengths=prompt_lengths,
+                            prefill_tokens=prefill_tokens, settings=PlannerSettings(**settings))
 
 IDS = list(range(12))
 PRED = {i: float(100 + 60 * i) for i in IDS}  # prompt 11 longest

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flows.planning.tpot import TpotProfile
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,3 +116,36 @@ class GenerationPlan:
             raise ValueError("plan.assignments: an actor has no prompts; drop empty actors")
         if sorted(flat) != sorted(prompt_ids):
             raise ValueError("plan.assignments: must contain every prompt id exactly once")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannerSettings:
+    """How the planner sizes a phase and splits its prompts (``scaling.plan_generation``).
+
+    One object for the live hook (from ``scaling.*`` and ``generation.*``, ``flows/step/phase.py``)
+    and the simulator (from its ``ClusterModel`` and policy, ``flows/simulate/policies.py``).
+    """
+
+    policy: str
+    """'cost_aware' | 'fixed:N' | 'package.module:function'."""
+    n_min: int
+    n_max: int
+    """The candidate actor-count range (inclusive)."""
+    lam: float
+    """Weight of time in the ``paper`` objective (PAPER default 0.7)."""
+    assignment: str
+    """'ranked' (paper), 'round_robin' (ablation baseline) or 'contiguous'."""
+    profile: TpotProfile
+    cluster: ClusterSpec
+    """The time and cost model."""
+    cut_threshold: float | None = None
+    """tau, validated and passed on to user policies (the built-in estimate assumes exact
+    predictions, so nothing is cut)."""
+    rank_slack: float | None = None
+    """Ranked ``fixed:N`` plans: size the slices within this fraction of the balanced phase
+    time; None: equal counts. Not passed to user policies."""
+    objective: str = "value"
+    value_of_time_usd_per_s: float | None = None
+    time_slack: float = 0.05
+    """How ``cost_aware`` picks among the candidates (``objective.py``);
+    ``value_of_time_usd_per_s`` None: the price of the prefill (learner) GPUs."""

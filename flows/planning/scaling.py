@@ -47,7 +47,7 @@ from flows.planning.assignment import (assign_contiguous, assign_ranked, assign_
                                        rank_prompts, split_sizes)
 from flows.planning.cost import DecodeEstimator
 from flows.planning.objective import check_objective, choose
-from flows.planning.plan import Candidate, ClusterSpec, GenerationPlan
+from flows.planning.plan import Candidate, ClusterSpec, GenerationPlan, PlannerSettings
 from flows.planning.tpot import CONTEXT_BUCKET, TpotProfile
 from flows.planning.timeline import actor_start, evaluate_candidate, prefill_seconds
 
@@ -200,37 +200,23 @@ def _parse_fixed(policy: str) -> int:
 
 
 def plan_generation(prompt_ids: Sequence[int], predicted: Mapping[int, float], *,
-                    group_size: int, prompt_lengths: Mapping[int, int], policy: str,
-                    n_min: int, n_max: int, lam: float, assignment: str,
-                    profile: TpotProfile, cluster: ClusterSpec,
-                    cut_threshold: float | None = None,
-                    prefill_tokens: float | None = None,
-                    rank_slack: float | None = None, objective: str = "value",
-                    value_of_time_usd_per_s: float | None = None,
-                    time_slack: float = 0.05) -> GenerationPlan:
+                    group_size: int, prompt_lengths: Mapping[int, int], settings: PlannerSettings,
+                    prefill_tokens: float | None = None) -> GenerationPlan:
     """Decide how many decode actors to run and which prompts each gets.
 
     Args:
         prompt_ids: prompts of this phase (each carries ``group_size`` samples).
         predicted: prompt id -> predicted response length (tokens).
         prompt_lengths: prompt id -> prompt length (tokens).
-        policy: 'cost_aware' | 'fixed:N' | 'package.module:function'.
-        n_min, n_max: candidate actor-count range (inclusive).
-        lam: weight of time in the ``paper`` objective (PAPER default 0.7).
-        assignment: 'ranked' (paper), 'round_robin' (ablation baseline) or 'contiguous'.
-        profile, cluster: the time and cost model.
-        cut_threshold: tau, validated and passed on to user policies (the built-in estimate
-            assumes exact predictions, so nothing is cut).
+        settings: the policy, candidate range, objective and cost model (``PlannerSettings``).
         prefill_tokens: prefill work (``PrefillPlan.tokens_computed``); default: every prompt.
-        rank_slack: ranked ``fixed:N`` plans: size the slices within this fraction of the
-            balanced phase time (module docstring); None: equal counts. Not passed to user
-            policies.
-        objective, value_of_time_usd_per_s, time_slack: how ``cost_aware`` picks among the
-            candidates (``objective.py``); ``value_of_time_usd_per_s`` None: the price of the
-            prefill (learner) GPUs, which wait for the phase (``default_value_of_time``).
     Returns:
         the plan; ``candidates`` holds every evaluated N.
     """
+    s = settings
+    policy, n_min, n_max, lam, assignment = s.policy, s.n_min, s.n_max, s.lam, s.assignment
+    profile, cluster, cut_threshold, rank_slack = s.profile, s.cluster, s.cut_threshold, s.rank_slack
+    objective, value_of_time_usd_per_s, time_slack = s.objective, s.value_of_time_usd_per_s, s.time_slack
     start = time.perf_counter()
     _check_args(prompt_ids, predicted, group_size, n_min, n_max, lam, assignment, cut_threshold,
                 rank_slack)

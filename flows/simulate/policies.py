@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from flows.planning.migrate import plan_cut_points_of
-from flows.planning.plan import ClusterSpec, GenerationPlan
+from flows.planning.plan import ClusterSpec, GenerationPlan, PlannerSettings
 from flows.planning.tpot import TpotProfile
 from flows.planning.scaling import plan_generation
 from flows.planning.timeline import actor_start, prefill_seconds
@@ -107,6 +107,14 @@ class ClusterModel:
     def max_actors(self) -> int:
         return max(1, self.num_nodes * self.gpus_per_node // self.gpus_per_actor)
 
+    def planner_settings(self, policy: Policy) -> PlannerSettings:
+        """What the planner is told under ``policy`` (the live hook builds the same object)."""
+        return PlannerSettings(policy=policy.scaling, n_min=self.n_min, n_max=self.n_max, lam=self.lam,
+                               assignment=policy.assignment, profile=self.profile, cluster=self.cluster_spec(),
+                               cut_threshold=self.tau if policy.cut else None, rank_slack=self.rank_slack,
+                               objective=self.objective, value_of_time_usd_per_s=self.value_of_time_usd_per_s,
+                               time_slack=self.time_slack)
+
     def cluster_spec(self) -> ClusterSpec:
         """Planned actors are pre-warmed (see module docstring): all of them count as warm."""
         return ClusterSpec(gpus_per_actor=self.gpus_per_actor, max_actors=self.max_actors,
@@ -123,15 +131,8 @@ class ClusterModel:
 def make_plan(policy: Policy, prompt_ids: Sequence[int], predicted: Mapping[int, float],
               prompt_lengths: Mapping[int, int], group_size: int,
               model: ClusterModel) -> GenerationPlan:
-    return plan_generation(prompt_ids, predicted, group_size=group_size,
-                           prompt_lengths=prompt_lengths, policy=policy.scaling,
-                           n_min=model.n_min, n_max=model.n_max, lam=model.lam,
-                           assignment=policy.assignment, profile=model.profile,
-                           cluster=model.cluster_spec(),
-                           cut_threshold=model.tau if policy.cut else None,
-                           rank_slack=model.rank_slack, objective=model.objective,
-                           value_of_time_usd_per_s=model.value_of_time_usd_per_s,
-                           time_slack=model.time_slack)
+    return plan_generation(prompt_ids, predicted, group_size=group_size, prompt_lengths=prompt_lengths,
+                           settings=model.planner_settings(policy))
 
 
 def build_actors(policy: Policy, plan: GenerationPlan, samples: Mapping[int, list[Sample]],

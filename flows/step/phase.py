@@ -17,7 +17,7 @@ from flows.step.context import RunContext
 from flows.campaign.live_profile import pool_cores
 from flows.planning.lengths import LengthHistory, predict_lengths
 from flows.planning.migrate import plan_cut_points_of
-from flows.planning.plan import ClusterSpec, GenerationPlan
+from flows.planning.plan import ClusterSpec, GenerationPlan, PlannerSettings
 from flows.planning.prefix import PrefillPlan, plan_prefill
 from flows.planning.prewarm import prewarm_offset
 from flows.planning.tpot import CPU_TINY_PROFILE, TpotProfile
@@ -68,6 +68,17 @@ def cluster_spec(ctx: RunContext, num_workers: int) -> ClusterSpec:
                        num_warm_actors=max(1, num_workers), **transfer)
 
 
+def planner_settings(ctx: RunContext, num_workers: int, profile: TpotProfile,
+                     cluster: ClusterSpec) -> PlannerSettings:
+    """The planner's settings from ``scaling.*`` and ``generation.*``, capped by the pool (the
+    simulator builds the same object from its cluster model: ``ClusterModel.planner_settings``)."""
+    s, g = ctx.config.scaling, ctx.config.generation
+    return PlannerSettings(policy=s.policy, n_min=s.n_min, n_max=max(s.n_min, min(s.n_max, num_workers)), lam=s.lam,
+                           assignment=g.assignment, profile=profile, cluster=cluster,
+                           cut_threshold=g.cut_threshold, rank_slack=g.rank_slack, objective=s.objective,
+                           value_of_time_usd_per_s=s.value_of_time_usd_per_s, time_slack=s.time_slack)
+
+
 def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: Mapping[int, PromptTokens],
                           prompt_ids: list[int], num_workers: int,
                           call_history: dict[str, list[float]] | None = None,
@@ -91,16 +102,9 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: Mappi
         profile = speculative_profile(profile, spec_speedup)
     cluster = cluster_spec(ctx, num_workers)
     prefill_tokens = prefill.tokens_computed if prefill else sum(prompt_lengths.values())
-    plan = plan_generation(
-        prompt_ids, predicted, group_size=cfg.algorithm.group_size,
-        prompt_lengths=prompt_lengths, policy=s.policy,
-        n_min=s.n_min, n_max=max(s.n_min, min(s.n_max, num_workers)), lam=s.lam,
-        assignment=cfg.generation.assignment, profile=profile, cluster=cluster,
-        cut_threshold=cfg.generation.cut_threshold,
-        prefill_tokens=prefill.tokens_computed if prefill else None,
-        rank_slack=cfg.generation.rank_slack, objective=s.objective,
-        value_of_time_usd_per_s=s.value_of_time_usd_per_s, time_slack=s.time_slack,
-    )
+    plan = plan_generation(prompt_ids, predicted, group_size=cfg.algorithm.group_size,
+                           prompt_lengths=prompt_lengths, settings=planner_settings(ctx, num_workers, profile, cluster),
+                           prefill_tokens=prefill.tokens_computed if prefill else None)
     cut_after = tuple(plan_cut_points_of(
         plan.assignments, predicted, {p: cfg.algorithm.group_size for p in prompt_ids},
         prompt_lengths, cfg.generation.cut_threshold, profile))
