@@ -113,3 +113,13 @@ def test_speculative_profile_divides_decode_time_only():
     q = speculative_profile(p, 2.0)
     assert q.seconds == ((0.005, 0.01), (0.015, 0.02)) and q.shrink_s == 0.5
     assert q.prefill_tokens_per_s == 1000.0 and speculative_profile(p, 1.0) is p
+
+
+def test_choose_rows_weighs_each_row_by_its_own_rate():
+    from actions.engines.spec_select import choose_rows
+
+    # one sure row (alpha 1, 8 tokens) and one hopeless row: k = 8 pays on a flat forward
+    k, rate, plain = choose_rows([(8, 1.0), (8, 0.0)], flat, max_k=8)
+    assert k == 8 and rate == pytest.approx((2 + 8) / 0.01) and plain == pytest.approx(200.0)
+    assert choose_rows([(4, 0.0), (0, 0.0)], flat, max_k=8)[0] == 0
+    assert choose_rows([], flat, max_k=8) == (0, 0.0, 0.0)

@@ -44,7 +44,9 @@ class AcceptanceTracker:
     proposed: dict[str, int] = field(default_factory=dict)
 
     def rate(self, strategy: str) -> float:
-        prior = self.priors.get(strategy, self.prior_rate)
+        """The rate of a strategy, or of a kind of its drafts (``"<strategy>/<kind>"``, e.g.
+        ``prompt_lookup/n3``), whose prior is its strategy's."""
+        prior = self.priors.get(strategy, self.priors.get(strategy.split("/")[0], self.prior_rate))
         a = self.accepted.get(strategy, 0) + self.prior_weight * prior
         r = self.rejections.get(strategy, 0) + self.prior_weight * (1.0 - prior)
         return a / (a + r) if a + r > 0 else 0.0
@@ -174,3 +176,35 @@ def choose(draft_lengths: Mapping[str, Sequence[int]], rates: Mapping[str, float
             if rate > best.expected_rate and rate > plain * (1.0 + margin):
                 best = Choice(strategy, k, rate, plain)
     return best
+
+
+def choose_rows(rows: Sequence[tuple[int, float]], seconds: "callable", max_k: int,
+                margin: float = 0.02) -> tuple[int, float, float]:
+    """The k with the highest expected tokens per second when each row has its own draft.
+
+    Args:
+        rows: per row, (draft length, acceptance rate of that draft's strategy and kind); a
+            row without a draft is (0, 0.0).
+        seconds, max_k, margin: as for :func:`choose`.
+    Returns:
+        (k, expected tokens per second at k, plain decoding's); k = 0 when nothing beats
+        plain decoding by ``margin``.
+    """
+    b = len(rows)
+    if b == 0:
+        return 0, 0.0, 0.0
+    plain = b / seconds(b, 1)
+    longest = min(max((m for m, _ in rows), default=0), max_k)
+    gain = [0.0] * (longest + 1)  # gain[i]: expected extra tokens from draft position i
+    for m, alpha in rows:
+        p = 1.0
+        for i in range(1, min(m, longest) + 1):
+            p *= alpha
+            gain[i] += p
+    best_k, best_rate, tokens = 0, plain, float(b)
+    for k in range(1, longest + 1):
+        tokens += gain[k]
+        rate = tokens / seconds(b, 1 + k)
+        if rate > best_rate and rate > plain * (1.0 + margin):
+            best_k, best_rate = k, rate
+    return best_k, best_rate, plain

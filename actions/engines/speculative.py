@@ -16,9 +16,9 @@ keeps its rejected columns as masked holes (attention mask 0; positions are expl
 hole shifts nothing). When holes exceed a quarter of the cache, each row's valid columns are
 packed to the right with one gather and the all-padding columns on the left are dropped.
 
-Per round, ``spec_select.choose`` picks the strategy and k from the drafts the strategies
-have, their online acceptance rates and the timed cost of past forwards; k = 0 is a plain
-decode step (width 1). Cuts (``cut_after``) are checked after every round: a cut sample
+Per round, each row takes the draft that promises the most tokens by the online acceptance
+rate of its kind (strategy and match quality), and ``spec_select.choose_rows`` picks k from
+those drafts and the timed cost of past rounds; k = 0 is a plain decode step (width 1). Cuts (``cut_after``) are checked after every round: a cut sample
 carries exactly its accepted tokens and continues, later, from there.
 """
 
@@ -34,7 +34,7 @@ from actions.engines.base import EngineStats, SampleOut, SampleSpec
 from actions.engines.drafters import HistoryDrafter, PromptLookupDrafter
 from actions.engines.drafters.base import Drafter
 from actions.engines.sampling import sample_next, stream_key
-from actions.engines.spec_select import AcceptanceTracker, Choice, ForwardCost, choose
+from actions.engines.spec_select import AcceptanceTracker, Choice, ForwardCost, choose_rows
 
 PROBE_EVERY = 8
 """Rounds of plain decoding, after the estimates switched speculation off although drafts
@@ -153,31 +153,55 @@ class _Selector:
         self.cooldown = 0  # rounds left without drafting (off by estimate)
         self.probe = False  # the next choice with drafts is a probe
 
-    def pick(self, proposals: Mapping[str, list[list[int]]]) -> Choice:
+    def pick(self, proposals: Mapping[str, list[tuple[list[int], str]]], b: int
+             ) -> tuple[Choice, list[list[int]], list[str | None]]:
+        """The round's choice, each row's draft (cut to k) and the kind it came from.
+
+        Each row takes the strategy whose draft promises the most tokens by its kind's
+        acceptance rate (``sum alpha^i``), so rows in a run of repeats can copy while rows at
+        the start of a response follow last epoch's answers; then k is chosen for the batch.
+        """
+        plain = ([[]] * b, [None] * b)
         if self.spec.fixed is not None:
             name, k = self.spec.fixed
-            return Choice(name, k, 0.0, 0.0) if name in proposals and k > 0 else Choice(None, 0, 0.0, 0.0)
-        lengths = {n: [len(p) for p in props] for n, props in proposals.items() if any(props)}
-        if not lengths:
-            return Choice(None, 0, 0.0, 0.0)
-        rates = {n: self.tracker.rate(n) for n in lengths}
-        # Drafting is timed inside the rounds the cost model sees (every round drafts), so it is
-        # not charged again here.
-        c = choose(lengths, rates, self.cost.snapshot(), self.spec.max_draft_len)
-        if c.k > 0:
+            if name not in proposals or k <= 0:
+                return Choice(None, 0, 0.0, 0.0), *plain
+            return Choice(name, k, 0.0, 0.0), [d[:k] for d, _ in proposals[name]], [kd for _, kd in proposals[name]]
+        if not any(d for props in proposals.values() for d, _ in props):
+            return Choice(None, 0, 0.0, 0.0), *plain
+        max_k = self.spec.max_draft_len
+        rows, drafts, kinds, names = [], [], [], []
+        for r in range(b):
+            best = (0.0, [], None, None, 0.0)
+            for name, props in proposals.items():
+                d, kind = props[r]
+                if d:
+                    alpha = self.tracker.rate(kind)
+                    score = sum(alpha ** i for i in range(1, min(len(d), max_k) + 1))
+                    if score > best[0]:
+                        best = (score, d, kind, name, alpha)
+            rows.append((len(best[1]), best[4]))
+            drafts.append(best[1])
+            kinds.append(best[2])
+            names.append(best[3])
+        k, rate, plain_rate = choose_rows(rows, self.cost.snapshot(), max_k)
+        if k == 0:
+            if not self.probe:
+                self.cooldown, self.probe = PROBE_EVERY, True
+                return Choice(None, 0, rate, plain_rate), *plain
+            self.probe = False  # re-measure with the most promising drafts, cheaply
+            k = min(4, max_k)
+        else:
             self.probe = False
-            return c
-        if self.probe:  # re-measure the most promising strategy, cheaply
-            self.probe = False
-            name = max(lengths, key=lambda n: rates[n])
-            return Choice(name, min(4, self.spec.max_draft_len), c.expected_rate, c.plain_rate)
-        self.cooldown, self.probe = PROBE_EVERY, True
-        return c
+        used = [n for n in names if n]
+        label = max(set(used), key=used.count) if used else None
+        return Choice(label, k, rate, plain_rate), [d[:k] for d in drafts], kinds
 
-    def propose(self, drafters: Mapping[str, Drafter], rows: list[int], room: list[int]) -> dict[str, list[list[int]]]:
+    def propose(self, drafters: Mapping[str, Drafter], rows: list[int], room: list[int]
+                ) -> dict[str, list[tuple[list[int], str]]]:
         """Every strategy's draft per row (at most ``max_draft_len`` and the row's room),
         timing each strategy's drafting per row for the selector's cost."""
-        out: dict[str, list[list[int]]] = {}
+        out: dict[str, list[tuple[list[int], str]]] = {}
         if self.cooldown > 0:
             self.cooldown -= 1
             return out
@@ -185,7 +209,7 @@ class _Selector:
             if self.spec.fixed is not None and self.spec.fixed[0] != name:
                 continue
             t0 = time.perf_counter()
-            out[name] = [d.propose(r, min(self.spec.max_draft_len, m)) for r, m in zip(rows, room)]
+            out[name] = [(d.propose(r, min(self.spec.max_draft_len, m)), d.kind(r)) for r, m in zip(rows, room)]
             per_row = (time.perf_counter() - t0) / max(len(rows), 1)
             self.draft_seconds[name] = 0.8 * self.draft_seconds.get(name, per_row) + 0.2 * per_row
         return out
@@ -254,8 +278,7 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
                 d.extend(row, (t,))
         b = len(rows)
         proposals = selector.propose(drafters, rows, [max_new_tokens - len(gen[r]) for r in rows])
-        choice = selector.pick(proposals)
-        drafts = [p[:choice.k] for p in proposals[choice.strategy]] if choice.k else [[]] * b
+        choice, drafts, kinds = selector.pick(proposals, b)
         width = 1 + max(len(d) for d in drafts)
         ids = torch.full((b, width), engine.pad_id, dtype=torch.long)
         ids[:, 0] = torch.tensor(toks)
@@ -281,7 +304,8 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
         for j, (row, d) in enumerate(zip(rows, drafts)):
             a = accepted[j]
             if d:
-                tracker.record(choice.strategy, len(d), a)
+                tracker.record(kinds[j], len(d), a)
+                tracker.record(kinds[j].split("/")[0], len(d), a)
                 sstats.proposed += len(d)
                 sstats.accepted += a
             kept = 0
@@ -293,7 +317,7 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
             elif a:
                 for dr in drafters.values():
                     dr.extend(row, d[:a])
-        _count_round(sstats, choice, drafts, accepted)
+        _count_round(sstats, choice, drafts, accepted, kinds)
         acc_t = torch.tensor(accepted, dtype=torch.long, device=dev)
         logits = res.logits[torch.arange(b, device=dev), acc_t]
         batch.next_pos += acc_t + 1
@@ -361,13 +385,19 @@ def _verify(logits: torch.Tensor, drafts: list[list[int]], rows: list[int], keys
     return accepted
 
 
-def _count_round(sstats: SpecStats, choice: Choice, drafts: list[list[int]], accepted: list[int]) -> None:
-    name = choice.strategy or "off"
+def _count_round(sstats: SpecStats, choice: Choice, drafts: list[list[int]], accepted: list[int],
+                 kinds: list[str | None]) -> None:
+    """Round counters by the round's main strategy; token counters by each row's strategy."""
     sstats.spec_rounds += 1
     sstats.draft_len_sum += choice.k
-    sstats.rounds_by_strategy[name] = sstats.rounds_by_strategy.get(name, 0) + 1
-    sstats.proposed_by_strategy[name] = sstats.proposed_by_strategy.get(name, 0) + sum(len(d) for d in drafts)
-    sstats.accepted_by_strategy[name] = sstats.accepted_by_strategy.get(name, 0) + sum(accepted)
-    rejected = sum(1 for d, a in zip(drafts, accepted) if a < len(d))
-    sstats.rejections_by_strategy[name] = sstats.rejections_by_strategy.get(name, 0) + rejected
-    sstats.verified_rows += sum(1 for d in drafts if d)
+    label = choice.strategy or "off"
+    sstats.rounds_by_strategy[label] = sstats.rounds_by_strategy.get(label, 0) + 1
+    for d, a, kind in zip(drafts, accepted, kinds):
+        if not d:
+            continue
+        name = (kind or label).split("/")[0]
+        sstats.proposed_by_strategy[name] = sstats.proposed_by_strategy.get(name, 0) + len(d)
+        sstats.accepted_by_strategy[name] = sstats.accepted_by_strategy.get(name, 0) + a
+        if a < len(d):
+            sstats.rejections_by_strategy[name] = sstats.rejections_by_strategy.get(name, 0) + 1
+        sstats.verified_rows += 1

@@ -136,7 +136,9 @@ class TorchEngine:
             return False
         names = [n for n in spec.strategies if n != "history" or spec.history]
         full = {n: [spec.max_draft_len] * batch for n in names}
-        hopeless = not names or choose(full, {n: self.acceptance.rate(n) for n in names},
+        best = {n: max([self.acceptance.rate(n)] + [self.acceptance.rate(kind) for kind in self.acceptance.accepted
+                                                     if kind.startswith(n + "/")]) for n in names}
+        hopeless = not names or choose(full, best,
                                        self.forward_cost.snapshot(), spec.max_draft_len).k == 0
         if not hopeless:
             return False

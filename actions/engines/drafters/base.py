@@ -27,6 +27,11 @@ class Drafter(Protocol):
         """Up to ``k`` tokens that may follow ``row``'s response so far (may be empty)."""
         ...
 
+    def kind(self, row: int) -> str:
+        """What ``row``'s last proposal was based on (``"<name>/<kind>"``): acceptance is
+        tracked per kind, since a long match predicts better than a short one."""
+        ...
+
 
 class NgramIndex:
     """Where each n-gram (``min_n <= n <= max_n``) of a growing token list last occurred with a
@@ -47,6 +52,7 @@ class NgramIndex:
         self.tokens: list[int] = []
         self._where: dict[tuple[int, ...], int] = {}
         self._parent: dict[tuple[int, ...], int] | None = None
+        self.last_n = 0
 
     def fork(self) -> "NgramIndex":
         child = NgramIndex(self.min_n, self.max_n)
@@ -72,12 +78,15 @@ class NgramIndex:
         return out
 
     def lookup(self, query: Sequence[int]) -> int | None:
-        """Continuation index of the longest suffix of ``query`` in the index, or None."""
+        """Continuation index of the longest suffix of ``query`` in the index, or None;
+        ``last_n`` is the length of the suffix that matched (0: none)."""
+        self.last_n = 0
         for n in range(min(self.max_n, len(query)), self.min_n - 1, -1):
             gram = tuple(query[len(query) - n:])
             pos = self._where.get(gram)  # own entries are later than the parent's
             if pos is None and self._parent is not None:
                 pos = self._parent.get(gram)
             if pos is not None:
+                self.last_n = n
                 return pos
         return None

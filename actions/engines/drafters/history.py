@@ -79,6 +79,12 @@ class HistoryDrafter:
         state[1] = node
         state[2].extend(tokens)
 
+    def kind(self, row: int) -> str:
+        entry, node, _ = self._rows[row]
+        if node is not None and node.best is not None:
+            return f"{self.name}/path"
+        return f"{self.name}/n{entry[1].last_n}" if entry is not None else f"{self.name}/none"
+
     def propose(self, row: int, k: int) -> list[int]:
         entry, node, query = self._rows[row]
         if entry is None or k <= 0:

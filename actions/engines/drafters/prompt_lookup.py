@@ -34,6 +34,9 @@ class PromptLookupDrafter:
     def extend(self, row: int, tokens: Sequence[int]) -> None:
         self._rows[row].append(tokens)
 
+    def kind(self, row: int) -> str:
+        return f"{self.name}/n{self._rows[row].last_n}"
+
     def propose(self, row: int, k: int) -> list[int]:
         index = self._rows[row]
         pos = index.lookup(index.tokens[-self.max_n:])
