@@ -34,7 +34,8 @@ from pathlib import Path
 import torch
 
 from actions.common.contracts import ModelRef
-from actions.common.loading import encode, load_dataset, load_model
+from actions.common.loading import encode, load_model
+from actions.tasks.stored import load_dataset
 from actions.engines.base import SampleSpec
 from actions.engines.factory import make_engine
 from actions.engines.speculative import Speculation
