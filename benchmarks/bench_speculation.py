@@ -35,11 +35,11 @@ import torch
 
 from actions.common.contracts import ModelRef
 from actions.common.loading import encode, load_model
-from actions.tasks.stored import load_dataset
 from actions.engines.base import SampleSpec
 from actions.engines.factory import make_engine
 from actions.engines.speculative import Speculation
 from actions.engines.torch_engine import TorchEngine
+from actions.tasks.stored import load_dataset
 
 GROUP, PER_STEP, NEW_TOKENS = 8, 8, 24
 
