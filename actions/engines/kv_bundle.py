@@ -12,7 +12,7 @@ import torch
 from actions.common import warm
 from actions.common.store import IntegrityError, ObjectStore
 from actions.common.weights import load_tensors, publish_tensors
-from actions.engines.torch_engine import PrefixState
+from actions.engines.kv_state import PrefixState
 
 
 def publish_bundle(store: ObjectStore, key: str, states: list[PrefixState], policy_version: int) -> None:

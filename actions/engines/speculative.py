@@ -34,6 +34,7 @@ from actions.engines.base import EngineStats, SampleOut, SampleSpec
 from actions.engines.drafters import HistoryDrafter, PromptLookupDrafter
 from actions.engines.drafters.base import Drafter
 from actions.engines.sampling import sample_next, stream_key
+from actions.engines.kv_state import stack_states
 from actions.engines.spec_select import AcceptanceTracker, Choice, ForwardCost, choose_rows
 
 PROBE_EVERY = 8
@@ -224,10 +225,8 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
     ``tracker`` and ``cost`` are updated in place (a warm engine keeps them across calls).
     Returns the samples, in input order, and the call's speculation statistics.
     """
-    from actions.engines.torch_engine import _stack_states
-
     n, dev, model = len(samples), engine.device, engine.model
-    cache, mask = _stack_states(states)
+    cache, mask = stack_states(states)
     batch = _Batch(cache, mask, torch.tensor([st.length for st in states], dtype=torch.long, device=dev))
     keys = torch.tensor([stream_key(seed, step, s.prompt_id, s.sample_index) for s in samples], device=dev)
     gen: list[list[int]] = [list(s.generated) for s in samples]

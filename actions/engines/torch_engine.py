@@ -26,7 +26,6 @@ Shapes: KV per layer ``[rows, kv_heads, positions, head_dim]``; masks ``[rows, p
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
@@ -34,25 +33,13 @@ from transformers import DynamicCache
 from actions.engines.base import EngineStats, SampleOut, SampleSpec
 from actions.engines.sampling import sample_next, stream_key
 from actions.engines.spec_select import AcceptanceTracker, ForwardCost, choose
+from actions.engines.kv_state import PrefixState, stack_states
 from actions.engines.speculative import SpecStats, Speculation, decode_speculative
 
 RECHECK_CALLS = 4
 """Of the calls the estimates would decode plainly, every this-many-th speculates anyway."""
 
 __all__ = ["EngineStats", "PrefixState", "SampleOut", "SampleSpec", "TorchEngine"]
-
-
-@dataclass
-class PrefixState:
-    """KV of one token sequence: per layer (keys, values), each [kv_heads, len, head_dim]."""
-
-    tokens: tuple[int, ...]
-    kv: list[tuple[torch.Tensor, torch.Tensor]]
-    last_logits: torch.Tensor  # [V] logits after the final token
-
-    @property
-    def length(self) -> int:
-        return len(self.tokens)
 
 
 class TorchEngine:
@@ -206,7 +193,7 @@ class TorchEngine:
         stats: EngineStats,
     ) -> list[SampleOut]:
         n, dev = len(samples), self.device
-        cache, mask = _stack_states(states)
+        cache, mask = stack_states(states)
         keys = torch.tensor([stream_key(seed, step, s.prompt_id, s.sample_index) for s in samples], device=dev)
         gen: list[list[int]] = [list(s.generated) for s in samples]
         positions = torch.tensor([len(g) for g in gen], dtype=torch.long, device=dev)  # random-stream position
@@ -258,22 +245,3 @@ def _longest_prefix(seq: tuple[int, ...], prefixes: dict[tuple[int, ...], Prefix
         if len(p) > len(best) and len(p) <= len(seq) and seq[: len(p)] == p:
             best = p
     return best
-
-
-def _stack_states(states: list[PrefixState]) -> tuple[DynamicCache, torch.Tensor]:
-    """Left-pad each row's KV to the longest and stack into one cache plus a padding mask."""
-    width = max(st.length for st in states)
-    num_layers = len(states[0].kv)
-    layers = []
-    for li in range(num_layers):
-        ks, vs = [], []
-        for st in states:
-            k, v = st.kv[li]
-            pad = width - st.length
-            ks.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
-            vs.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
-        layers.append((torch.stack(ks), torch.stack(vs)))
-    mask = torch.zeros((len(states), width), dtype=torch.long)
-    for r, st in enumerate(states):
-        mask[r, width - st.length:] = 1
-    return DynamicCache(ddp_cache_data=layers), mask.to(layers[0][0].device)

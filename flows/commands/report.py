@@ -113,7 +113,7 @@ def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
               "generation s measured |", "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {x} | {s['reward/mean']:.3f} | {s['response_length/mean']:.1f} | {int(s['actors/n'])} | "
               f"{int(s['actors/migrated'])} | {s['cost/billed_gpu_seconds']:.2f} | {s['timing_s/step']:.2f} | "
-              f"{s.get('plan/predicted_generate_s', float('nan')):.3f} | {s['timing_s/generate']:.3f} |"
+              f"{s.get('plan/predicted_generate_s', float('nan')):.3f} | {s.get('timing_s/generate', float('nan')):.3f} |"
               for x, s in zip(xs, steps)]
     lines += [""] + [f"![{p.stem}]({p.name})" for p in files]
     (out / "report.md").write_text("\n".join(lines) + "\n")
