@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from actions.runtime.server import ACTION_NAMES
 from flows.campaign.run import run_campaign
 
 try:
@@ -11,14 +12,12 @@ except ImportError:  # tests/ imported as a package
     from tests.ow_emulator import running_emulator
     from tests.test_openwhisk import make_client, put_action
 
-ACTIONS = ["prefill", "generate", "score", "train_step", "warmup", "evaluate", "noop"]
-
 
 def test_campaign_through_openwhisk_matches_local_training_data(tiny_config, monkeypatch, prefect_harness):
     local = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=ref", "steps=1"), progress=lambda m: None)
     with running_emulator() as emu:
         client = make_client(emu)
-        for name in ACTIONS:
+        for name in sorted(ACTION_NAMES):  # what `rlhfless deploy` creates
             put_action(client, name, timeout_ms=120_000)
         client.close()
         for key, value in emu.env().items():

@@ -45,7 +45,8 @@ def _record_invocations(monkeypatch: pytest.MonkeyPatch) -> tuple[list[Call], li
 
     def spy_invoke(self, action, payload, **kw):
         fault = "kill" if "__inject_kill_after_s" in payload else "fail" if payload.get("__inject_failure") else None
-        key = str(payload.get("output_key") or payload.get("output_prefix"))
+        # an output-less activation (the campaign's noop probes) is named by its probe index
+        key = str(payload.get("output_key") or payload.get("output_prefix") or f"{action}/probe-{payload.get('probe')}")
         call = Call(action, key, fault, float(payload.get("__inject_latency_s") or 0.0))
         calls.append(call)
         try:

@@ -254,15 +254,18 @@ def test_time_limit_is_a_non_transient_developer_error(client: OpenWhiskClient, 
 def test_lost_activation_is_invoked_again_a_bounded_number_of_times(
     ow_emulator: OpenWhiskEmulator, client: OpenWhiskClient, invoker: OpenWhiskInvoker
 ):
-    put_action(client, "probe", timeout_ms=200)  # lost after 0.2 s time limit + 0.2 s grace
+    put_action(client, "probe", timeout_ms=1000)  # lost after 1 s time limit + 0.2 s grace
+    # Warm the container first: its /init (a cold Python import) falls under the same 1 s
+    # limit and can overrun it on a busy machine, which is not what this test is about.
+    assert invoker.invoke("probe", {"echo": "warm"}).result["echo"] == "warm"
     ow_emulator.lose(1)
     assert invoker.invoke("probe", {"echo": "again"}).result["echo"] == "again"
-    assert client.stats["lost"] == 1 and ow_emulator.num_invokes == 2
+    assert client.stats["lost"] == 1 and ow_emulator.num_invokes == 1 + 2
     ow_emulator.lose(10)
     with pytest.raises(ActionError, match="accepted but never recorded") as info:
         invoker.invoke("probe", {"echo": "gone"})
     assert info.value.transient
-    assert ow_emulator.num_invokes == 2 + 1 + FAST.lost_retries
+    assert ow_emulator.num_invokes == 1 + 2 + 1 + FAST.lost_retries
 
 
 # ---------------------------------------------------------------------------- clear failures

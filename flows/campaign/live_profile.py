@@ -159,7 +159,7 @@ def measure_activation_s(repeats: int = 5) -> float:
     times = []
     for i in range(repeats):
         t0 = time.perf_counter()
-        invoke_action(action="noop", payload={}, shard=f"probe-{i}")
+        invoke_action(action="noop", payload={"probe": i}, shard=f"probe-{i}")  # the action ignores it
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
