@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actions.common.config import CampaignConfig
+from actions.common.config import WorkloadConfig
 from actions.common.contracts import Prepared
 from actions.common.store import ObjectStore, put_artifact, put_json
 from actions.tasks import get_task
@@ -28,7 +28,7 @@ from actions.tasks.dataset import DATASET_FILE, rows_to_jsonl
 # answers bad input in well under a second.
 
 
-def _tokenizer_source(cfg: CampaignConfig) -> Callable[[], Any]:
+def _tokenizer_source(cfg: WorkloadConfig) -> Callable[[], Any]:
     """The tokenizer the actions will use, loaded on demand: from ``model.path`` (checked
     first), or the tiny model's character tokenizer."""
     def load() -> Any:
@@ -49,12 +49,12 @@ def _tokenizer_source(cfg: CampaignConfig) -> Callable[[], Any]:
     return load
 
 
-def _datasets(cfg: CampaignConfig) -> Datasets:
+def _datasets(cfg: WorkloadConfig) -> Datasets:
     return build_datasets(cfg, _tokenizer_source(cfg), model_name=f"model.path {cfg.model.path!r}" if cfg.model.path
                           else "the tiny default model")
 
 
-def validate_inputs(cfg: CampaignConfig) -> None:
+def validate_inputs(cfg: WorkloadConfig) -> None:
     """Check the datasets, the reward functions and the model directory without writing
     anything (fails fast at the CLI)."""
     _datasets(cfg)
@@ -128,7 +128,7 @@ def _check_safetensors(file: Path, where: str) -> None:
         raise ValueError(bad)
 
 
-def prepare(cfg: CampaignConfig, store: ObjectStore, run_prefix: str) -> Prepared:
+def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str) -> Prepared:
     """Validate inputs, then write them. Raises ValueError before writing anything."""
     from actions.common.loading import encode
     from actions.common.modeling import base_files, build_tiny_model, instantiate, model_summary, read_model_dir

@@ -79,7 +79,7 @@ def main() -> int:
     args = parser.parse_args()
     from prefect.testing.utilities import prefect_test_harness
 
-    from actions.common.config import load_config
+    from flows.config import load_config
     from actions.common.contracts import parse_token_table
     from actions.common.store import get_json, open_store
     from flows.campaign.run import run_campaign

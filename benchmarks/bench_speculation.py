@@ -46,7 +46,7 @@ GROUP, PER_STEP, NEW_TOKENS = 8, 8, 24
 
 def _train(workdir: Path, rl_steps: int) -> tuple[ModelRef, ModelRef, list[list[SampleSpec]], object]:
     """(warmed-up policy, policy after the RL steps, prompt batches, tokenizer)."""
-    from actions.common.config import load_config
+    from flows.config import load_config
     from actions.common.store import open_store
     from flows.campaign.run import run_campaign
     from flows.campaign.state import load_state_at

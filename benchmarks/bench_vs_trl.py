@@ -39,7 +39,7 @@ def write_inputs(work: Path) -> tuple[Path, Path]:
     """The tiny Qwen2 folder and the prompts file (prompt, answer) both systems read, plus
     ``eval.jsonl`` (8 of them) for RLHFless's evaluations before and after, outside the timing."""
     sys.path.insert(0, str(ROOT))
-    from actions.common.config import load_config
+    from flows.config import load_config
     from actions.common.tiny_hf import write_tiny_model_dir
     from actions.tasks.build import _split
 

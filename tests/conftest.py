@@ -78,7 +78,7 @@ TINY_OVERRIDES = [
 @pytest.fixture
 def tiny_config(tmp_path):
     """A campaign small enough to run in seconds: returns a factory taking extra overrides."""
-    from actions.common.config import load_config
+    from flows.config import load_config
 
     def make(*extra: str):
         return load_config(None, [*TINY_OVERRIDES, f"store.uri={tmp_path / 'store'}",
@@ -90,7 +90,7 @@ def tiny_config(tmp_path):
 @pytest.fixture(scope="session")
 def clean_summary(tmp_path_factory: pytest.TempPathFactory, prefect_harness) -> dict:
     """The fault-free reference: the tiny campaign in-process (same weights as on the pool)."""
-    from actions.common.config import load_config
+    from flows.config import load_config
     from flows.campaign.run import run_campaign
 
     store = tmp_path_factory.mktemp("clean") / "store"

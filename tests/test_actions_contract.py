@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from actions.common.config import load_config
+from flows.config import load_config
 from actions.common.contracts import ModelRef
 from actions.common.store import LocalStore
 from actions.prepare import prepare

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from actions.common.config import load_config
+from flows.config import load_config
 from actions.tasks.rewards.gsm8k import final_answer
 from flows.campaign.run import run_campaign
 

@@ -405,7 +405,7 @@ CASES: dict[str, Case] = {
 def done_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A store holding run ``done`` with one committed step of the default configuration
     (state only: resume and status checks never read the artifacts it names)."""
-    from actions.common.config import load_config
+    from flows.config import load_config
     from actions.common.store import LocalStore
     from flows.campaign.state import CampaignState, commit_state
 

@@ -82,7 +82,7 @@ def test_scores_can_wait_for_the_end_of_generation(tiny_config, prefect_harness,
 
 
 def test_scores_overlap_generation_by_default_only_where_actions_own_accelerators():
-    from actions.common.config import load_config
+    from flows.config import load_config
 
     def overlap(*overrides):
         return load_config(None, list(overrides)).overlap_scoring()

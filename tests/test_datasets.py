@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from actions.common.config import load_config
+from flows.config import load_config
 from actions.tasks.build import build_datasets
 from actions.tasks.chat import format_rows, uses_template
 from actions.tasks.fields import FieldMap, content_id, to_rows

@@ -220,7 +220,7 @@ def test_requests_default_to_torch_and_reject_unknown_engines():
 def test_generate_and_evaluate_actions_on_vllm_reuse_one_engine_across_versions(tmp_path):
     import importlib
 
-    from actions.common.config import load_config
+    from flows.config import load_config
     from actions.common.contracts import ModelRef
     from actions.common.store import LocalStore, get_json
     from actions.common.weights import load_tensors, publish_tensors

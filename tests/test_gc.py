@@ -185,7 +185,7 @@ def test_store_stays_bounded_over_a_campaign(tiny_config, prefect_harness) -> No
 
 @pytest.mark.slow
 def test_store_growth_of_the_default_24_step_campaign(tmp_path, prefect_harness) -> None:
-    from actions.common.config import load_config
+    from flows.config import load_config
 
     cfg = load_config(None, [f"store.uri={tmp_path / 'store'}", "run_id=grow24", "store.keep_last=2",
                              "store.checkpoint_every=8"])

@@ -134,7 +134,7 @@ def test_actions_round_trip_on_cuda(tmp_path, monkeypatch):
     """generate -> score -> train_step with RLHFLESS_DEVICE=cuda: the same rollouts as on the
     CPU up to round-off, and a train step that moves every parameter and stores host tensors."""
     from actions.common import warm
-    from actions.common.config import load_config
+    from flows.config import load_config
     from actions.common.contracts import ModelRef
     from actions.common.store import LocalStore
     from actions.common.weights import load_tensors, publish_tensors

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from actions.common.config import load_config
+from flows.config import load_config
 from actions.common.contracts import ModelRef
 from actions.common.modeling import instantiate, read_model_dir
 from actions.common.special_tokens import special_tokens

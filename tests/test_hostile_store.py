@@ -306,7 +306,7 @@ def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
 
 
 def _prepared_store(store: ObjectStore, tmp_path: Path):
-    from actions.common.config import load_config
+    from flows.config import load_config
     from actions.prepare import prepare
 
     cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={tmp_path / 'unused'}"])

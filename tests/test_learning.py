@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from actions.common.config import load_config
+from flows.config import load_config
 from flows.campaign.run import run_campaign
 
 LEARNING = [

@@ -190,7 +190,7 @@ def test_bf16_training_keeps_fp32_master_weights_that_accumulate_small_updates()
 
 @pytest.fixture(scope="module")
 def prepared(qwen, tmp_path_factory):
-    from actions.common.config import load_config
+    from flows.config import load_config
     from actions.common.store import LocalStore
     from actions.prepare import prepare
     from tests.conftest import TINY_OVERRIDES

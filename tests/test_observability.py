@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from actions.common.config import load_config
+from flows.config import load_config
 from flows.campaign.state import EvalRecord
 from flows.campaign.artifacts import _percent, start_progress, update_progress
 from flows.commands.report import length_histogram, write_report

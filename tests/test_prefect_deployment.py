@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from actions.common.config import load_config
+from flows.config import load_config
 
 try:
     from conftest import TINY_OVERRIDES

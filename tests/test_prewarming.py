@@ -73,7 +73,7 @@ def test_hook_offset_is_earliest_past_invocation_minus_buffer(tiny_config, tmp_p
 
 
 def test_local_pool_prewarm_loads_the_policy_version_in_idle_workers(tmp_path):
-    from actions.common.config import load_config
+    from flows.config import load_config
     from actions.common.contracts import ModelRef
     from actions.common.store import LocalStore
     from actions.prepare import prepare

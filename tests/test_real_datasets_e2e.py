@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from actions.common.config import load_config
+from flows.config import load_config
 from actions.common.store import get_artifact, open_store
 from actions.common.tiny_hf import write_tiny_model_dir
 from actions.tasks import arith

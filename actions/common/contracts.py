@@ -151,7 +151,7 @@ class ScoreRequest(_Msg):
     dataset_key: str
     rollout_keys: list[str]
     rewards: list[RewardFunctionConfig] = Field(min_length=1)
-    """The weighted reward functions (``CampaignConfig.reward_functions``)."""
+    """The weighted reward functions (``WorkloadConfig.reward_functions``)."""
     algorithm: AlgorithmConfig
     output_key: str
 

@@ -3,7 +3,7 @@
 A task produces dataset records (plain dicts, as a file would hold them) and names the keys
 that hold the prompt, the answer and the id, so its rows take the same path through
 ``fields.py`` and ``chat.py`` as a user's file. Its reward is a name in ``rewards``
-(``CampaignConfig.reward_functions``).
+(``WorkloadConfig.reward_functions``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from actions.common.config import CampaignConfig
+from actions.common.config import WorkloadConfig
 from actions.tasks import get_task
 from actions.tasks.chat import format_rows, uses_template
 from actions.tasks.dataset import PromptRow
@@ -37,7 +37,7 @@ class Datasets:
     """Per split: rows read, kept, duplicates dropped, truncated and skipped long prompts."""
 
 
-def _split(cfg: CampaignConfig, which: str, exclude: frozenset[str]) -> tuple[list[PromptRow], dict[str, Any]]:
+def _split(cfg: WorkloadConfig, which: str, exclude: frozenset[str]) -> tuple[list[PromptRow], dict[str, Any]]:
     d = cfg.data
     path = d.train_path if which == "train" else d.eval_path
     if path:
@@ -54,7 +54,7 @@ def _split(cfg: CampaignConfig, which: str, exclude: frozenset[str]) -> tuple[li
     return rows, asdict(stats)
 
 
-def build_datasets(cfg: CampaignConfig, tokenizer: TokenizerSource, *, model_name: str) -> Datasets:
+def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_name: str) -> Datasets:
     """Validate and format the train and eval rows. Raises ValueError (one line, with the fix)."""
     d = cfg.data
     train, train_stats = _split(cfg, "train", frozenset())

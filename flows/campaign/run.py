@@ -13,7 +13,7 @@ from typing import Any
 
 from prefect import flow
 
-from actions.common.config import CampaignConfig
+from flows.config import CampaignConfig
 from actions.common.contracts import (EvaluateRequest, ModelRef, PromptTokens, WarmupRequest, WarmupResult,
                                       parse_token_table)
 from actions.common.store import ObjectStore, get_json, open_store

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from actions.common.config import CampaignConfig
+from flows.config import CampaignConfig
 from actions.common.contracts import EvaluateResult, Prepared
 from actions.common.safe_paths import STORE_FIX, UnsafeName, check_name, shown
 from actions.common.store import (IntegrityError, ObjectNotFound, ObjectStore, commit_key, commit_pointer, get_json,

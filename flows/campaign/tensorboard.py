@@ -20,7 +20,7 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from actions.common.config import CampaignConfig
+from flows.config import CampaignConfig
 
 if TYPE_CHECKING:
     from flows.campaign.state import EvalRecord

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from actions.common.config import CampaignConfig
+    from flows.config import CampaignConfig
 
 # Quiet, offline-friendly defaults for the embedded Prefect server; users may override them.
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -121,7 +121,7 @@ def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool,
 
 
 def _train(args: argparse.Namespace) -> int:
-    from actions.common.config import load_config
+    from flows.config import load_config
 
     if args.steps is not None and args.steps < 1:
         raise UsageError(f"--steps {args.steps}: a campaign runs at least one RL step; pass --steps N with N >= 1")
@@ -178,7 +178,7 @@ def _only_run(store: Any, uri: str, command: str) -> str:
 
 def _open_run(args: argparse.Namespace, command: str) -> tuple[Any, Any, Any]:
     """(config, store, the run's latest state) for ``status`` and ``gc``."""
-    from actions.common.config import load_config
+    from flows.config import load_config
     from actions.common.safe_paths import check_run_id
     from actions.common.store import open_store
     from flows.campaign.state import load_state

@@ -16,7 +16,7 @@ from flows.planning.tpot import TpotProfile
 if TYPE_CHECKING:  # torch is imported only when a profile is measured (flows stay torch-free)
     import torch
 
-    from actions.common.config import CampaignConfig
+    from flows.config import CampaignConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +45,7 @@ def _ints(text: str, flag: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from actions.common.config import load_config
+    from flows.config import load_config
     from actions.common.device import parse_device, parse_dtype
     from actions.engines.profiling import measure_grid
 

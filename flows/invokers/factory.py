@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from actions.common.config import CampaignConfig
+from flows.config import CampaignConfig
 from flows.invokers.base import Invoker
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from actions.common.config import CampaignConfig
+from flows.config import CampaignConfig
 from actions.common.store import ObjectStore
 from flows.invokers.base import Invoker
 from flows.step.faults import FaultInjector

@@ -12,7 +12,7 @@ import hashlib
 import threading
 
 from actions.common.contracts import Control
-from actions.common.config import FaultConfig
+from flows.config import FaultConfig
 
 
 class FaultInjector:

@@ -22,7 +22,7 @@ from prefect.concurrency.sync import concurrency
 
 from pydantic import BaseModel
 
-from actions.common.config import CampaignConfig
+from flows.config import CampaignConfig
 from actions.common.contracts import parse_result
 from actions.common.profile_cache import ProfileResult
 from flows.step.context import current

@@ -1,0 +1,289 @@
+"""The campaign's configuration: the workload the actions compute (``WorkloadConfig``, in
+``actions/common/config.py``) plus how and where the control plane runs it -- scaling, store,
+invoker, budget, fault injection, observability, steps -- loaded from YAML plus ``--set``
+overrides.
+
+Every section forbids unknown keys, so a typo is an error naming the key rather than a
+silently ignored setting; cross-field rules live in validators whose messages name the field,
+the value and the fix. ``load_config`` turns the first validation error into one such line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from actions.common.config import WorkloadConfig
+from actions.common.config_section import Section as _Section
+from actions.common.safe_paths import check_run_id
+
+
+class ScalingConfig(_Section):
+    policy: str = "cost_aware"
+    """``cost_aware``, ``fixed:N`` or ``package.module:function``."""
+    n_min: int = Field(1, ge=1)
+    n_max: int = Field(4, ge=1)
+    lam: float = Field(0.7, ge=0, le=1)
+    """Weight of time in the ``paper`` objective (PAPER 3.5)."""
+    objective: Literal["value", "slack", "paper"] = "value"
+    """How ``cost_aware`` picks among its candidate plans (``flows/planning/objective.py``):
+    ``value`` minimises cost + value_of_time_usd_per_s x phase time; ``slack`` takes the
+    cheapest plan within (1 + time_slack) of the fastest; ``paper`` the paper's min-max lam.
+    No objective picks a plan another candidate beats on both predicted time and cost."""
+    value_of_time_usd_per_s: float | None = Field(None, ge=0, allow_inf_nan=False)
+    """Dollars one second of generation-phase time is worth to the operator. None: the price
+    of the GPUs that wait for the phase (the learner's, ``price_per_gpu_second`` x their count)."""
+    time_slack: float = Field(0.05, ge=0, le=10)
+    """``objective: slack``: accepted time above the fastest candidate's, as a fraction."""
+    gpus_per_actor: int = Field(1, ge=1)
+    cold_start_s: float = Field(2.0, ge=0)
+    profile: str | None = None
+    """TPOT profile JSON (``rlhfless profile``); None: measured by the pool at campaign start,
+    or reused from the store's cache for the same model, dtype, device, engine and threads
+    (``flows/campaign/live_profile.py``)."""
+    prewarm: bool = True
+    """Warm the generation actions (and load the new policy version in them) ahead of use,
+    at the earliest past invocation offset minus ``prewarm_buffer_s`` (PAPER 3.7)."""
+    prewarm_buffer_s: float = Field(0.2, ge=0)
+
+    @field_validator("policy")
+    @classmethod
+    def _check_policy(cls, v: str) -> str:
+        if v == "cost_aware" or ":" in v:
+            if v.startswith("fixed:"):
+                n = v.split(":", 1)[1]
+                if not n.isdigit() or int(n) < 1:
+                    raise ValueError(f"scaling.policy {v!r}: fixed:N needs a positive integer N, e.g. fixed:2")
+            return v
+        raise ValueError(f"scaling.policy {v!r} is unknown; use cost_aware, fixed:N or package.module:function")
+
+    @model_validator(mode="after")
+    def _check_range(self) -> ScalingConfig:
+        if self.n_min > self.n_max:
+            raise ValueError(f"scaling.n_min={self.n_min} is above scaling.n_max={self.n_max}; make n_min <= n_max")
+        return self
+
+
+class StoreConfig(_Section):
+    uri: str = "runs/store"
+    """A directory, or s3://bucket/prefix (endpoint and keys from AWS_* environment variables)."""
+    keep_last: int | None = 2
+    """Policy versions kept after each commit: the newest this many (the newest's optimizer
+    state too, for a resume). Older versions' objects, and blobs nothing kept references, are
+    deleted after the commit (``flows/campaign/collect.py``). None: keep every version."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Also keep every version whose number is a multiple of this, for good, with its optimizer
+    state (a restart point). 0: none."""
+    lease_ttl_s: float = Field(60.0, ge=2, le=3600)
+    """Seconds a run's lease stays valid without renewal (renewed every third of it). A run
+    whose process died on another host can be taken over this long after its last renewal."""
+
+    @field_validator("keep_last")
+    @classmethod
+    def _check_keep_last(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(f"store.keep_last={v}: the newest version is always kept; use 1 or more, "
+                             "or null to keep every version")
+        return v
+
+    @field_validator("uri")
+    @classmethod
+    def _check_uri(cls, v: str) -> str:
+        # A mistyped scheme would otherwise be taken as a relative directory name ("s3:").
+        if not v.strip():
+            raise ValueError("store.uri is empty; use a directory path or s3://bucket/prefix")
+        scheme = v.split(":", 1)[0].lower() if ":" in v else ""
+        if v.startswith(("s3://", "file://")) or (scheme not in ("s3", "file") and "://" not in v):
+            return v
+        raise ValueError(f"store.uri {v!r} is not a directory path or s3://bucket/prefix; fix the scheme")
+
+
+class InvokerConfig(_Section):
+    kind: Literal["local", "inprocess", "openwhisk"] = "local"
+    num_workers: int = Field(0, ge=0)
+    """Local warm pool size; 0 = scaling.n_max + 1."""
+    num_cores: int = Field(0, ge=0)
+    """Local pool and in-process: cores shared by the running actions, each setting torch's
+    threads to its share when it starts (all of them when it runs alone); 0: the cores this
+    process may run on."""
+    package: str = "rlhfless"
+    """OpenWhisk package holding the actions."""
+    timeout_s: float = Field(600.0, gt=0)
+    log_dir: str | None = None
+    """Local pool: directory of the per-worker log files (``worker-N.log``, the workers' stdout
+    and stderr); None: ``logs`` in the run directory (the CLI's ``--out``, else ``runs/<run_id>``)."""
+    max_request_mb: float = Field(64.0, gt=0)
+    """Local pool: largest request body (MiB) a worker accepts; a larger one gets 413 unread."""
+    read_timeout_s: float = Field(30.0, gt=0)
+    """Local pool: a request must reach a worker whole within this many seconds of its first
+    byte, else the connection is cut."""
+    gpu_concurrency_limit: str | None = None
+    """Prefect global concurrency limit held by every GPU action while it runs, one slot per
+    ``scaling.gpus_per_actor`` (create it first: ``prefect gcl create gpu-actions --limit 8``).
+    None: no limit. A name the server does not know is skipped with a warning, never blocks."""
+
+
+class BudgetConfig(_Section):
+    usd: float | None = Field(None, gt=0)
+    gpu_seconds: float | None = Field(None, gt=0)
+
+
+class FaultConfig(_Section):
+    """Fault injection for resilience tests: every fault is transient and retried.
+
+    Each kind picks a deterministic fraction of (action, shard) pairs by hash of ``seed``;
+    a failure or a kill hits only the first attempt, and one shard gets at most one of them.
+    """
+
+    fail_fraction: float = Field(0.0, ge=0, lt=1)
+    """The action raises at once, like a crashed container (``InjectedFault``: transient)."""
+    kill_fraction: float = Field(0.0, ge=0, lt=1)
+    """The worker process is killed (SIGKILL) ``kill_after_s`` into the activation."""
+    kill_after_s: float = Field(0.2, ge=0, le=60)
+    latency_fraction: float = Field(0.0, ge=0, le=1)
+    """These activations sleep ``latency_s`` before running (every attempt)."""
+    latency_s: float = Field(0.0, ge=0, le=600)
+    actions: list[str] = ["generate", "score"]
+    seed: int = 0
+
+    @field_validator("actions")
+    @classmethod
+    def _check_actions(cls, v: list[str]) -> list[str]:
+        known = ("prefill", "generate", "score", "train_step", "warmup", "evaluate")
+        unknown = [a for a in v if a not in known]
+        if unknown:
+            raise ValueError(f"faults.actions {unknown!r}: unknown action(s); choose from {', '.join(known)}")
+        return v
+
+
+class ObservabilityConfig(_Section):
+    tensorboard: bool = False
+    """Write each step's metrics as TensorBoard scalars (needs tensorboardX: the extra ``tensorboard``)."""
+    tensorboard_dir: str | None = None
+    """Event-file directory; None: ``runs/<run_id>/tensorboard``, beside the CLI's default run directory."""
+
+
+class CampaignConfig(WorkloadConfig):
+    run_id: str | None = None
+    """Names the run in the store; None derives it from the configuration's hash."""
+    scaling: ScalingConfig = ScalingConfig()
+    store: StoreConfig = StoreConfig()
+    invoker: InvokerConfig = InvokerConfig()
+    budget: BudgetConfig = BudgetConfig()
+    faults: FaultConfig = FaultConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
+    price_per_gpu_second: float = Field(0.0004, ge=0)
+    """USD per GPU-second (0.0004 = $1.44 per GPU-hour)."""
+    steps: int = Field(24, ge=1)
+    eval_every: int = Field(4, ge=0)
+    """Evaluate on the held-out set every this many steps (0: only before and after)."""
+
+    @field_validator("run_id")
+    @classmethod
+    def _check_run_id(cls, v: str | None) -> str | None:
+        return v if v is None else check_run_id(v)
+
+    def overlap_scoring(self) -> bool:
+        """Whether a shard's score is submitted while other shards still generate."""
+        overlap = self.generation.score_while_generating
+        return self.invoker.kind == "openwhisk" if overlap is None else overlap
+
+    def identity(self) -> dict[str, Any]:
+        """The settings that define what a run computes; resuming requires them unchanged.
+        Steps, budgets, store, invoker, fault injection and observability may change between resumes."""
+        data = self.model_dump(mode="json")
+        for key in ("steps", "budget", "store", "invoker", "faults", "observability", "run_id", "eval_every"):
+            data.pop(key, None)
+        # Fan-out and planning change cost, never the training data (ARCHITECTURE invariant 3).
+        data.pop("scaling", None)
+        data["model"].pop("gradient_checkpointing", None)  # memory for compute; the same weights
+        for key in ("assignment", "cut_threshold", "rank_slack", "migrate_window_s", "score_while_generating",
+                    "dedup_prefill", "prefill_capacity", "length_window"):
+            data["generation"].pop(key, None)
+        return data
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()[:12]
+
+    def resolved_run_id(self) -> str:
+        source = "dataset" if self.data.train_path else self.data.task  # a user dataset is not the task
+        return self.run_id or f"{source}-{self.algorithm.name}-{self.fingerprint()}"
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _first_error(exc: ValidationError, raw: dict[str, Any]) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        parent = loc.rsplit(".", 1)[0] if "." in loc else "top level"
+        return f"unknown config key {loc!r}: not a setting of {parent}; check the spelling (see README, Configuration)"
+    if msg.startswith("Value error, "):
+        return msg[len("Value error, "):]
+    value = raw
+    for part in err["loc"]:
+        if isinstance(value, dict):
+            value = value.get(part, "<missing>")
+        elif isinstance(value, list) and isinstance(part, int) and 0 <= part < len(value):
+            value = value[part]  # an entry of a list setting, e.g. generation.draft_strategies.0
+        else:
+            value = "<missing>"
+    return f"config {loc} = {value!r}: {msg.lower()}"
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b=value`` -> (["a", "b"], parsed YAML value)."""
+    if "=" not in item:
+        raise ValueError(f"--set {item!r} is not of the form dotted.key=value, e.g. --set algorithm.lr=1e-3")
+    key, raw = item.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ValueError(f"--set {item!r} has an empty key segment; use dotted.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def load_config(path: str | None = None, overrides: list[str] | None = None) -> CampaignConfig:
+    """Read a YAML file (optional), apply ``--set`` overrides, validate.
+
+    Raises:
+        ValueError: a one-line message naming the field, the value and the fix.
+    """
+    raw: dict[str, Any] = {}
+    if path:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ValueError(f"config file {path!r} cannot be read ({exc.strerror}); check --config") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark else ""
+            raise ValueError(f"config file {path!r} is not valid YAML{where}; fix the syntax") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ValueError(f"config file {path!r} must hold a mapping of sections, not {type(loaded).__name__}")
+        raw = loaded or {}
+    for item in overrides or []:
+        parts, value = parse_override(item)
+        node = raw
+        for p in parts[:-1]:
+            child = node.setdefault(p, {})
+            if not isinstance(child, dict):
+                raise ValueError(f"--set {item!r}: {p!r} is a value, not a section")
+            node = child
+        node[parts[-1]] = value
+    try:
+        return CampaignConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ValueError(_first_error(exc, raw)) from None
