@@ -10,7 +10,6 @@ broken advantage or loss sign lowers it.
 
 from __future__ import annotations
 
-import pytest
 
 from flows.config import load_config
 from flows.campaign.run import run_campaign

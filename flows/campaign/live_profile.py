@@ -17,7 +17,6 @@ measured again (``refresh``); the action itself rejects one that is not what it 
 
 from __future__ import annotations
 
-import os
 import statistics
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor

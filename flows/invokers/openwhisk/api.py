@@ -7,7 +7,6 @@ import logging
 import random
 import ssl
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
