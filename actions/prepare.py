@@ -6,7 +6,10 @@ eval datasets, and a token table (prompt token ids and reference-answer lengths)
 planner needs without loading a tokenizer. Everything is content-addressed, so preparing the
 same configuration twice writes the same bytes.
 
-It runs where the model files are: in the control-plane process for a local model directory.
+It reads ``model.path`` and ``data.*_path`` where it runs, so the control plane runs it where
+those files are (``flows/campaign/inputs.py``): on its pool, or in a child process of its own
+when the actions run on a cluster. ``validate_inputs`` checks the same inputs without torch,
+at the CLI, before anything is written.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from actions.common.config import WorkloadConfig
-from actions.common.contracts import Prepared
-from actions.common.store import ObjectStore, put_artifact, put_json
+from actions.common.adapter import run_action
+from actions.common.contracts import PrepareRequest, Prepared
+from actions.common.store import ObjectStore, open_store, put_artifact, put_json
 from actions.tasks import get_task
 from actions.tasks.build import Datasets, build_datasets
 from actions.tasks.dataset import DATASET_FILE, rows_to_jsonl
@@ -159,3 +163,11 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str) -> Prepare
     put_json(store, tokens_key, tokens)
     return Prepared(base_key=base_key, init_key=init.manifest_key, train_key=train_key, eval_key=eval_key,
                     tokens_key=tokens_key, model=model_summary(files), data=data.summary)
+
+
+def run_prepare(req: PrepareRequest) -> Prepared:
+    return prepare(req.workload, open_store(req.store_uri), req.run_prefix)
+
+
+def main(args: dict) -> dict:
+    return run_action(PrepareRequest, run_prepare, args)

@@ -211,7 +211,8 @@ def test_limits_below_the_manifest_are_refused_with_a_hint(tmp_path):
         with pytest.raises(DeployError) as info:
             deploy(client, manifest, environ=environ)
     message = str(info.value)
-    assert message.startswith("action rlhfless/prefill: put action rlhfless/prefill: HTTP 400 memory 32768 MB exceeds allowed threshold of 512 MB")
+    # the first action of the manifest that exceeds the stock limits
+    assert message.startswith("action rlhfless/prepare: put action rlhfless/prepare: HTTP 400 memory 32768 MB exceeds allowed threshold of 512 MB")
     assert "values-gpu.yaml" in message
 
 

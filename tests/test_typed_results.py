@@ -34,6 +34,10 @@ ALLOWED = {
     ("flows/simulate/replay.py", "prompt_id"), ("flows/simulate/replay.py", "answer_len"),
     # an Activation's own dataclass fields, dropping its result to build the accounting record
     ("flows/invokers/base.py", "result"),
+    # the one-shot runner's file envelope around a result (validated by the caller, like any)
+    ("flows/invokers/child.py", "result"),
+    # the configuration's own JSON dump (the run's identity), not an action result
+    ("flows/config.py", "model"),
 }
 
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from actions.common.config import AlgorithmConfig, RewardFunctionConfig, WarmupConfig
+from actions.common.config import AlgorithmConfig, RewardFunctionConfig, WarmupConfig, WorkloadConfig
 
 
 class _Msg(BaseModel):
@@ -215,8 +215,20 @@ class EvaluateResult(_Msg):
 # ----------------------------------------------------------------------------- prepare
 
 
+class PrepareRequest(_Msg):
+    """``prepare``: put the workload's model, initial weights and datasets into the store.
+
+    ``workload.model.path`` and ``workload.data.*_path`` are read where the action runs, so
+    the control plane runs it where those files are (``flows/campaign/inputs.py``)."""
+
+    workload: WorkloadConfig
+    store_uri: str
+    run_prefix: str
+    """Every object goes under it (``<run_prefix>/base/``, ``/init/``, ``/data/``)."""
+
+
 class Prepared(_Msg):
-    """What preparing a campaign wrote to the store (``flows/campaign/prepare.py``)."""
+    """What ``prepare`` wrote to the store (``actions/prepare.py``)."""
 
     base_key: str
     init_key: str
@@ -230,6 +242,20 @@ class Prepared(_Msg):
     def object_keys(self) -> dict[str, str]:
         """field -> object key, for every key this names (garbage collection, commit checks)."""
         return {f: getattr(self, f) for f in ("base_key", "init_key", "train_key", "eval_key", "tokens_key")}
+
+
+class CriticInitRequest(_Msg):
+    """``init_critic`` (PPO): the critic's first version, the policy's backbone with a zero value head."""
+
+    model: ModelRef
+    """The policy version the critic starts from (v0, after warm-up)."""
+    output_key: str
+    """Manifest key of the critic's weights."""
+
+
+class CriticInitResult(_Msg):
+    critic_key: str
+    weights_sha256: str
 
 
 class PromptTokens(_Msg):
@@ -310,7 +336,8 @@ class NoopResult(_Msg):
 
 RESULT_MODELS: dict[str, type[_Msg]] = {
     "warmup": WarmupResult, "prefill": PrefillResult, "generate": GenerateResult, "score": ScoreResult,
-    "train_step": TrainStepResult, "evaluate": EvaluateResult, "noop": NoopResult,
+    "train_step": TrainStepResult, "evaluate": EvaluateResult, "noop": NoopResult, "prepare": Prepared,
+    "init_critic": CriticInitResult,
 }
 """Each action's result contract, by action name (``profile``'s is ``profile_cache.ProfileResult``,
 which imports this module: the flow adds it, ``flows/step/invoke.py``)."""

@@ -54,7 +54,8 @@ from typing import Any
 from actions.common.errors import describe_crash
 
 SENTINEL = "XXX_THE_END_OF_A_WHISK_ACTIVATION_XXX"
-ACTION_NAMES = frozenset({"prefill", "generate", "score", "train_step", "warmup", "evaluate", "profile", "noop"})
+ACTION_NAMES = frozenset({"prepare", "prefill", "generate", "score", "train_step", "warmup", "evaluate", "profile",
+                          "init_critic", "noop"})
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 """Generous: payloads carry object-store keys, not data (OpenWhisk itself caps them at ~1 MB)."""
 

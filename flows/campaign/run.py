@@ -20,6 +20,7 @@ from actions.common.store import ObjectStore, get_json, open_store
 from flows.campaign.artifacts import publish_step_artifacts, start_progress, update_progress
 from flows.step.context import RunContext, set_context
 from flows.step.phase import plan_generation_phase
+from flows.campaign.inputs import init_critic, prepare_inputs
 from flows.campaign.live_profile import finish_profiling, start_profiling
 from flows.invokers.factory import make_invoker, pool_size
 from flows.step.metrics import billing, planner_fidelity, step_metrics
@@ -60,11 +61,9 @@ def _model_ref(ctx: RunContext, state: CampaignState) -> ModelRef:
 
 
 def _setup(ctx: RunContext, progress: Progress) -> CampaignState:
-    from actions.prepare import prepare  # reads the local model directory; heavy imports stay out of flows
-
     cfg = ctx.config
     progress("prepare: model, initial weights and datasets -> store")
-    prepared = prepare(cfg, ctx.store, ctx.prefix)
+    prepared = prepare_inputs(ctx)
     policy_key = prepared.init_key
     # the pool profiles the engine beside warm-up and the first evaluation (speed does not
     # depend on the weights' values, so the initial ones do)
@@ -84,20 +83,10 @@ def _setup(ctx: RunContext, progress: Progress) -> CampaignState:
                           policy_key=policy_key, reference_key=policy_key, prepared=prepared,
                           weights_sha256=sha)
     if cfg.algorithm.name == "ppo":
-        state.critic_key = _init_critic(ctx, state)
+        state.critic_key = init_critic(ctx, _model_ref(ctx, state))
     state.evals.append(_evaluate(ctx, state))
     ctx.live = finish_profiling(ctx, profiling, progress)
     return state
-
-
-def _init_critic(ctx: RunContext, state: CampaignState) -> str:
-    from actions.common.loading import load_model
-    from actions.common.weights import publish_tensors
-    from actions.rl.critic import build_critic
-
-    lm, _, _ = load_model(_model_ref(ctx, state), fresh=True)
-    critic = build_critic(lm, None)
-    return publish_tensors(ctx.store, f"{ctx.prefix}/critic/v000000/manifest.json", critic.tensors()).manifest_key
 
 
 def _budget_stop(cfg: CampaignConfig, state: CampaignState) -> str | None:

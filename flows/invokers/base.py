@@ -8,6 +8,8 @@ returns an :class:`Activation`: the action's result plus the accounting the flow
 * ``LocalPoolInvoker`` -- a warm pool of worker processes serving the action protocol on
   loopback (the embedded default).
 * ``OpenWhiskInvoker`` -- the OpenWhisk REST API (clusters).
+* ``ChildProcessInvoker`` -- one child process per activation on this machine (``prepare``
+  when the other actions run on a cluster that cannot read this machine's files).
 
 Errors: an action that rejects its payload returns ``{"error": ...}``; the invoker raises
 :class:`ActionError` with ``transient=False`` (retrying cannot help). An action that raises is
@@ -76,6 +78,9 @@ class Activation:
 
 class Invoker(Protocol):
     """Calls actions. Implementations must be safe to call from several threads."""
+
+    sees_local_files: bool
+    """Whether its actions run on this machine and can read its files (``model.path``, datasets)."""
 
     def invoke(self, action: str, payload: dict[str, Any], *, timeout_s: float | None = None) -> Activation:
         """Run ``action`` on ``payload`` and wait for its result.

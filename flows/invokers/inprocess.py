@@ -22,6 +22,8 @@ from flows.invokers.cores import available_cores
 
 
 class InProcessInvoker:
+    sees_local_files = True
+
     def __init__(self, num_cores: int = 0) -> None:
         self.num_cores = num_cores or available_cores()
         self._lock = threading.Lock()  # actions assume one activation per container at a time

@@ -86,6 +86,8 @@ class LocalPoolInvoker:
             process's affinity mask.
     """
 
+    sees_local_files = True
+
     def __init__(self, num_workers: int, *, timeout_s: float = 600.0, log_dir: str | Path | None = None,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, read_timeout_s: float = 30.0,
                  num_cores: int = 0) -> None:

@@ -78,6 +78,8 @@ class OpenWhiskInvoker:
     the runtime server answers before importing the action, so ``n`` containers start.
     """
 
+    sees_local_files = False
+
     def __init__(
         self,
         client: OpenWhiskClient,

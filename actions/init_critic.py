@@ -1,0 +1,29 @@
+"""init_critic action (PPO): the critic's first version, published once at campaign start.
+
+The critic is the policy's backbone with a scalar value head (``actions/rl/critic.py``). Its
+first version copies policy v0 (after warm-up) exactly as stored, on the host and in the stored
+dtype, with the head zero-initialised, so it is the same bytes wherever it runs.
+"""
+
+from __future__ import annotations
+
+from actions.common.adapter import run_action
+from actions.common.contracts import CriticInitRequest, CriticInitResult
+from actions.common.loading import load_base, store_for
+from actions.common.modeling import instantiate
+from actions.common.weights import load_tensors, publish_tensors
+from actions.rl.critic import build_critic
+
+
+def run_init_critic(req: CriticInitRequest) -> CriticInitResult:
+    ref = req.model
+    store = store_for(ref.store_uri)
+    tensors, _ = load_tensors(store, ref.policy_key, expected_sha256=ref.weights_sha256)
+    lm, _ = instantiate(load_base(ref.store_uri, ref.base_key), tensors)
+    critic = build_critic(lm, None)
+    published = publish_tensors(store, req.output_key, critic.tensors(), {"version": 0, "source": "policy v0"})
+    return CriticInitResult(critic_key=published.manifest_key, weights_sha256=published.weights_sha256)
+
+
+def main(args: dict) -> dict:
+    return run_action(CriticInitRequest, run_init_critic, args)

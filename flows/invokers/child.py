@@ -1,0 +1,67 @@
+"""Child-process invoker: each activation is a fresh ``python -m actions.runtime.oneshot`` on
+this machine.
+
+For an action that must read this machine's files (``prepare`` reads ``model.path`` and the
+datasets) when the campaign's other actions run on a cluster that cannot see them. The child
+keeps torch out of the control plane's process and exits with its memory. Its stdout and stderr
+go to ``log_path`` (or this process's stderr); the result comes back through a file
+(``actions/runtime/oneshot.py``), classified as the runtime server classifies crashes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from actions.common.errors import crash_text
+from flows.invokers.base import ActionError, Activation
+
+
+class ChildProcessInvoker:
+    """One process per activation, on this machine, with this process's environment."""
+
+    sees_local_files = True
+
+    def __init__(self, log_path: str | Path | None = None) -> None:
+        self.log_path = Path(log_path) if log_path else None
+
+    def invoke(self, action: str, payload: dict[str, Any], *, timeout_s: float | None = None) -> Activation:
+        started = time.time()
+        with tempfile.TemporaryDirectory(prefix="rlhfless-oneshot-") as tmp:
+            out = Path(tmp) / "result.json"
+            log = self.log_path.open("ab") if self.log_path else None
+            try:
+                proc = subprocess.run([sys.executable, "-m", "actions.runtime.oneshot", action, str(out)],
+                                      input=json.dumps(payload).encode(), stdout=log or sys.stderr,
+                                      stderr=log or sys.stderr, timeout=timeout_s, check=False)
+            except subprocess.TimeoutExpired:
+                raise ActionError(action, f"the child process ran past {timeout_s:.0f} s (invoker.timeout_s)",
+                                  transient=False) from None
+            finally:
+                if log:
+                    log.close()
+            record = json.loads(out.read_text()) if out.is_file() else None
+        ended = time.time()
+        if record is None:
+            raise ActionError(action, f"the child process exited with status {proc.returncode} before it wrote "
+                              "a result", transient=True)
+        if "crash" in record:
+            crash = record["crash"]
+            raise ActionError(action, crash_text(crash), transient=bool(crash.get("transient")))
+        result = record["result"]
+        if "error" in result:
+            raise ActionError(action, str(result["error"]), transient=False)
+        return Activation(action=action, activation_id=uuid.uuid4().hex, result=result, submitted_at=started,
+                          started_at=started, ended_at=ended, busy_s=ended - started, worker="child", gpus=0)
+
+    def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None) -> int:
+        return 0  # every activation starts its own process
+
+    def close(self) -> None:
+        pass
