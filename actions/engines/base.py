@@ -28,7 +28,7 @@ logits they draw equal tokens; temperature 0 is greedy argmax.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -101,3 +101,36 @@ class GenerationEngine(Protocol):
             (one SampleOut per input sample, in input order; call statistics).
         """
         ...
+
+
+class RowEnds:
+    """How the rows of one decode call end, token by token (both torch decoders share it).
+
+    A drawn EOS id ends its row as ``"stop"`` (the id is kept in ``stops``, not appended); any
+    other token is appended, and the row ends as ``"length"`` at ``max_new_tokens`` generated
+    tokens. A row still open when the call returns was cut (``reason`` None).
+    """
+
+    def __init__(self, num_rows: int, eos_ids: Sequence[int], max_new_tokens: int) -> None:
+        self.reasons: list[str | None] = [None] * num_rows
+        self.stops: list[int | None] = [None] * num_rows
+        self.eos = frozenset(eos_ids)
+        self.max_new_tokens = max_new_tokens
+        self.num_done = 0
+
+    def take(self, row: int, token: int, generated: list[int]) -> bool:
+        """Apply ``token``, drawn for ``row``, to its ``generated`` list; True when the row ended."""
+        if token in self.eos:
+            self.reasons[row], self.stops[row] = "stop", token
+        else:
+            generated.append(token)
+            if len(generated) >= self.max_new_tokens:
+                self.reasons[row] = "length"
+        if self.reasons[row] is None:
+            return False
+        self.num_done += 1
+        return True
+
+    def cut(self, cut_after: int | None) -> bool:
+        """Whether ``cut_after`` rows have ended (the call stops and returns the rest as partial)."""
+        return cut_after is not None and self.num_done >= cut_after

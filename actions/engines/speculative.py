@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from actions.engines.base import EngineStats, SampleOut, SampleSpec
+from actions.engines.base import EngineStats, RowEnds, SampleOut, SampleSpec
 from actions.engines.drafters import HistoryDrafter, PromptLookupDrafter
 from actions.engines.drafters.base import Drafter
 from actions.engines.sampling import sample_next, stream_key
@@ -233,33 +233,20 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
     start_len = [len(g) for g in gen]
     logits = torch.stack([st.last_logits for st in states])
     rows = list(range(n))
-    reasons: list[str | None] = [None] * n
-    stops: list[int | None] = [None] * n
-    eos = frozenset(engine.eos_ids)
+    ends = RowEnds(n, engine.eos_ids, max_new_tokens)
     drafters = make_drafters(spec)
     for d in drafters.values():
         for r, s in enumerate(samples):
             d.start(r, s.prompt_id, s.prompt_tokens, s.generated)
     selector = _Selector(spec, tracker, cost)
     sstats = SpecStats()
-    num_done = 0
 
     def emit(row: int, t: int) -> bool:
         """Append one token the target drew for ``row``; True when the row finished."""
-        nonlocal num_done
-        if t in eos:
-            reasons[row], stops[row] = "stop", t
-        else:
-            gen[row].append(t)
-            if len(gen[row]) >= max_new_tokens:
-                reasons[row] = "length"
-        if reasons[row] is None:
-            return False
-        num_done += 1
-        return True
+        return ends.take(row, t, gen[row])
 
     def cut() -> bool:
-        return cut_after is not None and num_done >= cut_after
+        return ends.cut(cut_after)
 
     known: dict[int, int] = {}  # row -> its next token, drawn already at a verification mismatch
     while rows:
@@ -310,7 +297,7 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
             kept = 0
             while kept < a and not emit(row, d[kept]):
                 kept += 1
-            if kept < a or reasons[row] is not None:
+            if kept < a or ends.reasons[row] is not None:
                 finished.append(j)
                 known.pop(row, None)
             elif a:
@@ -329,9 +316,9 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
             keep_t = torch.tensor(keep, dtype=torch.long, device=dev)
             batch.select(keep_t)
             keys, rows, logits = keys[keep_t], [rows[j] for j in keep], logits[keep_t]
-    plain_steps = max((len(gen[i]) - start_len[i] + (reasons[i] == "stop") for i in range(n)), default=1) - 1
+    plain_steps = max((len(gen[i]) - start_len[i] + (ends.reasons[i] == "stop") for i in range(n)), default=1) - 1
     sstats.forwards_saved = max(plain_steps - stats.decode_steps, 0)
-    outs = [SampleOut(s.prompt_id, s.sample_index, gen[i], reasons[i] or "cut", stops[i])
+    outs = [SampleOut(s.prompt_id, s.sample_index, gen[i], ends.reasons[i] or "cut", ends.stops[i])
             for i, s in enumerate(samples)]
     return outs, sstats
 

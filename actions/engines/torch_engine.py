@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from actions.engines.base import EngineStats, SampleOut, SampleSpec
+from actions.engines.base import EngineStats, RowEnds, SampleOut, SampleSpec
 from actions.engines.sampling import sample_next, stream_key
 from actions.engines.spec_select import AcceptanceTracker, ForwardCost, choose
 from actions.engines.kv_state import PrefixState, stack_states
@@ -201,25 +201,12 @@ class TorchEngine:
         logits = torch.stack([st.last_logits for st in states])
         active = torch.arange(n, device=dev)
         rows = list(range(n))  # host copy of ``active``
-        reasons: list[str | None] = [None] * n
-        stops: list[int | None] = [None] * n
-        eos = frozenset(self.eos_ids)
-        num_done = 0
+        ends = RowEnds(n, self.eos_ids, max_new_tokens)
         while True:
             tok = sample_next(logits, keys[active], positions[active], temperature)
-            keep = []
-            for j, (row, t) in enumerate(zip(rows, tok.tolist())):  # one device->host copy per step
-                if t in eos:
-                    reasons[row], stops[row] = "stop", t
-                else:
-                    gen[row].append(t)
-                    if len(gen[row]) >= max_new_tokens:
-                        reasons[row] = "length"
-                if reasons[row] is None:
-                    keep.append(j)
-                else:
-                    num_done += 1
-            if not keep or (cut_after is not None and num_done >= cut_after):
+            # one device->host copy per step
+            keep = [j for j, (row, t) in enumerate(zip(rows, tok.tolist())) if not ends.take(row, t, gen[row])]
+            if not keep or ends.cut(cut_after):
                 break
             if len(keep) < len(rows):
                 keep_t = torch.tensor(keep, device=dev)
@@ -235,7 +222,7 @@ class TorchEngine:
             logits = res.logits[:, -1]
             stats.decode_steps += 1
             stats.decode_token_slots += len(rows)
-        return [SampleOut(s.prompt_id, s.sample_index, gen[i], reasons[i] or "cut", stops[i])
+        return [SampleOut(s.prompt_id, s.sample_index, gen[i], ends.reasons[i] or "cut", ends.stops[i])
                 for i, s in enumerate(samples)]
 
 
