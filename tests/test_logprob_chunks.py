@@ -139,8 +139,8 @@ def test_micro_batches_give_the_unsplit_update(qwen, name):
             assert max(float(g.abs().max()) for g in step_whole) > 1e-4  # a real gradient
             for g_whole, g_split in zip(step_whole, step_split):
                 # fp32 round-off of a different summation order: gradients here are ~1e-3, a real
-                    # difference (a wrong token weight) is of their own size
-                    torch.testing.assert_close(g_split, g_whole, atol=1e-6, rtol=1e-4)
+                # difference (a wrong token weight) is of their own size
+                torch.testing.assert_close(g_split, g_whole, atol=1e-6, rtol=1e-4)
     for k in ("loss/policy", "entropy", "grad_norm") + (("loss/value",) if name == "ppo" else ()):
         assert m_split[k] == pytest.approx(m_whole[k], rel=1e-4, abs=1e-6)
 
