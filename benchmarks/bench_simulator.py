@@ -26,6 +26,7 @@ Modelling choices (details in flows/simulate/*.py docstrings):
 group decoded alone (sum over steps of the longest group's solo decode time).
 
     .venv/bin/python benchmarks/bench_simulator.py [--models qwen2.5-7b] [--sensitivity]
+        [--first-epoch learned|reference]
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import time
 from pathlib import Path
 
 from flows.planning.cost import decode_time
+from flows.planning.lengths import FIRST_EPOCH_PREDICTORS
 from flows.planning.tpot import (GPUS, LEARNER_MFU, MODELS, kv_capacity_tokens, learner_tokens_per_s,
                                     roofline_profile)
 from benchmarks.make_traces import SHAPES, make_trace
@@ -84,6 +86,22 @@ def ratios(runs: dict) -> dict[str, tuple[float, float, float, float]]:
     return out
 
 
+def epoch_split(runs: dict, epochs: dict[int, int]) -> str:
+    """rlhfless's generation speed and GPU-s ratio to static:3 in epoch 0 (first-epoch
+    predictions) and in the later epochs (history), as one line."""
+    parts = []
+    for label, first in (("epoch 0", True), ("later", False)):
+        pick = {name: [s for s in runs[name].steps if (epochs[s.step] == 0) == first]
+                for name in ("static:3", "rlhfless")}
+        if not pick["rlhfless"]:
+            continue
+        base, own = pick["static:3"], pick["rlhfless"]
+        speed = sum(s.gen_time_s for s in base) / sum(s.gen_time_s for s in own)
+        cost = sum(s.gen_gpu_seconds for s in own) / sum(s.gen_gpu_seconds for s in base)
+        parts.append(f"{label} {speed:.3f}x at {cost:.3f}x")
+    return ", ".join(parts)
+
+
 def report_trace(path: Path, model: ClusterModel, sensitivity: bool = True,
                  model_name: str = "qwen2.5-7b") -> dict[str, tuple[float, float]]:
     """Print the trace's tables; return rlhfless's (time, GPU-s) ratios to static:3 for the
@@ -113,6 +131,8 @@ def report_trace(path: Path, model: ClusterModel, sensitivity: bool = True,
         print(f"{name:<11} {1 / gen[0]:>8.3f}x {gen[1]:>9.3f}x {1 / step[0]:>9.3f}x {step[1]:>9.3f}x "
               f"{sum(run.planned) / len(run.planned):>7.1f} {fid[0]:>8.1%}/{fid[1]:<8.1%} "
               f"{s['planning_ms_p50']:>7.2f}/{s['planning_ms_max']:<7.2f}")
+    epochs = {st.step: st.epoch for st in steps}
+    print("  rlhfless generation by epoch (speed, GPU-s vs static:3): " + epoch_split(runs, epochs))
     print(f"  (whole step: learner on one node of {model.gpus_per_node} H100 at {LEARNER_MFU:.0%} MFU, "
           f"{rate:,.0f} tokens/s; GPU-s columns are ratios to static:3, < 1 is cheaper)")
     for label, change in (SENSITIVITY.items() if sensitivity else ()):
@@ -146,6 +166,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic traces")
     parser.add_argument("--traces", default=str(TRACES), help="directory of the shared traces")
     parser.add_argument("--sensitivity", action="store_true", help="also the sensitivity lines")
+    parser.add_argument("--first-epoch", choices=FIRST_EPOCH_PREDICTORS, default="learned",
+                        help="length predictor of prompts without history (flows/planning/first_epoch.py)")
     parser.add_argument("--models", default="qwen2.5-7b,llama2-70b",
                         help="comma-separated actor models: qwen2.5-7b is the issue's setting, "
                              "llama2-70b the paper's simulated one (PAPER §4.7), where KV memory binds")
@@ -161,13 +183,14 @@ def main() -> None:
         path.write_text("".join(json.dumps(r) + "\n" for r in make_trace(shape, args.seed)))
         paths.append(path)
     for name in args.models.split(","):
-        model = default_model(name)
+        model = dataclasses.replace(default_model(name), first_epoch=args.first_epoch)
         capacity = kv_capacity_tokens(GPUS["h100"], MODELS[name], model.gpus_per_actor)
         print(f"\n#### cluster: {model.num_nodes} nodes x {model.gpus_per_node} H100, "
               f"{model.gpus_per_actor} GPUs/actor, profile {model.profile.name}, "
               f"KV capacity {capacity:,.0f} tokens/actor, objective {model.objective} "
               f"(value of time: the learner node's {model.gpus_per_node} GPUs), tau={model.tau}, "
-              f"migration {model.migration}, N in [{model.n_min}, {model.n_max}]")
+              f"migration {model.migration}, N in [{model.n_min}, {model.n_max}], "
+              f"first-epoch predictor {model.first_epoch}")
         results = {path.stem: report_trace(path, model, sensitivity=name == "qwen2.5-7b" and args.sensitivity,
                                            model_name=name) for path in paths}
         verdict(results)

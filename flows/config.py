@@ -203,7 +203,7 @@ class CampaignConfig(WorkloadConfig):
         data.pop("scaling", None)
         data["model"].pop("gradient_checkpointing", None)  # memory for compute; the same weights
         for key in ("assignment", "cut_threshold", "rank_slack", "migrate_window_s", "score_while_generating",
-                    "dedup_prefill", "prefill_capacity", "length_window"):
+                    "dedup_prefill", "prefill_capacity", "length_window", "first_epoch_predictor"):
             data["generation"].pop(key, None)
         return data
 

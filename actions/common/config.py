@@ -174,6 +174,11 @@ class GenerationConfig(_Section):
     """B_prefill: most unique prefixes one prefill action computes (PAPER 3.1)."""
     length_window: int = Field(1, ge=1)
     """EWMA window (epochs) of the response-length predictor."""
+    first_epoch_predictor: Literal["reference", "learned"] = "learned"
+    """Length prediction of a prompt without history: ``learned`` fits reference and prompt
+    length against the group max of the prompts already seen (``flows/planning/first_epoch.py``),
+    falling back to ``reference`` (the paper's rule: the reference answer's length, scaled) until
+    enough prompts are seen."""
     speculation: Literal["auto", "off"] = "auto"
     """Speculative decoding in the torch engine (``actions/engines/speculative.py``): ``auto``
     drafts and verifies where the selector predicts it pays, per decode round, and decodes

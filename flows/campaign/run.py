@@ -137,7 +137,7 @@ def _run_one_step(ctx: RunContext, state: CampaignState, tokens: dict[int, Promp
             if s.finish_reason != "cut":
                 lengths.setdefault(s.prompt_id, []).append(s.length)
     for pid, lens in lengths.items():
-        history.record(pid, epoch, lens, tokens[pid].answer_len)
+        history.record(pid, epoch, lens, tokens[pid].answer_len, len(tokens[pid].prompt))
     train = out.train
     new = state.model_copy(deep=True)
     new.step = state.step + 1

@@ -17,6 +17,10 @@ ranking matters: the planner sorts prompts by it (§3.3).
   scale leaves the ranking as it is; it is there for the planner's time estimates, which need
   tokens: on a trace of code answers (lcb) responses ran about twice their references, and
   slices balanced on unscaled references under-counted the long groups' KV reads.
+- ``first_epoch="learned"``: a prompt without history is predicted by the fit of
+  ``first_epoch.py`` (reference and prompt length against the group max of the prompts seen so
+  far, censored at the cap), falling back to the scaled reference above while the fit has too
+  few observations.
 - ``rank_correlation`` (Spearman, ties get their average rank) is the prediction-quality
   metric: 1.0 means a perfect ranking, which is all the planner needs.
 
@@ -30,6 +34,10 @@ from bisect import insort
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from flows.planning.first_epoch import fit_lengths, predict_group_max
+
+FIRST_EPOCH_PREDICTORS = ("reference", "learned")
+
 
 @dataclass
 class LengthHistory:
@@ -38,12 +46,14 @@ class LengthHistory:
     observations: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
     references: dict[int, float] = field(default_factory=dict)
     """prompt_id -> reference answer length (tokens), for the first-epoch scale."""
+    prompt_lengths: dict[int, float] = field(default_factory=dict)
+    """prompt_id -> prompt length (tokens), a feature of the learned first-epoch fit."""
 
     def record(self, prompt_id: int, epoch: int, response_lens: Sequence[int],
-               reference_length: float | None = None) -> None:
+               reference_length: float | None = None, prompt_length: float | None = None) -> None:
         """Store the group's max length for ``epoch``; recording an epoch again replaces it
-        (a replayed step must not count twice). ``reference_length``: the prompt's reference
-        answer length, which calibrates predictions of prompts not seen yet."""
+        (a replayed step must not count twice). ``reference_length`` and ``prompt_length``
+        (tokens): the prompt's features, which calibrate predictions of prompts not seen yet."""
         if not response_lens:
             raise ValueError(f"response_lens for prompt {prompt_id}: empty; pass the "
                              "length of every sample of the group")
@@ -52,6 +62,23 @@ class LengthHistory:
         insort(entries, (int(epoch), float(max(response_lens))))
         if reference_length is not None and reference_length > 0:
             self.references[int(prompt_id)] = float(reference_length)
+        if prompt_length is not None and prompt_length > 0:
+            self.prompt_lengths[int(prompt_id)] = float(prompt_length)
+
+    def fit_observations(self) -> tuple[list[float], list[float | None], list[float]]:
+        """(reference length, prompt length or None, latest group max) of every prompt
+        recorded with a reference length, as columns in prompt-id order (the learned
+        first-epoch fit's data, ``first_epoch.fit_lengths``)."""
+        refs: list[float] = []
+        prompts: list[float | None] = []
+        maxes: list[float] = []
+        for pid, ref in sorted(self.references.items()):
+            entries = self.observations.get(pid)
+            if entries:
+                refs.append(ref)
+                prompts.append(self.prompt_lengths.get(pid))
+                maxes.append(entries[-1][1])
+        return refs, prompts, maxes
 
     def reference_scale(self) -> float:
         """Observed group max per reference token over the prompts recorded with a reference
@@ -71,14 +98,16 @@ class LengthHistory:
     def to_dict(self) -> dict:
         return {"observations": {str(pid): [[e, v] for e, v in entries]
                                  for pid, entries in sorted(self.observations.items())},
-                "references": {str(pid): v for pid, v in sorted(self.references.items())}}
+                "references": {str(pid): v for pid, v in sorted(self.references.items())},
+                "prompt_lengths": {str(pid): v for pid, v in sorted(self.prompt_lengths.items())}}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "LengthHistory":
         obs = {int(pid): [(int(e), float(v)) for e, v in entries]
                for pid, entries in data.get("observations", {}).items()}
         refs = {int(pid): float(v) for pid, v in data.get("references", {}).items()}
-        return cls({pid: sorted(entries) for pid, entries in obs.items()}, refs)
+        prompts = {int(pid): float(v) for pid, v in data.get("prompt_lengths", {}).items()}
+        return cls({pid: sorted(entries) for pid, entries in obs.items()}, refs, prompts)
 
 
 def ewma(values: Sequence[float]) -> float:
@@ -91,7 +120,8 @@ def ewma(values: Sequence[float]) -> float:
 
 def predict_lengths(history: LengthHistory, prompt_ids: Sequence[int],
                     reference_lengths: Mapping[int, int], window: int = 1,
-                    max_length: float | None = None) -> dict[int, float]:
+                    max_length: float | None = None, first_epoch: str = "reference",
+                    prompt_lengths: Mapping[int, int] | None = None) -> dict[int, float]:
     """Predicted response length (tokens) per prompt id.
 
     Args:
@@ -102,19 +132,31 @@ def predict_lengths(history: LengthHistory, prompt_ids: Sequence[int],
         window: number of most recent epochs in the EWMA (1 = last value).
         max_length: the generation cap (``max_new_tokens``): no response runs longer, so no
             prediction is larger (a scaled reference can be). None: uncapped.
+        first_epoch: 'reference' (the paper's rule, scaled) or 'learned' (``first_epoch.py``,
+            with the paper's rule as its fallback) for prompts without history.
+        prompt_lengths: prompt id -> prompt tokens, a feature of the learned fit (optional).
     """
     if window < 1:
         raise ValueError(f"lengths.window={window}: must be >= 1 (1 = last epoch only)")
+    if first_epoch not in FIRST_EPOCH_PREDICTORS:
+        raise ValueError(f"first_epoch={first_epoch!r}: use one of {FIRST_EPOCH_PREDICTORS}")
     out: dict[int, float] = {}
-    scale = None
+    scale = fit = None
+    fitted = first_epoch != "learned"  # nothing to fit for the paper's rule
     for pid in prompt_ids:
         past = history.last(pid, window)
         if past:
             out[pid] = ewma(past)
         elif pid in reference_lengths:
-            if scale is None:
-                scale = history.reference_scale()
-            out[pid] = float(reference_lengths[pid]) * scale
+            if not fitted:  # once per call, and only when some prompt is new
+                fit, fitted = fit_lengths(*history.fit_observations(), cap=max_length), True
+            if fit is not None and reference_lengths[pid] > 0:
+                out[pid] = predict_group_max(fit, float(reference_lengths[pid]),
+                                             (prompt_lengths or {}).get(pid), max_length)
+            else:
+                if scale is None:
+                    scale = history.reference_scale()
+                out[pid] = float(reference_lengths[pid]) * scale
         else:
             raise ValueError(f"reference_lengths: no entry for prompt {pid} and no history; "
                              "pass the reference answer length of every prompt")

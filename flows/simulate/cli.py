@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
+from flows.planning.lengths import FIRST_EPOCH_PREDICTORS
 from flows.planning.objective import check_objective
 from flows.planning.tpot import (GPUS, LEARNER_MFU, MODELS, TpotProfile, learner_tokens_per_s,
                                     parse_roofline_spec)
@@ -67,6 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "KV uses (default), or re-prefill at the destination (a full stall)")
     parser.add_argument("--prefer", choices=("most_free", "least_loaded"), default="most_free",
                         help="order in which destinations with free slots are filled")
+    parser.add_argument("--first-epoch", choices=FIRST_EPOCH_PREDICTORS, default="learned",
+                        help="length predictor of prompts without history: learned online from "
+                             "reference and prompt length (default) or the paper's reference rule")
     parser.add_argument("--learner-tokens-per-s", type=float, default=None, metavar="R",
                         help="whole step: scoring + training at R rollout tokens/s (serverful "
                              "actors stay billed through it); default: from the learner model")
@@ -129,7 +133,7 @@ def build_model(args: argparse.Namespace) -> ClusterModel:
                         tau=args.tau, rank_slack=_slack(args.rank_slack),
                         n_min=args.n_min, n_max=args.n_max, colocated_actors=args.colocated_actors,
                         continuation=args.continuation, migration=args.migration,
-                        prefer=args.prefer, learner_tokens_per_s=rate)
+                        prefer=args.prefer, learner_tokens_per_s=rate, first_epoch=args.first_epoch)
 
 
 def format_table(runs: dict[str, PolicyRun], whole_step: bool = False) -> str:

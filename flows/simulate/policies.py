@@ -95,6 +95,9 @@ class ClusterModel:
     continuation: bool = False
     migration: str = "kv"
     prefer: str = "most_free"
+    first_epoch: str = "learned"
+    """Length predictor of prompts without history: 'learned' (``flows/planning/first_epoch.py``)
+    or 'reference' (the paper's rule), as ``generation.first_epoch_predictor`` live."""
     learner_tokens_per_s: float | None = None
     """None: simulate the generation phase only (as the paper's simulator does). A rate: each
     step also runs the learner's scoring and training on its rollout (prompt + response tokens

@@ -5,7 +5,8 @@ answer_len, response_lens`` (one length per sample). Steps run in file order; a 
 keep their file order (the "given order" of contiguous / round-robin assignment).
 
 Per step: predictions come from a ``LengthHistory`` of earlier epochs (the reference answer
-length where a prompt has none, i.e. in epoch 0), or equal the true group max for ``oracle``;
+length where a prompt has none, i.e. in epoch 0, or a fit learned from the prompts seen so far:
+``ClusterModel.first_epoch``), or equal the true group max for ``oracle``;
 predictions are capped at the generation cap (``max_new_tokens``, as in the live planner); the
 planner runs (its wall time is recorded); the phase is simulated with the true lengths
 (plus the learner's scoring and training where ``ClusterModel.learner_tokens_per_s`` is set);
@@ -184,6 +185,9 @@ def replay(steps: list[TraceStep], policy_names: list[str], model: ClusterModel,
            window: int = 1, max_new_tokens: int | None = None) -> dict[str, PolicyRun]:
     """Run every policy over every step; see the module docstring.
 
+    Prompts without history are predicted by ``model.first_epoch`` (``lengths.predict_lengths``,
+    the live hook's call) from the features the live hook has: reference and prompt length.
+
     ``max_new_tokens``: the generation cap the trace was made with; predictions are capped at
     it, as the live planner caps them. Default: the trace's longest response (a trace of
     capped generations has many responses at the cap).
@@ -195,8 +199,10 @@ def replay(steps: list[TraceStep], policy_names: list[str], model: ClusterModel,
     for step in steps:
         ids = [r.prompt_id for r in step.prompts]
         refs = {r.prompt_id: r.answer_len for r in step.prompts}
+        prompt_lens = {r.prompt_id: r.prompt_len for r in step.prompts}
         truth = {r.prompt_id: float(max(r.response_lens)) for r in step.prompts}
-        predicted = predict_lengths(history, ids, refs, window, max_length=cap)
+        predicted = predict_lengths(history, ids, refs, window, max_length=cap,
+                                    first_epoch=model.first_epoch, prompt_lengths=prompt_lens)
         corr = rank_correlation([predicted[i] for i in ids], [truth[i] for i in ids])
         for policy in policies:
             run = runs[policy.name]
@@ -212,5 +218,5 @@ def replay(steps: list[TraceStep], policy_names: list[str], model: ClusterModel,
                                         gen.gpu_seconds, plan.predicted_time_s,
                                         plan.predicted_gpu_seconds))
         for row in step.prompts:
-            history.record(row.prompt_id, step.epoch, row.response_lens, row.answer_len)
+            history.record(row.prompt_id, step.epoch, row.response_lens, row.answer_len, row.prompt_len)
     return runs

@@ -89,10 +89,11 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: Mappi
     profile's decode times (``flows/planning/speculation.py``)."""
     cfg = ctx.config
     # The EOS token is generated too, so no response runs past max_new_tokens.
-    predicted = predict_lengths(history, prompt_ids, {p: tokens[p].answer_len for p in prompt_ids},
-                                window=cfg.generation.length_window, max_length=cfg.generation.max_new_tokens)
     prompts = {p: tokens[p].prompt for p in prompt_ids}
     prompt_lengths = {p: len(v) for p, v in prompts.items()}
+    predicted = predict_lengths(history, prompt_ids, {p: tokens[p].answer_len for p in prompt_ids},
+                                window=cfg.generation.length_window, max_length=cfg.generation.max_new_tokens,
+                                first_epoch=cfg.generation.first_epoch_predictor, prompt_lengths=prompt_lengths)
     prefill = None
     if cfg.generation.dedup_prefill:
         prefill = plan_prefill(prompts, cfg.algorithm.group_size, cfg.generation.prefill_capacity)
