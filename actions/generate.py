@@ -66,7 +66,7 @@ def run_generate(req: GenerateRequest) -> GenerateResult:
                 if use_bundle else None)  # on the model's device (load_model), copied there once
     outs, stats = engine.generate(
         specs, seed=req.run_seed, step=req.step, max_new_tokens=req.max_new_tokens,
-        temperature=req.temperature, dedup=req.dedup_prefill, prefixes=prefixes, cut_after=req.cut_after,
+        temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, dedup=req.dedup_prefill, prefixes=prefixes, cut_after=req.cut_after,
         speculation=_speculation(req, store),
     )
     done = [o for o in outs if o.finish_reason != "cut"]

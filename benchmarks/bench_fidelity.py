@@ -232,7 +232,8 @@ def measure_activation_costs(cfg, state, store, tokens: dict, latency: float, pr
     def generate(prompt_ids, *, new_tokens=1, partial_keys=(), key="bench/probe.json", kv=bundle, on=pool):
         req = GenerateRequest(model=ref, dataset_key=state.prepared.train_key, run_seed=0, step=k, shard="probe",
                               prompt_ids=list(prompt_ids), group_size=group, partial_keys=list(partial_keys),
-                              max_new_tokens=new_tokens, temperature=g.temperature, dedup_prefill=g.dedup_prefill,
+                              max_new_tokens=new_tokens, temperature=g.temperature, top_k=g.top_k, top_p=g.top_p,
+                              dedup_prefill=g.dedup_prefill,
                               kv_bundle_key=kv, engine=g.engine, output_key=key)
         return on.invoke("generate", req.model_dump(mode="json"))
 

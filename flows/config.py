@@ -205,6 +205,11 @@ class CampaignConfig(WorkloadConfig):
         for key in ("assignment", "cut_threshold", "rank_slack", "migrate_window_s", "score_while_generating",
                     "dedup_prefill", "prefill_capacity", "length_window", "first_epoch_predictor"):
             data["generation"].pop(key, None)
+        # Sampling filters change the data, so they stay when set; when off they are left out
+        # so that runs from before the filters existed keep their fingerprint (and run id).
+        for key in ("top_k", "top_p"):
+            if data["generation"].get(key) is None:
+                data["generation"].pop(key, None)
         return data
 
     def fingerprint(self) -> str:

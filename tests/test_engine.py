@@ -82,3 +82,30 @@ def test_greedy_is_seed_independent(setup):
     a, _ = _gen(engine, specs, temperature=0.0, seed=1)
     b, _ = _gen(engine, specs, temperature=0.0, seed=99)
     assert {k: v.tokens for k, v in a.items()} == {k: v.tokens for k, v in b.items()}
+
+
+FILTERS = {"top_k": 10, "top_p": 0.9}  # on the 51-token tiny vocabulary both filters bite
+
+
+def test_top_k_top_p_sampling_equals_the_filtered_uncached_reference(setup):
+    model, tok, engine, specs = setup
+    outs, _ = _gen(engine, specs, **FILTERS)
+    plain, _ = _gen(engine, specs)
+    assert {k: v.tokens for k, v in outs.items()} != {k: v.tokens for k, v in plain.items()}
+    for s in specs:
+        ref = uncached_sample(model, s, tok.eos_token_id, 12, seed=7, step=2, **FILTERS)
+        assert outs[(s.prompt_id, s.sample_index)].tokens == ref
+
+
+def test_cut_then_continue_with_top_k_top_p_reproduces_uncut_run(setup):
+    _, _, engine, specs = setup
+    kw = {"max_new_tokens": 60, **FILTERS}
+    whole, _ = _gen(engine, specs, **kw)
+    cut, _ = _gen(engine, specs, cut_after=4, **kw)
+    partial = [SampleSpec(s.prompt_id, s.sample_index, s.prompt_tokens, tuple(cut[(s.prompt_id, s.sample_index)].tokens))
+               for s in specs if cut[(s.prompt_id, s.sample_index)].finish_reason == "cut"]
+    assert partial, "the cut should leave unfinished samples"
+    cont, _ = _gen(engine, partial, **kw)
+    merged = {k: v for k, v in cut.items() if v.finish_reason != "cut"} | cont
+    assert {k: (v.tokens, v.finish_reason) for k, v in merged.items()} == \
+        {k: (v.tokens, v.finish_reason) for k, v in whole.items()}

@@ -106,6 +106,20 @@ def test_samples_match_the_uncached_reference(engine, tiny):
     assert agree >= 0.9 * len(ref), (agree, len(ref))
 
 
+def test_top_k_top_p_samples_match_the_filtered_reference(engine, tiny):
+    # Both engines filter the logits before the noise (sampling.filter_logits): with filters
+    # too, equal logits give equal tokens, and the filters change what is drawn.
+    filters = {"top_k": 8, "top_p": 0.9}
+    outs, _ = _gen(engine, tiny.specs, **filters)
+    assert _tokens(outs) != _tokens(_gen(engine, tiny.specs)[0])
+    ref = [uncached_sample(tiny.model, s, tiny.tok.eos_token_id, 12, seed=SEED, step=STEP, **filters)
+           for s in tiny.specs]
+    agree = sum(o.tokens == r for o, r in zip(outs, ref))
+    assert agree >= 0.9 * len(ref), (agree, len(ref))
+    again, _ = _gen(engine, tiny.specs, **filters)
+    assert _tokens(again) == _tokens(outs)
+
+
 def test_fanout_split_gives_the_same_samples(engine, tiny):
     whole, _ = _gen(engine, tiny.specs)
     parts = []

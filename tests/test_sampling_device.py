@@ -44,3 +44,14 @@ def test_cuda_noise_matches_cpu_noise_and_samples():
     logits = torch.randn(8, V, generator=torch.Generator().manual_seed(0))
     assert torch.equal(sample_next(logits, keys, positions, 1.0),
                        sample_next(logits.cuda(), keys.cuda(), positions.cuda(), 1.0).cpu())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_top_k_top_p_samples_match_cpu():
+    keys, positions = _keys("cpu")
+    logits = torch.randn(8, V, generator=torch.Generator().manual_seed(1)) * 4
+    for top_k, top_p in [(50, None), (None, 0.9), (200, 0.95)]:
+        cpu = sample_next(logits, keys, positions, 0.8, top_k, top_p)
+        gpu = sample_next(logits.cuda(), keys.cuda(), positions.cuda(), 0.8, top_k, top_p)
+        assert torch.equal(cpu, gpu.cpu()), (top_k, top_p)

@@ -85,6 +85,30 @@ def test_speculative_outputs_equal_plain(setup, fixed, temperature):
         assert stats.spec["accepted"] <= stats.spec["proposed"]
 
 
+@pytest.mark.parametrize("filters", [{"top_k": 10}, {"top_p": 0.85}, {"top_k": 12, "top_p": 0.9}])
+def test_speculative_with_top_k_top_p_equals_plain(setup, filters):
+    # Drafts come from unfiltered histories: the filtered draws keep some, reject others.
+    engine, specs = setup
+    kw = {**KW, **filters}
+    plain, _ = engine.generate(specs, **kw)
+    assert _key(plain) != _key(engine.generate(specs, **KW)[0])  # the filters change the samples
+    for fixed in (("history", 4), ("prompt_lookup", 3), None):
+        spec = Speculation(history=_history(engine, specs, 2), fixed=fixed)
+        out, stats = engine.generate(specs, **kw, speculation=spec)
+        assert _key(out) == _key(plain), (filters, fixed)
+        if fixed == ("history", 4):
+            assert 0 < stats.spec["accepted"] < stats.spec["proposed"], stats.spec
+    spec = Speculation(history=_history(engine, specs, 2), fixed=("history", 5))
+    cut, _ = engine.generate(specs, **{**kw, "max_new_tokens": 60}, cut_after=5, speculation=spec)
+    partial = [SampleSpec(s.prompt_id, s.sample_index, s.prompt_tokens, tuple(o.tokens))
+               for s, o in zip(specs, cut) if o.finish_reason == "cut"]
+    assert partial, "the cut should leave unfinished samples"
+    whole = {(o.prompt_id, o.sample_index): o for o in engine.generate(specs, **{**kw, "max_new_tokens": 60})[0]}
+    for o in engine.generate(partial, **{**kw, "max_new_tokens": 60}, speculation=spec)[0]:
+        assert (o.tokens, o.finish_reason) == (whole[(o.prompt_id, o.sample_index)].tokens,
+                                               whole[(o.prompt_id, o.sample_index)].finish_reason)
+
+
 def test_ragged_acceptance_is_exercised_and_saves_forwards(setup):
     engine, specs = setup
     plain, ps = engine.generate(specs, **KW)

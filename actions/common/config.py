@@ -147,6 +147,16 @@ class WarmupConfig(_Section):
 class GenerationConfig(_Section):
     max_new_tokens: int = Field(24, gt=0)
     temperature: float = Field(1.0, ge=0)
+    """Softmax temperature of sampling; 0 is greedy decoding."""
+    top_k: int | None = None
+    """Top-k sampling: draw only among the k most likely tokens (and any tied with the k-th).
+    None or 0: off (0 is read as None). Applied after the temperature, before ``top_p``
+    (``actions/engines/sampling.py``); it changes the training data, so it is part of the run's
+    identity."""
+    top_p: float | None = None
+    """Nucleus (top-p) sampling: draw only among the smallest set of most likely tokens whose
+    probability, after the temperature and ``top_k``, reaches ``top_p``; in (0, 1]. None or
+    1.0: off (1.0 is read as None)."""
     engine: Literal["torch", "vllm"] = "torch"
     dedup_prefill: bool = True
     assignment: Literal["ranked", "round_robin"] = "ranked"
@@ -190,6 +200,22 @@ class GenerationConfig(_Section):
     earlier epochs, kept in the store) and ``prompt_lookup`` (n-grams of prompt + response)."""
     max_draft_len: int = Field(8, ge=1, le=64)
     """Longest draft (k) one verification forward checks."""
+
+    @field_validator("top_k")
+    @classmethod
+    def _check_top_k(cls, v: int | None) -> int | None:
+        if v is not None and v < 0:
+            raise ValueError(f"generation.top_k={v} is negative; set the number of tokens to keep "
+                             "(an integer >= 1, e.g. 50), or 0 / null to turn top-k sampling off")
+        return v or None
+
+    @field_validator("top_p")
+    @classmethod
+    def _check_top_p(cls, v: float | None) -> float | None:
+        if v is not None and not 0.0 < v <= 1.0:  # also rejects NaN
+            raise ValueError(f"generation.top_p={v} is outside (0, 1]; set the probability mass to keep "
+                             "(e.g. 0.9), or 1.0 / null to turn top-p sampling off")
+        return None if v == 1.0 else v
 
     @field_validator("speculation", mode="before")
     @classmethod

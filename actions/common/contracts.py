@@ -107,6 +107,10 @@ class GenerateRequest(_Msg):
     """Continuation: objects holding PartialSample lists (cut samples to finish)."""
     max_new_tokens: int = Field(gt=0)
     temperature: float = Field(ge=0)
+    top_k: int | None = Field(None, ge=1)
+    """``generation.top_k``: sample among the k most likely tokens; None: off."""
+    top_p: float | None = Field(None, gt=0, le=1)
+    """``generation.top_p``: nucleus sampling mass; None: off."""
     dedup_prefill: bool = True
     kv_bundle_key: str | None = None
     cut_after: int | None = Field(None, ge=1)

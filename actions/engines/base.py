@@ -23,7 +23,8 @@ speculative decoding (``speculation``), same outputs    yes        not used (doc
 
 Both engines sample with the same counter-based Gumbel-max noise (``sampling.py``) keyed by
 ``stream_key(seed, step, prompt_id, sample_index)`` and the response position, so given equal
-logits they draw equal tokens; temperature 0 is greedy argmax.
+logits they draw equal tokens, with the same top-k / top-p filtering applied to the logits
+before the noise; temperature 0 is greedy argmax.
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ class GenerationEngine(Protocol):
         prefixes: Mapping[tuple[int, ...], Any] | None = None,
         cut_after: int | None = None,
         speculation: Any = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
     ) -> tuple[list[SampleOut], EngineStats]:
         """Generate every sample to EOS, ``max_new_tokens`` or the cut.
 
@@ -97,6 +100,8 @@ class GenerationEngine(Protocol):
             speculation: a ``speculative.Speculation`` (torch: draft and verify, same outputs
                 as plain decoding); None: plain decoding. vLLM ignores it: its own
                 speculative decoding is configured when the engine is built (docs/vllm.md).
+            top_k, top_p: top-k and nucleus filtering before the noise
+                (``sampling.filter_logits``); None: off. Both engines apply the same filter.
         Returns:
             (one SampleOut per input sample, in input order; call statistics).
         """

@@ -12,6 +12,21 @@ cheaply in a batch, so sampling uses the Gumbel-max trick with noise from a coun
 which is also the "random-stream position" a migrated sample carries. Gumbel-max draws exactly
 from softmax(logits / temperature). Temperature 0 means greedy argmax (no noise).
 
+Top-k and top-p (nucleus) filtering (``filter_logits``) set the logits outside the kept set to
+-inf *before* the noise is added, so the draw is exactly from the renormalised filtered softmax
+and stays a pure function of (logits, key, position): cut-and-migrate and speculative
+verification are as exact with filters as without. As in HF transformers and vLLM, temperature
+comes first, then top-k, then top-p over the top-k survivors. Both rules keep every token tied
+with the last one kept (the kept set depends on the logit values only, never on token order):
+
+* top-k keeps the tokens whose logit is >= the k-th largest logit;
+* top-p sorts the tokens by probability, keeps the shortest prefix whose cumulative
+  probability reaches ``top_p`` (the top token always), and then every token whose logit is
+  >= that prefix's smallest.
+
+With both filters off the arithmetic is the unfiltered one, bit for bit. Greedy decoding
+ignores them: the argmax is always kept.
+
 The hash is MurmurHash3's 64-bit finaliser (fmix64) evaluated in int64 tensors; logical right
 shifts are emulated with a mask because torch shifts signed integers arithmetically.
 
@@ -24,6 +39,8 @@ noise equals CPU noise except, rarely, in the last float32 bit (tests/test_sampl
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -81,11 +98,61 @@ def gumbel_noise(keys: torch.Tensor, positions: torch.Tensor, vocab_size: int) -
     return (-torch.log(-torch.log(u))).to(torch.float32)
 
 
+def filter_logits(scaled: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+    """Top-k, then top-p, filtering (module docstring): entries outside the kept set become -inf.
+
+    Args:
+        scaled: [B, V] float logits already divided by the temperature (top-p's probabilities
+            are those of the tempered softmax).
+        top_k: keep the k largest logits per row (and ties with the k-th); None, 0 or >= V: off.
+        top_p: nucleus mass in (0, 1]; None or 1.0: off.
+    Returns:
+        ``scaled`` itself when both filters are off, else a new [B, V] tensor.
+    """
+    vocab = scaled.shape[-1]
+    if top_k is not None and 0 < top_k < vocab:
+        kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        ordered = torch.sort(scaled, dim=-1, descending=True).values
+        # float64: the cut-off decision should not hinge on float32 round-off over a large V
+        mass = torch.cumsum(torch.softmax(ordered.double(), dim=-1), dim=-1)
+        # Mass strictly before each sorted entry: non-decreasing and 0 for the top token, so the
+        # entries with mass-before < top_p are a prefix of length >= 1 -- the nucleus.
+        before = torch.nn.functional.pad(mass[:, :-1], (1, 0))
+        num_kept = (before < top_p).sum(dim=-1, keepdim=True)
+        floor = ordered.gather(-1, num_kept - 1)
+        scaled = scaled.masked_fill(scaled < floor, float("-inf"))
+    return scaled
+
+
 def sample_next(
-    logits: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor, temperature: float
+    logits: torch.Tensor,
+    keys: torch.Tensor,
+    positions: torch.Tensor,
+    temperature: float,
+    top_k: int | None = None,
+    top_p: float | None = None,
 ) -> torch.Tensor:
-    """Draw one token per row. logits [B, V] -> token ids [B] (int64)."""
+    """Draw one token per row from softmax(logits / temperature), filtered by ``top_k`` and
+    ``top_p`` (``filter_logits``). logits [B, V] -> token ids [B] (int64)."""
     if temperature <= 0.0:
-        return logits.argmax(dim=-1)
-    scaled = logits.float() / temperature + gumbel_noise(keys, positions, logits.shape[-1])
-    return scaled.argmax(dim=-1)
+        return logits.argmax(dim=-1)  # the argmax survives any filter
+    scaled = filter_logits(logits.float() / temperature, top_k, top_p)
+    return (scaled + gumbel_noise(keys, positions, logits.shape[-1])).argmax(dim=-1)
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """How a decoder draws tokens: the arguments of ``sample_next`` after its tensors."""
+
+    temperature: float
+    """Softmax temperature; 0 is greedy argmax."""
+    top_k: int | None = None
+    """Keep the k most likely tokens; None or 0: off."""
+    top_p: float | None = None
+    """Keep the smallest most-likely set with this much probability; None or 1.0: off."""
+
+    def draw(self, logits: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``sample_next`` with these settings: logits [B, V] -> token ids [B]."""
+        return sample_next(logits, keys, positions, self.temperature, self.top_k, self.top_p)

@@ -1,10 +1,11 @@
 """Speculative decoding in the torch engine, exact by construction.
 
 Sampling is counter-based Gumbel-max (``sampling.py``): a sample's token at response position
-t is ``argmax(logits_t / T + G(key, t))``, a function of the logits and of who the sample is.
-So a draft token can be checked exactly: feed ``[last token, d_1 .. d_k]`` to the target in
-one forward, draw the target's own token at each of the k positions with the same noise, keep
-the longest prefix of the draft that equals those draws and take the target's draw at the first
+t is ``argmax(filter(logits_t / T) + G(key, t))`` (``filter``: the top-k / top-p filtering, a
+function of the logits too), a function of the logits and of who the sample is. So a draft
+token can be checked exactly: feed ``[last token, d_1 .. d_k]`` to the target in one forward,
+draw the target's own token at each of the k positions with the same noise, keep the longest
+prefix of the draft that equals those draws and take the target's draw at the first
 mismatch as the next token. Every token kept is the token plain decoding draws there, so the
 outputs are those of plain decoding (up to the float round-off of a width-(k+1) forward
 against width-1 ones, the same caveat as batching; the tests compare token for token). No
@@ -33,7 +34,7 @@ import torch
 from actions.engines.base import EngineStats, RowEnds, SampleOut, SampleSpec
 from actions.engines.drafters import HistoryDrafter, PromptLookupDrafter
 from actions.engines.drafters.base import Drafter
-from actions.engines.sampling import sample_next, stream_key
+from actions.engines.sampling import Sampler, stream_key
 from actions.engines.kv_state import stack_states
 from actions.engines.spec_select import AcceptanceTracker, Choice, ForwardCost, choose_rows
 
@@ -217,7 +218,7 @@ class _Selector:
 
 
 def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed: int, step: int,
-                       max_new_tokens: int, temperature: float, cut_after: int | None, stats: EngineStats,
+                       max_new_tokens: int, sampling: Sampler, cut_after: int | None, stats: EngineStats,
                        spec: Speculation, tracker: AcceptanceTracker, cost: ForwardCost,
                        ) -> tuple[list[SampleOut], SpecStats]:
     """The decode loop of ``TorchEngine._decode`` with per-round speculation (module docstring).
@@ -251,7 +252,7 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
     known: dict[int, int] = {}  # row -> its next token, drawn already at a verification mismatch
     while rows:
         t_round = time.perf_counter()
-        toks = _next_tokens(rows, known, logits, keys, gen, temperature, dev)
+        toks = _next_tokens(rows, known, logits, keys, gen, sampling, dev)
         keep = [j for j, (row, t) in enumerate(zip(rows, toks)) if not emit(row, t)]
         if not keep or cut():
             break
@@ -285,7 +286,7 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
             _sync(dev)
             _observe(cost, sstats, b, 1, t_round)
             continue
-        accepted = _verify(res.logits, drafts, rows, keys, gen, known, temperature)
+        accepted = _verify(res.logits, drafts, rows, keys, gen, known, sampling)
         finished = []
         for j, (row, d) in enumerate(zip(rows, drafts)):
             a = accepted[j]
@@ -332,7 +333,7 @@ def _observe(cost: ForwardCost, sstats: SpecStats, batch: int, width: int, t_rou
 
 
 def _next_tokens(rows: list[int], known: dict[int, int], logits: torch.Tensor, keys: torch.Tensor,
-                 gen: list[list[int]], temperature: float, dev: torch.device) -> list[int]:
+                 gen: list[list[int]], sampling: Sampler, dev: torch.device) -> list[int]:
     """Each running row's next token: drawn at its last verification mismatch, else sampled
     now from ``logits`` at its response position."""
     need = [j for j, r in enumerate(rows) if r not in known]
@@ -340,13 +341,13 @@ def _next_tokens(rows: list[int], known: dict[int, int], logits: torch.Tensor, k
     if need:
         idx = torch.tensor(need, device=dev)
         pos = torch.tensor([len(gen[rows[j]]) for j in need], dtype=torch.long, device=dev)
-        drawn = sample_next(logits[idx] if len(need) < len(rows) else logits, keys[idx], pos, temperature).tolist()
+        drawn = sampling.draw(logits[idx] if len(need) < len(rows) else logits, keys[idx], pos).tolist()
     it = iter(drawn)
     return [known.pop(r) if r in known else next(it) for r in rows]
 
 
 def _verify(logits: torch.Tensor, drafts: list[list[int]], rows: list[int], keys: torch.Tensor,
-            gen: list[list[int]], known: dict[int, int], temperature: float) -> list[int]:
+            gen: list[list[int]], known: dict[int, int], sampling: Sampler) -> list[int]:
     """Accepted draft length per row: column by column, the target's own draw (same noise as
     plain decoding) for the rows still matching, so the noise computed is that of the tokens
     produced, as in plain decoding. A row's draw at its first mismatch goes to ``known``: it is
@@ -358,7 +359,7 @@ def _verify(logits: torch.Tensor, drafts: list[list[int]], rows: list[int], keys
     while alive:
         idx = torch.tensor(alive, device=dev)
         pos = torch.tensor([len(gen[rows[j]]) + col for j in alive], dtype=torch.long, device=dev)
-        drawn = sample_next(logits[idx, col], keys[idx], pos, temperature).tolist()
+        drawn = sampling.draw(logits[idx, col], keys[idx], pos).tolist()
         nxt = []
         for j, t in zip(alive, drawn):
             if t == drafts[j][col]:

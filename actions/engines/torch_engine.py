@@ -31,7 +31,7 @@ import torch
 from transformers import DynamicCache
 
 from actions.engines.base import EngineStats, RowEnds, SampleOut, SampleSpec
-from actions.engines.sampling import sample_next, stream_key
+from actions.engines.sampling import Sampler, stream_key
 from actions.engines.spec_select import AcceptanceTracker, ForwardCost, choose
 from actions.engines.kv_state import PrefixState, stack_states
 from actions.engines.speculative import SpecStats, Speculation, decode_speculative
@@ -153,9 +153,13 @@ class TorchEngine:
         prefixes: dict[tuple[int, ...], PrefixState] | None = None,
         cut_after: int | None = None,
         speculation: Speculation | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
     ) -> tuple[list[SampleOut], EngineStats]:
         """Generate every sample; see the module docstring for dedup and cut semantics.
-        ``speculation``: decode speculatively (``speculative.py``; same outputs); None: plain."""
+        ``speculation``: decode speculatively (``speculative.py``; same outputs); None: plain.
+        ``top_k``, ``top_p``: sampling filters (``sampling.filter_logits``); None: off."""
+        sampling = Sampler(temperature, top_k, top_p)
         stats = EngineStats()
         if not samples:
             return [], stats
@@ -170,13 +174,13 @@ class TorchEngine:
         if speculation is not None:
             self.acceptance.priors.update(speculation.priors)
         if speculation is None or self._skip_speculation(speculation, len(samples)):
-            outs = self._decode(samples, row_states, seed, step, max_new_tokens, temperature, cut_after, stats)
+            outs = self._decode(samples, row_states, seed, step, max_new_tokens, sampling, cut_after, stats)
             if speculation is not None:  # decoded plainly by choice: say so in the counters
                 stats.spec = SpecStats(rounds=stats.decode_steps, plain_calls=1).to_dict()
             return outs, stats
         outs, spec_stats = decode_speculative(
             self, samples, row_states, seed=seed, step=step, max_new_tokens=max_new_tokens,
-            temperature=temperature, cut_after=cut_after, stats=stats, spec=speculation,
+            sampling=sampling, cut_after=cut_after, stats=stats, spec=speculation,
             tracker=self.acceptance, cost=self.forward_cost)
         stats.spec = spec_stats.to_dict()
         return outs, stats
@@ -188,7 +192,7 @@ class TorchEngine:
         seed: int,
         step: int,
         max_new_tokens: int,
-        temperature: float,
+        sampling: Sampler,
         cut_after: int | None,
         stats: EngineStats,
     ) -> list[SampleOut]:
@@ -203,7 +207,7 @@ class TorchEngine:
         rows = list(range(n))  # host copy of ``active``
         ends = RowEnds(n, self.eos_ids, max_new_tokens)
         while True:
-            tok = sample_next(logits, keys[active], positions[active], temperature)
+            tok = sampling.draw(logits, keys[active], positions[active])
             # one device->host copy per step
             keep = [j for j, (row, t) in enumerate(zip(rows, tok.tolist())) if not ends.take(row, t, gen[row])]
             if not keep or ends.cut(cut_after):

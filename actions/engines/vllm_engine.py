@@ -11,7 +11,9 @@ How the contract maps onto vLLM (0.32, V1 engine):
   ``sampling.py`` (key = ``stream_key(seed, step, prompt_id, sample_index)``, position =
   response position) before the argmax. A sample's tokens are therefore a function of its
   identity and its logits only, which gives determinism, fan-out invariance and exact
-  cut-then-continue reproduction, and equal logits give the torch engine's tokens. vLLM's
+  cut-then-continue reproduction, and equal logits give the torch engine's tokens. Top-k /
+  top-p filtering runs in the same processor (``sampling.filter_logits``), not in vLLM's
+  sampler, which sees temperature 0 and would skip its own filters. vLLM's
   per-request ``seed`` is *not* used: its generator cannot be advanced to position ``t``, so
   a continuation could not resume the stream.
   Float caveat: batched kernels can round a logit differently when the batch differs, which
@@ -50,7 +52,7 @@ from typing import Any
 import torch
 
 from actions.engines.base import EngineStats, SampleOut, SampleSpec
-from actions.engines.sampling import stream_key
+from actions.engines.sampling import Sampler, stream_key
 
 INSTALL_HINT = (
     "generation.engine 'vllm' needs vLLM, which is not importable here: run `make test-vllm` (it builds "
@@ -133,14 +135,19 @@ class VllmEngine:
         prefixes: Mapping[tuple[int, ...], Any] | None = None,
         cut_after: int | None = None,
         speculation: Any = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
     ) -> tuple[list[SampleOut], EngineStats]:
         """See ``base.GenerationEngine.generate``; ``prefixes`` and ``speculation`` are ignored
-        (module docstring): vLLM's own speculative decoding is set when the engine is built."""
+        (module docstring): vLLM's own speculative decoding is set when the engine is built.
+        ``top_k`` / ``top_p`` go to the noise processor, not to vLLM's sampler (which runs greedy)."""
         with self._lock:
-            return self._generate(samples, seed, step, max_new_tokens, temperature, dedup, cut_after)
+            return self._generate(samples, seed, step, max_new_tokens, Sampler(temperature, top_k, top_p),
+                                  dedup, cut_after)
 
     def _generate(self, samples: list[SampleSpec], seed: int, step: int, max_new_tokens: int,
-                  temperature: float, dedup: bool, cut_after: int | None) -> tuple[list[SampleOut], EngineStats]:
+                  sampling: Sampler, dedup: bool, cut_after: int | None
+                  ) -> tuple[list[SampleOut], EngineStats]:
         from vllm.inputs import TokensPrompt
 
         results: list[SampleOut | None] = [None] * len(samples)
@@ -153,7 +160,7 @@ class VllmEngine:
                 continue
             rid = f"c{self._num_calls}-{i}"
             index[rid] = i
-            params = self._params(s, seed, step, budget, temperature, dedup, streaming=cut_after is not None)
+            params = self._params(s, seed, step, budget, sampling, dedup, streaming=cut_after is not None)
             self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=list(s.prompt_tokens + s.generated)),
                                             params)
         received, cached, num_steps = self._drive(samples, results, index, cut_after)
@@ -196,12 +203,18 @@ class VllmEngine:
                 engine.abort_request(pending)
         return received, cached, num_steps
 
-    def _params(self, s: SampleSpec, seed: int, step: int, budget: int, temperature: float, dedup: bool,
+    def _params(self, s: SampleSpec, seed: int, step: int, budget: int, sampling: Sampler, dedup: bool,
                 streaming: bool) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        from actions.engines.vllm_worker import KEY_ARG, OFFSET_ARG, TEMPERATURE_ARG
+        from actions.engines.vllm_worker import (
+            KEY_ARG,
+            OFFSET_ARG,
+            TEMPERATURE_ARG,
+            TOP_K_ARG,
+            TOP_P_ARG,
+        )
 
         return SamplingParams(
             n=1, temperature=0.0, max_tokens=budget, stop_token_ids=list(self.eos_ids), detokenize=False,
@@ -209,7 +222,8 @@ class VllmEngine:
             # A cut needs every sample's tokens so far; otherwise only final outputs are sent.
             output_kind=RequestOutputKind.CUMULATIVE if streaming else RequestOutputKind.FINAL_ONLY,
             extra_args={KEY_ARG: stream_key(seed, step, s.prompt_id, s.sample_index),
-                        OFFSET_ARG: len(s.generated), TEMPERATURE_ARG: float(temperature)},
+                        OFFSET_ARG: len(s.generated), TEMPERATURE_ARG: float(sampling.temperature),
+                        TOP_K_ARG: sampling.top_k, TOP_P_ARG: sampling.top_p},
         )
 
     def _finished(self, s: SampleSpec, token_ids: list[int], reason: str | None) -> SampleOut:

@@ -7,7 +7,8 @@ only ``vllm_engine.VllmEngine`` (after its own lazy import check) should referen
 * ``CounterNoiseLogitsProcessor`` makes vLLM draw tokens exactly as ``sampling.sample_next``
   does: requests run with vLLM temperature 0 (greedy argmax), and this processor -- applied
   before the argmax because it is not argmax-invariant -- replaces a row's logits by
-  ``logits / T + G(key, t)`` with the sample's stream key and response position ``t``. vLLM's
+  ``filter(logits / T) + G(key, t)`` with the sample's stream key and response position ``t``
+  (``filter``: the request's top-k / top-p, ``sampling.filter_logits``). vLLM's
   own seeded generators are not used: their state cannot be advanced to position ``t``, so a
   cut sample could not resume its stream.
 * ``WeightLoaderExtension.load_safetensors(path)`` reads a safetensors file in the worker and
@@ -17,7 +18,7 @@ only ``vllm_engine.VllmEngine`` (after its own lazy import check) should referen
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from safetensors.torch import load_file
@@ -25,29 +26,40 @@ from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, 
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
-from actions.engines.sampling import gumbel_noise
+from actions.engines.sampling import filter_logits, gumbel_noise
 
 KEY_ARG = "rlhfless_key"  # SamplingParams.extra_args: the sample's stream key (int64)
 OFFSET_ARG = "rlhfless_offset"  # tokens generated before this request (a continuation)
 TEMPERATURE_ARG = "rlhfless_temperature"  # the real temperature; vLLM's own is 0
+TOP_K_ARG = "rlhfless_top_k"  # top-k filter (None: off); vLLM's own is off
+TOP_P_ARG = "rlhfless_top_p"  # top-p filter (None: off); vLLM's own is off
+
+
+class _Row(NamedTuple):
+    key: int  # stream key
+    offset: int  # tokens generated before this request
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    output_tokens: list[int]  # vLLM's live output token list of the request
 
 
 class CounterNoiseLogitsProcessor(LogitsProcessor):
     """Gumbel-max sampling with counter-based noise (see ``sampling.py``)."""
 
     def __init__(self, vllm_config: object, device: torch.device, is_pin_memory: bool) -> None:
-        # batch row -> (stream key, position offset, temperature, live output token list)
-        self.rows: dict[int, tuple[int, int, float, list[int]]] = {}
+        self.rows: dict[int, _Row] = {}  # batch row -> its sampling state
 
     def is_argmax_invariant(self) -> bool:
         return False  # it changes which token greedy argmax picks, so it must run before it
 
     @staticmethod
-    def _new_row(params: Any, _prompt: list[int] | None, output_tokens: list[int]) -> tuple | None:
+    def _new_row(params: Any, _prompt: list[int] | None, output_tokens: list[int]) -> _Row | None:
         args = params.extra_args or {}
         if KEY_ARG not in args or args.get(TEMPERATURE_ARG, 0.0) <= 0.0:
-            return None  # plain greedy: no noise
-        return int(args[KEY_ARG]), int(args.get(OFFSET_ARG, 0)), float(args[TEMPERATURE_ARG]), output_tokens
+            return None  # plain greedy: no noise, and the argmax survives any filter
+        return _Row(int(args[KEY_ARG]), int(args.get(OFFSET_ARG, 0)), float(args[TEMPERATURE_ARG]),
+                    args.get(TOP_K_ARG), args.get(TOP_P_ARG), output_tokens)
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         process_dict_updates(self.rows, batch_update, self._new_row)
@@ -57,16 +69,23 @@ class CounterNoiseLogitsProcessor(LogitsProcessor):
             return logits
         idx = sorted(i for i in self.rows if i < logits.shape[0])
         dev = logits.device
-        keys = torch.tensor([self.rows[i][0] for i in idx], dtype=torch.int64, device=dev)
+        state = [self.rows[i] for i in idx]
+        keys = torch.tensor([r.key for r in state], dtype=torch.int64, device=dev)
         # ``output_tokens`` is vLLM's live list for the request: its length is the number of
         # tokens this request has sampled so far, i.e. the position of the one drawn now.
-        pos = torch.tensor([self.rows[i][1] + len(self.rows[i][3]) for i in idx], dtype=torch.int64, device=dev)
-        temps = torch.tensor([self.rows[i][2] for i in idx], dtype=torch.float32, device=dev)
+        pos = torch.tensor([r.offset + len(r.output_tokens) for r in state], dtype=torch.int64, device=dev)
+        temps = torch.tensor([r.temperature for r in state], dtype=torch.float32, device=dev)
         # The noise is built where the logits are (gumbel_noise works on its keys' device):
         # on a GPU only the row keys cross from the host, never a [rows, V] noise tensor.
         noise = gumbel_noise(keys, pos, logits.shape[-1])
         rows = torch.tensor(idx, device=dev)
-        logits[rows] = logits[rows].float() / temps[:, None] + noise
+        scaled = logits[rows].float() / temps[:, None]
+        filters = [(r.top_k, r.top_p) for r in state]
+        for top_k, top_p in dict.fromkeys(filters):  # one group per distinct setting (usually one)
+            if top_k or (top_p is not None and top_p < 1.0):
+                sel = torch.tensor([j for j, f in enumerate(filters) if f == (top_k, top_p)], device=dev)
+                scaled[sel] = filter_logits(scaled[sel], top_k, top_p)
+        logits[rows] = scaled + noise
         return logits
 
 
