@@ -60,10 +60,19 @@ def backend_store(request: pytest.FixtureRequest, tmp_path):
 @pytest.fixture(scope="session")
 def prefect_harness():
     """One temporary Prefect API for every flow test of the session (~10-20 s to start)."""
+    from unittest import mock
+
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    from flows.commands.local_api import local_server_env
+
+    harness = prefect_test_harness(server_startup_timeout=120)
+    with mock.patch.dict(os.environ, local_server_env()):  # the server the CLI starts, as it starts it
+        harness.__enter__()
+    try:
         yield
+    finally:
+        harness.__exit__(None, None, None)
 
 
 TINY_OVERRIDES = [

@@ -99,3 +99,18 @@ def test_two_first_ever_starts_on_a_fresh_prefect_home_both_succeed(tmp_path: Pa
     for proc, (out, err) in zip(procs, outputs):
         assert proc.returncode == 0 and "status 200" in out, err[-2000:]
         assert "Traceback" not in err
+
+
+def test_the_temporary_sqlite_server_runs_without_its_event_persister(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect.settings import PREFECT_SERVER_DATABASE_CONNECTION_URL, temporary_settings
+
+    from flows.commands.local_api import local_server_env
+
+    name = "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED"
+    monkeypatch.delenv(name, raising=False)
+    assert local_server_env() == {name: "false"}  # the default database is SQLite
+    monkeypatch.setenv(name, "true")  # the user's choice stands
+    assert local_server_env() == {}
+    monkeypatch.delenv(name)
+    with temporary_settings({PREFECT_SERVER_DATABASE_CONNECTION_URL: "postgresql+asyncpg://u:p@db:5432/prefect"}):
+        assert local_server_env() == {}  # no SQLite contention: the events feed stays

@@ -6,7 +6,11 @@
   flow run keeps its heartbeat: a crashed process is still detected by the run that holds it.
 * :class:`Background` -- Prefect artifacts (metrics table, plan, report, progress) are
   published on one background thread, in commit order, while the next step runs; the campaign
-  waits for them once, at its end.
+  waits for them once, at its end. A job waits for its gate: the next step's flow run entering
+  Running (:func:`open_gate_when_running`). On the local SQLite server an artifact write
+  that coincides with the creation of the step's flow run makes that write fail with
+  ``SQLITE_BUSY`` (503), and Prefect's client retries it 2 s later: up to 2 s on every step
+  where the two met, which was most of them. Once the step runs, the API is quiet.
 * :class:`StepClock` -- ``timing_s/overhead`` measured from the outside: the wall time of one
   step period (from the point before one commit to the point before the next, so everything
   in between is counted once: the subflow's creation, task runs, commit, collection, artifacts,
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,22 +48,41 @@ def quiet_step_flows() -> Iterator[None]:
 
 class Background:
     """One worker thread running side effects in submission order, in the submitter's context
-    (so Prefect calls still see the flow run). ``wait()`` re-raises the first failure."""
+    (so Prefect calls still see the flow run), each once ``gate`` is open (none: at once).
+    ``wait()`` opens the gate, waits for every job and re-raises the first failure."""
 
-    def __init__(self) -> None:
+    def __init__(self, gate: threading.Event | None = None) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish")
         self._futures: list[Future] = []
+        self._gate = gate
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         self._futures = [f for f in self._futures if not f.done() or f.exception() is not None]
-        self._futures.append(self._pool.submit(contextvars.copy_context().run, fn, *args))
+        self._futures.append(self._pool.submit(contextvars.copy_context().run, self._gated, fn, *args))
+
+    def _gated(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self._gate is not None:
+            self._gate.wait()
+        fn(*args)
 
     def wait(self) -> None:
+        if self._gate is not None:
+            self._gate.set()  # no step follows
         try:
             for f in self._futures:
                 f.result()
         finally:
             self._pool.shutdown(wait=True)
+
+
+def open_gate_when_running(flow: Any, gate: threading.Event) -> Any:
+    """``flow`` with an ``on_running`` hook that opens ``gate``: the flow run exists and its
+    Running state is set, so the API calls that start it are over. The caller closes the
+    gate before each call."""
+    def opened(*_: Any) -> None:
+        gate.set()
+
+    return flow.with_options(on_running=[*flow.on_running_hooks, opened])
 
 
 class StepClock:

@@ -7,6 +7,7 @@ would exceed the budget, and returns the JSON summary the CLI writes.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +25,7 @@ from flows.campaign.inputs import init_critic, prepare_inputs
 from flows.campaign.live_profile import finish_profiling, start_profiling
 from flows.invokers.factory import make_invoker, pool_size
 from flows.step.metrics import billing, planner_fidelity, step_metrics
-from flows.campaign.overhead import Background, StepClock, quiet_step_flows
+from flows.campaign.overhead import Background, StepClock, open_gate_when_running, quiet_step_flows
 from flows.planning.lengths import LengthHistory
 from flows.step.flow import StepOutcome, rlhf_step
 from flows.campaign.schedule import step_prompts
@@ -115,7 +116,7 @@ def _record_speculation(ctx: RunContext, state: CampaignState, new: CampaignStat
 
 
 def _run_one_step(ctx: RunContext, state: CampaignState, tokens: dict[int, PromptTokens],
-                  num_workers: int) -> CampaignState:
+                  num_workers: int, step_flow: Any = rlhf_step) -> CampaignState:
     cfg = ctx.config
     t0 = time.time()
     epoch, prompt_ids = step_prompts(sorted(tokens), cfg.algorithm.prompts_per_step, state.step, cfg.seed)
@@ -129,7 +130,7 @@ def _run_one_step(ctx: RunContext, state: CampaignState, tokens: dict[int, Promp
                         draft_keys=tuple(keys_for(ctx.prefix, state.draft_index, prompt_ids)),
                         spec_priors=dict(state.spec_rates))
     t_plan = time.time() - t0
-    out = rlhf_step(inputs, phase)
+    out = step_flow(inputs, phase)
     t_commit0 = time.time()
     lengths: dict[int, list[int]] = {}
     for g in out.generate:
@@ -196,7 +197,10 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
     ctx = RunContext(config=cfg, store=store, invoker=invoker, run_id=run_id)
     set_context(ctx)
     gc_total = {"collections": 0, "deleted_objects": 0, "deleted_blobs": 0, "freed_bytes": 0, "seconds": 0.0}
-    publisher = Background()  # Prefect artifacts, off the steps' critical path
+    # Prefect artifacts, off the steps' critical path: published while the next step runs
+    quiet_api = threading.Event()
+    publisher = Background(quiet_api)
+    step_flow = open_gate_when_running(rlhf_step, quiet_api)
 
     def collect(state: CampaignState) -> None:
         report = collect_garbage(store, state, retention, lease=lease)
@@ -227,7 +231,7 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
                     break
                 lease.check()
                 old_drafts = state.draft_index
-                state = _run_one_step(ctx, state, tokens, num_workers)
+                state = _run_one_step(ctx, state, tokens, num_workers, step_flow)
                 last = state.steps[-1]
                 if cfg.eval_every and state.step % cfg.eval_every == 0 or state.step == cfg.steps:
                     state.evals.append(_evaluate(ctx, state, clock))
@@ -238,6 +242,7 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
                 collect(state)  # after the commit, never before
                 drop_unreferenced(store, ctx.prefix, old_drafts, state.draft_index)
                 clock.add_work(time.time() - t_commit)
+                quiet_api.clear()  # published once the next step's flow run is running (or at the end)
                 publisher.submit(_publish, run_id, list(state.steps), list(state.evals), progress_id, state.step,
                                  cfg.steps)
                 board.add_step(state.step, last, state.evals)

@@ -9,6 +9,14 @@ database while the second waits, then starts its own server on the finished data
 flow later reuses the started server (Prefect keeps one per process). A start that still fails
 is one line naming ``PREFECT_HOME`` and the fix.
 
+The temporary server runs without its event persister (:func:`local_server_env`): on SQLite,
+the persister's batched writes of the events feed make the next flow-run or task-run write fail
+with ``SQLITE_BUSY``; the server answers 503 and Prefect's client retries after 2 s. That cost
+about 2 s on every other step of a campaign. Flow runs, task runs, their states, logs and
+artifacts are recorded all the same; only the server's events feed stays empty. Set
+``PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED=true`` to keep it; a Postgres-backed server
+(``infra/prefect``) has no such contention and keeps its own settings.
+
 What this does not cover: a remote API (``PREFECT_API_URL`` set: nothing to start or lock)
 and platforms without ``fcntl`` (no lock; Prefect's own behaviour).
 """
@@ -62,6 +70,16 @@ def exclusive(path: Path, *, timeout_s: float, what: str) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+def local_server_env() -> dict[str, str]:
+    """Settings for a temporary server on SQLite that the user has not set (module docstring)."""
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().server.database.connection_url
+    on_sqlite = url is None or url.get_secret_value().startswith("sqlite")
+    name = "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED"
+    return {name: "false"} if on_sqlite and name not in os.environ else {}
+
+
 def start_local_api(timeout_s: float = DEFAULT_TIMEOUT_S) -> str | None:
     """Start this process's temporary Prefect API under the ``PREFECT_HOME`` lock.
 
@@ -80,6 +98,7 @@ def start_local_api(timeout_s: float = DEFAULT_TIMEOUT_S) -> str | None:
     from prefect.server.api.server import SubprocessASGIServer
 
     home = Path(PREFECT_HOME.value()).expanduser()
+    os.environ.update(local_server_env())  # read by the server's subprocess only
     server = SubprocessASGIServer()  # one per process: the flow's client reuses this one
     # A first start creates and migrates the database: allow more than Prefect's default 20 s.
     startup_s = int(max(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value(), timeout_s / 2))
