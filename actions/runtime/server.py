@@ -132,8 +132,9 @@ class ActionRuntime:
                 time.sleep(min(max(control.prewarm_hold_s, 0.0), 10.0))
                 loaded = False
                 if control.prewarm_model is not None:
-                    # Also load the coming policy version, so the activation skips the load.
-                    loaded = _preload_model(control.prewarm_model)
+                    # Also load the coming policy version and the action's code, so the
+                    # activation skips both.
+                    loaded = _preload_model(control.prewarm_model, name)
                 print(SENTINEL, flush=True)
                 print(SENTINEL, file=sys.stderr, flush=True)
                 return 200, {"ok": True, "prewarm": True, "model_loaded": loaded,
@@ -161,12 +162,14 @@ class ActionRuntime:
         return status, result
 
 
-def _preload_model(ref: dict[str, Any]) -> bool:
-    """Load a policy version into the warm cache; True if it was not there. Best effort."""
+def _preload_model(ref: dict[str, Any], action: str) -> bool:
+    """Import ``action``'s module and load a policy version into the warm cache; True if the
+    version was not there. Best effort."""
     try:
         from actions.common.contracts import ModelRef
         from actions.common.loading import configure_threads, load_model
 
+        importlib.import_module(f"actions.{action}")
         configure_threads()
         _, _, hit = load_model(ModelRef.model_validate(ref))
         return not hit

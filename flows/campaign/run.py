@@ -220,6 +220,11 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
         if ctx.live is None:  # a resumed run: the store's cached profile, usually
             ctx.live = finish_profiling(ctx, start_profiling(ctx, _model_ref(ctx, state), tokens), progress)
         state.stopped_reason = None
+        if state.step < cfg.steps and cfg.invoker.kind == "local":
+            # The pool's workers exist already: each loads the policy and the generation code
+            # now, so the first step's activations start warm (the later steps' pre-warm is
+            # planned from the call history, flows/step/phase.py).
+            invoker.prewarm("generate", num_workers, model=_model_ref(ctx, state).model_dump(mode="json"))
         progress_id = start_progress(run_id, state.step, cfg.steps)
         clock = StepClock()
         with quiet_step_flows():
