@@ -41,6 +41,10 @@ class ClusterSpec:
     compute and transfers: the invocation's round trip and the flow's task submission. The
     live campaign measures it at start (``flows/campaign/live_profile.py``); 0 in the simulator, whose
     live-flow mode models these waits itself."""
+    prefill_fixed_s: float = 0.0
+    """Fixed seconds of the prefill activation beyond its compute and ``activation_s``: reading
+    the policy, writing the prefix-KV bundle. Learned by the live campaign from its own steps
+    (``flows/planning/calibration.py``); 0 in the simulator."""
     colocated_actors: int = 1
     """Decode actors 0..k-1 run on the prefill actor's GPUs once prefill is done: they hold the
     weights and the prefix KV already (no cold start, no transfer). At most
@@ -55,6 +59,7 @@ class ClusterSpec:
                   "num_prefill_gpus": self.num_prefill_gpus >= 0,
                   "prewarm_idle_s": self.prewarm_idle_s >= 0,
                   "activation_s": self.activation_s >= 0,
+                  "prefill_fixed_s": self.prefill_fixed_s >= 0,
                   "colocated_actors": 1 <= self.colocated_actors <= max(
                       1, (self.num_prefill_gpus or self.gpus_per_actor) // max(1, self.gpus_per_actor))}
         for name, ok in checks.items():

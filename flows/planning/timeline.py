@@ -14,8 +14,9 @@ t = 0 is when the learner has written the new weights [I]:
   actor just in time, ``invoked_i = max(0, P - w - cold_i)``; the actor is billed from then
   until it finishes, plus ``prewarm_idle_s`` when it was pre-warmed (it waited warm);
 - ``a = activation_s`` is every activation's fixed cost (invocation round trip, task
-  submission): the prefill pays it once (it is in P), every decode actor once more, co-located
-  ones too (``ready_0 = P + a``);
+  submission): the prefill pays it once (it is in P, with ``prefill_fixed_s``: the prefill
+  action's own fixed work), every decode actor once more, co-located ones too
+  (``ready_0 = P + a``);
 - an actor ends at ``ready_i + decode_i``.
 
 ``T`` = latest actor end; ``GPU-s = P * prefill_gpus + sum_i billed_i * gpus_per_actor`` (the
@@ -37,9 +38,9 @@ from flows.planning.tpot import TpotProfile
 
 def prefill_seconds(tokens: float, profile: TpotProfile, cluster: ClusterSpec) -> float:
     """Prefill actor time: compute bound, so throughput scales with its GPU count; plus its
-    activation's fixed cost."""
+    activation's fixed cost and the prefill action's own."""
     return (tokens / (profile.prefill_tokens_per_s * cluster.prefill_gpus / cluster.gpus_per_actor)
-            + cluster.activation_s)
+            + cluster.activation_s + cluster.prefill_fixed_s)
 
 
 class ActorStart(NamedTuple):  # a NamedTuple: built ~2000 times per planning sweep

@@ -15,6 +15,7 @@ from actions.common.contracts import PromptTokens
 
 from flows.step.context import RunContext
 from flows.campaign.live_profile import pool_cores
+from flows.planning.calibration import FixedCosts
 from flows.planning.lengths import LengthHistory, predict_lengths
 from flows.planning.migrate import plan_cut_points_of
 from flows.planning.plan import ClusterSpec, GenerationPlan, PlannerSettings
@@ -37,6 +38,8 @@ class PhasePlan:
     predicted_prefill_s: float = 0.0
     """The planner's prefill time P (``timeline.prefill_seconds``): ``plan.predicted_time_s``
     minus this is its prediction of the generation actions' phase."""
+    fixed: FixedCosts = FixedCosts(0.0)
+    """The fixed costs the plan was timed with (recorded per step, learned from them)."""
 
 
 def load_profile(ctx: RunContext) -> TpotProfile:
@@ -48,10 +51,11 @@ def load_profile(ctx: RunContext) -> TpotProfile:
     return TpotProfile.load(path) if path else CPU_TINY_PROFILE
 
 
-def cluster_spec(ctx: RunContext, num_workers: int) -> ClusterSpec:
+def cluster_spec(ctx: RunContext, num_workers: int, fixed: FixedCosts | None = None) -> ClusterSpec:
     """The decode cluster as the planner sees it. With measured inputs: weights and prefix KV
-    travel through the store at its measured read rate, every activation pays the measured
-    round trip; on the local pool at most one action per ``threads`` cores (the share the
+    travel through the store at its measured read rate, every activation pays ``fixed``
+    (learned from the campaign's steps, ``flows/planning/calibration.py``; else the measured
+    round trip); on the local pool at most one action per ``threads`` cores (the share the
     profile was measured with) decodes at the measured speed, so that is the capacity (more
     would share cores the profile measured alone)."""
     s, live = ctx.config.scaling, ctx.live
@@ -60,7 +64,8 @@ def cluster_spec(ctx: RunContext, num_workers: int) -> ClusterSpec:
     if live is not None:
         transfer = dict(weight_bytes=live.weight_bytes, kv_bytes_per_token=live.kv_bytes_per_token,
                         transfer_bandwidth_bytes_per_s=live.transfer_bandwidth_bytes_per_s,
-                        activation_s=live.activation_s)
+                        activation_s=fixed.activation_s if fixed else live.activation_s,
+                        prefill_fixed_s=fixed.prefill_fixed_s if fixed else 0.0)
         if ctx.config.invoker.kind != "openwhisk":
             capacity = max(1, min(capacity, pool_cores(ctx.config) // max(1, live.threads)))
     return ClusterSpec(gpus_per_actor=s.gpus_per_actor, max_actors=capacity,
@@ -82,11 +87,12 @@ def planner_settings(ctx: RunContext, num_workers: int, profile: TpotProfile,
 def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: Mapping[int, PromptTokens],
                           prompt_ids: list[int], num_workers: int,
                           call_history: dict[str, list[float]] | None = None,
-                          spec_speedup: float = 1.0) -> PhasePlan:
+                          spec_speedup: float = 1.0, fixed: FixedCosts | None = None) -> PhasePlan:
     """The plan of one generation phase. ``call_history``: action -> its earliest invocation
     offset (seconds from step start) in each past step, for the pre-warm time;
     ``spec_speedup``: the measured decode speed-up of speculative decoding, which divides the
-    profile's decode times (``flows/planning/speculation.py``)."""
+    profile's decode times (``flows/planning/speculation.py``); ``fixed``: the fixed costs
+    learned from the campaign's steps (``flows/planning/calibration.py``)."""
     cfg = ctx.config
     # The EOS token is generated too, so no response runs past max_new_tokens.
     prompts = {p: tokens[p].prompt for p in prompt_ids}
@@ -101,7 +107,7 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: Mappi
     profile = load_profile(ctx)
     if cfg.generation.speculation == "auto" and cfg.generation.engine == "torch":
         profile = speculative_profile(profile, spec_speedup)
-    cluster = cluster_spec(ctx, num_workers)
+    cluster = cluster_spec(ctx, num_workers, fixed)
     prefill_tokens = prefill.tokens_computed if prefill else sum(prompt_lengths.values())
     plan = plan_generation(prompt_ids, predicted, group_size=cfg.algorithm.group_size,
                            prompt_lengths=prompt_lengths, settings=planner_settings(ctx, num_workers, profile, cluster),
@@ -113,4 +119,5 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: Mappi
     if s.prewarm:
         offset = prewarm_offset((call_history or {}).get("generate", []), s.prewarm_buffer_s)
     return PhasePlan(plan, prefill, predicted, cut_after, offset,
-                     predicted_prefill_s=prefill_seconds(prefill_tokens, profile, cluster))
+                     predicted_prefill_s=prefill_seconds(prefill_tokens, profile, cluster),
+                     fixed=FixedCosts(cluster.activation_s, cluster.prefill_fixed_s))
