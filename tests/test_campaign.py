@@ -114,7 +114,8 @@ def test_smoke_whole_flow_on_local_warm_pool(tiny_config, prefect_harness):
     assert summary["billed_gpu_seconds"] > 0 and summary["useful_gpu_seconds"] > 0
     step = summary["steps"][-1]
     for name in ("timing_s/generate", "reward/mean", "cost/idle_fraction", "actors/n", "prefill/tokens_saved",
-                 "response_length/mean", "loss/policy", "kl", "plan/activation_s", "plan/prefill_fixed_s"):
+                 "response_length/mean", "loss/policy", "kl", "plan/activation_s", "plan/prefill_fixed_s",
+                 "plan/decode_scale"):
         assert name in step, name
     assert 0.0 <= summary["eval_accuracy_last"] <= 1.0
     # overhead from the outside: each step's period is its work plus the control plane's time

@@ -26,7 +26,7 @@ from flows.campaign.live_profile import finish_profiling, start_profiling
 from flows.invokers.factory import make_invoker, pool_size
 from flows.step.metrics import billing, planner_fidelity, step_metrics
 from flows.campaign.overhead import Background, StepClock, open_gate_when_running, quiet_step_flows
-from flows.planning.calibration import learn_fixed_costs
+from flows.planning.calibration import Calibration, calibrate
 from flows.planning.lengths import LengthHistory
 from flows.step.flow import StepOutcome, rlhf_step
 from flows.campaign.schedule import step_prompts
@@ -122,9 +122,9 @@ def _run_one_step(ctx: RunContext, state: CampaignState, tokens: dict[int, Promp
     t0 = time.time()
     epoch, prompt_ids = step_prompts(sorted(tokens), cfg.algorithm.prompts_per_step, state.step, cfg.seed)
     history = LengthHistory.from_dict(state.length_history)
-    fixed = learn_fixed_costs(state.steps, ctx.live.activation_s) if ctx.live is not None else None
+    calibration = calibrate(state.steps) if ctx.live is not None else Calibration()  # measured inputs only
     phase = plan_generation_phase(ctx, history, tokens, prompt_ids, num_workers, state.call_history,
-                                  spec_speedup=state.spec_speedup, fixed=fixed)
+                                  spec_speedup=state.spec_speedup, calibration=calibration)
     inputs = StepInputs(step=state.step, epoch=epoch, prompt_ids=prompt_ids, model=_model_ref(ctx, state),
                         reference_key=state.reference_key, train_key=state.prepared.train_key,
                         optimizer_key=state.optimizer_key, critic_key=state.critic_key,

@@ -1,58 +1,76 @@
-"""The live planner's fixed costs, learned from the campaign's own steps.
+"""The live planner's profile and fixed costs, corrected from the campaign's own steps.
 
-The planner times a phase as compute (the measured decode and prefill profile) plus fixed
-costs (``ClusterSpec.activation_s`` per activation, ``prefill_fixed_s`` for the prefill
-action). At campaign start ``activation_s`` is an empty activation's round trip; a real one
-also parses its request, reads its inputs from the store, writes its outputs and returns
-them through the flow's task, and the prefill action loads the policy and writes the KV
-bundle. None of that is in the profile, so the plan was optimistic by a fixed amount per phase
-(on the default campaign, about 70 ms of a 90 ms prefill and 40 ms of a 140 ms generation).
+The planner times a phase from the engine profile measured at campaign start (decode steps,
+prefill rate) plus fixed costs: ``ClusterSpec.activation_s`` (an empty activation's measured
+round trip) per activation and ``prefill_fixed_s`` for the prefill action. What it leaves out
+shows up in every step's measurements:
 
-Each step records what it planned with and what it measured. Taking the whole residual of a
-phase as fixed cost, a step implies
+* **Generation** runs at another speed than the profile says: the profile was measured on one
+  worker at one moment, while a phase shares the machine's cores with the flow, the other
+  actions and whatever else runs (on a loaded 2-core machine, 4x slower; on a quiet one about
+  1.4x, which includes each action's store reads and writes). A *decode scale* multiplies the
+  profile's decode-step times.
+* **Prefill** is a fixed cost more than its compute: the prefill action reads the policy and
+  writes the prefix-KV bundle (on the default campaign about 70 ms of a 90 ms prefill, whose
+  compute the profile puts at 15 ms).
 
-    activation_s'    = activation_s + (measured generate - predicted generate)
-    prefill_fixed_s' = prefill_fixed_s + (measured prefill - predicted prefill) - (A - activation_s)
+Each step records what it was planned with (``plan/decode_scale``, ``plan/activation_s``,
+``plan/prefill_fixed_s``) and what it measured. A step with generation time ``G`` predicted
+as ``g`` (``a`` of it the activation) and prefill time ``F`` predicted as ``f`` implies
 
-where ``A`` is the learned ``activation_s`` (the prefill's prediction holds it too).
-:func:`learn_fixed_costs` takes medians over the last ``window`` steps, so one cold or
-disturbed step does not move them, and never goes below the measured round trip. Pure: no
-I/O, no clock.
+    decode_scale'    = decode_scale * (G - a) / (g - a)
+    prefill_fixed_s' = prefill_fixed_s + (F - f)
+
+:func:`calibrate` takes each one's median over the last ``window`` steps, so one cold or
+disturbed step does not move it. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from flows.planning.tpot import TpotProfile
 
 WINDOW = 8
-"""Steps the median is taken over."""
+"""Steps the medians are taken over."""
+SCALE_RANGE = (0.1, 10.0)
+"""A decode scale outside this is a measurement gone wrong (a stalled step), not a speed."""
 
 
 @dataclass(frozen=True)
-class FixedCosts:
-    """Seconds; see ``ClusterSpec.activation_s`` and ``ClusterSpec.prefill_fixed_s``."""
+class Calibration:
+    """The corrections a phase is planned with (identity: none)."""
 
-    activation_s: float
+    decode_scale: float = 1.0
+    """Multiplies the profile's decode-step times."""
     prefill_fixed_s: float = 0.0
+    """``ClusterSpec.prefill_fixed_s``, seconds."""
+
+    def profile(self, profile: TpotProfile) -> TpotProfile:
+        """``profile`` with its decode-step times multiplied by ``decode_scale``."""
+        if abs(self.decode_scale - 1.0) < 1e-9:
+            return profile
+        seconds = tuple(tuple(s * self.decode_scale for s in row) for row in profile.seconds)
+        return replace(profile, seconds=seconds, name=f"{profile.name}/x{self.decode_scale:.2f}")
 
 
-def learn_fixed_costs(steps: Sequence[Mapping[str, float]], measured_activation_s: float,
-                      window: int = WINDOW) -> FixedCosts:
-    """The fixed costs the last ``window`` steps imply (module docstring).
+def calibrate(steps: Sequence[Mapping[str, float]], window: int = WINDOW) -> Calibration:
+    """The corrections the last ``window`` steps imply (module docstring).
 
-    ``steps``: per-step metrics, oldest first; a step counts when it has ``plan/activation_s``
-    and the predicted and measured generation times (prefill: when a prefill action ran,
-    ``prefill/unique_prefixes`` > 0). ``measured_activation_s``: the empty activation's round
-    trip, the floor and the value without steps.
+    ``steps``: per-step metrics, oldest first. A step counts when it recorded what it was
+    planned with (``plan/decode_scale``); its prefill counts when a prefill action ran
+    (``prefill/unique_prefixes`` > 0). No such step: no correction.
     """
-    used = [m for m in steps[-window:] if "plan/activation_s" in m and "plan/predicted_generate_s" in m]
-    # generation: the whole residual is per-activation fixed cost
-    acts = [m["plan/activation_s"] + m["timing_s/generate"] - m["plan/predicted_generate_s"] for m in used]
-    activation = max(measured_activation_s, statistics.median(acts)) if acts else measured_activation_s
-    # prefill: its prediction already moves with activation_s; the rest is its own fixed cost
+    used = [m for m in steps[-window:] if "plan/decode_scale" in m]
+    scales = []
+    for m in used:
+        a = m.get("plan/activation_s", 0.0)
+        predicted, measured = m["plan/predicted_generate_s"] - a, m["timing_s/generate"] - a
+        if predicted > 0 and measured > 0:
+            scales.append(min(max(m["plan/decode_scale"] * measured / predicted, SCALE_RANGE[0]), SCALE_RANGE[1]))
     prefills = [m.get("plan/prefill_fixed_s", 0.0) + m["timing_s/prefill"] - m["plan/predicted_prefill_s"]
-                - (activation - m["plan/activation_s"]) for m in used if m.get("prefill/unique_prefixes", 0.0) > 0]
-    prefill = max(0.0, statistics.median(prefills)) if prefills else 0.0
-    return FixedCosts(activation_s=activation, prefill_fixed_s=prefill)
+                for m in used if m.get("prefill/unique_prefixes", 0.0) > 0]
+    return Calibration(decode_scale=statistics.median(scales) if scales else 1.0,
+                       prefill_fixed_s=max(0.0, statistics.median(prefills)) if prefills else 0.0)

@@ -80,8 +80,9 @@ def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_acto
         "plan/predicted_prefill_s": phase.predicted_prefill_s,
         "plan/predicted_generate_s": phase.plan.predicted_time_s - phase.predicted_prefill_s,
         "plan/planning_ms": phase.plan.planning_ms,
-        "plan/activation_s": phase.fixed.activation_s,
-        "plan/prefill_fixed_s": phase.fixed.prefill_fixed_s,
+        "plan/activation_s": phase.activation_s,
+        "plan/prefill_fixed_s": phase.calibration.prefill_fixed_s,
+        "plan/decode_scale": phase.calibration.decode_scale,
         "lengths/rank_correlation": rank_correlation([phase.predicted[p] for p in ids], [observed[p] for p in ids])
         if len(ids) > 1 else 0.0,
         "prefill/unique_prefixes": float(phase.prefill.num_unique_prefixes if phase.prefill else 0),

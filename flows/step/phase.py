@@ -15,7 +15,7 @@ from actions.common.contracts import PromptTokens
 
 from flows.step.context import RunContext
 from flows.campaign.live_profile import pool_cores
-from flows.planning.calibration import FixedCosts
+from flows.planning.calibration import Calibration
 from flows.planning.lengths import LengthHistory, predict_lengths
 from flows.planning.migrate import plan_cut_points_of
 from flows.planning.plan import ClusterSpec, GenerationPlan, PlannerSettings
@@ -38,8 +38,10 @@ class PhasePlan:
     predicted_prefill_s: float = 0.0
     """The planner's prefill time P (``timeline.prefill_seconds``): ``plan.predicted_time_s``
     minus this is its prediction of the generation actions' phase."""
-    fixed: FixedCosts = FixedCosts(0.0)
-    """The fixed costs the plan was timed with (recorded per step, learned from them)."""
+    calibration: Calibration = Calibration()
+    """The corrections the plan was timed with (recorded per step, learned from them)."""
+    activation_s: float = 0.0
+    """The per-activation fixed cost the plan was timed with."""
 
 
 def load_profile(ctx: RunContext) -> TpotProfile:
@@ -51,11 +53,11 @@ def load_profile(ctx: RunContext) -> TpotProfile:
     return TpotProfile.load(path) if path else CPU_TINY_PROFILE
 
 
-def cluster_spec(ctx: RunContext, num_workers: int, fixed: FixedCosts | None = None) -> ClusterSpec:
+def cluster_spec(ctx: RunContext, num_workers: int, calibration: Calibration = Calibration()) -> ClusterSpec:
     """The decode cluster as the planner sees it. With measured inputs: weights and prefix KV
-    travel through the store at its measured read rate, every activation pays ``fixed``
-    (learned from the campaign's steps, ``flows/planning/calibration.py``; else the measured
-    round trip); on the local pool at most one action per ``threads`` cores (the share the
+    travel through the store at its measured read rate, every activation pays the measured
+    round trip and the prefill action its fixed cost learned from the campaign's steps
+    (``flows/planning/calibration.py``); on the local pool at most one action per ``threads`` cores (the share the
     profile was measured with) decodes at the measured speed, so that is the capacity (more
     would share cores the profile measured alone)."""
     s, live = ctx.config.scaling, ctx.live
@@ -64,8 +66,7 @@ def cluster_spec(ctx: RunContext, num_workers: int, fixed: FixedCosts | None = N
     if live is not None:
         transfer = dict(weight_bytes=live.weight_bytes, kv_bytes_per_token=live.kv_bytes_per_token,
                         transfer_bandwidth_bytes_per_s=live.transfer_bandwidth_bytes_per_s,
-                        activation_s=fixed.activation_s if fixed else live.activation_s,
-                        prefill_fixed_s=fixed.prefill_fixed_s if fixed else 0.0)
+                        activation_s=live.activation_s, prefill_fixed_s=calibration.prefill_fixed_s)
         if ctx.config.invoker.kind != "openwhisk":
             capacity = max(1, min(capacity, pool_cores(ctx.config) // max(1, live.threads)))
     return ClusterSpec(gpus_per_actor=s.gpus_per_actor, max_actors=capacity,
@@ -87,12 +88,13 @@ def planner_settings(ctx: RunContext, num_workers: int, profile: TpotProfile,
 def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: Mapping[int, PromptTokens],
                           prompt_ids: list[int], num_workers: int,
                           call_history: dict[str, list[float]] | None = None,
-                          spec_speedup: float = 1.0, fixed: FixedCosts | None = None) -> PhasePlan:
+                          spec_speedup: float = 1.0, calibration: Calibration = Calibration()) -> PhasePlan:
     """The plan of one generation phase. ``call_history``: action -> its earliest invocation
     offset (seconds from step start) in each past step, for the pre-warm time;
     ``spec_speedup``: the measured decode speed-up of speculative decoding, which divides the
-    profile's decode times (``flows/planning/speculation.py``); ``fixed``: the fixed costs
-    learned from the campaign's steps (``flows/planning/calibration.py``)."""
+    profile's decode times (``flows/planning/speculation.py``); ``calibration``: the profile's
+    and the prefill's corrections learned from the campaign's steps
+    (``flows/planning/calibration.py``)."""
     cfg = ctx.config
     # The EOS token is generated too, so no response runs past max_new_tokens.
     prompts = {p: tokens[p].prompt for p in prompt_ids}
@@ -107,7 +109,8 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: Mappi
     profile = load_profile(ctx)
     if cfg.generation.speculation == "auto" and cfg.generation.engine == "torch":
         profile = speculative_profile(profile, spec_speedup)
-    cluster = cluster_spec(ctx, num_workers, fixed)
+    profile = calibration.profile(profile)
+    cluster = cluster_spec(ctx, num_workers, calibration)
     prefill_tokens = prefill.tokens_computed if prefill else sum(prompt_lengths.values())
     plan = plan_generation(prompt_ids, predicted, group_size=cfg.algorithm.group_size,
                            prompt_lengths=prompt_lengths, settings=planner_settings(ctx, num_workers, profile, cluster),
@@ -120,4 +123,4 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: Mappi
         offset = prewarm_offset((call_history or {}).get("generate", []), s.prewarm_buffer_s)
     return PhasePlan(plan, prefill, predicted, cut_after, offset,
                      predicted_prefill_s=prefill_seconds(prefill_tokens, profile, cluster),
-                     fixed=FixedCosts(cluster.activation_s, cluster.prefill_fixed_s))
+                     calibration=calibration, activation_s=cluster.activation_s)
