@@ -96,6 +96,6 @@ def test_a_reward_that_raises_mid_campaign_fails_the_step_once(tiny_config, pref
         run_campaign(cfg, progress=lambda m: None)
     # The first action to score a sampled completion fails (the evaluation before RL), and it is
     # not retried: a bug in the function does not heal.
-    # (the campaign-start engine profile and its noop probes aside).
-    assert [c for c in calls if c not in ("profile", "noop")] == ["warmup", "evaluate"]
+    # (the set-up's prepare, the campaign-start engine profile and its noop probes aside).
+    assert [c for c in calls if c not in ("prepare", "profile", "noop")] == ["warmup", "evaluate"]
     assert calls[-1] == "evaluate"
