@@ -63,10 +63,10 @@ def _train(workdir: Path, rl_steps: int) -> tuple[ModelRef, ModelRef, list[list[
     refs = []
     for step in (0, rl_steps):
         st = load_state_at(store, "bench-spec", step)
-        refs.append(ModelRef(store_uri=cfg.store.uri, base_key=st.prepared["base_key"], policy_key=st.policy_key,
+        refs.append(ModelRef(store_uri=cfg.store.uri, base_key=st.prepared.base_key, policy_key=st.policy_key,
                              policy_version=st.policy_version, weights_sha256=st.weights_sha256 or None))
     _, tokenizer, _ = load_model(refs[0])
-    data = load_dataset(cfg.store.uri, st.prepared["train_key"])
+    data = load_dataset(cfg.store.uri, st.prepared.train_key)
     ids = sorted(data)[: PER_STEP * 4]
     batches = [[SampleSpec(p, i, encode(tokenizer, data[p].prompt)) for p in ids[j:j + PER_STEP] for i in range(GROUP)]
                for j in range(0, len(ids), PER_STEP)]
