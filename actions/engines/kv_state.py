@@ -30,7 +30,6 @@ class PrefixState:
         return len(self.tokens)
 
 
-
 def stack_states(states: list[PrefixState]) -> tuple[DynamicCache, torch.Tensor]:
     """Left-pad each row's KV to the longest and stack into one cache plus a padding mask."""
     width = max(st.length for st in states)

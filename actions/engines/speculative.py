@@ -242,19 +242,12 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
     selector = _Selector(spec, tracker, cost)
     sstats = SpecStats()
 
-    def emit(row: int, t: int) -> bool:
-        """Append one token the target drew for ``row``; True when the row finished."""
-        return ends.take(row, t, gen[row])
-
-    def cut() -> bool:
-        return ends.cut(cut_after)
-
     known: dict[int, int] = {}  # row -> its next token, drawn already at a verification mismatch
     while rows:
         t_round = time.perf_counter()
         toks = _next_tokens(rows, known, logits, keys, gen, sampling, dev)
-        keep = [j for j, (row, t) in enumerate(zip(rows, toks)) if not emit(row, t)]
-        if not keep or cut():
+        keep = [j for j, (row, t) in enumerate(zip(rows, toks)) if not ends.take(row, t, gen[row])]
+        if not keep or ends.cut(cut_after):
             break
         if len(keep) < len(rows):
             keep_t = torch.tensor(keep, device=dev)
@@ -296,7 +289,7 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
                 sstats.proposed += len(d)
                 sstats.accepted += a
             kept = 0
-            while kept < a and not emit(row, d[kept]):
+            while kept < a and not ends.take(row, d[kept], gen[row]):
                 kept += 1
             if kept < a or ends.reasons[row] is not None:
                 finished.append(j)
@@ -310,7 +303,7 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
         batch.next_pos += acc_t + 1
         batch.rollback(acc_t, width)
         _observe(cost, sstats, b, width, t_round)
-        if cut():
+        if ends.cut(cut_after):
             break
         if finished:
             keep = [j for j in range(b) if j not in set(finished)]

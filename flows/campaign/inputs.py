@@ -25,7 +25,7 @@ def prepare_inputs(ctx: RunContext) -> Prepared:
     cfg = ctx.config
     req = PrepareRequest(workload=cfg.workload(), store_uri=ctx.store.uri, run_prefix=ctx.prefix)
     payload = req.model_dump(mode="json")
-    if getattr(ctx.invoker, "sees_local_files", False):
+    if ctx.invoker.sees_local_files:
         out = invoke_action(action="prepare", payload=payload, shard="prepare").result
     else:
         log = worker_log_dir(cfg)

@@ -158,7 +158,7 @@ def measure_activation_s(repeats: int = 5) -> float:
     times = []
     for i in range(repeats):
         t0 = time.perf_counter()
-        invoke_action(action="noop", payload={"probe": i}, shard=f"probe-{i}")  # the action ignores it
+        invoke_action(action="noop", payload={"probe": i}, shard=f"probe-{i}")  # noop ignores it; tells probes apart
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 

@@ -10,6 +10,7 @@ go to ``log_path`` (or this process's stderr); the result comes back through a f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -33,19 +34,16 @@ class ChildProcessInvoker:
 
     def invoke(self, action: str, payload: dict[str, Any], *, timeout_s: float | None = None) -> Activation:
         started = time.time()
-        with tempfile.TemporaryDirectory(prefix="rlhfless-oneshot-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="rlhfless-oneshot-") as tmp, \
+                (self.log_path.open("ab") if self.log_path else contextlib.nullcontext(sys.stderr)) as log:
             out = Path(tmp) / "result.json"
-            log = self.log_path.open("ab") if self.log_path else None
             try:
                 proc = subprocess.run([sys.executable, "-m", "actions.runtime.oneshot", action, str(out)],
-                                      input=json.dumps(payload).encode(), stdout=log or sys.stderr,
-                                      stderr=log or sys.stderr, timeout=timeout_s, check=False)
+                                      input=json.dumps(payload).encode(), stdout=log, stderr=log,
+                                      timeout=timeout_s, check=False)
             except subprocess.TimeoutExpired:
                 raise ActionError(action, f"the child process ran past {timeout_s:.0f} s (invoker.timeout_s)",
                                   transient=False) from None
-            finally:
-                if log:
-                    log.close()
             record = json.loads(out.read_text()) if out.is_file() else None
         ended = time.time()
         if record is None:

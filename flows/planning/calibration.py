@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from flows.planning.tpot import TpotProfile
 
@@ -50,10 +50,7 @@ class Calibration:
 
     def profile(self, profile: TpotProfile) -> TpotProfile:
         """``profile`` with its decode-step times multiplied by ``decode_scale``."""
-        if abs(self.decode_scale - 1.0) < 1e-9:
-            return profile
-        seconds = tuple(tuple(s * self.decode_scale for s in row) for row in profile.seconds)
-        return replace(profile, seconds=seconds, name=f"{profile.name}/x{self.decode_scale:.2f}")
+        return profile.with_decode_speed(1.0 / self.decode_scale, f"x{self.decode_scale:.2f}")
 
 
 def calibrate(steps: Sequence[Mapping[str, float]], window: int = WINDOW) -> Calibration:

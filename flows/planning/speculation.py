@@ -17,7 +17,6 @@ untouched (speculation changes speed, not responses).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from flows.planning.tpot import TpotProfile
@@ -96,7 +95,4 @@ def running_speedup(old: float, measured: float | None) -> float:
 def speculative_profile(profile: TpotProfile, speedup: float) -> TpotProfile:
     """``profile`` with every decode-step time divided by ``speedup`` (>= 1 speeds it up);
     prefill and row-drop costs stay (speculation does not change them)."""
-    if abs(speedup - 1.0) < 1e-9:
-        return profile
-    seconds = tuple(tuple(s / speedup for s in row) for row in profile.seconds)
-    return replace(profile, seconds=seconds, name=f"{profile.name}/spec{speedup:.2f}")
+    return profile.with_decode_speed(speedup, f"spec{speedup:.2f}")

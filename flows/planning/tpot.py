@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_right
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -134,6 +134,15 @@ class TpotProfile:
         for name in ("shrink_s", "shrink_s_per_kv_token"):
             if getattr(self, name) < 0:
                 raise ValueError(f"profile.{name}={getattr(self, name)}: must be >= 0 seconds")
+
+    def with_decode_speed(self, speedup: float, tag: str) -> "TpotProfile":
+        """This profile with every decode-step time divided by ``speedup`` (> 1: faster) and
+        ``/tag`` added to its name; prefill and row-drop costs stay. Itself when ``speedup`` is 1.
+        Used for speculative decoding's measured speed-up and the live calibration's decode scale."""
+        if abs(speedup - 1.0) < 1e-9:
+            return self
+        seconds = tuple(tuple(s / speedup for s in row) for row in self.seconds)
+        return replace(self, seconds=seconds, name=f"{self.name}/{tag}")
 
     def shrink(self, batch: int, context: float) -> float:
         """Seconds to drop finished rows from a batch of ``batch`` rows at ``context`` tokens.
