@@ -77,6 +77,19 @@ def test_prefix_bundle_path_matches_plain_prefill(setup):
     assert {k: v.tokens for k, v in a.items()} == {k: v.tokens for k, v in b.items()}
 
 
+def test_prompt_equal_to_a_cached_prefix_beside_prompts_that_extend_it(setup):
+    """One prompt is exactly the bundle's prefix, others extend it: both kinds in one call."""
+    _, _, engine, specs = setup
+    template = specs[0].prompt_tokens[:20]
+    states, _ = engine.prefill([template])
+    short = [SampleSpec(99, i, template) for i in range(2)]
+    mixed = short + list(specs)
+    a, sa = _gen(engine, mixed, prefixes={template: states[0]})
+    b, _ = _gen(engine, mixed)
+    assert {k: v.tokens for k, v in a.items()} == {k: v.tokens for k, v in b.items()}
+    assert sa.prefill_tokens == sum(len(s.prompt_tokens) - 20 for s in specs[::3])  # the template is not recomputed
+
+
 def test_greedy_is_seed_independent(setup):
     _, _, engine, specs = setup
     a, _ = _gen(engine, specs, temperature=0.0, seed=1)

@@ -66,12 +66,14 @@ class TorchEngine:
         """KV for each sequence. A sequence that extends a known prefix computes only its
         suffix. Returns (states, tokens computed)."""
         out: list[PrefixState | None] = [None] * len(sequences)
-        by_prefix: dict[tuple[int, ...], list[int]] = {}
+        by_prefix: dict[tuple[tuple[int, ...], bool], list[int]] = {}
         for i, seq in enumerate(sequences):
             best = _longest_prefix(seq, prefixes or {})
-            by_prefix.setdefault(best, []).append(i)
+            # A sequence that is a known prefix itself (nothing to compute) goes apart from
+            # the longer ones that extend the same prefix: a prompt may be another's L-prefix.
+            by_prefix.setdefault((best, len(seq) == len(best)), []).append(i)
         computed = 0
-        for prefix, idxs in by_prefix.items():
+        for (prefix, _), idxs in by_prefix.items():
             base = prefixes[prefix] if prefix else None
             suffixes = [sequences[i][len(prefix):] for i in idxs]
             states, n = self._extend(base, [sequences[i] for i in idxs], suffixes)
