@@ -130,9 +130,11 @@ def test_fault_draws_are_deterministic_exclusive_and_first_attempt_only(tiny_con
 
 
 # Every action is a target. Shard names repeat across steps and a shard is faulted at most once
-# per campaign, so these fractions make about a fifth of all first attempts fail or die.
+# per campaign, so these fractions make about a fifth of all first attempts fail or die. The
+# prefill action runs although it saves nothing here (its samples equal the clean run's, which
+# runs none), so that it is a target too.
 STORM = ["faults.seed=32", "faults.fail_fraction=0.15", "faults.kill_fraction=0.2", "faults.kill_after_s=0.1",
-         "faults.actions=[prefill,generate,score,train_step,warmup,evaluate]"]
+         "faults.actions=[prefill,generate,score,train_step,warmup,evaluate]", "generation.prefill_action=always"]
 
 
 def test_a_fault_storm_ends_with_the_clean_weights(tiny_config, prefect_harness, clean_summary, monkeypatch):

@@ -212,4 +212,37 @@ def test_planner_fidelity_reports_each_part_of_the_phase():
     assert fid["generate"]["median_abs_relative_error"] == pytest.approx((0.2 + 0.25) / 2)
     assert fid["generate"]["p90_abs_relative_error"] == pytest.approx(0.5)
     assert fid["prefill"]["median_relative_error"] == pytest.approx(-0.5)
+    no_prefill = dict(steps[0], **{"prefill/unique_prefixes": 0.0, "timing_s/prefill": 0.003})
+    assert planner_fidelity(steps + [no_prefill])["prefill"]["steps"] == 4  # none ran: nothing to time
     assert planner_fidelity([{"timing_s/generate": 1.0}])["generate"]["steps"] == 0  # older steps
+
+
+def test_the_hook_runs_the_prefill_action_only_where_it_pays(tiny_config, tmp_path):
+    """Unique prompts: each generation action prefills its own (the plan has no prefill and
+    times none); a long template shared by more prompts than one prefill holds: the action
+    computes it once; ``always`` and ``never`` override the choice."""
+    from actions.common.store import LocalStore
+    from flows.step import phase as hooks
+    from flows.step.context import RunContext
+    from flows.planning.lengths import LengthHistory
+
+    profile = TpotProfile((4, 16), (8.0, 64.0), ((0.01, 0.012), (0.03, 0.036)), 2000.0, name="measured-x")
+    live = LiveInputs(profile, "measured", activation_s=0.01, threads=1)
+
+    def phase(setting: str, prompts: dict[int, list[int]]):
+        ctx = RunContext(config=tiny_config("generation.prefill_capacity=4", f"generation.prefill_action={setting}"),
+                         store=LocalStore(str(tmp_path / "s")), invoker=None, run_id="r",  # type: ignore[arg-type]
+                         live=live)
+        tokens = {p: PromptTokens(prompt=v, answer_len=4) for p, v in prompts.items()}
+        return hooks.plan_generation_phase(ctx, LengthHistory(), tokens, sorted(prompts), 2)
+
+    unique = {p: [p] * 12 for p in range(4)}
+    template = list(range(100, 300))  # 200 tokens 16 prompts share; prompt 0 is the template alone
+    shared = {p: template + [p] * min(p, 1) for p in range(16)}
+    skipped = phase("auto", unique)
+    assert skipped.prefill is None and skipped.predicted_prefill_s == 0.0
+    ran = phase("auto", shared)  # 15 x 200 tokens saved at 2000 tokens/s: 1.5 s against 0.01 s
+    assert ran.prefill is not None and ran.prefill.prefix_len == 200
+    assert ran.predicted_prefill_s == pytest.approx(ran.prefill.tokens_computed / 2000.0 + 0.01)
+    assert phase("always", unique).prefill is not None
+    assert phase("never", shared).prefill is None

@@ -58,6 +58,12 @@ def test_without_recorded_steps_nothing_is_corrected():
     assert calibrate([legacy]) == Calibration()
 
 
+def test_the_prefill_cost_is_kept_once_the_prefill_action_stops_running():
+    ran = [_step(Calibration(), 0.1, 0.02) for _ in range(3)]
+    skipped = [_step(Calibration(), 0.1, 0.02, prefill_ran=False) for _ in range(20)]
+    assert calibrate(ran + skipped, window=8).prefill_fixed_s == pytest.approx(TRUE_PREFILL)
+
+
 def test_prefill_only_when_it_ran_and_a_stalled_step_is_clamped():
     assert calibrate([_step(Calibration(), 0.1, 0.02, prefill_ran=False)]).prefill_fixed_s == 0.0
     assert calibrate([_step(Calibration(), 0.01, 0.02, noise=60.0)]).decode_scale == 10.0

@@ -3,7 +3,7 @@
 import pytest
 
 from flows.planning.prefix import (choose_prefix_len, count_unique_prefixes, plan_prefill,
-                                   prefix_hash)
+                                   prefill_action_pays, prefix_hash)
 
 # two templates (1,2,3,...) and (9,9,...) shared by several prompts
 PROMPTS = {
@@ -60,3 +60,19 @@ def test_bad_input():
         choose_prefix_len([], 4)
     with pytest.raises(ValueError, match="group_size"):
         plan_prefill(PROMPTS, group_size=0, capacity=3)
+
+
+def test_the_prefill_action_runs_only_where_shared_prefixes_save_more_than_it_costs():
+    total = sum(len(p) for p in PROMPTS.values())  # 28 tokens, each prompt once
+    shared = plan_prefill(PROMPTS, group_size=4, capacity=3)  # L = 4
+    assert total - shared.tokens_computed == 4 + 4  # (1,2,3,4) and (9,9,9,1), each shared by two
+    assert prefill_action_pays(shared, total, seconds_per_token=0.01, fixed_s=0.05)  # 0.08 s saved
+    assert not prefill_action_pays(shared, total, seconds_per_token=0.01, fixed_s=0.10)
+    # capacity for every prompt: L is the longest prompt, nothing is shared across prompts,
+    # and the generation actions' own per-group dedup computes the same tokens
+    whole = plan_prefill(PROMPTS, group_size=4, capacity=64)
+    assert whole.tokens_computed == total
+    assert not prefill_action_pays(whole, total, seconds_per_token=1.0, fixed_s=0.0)
+    assert not prefill_action_pays(plan_prefill(PROMPTS, 4, capacity=1), total, 1.0, 0.0)  # no L at all
+    with pytest.raises(ValueError, match="seconds_per_token"):
+        prefill_action_pays(shared, total, seconds_per_token=0.0, fixed_s=0.0)

@@ -182,6 +182,11 @@ class GenerationConfig(_Section):
     accelerators, off for the local and in-process invokers (``CampaignConfig.overlap_scoring``)."""
     prefill_capacity: int = Field(64, gt=0)
     """B_prefill: most unique prefixes one prefill action computes (PAPER 3.1)."""
+    prefill_action: Literal["auto", "always", "never"] = "auto"
+    """With ``dedup_prefill``: whether the step runs the separate prefill action. ``auto``: only
+    where the prefix its prompts share saves more prefill compute than the action's fixed cost
+    (``flows/planning/prefix.py: prefill_action_pays``); otherwise each generation action
+    prefills its own prompts, once per group. The samples are the same either way."""
     length_window: int = Field(1, ge=1)
     """EWMA window (epochs) of the response-length predictor."""
     first_epoch_predictor: Literal["reference", "learned"] = "learned"

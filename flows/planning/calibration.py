@@ -57,8 +57,9 @@ def calibrate(steps: Sequence[Mapping[str, float]], window: int = WINDOW) -> Cal
     """The corrections the last ``window`` steps imply (module docstring).
 
     ``steps``: per-step metrics, oldest first. A step counts when it recorded what it was
-    planned with (``plan/decode_scale``); its prefill counts when a prefill action ran
-    (``prefill/unique_prefixes`` > 0). No such step: no correction.
+    planned with (``plan/decode_scale``); the prefill's fixed cost is the median over the last
+    ``window`` steps that ran a prefill action (``prefill/unique_prefixes`` > 0), however old.
+    No such step: no correction.
     """
     used = [m for m in steps[-window:] if "plan/decode_scale" in m]
     scales = []
@@ -67,7 +68,10 @@ def calibrate(steps: Sequence[Mapping[str, float]], window: int = WINDOW) -> Cal
         predicted, measured = m["plan/predicted_generate_s"] - a, m["timing_s/generate"] - a
         if predicted > 0 and measured > 0:
             scales.append(min(max(m["plan/decode_scale"] * measured / predicted, SCALE_RANGE[0]), SCALE_RANGE[1]))
+    # The last ``window`` steps that ran a prefill action, however far back: a campaign that
+    # stopped running it (generation.prefill_action auto) keeps the cost that made it stop.
+    ran = [m for m in steps if "plan/decode_scale" in m and m.get("prefill/unique_prefixes", 0.0) > 0]
     prefills = [m.get("plan/prefill_fixed_s", 0.0) + m["timing_s/prefill"] - m["plan/predicted_prefill_s"]
-                for m in used if m.get("prefill/unique_prefixes", 0.0) > 0]
+                for m in ran[-window:]]
     return Calibration(decode_scale=statistics.median(scales) if scales else 1.0,
                        prefill_fixed_s=max(0.0, statistics.median(prefills)) if prefills else 0.0)

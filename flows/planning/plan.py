@@ -45,6 +45,11 @@ class ClusterSpec:
     """Fixed seconds of the prefill activation beyond its compute and ``activation_s``: reading
     the policy, writing the prefix-KV bundle. Learned by the live campaign from its own steps
     (``flows/planning/calibration.py``); 0 in the simulator."""
+    prefill_action: bool = True
+    """False: no prefill action runs before the decode actors (``prefix.prefill_action_pays``
+    found it costs more than it saves); each actor prefills its own prompts, so P = 0 and no
+    prefix KV travels. The actors' own prefill compute is part of their measured generation
+    time, which the live calibration's decode scale follows."""
     colocated_actors: int = 1
     """Decode actors 0..k-1 run on the prefill actor's GPUs once prefill is done: they hold the
     weights and the prefix KV already (no cold start, no transfer). At most

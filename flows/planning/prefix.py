@@ -99,3 +99,30 @@ def plan_prefill(prompts_by_id: Mapping[int, Sequence[int]], group_size: int,
     computed = sum(prefix_tokens.values()) + suffix
     return PrefillPlan(prefix_len, {k: tuple(v) for k, v in groups.items()}, len(groups),
                        total, computed)
+
+
+def prefill_action_pays(plan: PrefillPlan, prompt_tokens: int, seconds_per_token: float,
+                        fixed_s: float) -> bool:
+    """Whether a separate prefill action saves more time than it costs.
+
+    Without it each generation action prefills its own prompts, a GRPO group's samples sharing
+    one prefill (the engine's dedup), so ``prompt_tokens`` (the step's prompts, each once) are
+    computed either way except for what prompts share across each other: the action saves
+    ``prompt_tokens - plan.tokens_computed`` tokens, at ``seconds_per_token`` of a generation
+    action's prefill. It costs ``fixed_s`` on the critical path before any decode starts (its
+    activation round trip, reading the policy, writing the KV bundle). The saving is counted
+    as if one action prefilled every prompt, so the choice does not depend on the fan-out; the
+    samples are the same either way (``tests/test_engine.py``).
+
+    Args:
+        plan: the step's ``plan_prefill``.
+        prompt_tokens: sum of the step's prompt lengths (tokens).
+        seconds_per_token: prefill seconds per token on a generation action (> 0).
+        fixed_s: the prefill action's fixed seconds beyond its compute (>= 0).
+    """
+    if seconds_per_token <= 0 or fixed_s < 0:
+        raise ValueError(f"seconds_per_token={seconds_per_token}, fixed_s={fixed_s}: "
+                         "need a positive prefill time per token and a fixed cost >= 0")
+    if plan.prefix_len is None:
+        return False
+    return max(0, prompt_tokens - plan.tokens_computed) * seconds_per_token > fixed_s

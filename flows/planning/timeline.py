@@ -38,7 +38,10 @@ from flows.planning.tpot import TpotProfile
 
 def prefill_seconds(tokens: float, profile: TpotProfile, cluster: ClusterSpec) -> float:
     """Prefill actor time: compute bound, so throughput scales with its GPU count; plus its
-    activation's fixed cost and the prefill action's own."""
+    activation's fixed cost and the prefill action's own. 0 without a prefill action
+    (``ClusterSpec.prefill_action``)."""
+    if not cluster.prefill_action:
+        return 0.0
     return (tokens / (profile.prefill_tokens_per_s * cluster.prefill_gpus / cluster.gpus_per_actor)
             + cluster.activation_s + cluster.prefill_fixed_s)
 

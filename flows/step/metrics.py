@@ -98,7 +98,7 @@ def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_acto
 
 
 PHASES = {"generate": ("plan/predicted_generate_s", "timing_s/generate"),
-          "prefill": ("plan/predicted_prefill_s", "timing_s/prefill"),
+          "prefill": ("plan/predicted_prefill_s", "timing_s/prefill"),  # steps that ran one
           "phase": ("plan/predicted_time_s", None)}
 """Predicted and measured metric of each part the planner times (``phase``: both parts)."""
 
@@ -114,6 +114,8 @@ def planner_fidelity(steps: list[dict[str, Any]]) -> dict[str, Any]:
         for s in steps:
             if pred_key not in s:
                 continue  # steps of an older revision
+            if part == "prefill" and s.get("prefill/unique_prefixes") == 0.0:
+                continue  # no prefill action ran: its few ms of flow time are no prefill
             measured = s[meas_key] if meas_key else s["timing_s/prefill"] + s["timing_s/generate"]
             errors.append(fraction(s[pred_key] - measured, measured))
         out[part] = _error_stats(errors)

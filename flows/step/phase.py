@@ -9,7 +9,7 @@ step flow decides how generation is split; the flow executes exactly the returne
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from actions.common.contracts import PromptTokens
 
@@ -19,7 +19,7 @@ from flows.planning.calibration import Calibration
 from flows.planning.lengths import LengthHistory, predict_lengths
 from flows.planning.migrate import plan_cut_points_of
 from flows.planning.plan import ClusterSpec, GenerationPlan, PlannerSettings
-from flows.planning.prefix import PrefillPlan, plan_prefill
+from flows.planning.prefix import PrefillPlan, plan_prefill, prefill_action_pays
 from flows.planning.prewarm import prewarm_offset
 from flows.planning.tpot import CPU_TINY_PROFILE, TpotProfile
 from flows.planning.scaling import plan_generation
@@ -85,6 +85,17 @@ def planner_settings(ctx: RunContext, num_workers: int, profile: TpotProfile,
                            value_of_time_usd_per_s=s.value_of_time_usd_per_s, time_slack=s.time_slack)
 
 
+def _runs_prefill_action(setting: str, prefill: PrefillPlan, prompt_tokens: int, profile: TpotProfile,
+                         cluster: ClusterSpec) -> bool:
+    """``generation.prefill_action``; ``auto`` asks ``prefix.prefill_action_pays`` with the
+    profile's prefill rate and the action's measured fixed costs (its round trip, and what the
+    calibration learned of its policy read and bundle write)."""
+    if setting != "auto" or prefill.prefix_len is None:
+        return setting == "always" and prefill.prefix_len is not None
+    return prefill_action_pays(prefill, prompt_tokens, 1.0 / profile.prefill_tokens_per_s,
+                               cluster.activation_s + cluster.prefill_fixed_s)
+
+
 def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: Mapping[int, PromptTokens],
                           prompt_ids: list[int], num_workers: int,
                           call_history: dict[str, list[float]] | None = None,
@@ -111,6 +122,10 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: Mappi
         profile = speculative_profile(profile, spec_speedup)
     profile = calibration.profile(profile)
     cluster = cluster_spec(ctx, num_workers, calibration)
+    if prefill is not None and not _runs_prefill_action(cfg.generation.prefill_action, prefill,
+                                                        sum(prompt_lengths.values()), profile, cluster):
+        prefill = None
+        cluster = replace(cluster, prefill_action=False, kv_bytes_per_token=0.0)
     prefill_tokens = prefill.tokens_computed if prefill else sum(prompt_lengths.values())
     plan = plan_generation(prompt_ids, predicted, group_size=cfg.algorithm.group_size,
                            prompt_lengths=prompt_lengths, settings=planner_settings(ctx, num_workers, profile, cluster),
