@@ -19,8 +19,10 @@ Modelling choices (details in flows/simulate/*.py docstrings):
   simulation uses 2 GPUs per actor.
 - static:3 is favoured where in doubt: no weight transfer, no cold start, prompt shared by
   its n samples; it is billed N x GPUs x phase time (held for the whole phase).
-- rlhfless actors are pre-warmed (plan made a step ahead); cut samples ship their KV to the
-  destination; cost proxy = GPU x busy time of each invocation, as in the paper.
+- rlhfless actors are pre-warmed (plan made a step ahead); cost proxy = GPU x busy time of
+  each invocation, as in the paper. Its default objective, ``budget``, takes the fastest plan
+  billing no more than 3 actors held for the phase and does not cut (the ablations that cut
+  ship the cut samples' KV to the destination).
 
 ``ideal``: the generation speedup an unlimited number of actors could reach if every prompt
 group decoded alone (sum over steps of the longest group's solo decode time).
@@ -50,8 +52,9 @@ TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 TARGET_SPEEDUP, TARGET_SAVING = 1.35, 0.45
 # for context: the cheapest serverless plan (one ranked actor) and a bigger static baseline
 CONTEXT_POLICIES = ("no-scale:1", "static:6")
-SENSITIVITY = {"value of time 4": {"value_of_time_usd_per_s": 4.0},
-               "value of time 32": {"value_of_time_usd_per_s": 32.0},
+SENSITIVITY = {"budget of 4 actors": {"budget_actors": 4},
+               "value of time 8": {"objective": "value"},
+               "value of time 32": {"objective": "value", "value_of_time_usd_per_s": 32.0},
                "paper lam=0.7": {"objective": "paper"}, "n_max=8": {"n_max": 8},
                "reprefill-migration": {"migration": "reprefill"},
                "prewarm-idle=1s": {"prewarm_idle_s": 1.0}}
@@ -188,7 +191,7 @@ def main() -> None:
         print(f"\n#### cluster: {model.num_nodes} nodes x {model.gpus_per_node} H100, "
               f"{model.gpus_per_actor} GPUs/actor, profile {model.profile.name}, "
               f"KV capacity {capacity:,.0f} tokens/actor, objective {model.objective} "
-              f"(value of time: the learner node's {model.gpus_per_node} GPUs), tau={model.tau}, "
+              f"(the bill of {model.budget_actors} actors held for the phase; no cut), tau={model.tau}, "
               f"migration {model.migration}, N in [{model.n_min}, {model.n_max}], "
               f"first-epoch predictor {model.first_epoch}")
         results = {path.stem: report_trace(path, model, sensitivity=name == "qwen2.5-7b" and args.sensitivity,

@@ -30,16 +30,23 @@ class ScalingConfig(_Section):
     n_max: int = Field(4, ge=1)
     lam: float = Field(0.7, ge=0, le=1)
     """Weight of time in the ``paper`` objective (PAPER 3.5)."""
-    objective: Literal["value", "slack", "paper"] = "value"
+    objective: Literal["budget", "value", "slack", "paper"] = "value"
     """How ``cost_aware`` picks among its candidate plans (``flows/planning/objective.py``):
-    ``value`` minimises cost + value_of_time_usd_per_s x phase time; ``slack`` takes the
-    cheapest plan within (1 + time_slack) of the fastest; ``paper`` the paper's min-max lam.
-    No objective picks a plan another candidate beats on both predicted time and cost."""
+    ``value`` minimises cost + value_of_time_usd_per_s x phase time (the live default: the
+    pool bills each action, and a second action must save more than it costs); ``budget`` takes
+    the fastest plan billing no more than ``budget_actors`` actors held for the phase, and does
+    not cut-and-migrate (the simulator's default, against a fixed GPU allocation); ``slack``
+    takes the cheapest plan within (1 + time_slack) of the fastest; ``paper`` the paper's
+    min-max lam. No objective picks a plan another candidate beats on both predicted time and
+    cost."""
     value_of_time_usd_per_s: float | None = Field(None, ge=0, allow_inf_nan=False)
     """Dollars one second of generation-phase time is worth to the operator. None: the price
     of the GPUs that wait for the phase (the learner's, ``price_per_gpu_second`` x their count)."""
     time_slack: float = Field(0.05, ge=0, le=10)
     """``objective: slack``: accepted time above the fastest candidate's, as a fraction."""
+    budget_actors: int = Field(3, ge=1)
+    """``objective: budget``: the fixed allocation (decode actors held for the whole phase)
+    whose bill a phase may not exceed; 3 is the paper's static fan-out."""
     gpus_per_actor: int = Field(1, ge=1)
     cold_start_s: float = Field(2.0, ge=0)
     profile: str | None = None

@@ -163,7 +163,7 @@ CASES: dict[str, Case] = {
     "config n_min above n_max": Case(
         _train("--set", "scaling.n_min=5", "--set", "scaling.n_max=2"), ("scaling.n_min=5", "make n_min <= n_max")),
     "config unknown objective": Case(_train("--set", "scaling.objective=fastest"),
-                                     ("scaling.objective", "'value', 'slack' or 'paper'")),
+                                     ("scaling.objective", "'budget', 'value', 'slack' or 'paper'")),
     "config negative value of time": Case(_train("--set", "scaling.value_of_time_usd_per_s=-1"),
                                           ("scaling.value_of_time_usd_per_s", "greater than or equal to 0")),
     "config infinite value of time": Case(_train("--set", "scaling.value_of_time_usd_per_s=inf"),

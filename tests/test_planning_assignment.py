@@ -2,7 +2,8 @@
 
 import pytest
 
-from flows.planning.assignment import assign_contiguous, assign_ranked, assign_round_robin
+from flows.planning.assignment import (assign_contiguous, assign_ranked, assign_round_robin,
+                                       assign_striped)
 
 PRED = {10: 50.0, 11: 400.0, 12: 90.0, 13: 400.0, 14: 10.0, 15: 300.0, 16: 70.0}
 IDS = list(PRED)
@@ -33,6 +34,12 @@ def test_ranked_is_longest_first_contiguous_with_id_tiebreak():
 
 def test_round_robin_baseline_uses_given_order():
     assert assign_round_robin(IDS, 3) == ((10, 13, 16), (11, 14), (12, 15))
+
+
+def test_striped_deals_the_ranking_round_robin():
+    ranking = [7, 3, 9, 1, 4, 8, 2]  # longest first
+    assert assign_striped(ranking, 3) == ((7, 1, 2), (3, 4), (9, 8))
+    assert assign_striped(ranking, 10) == tuple((p,) for p in ranking)  # capped: no empty actor
 
 
 def test_contiguous_uses_given_order():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from flows.planning.migrate import (PartialSample, choose_destinations, cut_point,
+from flows.planning.migrate import (PartialSample, choose_destinations, cut_point, cut_threshold_for,
                                     plan_continuations, should_cut)
 
 
@@ -60,3 +60,10 @@ def test_an_actor_is_cut_only_while_another_is_predicted_to_still_decode():
     assert plan_cut_points([short, short], [16, 16], None, flat) == [None, None]
     # a late start counts: actor 1 starts decoding after actor 0 has ended
     assert plan_cut_points([short, short], [16, 16], 0.7, flat, ready_s=[0.0, 5.0]) == [7, None]
+
+
+def test_the_budget_objective_does_not_cut():
+    assert cut_threshold_for("cost_aware", "budget", 0.7) is None
+    assert cut_threshold_for("cost_aware", "value", 0.7) == 0.7
+    assert cut_threshold_for("fixed:3", "budget", 0.7) == 0.7  # a fixed plan cuts as configured
+    assert cut_threshold_for("cost_aware", "paper", None) is None

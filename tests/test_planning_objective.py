@@ -10,6 +10,8 @@ from flows.planning.tpot import GPUS, MODELS, roofline_profile
 from flows.planning.scaling import BASELINE_N, default_value_of_time
 from flows.planning.scaling import plan_generation as _plan_generation
 from flows.planning.plan import PlannerSettings
+from flows.planning.robust import held_budget
+from flows.planning.timeline import prefill_seconds
 
 
 def plan_generation(ids, predicted, *, group_size, prompt_lengths, prefill_tokens=None, **settings):
@@ -27,7 +29,7 @@ def _dominated(c, cands):
                and (o.time_s < c.time_s or o.cost_usd < c.cost_usd) for o in cands)
 
 
-@pytest.mark.parametrize("objective", ["value", "slack", "paper"])
+@pytest.mark.parametrize("objective", ["budget", "value", "slack", "paper"])
 def test_never_chooses_a_dominated_candidate(objective):
     """Property: over random candidate sets (ties, infeasible ones, clusters of near-equal
     points), the choice is feasible and no feasible candidate beats it on both axes."""
@@ -43,7 +45,8 @@ def test_never_chooses_a_dominated_candidate(objective):
             cands.append(_cand(i + 1, t, c, rnd.random() > 0.2))
         best, scores = choose(cands, objective, lam=rnd.random(),
                               value_of_time_usd_per_s=rnd.choice([0.0, 0.5, 8.0, 1e6]),
-                              time_slack=rnd.choice([0.0, 0.05, 1.0]))
+                              time_slack=rnd.choice([0.0, 0.05, 1.0]),
+                              budget_usd=rnd.choice([0.0, 30.0, 60.0, 1e6]))
         if not any(c.feasible for c in cands):
             assert best is None and all(s is None for s in scores)
             continue
@@ -83,6 +86,15 @@ def test_slack_objective_is_cheapest_within_the_slack_of_the_fastest():
     assert choose(cands, "slack", time_slack=0.25)[0] == 0
 
 
+def test_budget_objective_is_fastest_within_the_budget_else_cheapest():
+    cands = [_cand(1, 12.0, 10.0), _cand(2, 10.4, 20.0), _cand(4, 10.0, 40.0)]
+    assert choose(cands, "budget", budget_usd=25.0)[0] == 1
+    assert choose(cands, "budget", budget_usd=40.0)[0] == 2
+    assert choose(cands, "budget", budget_usd=5.0)[0] == 0  # none within: the cheapest
+    best, scores = choose(cands, "budget", budget_usd=25.0)
+    assert scores == [12.0, 10.4, None]
+
+
 def _step(seed=0, m=128):
     rnd = random.Random(seed)
     ids = list(range(m))
@@ -100,16 +112,27 @@ def _step(seed=0, m=128):
 def test_planner_candidates_include_the_fixed_baseline_and_choice_is_on_the_frontier():
     for seed in range(3):
         ids, pred, kw = _step(seed)
-        plan = plan_generation(ids, pred, **kw)
+        plan = plan_generation(ids, pred, objective="budget", **kw)
         kinds = {c.kind for c in plan.candidates}
-        assert {"ranked", "sized", "round_robin"} <= kinds
+        assert {"ranked", "sized", "round_robin", "striped"} <= kinds
         base = [c for c in plan.candidates if c.kind == "round_robin"]
         assert len(base) == 1 and base[0].n == BASELINE_N
         chosen = plan.candidates[plan.chosen]
         assert chosen.time_s == plan.predicted_time_s and chosen.n == plan.num_actors
         assert not _dominated(chosen, plan.candidates)
         plan.validate(ids)
-        # the default value of time is the prefill (learner) GPUs' price
+        # objective budget: the fastest plan within the bill of 3 actors held for the striped
+        # 3-actor plan's time (which is itself within it)
+        striped3 = next(c for c in plan.candidates if c.kind == "striped" and c.n == 3)
+        budget = held_budget(plan.candidates, 3, kw["cluster"], prefill_seconds(
+            sum(kw["prompt_lengths"].values()), kw["profile"], kw["cluster"]))
+        assert striped3.cost_usd <= budget and chosen.cost_usd <= budget
+        assert chosen.time_s == min(c.time_s for c in plan.candidates
+                                    if c.feasible and c.cost_usd <= budget)
+        # objective value (the planner's default): the value of time is the prefill (learner)
+        # GPUs' price
+        plan = plan_generation(ids, pred, **kw)
+        chosen = plan.candidates[plan.chosen]
         value = default_value_of_time(kw["cluster"])
         assert value == 8.0
         best = min(c.cost_usd + value * c.time_s for c in plan.candidates if c.feasible)
@@ -126,7 +149,8 @@ def test_paper_objective_keeps_the_papers_candidates():
 def test_value_of_time_moves_along_the_frontier():
     """More dollars per second buy a faster, dearer plan; never the other way round."""
     ids, pred, kw = _step(2)
-    plans = [plan_generation(ids, pred, value_of_time_usd_per_s=v, **kw) for v in (0.0, 4.0, 16.0, 1e4)]
+    plans = [plan_generation(ids, pred, objective="value", value_of_time_usd_per_s=v, **kw)
+             for v in (0.0, 4.0, 16.0, 1e4)]
     times = [p.predicted_time_s for p in plans]
     costs = [p.predicted_gpu_seconds for p in plans]
     assert times == sorted(times, reverse=True) and costs == sorted(costs)

@@ -243,6 +243,27 @@ def test_oracle_no_slower_than_rlhfless_on_trace():
     assert total["oracle"] <= total["rlhfless"] * 1.001
 
 
+def test_default_budget_objective_does_not_cut_and_stays_within_static3():
+    """Default settings: no cut-and-migrate, and on a synthetic trace of long, mispredicted
+    answers the plan bills no more than static:3 at no more than 1.02x its time."""
+    from benchmarks.make_traces import make_trace
+
+    rows = [r for r in make_trace("capheavy", 0) if r["epoch"] == 0 and r["step"] < 2]
+    by_step: dict[int, list[PromptRow]] = {}
+    for r in rows:
+        by_step.setdefault(r["step"], []).append(PromptRow(r["prompt_id"], r["prompt_len"], r["answer_len"],
+                                                           tuple(r["response_lens"])))
+    steps = [TraceStep(0, k, tuple(v)) for k, v in sorted(by_step.items())]
+    model = _model(num_nodes=20, n_max=64, colocated_actors=None)
+    runs = replay(steps, ["static:3", "rlhfless"], model)
+    base, ours = runs["static:3"].summary(), runs["rlhfless"].summary()
+    assert all(s.num_cut == 0 for s in runs["rlhfless"].steps)
+    assert ours["total_gpu_seconds"] <= base["total_gpu_seconds"]
+    assert ours["total_time_s"] <= 1.02 * base["total_time_s"]
+    cutting = replay(steps, ["rlhfless"], dataclasses.replace(model, objective="value"))["rlhfless"]
+    assert any(s.num_cut > 0 for s in cutting.steps)
+
+
 def test_learner_phases_lengthen_every_step_and_bill_only_held_actors():
     from flows.planning.tpot import learner_tokens_per_s
 

@@ -67,3 +67,11 @@ def assign_round_robin(prompt_ids: Sequence[int], num_actors: int) -> Assignment
     """Baseline: prompt ``k`` of the given order goes to actor ``k % num_actors``."""
     n = _check(prompt_ids, num_actors)
     return tuple(tuple(prompt_ids[i::n]) for i in range(n))
+
+
+def assign_striped(ranking: Sequence[int], num_actors: int) -> Assignment:
+    """The ranking (longest first) dealt round-robin: actor ``i`` gets ranks ``i, i + N, ...``,
+    so every actor holds a like mix of predicted lengths (a length-oblivious split in effect,
+    but balanced on the predictions)."""
+    n = _check(ranking, num_actors)
+    return tuple(tuple(ranking[i::n]) for i in range(n))

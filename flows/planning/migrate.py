@@ -41,6 +41,15 @@ from flows.planning.cost import decode_time
 from flows.planning.tpot import TpotProfile
 
 
+def cut_threshold_for(policy: str, objective: str, tau: float | None) -> float | None:
+    """The cut threshold a phase runs with: ``tau``, except under the ``budget`` objective of
+    ``cost_aware`` scaling, which does not cut (``objective.py``: a cut moves an actor's
+    longest samples into another actor's batch; the budget has already bounded the cost, and
+    the cut would spend the phase's tail on saving more). Shared by the live step and the
+    simulator."""
+    return None if policy == "cost_aware" and objective == "budget" else tau
+
+
 def cut_point(num_samples: int, tau: float) -> int:
     """Number of finished samples at which an actor of ``num_samples`` is cut."""
     if not 0.0 < tau <= 1.0:

@@ -4,7 +4,14 @@ Every objective first drops infeasible candidates and every candidate another on
 both predicted time and cost (``pareto_mask``), so no objective can return a dominated plan.
 Among what is left (the frontier):
 
-- ``value`` (default): minimise ``cost_usd + value_of_time_usd_per_s * time_s``. The knob is
+- ``budget`` (the simulator's default): the fastest plan whose bill stays within what a fixed allocation of
+  ``budget_actors`` decode actors (default 3, the paper's static fan-out) held for the whole
+  phase would bill (``robust.held_budget``). In operator terms: "never pay more for a phase
+  than the fixed allocation you would otherwise reserve; spend what early release saves on
+  speed". With no candidate within the budget, the cheapest. Since a striped plan of that many
+  actors is a candidate and bills at most the held allocation, the plan is never estimated
+  slower than that allocation either.
+- ``value`` (the live default): minimise ``cost_usd + value_of_time_usd_per_s * time_s``. The knob is
   the operator's price of one second of phase time, in dollars. An extra actor is added only
   when the seconds it saves are worth more than the GPU-seconds it bills. With
   ``price_per_gpu_second = 1`` costs are GPU-seconds, and a value of ``V`` reads "a second of
@@ -17,6 +24,10 @@ Among what is left (the frontier):
   time range. Kept for the paper's comparison.
 
 Ties go to the lower cost, then the lower time, then the earlier candidate (smaller N).
+
+Only ``budget`` leaves cut-and-migrate off (``migrate.cut_threshold_for``): a cut moves an
+actor's longest samples into another actor's batch, saving GPU-s at the cost of the phase's
+tail, a trade the other objectives price and the budget one has already bounded.
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ from typing import Sequence
 
 from flows.planning.plan import Candidate
 
-OBJECTIVES = ("value", "slack", "paper")
+OBJECTIVES = ("budget", "value", "slack", "paper")
 
 
 def pareto_mask(cands: Sequence[Candidate]) -> list[bool]:
@@ -45,12 +56,15 @@ def pareto_mask(cands: Sequence[Candidate]) -> list[bool]:
 
 
 def check_objective(objective: str, lam: float, value_of_time_usd_per_s: float | None,
-                    time_slack: float) -> None:
+                    time_slack: float, budget_actors: int = 3) -> None:
     """ValueError naming the setting when an objective's knob is out of range."""
     if objective not in OBJECTIVES:
         raise ValueError(f"scaling.objective={objective!r}: use one of {OBJECTIVES}")
     if not 0.0 <= lam <= 1.0:
         raise ValueError(f"scaling.lam={lam}: must be in [0, 1] (1 = fastest, 0 = cheapest)")
+    if budget_actors < 1:
+        raise ValueError(f"scaling.budget_actors={budget_actors}: must be >= 1 (the fixed "
+                         "allocation whose held bill bounds the budget objective)")
     if value_of_time_usd_per_s is not None and not 0.0 <= value_of_time_usd_per_s < float("inf"):
         raise ValueError(f"scaling.value_of_time_usd_per_s={value_of_time_usd_per_s}: must be a "
                          "finite number >= 0 (dollars one second of phase time is worth)")
@@ -60,8 +74,16 @@ def check_objective(objective: str, lam: float, value_of_time_usd_per_s: float |
 
 
 def _scores(cands: Sequence[Candidate], keep: Sequence[bool], objective: str, lam: float,
-            value_of_time: float, time_slack: float) -> list[float | None]:
+            value_of_time: float, time_slack: float,
+            budget_usd: float | None = None) -> list[float | None]:
     live = [c for c, k in zip(cands, keep) if k]
+    if objective == "budget":  # the fastest within the budget; none within: the cheapest
+        within = [k and budget_usd is not None and c.cost_usd <= budget_usd * (1 + 1e-12)
+                  for c, k in zip(cands, keep)]
+        if not any(within):
+            cheapest = min(c.cost_usd for c in live)
+            within = [k and c.cost_usd == cheapest for c, k in zip(cands, keep)]
+        return [c.time_s if w else None for c, w in zip(cands, within)]
     if objective == "value":
         return [c.cost_usd + value_of_time * c.time_s if k else None for c, k in zip(cands, keep)]
     if objective == "slack":
@@ -80,14 +102,16 @@ def _normalise(value: float, lo: float, hi: float) -> float:
 
 def choose(cands: Sequence[Candidate], objective: str = "value", *, lam: float = 0.7,
            value_of_time_usd_per_s: float = 0.0,
-           time_slack: float = 0.0) -> tuple[int | None, list[float | None]]:
+           time_slack: float = 0.0,
+           budget_usd: float | None = None) -> tuple[int | None, list[float | None]]:
     """Index of the chosen candidate (None when none is feasible) and every candidate's score
-    (None where it is infeasible, dominated or, for ``slack``, too slow)."""
+    (None where it is infeasible, dominated or, for ``slack``, too slow, for ``budget``, over
+    ``budget_usd``; a ``budget`` score is the predicted time)."""
     check_objective(objective, lam, value_of_time_usd_per_s, time_slack)
     keep = pareto_mask(cands)
     if not any(keep):
         return None, [None] * len(cands)
-    scores = _scores(cands, keep, objective, lam, value_of_time_usd_per_s, time_slack)
+    scores = _scores(cands, keep, objective, lam, value_of_time_usd_per_s, time_slack, budget_usd)
     best_score = min(s for s in scores if s is not None)
     tol = 1e-12 * max(abs(best_score), 1.0)  # float noise is a tie, broken by cost, time, order
     best = min((i for i, s in enumerate(scores) if s is not None and s <= best_score + tol),

@@ -157,5 +157,7 @@ class PlannerSettings:
     objective: str = "value"
     value_of_time_usd_per_s: float | None = None
     time_slack: float = 0.05
+    budget_actors: int = 3
     """How ``cost_aware`` picks among the candidates (``objective.py``);
-    ``value_of_time_usd_per_s`` None: the price of the prefill (learner) GPUs."""
+    ``value_of_time_usd_per_s`` None: the price of the prefill (learner) GPUs;
+    ``budget_actors``: the fixed allocation whose bill bounds the ``budget`` objective."""

@@ -15,6 +15,11 @@ used and ``note`` says so. Ties go to the smaller N.
 Assignments: ``ranked`` (the paper), ``round_robin`` (ablation baseline) and ``contiguous``
 (equal slices of the given order: the static serverful baseline's data-parallel split).
 
+Prediction error (``robust.py``): outside the ``paper`` objective, ``cost_aware`` over a ranked
+assignment times every candidate with ``robust.tail_stress`` (any actor may hold a group as
+long as the step's longest prediction) and adds striped candidates (the ranking dealt
+round-robin, ``assign_striped``) for N = 2..``STRIPED_MAX_N``.
+
 Slice sizes of a ranked plan (``rank_slack``). The sweep over N times equal-count slices of
 the ranking (the paper's "evenly"). Where TPOT grows with batch and context, the slice of the
 longest groups then decodes slowest of all and sets the phase time: on a trace of long code
@@ -44,7 +49,9 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from flows.planning.assignment import (assign_contiguous, assign_ranked, assign_round_robin,
-                                       rank_prompts, split_sizes)
+                                       assign_striped, rank_prompts, split_sizes)
+from flows.planning.robust import (STRIPED_MAX_N, Loads, held_budget, split_plans, stress_plans,
+                                   striped_layout)
 from flows.planning.cost import DecodeEstimator
 from flows.planning.objective import check_objective, choose
 from flows.planning.plan import Candidate, ClusterSpec, GenerationPlan, PlannerSettings
@@ -66,9 +73,9 @@ def _sorted_lengths(pids: Sequence[int], predicted: Mapping[int, float]) -> list
     return sorted((float(predicted[p]) for p in pids), reverse=True)
 
 
-def _ranked_loads(ns: range, ranking: "_Ranking",
-                  env: _Env) -> list[tuple[list[float], list[float]]]:
-    """Decode seconds and prompt tokens per actor for ranked slices, for every N in ``ns``
+def _ranked_loads(ns: range, ranking: "_Ranking", env: _Env) -> list["_Loads"]:
+    """Per actor (decode seconds, prompt tokens, longest predicted length, group count) for
+    ranked slices, for every N in ``ns``
     (the fast path: all candidates' slices at once, in numpy; the same numbers as slicing
     with ``split_sizes`` and timing each slice with ``slice_timer``)."""
     m, counts = len(ranking.order), np.arange(ns.start, ns.stop)
@@ -81,32 +88,48 @@ def _ranked_loads(ns: range, ranking: "_Ranking",
     tokens = sums[starts + sizes] - sums[starts]
     decode = env.decode.sweep(ranking.lengths, starts, starts + sizes, tokens / sizes)
     tokens_l, out, j = tokens.tolist(), [], 0
+    longest, sizes_l = np.asarray(ranking.lengths)[starts].tolist(), sizes.tolist()
     for count in ns:
-        out.append((decode[j:j + count], tokens_l[j:j + count]))
+        out.append((decode[j:j + count], tokens_l[j:j + count], longest[j:j + count],
+                    sizes_l[j:j + count]))
         j += count
     return out
 
 
-def _slice_loads(sizes: Sequence[int], ranking: "_Ranking",
-                 env: _Env) -> tuple[list[float], list[float]]:
-    """Decode seconds and prompt tokens per actor for consecutive slices of the ranking of
-    these sizes (``DecodeEstimator.sweep``, as ``_ranked_loads`` times equal slices)."""
+def _slice_loads(sizes: Sequence[int], ranking: "_Ranking", env: _Env,
+                 perm: Sequence[int] | None = None) -> "_Loads":
+    """Per actor: decode seconds, prompt tokens, longest predicted length and group count for
+    consecutive slices of these sizes of the ranking (``DecodeEstimator.sweep``, as
+    ``_ranked_loads`` times equal slices), or of the ranking reordered by ``perm`` (striped
+    plans: each actor's groups made contiguous, still longest first; the permutations of
+    several plans may be concatenated, their slices then cover them one after another)."""
     sizes_a = np.asarray(sizes, dtype=np.int64)
     starts = np.cumsum(sizes_a) - sizes_a
-    sums = np.asarray(ranking.token_sums)
+    lengths = np.asarray(ranking.lengths)
+    prompt = np.diff(np.asarray(ranking.token_sums))
+    if perm is not None:
+        lengths, prompt = lengths[perm], prompt[perm]
+    sums = np.concatenate(([0.0], np.cumsum(prompt)))
     tokens = sums[starts + sizes_a] - sums[starts]
-    return env.decode.sweep(ranking.lengths, starts, starts + sizes_a, tokens / sizes_a), tokens.tolist()
+    decode = env.decode.sweep(lengths, starts, starts + sizes_a, tokens / sizes_a)
+    return decode, tokens.tolist(), lengths[starts].tolist(), sizes_a.tolist()
+
+
+_Loads = Loads
 
 
 def _group_loads(groups: Sequence[Sequence[int]], predicted: Mapping[int, float],
-                 prompt_lengths: Mapping[int, int], env: _Env) -> tuple[list[float], list[float]]:
-    """Decode seconds and prompt tokens per actor for an explicit assignment."""
-    decode, tokens = [], []
+                 prompt_lengths: Mapping[int, int], env: _Env) -> "_Loads":
+    """Per actor, for an explicit assignment: decode seconds, prompt tokens, longest predicted
+    length and group count."""
+    decode, tokens, longest = [], [], []
     for pids in groups:
         tok = float(sum(prompt_lengths[p] for p in pids))
-        decode.append(env.decode.time_desc(_sorted_lengths(pids, predicted), tok / len(pids)))
+        lengths = _sorted_lengths(pids, predicted)
+        decode.append(env.decode.time_desc(lengths, tok / len(pids)))
         tokens.append(tok)
-    return decode, tokens
+        longest.append(lengths[0])
+    return decode, tokens, longest, [len(g) for g in groups]
 
 
 def _check_args(prompt_ids: Sequence[int], predicted: Mapping[int, float], group_size: int,
@@ -166,7 +189,7 @@ def _ranking(prompt_ids: Sequence[int], predicted: Mapping[int, float],
 
 def _candidate_loads(ns: range, prompt_ids: Sequence[int], ranking: _Ranking, assignment: str,
                      predicted: Mapping[int, float], prompt_lengths: Mapping[int, int],
-                     env: _Env) -> list[tuple[list[float], list[float]]]:
+                     env: _Env) -> list["_Loads"]:
     if assignment == "ranked":
         return _ranked_loads(ns, ranking, env)
     return [_group_loads(_groups(n, prompt_ids, predicted, assignment), predicted,
@@ -220,7 +243,7 @@ def plan_generation(prompt_ids: Sequence[int], predicted: Mapping[int, float], *
     start = time.perf_counter()
     _check_args(prompt_ids, predicted, group_size, n_min, n_max, lam, assignment, cut_threshold,
                 rank_slack)
-    check_objective(objective, lam, value_of_time_usd_per_s, time_slack)
+    check_objective(objective, lam, value_of_time_usd_per_s, time_slack, s.budget_actors)
     kwargs = dict(group_size=group_size, prompt_lengths=prompt_lengths, policy=policy,
                   n_min=n_min, n_max=n_max, lam=lam, assignment=assignment, profile=profile,
                   cluster=cluster, cut_threshold=cut_threshold, prefill_tokens=prefill_tokens)
@@ -229,6 +252,7 @@ def plan_generation(prompt_ids: Sequence[int], predicted: Mapping[int, float], *
                  else value_of_time_usd_per_s)
         plan = _plan_builtin(list(prompt_ids), predicted, rank_slack=rank_slack,
                              objective=objective, value_of_time=value, time_slack=time_slack,
+                             budget_actors=s.budget_actors,
                              **kwargs)
     elif ":" in policy:
         plan = _load_policy(policy)(prompt_ids, predicted, **kwargs)
@@ -259,7 +283,7 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
                   lam: float, assignment: str, profile: TpotProfile, cluster: ClusterSpec,
                   cut_threshold: float | None, prefill_tokens: float | None,
                   rank_slack: float | None, objective: str, value_of_time: float,
-                  time_slack: float) -> GenerationPlan:
+                  time_slack: float, budget_actors: int = 3) -> GenerationPlan:
     fixed = policy.startswith("fixed:")
     note = ""
     if fixed:
@@ -271,6 +295,7 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
             note = f"n_min={n_min} capped to {n_lo} (prompts/cluster capacity). "
     ranked = assignment == "ranked"
     extras = not fixed and objective != "paper"  # the paper sweeps equal slices only
+    robust = extras and assignment == "ranked"
     sized = ranked and (fixed and rank_slack is not None or extras)
     max_groups = len(prompt_ids) if sized else -(-len(prompt_ids) // n_lo)
     env = _env(prompt_ids, predicted, prompt_lengths, group_size, profile, cluster,
@@ -279,13 +304,18 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
     ns = range(n_lo, n_hi + 1)
     price = cluster.price_per_gpu_second
 
-    def candidate(n: int, loads: tuple[list[float], list[float]], kind: str) -> Candidate:
-        t, gs, reason = evaluate_candidate(*loads, cluster, env.prefill_s)
+    top = ranking.lengths[0]
+
+    def stress(loads: list[_Loads]) -> list[_Loads]:  # any actor may hold the longest group
+        return stress_plans(loads, top, env.decode.table[0]) if robust else loads
+
+    def candidate(n: int, loads: _Loads, kind: str) -> Candidate:
+        t, gs, reason = evaluate_candidate(loads[0], loads[1], cluster, env.prefill_s)
         return Candidate(n, t, gs, gs * price, None, not reason, reason, kind)
 
     # one candidate per N: equal slices of the ranking (the paper), or the configured split
-    cands = [candidate(n, loads, assignment) for n, loads in zip(
-        ns, _candidate_loads(ns, prompt_ids, ranking, assignment, predicted, prompt_lengths, env))]
+    cands = [candidate(n, loads, assignment) for n, loads in zip(ns, stress(
+        _candidate_loads(ns, prompt_ids, ranking, assignment, predicted, prompt_lengths, env)))]
     builders = [lambda n=n: (assign_contiguous(ranking.order, n) if ranked
                              else _groups(n, prompt_ids, predicted, assignment)) for n in ns]
     if sized:  # budget-sized slices: fixed:N at its slack; cost_aware the fastest per N
@@ -301,15 +331,25 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
                 loads = _slice_loads([len(g) for g in groups], ranking, env)
             if fixed:  # the sized slices replace the equal ones
                 cands, builders = [], []
-            cands.append(candidate(n, loads, "sized"))
+            cands.append(candidate(n, stress([loads])[0], "sized"))
             builders.append(lambda g=groups: g)
+    striped = range(max(n_lo, 2), min(n_hi, STRIPED_MAX_N) + 1) if robust else range(0)
+    if striped:  # the ranking dealt round-robin, every actor a like mix of lengths: one sweep
+        layouts = [striped_layout(len(ranking.order), n) for n in striped]
+        joined = _slice_loads([x for sizes, _ in layouts for x in sizes], ranking, env,
+                              [i for _, perm in layouts for i in perm])
+        for n, loads in zip(striped, stress(split_plans(joined, list(striped)))):
+            cands.append(candidate(n, loads, "striped"))
+            builders.append(lambda n=n: assign_striped(ranking.order, n))
     if extras and ranked and n_lo <= BASELINE_N <= n_hi:  # a fixed-N plan of the given order
         groups = assign_round_robin(prompt_ids, BASELINE_N)
-        cands.append(candidate(BASELINE_N, _group_loads(groups, predicted, prompt_lengths, env),
-                               "round_robin"))
+        cands.append(candidate(BASELINE_N, stress([_group_loads(groups, predicted, prompt_lengths,
+                                                                env)])[0], "round_robin"))
         builders.append(lambda g=groups: g)
+    budget = (held_budget(cands, min(budget_actors, n_hi), cluster, env.prefill_s)
+              if objective == "budget" else None)
     best, scores = choose(cands, objective, lam=lam, value_of_time_usd_per_s=value_of_time,
-                          time_slack=time_slack)
+                          time_slack=time_slack, budget_usd=budget)
     cands = [replace(c, score=sc) for c, sc in zip(cands, scores)]
     if best is None:
         best = 0

@@ -38,13 +38,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="roofline:<gpu>:<model> or a TpotProfile JSON file")
     parser.add_argument("--model", default=None, choices=sorted(MODELS),
                         help="model for weight/KV bytes (default: the roofline's, else qwen2.5-7b)")
-    parser.add_argument("--objective", choices=("value", "slack", "paper"), default="value",
+    parser.add_argument("--objective", choices=("budget", "value", "slack", "paper"), default="budget",
                         help="how the planner picks a plan (flows/planning/objective.py)")
     parser.add_argument("--value-of-time", type=float, default=None, metavar="V",
                         help="objective value: GPU-seconds one second of phase time is worth "
                              "(price 1 per GPU-s); default: the learner node's GPUs, which wait")
     parser.add_argument("--time-slack", type=float, default=0.05,
                         help="objective slack: cheapest plan within (1 + S) x the fastest")
+    parser.add_argument("--budget-actors", type=int, default=3, metavar="K",
+                        help="objective budget: bill at most K actors held for the phase")
     parser.add_argument("--lam", type=float, default=0.7, help="time weight of the paper objective")
     parser.add_argument("--tau", type=float, default=0.7, help="cut-and-migrate threshold")
     parser.add_argument("--rank-slack", default="0.1", metavar="S",
@@ -82,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="whole step: learner GPU type (default: the roofline's, else h100)")
     parser.add_argument("--frontier", action="store_true",
                         help="print rlhfless's time and cost against static:3 over the range of "
-                             "the objective's knob (value of time, slack or lam)")
+                             "the objective's knob (budget actors, value of time, slack or lam)")
     parser.add_argument("--json", action="store_true", help="print the JSON report")
     parser.add_argument("--plot", default=None, metavar="PNG", help="write a per-step plot")
 
@@ -107,7 +109,7 @@ def build_model(args: argparse.Namespace) -> ClusterModel:
     if args.learner_tokens_per_s is not None and args.learner_tokens_per_s <= 0:
         raise ValueError(f"--learner-tokens-per-s={args.learner_tokens_per_s}: must be > 0 tokens/s "
                          "(leave it out to derive it from --learner-gpus and --learner-mfu)")
-    check_objective(args.objective, args.lam, args.value_of_time, args.time_slack)
+    check_objective(args.objective, args.lam, args.value_of_time, args.time_slack, args.budget_actors)
     if args.colocated_actors is not None and args.colocated_actors < 1:
         raise ValueError(f"--colocated-actors={args.colocated_actors}: must be >= 1 (1 = actor 0 alone)")
     if args.profile.startswith("roofline:"):
@@ -130,6 +132,7 @@ def build_model(args: argparse.Namespace) -> ClusterModel:
                         cold_start_s=args.cold_start_s, prewarm_idle_s=args.prewarm_idle_s,
                         lam=args.lam, objective=args.objective,
                         value_of_time_usd_per_s=args.value_of_time, time_slack=args.time_slack,
+                        budget_actors=args.budget_actors,
                         tau=args.tau, rank_slack=_slack(args.rank_slack),
                         n_min=args.n_min, n_max=args.n_max, colocated_actors=args.colocated_actors,
                         continuation=args.continuation, migration=args.migration,
@@ -163,7 +166,8 @@ def format_table(runs: dict[str, PolicyRun], whole_step: bool = False) -> str:
     return "\n".join(lines)
 
 
-FRONTIER = {"value": ("value_of_time_usd_per_s", (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 1e3)),
+FRONTIER = {"budget": ("budget_actors", (1, 2, 3, 4, 6, 8)),
+            "value": ("value_of_time_usd_per_s", (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 1e3)),
             "slack": ("time_slack", (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)),
             "paper": ("lam", (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0))}
 

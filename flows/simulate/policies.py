@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from flows.planning.migrate import plan_cut_points_of
+from flows.planning.migrate import cut_threshold_for, plan_cut_points_of
 from flows.planning.plan import ClusterSpec, GenerationPlan, PlannerSettings
 from flows.planning.tpot import TpotProfile
 from flows.planning.scaling import plan_generation
@@ -81,9 +81,10 @@ class ClusterModel:
     cold_start_s: float = 30.0
     prewarm_idle_s: float = 0.0
     lam: float = 0.7
-    objective: str = "value"
+    objective: str = "budget"
     value_of_time_usd_per_s: float | None = None  # None: the prefill GPUs' price (scaling.py)
     time_slack: float = 0.05
+    budget_actors: int = 3  # objective budget: the held fixed allocation bounding the bill
     colocated_actors: int | None = None
     """Decode actors on the learner node's GPUs after prefill (no weight or KV transfer), as
     static:N's hybrid engine shares them; None: as many as fit, gpus_per_node //
@@ -106,6 +107,10 @@ class ClusterModel:
     §4.9), while serverless actors are already released. The learner's own GPU-seconds are the
     same for every policy and are not counted."""
 
+    def tau_of(self, policy: Policy) -> float | None:
+        """The cut threshold ``policy`` runs with (``migrate.cut_threshold_for``, as live)."""
+        return cut_threshold_for(policy.scaling, self.objective, self.tau) if policy.cut else None
+
     @property
     def max_actors(self) -> int:
         return max(1, self.num_nodes * self.gpus_per_node // self.gpus_per_actor)
@@ -114,9 +119,9 @@ class ClusterModel:
         """What the planner is told under ``policy`` (the live hook builds the same object)."""
         return PlannerSettings(policy=policy.scaling, n_min=self.n_min, n_max=self.n_max, lam=self.lam,
                                assignment=policy.assignment, profile=self.profile, cluster=self.cluster_spec(),
-                               cut_threshold=self.tau if policy.cut else None, rank_slack=self.rank_slack,
+                               cut_threshold=self.tau_of(policy), rank_slack=self.rank_slack,
                                objective=self.objective, value_of_time_usd_per_s=self.value_of_time_usd_per_s,
-                               time_slack=self.time_slack)
+                               time_slack=self.time_slack, budget_actors=self.budget_actors)
 
     def cluster_spec(self) -> ClusterSpec:
         """Planned actors are pre-warmed (see module docstring): all of them count as warm."""
@@ -161,7 +166,7 @@ def build_actors(policy: Policy, plan: GenerationPlan, samples: Mapping[int, lis
     starts = [actor_start(i, cluster, prefill_s, sum(prompt_lengths[p] for p in pids))
               for i, pids in enumerate(plan.assignments)]
     cuttable = [True] * len(starts)
-    if policy.cut and predicted is not None:
+    if model.tau_of(policy) is not None and predicted is not None:
         points = plan_cut_points_of(plan.assignments, predicted, {p: len(s) for p, s in samples.items()},
                                     prompt_lengths, model.tau, model.profile, [st.ready_s for st in starts],
                                     model.migration, model.kv_bytes_per_token / model.bandwidth_bytes_per_s)
@@ -175,7 +180,7 @@ def build_actors(policy: Policy, plan: GenerationPlan, samples: Mapping[int, lis
 
 def sim_config(policy: Policy, model: ClusterModel, spare_warm_actors: int) -> SimConfig:
     return SimConfig(profile=model.profile, gpus_per_actor=model.gpus_per_actor,
-                     tau=model.tau if policy.cut else None, continuation=model.continuation,
+                     tau=model.tau_of(policy), continuation=model.continuation,
                      cold_start_s=model.cold_start_s,
                      weight_transfer_s=model.weight_bytes / model.bandwidth_bytes_per_s,
                      spare_warm_actors=spare_warm_actors, migration=model.migration,

@@ -17,7 +17,7 @@ from flows.step.context import RunContext
 from flows.campaign.live_profile import pool_cores
 from flows.planning.calibration import Calibration
 from flows.planning.lengths import LengthHistory, predict_lengths
-from flows.planning.migrate import plan_cut_points_of
+from flows.planning.migrate import cut_threshold_for, plan_cut_points_of
 from flows.planning.plan import ClusterSpec, GenerationPlan, PlannerSettings
 from flows.planning.prefix import PrefillPlan, plan_prefill, prefill_action_pays
 from flows.planning.prewarm import prewarm_offset
@@ -82,7 +82,8 @@ def planner_settings(ctx: RunContext, num_workers: int, profile: TpotProfile,
     return PlannerSettings(policy=s.policy, n_min=s.n_min, n_max=max(s.n_min, min(s.n_max, num_workers)), lam=s.lam,
                            assignment=g.assignment, profile=profile, cluster=cluster,
                            cut_threshold=g.cut_threshold, rank_slack=g.rank_slack, objective=s.objective,
-                           value_of_time_usd_per_s=s.value_of_time_usd_per_s, time_slack=s.time_slack)
+                           value_of_time_usd_per_s=s.value_of_time_usd_per_s, time_slack=s.time_slack,
+                           budget_actors=s.budget_actors)
 
 
 def _runs_prefill_action(setting: str, prefill: PrefillPlan, prompt_tokens: int, profile: TpotProfile,
@@ -132,7 +133,7 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: Mappi
                            prefill_tokens=prefill.tokens_computed if prefill else None)
     cut_after = tuple(plan_cut_points_of(
         plan.assignments, predicted, {p: cfg.algorithm.group_size for p in prompt_ids},
-        prompt_lengths, cfg.generation.cut_threshold, profile))
+        prompt_lengths, cut_threshold_for(s.policy, s.objective, cfg.generation.cut_threshold), profile))
     offset = None
     if s.prewarm:
         offset = prewarm_offset((call_history or {}).get("generate", []), s.prewarm_buffer_s)

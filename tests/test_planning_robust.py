@@ -1,0 +1,98 @@
+"""Planning for prediction error: the robust tail per actor, striped candidates, the budget."""
+
+import random
+
+import pytest
+
+from flows.planning.assignment import assign_striped, rank_prompts
+from flows.planning.cost import DecodeEstimator, decode_time
+from flows.planning.plan import ClusterSpec, PlannerSettings
+from flows.planning.robust import held_budget, striped_layout, tail_stress
+from flows.planning.scaling import plan_generation
+from flows.planning.timeline import prefill_seconds
+from flows.planning.tpot import GPUS, MODELS, roofline_profile
+
+QWEN = MODELS["qwen2.5-7b"]
+PROFILE = roofline_profile(GPUS["h100"], QWEN, 2)
+CLUSTER = ClusterSpec(gpus_per_actor=2, max_actors=80, num_warm_actors=80,
+                      weight_bytes=QWEN.weight_bytes, kv_bytes_per_token=QWEN.kv_bytes_per_token,
+                      transfer_bandwidth_bytes_per_s=80e9, num_prefill_gpus=8, colocated_actors=4)
+
+
+def _settings(**kw):
+    args = dict(policy="cost_aware", n_min=1, n_max=64, lam=0.7, assignment="ranked",
+                profile=PROFILE, cluster=CLUSTER, objective="budget")
+    args.update(kw)
+    return PlannerSettings(**args)
+
+
+def _step(seed, m=128):
+    rnd = random.Random(seed)
+    ids = list(range(m))
+    pred = {i: float(min(2048, int(rnd.lognormvariate(6.2, 0.6)))) for i in ids}
+    plen = {i: rnd.randint(60, 700) for i in ids}
+    return ids, pred, plen
+
+
+def test_tail_stress_runs_each_actor_longest_group_to_the_top_alone():
+    est = DecodeEstimator(PROFILE, 4, 8, 3000)
+    decode = [est.time_desc([1500.0, 900.0], 300.0), est.time_desc([600.0, 500.0, 400.0], 200.0)]
+    out = tail_stress(decode, [1500.0, 600.0], [300.0, 200.0], 1500.0, est.table[0])
+    assert out[0] == decode[0]  # holds the top already
+    # the second actor's longest group keeps going alone from 600 to 1500 tokens: one group
+    # of 4 samples, the same as decoding that slice with its longest group at 1500
+    alone = decode_time([1500.0] * 4 + [500.0] * 4 + [400.0] * 4, 200.0, PROFILE)
+    assert out[1] == pytest.approx(alone, rel=0.02) and out[1] > decode[1] * 1.5
+
+
+def test_striped_layout_times_the_same_groups_as_assign_striped():
+    sizes, perm = striped_layout(10, 3)
+    groups = assign_striped(list(range(10)), 3)
+    assert sizes == [len(g) for g in groups]
+    assert [perm[sum(sizes[:a]):sum(sizes[:a + 1])] for a in range(3)] == [list(g) for g in groups]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_robust_estimate_times_a_ranked_short_slice_as_possibly_long(seed):
+    """A ranked actor holding only short predictions is timed to the step's longest one; the
+    striped plan of the same N, whose actors each hold one of the longest, is not stretched."""
+    ids, pred, plen = _step(seed)
+    plan = plan_generation(ids, pred, group_size=4, prompt_lengths=plen, settings=_settings())
+    paper = plan_generation(ids, pred, group_size=4, prompt_lengths=plen,
+                            settings=_settings(objective="paper"))  # the point estimate
+    point = {c.n: c for c in paper.candidates}
+    robust = {c.n: c for c in plan.candidates if c.kind == "ranked"}
+    striped = {c.n: c for c in plan.candidates if c.kind == "striped"}
+    assert robust[1].time_s == pytest.approx(point[1].time_s)  # one actor holds the top
+    for n in (2, 3, 4):
+        assert robust[n].gpu_seconds > point[n].gpu_seconds  # short slices stretched and billed
+    ranking = rank_prompts(ids, pred)
+    for n in (2, 3, 4):  # every striped actor's longest is within the n longest predictions
+        assert all(pred[g[0]] >= pred[ranking[n - 1]] for g in assign_striped(ranking, n))
+    assert striped[3].time_s < robust[3].time_s
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_budget_plan_bills_within_the_held_allocation_and_is_not_slower(seed):
+    ids, pred, plen = _step(seed)
+    plan = plan_generation(ids, pred, group_size=4, prompt_lengths=plen, settings=_settings())
+    chosen = plan.candidates[plan.chosen]
+    prefill_s = prefill_seconds(sum(plen.values()), PROFILE, CLUSTER)
+    budget = held_budget(plan.candidates, 3, CLUSTER, prefill_s)
+    striped3 = next(c for c in plan.candidates if c.kind == "striped" and c.n == 3)
+    assert chosen.cost_usd <= budget * (1 + 1e-12)
+    assert chosen.time_s <= striped3.time_s
+    # a larger allocation buys a faster (or equal) plan, a smaller one a cheaper (or equal) one
+    big = plan_generation(ids, pred, group_size=4, prompt_lengths=plen, settings=_settings(budget_actors=6))
+    small = plan_generation(ids, pred, group_size=4, prompt_lengths=plen, settings=_settings(budget_actors=1))
+    assert big.predicted_time_s <= plan.predicted_time_s <= small.predicted_time_s
+    assert small.predicted_gpu_seconds <= plan.predicted_gpu_seconds
+
+
+def test_budget_without_a_striped_candidate_falls_back_to_the_same_size():
+    ids, pred, plen = _step(0, m=16)
+    plan = plan_generation(ids, pred, group_size=4, prompt_lengths=plen,
+                           settings=_settings(assignment="round_robin", n_max=4))
+    assert "striped" not in {c.kind for c in plan.candidates}
+    prefill_s = prefill_seconds(sum(plen.values()), PROFILE, CLUSTER)
+    assert plan.candidates[plan.chosen].cost_usd <= held_budget(plan.candidates, 3, CLUSTER, prefill_s)
