@@ -72,6 +72,28 @@ def test_special_tokens_take_every_eos_id_and_a_pad_id(tmp_path):
     assert special_tokens(model, tok).pad_id == llama.pad_token_id
 
 
+@pytest.mark.parametrize("variant", ["qwen2-nopad-2eos", "llama-untied-plain"])
+def test_instantiate_loads_the_stored_weights_without_a_random_init(tmp_path, variant, monkeypatch):
+    """No random init runs (every weight is overwritten); the tensors stay the caller's; a tied
+    output head is the embedding; the model equals Hugging Face's own load of the folder."""
+    from transformers import AutoModelForCausalLM
+
+    info = write_tiny_model_dir(tmp_path / "m", **VARIANTS[variant])
+    files, tensors = read_model_dir(info.path)
+    inits = []
+    monkeypatch.setattr(torch.nn.init, "normal_", lambda t, *a, **k: inits.append(t))
+    model, _ = instantiate(files, tensors)
+    monkeypatch.undo()
+    assert inits == []
+    assert all(p.data_ptr() != tensors[n].data_ptr() for n, p in model.named_parameters() if n in tensors)
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert tied == VARIANTS[variant].get("tie_word_embeddings", True)
+    reference = AutoModelForCausalLM.from_pretrained(info.path, dtype=torch.float32).eval()
+    ids = torch.arange(3, 40)[None]
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, reference(input_ids=ids).logits)
+
+
 class _Biased(torch.nn.Module):
     """A model whose logits get ``bias`` added: steers sampling to chosen tokens."""
 

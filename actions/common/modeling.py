@@ -21,6 +21,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig,
                           PreTrainedTokenizerFast)
+from transformers.initialization import no_init_weights
 
 from actions.common.safe_paths import write_beneath
 
@@ -120,9 +121,15 @@ def instantiate(files: dict[str, bytes], tensors: dict[str, torch.Tensor]) -> tu
         config = AutoConfig.from_pretrained(tmp)
         tokenizer = AutoTokenizer.from_pretrained(tmp)
         generation = GenerationConfig.from_pretrained(tmp) if GENERATION_CONFIG in files else None
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # Every weight is overwritten below, so the random init is skipped: a 0.5B model spends
+    # most of a minute in it on a CPU, on every new policy version an action loads. The
+    # tensors are copied into the model's own (aligned) storage, not adopted: kernels may
+    # round differently on the stored blobs' offsets, and the caller keeps its tensors.
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if generation is not None:
         model.generation_config = generation
+    model.tie_weights()  # part of the skipped init: a tied output head is the embedding itself
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     # Tied embeddings legitimately omit lm_head.weight; anything else is a broken checkpoint.
     missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
