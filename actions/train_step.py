@@ -7,12 +7,20 @@ GAE over KL-penalised token rewards with the critic's values), runs ``epochs`` p
 ``micro_batch_size`` micro batches whose gradients accumulate), and publishes policy version
 v+1 in the training dtype and the optimizer state, fp32 master weights included under
 bf16/fp16 (and the critic for PPO).
+
+A warm container keeps the model and optimizer state it just published, under the keys of
+what it published (``trained_key``): the next step's training, when it lands on the same
+container (the local pool routes it there, ``flows/invokers/idle.py``), starts from them
+instead of reading both back from the store. They are the published tensors themselves, so
+the update is the same bit for bit; anything else (another version, a retry after a failure)
+reads the store.
 """
 
 from __future__ import annotations
 
 import torch
 
+from actions.common import warm
 from actions.common.adapter import run_action
 from actions.common.contracts import TrainStepRequest, TrainStepResult
 from actions.rl.critic_store import load_critic
@@ -34,18 +42,30 @@ def enable_checkpointing(model: torch.nn.Module, on: bool = True) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def trained_key(store_uri: str, policy_key: str, weights_sha256: str | None, dtype: str,
+                optimizer_key: str | None) -> tuple:
+    """Warm-cache key of a trained model and its optimizer state, by what was published."""
+    return ("trained", store_uri, policy_key, weights_sha256, dtype, optimizer_key)
+
+
 def run_train(req: TrainStepRequest) -> TrainStepResult:
     store = store_for(req.policy.store_uri)
     torch.manual_seed(req.seed * 100_003 + req.step)
-    policy, tokenizer, _ = load_model(req.policy, fresh=True)
+    ref = req.policy
+    kept = warm.take(trained_key(ref.store_uri, ref.policy_key, ref.weights_sha256, ref.dtype, req.optimizer_key))
+    if kept is not None:
+        policy, tokenizer, opt_state = kept
+    else:
+        policy, tokenizer, _ = load_model(req.policy, fresh=True)
+        opt_state = load_tensors(store, req.optimizer_key)[0] if req.optimizer_key else None
     policy.train()
     enable_checkpointing(policy, req.gradient_checkpointing)
     algo = req.algorithm
     batch: TrainBatch = gather_batch(store, req.scored_keys, algo, special_tokens(policy, tokenizer).pad_id)
     batch = batch.to(next(policy.parameters()).device)
     opt = make_optimizer(policy, algo.lr)
-    if req.optimizer_key:
-        opt.load_state_tensors(load_tensors(store, req.optimizer_key)[0], where=req.optimizer_key)
+    if opt_state is not None:
+        opt.load_state_tensors(opt_state, where=req.optimizer_key or "")
     critic = critic_opt = None
     if algo.name == "ppo":
         critic = load_critic(req.policy.store_uri, req.policy.base_key, req.critic_key, fresh=True,
@@ -57,6 +77,7 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
             critic_opt.load_state_tensors(load_tensors(store, req.critic_optimizer_key)[0],
                                           where=req.critic_optimizer_key)
     metrics = rollout_metrics(batch, algo)
+    metrics["train/reused_state"] = float(kept is not None)
     metrics.update(run_updates(policy, opt, batch, algo, critic, critic_opt, seed=req.seed, step=req.step))
     version = req.policy.policy_version + 1
     pub = publish_tensors(store, f"{req.output_prefix}/policy/manifest.json", policy.state_dict(),
@@ -65,6 +86,9 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
     out = TrainStepResult(policy_key=pub.manifest_key, policy_version=version, weights_sha256=pub.weights_sha256,
                           optimizer_key=opt_pub.manifest_key,
                           bytes_uploaded=pub.stats.bytes_uploaded + opt_pub.stats.bytes_uploaded, metrics=metrics)
+    policy.zero_grad(set_to_none=True)
+    warm.put(trained_key(ref.store_uri, pub.manifest_key, pub.weights_sha256, ref.dtype, opt_pub.manifest_key),
+             (policy, tokenizer, opt.state_tensors()))
     if critic is not None:
         c = publish_tensors(store, f"{req.output_prefix}/critic/manifest.json", critic.tensors())
         co = publish_tensors(store, f"{req.output_prefix}/critic_optimizer/manifest.json", critic_opt.state_tensors())

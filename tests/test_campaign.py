@@ -185,3 +185,17 @@ def test_flow_run_publishes_step_artifacts(tiny_config, prefect_harness):
             return {a.key for a in found}
 
     assert asyncio.run(keys()) == {"art-1-metrics", "art-1-plan", "art-1-report"}
+
+
+def test_training_resumes_from_the_state_it_kept_with_the_same_weights(clean_summary, tiny_config, prefect_harness,
+                                                                      monkeypatch):
+    """In one process every step after the first trains the model and optimizer state the
+    previous step kept (``actions/train_step.py``); reading both back from the store instead
+    gives the same weights bit for bit."""
+    from actions.common import warm
+
+    assert [s["train/reused_state"] for s in clean_summary["steps"]] == [0.0, 1.0]
+    monkeypatch.setattr(warm, "take", lambda key: None)
+    cold = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=clean"), progress=lambda m: None)
+    assert [s["train/reused_state"] for s in cold["steps"]] == [0.0, 0.0]
+    assert cold["weights_sha256"] == clean_summary["weights_sha256"]

@@ -83,15 +83,19 @@ def test_local_pool_prewarm_loads_the_policy_version_in_idle_workers(tmp_path):
     cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={tmp_path}"])
     p = prepare(cfg, LocalStore(tmp_path), "runs/w")
     ref = ModelRef(store_uri=str(tmp_path), base_key=p.base_key, policy_key=p.init_key, policy_version=0)
-    pool = LocalPoolInvoker(2)
+    pool = LocalPoolInvoker(3)
     try:
         assert pool.prewarm("generate", 2) == 0  # nothing to load without a model
-        assert pool.prewarm("generate", 5, model=ref.model_dump()) == 2  # only 2 workers exist
-        assert pool.prewarm("generate", 2, model=ref.model_dump()) == 0  # already in memory
-        # the activation that follows finds the weights loaded; the pool is intact
+        assert pool.prewarm("generate", 1, model=ref.model_dump()) == 1
+        warmed = [w.name for w in pool._workers if w.warm.get("generate") == ref.policy_key]
+        assert len(warmed) == 1
+        # the activation that follows goes to the pre-warmed worker (the others were idle longer)
         act = pool.invoke("generate", {"model": ref.model_dump(), "dataset_key": p.train_key, "run_seed": 0,
                                        "step": 0, "shard": "g", "prompt_ids": [0], "group_size": 2,
                                        "max_new_tokens": 4, "temperature": 1.0, "output_key": "runs/w/g.json"})
-        assert len(act.result["samples"]) == 2 and pool.size == 2
+        assert len(act.result["samples"]) == 2 and act.worker == warmed[0]
+        assert pool.prewarm("generate", 5, model=ref.model_dump()) == 2  # only 3 workers exist
+        assert pool.prewarm("generate", 3, model=ref.model_dump()) == 0  # already in memory
+        assert pool.size == 3
     finally:
         pool.close()

@@ -39,6 +39,24 @@ def get_or_build(key: Hashable, build: Callable[[], T]) -> tuple[T, bool]:
     return value, False
 
 
+def take(key: Hashable) -> Any | None:
+    """Remove and return the value under ``key`` (None when absent): for state the taker
+    mutates, such as a model it trains, which no later hit may see half-changed."""
+    with _lock:
+        value = _cache.pop(key, None)
+        _stats["hits" if value is not None else "misses"] += 1
+        return value
+
+
+def put(key: Hashable, value: Any) -> None:
+    """Keep ``value`` under ``key`` (replacing any), evicting the least recently used."""
+    with _lock:
+        _cache[key] = value
+        _cache.move_to_end(key)
+        while len(_cache) > _MAX_ENTRIES:
+            _cache.popitem(last=False)
+
+
 def stats() -> dict[str, int]:
     with _lock:
         return dict(_stats)

@@ -3,8 +3,9 @@
 Each worker runs ``python -m actions.runtime.server`` (the runtime images' entrypoint) on a
 free loopback port, gets one ``/init``, then serves ``/run`` one activation at a time and
 keeps models loaded between activations, like a warm OpenWhisk container. An invocation takes
-an idle worker (waiting in a queue when all are busy, which is the queue time it reports),
-posts ``/run`` and records the accounting.
+an idle worker (waiting when all are busy, which is the queue time it reports), preferring one
+whose warm state serves it (``flows/invokers/idle.py``: the policy version it holds, the action
+it ran last), posts ``/run`` and records the accounting.
 
 Security and lifetime (``actions.runtime.lifeline``):
 
@@ -27,7 +28,6 @@ action (502) is transient or permanent as the worker classified it; an applicati
 from __future__ import annotations
 
 import os
-import queue
 import secrets
 import signal
 import subprocess
@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ from actions.runtime.server import DEFAULT_MAX_BODY_BYTES
 from actions.common.contracts import Control, take_activation
 from flows.invokers.base import ActionError, Activation
 from flows.invokers.cores import MKL_REPRODUCIBLE, CoreShare
+from flows.invokers.idle import IdleWorkers, held_policy, request_policy
 
 
 KEEPALIVE_EXPIRY_S = 5.0
@@ -63,6 +64,8 @@ class _Worker:
     """Write end of the worker's control pipe; closing it tells the worker to exit."""
     log_path: Path
     num_runs: int = 0
+    warm: dict[str, str | None] = field(default_factory=dict)
+    """Action -> the policy version it left this worker holding (``flows/invokers/idle.py``)."""
 
 
 def _exit_text(proc: subprocess.Popen) -> str:
@@ -103,7 +106,7 @@ class LocalPoolInvoker:
         self._limits = ["--max-body-bytes", str(max_body_bytes), "--read-timeout-s", str(read_timeout_s),
                         "--idle-timeout-s", str(max(60.0, read_timeout_s))]
         self._secret = secrets.token_urlsafe(32)
-        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._idle: IdleWorkers[_Worker] = IdleWorkers()
         self._client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=5.0),
                                     limits=httpx.Limits(max_connections=100, max_keepalive_connections=20,
                                                         keepalive_expiry=KEEPALIVE_EXPIRY_S),
@@ -177,7 +180,7 @@ class LocalPoolInvoker:
 
     def invoke(self, action: str, payload: dict[str, Any], *, timeout_s: float | None = None) -> Activation:
         submitted = time.time()
-        worker = self._idle.get()
+        worker = self._idle.take(action, request_policy(payload))
         started = time.time()
         activation_id = uuid.uuid4().hex
         try:
@@ -198,6 +201,7 @@ class LocalPoolInvoker:
             raise ActionError(action, f"worker {worker.name} was lost mid-activation ({how}; {type(exc).__name__}); "
                               f"worker log {worker.log_path}", transient=True, activation_id=activation_id) from None
         worker.num_runs += 1
+        worker.warm[action] = held_policy(action, payload, result) if isinstance(result, dict) else None
         self._idle.put(worker)
         ended = time.time()
         if not isinstance(result, dict):
@@ -253,17 +257,20 @@ class LocalPoolInvoker:
             return 0
         taken: list[_Worker] = []
         while len(taken) < count:
-            try:
-                taken.append(self._idle.get_nowait())
-            except queue.Empty:
+            worker = self._idle.take_nowait(action, request_policy({"model": model}))
+            if worker is None:
                 break
+            taken.append(worker)
         body = {"value": Control(prewarm=True, prewarm_model=model).to_payload(),
                 "action_name": f"/local/rlhfless/{action}", "activation_id": uuid.uuid4().hex}
 
         def warm(worker: _Worker) -> bool:
             try:
                 resp = self._client.post(f"http://127.0.0.1:{worker.port}/run", json=body, timeout=self.timeout_s)
-                return bool(resp.json().get("model_loaded"))
+                loaded = bool(resp.json().get("model_loaded"))
+                if loaded:
+                    worker.warm[action] = request_policy({"model": model})
+                return loaded
             except (httpx.TransportError, ValueError):
                 return False  # a lost worker shows up (and is replaced) on its next invocation
             finally:

@@ -1,0 +1,53 @@
+"""Choosing the local pool's idle worker by its warm state (flows/invokers/idle.py)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from flows.invokers.idle import IdleWorkers, affinity, held_policy, request_policy
+
+
+@dataclass
+class W:
+    name: str
+    warm: dict[str, str | None] = field(default_factory=dict)
+
+
+def test_an_activation_goes_where_its_action_left_its_policy_version():
+    trainer = W("t", {"generate": "v1", "train_step": "v2"})  # trained v1 into v2
+    warmed = W("g", {"generate": "v2"})  # pre-warmed for v2's generation
+    other = W("o", {"generate": "v1", "score": "v1"})
+    idle: IdleWorkers[W] = IdleWorkers()
+    for w in (other, trainer, warmed):
+        idle.put(w)
+    assert affinity(trainer, "train_step", "v2") == 2 and affinity(other, "train_step", "v2") == 0
+    assert idle.take("generate", "v2") is warmed  # not the trainer, although it generated once
+    assert idle.take("train_step", "v2") is trainer
+    assert idle.take("train_step", "v3") is other  # nobody holds it: the one idle longest
+    assert idle.take_nowait("generate", "v2") is None
+
+
+def test_equal_workers_are_taken_first_in_first_out_and_take_waits_for_a_put():
+    idle: IdleWorkers[W] = IdleWorkers()
+    a, b = W("a", {"generate": "v1"}), W("b", {"generate": "v1"})
+    idle.put(a)
+    idle.put(b)
+    assert idle.take("generate", "v1") is a and idle.take("generate", "v9") is b
+    got: list[W] = []
+    taker = threading.Thread(target=lambda: got.append(idle.take("score", None)))
+    taker.start()
+    idle.put(a)
+    taker.join(timeout=5)
+    assert got == [a] and len(idle) == 0
+
+
+def test_the_policy_a_request_reads_and_the_one_a_worker_holds_after_it():
+    ref = {"store_uri": "s", "base_key": "b", "policy_key": "p/1", "policy_version": 1}
+    gen, train = {"model": ref}, {"policy": ref}
+    assert request_policy(gen) == request_policy(train) == "p/1" and request_policy({"x": 1}) is None
+    assert held_policy("generate", gen, {"samples": []}) == "p/1"
+    published = {"policy_key": "p/2", "policy_version": 2, "weights_sha256": "0" * 64, "optimizer_key": "o/2",
+                 "bytes_uploaded": 10, "metrics": {}, "__warm": {"hits": 1, "misses": 0}}
+    assert held_policy("train_step", train, published) == "p/2"  # a training step holds what it published
+    assert held_policy("train_step", train, {"error": "x"}) is None
