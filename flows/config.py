@@ -217,6 +217,8 @@ class CampaignConfig(WorkloadConfig):
         for key in ("top_k", "top_p"):
             if data["generation"].get(key) is None:
                 data["generation"].pop(key, None)
+        if data["data"].get("max_value") is None:  # likewise for the arith task's quantities
+            data["data"].pop("max_value", None)
         return data
 
     def fingerprint(self) -> str:

@@ -46,3 +46,4 @@ def test_arith_campaign_config_file_validates():
     cfg = load_config(str(Path(__file__).resolve().parents[1] / "benchmarks" / "configs" / "arith.yaml"))
     assert cfg.data.task == "arith" and [f.name for f in cfg.reward_functions()] == ["gsm8k"]
     assert cfg.warmup.steps > 0 and cfg.warmup.error_rate == 0.7
+    assert cfg.data.max_value == 5 and cfg.data.max_count == 2  # one-digit sums up to 5, 1-2 operations

@@ -268,6 +268,8 @@ CASES: dict[str, Case] = {
         _train("--set", "data.max_prompt_tokens=8"), ("above data.max_prompt_tokens=8", "truncate_left or skip")),
     "dataset unknown long_prompts policy": Case(
         _train("--set", "data.long_prompts=drop"), ("data.long_prompts", "'truncate_left'")),
+    "dataset max_value on the repeat task": Case(
+        _train("--set", "data.max_value=5"), ("data.max_value=5", "data.task is 'repeat'", "remove data.max_value")),
     # ----------------------------------------------------------------- reward functions
     "reward unknown name": Case(
         _train("--set", "reward.functions=[{{name: gsm9k}}]"), ("'gsm9k' is not a built-in", "fix the name")),

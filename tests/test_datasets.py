@@ -107,3 +107,22 @@ def test_build_counts_truncation_in_the_summary_and_keeps_eval_apart(tmp_path):
     assert load_config(None, ["data.train_path=x.jsonl"]).warmup.steps == 0
     assert load_config(None, ["data.train_path=x.jsonl", "warmup.steps=50"]).warmup.steps == 50
     assert cfg.warmup.steps == 300 and cfg.data.max_count == 3
+
+
+def test_arith_max_value_bounds_every_number_of_problem_and_solution():
+    import re
+
+    from actions.common.modeling import build_char_tokenizer
+
+    def numbers(max_value: int | None) -> set[int]:
+        overrides = ["data.task=arith", "data.num_train_prompts=200", "data.num_eval_prompts=10"]
+        cfg = load_config(None, overrides + ([f"data.max_value={max_value}"] if max_value else []))
+        rows = build_datasets(cfg, lambda: build_char_tokenizer("#"), model_name="tiny").train
+        return {int(n) for r in rows for n in re.findall(r"\d+", r.prompt + " " + r.answer)}
+
+    assert numbers(4) == set(range(5))
+    assert numbers(None) == set(range(10))  # the default: one-digit quantities
+    # Quantities 0..1 and one operation allow 144 distinct questions, not 512 + 10.
+    cfg = load_config(None, ["data.task=arith", "data.max_value=1", "data.max_count=1"])
+    with pytest.raises(ValueError, match="only 144 distinct problems .* raise data.max_value"):
+        build_datasets(cfg, lambda: build_char_tokenizer("#"), model_name="tiny")

@@ -65,7 +65,18 @@ class DataConfig(_Section):
     max_count: int | None = Field(None, ge=1)
     """Largest k of the repeat task (answer length in tokens; None: 14), or the most operations
     of an arith problem (None: 3)."""
+    max_value: int | None = Field(None, ge=1)
+    """Largest quantity of an arith problem: every number in it, its worked solution and its
+    answer lies in 0..max_value (None: 9). Only the arith task has quantities."""
 
+
+    @model_validator(mode="after")
+    def _check_max_value(self) -> DataConfig:
+        if self.max_value is not None and (self.task != "arith" or self.train_path):
+            raise ValueError(f"data.max_value={self.max_value} sets the quantities of the generated arith task, but "
+                             f"{'data.train_path is set' if self.train_path else f'data.task is {self.task!r}'}; "
+                             "remove data.max_value (or set data.task: arith without data.train_path)")
+        return self
 
     @field_validator("chat_template", mode="before")
     @classmethod

@@ -22,22 +22,24 @@ class Task:
     name: str
     fields: FieldMap
     make_records: Callable[..., list[dict[str, Any]]]
-    """(num_rows, *, max_count, seed, exclude) -> records; ``exclude``: questions not to repeat."""
+    """(num_rows, *, max_count, max_value, seed, exclude, first_id) -> records; ``exclude``:
+    questions not to repeat; ``max_value``: the largest quantity, where the task has them."""
     demonstrate: Callable[[str, random.Random, float], str]
     """(reference answer, rng, error_rate) -> an imperfect demonstration for warm-up."""
     extra_chars: str = ""
     """Characters the tiny model's tokenizer must hold beyond its base alphabet."""
 
 
-def _repeat_records(num_rows: int, *, max_count: int, seed: int, exclude: frozenset[str] = frozenset(),
-                    first_id: int = 0) -> list[dict[str, Any]]:
+def _repeat_records(num_rows: int, *, max_count: int, max_value: int | None, seed: int,
+                    exclude: frozenset[str] = frozenset(), first_id: int = 0) -> list[dict[str, Any]]:
     return [r.model_dump(include={"prompt_id", "prompt", "answer"})
             for r in repeat.make_rows(num_rows, max_count=max_count, seed=seed, first_id=first_id)]
 
 
-def _arith_records(num_rows: int, *, max_count: int, seed: int, exclude: frozenset[str] = frozenset(),
-                   first_id: int = 0) -> list[dict[str, Any]]:
-    return arith.make_records(num_rows, max_ops=max_count, seed=seed, exclude=exclude)
+def _arith_records(num_rows: int, *, max_count: int, max_value: int | None, seed: int,
+                   exclude: frozenset[str] = frozenset(), first_id: int = 0) -> list[dict[str, Any]]:
+    return arith.make_records(num_rows, max_ops=max_count, seed=seed, exclude=exclude,
+                              limit=arith.LIMIT if max_value is None else max_value)
 
 
 TASKS = {

@@ -48,7 +48,7 @@ def _split(cfg: WorkloadConfig, which: str, exclude: frozenset[str]) -> tuple[li
         task = get_task(d.task)
         num = d.num_train_prompts if which == "train" else d.num_eval_prompts
         seed = cfg.seed + (1 if which == "train" else 2)
-        made = task.make_records(num, max_count=d.max_count, seed=seed, exclude=exclude,
+        made = task.make_records(num, max_count=d.max_count, max_value=d.max_value, seed=seed, exclude=exclude,
                                  first_id=0 if which == "train" else EVAL_FIRST_ID)
         rows, stats = to_rows(list(enumerate(made, start=1)), task.fields, source=f"data.task {d.task} ({which})")
     return rows, asdict(stats)
