@@ -220,9 +220,15 @@ def test_deployment_run_on_worker_publishes_artifacts_and_holds_gpu_slots(deploy
     assert latest["deployed-tiny-plan"].type == "table"
     # GPU slots: every GPU activation acquired a slot of the limit and released it.
     assert limit.active_slots == 0
-    acquired = _concurrency_events(deployed, limit_id, "acquired", minimum=8)
-    released = _concurrency_events(deployed, limit_id, "released", minimum=len(acquired))
-    assert len(acquired) == len(released) >= 8  # warmup, 2 evals, 2 prefills, >=2 generate, >=2 score, 2 trains
+    # warmup, 2 evals, >= 2 generate, >= 2 score, 2 trains (no prefill: nothing shared to dedup);
+    # the events arrive asynchronously, so read both kinds until they settle
+    acquired, released = [], [None]
+    for _ in range(5):
+        acquired = _concurrency_events(deployed, limit_id, "acquired", minimum=max(9, len(released)))
+        released = _concurrency_events(deployed, limit_id, "released", minimum=len(acquired))
+        if len(acquired) == len(released):
+            break
+    assert len(acquired) == len(released) >= 9
     # TensorBoard scalars under the ARCHITECTURE.md names, one point per step.
     scalars = read_scalars(board)
     for name in ("reward/mean", "response_length/mean", "timing_s/generate", "cost/billed_gpu_seconds", "actors/n",

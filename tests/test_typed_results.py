@@ -37,7 +37,7 @@ ALLOWED = {
     # the one-shot runner's file envelope around a result (validated by the caller, like any)
     ("flows/invokers/child.py", "result"),
     # the configuration's own JSON dump (the run's identity), not an action result
-    ("flows/config.py", "model"),
+    ("flows/config.py", "model"), ("flows/config.py", "data"),
 }
 
 
