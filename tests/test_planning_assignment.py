@@ -2,8 +2,7 @@
 
 import pytest
 
-from flows.planning.assignment import (assign_contiguous, assign_ranked, assign_round_robin,
-                                       assign_striped)
+from flows.planning.assignment import assign_contiguous, assign_ranked, assign_round_robin
 
 PRED = {10: 50.0, 11: 400.0, 12: 90.0, 13: 400.0, 14: 10.0, 15: 300.0, 16: 70.0}
 IDS = list(PRED)
@@ -38,8 +37,8 @@ def test_round_robin_baseline_uses_given_order():
 
 def test_striped_deals_the_ranking_round_robin():
     ranking = [7, 3, 9, 1, 4, 8, 2]  # longest first
-    assert assign_striped(ranking, 3) == ((7, 1, 2), (3, 4), (9, 8))
-    assert assign_striped(ranking, 10) == tuple((p,) for p in ranking)  # capped: no empty actor
+    assert assign_round_robin(ranking, 3) == ((7, 1, 2), (3, 4), (9, 8))
+    assert assign_round_robin(ranking, 10) == tuple((p,) for p in ranking)  # capped: no empty actor
 
 
 def test_contiguous_uses_given_order():

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from flows.planning.assignment import assign_striped, rank_prompts
+from flows.planning.assignment import assign_round_robin, rank_prompts
 from flows.planning.cost import DecodeEstimator, decode_time
 from flows.planning.plan import ClusterSpec, PlannerSettings
 from flows.planning.robust import held_budget, striped_layout, tail_stress
@@ -45,9 +45,9 @@ def test_tail_stress_runs_each_actor_longest_group_to_the_top_alone():
     assert out[1] == pytest.approx(alone, rel=0.02) and out[1] > decode[1] * 1.5
 
 
-def test_striped_layout_times_the_same_groups_as_assign_striped():
+def test_striped_layout_times_the_same_groups_as_assign_round_robin():
     sizes, perm = striped_layout(10, 3)
-    groups = assign_striped(list(range(10)), 3)
+    groups = assign_round_robin(list(range(10)), 3)
     assert sizes == [len(g) for g in groups]
     assert [perm[sum(sizes[:a]):sum(sizes[:a + 1])] for a in range(3)] == [list(g) for g in groups]
 
@@ -68,7 +68,7 @@ def test_robust_estimate_times_a_ranked_short_slice_as_possibly_long(seed):
         assert robust[n].gpu_seconds > point[n].gpu_seconds  # short slices stretched and billed
     ranking = rank_prompts(ids, pred)
     for n in (2, 3, 4):  # every striped actor's longest is within the n longest predictions
-        assert all(pred[g[0]] >= pred[ranking[n - 1]] for g in assign_striped(ranking, n))
+        assert all(pred[g[0]] >= pred[ranking[n - 1]] for g in assign_round_robin(ranking, n))
     assert striped[3].time_s < robust[3].time_s
 
 

@@ -30,11 +30,8 @@ def get_or_build(key: Hashable, build: Callable[[], T]) -> tuple[T, bool]:
             _stats["hits"] += 1
             return _cache[key], True
     value = build()
+    put(key, value)
     with _lock:
-        _cache[key] = value
-        _cache.move_to_end(key)
-        while len(_cache) > _MAX_ENTRIES:
-            _cache.popitem(last=False)
         _stats["misses"] += 1
     return value, False
 

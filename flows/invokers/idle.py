@@ -29,15 +29,17 @@ class _HasWarmState(Protocol):
 W = TypeVar("W", bound=_HasWarmState)
 
 
+def ref_policy(ref: Any) -> str | None:
+    """The policy version (manifest key) of a ``ModelRef`` as JSON; None for anything else."""
+    try:
+        return ModelRef.model_validate(ref).policy_key
+    except ValidationError:
+        return None
+
+
 def request_policy(payload: Mapping[str, Any]) -> str | None:
-    """The policy version (manifest key) a request reads: its ``model`` or ``policy``
-    (a ``ModelRef``), if it has one."""
-    for field in ("model", "policy"):
-        try:
-            return ModelRef.model_validate(payload.get(field)).policy_key
-        except ValidationError:
-            continue
-    return None
+    """The policy version a request reads: its ``model`` or ``policy`` ref, if it has one."""
+    return next((key for field in ("model", "policy") if (key := ref_policy(payload.get(field)))), None)
 
 
 def held_policy(action: str, payload: Mapping[str, Any], result: dict[str, Any]) -> str | None:

@@ -48,7 +48,7 @@ from actions.runtime.server import DEFAULT_MAX_BODY_BYTES
 from actions.common.contracts import Control, take_activation
 from flows.invokers.base import ActionError, Activation
 from flows.invokers.cores import MKL_REPRODUCIBLE, CoreShare
-from flows.invokers.idle import IdleWorkers, held_policy, request_policy
+from flows.invokers.idle import IdleWorkers, held_policy, ref_policy, request_policy
 
 
 KEEPALIVE_EXPIRY_S = 5.0
@@ -255,9 +255,10 @@ class LocalPoolInvoker:
         policy version now (busy ones are skipped: never wait). Returns how many loaded it."""
         if model is None or count <= 0:
             return 0
+        policy = ref_policy(model)
         taken: list[_Worker] = []
         while len(taken) < count:
-            worker = self._idle.take_nowait(action, request_policy({"model": model}))
+            worker = self._idle.take_nowait(action, policy)
             if worker is None:
                 break
             taken.append(worker)
@@ -269,7 +270,7 @@ class LocalPoolInvoker:
                 resp = self._client.post(f"http://127.0.0.1:{worker.port}/run", json=body, timeout=self.timeout_s)
                 loaded = bool(resp.json().get("model_loaded"))
                 if loaded:
-                    worker.warm[action] = request_policy({"model": model})
+                    worker.warm[action] = policy
                 return loaded
             except (httpx.TransportError, ValueError):
                 return False  # a lost worker shows up (and is replaced) on its next invocation

@@ -64,14 +64,9 @@ def assign_ranked(prompt_ids: Sequence[int], predicted: Mapping[int, float],
 
 
 def assign_round_robin(prompt_ids: Sequence[int], num_actors: int) -> Assignment:
-    """Baseline: prompt ``k`` of the given order goes to actor ``k % num_actors``."""
+    """Baseline: prompt ``k`` of the given order goes to actor ``k % num_actors``. Given the
+    length ranking (longest first), it is the striped plan: every actor holds a like mix of
+    predicted lengths (``robust.py``)."""
     n = _check(prompt_ids, num_actors)
     return tuple(tuple(prompt_ids[i::n]) for i in range(n))
 
-
-def assign_striped(ranking: Sequence[int], num_actors: int) -> Assignment:
-    """The ranking (longest first) dealt round-robin: actor ``i`` gets ranks ``i, i + N, ...``,
-    so every actor holds a like mix of predicted lengths (a length-oblivious split in effect,
-    but balanced on the predictions)."""
-    n = _check(ranking, num_actors)
-    return tuple(tuple(ranking[i::n]) for i in range(n))

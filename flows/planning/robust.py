@@ -10,7 +10,7 @@ length-oblivious split of the same size: the point estimate never saw it.
 to the step's longest predicted length ``top``; past the slice's own longest prediction it
 decodes as one group alone (the rest of the slice has finished), at the TPOT of a batch of
 ``group_size`` samples. An actor that already holds a group predicted at ``top`` is unchanged,
-so a striped plan (the ranking dealt round-robin: ``assignment.assign_striped``), whose actors
+so a striped plan (the ranking dealt round-robin: ``assignment.assign_round_robin`` of the ranking), whose actors
 each hold one of the longest predictions, is timed as before, while a ranked slice of short
 groups is timed as if it could hold the longest one. The planner compares candidates with
 these times and bills them (the actor runs, and is billed, for the stressed time). Applied to
@@ -35,7 +35,7 @@ STRIPED_MAX_N = 8
 
 def striped_layout(num_groups: int, n: int) -> tuple[list[int], list[int]]:
     """(groups per actor, ranking positions actor by actor) of the ranking dealt round-robin
-    over ``n`` actors (``assignment.assign_striped``): each actor's positions are contiguous in
+    over ``n`` actors (``assignment.assign_round_robin`` of the ranking): each actor's positions are contiguous in
     the permutation and still longest first, so one ``DecodeEstimator.sweep`` times them all."""
     sizes = [len(range(a, num_groups, n)) for a in range(n)]
     return sizes, [i for a in range(n) for i in range(a, num_groups, n)]

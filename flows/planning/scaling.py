@@ -18,7 +18,7 @@ Assignments: ``ranked`` (the paper), ``round_robin`` (ablation baseline) and ``c
 Prediction error (``robust.py``): outside the ``paper`` objective, ``cost_aware`` over a ranked
 assignment times every candidate with ``robust.tail_stress`` (any actor may hold a group as
 long as the step's longest prediction) and adds striped candidates (the ranking dealt
-round-robin, ``assign_striped``) for N = 2..``STRIPED_MAX_N``.
+round-robin, ``assign_round_robin`` of the ranking) for N = 2..``STRIPED_MAX_N``.
 
 Slice sizes of a ranked plan (``rank_slack``). The sweep over N times equal-count slices of
 the ranking (the paper's "evenly"). Where TPOT grows with batch and context, the slice of the
@@ -49,7 +49,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from flows.planning.assignment import (assign_contiguous, assign_ranked, assign_round_robin,
-                                       assign_striped, rank_prompts, split_sizes)
+                                       rank_prompts, split_sizes)
 from flows.planning.robust import (STRIPED_MAX_N, Loads, held_budget, split_plans, stress_plans,
                                    striped_layout)
 from flows.planning.cost import DecodeEstimator
@@ -73,7 +73,7 @@ def _sorted_lengths(pids: Sequence[int], predicted: Mapping[int, float]) -> list
     return sorted((float(predicted[p]) for p in pids), reverse=True)
 
 
-def _ranked_loads(ns: range, ranking: "_Ranking", env: _Env) -> list["_Loads"]:
+def _ranked_loads(ns: range, ranking: "_Ranking", env: _Env) -> list[Loads]:
     """Per actor (decode seconds, prompt tokens, longest predicted length, group count) for
     ranked slices, for every N in ``ns``
     (the fast path: all candidates' slices at once, in numpy; the same numbers as slicing
@@ -97,7 +97,7 @@ def _ranked_loads(ns: range, ranking: "_Ranking", env: _Env) -> list["_Loads"]:
 
 
 def _slice_loads(sizes: Sequence[int], ranking: "_Ranking", env: _Env,
-                 perm: Sequence[int] | None = None) -> "_Loads":
+                 perm: Sequence[int] | None = None) -> Loads:
     """Per actor: decode seconds, prompt tokens, longest predicted length and group count for
     consecutive slices of these sizes of the ranking (``DecodeEstimator.sweep``, as
     ``_ranked_loads`` times equal slices), or of the ranking reordered by ``perm`` (striped
@@ -115,11 +115,9 @@ def _slice_loads(sizes: Sequence[int], ranking: "_Ranking", env: _Env,
     return decode, tokens.tolist(), lengths[starts].tolist(), sizes_a.tolist()
 
 
-_Loads = Loads
-
 
 def _group_loads(groups: Sequence[Sequence[int]], predicted: Mapping[int, float],
-                 prompt_lengths: Mapping[int, int], env: _Env) -> "_Loads":
+                 prompt_lengths: Mapping[int, int], env: _Env) -> Loads:
     """Per actor, for an explicit assignment: decode seconds, prompt tokens, longest predicted
     length and group count."""
     decode, tokens, longest = [], [], []
@@ -189,7 +187,7 @@ def _ranking(prompt_ids: Sequence[int], predicted: Mapping[int, float],
 
 def _candidate_loads(ns: range, prompt_ids: Sequence[int], ranking: _Ranking, assignment: str,
                      predicted: Mapping[int, float], prompt_lengths: Mapping[int, int],
-                     env: _Env) -> list["_Loads"]:
+                     env: _Env) -> list[Loads]:
     if assignment == "ranked":
         return _ranked_loads(ns, ranking, env)
     return [_group_loads(_groups(n, prompt_ids, predicted, assignment), predicted,
@@ -306,10 +304,10 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
 
     top = ranking.lengths[0]
 
-    def stress(loads: list[_Loads]) -> list[_Loads]:  # any actor may hold the longest group
+    def stress(loads: list[Loads]) -> list[Loads]:  # any actor may hold the longest group
         return stress_plans(loads, top, env.decode.table[0]) if robust else loads
 
-    def candidate(n: int, loads: _Loads, kind: str) -> Candidate:
+    def candidate(n: int, loads: Loads, kind: str) -> Candidate:
         t, gs, reason = evaluate_candidate(loads[0], loads[1], cluster, env.prefill_s)
         return Candidate(n, t, gs, gs * price, None, not reason, reason, kind)
 
@@ -340,7 +338,7 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
                               [i for _, perm in layouts for i in perm])
         for n, loads in zip(striped, stress(split_plans(joined, list(striped)))):
             cands.append(candidate(n, loads, "striped"))
-            builders.append(lambda n=n: assign_striped(ranking.order, n))
+            builders.append(lambda n=n: assign_round_robin(ranking.order, n))
     if extras and ranked and n_lo <= BASELINE_N <= n_hi:  # a fixed-N plan of the given order
         groups = assign_round_robin(prompt_ids, BASELINE_N)
         cands.append(candidate(BASELINE_N, stress([_group_loads(groups, predicted, prompt_lengths,

@@ -91,7 +91,7 @@ def _runs_prefill_action(setting: str, prefill: PrefillPlan, prompt_tokens: int,
     """``generation.prefill_action``; ``auto`` asks ``prefix.prefill_action_pays`` with the
     profile's prefill rate and the action's measured fixed costs (its round trip, and what the
     calibration learned of its policy read and bundle write)."""
-    if setting != "auto" or prefill.prefix_len is None:
+    if setting != "auto":
         return setting == "always" and prefill.prefix_len is not None
     return prefill_action_pays(prefill, prompt_tokens, 1.0 / profile.prefill_tokens_per_s,
                                cluster.activation_s + cluster.prefill_fixed_s)
@@ -130,7 +130,7 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: Mappi
     prefill_tokens = prefill.tokens_computed if prefill else sum(prompt_lengths.values())
     plan = plan_generation(prompt_ids, predicted, group_size=cfg.algorithm.group_size,
                            prompt_lengths=prompt_lengths, settings=planner_settings(ctx, num_workers, profile, cluster),
-                           prefill_tokens=prefill.tokens_computed if prefill else None)
+                           prefill_tokens=prefill_tokens)
     cut_after = tuple(plan_cut_points_of(
         plan.assignments, predicted, {p: cfg.algorithm.group_size for p in prompt_ids},
         prompt_lengths, cut_threshold_for(s.policy, s.objective, cfg.generation.cut_threshold), profile))
