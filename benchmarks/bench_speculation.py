@@ -21,6 +21,17 @@ Speculation "on" runs on a warm engine (one untimed call first: the cost model a
 rates a warm action container would have). Run:
 
     nice -n 5 python benchmarks/bench_speculation.py [--workdir /tmp/bench_spec] [--threads 1]
+
+With ``--model-config`` (a Hugging Face config.json, e.g. ``benchmarks/configs/qwen2.5-0.5b.json``)
+the same workloads run on a randomly initialised model of that shape on ``--device`` (no
+campaign, no download; ``spec_synthetic.py`` builds it): random prompts, no EOS, and a
+policy made confident by scaling its logits until the mean top-token probability is
+``--confidence`` (a trained policy on a narrow task is confident; a random one is not). Its
+"history" is its own responses at other steps (other noise). The random-weight workload uses
+the unscaled model. It also prints the cost of a verification forward at each width:
+
+    python3 benchmarks/bench_speculation.py --device cuda --model-config benchmarks/configs/qwen2.5-0.5b.json \
+        --new-tokens 64 --calls 2 --repeats 2
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ import time
 from pathlib import Path
 
 import torch
+from spec_synthetic import sync
 
 from actions.common.contracts import ModelRef
 from actions.common.loading import encode, load_model
@@ -40,7 +52,7 @@ from actions.engines.speculative import Speculation
 from actions.engines.torch_engine import TorchEngine
 from actions.tasks.stored import load_dataset
 
-GROUP, PER_STEP, NEW_TOKENS = 8, 8, 24
+GROUP, PER_STEP, NEW_TOKENS = 8, 8, 24  # NEW_TOKENS: the default of --new-tokens
 
 
 def _train(workdir: Path, rl_steps: int) -> tuple[ModelRef, ModelRef, list[list[SampleSpec]], object]:
@@ -80,41 +92,45 @@ def _engine(ref: ModelRef) -> TorchEngine:
     return engine
 
 
-def _history(engine: TorchEngine, batches: list[list[SampleSpec]]) -> dict[int, list[list[int]]]:
+def _history(engine: TorchEngine, batches: list[list[SampleSpec]], new_tokens: int) -> dict[int, list[list[int]]]:
     hist: dict[int, list[list[int]]] = {}
     for step, specs in enumerate(batches):
-        outs, _ = engine.generate(specs, seed=0, step=step, max_new_tokens=NEW_TOKENS, temperature=1.0)
+        outs, _ = engine.generate(specs, seed=0, step=step, max_new_tokens=new_tokens, temperature=1.0)
         for o in outs:
             hist.setdefault(o.prompt_id, []).append(o.tokens + ([o.stop_token] if o.stop_token is not None else []))
     return hist
 
 
-def _run(engine, batches, step0: int, spec: Speculation | None) -> tuple[float, list, dict]:
+def _run(engine, batches, step0: int, spec: Speculation | None, new_tokens: int) -> tuple[float, list, dict]:
+    sync(engine.device)
     t0, outs, agg = time.perf_counter(), [], {"proposed": 0, "accepted": 0, "rounds": 0, "spec_rounds": 0}
     for i, specs in enumerate(batches):
-        o, stats = engine.generate(specs, seed=0, step=step0 + i, max_new_tokens=NEW_TOKENS, temperature=1.0,
+        o, stats = engine.generate(specs, seed=0, step=step0 + i, max_new_tokens=new_tokens, temperature=1.0,
                                    speculation=spec)
         outs.append([(x.prompt_id, x.sample_index, x.tokens, x.finish_reason) for x in o])
         for k in agg:
             agg[k] += (stats.spec or {}).get(k, 0)
+    sync(engine.device)
     return time.perf_counter() - t0, outs, agg
 
 
-def compare(engine, batches, step0: int, spec: Speculation, repeats: int) -> dict:
-    """Median seconds off and on (alternating), the ratio, and whether outputs are equal."""
-    _run(engine, batches[:1], step0, spec)  # warm the engine's estimates (a warm container)
+def compare(engine, batches, step0: int, spec: Speculation, repeats: int, new_tokens: int = NEW_TOKENS) -> dict:
+    """Fastest seconds off and on (alternating), the ratio, and whether outputs are equal
+    (``rows_equal``: rows whose tokens and finish reason equal the plain run's, on the last repeat)."""
+    _run(engine, batches[:1], step0, spec, new_tokens)  # warm the engine's estimates (a warm container)
     off, on, same, agg = [], [], True, {}
     for _ in range(repeats):
-        t_off, o_off, _ = _run(engine, batches, step0, None)
-        t_on, o_on, agg = _run(engine, batches, step0, spec)
+        t_off, o_off, _ = _run(engine, batches, step0, None, new_tokens)
+        t_on, o_on, agg = _run(engine, batches, step0, spec, new_tokens)
         off.append(t_off)
         on.append(t_on)
         same &= o_off == o_on
+    rows = [(a == b) for x, y in zip(o_off, o_on) for a, b in zip(x, y)]
     # The fastest of the repeats: on a shared machine the least-disturbed run is the measurement.
     m_off, m_on = min(off), min(on)
     acc = agg["accepted"] / agg["proposed"] if agg["proposed"] else 0.0
     return {"off_s": round(m_off, 3), "on_s": round(m_on, 3), "speedup": round(m_off / m_on, 3),
-            "same_outputs": same, "accept_rate": round(acc, 3),
+            "same_outputs": same, "rows_equal": f"{sum(rows)}/{len(rows)}", "accept_rate": round(acc, 3),
             "spec_round_share": round(agg["spec_rounds"] / max(agg["rounds"], 1), 3)}
 
 
@@ -125,31 +141,56 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (actions run with 1)")
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="tokens per sample")
+    ap.add_argument("--model-config", default=None,
+                    help="a Hugging Face config.json: the synthetic workload on a random model of that shape")
+    ap.add_argument("--device", default="cpu", help="with --model-config: cpu or cuda[:N]")
+    ap.add_argument("--dtype", default=None, help="with --model-config: default bfloat16 on cuda, float32 on cpu")
+    ap.add_argument("--confidence", type=float, default=0.7,
+                    help="with --model-config: the policy's mean top-token probability (spec_synthetic.py)")
+    ap.add_argument("--calls", type=int, default=4, help="generate calls per timed run")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    workdir = Path(args.workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    v0, vn, batches, _ = _train(workdir, args.rl_steps)
-    old, new = _engine(v0), _engine(vn)
-    hist = _history(old, batches)
     results: dict[str, dict] = {}
+    if args.model_config:
+        import spec_synthetic
+
+        device = torch.device(args.device)
+        dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+        built = spec_synthetic.build(args.model_config, device, dtype, confidence=args.confidence, calls=args.calls,
+                                     group=GROUP, per_call=PER_STEP)
+        old = new = built["confident"]
+        random_model, batches = built["random"], built["batches"]
+        results["workload"] = {"device": str(device), "dtype": str(dtype), "logit_scale": built["logit_scale"],
+                               "confidence": built["confidence"], "rows_per_call": len(batches[0]),
+                               "calls": len(batches), "new_tokens": args.new_tokens,
+                               "verify_forward": spec_synthetic.width_costs(
+                                   new.model, (8, 64), (1, 2, 3, 5, 9), context=32 + args.new_tokens // 2)}
+    else:
+        workdir = Path(args.workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        v0, vn, batches, _ = _train(workdir, args.rl_steps)
+        old, new = _engine(v0), _engine(vn)
+        random_model = _engine(v0)
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for p in random_model.model.parameters():
+                p.normal_(0.0, 0.05)
+    hist = _history(old, batches, args.new_tokens)
     step2 = 100  # epoch 2: other steps, so other noise than the drafts had
-    results["history (epoch 2)"] = compare(new, batches, step2, Speculation(history=hist), args.repeats)
-    results["prompt_lookup (epoch 1)"] = compare(
-        new, batches, step2, Speculation(strategies=("prompt_lookup",)), args.repeats)
-    results["first_epoch auto (trained)"] = compare(new, batches, step2, Speculation(), args.repeats)
-    random_model = _engine(v0)
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in random_model.model.parameters():
-            p.normal_(0.0, 0.05)
-    results["first_epoch auto (random weights)"] = compare(random_model, batches, step2, Speculation(), args.repeats)
+
+    def run(engine, spec: Speculation) -> dict:
+        return compare(engine, batches, step2, spec, args.repeats, args.new_tokens)
+
+    results["history (epoch 2)"] = run(new, Speculation(history=hist))
+    results["prompt_lookup (epoch 1)"] = run(new, Speculation(strategies=("prompt_lookup",)))
+    results["first_epoch auto (trained)"] = run(new, Speculation())
+    results["first_epoch auto (random weights)"] = run(random_model, Speculation())
     if not args.no_sweep:
         sweep = {}
         for strategy in ("history", "prompt_lookup"):
             for k in (1, 2, 4, 8):
-                r = compare(new, batches, step2, Speculation(history=hist, fixed=(strategy, k)), args.repeats)
-                sweep[f"{strategy}:{k}"] = r
+                sweep[f"{strategy}:{k}"] = run(new, Speculation(history=hist, fixed=(strategy, k)))
         # Speed-ups, each against its own interleaved plain runs: the load of a shared machine
         # drifts over the minutes a sweep takes, so absolute seconds are not comparable.
         best = max(sweep, key=lambda s: sweep[s]["speedup"])
