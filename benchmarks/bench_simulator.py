@@ -24,8 +24,14 @@ Modelling choices (details in flows/simulate/*.py docstrings):
   billing no more than 3 actors held for the phase and does not cut (the ablations that cut
   ship the cut samples' KV to the destination).
 
-``ideal``: the generation speedup an unlimited number of actors could reach if every prompt
-group decoded alone (sum over steps of the longest group's solo decode time).
+``bound``: the most any plan could speed up static:3's generation phases: per step, the
+critical-path floor of ``flows/simulate/bound.py`` (the longest sample started as early and
+decoded, alone, as fast as the replay allows), aggregated as the speedups are (total static:3
+time over total floor); the verdict gives, per trace, the share of that reachable gain that
+rlhfless takes, (speed - 1) / (bound - 1). Beside it, what plans the replay can run reach
+within static:3's bill (``best_within_bill``: per step the fastest ranked or round-robin plan
+of 1-12 actors at no more GPU-s than static:3's), made from the predictions and from the true
+lengths.
 
     .venv/bin/python benchmarks/bench_simulator.py [--models qwen2.5-7b] [--sensitivity]
         [--first-epoch learned|reference]
@@ -40,13 +46,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from flows.planning.cost import decode_time
 from flows.planning.lengths import FIRST_EPOCH_PREDICTORS
 from flows.planning.tpot import (GPUS, LEARNER_MFU, MODELS, kv_capacity_tokens, learner_tokens_per_s,
                                     roofline_profile)
 from benchmarks.make_traces import SHAPES, make_trace
-from flows.simulate.policies import DEFAULT_POLICIES, ClusterModel
-from flows.simulate.replay import TraceStep, read_trace, replay
+from flows.simulate.bound import max_speedup, phase_floor
+from flows.simulate.policies import DEFAULT_POLICIES, ClusterModel, Policy, parse_policy
+from flows.simulate.replay import TraceStep, read_trace, replay, replay_step, step_predictions
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 TARGET_SPEEDUP, TARGET_SAVING = 1.35, 0.45
@@ -68,13 +74,35 @@ def default_model(name: str = "qwen2.5-7b") -> ClusterModel:
                         bandwidth_bytes_per_s=2 * 40e9)
 
 
-def ideal_time(steps: list[TraceStep], model: ClusterModel) -> float:
-    """Sum over steps of the longest prompt group's decode time on an actor of its own."""
-    total = 0.0
-    for step in steps:
-        row = max(step.prompts, key=lambda r: max(r.response_lens))
-        total += decode_time(list(row.response_lens), row.prompt_len, model.profile)
-    return total
+def bound_speedups(steps: list[TraceStep], static3: list[float], model: ClusterModel) -> tuple[float, float]:
+    """(any plan, serverless plans): the most either could speed up static:3's generation
+    phases (``static3``: its phase time per step), from the critical-path floors."""
+    floors = [phase_floor(step, model) for step in steps]
+    return (max_speedup(static3, [f.time_s for f in floors]),
+            max_speedup(static3, [f.serverless_s for f in floors]))
+
+
+def best_within_bill(steps: list[TraceStep], model: ClusterModel, exact: bool,
+                     max_actors: int = 12) -> tuple[float, float]:
+    """(speed, GPU-s ratio) of the generation phases against static:3 of a chooser that sees
+    each plan's replayed outcome: per step, the fastest of static:3 and the serverless plans
+    of N = 1..``max_actors`` actors (ranked or round-robin assignment, no cut) whose replayed
+    GPU-s is within static:3's on that step. The plans are made from the true group max
+    lengths (``exact``) or from the replay's predictions. It is no planner: it shows what
+    plans the replay can run reach within static:3's bill."""
+    static = parse_policy("static:3")
+    plans = [Policy(f"{kind}:{n}", False, f"fixed:{n}", kind, cut=False)
+             for kind in ("ranked", "round_robin") for n in range(1, max_actors + 1)]
+    base_t = base_g = own_t = own_g = 0.0
+    for step, predicted, truth in step_predictions(steps, model):
+        lengths = truth if exact else predicted
+        base = replay_step(static, step, lengths, model)[1]
+        within = [g for g in (replay_step(p, step, lengths, model)[1] for p in plans)
+                  if g.gpu_seconds <= base.gpu_seconds]
+        best = min([base] + within, key=lambda g: g.time_s)
+        base_t, base_g = base_t + base.time_s, base_g + base.gpu_seconds
+        own_t, own_g = own_t + best.time_s, own_g + best.gpu_seconds
+    return base_t / own_t, own_g / base_g
 
 
 def ratios(runs: dict) -> dict[str, tuple[float, float, float, float]]:
@@ -117,9 +145,10 @@ def report_trace(path: Path, model: ClusterModel, sensitivity: bool = True,
                   dataclasses.replace(model, learner_tokens_per_s=rate))
     wall = time.perf_counter() - start
     base = runs["static:3"].summary()
+    bound = bound_speedups(steps, [s.gen_time_s for s in runs["static:3"].steps], model)
     print(f"\n== {path.name}: {len(steps)} steps, replayed in {wall:.1f} s "
-          f"(ideal generation speedup ceiling "
-          f"{base['generation']['time_s'] / ideal_time(steps, model):.2f}x)")
+          f"(bound: no plan runs generation faster than {bound[0]:.3f}x static:3, "
+          f"no serverless plan faster than {bound[1]:.3f}x)")
     print(f"{'policy':<11} {'gen speed':>9} {'gen GPU-s':>10} {'step speed':>10} {'step GPU-s':>10} "
           f"{'mean N':>7} {'pred err p50/p90':>17} {'plan ms p50/max':>16}")
     out = {}
@@ -130,7 +159,9 @@ def report_trace(path: Path, model: ClusterModel, sensitivity: bool = True,
         step = (s["total_time_s"] / base["total_time_s"], s["total_gpu_seconds"] / base["total_gpu_seconds"])
         fid = (s["fidelity"]["median_abs_error"], s["fidelity"]["p90_abs_error"])
         if name == "rlhfless":
-            out = {"gen": gen, "step": step, "fid": fid}
+            out = {"gen": gen, "step": step, "fid": fid, "bound": bound,
+                   "predicted": best_within_bill(steps, model, exact=False),
+                   "exact": best_within_bill(steps, model, exact=True)}
         print(f"{name:<11} {1 / gen[0]:>8.3f}x {gen[1]:>9.3f}x {1 / step[0]:>9.3f}x {step[1]:>9.3f}x "
               f"{sum(run.planned) / len(run.planned):>7.1f} {fid[0]:>8.1%}/{fid[1]:<8.1%} "
               f"{s['planning_ms_p50']:>7.2f}/{s['planning_ms_max']:<7.2f}")
@@ -162,6 +193,33 @@ def verdict(results: dict[str, dict]) -> None:
               f"({'PASS' if f50 <= 0.10 else 'FAIL'}: median <= 10%)")
     mean = sum(speeds) / len(speeds)
     print(f"  mean generation speedup {mean:.3f}x ({'PASS' if mean >= 1.05 else 'FAIL'}: >= 1.05x)")
+    reach(results)
+
+
+def reach(results: dict[str, dict]) -> None:
+    """Per trace: rlhfless's generation speed; the best plan within static:3's bill made from
+    the predictions and from the true lengths (speed at GPU-s, ``best_within_bill``); the
+    bound's speed (any plan, serverless plans); and the share of the reachable gain rlhfless
+    takes, (speed - 1) / (bound - 1). Then the means."""
+    print("\n#### how much faster any plan could be (generation, vs static:3; bound = critical path)")
+    print(f"  {'trace':<16} {'rlhfless':>9} {'best <= bill, predicted':>24} {'best <= bill, exact':>24} "
+          f"{'bound':>8} {'serverless bound':>17} {'share of gain':>14}")
+    rows = []
+    for name, r in results.items():
+        speed, (any_plan, serverless) = 1 / r["gen"][0], r["bound"]
+        rows.append((speed, r["predicted"][0], r["exact"][0], any_plan, serverless))
+        best = " ".join(f"{x:>8.3f}x at {g:.3f}x GPU-s" for x, g in (r["predicted"], r["exact"]))
+        print(f"  {name:<16} {speed:>8.3f}x {best} {any_plan:>7.3f}x {serverless:>16.3f}x "
+              f"{_share(speed, any_plan):>14}")
+    means = [sum(col) / len(rows) for col in zip(*rows)]
+    print(f"  {'mean':<16} {means[0]:>8.3f}x {means[1]:>8.3f}x {'':>15} {means[2]:>8.3f}x {'':>15} "
+          f"{means[3]:>7.3f}x {means[4]:>16.3f}x {_share(means[0], means[3]):>14}  (the bar, a mean of "
+          f"1.05x, is {'below' if 1.05 <= means[3] else 'above'} the bound)")
+
+
+def _share(speed: float, bound: float) -> str:
+    """The share of the reachable gain a speed takes; '-' where no gain is reachable."""
+    return f"{(speed - 1) / (bound - 1):.1%}" if bound > 1 else "-"
 
 
 def main() -> None:

@@ -185,7 +185,15 @@ def test_cli_json_shape(tmp_path, capsys):
                "--nodes", "2", "--json", "--plot", str(tmp_path / "p.png")])
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
-    assert set(report) == {"policies"} and set(report["policies"]) == {"rlhfless", "static:3"}
+    assert set(report) == {"policies", "generation_floor"}
+    assert set(report["policies"]) == {"rlhfless", "static:3"}
+    floor = report["generation_floor"]
+    assert set(floor) == {"time_s", "serverless_time_s", "serverful_time_s", "steps"} and len(floor["steps"]) == 2
+    assert floor["time_s"] == pytest.approx(sum(floor["steps"]))
+    assert floor["time_s"] == pytest.approx(min(floor["serverless_time_s"], floor["serverful_time_s"]))
+    # no plan runs the phases faster than the floor of its family
+    assert report["policies"]["static:3"]["generation"]["time_s"] >= floor["serverful_time_s"]
+    assert report["policies"]["rlhfless"]["generation"]["time_s"] >= floor["serverless_time_s"]
     summary = report["policies"]["rlhfless"]
     assert set(summary) == {"total_time_s", "total_gpu_seconds", "mean_idle_fraction",
                             "planning_ms_p50", "planning_ms_max", "steps", "generation", "fidelity"}
@@ -205,6 +213,13 @@ def test_cli_reports_generation_whole_step_and_frontier(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0 and out.count("generation only:") == 2 and out.count("whole step (learner:") == 2
     assert "8 x H100-SXM at 40% MFU" in out and "pred_err p50/p90" in out
+    # the bound lines: the most any plan could speed up the phases over static:3 is at least
+    # what every replayed plan reached (the table's speedup column)
+    bound = [line for line in out.splitlines() if line.startswith("bound: max speed-up any plan")]
+    assert len(bound) == 2 and "over static:3:" in bound[0]
+    best = float(bound[0].split("over static:3: ")[1].split("x")[0])
+    table = out.split("generation only:")[1].split("bound:")[0].splitlines()[2:]
+    assert table and all(best >= float(row.split()[3].rstrip("x")) for row in table)
     frontier = out.split("frontier of objective 'slack'")[1].split("==")[0].splitlines()[2:]
     assert len(frontier) == 7  # one row per slack value
 

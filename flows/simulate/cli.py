@@ -4,6 +4,9 @@
 ``main(argv)`` runs it standalone (``python -m flows.simulate``). Bad input (missing trace,
 malformed line, unknown policy or profile) prints one line on stderr and returns 2.
 
+Each trace's generation table is followed by its ``bound`` lines: the critical-path floor of
+the phases (``bound.phase_floor``) and the most any plan could speed them up over static:N.
+
 Defaults model the paper's simulated cluster (PAPER §4.7): 20 nodes x 8 H100, 2 GPUs per
 actor, roofline TPOT of Qwen2.5-7B, lam = tau = 0.7. Inter-node bandwidth: 40 GB/s per GPU
 (a 400 Gb/s NIC per GPU at ~80% NCCL efficiency), so an actor of g GPUs receives at g x 40 GB/s.
@@ -22,6 +25,7 @@ from flows.planning.lengths import FIRST_EPOCH_PREDICTORS
 from flows.planning.objective import check_objective
 from flows.planning.tpot import (GPUS, LEARNER_MFU, MODELS, TpotProfile, learner_tokens_per_s,
                                     parse_roofline_spec)
+from flows.simulate.bound import PhaseFloor, max_speedup, phase_floor
 from flows.simulate.policies import DEFAULT_POLICIES, ClusterModel, parse_policy
 from flows.simulate.replay import PolicyRun, read_trace, replay
 
@@ -166,6 +170,31 @@ def format_table(runs: dict[str, PolicyRun], whole_step: bool = False) -> str:
     return "\n".join(lines)
 
 
+def format_bound(runs: dict[str, PolicyRun], floors: list[PhaseFloor]) -> str:
+    """The critical-path floor of the generation phases (``bound.phase_floor``), and the most
+    any plan could speed them up over the first static policy, when there is one."""
+    total = sum(f.time_s for f in floors)
+    serverless = sum(f.serverless_s for f in floors)
+    line = (f"bound: no plan can run these generation phases in under {total:.1f} s "
+            f"(serverless plans {serverless:.1f} s): the longest sample of each step started "
+            "as early and decoded as fast (alone) as the replay allows")
+    base = next((name for name in runs if name.startswith("static")), None)
+    if base is None:
+        return line
+    times = [s.gen_time_s for s in runs[base].steps]
+    return (line + f"\nbound: max speed-up any plan could reach over {base}: "
+            f"{max_speedup(times, [f.time_s for f in floors]):.3f}x (serverless plans "
+            f"{max_speedup(times, [f.serverless_s for f in floors]):.3f}x)")
+
+
+def floor_summary(floors: list[PhaseFloor]) -> dict:
+    """The floors as the JSON report gives them: totals over the steps and per step (s)."""
+    return {"time_s": sum(f.time_s for f in floors),
+            "serverless_time_s": sum(f.serverless_s for f in floors),
+            "serverful_time_s": sum(f.serverful_s for f in floors),
+            "steps": [f.time_s for f in floors]}
+
+
 FRONTIER = {"budget": ("budget_actors", (1, 2, 3, 4, 6, 8)),
             "value": ("value_of_time_usd_per_s", (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 1e3)),
             "slack": ("time_slack", (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)),
@@ -204,11 +233,13 @@ def run(args: argparse.Namespace) -> int:
     out = {}
     for path, steps, runs in reports:
         summaries = {name: r.summary() for name, r in runs.items()}
-        out[path] = summaries
+        floors = [phase_floor(step, model) for step in steps]
+        out[path] = {"policies": summaries, "generation_floor": floor_summary(floors)}
         if not args.json:
             print(f"== {path}: {len(steps)} steps")
             print("generation only:")
             print(format_table(runs))
+            print(format_bound(runs, floors))
             print(f"whole step (learner: {args.learner_note}):")
             print(format_table(runs, whole_step=True))
             if args.frontier:
@@ -220,8 +251,7 @@ def run(args: argparse.Namespace) -> int:
             plot = args.plot if len(reports) == 1 else f"{args.plot.removesuffix('.png')}-{Path(path).stem}.png"
             plot_runs(summaries, plot, title=str(path))
     if args.json:
-        print(json.dumps({"policies": out[args.traces[0]]} if len(out) == 1 else
-                         {"traces": {p: {"policies": s} for p, s in out.items()}}, indent=1))
+        print(json.dumps(out[args.traces[0]] if len(out) == 1 else {"traces": out}, indent=1))
     return 0
 
 

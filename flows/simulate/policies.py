@@ -143,6 +143,12 @@ def make_plan(policy: Policy, prompt_ids: Sequence[int], predicted: Mapping[int,
                            settings=model.planner_settings(policy))
 
 
+def serverful_ready_s(prompt_tokens: float, profile: TpotProfile) -> float:
+    """When a serverful actor, invoked at t = 0, can decode: after it has prefilled its own
+    ``prompt_tokens`` (each prompt once, shared by its samples) at the profile's prefill rate."""
+    return prompt_tokens / profile.prefill_tokens_per_s
+
+
 def build_actors(policy: Policy, plan: GenerationPlan, samples: Mapping[int, list[Sample]],
                  prompt_lengths: Mapping[int, int], model: ClusterModel,
                  predicted: Mapping[int, float] | None = None) -> tuple[list[ActorSpec], float]:
@@ -155,8 +161,8 @@ def build_actors(policy: Policy, plan: GenerationPlan, samples: Mapping[int, lis
     if policy.serverful:
         specs = []
         for pids in plan.assignments:
-            own_prefill = sum(prompt_lengths[p] for p in pids) / model.profile.prefill_tokens_per_s
-            specs.append(ActorSpec(tuple(s for p in pids for s in samples[p]), 0.0, own_prefill,
+            ready = serverful_ready_s(sum(prompt_lengths[p] for p in pids), model.profile)
+            specs.append(ActorSpec(tuple(s for p in pids for s in samples[p]), 0.0, ready,
                                    holds_until_end=True))
         return specs, 0.0
     cluster = model.cluster_spec()

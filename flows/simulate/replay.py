@@ -21,6 +21,7 @@ import math
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Iterator
 
 from flows.planning.plan import GenerationPlan
 from flows.planning.lengths import LengthHistory, predict_lengths, rank_correlation
@@ -194,15 +195,8 @@ def replay(steps: list[TraceStep], policy_names: list[str], model: ClusterModel,
     """
     policies = [parse_policy(name) for name in policy_names]
     runs = {p.name: PolicyRun(p.name) for p in policies}
-    history = LengthHistory()
-    cap = max_new_tokens or max(x for s in steps for r in s.prompts for x in r.response_lens)
-    for step in steps:
+    for step, predicted, truth in step_predictions(steps, model, window, max_new_tokens):
         ids = [r.prompt_id for r in step.prompts]
-        refs = {r.prompt_id: r.answer_len for r in step.prompts}
-        prompt_lens = {r.prompt_id: r.prompt_len for r in step.prompts}
-        truth = {r.prompt_id: float(max(r.response_lens)) for r in step.prompts}
-        predicted = predict_lengths(history, ids, refs, window, max_length=cap,
-                                    first_epoch=model.first_epoch, prompt_lengths=prompt_lens)
         corr = rank_correlation([predicted[i] for i in ids], [truth[i] for i in ids])
         for policy in policies:
             run = runs[policy.name]
@@ -217,6 +211,23 @@ def replay(steps: list[TraceStep], policy_names: list[str], model: ClusterModel,
                                         result.num_cut, result.num_migrated, gen.time_s,
                                         gen.gpu_seconds, plan.predicted_time_s,
                                         plan.predicted_gpu_seconds))
+    return runs
+
+
+def step_predictions(steps: list[TraceStep], model: ClusterModel, window: int = 1,
+                     max_new_tokens: int | None = None
+                     ) -> Iterator[tuple[TraceStep, dict[int, float], dict[int, float]]]:
+    """(step, predicted, truth) per step, in order: the lengths a planner predicts before the
+    step (prompt id -> tokens; ``replay`` explains the predictor and the cap) and the true group
+    max lengths. The step's lengths join the history when the next step is asked for."""
+    history = LengthHistory()
+    cap = max_new_tokens or max(x for s in steps for r in s.prompts for x in r.response_lens)
+    for step in steps:
+        ids = [r.prompt_id for r in step.prompts]
+        refs = {r.prompt_id: r.answer_len for r in step.prompts}
+        prompt_lens = {r.prompt_id: r.prompt_len for r in step.prompts}
+        predicted = predict_lengths(history, ids, refs, window, max_length=cap,
+                                    first_epoch=model.first_epoch, prompt_lengths=prompt_lens)
+        yield step, predicted, {r.prompt_id: float(max(r.response_lens)) for r in step.prompts}
         for row in step.prompts:
             history.record(row.prompt_id, step.epoch, row.response_lens, row.answer_len, row.prompt_len)
-    return runs
