@@ -188,7 +188,11 @@ def test_cli_json_shape(tmp_path, capsys):
     assert set(report) == {"policies", "generation_floor"}
     assert set(report["policies"]) == {"rlhfless", "static:3"}
     floor = report["generation_floor"]
-    assert set(floor) == {"time_s", "serverless_time_s", "serverful_time_s", "steps"} and len(floor["steps"]) == 2
+    assert set(floor) == {"time_s", "serverless_time_s", "serverful_time_s", "steps", "baseline", "max_speedup",
+                          "max_speedup_serverless", "max_speedup_within_bill_no_cut"}
+    assert len(floor["steps"]) == 2 and floor["baseline"] == "static:3"
+    # the cap on the bill only lowers what a plan could reach
+    assert 1.0 <= floor["max_speedup_within_bill_no_cut"] <= floor["max_speedup"]
     assert floor["time_s"] == pytest.approx(sum(floor["steps"]))
     assert floor["time_s"] == pytest.approx(min(floor["serverless_time_s"], floor["serverful_time_s"]))
     # no plan runs the phases faster than the floor of its family

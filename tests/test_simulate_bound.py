@@ -140,14 +140,15 @@ def test_bench_reach_brackets_what_plans_reach_within_the_bill(capsys):
                                                                r["answer_len"], tuple(r["response_lens"])))
     steps = [TraceStep(0, k, tuple(v)) for k, v in sorted(by_step.items())]
     model = default_model()
-    static3 = [s.gen_time_s for s in replay(steps, ["static:3"], model)["static:3"].steps]
-    any_plan, serverless = bound_speedups(steps, static3, model)
+    run = replay(steps, ["static:3"], model)["static:3"]
+    static3 = [s.gen_time_s for s in run.steps]
+    any_plan, serverless, capped = bound_speedups(steps, static3, sum(s.gen_gpu_seconds for s in run.steps), model)
     speed, gpu = best_within_bill(steps, model, exact=True, max_actors=6)
-    assert 1.0 <= speed <= any_plan and serverless <= any_plan and gpu <= 1.0
+    assert 1.0 <= speed <= capped <= any_plan and serverless <= any_plan and gpu <= 1.0
     guess = best_within_bill(steps, model, exact=False, max_actors=6)
     assert 1.0 <= guess[0] <= any_plan and guess[1] <= 1.0
     reach({"capheavy": {"gen": (1 / 1.01, 0.9), "predicted": guess, "exact": (speed, gpu),
-                        "bound": (any_plan, serverless)}})
+                        "bound": (any_plan, serverless, capped)}})
     out = capsys.readouterr().out
     share = (1.01 - 1) / (any_plan - 1)
     assert f"{share:.1%}" in out and "is below the bound" in out
