@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from actions.engines.drafters import HistoryDrafter, PromptLookupDrafter
-from actions.engines.spec_select import AcceptanceTracker, ForwardCost, choose, expected_tokens
+from actions.engines.spec_select import AcceptanceTracker, ForwardCost, choose, choose_rows, expected_tokens
 from flows.planning.tpot import TpotProfile
 from flows.planning.speculation import (acceptance_rates, decode_speedup, speculative_profile,
                                         step_spec_metrics)
@@ -73,6 +73,22 @@ def test_forward_cost_fits_observed_forwards():
     # the prior on the width term (robustness to one slow round) leaves a small bias
     assert cost.seconds(32, 1) == pytest.approx(0.003 + 2e-4 * 32, rel=0.1)
     assert cost.seconds(32, 5) == pytest.approx(0.003 + 2e-4 * 32 + 5e-5 * 128, rel=0.1)
+
+
+def test_forward_cost_learns_a_speculative_rounds_fixed_overhead():
+    """GPU-like rounds: the forward is flat in batch and width, and a speculative round costs
+    a fixed 12 ms more (drafting, verification, rollback). The fit must charge that to every
+    speculative round, short drafts included, so a draft accepted 10% of the time is not taken."""
+    cost = ForwardCost()
+    for _ in range(10):
+        for w in (1, 2, 5, 9):
+            cost.observe(64, w, 0.016 + (0.012 if w > 1 else 0.0))
+    assert cost.seconds(64, 1) == pytest.approx(0.016, rel=0.1)
+    assert cost.seconds(64, 2) == pytest.approx(0.028, rel=0.1)
+    assert cost.seconds(64, 9) == pytest.approx(0.028, rel=0.1)
+    assert choose_rows([(4, 0.1)] * 64, cost.snapshot(), max_k=8)[0] == 0
+    # the same rounds with acceptance 0.66 pay: 1 + .66 + .44 + .29 + .19 tokens per 28 ms > 1 per 16 ms
+    assert choose_rows([(4, 0.66)] * 64, cost.snapshot(), max_k=8)[0] >= 3
 
 
 def test_prompt_lookup_copies_what_followed_the_last_match():

@@ -162,9 +162,10 @@ def test_rollback_masks_holes_and_compaction_keeps_valid_columns_in_order():
     mask = torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
     batch = _Batch(cache, mask, torch.zeros(2, dtype=torch.long))
     # The last 4 columns were [token, d1, d2, d3]; row 0 kept d1, row 1 kept nothing.
-    batch.rollback(torch.tensor([1, 0]), width=4)
+    batch.rollback(torch.tensor([1, 0]), [1, 0], width=4)
     # d2, d3 were rejected by both rows: cropped; row 1's d1 is a hole.
     assert batch.mask.tolist() == [[0, 1, 1, 1], [1, 1, 1, 0]]
+    assert batch.holes == 2  # counted on the host: the padding column and the new hole
     batch._compact()
     assert batch.mask.tolist() == [[1, 1, 1], [1, 1, 1]]
     assert layer.keys[:, 0, :, 0].tolist() == [[1.0, 2.0, 3.0], [6.0, 7.0, 8.0]]

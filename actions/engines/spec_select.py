@@ -17,8 +17,9 @@ longer drafts pay.
 
 Both estimates are online: ``AcceptanceTracker`` counts accepted and rejected draft tokens per
 strategy (a Beta prior stands in before any), and ``ForwardCost`` fits ``t(b, w)`` to the
-forwards the engine has timed (least squares on 1, b and b * (w - 1), ridge-pulled towards a
-prior shaped like a TPOT profile: a fixed part plus a per-row part, width nearly free).
+rounds the engine has timed (least squares on 1, b, b * (w - 1) and a speculative round's
+fixed overhead, ridge-pulled towards a prior shaped like a TPOT profile: a fixed part plus a
+per-row part, width nearly free).
 Nothing here changes outputs: the engine accepts only tokens equal to plain decoding's.
 """
 
@@ -61,60 +62,64 @@ class AcceptanceTracker:
 
 @dataclass
 class ForwardCost:
-    """Online estimate of one target forward's seconds at batch b and width w.
+    """Online estimate of one decode round's seconds at batch b and width w.
 
-    Model: ``t = c0 + c1 * b + c2 * b * (w - 1)``. The prior (``prior``, ``prior_weight``
-    pseudo-observations per coefficient) keeps the fit sane before the engine has timed any
-    forward wider than 1.
+    Model: ``t = c0 + c1 * b + c2 * b * (w - 1) + c3 * [w > 1]``. ``c3`` is what a speculative
+    round costs beyond its wider forward whatever the draft length: drafting, the column-by-
+    column verification draws and the cache rollback. On a CPU it is small beside the forward;
+    on a GPU, where an eager forward is launch-bound and nearly flat in b and w, it is a large
+    part of a round (docs/gpu.md). The prior (``prior``, ``prior_weight`` pseudo-observations
+    per coefficient) keeps the fit sane before the engine has timed any forward wider than 1.
     """
 
-    prior: tuple[float, float, float] = (2e-3, 1e-4, 2.5e-5)
+    prior: tuple[float, float, float, float] = (2e-3, 1e-4, 2.5e-5, 5e-4)
     prior_weight: float = 1.0
     decay: float = 0.99
-    _xtx: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
-    _xty: list[float] = field(default_factory=lambda: [0.0] * 3)
+    _xtx: list[list[float]] = field(default_factory=lambda: [[0.0] * 4 for _ in range(4)])
+    _xty: list[float] = field(default_factory=lambda: [0.0] * 4)
 
     def observe(self, batch: int, width: int, seconds: float) -> None:
-        x = (1.0, float(batch), float(batch * (width - 1)))
-        for i in range(3):
+        x = (1.0, float(batch), float(batch * (width - 1)), 1.0 if width > 1 else 0.0)
+        for i in range(4):
             self._xty[i] = self.decay * self._xty[i] + x[i] * seconds
-            for j in range(3):
+            for j in range(4):
                 self._xtx[i][j] = self.decay * self._xtx[i][j] + x[i] * x[j]
 
-    def coefficients(self) -> tuple[float, float, float]:
+    def coefficients(self) -> tuple[float, float, float, float]:
         # Ridge towards the prior, scaled per coefficient so each term has comparable pull.
         # The width term is identified only by the few speculative rounds: its prior weighs as
         # much as ~8 of them at batch 64, so one round slowed by a neighbour's load cannot
         # switch speculation off for the rest of the call.
-        scales = (1.0, 16.0, 512.0)
-        a = [[self._xtx[i][j] + (self.prior_weight * scales[i] ** 2 if i == j else 0.0) for j in range(3)]
-             for i in range(3)]
-        b = [self._xty[i] + self.prior_weight * scales[i] ** 2 * self.prior[i] for i in range(3)]
-        c = _solve3(a, b)
-        return (max(c[0], 0.0), max(c[1], 0.0), max(c[2], 0.0))
+        scales = (1.0, 16.0, 512.0, 1.0)
+        a = [[self._xtx[i][j] + (self.prior_weight * scales[i] ** 2 if i == j else 0.0) for j in range(4)]
+             for i in range(4)]
+        b = [self._xty[i] + self.prior_weight * scales[i] ** 2 * self.prior[i] for i in range(4)]
+        return tuple(max(c, 0.0) for c in _solve(a, b))
 
     def seconds(self, batch: int, width: int) -> float:
         return self.snapshot()(batch, width)
 
     def snapshot(self) -> "callable":
         """``seconds`` with the current fit frozen (one solve for many queries)."""
-        c0, c1, c2 = self.coefficients()
-        return lambda batch, width: max(c0 + c1 * batch + c2 * batch * (width - 1), 1e-9)
+        c0, c1, c2, c3 = self.coefficients()
+        return lambda batch, width: max(c0 + c1 * batch + (c2 * batch * (width - 1) + c3 if width > 1 else 0.0),
+                                        1e-9)
 
 
-def _solve3(a: list[list[float]], b: list[float]) -> list[float]:
-    """Gaussian elimination with partial pivoting for a 3x3 system (a is positive definite here)."""
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting (a is small and positive definite here)."""
+    n = len(b)
     m = [row[:] + [rhs] for row, rhs in zip(a, b)]
-    for col in range(3):
-        piv = max(range(col, 3), key=lambda r: abs(m[r][col]))
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
         m[col], m[piv] = m[piv], m[col]
-        for r in range(col + 1, 3):
+        for r in range(col + 1, n):
             f = m[r][col] / m[col][col]
-            for c in range(col, 4):
+            for c in range(col, n + 1):
                 m[r][c] -= f * m[col][c]
-    x = [0.0] * 3
-    for r in (2, 1, 0):
-        x[r] = (m[r][3] - sum(m[r][c] * x[c] for c in range(r + 1, 3))) / m[r][r]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))) / m[r][r]
     return x
 
 

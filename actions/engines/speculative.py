@@ -42,7 +42,10 @@ PROBE_EVERY = 8
 """Rounds of plain decoding, after the estimates switched speculation off although drafts
 were there, before the drafters are asked again and one speculative round re-measures
 the most promising strategy (acceptance can rise as training sharpens the policy). In between
-nothing is drafted, so a workload where speculation does not pay costs almost nothing extra."""
+nothing is drafted, so a workload where speculation does not pay costs almost nothing extra.
+Each probe after which the estimates still say no doubles the wait, up to ``PROBE_MAX``."""
+
+PROBE_MAX = 64
 
 
 @dataclass
@@ -98,32 +101,43 @@ def make_drafters(spec: Speculation) -> dict[str, Drafter]:
 
 
 class _Batch:
-    """The running rows' cache, padding mask and model positions (all on the device)."""
+    """The running rows' cache, padding mask and model positions (all on the device).
+
+    ``holes`` counts the mask's zeros on the host, so a round decides on compaction without
+    reading the device (a GPU would otherwise drain its queue for it every round); it is
+    recounted, once, after rows leave."""
 
     def __init__(self, cache, mask: torch.Tensor, next_pos: torch.Tensor) -> None:
         self.cache, self.mask, self.next_pos = cache, mask, next_pos
+        self.holes: int | None = None
 
     def select(self, keep: torch.Tensor) -> None:
         self.cache.batch_select_indices(keep)
         self.mask, self.next_pos = self.mask[keep], self.next_pos[keep]
+        self.holes = None
 
     def _map_kv(self, fn) -> None:
         for layer in self.cache.layers:
             layer.keys, layer.values = fn(layer.keys), fn(layer.values)
 
-    def rollback(self, accepted: torch.Tensor, width: int) -> None:
-        """Keep, per row, the first ``accepted[r] + 1`` of the last ``width`` columns."""
-        longest = int(accepted.max())
+    def rollback(self, accepted: torch.Tensor, accepted_list: list[int], width: int) -> None:
+        """Keep, per row, the first ``accepted[r] + 1`` of the last ``width`` columns
+        (``accepted_list``: the same counts on the host)."""
+        if self.holes is None:
+            self.holes = int((self.mask == 0).sum())
+        longest = max(accepted_list)
         drop = width - 1 - longest
         if drop > 0:
             self._map_kv(lambda t: t[:, :, :-drop])
             self.mask = self.mask[:, :-drop]
         length = self.mask.shape[1]
-        cols = torch.arange(length - (longest + 1), length, device=self.mask.device)  # the block's kept columns
-        hole = cols[None, :] > (length - (longest + 1) + accepted)[:, None]
-        if bool(hole.any()):
+        new_holes = sum(longest - a for a in accepted_list)
+        if new_holes:
+            cols = torch.arange(length - (longest + 1), length, device=self.mask.device)  # the block's kept columns
+            hole = cols[None, :] > (length - (longest + 1) + accepted)[:, None]
             self.mask[:, length - (longest + 1):] = self.mask[:, length - (longest + 1):].masked_fill(hole, 0)
-        if int((self.mask == 0).sum()) > self.mask.numel() // 4:
+            self.holes += new_holes
+        if self.holes > self.mask.numel() // 4:
             self._compact()
 
     def _compact(self) -> None:
@@ -132,6 +146,7 @@ class _Batch:
         self.mask = self.mask.gather(1, order)
         first = int((self.mask.sum(0) > 0).nonzero()[0]) if bool(self.mask.any()) else 0
         self.mask = self.mask[:, first:]
+        self.holes = None
         idx = order[:, first:]
 
         def pack(t: torch.Tensor) -> torch.Tensor:
@@ -154,6 +169,7 @@ class _Selector:
         self.draft_seconds: dict[str, float] = {}
         self.cooldown = 0  # rounds left without drafting (off by estimate)
         self.probe = False  # the next choice with drafts is a probe
+        self.wait = PROBE_EVERY  # the next cooldown's length
 
     def pick(self, proposals: Mapping[str, list[tuple[list[int], str]]], b: int
              ) -> tuple[Choice, list[list[int]], list[str | None]]:
@@ -189,12 +205,13 @@ class _Selector:
         k, rate, plain_rate = choose_rows(rows, self.cost.snapshot(), max_k)
         if k == 0:
             if not self.probe:
-                self.cooldown, self.probe = PROBE_EVERY, True
+                self.cooldown, self.probe = self.wait, True
+                self.wait = min(2 * self.wait, PROBE_MAX)
                 return Choice(None, 0, rate, plain_rate), *plain
             self.probe = False  # re-measure with the most promising drafts, cheaply
             k = min(4, max_k)
         else:
-            self.probe = False
+            self.probe, self.wait = False, PROBE_EVERY
         used = [n for n in names if n]
         label = max(set(used), key=used.count) if used else None
         return Choice(label, k, rate, plain_rate), [d[:k] for d in drafts], kinds
@@ -301,7 +318,7 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
         acc_t = torch.tensor(accepted, dtype=torch.long, device=dev)
         logits = res.logits[torch.arange(b, device=dev), acc_t]
         batch.next_pos += acc_t + 1
-        batch.rollback(acc_t, width)
+        batch.rollback(acc_t, accepted, width)
         _observe(cost, sstats, b, width, t_round)
         if ends.cut(cut_after):
             break
