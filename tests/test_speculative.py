@@ -182,3 +182,22 @@ def test_calls_that_cannot_pay_run_the_plain_loop_and_every_fourth_remeasures():
         assert _key(out) == _key(plain)
         plain_calls.append(stats.spec["plain_calls"])
     assert plain_calls == [1, 1, 1, 0]
+
+
+def test_the_selector_measures_plain_rounds_before_weighing_drafts_against_them():
+    """A fresh engine has timed no plain round: its first speculative call's first round is
+    plain, so the cost fit can tell a speculative round's overhead from every round's fixed
+    cost. A plain call times its steps too, and a speculative call after it drafts at once."""
+    engine, specs = _setup(0, 32, 2)
+    assert engine.forward_cost.plain_weight == 0.0
+    spec = Speculation(strategies=("prompt_lookup",))
+    out, stats = engine.generate(specs, **KW, speculation=spec)
+    assert stats.spec["spec_rounds"] < stats.spec["rounds"]
+    assert engine.forward_cost.plain_weight >= 1.0
+
+    fresh, _ = _setup(0, 32, 2)
+    plain, pstats = fresh.generate(specs, **KW)
+    assert _key(plain) == _key(out)
+    # every decode forward is one observation of a width-1 round
+    assert fresh.forward_cost.plain_weight == pytest.approx(
+        sum(0.99 ** i for i in range(pstats.decode_steps)), rel=1e-9)

@@ -60,6 +60,10 @@ class AcceptanceTracker:
             self.rejections[strategy] = self.rejections.get(strategy, 0) + 1
 
 
+MIN_PLAIN_WEIGHT = 1.0
+"""See ``ForwardCost.plain_weight``: with decay 0.99, one plain round in about 70 speculative ones."""
+
+
 @dataclass
 class ForwardCost:
     """Online estimate of one decode round's seconds at batch b and width w.
@@ -77,8 +81,14 @@ class ForwardCost:
     decay: float = 0.99
     _xtx: list[list[float]] = field(default_factory=lambda: [[0.0] * 4 for _ in range(4)])
     _xty: list[float] = field(default_factory=lambda: [0.0] * 4)
+    plain_weight: float = 0.0
+    """Decayed count of plain (width-1) rounds observed. Without them the fit cannot tell a
+    speculative round's overhead ``c3`` from the fixed cost ``c0`` every round pays, and
+    speculation looks cheaper than it is; ``speculative._Selector`` runs a plain round when
+    this falls below ``MIN_PLAIN_WEIGHT``."""
 
     def observe(self, batch: int, width: int, seconds: float) -> None:
+        self.plain_weight = self.decay * self.plain_weight + (1.0 if width == 1 else 0.0)
         x = (1.0, float(batch), float(batch * (width - 1)), 1.0 if width > 1 else 0.0)
         for i in range(4):
             self._xty[i] = self.decay * self._xty[i] + x[i] * seconds

@@ -36,7 +36,7 @@ from actions.engines.drafters import HistoryDrafter, PromptLookupDrafter
 from actions.engines.drafters.base import Drafter
 from actions.engines.sampling import Sampler, stream_key
 from actions.engines.kv_state import stack_states
-from actions.engines.spec_select import AcceptanceTracker, Choice, ForwardCost, choose_rows
+from actions.engines.spec_select import MIN_PLAIN_WEIGHT, AcceptanceTracker, Choice, ForwardCost, choose_rows
 
 PROBE_EVERY = 8
 """Rounds of plain decoding, after the estimates switched speculation off although drafts
@@ -224,6 +224,8 @@ class _Selector:
         if self.cooldown > 0:
             self.cooldown -= 1
             return out
+        if self.spec.fixed is None and self.cost.plain_weight < MIN_PLAIN_WEIGHT:
+            return out  # a plain round: the baseline every choice is weighed against (ForwardCost)
         for name, d in drafters.items():
             if self.spec.fixed is not None and self.spec.fixed[0] != name:
                 continue

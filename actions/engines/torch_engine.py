@@ -25,6 +25,7 @@ Shapes: KV per layer ``[rows, kv_heads, positions, head_dim]``; masks ``[rows, p
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -208,10 +209,17 @@ class TorchEngine:
         active = torch.arange(n, device=dev)
         rows = list(range(n))  # host copy of ``active``
         ends = RowEnds(n, self.eos_ids, max_new_tokens)
+        t_step, b_step = None, 0
         while True:
             tok = sampling.draw(logits, keys[active], positions[active])
             # one device->host copy per step
             keep = [j for j, (row, t) in enumerate(zip(rows, tok.tolist())) if not ends.take(row, t, gen[row])]
+            # The copy waited for the last step's forward: step to step is one plain round, the
+            # speculation selector's baseline (ForwardCost).
+            now = time.perf_counter()
+            if t_step is not None:
+                self.forward_cost.observe(b_step, 1, now - t_step)
+            t_step, b_step = now, len(keep)
             if not keep or ends.cut(cut_after):
                 break
             if len(keep) < len(rows):
