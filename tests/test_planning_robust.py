@@ -1,15 +1,17 @@
 """Planning for prediction error: the robust tail per actor, striped candidates, the budget."""
 
+import math
 import random
 
+import numpy as np
 import pytest
 
 from flows.planning.assignment import assign_round_robin, rank_prompts
 from flows.planning.cost import DecodeEstimator, decode_time
 from flows.planning.plan import ClusterSpec, PlannerSettings
-from flows.planning.robust import held_budget, striped_layout, tail_stress
+from flows.planning.robust import MeasuredError, TailModel, held_budget, striped_layout, tail_stress
 from flows.planning.scaling import plan_generation
-from flows.planning.timeline import prefill_seconds
+from flows.planning.timeline import evaluate_candidate, prefill_seconds
 from flows.planning.tpot import GPUS, MODELS, roofline_profile
 
 QWEN = MODELS["qwen2.5-7b"]
@@ -96,3 +98,90 @@ def test_budget_without_a_striped_candidate_falls_back_to_the_same_size():
     assert "striped" not in {c.kind for c in plan.candidates}
     prefill_s = prefill_seconds(sum(plen.values()), PROFILE, CLUSTER)
     assert plan.candidates[plan.chosen].cost_usd <= held_budget(plan.candidates, 3, CLUSTER, prefill_s)
+
+
+# ---- the tail scaled by the predictor's measured error (MeasuredError, TailModel) ------------
+
+def _error(sd, n=256, seed=0, cap=2048.0):
+    rnd = random.Random(seed)
+    return MeasuredError.of([100.0] * n, [100.0 * rnd.lognormvariate(0.0, sd) for _ in range(n)], cap)
+
+
+def test_measured_error_sorts_and_validates():
+    err = MeasuredError.of([100.0, 200.0, 0.0], [50.0, 400.0, 3.0], 2048.0)
+    assert err.log_ratios == pytest.approx(sorted([math.log(0.5), math.log(2.0), math.log(3.0)]))
+    with pytest.raises(ValueError, match="sorted"):
+        MeasuredError((0.5, 0.1))
+    with pytest.raises(ValueError, match="quantile"):
+        MeasuredError((0.0,), quantile=1.0)
+    with pytest.raises(ValueError, match="one of each"):
+        MeasuredError.of([1.0], [])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_tail_model_target_is_the_quantile_of_the_slice_longest_observed_group(seed):
+    """Against sampling: each group observed as prediction x exp(error drawn from the sample)."""
+    rnd = random.Random(seed)
+    lengths = sorted((min(2048.0, rnd.lognormvariate(5.8, 0.7)) for _ in range(96)), reverse=True)
+    err = _error(0.25, seed=seed)
+    model = TailModel(lengths, err)
+    slices = [(0, 1), (0, 12), (10, 40), (40, 96)]
+    targets = model.contiguous([a for a, _ in slices], [b for _, b in slices])
+    for (a, b), target in zip(slices, targets):
+        draws = sorted(min(2048.0, max(x * math.exp(rnd.choice(err.log_ratios)) for x in lengths[a:b]))
+                       for _ in range(4000))
+        assert target == pytest.approx(draws[len(draws) // 2], rel=0.03)
+    assert all(t <= 2048.0 * (1 + 1e-9) for t in targets)  # the generation cap
+    # more groups, or a higher quantile, can only run longer
+    assert targets[1] >= targets[0]
+    high = TailModel(lengths, MeasuredError(err.log_ratios, err.max_length, quantile=0.9))
+    assert all(h >= t for h, t in zip(high.contiguous([0, 40], [12, 96]), targets[[1, 3]]))
+
+
+def test_tail_model_layouts_time_the_same_groups():
+    rnd = random.Random(5)
+    lengths = sorted((rnd.uniform(50, 1500) for _ in range(50)), reverse=True)
+    model = TailModel(lengths, _error(0.2))
+    for n, targets in zip((2, 3, 5), model.striped([2, 3, 5])):
+        _, perm = striped_layout(len(lengths), n)
+        positions = [list(range(a, len(lengths), n)) for a in range(n)]
+        assert targets == pytest.approx(model.groups(positions))
+        assert sorted(perm) == list(range(len(lengths)))
+    starts, sizes = np.array([0, 7, 0, 20, 35]), np.array([7, 43, 20, 15, 15])
+    parts = model.slices(starts, sizes, [2, 3])
+    assert [len(p) for p in parts] == [2, 3]
+    assert np.concatenate(parts) == pytest.approx(model.contiguous(starts, starts + sizes))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_exact_predictions_stress_nothing_and_larger_errors_stretch_more(seed):
+    ids, pred, plen = _step(seed)
+    paper = plan_generation(ids, pred, group_size=4, prompt_lengths=plen,
+                            settings=_settings(objective="paper"))  # the point estimate
+    exact = plan_generation(ids, pred, group_size=4, prompt_lengths=plen,
+                            settings=_settings(tail_error=MeasuredError((0.0,) * 64, 2048.0)))
+    point = {c.n: c for c in paper.candidates}
+    for c in exact.candidates:
+        if c.kind == "ranked":
+            assert c.time_s == pytest.approx(point[c.n].time_s)
+    times = []
+    for sd in (0.1, 0.3):
+        plan = plan_generation(ids, pred, group_size=4, prompt_lengths=plen,
+                               settings=_settings(tail_error=_error(sd, seed=seed)))
+        times.append([c.time_s for c in plan.candidates])
+        chosen = plan.candidates[plan.chosen]  # the budget objective's contract still holds
+        prefill_s = prefill_seconds(sum(plen.values()), PROFILE, CLUSTER)
+        budget = held_budget(plan.candidates, 3, CLUSTER, prefill_s)
+        assert chosen.feasible and chosen.cost_usd <= budget * (1 + 1e-12)
+        assert not any(o.feasible and o.time_s < chosen.time_s and o.cost_usd < chosen.cost_usd
+                       for o in plan.candidates)
+    assert all(b >= a * (1 - 1e-9) for a, b in zip(*times))
+    assert sum(times[1]) > sum(times[0])
+
+
+def test_feasibility_is_checked_on_the_point_estimate():
+    """Actor 1's stressed tail running past actor 0 says nothing of its transfers (co-located
+    here: none), so the plan stays feasible when its point estimate ends within actor 0's."""
+    assert evaluate_candidate([1.0, 3.0], [100.0, 100.0], CLUSTER, 0.5)[2]
+    t, gs, reason = evaluate_candidate([1.0, 3.0], [100.0, 100.0], CLUSTER, 0.5, [1.0, 0.8])
+    assert not reason and (t, gs) == evaluate_candidate([1.0, 3.0], [100.0, 100.0], CLUSTER, 0.5)[:2]

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from flows.planning.tpot import GPUS, MODELS, TpotProfile, roofline_profile
 from flows.simulate.cli import main
 from flows.simulate.cluster import ActorSpec, Sample, SimConfig, simulate_phase
 from flows.simulate.policies import ClusterModel, make_plan, parse_policy
-from flows.simulate.replay import PromptRow, TraceStep, read_trace, replay, run_step
+from flows.simulate.replay import PromptRow, TraceStep, measured_error, read_trace, replay, run_step
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 FLAT = TpotProfile((1, 1000), (0.0, 10000.0), ((0.01, 0.01), (0.01, 0.01)), 1e4)
@@ -316,6 +317,44 @@ def test_replay_caps_predictions_at_the_generation_cap():
     c = replay([huge], ["no-scale:4"], _model(colocated_actors=1), max_new_tokens=10 * cap)["no-scale:4"].steps[0]
     a = replay([huge], ["no-scale:4"], _model(colocated_actors=1))["no-scale:4"].steps[0]
     assert (c.time_s, c.gpu_seconds) != (a.time_s, a.gpu_seconds)
+
+
+def test_measured_error_covers_the_last_steps_only():
+    pairs = [([100.0, 100.0], [50.0, 50.0]), ([100.0, 100.0], [200.0, 400.0])]
+    assert measured_error([], 2, 2048.0, 0.5) is None
+    assert measured_error(pairs, 0, 2048.0, 0.5) is None
+    last = measured_error(pairs, 1, 2048.0, 0.5)
+    assert last.log_ratios == pytest.approx([math.log(2.0), math.log(4.0)])
+    assert (last.max_length, last.quantile) == (2048.0, 0.5)
+    assert len(measured_error(pairs, 2, 2048.0, 0.5).log_ratios) == 4
+
+
+def test_replay_gives_each_policy_the_error_of_its_own_predictions(monkeypatch):
+    """The planner learns how far its predictions missed on the previous steps: none before
+    the first step, the oracle's none at all, rlhfless's from the reference-based guesses."""
+    import flows.simulate.replay as replay_module
+
+    seen: dict[str, list] = {}
+    real = replay_module.replay_step
+
+    def spy(policy, step, predicted, model, warm_pool=0, tail_error=None):
+        seen.setdefault(policy.name, []).append(tail_error)
+        return real(policy, step, predicted, model, warm_pool, tail_error)
+
+    monkeypatch.setattr(replay_module, "replay_step", spy)
+    steps = [dataclasses.replace(_step(), step=k) for k in range(3)]
+    replay(steps, ["rlhfless", "oracle"], _model(tail_error_steps=1))
+    assert seen["rlhfless"][0] is None and seen["oracle"][0] is None
+    assert all(set(e.log_ratios) == {0.0} for e in seen["oracle"][1:])
+    # step 0 guessed from references (prompt 5: 20 tokens, ran 950); step 1 repeated step 0's
+    # lengths from history, which the trace repeats exactly
+    first, second = seen["rlhfless"][1:]
+    assert len(first.log_ratios) == 32 and first.log_ratios[-1] == pytest.approx(math.log(950 / 20))
+    assert set(second.log_ratios) == {0.0}
+    off = dict(seen)
+    seen.clear()
+    replay(steps, ["rlhfless"], _model(tail_error_steps=0))
+    assert seen["rlhfless"] == [None] * 3 and len(off["rlhfless"]) == 3
 
 
 def test_plan_and_simulation_agree_when_predictions_are_exact():

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from flows.planning.robust import MeasuredError
     from flows.planning.tpot import TpotProfile
 
 
@@ -161,3 +162,7 @@ class PlannerSettings:
     """How ``cost_aware`` picks among the candidates (``objective.py``);
     ``value_of_time_usd_per_s`` None: the price of the prefill (learner) GPUs;
     ``budget_actors``: the fixed allocation whose bill bounds the ``budget`` objective."""
+    tail_error: MeasuredError | None = None
+    """The length predictor's measured error (``robust.MeasuredError``), which scales the
+    robust tail of ``cost_aware``'s ranked candidates; None: every actor may run to the step's
+    longest prediction. Not passed to user policies."""

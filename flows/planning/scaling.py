@@ -17,8 +17,10 @@ Assignments: ``ranked`` (the paper), ``round_robin`` (ablation baseline) and ``c
 
 Prediction error (``robust.py``): outside the ``paper`` objective, ``cost_aware`` over a ranked
 assignment times every candidate with ``robust.tail_stress`` (any actor may hold a group as
-long as the step's longest prediction) and adds striped candidates (the ranking dealt
-round-robin, ``assign_round_robin`` of the ranking) for N = 2..``STRIPED_MAX_N``.
+long as the step's longest prediction or, given the predictor's measured error, as long as its
+own groups could run: ``robust.TailModel``) and adds striped candidates (the ranking dealt
+round-robin, ``assign_round_robin`` of the ranking) for N = 2..``STRIPED_MAX_N``. A stressed
+candidate's feasibility (§3.6) is checked on its point estimate (``timeline.py``).
 
 Slice sizes of a ranked plan (``rank_slack``). The sweep over N times equal-count slices of
 the ranking (the paper's "evenly"). Where TPOT grows with batch and context, the slice of the
@@ -50,8 +52,8 @@ import numpy as np
 
 from flows.planning.assignment import (assign_contiguous, assign_ranked, assign_round_robin,
                                        rank_prompts, split_sizes)
-from flows.planning.robust import (STRIPED_MAX_N, Loads, held_budget, split_plans, stress_plans,
-                                   striped_layout)
+from flows.planning.robust import (STRIPED_MAX_N, Loads, MeasuredError, TailModel, held_budget,
+                                   split_plans, stress_plans, striped_layout)
 from flows.planning.cost import DecodeEstimator
 from flows.planning.objective import check_objective, choose
 from flows.planning.plan import Candidate, ClusterSpec, GenerationPlan, PlannerSettings
@@ -75,15 +77,9 @@ def _sorted_lengths(pids: Sequence[int], predicted: Mapping[int, float]) -> list
 
 def _ranked_loads(ns: range, ranking: "_Ranking", env: _Env) -> list[Loads]:
     """Per actor (decode seconds, prompt tokens, longest predicted length, group count) for
-    ranked slices, for every N in ``ns``
-    (the fast path: all candidates' slices at once, in numpy; the same numbers as slicing
-    with ``split_sizes`` and timing each slice with ``slice_timer``)."""
-    m, counts = len(ranking.order), np.arange(ns.start, ns.stop)
-    n = np.repeat(counts, counts)  # the N of each slice
-    i = np.arange(len(n)) - np.repeat(np.cumsum(counts) - counts, counts)  # index within its N
-    base, extra = m // n, m % n
-    starts = i * base + np.minimum(i, extra)  # split_sizes: the first m % N slices get one more
-    sizes = base + (i < extra)
+    ranked slices, for every N in ``ns`` (the fast path: all candidates' slices at once, in
+    numpy; the same numbers as slicing with ``split_sizes`` and timing each with ``slice_timer``)."""
+    starts, sizes = _equal_slices(ns, len(ranking.order))
     sums = np.asarray(ranking.token_sums)
     tokens = sums[starts + sizes] - sums[starts]
     decode = env.decode.sweep(ranking.lengths, starts, starts + sizes, tokens / sizes)
@@ -94,6 +90,16 @@ def _ranked_loads(ns: range, ranking: "_Ranking", env: _Env) -> list[Loads]:
                     sizes_l[j:j + count]))
         j += count
     return out
+
+
+def _equal_slices(ns: range, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, sizes) of the equal-count slices of a ranking of ``m`` groups (``split_sizes``:
+    the first ``m % N`` slices get one more), for every N in ``ns``, one N after another."""
+    counts = np.arange(ns.start, ns.stop)
+    n = np.repeat(counts, counts)  # the N of each slice
+    i = np.arange(len(n)) - np.repeat(np.cumsum(counts) - counts, counts)  # index within its N
+    base, extra = m // n, m % n
+    return i * base + np.minimum(i, extra), base + (i < extra)
 
 
 def _slice_loads(sizes: Sequence[int], ranking: "_Ranking", env: _Env,
@@ -250,7 +256,7 @@ def plan_generation(prompt_ids: Sequence[int], predicted: Mapping[int, float], *
                  else value_of_time_usd_per_s)
         plan = _plan_builtin(list(prompt_ids), predicted, rank_slack=rank_slack,
                              objective=objective, value_of_time=value, time_slack=time_slack,
-                             budget_actors=s.budget_actors,
+                             budget_actors=s.budget_actors, tail_error=s.tail_error,
                              **kwargs)
     elif ":" in policy:
         plan = _load_policy(policy)(prompt_ids, predicted, **kwargs)
@@ -281,7 +287,8 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
                   lam: float, assignment: str, profile: TpotProfile, cluster: ClusterSpec,
                   cut_threshold: float | None, prefill_tokens: float | None,
                   rank_slack: float | None, objective: str, value_of_time: float,
-                  time_slack: float, budget_actors: int = 3) -> GenerationPlan:
+                  time_slack: float, budget_actors: int = 3,
+                  tail_error: MeasuredError | None = None) -> GenerationPlan:
     fixed = policy.startswith("fixed:")
     note = ""
     if fixed:
@@ -303,17 +310,23 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
     price = cluster.price_per_gpu_second
 
     top = ranking.lengths[0]
+    tail = TailModel(ranking.lengths, tail_error) if robust and tail_error is not None else None
 
-    def stress(loads: list[Loads]) -> list[Loads]:  # any actor may hold the longest group
-        return stress_plans(loads, top, env.decode.table[0]) if robust else loads
+    def stress(loads: list[Loads], targets) -> list[Loads]:
+        """Any actor may run to ``top``, or to its target (``targets()``, one array per plan)."""
+        if not robust:
+            return loads
+        return stress_plans(loads, top if tail is None else targets(), env.decode.table[0])
 
     def candidate(n: int, loads: Loads, kind: str) -> Candidate:
-        t, gs, reason = evaluate_candidate(loads[0], loads[1], cluster, env.prefill_s)
+        # stressed loads carry the point estimate (loads[4]), on which feasibility is checked
+        t, gs, reason = evaluate_candidate(loads[0], loads[1], cluster, env.prefill_s, *loads[4:])
         return Candidate(n, t, gs, gs * price, None, not reason, reason, kind)
 
     # one candidate per N: equal slices of the ranking (the paper), or the configured split
     cands = [candidate(n, loads, assignment) for n, loads in zip(ns, stress(
-        _candidate_loads(ns, prompt_ids, ranking, assignment, predicted, prompt_lengths, env)))]
+        _candidate_loads(ns, prompt_ids, ranking, assignment, predicted, prompt_lengths, env),
+        lambda: tail.slices(*_equal_slices(ns, len(prompt_ids)), list(ns))))]
     builders = [lambda n=n: (assign_contiguous(ranking.order, n) if ranked
                              else _groups(n, prompt_ids, predicted, assignment)) for n in ns]
     if sized:  # budget-sized slices: fixed:N at its slack; cost_aware the fastest per N
@@ -329,20 +342,25 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
                 loads = _slice_loads([len(g) for g in groups], ranking, env)
             if fixed:  # the sized slices replace the equal ones
                 cands, builders = [], []
-            cands.append(candidate(n, stress([loads])[0], "sized"))
+            sizes = np.asarray([len(g) for g in groups])
+            targets = lambda: tail.slices(np.cumsum(sizes) - sizes, sizes, [n])  # noqa: E731
+            cands.append(candidate(n, stress([loads], targets)[0], "sized"))
             builders.append(lambda g=groups: g)
     striped = range(max(n_lo, 2), min(n_hi, STRIPED_MAX_N) + 1) if robust else range(0)
     if striped:  # the ranking dealt round-robin, every actor a like mix of lengths: one sweep
         layouts = [striped_layout(len(ranking.order), n) for n in striped]
         joined = _slice_loads([x for sizes, _ in layouts for x in sizes], ranking, env,
                               [i for _, perm in layouts for i in perm])
-        for n, loads in zip(striped, stress(split_plans(joined, list(striped)))):
+        for n, loads in zip(striped, stress(split_plans(joined, list(striped)),
+                                           lambda: tail.striped(striped))):
             cands.append(candidate(n, loads, "striped"))
             builders.append(lambda n=n: assign_round_robin(ranking.order, n))
     if extras and ranked and n_lo <= BASELINE_N <= n_hi:  # a fixed-N plan of the given order
         groups = assign_round_robin(prompt_ids, BASELINE_N)
-        cands.append(candidate(BASELINE_N, stress([_group_loads(groups, predicted, prompt_lengths,
-                                                                env)])[0], "round_robin"))
+        position = {pid: i for i, pid in enumerate(ranking.order)}
+        cands.append(candidate(BASELINE_N, stress(
+            [_group_loads(groups, predicted, prompt_lengths, env)],
+            lambda: [tail.groups([[position[p] for p in g] for g in groups])])[0], "round_robin"))
         builders.append(lambda g=groups: g)
     budget = (held_budget(cands, min(budget_actors, n_hi), cluster, env.prefill_s)
               if objective == "budget" else None)

@@ -29,6 +29,7 @@ from typing import Mapping, Sequence
 
 from flows.planning.migrate import cut_threshold_for, plan_cut_points_of
 from flows.planning.plan import ClusterSpec, GenerationPlan, PlannerSettings
+from flows.planning.robust import MeasuredError
 from flows.planning.tpot import TpotProfile
 from flows.planning.scaling import plan_generation
 from flows.planning.timeline import actor_start, prefill_seconds
@@ -85,6 +86,12 @@ class ClusterModel:
     value_of_time_usd_per_s: float | None = None  # None: the prefill GPUs' price (scaling.py)
     time_slack: float = 0.05
     budget_actors: int = 3  # objective budget: the held fixed allocation bounding the bill
+    tail_error_steps: int = 2
+    """Steps of measured prediction error (each policy's own predictions against the trace)
+    that scale the planner's robust tail (``robust.MeasuredError``); 0: every actor may run to
+    the step's longest prediction, as without a measurement."""
+    tail_quantile: float = 0.5
+    """Quantile of an actor's longest observed group its robust tail runs to."""
     colocated_actors: int | None = None
     """Decode actors on the learner node's GPUs after prefill (no weight or KV transfer), as
     static:N's hybrid engine shares them; None: as many as fit, gpus_per_node //
@@ -115,13 +122,15 @@ class ClusterModel:
     def max_actors(self) -> int:
         return max(1, self.num_nodes * self.gpus_per_node // self.gpus_per_actor)
 
-    def planner_settings(self, policy: Policy) -> PlannerSettings:
-        """What the planner is told under ``policy`` (the live hook builds the same object)."""
+    def planner_settings(self, policy: Policy, tail_error: MeasuredError | None = None) -> PlannerSettings:
+        """What the planner is told under ``policy`` (the live hook builds the same object), with
+        the predictor's measured error where there is one."""
         return PlannerSettings(policy=policy.scaling, n_min=self.n_min, n_max=self.n_max, lam=self.lam,
                                assignment=policy.assignment, profile=self.profile, cluster=self.cluster_spec(),
                                cut_threshold=self.tau_of(policy), rank_slack=self.rank_slack,
                                objective=self.objective, value_of_time_usd_per_s=self.value_of_time_usd_per_s,
-                               time_slack=self.time_slack, budget_actors=self.budget_actors)
+                               time_slack=self.time_slack, budget_actors=self.budget_actors,
+                               tail_error=tail_error)
 
     def cluster_spec(self) -> ClusterSpec:
         """Planned actors are pre-warmed (see module docstring): all of them count as warm."""
@@ -138,9 +147,9 @@ class ClusterModel:
 
 def make_plan(policy: Policy, prompt_ids: Sequence[int], predicted: Mapping[int, float],
               prompt_lengths: Mapping[int, int], group_size: int,
-              model: ClusterModel) -> GenerationPlan:
+              model: ClusterModel, tail_error: MeasuredError | None = None) -> GenerationPlan:
     return plan_generation(prompt_ids, predicted, group_size=group_size, prompt_lengths=prompt_lengths,
-                           settings=model.planner_settings(policy))
+                           settings=model.planner_settings(policy, tail_error))
 
 
 def serverful_ready_s(prompt_tokens: float, profile: TpotProfile) -> float:

@@ -8,7 +8,9 @@ Per step: predictions come from a ``LengthHistory`` of earlier epochs (the refer
 length where a prompt has none, i.e. in epoch 0, or a fit learned from the prompts seen so far:
 ``ClusterModel.first_epoch``), or equal the true group max for ``oracle``;
 predictions are capped at the generation cap (``max_new_tokens``, as in the live planner); the
-planner runs (its wall time is recorded); the phase is simulated with the true lengths
+planner runs (its wall time is recorded), told how far the policy's own predictions missed on its
+last ``ClusterModel.tail_error_steps`` steps (``robust.MeasuredError``; none before the first
+step, all zero for ``oracle``); the phase is simulated with the true lengths
 (plus the learner's scoring and training where ``ClusterModel.learner_tokens_per_s`` is set);
 then the step's observed lengths are recorded in the history (shared by all policies, since
 the trace fixes what was generated).
@@ -26,6 +28,7 @@ from typing import Iterator
 from flows.planning.plan import GenerationPlan
 from flows.planning.lengths import LengthHistory, predict_lengths, rank_correlation
 from flows.planning.prewarm import warm_actor_count
+from flows.planning.robust import MeasuredError
 from flows.simulate.cluster import PhaseResult, Sample, simulate_phase
 from flows.simulate.policies import (ClusterModel, Policy, build_actors, make_plan,
                                      parse_policy, sim_config)
@@ -163,12 +166,14 @@ def run_step(policy: Policy, step: TraceStep, predicted: dict[int, float], model
 
 
 def replay_step(policy: Policy, step: TraceStep, predicted: dict[int, float], model: ClusterModel,
-                warm_pool: int = 0) -> tuple[PhaseResult, PhaseResult, GenerationPlan, list[Sample]]:
-    """(the step's result, its generation phase's result, the plan, the samples)."""
+                warm_pool: int = 0, tail_error: MeasuredError | None = None
+                ) -> tuple[PhaseResult, PhaseResult, GenerationPlan, list[Sample]]:
+    """(the step's result, its generation phase's result, the plan, the samples);
+    ``tail_error``: the predictor's measured error the planner is given (``replay``)."""
     ids = [r.prompt_id for r in step.prompts]
     prompt_lengths = {r.prompt_id: r.prompt_len for r in step.prompts}
     group_size = max(len(r.response_lens) for r in step.prompts)
-    plan = make_plan(policy, ids, predicted, prompt_lengths, group_size, model)
+    plan = make_plan(policy, ids, predicted, prompt_lengths, group_size, model, tail_error)
     samples = _samples(step)
     specs, extra = build_actors(policy, plan, samples, prompt_lengths, model, predicted)
     spare = max(0, warm_pool - plan.num_actors)
@@ -195,6 +200,8 @@ def replay(steps: list[TraceStep], policy_names: list[str], model: ClusterModel,
     """
     policies = [parse_policy(name) for name in policy_names]
     runs = {p.name: PolicyRun(p.name) for p in policies}
+    cap = generation_cap(steps, max_new_tokens)
+    measured: dict[str, list[tuple[list[float], list[float]]]] = {p.name: [] for p in policies}
     for step, predicted, truth in step_predictions(steps, model, window, max_new_tokens):
         ids = [r.prompt_id for r in step.prompts]
         corr = rank_correlation([predicted[i] for i in ids], [truth[i] for i in ids])
@@ -202,7 +209,9 @@ def replay(steps: list[TraceStep], policy_names: list[str], model: ClusterModel,
             run = runs[policy.name]
             pred = truth if policy.oracle else predicted
             pool = warm_actor_count(run.planned, default=0)
-            result, gen, plan, _ = replay_step(policy, step, pred, model, pool)
+            error = measured_error(measured[policy.name], model.tail_error_steps, cap, model.tail_quantile)
+            result, gen, plan, _ = replay_step(policy, step, pred, model, pool, error)
+            measured[policy.name].append(([pred[i] for i in ids], [truth[i] for i in ids]))
             n = plan.num_actors
             run.planned.append(n)
             run.steps.append(StepRecord(step.step, n, result.time_s, result.gpu_seconds,
@@ -214,6 +223,22 @@ def replay(steps: list[TraceStep], policy_names: list[str], model: ClusterModel,
     return runs
 
 
+def generation_cap(steps: list[TraceStep], max_new_tokens: int | None = None) -> float:
+    """The generation cap: ``max_new_tokens``, else the trace's longest response."""
+    return float(max_new_tokens or max(x for s in steps for r in s.prompts for x in r.response_lens))
+
+
+def measured_error(pairs: list[tuple[list[float], list[float]]], num_steps: int, cap: float,
+                   quantile: float) -> MeasuredError | None:
+    """The predictor's error over the last ``num_steps`` of ``pairs`` (per step: predicted and
+    observed group max lengths); None with no step measured or ``num_steps`` 0."""
+    recent = pairs[-num_steps:] if num_steps > 0 else []
+    if not recent:
+        return None
+    return MeasuredError.of([p for pred, _ in recent for p in pred], [o for _, obs in recent for o in obs],
+                            cap, quantile)
+
+
 def step_predictions(steps: list[TraceStep], model: ClusterModel, window: int = 1,
                      max_new_tokens: int | None = None
                      ) -> Iterator[tuple[TraceStep, dict[int, float], dict[int, float]]]:
@@ -221,7 +246,7 @@ def step_predictions(steps: list[TraceStep], model: ClusterModel, window: int = 
     step (prompt id -> tokens; ``replay`` explains the predictor and the cap) and the true group
     max lengths. The step's lengths join the history when the next step is asked for."""
     history = LengthHistory()
-    cap = max_new_tokens or max(x for s in steps for r in s.prompts for x in r.response_lens)
+    cap = generation_cap(steps, max_new_tokens)
     for step in steps:
         ids = [r.prompt_id for r in step.prompts]
         refs = {r.prompt_id: r.answer_len for r in step.prompts}
