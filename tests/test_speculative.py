@@ -201,3 +201,19 @@ def test_the_selector_measures_plain_rounds_before_weighing_drafts_against_them(
     # every decode forward is one observation of a width-1 round
     assert fresh.forward_cost.plain_weight == pytest.approx(
         sum(0.99 ** i for i in range(pstats.decode_steps)), rel=1e-9)
+
+
+def test_a_strategy_never_measured_is_probed_once_before_its_prior_can_rule_it_out():
+    """A default prior too pessimistic for speculation to pay must not keep a strategy off for
+    good: the first call probes it (and outputs stay plain decoding's); a caller's prior counts
+    as a measurement, as the remeasure test above relies on."""
+    engine, specs = _setup(0, 32, 2)
+    plain, _ = engine.generate(specs, **KW)
+    engine.acceptance.prior_rate = 0.01
+    assert not engine.acceptance.known("prompt_lookup")
+    out, stats = engine.generate(specs, **KW, speculation=Speculation(strategies=("prompt_lookup",)))
+    assert _key(out) == _key(plain)
+    assert stats.spec["plain_calls"] == 0 and stats.spec["spec_rounds"] >= 1 and stats.spec["proposed"] > 0
+    assert engine.acceptance.known("prompt_lookup")
+    engine.acceptance.priors["history"] = 0.3
+    assert engine.acceptance.known("history")

@@ -52,6 +52,12 @@ class AcceptanceTracker:
         r = self.rejections.get(strategy, 0) + self.prior_weight * (1.0 - prior)
         return a / (a + r) if a + r > 0 else 0.0
 
+    def known(self, strategy: str) -> bool:
+        """Whether anything was measured of ``strategy``: drafts verified here, or a caller's
+        prior (the rate an earlier step measured). An unknown strategy gets one probe before
+        its default prior may rule it out."""
+        return self.proposed.get(strategy, 0) > 0 or strategy in self.priors
+
     def record(self, strategy: str, num_proposed: int, num_accepted: int) -> None:
         """One row's verification: ``num_accepted`` of its ``num_proposed`` draft tokens kept."""
         self.proposed[strategy] = self.proposed.get(strategy, 0) + num_proposed

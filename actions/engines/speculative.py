@@ -168,7 +168,9 @@ class _Selector:
         self.spec, self.tracker, self.cost = spec, tracker, cost
         self.draft_seconds: dict[str, float] = {}
         self.cooldown = 0  # rounds left without drafting (off by estimate)
-        self.probe = False  # the next choice with drafts is a probe
+        # the next choice with drafts is a probe; the first is one while a strategy has never
+        # been measured, so a pessimistic prior cannot keep it off for good
+        self.probe = not all(tracker.known(n) for n in spec.strategies if n != "history" or spec.history)
         self.wait = PROBE_EVERY  # the next cooldown's length
 
     def pick(self, proposals: Mapping[str, list[tuple[list[int], str]]], b: int
@@ -188,6 +190,8 @@ class _Selector:
         if not any(d for props in proposals.values() for d, _ in props):
             return Choice(None, 0, 0.0, 0.0), *plain
         max_k = self.spec.max_draft_len
+        # a strategy never measured wins its rows (optimism), so the probe measures it
+        fresh = {n for n in proposals if not self.tracker.known(n)}
         rows, drafts, kinds, names = [], [], [], []
         for r in range(b):
             best = (0.0, [], None, None, 0.0)
@@ -195,7 +199,8 @@ class _Selector:
                 d, kind = props[r]
                 if d:
                     alpha = self.tracker.rate(kind)
-                    score = sum(alpha ** i for i in range(1, min(len(d), max_k) + 1))
+                    hope = 1.0 if name in fresh else alpha
+                    score = sum(hope ** i for i in range(1, min(len(d), max_k) + 1))
                     if score > best[0]:
                         best = (score, d, kind, name, alpha)
             rows.append((len(best[1]), best[4]))

@@ -121,10 +121,13 @@ class TorchEngine:
     def _skip_speculation(self, spec: Speculation, batch: int) -> bool:
         """True where the warm estimates say no strategy could pay even with full-length
         drafts on every row: the call then runs the plain loop, without drafting overhead.
-        Every ``RECHECK_CALLS``-th such call speculates anyway, to re-measure."""
+        Every ``RECHECK_CALLS``-th such call speculates anyway, to re-measure. Never before
+        every allowed strategy has been measured once."""
         if spec.fixed is not None:
             return False
         names = [n for n in spec.strategies if n != "history" or spec.history]
+        if not all(self.acceptance.known(n) for n in names):
+            return False  # a strategy never measured: its prior alone must not rule it out (one probe will)
         full = {n: [spec.max_draft_len] * batch for n in names}
         best = {n: max([self.acceptance.rate(n)] + [self.acceptance.rate(kind) for kind in self.acceptance.accepted
                                                      if kind.startswith(n + "/")]) for n in names}
