@@ -7,24 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from flows.planning.tpot import GPUS, MODELS, TpotProfile, roofline_profile
+from flows.planning.tpot import GPUS, MODELS, TpotProfile
 from flows.simulate.cli import main
 from flows.simulate.cluster import ActorSpec, Sample, SimConfig, simulate_phase
-from flows.simulate.policies import ClusterModel, make_plan, parse_policy
+from flows.simulate.policies import make_plan, parse_policy
 from flows.simulate.replay import PromptRow, TraceStep, measured_error, read_trace, replay, run_step
+from sim_cluster import qwen_cluster
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 FLAT = TpotProfile((1, 1000), (0.0, 10000.0), ((0.01, 0.01), (0.01, 0.01)), 1e4)
 QWEN = MODELS["qwen2.5-7b"]
 
 
-def _model(**kw) -> ClusterModel:
-    args = dict(profile=roofline_profile(GPUS["h100"], QWEN, 2), num_nodes=2,
-                gpus_per_actor=2, weight_bytes=QWEN.weight_bytes,
-                kv_bytes_per_token=QWEN.kv_bytes_per_token, bandwidth_bytes_per_s=80e9,
-                n_max=8)
-    args.update(kw)
-    return ClusterModel(**args)
+_model = qwen_cluster
 
 
 def _step() -> TraceStep:

@@ -11,18 +11,13 @@ from flows.planning.tpot import CPU_TINY_PROFILE, GPUS, MODELS, roofline_profile
 from flows.simulate.bill_bound import (capped_time_floor, serverful_time_floor, serverless_bill_floor,
                                        step_terms, tpot_envelope)
 from flows.simulate.bound import phase_floor
-from flows.simulate.policies import ClusterModel, parse_policy
+from flows.simulate.policies import parse_policy
 from flows.simulate.replay import PromptRow, TraceStep, replay
+from sim_cluster import qwen_cluster
 
-QWEN = MODELS["qwen2.5-7b"]
 
 
-def _model(**kw) -> ClusterModel:
-    args = dict(profile=roofline_profile(GPUS["h100"], QWEN, 2), num_nodes=2, gpus_per_actor=2,
-                weight_bytes=QWEN.weight_bytes, kv_bytes_per_token=QWEN.kv_bytes_per_token,
-                bandwidth_bytes_per_s=80e9, n_max=8)
-    args.update(kw)
-    return ClusterModel(**args)
+_model = qwen_cluster
 
 
 @pytest.mark.parametrize("model", ["qwen2.5-7b", "llama2-70b"])

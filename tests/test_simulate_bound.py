@@ -8,19 +8,14 @@ import pytest
 
 from flows.planning.tpot import GPUS, MODELS, TpotProfile, roofline_profile
 from flows.simulate.bound import PhaseFloor, max_speedup, phase_floor
-from flows.simulate.policies import ClusterModel, parse_policy
+from flows.simulate.policies import parse_policy
 from flows.simulate.replay import PromptRow, TraceStep, replay
+from sim_cluster import qwen_cluster
 
 FLAT = TpotProfile((1, 1000), (0.0, 10000.0), ((0.01, 0.01), (0.01, 0.01)), 1e4)
-QWEN = MODELS["qwen2.5-7b"]
 
 
-def _model(**kw) -> ClusterModel:
-    args = dict(profile=roofline_profile(GPUS["h100"], QWEN, 2), num_nodes=2, gpus_per_actor=2,
-                weight_bytes=QWEN.weight_bytes, kv_bytes_per_token=QWEN.kv_bytes_per_token,
-                bandwidth_bytes_per_s=80e9, n_max=8)
-    args.update(kw)
-    return ClusterModel(**args)
+_model = qwen_cluster
 
 
 def test_floor_by_hand_on_a_flat_profile():
