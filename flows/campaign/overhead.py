@@ -56,21 +56,27 @@ class Background:
         self._futures: list[Future] = []
         self._gate = gate
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
-        self._futures = [f for f in self._futures if not f.done() or f.exception() is not None]
-        self._futures.append(self._pool.submit(contextvars.copy_context().run, self._gated, fn, *args))
+    def submit(self, fn: Callable[..., Any], *args: Any, gated: bool = True) -> Future:
+        """Queue ``fn(*args)``; ``gated=False``: it runs when its turn comes, open gate or not.
+        Returns its future (``wait()`` skips one that was cancelled before it started)."""
+        self._futures = [f for f in self._futures
+                         if not f.done() or (not f.cancelled() and f.exception() is not None)]
+        future = self._pool.submit(contextvars.copy_context().run, self._gated, gated, fn, *args)
+        self._futures.append(future)
+        return future
 
-    def _gated(self, fn: Callable[..., Any], *args: Any) -> None:
-        if self._gate is not None:
+    def _gated(self, gated: bool, fn: Callable[..., Any], *args: Any) -> Any:
+        if gated and self._gate is not None:
             self._gate.wait()
-        fn(*args)
+        return fn(*args)
 
     def wait(self) -> None:
         if self._gate is not None:
             self._gate.set()  # no step follows
         try:
             for f in self._futures:
-                f.result()
+                if not f.cancelled():
+                    f.result()
         finally:
             self._pool.shutdown(wait=True)
 

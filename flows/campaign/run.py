@@ -7,6 +7,7 @@ would exceed the budget, and returns the JSON summary the CLI writes.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,8 @@ from flows.campaign.live_profile import finish_profiling, start_profiling
 from flows.invokers.factory import make_invoker, pool_size
 from flows.step.metrics import billing, planner_fidelity, step_metrics
 from flows.campaign.overhead import Background, StepClock, open_gate_when_running, quiet_step_flows
+from flows.campaign.prestart import FlowRunStarter
+from flows.campaign.api_client import steps_client
 from flows.planning.calibration import Calibration, calibrate
 from flows.planning.lengths import LengthHistory
 from flows.step.flow import StepOutcome, rlhf_step
@@ -182,7 +185,8 @@ def run_campaign(cfg: CampaignConfig, *, resume: bool = False, progress: Progres
         lease = RunLease.acquire(store, run_id, ttl_s=cfg.store.lease_ttl_s, break_lease=break_lease,
                                  progress=progress)
     try:
-        return _run_leased(cfg, store, run_id, lease, resume, progress, started)
+        with steps_client():  # a busy server's 503s retried in milliseconds (flows/campaign/api_client.py)
+            return _run_leased(cfg, store, run_id, lease, resume, progress, started)
     finally:
         if owned:
             lease.release()
@@ -199,10 +203,11 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
     ctx = RunContext(config=cfg, store=store, invoker=invoker, run_id=run_id)
     set_context(ctx)
     gc_total = {"collections": 0, "deleted_objects": 0, "deleted_blobs": 0, "freed_bytes": 0, "seconds": 0.0}
-    # Prefect artifacts, off the steps' critical path: published while the next step runs
+    # Prefect artifacts, off the steps' critical path: published while the next step runs,
+    # and each step's flow run created while the step before it runs (flows/campaign/prestart.py)
     quiet_api = threading.Event()
     publisher = Background(quiet_api)
-    step_flow = open_gate_when_running(rlhf_step, quiet_api)
+    step_flow = FlowRunStarter(open_gate_when_running(rlhf_step, quiet_api), publisher)
 
     def collect(state: CampaignState) -> None:
         report = collect_garbage(store, state, retention, lease=lease)
@@ -230,6 +235,8 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
         progress_id = start_progress(run_id, state.step, cfg.steps)
         clock = StepClock()
         with quiet_step_flows():
+            if state.step < cfg.steps:
+                step_flow.prepare()
             while state.step < cfg.steps:
                 reason = _budget_stop(cfg, state)
                 if reason:
@@ -238,7 +245,8 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
                     break
                 lease.check()
                 old_drafts = state.draft_index
-                state = _run_one_step(ctx, state, tokens, num_workers, step_flow)
+                state = _run_one_step(ctx, state, tokens, num_workers,
+                                      functools.partial(step_flow.run, prepare_next=state.step + 1 < cfg.steps))
                 last = state.steps[-1]
                 if cfg.eval_every and state.step % cfg.eval_every == 0 or state.step == cfg.steps:
                     state.evals.append(_evaluate(ctx, state, clock))
@@ -258,7 +266,10 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
         set_context(None)
         invoker.close()
         board.close()
-        publisher.wait()
+        try:
+            step_flow.close()  # a flow run prepared for a step that did not come
+        finally:
+            publisher.wait()
     return summarize(state, time.time() - started) | {"billing": billing(cfg.invoker.kind), "gc": gc_total,
                                                       "profile": ctx.live.describe() if ctx.live else None}
 

@@ -1,0 +1,116 @@
+"""Creating the next step's flow run while the current step works.
+
+A nested flow run called the usual way creates itself on the caller's thread before its body
+starts: the subflow's tracking task run in the parent, a look for an earlier run of that
+tracking task (for a parent that is re-run), the flow, and the flow run -- four API requests on
+the critical path of every step. :class:`FlowRunStarter` makes the same records (the tracking
+task run, named by the parent's run like Prefect names it, then the flow run under it, Pending,
+with the caller's tags) on a background thread while the previous step trains, and runs the
+next call against that flow run (``prefect.flow_engine.run_flow(flow_run=...)``). What users see
+is the same: one flow run per call, a child of the parent's tracking task run, with its
+parameters, task runs, logs and states Pending -> Running -> Completed.
+
+The parameters of a call are not known when its flow run is created; they are written to the
+flow run once it is Running, on the same background thread (off the critical path, in the
+quiet part of the step). The parameters' form is Prefect's own (``Flow.serialize_parameters``).
+
+Jobs go to one :class:`~flows.campaign.overhead.Background` queue, so the server sees one
+writer at a time from it (on SQLite, concurrent writers cost 2 s retries). A creation that has
+not started when the call comes is cancelled and Prefect creates the run the usual way, so a
+creation queued behind a gated job never blocks the call that would open the gate.
+
+Not covered: a process killed between a creation and its call leaves one Pending flow run
+behind (the parent's run is left Running then anyway); :meth:`FlowRunStarter.close` deletes an
+unused one otherwise.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import CancelledError, Future
+from typing import Any
+
+from flows.campaign.api_client import RETRY_SOON
+from flows.campaign.overhead import Background
+
+
+class FlowRunStarter:
+    """Runs ``flow`` as a nested flow run of the current flow run, created ahead of the call.
+
+    Use inside a flow run: ``prepare()`` queues the creation of the next call's flow run,
+    ``run(*args, **kwargs)`` runs the flow like ``flow(*args, **kwargs)`` (the same result
+    or exception), and ``close()`` deletes a prepared run that no call used.
+    """
+
+    def __init__(self, flow: Any, background: Background) -> None:
+        self.flow = flow
+        self._background = background
+        self._next: Future | None = None
+
+    def prepare(self) -> None:
+        """Queue the creation of the next call's flow run (at most one is kept)."""
+        if self._next is None:
+            self._next = self._background.submit(self._create, gated=False)
+
+    def run(self, *args: Any, prepare_next: bool = False, **kwargs: Any) -> Any:
+        """``flow(*args, **kwargs)`` against the prepared flow run (Prefect creates one as usual
+        when none is ready); ``prepare_next``: queue the next call's creation behind it."""
+        from prefect.flow_engine import run_flow
+        from prefect.utilities.callables import get_call_parameters
+
+        parameters = get_call_parameters(self.flow.fn, args, kwargs)
+        flow_run = self._take()
+        if flow_run is not None:  # written once it runs (the module docstring)
+            self._background.submit(self._write_parameters, flow_run.id, parameters)
+        if prepare_next:
+            self.prepare()
+        return run_flow(flow=self.flow, flow_run=flow_run, parameters=parameters)
+
+    def close(self) -> None:
+        """Delete the prepared flow run and its tracking task run if no call used them."""
+        flow_run = self._take()
+        if flow_run is None:
+            return
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True, httpx_settings=RETRY_SOON) as client:
+            client.delete_flow_run(flow_run.id)
+            if flow_run.parent_task_run_id is not None:
+                client.delete_task_run(flow_run.parent_task_run_id)
+
+    def _take(self) -> Any:
+        """The prepared flow run, or None when its creation had not started (cancelled)."""
+        future, self._next = self._next, None
+        if future is None or future.cancel():
+            return None
+        try:
+            return future.result()
+        except CancelledError:  # pragma: no cover - cancel() above returned False
+            return None
+
+    def _create(self) -> Any:
+        """The tracking task run in the current flow run, then the flow run under it, Pending:
+        what ``FlowRunEngine.create_flow_run`` does for a nested call, minus the look for an
+        earlier run (a new call never has one)."""
+        from prefect import Task
+        from prefect._internal.engine import dynamic_key_for_task_run
+        from prefect.client.orchestration import get_client
+        from prefect.context import FlowRunContext, TagsContext
+        from prefect.states import Pending
+
+        parent = FlowRunContext.get()
+        tracking = Task(name=self.flow.name, fn=self.flow.fn, version=self.flow.version)
+        tracking._is_subflow_tracking_task = True  # type: ignore[attr-defined]  # what Prefect sets
+        key = dynamic_key_for_task_run(context=parent, task=tracking)  # the server's create is keyed by it
+        tags = TagsContext.get().current_tags
+        with get_client(sync_client=True, httpx_settings=RETRY_SOON) as client:
+            task_run = client.create_task_run(task=tracking, flow_run_id=parent.flow_run.id, dynamic_key=str(key),
+                                              name=f"{tracking.name}-{key}", state=Pending(), task_inputs={},
+                                              extra_tags=tags)
+            return client.create_flow_run(flow=self.flow, parameters={}, state=Pending(),
+                                          parent_task_run_id=task_run.id, tags=tags)
+
+    def _write_parameters(self, flow_run_id: Any, parameters: dict[str, Any]) -> None:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True, httpx_settings=RETRY_SOON) as client:
+            client.update_flow_run(flow_run_id, parameters=self.flow.serialize_parameters(parameters))
