@@ -10,7 +10,8 @@
   Running (:func:`open_gate_when_running`). On the local SQLite server an artifact write
   that coincides with the creation of the step's flow run makes that write fail with
   ``SQLITE_BUSY`` (503), and Prefect's client retries it 2 s later: up to 2 s on every step
-  where the two met, which was most of them. Once the step runs, the API is quiet.
+  where the two met, which was most of them. Once the step runs, the API is quiet. The same
+  queue creates the next step's flow run (``flows/campaign/prestart.py``), without the gate.
 * :class:`StepClock` -- ``timing_s/overhead`` measured from the outside: the wall time of one
   step period (from the point before one commit to the point before the next, so everything
   in between is counted once: the subflow's creation, task runs, commit, collection, artifacts,

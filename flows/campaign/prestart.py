@@ -1,23 +1,26 @@
 """Creating the next step's flow run while the current step works.
 
 A nested flow run called the usual way creates itself on the caller's thread before its body
-starts: the subflow's tracking task run in the parent, a look for an earlier run of that
-tracking task (for a parent that is re-run), the flow, and the flow run -- four API requests on
-the critical path of every step. :class:`FlowRunStarter` makes the same records (the tracking
-task run, named by the parent's run like Prefect names it, then the flow run under it, Pending,
-with the caller's tags) on a background thread while the previous step trains, and runs the
-next call against that flow run (``prefect.flow_engine.run_flow(flow_run=...)``). What users see
-is the same: one flow run per call, a child of the parent's tracking task run, with its
-parameters, task runs, logs and states Pending -> Running -> Completed.
+starts: the subflow's tracking task run in the parent (through a new async client: a CSRF
+request and a connection each time), a look for an earlier run of that tracking task (for a
+parent that is re-run), the flow, and the flow run. :class:`FlowRunStarter` makes the same
+records (the tracking task run, named by the parent's run as Prefect names it, then the flow
+run under it, Pending, with the caller's tags) on a background thread while the previous step
+runs, and runs the next call against that flow run (``prefect.flow_engine.run_flow(flow_run=
+...)``). What users see is the same: one flow run per call, a child of the parent's tracking
+task run, with its parameters, task runs, logs and states Pending -> Running -> Completed.
+What is left on the caller's path is the engine's own: an update of the run, Running, a read,
+and Completed.
 
 The parameters of a call are not known when its flow run is created; they are written to the
-flow run once it is Running, on the same background thread (off the critical path, in the
-quiet part of the step). The parameters' form is Prefect's own (``Flow.serialize_parameters``).
+flow run once it is Running, on the same background thread, in Prefect's form
+(``Flow.serialize_parameters``).
 
 Jobs go to one :class:`~flows.campaign.overhead.Background` queue, so the server sees one
-writer at a time from it (on SQLite, concurrent writers cost 2 s retries). A creation that has
-not started when the call comes is cancelled and Prefect creates the run the usual way, so a
-creation queued behind a gated job never blocks the call that would open the gate.
+writer at a time from it; a write that still meets the server recording the running step's
+task runs is retried within milliseconds (``flows/campaign/api_client.py``). A creation that
+has not started when the call comes is cancelled and Prefect creates the run the usual way, so
+a creation queued behind a gated job never blocks the call that would open the gate.
 
 Not covered: a process killed between a creation and its call leaves one Pending flow run
 behind (the parent's run is left Running then anyway); :meth:`FlowRunStarter.close` deletes an

@@ -28,7 +28,6 @@ from flows.invokers.factory import make_invoker, pool_size
 from flows.step.metrics import billing, planner_fidelity, step_metrics
 from flows.campaign.overhead import Background, StepClock, open_gate_when_running, quiet_step_flows
 from flows.campaign.prestart import FlowRunStarter
-from flows.campaign.api_client import steps_client
 from flows.planning.calibration import Calibration, calibrate
 from flows.planning.lengths import LengthHistory
 from flows.step.flow import StepOutcome, rlhf_step
@@ -185,8 +184,7 @@ def run_campaign(cfg: CampaignConfig, *, resume: bool = False, progress: Progres
         lease = RunLease.acquire(store, run_id, ttl_s=cfg.store.lease_ttl_s, break_lease=break_lease,
                                  progress=progress)
     try:
-        with steps_client():  # a busy server's 503s retried in milliseconds (flows/campaign/api_client.py)
-            return _run_leased(cfg, store, run_id, lease, resume, progress, started)
+        return _run_leased(cfg, store, run_id, lease, resume, progress, started)
     finally:
         if owned:
             lease.release()

@@ -1,0 +1,157 @@
+"""Step flow runs created ahead of their call, and a busy server's 503s retried in milliseconds:
+what users see in the Prefect API stays the same (a flow run per call, a child of its tracking
+task run in the parent, with its parameters and states)."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+
+from flows.campaign.api_client import BUSY_RETRY_AFTER_S, retry_busy_soon
+from flows.campaign.overhead import Background, open_gate_when_running
+from flows.campaign.prestart import FlowRunStarter
+
+
+def _response(status: int, request: httpx.Request, **headers: str) -> httpx.Response:
+    return httpx.Response(status, request=request, headers=headers)
+
+
+def test_a_busy_answer_is_retried_soon_then_later_and_other_answers_are_left_alone():
+    request = httpx.Request("POST", "http://127.0.0.1:4200/api/task_runs/")
+    waits = []
+    for _ in range(len(BUSY_RETRY_AFTER_S) + 1):  # the same request object is re-sent on a retry
+        response = _response(503, request)
+        retry_busy_soon(response)
+        waits.append(float(response.headers["Retry-After"]))
+    assert waits == [0.05, 0.25, 2.0, 8.0, 32.0, 32.0]
+    fresh = httpx.Request("POST", "http://127.0.0.1:4200/api/flow_runs/")
+    first = _response(503, fresh)
+    retry_busy_soon(first)
+    assert first.headers["Retry-After"] == "0.05"  # counted per request
+    server_said = _response(503, fresh, **{"Retry-After": "7"})
+    retry_busy_soon(server_said)
+    assert server_said.headers["Retry-After"] == "7"
+    for status in (200, 201, 429, 500, 502):
+        other = _response(status, fresh)
+        retry_busy_soon(other)
+        assert "Retry-After" not in other.headers
+
+
+def test_background_jobs_can_skip_the_gate_and_a_cancelled_one_is_not_waited_for():
+    gate = threading.Event()
+    bg = Background(gate)
+    order: list[str] = []
+    started = threading.Event()
+    release = threading.Event()
+    bg.submit(lambda: (started.set(), release.wait(), order.append("first")), gated=False)
+    started.wait(5)
+    gated = bg.submit(order.append, "gated")
+    ungated = bg.submit(order.append, "ungated", gated=False)
+    assert ungated.cancel()  # queued behind a running job: not started yet
+    release.set()
+    assert bg.submit(lambda: "after", gated=False) is not None
+    bg.wait()  # opens the gate; the cancelled job is skipped, not re-raised
+    assert order == ["first", "gated"] and gated.done() and ungated.cancelled()
+
+
+def _child_runs(client, parent_id):
+    """The parent's tracking task runs and, per tracking task run, its flow run."""
+    from prefect.client.schemas.filters import FlowRunFilter, TaskRunFilter, TaskRunFilterFlowRunId
+
+    tracking = client.read_task_runs(task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[parent_id])))
+    ids = [t.id for t in tracking]
+    children = client.read_flow_runs(flow_run_filter=FlowRunFilter(parent_task_run_id={"any_": ids})) if ids else []
+    by_parent = {c.parent_task_run_id: c for c in children}
+    return sorted(tracking, key=lambda t: t.name), by_parent
+
+
+def test_prepared_flow_runs_look_like_nested_calls_in_the_api(prefect_harness):
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+
+    @flow(name="prestart-child", validate_parameters=False)
+    def child(x: int, label: str) -> str:
+        return f"{label}{x}"
+
+    @flow(name="prestart-parent")
+    def parent() -> tuple[list[str], str]:
+        gate = threading.Event()
+        bg = Background(gate)
+        starter = FlowRunStarter(open_gate_when_running(child, gate), bg)
+        starter.prepare()
+        out = []
+        for i in range(3):
+            gate.clear()
+            out.append(starter.run(i, label="s", prepare_next=True))  # the 4th is prepared, never called
+        starter.close()
+        bg.wait()
+        return out, str(FlowRunContext.get().flow_run.id)
+
+    results, parent_id = parent()
+    assert results == ["s0", "s1", "s2"]
+    with get_client(sync_client=True) as client:
+        tracking, children = _child_runs(client, parent_id)
+    # one tracking task run per call, named as Prefect names a nested flow's, none left over
+    assert [t.name for t in tracking] == ["prestart-child-0", "prestart-child-1", "prestart-child-2"]
+    assert all(t.state.is_completed() for t in tracking)
+    runs = [children[t.id] for t in tracking]
+    assert all(r.state.is_completed() for r in runs)
+    assert [r.parameters for r in runs] == [{"x": i, "label": "s"} for i in range(3)]
+    assert all(r.start_time is not None and r.end_time is not None for r in runs)
+    assert runs[0].end_time <= runs[1].start_time and runs[1].end_time <= runs[2].start_time  # in call order
+
+
+def test_a_creation_that_has_not_started_is_cancelled_and_the_call_creates_its_run(prefect_harness):
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+
+    @flow(name="prestart-fallback", validate_parameters=False)
+    def child(x: int) -> int:
+        if x < 0:
+            raise ValueError("negative")
+        return x * 2
+
+    @flow(name="prestart-fallback-parent")
+    def parent() -> str:
+        bg = Background(threading.Event())  # the gate stays shut: a gated job blocks the queue
+        bg.submit(lambda: None)
+        starter = FlowRunStarter(child, bg)
+        starter.prepare()  # queued behind the gated job
+        assert starter.run(21) == 42
+        starter.prepare()
+        with pytest.raises(ValueError, match="negative"):
+            starter.run(-1)
+        bg.wait()
+        return str(FlowRunContext.get().flow_run.id)
+
+    parent_id = parent()
+    with get_client(sync_client=True) as client:
+        tracking, children = _child_runs(client, parent_id)
+    states = [children[t.id].state.type.value for t in tracking]
+    assert [t.name for t in tracking] == ["prestart-fallback-0", "prestart-fallback-1"]
+    assert states == ["COMPLETED", "FAILED"]
+
+
+def test_a_campaign_shows_one_step_flow_run_per_step_and_none_left_pending(tiny_config, prefect_harness):
+    from prefect.client.orchestration import get_client
+
+    from flows.campaign.run import rlhf_campaign
+
+    # the budget stops the campaign after step 0: the flow run prepared for step 1 is deleted
+    cfg = tiny_config("invoker.kind=inprocess", "run_id=prestart", "steps=3", "budget.gpu_seconds=0.001")
+    state = rlhf_campaign(config=cfg.model_dump(mode="json"), return_state=True)
+    summary = state.result()
+    assert summary["steps_completed"] == 1 and "budget.gpu_seconds" in summary["stopped_reason"]
+    with get_client(sync_client=True) as client:
+        tracking, children = _child_runs(client, state.state_details.flow_run_id)
+    steps = [t for t in tracking if t.name.startswith("rlhf-step-")]
+    assert [t.name for t in steps] == ["rlhf-step-0"]
+    run = children[steps[0].id]
+    assert run.state.is_completed() and run.flow_id is not None
+    assert run.parameters["inputs"]["step"] == 0 and "plan" in run.parameters["phase"]
+    # the step's run is the campaign's only nested flow run: the one prepared for step 1 is gone
+    assert list(children.values()) == [run]
