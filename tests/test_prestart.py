@@ -155,3 +155,25 @@ def test_a_campaign_shows_one_step_flow_run_per_step_and_none_left_pending(tiny_
     assert run.parameters["inputs"]["step"] == 0 and "plan" in run.parameters["phase"]
     # the step's run is the campaign's only nested flow run: the one prepared for step 1 is gone
     assert list(children.values()) == [run]
+
+
+def test_outside_a_flow_run_the_prepared_runs_are_top_level(prefect_harness):
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    @flow(name="prestart-top", validate_parameters=False)
+    def top(x: int) -> int:
+        return x + 1
+
+    bg = Background()
+    starter = FlowRunStarter(top, bg)
+    starter.prepare()
+    assert starter.run(1, prepare_next=True) == 2
+    prepared = starter._next.result()  # the next call's run, made ahead: no parent
+    starter.close()
+    bg.wait()
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["prestart-top"])))
+    assert [(r.parent_task_run_id, r.state.type.value, r.parameters) for r in runs] == [(None, "COMPLETED", {"x": 1})]
+    assert prepared.id not in {r.id for r in runs}  # the unused one was deleted

@@ -91,9 +91,9 @@ class FlowRunStarter:
             return None
 
     def _create(self) -> Any:
-        """The tracking task run in the current flow run, then the flow run under it, Pending:
-        what ``FlowRunEngine.create_flow_run`` does for a nested call, minus the look for an
-        earlier run (a new call never has one)."""
+        """The tracking task run in the current flow run (none outside a flow run), then the
+        flow run under it, Pending: what ``FlowRunEngine.create_flow_run`` does for a call,
+        minus the look for an earlier run (a new call never has one)."""
         from prefect import Task
         from prefect._internal.engine import dynamic_key_for_task_run
         from prefect.client.orchestration import get_client
@@ -101,16 +101,18 @@ class FlowRunStarter:
         from prefect.states import Pending
 
         parent = FlowRunContext.get()
-        tracking = Task(name=self.flow.name, fn=self.flow.fn, version=self.flow.version)
-        tracking._is_subflow_tracking_task = True  # type: ignore[attr-defined]  # what Prefect sets
-        key = dynamic_key_for_task_run(context=parent, task=tracking)  # the server's create is keyed by it
         tags = TagsContext.get().current_tags
         with get_client(sync_client=True, httpx_settings=RETRY_SOON) as client:
-            task_run = client.create_task_run(task=tracking, flow_run_id=parent.flow_run.id, dynamic_key=str(key),
-                                              name=f"{tracking.name}-{key}", state=Pending(), task_inputs={},
-                                              extra_tags=tags)
+            tracking_id = None
+            if parent is not None and parent.flow_run is not None:
+                tracking = Task(name=self.flow.name, fn=self.flow.fn, version=self.flow.version)
+                tracking._is_subflow_tracking_task = True  # type: ignore[attr-defined]  # as Prefect marks it
+                key = dynamic_key_for_task_run(context=parent, task=tracking)  # the server's create is keyed by it
+                tracking_id = client.create_task_run(task=tracking, flow_run_id=parent.flow_run.id,
+                                                     dynamic_key=str(key), name=f"{tracking.name}-{key}",
+                                                     state=Pending(), task_inputs={}, extra_tags=tags).id
             return client.create_flow_run(flow=self.flow, parameters={}, state=Pending(),
-                                          parent_task_run_id=task_run.id, tags=tags)
+                                          parent_task_run_id=tracking_id, tags=tags)
 
     def _write_parameters(self, flow_run_id: Any, parameters: dict[str, Any]) -> None:
         from prefect.client.orchestration import get_client
