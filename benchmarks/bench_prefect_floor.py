@@ -12,9 +12,12 @@ campaign's client, as the campaign runs its steps: ``flows.campaign.overhead.qui
   background (``flows.campaign.prestart.FlowRunStarter``), as the campaign runs its steps:
   what is left on the caller's critical path.
 
-The modes alternate within each iteration, so machine noise falls on all of them alike. Prints
-the median and quartiles in ms per iteration, and the API requests each one waited for (counted at
-httpx's ``send``, except the background thread's; the events websocket is not a request). ``--iterations`` (30) after ``--warmup`` (3) untimed ones.
+The modes alternate within each iteration, so machine noise falls on all of them alike; the
+background creation of the next ``precreated`` run finishes, untimed, before the next mode (the
+case of a control plane with a free core while the step runs). Prints the median and quartiles
+in ms per iteration and the API requests each one waited for (counted at httpx's ``send``,
+except the background thread's; the events websocket is not a request); ``--trace`` lists every
+request. ``--iterations`` (30) after ``--warmup`` (3) untimed ones.
 
 Usage::
 
@@ -33,10 +36,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
-
-import httpx  # noqa: E402
 
 MODES = ("call", "flow", "flow+task", "precreated")
 

@@ -58,9 +58,14 @@ def test_background_jobs_can_skip_the_gate_and_a_cancelled_one_is_not_waited_for
 
 def _child_runs(client, parent_id):
     """The parent's tracking task runs and, per tracking task run, its flow run."""
-    from prefect.client.schemas.filters import FlowRunFilter, TaskRunFilter, TaskRunFilterFlowRunId
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        TaskRunFilter,
+        TaskRunFilterFlowRunId,
+    )
 
-    tracking = client.read_task_runs(task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[parent_id])))
+    in_parent = TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[parent_id]))
+    tracking = client.read_task_runs(task_run_filter=in_parent)
     ids = [t.id for t in tracking]
     children = client.read_flow_runs(flow_run_filter=FlowRunFilter(parent_task_run_id={"any_": ids})) if ids else []
     by_parent = {c.parent_task_run_id: c for c in children}
