@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from actions.engines.drafters import HistoryDrafter, PromptLookupDrafter
-from actions.engines.spec_select import AcceptanceTracker, ForwardCost, choose, choose_rows, expected_tokens
+from actions.engines.spec_select import AcceptanceTracker, ForwardCost, choose_rows
 from flows.planning.tpot import TpotProfile
 from flows.planning.speculation import (acceptance_rates, decode_speedup, speculative_profile,
                                         step_spec_metrics)
@@ -19,40 +19,32 @@ def linear(batch: int, width: int) -> float:  # a compute-bound forward: cost pe
     return 0.001 * batch * width
 
 
-def test_expected_tokens_is_the_geometric_sum():
-    # rows with drafts of 3 and 0 tokens at alpha 0.5, k 2: (1 + .5 + .25) + 1
-    assert expected_tokens(0.5, [3, 0], 2) == pytest.approx(2.75)
+def test_expected_tokens_are_the_geometric_sum_per_row():
+    # rows with drafts of 3 and 0 tokens at alpha 0.5, k 2: (1 + .5 + .25) + 1 tokens per 10 ms
+    k, rate, plain = choose_rows([(3, 0.5), (0, 0.0)], flat, max_k=2)
+    assert k == 2 and rate == pytest.approx(275.0) and plain == pytest.approx(200.0)
 
 
 def test_flat_cost_and_good_acceptance_choose_the_longest_draft():
-    c = choose({"history": [8, 8]}, {"history": 0.9}, flat, max_k=8)
-    assert (c.strategy, c.k) == ("history", 8)
-    assert c.expected_rate > c.plain_rate
+    k, rate, plain = choose_rows([(8, 0.9)] * 2, flat, max_k=8)
+    assert k == 8 and rate > plain
 
 
 def test_compute_bound_forward_turns_speculation_off():
     # width 1+k costs (1+k)x; even alpha 0.9 gives fewer than 1+k tokens per forward
-    c = choose({"history": [8, 8]}, {"history": 0.9}, linear, max_k=8)
-    assert (c.strategy, c.k) == (None, 0)
+    assert choose_rows([(8, 0.9)] * 2, linear, max_k=8)[0] == 0
 
 
 def test_low_acceptance_turns_speculation_off_and_no_drafts_means_off():
-    assert choose({"prompt_lookup": [4, 4]}, {"prompt_lookup": 0.01},
-                  lambda b, w: 0.01 * (1 + 0.2 * (w - 1)), max_k=8).k == 0
-    assert choose({"history": [0, 0]}, {"history": 0.9}, flat, max_k=8).k == 0
+    assert choose_rows([(4, 0.01)] * 2, lambda b, w: 0.01 * (1 + 0.2 * (w - 1)), max_k=8)[0] == 0
+    assert choose_rows([(0, 0.0)] * 2, flat, max_k=8)[0] == 0
 
 
-def test_best_strategy_wins_and_k_is_bounded_by_drafts_and_max_k():
-    rates = {"history": 0.8, "prompt_lookup": 0.3}
-    c = choose({"history": [2, 2], "prompt_lookup": [6, 6]}, rates, flat, max_k=4)
-    assert (c.strategy, c.k) == ("history", 2)
+def test_k_is_bounded_by_drafts_and_max_k_and_interior_when_width_costs():
+    assert choose_rows([(2, 0.8)] * 2, flat, max_k=4)[0] == 2
+    assert choose_rows([(8, 0.8)] * 2, flat, max_k=4)[0] == 4
     # cost grows with width: the optimum is an interior k (sum of 0.6^i saturates)
-    mid = choose({"history": [8]}, {"history": 0.6}, lambda b, w: 0.01 * (1 + 0.1 * (w - 1)), max_k=8)
-    assert 1 <= mid.k < 8
-
-
-def test_drafting_cost_counts_against_a_strategy():
-    assert choose({"history": [4]}, {"history": 0.5}, flat, max_k=4, draft_seconds={"history": 0.05}).k == 0
+    assert 1 <= choose_rows([(8, 0.6)], lambda b, w: 0.01 * (1 + 0.1 * (w - 1)), max_k=8)[0] < 8
 
 
 def test_acceptance_tracker_uses_prior_then_data():
@@ -139,3 +131,27 @@ def test_choose_rows_weighs_each_row_by_its_own_rate():
     assert k == 8 and rate == pytest.approx((2 + 8) / 0.01) and plain == pytest.approx(200.0)
     assert choose_rows([(4, 0.0), (0, 0.0)], flat, max_k=8)[0] == 0
     assert choose_rows([], flat, max_k=8) == (0, 0.0, 0.0)
+
+
+def test_survival_per_position_values_drafts_that_are_right_or_wrong_together():
+    """Half the drafts of a kind are right to their end (a copy inside a run of repeats), half
+    wrong at their first token. The geometric rate (about 0.8 per token, from 4 of every 5 tokens
+    proposed being kept) overstates the first token and understates the rest; per position the
+    first is a coin toss and every later one certain, which is what the selector should weigh."""
+    t = AcceptanceTracker(prior_weight=2.0)
+    for _ in range(50):
+        t.record("prompt_lookup/n3", 8, 8)
+        t.record("prompt_lookup/n3", 8, 0)
+    assert t.rate("prompt_lookup/n3") == pytest.approx(400 / 450, rel=0.01)
+    surv = t.survival("prompt_lookup/n3", 8)
+    assert surv[0] == pytest.approx(0.5, abs=0.02)
+    assert all(s > 0.97 for s in surv[1:])
+    # a geometric kind keeps a flat profile at its rate
+    g = AcceptanceTracker(prior_weight=2.0)
+    for a in [0] * 8 + [1] * 4 + [2] * 2 + [3, 4]:  # each token kept with probability 1/2
+        for _ in range(10):
+            g.record("history", 4, a)
+    assert g.survival("history", 4) == pytest.approx([0.5] * 4, abs=0.01)
+    # choose_rows takes survival vectors as it takes rates: the same k for equal acceptance
+    flat = lambda b, w: 0.01 * (1.0 + 0.1 * (w - 1))  # noqa: E731
+    assert choose_rows([(4, 0.7)] * 8, flat, max_k=4) == choose_rows([(4, [0.7] * 4)] * 8, flat, max_k=4)

@@ -1,19 +1,20 @@
 """Choosing the drafting strategy and the draft length k before each decode round (pure).
 
-One verification forward of the target at batch b and width k + 1 costs ``t(b, k + 1)``
-seconds and yields, per row, its sampled token plus the accepted prefix of its draft. With a
-per-token acceptance rate ``alpha`` for the strategy (each draft token accepted with
-probability alpha while all before it were; Leviathan et al. 2023, section 3.1, with the
-target's own Gumbel draw as the "verifier"), a row whose draft has m tokens gives
-``1 + sum_{i=1..m} alpha^i`` tokens in expectation. The selector maximises
+One verification round of the target at batch b and width k + 1 costs ``t(b, k + 1)``
+seconds (its forward, and for k > 0 the drafting, verification and rollback around it) and
+yields, per row, its sampled token plus the accepted prefix of its draft. With a per-token
+acceptance rate ``alpha`` (each draft token accepted with probability alpha while all before
+it were; Leviathan et al. 2023, section 3.1, with the target's own Gumbel draw as the
+"verifier"), a row whose draft has m tokens gives ``1 + sum_{i=1..m} alpha^i`` tokens in
+expectation; with per-position survival ``s_i`` (``AcceptanceTracker.survival``) the terms are
+``s_1 * ... * s_i``. ``choose_rows`` maximises
 
-    rate(s, k) = sum_r (1 + sum_{i<=min(m_r(s), k)} alpha_s^i) / (t(b, 1 + max_r min(m_r(s), k)) + b * d_s)
+    rate(k) = sum_r (1 + sum_{i<=min(m_r, k)} s_{r,1} * ... * s_{r,i}) / t(b, 1 + k)
 
-over strategies s and k in 0..max_k, where ``m_r(s)`` is the length of the draft s has for
-row r this round and ``d_s`` its drafting seconds per row; k = 0 is plain decoding, rate
-``b / t(b, 1)``. Speculation is chosen only where it beats that (``margin``). As the batch
-shrinks ``t(b, w)`` flattens in w (a forward reads the weights once whatever its width), so
-longer drafts pay.
+over k in 0..max_k, where ``m_r`` is the length of the draft row r took this round (the kind of
+draft that promises it the most tokens); k = 0 is plain decoding, rate ``b / t(b, 1)``.
+Speculation is chosen only where it beats that (``margin``). As the batch shrinks ``t(b, w)``
+flattens in w (a forward reads the weights once whatever its width), so longer drafts pay.
 
 Both estimates are online: ``AcceptanceTracker`` counts accepted and rejected draft tokens per
 strategy (a Beta prior stands in before any), and ``ForwardCost`` fits ``t(b, w)`` to the
@@ -25,7 +26,7 @@ Nothing here changes outputs: the engine accepts only tokens equal to plain deco
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -35,6 +36,8 @@ class AcceptanceTracker:
 
     The geometric model's maximum-likelihood rate is accepted / (accepted + rejections); the
     prior adds ``prior_weight`` pseudo-tokens at ``prior_rate`` (or a caller's measured rate).
+    ``survival`` refines it per draft position, for drafts whose tokens are right or wrong
+    together (a copy inside a run of repeats is right to its end).
     """
 
     prior_rate: float = 0.5
@@ -43,6 +46,11 @@ class AcceptanceTracker:
     accepted: dict[str, int] = field(default_factory=dict)
     rejections: dict[str, int] = field(default_factory=dict)
     proposed: dict[str, int] = field(default_factory=dict)
+    reached: dict[str, list[int]] = field(default_factory=dict)
+    """Per strategy or kind: index i counts the drafts whose token i + 1 was checked (every
+    token before it accepted)."""
+    kept: dict[str, list[int]] = field(default_factory=dict)
+    """... and index i the drafts whose token i + 1 was accepted."""
 
     def rate(self, strategy: str) -> float:
         """The rate of a strategy, or of a kind of its drafts (``"<strategy>/<kind>"``, e.g.
@@ -58,12 +66,31 @@ class AcceptanceTracker:
         its default prior may rule it out."""
         return self.proposed.get(strategy, 0) > 0 or strategy in self.priors
 
+    def survival(self, strategy: str, length: int) -> list[float]:
+        """For i = 1..``length``: the probability that draft token i is accepted given tokens
+        1..i-1 were, measured per position and pulled towards ``rate(strategy)`` with
+        ``prior_weight`` pseudo-drafts. Constant at ``rate`` for a geometric strategy; rising
+        with i where drafts are right or wrong together."""
+        alpha = self.rate(strategy)
+        reached, kept = self.reached.get(strategy, []), self.kept.get(strategy, [])
+        return [((kept[i] if i < len(kept) else 0) + self.prior_weight * alpha)
+                / ((reached[i] if i < len(reached) else 0) + self.prior_weight) for i in range(length)]
+
     def record(self, strategy: str, num_proposed: int, num_accepted: int) -> None:
         """One row's verification: ``num_accepted`` of its ``num_proposed`` draft tokens kept."""
         self.proposed[strategy] = self.proposed.get(strategy, 0) + num_proposed
         self.accepted[strategy] = self.accepted.get(strategy, 0) + num_accepted
         if num_accepted < num_proposed:
             self.rejections[strategy] = self.rejections.get(strategy, 0) + 1
+        reached, kept = self.reached.setdefault(strategy, []), self.kept.setdefault(strategy, [])
+        checked = min(num_proposed, num_accepted + 1)  # verification stops at the first mismatch
+        while len(reached) < checked:
+            reached.append(0)
+            kept.append(0)
+        for i in range(checked):
+            reached[i] += 1
+        for i in range(num_accepted):
+            kept[i] += 1
 
 
 MIN_PLAIN_WEIGHT = 1.0
@@ -149,64 +176,17 @@ class Choice:
     plain_rate: float  # ... and for plain decoding
 
 
-def expected_tokens(alpha: float, lengths: Sequence[int], k: int) -> float:
-    """Sum over rows of 1 + alpha + ... + alpha^min(m_r, k)."""
-    total = 0.0
-    for m in lengths:
-        m = min(m, k)
-        total += 1.0 + (sum(alpha ** i for i in range(1, m + 1)) if m > 0 else 0.0)
-    return total
-
-
-def choose(draft_lengths: Mapping[str, Sequence[int]], rates: Mapping[str, float],
-           seconds: "callable", max_k: int, draft_seconds: Mapping[str, float] | None = None,
-           margin: float = 0.02) -> Choice:
-    """The (strategy, k) with the highest expected tokens per second, or plain decoding.
-
-    Args:
-        draft_lengths: strategy -> per-row length of the draft it has this round (rows in
-            batch order; every list has the batch's length).
-        rates: strategy -> per-token acceptance rate alpha in [0, 1].
-        seconds: ``seconds(batch, width)`` -> one target forward's seconds.
-        max_k: the longest draft allowed (``generation.max_draft_len``).
-        draft_seconds: strategy -> drafting seconds per row and round (0 when absent).
-        margin: a speculative choice must beat plain decoding's rate by this fraction.
-    Returns:
-        the best choice; ``Choice(None, 0, ...)`` when nothing beats plain decoding.
-    """
-    b = len(next(iter(draft_lengths.values()))) if draft_lengths else 0
-    if b == 0:
-        return Choice(None, 0, 0.0, 0.0)
-    plain = b / seconds(b, 1)
-    best = Choice(None, 0, plain, plain)
-    for strategy, lengths in draft_lengths.items():
-        longest = min(max(lengths, default=0), max_k)
-        cost_draft = b * (draft_seconds or {}).get(strategy, 0.0)
-        alpha = rates.get(strategy, 0.0)
-        # rows with a draft of at least i tokens gain alpha^i at every k >= i: one pass over
-        # a histogram of draft lengths instead of rows x k
-        at_least = [0] * (longest + 2)
-        for m in lengths:
-            at_least[min(m, longest)] += 1
-        for i in range(longest - 1, -1, -1):
-            at_least[i] += at_least[i + 1]
-        tokens = float(b)
-        for k in range(1, longest + 1):
-            tokens += at_least[k] * alpha ** k
-            rate = tokens / (seconds(b, 1 + k) + cost_draft)
-            if rate > best.expected_rate and rate > plain * (1.0 + margin):
-                best = Choice(strategy, k, rate, plain)
-    return best
-
-
-def choose_rows(rows: Sequence[tuple[int, float]], seconds: "callable", max_k: int,
+def choose_rows(rows: Sequence[tuple[int, float | Sequence[float]]], seconds: "callable", max_k: int,
                 margin: float = 0.02) -> tuple[int, float, float]:
     """The k with the highest expected tokens per second when each row has its own draft.
 
     Args:
-        rows: per row, (draft length, acceptance rate of that draft's strategy and kind); a
-            row without a draft is (0, 0.0).
-        seconds, max_k, margin: as for :func:`choose`.
+        rows: per row, (draft length, acceptance of that draft's strategy and kind: a rate, or
+            per-position survival probabilities as ``AcceptanceTracker.survival`` gives, at
+            least min(length, max_k) of them); a row without a draft is (0, 0.0).
+        seconds: ``seconds(batch, width)`` -> one round's seconds (``ForwardCost.snapshot``).
+        max_k: the longest draft allowed (``generation.max_draft_len``).
+        margin: a speculative choice must beat plain decoding's rate by this fraction.
     Returns:
         (k, expected tokens per second at k, plain decoding's); k = 0 when nothing beats
         plain decoding by ``margin``.
@@ -220,7 +200,7 @@ def choose_rows(rows: Sequence[tuple[int, float]], seconds: "callable", max_k: i
     for m, alpha in rows:
         p = 1.0
         for i in range(1, min(m, longest) + 1):
-            p *= alpha
+            p *= alpha if isinstance(alpha, (int, float)) else alpha[i - 1]
             gain[i] += p
     best_k, best_rate, tokens = 0, plain, float(b)
     for k in range(1, longest + 1):

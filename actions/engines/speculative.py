@@ -18,7 +18,8 @@ hole shifts nothing). When holes exceed a quarter of the cache, each row's valid
 packed to the right with one gather and the all-padding columns on the left are dropped.
 
 Per round, each row takes the draft that promises the most tokens by the online acceptance
-rate of its kind (strategy and match quality), and ``spec_select.choose_rows`` picks k from
+of its kind (strategy and match quality), measured per draft position
+(``AcceptanceTracker.survival``), and ``spec_select.choose_rows`` picks k from
 those drafts and the timed cost of past rounds; k = 0 is a plain decode step (width 1). Cuts (``cut_after``) are checked after every round: a cut sample
 carries exactly its accepted tokens and continues, later, from there.
 """
@@ -166,7 +167,6 @@ class _Selector:
 
     def __init__(self, spec: Speculation, tracker: AcceptanceTracker, cost: ForwardCost) -> None:
         self.spec, self.tracker, self.cost = spec, tracker, cost
-        self.draft_seconds: dict[str, float] = {}
         self.cooldown = 0  # rounds left without drafting (off by estimate)
         # the next choice with drafts is a probe; the first is one while a strategy has never
         # been measured, so a pessimistic prior cannot keep it off for good
@@ -194,15 +194,17 @@ class _Selector:
         fresh = {n for n in proposals if not self.tracker.known(n)}
         rows, drafts, kinds, names = [], [], [], []
         for r in range(b):
-            best = (0.0, [], None, None, 0.0)
+            best = (0.0, [], None, None, 0.0)  # score, draft, kind, strategy, survival
             for name, props in proposals.items():
                 d, kind = props[r]
                 if d:
-                    alpha = self.tracker.rate(kind)
-                    hope = 1.0 if name in fresh else alpha
-                    score = sum(hope ** i for i in range(1, min(len(d), max_k) + 1))
+                    surv = self.tracker.survival(kind, min(len(d), max_k))
+                    score, p = 0.0, 1.0
+                    for q in surv:
+                        p *= 1.0 if name in fresh else q
+                        score += p
                     if score > best[0]:
-                        best = (score, d, kind, name, alpha)
+                        best = (score, d, kind, name, surv)
             rows.append((len(best[1]), best[4]))
             drafts.append(best[1])
             kinds.append(best[2])
@@ -224,7 +226,7 @@ class _Selector:
     def propose(self, drafters: Mapping[str, Drafter], rows: list[int], room: list[int]
                 ) -> dict[str, list[tuple[list[int], str]]]:
         """Every strategy's draft per row (at most ``max_draft_len`` and the row's room),
-        timing each strategy's drafting per row for the selector's cost."""
+        (drafting is timed with the round it belongs to: ``ForwardCost``'s ``c3``)."""
         out: dict[str, list[tuple[list[int], str]]] = {}
         if self.cooldown > 0:
             self.cooldown -= 1
@@ -234,10 +236,7 @@ class _Selector:
         for name, d in drafters.items():
             if self.spec.fixed is not None and self.spec.fixed[0] != name:
                 continue
-            t0 = time.perf_counter()
             out[name] = [(d.propose(r, min(self.spec.max_draft_len, m)), d.kind(r)) for r, m in zip(rows, room)]
-            per_row = (time.perf_counter() - t0) / max(len(rows), 1)
-            self.draft_seconds[name] = 0.8 * self.draft_seconds.get(name, per_row) + 0.2 * per_row
         return out
 
 
