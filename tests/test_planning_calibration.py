@@ -80,3 +80,25 @@ def test_the_corrected_profile_and_prefill_time():
     assert prefill_seconds(500, profile, with_fixed) - prefill_seconds(500, profile, base) == pytest.approx(0.05)
     with pytest.raises(ValueError, match="prefill_fixed_s"):
         ClusterSpec(gpus_per_actor=1, max_actors=1, prefill_fixed_s=-1.0)
+
+
+def test_each_fan_out_keeps_the_speed_measured_at_it():
+    """On a pool whose actions share the cores, one actor decodes faster than two (it has all the
+    cores): the scales learned per fan-out recover each, where the one overall scale is wrong
+    for both; a fan-out never run falls back to the overall scale."""
+    rng = random.Random(1)
+    true = {1: 1.2, 2: 2.4}
+    used, steps = Calibration(), []
+    for i in range(16):
+        n = 1 + i % 2
+        decode = rng.uniform(0.05, 0.3)
+        planned = used.for_actors(n)
+        steps.append({"plan/decode_scale": planned.decode_scale, "plan/activation_s": A, "actors/n": float(n),
+                      "plan/predicted_generate_s": planned.decode_scale * decode + A,
+                      "timing_s/generate": true[n] * decode + A, "plan/predicted_prefill_s": 0.0,
+                      "timing_s/prefill": 0.0, "prefill/unique_prefixes": 0.0})
+        used = calibrate(steps)
+    assert dict(used.by_actors) == pytest.approx(true)
+    assert used.for_actors(1).decode_scale == pytest.approx(1.2)
+    assert used.for_actors(2).decode_scale == pytest.approx(2.4)
+    assert 1.2 < used.decode_scale < 2.4 and used.for_actors(3).decode_scale == used.decode_scale

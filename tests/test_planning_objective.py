@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from flows.planning.objective import choose, pareto_mask
-from flows.planning.plan import Candidate, ClusterSpec
+from flows.planning.objective import choose, choose_fanout, pareto_mask
+from flows.planning.plan import Candidate, ClusterSpec, GenerationPlan
 from flows.planning.tpot import GPUS, MODELS, roofline_profile
 from flows.planning.scaling import BASELINE_N, default_value_of_time
 from flows.planning.scaling import plan_generation as _plan_generation
@@ -155,3 +155,22 @@ def test_value_of_time_moves_along_the_frontier():
     costs = [p.predicted_gpu_seconds for p in plans]
     assert times == sorted(times, reverse=True) and costs == sorted(costs)
     assert times[0] > times[-1]
+
+
+def _plan(n: int, time_s: float, cost: float) -> GenerationPlan:
+    cand = Candidate(n=n, time_s=time_s, gpu_seconds=cost, cost_usd=cost, score=0.0, feasible=True, kind="ranked")
+    return GenerationPlan(policy="cost_aware", num_actors=n, assignments=tuple((i,) for i in range(n)),
+                          predicted_time_s=time_s, predicted_gpu_seconds=cost, candidates=(cand,), chosen=0)
+
+
+def test_choose_fanout_weighs_separately_planned_fan_outs_by_the_objective():
+    plans = {1: _plan(1, 1.0, 1.0), 2: _plan(2, 0.9, 1.8)}
+    # a second worth 5: 1 + 5 < 1.8 + 4.5; worth 10: 1 + 10 > 1.8 + 9
+    assert choose_fanout(plans, "value", 5.0) == 1
+    assert choose_fanout(plans, "value", 10.0) == 2
+    assert choose_fanout(plans, "slack", 0.0, time_slack=0.2) == 1  # within 20% of the fastest, cheaper
+    # a fan-out slower and dearer than another is never chosen, whatever a second is worth
+    plans[3] = _plan(3, 1.1, 2.0)
+    assert all(choose_fanout(plans, "value", v) != 3 for v in (0.0, 1.0, 100.0))
+    with pytest.raises(ValueError, match="budget"):
+        choose_fanout(plans, "budget", 1.0)

@@ -14,6 +14,12 @@ shows up in every step's measurements:
   writes the prefix-KV bundle (on the default campaign about 70 ms of a 90 ms prefill, whose
   compute the profile puts at 15 ms).
 
+* **Fan-out** changes the speed too where actions share a machine's cores (the local pool): a
+  lone generation action decodes on all of them, N actions on a share each, so one scale for
+  every N is wrong both ways. ``Calibration.by_actors`` keeps a scale per fan-out N, learned
+  from the steps that ran N generation actions (``actors/n``); the hook times each N with its
+  own (``flows/step/phase.py``).
+
 Each step records what it was planned with (``plan/decode_scale``, ``plan/activation_s``,
 ``plan/prefill_fixed_s``) and what it measured. A step with generation time ``G`` predicted
 as ``g`` (``a`` of it the activation) and prefill time ``F`` predicted as ``f`` implies
@@ -29,7 +35,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from flows.planning.tpot import TpotProfile
 
@@ -47,6 +53,13 @@ class Calibration:
     """Multiplies the profile's decode-step times."""
     prefill_fixed_s: float = 0.0
     """``ClusterSpec.prefill_fixed_s``, seconds."""
+    by_actors: tuple[tuple[int, float], ...] = ()
+    """(N, decode scale) learned from the steps that ran N generation actions; N not listed:
+    ``decode_scale``."""
+
+    def for_actors(self, n: int) -> "Calibration":
+        """These corrections with the decode scale learned at fan-out ``n`` (if any)."""
+        return replace(self, decode_scale=dict(self.by_actors).get(n, self.decode_scale))
 
     def profile(self, profile: TpotProfile) -> TpotProfile:
         """``profile`` with its decode-step times multiplied by ``decode_scale``."""
@@ -61,17 +74,32 @@ def calibrate(steps: Sequence[Mapping[str, float]], window: int = WINDOW) -> Cal
     ``window`` steps that ran a prefill action (``prefill/unique_prefixes`` > 0), however old.
     No such step: no correction.
     """
-    used = [m for m in steps[-window:] if "plan/decode_scale" in m]
-    scales = []
-    for m in used:
-        a = m.get("plan/activation_s", 0.0)
-        predicted, measured = m["plan/predicted_generate_s"] - a, m["timing_s/generate"] - a
-        if predicted > 0 and measured > 0:
-            scales.append(min(max(m["plan/decode_scale"] * measured / predicted, SCALE_RANGE[0]), SCALE_RANGE[1]))
+    first = len(steps) - window
+    implied = [(i, int(m.get("actors/n", 0)), s) for i, m in enumerate(steps) if "plan/decode_scale" in m
+               for s in [_implied_scale(m)] if s is not None]  # oldest first
+    scales = [s for i, _, s in implied if i >= first]
+    by_n: dict[int, list[float]] = {}
+    for _, n, s in implied:
+        if n > 0:
+            by_n.setdefault(n, []).append(s)
+    # the last ``window`` steps at each fan-out, however far back: a fan-out the planner stopped
+    # choosing keeps the speed that made it stop
+    by_actors = tuple(sorted((n, statistics.median(v[-window:])) for n, v in by_n.items()))
     # The last ``window`` steps that ran a prefill action, however far back: a campaign that
     # stopped running it (generation.prefill_action auto) keeps the cost that made it stop.
     ran = [m for m in steps if "plan/decode_scale" in m and m.get("prefill/unique_prefixes", 0.0) > 0]
     prefills = [m.get("plan/prefill_fixed_s", 0.0) + m["timing_s/prefill"] - m["plan/predicted_prefill_s"]
                 for m in ran[-window:]]
     return Calibration(decode_scale=statistics.median(scales) if scales else 1.0,
-                       prefill_fixed_s=max(0.0, statistics.median(prefills)) if prefills else 0.0)
+                       prefill_fixed_s=max(0.0, statistics.median(prefills)) if prefills else 0.0,
+                       by_actors=by_actors)
+
+
+def _implied_scale(m: Mapping[str, float]) -> float | None:
+    """The decode scale one step's generation time implies (module docstring); None where the
+    step gives no reading."""
+    a = m.get("plan/activation_s", 0.0)
+    predicted, measured = m["plan/predicted_generate_s"] - a, m["timing_s/generate"] - a
+    if predicted > 0 and measured > 0:
+        return min(max(m["plan/decode_scale"] * measured / predicted, SCALE_RANGE[0]), SCALE_RANGE[1])
+    return None
