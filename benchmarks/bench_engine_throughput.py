@@ -23,6 +23,7 @@ import time
 
 import torch
 
+from actions.common.device import sync
 from actions.engines.base import SampleSpec
 from actions.engines.torch_engine import TorchEngine
 
@@ -42,12 +43,11 @@ def build(args: argparse.Namespace) -> torch.nn.Module:
 
 
 def timed(fn, device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    """Seconds of ``fn()``, the device's queue drained before and after."""
+    sync(device)
     t0 = time.perf_counter()
     fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    sync(device)
     return time.perf_counter() - t0
 
 

@@ -26,12 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
-from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
+from bench_engine_throughput import timed
 
 from actions.common.modeling import random_model_from_config
 from actions.engines import sampling
@@ -39,20 +38,6 @@ from actions.engines.base import SampleSpec
 from actions.engines.torch_engine import TorchEngine
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "qwen2.5-0.5b.json"
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn: Callable[[], object], device: torch.device) -> float:
-    """Seconds of ``fn()``, the device's queue drained before and after."""
-    _sync(device)
-    t0 = time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - t0
 
 
 _device_noise = sampling.gumbel_noise
@@ -97,7 +82,7 @@ def decode_step(engine: TorchEngine, batch: int, vocab: int, steps: int, repeats
     out: dict = {}
     tokens = {}
     for name in ("device", "host"):
-        with noise_on_host() if name == "host" else _nothing():
+        with noise_on_host() if name == "host" else nullcontext():
             tokens[name] = [o.tokens for o in call(steps)]  # warm-up, and the tokens drawn
             long = [timed(lambda: call(steps), device) for _ in range(repeats)]
             short = [timed(lambda: call(1), device) for _ in range(repeats)]
@@ -108,11 +93,6 @@ def decode_step(engine: TorchEngine, batch: int, vocab: int, steps: int, repeats
     same = sum(a == b for a, b in zip(tokens["device"], tokens["host"]))
     out["rows_equal"] = f"{same}/{batch}"
     return out
-
-
-@contextmanager
-def _nothing():
-    yield
 
 
 def main() -> None:

@@ -51,8 +51,7 @@ from flows.planning.lengths import FIRST_EPOCH_PREDICTORS
 from flows.planning.tpot import (GPUS, LEARNER_MFU, MODELS, kv_capacity_tokens, learner_tokens_per_s,
                                     roofline_profile)
 from benchmarks.make_traces import SHAPES, make_trace
-from flows.simulate.bill_bound import capped_time_floor
-from flows.simulate.bound import max_speedup, phase_floor
+from flows.simulate.cli import bound_report
 from flows.simulate.policies import DEFAULT_POLICIES, ClusterModel, Policy, parse_policy
 from flows.simulate.replay import TraceStep, read_trace, replay, replay_step, step_predictions
 
@@ -74,19 +73,6 @@ def default_model(name: str = "qwen2.5-7b") -> ClusterModel:
                         gpus_per_node=8, gpus_per_actor=2, weight_bytes=spec.weight_bytes,
                         kv_bytes_per_token=spec.kv_bytes_per_token,
                         bandwidth_bytes_per_s=2 * 40e9)
-
-
-def bound_speedups(steps: list[TraceStep], static3: list[float], static3_gpu_s: float,
-                   model: ClusterModel) -> tuple[float, float, float | None]:
-    """(any plan, serverless plans, plans without cuts within static:3's bill): the most each
-    could speed up static:3's generation phases (``static3``: its phase time per step;
-    ``static3_gpu_s``: its GPU-s over them), from the critical-path floors and the capped
-    floor (``bill_bound.capped_time_floor``; None where the profile's grid does not cover)."""
-    floors = [phase_floor(step, model) for step in steps]
-    capped = capped_time_floor(steps, model, static3_gpu_s)
-    return (max_speedup(static3, [f.time_s for f in floors]),
-            max_speedup(static3, [f.serverless_s for f in floors]),
-            sum(static3) / capped if capped else None)
 
 
 def best_within_bill(steps: list[TraceStep], model: ClusterModel, exact: bool,
@@ -152,8 +138,9 @@ def report_trace(path: Path, model: ClusterModel, sensitivity: bool = True,
                   dataclasses.replace(model, learner_tokens_per_s=rate))
     wall = time.perf_counter() - start
     base = runs["static:3"].summary()
-    bound = bound_speedups(steps, [s.gen_time_s for s in runs["static:3"].steps],
-                           base["generation"]["gpu_seconds"], model)
+    # the one-entry dict: bound_report's baseline is the first static policy it is given
+    r = bound_report(steps, {"static:3": runs["static:3"]}, model)
+    bound = (r["max_speedup"], r["max_speedup_serverless"], r["max_speedup_within_bill_no_cut"])
     print(f"\n== {path.name}: {len(steps)} steps, replayed in {wall:.1f} s "
           f"(bound: no plan runs generation faster than {bound[0]:.3f}x static:3, "
           f"no serverless plan faster than {bound[1]:.3f}x, no plan without cuts within "

@@ -42,9 +42,9 @@ import time
 from pathlib import Path
 
 import torch
-from spec_synthetic import sync
 
 from actions.common.contracts import ModelRef
+from actions.common.device import sync
 from actions.common.loading import encode, load_model
 from actions.engines.base import SampleSpec
 from actions.engines.factory import make_engine

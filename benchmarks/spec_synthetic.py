@@ -16,15 +16,10 @@ import time
 
 import torch
 
+from actions.common.device import sync
 from actions.common.modeling import random_model_from_config
 from actions.engines.base import SampleSpec
 from actions.engines.torch_engine import TorchEngine
-
-
-def sync(device: torch.device) -> None:
-    """Drain the device's queue, so wall-clock timings include the work queued before."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _final_norm(model: torch.nn.Module) -> torch.nn.Parameter:

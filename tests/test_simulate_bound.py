@@ -125,7 +125,8 @@ def test_floor_grows_with_the_longest_sample_and_the_prefill():
 def test_bench_reach_brackets_what_plans_reach_within_the_bill(capsys):
     # two steps of the capheavy trace: the best plan within static:3's bill (real plans, made
     # from exact or predicted lengths) is at least static:3 and at most the critical-path bound
-    from benchmarks.bench_simulator import best_within_bill, bound_speedups, default_model, reach
+    from benchmarks.bench_simulator import best_within_bill, default_model, reach
+    from flows.simulate.cli import bound_report
     from benchmarks.make_traces import make_trace
 
     by_step: dict[int, list[PromptRow]] = {}
@@ -136,8 +137,8 @@ def test_bench_reach_brackets_what_plans_reach_within_the_bill(capsys):
     steps = [TraceStep(0, k, tuple(v)) for k, v in sorted(by_step.items())]
     model = default_model()
     run = replay(steps, ["static:3"], model)["static:3"]
-    static3 = [s.gen_time_s for s in run.steps]
-    any_plan, serverless, capped = bound_speedups(steps, static3, sum(s.gen_gpu_seconds for s in run.steps), model)
+    r = bound_report(steps, {"static:3": run}, model)
+    any_plan, serverless, capped = r["max_speedup"], r["max_speedup_serverless"], r["max_speedup_within_bill_no_cut"]
     speed, gpu = best_within_bill(steps, model, exact=True, max_actors=6)
     assert 1.0 <= speed <= capped <= any_plan and serverless <= any_plan and gpu <= 1.0
     guess = best_within_bill(steps, model, exact=False, max_actors=6)

@@ -76,3 +76,10 @@ def action_dtype(setting: str = "auto", device: torch.device | None = None) -> t
         return parse_dtype(os.environ["RLHFLESS_DTYPE"])
     device = device if device is not None else action_device()
     return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (a no-op off CUDA), so a wall-clock reading
+    after it includes that work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -19,16 +19,13 @@ import time
 
 import torch
 
+from actions.common.device import sync
 from actions.engines.torch_engine import SampleSpec, TorchEngine
 
 
 def _device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @torch.no_grad()
@@ -48,10 +45,10 @@ def decode_step_seconds(model: torch.nn.Module, batch: int, context: int, vocab:
     steps = steps or (32 if device.type == "cuda" else 8)
 
     def run(new_tokens: int) -> float:
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         engine.generate(specs, seed=0, step=0, max_new_tokens=new_tokens, temperature=1.0)
-        _sync(device)
+        sync(device)
         return time.perf_counter() - t0
 
     run(2)  # warms up allocator and kernels
@@ -67,10 +64,10 @@ def prefill_tokens_per_s(model: torch.nn.Module, vocab: int, batch: int = 16, le
     model(input_ids=ids)  # warm-up
 
     def run() -> float:
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         model(input_ids=ids)
-        _sync(device)
+        sync(device)
         return time.perf_counter() - t0
 
     return batch * length / statistics.median(run() for _ in range(repeats))
@@ -91,11 +88,11 @@ def shrink_seconds(model: torch.nn.Module, batch: int, context: int, vocab: int,
         cache.batch_repeat_interleave(batch)
         mask = torch.ones((batch, context), dtype=torch.long, device=device)
         keep = torch.tensor([i for i in range(batch) if i != r % batch], device=device)
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         cache.batch_select_indices(keep)
         mask = mask[keep]
-        _sync(device)
+        sync(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from actions.common.device import sync
 from actions.engines.base import EngineStats, RowEnds, SampleOut, SampleSpec
 from actions.engines.drafters import HistoryDrafter, PromptLookupDrafter
 from actions.engines.drafters.base import Drafter
@@ -156,10 +157,6 @@ class _Batch:
 
         self._map_kv(pack)
 
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class _Selector:
@@ -299,7 +296,7 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
         if width == 1:
             logits = res.logits[:, -1]
             batch.next_pos += 1
-            _sync(dev)
+            sync(dev)
             _observe(cost, sstats, b, 1, t_round)
             continue
         accepted = _verify(res.logits, drafts, rows, keys, gen, known, sampling)

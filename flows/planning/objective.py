@@ -119,13 +119,19 @@ def choose(cands: Sequence[Candidate], objective: str = "value", *, lam: float =
     return best, scores
 
 
+FANOUT_OBJECTIVES = ("value", "slack")
+"""Objectives in absolute units, whose verdicts compare across separately planned fan-outs
+(``choose_fanout``); the paper's min-max objective and the budget's bill depend on the whole
+candidate set."""
+
+
 def choose_fanout(plans: Mapping[int, GenerationPlan], objective: str, value_of_time_usd_per_s: float,
                   time_slack: float = 0.0) -> int | None:
     """The fan-out whose plan ``objective`` prefers, each plan made for one fan-out N (and timed
     at the speed measured at N, ``calibration.by_actors``): ``choose`` over the candidates the
     plans chose. For the objectives in absolute units (``value``, ``slack``), whose verdicts do
     not depend on which other candidates exist. None when no plan chose a candidate."""
-    if objective not in ("value", "slack"):
+    if objective not in FANOUT_OBJECTIVES:
         raise ValueError(f"choose_fanout: objective={objective!r}; use value or slack, whose choices "
                          "compare across separately planned fan-outs")
     chosen = [(n, p.candidates[p.chosen]) for n, p in sorted(plans.items()) if p.chosen is not None]

@@ -22,7 +22,7 @@ from flows.planning.plan import ClusterSpec, GenerationPlan, PlannerSettings
 from flows.planning.prefix import PrefillPlan, plan_prefill, prefill_action_pays
 from flows.planning.prewarm import prewarm_offset
 from flows.planning.tpot import CPU_TINY_PROFILE, TpotProfile
-from flows.planning.objective import choose_fanout
+from flows.planning.objective import FANOUT_OBJECTIVES, choose_fanout
 from flows.planning.scaling import default_value_of_time, plan_generation
 from flows.planning.timeline import prefill_seconds
 from flows.planning.speculation import speculative_profile
@@ -43,11 +43,6 @@ class PhasePlan:
     """The corrections the plan was timed with (recorded per step, learned from them)."""
     activation_s: float = 0.0
     """The per-activation fixed cost the plan was timed with."""
-
-
-PER_FANOUT_OBJECTIVES = ("value", "slack")  # objective.choose_fanout
-"""Objectives in absolute units, whose choices compare across separately planned fan-outs; the
-paper's min-max objective and the budget's bill depend on the whole candidate set."""
 
 
 def load_profile(ctx: RunContext) -> TpotProfile:
@@ -141,8 +136,8 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: Mappi
         return plan_generation(prompt_ids, predicted, group_size=cfg.algorithm.group_size,
                                prompt_lengths=prompt_lengths, settings=settings, prefill_tokens=prefill_tokens)
 
-    plan = plan_with(settings)
-    if calibration.by_actors and s.policy == "cost_aware" and s.objective in PER_FANOUT_OBJECTIVES:
+    plan = None
+    if calibration.by_actors and s.policy == "cost_aware" and s.objective in FANOUT_OBJECTIVES:
         # each fan-out timed at the speed measured at that fan-out (calibration.py), the best
         # of them chosen by the same objective
         fanouts = {n: calibration.for_actors(n) for n in range(settings.n_min, settings.n_max + 1)}
@@ -152,6 +147,8 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: Mappi
         n = choose_fanout(plans, s.objective, value, s.time_slack)
         if n is not None:
             plan, calibration, profile = plans[n], fanouts[n], fanouts[n].profile(base)
+    if plan is None:
+        plan = plan_with(settings)
     cut_after = tuple(plan_cut_points_of(
         plan.assignments, predicted, {p: cfg.algorithm.group_size for p in prompt_ids},
         prompt_lengths, cut_threshold_for(s.policy, s.objective, cfg.generation.cut_threshold), profile))
