@@ -36,6 +36,7 @@ from typing import Sequence
 
 import numpy as np
 
+from flows.planning.loads import Loads
 from flows.planning.plan import Candidate, ClusterSpec
 from flows.planning.timeline import actor_start
 from flows.planning.tpot import CONTEXT_BUCKET
@@ -198,30 +199,32 @@ def tail_stress(decode: Sequence[float], longest: Sequence[float], context0: Seq
     return (np.asarray(decode, dtype=np.float64) + gap * group_row[cols]).tolist()
 
 
-Loads = tuple[list[float], list[float], list[float], list[int]]
-"""Per actor of one plan: decode seconds, prompt tokens, longest predicted length, groups.
-Stressed loads (``stress_plans``) carry a fifth list: the point estimate's decode seconds."""
-
-
 def split_plans(loads: Loads, counts: Sequence[int]) -> list[Loads]:
     """Loads of consecutive plans of ``counts`` actors each, from one concatenated set."""
     out, j = [], 0
     for count in counts:
-        out.append(tuple(part[j:j + count] for part in loads))  # type: ignore[arg-type]
+        cut = slice(j, j + count)
+        out.append(Loads(loads.decode[cut], loads.tokens[cut], loads.longest[cut], loads.groups[cut],
+                         None if loads.point is None else loads.point[cut]))
         j += count
     return out
 
 
 def stress_plans(plans: Sequence[Loads], top: float | Sequence[np.ndarray],
                  group_row: np.ndarray) -> list[Loads]:
-    """``tail_stress`` of every actor of these plans, in one pass; the decode seconds of each
-    plan replaced by the stressed ones, the point estimate's kept as a fifth list (the
-    feasibility check's, ``timeline.evaluate_candidate``). ``top``: one target for all, or one
-    array per plan."""
-    joined = tuple([x for load in plans for x in load[k]] for k in range(4))
+    """``tail_stress`` of every actor of these plans, in one pass: each plan's ``decode``
+    replaced by the stressed seconds, its point estimate kept as ``point`` (the feasibility
+    check's, ``timeline.evaluate_candidate``). ``top``: one target for all, or one array per plan."""
+    def joined(field: str) -> list:
+        return [x for load in plans for x in getattr(load, field)]
+
+    decode, tokens, longest, groups = (joined(f) for f in ("decode", "tokens", "longest", "groups"))
     if not isinstance(top, (int, float)):
         top = np.concatenate([np.asarray(t, dtype=np.float64) for t in top])
-    decode = tail_stress(joined[0], joined[2], [t / c for t, c in zip(joined[1], joined[3])], top,
-                         group_row)
-    stressed = split_plans((decode, joined[1], joined[2], joined[3]), [len(load[0]) for load in plans])
-    return [out + (load[0],) for out, load in zip(stressed, plans)]  # type: ignore[misc]
+    stressed = tail_stress(decode, longest, [t / c for t, c in zip(tokens, groups)], top, group_row)
+    out, j = [], 0
+    for load in plans:
+        count = len(load.decode)
+        out.append(load._replace(decode=stressed[j:j + count], point=load.decode))
+        j += count
+    return out

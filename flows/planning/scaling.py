@@ -27,7 +27,7 @@ the ranking (the paper's "evenly"). Where TPOT grows with batch and context, the
 longest groups then decodes slowest of all and sets the phase time: on a trace of long code
 answers (lcb), equal slices made the phase about 1.2x longer than a length-oblivious split.
 With a fixed fan-out (``fixed:N``) and ``rank_slack = s`` the N slices are sized instead
-(``_budget_slices``): ``T_bal``, the smallest predicted phase time any contiguous slicing of
+(``loads.budget_slices``): ``T_bal``, the smallest predicted phase time any contiguous slicing of
 the ranking reaches, is found by bisection, and the slices are then filled longest first, each
 with as many groups as keep its actor's predicted end within ``(1 + s) * T_bal`` (and within
 the equal-count plan's time). Short slices still release early, while the phase stays within
@@ -45,95 +45,23 @@ from __future__ import annotations
 
 import importlib
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from flows.planning.assignment import (assign_contiguous, assign_ranked, assign_round_robin,
-                                       rank_prompts, split_sizes)
-from flows.planning.robust import (STRIPED_MAX_N, Loads, MeasuredError, TailModel, held_budget,
-                                   split_plans, stress_plans, striped_layout)
-from flows.planning.cost import DecodeEstimator
+from flows.planning.assignment import assign_contiguous, assign_round_robin
+from flows.planning.loads import (Loads, assign_groups, budget_slices, candidate_loads, equal_slices,
+                                  group_loads, make_env, make_ranking, slice_ends, slice_loads)
 from flows.planning.objective import check_objective, choose
 from flows.planning.plan import Candidate, ClusterSpec, GenerationPlan, PlannerSettings
-from flows.planning.tpot import CONTEXT_BUCKET, TpotProfile
-from flows.planning.timeline import actor_start, evaluate_candidate, prefill_seconds
+from flows.planning.robust import (STRIPED_MAX_N, MeasuredError, TailModel, held_budget, split_plans,
+                                   stress_plans, striped_layout)
+from flows.planning.timeline import evaluate_candidate
+from flows.planning.tpot import TpotProfile
 
 ASSIGNMENTS = ("ranked", "round_robin", "contiguous")
 
-
-@dataclass(frozen=True)
-class _Env:
-    """Per-call constants of the time/cost model."""
-
-    decode: DecodeEstimator
-    prefill_s: float
-
-
-def _sorted_lengths(pids: Sequence[int], predicted: Mapping[int, float]) -> list[float]:
-    return sorted((float(predicted[p]) for p in pids), reverse=True)
-
-
-def _ranked_loads(ns: range, ranking: "_Ranking", env: _Env) -> list[Loads]:
-    """Per actor (decode seconds, prompt tokens, longest predicted length, group count) for
-    ranked slices, for every N in ``ns`` (the fast path: all candidates' slices at once, in
-    numpy; the same numbers as slicing with ``split_sizes`` and timing each with ``slice_timer``)."""
-    starts, sizes = _equal_slices(ns, len(ranking.order))
-    sums = np.asarray(ranking.token_sums)
-    tokens = sums[starts + sizes] - sums[starts]
-    decode = env.decode.sweep(ranking.lengths, starts, starts + sizes, tokens / sizes)
-    tokens_l, out, j = tokens.tolist(), [], 0
-    longest, sizes_l = np.asarray(ranking.lengths)[starts].tolist(), sizes.tolist()
-    for count in ns:
-        out.append((decode[j:j + count], tokens_l[j:j + count], longest[j:j + count],
-                    sizes_l[j:j + count]))
-        j += count
-    return out
-
-
-def _equal_slices(ns: range, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """(starts, sizes) of the equal-count slices of a ranking of ``m`` groups (``split_sizes``:
-    the first ``m % N`` slices get one more), for every N in ``ns``, one N after another."""
-    counts = np.arange(ns.start, ns.stop)
-    n = np.repeat(counts, counts)  # the N of each slice
-    i = np.arange(len(n)) - np.repeat(np.cumsum(counts) - counts, counts)  # index within its N
-    base, extra = m // n, m % n
-    return i * base + np.minimum(i, extra), base + (i < extra)
-
-
-def _slice_loads(sizes: Sequence[int], ranking: "_Ranking", env: _Env,
-                 perm: Sequence[int] | None = None) -> Loads:
-    """Per actor: decode seconds, prompt tokens, longest predicted length and group count for
-    consecutive slices of these sizes of the ranking (``DecodeEstimator.sweep``, as
-    ``_ranked_loads`` times equal slices), or of the ranking reordered by ``perm`` (striped
-    plans: each actor's groups made contiguous, still longest first; the permutations of
-    several plans may be concatenated, their slices then cover them one after another)."""
-    sizes_a = np.asarray(sizes, dtype=np.int64)
-    starts = np.cumsum(sizes_a) - sizes_a
-    lengths = np.asarray(ranking.lengths)
-    prompt = np.diff(np.asarray(ranking.token_sums))
-    if perm is not None:
-        lengths, prompt = lengths[perm], prompt[perm]
-    sums = np.concatenate(([0.0], np.cumsum(prompt)))
-    tokens = sums[starts + sizes_a] - sums[starts]
-    decode = env.decode.sweep(lengths, starts, starts + sizes_a, tokens / sizes_a)
-    return decode, tokens.tolist(), lengths[starts].tolist(), sizes_a.tolist()
-
-
-
-def _group_loads(groups: Sequence[Sequence[int]], predicted: Mapping[int, float],
-                 prompt_lengths: Mapping[int, int], env: _Env) -> Loads:
-    """Per actor, for an explicit assignment: decode seconds, prompt tokens, longest predicted
-    length and group count."""
-    decode, tokens, longest = [], [], []
-    for pids in groups:
-        tok = float(sum(prompt_lengths[p] for p in pids))
-        lengths = _sorted_lengths(pids, predicted)
-        decode.append(env.decode.time_desc(lengths, tok / len(pids)))
-        tokens.append(tok)
-        longest.append(lengths[0])
-    return decode, tokens, longest, [len(g) for g in groups]
 
 
 def _check_args(prompt_ids: Sequence[int], predicted: Mapping[int, float], group_size: int,
@@ -163,50 +91,6 @@ def _check_args(prompt_ids: Sequence[int], predicted: Mapping[int, float], group
         raise ValueError(f"scaling.predicted: no length for prompts {missing[:5]}; predict "
                          "every prompt (lengths.predict_lengths)")
 
-
-def _env(prompt_ids: Sequence[int], predicted: Mapping[int, float],
-         prompt_lengths: Mapping[int, int], group_size: int, profile: TpotProfile,
-         cluster: ClusterSpec, prefill_tokens: float | None, max_groups: int) -> _Env:
-    tokens = (float(sum(prompt_lengths[p] for p in prompt_ids)) if prefill_tokens is None
-              else float(prefill_tokens))
-    max_context = (max(prompt_lengths[p] for p in prompt_ids)
-                   + max(predicted[p] for p in prompt_ids))
-    decode = DecodeEstimator(profile, group_size, max_groups, max_context)
-    return _Env(decode, prefill_seconds(tokens, profile, cluster))
-
-
-@dataclass(frozen=True)
-class _Ranking:
-    order: list[int]
-    token_sums: list[float]  # prefix sums of prompt tokens along the ranking
-    lengths: list[float]  # predicted length along the ranking (non-increasing)
-
-
-def _ranking(prompt_ids: Sequence[int], predicted: Mapping[int, float],
-             prompt_lengths: Mapping[int, int]) -> _Ranking:
-    order = rank_prompts(prompt_ids, predicted)
-    sums = [0.0]
-    for pid in order:
-        sums.append(sums[-1] + prompt_lengths[pid])
-    return _Ranking(order, sums, [float(predicted[p]) for p in order])
-
-
-def _candidate_loads(ns: range, prompt_ids: Sequence[int], ranking: _Ranking, assignment: str,
-                     predicted: Mapping[int, float], prompt_lengths: Mapping[int, int],
-                     env: _Env) -> list[Loads]:
-    if assignment == "ranked":
-        return _ranked_loads(ns, ranking, env)
-    return [_group_loads(_groups(n, prompt_ids, predicted, assignment), predicted,
-                         prompt_lengths, env) for n in ns]
-
-
-def _groups(n: int, prompt_ids: Sequence[int], predicted: Mapping[int, float],
-            assignment: str) -> tuple[tuple[int, ...], ...]:
-    if assignment == "ranked":
-        return assign_ranked(prompt_ids, predicted, n)
-    if assignment == "contiguous":
-        return assign_contiguous(prompt_ids, n)
-    return assign_round_robin(prompt_ids, n)
 
 
 def _load_policy(policy: str):
@@ -278,8 +162,9 @@ def default_value_of_time(cluster: ClusterSpec) -> float:
 
 
 SIZED_MAX_N = 4
-"""``cost_aware`` also times budget-sized ranked slices (``_budget_slices``) for N up to
-this; each N costs a bisection, and the sized plans chosen on the traces have 2-4 actors (each N costs ~1 ms at 512 prompts)."""
+"""``cost_aware`` also times budget-sized ranked slices (``loads.budget_slices``) for N up to
+this: each N costs a bisection (~1 ms at 512 prompts), and the sized plans chosen on the traces
+have 2-4 actors."""
 
 
 def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, group_size: int,
@@ -303,9 +188,9 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
     robust = extras and assignment == "ranked"
     sized = ranked and (fixed and rank_slack is not None or extras)
     max_groups = len(prompt_ids) if sized else -(-len(prompt_ids) // n_lo)
-    env = _env(prompt_ids, predicted, prompt_lengths, group_size, profile, cluster,
+    env = make_env(prompt_ids, predicted, prompt_lengths, group_size, profile, cluster,
                prefill_tokens, max_groups)
-    ranking = _ranking(prompt_ids, predicted, prompt_lengths)
+    ranking = make_ranking(prompt_ids, predicted, prompt_lengths)
     ns = range(n_lo, n_hi + 1)
     price = cluster.price_per_gpu_second
 
@@ -319,37 +204,38 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
         return stress_plans(loads, top if tail is None else targets(), env.decode.table[0])
 
     def candidate(n: int, loads: Loads, kind: str) -> Candidate:
-        # stressed loads carry the point estimate (loads[4]), on which feasibility is checked
-        t, gs, reason = evaluate_candidate(loads[0], loads[1], cluster, env.prefill_s, *loads[4:])
+        t, gs, reason = evaluate_candidate(loads.decode, loads.tokens, cluster, env.prefill_s, loads.point)
         return Candidate(n, t, gs, gs * price, None, not reason, reason, kind)
 
     # one candidate per N: equal slices of the ranking (the paper), or the configured split
     cands = [candidate(n, loads, assignment) for n, loads in zip(ns, stress(
-        _candidate_loads(ns, prompt_ids, ranking, assignment, predicted, prompt_lengths, env),
-        lambda: tail.slices(*_equal_slices(ns, len(prompt_ids)), list(ns))))]
+        candidate_loads(ns, prompt_ids, ranking, assignment, predicted, prompt_lengths, env),
+        lambda: tail.slices(*equal_slices(ns, len(prompt_ids)), list(ns))))]
     builders = [lambda n=n: (assign_contiguous(ranking.order, n) if ranked
-                             else _groups(n, prompt_ids, predicted, assignment)) for n in ns]
+                             else assign_groups(n, prompt_ids, predicted, assignment)) for n in ns]
     if sized:  # budget-sized slices: fixed:N at its slack; cost_aware the fastest per N
         slack = rank_slack if fixed else 0.0
-        ends_from = None if fixed else _slice_ends(ranking, env, cluster)
-        for n in (ns if fixed else range(max(n_lo, 2), min(n_hi, SIZED_MAX_N) + 1)):
-            if n < 2:
-                continue
-            groups = _budget_slices(ranking, n, env, cluster, slack, ends_from)
-            if fixed:
-                loads = _group_loads(groups, predicted, prompt_lengths, env)
-            else:  # contiguous slices of the ranking: timed as the equal slices are (sweep)
-                loads = _slice_loads([len(g) for g in groups], ranking, env)
-            if fixed:  # the sized slices replace the equal ones
-                cands, builders = [], []
-            sizes = np.asarray([len(g) for g in groups])
-            targets = lambda: tail.slices(np.cumsum(sizes) - sizes, sizes, [n])  # noqa: E731
-            cands.append(candidate(n, stress([loads], targets)[0], "sized"))
-            builders.append(lambda g=groups: g)
+        ends_from = None if fixed else slice_ends(ranking, env, cluster)
+        sized_ns = [n for n in (ns if fixed else range(max(n_lo, 2), min(n_hi, SIZED_MAX_N) + 1)) if n >= 2]
+        sized_groups = [budget_slices(ranking, n, env, cluster, slack, ends_from) for n in sized_ns]
+        # fixed:N times its own slices' contexts; cost_aware's are contiguous slices of the
+        # ranking, timed as the equal slices are (one sweep each)
+        sized_loads = [group_loads(g, predicted, prompt_lengths, env) if fixed
+                       else slice_loads([len(x) for x in g], ranking, env) for g in sized_groups]
+        if fixed and sized_ns:  # the sized slices replace the equal ones
+            cands, builders = [], []
+        per_plan = [np.asarray([len(x) for x in g], dtype=np.int64) for g in sized_groups]
+        if per_plan:  # one tail solve for every N
+            sizes = np.concatenate(per_plan)
+            starts = np.concatenate([np.cumsum(x) - x for x in per_plan])
+            for n, groups, loads in zip(sized_ns, sized_groups, stress(
+                    sized_loads, lambda: tail.slices(starts, sizes, sized_ns))):
+                cands.append(candidate(n, loads, "sized"))
+                builders.append(lambda g=groups: g)
     striped = range(max(n_lo, 2), min(n_hi, STRIPED_MAX_N) + 1) if robust else range(0)
     if striped:  # the ranking dealt round-robin, every actor a like mix of lengths: one sweep
         layouts = [striped_layout(len(ranking.order), n) for n in striped]
-        joined = _slice_loads([x for sizes, _ in layouts for x in sizes], ranking, env,
+        joined = slice_loads([x for sizes, _ in layouts for x in sizes], ranking, env,
                               [i for _, perm in layouts for i in perm])
         for n, loads in zip(striped, stress(split_plans(joined, list(striped)),
                                            lambda: tail.striped(striped))):
@@ -359,7 +245,7 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
         groups = assign_round_robin(prompt_ids, BASELINE_N)
         position = {pid: i for i, pid in enumerate(ranking.order)}
         cands.append(candidate(BASELINE_N, stress(
-            [_group_loads(groups, predicted, prompt_lengths, env)],
+            [group_loads(groups, predicted, prompt_lengths, env)],
             lambda: [tail.groups([[position[p] for p in g] for g in groups])])[0], "round_robin"))
         builders.append(lambda g=groups: g)
     budget = (held_budget(cands, min(budget_actors, n_hi), cluster, env.prefill_s)
@@ -380,121 +266,3 @@ BASELINE_N = 3
 paper's static fan-out, served serverlessly), so it never runs a plan its own estimate says
 loses to that one in both time and cost."""
 
-
-def _budget_slices(ranking: _Ranking, n: int, env: _Env, cluster: ClusterSpec,
-                   slack: float, ends_from=None) -> tuple[tuple[int, ...], ...]:
-    """``n`` contiguous slices of the ranking, filled longest first within a time budget.
-
-    Each actor's predicted end is its start (``timeline.actor_start``: prefill, transfers)
-    plus its slice's decode time. ``fill(cap)`` gives every actor but the last the most groups
-    whose end stays within ``cap`` (at least one group each, leaving one for every later actor);
-    it fails when the last actor's rest ends after ``cap``. The balanced time is the smallest
-    ``cap`` that ``fill`` meets (bisection to 0.1%, starting from equal counts, which it always
-    meets); the slices returned are ``fill(min((1 + slack) * balanced, equal-count time))``.
-
-    Moving a boundary towards the short end moves one group to the longer slice, where it
-    decodes alongside longer groups, and takes the longest group off the shorter slice, which
-    then runs fewer steps; with a TPOT that grows linearly in the batch the total GPU-s does
-    not rise, which is why filling the long slices first is the cheap way to use the budget.
-
-    ``ends_from`` (``cost_aware``'s extra candidates, timed exactly afterwards: ``_slice_ends``
-    of the ranking, shared by every N): every slice starts
-    from the step's mean prompt length (``_slice_ends``), which makes the search a few numpy
-    passes instead of ~10^5 table reads; ``fixed:N`` sizes with each slice's own context.
-    """
-    m = len(ranking.order)
-    sums = ranking.token_sums
-    if ends_from is not None:
-        cache: dict[tuple[int, int], list[float]] = {}  # the bisection revisits most starts
-
-        def end(actor: int, i: int, j: int) -> float:
-            row = cache.get((actor, i))
-            if row is None:
-                row = cache[(actor, i)] = ends_from(actor, i)
-            return row[j - i - 1]
-    else:
-        timer = env.decode.slice_timer(ranking.lengths)
-        memo: dict[tuple[int, int, int], float] = {}
-
-        def end(actor: int, i: int, j: int) -> float:
-            value = memo.get((actor, i, j))
-            if value is None:
-                tokens = sums[j] - sums[i]
-                ready = actor_start(actor, cluster, env.prefill_s, tokens).ready_s
-                value = memo[(actor, i, j)] = ready + timer(i, j, tokens / (j - i))
-            return value
-
-    def fill(cap: float) -> list[int] | None:
-        bounds, i = [0], 0
-        for actor in range(n - 1):
-            lo, hi = i + 1, m - (n - 1 - actor)
-            if end(actor, i, lo) > cap:
-                return None
-            step = 1  # gallop first: slices of the long groups are short, and short is cheap
-            while lo + step <= hi and end(actor, i, lo + step) <= cap:
-                lo, step = lo + step, 2 * step
-            hi = min(hi, lo + step - 1)
-            while lo < hi:  # the largest end index within the cap (end grows with the slice)
-                mid = (lo + hi + 1) // 2
-                if end(actor, i, mid) <= cap:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            bounds.append(lo)
-            i = lo
-        if end(n - 1, i, m) > cap:
-            return None
-        return bounds + [m]
-
-    equal = [0]
-    for size in split_sizes(m, n):
-        equal.append(equal[-1] + size)
-    hi = equal_end = max(end(a, i, j) for a, (i, j) in enumerate(zip(equal, equal[1:])))
-    if fill(hi) is None:  # only where a slice's time is not monotone in its size
-        return assign_contiguous(ranking.order, n)
-    lo = end(0, 0, 1)  # no slicing beats the longest group alone on actor 0
-    while hi - lo > (1e-3 if ends_from is None else 5e-3) * hi:  # candidates are timed exactly after
-        mid = 0.5 * (lo + hi)
-        lo, hi = (lo, mid) if fill(mid) is not None else (mid, hi)
-    bounds = fill(min(hi * (1.0 + slack), equal_end)) or fill(hi)
-    return tuple(tuple(ranking.order[i:j]) for i, j in zip(bounds, bounds[1:]))
-
-
-def _slice_ends(ranking: _Ranking, env: _Env, cluster: ClusterSpec):
-    """``ends_from(actor, i)``: predicted end of ``actor`` holding ranking slice ``i:j``, for
-    every ``j`` in ``i + 1 .. m`` (one numpy pass per start; the budget slicing asks for many
-    ends of few starts). The decode part is ``DecodeEstimator.slice_timer``'s sum with the
-    step's mean prompt length as every slice's starting context (one context bucket for all
-    slices, so one ``cumsum`` serves every end; the chosen slices are then timed exactly)."""
-    inv = 1.0 / CONTEXT_BUCKET
-    lengths = np.asarray(ranking.lengths, dtype=np.float64)
-    sums = np.asarray(ranking.token_sums, dtype=np.float64)
-    m = len(lengths)
-    table = env.decode.table
-    base = int(sums[-1] / m * inv)
-    diffs = lengths[:-1] - lengths[1:]
-    cols = base + (0.5 * (lengths[:-1] + lengths[1:] + 1.0) * inv).astype(np.int64)
-    last_cols = base + (0.5 * (lengths + 1.0) * inv).astype(np.int64)
-    rows = np.arange(m)
-    kv_per_token = cluster.kv_bytes_per_token / cluster.transfer_bandwidth_bytes_per_s
-
-    decodes: dict[int, np.ndarray] = {}  # start -> decode time of every end; shared by all N
-    rows_out: dict[tuple[float, int], list[float]] = {}  # (actor's zero-token ready, start)
-
-    def ends_from(actor: int, i: int) -> list[float]:
-        local = actor < cluster.colocated_actors  # no KV transfer
-        ready0 = actor_start(actor, cluster, env.prefill_s, 0.0).ready_s
-        key = (ready0 if not local else -1.0, i)
-        out = rows_out.get(key)
-        if out is None:
-            decode = decodes.get(i)
-            if decode is None:
-                partial = np.concatenate(([0.0], np.cumsum(diffs[i:] * table[rows[:m - 1 - i], cols[i:]])))
-                pos = rows[:m - i]  # slice i:j has j - i groups; its last is at pos j - 1 - i
-                decode = decodes[i] = partial[pos] + lengths[i:] * table[pos, last_cols[i:]]
-            ready = ready0
-            if not local:  # the slice's prompts' KV arrives after the prefill (timeline.actor_start)
-                ready = ready0 + kv_per_token * (sums[i + 1:] - sums[i])
-            out = rows_out[key] = (ready + decode).tolist()
-        return out
-    return ends_from
