@@ -246,3 +246,36 @@ def test_the_hook_runs_the_prefill_action_only_where_it_pays(tiny_config, tmp_pa
     assert ran.predicted_prefill_s == pytest.approx(ran.prefill.tokens_computed / 2000.0 + 0.01)
     assert phase("always", unique).prefill is not None
     assert phase("never", shared).prefill is None
+
+
+@pytest.mark.parametrize("objective", ["value", "slack", "budget", "paper"])
+def test_the_hook_times_each_fan_out_at_the_speed_measured_at_it(tiny_config, tmp_path, monkeypatch, objective):
+    """Long responses, where a second action pays at one speed for every fan-out: once the
+    steps have measured two actions decoding 4x slower each than one (they share the cores),
+    every objective keeps one, and the plan and its record carry the one-action speed."""
+    from actions.common.store import LocalStore
+    from flows.step import phase as hooks
+    from flows.step.context import RunContext
+    from flows.planning.calibration import Calibration
+    from flows.planning.lengths import LengthHistory
+
+    monkeypatch.setattr(hooks, "pool_cores", lambda cfg: 2)
+    profile = TpotProfile((4, 16), (8.0, 64.0), ((0.01, 0.012), (0.03, 0.036)), 2000.0, name="measured-x")
+    ctx = RunContext(config=tiny_config("generation.max_new_tokens=200", f"scaling.objective={objective}"),
+                     store=LocalStore(str(tmp_path / "s")), invoker=None, run_id="r",  # type: ignore[arg-type]
+                     live=LiveInputs(profile, "measured", activation_s=0.1, threads=1))
+    ids = [0, 1, 2, 3]
+    tokens = {p: PromptTokens(prompt=list(range(8)), answer_len=150) for p in ids}
+
+    def phase(calibration: Calibration):
+        return hooks.plan_generation_phase(ctx, LengthHistory(), tokens, ids, 4, calibration=calibration)
+
+    one_speed = phase(Calibration(decode_scale=1.5))
+    assert one_speed.plan.num_actors == 2
+    measured = phase(Calibration(decode_scale=1.5, by_actors=((1, 1.0), (2, 4.0))))
+    assert measured.plan.num_actors == 1
+    assert measured.calibration.decode_scale == 1.0  # recorded as planned: calibrate() reads it back
+    alone = phase(Calibration(decode_scale=1.0)).plan  # one speed, the one-action one
+    chosen = measured.plan.candidates[measured.plan.chosen]
+    same = [c for c in alone.candidates if (c.n, c.kind) == (chosen.n, chosen.kind)]
+    assert same and chosen.time_s == pytest.approx(same[0].time_s, rel=1e-9)

@@ -1,11 +1,12 @@
 """The planner's objective: no dominated plan, absolute units, the paper's min-max kept."""
 
 import random
+from dataclasses import replace
 
 import pytest
 
-from flows.planning.objective import choose, choose_fanout, pareto_mask
-from flows.planning.plan import Candidate, ClusterSpec, GenerationPlan
+from flows.planning.objective import choose, pareto_mask
+from flows.planning.plan import Candidate, ClusterSpec
 from flows.planning.tpot import GPUS, MODELS, roofline_profile
 from flows.planning.scaling import BASELINE_N, default_value_of_time
 from flows.planning.scaling import plan_generation as _plan_generation
@@ -157,20 +158,35 @@ def test_value_of_time_moves_along_the_frontier():
     assert times[0] > times[-1]
 
 
-def _plan(n: int, time_s: float, cost: float) -> GenerationPlan:
-    cand = Candidate(n=n, time_s=time_s, gpu_seconds=cost, cost_usd=cost, score=0.0, feasible=True, kind="ranked")
-    return GenerationPlan(policy="cost_aware", num_actors=n, assignments=tuple((i,) for i in range(n)),
-                          predicted_time_s=time_s, predicted_gpu_seconds=cost, candidates=(cand,), chosen=0)
+def test_a_fan_outs_own_speed_times_its_candidates():
+    """``decode_scale_by_n``: the candidates of N actors are timed as with a profile N's factor
+    slower; the others are left as they are."""
+    ids, pred, kw = _step(5)
+    base = plan_generation(ids, pred, objective="value", **kw)
+    scaled = plan_generation(ids, pred, objective="value", decode_scale_by_n=((2, 3.0),), **kw)
+    slow = plan_generation(ids, pred, objective="value", **{**kw, "n_min": 2, "n_max": 2,
+                                                            "profile": kw["profile"].with_decode_speed(1 / 3.0, "x3")})
+    by_kind = {(c.n, c.kind): c for c in scaled.candidates}
+    for c in base.candidates:
+        if c.n != 2:
+            assert (by_kind[c.n, c.kind].time_s, by_kind[c.n, c.kind].gpu_seconds) == (c.time_s, c.gpu_seconds)
+    for c in slow.candidates:
+        assert by_kind[2, c.kind].time_s == pytest.approx(c.time_s, rel=1e-9)
+        assert by_kind[2, c.kind].gpu_seconds == pytest.approx(c.gpu_seconds, rel=1e-9)
 
 
-def test_choose_fanout_weighs_separately_planned_fan_outs_by_the_objective():
-    plans = {1: _plan(1, 1.0, 1.0), 2: _plan(2, 0.9, 1.8)}
-    # a second worth 5: 1 + 5 < 1.8 + 4.5; worth 10: 1 + 10 > 1.8 + 9
-    assert choose_fanout(plans, "value", 5.0) == 1
-    assert choose_fanout(plans, "value", 10.0) == 2
-    assert choose_fanout(plans, "slack", 0.0, time_slack=0.2) == 1  # within 20% of the fastest, cheaper
-    # a fan-out slower and dearer than another is never chosen, whatever a second is worth
-    plans[3] = _plan(3, 1.1, 2.0)
-    assert all(choose_fanout(plans, "value", v) != 3 for v in (0.0, 1.0, 100.0))
-    with pytest.raises(ValueError, match="budget"):
-        choose_fanout(plans, "budget", 1.0)
+@pytest.mark.parametrize("objective", ["budget", "value", "slack", "paper"])
+def test_no_objective_picks_a_fan_out_its_measured_speed_makes_slower_and_dearer(objective):
+    """Every fan-out above one decoding 40x slower than the profile (actions starved of cores):
+    one actor is then faster and cheaper than any of them, and every objective takes it."""
+    ids, pred, kw = _step(6)
+    kw = {**kw, "n_max": 8, "cluster": replace(kw["cluster"], max_actors=8), "value_of_time_usd_per_s": 1e3}
+    assert plan_generation(ids, pred, objective=objective, **kw).num_actors > 1
+    starved = tuple((n, 40.0) for n in range(2, 9))
+    assert plan_generation(ids, pred, objective=objective, decode_scale_by_n=starved, **kw).num_actors == 1
+
+
+def test_a_bad_fan_out_speed_is_refused_with_the_field_named():
+    ids, pred, kw = _step(0, m=8)
+    with pytest.raises(ValueError, match=r"scaling.decode_scale_by_n: \[\(2, 0.0\)\]"):
+        plan_generation(ids, pred, decode_scale_by_n=((2, 0.0),), **kw)

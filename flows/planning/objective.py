@@ -32,9 +32,9 @@ tail, a trade the other objectives price and the budget one has already bounded.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Sequence
 
-from flows.planning.plan import Candidate, GenerationPlan
+from flows.planning.plan import Candidate
 
 OBJECTIVES = ("budget", "value", "slack", "paper")
 
@@ -117,26 +117,3 @@ def choose(cands: Sequence[Candidate], objective: str = "value", *, lam: float =
     best = min((i for i, s in enumerate(scores) if s is not None and s <= best_score + tol),
                key=lambda i: (cands[i].cost_usd, cands[i].time_s, i))
     return best, scores
-
-
-FANOUT_OBJECTIVES = ("value", "slack")
-"""Objectives in absolute units, whose verdicts compare across separately planned fan-outs
-(``choose_fanout``); the paper's min-max objective and the budget's bill depend on the whole
-candidate set."""
-
-
-def choose_fanout(plans: Mapping[int, GenerationPlan], objective: str, value_of_time_usd_per_s: float,
-                  time_slack: float = 0.0) -> int | None:
-    """The fan-out whose plan ``objective`` prefers, each plan made for one fan-out N (and timed
-    at the speed measured at N, ``calibration.by_actors``): ``choose`` over the candidates the
-    plans chose. For the objectives in absolute units (``value``, ``slack``), whose verdicts do
-    not depend on which other candidates exist. None when no plan chose a candidate."""
-    if objective not in FANOUT_OBJECTIVES:
-        raise ValueError(f"choose_fanout: objective={objective!r}; use value or slack, whose choices "
-                         "compare across separately planned fan-outs")
-    chosen = [(n, p.candidates[p.chosen]) for n, p in sorted(plans.items()) if p.chosen is not None]
-    if not chosen:
-        return None
-    best, _ = choose([c for _, c in chosen], objective, value_of_time_usd_per_s=value_of_time_usd_per_s,
-                     time_slack=time_slack)
-    return None if best is None else chosen[best][0]

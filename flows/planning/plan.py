@@ -166,3 +166,8 @@ class PlannerSettings:
     """The length predictor's measured error (``robust.MeasuredError``), which scales the
     robust tail of ``cost_aware``'s ranked candidates; None: every actor may run to the step's
     longest prediction. Not passed to user policies."""
+    decode_scale_by_n: tuple[tuple[int, float], ...] = ()
+    """(N, factor): a candidate of N actors decodes ``factor`` times as long as ``profile``
+    says; N not listed: 1. Where actors share a machine's cores (the local pool: a lone action
+    has all of them, N actions a share each) the speed depends on N; the live hook passes the
+    speeds it measured at each fan-out (``Calibration.by_actors``). Not passed to user policies."""

@@ -36,6 +36,11 @@ too: its sweep already trades time against cost through N, by ``lam``; re-slicin
 would trade again behind the objective's back, and on the traces (simulator, many actors per
 step) the uneven slices lost more time to mispredicted groups than the sweep had bought.
 
+Speed per fan-out (``PlannerSettings.decode_scale_by_n``): where N actors share one machine's
+cores, each decodes at its share's speed; a candidate of N actors has its decode seconds (and
+its robust tail) multiplied by N's factor before it is evaluated, so every objective weighs
+each N at its own speed.
+
 Policies: ``cost_aware``; ``fixed:N`` (N actors, the configured assignment);
 ``module:function`` (a user function with this signature returning a
 ``GenerationPlan``; its output is validated).
@@ -132,6 +137,9 @@ def plan_generation(prompt_ids: Sequence[int], predicted: Mapping[int, float], *
     _check_args(prompt_ids, predicted, group_size, n_min, n_max, lam, assignment, cut_threshold,
                 rank_slack)
     check_objective(objective, lam, value_of_time_usd_per_s, time_slack, s.budget_actors)
+    bad = [(n, f) for n, f in s.decode_scale_by_n if not (n >= 1 and f > 0.0 and np.isfinite(f))]
+    if bad:
+        raise ValueError(f"scaling.decode_scale_by_n: {bad[:3]}; each entry is (actors >= 1, factor > 0)")
     kwargs = dict(group_size=group_size, prompt_lengths=prompt_lengths, policy=policy,
                   n_min=n_min, n_max=n_max, lam=lam, assignment=assignment, profile=profile,
                   cluster=cluster, cut_threshold=cut_threshold, prefill_tokens=prefill_tokens)
@@ -141,6 +149,7 @@ def plan_generation(prompt_ids: Sequence[int], predicted: Mapping[int, float], *
         plan = _plan_builtin(list(prompt_ids), predicted, rank_slack=rank_slack,
                              objective=objective, value_of_time=value, time_slack=time_slack,
                              budget_actors=s.budget_actors, tail_error=s.tail_error,
+                             decode_scale_by_n=dict(s.decode_scale_by_n),
                              **kwargs)
     elif ":" in policy:
         plan = _load_policy(policy)(prompt_ids, predicted, **kwargs)
@@ -173,7 +182,8 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
                   cut_threshold: float | None, prefill_tokens: float | None,
                   rank_slack: float | None, objective: str, value_of_time: float,
                   time_slack: float, budget_actors: int = 3,
-                  tail_error: MeasuredError | None = None) -> GenerationPlan:
+                  tail_error: MeasuredError | None = None,
+                  decode_scale_by_n: Mapping[int, float] | None = None) -> GenerationPlan:
     fixed = policy.startswith("fixed:")
     note = ""
     if fixed:
@@ -204,6 +214,10 @@ def _plan_builtin(prompt_ids: list[int], predicted: Mapping[int, float], *, grou
         return stress_plans(loads, top if tail is None else targets(), env.decode.table[0])
 
     def candidate(n: int, loads: Loads, kind: str) -> Candidate:
+        factor = (decode_scale_by_n or {}).get(n, 1.0)  # decode times are linear in the profile's
+        if factor != 1.0:
+            loads = loads._replace(decode=[x * factor for x in loads.decode],
+                                   point=None if loads.point is None else [x * factor for x in loads.point])
         t, gs, reason = evaluate_candidate(loads.decode, loads.tokens, cluster, env.prefill_s, loads.point)
         return Candidate(n, t, gs, gs * price, None, not reason, reason, kind)
 

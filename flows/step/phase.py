@@ -22,8 +22,7 @@ from flows.planning.plan import ClusterSpec, GenerationPlan, PlannerSettings
 from flows.planning.prefix import PrefillPlan, plan_prefill, prefill_action_pays
 from flows.planning.prewarm import prewarm_offset
 from flows.planning.tpot import CPU_TINY_PROFILE, TpotProfile
-from flows.planning.objective import FANOUT_OBJECTIVES, choose_fanout
-from flows.planning.scaling import default_value_of_time, plan_generation
+from flows.planning.scaling import plan_generation
 from flows.planning.timeline import prefill_seconds
 from flows.planning.speculation import speculative_profile
 
@@ -132,23 +131,15 @@ def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: Mappi
     prefill_tokens = prefill.tokens_computed if prefill else sum(prompt_lengths.values())
     settings = planner_settings(ctx, num_workers, profile, cluster)
 
-    def plan_with(settings: PlannerSettings) -> GenerationPlan:
-        return plan_generation(prompt_ids, predicted, group_size=cfg.algorithm.group_size,
-                               prompt_lengths=prompt_lengths, settings=settings, prefill_tokens=prefill_tokens)
-
-    plan = None
-    if calibration.by_actors and s.policy == "cost_aware" and s.objective in FANOUT_OBJECTIVES:
-        # each fan-out timed at the speed measured at that fan-out (calibration.py), the best
-        # of them chosen by the same objective
-        fanouts = {n: calibration.for_actors(n) for n in range(settings.n_min, settings.n_max + 1)}
-        plans = {n: plan_with(replace(settings, n_min=n, n_max=n, profile=c.profile(base)))
-                 for n, c in fanouts.items()}
-        value = default_value_of_time(cluster) if s.value_of_time_usd_per_s is None else s.value_of_time_usd_per_s
-        n = choose_fanout(plans, s.objective, value, s.time_slack)
-        if n is not None:
-            plan, calibration, profile = plans[n], fanouts[n], fanouts[n].profile(base)
-    if plan is None:
-        plan = plan_with(settings)
+    per_fanout = bool(calibration.by_actors) and (s.policy == "cost_aware" or s.policy.startswith("fixed:"))
+    if per_fanout:  # each fan-out timed at the speed measured at it, relative to the profile's scale
+        settings = replace(settings, decode_scale_by_n=tuple(
+            (n, scale / calibration.decode_scale) for n, scale in calibration.by_actors))
+    plan = plan_generation(prompt_ids, predicted, group_size=cfg.algorithm.group_size,
+                           prompt_lengths=prompt_lengths, settings=settings, prefill_tokens=prefill_tokens)
+    if per_fanout:  # the plan was timed at its fan-out's speed: so are its cut points and its record
+        calibration = calibration.for_actors(plan.num_actors)
+        profile = calibration.profile(base)
     cut_after = tuple(plan_cut_points_of(
         plan.assignments, predicted, {p: cfg.algorithm.group_size for p in prompt_ids},
         prompt_lengths, cut_threshold_for(s.policy, s.objective, cfg.generation.cut_threshold), profile))
