@@ -31,15 +31,21 @@ from actions.tasks.stored import load_dataset, rows_for
 def _specs(req: GenerateRequest, tokenizer: object) -> list[SampleSpec]:
     store = store_for(req.model.store_uri)
     dataset = load_dataset(req.model.store_uri, req.dataset_key)
+    encoded: dict[int, tuple[int, ...]] = {}  # a group's samples share their prompt's tokens
+
+    def prompt_tokens(prompt_id: int) -> tuple[int, ...]:
+        if prompt_id not in encoded:
+            encoded[prompt_id] = encode(tokenizer, dataset[prompt_id].prompt)
+        return encoded[prompt_id]
+
     specs = [
-        SampleSpec(row.prompt_id, i, encode(tokenizer, row.prompt))
+        SampleSpec(row.prompt_id, i, prompt_tokens(row.prompt_id))
         for row in rows_for(dataset, req.prompt_ids)
         for i in range(req.group_size)
     ]
     for key in req.partial_keys:
         for p in (PartialSample.model_validate(x) for x in get_json(store, key)):
-            specs.append(SampleSpec(p.prompt_id, p.sample_index, encode(tokenizer, dataset[p.prompt_id].prompt),
-                                    tuple(p.tokens)))
+            specs.append(SampleSpec(p.prompt_id, p.sample_index, prompt_tokens(p.prompt_id), tuple(p.tokens)))
     return specs
 
 

@@ -6,7 +6,8 @@ error that is not retried), and computes per-token log-probs under the sampling 
 "old" policy of the PPO ratio) and under the frozen reference, plus the critic's values for PPO.
 Each forward runs only where the update needs it: no reference model without a KL term
 (``kl_coef: 0``), and no old log-probs where the update's own pass gives them (GRPO with one
-epoch of one mini-batch, ``update.needs_old_logp``). The output
+epoch of one mini-batch, ``update.needs_old_logp``). The policy's weights are loaded only for
+its own log-probs: the rewards and the token rows need the tokenizer alone. The output
 is an artifact of tensors [B, T] (right-padded responses, T = the shard's widest row rounded
 up to ``sequences.WIDTH_BUCKET``) and a meta table of the samples.
 """
@@ -19,8 +20,8 @@ import torch
 
 from actions.common.adapter import run_action
 from actions.common.contracts import ScoreRequest, ScoreResult
-from actions.common.loading import encode, load_model, store_for
-from actions.common.special_tokens import special_tokens
+from actions.common.device import action_device
+from actions.common.loading import encode, load_model, load_tokenizer, store_for
 from actions.common.store import get_json
 from actions.common.weights import publish_tensors
 from actions.rl.critic_store import load_critic
@@ -41,11 +42,11 @@ def _load_samples(req: ScoreRequest) -> list[dict]:
 
 @torch.no_grad()
 def run_score(req: ScoreRequest) -> ScoreResult:
-    policy, tokenizer, _ = load_model(req.policy)
+    tokenizer, ids = load_tokenizer(req.policy)
     dataset = load_dataset(req.policy.store_uri, req.dataset_key)
     samples = _load_samples(req)
-    ids = special_tokens(policy, tokenizer)
-    prompts = [encode(tokenizer, dataset[s["prompt_id"]].prompt) for s in samples]
+    encoded = {pid: encode(tokenizer, dataset[pid].prompt) for pid in dict.fromkeys(s["prompt_id"] for s in samples)}
+    prompts = [encoded[s["prompt_id"]] for s in samples]
     # A stopped sample ends with the EOS id it emitted (a model may have several).
     responses = [s["tokens"] + ([s.get("stop_token", ids.eos_id)] if s["finish_reason"] == "stop" else [])
                  for s in samples]
@@ -54,8 +55,8 @@ def run_score(req: ScoreRequest) -> ScoreResult:
     rewards = torch.tensor(compute_rewards(req.rewards, [dataset[s["prompt_id"]] for s in samples], texts).total)
     # Only the forwards the update needs (update.needs_old_logp / needs_ref_logp).
     fns = {}
-    if needs_old_logp(req.algorithm):
-        fns["old_logp"] = partial(response_logprobs, policy)
+    if needs_old_logp(req.algorithm):  # the only use of the sampling policy's weights here
+        fns["old_logp"] = partial(response_logprobs, load_model(req.policy)[0])
     if needs_ref_logp(req.algorithm):
         ref_model, _, _ = load_model(req.policy.model_copy(update={"policy_key": req.reference_key,
                                                                    "policy_version": 0, "weights_sha256": None}))
@@ -66,7 +67,7 @@ def run_score(req: ScoreRequest) -> ScoreResult:
         fns["values"] = load_critic(req.policy.store_uri, req.policy.base_key, req.critic_key,
                                     dtype_setting=req.policy.dtype)
     # Each row at widths of its own: its log-probs do not depend on the shard it is scored in.
-    device = next(policy.parameters()).device
+    device = action_device()  # where load_model puts every model (the critic's included)
     outs, mask = (per_row_widths(list(fns.values()), prompts, responses, ids.pad_id, device=device) if fns
                   else ([], None))
     scored = dict(zip(fns, outs))

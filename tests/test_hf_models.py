@@ -13,7 +13,7 @@ import torch
 
 from flows.config import load_config
 from actions.common.contracts import ModelRef
-from actions.common.modeling import instantiate, read_model_dir
+from actions.common.modeling import build_model, instantiate, read_base, read_model_dir
 from actions.common.special_tokens import special_tokens
 from actions.common.store import LocalStore, get_json, put_json
 from actions.common.tiny_hf import write_tiny_model_dir
@@ -70,6 +70,28 @@ def test_special_tokens_take_every_eos_id_and_a_pad_id(tmp_path):
     model, tok = instantiate(*read_model_dir(llama.path))
     assert json.loads((llama.path / "config.json").read_text())["eos_token_id"] == list(llama.eos_token_ids)
     assert special_tokens(model, tok).pad_id == llama.pad_token_id
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_a_base_read_once_builds_every_version_and_names_its_special_tokens_without_weights(tmp_path, variant):
+    """The parsed base (config, tokenizer, generation settings) is shared by the models built
+    from it: each equals ``instantiate``'s, none changes the shared config, and the special
+    tokens read from the base alone are those of a built model (what scoring without a
+    forward relies on)."""
+    info = write_tiny_model_dir(tmp_path / "m", **VARIANTS[variant])
+    files, tensors = read_model_dir(info.path)
+    base = read_base(files)
+    config_before = base.config.to_json_string()
+    first, second = build_model(base, tensors), build_model(base, {k: v + 1 for k, v in tensors.items()})
+    model, tok = instantiate(files, tensors)
+    assert base.special_tokens() == special_tokens(first, base.tokenizer) == special_tokens(model, tok)
+    assert base.config.to_json_string() == config_before and first.config is not second.config
+    assert first.generation_config is not second.generation_config
+    assert first.generation_config.to_json_string() == model.generation_config.to_json_string()
+    ids = torch.arange(3, 40)[None]
+    with torch.no_grad():
+        assert torch.equal(first(input_ids=ids).logits, model(input_ids=ids).logits)
+        assert not torch.equal(second(input_ids=ids).logits, model(input_ids=ids).logits)
 
 
 @pytest.mark.parametrize("variant", ["qwen2-nopad-2eos", "llama-untied-plain"])

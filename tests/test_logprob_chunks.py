@@ -240,14 +240,28 @@ def _score_train(prepared, score_algo: AlgorithmConfig, train_algo: AlgorithmCon
     return set(tensors), train
 
 
-def test_score_runs_only_the_forwards_the_update_needs_and_the_shortcut_is_exact(prepared):
+def test_score_runs_only_the_forwards_the_update_needs_and_the_shortcut_is_exact(prepared, monkeypatch):
+    import actions.score
+    from actions.common import warm
+    from actions.common.weights import load_tensors
+
+    loads: list[str] = []
+    real_load = actions.score.load_model
+    monkeypatch.setattr(actions.score, "load_model", lambda ref, **kw: loads.append(ref.policy_key) or real_load(ref, **kw))
+    warm.clear()  # nothing left from the other tests: a skipped load is not a warm hit
     one_pass = AlgorithmConfig(batch_size=16, group_size=4, num_minibatches=1, kl_coef=0.0, lr=1e-3)
     scored_names, shortcut = _score_train(prepared, one_pass, one_pass, "a")
     assert scored_names == {"rewards"}  # neither the policy's nor the reference's log-probs
+    assert loads == []  # and no model: the rewards and the token rows need the tokenizer only
     full_scoring = one_pass.model_copy(update={"num_minibatches": 2, "kl_coef": 0.01})
     scored_names, reference = _score_train(prepared, full_scoring, one_pass, "b")
-    assert scored_names == {"rewards", "old_logp", "ref_logp"}
+    assert scored_names == {"rewards", "old_logp", "ref_logp"} and len(loads) == 2
     assert shortcut["weights_sha256"] == reference["weights_sha256"]
+    # The rows the update trains on are the same with and without a model loaded for scoring
+    # (the special tokens read without weights: tests/test_hf_models.py).
+    store = prepared[1]
+    rows = [load_tensors(store, f"runs/s/{tag}/scored/manifest.json")[1]["samples"] for tag in ("a", "b")]
+    assert rows[0] == rows[1] and len(rows[0]) == 16
 
 
 def test_bf16_train_step_publishes_bf16_weights_and_fp32_master_state(prepared):

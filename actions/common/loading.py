@@ -2,7 +2,10 @@
 
 Models are keyed by (store uri, base key, policy key): a policy version never changes once
 its manifest exists, so a hit is always valid. The train action takes a private copy
-(``fresh=True``) because it mutates weights.
+(``fresh=True``) because it mutates weights. The base's parsed parts (config, tokenizer,
+generation settings) are cached apart, per base key: every policy version of a campaign
+shares them, so a new version costs only its tensors and the model's construction, and an
+action that needs no weights (scoring without a forward) reads the tokenizer alone.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import torch
 from actions.common import warm
 from actions.common.contracts import ModelRef
 from actions.common.device import action_device, action_dtype
-from actions.common.modeling import instantiate
+from actions.common.modeling import BaseParts, build_model, read_base
+from actions.common.special_tokens import SpecialTokens
 from actions.common.store import ObjectStore, get_artifact, open_store
 from actions.common.weights import load_tensors
 
@@ -43,6 +47,18 @@ def load_base(store_uri: str, base_key: str) -> dict[str, bytes]:
     return warm.get_or_build(("base", store_uri, base_key), lambda: get_artifact(store_for(store_uri), base_key)[0])[0]
 
 
+def load_base_parts(store_uri: str, base_key: str) -> BaseParts:
+    """The base's config, tokenizer and generation settings, parsed once per warm container."""
+    return warm.get_or_build(("base_parts", store_uri, base_key), lambda: read_base(load_base(store_uri, base_key)))[0]
+
+
+def load_tokenizer(ref: ModelRef) -> tuple[object, SpecialTokens]:
+    """(tokenizer, special tokens) of ``ref``'s base, as ``load_model`` and ``special_tokens``
+    would give them, without reading or building any weights."""
+    base = load_base_parts(ref.store_uri, ref.base_key)
+    return base.tokenizer, base.special_tokens()
+
+
 def load_model(ref: ModelRef, *, fresh: bool = False) -> tuple[torch.nn.Module, object, bool]:
     """(model, tokenizer, warm_hit) for a policy version, on ``RLHFLESS_DEVICE`` in
     ``ref.dtype`` (``auto``: bf16 on CUDA, fp32 on the CPU; see ``device.py``)."""
@@ -51,8 +67,8 @@ def load_model(ref: ModelRef, *, fresh: bool = False) -> tuple[torch.nn.Module, 
 
     def build():
         tensors, _ = load_tensors(store_for(ref.store_uri), ref.policy_key, expected_sha256=ref.weights_sha256)
-        model, tokenizer = instantiate(load_base(ref.store_uri, ref.base_key), tensors)
-        return model.to(device=device, dtype=dtype), tokenizer
+        base = load_base_parts(ref.store_uri, ref.base_key)
+        return build_model(base, tensors).to(device=device, dtype=dtype), base.tokenizer
 
     if fresh:
         model, tokenizer = build()

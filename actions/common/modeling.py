@@ -11,10 +11,13 @@ small, never changes during a campaign) and *policy versions* (tensors only, see
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -24,6 +27,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Gener
 from transformers.initialization import no_init_weights
 
 from actions.common.safe_paths import write_beneath
+from actions.common.special_tokens import SpecialTokens, special_tokens
 
 TINY_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 .,:;?!=+-*\n"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -109,26 +113,48 @@ def base_files(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast) -> di
         return {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
 
 
-def instantiate(files: dict[str, bytes], tensors: dict[str, torch.Tensor]) -> tuple[torch.nn.Module, Any]:
-    """Rebuild (model, tokenizer) from base files and a tensor set, without any download.
+@dataclass(frozen=True)
+class BaseParts:
+    """What a model's base files parse into, shared by every policy version of that base: the
+    config (copied for each model built from it, which sets its dtype), the tokenizer (read
+    only: nothing here sets its padding or truncation) and the generation settings (None
+    without ``generation_config.json``)."""
 
-    ``generation_config.json``, when the files have one, becomes ``model.generation_config``
-    (its EOS list is what generation stops at, see ``special_tokens``).
-    """
+    config: Any
+    tokenizer: Any
+    generation: GenerationConfig | None
+
+    def special_tokens(self) -> SpecialTokens:
+        """``special_tokens`` of any model built from these parts, without building one."""
+        return special_tokens(SimpleNamespace(config=self.config, generation_config=self.generation), self.tokenizer)
+
+
+def read_base(files: dict[str, bytes]) -> BaseParts:
+    """Parse base files (config, tokenizer, generation settings) without any download."""
     with tempfile.TemporaryDirectory() as tmp:
         for name, data in files.items():  # names come from a manifest: never a path outside tmp
             write_beneath(tmp, name, data, where="base model")
         config = AutoConfig.from_pretrained(tmp)
         tokenizer = AutoTokenizer.from_pretrained(tmp)
         generation = GenerationConfig.from_pretrained(tmp) if GENERATION_CONFIG in files else None
+    return BaseParts(config, tokenizer, generation)
+
+
+def build_model(base: BaseParts, tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """A model of ``base``'s shape holding ``tensors`` (fp32, eval mode).
+
+    ``generation_config.json``, when the base has one, becomes ``model.generation_config``
+    (its EOS list is what generation stops at, see ``special_tokens``).
+    """
+    config = copy.deepcopy(base.config)  # from_config writes the dtype into the config it is given
     # Every weight is overwritten below, so the random init is skipped: a 0.5B model spends
     # most of a minute in it on a CPU, on every new policy version an action loads. The
     # tensors are copied into the model's own (aligned) storage, not adopted: kernels may
     # round differently on the stored blobs' offsets, and the caller keeps its tensors.
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    if generation is not None:
-        model.generation_config = generation
+    if base.generation is not None:
+        model.generation_config = copy.deepcopy(base.generation)
     model.tie_weights()  # part of the skipped init: a tied output head is the embedding itself
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     # Tied embeddings legitimately omit lm_head.weight; anything else is a broken checkpoint.
@@ -136,7 +162,14 @@ def instantiate(files: dict[str, bytes], tensors: dict[str, torch.Tensor]) -> tu
     if missing or unexpected:
         raise ValueError(f"weights do not match the model config: missing {missing[:5]}, unexpected {unexpected[:5]}")
     model.eval()
-    return model, tokenizer
+    return model
+
+
+def instantiate(files: dict[str, bytes], tensors: dict[str, torch.Tensor]) -> tuple[torch.nn.Module, Any]:
+    """Rebuild (model, tokenizer) from base files and a tensor set, without any download
+    (``read_base`` then ``build_model``)."""
+    base = read_base(files)
+    return build_model(base, tensors), base.tokenizer
 
 
 def model_summary(files: dict[str, bytes]) -> dict[str, Any]:
