@@ -105,11 +105,26 @@ def test_existing_run_needs_resume_and_same_config(tiny_config, prefect_harness)
     assert more["steps_completed"] == 2
 
 
-def test_smoke_whole_flow_on_local_warm_pool(tiny_config, prefect_harness):
+def test_smoke_whole_flow_on_local_warm_pool(tiny_config, prefect_harness, monkeypatch):
     from flows.campaign.run import rlhf_campaign
+    from flows.invokers.local_pool import LocalPoolInvoker
 
+    warmed: list[tuple[str, int]] = []  # (action, policy version) of every pre-warm with a model
+    real_prewarm = LocalPoolInvoker.prewarm
+
+    def spy(self, action, count, *, model=None):
+        if model is not None:
+            warmed.append((action, model["policy_version"]))
+        return real_prewarm(self, action, count, model=model)
+
+    monkeypatch.setattr(LocalPoolInvoker, "prewarm", spy)
     cfg = tiny_config("invoker.kind=local", "run_id=smoke", "invoker.num_workers=2")
     summary = rlhf_campaign(config=cfg.model_dump(mode="json"))
+    # The version each step trains is loaded for the next step's generation as soon as it is
+    # published, none after the last step; the step-start pre-warm then finds it loaded or
+    # loading, and loads it nowhere else.
+    assert ("generate", 1) in warmed and ("generate", 2) not in warmed
+    assert summary["steps"][-1]["prewarm/started"] == 0.0
     assert summary["steps_completed"] == 2
     assert summary["billed_gpu_seconds"] > 0 and summary["useful_gpu_seconds"] > 0
     step = summary["steps"][-1]

@@ -51,3 +51,35 @@ def test_the_policy_a_request_reads_and_the_one_a_worker_holds_after_it():
                  "bytes_uploaded": 10, "metrics": {}, "__warm": {"hits": 1, "misses": 0}}
     assert held_policy("train_step", train, published) == "p/2"  # a training step holds what it published
     assert held_policy("train_step", train, {"error": "x"}) is None
+
+
+def test_a_prewarm_skips_holders_and_an_activation_waits_for_the_load_in_flight():
+    holder, ran, fresh = W("h", {"generate": "v2"}), W("r", {"generate": "v1"}), W("f")
+    idle: IdleWorkers[W] = IdleWorkers(warming_wait_s=30.0)
+    for w in (fresh, ran, holder):
+        idle.put(w)
+    assert idle.take_to_warm("generate", "v2", 1) == []  # an idle worker holds it already
+    assert idle.take_to_warm("generate", "v3", 1) == [ran]  # one that ran the action, the longest idle
+    assert idle.take_to_warm("generate", "v3", 2) == [holder]  # the load in flight counts; not the fresh one
+    assert len(idle) == 1
+    got: list[W] = []
+    taker = threading.Thread(target=lambda: got.append(idle.take("generate", "v3")))
+    taker.start()
+    taker.join(timeout=0.3)
+    assert got == []  # a worker is idle, but v3 is loading: wait for that load
+    ran.warm["generate"] = "v3"
+    idle.put(ran, warmed=("generate", "v3"))
+    taker.join(timeout=5)
+    assert got == [ran]
+    # Once no load is in flight (one failed: its worker still holds v2), nobody waits.
+    idle.put(holder, warmed=("generate", "v3"))
+    assert idle.take("generate", "v3") is holder and idle.take("generate", "v3") is fresh
+
+
+def test_an_activation_stops_waiting_for_a_prewarm_after_warming_wait_s():
+    a, b = W("a"), W("b")
+    idle: IdleWorkers[W] = IdleWorkers(warming_wait_s=0.2)
+    idle.put(a)
+    idle.put(b)
+    assert idle.take_to_warm("generate", "v1", 1) == [a]
+    assert idle.take("generate", "v1") is b  # after 0.2 s: the pre-warm may hang, the activation goes on

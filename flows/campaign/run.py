@@ -31,6 +31,7 @@ from flows.campaign.prestart import FlowRunStarter
 from flows.planning.calibration import Calibration, calibrate
 from flows.planning.lengths import LengthHistory
 from flows.step.flow import StepOutcome, rlhf_step
+from flows.step.prewarmer import prewarm_in_background
 from flows.campaign.schedule import step_prompts
 from flows.campaign.drafts import drop_unreferenced, keys_for, record_drafts
 from flows.campaign.collect import collect_garbage
@@ -200,6 +201,7 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
     invoker = make_invoker(cfg, num_workers)
     ctx = RunContext(config=cfg, store=store, invoker=invoker, run_id=run_id)
     set_context(ctx)
+    warming: threading.Thread | None = None  # the next step's policy, loading in generation workers
     gc_total = {"collections": 0, "deleted_objects": 0, "deleted_blobs": 0, "freed_bytes": 0, "seconds": 0.0}
     # Prefect artifacts, off the steps' critical path: published while the next step runs,
     # and each step's flow run created while the step before it runs (flows/campaign/prestart.py)
@@ -246,6 +248,11 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
                 state = _run_one_step(ctx, state, tokens, num_workers,
                                       functools.partial(step_flow.run, prepare_next=state.step + 1 < cfg.steps))
                 last = state.steps[-1]
+                if cfg.invoker.kind == "local" and state.step < cfg.steps:
+                    # The next step generates with the version just trained: its workers load it
+                    # while this step is committed and the next step's flow run starts.
+                    warming = prewarm_in_background(invoker, "generate", int(last["actors/n"]),
+                                                    _model_ref(ctx, state).model_dump(mode="json"))
                 if cfg.eval_every and state.step % cfg.eval_every == 0 or state.step == cfg.steps:
                     state.evals.append(_evaluate(ctx, state, clock))
                 last["timing_s/period"], last["timing_s/overhead"] = clock.close_period(last["timing_s/work"])
@@ -262,6 +269,8 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
                 progress(_progress_line(state, cfg.steps))
     finally:
         set_context(None)
+        if warming is not None:
+            warming.join()
         invoker.close()
         board.close()
         try:

@@ -14,12 +14,18 @@ training worker. Which worker runs an activation never changes its result; this 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import ValidationError
 
 from actions.common.contracts import ModelRef, TrainStepResult, split_control
+
+
+WARMING_WAIT_S = 30.0
+"""Longest an activation waits for a pre-warm loading its policy version before it takes
+another idle worker (and loads the version there itself)."""
 
 
 class _HasWarmState(Protocol):
@@ -61,28 +67,67 @@ def affinity(worker: _HasWarmState, action: str, policy: str | None) -> int:
 
 
 class IdleWorkers(Generic[W]):
-    """The pool's idle workers; ``take`` blocks until one is idle."""
+    """The pool's idle workers; ``take`` blocks until one is idle.
 
-    def __init__(self) -> None:
+    Workers out on a pre-warm (``take_to_warm``) are counted by what they are loading until
+    ``put`` brings them back: an activation for that version waits for one of them (up to
+    ``warming_wait_s``) rather than load it again on another worker beside the load in flight,
+    and another pre-warm counts them as holding it.
+    """
+
+    def __init__(self, warming_wait_s: float = WARMING_WAIT_S) -> None:
         self._workers: list[W] = []  # oldest put first
         self._cond = threading.Condition()
+        self._warming: dict[tuple[str, str], int] = {}  # (action, policy) -> workers loading it
+        self.warming_wait_s = warming_wait_s
 
-    def put(self, worker: W) -> None:
+    def put(self, worker: W, *, warmed: tuple[str, str | None] | None = None) -> None:
+        """Return ``worker`` to the idle set; ``warmed``: the (action, policy) of the pre-warm
+        it comes back from (its ``warm`` already says whether it loaded it)."""
         with self._cond:
+            if warmed is not None and warmed[1] is not None:
+                key = (warmed[0], warmed[1])
+                self._warming[key] -= 1
+                if not self._warming[key]:
+                    del self._warming[key]
             self._workers.append(worker)
-            self._cond.notify()
+            self._cond.notify_all()  # a taker may wait for this very worker
 
     def take(self, action: str, policy: str | None) -> W:
-        """The idle worker with the highest ``affinity``, the longest idle among equals."""
+        """The idle worker with the highest ``affinity``, the longest idle among equals; while
+        none holds ``policy`` and a pre-warm is loading it, the worker loading it."""
+        deadline = time.monotonic() + self.warming_wait_s
         with self._cond:
-            while not self._workers:
-                self._cond.wait()
-            return self._pick(action, policy)
+            while True:
+                left = deadline - time.monotonic()
+                loading = policy is not None and (action, policy) in self._warming and left > 0
+                if self._workers and not (loading and not self._holder(action, policy)):
+                    return self._pick(action, policy)
+                self._cond.wait(timeout=left if loading else None)
 
     def take_nowait(self, action: str, policy: str | None) -> W | None:
-        """As ``take``, or None when no worker is idle."""
+        """As ``take`` without waiting (for anything), or None when no worker is idle."""
         with self._cond:
             return self._pick(action, policy) if self._workers else None
+
+    def take_to_warm(self, action: str, policy: str | None, count: int) -> list[W]:
+        """Idle workers to load ``policy`` for ``action`` so that ``count`` workers hold it or
+        are loading it, best ``affinity`` first (the longest idle among equals); never waits.
+        Idle workers that hold it already stay idle: a load there would do nothing but keep
+        the next activation off its best worker. ``put`` each one back with ``warmed``."""
+        with self._cond:
+            score = [affinity(w, action, policy) for w in self._workers]
+            ready = score.count(2) + (self._warming.get((action, policy), 0) if policy is not None else 0)
+            chosen = sorted((i for i in range(len(score)) if score[i] < 2), key=lambda i: (-score[i], i))
+            chosen = chosen[:max(0, count - ready)]
+            taken = [self._workers[i] for i in chosen]
+            self._workers = [w for i, w in enumerate(self._workers) if i not in chosen]
+            if taken and policy is not None:
+                self._warming[(action, policy)] = self._warming.get((action, policy), 0) + len(taken)
+            return taken
+
+    def _holder(self, action: str, policy: str) -> bool:
+        return any(affinity(w, action, policy) == 2 for w in self._workers)
 
     def _pick(self, action: str, policy: str | None) -> W:
         best = max(range(len(self._workers)), key=lambda i: (affinity(self._workers[i], action, policy), -i))

@@ -251,17 +251,13 @@ class LocalPoolInvoker:
         worker.proc.wait()
 
     def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None) -> int:
-        """Workers are started warm; with ``model``, up to ``count`` idle workers load that
-        policy version now (busy ones are skipped: never wait). Returns how many loaded it."""
+        """Workers are started warm; with ``model``, idle workers load that policy version now
+        until ``count`` idle ones hold it (busy ones are skipped: never wait; one that holds it
+        already gets no request). Returns how many loaded it."""
         if model is None or count <= 0:
             return 0
         policy = ref_policy(model)
-        taken: list[_Worker] = []
-        while len(taken) < count:
-            worker = self._idle.take_nowait(action, policy)
-            if worker is None:
-                break
-            taken.append(worker)
+        taken = self._idle.take_to_warm(action, policy, count)
         body = {"value": Control(prewarm=True, prewarm_model=model).to_payload(),
                 "action_name": f"/local/rlhfless/{action}", "activation_id": uuid.uuid4().hex}
 
@@ -275,7 +271,7 @@ class LocalPoolInvoker:
             except (httpx.TransportError, ValueError):
                 return False  # a lost worker shows up (and is replaced) on its next invocation
             finally:
-                self._idle.put(worker)
+                self._idle.put(worker, warmed=(action, policy))
 
         threads = [threading.Thread(target=lambda w=w: results.append(warm(w))) for w in taken]
         results: list[bool] = []

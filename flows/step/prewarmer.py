@@ -3,7 +3,9 @@
 
 At the step's start the flow arms a timer for ``PhasePlan.prewarm_offset_s``; when it fires,
 the invoker warms as many generation containers as the plan has actors and makes each load
-the step's policy version, so the generate activations that follow skip the weight load. A
+the step's policy version, so the generate activations that follow skip the weight load. On
+the local pool the campaign also warms them as soon as training has published the version
+(``prewarm_in_background``), while the step is committed and the next one starts. A
 pre-warm is best effort: a failure is logged and the step goes on (the activation then pays
 the start-up itself).
 """
@@ -52,3 +54,18 @@ class PhasePrewarmer:
         return {"prewarm/offset_s": -1.0 if self.offset_s is None else self.offset_s,
                 "prewarm/fired_s": -1.0 if self.fired_s is None else self.fired_s,
                 "prewarm/started": float(self.started)}
+
+
+def prewarm_in_background(invoker: Invoker, action: str, count: int, model: dict[str, Any]) -> threading.Thread:
+    """Start loading ``model`` into ``count`` idle ``action`` workers now, on a thread, and
+    return the thread (join it before closing the invoker). Best effort, like ``PhasePrewarmer``."""
+
+    def fire() -> None:
+        try:
+            invoker.prewarm(action, count, model=model)
+        except Exception as exc:  # best effort: never fail the campaign for a pre-warm
+            log.warning("pre-warm of %s failed: %s", action, exc)
+
+    thread = threading.Thread(target=fire, name=f"prewarm-{action}", daemon=True)
+    thread.start()
+    return thread
