@@ -153,9 +153,11 @@ def test_the_hook_plans_from_the_measured_profile_and_the_store_transfer_model(t
 def test_the_profile_is_measured_at_one_generation_action_s_share_of_the_cores(tiny_config):
     from flows.campaign.live_profile import generation_threads
 
+    # the cores but the control plane's one (flows.invokers.cores), shared by the widest fan-out
     assert generation_threads(tiny_config("invoker.num_cores=4", "scaling.n_max=4")) == 1
-    assert generation_threads(tiny_config("invoker.num_cores=4", "scaling.n_max=2")) == 2
-    assert generation_threads(tiny_config("invoker.num_cores=4", "scaling.n_max=1")) == 4
+    assert generation_threads(tiny_config("invoker.num_cores=4", "scaling.n_max=2")) == 1
+    assert generation_threads(tiny_config("invoker.num_cores=4", "scaling.n_max=1")) == 3
+    assert generation_threads(tiny_config("invoker.num_cores=1", "scaling.n_max=1")) == 1
 
 
 def test_profile_grid_covers_the_step():

@@ -39,6 +39,18 @@ def test_core_share_gives_all_cores_alone_and_a_share_side_by_side():
     assert CoreShare(0).num_cores == available_cores() >= 1
 
 
+def test_generation_leaves_the_control_plane_a_core():
+    share = CoreShare(4)
+    with share.share("generate") as alone:
+        assert alone == 3  # Prefect's server and the campaign work while generation runs
+        with share.share("generate") as second, share.share("train_step") as trainer:
+            assert (second, trainer) == (1, 1)
+    with share.share("train_step") as train:
+        assert train == 4  # training runs while the control plane waits
+    with CoreShare(1).share("generate") as only:
+        assert only == 1  # never fewer than one thread
+
+
 def test_core_share_counts_concurrent_activations_from_threads():
     share, seen, barrier = CoreShare(2), [], threading.Barrier(2)
 

@@ -175,13 +175,18 @@ def _prompt(entry: PromptTokens) -> list[int]:
 
 
 def generation_threads(cfg: Any) -> int | None:
-    """Torch threads of one generation action at the widest fan-out on the local pool or in
-    process (their invokers divide ``invoker.num_cores`` among running activations,
-    ``flows.invokers.cores``); None on OpenWhisk, whose containers set their own."""
+    """Torch threads of one generation action at the widest fan-out on the local pool (its
+    invoker divides ``invoker.num_cores`` among running activations, leaving generation's the
+    control plane's core, ``flows.invokers.cores``) or in process (all of them, one activation
+    at a time); None on OpenWhisk, whose containers set their own."""
     if cfg.invoker.kind == "openwhisk":
         return None
+    from flows.invokers.cores import activation_threads
+
     cores = pool_cores(cfg)
-    return max(1, cores // max(1, min(cfg.scaling.n_max, cores)))
+    if cfg.invoker.kind != "local":
+        return cores
+    return activation_threads(cores, min(cfg.scaling.n_max, cores), "generate")
 
 
 def pool_cores(cfg: Any) -> int:

@@ -184,7 +184,7 @@ class LocalPoolInvoker:
         started = time.time()
         activation_id = uuid.uuid4().hex
         try:
-            with self.cores.share() as threads:
+            with self.cores.share(action) as threads:
                 body = {"value": {**payload, **Control(threads=threads).to_payload()},
                         "action_name": f"/local/rlhfless/{action}", "activation_id": activation_id,
                         "deadline": int((started + (timeout_s or self.timeout_s)) * 1000)}
