@@ -155,3 +155,50 @@ def test_survival_per_position_values_drafts_that_are_right_or_wrong_together():
     # choose_rows takes survival vectors as it takes rates: the same k for equal acceptance
     flat = lambda b, w: 0.01 * (1.0 + 0.1 * (w - 1))  # noqa: E731
     assert choose_rows([(4, 0.7)] * 8, flat, max_k=4) == choose_rows([(4, [0.7] * 4)] * 8, flat, max_k=4)
+
+
+def _tracker_with_poor_and_good_kinds() -> AcceptanceTracker:
+    """A response's first token matches one prompt letter (n1: nothing kept); inside a run of
+    repeats a 3-gram match is right to its end (n3: all kept)."""
+    t = AcceptanceTracker()
+    for kind, kept in (("prompt_lookup/n1", 0), ("prompt_lookup/n3", 4)):
+        for _ in range(50):
+            t.record(kind, 4, kept)
+            t.record("prompt_lookup", 4, kept)
+    return t
+
+
+def test_can_pay_weighs_each_strategys_best_kind_against_a_rounds_cost():
+    from actions.engines.spec_select import can_pay
+
+    t = _tracker_with_poor_and_good_kinds()
+    assert t.best_survival("prompt_lookup", 4) == t.survival("prompt_lookup/n3", 4)
+    assert all(s > 0.95 for s in t.best_survival("prompt_lookup", 4))
+    cheap = lambda b, w: 0.01 * (1 + 0.1 * (w - 1))  # noqa: E731
+    assert can_pay(t, ["prompt_lookup"], 8, cheap, 4)
+    # a speculative round's fixed overhead of 10 plain rounds (a launch-bound GPU): no draft repays it
+    assert not can_pay(t, ["prompt_lookup"], 8, lambda b, w: 0.01 if w == 1 else 0.1, 4)
+    assert not can_pay(t, [], 8, cheap, 4)
+
+
+class _Cost:
+    def __init__(self, seconds) -> None:
+        self.snapshot = lambda: seconds
+
+
+def test_a_round_of_poor_drafts_keeps_drafting_while_better_kinds_pay_and_a_losing_round_cost_stops_it():
+    from actions.engines.speculative import PROBE_EVERY, Speculation, _Selector
+
+    t = _tracker_with_poor_and_good_kinds()
+    spec = Speculation(strategies=("prompt_lookup",))
+    poor = {"prompt_lookup": [([1, 1, 1, 1], "prompt_lookup/n1")] * 4}
+    good = {"prompt_lookup": [([1, 1, 1, 1], "prompt_lookup/n3")] * 4}
+    sel = _Selector(spec, t, _Cost(lambda b, w: 0.01 * (1 + 0.1 * (w - 1))))
+    choice, drafts, _ = sel.pick(poor, 4)
+    # this round is plain, and the next one drafts again (no cooldown)
+    assert choice.k == 0 and drafts == [[]] * 4 and sel.cooldown == 0
+    choice, drafts, _ = sel.pick(good, 4)
+    assert choice.k == 4 and drafts == [[1, 1, 1, 1]] * 4
+    # where a speculative round's cost beats every kind, drafting stops for PROBE_EVERY rounds
+    sel = _Selector(spec, t, _Cost(lambda b, w: 0.01 if w == 1 else 0.1))
+    assert sel.pick(good, 4)[0].k == 0 and sel.cooldown == PROBE_EVERY

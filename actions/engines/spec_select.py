@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
+from operator import mul
 
 
 @dataclass
@@ -75,6 +77,13 @@ class AcceptanceTracker:
         reached, kept = self.reached.get(strategy, []), self.kept.get(strategy, [])
         return [((kept[i] if i < len(kept) else 0) + self.prior_weight * alpha)
                 / ((reached[i] if i < len(reached) else 0) + self.prior_weight) for i in range(length)]
+
+    def best_survival(self, strategy: str, length: int) -> list[float]:
+        """``survival`` of ``strategy``'s most promising kind of draft (the most expected tokens
+        from a draft of ``length``), or of the strategy as a whole."""
+        kinds = [strategy] + [kind for kind in self.accepted if kind.startswith(strategy + "/")]
+        curves = [self.survival(kind, length) for kind in kinds]
+        return max(curves, key=lambda c: sum(accumulate(c, mul)))
 
     def record(self, strategy: str, num_proposed: int, num_accepted: int) -> None:
         """One row's verification: ``num_accepted`` of its ``num_proposed`` draft tokens kept."""
@@ -209,3 +218,12 @@ def choose_rows(rows: Sequence[tuple[int, float | Sequence[float]]], seconds: "c
         if rate > best_rate and rate > plain * (1.0 + margin):
             best_k, best_rate = k, rate
     return best_k, best_rate, plain
+
+
+def can_pay(tracker: AcceptanceTracker, strategies: Sequence[str], batch: int, seconds: "callable",
+            max_k: int) -> bool:
+    """Whether any of ``strategies`` would beat plain decoding at ``batch`` rows if every row
+    had a full-length draft of that strategy's best kind (``best_survival``): an optimistic
+    test, so a False means no draft the strategies could make pays at this batch."""
+    return any(choose_rows([(max_k, tracker.best_survival(n, max_k))] * batch, seconds, max_k)[0]
+               for n in strategies)

@@ -38,7 +38,8 @@ from actions.engines.drafters import HistoryDrafter, PromptLookupDrafter
 from actions.engines.drafters.base import Drafter
 from actions.engines.sampling import Sampler, stream_key
 from actions.engines.kv_state import stack_states
-from actions.engines.spec_select import MIN_PLAIN_WEIGHT, AcceptanceTracker, Choice, ForwardCost, choose_rows
+from actions.engines.spec_select import (MIN_PLAIN_WEIGHT, AcceptanceTracker, Choice, ForwardCost, can_pay,
+                                         choose_rows)
 
 PROBE_EVERY = 8
 """Rounds of plain decoding, after the estimates switched speculation off although drafts
@@ -206,8 +207,13 @@ class _Selector:
             drafts.append(best[1])
             kinds.append(best[2])
             names.append(best[3])
-        k, rate, plain_rate = choose_rows(rows, self.cost.snapshot(), max_k)
+        seconds = self.cost.snapshot()
+        k, rate, plain_rate = choose_rows(rows, seconds, max_k)
         if k == 0:
+            if not self.probe and can_pay(self.tracker, list(proposals), b, seconds, max_k):
+                # this round's drafts are of poor kinds (a response's first tokens match little
+                # of the prompt), better ones pay: draft again next round
+                return Choice(None, 0, rate, plain_rate), *plain
             if not self.probe:
                 self.cooldown, self.probe = self.wait, True
                 self.wait = min(2 * self.wait, PROBE_MAX)

@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from itertools import accumulate
-from operator import mul
 
 import torch
 from transformers import DynamicCache
 
 from actions.engines.base import EngineStats, RowEnds, SampleOut, SampleSpec
 from actions.engines.sampling import Sampler, stream_key
-from actions.engines.spec_select import AcceptanceTracker, ForwardCost, choose_rows
+from actions.engines.spec_select import AcceptanceTracker, ForwardCost, can_pay
 from actions.engines.kv_state import PrefixState, stack_states
 from actions.engines.speculative import SpecStats, Speculation, decode_speculative
 
@@ -130,19 +128,10 @@ class TorchEngine:
         names = [n for n in spec.strategies if n != "history" or spec.history]
         if not all(self.acceptance.known(n) for n in names):
             return False  # a strategy never measured: its prior alone must not rule it out (one probe will)
-        seconds, k = self.forward_cost.snapshot(), spec.max_draft_len
-        hopeless = not any(choose_rows([(k, self._best_survival(n, k))] * batch, seconds, k)[0] for n in names)
-        if not hopeless:
+        if can_pay(self.acceptance, names, batch, self.forward_cost.snapshot(), spec.max_draft_len):
             return False
         self._hopeless_calls += 1
         return self._hopeless_calls % RECHECK_CALLS != 0
-
-    def _best_survival(self, strategy: str, k: int) -> list[float]:
-        """The per-position acceptance of ``strategy``'s most promising kind of draft (the most
-        expected tokens from a draft of ``k``), or of the strategy as a whole."""
-        kinds = [strategy] + [kind for kind in self.acceptance.accepted if kind.startswith(strategy + "/")]
-        curves = [self.acceptance.survival(kind, k) for kind in kinds]
-        return max(curves, key=lambda c: sum(accumulate(c, mul)))
 
     def _on_device(self, state: PrefixState) -> PrefixState:
         """The state with its tensors on this engine's device (a no-op for states already there)."""
