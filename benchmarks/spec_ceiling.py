@@ -20,8 +20,9 @@ Two times for the forwards of one call:
   beta of the widths of the rounds it took part in. Each row's part is minimised alone (dynamic
   programming over its position and the rounds used), then the sum over R, and the largest
   such bound over alpha is kept.
-* ``greedy_seconds``: one schedule hindsight allows (each round the width with the most tokens
-  per second in that round), so achievable under the table: the best schedule lies between.
+* ``greedy_seconds``: a schedule hindsight allows (each round the width with the most tokens
+  per second in that round, or one width throughout, whichever is faster), so achievable
+  under the table: the best schedule lies between the two.
 
 What both assume, and why they are optimistic: forwards cost what the table says and nothing
 else costs anything (drafting, verification draws, cache rollback and Python bookkeeping are
@@ -138,9 +139,10 @@ def bound_seconds(table: Table, lengths: Sequence[int], acc: Sequence[Sequence[i
     return best
 
 
-def greedy_seconds(table: Table, lengths: Sequence[int], acc: Sequence[Sequence[int]], max_k: int) -> float:
-    """Forward seconds of the hindsight schedule that takes, each round, the width with the most
-    tokens per second in that round."""
+def _schedule(table: Table, lengths: Sequence[int], acc: Sequence[Sequence[int]], widths: Sequence[int],
+              pick_greedy: bool) -> float:
+    """Forward seconds of the schedule that takes, each round, the width of ``widths`` with the
+    most tokens per second in that round (``pick_greedy``), or always ``widths[0]``."""
     q = [1] * len(lengths)
     total = 0.0
     while True:
@@ -152,10 +154,18 @@ def greedy_seconds(table: Table, lengths: Sequence[int], acc: Sequence[Sequence[
         def rate(w: int) -> float:
             return sum(_advance(q[i], lengths[i], acc[i][q[i] - 1], w) - q[i] for i in active) / seconds(table, b, w)
 
-        w = max(range(1, max_k + 2), key=rate)
+        w = max(widths, key=rate) if pick_greedy else widths[0]
         total += seconds(table, b, w)
         for i in active:
             q[i] = _advance(q[i], lengths[i], acc[i][q[i] - 1], w)
+
+
+def greedy_seconds(table: Table, lengths: Sequence[int], acc: Sequence[Sequence[int]], max_k: int) -> float:
+    """Forward seconds of a schedule hindsight allows: the faster of the one that takes, each
+    round, the width with the most tokens per second in that round, and the best fixed width."""
+    widths = list(range(1, max_k + 2))
+    return min([_schedule(table, lengths, acc, widths, True)]
+               + [_schedule(table, lengths, acc, [w], False) for w in widths])
 
 
 def call_speedup(call_seconds: float, plain_forward_seconds: float, forward_seconds: float) -> float:

@@ -171,16 +171,24 @@ def test_rollback_masks_holes_and_compaction_keeps_valid_columns_in_order():
     assert layer.keys[:, 0, :, 0].tolist() == [[1.0, 2.0, 3.0], [6.0, 7.0, 8.0]]
 
 
-def test_calls_that_cannot_pay_run_the_plain_loop_and_every_fourth_remeasures():
+def test_calls_that_cannot_pay_run_the_plain_loop_and_remeasure_ever_more_rarely():
     engine, specs = _setup(0, 32, 2)
     plain, _ = engine.generate(specs, **KW)
     engine.acceptance.priors["prompt_lookup"] = 0.0  # measured: nothing a draft proposes is kept
     engine.acceptance.prior_weight = 1e6
     plain_calls = []
-    for _ in range(4):
+    for _ in range(12):
         out, stats = engine.generate(specs, **KW, speculation=Speculation(strategies=("prompt_lookup",)))
         assert _key(out) == _key(plain)
         plain_calls.append(stats.spec["plain_calls"])
+    # the 4th call re-measures, then the 8th after it (the wait doubles while nothing pays)
+    assert plain_calls == [1, 1, 1, 0] + [1] * 7 + [0]
+    # acceptance that pays resets the wait: a hopeless spell re-measures after 4 calls again
+    engine.acceptance.priors["prompt_lookup"] = 1.0
+    assert engine.generate(specs, **KW, speculation=Speculation(strategies=("prompt_lookup",)))[1].spec["plain_calls"] == 0
+    engine.acceptance.priors["prompt_lookup"] = 0.0
+    plain_calls = [engine.generate(specs, **KW, speculation=Speculation(strategies=("prompt_lookup",)))[1]
+                   .spec["plain_calls"] for _ in range(4)]
     assert plain_calls == [1, 1, 1, 0]
 
 

@@ -38,7 +38,10 @@ from actions.engines.kv_state import PrefixState, stack_states
 from actions.engines.speculative import SpecStats, Speculation, decode_speculative
 
 RECHECK_CALLS = 4
-"""Of the calls the estimates would decode plainly, every this-many-th speculates anyway."""
+"""Of the calls the estimates would decode plainly, the this-many-th speculates anyway (to
+re-measure); while they keep saying no, each wait doubles, up to ``RECHECK_MAX`` calls."""
+
+RECHECK_MAX = 16
 
 __all__ = ["EngineStats", "PrefixState", "SampleOut", "SampleSpec", "TorchEngine"]
 
@@ -57,7 +60,8 @@ class TorchEngine:
         # Speculation estimates survive across warm calls; a cold engine starts from priors.
         self.forward_cost = ForwardCost()
         self.acceptance = AcceptanceTracker()
-        self._hopeless_calls = 0
+        self._hopeless_calls = 0  # calls decoded plainly by estimate since the last recheck
+        self._recheck_after = RECHECK_CALLS
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()
@@ -121,7 +125,7 @@ class TorchEngine:
     def _skip_speculation(self, spec: Speculation, batch: int) -> bool:
         """True where the warm estimates say no strategy could pay even with full-length
         drafts on every row: the call then runs the plain loop, without drafting overhead.
-        Every ``RECHECK_CALLS``-th such call speculates anyway, to re-measure. Never before
+        Some such calls speculate anyway, to re-measure (``RECHECK_CALLS``). Never before
         every allowed strategy has been measured once."""
         if spec.fixed is not None:
             return False
@@ -129,9 +133,15 @@ class TorchEngine:
         if not all(self.acceptance.known(n) for n in names):
             return False  # a strategy never measured: its prior alone must not rule it out (one probe will)
         if can_pay(self.acceptance, names, batch, self.forward_cost.snapshot(), spec.max_draft_len):
+            self._hopeless_calls, self._recheck_after = 0, RECHECK_CALLS
             return False
         self._hopeless_calls += 1
-        return self._hopeless_calls % RECHECK_CALLS != 0
+        if self._hopeless_calls < self._recheck_after:
+            return True
+        # a recheck costs a few drafting rounds and a probe (a few percent of a call on the CPU):
+        # where nothing has paid for a while, spend it more rarely
+        self._hopeless_calls, self._recheck_after = 0, min(2 * self._recheck_after, RECHECK_MAX)
+        return False
 
     def _on_device(self, state: PrefixState) -> PrefixState:
         """The state with its tensors on this engine's device (a no-op for states already there)."""
