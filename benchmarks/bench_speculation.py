@@ -17,6 +17,15 @@ action), fastest of ``--repeats`` alternating on/off runs, outputs compared toke
   drafter proposes is kept: the selector must turn speculation off (target >= 0.97x).
 * ``sweep``: every fixed (strategy, k) on the history workload, against the selector.
 
+Next to each measured speed-up the benchmark prints its workload's ceiling (``spec_ceiling``,
+``spec_costs``): the plain run's sequences, every allowed strategy's drafts replayed along
+them, and rounds charged by forwards timed here (batch 1-64, width 1-9) plus a plain round's
+host work. ``ceiling`` is a bound no choice of draft length per round can beat even knowing
+which drafts will be accepted, with drafting and verification free; ``hindsight_schedule`` a
+schedule such knowledge allows; the ``engine_`` pair charge speculative rounds what this
+engine's rounds cost beyond a plain one. A bar above ``ceiling`` is out of reach on this
+machine with these drafts.
+
 Speculation "on" runs on a warm engine (one untimed call first: the cost model and acceptance
 rates a warm action container would have). Run:
 
@@ -39,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -48,7 +58,7 @@ from actions.common.device import sync
 from actions.common.loading import encode, load_model
 from actions.engines.base import SampleSpec
 from actions.engines.factory import make_engine
-from actions.engines.speculative import Speculation
+from actions.engines.speculative import Speculation, make_drafters
 from actions.engines.torch_engine import TorchEngine
 from actions.tasks.stored import load_dataset
 
@@ -206,6 +216,10 @@ def main() -> None:
         table, rest, seqs = plain_rounds[engine]
         extra = spec_costs.speculative_overhead(engine, batches, step2, spec, table, args.new_tokens)
         results[name].update(spec_costs.ceiling(batches, spec, table, extra, rest, seqs, args.new_tokens))
+        if len(make_drafters(spec)) > 1:  # what each strategy's drafts alone could give
+            results[name]["ceiling_by_strategy"] = {
+                s: spec_costs.ceiling(batches, replace(spec, strategies=(s,)), table, extra, rest, seqs,
+                                      args.new_tokens)["ceiling"] for s in make_drafters(spec)}
     results["round_table_ms"] = {f"b{b}": [round(1e3 * plain_rounds[new][0][(b, w)], 2) for w in range(1, 10)]
                                  for b in sorted({b for b, _ in forwards})}
     if not args.no_sweep:

@@ -87,9 +87,10 @@ def _logged_rounds(engine, run: Callable[[], None]) -> list[tuple[int, int, floa
     return log.rounds
 
 
-def _fit(features: Sequence[Sequence[float]], targets: Sequence[float]) -> np.ndarray:
+def _fit(features: Sequence[Sequence[float]], targets: Sequence[float]) -> list[float]:
     """Least-squares coefficients of ``targets ~ features @ c``."""
-    return np.linalg.lstsq(np.asarray(features, dtype=float), np.asarray(targets, dtype=float), rcond=None)[0]
+    c = np.linalg.lstsq(np.asarray(features, dtype=float), np.asarray(targets, dtype=float), rcond=None)[0]
+    return [float(x) for x in c]
 
 
 def round_table(engine, batches, step0: int, forwards: Table, new_tokens: int, repeats: int = 3
