@@ -85,6 +85,23 @@ def test_speculative_outputs_equal_plain(setup, fixed, temperature):
         assert stats.spec["accepted"] <= stats.spec["proposed"]
 
 
+@pytest.mark.parametrize("columns", [1, 2, 3])
+def test_verification_drawn_a_few_columns_at_a_time_equals_plain(setup, monkeypatch, columns):
+    """A large vocabulary draws a round's columns in groups (``_DRAW_ELEMENTS``): one column,
+    or a few, per draw for the rows still matching; the tokens are plain decoding's."""
+    import actions.engines.speculative as speculative
+
+    engine, specs = setup
+    # with every row alive, ``columns`` columns per draw; more as rows stop matching
+    monkeypatch.setattr(speculative, "_DRAW_ELEMENTS", columns * len(specs) * engine.model.config.vocab_size)
+    plain, _ = engine.generate(specs, **KW)
+    for fixed in (("history", 8), ("prompt_lookup", 5)):
+        spec = Speculation(history=_history(engine, specs, 5), fixed=fixed)
+        out, stats = engine.generate(specs, **KW, speculation=spec)
+        assert _key(out) == _key(plain), (columns, fixed)
+        assert 0 < stats.spec["accepted"] < stats.spec["proposed"], stats.spec
+
+
 @pytest.mark.parametrize("filters", [{"top_k": 10}, {"top_p": 0.85}, {"top_k": 12, "top_p": 0.9}])
 def test_speculative_with_top_k_top_p_equals_plain(setup, filters):
     # Drafts come from unfiltered histories: the filtered draws keep some, reject others.
