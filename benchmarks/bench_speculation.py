@@ -220,8 +220,9 @@ def main() -> None:
             results[name]["ceiling_by_strategy"] = {
                 s: spec_costs.ceiling(batches, replace(spec, strategies=(s,)), table, extra, rest, seqs,
                                       args.new_tokens)["ceiling"] for s in make_drafters(spec)}
-    results["round_table_ms"] = {f"b{b}": [round(1e3 * plain_rounds[new][0][(b, w)], 2) for w in range(1, 10)]
-                                 for b in sorted({b for b, _ in forwards})}
+    for label, table in (("forward_table_ms", forwards), ("round_table_ms", plain_rounds[new][0])):
+        results[label] = {f"b{b}": [round(1e3 * table[(b, w)], 2) for w in range(1, 10)]
+                          for b in sorted({b for b, _ in forwards})}
     if not args.no_sweep:
         sweep = {}
         for strategy in ("history", "prompt_lookup"):
