@@ -200,6 +200,14 @@ class CampaignConfig(WorkloadConfig):
         overlap = self.generation.score_while_generating
         return self.invoker.kind == "openwhisk" if overlap is None else overlap
 
+    def score_bins(self, fan_out: int) -> int:
+        """Score activations of a step whose scores wait for the end of generation
+        (``flows/planning/score_batches.py``). One where every action shares this machine's
+        processors (the local pool, in process): a second activation would load the policy and
+        the reference again and score on a share of the same cores. The fan-out elsewhere,
+        where each activation brings its own accelerator."""
+        return 1 if self.invoker.kind in ("local", "inprocess") else fan_out
+
     def identity(self) -> dict[str, Any]:
         """The settings that define what a run computes; resuming requires them unchanged.
         Steps, budgets, store, invoker, fault injection and observability may change between resumes."""

@@ -72,9 +72,9 @@ def test_scores_can_wait_for_the_end_of_generation(tiny_config, prefect_harness,
     scores = [r for r in records[1] if r.action == "score"]
     assert len(gens) >= 3 and scores
     assert min(s.submitted_at for s in scores) >= max(g.ended_at for g in gens)
-    # after generation, rollouts (continuations included) share at most one score activation
-    # per generation action (flows/planning/score_batches.py); overlapping, one each
-    assert len(scores) <= 3 < len(gens)  # a continuation ran: four rollouts, three scores
+    # after generation, rollouts (continuations included) share one score activation where
+    # the actions share the processors (flows/planning/score_batches.py); overlapping, one each
+    assert len(scores) == 1 and len(gens) > 3  # a continuation ran: four rollouts, one score
     assert len([r for r in records[0] if r.action == "score"]) == len(
         [r for r in records[0] if r.action == "generate"])
     # only the order and the packing changed: the same weights
@@ -90,6 +90,16 @@ def test_scores_overlap_generation_by_default_only_where_actions_own_accelerator
     assert overlap("invoker.kind=openwhisk") and not overlap() and not overlap("invoker.kind=inprocess")
     assert overlap("generation.score_while_generating=true")
     assert not overlap("invoker.kind=openwhisk", "generation.score_while_generating=false")
+
+
+def test_one_score_activation_where_actions_share_the_processors():
+    """Splitting the scores only loads the policy and reference again where the actions share
+    the machine's cores; with an accelerator per activation the fan-out's parallelism pays."""
+    from flows.config import load_config
+
+    assert load_config(None, []).score_bins(4) == 1
+    assert load_config(None, ["invoker.kind=inprocess"]).score_bins(3) == 1
+    assert load_config(None, ["invoker.kind=openwhisk"]).score_bins(3) == 3
 
 
 def test_existing_run_needs_resume_and_same_config(tiny_config, prefect_harness):

@@ -64,7 +64,7 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> StepOutcome:
                    ctx, inputs, f"gen-{i}", group, phase.cut_after[i], bundle_key))
                for i, group in enumerate(phase.plan.assignments)]
     drain = GenerationDrain(phase.cut_after, window_s=ctx.config.generation.migrate_window_s,
-                            overlap_scoring=ctx.config.overlap_scoring(), score_bins=phase.plan.num_actors)
+                            overlap_scoring=ctx.config.overlap_scoring(), score_bins=ctx.config.score_bins(phase.plan.num_actors))
     generated, scores = _drain(ctx, inputs, drain, fan_out, records)
     t_gen_end = time.time()
     scores += [_submit_score(ctx, inputs, s) for s in drain.final_scores()]
