@@ -196,16 +196,21 @@ class _Selector:
         # a strategy never measured wins its rows (optimism), so the probe measures it
         fresh = {n for n in proposals if not self.tracker.known(n)}
         rows, drafts, kinds, names = [], [], [], []
+        scored: dict[tuple[str, str, int], tuple[float, list[float]]] = {}  # rows share a few kinds
         for r in range(b):
             best = (0.0, [], None, None, 0.0)  # score, draft, kind, strategy, survival
             for name, props in proposals.items():
                 d, kind = props[r]
                 if d:
-                    surv = self.tracker.survival(kind, min(len(d), max_k))
-                    score, p = 0.0, 1.0
-                    for q in surv:
-                        p *= 1.0 if name in fresh else q
-                        score += p
+                    key = (name, kind, min(len(d), max_k))
+                    if key not in scored:
+                        surv = self.tracker.survival(kind, key[2])
+                        score, p = 0.0, 1.0
+                        for q in surv:
+                            p *= 1.0 if name in fresh else q
+                            score += p
+                        scored[key] = (score, surv)
+                    score, surv = scored[key]
                     if score > best[0]:
                         best = (score, d, kind, name, surv)
             rows.append((len(best[1]), best[4]))
