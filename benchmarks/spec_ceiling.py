@@ -36,6 +36,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from actions.engines.drafters.base import Drafter
 
 Table = Mapping[tuple[int, int], float]
@@ -94,21 +96,27 @@ def _advance(q: int, n: int, a: int, width: int) -> int:
     return min(n, q + 1 + min(a, width - 1))
 
 
-def _row_costs(n: int, acc: Sequence[int], beta: Sequence[float], max_rounds: int) -> list[float]:
-    """``g[R]``: the least sum of ``beta[w - 1]`` over the widths w of at most R rounds that take
-    one row from q = 1 to n (infinite where R rounds cannot)."""
-    inf = float("inf")
-    g = [0.0] * (n + 1)  # rounds left = 0: only the finished state costs nothing
-    g[:n] = [inf] * n
-    best = [g[1]]
+def _transitions(lengths: Sequence[int], acc: Sequence[Sequence[int]], num_widths: int) -> np.ndarray:
+    """``nxt[i, q, w - 1]``: row i's known tokens after a round of width w from q (q >= n stays)."""
+    nxt = np.zeros((len(lengths), max(lengths) + 1, num_widths), dtype=np.int64)
+    for i, (n, a) in enumerate(zip(lengths, acc)):
+        for q in range(nxt.shape[1]):
+            nxt[i, q] = [_advance(q, n, a[q - 1], w) if 1 <= q < n else q for w in range(1, num_widths + 1)]
+    return nxt
+
+
+def _row_costs(lengths: Sequence[int], nxt: np.ndarray, beta: np.ndarray, max_rounds: int) -> np.ndarray:
+    """``g[i, R]``: the least sum of ``beta[w - 1]`` over the widths w of at most R rounds that take
+    row i from q = 1 to its n (infinite where R rounds cannot); dynamic programming over
+    (row, q), every row at once."""
+    done = np.arange(nxt.shape[1])[None, :] >= np.asarray(lengths)[:, None]
+    g = np.where(done, 0.0, np.inf)  # no round left: only a finished row costs nothing
+    rows = np.arange(len(lengths))[:, None, None]
+    out = [g[:, 1]]
     for _ in range(max_rounds):
-        nxt = g[:]
-        for q in range(1, n):
-            nxt[q] = min(g[q],
-                         min(beta[w - 1] + g[_advance(q, n, acc[q - 1], w)] for w in range(1, len(beta) + 1)))
-        g = nxt
-        best.append(g[1] if n > 1 else 0.0)
-    return best
+        g = np.minimum(g, np.where(done, 0.0, (g[rows, nxt] + beta[None, None, :]).min(axis=2)))
+        out.append(g[:, 1])
+    return np.stack(out, axis=1)
 
 
 def bound_seconds(table: Table, lengths: Sequence[int], acc: Sequence[Sequence[int]], max_k: int) -> float:
@@ -130,12 +138,12 @@ def bound_seconds(table: Table, lengths: Sequence[int], acc: Sequence[Sequence[i
     b0, b1 = batches[0], batches[min(1, len(batches) - 1)]
     intercept = table[(b0, 1)] - b0 * (table[(b1, 1)] - table[(b0, 1)]) / (b1 - b0) if b1 > b0 else 0.0
     alphas = sorted({0.0, min(max(intercept, 0.0), top)} | {top * i / 8 for i in range(1, 9)})
+    nxt = _transitions(lengths, acc, len(widths))
     best = 0.0
     for alpha in alphas:
-        beta = [min((table[(b, w)] - alpha) / b for b in batches) for w in widths]
-        per_row = [_row_costs(n, a, beta, max_rounds) for n, a in zip(lengths, acc)]
-        fewest = max(next(r for r, g in enumerate(c) if g < float("inf")) for c in per_row)
-        best = max(best, min(alpha * r + sum(c[r] for c in per_row) for r in range(fewest, max_rounds + 1)))
+        beta = np.array([min((table[(b, w)] - alpha) / b for b in batches) for w in widths])
+        totals = _row_costs(lengths, nxt, beta, max_rounds).sum(axis=0) + alpha * np.arange(max_rounds + 1)
+        best = max(best, float(totals.min()))  # infinite for R too few for some row
     return best
 
 
