@@ -202,3 +202,68 @@ def test_a_round_of_poor_drafts_keeps_drafting_while_better_kinds_pay_and_a_losi
     # where a speculative round's cost beats every kind, drafting stops for PROBE_EVERY rounds
     sel = _Selector(spec, t, _Cost(lambda b, w: 0.01 if w == 1 else 0.1))
     assert sel.pick(good, 4)[0].k == 0 and sel.cooldown == PROBE_EVERY
+
+
+def test_prompt_lookup_kind_tells_a_quote_of_the_prompt_from_a_repeat_of_the_response():
+    """A response's first token matches a prompt letter (a quote, ``p``); inside a run of
+    repeats the match is the response's own previous letter (``r``). Their acceptance differs
+    by far, so they are separate kinds."""
+    d = PromptLookupDrafter()
+    d.start(0, 1, [5, 6, 7], [])
+    d.extend(0, [5])
+    assert d.propose(0, 2) == [6, 7] and d.kind(0) == "prompt_lookup/n1p"
+    d.extend(0, [5])
+    assert d.propose(0, 3) == [5, 5, 5] and d.kind(0) == "prompt_lookup/n1r"
+    d.start(1, 1, [5, 6, 7], [9])
+    assert d.propose(1, 2) == [] and d.kind(1) == "prompt_lookup/n0"
+
+
+def test_history_kind_says_how_far_the_old_responses_agree_on_the_next_token():
+    d = HistoryDrafter({1: [[1, 2, 9], [1, 2, 9], [1, 3, 9]], 2: [[1], [2], [3]]})
+    d.start(0, 1, [7], [])
+    assert d.propose(0, 3) == [1, 2, 9] and d.kind(0) == "history/patha"  # all three begin with 1
+    d.extend(0, [1])
+    assert d.propose(0, 2) == [2, 9] and d.kind(0) == "history/pathm"  # two of three go on with 2
+    d.start(1, 2, [7], [])
+    assert d.propose(1, 1) == [1] and d.kind(1) == "history/paths"  # a three-way split
+
+
+def test_forward_cost_separates_a_speculative_rounds_per_row_overhead_from_its_width():
+    """CPU-like rounds: a speculative round costs 1 ms plus 20 us per row beyond its forward
+    (drafting, bookkeeping), and each draft column 10.5 us per row. Rounds of widths 4-7 at
+    several batches, plain rounds and a few of width 9: the fit must price the widest round
+    at batch 64 within 5%, not charge the per-row overhead to every column (which priced it
+    ~30% dearer and kept drafts short)."""
+    def true(b: int, w: int) -> float:
+        return 8e-4 + 4.5e-5 * b + ((1e-3 + 2e-5 * b + 1.05e-5 * b * (w - 1)) if w > 1 else 0.0)
+
+    cost = ForwardCost()
+    for call in range(20):
+        cost.observe(64, 1, true(64, 1))
+        for b, w in ((64, 5), (48, 6), (20, 6), (4, 7), (64, 4), (45, 5), (20, 6), (3, 7)):
+            cost.observe(b, w, true(b, w))
+        if call % 3 == 0:
+            cost.observe(64, 9, true(64, 9))
+    for w in (1, 2, 5, 9):
+        assert cost.seconds(64, w) == pytest.approx(true(64, w), rel=0.05)
+    assert cost.wide_weight(9) > 1.0 and cost.wide_weight(10) == 0.0
+
+
+def test_a_speculative_round_widens_to_its_longest_draft_while_no_wide_round_was_timed():
+    """Rounds at the width the fit favours cannot identify what a draft column costs; now and
+    then (``MIN_WIDE_WEIGHT``) a speculative round takes every row's whole draft instead."""
+    from actions.engines.speculative import Speculation, _Selector
+
+    t = AcceptanceTracker(priors={"prompt_lookup": 0.6}, prior_weight=1e6)  # 0.6 per token
+    spec = Speculation(strategies=("prompt_lookup",))
+    drafts = {"prompt_lookup": [([1] * 8, "prompt_lookup/n3r")] * 4}
+
+    class Cost(_Cost):
+        def __init__(self, wide: float) -> None:
+            super().__init__(lambda b, w: 0.01 * (1 + 0.1 * (w - 1)))  # the best k is interior
+            self.wide_weight = lambda width: wide
+
+    k_fit = _Selector(spec, t, Cost(5.0)).pick(drafts, 4)[0].k
+    assert 1 <= k_fit < 8
+    choice, out, _ = _Selector(spec, t, Cost(0.0)).pick(drafts, 4)
+    assert choice.k == 8 and out == [[1] * 8] * 4

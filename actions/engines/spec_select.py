@@ -19,8 +19,8 @@ flattens in w (a forward reads the weights once whatever its width), so longer d
 Both estimates are online: ``AcceptanceTracker`` counts accepted and rejected draft tokens per
 strategy (a Beta prior stands in before any), and ``ForwardCost`` fits ``t(b, w)`` to the
 rounds the engine has timed (least squares on 1, b, b * (w - 1) and a speculative round's
-fixed overhead, ridge-pulled towards a prior shaped like a TPOT profile: a fixed part plus a
-per-row part, width nearly free).
+overhead, fixed and per row, ridge-pulled towards a prior shaped like a TPOT profile: a fixed
+part plus a per-row part, width nearly free).
 Nothing here changes outputs: the engine accepts only tokens equal to plain decoding's.
 """
 
@@ -105,47 +105,68 @@ class AcceptanceTracker:
 MIN_PLAIN_WEIGHT = 1.0
 """See ``ForwardCost.plain_weight``: with decay 0.99, one plain round in about 70 speculative ones."""
 
+MIN_WIDE_WEIGHT = 1.0
+"""See ``ForwardCost.wide_weight``: as rare a round at the widest width the drafts allow."""
+
 
 @dataclass
 class ForwardCost:
     """Online estimate of one decode round's seconds at batch b and width w.
 
-    Model: ``t = c0 + c1 * b + c2 * b * (w - 1) + c3 * [w > 1]``. ``c3`` is what a speculative
-    round costs beyond its wider forward whatever the draft length: drafting, the column-by-
-    column verification draws and the cache rollback. On a CPU it is small beside the forward;
-    on a GPU, where an eager forward is launch-bound and nearly flat in b and w, it is a large
-    part of a round (docs/gpu.md). The prior (``prior``, ``prior_weight`` pseudo-observations
+    Model: ``t = c0 + c1 * b + c2 * b * (w - 1) + (c3 + c4 * b) * [w > 1]``. ``c3 + c4 * b`` is
+    what a speculative round costs beyond its wider forward whatever the draft length: its
+    fixed part (the verification draw's launch and read-back, the cache rollback) and its part
+    per row (drafting, bookkeeping). Without ``c4`` the per-row part lands in ``c2``, which
+    then overstates each draft column and undervalues long drafts. On a CPU the extra is
+    modest beside the forward; on a GPU, where an eager forward is launch-bound and nearly flat
+    in b and w, it is a large part of a round (docs/gpu.md). The prior (``prior``, ``prior_weight`` pseudo-observations
     per coefficient) keeps the fit sane before the engine has timed any forward wider than 1.
     """
 
-    prior: tuple[float, float, float, float] = (2e-3, 1e-4, 2.5e-5, 5e-4)
+    prior: tuple[float, ...] = (2e-3, 1e-4, 2.5e-5, 5e-4, 1e-5)
     prior_weight: float = 1.0
     decay: float = 0.99
-    _xtx: list[list[float]] = field(default_factory=lambda: [[0.0] * 4 for _ in range(4)])
-    _xty: list[float] = field(default_factory=lambda: [0.0] * 4)
+    _xtx: list[list[float]] = field(default_factory=lambda: [[0.0] * 5 for _ in range(5)])
+    _xty: list[float] = field(default_factory=lambda: [0.0] * 5)
     plain_weight: float = 0.0
     """Decayed count of plain (width-1) rounds observed. Without them the fit cannot tell a
     speculative round's overhead ``c3`` from the fixed cost ``c0`` every round pays, and
     speculation looks cheaper than it is; ``speculative._Selector`` runs a plain round when
     this falls below ``MIN_PLAIN_WEIGHT``."""
+    width_weight: dict[int, float] = field(default_factory=dict)
+    """Decayed count of rounds observed per width. Rounds at the width the fit favours alone
+    cannot tell the per-column cost ``c2`` from the fixed ``c3``: the fit then extrapolates to
+    wider rounds by its prior, and if that overstates a column, wide rounds are never chosen
+    and never measured. ``speculative._Selector`` widens a speculative round to its longest
+    draft when ``wide_weight`` of that width falls below ``MIN_WIDE_WEIGHT``."""
+
+    def wide_weight(self, width: int) -> float:
+        """Decayed count of the rounds observed at ``width`` or wider."""
+        return sum(v for w, v in self.width_weight.items() if w >= width)
 
     def observe(self, batch: int, width: int, seconds: float) -> None:
         self.plain_weight = self.decay * self.plain_weight + (1.0 if width == 1 else 0.0)
-        x = (1.0, float(batch), float(batch * (width - 1)), 1.0 if width > 1 else 0.0)
-        for i in range(4):
+        for w in self.width_weight:
+            self.width_weight[w] *= self.decay
+        self.width_weight[width] = self.width_weight.get(width, 0.0) + 1.0
+        spec = 1.0 if width > 1 else 0.0
+        x = (1.0, float(batch), float(batch * (width - 1)), spec, spec * batch)
+        for i in range(5):
             self._xty[i] = self.decay * self._xty[i] + x[i] * seconds
-            for j in range(4):
+            for j in range(5):
                 self._xtx[i][j] = self.decay * self._xtx[i][j] + x[i] * x[j]
 
-    def coefficients(self) -> tuple[float, float, float, float]:
+    def coefficients(self) -> tuple[float, ...]:
         # Ridge towards the prior, scaled per coefficient so each term has comparable pull.
-        # The width term is identified only by the few speculative rounds: its prior weighs as
-        # much as ~8 of them at batch 64, so one round slowed by a neighbour's load cannot
-        # switch speculation off for the rest of the call.
-        scales = (1.0, 16.0, 512.0, 1.0)
-        a = [[self._xtx[i][j] + (self.prior_weight * scales[i] ** 2 if i == j else 0.0) for j in range(4)]
-             for i in range(4)]
-        b = [self._xty[i] + self.prior_weight * scales[i] ** 2 * self.prior[i] for i in range(4)]
+        # The per-column term weighs as much as 1/16 of a width-5 round at batch 64: a heavier
+        # pull (it weighed ~8 such rounds) held c2 near its prior, and since rounds of similar
+        # widths cannot tell c2 from the per-row overhead c4, the fit charged that overhead
+        # per column and kept drafts short. Rare rounds at the widest width (``width_weight``)
+        # identify c2 instead.
+        scales = (1.0, 16.0, 64.0, 1.0, 16.0)
+        a = [[self._xtx[i][j] + (self.prior_weight * scales[i] ** 2 if i == j else 0.0) for j in range(5)]
+             for i in range(5)]
+        b = [self._xty[i] + self.prior_weight * scales[i] ** 2 * self.prior[i] for i in range(5)]
         return tuple(max(c, 0.0) for c in _solve(a, b))
 
     def seconds(self, batch: int, width: int) -> float:
@@ -153,9 +174,9 @@ class ForwardCost:
 
     def snapshot(self) -> "callable":
         """``seconds`` with the current fit frozen (one solve for many queries)."""
-        c0, c1, c2, c3 = self.coefficients()
-        return lambda batch, width: max(c0 + c1 * batch + (c2 * batch * (width - 1) + c3 if width > 1 else 0.0),
-                                        1e-9)
+        c0, c1, c2, c3, c4 = self.coefficients()
+        return lambda batch, width: max(
+            c0 + c1 * batch + (c2 * batch * (width - 1) + c3 + c4 * batch if width > 1 else 0.0), 1e-9)
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:

@@ -38,8 +38,8 @@ from actions.engines.drafters import HistoryDrafter, PromptLookupDrafter
 from actions.engines.drafters.base import Drafter
 from actions.engines.sampling import Sampler, stream_key
 from actions.engines.kv_state import stack_states
-from actions.engines.spec_select import (MIN_PLAIN_WEIGHT, AcceptanceTracker, Choice, ForwardCost, can_pay,
-                                         choose_rows)
+from actions.engines.spec_select import (MIN_PLAIN_WEIGHT, MIN_WIDE_WEIGHT, AcceptanceTracker, Choice,
+                                         ForwardCost, can_pay, choose_rows)
 
 PROBE_EVERY = 8
 """Rounds of plain decoding, after the estimates switched speculation off although drafts
@@ -232,6 +232,9 @@ class _Selector:
             k = min(4, max_k)
         else:
             self.probe, self.wait = False, PROBE_EVERY
+            longest = min(max(len(d) for d in drafts), max_k)
+            if k < longest and self.cost.wide_weight(1 + longest) < MIN_WIDE_WEIGHT:
+                k = longest  # measure a wide round now and then: the fit's per-column cost (ForwardCost)
         used = [n for n in names if n]
         label = max(set(used), key=used.count) if used else None
         return Choice(label, k, rate, plain_rate), [d[:k] for d in drafts], kinds
@@ -338,14 +341,15 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
         logits = res.logits[torch.arange(b, device=dev), acc_t]
         batch.next_pos += acc_t + 1
         batch.rollback(acc_t, accepted, width)
-        _observe(cost, sstats, b, width, t_round)
-        if ends.cut(cut_after):
-            break
-        if finished:
+        cut = ends.cut(cut_after)
+        if finished and not cut:
             keep = [j for j in range(b) if j not in set(finished)]
             keep_t = torch.tensor(keep, dtype=torch.long, device=dev)
             batch.select(keep_t)
             keys, rows, logits = keys[keep_t], [rows[j] for j in keep], logits[keep_t]
+        _observe(cost, sstats, b, width, t_round)  # the rows' drop included, as a plain round's
+        if cut:
+            break
     plain_steps = max((len(gen[i]) - start_len[i] + (ends.reasons[i] == "stop") for i in range(n)), default=1) - 1
     sstats.forwards_saved = max(plain_steps - stats.decode_steps, 0)
     outs = [SampleOut(s.prompt_id, s.sample_index, gen[i], ends.reasons[i] or "cut", ends.stops[i])

@@ -53,11 +53,16 @@ class NgramIndex:
         self._where: dict[tuple[int, ...], int] = {}
         self._parent: dict[tuple[int, ...], int] | None = None
         self.last_n = 0
+        self.last_pos: int | None = None
+        self.base_len = 0
+        """Tokens inherited from the parent at ``fork`` (a row's prompt): a continuation at or
+        past it copies the list's own later part (a row's response)."""
 
     def fork(self) -> "NgramIndex":
         child = NgramIndex(self.min_n, self.max_n)
         child.tokens = list(self.tokens)
         child._parent = self._where
+        child.base_len = len(self.tokens)
         return child
 
     def append(self, tokens: Sequence[int]) -> None:
@@ -79,14 +84,14 @@ class NgramIndex:
 
     def lookup(self, query: Sequence[int]) -> int | None:
         """Continuation index of the longest suffix of ``query`` in the index, or None;
-        ``last_n`` is the length of the suffix that matched (0: none)."""
-        self.last_n = 0
+        ``last_n`` is the length of the suffix that matched (0: none), ``last_pos`` the index."""
+        self.last_n, self.last_pos = 0, None
         for n in range(min(self.max_n, len(query)), self.min_n - 1, -1):
             gram = tuple(query[len(query) - n:])
             pos = self._where.get(gram)  # own entries are later than the parent's
             if pos is None and self._parent is not None:
                 pos = self._parent.get(gram)
             if pos is not None:
-                self.last_n = n
+                self.last_n, self.last_pos = n, pos
                 return pos
         return None

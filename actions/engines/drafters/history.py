@@ -9,6 +9,10 @@ ended there. Once the row leaves the tree, it drafts from an n-gram index over t
 responses instead: whichever old response shares its last few tokens. The prompt itself is not
 indexed (``prompt_lookup`` covers it). Trees and indexes are built once per prompt per call
 and shared by the prompt's rows.
+
+A path draft's kind says how far the old responses agree on its first token: ``patha`` all of
+them, ``pathm`` a strict majority, ``paths`` a plurality. Where they split, the policy is
+unsure there too and the draft is wrong more often; the selector tracks acceptance per kind.
 """
 
 from __future__ import annotations
@@ -82,7 +86,8 @@ class HistoryDrafter:
     def kind(self, row: int) -> str:
         entry, node, _ = self._rows[row]
         if node is not None and node.best is not None:
-            return f"{self.name}/path"
+            top, total = node.children[node.best].count, sum(c.count for c in node.children.values())
+            return f"{self.name}/path{'a' if top == total else 'm' if 2 * top > total else 's'}"
         return f"{self.name}/n{entry[1].last_n}" if entry is not None else f"{self.name}/none"
 
     def propose(self, row: int, k: int) -> list[int]:

@@ -4,6 +4,11 @@ Hugging Face ``prompt_lookup_num_tokens`` and vLLM's ``ngram`` method).
 
 It pays where responses quote their prompts (extraction, editing, code, repetition) and costs
 nothing to keep: the index grows by ``max_n - min_n + 1`` dictionary entries per token.
+
+A draft's kind (``kind``) is its match length and where the copy comes from: ``p`` the prompt
+(a quote, e.g. a response's first token matching one letter of the prompt, often wrong) or
+``r`` the response itself (the row repeating its own output, e.g. inside a run of repeats,
+often right to the end). Their acceptance differs by far, and the selector tracks it per kind.
 """
 
 from __future__ import annotations
@@ -35,7 +40,10 @@ class PromptLookupDrafter:
         self._rows[row].append(tokens)
 
     def kind(self, row: int) -> str:
-        return f"{self.name}/n{self._rows[row].last_n}"
+        index = self._rows[row]
+        if index.last_pos is None:
+            return f"{self.name}/n0"
+        return f"{self.name}/n{index.last_n}{'r' if index.last_pos >= index.base_len else 'p'}"
 
     def propose(self, row: int, k: int) -> list[int]:
         index = self._rows[row]
