@@ -63,3 +63,30 @@ def test_step_clock_charges_every_second_between_commits_once(monkeypatch):
     assert clock.close_period(0.5) == (1.5, 0.25)
     now[0] = 104.0
     assert clock.close_period(1.0) == (0.5, 0.0)  # never negative
+
+
+def test_a_first_job_goes_ahead_of_the_queued_ones_and_a_gated_one_can_be_cancelled_until_it_starts():
+    gate = threading.Event()
+    bg = Background(gate)
+    order: list[str] = []
+    dropped = bg.submit(order.append, "dropped")  # at the head, waiting for the gate
+    bg.submit(order.append, "a")
+    bg.submit(order.append, "b")
+    bg.submit(order.append, "urgent", first=True)
+    assert dropped.cancel()  # not started: the gate is shut
+    gate.set()
+    bg.wait()
+    assert order == ["urgent", "a", "b"]
+
+
+def test_settle_waits_for_the_job_in_flight_only():
+    gate = threading.Event()
+    bg = Background(gate)
+    started, release = threading.Event(), threading.Event()
+    bg.submit(lambda: (started.set(), release.wait(5)), gated=False)
+    bg.submit(lambda: None)  # gated: queued, never started while the gate is shut
+    assert started.wait(5)
+    assert not bg.settle(0.05)  # the first job still runs
+    release.set()
+    assert bg.settle(5)  # it ended; the gated one is not waited for
+    bg.wait()

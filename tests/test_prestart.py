@@ -182,3 +182,38 @@ def test_outside_a_flow_run_the_prepared_runs_are_top_level(prefect_harness):
         runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["prestart-top"])))
     assert [(r.parent_task_run_id, r.state.type.value, r.parameters) for r in runs] == [(None, "COMPLETED", {"x": 1})]
     assert prepared.id not in {r.id for r in runs}  # the unused one was deleted
+
+
+def test_no_background_job_starts_while_a_step_trains(tiny_config, prefect_harness, monkeypatch):
+    import time
+
+    from flows.campaign import overhead, prestart
+    from flows.campaign.run import rlhf_campaign
+    from flows.invokers.inprocess import InProcessInvoker
+
+    events: list[tuple[str, str, float, float]] = []
+
+    def timed(kind, name, fn):
+        def call(*args, **kwargs):
+            t = time.time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                events.append((kind, name, t, time.time()))
+        return call
+
+    submit, invoke, run = overhead.Background.submit, InProcessInvoker.invoke, prestart.FlowRunStarter.run
+    monkeypatch.setattr(overhead.Background, "submit", lambda self, fn, *a, **kw: submit(
+        self, timed("job", getattr(fn, "__name__", ""), fn), *a, **kw))
+    monkeypatch.setattr(InProcessInvoker, "invoke", lambda self, action, *a, **kw: timed(
+        "act", action, invoke)(self, action, *a, **kw))
+    monkeypatch.setattr(prestart.FlowRunStarter, "run", lambda self, *a, **kw: timed("step", "", run)(self, *a, **kw))
+    cfg = tiny_config("invoker.kind=inprocess", "run_id=held", "steps=3")
+    assert rlhf_campaign(config=cfg.model_dump(mode="json"))["steps_completed"] == 3
+    jobs = [e for e in events if e[0] == "job"]
+    trains = [e for e in events if e[1] == "train_step"]
+    steps = sorted(e for e in events if e[0] == "step")
+    assert len(trains) == 3 and len(steps) == 3 and {"_create", "_publish", "_write_parameters"} <= {j[1] for j in jobs}
+    assert not [(j, t) for j in jobs for t in trains if t[2] <= j[2] <= t[3]]  # none started beside training
+    for step in steps[:2]:  # each step's first job creates the next step's flow run
+        assert min((j for j in jobs if step[2] <= j[2] <= step[3]), key=lambda j: j[2])[1] == "_create"

@@ -4,14 +4,19 @@
   thread sleeps in 1 s ticks and the engine joins it when the flow returns, so every step
   subflow waited up to a second (0.96 s measured) after its work was done. The campaign's own
   flow run keeps its heartbeat: a crashed process is still detected by the run that holds it.
-* :class:`Background` -- Prefect artifacts (metrics table, plan, report, progress) are
-  published on one background thread, in commit order, while the next step runs; the campaign
-  waits for them once, at its end. A job waits for its gate: the next step's flow run entering
-  Running (:func:`open_gate_when_running`). On the local SQLite server an artifact write
-  that coincides with the creation of the step's flow run makes that write fail with
-  ``SQLITE_BUSY`` (503), and Prefect's client retries it 2 s later: up to 2 s on every step
-  where the two met, which was most of them. Once the step runs, the API is quiet. The same
-  queue creates the next step's flow run (``flows/campaign/prestart.py``), without the gate.
+* :class:`Background` -- the campaign's per-step control-plane jobs (the next step's flow run,
+  ``flows/campaign/prestart.py``; the running step's parameters; the previous step's Prefect
+  artifacts: metrics table, plan, report, progress) run on one background thread, one at a
+  time, inside a window of the step: from its flow run entering Running
+  (:func:`open_gate_when_running` opens the gate) to the start of its training, which closes
+  it (``flows/campaign/run.py``). That window is the generation phase, where a generate
+  activation leaves the control plane a core (``flows/invokers/cores.py``); training runs one
+  thread per core, and a job beside it stalled the whole team (small steps trained in
+  0.19-0.21 s against 0.13 s with nothing beside them). The next step's flow run is queued
+  first, so it is made before the artifacts; what does not fit in one window waits for the
+  next, and the campaign waits for everything once, at its end. The window also keeps the
+  artifacts' writes off the creation of the step's flow run: on the local SQLite server two
+  writes that meet fail one with ``SQLITE_BUSY`` (503), which Prefect's client retries 2 s later.
 * :class:`StepClock` -- ``timing_s/overhead`` measured from the outside: the wall time of one
   step period (from the point before one commit to the point before the next, so everything
   in between is counted once: the subflow's creation, task runs, commit, collection, artifacts,
@@ -23,10 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 
@@ -48,38 +55,84 @@ def quiet_step_flows() -> Iterator[None]:
 
 
 class Background:
-    """One worker thread running side effects in submission order, in the submitter's context
-    (so Prefect calls still see the flow run), each once ``gate`` is open (none: at once).
-    ``wait()`` opens the gate, waits for every job and re-raises the first failure."""
+    """One worker thread running side effects in the submitter's context (so Prefect calls still
+    see the flow run), one at a time, in submission order except that a ``first`` job goes
+    ahead of every job not yet started. A job that is ``gated`` starts only while ``gate`` is
+    open (none: at once), and until it starts it holds back the jobs queued behind it; until it
+    starts it can still be cancelled (its future's ``cancel()``). ``wait()`` opens the gate,
+    waits for every job and re-raises the first failure; call it once, at the end."""
 
     def __init__(self, gate: threading.Event | None = None) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish")
-        self._futures: list[Future] = []
         self._gate = gate
+        self._queue: deque[tuple[Future, bool, Callable[[], Any]]] = deque()
+        self._changed = threading.Condition()
+        self._busy = False  # a job is running
+        self._closed = False
+        self._futures: list[Future] = []
+        # daemon: a queue nobody waits for must not keep the interpreter alive
+        self._thread = threading.Thread(target=self._work, name="publish", daemon=True)
+        self._thread.start()
 
-    def submit(self, fn: Callable[..., Any], *args: Any, gated: bool = True) -> Future:
-        """Queue ``fn(*args)``; ``gated=False``: it runs when its turn comes, open gate or not.
-        Returns its future (``wait()`` skips one that was cancelled before it started)."""
+    def submit(self, fn: Callable[..., Any], *args: Any, gated: bool = True, first: bool = False) -> Future:
+        """Queue ``fn(*args)``; ``gated=False``: it runs when its turn comes, open gate or not;
+        ``first``: its turn comes before that of every job not yet started. Returns its future
+        (``wait()`` skips one that was cancelled before it started)."""
         self._futures = [f for f in self._futures
                          if not f.done() or (not f.cancelled() and f.exception() is not None)]
-        future = self._pool.submit(contextvars.copy_context().run, self._gated, gated, fn, *args)
+        future: Future = Future()
+        job = (future, gated, functools.partial(contextvars.copy_context().run, fn, *args))
+        with self._changed:
+            self._queue.appendleft(job) if first else self._queue.append(job)
+            self._changed.notify_all()
         self._futures.append(future)
         return future
 
-    def _gated(self, gated: bool, fn: Callable[..., Any], *args: Any) -> Any:
-        if gated and self._gate is not None:
-            self._gate.wait()
-        return fn(*args)
+    def settle(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the job running now, if any, to end (jobs queued are not
+        waited for). Returns whether none runs."""
+        with self._changed:
+            return self._changed.wait_for(lambda: not self._busy, timeout=timeout_s)
+
+    def _next(self) -> tuple[Future, Callable[[], Any]] | None:
+        """The next job to run, once its gate is open; None once closed and empty."""
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._queue or self._closed)
+                if not self._queue:
+                    return None
+                future, gated, call = self._queue[0]
+                if not gated or self._gate is None or self._gate.is_set() or future.cancelled():
+                    self._queue.popleft()
+                    self._busy = True
+                    return future, call
+            self._gate.wait(0.05)  # then look again: a first job may have come in front
+
+    def _work(self) -> None:
+        while (job := self._next()) is not None:
+            future, call = job
+            try:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(call())
+                    except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+                        future.set_exception(exc)
+            finally:
+                with self._changed:
+                    self._busy = False
+                    self._changed.notify_all()
 
     def wait(self) -> None:
         if self._gate is not None:
             self._gate.set()  # no step follows
         try:
-            for f in self._futures:
+            for f in list(self._futures):
                 if not f.cancelled():
                     f.result()
         finally:
-            self._pool.shutdown(wait=True)
+            with self._changed:
+                self._closed = True
+                self._changed.notify_all()
+            self._thread.join()
 
 
 def open_gate_when_running(flow: Any, gate: threading.Event) -> Any:

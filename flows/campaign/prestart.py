@@ -49,23 +49,25 @@ class FlowRunStarter:
         self._background = background
         self._next: Future | None = None
 
-    def prepare(self) -> None:
-        """Queue the creation of the next call's flow run (at most one is kept)."""
+    def prepare(self, gated: bool = False) -> None:
+        """Queue the creation of the next call's flow run (at most one is kept); ``gated``: it
+        waits for the queue's gate, ahead of the jobs queued already."""
         if self._next is None:
-            self._next = self._background.submit(self._create, gated=False)
+            self._next = self._background.submit(self._create, gated=gated, first=gated)
 
     def run(self, *args: Any, prepare_next: bool = False, **kwargs: Any) -> Any:
         """``flow(*args, **kwargs)`` against the prepared flow run (Prefect creates one as usual
-        when none is ready); ``prepare_next``: queue the next call's creation behind it."""
+        when none is ready); ``prepare_next``: queue the next call's creation, gated, first in
+        the queue, so it is the first job once this call's run opens the gate."""
         from prefect.flow_engine import run_flow
         from prefect.utilities.callables import get_call_parameters
 
         parameters = get_call_parameters(self.flow.fn, args, kwargs)
         flow_run = self._take()
+        if prepare_next:
+            self.prepare(gated=True)
         if flow_run is not None:  # written once it runs (the module docstring)
             self._background.submit(self._write_parameters, flow_run.id, parameters)
-        if prepare_next:
-            self.prepare()
         return run_flow(flow=self.flow, flow_run=flow_run, parameters=parameters)
 
     def close(self) -> None:

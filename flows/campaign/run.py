@@ -46,6 +46,8 @@ from flows.campaign.tensorboard import ScalarBoard
 Progress = Callable[[str], None]
 CALL_HISTORY = 8
 """Steps of call history kept for pre-warming (the earliest offset over them is used)."""
+SETTLE_S = 0.25
+"""Longest wait, before training, for a background job in flight to end."""
 
 
 def _evaluate(ctx: RunContext, state: CampaignState, clock: StepClock | None = None) -> EvalRecord:
@@ -203,11 +205,12 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
     set_context(ctx)
     warming: threading.Thread | None = None  # the next step's policy, loading in generation workers
     gc_total = {"collections": 0, "deleted_objects": 0, "deleted_blobs": 0, "freed_bytes": 0, "seconds": 0.0}
-    # Prefect artifacts, off the steps' critical path: published while the next step runs,
-    # and each step's flow run created while the step before it runs (flows/campaign/prestart.py)
+    # Prefect artifacts and each step's flow run (flows/campaign/prestart.py), off the steps'
+    # critical path: made in the generation phase of a step, never beside its training
     quiet_api = threading.Event()
     publisher = Background(quiet_api)
     step_flow = FlowRunStarter(open_gate_when_running(rlhf_step, quiet_api), publisher)
+    ctx.before_train = functools.partial(_hold_for_training, quiet_api, publisher)
 
     def collect(state: CampaignState) -> None:
         report = collect_garbage(store, state, retention, lease=lease)
@@ -279,6 +282,14 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
             publisher.wait()
     return summarize(state, time.time() - started) | {"billing": billing(cfg.invoker.kind), "gc": gc_total,
                                                       "profile": ctx.live.describe() if ctx.live else None}
+
+
+def _hold_for_training(gate: threading.Event, background: Background) -> None:
+    """Keep the background queue's jobs to the generation phase, where a generate activation
+    leaves them a core (``flows/invokers/cores.py``): close the gate (the next step's flow run
+    opens it again once it is Running) and let the job in flight, if any, end first."""
+    gate.clear()
+    background.settle(SETTLE_S)
 
 
 def _publish(run_id: str, steps: list[dict[str, Any]], evals: list[dict[str, Any]], progress_id: Any,

@@ -7,6 +7,7 @@ campaign before any flow runs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,10 @@ class RunContext:
     """The planner's measured inputs (``flows/campaign/live_profile.py``), set at campaign start."""
     faults: FaultInjector = field(default=None)  # type: ignore[assignment]
     """Fault injection (``faults.*``, resilience tests); None: built from ``config.faults``."""
+    before_train: Callable[[], None] = field(default=lambda: None)
+    """Called by the step flow just before it invokes training. The campaign holds its
+    background control-plane jobs there (``flows/campaign/run.py``): training runs one thread
+    per core, and a job beside it costs the whole team (``flows/invokers/cores.py``)."""
 
     def __post_init__(self) -> None:
         if self.faults is None:

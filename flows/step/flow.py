@@ -70,6 +70,7 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> StepOutcome:
     scores += [_submit_score(ctx, inputs, s) for s in drain.final_scores()]
     scored = [_collect(fut.result(), records) for fut in scores]
     t_score_end = time.time()
+    ctx.before_train()
     train = _collect(invoke_action(action="train_step", shard="train",
                                    payload=train_payload(ctx, inputs, [s.scored_key for s in scored])), records)
     t_end = time.time()
