@@ -29,6 +29,7 @@ unused one otherwise.
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import CancelledError, Future
 from typing import Any
 
@@ -48,6 +49,8 @@ class FlowRunStarter:
         self.flow = flow
         self._background = background
         self._next: Future | None = None
+        self._api: Any = None  # the jobs' client, opened by the first (see _client)
+        self._api_lock = threading.Lock()
 
     def prepare(self, gated: bool = False) -> None:
         """Queue the creation of the next call's flow run (at most one is kept); ``gated``: it
@@ -71,16 +74,27 @@ class FlowRunStarter:
         return run_flow(flow=self.flow, flow_run=flow_run, parameters=parameters)
 
     def close(self) -> None:
-        """Delete the prepared flow run and its tracking task run if no call used them."""
+        """Delete the prepared flow run and its tracking task run if no call used them; the
+        jobs' client closes after the jobs queued before this call."""
         flow_run = self._take()
-        if flow_run is None:
-            return
-        from prefect.client.orchestration import get_client
-
-        with get_client(sync_client=True, httpx_settings=RETRY_SOON) as client:
+        if flow_run is not None:
+            client = self._client()
             client.delete_flow_run(flow_run.id)
             if flow_run.parent_task_run_id is not None:
                 client.delete_task_run(flow_run.parent_task_run_id)
+        if self._api is not None:
+            self._background.submit(self._api.__exit__, None, None, None)
+
+    def _client(self) -> Any:
+        """One Prefect client for every job of this starter, opened on first use. A client per
+        job paid a connection and a CSRF-token request (Prefect's client asks for one before its
+        first write) on every request it made."""
+        with self._api_lock:
+            if self._api is None:
+                from prefect.client.orchestration import get_client
+
+                self._api = get_client(sync_client=True, httpx_settings=RETRY_SOON).__enter__()
+            return self._api
 
     def _take(self) -> Any:
         """The prepared flow run, or None when its creation had not started (cancelled)."""
@@ -98,26 +112,22 @@ class FlowRunStarter:
         minus the look for an earlier run (a new call never has one)."""
         from prefect import Task
         from prefect._internal.engine import dynamic_key_for_task_run
-        from prefect.client.orchestration import get_client
         from prefect.context import FlowRunContext, TagsContext
         from prefect.states import Pending
 
         parent = FlowRunContext.get()
         tags = TagsContext.get().current_tags
-        with get_client(sync_client=True, httpx_settings=RETRY_SOON) as client:
-            tracking_id = None
-            if parent is not None and parent.flow_run is not None:
-                tracking = Task(name=self.flow.name, fn=self.flow.fn, version=self.flow.version)
-                tracking._is_subflow_tracking_task = True  # type: ignore[attr-defined]  # as Prefect marks it
-                key = dynamic_key_for_task_run(context=parent, task=tracking)  # the server's create is keyed by it
-                tracking_id = client.create_task_run(task=tracking, flow_run_id=parent.flow_run.id,
-                                                     dynamic_key=str(key), name=f"{tracking.name}-{key}",
-                                                     state=Pending(), task_inputs={}, extra_tags=tags).id
-            return client.create_flow_run(flow=self.flow, parameters={}, state=Pending(),
-                                          parent_task_run_id=tracking_id, tags=tags)
+        client = self._client()
+        tracking_id = None
+        if parent is not None and parent.flow_run is not None:
+            tracking = Task(name=self.flow.name, fn=self.flow.fn, version=self.flow.version)
+            tracking._is_subflow_tracking_task = True  # type: ignore[attr-defined]  # as Prefect marks it
+            key = dynamic_key_for_task_run(context=parent, task=tracking)  # the server's create is keyed by it
+            tracking_id = client.create_task_run(task=tracking, flow_run_id=parent.flow_run.id,
+                                                 dynamic_key=str(key), name=f"{tracking.name}-{key}",
+                                                 state=Pending(), task_inputs={}, extra_tags=tags).id
+        return client.create_flow_run(flow=self.flow, parameters={}, state=Pending(),
+                                      parent_task_run_id=tracking_id, tags=tags)
 
     def _write_parameters(self, flow_run_id: Any, parameters: dict[str, Any]) -> None:
-        from prefect.client.orchestration import get_client
-
-        with get_client(sync_client=True, httpx_settings=RETRY_SOON) as client:
-            client.update_flow_run(flow_run_id, parameters=self.flow.serialize_parameters(parameters))
+        self._client().update_flow_run(flow_run_id, parameters=self.flow.serialize_parameters(parameters))
