@@ -31,7 +31,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 Event = tuple[str, str, float, float]  # kind (job, act, step), name, start, end (epoch seconds)
 
 
-def _timed(events: list[Event], kind: str, name: str, fn: Any) -> Any:
+def timed(events: list[Event], kind: str, name: str, fn: Any) -> Any:
+    """``fn`` that appends (kind, name, start, end) to ``events`` at each call's end."""
     def call(*args: Any, **kwargs: Any) -> Any:
         t = time.time()
         try:
@@ -48,10 +49,10 @@ def instrument(events: list[Event]) -> None:
 
     submit, invoke, run = overhead.Background.submit, LocalPoolInvoker.invoke, prestart.FlowRunStarter.run
     overhead.Background.submit = lambda self, fn, *a, **kw: submit(  # type: ignore[method-assign]
-        self, _timed(events, "job", getattr(fn, "__name__", "job"), fn), *a, **kw)
-    LocalPoolInvoker.invoke = lambda self, action, *a, **kw: _timed(  # type: ignore[method-assign]
+        self, timed(events, "job", getattr(fn, "__name__", "job"), fn), *a, **kw)
+    LocalPoolInvoker.invoke = lambda self, action, *a, **kw: timed(  # type: ignore[method-assign]
         events, "act", action, invoke)(self, action, *a, **kw)
-    prestart.FlowRunStarter.run = lambda self, *a, **kw: _timed(  # type: ignore[method-assign]
+    prestart.FlowRunStarter.run = lambda self, *a, **kw: timed(  # type: ignore[method-assign]
         events, "step", "step", run)(self, *a, **kw)
 
 

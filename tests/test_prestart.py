@@ -185,22 +185,16 @@ def test_outside_a_flow_run_the_prepared_runs_are_top_level(prefect_harness):
 
 
 def test_no_background_job_starts_while_a_step_trains(tiny_config, prefect_harness, monkeypatch):
-    import time
+    from functools import partial
 
     from flows.campaign import overhead, prestart
     from flows.campaign.run import rlhf_campaign
     from flows.invokers.inprocess import InProcessInvoker
 
-    events: list[tuple[str, str, float, float]] = []
+    from benchmarks.bench_control_plane import timed as timed_into
 
-    def timed(kind, name, fn):
-        def call(*args, **kwargs):
-            t = time.time()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                events.append((kind, name, t, time.time()))
-        return call
+    events: list[tuple[str, str, float, float]] = []
+    timed = partial(timed_into, events)
 
     submit, invoke, run = overhead.Background.submit, InProcessInvoker.invoke, prestart.FlowRunStarter.run
     monkeypatch.setattr(overhead.Background, "submit", lambda self, fn, *a, **kw: submit(
