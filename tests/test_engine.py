@@ -45,6 +45,28 @@ def test_dedup_prefill_reproduces_per_sample_prefill_and_saves_tokens(setup):
     assert sb.prefill_tokens == 3 * sa.prefill_tokens
 
 
+def test_stacking_states_left_pads_each_row_and_shared_rows_do_not_alias(setup):
+    from actions.engines.kv_state import stack_logits, stack_states
+
+    _, _, engine, specs = setup
+    seqs = [specs[0].prompt_tokens, specs[3].prompt_tokens + (5, 6)]
+    (a, b), _ = engine.prefill(seqs)
+    rows = [a, b, a, a, b]  # rows of two groups, as deduplicated prefill hands them out
+    width = max(a.length, b.length)
+    cache, mask = stack_states(rows)
+    for r, st in enumerate(rows):
+        pad = width - st.length
+        assert mask[r].tolist() == [0] * pad + [1] * st.length
+        for layer, (k, v) in zip(cache.layers, st.kv):
+            assert torch.equal(layer.keys[r, :, pad:], k) and torch.equal(layer.values[r, :, pad:], v)
+            assert not layer.keys[r, :, :pad].any() and not layer.values[r, :, :pad].any()
+    assert torch.equal(stack_logits(rows), torch.stack([st.last_logits for st in rows]))
+    assert cache.get_seq_length() == width
+    before = cache.layers[0].keys[2].clone()
+    cache.layers[0].keys[0].zero_()  # the cache is edited per row later: one row's edit stays its own
+    assert torch.equal(cache.layers[0].keys[2], before) and torch.equal(a.kv[0][0], before[:, width - a.length:])
+
+
 def test_fanout_split_gives_same_samples(setup):
     _, _, engine, specs = setup
     whole, _ = _gen(engine, specs)

@@ -37,7 +37,7 @@ from actions.engines.base import EngineStats, RowEnds, SampleOut, SampleSpec
 from actions.engines.drafters import HistoryDrafter, PromptLookupDrafter
 from actions.engines.drafters.base import Drafter
 from actions.engines.sampling import Sampler, stream_key
-from actions.engines.kv_state import stack_states
+from actions.engines.kv_state import stack_logits, stack_states
 from actions.engines.spec_select import (MIN_PLAIN_WEIGHT, MIN_WIDE_WEIGHT, AcceptanceTracker, Choice,
                                          ForwardCost, can_pay, choose_rows)
 
@@ -271,7 +271,7 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
     keys = torch.tensor([stream_key(seed, step, s.prompt_id, s.sample_index) for s in samples], device=dev)
     gen: list[list[int]] = [list(s.generated) for s in samples]
     start_len = [len(g) for g in gen]
-    logits = torch.stack([st.last_logits for st in states])
+    logits = stack_logits(states)
     rows = list(range(n))
     ends = RowEnds(n, engine.eos_ids, max_new_tokens)
     drafters = make_drafters(spec)

@@ -34,7 +34,7 @@ from transformers import DynamicCache
 from actions.engines.base import EngineStats, RowEnds, SampleOut, SampleSpec
 from actions.engines.sampling import Sampler, stream_key
 from actions.engines.spec_select import AcceptanceTracker, ForwardCost, can_pay
-from actions.engines.kv_state import PrefixState, stack_states
+from actions.engines.kv_state import PrefixState, stack_logits, stack_states
 from actions.engines.speculative import SpecStats, Speculation, decode_speculative
 
 RECHECK_CALLS = 4
@@ -213,7 +213,7 @@ class TorchEngine:
         gen: list[list[int]] = [list(s.generated) for s in samples]
         positions = torch.tensor([len(g) for g in gen], dtype=torch.long, device=dev)  # random-stream position
         next_pos = torch.tensor([st.length for st in states], dtype=torch.long, device=dev)  # model position
-        logits = torch.stack([st.last_logits for st in states])
+        logits = stack_logits(states)
         active = torch.arange(n, device=dev)
         rows = list(range(n))  # host copy of ``active``
         ends = RowEnds(n, self.eos_ids, max_new_tokens)
