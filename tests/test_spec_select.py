@@ -267,3 +267,27 @@ def test_a_speculative_round_widens_to_its_longest_draft_while_no_wide_round_was
     assert 1 <= k_fit < 8
     choice, out, _ = _Selector(spec, t, Cost(0.0)).pick(drafts, 4)
     assert choice.k == 8 and out == [[1] * 8] * 4
+
+
+def test_ngram_index_appended_at_once_equals_token_by_token():
+    import random
+
+    from actions.engines.drafters.base import NgramIndex
+
+    rng = random.Random(0)
+    for min_n, max_n in ((1, 3), (1, 4), (2, 3)):
+        tokens = [rng.randrange(4) for _ in range(60)]
+        whole, single = NgramIndex(min_n, max_n), NgramIndex(min_n, max_n)
+        whole.append(tokens[:1])
+        whole.append(tokens[1:40])  # a bulk append after a short one, and onto a fork
+        child = whole.fork()
+        child.append(tokens[40:])
+        for t in tokens[:40]:
+            single.append([t])
+        single_child = single.fork()
+        for t in tokens[40:]:
+            single_child.append([t])
+        assert whole._where == single._where and child._where == single_child._where
+        for end in range(1, 61):
+            query = tokens[max(0, end - max_n):end]
+            assert child.lookup(query) == single_child.lookup(query) and child.last_n == single_child.last_n

@@ -282,10 +282,14 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
     sstats = SpecStats()
 
     known: dict[int, int] = {}  # row -> its next token, drawn already at a verification mismatch
+    # Rows that ended in a verification stay in the batch until the next round's drop: one
+    # cache gather per round instead of two (each copies the whole cache)
+    done: set[int] = set()
     while rows:
         t_round = time.perf_counter()
-        toks = _next_tokens(rows, known, logits, keys, gen, sampling, dev)
-        keep = [j for j, (row, t) in enumerate(zip(rows, toks)) if not ends.take(row, t, gen[row])]
+        toks = _next_tokens(rows, known, logits, keys, gen, sampling, dev, done)
+        keep = [j for j, (row, t) in enumerate(zip(rows, toks)) if row not in done and not ends.take(row, t, gen[row])]
+        done.clear()
         if not keep or ends.cut(cut_after):
             break
         if len(keep) < len(rows):
@@ -341,14 +345,9 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
         logits = res.logits[torch.arange(b, device=dev), acc_t]
         batch.next_pos += acc_t + 1
         batch.rollback(acc_t, accepted, width)
-        cut = ends.cut(cut_after)
-        if finished and not cut:
-            keep = [j for j in range(b) if j not in set(finished)]
-            keep_t = torch.tensor(keep, dtype=torch.long, device=dev)
-            batch.select(keep_t)
-            keys, rows, logits = keys[keep_t], [rows[j] for j in keep], logits[keep_t]
-        _observe(cost, sstats, b, width, t_round)  # the rows' drop included, as a plain round's
-        if cut:
+        done.update(rows[j] for j in finished)
+        _observe(cost, sstats, b, width, t_round)
+        if ends.cut(cut_after):
             break
     plain_steps = max((len(gen[i]) - start_len[i] + (ends.reasons[i] == "stop") for i in range(n)), default=1) - 1
     sstats.forwards_saved = max(plain_steps - stats.decode_steps, 0)
@@ -366,17 +365,17 @@ def _observe(cost: ForwardCost, sstats: SpecStats, batch: int, width: int, t_rou
 
 
 def _next_tokens(rows: list[int], known: dict[int, int], logits: torch.Tensor, keys: torch.Tensor,
-                 gen: list[list[int]], sampling: Sampler, dev: torch.device) -> list[int]:
+                 gen: list[list[int]], sampling: Sampler, dev: torch.device, done: set[int]) -> list[int]:
     """Each running row's next token: drawn at its last verification mismatch, else sampled
-    now from ``logits`` at its response position."""
-    need = [j for j, r in enumerate(rows) if r not in known]
+    now from ``logits`` at its response position; -1 for the rows in ``done`` (ended)."""
+    need = [j for j, r in enumerate(rows) if r not in known and r not in done]
     drawn: list[int] = []
     if need:
         idx = torch.tensor(need, device=dev)
         pos = torch.tensor([len(gen[rows[j]]) for j in need], dtype=torch.long, device=dev)
         drawn = sampling.draw(logits[idx] if len(need) < len(rows) else logits, keys[idx], pos).tolist()
     it = iter(drawn)
-    return [known.pop(r) if r in known else next(it) for r in rows]
+    return [known.pop(r) if r in known else -1 if r in done else next(it) for r in rows]
 
 
 def _verify(logits: torch.Tensor, drafts: list[list[int]], rows: list[int], keys: torch.Tensor,

@@ -66,11 +66,24 @@ class NgramIndex:
         return child
 
     def append(self, tokens: Sequence[int]) -> None:
-        for t in tokens:
-            end = len(self.tokens)  # ``t`` is the continuation of every n-gram ending at end-1
-            for n in range(self.min_n, min(self.max_n, end) + 1):
-                self._where[tuple(self.tokens[end - n:end])] = end
-            self.tokens.append(t)
+        if len(tokens) <= 2:  # a decode round's token or two: the plain loop is cheaper
+            for t in tokens:
+                end = len(self.tokens)  # ``t`` is the continuation of every n-gram ending at end-1
+                for n in range(self.min_n, min(self.max_n, end) + 1):
+                    self._where[tuple(self.tokens[end - n:end])] = end
+                self.tokens.append(t)
+            return
+        # A prompt or a stored response at once, the same entries in the same order (a later
+        # occurrence overwrites an earlier one) with the loops in C: per n, each n-gram zipped
+        # from n shifted slices, paired with the index of the token after it
+        old = len(self.tokens)
+        self.tokens.extend(tokens)
+        toks, new = self.tokens, len(self.tokens)
+        for n in range(self.min_n, self.max_n + 1):
+            first = max(old, n)  # the continuation index of the first new n-gram
+            if first < new:
+                grams = zip(*(toks[first - n + i:new - n + i] for i in range(n)))
+                self._where.update(zip(grams, range(first, new)))
 
     def copy(self, pos: int, k: int) -> list[int]:
         """``k`` tokens from ``pos`` on; past the end, the copy continues from its own output

@@ -7,8 +7,9 @@ so far is a path of the tree, the draft follows the most frequent continuation (
 of the old responses; ties go to the token seen first), through EOS if the old responses
 ended there. Once the row leaves the tree, it drafts from an n-gram index over the old
 responses instead: whichever old response shares its last few tokens. The prompt itself is not
-indexed (``prompt_lookup`` covers it). Trees and indexes are built once per prompt per call
-and shared by the prompt's rows.
+indexed (``prompt_lookup`` covers it). Trees are built once per prompt per call and shared by
+the prompt's rows; a prompt's index only when one of its rows first leaves the tree (many
+never do, and building it is most of a call's drafter set-up).
 
 A path draft's kind says how far the old responses agree on its first token: ``patha`` all of
 them, ``pathm`` a strict majority, ``paths`` a plurality. Where they split, the policy is
@@ -26,12 +27,13 @@ _END = -2  # separates stored responses, so a draft never runs from one into the
 
 
 class _Node:
-    __slots__ = ("count", "children", "best")
+    __slots__ = ("count", "children", "best", "agree")
 
     def __init__(self) -> None:
         self.count = 0
         self.children: dict[int, _Node] = {}
         self.best: int | None = None  # the child token with the highest count
+        self.agree: str | None = None  # the kind of a draft from here, once asked (``kind``)
 
 
 def _tree(responses: Sequence[Sequence[int]]) -> _Node:
@@ -54,21 +56,24 @@ class HistoryDrafter:
         """``responses``: prompt_id -> earlier responses (token lists, each with its EOS)."""
         self.min_n, self.max_n = min_n, max_n
         self._responses = responses
-        self._prompts: dict[int, tuple[_Node, NgramIndex] | None] = {}
-        # row -> [prompt's (tree, index) or None, current tree node or None, query tokens]
+        # prompt_id -> [tree, n-gram index (None until a row needs it), responses], or None
+        self._prompts: dict[int, list | None] = {}
+        # row -> [its prompt's entry or None, current tree node or None, query tokens]
         self._rows: dict[int, list] = {}
 
-    def _prompt(self, prompt_id: int) -> tuple[_Node, NgramIndex] | None:
+    def _prompt(self, prompt_id: int) -> list | None:
         if prompt_id not in self._prompts:
             resps = self._responses.get(prompt_id) or []
-            entry = None
-            if resps:
-                index = NgramIndex(self.min_n, self.max_n)
-                for r in resps:
-                    index.append([_START, *r, _END])
-                entry = (_tree(resps), index)
-            self._prompts[prompt_id] = entry
+            self._prompts[prompt_id] = [_tree(resps), None, resps] if resps else None
         return self._prompts[prompt_id]
+
+    def _index(self, entry: list) -> NgramIndex:
+        if entry[1] is None:
+            index = NgramIndex(self.min_n, self.max_n)
+            for r in entry[2]:
+                index.append([_START, *r, _END])
+            entry[1] = index
+        return entry[1]
 
     def start(self, row: int, prompt_id: int, prompt: Sequence[int], response: Sequence[int]) -> None:
         entry = self._prompt(int(prompt_id))
@@ -86,9 +91,13 @@ class HistoryDrafter:
     def kind(self, row: int) -> str:
         entry, node, _ = self._rows[row]
         if node is not None and node.best is not None:
-            top, total = node.children[node.best].count, sum(c.count for c in node.children.values())
-            return f"{self.name}/path{'a' if top == total else 'm' if 2 * top > total else 's'}"
-        return f"{self.name}/n{entry[1].last_n}" if entry is not None else f"{self.name}/none"
+            if node.agree is None:
+                top, total = node.children[node.best].count, sum(c.count for c in node.children.values())
+                node.agree = f"{self.name}/path{'a' if top == total else 'm' if 2 * top > total else 's'}"
+            return node.agree
+        if entry is None:
+            return f"{self.name}/none"
+        return f"{self.name}/n{entry[1].last_n if entry[1] is not None else 0}"
 
     def propose(self, row: int, k: int) -> list[int]:
         entry, node, query = self._rows[row]
@@ -100,7 +109,7 @@ class HistoryDrafter:
                 out.append(node.best)
                 node = node.children[node.best]
             return out
-        index = entry[1]
+        index = self._index(entry)
         pos = index.lookup(query[-self.max_n:])
         if pos is None:
             return []
