@@ -85,21 +85,22 @@ class AcceptanceTracker:
         curves = [self.survival(kind, length) for kind in kinds]
         return max(curves, key=lambda c: sum(accumulate(c, mul)))
 
-    def record(self, strategy: str, num_proposed: int, num_accepted: int) -> None:
-        """One row's verification: ``num_accepted`` of its ``num_proposed`` draft tokens kept."""
-        self.proposed[strategy] = self.proposed.get(strategy, 0) + num_proposed
-        self.accepted[strategy] = self.accepted.get(strategy, 0) + num_accepted
+    def record(self, strategy: str, num_proposed: int, num_accepted: int, times: int = 1) -> None:
+        """One row's verification: ``num_accepted`` of its ``num_proposed`` draft tokens kept
+        (``times`` such rows: a round records each outcome once)."""
+        self.proposed[strategy] = self.proposed.get(strategy, 0) + times * num_proposed
+        self.accepted[strategy] = self.accepted.get(strategy, 0) + times * num_accepted
         if num_accepted < num_proposed:
-            self.rejections[strategy] = self.rejections.get(strategy, 0) + 1
+            self.rejections[strategy] = self.rejections.get(strategy, 0) + times
         reached, kept = self.reached.setdefault(strategy, []), self.kept.setdefault(strategy, [])
         checked = min(num_proposed, num_accepted + 1)  # verification stops at the first mismatch
         while len(reached) < checked:
             reached.append(0)
             kept.append(0)
         for i in range(checked):
-            reached[i] += 1
+            reached[i] += times
         for i in range(num_accepted):
-            kept[i] += 1
+            kept[i] += times
 
 
 MIN_PLAIN_WEIGHT = 1.0

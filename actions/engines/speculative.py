@@ -281,7 +281,8 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
     selector = _Selector(spec, tracker, cost)
     sstats = SpecStats()
 
-    known: dict[int, int] = {}  # row -> its next token, drawn already at a verification mismatch
+    known: dict[int, int] = {}  # row -> its next token, drawn already in a verification
+    unsent: dict[int, list[int]] = {}  # row -> draft tokens it accepted, for the drafters with its next token
     # Rows that ended in a verification stay in the batch until the next round's drop: one
     # cache gather per round instead of two (each copies the whole cache)
     done: set[int] = set()
@@ -296,9 +297,10 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
             keep_t = torch.tensor(keep, device=dev)
             batch.select(keep_t)
             keys, rows, toks = keys[keep_t], [rows[j] for j in keep], [toks[j] for j in keep]
-        for d in drafters.values():
-            for row, t in zip(rows, toks):
-                d.extend(row, (t,))
+        for row, t in zip(rows, toks):
+            new = (*unsent.pop(row, ()), t)
+            for d in drafters.values():
+                d.extend(row, new)
         b = len(rows)
         proposals = selector.propose(drafters, rows, [max_new_tokens - len(gen[r]) for r in rows])
         choice, drafts, kinds = selector.pick(proposals, b)
@@ -324,11 +326,12 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
             continue
         accepted = _verify(res.logits, drafts, rows, keys, gen, known, sampling)
         finished = []
+        outcomes: dict[tuple[str, int, int], int] = {}  # (kind, drafted, accepted) -> rows
         for j, (row, d) in enumerate(zip(rows, drafts)):
             a = accepted[j]
             if d:
-                tracker.record(kinds[j], len(d), a)
-                tracker.record(kinds[j].split("/")[0], len(d), a)
+                outcome = (kinds[j], len(d), a)
+                outcomes[outcome] = outcomes.get(outcome, 0) + 1
                 sstats.proposed += len(d)
                 sstats.accepted += a
             kept = 0
@@ -338,8 +341,10 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
                 finished.append(j)
                 known.pop(row, None)
             elif a:
-                for dr in drafters.values():
-                    dr.extend(row, d[:a])
+                unsent[row] = d[:a]
+        for (kind, m, a), times in outcomes.items():
+            tracker.record(kind, m, a, times)
+            tracker.record(kind.split("/")[0], m, a, times)
         _count_round(sstats, choice, drafts, accepted, kinds)
         acc_t = torch.tensor(accepted, dtype=torch.long, device=dev)
         logits = res.logits[torch.arange(b, device=dev), acc_t]
@@ -381,8 +386,10 @@ def _next_tokens(rows: list[int], known: dict[int, int], logits: torch.Tensor, k
 def _verify(logits: torch.Tensor, drafts: list[list[int]], rows: list[int], keys: torch.Tensor,
             gen: list[list[int]], known: dict[int, int], sampling: Sampler) -> list[int]:
     """Accepted draft length per row: the target's own draw (same noise as plain decoding) at
-    each drafted position, compared with the draft. A row's draw at its first mismatch goes to
-    ``known``: it is the row's next token. ``logits``: [b, width, V].
+    each drafted position, compared with the draft. Each row's next token goes to ``known``:
+    its draw at the first mismatch or, where the whole draft (perhaps empty) was accepted, its
+    draw at the column after the draft, which the next round would otherwise draw in a call of
+    its own. ``logits``: [b, width, V].
 
     A draw is a pure function of the logits, the row's key and the position, so the positions
     of several columns are drawn in one batched call: one draw and one host read-back per
@@ -391,27 +398,29 @@ def _verify(logits: torch.Tensor, drafts: list[list[int]], rows: list[int], keys
     logits, and a group starts only with the rows that still match."""
     dev, vocab = logits.device, logits.shape[-1]
     accepted = [0] * len(rows)
-    alive = [j for j, d in enumerate(drafts) if d]
+    alive = list(range(len(rows)))
     col = 0
     while alive:
         span = max(1, _DRAW_ELEMENTS // (len(alive) * vocab))
-        cells = [(j, c) for j in alive for c in range(col, min(col + span, len(drafts[j])))]
+        # a row's columns: its draft's, then the one after it (its next token if all are kept)
+        cells = [(j, c) for j in alive for c in range(col, min(col + span, len(drafts[j]) + 1))]
         idx = torch.tensor([j for j, _ in cells], device=dev)
         cols = torch.tensor([c for _, c in cells], device=dev)
         pos = torch.tensor([len(gen[rows[j]]) + c for j, c in cells], dtype=torch.long, device=dev)
         drawn = iter(sampling.draw(logits[idx, cols], keys[idx], pos).tolist())
         nxt = []
         for j in alive:
-            end = min(col + span, len(drafts[j]))
+            d = drafts[j]
+            end = min(col + span, len(d) + 1)
             for c in range(col, end):
                 t = next(drawn)
                 if accepted[j] != c:  # an earlier column mismatched: this draw is not needed
                     continue
-                if t == drafts[j][c]:
+                if c < len(d) and t == d[c]:
                     accepted[j] += 1
                 else:
                     known[rows[j]] = t
-            if accepted[j] == end and end < len(drafts[j]):
+            if accepted[j] == end and end <= len(d):  # all matched so far, columns remain
                 nxt.append(j)
         alive, col = nxt, col + span
     return accepted
