@@ -14,11 +14,12 @@ shows up in every step's measurements:
   writes the prefix-KV bundle (on the default campaign about 70 ms of a 90 ms prefill, whose
   compute the profile puts at 15 ms).
 
-* **Fan-out** changes the speed too where actions share a machine's cores (the local pool): a
-  lone generation action decodes on all of them, N actions on a share each, so one scale for
-  every N is wrong both ways. ``Calibration.by_actors`` keeps a scale per fan-out N, learned
-  from the steps that ran N generation actions (``actors/n``); the hook times each N with its
-  own (``flows/step/phase.py``).
+* **Fan-out** changes the speed too where actions share a machine's cores (the local pool):
+  N generation actions decode on a share of them each and contend with each other, so one
+  scale for every N is wrong both ways. ``Calibration.by_actors`` keeps a scale per fan-out N,
+  learned from the steps that ran N generation actions (``actors/n``); the planner times each
+  N's candidates with its own (``PlannerSettings.decode_scale_by_n``, set by
+  ``flows/step/phase.py``).
 
 Each step records what it was planned with (``plan/decode_scale``, ``plan/activation_s``,
 ``plan/prefill_fixed_s``) and what it measured. A step with generation time ``G`` predicted

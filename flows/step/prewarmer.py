@@ -37,10 +37,7 @@ class PhasePrewarmer:
 
         def fire() -> None:
             self.fired_s = time.time() - t0
-            try:
-                self.started = invoker.prewarm(action, count, model=model)
-            except Exception as exc:  # best effort: never fail the step for a pre-warm
-                log.warning("pre-warm of %s failed: %s", action, exc)
+            self.started = _prewarm(invoker, action, count, model)
 
         self._timer = threading.Timer(max(0.0, offset_s - (time.time() - t0)), fire)
         self._timer.daemon = True
@@ -60,12 +57,16 @@ def prewarm_in_background(invoker: Invoker, action: str, count: int, model: dict
     """Start loading ``model`` into ``count`` idle ``action`` workers now, on a thread, and
     return the thread (join it before closing the invoker). Best effort, like ``PhasePrewarmer``."""
 
-    def fire() -> None:
-        try:
-            invoker.prewarm(action, count, model=model)
-        except Exception as exc:  # best effort: never fail the campaign for a pre-warm
-            log.warning("pre-warm of %s failed: %s", action, exc)
-
-    thread = threading.Thread(target=fire, name=f"prewarm-{action}", daemon=True)
+    thread = threading.Thread(target=_prewarm, args=(invoker, action, count, model), name=f"prewarm-{action}",
+                              daemon=True)
     thread.start()
     return thread
+
+
+def _prewarm(invoker: Invoker, action: str, count: int, model: dict[str, Any]) -> int:
+    """``invoker.prewarm``, best effort: a failure is logged, never raised (0 started)."""
+    try:
+        return invoker.prewarm(action, count, model=model)
+    except Exception as exc:  # never fail a step or the campaign for a pre-warm
+        log.warning("pre-warm of %s failed: %s", action, exc)
+        return 0
