@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from actions.common.adapter import run_action
 from actions.common.contracts import CriticInitRequest, CriticInitResult
-from actions.common.loading import load_base, store_for
-from actions.common.modeling import instantiate
+from actions.common.loading import load_base_parts, store_for
+from actions.common.modeling import build_model
 from actions.common.weights import load_tensors, publish_tensors
 from actions.rl.critic import build_critic
 
@@ -19,7 +19,7 @@ def run_init_critic(req: CriticInitRequest) -> CriticInitResult:
     ref = req.model
     store = store_for(ref.store_uri)
     tensors, _ = load_tensors(store, ref.policy_key, expected_sha256=ref.weights_sha256)
-    lm, _ = instantiate(load_base(ref.store_uri, ref.base_key), tensors)
+    lm = build_model(load_base_parts(ref.store_uri, ref.base_key), tensors)
     critic = build_critic(lm, None)
     published = publish_tensors(store, req.output_key, critic.tensors(), {"version": 0, "source": "policy v0"})
     return CriticInitResult(critic_key=published.manifest_key, weights_sha256=published.weights_sha256)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from actions.common import warm
 from actions.common.device import action_device, action_dtype
-from actions.common.loading import load_base, store_for
-from actions.common.modeling import instantiate
+from actions.common.loading import load_base_parts, store_for
+from actions.common.modeling import build_model
 from actions.common.weights import load_tensors
 from actions.rl.critic import Critic, build_critic, split_tensors
 
@@ -18,7 +18,7 @@ def load_critic(store_uri: str, base_key: str, critic_key: str, *, fresh: bool =
 
     def build() -> Critic:
         tensors, _ = load_tensors(store_for(store_uri), critic_key)
-        lm, _ = instantiate(load_base(store_uri, base_key), split_tensors(tensors))
+        lm = build_model(load_base_parts(store_uri, base_key), split_tensors(tensors))
         return build_critic(lm, tensors).to(device=device, dtype=dtype)
 
     if fresh:
