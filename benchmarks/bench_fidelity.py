@@ -170,7 +170,7 @@ def main() -> int:
 def capture_records() -> dict[int, list[dict]]:
     """step -> the activation records of the live step (kept by wrapping the campaign's
     metrics function, which receives them and keeps only totals)."""
-    import flows.campaign.run as campaign
+    import flows.campaign.advance as campaign
 
     records: dict[int, list[dict]] = {}
     metrics = campaign.step_metrics

@@ -54,7 +54,7 @@ def main() -> None:
         return out
 
     step.rlhf_step.fn = timed_body  # the campaign wraps rlhf_step when it starts, after this
-    run_one = campaign._run_one_step
+    run_one = campaign.run_one_step
 
     def timed_step(ctx: Any, state: Any, tokens: Any, num_workers: int, step_flow: Any) -> Any:
         def call(*a: Any, **kw: Any) -> Any:
@@ -64,7 +64,7 @@ def main() -> None:
             return out
         return run_one(ctx, state, tokens, num_workers, call)
 
-    campaign._run_one_step = timed_step
+    campaign.run_one_step = timed_step
     summary = campaign.rlhf_campaign(config=cfg.model_dump(mode="json"))
     rows: dict[str, list[float]] = {"before body": [], "body - work": [], "after body": [], "overhead": [],
                                     "period": []}
