@@ -139,7 +139,7 @@ def main() -> int:
             actors.append(ActorSpec(tuple(samples), 0.0, submit_s + latency + index * stagger, work_s=work,
                                     cuttable=point is not None))  # the plan's cut points
         n = len(actors)
-        sim = SimConfig(profile=profile, gpus_per_actor=1, tau=tau if tau is not None and tau < 1 else None,
+        sim = SimConfig(profile=profile, gpus_per_actor=1, cut_threshold=tau if tau is not None and tau < 1 else None,
                         continuation=True, spare_warm_actors=n + 1, shared_processors=cores,
                         migrate_to_running=False, migrate_window_s=cfg.generation.migrate_window_s,
                         submit_s=submit_s, activation_latency_s=latency, continuation_work_s=costs["cont"][0],

@@ -188,5 +188,5 @@ def test_no_objective_picks_a_fan_out_its_measured_speed_makes_slower_and_dearer
 
 def test_a_bad_fan_out_speed_is_refused_with_the_field_named():
     ids, pred, kw = _step(0, m=8)
-    with pytest.raises(ValueError, match=r"scaling.decode_scale_by_n: \[\(2, 0.0\)\]"):
+    with pytest.raises(ValueError, match=r"PlannerSettings.decode_scale_by_n: \[\(2, 0.0\)\]"):
         plan_generation(ids, pred, decode_scale_by_n=((2, 0.0),), **kw)

@@ -41,7 +41,7 @@ def test_every_sample_decoded_exactly_once_with_migration(migration):
     step = _step()
     predicted = {r.prompt_id: float(r.answer_len) for r in step.prompts}
     policy = parse_policy("no-scale:4")
-    result, _, n, samples = run_step(policy, step, predicted, _model(tau=0.5, migration=migration))
+    result, _, n, samples = run_step(policy, step, predicted, _model(cut_threshold=0.5, migration=migration))
     assert n == 4 and len(samples) == 128
     assert result.num_migrated > 0  # prompt 5's stragglers were cut and moved
     _check_conservation(samples)
@@ -76,19 +76,19 @@ def test_serverless_actor_is_released_when_done():
 def test_cut_waits_without_free_slots():
     # a single actor cannot migrate anywhere: it runs to the end, nothing is cut
     samples = tuple(Sample(i, 0, 0, 10 * (i + 1)) for i in range(4))
-    cfg = SimConfig(profile=FLAT, gpus_per_actor=1, tau=0.5)
+    cfg = SimConfig(profile=FLAT, gpus_per_actor=1, cut_threshold=0.5)
     res, done = simulate_phase([ActorSpec(samples, 0.0, 0.0)], cfg)
     assert res.num_cut == 0 and res.time_s == pytest.approx(0.4)
     _check_conservation(done)
 
 
 def test_continuation_reuses_released_container_and_is_not_cut_again():
-    # actor 0 (4 samples: 10, 20, 300, 400 tokens) is cut at tau=0.5 once two finished; actor 1
+    # actor 0 (4 samples: 10, 20, 300, 400 tokens) is cut at cut_threshold=0.5 once two finished; actor 1
     # (one 5-token sample) was released at 0.05 s, so the continuation starts in its warm
     # container at once: no cold start, no weight transfer, and it is never cut itself
     a = tuple(Sample(i, 0, 0, n) for i, n in enumerate((10, 20, 300, 400)))
     b = (Sample(4, 1, 0, 5),)
-    cfg = SimConfig(profile=FLAT, gpus_per_actor=1, tau=0.5, continuation=True, cold_start_s=30.0,
+    cfg = SimConfig(profile=FLAT, gpus_per_actor=1, cut_threshold=0.5, continuation=True, cold_start_s=30.0,
                     weight_transfer_s=2.0)
     res, done = simulate_phase([ActorSpec(a, 0.0, 0.0), ActorSpec(b, 0.0, 0.0)], cfg)
     assert res.num_actors == 3 and res.num_cut == 1 and res.num_migrated == 2
@@ -145,7 +145,7 @@ def test_parse_policy():
     assert parse_policy("round-robin:4").assignment == "round_robin"
     assert not parse_policy("round-robin:4").serverful and not parse_policy("round-robin:4").cut
     assert parse_policy("static:3").serverful
-    assert parse_policy("no-scale").scaling == "fixed:3"
+    assert parse_policy("no-scale").scaling.name == "fixed:3"
     assert parse_policy("oracle").oracle
     for bad in ("static", "static:0", "rlhfless:2", "nope"):
         with pytest.raises(ValueError, match="policy"):
@@ -371,7 +371,7 @@ def test_plan_and_simulation_agree_when_predictions_are_exact():
 # ---- live-flow mode (local warm pool as flows/step/flow.py drives it) ------------------------
 
 def _live(**kw) -> SimConfig:
-    args = dict(profile=FLAT, gpus_per_actor=1, tau=0.5, continuation=True, migrate_to_running=False,
+    args = dict(profile=FLAT, gpus_per_actor=1, cut_threshold=0.5, continuation=True, migrate_to_running=False,
                 migrate_window_s=1.0)
     args.update(kw)
     return SimConfig(**args)
@@ -476,7 +476,7 @@ def test_score_activations_share_the_processors_without_extending_the_phase():
 
 def test_live_window_needs_the_live_flow_settings():
     with pytest.raises(ValueError, match="migrate_window_s"):
-        SimConfig(profile=FLAT, gpus_per_actor=1, tau=0.5, migrate_window_s=0.25)
+        SimConfig(profile=FLAT, gpus_per_actor=1, cut_threshold=0.5, migrate_window_s=0.25)
 
 
 def test_task_submission_work_shares_the_processors():

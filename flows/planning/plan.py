@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from flows.planning.registry import ScalingStrategy
     from flows.planning.robust import MeasuredError
     from flows.planning.tpot import TpotProfile
 
@@ -137,8 +138,9 @@ class PlannerSettings:
     and the simulator (from its ``ClusterModel`` and policy, ``flows/simulate/policies.py``).
     """
 
-    policy: str
-    """'cost_aware' | 'fixed:N' | 'package.module:function'."""
+    policy: ScalingStrategy | str
+    """The scaling strategy (``flows/planning/registry.py``), or its text, which the registry
+    parses (``scaling.strategy_of``)."""
     n_min: int
     n_max: int
     """The candidate actor-count range (inclusive)."""
@@ -150,8 +152,8 @@ class PlannerSettings:
     cluster: ClusterSpec
     """The time and cost model."""
     cut_threshold: float | None = None
-    """tau, validated and passed on to user policies (the built-in estimate assumes exact
-    predictions, so nothing is cut)."""
+    """``generation.cut_threshold``, validated and passed on to user policies (the built-in
+    estimate assumes exact predictions, so nothing is cut)."""
     rank_slack: float | None = None
     """Ranked ``fixed:N`` plans: size the slices within this fraction of the balanced phase
     time; None: equal counts. Not passed to user policies."""
