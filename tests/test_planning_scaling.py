@@ -235,9 +235,9 @@ def test_empty_prompts_and_missing_prediction():
     settings = PlannerSettings(policy="cost_aware", n_min=1, n_max=2, lam=0.7, assignment="ranked", profile=FLAT,
                                cluster=CLUSTER)
     with pytest.raises(ValueError, match="algorithm.prompts_per_step"):
-        plan_generation([], PRED, group_size=4, prompt_lengths=PLEN, settings=settings)
+        _plan_generation([], PRED, group_size=4, prompt_lengths=PLEN, settings=settings)
     with pytest.raises(ValueError, match="no predicted length for prompts \\[99\\]"):
-        plan_generation([99], PRED, group_size=4, prompt_lengths=PLEN, settings=settings)
+        _plan_generation([99], PRED, group_size=4, prompt_lengths=PLEN, settings=settings)
 
 
 def test_cluster_spec_validation():
