@@ -327,18 +327,20 @@ def test_measured_error_covers_the_last_steps_only():
 def test_replay_gives_each_policy_the_error_of_its_own_predictions(monkeypatch):
     """The planner learns how far its predictions missed on the previous steps: none before
     the first step, the oracle's none at all, rlhfless's from the reference-based guesses."""
-    import flows.simulate.replay as replay_module
+    from flows.planning.planner import Planner
 
-    seen: dict[str, list] = {}
-    real = replay_module.replay_step
+    errors: dict[int, list] = {}  # planner -> the error it gave each plan
+    real = Planner.tail_error
 
-    def spy(policy, step, predicted, model, warm_pool=0, tail_error=None):
-        seen.setdefault(policy.name, []).append(tail_error)
-        return real(policy, step, predicted, model, warm_pool, tail_error)
+    def spy(self):
+        error = real(self)
+        errors.setdefault(id(self), []).append(error)
+        return error
 
-    monkeypatch.setattr(replay_module, "replay_step", spy)
+    monkeypatch.setattr(Planner, "tail_error", spy)
     steps = [dataclasses.replace(_step(), step=k) for k in range(3)]
     replay(steps, ["rlhfless", "oracle"], _model(tail_error_steps=1))
+    seen = dict(zip(["rlhfless", "oracle"], errors.values()))  # the policies plan in this order
     assert seen["rlhfless"][0] is None and seen["oracle"][0] is None
     assert all(set(e.log_ratios) == {0.0} for e in seen["oracle"][1:])
     # step 0 guessed from references (prompt 5: 20 tokens, ran 950); step 1 repeated step 0's
@@ -347,9 +349,9 @@ def test_replay_gives_each_policy_the_error_of_its_own_predictions(monkeypatch):
     assert len(first.log_ratios) == 32 and first.log_ratios[-1] == pytest.approx(math.log(950 / 20))
     assert set(second.log_ratios) == {0.0}
     off = dict(seen)
-    seen.clear()
+    errors.clear()
     replay(steps, ["rlhfless"], _model(tail_error_steps=0))
-    assert seen["rlhfless"] == [None] * 3 and len(off["rlhfless"]) == 3
+    assert list(errors.values()) == [[None] * 3] and len(off["rlhfless"]) == 3
 
 
 def test_plan_and_simulation_agree_when_predictions_are_exact():

@@ -29,6 +29,7 @@ from typing import Mapping, Sequence
 
 from flows.planning.migrate import plan_cut_points_of
 from flows.planning.plan import ClusterSpec, GenerationPlan, PlannerSettings
+from flows.planning.planner import Planner, PlannerRules
 from flows.planning.robust import MeasuredError
 from flows.planning.tpot import TpotProfile
 from flows.planning.registry import ScalingStrategy
@@ -132,6 +133,16 @@ class ClusterModel:
                                objective=self.objective, value_of_time_usd_per_s=self.value_of_time_usd_per_s,
                                time_slack=self.time_slack, budget_actors=self.budget_actors,
                                tail_error=tail_error)
+
+    def planner(self, policy: Policy, *, group_size: int, max_length: float, window: int = 1) -> Planner:
+        """The planner ``policy`` runs with on this cluster: the live planner's object, with
+        predictions capped at ``max_length`` (the trace's generation cap), the predictor's
+        error measured over ``tail_error_steps`` steps, and neither calibration, speculation,
+        prefill plan nor pre-warm (the simulator models those itself)."""
+        return Planner(PlannerRules(settings=self.planner_settings(policy), group_size=group_size,
+                                    length_window=window, max_length=max_length, first_epoch=self.first_epoch,
+                                    cut_threshold=self.cut_threshold_of(policy),
+                                    tail_error_steps=self.tail_error_steps, tail_quantile=self.tail_quantile))
 
     def cluster_spec(self) -> ClusterSpec:
         """Planned actors are pre-warmed (see module docstring): all of them count as warm."""
