@@ -56,13 +56,13 @@ def main() -> None:
     step.rlhf_step.fn = timed_body  # the campaign wraps rlhf_step when it starts, after this
     run_one = campaign.run_one_step
 
-    def timed_step(ctx: Any, state: Any, tokens: Any, num_workers: int, step_flow: Any) -> Any:
+    def timed_step(ctx: Any, state: Any, planner: Any, tokens: Any, step_flow: Any) -> Any:
         def call(*a: Any, **kw: Any) -> Any:
             t0 = time.time()
             out = step_flow(*a, **kw)
             calls.append((t0, time.time()))
             return out
-        return run_one(ctx, state, tokens, num_workers, call)
+        return run_one(ctx, state, planner, tokens, call)
 
     campaign.run_one_step = timed_step
     summary = campaign.rlhf_campaign(config=cfg.model_dump(mode="json"))

@@ -16,16 +16,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from actions.common.config import WorkloadConfig
 from actions.common.config_section import Section as _Section
 from actions.common.safe_paths import check_run_id
+from flows.planning.registry import ScalingStrategy
+from flows.planning.scaling import parse_scaling_policy  # the built-in strategies register on import
 
 
 class ScalingConfig(_Section):
     policy: str = "cost_aware"
-    """``cost_aware``, ``fixed:N`` or ``package.module:function``."""
+    """``cost_aware``, ``fixed:N``, a registered name or ``package.module:function``, parsed
+    once into a strategy (:attr:`strategy`, ``flows/planning/registry.py``)."""
     n_min: int = Field(1, ge=1)
     n_max: int = Field(4, ge=1)
     lam: float = Field(0.7, ge=0, le=1)
@@ -57,17 +60,26 @@ class ScalingConfig(_Section):
     """Warm the generation actions (and load the new policy version in them) ahead of use,
     at the earliest past invocation offset minus ``prewarm_buffer_s`` (PAPER 3.7)."""
     prewarm_buffer_s: float = Field(0.2, ge=0)
+    tail_error_steps: int = Field(2, ge=0, le=64)
+    """Steps of the length predictor's measured error (predicted against observed group max
+    lengths) that scale ``cost_aware``'s robust tail (``flows/planning/robust.py``); 0: every
+    action may run to the step's longest prediction. The simulator's default too."""
+    tail_quantile: float = Field(0.5, gt=0, lt=1)
+    """Quantile of an action's longest observed group its robust tail runs to."""
+    _parsed: tuple[str, ScalingStrategy] | None = PrivateAttr(default=None)
 
     @field_validator("policy")
     @classmethod
     def _check_policy(cls, v: str) -> str:
-        if v == "cost_aware" or ":" in v:
-            if v.startswith("fixed:"):
-                n = v.split(":", 1)[1]
-                if not n.isdigit() or int(n) < 1:
-                    raise ValueError(f"scaling.policy {v!r}: fixed:N needs a positive integer N, e.g. fixed:2")
-            return v
-        raise ValueError(f"scaling.policy {v!r} is unknown; use cost_aware, fixed:N or package.module:function")
+        parse_scaling_policy(v)  # its message names scaling.policy, the value and the forms
+        return v
+
+    @property
+    def strategy(self) -> ScalingStrategy:
+        """The policy's registered strategy, parsed once per value."""
+        if self._parsed is None or self._parsed[0] != self.policy:
+            self._parsed = (self.policy, parse_scaling_policy(self.policy))
+        return self._parsed[1]
 
     @model_validator(mode="after")
     def _check_range(self) -> ScalingConfig:

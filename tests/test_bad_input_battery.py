@@ -170,7 +170,7 @@ CASES: dict[str, Case] = {
                                           ("scaling.value_of_time_usd_per_s", "finite number")),
     "config time slack out of range": Case(_train("--set", "scaling.time_slack=20"),
                                            ("scaling.time_slack", "less than or equal to 10")),
-    "config bad scaling policy": Case(_train("--set", "scaling.policy=biggest"), ("scaling.policy 'biggest'", "cost_aware")),
+    "config bad scaling policy": Case(_train("--set", "scaling.policy=biggest"), ("scaling.policy='biggest'", "cost_aware")),
     "config fixed policy without N": Case(_train("--set", "scaling.policy=fixed:0"), ("scaling.policy", "positive integer")),
     "config bad run_id": Case(_train("--run-id", "a/b"), ("run_id 'a/b'", "only letters, digits")),
     "config run_id dot-dot": Case(_train("--run-id", ".."), ("run_id '..'", "start with a letter or digit")),

@@ -1,5 +1,6 @@
-"""One step of the campaign: plan it, run the step flow, fold what it measured into the next
-state (not yet committed: ``flows/campaign/run.py`` commits it)."""
+"""One step of the campaign: the planner plans it, the step flow runs it, the planner observes
+its record, and the record folds into the next state (not yet committed:
+``flows/campaign/run.py`` commits it)."""
 
 from __future__ import annotations
 
@@ -12,17 +13,12 @@ from flows.campaign.schedule import step_prompts
 from flows.campaign.setup import model_ref
 from flows.campaign.state import CampaignState
 from flows.config import CampaignConfig
-from flows.planning.calibration import Calibration, calibrate
-from flows.planning.lengths import LengthHistory
-from flows.planning.speculation import acceptance_rates, decode_speedup, running_speedup
+from flows.planning.planner import Planner
 from flows.step.context import RunContext
 from flows.step.flow import StepOutcome, rlhf_step
-from flows.step.metrics import step_metrics
+from flows.step.metrics import step_metrics, step_record
 from flows.step.payloads import StepInputs
-from flows.step.phase import plan_generation_phase
-
-CALL_HISTORY = 8
-"""Steps of call history kept for pre-warming (the earliest offset over them is used)."""
+from flows.step.phase import phase_inputs
 
 
 def budget_stop(cfg: CampaignConfig, state: CampaignState) -> str | None:
@@ -39,43 +35,34 @@ def budget_stop(cfg: CampaignConfig, state: CampaignState) -> str | None:
     return None
 
 
-def _record_speculation(ctx: RunContext, state: CampaignState, new: CampaignState, out: StepOutcome) -> None:
-    """Keep the step's responses as history drafts and its measured acceptance and speed-up."""
-    g = ctx.config.generation
-    if g.speculation == "auto" and "history" in g.draft_strategies:
-        new.draft_index = record_drafts(ctx.store, ctx.prefix, state.step,
-                                        [r.rollout_key for r in out.generate], state.draft_index)
-    reports = [r.spec for r in out.generate]
-    if any(reports):
-        new.spec_rates = acceptance_rates(reports, state.spec_rates)
-        new.spec_speedup = running_speedup(state.spec_speedup, decode_speedup([r for r in reports if r]))
-
-
-def run_one_step(ctx: RunContext, state: CampaignState, tokens: dict[int, PromptTokens],
-                 num_workers: int, step_flow: Any = rlhf_step) -> CampaignState:
+def run_one_step(ctx: RunContext, state: CampaignState, planner: Planner, tokens: dict[int, PromptTokens],
+                 step_flow: Any = rlhf_step) -> CampaignState:
+    """Plan, run and record one step: the state after it (``planner`` has observed it)."""
     cfg = ctx.config
     t0 = time.time()
     epoch, prompt_ids = step_prompts(sorted(tokens), cfg.algorithm.prompts_per_step, state.step, cfg.seed)
-    history = LengthHistory.from_dict(state.length_history)
-    calibration = calibrate(state.steps) if ctx.live is not None else Calibration()  # measured inputs only
-    phase = plan_generation_phase(ctx, history, tokens, prompt_ids, num_workers, state.call_history,
-                                  spec_speedup=state.spec_speedup, calibration=calibration)
+    phase = planner.plan(phase_inputs(tokens, prompt_ids, epoch))
     inputs = StepInputs(step=state.step, epoch=epoch, prompt_ids=prompt_ids, model=model_ref(ctx, state),
                         reference_key=state.reference_key, train_key=state.prepared.train_key,
                         optimizer_key=state.optimizer_key, critic_key=state.critic_key,
                         critic_optimizer_key=state.critic_optimizer_key,
                         draft_keys=tuple(keys_for(ctx.prefix, state.draft_index, prompt_ids)),
-                        spec_priors=dict(state.spec_rates))
+                        spec_priors=dict(planner.state.spec_rates))
     t_plan = time.time() - t0
     out = step_flow(inputs, phase)
     t_commit0 = time.time()
-    lengths: dict[int, list[int]] = {}
-    for g in out.generate:
-        for s in g.samples:
-            if s.finish_reason != "cut":
-                lengths.setdefault(s.prompt_id, []).append(s.length)
-    for pid, lens in lengths.items():
-        history.record(pid, epoch, lens, tokens[pid].answer_len, len(tokens[pid].prompt))
+    metrics = step_metrics(out, phase, cfg.price_per_gpu_second, cfg.scaling.gpus_per_actor, t_plan,
+                           time.time() - t_commit0)
+    metrics["step"] = float(state.step)
+    metrics.update(out.prewarm)
+    planner.observe(step_record(out, phase, step=state.step, epoch=epoch, metrics=metrics))
+    metrics["plan"] = phase.plan.to_dict() | {"cut_after": list(phase.cut_after)}  # type: ignore[assignment]
+    return _next_state(ctx, state, planner, out, metrics)
+
+
+def _next_state(ctx: RunContext, state: CampaignState, planner: Planner, out: StepOutcome,
+                metrics: dict[str, Any]) -> CampaignState:
+    """``state`` advanced by the step ``out`` (its ``metrics``) and the planner's memory after it."""
     train = out.train
     new = state.model_copy(deep=True)
     new.step = state.step + 1
@@ -84,15 +71,11 @@ def run_one_step(ctx: RunContext, state: CampaignState, tokens: dict[int, Prompt
     new.optimizer_key = train.optimizer_key
     new.critic_key = train.critic_key or state.critic_key
     new.critic_optimizer_key = train.critic_optimizer_key or state.critic_optimizer_key
-    new.length_history = history.to_dict()
-    _record_speculation(ctx, state, new, out)
-    for action, offset in out.call_offsets.items():  # the last CALL_HISTORY steps
-        new.call_history[action] = [*state.call_history.get(action, []), offset][-CALL_HISTORY:]
-    metrics = step_metrics(out, phase, cfg.price_per_gpu_second, cfg.scaling.gpus_per_actor, t_plan,
-                           time.time() - t_commit0)
-    metrics["step"] = float(state.step)
-    metrics.update(out.prewarm)
-    metrics["plan"] = phase.plan.to_dict() | {"cut_after": list(phase.cut_after)}  # type: ignore[assignment]
+    new.planner = planner.state.model_copy(deep=True)
+    g = ctx.config.generation
+    if g.speculation == "auto" and "history" in g.draft_strategies:  # the responses, the next epoch's drafts
+        new.draft_index = record_drafts(ctx.store, ctx.prefix, state.step,
+                                        [r.rollout_key for r in out.generate], state.draft_index)
     new.steps.append(metrics)
     new.spend = {"billed_gpu_seconds": state.spend["billed_gpu_seconds"] + metrics["cost/billed_gpu_seconds"],
                  "useful_gpu_seconds": state.spend["useful_gpu_seconds"] + metrics["cost/gpu_seconds"],

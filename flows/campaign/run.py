@@ -37,10 +37,12 @@ from flows.campaign.state import CampaignRefused, CampaignState, check_resume, c
 from flows.campaign.warming import PoolWarming
 from flows.config import CampaignConfig
 from flows.invokers.factory import make_invoker, pool_size
+from flows.planning.planner import Planner
 from flows.planning.retention import Retention
 from flows.step.context import RunContext, set_context
 from flows.step.flow import rlhf_step
 from flows.step.metrics import billing
+from flows.step.phase import build_planner
 
 Progress = Callable[[str], None]
 
@@ -81,8 +83,9 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
         if state.step < cfg.steps:
             warming.before_first_step(model_ref(ctx, state).model_dump(mode="json"))
         reporter.start(state.step)
+        planner = build_planner(ctx, num_workers, state.planner)  # once: from the config and the profile
         with quiet_step_flows():
-            state = _loop(ctx, state, num_workers, lease, collect, warming, step_flow, quiet_api, reporter)
+            state = _loop(ctx, state, planner, lease, collect, warming, step_flow, quiet_api, reporter)
     finally:
         set_context(None)
         warming.join()
@@ -114,11 +117,11 @@ def _start(ctx: RunContext, existing: CampaignState | None, lease: RunLease, col
     return state
 
 
-def _loop(ctx: RunContext, state: CampaignState, num_workers: int, lease: RunLease, collect: Collector,
+def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLease, collect: Collector,
           warming: PoolWarming, step_flow: FlowRunStarter, quiet_api: threading.Event,
           reporter: Reporter) -> CampaignState:
-    """Steps until ``steps`` or the budget: run one, pre-warm the next, evaluate, commit,
-    collect, report."""
+    """Steps until ``steps`` or the budget: run one (planned and observed by ``planner``),
+    pre-warm the next, evaluate, commit, collect, report."""
     cfg = ctx.config
     tokens = parse_token_table(get_json(ctx.store, state.prepared.tokens_key))
     clock = StepClock()
@@ -132,7 +135,7 @@ def _loop(ctx: RunContext, state: CampaignState, num_workers: int, lease: RunLea
             break
         lease.check()
         old_drafts = state.draft_index
-        state = run_one_step(ctx, state, tokens, num_workers,
+        state = run_one_step(ctx, state, planner, tokens,
                              functools.partial(step_flow.run, prepare_next=state.step + 1 < cfg.steps))
         last = state.steps[-1]
         if state.step < cfg.steps:

@@ -140,18 +140,21 @@ class Planner:
         self._history = LengthHistory.from_dict(self.state.length_history)
         self._last: tuple[PhaseInputs, PhasePlan] | None = None
 
-    def plan(self, inputs: PhaseInputs) -> PhasePlan:
-        """The plan of one generation phase (module docstring)."""
+    def plan(self, inputs: PhaseInputs, calibration: Calibration | None = None) -> PhasePlan:
+        """The plan of one generation phase (module docstring); ``calibration``: the
+        corrections to plan with (default: those the observed phases imply, where the rules
+        calibrate)."""
         r, ids = self.rules, list(inputs.prompt_ids)
         group_size = inputs.group_size or r.group_size
         predicted = dict(inputs.known_lengths) if inputs.known_lengths is not None else predict_lengths(
             self._history, ids, dict(inputs.reference_lengths), window=r.length_window, max_length=r.max_length,
             first_epoch=r.first_epoch, prompt_lengths=dict(inputs.prompt_lengths))
-        calibration = calibrate(self.state.phases) if r.calibrated else Calibration()
+        if calibration is None:
+            calibration = calibrate(self.state.phases) if r.calibrated else Calibration()
         base = r.settings.profile
         if r.speculative:
             base = speculative_profile(base, self.state.spec_speedup)
-        profile = calibration.profile(base) if r.calibrated else base
+        profile = calibration.profile(base) if r.calibrated or calibration != Calibration() else base
         cluster = replace(r.settings.cluster, prefill_fixed_s=calibration.prefill_fixed_s)
         prefill, cluster = self._prefill(inputs, group_size, profile, cluster)
         prefill_tokens = prefill.tokens_computed if prefill else sum(inputs.prompt_lengths[p] for p in ids)

@@ -19,7 +19,7 @@ from prefect.futures import PrefectFuture, as_completed
 
 from actions.common.contracts import GenerateResult, PrefillResult, ScoreResult, TrainStepResult
 from flows.step.context import RunContext, current
-from flows.step.phase import PhasePlan
+from flows.planning.planner import PhasePlan
 from flows.invokers.base import Activation
 from flows.planning.drain import GenerationDrain, ReturnedShard, SubmitContinuation, SubmitScore
 from flows.step.prewarmer import PhasePrewarmer
