@@ -136,9 +136,15 @@ class Planner:
     def __init__(self, rules: PlannerRules, state: PlannerState | None = None) -> None:
         self.rules = rules
         self.strategy = strategy_of(rules.settings)
-        self.state = (state or PlannerState()).model_copy(deep=True)
-        self._history = LengthHistory.from_dict(self.state.length_history)
+        self._memory = (state or PlannerState()).model_copy(deep=True)
+        self._history = LengthHistory.from_dict(self._memory.length_history)
         self._last: tuple[PhaseInputs, PhasePlan] | None = None
+
+    @property
+    def state(self) -> PlannerState:
+        """A copy of everything the planner remembers: a planner built from it plans as this one
+        does (the history's sums run in prompt order, ``LengthHistory.reference_scale``)."""
+        return self._memory.model_copy(update={"length_history": self._history.to_dict()}, deep=True)
 
     def plan(self, inputs: PhaseInputs, calibration: Calibration | None = None) -> PhasePlan:
         """The plan of one generation phase (module docstring); ``calibration``: the
@@ -150,10 +156,10 @@ class Planner:
             self._history, ids, dict(inputs.reference_lengths), window=r.length_window, max_length=r.max_length,
             first_epoch=r.first_epoch, prompt_lengths=dict(inputs.prompt_lengths))
         if calibration is None:
-            calibration = calibrate(self.state.phases) if r.calibrated else Calibration()
+            calibration = calibrate(self._memory.phases) if r.calibrated else Calibration()
         base = r.settings.profile
         if r.speculative:
-            base = speculative_profile(base, self.state.spec_speedup)
+            base = speculative_profile(base, self._memory.spec_speedup)
         profile = calibration.profile(base) if r.calibrated or calibration != Calibration() else base
         cluster = replace(r.settings.cluster, prefill_fixed_s=calibration.prefill_fixed_s)
         prefill, cluster = self._prefill(inputs, group_size, profile, cluster)
@@ -174,7 +180,7 @@ class Planner:
             self.strategy.cut_threshold(r.settings.objective, r.cut_threshold), profile))
         offset = None
         if r.prewarm_buffer_s is not None:
-            offset = prewarm_offset(self.state.call_history.get("generate", []), r.prewarm_buffer_s)
+            offset = prewarm_offset(self._memory.call_history.get("generate", []), r.prewarm_buffer_s)
         phase = PhasePlan(plan, prefill, predicted, cut_after, offset,
                           predicted_prefill_s=prefill_seconds(prefill_tokens, profile, cluster),
                           calibration=calibration, activation_s=cluster.activation_s)
@@ -204,7 +210,7 @@ class Planner:
     def tail_error(self) -> MeasuredError | None:
         """The predictor's error over the last ``tail_error_steps`` observed steps (None: none)."""
         r = self.rules
-        recent = self.state.errors[-r.tail_error_steps:] if r.tail_error_steps > 0 else []
+        recent = self._memory.errors[-r.tail_error_steps:] if r.tail_error_steps > 0 else []
         if not recent:
             return None
         return MeasuredError.of([p for pred, _ in recent for p in pred], [o for _, obs in recent for o in obs],
@@ -215,14 +221,11 @@ class Planner:
         if self._last is None:
             raise ValueError("Planner.observe: no phase was planned; call plan() first")
         inputs, phase = self._last
-        s = self.state
+        s = self._memory
         seen = [p for p in inputs.prompt_ids if record.lengths.get(p)]
         for p in seen:
             self._history.record(p, inputs.epoch, record.lengths[p], inputs.reference_lengths[p],
                                  inputs.prompt_lengths[p])
-        # the committed form is the remembered form: a resume reads exactly this
-        s.length_history = self._history.to_dict()
-        self._history = LengthHistory.from_dict(s.length_history)
         if seen and self.rules.tail_error_steps > 0:
             s.errors = [*s.errors, ([float(phase.predicted[p]) for p in seen],
                                     [float(max(record.lengths[p])) for p in seen])][-self.rules.tail_error_steps:]
