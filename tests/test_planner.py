@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from flows.planning.plan import ClusterSpec, PlannerSettings
+from flows.planning.plan import ClusterSpec
+from flows.planning.settings import PlannerSettings
 from flows.planning.planner import PhaseInputs, Planner, PlannerRules, PlannerState
 from flows.planning.record import PhaseObservation, StepRecord
 from flows.planning.registry import parse_scaling_policy, register_scaling_function

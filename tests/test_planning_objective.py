@@ -10,7 +10,7 @@ from flows.planning.plan import Candidate, ClusterSpec
 from flows.planning.tpot import GPUS, MODELS, roofline_profile
 from flows.planning.scaling import BASELINE_N, default_value_of_time
 from flows.planning.scaling import plan_generation as _plan_generation
-from flows.planning.plan import PlannerSettings
+from flows.planning.settings import PlannerSettings
 from flows.planning.robust import held_budget
 from flows.planning.timeline import prefill_seconds
 

@@ -8,7 +8,7 @@ import pytest
 from flows.planning.plan import ClusterSpec, GenerationPlan
 from flows.planning.tpot import TpotProfile
 from flows.planning.scaling import plan_generation as _plan_generation
-from flows.planning.plan import PlannerSettings
+from flows.planning.settings import PlannerSettings
 
 
 def plan_generation(ids, predicted, *, group_size, prompt_lengths, prefill_tokens=None, **settings):

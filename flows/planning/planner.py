@@ -31,7 +31,8 @@ from pydantic import BaseModel
 from flows.planning.calibration import Calibration, calibrate
 from flows.planning.lengths import LengthHistory, predict_lengths
 from flows.planning.migrate import plan_cut_points_of
-from flows.planning.plan import ClusterSpec, GenerationPlan, PlannerSettings
+from flows.planning.plan import ClusterSpec, GenerationPlan
+from flows.planning.settings import PlannerSettings
 from flows.planning.prefix import PrefillPlan, plan_prefill, prefill_action_pays
 from flows.planning.prewarm import prewarm_offset
 from flows.planning.record import PhaseObservation, StepRecord

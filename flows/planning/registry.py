@@ -24,14 +24,24 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from flows.planning.plan import GenerationPlan
-
-if TYPE_CHECKING:
-    from flows.planning.plan import PlannerSettings
+from flows.planning.plan import ClusterSpec, GenerationPlan
 
 FORMS = "cost_aware, fixed:N, a registered name or package.module:function"
+
+
+class Settings(Protocol):
+    """What a strategy reads of ``PlannerSettings`` (``flows/planning/settings.py``, which
+    imports this module: the registry stays below it)."""
+
+    n_min: int
+    n_max: int
+    lam: float
+    assignment: str
+    profile: Any
+    cluster: ClusterSpec
+    cut_threshold: float | None
 
 
 class ScalingStrategy(Protocol):
@@ -45,7 +55,7 @@ class ScalingStrategy(Protocol):
     """A fixed fan-out, or None where the strategy chooses it."""
 
     def plan(self, prompt_ids: Sequence[int], predicted: Mapping[int, float], *, group_size: int,
-             prompt_lengths: Mapping[int, int], settings: PlannerSettings,
+             prompt_lengths: Mapping[int, int], settings: Settings,
              prefill_tokens: float | None) -> GenerationPlan: ...
 
     def cut_threshold(self, objective: str, cut_threshold: float | None) -> float | None:
@@ -98,7 +108,7 @@ class FunctionPolicy:
     num_actors: int | None = None
 
     def plan(self, prompt_ids: Sequence[int], predicted: Mapping[int, float], *, group_size: int,
-             prompt_lengths: Mapping[int, int], settings: PlannerSettings,
+             prompt_lengths: Mapping[int, int], settings: Settings,
              prefill_tokens: float | None) -> GenerationPlan:
         s = settings
         plan = self._load()(prompt_ids, predicted, group_size=group_size, prompt_lengths=prompt_lengths,

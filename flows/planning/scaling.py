@@ -59,7 +59,8 @@ from flows.planning.assignment import assign_contiguous, assign_round_robin
 from flows.planning.loads import (Env, Loads, Ranking, assign_groups, budget_slices, candidate_loads, equal_slices,
                                   group_loads, make_env, make_ranking, slice_ends, slice_loads)
 from flows.planning.objective import check_objective, choose
-from flows.planning.plan import Candidate, ClusterSpec, GenerationPlan, PlannerSettings
+from flows.planning.plan import Candidate, ClusterSpec, GenerationPlan
+from flows.planning.settings import PlannerSettings
 from flows.planning.registry import ScalingStrategy, parse_scaling_policy, register_scaling_policy
 from flows.planning.robust import (STRIPED_MAX_N, TailModel, held_budget, split_plans, stress_plans,
                                    striped_layout)

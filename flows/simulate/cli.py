@@ -80,6 +80,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--first-epoch", choices=FIRST_EPOCH_PREDICTORS, default="learned",
                         help="length predictor of prompts without history: learned online from "
                              "reference and prompt length (default) or the paper's reference rule")
+    _add_learner_and_output(parser)
+
+
+def _add_learner_and_output(parser: argparse.ArgumentParser) -> None:
+    """The whole-step learner model's flags and the output's."""
     parser.add_argument("--learner-tokens-per-s", type=float, default=None, metavar="R",
                         help="whole step: scoring + training at R rollout tokens/s (serverful "
                              "actors stay billed through it); default: from the learner model")

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from flows.planning.migrate import plan_cut_points_of
-from flows.planning.plan import ClusterSpec, GenerationPlan, PlannerSettings
+from flows.planning.plan import ClusterSpec, GenerationPlan
+from flows.planning.settings import PlannerSettings
 from flows.planning.planner import Planner, PlannerRules
 from flows.planning.robust import MeasuredError
 from flows.planning.tpot import TpotProfile
