@@ -234,7 +234,7 @@ def test_errors_name_the_field(kw, field):
 def test_empty_prompts_and_missing_prediction():
     settings = PlannerSettings(policy="cost_aware", n_min=1, n_max=2, lam=0.7, assignment="ranked", profile=FLAT,
                                cluster=CLUSTER)
-    with pytest.raises(ValueError, match="algorithm.prompts_per_step"):
+    with pytest.raises(ValueError, match="a phase has no prompt"):
         _plan_generation([], PRED, group_size=4, prompt_lengths=PLEN, settings=settings)
     with pytest.raises(ValueError, match="no predicted length for prompts \\[99\\]"):
         _plan_generation([99], PRED, group_size=4, prompt_lengths=PLEN, settings=settings)

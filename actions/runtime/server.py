@@ -1,7 +1,7 @@
 """The OpenWhisk action-protocol server: ``POST /init`` and ``POST /run`` on one port.
 
 This is the entrypoint of the runtime images (port 8080) and of every local warm-pool worker
-(a free loopback port). It follows the contract in OpenWhisk's ``docs/actions-new.md``:
+(a free loopback port). It follows the contract in OpenWhisk's ``apache/openwhisk:docs/actions-new.md``:
 
 * ``/init`` takes ``{"value": {name, main, code, binary, env}}`` once per container. The action
   code is baked into the image, so ``code`` is ignored; ``env`` is exported. A second ``/init``

@@ -86,7 +86,7 @@ class PhaseInputs:
 @dataclass(frozen=True, kw_only=True)
 class PlannerRules:
     """The validated configuration the planner runs with (built once per campaign:
-    ``flows/campaign/planner_setup.py`` from ``scaling.*`` and ``generation.*``; the simulator's
+    ``flows/step/phase.py`` from ``scaling.*`` and ``generation.*``; the simulator's
     ``ClusterModel.planner``)."""
 
     settings: PlannerSettings

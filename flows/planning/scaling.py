@@ -73,7 +73,7 @@ def _check_args(prompt_ids: Sequence[int], predicted: Mapping[int, float], group
                 settings: PlannerSettings) -> None:
     s = settings
     if not prompt_ids:
-        raise ValueError("algorithm.prompts_per_step: a phase has no prompt; plan one with at least one prompt")
+        raise ValueError("algorithm.batch_size: a phase has no prompt; plan one with at least one prompt")
     if s.n_min < 1:
         raise ValueError(f"scaling.n_min={s.n_min}: must be >= 1")
     if s.n_min > s.n_max:
