@@ -50,6 +50,9 @@ WINDOW_STEP = 256
 step attends over at most ``WINDOW_STEP - 1`` masked columns more than it needs, and one
 graph serves every step of a call within one window."""
 
+EAGER_WINDOW_STEP = 8
+"""The eager step's window: the columns in use, rounded up a little (nothing to reuse)."""
+
 _ATTR = "_rlhfless_decode_runtime"
 
 
@@ -219,7 +222,8 @@ def decode_static(engine, samples: list[SampleSpec], states: list[PrefixState], 
         elif live < sum(i is not None for i in slots):
             kept = set(keep)
             slots = [i if j in kept else None for j, i in enumerate(slots)]
-        window = min(round_up(col + 1, WINDOW_STEP), kv.cols)
+        # graphs: few window sizes, each captured once; eager: no more columns than needed
+        window = min(round_up(col + 1, WINDOW_STEP if graphs else EAGER_WINDOW_STEP), kv.cols)
         rt.run(b, window, sampling, graphs)
         col += 1
         stats.decode_steps += 1
