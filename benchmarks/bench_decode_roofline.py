@@ -4,6 +4,8 @@ For one model shape (a Hugging Face config.json, randomly initialised on the dev
 is downloaded), a batch and a context, prints the milliseconds of one decode step of:
 
 * ``graphs``: the engine on its static KV cache with the step replayed as a CUDA graph;
+* ``compiled`` (``--paths`` must name it): the graph path with the step through
+  ``torch.compile`` (fused kernels; they round differently, so tokens may differ in bf16);
 * ``static``: the same path, eager (``generation.cuda_graphs: off``);
 * ``dynamic``: the engine on Hugging Face's growing ``DynamicCache`` (``kv_cache: dynamic``);
 * ``hf-loop``: a plain Hugging Face eager loop (forward with ``DynamicCache``, greedy argmax);
@@ -85,6 +87,7 @@ def step_bytes(model: torch.nn.Module, batch: int, context: float) -> float:
     return weights + kv
 
 
+@torch.no_grad()
 def hf_loop(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int) -> None:
     """Greedy decoding by plain eager forwards with a DynamicCache (no engine)."""
     cache = DynamicCache()
@@ -99,10 +102,12 @@ def hf_loop(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int) -> None:
 def compare_rows(model: torch.nn.Module, specs: list[SampleSpec], new_tokens: int, paths: list[str]) -> dict:
     """Per engine path: how many rows drew exactly the dynamic path's tokens (in bf16 the
     kernels round differently, and a near-tie can flip a draw; in fp32 all should)."""
-    opts = {"graphs": ("static", "on"), "static": ("static", "off"), "dynamic": ("dynamic", "off")}
+    opts = {"graphs": ("static", "on"), "compiled": ("static", "on"), "static": ("static", "off"),
+            "dynamic": ("dynamic", "off")}
     toks = {}
     for name in [p for p in paths if p in opts]:
         engine = TorchEngine(model, eos_id=-1, pad_id=0, kv_cache=opts[name][0], cuda_graphs=opts[name][1])
+        engine.compiled = name == "compiled"
         toks[name] = [o.tokens for o in engine.generate(specs, seed=1, step=0, max_new_tokens=new_tokens,
                                                         temperature=1.0)[0]]
     ref = toks.get("dynamic")
@@ -149,14 +154,15 @@ def main() -> None:
     specs = [SampleSpec(g, i, tuple(prompts[g].tolist())) for g in range(groups) for i in range(args.batch // groups)]
     ids = prompts.repeat_interleave(args.batch // groups, dim=0).to(device)
 
-    def engine_fn(kv_cache: str, graphs: str):
+    def engine_fn(kv_cache: str, graphs: str, compiled: bool = False):
         engine = TorchEngine(model, eos_id=-1, pad_id=0, kv_cache=kv_cache, cuda_graphs=graphs)
+        engine.compiled = compiled
         return lambda n: engine.generate(specs, seed=0, step=0, max_new_tokens=n, temperature=1.0)
 
-    paths = {"graphs": lambda: engine_fn("static", "on"), "static": lambda: engine_fn("static", "off"),
+    paths = {"graphs": lambda: engine_fn("static", "on"), "compiled": lambda: engine_fn("static", "on", True), "static": lambda: engine_fn("static", "off"),
              "dynamic": lambda: engine_fn("dynamic", "off"),
              "hf-loop": lambda: (lambda n: hf_loop(model, ids, n))}
-    wanted = [x for x in args.paths.split(",") if x and (x != "graphs" or device.type == "cuda")]
+    wanted = [x for x in args.paths.split(",") if x and (x not in ("graphs", "compiled") or device.type == "cuda")]
     peak, measured = bandwidth_gbps(device)
     gbps = peak or measured
     nbytes = step_bytes(model, len(specs), args.context + args.steps / 2)
@@ -167,20 +173,23 @@ def main() -> None:
                  "context": args.context, "steps": args.steps, "step_bytes": nbytes,
                  "peak_gbps": peak, "measured_copy_gbps": measured, "roofline_ms": roof_ms, "ms": {}}
     for name in wanted:
-        rt0 = runtime_for(model) if name in ("graphs", "static") else None
+        rt0 = runtime_for(model, name == "compiled") if name in ("graphs", "static", "compiled") else None
         c0, s0 = (rt0.captures, rt0.capture_s) if rt0 else (0, 0.0)
         res["ms"][name] = step_ms(paths[name](), args.steps, args.repeats, device)
-        if name == "graphs":
-            res["graph_captures"], res["graph_capture_s"] = rt0.captures - c0, rt0.capture_s - s0
-            res["graph_error"] = rt0.graph_error
+        if name in ("graphs", "compiled"):
+            rt1 = runtime_for(model, name == "compiled")
+            res[f"{name}_captures"] = rt1.captures - (c0 if rt1 is rt0 else 0)
+            res[f"{name}_capture_s"] = rt1.capture_s - (s0 if rt1 is rt0 else 0.0)
+            res[f"{name}_error"] = rt1.graph_error or (None if rt1.compiled == rt1.wants_compiled else "compile failed")
     print(f"{res['device']} {res['dtype']} params={res['params'] / 1e9:.3f}B batch={res['batch']} "
           f"context={args.context} step bytes={nbytes / 1e9:.3f} GB")
     if gbps:
         print(f"bandwidth: {gbps:.0f} GB/s ({'card peak' if peak else 'measured copy'}); measured copy "
               f"{measured:.0f} GB/s; roofline {roof_ms:.3f} ms/step")
-    if "graph_captures" in res:
-        print(f"graph captures in the warm-up: {res['graph_captures']} in {res['graph_capture_s']:.3f} s"
-              + (f"; FAILED: {res['graph_error']}" if res["graph_error"] else ""))
+    for name in ("graphs", "compiled"):
+        if f"{name}_captures" in res:
+            print(f"{name}: captures in the warm-up {res[f'{name}_captures']} in {res[f'{name}_capture_s']:.3f} s"
+                  + (f"; FAILED: {res[f'{name}_error']}" if res[f"{name}_error"] else ""))
     base = res["ms"].get("hf-loop")
     for name, ms in res["ms"].items():
         extra = f"  x{ms / roof_ms:.2f} roofline" if roof_ms else ""

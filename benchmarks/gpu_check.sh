@@ -25,3 +25,10 @@ for shape in ${SHAPES:-0.5b 7b}; do
       --json "$OUT/roofline.jsonl" 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tee -a "$OUT/bench.txt"
   done
 done
+# The step through torch.compile (fused kernels), batch 64 only: compilation takes a minute or two.
+for shape in ${COMPILED_SHAPES:-0.5b 7b}; do
+  echo "== qwen2.5-$shape batch 64, compiled" | tee -a "$OUT/bench.txt"
+  timeout "${COMPILE_TIMEOUT:-200}" python3 benchmarks/bench_decode_roofline.py --device cuda --paths compiled \
+    --model-config "benchmarks/configs/qwen2.5-$shape.json" --batch 64 --context 512 \
+    --json "$OUT/roofline.jsonl" 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tail -8 | tee -a "$OUT/bench.txt"
+done

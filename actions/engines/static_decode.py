@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -53,7 +54,9 @@ graph serves every step of a call within one window."""
 EAGER_WINDOW_STEP = 8
 """The eager step's window: the columns in use, rounded up a little (nothing to reuse)."""
 
-_ATTR = "_rlhfless_decode_runtime"
+_RUNTIMES: "weakref.WeakKeyDictionary[torch.nn.Module, DecodeRuntime]" = weakref.WeakKeyDictionary()
+"""Each loaded model's runtime, dropped with the model (a runtime holds the model's
+submodules, never the model itself)."""
 
 
 def bucket_for(rows: int) -> int:
@@ -65,14 +68,23 @@ def static_supported(model: torch.nn.Module) -> bool:
     return unsupported_reason(model) is None
 
 
-def runtime_for(model: torch.nn.Module) -> "DecodeRuntime":
+def runtime_for(model: torch.nn.Module, compiled: bool = False) -> "DecodeRuntime":
     """The model's runtime, created on first use and kept as long as the model is (a warm
-    container keeps its buffers and graphs across calls)."""
-    rt = model.__dict__.get(_ATTR)
-    if rt is None:
-        rt = DecodeRuntime(model)
-        model.__dict__[_ATTR] = rt  # plain attribute: the runtime holds submodules, never the model
+    container keeps its buffers and graphs across calls). A model whose parameters moved
+    (``.to()`` another device or dtype and back, a re-materialised weight) gets a new one:
+    captured graphs read the parameters at the addresses they had when captured. Weights
+    copied into the same tensors in place keep the runtime, and its graphs see the new values."""
+    rt = _RUNTIMES.get(model)
+    if rt is None or rt.signature != _signature(model) or rt.wants_compiled != compiled:
+        rt = DecodeRuntime(model, compiled)
+        _RUNTIMES[model] = rt
     return rt
+
+
+def _signature(model: torch.nn.Module) -> tuple:
+    """Where the parameters live: (device, dtype, every parameter's address)."""
+    params = list(model.parameters())
+    return params[0].device, params[0].dtype, tuple(p.data_ptr() for p in params)
 
 
 @dataclass
@@ -97,8 +109,12 @@ class _State:
 class DecodeRuntime:
     """Buffers, state and graphs of one model's decode step (module docstring)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, compiled: bool = False) -> None:
         self.forward = StaticForward(model)
+        self.wants_compiled = compiled  # what the runtime was made for (runtime_for)
+        self.compiled = compiled  # False after a compiler failure
+        self._compiled_step = None
+        self.signature = _signature(model)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.kv: StaticKV | None = None
@@ -124,7 +140,23 @@ class DecodeRuntime:
         return self.kv
 
     def step(self, b: int, window: int, sampling: Sampler) -> None:
-        """One decode step of rows ``[0, b)``, eagerly: forward, draw, advance."""
+        """One decode step of rows ``[0, b)``: forward, draw, advance (through ``torch.compile``
+        where the runtime is ``compiled``: fused kernels, which round differently from eager)."""
+        if self.compiled:
+            if self._compiled_step is None:
+                import torch._dynamo
+
+                torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+                self._compiled_step = torch.compile(self._step, dynamic=False)
+            try:
+                return self._compiled_step(b, window, sampling)
+            except Exception as exc:  # noqa: BLE001 -- a compiler failure falls back to eager
+                self.compiled = False
+                log.warning("torch.compile of the decode step failed, running it eagerly: %s: %s",
+                            type(exc).__name__, str(exc)[:200])
+        self._step(b, window, sampling)
+
+    def _step(self, b: int, window: int, sampling: Sampler) -> None:
         st = self.state
         logits = self.forward(self.kv, st.tok[:b, None], st.pos[:b, None], st.col, window)[:, -1]
         st.rpos[:b] += 1
@@ -177,16 +209,17 @@ class DecodeRuntime:
 
 def decode_static(engine, samples: list[SampleSpec], states: list[PrefixState], *, seed: int, step: int,
                   max_new_tokens: int, sampling: Sampler, cut_after: int | None, stats: EngineStats,
-                  graphs: bool, padded: bool | None = None) -> list[SampleOut]:
+                  graphs: bool, padded: bool | None = None, compiled: bool = False) -> list[SampleOut]:
     """``TorchEngine``'s plain decode loop on the static cache (module docstring). Returns the
     samples in input order; updates ``stats`` and the engine's ``forward_cost``.
 
     ``graphs``: replay the step as CUDA graphs; ``padded`` (default: ``graphs``): run batch
     buckets with idle rows, as graphs need (the eager step can run either way, which is how the
-    CPU tests exercise the bucket logic)."""
+    CPU tests exercise the bucket logic); ``compiled``: the step through ``torch.compile``
+    (``DecodeRuntime.step``)."""
     padded = graphs if padded is None else padded
     n = len(samples)
-    rt = runtime_for(engine.model)
+    rt = runtime_for(engine.model, compiled)
     captures0, capture_s0 = rt.captures, rt.capture_s
     width = max(s.length for s in states)
     remaining = max(max_new_tokens - len(s.generated) for s in samples)

@@ -82,6 +82,7 @@ class TorchEngine:
         self.static = kv_cache == "static" and static_supported(model)
         self.graphs = self.static and self.device.type == "cuda" and cuda_graphs != "off"
         self.pad_batches = self.graphs  # batch buckets with idle rows (graphs need them)
+        self.compiled = False  # the decode step through torch.compile (benchmarks/bench_decode_roofline.py)
         if cuda_graphs == "on" and not self.graphs:
             where = "a CUDA device" if self.device.type != "cuda" else "kv_cache 'static' and a supported model"
             raise ValueError(f"generation.cuda_graphs 'on' needs {where} (model on {self.device}, kv_cache "
@@ -232,7 +233,7 @@ class TorchEngine:
         if self.static:
             return decode_static(self, samples, states, seed=seed, step=step, max_new_tokens=max_new_tokens,
                                  sampling=sampling, cut_after=cut_after, stats=stats, graphs=self.graphs,
-                                 padded=self.pad_batches)
+                                 padded=self.pad_batches, compiled=self.compiled)
         return self._decode_dynamic(samples, states, seed, step, max_new_tokens, sampling, cut_after, stats)
 
     def _decode_dynamic(
