@@ -155,8 +155,8 @@ def main() -> None:
     ids = prompts.repeat_interleave(args.batch // groups, dim=0).to(device)
 
     def engine_fn(kv_cache: str, graphs: str, compiled: bool = False):
-        engine = TorchEngine(model, eos_id=-1, pad_id=0, kv_cache=kv_cache, cuda_graphs=graphs)
-        engine.compiled = compiled
+        engine = TorchEngine(model, eos_id=-1, pad_id=0, kv_cache=kv_cache, cuda_graphs=graphs,
+                             compile_decode=compiled)
         return lambda n: engine.generate(specs, seed=0, step=0, max_new_tokens=n, temperature=1.0)
 
     paths = {"graphs": lambda: engine_fn("static", "on"), "compiled": lambda: engine_fn("static", "on", True), "static": lambda: engine_fn("static", "off"),

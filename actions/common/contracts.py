@@ -121,6 +121,8 @@ class GenerateRequest(_Msg):
     """``generation.kv_cache`` (torch engine's plain decoding)."""
     cuda_graphs: Literal["auto", "on", "off"] = "auto"
     """``generation.cuda_graphs`` (torch engine on CUDA)."""
+    compile_decode: bool = False
+    """``generation.compile_decode`` (torch engine, static cache)."""
     speculation: Literal["auto", "off"] = "off"
     """``generation.speculation`` (torch engine; outputs are the same either way)."""
     draft_strategies: list[Literal["history", "prompt_lookup"]] = ["history", "prompt_lookup"]
@@ -219,6 +221,8 @@ class EvaluateRequest(_Msg):
     """``generation.kv_cache`` (torch engine's plain decoding)."""
     cuda_graphs: Literal["auto", "on", "off"] = "auto"
     """``generation.cuda_graphs`` (torch engine on CUDA)."""
+    compile_decode: bool = False
+    """``generation.compile_decode`` (torch engine, static cache)."""
     output_key: str
 
 

@@ -59,12 +59,13 @@ class TorchEngine:
     """Batched sampling over a loaded model, on the model's device (fp32 on CPU by default)."""
 
     def __init__(self, model: torch.nn.Module, *, eos_id: int | Sequence[int], pad_id: int,
-                 kv_cache: str = "static", cuda_graphs: str = "auto") -> None:
+                 kv_cache: str = "static", cuda_graphs: str = "auto", compile_decode: bool = False) -> None:
         """``eos_id``: the id, or every id, that ends a sample (``special_tokens.eos_ids``);
         ``pad_id``: any valid id (padding is masked out). ``kv_cache``: ``static`` (the
         engine's own preallocated cache, where the model is supported) or ``dynamic``;
         ``cuda_graphs``: ``auto`` (on where the model is on CUDA and the cache is static),
-        ``on`` (required: a CPU model or a dynamic cache is an error) or ``off``.
+        ``on`` (required: a CPU model or a dynamic cache is an error) or ``off``;
+        ``compile_decode``: the static step through ``torch.compile`` (``static_decode``).
 
         Raises:
             ValueError: an unknown ``kv_cache`` or ``cuda_graphs``, or ``cuda_graphs="on"``
@@ -82,7 +83,7 @@ class TorchEngine:
         self.static = kv_cache == "static" and static_supported(model)
         self.graphs = self.static and self.device.type == "cuda" and cuda_graphs != "off"
         self.pad_batches = self.graphs  # batch buckets with idle rows (graphs need them)
-        self.compiled = False  # the decode step through torch.compile (benchmarks/bench_decode_roofline.py)
+        self.compiled = compile_decode and self.static  # the decode step through torch.compile
         if cuda_graphs == "on" and not self.graphs:
             where = "a CUDA device" if self.device.type != "cuda" else "kv_cache 'static' and a supported model"
             raise ValueError(f"generation.cuda_graphs 'on' needs {where} (model on {self.device}, kv_cache "
