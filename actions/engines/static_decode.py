@@ -27,6 +27,7 @@ compares token for token, dedup, uneven splits, cuts and continuations included)
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -124,6 +125,9 @@ class DecodeRuntime:
         self.capture_s = 0.0
         self.captures = 0
         self.graph_error: str | None = None
+        # actions never overlap in one container, but a library caller's threads might: the
+        # buffers and graphs serve one call at a time
+        self.lock = threading.Lock()
 
     def ensure(self, rows: int, cols: int) -> StaticKV:
         """Buffers of at least ``rows`` x ``cols`` (grown, never shrunk; graphs dropped on growth)."""
@@ -218,8 +222,16 @@ def decode_static(engine, samples: list[SampleSpec], states: list[PrefixState], 
     CPU tests exercise the bucket logic); ``compiled``: the step through ``torch.compile``
     (``DecodeRuntime.step``)."""
     padded = graphs if padded is None else padded
-    n = len(samples)
     rt = runtime_for(engine.model, compiled)
+    with rt.lock:
+        return _decode_locked(rt, engine, samples, states, seed=seed, step=step, max_new_tokens=max_new_tokens,
+                              sampling=sampling, cut_after=cut_after, stats=stats, graphs=graphs, padded=padded)
+
+
+def _decode_locked(rt: DecodeRuntime, engine, samples: list[SampleSpec], states: list[PrefixState], *, seed: int,
+                   step: int, max_new_tokens: int, sampling: Sampler, cut_after: int | None, stats: EngineStats,
+                   graphs: bool, padded: bool) -> list[SampleOut]:
+    n = len(samples)
     captures0, capture_s0 = rt.captures, rt.capture_s
     width = max(s.length for s in states)
     remaining = max(max_new_tokens - len(s.generated) for s in samples)
