@@ -19,7 +19,7 @@ shows up in every step's measurements:
   scale for every N is wrong both ways. ``Calibration.by_actors`` keeps a scale per fan-out N,
   learned from the steps that ran N generation actions (``actors/n``); the planner times each
   N's candidates with its own (``PlannerSettings.decode_scale_by_n``, set by
-  ``flows/step/phase.py``).
+  ``flows/planning/planner.py``).
 
 Each step records what it was planned with (the decode scale, the activation's and the
 prefill's fixed costs) and what it measured: a ``PhaseObservation`` (``flows/planning/record.py``),

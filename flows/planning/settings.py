@@ -15,7 +15,7 @@ from flows.planning.tpot import TpotProfile
 class PlannerSettings:
     """How the planner sizes a phase and splits its prompts (``scaling.plan_generation``).
 
-    One object for the live hook (from ``scaling.*`` and ``generation.*``, ``flows/step/phase.py``)
+    One object for the live planner (from ``scaling.*`` and ``generation.*``, ``flows/step/phase.py``)
     and the simulator (from its ``ClusterModel`` and policy, ``flows/simulate/policies.py``).
     """
 
