@@ -13,6 +13,7 @@ A user function has the signature ``(prompt_ids, predicted, *, group_size, promp
 policy, n_min, n_max, lam, assignment, profile, cluster, cut_threshold, prefill_tokens) ->
 GenerationPlan``; its plan is validated (``GenerationPlan.validate``).
 
+>>> import flows.planning.scaling  # the built-ins register themselves
 >>> parse_scaling_policy("fixed:3").num_actors
 3
 >>> parse_scaling_policy("builtins:len").name
