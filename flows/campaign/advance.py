@@ -14,6 +14,7 @@ from flows.campaign.setup import model_ref
 from flows.campaign.state import CampaignState
 from flows.config import CampaignConfig
 from flows.planning.planner import Planner
+from flows.planning.record import StepRecord
 from flows.step.context import RunContext
 from flows.step.flow import StepOutcome, rlhf_step
 from flows.step.metrics import step_metrics, step_record
@@ -36,8 +37,9 @@ def budget_stop(cfg: CampaignConfig, state: CampaignState) -> str | None:
 
 
 def run_one_step(ctx: RunContext, state: CampaignState, planner: Planner, tokens: dict[int, PromptTokens],
-                 step_flow: Any = rlhf_step) -> CampaignState:
-    """Plan, run and record one step: the state after it (``planner`` has observed it)."""
+                 step_flow: Any = rlhf_step) -> tuple[CampaignState, StepRecord]:
+    """Plan, run and record one step: the state after it and the step's record (which
+    ``planner`` has observed; its ``metrics`` are the state's last step's)."""
     cfg = ctx.config
     t0 = time.time()
     epoch, prompt_ids = step_prompts(sorted(tokens), cfg.algorithm.prompts_per_step, state.step, cfg.seed)
@@ -55,9 +57,10 @@ def run_one_step(ctx: RunContext, state: CampaignState, planner: Planner, tokens
                            time.time() - t_commit0)
     metrics["step"] = float(state.step)
     metrics.update(out.prewarm)
-    planner.observe(step_record(out, phase, step=state.step, epoch=epoch, metrics=metrics))
+    record = step_record(out, phase, step=state.step, epoch=epoch, metrics=metrics)
+    planner.observe(record)
     metrics["plan"] = phase.plan.to_dict() | {"cut_after": list(phase.cut_after)}  # type: ignore[assignment]
-    return _next_state(ctx, state, planner, out, metrics)
+    return _next_state(ctx, state, planner, out, metrics), record
 
 
 def _next_state(ctx: RunContext, state: CampaignState, planner: Planner, out: StepOutcome,

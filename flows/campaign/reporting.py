@@ -16,6 +16,7 @@ from flows.campaign.overhead import Background
 from flows.campaign.state import CampaignState
 from flows.campaign.tensorboard import ScalarBoard
 from flows.config import CampaignConfig
+from flows.planning.record import StepRecord
 from flows.step.metrics import planner_fidelity
 
 Progress = Callable[[str], None]
@@ -33,12 +34,12 @@ class Reporter:
         """The campaign's progress artifact, at ``done`` committed steps."""
         self.progress_id = start_progress(self.run_id, done, self.total)
 
-    def committed(self, state: CampaignState) -> None:
-        """A step was committed: queue its artifacts, write its scalars, print its line."""
-        last = state.steps[-1]
+    def committed(self, state: CampaignState, record: StepRecord) -> None:
+        """The step ``record`` was committed as ``state``: queue its artifacts, write its
+        scalars, print its line."""
         self.publisher.submit(_publish, self.run_id, list(state.steps), list(state.evals), self.progress_id,
                               state.step, self.total)
-        self.board.add_step(state.step, last, state.evals)
+        self.board.add_step(state.step, dict(record.metrics), state.evals)
         self.progress(progress_line(state, self.total))
 
     def close(self) -> None:

@@ -135,13 +135,13 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
             break
         lease.check()
         old_drafts = state.draft_index
-        state = run_one_step(ctx, state, planner, tokens,
-                             functools.partial(step_flow.run, prepare_next=state.step + 1 < cfg.steps))
-        last = state.steps[-1]
+        state, record = run_one_step(ctx, state, planner, tokens,
+                                     functools.partial(step_flow.run, prepare_next=state.step + 1 < cfg.steps))
+        last = record.metrics  # the committed metrics of this step (state.steps[-1])
         if state.step < cfg.steps:
             # The next step generates with the version just trained: its workers load it
             # while this step is committed and the next step's flow run starts.
-            warming.before_next_step(int(last["actors/n"]), model_ref(ctx, state).model_dump(mode="json"))
+            warming.before_next_step(record.phase.num_actors, model_ref(ctx, state).model_dump(mode="json"))
         if cfg.eval_every and state.step % cfg.eval_every == 0 or state.step == cfg.steps:
             state.evals.append(evaluate(ctx, state, clock))
         last["timing_s/period"], last["timing_s/overhead"] = clock.close_period(last["timing_s/work"])
@@ -152,7 +152,7 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
         drop_unreferenced(ctx.store, ctx.prefix, old_drafts, state.draft_index)
         clock.add_work(time.time() - t_commit)
         quiet_api.clear()  # published once the next step's flow run is running (or at the end)
-        reporter.committed(state)
+        reporter.committed(state, record)
     return state
 
 
