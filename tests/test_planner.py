@@ -144,3 +144,18 @@ def test_a_record_of_an_earlier_revision_resumes_with_what_its_planner_had_learn
     assert memory.length_history["observations"] == {"3": [[0, 40.0]]}
     assert memory.phases == [PhaseObservation.from_metrics(metrics)]  # the step without a plan record is not one
     assert "length_history" not in data and CampaignState._planner_of_older_records(data) is data
+
+
+def test_only_the_registry_reads_the_policy_text():
+    """``scaling.policy`` is parsed once into a strategy; no other module compares or splits its text."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    inspects = re.compile(r"policy\s*==|==\s*\"cost_aware\"|policy\.(startswith|partition|split)\(|"
+                          r"startswith\(\"fixed:")
+    assert inspects.search('if s.policy.startswith("fixed:"):')  # what the check looks for
+    found = [f"{p.relative_to(root)}:{n}" for p in sorted((root / "flows").rglob("*.py"))
+             if p.name != "registry.py"
+             for n, line in enumerate(p.read_text().splitlines(), start=1) if inspects.search(line)]
+    assert not found, found
