@@ -175,7 +175,7 @@ def _cost_aware(arg: str) -> CostAware:
 @register_scaling_policy("fixed")
 def _fixed(arg: str) -> Fixed:
     if not arg.isdigit() or int(arg) < 1:
-        raise ValueError(f"scaling.policy='fixed:{arg}': fixed needs a positive actor count, e.g. 'fixed:3'")
+        raise ValueError(f"scaling.policy='fixed:{arg}': fixed:N needs a positive integer N (actors), e.g. 'fixed:3'")
     return Fixed(int(arg), f"fixed:{arg}")
 
 
