@@ -29,7 +29,7 @@ class ScalingConfig(_Section):
     n_min: int = Field(1, ge=1)
     n_max: int = Field(4, ge=1)
     lam: float = Field(0.7, ge=0, le=1)
-    """Weight of time in the ``paper`` objective (PAPER 3.5)."""
+    """Weight of time in the ``paper`` objective (paper §3.5)."""
     objective: Literal["budget", "value", "slack", "paper"] = "value"
     """How ``cost_aware`` picks among its candidate plans (``flows/planning/objective.py``):
     ``value`` minimises cost + value_of_time_usd_per_s x phase time (the live default: the
@@ -55,7 +55,7 @@ class ScalingConfig(_Section):
     (``flows/campaign/live_profile.py``)."""
     prewarm: bool = True
     """Warm the generation actions (and load the new policy version in them) ahead of use,
-    at the earliest past invocation offset minus ``prewarm_buffer_s`` (PAPER 3.7)."""
+    at the earliest past invocation offset minus ``prewarm_buffer_s`` (paper §3.7)."""
     prewarm_buffer_s: float = Field(0.2, ge=0)
 
     @field_validator("policy")
@@ -214,7 +214,7 @@ class CampaignConfig(WorkloadConfig):
         data = self.model_dump(mode="json")
         for key in ("steps", "budget", "store", "invoker", "faults", "observability", "run_id", "eval_every"):
             data.pop(key, None)
-        # Fan-out and planning change cost, never the training data (ARCHITECTURE invariant 3).
+        # Fan-out and planning change cost, never the training data.
         data.pop("scaling", None)
         data["model"].pop("gradient_checkpointing", None)  # memory for compute; the same weights
         for key in ("assignment", "cut_threshold", "rank_slack", "migrate_window_s", "score_while_generating",

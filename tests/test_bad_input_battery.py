@@ -12,6 +12,7 @@ S3 and OpenWhisk endpoints are closed loopback ports, so nothing leaves the mach
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import struct
@@ -405,6 +406,9 @@ CASES: dict[str, Case] = {
     "cli deploy manifest missing": Case(
         ["deploy", "--dry-run", "--manifest", "{tmp}/none.yaml"], ("none.yaml", "cannot read the manifest")),
 }
+if importlib.util.find_spec("vllm") is None:  # where vLLM is installed the campaign would start
+    CASES["engine vllm not installed"] = Case(
+        _train("--set", "generation.engine=vllm"), ("generation.engine 'vllm'", "not installed", "engine: torch"))
 
 
 @pytest.fixture(scope="module")

@@ -194,7 +194,7 @@ class GenerationConfig(_Section):
     None (default): on for ``invoker.kind: openwhisk``, where every action has its own
     accelerators, off for the local and in-process invokers (``CampaignConfig.overlap_scoring``)."""
     prefill_capacity: int = Field(64, gt=0)
-    """B_prefill: most unique prefixes one prefill action computes (PAPER 3.1)."""
+    """B_prefill: most unique prefixes one prefill action computes (paper §3.1)."""
     prefill_action: Literal["auto", "always", "never"] = "auto"
     """With ``dedup_prefill``: whether the step runs the separate prefill action. ``auto``: only
     where the prefix its prompts share saves more prefill compute than the action's fixed cost

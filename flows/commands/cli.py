@@ -1,4 +1,5 @@
-"""The ``rlhfless`` command line: train, status, gc, simulate, deploy, profile, tiny-model.
+"""The ``rlhfless`` command line: train, status, gc, simulate, deploy, profile, tiny-model
+(and ``rlhfless --version``).
 
 Bad input (configuration, data, model path, store, credentials, arguments) is answered with
 one line on stderr naming what is wrong and how to fix it, and exit code 2; nothing is
@@ -65,10 +66,29 @@ def _add_gc(sub: Any) -> None:
     p.add_argument("--break-lease", action="store_true", help="take the run's lease even if another process holds it")
 
 
+def version() -> str:
+    """The installed distribution's version, or the source tree's ``pyproject.toml`` version
+    when the package runs from a checkout that was never installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("rlhfless")
+    except PackageNotFoundError:
+        import tomllib
+
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        try:
+            return str(tomllib.loads(pyproject.read_text())["project"]["version"])
+        except (OSError, KeyError, ValueError):
+            return "unknown"
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser. With ``command`` (the subcommand about to run) the other plugin subcommands
     are listed without importing their modules: a refusal of ``train`` stays fast."""
     parser = _Parser(prog="rlhfless", description="Serverless RLHF: Prefect flows of OpenWhisk-style actions")
+    parser.add_argument("--version", action="version", version=f"rlhfless {version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_train(sub)
     _add_status(sub)
@@ -238,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         words = sys.argv[1:] if argv is None else argv
+        if words[:1] == ["--version"]:  # before the parser: it would import every subcommand
+            print(f"rlhfless {version()}")
+            return 0
         command = next((w for w in words if not w.startswith("-")), None)
         args, extra = build_parser(command).parse_known_args(argv)
         if extra:  # argparse would blame the top-level parser; point at the subcommand's help

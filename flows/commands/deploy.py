@@ -1,6 +1,6 @@
 """``rlhfless deploy``: make the OpenWhisk actions match ``infra/openwhisk/actions.yaml``.
 
-The manifest is declarative (P12): one package, and per action its runtime image, memory,
+The manifest is declarative: one package, and per action its runtime image, memory,
 time limit, per-container concurrency, log size, annotations and default parameters. A
 top-level ``env`` block is bound to every action as *init* parameters, which OpenWhisk hands to
 ``/init`` only and the runtime server exports as environment variables (S3 endpoint and keys:
