@@ -171,6 +171,9 @@ class FaultConfig(_Section):
 class ObservabilityConfig(_Section):
     tensorboard: bool = False
     """Write each step's metrics as TensorBoard scalars (needs tensorboardX: the extra ``tensorboard``)."""
+    report_to: list[Literal["tensorboard", "wandb", "mlflow", "trackio"]] = []
+    """Experiment trackers that get every step's metrics (each an optional extra of the same
+    name; flows/campaign/trackers.py). ``tensorboard: true`` is ``report_to: [tensorboard]``."""
     tensorboard_dir: str | None = None
     """Event-file directory; None: ``runs/<run_id>/tensorboard``, beside the CLI's default run directory."""
 
@@ -227,6 +230,8 @@ class CampaignConfig(WorkloadConfig):
                 data["generation"].pop(key, None)
         if data["data"].get("max_value") is None:  # likewise for the arith task's quantities
             data["data"].pop("max_value", None)
+        if data["data"].get("eval_fraction") is None:  # and for the held-out share
+            data["data"].pop("eval_fraction", None)
         return data
 
     def fingerprint(self) -> str:

@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     from flows.config import CampaignConfig
 
 # Quiet, offline-friendly defaults for the embedded Prefect server; users may override them.
+# HF_HUB_OFFLINE stays the user's: unset or 0 lets `prepare` fetch hub ids (actions/common/hub.py).
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 class UsageError(ValueError):
@@ -134,8 +134,10 @@ def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool,
     run_id = cfg.resolved_run_id()
     check_not_held(store, run_id, break_lease=break_lease)
     check_resume(load_state(store, run_id), cfg, resume)
+    from flows.campaign.trackers import check_trackers
     from flows.invokers.factory import check_invoker
 
+    check_trackers(cfg)
     check_invoker(cfg)
     return RunLease.acquire(store, run_id, ttl_s=cfg.store.lease_ttl_s, break_lease=break_lease)
 
@@ -174,7 +176,9 @@ def _train(args: argparse.Namespace) -> int:
         pass
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True))
-    print(f"eval accuracy {summary['eval_accuracy_first']} -> {summary['eval_accuracy_last']}; "
+    evaluated = (f"eval accuracy {summary['eval_accuracy_first']} -> {summary['eval_accuracy_last']}"
+                 if summary.get("evals") else "no evaluation (no data.eval_path nor data.eval_fraction)")
+    print(f"{evaluated}; "
           f"billed {summary['billed_gpu_seconds']:.1f} {summary['billing']['unit']}; wall {summary['wall_seconds']:.0f} s")
     profile, fid = summary.get("profile"), (summary.get("planner_fidelity") or {}).get("generate", {})
     if profile:
