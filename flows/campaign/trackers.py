@@ -10,7 +10,9 @@ GRPOTrainer logs, under TRL's names too (``reward``, ``reward_std``,
 
 Each tracker is an optional extra (``pip install 'rlhfless[wandb]'``) configured by its own
 environment, as in TRL: ``WANDB_PROJECT``, ``WANDB_MODE=offline``, ``MLFLOW_TRACKING_URI``
-(e.g. a ``file:`` store), ``MLFLOW_EXPERIMENT_NAME``, ``TRACKIO_PROJECT``... The run is named by
+(a database such as ``sqlite:///mlflow.db``, or a ``file:`` store, which MLflow 3 allows only with
+``MLFLOW_ALLOW_FILE_STORE=true`` and which cannot hold TRL's ``reward`` beside ``reward/mean``:
+there the TRL name is left out), ``MLFLOW_EXPERIMENT_NAME``, ``TRACKIO_PROJECT``... The run is named by
 the run id, so a resumed campaign continues the same run where the tracker can (wandb's
 ``resume="allow"``, the MLflow run tagged with the run id). A missing package is refused
 before anything is written (``check_trackers``, called by the CLI's pre-flight).
@@ -54,8 +56,10 @@ def check_trackers(cfg: CampaignConfig) -> None:
     """Raise ValueError (one line) for a tracker whose package is not installed."""
     for tracker in requested(cfg):
         if importlib.util.find_spec(PACKAGES[tracker]) is None:
-            raise ValueError(f"observability.report_to {tracker!r} needs the {PACKAGES[tracker]} package; install it "
-                             f"with pip install 'rlhfless[{tracker}]' or remove {tracker!r} from observability.report_to")
+            field = ("observability.tensorboard=true" if tracker == "tensorboard" and cfg.observability.tensorboard
+                     else f"observability.report_to {tracker!r}")
+            raise ValueError(f"{field} needs the {PACKAGES[tracker]} package; install it with pip install "
+                             f"'rlhfless[{tracker}]' or remove {tracker!r} from observability.report_to")
 
 
 def step_scalars(metrics: dict[str, Any]) -> dict[str, float]:
@@ -68,6 +72,15 @@ def step_scalars(metrics: dict[str, Any]) -> dict[str, float]:
            and not isinstance(v, bool) and math.isfinite(v)}
     out.update({TRL_NAMES[k]: v for k, v in list(out.items()) if k in TRL_NAMES})
     return dict(sorted(out.items()))
+
+
+def without_path_prefixes(scalars: dict[str, float]) -> dict[str, float]:
+    """``scalars`` less each name that is a folder of another (``reward`` beside ``reward/mean``).
+
+    >>> without_path_prefixes({"reward": 1.0, "reward/mean": 1.0, "reward_std": 0.0})
+    {'reward/mean': 1.0, 'reward_std': 0.0}
+    """
+    return {k: v for k, v in scalars.items() if not any(o.startswith(k + "/") for o in scalars)}
 
 
 def evals_at(step: int, evals: Sequence[EvalRecord]) -> list[tuple[int, float]]:
@@ -85,9 +98,10 @@ class _Wandb:
     def __init__(self, cfg: CampaignConfig, run_id: str, run_dir: Path) -> None:
         import wandb
 
-        run_dir.mkdir(parents=True, exist_ok=True)
+        folder = Path(os.environ.get("WANDB_DIR") or run_dir)  # wandb writes <folder>/wandb/
+        folder.mkdir(parents=True, exist_ok=True)
         self._run = wandb.init(project=os.environ.get("WANDB_PROJECT", DEFAULT_PROJECT), id=run_id, name=run_id,
-                               resume="allow", dir=str(run_dir), config=cfg.identity(), reinit="create_new")
+                               resume="allow", dir=str(folder), config=cfg.identity(), reinit="create_new")
 
     def add_step(self, step: int, metrics: dict[str, Any], evals: Sequence[EvalRecord]) -> None:
         for at, accuracy in evals_at(step, evals):
@@ -106,6 +120,9 @@ class _Mlflow:
         import mlflow
 
         self._mlflow = mlflow
+        # The file store keeps a metric in a file named by its path: `reward` beside `reward/mean`
+        # cannot exist there (a database backend holds both).
+        self._file_store = mlflow.get_tracking_uri().startswith("file:") or "://" not in mlflow.get_tracking_uri()
         mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_PROJECT))
         found = mlflow.search_runs(filter_string=f"tags.rlhfless_run_id = '{run_id}'", output_format="list")
         self._run = mlflow.start_run(run_id=found[0].info.run_id) if found else mlflow.start_run(
@@ -114,7 +131,10 @@ class _Mlflow:
             mlflow.log_params({k: str(v)[:500] for k, v in _flat(cfg.identity()).items()})
 
     def add_step(self, step: int, metrics: dict[str, Any], evals: Sequence[EvalRecord]) -> None:
-        self._mlflow.log_metrics(step_scalars(metrics), step=step, run_id=self._run.info.run_id)
+        scalars = step_scalars(metrics)
+        if self._file_store:
+            scalars = without_path_prefixes(scalars)
+        self._mlflow.log_metrics(scalars, step=step, run_id=self._run.info.run_id)
         for at, accuracy in evals_at(step, evals):
             self._mlflow.log_metric("eval/accuracy", accuracy, step=at, run_id=self._run.info.run_id)
 
