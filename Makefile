@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install train test test-slow test-gpu test-vllm bench clean
+.PHONY: install train test test-slow test-gpu test-vllm test-trackers bench clean
 
 # pyproject admits torch 2.13 and 2.14; this venv takes the CPU build of 2.13.0 first (on the
 # build machines its wheel lies on disk; a bare range would fetch a multi-GB CUDA build).
@@ -55,6 +55,12 @@ $(VLLM_STAMP): pyproject.toml
 
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm $(PYTEST_ARGS)
+
+## The experiment trackers' tests (wandb offline, an MLflow file store) with their extras installed;
+## `make test` skips them where the packages are absent.
+test-trackers: install
+	$(VENV)/bin/pip install -q -e '.[dev,wandb,mlflow]'
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/test_trackers.py $(PYTEST_ARGS)
 
 ## Benchmarks print ratios against a baseline measured in the same process.
 bench: install
