@@ -2,7 +2,8 @@
 
 wandb runs in offline mode (its transaction log is read back record by record) and MLflow on a
 ``file:`` store (``MLFLOW_ALLOW_FILE_STORE=true``: MLflow 3 keeps it in maintenance mode), both
-real libraries; nothing leaves the machine. Each test skips, saying why,
+real libraries, and trackio on its local database where it is installed; nothing leaves the
+machine. Each test skips, saying why,
 where its tracker's package is not installed (``pip install 'rlhfless[wandb]'``...).
 """
 
@@ -67,6 +68,17 @@ def read_mlflow(uri: str, run_id: str) -> dict[int, dict[str, float]]:
     return out
 
 
+def read_trackio(run_id: str) -> dict[int, dict[str, float]]:
+    """step -> values of the run in trackio's local database (``TRACKIO_DIR``)."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    out: dict[int, dict[str, float]] = {}
+    for row in SQLiteStorage.get_logs("rlhfless", run_id):
+        values = {k: v for k, v in row.items() if k not in ("step", "timestamp") and not k.startswith("_")}
+        out.setdefault(int(row["step"]), {}).update(values)
+    return out
+
+
 def expected(summary: dict) -> dict[int, dict[str, float]]:
     """What every tracker must hold: each step's scalars as summary.json has them, plus the
     evaluations at the steps they were measured."""
@@ -108,7 +120,9 @@ def test_trackers_do_not_change_the_run_identity():
 @needs_wandb
 @needs_mlflow
 def test_campaign_metrics_land_in_wandb_mlflow_and_tensorboard_as_in_the_summary(tmp_path, prefect_harness,
-                                                                                 monkeypatch, capsys):
+                                                                                 monkeypatch):
+    # no capsys: Prefect's console handler keeps the stream of the test that first logs a flow
+    # run, and capsys closes its stream when its test ends
     from flows.campaign.tensorboard import read_scalars
     from flows.commands.cli import main
 
@@ -117,19 +131,24 @@ def test_campaign_metrics_land_in_wandb_mlflow_and_tensorboard_as_in_the_summary
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
+    trackio = importlib.util.find_spec("trackio") is not None  # compared too where installed
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3.x keeps the file store behind this switch
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({
         "algorithm": {"batch_size": 16, "group_size": 4}, "warmup": {"steps": 2}, "generation": {"max_new_tokens": 8},
         "data": {"num_train_prompts": 16, "num_eval_prompts": 4}, "steps": 2, "eval_every": 1, "run_id": "tracked",
         "store": {"uri": str(tmp_path / "store")}, "invoker": {"kind": "inprocess"},
-        "observability": {"report_to": ["tensorboard", "wandb", "mlflow"], "tensorboard_dir": str(tmp_path / "tb")}}))
-    assert main(["train", "--config", str(config), "--out", str(tmp_path / "run")]) == 0, capsys.readouterr().err
+        "observability": {"report_to": ["tensorboard", "wandb", "mlflow"] + ["trackio"] * trackio,
+                          "tensorboard_dir": str(tmp_path / "tb")}}))
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "run")]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     want = expected(summary)
     assert sorted(want) == [0, 1, 2] and "reward" in want[1] and "grad_norm" in want[1]
     assert_same(read_wandb_history(tmp_path / "wb"), want, "wandb")
     assert_same(read_mlflow(uri, "tracked"), {s: without_path_prefixes(v) for s, v in want.items()}, "mlflow")
+    if trackio:
+        assert_same(read_trackio("tracked"), want, "trackio")
     tb = {}
     for name, points in read_scalars(tmp_path / "tb").items():
         for step, value in points:

@@ -151,6 +151,9 @@ class _Trackio:
                      resume="allow")
 
     def add_step(self, step: int, metrics: dict[str, Any], evals: Sequence[EvalRecord]) -> None:
+        for at, accuracy in evals_at(step, evals):
+            if at < step:
+                self._trackio.log({"eval/accuracy": accuracy}, step=at)
         scalars = step_scalars(metrics)
         scalars.update({"eval/accuracy": acc for at, acc in evals_at(step, evals) if at == step})
         self._trackio.log(scalars, step=step)
