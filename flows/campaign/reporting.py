@@ -14,7 +14,7 @@ from typing import Any
 from flows.campaign.artifacts import publish_step_artifacts, start_progress, update_progress
 from flows.campaign.overhead import Background
 from flows.campaign.state import CampaignState
-from flows.campaign.tensorboard import ScalarBoard
+from flows.campaign.trackers import Trackers
 from flows.config import CampaignConfig
 from flows.planning.record import StepRecord
 from flows.step.metrics import planner_fidelity
@@ -27,7 +27,7 @@ class Reporter:
 
     def __init__(self, cfg: CampaignConfig, run_id: str, publisher: Background, progress: Progress) -> None:
         self.run_id, self.total, self.publisher, self.progress = run_id, cfg.steps, publisher, progress
-        self.board = ScalarBoard.open(cfg, run_id)  # TensorBoard scalars when observability.tensorboard
+        self.board = Trackers.open(cfg, run_id)  # observability.report_to: TensorBoard, wandb, MLflow, trackio
         self.progress_id: Any = None
 
     def start(self, done: int) -> None:
@@ -58,7 +58,7 @@ def progress_line(state: CampaignState, total: int, width: int = 20) -> str:
     done = int(width * state.step / max(1, total))
     phases = " ".join(f"{p} {last[f'timing_s/{p}']:.1f}s" for p in ("plan", "prefill", "generate", "score", "train", "overhead",
                                                                       "commit"))
-    acc = f" | eval acc {state.evals[-1].accuracy:.3f}" if state.evals[-1].step == state.step else ""
+    acc = f" | eval acc {state.evals[-1].accuracy:.3f}" if state.evals and state.evals[-1].step == state.step else ""
     return (f"[{'#' * done}{'.' * (width - done)}] step {state.step}/{total} | {phases} | "
             f"actions {int(last['actors/n'])} cut {int(last['actors/migrated'])} | "
             f"reward {last['reward/mean']:.3f} len {last['response_length/mean']:.1f}{acc}")

@@ -32,7 +32,7 @@ from flows.campaign.live_profile import finish_profiling, start_profiling
 from flows.campaign.overhead import Background, StepClock, hold_for_training, open_gate_when_running, quiet_step_flows
 from flows.campaign.prestart import FlowRunStarter
 from flows.campaign.reporting import Reporter, summarize
-from flows.campaign.setup import evaluate, model_ref, set_up
+from flows.campaign.setup import evaluate, evaluates, model_ref, set_up
 from flows.campaign.state import CampaignRefused, CampaignState, check_resume, commit_state, load_state
 from flows.campaign.warming import PoolWarming
 from flows.config import CampaignConfig
@@ -142,7 +142,7 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
             # The next step generates with the version just trained: its workers load it
             # while this step is committed and the next step's flow run starts.
             warming.before_next_step(record.phase.num_actors, model_ref(ctx, state).model_dump(mode="json"))
-        if cfg.eval_every and state.step % cfg.eval_every == 0 or state.step == cfg.steps:
+        if evaluates(state) and (cfg.eval_every and state.step % cfg.eval_every == 0 or state.step == cfg.steps):
             state.evals.append(evaluate(ctx, state, clock))
         last["timing_s/period"], last["timing_s/overhead"] = clock.close_period(last["timing_s/work"])
         lease.check()

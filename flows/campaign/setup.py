@@ -41,6 +41,11 @@ def evaluate(ctx: RunContext, state: CampaignState, clock: StepClock | None = No
     return EvalRecord(step=state.step, policy_version=state.policy_version, **out.result.model_dump())
 
 
+def evaluates(state: CampaignState) -> bool:
+    """False where the data has no eval set (``data.eval_path`` unset, no ``eval_fraction``)."""
+    return state.prepared.data.get("evaluation") != "none"
+
+
 def set_up(ctx: RunContext, progress: Progress) -> CampaignState:
     """Record 0 of a new run (``docs/architecture.md``, Set-up); sets ``ctx.live``."""
     cfg = ctx.config
@@ -66,6 +71,7 @@ def set_up(ctx: RunContext, progress: Progress) -> CampaignState:
                           weights_sha256=sha)
     if cfg.algorithm.name == "ppo":
         state.critic_key = init_critic(ctx, model_ref(ctx, state))
-    state.evals.append(evaluate(ctx, state))
+    if evaluates(state):
+        state.evals.append(evaluate(ctx, state))
     ctx.live = finish_profiling(ctx, profiling, progress)
     return state

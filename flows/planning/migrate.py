@@ -1,4 +1,4 @@
-"""Cut-and-migrate bookkeeping (PAPER §3.4).
+"""Cut-and-migrate bookkeeping (paper §3.4).
 
 Each decode actor has a cutting threshold ``cut_threshold in (0, 1]`` (``generation.cut_threshold``;
 the paper's tau). When ``cut_point(n, cut_threshold)`` of its

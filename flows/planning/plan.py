@@ -1,5 +1,5 @@
 """Plain data of the generation planner: cluster description, candidates and the plan
-(PAPER §3.5-3.6). Kept apart from ``scaling`` so user policies (``module:function``) can
+(paper §3.5-3.6). Kept apart from ``scaling`` so user policies (``module:function``) can
 build a ``GenerationPlan`` without importing the planner's internals; the planner's settings
 are ``flows/planning/settings.py``."""
 

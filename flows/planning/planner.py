@@ -1,5 +1,5 @@
 """The planner: one object per campaign that plans each generation phase and learns from each
-step (PAPER §3.3-3.7).
+step (paper §3.3-3.7).
 
 ``plan(inputs) -> PhasePlan`` predicts every prompt's response length from the length history,
 picks the dedup prefix and whether a prefill action pays, corrects the engine profile (the

@@ -46,7 +46,7 @@ class Settings(Protocol):
 
 
 class ScalingStrategy(Protocol):
-    """How a phase's fan-out and prompt split are chosen (PAPER §3.5)."""
+    """How a phase's fan-out and prompt split are chosen (paper §3.5)."""
 
     name: str
     """The configured text (``scaling.policy``); recorded as ``GenerationPlan.policy``."""

@@ -26,7 +26,7 @@ class PlannerSettings:
     n_max: int
     """The candidate actor-count range (inclusive)."""
     lam: float
-    """Weight of time in the ``paper`` objective (PAPER default 0.7)."""
+    """Weight of time in the ``paper`` objective (the paper's default, 0.7)."""
     assignment: str
     """'ranked' (paper), 'round_robin' (ablation baseline) or 'contiguous'."""
     profile: TpotProfile
