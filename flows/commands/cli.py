@@ -244,6 +244,18 @@ def _gc(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_ERROR_CHARS = 1200
+
+
+def _bounded(text: str) -> str:
+    """An error line of at most ``MAX_ERROR_CHARS``: messages quote values bounded
+    (``actions.common.quoting``); this is the backstop for one that does not. The start (what
+    failed) and the end (the fix) are kept."""
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    return f"{text[:800]} [... {len(text) - 1100:,} characters ...] {text[-300:]}"
+
+
 def main(argv: list[str] | None = None) -> int:
     from actions.common.credentials import redact
 
@@ -265,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(f"simulate --trace {trace!r} is not a file; pass a JSONL length trace")
         return int(args._run(args))
     except (ValueError, OSError) as exc:
-        print(f"rlhfless: error: {redact(str(exc))}", file=sys.stderr)
+        print(f"rlhfless: error: {_bounded(redact(str(exc)))}", file=sys.stderr)
         return 2
     except Exception as exc:  # infrastructure failures: one line, secrets scrubbed, non-zero
         from actions.common.store import StoreError
@@ -273,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         from flows.commands.local_api import LocalApiError
 
         if isinstance(exc, (StoreError, ActionError, LocalApiError)):
-            print(f"rlhfless: error: {redact(str(exc))}", file=sys.stderr)
+            print(f"rlhfless: error: {_bounded(redact(str(exc)))}", file=sys.stderr)
             return 2
         raise
 
