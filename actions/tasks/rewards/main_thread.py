@@ -52,8 +52,8 @@ def call_in_main_thread(target: str, /, *args: Any, timeout_s: float = DEFAULT_T
     if threading.current_thread() is threading.main_thread():
         return _resolve(target)(*args, **kwargs)
     helper = _get_helper()
-    future = _starter.submit(helper.submit, _run, target, args, kwargs).result()
     try:
+        future = _starter.submit(helper.submit, _run, target, args, kwargs).result()
         return future.result(timeout=timeout_s)
     except TimeoutError:
         _discard(helper)
