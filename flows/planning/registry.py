@@ -95,7 +95,8 @@ def parse_scaling_policy(text: str) -> ScalingStrategy:
         return _FACTORIES[base](arg)
     if sep and base and arg:
         return FunctionPolicy(text)
-    raise ValueError(f"scaling.policy={text!r} is unknown; use {FORMS}")
+    shown = repr(text[:200]) + ("..." if len(text) > 200 else "")  # a user value, quoted short
+    raise ValueError(f"scaling.policy={shown} is unknown; use {FORMS}")
 
 
 @dataclass(frozen=True)
