@@ -267,7 +267,9 @@ class WorkloadConfig(_Section):
         return self
 
     def reward_functions(self) -> list[RewardFunctionConfig]:
-        """``reward.functions``, or the task's reward when unset."""
+        """``reward.functions``, or the task's reward when unset (none with ``reward.models``)."""
+        if self.reward.functions is None and self.reward.models:
+            return []
         return self.reward.functions or [RewardFunctionConfig(name=TASK_REWARDS[self.data.task])]
 
     def workload(self) -> WorkloadConfig:

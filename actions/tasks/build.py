@@ -87,5 +87,6 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
             f"{cfg.algorithm.prompts_per_step}; add prompts or lower algorithm.batch_size")
     if not evals:
         raise ValueError("data.eval_path has no prompts left after data.long_prompts; raise data.max_prompt_tokens")
-    check_reward_functions(cfg.reward_functions(), train)
+    check_reward_functions(cfg.reward_functions(), train,
+                           encode=lambda text: (tok or tokenizer())(text, add_special_tokens=False)["input_ids"])
     return Datasets(train=train, evals=evals, summary=stats | {"chat_template": template})

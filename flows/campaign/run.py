@@ -17,7 +17,7 @@ from prefect import flow
 
 from flows.config import CampaignConfig
 from actions.common.contracts import (EvaluateRequest, ModelRef, PromptTokens, WarmupRequest, WarmupResult,
-                                      parse_token_table)
+                                      parse_token_table, reward_model_refs)
 from actions.common.store import ObjectStore, get_json, open_store
 from flows.campaign.artifacts import publish_step_artifacts, start_progress, update_progress
 from flows.step.context import RunContext, set_context
@@ -53,6 +53,8 @@ SETTLE_S = 0.25
 def _evaluate(ctx: RunContext, state: CampaignState, clock: StepClock | None = None) -> EvalRecord:
     req = EvaluateRequest(model=_model_ref(ctx, state), dataset_key=state.prepared.eval_key,
                           rewards=ctx.config.reward_functions(),
+                          reward_models=reward_model_refs(ctx.config, ctx.prefix), step=state.step,
+                          max_steps=ctx.config.steps,
                           max_new_tokens=ctx.config.generation.max_new_tokens, engine=ctx.config.generation.engine,
                           output_key=f"{ctx.prefix}/evals/v{state.policy_version:06d}.json")
     out = invoke_action(action="evaluate", payload=req.model_dump(mode="json"), shard=f"eval-v{state.policy_version}")
