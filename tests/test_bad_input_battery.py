@@ -314,6 +314,15 @@ CASES: dict[str, Case] = {
     "model weights truncated": Case(
         _train("--set", "model.path={tmp}/model"), ("model.safetensors", "truncated", "save the model again"),
         setup=_model_dir(_safetensors(4))),
+    # ----------------------------------------------------------------- reward models
+    "reward model dir missing": Case(
+        _train("--set", "reward.models=[{{path: '{tmp}/norm'}}]"), ("reward.models[0].path", "norm", "not a directory")),
+    "reward model not a classifier": Case(
+        _train("--set", "reward.models=[{{path: '{tmp}/model'}}]"),
+        ("reward.models[0].path", "Qwen2ForCausalLM", "AutoModelForSequenceClassification"),
+        setup=_model_dir(_safetensors(16), config='{"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}')),
+    "reward model bad chat_template": Case(
+        _train("--set", "reward.models=[{{path: x, chat_template: maybe}}]"), ("chat_template 'maybe'", "auto, true or false")),
     # ----------------------------------------------------------------- stores and credentials
     "store s3 endpoint unreachable": Case(
         _train("--set", "store.uri=s3://bucket/run"), ("127.0.0.1:9", "connection refused", "check AWS_ENDPOINT_URL"),

@@ -17,7 +17,8 @@ from pydantic import Field, field_validator, model_validator
 
 from actions.common.config_section import Section as _Section
 # RewardFunctionConfig is re-exported: the contracts and callers take every section from here.
-from actions.common.reward_config import TASK_REWARDS, RewardConfig, RewardFunctionConfig  # noqa: F401
+from actions.common.reward_config import (TASK_REWARDS, RewardConfig, RewardFunctionConfig,  # noqa: F401
+                                          RewardModelConfig)
 
 
 class ModelConfig(_Section):
