@@ -42,6 +42,7 @@ from flows.campaign.state import CampaignRefused, CampaignState, EvalRecord, che
 from flows.step.payloads import StepInputs
 from flows.step.invoke import invoke_action
 from flows.campaign.tensorboard import ScalarBoard
+from flows.campaign.learning_warnings import learning_warnings, new_warning_lines
 
 Progress = Callable[[str], None]
 CALL_HISTORY = 8
@@ -272,6 +273,8 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
                                  cfg.steps)
                 board.add_step(state.step, last, state.evals)
                 progress(_progress_line(state, cfg.steps))
+                for line in new_warning_lines(state.steps, cfg.steps):  # a run that cannot learn says so
+                    progress(line)
     finally:
         set_context(None)
         if warming is not None:
@@ -283,6 +286,7 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
         finally:
             publisher.wait()
     return summarize(state, time.time() - started) | {"billing": billing(cfg.invoker.kind), "gc": gc_total,
+                                                      "warnings": learning_warnings(state.steps, cfg.steps),
                                                       "profile": ctx.live.describe() if ctx.live else None}
 
 

@@ -135,6 +135,13 @@ def _train(args: argparse.Namespace) -> int:
     summary_path = Path(args.summary) if args.summary else out / "summary.json"
     if cfg.invoker.log_dir is None:  # worker logs live in the run directory
         cfg.invoker.log_dir = str(out / "logs")
+    if args.resume:
+        from flows.campaign.finished import finished_run_line
+
+        line = finished_run_line(cfg)
+        if line is not None:  # nothing to do: the summary stays as the run left it
+            print(line)
+            return 0
     lease = _preflight(cfg, out, summary_path, args.resume, args.break_lease)
     try:
         from flows.campaign.run import rlhf_campaign
