@@ -30,7 +30,7 @@ def test_zero_variance_run_warns_and_resume_of_finished_run_writes_nothing(tmp_p
     from flows.commands.cli import main
 
     args = ["train", "--out", str(tmp_path / "run")]
-    for o in [*TINY_OVERRIDES, f"store.uri={tmp_path / 'store'}", "invoker.kind=inprocess",
+    for o in [*TINY_OVERRIDES, f"store.uri={tmp_path / 'store'}", "invoker.kind=inprocess", "warmup.steps=0",
               "reward.functions=[{name: 'trl_style_rewards:never_applies'}]"]:
         args += ["--set", o]
     assert main(args) == 0

@@ -13,7 +13,7 @@ import yaml
 from actions.common import warm
 from actions.common.config import RewardFunctionConfig as Fn
 from actions.common.config import RewardModelConfig
-from actions.common.contracts import RewardModelRef
+from actions.common.contracts import ModelRef, RewardModelRef
 from actions.common.store import LocalStore, put_artifact
 from actions.common.tiny_hf import write_tiny_model_dir
 from actions.tasks.dataset import PromptRow
@@ -127,3 +127,21 @@ def test_campaign_scored_by_reward_model_and_trl_function(tmp_path, reward_model
     seen = trl_style_rewards.SEEN
     assert seen[0] == (0, 0.0, 0)  # the start-up check
     assert {(s, e) for s, e, m in seen[1:] if m == 2} >= {(0, 0.0), (1, 4 / 12)}  # steps 0 and 1, 4 of 12 prompts a step
+
+    # the trained policy leaves the store: the exported folder gives the committed version's logits
+    from transformers import AutoModelForCausalLM
+
+    from actions.common.loading import load_model
+    from actions.common.store import open_store
+    from flows.campaign.state import load_state
+
+    capsys.readouterr()
+    assert main(["export", summary["run_id"], "--store", str(tmp_path / "store"), "--out", str(tmp_path / "hf")]) == 0
+    state = load_state(open_store(str(tmp_path / "store")), summary["run_id"])
+    stored, _, _ = load_model(ModelRef(store_uri=str(tmp_path / "store"), base_key=state.prepared.base_key,
+                                       policy_key=state.policy_key, policy_version=state.policy_version,
+                                       weights_sha256=state.weights_sha256, dtype="float32"))
+    ids = torch.tensor([[5, 17, 260, 3, 99]])
+    with torch.no_grad():
+        exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)(ids).logits
+        assert (exported - stored(ids).logits).abs().max().item() <= 1e-6

@@ -1,4 +1,4 @@
-"""The ``rlhfless`` command line: train, status, gc, simulate, deploy, profile, tiny-model.
+"""The ``rlhfless`` command line: train, status, gc, simulate, deploy, profile, tiny-model, export.
 
 Bad input (configuration, data, model path, store, credentials, arguments) is answered with
 one line on stderr naming what is wrong and how to fix it, and exit code 2; nothing is
@@ -76,7 +76,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     for name, module, helptext in (("simulate", "flows.simulate.cli", "replay a length trace on a modelled cluster"),
                                    ("deploy", "flows.commands.deploy", "create or update the OpenWhisk actions"),
                                    ("profile", "flows.commands.measure", "measure the engine's time per output token"),
-                                   ("tiny-model", "flows.commands.tiny_model", "write a tiny Hugging Face model folder")):
+                                   ("tiny-model", "flows.commands.tiny_model", "write a tiny Hugging Face model folder"),
+                                   ("export", "flows.commands.export", "write a committed policy as a model folder")):
         if command is not None and command != name:
             sub.add_parser(name, help=helptext)
             continue
