@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import flows.campaign.run  # noqa: F401  (Prefect sets its logging up here, not under a test's capsys)
 from flows.campaign.learning_warnings import ZERO_STD_STEPS, learning_warnings, new_warning_lines
 
 

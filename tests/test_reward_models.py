@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 
+import flows.campaign.run  # noqa: F401  (Prefect sets its logging up here, not under a test's capsys)
 from actions.common import warm
 from actions.common.config import RewardFunctionConfig as Fn
 from actions.common.config import RewardModelConfig
