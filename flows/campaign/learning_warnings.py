@@ -14,6 +14,7 @@ Each kind is reported once, at the step it first holds, with the number of steps
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 ZERO_STD_STEPS = 3
@@ -41,22 +42,36 @@ def _holds(kind: str, steps: Sequence[Mapping[str, Any]], i: int, total: int) ->
     return len(recent) == window and all(s.get("frac_reward_zero_std", 0.0) >= 1.0 for s in recent)
 
 
-def learning_warnings(steps: Sequence[Mapping[str, Any]], total: int) -> list[dict[str, Any]]:
-    """One entry per kind that held: ``kind``, ``step`` (1-based, when it first held), ``steps``
-    (how many steps it held at) and ``message`` (the progress line)."""
-    out: dict[str, dict[str, Any]] = {}
+@dataclass
+class LearningWarning:
+    kind: str
+    step: int
+    """The step (1-based) at which it first held."""
+    steps: int
+    """How many steps it held at."""
+    message: str
+    """The progress line."""
+
+
+def find_warnings(steps: Sequence[Mapping[str, Any]], total: int) -> list[LearningWarning]:
+    """One warning per kind that held over ``steps`` (``total`` planned), in the order they first held."""
+    found: dict[str, LearningWarning] = {}
     for i in range(len(steps)):
         for kind in _FIX:
             if not _holds(kind, steps, i, total):
                 continue
-            if kind in out:
-                out[kind]["steps"] += 1
+            if kind in found:
+                found[kind].steps += 1
             else:
-                out[kind] = {"kind": kind, "step": i + 1, "steps": 1,
-                             "message": f"warning: step {i + 1}: {kind}: {_FIX[kind]}"}
-    return sorted(out.values(), key=lambda w: (w["step"], w["kind"]))
+                found[kind] = LearningWarning(kind, i + 1, 1, f"warning: step {i + 1}: {kind}: {_FIX[kind]}")
+    return sorted(found.values(), key=lambda w: (w.step, w.kind))
+
+
+def learning_warnings(steps: Sequence[Mapping[str, Any]], total: int) -> list[dict[str, Any]]:
+    """``find_warnings`` as JSON for ``summary.json``: ``kind``, ``step``, ``steps``, ``message``."""
+    return [asdict(w) for w in find_warnings(steps, total)]
 
 
 def new_warning_lines(steps: Sequence[Mapping[str, Any]], total: int) -> list[str]:
     """The warnings that first hold at the last step: what the progress output prints after it."""
-    return [w["message"] for w in learning_warnings(steps, total) if w["step"] == len(steps)]
+    return [w.message for w in find_warnings(steps, total) if w.step == len(steps)]
