@@ -2,7 +2,9 @@
 
 A completion is correct when its reward reaches the best its row allows (``rewards.is_best``):
 with one binary reward, when it earns 1.0. ``accuracy`` is the fraction of correct completions,
-``reward_mean`` the mean reward.
+``reward_mean`` the mean reward. Reward models add to ``reward_mean`` but define no best, so
+with reward models alone ``accuracy`` is 0 and ``reward_mean`` is the figure to watch.
+Reward functions see ``trainer_state.global_step`` = the steps done, ``epoch`` 0.0.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from actions.common.loading import encode, store_for
 from actions.common.store import put_json
 from actions.engines.base import SampleSpec
 from actions.engines.factory import load_engine
-from actions.tasks.rewards import compute_rewards, is_best
+from actions.tasks.rewards import is_best
+from actions.tasks.rewards.model_scoring import score_completions
 from actions.tasks.stored import load_dataset
 
 
@@ -24,7 +27,9 @@ def run_evaluate(req: EvaluateRequest) -> EvaluateResult:
     specs = [SampleSpec(r.prompt_id, 0, encode(tokenizer, r.prompt)) for r in rows]
     outs, _ = engine.generate(specs, seed=0, step=0, max_new_tokens=req.max_new_tokens, temperature=0.0)
     texts = [tokenizer.decode(o.tokens) for o in outs]
-    rewards = compute_rewards(req.rewards, rows, texts)
+    ids = [list(o.tokens) + ([o.stop_token] if o.finish_reason == "stop" and o.stop_token is not None else [])
+           for o in outs]
+    rewards = score_completions(req, rows, texts, ids, req.model.store_uri)
     correct = is_best(rewards)
     put_json(store_for(req.model.store_uri), req.output_key,
              {"policy_version": req.model.policy_version,

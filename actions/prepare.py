@@ -24,10 +24,12 @@ from actions.common.config import WorkloadConfig
 from actions.common.adapter import run_action
 from actions.common.contracts import PrepareRequest, Prepared
 from actions.common.hub import resolve_hub_ids
+from actions.common.reward_config import reward_model_key
 from actions.common.store import ObjectStore, open_store, put_artifact, put_json
 from actions.tasks import get_task
 from actions.tasks.build import Datasets, build_datasets
 from actions.tasks.dataset import DATASET_FILE, rows_to_jsonl
+from actions.tasks.rewards.model_files import check_classifier, folder_files
 
 # torch and transformers are imported inside prepare(): validate_inputs runs at the CLI and
 # answers bad input in well under a second.
@@ -60,25 +62,33 @@ def _datasets(cfg: WorkloadConfig) -> Datasets:
 
 
 def validate_inputs(cfg: WorkloadConfig) -> None:
-    """Check the datasets, the reward functions and the model directory without writing
-    anything (fails fast at the CLI). Hub ids are fetched into the local hub cache where
-    downloads are allowed, and refused in one line where they are not (``actions/common/hub.py``)."""
+    """Check the datasets, the reward functions, the model directory and the reward models
+    without writing anything (fails fast at the CLI). Hub ids are fetched into the local hub
+    cache where downloads are allowed, and refused in one line where they are not
+    (``actions/common/hub.py``)."""
     cfg, _ = resolve_hub_ids(cfg)
     _datasets(cfg)
     if cfg.model.path:
         validate_model_dir(cfg.model.path)
+    _validate_reward_models(cfg)
+
+
+def _validate_reward_models(cfg: WorkloadConfig) -> None:
+    for i, m in enumerate(cfg.reward.models):
+        validate_model_dir(m.path, field=f"reward.models[{i}].path")
+        check_classifier(m.path, f"reward.models[{i}].path")
 
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                  "pytorch_model.bin.index.json")
 
 
-def validate_model_dir(path: str) -> None:
+def validate_model_dir(path: str, field: str = "model.path") -> None:
     """What ``from_pretrained`` needs, checked from file headers only (no torch, no tensor
     reads): the directory, a JSON config.json, tokenizer files, and weight files whose
-    safetensors headers parse and whose sizes match them. Raises ValueError naming model.path."""
+    safetensors headers parse and whose sizes match them. Raises ValueError naming ``field``."""
     root = Path(path)
-    where = f"model.path {str(root)!r}"
+    where = f"{field} {str(root)!r}"
     if not root.is_dir():
         raise ValueError(f"{where} is not a directory; point it at a local Hugging Face model directory")
     try:
@@ -146,6 +156,7 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str) -> Prepare
     data = _datasets(cfg)
     if fetched:
         data.summary["hub"] = fetched
+    _validate_reward_models(cfg)
     train, evals = data.train, data.evals
     if cfg.model.path:
         validate_model_dir(cfg.model.path)
@@ -168,6 +179,8 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str) -> Prepare
     put_artifact(store, eval_key, {DATASET_FILE: rows_to_jsonl(evals)})
     tokens_key = f"{run_prefix}/data/tokens.json"
     put_json(store, tokens_key, tokens)
+    for i, m in enumerate(cfg.reward.models):  # the actions read reward models from the store only
+        put_artifact(store, reward_model_key(run_prefix, i), folder_files(m.path), {"source": m.path})
     return Prepared(base_key=base_key, init_key=init.manifest_key, train_key=train_key, eval_key=eval_key,
                     tokens_key=tokens_key, model=model_summary(files), data=data.summary)
 

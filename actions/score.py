@@ -1,8 +1,8 @@
 """score action: rewards, old and reference log-probs (and critic values for PPO) for a shard.
 
 Reads one or more rollout objects, scores every sample with the configured reward functions
-(``actions/tasks/rewards``; a function that fails raises ``RewardFunctionError``, an application
-error that is not retried), and computes per-token log-probs under the sampling policy (the
+and reward models (``actions/tasks/rewards``; a function that fails raises
+``RewardFunctionError``, an application error that is not retried), and computes per-token log-probs under the sampling policy (the
 "old" policy of the PPO ratio) and under the frozen reference, plus the critic's values for PPO.
 Each forward runs only where the update needs it: no reference model without a KL term
 (``kl_coef: 0``), and no old log-probs where the update's own pass gives them (GRPO with one
@@ -29,7 +29,7 @@ from actions.rl.kl import kl_estimate
 from actions.rl.masked import masked_mean
 from actions.rl.sequences import per_row_widths, response_logprobs
 from actions.rl.update import needs_old_logp, needs_ref_logp
-from actions.tasks.rewards import compute_rewards
+from actions.tasks.rewards.model_scoring import score_completions
 from actions.tasks.stored import load_dataset
 
 
@@ -52,7 +52,10 @@ def run_score(req: ScoreRequest) -> ScoreResult:
                  for s in samples]
     texts = [tokenizer.decode(s["tokens"]) for s in samples]
     # Unscorable output (None from every function) is data, not an error: it earns no reward.
-    rewards = torch.tensor(compute_rewards(req.rewards, [dataset[s["prompt_id"]] for s in samples], texts).total)
+    epoch = req.step * req.algorithm.prompts_per_step / max(1, len(dataset))  # TRL's fractional epoch
+    scored_rewards = score_completions(req, [dataset[s["prompt_id"]] for s in samples], texts, responses,
+                                       req.policy.store_uri, epoch)
+    rewards = torch.tensor(scored_rewards.total)
     # Only the forwards the update needs (update.needs_old_logp / needs_ref_logp).
     fns = {}
     if needs_old_logp(req.algorithm):  # the only use of the sampling policy's weights here
@@ -73,8 +76,8 @@ def run_score(req: ScoreRequest) -> ScoreResult:
     scored = dict(zip(fns, outs))
     tensors = {name: t.cpu() for name, t in scored.items()} | {"rewards": rewards}
     meta = {"samples": [{"prompt_id": s["prompt_id"], "sample_index": s["sample_index"], "prompt": list(p),
-                         "response": r, "finish_reason": s["finish_reason"]}
-                        for s, p, r in zip(samples, prompts, responses)]}
+                         "response": r, "finish_reason": s["finish_reason"], "reward_applicable": a}
+                        for s, p, r, a in zip(samples, prompts, responses, scored_rewards.applicable)]}
     publish_tensors(store_for(req.policy.store_uri), req.output_key, tensors, meta)
     # KL of the sampling policy to the reference where both were computed; else the update reports it.
     kl = (masked_mean(kl_estimate(scored["old_logp"], scored["ref_logp"], req.algorithm.kl_kind), mask)

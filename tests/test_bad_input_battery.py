@@ -337,6 +337,15 @@ CASES: dict[str, Case] = {
     "model weights truncated": Case(
         _train("--set", "model.path={tmp}/model"), ("model.safetensors", "truncated", "save the model again"),
         setup=_model_dir(_safetensors(4))),
+    # ----------------------------------------------------------------- reward models
+    "reward model dir missing": Case(
+        _train("--set", "reward.models=[{{path: '{tmp}/norm'}}]"), ("reward.models[0].path", "norm", "not a directory")),
+    "reward model not a classifier": Case(
+        _train("--set", "reward.models=[{{path: '{tmp}/model'}}]"),
+        ("reward.models[0].path", "Qwen2ForCausalLM", "AutoModelForSequenceClassification"),
+        setup=_model_dir(_safetensors(16), config='{"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}')),
+    "reward model bad chat_template": Case(
+        _train("--set", "reward.models=[{{path: x, chat_template: maybe}}]"), ("chat_template 'maybe'", "auto, true or false")),
     # ----------------------------------------------------------------- stores and credentials
     "store s3 endpoint unreachable": Case(
         _train("--set", "store.uri=s3://bucket/run"), ("127.0.0.1:9", "connection refused", "check AWS_ENDPOINT_URL"),
@@ -425,6 +434,17 @@ CASES: dict[str, Case] = {
     "cli gc keep all": Case(["gc", "done", "--store", "{done}", "--config", "{tmp}/c.yaml"],
                             ("store.keep_last is null", "--keep-last N"),
                             setup=_write("c.yaml", "store:\n  keep_last: null\n")),
+    "cli export out is a file": Case(["export", "done", "--store", "{done}", "--out", "{tmp}/f"],
+                                     ("--out", "is a file", "empty folder"), setup=_write("f", "x")),
+    "cli export unknown run": Case(["export", "nosuch", "--store", "{done}", "--out", "{tmp}/o"],
+                                   ("'nosuch'", "check the run id")),
+    "cli export step not committed": Case(["export", "done", "--store", "{done}", "--step", "5", "--out", "{tmp}/o"],
+                                          ("--step 5", "steps 0..1")),
+    "cli export push offline": Case(
+        ["export", "done", "--store", "{done}", "--out", "{tmp}/o", "--push-to-hub", "me/model"],
+        ("--push-to-hub 'me/model'", "HF_HUB_OFFLINE=1", "set HF_HUB_OFFLINE=0"), env={"HF_HUB_OFFLINE": "1"}),
+    "cli export version collected": Case(["export", "done", "--store", "{done}", "--out", "{tmp}/o"],
+                                         ("step 1", "garbage collection", "store.checkpoint_every")),
     "cli deploy manifest missing": Case(
         ["deploy", "--dry-run", "--manifest", "{tmp}/none.yaml"], ("none.yaml", "cannot read the manifest")),
 }

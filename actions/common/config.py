@@ -18,7 +18,8 @@ from pydantic import Field, field_validator, model_validator
 from actions.common.config_section import Section as _Section
 from actions.common.quoting import quote
 # RewardFunctionConfig is re-exported: the contracts and callers take every section from here.
-from actions.common.reward_config import TASK_REWARDS, RewardConfig, RewardFunctionConfig  # noqa: F401
+from actions.common.reward_config import (TASK_REWARDS, RewardConfig, RewardFunctionConfig,  # noqa: F401
+                                          RewardModelConfig)
 
 
 class ModelConfig(_Section):
@@ -304,7 +305,9 @@ class WorkloadConfig(_Section):
         return self
 
     def reward_functions(self) -> list[RewardFunctionConfig]:
-        """``reward.functions``, or the task's reward when unset."""
+        """``reward.functions``, or the task's reward when unset (none with ``reward.models``)."""
+        if self.reward.functions is None and self.reward.models:
+            return []
         return self.reward.functions or [RewardFunctionConfig(name=TASK_REWARDS[self.data.task])]
 
     def workload(self) -> WorkloadConfig:

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from actions.common.config import AlgorithmConfig, RewardFunctionConfig, WarmupConfig, WorkloadConfig
+from actions.common.reward_config import RewardModelConfig, reward_model_key
 
 
 class _Msg(BaseModel):
@@ -160,14 +161,49 @@ class GenerateResult(_Msg):
 # ----------------------------------------------------------------------------- score
 
 
-class ScoreRequest(_Msg):
+class RewardModelRef(_Msg):
+    """A reward model as ``prepare`` stored it: its folder's files under ``manifest_key``."""
+
+    index: int = Field(ge=0)
+    """Its place in ``reward.models``; it is reported as ``reward_model/<index>``."""
+    manifest_key: str
+    settings: RewardModelConfig
+
+    @property
+    def name(self) -> str:
+        return f"reward_model/{self.index}"
+
+
+def reward_model_refs(workload: WorkloadConfig, run_prefix: str) -> list[RewardModelRef]:
+    """The stored reward models of a run (``prepare`` writes each at ``reward_model_key``)."""
+    return [RewardModelRef(index=i, manifest_key=reward_model_key(run_prefix, i), settings=m)
+            for i, m in enumerate(workload.reward.models)]
+
+
+class _Rewarded(_Msg):
+    """What scores a completion: weighted functions and reward models, at least one of them."""
+
+    rewards: list[RewardFunctionConfig] = []
+    """The weighted reward functions (``WorkloadConfig.reward_functions``)."""
+    reward_models: list[RewardModelRef] = []
+    step: int = Field(0, ge=0)
+    """RL steps completed before this scoring (TRL's ``trainer_state.global_step``)."""
+    max_steps: int = Field(0, ge=0)
+    """The campaign's ``steps`` (``trainer_state.max_steps``)."""
+
+    @model_validator(mode="after")
+    def _check_scored(self) -> _Rewarded:
+        if not self.rewards and not self.reward_models:
+            raise ValueError("rewards and reward_models are both empty; name a reward function or a reward model")
+        return self
+
+
+class ScoreRequest(_Rewarded):
     policy: ModelRef
     reference_key: str
     critic_key: str | None = None
     dataset_key: str
     rollout_keys: list[str]
-    rewards: list[RewardFunctionConfig] = Field(min_length=1)
-    """The weighted reward functions (``WorkloadConfig.reward_functions``)."""
     algorithm: AlgorithmConfig
     output_key: str
 
@@ -210,10 +246,9 @@ class TrainStepResult(_Msg):
 # ----------------------------------------------------------------------------- evaluate
 
 
-class EvaluateRequest(_Msg):
+class EvaluateRequest(_Rewarded):
     model: ModelRef
     dataset_key: str
-    rewards: list[RewardFunctionConfig] = Field(min_length=1)
     max_new_tokens: int = Field(gt=0)
     engine: Literal["torch", "vllm"] = "torch"
     """Generation engine (``generation.engine``); greedy either way."""

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from typing import Any, Literal
 
-from pydantic import field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from actions.common.config_section import Section as _Section
 from actions.common.quoting import quote
@@ -44,9 +45,36 @@ class RewardFunctionConfig(_Section):
         return self
 
 
+class RewardModelConfig(_Section):
+    """A learned reward model: an ``AutoModelForSequenceClassification`` folder that scores
+    each (prompt, completion) in the score action (``actions/tasks/rewards/model_scoring.py``)."""
+
+    path: str = Field(min_length=1)
+    """A local Hugging Face folder of a sequence-classification model (its first logit is the score)."""
+    weight: float = 1.0
+    batch_size: int = Field(16, gt=0)
+    """(prompt, completion) pairs per forward."""
+    max_length: int | None = Field(1024, gt=0)
+    """Longest input in tokens; a longer one keeps its first ``max_length`` tokens. None: no limit."""
+    chat_template: Literal["auto"] | bool = "auto"
+    """``auto``: chat prompts go through the reward tokenizer's chat template with the completion
+    as the assistant's turn, string prompts are joined to the completion (TRL's rule); ``true``:
+    the template for both (a string prompt becomes the user's turn); ``false``: plain text."""
+
+    @field_validator("chat_template", mode="before")
+    @classmethod
+    def _check_chat_template(cls, v: Any) -> Any:
+        if v == "auto" or isinstance(v, bool):
+            return v
+        raise ValueError(f"reward.models chat_template {v!r} is not a mode; use auto, true or false")
+
+
 class RewardConfig(_Section):
     functions: list[RewardFunctionConfig] | None = None
-    """Weighted reward functions, summed; None: the task's (repeat: repeat, arith: gsm8k)."""
+    """Weighted reward functions, summed; None: the task's (repeat: repeat, arith: gsm8k), or
+    none when ``models`` is set."""
+    models: list[RewardModelConfig] = []
+    """Reward models, their weighted scores added to the functions' sum."""
 
     @field_validator("functions")
     @classmethod
@@ -59,3 +87,8 @@ class RewardConfig(_Section):
 
 
 TASK_REWARDS = {"repeat": "repeat", "arith": "gsm8k"}
+
+
+def reward_model_key(run_prefix: str, index: int) -> str:
+    """Where ``prepare`` stores reward model ``index`` (its folder's files, as one artifact)."""
+    return f"{run_prefix}/reward_models/{index}/manifest.json"

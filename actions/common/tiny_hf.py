@@ -123,6 +123,7 @@ def write_tiny_model_dir(
     eos_tokens: Sequence[str] | None = None,
     chat_template: bool = True,
     seed: int = 0,
+    reward: bool = False,
 ) -> TinyModelInfo:
     """Write a complete local Hugging Face causal-LM folder at ``path`` (created if needed).
 
@@ -141,6 +142,9 @@ def write_tiny_model_dir(
             the end token alone.
         chat_template: add ``<|im_start|>``/``<|im_end|>`` and a ChatML template.
         seed: weights' random seed (the tokenizer does not depend on it).
+        reward: a reward model instead: ``<Arch>ForSequenceClassification`` with one label (its
+            logit is the score), no generation config, and the end token as pad token unless
+            ``pad_token`` names one (a batch of scores needs padding).
     Returns:
         a ``TinyModelInfo`` with the ids that were assigned.
     Raises:
@@ -150,8 +154,11 @@ def write_tiny_model_dir(
     if arch not in ARCHS:
         raise ValueError(f"arch {arch!r} is not supported; use one of {', '.join(ARCHS)}")
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
+    from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification, GenerationConfig,
+                              PreTrainedTokenizerFast)
 
+    if reward and pad_token is None:
+        pad_token = _SPECIALS[arch][-1]
     specials = list(_SPECIALS[arch]) + (_CHAT if chat_template else [])
     if eos_tokens is None:
         end = _SPECIALS[arch][-1]  # <|endoftext|> or </s>
@@ -183,9 +190,13 @@ def write_tiny_model_dir(
                      intermediate_size=intermediate_size or 4 * hidden_size, max_positions=max_positions,
                      tie=tie_word_embeddings, pad_id=pad_id, eos_ids=eos_ids, bos_id=bos_id)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.generation_config = GenerationConfig(eos_token_id=list(eos_ids), pad_token_id=pad_id, bos_token_id=bos_id,
-                                               do_sample=True, temperature=0.7)
+    if reward:
+        config.num_labels = 1
+        model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.generation_config = GenerationConfig(eos_token_id=list(eos_ids), pad_token_id=pad_id,
+                                                   bos_token_id=bos_id, do_sample=True, temperature=0.7)
     model.save_pretrained(root, safe_serialization=True)
     _rewrite_config(root, pad_id)
     return TinyModelInfo(root, arch, vocab_size, size, pad_id, tuple(eos_ids), bos_id)

@@ -28,6 +28,8 @@ class TrainBatch:
     prompts: list[list[int]]  # token ids, rows in batch order
     responses: list[list[int]]
     pad_id: int
+    reward_applicable: list[bool] | None = None
+    """Per row: did any reward function or model score it (None: shards scored before this was kept)."""
 
     def to(self, device: torch.device) -> TrainBatch:
         """Every tensor on ``device`` (the policy's), for the update loop."""
@@ -35,7 +37,8 @@ class TrainBatch:
             return None if t is None else t.to(device)
 
         return TrainBatch(self.packed.to(device), move(self.old_logp), move(self.ref_logp), self.rewards.to(device),
-                          move(self.values), self.finish_reasons, self.prompts, self.responses, self.pad_id)
+                          move(self.values), self.finish_reasons, self.prompts, self.responses, self.pad_id,
+                          self.reward_applicable)
 
 
 def _pad_to(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -67,7 +70,8 @@ def gather_batch(store: ObjectStore, keys: list[str], algo: AlgorithmConfig, pad
 
     return TrainBatch(packed, stack("old_logp"), stack("ref_logp"), torch.stack([r[2]["rewards"] for r in rows]),
                       stack("values") if algo.name == "ppo" else None, [r[1]["finish_reason"] for r in rows],
-                      [r[1]["prompt"] for r in rows], [r[1]["response"] for r in rows], pad_id)
+                      [r[1]["prompt"] for r in rows], [r[1]["response"] for r in rows], pad_id,
+                      [bool(r[1].get("reward_applicable", True)) for r in rows])
 
 
 def rollout_metrics(batch: TrainBatch, algo: AlgorithmConfig) -> dict[str, float]:
@@ -82,4 +86,7 @@ def rollout_metrics(batch: TrainBatch, algo: AlgorithmConfig) -> dict[str, float
         "response_length/max": float(lengths.max()),
         "response_length/min": float(lengths.min()),
         "response_length/clip_ratio": sum(r == "length" for r in batch.finish_reasons) / len(batch.finish_reasons),
+        # rows no reward function or model applied to (every reward None): they teach nothing
+        "frac_reward_none": (1.0 - sum(batch.reward_applicable) / len(batch.reward_applicable)
+                             if batch.reward_applicable else 0.0),
     }

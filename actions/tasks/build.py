@@ -94,7 +94,8 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
     if not evals and evaluation != "none":
         raise ValueError(f"the eval set ({evaluation}) has no prompts left after data.long_prompts; raise "
                          "data.max_prompt_tokens" + (" or data.eval_fraction" if d.eval_fraction else ""))
-    check_reward_functions(cfg.reward_functions(), train)
+    check_reward_functions(cfg.reward_functions(), train,
+                           encode=lambda text: (tok or tokenizer())(text, add_special_tokens=False)["input_ids"])
     return Datasets(train=train, evals=evals, summary=stats | {"chat_template": template, "evaluation": evaluation})
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from flows.campaign.learning_warnings import new_warning_lines
 from flows.campaign.artifacts import publish_step_artifacts, start_progress, update_progress
 from flows.campaign.overhead import Background
 from flows.campaign.state import CampaignState
@@ -41,6 +42,8 @@ class Reporter:
                               state.step, self.total)
         self.board.add_step(state.step, dict(record.metrics), state.evals)
         self.progress(progress_line(state, self.total))
+        for line in new_warning_lines(state.steps, self.total):  # a run that cannot learn says so
+            self.progress(line)
 
     def close(self) -> None:
         self.board.close()

@@ -43,6 +43,7 @@ from flows.step.context import RunContext, set_context
 from flows.step.flow import rlhf_step
 from flows.step.metrics import billing
 from flows.step.phase import build_planner
+from flows.campaign.learning_warnings import learning_warnings
 
 Progress = Callable[[str], None]
 
@@ -96,6 +97,7 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
         finally:
             publisher.wait()
     return summarize(state, time.time() - started) | {"billing": billing(cfg.invoker.kind), "gc": collect.totals,
+                                                      "warnings": learning_warnings(state.steps, cfg.steps),
                                                       "profile": ctx.live.describe() if ctx.live else None}
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from actions.common.contracts import EvaluateRequest, ModelRef, WarmupRequest, WarmupResult, parse_token_table
+from actions.common.contracts import (EvaluateRequest, ModelRef, WarmupRequest, WarmupResult, parse_token_table,
+                                      reward_model_refs)
 from actions.common.store import get_json
 from flows.campaign.inputs import init_critic, prepare_inputs
 from flows.campaign.live_profile import finish_profiling, start_profiling
@@ -31,6 +32,8 @@ def evaluate(ctx: RunContext, state: CampaignState, clock: StepClock | None = No
     """One held-out evaluation of the state's policy; its busy time is work of ``clock``'s period."""
     req = EvaluateRequest(model=model_ref(ctx, state), dataset_key=state.prepared.eval_key,
                           rewards=ctx.config.reward_functions(),
+                          reward_models=reward_model_refs(ctx.config, ctx.prefix), step=state.step,
+                          max_steps=ctx.config.steps,
                           max_new_tokens=ctx.config.generation.max_new_tokens, engine=ctx.config.generation.engine,
                           kv_cache=ctx.config.generation.kv_cache, cuda_graphs=ctx.config.generation.cuda_graphs,
                           compile_decode=ctx.config.generation.compile_decode,

@@ -1,5 +1,5 @@
-"""The ``rlhfless`` command line: train, status, gc, simulate, deploy, profile, tiny-model
-(and ``rlhfless --version``).
+"""The ``rlhfless`` command line: train, status, gc, simulate, deploy, profile, tiny-model,
+export (and ``rlhfless --version``).
 
 Bad input (configuration, data, model path, store, credentials, arguments) is answered with
 one line on stderr naming what is wrong and how to fix it, and exit code 2; nothing is
@@ -97,7 +97,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     for name, module, helptext in (("simulate", "flows.simulate.cli", "replay a length trace on a modelled cluster"),
                                    ("deploy", "flows.commands.deploy", "create or update the OpenWhisk actions"),
                                    ("profile", "flows.commands.measure", "measure the engine's time per output token"),
-                                   ("tiny-model", "flows.commands.tiny_model", "write a tiny Hugging Face model folder")):
+                                   ("tiny-model", "flows.commands.tiny_model", "write a tiny Hugging Face model folder"),
+                                   ("export", "flows.commands.export", "write a committed policy as a model folder")):
         if command is not None and command != name:
             sub.add_parser(name, help=helptext)
             continue
@@ -160,6 +161,13 @@ def _train(args: argparse.Namespace) -> int:
     summary_path = Path(args.summary) if args.summary else out / "summary.json"
     if cfg.invoker.log_dir is None:  # worker logs live in the run directory
         cfg.invoker.log_dir = str(out / "logs")
+    if args.resume:
+        from flows.campaign.finished import finished_run_line
+
+        line = finished_run_line(cfg)
+        if line is not None:  # nothing to do: the summary stays as the run left it
+            print(line)
+            return 0
     lease = _preflight(cfg, out, summary_path, args.resume, args.break_lease)
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # unwinds: the lease below is released
     try:

@@ -3,7 +3,8 @@
 For trying ``model.path`` and the data pipeline on a laptop, and for benchmarks: a Qwen2,
 Llama or Mistral model with random weights and a trained byte-level BPE tokenizer (see
 ``actions.common.tiny_hf``). The default is the Qwen2 shape: ``pad_token_id: null``, no pad
-token, two EOS ids and a ChatML template.
+token, two EOS ids and a ChatML template. ``--reward`` writes a reward model of the same shape
+(``<Arch>ForSequenceClassification``, one label) for ``reward.models``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an EOS token (repeatable; the first is the tokenizer's eos_token)")
     parser.add_argument("--no-chat-template", action="store_true", help="no ChatML tokens and template")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    parser.add_argument("--reward", action="store_true",
+                        help="a reward model (sequence classification, one label) for reward.models")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         hidden_size=args.hidden_size, num_layers=args.num_layers, num_heads=args.num_heads,
         num_kv_heads=args.num_kv_heads, max_positions=args.max_positions,
         tie_word_embeddings=not args.untied, pad_token=args.pad_token, eos_tokens=args.eos_tokens,
-        chat_template=not args.no_chat_template, seed=args.seed)
+        chat_template=not args.no_chat_template, seed=args.seed, reward=args.reward)
     print(json.dumps({"path": str(info.path), "arch": info.arch, "vocab_size": info.vocab_size,
                       "tokenizer_size": info.tokenizer_size, "pad_token_id": info.pad_token_id,
                       "eos_token_ids": list(info.eos_token_ids)}))

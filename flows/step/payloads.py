@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actions.common.contracts import (GenerateRequest, ModelRef, PrefillRequest, ScoreRequest,
-                                      TrainStepRequest)
+                                      TrainStepRequest, reward_model_refs)
 from flows.step.context import RunContext
 
 
@@ -64,6 +64,7 @@ def score_payload(ctx: RunContext, inputs: StepInputs, rollout_keys: list[str], 
     return ScoreRequest(
         policy=inputs.model, reference_key=inputs.reference_key, critic_key=inputs.critic_key,
         dataset_key=inputs.train_key, rollout_keys=rollout_keys, rewards=ctx.config.reward_functions(),
+        reward_models=reward_model_refs(ctx.config, ctx.prefix), step=inputs.step, max_steps=ctx.config.steps,
         algorithm=ctx.config.algorithm,
         output_key=f"{step_prefix(ctx, inputs.step)}/scored/{shard}/manifest.json",
     ).model_dump(mode="json")

@@ -2,18 +2,24 @@
 
 Every reward function has TRL's signature, so existing TRL reward functions work unchanged::
 
-    fn(prompts: list, completions: list, **columns) -> list[float | None]
+    fn(prompts: list, completions: list, completion_ids: list[list[int]], trainer_state,
+       **columns) -> list[float | None]
 
 ``prompts`` are the dataset's prompts as written there (a string, or a list of chat messages);
 ``completions`` are strings for string prompts and ``[{"role": "assistant", "content": ...}]``
-for chat prompts (TRL's conversational format); every other column of the dataset arrives as
-a keyword list, and ``answer`` is always the reference (``data.answer_key``). ``None`` means
-"not applicable to this row".
+for chat prompts (TRL's conversational format); ``completion_ids`` the completions' token ids
+as trained (ending with the EOS id where the sample stopped, as in TRL); ``trainer_state`` a
+``transformers.TrainerState`` (``actions/tasks/rewards/trainer_state.py`` says which fields are
+filled); every other column of the dataset arrives as a keyword list, and ``answer`` is always
+the reference (``data.answer_key``). ``None`` means "not applicable to this row". An ``async``
+function is awaited (``calling.py``).
 
 A row's reward is the weighted sum over the functions that apply to it (None counts as 0, as
-in TRL's nansum). Its best possible reward is the same sum over each function's maximum
-(1.0 for the built-ins; a plug-in may set a ``max_reward`` attribute), and evaluation counts a
-completion correct when its reward reaches it. A function that raises, or returns a list of
+in TRL's nansum), plus the weighted scores of the reward models (``reward.models``, scored by
+``model_scoring.py`` and passed in as ``model_scores``). Its best possible reward is the
+functions' sum over each one's maximum (1.0 for the built-ins; a plug-in may set a
+``max_reward`` attribute; a reward model has none), and evaluation counts a completion correct
+when its reward reaches it. A function that raises, or returns a list of
 the wrong length or type, fails the step with :class:`RewardFunctionError` naming the
 function and the row; it is a bug in the function and is never retried.
 """
@@ -21,24 +27,19 @@ function and the row; it is a bug in the function and is never retried.
 from __future__ import annotations
 
 import importlib
-import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from actions.common.reward_config import BUILTIN_REWARDS
+from actions.tasks.rewards.calling import RESERVED, RewardFunctionError, call_reward
+from actions.tasks.rewards.trainer_state import make_trainer_state
 
 
 class RewardSpec(Protocol):
     name: str
     weight: float
     pattern: str | None
-
-
-class RewardFunctionError(ValueError):
-    """A reward function failed or broke its contract: not transient, never retried."""
-
-    field = "reward.functions"
 
 
 class RewardRow(Protocol):
@@ -91,7 +92,7 @@ def reward_inputs(rows: Sequence[RewardRow], texts: Sequence[str]) -> tuple[list
     """(prompts, completions, columns) in TRL's formats for rows and their completion texts."""
     prompts = [r.source_prompt if r.source_prompt is not None else r.prompt for r in rows]
     completions = [[{"role": "assistant", "content": t}] if isinstance(p, list) else t for p, t in zip(prompts, texts)]
-    names = sorted({k for r in rows for k in r.columns} - {"answer", "prompts", "completions"})
+    names = sorted({k for r in rows for k in r.columns} - set(RESERVED))
     columns = {k: [r.columns.get(k) for r in rows] for k in names}
     columns["answer"] = [r.answer for r in rows]
     return prompts, completions, columns
@@ -100,25 +101,37 @@ def reward_inputs(rows: Sequence[RewardRow], texts: Sequence[str]) -> tuple[list
 @dataclass(frozen=True)
 class Rewards:
     total: list[float]
-    """Per row: the weighted sum over the functions that apply (0.0 when none does)."""
+    """Per row: the weighted sum over the functions that apply and the reward models (0.0 when none does)."""
     best: list[float]
-    """Per row: the largest total the applicable functions allow."""
+    """Per row: the largest total the applicable functions allow (reward models add nothing)."""
     per_function: dict[str, list[float | None]]
+    applicable: list[bool] = field(default_factory=list)
+    """Per row: did any function or reward model score it (False: every reward was None)."""
 
 
-def compute_rewards(specs: Sequence[RewardSpec], rows: Sequence[RewardRow], texts: Sequence[str]) -> Rewards:
+def compute_rewards(specs: Sequence[RewardSpec], rows: Sequence[RewardRow], texts: Sequence[str], *,
+                    completion_ids: Sequence[Sequence[int]] | None = None, trainer_state: Any = None,
+                    model_scores: Mapping[str, tuple[float, list[float]]] | None = None) -> Rewards:
     """Score ``texts`` (one completion per row) with every function of ``specs``.
+
+    Args:
+        completion_ids: per row, the completion's token ids (TRL's ``completion_ids``; default: empty lists).
+        trainer_state: passed as TRL's ``trainer_state`` (``trainer_state.make_trainer_state``).
+        model_scores: reward-model name -> (weight, one score per row), added to the totals.
 
     Raises:
         RewardFunctionError: a function raised or returned the wrong length/type (names it and the row).
     """
     prompts, completions, columns = reward_inputs(rows, texts)
+    ids = [list(c) for c in completion_ids] if completion_ids is not None else [[] for _ in rows]
+    kwargs = {"prompts": prompts, "completions": completions, "completion_ids": ids, **columns}
     total = [0.0] * len(rows)
     best = [0.0] * len(rows)
+    applicable = [False] * len(rows)
     per_function: dict[str, list[float | None]] = {}
     for spec in specs:
         fn = load_reward(spec.name, spec.pattern)
-        values = _call(spec.name, fn, rows, prompts, completions, columns)
+        values = call_reward(spec.name, fn, rows, kwargs, trainer_state)
         per_function[spec.name] = values
         top = float(getattr(fn, "max_reward", 1.0))
         low = float(getattr(fn, "min_reward", 0.0))
@@ -126,7 +139,13 @@ def compute_rewards(specs: Sequence[RewardSpec], rows: Sequence[RewardRow], text
             if v is not None:
                 total[i] += spec.weight * v
                 best[i] += max(spec.weight * top, spec.weight * low)
-    return Rewards(total=total, best=best, per_function=per_function)
+                applicable[i] = True
+    for name, (weight, scores) in (model_scores or {}).items():
+        per_function[name] = list(scores)
+        for i, v in enumerate(scores):
+            total[i] += weight * v
+            applicable[i] = True
+    return Rewards(total=total, best=best, per_function=per_function, applicable=applicable)
 
 
 def is_best(rewards: Rewards, tolerance: float = 1e-9) -> list[bool]:
@@ -134,41 +153,11 @@ def is_best(rewards: Rewards, tolerance: float = 1e-9) -> list[bool]:
     return [t >= b - tolerance and b > 0 for t, b in zip(rewards.total, rewards.best)]
 
 
-def _call(name: str, fn: Callable, rows: Sequence[RewardRow], prompts: list, completions: list,
-          columns: dict[str, list]) -> list[float | None]:
-    try:
-        values = fn(prompts=prompts, completions=completions, **columns)
-    except Exception as exc:
-        raise RewardFunctionError(f"reward function {name!r} raised {type(exc).__name__}: {exc} "
-                                  f"on prompt_id {_failing_row(fn, rows, prompts, completions, columns)}; "
-                                  "fix the function (a reward error fails the step and is not retried)") from None
-    if not isinstance(values, (list, tuple)) or len(values) != len(rows):
-        got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
-        raise RewardFunctionError(f"reward function {name!r} returned {got} values for {len(rows)} completions; "
-                                  "return one float (or None) per completion")
-    out: list[float | None] = []
-    for row, v in zip(rows, values):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
-            raise RewardFunctionError(f"reward function {name!r} returned {v!r} for prompt_id {row.prompt_id}; "
-                                      "return a finite float or None per completion")
-        out.append(None if v is None else float(v))
-    return out
-
-
-def _failing_row(fn: Callable, rows: Sequence[RewardRow], prompts: list, completions: list,
-                 columns: dict[str, list]) -> str:
-    """The first row on which ``fn`` raises alone (the batch call does not say which)."""
-    for i, row in enumerate(rows):
-        try:
-            fn(prompts=[prompts[i]], completions=[completions[i]], **{k: [v[i]] for k, v in columns.items()})
-        except Exception:
-            return f"{row.prompt_id} (row {i} of the batch)"
-    return "? (it raised only on the whole batch)"
-
-
-def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow]) -> None:
+def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow],
+                           encode: Callable[[str], Sequence[int]] | None = None) -> None:
     """Import every function and call each plug-in once on up to two rows, with the reference
-    answers as completions, so a broken plug-in fails at start-up rather than mid-campaign.
+    answers as completions (their token ids from ``encode``, when given), so a broken plug-in
+    fails at start-up rather than mid-campaign.
 
     Raises:
         RewardFunctionError: naming the function and what is wrong.
@@ -178,4 +167,6 @@ def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow
         fn = load_reward(spec.name, spec.pattern)
         if ":" in spec.name:
             prompts, completions, columns = reward_inputs(sample, [r.answer for r in sample])
-            _call(spec.name, fn, sample, prompts, completions, columns)
+            ids = [list(encode(r.answer)) if encode else [] for r in sample]
+            kwargs = {"prompts": prompts, "completions": completions, "completion_ids": ids, **columns}
+            call_reward(spec.name, fn, sample, kwargs, make_trainer_state(step=0, epoch=0.0, max_steps=0))

@@ -1,0 +1,109 @@
+"""Reward models: an ``AutoModelForSequenceClassification`` scores each (prompt, completion).
+
+The text a reward model reads follows TRL's ``GRPOTrainer``: a chat prompt (a list of
+messages) plus the completion as the assistant's turn goes through the reward tokenizer's chat
+template; a string prompt is joined to the completion. ``chat_template: true`` templates string
+prompts too (as the user's turn), ``false`` never templates (a chat prompt's contents are
+joined). Inputs are tokenized without special tokens, right-padded, truncated to
+``max_length`` tokens, scored ``batch_size`` at a time on the action's device, and the first
+logit is the score (TRL's ``logits[:, 0]``). A tokenizer without a pad token pads with its EOS
+token (the model's pooling then reads the last token that is not padding).
+
+Each model is loaded once per warm container (``actions/common/warm.py``), keyed by its
+manifest, device and dtype: ``prepare`` stored it, so nothing here reads the user's disk or the
+network.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from actions.common import warm
+from actions.common.contracts import RewardModelRef
+from actions.common.device import action_device, action_dtype
+from actions.common.safe_paths import write_beneath
+from actions.common.store import get_artifact, open_store
+
+
+def load_reward_model(ref: RewardModelRef, store_uri: str, device: torch.device) -> tuple[Any, Any]:
+    """(model in eval mode on ``device``, tokenizer) of a stored reward model, cached while warm."""
+    dtype = action_dtype("auto", device)
+
+    def build() -> tuple[Any, Any]:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        files, _ = get_artifact(open_store(store_uri), ref.manifest_key)
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, data in files.items():  # names come from a checked manifest: never outside tmp
+                write_beneath(tmp, name, bytes(data), where="reward model")
+            tokenizer = AutoTokenizer.from_pretrained(tmp)
+            model = AutoModelForSequenceClassification.from_pretrained(tmp, dtype=dtype)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        model.config.pad_token_id = tokenizer.pad_token_id  # the pooling finds each row's last real token by it
+        return model.to(device).eval(), tokenizer
+
+    key = ("reward_model", store_uri, ref.manifest_key, str(device), str(dtype))
+    return warm.get_or_build(key, build)[0]
+
+
+def reward_texts(tokenizer: Any, chat_template: str | bool, prompts: Sequence[Any], completions: Sequence[Any]
+                 ) -> list[str]:
+    """What the reward model reads for each (prompt, completion), in TRL's formats (see the module doc)."""
+    texts = []
+    for p, c in zip(prompts, completions):
+        content = c[0]["content"] if isinstance(c, list) else c
+        chat = isinstance(p, list)
+        templated = chat_template is True or (chat_template == "auto" and chat)
+        if templated:
+            messages = (p if chat else [{"role": "user", "content": p}]) + [{"role": "assistant", "content": content}]
+            texts.append(tokenizer.apply_chat_template(messages, tokenize=False))
+        else:
+            texts.append(("".join(m["content"] for m in p) if chat else p) + content)
+    return texts
+
+
+@torch.no_grad()
+def score_with_models(refs: Sequence[RewardModelRef], store_uri: str, prompts: Sequence[Any],
+                      completions: Sequence[Any], device: torch.device | None = None
+                      ) -> dict[str, tuple[float, list[float]]]:
+    """Each reward model's (weight, one score per completion), by ``ref.name``.
+
+    Args:
+        prompts, completions: TRL's formats (``rewards.reward_inputs``).
+        device: where the models run (default: the action's device).
+    """
+    device = device if device is not None else action_device()
+    out = {}
+    for ref in refs:
+        model, tokenizer = load_reward_model(ref, store_uri, device)
+        texts = reward_texts(tokenizer, ref.settings.chat_template, prompts, completions)
+        scores: list[float] = []
+        size, limit = ref.settings.batch_size, ref.settings.max_length
+        for start in range(0, len(texts), size):
+            batch = tokenizer(texts[start:start + size], return_tensors="pt", padding=True, padding_side="right",
+                              add_special_tokens=False, truncation=limit is not None, max_length=limit)
+            logits = model(**{k: v.to(device) for k, v in batch.items()}).logits
+            scores.extend(float(x) for x in logits[:, 0].float().cpu())
+        out[ref.name] = (ref.settings.weight, scores)
+    return out
+
+
+def score_completions(req: Any, rows: Sequence[Any], texts: Sequence[str], completion_ids: Sequence[Sequence[int]],
+                      store_uri: str, epoch: float = 0.0) -> Any:
+    """A request's rewards (``ScoreRequest`` or ``EvaluateRequest``: its functions and reward
+    models) for ``texts``, one completion per row, with TRL's keywords filled."""
+    from actions.tasks.rewards import compute_rewards, reward_inputs
+    from actions.tasks.rewards.trainer_state import make_trainer_state
+
+    state = make_trainer_state(step=req.step, epoch=epoch, max_steps=req.max_steps)
+    models = None
+    if req.reward_models:
+        prompts, completions, _ = reward_inputs(rows, texts)
+        models = score_with_models(req.reward_models, store_uri, prompts, completions)
+    return compute_rewards(req.rewards, rows, texts, completion_ids=completion_ids, trainer_state=state,
+                           model_scores=models)

@@ -1,0 +1,28 @@
+"""``train --resume`` of a run with nothing left to do: print its status, write nothing.
+
+A run whose committed steps already reach ``steps`` would otherwise start Prefect and the
+workers, evaluate nothing and write its summary again (with a new wall time). The check only
+reads the store; a run made with another configuration is left to ``check_resume`` to refuse.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flows.config import CampaignConfig
+
+
+def finished_run_line(cfg: CampaignConfig) -> str | None:
+    """One status line when the configured run is complete, else None (there is work to do)."""
+    from actions.common.store import open_store
+    from flows.campaign.state import load_state
+
+    state = load_state(open_store(cfg.store.uri), cfg.resolved_run_id())
+    if state is None or state.fingerprint != cfg.fingerprint() or state.step < cfg.steps:
+        return None
+    acc = (f"; eval accuracy {state.evals[0].accuracy:.3f} -> {state.evals[-1].accuracy:.3f}"
+           if state.evals else "")
+    return (f"run {state.run_id!r} is complete: {state.step}/{cfg.steps} steps committed, policy version "
+            f"{state.policy_version}, weights_sha256 {state.weights_sha256[:12] or '-'}{acc}; nothing to resume, "
+            f"nothing written (pass --steps N with N > {state.step} to train further)")

@@ -1,0 +1,77 @@
+"""Warnings for a campaign that runs but cannot learn: pure checks over the committed steps'
+metrics, printed on the progress output as they first hold and listed in ``summary.json``.
+
+* ``zero_reward_std``: every group had one reward (``frac_reward_zero_std`` = 1.0, so every
+  GRPO advantage is 0) for ``ZERO_STD_STEPS`` steps in a row, or for every step of a campaign
+  shorter than that.
+* ``zero_grad_norm``: a step's gradient norm was 0 (the update changed nothing).
+* ``no_reward``: no reward function or model applied to any completion of a step (every reward
+  None, ``frac_reward_none`` = 1.0).
+
+Each kind is reported once, at the step it first holds, with the number of steps it held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+ZERO_STD_STEPS = 3
+"""Consecutive steps of all-zero reward spread before ``zero_reward_std`` is raised."""
+
+_FIX = {
+    "zero_reward_std": "every completion of a prompt earned the same reward, so there is nothing to learn from; "
+                       "check the reward functions on real completions, raise algorithm.group_size, "
+                       "generation.temperature or generation.max_new_tokens",
+    "zero_grad_norm": "the update changed nothing; check the rewards' spread (frac_reward_zero_std) and algorithm.lr",
+    "no_reward": "no reward function applied to any completion (each returned None); check that the functions "
+                 "read the dataset's columns and the completions' format",
+}
+
+
+def _holds(kind: str, steps: Sequence[Mapping[str, Any]], i: int, total: int) -> bool:
+    """Does ``kind`` hold after step ``i + 1`` (``steps[:i + 1]`` committed, ``total`` planned)?"""
+    m = steps[i]
+    if kind == "zero_grad_norm":
+        return "grad_norm" in m and m["grad_norm"] == 0.0
+    if kind == "no_reward":
+        return m.get("frac_reward_none", 0.0) >= 1.0
+    window = min(ZERO_STD_STEPS, total)
+    recent = steps[max(0, i + 1 - window):i + 1]
+    return len(recent) == window and all(s.get("frac_reward_zero_std", 0.0) >= 1.0 for s in recent)
+
+
+@dataclass
+class LearningWarning:
+    kind: str
+    step: int
+    """The step (1-based) at which it first held."""
+    steps: int
+    """How many steps it held at."""
+    message: str
+    """The progress line."""
+
+
+def find_warnings(steps: Sequence[Mapping[str, Any]], total: int) -> list[LearningWarning]:
+    """One warning per kind that held over ``steps`` (``total`` planned), in the order they first held."""
+    found: dict[str, LearningWarning] = {}
+    for i in range(len(steps)):
+        for kind in _FIX:
+            if not _holds(kind, steps, i, total):
+                continue
+            if kind in found:
+                found[kind].steps += 1
+            else:
+                found[kind] = LearningWarning(kind, i + 1, 1, f"warning: step {i + 1}: {kind}: {_FIX[kind]}")
+    return sorted(found.values(), key=lambda w: (w.step, w.kind))
+
+
+def learning_warnings(steps: Sequence[Mapping[str, Any]], total: int) -> list[dict[str, Any]]:
+    """``find_warnings`` as JSON for ``summary.json``: ``kind``, ``step``, ``steps``, ``message``."""
+    return [asdict(w) for w in find_warnings(steps, total)]
+
+
+def new_warning_lines(steps: Sequence[Mapping[str, Any]], total: int) -> list[str]:
+    """The warnings that first hold at the last step: what the progress output prints after it."""
+    return [w.message for w in find_warnings(steps, total) if w.step == len(steps)]

@@ -1,0 +1,92 @@
+"""``rlhfless export``: a committed policy version as a folder ``from_pretrained`` loads.
+
+Reads the run's commit (the latest, or ``--step N``), refuses bad arguments before anything is
+written (one line, exit 2), writes the folder (``actions/common/export.py``) and, only when
+asked with ``--push-to-hub`` and the hub is reachable (``HF_HUB_OFFLINE`` unset or 0), uploads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="run id")
+    parser.add_argument("--step", type=int, default=None,
+                        help="the committed step whose policy to export (default: the latest)")
+    parser.add_argument("--out", required=True, help="folder to write (new, or empty)")
+    parser.add_argument("--store", default=None, help="store URI (default: store.uri of --config or the default)")
+    parser.add_argument("--config", help="YAML configuration whose store.uri to use")
+    parser.add_argument("--merge-lora", action="store_true", help="merge a LoRA run's adapter into the model")
+    parser.add_argument("--push-to-hub", metavar="REPO", default=None,
+                        help="also upload the folder to this Hugging Face repo (needs HF_HUB_OFFLINE=0)")
+
+
+def _check_args(args: argparse.Namespace) -> Path:
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"export --out {str(out)!r} is a file; pass a new or empty folder")
+    if out.is_dir() and any(out.iterdir()):
+        raise ValueError(f"export --out {str(out)!r} is not empty; pass a new or empty folder")
+    if args.step is not None and args.step < 0:
+        raise ValueError(f"export --step {args.step}: steps count from 0 (the initial policy); pass 0 or more")
+    if args.push_to_hub is not None and os.environ.get("HF_HUB_OFFLINE", "0").strip().lower() in _TRUE:
+        raise ValueError(f"export --push-to-hub {args.push_to_hub!r} needs the network, but HF_HUB_OFFLINE="
+                         f"{os.environ['HF_HUB_OFFLINE']} (rlhfless's default); set HF_HUB_OFFLINE=0 (and log in with "
+                         "`hf auth login`) to push, or drop --push-to-hub")
+    return out
+
+
+def _state(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(store, the commit to export)."""
+    from actions.common.safe_paths import check_run_id
+    from actions.common.store import open_store
+    from flows.campaign.state import load_state, load_state_at
+    from flows.config import load_config
+
+    uri = args.store or load_config(args.config, []).store.uri
+    store = open_store(uri)
+    run = check_run_id(args.run)
+    latest = load_state(store, run)
+    if latest is None:
+        raise ValueError(f"run {run!r} has no committed state in store {uri}; check the run id and --store")
+    if args.step is None or args.step == latest.step:
+        return store, latest
+    state = load_state_at(store, run, args.step) if args.step < latest.step else None
+    if state is None:
+        raise ValueError(f"export --step {args.step}: run {run!r} has steps 0..{latest.step}; pass one of them")
+    return store, state
+
+
+def run(args: argparse.Namespace) -> int:
+    out = _check_args(args)
+    store, state = _state(args)
+    from actions.common.export import describe, export_policy
+    from actions.common.store import ObjectNotFound
+
+    try:
+        folder = export_policy(store, state.prepared.base_key, state.policy_key, out,
+                               weights_sha256=state.weights_sha256 or None, merge_lora=args.merge_lora,
+                               run=state.run_id)
+    except ObjectNotFound:
+        raise ValueError(f"export: the policy of run {state.run_id!r} at step {state.step} was deleted by garbage "
+                         "collection (store.keep_last); export a later step, or keep versions with "
+                         "store.checkpoint_every") from None
+    report = describe(folder, run_id=state.run_id, step=state.step, policy_version=state.policy_version,
+                      weights_sha256=state.weights_sha256)
+    if args.push_to_hub:
+        from huggingface_hub import HfApi
+
+        api = HfApi()
+        api.create_repo(args.push_to_hub, exist_ok=True)
+        commit = api.upload_folder(repo_id=args.push_to_hub, folder_path=folder.path,
+                                   commit_message=f"{state.run_id} step {state.step} (policy v{state.policy_version})")
+        report["pushed"] = str(getattr(commit, "commit_url", commit))
+    print(json.dumps(report, sort_keys=True))
+    return 0

@@ -1,0 +1,105 @@
+"""``rlhfless export``: a committed policy version as a folder ``from_pretrained`` loads, with
+the logits the store's version gives (fp32, <= 1e-6), its tokenizer and chat template."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from actions.common.contracts import ModelRef
+from actions.common.store import LocalStore
+from actions.common.tiny_hf import write_tiny_model_dir
+from flows.commands.cli import main
+
+
+@pytest.fixture(scope="module")
+def run_store(tmp_path_factory) -> tuple[Path, dict]:
+    """A store with run ``ex``: prepared from a tiny Qwen2 folder (commit 0) and one trained
+    version (commit 1: the initial weights moved by noise, as an update would)."""
+    from actions.common.weights import publish_tensors, load_tensors
+    from actions.prepare import prepare
+    from flows.campaign.state import CampaignState, commit_state
+    from flows.config import load_config
+
+    tmp = tmp_path_factory.mktemp("export")
+    model = write_tiny_model_dir(tmp / "qwen2", "qwen2").path
+    cfg = load_config(None, [f"model.path={model}", f"store.uri={tmp / 'store'}", "run_id=ex"])
+    store = LocalStore(tmp / "store")
+    prepared = prepare(cfg.workload(), store, "runs/ex")
+    init, _ = load_tensors(store, prepared.init_key)
+    g = torch.Generator().manual_seed(0)
+    trained = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in init.items()}
+    v1 = publish_tensors(store, "runs/ex/steps/000000/train/policy/manifest.json", trained)
+    state = CampaignState(run_id="ex", fingerprint=cfg.fingerprint(), identity=cfg.identity(), step=0,
+                          policy_key=prepared.init_key, reference_key=prepared.init_key, prepared=prepared)
+    commit_state(store, state)
+    commit_state(store, state.model_copy(update={"step": 1, "policy_key": v1.manifest_key, "policy_version": 1,
+                                                 "weights_sha256": v1.weights_sha256}))
+    return tmp / "store", {"base": prepared.base_key, "v0": prepared.init_key, "v1": v1.manifest_key,
+                           "sha1": v1.weights_sha256, "model": model}
+
+
+def _logits_of_store(store: Path, base: str, policy: str, ids: torch.Tensor) -> torch.Tensor:
+    from actions.common.loading import load_model
+
+    model, _, _ = load_model(ModelRef(store_uri=str(store), base_key=base, policy_key=policy, policy_version=1,
+                                      dtype="float32"))
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def test_export_round_trip_gives_the_stores_logits(tmp_path, run_store, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    store, keys = run_store
+    assert main(["export", "ex", "--store", str(store), "--out", str(tmp_path / "v1")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["step"] == 1 and report["policy_version"] == 1 and report["weights_sha256"] == keys["sha1"]
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+            "generation_config.json"} <= set(report["files"])
+    tok = AutoTokenizer.from_pretrained(tmp_path / "v1")
+    source = AutoTokenizer.from_pretrained(keys["model"])
+    chat = [{"role": "user", "content": "What is 2+3?"}]
+    text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert text == source.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert "<|im_start|>assistant" in text
+    ids = tok(text + "It is 5.", return_tensors="pt", add_special_tokens=False).input_ids
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "v1", dtype=torch.float32).eval()
+    with torch.no_grad():
+        got = exported(ids).logits
+    want = _logits_of_store(store, keys["base"], keys["v1"], ids)
+    assert (got - want).abs().max().item() <= 1e-6
+    initial = _logits_of_store(store, keys["base"], keys["v0"], ids)
+    assert (got - initial).abs().max().item() > 1e-2  # the trained version, not the initial one
+    assert exported.generation_config.eos_token_id == source_eos(keys["model"])
+
+    # --step 0: the initial policy; from_pretrained gives the source folder's logits
+    assert main(["export", "ex", "--store", str(store), "--step", "0", "--out", str(tmp_path / "v0")]) == 0
+    capsys.readouterr()
+    v0 = AutoModelForCausalLM.from_pretrained(tmp_path / "v0", dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert (v0(ids).logits - initial).abs().max().item() <= 1e-6
+
+
+def source_eos(model: Path) -> list[int]:
+    return json.loads((model / "generation_config.json").read_text())["eos_token_id"]
+
+
+def test_sharded_export_loads_and_merge_lora_is_refused_for_a_full_run(tmp_path, run_store):
+    from transformers import AutoModelForCausalLM
+
+    from actions.common.export import export_policy
+
+    store, keys = run_store
+    folder = export_policy(LocalStore(store), keys["base"], keys["v1"], tmp_path / "sharded", max_shard_size="50KB")
+    assert "model.safetensors.index.json" in folder.files and sum(f.endswith(".safetensors") for f in folder.files) > 1
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        got = AutoModelForCausalLM.from_pretrained(folder.path, dtype=torch.float32)(ids).logits
+    assert (got - _logits_of_store(store, keys["base"], keys["v1"], ids)).abs().max().item() <= 1e-6
+    with pytest.raises(ValueError, match="no LoRA adapter"):
+        export_policy(LocalStore(store), keys["base"], keys["v1"], tmp_path / "merged", merge_lora=True, run="ex")
+    assert not (tmp_path / "merged").exists() and not list(tmp_path.glob(".merged.*"))

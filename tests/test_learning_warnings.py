@@ -1,0 +1,52 @@
+"""A run that cannot learn says so (progress line, ``summary.json`` ``warnings``), and
+``--resume`` of a finished run prints its status and writes nothing."""
+
+from __future__ import annotations
+
+import json
+
+import flows.campaign.run  # noqa: F401  (Prefect sets its logging up here, not under a test's capsys)
+from flows.campaign.learning_warnings import ZERO_STD_STEPS, learning_warnings, new_warning_lines
+
+
+def _step(zero_std: float = 0.5, grad: float = 0.3, none: float = 0.0) -> dict:
+    return {"frac_reward_zero_std": zero_std, "grad_norm": grad, "frac_reward_none": none}
+
+
+def test_each_kind_fires_once_where_it_first_holds():
+    assert ZERO_STD_STEPS == 3
+    steps = [_step(), _step(1.0, 0.0), _step(1.0, 0.1), _step(1.0, 0.0, none=1.0), _step(1.0)]
+    got = {w["kind"]: (w["step"], w["steps"]) for w in learning_warnings(steps, total=10)}
+    # zero spread from step 2 on: 3 in a row first at step 4, and still at step 5
+    assert got == {"zero_grad_norm": (2, 2), "zero_reward_std": (4, 2), "no_reward": (4, 1)}
+    assert [line.split(": ")[2] for line in new_warning_lines(steps[:4], 10)] == ["no_reward", "zero_reward_std"]
+    assert new_warning_lines(steps[:3], 10) == []
+    # a campaign shorter than the window warns when all of its steps had no spread
+    assert [w["kind"] for w in learning_warnings([_step(1.0), _step(1.0)], total=2)] == ["zero_reward_std"]
+    assert learning_warnings([_step(), _step()], total=2) == []
+
+
+def test_zero_variance_run_warns_and_resume_of_finished_run_writes_nothing(tmp_path, prefect_harness, capsys):
+    from conftest import TINY_OVERRIDES
+    from flows.commands.cli import main
+
+    args = ["train", "--out", str(tmp_path / "run")]
+    for o in [*TINY_OVERRIDES, f"store.uri={tmp_path / 'store'}", "invoker.kind=inprocess", "warmup.steps=0",
+              "reward.functions=[{name: 'trl_style_rewards:never_applies'}]"]:
+        args += ["--set", o]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("warning: ")]
+    assert [line.split(": ")[1:3] for line in lines] == [["step 1", "no_reward"], ["step 1", "zero_grad_norm"],
+                                                         ["step 2", "zero_reward_std"]], out
+    summary_file = tmp_path / "run" / "summary.json"
+    before = summary_file.read_bytes()
+    summary = json.loads(before)
+    assert [(w["kind"], w["step"], w["steps"]) for w in summary["warnings"]] == [
+        ("no_reward", 1, 2), ("zero_grad_norm", 1, 2), ("zero_reward_std", 2, 1)]
+    store_files = {p: p.stat().st_mtime_ns for p in (tmp_path / "store").rglob("*")}
+    assert main([*args, "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "is complete: 2/2 steps committed" in out and "nothing written" in out
+    assert summary_file.read_bytes() == before
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "store").rglob("*")} == store_files

@@ -1,0 +1,148 @@
+"""Reward functions as TRL writes them (every keyword, async), and learned reward models
+(``reward.models``): scoring, the warm cache, and a campaign scored by both."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import flows.campaign.run  # noqa: F401  (Prefect sets its logging up here, not under a test's capsys)
+from actions.common import warm
+from actions.common.config import RewardFunctionConfig as Fn
+from actions.common.config import RewardModelConfig
+from actions.common.contracts import ModelRef, RewardModelRef
+from actions.common.store import LocalStore, put_artifact
+from actions.common.tiny_hf import write_tiny_model_dir
+from actions.tasks.dataset import PromptRow
+from actions.tasks.rewards import check_reward_functions, compute_rewards
+from actions.tasks.rewards.model_files import folder_files
+from actions.tasks.rewards.model_scoring import score_with_models
+from actions.tasks.rewards.trainer_state import make_trainer_state
+
+import trl_doc_rewards
+import trl_style_rewards
+
+
+def _rows(prompts: list, answers: list[str], **columns: list) -> list[PromptRow]:
+    return [PromptRow(prompt_id=i, prompt=p if isinstance(p, str) else "<formatted>", answer=a,
+                      source_prompt=None if isinstance(p, str) else p, columns={k: v[i] for k, v in columns.items()})
+            for i, (p, a) in enumerate(zip(prompts, answers))]
+
+
+def test_trl_documented_reward_functions_run_unchanged():
+    state = make_trainer_state(step=3, epoch=0.75, max_steps=10)
+    rows = _rows(["Compute: 2+2", "Compute: 3*3", "Say hi"], ["4", "9", "hi"],
+                 ground_truth=["4", "9", "hi"], task=["math", "math", "chat"])
+    texts = [r"so \boxed{4}", r"\boxed{8} hence 8", "hi"]
+    ids = [[5, 6, 7], [1], []]
+    specs = [Fn(name="trl_doc_reward_len:reward_func", weight=0.1), Fn(name="trl_doc_rewards:reward_func"),
+             Fn(name="trl_doc_rewards:math_reward_func"), Fn(name="trl_doc_rewards:async_reward_func"),
+             Fn(name="trl_doc_rewards:curriculum_reward_func")]
+    trl_doc_rewards.SEEN_STEPS.clear()
+    r = compute_rewards(specs, rows, texts, completion_ids=ids, trainer_state=state)
+    assert r.per_function["trl_doc_reward_len:reward_func"] == [3.0, 1.0, 0.0]  # completion_ids reached it
+    assert r.per_function["trl_doc_rewards:reward_func"] == [1.0, 0.0, 0.0]  # a dataset column by keyword
+    assert r.per_function["trl_doc_rewards:math_reward_func"] == [-1.0, -1.0, None]  # None: not applicable
+    assert r.per_function["trl_doc_rewards:async_reward_func"] == [1.0, 0.0, 0.0]  # awaited
+    # target 4 after step 1: |3-4|, |1-4|, |0-4| tokens off, over 16
+    assert r.per_function["trl_doc_rewards:curriculum_reward_func"] == [1 - 1 / 16, 1 - 3 / 16, 1 - 4 / 16]
+    assert trl_doc_rewards.SEEN_STEPS == [(3, 0.75, 10)]
+    assert r.applicable == [True, True, True]
+    chat = [[{"role": "user", "content": "think"}]] * 2
+    fmt = compute_rewards([Fn(name="trl_doc_rewards:format_reward_func")], _rows(chat, ["", ""]),
+                          ["<think>a</think><answer>b</answer>", "b"])
+    assert fmt.total == [1.0, 0.0]  # chat prompts: completions arrive as assistant messages
+    # the start-up check calls plug-ins with every keyword too (token ids of the reference answers)
+    check_reward_functions(specs, rows, encode=lambda text: list(text.encode()))
+
+
+@pytest.fixture(scope="module")
+def reward_model(tmp_path_factory) -> Path:
+    return write_tiny_model_dir(tmp_path_factory.mktemp("rm") / "rm", "qwen2", reward=True).path
+
+
+def test_reward_model_scores_batched_as_alone_and_loads_once(tmp_path, reward_model):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    store = LocalStore(tmp_path / "store")
+    put_artifact(store, "runs/r/reward_models/0/manifest.json", folder_files(str(reward_model)))
+    prompts = [[{"role": "user", "content": "What is 2+2?"}], [{"role": "user", "content": "Name a colour."}],
+               [{"role": "user", "content": "Count to three, slowly please."}]]
+    completions = [[{"role": "assistant", "content": c}] for c in ("4", "Blue, or perhaps green.", "one two three")]
+
+    def ref(batch_size: int) -> RewardModelRef:
+        return RewardModelRef(index=0, manifest_key="runs/r/reward_models/0/manifest.json",
+                              settings=RewardModelConfig(path=str(reward_model), weight=0.5, batch_size=batch_size))
+
+    warm.clear()
+    alone = score_with_models([ref(1)], str(tmp_path / "store"), prompts, completions)["reward_model/0"]
+    before = warm.stats()
+    batched = score_with_models([ref(3)], str(tmp_path / "store"), prompts, completions)["reward_model/0"]
+    assert warm.stats()["hits"] == before["hits"] + 1  # the model was loaded once
+    assert alone[0] == 0.5 and batched[0] == 0.5
+    assert max(abs(a - b) for a, b in zip(alone[1], batched[1])) <= 1e-5
+    # the same score as the model read straight from its folder, on TRL's text
+    tok = AutoTokenizer.from_pretrained(reward_model)
+    model = AutoModelForSequenceClassification.from_pretrained(reward_model).eval()
+    text = tok.apply_chat_template(prompts[1] + completions[1], tokenize=False)
+    with torch.no_grad():
+        direct = float(model(**tok(text, return_tensors="pt", add_special_tokens=False)).logits[0, 0])
+    assert abs(batched[1][1] - direct) <= 1e-5
+    assert len(set(batched[1])) == 3  # different texts, different scores
+
+
+def test_campaign_scored_by_reward_model_and_trl_function(tmp_path, reward_model, prefect_harness, capsys):
+    """2 steps on the tiny Qwen2 folder: a reward model plus a TRL-style function that reads
+    completion_ids and trainer_state; the reward moves and every step is scored by both."""
+    from flows.commands.cli import main
+
+    policy = write_tiny_model_dir(tmp_path / "qwen2", "qwen2").path
+    rows = [{"prompt": f"Add {a} and {b}.", "answer": str(a + b)} for a in range(4) for b in range(4)]
+    for name, part in (("train", rows[:12]), ("eval", rows[12:])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    cfg = {"model": {"path": str(policy)},
+           "data": {"train_path": str(tmp_path / "train.jsonl"), "eval_path": str(tmp_path / "eval.jsonl")},
+           "reward": {"functions": [{"name": "trl_style_rewards:even_token_reward"}],
+                      "models": [{"path": str(reward_model), "weight": 0.5, "batch_size": 4, "max_length": 64}]},
+           "algorithm": {"batch_size": 16, "group_size": 4, "num_minibatches": 1},
+           "generation": {"max_new_tokens": 12}, "store": {"uri": str(tmp_path / "store")},
+           "invoker": {"kind": "inprocess"}, "steps": 2, "eval_every": 0}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    trl_style_rewards.SEEN.clear()
+    assert main(["train", "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "run")]) == 0, \
+        capsys.readouterr()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps_completed"] == 2
+    first, last = summary["reward_mean_first"], summary["reward_mean_last"]
+    print(f"reward {first:.4f} -> {last:.4f}")
+    # A random tiny policy has nothing to generalise from in one update, so "moves" is checked as:
+    # the reward changed, every group had a reward spread and the gradient was not zero.
+    assert last != first
+    assert all(s["frac_reward_zero_std"] < 1.0 and s["grad_norm"] > 0.0 for s in summary["steps"])
+    assert summary["warnings"] == []
+    assert all(s["frac_reward_none"] == 0.0 for s in summary["steps"])
+    seen = trl_style_rewards.SEEN
+    assert seen[0] == (0, 0.0, 0)  # the start-up check
+    assert {(s, e) for s, e, m in seen[1:] if m == 2} >= {(0, 0.0), (1, 4 / 12)}  # steps 0 and 1, 4 of 12 prompts a step
+
+    # the trained policy leaves the store: the exported folder gives the committed version's logits
+    from transformers import AutoModelForCausalLM
+
+    from actions.common.loading import load_model
+    from actions.common.store import open_store
+    from flows.campaign.state import load_state
+
+    capsys.readouterr()
+    assert main(["export", summary["run_id"], "--store", str(tmp_path / "store"), "--out", str(tmp_path / "hf")]) == 0
+    state = load_state(open_store(str(tmp_path / "store")), summary["run_id"])
+    stored, _, _ = load_model(ModelRef(store_uri=str(tmp_path / "store"), base_key=state.prepared.base_key,
+                                       policy_key=state.policy_key, policy_version=state.policy_version,
+                                       weights_sha256=state.weights_sha256, dtype="float32"))
+    ids = torch.tensor([[5, 17, 260, 3, 99]])
+    with torch.no_grad():
+        exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)(ids).logits
+        assert (exported - stored(ids).logits).abs().max().item() <= 1e-6
