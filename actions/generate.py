@@ -22,7 +22,7 @@ from actions.common.drafts import read_drafts
 from actions.common.loading import encode, store_for
 from actions.common.store import get_json, put_json
 from actions.engines.base import SampleSpec
-from actions.engines.factory import load_engine
+from actions.engines.factory import load_engine, take_engine_events
 from actions.engines.kv_bundle import load_bundle
 from actions.engines.speculative import Speculation
 from actions.tasks.stored import load_dataset, rows_for
@@ -100,6 +100,7 @@ def run_generate(req: GenerateRequest) -> GenerateResult:
         decode_steps=stats.decode_steps,
         kv_bundle_used=prefixes is not None,
         spec=stats.spec,
+        engine_events=take_engine_events(),
     )
 
 

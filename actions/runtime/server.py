@@ -9,7 +9,9 @@ This is the entrypoint of the runtime images (port 8080) and of every local warm
 * ``/run`` takes ``{"value": params, "action_name": "/ns/pkg/generate", "activation_id",
   "deadline", ...}``; the last path segment of ``action_name`` (or ``value["__action"]`` when
   no name is given) selects ``actions.<name>.main``. The reply is the action's JSON dict, with
-  an ``__activation`` block added: busy seconds, process id, image id, cold/warm.
+  an ``__activation`` block added: busy seconds, process id, image id, cold/warm, and the
+  generation engine the process holds built (``engine``: ``vllm`` or null), which the
+  invokers route generate and evaluate activations by.
 * Activations never overlap in one container (concurrency 1): a lock serialises ``/run``.
 * Every activation's logs end with the sentinel line on stdout and stderr so OpenWhisk
   collects them promptly.
@@ -134,7 +136,7 @@ class ActionRuntime:
                 if control.prewarm_model is not None:
                     # Also load the coming policy version and the action's code, so the
                     # activation skips both.
-                    loaded = _preload_model(control.prewarm_model, name)
+                    loaded = _preload_model(control.prewarm_model, name, control.prewarm_engine)
                 print(SENTINEL, flush=True)
                 print(SENTINEL, file=sys.stderr, flush=True)
                 return 200, {"ok": True, "prewarm": True, "model_loaded": loaded,
@@ -162,20 +164,34 @@ class ActionRuntime:
         return status, result
 
 
-def _preload_model(ref: dict[str, Any], action: str) -> bool:
-    """Import ``action``'s module and load a policy version into the warm cache; True if the
-    version was not there. Best effort."""
+def _preload_model(ref: dict[str, Any], action: str, engine: str = "torch") -> bool:
+    """Import ``action``'s module and load a policy version into the warm cache (torch), or
+    into the process's vLLM engine (``vllm``: built once, then each version pushed into it in
+    place, never a torch model beside it); True if the version was not there. Best effort."""
     try:
         from actions.common.contracts import ModelRef
         from actions.common.loading import configure_threads, load_model
 
         importlib.import_module(f"actions.{action}")
         configure_threads()
-        _, _, hit = load_model(ModelRef.model_validate(ref))
+        model = ModelRef.model_validate(ref)
+        if engine == "vllm":
+            from actions.engines.factory import load_engine
+
+            _, _, hit = load_engine("vllm", model)
+        else:
+            _, _, hit = load_model(model)
         return not hit
     except Exception:  # a pre-warm never fails the container; the activation loads it later
         traceback.print_exc()
         return False
+
+
+def _engine_built() -> str | None:
+    """``vllm`` when this process holds a built vLLM engine, else None (the torch engine is
+    the warm model cache, which the pool tracks by policy version). Never imports the engines."""
+    factory = sys.modules.get("actions.engines.factory")
+    return "vllm" if factory is not None and factory.vllm_engine_policy() is not None else None
 
 
 def _schedule_kill(delay_s: float) -> None:
@@ -196,7 +212,8 @@ def _activation_block(busy: float, start: float, cold: bool) -> dict[str, Any]:
     """The ``__activation`` control key the invokers move into an activation's accounting."""
     from actions.common.contracts import Control
 
-    block = {"busy_s": busy, "start": start, "pid": os.getpid(), "image": image_id(), "cold": cold}
+    block = {"busy_s": busy, "start": start, "pid": os.getpid(), "image": image_id(), "cold": cold,
+             "engine": _engine_built()}
     return Control(activation=block).to_payload()
 
 

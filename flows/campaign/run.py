@@ -25,7 +25,7 @@ from flows.step.phase import plan_generation_phase
 from flows.campaign.inputs import init_critic, prepare_inputs
 from flows.campaign.live_profile import finish_profiling, start_profiling
 from flows.invokers.factory import make_invoker, pool_size
-from flows.step.metrics import billing, planner_fidelity, step_metrics
+from flows.step.metrics import billing, engine_totals, planner_fidelity, step_metrics
 from flows.campaign.overhead import Background, StepClock, open_gate_when_running, quiet_step_flows
 from flows.campaign.prestart import FlowRunStarter
 from flows.planning.calibration import Calibration, calibrate
@@ -233,8 +233,12 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
         if state.step < cfg.steps and cfg.invoker.kind == "local":
             # The pool's workers exist already: each loads the policy and the generation code
             # now, so the first step's activations start warm (the later steps' pre-warm is
-            # planned from the call history, flows/step/phase.py).
-            invoker.prewarm("generate", num_workers, model=_model_ref(ctx, state).model_dump(mode="json"))
+            # planned from the call history, flows/step/phase.py). A vLLM engine costs seconds
+            # and a KV cache each: the version goes into the engines the profile and the
+            # evaluation built, and a new one starts only where there is none.
+            engine = cfg.generation.engine
+            invoker.prewarm("generate", num_workers if engine == "torch" else 1,
+                            model=_model_ref(ctx, state).model_dump(mode="json"), engine=engine)
         progress_id = start_progress(run_id, state.step, cfg.steps)
         clock = StepClock()
         with quiet_step_flows():
@@ -255,7 +259,8 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
                     # The next step generates with the version just trained: its workers load it
                     # while this step is committed and the next step's flow run starts.
                     warming = prewarm_in_background(invoker, "generate", int(last["actors/n"]),
-                                                    _model_ref(ctx, state).model_dump(mode="json"))
+                                                    _model_ref(ctx, state).model_dump(mode="json"),
+                                                    cfg.generation.engine)
                 if cfg.eval_every and state.step % cfg.eval_every == 0 or state.step == cfg.steps:
                     state.evals.append(_evaluate(ctx, state, clock))
                 last["timing_s/period"], last["timing_s/overhead"] = clock.close_period(last["timing_s/work"])
@@ -330,6 +335,7 @@ def summarize(state: CampaignState, wall: float) -> dict[str, Any]:
         "length_history": state.length_history,  # per prompt: [epoch, longest response of its group]
         "evals": [e.model_dump(mode="json") for e in state.evals],
         "planner_fidelity": planner_fidelity(steps),
+        "engine": engine_totals(steps, state.evals),
         "steps": steps,
     }
 

@@ -53,7 +53,8 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> StepOutcome:
     t0 = time.time()
     records: list[Activation] = []
     prewarm = PhasePrewarmer(ctx.invoker, t0=t0, offset_s=phase.prewarm_offset_s, action="generate",
-                             count=phase.plan.num_actors, model=inputs.model.model_dump(mode="json"))
+                             count=phase.plan.num_actors, model=inputs.model.model_dump(mode="json"),
+                             engine=ctx.config.generation.engine)
     prefill = None
     if phase.prefill and phase.prefill.prefix_len:
         prefill = _collect(invoke_action(action="prefill", payload=prefill_payload(ctx, inputs, phase),
