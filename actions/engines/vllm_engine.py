@@ -126,16 +126,18 @@ class VllmEngine:
         speculation: Any = None,
         top_k: int | None = None,
         top_p: float | None = None,
+        ignore_eos: bool = False,
     ) -> tuple[list[SampleOut], EngineStats]:
         """See ``base.GenerationEngine.generate``; ``prefixes`` and ``speculation`` are ignored
         (module docstring): vLLM's own speculative decoding is set when the engine is built.
-        ``top_k`` / ``top_p`` go to the noise processor, not to vLLM's sampler (which runs greedy)."""
+        ``top_k`` / ``top_p`` go to the noise processor, not to vLLM's sampler (which runs greedy).
+        ``ignore_eos``: every sample runs to ``max_new_tokens`` (the profiler's fixed-length runs)."""
         with self._lock:
             return self._generate(samples, seed, step, max_new_tokens, Sampler(temperature, top_k, top_p),
-                                  dedup, cut_after)
+                                  dedup, cut_after, ignore_eos)
 
     def _generate(self, samples: list[SampleSpec], seed: int, step: int, max_new_tokens: int,
-                  sampling: Sampler, dedup: bool, cut_after: int | None
+                  sampling: Sampler, dedup: bool, cut_after: int | None, ignore_eos: bool = False
                   ) -> tuple[list[SampleOut], EngineStats]:
         from vllm.inputs import TokensPrompt
 
@@ -150,6 +152,7 @@ class VllmEngine:
             rid = f"c{self._num_calls}-{i}"
             index[rid] = i
             params = self._params(s, seed, step, budget, sampling, dedup, streaming=cut_after is not None)
+            params.ignore_eos = ignore_eos
             self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=list(s.prompt_tokens + s.generated)),
                                             params)
         received, cached, num_steps = self._drive(samples, results, index, cut_after)

@@ -4,8 +4,8 @@
 generates, so it runs beside the rest of start-up (warm-up, the first evaluation);
 ``finish_profiling`` collects it into a ``LiveInputs``:
 
-- the TPOT profile: measured by the pool on this campaign's model, dtype, device, engine and
-  torch threads, or reused from the store's cache for exactly those (``source`` says which);
+- the TPOT profile: measured by the pool on this campaign's model, dtype, device, engine (torch,
+  or vLLM with the time a new version takes to reach its running engine) and torch threads, or reused from the store's cache for exactly those (``source`` says which);
   an explicit ``scaling.profile`` file wins over both (``file``);
 - the locality model: weight bytes as published, KV bytes per token from the model config and
   the store's read throughput as the pool measured it, so the planner's transfer times are
@@ -48,15 +48,18 @@ class LiveInputs:
     threads: int = 1
     """Torch threads of one action (a generation action occupies this many cores)."""
     activation_s: float = 0.0
-    """Median round trip of an empty activation through the flow's task path (seconds)."""
+    """Fixed seconds of a generation action: the median round trip of an empty activation
+    through the flow's task path, plus ``weight_push_s``."""
     profile_key: str = ""
+    weight_push_s: float = 0.0
+    """The vLLM engine's measured push of a new policy version into it (0: torch engine)."""
 
     def describe(self) -> dict[str, Any]:
         """The summary's ``profile`` entry."""
         return {"name": self.profile.name, "source": self.source, "key": self.profile_key,
                 "weight_bytes": self.weight_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
                 "store_read_bytes_per_s": self.transfer_bandwidth_bytes_per_s, "threads": self.threads,
-                "activation_s": self.activation_s}
+                "activation_s": self.activation_s, "weight_push_s": self.weight_push_s}
 
 
 def profile_grid(group_size: int, batch_size: int, prompt_lengths: list[int],
@@ -83,20 +86,18 @@ def profile_request(ctx: RunContext, model: ModelRef, prompt_lengths: list[int])
     cfg = ctx.config
     batches, contexts = profile_grid(cfg.algorithm.group_size, cfg.algorithm.batch_size, prompt_lengths,
                                      cfg.generation.max_new_tokens)
-    return ProfileRequest(model=model, batch_sizes=batches, contexts=contexts,
+    return ProfileRequest(model=model, engine=cfg.generation.engine, batch_sizes=batches, contexts=contexts,
                           measure_grid=not cfg.scaling.profile, threads=generation_threads(cfg))
 
 
 def start_profiling(ctx: RunContext, model: ModelRef,
                     tokens: Mapping[int, PromptTokens]) -> tuple[Any, ProfileRequest] | None:
-    """Submit the profile action (None when the engine has no profiler). ``tokens``: the
+    """Submit the profile action (for the campaign's engine, torch or vllm). ``tokens``: the
     prepared token table (prompt lengths)."""
     from prefect.context import FlowRunContext
 
     from flows.step.invoke import invoke_action  # Prefect task; keeps this module importable alone
 
-    if ctx.config.generation.engine != "torch":
-        return None
     lengths = [len(_prompt(t)) for t in tokens.values()]
     req = profile_request(ctx, model, lengths)
     kwargs = dict(action="profile", payload=req.model_dump(mode="json"), shard="profile")
@@ -138,13 +139,18 @@ def finish_profiling(ctx: RunContext, started: tuple[Any, ProfileRequest] | None
             profile = TpotProfile.from_dict(result.profile)
         source = result.source
     activation_s = measure_activation_s()
+    push_s = float(result.profile.get("weight_push_s", 0.0)) if source != "file" else 0.0
     progress(f"profile: {source} {profile.name} ({result.profile_key}); store reads "
              f"{result.store_read_bytes_per_s / 1e6:.0f} MB/s, weights {result.weight_bytes / 1e6:.1f} MB, "
-             f"activation round trip {activation_s * 1e3:.0f} ms")
+             f"activation round trip {activation_s * 1e3:.0f} ms"
+             + (f", weight push {push_s * 1e3:.0f} ms" if push_s else ""))
+    # A generation action on a warm vLLM engine pays the push of the step's version into it
+    # (when no pre-warm did it first): a fixed cost per action, as the round trip is.
     return LiveInputs(profile, source, weight_bytes=float(result.weight_bytes),
                       kv_bytes_per_token=float(result.kv_bytes_per_token),
                       transfer_bandwidth_bytes_per_s=result.store_read_bytes_per_s,
-                      threads=result.facts.threads, activation_s=activation_s, profile_key=result.profile_key)
+                      threads=result.facts.threads, activation_s=activation_s + push_s, profile_key=result.profile_key,
+                      weight_push_s=push_s)
 
 
 def measure_activation_s(repeats: int = 5) -> float:
