@@ -8,7 +8,8 @@ This is the entrypoint of the runtime images (port 8080) and of every local warm
   is refused, as the contract requires.
 * ``/run`` takes ``{"value": params, "action_name": "/ns/pkg/generate", "activation_id",
   "deadline", ...}``; the last path segment of ``action_name`` (or ``value["__action"]`` when
-  no name is given) selects ``actions.<name>.main``. The reply is the action's JSON dict, with
+  no name is given, or when it names an action allowed in that one's containers:
+  ``ENGINE_GUESTS``) selects ``actions.<name>.main``. The reply is the action's JSON dict, with
   an ``__activation`` block added: busy seconds, process id, image id, cold/warm, and the
   generation engine the process holds built (``engine``: ``vllm`` or null), which the
   invokers route generate and evaluate activations by.
@@ -58,6 +59,10 @@ from actions.common.errors import describe_crash
 SENTINEL = "XXX_THE_END_OF_A_WHISK_ACTIVATION_XXX"
 ACTION_NAMES = frozenset({"prepare", "prefill", "generate", "score", "train_step", "warmup", "evaluate", "profile",
                           "init_critic", "noop"})
+ENGINE_GUESTS = {"generate": frozenset({"evaluate"})}
+"""Action -> the actions that may run in its containers when the request says so
+(``__action``): an evaluation on the vLLM engine runs where the generation engine is built
+(``flows/invokers/openwhisk/invoker.py``: ``ENGINE_HOSTS``), never beside a second one."""
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 """Generous: payloads carry object-store keys, not data (OpenWhisk itself caps them at ~1 MB)."""
 
@@ -219,7 +224,8 @@ def _activation_block(busy: float, start: float, cold: bool) -> dict[str, Any]:
 
 def _action_name(body: dict[str, Any], control: Any) -> str:
     full = body.get("action_name") or control.action or ""
-    return str(full).rstrip("/").split("/")[-1]
+    name = str(full).rstrip("/").split("/")[-1]
+    return control.action if control.action in ENGINE_GUESTS.get(name, ()) else name
 
 
 def _export_context(body: dict[str, Any]) -> None:
