@@ -22,8 +22,11 @@ Run it in the ``make test-vllm`` environment (the vLLM half is skipped elsewhere
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,17 +38,18 @@ SHAPE = ["model.hidden_size=128", "model.num_heads=2"]
 
 
 def run(engine: str, steps: int, extra: list[str], root: Path) -> tuple[dict[str, Any], dict[str, int], float]:
-    """(summary, engine starts per worker log, wall seconds) of one campaign."""
-    from flows.campaign.run import run_campaign
-    from flows.config import load_config
-
-    cfg = load_config(None, [*SHAPE, f"generation.engine={engine}", f"steps={steps}", f"store.uri={root / 'store'}",
-                             f"invoker.log_dir={root / 'logs'}", f"run_id=bench-{engine}", *extra])
+    """(summary, engine starts per worker log, wall seconds) of one campaign, run as a user
+    runs it: ``rlhfless train`` in a child process (its own embedded Prefect server)."""
+    sets = [*SHAPE, f"generation.engine={engine}", f"store.uri={root / 'store'}", f"run_id=bench-{engine}", *extra]
+    argv = [sys.executable, "-m", "flows.commands.cli", "train", "--steps", str(steps), "--out", str(root / "out")]
+    for item in sets:
+        argv += ["--set", item]
     t0 = time.perf_counter()
-    summary = run_campaign(cfg, progress=lambda m: None)
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
+    summary = json.loads((root / "out" / "summary.json").read_text())
     starts = {log.stem: len(re.findall(r"vllm engine started", log.read_text()))
-              for log in sorted((root / "logs").glob("worker-*.log"))}
+              for log in sorted((root / "out" / "logs").glob("worker-*.log"))}
     return summary, starts, wall
 
 
