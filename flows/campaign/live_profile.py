@@ -4,8 +4,8 @@
 generates, so it runs beside the rest of start-up (warm-up, the first evaluation);
 ``finish_profiling`` collects it into a ``LiveInputs``:
 
-- the TPOT profile: measured by the pool on this campaign's model, dtype, device, engine (torch,
-  or vLLM with the time a new version takes to reach its running engine) and torch threads, or reused from the store's cache for exactly those (``source`` says which);
+- the TPOT profile: measured by the pool on this campaign's model, dtype, device, engine and
+  torch threads, or reused from the store's cache for exactly those (``source`` says which);
   an explicit ``scaling.profile`` file wins over both (``file``);
 - the locality model: weight bytes as published, KV bytes per token from the model config and
   the store's read throughput as the pool measured it, so the planner's transfer times are
@@ -20,46 +20,18 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from actions.common.contracts import ModelRef, PromptTokens
 from actions.common.profile_cache import ProfileRequest, ProfileResult
 from flows.step.context import RunContext
+from flows.step.live_inputs import LiveInputs  # noqa: F401 (re-exported: set-up builds it here)
 from flows.planning.tpot import CPU_TINY_PROFILE, TpotProfile
 
 if TYPE_CHECKING:
     from flows.step.invoke import Returned
 
 Progress = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class LiveInputs:
-    """What the hook plans from (``flows/step/phase.py``)."""
-
-    profile: TpotProfile
-    source: str
-    """``measured`` | ``cached`` (this store's profile for the same facts) | ``file``
-    (``scaling.profile``) | ``built-in`` (no profiler for the engine)."""
-    weight_bytes: float = 0.0
-    kv_bytes_per_token: float = 0.0
-    transfer_bandwidth_bytes_per_s: float = float("inf")
-    threads: int = 1
-    """Torch threads of one action (a generation action occupies this many cores)."""
-    activation_s: float = 0.0
-    """Fixed seconds of a generation action: the median round trip of an empty activation
-    through the flow's task path, plus ``weight_push_s``."""
-    profile_key: str = ""
-    weight_push_s: float = 0.0
-    """The vLLM engine's measured push of a new policy version into it (0: torch engine)."""
-
-    def describe(self) -> dict[str, Any]:
-        """The summary's ``profile`` entry."""
-        return {"name": self.profile.name, "source": self.source, "key": self.profile_key,
-                "weight_bytes": self.weight_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
-                "store_read_bytes_per_s": self.transfer_bandwidth_bytes_per_s, "threads": self.threads,
-                "activation_s": self.activation_s, "weight_push_s": self.weight_push_s}
 
 
 def profile_grid(group_size: int, batch_size: int, prompt_lengths: list[int],
@@ -92,7 +64,7 @@ def profile_request(ctx: RunContext, model: ModelRef, prompt_lengths: list[int])
 
 def start_profiling(ctx: RunContext, model: ModelRef,
                     tokens: Mapping[int, PromptTokens]) -> tuple[Any, ProfileRequest] | None:
-    """Submit the profile action (for the campaign's engine, torch or vllm). ``tokens``: the
+    """Submit the profile action (None when the engine has no profiler). ``tokens``: the
     prepared token table (prompt lengths)."""
     from prefect.context import FlowRunContext
 
@@ -196,7 +168,7 @@ def generation_threads(cfg: Any) -> int | None:
 
 
 def pool_cores(cfg: Any) -> int:
-    """Cores the local pool's activations share (``invoker.num_cores``, 0: this process's)."""
-    from flows.invokers.cores import available_cores
+    """Cores the local pool's activations share (``flows/invokers/cores.py``)."""
+    from flows.invokers import cores
 
-    return cfg.invoker.num_cores or available_cores()
+    return cores.pool_cores(cfg)
