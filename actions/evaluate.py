@@ -14,7 +14,7 @@ from actions.common.contracts import EvaluateRequest, EvaluateResult
 from actions.common.loading import encode, store_for
 from actions.common.store import put_json
 from actions.engines.base import SampleSpec
-from actions.engines.factory import load_engine
+from actions.engines.factory import load_engine, take_engine_events
 from actions.tasks.rewards import is_best
 from actions.tasks.rewards.model_scoring import score_completions
 from actions.tasks.stored import load_dataset
@@ -36,7 +36,8 @@ def run_evaluate(req: EvaluateRequest) -> EvaluateResult:
               "items": [{"prompt_id": r.prompt_id, "completion": t, "correct": c}
                         for r, t, c in zip(rows, texts, correct)]})
     return EvaluateResult(accuracy=sum(correct) / len(rows), mean_length=sum(len(o.tokens) for o in outs) / len(rows),
-                          num_prompts=len(rows), reward_mean=sum(rewards.total) / len(rows))
+                          num_prompts=len(rows), reward_mean=sum(rewards.total) / len(rows),
+                          engine_events=take_engine_events())
 
 
 def main(args: dict) -> dict:

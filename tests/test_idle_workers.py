@@ -12,6 +12,8 @@ from flows.invokers.idle import IdleWorkers, affinity, held_policy, request_poli
 class W:
     name: str
     warm: dict[str, str | None] = field(default_factory=dict)
+    engine: str | None = None
+    engine_policy: str | None = None
 
 
 def test_an_activation_goes_where_its_action_left_its_policy_version():
@@ -83,3 +85,42 @@ def test_an_activation_stops_waiting_for_a_prewarm_after_warming_wait_s():
     idle.put(b)
     assert idle.take_to_warm("generate", "v1", 1) == [a]
     assert idle.take("generate", "v1") is b  # after 0.2 s: the pre-warm may hang, the activation goes on
+
+
+def test_a_vllm_request_goes_to_a_built_engine_ahead_of_a_worker_that_only_read_the_version():
+    read_it = W("r", {"generate": "v2"})  # pre-warmed for v2 into a torch model: no engine
+    engine_old = W("e", {"evaluate": "v1"}, engine="vllm", engine_policy="v1")  # built by an evaluation
+    idle: IdleWorkers[W] = IdleWorkers()
+    for w in (read_it, engine_old):
+        idle.put(w)
+    assert affinity(engine_old, "generate", "v2", "vllm") == 3 and affinity(read_it, "generate", "v2", "vllm") == 2
+    assert idle.take("generate", "v2", "vllm") is engine_old  # a push beats a second engine start
+    idle.put(engine_old)
+    assert idle.take("generate", "v2") is read_it  # the torch engine keeps the version rule
+    engine_old.engine_policy = "v2"
+    assert idle.take("evaluate", "v2", "vllm") is engine_old  # evaluate shares generate's engine
+
+
+def test_a_request_without_an_engine_leaves_engine_workers_free():
+    engine = W("e", engine="vllm", engine_policy="v1")
+    plain = W("p")
+    idle: IdleWorkers[W] = IdleWorkers()
+    idle.put(engine)  # idle longest, but it holds the engine
+    idle.put(plain)
+    assert idle.take("score", "v1") is plain
+
+
+def test_a_vllm_prewarm_pushes_into_every_idle_engine_and_starts_only_what_count_lacks():
+    fresh = [W(f"f{i}") for i in range(3)]
+    engines = [W("e1", engine="vllm", engine_policy="v1"), W("e2", engine="vllm", engine_policy="v1")]
+    holder = W("h", engine="vllm", engine_policy="v2")
+    idle: IdleWorkers[W] = IdleWorkers()
+    for w in (*fresh, *engines, holder):
+        idle.put(w)
+    taken = idle.take_to_warm("generate", "v2", 1, "vllm")
+    assert taken == engines  # stale engines get the push; the holder already counts: no new engine
+    for w in taken:
+        w.engine_policy = "v2"
+        idle.put(w, warmed=("vllm", "v2"))
+    more = idle.take_to_warm("generate", "v2", 4, "vllm")
+    assert more == [fresh[0]]  # three engines hold v2: one start for the fourth

@@ -374,3 +374,20 @@ def test_client_imports_without_torch():
     """flows never import torch; checked in a clean interpreter."""
     code = "import flows.invokers.openwhisk, flows.commands.deploy, sys; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+# ---------------------------------------------------------------------------- the vLLM engine's containers
+def test_a_vllm_evaluation_runs_in_the_generate_containers(ow_emulator: OpenWhiskEmulator, client: OpenWhiskClient):
+    put_action(client, "generate", timeout_ms=120_000)  # a cold container imports torch first
+    put_action(client, "evaluate", timeout_ms=120_000)
+    invoker = OpenWhiskInvoker(client, package="rlhfless", timeout_s=120.0)
+    # An incomplete request: the evaluate action refuses it, which shows which action ran where.
+    with pytest.raises(ActionError, match=r"EvaluateRequest\.model: field required") as vllm:
+        invoker.invoke("evaluate", {"engine": "vllm"})
+    assert vllm.value.action == "evaluate"
+    assert ow_emulator.pool.warm("rlhfless/generate") == 1 and ow_emulator.pool.warm("rlhfless/evaluate") == 0
+    with pytest.raises(ActionError, match=r"EvaluateRequest\.model: field required"):
+        invoker.invoke("evaluate", {"engine": "torch"})  # the torch engine: its own containers
+    assert ow_emulator.pool.warm("rlhfless/evaluate") == 1
+    with pytest.raises(ActionError, match=r"GenerateRequest\.model"):  # only evaluate may be a guest
+        invoker.invoke("generate", {"engine": "vllm", "__action": "score"})

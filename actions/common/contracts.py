@@ -135,6 +135,20 @@ class GenerateRequest(_Msg):
     output_key: str
 
 
+class EngineEvents(_Msg):
+    """What a worker process spent on its generation engine since its previous report: vLLM
+    engine starts and in-place weight pushes (``actions/engines/factory.py``). The torch engine
+    wraps the warm model cache and reports none. Events of a pre-warm or a profile ride on the
+    next generate or evaluate result of the same process, so none is lost or counted twice."""
+
+    starts: int = Field(0, ge=0)
+    start_s: float = Field(0.0, ge=0)
+    """Seconds spent building engines (the engine's own start, weights included)."""
+    pushes: int = Field(0, ge=0)
+    push_s: float = Field(0.0, ge=0)
+    """Seconds spent pushing new policy versions into a running engine (read, reload, cache reset)."""
+
+
 class GenerateResult(_Msg):
     shard: str
     """The request's ``shard``: the flow's name for this slice of the step (``gen-3``, ``cont-0``)."""
@@ -150,6 +164,7 @@ class GenerateResult(_Msg):
     kv_bundle_used: bool = False
     spec: dict[str, Any] | None = None
     """Speculative decoding counters (``speculative.SpecStats.to_dict``); None: decoded plainly."""
+    engine_events: EngineEvents = EngineEvents()
     kv_cache: str = "dynamic"
     """The plain decode path that ran: ``dynamic``, ``static`` or ``static+graphs``."""
     graph_captures: int = 0
@@ -267,6 +282,7 @@ class EvaluateResult(_Msg):
     mean_length: float
     num_prompts: int
     reward_mean: float = 0.0
+    engine_events: EngineEvents = EngineEvents()
 
 
 # ----------------------------------------------------------------------------- prepare
@@ -364,6 +380,9 @@ class Control(BaseModel):
     prewarm_hold_s: float = Field(0.0, alias="__prewarm_hold_s")
     prewarm_model: dict[str, Any] | None = Field(None, alias="__prewarm_model")
     """A ``ModelRef`` as JSON: the policy version a pre-warmed container loads."""
+    prewarm_engine: Literal["torch", "vllm"] = Field("torch", alias="__prewarm_engine")
+    """The engine the pre-warm loads ``prewarm_model`` into: ``torch`` (the warm model cache) or
+    ``vllm`` (build the process's vLLM engine, or push the version into the running one)."""
     activation: dict[str, Any] | None = Field(None, alias="__activation")
     """Result side: the runtime's record of the activation (busy time, pid, image, cold)."""
     warm: WarmCounts | None = Field(None, alias="__warm")

@@ -35,8 +35,8 @@ class ProfileRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     model: ModelRef
-    engine: Literal["torch"] = "torch"
-    """Only the torch engine has a profiler (``actions.engines.profiling``)."""
+    engine: Literal["torch", "vllm"] = "torch"
+    """The engine measured (``actions.engines.profiling``, ``actions.engines.vllm_profiling``)."""
     batch_sizes: list[int] = Field(min_length=2)
     contexts: list[int] = Field(min_length=2)
     prefill_shape: tuple[int, int] = (16, 64)

@@ -10,6 +10,12 @@ while the container stays warm:
   (store, base model) and a new policy version is pushed into it with ``load_policy`` (which
   also resets its prefix cache). A different base model shuts the old engine down first:
   each engine reserves its own KV-cache memory. A miss is always correct, just slower.
+  Generate and evaluate share this one engine, and a pre-warm (``actions/runtime/server.py``)
+  builds it or pushes the coming version into it.
+
+Every engine start and weight push is timed and counted (``take_engine_events``): the next
+generate or evaluate result of the process reports them (``EngineEvents``), so the step's
+metrics show what keeping the engine warm saved or failed to save.
 """
 
 from __future__ import annotations
@@ -18,13 +24,14 @@ import atexit
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from actions.common.contracts import ModelRef
+from actions.common.contracts import EngineEvents, ModelRef
 from actions.common.loading import load_base, load_model, store_for
 from actions.common.safe_paths import write_beneath
 from actions.common.special_tokens import special_tokens, special_tokens_of_dir
@@ -80,6 +87,29 @@ class _VllmSlot:
 
 
 _vllm = _VllmSlot()
+_events_lock = threading.Lock()
+_events = {"starts": 0, "start_s": 0.0, "pushes": 0, "push_s": 0.0}
+
+
+def _record(kind: str, seconds: float) -> None:
+    """Count one ``start`` or ``push`` that took ``seconds``."""
+    with _events_lock:
+        _events["starts" if kind == "start" else "pushes"] += 1
+        _events[f"{kind}_s"] += seconds
+
+
+def take_engine_events() -> EngineEvents:
+    """The engine starts and weight pushes of this process since the previous call."""
+    with _events_lock:
+        events = EngineEvents(**_events)
+        _events.update(starts=0, start_s=0.0, pushes=0, push_s=0.0)
+    return events
+
+
+def vllm_engine_policy() -> str | None:
+    """The policy key the process's vLLM engine holds; None when no engine is built."""
+    with _vllm.lock:
+        return _vllm.policy[0] if _vllm.engine is not None and _vllm.policy else None
 
 
 def load_engine(kind: str, ref: ModelRef, *, kv_cache: str = "static", cuda_graphs: str = "auto",
@@ -96,9 +126,11 @@ def load_engine(kind: str, ref: ModelRef, *, kv_cache: str = "static", cuda_grap
         base = (ref.store_uri, ref.base_key)
         if _vllm.base == base and _vllm.policy == (ref.policy_key, ref.weights_sha256):
             return _vllm.engine, _vllm.tokenizer, True
+        t0 = time.perf_counter()
         tensors, _ = load_tensors(store_for(ref.store_uri), ref.policy_key, expected_sha256=ref.weights_sha256)
         if _vllm.base == base:
             _vllm.engine.load_policy(tensors, ref.policy_version)
+            _record("push", time.perf_counter() - t0)
         else:
             _vllm.close()
             _vllm.model_dir = write_model_dir(load_base(ref.store_uri, ref.base_key), tensors)
@@ -108,6 +140,9 @@ def load_engine(kind: str, ref: ModelRef, *, kv_cache: str = "static", cuda_grap
             _vllm.engine = make_engine("vllm", None, _vllm.tokenizer, model_dir=_vllm.model_dir,
                                        policy_version=ref.policy_version)
             _vllm.base = base
+            _record("start", time.perf_counter() - t0)
+            print(f"[rlhfless] vllm engine started in {time.perf_counter() - t0:.2f} s "
+                  f"(policy v{ref.policy_version})", flush=True)
         _vllm.policy = (ref.policy_key, ref.weights_sha256)
         return _vllm.engine, _vllm.tokenizer, False
 

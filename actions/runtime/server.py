@@ -8,8 +8,11 @@ This is the entrypoint of the runtime images (port 8080) and of every local warm
   is refused, as the contract requires.
 * ``/run`` takes ``{"value": params, "action_name": "/ns/pkg/generate", "activation_id",
   "deadline", ...}``; the last path segment of ``action_name`` (or ``value["__action"]`` when
-  no name is given) selects ``actions.<name>.main``. The reply is the action's JSON dict, with
-  an ``__activation`` block added: busy seconds, process id, image id, cold/warm.
+  no name is given, or when it names an action allowed in that one's containers:
+  ``ENGINE_GUESTS``) selects ``actions.<name>.main``. The reply is the action's JSON dict, with
+  an ``__activation`` block added: busy seconds, process id, image id, cold/warm, and the
+  generation engine the process holds built (``engine``: ``vllm`` or null), which the
+  invokers route generate and evaluate activations by.
 * Activations never overlap in one container (concurrency 1): a lock serialises ``/run``.
 * Every activation's logs end with the sentinel line on stdout and stderr so OpenWhisk
   collects them promptly.
@@ -57,6 +60,10 @@ from actions.runtime.request_auth import REPLY_HEADER, NonceCheck, reply_mac
 SENTINEL = "XXX_THE_END_OF_A_WHISK_ACTIVATION_XXX"
 ACTION_NAMES = frozenset({"prepare", "prefill", "generate", "score", "train_step", "warmup", "evaluate", "profile",
                           "init_critic", "noop"})
+ENGINE_GUESTS = {"generate": frozenset({"evaluate"})}
+"""Action -> the actions that may run in its containers when the request says so
+(``__action``): an evaluation on the vLLM engine runs where the generation engine is built
+(``flows/invokers/openwhisk/invoker.py``: ``ENGINE_HOSTS``), never beside a second one."""
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 """Generous: payloads carry object-store keys, not data (OpenWhisk itself caps them at ~1 MB)."""
 
@@ -139,7 +146,7 @@ class ActionRuntime:
                 if control.prewarm_model is not None:
                     # Also load the coming policy version and the action's code, so the
                     # activation skips both.
-                    loaded = _preload_model(control.prewarm_model, name)
+                    loaded = _preload_model(control.prewarm_model, name, control.prewarm_engine)
                 print(SENTINEL, flush=True)
                 print(SENTINEL, file=sys.stderr, flush=True)
                 return 200, {"ok": True, "prewarm": True, "model_loaded": loaded,
@@ -167,20 +174,34 @@ class ActionRuntime:
         return status, result
 
 
-def _preload_model(ref: dict[str, Any], action: str) -> bool:
-    """Import ``action``'s module and load a policy version into the warm cache; True if the
-    version was not there. Best effort."""
+def _preload_model(ref: dict[str, Any], action: str, engine: str = "torch") -> bool:
+    """Import ``action``'s module and load a policy version into the warm cache (torch), or
+    into the process's vLLM engine (``vllm``: built once, then each version pushed into it in
+    place, never a torch model beside it); True if the version was not there. Best effort."""
     try:
         from actions.common.contracts import ModelRef
         from actions.common.loading import configure_threads, load_model
 
         importlib.import_module(f"actions.{action}")
         configure_threads()
-        _, _, hit = load_model(ModelRef.model_validate(ref))
+        model = ModelRef.model_validate(ref)
+        if engine == "vllm":
+            from actions.engines.factory import load_engine
+
+            _, _, hit = load_engine("vllm", model)
+        else:
+            _, _, hit = load_model(model)
         return not hit
     except Exception:  # a pre-warm never fails the container; the activation loads it later
         traceback.print_exc()
         return False
+
+
+def _engine_built() -> str | None:
+    """``vllm`` when this process holds a built vLLM engine, else None (the torch engine is
+    the warm model cache, which the pool tracks by policy version). Never imports the engines."""
+    factory = sys.modules.get("actions.engines.factory")
+    return "vllm" if factory is not None and factory.vllm_engine_policy() is not None else None
 
 
 def _schedule_kill(delay_s: float) -> None:
@@ -201,13 +222,15 @@ def _activation_block(busy: float, start: float, cold: bool) -> dict[str, Any]:
     """The ``__activation`` control key the invokers move into an activation's accounting."""
     from actions.common.contracts import Control
 
-    block = {"busy_s": busy, "start": start, "pid": os.getpid(), "image": image_id(), "cold": cold}
+    block = {"busy_s": busy, "start": start, "pid": os.getpid(), "image": image_id(), "cold": cold,
+             "engine": _engine_built()}
     return Control(activation=block).to_payload()
 
 
 def _action_name(body: dict[str, Any], control: Any) -> str:
     full = body.get("action_name") or control.action or ""
-    return str(full).rstrip("/").split("/")[-1]
+    name = str(full).rstrip("/").split("/")[-1]
+    return control.action if control.action in ENGINE_GUESTS.get(name, ()) else name
 
 
 def _export_context(body: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ from flows.campaign.state import CampaignState
 from flows.campaign.trackers import Trackers
 from flows.config import CampaignConfig
 from flows.planning.record import StepRecord
-from flows.step.metrics import planner_fidelity
+from flows.step.metrics import engine_totals, planner_fidelity
 
 Progress = Callable[[str], None]
 
@@ -88,5 +88,6 @@ def summarize(state: CampaignState, wall: float) -> dict[str, Any]:
         "length_history": state.length_history,  # per prompt: [epoch, longest response of its group]
         "evals": [e.model_dump(mode="json") for e in state.evals],
         "planner_fidelity": planner_fidelity(steps),
+        "engine": engine_totals(steps, state.evals),
         "steps": steps,
     }

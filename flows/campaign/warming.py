@@ -23,17 +23,21 @@ class PoolWarming:
     def __init__(self, cfg: CampaignConfig, invoker: Invoker, num_workers: int) -> None:
         self.on = cfg.invoker.kind == "local"
         self.invoker, self.num_workers = invoker, num_workers
+        self.engine = cfg.generation.engine
         self.thread: threading.Thread | None = None  # the next step's policy, loading in generation workers
 
     def before_first_step(self, model: dict[str, Any]) -> None:
-        """Every worker loads ``model`` (a ``ModelRef`` as JSON) now, synchronously."""
+        """Every worker loads ``model`` (a ``ModelRef`` as JSON) now, synchronously. A vLLM
+        engine costs seconds and a KV cache each: the version goes into the engines set-up
+        built (the profile's, the evaluation's), and one starts only where there is none."""
         if self.on:
-            self.invoker.prewarm("generate", self.num_workers, model=model)
+            self.invoker.prewarm("generate", self.num_workers if self.engine == "torch" else 1, model=model,
+                                 engine=self.engine)
 
     def before_next_step(self, fan_out: int, model: dict[str, Any]) -> None:
         """``fan_out`` workers load ``model`` in the background."""
         if self.on:
-            self.thread = prewarm_in_background(self.invoker, "generate", fan_out, model)
+            self.thread = prewarm_in_background(self.invoker, "generate", fan_out, model, self.engine)
 
     def join(self) -> None:
         if self.thread is not None:

@@ -124,9 +124,11 @@ def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool,
     store = open_store(cfg.store.uri)  # an unreachable endpoint, bad credentials or a missing bucket fail here
     run_id = cfg.resolved_run_id()
     check_not_held(store, run_id, break_lease=break_lease)
+    from actions.engines.preflight import check_engine
     from actions.prepare import validate_inputs
 
     validate_inputs(cfg)
+    check_engine(cfg, local_actions=cfg.invoker.kind != "openwhisk")
     checks = [("--out", out), ("--summary", summary_path.parent)]
     if cfg.invoker.kind == "local" and cfg.invoker.log_dir:
         checks.append(("invoker.log_dir", Path(cfg.invoker.log_dir)))
@@ -199,6 +201,10 @@ def _train(args: argparse.Namespace) -> int:
     if fid.get("steps"):
         print(f"planner predicted vs measured generation actions' phase: median relative error "
               f"{fid['median_relative_error']:+.1%} over {fid['steps']} steps")
+    engine = summary.get("engine") or {}
+    if engine.get("starts") or engine.get("weight_pushes"):
+        print(f"vLLM engine: {engine['starts']:.0f} started ({engine['start_s']:.1f} s), "
+              f"{engine['weight_pushes']:.0f} versions pushed in place ({engine['weight_push_s']:.2f} s)")
     print(summary_path)
     return 0
 

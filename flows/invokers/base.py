@@ -89,11 +89,13 @@ class Invoker(Protocol):
             ActionError: the action returned an error or could not be run.
         """
 
-    def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None) -> int:
+    def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None,
+                engine: str = "torch") -> int:
         """Make ``count`` containers for ``action`` warm ahead of use; returns how many
         were started now (already-warm ones are not counted). With ``model`` (a ``ModelRef``
         as JSON) each container also loads that policy version, so the activation that
-        follows finds the weights in memory."""
+        follows finds the weights in memory: into the warm model cache (``engine`` torch) or
+        into the container's vLLM engine (``vllm``: built once, then pushed into in place)."""
 
     def close(self) -> None:
         """Release workers and connections."""

@@ -58,7 +58,8 @@ class ChildProcessInvoker:
         return Activation(action=action, activation_id=uuid.uuid4().hex, result=result, submitted_at=started,
                           started_at=started, ended_at=ended, busy_s=ended - started, worker="child", gpus=0)
 
-    def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None) -> int:
+    def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None,
+                engine: str = "torch") -> int:
         return 0  # every activation starts its own process
 
     def close(self) -> None:

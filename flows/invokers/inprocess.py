@@ -47,7 +47,8 @@ class InProcessInvoker:
         return Activation(action=action, activation_id=uuid.uuid4().hex, result=result, submitted_at=submitted,
                           started_at=started, ended_at=ended, busy_s=ended - started, worker="inprocess")
 
-    def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None) -> int:
+    def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None,
+                engine: str = "torch") -> int:
         return 0  # this process is the only container, and it is always warm
 
     def close(self) -> None:

@@ -4,8 +4,8 @@ Each worker runs ``python -m actions.runtime.server`` (the runtime images' entry
 free loopback port, gets one ``/init``, then serves ``/run`` one activation at a time and
 keeps models loaded between activations, like a warm OpenWhisk container. An invocation takes
 an idle worker (waiting when all are busy, which is the queue time it reports), preferring one
-whose warm state serves it (``flows/invokers/idle.py``: the policy version it holds, the action
-it ran last), posts ``/run`` and records the accounting.
+whose warm state serves it (``flows/invokers/idle.py``: a built vLLM engine for a vLLM request,
+the policy version it holds, the action it ran last), posts ``/run`` and records the accounting.
 
 Security and lifetime (``actions.runtime.lifeline``):
 
@@ -52,7 +52,7 @@ from actions.runtime.server import DEFAULT_MAX_BODY_BYTES
 from actions.common.contracts import Control, take_activation
 from flows.invokers.base import ActionError, Activation
 from flows.invokers.cores import MKL_REPRODUCIBLE, CoreShare
-from flows.invokers.idle import IdleWorkers, held_policy, ref_policy, request_policy
+from flows.invokers.idle import IdleWorkers, held_policy, ref_policy, request_engine, request_policy
 
 
 KEEPALIVE_EXPIRY_S = 5.0
@@ -72,6 +72,10 @@ class _Worker:
     num_runs: int = 0
     warm: dict[str, str | None] = field(default_factory=dict)
     """Action -> the policy version it left this worker holding (``flows/invokers/idle.py``)."""
+    engine: str | None = None
+    """The generation engine built in this worker (``vllm``; its runtime says so after each call)."""
+    engine_policy: str | None = None
+    """The policy version that engine holds."""
 
 
 class UnauthenticatedReply(Exception):
@@ -85,6 +89,16 @@ def _exit_text(proc: subprocess.Popen) -> str:
     if code < 0:
         return f"killed by {signal.Signals(-code).name}"
     return f"exited with code {code}"
+
+
+def _note_engine(worker: _Worker, meta: dict[str, Any], policy: str | None) -> None:
+    """Record what the worker's runtime said about its engine (``meta``: its activation block)
+    and, when the call loaded ``policy`` into that engine, the version it holds now."""
+    worker.engine = meta.get("engine")
+    if worker.engine is None:
+        worker.engine_policy = None
+    elif policy is not None:
+        worker.engine_policy = policy
 
 
 class LocalPoolInvoker:
@@ -203,7 +217,8 @@ class LocalPoolInvoker:
 
     def invoke(self, action: str, payload: dict[str, Any], *, timeout_s: float | None = None) -> Activation:
         submitted = time.time()
-        worker = self._idle.take(action, request_policy(payload))
+        engine = request_engine(payload)
+        worker = self._idle.take(action, request_policy(payload), engine)
         started = time.time()
         activation_id = uuid.uuid4().hex
         try:
@@ -226,12 +241,14 @@ class LocalPoolInvoker:
                               f"worker log {worker.log_path}", transient=True, activation_id=activation_id) from None
         worker.num_runs += 1
         worker.warm[action] = held_policy(action, payload, result) if isinstance(result, dict) else None
+        meta = take_activation(result) if isinstance(result, dict) else {}
+        ok = resp.status_code == 200 and isinstance(result, dict) and "error" not in result
+        _note_engine(worker, meta, request_policy(payload) if ok and engine else None)
         self._idle.put(worker)
         ended = time.time()
         if not isinstance(result, dict):
             raise ActionError(action, f"non-JSON-object result {one_line(repr(result), 200)}; worker log {worker.log_path}",
                               transient=False, activation_id=activation_id)
-        meta = take_activation(result)
         if resp.status_code != 200 or "error" in result:
             raise self._failure(action, resp.status_code, result.get("error"), worker, activation_id)
         return Activation(action=action, activation_id=activation_id, result=result, submitted_at=submitted,
@@ -274,27 +291,34 @@ class LocalPoolInvoker:
         worker.proc.kill()
         worker.proc.wait()
 
-    def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None) -> int:
+    def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None,
+                engine: str = "torch") -> int:
         """Workers are started warm; with ``model``, idle workers load that policy version now
         until ``count`` idle ones hold it (busy ones are skipped: never wait; one that holds it
-        already gets no request). Returns how many loaded it."""
+        already gets no request). With ``engine="vllm"`` they load it into their vLLM engine:
+        every idle worker with a built engine gets the version pushed into it, and new engines
+        start only on as many workers as ``count`` still lacks (``IdleWorkers.take_to_warm``).
+        Returns how many loaded it."""
         if model is None or count <= 0:
             return 0
         policy = ref_policy(model)
-        taken = self._idle.take_to_warm(action, policy, count)
-        body = {"value": Control(prewarm=True, prewarm_model=model).to_payload(),
+        kind = "vllm" if engine == "vllm" else None
+        taken = self._idle.take_to_warm(action, policy, count, kind)
+        body = {"value": Control(prewarm=True, prewarm_model=model, prewarm_engine=engine).to_payload(),
                 "action_name": f"/local/rlhfless/{action}", "activation_id": uuid.uuid4().hex}
 
         def warm(worker: _Worker) -> bool:
             try:
-                loaded = bool(self._post(worker, "/run", body, self.timeout_s).json().get("model_loaded"))
+                reply = self._post(worker, "/run", body, self.timeout_s).json()
+                loaded = bool(reply.get("model_loaded"))
                 if loaded:
                     worker.warm[action] = policy
+                _note_engine(worker, take_activation(reply), policy if kind else None)
                 return loaded
             except (httpx.TransportError, ValueError, UnauthenticatedReply):
                 return False  # a lost worker shows up (and is replaced) on its next invocation
             finally:
-                self._idle.put(worker, warmed=(action, policy))
+                self._idle.put(worker, warmed=(kind or action, policy))
 
         threads = [threading.Thread(target=lambda w=w: results.append(warm(w))) for w in taken]
         results: list[bool] = []
@@ -303,6 +327,11 @@ class LocalPoolInvoker:
         for t in threads:
             t.join()
         return sum(results)
+
+    def engines(self) -> dict[str, str | None]:
+        """Worker name -> the generation engine built in it (``vllm``) or None."""
+        with self._lock:
+            return {w.name: w.engine for w in self._workers}
 
     def close(self) -> None:
         with self._lock:

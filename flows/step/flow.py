@@ -56,7 +56,8 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> StepOutcome:
     records: list[Activation] = []
     with clock.phase("prefill"):
         prewarm = PhasePrewarmer(ctx.invoker, t0=clock.started, offset_s=phase.prewarm_offset_s, action="generate",
-                                 count=phase.plan.num_actors, model=inputs.model.model_dump(mode="json"))
+                                 count=phase.plan.num_actors, model=inputs.model.model_dump(mode="json"),
+                                 engine=ctx.config.generation.engine)
         prefill = None
         if phase.prefill and phase.prefill.prefix_len:
             prefill = _collect(invoke_action(action="prefill", payload=prefill_payload(ctx, inputs, phase),

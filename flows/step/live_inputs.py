@@ -26,10 +26,12 @@ class LiveInputs:
     activation_s: float = 0.0
     """Median round trip of an empty activation through the flow's task path (seconds)."""
     profile_key: str = ""
+    weight_push_s: float = 0.0
+    """The vLLM engine's measured push of a new policy version into it (0: torch engine)."""
 
     def describe(self) -> dict[str, Any]:
         """The summary's ``profile`` entry."""
         return {"name": self.profile.name, "source": self.source, "key": self.profile_key,
                 "weight_bytes": self.weight_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
                 "store_read_bytes_per_s": self.transfer_bandwidth_bytes_per_s, "threads": self.threads,
-                "activation_s": self.activation_s}
+                "activation_s": self.activation_s, "weight_push_s": self.weight_push_s}

@@ -10,6 +10,7 @@ import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from actions.common.contracts import EngineEvents, EvaluateResult
 from flows.invokers.base import Activation
 from flows.planning.lengths import rank_correlation
 from flows.planning.planner import PhasePlan
@@ -99,9 +100,34 @@ def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_acto
         # records ``timing_s/overhead`` = period - work (flows/campaign/overhead.py)
         "timing_s/work": _critical_busy(records) + timing_plan + timing_commit,
     }
+    m.update(engine_metrics([g.engine_events for g in gens]))
     m.update(step_spec_metrics(g.spec for g in gens))
     m.update({k: float(v) for k, v in out.train.metrics.items()})
     return m
+
+
+def engine_metrics(events: Sequence[EngineEvents]) -> dict[str, float]:
+    """The step's generation-engine work, as its generate results reported it (a worker's
+    pre-warm is reported by its next activation): vLLM engine starts and their seconds, and
+    the seconds spent pushing new versions into running engines (0 with the torch engine)."""
+    return {"engine/starts": float(sum(e.starts for e in events)),
+            "engine/start_s": sum(e.start_s for e in events),
+            "engine/weight_pushes": float(sum(e.pushes for e in events)),
+            "engine/weight_push_s": sum(e.push_s for e in events)}
+
+
+def engine_totals(steps: Sequence[dict[str, Any]], evals: Sequence[EvaluateResult]) -> dict[str, float]:
+    """The campaign's engine starts and weight pushes: every step's, plus the evaluations'
+    (set-up and periodic ones, which are outside the steps)."""
+    names = {"starts": "engine/starts", "start_s": "engine/start_s", "weight_pushes": "engine/weight_pushes",
+             "weight_push_s": "engine/weight_push_s"}
+    totals = {k: float(sum(s.get(m, 0.0) for s in steps)) for k, m in names.items()}
+    for e in evals:
+        ev = e.engine_events
+        for k, v in (("starts", ev.starts), ("start_s", ev.start_s), ("weight_pushes", ev.pushes),
+                     ("weight_push_s", ev.push_s)):
+            totals[k] += v
+    return totals
 
 
 def finished_lengths(out: StepOutcome) -> dict[int, tuple[int, ...]]:

@@ -3,7 +3,8 @@
 
 At the step's start the flow arms a timer for ``PhasePlan.prewarm_offset_s``; when it fires,
 the invoker warms as many generation containers as the plan has actors and makes each load
-the step's policy version, so the generate activations that follow skip the weight load. On
+the step's policy version, so the generate activations that follow skip the weight load (with
+``generation.engine: vllm``, into the container's running vLLM engine). On
 the local pool the campaign also warms them as soon as training has published the version
 (``prewarm_in_background``), while the step is committed and the next one starts. A
 pre-warm is best effort: a failure is logged and the step goes on (the activation then pays
@@ -26,7 +27,7 @@ class PhasePrewarmer:
     """One armed pre-warm; ``report()`` says whether and when it fired (seconds from ``t0``)."""
 
     def __init__(self, invoker: Invoker, *, t0: float, offset_s: float | None, action: str, count: int,
-                 model: dict[str, Any]) -> None:
+                 model: dict[str, Any], engine: str = "torch") -> None:
         self.t0 = t0
         self.offset_s = offset_s
         self.fired_s: float | None = None
@@ -37,7 +38,7 @@ class PhasePrewarmer:
 
         def fire() -> None:
             self.fired_s = time.time() - t0
-            self.started = _prewarm(invoker, action, count, model)
+            self.started = _prewarm(invoker, action, count, model, engine)
 
         self._timer = threading.Timer(max(0.0, offset_s - (time.time() - t0)), fire)
         self._timer.daemon = True
@@ -53,20 +54,22 @@ class PhasePrewarmer:
                 "prewarm/started": float(self.started)}
 
 
-def prewarm_in_background(invoker: Invoker, action: str, count: int, model: dict[str, Any]) -> threading.Thread:
-    """Start loading ``model`` into ``count`` idle ``action`` workers now, on a thread, and
-    return the thread (join it before closing the invoker). Best effort, like ``PhasePrewarmer``."""
+def prewarm_in_background(invoker: Invoker, action: str, count: int, model: dict[str, Any],
+                          engine: str = "torch") -> threading.Thread:
+    """Start loading ``model`` into ``count`` idle ``action`` workers now (into their ``engine``:
+    ``Invoker.prewarm``), on a thread, and return the thread (join it before closing the
+    invoker). Best effort, like ``PhasePrewarmer``."""
 
-    thread = threading.Thread(target=_prewarm, args=(invoker, action, count, model), name=f"prewarm-{action}",
-                              daemon=True)
+    thread = threading.Thread(target=_prewarm, args=(invoker, action, count, model, engine),
+                              name=f"prewarm-{action}", daemon=True)
     thread.start()
     return thread
 
 
-def _prewarm(invoker: Invoker, action: str, count: int, model: dict[str, Any]) -> int:
+def _prewarm(invoker: Invoker, action: str, count: int, model: dict[str, Any], engine: str = "torch") -> int:
     """``invoker.prewarm``, best effort: a failure is logged, never raised (0 started)."""
     try:
-        return invoker.prewarm(action, count, model=model)
+        return invoker.prewarm(action, count, model=model, engine=engine)
     except Exception as exc:  # never fail a step or the campaign for a pre-warm
         log.warning("pre-warm of %s failed: %s", action, exc)
         return 0

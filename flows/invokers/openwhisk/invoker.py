@@ -70,12 +70,27 @@ def activation_from_record(
     )
 
 
+ENGINE_HOSTS = {"evaluate": "generate"}
+"""Action -> the action whose containers run it when it uses the vLLM engine. OpenWhisk picks
+the container of an activation among its own action's, so an evaluation sent to ``evaluate``
+would start a second engine in a container of its own; sent to ``generate`` with ``__action``
+(``actions/runtime/server.py``: ``ENGINE_GUESTS``), it runs where the generation engines are
+built and pre-warmed, and pushes its version into one of them."""
+
+
+def engine_host(action: str, payload: dict[str, Any]) -> str:
+    """The action whose containers run ``action`` with ``payload`` (itself but for a vLLM
+    evaluation: ``ENGINE_HOSTS``)."""
+    return ENGINE_HOSTS.get(action, action) if payload.get("engine") == "vllm" else action
+
+
 class OpenWhiskInvoker:
     """The :class:`~flows.invokers.base.Invoker` for an OpenWhisk cluster.
 
     ``invoke("generate", payload)`` runs ``{package}/generate`` and returns its accounting.
     ``prewarm("generate", n)`` fires ``n`` concurrent ``{"__prewarm": true}`` activations, which
-    the runtime server answers before importing the action, so ``n`` containers start.
+    the runtime server answers before importing the action, so ``n`` containers start. A vLLM
+    evaluation runs in the ``generate`` action's containers (``ENGINE_HOSTS``).
     """
 
     sees_local_files = False
@@ -116,7 +131,10 @@ class OpenWhiskInvoker:
         return f"{self.package}/{action}"
 
     def invoke(self, action: str, payload: dict[str, Any], *, timeout_s: float | None = None) -> Activation:
-        name = self.qualified_name(action)
+        host = engine_host(action, payload)
+        if host != action:  # run in the host action's containers, where its engine lives
+            payload = {**payload, **Control(action=action).to_payload()}
+        name = self.qualified_name(host)
         try:
             meta = self.client.describe_action(name)
             record = self.client.invoke(name, payload, timeout_s=timeout_s or self.timeout_s)
@@ -126,16 +144,19 @@ class OpenWhiskInvoker:
             raise ActionError(action, exc.message, transient=exc.transient, activation_id=exc.activation_id) from exc
         return activation_from_record(action, record, meta)
 
-    def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None) -> int:
+    def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None,
+                engine: str = "torch") -> int:
         """Start ``count`` containers for ``action``; returns how many were cold starts now.
-        With ``model`` each container also loads that policy version (``__prewarm_model``)."""
+        With ``model`` each container also loads that policy version (``__prewarm_model``),
+        into its vLLM engine with ``engine="vllm"`` (built once per container, then pushed into)."""
         if count <= 0:
             return 0
         name = self.qualified_name(action)
 
         def warm_one(_: int) -> bool:
             try:
-                payload = Control(prewarm=True, prewarm_hold_s=self.prewarm_hold_s, prewarm_model=model).to_payload()
+                payload = Control(prewarm=True, prewarm_hold_s=self.prewarm_hold_s, prewarm_model=model,
+                                  prewarm_engine=engine).to_payload()
                 record = self.client.invoke(name, payload, timeout_s=self.timeout_s)
             except OpenWhiskError as exc:
                 if not exc.transient:

