@@ -62,9 +62,10 @@ def _evaluate(ctx: RunContext, state: CampaignState, clock: StepClock | None = N
 
 
 def _model_ref(ctx: RunContext, state: CampaignState) -> ModelRef:
+    lora = ctx.config.model.lora  # the backbone is policy version 0, the KL reference
     return ModelRef(store_uri=ctx.store.uri, base_key=state.prepared.base_key, policy_key=state.policy_key,
                     policy_version=state.policy_version, weights_sha256=state.weights_sha256 or None,
-                    dtype=ctx.config.model.dtype)
+                    dtype=ctx.config.model.dtype, lora=lora, backbone_key=state.reference_key if lora else None)
 
 
 def _setup(ctx: RunContext, progress: Progress) -> CampaignState:
