@@ -23,6 +23,7 @@ from typing import Any
 from actions.common.config import WorkloadConfig
 from actions.common.adapter import run_action
 from actions.common.contracts import PrepareRequest, Prepared
+from actions.common.lora_targets import check_targets
 from actions.common.store import ObjectStore, open_store, put_artifact, put_json
 from actions.tasks import get_task
 from actions.tasks.build import Datasets, build_datasets
@@ -64,6 +65,7 @@ def validate_inputs(cfg: WorkloadConfig) -> None:
     _datasets(cfg)
     if cfg.model.path:
         validate_model_dir(cfg.model.path)
+    check_targets(cfg)
 
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -140,6 +142,7 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str) -> Prepare
 
     data = _datasets(cfg)
     train, evals = data.train, data.evals
+    check_targets(cfg)
     if cfg.model.path:
         validate_model_dir(cfg.model.path)
         files, tensors = read_model_dir(cfg.model.path)

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 
-from actions.common.config import LoraConfig
+if TYPE_CHECKING:  # only its fields are read: a benchmark may pass any object that has them
+    from actions.common.config import LoraConfig
 
 INIT_SEED = 0x10_4A
 """Seed of every adapter's initialisation (A random, B zero)."""
