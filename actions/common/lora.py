@@ -16,8 +16,9 @@ Choices, each measured in ``benchmarks/bench_lora.py`` and written down in docs/
   (:func:`adapter_disabled`): no second copy of the weights.
 * The adapter's initialisation is seeded (:data:`INIT_SEED`), so version 0 is the same
   adapter in every action that builds it (its B is zero: version 0 computes the backbone).
-* Adapter weights are kept in fp32 whatever the backbone's dtype (PEFT's
-  ``autocast_adapter_dtype``): the optimizer then steps them directly, without master copies.
+* Adapter weights are in the backbone's dtype, like every weight of a full fine-tuning run:
+  under bf16 the optimizer keeps their fp32 master copies in its state
+  (``actions/rl/optimizer.py``) and the version publishes the bf16 adapter, half the bytes.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def attach_adapter(model: torch.nn.Module, cfg: LoraConfig,
                               bias=cfg.bias)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(INIT_SEED)
-        inner = get_peft_model(model, peft_cfg, autocast_adapter_dtype=True).get_base_model()
+        inner = get_peft_model(model, peft_cfg, autocast_adapter_dtype=False).get_base_model()
     for name, p in inner.named_parameters():
         if p.requires_grad and "lora_" not in name:
             p.data = p.data.clone()
