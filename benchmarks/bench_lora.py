@@ -168,8 +168,9 @@ def score_child(args: argparse.Namespace) -> None:
             with adapter_disabled(peft_model):
                 response_logprobs(peft_model, batch)
         else:  # full fine-tuning: the policy and a separate copy for the reference
-            reference = type(model)(model.config).to(device=args.device, dtype=model.dtype)
-            reference.load_state_dict(model.state_dict())
+            import copy
+
+            reference = copy.deepcopy(model)
             response_logprobs(model, batch)
             response_logprobs(reference, batch)
     _sync(torch, args.device)
