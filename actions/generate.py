@@ -63,7 +63,8 @@ def _speculation(req: GenerateRequest, store: object) -> Speculation | None:
 
 
 def run_generate(req: GenerateRequest) -> GenerateResult:
-    engine, tokenizer, _ = load_engine(req.engine, req.model)
+    engine, tokenizer, _ = load_engine(req.engine, req.model, kv_cache=req.kv_cache, cuda_graphs=req.cuda_graphs,
+                                       compile_decode=req.compile_decode)
     store = store_for(req.model.store_uri)
     specs = _specs(req, tokenizer)
     # vLLM cannot import KV tensors; its prefix cache deduplicates the prompts instead.
@@ -100,6 +101,9 @@ def run_generate(req: GenerateRequest) -> GenerateResult:
         decode_steps=stats.decode_steps,
         kv_bundle_used=prefixes is not None,
         spec=stats.spec,
+        kv_cache=stats.kv_cache,
+        graph_captures=stats.graph_captures,
+        graph_capture_s=stats.graph_capture_s,
     )
 
 

@@ -177,3 +177,54 @@ def test_actions_round_trip_on_cuda(tmp_path, monkeypatch):
     assert [k for k in after if not torch.equal(after[k], after2[k])] == []
     assert all(torch.isfinite(torch.tensor(v)) for v in train["metrics"].values())
     warm.clear()  # leave no CUDA models in the process-wide warm cache
+
+
+def test_cuda_graph_path_equals_eager_static_and_dynamic_paths_fp32(tiny):
+    """fp32 on CUDA: graph replay runs the eager static step's kernels, so the tokens are equal;
+    the dynamic path agrees too. A warm second call replays without capturing."""
+    from actions.engines.static_decode import runtime_for
+
+    model, tok, specs = tiny
+    gpu = model.to("cuda")
+    kw = {"seed": SEED, "step": STEP, "max_new_tokens": NEW, "temperature": 1.0}
+
+    def run(**opts):
+        engine = TorchEngine(gpu, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, **opts)
+        outs, stats = engine.generate(specs, **kw)
+        return _by_id(outs), stats
+
+    graphs, gstats = run(cuda_graphs="on")
+    assert gstats.kv_cache == "static+graphs", gstats
+    assert runtime_for(gpu).captures > 0
+    assert runtime_for(gpu).graph_error is None
+    assert run(cuda_graphs="off")[0] == graphs
+    assert run(kv_cache="dynamic", cuda_graphs="off")[0] == graphs
+    again, astats = run(cuda_graphs="on")
+    assert again == graphs and astats.graph_captures == 0  # warm: replayed, not captured
+    model.to("cpu")
+
+
+def test_cuda_graphs_with_grouped_heads_and_shrinking_buckets_fp32():
+    """A Qwen2-shaped model with grouped KV heads; rows finish at different steps, so the
+    batch shrinks through several graph buckets (idle rows, compaction)."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from actions.common.modeling import build_char_tokenizer
+
+    tok = build_char_tokenizer("")
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval().to("cuda")
+    rows = make_rows(8, max_count=9, seed=5)
+    specs = [SampleSpec(r.prompt_id, i, encode(tok, r.prompt)) for r in rows for i in range(5)]  # 40 rows
+    kw = {"seed": SEED, "step": STEP, "max_new_tokens": 24, "temperature": 1.0}
+    outs = {}
+    for opts in ({"cuda_graphs": "on"}, {"cuda_graphs": "off"}, {"kv_cache": "dynamic"}):
+        engine = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, **opts)
+        outs[str(opts)] = _by_id(engine.generate(specs, **kw)[0])
+    first = next(iter(outs.values()))
+    assert all(o == first for o in outs.values())
+    lengths = {len(t) for t, _ in first.values()}
+    assert len(lengths) > 3, "rows all ended together; no bucket was left"

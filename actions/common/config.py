@@ -255,6 +255,22 @@ class GenerationConfig(_Section):
     earlier epochs, kept in the store) and ``prompt_lookup`` (n-grams of prompt + response)."""
     max_draft_len: int = Field(8, ge=1, le=64)
     """Longest draft (k) one verification forward checks."""
+    kv_cache: Literal["static", "dynamic"] = "static"
+    """Torch engine, plain decoding: ``static`` decodes on a KV cache the engine preallocates
+    and writes in place (``actions/engines/static_decode.py``; Llama, Qwen2, Qwen3 and Mistral
+    layers, other models fall back to ``dynamic``); ``dynamic`` on Hugging Face's growing
+    ``DynamicCache``. The same tokens either way (float round-off aside)."""
+    cuda_graphs: Literal["auto", "on", "off"] = "auto"
+    """Torch engine on a GPU: replay the static cache's decode step as CUDA graphs. ``auto``:
+    where the model is on CUDA; ``on``: required (an action without CUDA fails); ``off``: eager.
+    A capture that fails falls back to eager with one warning line."""
+    compile_decode: bool = False
+    """Torch engine, static cache: run the decode step through ``torch.compile`` (fused norms,
+    rotary, residuals and sampling hash; the CUDA graphs then replay the compiled kernels).
+    About 2x faster decode steps on a GPU (docs/gpu.md), but each (batch bucket, window) shape
+    compiles once per warm container (tens of seconds), and fused kernels round differently
+    from eager ones, so tokens can differ from ``compile_decode: false`` where two draws nearly
+    tie. For long-lived warm containers; off by default."""
 
     @field_validator("top_k")
     @classmethod
@@ -272,11 +288,18 @@ class GenerationConfig(_Section):
                              "(e.g. 0.9), or 1.0 / null to turn top-p sampling off")
         return None if v == 1.0 else v
 
-    @field_validator("speculation", mode="before")
+    @field_validator("speculation", "cuda_graphs", mode="before")
     @classmethod
     def _yaml_off(cls, v: object) -> object:
-        # YAML 1.1 reads a bare ``off`` as false: accept what the user wrote.
-        return "off" if v is False else v
+        # YAML 1.1 reads a bare ``off`` as false (and ``on`` as true): accept what the user wrote.
+        return "off" if v is False else "on" if v is True else v
+
+    @model_validator(mode="after")
+    def _graphs_need_static(self) -> "GenerationConfig":
+        if self.cuda_graphs == "on" and self.kv_cache != "static":
+            raise ValueError("generation.cuda_graphs 'on' needs generation.kv_cache 'static'; "
+                             "set kv_cache: static, or cuda_graphs: auto or off")
+        return self
 
 
 class WorkloadConfig(_Section):

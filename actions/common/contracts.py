@@ -128,6 +128,12 @@ class GenerateRequest(_Msg):
     """Stop once this many samples finished and return the rest as partial (cut-and-migrate)."""
     engine: Literal["torch", "vllm"] = "torch"
     """Generation engine (``generation.engine``); see ``actions/engines/base.py``."""
+    kv_cache: Literal["static", "dynamic"] = "static"
+    """``generation.kv_cache`` (torch engine's plain decoding)."""
+    cuda_graphs: Literal["auto", "on", "off"] = "auto"
+    """``generation.cuda_graphs`` (torch engine on CUDA)."""
+    compile_decode: bool = False
+    """``generation.compile_decode`` (torch engine, static cache)."""
     speculation: Literal["auto", "off"] = "off"
     """``generation.speculation`` (torch engine; outputs are the same either way)."""
     draft_strategies: list[Literal["history", "prompt_lookup"]] = ["history", "prompt_lookup"]
@@ -154,6 +160,12 @@ class GenerateResult(_Msg):
     kv_bundle_used: bool = False
     spec: dict[str, Any] | None = None
     """Speculative decoding counters (``speculative.SpecStats.to_dict``); None: decoded plainly."""
+    kv_cache: str = "dynamic"
+    """The plain decode path that ran: ``dynamic``, ``static`` or ``static+graphs``."""
+    graph_captures: int = 0
+    """CUDA graphs this activation captured (0 where a warm container replayed its graphs)."""
+    graph_capture_s: float = 0.0
+    """Seconds those captures took."""
 
 
 # ----------------------------------------------------------------------------- score
@@ -216,6 +228,12 @@ class EvaluateRequest(_Msg):
     max_new_tokens: int = Field(gt=0)
     engine: Literal["torch", "vllm"] = "torch"
     """Generation engine (``generation.engine``); greedy either way."""
+    kv_cache: Literal["static", "dynamic"] = "static"
+    """``generation.kv_cache`` (torch engine's plain decoding)."""
+    cuda_graphs: Literal["auto", "on", "off"] = "auto"
+    """``generation.cuda_graphs`` (torch engine on CUDA)."""
+    compile_decode: bool = False
+    """``generation.compile_decode`` (torch engine, static cache)."""
     output_key: str
 
 

@@ -61,6 +61,9 @@ class EngineStats:
     decode_steps: int = 0  # engine steps after the first token
     decode_token_slots: int = 0  # sum of active rows over decode steps
     spec: dict | None = None  # speculative decoding counters (``speculative.SpecStats``); None: off
+    kv_cache: str = "dynamic"  # the plain decode path: "dynamic", "static" or "static+graphs"
+    graph_captures: int = 0  # CUDA graphs captured by this call (0 where warm graphs were replayed)
+    graph_capture_s: float = 0.0  # seconds those captures took (warm-up forward included)
 
 
 @runtime_checkable

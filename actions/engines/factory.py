@@ -36,8 +36,10 @@ EngineKind = Literal["torch", "vllm"]
 
 
 def make_engine(kind: str, model: torch.nn.Module | None, tokenizer: Any, *,
-                model_dir: str | Path | None = None, **vllm_kwargs: Any) -> GenerationEngine:
+                model_dir: str | Path | None = None, kv_cache: str = "static", cuda_graphs: str = "auto",
+                compile_decode: bool = False, **vllm_kwargs: Any) -> GenerationEngine:
     """An engine of ``kind`` over a loaded model (torch) or a model directory (vllm).
+    ``kv_cache``, ``cuda_graphs``, ``compile_decode``: the torch engine's decode path (``TorchEngine``).
 
     Raises:
         ValueError: unknown kind, or a missing ``model``/``model_dir`` for it.
@@ -47,7 +49,8 @@ def make_engine(kind: str, model: torch.nn.Module | None, tokenizer: Any, *,
         if model is None:
             raise ValueError("generation.engine 'torch' needs a loaded model; got None")
         ids = special_tokens(model, tokenizer)
-        return TorchEngine(model, eos_id=ids.eos_ids, pad_id=ids.pad_id)
+        return TorchEngine(model, eos_id=ids.eos_ids, pad_id=ids.pad_id, kv_cache=kv_cache, cuda_graphs=cuda_graphs,
+                           compile_decode=compile_decode)
     if kind == "vllm":
         if model_dir is None:
             raise ValueError("generation.engine 'vllm' needs model_dir (config.json + *.safetensors); got None")
@@ -79,11 +82,14 @@ class _VllmSlot:
 _vllm = _VllmSlot()
 
 
-def load_engine(kind: str, ref: ModelRef) -> tuple[GenerationEngine, Any, bool]:
-    """(engine, tokenizer, warm_hit) for a policy version; hit = nothing had to be loaded."""
+def load_engine(kind: str, ref: ModelRef, *, kv_cache: str = "static", cuda_graphs: str = "auto",
+                compile_decode: bool = False) -> tuple[GenerationEngine, Any, bool]:
+    """(engine, tokenizer, warm_hit) for a policy version; hit = nothing had to be loaded.
+    ``kv_cache``, ``cuda_graphs``, ``compile_decode``: the torch engine's decode path (vLLM ignores them)."""
     if kind == "torch":
         model, tokenizer, hit = load_model(ref)
-        return make_engine("torch", model, tokenizer), tokenizer, hit
+        return make_engine("torch", model, tokenizer, kv_cache=kv_cache, cuda_graphs=cuda_graphs,
+                           compile_decode=compile_decode), tokenizer, hit
     if kind != "vllm":
         raise ValueError(f"generation.engine {kind!r} is not supported; use 'torch' or 'vllm'")
     with _vllm.lock:

@@ -90,12 +90,25 @@ def gumbel_noise(keys: torch.Tensor, positions: torch.Tensor, vocab_size: int) -
     Returns:
         [B, V] float32 noise.
     """
-    vocab = torch.arange(vocab_size, dtype=torch.int64, device=keys.device)
     row = _fmix64(keys ^ (positions * _GOLDEN))  # [B]
-    x = _fmix64(row[:, None] ^ (vocab[None, :] + 1) * _M2)  # [B, V]
+    x = _fmix64(row[:, None] ^ _vocab_term(vocab_size, keys.device)[None, :])  # [B, V]
     # Top 53 bits -> a double in [0, 1); the half-ulp offset keeps U strictly inside (0, 1).
     u = (_shr(x, 11).to(torch.float64) + 0.5) / float(1 << 53)
     return (-torch.log(-torch.log(u))).to(torch.float32)
+
+
+_VOCAB_TERMS: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _vocab_term(vocab_size: int, device: torch.device) -> torch.Tensor:
+    """``(v + 1) * M2`` for every vocabulary entry v, [V] int64: the same for every draw, so
+    computed once per (V, device) rather than in every decode step."""
+    key = (vocab_size, str(device))
+    term = _VOCAB_TERMS.get(key)
+    if term is None:
+        term = (torch.arange(vocab_size, dtype=torch.int64, device=device) + 1) * _M2
+        _VOCAB_TERMS[key] = term
+    return term
 
 
 def filter_logits(scaled: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:

@@ -14,6 +14,11 @@ What it does, and why:
   the others as partial samples (tokens so far); continuing one later re-prefills
   prompt + tokens so far, and its random stream resumes at the same position (sampling.py).
 
+* **Static cache and CUDA graphs.** Plain decoding runs on a KV cache the engine owns
+  (``static_kv``, ``static_decode``): preallocated buffers written in place, with the decode
+  step (forward, draw, advance) replayed as a CUDA graph on a GPU. ``kv_cache="dynamic"``
+  (or a model ``static_forward`` does not support) keeps the Hugging Face ``DynamicCache``
+  loop below; both give the same tokens.
 * **Any device.** Work happens on the model's device (``next(model.parameters()).device``):
   token ids and masks are built on the host and moved once per forward, and each decode step
   reads its sampled tokens back in one transfer. The generate action loads KV bundles onto
@@ -36,6 +41,10 @@ from actions.engines.sampling import Sampler, stream_key
 from actions.engines.spec_select import AcceptanceTracker, ForwardCost, can_pay
 from actions.engines.kv_state import PrefixState, stack_logits, stack_states
 from actions.engines.speculative import SpecStats, Speculation, decode_speculative
+from actions.engines.static_decode import decode_static, static_supported
+
+KV_CACHES = ("static", "dynamic")
+CUDA_GRAPHS = ("auto", "on", "off")
 
 RECHECK_CALLS = 4
 """Of the calls the estimates would decode plainly, the this-many-th speculates anyway (to
@@ -49,14 +58,36 @@ __all__ = ["EngineStats", "PrefixState", "SampleOut", "SampleSpec", "TorchEngine
 class TorchEngine:
     """Batched sampling over a loaded model, on the model's device (fp32 on CPU by default)."""
 
-    def __init__(self, model: torch.nn.Module, *, eos_id: int | Sequence[int], pad_id: int) -> None:
+    def __init__(self, model: torch.nn.Module, *, eos_id: int | Sequence[int], pad_id: int,
+                 kv_cache: str = "static", cuda_graphs: str = "auto", compile_decode: bool = False) -> None:
         """``eos_id``: the id, or every id, that ends a sample (``special_tokens.eos_ids``);
-        ``pad_id``: any valid id (padding is masked out)."""
+        ``pad_id``: any valid id (padding is masked out). ``kv_cache``: ``static`` (the
+        engine's own preallocated cache, where the model is supported) or ``dynamic``;
+        ``cuda_graphs``: ``auto`` (on where the model is on CUDA and the cache is static),
+        ``on`` (required: a CPU model or a dynamic cache is an error) or ``off``;
+        ``compile_decode``: the static step through ``torch.compile`` (``static_decode``).
+
+        Raises:
+            ValueError: an unknown ``kv_cache`` or ``cuda_graphs``, or ``cuda_graphs="on"``
+                where graphs cannot run.
+        """
+        if kv_cache not in KV_CACHES:
+            raise ValueError(f"generation.kv_cache {kv_cache!r} is not one of {KV_CACHES}")
+        if cuda_graphs not in CUDA_GRAPHS:
+            raise ValueError(f"generation.cuda_graphs {cuda_graphs!r} is not one of {CUDA_GRAPHS}")
         self.model = model
         self.eos_ids = (eos_id,) if isinstance(eos_id, int) else tuple(eos_id)
         self.eos_id = self.eos_ids[0] if self.eos_ids else -1
         self.pad_id = pad_id
         self.device = next(model.parameters()).device
+        self.static = kv_cache == "static" and static_supported(model)
+        self.graphs = self.static and self.device.type == "cuda" and cuda_graphs != "off"
+        self.pad_batches = self.graphs  # batch buckets with idle rows (graphs need them)
+        self.compiled = compile_decode and self.static  # the decode step through torch.compile
+        if cuda_graphs == "on" and not self.graphs:
+            where = "a CUDA device" if self.device.type != "cuda" else "kv_cache 'static' and a supported model"
+            raise ValueError(f"generation.cuda_graphs 'on' needs {where} (model on {self.device}, kv_cache "
+                             f"{kv_cache!r}); use 'auto' or 'off'")
         # Speculation estimates survive across warm calls; a cold engine starts from priors.
         self.forward_cost = ForwardCost()
         self.acceptance = AcceptanceTracker()
@@ -196,7 +227,17 @@ class TorchEngine:
         stats.spec = spec_stats.to_dict()
         return outs, stats
 
-    def _decode(
+    def _decode(self, samples: list[SampleSpec], states: list[PrefixState], seed: int, step: int,
+                max_new_tokens: int, sampling: Sampler, cut_after: int | None, stats: EngineStats
+                ) -> list[SampleOut]:
+        """Plain decoding: on the static cache where it runs, else the dynamic loop."""
+        if self.static:
+            return decode_static(self, samples, states, seed=seed, step=step, max_new_tokens=max_new_tokens,
+                                 sampling=sampling, cut_after=cut_after, stats=stats, graphs=self.graphs,
+                                 padded=self.pad_batches, compiled=self.compiled)
+        return self._decode_dynamic(samples, states, seed, step, max_new_tokens, sampling, cut_after, stats)
+
+    def _decode_dynamic(
         self,
         samples: list[SampleSpec],
         states: list[PrefixState],

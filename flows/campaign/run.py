@@ -54,6 +54,8 @@ def _evaluate(ctx: RunContext, state: CampaignState, clock: StepClock | None = N
     req = EvaluateRequest(model=_model_ref(ctx, state), dataset_key=state.prepared.eval_key,
                           rewards=ctx.config.reward_functions(),
                           max_new_tokens=ctx.config.generation.max_new_tokens, engine=ctx.config.generation.engine,
+                          kv_cache=ctx.config.generation.kv_cache, cuda_graphs=ctx.config.generation.cuda_graphs,
+                          compile_decode=ctx.config.generation.compile_decode,
                           output_key=f"{ctx.prefix}/evals/v{state.policy_version:06d}.json")
     out = invoke_action(action="evaluate", payload=req.model_dump(mode="json"), shard=f"eval-v{state.policy_version}")
     if clock is not None:

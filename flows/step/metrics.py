@@ -87,6 +87,9 @@ def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_acto
         if len(ids) > 1 else 0.0,
         "prefill/unique_prefixes": float(phase.prefill.num_unique_prefixes if phase.prefill else 0),
         "prefill/tokens_saved": float(max(0, prefill_naive - prefill_done)),
+        # CUDA graphs the generation actions captured this step (re-capture cost; 0 when warm)
+        "engine/graph_captures": float(sum(g.graph_captures for g in gens)),
+        "engine/graph_capture_s": sum(g.graph_capture_s for g in gens),
         # the step's work: activations' busy time on the critical path plus the flow's own
         # planning and bookkeeping; the campaign measures the step's period around it and
         # records ``timing_s/overhead`` = period - work (flows/campaign/overhead.py)

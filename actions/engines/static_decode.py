@@ -1,0 +1,296 @@
+"""Plain decoding over the engine-owned static KV cache, replayed as CUDA graphs on a GPU.
+
+Per loaded model and process, a ``DecodeRuntime`` holds the ``StaticKV`` buffers, the decode
+step's state tensors (each row's last token, model position, random-stream position and
+stream key; the write column) and the CUDA graphs captured over them. One decode step --
+the forward of every row's last token (``static_forward``), the counter-based Gumbel draw of
+its next token (``sampling.Sampler``) and the advance of the positions and the column -- runs
+entirely on the device; the host reads the drawn tokens back once per step to apply EOS,
+length and cut rules (``base.RowEnds``).
+
+CUDA graphs. The step of a batch of ``b`` rows over an attention window of ``window``
+columns is captured once per (b, window, sampler) and replayed. A call pads its rows up to a
+batch bucket (``BATCH_BUCKETS``, as vLLM does) and its window to a multiple of
+``WINDOW_STEP``; finished rows keep running as idle rows until the live rows fit a smaller
+bucket, and then the batch is compacted into it (their slots are released). Captures stay
+valid while the buffers do: a warm container reuses them across calls of the same model, and
+a call that needs more rows or columns than the buffers hold reallocates them (and drops the
+graphs). Capture time and count are reported in ``EngineStats``. A capture that fails falls
+back to the eager step with one warning line; the eager step runs exactly the same kernels.
+
+Exactness. The tokens are those of the dynamic path (``TorchEngine._decode_dynamic``) up to
+float round-off of the attention over a longer, masked window: each row's draw depends only
+on its own logits, key and position, and rows never mix (``tests/test_static_decode.py``
+compares token for token, dedup, uneven splits, cuts and continuations included).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from actions.engines.base import EngineStats, RowEnds, SampleOut, SampleSpec
+from actions.engines.kv_state import PrefixState, stack_logits
+from actions.engines.sampling import Sampler, stream_key
+from actions.engines.static_forward import StaticForward, unsupported_reason
+from actions.engines.static_kv import StaticKV, round_up
+
+__all__ = ["BATCH_BUCKETS", "WINDOW_STEP", "DecodeRuntime", "decode_static", "runtime_for", "static_supported"]
+
+log = logging.getLogger(__name__)
+
+BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+"""Batch sizes a CUDA graph is captured for; a larger batch runs at its own size."""
+
+WINDOW_STEP = 256
+"""The attention window (and the buffers' columns) grows in steps of this many columns: a
+step attends over at most ``WINDOW_STEP - 1`` masked columns more than it needs, and one
+graph serves every step of a call within one window."""
+
+EAGER_WINDOW_STEP = 8
+"""The eager step's window: the columns in use, rounded up a little (nothing to reuse)."""
+
+_RUNTIMES: "weakref.WeakKeyDictionary[torch.nn.Module, DecodeRuntime]" = weakref.WeakKeyDictionary()
+"""Each loaded model's runtime, dropped with the model (a runtime holds the model's
+submodules, never the model itself)."""
+
+
+def bucket_for(rows: int) -> int:
+    """The smallest batch bucket that holds ``rows`` (``rows`` itself above the largest)."""
+    return next((b for b in BATCH_BUCKETS if b >= rows), rows)
+
+
+def static_supported(model: torch.nn.Module) -> bool:
+    return unsupported_reason(model) is None
+
+
+def runtime_for(model: torch.nn.Module, compiled: bool = False) -> "DecodeRuntime":
+    """The model's runtime, created on first use and kept as long as the model is (a warm
+    container keeps its buffers and graphs across calls). A model whose parameters moved
+    (``.to()`` another device or dtype and back, a re-materialised weight) gets a new one:
+    captured graphs read the parameters at the addresses they had when captured. Weights
+    copied into the same tensors in place keep the runtime, and its graphs see the new values."""
+    rt = _RUNTIMES.get(model)
+    if rt is None or rt.signature != _signature(model) or rt.wants_compiled != compiled:
+        rt = DecodeRuntime(model, compiled)
+        _RUNTIMES[model] = rt
+    return rt
+
+
+def _signature(model: torch.nn.Module) -> tuple:
+    """Where the parameters live: (device, dtype, every parameter's address)."""
+    params = list(model.parameters())
+    return params[0].device, params[0].dtype, tuple(p.data_ptr() for p in params)
+
+
+@dataclass
+class _State:
+    """Per-row decode state on the device, ``[rows]`` each; ``col``: ``[1]``."""
+
+    tok: torch.Tensor  # the last drawn token, the next forward's input
+    pos: torch.Tensor  # its model position
+    rpos: torch.Tensor  # its random-stream (response) position
+    keys: torch.Tensor  # stream keys
+    col: torch.Tensor  # the cache column its KV goes to (the same for every row)
+
+    @classmethod
+    def empty(cls, rows: int, device: torch.device) -> "_State":
+        z = lambda n: torch.zeros(n, dtype=torch.long, device=device)  # noqa: E731
+        return cls(z(rows), z(rows), z(rows), z(rows), z(1))
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.tok, self.pos, self.rpos, self.keys, self.col
+
+
+class DecodeRuntime:
+    """Buffers, state and graphs of one model's decode step (module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, compiled: bool = False) -> None:
+        self.forward = StaticForward(model)
+        self.wants_compiled = compiled  # what the runtime was made for (runtime_for)
+        self.compiled = compiled  # False after a compiler failure
+        self._compiled_step = None
+        self.signature = _signature(model)
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.kv: StaticKV | None = None
+        self.state: _State | None = None
+        self.graphs: dict[tuple[int, int, Sampler], torch.cuda.CUDAGraph] = {}
+        self.pool = None
+        self.capture_s = 0.0
+        self.captures = 0
+        self.graph_error: str | None = None
+        # actions never overlap in one container, but a library caller's threads might: the
+        # buffers and graphs serve one call at a time
+        self.lock = threading.Lock()
+
+    def ensure(self, rows: int, cols: int) -> StaticKV:
+        """Buffers of at least ``rows`` x ``cols`` (grown, never shrunk; graphs dropped on growth)."""
+        cols = round_up(cols, WINDOW_STEP)
+        if self.kv is None or not self.kv.fits(rows, cols, self.dtype):
+            if self.kv is not None:
+                rows, cols = max(rows, self.kv.rows), max(cols, self.kv.cols)
+            self.graphs.clear()
+            self.kv = None  # free the old buffers before allocating the new
+            f = self.forward
+            self.kv = StaticKV(layers=len(f.layers), kv_heads=f.kv_heads, head_dim=f.head_dim, rows=rows,
+                               cols=cols, dtype=self.dtype, device=self.device)
+            self.state = _State.empty(rows, self.device)
+        return self.kv
+
+    def step(self, b: int, window: int, sampling: Sampler) -> None:
+        """One decode step of rows ``[0, b)``: forward, draw, advance (through ``torch.compile``
+        where the runtime is ``compiled``: fused kernels, which round differently from eager)."""
+        if self.compiled:
+            if self._compiled_step is None:
+                import torch._dynamo
+
+                torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+                self._compiled_step = torch.compile(self._step, dynamic=False)
+            try:
+                return self._compiled_step(b, window, sampling)
+            except Exception as exc:  # noqa: BLE001 -- a compiler failure falls back to eager
+                self.compiled = False
+                log.warning("torch.compile of the decode step failed, running it eagerly: %s: %s",
+                            type(exc).__name__, str(exc)[:200])
+        self._step(b, window, sampling)
+
+    def _step(self, b: int, window: int, sampling: Sampler) -> None:
+        st = self.state
+        logits = self.forward(self.kv, st.tok[:b, None], st.pos[:b, None], st.col, window)[:, -1]
+        st.rpos[:b] += 1
+        st.tok[:b] = sampling.draw(logits, st.keys[:b], st.rpos[:b])
+        st.pos[:b] += 1
+        st.col += 1
+
+    def run(self, b: int, window: int, sampling: Sampler, graphs: bool) -> None:
+        """``step``, replayed from a CUDA graph where ``graphs`` (captured on first use)."""
+        if graphs and self.graph_error is None:
+            g = self.graphs.get((b, window, sampling)) or self._capture(b, window, sampling)
+            if g is not None:
+                g.replay()
+                return
+        self.step(b, window, sampling)
+
+    def _capture(self, b: int, window: int, sampling: Sampler) -> torch.cuda.CUDAGraph | None:
+        st = self.state
+        saved = [t.clone() for t in st.tensors()]
+        t0 = time.perf_counter()
+        try:
+            # warm-up on a side stream (lazy library set-up happens outside the capture); its
+            # cache and mask writes are the ones the replay repeats, its state advance is undone
+            current = torch.cuda.current_stream(self.device)
+            side = torch.cuda.Stream(device=self.device)
+            side.wait_stream(current)
+            with torch.cuda.stream(side):
+                self.step(b, window, sampling)
+            current.wait_stream(side)
+            for t, s in zip(st.tensors(), saved):
+                t.copy_(s)
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            g = torch.cuda.CUDAGraph()
+            # graphs share one memory pool: they never run concurrently and keep no output in it
+            with torch.cuda.graph(g, pool=self.pool):
+                self.step(b, window, sampling)
+            torch.cuda.synchronize(self.device)
+        except Exception as exc:  # noqa: BLE001 -- any capture failure falls back to eager
+            for t, s in zip(st.tensors(), saved):
+                t.copy_(s)
+            self.graph_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+            log.warning("CUDA graph capture failed, decoding eagerly from now on: %s", self.graph_error)
+            return None
+        self.capture_s += time.perf_counter() - t0
+        self.captures += 1
+        self.graphs[(b, window, sampling)] = g
+        return g
+
+
+def decode_static(engine, samples: list[SampleSpec], states: list[PrefixState], *, seed: int, step: int,
+                  max_new_tokens: int, sampling: Sampler, cut_after: int | None, stats: EngineStats,
+                  graphs: bool, padded: bool | None = None, compiled: bool = False) -> list[SampleOut]:
+    """``TorchEngine``'s plain decode loop on the static cache (module docstring). Returns the
+    samples in input order; updates ``stats`` and the engine's ``forward_cost``.
+
+    ``graphs``: replay the step as CUDA graphs; ``padded`` (default: ``graphs``): run batch
+    buckets with idle rows, as graphs need (the eager step can run either way, which is how the
+    CPU tests exercise the bucket logic); ``compiled``: the step through ``torch.compile``
+    (``DecodeRuntime.step``)."""
+    padded = graphs if padded is None else padded
+    rt = runtime_for(engine.model, compiled)
+    with rt.lock:
+        return _decode_locked(rt, engine, samples, states, seed=seed, step=step, max_new_tokens=max_new_tokens,
+                              sampling=sampling, cut_after=cut_after, stats=stats, graphs=graphs, padded=padded)
+
+
+def _decode_locked(rt: DecodeRuntime, engine, samples: list[SampleSpec], states: list[PrefixState], *, seed: int,
+                   step: int, max_new_tokens: int, sampling: Sampler, cut_after: int | None, stats: EngineStats,
+                   graphs: bool, padded: bool) -> list[SampleOut]:
+    n = len(samples)
+    captures0, capture_s0 = rt.captures, rt.capture_s
+    width = max(s.length for s in states)
+    remaining = max(max_new_tokens - len(s.generated) for s in samples)
+    rows = bucket_for(n) if padded else n
+    kv = rt.ensure(rows, width + max(remaining, 1))
+    kv.load(states, rows)
+    st = rt.state
+    dev = rt.device
+    gen: list[list[int]] = [list(s.generated) for s in samples]
+    _put(st.keys, [stream_key(seed, step, s.prompt_id, s.sample_index) for s in samples], rows)
+    _put(st.rpos, [len(g) for g in gen], rows)
+    _put(st.pos, [s.length for s in states], rows)
+    st.col.fill_(width)
+    st.tok[:rows].zero_()
+    st.tok[:n] = sampling.draw(stack_logits(states), st.keys[:n], st.rpos[:n])
+    slots: list[int | None] = [*range(n), *([None] * (rows - n))]  # batch row -> sample
+    ends = RowEnds(n, engine.eos_ids, max_new_tokens)
+    b, col, live = rows, width, n
+    t_step = None
+    while True:
+        toks = st.tok[:b].tolist()  # the step's one device->host read
+        keep = [j for j, i in enumerate(slots) if i is not None and not ends.take(i, toks[j], gen[i])]
+        now = time.perf_counter()
+        if t_step is not None:  # step to step is one plain round: the speculation selector's baseline
+            engine.forward_cost.observe(live, 1, now - t_step)
+        t_step, live = now, len(keep)
+        if not keep or ends.cut(cut_after):
+            break
+        target = bucket_for(live) if padded else live
+        if target < b:  # release finished rows' slots: compact into the smaller batch
+            _compact(rt, keep, target, col)
+            slots, b = [*(slots[j] for j in keep), *([None] * (target - live))], target
+        elif live < sum(i is not None for i in slots):
+            kept = set(keep)
+            slots = [i if j in kept else None for j, i in enumerate(slots)]
+        # graphs: few window sizes, each captured once; eager: no more columns than needed
+        window = min(round_up(col + 1, WINDOW_STEP if graphs else EAGER_WINDOW_STEP), kv.cols)
+        rt.run(b, window, sampling, graphs)
+        col += 1
+        stats.decode_steps += 1
+        stats.decode_token_slots += live
+    stats.graph_captures += rt.captures - captures0
+    stats.graph_capture_s += rt.capture_s - capture_s0
+    stats.kv_cache = "static+graphs" if graphs and rt.graph_error is None else "static"
+    return [SampleOut(s.prompt_id, s.sample_index, gen[i], ends.reasons[i] or "cut", ends.stops[i])
+            for i, s in enumerate(samples)]
+
+
+def _put(t: torch.Tensor, values: list[int], rows: int) -> None:
+    """``t[:len(values)] = values``; padding rows up to ``rows`` get 0."""
+    t[:rows].zero_()
+    t[: len(values)] = torch.tensor(values, dtype=t.dtype).to(t.device)
+
+
+def _compact(rt: DecodeRuntime, keep: list[int], rows: int, used_cols: int) -> None:
+    """Move rows ``keep`` of the cache and the state to the front; the rest up to ``rows`` idle."""
+    rt.kv.compact(keep, rows, used_cols)
+    idx = torch.tensor(keep, device=rt.device)
+    m = len(keep)
+    for t in rt.state.tensors()[:4]:
+        t[:m] = t.index_select(0, idx)
+        t[m:rows] = 0

@@ -1,0 +1,127 @@
+"""One decode forward of a Llama-family model over a ``StaticKV``, with no host work inside.
+
+The model's own modules do the arithmetic (embedding, RMSNorm, q/k/v/o projections, rotary
+embedding, MLP, output head): only the attention's cache handling differs from the Hugging
+Face forward. New keys and values are written in place at a column given as a device tensor,
+and attention reads the grouped cache as it is: the ``G = heads / kv_heads`` query heads that
+share a key/value head are folded into the query length (``[b, kv_heads, G * w, head_dim]``),
+so no ``repeat_kv`` copy of the cache is made and the attention reads each cached key and value
+once. Nothing in ``forward`` reads a value back to the host or allocates by data-dependent
+size, so a CUDA graph can capture it.
+
+Supported: decoder-only models whose layers are Llama-shaped (``llama``, ``qwen2``,
+``mistral``, ``qwen3`` with its q/k norms) and attend to the whole context. Anything else --
+another layer structure, sliding-window layers, a missing module -- is reported by
+``unsupported_reason`` and decodes on the dynamic path.
+
+Shapes: ids and positions ``[b, w]``; ``col``: ``[w]`` int64 cache columns of the w new
+tokens (the same for every row); logits ``[b, w, V]``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+import torch.nn.functional as F
+
+from actions.engines.static_kv import StaticKV
+
+__all__ = ["StaticForward", "unsupported_reason"]
+
+SUPPORTED_TYPES = ("llama", "qwen2", "mistral", "qwen3")
+
+
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """Why ``StaticForward`` cannot run this model (None: it can)."""
+    cfg = getattr(model, "config", None)
+    kind = getattr(cfg, "model_type", None)
+    if kind not in SUPPORTED_TYPES:
+        return f"model_type {kind!r} is not one of {SUPPORTED_TYPES}"
+    inner = getattr(model, "model", None)
+    for name in ("embed_tokens", "layers", "norm", "rotary_emb"):
+        if not hasattr(inner, name):
+            return f"the model has no model.{name}"
+    if not hasattr(model, "lm_head"):
+        return "the model has no lm_head"
+    if "sliding_attention" in (getattr(cfg, "layer_types", None) or ()):
+        return "sliding-window attention layers"
+    if kind == "mistral" and getattr(cfg, "sliding_window", None):
+        return f"mistral sliding_window {cfg.sliding_window}"
+    attn = inner.layers[0].self_attn
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        if not hasattr(attn, name):
+            return f"the attention has no {name}"
+    return None
+
+
+class StaticForward:
+    """The decode forward of one loaded model (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"the static decode path cannot run this model: {reason}")
+        cfg = model.config
+        # submodules only, never the model: the runtime that holds this forward is kept in a
+        # weak map keyed by the model (static_decode.runtime_for)
+        self.lm_head = model.lm_head
+        self.inner = model.model
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.groups = self.heads // self.kv_heads
+        self.layers = list(self.inner.layers)
+        attn = self.layers[0].self_attn
+        self.scaling = getattr(attn, "scaling", self.head_dim ** -0.5)
+        self.rotate = importlib.import_module(type(attn).__module__).apply_rotary_pos_emb
+        self.qk_norm = hasattr(attn, "q_norm") and hasattr(attn, "k_norm")
+        # the rotary's unused second input: empty, and broadcastable against [b, 1, w, head_dim]
+        self._none = torch.empty(1, 0, 1, self.head_dim, device=self.lm_head.weight.device)
+
+    def attention_mask(self, kv: StaticKV, b: int, window: int, col: torch.Tensor) -> torch.Tensor:
+        """``[b, 1, G * w, window]`` bool: each new token sees the valid columns up to itself."""
+        valid = kv.mask[:b, :window]
+        w = col.shape[0]
+        if w == 1:
+            return valid[:, None, None, :]
+        causal = torch.arange(window, device=col.device)[None, :] <= col[:, None]  # [w, window]
+        mask = valid[:, None, None, :] & causal[None, None, :, :]  # [b, 1, w, window]
+        return mask.repeat(1, 1, self.groups, 1)  # query index g * w + j, as q is folded below
+
+    def __call__(self, kv: StaticKV, ids: torch.Tensor, pos: torch.Tensor, col: torch.Tensor,
+                 window: int) -> torch.Tensor:
+        """Logits ``[b, w, V]`` of tokens ``ids`` at model positions ``pos``, their keys and
+        values written to columns ``col``; attention over the first ``window`` columns (which
+        must cover ``col``). Marks ``col`` valid in ``kv.mask`` for all ``b`` rows."""
+        b, w = ids.shape
+        kv.mask[:b].index_fill_(1, col, True)
+        amask = self.attention_mask(kv, b, window, col)
+        x = self.inner.embed_tokens(ids)
+        cos, sin = self.inner.rotary_emb(x, pos)
+        for i, layer in enumerate(self.layers):
+            x = x + self._attend(layer.self_attn, layer.input_layernorm(x), kv, i, cos, sin, col, amask, window)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.lm_head(self.inner.norm(x))
+
+    def _attend(self, attn, h: torch.Tensor, kv: StaticKV, i: int, cos: torch.Tensor, sin: torch.Tensor,
+                col: torch.Tensor, amask: torch.Tensor, window: int) -> torch.Tensor:
+        b, w, _ = h.shape
+        q = attn.q_proj(h).view(b, w, self.heads, self.head_dim)
+        k = attn.k_proj(h).view(b, w, self.kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        v = attn.v_proj(h).view(b, w, self.kv_heads, self.head_dim).transpose(1, 2)
+        # one rotary over queries and keys together: the same elementwise arithmetic per head
+        # as rotating each, in half the kernels (a decode step is launch-bound on a GPU)
+        qk, _ = self.rotate(torch.cat([q, k], dim=2).transpose(1, 2), self._none, cos, sin)
+        q, k = qk[:, : self.heads], qk[:, self.heads:]
+        keys, values = kv.keys[i][:b], kv.values[i][:b]
+        keys.index_copy_(2, col, k.to(keys.dtype))
+        values.index_copy_(2, col, v.to(values.dtype))
+        # heads h = kv * G + g share kv head kv (Hugging Face's repeat_kv order)
+        q = q.reshape(b, self.kv_heads, self.groups * w, self.head_dim)
+        out = F.scaled_dot_product_attention(q, keys[:, :, :window], values[:, :, :window], attn_mask=amask,
+                                             scale=self.scaling)
+        out = out.reshape(b, self.heads, w, self.head_dim).transpose(1, 2).reshape(b, w, self.heads * self.head_dim)
+        return attn.o_proj(out)

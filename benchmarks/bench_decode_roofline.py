@@ -1,0 +1,207 @@
+"""Decode-step time of the torch engine against the device's memory roofline.
+
+For one model shape (a Hugging Face config.json, randomly initialised on the device; nothing
+is downloaded), a batch and a context, prints the milliseconds of one decode step of:
+
+* ``graphs``: the engine on its static KV cache with the step replayed as a CUDA graph;
+* ``compiled`` (``--paths`` must name it): the graph path with the step through
+  ``torch.compile`` (fused kernels; they round differently, so tokens may differ in bf16);
+* ``static``: the same path, eager (``generation.cuda_graphs: off``);
+* ``dynamic``: the engine on Hugging Face's growing ``DynamicCache`` (``kv_cache: dynamic``);
+* ``hf-loop``: a plain Hugging Face eager loop (forward with ``DynamicCache``, greedy argmax);
+
+beside the roofline: the bytes one step must read at least -- every weight once plus every
+row's cached keys and values at the mean context of the timed steps -- over the memory
+bandwidth (the card's peak where the card is known, else a measured device copy; both are
+printed). A decode step is ``(t(1 + S new tokens) - t(1 new token)) / S`` (medians of
+``--repeats``), so prefill and call set-up cancel. Prompts are random, no token is EOS, so
+every row decodes every step; rows share their prompt in groups of ``--group`` (as GRPO
+samples do), which keeps prefill cheap and leaves decode reading every row's own KV.
+The engine's CUDA graphs are captured in a warm-up call first (the capture time is printed);
+timed calls replay them, as a warm container does.
+
+    python3 benchmarks/bench_decode_roofline.py --device cuda \\
+        --model-config benchmarks/configs/qwen2.5-0.5b.json --batch 64 --context 512
+    .venv/bin/python benchmarks/bench_decode_roofline.py        # CPU, tiny model, the same table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+from transformers import DynamicCache
+
+from actions.common.device import sync
+from actions.engines.base import SampleSpec
+from actions.engines.static_decode import runtime_for
+from actions.engines.torch_engine import TorchEngine
+
+PEAK_GBPS = {"H100": 3350.0, "H200": 4800.0, "A100": 2039.0}
+"""Peak HBM bandwidth, GB/s, by a substring of the CUDA device name (SXM parts)."""
+
+
+def build(args: argparse.Namespace) -> torch.nn.Module:
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    if args.model_config:
+        from actions.common.modeling import random_model_from_config
+
+        return random_model_from_config(args.model_config, device, dtype, source="--model-config").eval()
+    from actions.common.modeling import build_tiny_model
+
+    model, _ = build_tiny_model(hidden_size=96, num_layers=2, num_heads=4, intermediate_size=256,
+                                max_positions=2048, seed=0)
+    return model.to(device, dtype).eval()
+
+
+def bandwidth_gbps(device: torch.device) -> tuple[float | None, float | None]:
+    """(peak GB/s of a known card or None, measured device-copy GB/s counting read + write)."""
+    if device.type != "cuda":
+        return None, None
+    name = torch.cuda.get_device_name(device)
+    peak = next((v for k, v in PEAK_GBPS.items() if k in name), None)
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(5):
+        sync(device)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return peak, 2 * src.numel() / statistics.median(times) / 1e9
+
+
+def step_bytes(model: torch.nn.Module, batch: int, context: float) -> float:
+    cfg = model.config
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    elem = next(model.parameters()).element_size()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())  # tied weights counted once
+    kv = batch * context * cfg.num_hidden_layers * 2 * kv_heads * head_dim * elem
+    return weights + kv
+
+
+@torch.no_grad()
+def hf_loop(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int) -> None:
+    """Greedy decoding by plain eager forwards with a DynamicCache (no engine)."""
+    cache = DynamicCache()
+    out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+    tok = out.logits[:, -1].argmax(-1, keepdim=True)
+    for _ in range(new_tokens - 1):
+        out = model(input_ids=tok, past_key_values=out.past_key_values, use_cache=True)
+        tok = out.logits[:, -1].argmax(-1, keepdim=True)
+    tok.tolist()
+
+
+def compare_rows(model: torch.nn.Module, specs: list[SampleSpec], new_tokens: int, paths: list[str]) -> dict:
+    """Per engine path: how many rows drew exactly the dynamic path's tokens (in bf16 the
+    kernels round differently, and a near-tie can flip a draw; in fp32 all should)."""
+    opts = {"graphs": ("static", "on"), "compiled": ("static", "on"), "static": ("static", "off"),
+            "dynamic": ("dynamic", "off")}
+    toks = {}
+    for name in [p for p in paths if p in opts]:
+        engine = TorchEngine(model, eos_id=-1, pad_id=0, kv_cache=opts[name][0], cuda_graphs=opts[name][1])
+        engine.compiled = name == "compiled"
+        toks[name] = [o.tokens for o in engine.generate(specs, seed=1, step=0, max_new_tokens=new_tokens,
+                                                        temperature=1.0)[0]]
+    ref = toks.get("dynamic")
+    return {k: f"{sum(a == b for a, b in zip(v, ref))}/{len(v)}" for k, v in toks.items()} if ref else {}
+
+
+def timed(fn, device: torch.device) -> float:
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def step_ms(fn, steps: int, repeats: int, device: torch.device) -> float:
+    """Median over ``repeats`` of (t(1 + steps) - t(1)) / steps, in ms."""
+    fn(1 + steps)  # warm-up (and graph capture)
+    return 1e3 * statistics.median((timed(lambda: fn(1 + steps), device) - timed(lambda: fn(1), device)) / steps
+                                   for _ in range(repeats))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--model-config", default=None)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--group", type=int, default=8, help="rows sharing one prompt")
+    p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--paths", default="graphs,static,dynamic,hf-loop")
+    p.add_argument("--json", default=None, help="also append the figures to this file (one JSON line)")
+    p.add_argument("--compare", action="store_true",
+                   help="count the rows whose tokens equal the dynamic path's, per engine path")
+    args = p.parse_args()
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    model = build(args)
+    device, vocab = next(model.parameters()).device, model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    groups = max(1, args.batch // args.group)
+    prompts = torch.randint(3, vocab, (groups, args.context), generator=gen)
+    specs = [SampleSpec(g, i, tuple(prompts[g].tolist())) for g in range(groups) for i in range(args.batch // groups)]
+    ids = prompts.repeat_interleave(args.batch // groups, dim=0).to(device)
+
+    def engine_fn(kv_cache: str, graphs: str, compiled: bool = False):
+        engine = TorchEngine(model, eos_id=-1, pad_id=0, kv_cache=kv_cache, cuda_graphs=graphs,
+                             compile_decode=compiled)
+        return lambda n: engine.generate(specs, seed=0, step=0, max_new_tokens=n, temperature=1.0)
+
+    paths = {"graphs": lambda: engine_fn("static", "on"), "compiled": lambda: engine_fn("static", "on", True), "static": lambda: engine_fn("static", "off"),
+             "dynamic": lambda: engine_fn("dynamic", "off"),
+             "hf-loop": lambda: (lambda n: hf_loop(model, ids, n))}
+    wanted = [x for x in args.paths.split(",") if x and (x not in ("graphs", "compiled") or device.type == "cuda")]
+    peak, measured = bandwidth_gbps(device)
+    gbps = peak or measured
+    nbytes = step_bytes(model, len(specs), args.context + args.steps / 2)
+    roof_ms = 1e3 * nbytes / (gbps * 1e9) if gbps else None
+    res: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                 "dtype": str(next(model.parameters()).dtype), "model_config": args.model_config,
+                 "params": sum(p.numel() for p in model.parameters()), "batch": len(specs),
+                 "context": args.context, "steps": args.steps, "step_bytes": nbytes,
+                 "peak_gbps": peak, "measured_copy_gbps": measured, "roofline_ms": roof_ms, "ms": {}}
+    for name in wanted:
+        rt0 = runtime_for(model, name == "compiled") if name in ("graphs", "static", "compiled") else None
+        c0, s0 = (rt0.captures, rt0.capture_s) if rt0 else (0, 0.0)
+        res["ms"][name] = step_ms(paths[name](), args.steps, args.repeats, device)
+        if name in ("graphs", "compiled"):
+            rt1 = runtime_for(model, name == "compiled")
+            res[f"{name}_captures"] = rt1.captures - (c0 if rt1 is rt0 else 0)
+            res[f"{name}_capture_s"] = rt1.capture_s - (s0 if rt1 is rt0 else 0.0)
+            res[f"{name}_error"] = rt1.graph_error or (None if rt1.compiled == rt1.wants_compiled else "compile failed")
+    print(f"{res['device']} {res['dtype']} params={res['params'] / 1e9:.3f}B batch={res['batch']} "
+          f"context={args.context} step bytes={nbytes / 1e9:.3f} GB")
+    if gbps:
+        print(f"bandwidth: {gbps:.0f} GB/s ({'card peak' if peak else 'measured copy'}); measured copy "
+              f"{measured:.0f} GB/s; roofline {roof_ms:.3f} ms/step")
+    for name in ("graphs", "compiled"):
+        if f"{name}_captures" in res:
+            print(f"{name}: captures in the warm-up {res[f'{name}_captures']} in {res[f'{name}_capture_s']:.3f} s"
+                  + (f"; FAILED: {res[f'{name}_error']}" if res[f"{name}_error"] else ""))
+    base = res["ms"].get("hf-loop")
+    for name, ms in res["ms"].items():
+        extra = f"  x{ms / roof_ms:.2f} roofline" if roof_ms else ""
+        extra += f"  hf-loop/this {base / ms:.2f}x" if base else ""
+        print(f"  {name:8s} {ms:8.3f} ms/step{extra}")
+    if args.compare:
+        res["equal_rows_vs_dynamic"] = compare_rows(model, specs, args.steps + 1, wanted)
+        print("rows equal to the dynamic path's:", res["equal_rows_vs_dynamic"])
+    if args.json:
+        with open(args.json, "a") as f:  # one JSON line per run
+            f.write(json.dumps(res) + "\n")
+
+
+if __name__ == "__main__":
+    main()

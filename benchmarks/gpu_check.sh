@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The GPU checks in one run: `make test-gpu`'s tests and the decode roofline benchmark for the
+# Qwen2.5-0.5B and -7B shapes at batch 8 and 64, context 512, bf16 (docs/gpu.md records the
+# figures). For a GPU machine whose Python lacks the project's lighter dependencies: wheels in
+# .whl/ (pydantic, boto3, minio and theirs; see docs/gpu.md) are installed into /tmp/site first.
+# Figures go to $OUT (default runs/gpu).
+set -u
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="/tmp/site:$PWD"
+fi
+OUT="${OUT:-runs/gpu}"; mkdir -p "$OUT"
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+  git log --oneline -1 2>/dev/null; } | tee "$OUT/device.txt"
+timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py \
+  tests/test_sampling_device.py 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tail -40 | tee "$OUT/pytest.txt"
+for shape in ${SHAPES:-0.5b 7b}; do
+  for batch in ${BATCHES:-8 64}; do
+    echo "== qwen2.5-$shape batch $batch" | tee -a "$OUT/bench.txt"
+    timeout "${BENCH_TIMEOUT:-150}" python3 benchmarks/bench_decode_roofline.py --device cuda \
+      --model-config "benchmarks/configs/qwen2.5-$shape.json" --batch "$batch" --context 512 --compare \
+      --json "$OUT/roofline.jsonl" 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tee -a "$OUT/bench.txt"
+  done
+done
+# The step through torch.compile (fused kernels), batch 64 only: compilation takes a minute or two.
+for shape in ${COMPILED_SHAPES:-0.5b 7b}; do
+  echo "== qwen2.5-$shape batch 64, compiled" | tee -a "$OUT/bench.txt"
+  timeout "${COMPILE_TIMEOUT:-200}" python3 benchmarks/bench_decode_roofline.py --device cuda --paths compiled \
+    --model-config "benchmarks/configs/qwen2.5-$shape.json" --batch 64 --context 512 \
+    --json "$OUT/roofline.jsonl" 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tail -8 | tee -a "$OUT/bench.txt"
+done

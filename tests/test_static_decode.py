@@ -1,0 +1,172 @@
+"""The static KV cache path equals the dynamic path token for token (CPU, fp32).
+
+Covers what the decode loop can vary: Llama without and Qwen2 / Qwen3 / Mistral with grouped
+KV heads, dedup prefill, uneven splits of a batch, cut-then-continue, top-k / top-p, greedy,
+speculation on and off, the batch buckets with idle rows that CUDA graphs need (run eagerly
+here), warm buffers reused by a smaller call and grown by a larger one, and the fallback for
+models the static forward does not support.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config,
+                          Qwen3Config)
+
+from actions.common.config import GenerationConfig
+from actions.common.modeling import build_char_tokenizer
+from actions.engines.base import SampleSpec
+from actions.engines.speculative import Speculation
+from actions.engines.static_decode import runtime_for
+from actions.engines.torch_engine import TorchEngine
+from actions.tasks.repeat import make_rows
+from reference_sampler import uncached_sample
+
+NEW = 14
+
+
+def _model(cls, **extra):
+    tok = build_char_tokenizer("")
+    cfg = cls(vocab_size=len(tok), hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, max_position_embeddings=256, pad_token_id=tok.pad_token_id,
+              eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, **extra)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval(), tok
+
+
+MODELS = {
+    "llama": lambda: _model(LlamaConfig, num_key_value_heads=4),
+    "qwen2-gqa": lambda: _model(Qwen2Config, num_key_value_heads=2),
+    "qwen3-gqa": lambda: _model(Qwen3Config, num_key_value_heads=1, head_dim=16),
+    "mistral-gqa": lambda: _model(MistralConfig, num_key_value_heads=2, sliding_window=None),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def setup(request):
+    torch.set_num_threads(1)
+    model, tok = MODELS[request.param]()
+    rows = make_rows(5, max_count=9, seed=3)
+    specs = [SampleSpec(r.prompt_id, i, tuple(tok(r.prompt)["input_ids"])) for r in rows for i in range(3)]
+    return model, tok, specs
+
+
+def _engines(model, tok):
+    static = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    dynamic = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kv_cache="dynamic")
+    assert static.static and not dynamic.static
+    return static, dynamic
+
+
+def _gen(engine, specs, **kw):
+    kw = {"seed": 7, "step": 2, "max_new_tokens": NEW, "temperature": 1.0, **kw}
+    outs, stats = engine.generate(specs, **kw)
+    return {(o.prompt_id, o.sample_index): (o.tokens, o.finish_reason, o.stop_token) for o in outs}, stats
+
+
+@pytest.mark.parametrize("kw", [{}, {"dedup": False}, {"temperature": 0.0}, {"top_k": 5, "top_p": 0.8}],
+                         ids=["dedup", "no-dedup", "greedy", "top-k-top-p"])
+def test_static_equals_dynamic(setup, kw):
+    model, tok, specs = setup
+    static, dynamic = _engines(model, tok)
+    got, stats = _gen(static, specs, **kw)
+    want, dstats = _gen(dynamic, specs, **kw)
+    assert got == want
+    assert stats.kv_cache == "static" and dstats.kv_cache == "dynamic"
+    assert stats.decode_steps == dstats.decode_steps
+
+
+def test_static_equals_the_uncached_reference(setup):
+    model, tok, specs = setup
+    static, _ = _engines(model, tok)
+    got, _ = _gen(static, specs)
+    for s in specs:
+        ref = uncached_sample(model, s, tok.eos_token_id, NEW, seed=7, step=2)
+        assert got[(s.prompt_id, s.sample_index)][0] == ref, s
+
+
+def test_uneven_splits_and_early_release(setup):
+    model, tok, specs = setup
+    static, dynamic = _engines(model, tok)
+    want, _ = _gen(dynamic, specs)
+    split = {}
+    for part in (specs[:4], specs[4:11], specs[11:]):
+        split.update(_gen(static, part)[0])
+    assert split == want
+    _, stats = _gen(static, specs)
+    # rows that finished left the batch: fewer row-steps than rows x steps
+    lengths = [len(t) for t, _, _ in want.values()]
+    assert min(lengths) < max(lengths), "every row ran to the same length; nothing to release"
+    assert stats.decode_token_slots < len(specs) * stats.decode_steps
+
+
+def test_batch_buckets_with_idle_rows_equal_exact_batches(setup):
+    """The padded batches CUDA graphs run (idle rows kept until a smaller bucket fits),
+    exercised eagerly on the CPU, draw the tokens of exact batches."""
+    model, tok, specs = setup
+    static, dynamic = _engines(model, tok)
+    static.pad_batches = True
+    assert _gen(static, specs)[0] == _gen(dynamic, specs)[0]
+    assert runtime_for(model).kv.rows >= 16  # 15 rows ran in the 16-row bucket
+
+
+def test_cut_then_continue_on_the_static_cache(setup):
+    model, tok, specs = setup
+    static, dynamic = _engines(model, tok)
+    want, _ = _gen(dynamic, specs)
+    ends = sorted(len(t) for t, _, _ in want.values())
+    cut_after = sum(e == ends[0] for e in ends)
+    first, _ = _gen(static, specs, cut_after=cut_after)
+    cut = [k for k, v in first.items() if v[1] == "cut"]
+    assert cut, "nothing was cut"
+    prompts = {(s.prompt_id, s.sample_index): s.prompt_tokens for s in specs}
+    resumed = [SampleSpec(p, i, prompts[(p, i)], tuple(first[(p, i)][0])) for p, i in cut]
+    rest, _ = _gen(static, resumed)
+    assert {**{k: v for k, v in first.items() if v[1] != "cut"}, **rest} == want
+
+
+def test_speculation_on_and_off_agree_with_the_static_path(setup):
+    model, tok, specs = setup
+    static, _ = _engines(model, tok)
+    plain, _ = _gen(static, specs)
+    spec = Speculation(strategies=("prompt_lookup",), fixed=("prompt_lookup", 3))
+    assert _gen(static, specs, speculation=spec)[0] == plain
+
+
+def test_warm_buffers_are_reused_by_smaller_calls_and_grown_by_larger_ones(setup):
+    model, tok, specs = setup
+    static, dynamic = _engines(model, tok)
+    _gen(static, specs)
+    rt = runtime_for(model)
+    kv = rt.kv
+    assert _gen(static, specs[:3])[0] == _gen(dynamic, specs[:3])[0]
+    assert rt.kv is kv  # fewer rows: the same buffers
+    long = [SampleSpec(s.prompt_id, s.sample_index, s.prompt_tokens * 12) for s in specs[:2]]
+    assert _gen(static, long)[0] == _gen(dynamic, long)[0]
+    assert rt.kv is not kv and rt.kv.cols > kv.cols and rt.kv.rows >= kv.rows
+
+
+def test_unsupported_models_decode_on_the_dynamic_path():
+    tok = build_char_tokenizer("")
+    cfg = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=128,
+                     eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    engine = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    assert not engine.static
+    spec = SampleSpec(0, 0, tuple(tok("ccc")["input_ids"]))
+    outs, stats = engine.generate([spec], seed=1, step=0, max_new_tokens=5, temperature=1.0)
+    assert stats.kv_cache == "dynamic"
+    assert outs[0].tokens == uncached_sample(model, spec, tok.eos_token_id, 5, seed=1, step=0)
+
+
+def test_cuda_graphs_on_without_cuda_is_refused_with_the_fix():
+    model, tok = MODELS["llama"]()
+    with pytest.raises(ValueError, match=r"generation.cuda_graphs 'on' needs a CUDA device.*use 'auto' or 'off'"):
+        TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, cuda_graphs="on")
+    with pytest.raises(ValueError, match="generation.kv_cache"):
+        TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kv_cache="paged")
+    with pytest.raises(ValueError, match="cuda_graphs 'on' needs generation.kv_cache 'static'"):
+        GenerationConfig(kv_cache="dynamic", cuda_graphs="on")
+    assert GenerationConfig(cuda_graphs=False).cuda_graphs == "off"  # YAML's bare off
