@@ -31,6 +31,7 @@ def qwen_dir(tmp_path_factory):
     return write_tiny_model_dir(tmp_path_factory.mktemp("qwen") / "m", "qwen2").path
 
 
+@pytest.mark.slow  # warm-up, the engine profile, 8 steps and two evaluations on a Qwen2 folder
 def test_lora_campaign_on_tiny_qwen2_raises_held_out_accuracy(tmp_path, qwen_dir, prefect_harness):
     cfg = load_config(None, [*LORA_LEARNING, f"model.path={qwen_dir}", f"store.uri={tmp_path / 'store'}"])
     summary = run_campaign(cfg, progress=lambda m: None)
