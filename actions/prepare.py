@@ -23,6 +23,7 @@ from typing import Any
 from actions.common.config import WorkloadConfig
 from actions.common.adapter import run_action
 from actions.common.contracts import PrepareRequest, Prepared
+from actions.common.hub import resolve_hub_ids
 from actions.common.lora_targets import check_targets
 from actions.common.store import ObjectStore, open_store, put_artifact, put_json
 from actions.tasks import get_task
@@ -61,7 +62,9 @@ def _datasets(cfg: WorkloadConfig) -> Datasets:
 
 def validate_inputs(cfg: WorkloadConfig) -> None:
     """Check the datasets, the reward functions and the model directory without writing
-    anything (fails fast at the CLI)."""
+    anything (fails fast at the CLI). Hub ids are fetched into the local hub cache where
+    downloads are allowed, and refused in one line where they are not (``actions/common/hub.py``)."""
+    cfg, _ = resolve_hub_ids(cfg)
     _datasets(cfg)
     if cfg.model.path:
         validate_model_dir(cfg.model.path)
@@ -140,7 +143,11 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str) -> Prepare
     from actions.common.modeling import base_files, build_tiny_model, instantiate, model_summary, read_model_dir
     from actions.common.weights import publish_tensors
 
+    source = cfg.model.path or "tiny"
+    cfg, fetched = resolve_hub_ids(cfg)  # the campaign's only network access, where allowed
     data = _datasets(cfg)
+    if fetched:
+        data.summary["hub"] = fetched
     train, evals = data.train, data.evals
     check_targets(cfg)
     if cfg.model.path:
@@ -157,7 +164,7 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str) -> Prepare
                                  "answer_len": len(encode(tokenizer, r.answer))} for r in train}
     base_key = f"{run_prefix}/base/manifest.json"
     put_artifact(store, base_key, files, {"summary": model_summary(files)})
-    init = publish_tensors(store, f"{run_prefix}/init/manifest.json", tensors, {"source": cfg.model.path or "tiny"})
+    init = publish_tensors(store, f"{run_prefix}/init/manifest.json", tensors, {"source": source})
     train_key = f"{run_prefix}/data/train/manifest.json"
     eval_key = f"{run_prefix}/data/eval/manifest.json"
     put_artifact(store, train_key, {DATASET_FILE: rows_to_jsonl(train)})

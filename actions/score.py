@@ -71,7 +71,7 @@ def run_score(req: ScoreRequest) -> ScoreResult:
     responses = [s["tokens"] + ([s.get("stop_token", ids.eos_id)] if s["finish_reason"] == "stop" else [])
                  for s in samples]
     texts = [tokenizer.decode(s["tokens"]) for s in samples]
-    # Unscorable output (None from every function) is data, not an error: it earns no reward (STYLE P8).
+    # Unscorable output (None from every function) is data, not an error: it earns no reward.
     rewards = torch.tensor(compute_rewards(req.rewards, [dataset[s["prompt_id"]] for s in samples], texts).total)
     # Only the forwards the update needs (update.needs_old_logp / needs_ref_logp).
     fns = {}

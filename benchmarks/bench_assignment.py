@@ -1,4 +1,4 @@
-"""Ranked assignment + cut-and-migrate vs round-robin at the same fan-out (PAPER §3.3-3.4).
+"""Ranked assignment + cut-and-migrate vs round-robin at the same fan-out (paper §3.3-3.4).
 
 Two parts, each printing ratios against its naive baseline measured in the same run:
 

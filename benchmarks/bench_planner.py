@@ -1,4 +1,4 @@
-"""Planning latency of the cost-aware planner (PAPER §4.7: scheduling overhead <= 30 ms).
+"""Planning latency of the cost-aware planner (paper §4.7: scheduling overhead <= 30 ms).
 
 Sweeps N in [1, 64] for 512 prompts (4 samples each) with the roofline TPOT profile of
 Qwen2.5-7B on 2 x H100 and prints the median, p90 and max wall time over repeats against the

@@ -1,9 +1,9 @@
-"""RLHFless vs the static serverful baseline on length traces (PAPER §4.7).
+"""RLHFless vs the static serverful baseline on length traces (paper §4.7).
 
 It replays every ``../shared/traces/*.jsonl`` (skipped with a note when absent) and four
 seeded synthetic traces of other length shapes (``benchmarks/make_traces.py``) on the paper's
 simulated cluster (20 nodes x 8 H100, roofline TPOT, Qwen2.5-7B-sized actors), then the
-paper's own simulated model, Llama2-70B on 2 GPUs per actor (PAPER §4.7), where the KV memory
+paper's own simulated model, Llama2-70B on 2 GPUs per actor (paper §4.7), where the KV memory
 left beside the weights (~18k tokens per actor) bounds the batch.
 
 Per trace and policy it prints, against ``static:3``: the generation phase's speedup and
@@ -231,7 +231,7 @@ def main() -> None:
                         help="length predictor of prompts without history (flows/planning/first_epoch.py)")
     parser.add_argument("--models", default="qwen2.5-7b,llama2-70b",
                         help="comma-separated actor models: qwen2.5-7b is the issue's setting, "
-                             "llama2-70b the paper's simulated one (PAPER §4.7), where KV memory binds")
+                             "llama2-70b the paper's simulated one (paper §4.7), where KV memory binds")
     args = parser.parse_args()
     traces = Path(args.traces)
     paths = sorted(traces.glob("*.jsonl"))

@@ -17,7 +17,7 @@ Usage::
     python benchmarks/bench_storage.py                 # starts its own SeaweedFS server
     python benchmarks/bench_storage.py --uri s3://bucket/bench   # uses AWS_* env instead
 
-Target: ours <= 1.2x raw for publish+fetch (ARCHITECTURE.md, performance principles).
+Target: ours <= 1.2x raw for publish+fetch.
 """
 
 from __future__ import annotations

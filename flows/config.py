@@ -29,7 +29,7 @@ class ScalingConfig(_Section):
     n_min: int = Field(1, ge=1)
     n_max: int = Field(4, ge=1)
     lam: float = Field(0.7, ge=0, le=1)
-    """Weight of time in the ``paper`` objective (PAPER 3.5)."""
+    """Weight of time in the ``paper`` objective (paper §3.5)."""
     objective: Literal["budget", "value", "slack", "paper"] = "value"
     """How ``cost_aware`` picks among its candidate plans (``flows/planning/objective.py``):
     ``value`` minimises cost + value_of_time_usd_per_s x phase time (the live default: the
@@ -55,7 +55,7 @@ class ScalingConfig(_Section):
     (``flows/campaign/live_profile.py``)."""
     prewarm: bool = True
     """Warm the generation actions (and load the new policy version in them) ahead of use,
-    at the earliest past invocation offset minus ``prewarm_buffer_s`` (PAPER 3.7)."""
+    at the earliest past invocation offset minus ``prewarm_buffer_s`` (paper §3.7)."""
     prewarm_buffer_s: float = Field(0.2, ge=0)
 
     @field_validator("policy")
@@ -171,6 +171,9 @@ class FaultConfig(_Section):
 class ObservabilityConfig(_Section):
     tensorboard: bool = False
     """Write each step's metrics as TensorBoard scalars (needs tensorboardX: the extra ``tensorboard``)."""
+    report_to: list[Literal["tensorboard", "wandb", "mlflow", "trackio"]] = []
+    """Experiment trackers that get every step's metrics (each an optional extra of the same
+    name; flows/campaign/trackers.py). ``tensorboard: true`` is ``report_to: [tensorboard]``."""
     tensorboard_dir: str | None = None
     """Event-file directory; None: ``runs/<run_id>/tensorboard``, beside the CLI's default run directory."""
 
@@ -214,7 +217,7 @@ class CampaignConfig(WorkloadConfig):
         data = self.model_dump(mode="json")
         for key in ("steps", "budget", "store", "invoker", "faults", "observability", "run_id", "eval_every"):
             data.pop(key, None)
-        # Fan-out and planning change cost, never the training data (ARCHITECTURE invariant 3).
+        # Fan-out and planning change cost, never the training data.
         data.pop("scaling", None)
         data["model"].pop("gradient_checkpointing", None)  # memory for compute; the same weights
         for key in ("assignment", "cut_threshold", "rank_slack", "migrate_window_s", "score_while_generating",
@@ -228,6 +231,8 @@ class CampaignConfig(WorkloadConfig):
                 data["generation"].pop(key, None)
         if data["data"].get("max_value") is None:  # likewise for the arith task's quantities
             data["data"].pop("max_value", None)
+        if data["data"].get("eval_fraction") is None:  # and for the held-out share
+            data["data"].pop("eval_fraction", None)
         return data
 
     def fingerprint(self) -> str:

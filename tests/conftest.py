@@ -11,6 +11,9 @@ import pytest
 
 # Tasks called outside a flow run (library-style tests) have no flow run to send logs to.
 os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
+# Nothing in the suite downloads: hub ids are refused offline (a test that fakes the hub
+# lifts this for itself).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # ----------------------------------------------------------------------------- object store
 # A real S3 server (SeaweedFS `weed mini`, started once per session, ~2-10 s) and stores on it.

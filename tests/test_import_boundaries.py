@@ -4,8 +4,8 @@ Each check imports every module of a package in a fresh interpreter and reads ``
 afterwards, so a heavy import hidden behind another module (a transitive one) is caught too;
 ``tests/test_import_layers.py`` reads the import statements themselves.
 
-- ``flows.planning`` is pure (STYLE P3): no Prefect, torch or HTTP client;
-- ``flows`` loads no torch (ARCHITECTURE: heavy imports happen inside actions only);
+- ``flows.planning`` is pure: no Prefect, torch or HTTP client;
+- ``flows`` loads no torch (heavy imports happen inside actions only);
 - ``actions`` loads neither Prefect nor ``flows`` (actions run in containers without them).
 """
 

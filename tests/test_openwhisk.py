@@ -371,6 +371,6 @@ def test_classify_activation(status, result, annotations, expected):
 
 
 def test_client_imports_without_torch():
-    """flows never import torch (ARCHITECTURE: dependency direction); checked in a clean interpreter."""
+    """flows never import torch; checked in a clean interpreter."""
     code = "import flows.invokers.openwhisk, flows.commands.deploy, sys; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

@@ -1,4 +1,4 @@
-"""Prompt assignment (PAPER §3.3)."""
+"""Prompt assignment (paper §3.3)."""
 
 import pytest
 

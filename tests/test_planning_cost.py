@@ -1,4 +1,4 @@
-"""TPOT profile and per-actor time estimates (PAPER §3.5)."""
+"""TPOT profile and per-actor time estimates (paper §3.5)."""
 
 import random
 

@@ -1,4 +1,4 @@
-"""Length history and prediction (PAPER §3.2)."""
+"""Length history and prediction (paper §3.2)."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Cut-and-migrate bookkeeping (PAPER §3.4)."""
+"""Cut-and-migrate bookkeeping (paper §3.4)."""
 
 import pytest
 

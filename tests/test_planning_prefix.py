@@ -1,4 +1,4 @@
-"""Prefix-length choice and prefill plan (PAPER §3.1, consistent version)."""
+"""Prefix-length choice and prefill plan (paper §3.1, consistent version)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Pre-warming from call history (PAPER §3.7)."""
+"""Pre-warming from call history (paper §3.7)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Cost-aware actor scaling and the feasibility check (PAPER §3.5-3.6)."""
+"""Cost-aware actor scaling and the feasibility check (paper §3.5-3.6)."""
 
 import math
 import textwrap

@@ -229,7 +229,7 @@ def test_deployment_run_on_worker_publishes_artifacts_and_holds_gpu_slots(deploy
         if len(acquired) == len(released):
             break
     assert len(acquired) == len(released) >= 9
-    # TensorBoard scalars under the ARCHITECTURE.md names, one point per step.
+    # TensorBoard scalars under the flows/step/metrics.py names, one point per step.
     scalars = read_scalars(board)
     for name in ("reward/mean", "response_length/mean", "timing_s/generate", "cost/billed_gpu_seconds", "actors/n",
                  "kl", "loss/policy"):

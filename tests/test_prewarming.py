@@ -1,4 +1,4 @@
-"""Pre-warming a live generation phase from call history (PAPER §3.7)."""
+"""Pre-warming a live generation phase from call history (paper §3.7)."""
 
 from __future__ import annotations
 

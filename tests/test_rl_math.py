@@ -1,4 +1,4 @@
-"""Unit tests for actions/rl math on tiny hand-computed inputs (P9 tier 1, CPU, milliseconds)."""
+"""Unit tests for actions/rl math on tiny hand-computed inputs (CPU, milliseconds)."""
 
 import math
 

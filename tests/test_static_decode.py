@@ -17,6 +17,7 @@ from transformers import (AutoModelForCausalLM, GPT2Config, LlamaConfig, Mistral
 from actions.common.config import GenerationConfig
 from actions.common.modeling import build_char_tokenizer
 from actions.engines.base import SampleSpec
+from actions.engines.sampling import Sampler
 from actions.engines.speculative import Speculation
 from actions.engines.static_decode import runtime_for
 from actions.engines.torch_engine import TorchEngine
@@ -75,6 +76,27 @@ def test_static_equals_dynamic(setup, kw):
     assert got == want
     assert stats.kv_cache == "static" and dstats.kv_cache == "dynamic"
     assert stats.decode_steps == dstats.decode_steps
+
+
+def test_static_logits_equal_the_dynamic_paths_bit_for_bit(setup, monkeypatch):
+    """On the CPU the static step attends over exactly the columns in use, so every draw sees
+    the dynamic path's logits to the last bit (a campaign's weights then cannot differ)."""
+    model, tok, specs = setup
+    seen: dict[str, list[torch.Tensor]] = {"static": [], "dynamic": []}
+    path = ["static"]
+    draw = Sampler.draw
+
+    def spy(self, logits, keys, positions):
+        seen[path[0]].append(logits.detach().clone())
+        return draw(self, logits, keys, positions)
+
+    monkeypatch.setattr(Sampler, "draw", spy)
+    for name, engine in zip(("static", "dynamic"), _engines(model, tok)):
+        path[0] = name
+        _gen(engine, specs)
+    assert len(seen["static"]) == len(seen["dynamic"]) > 5
+    for a, b in zip(seen["static"], seen["dynamic"]):
+        assert torch.equal(a, b)
 
 
 def test_static_equals_the_uncached_reference(setup):

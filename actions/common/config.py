@@ -81,7 +81,11 @@ class DataConfig(_Section):
     train_path: str | None = None
     """A .jsonl or .parquet file, or a ``Dataset.save_to_disk`` folder; None generates the task."""
     eval_path: str | None = None
-    """Held-out prompts in the same format; required with ``train_path``."""
+    """Held-out prompts in the same format (or a hub id, ``actions/common/hub.py``). Without it,
+    ``eval_fraction`` of the training rows are held out, or nothing is evaluated."""
+    eval_fraction: float | None = Field(None, gt=0, lt=1)
+    """With ``train_path`` and no ``eval_path``: the share of the training rows held out for
+    evaluation (chosen by the run's seed); None: evaluate nothing."""
     prompt_key: str = Field("prompt", min_length=1)
     """Column holding the prompt: a string, or a list of chat messages {role, content}."""
     answer_key: str = Field("answer", min_length=1)
@@ -113,6 +117,14 @@ class DataConfig(_Section):
             raise ValueError(f"data.max_value={self.max_value} sets the quantities of the generated arith task, but "
                              f"{'data.train_path is set' if self.train_path else f'data.task is {self.task!r}'}; "
                              "remove data.max_value (or set data.task: arith without data.train_path)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_eval_fraction(self) -> DataConfig:
+        if self.eval_fraction is not None and (self.eval_path or not self.train_path):
+            why = "data.eval_path is set" if self.eval_path else "the generated task has its own eval set"
+            raise ValueError(f"data.eval_fraction={self.eval_fraction} holds out training rows, but {why}; "
+                             "remove data.eval_fraction (it needs data.train_path without data.eval_path)")
         return self
 
     @field_validator("chat_template", mode="before")
@@ -231,7 +243,7 @@ class GenerationConfig(_Section):
     None (default): on for ``invoker.kind: openwhisk``, where every action has its own
     accelerators, off for the local and in-process invokers (``CampaignConfig.overlap_scoring``)."""
     prefill_capacity: int = Field(64, gt=0)
-    """B_prefill: most unique prefixes one prefill action computes (PAPER 3.1)."""
+    """B_prefill: most unique prefixes one prefill action computes (paper §3.1)."""
     prefill_action: Literal["auto", "always", "never"] = "auto"
     """With ``dedup_prefill``: whether the step runs the separate prefill action. ``auto``: only
     where the prefix its prompts share saves more prefill compute than the action's fixed cost

@@ -1,4 +1,4 @@
-"""Wire contracts between flows and actions: one pydantic model per message (STYLE P2).
+"""Wire contracts between flows and actions: one pydantic model per message.
 
 Payloads carry object-store keys and small statistics, never tensors (OpenWhisk caps params
 and results at about 1 MB). Both sides import these models; actions validate the incoming
@@ -343,7 +343,7 @@ class Control(BaseModel):
     activation: dict[str, Any] | None = Field(None, alias="__activation")
     """Result side: the runtime's record of the activation (busy time, pid, image, cold)."""
     warm: WarmCounts | None = Field(None, alias="__warm")
-    """Result side: warm-cache hits and misses (STYLE P7)."""
+    """Result side: warm-cache hits and misses."""
 
     def to_payload(self) -> dict[str, Any]:
         """The keys that differ from their defaults, under their ``__`` names."""

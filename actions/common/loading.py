@@ -1,4 +1,4 @@
-"""What actions load from the store, cached while the container stays warm (STYLE P7).
+"""What actions load from the store, cached while the container stays warm.
 
 Models are keyed by (store uri, base key, policy key): a policy version never changes once
 its manifest exists, so a hit is always valid. The train action takes a private copy

@@ -1,4 +1,4 @@
-"""Warm-container cache: expensive objects kept across warm invocations (STYLE P7).
+"""Warm-container cache: expensive objects kept across warm invocations.
 
 OpenWhisk may reuse a container for the next activation of the same action, and the local
 warm pool always does. Anything costly to build (a model at a policy version, a tokenizer, a

@@ -2,7 +2,7 @@
 
 ``make_engine`` builds an engine from what is already loaded. ``load_engine`` is what the
 generate and evaluate actions call: it returns a ready engine for a policy version, cached
-while the container stays warm (STYLE P7):
+while the container stays warm:
 
 * torch: the engine wraps the warm-cached model of ``loading.load_model`` (keyed by store,
   base and policy key), so it is as warm as the model.

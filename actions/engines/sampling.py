@@ -1,6 +1,6 @@
 """Counter-based sampling noise: a sample's randomness depends only on who it is.
 
-ARCHITECTURE invariant 3 says scaling is invisible to learning: the tokens a sample draws may
+A design invariant says scaling is invisible to learning: the tokens a sample draws may
 depend only on (run seed, step, prompt id, sample index) -- never on the batch it shares, the
 actor that runs it, or whether it was cut and migrated. Stateful generators cannot give that
 cheaply in a batch, so sampling uses the Gumbel-max trick with noise from a counter-based hash:

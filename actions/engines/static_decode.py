@@ -52,8 +52,11 @@ WINDOW_STEP = 256
 step attends over at most ``WINDOW_STEP - 1`` masked columns more than it needs, and one
 graph serves every step of a call within one window."""
 
-EAGER_WINDOW_STEP = 8
-"""The eager step's window: the columns in use, rounded up a little (nothing to reuse)."""
+CPU_WINDOW_STEP = 1
+"""On the CPU (no graphs) the window is exactly the columns in use: the attention then has the
+shapes of the dynamic path's and computes the same bits. On CUDA the eager step uses the
+graphs' ``WINDOW_STEP``, so that graph replay and eager steps run the same kernels on the same
+shapes and agree bit for bit."""
 
 _RUNTIMES: "weakref.WeakKeyDictionary[torch.nn.Module, DecodeRuntime]" = weakref.WeakKeyDictionary()
 """Each loaded model's runtime, dropped with the model (a runtime holds the model's
@@ -143,7 +146,7 @@ class DecodeRuntime:
             self.state = _State.empty(rows, self.device)
         return self.kv
 
-    def step(self, b: int, window: int, sampling: Sampler) -> None:
+    def step(self, b: int, window: int, sampling: Sampler, dense: bool = False) -> None:
         """One decode step of rows ``[0, b)``: forward, draw, advance (through ``torch.compile``
         where the runtime is ``compiled``: fused kernels, which round differently from eager)."""
         if self.compiled:
@@ -153,16 +156,16 @@ class DecodeRuntime:
                 torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
                 self._compiled_step = torch.compile(self._step, dynamic=False)
             try:
-                return self._compiled_step(b, window, sampling)
+                return self._compiled_step(b, window, sampling, dense)
             except Exception as exc:  # noqa: BLE001 -- a compiler failure falls back to eager
                 self.compiled = False
                 log.warning("torch.compile of the decode step failed, running it eagerly: %s: %s",
                             type(exc).__name__, str(exc)[:200])
-        self._step(b, window, sampling)
+        self._step(b, window, sampling, dense)
 
-    def _step(self, b: int, window: int, sampling: Sampler) -> None:
+    def _step(self, b: int, window: int, sampling: Sampler, dense: bool = False) -> None:
         st = self.state
-        logits = self.forward(self.kv, st.tok[:b, None], st.pos[:b, None], st.col, window)[:, -1]
+        logits = self.forward(self.kv, st.tok[:b, None], st.pos[:b, None], st.col, window, dense)[:, -1]
         st.rpos[:b] += 1
         st.tok[:b] = sampling.draw(logits, st.keys[:b], st.rpos[:b])
         st.pos[:b] += 1
@@ -175,7 +178,10 @@ class DecodeRuntime:
             if g is not None:
                 g.replay()
                 return
-        self.step(b, window, sampling)
+        # the CPU's step: unmasked where nothing in the window is masked (StaticForward), a check
+        # that costs a device read on a GPU and is never made there
+        dense = self.device.type == "cpu" and bool(self.kv.mask[:b, :window - 1].all())
+        self.step(b, window, sampling, dense)
 
     def _capture(self, b: int, window: int, sampling: Sampler) -> torch.cuda.CUDAGraph | None:
         st = self.state
@@ -267,8 +273,7 @@ def _decode_locked(rt: DecodeRuntime, engine, samples: list[SampleSpec], states:
         elif live < sum(i is not None for i in slots):
             kept = set(keep)
             slots = [i if j in kept else None for j, i in enumerate(slots)]
-        # graphs: few window sizes, each captured once; eager: no more columns than needed
-        window = min(round_up(col + 1, WINDOW_STEP if graphs else EAGER_WINDOW_STEP), kv.cols)
+        window = min(round_up(col + 1, WINDOW_STEP if rt.device.type == "cuda" else CPU_WINDOW_STEP), kv.cols)
         rt.run(b, window, sampling, graphs)
         col += 1
         stats.decode_steps += 1

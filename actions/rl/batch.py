@@ -71,7 +71,7 @@ def gather_batch(store: ObjectStore, keys: list[str], algo: AlgorithmConfig, pad
 
 
 def rollout_metrics(batch: TrainBatch, algo: AlgorithmConfig) -> dict[str, float]:
-    """Reward and length statistics (metric names of ARCHITECTURE.md)."""
+    """Reward and length statistics (the metric names of flows/step/metrics.py)."""
     lengths = batch.packed.response_mask.sum(-1)
     groups = batch.rewards.view(-1, algo.group_size)
     return {

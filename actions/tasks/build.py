@@ -9,6 +9,7 @@ reward functions (imported and, for plug-ins, called once on two rows). Nothing 
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -59,10 +60,11 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
     d = cfg.data
     train, train_stats = _split(cfg, "train", frozenset())
     if d.train_path and not d.eval_path:
-        raise ValueError("data.train_path is set but data.eval_path is not; give held-out prompts in data.eval_path "
-                         "(same format) for the evaluations")
-    # A synthetic eval set never repeats a training question.
-    evals, eval_stats = _split(cfg, "eval", frozenset(r.prompt for r in train))
+        train, evals = hold_out(train, d.eval_fraction or 0.0, cfg.seed)
+        eval_stats: dict[str, Any] = {"rows": len(evals)}
+    else:  # a synthetic eval set never repeats a training question
+        evals, eval_stats = _split(cfg, "eval", frozenset(r.prompt for r in train))
+    evaluation = evaluation_source(d.train_path, d.eval_path, d.eval_fraction)
     stats = {"train": train_stats, "eval": eval_stats}
     # The tiny model's character tokenizer has no chat template: without model.path only the
     # length limit needs it (and the CLI answers a bad chat_template without importing torch).
@@ -85,7 +87,36 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
         raise ValueError(
             f"data has {len(train)} training prompts but a step needs algorithm.batch_size/group_size = "
             f"{cfg.algorithm.prompts_per_step}; add prompts or lower algorithm.batch_size")
-    if not evals:
-        raise ValueError("data.eval_path has no prompts left after data.long_prompts; raise data.max_prompt_tokens")
+    if not evals and evaluation != "none":
+        raise ValueError(f"the eval set ({evaluation}) has no prompts left after data.long_prompts; raise "
+                         "data.max_prompt_tokens" + (" or data.eval_fraction" if d.eval_fraction else ""))
     check_reward_functions(cfg.reward_functions(), train)
-    return Datasets(train=train, evals=evals, summary=stats | {"chat_template": template})
+    return Datasets(train=train, evals=evals, summary=stats | {"chat_template": template, "evaluation": evaluation})
+
+
+def evaluation_source(train_path: str | None, eval_path: str | None, eval_fraction: float | None) -> str:
+    """What the campaign evaluates on, as the summary names it: ``eval_path``, ``held_out
+    <fraction> of train_path``, ``none`` or ``task``."""
+    if not train_path:
+        return "task"
+    if eval_path:
+        return "eval_path"
+    return f"held_out {eval_fraction} of train_path" if eval_fraction else "none"
+
+
+def hold_out(rows: list[PromptRow], fraction: float, seed: int) -> tuple[list[PromptRow], list[PromptRow]]:
+    """(train, eval): ``round(fraction * len(rows))`` rows (at least one when ``fraction`` > 0),
+    chosen by a seeded shuffle of the prompt ids, move to eval; both keep the file's order.
+
+    >>> rows = [PromptRow(prompt_id=i, prompt=f"q{i}", answer="a") for i in range(10)]
+    >>> train, evals = hold_out(rows, 0.2, seed=0)
+    >>> len(train), len(evals), {r.prompt_id for r in train} & {r.prompt_id for r in evals}
+    (8, 2, set())
+    """
+    if fraction <= 0:
+        return rows, []
+    count = min(len(rows) - 1, max(1, round(fraction * len(rows))))
+    ids = sorted(r.prompt_id for r in rows)
+    random.Random(seed).shuffle(ids)
+    chosen = set(ids[:count])
+    return [r for r in rows if r.prompt_id not in chosen], [r for r in rows if r.prompt_id in chosen]

@@ -2,7 +2,7 @@
 
 The dataset is an artifact (``actions/prepare.py`` writes it) holding one file,
 :data:`~actions.tasks.dataset.DATASET_FILE`, in the format of :mod:`actions.tasks.dataset`.
-A dataset key never changes once its manifest exists, so a warm hit is always valid (P7).
+A dataset key never changes once its manifest exists, so a warm hit is always valid.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from flows.planning.retention import Retention
 from flows.campaign.state import CampaignRefused, CampaignState, EvalRecord, check_resume, commit_state, load_state
 from flows.step.payloads import StepInputs
 from flows.step.invoke import invoke_action
-from flows.campaign.tensorboard import ScalarBoard
+from flows.campaign.trackers import Trackers
 
 Progress = Callable[[str], None]
 CALL_HISTORY = 8
@@ -61,6 +61,11 @@ def _evaluate(ctx: RunContext, state: CampaignState, clock: StepClock | None = N
     if clock is not None:
         clock.add_work(out.record.busy_s)
     return EvalRecord(step=state.step, policy_version=state.policy_version, **out.result.model_dump())
+
+
+def _evaluates(state: CampaignState) -> bool:
+    """False where the data has no eval set (``data.eval_path`` unset, no ``eval_fraction``)."""
+    return state.prepared.data.get("evaluation") != "none"
 
 
 def _model_ref(ctx: RunContext, state: CampaignState) -> ModelRef:
@@ -94,7 +99,8 @@ def _setup(ctx: RunContext, progress: Progress) -> CampaignState:
                           weights_sha256=sha)
     if cfg.algorithm.name == "ppo":
         state.critic_key = init_critic(ctx, _model_ref(ctx, state))
-    state.evals.append(_evaluate(ctx, state))
+    if _evaluates(state):
+        state.evals.append(_evaluate(ctx, state))
     ctx.live = finish_profiling(ctx, profiling, progress)
     return state
 
@@ -201,7 +207,7 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
     existing = load_state(store, run_id)
     check_resume(existing, cfg, resume)
     retention = Retention(cfg.store.keep_last, cfg.store.checkpoint_every)
-    board = ScalarBoard.open(cfg, run_id)  # TensorBoard scalars when observability.tensorboard
+    board = Trackers.open(cfg, run_id)  # observability.report_to: TensorBoard, wandb, MLflow, trackio
     num_workers = pool_size(cfg)
     invoker = make_invoker(cfg, num_workers)
     ctx = RunContext(config=cfg, store=store, invoker=invoker, run_id=run_id)
@@ -259,7 +265,8 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
                     # while this step is committed and the next step's flow run starts.
                     warming = prewarm_in_background(invoker, "generate", int(last["actors/n"]),
                                                     _model_ref(ctx, state).model_dump(mode="json"))
-                if cfg.eval_every and state.step % cfg.eval_every == 0 or state.step == cfg.steps:
+                if _evaluates(state) and (cfg.eval_every and state.step % cfg.eval_every == 0
+                                          or state.step == cfg.steps):
                     state.evals.append(_evaluate(ctx, state, clock))
                 last["timing_s/period"], last["timing_s/overhead"] = clock.close_period(last["timing_s/work"])
                 lease.check()
@@ -307,7 +314,7 @@ def _progress_line(state: CampaignState, total: int, width: int = 20) -> str:
     done = int(width * state.step / max(1, total))
     phases = " ".join(f"{p} {last[f'timing_s/{p}']:.1f}s" for p in ("plan", "prefill", "generate", "score", "train", "overhead",
                                                                       "commit"))
-    acc = f" | eval acc {state.evals[-1].accuracy:.3f}" if state.evals[-1].step == state.step else ""
+    acc = f" | eval acc {state.evals[-1].accuracy:.3f}" if state.evals and state.evals[-1].step == state.step else ""
     return (f"[{'#' * done}{'.' * (width - done)}] step {state.step}/{total} | {phases} | "
             f"actions {int(last['actors/n'])} cut {int(last['actors/migrated'])} | "
             f"reward {last['reward/mean']:.3f} len {last['response_length/mean']:.1f}{acc}")

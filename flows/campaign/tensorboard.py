@@ -1,7 +1,7 @@
 """Optional TensorBoard event files: every committed step's metrics as scalars.
 
 With ``observability.tensorboard: true`` the campaign writes one scalar per metric of
-ARCHITECTURE.md (``reward/mean``, ``timing_s/generate``, ``cost/usd``, ...) at global step =
+flows/step/metrics.py (``reward/mean``, ``timing_s/generate``, ``cost/usd``, ...) at global step =
 steps committed, plus ``eval/accuracy`` at the step it was measured (0 = before RL), into
 ``runs/<run_id>/tensorboard/`` (``tensorboard --logdir runs``). A resumed campaign appends a
 new event file to the same directory; TensorBoard merges them.

@@ -1,4 +1,5 @@
-"""The ``rlhfless`` command line: train, status, gc, simulate, deploy, profile, tiny-model.
+"""The ``rlhfless`` command line: train, status, gc, simulate, deploy, profile, tiny-model
+(and ``rlhfless --version``).
 
 Bad input (configuration, data, model path, store, credentials, arguments) is answered with
 one line on stderr naming what is wrong and how to fix it, and exit code 2; nothing is
@@ -18,9 +19,9 @@ if TYPE_CHECKING:
     from flows.config import CampaignConfig
 
 # Quiet, offline-friendly defaults for the embedded Prefect server; users may override them.
+# HF_HUB_OFFLINE stays the user's: unset or 0 lets `prepare` fetch hub ids (actions/common/hub.py).
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 class UsageError(ValueError):
@@ -65,10 +66,29 @@ def _add_gc(sub: Any) -> None:
     p.add_argument("--break-lease", action="store_true", help="take the run's lease even if another process holds it")
 
 
+def version() -> str:
+    """The installed distribution's version, or the source tree's ``pyproject.toml`` version
+    when the package runs from a checkout that was never installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("rlhfless")
+    except PackageNotFoundError:
+        import tomllib
+
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        try:
+            return str(tomllib.loads(pyproject.read_text())["project"]["version"])
+        except (OSError, KeyError, ValueError):
+            return "unknown"
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser. With ``command`` (the subcommand about to run) the other plugin subcommands
     are listed without importing their modules: a refusal of ``train`` stays fast."""
     parser = _Parser(prog="rlhfless", description="Serverless RLHF: Prefect flows of OpenWhisk-style actions")
+    parser.add_argument("--version", action="version", version=f"rlhfless {version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_train(sub)
     _add_status(sub)
@@ -114,8 +134,10 @@ def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool,
     run_id = cfg.resolved_run_id()
     check_not_held(store, run_id, break_lease=break_lease)
     check_resume(load_state(store, run_id), cfg, resume)
+    from flows.campaign.trackers import check_trackers
     from flows.invokers.factory import check_invoker
 
+    check_trackers(cfg)
     check_invoker(cfg)
     return RunLease.acquire(store, run_id, ttl_s=cfg.store.lease_ttl_s, break_lease=break_lease)
 
@@ -154,7 +176,9 @@ def _train(args: argparse.Namespace) -> int:
         pass
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True))
-    print(f"eval accuracy {summary['eval_accuracy_first']} -> {summary['eval_accuracy_last']}; "
+    evaluated = (f"eval accuracy {summary['eval_accuracy_first']} -> {summary['eval_accuracy_last']}"
+                 if summary.get("evals") else "no evaluation (no data.eval_path nor data.eval_fraction)")
+    print(f"{evaluated}; "
           f"billed {summary['billed_gpu_seconds']:.1f} {summary['billing']['unit']}; wall {summary['wall_seconds']:.0f} s")
     profile, fid = summary.get("profile"), (summary.get("planner_fidelity") or {}).get("generate", {})
     if profile:
@@ -238,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         words = sys.argv[1:] if argv is None else argv
+        if words[:1] == ["--version"]:  # before the parser: it would import every subcommand
+            print(f"rlhfless {version()}")
+            return 0
         command = next((w for w in words if not w.startswith("-")), None)
         args, extra = build_parser(command).parse_known_args(argv)
         if extra:  # argparse would blame the top-level parser; point at the subcommand's help

@@ -1,6 +1,10 @@
-"""``rlhfless deploy``: make the OpenWhisk actions match ``infra/openwhisk/actions.yaml``.
+"""``rlhfless deploy``: make the OpenWhisk actions match the action manifest.
 
-The manifest is declarative (P12): one package, and per action its runtime image, memory,
+The manifest ships with the package (``flows/commands/openwhisk_actions.yaml``, package data;
+``infra/openwhisk/actions.yaml`` in a checkout links to it), so ``rlhfless deploy`` works from an
+installed wheel in any directory; ``--manifest FILE`` deploys an operator's own copy.
+
+The manifest is declarative: one package, and per action its runtime image, memory,
 time limit, per-container concurrency, log size, annotations and default parameters. A
 top-level ``env`` block is bound to every action as *init* parameters, which OpenWhisk hands to
 ``/init`` only and the runtime server exports as environment variables (S3 endpoint and keys:
@@ -33,7 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from flows.invokers.base import ActionError
 from flows.invokers.openwhisk import OpenWhiskClient, OpenWhiskConfig, OpenWhiskError, OpenWhiskNotFound
 
-DEFAULT_MANIFEST = "infra/openwhisk/actions.yaml"
+DEFAULT_MANIFEST = "openwhisk_actions.yaml"
+"""The shipped manifest: package data of ``flows.commands`` (read with importlib.resources)."""
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 #: Annotations the controller adds by itself; compared only when the manifest sets them.
 SYSTEM_ANNOTATIONS = frozenset({"exec", "provide-api-key"})
@@ -119,16 +124,14 @@ class DeploymentManifest(BaseModel):
         return v
 
 
-def load_manifest(path: str | Path) -> DeploymentManifest:
-    """Read and validate a manifest (the default path also resolves from outside the repo root).
+def load_manifest(path: str | Path | None = None) -> DeploymentManifest:
+    """Read and validate a manifest; ``None`` reads the one shipped with the package.
 
     Raises:
         ManifestError: naming the file and each offending field, e.g.
             ``actions.generate.memory: Input should be greater than or equal to 128 (got 0)``.
     """
-    path = Path(path)
-    if str(path) == DEFAULT_MANIFEST and not path.exists():
-        path = Path(__file__).resolve().parents[1] / DEFAULT_MANIFEST
+    path = shipped_manifest() if path is None else Path(path)
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
@@ -304,10 +307,19 @@ def format_plan(changes: list[Change], *, dry_run: bool) -> str:
     return "\n".join([c.describe() for c in changes] + [summary])
 
 
+def shipped_manifest() -> Path:
+    """Where the packaged manifest lies (a source checkout or an installed wheel alike)."""
+    from importlib.resources import files
+
+    return Path(str(files("flows.commands") / DEFAULT_MANIFEST))
+
+
 # ---------------------------------------------------------------------------- CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``rlhfless deploy``."""
-    parser.add_argument("--manifest", default=DEFAULT_MANIFEST, help=f"action manifest (default {DEFAULT_MANIFEST})")
+    parser.add_argument("--manifest", default=None,
+                        help="action manifest (default: the one shipped with the package, "
+                             "infra/openwhisk/actions.yaml in a checkout)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan, change nothing (needs no credentials)")
     parser.add_argument(
         "--secret-block",

@@ -2,7 +2,7 @@
 
 An :class:`Invoker` takes an action name (``generate``, ``score``, ...) and a JSON payload and
 returns an :class:`Activation`: the action's result plus the accounting the flow needs
-(ARCHITECTURE invariant 5: every second is accounted). Three implementations share it:
+(every second is accounted). Three implementations share it:
 
 * ``InProcessInvoker`` -- calls ``actions.<name>.main`` in this process (unit tests).
 * ``LocalPoolInvoker`` -- a warm pool of worker processes serving the action protocol on

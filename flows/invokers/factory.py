@@ -47,6 +47,7 @@ def check_invoker(cfg: CampaignConfig) -> None:
         ValueError: one line naming the setting (WSK_APIHOST, WSK_AUTH, the package) and the fix.
     """
     if cfg.invoker.kind != "openwhisk":
+        _check_local_engine(cfg)
         return
     from flows.invokers.openwhisk.api import OpenWhiskError, RetryPolicy
     from flows.invokers.openwhisk.client import OpenWhiskClient
@@ -59,3 +60,15 @@ def check_invoker(cfg: CampaignConfig) -> None:
             c.get_action(action)
         except OpenWhiskError as exc:
             raise ValueError(str(exc)) from None
+
+
+def _check_local_engine(cfg: CampaignConfig) -> None:
+    """Actions that run on this machine (local pool, in process) import the optional vLLM
+    engine from this environment: a missing package is refused here, before anything is
+    written, instead of failing the first generate action with a traceback. (On OpenWhisk the
+    image carries it: runtime_images/gpu-vllm.)"""
+    import importlib.util
+
+    if cfg.generation.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ValueError("generation.engine 'vllm': vLLM is not installed in this environment; install it "
+                         "(docs/vllm.md, 'Installing') or set generation.engine: torch")

@@ -1,4 +1,4 @@
-"""Prompt-to-actor assignment (PAPER §3.3, §3.6).
+"""Prompt-to-actor assignment (paper §3.3, §3.6).
 
 - ``assign_ranked``: sort prompts by predicted length, longest first (ties broken by prompt
   id so the plan is deterministic), and cut the sorted list into ``N`` contiguous slices whose

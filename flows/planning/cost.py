@@ -1,8 +1,8 @@
-"""Per-actor time and cost estimates from a TPOT profile (PAPER §3.5, §3.8).
+"""Per-actor time and cost estimates from a TPOT profile (paper §3.5, §3.8).
 
 An actor decodes its samples as one continuously batched group; a finished sample leaves the
 batch at once, so the batch shrinks as samples finish. With ``alive(t)`` the number of samples
-whose length is ``>= t`` and ``P`` the prompt length, the decode time is [I, PAPER §3.5]::
+whose length is ``>= t`` and ``P`` the prompt length, the decode time is [I, paper §3.5]::
 
     T_decode = sum_{t=1..max_len} TPOT(alive(t), P + t)
 
@@ -252,5 +252,5 @@ def brute_force_decode_time(lengths: Sequence[int], prompt_len: float,
 
 
 def actor_cost(time_s: float, gpus: int, price_per_gpu_second: float) -> float:
-    """Money for holding ``gpus`` GPUs for ``time_s`` seconds (PAPER §3.5 C = rho * T * G)."""
+    """Money for holding ``gpus`` GPUs for ``time_s`` seconds (paper §3.5 C = rho * T * G)."""
     return time_s * gpus * price_per_gpu_second

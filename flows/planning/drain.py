@@ -1,4 +1,4 @@
-"""The generation drain: what a step does as its generation actions return (PAPER §3.4, §4.7).
+"""The generation drain: what a step does as its generation actions return (paper §3.4, §4.7).
 
 Pure decisions, no clock, futures or I/O: the caller passes ``now`` and executes what comes
 back. The live step (``flows/step/flow.py``) and the cluster model (``flows/simulate/cluster.py``)

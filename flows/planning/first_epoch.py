@@ -1,4 +1,4 @@
-"""First-epoch length prediction learned online from prompt features (beyond PAPER §3.2).
+"""First-epoch length prediction learned online from prompt features (beyond paper §3.2).
 
 The paper predicts a prompt it has not seen yet from its reference answer's length. Here the
 relation between features and the observed group max is learned from the prompts already

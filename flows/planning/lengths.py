@@ -1,4 +1,4 @@
-"""Per-prompt response-length history and prediction (PAPER §3.2).
+"""Per-prompt response-length history and prediction (paper §3.2).
 
 RLHF revisits the same prompt set every epoch, so the length a prompt produced last epoch
 predicts its next one (paper: ~70% of prompts change by <= 50 tokens between epochs). Only the

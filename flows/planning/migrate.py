@@ -1,4 +1,4 @@
-"""Cut-and-migrate bookkeeping (PAPER §3.4).
+"""Cut-and-migrate bookkeeping (paper §3.4).
 
 Each decode actor has a cutting threshold ``tau in (0, 1]``. When ``cut_point(n, tau)`` of its
 ``n`` samples have finished, the actor is cut: its unfinished samples are moved elsewhere and

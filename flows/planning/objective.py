@@ -18,7 +18,7 @@ Among what is left (the frontier):
   generation is worth V GPU-seconds": e.g. the learner's 8 GPUs that wait for the phase make
   ``V = 8``. ``V = 0`` is the cheapest plan; a large ``V`` the fastest.
 - ``slack``: the cheapest plan whose time is within ``(1 + time_slack)`` of the fastest.
-- ``paper``: the paper's min-max normalised ``lam * T~ + (1 - lam) * C~`` (PAPER §3.5). Its
+- ``paper``: the paper's min-max normalised ``lam * T~ + (1 - lam) * C~`` (paper §3.5). Its
   ranges depend on which candidates exist, so it prices a second differently from step to
   step: with ``lam = 0.7`` a plan 2% faster at twice the cost wins whenever 2% is the whole
   time range. Kept for the paper's comparison.

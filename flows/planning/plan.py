@@ -1,5 +1,5 @@
 """Plain data of the generation planner: cluster description, candidates and the plan
-(PAPER §3.5-3.6). Kept apart from ``scaling`` so user policies (``module:function``) can
+(paper §3.5-3.6). Kept apart from ``scaling`` so user policies (``module:function``) can
 build a ``GenerationPlan`` without importing the planner's internals."""
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ class PlannerSettings:
     n_max: int
     """The candidate actor-count range (inclusive)."""
     lam: float
-    """Weight of time in the ``paper`` objective (PAPER default 0.7)."""
+    """Weight of time in the ``paper`` objective (the paper's default, 0.7)."""
     assignment: str
     """'ranked' (paper), 'round_robin' (ablation baseline) or 'contiguous'."""
     profile: TpotProfile

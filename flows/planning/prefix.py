@@ -1,4 +1,4 @@
-"""Deduplicated-prefill planning: prefix-length choice and the prefill work plan (PAPER §3.1).
+"""Deduplicated-prefill planning: prefix-length choice and the prefill work plan (paper §3.1).
 
 A prefill actor computes each unique prompt prefix's KV once; decode actors reuse it. With
 ``D(L)`` = number of distinct length-``L`` prefixes of the step's prompts (a prompt shorter

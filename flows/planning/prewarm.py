@@ -1,4 +1,4 @@
-"""Pre-warming from call history (PAPER §3.7).
+"""Pre-warming from call history (paper §3.7).
 
 RLHFless pre-warms functions so they are warm when invoked, using "the shortest execution time
 seen in earlier steps plus a fixed buffer" (after Shahrad et al. 2020). Reading [I]: for each

@@ -1,4 +1,4 @@
-"""Cost-aware actor scaling with the locality feasibility check (PAPER §3.5-3.6).
+"""Cost-aware actor scaling with the locality feasibility check (paper §3.5-3.6).
 
 For every candidate ``N in [n_min, min(n_max, #prompts, max_actors)]`` (exhaustive sweep, as in
 the paper) the planner builds the assignment, estimates each actor's time and picks::

@@ -1,4 +1,4 @@
-"""Timeline and cost of one generation phase for a candidate plan (PAPER §3.1, §3.6-3.8).
+"""Timeline and cost of one generation phase for a candidate plan (paper §3.1, §3.6-3.8).
 
 t = 0 is when the learner has written the new weights [I]:
 

@@ -1,4 +1,4 @@
-"""Decode-speed profile: time per output token (TPOT) and prefill throughput (PAPER §3.5, §3.7).
+"""Decode-speed profile: time per output token (TPOT) and prefill throughput (paper §3.5, §3.7).
 
 The planner and the simulator need ``TPOT(batch, context)``: the wall time of one decode step
 of an actor that holds ``batch`` live sequences whose mean context (prompt + tokens generated
@@ -26,7 +26,7 @@ of ``b > k`` live sequences is served in resident batches of ``k``, and on avera
 sequence gains one token every ``b / k`` steps: ``TPOT(b, c) = (b / k) * TPOT_roofline(k, c)``,
 the throughput of waves of ``k`` under continuous batching (a partial wave shares its steps,
 so there is no rounding up). This is what makes a large model on few GPUs (Llama2-70B on 2 x H100:
-about 6 GB, 18k tokens of KV) slow at large batches, and scaling out pay (PAPER §4.7); for
+about 6 GB, 18k tokens of KV) slow at large batches, and scaling out pay (paper §4.7); for
 Qwen2.5-7B on 2 x H100 (about 2.3M tokens) it binds only beyond the traces' batches.
 
 Deviations / simplifications [I]: the paper uses profiled TPOT (and Vidur in simulation);

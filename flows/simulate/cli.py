@@ -8,7 +8,7 @@ Each trace's generation table is followed by its ``bound`` lines: the critical-p
 the phases (``bound.phase_floor``), the most any plan could speed them up over static:N, and
 the most a plan without cuts could within static:N's GPU-s (``bill_bound``).
 
-Defaults model the paper's simulated cluster (PAPER §4.7): 20 nodes x 8 H100, 2 GPUs per
+Defaults model the paper's simulated cluster (paper §4.7): 20 nodes x 8 H100, 2 GPUs per
 actor, roofline TPOT of Qwen2.5-7B, lam = tau = 0.7. Inter-node bandwidth: 40 GB/s per GPU
 (a 400 Gb/s NIC per GPU at ~80% NCCL efficiency), so an actor of g GPUs receives at g x 40 GB/s.
 """

@@ -1,4 +1,4 @@
-"""Event-driven model of one generation phase on a GPU cluster (PAPER §4.7, §3.4, §3.6).
+"""Event-driven model of one generation phase on a GPU cluster (paper §4.7, §3.4, §3.6).
 
 Each actor decodes its live samples as one continuously batched group: per decode step every
 live sample gains one token and the step takes ``TPOT(live, mean context)`` from the profile.
@@ -263,7 +263,7 @@ class _Phase:
             cont = self._start_continuation(t, max(len(src.live), src.slots))
             moves = {cont.aid: len(src.live)}
         if moves is None:
-            return  # no free slots anywhere: the cut waits (PAPER §3.4)
+            return  # no free slots anywhere: the cut waits (paper §3.4)
         live = sorted(src.live)  # by (end mark, sample id): a deterministic order
         src.live = []
         for aid, count in sorted(moves.items()):

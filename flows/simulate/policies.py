@@ -1,4 +1,4 @@
-"""Policies compared by the simulator and how each one starts its actors (PAPER §4.1, §4.4).
+"""Policies compared by the simulator and how each one starts its actors (paper §4.1, §4.4).
 
 - ``rlhfless``: ranked assignment + cost-aware scaling (``objective``) + cut-and-migrate (tau),
   prefill actor on the learner node's GPUs, the first decode actors co-located there once
@@ -16,7 +16,7 @@
   ``oracle`` (rlhfless with predictions equal to the true group max lengths).
 
 Pre-warm [I]: a step's predictions use only earlier epochs, so its plan can be made while the
-previous step trains, and the planned actors are pre-warmed in time (PAPER §3.7): planned
+previous step trains, and the planned actors are pre-warmed in time (paper §3.7): planned
 actors pay no cold start, each remote one is billed ``prewarm_idle_s`` of waiting. Only an
 unplanned continuation actor can be cold; it is warm if the pool kept from the previous step
 (``prewarm.warm_actor_count``) has a spare actor.
@@ -110,7 +110,7 @@ class ClusterModel:
     """None: simulate the generation phase only (as the paper's simulator does). A rate: each
     step also runs the learner's scoring and training on its rollout (prompt + response tokens
     of every sample / this rate, in seconds) after generation. Every policy's step time includes
-    it; serverful actors stay allocated, and billed, through it (standalone placement, PAPER
+    it; serverful actors stay allocated, and billed, through it (standalone placement, paper
     §4.9), while serverless actors are already released. The learner's own GPU-seconds are the
     same for every policy and are not counted."""
 

@@ -1,4 +1,4 @@
-"""Trace replay: plan and simulate every step of a length trace under each policy (PAPER §4.7).
+"""Trace replay: plan and simulate every step of a length trace under each policy (paper §4.7).
 
 Trace format (JSONL, one line per prompt per step): ``epoch, step, prompt_id, prompt_len,
 answer_len, response_lens`` (one length per sample). Steps run in file order; a step's prompts

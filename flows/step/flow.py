@@ -1,6 +1,6 @@
 """One RLHF training step as a Prefect flow: plan -> prefill -> fan out -> drain -> score -> train.
 
-The body reads like the paper's per-step workflow (PAPER §2); the plan comes from the hook
+The body reads like the paper's per-step workflow (paper §2); the plan comes from the hook
 (``flows/step/phase.py``), and what happens as generation actions return -- cut samples batched
 into continuations, scores submitted at once or packed after the phase -- is decided by the
 pure drain (``flows/planning/drain.py``), which this module only executes. Every action's

@@ -1,4 +1,5 @@
-"""Turning a step's action results and accounting into the metric names of ARCHITECTURE.md."""
+"""Turning a step's action results and accounting into the campaign's metric names
+(``reward/mean``, ``timing_s/generate``, ``cost/usd``, ...)."""
 
 from __future__ import annotations
 

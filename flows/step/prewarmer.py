@@ -1,4 +1,4 @@
-"""Firing the pre-warm of a live generation phase (PAPER §3.7); when is decided by
+"""Firing the pre-warm of a live generation phase (paper §3.7); when is decided by
 ``planning.prewarm`` from the call history, this module only does the I/O.
 
 At the step's start the flow arms a timer for ``PhasePlan.prewarm_offset_s``; when it fires,

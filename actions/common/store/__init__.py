@@ -12,7 +12,7 @@ code base talks to a filesystem path or an S3 SDK for campaign data. The package
   botocore internals, and the fallback when they change). Imported only for an ``s3://`` URI;
 * :mod:`.pool` -- the bounded thread pool for the blobs of one artifact;
 * :mod:`.objects` -- JSON objects and compare-and-swap on any backend;
-* :mod:`.artifacts` -- content-addressed blobs plus a manifest written last (P6);
+* :mod:`.artifacts` -- content-addressed blobs plus a manifest written last;
 * :mod:`.commits` -- the commit pointer: create-once step records read without listing;
 * :mod:`.uri` -- :func:`open_store`, the backend a URI names.
 

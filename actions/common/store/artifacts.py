@@ -2,7 +2,7 @@
 
 Layout: every file's bytes are a blob at ``blobs/sha256/<2 hex>/<64 hex>``; the manifest (a
 JSON object ``{"schema", "files": {name: {"sha256", "size"}}, "meta"}``) is written last, at a
-key the caller chooses. An artifact exists only once its manifest exists (P6); readers go
+key the caller chooses. An artifact exists only once its manifest exists; readers go
 through the manifest, never a listing, and verify every blob's size and sha256, so a corrupted
 or missing blob is named in a clear error. Blobs move through a bounded thread pool
 (``store.max_concurrency``) and a blob already present is never uploaded again.

@@ -2,7 +2,7 @@
 
 A backend (:mod:`.local`, :mod:`.s3`) implements :class:`ObjectStore`; everything above it
 (artifacts, commits, JSON objects, compare-and-swap) is written against this protocol only.
-The errors are infrastructure failures (P8 class 3): they propagate to the action adapter or
+The errors are infrastructure failures (not bad input, not a bug): they propagate to the action adapter or
 the flow, which decide about retries. :class:`IntegrityError` is raised for bytes that do not
 match what a manifest or commit promised.
 """

@@ -4,9 +4,9 @@ Modules: ``config`` (where the controller is, credentials), ``client`` (REST cal
 polling), ``invoker`` (the Invoker protocol and activation accounting). Import from here.
 
 :class:`OpenWhiskClient` follows the controller's swagger (``/api/v1``; see
-``shared/specs/openwhisk-apiv1-swagger.json``) for the calls RLHFless needs: actions and
+``infra/openwhisk/apiv1swagger.json``) for the calls RLHFless needs: actions and
 packages (list/get/put/delete), invoke, and activations (get/logs/result). No maintained Python
-client exists (ECOSYSTEM B.7), so this is ~one method per endpoint over one pooled, thread-safe
+client exists, so this is ~one method per endpoint over one pooled, thread-safe
 ``httpx.Client``. :class:`OpenWhiskInvoker` maps ``generate`` to ``{package}/generate`` and turns
 activation records into :class:`~flows.invokers.base.Activation` accounting.
 

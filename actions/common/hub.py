@@ -1,0 +1,137 @@
+"""Hugging Face hub ids in ``model.path`` and ``data.train_path`` / ``data.eval_path``.
+
+A value that is not a local path and reads as a hub id is fetched from the hub once, by the
+``prepare`` action (and by the CLI's input check before it, into the same local cache), and
+from then on the campaign reads only what ``prepare`` put into the store: no other action
+touches the network. Downloads happen only where the user allows them, as the hub library
+itself decides: ``HF_HUB_OFFLINE`` unset or false. Offline, a hub id is refused in one line
+naming the variable to set.
+
+Forms:
+
+* ``model.path: org/name`` - a model repository: its config, tokenizer and safetensors files.
+* ``data.*_path: org/name[/folder]`` - a dataset repository holding Parquet or JSON Lines files
+  per split (``<split>-*.parquet``, ``<split>.jsonl``, or a ``<split>/`` folder of them), e.g.
+  ``openai/gsm8k/main``. ``train_path`` reads split ``train``; ``eval_path`` reads ``test``
+  (else ``validation``). ``folder`` picks a subset where the repository holds several.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:/(?P<folder>[\w.-]+(?:/[\w.-]+)*))?$")
+MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
+DATA_SUFFIXES = (".parquet", ".jsonl")
+SPLITS = {"train": ("train",), "eval": ("test", "validation")}
+
+
+def hub_allowed() -> bool:
+    """Whether the user allows downloads: ``HF_HUB_OFFLINE`` unset or false (the hub
+    library's own reading of the variable)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() not in {"1", "ON", "YES", "TRUE"}
+
+
+def parse_hub_id(value: str, *, model: bool) -> tuple[str, str | None] | None:
+    """(repository, folder) when ``value`` is not a local path and reads as a hub id, else None."""
+    if not value or Path(value).expanduser().exists() or value.startswith((".", "/", "~")):
+        return None
+    m = HUB_ID.match(value)
+    if not m or (model and m.group("folder")):
+        return None
+    if Path(value).suffix.lower() in (".jsonl", ".json", ".parquet"):  # a missing local file
+        return None
+    return m.group("repo"), m.group("folder")
+
+
+def _refuse_offline(field: str, value: str) -> ValueError:
+    return ValueError(f"{field} {value!r} is not a local path and reads as a Hugging Face hub id, but downloads are "
+                      f"off (HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE')}); set HF_HUB_OFFLINE=0 to fetch it "
+                      "once into the store, or point it at a local copy")
+
+
+def _download(repo: str, repo_type: str, patterns: list[str], field: str, value: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo, repo_type=repo_type, allow_patterns=patterns))
+    except Exception as exc:  # not found, gated, no network: the hub library raises many types
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ValueError(f"{field} {value!r}: the {repo_type} cannot be fetched from the hub ({type(exc).__name__}: "
+                         f"{first[:200]}); check the id, `hf auth login` for a gated one, or use a local copy") from None
+
+
+def _split_files(root: Path, folder: str | None, which: str, field: str, value: str) -> Path:
+    """The one folder or file that holds split ``which`` of the snapshot at ``root``."""
+    base = root / folder if folder else root
+    files = sorted(p for p in base.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file())
+    for split in SPLITS[which]:
+        chosen = [p for p in files if p.name.startswith((f"{split}-", f"{split}.")) or p.parent.name == split]
+        if chosen:
+            parents = sorted({p.parent for p in chosen})
+            if len(parents) > 1:
+                subsets = ", ".join(str(p.relative_to(root)) for p in parents)
+                raise ValueError(f"{field} {value!r} holds split {split!r} in several folders ({subsets}); "
+                                 f"name one, e.g. {value}/{parents[0].relative_to(base).parts[0]}")
+            return chosen[0] if len(chosen) == 1 else _shard_folder(chosen)
+    raise ValueError(f"{field} {value!r} holds no {' or '.join(SPLITS[which])} split as Parquet or JSON Lines "
+                     "files; download it and point at a local file")
+
+
+def _shard_folder(shards: list[Path]) -> Path:
+    """A folder holding only ``shards`` (links to them): the snapshot's folder may hold other
+    splits beside them, and a folder of Parquet files is read whole."""
+    import hashlib
+    import tempfile
+
+    key = hashlib.sha256("\n".join(map(str, shards)).encode()).hexdigest()[:16]
+    folder = Path(tempfile.gettempdir()) / "rlhfless-hub-splits" / key
+    folder.mkdir(parents=True, exist_ok=True)
+    for shard in shards:
+        link = folder / shard.name
+        if not link.exists():
+            link.symlink_to(shard.resolve())
+    return folder
+
+
+def resolve_model(value: str | None) -> str | None:
+    """``model.path`` as a local directory (downloaded once when it is a hub id)."""
+    hub = parse_hub_id(value or "", model=True)
+    if hub is None:
+        return value
+    if not hub_allowed():
+        raise _refuse_offline("model.path", value or "")
+    return str(_download(hub[0], "model", MODEL_FILES, "model.path", value or ""))
+
+
+def resolve_data(value: str | None, which: str) -> str | None:
+    """``data.<which>_path`` as a local file or folder (downloaded once when it is a hub id)."""
+    field = f"data.{which}_path"
+    hub = parse_hub_id(value or "", model=False)
+    if hub is None:
+        return value
+    if not hub_allowed():
+        raise _refuse_offline(field, value or "")
+    repo, folder = hub
+    prefix = f"{folder}/" if folder else ""
+    root = _download(repo, "dataset", [f"{prefix}*{s}" for s in DATA_SUFFIXES], field, value or "")
+    return str(_split_files(root, folder, which, field, value or ""))
+
+
+def resolve_hub_ids(cfg: Any) -> tuple[Any, dict[str, str]]:
+    """``cfg`` (a WorkloadConfig) with hub ids replaced by local paths, and which settings
+    were hub ids (setting -> the id as written), for the run's summary."""
+    model = resolve_model(cfg.model.path)
+    train = resolve_data(cfg.data.train_path, "train")
+    evals = resolve_data(cfg.data.eval_path, "eval")
+    fetched = {name: old for name, old, new in (("model.path", cfg.model.path, model),
+                                                ("data.train_path", cfg.data.train_path, train),
+                                                ("data.eval_path", cfg.data.eval_path, evals)) if old != new}
+    if not fetched:
+        return cfg, {}
+    local = cfg.model_copy(deep=True)
+    local.model.path, local.data.train_path, local.data.eval_path = model, train, evals
+    return local, fetched

@@ -1,0 +1,207 @@
+"""Experiment trackers: ``observability.report_to: [tensorboard, wandb, mlflow, trackio]``.
+
+Every committed step's metrics go to each tracker asked for, at step = steps committed, under
+the campaign's own names (verl's: ``reward/mean``, ``response_length/mean``, ``timing_s/*``,
+``perf/throughput``, ...; the full list is ``flows/step/metrics.py``) and, for the metrics TRL's
+GRPOTrainer logs, under TRL's names too (``reward``, ``reward_std``,
+``completions/mean_length``, ``kl``, ``grad_norm``, ...: ``TRL_NAMES``). Evaluations go in as
+``eval/accuracy`` at the step they were measured (0 = before RL). The values are the ones
+``summary.json`` holds for the same step.
+
+Each tracker is an optional extra (``pip install 'rlhfless[wandb]'``) configured by its own
+environment, as in TRL: ``WANDB_PROJECT``, ``WANDB_MODE=offline``, ``MLFLOW_TRACKING_URI``
+(a database such as ``sqlite:///mlflow.db``, or a ``file:`` store, which MLflow 3 allows only with
+``MLFLOW_ALLOW_FILE_STORE=true`` and which cannot hold TRL's ``reward`` beside ``reward/mean``:
+there the TRL name is left out), ``MLFLOW_EXPERIMENT_NAME``, ``TRACKIO_PROJECT``... The run is named by
+the run id, so a resumed campaign continues the same run where the tracker can (wandb's
+``resume="allow"``, the MLflow run tagged with the run id). A missing package is refused
+before anything is written (``check_trackers``, called by the CLI's pre-flight).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from flows.campaign.tensorboard import NON_SCALAR_KEYS, ScalarBoard
+from flows.config import CampaignConfig
+
+if TYPE_CHECKING:
+    from flows.campaign.state import EvalRecord
+
+PACKAGES = {"tensorboard": "tensorboardX", "wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}
+"""The module each tracker needs (the extra of the same name installs it)."""
+TRL_NAMES = {
+    "reward/mean": "reward", "reward/std": "reward_std", "response_length/mean": "completions/mean_length",
+    "response_length/max": "completions/max_length", "response_length/min": "completions/min_length",
+    "response_length/clip_ratio": "completions/clipped_ratio",
+}
+"""Campaign metric -> the name TRL's GRPOTrainer logs it under, where they differ (``kl``,
+``grad_norm``, ``loss``, ``entropy`` and ``frac_reward_zero_std`` are already TRL's)."""
+DEFAULT_PROJECT = "rlhfless"
+
+
+def requested(cfg: CampaignConfig) -> list[str]:
+    """The trackers a campaign reports to (``observability.tensorboard: true`` counts as
+    ``tensorboard``), in a fixed order."""
+    asked = set(cfg.observability.report_to) | ({"tensorboard"} if cfg.observability.tensorboard else set())
+    return [t for t in PACKAGES if t in asked]
+
+
+def check_trackers(cfg: CampaignConfig) -> None:
+    """Raise ValueError (one line) for a tracker whose package is not installed."""
+    for tracker in requested(cfg):
+        if importlib.util.find_spec(PACKAGES[tracker]) is None:
+            field = ("observability.tensorboard=true" if tracker == "tensorboard" and cfg.observability.tensorboard
+                     else f"observability.report_to {tracker!r}")
+            raise ValueError(f"{field} needs the {PACKAGES[tracker]} package; install it with pip install "
+                             f"'rlhfless[{tracker}]' or remove {tracker!r} from observability.report_to")
+
+
+def step_scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    """A step's finite numeric metrics under their own names plus TRL's (``TRL_NAMES``).
+
+    >>> step_scalars({"reward/mean": 0.5, "plan": {}, "kl": 0.01, "x": float("nan")})
+    {'kl': 0.01, 'reward': 0.5, 'reward/mean': 0.5}
+    """
+    out = {k: float(v) for k, v in metrics.items() if k not in NON_SCALAR_KEYS and isinstance(v, (int, float))
+           and not isinstance(v, bool) and math.isfinite(v)}
+    out.update({TRL_NAMES[k]: v for k, v in list(out.items()) if k in TRL_NAMES})
+    return dict(sorted(out.items()))
+
+
+def without_path_prefixes(scalars: dict[str, float]) -> dict[str, float]:
+    """``scalars`` less each name that is a folder of another (``reward`` beside ``reward/mean``).
+
+    >>> without_path_prefixes({"reward": 1.0, "reward/mean": 1.0, "reward_std": 0.0})
+    {'reward/mean': 1.0, 'reward_std': 0.0}
+    """
+    return {k: v for k, v in scalars.items() if not any(o.startswith(k + "/") for o in scalars)}
+
+
+def evals_at(step: int, evals: Sequence[EvalRecord]) -> list[tuple[int, float]]:
+    """(step, accuracy) of the evaluations to report with step ``step`` (step 1 also brings
+    the one before RL, at step 0)."""
+    return [(ev.step, float(ev.accuracy)) for ev in evals if ev.step == step or (step == 1 and ev.step == 0)]
+
+
+class Tracker(Protocol):
+    def add_step(self, step: int, metrics: dict[str, Any], evals: Sequence[EvalRecord]) -> None: ...
+    def close(self) -> None: ...
+
+
+class _Wandb:
+    def __init__(self, cfg: CampaignConfig, run_id: str, run_dir: Path) -> None:
+        import wandb
+
+        folder = Path(os.environ.get("WANDB_DIR") or run_dir)  # wandb writes <folder>/wandb/
+        folder.mkdir(parents=True, exist_ok=True)
+        self._run = wandb.init(project=os.environ.get("WANDB_PROJECT", DEFAULT_PROJECT), id=run_id, name=run_id,
+                               resume="allow", dir=str(folder), config=cfg.identity(), reinit="create_new")
+
+    def add_step(self, step: int, metrics: dict[str, Any], evals: Sequence[EvalRecord]) -> None:
+        for at, accuracy in evals_at(step, evals):
+            if at < step:
+                self._run.log({"eval/accuracy": accuracy}, step=at)
+        scalars = step_scalars(metrics)
+        scalars.update({"eval/accuracy": acc for at, acc in evals_at(step, evals) if at == step})
+        self._run.log(scalars, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+class _Mlflow:
+    def __init__(self, cfg: CampaignConfig, run_id: str) -> None:
+        import mlflow
+
+        self._mlflow = mlflow
+        # The file store keeps a metric in a file named by its path: `reward` beside `reward/mean`
+        # cannot exist there (a database backend holds both).
+        self._file_store = mlflow.get_tracking_uri().startswith("file:") or "://" not in mlflow.get_tracking_uri()
+        mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_PROJECT))
+        found = mlflow.search_runs(filter_string=f"tags.rlhfless_run_id = '{run_id}'", output_format="list")
+        self._run = mlflow.start_run(run_id=found[0].info.run_id) if found else mlflow.start_run(
+            run_name=run_id, tags={"rlhfless_run_id": run_id})
+        if not found:
+            mlflow.log_params({k: str(v)[:500] for k, v in _flat(cfg.identity()).items()})
+
+    def add_step(self, step: int, metrics: dict[str, Any], evals: Sequence[EvalRecord]) -> None:
+        scalars = step_scalars(metrics)
+        if self._file_store:
+            scalars = without_path_prefixes(scalars)
+        self._mlflow.log_metrics(scalars, step=step, run_id=self._run.info.run_id)
+        for at, accuracy in evals_at(step, evals):
+            self._mlflow.log_metric("eval/accuracy", accuracy, step=at, run_id=self._run.info.run_id)
+
+    def close(self) -> None:
+        self._mlflow.end_run()
+
+
+class _Trackio:
+    def __init__(self, cfg: CampaignConfig, run_id: str) -> None:
+        import trackio
+
+        self._trackio = trackio
+        trackio.init(project=os.environ.get("TRACKIO_PROJECT", DEFAULT_PROJECT), name=run_id, config=cfg.identity(),
+                     resume="allow")
+
+    def add_step(self, step: int, metrics: dict[str, Any], evals: Sequence[EvalRecord]) -> None:
+        for at, accuracy in evals_at(step, evals):
+            if at < step:
+                self._trackio.log({"eval/accuracy": accuracy}, step=at)
+        scalars = step_scalars(metrics)
+        scalars.update({"eval/accuracy": acc for at, acc in evals_at(step, evals) if at == step})
+        self._trackio.log(scalars, step=step)
+
+    def close(self) -> None:
+        self._trackio.finish()
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+class Trackers:
+    """The campaign's trackers together; with none asked for it does nothing."""
+
+    def __init__(self, trackers: Sequence[Tracker] = ()) -> None:
+        self._trackers = list(trackers)
+
+    @classmethod
+    def open(cls, cfg: CampaignConfig, run_id: str) -> Trackers:
+        check_trackers(cfg)
+        names = requested(cfg)
+        run_dir = Path(cfg.observability.tensorboard_dir or f"runs/{run_id}/tensorboard").parent
+        made: list[Tracker] = []
+        for name in names:
+            if name == "tensorboard":
+                cfg_tb = cfg.model_copy(deep=True)
+                cfg_tb.observability.tensorboard = True
+                made.append(ScalarBoard.open(cfg_tb, run_id))
+            elif name == "wandb":
+                made.append(_Wandb(cfg, run_id, run_dir))
+            elif name == "mlflow":
+                made.append(_Mlflow(cfg, run_id))
+            else:
+                made.append(_Trackio(cfg, run_id))
+        return cls(made)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._trackers)
+
+    def add_step(self, step: int, metrics: dict[str, Any], evals: Sequence[EvalRecord]) -> None:
+        for tracker in self._trackers:
+            tracker.add_step(step, metrics, evals)
+
+    def close(self) -> None:
+        for tracker in self._trackers:
+            tracker.close()

@@ -1,0 +1,157 @@
+"""Experiment trackers (observability.report_to) hold the same step metrics as summary.json.
+
+wandb runs in offline mode (its transaction log is read back record by record) and MLflow on a
+``file:`` store (``MLFLOW_ALLOW_FILE_STORE=true``: MLflow 3 keeps it in maintenance mode), both
+real libraries, and trackio on its local database where it is installed; nothing leaves the
+machine. Each test skips, saying why,
+where its tracker's package is not installed (``pip install 'rlhfless[wandb]'``...).
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.campaign.trackers import TRL_NAMES, check_trackers, step_scalars, without_path_prefixes
+from flows.config import load_config
+
+needs_wandb = pytest.mark.skipif(importlib.util.find_spec("wandb") is None,
+                                 reason="wandb is not installed (pip install 'rlhfless[wandb]')")
+needs_mlflow = pytest.mark.skipif(importlib.util.find_spec("mlflow") is None,
+                                  reason="mlflow is not installed (pip install 'rlhfless[mlflow]')")
+
+
+def read_wandb_history(folder: Path) -> dict[int, dict[str, float]]:
+    """step -> logged values, from the offline run's transaction log under ``folder``: LevelDB
+    log framing (a 7-byte file header; 32 KiB blocks of records with a 7-byte header: CRC, length,
+    type FULL/FIRST/MIDDLE/LAST) around wandb's ``Record`` protobufs."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = glob.glob(str(folder / "wandb" / "offline-run-*" / "run-*.wandb"))
+    data, pos, block, pending, out = Path(path).read_bytes(), 7, 32768, b"", {}
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        if left < 7 or (length == 0 and kind == 0):
+            pos += left  # block trailer
+            continue
+        payload, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        pending = payload if kind in (1, 2) else pending + payload
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(pending)
+            if record.HasField("history"):
+                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                out.setdefault(int(record.history.step.num), {}).update(
+                    {k: v for k, v in items.items() if not k.startswith("_")})
+    return out
+
+
+def read_mlflow(uri: str, run_id: str) -> dict[int, dict[str, float]]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                filter_string=f"tags.rlhfless_run_id = '{run_id}'")
+    out: dict[int, dict[str, float]] = {}
+    for key in run.data.metrics:
+        for m in client.get_metric_history(run.info.run_id, key):
+            out.setdefault(int(m.step), {})[key] = m.value
+    return out
+
+
+def read_trackio(run_id: str) -> dict[int, dict[str, float]]:
+    """step -> values of the run in trackio's local database (``TRACKIO_DIR``)."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    out: dict[int, dict[str, float]] = {}
+    for row in SQLiteStorage.get_logs("rlhfless", run_id):
+        values = {k: v for k, v in row.items() if k not in ("step", "timestamp") and not k.startswith("_")}
+        out.setdefault(int(row["step"]), {}).update(values)
+    return out
+
+
+def expected(summary: dict) -> dict[int, dict[str, float]]:
+    """What every tracker must hold: each step's scalars as summary.json has them, plus the
+    evaluations at the steps they were measured."""
+    out = {n: step_scalars(s) for n, s in enumerate(summary["steps"], start=1)}  # at steps committed
+    for ev in summary["evals"]:
+        out.setdefault(int(ev["step"]), {})["eval/accuracy"] = ev["accuracy"]
+    return out
+
+
+def assert_same(held: dict[int, dict[str, float]], want: dict[int, dict[str, float]], who: str) -> None:
+    assert sorted(held) == sorted(want), f"{who}: steps {sorted(held)} != {sorted(want)}"
+    for step, values in want.items():
+        for name, value in values.items():
+            assert name in held[step], f"{who}: {name} missing at step {step}"
+            assert held[step][name] == pytest.approx(value, rel=1e-6, abs=1e-9), f"{who}: {name} at step {step}"
+
+
+def test_scalars_carry_trl_names_beside_the_campaign_names():
+    s = step_scalars({"reward/mean": 0.25, "reward/std": 0.5, "response_length/mean": 7.0, "grad_norm": 1.5,
+                      "plan": {"actors": 2}, "step": 1.0})
+    assert s["reward"] == s["reward/mean"] == 0.25 and s["completions/mean_length"] == 7.0 and s["grad_norm"] == 1.5
+    assert "plan" not in s and "step" not in s and set(TRL_NAMES.values()) >= {"reward", "reward_std"}
+
+
+def test_a_missing_tracker_package_is_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
+    cfg = load_config(None, ["observability.report_to=[wandb]"])
+    with pytest.raises(ValueError, match=r"observability.report_to 'wandb' needs the wandb package; install it with "
+                                         r"pip install 'rlhfless\[wandb\]'"):
+        check_trackers(cfg)
+    with pytest.raises(ValueError, match="observability.report_to.0"):
+        load_config(None, ["observability.report_to=[neptune]"])
+
+
+def test_trackers_do_not_change_the_run_identity():
+    assert load_config(None, []).fingerprint() == load_config(None, ["observability.report_to=[mlflow]"]).fingerprint()
+
+
+@needs_wandb
+@needs_mlflow
+def test_campaign_metrics_land_in_wandb_mlflow_and_tensorboard_as_in_the_summary(tmp_path, prefect_harness,
+                                                                                 monkeypatch):
+    # no capsys: Prefect's console handler keeps the stream of the test that first logs a flow
+    # run, and capsys closes its stream when its test ends
+    from flows.campaign.tensorboard import read_scalars
+    from flows.commands.cli import main
+
+    uri = (tmp_path / "mlruns").as_uri()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
+    trackio = importlib.util.find_spec("trackio") is not None  # compared too where installed
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3.x keeps the file store behind this switch
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({
+        "algorithm": {"batch_size": 16, "group_size": 4}, "warmup": {"steps": 2}, "generation": {"max_new_tokens": 8},
+        "data": {"num_train_prompts": 16, "num_eval_prompts": 4}, "steps": 2, "eval_every": 1, "run_id": "tracked",
+        "store": {"uri": str(tmp_path / "store")}, "invoker": {"kind": "inprocess"},
+        "observability": {"report_to": ["tensorboard", "wandb", "mlflow"] + ["trackio"] * trackio,
+                          "tensorboard_dir": str(tmp_path / "tb")}}))
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "run")]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    want = expected(summary)
+    assert sorted(want) == [0, 1, 2] and "reward" in want[1] and "grad_norm" in want[1]
+    assert_same(read_wandb_history(tmp_path / "wb"), want, "wandb")
+    assert_same(read_mlflow(uri, "tracked"), {s: without_path_prefixes(v) for s, v in want.items()}, "mlflow")
+    if trackio:
+        assert_same(read_trackio("tracked"), want, "trackio")
+    tb = {}
+    for name, points in read_scalars(tmp_path / "tb").items():
+        for step, value in points:
+            tb.setdefault(step, {})[name] = value
+    assert_same(tb, {s: {k: v for k, v in vals.items() if k not in TRL_NAMES.values()} for s, vals in want.items()},
+                "tensorboard")
