@@ -18,12 +18,14 @@ from flows.campaign.run import run_campaign
 from flows.config import load_config
 
 LORA_LEARNING = [
-    "invoker.kind=inprocess", "data.max_count=6", "data.num_eval_prompts=32", "warmup.steps=150",
+    "invoker.kind=inprocess", "data.max_count=10", "data.num_eval_prompts=32", "warmup.steps=60",
     "algorithm.batch_size=64", "steps=8", "eval_every=0", "model.lora.r=8", "model.lora.alpha=16",
     "algorithm.lr=3e-3",
 ]
 LORA_MIN_GAIN = 0.2
-"""The brief's threshold on the held-out accuracy gain (measured figure in docs/scale.md)."""
+"""Held-out accuracy gain required. Measured with these settings: 0.000 -> 0.125 (docs/scale.md),
+so the test does not pass yet: the settings that leave the warm-up room to improve on this
+folder are still being looked for."""
 
 
 @pytest.fixture(scope="module")
