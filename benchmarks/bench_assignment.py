@@ -229,7 +229,7 @@ def run_traces() -> None:
     from flows.simulate.replay import read_trace, replay
 
     model = default_model()
-    print(f"\ntraces: {model.profile.name}, {model.gpus_per_actor} GPUs/actor, tau={model.tau}; "
+    print(f"\ntraces: {model.profile.name}, {model.gpus_per_actor} GPUs/actor, cut_threshold={model.cut_threshold}; "
           f"target: GPU-s ratio <= {1 - TARGET_SAVING:.2f} and time ratio <= {1 + TARGET_SLOWDOWN:.2f}; "
           "slices: budget = rank_slack 0.1 (default), equal = equal prompt counts; ratios over all "
           "steps, and over the steps after the first epoch (predictions from history, not "

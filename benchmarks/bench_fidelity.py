@@ -139,7 +139,7 @@ def main() -> int:
             actors.append(ActorSpec(tuple(samples), 0.0, submit_s + latency + index * stagger, work_s=work,
                                     cuttable=point is not None))  # the plan's cut points
         n = len(actors)
-        sim = SimConfig(profile=profile, gpus_per_actor=1, tau=tau if tau is not None and tau < 1 else None,
+        sim = SimConfig(profile=profile, gpus_per_actor=1, cut_threshold=tau if tau is not None and tau < 1 else None,
                         continuation=True, spare_warm_actors=n + 1, shared_processors=cores,
                         migrate_to_running=False, migrate_window_s=cfg.generation.migrate_window_s,
                         submit_s=submit_s, activation_latency_s=latency, continuation_work_s=costs["cont"][0],
@@ -170,7 +170,7 @@ def main() -> int:
 def capture_records() -> dict[int, list[dict]]:
     """step -> the activation records of the live step (kept by wrapping the campaign's
     metrics function, which receives them and keeps only totals)."""
-    import flows.campaign.run as campaign
+    import flows.campaign.advance as campaign
 
     records: dict[int, list[dict]] = {}
     metrics = campaign.step_metrics

@@ -22,7 +22,8 @@ import time
 
 from flows.planning import cost
 from flows.planning.lengths import FIRST_EPOCH_PREDICTORS, LengthHistory, predict_lengths
-from flows.planning.plan import ClusterSpec, PlannerSettings
+from flows.planning.plan import ClusterSpec
+from flows.planning.settings import PlannerSettings
 from flows.planning.robust import MeasuredError
 from flows.planning.tpot import GPUS, MODELS, roofline_profile
 from flows.planning.scaling import plan_generation

@@ -249,7 +249,7 @@ def main() -> None:
         print(f"\n#### cluster: {model.num_nodes} nodes x {model.gpus_per_node} H100, "
               f"{model.gpus_per_actor} GPUs/actor, profile {model.profile.name}, "
               f"KV capacity {capacity:,.0f} tokens/actor, objective {model.objective} "
-              f"(the bill of {model.budget_actors} actors held for the phase; no cut), tau={model.tau}, "
+              f"(the bill of {model.budget_actors} actors held for the phase; no cut), cut_threshold={model.cut_threshold}, "
               f"migration {model.migration}, N in [{model.n_min}, {model.n_max}], "
               f"first-epoch predictor {model.first_epoch}")
         results = {path.stem: report_trace(path, model, sensitivity=name == "qwen2.5-7b" and args.sensitivity,

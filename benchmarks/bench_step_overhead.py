@@ -54,17 +54,17 @@ def main() -> None:
         return out
 
     step.rlhf_step.fn = timed_body  # the campaign wraps rlhf_step when it starts, after this
-    run_one = campaign._run_one_step
+    run_one = campaign.run_one_step
 
-    def timed_step(ctx: Any, state: Any, tokens: Any, num_workers: int, step_flow: Any) -> Any:
+    def timed_step(ctx: Any, state: Any, planner: Any, tokens: Any, step_flow: Any) -> Any:
         def call(*a: Any, **kw: Any) -> Any:
             t0 = time.time()
             out = step_flow(*a, **kw)
             calls.append((t0, time.time()))
             return out
-        return run_one(ctx, state, tokens, num_workers, call)
+        return run_one(ctx, state, planner, tokens, call)
 
-    campaign._run_one_step = timed_step
+    campaign.run_one_step = timed_step
     summary = campaign.rlhf_campaign(config=cfg.model_dump(mode="json"))
     rows: dict[str, list[float]] = {"before body": [], "body - work": [], "after body": [], "overhead": [],
                                     "period": []}

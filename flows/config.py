@@ -16,16 +16,21 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from actions.common.config import WorkloadConfig
 from actions.common.config_section import Section as _Section
+from actions.common.quoting import quote
 from actions.common.safe_paths import check_run_id
+from flows.config_yaml import AliasBomb, load_yaml
+from flows.planning.registry import ScalingStrategy
+from flows.planning.scaling import parse_scaling_policy  # the built-in strategies register on import
 
 
 class ScalingConfig(_Section):
     policy: str = "cost_aware"
-    """``cost_aware``, ``fixed:N`` or ``package.module:function``."""
+    """``cost_aware``, ``fixed:N``, a registered name or ``package.module:function``, parsed
+    once into a strategy (:attr:`strategy`, ``flows/planning/registry.py``)."""
     n_min: int = Field(1, ge=1)
     n_max: int = Field(4, ge=1)
     lam: float = Field(0.7, ge=0, le=1)
@@ -57,17 +62,26 @@ class ScalingConfig(_Section):
     """Warm the generation actions (and load the new policy version in them) ahead of use,
     at the earliest past invocation offset minus ``prewarm_buffer_s`` (paper §3.7)."""
     prewarm_buffer_s: float = Field(0.2, ge=0)
+    tail_error_steps: int = Field(2, ge=0, le=64)
+    """Steps of the length predictor's measured error (predicted against observed group max
+    lengths) that scale ``cost_aware``'s robust tail (``flows/planning/robust.py``); 0: every
+    action may run to the step's longest prediction. The simulator's default too."""
+    tail_quantile: float = Field(0.5, gt=0, lt=1)
+    """Quantile of an action's longest observed group its robust tail runs to."""
+    _parsed: tuple[str, ScalingStrategy] | None = PrivateAttr(default=None)
 
     @field_validator("policy")
     @classmethod
     def _check_policy(cls, v: str) -> str:
-        if v == "cost_aware" or ":" in v:
-            if v.startswith("fixed:"):
-                n = v.split(":", 1)[1]
-                if not n.isdigit() or int(n) < 1:
-                    raise ValueError(f"scaling.policy {v!r}: fixed:N needs a positive integer N, e.g. fixed:2")
-            return v
-        raise ValueError(f"scaling.policy {v!r} is unknown; use cost_aware, fixed:N or package.module:function")
+        parse_scaling_policy(v)  # its message names scaling.policy, the value and the forms
+        return v
+
+    @property
+    def strategy(self) -> ScalingStrategy:
+        """The policy's registered strategy, parsed once per value."""
+        if self._parsed is None or self._parsed[0] != self.policy:
+            self._parsed = (self.policy, parse_scaling_policy(self.policy))
+        return self._parsed[1]
 
     @model_validator(mode="after")
     def _check_range(self) -> ScalingConfig:
@@ -107,7 +121,7 @@ class StoreConfig(_Section):
         scheme = v.split(":", 1)[0].lower() if ":" in v else ""
         if v.startswith(("s3://", "file://")) or (scheme not in ("s3", "file") and "://" not in v):
             return v
-        raise ValueError(f"store.uri {v!r} is not a directory path or s3://bucket/prefix; fix the scheme")
+        raise ValueError(f"store.uri {quote(v)} is not a directory path or s3://bucket/prefix; fix the scheme")
 
 
 class InvokerConfig(_Section):
@@ -164,7 +178,7 @@ class FaultConfig(_Section):
         known = ("prefill", "generate", "score", "train_step", "warmup", "evaluate")
         unknown = [a for a in v if a not in known]
         if unknown:
-            raise ValueError(f"faults.actions {unknown!r}: unknown action(s); choose from {', '.join(known)}")
+            raise ValueError(f"faults.actions {quote(unknown)}: unknown action(s); choose from {', '.join(known)}")
         return v
 
 
@@ -252,7 +266,7 @@ def _first_error(exc: ValidationError, raw: dict[str, Any]) -> str:
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
         parent = loc.rsplit(".", 1)[0] if "." in loc else "top level"
-        return f"unknown config key {loc!r}: not a setting of {parent}; check the spelling (see README, Configuration)"
+        return f"unknown config key {quote(loc)}: not a setting of {parent}; check the spelling (see README, Configuration)"
     if msg.startswith("Value error, "):
         return msg[len("Value error, "):]
     value = raw
@@ -263,19 +277,22 @@ def _first_error(exc: ValidationError, raw: dict[str, Any]) -> str:
             value = value[part]  # an entry of a list setting, e.g. generation.draft_strategies.0
         else:
             value = "<missing>"
-    return f"config {loc} = {value!r}: {msg.lower()}"
+    fix = " (nan and inf are refused)" if err["type"] == "finite_number" else ""
+    return f"config {loc} = {quote(value)}: {msg.lower()}{fix}"
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
     """``a.b=value`` -> (["a", "b"], parsed YAML value)."""
     if "=" not in item:
-        raise ValueError(f"--set {item!r} is not of the form dotted.key=value, e.g. --set algorithm.lr=1e-3")
+        raise ValueError(f"--set {quote(item)} is not of the form dotted.key=value, e.g. --set algorithm.lr=1e-3")
     key, raw = item.split("=", 1)
     parts = key.strip().split(".")
     if not all(parts):
-        raise ValueError(f"--set {item!r} has an empty key segment; use dotted.key=value")
+        raise ValueError(f"--set {quote(item)} has an empty key segment; use dotted.key=value")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw) if raw.strip() else ""
+    except AliasBomb as exc:
+        raise ValueError(f"--set {quote(key)}: the value is refused: {exc}; write the value out") from None
     except yaml.YAMLError:
         value = raw
     return parts, value
@@ -294,7 +311,10 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
         except OSError as exc:
             raise ValueError(f"config file {path!r} cannot be read ({exc.strerror}); check --config") from None
         try:
-            loaded = yaml.safe_load(text)
+            loaded = load_yaml(text)
+        except AliasBomb as exc:
+            raise ValueError(f"config file {path!r} is refused: {exc}; write the repeated settings out, or use "
+                             "fewer anchors") from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark else ""
@@ -308,7 +328,7 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
         for p in parts[:-1]:
             child = node.setdefault(p, {})
             if not isinstance(child, dict):
-                raise ValueError(f"--set {item!r}: {p!r} is a value, not a section")
+                raise ValueError(f"--set {quote(item)}: {quote(p)} is a value, not a section")
             node = child
         node[parts[-1]] = value
     try:

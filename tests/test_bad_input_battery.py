@@ -121,6 +121,17 @@ def _held_lease(run_id: str, raw: bytes | None = None, *, commit: bool = False) 
     return setup
 
 
+# 355 bytes of YAML whose aliases stand for 9**8 (43 million) strings, under a known key
+ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefg", "bcdefgh")) + "algorithm: {lr: *h}\n"
+BIG_PROMPT = 10 * 2**20
+"""A 10 MiB prompt: refused from the row's size, before it is parsed or tokenised."""
+
+
+def _big_prompt(tmp: Path) -> None:
+    _write("d.jsonl", _rows({**ROW, "prompt": "c" * BIG_PROMPT}))(tmp)
+
+
 CASES: dict[str, Case] = {
     # ----------------------------------------------------------------- configuration
     "config unknown key": Case(_train("--set", "algorithm.colour=red"), ("'algorithm.colour'", "check the spelling")),
@@ -171,7 +182,7 @@ CASES: dict[str, Case] = {
                                           ("scaling.value_of_time_usd_per_s", "finite number")),
     "config time slack out of range": Case(_train("--set", "scaling.time_slack=20"),
                                            ("scaling.time_slack", "less than or equal to 10")),
-    "config bad scaling policy": Case(_train("--set", "scaling.policy=biggest"), ("scaling.policy 'biggest'", "cost_aware")),
+    "config bad scaling policy": Case(_train("--set", "scaling.policy=biggest"), ("scaling.policy='biggest'", "cost_aware")),
     "config fixed policy without N": Case(_train("--set", "scaling.policy=fixed:0"), ("scaling.policy", "positive integer")),
     "config bad run_id": Case(_train("--run-id", "a/b"), ("run_id 'a/b'", "only letters, digits")),
     "config run_id dot-dot": Case(_train("--run-id", ".."), ("run_id '..'", "start with a letter or digit")),
@@ -198,6 +209,14 @@ CASES: dict[str, Case] = {
         setup=_write("c.yaml", "algorithm: [unclosed\n")),
     "config YAML is not a mapping": Case(
         _train("--config", "{tmp}/c.yaml"), ("c.yaml", "must hold a mapping"), setup=_write("c.yaml", "- a\n- b\n")),
+    "config YAML alias bomb": Case(
+        _train("--config", "{tmp}/c.yaml"), ("c.yaml", "aliases expand to over", "write the repeated settings out"),
+        setup=_write("c.yaml", ALIAS_BOMB)),
+    "config nan reward weight": Case(
+        _train("--set", "reward.functions=[{{name: gsm8k, weight: .nan}}]"),
+        ("reward.functions.0.weight = nan", "finite number")),
+    "config infinite read timeout": Case(
+        _train("--set", "invoker.read_timeout_s=.inf"), ("invoker.read_timeout_s = inf", "finite number")),
     "config file missing": Case(_train("--config", "{tmp}/missing.yaml"), ("missing.yaml", "check --config")),
     "override without =": Case(_train("--set", "steps"), ("--set 'steps'", "dotted.key=value")),
     "override empty key segment": Case(_train("--set", "algorithm..lr=1"), ("algorithm..lr", "empty key segment")),
@@ -214,6 +233,9 @@ CASES: dict[str, Case] = {
     "dataset duplicate prompt_id": Case(
         _train("--set", "data.train_path={tmp}/d.jsonl"), ("d.jsonl:2", "prompt_id 1 appears twice", "unique"),
         setup=_write("d.jsonl", _rows(ROW, ROW))),
+    "dataset 10 MiB prompt": Case(
+        _train("--set", "data.train_path={tmp}/d.jsonl", "--set", "data.eval_path={tmp}/d.jsonl"),
+        ("d.jsonl:1", "10,485,", "above the limit", "shorten its prompt"), setup=_big_prompt),
     "dataset empty file": Case(
         _train("--set", "data.train_path={tmp}/d.jsonl"), ("data.train_path", "no rows", "add at least one"),
         setup=_write("d.jsonl", "")),

@@ -54,7 +54,7 @@ def test_fanout_one_and_three_produce_the_same_training_data(tiny_config, prefec
 
 
 def test_scores_can_wait_for_the_end_of_generation(tiny_config, prefect_harness, monkeypatch):
-    import flows.campaign.run as campaign
+    import flows.campaign.advance as campaign
 
     records, metrics = [], campaign.step_metrics
 

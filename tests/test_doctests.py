@@ -1,4 +1,5 @@
-"""Run the doctest examples of the tasks, the data mapping and the reward functions."""
+"""Run the doctest examples of the tasks, the data mapping, the reward functions, the scaling
+policies' registry and the phase clock."""
 
 import doctest
 import importlib
@@ -7,7 +8,8 @@ import pytest
 
 MODULES = ["actions.tasks.repeat", "actions.tasks.arith", "actions.tasks.fields", "actions.tasks.rewards.numeric",
            "actions.tasks.rewards.gsm8k", "actions.tasks.rewards.text", "actions.tasks.rewards.exact_match",
-           "actions.tasks.rewards.format", "actions.tasks.rewards.symbolic"]
+           "actions.tasks.rewards.format", "actions.tasks.rewards.symbolic", "flows.planning.registry",
+           "flows.step.timing"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -26,14 +26,23 @@ def _step_keys(d: int) -> list[str]:
     return [f"{p}/train/policy/manifest.json", f"{p}/train/optimizer/manifest.json", f"{p}/rollouts/gen-0.json"]
 
 
-def test_window_keeps_newest_versions_and_only_the_newest_optimizer() -> None:
-    # after commit 5 with K=2: versions 4, 5 kept; dirs 0..2 garbage; dir 3 (version 4) loses
-    # its optimizer; dir 4 (version 5) whole; dir 5 (in flight) untouched
+def test_window_keeps_newest_versions_and_the_optimizers_a_resume_starts_from() -> None:
+    # after commit 5 with K=3: versions 3, 4, 5 kept; dirs 0..1 garbage; dir 2 (version 3) loses
+    # its optimizer; dir 3 (version 4, the previous commit) and dir 4 (version 5) whole; dir 5
+    # (in flight) untouched
     keys = [k for d in range(6) for k in _step_keys(d)] + ["runs/r/policy/v000000/manifest.json",
                                                           "runs/other/steps/000000/rollouts/gen-0.json"]
-    plan = plan_collection("runs/r", 5, {c: _v(c) for c in (4, 5)}, keys, Retention(keep_last=2))
-    expected = [k for d in range(3) for k in _step_keys(d)] + ["runs/r/steps/000003/train/optimizer/manifest.json"]
+    plan = plan_collection("runs/r", 5, {c: _v(c) for c in (3, 4, 5)}, keys, Retention(keep_last=3))
+    expected = [k for d in range(2) for k in _step_keys(d)] + ["runs/r/steps/000002/train/optimizer/manifest.json"]
     assert plan.delete == tuple(sorted(expected))
+    assert plan.versions == (0, 3, 4, 5)
+
+
+def test_the_previous_commit_is_kept_whole_whatever_keep_last() -> None:
+    """A lost newest commit record leaves a run that resumes from the one before: K=1 keeps it."""
+    keys = [k for d in range(6) for k in _step_keys(d)]
+    plan = plan_collection("runs/r", 5, {c: _v(c) for c in (4, 5)}, keys, Retention(keep_last=1))
+    assert set(keys) - set(plan.delete) == {*_step_keys(3), *_step_keys(4), *_step_keys(5)}
     assert plan.versions == (0, 4, 5)
 
 
@@ -41,9 +50,9 @@ def test_checkpoints_keep_weights_and_optimizer_but_not_rollouts() -> None:
     keys = [k for d in range(6) for k in _step_keys(d)]
     plan = plan_collection("runs/r", 6, {c: _v(c) for c in (2, 4, 6)}, keys, Retention(keep_last=1, checkpoint_every=2))
     kept = set(keys) - set(plan.delete)
-    # versions 2 and 4 (dirs 1, 3): weights + optimizer; version 6 (dir 5): everything
-    assert kept == {*_step_keys(1)[:2], *_step_keys(3)[:2], *_step_keys(5)}
-    assert plan.versions == (0, 2, 4, 6)
+    # versions 2 and 4 (dirs 1, 3): weights + optimizer; versions 5 (the previous) and 6 (dirs 4, 5): everything
+    assert kept == {*_step_keys(1)[:2], *_step_keys(3)[:2], *_step_keys(4), *_step_keys(5)}
+    assert plan.versions == (0, 2, 4, 5, 6)
 
 
 def test_keep_all_deletes_nothing_and_keys_named_by_a_commit_survive_anywhere() -> None:
@@ -93,14 +102,15 @@ def test_collection_deletes_old_versions_only(backend_store) -> None:
     report = collect_garbage(store, latest, Retention(keep_last=2))
     assert report.versions_kept == [0, 4, 5]
     assert not any(store.list(f"runs/r/steps/{d:06d}/") for d in range(3))
-    assert store.list("runs/r/steps/000003/") == ["runs/r/steps/000003/rollouts/gen-0.json",
+    assert store.list("runs/r/steps/000003/") == ["runs/r/steps/000003/rollouts/gen-0.json",  # the previous commit
+                                                  "runs/r/steps/000003/train/optimizer/manifest.json",
                                                   "runs/r/steps/000003/train/policy/manifest.json"]
-    for data, alive in ((b"r-policy-1", True), (b"r-policy-2", False), (b"r-adam-3", False), (b"r-adam-4", False),
+    for data, alive in ((b"r-policy-1", True), (b"r-policy-2", False), (b"r-adam-3", False), (b"r-adam-4", True),
                         (b"r-policy-4", True), (b"r-adam-5", True), (b"shared-with-every-version", True),
                         (b"reference", True)):
         assert _blob_exists(store, data) is alive, data
-    # deleted blobs: policy 2, 3; adam 1..4; version 1's own policy blob is the other run's
-    assert report.deleted_blobs == 6 and report.freed_bytes == 2 * len(b"r-policy-2") + 4 * len(b"r-adam-1")
+    # deleted blobs: policy 2, 3; adam 1..3; version 1's own policy blob is the other run's
+    assert report.deleted_blobs == 5 and report.freed_bytes == 2 * len(b"r-policy-2") + 3 * len(b"r-adam-1")
     again = collect_garbage(store, latest, Retention(keep_last=2))
     assert (again.deleted_objects, again.deleted_blobs) == (0, 0)
     assert load_state(store, "r").step == 5  # commit records are never collected
@@ -162,7 +172,8 @@ def _assert_store_consistent(store: ObjectStore) -> None:
 
 def _growth(cfg, store: ObjectStore, run: str, steps: int, every: int) -> None:
     """After a campaign with keep_last=2: the reference plus the last two policy versions,
-    plus one per checkpoint; optimizer state only for the newest and the checkpoints."""
+    plus one per checkpoint; optimizer state only for the newest two (a resume starts from
+    either) and the checkpoints."""
     from flows.campaign.run import run_campaign
 
     summary = run_campaign(cfg, progress=lambda m: None)
@@ -172,7 +183,7 @@ def _growth(cfg, store: ObjectStore, run: str, steps: int, every: int) -> None:
         f"runs/{run}/steps/{v - 1:06d}/train/policy/manifest.json" for v in (*checkpoints, steps - 1, steps)}
     assert set(_policy_versions(store, run)) == expected
     optimizers = [k for k in store.list(f"runs/{run}/") if "/train/optimizer/" in k]
-    assert len(optimizers) == len(checkpoints) + 1
+    assert len(optimizers) == len(checkpoints) + 2
     _assert_store_consistent(store)
 
 

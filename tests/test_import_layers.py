@@ -18,7 +18,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("actions", "flows")
-SOURCE_DIRS = ("actions", "flows", "benchmarks")
 MAX_LINES = 500
 
 
@@ -35,6 +34,17 @@ RULES = [
     Rule("actions.common", ("actions.rl", "actions.engines", "actions.tasks", "actions.runtime"),
          "shared action code sits below the RL, engine, task and runtime code that uses it"),
     Rule("actions", ("flows", "prefect"), "actions run in containers without the orchestrator"),
+    # flows/: commands > campaign > step > invokers, simulate > planning
+    Rule("flows.planning", ("flows.step", "flows.campaign", "flows.invokers", "flows.simulate", "flows.commands",
+                            "flows.config"),
+         "planning is pure and below everything that uses it: the live step, the campaign and the simulator"),
+    Rule("flows.step", ("flows.campaign", "flows.commands", "flows.simulate"),
+         "one step knows nothing of the campaign around it"),
+    Rule("flows.invokers", ("flows.step", "flows.campaign", "flows.commands", "flows.simulate"),
+         "how an action is called is below what calls it"),
+    Rule("flows.simulate", ("flows.step", "flows.campaign", "flows.invokers", "flows.commands"),
+         "the simulator drives the planning code alone"),
+    Rule("flows.campaign", ("flows.commands",), "the CLI starts campaigns, not the other way round"),
 ]
 
 
@@ -59,15 +69,15 @@ def _is_type_checking(node: ast.If) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement, skipping the bodies of ``if TYPE_CHECKING:``."""
+def _import_nodes(tree: ast.AST, type_checking: bool = False) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement, skipping the bodies of ``if TYPE_CHECKING:`` unless ``type_checking``."""
     found: list[ast.Import | ast.ImportFrom] = []
     stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             found.append(node)
-        elif isinstance(node, ast.If) and _is_type_checking(node):
+        elif isinstance(node, ast.If) and _is_type_checking(node) and not type_checking:
             stack.extend(node.orelse)
         else:
             stack.extend(ast.iter_child_nodes(node))
@@ -75,14 +85,15 @@ def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
 
 
 @cache
-def imports_of(module: str) -> frozenset[str]:
+def imports_of(module: str, type_checking: bool = False) -> frozenset[str]:
     """Dotted names ``module`` imports: a project module where the name is one (``from p
-    import m`` gives ``p.m`` when ``m`` is a module, else ``p``), else as written."""
+    import m`` gives ``p.m`` when ``m`` is a module, else ``p``), else as written;
+    ``type_checking``: those under ``if TYPE_CHECKING:`` too."""
     modules = project_modules()
     path = modules[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     names = set()
-    for node in _import_nodes(ast.parse(path.read_text(), filename=str(path))):
+    for node in _import_nodes(ast.parse(path.read_text(), filename=str(path)), type_checking):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
             continue
@@ -96,10 +107,10 @@ def imports_of(module: str) -> frozenset[str]:
     return frozenset(names)
 
 
-def project_graph() -> dict[str, set[str]]:
-    """Module -> the project modules it imports."""
+def project_graph(type_checking: bool = False) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (``type_checking``: for type checking too)."""
     modules = project_modules()
-    return {m: {n for n in imports_of(m) if n in modules and n != m} for m in modules}
+    return {m: {n for n in imports_of(m, type_checking) if n in modules and n != m} for m in modules}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -161,6 +172,20 @@ def test_no_import_cycle() -> None:
         "; ".join(" <-> ".join(c) for c in found)
 
 
+def test_no_import_cycle_even_for_type_checking() -> None:
+    """A ``TYPE_CHECKING`` import never runs, but a circle through one still ties two layers
+    together: the lower one names a type of the upper one. Move the type below both."""
+    found = cycles(project_graph(type_checking=True))
+    assert not found, "import cycles through TYPE_CHECKING imports: " + \
+        "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_type_checking_imports_are_seen() -> None:
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a.b\n")
+    assert [n.names[0].name for n in _import_nodes(tree, type_checking=True) if isinstance(n, ast.Import)] == ["a.b"]
+    assert not [n for n in _import_nodes(tree) if isinstance(n, ast.Import)]
+
+
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.importers)
 def test_layer_rule(rule: Rule) -> None:
     broken = sorted(
@@ -172,10 +197,39 @@ def test_layer_rule(rule: Rule) -> None:
         "\n".join(broken)
 
 
+def non_test_sources() -> list[Path]:
+    """Every Python file of the repository outside ``tests/`` (and outside hidden folders)."""
+    return [p for p in sorted(ROOT.rglob("*.py"))
+            if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
+            and p.relative_to(ROOT).parts[0] not in ("tests", "runs", "build")]
+
+
 def test_no_source_file_above_500_lines() -> None:
+    sources = non_test_sources()
+    assert any(p.relative_to(ROOT).parts[0] == "benchmarks" for p in sources)
     long = sorted(
         f"{path.relative_to(ROOT)}: {n} lines"
-        for d in SOURCE_DIRS for path in (ROOT / d).rglob("*.py")
-        if (n := len(path.read_text().splitlines())) > MAX_LINES
+        for path in sources if (n := len(path.read_text().splitlines())) > MAX_LINES
     )
     assert not long, f"split these into cohesive modules under {MAX_LINES} lines:\n" + "\n".join(long)
+
+
+MAX_FUNCTION_LINES = 60
+
+
+def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``name (lines)`` of every function or method in ``path`` longer than ``limit`` lines
+    (decorators excluded, docstring included)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [f"{node.name} ({node.end_lineno - node.lineno + 1})" for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > limit]
+
+
+def test_no_function_in_flows_above_60_lines(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES)  # 61 lines: the check can fail
+    assert long_functions(probe) == [f"f ({MAX_FUNCTION_LINES + 1})"]
+    found = [f"{path.relative_to(ROOT)}: {name}" for path in sorted((ROOT / "flows").rglob("*.py"))
+             for name in long_functions(path)]
+    assert not found, f"split these into functions of at most {MAX_FUNCTION_LINES} lines:\n" + "\n".join(found)

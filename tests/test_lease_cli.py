@@ -97,8 +97,8 @@ def test_two_trains_on_one_run_s3_store(tmp_path, solo_sha, s3_server, monkeypat
 
 
 def test_kill_in_the_middle_of_gc_then_resume_gives_the_same_weights(tmp_path, solo_sha) -> None:
-    """SIGKILL after the 3rd blob deletion of the collection that follows commit 2 (keep_last=1
-    drops version 1 then); --resume takes over the dead process's lease at once, finishes the
+    """SIGKILL after the 3rd blob deletion of the first collection that deletes blobs (the one
+    after commit 3: keep_last=1 drops version 1 then, version 2 staying as the previous commit); --resume takes over the dead process's lease at once, finishes the
     collection and the campaign, and ends with the solo run's weights."""
     store_dir = tmp_path / "store"
     keep = ("--set", "store.keep_last=1")
@@ -114,8 +114,9 @@ def test_kill_in_the_middle_of_gc_then_resume_gives_the_same_weights(tmp_path, s
     assert "is gone" in out  # the takeover was announced
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["weights_sha256"] == solo_sha
-    # only version 3's step directory is left, and every blob a manifest lists exists
-    assert {k.split("/")[3] for k in store.list("runs/gckill/steps/")} == {"000002"}
+    # only the step directories of versions 2 (the previous commit) and 3 are left, and every
+    # blob a manifest lists exists
+    assert {k.split("/")[3] for k in store.list("runs/gckill/steps/")} == {"000001", "000002"}
     for key in (k for k in store.list("runs/") if k.endswith("manifest.json")):
         for entry in read_manifest(store, key)["files"].values():
             assert store.exists(blob_key(entry["sha256"])), (key, entry)

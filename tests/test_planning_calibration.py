@@ -6,10 +6,18 @@ import random
 
 import pytest
 
-from flows.planning.calibration import Calibration, calibrate
+from flows.planning.calibration import Calibration
+from flows.planning.calibration import calibrate as _calibrate
 from flows.planning.plan import ClusterSpec
+from flows.planning.record import PhaseObservation
 from flows.planning.timeline import prefill_seconds
 from flows.planning.tpot import TpotProfile
+
+
+def calibrate(steps, **kw):
+    """The calibration of steps given as committed metrics (``PhaseObservation.from_metrics``)."""
+    return _calibrate([o for m in steps if (o := PhaseObservation.from_metrics(m)) is not None], **kw)
+
 
 A = 0.007  # the measured round trip of an empty activation, seconds
 TRUE_SCALE, TRUE_PREFILL = 1.8, 0.060  # how much slower decoding really is; the prefill's own fixed work

@@ -33,7 +33,7 @@ def _cut_case():
 def _simulate(migration):
     samples = [Sample(i, 0, 50, n) for i, n in enumerate([10, 10, 10, 200])]
     specs = [ActorSpec(tuple(samples), 0.0, 0.0), ActorSpec((Sample(8, 1, 50, 400), Sample(9, 1, 50, 5)), 0.0, 0.0)]
-    cfg = SimConfig(profile=FLAT, gpus_per_actor=1, tau=0.7, migration=migration,
+    cfg = SimConfig(profile=FLAT, gpus_per_actor=1, cut_threshold=0.7, migration=migration,
                     kv_transfer_s_per_token=1e-3)
     result, _ = simulate_phase(specs, cfg)
     return result

@@ -2,8 +2,8 @@
 
 import pytest
 
-from flows.planning.migrate import (PartialSample, choose_destinations, cut_point, cut_threshold_for,
-                                    plan_continuations, should_cut)
+from flows.planning.migrate import PartialSample, choose_destinations, cut_point, plan_continuations, should_cut
+from flows.planning.registry import parse_scaling_policy
 
 
 def test_cut_point():
@@ -63,7 +63,8 @@ def test_an_actor_is_cut_only_while_another_is_predicted_to_still_decode():
 
 
 def test_the_budget_objective_does_not_cut():
-    assert cut_threshold_for("cost_aware", "budget", 0.7) is None
-    assert cut_threshold_for("cost_aware", "value", 0.7) == 0.7
-    assert cut_threshold_for("fixed:3", "budget", 0.7) == 0.7  # a fixed plan cuts as configured
-    assert cut_threshold_for("cost_aware", "paper", None) is None
+    cost_aware, fixed = parse_scaling_policy("cost_aware"), parse_scaling_policy("fixed:3")
+    assert cost_aware.cut_threshold("budget", 0.7) is None
+    assert cost_aware.cut_threshold("value", 0.7) == 0.7
+    assert fixed.cut_threshold("budget", 0.7) == 0.7  # a fixed plan cuts as configured
+    assert cost_aware.cut_threshold("paper", None) is None

@@ -10,7 +10,7 @@ from flows.planning.plan import Candidate, ClusterSpec
 from flows.planning.tpot import GPUS, MODELS, roofline_profile
 from flows.planning.scaling import BASELINE_N, default_value_of_time
 from flows.planning.scaling import plan_generation as _plan_generation
-from flows.planning.plan import PlannerSettings
+from flows.planning.settings import PlannerSettings
 from flows.planning.robust import held_budget
 from flows.planning.timeline import prefill_seconds
 
@@ -188,5 +188,5 @@ def test_no_objective_picks_a_fan_out_its_measured_speed_makes_slower_and_dearer
 
 def test_a_bad_fan_out_speed_is_refused_with_the_field_named():
     ids, pred, kw = _step(0, m=8)
-    with pytest.raises(ValueError, match=r"scaling.decode_scale_by_n: \[\(2, 0.0\)\]"):
+    with pytest.raises(ValueError, match=r"PlannerSettings.decode_scale_by_n: \[\(2, 0.0\)\]"):
         plan_generation(ids, pred, decode_scale_by_n=((2, 0.0),), **kw)

@@ -8,7 +8,8 @@ import pytest
 
 from flows.planning.assignment import assign_round_robin, rank_prompts
 from flows.planning.cost import DecodeEstimator, decode_time
-from flows.planning.plan import ClusterSpec, PlannerSettings
+from flows.planning.plan import ClusterSpec
+from flows.planning.settings import PlannerSettings
 from flows.planning.robust import MeasuredError, TailModel, held_budget, striped_layout, tail_stress
 from flows.planning.scaling import plan_generation
 from flows.planning.timeline import evaluate_candidate, prefill_seconds

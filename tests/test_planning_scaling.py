@@ -8,7 +8,7 @@ import pytest
 from flows.planning.plan import ClusterSpec, GenerationPlan
 from flows.planning.tpot import TpotProfile
 from flows.planning.scaling import plan_generation as _plan_generation
-from flows.planning.plan import PlannerSettings
+from flows.planning.settings import PlannerSettings
 
 
 def plan_generation(ids, predicted, *, group_size, prompt_lengths, prefill_tokens=None, **settings):
@@ -219,8 +219,8 @@ def _args() -> dict:
 @pytest.mark.parametrize("kw, field", [
     ({"n_min": 0}, "scaling.n_min"), ({"n_min": 5, "n_max": 4}, "scaling.n_max"),
     ({"lam": 1.5}, "scaling.lam"), ({"policy": "bogus"}, "scaling.policy"),
-    ({"policy": "fixed:x"}, "scaling.policy"), ({"assignment": "random"}, "scaling.assignment"),
-    ({"cut_threshold": 0.0}, "scaling.cut_threshold"), ({"group_size": 0}, "scaling.group_size"),
+    ({"policy": "fixed:x"}, "scaling.policy"), ({"assignment": "random"}, "generation.assignment"),
+    ({"cut_threshold": 0.0}, "generation.cut_threshold"), ({"group_size": 0}, "algorithm.group_size"),
     ({"rank_slack": -0.1}, "generation.rank_slack"), ({"objective": "fast"}, "scaling.objective"),
     ({"value_of_time_usd_per_s": -1.0}, "scaling.value_of_time_usd_per_s"),
     ({"value_of_time_usd_per_s": math.inf}, "scaling.value_of_time_usd_per_s"),
@@ -232,14 +232,12 @@ def test_errors_name_the_field(kw, field):
 
 
 def test_empty_prompts_and_missing_prediction():
-    with pytest.raises(ValueError, match="scaling.prompt_ids"):
-        plan_generation([], PRED, group_size=4, prompt_lengths=PLEN, policy="cost_aware",
-                        n_min=1, n_max=2, lam=0.7, assignment="ranked", profile=FLAT,
-                        cluster=CLUSTER)
-    with pytest.raises(ValueError, match="scaling.predicted"):
-        plan_generation([99], PRED, group_size=4, prompt_lengths=PLEN, policy="cost_aware",
-                        n_min=1, n_max=2, lam=0.7, assignment="ranked", profile=FLAT,
-                        cluster=CLUSTER)
+    settings = PlannerSettings(policy="cost_aware", n_min=1, n_max=2, lam=0.7, assignment="ranked", profile=FLAT,
+                               cluster=CLUSTER)
+    with pytest.raises(ValueError, match="a phase has no prompt"):
+        _plan_generation([], PRED, group_size=4, prompt_lengths=PLEN, settings=settings)
+    with pytest.raises(ValueError, match="no predicted length for prompts \\[99\\]"):
+        _plan_generation([99], PRED, group_size=4, prompt_lengths=PLEN, settings=settings)
 
 
 def test_cluster_spec_validation():

@@ -41,7 +41,7 @@ def test_every_sample_decoded_exactly_once_with_migration(migration):
     step = _step()
     predicted = {r.prompt_id: float(r.answer_len) for r in step.prompts}
     policy = parse_policy("no-scale:4")
-    result, _, n, samples = run_step(policy, step, predicted, _model(tau=0.5, migration=migration))
+    result, _, n, samples = run_step(policy, step, predicted, _model(cut_threshold=0.5, migration=migration))
     assert n == 4 and len(samples) == 128
     assert result.num_migrated > 0  # prompt 5's stragglers were cut and moved
     _check_conservation(samples)
@@ -76,19 +76,19 @@ def test_serverless_actor_is_released_when_done():
 def test_cut_waits_without_free_slots():
     # a single actor cannot migrate anywhere: it runs to the end, nothing is cut
     samples = tuple(Sample(i, 0, 0, 10 * (i + 1)) for i in range(4))
-    cfg = SimConfig(profile=FLAT, gpus_per_actor=1, tau=0.5)
+    cfg = SimConfig(profile=FLAT, gpus_per_actor=1, cut_threshold=0.5)
     res, done = simulate_phase([ActorSpec(samples, 0.0, 0.0)], cfg)
     assert res.num_cut == 0 and res.time_s == pytest.approx(0.4)
     _check_conservation(done)
 
 
 def test_continuation_reuses_released_container_and_is_not_cut_again():
-    # actor 0 (4 samples: 10, 20, 300, 400 tokens) is cut at tau=0.5 once two finished; actor 1
+    # actor 0 (4 samples: 10, 20, 300, 400 tokens) is cut at cut_threshold=0.5 once two finished; actor 1
     # (one 5-token sample) was released at 0.05 s, so the continuation starts in its warm
     # container at once: no cold start, no weight transfer, and it is never cut itself
     a = tuple(Sample(i, 0, 0, n) for i, n in enumerate((10, 20, 300, 400)))
     b = (Sample(4, 1, 0, 5),)
-    cfg = SimConfig(profile=FLAT, gpus_per_actor=1, tau=0.5, continuation=True, cold_start_s=30.0,
+    cfg = SimConfig(profile=FLAT, gpus_per_actor=1, cut_threshold=0.5, continuation=True, cold_start_s=30.0,
                     weight_transfer_s=2.0)
     res, done = simulate_phase([ActorSpec(a, 0.0, 0.0), ActorSpec(b, 0.0, 0.0)], cfg)
     assert res.num_actors == 3 and res.num_cut == 1 and res.num_migrated == 2
@@ -145,7 +145,7 @@ def test_parse_policy():
     assert parse_policy("round-robin:4").assignment == "round_robin"
     assert not parse_policy("round-robin:4").serverful and not parse_policy("round-robin:4").cut
     assert parse_policy("static:3").serverful
-    assert parse_policy("no-scale").scaling == "fixed:3"
+    assert parse_policy("no-scale").scaling.name == "fixed:3"
     assert parse_policy("oracle").oracle
     for bad in ("static", "static:0", "rlhfless:2", "nope"):
         with pytest.raises(ValueError, match="policy"):
@@ -327,18 +327,20 @@ def test_measured_error_covers_the_last_steps_only():
 def test_replay_gives_each_policy_the_error_of_its_own_predictions(monkeypatch):
     """The planner learns how far its predictions missed on the previous steps: none before
     the first step, the oracle's none at all, rlhfless's from the reference-based guesses."""
-    import flows.simulate.replay as replay_module
+    from flows.planning.planner import Planner
 
-    seen: dict[str, list] = {}
-    real = replay_module.replay_step
+    errors: dict[int, list] = {}  # planner -> the error it gave each plan
+    real = Planner.tail_error
 
-    def spy(policy, step, predicted, model, warm_pool=0, tail_error=None):
-        seen.setdefault(policy.name, []).append(tail_error)
-        return real(policy, step, predicted, model, warm_pool, tail_error)
+    def spy(self):
+        error = real(self)
+        errors.setdefault(id(self), []).append(error)
+        return error
 
-    monkeypatch.setattr(replay_module, "replay_step", spy)
+    monkeypatch.setattr(Planner, "tail_error", spy)
     steps = [dataclasses.replace(_step(), step=k) for k in range(3)]
     replay(steps, ["rlhfless", "oracle"], _model(tail_error_steps=1))
+    seen = dict(zip(["rlhfless", "oracle"], errors.values()))  # the policies plan in this order
     assert seen["rlhfless"][0] is None and seen["oracle"][0] is None
     assert all(set(e.log_ratios) == {0.0} for e in seen["oracle"][1:])
     # step 0 guessed from references (prompt 5: 20 tokens, ran 950); step 1 repeated step 0's
@@ -347,9 +349,9 @@ def test_replay_gives_each_policy_the_error_of_its_own_predictions(monkeypatch):
     assert len(first.log_ratios) == 32 and first.log_ratios[-1] == pytest.approx(math.log(950 / 20))
     assert set(second.log_ratios) == {0.0}
     off = dict(seen)
-    seen.clear()
+    errors.clear()
     replay(steps, ["rlhfless"], _model(tail_error_steps=0))
-    assert seen["rlhfless"] == [None] * 3 and len(off["rlhfless"]) == 3
+    assert list(errors.values()) == [[None] * 3] and len(off["rlhfless"]) == 3
 
 
 def test_plan_and_simulation_agree_when_predictions_are_exact():
@@ -371,7 +373,7 @@ def test_plan_and_simulation_agree_when_predictions_are_exact():
 # ---- live-flow mode (local warm pool as flows/step/flow.py drives it) ------------------------
 
 def _live(**kw) -> SimConfig:
-    args = dict(profile=FLAT, gpus_per_actor=1, tau=0.5, continuation=True, migrate_to_running=False,
+    args = dict(profile=FLAT, gpus_per_actor=1, cut_threshold=0.5, continuation=True, migrate_to_running=False,
                 migrate_window_s=1.0)
     args.update(kw)
     return SimConfig(**args)
@@ -476,7 +478,7 @@ def test_score_activations_share_the_processors_without_extending_the_phase():
 
 def test_live_window_needs_the_live_flow_settings():
     with pytest.raises(ValueError, match="migrate_window_s"):
-        SimConfig(profile=FLAT, gpus_per_actor=1, tau=0.5, migrate_window_s=0.25)
+        SimConfig(profile=FLAT, gpus_per_actor=1, cut_threshold=0.5, migrate_window_s=0.25)
 
 
 def test_task_submission_work_shares_the_processors():

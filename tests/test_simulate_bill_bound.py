@@ -87,7 +87,7 @@ POLICIES = ["static:1", "static:2", "static:3", "rlhfless", "round-robin:1", "ro
 
 
 @pytest.mark.parametrize("seed", range(8))
-@pytest.mark.parametrize("settings", [{}, {"colocated_actors": 1}, {"objective": "value", "tau": 1.0},
+@pytest.mark.parametrize("settings", [{}, {"colocated_actors": 1}, {"objective": "value", "cut_threshold": 1.0},
                                       {"prewarm_idle_s": 0.5, "colocated_actors": 2}])
 def test_no_replayed_plan_without_cuts_beats_the_floors(seed, settings):
     steps = _random_steps(random.Random(seed))

@@ -67,8 +67,8 @@ POLICIES = ["static:1", "static:2", "static:3", "rlhfless", "round-robin:1", "ro
 MODELS_UNDER_TEST = {
     "default": {},
     "cutting, re-prefill, continuations": dict(objective="value", migration="reprefill", continuation=True,
-                                              tau=0.5),
-    "cutting, kv, one co-located actor": dict(objective="value", tau=0.3, colocated_actors=1),
+                                              cut_threshold=0.5),
+    "cutting, kv, one co-located actor": dict(objective="value", cut_threshold=0.3, colocated_actors=1),
     "paper objective, flat profile": dict(objective="paper", profile=FLAT),
 }
 

@@ -23,7 +23,6 @@ from pydantic import ValidationError
 from actions.common import warm
 from actions.common.contracts import Control, WarmCounts, parse_request, split_control
 from actions.common.errors import InjectedFault
-from actions.common.loading import configure_threads
 from actions.common.store import IntegrityError, ObjectNotFound
 
 
@@ -43,6 +42,8 @@ def run_action(request_model: type, core: Callable[[Any], Any], args: dict[str, 
         raise InjectedFault("injected kill (faults.kill_fraction) with no worker process to kill: simulated crash")
     if control.inject_latency_s:
         time.sleep(control.inject_latency_s)
+    from actions.common.loading import configure_threads  # torch: here, so validate_inputs at the CLI stays light
+
     configure_threads(control.threads)
     before = warm.stats()
     try:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from actions.common.config_section import Section as _Section
+from actions.common.quoting import quote
 # RewardFunctionConfig is re-exported: the contracts and callers take every section from here.
 from actions.common.reward_config import TASK_REWARDS, RewardConfig, RewardFunctionConfig  # noqa: F401
 
@@ -98,7 +99,8 @@ class DataConfig(_Section):
     system_prompt: str | None = None
     """Put first as a system message (or, without a chat template, before the prompt)."""
     max_prompt_tokens: int | None = Field(None, ge=1)
-    """Longest prompt in tokens (after formatting); None: no limit."""
+    """Longest prompt in tokens (after formatting); None: for a dataset file, the model's context
+    less ``generation.max_new_tokens`` (``actions/tasks/input_limits.py``); for a generated task, none."""
     long_prompts: Literal["error", "truncate_left", "skip"] = "error"
     """What happens to a prompt above ``max_prompt_tokens``."""
     num_train_prompts: int = Field(512, ge=1)
@@ -132,7 +134,7 @@ class DataConfig(_Section):
     def _check_chat_template(cls, v: Any) -> Any:
         if v == "auto" or isinstance(v, bool):
             return v
-        raise ValueError(f"data.chat_template {v!r} is not a mode; use auto, true or false")
+        raise ValueError(f"data.chat_template {quote(v)} is not a mode; use auto, true or false")
 
 
 class AlgorithmConfig(_Section):

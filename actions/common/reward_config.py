@@ -7,6 +7,7 @@ import re
 from pydantic import field_validator, model_validator
 
 from actions.common.config_section import Section as _Section
+from actions.common.quoting import quote
 
 BUILTIN_REWARDS = ("repeat", "gsm8k", "math", "exact_match", "format")
 """The built-in reward functions' names (``actions/tasks/rewards`` implements each)."""
@@ -26,19 +27,19 @@ class RewardFunctionConfig(_Section):
         if v in BUILTIN_REWARDS or (module and attr.isidentifier()
                                     and all(p.isidentifier() for p in module.split("."))):
             return v
-        raise ValueError(f"reward.functions name {v!r} is not a built-in ({', '.join(BUILTIN_REWARDS)}) nor "
+        raise ValueError(f"reward.functions name {quote(v)} is not a built-in ({', '.join(BUILTIN_REWARDS)}) nor "
                          "package.module:function; fix the name")
 
     @model_validator(mode="after")
     def _check_pattern(self) -> RewardFunctionConfig:
         if self.pattern is not None:
             if self.name != "format":
-                raise ValueError(f"reward.functions {self.name!r} has a pattern, which only the format reward uses; "
+                raise ValueError(f"reward.functions {quote(self.name)} has a pattern, which only the format reward uses; "
                                  "remove it")
             try:
                 re.compile(self.pattern)
             except re.error as exc:
-                raise ValueError(f"reward.functions format pattern {self.pattern!r} is not a regular expression "
+                raise ValueError(f"reward.functions format pattern {quote(self.pattern)} is not a regular expression "
                                  f"({exc}); fix it") from None
         return self
 

@@ -169,6 +169,7 @@ def parent_dir(root: str | os.PathLike[str], name: str, *, where: str, create: b
                     raise
                 try:
                     os.mkdir(part, 0o777, dir_fd=fd)
+                    os.fsync(fd)  # the new entry is durable before anything is written beneath it
                 except FileExistsError:
                     pass  # made by a concurrent writer
                 child = open_component(part, fd, flags, name=name, where=where)

@@ -1,7 +1,7 @@
 """The OpenWhisk action-protocol server: ``POST /init`` and ``POST /run`` on one port.
 
 This is the entrypoint of the runtime images (port 8080) and of every local warm-pool worker
-(a free loopback port). It follows the contract in OpenWhisk's ``docs/actions-new.md``:
+(a free loopback port). It follows the contract in OpenWhisk's ``apache/openwhisk:docs/actions-new.md``:
 
 * ``/init`` takes ``{"value": {name, main, code, binary, env}}`` once per container. The action
   code is baked into the image, so ``code`` is ignored; ``env`` is exported. A second ``/init``
@@ -27,9 +27,10 @@ Request limits (:class:`Guard`), on every path: a body over ``max_body_bytes`` i
 within ``read_timeout_s`` of its first byte, or the connection is cut (a slow-loris client
 cannot hold a thread); an idle kept-alive connection is closed after ``idle_timeout_s``.
 
-Authentication: a local pool worker gets a per-pool secret on its control pipe
-(``--control-fd``, see ``actions.runtime.lifeline``) and answers 401, doing nothing, to any
-request without ``Authorization: Bearer <secret>`` (compared in constant time). The runtime
+Authentication: a local pool worker gets its own secret on its control pipe (``--control-fd``,
+see ``actions.runtime.lifeline``), answers 401, doing nothing, to any request without a valid
+single-use HMAC of that secret, and signs every other reply with one
+(``actions.runtime.request_auth``): the secret itself never crosses the socket. The runtime
 images run by OpenWhisk get no secret and keep the action-proxy behaviour: the invoker talks to
 them on its private container network, which is the boundary there.
 """
@@ -37,7 +38,6 @@ them on its private container network, which is the boundary there.
 from __future__ import annotations
 
 import argparse
-import hmac
 import importlib
 import json
 import os
@@ -52,6 +52,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from actions.common.errors import describe_crash
+from actions.runtime.request_auth import REPLY_HEADER, NonceCheck, reply_mac
 
 SENTINEL = "XXX_THE_END_OF_A_WHISK_ACTIVATION_XXX"
 ACTION_NAMES = frozenset({"prepare", "prefill", "generate", "score", "train_step", "warmup", "evaluate", "profile",
@@ -65,7 +66,8 @@ class Guard:
     """Who may call this server and how much a request may cost it."""
 
     secret: str | None = None
-    """Bearer token every request must carry; None: no authentication (OpenWhisk images)."""
+    """This worker's secret, which authenticates requests and signs replies
+    (``request_auth.py``); None: no authentication (OpenWhisk images)."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     read_timeout_s: float = 30.0
     """A request (line, headers, body) must arrive within this long of its first byte."""
@@ -73,12 +75,15 @@ class Guard:
     """A kept-alive connection with no request for this long is closed. Far above the local
     pool client's keep-alive expiry (5 s), so the pool never reuses a connection being closed."""
 
-    def authorized(self, header: str | None) -> bool:
-        """Constant-time check of an ``Authorization`` header value."""
-        if self.secret is None:
-            return True
-        given = (header or "").encode("utf-8", "surrogateescape")
-        return hmac.compare_digest(given, f"Bearer {self.secret}".encode())
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_nonces", NonceCheck(self.secret) if self.secret is not None else None)
+
+    def admit(self, header: str | None, method: str, path: str) -> tuple[bool, str | None]:
+        """(admitted, the request's nonce to sign the reply with; None without a secret)."""
+        if self._nonces is None:
+            return True, None
+        nonce = self._nonces.admit(header, method, path)
+        return nonce is not None, nonce
 
 
 def image_id() -> str:
@@ -220,6 +225,7 @@ def make_handler(runtime: ActionRuntime, guard: Guard = Guard()) -> type[BaseHTT
         disable_nagle_algorithm = True
         timeout = guard.idle_timeout_s  # socket timeout from setup(); tightened per request
         cut = False
+        nonce: str | None = None  # the admitted request's: its reply is signed with it
 
         def log_message(self, fmt: str, *args: Any) -> None:  # keep activation logs clean
             pass
@@ -261,6 +267,8 @@ def make_handler(runtime: ActionRuntime, guard: Guard = Guard()) -> type[BaseHTT
                 return
             data = json.dumps(payload).encode()
             self.send_response(status)
+            if self.nonce is not None:
+                self.send_header(REPLY_HEADER, reply_mac(guard.secret, self.nonce, status, data))
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             if close:  # the request body was not read: the connection cannot carry another one
@@ -274,7 +282,8 @@ def make_handler(runtime: ActionRuntime, guard: Guard = Guard()) -> type[BaseHTT
             if self.cut:
                 self.close_connection = True
                 return False
-            if not guard.authorized(self.headers.get("Authorization")):
+            admitted, self.nonce = guard.admit(self.headers.get("Authorization"), self.command, self.path)
+            if not admitted:
                 self._reply(401, {"error": "missing or wrong credentials"}, close=True)
                 return False
             return True

@@ -19,6 +19,7 @@ from actions.tasks import get_task
 from actions.tasks.chat import format_rows, uses_template
 from actions.tasks.dataset import PromptRow
 from actions.tasks.fields import FieldMap, to_rows
+from actions.tasks.input_limits import default_max_prompt_tokens
 from actions.tasks.prompt_length import limit_prompt_length
 from actions.tasks.rewards import check_reward_functions
 from actions.tasks.sources import read_records
@@ -68,17 +69,20 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
     stats = {"train": train_stats, "eval": eval_stats}
     # The tiny model's character tokenizer has no chat template: without model.path only the
     # length limit needs it (and the CLI answers a bad chat_template without importing torch).
-    look = d.max_prompt_tokens or (cfg.model.path and d.chat_template is not False)
+    max_tokens = d.max_prompt_tokens or default_max_prompt_tokens(cfg)
+    look = max_tokens or (cfg.model.path and d.chat_template is not False)
     tok = tokenizer() if look else None
     template = uses_template(tok, d.chat_template, model_name)
     split_rows = {"train": train, "eval": evals}
     for which, rows in split_rows.items():
         source = f"data.{which}_path {getattr(d, f'{which}_path')}" if getattr(d, f"{which}_path") else f"data.task {d.task}"
         rows = format_rows(rows, tok, use_template=template, system_prompt=d.system_prompt, source=source)
-        if d.max_prompt_tokens:
+        if max_tokens:
             rows, length = limit_prompt_length(
                 rows, encode=lambda t: tok(t, add_special_tokens=False)["input_ids"], decode=tok.decode,
-                max_tokens=d.max_prompt_tokens, policy=d.long_prompts, source=source)
+                max_tokens=max_tokens, policy=d.long_prompts, source=source,
+                limit_text=None if d.max_prompt_tokens else
+                f"{max_tokens} (data.max_prompt_tokens unset: the model's context less generation.max_new_tokens)")
             stats[which].update(asdict(length))
         stats[which]["rows"] = len(rows)
         split_rows[which] = rows

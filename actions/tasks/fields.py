@@ -19,7 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from actions.common.quoting import quote
 from actions.tasks.dataset import PromptRow
+from actions.tasks.input_limits import check_prompt_size
 from actions.tasks.sources import Record
 
 ID_BITS = 48
@@ -87,6 +89,7 @@ def _prompt(rec: dict[str, Any], key: str, where: str) -> str | list[dict[str, s
                          "set data.prompt_key to the column holding the prompt")
     value = rec[key]
     if isinstance(value, str):
+        check_prompt_size(len(value), where, key)
         if not value.strip():
             raise ValueError(f"{where}: key {key!r} is an empty prompt; remove the row or fill in its prompt")
         return value
@@ -95,6 +98,7 @@ def _prompt(rec: dict[str, Any], key: str, where: str) -> str | list[dict[str, s
             if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
                 raise ValueError(f"{where}: key {key!r} message {i} is {_short(m)}; each chat message must be "
                                  '{"role": str, "content": str}')
+        check_prompt_size(sum(len(m["content"]) for m in value), where, key)
         return [{"role": m["role"], "content": m["content"]} for m in value]
     raise ValueError(f"{where}: key {key!r} is {_short(value)} ({type(value).__name__}); a prompt is a non-empty "
                      "string or a list of chat messages")
@@ -132,5 +136,4 @@ def _jsonable(value: Any) -> Any:
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return quote(value, 60)

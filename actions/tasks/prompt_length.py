@@ -28,11 +28,12 @@ class LengthStats:
 
 def limit_prompt_length(rows: Sequence[PromptRow], *, encode: Callable[[str], Sequence[int]],
                         decode: Callable[[Sequence[int]], str], max_tokens: int, policy: LongPromptPolicy,
-                        source: str) -> tuple[list[PromptRow], LengthStats]:
+                        source: str, limit_text: str | None = None) -> tuple[list[PromptRow], LengthStats]:
     """Apply ``policy`` to every row whose encoded prompt exceeds ``max_tokens``.
 
     A truncated prompt is decoded back to text and re-encoded: where that changes the token
     boundary, one more token is dropped until it fits (text is what the store keeps).
+    ``limit_text`` names the limit in the error (default ``data.max_prompt_tokens=N``).
     """
     stats = LengthStats()
     out: list[PromptRow] = []
@@ -44,7 +45,7 @@ def limit_prompt_length(rows: Sequence[PromptRow], *, encode: Callable[[str], Se
             continue
         if policy == "error":
             raise ValueError(f"{source}: row {number} (prompt_id {row.prompt_id}) has {len(ids)} prompt tokens, above "
-                             f"data.max_prompt_tokens={max_tokens}; raise it, or set data.long_prompts to "
+                             f"{limit_text or f'data.max_prompt_tokens={max_tokens}'}; raise it, or set data.long_prompts to "
                              "truncate_left or skip")
         if policy == "skip":
             stats.skipped += 1

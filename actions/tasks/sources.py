@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from actions.tasks.dataset import json_objects
+from actions.tasks.input_limits import check_dataset_size, check_line_lengths
 
 Record = tuple[int, dict[str, Any]]
 """(1-based row number in the file, the row)."""
@@ -50,13 +51,17 @@ def read_records(path: str, *, field: str) -> list[Record]:
             raise ValueError(f"{where} holds a DatasetDict with splits {', '.join(splits)}; point {field} at one split "
                              f"folder, e.g. {p / (splits[0] if splits else 'train')}")
         if (p / "state.json").is_file():
+            check_dataset_size([f for f in p.rglob("*") if f.is_file()], where, field)
             return list(_numbered(_load_from_disk(p, where)))
         parquet = sorted(p.glob("*.parquet"))
         if parquet:
+            check_dataset_size(parquet, where, field)
             return list(_numbered(_load_parquet([str(f) for f in parquet], where)))
         raise ValueError(f"{where} is a folder without state.json or *.parquet files; point {field} at a .jsonl or "
                          ".parquet file or a save_to_disk folder")
     suffix = p.suffix.lower()
+    if suffix in (".jsonl", ".json", ".parquet"):
+        check_dataset_size([p], where, field)
     if suffix in (".jsonl", ".json"):
         return _read_jsonl(p, field)
     if suffix == ".parquet":
@@ -116,4 +121,5 @@ def _read_jsonl(path: Path, field: str) -> list[Record]:
         data = path.read_bytes()
     except OSError as exc:
         raise ValueError(f"{field} {str(path)!r} cannot be read ({exc.strerror}); fix {field}") from None
+    check_line_lengths(data, f"{field} {path}")
     return json_objects(data, where=f"{field} {path}")

@@ -151,3 +151,19 @@ def _delete_all(store: ObjectStore, keys: list[str], *, count_for_fault: bool = 
                     os.kill(os.getpid(), signal.SIGKILL)
 
     map_bounded(delete, keys, transfer_threads(store, len(keys)))
+
+
+class Collector:
+    """A campaign's collections, one after each commit (never before it), and their totals for
+    the summary's ``gc``."""
+
+    def __init__(self, store: ObjectStore, retention: Retention, lease: Any) -> None:
+        self.store, self.retention, self.lease = store, retention, lease
+        self.totals: dict[str, Any] = {"collections": 0, "deleted_objects": 0, "deleted_blobs": 0,
+                                       "freed_bytes": 0, "seconds": 0.0}
+
+    def __call__(self, state: CampaignState) -> None:
+        report = collect_garbage(self.store, state, self.retention, lease=self.lease)
+        self.totals["collections"] += 1
+        for k in ("deleted_objects", "deleted_blobs", "freed_bytes", "seconds"):
+            self.totals[k] += getattr(report, k)

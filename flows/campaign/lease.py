@@ -1,8 +1,8 @@
 """One writer per run: a lease object in the store, taken atomically and renewed while a run
 writes.
 
-``runs/<run_id>/lease.json`` names its holder (host, pid, a random token, since when) and an
-expiry. The protocol uses only primitives every supported store has:
+``runs/<run_id>/lease.json`` names its holder (host, pid, the machine and PID namespace it
+runs in (``holder.py``), a random token, since when) and an expiry. The protocol uses only primitives every supported store has:
 
 * **take**: create the object once (``put_if_absent``: ``If-None-Match: *`` on S3, ``link``
   locally). If it exists and its holder is alive, refuse with :class:`LeaseHeld`, one line
@@ -38,6 +38,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from actions.common.store import ObjectNotFound, ObjectStore, StoreError, delete_if, replace_if
+from flows.campaign.holder import machine_identity, same_pid_space
+from flows.campaign.renewal import renewal_failure
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,9 @@ class LeaseRecord:
     since: float
     renewed: float
     expires: float
+    machine: str = ""
+    """Boot id and PID namespace of the holder (``holder.machine_identity``); "" in leases
+    written before it was recorded."""
 
     def encode(self) -> bytes:
         return json.dumps({"schema": LEASE_SCHEMA, **asdict(self)}, sort_keys=True).encode()
@@ -98,18 +103,26 @@ class LeaseRecord:
 
 
 def takeover_reason(record: LeaseRecord, *, now: float, host: str, pid: int, pid_alive: Callable[[int], bool],
-                    break_lease: bool) -> str | None:
-    """Why ``record`` may be taken over by process ``pid`` on ``host``, or None if it is held.
+                    break_lease: bool, machine: str = "") -> str | None:
+    """Why ``record`` may be taken over by process ``pid`` on ``host`` in ``machine`` (boot
+    and PID namespace, ``holder.py``), or None if it is held.
 
-    Pure: the caller passes the clock and the liveness probe. A lease of this host whose pid
-    is this process's (a previous incarnation reusing the pid, e.g. a restarted container) or
-    no longer runs is stale at once; any other lease only ``SKEW_S`` after its expiry.
+    Pure: the caller passes the clock and the liveness probe. A lease of this host and PID
+    space whose pid is this process's (a previous incarnation reusing the pid, e.g. a
+    restarted container) or no longer runs is stale at once, and so is one of this host from
+    an earlier boot; any other lease (another host, or a container that shares the host name
+    but not the PIDs) only ``SKEW_S`` after its expiry.
     """
     if break_lease:
         return "--break-lease"
     if now > record.expires + SKEW_S:
         return f"it expired at {_utc(record.expires)}"
-    if record.host == host and (record.pid == pid or not pid_alive(record.pid)):
+    if record.host != host:
+        return None
+    space = same_pid_space(record.machine, machine)
+    if space is False:
+        return "its machine rebooted since"
+    if space and (record.pid == pid or not pid_alive(record.pid)):
         return f"its process (pid {record.pid}) is gone"
     return None
 
@@ -171,12 +184,13 @@ class RunLease:
         if mine_already is not None and not break_lease:  # this very process: the pid rule would not see it
             raise LeaseHeld(_held_message(run_id, mine_already.record, clock()))
         host = host or socket.gethostname()
+        machine = machine_identity() if pid is None else ""
         pid = os.getpid() if pid is None else pid
         key = lease_key(run_id)
         for _ in range(_ATTEMPTS):
             now = clock()
             mine = LeaseRecord(run_id=run_id, host=host, pid=pid, token=secrets.token_hex(16), since=now,
-                               renewed=now, expires=now + ttl_s)
+                               renewed=now, expires=now + ttl_s, machine=machine)
             if store.put_if_absent(key, mine.encode()):
                 return cls(store, mine, ttl_s, clock)._held(renew)
             try:
@@ -185,7 +199,7 @@ class RunLease:
                 continue  # released in between: create again
             current = LeaseRecord.decode(raw, key) if not break_lease else _decode_or_none(raw, key)
             reason = None if current is None else takeover_reason(
-                current, now=now, host=host, pid=pid, pid_alive=alive, break_lease=break_lease)
+                current, now=now, host=host, pid=pid, pid_alive=alive, break_lease=break_lease, machine=machine)
             if current is not None and reason is None:
                 raise LeaseHeld(_held_message(run_id, current, now))
             if delete_if(store, key, raw):
@@ -257,11 +271,19 @@ class RunLease:
                 pass
 
     def _renew_loop(self) -> None:
+        """Renew every ``ttl_s / 3`` until released. A transient failure (a timeout, a reset
+        connection, a busy disk) is retried at the next tick, and check() fails once the lease
+        expires; a permanent one (a read-only or full store, denied access) marks the lease
+        lost with that error, so the run stops at its next check naming it. The thread never
+        dies of an exception."""
         while not self._stop.wait(self.ttl_s / 3):
             try:
                 self.renew()
-            except StoreError as exc:  # transient: try again; check() fails once it expires
+            except Exception as exc:  # noqa: BLE001 - classified: nothing may end this thread silently
+                permanent = renewal_failure(exc)
                 log.warning("renewing the lease of run %s failed: %s", self.record.run_id, exc)
+                if permanent is not None:
+                    self._lose(f"renewing it failed: {permanent}")
             if self._lost is not None:
                 log.error("run %s lost its lease: %s", self.record.run_id, self._lost)
                 return
@@ -276,7 +298,7 @@ class RunLease:
                 del _HELD[(self.store.uri, self.record.run_id)]
         try:
             delete_if(self.store, self.key, self._raw)
-        except StoreError as exc:  # it expires by itself
+        except Exception as exc:  # noqa: BLE001 - it expires by itself; never hide the error that ends the run
             log.warning("could not release the lease of run %s: %s", self.record.run_id, exc)
 
     def __enter__(self) -> RunLease:
@@ -308,7 +330,7 @@ def check_not_held(store: ObjectStore, run_id: str, *, break_lease: bool = False
     record = LeaseRecord.decode(raw, key)
     now = clock()
     if takeover_reason(record, now=now, host=socket.gethostname(), pid=os.getpid(), pid_alive=pid_alive,
-                       break_lease=False) is None:
+                       break_lease=False, machine=machine_identity()) is None:
         raise LeaseHeld(_held_message(run_id, record, now))
 
 

@@ -20,43 +20,18 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from actions.common.contracts import ModelRef, PromptTokens
 from actions.common.profile_cache import ProfileRequest, ProfileResult
 from flows.step.context import RunContext
+from flows.step.live_inputs import LiveInputs  # noqa: F401 (re-exported: set-up builds it here)
 from flows.planning.tpot import CPU_TINY_PROFILE, TpotProfile
 
 if TYPE_CHECKING:
     from flows.step.invoke import Returned
 
 Progress = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class LiveInputs:
-    """What the hook plans from (``flows/step/phase.py``)."""
-
-    profile: TpotProfile
-    source: str
-    """``measured`` | ``cached`` (this store's profile for the same facts) | ``file``
-    (``scaling.profile``) | ``built-in`` (no profiler for the engine)."""
-    weight_bytes: float = 0.0
-    kv_bytes_per_token: float = 0.0
-    transfer_bandwidth_bytes_per_s: float = float("inf")
-    threads: int = 1
-    """Torch threads of one action (a generation action occupies this many cores)."""
-    activation_s: float = 0.0
-    """Median round trip of an empty activation through the flow's task path (seconds)."""
-    profile_key: str = ""
-
-    def describe(self) -> dict[str, Any]:
-        """The summary's ``profile`` entry."""
-        return {"name": self.profile.name, "source": self.source, "key": self.profile_key,
-                "weight_bytes": self.weight_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
-                "store_read_bytes_per_s": self.transfer_bandwidth_bytes_per_s, "threads": self.threads,
-                "activation_s": self.activation_s}
 
 
 def profile_grid(group_size: int, batch_size: int, prompt_lengths: list[int],
@@ -190,7 +165,7 @@ def generation_threads(cfg: Any) -> int | None:
 
 
 def pool_cores(cfg: Any) -> int:
-    """Cores the local pool's activations share (``invoker.num_cores``, 0: this process's)."""
-    from flows.invokers.cores import available_cores
+    """Cores the local pool's activations share (``flows/invokers/cores.py``)."""
+    from flows.invokers import cores
 
-    return cfg.invoker.num_cores or available_cores()
+    return cores.pool_cores(cfg)

@@ -163,3 +163,15 @@ class StepClock:
         overhead = max(0.0, wall - step_work_s - self._carried_work)
         self._mark, self._carried_work = now, 0.0
         return wall, overhead
+
+
+SETTLE_S = 0.25
+"""Longest wait, before training, for a background job in flight to end."""
+
+
+def hold_for_training(gate: threading.Event, background: Background) -> None:
+    """Keep the background queue's jobs to the generation phase, where a generate activation
+    leaves them a core (``flows/invokers/cores.py``): close the gate (the next step's flow run
+    opens it again once it is Running) and let the job in flight, if any, end first."""
+    gate.clear()
+    background.settle(SETTLE_S)

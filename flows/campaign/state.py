@@ -14,9 +14,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from flows.config import CampaignConfig
+from flows.planning.planner import PlannerState
+from flows.planning.record import PhaseObservation
 from actions.common.contracts import EvaluateResult, Prepared
 from actions.common.safe_paths import STORE_FIX, UnsafeName, check_name, shown
 from actions.common.store import (IntegrityError, ObjectNotFound, ObjectStore, commit_key, commit_pointer, get_json,
@@ -45,19 +47,35 @@ class CampaignState(BaseModel):
     critic_key: str | None = None
     critic_optimizer_key: str | None = None
     prepared: Prepared
-    length_history: dict[str, Any] = {}
+    planner: PlannerState = PlannerState()
+    """What the planner has learned (``flows/planning/planner.py``): a resume plans from it."""
     steps: list[dict[str, Any]] = []
+    """Every step's metrics by output name (``flows/step/metrics.py``)."""
     evals: list[EvalRecord] = []
     weights_sha256: str = ""
     spend: dict[str, float] = {"billed_gpu_seconds": 0.0, "useful_gpu_seconds": 0.0, "usd": 0.0}
-    call_history: dict[str, list[float]] = {}
     draft_index: dict[str, int] = {}
     """prompt_id -> step whose draft object holds its latest responses (``flows/campaign/drafts.py``)."""
-    spec_rates: dict[str, float] = {}
-    """Drafting strategy -> acceptance rate measured by the latest step that used it."""
-    spec_speedup: float = 1.0
-    """Running measured decode speed-up of speculation (``flows/planning/speculation.py``)."""
     stopped_reason: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _planner_of_older_records(cls, data: Any) -> Any:
+        """Records written before the planner kept its own state held its parts at the top
+        level, and its calibration's data in the steps' metrics: gathered into ``planner``."""
+        if not isinstance(data, dict) or "planner" in data:
+            return data
+        data = dict(data)
+        old = {k: data.pop(k) for k in ("length_history", "call_history", "spec_rates", "spec_speedup") if k in data}
+        steps = data.get("steps") if isinstance(data.get("steps"), list) else []
+        phases = [o for m in steps if isinstance(m, dict) and (o := PhaseObservation.from_metrics(m)) is not None]
+        data["planner"] = {**old, "phases": phases}
+        return data
+
+    @property
+    def length_history(self) -> dict[str, Any]:
+        """The planner's length history (``LengthHistory.to_dict``)."""
+        return self.planner.length_history
 
 
 def pointer_key(run_id: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -111,10 +112,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool, break_lease: bool) -> Any:
-    """Every check that needs no campaign, in the order a user fixes them: inputs, output
-    paths, store, the run's lease, the existing run, the invoker. Reads only; before Prefect or
-    any worker starts, so a refusal is one line (a failure inside the flow would log a
-    traceback). Then takes the run's lease (the first write) and returns it."""
+    """Every check that needs no campaign: the run's lease first (a second ``train`` of a
+    held run is refused in about a second, before any input is read or any code the config
+    names is imported), then inputs, output paths, the existing run, the invoker. Reads only;
+    before Prefect or any worker starts, so a refusal is one line (a failure inside the flow
+    would log a traceback). Then takes the run's lease (the first write) and returns it."""
+    from actions.common.store import open_store
+    from flows.campaign.lease import RunLease, check_not_held
+
+    store = open_store(cfg.store.uri)  # an unreachable endpoint, bad credentials or a missing bucket fail here
+    run_id = cfg.resolved_run_id()
+    check_not_held(store, run_id, break_lease=break_lease)
     from actions.prepare import validate_inputs
 
     validate_inputs(cfg)
@@ -126,13 +134,8 @@ def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool,
             raise UsageError(f"{flag} {str(path)!r} is a file, not a directory; pass a directory path")
     if summary_path.is_dir():
         raise UsageError(f"--summary {str(summary_path)!r} is a directory; pass a file path")
-    from actions.common.store import open_store
-    from flows.campaign.lease import RunLease, check_not_held
     from flows.campaign.state import check_resume, load_state  # no Prefect import: a refusal stays fast
 
-    store = open_store(cfg.store.uri)  # an unreachable endpoint, bad credentials or a missing bucket fail here
-    run_id = cfg.resolved_run_id()
-    check_not_held(store, run_id, break_lease=break_lease)
     check_resume(load_state(store, run_id), cfg, resume)
     from flows.campaign.trackers import check_trackers
     from flows.invokers.factory import check_invoker
@@ -158,6 +161,7 @@ def _train(args: argparse.Namespace) -> int:
     if cfg.invoker.log_dir is None:  # worker logs live in the run directory
         cfg.invoker.log_dir = str(out / "logs")
     lease = _preflight(cfg, out, summary_path, args.resume, args.break_lease)
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # unwinds: the lease below is released
     try:
         from flows.campaign.run import rlhf_campaign
         from flows.commands.local_api import start_local_api
@@ -165,6 +169,7 @@ def _train(args: argparse.Namespace) -> int:
         start_local_api()  # under a lock in PREFECT_HOME: concurrent first runs set its database up once
         summary = rlhf_campaign(config=cfg.model_dump(mode="json"), resume=args.resume)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         lease.release()
     out.mkdir(parents=True, exist_ok=True)
     summary["run_dir"] = str(out)
@@ -188,6 +193,12 @@ def _train(args: argparse.Namespace) -> int:
               f"{fid['median_relative_error']:+.1%} over {fid['steps']} steps")
     print(summary_path)
     return 0
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM ends ``train`` as Ctrl-C does: by unwinding, so the lease is released and the
+    workers and the Prefect server are stopped (the default action would skip all of that)."""
+    raise SystemExit(128 + signum)
 
 
 def _only_run(store: Any, uri: str, command: str) -> str:
@@ -257,6 +268,18 @@ def _gc(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_ERROR_CHARS = 1200
+
+
+def _bounded(text: str) -> str:
+    """An error line of at most ``MAX_ERROR_CHARS``: messages quote values bounded
+    (``actions.common.quoting``); this is the backstop for one that does not. The start (what
+    failed) and the end (the fix) are kept."""
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    return f"{text[:800]} [... {len(text) - 1100:,} characters ...] {text[-300:]}"
+
+
 def main(argv: list[str] | None = None) -> int:
     from actions.common.credentials import redact
 
@@ -281,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(f"simulate --trace {trace!r} is not a file; pass a JSONL length trace")
         return int(args._run(args))
     except (ValueError, OSError) as exc:
-        print(f"rlhfless: error: {redact(str(exc))}", file=sys.stderr)
+        print(f"rlhfless: error: {_bounded(redact(str(exc)))}", file=sys.stderr)
         return 2
     except Exception as exc:  # infrastructure failures: one line, secrets scrubbed, non-zero
         from actions.common.store import StoreError
@@ -289,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         from flows.commands.local_api import LocalApiError
 
         if isinstance(exc, (StoreError, ActionError, LocalApiError)):
-            print(f"rlhfless: error: {redact(str(exc))}", file=sys.stderr)
+            print(f"rlhfless: error: {_bounded(redact(str(exc)))}", file=sys.stderr)
             return 2
         raise
 

@@ -17,6 +17,9 @@ artifacts are recorded all the same; only the server's events feed stays empty. 
 ``PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED=true`` to keep it; a Postgres-backed server
 (``infra/prefect``) has no such contention and keeps its own settings.
 
+The server dies with this process even when no ``atexit`` hook runs (SIGKILL): a watchdog
+process stops it once this one is gone (``flows/commands/server_lifeline.py``).
+
 What this does not cover: a remote API (``PREFECT_API_URL`` set: nothing to start or lock)
 and platforms without ``fcntl`` (no lock; Prefect's own behaviour).
 """
@@ -28,6 +31,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from flows.commands.server_lifeline import guard_server
 
 try:
     import fcntl
@@ -109,4 +114,6 @@ def start_local_api(timeout_s: float = DEFAULT_TIMEOUT_S) -> str | None:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
             raise LocalApiError(f"Prefect's local server did not start (PREFECT_HOME={home}): {first}; "
                                 "retry, or set PREFECT_API_URL to a running server") from None
+    if server.server_process is not None:  # it dies with this process, however this one ends
+        guard_server(server.server_process.pid)
     return server.api_url

@@ -32,6 +32,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 MKL_REPRODUCIBLE = "AUTO,STRICT"
 """``MKL_CBWR`` for action processes: MKL's GEMMs give the same bits for any thread count
@@ -44,6 +45,11 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0)) or 1
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def pool_cores(cfg: Any) -> int:
+    """Cores the local pool's activations share (``invoker.num_cores``, 0: this process's)."""
+    return cfg.invoker.num_cores or available_cores()
 
 
 CONTROL_PLANE_ACTIONS = frozenset({"generate"})

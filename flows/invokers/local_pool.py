@@ -9,9 +9,12 @@ it ran last), posts ``/run`` and records the accounting.
 
 Security and lifetime (``actions.runtime.lifeline``):
 
-* The pool draws a random secret and writes it to each worker's control pipe, never to a
-  command line, the environment or a log; every request carries it as a bearer token and a
-  worker answers anything else with 401, doing nothing.
+* The pool draws a random secret per worker and writes it to that worker's control pipe,
+  never to a command line, the environment or a log. Requests and replies are authenticated
+  both ways with HMACs of it over a fresh nonce (``actions.runtime.request_auth``); the secret
+  never crosses the socket. A worker answers anything else with 401, doing nothing, and the
+  pool takes no reply whose MAC is wrong: a process that binds a dead worker's freed port
+  learns nothing any worker accepts, and its answer is refused like a lost worker's.
 * A worker exits when the pool process dies, however it dies: the control pipe reaches
   end-of-file, and on Linux the kernel's parent-death signal fires too. That signal follows the
   *thread* that forked the worker, so every worker is forked by one thread that lives as long
@@ -44,6 +47,7 @@ from typing import Any
 import httpx
 
 from actions.common.errors import TRANSIENT_STATUS, crash_text, one_line
+from actions.runtime.request_auth import REPLY_HEADER, reply_is_authentic, sign_request
 from actions.runtime.server import DEFAULT_MAX_BODY_BYTES
 from actions.common.contracts import Control, take_activation
 from flows.invokers.base import ActionError, Activation
@@ -60,12 +64,18 @@ class _Worker:
     name: str
     proc: subprocess.Popen
     port: int
-    control_fd: int
+    secret: str = field(repr=False)
+    """This worker's own secret (request and reply MACs); never sent, logged or shown."""
+    control_fd: int = -1
     """Write end of the worker's control pipe; closing it tells the worker to exit."""
-    log_path: Path
+    log_path: Path = Path()
     num_runs: int = 0
     warm: dict[str, str | None] = field(default_factory=dict)
     """Action -> the policy version it left this worker holding (``flows/invokers/idle.py``)."""
+
+
+class UnauthenticatedReply(Exception):
+    """A reply without this worker's MAC: something else answers on the worker's port."""
 
 
 def _exit_text(proc: subprocess.Popen) -> str:
@@ -105,12 +115,10 @@ class LocalPoolInvoker:
         # closing one the pool is about to reuse.
         self._limits = ["--max-body-bytes", str(max_body_bytes), "--read-timeout-s", str(read_timeout_s),
                         "--idle-timeout-s", str(max(60.0, read_timeout_s))]
-        self._secret = secrets.token_urlsafe(32)
         self._idle: IdleWorkers[_Worker] = IdleWorkers()
         self._client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=5.0),
                                     limits=httpx.Limits(max_connections=100, max_keepalive_connections=20,
-                                                        keepalive_expiry=KEEPALIVE_EXPIRY_S),
-                                    headers={"Authorization": f"Bearer {self._secret}"})
+                                                        keepalive_expiry=KEEPALIVE_EXPIRY_S))
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         # The one thread that forks workers (see the module docstring): it lives until close().
@@ -124,7 +132,7 @@ class LocalPoolInvoker:
             self.close()
             raise RuntimeError(f"the local warm pool could not start all its workers; see the logs in {self.log_dir}")
 
-    def __repr__(self) -> str:  # never the secret
+    def __repr__(self) -> str:  # never a secret
         return f"LocalPoolInvoker(size={self.size}, log_dir={str(self.log_dir)!r})"
 
     @property
@@ -139,9 +147,10 @@ class LocalPoolInvoker:
         log_path = self.log_dir / f"{name}.log"
         ready_r, ready_w = os.pipe()
         control_r, control_w = os.pipe()
+        secret = secrets.token_urlsafe(32)
         # Pipe capacity is far above one line: this write never blocks, and the worker reads it
         # whenever it starts. The write end stays open: it is the worker's lifeline.
-        os.write(control_w, f"{self._secret}\n".encode())
+        os.write(control_w, f"{secret}\n".encode())
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.write(log_fd, f"--- {name} starting at {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
         # One thread until an activation says how many it may use (its share, set per
@@ -169,11 +178,25 @@ class LocalPoolInvoker:
             proc.kill()
             proc.wait()
             raise RuntimeError(f"local worker {name} failed to start ({_exit_text(proc)}); see {log_path}")
-        return _Worker(name, proc, int(line), control_w, log_path)
+        return _Worker(name, proc, int(line), secret, control_w, log_path)
+
+    def _post(self, worker: _Worker, path: str, body: dict[str, Any], timeout: float | None = None) -> httpx.Response:
+        """POST ``body`` to ``worker`` with a fresh request MAC; the reply only if its MAC is
+        this worker's (else :class:`UnauthenticatedReply`)."""
+        nonce, header = sign_request(worker.secret, "POST", path)
+        resp = self._client.post(f"http://127.0.0.1:{worker.port}{path}", json=body, headers={"Authorization": header},
+                                 **({"timeout": timeout} if timeout is not None else {}))
+        if not reply_is_authentic(worker.secret, nonce, resp.status_code, resp.content, resp.headers.get(REPLY_HEADER)):
+            raise UnauthenticatedReply(f"HTTP {resp.status_code} without worker {worker.name}'s MAC")
+        return resp
 
     def _add(self, name: str) -> None:
         worker = self._spawn(name)
-        self._client.post(f"http://127.0.0.1:{worker.port}/init", json={"value": {"name": name}}).raise_for_status()
+        try:
+            self._post(worker, "/init", {"value": {"name": name}}).raise_for_status()
+        except BaseException:
+            self._retire(worker)
+            raise
         with self._lock:
             self._workers.append(worker)
         self._idle.put(worker)
@@ -188,17 +211,18 @@ class LocalPoolInvoker:
                 body = {"value": {**payload, **Control(threads=threads).to_payload()},
                         "action_name": f"/local/rlhfless/{action}", "activation_id": activation_id,
                         "deadline": int((started + (timeout_s or self.timeout_s)) * 1000)}
-                resp = self._client.post(f"http://127.0.0.1:{worker.port}/run", json=body,
-                                         timeout=timeout_s or self.timeout_s)
+                resp = self._post(worker, "/run", body, timeout_s or self.timeout_s)
             result = resp.json()
-        except (httpx.TransportError, ValueError) as exc:
+        except (httpx.TransportError, ValueError, UnauthenticatedReply) as exc:
             try:  # a dead worker's socket closes as it exits: give the exit a moment to be reaped
                 worker.proc.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
                 pass
             how = _exit_text(worker.proc)
             self._replace(worker)
-            raise ActionError(action, f"worker {worker.name} was lost mid-activation ({how}; {type(exc).__name__}); "
+            why = "a reply without its MAC: another process answers on its port" \
+                if isinstance(exc, UnauthenticatedReply) else type(exc).__name__
+            raise ActionError(action, f"worker {worker.name} was lost mid-activation ({how}; {why}); "
                               f"worker log {worker.log_path}", transient=True, activation_id=activation_id) from None
         worker.num_runs += 1
         worker.warm[action] = held_policy(action, payload, result) if isinstance(result, dict) else None
@@ -263,12 +287,11 @@ class LocalPoolInvoker:
 
         def warm(worker: _Worker) -> bool:
             try:
-                resp = self._client.post(f"http://127.0.0.1:{worker.port}/run", json=body, timeout=self.timeout_s)
-                loaded = bool(resp.json().get("model_loaded"))
+                loaded = bool(self._post(worker, "/run", body, self.timeout_s).json().get("model_loaded"))
                 if loaded:
                     worker.warm[action] = policy
                 return loaded
-            except (httpx.TransportError, ValueError):
+            except (httpx.TransportError, ValueError, UnauthenticatedReply):
                 return False  # a lost worker shows up (and is replaced) on its next invocation
             finally:
                 self._idle.put(worker, warmed=(action, policy))

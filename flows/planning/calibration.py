@@ -19,10 +19,11 @@ shows up in every step's measurements:
   scale for every N is wrong both ways. ``Calibration.by_actors`` keeps a scale per fan-out N,
   learned from the steps that ran N generation actions (``actors/n``); the planner times each
   N's candidates with its own (``PlannerSettings.decode_scale_by_n``, set by
-  ``flows/step/phase.py``).
+  ``flows/planning/planner.py``).
 
-Each step records what it was planned with (``plan/decode_scale``, ``plan/activation_s``,
-``plan/prefill_fixed_s``) and what it measured. A step with generation time ``G`` predicted
+Each step records what it was planned with (the decode scale, the activation's and the
+prefill's fixed costs) and what it measured: a ``PhaseObservation`` (``flows/planning/record.py``),
+which the planner keeps (``flows/planning/planner.py``). A step with generation time ``G`` predicted
 as ``g`` (``a`` of it the activation) and prefill time ``F`` predicted as ``f`` implies
 
     decode_scale'    = decode_scale * (G - a) / (g - a)
@@ -35,9 +36,10 @@ disturbed step does not move it. Pure: no I/O, no clock.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from flows.planning.record import PhaseObservation
 from flows.planning.tpot import TpotProfile
 
 WINDOW = 8
@@ -67,16 +69,15 @@ class Calibration:
         return profile.with_decode_speed(1.0 / self.decode_scale, f"x{self.decode_scale:.2f}")
 
 
-def calibrate(steps: Sequence[Mapping[str, float]], window: int = WINDOW) -> Calibration:
+def calibrate(steps: Sequence[PhaseObservation], window: int = WINDOW) -> Calibration:
     """The corrections the last ``window`` steps imply (module docstring).
 
-    ``steps``: per-step metrics, oldest first. A step counts when it recorded what it was
-    planned with (``plan/decode_scale``); the prefill's fixed cost is the median over the last
-    ``window`` steps that ran a prefill action (``prefill/unique_prefixes`` > 0), however old.
-    No such step: no correction.
+    ``steps``: each step's phase, planned and measured, oldest first. The prefill's fixed cost
+    is the median over the last ``window`` steps that ran a prefill action, however old. No
+    such step: no correction.
     """
     first = len(steps) - window
-    implied = [(i, int(m.get("actors/n", 0)), s) for i, m in enumerate(steps) if "plan/decode_scale" in m
+    implied = [(i, m.num_actors, s) for i, m in enumerate(steps)
                for s in [_implied_scale(m)] if s is not None]  # oldest first
     scales = [s for i, _, s in implied if i >= first]
     by_n: dict[int, list[float]] = {}
@@ -88,19 +89,18 @@ def calibrate(steps: Sequence[Mapping[str, float]], window: int = WINDOW) -> Cal
     by_actors = tuple(sorted((n, statistics.median(v[-window:])) for n, v in by_n.items()))
     # The last ``window`` steps that ran a prefill action, however far back: a campaign that
     # stopped running it (generation.prefill_action auto) keeps the cost that made it stop.
-    ran = [m for m in steps if "plan/decode_scale" in m and m.get("prefill/unique_prefixes", 0.0) > 0]
-    prefills = [m.get("plan/prefill_fixed_s", 0.0) + m["timing_s/prefill"] - m["plan/predicted_prefill_s"]
-                for m in ran[-window:]]
+    ran = [m for m in steps if m.ran_prefill]
+    prefills = [m.prefill_fixed_s + m.prefill_s - m.predicted_prefill_s for m in ran[-window:]]
     return Calibration(decode_scale=statistics.median(scales) if scales else 1.0,
                        prefill_fixed_s=max(0.0, statistics.median(prefills)) if prefills else 0.0,
                        by_actors=by_actors)
 
 
-def _implied_scale(m: Mapping[str, float]) -> float | None:
+def _implied_scale(m: PhaseObservation) -> float | None:
     """The decode scale one step's generation time implies (module docstring); None where the
     step gives no reading."""
-    a = m.get("plan/activation_s", 0.0)
-    predicted, measured = m["plan/predicted_generate_s"] - a, m["timing_s/generate"] - a
+    a = m.activation_s
+    predicted, measured = m.predicted_generate_s - a, m.generate_s - a
     if predicted > 0 and measured > 0:
-        return min(max(m["plan/decode_scale"] * measured / predicted, SCALE_RANGE[0]), SCALE_RANGE[1])
+        return min(max(m.decode_scale * measured / predicted, SCALE_RANGE[0]), SCALE_RANGE[1])
     return None

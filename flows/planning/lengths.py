@@ -84,7 +84,7 @@ class LengthHistory:
         """Observed group max per reference token over the prompts recorded with a reference
         (latest observation each); 1.0 when there are none."""
         observed = reference = 0.0
-        for pid, ref in self.references.items():
+        for pid, ref in sorted(self.references.items()):  # in prompt order: the sum is the same however recorded
             entries = self.observations.get(pid)
             if entries:
                 observed += entries[-1][1]

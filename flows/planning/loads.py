@@ -14,7 +14,7 @@ longest first within a time budget; ``scaling.py``'s module docstring says when 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, NamedTuple, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -182,6 +182,28 @@ def budget_slices(ranking: Ranking, n: int, env: Env, cluster: ClusterSpec,
     passes instead of ~10^5 table reads; ``fixed:N`` sizes with each slice's own context.
     """
     m = len(ranking.order)
+    end = _slice_end(ranking, env, cluster, ends_from)
+    fill = _filler(end, n, m)
+    equal = [0]
+    for size in split_sizes(m, n):
+        equal.append(equal[-1] + size)
+    hi = equal_end = max(end(a, i, j) for a, (i, j) in enumerate(zip(equal, equal[1:])))
+    if fill(hi) is None:  # only where a slice's time is not monotone in its size
+        return assign_contiguous(ranking.order, n)
+    lo = end(0, 0, 1)  # no slicing beats the longest group alone on actor 0
+    while hi - lo > (1e-3 if ends_from is None else 5e-3) * hi:  # candidates are timed exactly after
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if fill(mid) is not None else (mid, hi)
+    bounds = fill(min(hi * (1.0 + slack), equal_end)) or fill(hi)
+    return tuple(tuple(ranking.order[i:j]) for i, j in zip(bounds, bounds[1:]))
+
+
+EndFn = Callable[[int, int, int], float]
+
+
+def _slice_end(ranking: Ranking, env: Env, cluster: ClusterSpec, ends_from=None) -> EndFn:
+    """``end(actor, i, j)``: predicted end of ``actor`` holding ranking slice ``i:j``, memoised
+    (``budget_slices``: from ``ends_from`` where given, else each slice timed with its own context)."""
     sums = ranking.token_sums
     if ends_from is not None:
         cache: dict[tuple[int, int], list[float]] = {}  # the bisection revisits most starts
@@ -191,17 +213,22 @@ def budget_slices(ranking: Ranking, n: int, env: Env, cluster: ClusterSpec,
             if row is None:
                 row = cache[(actor, i)] = ends_from(actor, i)
             return row[j - i - 1]
-    else:
-        timer = env.decode.slice_timer(ranking.lengths)
-        memo: dict[tuple[int, int, int], float] = {}
+        return end
+    timer = env.decode.slice_timer(ranking.lengths)
+    memo: dict[tuple[int, int, int], float] = {}
 
-        def end(actor: int, i: int, j: int) -> float:
-            value = memo.get((actor, i, j))
-            if value is None:
-                tokens = sums[j] - sums[i]
-                ready = actor_start(actor, cluster, env.prefill_s, tokens).ready_s
-                value = memo[(actor, i, j)] = ready + timer(i, j, tokens / (j - i))
-            return value
+    def timed(actor: int, i: int, j: int) -> float:
+        value = memo.get((actor, i, j))
+        if value is None:
+            tokens = sums[j] - sums[i]
+            ready = actor_start(actor, cluster, env.prefill_s, tokens).ready_s
+            value = memo[(actor, i, j)] = ready + timer(i, j, tokens / (j - i))
+        return value
+    return timed
+
+
+def _filler(end: EndFn, n: int, m: int) -> Callable[[float], list[int] | None]:
+    """``fill(cap)`` of ``budget_slices``: the slice bounds, or None where ``cap`` is not met."""
 
     def fill(cap: float) -> list[int] | None:
         bounds, i = [0], 0
@@ -224,19 +251,7 @@ def budget_slices(ranking: Ranking, n: int, env: Env, cluster: ClusterSpec,
         if end(n - 1, i, m) > cap:
             return None
         return bounds + [m]
-
-    equal = [0]
-    for size in split_sizes(m, n):
-        equal.append(equal[-1] + size)
-    hi = equal_end = max(end(a, i, j) for a, (i, j) in enumerate(zip(equal, equal[1:])))
-    if fill(hi) is None:  # only where a slice's time is not monotone in its size
-        return assign_contiguous(ranking.order, n)
-    lo = end(0, 0, 1)  # no slicing beats the longest group alone on actor 0
-    while hi - lo > (1e-3 if ends_from is None else 5e-3) * hi:  # candidates are timed exactly after
-        mid = 0.5 * (lo + hi)
-        lo, hi = (lo, mid) if fill(mid) is not None else (mid, hi)
-    bounds = fill(min(hi * (1.0 + slack), equal_end)) or fill(hi)
-    return tuple(tuple(ranking.order[i:j]) for i, j in zip(bounds, bounds[1:]))
+    return fill
 
 
 def slice_ends(ranking: Ranking, env: Env, cluster: ClusterSpec):

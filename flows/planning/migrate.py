@@ -1,12 +1,13 @@
 """Cut-and-migrate bookkeeping (paper §3.4).
 
-Each decode actor has a cutting threshold ``tau in (0, 1]``. When ``cut_point(n, tau)`` of its
+Each decode actor has a cutting threshold ``cut_threshold in (0, 1]`` (``generation.cut_threshold``;
+the paper's tau). When ``cut_point(n, cut_threshold)`` of its
 ``n`` samples have finished, the actor is cut: its unfinished samples are moved elsewhere and
 its GPUs are released. Definitions [I]:
 
-- ``cut_point(n, tau) = ceil(tau * n)`` computed with a small tolerance (``0.7 * 10`` is
+- ``cut_point(n, cut_threshold) = ceil(cut_threshold * n)`` computed with a small tolerance (``0.7 * 10`` is
   ``7.000000000000001`` in floating point and must give 7, not 8). The cut only happens while
-  some samples are unfinished, so ``tau = 1`` never cuts, and an actor with a single sample is
+  some samples are unfinished, so a threshold of 1 never cuts, and an actor with a single sample is
   never cut (its cut point is 1 = all done).
 - Which actors get a cut point (``plan_cut_points``): a cut pays only where another actor is
   still decoding when this one reaches its cut point. Its cut samples then share decode steps
@@ -41,31 +42,22 @@ from flows.planning.cost import decode_time
 from flows.planning.tpot import TpotProfile
 
 
-def cut_threshold_for(policy: str, objective: str, tau: float | None) -> float | None:
-    """The cut threshold a phase runs with: ``tau``, except under the ``budget`` objective of
-    ``cost_aware`` scaling, which does not cut (``objective.py``: a cut moves an actor's
-    longest samples into another actor's batch; the budget has already bounded the cost, and
-    the cut would spend the phase's tail on saving more). Shared by the live step and the
-    simulator."""
-    return None if policy == "cost_aware" and objective == "budget" else tau
-
-
-def cut_point(num_samples: int, tau: float) -> int:
+def cut_point(num_samples: int, cut_threshold: float) -> int:
     """Number of finished samples at which an actor of ``num_samples`` is cut."""
-    if not 0.0 < tau <= 1.0:
-        raise ValueError(f"cut_threshold={tau}: must be in (0, 1] (1 = never cut)")
+    if not 0.0 < cut_threshold <= 1.0:
+        raise ValueError(f"generation.cut_threshold={cut_threshold}: must be in (0, 1] (1 = never cut)")
     if num_samples < 1:
         raise ValueError(f"num_samples={num_samples}: must be >= 1")
-    return max(1, min(num_samples, math.ceil(tau * num_samples - 1e-9)))
+    return max(1, min(num_samples, math.ceil(cut_threshold * num_samples - 1e-9)))
 
 
-def should_cut(num_samples: int, num_finished: int, tau: float) -> bool:
+def should_cut(num_samples: int, num_finished: int, cut_threshold: float) -> bool:
     """True when the actor has reached its cut point and still has unfinished samples."""
-    return num_finished < num_samples and num_finished >= cut_point(num_samples, tau)
+    return num_finished < num_samples and num_finished >= cut_point(num_samples, cut_threshold)
 
 
 def plan_cut_points(actor_lengths: Sequence[Sequence[float]], prompt_lens: Sequence[float],
-                    tau: float | None, profile: TpotProfile,
+                    cut_threshold: float | None, profile: TpotProfile,
                     ready_s: Sequence[float] | None = None, migration: str | None = None,
                     kv_s_per_token: float = 0.0) -> list[int | None]:
     """Per actor, the finished-sample count at which it is cut, or None (it runs to the end).
@@ -73,7 +65,7 @@ def plan_cut_points(actor_lengths: Sequence[Sequence[float]], prompt_lens: Seque
     Args:
         actor_lengths: predicted response length (tokens) of every sample, per actor.
         prompt_lens: mean prompt length (tokens) per actor.
-        tau: the cut threshold; None or 1 never cuts.
+        cut_threshold: the cut threshold; None or 1 never cuts.
         profile: TPOT profile the predicted times come from.
         ready_s: when each actor starts decoding (default: all at 0).
         migration: how cut samples move (``charges.migration_s``: 'reprefill' or 'kv', with
@@ -81,15 +73,15 @@ def plan_cut_points(actor_lengths: Sequence[Sequence[float]], prompt_lens: Seque
             destination (cut time + the move's delay) while another actor is still decoding.
             None: the move is free (the live flow's continuations, which the window batches).
     Returns:
-        ``cut_point(n, tau)`` where the cut pays (module docstring), else None.
+        ``cut_point(n, cut_threshold)`` where the cut pays (module docstring), else None.
     """
-    if tau is None or tau >= 1.0:
+    if cut_threshold is None or cut_threshold >= 1.0:
         return [None] * len(actor_lengths)
     ready = list(ready_s) if ready_s is not None else [0.0] * len(actor_lengths)
     ends, cuts, points = [], [], []
     for lengths, prompt_len, start in zip(actor_lengths, prompt_lens, ready, strict=True):
         n = len(lengths)
-        point = cut_point(n, tau) if n > 1 else None
+        point = cut_point(n, cut_threshold) if n > 1 else None
         ends.append(start + decode_time(lengths, prompt_len, profile))
         if point is None:
             cuts.append(math.inf)
@@ -110,7 +102,7 @@ def plan_cut_points(actor_lengths: Sequence[Sequence[float]], prompt_lens: Seque
 
 def plan_cut_points_of(assignments: Sequence[Sequence[int]], predicted: Mapping[int, float],
                        samples_per_prompt: Mapping[int, int], prompt_lengths: Mapping[int, float],
-                       tau: float | None, profile: TpotProfile,
+                       cut_threshold: float | None, profile: TpotProfile,
                        ready_s: Sequence[float] | None = None, migration: str | None = None,
                        kv_s_per_token: float = 0.0) -> list[int | None]:
     """``plan_cut_points`` of a plan: prompt ids per actor, every sample of a prompt at the
@@ -118,7 +110,7 @@ def plan_cut_points_of(assignments: Sequence[Sequence[int]], predicted: Mapping[
     return plan_cut_points(
         [[predicted[p] for p in pids for _ in range(samples_per_prompt[p])] for pids in assignments],
         [sum(prompt_lengths[p] for p in pids) / len(pids) for pids in assignments],
-        tau, profile, ready_s, migration, kv_s_per_token)
+        cut_threshold, profile, ready_s, migration, kv_s_per_token)
 
 
 def choose_destinations(num_to_move: int, free_slots: Mapping[int, int],
@@ -178,9 +170,9 @@ def plan_continuations(partials: Sequence[PartialSample], *, window_s: float,
     ``window_s`` of it, up to ``max_batch``; it starts when its last sample has arrived.
     """
     if max_batch < 1:
-        raise ValueError(f"migrate.max_batch={max_batch}: must be >= 1")
+        raise ValueError(f"plan_continuations: max_batch={max_batch}; pass 1 or more samples per continuation")
     if window_s < 0:
-        raise ValueError(f"migrate.window_s={window_s}: must be >= 0")
+        raise ValueError(f"generation.migrate_window_s={window_s}: must be >= 0 seconds")
     pending = sorted(partials, key=lambda p: (p.arrival_s, p.actor_id, p.sample_id))
     out: list[Continuation] = []
     i = 0

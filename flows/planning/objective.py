@@ -25,7 +25,7 @@ Among what is left (the frontier):
 
 Ties go to the lower cost, then the lower time, then the earlier candidate (smaller N).
 
-Only ``budget`` leaves cut-and-migrate off (``migrate.cut_threshold_for``): a cut moves an
+Only ``budget`` leaves cut-and-migrate off (``scaling.CostAware.cut_threshold``): a cut moves an
 actor's longest samples into another actor's batch, saving GPU-s at the cost of the phase's
 tail, a trade the other objectives price and the budget one has already bounded.
 """

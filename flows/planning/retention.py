@@ -11,7 +11,10 @@ the set-up artifacts every commit shares. After commit ``S``, with ``keep_last =
 ``checkpoint_every = E``:
 
 * the window ``S-K+1 .. S`` keeps its versions' weights and its step directories whole, except
-  the optimizer state of versions other than ``S`` (only a resume from ``S`` needs it);
+  the optimizer state of versions other than ``S`` and ``S-1``;
+* commit ``S-1`` is kept whole (weights and optimizer state) whatever ``K``: a crash that loses
+  the newest commit record (a local disk that had not flushed it, a restore from a backup
+  taken between two commits) leaves a run that resumes from ``S-1``;
 * checkpoints (``c % E == 0``) keep weights and optimizer state, not their rollouts;
 * step directories ``d >= S`` belong to the step in flight (or a crashed attempt at it) and
   are never touched; nothing outside ``steps/`` is ever deleted;
@@ -75,9 +78,14 @@ class GcPlan:
         return tuple(k for k in self.delete if k.endswith("manifest.json"))
 
 
+def resumable(latest: int) -> set[int]:
+    """Commits a resume may start from: the newest and the one before it."""
+    return {c for c in (latest, latest - 1) if c >= 0}
+
+
 def needed_commits(latest: int, retention: Retention) -> list[int]:
-    """Commits whose records the planner needs: the window and the checkpoints."""
-    return sorted(set(retention.window(latest)) | set(retention.checkpoints(latest)))
+    """Commits whose records the planner needs: the window, the checkpoints and the previous commit."""
+    return sorted(set(retention.window(latest)) | set(retention.checkpoints(latest)) | resumable(latest))
 
 
 def plan_collection(run_prefix: str, latest: int, versions: Mapping[int, VersionKeys], keys: Iterable[str],
@@ -94,23 +102,25 @@ def plan_collection(run_prefix: str, latest: int, versions: Mapping[int, Version
     Returns:
         The plan; with ``keep_last=None`` nothing is deleted.
 
-    Example (K=1, no checkpoints: commit 1's step directory 000000 is garbage after commit 2)::
+    Example (K=1, no checkpoints: after commit 3, commit 2 (step directory 000001) is kept for a
+    resume and commit 1's step directory 000000 is garbage)::
 
-        >>> v = {2: VersionKeys(2, ("runs/r/steps/000001/train/policy/manifest.json",),
-        ...                     ("runs/r/steps/000001/train/optimizer/manifest.json",))}
+        >>> v = {3: VersionKeys(3, ("runs/r/steps/000002/train/policy/manifest.json",),
+        ...                     ("runs/r/steps/000002/train/optimizer/manifest.json",))}
         >>> keys = ["runs/r/steps/000000/train/policy/manifest.json", "runs/r/steps/000000/rollouts/gen-0.json",
         ...         "runs/r/steps/000001/train/policy/manifest.json", "runs/r/init/manifest.json"]
-        >>> plan_collection("runs/r", 2, v, keys, Retention(keep_last=1)).delete
+        >>> plan_collection("runs/r", 3, v, keys, Retention(keep_last=1)).delete
         ('runs/r/steps/000000/rollouts/gen-0.json', 'runs/r/steps/000000/train/policy/manifest.json')
     """
-    window, checkpoints = set(retention.window(latest)), set(retention.checkpoints(latest))
+    recent = resumable(latest)
+    window, checkpoints = set(retention.window(latest)) | recent, set(retention.checkpoints(latest))
     keep: set[str] = set()
-    dropped: set[str] = set()  # optimizer state of window versions other than the newest
+    dropped: set[str] = set()  # optimizer state of window versions a resume does not start from
     for c, v in versions.items():
         keep.update(v.shared)
         if c in window or c in checkpoints:
             keep.update(v.weights)
-        if c == latest or c in checkpoints:
+        if c in recent or c in checkpoints:
             keep.update(v.resume)
         elif c in window:
             dropped.update(v.resume)

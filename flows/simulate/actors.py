@@ -39,7 +39,7 @@ class SimConfig:
 
     profile: TpotProfile
     gpus_per_actor: int
-    tau: float | None = None  # cut threshold; None = never cut
+    cut_threshold: float | None = None  # cut threshold; None = never cut
     continuation: bool = False
     cold_start_s: float = 0.0
     weight_transfer_s: float = 0.0

@@ -9,7 +9,7 @@ the phases (``bound.phase_floor``), the most any plan could speed them up over s
 the most a plan without cuts could within static:N's GPU-s (``bill_bound``).
 
 Defaults model the paper's simulated cluster (paper §4.7): 20 nodes x 8 H100, 2 GPUs per
-actor, roofline TPOT of Qwen2.5-7B, lam = tau = 0.7. Inter-node bandwidth: 40 GB/s per GPU
+actor, roofline TPOT of Qwen2.5-7B, lam = cut_threshold (the paper's tau) = 0.7. Inter-node bandwidth: 40 GB/s per GPU
 (a 400 Gb/s NIC per GPU at ~80% NCCL efficiency), so an actor of g GPUs receives at g x 40 GB/s.
 """
 
@@ -54,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget-actors", type=int, default=3, metavar="K",
                         help="objective budget: bill at most K actors held for the phase")
     parser.add_argument("--lam", type=float, default=0.7, help="time weight of the paper objective")
-    parser.add_argument("--tau", type=float, default=0.7, help="cut-and-migrate threshold")
+    parser.add_argument("--cut-threshold", "--tau", dest="cut_threshold", type=float, default=0.7,
+                        help="cut-and-migrate threshold (generation.cut_threshold live; the paper's tau)")
     parser.add_argument("--rank-slack", default="0.1", metavar="S",
                         help="ranked slices within (1 + S) x the balanced phase time; 'none' "
                              "for equal prompt counts")
@@ -79,6 +80,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--first-epoch", choices=FIRST_EPOCH_PREDICTORS, default="learned",
                         help="length predictor of prompts without history: learned online from "
                              "reference and prompt length (default) or the paper's reference rule")
+    _add_learner_and_output(parser)
+
+
+def _add_learner_and_output(parser: argparse.ArgumentParser) -> None:
+    """The whole-step learner model's flags and the output's."""
     parser.add_argument("--learner-tokens-per-s", type=float, default=None, metavar="R",
                         help="whole step: scoring + training at R rollout tokens/s (serverful "
                              "actors stay billed through it); default: from the learner model")
@@ -139,7 +145,7 @@ def build_model(args: argparse.Namespace) -> ClusterModel:
                         lam=args.lam, objective=args.objective,
                         value_of_time_usd_per_s=args.value_of_time, time_slack=args.time_slack,
                         budget_actors=args.budget_actors,
-                        tau=args.tau, rank_slack=_slack(args.rank_slack),
+                        cut_threshold=args.cut_threshold, rank_slack=_slack(args.rank_slack),
                         n_min=args.n_min, n_max=args.n_max, colocated_actors=args.colocated_actors,
                         continuation=args.continuation, migration=args.migration,
                         prefer=args.prefer, learner_tokens_per_s=rate, first_epoch=args.first_epoch)

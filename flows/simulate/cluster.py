@@ -9,7 +9,7 @@ taken at its midpoint (the same approximation as ``planning.cost``).
 Modelled per actor (``ActorSpec``): when it is invoked (billing starts), when it can decode
 (after prefill / cold start / weight + KV transfer, computed by the policy), whether it is
 held until the end of the step (serverful) or released when its last sample finishes
-(serverless). Cut-and-migrate (``tau``): when ``cut_point(n, tau)`` of the samples an actor
+(serverless). Cut-and-migrate (``cut_threshold``): when ``cut_point(n, cut_threshold)`` of the samples an actor
 has held are done, its unfinished samples move to other running actors with free slots
 (free slots = the samples an actor was planned for minus its live and incoming ones), all or
 nothing, filled most-free first (``prefer``); otherwise the cut waits for slots (paper). The
@@ -189,9 +189,9 @@ class _Phase:
         self.jobs = [job for job in self.jobs if job[1] > 1e-12]
         self.tasks = [job for job in self.tasks if job[1] > 1e-12]
         for a in self.running():
-            if (self.cfg.tau is not None and a.cuttable and not a.holds and a.live
+            if (self.cfg.cut_threshold is not None and a.cuttable and not a.holds and a.live
                     and t >= a.resume_s and a.work_left <= 0):
-                if should_cut(a.held, a.finished, self.cfg.tau):
+                if should_cut(a.held, a.finished, self.cfg.cut_threshold):
                     self._try_cut(a, t)
         for a, seconds in shrinks:  # an actor that was cut stops before shrinking (the engine)
             if a.released_s is None and a.live:

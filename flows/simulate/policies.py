@@ -1,6 +1,6 @@
 """Policies compared by the simulator and how each one starts its actors (paper §4.1, §4.4).
 
-- ``rlhfless``: ranked assignment + cost-aware scaling (``objective``) + cut-and-migrate (tau),
+- ``rlhfless``: ranked assignment + cost-aware scaling (``objective``) + cut-and-migrate (``cut_threshold``),
   prefill actor on the learner node's GPUs, the first decode actors co-located there once
   prefill is done (``colocated_actors``), serverless release.
 - ``static:N`` (VERL-like serverful baseline, paper default N = 3): N actors, contiguous
@@ -12,7 +12,7 @@
   cut: the naive baseline of ranked assignment + cut-and-migrate at the same fan-out
   (``no-scale:N``).
 - Ablations: ``no-assign`` (round-robin over the given order instead of ranking),
-  ``no-scale[:N]`` (N = 3 actors, ranked, serverless release, cut), ``no-cut`` (tau = 1),
+  ``no-scale[:N]`` (N = 3 actors, ranked, serverless release, cut), ``no-cut`` (no cut threshold),
   ``oracle`` (rlhfless with predictions equal to the true group max lengths).
 
 Pre-warm [I]: a step's predictions use only earlier epochs, so its plan can be made while the
@@ -27,11 +27,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from flows.planning.migrate import cut_threshold_for, plan_cut_points_of
-from flows.planning.plan import ClusterSpec, GenerationPlan, PlannerSettings
+from flows.planning.migrate import plan_cut_points_of
+from flows.planning.plan import ClusterSpec, GenerationPlan
+from flows.planning.settings import PlannerSettings
+from flows.planning.planner import Planner, PlannerRules
 from flows.planning.robust import MeasuredError
 from flows.planning.tpot import TpotProfile
-from flows.planning.scaling import plan_generation
+from flows.planning.registry import ScalingStrategy
+from flows.planning.scaling import CostAware, Fixed, plan_generation
 from flows.planning.timeline import actor_start, prefill_seconds
 from flows.simulate.cluster import ActorSpec, Sample, SimConfig
 
@@ -42,7 +45,7 @@ DEFAULT_POLICIES = ("rlhfless", "static:3", "no-assign", "no-scale", "no-cut", "
 class Policy:
     name: str
     serverful: bool
-    scaling: str  # planner policy: 'cost_aware' or 'fixed:N'
+    scaling: ScalingStrategy  # the planner's: cost_aware or fixed:N
     assignment: str  # 'ranked' | 'round_robin'
     cut: bool
     oracle: bool = False
@@ -53,15 +56,15 @@ def parse_policy(name: str) -> Policy:
     base, _, arg = name.partition(":")
     count = arg if arg.isdigit() and int(arg) >= 1 else None
     if base == "static" and count:
-        return Policy(name, True, f"fixed:{count}", "contiguous", cut=False)
+        return Policy(name, True, Fixed(int(count), f"fixed:{count}"), "contiguous", cut=False)
     if base == "round-robin" and count:
-        return Policy(name, False, f"fixed:{count}", "round_robin", cut=False)
+        return Policy(name, False, Fixed(int(count), f"fixed:{count}"), "round_robin", cut=False)
     if base == "no-scale" and (count or not arg):
-        return Policy(name, False, f"fixed:{count or 3}", "ranked", cut=True)
-    simple = {"rlhfless": Policy(name, False, "cost_aware", "ranked", cut=True),
-              "no-assign": Policy(name, False, "cost_aware", "round_robin", cut=True),
-              "no-cut": Policy(name, False, "cost_aware", "ranked", cut=False),
-              "oracle": Policy(name, False, "cost_aware", "ranked", cut=True, oracle=True)}
+        return Policy(name, False, Fixed(int(count or 3), f"fixed:{count or 3}"), "ranked", cut=True)
+    simple = {"rlhfless": Policy(name, False, CostAware(), "ranked", cut=True),
+              "no-assign": Policy(name, False, CostAware(), "round_robin", cut=True),
+              "no-cut": Policy(name, False, CostAware(), "ranked", cut=False),
+              "oracle": Policy(name, False, CostAware(), "ranked", cut=True, oracle=True)}
     if not arg and base in simple:
         return simple[base]
     raise ValueError(f"policy={name!r}: unknown; use rlhfless, static:N, round-robin:N, "
@@ -96,7 +99,7 @@ class ClusterModel:
     """Decode actors on the learner node's GPUs after prefill (no weight or KV transfer), as
     static:N's hybrid engine shares them; None: as many as fit, gpus_per_node //
     gpus_per_actor (``ClusterSpec.colocated_actors``); 1 is the paper's actor 0 alone."""
-    tau: float = 0.7
+    cut_threshold: float = 0.7
     rank_slack: float | None = 0.1  # ranked slices within this fraction of the balanced time
     n_min: int = 1
     n_max: int = 64
@@ -114,9 +117,9 @@ class ClusterModel:
     §4.9), while serverless actors are already released. The learner's own GPU-seconds are the
     same for every policy and are not counted."""
 
-    def tau_of(self, policy: Policy) -> float | None:
-        """The cut threshold ``policy`` runs with (``migrate.cut_threshold_for``, as live)."""
-        return cut_threshold_for(policy.scaling, self.objective, self.tau) if policy.cut else None
+    def cut_threshold_of(self, policy: Policy) -> float | None:
+        """The cut threshold ``policy`` runs with (its strategy's rule, as live)."""
+        return policy.scaling.cut_threshold(self.objective, self.cut_threshold) if policy.cut else None
 
     @property
     def max_actors(self) -> int:
@@ -127,10 +130,20 @@ class ClusterModel:
         the predictor's measured error where there is one."""
         return PlannerSettings(policy=policy.scaling, n_min=self.n_min, n_max=self.n_max, lam=self.lam,
                                assignment=policy.assignment, profile=self.profile, cluster=self.cluster_spec(),
-                               cut_threshold=self.tau_of(policy), rank_slack=self.rank_slack,
+                               cut_threshold=self.cut_threshold_of(policy), rank_slack=self.rank_slack,
                                objective=self.objective, value_of_time_usd_per_s=self.value_of_time_usd_per_s,
                                time_slack=self.time_slack, budget_actors=self.budget_actors,
                                tail_error=tail_error)
+
+    def planner(self, policy: Policy, *, group_size: int, max_length: float, window: int = 1) -> Planner:
+        """The planner ``policy`` runs with on this cluster: the live planner's object, with
+        predictions capped at ``max_length`` (the trace's generation cap), the predictor's
+        error measured over ``tail_error_steps`` steps, and neither calibration, speculation,
+        prefill plan nor pre-warm (the simulator models those itself)."""
+        return Planner(PlannerRules(settings=self.planner_settings(policy), group_size=group_size,
+                                    length_window=window, max_length=max_length, first_epoch=self.first_epoch,
+                                    cut_threshold=self.cut_threshold_of(policy),
+                                    tail_error_steps=self.tail_error_steps, tail_quantile=self.tail_quantile))
 
     def cluster_spec(self) -> ClusterSpec:
         """Planned actors are pre-warmed (see module docstring): all of them count as warm."""
@@ -181,9 +194,9 @@ def build_actors(policy: Policy, plan: GenerationPlan, samples: Mapping[int, lis
     starts = [actor_start(i, cluster, prefill_s, sum(prompt_lengths[p] for p in pids))
               for i, pids in enumerate(plan.assignments)]
     cuttable = [True] * len(starts)
-    if model.tau_of(policy) is not None and predicted is not None:
+    if model.cut_threshold_of(policy) is not None and predicted is not None:
         points = plan_cut_points_of(plan.assignments, predicted, {p: len(s) for p, s in samples.items()},
-                                    prompt_lengths, model.tau, model.profile, [st.ready_s for st in starts],
+                                    prompt_lengths, model.cut_threshold, model.profile, [st.ready_s for st in starts],
                                     model.migration, model.kv_bytes_per_token / model.bandwidth_bytes_per_s)
         cuttable = [point is not None for point in points]
     for pids, st, cut in zip(plan.assignments, starts, cuttable):
@@ -195,7 +208,7 @@ def build_actors(policy: Policy, plan: GenerationPlan, samples: Mapping[int, lis
 
 def sim_config(policy: Policy, model: ClusterModel, spare_warm_actors: int) -> SimConfig:
     return SimConfig(profile=model.profile, gpus_per_actor=model.gpus_per_actor,
-                     tau=model.tau_of(policy), continuation=model.continuation,
+                     cut_threshold=model.cut_threshold_of(policy), continuation=model.continuation,
                      cold_start_s=model.cold_start_s,
                      weight_transfer_s=model.weight_bytes / model.bandwidth_bytes_per_s,
                      spare_warm_actors=spare_warm_actors, migration=model.migration,

@@ -12,8 +12,9 @@ planner runs (its wall time is recorded), told how far the policy's own predicti
 last ``ClusterModel.tail_error_steps`` steps (``robust.MeasuredError``; none before the first
 step, all zero for ``oracle``); the phase is simulated with the true lengths
 (plus the learner's scoring and training where ``ClusterModel.learner_tokens_per_s`` is set);
-then the step's observed lengths are recorded in the history (shared by all policies, since
-the trace fixes what was generated).
+then the planner observes the step's lengths (the same for every policy, since the trace
+fixes what was generated). Planning and observing is the live campaign's
+``flows/planning/planner.py: Planner``, one per policy.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ import math
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 from flows.planning.plan import GenerationPlan
+from flows.planning.planner import PhaseInputs
+from flows.planning.record import StepRecord as ObservedStep
 from flows.planning.lengths import LengthHistory, predict_lengths, rank_correlation
 from flows.planning.prewarm import warm_actor_count
 from flows.planning.robust import MeasuredError
@@ -117,6 +120,8 @@ class PolicyRun:
     name: str
     steps: list[StepRecord] = field(default_factory=list)
     planned: list[int] = field(default_factory=list)
+    plans: list[GenerationPlan] = field(default_factory=list)
+    """The plan of every step, in order."""
 
     def summary(self) -> dict:
         """Totals of the modelled steps (``total_*``) and of their generation phases alone
@@ -168,12 +173,21 @@ def run_step(policy: Policy, step: TraceStep, predicted: dict[int, float], model
 def replay_step(policy: Policy, step: TraceStep, predicted: dict[int, float], model: ClusterModel,
                 warm_pool: int = 0, tail_error: MeasuredError | None = None
                 ) -> tuple[PhaseResult, PhaseResult, GenerationPlan, list[Sample]]:
-    """(the step's result, its generation phase's result, the plan, the samples);
-    ``tail_error``: the predictor's measured error the planner is given (``replay``)."""
+    """(the step's result, its generation phase's result, the plan, the samples) of one step
+    planned with ``predicted`` by the policy's settings alone (no planner memory);
+    ``tail_error``: the predictor's measured error the planner is given."""
     ids = [r.prompt_id for r in step.prompts]
     prompt_lengths = {r.prompt_id: r.prompt_len for r in step.prompts}
     group_size = max(len(r.response_lens) for r in step.prompts)
     plan = make_plan(policy, ids, predicted, prompt_lengths, group_size, model, tail_error)
+    return execute_step(policy, step, plan, predicted, model, warm_pool)
+
+
+def execute_step(policy: Policy, step: TraceStep, plan: GenerationPlan, predicted: Mapping[int, float],
+                 model: ClusterModel, warm_pool: int = 0
+                 ) -> tuple[PhaseResult, PhaseResult, GenerationPlan, list[Sample]]:
+    """Simulate ``plan`` (made with ``predicted``) on the step's true lengths: as ``replay_step``."""
+    prompt_lengths = {r.prompt_id: r.prompt_len for r in step.prompts}
     samples = _samples(step)
     specs, extra = build_actors(policy, plan, samples, prompt_lengths, model, predicted)
     spare = max(0, warm_pool - plan.num_actors)
@@ -191,8 +205,10 @@ def replay(steps: list[TraceStep], policy_names: list[str], model: ClusterModel,
            window: int = 1, max_new_tokens: int | None = None) -> dict[str, PolicyRun]:
     """Run every policy over every step; see the module docstring.
 
-    Prompts without history are predicted by ``model.first_epoch`` (``lengths.predict_lengths``,
-    the live hook's call) from the features the live hook has: reference and prompt length.
+    Each policy plans with its own :class:`~flows.planning.planner.Planner` (the live
+    campaign's object, ``ClusterModel.planner``): it predicts from the lengths it observed
+    (prompts without history by ``model.first_epoch`` from reference and prompt length, the
+    live hook's features) and gives the strategy its own predictions' measured error.
 
     ``max_new_tokens``: the generation cap the trace was made with; predictions are capped at
     it, as the live planner caps them. Default: the trace's longest response (a trace of
@@ -201,26 +217,37 @@ def replay(steps: list[TraceStep], policy_names: list[str], model: ClusterModel,
     policies = [parse_policy(name) for name in policy_names]
     runs = {p.name: PolicyRun(p.name) for p in policies}
     cap = generation_cap(steps, max_new_tokens)
-    measured: dict[str, list[tuple[list[float], list[float]]]] = {p.name: [] for p in policies}
-    for step, predicted, truth in step_predictions(steps, model, window, max_new_tokens):
-        ids = [r.prompt_id for r in step.prompts]
-        corr = rank_correlation([predicted[i] for i in ids], [truth[i] for i in ids])
+    group_size = max(len(r.response_lens) for s in steps for r in s.prompts)
+    planners = {p.name: model.planner(p, group_size=group_size, max_length=cap, window=window) for p in policies}
+    for step in steps:
+        truth = {r.prompt_id: float(max(r.response_lens)) for r in step.prompts}
+        observed = ObservedStep(step=step.step, epoch=step.epoch,
+                              lengths={r.prompt_id: r.response_lens for r in step.prompts})
+        corr = None
         for policy in policies:
-            run = runs[policy.name]
-            pred = truth if policy.oracle else predicted
+            run, planner = runs[policy.name], planners[policy.name]
+            phase = planner.plan(phase_inputs(step, truth if policy.oracle else None))
+            if corr is None and not policy.oracle:  # every policy's predictor is the same
+                corr = rank_correlation([phase.predicted[r.prompt_id] for r in step.prompts],
+                                        [truth[r.prompt_id] for r in step.prompts])
             pool = warm_actor_count(run.planned, default=0)
-            error = measured_error(measured[policy.name], model.tail_error_steps, cap, model.tail_quantile)
-            result, gen, plan, _ = replay_step(policy, step, pred, model, pool, error)
-            measured[policy.name].append(([pred[i] for i in ids], [truth[i] for i in ids]))
-            n = plan.num_actors
-            run.planned.append(n)
-            run.steps.append(StepRecord(step.step, n, result.time_s, result.gpu_seconds,
-                                        result.idle_fraction, plan.planning_ms,
-                                        1.0 if policy.oracle else corr,
-                                        result.num_cut, result.num_migrated, gen.time_s,
-                                        gen.gpu_seconds, plan.predicted_time_s,
-                                        plan.predicted_gpu_seconds))
+            result, gen, plan, _ = execute_step(policy, step, phase.plan, phase.predicted, model, pool)
+            planner.observe(observed)
+            run.planned.append(plan.num_actors)
+            run.steps.append(StepRecord(step.step, plan.num_actors, result.time_s, result.gpu_seconds,
+                                        result.idle_fraction, plan.planning_ms, 1.0 if policy.oracle else corr,
+                                        result.num_cut, result.num_migrated, gen.time_s, gen.gpu_seconds,
+                                        plan.predicted_time_s, plan.predicted_gpu_seconds))
+            run.plans.append(phase.plan)
     return runs
+
+
+def phase_inputs(step: TraceStep, known: dict[int, float] | None = None) -> PhaseInputs:
+    """The planner's inputs for a trace step (``known``: the oracle's true lengths)."""
+    return PhaseInputs(prompt_ids=tuple(r.prompt_id for r in step.prompts), epoch=step.epoch,
+                       prompt_lengths={r.prompt_id: r.prompt_len for r in step.prompts},
+                       reference_lengths={r.prompt_id: r.answer_len for r in step.prompts},
+                       known_lengths=known, group_size=max(len(r.response_lens) for r in step.prompts))
 
 
 def generation_cap(steps: list[TraceStep], max_new_tokens: int | None = None) -> float:

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from flows.config import CampaignConfig
 from actions.common.store import ObjectStore
 from flows.invokers.base import Invoker
+from flows.step.live_inputs import LiveInputs
 from flows.step.faults import FaultInjector
 
-if TYPE_CHECKING:
-    from flows.campaign.live_profile import LiveInputs
 
 
 @dataclass

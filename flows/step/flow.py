@@ -1,7 +1,8 @@
 """One RLHF training step as a Prefect flow: plan -> prefill -> fan out -> drain -> score -> train.
 
-The body reads like the paper's per-step workflow (paper §2); the plan comes from the hook
-(``flows/step/phase.py``), and what happens as generation actions return -- cut samples batched
+The body reads like the paper's per-step workflow (paper §2); the plan comes from the planner
+(``flows/planning/planner.py``), each phase is timed by one context manager
+(``flows/step/timing.py``), and what happens as generation actions return -- cut samples batched
 into continuations, scores submitted at once or packed after the phase -- is decided by the
 pure drain (``flows/planning/drain.py``), which this module only executes. Every action's
 result is validated against its contract on arrival (``flows/step/invoke.py``). Training waits for
@@ -19,10 +20,11 @@ from prefect.futures import PrefectFuture, as_completed
 
 from actions.common.contracts import GenerateResult, PrefillResult, ScoreResult, TrainStepResult
 from flows.step.context import RunContext, current
-from flows.step.phase import PhasePlan
+from flows.planning.planner import PhasePlan
 from flows.invokers.base import Activation
 from flows.planning.drain import GenerationDrain, ReturnedShard, SubmitContinuation, SubmitScore
 from flows.step.prewarmer import PhasePrewarmer
+from flows.step.timing import PhaseClock
 from flows.step.payloads import StepInputs, generate_payload, prefill_payload, score_payload, train_payload
 from flows.step.invoke import Returned, invoke_action
 
@@ -48,40 +50,40 @@ class StepOutcome:
 
 @flow(name="rlhf-step", log_prints=False, validate_parameters=False)
 def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> StepOutcome:
-    """Run one step on ``inputs`` following ``phase`` (the hook's plan)."""
+    """Run one step on ``inputs`` following ``phase`` (the planner's plan)."""
     ctx = current()
-    t0 = time.time()
+    clock = PhaseClock()
     records: list[Activation] = []
-    prewarm = PhasePrewarmer(ctx.invoker, t0=t0, offset_s=phase.prewarm_offset_s, action="generate",
-                             count=phase.plan.num_actors, model=inputs.model.model_dump(mode="json"))
-    prefill = None
-    if phase.prefill and phase.prefill.prefix_len:
-        prefill = _collect(invoke_action(action="prefill", payload=prefill_payload(ctx, inputs, phase),
-                                         shard="prefill"), records)
-    t_gen = time.time()
-    bundle_key = prefill.bundle_key if prefill else None
-    fan_out = [invoke_action.submit(action="generate", shard=f"gen-{i}", payload=generate_payload(
-                   ctx, inputs, f"gen-{i}", group, phase.cut_after[i], bundle_key))
-               for i, group in enumerate(phase.plan.assignments)]
-    drain = GenerationDrain(phase.cut_after, window_s=ctx.config.generation.migrate_window_s,
-                            overlap_scoring=ctx.config.overlap_scoring(), score_bins=ctx.config.score_bins(phase.plan.num_actors))
-    generated, scores = _drain(ctx, inputs, drain, fan_out, records)
-    t_gen_end = time.time()
-    scores += [_submit_score(ctx, inputs, s) for s in drain.final_scores()]
-    scored = [_collect(fut.result(), records) for fut in scores]
-    t_score_end = time.time()
-    ctx.before_train()
-    train = _collect(invoke_action(action="train_step", shard="train",
-                                   payload=train_payload(ctx, inputs, [s.scored_key for s in scored])), records)
-    t_end = time.time()
+    with clock.phase("prefill"):
+        prewarm = PhasePrewarmer(ctx.invoker, t0=clock.started, offset_s=phase.prewarm_offset_s, action="generate",
+                                 count=phase.plan.num_actors, model=inputs.model.model_dump(mode="json"))
+        prefill = None
+        if phase.prefill and phase.prefill.prefix_len:
+            prefill = _collect(invoke_action(action="prefill", payload=prefill_payload(ctx, inputs, phase),
+                                             shard="prefill"), records)
+    with clock.phase("generate"):
+        bundle_key = prefill.bundle_key if prefill else None
+        fan_out = [invoke_action.submit(action="generate", shard=f"gen-{i}", payload=generate_payload(
+                       ctx, inputs, f"gen-{i}", group, phase.cut_after[i], bundle_key))
+                   for i, group in enumerate(phase.plan.assignments)]
+        drain = GenerationDrain(phase.cut_after, window_s=ctx.config.generation.migrate_window_s,
+                                overlap_scoring=ctx.config.overlap_scoring(),
+                                score_bins=ctx.config.score_bins(phase.plan.num_actors))
+        generated, scores = _drain(ctx, inputs, drain, fan_out, records)
+    with clock.phase("score"):
+        scores += [_submit_score(ctx, inputs, s) for s in drain.final_scores()]
+        scored = [_collect(fut.result(), records) for fut in scores]
+    with clock.phase("train"):
+        ctx.before_train()
+        train = _collect(invoke_action(action="train_step", shard="train",
+                                       payload=train_payload(ctx, inputs, [s.scored_key for s in scored])), records)
+    timing = clock.timing()
     offsets: dict[str, float] = {}
     for r in records:
-        offsets[r.action] = min(offsets.get(r.action, float("inf")), r.submitted_at - t0)
+        offsets[r.action] = min(offsets.get(r.action, float("inf")), r.submitted_at - clock.started)
     return StepOutcome(
         prefill=prefill, generate=tuple(generated), score=tuple(scored), train=train, records=tuple(records),
-        num_continuations=drain.num_continuations, prewarm=prewarm.report(), call_offsets=offsets,
-        timing={"prefill": t_gen - t0, "generate": t_gen_end - t_gen, "score": t_score_end - t_gen_end,
-                "train": t_end - t_score_end, "step": t_end - t0})
+        num_continuations=drain.num_continuations, prewarm=prewarm.report(), call_offsets=offsets, timing=timing)
 
 
 def _collect(returned: Returned, records: list[Activation]) -> Any:

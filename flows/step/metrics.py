@@ -1,5 +1,7 @@
-"""Turning a step's action results and accounting into the campaign's metric names
-(``reward/mean``, ``timing_s/generate``, ``cost/usd``, ...)."""
+"""A step's record: its action results and accounting as a typed ``StepRecord``
+(``flows/planning/record.py``) for the planner, and as the metric names of the output (the
+committed metrics, the summary, the artifacts, TensorBoard), which are made here and nowhere
+else."""
 
 from __future__ import annotations
 
@@ -8,9 +10,10 @@ import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from flows.step.phase import PhasePlan
 from flows.invokers.base import Activation
 from flows.planning.lengths import rank_correlation
+from flows.planning.planner import PhasePlan
+from flows.planning.record import PhaseObservation, StepRecord
 from flows.planning.speculation import step_spec_metrics
 
 if TYPE_CHECKING:
@@ -99,6 +102,33 @@ def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_acto
     m.update(step_spec_metrics(g.spec for g in gens))
     m.update({k: float(v) for k, v in out.train.metrics.items()})
     return m
+
+
+def finished_lengths(out: StepOutcome) -> dict[int, tuple[int, ...]]:
+    """Prompt id -> the lengths of its finished samples (a cut one is finished by its continuation)."""
+    lengths: dict[int, list[int]] = {}
+    for g in out.generate:
+        for s in g.samples:
+            if s.finish_reason != "cut":
+                lengths.setdefault(s.prompt_id, []).append(s.length)
+    return {p: tuple(v) for p, v in lengths.items()}
+
+
+def step_record(out: StepOutcome, phase: PhasePlan, *, step: int, epoch: int, metrics: dict[str, float]) -> StepRecord:
+    """The typed record of one step, with its output ``metrics`` (:func:`step_metrics`)."""
+    billed: dict[str, float] = {}
+    for r in out.records:
+        billed[r.action] = billed.get(r.action, 0.0) + r.billed_s
+    observed = PhaseObservation(
+        num_actors=phase.plan.num_actors, generate_s=float(out.timing["generate"]),
+        prefill_s=float(out.timing["prefill"]), ran_prefill=bool(phase.prefill and phase.prefill.num_unique_prefixes),
+        predicted_generate_s=phase.plan.predicted_time_s - phase.predicted_prefill_s,
+        predicted_prefill_s=phase.predicted_prefill_s, activation_s=phase.activation_s,
+        decode_scale=phase.calibration.decode_scale, prefill_fixed_s=phase.calibration.prefill_fixed_s)
+    return StepRecord(step=step, epoch=epoch, lengths=finished_lengths(out), phase=observed,
+                      timing_s={k[len("timing_s/"):]: v for k, v in metrics.items() if k.startswith("timing_s/")},
+                      billed_s=billed, call_offsets=dict(out.call_offsets), spec=tuple(g.spec for g in out.generate),
+                      metrics=metrics)
 
 
 PHASES = {"generate": ("plan/predicted_generate_s", "timing_s/generate"),

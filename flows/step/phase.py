@@ -1,47 +1,28 @@
-"""The flow-level hook that runs before every generation phase (the RLHFless planner).
+"""The live planner's construction from the campaign's configuration, and its phase inputs.
 
-``plan_generation_phase`` reads the response-length history, predicts each prompt's length
-(EWMA; reference-answer length in the first epoch), picks the dedup prefix length, and asks
-the planner for the fan-out and the prompt->action assignment. It is the only place the
-step flow decides how generation is split; the flow executes exactly the returned plan.
+The planner itself -- ``plan(inputs) -> PhasePlan`` before every generation phase,
+``observe(record)`` after every step -- is ``flows/planning/planner.py``; this module turns
+``scaling.*`` and ``generation.*``, the measured profile (``ctx.live``) and the pool's size into
+its :class:`PlannerRules`, once per campaign (``flows/campaign/run.py``). The step flow
+executes exactly the plan it returns.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
 
 from actions.common.contracts import PromptTokens
-
-from flows.step.context import RunContext
-from flows.campaign.live_profile import pool_cores
+from flows.invokers.cores import pool_cores
 from flows.planning.calibration import Calibration
-from flows.planning.lengths import LengthHistory, predict_lengths
-from flows.planning.migrate import cut_threshold_for, plan_cut_points_of
-from flows.planning.plan import ClusterSpec, GenerationPlan, PlannerSettings
-from flows.planning.prefix import PrefillPlan, plan_prefill, prefill_action_pays
-from flows.planning.prewarm import prewarm_offset
+from flows.planning.lengths import LengthHistory
+from flows.planning.plan import ClusterSpec
+from flows.planning.settings import PlannerSettings
+from flows.planning.planner import PhaseInputs, PhasePlan, Planner, PlannerRules, PlannerState
 from flows.planning.tpot import CPU_TINY_PROFILE, TpotProfile
-from flows.planning.scaling import plan_generation
-from flows.planning.timeline import prefill_seconds
-from flows.planning.speculation import speculative_profile
+from flows.step.context import RunContext
 
-
-@dataclass(frozen=True)
-class PhasePlan:
-    plan: GenerationPlan
-    prefill: PrefillPlan | None
-    predicted: dict[int, float]
-    cut_after: tuple[int | None, ...]  # per actor: samples finished before it is cut (None: never)
-    prewarm_offset_s: float | None = None
-    """Seconds after the step starts to pre-warm the generation actions (None: no history)."""
-    predicted_prefill_s: float = 0.0
-    """The planner's prefill time P (``timeline.prefill_seconds``): ``plan.predicted_time_s``
-    minus this is its prediction of the generation actions' phase."""
-    calibration: Calibration = Calibration()
-    """The corrections the plan was timed with (recorded per step, learned from them)."""
-    activation_s: float = 0.0
-    """The per-activation fixed cost the plan was timed with."""
+__all__ = ["PhasePlan", "build_planner", "cluster_spec", "load_profile", "phase_inputs", "plan_generation_phase",
+           "planner_rules", "planner_settings"]
 
 
 def load_profile(ctx: RunContext) -> TpotProfile:
@@ -79,73 +60,52 @@ def planner_settings(ctx: RunContext, num_workers: int, profile: TpotProfile,
     """The planner's settings from ``scaling.*`` and ``generation.*``, capped by the pool (the
     simulator builds the same object from its cluster model: ``ClusterModel.planner_settings``)."""
     s, g = ctx.config.scaling, ctx.config.generation
-    return PlannerSettings(policy=s.policy, n_min=s.n_min, n_max=max(s.n_min, min(s.n_max, num_workers)), lam=s.lam,
-                           assignment=g.assignment, profile=profile, cluster=cluster,
+    return PlannerSettings(policy=s.strategy, n_min=s.n_min, n_max=max(s.n_min, min(s.n_max, num_workers)),
+                           lam=s.lam, assignment=g.assignment, profile=profile, cluster=cluster,
                            cut_threshold=g.cut_threshold, rank_slack=g.rank_slack, objective=s.objective,
                            value_of_time_usd_per_s=s.value_of_time_usd_per_s, time_slack=s.time_slack,
                            budget_actors=s.budget_actors)
 
 
-def _runs_prefill_action(setting: str, prefill: PrefillPlan, prompt_tokens: int, profile: TpotProfile,
-                         cluster: ClusterSpec) -> bool:
-    """``generation.prefill_action``; ``auto`` asks ``prefix.prefill_action_pays`` with the
-    profile's prefill rate and the action's measured fixed costs (its round trip, and what the
-    calibration learned of its policy read and bundle write)."""
-    if setting != "auto":
-        return setting == "always" and prefill.prefix_len is not None
-    return prefill_action_pays(prefill, prompt_tokens, 1.0 / profile.prefill_tokens_per_s,
-                               cluster.activation_s + cluster.prefill_fixed_s)
+def planner_rules(ctx: RunContext, num_workers: int) -> PlannerRules:
+    """Everything the live planner is configured with; calibrated where the inputs were
+    measured (``ctx.live``)."""
+    cfg = ctx.config
+    g, s = cfg.generation, cfg.scaling
+    settings = planner_settings(ctx, num_workers, load_profile(ctx), cluster_spec(ctx, num_workers))
+    # The EOS token is generated too, so no response runs past max_new_tokens.
+    return PlannerRules(settings=settings, group_size=cfg.algorithm.group_size, length_window=g.length_window,
+                        max_length=g.max_new_tokens, first_epoch=g.first_epoch_predictor,
+                        cut_threshold=g.cut_threshold,
+                        prefill_capacity=g.prefill_capacity if g.dedup_prefill else None,
+                        prefill_action=g.prefill_action,
+                        speculative=g.speculation == "auto" and g.engine == "torch",
+                        calibrated=ctx.live is not None,
+                        prewarm_buffer_s=s.prewarm_buffer_s if s.prewarm else None,
+                        tail_error_steps=s.tail_error_steps, tail_quantile=s.tail_quantile)
+
+
+def build_planner(ctx: RunContext, num_workers: int, state: PlannerState | None = None) -> Planner:
+    """The campaign's planner, continuing from ``state`` (a resumed run's) or new."""
+    return Planner(planner_rules(ctx, num_workers), state)
+
+
+def phase_inputs(tokens: Mapping[int, PromptTokens], prompt_ids: list[int], epoch: int) -> PhaseInputs:
+    """The planner's inputs for a step's prompts (token ids from the token table)."""
+    return PhaseInputs(prompt_ids=tuple(prompt_ids), epoch=epoch,
+                       prompt_lengths={p: len(tokens[p].prompt) for p in prompt_ids},
+                       reference_lengths={p: tokens[p].answer_len for p in prompt_ids},
+                       prompts={p: tokens[p].prompt for p in prompt_ids})
 
 
 def plan_generation_phase(ctx: RunContext, history: LengthHistory, tokens: Mapping[int, PromptTokens],
                           prompt_ids: list[int], num_workers: int,
                           call_history: dict[str, list[float]] | None = None,
-                          spec_speedup: float = 1.0, calibration: Calibration = Calibration()) -> PhasePlan:
-    """The plan of one generation phase. ``call_history``: action -> its earliest invocation
-    offset (seconds from step start) in each past step, for the pre-warm time;
-    ``spec_speedup``: the measured decode speed-up of speculative decoding, which divides the
-    profile's decode times (``flows/planning/speculation.py``); ``calibration``: the profile's
-    and the prefill's corrections learned from the campaign's steps
-    (``flows/planning/calibration.py``)."""
-    cfg = ctx.config
-    # The EOS token is generated too, so no response runs past max_new_tokens.
-    prompts = {p: tokens[p].prompt for p in prompt_ids}
-    prompt_lengths = {p: len(v) for p, v in prompts.items()}
-    predicted = predict_lengths(history, prompt_ids, {p: tokens[p].answer_len for p in prompt_ids},
-                                window=cfg.generation.length_window, max_length=cfg.generation.max_new_tokens,
-                                first_epoch=cfg.generation.first_epoch_predictor, prompt_lengths=prompt_lengths)
-    prefill = None
-    if cfg.generation.dedup_prefill:
-        prefill = plan_prefill(prompts, cfg.algorithm.group_size, cfg.generation.prefill_capacity)
-    s = cfg.scaling
-    profile = load_profile(ctx)
-    if cfg.generation.speculation == "auto" and cfg.generation.engine == "torch":
-        profile = speculative_profile(profile, spec_speedup)
-    base = profile
-    profile = calibration.profile(profile)
-    cluster = cluster_spec(ctx, num_workers, calibration)
-    if prefill is not None and not _runs_prefill_action(cfg.generation.prefill_action, prefill,
-                                                        sum(prompt_lengths.values()), profile, cluster):
-        prefill = None
-        cluster = replace(cluster, prefill_action=False, kv_bytes_per_token=0.0)
-    prefill_tokens = prefill.tokens_computed if prefill else sum(prompt_lengths.values())
-    settings = planner_settings(ctx, num_workers, profile, cluster)
-
-    per_fanout = bool(calibration.by_actors) and (s.policy == "cost_aware" or s.policy.startswith("fixed:"))
-    if per_fanout:  # each fan-out timed at the speed measured at it, relative to the profile's scale
-        settings = replace(settings, decode_scale_by_n=tuple(
-            (n, scale / calibration.decode_scale) for n, scale in calibration.by_actors))
-    plan = plan_generation(prompt_ids, predicted, group_size=cfg.algorithm.group_size,
-                           prompt_lengths=prompt_lengths, settings=settings, prefill_tokens=prefill_tokens)
-    if per_fanout:  # the plan was timed at its fan-out's speed: so are its cut points and its record
-        calibration = calibration.for_actors(plan.num_actors)
-        profile = calibration.profile(base)
-    cut_after = tuple(plan_cut_points_of(
-        plan.assignments, predicted, {p: cfg.algorithm.group_size for p in prompt_ids},
-        prompt_lengths, cut_threshold_for(s.policy, s.objective, cfg.generation.cut_threshold), profile))
-    offset = None
-    if s.prewarm:
-        offset = prewarm_offset((call_history or {}).get("generate", []), s.prewarm_buffer_s)
-    return PhasePlan(plan, prefill, predicted, cut_after, offset,
-                     predicted_prefill_s=prefill_seconds(prefill_tokens, profile, cluster),
-                     calibration=calibration, activation_s=cluster.activation_s)
+                          spec_speedup: float = 1.0, calibration: Calibration | None = None) -> PhasePlan:
+    """One phase planned outside a campaign's loop: a planner that remembers ``history``,
+    ``call_history`` and ``spec_speedup``, planning with ``calibration`` (default: none
+    learned yet)."""
+    state = PlannerState(length_history=history.to_dict(), call_history=dict(call_history or {}),
+                         spec_speedup=spec_speedup)
+    return build_planner(ctx, num_workers, state).plan(phase_inputs(tokens, prompt_ids, 0),
+                                                       calibration=calibration)

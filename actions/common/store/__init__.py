@@ -17,7 +17,7 @@ code base talks to a filesystem path or an S3 SDK for campaign data. The package
 * :mod:`.uri` -- :func:`open_store`, the backend a URI names.
 
 Callers import from this package; the names below are its public interface. What it does not
-cover: garbage collection (``flows/gc.py``) and the run lease (``flows/lease.py``), which are
+cover: garbage collection (``flows/campaign/collect.py``) and the run lease (``flows/campaign/lease.py``), which are
 built on it.
 """
 

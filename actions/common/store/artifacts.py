@@ -7,7 +7,7 @@ through the manifest, never a listing, and verify every blob's size and sha256, 
 or missing blob is named in a clear error. Blobs move through a bounded thread pool
 (``store.max_concurrency``) and a blob already present is never uploaded again.
 
-Garbage collection (``flows/gc.py``) finds manifests by their key ending in
+Garbage collection (``flows/campaign/collect.py``) finds manifests by their key ending in
 ``manifest.json``: every artifact's manifest key must end that way.
 """
 

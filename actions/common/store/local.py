@@ -1,7 +1,9 @@
 """Local backend of the object store: a directory on local disk (the embedded default).
 
 Writes go to a temporary file that is renamed (``put``) or hard-linked (``put_if_absent``)
-into place, so a reader never sees a half-written object and a create-once is atomic. Blobs
+into place, so a reader never sees a half-written object and a create-once is atomic. The file
+is fsynced before, and its directory after, the rename (and a new directory's parent when it is
+made), so an object a call has returned for, a commit record included, survives a power loss. Blobs
 are read through a private copy-on-write memory map, not copied. Compare-and-swap runs under
 an exclusive ``flock`` of the key's directory, which serialises callers on this host only.
 
@@ -71,7 +73,11 @@ class LocalStore:
                         fh.write(part)
                     fh.flush()
                     os.fsync(fh.fileno())
-                return publish(tmp, dir_fd, last)
+                published = publish(tmp, dir_fd, last)
+                # The rename or link is durable only once the directory is: without this a
+                # crash could lose a commit record whose file was already on disk.
+                os.fsync(dir_fd)
+                return published
             finally:
                 try:
                     os.unlink(tmp, dir_fd=dir_fd)

@@ -1,7 +1,7 @@
 """Single-object operations on any backend: JSON objects and compare-and-swap.
 
 Compare-and-swap (:func:`replace_if` / :func:`delete_if`) replaces or deletes an object only
-while it still holds the bytes the caller last read; the run lease (``flows/lease.py``) is
+while it still holds the bytes the caller last read; the run lease (``flows/campaign/lease.py``) is
 built on it.
 """
 

@@ -4,11 +4,14 @@ The reference and the completion are parsed by ``math_verify.parse`` (LaTeX, ``\
 plain expressions) and compared by ``math_verify.verify``, so ``\\frac{1}{2}``, ``0.5`` and
 ``1/2`` are equal. A reference that does not parse makes the row not applicable (None); a
 completion that does not parse earns 0.0. A GSM8K-style reference (``... #### N``) is reduced
-to its final answer first. Parsing runs with math-verify's own timeouts.
+to its final answer first. Parsing runs with math-verify's own timeouts, which use
+``signal.alarm`` and so need a main thread: called from any other thread (an action server's
+request thread), the rows are scored in a helper process (``main_thread.py``), by the same code.
 """
 
 from __future__ import annotations
 
+from actions.tasks.rewards.main_thread import call_in_main_thread
 from actions.tasks.rewards.text import completion_text
 
 
@@ -18,6 +21,11 @@ def math_reward(completions: list, answer: list[str], **kwargs: object) -> list[
     >>> math_reward([r"so \\boxed{\\frac{1}{2}}", r"\\boxed{0.5}", r"\\boxed{3}"], answer=["$0.5$"] * 3)
     [1.0, 1.0, 0.0]
     """
+    return call_in_main_thread("actions.tasks.rewards.symbolic:score_rows", list(completions), list(answer))
+
+
+def score_rows(completions: list, answer: list) -> list[float | None]:
+    """:func:`math_reward`'s rows, scored in this thread (which must be a main thread)."""
     from math_verify import parse, verify  # imported on use: it pulls in sympy and antlr
 
     out: list[float | None] = []

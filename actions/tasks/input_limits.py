@@ -1,0 +1,94 @@
+"""Size limits on user data, checked before anything is parsed or tokenised.
+
+A dataset is read whole into memory and every prompt is tokenised, so a bound on what is read
+keeps a mistaken or hostile input (a 10 MB prompt, a multi-gigabyte file) from turning into a
+multi-gigabyte allocation minutes later in an action. Three bounds, cheapest first:
+
+* ``MAX_DATASET_BYTES``: the files of one split, by their size on disk, before any is read;
+* ``MAX_ROW_BYTES``: one JSON Lines line (found by scanning for newlines, before decoding), and
+  one prompt's text in any format (its characters, before tokenising);
+* ``data.max_prompt_tokens``, whose default for user data is the model's context minus
+  ``generation.max_new_tokens`` (:func:`default_max_prompt_tokens`): a longer prompt leaves no
+  room for its response, whatever ``data.long_prompts`` then does with it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from actions.common.config import WorkloadConfig
+
+MAX_DATASET_BYTES = 1 << 30
+"""1 GiB per split: far above prompt sets in use (GSM8K's train split is 4 MB)."""
+MAX_ROW_BYTES = 1 << 20
+"""1 MiB per row or prompt: about 250k tokens, above any model's context."""
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+"""Where a Hugging Face ``config.json`` states the context length (first found wins)."""
+
+
+def check_dataset_size(files: Sequence[Path], where: str, field: str) -> None:
+    """Raise ValueError if ``files`` together are over ``MAX_DATASET_BYTES`` on disk."""
+    total = sum(f.stat().st_size for f in files)
+    if total > MAX_DATASET_BYTES:
+        raise ValueError(f"{where} is {total / 2**20:.0f} MiB, above the {MAX_DATASET_BYTES >> 20} MiB a split may "
+                         f"hold; point {field} at a sample of the prompts a campaign uses")
+
+
+def check_line_lengths(data: bytes, where: str) -> None:
+    """Raise ValueError naming the first JSON Lines line over ``MAX_ROW_BYTES`` (no copy made)."""
+    start, lineno = 0, 1
+    while start < len(data):
+        end = data.find(b"\n", start)
+        end = len(data) if end < 0 else end
+        if end - start > MAX_ROW_BYTES:
+            raise ValueError(f"{where}:{lineno}: the row is {end - start:,} bytes, above the limit of "
+                             f"{MAX_ROW_BYTES:,}; shorten its prompt or remove the row")
+        start, lineno = end + 1, lineno + 1
+
+
+def check_prompt_size(text_chars: int, where: str, key: str) -> None:
+    """Raise ValueError if a prompt's text (all its messages) is over ``MAX_ROW_BYTES`` characters."""
+    if text_chars > MAX_ROW_BYTES:
+        raise ValueError(f"{where}: key {key!r} holds a prompt of {text_chars:,} characters, above the limit of "
+                         f"{MAX_ROW_BYTES:,}; shorten it or remove the row")
+
+
+def model_context(cfg: WorkloadConfig) -> int | None:
+    """The model's context length in tokens: the tiny model's ``max_positions``, or the
+    ``config.json`` of ``model.path`` (None when it states none or cannot be read)."""
+    if not cfg.model.path:
+        return cfg.model.max_positions
+    try:
+        config = json.loads((Path(cfg.model.path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # validate_model_dir names the problem
+    if not isinstance(config, dict):
+        return None
+    for source in (config, config.get("text_config") or {}):
+        for key in CONTEXT_KEYS:
+            value = source.get(key) if isinstance(source, dict) else None
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+def default_max_prompt_tokens(cfg: WorkloadConfig) -> int | None:
+    """``data.max_prompt_tokens`` when unset: for user data, the model's context less
+    ``generation.max_new_tokens``; None (no limit) for the generated tasks, whose prompts are
+    short by construction, or a model whose context is unknown.
+
+    Raises:
+        ValueError: the responses alone fill the context.
+    """
+    if not cfg.data.train_path:
+        return None
+    context = model_context(cfg)
+    if context is None:
+        return None
+    room = context - cfg.generation.max_new_tokens
+    if room < 1:
+        raise ValueError(f"generation.max_new_tokens={cfg.generation.max_new_tokens} leaves no room for a prompt in "
+                         f"the model's context of {context} tokens; lower generation.max_new_tokens")
+    return room

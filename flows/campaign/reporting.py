@@ -1,0 +1,89 @@
+"""What a campaign shows of itself: the progress line, Prefect artifacts, TensorBoard scalars
+and the JSON summary.
+
+:class:`Reporter` is the one object the campaign loop tells about a committed step; the
+artifacts go through the background queue (``flows/campaign/overhead.py``), off the step's
+critical path, the scalars and the progress line at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from flows.campaign.artifacts import publish_step_artifacts, start_progress, update_progress
+from flows.campaign.overhead import Background
+from flows.campaign.state import CampaignState
+from flows.campaign.trackers import Trackers
+from flows.config import CampaignConfig
+from flows.planning.record import StepRecord
+from flows.step.metrics import planner_fidelity
+
+Progress = Callable[[str], None]
+
+
+class Reporter:
+    """Reports of one campaign run: open before its first step, :meth:`close` at its end."""
+
+    def __init__(self, cfg: CampaignConfig, run_id: str, publisher: Background, progress: Progress) -> None:
+        self.run_id, self.total, self.publisher, self.progress = run_id, cfg.steps, publisher, progress
+        self.board = Trackers.open(cfg, run_id)  # observability.report_to: TensorBoard, wandb, MLflow, trackio
+        self.progress_id: Any = None
+
+    def start(self, done: int) -> None:
+        """The campaign's progress artifact, at ``done`` committed steps."""
+        self.progress_id = start_progress(self.run_id, done, self.total)
+
+    def committed(self, state: CampaignState, record: StepRecord) -> None:
+        """The step ``record`` was committed as ``state``: queue its artifacts, write its
+        scalars, print its line."""
+        self.publisher.submit(_publish, self.run_id, list(state.steps), list(state.evals), self.progress_id,
+                              state.step, self.total)
+        self.board.add_step(state.step, dict(record.metrics), state.evals)
+        self.progress(progress_line(state, self.total))
+
+    def close(self) -> None:
+        self.board.close()
+
+
+def _publish(run_id: str, steps: list[dict[str, Any]], evals: list[Any], progress_id: Any,
+             done: int, total: int) -> None:
+    publish_step_artifacts(run_id, steps, evals)
+    update_progress(progress_id, run_id, done, total)
+
+
+def progress_line(state: CampaignState, total: int, width: int = 20) -> str:
+    """A text progress bar for the campaign plus the phases of the step just finished."""
+    last = state.steps[-1]
+    done = int(width * state.step / max(1, total))
+    phases = " ".join(f"{p} {last[f'timing_s/{p}']:.1f}s" for p in ("plan", "prefill", "generate", "score", "train", "overhead",
+                                                                      "commit"))
+    acc = f" | eval acc {state.evals[-1].accuracy:.3f}" if state.evals and state.evals[-1].step == state.step else ""
+    return (f"[{'#' * done}{'.' * (width - done)}] step {state.step}/{total} | {phases} | "
+            f"actions {int(last['actors/n'])} cut {int(last['actors/migrated'])} | "
+            f"reward {last['reward/mean']:.3f} len {last['response_length/mean']:.1f}{acc}")
+
+
+def summarize(state: CampaignState, wall: float) -> dict[str, Any]:
+    """The campaign's JSON summary (README, The CLI)."""
+    steps = [{k: v for k, v in s.items() if k != "plan"} for s in state.steps]
+    return {
+        "run_id": state.run_id,
+        "steps_completed": state.step,
+        "eval_accuracy_first": state.evals[0].accuracy if state.evals else None,
+        "eval_accuracy_last": state.evals[-1].accuracy if state.evals else None,
+        "reward_mean_first": steps[0]["reward/mean"] if steps else None,
+        "reward_mean_last": steps[-1]["reward/mean"] if steps else None,
+        "billed_gpu_seconds": state.spend["billed_gpu_seconds"],
+        "useful_gpu_seconds": state.spend["useful_gpu_seconds"],
+        "usd": state.spend["usd"],
+        "wall_seconds": wall,
+        "policy_version": state.policy_version,
+        "data": state.prepared.data,
+        "weights_sha256": state.weights_sha256,
+        "stopped_reason": state.stopped_reason,
+        "length_history": state.length_history,  # per prompt: [epoch, longest response of its group]
+        "evals": [e.model_dump(mode="json") for e in state.evals],
+        "planner_fidelity": planner_fidelity(steps),
+        "steps": steps,
+    }

@@ -1,0 +1,79 @@
+"""A campaign's set-up, record 0 of its state: prepare, profile, warm-up, critic, evaluation.
+
+Also the two helpers every later step shares with it: the policy's :class:`ModelRef` of a
+state and one held-out evaluation (:func:`evaluate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from actions.common.contracts import EvaluateRequest, ModelRef, WarmupRequest, WarmupResult, parse_token_table
+from actions.common.store import get_json
+from flows.campaign.inputs import init_critic, prepare_inputs
+from flows.campaign.live_profile import finish_profiling, start_profiling
+from flows.campaign.overhead import StepClock
+from flows.campaign.state import CampaignState, EvalRecord
+from flows.step.context import RunContext
+from flows.step.invoke import invoke_action
+
+Progress = Callable[[str], None]
+
+
+def model_ref(ctx: RunContext, state: CampaignState) -> ModelRef:
+    """The policy a state continues from, as the actions load it. Under ``model.lora`` the
+    backbone is policy version 0, which is also the KL reference."""
+    lora = ctx.config.model.lora
+    return ModelRef(store_uri=ctx.store.uri, base_key=state.prepared.base_key, policy_key=state.policy_key,
+                    policy_version=state.policy_version, weights_sha256=state.weights_sha256 or None,
+                    dtype=ctx.config.model.dtype, lora=lora, backbone_key=state.reference_key if lora else None)
+
+
+def evaluate(ctx: RunContext, state: CampaignState, clock: StepClock | None = None) -> EvalRecord:
+    """One held-out evaluation of the state's policy; its busy time is work of ``clock``'s period."""
+    req = EvaluateRequest(model=model_ref(ctx, state), dataset_key=state.prepared.eval_key,
+                          rewards=ctx.config.reward_functions(),
+                          max_new_tokens=ctx.config.generation.max_new_tokens, engine=ctx.config.generation.engine,
+                          kv_cache=ctx.config.generation.kv_cache, cuda_graphs=ctx.config.generation.cuda_graphs,
+                          compile_decode=ctx.config.generation.compile_decode,
+                          output_key=f"{ctx.prefix}/evals/v{state.policy_version:06d}.json")
+    out = invoke_action(action="evaluate", payload=req.model_dump(mode="json"), shard=f"eval-v{state.policy_version}")
+    if clock is not None:
+        clock.add_work(out.record.busy_s)
+    return EvalRecord(step=state.step, policy_version=state.policy_version, **out.result.model_dump())
+
+
+def evaluates(state: CampaignState) -> bool:
+    """False where the data has no eval set (``data.eval_path`` unset, no ``eval_fraction``)."""
+    return state.prepared.data.get("evaluation") != "none"
+
+
+def set_up(ctx: RunContext, progress: Progress) -> CampaignState:
+    """Record 0 of a new run (``docs/architecture.md``, Set-up); sets ``ctx.live``."""
+    cfg = ctx.config
+    progress("prepare: model, initial weights and datasets -> store")
+    prepared = prepare_inputs(ctx)
+    policy_key = prepared.init_key
+    # the pool profiles the engine beside warm-up and the first evaluation (speed does not
+    # depend on the weights' values, so the initial ones do)
+    init = ModelRef(store_uri=ctx.store.uri, base_key=prepared.base_key, policy_key=prepared.init_key,
+                    policy_version=0, dtype=cfg.model.dtype)
+    profiling = start_profiling(ctx, init, parse_token_table(get_json(ctx.store, prepared.tokens_key)))
+    if cfg.warmup.steps:
+        progress(f"warmup: {cfg.warmup.steps} supervised steps")
+        req = WarmupRequest(store_uri=ctx.store.uri, base_key=prepared.base_key, init_key=prepared.init_key,
+                            dataset_key=prepared.train_key, output_key=f"{ctx.prefix}/policy/v000000/manifest.json",
+                            warmup=cfg.warmup, task=None if cfg.data.train_path else cfg.data.task, seed=cfg.seed)
+        warm: WarmupResult = invoke_action(action="warmup", payload=req.model_dump(mode="json"), shard="warmup").result
+        policy_key, sha = warm.policy_key, warm.weights_sha256
+    else:
+        sha = ""
+    state = CampaignState(run_id=ctx.run_id, fingerprint=cfg.fingerprint(), identity=cfg.identity(),
+                          policy_key=policy_key, reference_key=policy_key, prepared=prepared,
+                          weights_sha256=sha)
+    if cfg.algorithm.name == "ppo":
+        state.critic_key = init_critic(ctx, model_ref(ctx, state))
+    if evaluates(state):
+        state.evals.append(evaluate(ctx, state))
+    ctx.live = finish_profiling(ctx, profiling, progress)
+    return state

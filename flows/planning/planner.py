@@ -1,0 +1,240 @@
+"""The planner: one object per campaign that plans each generation phase and learns from each
+step (paper §3.3-3.7).
+
+``plan(inputs) -> PhasePlan`` predicts every prompt's response length from the length history,
+picks the dedup prefix and whether a prefill action pays, corrects the engine profile (the
+measured speculation speed-up, the calibration learned from past steps), gives the scaling
+strategy the predictor's measured error for its robust tail, and asks it for the fan-out and
+the prompt -> action assignment (``scaling.plan_generation``); then the cut points
+(``migrate.plan_cut_points_of``, at the strategy's cut threshold) and the pre-warm time
+(``prewarm.prewarm_offset``).
+
+``observe(record)`` folds one step's :class:`~flows.planning.record.StepRecord` into the
+planner's memory, :class:`PlannerState`: the length history, the predictor's recent errors,
+the phases as planned and measured (the calibration's data), the speculation rates and
+speed-up and the actions' call offsets. That state is all the planner remembers, and the
+campaign commits it with every step (``flows/campaign/state.py``), so a resumed campaign plans
+exactly as an uninterrupted one. The simulator drives the same object
+(``flows/simulate/replay.py``), with the rules of its cluster model.
+
+Pure: no I/O, no clock (``planning_ms`` is wall time, recorded, never decided on).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pydantic import BaseModel
+
+from flows.planning.calibration import Calibration, calibrate
+from flows.planning.lengths import LengthHistory, predict_lengths
+from flows.planning.migrate import plan_cut_points_of
+from flows.planning.plan import ClusterSpec, GenerationPlan
+from flows.planning.settings import PlannerSettings
+from flows.planning.prefix import PrefillPlan, plan_prefill, prefill_action_pays
+from flows.planning.prewarm import prewarm_offset
+from flows.planning.record import PhaseObservation, StepRecord
+from flows.planning.robust import MeasuredError
+from flows.planning.scaling import plan_generation, strategy_of
+from flows.planning.speculation import acceptance_rates, decode_speedup, running_speedup, speculative_profile
+from flows.planning.timeline import prefill_seconds
+from flows.planning.tpot import TpotProfile
+
+CALL_HISTORY = 8
+"""Steps of call history kept for pre-warming (the earliest offset over them is used)."""
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    """The plan of one generation phase, which the step flow executes exactly."""
+
+    plan: GenerationPlan
+    prefill: PrefillPlan | None
+    predicted: dict[int, float]
+    cut_after: tuple[int | None, ...]  # per actor: samples finished before it is cut (None: never)
+    prewarm_offset_s: float | None = None
+    """Seconds after the step starts to pre-warm the generation actions (None: no history)."""
+    predicted_prefill_s: float = 0.0
+    """The planner's prefill time P (``timeline.prefill_seconds``): ``plan.predicted_time_s``
+    minus this is its prediction of the generation actions' phase."""
+    calibration: Calibration = Calibration()
+    """The corrections the plan was timed with (recorded per step, learned from them)."""
+    activation_s: float = 0.0
+    """The per-activation fixed cost the plan was timed with."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PhaseInputs:
+    """What one phase is planned for."""
+
+    prompt_ids: tuple[int, ...]
+    """The step's prompts, in the given order (each carries ``group_size`` samples)."""
+    epoch: int
+    prompt_lengths: Mapping[int, int]
+    reference_lengths: Mapping[int, float]
+    """Prompt id -> reference answer length (tokens), the first epoch's predictor."""
+    prompts: Mapping[int, Sequence[int]] | None = None
+    """Prompt id -> token ids, for the dedup prefill plan (None: no prefill plan)."""
+    known_lengths: Mapping[int, float] | None = None
+    """Lengths to plan with instead of predictions (the simulator's oracle)."""
+    group_size: int | None = None
+    """Samples per prompt where a step has its own (a trace's); None: the rules'."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannerRules:
+    """The validated configuration the planner runs with (built once per campaign:
+    ``flows/step/phase.py`` from ``scaling.*`` and ``generation.*``; the simulator's
+    ``ClusterModel.planner``)."""
+
+    settings: PlannerSettings
+    """The strategy, candidate range, objective, the engine profile before corrections and the
+    cluster before calibration."""
+    group_size: int
+    length_window: int
+    max_length: float | None
+    """The generation cap (tokens): predictions and measured errors are capped at it."""
+    first_epoch: str
+    cut_threshold: float | None
+    """``generation.cut_threshold``; the strategy decides what a phase runs with."""
+    prefill_capacity: int | None = None
+    """``generation.prefill_capacity`` with ``dedup_prefill``; None: no prefill plan."""
+    prefill_action: str = "never"
+    """``generation.prefill_action``: auto, always or never."""
+    speculative: bool = False
+    """Decode times are divided by the measured speculation speed-up."""
+    calibrated: bool = False
+    """Profile and prefill corrected from the measured steps (measured inputs only)."""
+    prewarm_buffer_s: float | None = None
+    """``scaling.prewarm_buffer_s`` with ``scaling.prewarm``; None: no pre-warm."""
+    tail_error_steps: int = 0
+    """Steps of measured prediction error given to the strategy's robust tail; 0: none."""
+    tail_quantile: float = 0.5
+
+
+class PlannerState(BaseModel):
+    """Everything the planner has learned, committed with each step (JSON-exact floats)."""
+
+    length_history: dict[str, Any] = {}
+    """``LengthHistory.to_dict``: per prompt its group max per epoch, reference and prompt length."""
+    errors: list[tuple[list[float], list[float]]] = []
+    """Per recent step: the group max lengths predicted and observed, in prompt order."""
+    phases: list[PhaseObservation] = []
+    """Every measured phase as planned and measured, oldest first (the calibration's data)."""
+    call_history: dict[str, list[float]] = {}
+    """Action -> its earliest submission offset in each of the last ``CALL_HISTORY`` steps."""
+    spec_rates: dict[str, float] = {}
+    """Drafting strategy -> acceptance rate measured by the latest step that used it."""
+    spec_speedup: float = 1.0
+    """Running measured decode speed-up of speculation (``flows/planning/speculation.py``)."""
+
+
+class Planner:
+    """Plans phases and observes steps; see the module docstring."""
+
+    def __init__(self, rules: PlannerRules, state: PlannerState | None = None) -> None:
+        self.rules = rules
+        self.strategy = strategy_of(rules.settings)
+        self._memory = (state or PlannerState()).model_copy(deep=True)
+        self._history = LengthHistory.from_dict(self._memory.length_history)
+        self._last: tuple[PhaseInputs, PhasePlan] | None = None
+
+    @property
+    def state(self) -> PlannerState:
+        """A copy of everything the planner remembers: a planner built from it plans as this one
+        does (the history's sums run in prompt order, ``LengthHistory.reference_scale``)."""
+        return self._memory.model_copy(update={"length_history": self._history.to_dict()}, deep=True)
+
+    def plan(self, inputs: PhaseInputs, calibration: Calibration | None = None) -> PhasePlan:
+        """The plan of one generation phase (module docstring); ``calibration``: the
+        corrections to plan with (default: those the observed phases imply, where the rules
+        calibrate)."""
+        r, ids = self.rules, list(inputs.prompt_ids)
+        group_size = inputs.group_size or r.group_size
+        predicted = dict(inputs.known_lengths) if inputs.known_lengths is not None else predict_lengths(
+            self._history, ids, dict(inputs.reference_lengths), window=r.length_window, max_length=r.max_length,
+            first_epoch=r.first_epoch, prompt_lengths=dict(inputs.prompt_lengths))
+        if calibration is None:
+            calibration = calibrate(self._memory.phases) if r.calibrated else Calibration()
+        base = r.settings.profile
+        if r.speculative:
+            base = speculative_profile(base, self._memory.spec_speedup)
+        profile = calibration.profile(base) if r.calibrated or calibration != Calibration() else base
+        cluster = replace(r.settings.cluster, prefill_fixed_s=calibration.prefill_fixed_s)
+        prefill, cluster = self._prefill(inputs, group_size, profile, cluster)
+        prefill_tokens = prefill.tokens_computed if prefill else sum(inputs.prompt_lengths[p] for p in ids)
+        settings = replace(r.settings, policy=self.strategy, profile=profile, cluster=cluster,
+                           tail_error=self.tail_error())
+        per_fanout = bool(calibration.by_actors) and self.strategy.times_fan_outs
+        if per_fanout:  # each fan-out timed at the speed measured at it, relative to the profile's scale
+            settings = replace(settings, decode_scale_by_n=tuple(
+                (n, scale / calibration.decode_scale) for n, scale in calibration.by_actors))
+        plan = plan_generation(ids, predicted, group_size=group_size, prompt_lengths=inputs.prompt_lengths,
+                               settings=settings, prefill_tokens=prefill_tokens)
+        if per_fanout:  # the plan was timed at its fan-out's speed: so are its cut points and its record
+            calibration = calibration.for_actors(plan.num_actors)
+            profile = calibration.profile(base)
+        cut_after = tuple(plan_cut_points_of(
+            plan.assignments, predicted, {p: group_size for p in ids}, inputs.prompt_lengths,
+            self.strategy.cut_threshold(r.settings.objective, r.cut_threshold), profile))
+        offset = None
+        if r.prewarm_buffer_s is not None:
+            offset = prewarm_offset(self._memory.call_history.get("generate", []), r.prewarm_buffer_s)
+        phase = PhasePlan(plan, prefill, predicted, cut_after, offset,
+                          predicted_prefill_s=prefill_seconds(prefill_tokens, profile, cluster),
+                          calibration=calibration, activation_s=cluster.activation_s)
+        self._last = (inputs, phase)
+        return phase
+
+    def _prefill(self, inputs: PhaseInputs, group_size: int, profile: TpotProfile,
+                 cluster: ClusterSpec) -> tuple[PrefillPlan | None, ClusterSpec]:
+        """The dedup prefill plan, and the cluster without a prefill action where it does not
+        pay (``generation.prefill_action``; ``auto`` asks ``prefix.prefill_action_pays`` with the
+        profile's prefill rate and the action's measured fixed costs)."""
+        r = self.rules
+        if r.prefill_capacity is None or inputs.prompts is None:
+            return None, cluster
+        prompts = {p: inputs.prompts[p] for p in inputs.prompt_ids}
+        prefill = plan_prefill(prompts, group_size, r.prefill_capacity)
+        if r.prefill_action == "auto":
+            runs = prefill_action_pays(prefill, sum(inputs.prompt_lengths[p] for p in inputs.prompt_ids),
+                                       1.0 / profile.prefill_tokens_per_s,
+                                       cluster.activation_s + cluster.prefill_fixed_s)
+        else:
+            runs = r.prefill_action == "always" and prefill.prefix_len is not None
+        if runs:
+            return prefill, cluster
+        return None, replace(cluster, prefill_action=False, kv_bytes_per_token=0.0)
+
+    def tail_error(self) -> MeasuredError | None:
+        """The predictor's error over the last ``tail_error_steps`` observed steps (None: none)."""
+        r = self.rules
+        recent = self._memory.errors[-r.tail_error_steps:] if r.tail_error_steps > 0 else []
+        if not recent:
+            return None
+        return MeasuredError.of([p for pred, _ in recent for p in pred], [o for _, obs in recent for o in obs],
+                                r.max_length, r.tail_quantile)
+
+    def observe(self, record: StepRecord) -> None:
+        """Learn from the step just run (after :meth:`plan` of its phase)."""
+        if self._last is None:
+            raise ValueError("Planner.observe: no phase was planned; call plan() first")
+        inputs, phase = self._last
+        s = self._memory
+        seen = [p for p in inputs.prompt_ids if record.lengths.get(p)]
+        for p in seen:
+            self._history.record(p, inputs.epoch, record.lengths[p], inputs.reference_lengths[p],
+                                 inputs.prompt_lengths[p])
+        if seen and self.rules.tail_error_steps > 0:
+            s.errors = [*s.errors, ([float(phase.predicted[p]) for p in seen],
+                                    [float(max(record.lengths[p])) for p in seen])][-self.rules.tail_error_steps:]
+        if record.phase is not None:
+            s.phases = [*s.phases, record.phase]
+        for action, offset in record.call_offsets.items():
+            s.call_history[action] = [*s.call_history.get(action, []), offset][-CALL_HISTORY:]
+        if any(record.spec):
+            s.spec_rates = acceptance_rates(record.spec, s.spec_rates)
+            s.spec_speedup = running_speedup(s.spec_speedup, decode_speedup([x for x in record.spec if x]))
+        self._last = None
