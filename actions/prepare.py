@@ -25,6 +25,7 @@ from actions.common.adapter import run_action
 from actions.common.contracts import PrepareRequest, Prepared
 from actions.common.hub import resolve_hub_ids
 from actions.common.reward_config import reward_model_key
+from actions.common.lora_targets import check_targets
 from actions.common.store import ObjectStore, open_store, put_artifact, put_json
 from actions.tasks import get_task
 from actions.tasks.build import Datasets, build_datasets
@@ -70,6 +71,7 @@ def validate_inputs(cfg: WorkloadConfig) -> None:
     _datasets(cfg)
     if cfg.model.path:
         validate_model_dir(cfg.model.path)
+    check_targets(cfg)
     _validate_reward_models(cfg)
 
 
@@ -158,6 +160,7 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str) -> Prepare
         data.summary["hub"] = fetched
     _validate_reward_models(cfg)
     train, evals = data.train, data.evals
+    check_targets(cfg)
     if cfg.model.path:
         validate_model_dir(cfg.model.path)
         files, tensors = read_model_dir(cfg.model.path)

@@ -4,6 +4,7 @@ Reads one or more rollout objects, scores every sample with the configured rewar
 and reward models (``actions/tasks/rewards``; a function that fails raises
 ``RewardFunctionError``, an application error that is not retried), and computes per-token log-probs under the sampling policy (the
 "old" policy of the PPO ratio) and under the frozen reference, plus the critic's values for PPO.
+Under LoRA the reference is the policy's own backbone with the adapter switched off.
 Each forward runs only where the update needs it: no reference model without a KL term
 (``kl_coef: 0``), and no old log-probs where the update's own pass gives them (GRPO with one
 epoch of one mini-batch, ``update.needs_old_logp``). The policy's weights are loaded only for
@@ -14,6 +15,7 @@ up to ``sequences.WIDTH_BUCKET``) and a meta table of the samples.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -22,6 +24,7 @@ from actions.common.adapter import run_action
 from actions.common.contracts import ScoreRequest, ScoreResult
 from actions.common.device import action_device
 from actions.common.loading import encode, load_model, load_tokenizer, store_for
+from actions.common.lora import adapter_disabled
 from actions.common.store import get_json
 from actions.common.weights import publish_tensors
 from actions.rl.critic_store import load_critic
@@ -38,6 +41,23 @@ def _load_samples(req: ScoreRequest) -> list[dict]:
     samples = [s for key in req.rollout_keys for s in get_json(store, key)["samples"]]
     # Sorted by identity: the scored shard does not depend on how generation was split.
     return sorted(samples, key=lambda s: (s["prompt_id"], s["sample_index"]))
+
+
+def _reference_logprobs(req: ScoreRequest) -> Callable[..., torch.Tensor]:
+    """Log-probs under the frozen reference. With LoRA over it (the reference is the
+    backbone), the policy's own model with its adapter switched off: no second copy."""
+    if req.policy.lora is not None and req.reference_key == req.policy.backbone_key:
+        model = load_model(req.policy)[0]
+
+        def ref_logp(*args: object, **kwargs: object) -> torch.Tensor:
+            with adapter_disabled(model):
+                return response_logprobs(model, *args, **kwargs)
+
+        return ref_logp
+    ref_model, _, _ = load_model(req.policy.model_copy(update={"policy_key": req.reference_key, "policy_version": 0,
+                                                               "weights_sha256": None, "lora": None,
+                                                               "backbone_key": None}))
+    return partial(response_logprobs, ref_model)
 
 
 @torch.no_grad()
@@ -61,9 +81,7 @@ def run_score(req: ScoreRequest) -> ScoreResult:
     if needs_old_logp(req.algorithm):  # the only use of the sampling policy's weights here
         fns["old_logp"] = partial(response_logprobs, load_model(req.policy)[0])
     if needs_ref_logp(req.algorithm):
-        ref_model, _, _ = load_model(req.policy.model_copy(update={"policy_key": req.reference_key,
-                                                                   "policy_version": 0, "weights_sha256": None}))
-        fns["ref_logp"] = partial(response_logprobs, ref_model)
+        fns["ref_logp"] = _reference_logprobs(req)
     if req.algorithm.name == "ppo":
         if req.critic_key is None:
             raise ValueError("ScoreRequest.critic_key is required when algorithm.name is ppo")

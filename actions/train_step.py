@@ -6,7 +6,8 @@ GAE over KL-penalised token rewards with the critic's values), runs ``epochs`` p
 ``num_minibatches`` shuffled mini-batches (prompt groups stay together; each split into
 ``micro_batch_size`` micro batches whose gradients accumulate), and publishes policy version
 v+1 in the training dtype and the optimizer state, fp32 master weights included under
-bf16/fp16 (and the critic for PPO).
+bf16/fp16 (and the critic for PPO). With ``model.lora`` the version is the adapter alone
+(fp32) and the optimizer state covers only the adapter (``actions/common/lora.py``).
 
 A warm container keeps the model and optimizer state it just published, under the keys of
 what it published (``trained_key``): the next step's training, when it lands on the same
@@ -25,6 +26,7 @@ from actions.common.adapter import run_action
 from actions.common.contracts import TrainStepRequest, TrainStepResult
 from actions.rl.critic_store import load_critic
 from actions.common.loading import load_model, store_for
+from actions.common.lora import adapter_tensors
 from actions.common.special_tokens import special_tokens
 from actions.common.weights import load_tensors, publish_tensors
 from actions.rl.batch import TrainBatch, gather_batch, rollout_metrics
@@ -80,7 +82,8 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
     metrics["train/reused_state"] = float(kept is not None)
     metrics.update(run_updates(policy, opt, batch, algo, critic, critic_opt, seed=req.seed, step=req.step))
     version = req.policy.policy_version + 1
-    pub = publish_tensors(store, f"{req.output_prefix}/policy/manifest.json", policy.state_dict(),
+    # A LoRA policy publishes its adapter only; the backbone was stored once, as version 0.
+    pub = publish_tensors(store, f"{req.output_prefix}/policy/manifest.json", adapter_tensors(policy),
                           {"version": version, "step": req.step})
     opt_pub = publish_tensors(store, f"{req.output_prefix}/optimizer/manifest.json", opt.state_tensors())
     out = TrainStepResult(policy_key=pub.manifest_key, policy_version=version, weights_sha256=pub.weights_sha256,

@@ -433,6 +433,14 @@ CASES: dict[str, Case] = {
         _train("--set", "store.checkpoint_every=-1"), ("store.checkpoint_every", "greater than or equal to 0")),
     "config lease ttl too short": Case(
         _train("--set", "store.lease_ttl_s=1"), ("store.lease_ttl_s", "greater than or equal to 2")),
+    "config lora rank zero": Case(_train("--set", "model.lora.r=0"), ("model.lora.r=0", "integer >= 1")),
+    "config lora targets match nothing": Case(
+        _train("--set", "model.lora.target_modules=[q_prj]"),
+        ("model.lora.target_modules", "'q_prj'", "q_proj", "or all-linear")),
+    "config lora with vllm": Case(_train("--set", "model.lora.r=8", "--set", "generation.engine=vllm"),
+                                  ("model.lora", "generation.engine='vllm'", "use generation.engine: torch")),
+    "config lora bias with kl": Case(_train("--set", "model.lora.bias=all"),
+                                     ("model.lora.bias='all'", "algorithm.kl_coef: 0")),
     "cli gc unknown run": Case(["gc", "nosuch", "--store", "{done}"], ("'nosuch'", "check the run id")),
     "cli gc keep-last zero": Case(["gc", "done", "--store", "{done}", "--keep-last", "0"], ("--keep-last 0", "1 or more")),
     "cli gc keep all": Case(["gc", "done", "--store", "{done}", "--config", "{tmp}/c.yaml"],

@@ -22,6 +22,41 @@ from actions.common.reward_config import (TASK_REWARDS, RewardConfig, RewardFunc
                                           RewardModelConfig)
 
 
+class LoraConfig(_Section):
+    """LoRA adapters (PEFT) over a frozen backbone: what ``model.lora`` sets. The backbone is
+    the policy at version 0 (after warm-up), stored once; each policy version is the adapter
+    alone (``docs/scale.md``)."""
+
+    r: int = 16
+    """Rank of each adapter (>= 1)."""
+    alpha: float = Field(32.0, gt=0)
+    """Scale numerator: an adapter adds ``(alpha / r) * B @ A`` to its layer's weight."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input while training."""
+    target_modules: Literal["all-linear"] | list[str] = "all-linear"
+    """Module names the adapters wrap (a name matches a module whose path ends with it, e.g.
+    ``q_proj``), or ``all-linear``: every linear layer except the output head."""
+    bias: Literal["none", "all", "lora_only"] = "none"
+    """Which biases train with the adapter (PEFT's ``bias``); anything but ``none`` changes the
+    backbone, so it needs ``algorithm.kl_coef: 0`` (the reference is the backbone)."""
+
+    @field_validator("r", mode="before")
+    @classmethod
+    def _check_r(cls, v: Any) -> Any:
+        if isinstance(v, int) and not isinstance(v, bool) and v <= 0:
+            raise ValueError(f"model.lora.r={v} is not a rank; set an integer >= 1 (e.g. 8 or 16), or remove "
+                             "model.lora for full fine-tuning")
+        return v
+
+    @field_validator("target_modules")
+    @classmethod
+    def _check_targets(cls, v: Any) -> Any:
+        if isinstance(v, list) and not [t for t in v if t.strip()]:
+            raise ValueError("model.lora.target_modules=[] names no module; list module names (e.g. [q_proj, v_proj]) "
+                             "or use all-linear")
+        return v
+
+
 class ModelConfig(_Section):
     path: str | None = None
     """Local Hugging Face model directory; None builds the tiny default from the fields below."""
@@ -37,6 +72,8 @@ class ModelConfig(_Section):
     gradient_checkpointing: bool = False
     """Recompute the transformer's activations in the backward pass (less memory, ~30% more
     training compute); the weights come out the same."""
+    lora: LoraConfig | None = None
+    """Train LoRA adapters instead of every weight; None (absent): full fine-tuning."""
 
 
 class DataConfig(_Section):
@@ -302,7 +339,21 @@ class WorkloadConfig(_Section):
             self.warmup.error_rate = {"repeat": 0.9, "arith": 0.7}[self.data.task]
         if self.warmup.steps is None:
             self.warmup.steps = 0 if self.data.train_path else 300
+        self._check_lora()
         return self
+
+    def _check_lora(self) -> None:
+        """Options LoRA cannot serve: one line naming both settings and the fix."""
+        lora = self.model.lora
+        if lora is None:
+            return
+        if self.generation.engine == "vllm":
+            raise ValueError("model.lora is set with generation.engine='vllm', which loads full weights per version; "
+                             "use generation.engine: torch with LoRA, or remove model.lora")
+        if lora.bias != "none" and self.algorithm.kl_coef > 0:
+            raise ValueError(f"model.lora.bias={lora.bias!r} trains backbone biases, but the KL reference "
+                             f"(algorithm.kl_coef={self.algorithm.kl_coef}) is the backbone with the adapter off; "
+                             "set model.lora.bias: none, or algorithm.kl_coef: 0")
 
     def reward_functions(self) -> list[RewardFunctionConfig]:
         """``reward.functions``, or the task's reward when unset (none with ``reward.models``)."""

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from actions.common.config import AlgorithmConfig, RewardFunctionConfig, WarmupConfig, WorkloadConfig
+from actions.common.config import AlgorithmConfig, LoraConfig, RewardFunctionConfig, WarmupConfig, WorkloadConfig
 from actions.common.reward_config import RewardModelConfig, reward_model_key
 
 
@@ -33,6 +33,17 @@ class ModelRef(_Msg):
     (a manifest overwritten after its commit). None: check the manifest against itself only."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """``model.dtype``: what the action loads the weights in (``device.action_dtype``)."""
+    lora: LoraConfig | None = None
+    """``model.lora``: set, ``policy_key`` names an adapter over the backbone ``backbone_key``
+    (or the backbone itself at version 0, where the adapter is its seeded initialisation)."""
+    backbone_key: str | None = None
+    """With ``lora``: the frozen backbone's tensor manifest (policy version 0, the reference)."""
+
+    @model_validator(mode="after")
+    def _check_backbone(self) -> ModelRef:
+        if self.lora is not None and self.backbone_key is None:
+            raise ValueError("ModelRef.backbone_key is None with lora set; name the backbone's manifest")
+        return self
 
 
 class SampleStat(_Msg):

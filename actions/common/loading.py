@@ -59,13 +59,40 @@ def load_tokenizer(ref: ModelRef) -> tuple[object, SpecialTokens]:
     return base.tokenizer, base.special_tokens()
 
 
+def load_backbone(ref: ModelRef, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """A LoRA run's frozen backbone on ``device`` in ``dtype``, read once per warm container and
+    shared by every version built from it (each in aligned storage of its own, see build_model)."""
+    def build() -> dict[str, torch.Tensor]:
+        tensors, _ = load_tensors(store_for(ref.store_uri), ref.backbone_key)
+        return {k: v.to(device=device, dtype=dtype, copy=True) if v.is_floating_point() else v.to(device, copy=True)
+                for k, v in tensors.items()}
+
+    return warm.get_or_build(("backbone", ref.store_uri, ref.backbone_key, str(device), str(dtype)), build)[0]
+
+
+def _build_lora(ref: ModelRef, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """The backbone (shared, warm) with the version's adapter: only the adapter is read."""
+    from actions.common.lora import attach_adapter
+
+    assert ref.lora is not None and ref.backbone_key is not None, ref
+    adapter = None
+    if ref.policy_key != ref.backbone_key:  # version 0 is the backbone with the seeded adapter
+        adapter = load_tensors(store_for(ref.store_uri), ref.policy_key, expected_sha256=ref.weights_sha256)[0]
+    model = build_model(load_base_parts(ref.store_uri, ref.base_key), load_backbone(ref, device, dtype), share=True)
+    return attach_adapter(model.to(device), ref.lora, adapter)
+
+
 def load_model(ref: ModelRef, *, fresh: bool = False) -> tuple[torch.nn.Module, object, bool]:
     """(model, tokenizer, warm_hit) for a policy version, on ``RLHFLESS_DEVICE`` in
-    ``ref.dtype`` (``auto``: bf16 on CUDA, fp32 on the CPU; see ``device.py``)."""
+    ``ref.dtype`` (``auto``: bf16 on CUDA, fp32 on the CPU; see ``device.py``). With
+    ``ref.lora``: the shared backbone plus the version's adapter (``lora.py``); ``fresh``
+    then means a private adapter, the backbone being frozen."""
     device = action_device()
     dtype = action_dtype(ref.dtype, device)
 
     def build():
+        if ref.lora is not None:
+            return _build_lora(ref, device, dtype), load_base_parts(ref.store_uri, ref.base_key).tokenizer
         tensors, _ = load_tensors(store_for(ref.store_uri), ref.policy_key, expected_sha256=ref.weights_sha256)
         base = load_base_parts(ref.store_uri, ref.base_key)
         return build_model(base, tensors).to(device=device, dtype=dtype), base.tokenizer
@@ -73,7 +100,8 @@ def load_model(ref: ModelRef, *, fresh: bool = False) -> tuple[torch.nn.Module, 
     if fresh:
         model, tokenizer = build()
         return model, tokenizer, False
-    key = ("model", ref.store_uri, ref.base_key, ref.policy_key, ref.weights_sha256, str(device), str(dtype))
+    key = ("model", ref.store_uri, ref.base_key, ref.policy_key, ref.weights_sha256, str(device), str(dtype),
+           ref.lora and ref.lora.model_dump_json())
     (model, tokenizer), hit = warm.get_or_build(key, build)
     return model, tokenizer, hit
 

@@ -140,11 +140,13 @@ def read_base(files: dict[str, bytes]) -> BaseParts:
     return BaseParts(config, tokenizer, generation)
 
 
-def build_model(base: BaseParts, tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
+def build_model(base: BaseParts, tensors: dict[str, torch.Tensor], *, share: bool = False) -> torch.nn.Module:
     """A model of ``base``'s shape holding ``tensors`` (fp32, eval mode).
 
     ``generation_config.json``, when the base has one, becomes ``model.generation_config``
-    (its EOS list is what generation stops at, see ``special_tokens``).
+    (its EOS list is what generation stops at, see ``special_tokens``). ``share``: the model's
+    parameters *are* ``tensors`` (their device and dtype, no copy), for a frozen backbone
+    that several LoRA versions hold at once (``lora.py``); the caller must never write them.
     """
     config = copy.deepcopy(base.config)  # from_config writes the dtype into the config it is given
     # Every weight is overwritten below, so the random init is skipped: a 0.5B model spends
@@ -156,7 +158,9 @@ def build_model(base: BaseParts, tensors: dict[str, torch.Tensor]) -> torch.nn.M
     if base.generation is not None:
         model.generation_config = copy.deepcopy(base.generation)
     model.tie_weights()  # part of the skipped init: a tied output head is the embedding itself
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    missing, unexpected = model.load_state_dict(tensors, strict=False, assign=share)
+    if share:
+        model.tie_weights()  # assign replaced the embedding the head was tied to
     # Tied embeddings legitimately omit lm_head.weight; anything else is a broken checkpoint.
     missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:

@@ -27,10 +27,11 @@ _MASTER_NAME = re.compile(r"^p(0|[1-9][0-9]{0,8})\.master$")
 
 
 class TrainOptimizer:
-    """AdamW (no weight decay) over ``module``'s parameters, in fp32 whatever the module's dtype."""
+    """AdamW (no weight decay) over ``module``'s trainable parameters (all of them, or a LoRA
+    model's adapter), in fp32 whatever the module's dtype."""
 
     def __init__(self, module: torch.nn.Module, lr: float) -> None:
-        self.params = list(module.parameters())
+        self.params = [p for p in module.parameters() if p.requires_grad]
         self.mixed = any(p.dtype != torch.float32 for p in self.params)
         self.master = ([p.detach().float().clone().requires_grad_(True) for p in self.params]
                        if self.mixed else [])

@@ -22,10 +22,12 @@ Progress = Callable[[str], None]
 
 
 def model_ref(ctx: RunContext, state: CampaignState) -> ModelRef:
-    """The policy a state continues from, as the actions load it."""
+    """The policy a state continues from, as the actions load it. Under ``model.lora`` the
+    backbone is policy version 0, which is also the KL reference."""
+    lora = ctx.config.model.lora
     return ModelRef(store_uri=ctx.store.uri, base_key=state.prepared.base_key, policy_key=state.policy_key,
                     policy_version=state.policy_version, weights_sha256=state.weights_sha256 or None,
-                    dtype=ctx.config.model.dtype)
+                    dtype=ctx.config.model.dtype, lora=lora, backbone_key=state.reference_key if lora else None)
 
 
 def evaluate(ctx: RunContext, state: CampaignState, clock: StepClock | None = None) -> EvalRecord:

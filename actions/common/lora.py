@@ -1,0 +1,109 @@
+"""LoRA adapters over a frozen, shared backbone, through PEFT (``model.lora``).
+
+A LoRA policy is two parts: the backbone (policy version 0, after warm-up; also the KL
+reference) and an adapter per version. The adapter is all a version stores and all a warm
+action reads: the backbone's tensors are loaded once per container (``loading.py``) and every
+version's model *shares* them (``build_model(..., share=True)``), holding only its own adapter
+weights besides.
+
+Choices, each measured in ``benchmarks/bench_lora.py`` and written down in docs/scale.md:
+
+* The adapters stay unmerged in every action. Merging would need a private copy of every
+  targeted weight per version (the shared backbone must stay intact for the other versions and
+  for the reference), i.e. a full model per version, which is what LoRA is here to avoid; the
+  unmerged forward costs a few small matmuls per layer instead.
+* The reference log-probs are the same model with the adapter disabled
+  (:func:`adapter_disabled`): no second copy of the weights.
+* The adapter's initialisation is seeded (:data:`INIT_SEED`), so version 0 is the same
+  adapter in every action that builds it (its B is zero: version 0 computes the backbone).
+* Adapter weights are in the backbone's dtype, like every weight of a full fine-tuning run:
+  under bf16 the optimizer keeps their fp32 master copies in its state
+  (``actions/rl/optimizer.py``) and the version publishes the bf16 adapter, half the bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # only its fields are read: a benchmark may pass any object that has them
+    from actions.common.config import LoraConfig
+
+INIT_SEED = 0x10_4A
+"""Seed of every adapter's initialisation (A random, B zero)."""
+
+
+def attach_adapter(model: torch.nn.Module, cfg: LoraConfig,
+                   adapter: dict[str, torch.Tensor] | None) -> torch.nn.Module:
+    """Inject LoRA layers (PEFT) into ``model`` (already holding the backbone) and load
+    ``adapter`` (as :func:`adapter_tensors` returns it); None keeps the seeded initialisation.
+
+    Returns the same transformers model, its targeted layers now LoRA layers: the engines and
+    the log-prob code see an ordinary causal LM. Only the adapter (and, with ``cfg.bias``
+    other than none, the biases) requires grad; a trainable bias gets storage of its own first,
+    the backbone's tensors being shared.
+
+    Raises:
+        ValueError: ``cfg.target_modules`` matches no module of the model (PEFT's message), or
+            ``adapter`` does not hold exactly the adapter's tensors.
+    """
+    from peft import LoraConfig as PeftLoraConfig, get_peft_model
+
+    targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
+    peft_cfg = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
+                              bias=cfg.bias)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(INIT_SEED)
+        inner = get_peft_model(model, peft_cfg, autocast_adapter_dtype=False).get_base_model()
+    for name, p in inner.named_parameters():
+        if p.requires_grad and "lora_" not in name:
+            p.data = p.data.clone()
+    if adapter is not None:
+        expected = set(adapter_tensors(inner))
+        if set(adapter) != expected:
+            raise ValueError(f"adapter tensors do not fit model.lora: {len(adapter)} stored, {len(expected)} expected "
+                             f"(e.g. {sorted(set(adapter) ^ expected)[:2]}); resume with the model.lora the run had")
+        with torch.no_grad():
+            inner.load_state_dict(adapter, strict=False)
+    return inner
+
+
+def _tuner_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    """True for a model :func:`attach_adapter` built."""
+    return any(hasattr(m, "lora_A") for m in model.modules())
+
+
+def adapter_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a policy version stores: a LoRA model's trainable tensors (the adapter, and the
+    biases ``model.lora.bias`` trains), every tensor of any other model."""
+    if not is_lora(model):
+        return model.state_dict()
+    return {name: p.detach() for name, p in model.named_parameters() if "lora_" in name or p.requires_grad}
+
+
+@contextmanager
+def adapter_disabled(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """The backbone alone, for the reference log-probs: the same module with its LoRA layers
+    switched off inside the block, so no second copy of the weights exists (an action runs one
+    activation at a time, so nothing else sees the switch)."""
+    layers = _tuner_layers(model)
+    grads = {id(p): p.requires_grad for m in layers for p in m.parameters()}
+    for m in layers:
+        m.enable_adapters(False)
+    try:
+        yield model
+    finally:
+        for m in layers:
+            m.enable_adapters(True)
+        for m in layers:  # enable_adapters also sets requires_grad: put back what was there
+            for p in m.parameters():
+                p.requires_grad_(grads[id(p)])

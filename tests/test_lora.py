@@ -1,0 +1,144 @@
+"""LoRA over a shared backbone (``model.lora``, ``actions/common/lora.py``).
+
+A LoRA campaign on the tiny Qwen2 folder learns the repeat task; its policy versions are
+adapters only; warm actions share one backbone; the reference log-probs are the backbone's
+own (the adapter switched off, no second copy).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from actions.common.config import LoraConfig
+from actions.common.lora import adapter_disabled, adapter_tensors, attach_adapter
+from actions.common.store import read_manifest
+from actions.common.tiny_hf import write_tiny_model_dir
+from flows.campaign.run import run_campaign
+from flows.config import load_config
+
+LORA_LEARNING = [
+    "invoker.kind=inprocess", "data.max_count=10", "data.num_eval_prompts=32", "warmup.steps=60",
+    "algorithm.batch_size=64", "steps=8", "eval_every=0", "model.lora.r=8", "model.lora.alpha=16",
+    "algorithm.lr=3e-3",
+]
+LORA_MIN_GAIN = 0.2
+"""Held-out accuracy gain required. Measured with these settings: 0.000 -> 0.125 (docs/scale.md),
+so the test does not pass yet: the settings that leave the warm-up room to improve on this
+folder are still being looked for."""
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory):
+    return write_tiny_model_dir(tmp_path_factory.mktemp("qwen") / "m", "qwen2").path
+
+
+@pytest.mark.slow  # warm-up, the engine profile, 8 steps and two evaluations on a Qwen2 folder
+@pytest.mark.xfail(strict=False, reason="the 0.2 gain is not reached yet: the best measured held-out gain of a "
+                   "LoRA campaign on the tiny Qwen2 folder was +0.125 (docs/scale.md)")
+def test_lora_campaign_on_tiny_qwen2_raises_held_out_accuracy(tmp_path, qwen_dir, prefect_harness):
+    cfg = load_config(None, [*LORA_LEARNING, f"model.path={qwen_dir}", f"store.uri={tmp_path / 'store'}"])
+    summary = run_campaign(cfg, progress=lambda m: None)
+    gain = summary["eval_accuracy_last"] - summary["eval_accuracy_first"]
+    assert gain >= LORA_MIN_GAIN, summary["evals"]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    from actions.common.store import LocalStore
+    from actions.prepare import prepare
+    from tests.conftest import TINY_OVERRIDES
+
+    root = tmp_path_factory.mktemp("store")
+    cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={root}", "model.lora.r=4"])
+    store = LocalStore(root)
+    return cfg, store, prepare(cfg, store, "runs/l")
+
+
+def _call(name: str, payload: dict) -> dict:
+    import importlib
+    import json
+
+    result = importlib.import_module(f"actions.{name}").main(json.loads(json.dumps(payload)))
+    assert "error" not in result, result
+    return result
+
+
+def _ref(cfg, store, p, key: str, version: int, sha: str | None = None):
+    from actions.common.contracts import ModelRef
+
+    return ModelRef(store_uri=store.uri, base_key=p.base_key, policy_key=key, policy_version=version,
+                    weights_sha256=sha, lora=cfg.model.lora, backbone_key=p.init_key)
+
+
+def test_lora_version_is_the_adapter_and_warm_actions_share_the_backbone(prepared):
+    from actions.common import warm
+    from actions.common.loading import load_backbone, load_model
+    from actions.common.weights import load_tensors, publish_tensors
+
+    cfg, store, p = prepared
+    v0 = _ref(cfg, store, p, p.init_key, 0)
+    gen = _call("generate", {"model": v0.model_dump(), "dataset_key": p.train_key, "run_seed": 0, "step": 0,
+                             "shard": "g", "prompt_ids": [0, 1, 2, 3], "group_size": 4, "max_new_tokens": 8,
+                             "temperature": 1.0, "output_key": "runs/l/roll.json"})
+    score = _call("score", {"policy": v0.model_dump(), "reference_key": p.init_key, "dataset_key": p.train_key,
+                            "rollout_keys": [gen["rollout_key"]], "rewards": [{"name": "repeat"}],
+                            "algorithm": cfg.algorithm.model_dump(), "output_key": "runs/l/scored/manifest.json"})
+    tensors, meta = load_tensors(store, score["scored_key"])
+    tensors["rewards"] = torch.tensor([1.0, 0.0] * 8)  # mixed groups: every adapter tensor gets a gradient
+    publish_tensors(store, "runs/l/scored2/manifest.json", tensors, meta)
+    train = _call("train_step", {"policy": v0.model_dump(), "optimizer_key": None, "seed": 0, "step": 0,
+                                 "scored_keys": ["runs/l/scored2/manifest.json"],
+                                 "algorithm": cfg.algorithm.model_dump(), "output_prefix": "runs/l/train"})
+    files = read_manifest(store, train["policy_key"])["files"]
+    assert files and all("lora_A" in k or "lora_B" in k for k in files), sorted(files)[:4]
+    full = sum(e["size"] for e in read_manifest(store, p.init_key)["files"].values())
+    assert sum(e["size"] for e in files.values()) * 2 < full  # r=4 adapters on a 32-wide model
+    v1 = _ref(cfg, store, p, train["policy_key"], 1, train["weights_sha256"])
+    m0, _, _ = load_model(v0)
+    m1, _, _ = load_model(v1)
+    backbone = load_backbone(v1, torch.device("cpu"), torch.float32)
+    # Both versions hold the one backbone (same storage), and training did not write it.
+    w = "model.layers.0.self_attn.q_proj.weight"
+    q0, q1 = (dict(m.named_parameters())["model.layers.0.self_attn.q_proj.base_layer.weight"] for m in (m0, m1))
+    assert q0.data_ptr() == q1.data_ptr() == backbone[w].data_ptr()
+    assert torch.equal(backbone[w], load_tensors(store, p.init_key)[0][w])
+    # The B of every adapter moved away from its zero initialisation.
+    assert all(p.abs().sum() > 0 for n, p in m1.named_parameters() if "lora_B" in n)
+    assert warm.stats()["hits"] > 0
+
+
+def test_lora_reference_is_the_backbone_with_the_adapter_off(prepared):
+    from actions.common.loading import load_model
+    from actions.common.lora import adapter_disabled
+    from actions.rl.sequences import pack, response_logprobs
+
+    cfg, store, p = prepared
+    lora_model, _, _ = load_model(_ref(cfg, store, p, p.init_key, 0))
+    plain, _, _ = load_model(_ref(cfg, store, p, p.init_key, 0).model_copy(update={"lora": None,
+                                                                                   "backbone_key": None}))
+    with torch.no_grad():
+        for n, t in lora_model.named_parameters():
+            if "lora_B" in n:
+                t.normal_(0, 0.5)  # an adapter that changes the output
+    batch = pack([[3, 4, 5, 6]] * 2, [[7, 8, 9], [10, 11, 12]], 0)
+    with torch.no_grad():
+        on = response_logprobs(lora_model, batch)
+        with adapter_disabled(lora_model):
+            off = response_logprobs(lora_model, batch)
+        ref = response_logprobs(plain, batch)
+        on_again = response_logprobs(lora_model, batch)
+    assert torch.equal(off, ref)  # the same kernels on the same weights: bit for bit
+    assert not torch.allclose(on, ref) and torch.equal(on, on_again)
+
+
+def test_attach_adapter_refuses_targets_that_match_nothing():
+    from actions.common.modeling import build_tiny_model
+
+    model, _ = build_tiny_model(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_positions=32,
+                                seed=0)
+    with pytest.raises(ValueError, match="q_prj"):
+        attach_adapter(model, LoraConfig(r=2, target_modules=["q_prj"]), None)
+    peft_model = attach_adapter(model, LoraConfig(r=2, target_modules=["q_proj"]), None)
+    assert set(adapter_tensors(peft_model)) == {"model.layers.0.self_attn.q_proj.lora_A.default.weight",
+                                                "model.layers.0.self_attn.q_proj.lora_B.default.weight"}
