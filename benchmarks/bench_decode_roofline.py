@@ -39,23 +39,10 @@ from actions.common.device import sync
 from actions.engines.base import SampleSpec
 from actions.engines.static_decode import runtime_for
 from actions.engines.torch_engine import TorchEngine
+from bench_engine_throughput import build, timed  # the same model set-up and device-synced timer
 
 PEAK_GBPS = {"H100": 3350.0, "H200": 4800.0, "A100": 2039.0}
 """Peak HBM bandwidth, GB/s, by a substring of the CUDA device name (SXM parts)."""
-
-
-def build(args: argparse.Namespace) -> torch.nn.Module:
-    device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
-    if args.model_config:
-        from actions.common.modeling import random_model_from_config
-
-        return random_model_from_config(args.model_config, device, dtype, source="--model-config").eval()
-    from actions.common.modeling import build_tiny_model
-
-    model, _ = build_tiny_model(hidden_size=96, num_layers=2, num_heads=4, intermediate_size=256,
-                                max_positions=2048, seed=0)
-    return model.to(device, dtype).eval()
 
 
 def bandwidth_gbps(device: torch.device) -> tuple[float | None, float | None]:
@@ -114,14 +101,6 @@ def compare_rows(model: torch.nn.Module, specs: list[SampleSpec], new_tokens: in
     return {k: f"{sum(a == b for a, b in zip(v, ref))}/{len(v)}" for k, v in toks.items()} if ref else {}
 
 
-def timed(fn, device: torch.device) -> float:
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - t0
-
-
 def step_ms(fn, steps: int, repeats: int, device: torch.device) -> float:
     """Median over ``repeats`` of (t(1 + steps) - t(1)) / steps, in ms."""
     fn(1 + steps)  # warm-up (and graph capture)
@@ -146,7 +125,7 @@ def main() -> None:
     args = p.parse_args()
     if args.device == "cpu":
         torch.set_num_threads(1)
-    model = build(args)
+    model = build(args).eval()
     device, vocab = next(model.parameters()).device, model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     groups = max(1, args.batch // args.group)
