@@ -103,3 +103,68 @@ def test_sharded_export_loads_and_merge_lora_is_refused_for_a_full_run(tmp_path,
     with pytest.raises(ValueError, match="no LoRA adapter"):
         export_policy(LocalStore(store), keys["base"], keys["v1"], tmp_path / "merged", merge_lora=True, run="ex")
     assert not (tmp_path / "merged").exists() and not list(tmp_path.glob(".merged.*"))
+
+
+@pytest.fixture(scope="module")
+def lora_store(tmp_path_factory) -> tuple[Path, dict]:
+    """A ``model.lora`` run ``lx``: the backbone (commit 0) and one trained adapter (commit 1:
+    the seeded adapter moved by noise, its B factors off zero so the update is not empty)."""
+    from actions.common.lora import adapter_tensors
+    from actions.common.loading import load_model
+    from actions.common.weights import publish_tensors
+    from actions.prepare import prepare
+    from flows.campaign.state import CampaignState, commit_state
+    from flows.config import load_config
+
+    tmp = tmp_path_factory.mktemp("export-lora")
+    model = write_tiny_model_dir(tmp / "qwen2", "qwen2").path
+    cfg = load_config(None, [f"model.path={model}", f"store.uri={tmp / 'store'}", "run_id=lx", "model.lora.r=4"])
+    store = LocalStore(tmp / "store")
+    prepared = prepare(cfg.workload(), store, "runs/lx")
+    ref = ModelRef(store_uri=str(tmp / "store"), base_key=prepared.base_key, policy_key=prepared.init_key,
+                   policy_version=0, dtype="float32", lora=cfg.model.lora, backbone_key=prepared.init_key)
+    seeded, _, _ = load_model(ref, fresh=True)
+    g = torch.Generator().manual_seed(1)
+    adapter = {k: v.detach() + 0.05 * torch.randn(v.shape, generator=g) for k, v in adapter_tensors(seeded).items()}
+    v1 = publish_tensors(store, "runs/lx/steps/000000/train/policy/manifest.json", adapter)
+    state = CampaignState(run_id="lx", fingerprint=cfg.fingerprint(), identity=cfg.identity(), step=0,
+                          policy_key=prepared.init_key, reference_key=prepared.init_key, prepared=prepared)
+    commit_state(store, state)
+    commit_state(store, state.model_copy(update={"step": 1, "policy_key": v1.manifest_key, "policy_version": 1,
+                                                 "weights_sha256": v1.weights_sha256}))
+    trained = ref.model_copy(update={"policy_key": v1.manifest_key, "policy_version": 1,
+                                     "weights_sha256": v1.weights_sha256})
+    return tmp / "store", {"ref": trained, "backbone": ref}
+
+
+def test_lora_run_exports_the_adapter_in_peft_format_or_merged(tmp_path, lora_store, capsys):
+    """The adapter export (backbone folder + PEFT ``adapter/``) gives the logits the store's
+    LoRA version gives as the actions load it (fp32, <= 1e-6); the merged export within 1e-5
+    (merging adds B A into W first, a different order of the same sums); neither is the
+    backbone alone."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from actions.common.loading import load_model
+
+    store, keys = lora_store
+    ids = torch.tensor([[5, 9, 14, 3, 22, 7]])
+    with torch.no_grad():
+        want = load_model(keys["ref"], fresh=True)[0](ids).logits
+        backbone = load_model(keys["backbone"], fresh=True)[0](ids).logits
+    assert (want - backbone).abs().max() > 1e-3  # the adapter changes the model
+
+    assert main(["export", "lx", "--store", str(store), "--out", str(tmp_path / "adapter-form")]) == 0
+    assert (tmp_path / "adapter-form" / "adapter" / "adapter_config.json").is_file()
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "adapter-form")
+    peft_model = PeftModel.from_pretrained(base, tmp_path / "adapter-form" / "adapter").eval()
+    with torch.no_grad():
+        assert (peft_model(ids).logits - want).abs().max() <= 1e-6
+
+    assert main(["export", "lx", "--store", str(store), "--out", str(tmp_path / "merged"), "--merge-lora"]) == 0
+    assert not (tmp_path / "merged" / "adapter").exists()
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    assert not any("lora" in k for k in merged.state_dict())
+    with torch.no_grad():
+        assert (merged(ids).logits - want).abs().max() <= 1e-5
+    capsys.readouterr()

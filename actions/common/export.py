@@ -7,9 +7,11 @@ then ``save_pretrained`` of the model built from the version's tensors, in the d
 were published in (config.json, safetensors shards with an index above ``max_shard_size``,
 generation_config.json).
 
-Adapters: a run that trains a LoRA adapter exports it, or merges it into the base, in
-:func:`_apply_adapter`, the one place that knows about adapters; until runs train one, asking
-to merge is refused there.
+Adapters (``model.lora`` runs, :class:`LoraVersion`): the folder holds the backbone as the
+model and the version's adapter in PEFT's format under ``adapter/`` (``PeftModel.from_pretrained
+(AutoModelForCausalLM.from_pretrained(out), out + "/adapter")``), or, with ``merge_lora``, the
+model with the adapter merged into its weights (``W + (alpha / r) B A`` in the stored dtype).
+:func:`_model` is the one place that knows about adapters.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Any
 
 import torch
 
+from actions.common.config import LoraConfig
+from actions.common.lora import attach_adapter, attach_peft, merge_adapter
 from actions.common.modeling import TOKENIZER_FILES, SLOW_TOKENIZER_FILES, build_model, read_base
 from actions.common.safe_paths import write_beneath
 from actions.common.store import ObjectStore, get_artifact
@@ -42,18 +46,39 @@ def _stored_dtype(tensors: dict[str, torch.Tensor]) -> torch.dtype:
     return kinds.pop() if len(kinds) == 1 else torch.float32
 
 
-def _apply_adapter(model: torch.nn.Module, *, merge_lora: bool, run: str) -> torch.nn.Module:
-    """Where a LoRA run's adapter is exported (PEFT format) or merged into the model; a full
-    fine-tuning run has none, so merging one is refused."""
+@dataclass(frozen=True)
+class LoraVersion:
+    """A ``model.lora`` run's version: an adapter over the backbone stored at ``backbone_key``."""
+
+    config: LoraConfig
+    backbone_key: str
+
+
+def _model(store: ObjectStore, base: Any, policy_key: str, weights_sha256: str | None, lora: LoraVersion | None,
+           merge_lora: bool, run: str) -> tuple[torch.nn.Module, torch.nn.Module | None, torch.dtype]:
+    """(the model to save, the PEFT-wrapped adapter to save beside it or None, the dtype).
+    A full fine-tuning run has no adapter, so merging one is refused."""
+    if lora is None:
+        if merge_lora:
+            raise ValueError(f"--merge-lora: run {run!r} trained every weight (no LoRA adapter) and is exported "
+                             "whole; drop --merge-lora")
+        tensors, _ = load_tensors(store, policy_key, expected_sha256=weights_sha256)
+        dtype = _stored_dtype(tensors)
+        return build_model(base, tensors).to(dtype), None, dtype
+    backbone, _ = load_tensors(store, lora.backbone_key)
+    dtype = _stored_dtype(backbone)
+    adapter = None  # version 0 is the backbone with the adapter's seeded (zero-update) start
+    if policy_key != lora.backbone_key:
+        adapter, _ = load_tensors(store, policy_key, expected_sha256=weights_sha256)
     if merge_lora:
-        raise ValueError(f"--merge-lora: run {run!r} trained every weight (no LoRA adapter) and is exported whole; "
-                         "drop --merge-lora")
-    return model
+        return merge_adapter(attach_adapter(build_model(base, backbone).to(dtype), lora.config, adapter)), None, dtype
+    peft_model = attach_peft(build_model(base, backbone).to(dtype), lora.config, adapter)
+    return build_model(base, backbone).to(dtype), peft_model, dtype
 
 
 def export_policy(store: ObjectStore, base_key: str, policy_key: str, out: str | os.PathLike[str], *,
                   weights_sha256: str | None = None, merge_lora: bool = False, run: str = "",
-                  max_shard_size: str = "5GB") -> ExportedFolder:
+                  lora: LoraVersion | None = None, max_shard_size: str = "5GB") -> ExportedFolder:
     """Write the policy version ``policy_key`` of base ``base_key`` to the folder ``out``.
 
     The folder appears whole or not at all: it is written beside ``out`` and renamed.
@@ -64,9 +89,7 @@ def export_policy(store: ObjectStore, base_key: str, policy_key: str, out: str |
         ValueError: ``merge_lora`` for a run without an adapter.
     """
     base_files, _ = get_artifact(store, base_key)
-    tensors, _ = load_tensors(store, policy_key, expected_sha256=weights_sha256)
-    dtype = _stored_dtype(tensors)
-    model = _apply_adapter(build_model(read_base(base_files), tensors).to(dtype), merge_lora=merge_lora, run=run)
+    model, adapter, dtype = _model(store, read_base(base_files), policy_key, weights_sha256, lora, merge_lora, run)
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
@@ -75,6 +98,8 @@ def export_policy(store: ObjectStore, base_key: str, policy_key: str, out: str |
             if name in base_files:
                 write_beneath(tmp, name, bytes(base_files[name]), where="exported model")
         model.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
+        if adapter is not None:
+            adapter.save_pretrained(tmp / "adapter", safe_serialization=True)
         if target.exists():
             target.rmdir()  # the caller checked that it is an empty folder
         tmp.rename(target)

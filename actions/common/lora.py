@@ -36,6 +36,31 @@ INIT_SEED = 0x10_4A
 """Seed of every adapter's initialisation (A random, B zero)."""
 
 
+def wrap(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
+    """``model`` as a PEFT ``PeftModel`` with ``cfg``'s LoRA layers injected (in place), e.g.
+    for ``save_pretrained`` in PEFT's own adapter format."""
+    from peft import LoraConfig as PeftLoraConfig, get_peft_model
+
+    targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
+    peft_cfg = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
+                              bias=cfg.bias, task_type="CAUSAL_LM")
+    return get_peft_model(model, peft_cfg, autocast_adapter_dtype=False)
+
+
+def merge_adapter(model: torch.nn.Module) -> torch.nn.Module:
+    """The model with every LoRA layer's update added into its base weight (``W + (alpha / r)
+    B A``, in the weight's dtype) and the layer replaced by that base layer: an ordinary
+    transformers model again, in place."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for name, module in list(model.named_modules()):
+        if isinstance(module, BaseTunerLayer):
+            module.merge()
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, module.get_base_layer())
+    return model
+
+
 def attach_adapter(model: torch.nn.Module, cfg: LoraConfig,
                    adapter: dict[str, torch.Tensor] | None) -> torch.nn.Module:
     """Inject LoRA layers (PEFT) into ``model`` (already holding the backbone) and load
@@ -50,14 +75,16 @@ def attach_adapter(model: torch.nn.Module, cfg: LoraConfig,
         ValueError: ``cfg.target_modules`` matches no module of the model (PEFT's message), or
             ``adapter`` does not hold exactly the adapter's tensors.
     """
-    from peft import LoraConfig as PeftLoraConfig, get_peft_model
+    return attach_peft(model, cfg, adapter).get_base_model()
 
-    targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
-    peft_cfg = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
-                              bias=cfg.bias)
+
+def attach_peft(model: torch.nn.Module, cfg: LoraConfig, adapter: dict[str, torch.Tensor] | None) -> torch.nn.Module:
+    """:func:`attach_adapter`, returning the PEFT wrapper (``save_pretrained`` writes PEFT's
+    adapter format); its ``get_base_model()`` is the model :func:`attach_adapter` returns."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(INIT_SEED)
-        inner = get_peft_model(model, peft_cfg, autocast_adapter_dtype=False).get_base_model()
+        peft_model = wrap(model, cfg)
+    inner = peft_model.get_base_model()
     for name, p in inner.named_parameters():
         if p.requires_grad and "lora_" not in name:
             p.data = p.data.clone()
@@ -68,7 +95,7 @@ def attach_adapter(model: torch.nn.Module, cfg: LoraConfig,
                              f"(e.g. {sorted(set(adapter) ^ expected)[:2]}); resume with the model.lora the run had")
         with torch.no_grad():
             inner.load_state_dict(adapter, strict=False)
-    return inner
+    return peft_model
 
 
 def _tuner_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

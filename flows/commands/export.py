@@ -67,13 +67,17 @@ def _state(args: argparse.Namespace) -> tuple[Any, Any]:
 def run(args: argparse.Namespace) -> int:
     out = _check_args(args)
     store, state = _state(args)
-    from actions.common.export import describe, export_policy
+    from actions.common.config import LoraConfig
+    from actions.common.export import LoraVersion, describe, export_policy
     from actions.common.store import ObjectNotFound
 
+    lora_cfg = (state.identity.get("model") or {}).get("lora")  # the run's model.lora, as it trained
+    # under model.lora the backbone is version 0, which is also the reference (flows/campaign/setup.py)
+    lora = LoraVersion(LoraConfig.model_validate(lora_cfg), state.reference_key) if lora_cfg else None
     try:
         folder = export_policy(store, state.prepared.base_key, state.policy_key, out,
                                weights_sha256=state.weights_sha256 or None, merge_lora=args.merge_lora,
-                               run=state.run_id)
+                               run=state.run_id, lora=lora)
     except ObjectNotFound:
         raise ValueError(f"export: the policy of run {state.run_id!r} at step {state.step} was deleted by garbage "
                          "collection (store.keep_last); export a later step, or keep versions with "
