@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import re
+import typing
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -22,7 +23,11 @@ DOTTED = re.compile(r"(?<![\w.])([a-z_]+)\.([a-z_][a-z0-9_]*)(?:\.([a-z_][a-z0-9
 
 
 def _section(annotation) -> type[BaseModel] | None:
-    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    """The settings model of a field: itself, or the one model of an optional one
+    (``LoraConfig | None``)."""
+    candidates = [annotation, *typing.get_args(annotation)]
+    models = [a for a in candidates if isinstance(a, type) and issubclass(a, BaseModel)]
+    return models[0] if models else None
 
 
 SECTIONS = {name: model for name, f in CampaignConfig.model_fields.items()
