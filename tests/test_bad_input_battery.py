@@ -249,9 +249,6 @@ CASES: dict[str, Case] = {
     "dataset too small for a step": Case(
         _train("--set", "data.train_path={tmp}/d.jsonl", "--set", "data.eval_path={tmp}/d.jsonl"),
         ("1 training prompts", "lower algorithm.batch_size"), setup=_write("d.jsonl", _rows(ROW))),
-    "dataset train without eval": Case(
-        _train("--set", "data.train_path={tmp}/d.jsonl"), ("data.eval_path", "held-out prompts"),
-        setup=_write("d.jsonl", _rows(ROW))),
     "dataset unknown format": Case(
         _train("--set", "data.train_path={tmp}/d.csv"), ("data.train_path", "unknown format (.csv)", ".parquet"),
         setup=_write("d.csv", "prompt,answer\n")),
