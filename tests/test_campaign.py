@@ -122,10 +122,10 @@ def test_smoke_whole_flow_on_local_warm_pool(tiny_config, prefect_harness, monke
     warmed: list[tuple[str, int]] = []  # (action, policy version) of every pre-warm with a model
     real_prewarm = LocalPoolInvoker.prewarm
 
-    def spy(self, action, count, *, model=None):
+    def spy(self, action, count, *, model=None, **kw):
         if model is not None:
             warmed.append((action, model["policy_version"]))
-        return real_prewarm(self, action, count, model=model)
+        return real_prewarm(self, action, count, model=model, **kw)
 
     monkeypatch.setattr(LocalPoolInvoker, "prewarm", spy)
     cfg = tiny_config("invoker.kind=local", "run_id=smoke", "invoker.num_workers=2")
