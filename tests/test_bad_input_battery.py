@@ -470,8 +470,9 @@ CASES.update({
         setup=_write("t.jsonl", _rows(ROW))),
 })
 if importlib.util.find_spec("vllm") is None:  # where vLLM is installed the campaign would start
-    CASES["engine vllm not installed"] = Case(
-        _train("--set", "generation.engine=vllm"), ("generation.engine 'vllm'", "not installed", "engine: torch"))
+    CASES["engine vllm not installed"] = Case(  # a head_dim vLLM's CPU attention has: the missing engine is what fails
+        _train("--set", "generation.engine=vllm", "--set", "model.hidden_size=128", "--set", "model.num_heads=2"),
+        ("generation.engine 'vllm'", "not importable", "generation.engine=torch"))
 
 
 @pytest.fixture(scope="module")
