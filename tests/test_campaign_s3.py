@@ -21,14 +21,15 @@ def test_campaign_on_s3_store_commits_and_resumes(tiny_config, s3_server, monkey
     of failed activations included."""
     for k, v in s3_server.env().items():
         monkeypatch.setenv(k, v)
-    pool_secrets: list[str] = []
-    init = LocalPoolInvoker.__init__
+    pool_secrets: list[str] = []  # every worker's own secret, replacements of killed workers included
+    spawn = LocalPoolInvoker._spawn
 
-    def spy_init(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        pool_secrets.append(self._secret)
+    def spy_spawn(self, name):
+        worker = spawn(self, name)
+        pool_secrets.append(worker.secret)
+        return worker
 
-    monkeypatch.setattr(LocalPoolInvoker, "__init__", spy_init)
+    monkeypatch.setattr(LocalPoolInvoker, "_spawn", spy_spawn)
     uri = s3_server.uri(f"e2e/{uuid.uuid4().hex[:8]}")
     cfg = tiny_config("invoker.kind=local", "invoker.num_workers=2", f"store.uri={uri}", "run_id=s3run", "steps=1",
                       "faults.fail_fraction=0.5", "faults.kill_fraction=0.5", "faults.kill_after_s=0.1")
@@ -37,7 +38,7 @@ def test_campaign_on_s3_store_commits_and_resumes(tiny_config, s3_server, monkey
     logs = sorted((tmp_path / "logs").glob("worker-*.log"))
     text = "".join(p.read_text() for p in logs)
     assert len(logs) == 2 and "Traceback" in text and "InjectedFault" in text
-    assert len(pool_secrets) == 1 and pool_secrets[0] not in text
+    assert len(pool_secrets) >= 2 and not any(s in text for s in pool_secrets)
     assert s3_server.secret_key not in text
     more = run_campaign(tiny_config("invoker.kind=inprocess", f"store.uri={uri}", "run_id=s3run", "steps=2"),
                         resume=True, progress=lambda m: None)

@@ -14,12 +14,20 @@ if TYPE_CHECKING:
 
 
 def finished_run_line(cfg: CampaignConfig) -> str | None:
-    """One status line when the configured run is complete, else None (there is work to do)."""
+    """One status line when the configured run is complete, else None (there is work to do).
+
+    A run whose lease is still there did not end cleanly (its process died, perhaps in the
+    middle of a garbage collection after its last commit): that is work left, which the
+    normal resume does (take the lease over, finish the collection, write the summary)."""
     from actions.common.store import open_store
+    from flows.campaign.lease import read_lease
     from flows.campaign.state import load_state
 
-    state = load_state(open_store(cfg.store.uri), cfg.resolved_run_id())
+    store = open_store(cfg.store.uri)
+    state = load_state(store, cfg.resolved_run_id())
     if state is None or state.fingerprint != cfg.fingerprint() or state.step < cfg.steps:
+        return None
+    if read_lease(store, state.run_id) is not None:
         return None
     acc = (f"; eval accuracy {state.evals[0].accuracy:.3f} -> {state.evals[-1].accuracy:.3f}"
            if state.evals else "")

@@ -82,7 +82,8 @@ def affinity(worker: _HasWarmState, action: str, policy: str | None, engine: str
     when it is built at all. Then 2: the worker ran ``action`` and holds ``policy`` from it;
     1: it ran ``action``; else 0."""
     if engine is not None and worker.engine == engine:
-        return ENGINE_HOLDS_POLICY if policy is not None and worker.engine_policy == policy else 3
+        held = worker.engine_policy  # a policy version's key, not scaling.policy
+        return ENGINE_HOLDS_POLICY if policy is not None and held == policy else 3
     if action not in worker.warm:
         return 0
     return 2 if policy is not None and worker.warm[action] == policy else 1
