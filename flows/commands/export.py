@@ -67,13 +67,13 @@ def _state(args: argparse.Namespace) -> tuple[Any, Any]:
 def run(args: argparse.Namespace) -> int:
     out = _check_args(args)
     store, state = _state(args)
-    from actions.common.config import LoraConfig
     from actions.common.export import LoraVersion, describe, export_policy
     from actions.common.store import ObjectNotFound
+    from flows.config import CampaignConfig
 
-    lora_cfg = (state.identity.get("model") or {}).get("lora")  # the run's model.lora, as it trained
+    lora_cfg = CampaignConfig.model_validate(state.identity).model.lora  # the run's model.lora, as it trained
     # under model.lora the backbone is version 0, which is also the reference (flows/campaign/setup.py)
-    lora = LoraVersion(LoraConfig.model_validate(lora_cfg), state.reference_key) if lora_cfg else None
+    lora = LoraVersion(lora_cfg, state.reference_key) if lora_cfg else None
     try:
         folder = export_policy(store, state.prepared.base_key, state.policy_key, out,
                                weights_sha256=state.weights_sha256 or None, merge_lora=args.merge_lora,
