@@ -245,7 +245,6 @@ def _decode_locked(rt: DecodeRuntime, engine, samples: list[SampleSpec], states:
     kv = rt.ensure(rows, width + max(remaining, 1))
     kv.load(states, rows)
     st = rt.state
-    dev = rt.device
     gen: list[list[int]] = [list(s.generated) for s in samples]
     _put(st.keys, [stream_key(seed, step, s.prompt_id, s.sample_index) for s in samples], rows)
     _put(st.rpos, [len(g) for g in gen], rows)
