@@ -9,10 +9,10 @@ Reward functions see ``trainer_state.global_step`` = the steps done, ``epoch`` 0
 
 from __future__ import annotations
 
-from actions.common.adapter import run_action
-from actions.common.contracts import EvaluateRequest, EvaluateResult
-from actions.common.loading import encode, store_for
-from actions.common.store import put_json
+from actions.runtime.adapter import run_action
+from actions.contracts import EvaluateRequest, EvaluateResult
+from actions.models.loading import encode, store_for
+from actions.store import put_json
 from actions.engines.base import SampleSpec
 from actions.engines.factory import load_engine, take_engine_events
 from actions.tasks.rewards import is_best

@@ -15,12 +15,12 @@ id a stopped sample emitted); cut samples go to
 
 from __future__ import annotations
 
-from actions.common.adapter import run_action
-from actions.common.contracts import GenerateRequest, GenerateResult, PartialSample, SampleStat
-from actions.common.device import action_device
-from actions.common.drafts import read_drafts
-from actions.common.loading import encode, store_for
-from actions.common.store import get_json, put_json
+from actions.runtime.adapter import run_action
+from actions.contracts import GenerateRequest, GenerateResult, PartialSample, SampleStat
+from actions.models.device import action_device
+from actions.store.drafts import read_drafts
+from actions.models.loading import encode, store_for
+from actions.store import get_json, put_json
 from actions.engines.base import SampleSpec
 from actions.engines.factory import load_engine, take_engine_events
 from actions.engines.kv_bundle import load_bundle

@@ -20,13 +20,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actions.common.config import WorkloadConfig
-from actions.common.adapter import run_action
-from actions.common.contracts import PrepareRequest, Prepared
-from actions.common.hub import resolve_hub_ids
-from actions.common.reward_config import reward_model_key
-from actions.common.lora_targets import check_targets
-from actions.common.store import ObjectStore, open_store, put_artifact, put_json
+from actions.config.workload import WorkloadConfig
+from actions.runtime.adapter import run_action
+from actions.contracts import PrepareRequest, Prepared
+from actions.models.hub import resolve_hub_ids
+from actions.config.reward import reward_model_key
+from actions.models.lora_targets import check_targets
+from actions.store import ObjectStore, open_store, put_artifact, put_json
 from actions.tasks import get_task
 from actions.tasks.build import Datasets, build_datasets
 from actions.tasks.dataset import DATASET_FILE, rows_to_jsonl
@@ -50,7 +50,7 @@ def _tokenizer_source(cfg: WorkloadConfig) -> Callable[[], Any]:
                 raise ValueError(f"model.path {cfg.model.path!r}: the tokenizer cannot be loaded ({type(exc).__name__}: "
                                  f"{str(exc).splitlines()[0] if str(exc) else ''}); save it again with "
                                  "save_pretrained") from None
-        from actions.common.modeling import build_char_tokenizer
+        from actions.models.modeling import build_char_tokenizer
 
         return build_char_tokenizer(get_task(cfg.data.task).extra_chars)
 
@@ -66,7 +66,7 @@ def validate_inputs(cfg: WorkloadConfig) -> None:
     """Check the datasets, the reward functions, the model directory and the reward models
     without writing anything (fails fast at the CLI). Hub ids are fetched into the local hub
     cache where downloads are allowed, and refused in one line where they are not
-    (``actions/common/hub.py``)."""
+    (``actions/models/hub.py``)."""
     cfg, _ = resolve_hub_ids(cfg)
     _datasets(cfg)
     if cfg.model.path:
@@ -149,9 +149,9 @@ def _check_safetensors(file: Path, where: str) -> None:
 
 def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str) -> Prepared:
     """Validate inputs, then write them. Raises ValueError before writing anything."""
-    from actions.common.loading import encode
-    from actions.common.modeling import base_files, build_tiny_model, instantiate, model_summary, read_model_dir
-    from actions.common.weights import publish_tensors
+    from actions.models.loading import encode
+    from actions.models.modeling import base_files, build_tiny_model, instantiate, model_summary, read_model_dir
+    from actions.store.weights import publish_tensors
 
     source = cfg.model.path or "tiny"
     cfg, fetched = resolve_hub_ids(cfg)  # the campaign's only network access, where allowed

@@ -2,7 +2,7 @@
 
 Run once at campaign start on the same pool as ``generate``, so the process kind, device, dtype
 and torch threads are the ones that will generate. Reuses the store's cached profile for the
-same facts (``actions/common/profile_cache.py``); otherwise loads the policy as ``generate``
+same facts (``actions/store/profile_cache.py``); otherwise loads the policy as ``generate``
 does and measures the engine over the requested grid (torch: ``actions/engines/profiling.py``;
 vLLM: ``actions/engines/vllm_profiling.py``, on the process's warm engine, with the time a new
 version takes to reach it), then caches the result. Either way it reports what the planner's locality check needs: the
@@ -18,12 +18,12 @@ import time
 
 import torch
 
-from actions.common.adapter import run_action
-from actions.common.device import action_device, action_dtype
-from actions.common.loading import configure_threads, load_base, load_model, store_for
-from actions.common.profile_cache import (ProfileFacts, ProfileRequest, ProfileResult, cache_record,
+from actions.runtime.adapter import run_action
+from actions.models.device import action_device, action_dtype
+from actions.models.loading import configure_threads, load_base, load_model, store_for
+from actions.store.profile_cache import (ProfileFacts, ProfileRequest, ProfileResult, cache_record,
                                           check_cached)
-from actions.common.store import ObjectNotFound, ObjectStore, get_artifact, put_json, read_manifest
+from actions.store import ObjectNotFound, ObjectStore, get_artifact, put_json, read_manifest
 
 
 def device_name(device: torch.device) -> str:
@@ -107,7 +107,7 @@ def run_profile(req: ProfileRequest) -> ProfileResult:
 def _measure_vllm(req: ProfileRequest, vocab: int, name: str) -> dict:
     """The vLLM engine's grid and push time (``actions/engines/vllm_profiling.py``), on the
     process's engine: the one this worker's generate and evaluate activations will use."""
-    from actions.common.weights import load_tensors
+    from actions.store.weights import load_tensors
     from actions.engines.factory import load_engine
     from actions.engines.vllm_profiling import measure_grid
 

@@ -20,13 +20,13 @@ from functools import partial
 
 import torch
 
-from actions.common.adapter import run_action
-from actions.common.contracts import ScoreRequest, ScoreResult
-from actions.common.device import action_device
-from actions.common.loading import encode, load_model, load_tokenizer, store_for
-from actions.common.lora import adapter_disabled
-from actions.common.store import get_json
-from actions.common.weights import publish_tensors
+from actions.runtime.adapter import run_action
+from actions.contracts import ScoreRequest, ScoreResult
+from actions.models.device import action_device
+from actions.models.loading import encode, load_model, load_tokenizer, store_for
+from actions.models.lora import adapter_disabled
+from actions.store import get_json
+from actions.store.weights import publish_tensors
 from actions.rl.critic_store import load_critic
 from actions.rl.kl import kl_estimate
 from actions.rl.masked import masked_mean

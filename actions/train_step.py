@@ -7,7 +7,7 @@ GAE over KL-penalised token rewards with the critic's values), runs ``epochs`` p
 ``micro_batch_size`` micro batches whose gradients accumulate), and publishes policy version
 v+1 in the training dtype and the optimizer state, fp32 master weights included under
 bf16/fp16 (and the critic for PPO). With ``model.lora`` the version is the adapter alone
-(fp32) and the optimizer state covers only the adapter (``actions/common/lora.py``).
+(fp32) and the optimizer state covers only the adapter (``actions/models/lora.py``).
 
 A warm container keeps the model and optimizer state it just published, under the keys of
 what it published (``trained_key``): the next step's training, when it lands on the same
@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import torch
 
-from actions.common import warm
-from actions.common.adapter import run_action
-from actions.common.contracts import TrainStepRequest, TrainStepResult
+from actions.models import warm
+from actions.runtime.adapter import run_action
+from actions.contracts import TrainStepRequest, TrainStepResult
 from actions.rl.critic_store import load_critic
-from actions.common.loading import load_model, store_for
-from actions.common.lora import adapter_tensors
-from actions.common.special_tokens import special_tokens
-from actions.common.weights import load_tensors, publish_tensors
+from actions.models.loading import load_model, store_for
+from actions.models.lora import adapter_tensors
+from actions.models.special_tokens import special_tokens
+from actions.store.weights import load_tensors, publish_tensors
 from actions.rl.batch import TrainBatch, gather_batch, rollout_metrics
 from actions.rl.update import make_optimizer, run_updates
 

@@ -11,12 +11,12 @@ import random
 
 import torch
 
-from actions.common.adapter import run_action
-from actions.common.contracts import WarmupRequest, WarmupResult
-from actions.common.loading import encode, load_base, store_for
-from actions.common.modeling import instantiate
-from actions.common.special_tokens import special_tokens
-from actions.common.weights import load_tensors, publish_tensors
+from actions.runtime.adapter import run_action
+from actions.contracts import WarmupRequest, WarmupResult
+from actions.models.loading import encode, load_base, store_for
+from actions.models.modeling import instantiate
+from actions.models.special_tokens import special_tokens
+from actions.store.weights import load_tensors, publish_tensors
 from actions.rl.sequences import pack, response_logprobs
 from actions.tasks import get_task
 from actions.tasks.stored import load_dataset

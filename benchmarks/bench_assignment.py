@@ -140,7 +140,7 @@ def run_one_campaign(name: str, store: str, steps: int, out_path: str, overrides
 
 def step_samples(run: dict, step: int) -> dict[tuple[int, int], list[int]]:
     """(prompt id, sample index) -> generated tokens of one step, from the run's store."""
-    from actions.common.store import get_json, open_store
+    from actions.store import get_json, open_store
 
     store = open_store(run["store"])
     prefix = f"runs/{run['run_id']}/steps/{step:06d}/rollouts/"

@@ -35,7 +35,7 @@ import time
 import torch
 from transformers import DynamicCache
 
-from actions.common.device import sync
+from actions.models.device import sync
 from actions.engines.base import SampleSpec
 from actions.engines.static_decode import runtime_for
 from actions.engines.torch_engine import TorchEngine

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from actions.common.modeling import build_tiny_model
+from actions.models.modeling import build_tiny_model
 from actions.engines.torch_engine import SampleSpec, TorchEngine
 from actions.tasks.repeat import make_rows
 

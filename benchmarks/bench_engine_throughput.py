@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from actions.common.device import sync
+from actions.models.device import sync
 from actions.engines.base import SampleSpec
 from actions.engines.torch_engine import TorchEngine
 
@@ -32,10 +32,10 @@ def build(args: argparse.Namespace) -> torch.nn.Module:
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     if args.model_config:
-        from actions.common.modeling import random_model_from_config
+        from actions.models.modeling import random_model_from_config
 
         return random_model_from_config(args.model_config, device, dtype, source="--model-config")
-    from actions.common.modeling import build_tiny_model
+    from actions.models.modeling import build_tiny_model
 
     model, _ = build_tiny_model(hidden_size=96, num_layers=2, num_heads=4, intermediate_size=256,
                                 max_positions=2048, seed=0)

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from actions.common.loading import encode
-from actions.common.modeling import build_tiny_model
+from actions.models.loading import encode
+from actions.models.modeling import build_tiny_model
 from actions.engines.base import SampleSpec
 from actions.engines.vllm_engine import vllm_available
 from actions.tasks.repeat import make_rows

@@ -80,8 +80,8 @@ def main() -> int:
     from prefect.testing.utilities import prefect_test_harness
 
     from flows.config import load_config
-    from actions.common.contracts import parse_token_table
-    from actions.common.store import get_json, open_store
+    from actions.contracts import parse_token_table
+    from actions.store import get_json, open_store
     from flows.campaign.run import run_campaign
     from flows.simulate.cluster import ActorSpec, Sample, SimConfig, simulate_phase
     from flows.campaign.state import load_state
@@ -212,8 +212,8 @@ def measure_activation_costs(cfg, state, store, tokens: dict, latency: float, pr
     pool holding the last step's policy version (see the module docstring); and under "corun"
     the co-run slowdown (``measure_corun``) on a two-worker pool. Also prints one full generate
     activation alone, measured vs simulated from ``profile`` (the engine model in isolation)."""
-    from actions.common.contracts import GenerateRequest, ModelRef, PartialSample, ScoreRequest
-    from actions.common.store import put_json
+    from actions.contracts import GenerateRequest, ModelRef, PartialSample, ScoreRequest
+    from actions.store import put_json
     from actions.engines.profiling import fit_line
     from flows.invokers.local_pool import LocalPoolInvoker
     from flows.simulate.cluster import ActorSpec, Sample, SimConfig, simulate_phase

@@ -41,8 +41,8 @@ def child(args: argparse.Namespace) -> None:
     """One train step of ``args.mode`` in this process; prints one JSON line."""
     import torch
 
-    from actions.common.lora import adapter_disabled, attach_adapter
-    from actions.common.modeling import random_model_from_config
+    from actions.models.lora import adapter_disabled, attach_adapter
+    from actions.models.modeling import random_model_from_config
     from actions.rl.grpo_loss import grpo_loss
     from actions.rl.optimizer import TrainOptimizer
     from actions.rl.sequences import pack, response_logprobs

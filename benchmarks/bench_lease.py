@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from actions.common.store import ObjectStore, open_store  # noqa: E402
+from actions.store import ObjectStore, open_store  # noqa: E402
 from flows.campaign.lease import LeaseRecord, lease_key  # noqa: E402
 
 
@@ -99,7 +99,7 @@ def main() -> None:
             with SeaweedS3Server(Path(tmp) / "weed") as server:
                 uri = server.uri("bench")
                 s3_env = {**env, **server.env()}
-                from actions.common.store.s3 import S3Store
+                from actions.store.s3 import S3Store
 
                 _hold(S3Store.from_uri(uri, env=server.env()))
                 rows.append(("s3", *_measure(uri, s3_env, args.reps)))

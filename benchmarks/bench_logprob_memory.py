@@ -51,8 +51,8 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from actions.common.config import AlgorithmConfig
-    from actions.common.modeling import instantiate, read_model_dir
+    from actions.config.workload import AlgorithmConfig
+    from actions.models.modeling import instantiate, read_model_dir
     from actions.rl import update
     from actions.rl.batch import TrainBatch
     from actions.rl.optimizer import TrainOptimizer
@@ -114,7 +114,7 @@ def main() -> None:
     args = p.parse_args()
     if args.child:
         return child(args)
-    from actions.common.tiny_hf import write_tiny_model_dir
+    from flows.commands.tiny_model_dir import write_tiny_model_dir
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "qwen2"

@@ -44,8 +44,8 @@ sys.path.insert(0, str(ROOT))
 def _setup(args: argparse.Namespace):
     import torch
 
-    from actions.common.lora import attach_adapter
-    from actions.common.modeling import random_model_from_config
+    from actions.models.lora import attach_adapter
+    from actions.models.modeling import random_model_from_config
 
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     model = random_model_from_config(args.model_config, device, dtype)
@@ -61,10 +61,10 @@ def _sync(torch, device: str) -> None:
 def bytes_and_loads(args: argparse.Namespace) -> dict:
     """Figures 1 and 2."""
     torch, model, lora, attach_adapter = _setup(args)
-    from actions.common.lora import adapter_tensors
-    from actions.common.modeling import BaseParts, build_model
-    from actions.common.store import LocalStore, read_manifest
-    from actions.common.weights import load_tensors, publish_tensors
+    from actions.models.lora import adapter_tensors
+    from actions.models.modeling import BaseParts, build_model
+    from actions.store import LocalStore, read_manifest
+    from actions.store.weights import load_tensors, publish_tensors
 
     full_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     base = BaseParts(model.config, None, None)
@@ -148,7 +148,7 @@ def _merged_copy(model):
 def score_child(args: argparse.Namespace) -> None:
     """One scoring variant (``args.variant``) in this process; prints one JSON line."""
     torch, model, lora, attach_adapter = _setup(args)
-    from actions.common.lora import adapter_disabled
+    from actions.models.lora import adapter_disabled
     from actions.rl.sequences import pack, response_logprobs
 
     gen = torch.Generator().manual_seed(0)

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from bench_engine_throughput import timed
 
-from actions.common.modeling import random_model_from_config
+from actions.models.modeling import random_model_from_config
 from actions.engines import sampling
 from actions.engines.base import SampleSpec
 from actions.engines.torch_engine import TorchEngine

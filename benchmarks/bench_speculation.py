@@ -53,9 +53,9 @@ from pathlib import Path
 
 import torch
 
-from actions.common.contracts import ModelRef
-from actions.common.device import sync
-from actions.common.loading import encode, load_model
+from actions.contracts import ModelRef
+from actions.models.device import sync
+from actions.models.loading import encode, load_model
 from actions.engines.base import SampleSpec
 from actions.engines.factory import make_engine
 from actions.engines.speculative import Speculation, make_drafters
@@ -70,7 +70,7 @@ GROUP, PER_STEP, NEW_TOKENS = 8, 8, 24  # NEW_TOKENS: the default of --new-token
 def _train(workdir: Path, rl_steps: int) -> tuple[ModelRef, ModelRef, list[list[SampleSpec]], object]:
     """(warmed-up policy, policy after the RL steps, prompt batches, tokenizer)."""
     from flows.config import load_config
-    from actions.common.store import open_store
+    from actions.store import open_store
     from flows.campaign.run import run_campaign
     from flows.campaign.state import load_state_at
 

@@ -40,7 +40,7 @@ def write_inputs(work: Path) -> tuple[Path, Path]:
     ``eval.jsonl`` (8 of them) for RLHFless's evaluations before and after, outside the timing."""
     sys.path.insert(0, str(ROOT))
     from flows.config import load_config
-    from actions.common.tiny_hf import write_tiny_model_dir
+    from flows.commands.tiny_model_dir import write_tiny_model_dir
     from actions.tasks.build import _split
 
     model = work / "qwen2"

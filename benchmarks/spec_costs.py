@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 import spec_ceiling
-from actions.common.device import sync
+from actions.models.device import sync
 from actions.engines.spec_select import ForwardCost
 from actions.engines.speculative import Speculation, make_drafters
 

@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from actions.common.device import sync
-from actions.common.modeling import random_model_from_config
+from actions.models.device import sync
+from actions.models.modeling import random_model_from_config
 from actions.engines.base import SampleSpec
 from actions.engines.torch_engine import TorchEngine
 

@@ -1,5 +1,5 @@
 """The campaign's configuration: the workload the actions compute (``WorkloadConfig``, in
-``actions/common/config.py``) plus how and where the control plane runs it -- scaling, store,
+``actions/config/workload.py``) plus how and where the control plane runs it -- scaling, store,
 invoker, budget, fault injection, observability, steps -- loaded from YAML plus ``--set``
 overrides.
 
@@ -18,10 +18,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from actions.common.config import WorkloadConfig
-from actions.common.config_section import Section as _Section
-from actions.common.quoting import quote
-from actions.common.safe_paths import check_run_id
+from actions.config.workload import WorkloadConfig
+from actions.config.section import Section as _Section
+from actions.config.quoting import quote
+from actions.store.safe_paths import check_run_id
 from flows.config_yaml import AliasBomb, load_yaml
 from flows.planning.registry import ScalingStrategy
 from flows.planning.scaling import parse_scaling_policy  # the built-in strategies register on import

@@ -40,7 +40,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3Ser
 @pytest.fixture
 def s3_store(s3_server: SeaweedS3Server):
     """An S3Store on the session server under a fresh prefix (tests never see each other)."""
-    from actions.common.store.s3 import S3Store
+    from actions.store.s3 import S3Store
 
     store = S3Store.from_uri(s3_server.uri(f"t/{uuid.uuid4().hex[:12]}"), env=s3_server.env())
     yield store
@@ -50,7 +50,7 @@ def s3_store(s3_server: SeaweedS3Server):
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
 def backend_store(request: pytest.FixtureRequest, tmp_path):
     """The same contract tests run on both backends: a LocalStore, then an S3Store."""
-    from actions.common.store import LocalStore
+    from actions.store import LocalStore
 
     if request.param == "local":
         return LocalStore(tmp_path / "store")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from flows.config import load_config
-from actions.common.contracts import ModelRef
-from actions.common.store import LocalStore
+from actions.contracts import ModelRef
+from actions.store import LocalStore
 from actions.prepare import prepare
 
 ACTIONS = ["warmup", "prefill", "generate", "score", "train_step", "evaluate", "profile"]
@@ -55,7 +55,7 @@ def test_generate_score_train_round_trip_changes_every_parameter(prepared):
     assert score["num_samples"] == 16
     # A random policy rarely solves the task: give each group mixed rewards so that every
     # parameter receives a gradient (zero-variance groups carry no GRPO signal).
-    from actions.common.weights import load_tensors, publish_tensors
+    from actions.store.weights import load_tensors, publish_tensors
 
     tensors, meta = load_tensors(store, score["scored_key"])
     tensors["rewards"] = torch.tensor([1.0, 0.0] * 8)
@@ -83,7 +83,7 @@ def test_prefill_bundle_feeds_generate_with_identical_output(prepared):
     with_kv = _call("generate", {**base, "kv_bundle_key": pre["bundle_key"], "output_key": "runs/c/a.json"})
     plain = _call("generate", {**base, "output_key": "runs/c/b.json"})
     assert with_kv["kv_bundle_used"] and with_kv["prefill_tokens"] < plain["prefill_tokens"]
-    from actions.common.store import get_json
+    from actions.store import get_json
 
     assert get_json(store, "runs/c/a.json")["samples"] == get_json(store, "runs/c/b.json")["samples"]
 

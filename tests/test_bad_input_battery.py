@@ -103,7 +103,7 @@ def _held_lease(run_id: str, raw: bytes | None = None, *, commit: bool = False) 
     def setup(tmp: Path) -> None:
         import time
 
-        from actions.common.store import LocalStore
+        from actions.store import LocalStore
         from flows.campaign.lease import LeaseRecord, lease_key
         from flows.campaign.state import CampaignState, commit_state
 
@@ -480,7 +480,7 @@ def done_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A store holding run ``done`` with one committed step of the default configuration
     (state only: resume and status checks never read the artifacts it names)."""
     from flows.config import load_config
-    from actions.common.store import LocalStore
+    from actions.store import LocalStore
     from flows.campaign.state import CampaignState, commit_state
 
     root = tmp_path_factory.mktemp("done") / "store"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actions.common.store import get_json, open_store
+from actions.store import get_json, open_store
 from flows.campaign.run import CampaignRefused, run_campaign
 
 
@@ -217,7 +217,7 @@ def test_training_resumes_from_the_state_it_kept_with_the_same_weights(clean_sum
     """In one process every step after the first trains the model and optimizer state the
     previous step kept (``actions/train_step.py``); reading both back from the store instead
     gives the same weights bit for bit."""
-    from actions.common import warm
+    from actions.models import warm
 
     assert [s["train/reused_state"] for s in clean_summary["steps"]] == [0.0, 1.0]
     monkeypatch.setattr(warm, "take", lambda key: None)

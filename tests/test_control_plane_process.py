@@ -30,7 +30,7 @@ import json, sys
 from prefect.testing.utilities import prefect_test_harness
 from flows.config import load_config
 from flows.campaign.run import run_campaign
-from actions.common.store import open_store
+from actions.store import open_store
 
 cfg = load_config(None, json.loads(sys.argv[1]))
 with prefect_test_harness(server_startup_timeout=120):
@@ -66,8 +66,8 @@ def test_the_child_process_invoker_reports_a_rejected_request_without_retry(tmp_
 
 
 def test_prepare_in_a_child_process_writes_what_prepare_in_process_writes(tmp_path, tiny_config):
-    from actions.common.contracts import PrepareRequest, Prepared, parse_result
-    from actions.common.store import open_store
+    from actions.contracts import PrepareRequest, Prepared, parse_result
+    from actions.store import open_store
     from actions.prepare import prepare
 
     cfg = tiny_config()

@@ -94,7 +94,7 @@ def test_prompt_length_policy():
 
 
 def test_build_counts_truncation_in_the_summary_and_keeps_eval_apart(tmp_path):
-    from actions.common.modeling import build_char_tokenizer
+    from actions.models.modeling import build_char_tokenizer
 
     cfg = load_config(None, ["data.task=arith", "data.max_prompt_tokens=60", "data.long_prompts=truncate_left",
                              "data.num_train_prompts=40", "data.num_eval_prompts=10"])
@@ -112,7 +112,7 @@ def test_build_counts_truncation_in_the_summary_and_keeps_eval_apart(tmp_path):
 def test_arith_max_value_bounds_every_number_of_problem_and_solution():
     import re
 
-    from actions.common.modeling import build_char_tokenizer
+    from actions.models.modeling import build_char_tokenizer
 
     def numbers(max_value: int | None) -> set[int]:
         overrides = ["data.task=arith", "data.num_train_prompts=200", "data.num_eval_prompts=10"]

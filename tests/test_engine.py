@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actions.common.modeling import build_tiny_model
+from actions.models.modeling import build_tiny_model
 from actions.engines.torch_engine import SampleSpec, TorchEngine
 from actions.tasks.repeat import make_rows
 from reference_sampler import uncached_sample

@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from actions.common.loading import encode
-from actions.common.modeling import build_tiny_model
+from actions.models.loading import encode
+from actions.models.modeling import build_tiny_model
 from actions.engines.base import FINISH_REASONS, GenerationEngine, SampleSpec
 from actions.engines.factory import make_engine
 from actions.engines.torch_engine import TorchEngine
@@ -213,7 +213,7 @@ def test_vllm_engine_without_vllm_says_how_to_install(tiny):
 
 
 def test_requests_default_to_torch_and_reject_unknown_engines():
-    from actions.common.contracts import EvaluateRequest, GenerateRequest, parse_request
+    from actions.contracts import EvaluateRequest, GenerateRequest, parse_request
 
     ref = {"store_uri": "/s", "base_key": "b", "policy_key": "p", "policy_version": 0}
     gen = {"model": ref, "dataset_key": "d", "run_seed": 0, "step": 0, "shard": "g", "max_new_tokens": 4,
@@ -235,9 +235,9 @@ def test_generate_and_evaluate_actions_on_vllm_reuse_one_engine_across_versions(
     import importlib
 
     from flows.config import load_config
-    from actions.common.contracts import ModelRef
-    from actions.common.store import LocalStore, get_json
-    from actions.common.weights import load_tensors, publish_tensors
+    from actions.contracts import ModelRef
+    from actions.store import LocalStore, get_json
+    from actions.store.weights import load_tensors, publish_tensors
     from actions.engines import factory
     from actions.prepare import prepare
     from tests.conftest import TINY_OVERRIDES

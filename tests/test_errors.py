@@ -1,4 +1,4 @@
-"""Which crashes are worth a retry (actions.common.errors)."""
+"""Which crashes are worth a retry (actions.runtime.errors)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import socket
 import pytest
 from botocore import exceptions as bce
 
-from actions.common.errors import InjectedFault, OOM_ADVICE, crash_text, describe_crash
-from actions.common.store import StoreError, StoreUnreachable
+from actions.runtime.errors import InjectedFault, OOM_ADVICE, crash_text, describe_crash
+from actions.store import StoreError, StoreUnreachable
 
 
 def _store_error_over(exc: Exception) -> StoreError:

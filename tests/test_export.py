@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from actions.common.contracts import ModelRef
-from actions.common.store import LocalStore
-from actions.common.tiny_hf import write_tiny_model_dir
+from actions.contracts import ModelRef
+from actions.store import LocalStore
+from flows.commands.tiny_model_dir import write_tiny_model_dir
 from flows.commands.cli import main
 
 
@@ -19,7 +19,7 @@ from flows.commands.cli import main
 def run_store(tmp_path_factory) -> tuple[Path, dict]:
     """A store with run ``ex``: prepared from a tiny Qwen2 folder (commit 0) and one trained
     version (commit 1: the initial weights moved by noise, as an update would)."""
-    from actions.common.weights import publish_tensors, load_tensors
+    from actions.store.weights import publish_tensors, load_tensors
     from actions.prepare import prepare
     from flows.campaign.state import CampaignState, commit_state
     from flows.config import load_config
@@ -43,7 +43,7 @@ def run_store(tmp_path_factory) -> tuple[Path, dict]:
 
 
 def _logits_of_store(store: Path, base: str, policy: str, ids: torch.Tensor) -> torch.Tensor:
-    from actions.common.loading import load_model
+    from actions.models.loading import load_model
 
     model, _, _ = load_model(ModelRef(store_uri=str(store), base_key=base, policy_key=policy, policy_version=1,
                                       dtype="float32"))
@@ -91,7 +91,7 @@ def source_eos(model: Path) -> list[int]:
 def test_sharded_export_loads_and_merge_lora_is_refused_for_a_full_run(tmp_path, run_store):
     from transformers import AutoModelForCausalLM
 
-    from actions.common.export import export_policy
+    from actions.models.export import export_policy
 
     store, keys = run_store
     folder = export_policy(LocalStore(store), keys["base"], keys["v1"], tmp_path / "sharded", max_shard_size="50KB")
@@ -109,9 +109,9 @@ def test_sharded_export_loads_and_merge_lora_is_refused_for_a_full_run(tmp_path,
 def lora_store(tmp_path_factory) -> tuple[Path, dict]:
     """A ``model.lora`` run ``lx``: the backbone (commit 0) and one trained adapter (commit 1:
     the seeded adapter moved by noise, its B factors off zero so the update is not empty)."""
-    from actions.common.lora import adapter_tensors
-    from actions.common.loading import load_model
-    from actions.common.weights import publish_tensors
+    from actions.models.lora import adapter_tensors
+    from actions.models.loading import load_model
+    from actions.store.weights import publish_tensors
     from actions.prepare import prepare
     from flows.campaign.state import CampaignState, commit_state
     from flows.config import load_config
@@ -145,7 +145,7 @@ def test_lora_run_exports_the_adapter_in_peft_format_or_merged(tmp_path, lora_st
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from actions.common.loading import load_model
+    from actions.models.loading import load_model
 
     store, keys = lora_store
     ids = torch.tensor([[5, 9, 14, 3, 22, 7]])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from actions.common.store import BLOB_PREFIX, LocalStore, ObjectStore, blob_key, put_artifact, read_manifest, \
+from actions.store import BLOB_PREFIX, LocalStore, ObjectStore, blob_key, put_artifact, read_manifest, \
     sha256_hex
 from flows.campaign.collect import collect_garbage
 from flows.planning.retention import Retention, VersionKeys, plan_collection

@@ -14,8 +14,8 @@ import json
 import pytest
 import torch
 
-from actions.common.loading import encode
-from actions.common.modeling import build_tiny_model
+from actions.models.loading import encode
+from actions.models.modeling import build_tiny_model
 from actions.engines.base import SampleSpec
 from actions.engines.torch_engine import TorchEngine
 from actions.tasks.repeat import make_rows
@@ -133,11 +133,11 @@ def _call(name, payload):
 def test_actions_round_trip_on_cuda(tmp_path, monkeypatch):
     """generate -> score -> train_step with RLHFLESS_DEVICE=cuda: the same rollouts as on the
     CPU up to round-off, and a train step that moves every parameter and stores host tensors."""
-    from actions.common import warm
+    from actions.models import warm
     from flows.config import load_config
-    from actions.common.contracts import ModelRef
-    from actions.common.store import LocalStore
-    from actions.common.weights import load_tensors, publish_tensors
+    from actions.contracts import ModelRef
+    from actions.store import LocalStore
+    from actions.store.weights import load_tensors, publish_tensors
     from actions.prepare import prepare
     from tests.conftest import TINY_OVERRIDES
 
@@ -209,7 +209,7 @@ def test_cuda_graphs_with_grouped_heads_and_shrinking_buckets_fp32():
     batch shrinks through several graph buckets (idle rows, compaction)."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from actions.common.modeling import build_char_tokenizer
+    from actions.models.modeling import build_char_tokenizer
 
     tok = build_char_tokenizer("")
     cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from flows.config import load_config
-from actions.common.contracts import ModelRef
-from actions.common.modeling import build_model, instantiate, read_base, read_model_dir
-from actions.common.special_tokens import special_tokens
-from actions.common.store import LocalStore, get_json, put_json
-from actions.common.tiny_hf import write_tiny_model_dir
-from actions.common.weights import load_tensors, publish_tensors
+from actions.contracts import ModelRef
+from actions.models.modeling import build_model, instantiate, read_base, read_model_dir
+from actions.models.special_tokens import special_tokens
+from actions.store import LocalStore, get_json, put_json
+from flows.commands.tiny_model_dir import write_tiny_model_dir
+from actions.store.weights import load_tensors, publish_tensors
 from actions.engines.base import SampleSpec
 from actions.engines.factory import make_engine
 from actions.engines.torch_engine import TorchEngine

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from actions.common.safe_paths import MAX_NAME_CHARS, UnsafeName, check_name, write_beneath
-from actions.common.store import (
+from actions.store.safe_paths import MAX_NAME_CHARS, UnsafeName, check_name, write_beneath
+from actions.store import (
     IntegrityError,
     LocalStore,
     ObjectStore,
@@ -28,7 +28,7 @@ from actions.common.store import (
     put_blob,
     sha256_hex,
 )
-from actions.common.weights import load_tensors, publish_tensors
+from actions.store.weights import load_tensors, publish_tensors
 
 try:
     from conftest import TINY_OVERRIDES
@@ -166,7 +166,7 @@ def test_a_kv_bundle_whose_meta_does_not_match_its_tensors_is_refused(backend_st
 
 
 def test_optimizer_state_names_must_name_a_parameter() -> None:
-    from actions.common.optim_state import load_optimizer_tensors
+    from actions.store.optim_state import load_optimizer_tensors
 
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
     for name in ("p7.exp_avg", "p0.__class__", "../p0.exp_avg", "p0"):
@@ -177,7 +177,7 @@ def test_optimizer_state_names_must_name_a_parameter() -> None:
 
 # ----------------------------------------------------------------------------- commit records
 def _committed(store: ObjectStore, **changes) -> None:
-    from actions.common.store import commit_pointer
+    from actions.store import commit_pointer
     from flows.campaign.state import CampaignState, pointer_key
 
     keys = {"base_key": "runs/r1/base/manifest.json", "init_key": "runs/r1/init/manifest.json",
@@ -344,7 +344,7 @@ def test_crafted_store_plus_one_evaluate_request_writes_nothing_outside(backend:
 
 def test_instantiate_writes_base_files_only_beneath_its_scratch_directory(sandbox) -> None:
     """Defence in depth: even base files that skipped the manifest check cannot escape."""
-    from actions.common.modeling import instantiate
+    from actions.models.modeling import instantiate
 
     with pytest.raises(UnsafeName):
         instantiate({"config.json": b"{}", "../../outside/pwned": b"x"}, {})

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from actions.common.hub import hub_allowed, parse_hub_id, resolve_hub_ids
-from actions.common.store import LocalStore, get_artifact
-from actions.common.tiny_hf import write_tiny_model_dir
+from actions.models.hub import hub_allowed, parse_hub_id, resolve_hub_ids
+from actions.store import LocalStore, get_artifact
+from flows.commands.tiny_model_dir import write_tiny_model_dir
 from actions.tasks.build import build_datasets, hold_out
 from flows.config import load_config
 
@@ -136,7 +136,7 @@ def test_prepare_puts_hub_inputs_into_the_store(fake_hub, tmp_path: Path):
 
 
 def test_hold_out_and_evaluate_nothing(tmp_path: Path):
-    from actions.common.modeling import build_char_tokenizer
+    from actions.models.modeling import build_char_tokenizer
 
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps({**r, "prompt": r["question"]}) + "\n" for r in _rows(40)))

@@ -30,9 +30,23 @@ class Rule:
     why: str
 
 
+# actions/, bottom up: config < contracts < store < models < engines, rl, tasks < runtime < the
+# actions themselves (one module per action, directly under actions/)
+ACTION_MODULES = tuple(sorted(f"actions.{p.stem}" for p in (ROOT / "actions").glob("*.py")
+                              if p.stem not in ("__init__", "contracts")))
+_ACTION_TIERS = ("actions.engines", "actions.rl", "actions.tasks", "actions.runtime") + ACTION_MODULES
+
 RULES = [
-    Rule("actions.common", ("actions.rl", "actions.engines", "actions.tasks", "actions.runtime"),
-         "shared action code sits below the RL, engine, task and runtime code that uses it"),
+    Rule("actions.config", ("actions.contracts", "actions.store", "actions.models") + _ACTION_TIERS,
+         "the workload's configuration is the bottom of actions/: plain pydantic sections"),
+    Rule("actions.contracts", ("actions.store", "actions.models") + _ACTION_TIERS,
+         "the wire messages are built from the configuration alone, so flows and actions share them"),
+    Rule("actions.store", ("actions.models",) + _ACTION_TIERS,
+         "the object store and what is kept in it sit below every model, engine and action that uses them"),
+    Rule("actions.models", _ACTION_TIERS,
+         "model loading sits below the engines, the RL math, the tasks and the runtime that use it"),
+    *(Rule(package, ACTION_MODULES, "shared action code never imports an action")
+      for package in ("actions.engines", "actions.rl", "actions.tasks", "actions.runtime")),
     Rule("actions", ("flows", "prefect"), "actions run in containers without the orchestrator"),
     # flows/: commands > campaign > step > invokers, simulate > planning
     Rule("flows.planning", ("flows.step", "flows.campaign", "flows.invokers", "flows.simulate", "flows.commands",
@@ -161,8 +175,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_analysis_sees_imports() -> None:
     # guards against a checker that passes because it reads nothing
     assert len(project_modules()) > 100
-    assert "actions.common.store.local" in imports_of("actions.common.store")
-    assert "actions.common.store.s3" in imports_of("actions.common.store.uri")  # a lazy import counts
+    assert "actions.store.local" in imports_of("actions.store")
+    assert "actions.store.s3" in imports_of("actions.store.uri")  # a lazy import counts
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from actions.common.store import LocalStore
+from actions.store import LocalStore
 from flows.campaign.lease import (SKEW_S, LeaseHeld, LeaseLost, LeaseRecord, RunLease, check_not_held, lease_key, read_lease,
                          takeover_reason)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from flows.config import load_config
-from actions.common.store import LocalStore, blob_key, open_store, read_manifest
+from actions.store import LocalStore, blob_key, open_store, read_manifest
 from flows.campaign.lease import read_lease
 
 try:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from actions.common.store import LocalStore
+from actions.store import LocalStore
 from flows.campaign.holder import machine_identity, same_pid_space
 from flows.campaign.lease import LeaseLost, LeaseRecord, RunLease, read_lease, takeover_reason
 

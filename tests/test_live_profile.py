@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from actions.common.profile_cache import PROFILE_PREFIX, ProfileResult
+from actions.store.profile_cache import PROFILE_PREFIX, ProfileResult
 from flows.campaign.live_profile import LiveInputs, finish_profiling, profile_grid
 from flows.planning.tpot import TpotProfile
-from actions.common.contracts import PromptTokens, parse_result
+from actions.contracts import PromptTokens, parse_result
 from flows.step.invoke import Returned
 
 GRID = {"batch_sizes": [1, 2], "contexts": [4, 8], "prefill_shape": [2, 4]}
@@ -19,9 +19,9 @@ GRID = {"batch_sizes": [1, 2], "contexts": [4, 8], "prefill_shape": [2, 4]}
 @pytest.fixture
 def published(tmp_path):
     """A store holding a tiny model's base files and weights: (store, ModelRef payload)."""
-    from actions.common.modeling import base_files, build_tiny_model
-    from actions.common.store import LocalStore, put_artifact
-    from actions.common.weights import publish_tensors
+    from actions.models.modeling import base_files, build_tiny_model
+    from actions.store import LocalStore, put_artifact
+    from actions.store.weights import publish_tensors
 
     store = LocalStore(str(tmp_path / "store"))
     model, tok = build_tiny_model(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
@@ -103,7 +103,7 @@ def _result(profile: dict, source: str = "cached") -> dict:
 
 
 def test_the_flow_measures_again_when_it_cannot_use_a_cached_grid(tiny_config, monkeypatch):
-    from actions.common.profile_cache import ProfileRequest
+    from actions.store.profile_cache import ProfileRequest
     from flows.step import invoke as tasks
     from flows.step.context import RunContext
 
@@ -127,7 +127,7 @@ def test_the_flow_measures_again_when_it_cannot_use_a_cached_grid(tiny_config, m
 
 
 def test_the_hook_plans_from_the_measured_profile_and_the_store_transfer_model(tiny_config, tmp_path):
-    from actions.common.store import LocalStore
+    from actions.store import LocalStore
     from flows.step.context import RunContext
     from flows.step.phase import cluster_spec, load_profile, plan_generation_phase
     from flows.planning.lengths import LengthHistory
@@ -182,7 +182,7 @@ def test_every_activation_pays_the_measured_round_trip_once():
 
 def test_the_measured_fanout_follows_the_predicted_lengths(tiny_config, tmp_path, monkeypatch):
     """Short responses: a second action saves less than its round trip costs; long ones: it pays."""
-    from actions.common.store import LocalStore
+    from actions.store import LocalStore
     from flows.step import phase as hooks
     from flows.step.context import RunContext
     from flows.planning.lengths import LengthHistory
@@ -223,7 +223,7 @@ def test_the_hook_runs_the_prefill_action_only_where_it_pays(tiny_config, tmp_pa
     """Unique prompts: each generation action prefills its own (the plan has no prefill and
     times none); a long template shared by more prompts than one prefill holds: the action
     computes it once; ``always`` and ``never`` override the choice."""
-    from actions.common.store import LocalStore
+    from actions.store import LocalStore
     from flows.step import phase as hooks
     from flows.step.context import RunContext
     from flows.planning.lengths import LengthHistory
@@ -255,7 +255,7 @@ def test_the_hook_times_each_fan_out_at_the_speed_measured_at_it(tiny_config, tm
     """Long responses, where a second action pays at one speed for every fan-out: once the
     steps have measured two actions decoding 4x slower each than one (they share the cores),
     every objective keeps one, and the plan and its record carry the one-action speed."""
-    from actions.common.store import LocalStore
+    from actions.store import LocalStore
     from flows.step import phase as hooks
     from flows.step.context import RunContext
     from flows.planning.calibration import Calibration

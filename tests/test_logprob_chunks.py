@@ -8,10 +8,10 @@ import copy
 import pytest
 import torch
 
-from actions.common.config import AlgorithmConfig
-from actions.common.modeling import instantiate, read_model_dir
-from actions.common.tiny_hf import write_tiny_model_dir
-from actions.common.weights import weights_sha256
+from actions.config.workload import AlgorithmConfig
+from actions.models.modeling import instantiate, read_model_dir
+from flows.commands.tiny_model_dir import write_tiny_model_dir
+from actions.store.weights import weights_sha256
 from actions.rl.batch import TrainBatch
 from actions.rl.critic import build_critic
 from actions.rl.optimizer import TrainOptimizer
@@ -193,7 +193,7 @@ def test_bf16_training_keeps_fp32_master_weights_that_accumulate_small_updates()
 @pytest.fixture(scope="module")
 def prepared(qwen, tmp_path_factory):
     from flows.config import load_config
-    from actions.common.store import LocalStore
+    from actions.store import LocalStore
     from actions.prepare import prepare
     from tests.conftest import TINY_OVERRIDES
 
@@ -201,7 +201,7 @@ def prepared(qwen, tmp_path_factory):
     cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={root}", f"model.path={qwen[2].path}"])
     store = LocalStore(root)
     prepared = prepare(cfg, store, "runs/s")
-    from actions.common.contracts import ModelRef
+    from actions.contracts import ModelRef
 
     ref = ModelRef(store_uri=store.uri, base_key=prepared.base_key, policy_key=prepared.init_key, policy_version=0)
     gen = _call("generate", {"model": ref.model_dump(), "dataset_key": prepared.train_key, "run_seed": 0, "step": 0,
@@ -221,7 +221,7 @@ def _call(name, payload):
 
 def _score_train(prepared, score_algo: AlgorithmConfig, train_algo: AlgorithmConfig, tag: str, dtype: str = "auto",
                  optimizer_key: str | None = None):
-    from actions.common.weights import load_tensors
+    from actions.store.weights import load_tensors
 
     cfg, store, p, ref, rollout = prepared
     ref = ref.model_copy(update={"dtype": dtype})
@@ -230,7 +230,7 @@ def _score_train(prepared, score_algo: AlgorithmConfig, train_algo: AlgorithmCon
                             "output_key": f"runs/s/{tag}/scored/manifest.json"})
     tensors, meta = load_tensors(store, score["scored_key"])
     if not tensors["rewards"].std():  # a random policy rarely solves the task: mixed rewards give a gradient
-        from actions.common.weights import publish_tensors
+        from actions.store.weights import publish_tensors
 
         tensors["rewards"] = torch.tensor([1.0, 0.0] * 8)
         publish_tensors(store, score["scored_key"], tensors, meta)
@@ -242,8 +242,8 @@ def _score_train(prepared, score_algo: AlgorithmConfig, train_algo: AlgorithmCon
 
 def test_score_runs_only_the_forwards_the_update_needs_and_the_shortcut_is_exact(prepared, monkeypatch):
     import actions.score
-    from actions.common import warm
-    from actions.common.weights import load_tensors
+    from actions.models import warm
+    from actions.store.weights import load_tensors
 
     loads: list[str] = []
     real_load = actions.score.load_model
@@ -265,7 +265,7 @@ def test_score_runs_only_the_forwards_the_update_needs_and_the_shortcut_is_exact
 
 
 def test_bf16_train_step_publishes_bf16_weights_and_fp32_master_state(prepared):
-    from actions.common.weights import load_tensors
+    from actions.store.weights import load_tensors
 
     _, store, _, _, _ = prepared
     algo = AlgorithmConfig(batch_size=16, group_size=4, num_minibatches=2, lr=1e-3)

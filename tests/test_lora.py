@@ -1,4 +1,4 @@
-"""LoRA over a shared backbone (``model.lora``, ``actions/common/lora.py``).
+"""LoRA over a shared backbone (``model.lora``, ``actions/models/lora.py``).
 
 A LoRA campaign on the tiny Qwen2 folder learns the repeat task; its policy versions are
 adapters only; warm actions share one backbone; the reference log-probs are the backbone's
@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actions.common.config import LoraConfig
-from actions.common.lora import adapter_disabled, adapter_tensors, attach_adapter
-from actions.common.store import read_manifest
-from actions.common.tiny_hf import write_tiny_model_dir
+from actions.config.workload import LoraConfig
+from actions.models.lora import adapter_disabled, adapter_tensors, attach_adapter
+from actions.store import read_manifest
+from flows.commands.tiny_model_dir import write_tiny_model_dir
 from flows.campaign.run import run_campaign
 from flows.config import load_config
 
@@ -45,7 +45,7 @@ def test_lora_campaign_on_tiny_qwen2_raises_held_out_accuracy(tmp_path, qwen_dir
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    from actions.common.store import LocalStore
+    from actions.store import LocalStore
     from actions.prepare import prepare
     from tests.conftest import TINY_OVERRIDES
 
@@ -65,16 +65,16 @@ def _call(name: str, payload: dict) -> dict:
 
 
 def _ref(cfg, store, p, key: str, version: int, sha: str | None = None):
-    from actions.common.contracts import ModelRef
+    from actions.contracts import ModelRef
 
     return ModelRef(store_uri=store.uri, base_key=p.base_key, policy_key=key, policy_version=version,
                     weights_sha256=sha, lora=cfg.model.lora, backbone_key=p.init_key)
 
 
 def test_lora_version_is_the_adapter_and_warm_actions_share_the_backbone(prepared):
-    from actions.common import warm
-    from actions.common.loading import load_backbone, load_model
-    from actions.common.weights import load_tensors, publish_tensors
+    from actions.models import warm
+    from actions.models.loading import load_backbone, load_model
+    from actions.store.weights import load_tensors, publish_tensors
 
     cfg, store, p = prepared
     v0 = _ref(cfg, store, p, p.init_key, 0)
@@ -109,8 +109,8 @@ def test_lora_version_is_the_adapter_and_warm_actions_share_the_backbone(prepare
 
 
 def test_lora_reference_is_the_backbone_with_the_adapter_off(prepared):
-    from actions.common.loading import load_model
-    from actions.common.lora import adapter_disabled
+    from actions.models.loading import load_model
+    from actions.models.lora import adapter_disabled
     from actions.rl.sequences import pack, response_logprobs
 
     cfg, store, p = prepared
@@ -133,7 +133,7 @@ def test_lora_reference_is_the_backbone_with_the_adapter_off(prepared):
 
 
 def test_attach_adapter_refuses_targets_that_match_nothing():
-    from actions.common.modeling import build_tiny_model
+    from actions.models.modeling import build_tiny_model
 
     model, _ = build_tiny_model(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_positions=32,
                                 seed=0)

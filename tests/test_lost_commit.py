@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from actions.common.store import LocalStore, commit_key
+from actions.store import LocalStore, commit_key
 from flows.campaign.run import run_campaign
 from flows.campaign.state import load_state, pointer_key
 

@@ -257,7 +257,7 @@ def test_gpu_slots_held_only_by_gpu_actions_and_missing_limit_never_blocks(deplo
     result contract to validate)."""
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 
-    from actions.common.store import LocalStore
+    from actions.store import LocalStore
     from flows.step.context import RunContext, set_context
     from flows.invokers.base import Activation
     from flows.step.invoke import gpu_slots, invoke_action

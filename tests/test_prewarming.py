@@ -55,8 +55,8 @@ def test_a_failing_prewarm_does_not_fail_the_step():
 
 
 def test_hook_offset_is_earliest_past_invocation_minus_buffer(tiny_config, tmp_path):
-    from actions.common.contracts import PromptTokens
-    from actions.common.store import LocalStore
+    from actions.contracts import PromptTokens
+    from actions.store import LocalStore
     from flows.step.context import RunContext
     from flows.step.phase import plan_generation_phase
     from flows.planning.lengths import LengthHistory
@@ -74,8 +74,8 @@ def test_hook_offset_is_earliest_past_invocation_minus_buffer(tiny_config, tmp_p
 
 def test_local_pool_prewarm_loads_the_policy_version_in_idle_workers(tmp_path):
     from flows.config import load_config
-    from actions.common.contracts import ModelRef
-    from actions.common.store import LocalStore
+    from actions.contracts import ModelRef
+    from actions.store import LocalStore
     from actions.prepare import prepare
     from flows.invokers.local_pool import LocalPoolInvoker
     from tests.conftest import TINY_OVERRIDES

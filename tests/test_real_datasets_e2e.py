@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from flows.config import load_config
-from actions.common.store import get_artifact, open_store
-from actions.common.tiny_hf import write_tiny_model_dir
+from actions.store import get_artifact, open_store
+from flows.commands.tiny_model_dir import write_tiny_model_dir
 from actions.tasks import arith
 from flows.commands.cli import main
 

@@ -11,12 +11,12 @@ import torch
 import yaml
 
 import flows.campaign.run  # noqa: F401  (Prefect sets its logging up here, not under a test's capsys)
-from actions.common import warm
-from actions.common.config import RewardFunctionConfig as Fn
-from actions.common.config import RewardModelConfig
-from actions.common.contracts import ModelRef, RewardModelRef
-from actions.common.store import LocalStore, put_artifact
-from actions.common.tiny_hf import write_tiny_model_dir
+from actions.models import warm
+from actions.config.workload import RewardFunctionConfig as Fn
+from actions.config.workload import RewardModelConfig
+from actions.contracts import ModelRef, RewardModelRef
+from actions.store import LocalStore, put_artifact
+from flows.commands.tiny_model_dir import write_tiny_model_dir
 from actions.tasks.dataset import PromptRow
 from actions.tasks.rewards import check_reward_functions, compute_rewards
 from actions.tasks.rewards.model_files import folder_files
@@ -132,8 +132,8 @@ def test_campaign_scored_by_reward_model_and_trl_function(tmp_path, reward_model
     # the trained policy leaves the store: the exported folder gives the committed version's logits
     from transformers import AutoModelForCausalLM
 
-    from actions.common.loading import load_model
-    from actions.common.store import open_store
+    from actions.models.loading import load_model
+    from actions.store import open_store
     from flows.campaign.state import load_state
 
     capsys.readouterr()

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from actions.common.config import RewardFunctionConfig as Fn
+from actions.config.workload import RewardFunctionConfig as Fn
 from actions.tasks.dataset import PromptRow
 from actions.tasks.rewards import RewardFunctionError, compute_rewards, is_best
 from actions.tasks.rewards.gsm8k import gsm8k_reward

@@ -233,7 +233,7 @@ def test_pack_to_fixed_widths_and_refuse_rows_that_do_not_fit():
 def test_rows_are_scored_at_widths_of_their_own_whatever_their_batch_mates():
     from functools import partial
 
-    from actions.common.modeling import build_tiny_model
+    from actions.models.modeling import build_tiny_model
     from actions.rl.sequences import bucket_widths, pack, per_row_widths, response_logprobs
 
     assert bucket_widths(1, 1, 16) == (16, 16) and bucket_widths(17, 16, 16) == (32, 16)

@@ -1,4 +1,4 @@
-"""The S3 fast path on its own (actions/common/store/s3_fastpath.py), against the real S3
+"""The S3 fast path on its own (actions/store/s3_fastpath.py), against the real S3
 server: every part is engaged with the installed botocore/urllib3 (so an upgrade that breaks
 one fails here, not silently), each falls back to the public path -- with a warning naming
 what is missing -- when the private attribute it needs is gone, and the fallback stores and
@@ -14,12 +14,12 @@ import uuid
 import pytest
 from botocore.awsrequest import AWSRequest
 
-from actions.common.store import ObjectNotFound, StoreError, StoreUnreachable, as_parts, put_artifact
-from actions.common.store import s3_fastpath
-from actions.common.store.s3 import S3Store
-from actions.common.store.s3_fastpath import (FastPath, PartsReader, fill_from_raw, install_known_payload_signer,
+from actions.store import ObjectNotFound, StoreError, StoreUnreachable, as_parts, put_artifact
+from actions.store import s3_fastpath
+from actions.store.s3 import S3Store
+from actions.store.s3_fastpath import (FastPath, PartsReader, fill_from_raw, install_known_payload_signer,
                                               known_payload)
-from actions.common.weights import load_tensors
+from actions.store.weights import load_tensors
 
 pytestmark = pytest.mark.s3
 
@@ -163,7 +163,7 @@ def test_without_raw_fp_bodies_are_read_through_urllib3(s3_server, monkeypatch: 
 
 def test_an_artifact_round_trips_with_no_fast_path_at_all(s3_server, monkeypatch: pytest.MonkeyPatch) -> None:
     torch = pytest.importorskip("torch")
-    from actions.common.weights import publish_tensors
+    from actions.store.weights import publish_tensors
 
     monkeypatch.setattr(s3_fastpath, "HTTP_SESSION_PATH", ("_gone",))
     monkeypatch.setattr(s3_fastpath, "SIGNER_FACTORY_PATH", ("_gone", "get_auth_instance"))

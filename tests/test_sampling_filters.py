@@ -18,8 +18,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from actions.common.config import GenerationConfig
-from actions.common.contracts import GenerateRequest
+from actions.config.workload import GenerationConfig
+from actions.contracts import GenerateRequest
 from actions.engines.sampling import (
     filter_logits,
     gumbel_noise,

@@ -14,8 +14,8 @@ import torch
 from transformers import (AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config,
                           Qwen3Config)
 
-from actions.common.config import GenerationConfig
-from actions.common.modeling import build_char_tokenizer
+from actions.config.workload import GenerationConfig
+from actions.models.modeling import build_char_tokenizer
 from actions.engines.base import SampleSpec
 from actions.engines.sampling import Sampler
 from actions.engines.speculative import Speculation

@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from actions.common.credentials import S3Credentials, mask_key_id, redact, register_secret
-from actions.common.store import (
+from actions.store.credentials import S3Credentials, mask_key_id, redact, register_secret
+from actions.store import (
     CommitConflict,
     IntegrityError,
     LocalStore,

@@ -15,7 +15,7 @@ import torch
 from botocore import exceptions as bce
 from botocore.config import Config
 
-from actions.common.store import (
+from actions.store import (
     BucketNotFound,
     ObjectNotFound,
     StoreAccessDenied,
@@ -24,8 +24,8 @@ from actions.common.store import (
     StoreUnreachable,
     open_store,
 )
-from actions.common.store.s3 import S3Store
-from actions.common.weights import load_tensors, publish_tensors
+from actions.store.s3 import S3Store
+from actions.store.weights import load_tensors, publish_tensors
 
 pytestmark = pytest.mark.s3
 
@@ -154,7 +154,7 @@ def test_multipart_upload_and_ranged_download(s3_server) -> None:
 
 
 def test_put_content_uploads_only_new_blobs(s3_server) -> None:
-    from actions.common.store import sha256_hex
+    from actions.store import sha256_hex
 
     store = S3Store.from_uri(
         s3_server.uri(f"pc/{uuid.uuid4().hex[:8]}"), env=s3_server.env(),

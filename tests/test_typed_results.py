@@ -1,4 +1,4 @@
-"""Action results reach flows/ as typed models only (actions/common/contracts.py).
+"""Action results reach flows/ as typed models only (actions/contracts.py).
 
 The flow validates every result on arrival (``flows/step/invoke.py: invoke_action``) and then reads
 attributes; renaming a result field then fails type checks and this test, not a run three
@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from actions.common import contracts
+from actions import contracts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,7 +67,7 @@ def violations(root: Path = ROOT) -> list[str]:
 
 
 def test_no_action_result_is_read_as_a_raw_dict_in_flows():
-    assert violations() == [], "read the typed result's attribute instead (actions/common/contracts.py)"
+    assert violations() == [], "read the typed result's attribute instead (actions/contracts.py)"
 
 
 def test_the_check_catches_an_injected_raw_read(tmp_path):

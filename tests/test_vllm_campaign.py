@@ -23,7 +23,7 @@ VLLM_OVERRIDES = ["generation.engine=vllm", "model.hidden_size=128", "model.num_
 
 
 def _samples(cfg) -> dict:
-    from actions.common.store import get_json, open_store
+    from actions.store import get_json, open_store
 
     store = open_store(cfg.store.uri)
     out = {}

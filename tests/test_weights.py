@@ -7,8 +7,8 @@ import hashlib
 import pytest
 import torch
 
-from actions.common.store import ObjectStore, blob_key, read_manifest
-from actions.common.weights import (
+from actions.store import ObjectStore, blob_key, read_manifest
+from actions.store.weights import (
     load_tensors,
     publish_tensors,
     serialize_tensor,
@@ -74,7 +74,7 @@ def test_non_contiguous_and_cuda_free_inputs(backend_store: ObjectStore) -> None
 
 
 def test_corrupted_tensor_blob_is_named(backend_store: ObjectStore) -> None:
-    from actions.common.store import IntegrityError
+    from actions.store import IntegrityError
 
     tensors = {"w": torch.randn(8, 8)}
     publish_tensors(backend_store, "m.json", tensors)
@@ -100,7 +100,7 @@ def test_fingerprint_matches_its_reference_definition() -> None:
 
 
 def test_blob_encoding_is_byte_identical_to_safetensors() -> None:
-    from actions.common.weights import tensor_blob_parts
+    from actions.store.weights import tensor_blob_parts
 
     for name, t in {**_policy(), "unicodé€": torch.ones(3), 'q"\\': torch.zeros(2, 2)}.items():
         header, data = tensor_blob_parts(name, t)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from actions.common import warm
-from actions.common.store import IntegrityError, ObjectStore
-from actions.common.weights import load_tensors, publish_tensors
+from actions.models import warm
+from actions.store import IntegrityError, ObjectStore
+from actions.store.weights import load_tensors, publish_tensors
 from actions.engines.kv_state import PrefixState
 
 

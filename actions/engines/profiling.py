@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from actions.common.device import sync
+from actions.models.device import sync
 from actions.engines.torch_engine import SampleSpec, TorchEngine
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from actions.common.device import sync
+from actions.models.device import sync
 from actions.engines.base import EngineStats, RowEnds, SampleOut, SampleSpec
 from actions.engines.drafters import HistoryDrafter, PromptLookupDrafter
 from actions.engines.drafters.base import Drafter

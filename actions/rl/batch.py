@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from actions.common.config import AlgorithmConfig
-from actions.common.store import ObjectStore
-from actions.common.weights import load_tensors
+from actions.config.workload import AlgorithmConfig
+from actions.store import ObjectStore
+from actions.store.weights import load_tensors
 from actions.rl.sequences import PackedBatch, pack
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from actions.common import warm
-from actions.common.device import action_device, action_dtype
-from actions.common.loading import load_base_parts, store_for
-from actions.common.modeling import build_model
-from actions.common.weights import load_tensors
+from actions.models import warm
+from actions.models.device import action_device, action_dtype
+from actions.models.loading import load_base_parts, store_for
+from actions.models.modeling import build_model
+from actions.store.weights import load_tensors
 from actions.rl.critic import Critic, build_critic, split_tensors
 
 

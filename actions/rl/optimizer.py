@@ -19,8 +19,8 @@ import re
 
 import torch
 
-from actions.common.optim_state import load_optimizer_tensors, optimizer_tensors
-from actions.common.safe_paths import shown
+from actions.store.optim_state import load_optimizer_tensors, optimizer_tensors
+from actions.store.safe_paths import shown
 
 MASTER = "master"
 _MASTER_NAME = re.compile(r"^p(0|[1-9][0-9]{0,8})\.master$")

@@ -25,7 +25,7 @@ from collections import defaultdict
 
 import torch
 
-from actions.common.config import AlgorithmConfig
+from actions.config.workload import AlgorithmConfig
 from actions.rl.advantage import gae, group_normalized_advantages, kl_penalized_token_rewards
 from actions.rl.batch import TrainBatch
 from actions.rl.critic import Critic

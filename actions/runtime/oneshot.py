@@ -4,7 +4,7 @@ The request (JSON) comes on stdin. The file ``OUT`` receives, whole or not at al
 the action or its libraries print can corrupt it), ``{"result": ...}`` -- the action's result,
 an application error ``{"error": ...}`` included -- or, when the action raised,
 ``{"crash": ...}``: the exception classified as the runtime server classifies it
-(``actions.common.errors.describe_crash``), with the traceback on stderr. Used by
+(``actions.runtime.errors.describe_crash``), with the traceback on stderr. Used by
 the control plane for an action that must read its machine's files while the other actions run
 elsewhere (``flows/invokers/child.py``).
 """
@@ -17,7 +17,7 @@ import os
 import sys
 import traceback
 
-from actions.common.errors import describe_crash
+from actions.runtime.errors import describe_crash
 from actions.runtime.server import ACTION_NAMES
 
 

@@ -18,7 +18,7 @@ This is the entrypoint of the runtime images (port 8080) and of every local warm
   collects them promptly.
 * An exception out of ``main`` (a crashed action) is answered with HTTP 502, as OpenWhisk's
   action proxy does, and ``{"error": {"type", "message", "transient"[, "advice"]}}``
-  (``actions.common.errors.describe_crash``): OpenWhisk keeps the ``error`` field of a non-200
+  (``actions.runtime.errors.describe_crash``): OpenWhisk keeps the ``error`` field of a non-200
   reply as the activation's result, so the classification reaches the flow on both paths. An
   action that returns ``{"error": ...}`` itself (bad payload, missing input) gets 200: an
   application error.
@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from actions.common.errors import describe_crash
+from actions.runtime.errors import describe_crash
 from actions.runtime.request_auth import REPLY_HEADER, NonceCheck, reply_mac
 
 SENTINEL = "XXX_THE_END_OF_A_WHISK_ACTIVATION_XXX"
@@ -122,7 +122,7 @@ class ActionRuntime:
         # imported here, not at start-up: a worker process answers /init before pydantic loads
         from pydantic import ValidationError
 
-        from actions.common.contracts import split_control
+        from actions.contracts import split_control
 
         try:
             control = split_control(params)[1]
@@ -179,8 +179,8 @@ def _preload_model(ref: dict[str, Any], action: str, engine: str = "torch") -> b
     into the process's vLLM engine (``vllm``: built once, then each version pushed into it in
     place, never a torch model beside it); True if the version was not there. Best effort."""
     try:
-        from actions.common.contracts import ModelRef
-        from actions.common.loading import configure_threads, load_model
+        from actions.contracts import ModelRef
+        from actions.models.loading import configure_threads, load_model
 
         importlib.import_module(f"actions.{action}")
         configure_threads()
@@ -220,7 +220,7 @@ def _schedule_kill(delay_s: float) -> None:
 
 def _activation_block(busy: float, start: float, cold: bool) -> dict[str, Any]:
     """The ``__activation`` control key the invokers move into an activation's accounting."""
-    from actions.common.contracts import Control
+    from actions.contracts import Control
 
     block = {"busy_s": busy, "start": start, "pid": os.getpid(), "image": image_id(), "cold": cold,
              "engine": _engine_built()}

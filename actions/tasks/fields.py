@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from actions.common.quoting import quote
+from actions.config.quoting import quote
 from actions.tasks.dataset import PromptRow
 from actions.tasks.input_limits import check_prompt_size
 from actions.tasks.sources import Record

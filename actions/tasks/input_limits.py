@@ -18,7 +18,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from actions.common.config import WorkloadConfig
+from actions.config.workload import WorkloadConfig
 
 MAX_DATASET_BYTES = 1 << 30
 """1 GiB per split: far above prompt sets in use (GSM8K's train split is 4 MB)."""

@@ -9,7 +9,7 @@ What is read, by path:
   ``datasets.load_from_disk``. A ``DatasetDict`` folder is refused with the splits to choose from.
 
 Only local files are read here: the ``datasets`` library never contacts the hub
-(``HF_DATASETS_OFFLINE``; hub ids are fetched before, by ``actions/common/hub.py``),
+(``HF_DATASETS_OFFLINE``; hub ids are fetched before, by ``actions/models/hub.py``),
 and Parquet is converted in a temporary cache that is removed afterwards. JSON Lines is parsed
 here, line by line, rather than by the Arrow JSON reader: that reader stops at the first row
 whose type differs from the others without saying which line it is, and this loader's errors
@@ -75,7 +75,7 @@ def _numbered(rows: Iterator[dict[str, Any]]) -> Iterator[Record]:
 
 
 def _offline() -> None:
-    # datasets reads only these local files; hub ids are fetched by actions/common/hub.py,
+    # datasets reads only these local files; hub ids are fetched by actions/models/hub.py,
     # through huggingface_hub, whose HF_HUB_OFFLINE stays the user's
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 

@@ -7,9 +7,9 @@ A dataset key never changes once its manifest exists, so a warm hit is always va
 
 from __future__ import annotations
 
-from actions.common import warm
-from actions.common.loading import store_for
-from actions.common.store import get_artifact
+from actions.models import warm
+from actions.models.loading import store_for
+from actions.store import get_artifact
 from actions.tasks.dataset import DATASET_FILE, PromptRow, parse_jsonl
 
 

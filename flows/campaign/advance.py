@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from actions.common.contracts import PromptTokens
+from actions.contracts import PromptTokens
 from flows.campaign.drafts import keys_for, record_drafts
 from flows.campaign.schedule import step_prompts
 from flows.campaign.setup import model_ref

@@ -32,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from actions.common.store import (BLOB_PREFIX, IntegrityError, ObjectNotFound, ObjectStore, StoreError, blob_key,
+from actions.store import (BLOB_PREFIX, IntegrityError, ObjectNotFound, ObjectStore, StoreError, blob_key,
                                   map_bounded, read_manifest, transfer_threads)
 from flows.planning.retention import GcPlan, Retention, VersionKeys, needed_commits, plan_collection
 from flows.campaign.state import CampaignState, load_state_at

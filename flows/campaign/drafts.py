@@ -1,7 +1,7 @@
 """The campaign's draft history: earlier epochs' responses for speculative decoding.
 
 After a step's generation the flow copies the finished responses of the step's prompts from
-its rollouts into ``<run>/drafts/<step>.json`` (``actions/common/drafts.py``), and the campaign
+its rollouts into ``<run>/drafts/<step>.json`` (``actions/store/drafts.py``), and the campaign
 state's ``draft_index`` maps each prompt to the step holding its latest responses. The next
 time a prompt comes round (the next epoch), its generation action reads that object. Drafts
 live outside ``steps/``, so garbage collection of old steps leaves them alone; this module
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from actions.common.drafts import drafts_from_samples
-from actions.common.store import ObjectNotFound, ObjectStore, get_json, put_json
+from actions.store.drafts import drafts_from_samples
+from actions.store import ObjectNotFound, ObjectStore, get_json, put_json
 
 
 def drafts_key(prefix: str, step: int) -> str:

@@ -19,7 +19,7 @@ def finished_run_line(cfg: CampaignConfig) -> str | None:
     A run whose lease is still there did not end cleanly (its process died, perhaps in the
     middle of a garbage collection after its last commit): that is work left, which the
     normal resume does (take the lease over, finish the collection, write the summary)."""
-    from actions.common.store import open_store
+    from actions.store import open_store
     from flows.campaign.lease import read_lease
     from flows.campaign.state import load_state
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
-from actions.common.store import ObjectStore
+from actions.store import ObjectStore
 from flows.campaign.lease import RunLease, held_lease
 from flows.config import CampaignConfig
 

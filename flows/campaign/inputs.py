@@ -13,7 +13,7 @@ actions go.
 
 from __future__ import annotations
 
-from actions.common.contracts import CriticInitRequest, CriticInitResult, ModelRef, Prepared, PrepareRequest, parse_result
+from actions.contracts import CriticInitRequest, CriticInitResult, ModelRef, Prepared, PrepareRequest, parse_result
 from flows.invokers.child import ChildProcessInvoker
 from flows.invokers.factory import worker_log_dir
 from flows.step.context import RunContext

@@ -9,10 +9,10 @@ runs in (``holder.py``), a random token, since when) and an expiry. The protocol
   naming the holder and ``--break-lease``.
 * **take over** a stale lease (expired, or held by a process of this host that is gone) or,
   with ``break_lease``, any lease: delete it only if it still holds the bytes just read
-  (:func:`~actions.common.store.delete_if`), then create it once as above. Two takers can
+  (:func:`~actions.store.delete_if`), then create it once as above. Two takers can
   both delete; only one create succeeds, so only one wins.
 * **renew** (a background thread, every ``ttl_s / 3``): compare-and-swap of the holder's own
-  bytes (:func:`~actions.common.store.replace_if`). If the bytes changed, the lease was
+  bytes (:func:`~actions.store.replace_if`). If the bytes changed, the lease was
   taken: it is marked lost. A holder never renews after its expiry, so a takeover of an
   expired lease cannot race with a renewal (clocks must agree to within ``SKEW_S``).
 * **check** before every write a campaign commits (:meth:`RunLease.check`): the lease is
@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from actions.common.store import ObjectNotFound, ObjectStore, StoreError, delete_if, replace_if
+from actions.store import ObjectNotFound, ObjectStore, StoreError, delete_if, replace_if
 from flows.campaign.holder import machine_identity, same_pid_space
 from flows.campaign.renewal import renewal_failure
 

@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from actions.common.contracts import ModelRef, PromptTokens
-from actions.common.profile_cache import ProfileRequest, ProfileResult
+from actions.contracts import ModelRef, PromptTokens
+from actions.store.profile_cache import ProfileRequest, ProfileResult
 from flows.step.context import RunContext
 from flows.step.live_inputs import LiveInputs  # noqa: F401 (re-exported: set-up builds it here)
 from flows.planning.tpot import CPU_TINY_PROFILE, TpotProfile

@@ -2,7 +2,7 @@
 
 A renewal is one small compare-and-swap every ``ttl_s / 3``; a missed one costs nothing while
 the lease has time left, so anything that may pass by itself is retried: the store's own
-transient errors (``actions.common.errors.is_transient``: timeouts, refused or reset
+transient errors (``actions.runtime.errors.is_transient``: timeouts, refused or reset
 connections, 429/503) and an interrupted or busy local write. A failure that will not pass (a
 read-only or full file system, denied access, rejected credentials) would only make the run
 fail later at its next check, with an error about the lease instead of the store: it ends the
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import errno
 
-from actions.common.errors import is_transient, one_line
+from actions.runtime.errors import is_transient, one_line
 
 RETRIED_ERRNOS = frozenset({errno.EINTR, errno.EAGAIN, errno.EBUSY, errno.ETIMEDOUT, errno.EIO})
 """Local file-system errors a later renewal may not meet."""

@@ -21,8 +21,8 @@ from typing import Any
 
 from prefect import flow
 
-from actions.common.contracts import parse_token_table
-from actions.common.store import ObjectStore, get_json, open_store
+from actions.contracts import parse_token_table
+from actions.store import ObjectStore, get_json, open_store
 from flows.campaign.advance import budget_stop, run_one_step
 from flows.campaign.collect import Collector
 from flows.campaign.drafts import drop_unreferenced

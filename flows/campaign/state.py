@@ -19,9 +19,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from flows.config import CampaignConfig
 from flows.planning.planner import PlannerState
 from flows.planning.record import PhaseObservation
-from actions.common.contracts import EvaluateResult, Prepared
-from actions.common.safe_paths import STORE_FIX, UnsafeName, check_name, shown
-from actions.common.store import (IntegrityError, ObjectNotFound, ObjectStore, commit_key, commit_pointer, get_json,
+from actions.contracts import EvaluateResult, Prepared
+from actions.store.safe_paths import STORE_FIX, UnsafeName, check_name, shown
+from actions.store import (IntegrityError, ObjectNotFound, ObjectStore, commit_key, commit_pointer, get_json,
                                   read_pointer)
 
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from flows.config import CampaignConfig
 
 # Quiet, offline-friendly defaults for the embedded Prefect server; users may override them.
-# HF_HUB_OFFLINE stays the user's: unset or 0 lets `prepare` fetch hub ids (actions/common/hub.py).
+# HF_HUB_OFFLINE stays the user's: unset or 0 lets `prepare` fetch hub ids (actions/models/hub.py).
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
@@ -118,7 +118,7 @@ def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool,
     names is imported), then inputs, output paths, the existing run, the invoker. Reads only;
     before Prefect or any worker starts, so a refusal is one line (a failure inside the flow
     would log a traceback). Then takes the run's lease (the first write) and returns it."""
-    from actions.common.store import open_store
+    from actions.store import open_store
     from flows.campaign.lease import RunLease, check_not_held
 
     store = open_store(cfg.store.uri)  # an unreachable endpoint, bad credentials or a missing bucket fail here
@@ -228,8 +228,8 @@ def _only_run(store: Any, uri: str, command: str) -> str:
 def _open_run(args: argparse.Namespace, command: str) -> tuple[Any, Any, Any]:
     """(config, store, the run's latest state) for ``status`` and ``gc``."""
     from flows.config import load_config
-    from actions.common.safe_paths import check_run_id
-    from actions.common.store import open_store
+    from actions.store.safe_paths import check_run_id
+    from actions.store import open_store
     from flows.campaign.state import load_state
 
     cfg = load_config(args.config, [])
@@ -287,7 +287,7 @@ MAX_ERROR_CHARS = 1200
 
 def _bounded(text: str) -> str:
     """An error line of at most ``MAX_ERROR_CHARS``: messages quote values bounded
-    (``actions.common.quoting``); this is the backstop for one that does not. The start (what
+    (``actions.config.quoting``); this is the backstop for one that does not. The start (what
     failed) and the end (the fix) are kept."""
     if len(text) <= MAX_ERROR_CHARS:
         return text
@@ -295,7 +295,7 @@ def _bounded(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from actions.common.credentials import redact
+    from actions.store.credentials import redact
 
     try:
         words = sys.argv[1:] if argv is None else argv
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlhfless: error: {_bounded(redact(str(exc)))}", file=sys.stderr)
         return 2
     except Exception as exc:  # infrastructure failures: one line, secrets scrubbed, non-zero
-        from actions.common.store import StoreError
+        from actions.store import StoreError
         from flows.invokers.base import ActionError
         from flows.commands.local_api import LocalApiError
 

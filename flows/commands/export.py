@@ -1,7 +1,7 @@
 """``rlhfless export``: a committed policy version as a folder ``from_pretrained`` loads.
 
 Reads the run's commit (the latest, or ``--step N``), refuses bad arguments before anything is
-written (one line, exit 2), writes the folder (``actions/common/export.py``) and, only when
+written (one line, exit 2), writes the folder (``actions/models/export.py``) and, only when
 asked with ``--push-to-hub`` and the hub is reachable (``HF_HUB_OFFLINE`` unset or 0), uploads it.
 """
 
@@ -45,8 +45,8 @@ def _check_args(args: argparse.Namespace) -> Path:
 
 def _state(args: argparse.Namespace) -> tuple[Any, Any]:
     """(store, the commit to export)."""
-    from actions.common.safe_paths import check_run_id
-    from actions.common.store import open_store
+    from actions.store.safe_paths import check_run_id
+    from actions.store import open_store
     from flows.campaign.state import load_state, load_state_at
     from flows.config import load_config
 
@@ -67,8 +67,8 @@ def _state(args: argparse.Namespace) -> tuple[Any, Any]:
 def run(args: argparse.Namespace) -> int:
     out = _check_args(args)
     store, state = _state(args)
-    from actions.common.export import LoraVersion, describe, export_policy
-    from actions.common.store import ObjectNotFound
+    from actions.models.export import LoraVersion, describe, export_policy
+    from actions.store import ObjectNotFound
     from flows.config import CampaignConfig
 
     lora_cfg = CampaignConfig.model_validate(state.identity).model.lora  # the run's model.lora, as it trained

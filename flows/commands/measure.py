@@ -46,7 +46,7 @@ def _ints(text: str, flag: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     from flows.config import load_config
-    from actions.common.device import parse_device, parse_dtype
+    from actions.models.device import parse_device, parse_dtype
     from actions.engines.profiling import measure_grid
 
     cfg = load_config(args.config, args.overrides)
@@ -70,7 +70,7 @@ def build_profile_model(cfg: CampaignConfig, config_json: str | None, device: to
     torch gets one thread, as one action of the local warm pool has."""
     import torch
 
-    from actions.common.modeling import build_tiny_model, instantiate, random_model_from_config, read_model_dir
+    from actions.models.modeling import build_tiny_model, instantiate, random_model_from_config, read_model_dir
 
     if device.type == "cpu":
         torch.set_num_threads(1)  # one core per actor, as the local warm pool runs them

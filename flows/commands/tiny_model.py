@@ -2,7 +2,7 @@
 
 For trying ``model.path`` and the data pipeline on a laptop, and for benchmarks: a Qwen2,
 Llama or Mistral model with random weights and a trained byte-level BPE tokenizer (see
-``actions.common.tiny_hf``). The default is the Qwen2 shape: ``pad_token_id: null``, no pad
+``flows.commands.tiny_model_dir``). The default is the Qwen2 shape: ``pad_token_id: null``, no pad
 token, two EOS ids and a ChatML template. ``--reward`` writes a reward model of the same shape
 (``<Arch>ForSequenceClassification``, one label) for ``reward.models``.
 """
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is a file; pass a folder path")
-    from actions.common.tiny_hf import write_tiny_model_dir
+    from flows.commands.tiny_model_dir import write_tiny_model_dir
 
     info = write_tiny_model_dir(
         out, args.arch, vocab_size=args.vocab_size, tokenizer_vocab=args.tokenizer_vocab,

@@ -13,7 +13,7 @@ returns an :class:`Activation`: the action's result plus the accounting the flow
 
 Errors: an action that rejects its payload returns ``{"error": ...}``; the invoker raises
 :class:`ActionError` with ``transient=False`` (retrying cannot help). An action that raises is
-classified where it ran (``actions.common.errors``): connection refused/reset, timeouts, a
+classified where it ran (``actions.runtime.errors``): connection refused/reset, timeouts, a
 store's 429/502/503 and fault injection's simulated crash are transient; anything else (a
 ``TypeError``, CUDA out of memory) is permanent and fails at once. Infrastructure failures (a
 killed or lost worker, 429/502/503, timeouts) raise :class:`ActionError` with

@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from actions.common.errors import crash_text
+from actions.runtime.errors import crash_text
 from flows.invokers.base import ActionError, Activation
 
 

@@ -1,6 +1,6 @@
 """The machine's cores, divided among the activations that run on it at the same time.
 
-An action sets torch's intra-op threads per activation (``actions.common.loading``), to the
+An action sets torch's intra-op threads per activation (``actions.models.loading``), to the
 share its invoker hands it here: all the cores when it runs alone (training, evaluation), an
 equal share when several run side by side (a generation fan-out). Shares are fixed at an
 activation's start: one that starts while another runs keeps its smaller share to the end,

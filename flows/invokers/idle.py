@@ -1,6 +1,6 @@
 """Which idle worker of the local pool takes an activation: the one whose warm state it can use.
 
-A worker keeps what its activations loaded (``actions/common/warm.py``): the policy version a
+A worker keeps what its activations loaded (``actions/models/warm.py``): the policy version a
 generation or a pre-warm read, and after a training step the model and optimizer state it just
 published. An activation that lands elsewhere reads them from the store again. So each worker
 remembers, per action it ran, the policy version that left it holding (``warm``: the version a
@@ -27,7 +27,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import ValidationError
 
-from actions.common.contracts import ModelRef, TrainStepResult, split_control
+from actions.contracts import ModelRef, TrainStepResult, split_control
 
 
 WARMING_WAIT_S = 30.0

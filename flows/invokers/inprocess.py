@@ -2,7 +2,7 @@
 
 It goes through the same JSON round trip as a real activation, so a payload that would not
 survive OpenWhisk does not pass here either. An exception out of ``main`` is classified as the
-runtime server classifies it (``actions.common.errors``): transient or permanent. One
+runtime server classifies it (``actions.runtime.errors``): transient or permanent. One
 activation runs at a time, with all of ``num_cores`` (``flows.invokers.cores``).
 """
 
@@ -15,8 +15,8 @@ import time
 import uuid
 from typing import Any
 
-from actions.common.contracts import Control
-from actions.common.errors import crash_text, describe_crash
+from actions.contracts import Control
+from actions.runtime.errors import crash_text, describe_crash
 from flows.invokers.base import ActionError, Activation
 from flows.invokers.cores import available_cores
 

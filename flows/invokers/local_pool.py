@@ -46,10 +46,10 @@ from typing import Any
 
 import httpx
 
-from actions.common.errors import TRANSIENT_STATUS, crash_text, one_line
+from actions.runtime.errors import TRANSIENT_STATUS, crash_text, one_line
 from actions.runtime.request_auth import REPLY_HEADER, reply_is_authentic, sign_request
 from actions.runtime.server import DEFAULT_MAX_BODY_BYTES
-from actions.common.contracts import Control, take_activation
+from actions.contracts import Control, take_activation
 from flows.invokers.base import ActionError, Activation
 from flows.invokers.cores import MKL_REPRODUCIBLE, CoreShare
 from flows.invokers.idle import IdleWorkers, held_policy, ref_policy, request_engine, request_policy
@@ -260,7 +260,7 @@ class LocalPoolInvoker:
     def _failure(action: str, status: int, error: Any, worker: _Worker, activation_id: str) -> ActionError:
         """One line: what failed, how (crash type and message, or the refusal), and the log."""
         where = f"worker log {worker.log_path}"
-        if isinstance(error, dict):  # a crash the worker classified (actions.common.errors)
+        if isinstance(error, dict):  # a crash the worker classified (actions.runtime.errors)
             return ActionError(action, f"{crash_text(error)}; {where}", transient=bool(error.get("transient")),
                                activation_id=activation_id)
         text = one_line(str(error)) if error is not None else "(no error message)"

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from flows.config import CampaignConfig
-from actions.common.store import ObjectStore
+from actions.store import ObjectStore
 from flows.invokers.base import Invoker
 from flows.step.live_inputs import LiveInputs
 from flows.step.faults import FaultInjector

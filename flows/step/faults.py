@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import threading
 
-from actions.common.contracts import Control
+from actions.contracts import Control
 from flows.config import FaultConfig
 
 

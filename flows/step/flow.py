@@ -18,7 +18,7 @@ from typing import Any
 from prefect import flow
 from prefect.futures import PrefectFuture, as_completed
 
-from actions.common.contracts import GenerateResult, PrefillResult, ScoreResult, TrainStepResult
+from actions.contracts import GenerateResult, PrefillResult, ScoreResult, TrainStepResult
 from flows.step.context import RunContext, current
 from flows.planning.planner import PhasePlan
 from flows.invokers.base import Activation

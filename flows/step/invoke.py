@@ -3,7 +3,7 @@
 Every action is idempotent (its output keys derive from run, step and shard), so retrying a
 transient failure -- a killed or lost worker, a 429/502/503, a timeout, an injected fault --
 gives the same bytes. Application errors (bad payload, missing input) and permanent crashes (a
-``TypeError``, CUDA out of memory: ``actions.common.errors``) fail on the first attempt.
+``TypeError``, CUDA out of memory: ``actions.runtime.errors``) fail on the first attempt.
 
 GPU actions hold slots of an optional Prefect global concurrency limit while they run
 (``invoker.gpu_concurrency_limit``), so several campaigns share one GPU pool without
@@ -23,8 +23,8 @@ from prefect.concurrency.sync import concurrency
 from pydantic import BaseModel
 
 from flows.config import CampaignConfig
-from actions.common.contracts import parse_result
-from actions.common.profile_cache import ProfileResult
+from actions.contracts import parse_result
+from actions.store.profile_cache import ProfileResult
 from flows.step.context import current
 from flows.invokers.base import ActionError, Activation
 
@@ -65,7 +65,7 @@ def _transient_only(task: Any, task_run: Any, state: Any) -> bool:
 
 @dataclass(frozen=True)
 class Returned(Generic[R]):
-    """One action's validated result (its contract in ``actions/common/contracts.py``) and
+    """One action's validated result (its contract in ``actions/contracts.py``) and
     the activation's accounting."""
 
     result: R

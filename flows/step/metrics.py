@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from actions.common.contracts import EngineEvents, EvaluateResult
+from actions.contracts import EngineEvents, EvaluateResult
 from flows.invokers.base import Activation
 from flows.planning.lengths import rank_correlation
 from flows.planning.planner import PhasePlan

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from actions.common.contracts import (GenerateRequest, ModelRef, PrefillRequest, ScoreRequest,
+from actions.contracts import (GenerateRequest, ModelRef, PrefillRequest, ScoreRequest,
                                       TrainStepRequest, reward_model_refs)
 from flows.step.context import RunContext
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from actions.common.contracts import PromptTokens
+from actions.contracts import PromptTokens
 from flows.invokers.cores import pool_cores
 from flows.planning.calibration import Calibration
 from flows.planning.lengths import LengthHistory

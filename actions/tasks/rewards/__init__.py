@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from actions.common.reward_config import BUILTIN_REWARDS
+from actions.config.reward import BUILTIN_REWARDS
 from actions.tasks.rewards.calling import RESERVED, RewardFunctionError, call_reward
 from actions.tasks.rewards.trainer_state import make_trainer_state
 

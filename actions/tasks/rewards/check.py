@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from actions.common.reward_config import BUILTIN_REWARDS
+from actions.config.reward import BUILTIN_REWARDS
 from actions.tasks.rewards import RewardFunctionError, load_reward
 
 SAMPLE = {"prompts": ["What is 1 + 1?"], "completions": ["1 + 1 = 2\n#### 2"], "answer": ["2"]}

@@ -9,7 +9,7 @@ joined). Inputs are tokenized without special tokens, right-padded, truncated to
 logit is the score (TRL's ``logits[:, 0]``). A tokenizer without a pad token pads with its EOS
 token (the model's pooling then reads the last token that is not padding).
 
-Each model is loaded once per warm container (``actions/common/warm.py``), keyed by its
+Each model is loaded once per warm container (``actions/models/warm.py``), keyed by its
 manifest, device and dtype: ``prepare`` stored it, so nothing here reads the user's disk or the
 network.
 """
@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from actions.common import warm
-from actions.common.contracts import RewardModelRef
-from actions.common.device import action_device, action_dtype
-from actions.common.safe_paths import write_beneath
-from actions.common.store import get_artifact, open_store
+from actions.models import warm
+from actions.contracts import RewardModelRef
+from actions.models.device import action_device, action_dtype
+from actions.store.safe_paths import write_beneath
+from actions.store import get_artifact, open_store
 
 
 def load_reward_model(ref: RewardModelRef, store_uri: str, device: torch.device) -> tuple[Any, Any]:

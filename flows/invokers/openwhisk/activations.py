@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from actions.common.errors import crash_text
+from actions.runtime.errors import crash_text
 from flows.invokers.base import ActionError
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from actions.common.credentials import redact
+from actions.store.credentials import redact
 from flows.invokers.openwhisk.config import API_PATH, OpenWhiskConfig
 
 log = logging.getLogger(__name__)

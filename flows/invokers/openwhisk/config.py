@@ -9,8 +9,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from actions.common.credentials import register_secret
-from actions.common.endpoints import is_http_url
+from actions.store.credentials import register_secret
+from actions.store.endpoints import is_http_url
 
 API_PATH = "/api/v1"
 SECRET_BLOCK_ENV = "RLHFLESS_OPENWHISK_SECRET"

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from actions.common.contracts import Control, take_activation
+from actions.contracts import Control, take_activation
 from flows.invokers.base import ActionError, Activation
 from flows.invokers.openwhisk.activations import annotations_of
 from flows.invokers.openwhisk.api import OpenWhiskError, RetryPolicy

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:  # only its fields are read: a benchmark may pass any object that has them
-    from actions.common.config import LoraConfig
+    from actions.config.workload import LoraConfig
 
 INIT_SEED = 0x10_4A
 """Seed of every adapter's initialisation (A random, B zero)."""

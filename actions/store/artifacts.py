@@ -20,9 +20,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from actions.common.safe_paths import STORE_FIX, check_name, shown
-from actions.common.store.pool import map_bounded, transfer_threads
-from actions.common.store.protocol import (BlobData, IntegrityError, ObjectNotFound, ObjectStore, as_parts,
+from actions.store.safe_paths import STORE_FIX, check_name, shown
+from actions.store.pool import map_bounded, transfer_threads
+from actions.store.protocol import (BlobData, IntegrityError, ObjectNotFound, ObjectStore, as_parts,
                                            num_bytes)
 
 BLOB_PREFIX = "blobs/sha256"

@@ -13,7 +13,7 @@ import json
 import struct
 from pathlib import Path
 
-from actions.common.config import WorkloadConfig
+from actions.config.workload import WorkloadConfig
 
 TINY_LLAMA_LINEAR = ("model.embed_tokens", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                      "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "lm_head")

@@ -14,8 +14,8 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from actions.common.credentials import S3Credentials
-from actions.common.endpoints import is_http_url
+from actions.store.credentials import S3Credentials
+from actions.store.endpoints import is_http_url
 
 BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 BUCKET_FIX = "use 3-63 lowercase letters, digits, '.', '-'"

@@ -44,13 +44,13 @@ from typing import Any, NoReturn
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from botocore import exceptions as bce
 
-from actions.common.credentials import S3Credentials, mask_key_id
-from actions.common.store.protocol import ObjectNotFound, as_parts, check_key
-from actions.common.store.s3_errors import (NOT_FOUND_CODES, STREAM_ERRORS, ErrorContext, backoff, code,
+from actions.store.credentials import S3Credentials, mask_key_id
+from actions.store.protocol import ObjectNotFound, as_parts, check_key
+from actions.store.s3_errors import (NOT_FOUND_CODES, STREAM_ERRORS, ErrorContext, backoff, code,
                                             is_not_implemented, is_precondition_failed, status, translate)
-from actions.common.store.s3_fastpath import PartsReader, attach, known_payload
-from actions.common.store.s3_reads import RangedReader
-from actions.common.store.s3_settings import BUCKET_FIX, BUCKET_RE, make_client, settings_from_env, split_uri
+from actions.store.s3_fastpath import PartsReader, attach, known_payload
+from actions.store.s3_reads import RangedReader
+from actions.store.s3_settings import BUCKET_FIX, BUCKET_RE, make_client, settings_from_env, split_uri
 
 log = logging.getLogger(__name__)
 

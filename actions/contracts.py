@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from actions.common.config import AlgorithmConfig, LoraConfig, RewardFunctionConfig, WarmupConfig, WorkloadConfig
-from actions.common.reward_config import RewardModelConfig, reward_model_key
+from actions.config.workload import AlgorithmConfig, LoraConfig, RewardFunctionConfig, WarmupConfig, WorkloadConfig
+from actions.config.reward import RewardModelConfig, reward_model_key
 
 
 class _Msg(BaseModel):
@@ -360,7 +360,7 @@ def parse_token_table(raw: dict[str, Any]) -> dict[int, PromptTokens]:
 
 
 class WarmCounts(_Msg):
-    """Warm-cache hits and misses during one activation (``actions/common/warm.py``)."""
+    """Warm-cache hits and misses during one activation (``actions/models/warm.py``)."""
 
     hits: int
     misses: int

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from actions.common.store import ObjectNotFound, get_json
+from actions.store import ObjectNotFound, get_json
 
 MAX_RESPONSES_PER_PROMPT = 8
 

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from actions.common.contracts import ModelRef
+from actions.contracts import ModelRef
 
 PROFILE_PREFIX = "profiles"
 """Store prefix of cached profiles (store-wide: shared by every run of the store)."""

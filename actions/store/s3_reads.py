@@ -16,9 +16,9 @@ from typing import Any
 
 from botocore import exceptions as bce
 
-from actions.common.store.protocol import IntegrityError
-from actions.common.store.s3_errors import code
-from actions.common.store.s3_fastpath import FastPath, RangeResponse, open_range_presigned
+from actions.store.protocol import IntegrityError
+from actions.store.s3_errors import code
+from actions.store.s3_fastpath import FastPath, RangeResponse, open_range_presigned
 
 
 class RangedReader:

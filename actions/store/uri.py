@@ -6,8 +6,8 @@ local default costs no boto3 import.
 
 from __future__ import annotations
 
-from actions.common.store.local import LocalStore
-from actions.common.store.protocol import ObjectStore
+from actions.store.local import LocalStore
+from actions.store.protocol import ObjectStore
 
 
 def open_store(uri: str) -> ObjectStore:
@@ -23,7 +23,7 @@ def open_store(uri: str) -> ObjectStore:
         StoreError: the S3 endpoint, credentials or bucket failed the check.
     """
     if uri.startswith("s3://"):
-        from actions.common.store.s3 import S3Store  # boto3 is imported only when needed
+        from actions.store.s3 import S3Store  # boto3 is imported only when needed
 
         return S3Store.from_uri(uri)
     if uri.startswith("file://"):

@@ -1,9 +1,9 @@
 """botocore failures of the S3 backend: how to classify them, back off, and report them.
 
-Every failure leaves the backend as one :class:`~actions.common.store.protocol.StoreError`
+Every failure leaves the backend as one :class:`~actions.store.protocol.StoreError`
 subclass with a one-line message that names the operation, the target and the endpoint, and
 says what to check. Secrets never appear: key ids are masked (``AKIA****``), every text goes
-through :func:`actions.common.credentials.redact`, and an exception whose text may carry a
+through :func:`actions.store.credentials.redact`, and an exception whose text may carry a
 (presigned) URL is named by its type only.
 """
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from botocore import exceptions as bce
 
-from actions.common.credentials import redact
-from actions.common.store.protocol import (BucketNotFound, StoreAccessDenied, StoreCredentialsError, StoreError,
+from actions.store.credentials import redact
+from actions.store.protocol import (BucketNotFound, StoreAccessDenied, StoreCredentialsError, StoreError,
                                            StoreUnreachable)
 
 CREDENTIAL_CODES = {

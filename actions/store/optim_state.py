@@ -10,7 +10,7 @@ import re
 
 import torch
 
-from actions.common.safe_paths import shown
+from actions.store.safe_paths import shown
 
 
 def optimizer_tensors(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:

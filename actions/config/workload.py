@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from actions.common.config_section import Section as _Section
-from actions.common.quoting import quote
+from actions.config.section import Section as _Section
+from actions.config.quoting import quote
 # RewardFunctionConfig is re-exported: the contracts and callers take every section from here.
-from actions.common.reward_config import (TASK_REWARDS, RewardConfig, RewardFunctionConfig,  # noqa: F401
+from actions.config.reward import (TASK_REWARDS, RewardConfig, RewardFunctionConfig,  # noqa: F401
                                           RewardModelConfig)
 
 
@@ -83,7 +83,7 @@ class DataConfig(_Section):
     train_path: str | None = None
     """A .jsonl or .parquet file, or a ``Dataset.save_to_disk`` folder; None generates the task."""
     eval_path: str | None = None
-    """Held-out prompts in the same format (or a hub id, ``actions/common/hub.py``). Without it,
+    """Held-out prompts in the same format (or a hub id, ``actions/models/hub.py``). Without it,
     ``eval_fraction`` of the training rows are held out, or nothing is evaluated."""
     eval_fraction: float | None = Field(None, gt=0, lt=1)
     """With ``train_path`` and no ``eval_path``: the share of the training rows held out for

@@ -54,7 +54,7 @@ def is_cuda_oom(exc: BaseException) -> bool:
 
 def is_transient(exc: BaseException) -> bool:
     """True for failures that another attempt with the same payload may not meet."""
-    from actions.common.store import StoreError, StoreUnreachable
+    from actions.store import StoreError, StoreUnreachable
 
     if isinstance(exc, (InjectedFault, StoreUnreachable, ConnectionError, TimeoutError)):
         return True

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import TypeVar
 
-from actions.common.store.protocol import ObjectStore
+from actions.store.protocol import ObjectStore
 
 T = TypeVar("T")
 R = TypeVar("R")

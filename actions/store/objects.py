@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from actions.common.store.protocol import ObjectNotFound, ObjectStore
+from actions.store.protocol import ObjectNotFound, ObjectStore
 
 
 def put_json(store: ObjectStore, key: str, obj: Any) -> None:

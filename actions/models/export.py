@@ -25,12 +25,12 @@ from typing import Any
 
 import torch
 
-from actions.common.config import LoraConfig
-from actions.common.lora import attach_adapter, attach_peft, merge_adapter
-from actions.common.modeling import TOKENIZER_FILES, SLOW_TOKENIZER_FILES, build_model, read_base
-from actions.common.safe_paths import write_beneath
-from actions.common.store import ObjectStore, get_artifact
-from actions.common.weights import load_tensors
+from actions.config.workload import LoraConfig
+from actions.models.lora import attach_adapter, attach_peft, merge_adapter
+from actions.models.modeling import TOKENIZER_FILES, SLOW_TOKENIZER_FILES, build_model, read_base
+from actions.store.safe_paths import write_beneath
+from actions.store import ObjectStore, get_artifact
+from actions.store.weights import load_tensors
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,13 @@ import os
 
 import torch
 
-from actions.common import warm
-from actions.common.contracts import ModelRef
-from actions.common.device import action_device, action_dtype
-from actions.common.modeling import BaseParts, build_model, read_base
-from actions.common.special_tokens import SpecialTokens
-from actions.common.store import ObjectStore, get_artifact, open_store
-from actions.common.weights import load_tensors
+from actions.models import warm
+from actions.contracts import ModelRef
+from actions.models.device import action_device, action_dtype
+from actions.models.modeling import BaseParts, build_model, read_base
+from actions.models.special_tokens import SpecialTokens
+from actions.store import ObjectStore, get_artifact, open_store
+from actions.store.weights import load_tensors
 
 
 def configure_threads(num_threads: int | None = None) -> int:
@@ -72,7 +72,7 @@ def load_backbone(ref: ModelRef, device: torch.device, dtype: torch.dtype) -> di
 
 def _build_lora(ref: ModelRef, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """The backbone (shared, warm) with the version's adapter: only the adapter is read."""
-    from actions.common.lora import attach_adapter
+    from actions.models.lora import attach_adapter
 
     assert ref.lora is not None and ref.backbone_key is not None, ref
     adapter = None

@@ -17,8 +17,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from actions.common.store.objects import put_json
-from actions.common.store.protocol import CommitConflict, IntegrityError, ObjectNotFound, ObjectStore
+from actions.store.objects import put_json
+from actions.store.protocol import CommitConflict, IntegrityError, ObjectNotFound, ObjectStore
 
 COMMIT_SCHEMA = "rlhfless.commit/v1"
 

@@ -9,7 +9,7 @@ arrives here only in-process, where it fails the activation like a crash instead
 ``__threads`` (set by the local pool and the in-process invoker, never by users) is the
 activation's share of the machine's cores: torch's intra-op thread count while it runs.
 Any other exception propagates to the runtime server, which answers 502 with its classification
-(``actions.common.errors``: transient or permanent).
+(``actions.runtime.errors``: transient or permanent).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from actions.common import warm
-from actions.common.contracts import Control, WarmCounts, parse_request, split_control
-from actions.common.errors import InjectedFault
-from actions.common.store import IntegrityError, ObjectNotFound
+from actions.models import warm
+from actions.contracts import Control, WarmCounts, parse_request, split_control
+from actions.runtime.errors import InjectedFault
+from actions.store import IntegrityError, ObjectNotFound
 
 
 def run_action(request_model: type, core: Callable[[Any], Any], args: dict[str, Any]) -> dict[str, Any]:
@@ -42,7 +42,7 @@ def run_action(request_model: type, core: Callable[[Any], Any], args: dict[str, 
         raise InjectedFault("injected kill (faults.kill_fraction) with no worker process to kill: simulated crash")
     if control.inject_latency_s:
         time.sleep(control.inject_latency_s)
-    from actions.common.loading import configure_threads  # torch: here, so validate_inputs at the CLI stays light
+    from actions.models.loading import configure_threads  # torch: here, so validate_inputs at the CLI stays light
 
     configure_threads(control.threads)
     before = warm.stats()

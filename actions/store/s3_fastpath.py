@@ -59,7 +59,7 @@ from botocore import exceptions as bce
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 
-from actions.common.store.s3_errors import backoff, code
+from actions.store.s3_errors import backoff, code
 
 log = logging.getLogger(__name__)
 

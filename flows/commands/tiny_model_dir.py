@@ -17,6 +17,11 @@ models exercise run on two CPU cores in seconds:
 
 Everything is deterministic for a seed: the corpus is generated from a fixed seed and the BPE
 trainer runs on one thread, so two calls write byte-identical files.
+
+This is a tool of the CLI (``rlhfless tiny-model``), the tests and the benchmarks, not of the
+action runtime: no action imports it and the runtime images do not ship it. The campaign's
+embedded default model (``model.path`` unset) is built inside ``prepare`` by
+``actions/models/modeling.py`` instead.
 """
 
 from __future__ import annotations
@@ -107,23 +112,11 @@ def _config(arch: str, *, vocab_size: int, hidden_size: int, num_layers: int, nu
 
 
 def write_tiny_model_dir(
-    path: str | os.PathLike[str],
-    arch: str = "qwen2",
-    *,
-    vocab_size: int | None = None,
-    tokenizer_vocab: int = 512,
-    hidden_size: int = 64,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
-    intermediate_size: int | None = None,
-    max_positions: int = 512,
-    tie_word_embeddings: bool = True,
-    pad_token: str | None = None,
-    eos_tokens: Sequence[str] | None = None,
-    chat_template: bool = True,
-    seed: int = 0,
-    reward: bool = False,
+    path: str | os.PathLike[str], arch: str = "qwen2", *, vocab_size: int | None = None, tokenizer_vocab: int = 512,
+    hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
+    intermediate_size: int | None = None, max_positions: int = 512, tie_word_embeddings: bool = True,
+    pad_token: str | None = None, eos_tokens: Sequence[str] | None = None, chat_template: bool = True,
+    seed: int = 0, reward: bool = False,
 ) -> TinyModelInfo:
     """Write a complete local Hugging Face causal-LM folder at ``path`` (created if needed).
 
@@ -153,21 +146,7 @@ def write_tiny_model_dir(
     """
     if arch not in ARCHS:
         raise ValueError(f"arch {arch!r} is not supported; use one of {', '.join(ARCHS)}")
-    import torch
-    from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification, GenerationConfig,
-                              PreTrainedTokenizerFast)
-
-    if reward and pad_token is None:
-        pad_token = _SPECIALS[arch][-1]
-    specials = list(_SPECIALS[arch]) + (_CHAT if chat_template else [])
-    if eos_tokens is None:
-        end = _SPECIALS[arch][-1]  # <|endoftext|> or </s>
-        eos_tokens = ["<|im_end|>", end] if chat_template else [end]
-    if pad_token is not None and pad_token not in specials:
-        specials.append(pad_token)
-    missing = [t for t in eos_tokens if t not in specials]
-    if missing:
-        raise ValueError(f"eos_tokens {missing} are not special tokens of this tokenizer; use some of {specials}")
+    specials, eos_tokens, pad_token = _special_tokens(arch, chat_template, pad_token, eos_tokens, reward)
     tok = train_bpe_tokenizer(specials, num_merges_vocab=tokenizer_vocab)
     size = tok.get_vocab_size()
     vocab_size = vocab_size or 64 * -(-size // 64)
@@ -179,16 +158,42 @@ def write_tiny_model_dir(
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
 
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos_tokens[0], pad_token=pad_token,
-                                   bos_token=_BOS[arch], unk_token=None, model_max_length=max_positions,
-                                   clean_up_tokenization_spaces=False)
-    fast.save_pretrained(root)
-    _rewrite_tokenizer_config(root, CHATML_TEMPLATE if chat_template else None, pad_token)
-
+    _save_tokenizer(root, tok, arch, eos_tokens[0], pad_token, max_positions, chat_template)
     config = _config(arch, vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers,
                      num_heads=num_heads, num_kv_heads=num_kv_heads,
                      intermediate_size=intermediate_size or 4 * hidden_size, max_positions=max_positions,
                      tie=tie_word_embeddings, pad_id=pad_id, eos_ids=eos_ids, bos_id=bos_id)
+    _save_model(root, config, seed=seed, reward=reward, eos_ids=eos_ids, pad_id=pad_id, bos_id=bos_id)
+    _rewrite_config(root, pad_id)
+    return TinyModelInfo(root, arch, vocab_size, size, pad_id, tuple(eos_ids), bos_id)
+
+
+def _special_tokens(arch: str, chat_template: bool, pad_token: str | None, eos_tokens: Sequence[str] | None,
+                    reward: bool) -> tuple[list[str], list[str], str | None]:
+    """``(specials, eos_tokens, pad_token)``: the special tokens appended after the learned
+    vocabulary, and the EOS and pad tokens with their defaults filled in (see
+    :func:`write_tiny_model_dir`). Raises ValueError for an EOS token that is not among them."""
+    if reward and pad_token is None:
+        pad_token = _SPECIALS[arch][-1]
+    specials = list(_SPECIALS[arch]) + (_CHAT if chat_template else [])
+    if eos_tokens is None:
+        end = _SPECIALS[arch][-1]  # <|endoftext|> or </s>
+        eos_tokens = ["<|im_end|>", end] if chat_template else [end]
+    if pad_token is not None and pad_token not in specials:
+        specials.append(pad_token)
+    missing = [t for t in eos_tokens if t not in specials]
+    if missing:
+        raise ValueError(f"eos_tokens {missing} are not special tokens of this tokenizer; use some of {specials}")
+    return specials, list(eos_tokens), pad_token
+
+
+def _save_model(root: Path, config, *, seed: int, reward: bool, eos_ids: list[int], pad_id: int | None,
+                bos_id: int | None) -> None:
+    """Random fp32 weights from ``torch.manual_seed(seed)`` saved as safetensors under ``root``: a
+    one-label sequence classifier when ``reward``, else a causal LM with its generation config."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, GenerationConfig
+
     torch.manual_seed(seed)
     if reward:
         config.num_labels = 1
@@ -198,8 +203,18 @@ def write_tiny_model_dir(
         model.generation_config = GenerationConfig(eos_token_id=list(eos_ids), pad_token_id=pad_id,
                                                    bos_token_id=bos_id, do_sample=True, temperature=0.7)
     model.save_pretrained(root, safe_serialization=True)
-    _rewrite_config(root, pad_id)
-    return TinyModelInfo(root, arch, vocab_size, size, pad_id, tuple(eos_ids), bos_id)
+
+
+def _save_tokenizer(root: Path, tok, arch: str, eos_token: str, pad_token: str | None, max_positions: int,
+                    chat_template: bool) -> None:
+    """The tokenizer's files under ``root``, as a fast tokenizer with the ChatML template when asked."""
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos_token, pad_token=pad_token,
+                                   bos_token=_BOS[arch], unk_token=None, model_max_length=max_positions,
+                                   clean_up_tokenization_spaces=False)
+    fast.save_pretrained(root)
+    _rewrite_tokenizer_config(root, CHATML_TEMPLATE if chat_template else None, pad_token)
 
 
 def _rewrite_tokenizer_config(root: Path, template: str | None, pad_token: str | None) -> None:

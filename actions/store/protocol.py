@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol, Union, runtime_checkable
 
-from actions.common.safe_paths import check_name
+from actions.store.safe_paths import check_name
 
 #: A blob may be given as bytes or as a sequence of buffers to be concatenated (e.g. a
 #: safetensors header and the tensor's own memory), so it is never copied into one bytes object.

@@ -26,8 +26,8 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, Gener
                           PreTrainedTokenizerFast)
 from transformers.initialization import no_init_weights
 
-from actions.common.safe_paths import write_beneath
-from actions.common.special_tokens import SpecialTokens, special_tokens
+from actions.store.safe_paths import write_beneath
+from actions.models.special_tokens import SpecialTokens, special_tokens
 
 TINY_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 .,:;?!=+-*\n"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
