@@ -13,7 +13,7 @@ from actions.runtime.adapter import run_action
 from actions.contracts import EvaluateRequest, EvaluateResult
 from actions.models.loading import encode, store_for
 from actions.store import put_json
-from actions.engines.base import SampleSpec
+from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.factory import load_engine, take_engine_events
 from actions.tasks.rewards import is_best
 from actions.tasks.rewards.model_scoring import score_completions
@@ -25,7 +25,8 @@ def run_evaluate(req: EvaluateRequest) -> EvaluateResult:
                                        compile_decode=req.compile_decode)
     rows = sorted(load_dataset(req.model.store_uri, req.dataset_key).values(), key=lambda r: r.prompt_id)
     specs = [SampleSpec(r.prompt_id, 0, encode(tokenizer, r.prompt)) for r in rows]
-    outs, _ = engine.generate(specs, seed=0, step=0, max_new_tokens=req.max_new_tokens, temperature=0.0)
+    greedy = GenerationParams(seed=0, step=0, max_new_tokens=req.max_new_tokens, temperature=0.0)
+    outs, _ = engine.generate(specs, greedy)
     texts = [tokenizer.decode(o.tokens) for o in outs]
     ids = [list(o.tokens) + ([o.stop_token] if o.finish_reason == "stop" and o.stop_token is not None else [])
            for o in outs]

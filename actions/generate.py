@@ -21,7 +21,7 @@ from actions.models.device import action_device
 from actions.store.drafts import read_drafts
 from actions.models.loading import encode, store_for
 from actions.store import get_json, put_json
-from actions.engines.base import SampleSpec
+from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.factory import load_engine, take_engine_events
 from actions.engines.kv_bundle import load_bundle
 from actions.engines.speculative import Speculation
@@ -71,11 +71,10 @@ def run_generate(req: GenerateRequest) -> GenerateResult:
     use_bundle = req.kv_bundle_key is not None and req.engine == "torch"
     prefixes = (load_bundle(store, req.kv_bundle_key, req.model.policy_version, device=action_device())
                 if use_bundle else None)  # on the model's device (load_model), copied there once
-    outs, stats = engine.generate(
-        specs, seed=req.run_seed, step=req.step, max_new_tokens=req.max_new_tokens,
-        temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, dedup=req.dedup_prefill, prefixes=prefixes, cut_after=req.cut_after,
-        speculation=_speculation(req, store),
-    )
+    params = GenerationParams(seed=req.run_seed, step=req.step, max_new_tokens=req.max_new_tokens,
+                              temperature=req.temperature, dedup=req.dedup_prefill, cut_after=req.cut_after,
+                              top_k=req.top_k, top_p=req.top_p)
+    outs, stats = engine.generate(specs, params, prefixes=prefixes, speculation=_speculation(req, store))
     done = [o for o in outs if o.finish_reason != "cut"]
     cut = [o for o in outs if o.finish_reason == "cut"]
     put_json(store, req.output_key, {

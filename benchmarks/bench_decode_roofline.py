@@ -36,7 +36,7 @@ import torch
 from transformers import DynamicCache
 
 from actions.models.device import sync
-from actions.engines.base import SampleSpec
+from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.static_decode import runtime_for
 from actions.engines.torch_engine import TorchEngine
 from bench_engine_throughput import build, timed  # the same model set-up and device-synced timer
@@ -95,8 +95,8 @@ def compare_rows(model: torch.nn.Module, specs: list[SampleSpec], new_tokens: in
     for name in [p for p in paths if p in opts]:
         engine = TorchEngine(model, eos_id=-1, pad_id=0, kv_cache=opts[name][0], cuda_graphs=opts[name][1])
         engine.compiled = name == "compiled"
-        toks[name] = [o.tokens for o in engine.generate(specs, seed=1, step=0, max_new_tokens=new_tokens,
-                                                        temperature=1.0)[0]]
+        params = GenerationParams(seed=1, step=0, max_new_tokens=new_tokens, temperature=1.0)
+        toks[name] = [o.tokens for o in engine.generate(specs, params)[0]]
     ref = toks.get("dynamic")
     return {k: f"{sum(a == b for a, b in zip(v, ref))}/{len(v)}" for k, v in toks.items()} if ref else {}
 
@@ -136,7 +136,7 @@ def main() -> None:
     def engine_fn(kv_cache: str, graphs: str, compiled: bool = False):
         engine = TorchEngine(model, eos_id=-1, pad_id=0, kv_cache=kv_cache, cuda_graphs=graphs,
                              compile_decode=compiled)
-        return lambda n: engine.generate(specs, seed=0, step=0, max_new_tokens=n, temperature=1.0)
+        return lambda n: engine.generate(specs, GenerationParams(seed=0, step=0, max_new_tokens=n, temperature=1.0))
 
     paths = {"graphs": lambda: engine_fn("static", "on"), "compiled": lambda: engine_fn("static", "on", True), "static": lambda: engine_fn("static", "off"),
              "dynamic": lambda: engine_fn("dynamic", "off"),

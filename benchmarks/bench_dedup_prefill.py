@@ -18,6 +18,7 @@ import time
 import torch
 
 from actions.models.modeling import build_tiny_model
+from actions.engines.base import GenerationParams
 from actions.engines.torch_engine import SampleSpec, TorchEngine
 from actions.tasks.repeat import make_rows
 
@@ -39,7 +40,7 @@ def main() -> int:
     for _ in range(REPEATS):
         for dedup in (False, True):
             t0 = time.perf_counter()
-            outs[dedup], stats[dedup] = engine.generate(specs, dedup=dedup, **kw)
+            outs[dedup], stats[dedup] = engine.generate(specs, GenerationParams(dedup=dedup, **kw))
             times[dedup].append(time.perf_counter() - t0)
     assert [o.tokens for o in outs[True]] == [o.tokens for o in outs[False]], "dedup changed the samples"
     token_ratio = stats[False].prefill_tokens / stats[True].prefill_tokens

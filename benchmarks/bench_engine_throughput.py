@@ -24,7 +24,7 @@ import time
 import torch
 
 from actions.models.device import sync
-from actions.engines.base import SampleSpec
+from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.torch_engine import TorchEngine
 
 
@@ -73,7 +73,7 @@ def main() -> None:
     ids = prompts.repeat_interleave(args.n, dim=0).to(device)
 
     def run_engine() -> None:
-        engine.generate(specs, seed=0, step=0, max_new_tokens=args.new_tokens, temperature=1.0)
+        engine.generate(specs, GenerationParams(seed=0, step=0, max_new_tokens=args.new_tokens, temperature=1.0))
 
     @torch.no_grad()
     def run_hf() -> None:

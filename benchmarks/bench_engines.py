@@ -30,7 +30,7 @@ import torch
 
 from actions.models.loading import encode
 from actions.models.modeling import build_tiny_model
-from actions.engines.base import SampleSpec
+from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.vllm_engine import vllm_available
 from actions.tasks.repeat import make_rows
 
@@ -74,12 +74,13 @@ def _measure(name: str, start, root: Path, eos: int, specs: list[SampleSpec], be
         if before_run:
             before_run(engine)
         t0 = time.perf_counter()
-        outs, _ = engine.generate(specs, seed=0, step=step, max_new_tokens=NEW_TOKENS, temperature=1.0)
+        params = GenerationParams(seed=0, step=step, max_new_tokens=NEW_TOKENS, temperature=1.0)
+        outs, _ = engine.generate(specs, params)
         rates.append(sum(len(o.tokens) for o in outs) / (time.perf_counter() - t0))
     # The last run again at step 0, for the cross-engine comparison.
     if before_run:
         before_run(engine)
-    outs, _ = engine.generate(specs, seed=0, step=0, max_new_tokens=NEW_TOKENS, temperature=1.0)
+    outs, _ = engine.generate(specs, GenerationParams(seed=0, step=0, max_new_tokens=NEW_TOKENS, temperature=1.0))
     start_s, rate = statistics.median(starts), statistics.median(rates)
     print(f"{name:5s}: start {start_s:6.2f} s (median of {REPEATS}; first in process {starts[0]:.2f} s), "
           f"{rate:8.0f} generated tokens/s (median of {REPEATS}; {sum(len(o.tokens) for o in outs)} tokens per run)")

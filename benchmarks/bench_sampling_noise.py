@@ -34,7 +34,7 @@ from bench_engine_throughput import timed
 
 from actions.models.modeling import random_model_from_config
 from actions.engines import sampling
-from actions.engines.base import SampleSpec
+from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.torch_engine import TorchEngine
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "qwen2.5-0.5b.json"
@@ -77,7 +77,7 @@ def decode_step(engine: TorchEngine, batch: int, vocab: int, steps: int, repeats
     specs = [SampleSpec(p, 0, tuple(prompts[p].tolist())) for p in range(batch)]
 
     def call(n: int):
-        return engine.generate(specs, seed=0, step=0, max_new_tokens=n, temperature=1.0)[0]
+        return engine.generate(specs, GenerationParams(seed=0, step=0, max_new_tokens=n, temperature=1.0))[0]
 
     out: dict = {}
     tokens = {}

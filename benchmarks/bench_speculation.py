@@ -56,7 +56,7 @@ import torch
 from actions.contracts import ModelRef
 from actions.models.device import sync
 from actions.models.loading import encode, load_model
-from actions.engines.base import SampleSpec
+from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.factory import make_engine
 from actions.engines.speculative import Speculation, make_drafters
 from actions.engines.torch_engine import TorchEngine
@@ -107,7 +107,8 @@ def _engine(ref: ModelRef) -> TorchEngine:
 def _history(engine: TorchEngine, batches: list[list[SampleSpec]], new_tokens: int) -> dict[int, list[list[int]]]:
     hist: dict[int, list[list[int]]] = {}
     for step, specs in enumerate(batches):
-        outs, _ = engine.generate(specs, seed=0, step=step, max_new_tokens=new_tokens, temperature=1.0)
+        params = GenerationParams(seed=0, step=step, max_new_tokens=new_tokens, temperature=1.0)
+        outs, _ = engine.generate(specs, params)
         for o in outs:
             hist.setdefault(o.prompt_id, []).append(o.tokens + ([o.stop_token] if o.stop_token is not None else []))
     return hist
@@ -117,8 +118,8 @@ def _run(engine, batches, step0: int, spec: Speculation | None, new_tokens: int)
     sync(engine.device)
     t0, outs, agg = time.perf_counter(), [], {"proposed": 0, "accepted": 0, "rounds": 0, "spec_rounds": 0}
     for i, specs in enumerate(batches):
-        o, stats = engine.generate(specs, seed=0, step=step0 + i, max_new_tokens=new_tokens, temperature=1.0,
-                                   speculation=spec)
+        params = GenerationParams(seed=0, step=step0 + i, max_new_tokens=new_tokens, temperature=1.0)
+        o, stats = engine.generate(specs, params, speculation=spec)
         outs.append([(x.prompt_id, x.sample_index, x.tokens, x.finish_reason) for x in o])
         for k in agg:
             agg[k] += (stats.spec or {}).get(k, 0)

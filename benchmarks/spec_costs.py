@@ -29,6 +29,7 @@ import torch
 
 import spec_ceiling
 from actions.models.device import sync
+from actions.engines.base import GenerationParams
 from actions.engines.spec_select import ForwardCost
 from actions.engines.speculative import Speculation, make_drafters
 
@@ -110,7 +111,8 @@ def round_table(engine, batches, step0: int, forwards: Table, new_tokens: int, r
         for _ in range(repeats):
             t0 = time.perf_counter()
             for i, specs in enumerate(batches):
-                outs, _ = engine.generate(specs, seed=0, step=step0 + i, max_new_tokens=new_tokens, temperature=1.0)
+                params = GenerationParams(seed=0, step=step0 + i, max_new_tokens=new_tokens, temperature=1.0)
+                outs, _ = engine.generate(specs, params)
                 seqs.append([o.tokens + ([o.stop_token] if o.stop_token is not None else []) for o in outs])
             calls.append(time.perf_counter() - t0)
 
@@ -135,8 +137,8 @@ def speculative_overhead(engine, batches, step0: int, spec: Speculation, table: 
             for k in ks:
                 fixed = Speculation(strategies=spec.strategies, history=spec.history, fixed=(name, k))
                 for i, specs in enumerate(batches):
-                    engine.generate(specs, seed=0, step=step0 + i, max_new_tokens=new_tokens, temperature=1.0,
-                                    speculation=fixed)
+                    params = GenerationParams(seed=0, step=step0 + i, max_new_tokens=new_tokens, temperature=1.0)
+                    engine.generate(specs, params, speculation=fixed)
 
     rounds = [(b, w, s) for b, w, s in _logged_rounds(engine, run) if w > 1]
     if not rounds:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from actions.models.modeling import build_tiny_model
+from actions.engines.base import GenerationParams
 from actions.engines.torch_engine import SampleSpec, TorchEngine
 from actions.tasks.repeat import make_rows
 from reference_sampler import uncached_sample
@@ -23,9 +24,9 @@ def setup():
     return model, tok, engine, specs
 
 
-def _gen(engine, specs, **kw):
-    kw = {"seed": 7, "step": 2, "max_new_tokens": 12, "temperature": 1.0, **kw}
-    outs, stats = engine.generate(specs, **kw)
+def _gen(engine, specs, prefixes=None, **kw):
+    params = GenerationParams(**{"seed": 7, "step": 2, "max_new_tokens": 12, "temperature": 1.0, **kw})
+    outs, stats = engine.generate(specs, params, prefixes=prefixes)
     return {(o.prompt_id, o.sample_index): o for o in outs}, stats
 
 

@@ -18,7 +18,7 @@ import torch
 
 from actions.models.loading import encode
 from actions.models.modeling import build_tiny_model
-from actions.engines.base import FINISH_REASONS, GenerationEngine, SampleSpec
+from actions.engines.base import FINISH_REASONS, GenerationEngine, GenerationParams, SampleSpec
 from actions.engines.factory import make_engine
 from actions.engines.torch_engine import TorchEngine
 from actions.engines.vllm_engine import INSTALL_HINT, vllm_available
@@ -59,8 +59,8 @@ def engine(request, tiny):
 
 
 def _gen(engine, specs, **kw):
-    kw = {"seed": SEED, "step": STEP, "max_new_tokens": 12, "temperature": 1.0, **kw}
-    outs, stats = engine.generate(specs, **kw)
+    params = GenerationParams(**{"seed": SEED, "step": STEP, "max_new_tokens": 12, "temperature": 1.0, **kw})
+    outs, stats = engine.generate(specs, params)
     return outs, stats
 
 

@@ -16,7 +16,7 @@ import torch
 
 from actions.models.loading import encode
 from actions.models.modeling import build_tiny_model
-from actions.engines.base import SampleSpec
+from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.torch_engine import TorchEngine
 from actions.tasks.repeat import make_rows
 from reference_sampler import uncached_sample
@@ -47,7 +47,8 @@ def _engine(model, tok):
 def test_cuda_engine_matches_uncached_reference(tiny):
     model, tok, specs = tiny
     gpu = model.to("cuda")
-    outs, _ = _engine(gpu, tok).generate(specs, seed=SEED, step=STEP, max_new_tokens=NEW, temperature=1.0)
+    params = GenerationParams(seed=SEED, step=STEP, max_new_tokens=NEW, temperature=1.0)
+    outs, _ = _engine(gpu, tok).generate(specs, params)
     for o, s in zip(outs, specs):
         assert o.tokens == uncached_sample(gpu, s, tok.eos_token_id, NEW, seed=SEED, step=STEP), s
     model.to("cpu")
@@ -57,25 +58,25 @@ def test_cuda_dedup_split_and_cut_reproduce_the_plain_run(tiny):
     model, tok, specs = tiny
     engine = _engine(model.to("cuda"), tok)
     kw = {"seed": SEED, "step": STEP, "max_new_tokens": NEW, "temperature": 1.0}
-    plain = _by_id(engine.generate(specs, dedup=False, **kw)[0])
-    deduped, stats = engine.generate(specs, dedup=True, **kw)
+    plain = _by_id(engine.generate(specs, GenerationParams(dedup=False, **kw))[0])
+    deduped, stats = engine.generate(specs, GenerationParams(dedup=True, **kw))
     assert _by_id(deduped) == plain
     assert stats.prefill_tokens * 4 == sum(len(s.prompt_tokens) for s in specs)  # n = 4 share a prompt
     split = {}
     for part in (specs[:5], specs[5:11], specs[11:]):  # uneven fan-out
-        split.update(_by_id(engine.generate(part, **kw)[0]))
+        split.update(_by_id(engine.generate(part, GenerationParams(**kw))[0]))
     assert split == plain
     # Cut right after the earliest finishing step (a stop at decode step len(tokens), a length
     # stop at NEW - 1), so the samples still running then are cut and continued.
     ends = [len(t) if r == "stop" else NEW - 1 for t, r in plain.values()]
     first_done = sum(e == min(ends) for e in ends)
     assert first_done < len(specs), "every sample ends in the same step; nothing to cut"
-    first, _ = engine.generate(specs, cut_after=first_done, **kw)
+    first, _ = engine.generate(specs, GenerationParams(cut_after=first_done, **kw))
     cut = [o for o in first if o.finish_reason == "cut"]
     assert len(cut) == len(specs) - first_done
     resumed = [SampleSpec(o.prompt_id, o.sample_index, s.prompt_tokens, tuple(o.tokens))
                for o, s in zip(first, specs) if o.finish_reason == "cut"]
-    rest, _ = engine.generate(resumed, **kw)
+    rest, _ = engine.generate(resumed, GenerationParams(**kw))
     merged = {**_by_id(o for o in first if o.finish_reason != "cut"), **_by_id(rest)}
     assert merged == plain
     model.to("cpu")
@@ -119,7 +120,8 @@ def test_bf16_engine_generates_on_cuda(tiny):
     model, tok, specs = tiny
     half = build_tiny_model(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
                             max_positions=256, seed=0)[0].to("cuda", torch.bfloat16).eval()
-    outs, _ = _engine(half, tok).generate(specs, seed=SEED, step=STEP, max_new_tokens=NEW, temperature=1.0)
+    params = GenerationParams(seed=SEED, step=STEP, max_new_tokens=NEW, temperature=1.0)
+    outs, _ = _engine(half, tok).generate(specs, params)
     assert [(o.prompt_id, o.sample_index) for o in outs] == [(s.prompt_id, s.sample_index) for s in specs]
     assert all(len(o.tokens) <= NEW and o.finish_reason in ("stop", "length") for o in outs)
 
@@ -190,7 +192,7 @@ def test_cuda_graph_path_equals_eager_static_and_dynamic_paths_fp32(tiny):
 
     def run(**opts):
         engine = TorchEngine(gpu, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, **opts)
-        outs, stats = engine.generate(specs, **kw)
+        outs, stats = engine.generate(specs, GenerationParams(**kw))
         return _by_id(outs), stats
 
     graphs, gstats = run(cuda_graphs="on")
@@ -223,7 +225,7 @@ def test_cuda_graphs_with_grouped_heads_and_shrinking_buckets_fp32():
     outs = {}
     for opts in ({"cuda_graphs": "on"}, {"cuda_graphs": "off"}, {"kv_cache": "dynamic"}):
         engine = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, **opts)
-        outs[str(opts)] = _by_id(engine.generate(specs, **kw)[0])
+        outs[str(opts)] = _by_id(engine.generate(specs, GenerationParams(**kw))[0])
     first = next(iter(outs.values()))
     assert all(o == first for o in outs.values())
     lengths = {len(t) for t, _ in first.values()}

@@ -18,7 +18,7 @@ from actions.models.special_tokens import special_tokens
 from actions.store import LocalStore, get_json, put_json
 from flows.commands.tiny_model_dir import write_tiny_model_dir
 from actions.store.weights import load_tensors, publish_tensors
-from actions.engines.base import SampleSpec
+from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.factory import make_engine
 from actions.engines.torch_engine import TorchEngine
 from actions.prepare import prepare
@@ -139,7 +139,7 @@ def test_generation_stops_at_the_second_eos_id_and_records_it(tmp_path):
     bias[second] = 100.0
     engine.model = _Biased(model, bias)
     specs = [SampleSpec(0, i, tuple(tok("Ann has 3 pens.", add_special_tokens=False)["input_ids"])) for i in range(3)]
-    outs, _ = engine.generate(specs, seed=0, step=0, max_new_tokens=8, temperature=1.0)
+    outs, _ = engine.generate(specs, GenerationParams(seed=0, step=0, max_new_tokens=8, temperature=1.0))
     assert [(o.tokens, o.finish_reason, o.stop_token) for o in outs] == [([], "stop", second)] * 3
 
 

@@ -12,11 +12,13 @@ import pytest
 import torch
 
 from actions.models.modeling import build_tiny_model
+from actions.engines.base import GenerationParams
 from actions.engines.speculative import Speculation, _Batch
 from actions.engines.torch_engine import SampleSpec, TorchEngine
 from actions.tasks.repeat import make_rows
 
 KW = {"seed": 7, "step": 2, "max_new_tokens": 30, "temperature": 1.0}
+PARAMS = GenerationParams(**KW)
 
 
 def _setup(seed: int, hidden: int = 32, layers: int = 2):
@@ -37,10 +39,10 @@ def setup():
 
 def test_another_model_shape_equals_plain():
     engine, specs = _setup(1, 48, 3)
-    plain, _ = engine.generate(specs, **KW)
+    plain, _ = engine.generate(specs, PARAMS)
     for fixed in (("history", 4), None):
         spec = Speculation(history=_history(engine, specs, 5), fixed=fixed)
-        assert _key(engine.generate(specs, **KW, speculation=spec)[0]) == _key(plain)
+        assert _key(engine.generate(specs, PARAMS, speculation=spec)[0]) == _key(plain)
 
 
 def _key(outs):
@@ -64,7 +66,7 @@ def _make_history(engine, specs, step):
     right drafts part-way while others still accept."""
     hist: dict[int, list[list[int]]] = {}
     for st in sorted({2, step}):
-        outs, _ = engine.generate(specs, **{**KW, "step": st})
+        outs, _ = engine.generate(specs, GenerationParams(**{**KW, "step": st}))
         for o in outs:
             if (st == 2) == (o.prompt_id % 2 == 1 or step == 2):
                 toks = o.tokens + ([o.stop_token] if o.stop_token is not None else [])
@@ -77,10 +79,10 @@ def _make_history(engine, specs, step):
                                                      (None, 0.0)])
 def test_speculative_outputs_equal_plain(setup, fixed, temperature):
     engine, specs = setup
-    plain, _ = engine.generate(specs, **{**KW, "temperature": temperature})
+    plain, _ = engine.generate(specs, GenerationParams(**{**KW, "temperature": temperature}))
     for hist_step in (2, 5):  # step 2: every draft right; step 5: drafts partly right
         spec = Speculation(history=_history(engine, specs, hist_step), fixed=fixed)
-        out, stats = engine.generate(specs, **{**KW, "temperature": temperature}, speculation=spec)
+        out, stats = engine.generate(specs, GenerationParams(**{**KW, "temperature": temperature}), speculation=spec)
         assert _key(out) == _key(plain), (fixed, hist_step)
         assert stats.spec["accepted"] <= stats.spec["proposed"]
 
@@ -94,10 +96,10 @@ def test_verification_drawn_a_few_columns_at_a_time_equals_plain(setup, monkeypa
     engine, specs = setup
     # with every row alive, ``columns`` columns per draw; more as rows stop matching
     monkeypatch.setattr(speculative, "_DRAW_ELEMENTS", columns * len(specs) * engine.model.config.vocab_size)
-    plain, _ = engine.generate(specs, **KW)
+    plain, _ = engine.generate(specs, PARAMS)
     for fixed in (("history", 8), ("prompt_lookup", 5)):
         spec = Speculation(history=_history(engine, specs, 5), fixed=fixed)
-        out, stats = engine.generate(specs, **KW, speculation=spec)
+        out, stats = engine.generate(specs, PARAMS, speculation=spec)
         assert _key(out) == _key(plain), (columns, fixed)
         assert 0 < stats.spec["accepted"] < stats.spec["proposed"], stats.spec
 
@@ -107,29 +109,30 @@ def test_speculative_with_top_k_top_p_equals_plain(setup, filters):
     # Drafts come from unfiltered histories: the filtered draws keep some, reject others.
     engine, specs = setup
     kw = {**KW, **filters}
-    plain, _ = engine.generate(specs, **kw)
-    assert _key(plain) != _key(engine.generate(specs, **KW)[0])  # the filters change the samples
+    plain, _ = engine.generate(specs, GenerationParams(**kw))
+    assert _key(plain) != _key(engine.generate(specs, PARAMS)[0])  # the filters change the samples
     for fixed in (("history", 4), ("prompt_lookup", 3), None):
         spec = Speculation(history=_history(engine, specs, 2), fixed=fixed)
-        out, stats = engine.generate(specs, **kw, speculation=spec)
+        out, stats = engine.generate(specs, GenerationParams(**kw), speculation=spec)
         assert _key(out) == _key(plain), (filters, fixed)
         if fixed == ("history", 4):
             assert 0 < stats.spec["accepted"] < stats.spec["proposed"], stats.spec
     spec = Speculation(history=_history(engine, specs, 2), fixed=("history", 5))
-    cut, _ = engine.generate(specs, **{**kw, "max_new_tokens": 60}, cut_after=5, speculation=spec)
+    cut, _ = engine.generate(specs, GenerationParams(**{**kw, "max_new_tokens": 60}, cut_after=5), speculation=spec)
     partial = [SampleSpec(s.prompt_id, s.sample_index, s.prompt_tokens, tuple(o.tokens))
                for s, o in zip(specs, cut) if o.finish_reason == "cut"]
     assert partial, "the cut should leave unfinished samples"
-    whole = {(o.prompt_id, o.sample_index): o for o in engine.generate(specs, **{**kw, "max_new_tokens": 60})[0]}
-    for o in engine.generate(partial, **{**kw, "max_new_tokens": 60}, speculation=spec)[0]:
+    long = GenerationParams(**{**kw, "max_new_tokens": 60})
+    whole = {(o.prompt_id, o.sample_index): o for o in engine.generate(specs, long)[0]}
+    for o in engine.generate(partial, GenerationParams(**{**kw, "max_new_tokens": 60}), speculation=spec)[0]:
         assert (o.tokens, o.finish_reason) == (whole[(o.prompt_id, o.sample_index)].tokens,
                                                whole[(o.prompt_id, o.sample_index)].finish_reason)
 
 
 def test_ragged_acceptance_is_exercised_and_saves_forwards(setup):
     engine, specs = setup
-    plain, ps = engine.generate(specs, **KW)
-    out, stats = engine.generate(specs, **KW, speculation=Speculation(history=_history(engine, specs, 5),
+    plain, ps = engine.generate(specs, PARAMS)
+    out, stats = engine.generate(specs, PARAMS, speculation=Speculation(history=_history(engine, specs, 5),
                                                                       fixed=("history", 6)))
     assert _key(out) == _key(plain)
     s = stats.spec
@@ -142,9 +145,9 @@ def test_ragged_acceptance_is_exercised_and_saves_forwards(setup):
 def test_cut_mid_round_carries_exactly_the_accepted_tokens(setup, cut_after):
     engine, specs = setup
     kw = {**KW, "max_new_tokens": 60}
-    whole, _ = engine.generate(specs, **kw)
+    whole, _ = engine.generate(specs, GenerationParams(**kw))
     spec = Speculation(history=_history(engine, specs, 5), fixed=("history", 5))
-    cut, _ = engine.generate(specs, **kw, cut_after=cut_after, speculation=spec)
+    cut, _ = engine.generate(specs, GenerationParams(**kw, cut_after=cut_after), speculation=spec)
     by_id = {(o.prompt_id, o.sample_index): o for o in whole}
     partial = []
     for s, o in zip(specs, cut):
@@ -155,7 +158,7 @@ def test_cut_mid_round_carries_exactly_the_accepted_tokens(setup, cut_after):
         else:
             assert (o.tokens, o.finish_reason) == (ref.tokens, ref.finish_reason)
     assert partial, "the cut should leave unfinished samples"
-    cont, _ = engine.generate(partial, **kw, speculation=spec)  # continued speculatively too
+    cont, _ = engine.generate(partial, GenerationParams(**kw), speculation=spec)  # continued speculatively too
     for o in cont:
         ref = by_id[(o.prompt_id, o.sample_index)]
         assert (o.tokens, o.finish_reason) == (ref.tokens, ref.finish_reason)
@@ -163,10 +166,10 @@ def test_cut_mid_round_carries_exactly_the_accepted_tokens(setup, cut_after):
 
 def test_selector_driven_run_equals_plain_on_both_strategies(setup):
     engine, specs = setup
-    plain, _ = engine.generate(specs, **KW)
+    plain, _ = engine.generate(specs, PARAMS)
     for strategies in (("history",), ("prompt_lookup",), ("history", "prompt_lookup")):
         spec = Speculation(strategies=strategies, history=_history(engine, specs, 2))
-        out, stats = engine.generate(specs, **KW, speculation=spec)
+        out, stats = engine.generate(specs, PARAMS, speculation=spec)
         assert _key(out) == _key(plain), strategies
         assert stats.spec["rounds"] == stats.decode_steps
 
@@ -190,21 +193,22 @@ def test_rollback_masks_holes_and_compaction_keeps_valid_columns_in_order():
 
 def test_calls_that_cannot_pay_run_the_plain_loop_and_remeasure_ever_more_rarely():
     engine, specs = _setup(0, 32, 2)
-    plain, _ = engine.generate(specs, **KW)
+    plain, _ = engine.generate(specs, PARAMS)
     engine.acceptance.priors["prompt_lookup"] = 0.0  # measured: nothing a draft proposes is kept
     engine.acceptance.prior_weight = 1e6
     plain_calls = []
     for _ in range(12):
-        out, stats = engine.generate(specs, **KW, speculation=Speculation(strategies=("prompt_lookup",)))
+        out, stats = engine.generate(specs, PARAMS, speculation=Speculation(strategies=("prompt_lookup",)))
         assert _key(out) == _key(plain)
         plain_calls.append(stats.spec["plain_calls"])
     # the 4th call re-measures, then the 8th after it (the wait doubles while nothing pays)
     assert plain_calls == [1, 1, 1, 0] + [1] * 7 + [0]
     # acceptance that pays resets the wait: a hopeless spell re-measures after 4 calls again
     engine.acceptance.priors["prompt_lookup"] = 1.0
-    assert engine.generate(specs, **KW, speculation=Speculation(strategies=("prompt_lookup",)))[1].spec["plain_calls"] == 0
+    lookup = Speculation(strategies=("prompt_lookup",))
+    assert engine.generate(specs, PARAMS, speculation=lookup)[1].spec["plain_calls"] == 0
     engine.acceptance.priors["prompt_lookup"] = 0.0
-    plain_calls = [engine.generate(specs, **KW, speculation=Speculation(strategies=("prompt_lookup",)))[1]
+    plain_calls = [engine.generate(specs, PARAMS, speculation=Speculation(strategies=("prompt_lookup",)))[1]
                    .spec["plain_calls"] for _ in range(4)]
     assert plain_calls == [1, 1, 1, 0]
 
@@ -216,12 +220,12 @@ def test_the_selector_measures_plain_rounds_before_weighing_drafts_against_them(
     engine, specs = _setup(0, 32, 2)
     assert engine.forward_cost.plain_weight == 0.0
     spec = Speculation(strategies=("prompt_lookup",))
-    out, stats = engine.generate(specs, **KW, speculation=spec)
+    out, stats = engine.generate(specs, PARAMS, speculation=spec)
     assert stats.spec["spec_rounds"] < stats.spec["rounds"]
     assert engine.forward_cost.plain_weight >= 1.0
 
     fresh, _ = _setup(0, 32, 2)
-    plain, pstats = fresh.generate(specs, **KW)
+    plain, pstats = fresh.generate(specs, PARAMS)
     assert _key(plain) == _key(out)
     # every decode forward is one observation of a width-1 round
     assert fresh.forward_cost.plain_weight == pytest.approx(
@@ -233,10 +237,10 @@ def test_a_strategy_never_measured_is_probed_once_before_its_prior_can_rule_it_o
     good: the first call probes it (and outputs stay plain decoding's); a caller's prior counts
     as a measurement, as the remeasure test above relies on."""
     engine, specs = _setup(0, 32, 2)
-    plain, _ = engine.generate(specs, **KW)
+    plain, _ = engine.generate(specs, PARAMS)
     engine.acceptance.prior_rate = 0.01
     assert not engine.acceptance.known("prompt_lookup")
-    out, stats = engine.generate(specs, **KW, speculation=Speculation(strategies=("prompt_lookup",)))
+    out, stats = engine.generate(specs, PARAMS, speculation=Speculation(strategies=("prompt_lookup",)))
     assert _key(out) == _key(plain)
     assert stats.spec["plain_calls"] == 0 and stats.spec["spec_rounds"] >= 1 and stats.spec["proposed"] > 0
     assert engine.acceptance.known("prompt_lookup")

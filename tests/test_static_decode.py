@@ -16,7 +16,7 @@ from transformers import (AutoModelForCausalLM, GPT2Config, LlamaConfig, Mistral
 
 from actions.config.workload import GenerationConfig
 from actions.models.modeling import build_char_tokenizer
-from actions.engines.base import SampleSpec
+from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.sampling import Sampler
 from actions.engines.speculative import Speculation
 from actions.engines.static_decode import runtime_for
@@ -60,9 +60,9 @@ def _engines(model, tok):
     return static, dynamic
 
 
-def _gen(engine, specs, **kw):
-    kw = {"seed": 7, "step": 2, "max_new_tokens": NEW, "temperature": 1.0, **kw}
-    outs, stats = engine.generate(specs, **kw)
+def _gen(engine, specs, speculation=None, **kw):
+    params = GenerationParams(**{"seed": 7, "step": 2, "max_new_tokens": NEW, "temperature": 1.0, **kw})
+    outs, stats = engine.generate(specs, params, speculation=speculation)
     return {(o.prompt_id, o.sample_index): (o.tokens, o.finish_reason, o.stop_token) for o in outs}, stats
 
 
@@ -178,7 +178,7 @@ def test_unsupported_models_decode_on_the_dynamic_path():
     engine = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
     assert not engine.static
     spec = SampleSpec(0, 0, tuple(tok("ccc")["input_ids"]))
-    outs, stats = engine.generate([spec], seed=1, step=0, max_new_tokens=5, temperature=1.0)
+    outs, stats = engine.generate([spec], GenerationParams(seed=1, step=0, max_new_tokens=5, temperature=1.0))
     assert stats.kv_cache == "dynamic"
     assert outs[0].tokens == uncached_sample(model, spec, tok.eos_token_id, 5, seed=1, step=0)
 

@@ -66,6 +66,33 @@ class EngineStats:
     graph_capture_s: float = 0.0  # seconds those captures took (warm-up forward included)
 
 
+@dataclass(frozen=True)
+class GenerationParams:
+    """How one ``generate`` call samples: everything but the samples themselves and the state
+    an engine may reuse (KV prefixes, speculation). Both engines take it whole; the decode loops
+    read what they need from it.
+
+    Attributes:
+        seed, step: with each sample's (prompt_id, sample_index), the sample's stream key.
+        max_new_tokens: bound on a sample's total response length (``generated`` counts).
+        temperature: softmax temperature; 0 is greedy.
+        dedup: share the prefill of identical contexts (torch: explicit; vllm: APC always).
+        cut_after: stop once this many samples finished; the others come back with
+            finish_reason "cut" and their tokens so far. None: no cut.
+        top_k, top_p: top-k and nucleus filtering before the noise
+            (``sampling.filter_logits``); None: off. Both engines apply the same filter.
+    """
+
+    seed: int
+    step: int
+    max_new_tokens: int
+    temperature: float
+    dedup: bool = True
+    cut_after: int | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+
+
 @runtime_checkable
 class GenerationEngine(Protocol):
     """What the generate and evaluate actions need from an engine."""
@@ -76,35 +103,21 @@ class GenerationEngine(Protocol):
     def generate(
         self,
         samples: list[SampleSpec],
+        params: GenerationParams,
         *,
-        seed: int,
-        step: int,
-        max_new_tokens: int,
-        temperature: float,
-        dedup: bool = True,
         prefixes: Mapping[tuple[int, ...], Any] | None = None,
-        cut_after: int | None = None,
         speculation: Any = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
     ) -> tuple[list[SampleOut], EngineStats]:
-        """Generate every sample to EOS, ``max_new_tokens`` or the cut.
+        """Generate every sample to EOS, ``params.max_new_tokens`` or the cut.
 
         Args:
             samples: what to generate; a spec with ``generated`` continues a cut sample from
                 prompt + generated, at random-stream position ``len(generated)``.
-            seed, step: with each sample's (prompt_id, sample_index), the sample's stream key.
-            max_new_tokens: bound on a sample's total response length (``generated`` counts).
-            temperature: softmax temperature; 0 is greedy.
-            dedup: share the prefill of identical contexts (torch: explicit; vllm: APC always).
+            params: how to sample (:class:`GenerationParams`).
             prefixes: precomputed KV states of shared token prefixes (torch only).
-            cut_after: stop once this many samples finished; the others come back with
-                finish_reason "cut" and their tokens so far.
             speculation: a ``speculative.Speculation`` (torch: draft and verify, same outputs
                 as plain decoding); None: plain decoding. vLLM ignores it: its own
                 speculative decoding is configured when the engine is built (docs/vllm.md).
-            top_k, top_p: top-k and nucleus filtering before the noise
-                (``sampling.filter_logits``); None: off. Both engines apply the same filter.
         Returns:
             (one SampleOut per input sample, in input order; call statistics).
         """

@@ -20,7 +20,8 @@ import time
 import torch
 
 from actions.models.device import sync
-from actions.engines.torch_engine import SampleSpec, TorchEngine
+from actions.engines.base import GenerationParams, SampleSpec
+from actions.engines.torch_engine import TorchEngine
 
 
 def _device(model: torch.nn.Module) -> torch.device:
@@ -47,7 +48,7 @@ def decode_step_seconds(model: torch.nn.Module, batch: int, context: int, vocab:
     def run(new_tokens: int) -> float:
         sync(device)
         t0 = time.perf_counter()
-        engine.generate(specs, seed=0, step=0, max_new_tokens=new_tokens, temperature=1.0)
+        engine.generate(specs, GenerationParams(seed=0, step=0, max_new_tokens=new_tokens, temperature=1.0))
         sync(device)
         return time.perf_counter() - t0
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from actions.models.device import sync
-from actions.engines.base import EngineStats, RowEnds, SampleOut, SampleSpec
+from actions.engines.base import EngineStats, GenerationParams, RowEnds, SampleOut, SampleSpec
 from actions.engines.drafters import HistoryDrafter, PromptLookupDrafter
 from actions.engines.drafters.base import Drafter
 from actions.engines.sampling import Sampler, stream_key
@@ -256,10 +256,9 @@ class _Selector:
         return out
 
 
-def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed: int, step: int,
-                       max_new_tokens: int, sampling: Sampler, cut_after: int | None, stats: EngineStats,
-                       spec: Speculation, tracker: AcceptanceTracker, cost: ForwardCost,
-                       ) -> tuple[list[SampleOut], SpecStats]:
+def decode_speculative(engine, samples: list[SampleSpec], states: list, params: GenerationParams, *,
+                       sampling: Sampler, stats: EngineStats, spec: Speculation, tracker: AcceptanceTracker,
+                       cost: ForwardCost) -> tuple[list[SampleOut], SpecStats]:
     """The decode loop of ``TorchEngine._decode`` with per-round speculation (module docstring).
 
     ``tracker`` and ``cost`` are updated in place (a warm engine keeps them across calls).
@@ -268,12 +267,13 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
     n, dev, model = len(samples), engine.device, engine.model
     cache, mask = stack_states(states)
     batch = _Batch(cache, mask, torch.tensor([st.length for st in states], dtype=torch.long, device=dev))
-    keys = torch.tensor([stream_key(seed, step, s.prompt_id, s.sample_index) for s in samples], device=dev)
+    keys = torch.tensor([stream_key(params.seed, params.step, s.prompt_id, s.sample_index) for s in samples],
+                        device=dev)
     gen: list[list[int]] = [list(s.generated) for s in samples]
     start_len = [len(g) for g in gen]
     logits = stack_logits(states)
     rows = list(range(n))
-    ends = RowEnds(n, engine.eos_ids, max_new_tokens)
+    ends = RowEnds(n, engine.eos_ids, params.max_new_tokens)
     drafters = make_drafters(spec)
     for d in drafters.values():
         for r, s in enumerate(samples):
@@ -291,7 +291,7 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
         toks = _next_tokens(rows, known, logits, keys, gen, sampling, dev, done)
         keep = [j for j, (row, t) in enumerate(zip(rows, toks)) if row not in done and not ends.take(row, t, gen[row])]
         done.clear()
-        if not keep or ends.cut(cut_after):
+        if not keep or ends.cut(params.cut_after):
             break
         if len(keep) < len(rows):
             keep_t = torch.tensor(keep, device=dev)
@@ -302,7 +302,7 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
             for d in drafters.values():
                 d.extend(row, new)
         b = len(rows)
-        proposals = selector.propose(drafters, rows, [max_new_tokens - len(gen[r]) for r in rows])
+        proposals = selector.propose(drafters, rows, [params.max_new_tokens - len(gen[r]) for r in rows])
         choice, drafts, kinds = selector.pick(proposals, b)
         width = 1 + max(len(d) for d in drafts)
         # one tensor from one padded list: a copy per row costs ~10 us of host work each
@@ -350,7 +350,7 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, *, seed:
         batch.rollback(acc_t, accepted, width)
         done.update(rows[j] for j in finished)
         _observe(cost, sstats, b, width, t_round)
-        if ends.cut(cut_after):
+        if ends.cut(params.cut_after):
             break
     plain_steps = max((len(gen[i]) - start_len[i] + (ends.reasons[i] == "stop") for i in range(n)), default=1) - 1
     sstats.forwards_saved = max(plain_steps - stats.decode_steps, 0)

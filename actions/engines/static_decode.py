@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from actions.engines.base import EngineStats, RowEnds, SampleOut, SampleSpec
+from actions.engines.base import EngineStats, GenerationParams, RowEnds, SampleOut, SampleSpec
 from actions.engines.kv_state import PrefixState, stack_logits
 from actions.engines.sampling import Sampler, stream_key
 from actions.engines.static_forward import StaticForward, unsupported_reason
@@ -217,9 +217,9 @@ class DecodeRuntime:
         return g
 
 
-def decode_static(engine, samples: list[SampleSpec], states: list[PrefixState], *, seed: int, step: int,
-                  max_new_tokens: int, sampling: Sampler, cut_after: int | None, stats: EngineStats,
-                  graphs: bool, padded: bool | None = None, compiled: bool = False) -> list[SampleOut]:
+def decode_static(engine, samples: list[SampleSpec], states: list[PrefixState], params: GenerationParams, *,
+                  sampling: Sampler, stats: EngineStats, graphs: bool, padded: bool | None = None,
+                  compiled: bool = False) -> list[SampleOut]:
     """``TorchEngine``'s plain decode loop on the static cache (module docstring). Returns the
     samples in input order; updates ``stats`` and the engine's ``forward_cost``.
 
@@ -230,30 +230,30 @@ def decode_static(engine, samples: list[SampleSpec], states: list[PrefixState], 
     padded = graphs if padded is None else padded
     rt = runtime_for(engine.model, compiled)
     with rt.lock:
-        return _decode_locked(rt, engine, samples, states, seed=seed, step=step, max_new_tokens=max_new_tokens,
-                              sampling=sampling, cut_after=cut_after, stats=stats, graphs=graphs, padded=padded)
+        return _decode_locked(rt, engine, samples, states, params, sampling=sampling, stats=stats, graphs=graphs,
+                              padded=padded)
 
 
-def _decode_locked(rt: DecodeRuntime, engine, samples: list[SampleSpec], states: list[PrefixState], *, seed: int,
-                   step: int, max_new_tokens: int, sampling: Sampler, cut_after: int | None, stats: EngineStats,
-                   graphs: bool, padded: bool) -> list[SampleOut]:
+def _decode_locked(rt: DecodeRuntime, engine, samples: list[SampleSpec], states: list[PrefixState],
+                   params: GenerationParams, *, sampling: Sampler, stats: EngineStats, graphs: bool, padded: bool
+                   ) -> list[SampleOut]:
     n = len(samples)
     captures0, capture_s0 = rt.captures, rt.capture_s
     width = max(s.length for s in states)
-    remaining = max(max_new_tokens - len(s.generated) for s in samples)
+    remaining = max(params.max_new_tokens - len(s.generated) for s in samples)
     rows = bucket_for(n) if padded else n
     kv = rt.ensure(rows, width + max(remaining, 1))
     kv.load(states, rows)
     st = rt.state
     gen: list[list[int]] = [list(s.generated) for s in samples]
-    _put(st.keys, [stream_key(seed, step, s.prompt_id, s.sample_index) for s in samples], rows)
+    _put(st.keys, [stream_key(params.seed, params.step, s.prompt_id, s.sample_index) for s in samples], rows)
     _put(st.rpos, [len(g) for g in gen], rows)
     _put(st.pos, [s.length for s in states], rows)
     st.col.fill_(width)
     st.tok[:rows].zero_()
     st.tok[:n] = sampling.draw(stack_logits(states), st.keys[:n], st.rpos[:n])
     slots: list[int | None] = [*range(n), *([None] * (rows - n))]  # batch row -> sample
-    ends = RowEnds(n, engine.eos_ids, max_new_tokens)
+    ends = RowEnds(n, engine.eos_ids, params.max_new_tokens)
     b, col, live = rows, width, n
     t_step = None
     while True:
@@ -263,7 +263,7 @@ def _decode_locked(rt: DecodeRuntime, engine, samples: list[SampleSpec], states:
         if t_step is not None:  # step to step is one plain round: the speculation selector's baseline
             engine.forward_cost.observe(live, 1, now - t_step)
         t_step, live = now, len(keep)
-        if not keep or ends.cut(cut_after):
+        if not keep or ends.cut(params.cut_after):
             break
         target = bucket_for(live) if padded else live
         if target < b:  # release finished rows' slots: compact into the smaller batch

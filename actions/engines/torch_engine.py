@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from actions.engines.base import EngineStats, RowEnds, SampleOut, SampleSpec
+from actions.engines.base import EngineStats, GenerationParams, RowEnds, SampleOut, SampleSpec
 from actions.engines.sampling import Sampler, stream_key
 from actions.engines.spec_select import AcceptanceTracker, ForwardCost, can_pay
 from actions.engines.kv_state import PrefixState, stack_logits, stack_states
@@ -192,27 +192,20 @@ class TorchEngine:
     def generate(
         self,
         samples: list[SampleSpec],
+        params: GenerationParams,
         *,
-        seed: int,
-        step: int,
-        max_new_tokens: int,
-        temperature: float,
-        dedup: bool = True,
         prefixes: dict[tuple[int, ...], PrefixState] | None = None,
-        cut_after: int | None = None,
         speculation: Speculation | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
     ) -> tuple[list[SampleOut], EngineStats]:
         """Generate every sample; see the module docstring for dedup and cut semantics.
         ``speculation``: decode speculatively (``speculative.py``; same outputs); None: plain.
-        ``top_k``, ``top_p``: sampling filters (``sampling.filter_logits``); None: off."""
-        sampling = Sampler(temperature, top_k, top_p)
+        ``params.top_k``, ``params.top_p``: sampling filters (``sampling.filter_logits``); None: off."""
+        sampling = Sampler(params.temperature, params.top_k, params.top_p)
         stats = EngineStats()
         if not samples:
             return [], stats
         contexts = [s.prompt_tokens + s.generated for s in samples]
-        if dedup:
+        if params.dedup:
             unique = list(dict.fromkeys(contexts))
             states, stats.prefill_tokens = self.prefill(unique, prefixes)
             lookup = dict(zip(unique, states))
@@ -222,48 +215,43 @@ class TorchEngine:
         if speculation is not None:
             self.acceptance.priors.update(speculation.priors)
         if speculation is None or self._skip_speculation(speculation, len(samples)):
-            outs = self._decode(samples, row_states, seed, step, max_new_tokens, sampling, cut_after, stats)
+            outs = self._decode(samples, row_states, params, sampling, stats)
             if speculation is not None:  # decoded plainly by choice: say so in the counters
                 stats.spec = SpecStats(rounds=stats.decode_steps, plain_calls=1).to_dict()
             return outs, stats
         outs, spec_stats = decode_speculative(
-            self, samples, row_states, seed=seed, step=step, max_new_tokens=max_new_tokens,
-            sampling=sampling, cut_after=cut_after, stats=stats, spec=speculation,
+            self, samples, row_states, params, sampling=sampling, stats=stats, spec=speculation,
             tracker=self.acceptance, cost=self.forward_cost)
         stats.spec = spec_stats.to_dict()
         return outs, stats
 
-    def _decode(self, samples: list[SampleSpec], states: list[PrefixState], seed: int, step: int,
-                max_new_tokens: int, sampling: Sampler, cut_after: int | None, stats: EngineStats
-                ) -> list[SampleOut]:
+    def _decode(self, samples: list[SampleSpec], states: list[PrefixState], params: GenerationParams,
+                sampling: Sampler, stats: EngineStats) -> list[SampleOut]:
         """Plain decoding: on the static cache where it runs, else the dynamic loop."""
         if self.static:
-            return decode_static(self, samples, states, seed=seed, step=step, max_new_tokens=max_new_tokens,
-                                 sampling=sampling, cut_after=cut_after, stats=stats, graphs=self.graphs,
+            return decode_static(self, samples, states, params, sampling=sampling, stats=stats, graphs=self.graphs,
                                  padded=self.pad_batches, compiled=self.compiled)
-        return self._decode_dynamic(samples, states, seed, step, max_new_tokens, sampling, cut_after, stats)
+        return self._decode_dynamic(samples, states, params, sampling, stats)
 
     def _decode_dynamic(
         self,
         samples: list[SampleSpec],
         states: list[PrefixState],
-        seed: int,
-        step: int,
-        max_new_tokens: int,
+        params: GenerationParams,
         sampling: Sampler,
-        cut_after: int | None,
         stats: EngineStats,
     ) -> list[SampleOut]:
         n, dev = len(samples), self.device
         cache, mask = stack_states(states)
-        keys = torch.tensor([stream_key(seed, step, s.prompt_id, s.sample_index) for s in samples], device=dev)
+        keys = torch.tensor([stream_key(params.seed, params.step, s.prompt_id, s.sample_index) for s in samples],
+                            device=dev)
         gen: list[list[int]] = [list(s.generated) for s in samples]
         positions = torch.tensor([len(g) for g in gen], dtype=torch.long, device=dev)  # random-stream position
         next_pos = torch.tensor([st.length for st in states], dtype=torch.long, device=dev)  # model position
         logits = stack_logits(states)
         active = torch.arange(n, device=dev)
         rows = list(range(n))  # host copy of ``active``
-        ends = RowEnds(n, self.eos_ids, max_new_tokens)
+        ends = RowEnds(n, self.eos_ids, params.max_new_tokens)
         t_step, b_step = None, 0
         while True:
             tok = sampling.draw(logits, keys[active], positions[active])
@@ -275,7 +263,7 @@ class TorchEngine:
             if t_step is not None:
                 self.forward_cost.observe(b_step, 1, now - t_step)
             t_step, b_step = now, len(keep)
-            if not keep or ends.cut(cut_after):
+            if not keep or ends.cut(params.cut_after):
                 break
             if len(keep) < len(rows):
                 keep_t = torch.tensor(keep, device=dev)

@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from actions.engines.base import EngineStats, SampleOut, SampleSpec
+from actions.engines.base import EngineStats, GenerationParams, SampleOut, SampleSpec
 from actions.engines.preflight import INSTALL_HINT, vllm_available  # noqa: F401 (vllm_available: re-exported)
 from actions.engines.sampling import Sampler, stream_key
 
@@ -115,47 +115,39 @@ class VllmEngine:
     def generate(
         self,
         samples: list[SampleSpec],
+        params: GenerationParams,
         *,
-        seed: int,
-        step: int,
-        max_new_tokens: int,
-        temperature: float,
-        dedup: bool = True,
         prefixes: Mapping[tuple[int, ...], Any] | None = None,
-        cut_after: int | None = None,
         speculation: Any = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
         ignore_eos: bool = False,
     ) -> tuple[list[SampleOut], EngineStats]:
         """See ``base.GenerationEngine.generate``; ``prefixes`` and ``speculation`` are ignored
         (module docstring): vLLM's own speculative decoding is set when the engine is built.
-        ``top_k`` / ``top_p`` go to the noise processor, not to vLLM's sampler (which runs greedy).
-        ``ignore_eos``: every sample runs to ``max_new_tokens`` (the profiler's fixed-length runs)."""
+        ``params.top_k`` / ``params.top_p`` go to the noise processor, not to vLLM's sampler (which
+        runs greedy). ``ignore_eos``: every sample runs to ``max_new_tokens`` (the profiler's
+        fixed-length runs)."""
         with self._lock:
-            return self._generate(samples, seed, step, max_new_tokens, Sampler(temperature, top_k, top_p),
-                                  dedup, cut_after, ignore_eos)
+            return self._generate(samples, params, Sampler(params.temperature, params.top_k, params.top_p), ignore_eos)
 
-    def _generate(self, samples: list[SampleSpec], seed: int, step: int, max_new_tokens: int,
-                  sampling: Sampler, dedup: bool, cut_after: int | None, ignore_eos: bool = False
-                  ) -> tuple[list[SampleOut], EngineStats]:
+    def _generate(self, samples: list[SampleSpec], params: GenerationParams, sampling: Sampler,
+                  ignore_eos: bool = False) -> tuple[list[SampleOut], EngineStats]:
         from vllm.inputs import TokensPrompt
 
         results: list[SampleOut | None] = [None] * len(samples)
         index: dict[str, int] = {}  # request id -> sample position
         self._num_calls += 1
         for i, s in enumerate(samples):
-            budget = max_new_tokens - len(s.generated)
+            budget = params.max_new_tokens - len(s.generated)
             if budget <= 0:  # a continuation that already has every token it may have
                 results[i] = SampleOut(s.prompt_id, s.sample_index, list(s.generated), "length")
                 continue
             rid = f"c{self._num_calls}-{i}"
             index[rid] = i
-            params = self._params(s, seed, step, budget, sampling, dedup, streaming=cut_after is not None)
-            params.ignore_eos = ignore_eos
+            request = self._params(s, params, budget, sampling, streaming=params.cut_after is not None)
+            request.ignore_eos = ignore_eos
             self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=list(s.prompt_tokens + s.generated)),
-                                            params)
-        received, cached, num_steps = self._drive(samples, results, index, cut_after)
+                                            request)
+        received, cached, num_steps = self._drive(samples, results, index, params.cut_after)
         for i, s in enumerate(samples):
             if results[i] is None:
                 results[i] = SampleOut(s.prompt_id, s.sample_index, list(s.generated) + received[i], "cut")
@@ -195,7 +187,7 @@ class VllmEngine:
                 engine.abort_request(pending)
         return received, cached, num_steps
 
-    def _params(self, s: SampleSpec, seed: int, step: int, budget: int, sampling: Sampler, dedup: bool,
+    def _params(self, s: SampleSpec, params: GenerationParams, budget: int, sampling: Sampler,
                 streaming: bool) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -210,10 +202,10 @@ class VllmEngine:
 
         return SamplingParams(
             n=1, temperature=0.0, max_tokens=budget, stop_token_ids=list(self.eos_ids), detokenize=False,
-            skip_reading_prefix_cache=not dedup,
+            skip_reading_prefix_cache=not params.dedup,
             # A cut needs every sample's tokens so far; otherwise only final outputs are sent.
             output_kind=RequestOutputKind.CUMULATIVE if streaming else RequestOutputKind.FINAL_ONLY,
-            extra_args={KEY_ARG: stream_key(seed, step, s.prompt_id, s.sample_index),
+            extra_args={KEY_ARG: stream_key(params.seed, params.step, s.prompt_id, s.sample_index),
                         OFFSET_ARG: len(s.generated), TEMPERATURE_ARG: float(sampling.temperature),
                         TOP_K_ARG: sampling.top_k, TOP_P_ARG: sampling.top_p},
         )

@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from actions.engines.base import SampleSpec
+from actions.engines.base import GenerationParams, SampleSpec
 
 
 def decode_step_seconds(engine: Any, batch: int, context: int, vocab: int, repeats: int = 3,
@@ -32,7 +32,8 @@ def decode_step_seconds(engine: Any, batch: int, context: int, vocab: int, repea
 
     def run(new_tokens: int) -> float:
         t0 = time.perf_counter()
-        engine.generate(specs, seed=0, step=0, max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True)
+        engine.generate(specs, GenerationParams(seed=0, step=0, max_new_tokens=new_tokens, temperature=1.0),
+                        ignore_eos=True)
         return time.perf_counter() - t0
 
     run(2)  # the first call at a shape pays its scheduling and allocation set-up
@@ -47,7 +48,8 @@ def prefill_tokens_per_s(engine: Any, vocab: int, batch: int = 16, length: int =
 
     def run() -> float:
         t0 = time.perf_counter()
-        engine.generate(specs, seed=0, step=0, max_new_tokens=1, temperature=1.0, dedup=False, ignore_eos=True)
+        engine.generate(specs, GenerationParams(seed=0, step=0, max_new_tokens=1, temperature=1.0, dedup=False),
+                        ignore_eos=True)
         return time.perf_counter() - t0
 
     run()
