@@ -256,6 +256,9 @@ class TrainStepRequest(_Msg):
     step: int
     output_prefix: str
     gradient_checkpointing: bool = False
+    world_size: int | None = Field(None, ge=1)
+    """``train.world_size``; None: ``gpus_per_actor`` on CUDA, 1 on the CPU."""
+    gpus_per_actor: int = Field(1, ge=1)
 
 
 class TrainStepResult(_Msg):

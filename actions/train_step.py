@@ -30,18 +30,9 @@ from actions.models.lora import adapter_tensors
 from actions.models.special_tokens import special_tokens
 from actions.store.weights import load_tensors, publish_tensors
 from actions.rl.batch import TrainBatch, gather_batch, rollout_metrics
+from actions.rl.recompute import enable_checkpointing
+from actions.rl.world_size import check_world_size
 from actions.rl.update import make_optimizer, run_updates
-
-
-def enable_checkpointing(model: torch.nn.Module, on: bool = True) -> None:
-    """Activation recomputation in the backward pass (``model.gradient_checkpointing``), with
-    the non-reentrant torch checkpoint (inputs need no ``requires_grad``)."""
-    if not on:
-        return
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x's name
-        model.activation_checkpointing_enable({"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def trained_key(store_uri: str, policy_key: str, weights_sha256: str | None, dtype: str,
@@ -51,6 +42,9 @@ def trained_key(store_uri: str, policy_key: str, weights_sha256: str | None, dty
 
 
 def run_train(req: TrainStepRequest) -> TrainStepResult:
+    world = check_world_size(req.world_size, req.gpus_per_actor)
+    if world > 1:
+        return run_sharded(req, world)
     store = store_for(req.policy.store_uri)
     torch.manual_seed(req.seed * 100_003 + req.step)
     ref = req.policy
@@ -80,6 +74,7 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
                                           where=req.critic_optimizer_key)
     metrics = rollout_metrics(batch, algo)
     metrics["train/reused_state"] = float(kept is not None)
+    metrics["train/world_size"] = 1.0
     metrics.update(run_updates(policy, opt, batch, algo, critic, critic_opt, seed=req.seed, step=req.step))
     version = req.policy.policy_version + 1
     # A LoRA policy publishes its adapter only; the backbone was stored once, as version 0.
@@ -97,6 +92,20 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
         co = publish_tensors(store, f"{req.output_prefix}/critic_optimizer/manifest.json", critic_opt.state_tensors())
         out.critic_key, out.critic_optimizer_key = c.manifest_key, co.manifest_key
     return out
+
+
+def run_sharded(req: TrainStepRequest, world: int) -> TrainStepResult:
+    """The step on ``world`` FSDP2 ranks (``actions/rl/sharded_train.py``), each with its share
+    of this activation's threads on the CPU."""
+    from actions.rl.ranks import run_on_ranks
+    from actions.rl.sharded_train import train_on_rank
+    from actions.rl.world_size import device_kind
+
+    backend = "nccl" if device_kind() == "cuda" else "gloo"
+    threads = max(1, torch.get_num_threads() // world)
+    out = run_on_ranks(train_on_rank, world, (req.model_dump(mode="json"), threads), backend=backend,
+                       what="train rank")
+    return TrainStepResult.model_validate(out)
 
 
 def main(args: dict) -> dict:

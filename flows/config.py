@@ -234,6 +234,7 @@ class CampaignConfig(WorkloadConfig):
         # Fan-out and planning change cost, never the training data.
         data.pop("scaling", None)
         data["model"].pop("gradient_checkpointing", None)  # memory for compute; the same weights
+        data.pop("train", None)  # ranks of the learner: the same update up to round-off
         for key in ("assignment", "cut_threshold", "rank_slack", "migrate_window_s", "score_while_generating",
                     "dedup_prefill", "prefill_capacity", "prefill_action", "length_window", "first_epoch_predictor",
                     "kv_cache", "cuda_graphs", "compile_decode"):

@@ -18,7 +18,7 @@ from actions.rl.optimizer import TrainOptimizer
 from actions.rl.sequences import (MIN_CHUNK_TOKENS, chunk_bounds, pack, per_row_widths, response_logprobs,
                                   response_logprobs_full)
 from actions.rl.update import needs_old_logp, needs_ref_logp, run_updates
-from actions.train_step import enable_checkpointing
+from actions.rl.recompute import enable_checkpointing
 
 
 @pytest.fixture(autouse=True)

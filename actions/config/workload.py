@@ -317,6 +317,17 @@ class GenerationConfig(_Section):
         return self
 
 
+class TrainConfig(_Section):
+    """How the train action runs its update (never what it computes)."""
+
+    world_size: int | None = Field(None, ge=1)
+    """Ranks of the learner inside one train activation: above 1, the update runs under FSDP2
+    (``torch.distributed.fsdp.fully_shard``) over that many processes spawned by the action (NCCL,
+    one GPU each, on CUDA; gloo on the CPU), and the result is the one-rank update up to float
+    round-off (``actions/rl/sharded_train.py``, docs/scale.md). None: ``scaling.gpus_per_actor`` on
+    CUDA, 1 on the CPU."""
+
+
 class WorkloadConfig(_Section):
     """What the actions compute: the sections they read (model, data, reward, algorithm,
     warm-up, generation) and the seed. ``CampaignConfig`` adds how and where the work runs
@@ -329,6 +340,7 @@ class WorkloadConfig(_Section):
     algorithm: AlgorithmConfig = AlgorithmConfig()
     warmup: WarmupConfig = WarmupConfig()
     generation: GenerationConfig = GenerationConfig()
+    train: TrainConfig = TrainConfig()
     seed: int = 0
 
     @model_validator(mode="after")

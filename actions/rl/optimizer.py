@@ -50,6 +50,8 @@ class TrainOptimizer:
                 m.grad = None if p.grad is None else p.grad.float()
                 p.grad = None  # the low-precision copy is not needed past this point
         norm = torch.nn.utils.clip_grad_norm_(self.master or self.params, max_grad_norm)
+        if hasattr(norm, "full_tensor"):  # FSDP2's sharded parameters: the norm over every rank
+            norm = norm.full_tensor()
         self.opt.step()
         if self.mixed:
             with torch.no_grad():

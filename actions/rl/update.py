@@ -69,7 +69,7 @@ def compute_advantages(batch: TrainBatch, algo: AlgorithmConfig) -> tuple[torch.
     return masked_whiten(adv, mask), ret
 
 
-def _minibatches(num_rows: int, algo: AlgorithmConfig, gen: torch.Generator) -> list[torch.Tensor]:
+def minibatches(num_rows: int, algo: AlgorithmConfig, gen: torch.Generator) -> list[torch.Tensor]:
     groups = torch.randperm(num_rows // algo.group_size, generator=gen)
     rows = (groups[:, None] * algo.group_size + torch.arange(algo.group_size)).flatten()
     return list(rows.chunk(algo.num_minibatches))
@@ -95,34 +95,41 @@ def policy_logprobs(policy: torch.nn.Module, batch: TrainBatch, idx: torch.Tenso
     return out[..., 0], out[..., 1]
 
 
-def _micro(idx: torch.Tensor, algo: AlgorithmConfig) -> list[torch.Tensor]:
+def micro_batches(idx: torch.Tensor, algo: AlgorithmConfig) -> list[torch.Tensor]:
     return list(idx.split(algo.micro_batch_size or len(idx)))
 
 
 def _policy_pass(policy: torch.nn.Module, opt: TrainOptimizer, batch: TrainBatch, adv: torch.Tensor,
                  idx: torch.Tensor, algo: AlgorithmConfig) -> dict[str, float]:
     """One optimizer step of the policy on mini-batch ``idx``, gradients accumulated over micro batches."""
-    mask = batch.packed.response_mask
-    total = mask[idx].sum().clamp_min(1.0)
+    total = batch.packed.response_mask[idx].sum().clamp_min(1.0)
     metrics: dict[str, float] = defaultdict(float)
     opt.zero_grad()
-    for mb in _micro(idx, algo):
+    for mb in micro_batches(idx, algo):
         logp, entropy = policy_logprobs(policy, batch, mb)
-        sub_mask = mask[mb]
-        old = batch.old_logp[mb] if batch.old_logp is not None else logp.detach()
-        if algo.name == "grpo":
-            ref = batch.ref_logp[mb] if batch.ref_logp is not None else None
-            loss, m = grpo_loss(logp, old, ref, adv[mb], sub_mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
-                                kl_coef=algo.kl_coef if ref is not None else 0.0, kl_kind=algo.kl_kind)
-        else:
-            loss, m = ppo_policy_loss(logp, old, adv[mb], sub_mask, clip_low=algo.clip_low, clip_high=algo.clip_high)
-        share = sub_mask.sum() / total  # exactly 1 without micro batches
+        loss, m = policy_loss(logp, entropy, batch, adv, mb, algo)
+        share = batch.packed.response_mask[mb].sum() / total  # exactly 1 without micro batches
         (loss * share).backward()
-        m["entropy"] = float(masked_mean(entropy.detach(), sub_mask))
         for k, v in m.items():
             metrics[k] += v * float(share)
     metrics["grad_norm"] = opt.step(algo.max_grad_norm)
     return metrics
+
+
+def policy_loss(logp: torch.Tensor, entropy: torch.Tensor, batch: TrainBatch, adv: torch.Tensor, rows: torch.Tensor,
+                algo: AlgorithmConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """The algorithm's policy loss (a token mean) over batch rows ``rows``, whose log-probs and
+    entropies ``[len(rows), T]`` are given, with its metrics (entropy included)."""
+    sub_mask = batch.packed.response_mask[rows]
+    old = batch.old_logp[rows] if batch.old_logp is not None else logp.detach()
+    if algo.name == "grpo":
+        ref = batch.ref_logp[rows] if batch.ref_logp is not None else None
+        loss, m = grpo_loss(logp, old, ref, adv[rows], sub_mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
+                            kl_coef=algo.kl_coef if ref is not None else 0.0, kl_kind=algo.kl_kind)
+    else:
+        loss, m = ppo_policy_loss(logp, old, adv[rows], sub_mask, clip_low=algo.clip_low, clip_high=algo.clip_high)
+    m["entropy"] = float(masked_mean(entropy.detach(), sub_mask))
+    return loss, m
 
 
 def _critic_pass(critic: Critic, opt: TrainOptimizer, batch: TrainBatch, ret: torch.Tensor, idx: torch.Tensor,
@@ -131,7 +138,7 @@ def _critic_pass(critic: Critic, opt: TrainOptimizer, batch: TrainBatch, ret: to
     total = mask[idx].sum().clamp_min(1.0)
     metrics: dict[str, float] = defaultdict(float)
     opt.zero_grad()
-    for mb in _micro(idx, algo):
+    for mb in micro_batches(idx, algo):
         values = critic(batch.packed.select(mb))
         vloss, m = value_loss(values, batch.values[mb], ret[mb], mask[mb], clip=algo.value_clip)
         share = mask[mb].sum() / total
@@ -153,7 +160,7 @@ def run_updates(policy: torch.nn.Module, opt: TrainOptimizer, batch: TrainBatch,
     sums: dict[str, float] = defaultdict(float)
     count = 0
     for _ in range(algo.epochs):
-        for idx in _minibatches(len(batch.rewards), algo, gen):
+        for idx in minibatches(len(batch.rewards), algo, gen):
             m = _policy_pass(policy, opt, batch, adv, idx, algo)
             if critic is not None:
                 m.update(_critic_pass(critic, critic_opt, batch, ret, idx, algo))

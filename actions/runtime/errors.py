@@ -58,6 +58,8 @@ def is_transient(exc: BaseException) -> bool:
 
     if isinstance(exc, (InjectedFault, StoreUnreachable, ConnectionError, TimeoutError)):
         return True
+    if isinstance(getattr(exc, "transient", None), bool):  # classified where it was raised (actions/rl/ranks.py)
+        return exc.transient  # type: ignore[attr-defined]
     if isinstance(exc, StoreError) and exc.__context__ is not None:
         # the store translates client errors into one-line StoreErrors (``raise ... from None``
         # keeps the original as the context): a 429/503 underneath is still worth a retry

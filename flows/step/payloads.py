@@ -77,4 +77,5 @@ def train_payload(ctx: RunContext, inputs: StepInputs, scored_keys: list[str]) -
         algorithm=ctx.config.algorithm, seed=ctx.config.seed, step=inputs.step,
         output_prefix=f"{step_prefix(ctx, inputs.step)}/train",
         gradient_checkpointing=ctx.config.model.gradient_checkpointing,
+        world_size=ctx.config.train.world_size, gpus_per_actor=ctx.config.scaling.gpus_per_actor,
     ).model_dump(mode="json")

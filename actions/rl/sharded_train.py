@@ -1,0 +1,166 @@
+"""One train step on ``train.world_size`` FSDP2 ranks (``train_step.py`` runs it through
+``ranks.run_on_ranks``); the store format is the one-rank format.
+
+Every rank reads the whole policy version and optimizer state from the store, shards them
+(``fsdp.shard``: fp32 shards of every trainable parameter, the fp32 master copy of a bf16/fp16
+run taken from the stored ``p{i}.master``), runs the update with the work shared out
+(``sharded_update``), and gathers whole tensors back; rank 0 publishes them exactly as one rank
+would: the weights in each tensor's own dtype, AdamW's moments and step under the same
+``p{index}`` names, the masters of a low-precision run. So a run trained on two ranks resumes on
+one, and the other way round. LoRA: only the adapter trains, so only the adapter is sharded;
+every rank holds the frozen backbone whole.
+
+The ranks are fresh processes, so nothing stays warm between steps (``train_step.py`` keeps the
+trained model for the next step on one rank only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from actions.common.contracts import TrainStepRequest, TrainStepResult
+from actions.common.loading import configure_threads, load_model, store_for
+from actions.common.lora import adapter_tensors
+from actions.common.optim_state import load_optimizer_tensors, optimizer_tensors
+from actions.common.special_tokens import special_tokens
+from actions.common.weights import load_tensors, publish_tensors
+from actions.rl.batch import gather_batch, rollout_metrics
+from actions.rl.critic_store import load_critic
+from actions.rl.fsdp import full, like, make_mesh, shard
+from actions.rl.optimizer import MASTER, TrainOptimizer
+from actions.rl.recompute import enable_checkpointing
+from actions.rl.sharded_update import LogprobRoot, run_sharded_updates
+
+
+def rank_device(rank: int) -> torch.device:
+    """This rank's device: ``cuda:<rank>`` where the actions use CUDA, else the CPU."""
+    from actions.common.device import action_device
+
+    device = action_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(rank)
+        return torch.device("cuda", rank)
+    return device
+
+
+def _trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+def _load_masters(module: torch.nn.Module, state: dict[str, torch.Tensor] | None, where: str) -> dict:
+    """Put the stored fp32 master copies into ``module``'s trainable parameters (upcast to fp32
+    first, as ``fsdp.shard`` would); returns the state without them."""
+    if not state:
+        return {}
+    params = _trainable(module)
+    rest = {}
+    for key, value in state.items():
+        if not key.endswith(f".{MASTER}"):
+            rest[key] = value
+            continue
+        index = int(key[1:].split(".")[0])
+        if index >= len(params) or params[index].dtype == torch.float32 or value.shape != params[index].shape:
+            raise ValueError(f"optimizer state {where!r}: tensor {key} is not the fp32 master copy of one of the "
+                             f"{len(params)} low-precision parameters; re-publish the optimizer state")
+        params[index].data = value.to(params[index].device, torch.float32).clone()
+    return rest
+
+
+def _sharded_optimizer(module: torch.nn.Module, lr: float, state: dict[str, torch.Tensor], where: str
+                       ) -> TrainOptimizer:
+    """AdamW over the sharded fp32 parameters, its stored moments cut to this rank's shards
+    (``load_optimizer_tensors`` then checks every name)."""
+    opt = TrainOptimizer(module, lr)
+    if not state:
+        return opt
+    laid = {}
+    for key, value in state.items():
+        index, _, field = key[1:].partition(".")
+        if field != "step" and index.isdigit() and int(index) < len(opt.params):
+            value = like(value, opt.params[int(index)])
+        laid[key] = value
+    load_optimizer_tensors(opt.opt, laid, where=where)
+    return opt
+
+
+def _gathered(tensors: dict[str, torch.Tensor], dtypes: dict[str, torch.dtype]) -> dict[str, torch.Tensor]:
+    """Whole tensors on the CPU, each in the dtype it was published in (a collective)."""
+    out = {}
+    for name, t in tensors.items():
+        whole = full(t.detach())
+        out[name] = whole.to("cpu", dtypes.get(name, whole.dtype)) if whole.is_floating_point() else whole.cpu()
+    return out
+
+
+def _optimizer_tensors(opt: TrainOptimizer, low_precision: bool) -> dict[str, torch.Tensor]:
+    """The one-rank ``TrainOptimizer.state_tensors`` of this sharded optimizer (a collective)."""
+    out = _gathered(optimizer_tensors(opt.opt), {})
+    if low_precision:
+        out.update({f"p{i}.{MASTER}": full(p.detach()).cpu() for i, p in enumerate(opt.params)})
+    return out
+
+
+def _dtypes(tensors_fn: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.dtype]:
+    return {k: v.dtype for k, v in tensors_fn().items()}
+
+
+def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | None:
+    """Rank ``rank``'s part of one train step; rank 0 publishes and returns the result."""
+    req = TrainStepRequest.model_validate(request)
+    configure_threads(threads)
+    device = rank_device(rank)
+    torch.manual_seed(req.seed * 100_003 + req.step)
+    store = store_for(req.policy.store_uri)
+    algo = req.algorithm
+    policy, tokenizer, _ = load_model(req.policy, fresh=True)
+    policy_dtypes = _dtypes(lambda: adapter_tensors(policy))
+    low_precision = any(p.dtype != torch.float32 for p in _trainable(policy))
+    state = load_tensors(store, req.optimizer_key)[0] if req.optimizer_key else None
+    state = _load_masters(policy, state, req.optimizer_key or "")
+    policy.train()
+    enable_checkpointing(policy, req.gradient_checkpointing)
+    mesh = make_mesh(device)
+    compute_dtype = next(iter(policy_dtypes.values()))
+    root = shard(LogprobRoot(policy), mesh, compute_dtype)
+    opt = _sharded_optimizer(policy, algo.lr, state, req.optimizer_key or "")
+    critic = critic_opt = None
+    if algo.name == "ppo":
+        critic = load_critic(req.policy.store_uri, req.policy.base_key, req.critic_key, fresh=True,
+                             dtype_setting=req.policy.dtype)
+        critic_dtypes = _dtypes(critic.tensors)
+        critic_low = any(p.dtype != torch.float32 for p in _trainable(critic))
+        cstate = load_tensors(store, req.critic_optimizer_key)[0] if req.critic_optimizer_key else None
+        cstate = _load_masters(critic, cstate, req.critic_optimizer_key or "")
+        critic.train()
+        enable_checkpointing(critic.lm, req.gradient_checkpointing)
+        shard(critic, mesh, compute_dtype)
+        critic_opt = _sharded_optimizer(critic, algo.critic_lr, cstate, req.critic_optimizer_key or "")
+    batch = gather_batch(store, req.scored_keys, algo, special_tokens(policy, tokenizer).pad_id).to(device)
+    metrics = rollout_metrics(batch, algo)
+    metrics["train/reused_state"] = 0.0
+    metrics["train/world_size"] = float(world)
+    metrics.update(run_sharded_updates(root, opt, batch, algo, critic, critic_opt, seed=req.seed, step=req.step,
+                                       rank=rank, world=world))
+    weights = _gathered(adapter_tensors(policy), policy_dtypes)
+    opt_tensors = _optimizer_tensors(opt, low_precision)
+    if critic is not None:
+        critic_tensors = _gathered(critic.tensors(), critic_dtypes)
+        critic_opt_tensors = _optimizer_tensors(critic_opt, critic_low)
+    dist.barrier()
+    if rank != 0:
+        return None
+    version = req.policy.policy_version + 1
+    pub = publish_tensors(store, f"{req.output_prefix}/policy/manifest.json", weights,
+                          {"version": version, "step": req.step})
+    opt_pub = publish_tensors(store, f"{req.output_prefix}/optimizer/manifest.json", opt_tensors)
+    out = TrainStepResult(policy_key=pub.manifest_key, policy_version=version, weights_sha256=pub.weights_sha256,
+                          optimizer_key=opt_pub.manifest_key,
+                          bytes_uploaded=pub.stats.bytes_uploaded + opt_pub.stats.bytes_uploaded, metrics=metrics)
+    if critic is not None:
+        c = publish_tensors(store, f"{req.output_prefix}/critic/manifest.json", critic_tensors)
+        co = publish_tensors(store, f"{req.output_prefix}/critic_optimizer/manifest.json", critic_opt_tensors)
+        out.critic_key, out.critic_optimizer_key = c.manifest_key, co.manifest_key
+    return out.model_dump(mode="json")

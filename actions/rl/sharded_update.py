@@ -1,0 +1,144 @@
+"""The update loop of ``update.py`` on several FSDP2 ranks: the same mini-batches, the same loss,
+the mini-batch's forward passes shared out among the ranks.
+
+A mini-batch's work is cut into *jobs*, each one forward call and one backward call: for the
+policy, a micro batch's rows of one width bucket (``sequences.per_row_widths`` makes exactly
+these calls on one rank, so every row's log-probs are computed in the same shapes); for the
+critic, one micro batch. Job ``j`` runs on rank ``j % world``. FSDP2 gathers and reduces in
+every forward and backward, so each rank must make the same number of calls: a rank with fewer
+jobs repeats its first one with a weight of zero.
+
+The losses are token means over the mini-batch, so a job's loss weighted by its share of the
+mini-batch's real tokens sums, over jobs, to the one-rank loss; the ranks' gradients are summed
+(``fsdp.shard``) and the update equals the one-rank update up to the order of float additions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from actions.common.config import AlgorithmConfig
+from actions.rl.batch import TrainBatch
+from actions.rl.critic import Critic
+from actions.rl.fsdp import all_sum
+from actions.rl.masked import masked_mean
+from actions.rl.optimizer import TrainOptimizer
+from actions.rl.ppo_loss import value_loss
+from actions.rl.sequences import CUDA_ROW_BLOCK, bucket_widths, per_row_widths, response_logprobs
+from actions.rl.update import compute_advantages, micro_batches, minibatches, needs_old_logp, policy_loss
+
+
+class LogprobRoot(torch.nn.Module):
+    """The policy as FSDP's root unit: one call computes a packed group's log-probs and
+    entropies (``[b, T, 2]``), so the output head runs inside the root's gather."""
+
+    def __init__(self, policy: torch.nn.Module) -> None:
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, packed) -> torch.Tensor:
+        logp, entropy = response_logprobs(self.policy, packed, with_entropy=True)
+        return torch.stack([logp, entropy], dim=-1)
+
+
+@dataclass(frozen=True)
+class Job:
+    rows: tuple[int, ...]
+    weight_scale: float  # 1 for real work, 0 for a rank's filler call
+
+
+def policy_jobs(batch: TrainBatch, idx: torch.Tensor, algo: AlgorithmConfig, row_block: int | None) -> list[Job]:
+    """One job per (micro batch, width bucket[, block of ``row_block`` rows])."""
+    jobs = []
+    for mb in micro_batches(idx, algo):
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i in mb.tolist():
+            groups.setdefault(bucket_widths(len(batch.prompts[i]), len(batch.responses[i])), []).append(i)
+        for _, rows in sorted(groups.items()):
+            block = row_block or len(rows)
+            jobs += [Job(tuple(rows[s:s + block]), 1.0) for s in range(0, len(rows), block)]
+    return jobs
+
+
+def rank_share(jobs: list[Job], rank: int, world: int) -> list[Job]:
+    """Rank ``rank``'s jobs, topped up with zero-weight repeats to ``ceil(len(jobs) / world)``."""
+    mine = jobs[rank::world]
+    count = math.ceil(len(jobs) / world)
+    filler = Job((mine or jobs)[0].rows, 0.0)
+    return mine + [filler] * (count - len(mine))
+
+
+def _policy_pass(root: LogprobRoot, opt: TrainOptimizer, batch: TrainBatch, adv: torch.Tensor, idx: torch.Tensor,
+                 algo: AlgorithmConfig, rank: int, world: int) -> dict[str, float]:
+    device = batch.packed.input_ids.device
+    mask = batch.packed.response_mask
+    T = batch.packed.response_width
+    total = mask[idx].sum().clamp_min(1.0)
+    row_block = CUDA_ROW_BLOCK if device.type == "cuda" else None
+    metrics: dict[str, float] = defaultdict(float)
+    opt.zero_grad()
+    for job in rank_share(policy_jobs(batch, idx, algo, row_block), rank, world):
+        rows = torch.tensor(job.rows, device=device)
+        (out,), _ = per_row_widths([root], [batch.prompts[i] for i in job.rows], [batch.responses[i] for i in job.rows],
+                                   batch.pad_id, device=device, row_block=row_block)
+        out = torch.nn.functional.pad(out, (0, 0, 0, max(0, T - out.shape[1])))[:, :T]
+        loss, m = policy_loss(out[..., 0], out[..., 1], batch, adv, rows, algo)
+        share = mask[rows].sum() / total * job.weight_scale
+        (loss * share).backward()
+        for k, v in m.items():
+            metrics[k] += v * float(share)
+    metrics = defaultdict(float, all_sum(dict(metrics), device))
+    metrics["grad_norm"] = opt.step(algo.max_grad_norm)
+    return metrics
+
+
+def _critic_pass(critic: Critic, opt: TrainOptimizer, batch: TrainBatch, ret: torch.Tensor, idx: torch.Tensor,
+                 algo: AlgorithmConfig, rank: int, world: int) -> dict[str, float]:
+    device = batch.packed.input_ids.device
+    mask = batch.packed.response_mask
+    total = mask[idx].sum().clamp_min(1.0)
+    metrics: dict[str, float] = defaultdict(float)
+    opt.zero_grad()
+    jobs = [Job(tuple(mb.tolist()), 1.0) for mb in micro_batches(idx, algo)]
+    for job in rank_share(jobs, rank, world):
+        rows = torch.tensor(job.rows, device=device)
+        values = critic(batch.packed.select(rows))
+        vloss, m = value_loss(values, batch.values[rows], ret[rows], mask[rows], clip=algo.value_clip)
+        share = mask[rows].sum() / total * job.weight_scale
+        (vloss * share).backward()
+        for k, v in m.items():
+            metrics[k] += v * float(share)
+    out = all_sum(dict(metrics), device)
+    opt.step(algo.max_grad_norm)
+    return out
+
+
+def run_sharded_updates(root: LogprobRoot, opt: TrainOptimizer, batch: TrainBatch, algo: AlgorithmConfig,
+                        critic: Critic | None, critic_opt: TrainOptimizer | None, *, seed: int, step: int,
+                        rank: int, world: int) -> dict[str, float]:
+    """``update.run_updates`` with the forward and backward passes shared among ``world``
+    ranks; every rank holds the whole ``batch`` and returns the same metrics."""
+    if batch.old_logp is None and needs_old_logp(algo):
+        raise ValueError(f"the scored shards have no old_logp, but algorithm {algo.name} with epochs={algo.epochs}, "
+                         f"num_minibatches={algo.num_minibatches} needs them; score with this algorithm config")
+    adv, ret = compute_advantages(batch, algo)
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    sums: dict[str, float] = defaultdict(float)
+    count = 0
+    for _ in range(algo.epochs):
+        for idx in minibatches(len(batch.rewards), algo, gen):
+            idx = idx.to(batch.packed.input_ids.device)
+            m = _policy_pass(root, opt, batch, adv, idx, algo, rank, world)
+            if critic is not None:
+                m.update(_critic_pass(critic, critic_opt, batch, ret, idx, algo, rank, world))
+            for k, v in m.items():
+                sums[k] += v
+            count += 1
+    out = {k: v / count for k, v in sums.items()}
+    if algo.name == "ppo" and batch.ref_logp is not None:
+        out["kl"] = float(masked_mean(batch.old_logp - batch.ref_logp, batch.packed.response_mask))
+    return out

@@ -1,0 +1,128 @@
+"""The learner on several FSDP2 ranks (``train.world_size``, ``actions/rl/sharded_train.py``):
+the same update as one rank within float round-off, a rank-independent store format, one
+classified error when a rank fails."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from actions.common.store import open_store
+from actions.common.weights import load_tensors
+from actions.rl.ranks import RankFailed, run_on_ranks
+from actions.rl.sharded_update import Job, rank_share
+from actions.rl.world_size import check_world_size, resolve_world_size
+from flows.campaign.run import run_campaign
+from flows.campaign.state import load_state_at
+
+LOSS_RTOL = 1e-6
+WEIGHT_ATOL = 1e-5
+
+
+def _tensors_at(cfg, step: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(policy weights, optimizer state) committed at ``step``."""
+    store = open_store(cfg.store.uri)
+    state = load_state_at(store, cfg.resolved_run_id(), step)
+    assert state is not None, f"no commit at step {step}"
+    return load_tensors(store, state.policy_key)[0], load_tensors(store, state.optimizer_key)[0]
+
+
+def _assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], what: str) -> float:
+    assert a.keys() == b.keys(), what
+    worst = 0.0
+    for name in a:
+        assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape, (what, name)
+        if a[name].is_floating_point():
+            worst = max(worst, float((a[name].double() - b[name].double()).abs().max()))
+        else:
+            assert torch.equal(a[name], b[name]), (what, name)
+    assert worst <= WEIGHT_ATOL, f"{what}: largest difference {worst:.3g} > {WEIGHT_ATOL}"
+    return worst
+
+
+def test_two_ranks_train_as_one_and_a_run_resumes_on_another_rank_count(tiny_config, prefect_harness):
+    """Steps 1-2 on two gloo ranks, step 3 resumed on one, against three steps on one rank: every
+    step's loss within 1e-6 relative, every weight and optimizer moment within 1e-5 after each.
+    The reward (completion length) varies within every group, so every step has a gradient."""
+    base = ("invoker.kind=inprocess", "algorithm.lr=0.003", "store.keep_last=null",
+            "reward.functions=[{name: 'trl_doc_reward_len:reward_func', weight: 0.1}]")
+    one = tiny_config(*base, "run_id=one", "steps=3")
+    ref = run_campaign(one, progress=lambda m: None)
+    two = tiny_config(*base, "run_id=two", "steps=2", "train.world_size=2")
+    first = run_campaign(two, progress=lambda m: None)
+    assert [s["train/world_size"] for s in first["steps"]] == [2.0, 2.0]
+    rest = run_campaign(tiny_config(*base, "run_id=two", "steps=3", "train.world_size=1"), resume=True,
+                        progress=lambda m: None)
+    assert rest["steps"][2]["train/world_size"] == 1.0
+    for step in range(3):
+        a, b = ref["steps"][step], rest["steps"][step]
+        assert a["grad_norm"] > 0.01 and a["loss/policy"] != 0.0, (step, a)
+        for key in ("loss/policy", "grad_norm", "entropy", "reward/mean"):
+            assert b[key] == pytest.approx(a[key], rel=LOSS_RTOL, abs=1e-9), (step, key)
+    after_first = _tensors_at(one, 1)[0]
+    for step in (1, 2, 3):  # commit n holds the state after n steps
+        (w1, o1), (w2, o2) = _tensors_at(one, step), _tensors_at(two, step)
+        _assert_close(w1, w2, f"weights after step {step}")
+        _assert_close(o1, o2, f"optimizer state after step {step}")
+    moved = max(float((w1[k] - after_first[k]).abs().max()) for k in w1 if w1[k].is_floating_point())
+    assert moved > 100 * WEIGHT_ATOL  # the tolerance is far below what two updates change
+
+
+def test_rank_share_gives_every_rank_the_same_number_of_calls():
+    jobs = [Job((i,), 1.0) for i in range(5)]
+    shares = [rank_share(jobs, r, 2) for r in range(2)]
+    assert [len(s) for s in shares] == [3, 3]
+    assert sorted(j.rows for s in shares for j in s if j.weight_scale) == [(i,) for i in range(5)]
+    assert [j.weight_scale for j in shares[1]] == [1.0, 1.0, 0.0]
+    assert [len(rank_share(jobs[:1], r, 3)) for r in range(3)] == [1, 1, 1]
+
+
+def test_world_size_defaults_and_refusals():
+    assert resolve_world_size(None, 4, "cuda") == 4 and resolve_world_size(None, 4, "cpu") == 1
+    assert resolve_world_size(2, 4, "cuda") == 2
+    with pytest.raises(ValueError, match=r"train.world_size=4096 needs 4096 processors.*at most"):
+        check_world_size(4096, 1, "cpu")
+    with pytest.raises(ValueError, match=r"scaling.gpus_per_actor \(train.world_size unset\)=64 needs 64 CUDA"):
+        check_world_size(None, 64, "cuda")
+
+
+def _raise_on_rank_one(rank: int, world: int) -> int:
+    if rank == 1:
+        raise ValueError("bad shard")
+    import torch.distributed as dist
+
+    dist.barrier()  # rank 0 waits here for a peer that never comes
+    return rank
+
+
+def _killed_on_rank_one(rank: int, world: int) -> int:
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    import torch.distributed as dist
+
+    dist.barrier()
+    return rank
+
+
+def _sum_of_ranks(rank: int, world: int) -> float:
+    import torch.distributed as dist
+
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t)
+    return float(t)
+
+
+def test_a_failing_rank_fails_the_activation_once_and_stops_the_others():
+    assert run_on_ranks(_sum_of_ranks, 2) == 1.0
+    with pytest.raises(RankFailed, match=r"^rank 1 of 2 failed: ValueError: bad shard$") as err:
+        run_on_ranks(_raise_on_rank_one, 2)
+    assert err.value.transient is False
+    with pytest.raises(RankFailed, match=r"^rank 1 of 2 killed by SIGKILL; the other ranks were stopped$") as err:
+        run_on_ranks(_killed_on_rank_one, 2)
+    assert err.value.transient is True
+    import multiprocessing
+
+    assert multiprocessing.active_children() == []  # no rank left running
