@@ -10,8 +10,8 @@ import signal
 import pytest
 import torch
 
-from actions.common.store import open_store
-from actions.common.weights import load_tensors
+from actions.store import open_store
+from actions.store.weights import load_tensors
 from actions.rl.ranks import RankFailed, run_on_ranks
 from actions.rl.sharded_update import Job, rank_share
 from actions.rl.world_size import check_world_size, resolve_world_size

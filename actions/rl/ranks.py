@@ -22,7 +22,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from actions.common.errors import crash_text, describe_crash
+from actions.runtime.errors import crash_text, describe_crash
 
 RENDEZVOUS_TIMEOUT_S = 300.0
 """How long a rank waits for its peers at the rendezvous and in a collective."""

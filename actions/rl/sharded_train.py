@@ -21,12 +21,12 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from actions.common.contracts import TrainStepRequest, TrainStepResult
-from actions.common.loading import configure_threads, load_model, store_for
-from actions.common.lora import adapter_tensors
-from actions.common.optim_state import load_optimizer_tensors, optimizer_tensors
-from actions.common.special_tokens import special_tokens
-from actions.common.weights import load_tensors, publish_tensors
+from actions.contracts import TrainStepRequest, TrainStepResult
+from actions.models.loading import configure_threads, load_model, store_for
+from actions.models.lora import adapter_tensors
+from actions.store.optim_state import load_optimizer_tensors, optimizer_tensors
+from actions.models.special_tokens import special_tokens
+from actions.store.weights import load_tensors, publish_tensors
 from actions.rl.batch import gather_batch, rollout_metrics
 from actions.rl.critic_store import load_critic
 from actions.rl.fsdp import full, like, make_mesh, shard
@@ -37,7 +37,7 @@ from actions.rl.sharded_update import LogprobRoot, run_sharded_updates
 
 def rank_device(rank: int) -> torch.device:
     """This rank's device: ``cuda:<rank>`` where the actions use CUDA, else the CPU."""
-    from actions.common.device import action_device
+    from actions.models.device import action_device
 
     device = action_device()
     if device.type == "cuda":

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from actions.common.config import AlgorithmConfig
+from actions.config.workload import AlgorithmConfig
 from actions.rl.batch import TrainBatch
 from actions.rl.critic import Critic
 from actions.rl.fsdp import all_sum
