@@ -7,6 +7,7 @@ is tested in test_prefect_deployment.py.
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 
 import pytest
@@ -108,3 +109,17 @@ def test_report_has_plots_and_a_length_histogram(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "| 3 | 0.200 |" in report and "![response_length_hist](response_length_hist.png)" in report
     assert length_histogram({}) == ([], [])  # summaries written before the histogram existed
+
+
+def test_step_figures_read_a_committed_step_by_the_names_the_step_makes():
+    from flows.step.metrics import ACTORS_MIGRATED, ACTORS_N, BILLED, REWARD_MEAN, USEFUL, StepFigures, timing_key
+
+    m = {"step": 4.0, REWARD_MEAN: 0.25, "response_length/mean": 7.5, ACTORS_N: 3.0, ACTORS_MIGRATED: 2.0,
+         BILLED: 1.5, USEFUL: 1.0, timing_key("generate"): 0.75, timing_key("step"): 2.0, "kl": 0.1}
+    f = StepFigures.of(m)
+    assert (f.step, f.reward_mean, f.response_length_mean, f.num_actors, f.migrated) == (4, 0.25, 7.5, 3, 2)
+    assert (f.billed_gpu_seconds, f.useful_gpu_seconds) == (1.5, 1.0)
+    assert f.timing_s == {"generate": 0.75, "step": 2.0}
+    assert math.isnan(f.usd) and math.isnan(f.predicted_generate_s)  # not recorded
+    with pytest.raises(KeyError):
+        StepFigures.of({k: v for k, v in m.items() if k != REWARD_MEAN})

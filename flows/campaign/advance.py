@@ -17,7 +17,7 @@ from flows.planning.planner import Planner
 from flows.planning.record import StepRecord
 from flows.step.context import RunContext
 from flows.step.flow import StepOutcome, rlhf_step
-from flows.step.metrics import step_metrics, step_record
+from flows.step.metrics import BILLED, USD, USEFUL, step_metrics, step_record
 from flows.step.payloads import StepInputs
 from flows.step.phase import phase_inputs
 
@@ -28,9 +28,9 @@ def budget_stop(cfg: CampaignConfig, state: CampaignState) -> str | None:
         return None
     last = state.steps[-1]
     b = cfg.budget
-    if b.usd is not None and state.spend["usd"] + last["cost/usd"] > b.usd:
+    if b.usd is not None and state.spend["usd"] + last[USD] > b.usd:
         return f"budget.usd={b.usd} would be exceeded by the next step (spent {state.spend['usd']:.6f})"
-    if b.gpu_seconds is not None and state.spend["billed_gpu_seconds"] + last["cost/billed_gpu_seconds"] > b.gpu_seconds:
+    if b.gpu_seconds is not None and state.spend["billed_gpu_seconds"] + last[BILLED] > b.gpu_seconds:
         return (f"budget.gpu_seconds={b.gpu_seconds} would be exceeded by the next step "
                 f"(spent {state.spend['billed_gpu_seconds']:.1f})")
     return None
@@ -80,7 +80,7 @@ def _next_state(ctx: RunContext, state: CampaignState, planner: Planner, out: St
         new.draft_index = record_drafts(ctx.store, ctx.prefix, state.step,
                                         [r.rollout_key for r in out.generate], state.draft_index)
     new.steps.append(metrics)
-    new.spend = {"billed_gpu_seconds": state.spend["billed_gpu_seconds"] + metrics["cost/billed_gpu_seconds"],
-                 "useful_gpu_seconds": state.spend["useful_gpu_seconds"] + metrics["cost/gpu_seconds"],
-                 "usd": state.spend["usd"] + metrics["cost/usd"]}
+    new.spend = {"billed_gpu_seconds": state.spend["billed_gpu_seconds"] + metrics[BILLED],
+                 "useful_gpu_seconds": state.spend["useful_gpu_seconds"] + metrics[USEFUL],
+                 "usd": state.spend["usd"] + metrics[USD]}
     return new

@@ -13,11 +13,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+from flows.step.metrics import (ACTORS_MIGRATED, ACTORS_N, BILLED, RESPONSE_LENGTH_MEAN, REWARD_MEAN, USD, StepFigures,
+                                timing_key)
+
 if TYPE_CHECKING:
     from flows.campaign.state import EvalRecord
 
-TABLE_METRICS = ("reward/mean", "response_length/mean", "actors/n", "actors/migrated", "cost/billed_gpu_seconds",
-                 "cost/usd", "timing_s/step", "kl", "loss/policy")
+TABLE_METRICS = (REWARD_MEAN, RESPONSE_LENGTH_MEAN, ACTORS_N, ACTORS_MIGRATED, BILLED, USD, timing_key("step"), "kl",
+                 "loss/policy")  # the last two: the train action's names
 
 
 def slug(run_id: str) -> str:
@@ -41,11 +44,12 @@ def publish_step_artifacts(run_id: str, steps: list[dict[str, Any]], evals: Sequ
                           table=[{k: c[k] for k in ("n", "time_s", "gpu_seconds", "score", "feasible", "reason")}
                                  for c in plan.get("candidates", [])] or [{"n": plan.get("num_actors")}])
     acc = evals[-1].accuracy if evals else None
+    f = StepFigures.of(last)
     create_markdown_artifact(key=f"{key}-report", markdown=(
-        f"# {run_id}: step {int(last['step']) + 1}\n\n"
-        f"- reward {last['reward/mean']:.3f}, mean length {last['response_length/mean']:.1f} tokens\n"
-        f"- {int(last['actors/n'])} generation actions, {int(last['actors/migrated'])} samples migrated\n"
-        f"- billed {last['cost/billed_gpu_seconds']:.2f} GPU-s (${last['cost/usd']:.5f}), step {last['timing_s/step']:.2f} s\n"
+        f"# {run_id}: step {f.step + 1}\n\n"
+        f"- reward {f.reward_mean:.3f}, mean length {f.response_length_mean:.1f} tokens\n"
+        f"- {f.num_actors} generation actions, {f.migrated} samples migrated\n"
+        f"- billed {f.billed_gpu_seconds:.2f} GPU-s (${f.usd:.5f}), step {f.timing_s['step']:.2f} s\n"
         f"- latest held-out accuracy: {acc}\n"))
     return True
 

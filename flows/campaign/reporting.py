@@ -18,7 +18,7 @@ from flows.campaign.state import CampaignState
 from flows.campaign.trackers import Trackers
 from flows.config import CampaignConfig
 from flows.planning.record import StepRecord
-from flows.step.metrics import engine_totals, planner_fidelity
+from flows.step.metrics import StepFigures, engine_totals, planner_fidelity
 
 Progress = Callable[[str], None]
 
@@ -41,7 +41,7 @@ class Reporter:
         self.publisher.submit(_publish, self.run_id, list(state.steps), list(state.evals), self.progress_id,
                               state.step, self.total)
         self.board.add_step(state.step, dict(record.metrics), state.evals)
-        self.progress(progress_line(state, self.total))
+        self.progress(progress_line(state, StepFigures.of(record.metrics), self.total))
         for line in new_warning_lines(state.steps, self.total):  # a run that cannot learn says so
             self.progress(line)
 
@@ -55,16 +55,17 @@ def _publish(run_id: str, steps: list[dict[str, Any]], evals: list[Any], progres
     update_progress(progress_id, run_id, done, total)
 
 
-def progress_line(state: CampaignState, total: int, width: int = 20) -> str:
-    """A text progress bar for the campaign plus the phases of the step just finished."""
-    last = state.steps[-1]
+PROGRESS_PHASES = ("plan", "prefill", "generate", "score", "train", "overhead", "commit")
+
+
+def progress_line(state: CampaignState, last: StepFigures, total: int, width: int = 20) -> str:
+    """A text progress bar for the campaign plus the phases of the step just finished (``last``)."""
     done = int(width * state.step / max(1, total))
-    phases = " ".join(f"{p} {last[f'timing_s/{p}']:.1f}s" for p in ("plan", "prefill", "generate", "score", "train", "overhead",
-                                                                      "commit"))
+    phases = " ".join(f"{p} {last.timing_s[p]:.1f}s" for p in PROGRESS_PHASES)
     acc = f" | eval acc {state.evals[-1].accuracy:.3f}" if state.evals and state.evals[-1].step == state.step else ""
     return (f"[{'#' * done}{'.' * (width - done)}] step {state.step}/{total} | {phases} | "
-            f"actions {int(last['actors/n'])} cut {int(last['actors/migrated'])} | "
-            f"reward {last['reward/mean']:.3f} len {last['response_length/mean']:.1f}{acc}")
+            f"actions {last.num_actors} cut {last.migrated} | "
+            f"reward {last.reward_mean:.3f} len {last.response_length_mean:.1f}{acc}")
 
 
 def summarize(state: CampaignState, wall: float) -> dict[str, Any]:
@@ -75,8 +76,8 @@ def summarize(state: CampaignState, wall: float) -> dict[str, Any]:
         "steps_completed": state.step,
         "eval_accuracy_first": state.evals[0].accuracy if state.evals else None,
         "eval_accuracy_last": state.evals[-1].accuracy if state.evals else None,
-        "reward_mean_first": steps[0]["reward/mean"] if steps else None,
-        "reward_mean_last": steps[-1]["reward/mean"] if steps else None,
+        "reward_mean_first": StepFigures.of(steps[0]).reward_mean if steps else None,
+        "reward_mean_last": StepFigures.of(steps[-1]).reward_mean if steps else None,
         "billed_gpu_seconds": state.spend["billed_gpu_seconds"],
         "useful_gpu_seconds": state.spend["useful_gpu_seconds"],
         "usd": state.spend["usd"],

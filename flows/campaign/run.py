@@ -41,7 +41,7 @@ from flows.planning.planner import Planner
 from flows.planning.retention import Retention
 from flows.step.context import RunContext, set_context
 from flows.step.flow import rlhf_step
-from flows.step.metrics import billing
+from flows.step.metrics import billing, timing_key
 from flows.step.phase import build_planner
 from flows.campaign.learning_warnings import learning_warnings
 
@@ -146,7 +146,7 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
             warming.before_next_step(record.phase.num_actors, model_ref(ctx, state).model_dump(mode="json"))
         if evaluates(state) and (cfg.eval_every and state.step % cfg.eval_every == 0 or state.step == cfg.steps):
             state.evals.append(evaluate(ctx, state, clock))
-        last["timing_s/period"], last["timing_s/overhead"] = clock.close_period(last["timing_s/work"])
+        last[timing_key("period")], last[timing_key("overhead")] = clock.close_period(last[timing_key("work")])
         lease.check()
         t_commit = time.time()
         commit_state(ctx.store, state)

@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from flows.step.metrics import billing
+from flows.step.metrics import StepFigures, billing
 
 import matplotlib
 
@@ -73,26 +73,26 @@ def planner_lines(summary: dict[str, Any]) -> list[str]:
 
 def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
     """Write ``report.md`` and the plots into ``out``; returns the files written."""
-    steps = summary["steps"]
-    xs = [int(s["step"]) + 1 for s in steps]
+    steps = [StepFigures.of(s) for s in summary["steps"]]
+    xs = [s.step + 1 for s in steps]
     files = []
     # billed_gpu_seconds is GPU-seconds only on OpenWhisk; locally it is action wall time.
     unit, meaning = (summary.get("billing") or billing("local")).values()
     plots = {
         "reward.png": ("Reward and held-out accuracy", "step", "fraction correct (0-1)",
-                       {"mean reward (training samples)": (xs, [s["reward/mean"] for s in steps]),
+                       {"mean reward (training samples)": (xs, [s.reward_mean for s in steps]),
                         "held-out greedy accuracy": ([e["step"] for e in summary["evals"]],
                                                      [e["accuracy"] for e in summary["evals"]])}, "line"),
         "response_length.png": ("Response length", "step", "tokens",
-                                {"mean": (xs, [s["response_length/mean"] for s in steps]),
-                                 "max": (xs, [s["response_length/max"] for s in steps])}, "line"),
+                                {"mean": (xs, [s.response_length_mean for s in steps]),
+                                 "max": (xs, [s.response_length_max for s in steps])}, "line"),
         "response_length_hist.png": ("Longest response per prompt group (latest epoch)", "tokens", "prompts",
                                      {"prompts": length_histogram(summary)}, "bar"),
         "fanout.png": ("Generation fan-out chosen by the planner", "step", "generation actions",
-                       {"actions": (xs, [s["actors/n"] for s in steps])}, "bar"),
+                       {"actions": (xs, [s.num_actors for s in steps])}, "bar"),
         "cost.png": ("Cost per step", "step", f"billed {unit}",
-                     {"billed": (xs, [s["cost/billed_gpu_seconds"] for s in steps]),
-                      "useful": (xs, [s["cost/gpu_seconds"] for s in steps])}, "line"),
+                     {"billed": (xs, [s.billed_gpu_seconds for s in steps]),
+                      "useful": (xs, [s.useful_gpu_seconds for s in steps])}, "line"),
     }
     if steps:
         for name, (title, xl, yl, series, kind) in plots.items():
@@ -111,9 +111,9 @@ def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
     lines += planner_lines(summary)
     lines += ["", f"| step | reward | length | actions | cut | billed {unit} | step s | generation s predicted | "
               "generation s measured |", "|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {x} | {s['reward/mean']:.3f} | {s['response_length/mean']:.1f} | {int(s['actors/n'])} | "
-              f"{int(s['actors/migrated'])} | {s['cost/billed_gpu_seconds']:.2f} | {s['timing_s/step']:.2f} | "
-              f"{s.get('plan/predicted_generate_s', float('nan')):.3f} | {s.get('timing_s/generate', float('nan')):.3f} |"
+    lines += [f"| {x} | {s.reward_mean:.3f} | {s.response_length_mean:.1f} | {s.num_actors} | "
+              f"{s.migrated} | {s.billed_gpu_seconds:.2f} | {s.timing_s['step']:.2f} | "
+              f"{s.predicted_generate_s:.3f} | {s.timing_s.get('generate', float('nan')):.3f} |"
               for x, s in zip(xs, steps)]
     lines += [""] + [f"![{p.stem}]({p.name})" for p in files]
     (out / "report.md").write_text("\n".join(lines) + "\n")

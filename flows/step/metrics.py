@@ -1,13 +1,15 @@
 """A step's record: its action results and accounting as a typed ``StepRecord``
 (``flows/planning/record.py``) for the planner, and as the metric names of the output (the
 committed metrics, the summary, the artifacts, TensorBoard), which are made here and nowhere
-else."""
+else. :class:`StepFigures` reads a committed step back for the progress line, the artifacts,
+the summary and report.md, so those name no metric themselves."""
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from actions.contracts import EngineEvents, EvaluateResult
@@ -19,6 +21,60 @@ from flows.planning.speculation import step_spec_metrics
 
 if TYPE_CHECKING:
     from flows.step.flow import StepOutcome
+
+
+# Names the campaign's outputs read back (the progress line, the artifacts, the summary,
+# report.md, the budget). The cost, actor and plan names are made by step_metrics below; the
+# reward and response-length names arrive with the train action's metrics.
+TIMING = "timing_s/"
+REWARD_MEAN = "reward/mean"
+RESPONSE_LENGTH_MEAN = "response_length/mean"
+RESPONSE_LENGTH_MAX = "response_length/max"
+ACTORS_N = "actors/n"
+ACTORS_MIGRATED = "actors/migrated"
+BILLED = "cost/billed_gpu_seconds"
+USEFUL = "cost/gpu_seconds"
+USD = "cost/usd"
+PREDICTED_GENERATE = "plan/predicted_generate_s"
+
+
+def timing_key(phase: str) -> str:
+    """The metric name of a phase's seconds: ``timing_s/<phase>``."""
+    return TIMING + phase
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepFigures:
+    """What the outputs show of one committed step, read from its metrics (a ``StepRecord``'s
+    ``metrics``, or a committed step of the campaign state) by the names above: the one
+    place they are read back."""
+
+    step: int
+    """0-based."""
+    reward_mean: float
+    response_length_mean: float
+    response_length_max: float
+    """nan: not recorded."""
+    num_actors: int
+    migrated: int
+    """Samples cut and continued elsewhere."""
+    billed_gpu_seconds: float
+    useful_gpu_seconds: float
+    usd: float
+    """nan: not recorded."""
+    timing_s: Mapping[str, float]
+    """Phase -> seconds (plan, prefill, generate, score, train, commit, step, overhead, ...)."""
+    predicted_generate_s: float
+    """The planner's estimate of the generation actions' phase (nan: not recorded)."""
+
+    @classmethod
+    def of(cls, metrics: Mapping[str, Any]) -> StepFigures:
+        m = metrics
+        return cls(step=int(m["step"]), reward_mean=m[REWARD_MEAN], response_length_mean=m[RESPONSE_LENGTH_MEAN],
+                   response_length_max=m.get(RESPONSE_LENGTH_MAX, math.nan), num_actors=int(m[ACTORS_N]),
+                   migrated=int(m[ACTORS_MIGRATED]), billed_gpu_seconds=m[BILLED], useful_gpu_seconds=m[USEFUL],
+                   usd=m.get(USD, math.nan), timing_s={k[len(TIMING):]: v for k, v in m.items() if k.startswith(TIMING)},
+                   predicted_generate_s=m.get(PREDICTED_GENERATE, math.nan))
 
 
 def fraction(numerator: float, denominator: float) -> float:
@@ -65,17 +121,17 @@ def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_acto
     if out.prefill is not None:
         prefill_done += out.prefill.tokens_computed
     m = {
-        **{f"timing_s/{k}": float(v) for k, v in timing.items()},
-        "cost/gpu_seconds": useful,
-        "cost/billed_gpu_seconds": billed,
-        "cost/usd": billed * price,
+        **{timing_key(k): float(v) for k, v in timing.items()},
+        USEFUL: useful,
+        BILLED: billed,
+        USD: billed * price,
         "cost/idle_fraction": fraction(billed - useful, billed),
         # generation actions alone (continuations included): what ranked assignment with early
         # release and cut-and-migrate reduce
         "cost/generate_billed_actor_s": sum(r.billed_s for r in gen_records),
-        "actors/n": float(phase.plan.num_actors),
+        ACTORS_N: float(phase.plan.num_actors),
         "actors/cut": float(sum(1 for g in primary if g.num_cut)),
-        "actors/migrated": float(sum(g.num_cut for g in gens)),
+        ACTORS_MIGRATED: float(sum(g.num_cut for g in gens)),
         "actors/continuations": float(out.num_continuations),
         "actors/cold_starts": float(sum(1 for r in gen_records if r.cold)),
         "perf/throughput": fraction(tokens, timing["generate"]),
@@ -83,7 +139,7 @@ def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_acto
         # timing_s/prefill and timing_s/generate
         "plan/predicted_time_s": phase.plan.predicted_time_s,
         "plan/predicted_prefill_s": phase.predicted_prefill_s,
-        "plan/predicted_generate_s": phase.plan.predicted_time_s - phase.predicted_prefill_s,
+        PREDICTED_GENERATE: phase.plan.predicted_time_s - phase.predicted_prefill_s,
         "plan/planning_ms": phase.plan.planning_ms,
         "plan/activation_s": phase.activation_s,
         "plan/prefill_fixed_s": phase.calibration.prefill_fixed_s,
@@ -98,7 +154,7 @@ def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_acto
         # the step's work: activations' busy time on the critical path plus the flow's own
         # planning and bookkeeping; the campaign measures the step's period around it and
         # records ``timing_s/overhead`` = period - work (flows/campaign/overhead.py)
-        "timing_s/work": _critical_busy(records) + timing_plan + timing_commit,
+        timing_key("work"): _critical_busy(records) + timing_plan + timing_commit,
     }
     m.update(engine_metrics([g.engine_events for g in gens]))
     m.update(step_spec_metrics(g.spec for g in gens))
@@ -152,13 +208,13 @@ def step_record(out: StepOutcome, phase: PhasePlan, *, step: int, epoch: int, me
         predicted_prefill_s=phase.predicted_prefill_s, activation_s=phase.activation_s,
         decode_scale=phase.calibration.decode_scale, prefill_fixed_s=phase.calibration.prefill_fixed_s)
     return StepRecord(step=step, epoch=epoch, lengths=finished_lengths(out), phase=observed,
-                      timing_s={k[len("timing_s/"):]: v for k, v in metrics.items() if k.startswith("timing_s/")},
+                      timing_s={k[len(TIMING):]: v for k, v in metrics.items() if k.startswith(TIMING)},
                       billed_s=billed, call_offsets=dict(out.call_offsets), spec=tuple(g.spec for g in out.generate),
                       metrics=metrics)
 
 
-PHASES = {"generate": ("plan/predicted_generate_s", "timing_s/generate"),
-          "prefill": ("plan/predicted_prefill_s", "timing_s/prefill"),  # steps that ran one
+PHASES = {"generate": (PREDICTED_GENERATE, timing_key("generate")),
+          "prefill": ("plan/predicted_prefill_s", timing_key("prefill")),  # steps that ran one
           "phase": ("plan/predicted_time_s", None)}
 """Predicted and measured metric of each part the planner times (``phase``: both parts)."""
 
@@ -176,7 +232,7 @@ def planner_fidelity(steps: list[dict[str, Any]]) -> dict[str, Any]:
                 continue  # steps of an older revision
             if part == "prefill" and s.get("prefill/unique_prefixes") == 0.0:
                 continue  # no prefill action ran: its few ms of flow time are no prefill
-            measured = s[meas_key] if meas_key else s["timing_s/prefill"] + s["timing_s/generate"]
+            measured = s[meas_key] if meas_key else s[timing_key("prefill")] + s[timing_key("generate")]
             errors.append(fraction(s[pred_key] - measured, measured))
         out[part] = _error_stats(errors)
     return out
