@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from actions.config.workload import AlgorithmConfig, LoraConfig, RewardFunctionConfig, WarmupConfig, WorkloadConfig
 from actions.config.reward import RewardModelConfig, reward_model_key
+from actions.config.workload import AlgorithmConfig, LoraConfig, RewardFunctionConfig, WarmupConfig, WorkloadConfig
 
 
 class _Msg(BaseModel):

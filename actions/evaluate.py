@@ -9,12 +9,12 @@ Reward functions see ``trainer_state.global_step`` = the steps done, ``epoch`` 0
 
 from __future__ import annotations
 
-from actions.runtime.adapter import run_action
 from actions.contracts import EvaluateRequest, EvaluateResult
-from actions.models.loading import encode, store_for
-from actions.store import put_json
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.factory import load_engine, take_engine_events
+from actions.models.loading import encode, store_for
+from actions.runtime.adapter import run_action
+from actions.store import put_json
 from actions.tasks.rewards import is_best
 from actions.tasks.rewards.model_scoring import score_completions
 from actions.tasks.stored import load_dataset

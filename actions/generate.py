@@ -15,16 +15,16 @@ id a stopped sample emitted); cut samples go to
 
 from __future__ import annotations
 
-from actions.runtime.adapter import run_action
 from actions.contracts import GenerateRequest, GenerateResult, PartialSample, SampleStat
-from actions.models.device import action_device
-from actions.store.drafts import read_drafts
-from actions.models.loading import encode, store_for
-from actions.store import get_json, put_json
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.factory import load_engine, take_engine_events
 from actions.engines.kv_bundle import load_bundle
 from actions.engines.speculative import Speculation
+from actions.models.device import action_device
+from actions.models.loading import encode, store_for
+from actions.runtime.adapter import run_action
+from actions.store import get_json, put_json
+from actions.store.drafts import read_drafts
 from actions.tasks.stored import load_dataset, rows_for
 
 

@@ -7,12 +7,12 @@ dtype, with the head zero-initialised, so it is the same bytes wherever it runs.
 
 from __future__ import annotations
 
-from actions.runtime.adapter import run_action
 from actions.contracts import CriticInitRequest, CriticInitResult
 from actions.models.loading import load_base_parts, store_for
 from actions.models.modeling import build_model
-from actions.store.weights import load_tensors, publish_tensors
 from actions.rl.critic import build_critic
+from actions.runtime.adapter import run_action
+from actions.store.weights import load_tensors, publish_tensors
 
 
 def run_init_critic(req: CriticInitRequest) -> CriticInitResult:

@@ -9,11 +9,11 @@ The bundle is keyed by policy version: KV computed by other weights is never reu
 
 from __future__ import annotations
 
-from actions.runtime.adapter import run_action
 from actions.contracts import PrefillRequest, PrefillResult
-from actions.models.loading import encode, load_model, store_for
 from actions.engines.factory import make_engine
 from actions.engines.kv_bundle import publish_bundle
+from actions.models.loading import encode, load_model, store_for
+from actions.runtime.adapter import run_action
 from actions.tasks.stored import load_dataset, rows_for
 
 

@@ -20,12 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actions.config.workload import WorkloadConfig
-from actions.runtime.adapter import run_action
-from actions.contracts import PrepareRequest, Prepared
-from actions.models.hub import resolve_hub_ids
 from actions.config.reward import reward_model_key
+from actions.config.workload import WorkloadConfig
+from actions.contracts import Prepared, PrepareRequest
+from actions.models.hub import resolve_hub_ids
 from actions.models.lora_targets import check_targets
+from actions.runtime.adapter import run_action
 from actions.store import ObjectStore, open_store, put_artifact, put_json
 from actions.tasks import get_task
 from actions.tasks.build import Datasets, build_datasets

@@ -18,12 +18,11 @@ import time
 
 import torch
 
-from actions.runtime.adapter import run_action
 from actions.models.device import action_device, action_dtype
 from actions.models.loading import configure_threads, load_base, load_model, store_for
-from actions.store.profile_cache import (ProfileFacts, ProfileRequest, ProfileResult, cache_record,
-                                          check_cached)
+from actions.runtime.adapter import run_action
 from actions.store import ObjectNotFound, ObjectStore, get_artifact, put_json, read_manifest
+from actions.store.profile_cache import ProfileFacts, ProfileRequest, ProfileResult, cache_record, check_cached
 
 
 def device_name(device: torch.device) -> str:
@@ -107,9 +106,9 @@ def run_profile(req: ProfileRequest) -> ProfileResult:
 def _measure_vllm(req: ProfileRequest, vocab: int, name: str) -> dict:
     """The vLLM engine's grid and push time (``actions/engines/vllm_profiling.py``), on the
     process's engine: the one this worker's generate and evaluate activations will use."""
-    from actions.store.weights import load_tensors
     from actions.engines.factory import load_engine
     from actions.engines.vllm_profiling import measure_grid
+    from actions.store.weights import load_tensors
 
     ref = req.model
     engine, _, _ = load_engine("vllm", ref)

@@ -20,18 +20,18 @@ from functools import partial
 
 import torch
 
-from actions.runtime.adapter import run_action
 from actions.contracts import ScoreRequest, ScoreResult
 from actions.models.device import action_device
 from actions.models.loading import encode, load_model, load_tokenizer, store_for
 from actions.models.lora import adapter_disabled
-from actions.store import get_json
-from actions.store.weights import publish_tensors
 from actions.rl.critic_store import load_critic
 from actions.rl.kl import kl_estimate
 from actions.rl.masked import masked_mean
 from actions.rl.sequences import per_row_widths, response_logprobs
 from actions.rl.update import needs_old_logp, needs_ref_logp
+from actions.runtime.adapter import run_action
+from actions.store import get_json
+from actions.store.weights import publish_tensors
 from actions.tasks.rewards.model_scoring import score_completions
 from actions.tasks.stored import load_dataset
 

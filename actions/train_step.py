@@ -21,18 +21,18 @@ from __future__ import annotations
 
 import torch
 
-from actions.models import warm
-from actions.runtime.adapter import run_action
 from actions.contracts import TrainStepRequest, TrainStepResult
-from actions.rl.critic_store import load_critic
+from actions.models import warm
 from actions.models.loading import load_model, store_for
 from actions.models.lora import adapter_tensors
 from actions.models.special_tokens import special_tokens
-from actions.store.weights import load_tensors, publish_tensors
 from actions.rl.batch import TrainBatch, gather_batch, rollout_metrics
+from actions.rl.critic_store import load_critic
 from actions.rl.recompute import enable_checkpointing
-from actions.rl.world_size import check_world_size
 from actions.rl.update import make_optimizer, run_updates
+from actions.rl.world_size import check_world_size
+from actions.runtime.adapter import run_action
+from actions.store.weights import load_tensors, publish_tensors
 
 
 def trained_key(store_uri: str, policy_key: str, weights_sha256: str | None, dtype: str,

@@ -11,13 +11,13 @@ import random
 
 import torch
 
-from actions.runtime.adapter import run_action
 from actions.contracts import WarmupRequest, WarmupResult
 from actions.models.loading import encode, load_base, store_for
 from actions.models.modeling import instantiate
 from actions.models.special_tokens import special_tokens
-from actions.store.weights import load_tensors, publish_tensors
 from actions.rl.sequences import pack, response_logprobs
+from actions.runtime.adapter import run_action
+from actions.store.weights import load_tensors, publish_tensors
 from actions.tasks import get_task
 from actions.tasks.stored import load_dataset
 

@@ -118,8 +118,8 @@ def run_one_campaign(name: str, store: str, steps: int, out_path: str, overrides
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry writes racing the steps
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.config import load_config
     from flows.campaign.run import run_campaign
+    from flows.config import load_config
 
     meter = ForeignCpu()
     cfg = load_config(None, [*WORKLOAD, f"steps={steps}", f"store.uri={store}", *STRATEGIES[name], *overrides])

@@ -33,13 +33,13 @@ import statistics
 import time
 
 import torch
+from bench_engine_throughput import build, timed  # the same model set-up and device-synced timer
 from transformers import DynamicCache
 
-from actions.models.device import sync
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.static_decode import runtime_for
 from actions.engines.torch_engine import TorchEngine
-from bench_engine_throughput import build, timed  # the same model set-up and device-synced timer
+from actions.models.device import sync
 
 PEAK_GBPS = {"H100": 3350.0, "H200": 4800.0, "A100": 2039.0}
 """Peak HBM bandwidth, GB/s, by a substring of the CUDA device name (SXM parts)."""

@@ -17,9 +17,9 @@ import time
 
 import torch
 
-from actions.models.modeling import build_tiny_model
 from actions.engines.base import GenerationParams
 from actions.engines.torch_engine import SampleSpec, TorchEngine
+from actions.models.modeling import build_tiny_model
 from actions.tasks.repeat import make_rows
 
 N, PROMPTS, REPEATS = 8, 16, 5

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import torch
 
-from actions.models.loading import encode
-from actions.models.modeling import build_tiny_model
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.vllm_engine import vllm_available
+from actions.models.loading import encode
+from actions.models.modeling import build_tiny_model
 from actions.tasks.repeat import make_rows
 
 N, PROMPTS, NEW_TOKENS, REPEATS = 8, 16, 32, 3

@@ -66,8 +66,8 @@ def measure_profile(cfg) -> "TpotProfile":  # noqa: F821
     import torch
 
     from actions.engines.profiling import measure_grid
-    from flows.planning.tpot import TpotProfile
     from flows.commands.measure import build_profile_model
+    from flows.planning.tpot import TpotProfile
 
     model = build_profile_model(cfg, None, torch.device("cpu"), torch.float32)
     return TpotProfile.from_dict(measure_grid(model, model.config.vocab_size, [1, 4, 16, 64, 128], [16, 48]))
@@ -79,12 +79,12 @@ def main() -> int:
     args = parser.parse_args()
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.config import load_config
     from actions.contracts import parse_token_table
     from actions.store import get_json, open_store
     from flows.campaign.run import run_campaign
-    from flows.simulate.cluster import ActorSpec, Sample, SimConfig, simulate_phase
     from flows.campaign.state import load_state
+    from flows.config import load_config
+    from flows.simulate.cluster import ActorSpec, Sample, SimConfig, simulate_phase
 
     tmp = tempfile.mkdtemp(prefix="bench-fidelity-")
     # scores overlapping generation, as the simulator's live mode models them
@@ -213,8 +213,8 @@ def measure_activation_costs(cfg, state, store, tokens: dict, latency: float, pr
     the co-run slowdown (``measure_corun``) on a two-worker pool. Also prints one full generate
     activation alone, measured vs simulated from ``profile`` (the engine model in isolation)."""
     from actions.contracts import GenerateRequest, ModelRef, PartialSample, ScoreRequest
-    from actions.store import put_json
     from actions.engines.profiling import fit_line
+    from actions.store import put_json
     from flows.invokers.local_pool import LocalPoolInvoker
     from flows.simulate.cluster import ActorSpec, Sample, SimConfig, simulate_phase
 

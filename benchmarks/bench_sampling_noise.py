@@ -32,10 +32,10 @@ from pathlib import Path
 import torch
 from bench_engine_throughput import timed
 
-from actions.models.modeling import random_model_from_config
 from actions.engines import sampling
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.torch_engine import TorchEngine
+from actions.models.modeling import random_model_from_config
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "qwen2.5-0.5b.json"
 

@@ -51,28 +51,27 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import spec_costs  # a sibling: a script's own directory is on sys.path
 import torch
 
 from actions.contracts import ModelRef
-from actions.models.device import sync
-from actions.models.loading import encode, load_model
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.factory import make_engine
 from actions.engines.speculative import Speculation, make_drafters
 from actions.engines.torch_engine import TorchEngine
+from actions.models.device import sync
+from actions.models.loading import encode, load_model
 from actions.tasks.stored import load_dataset
-
-import spec_costs  # a sibling: a script's own directory is on sys.path
 
 GROUP, PER_STEP, NEW_TOKENS = 8, 8, 24  # NEW_TOKENS: the default of --new-tokens
 
 
 def _train(workdir: Path, rl_steps: int) -> tuple[ModelRef, ModelRef, list[list[SampleSpec]], object]:
     """(warmed-up policy, policy after the RL steps, prompt batches, tokenizer)."""
-    from flows.config import load_config
     from actions.store import open_store
     from flows.campaign.run import run_campaign
     from flows.campaign.state import load_state_at
+    from flows.config import load_config
 
     store_dir = workdir / "store"
     cfg = load_config(None, [f"store.uri={store_dir}", "invoker.kind=inprocess", f"steps={rl_steps}",

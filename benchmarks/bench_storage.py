@@ -36,9 +36,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from proc_cpu import process_cpu_s  # noqa: E402  (beside this script)
+
 from actions.store.s3 import S3Store  # noqa: E402
 from actions.store.weights import load_tensors, publish_tensors, serialize_tensor  # noqa: E402
-from proc_cpu import process_cpu_s  # noqa: E402  (beside this script)
 
 MiB = 1024 * 1024
 

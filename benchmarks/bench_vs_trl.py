@@ -39,9 +39,9 @@ def write_inputs(work: Path) -> tuple[Path, Path]:
     """The tiny Qwen2 folder and the prompts file (prompt, answer) both systems read, plus
     ``eval.jsonl`` (8 of them) for RLHFless's evaluations before and after, outside the timing."""
     sys.path.insert(0, str(ROOT))
-    from flows.config import load_config
-    from flows.commands.tiny_model_dir import write_tiny_model_dir
     from actions.tasks.build import _split
+    from flows.commands.tiny_model_dir import write_tiny_model_dir
+    from flows.config import load_config
 
     model = work / "qwen2"
     write_tiny_model_dir(model, "qwen2")

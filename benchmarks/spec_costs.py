@@ -25,13 +25,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import spec_ceiling
 import torch
 
-import spec_ceiling
-from actions.models.device import sync
 from actions.engines.base import GenerationParams
 from actions.engines.spec_select import ForwardCost
 from actions.engines.speculative import Speculation, make_drafters
+from actions.models.device import sync
 
 Table = dict[tuple[int, int], float]
 

@@ -16,10 +16,10 @@ import time
 
 import torch
 
-from actions.models.device import sync
-from actions.models.modeling import random_model_from_config
 from actions.engines.base import SampleSpec
 from actions.engines.torch_engine import TorchEngine
+from actions.models.device import sync
+from actions.models.modeling import random_model_from_config
 
 
 def _final_norm(model: torch.nn.Module) -> torch.nn.Parameter:

@@ -18,9 +18,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from actions.config.workload import WorkloadConfig
-from actions.config.section import Section as _Section
 from actions.config.quoting import quote
+from actions.config.section import Section as _Section
+from actions.config.workload import WorkloadConfig
 from actions.store.safe_paths import check_run_id
 from flows.config_yaml import AliasBomb, load_yaml
 from flows.planning.registry import ScalingStrategy

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-
 import uuid
 from collections.abc import Iterator
 
@@ -102,8 +101,8 @@ def tiny_config(tmp_path):
 @pytest.fixture(scope="session")
 def clean_summary(tmp_path_factory: pytest.TempPathFactory, prefect_harness) -> dict:
     """The fault-free reference: the tiny campaign in-process (same weights as on the pool)."""
-    from flows.config import load_config
     from flows.campaign.run import run_campaign
+    from flows.config import load_config
 
     store = tmp_path_factory.mktemp("clean") / "store"
     cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={store}", "invoker.kind=inprocess", "run_id=clean"])

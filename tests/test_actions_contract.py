@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
-from flows.config import load_config
 from actions.contracts import ModelRef
-from actions.store import LocalStore
 from actions.prepare import prepare
+from actions.store import LocalStore
+from flows.config import load_config
 
 ACTIONS = ["warmup", "prefill", "generate", "score", "train_step", "evaluate", "profile"]
 

@@ -479,9 +479,9 @@ if importlib.util.find_spec("vllm") is None:  # where vLLM is installed the camp
 def done_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A store holding run ``done`` with one committed step of the default configuration
     (state only: resume and status checks never read the artifacts it names)."""
-    from flows.config import load_config
     from actions.store import LocalStore
     from flows.campaign.state import CampaignState, commit_state
+    from flows.config import load_config
 
     root = tmp_path_factory.mktemp("done") / "store"
     cfg = load_config(None, [f"store.uri={root}", "run_id=done"])

@@ -66,9 +66,9 @@ def test_the_child_process_invoker_reports_a_rejected_request_without_retry(tmp_
 
 
 def test_prepare_in_a_child_process_writes_what_prepare_in_process_writes(tmp_path, tiny_config):
-    from actions.contracts import PrepareRequest, Prepared, parse_result
-    from actions.store import open_store
+    from actions.contracts import Prepared, PrepareRequest, parse_result
     from actions.prepare import prepare
+    from actions.store import open_store
 
     cfg = tiny_config()
     here = prepare(cfg.workload(), open_store(str(tmp_path / "a")), "runs/x")

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from flows.config import load_config
 from actions.tasks.build import build_datasets
 from actions.tasks.chat import format_rows, uses_template
 from actions.tasks.fields import FieldMap, content_id, to_rows
 from actions.tasks.prompt_length import limit_prompt_length
 from actions.tasks.sources import read_records
+from flows.config import load_config
 
 GSM8K_ROWS = [
     {"question": "Ann has 3 apples and buys 4 more. How many now?", "answer": "3+4=<<3+4=7>>7\n#### 7"},

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from reference_sampler import uncached_sample
 
-from actions.models.modeling import build_tiny_model
 from actions.engines.base import GenerationParams
 from actions.engines.torch_engine import SampleSpec, TorchEngine
+from actions.models.modeling import build_tiny_model
 from actions.tasks.repeat import make_rows
-from reference_sampler import uncached_sample
 
 
 @pytest.fixture(scope="module")

@@ -15,15 +15,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from reference_sampler import uncached_sample
 
-from actions.models.loading import encode
-from actions.models.modeling import build_tiny_model
 from actions.engines.base import FINISH_REASONS, GenerationEngine, GenerationParams, SampleSpec
 from actions.engines.factory import make_engine
 from actions.engines.torch_engine import TorchEngine
 from actions.engines.vllm_engine import INSTALL_HINT, vllm_available
+from actions.models.loading import encode
+from actions.models.modeling import build_tiny_model
 from actions.tasks.repeat import make_rows
-from reference_sampler import uncached_sample
 
 NO_VLLM = "vLLM is not importable in this environment; `make test-vllm` runs these cases"
 ENGINES = ["torch", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.skipif(not vllm_available(),
@@ -234,12 +234,12 @@ def test_requests_default_to_torch_and_reject_unknown_engines():
 def test_generate_and_evaluate_actions_on_vllm_reuse_one_engine_across_versions(tmp_path):
     import importlib
 
-    from flows.config import load_config
     from actions.contracts import ModelRef
-    from actions.store import LocalStore, get_json
-    from actions.store.weights import load_tensors, publish_tensors
     from actions.engines import factory
     from actions.prepare import prepare
+    from actions.store import LocalStore, get_json
+    from actions.store.weights import load_tensors, publish_tensors
+    from flows.config import load_config
     from tests.conftest import TINY_OVERRIDES
 
     cfg = load_config(None, [*TINY_OVERRIDES, "model.hidden_size=128", "model.num_heads=2",

@@ -7,7 +7,7 @@ import socket
 import pytest
 from botocore import exceptions as bce
 
-from actions.runtime.errors import InjectedFault, OOM_ADVICE, crash_text, describe_crash
+from actions.runtime.errors import OOM_ADVICE, InjectedFault, crash_text, describe_crash
 from actions.store import StoreError, StoreUnreachable
 
 

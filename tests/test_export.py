@@ -11,16 +11,16 @@ import torch
 
 from actions.contracts import ModelRef
 from actions.store import LocalStore
-from flows.commands.tiny_model_dir import write_tiny_model_dir
 from flows.commands.cli import main
+from flows.commands.tiny_model_dir import write_tiny_model_dir
 
 
 @pytest.fixture(scope="module")
 def run_store(tmp_path_factory) -> tuple[Path, dict]:
     """A store with run ``ex``: prepared from a tiny Qwen2 folder (commit 0) and one trained
     version (commit 1: the initial weights moved by noise, as an update would)."""
-    from actions.store.weights import publish_tensors, load_tensors
     from actions.prepare import prepare
+    from actions.store.weights import load_tensors, publish_tensors
     from flows.campaign.state import CampaignState, commit_state
     from flows.config import load_config
 
@@ -109,10 +109,10 @@ def test_sharded_export_loads_and_merge_lora_is_refused_for_a_full_run(tmp_path,
 def lora_store(tmp_path_factory) -> tuple[Path, dict]:
     """A ``model.lora`` run ``lx``: the backbone (commit 0) and one trained adapter (commit 1:
     the seeded adapter moved by noise, its B factors off zero so the update is not empty)."""
-    from actions.models.lora import adapter_tensors
     from actions.models.loading import load_model
-    from actions.store.weights import publish_tensors
+    from actions.models.lora import adapter_tensors
     from actions.prepare import prepare
+    from actions.store.weights import publish_tensors
     from flows.campaign.state import CampaignState, commit_state
     from flows.config import load_config
 

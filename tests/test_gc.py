@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from actions.store import BLOB_PREFIX, LocalStore, ObjectStore, blob_key, put_artifact, read_manifest, \
-    sha256_hex
+from actions.store import BLOB_PREFIX, LocalStore, ObjectStore, blob_key, put_artifact, read_manifest, sha256_hex
 from flows.campaign.collect import collect_garbage
-from flows.planning.retention import Retention, VersionKeys, plan_collection
 from flows.campaign.state import CampaignState, commit_state, load_state
+from flows.planning.retention import Retention, VersionKeys, plan_collection
 
 # ----------------------------------------------------------------------------- the plan (pure)
 

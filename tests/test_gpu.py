@@ -13,13 +13,13 @@ import json
 
 import pytest
 import torch
+from reference_sampler import uncached_sample
 
-from actions.models.loading import encode
-from actions.models.modeling import build_tiny_model
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.torch_engine import TorchEngine
+from actions.models.loading import encode
+from actions.models.modeling import build_tiny_model
 from actions.tasks.repeat import make_rows
-from reference_sampler import uncached_sample
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -135,12 +135,12 @@ def _call(name, payload):
 def test_actions_round_trip_on_cuda(tmp_path, monkeypatch):
     """generate -> score -> train_step with RLHFLESS_DEVICE=cuda: the same rollouts as on the
     CPU up to round-off, and a train step that moves every parameter and stores host tensors."""
-    from actions.models import warm
-    from flows.config import load_config
     from actions.contracts import ModelRef
+    from actions.models import warm
+    from actions.prepare import prepare
     from actions.store import LocalStore
     from actions.store.weights import load_tensors, publish_tensors
-    from actions.prepare import prepare
+    from flows.config import load_config
     from tests.conftest import TINY_OVERRIDES
 
     cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={tmp_path}"])

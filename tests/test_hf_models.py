@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from flows.config import load_config
 from actions.contracts import ModelRef
-from actions.models.modeling import build_model, instantiate, read_base, read_model_dir
-from actions.models.special_tokens import special_tokens
-from actions.store import LocalStore, get_json, put_json
-from flows.commands.tiny_model_dir import write_tiny_model_dir
-from actions.store.weights import load_tensors, publish_tensors
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.factory import make_engine
 from actions.engines.torch_engine import TorchEngine
+from actions.models.modeling import build_model, instantiate, read_base, read_model_dir
+from actions.models.special_tokens import special_tokens
 from actions.prepare import prepare
+from actions.store import LocalStore, get_json, put_json
+from actions.store.weights import load_tensors, publish_tensors
+from flows.commands.tiny_model_dir import write_tiny_model_dir
+from flows.config import load_config
 
 VARIANTS = {
     # The Qwen2 default shape: pad_token_id null, no pad token, two EOS ids, tied embeddings.

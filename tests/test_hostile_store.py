@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from actions.store.safe_paths import MAX_NAME_CHARS, UnsafeName, check_name, write_beneath
 from actions.store import (
     IntegrityError,
     LocalStore,
@@ -28,6 +27,7 @@ from actions.store import (
     put_blob,
     sha256_hex,
 )
+from actions.store.safe_paths import MAX_NAME_CHARS, UnsafeName, check_name, write_beneath
 from actions.store.weights import load_tensors, publish_tensors
 
 try:
@@ -306,8 +306,8 @@ def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
 
 
 def _prepared_store(store: ObjectStore, tmp_path: Path):
-    from flows.config import load_config
     from actions.prepare import prepare
+    from flows.config import load_config
 
     cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={tmp_path / 'unused'}"])
     return prepare(cfg, store, "runs/r1")

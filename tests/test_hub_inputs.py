@@ -19,8 +19,8 @@ import yaml
 
 from actions.models.hub import hub_allowed, parse_hub_id, resolve_hub_ids
 from actions.store import LocalStore, get_artifact
-from flows.commands.tiny_model_dir import write_tiny_model_dir
 from actions.tasks.build import build_datasets, hold_out
+from flows.commands.tiny_model_dir import write_tiny_model_dir
 from flows.config import load_config
 
 

@@ -11,8 +11,17 @@ import time
 import pytest
 
 from actions.store import LocalStore
-from flows.campaign.lease import (SKEW_S, LeaseHeld, LeaseLost, LeaseRecord, RunLease, check_not_held, lease_key, read_lease,
-                         takeover_reason)
+from flows.campaign.lease import (
+    SKEW_S,
+    LeaseHeld,
+    LeaseLost,
+    LeaseRecord,
+    RunLease,
+    check_not_held,
+    lease_key,
+    read_lease,
+    takeover_reason,
+)
 
 
 def _record(**kw) -> LeaseRecord:

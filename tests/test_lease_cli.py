@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from flows.config import load_config
 from actions.store import LocalStore, blob_key, open_store, read_manifest
 from flows.campaign.lease import read_lease
+from flows.config import load_config
 
 try:
     from conftest import TINY_OVERRIDES

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
+from actions.contracts import PromptTokens, parse_result
 from actions.store.profile_cache import PROFILE_PREFIX, ProfileResult
 from flows.campaign.live_profile import LiveInputs, finish_profiling, profile_grid
 from flows.planning.tpot import TpotProfile
-from actions.contracts import PromptTokens, parse_result
 from flows.step.invoke import Returned
 
 GRID = {"batch_sizes": [1, 2], "contexts": [4, 8], "prefill_shape": [2, 4]}
@@ -128,10 +128,10 @@ def test_the_flow_measures_again_when_it_cannot_use_a_cached_grid(tiny_config, m
 
 def test_the_hook_plans_from_the_measured_profile_and_the_store_transfer_model(tiny_config, tmp_path):
     from actions.store import LocalStore
-    from flows.step.context import RunContext
-    from flows.step.phase import cluster_spec, load_profile, plan_generation_phase
     from flows.planning.lengths import LengthHistory
     from flows.planning.tpot import CPU_TINY_PROFILE
+    from flows.step.context import RunContext
+    from flows.step.phase import cluster_spec, load_profile, plan_generation_phase
 
     # ten times slower than the built-in estimate at every point
     slow = TpotProfile(CPU_TINY_PROFILE.batch_sizes, CPU_TINY_PROFILE.contexts,
@@ -183,9 +183,9 @@ def test_every_activation_pays_the_measured_round_trip_once():
 def test_the_measured_fanout_follows_the_predicted_lengths(tiny_config, tmp_path, monkeypatch):
     """Short responses: a second action saves less than its round trip costs; long ones: it pays."""
     from actions.store import LocalStore
+    from flows.planning.lengths import LengthHistory
     from flows.step import phase as hooks
     from flows.step.context import RunContext
-    from flows.planning.lengths import LengthHistory
 
     monkeypatch.setattr(hooks, "pool_cores", lambda cfg: 2)
     profile = TpotProfile((4, 16), (8.0, 64.0), ((0.01, 0.012), (0.03, 0.036)), 2000.0, name="measured-x")
@@ -224,9 +224,9 @@ def test_the_hook_runs_the_prefill_action_only_where_it_pays(tiny_config, tmp_pa
     times none); a long template shared by more prompts than one prefill holds: the action
     computes it once; ``always`` and ``never`` override the choice."""
     from actions.store import LocalStore
+    from flows.planning.lengths import LengthHistory
     from flows.step import phase as hooks
     from flows.step.context import RunContext
-    from flows.planning.lengths import LengthHistory
 
     profile = TpotProfile((4, 16), (8.0, 64.0), ((0.01, 0.012), (0.03, 0.036)), 2000.0, name="measured-x")
     live = LiveInputs(profile, "measured", activation_s=0.01, threads=1)
@@ -256,10 +256,10 @@ def test_the_hook_times_each_fan_out_at_the_speed_measured_at_it(tiny_config, tm
     steps have measured two actions decoding 4x slower each than one (they share the cores),
     every objective keeps one, and the plan and its record carry the one-action speed."""
     from actions.store import LocalStore
-    from flows.step import phase as hooks
-    from flows.step.context import RunContext
     from flows.planning.calibration import Calibration
     from flows.planning.lengths import LengthHistory
+    from flows.step import phase as hooks
+    from flows.step.context import RunContext
 
     monkeypatch.setattr(hooks, "pool_cores", lambda cfg: 2)
     profile = TpotProfile((4, 16), (8.0, 64.0), ((0.01, 0.012), (0.03, 0.036)), 2000.0, name="measured-x")

@@ -10,15 +10,21 @@ import torch
 
 from actions.config.workload import AlgorithmConfig
 from actions.models.modeling import instantiate, read_model_dir
-from flows.commands.tiny_model_dir import write_tiny_model_dir
-from actions.store.weights import weights_sha256
 from actions.rl.batch import TrainBatch
 from actions.rl.critic import build_critic
 from actions.rl.optimizer import TrainOptimizer
-from actions.rl.sequences import (MIN_CHUNK_TOKENS, chunk_bounds, pack, per_row_widths, response_logprobs,
-                                  response_logprobs_full)
-from actions.rl.update import needs_old_logp, needs_ref_logp, run_updates
 from actions.rl.recompute import enable_checkpointing
+from actions.rl.sequences import (
+    MIN_CHUNK_TOKENS,
+    chunk_bounds,
+    pack,
+    per_row_widths,
+    response_logprobs,
+    response_logprobs_full,
+)
+from actions.rl.update import needs_old_logp, needs_ref_logp, run_updates
+from actions.store.weights import weights_sha256
+from flows.commands.tiny_model_dir import write_tiny_model_dir
 
 
 @pytest.fixture(autouse=True)
@@ -192,9 +198,9 @@ def test_bf16_training_keeps_fp32_master_weights_that_accumulate_small_updates()
 
 @pytest.fixture(scope="module")
 def prepared(qwen, tmp_path_factory):
-    from flows.config import load_config
-    from actions.store import LocalStore
     from actions.prepare import prepare
+    from actions.store import LocalStore
+    from flows.config import load_config
     from tests.conftest import TINY_OVERRIDES
 
     root = tmp_path_factory.mktemp("store")

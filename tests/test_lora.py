@@ -13,8 +13,8 @@ import torch
 from actions.config.workload import LoraConfig
 from actions.models.lora import adapter_disabled, adapter_tensors, attach_adapter
 from actions.store import read_manifest
-from flows.commands.tiny_model_dir import write_tiny_model_dir
 from flows.campaign.run import run_campaign
+from flows.commands.tiny_model_dir import write_tiny_model_dir
 from flows.config import load_config
 
 LORA_LEARNING = [
@@ -45,8 +45,8 @@ def test_lora_campaign_on_tiny_qwen2_raises_held_out_accuracy(tmp_path, qwen_dir
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    from actions.store import LocalStore
     from actions.prepare import prepare
+    from actions.store import LocalStore
     from tests.conftest import TINY_OVERRIDES
 
     root = tmp_path_factory.mktemp("store")

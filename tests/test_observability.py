@@ -12,11 +12,11 @@ import sys
 
 import pytest
 
-from flows.config import load_config
-from flows.campaign.state import EvalRecord
 from flows.campaign.artifacts import _percent, start_progress, update_progress
-from flows.commands.report import length_histogram, write_report
+from flows.campaign.state import EvalRecord
 from flows.campaign.tensorboard import ScalarBoard, read_scalars
+from flows.commands.report import length_histogram, write_report
+from flows.config import load_config
 
 needs_tensorboardx = pytest.mark.skipif(importlib.util.find_spec("tensorboardX") is None,
                                         reason="tensorboardX not installed: pip install 'rlhfless[tensorboard]'")

@@ -258,8 +258,8 @@ def test_gpu_slots_held_only_by_gpu_actions_and_missing_limit_never_blocks(deplo
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 
     from actions.store import LocalStore
-    from flows.step.context import RunContext, set_context
     from flows.invokers.base import Activation
+    from flows.step.context import RunContext, set_context
     from flows.step.invoke import gpu_slots, invoke_action
 
     prefilled = {"bundle_key": "k", "num_unique_prefixes": 1, "tokens_computed": 3}

@@ -57,9 +57,9 @@ def test_a_failing_prewarm_does_not_fail_the_step():
 def test_hook_offset_is_earliest_past_invocation_minus_buffer(tiny_config, tmp_path):
     from actions.contracts import PromptTokens
     from actions.store import LocalStore
+    from flows.planning.lengths import LengthHistory
     from flows.step.context import RunContext
     from flows.step.phase import plan_generation_phase
-    from flows.planning.lengths import LengthHistory
 
     cfg = tiny_config("scaling.prewarm_buffer_s=0.25")
     ctx = RunContext(config=cfg, store=LocalStore(str(tmp_path / "s")), invoker=RecordingInvoker(), run_id="r")
@@ -73,10 +73,10 @@ def test_hook_offset_is_earliest_past_invocation_minus_buffer(tiny_config, tmp_p
 
 
 def test_local_pool_prewarm_loads_the_policy_version_in_idle_workers(tmp_path):
-    from flows.config import load_config
     from actions.contracts import ModelRef
-    from actions.store import LocalStore
     from actions.prepare import prepare
+    from actions.store import LocalStore
+    from flows.config import load_config
     from flows.invokers.local_pool import LocalPoolInvoker
     from tests.conftest import TINY_OVERRIDES
 

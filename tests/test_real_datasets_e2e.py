@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.config import load_config
 from actions.store import get_artifact, open_store
-from flows.commands.tiny_model_dir import write_tiny_model_dir
 from actions.tasks import arith
 from flows.commands.cli import main
+from flows.commands.tiny_model_dir import write_tiny_model_dir
+from flows.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,6 +127,7 @@ def test_save_to_disk_folder(tmp_path, qwen2, prefect_harness, capsys):
 def test_gsm8k_walkthrough_config_validates_against_a_qwen2_folder(tmp_path, qwen2):
     """The YAML block of docs/gsm8k.md, with its model and data paths swapped for local ones."""
     import datasets
+
     from actions.prepare import validate_inputs
 
     text = (ROOT / "docs" / "gsm8k.md").read_text()

@@ -8,23 +8,22 @@ from pathlib import Path
 
 import pytest
 import torch
+import trl_doc_rewards
+import trl_style_rewards
 import yaml
 
 import flows.campaign.run  # noqa: F401  (Prefect sets its logging up here, not under a test's capsys)
-from actions.models import warm
 from actions.config.workload import RewardFunctionConfig as Fn
 from actions.config.workload import RewardModelConfig
 from actions.contracts import ModelRef, RewardModelRef
+from actions.models import warm
 from actions.store import LocalStore, put_artifact
-from flows.commands.tiny_model_dir import write_tiny_model_dir
 from actions.tasks.dataset import PromptRow
 from actions.tasks.rewards import check_reward_functions, compute_rewards
 from actions.tasks.rewards.model_files import folder_files
 from actions.tasks.rewards.model_scoring import score_with_models
 from actions.tasks.rewards.trainer_state import make_trainer_state
-
-import trl_doc_rewards
-import trl_style_rewards
+from flows.commands.tiny_model_dir import write_tiny_model_dir
 
 
 def _rows(prompts: list, answers: list[str], **columns: list) -> list[PromptRow]:

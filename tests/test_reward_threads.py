@@ -13,8 +13,8 @@ import threading
 
 import pytest
 
-from actions.config.workload import RewardFunctionConfig as Fn
 from actions.config.reward import BUILTIN_REWARDS
+from actions.config.workload import RewardFunctionConfig as Fn
 from actions.tasks.dataset import PromptRow
 from actions.tasks.rewards import compute_rewards
 

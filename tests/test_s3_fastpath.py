@@ -14,11 +14,9 @@ import uuid
 import pytest
 from botocore.awsrequest import AWSRequest
 
-from actions.store import ObjectNotFound, StoreError, StoreUnreachable, as_parts, put_artifact
-from actions.store import s3_fastpath
+from actions.store import ObjectNotFound, StoreError, StoreUnreachable, as_parts, put_artifact, s3_fastpath
 from actions.store.s3 import S3Store
-from actions.store.s3_fastpath import (FastPath, PartsReader, fill_from_raw, install_known_payload_signer,
-                                              known_payload)
+from actions.store.s3_fastpath import FastPath, PartsReader, fill_from_raw, install_known_payload_signer, known_payload
 from actions.store.weights import load_tensors
 
 pytestmark = pytest.mark.s3

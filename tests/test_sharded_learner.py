@@ -10,11 +10,11 @@ import signal
 import pytest
 import torch
 
-from actions.store import open_store
-from actions.store.weights import load_tensors
 from actions.rl.ranks import RankFailed, run_on_ranks
 from actions.rl.sharded_update import Job, rank_share
 from actions.rl.world_size import check_world_size, resolve_world_size
+from actions.store import open_store
+from actions.store.weights import load_tensors
 from flows.campaign.run import run_campaign
 from flows.campaign.state import load_state_at
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actions.models.modeling import build_tiny_model
 from actions.engines.base import GenerationParams
 from actions.engines.speculative import Speculation, _Batch
 from actions.engines.torch_engine import SampleSpec, TorchEngine
+from actions.models.modeling import build_tiny_model
 from actions.tasks.repeat import make_rows
 
 KW = {"seed": 7, "step": 2, "max_new_tokens": 30, "temperature": 1.0}

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import (AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config,
-                          Qwen3Config)
+from reference_sampler import uncached_sample
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from actions.config.workload import GenerationConfig
-from actions.models.modeling import build_char_tokenizer
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.sampling import Sampler
 from actions.engines.speculative import Speculation
 from actions.engines.static_decode import runtime_for
 from actions.engines.torch_engine import TorchEngine
+from actions.models.modeling import build_char_tokenizer
 from actions.tasks.repeat import make_rows
-from reference_sampler import uncached_sample
 
 NEW = 14
 

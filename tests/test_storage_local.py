@@ -9,7 +9,6 @@ import threading
 
 import pytest
 
-from actions.store.credentials import S3Credentials, mask_key_id, redact, register_secret
 from actions.store import (
     CommitConflict,
     IntegrityError,
@@ -26,6 +25,7 @@ from actions.store import (
     read_pointer,
     sha256_hex,
 )
+from actions.store.credentials import S3Credentials, mask_key_id, redact, register_secret
 
 # ----------------------------------------------------------------------------- contract
 

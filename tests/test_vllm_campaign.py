@@ -36,9 +36,9 @@ def _samples(cfg) -> dict:
 
 
 def test_a_vllm_campaign_starts_each_engine_once_and_pushes_every_version_into_it(tmp_path, prefect_harness):
-    from flows.config import load_config
-    from flows.campaign.run import run_campaign
     from actions.engines import factory
+    from flows.campaign.run import run_campaign
+    from flows.config import load_config
     from tests.conftest import TINY_OVERRIDES
 
     base = [o for o in TINY_OVERRIDES if not o.startswith(("scaling.", "steps="))]  # the default fan-out

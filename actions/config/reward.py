@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from actions.config.section import Section as _Section
 from actions.config.quoting import quote
+from actions.config.section import Section as _Section
 
 BUILTIN_REWARDS = ("repeat", "gsm8k", "math", "exact_match", "format")
 """The built-in reward functions' names (``actions/tasks/rewards`` implements each)."""

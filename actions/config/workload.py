@@ -15,11 +15,11 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from actions.config.section import Section as _Section
 from actions.config.quoting import quote
+
 # RewardFunctionConfig is re-exported: the contracts and callers take every section from here.
-from actions.config.reward import (TASK_REWARDS, RewardConfig, RewardFunctionConfig,  # noqa: F401
-                                          RewardModelConfig)
+from actions.config.reward import TASK_REWARDS, RewardConfig, RewardFunctionConfig, RewardModelConfig  # noqa: F401
+from actions.config.section import Section as _Section
 
 
 class LoraConfig(_Section):

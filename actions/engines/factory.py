@@ -32,12 +32,12 @@ from typing import Any, Literal
 import torch
 
 from actions.contracts import EngineEvents, ModelRef
-from actions.models.loading import load_base, load_model, store_for
-from actions.store.safe_paths import write_beneath
-from actions.models.special_tokens import special_tokens, special_tokens_of_dir
-from actions.store.weights import load_tensors
 from actions.engines.base import GenerationEngine
 from actions.engines.torch_engine import TorchEngine
+from actions.models.loading import load_base, load_model, store_for
+from actions.models.special_tokens import special_tokens, special_tokens_of_dir
+from actions.store.safe_paths import write_beneath
+from actions.store.weights import load_tensors
 
 EngineKind = Literal["torch", "vllm"]
 

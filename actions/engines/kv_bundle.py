@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from actions.engines.kv_state import PrefixState
 from actions.models import warm
 from actions.store import IntegrityError, ObjectStore
 from actions.store.weights import load_tensors, publish_tensors
-from actions.engines.kv_state import PrefixState
 
 
 def publish_bundle(store: ObjectStore, key: str, states: list[PrefixState], policy_version: int) -> None:

@@ -19,9 +19,9 @@ import time
 
 import torch
 
-from actions.models.device import sync
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.torch_engine import TorchEngine
+from actions.models.device import sync
 
 
 def _device(model: torch.nn.Module) -> torch.device:

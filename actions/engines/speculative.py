@@ -32,14 +32,21 @@ from dataclasses import dataclass, field
 
 import torch
 
-from actions.models.device import sync
 from actions.engines.base import EngineStats, GenerationParams, RowEnds, SampleOut, SampleSpec
 from actions.engines.drafters import HistoryDrafter, PromptLookupDrafter
 from actions.engines.drafters.base import Drafter
-from actions.engines.sampling import Sampler, stream_key
 from actions.engines.kv_state import stack_logits, stack_states
-from actions.engines.spec_select import (MIN_PLAIN_WEIGHT, MIN_WIDE_WEIGHT, AcceptanceTracker, Choice,
-                                         ForwardCost, can_pay, choose_rows)
+from actions.engines.sampling import Sampler, stream_key
+from actions.engines.spec_select import (
+    MIN_PLAIN_WEIGHT,
+    MIN_WIDE_WEIGHT,
+    AcceptanceTracker,
+    Choice,
+    ForwardCost,
+    can_pay,
+    choose_rows,
+)
+from actions.models.device import sync
 
 PROBE_EVERY = 8
 """Rounds of plain decoding, after the estimates switched speculation off although drafts

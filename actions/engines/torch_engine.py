@@ -37,9 +37,9 @@ import torch
 from transformers import DynamicCache
 
 from actions.engines.base import EngineStats, GenerationParams, RowEnds, SampleOut, SampleSpec
+from actions.engines.kv_state import PrefixState, stack_logits, stack_states
 from actions.engines.sampling import Sampler, stream_key
 from actions.engines.spec_select import AcceptanceTracker, ForwardCost, can_pay
-from actions.engines.kv_state import PrefixState, stack_logits, stack_states
 from actions.engines.speculative import SpecStats, Speculation, decode_speculative
 from actions.engines.static_decode import decode_static, static_supported
 

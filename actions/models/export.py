@@ -27,9 +27,9 @@ import torch
 
 from actions.config.workload import LoraConfig
 from actions.models.lora import attach_adapter, attach_peft, merge_adapter
-from actions.models.modeling import TOKENIZER_FILES, SLOW_TOKENIZER_FILES, build_model, read_base
-from actions.store.safe_paths import write_beneath
+from actions.models.modeling import SLOW_TOKENIZER_FILES, TOKENIZER_FILES, build_model, read_base
 from actions.store import ObjectStore, get_artifact
+from actions.store.safe_paths import write_beneath
 from actions.store.weights import load_tensors
 
 

@@ -14,8 +14,8 @@ import os
 
 import torch
 
-from actions.models import warm
 from actions.contracts import ModelRef
+from actions.models import warm
 from actions.models.device import action_device, action_dtype
 from actions.models.modeling import BaseParts, build_model, read_base
 from actions.models.special_tokens import SpecialTokens

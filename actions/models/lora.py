@@ -39,7 +39,8 @@ INIT_SEED = 0x10_4A
 def wrap(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
     """``model`` as a PEFT ``PeftModel`` with ``cfg``'s LoRA layers injected (in place), e.g.
     for ``save_pretrained`` in PEFT's own adapter format."""
-    from peft import LoraConfig as PeftLoraConfig, get_peft_model
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
 
     targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
     peft_cfg = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,

@@ -22,12 +22,18 @@ from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig,
-                          PreTrainedTokenizerFast)
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+)
 from transformers.initialization import no_init_weights
 
-from actions.store.safe_paths import write_beneath
 from actions.models.special_tokens import SpecialTokens, special_tokens
+from actions.store.safe_paths import write_beneath
 
 TINY_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 .,:;?!=+-*\n"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 
 from actions.config.workload import AlgorithmConfig
+from actions.rl.sequences import PackedBatch, pack
 from actions.store import ObjectStore
 from actions.store.weights import load_tensors
-from actions.rl.sequences import PackedBatch, pack
 
 
 @dataclass

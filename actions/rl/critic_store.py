@@ -6,8 +6,8 @@ from actions.models import warm
 from actions.models.device import action_device, action_dtype
 from actions.models.loading import load_base_parts, store_for
 from actions.models.modeling import build_model
-from actions.store.weights import load_tensors
 from actions.rl.critic import Critic, build_critic, split_tensors
+from actions.store.weights import load_tensors
 
 
 def load_critic(store_uri: str, base_key: str, critic_key: str, *, fresh: bool = False,

@@ -24,15 +24,15 @@ import torch.distributed as dist
 from actions.contracts import TrainStepRequest, TrainStepResult
 from actions.models.loading import configure_threads, load_model, store_for
 from actions.models.lora import adapter_tensors
-from actions.store.optim_state import load_optimizer_tensors, optimizer_tensors
 from actions.models.special_tokens import special_tokens
-from actions.store.weights import load_tensors, publish_tensors
 from actions.rl.batch import gather_batch, rollout_metrics
 from actions.rl.critic_store import load_critic
 from actions.rl.fsdp import full, like, make_mesh, shard
 from actions.rl.optimizer import MASTER, TrainOptimizer
 from actions.rl.recompute import enable_checkpointing
 from actions.rl.sharded_update import LogprobRoot, run_sharded_updates
+from actions.store.optim_state import load_optimizer_tensors, optimizer_tensors
+from actions.store.weights import load_tensors, publish_tensors
 
 
 def rank_device(rank: int) -> torch.device:

@@ -20,8 +20,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from actions.models import warm
 from actions.contracts import Control, WarmCounts, parse_request, split_control
+from actions.models import warm
 from actions.runtime.errors import InjectedFault
 from actions.store import IntegrityError, ObjectNotFound
 

@@ -33,15 +33,34 @@ cover: garbage collection (``flows/campaign/collect.py``) and the run lease (``f
 built on it.
 """
 
-from actions.store.artifacts import (BLOB_PREFIX, PutStats, blob_key, get_artifact, get_blob, put_artifact,
-                                            put_blob, read_manifest, sha256_hex)
+from actions.store.artifacts import (
+                                            BLOB_PREFIX,
+                                            PutStats,
+                                            blob_key,
+                                            get_artifact,
+                                            get_blob,
+                                            put_artifact,
+                                            put_blob,
+                                            read_manifest,
+                                            sha256_hex,
+)
 from actions.store.commits import commit_key, commit_pointer, read_pointer
 from actions.store.local import LocalStore
 from actions.store.objects import delete_if, get_json, put_json, replace_if
 from actions.store.pool import map_bounded, transfer_threads
-from actions.store.protocol import (BlobData, BucketNotFound, CommitConflict, IntegrityError, ObjectNotFound,
-                                           ObjectStore, StoreAccessDenied, StoreCredentialsError, StoreError,
-                                           StoreUnreachable, as_parts)
+from actions.store.protocol import (
+                                            BlobData,
+                                            BucketNotFound,
+                                            CommitConflict,
+                                            IntegrityError,
+                                            ObjectNotFound,
+                                            ObjectStore,
+                                            StoreAccessDenied,
+                                            StoreCredentialsError,
+                                            StoreError,
+                                            StoreUnreachable,
+                                            as_parts,
+)
 from actions.store.uri import open_store
 
 __all__ = [

@@ -20,10 +20,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from actions.store.safe_paths import STORE_FIX, check_name, shown
 from actions.store.pool import map_bounded, transfer_threads
-from actions.store.protocol import (BlobData, IntegrityError, ObjectNotFound, ObjectStore, as_parts,
-                                           num_bytes)
+from actions.store.protocol import BlobData, IntegrityError, ObjectNotFound, ObjectStore, as_parts, num_bytes
+from actions.store.safe_paths import STORE_FIX, check_name, shown
 
 BLOB_PREFIX = "blobs/sha256"
 MANIFEST_SCHEMA = "rlhfless.artifact/v1"

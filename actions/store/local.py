@@ -23,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actions.store.safe_paths import UnsafeName, open_component, parent_dir
 from actions.store.protocol import BlobData, ObjectNotFound, as_parts, check_key
+from actions.store.safe_paths import UnsafeName, open_component, parent_dir
 
 DEFAULT_MAX_CONCURRENCY = 8
 

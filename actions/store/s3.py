@@ -46,8 +46,17 @@ from botocore import exceptions as bce
 
 from actions.store.credentials import S3Credentials, mask_key_id
 from actions.store.protocol import ObjectNotFound, as_parts, check_key
-from actions.store.s3_errors import (NOT_FOUND_CODES, STREAM_ERRORS, ErrorContext, backoff, code,
-                                            is_not_implemented, is_precondition_failed, status, translate)
+from actions.store.s3_errors import (
+    NOT_FOUND_CODES,
+    STREAM_ERRORS,
+    ErrorContext,
+    backoff,
+    code,
+    is_not_implemented,
+    is_precondition_failed,
+    status,
+    translate,
+)
 from actions.store.s3_fastpath import PartsReader, attach, known_payload
 from actions.store.s3_reads import RangedReader
 from actions.store.s3_settings import BUCKET_FIX, BUCKET_RE, make_client, settings_from_env, split_uri

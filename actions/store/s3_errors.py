@@ -16,8 +16,13 @@ from dataclasses import dataclass
 from botocore import exceptions as bce
 
 from actions.store.credentials import redact
-from actions.store.protocol import (BucketNotFound, StoreAccessDenied, StoreCredentialsError, StoreError,
-                                           StoreUnreachable)
+from actions.store.protocol import (
+    BucketNotFound,
+    StoreAccessDenied,
+    StoreCredentialsError,
+    StoreError,
+    StoreUnreachable,
+)
 
 CREDENTIAL_CODES = {
     "InvalidAccessKeyId",

@@ -34,9 +34,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from actions.store import IntegrityError, ObjectStore, PutStats, get_artifact, put_artifact, read_manifest, sha256_hex
 from actions.store.safe_paths import shown
-from actions.store import IntegrityError, ObjectStore, PutStats, get_artifact, put_artifact, read_manifest, \
-    sha256_hex
 
 # safetensors dtype tags (https://github.com/huggingface/safetensors, format spec).
 _DTYPES = {

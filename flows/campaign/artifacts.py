@@ -13,8 +13,16 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from flows.step.metrics import (ACTORS_MIGRATED, ACTORS_N, BILLED, RESPONSE_LENGTH_MEAN, REWARD_MEAN, USD, StepFigures,
-                                timing_key)
+from flows.step.metrics import (
+    ACTORS_MIGRATED,
+    ACTORS_N,
+    BILLED,
+    RESPONSE_LENGTH_MEAN,
+    REWARD_MEAN,
+    USD,
+    StepFigures,
+    timing_key,
+)
 
 if TYPE_CHECKING:
     from flows.campaign.state import EvalRecord

@@ -32,10 +32,19 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from actions.store import (BLOB_PREFIX, IntegrityError, ObjectNotFound, ObjectStore, StoreError, blob_key,
-                                  map_bounded, read_manifest, transfer_threads)
-from flows.planning.retention import GcPlan, Retention, VersionKeys, needed_commits, plan_collection
+from actions.store import (
+    BLOB_PREFIX,
+    IntegrityError,
+    ObjectNotFound,
+    ObjectStore,
+    StoreError,
+    blob_key,
+    map_bounded,
+    read_manifest,
+    transfer_threads,
+)
 from flows.campaign.state import CampaignState, load_state_at
+from flows.planning.retention import GcPlan, Retention, VersionKeys, needed_commits, plan_collection
 
 KILL_ENV = "RLHFLESS_FAULT_GC_KILL_AFTER"
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from actions.store.drafts import drafts_from_samples
 from actions.store import ObjectNotFound, ObjectStore, get_json, put_json
+from actions.store.drafts import drafts_from_samples
 
 
 def drafts_key(prefix: str, step: int) -> str:

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from actions.contracts import ModelRef, PromptTokens
 from actions.store.profile_cache import ProfileRequest, ProfileResult
+from flows.planning.tpot import CPU_TINY_PROFILE, TpotProfile
 from flows.step.context import RunContext
 from flows.step.live_inputs import LiveInputs  # noqa: F401 (re-exported: set-up builds it here)
-from flows.planning.tpot import CPU_TINY_PROFILE, TpotProfile
 
 if TYPE_CHECKING:
     from flows.step.invoke import Returned

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from flows.campaign.learning_warnings import new_warning_lines
 from flows.campaign.artifacts import publish_step_artifacts, start_progress, update_progress
+from flows.campaign.learning_warnings import new_warning_lines
 from flows.campaign.overhead import Background
 from flows.campaign.state import CampaignState
 from flows.campaign.trackers import Trackers

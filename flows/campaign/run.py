@@ -27,6 +27,7 @@ from flows.campaign.advance import budget_stop, run_one_step
 from flows.campaign.collect import Collector
 from flows.campaign.drafts import drop_unreferenced
 from flows.campaign.holding import holding_lease
+from flows.campaign.learning_warnings import learning_warnings
 from flows.campaign.lease import RunLease
 from flows.campaign.live_profile import finish_profiling, start_profiling
 from flows.campaign.overhead import Background, StepClock, hold_for_training, open_gate_when_running, quiet_step_flows
@@ -43,7 +44,6 @@ from flows.step.context import RunContext, set_context
 from flows.step.flow import rlhf_step
 from flows.step.metrics import billing, timing_key
 from flows.step.phase import build_planner
-from flows.campaign.learning_warnings import learning_warnings
 
 Progress = Callable[[str], None]
 

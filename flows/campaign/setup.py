@@ -8,8 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from actions.contracts import (EvaluateRequest, ModelRef, WarmupRequest, WarmupResult, parse_token_table,
-                                      reward_model_refs)
+from actions.contracts import (
+    EvaluateRequest,
+    ModelRef,
+    WarmupRequest,
+    WarmupResult,
+    parse_token_table,
+    reward_model_refs,
+)
 from actions.store import get_json
 from flows.campaign.inputs import init_critic, prepare_inputs
 from flows.campaign.live_profile import finish_profiling, start_profiling

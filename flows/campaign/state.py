@@ -16,13 +16,20 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from actions.contracts import EvaluateResult, Prepared
+from actions.store import (
+    IntegrityError,
+    ObjectNotFound,
+    ObjectStore,
+    commit_key,
+    commit_pointer,
+    get_json,
+    read_pointer,
+)
+from actions.store.safe_paths import STORE_FIX, UnsafeName, check_name, shown
 from flows.config import CampaignConfig
 from flows.planning.planner import PlannerState
 from flows.planning.record import PhaseObservation
-from actions.contracts import EvaluateResult, Prepared
-from actions.store.safe_paths import STORE_FIX, UnsafeName, check_name, shown
-from actions.store import (IntegrityError, ObjectNotFound, ObjectStore, commit_key, commit_pointer, get_json,
-                                  read_pointer)
 
 
 class EvalRecord(EvaluateResult):

@@ -227,10 +227,10 @@ def _only_run(store: Any, uri: str, command: str) -> str:
 
 def _open_run(args: argparse.Namespace, command: str) -> tuple[Any, Any, Any]:
     """(config, store, the run's latest state) for ``status`` and ``gc``."""
-    from flows.config import load_config
-    from actions.store.safe_paths import check_run_id
     from actions.store import open_store
+    from actions.store.safe_paths import check_run_id
     from flows.campaign.state import load_state
+    from flows.config import load_config
 
     cfg = load_config(args.config, [])
     uri = args.store or cfg.store.uri
@@ -262,8 +262,8 @@ def _gc(args: argparse.Namespace) -> int:
     cfg, store, state = _open_run(args, "gc")
     from flows.campaign.collect import collect_garbage
     from flows.campaign.lease import RunLease, check_not_held
-    from flows.planning.retention import Retention
     from flows.campaign.state import load_state
+    from flows.planning.retention import Retention
 
     keep = args.keep_last if args.keep_last is not None else cfg.store.keep_last
     if keep is None:
@@ -322,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as exc:  # infrastructure failures: one line, secrets scrubbed, non-zero
         from actions.store import StoreError
-        from flows.invokers.base import ActionError
         from flows.commands.local_api import LocalApiError
+        from flows.invokers.base import ActionError
 
         if isinstance(exc, (StoreError, ActionError, LocalApiError)):
             print(f"rlhfless: error: {_bounded(redact(str(exc)))}", file=sys.stderr)

@@ -45,8 +45,8 @@ def _check_args(args: argparse.Namespace) -> Path:
 
 def _state(args: argparse.Namespace) -> tuple[Any, Any]:
     """(store, the commit to export)."""
-    from actions.store.safe_paths import check_run_id
     from actions.store import open_store
+    from actions.store.safe_paths import check_run_id
     from flows.campaign.state import load_state, load_state_at
     from flows.config import load_config
 

@@ -45,9 +45,9 @@ def _ints(text: str, flag: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flows.config import load_config
-    from actions.models.device import parse_device, parse_dtype
     from actions.engines.profiling import measure_grid
+    from actions.models.device import parse_device, parse_dtype
+    from flows.config import load_config
 
     cfg = load_config(args.config, args.overrides)
     batches, contexts = _ints(args.batch_sizes, "--batch-sizes"), _ints(args.contexts, "--contexts")

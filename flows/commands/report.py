@@ -11,9 +11,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from flows.step.metrics import StepFigures, billing
-
 import matplotlib
+
+from flows.step.metrics import StepFigures, billing
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -29,7 +29,6 @@ from pydantic import ValidationError
 
 from actions.contracts import ModelRef, TrainStepResult, split_control
 
-
 WARMING_WAIT_S = 30.0
 """Longest an activation waits for a pre-warm loading its policy version before it takes
 another idle worker (and loads the version there itself)."""

@@ -46,14 +46,13 @@ from typing import Any
 
 import httpx
 
+from actions.contracts import Control, take_activation
 from actions.runtime.errors import TRANSIENT_STATUS, crash_text, one_line
 from actions.runtime.request_auth import REPLY_HEADER, reply_is_authentic, sign_request
 from actions.runtime.server import DEFAULT_MAX_BODY_BYTES
-from actions.contracts import Control, take_activation
 from flows.invokers.base import ActionError, Activation
 from flows.invokers.cores import MKL_REPRODUCIBLE, CoreShare
 from flows.invokers.idle import IdleWorkers, held_policy, ref_policy, request_engine, request_policy
-
 
 KEEPALIVE_EXPIRY_S = 5.0
 """How long the pool keeps an idle connection to a worker (well under the worker's idle timeout)."""

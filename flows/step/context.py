@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from flows.config import CampaignConfig
 from actions.store import ObjectStore
+from flows.config import CampaignConfig
 from flows.invokers.base import Invoker
-from flows.step.live_inputs import LiveInputs
 from flows.step.faults import FaultInjector
-
+from flows.step.live_inputs import LiveInputs
 
 
 @dataclass

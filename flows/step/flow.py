@@ -19,14 +19,14 @@ from prefect import flow
 from prefect.futures import PrefectFuture, as_completed
 
 from actions.contracts import GenerateResult, PrefillResult, ScoreResult, TrainStepResult
-from flows.step.context import RunContext, current
-from flows.planning.planner import PhasePlan
 from flows.invokers.base import Activation
 from flows.planning.drain import GenerationDrain, ReturnedShard, SubmitContinuation, SubmitScore
+from flows.planning.planner import PhasePlan
+from flows.step.context import RunContext, current
+from flows.step.invoke import Returned, invoke_action
+from flows.step.payloads import StepInputs, generate_payload, prefill_payload, score_payload, train_payload
 from flows.step.prewarmer import PhasePrewarmer
 from flows.step.timing import PhaseClock
-from flows.step.payloads import StepInputs, generate_payload, prefill_payload, score_payload, train_payload
-from flows.step.invoke import Returned, invoke_action
 
 
 @dataclass(frozen=True)

@@ -19,14 +19,13 @@ from typing import Any, Generic, TypeVar
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
-
 from pydantic import BaseModel
 
-from flows.config import CampaignConfig
 from actions.contracts import parse_result
 from actions.store.profile_cache import ProfileResult
-from flows.step.context import current
+from flows.config import CampaignConfig
 from flows.invokers.base import ActionError, Activation
+from flows.step.context import current
 
 R = TypeVar("R", bound=BaseModel)
 

@@ -9,8 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from actions.contracts import (GenerateRequest, ModelRef, PrefillRequest, ScoreRequest,
-                                      TrainStepRequest, reward_model_refs)
+from actions.contracts import (
+    GenerateRequest,
+    ModelRef,
+    PrefillRequest,
+    ScoreRequest,
+    TrainStepRequest,
+    reward_model_refs,
+)
 from flows.step.context import RunContext
 
 

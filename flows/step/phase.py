@@ -16,8 +16,8 @@ from flows.invokers.cores import pool_cores
 from flows.planning.calibration import Calibration
 from flows.planning.lengths import LengthHistory
 from flows.planning.plan import ClusterSpec
-from flows.planning.settings import PlannerSettings
 from flows.planning.planner import PhaseInputs, PhasePlan, Planner, PlannerRules, PlannerState
+from flows.planning.settings import PlannerSettings
 from flows.planning.tpot import CPU_TINY_PROFILE, TpotProfile
 from flows.step.context import RunContext
 

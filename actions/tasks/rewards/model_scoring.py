@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from actions.models import warm
 from actions.contracts import RewardModelRef
+from actions.models import warm
 from actions.models.device import action_device, action_dtype
-from actions.store.safe_paths import write_beneath
 from actions.store import get_artifact, open_store
+from actions.store.safe_paths import write_beneath
 
 
 def load_reward_model(ref: RewardModelRef, store_uri: str, device: torch.device) -> tuple[Any, Any]:

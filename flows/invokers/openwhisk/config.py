@@ -9,6 +9,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
 from actions.store.credentials import register_secret
 from actions.store.endpoints import is_http_url
 
