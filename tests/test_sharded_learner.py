@@ -5,9 +5,9 @@ classified error when a rank fails."""
 from __future__ import annotations
 
 import os
-import signal
 
 import pytest
+import rank_functions
 import torch
 
 from actions.rl.ranks import RankFailed, run_on_ranks
@@ -89,40 +89,48 @@ def test_world_size_defaults_and_refusals():
         check_world_size(None, 64, "cuda")
 
 
-def _raise_on_rank_one(rank: int, world: int) -> int:
-    if rank == 1:
-        raise ValueError("bad shard")
-    import torch.distributed as dist
-
-    dist.barrier()  # rank 0 waits here for a peer that never comes
-    return rank
-
-
-def _killed_on_rank_one(rank: int, world: int) -> int:
-    if rank == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
-    import torch.distributed as dist
-
-    dist.barrier()
-    return rank
-
-
-def _sum_of_ranks(rank: int, world: int) -> float:
-    import torch.distributed as dist
-
-    t = torch.tensor([float(rank)])
-    dist.all_reduce(t)
-    return float(t)
+def _rank_processes() -> list[int]:
+    """Live processes of this one's that run a rank."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if ppid == os.getpid() and b"actions.rl.ranks" in cmd:
+            found.append(int(pid))
+    return found
 
 
 def test_a_failing_rank_fails_the_activation_once_and_stops_the_others():
-    assert run_on_ranks(_sum_of_ranks, 2) == 1.0
+    assert run_on_ranks(rank_functions.sum_of_ranks, 2) == 1.0
     with pytest.raises(RankFailed, match=r"^rank 1 of 2 failed: ValueError: bad shard$") as err:
-        run_on_ranks(_raise_on_rank_one, 2)
+        run_on_ranks(rank_functions.raise_on_rank_one, 2)
     assert err.value.transient is False
     with pytest.raises(RankFailed, match=r"^rank 1 of 2 killed by SIGKILL; the other ranks were stopped$") as err:
-        run_on_ranks(_killed_on_rank_one, 2)
+        run_on_ranks(rank_functions.killed_on_rank_one, 2)
     assert err.value.transient is True
-    import multiprocessing
+    assert _rank_processes() == []  # no rank left running
 
-    assert multiprocessing.active_children() == []  # no rank left running
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [("algorithm.name=ppo",), ("model.lora={r: 4, alpha: 8}",), ("model.dtype=bfloat16",)],
+                         ids=["ppo", "lora", "bf16"])
+def test_two_ranks_train_ppo_lora_and_bf16_as_one(tiny_config, prefect_harness, extra):
+    """One step on two ranks against one rank: PPO (the critic sharded too), LoRA (only the adapter
+    sharded and trained), bf16 (fp32 shards as the master copy; weights within a bf16 spacing)."""
+    base = ("invoker.kind=inprocess", "algorithm.lr=0.003", "steps=1",
+            "reward.functions=[{name: 'trl_doc_reward_len:reward_func', weight: 0.1}]", *extra)
+    runs = {ws: tiny_config(*base, f"run_id=w{ws}", f"train.world_size={ws}") for ws in (1, 2)}
+    summaries = {ws: run_campaign(cfg, progress=lambda m: None)["steps"][0] for ws, cfg in runs.items()}
+    assert summaries[2]["train/world_size"] == 2.0 and summaries[1]["grad_norm"] > 0.01
+    for key in ("loss/policy", "grad_norm") + (("loss/value",) if "ppo" in extra[0] else ()):
+        assert summaries[2][key] == pytest.approx(summaries[1][key], rel=LOSS_RTOL, abs=1e-9), key
+    (w1, o1), (w2, o2) = _tensors_at(runs[1], 1), _tensors_at(runs[2], 1)
+    _assert_close(w1, w2, "weights")
+    _assert_close(o1, o2, "optimizer state")
+    if "lora" in extra[0]:
+        assert all("lora_" in name for name in w1)  # the version is the adapter alone

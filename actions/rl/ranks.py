@@ -2,24 +2,28 @@
 loopback, one classified error when any rank fails, and no rank left running.
 
 The activation's process is the supervisor, not a rank: it owns the rendezvous store (a
-``TCPStore`` bound to a free loopback port, so two activations never race for a port), starts
-``world`` processes with the ``spawn`` method (a forked copy of a threaded server, or of a
-process that has touched CUDA, is not safe), and waits on their result pipes and their exit
-sentinels together. Each rank sends one message, ``("ok", value)`` or ``("error", crash)``
-(``errors.describe_crash``); a rank that exits without one (killed by a signal, the out-of-memory
-killer for one) is noticed by its sentinel. On the first failure every other rank is killed,
-since the survivors would wait in a collective for a peer that will never come, and the
-activation raises :class:`RankFailed`. Ranks also die with their supervisor (``lifeline``).
+``TCPStore`` bound to a free loopback port, so two activations never race for a port) and starts
+``world`` fresh interpreters (``python -m actions.rl.ranks``: a forked copy of a threaded server,
+or of a process that has touched CUDA, is not safe, and ``multiprocessing``'s spawn would re-run
+the caller's main script). Each rank reads the pickled function reference and arguments on its
+standard input and writes one pickled message to its result pipe, ``("ok", value)`` or
+``("error", crash)`` (``errors.describe_crash``); the pipe reaching end-of-file is how the
+supervisor learns that a rank has exited, with or without a message (killed by a signal, the
+out-of-memory killer for one). On the first failure every other rank is killed, since the
+survivors would wait in a collective for a peer that will never come, and the activation raises
+:class:`RankFailed`. Ranks also die with their supervisor (``lifeline.die_with_parent``).
 """
 
 from __future__ import annotations
 
 import datetime
-import multiprocessing as mp
 import os
+import pickle
 import signal
+import subprocess
+import sys
 from collections.abc import Callable
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any
 
 from actions.runtime.errors import crash_text, describe_crash
@@ -37,28 +41,30 @@ class RankFailed(RuntimeError):
         self.transient = transient
 
 
-def _rank_entry(fn: Callable[..., Any], rank: int, world: int, port: int, backend: str, args: tuple,
-                conn: Connection, parent_pid: int) -> None:
+def _rank_main(argv: list[str]) -> None:
+    """A rank's process: ``python -m actions.rl.ranks RANK WORLD PORT BACKEND RESULT_FD PARENT_PID``."""
+    rank, world, port, backend, fd, parent_pid = argv[0], argv[1], argv[2], argv[3], argv[4], argv[5]
     from actions.runtime.lifeline import die_with_parent
 
-    die_with_parent(parent_pid)
-    import torch.distributed as dist
-
+    die_with_parent(int(parent_pid))
+    out = os.fdopen(int(fd), "wb")
     try:
-        store = dist.TCPStore("127.0.0.1", port, None, is_master=False,
+        fn, args = pickle.load(sys.stdin.buffer)
+        import torch.distributed as dist
+
+        store = dist.TCPStore("127.0.0.1", int(port), None, is_master=False,
                               timeout=datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+        dist.init_process_group(backend, store=store, rank=int(rank), world_size=int(world),
                                 timeout=datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
         try:
-            value = fn(rank, world, *args)
+            message = ("ok", fn(int(rank), int(world), *args))
         finally:
             dist.destroy_process_group()
-        conn.send(("ok", value))
     except BaseException as exc:  # noqa: BLE001 - reported to the supervisor, then this rank exits
-        conn.send(("error", describe_crash(exc)))
-        conn.close()
-        os._exit(1)
-    conn.close()
+        message = ("error", describe_crash(exc))
+    pickle.dump(message, out)
+    out.close()
+    os._exit(0 if message[0] == "ok" else 1)
 
 
 def _exit_text(code: int | None) -> str:
@@ -72,65 +78,63 @@ def _exit_text(code: int | None) -> str:
 
 def run_on_ranks(fn: Callable[..., Any], world: int, args: tuple = (), *, backend: str = "gloo",
                  what: str = "rank") -> Any:
-    """Run ``fn(rank, world, *args)`` in ``world`` spawned processes joined in one process group;
-    return rank 0's value (it must pickle; the others' are dropped).
+    """Run ``fn(rank, world, *args)`` (a module-level function) in ``world`` processes joined in
+    one process group; return rank 0's value (it must pickle; the others' are dropped).
 
     Raises:
         RankFailed: a rank raised (its crash, one line) or died; every rank has been stopped.
     """
     import torch.distributed as dist
 
-    ctx = mp.get_context("spawn")
-    store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False,
+    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
-    procs, conns = [], []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # the caller's imports
+    payload = pickle.dumps((fn, args))
+    procs, pipes = [], []
     try:
         for rank in range(world):
-            recv, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_rank_entry, name=f"{what}-{rank}", daemon=True,
-                               args=(fn, rank, world, store.port, backend, args, send, os.getpid()))
-            proc.start()
-            send.close()
+            read_fd, write_fd = os.pipe()
+            argv = [sys.executable, "-m", "actions.rl.ranks", str(rank), str(world), str(store.port), backend,
+                    str(write_fd), str(os.getpid())]
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, pass_fds=(write_fd,), env=env)
+            os.close(write_fd)
             procs.append(proc)
-            conns.append(recv)
-        return _collect(procs, conns, what)[0]
+            pipes.append(os.fdopen(read_fd, "rb"))
+            proc.stdin.write(payload)
+            proc.stdin.close()
+        return _collect(procs, pipes, what)[0]
     finally:
         for proc in procs:
-            if proc.is_alive():
+            if proc.poll() is None:
                 proc.kill()
-            proc.join()
-        for conn in conns:
-            conn.close()
+            proc.wait()
+        for pipe in pipes:
+            pipe.close()
         del store
 
 
-def _collect(procs: list, conns: list[Connection], what: str) -> dict[int, Any]:
+def _collect(procs: list[subprocess.Popen], pipes: list, what: str) -> dict[int, Any]:
     """Every rank's value, or RankFailed at the first rank that fails."""
     world = len(procs)
     results: dict[int, Any] = {}
     while len(results) < world:
         waiting = [r for r in range(world) if r not in results]
-        ready = wait([conns[r] for r in waiting] + [procs[r].sentinel for r in waiting])
+        ready = wait([pipes[r] for r in waiting])
         for r in waiting:
-            if conns[r] in ready or procs[r].sentinel in ready:
-                message = _receive(conns[r])
-                if message is None:  # exited, or closing its pipe on the way out, without a result
-                    procs[r].join(timeout=10)
-                    raise RankFailed(f"{what} {r} of {world} {_exit_text(procs[r].exitcode)}; the other ranks were "
-                                     "stopped", transient=procs[r].exitcode is not None and procs[r].exitcode < 0)
-                kind, value = message
-                if kind == "error":
-                    raise RankFailed(f"{what} {r} of {world} failed: {crash_text(value)}",
-                                     transient=bool(value.get("transient")))
-                results[r] = value
-    for proc in procs:
-        proc.join(timeout=RENDEZVOUS_TIMEOUT_S)
+            if pipes[r] not in ready:
+                continue
+            data = pipes[r].read()  # to end-of-file: the rank has closed its end, finished or not
+            code = procs[r].wait()
+            if not data:
+                raise RankFailed(f"{what} {r} of {world} {_exit_text(code)}; the other ranks were stopped",
+                                 transient=code < 0)
+            kind, value = pickle.loads(data)
+            if kind == "error":
+                raise RankFailed(f"{what} {r} of {world} failed: {crash_text(value)}",
+                                 transient=bool(value.get("transient")))
+            results[r] = value
     return results
 
 
-def _receive(conn: Connection) -> tuple[str, Any] | None:
-    """The rank's message if one is waiting, None if none (or the rank closed its end without one)."""
-    try:
-        return conn.recv() if conn.poll() else None
-    except (EOFError, OSError):
-        return None
+if __name__ == "__main__":
+    _rank_main(sys.argv[1:])

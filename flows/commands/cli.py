@@ -129,6 +129,10 @@ def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool,
 
     validate_inputs(cfg)
     check_engine(cfg, local_actions=cfg.invoker.kind != "openwhisk")
+    if cfg.invoker.kind != "openwhisk":  # an OpenWhisk action checks on the machine it runs on
+        from actions.rl.world_size import check_world_size
+
+        check_world_size(cfg.train.world_size, cfg.scaling.gpus_per_actor)
     checks = [("--out", out), ("--summary", summary_path.parent)]
     if cfg.invoker.kind == "local" and cfg.invoker.log_dir:
         checks.append(("invoker.log_dir", Path(cfg.invoker.log_dir)))
