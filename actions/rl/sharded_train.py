@@ -24,8 +24,8 @@ import torch.distributed as dist
 from actions.common.contracts import TrainStepRequest, TrainStepResult
 from actions.common.loading import configure_threads, load_model, store_for
 from actions.common.lora import adapter_tensors
-from actions.common.safe_paths import shown
 from actions.common.optim_state import load_optimizer_tensors, optimizer_tensors
+from actions.common.safe_paths import shown
 from actions.common.special_tokens import special_tokens
 from actions.common.weights import load_tensors, publish_tensors
 from actions.rl.batch import gather_batch, rollout_metrics
