@@ -23,7 +23,7 @@ from actions.store.optim_state import load_optimizer_tensors, optimizer_tensors
 from actions.store.safe_paths import shown
 
 MASTER = "master"
-_MASTER_NAME = re.compile(r"^p(0|[1-9][0-9]{0,8})\.master$")
+MASTER_NAME = re.compile(r"^p(0|[1-9][0-9]{0,8})\.master$")
 
 
 class TrainOptimizer:
@@ -78,7 +78,7 @@ class TrainOptimizer:
         for key, value in tensors.items():
             if not key.endswith(suffix):
                 continue
-            match = _MASTER_NAME.match(key)
+            match = MASTER_NAME.match(key)
             index = int(match.group(1)) if match else -1
             if not self.mixed or not 0 <= index < len(self.master) or value.shape != self.master[index].shape:
                 raise ValueError(f"optimizer state {where!r}: tensor {shown(key)} is not the fp32 master copy of one "

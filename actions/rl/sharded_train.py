@@ -28,10 +28,11 @@ from actions.models.special_tokens import special_tokens
 from actions.rl.batch import gather_batch, rollout_metrics
 from actions.rl.critic_store import load_critic
 from actions.rl.fsdp import full, like, make_mesh, shard
-from actions.rl.optimizer import MASTER, TrainOptimizer
+from actions.rl.optimizer import MASTER, MASTER_NAME, TrainOptimizer
 from actions.rl.recompute import enable_checkpointing
 from actions.rl.sharded_update import LogprobRoot, run_sharded_updates
 from actions.store.optim_state import load_optimizer_tensors, optimizer_tensors
+from actions.store.safe_paths import shown
 from actions.store.weights import load_tensors, publish_tensors
 
 
@@ -61,9 +62,10 @@ def _load_masters(module: torch.nn.Module, state: dict[str, torch.Tensor] | None
         if not key.endswith(f".{MASTER}"):
             rest[key] = value
             continue
-        index = int(key[1:].split(".")[0])
+        match = MASTER_NAME.match(key)
+        index = int(match.group(1)) if match else len(params)
         if index >= len(params) or params[index].dtype == torch.float32 or value.shape != params[index].shape:
-            raise ValueError(f"optimizer state {where!r}: tensor {key} is not the fp32 master copy of one of the "
+            raise ValueError(f"optimizer state {where!r}: tensor {shown(key)} is not the fp32 master copy of one of the "
                              f"{len(params)} low-precision parameters; re-publish the optimizer state")
         params[index].data = value.to(params[index].device, torch.float32).clone()
     return rest

@@ -28,8 +28,19 @@ from actions.rl.fsdp import all_sum
 from actions.rl.masked import masked_mean
 from actions.rl.optimizer import TrainOptimizer
 from actions.rl.ppo_loss import value_loss
-from actions.rl.sequences import CUDA_ROW_BLOCK, bucket_widths, per_row_widths, response_logprobs
-from actions.rl.update import compute_advantages, micro_batches, minibatches, needs_old_logp, policy_loss
+from actions.rl.sequences import (
+    CUDA_ROW_BLOCK,
+    bucket_widths,
+    per_row_widths,
+    response_logprobs,
+)
+from actions.rl.update import (
+    compute_advantages,
+    micro_batches,
+    minibatches,
+    needs_old_logp,
+    policy_loss,
+)
 
 
 class LogprobRoot(torch.nn.Module):
