@@ -22,6 +22,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
@@ -113,26 +114,56 @@ def run_on_ranks(fn: Callable[..., Any], world: int, args: tuple = (), *, backen
         del store
 
 
+FAILURE_GRACE_S = 5.0
+"""After a rank fails, how long the supervisor waits for the others' reports before choosing
+which failure to raise: a peer's failure makes the survivors' collectives fail too, and the
+report that arrives first is often that echo rather than the cause."""
+
+_ECHO_MARKERS = ("connection reset", "connection closed", "broken pipe", "gloo", "nccl", "timed out")
+
+
+def _rank_of_failure(failure: tuple[int, str, bool]) -> tuple[int, int]:
+    """Sort key: a rank's own error first, then a rank that died, then a collective's echo of
+    another rank's failure; lower ranks first within each."""
+    rank, text, _ = failure
+    if " killed by " in text or " without a result" in text:
+        return 1, rank
+    echo = text.split(" failed: ", 1)[-1].startswith("Dist") or any(m in text.lower() for m in _ECHO_MARKERS)
+    return (2 if echo else 0), rank
+
+
 def _collect(procs: list[subprocess.Popen], pipes: list, what: str) -> dict[int, Any]:
-    """Every rank's value, or RankFailed at the first rank that fails."""
+    """Every rank's value, or RankFailed naming the failure that caused the others."""
     world = len(procs)
     results: dict[int, Any] = {}
-    while len(results) < world:
-        waiting = [r for r in range(world) if r not in results]
-        ready = wait([pipes[r] for r in waiting])
+    failures: list[tuple[int, str, bool]] = []  # (rank, one line, transient)
+    deadline = None
+    while len(results) + len(failures) < world:
+        waiting = [r for r in range(world) if r not in results and r not in {f[0] for f in failures}]
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready = wait([pipes[r] for r in waiting], timeout=timeout)
+        if not ready and deadline is not None:
+            break  # the grace period is over: the others are stuck waiting for the failed rank
         for r in waiting:
             if pipes[r] not in ready:
                 continue
             data = pipes[r].read()  # to end-of-file: the rank has closed its end, finished or not
             code = procs[r].wait()
             if not data:
-                raise RankFailed(f"{what} {r} of {world} {_exit_text(code)}; the other ranks were stopped",
-                                 transient=code < 0)
+                failures.append((r, f"{what} {r} of {world} {_exit_text(code)}", code < 0))
+                continue
             kind, value = pickle.loads(data)
             if kind == "error":
-                raise RankFailed(f"{what} {r} of {world} failed: {crash_text(value)}",
-                                 transient=bool(value.get("transient")))
-            results[r] = value
+                failures.append((r, f"{what} {r} of {world} failed: {crash_text(value)}",
+                                 bool(value.get("transient"))))
+            else:
+                results[r] = value
+        if failures and deadline is None:
+            deadline = time.monotonic() + FAILURE_GRACE_S
+    if failures:
+        rank, text, transient = min(failures, key=_rank_of_failure)
+        raise RankFailed(f"{text}; the other ranks were stopped" if " failed: " not in text else text,
+                         transient=transient)
     return results
 
 
