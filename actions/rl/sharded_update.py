@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -25,22 +26,10 @@ from actions.config.workload import AlgorithmConfig
 from actions.rl.batch import TrainBatch
 from actions.rl.critic import Critic
 from actions.rl.fsdp import all_sum
-from actions.rl.masked import masked_mean
 from actions.rl.optimizer import TrainOptimizer
 from actions.rl.ppo_loss import value_loss
-from actions.rl.sequences import (
-    CUDA_ROW_BLOCK,
-    bucket_widths,
-    per_row_widths,
-    response_logprobs,
-)
-from actions.rl.update import (
-    compute_advantages,
-    micro_batches,
-    minibatches,
-    needs_old_logp,
-    policy_loss,
-)
+from actions.rl.sequences import CUDA_ROW_BLOCK, bucket_widths, per_row_widths, response_logprobs
+from actions.rl.update import micro_batches, policy_loss, run_updates
 
 
 class LogprobRoot(torch.nn.Module):
@@ -84,7 +73,7 @@ def rank_share(jobs: list[Job], rank: int, world: int) -> list[Job]:
 
 
 def _policy_pass(root: LogprobRoot, opt: TrainOptimizer, batch: TrainBatch, adv: torch.Tensor, idx: torch.Tensor,
-                 algo: AlgorithmConfig, rank: int, world: int) -> dict[str, float]:
+                 algo: AlgorithmConfig, *, rank: int, world: int) -> dict[str, float]:
     device = batch.packed.input_ids.device
     mask = batch.packed.response_mask
     T = batch.packed.response_width
@@ -108,7 +97,7 @@ def _policy_pass(root: LogprobRoot, opt: TrainOptimizer, batch: TrainBatch, adv:
 
 
 def _critic_pass(critic: Critic, opt: TrainOptimizer, batch: TrainBatch, ret: torch.Tensor, idx: torch.Tensor,
-                 algo: AlgorithmConfig, rank: int, world: int) -> dict[str, float]:
+                 algo: AlgorithmConfig, *, rank: int, world: int) -> dict[str, float]:
     device = batch.packed.input_ids.device
     mask = batch.packed.response_mask
     total = mask[idx].sum().clamp_min(1.0)
@@ -133,23 +122,6 @@ def run_sharded_updates(root: LogprobRoot, opt: TrainOptimizer, batch: TrainBatc
                         rank: int, world: int) -> dict[str, float]:
     """``update.run_updates`` with the forward and backward passes shared among ``world``
     ranks; every rank holds the whole ``batch`` and returns the same metrics."""
-    if batch.old_logp is None and needs_old_logp(algo):
-        raise ValueError(f"the scored shards have no old_logp, but algorithm {algo.name} with epochs={algo.epochs}, "
-                         f"num_minibatches={algo.num_minibatches} needs them; score with this algorithm config")
-    adv, ret = compute_advantages(batch, algo)
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    sums: dict[str, float] = defaultdict(float)
-    count = 0
-    for _ in range(algo.epochs):
-        for idx in minibatches(len(batch.rewards), algo, gen):
-            idx = idx.to(batch.packed.input_ids.device)
-            m = _policy_pass(root, opt, batch, adv, idx, algo, rank, world)
-            if critic is not None:
-                m.update(_critic_pass(critic, critic_opt, batch, ret, idx, algo, rank, world))
-            for k, v in m.items():
-                sums[k] += v
-            count += 1
-    out = {k: v / count for k, v in sums.items()}
-    if algo.name == "ppo" and batch.ref_logp is not None:
-        out["kl"] = float(masked_mean(batch.old_logp - batch.ref_logp, batch.packed.response_mask))
-    return out
+    return run_updates(root, opt, batch, algo, critic, critic_opt, seed=seed, step=step,
+                       policy_pass=partial(_policy_pass, rank=rank, world=world),
+                       critic_pass=partial(_critic_pass, rank=rank, world=world))

@@ -22,6 +22,7 @@ log-probs, detached, and the score action does not compute them.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 
@@ -149,9 +150,20 @@ def _critic_pass(critic: Critic, opt: TrainOptimizer, batch: TrainBatch, ret: to
     return metrics
 
 
+PolicyPass = Callable[[torch.nn.Module, TrainOptimizer, TrainBatch, torch.Tensor, torch.Tensor, AlgorithmConfig],
+                      dict[str, float]]
+"""One optimizer step of the policy on a mini-batch's rows: (policy, opt, batch, adv, idx, algo) -> metrics."""
+CriticPass = Callable[[Critic, TrainOptimizer, TrainBatch, torch.Tensor, torch.Tensor, AlgorithmConfig],
+                      dict[str, float]]
+
+
 def run_updates(policy: torch.nn.Module, opt: TrainOptimizer, batch: TrainBatch, algo: AlgorithmConfig,
-                critic: Critic | None, critic_opt: TrainOptimizer | None, *, seed: int, step: int
-                ) -> dict[str, float]:
+                critic: Critic | None, critic_opt: TrainOptimizer | None, *, seed: int, step: int,
+                policy_pass: PolicyPass | None = None, critic_pass: CriticPass | None = None) -> dict[str, float]:
+    """``algo.epochs`` passes over the seeded mini-batches, one policy (and critic) step each;
+    the metrics averaged over the steps. ``policy_pass``/``critic_pass`` replace the one-rank
+    passes (the sharded learner's, ``sharded_update.py``)."""
+    policy_pass, critic_pass = policy_pass or _policy_pass, critic_pass or _critic_pass
     if batch.old_logp is None and needs_old_logp(algo):
         raise ValueError(f"the scored shards have no old_logp, but algorithm {algo.name} with epochs={algo.epochs}, "
                          f"num_minibatches={algo.num_minibatches} needs them; score with this algorithm config")
@@ -161,9 +173,9 @@ def run_updates(policy: torch.nn.Module, opt: TrainOptimizer, batch: TrainBatch,
     count = 0
     for _ in range(algo.epochs):
         for idx in minibatches(len(batch.rewards), algo, gen):
-            m = _policy_pass(policy, opt, batch, adv, idx, algo)
+            m = policy_pass(policy, opt, batch, adv, idx, algo)
             if critic is not None:
-                m.update(_critic_pass(critic, critic_opt, batch, ret, idx, algo))
+                m.update(critic_pass(critic, critic_opt, batch, ret, idx, algo))
             for k, v in m.items():
                 sums[k] += v
             count += 1
