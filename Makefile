@@ -25,7 +25,7 @@ train: install
 
 ## The default test suite (well under 20 minutes on 2 cores).
 test: install
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not vllm and not gpu" $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not vllm and not gpu" --durations=25 $(PYTEST_ARGS)
 
 ## Tests marked `slow` (minutes each; `grep -rn mark.slow tests/` lists them): today kill -9 at
 ## random points then resume, two first-ever runs starting Prefect on one fresh PREFECT_HOME, and
