@@ -41,6 +41,7 @@ def test_grpo_campaign_raises_held_out_accuracy(tmp_path, prefect_harness):
     assert _gain(summary) >= GRPO_MIN_GAIN, summary["evals"]
 
 
+@pytest.mark.slow  # an expected failure costs the default suite 30 s and shows nothing there
 @pytest.mark.xfail(strict=False, reason="with today's package set this 8-step PPO campaign gains 0.0625 "
                    "(0.3125 -> 0.375) against its 0.125 bar, at the revision before the static KV cache too "
                    "(so not from the engine); the environmental cause is not isolated yet")
