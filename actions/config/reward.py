@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from actions.config.quoting import quote
+from actions.config.quoting import chat_template_mode, quote
 from actions.config.section import Section as _Section
 
 BUILTIN_REWARDS = ("repeat", "gsm8k", "math", "exact_match", "format")
@@ -64,9 +64,7 @@ class RewardModelConfig(_Section):
     @field_validator("chat_template", mode="before")
     @classmethod
     def _check_chat_template(cls, v: Any) -> Any:
-        if v == "auto" or isinstance(v, bool):
-            return v
-        raise ValueError(f"reward.models chat_template {v!r} is not a mode; use auto, true or false")
+        return chat_template_mode(v, "reward.models chat_template")
 
 
 class RewardConfig(_Section):

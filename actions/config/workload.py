@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from actions.config.quoting import quote
+from actions.config.quoting import chat_template_mode
 
 # RewardFunctionConfig is re-exported: the contracts and callers take every section from here.
 from actions.config.reward import TASK_REWARDS, RewardConfig, RewardFunctionConfig, RewardModelConfig  # noqa: F401
@@ -133,9 +133,7 @@ class DataConfig(_Section):
     @field_validator("chat_template", mode="before")
     @classmethod
     def _check_chat_template(cls, v: Any) -> Any:
-        if v == "auto" or isinstance(v, bool):
-            return v
-        raise ValueError(f"data.chat_template {quote(v)} is not a mode; use auto, true or false")
+        return chat_template_mode(v, "data.chat_template")
 
 
 class AlgorithmConfig(_Section):
