@@ -123,7 +123,12 @@ class DecodeRuntime:
         self.dtype = next(model.parameters()).dtype
         self.kv: StaticKV | None = None
         self.state: _State | None = None
-        self.graphs: dict[tuple[int, int, Sampler], torch.cuda.CUDAGraph] = {}
+        # plain steps keyed (b, window, sampler); verification rounds ("verify", b, w, window, sampler)
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        # verification rounds' inputs (each row's last token and draft) and draws, [rows, w_max]
+        self.spec_ids: torch.Tensor | None = None
+        self.spec_drawn: torch.Tensor | None = None
+        self.offsets: torch.Tensor | None = None  # arange(w_max): a round's column offsets
         self.pool = None
         self.capture_s = 0.0
         self.captures = 0
@@ -139,12 +144,70 @@ class DecodeRuntime:
             if self.kv is not None:
                 rows, cols = max(rows, self.kv.rows), max(cols, self.kv.cols)
             self.graphs.clear()
+            self.spec_ids = self.spec_drawn = None  # sized by the rows: made again by ensure_verify
             self.kv = None  # free the old buffers before allocating the new
             f = self.forward
             self.kv = StaticKV(layers=len(f.layers), kv_heads=f.kv_heads, head_dim=f.head_dim, rows=rows,
                                cols=cols, dtype=self.dtype, device=self.device)
             self.state = _State.empty(rows, self.device)
         return self.kv
+
+    def ensure_verify(self, width: int) -> None:
+        """Verification buffers for rounds of up to ``width`` columns over the rows ``ensure``
+        made (grown, never shrunk; verification graphs dropped on growth)."""
+        rows = self.kv.rows
+        if self.spec_ids is None or self.spec_ids.shape[1] < width or self.spec_ids.shape[0] < rows:
+            width = max(width, 0 if self.spec_ids is None else self.spec_ids.shape[1])
+            for key in [k for k in self.graphs if k[0] == "verify"]:
+                del self.graphs[key]
+            self.spec_ids = torch.zeros((rows, width), dtype=torch.long, device=self.device)
+            self.spec_drawn = torch.zeros((rows, width), dtype=torch.long, device=self.device)
+            self.offsets = torch.arange(width, device=self.device)
+
+    def verify_logits(self, b: int, w: int, window: int) -> torch.Tensor:
+        """The verification forward of ``spec_ids[:b, :w]`` (each row's last token, then its
+        draft): logits ``[b, w, V]``, keys and values written to columns ``col .. col + w - 1``.
+        The state is not advanced (``advance`` does, once the host knows what was accepted)."""
+        st, offs = self.state, self.offsets[:w]
+        return self.forward(self.kv, self.spec_ids[:b, :w], st.pos[:b, None] + offs, st.col + offs, window)
+
+    def _verify_step(self, b: int, w: int, window: int, sampling: Sampler) -> None:
+        """``verify_logits``, then every column's draw into ``spec_drawn[:b, :w]``: column c
+        holds the token plain decoding draws after the row's input c (response position
+        ``rpos + 1 + c``), whether or not the draft before it is kept. Drawing all columns
+        costs one wide draw and keeps the round free of host decisions, so a graph holds it."""
+        st, offs = self.state, self.offsets[:w]
+        logits = self.verify_logits(b, w, window)
+        keys = st.keys[:b, None].expand(b, w).reshape(-1)
+        rpos = (st.rpos[:b, None] + 1 + offs).reshape(-1)
+        self.spec_drawn[:b, :w] = sampling.draw(logits.reshape(b * w, -1), keys, rpos).view(b, w)
+
+    def verify(self, b: int, w: int, window: int, sampling: Sampler, graphs: bool) -> None:
+        """``_verify_step``, replayed from a CUDA graph per (b, w, window, sampler) where ``graphs``."""
+        if graphs and self.graph_error is None:
+            key = ("verify", b, w, window, sampling)
+            g = self.graphs.get(key) or self._capture(key, lambda: self._verify_step(b, w, window, sampling))
+            if g is not None:
+                g.replay()
+                return
+        self._verify_step(b, w, window, sampling)
+
+    def advance(self, accepted: list[int], nxt: list[int], w: int, col: int) -> int:
+        """After a verification round at column ``col`` of width ``w`` over rows ``[0, b)``
+        (``b = len(accepted)``): row r kept its input and ``accepted[r]`` draft tokens, and
+        ``nxt[r]`` is its next input. Columns past a row's kept ones become holes (masked);
+        the next round writes after the longest kept run. One host-to-device copy. Returns
+        the next column."""
+        b, longest = len(accepted), max(accepted)
+        st = self.state
+        t = torch.tensor([accepted, nxt], dtype=torch.long).to(self.device)
+        acc = t[0]
+        st.tok[:b] = t[1]
+        st.pos[:b] += acc + 1
+        st.rpos[:b] += acc + 1
+        st.col += longest + 1
+        self.kv.mask[:b, col:col + w] &= self.offsets[:w][None, :] <= acc[:, None]
+        return col + longest + 1
 
     def step(self, b: int, window: int, sampling: Sampler, dense: bool = False) -> None:
         """One decode step of rows ``[0, b)``: forward, draw, advance (through ``torch.compile``
@@ -174,7 +237,8 @@ class DecodeRuntime:
     def run(self, b: int, window: int, sampling: Sampler, graphs: bool) -> None:
         """``step``, replayed from a CUDA graph where ``graphs`` (captured on first use)."""
         if graphs and self.graph_error is None:
-            g = self.graphs.get((b, window, sampling)) or self._capture(b, window, sampling)
+            key = (b, window, sampling)
+            g = self.graphs.get(key) or self._capture(key, lambda: self.step(b, window, sampling))
             if g is not None:
                 g.replay()
                 return
@@ -183,7 +247,8 @@ class DecodeRuntime:
         dense = self.device.type == "cpu" and bool(self.kv.mask[:b, :window - 1].all())
         self.step(b, window, sampling, dense)
 
-    def _capture(self, b: int, window: int, sampling: Sampler) -> torch.cuda.CUDAGraph | None:
+    def _capture(self, key: tuple, step) -> torch.cuda.CUDAGraph | None:
+        """A CUDA graph of ``step()`` (a plain step or a verification round), kept under ``key``."""
         st = self.state
         saved = [t.clone() for t in st.tensors()]
         t0 = time.perf_counter()
@@ -194,7 +259,7 @@ class DecodeRuntime:
             side = torch.cuda.Stream(device=self.device)
             side.wait_stream(current)
             with torch.cuda.stream(side):
-                self.step(b, window, sampling)
+                step()
             current.wait_stream(side)
             for t, s in zip(st.tensors(), saved):
                 t.copy_(s)
@@ -203,7 +268,7 @@ class DecodeRuntime:
             g = torch.cuda.CUDAGraph()
             # graphs share one memory pool: they never run concurrently and keep no output in it
             with torch.cuda.graph(g, pool=self.pool):
-                self.step(b, window, sampling)
+                step()
             torch.cuda.synchronize(self.device)
         except Exception as exc:  # noqa: BLE001 -- any capture failure falls back to eager
             for t, s in zip(st.tensors(), saved):
@@ -213,7 +278,7 @@ class DecodeRuntime:
             return None
         self.capture_s += time.perf_counter() - t0
         self.captures += 1
-        self.graphs[(b, window, sampling)] = g
+        self.graphs[key] = g
         return g
 
 

@@ -86,3 +86,20 @@ class StaticKV:
         self.mask[:m] = self.mask.index_select(0, idx)
         self.mask[m:rows] = False
         self.mask[m:rows, 0] = True
+
+    def pack(self, rows: int, used_cols: int) -> int:
+        """Close the holes speculative rounds leave (rejected draft columns, masked): move each
+        of rows ``[0, rows)``'s valid columns, in order, to the right end of ``[0, width)``,
+        where ``width`` is the most valid columns any row has. Positions are explicit (rotary is
+        applied before a key is cached), so moving a column changes nothing a row attends to.
+        Returns ``width``, the next column to write."""
+        mask = self.mask[:rows, :used_cols]
+        width = int(mask.sum(1).max())
+        # stable: invalid columns first, then each row's valid columns in their order
+        idx = torch.argsort(mask.to(torch.int8), dim=1, stable=True)[:, used_cols - width:]
+        for buf in (*self.keys, *self.values):
+            gather = idx[:, None, :, None].expand(-1, buf.shape[1], -1, buf.shape[3])
+            buf[:rows, :, :width] = buf[:rows, :, :used_cols].gather(2, gather)
+        self.mask[:rows, :width] = mask.gather(1, idx)
+        self.mask[:rows, width:used_cols] = False
+        return width

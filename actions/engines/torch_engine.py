@@ -14,11 +14,12 @@ What it does, and why:
   the others as partial samples (tokens so far); continuing one later re-prefills
   prompt + tokens so far, and its random stream resumes at the same position (sampling.py).
 
-* **Static cache and CUDA graphs.** Plain decoding runs on a KV cache the engine owns
+* **Static cache and CUDA graphs.** Decoding runs on a KV cache the engine owns
   (``static_kv``, ``static_decode``): preallocated buffers written in place, with the decode
-  step (forward, draw, advance) replayed as a CUDA graph on a GPU. ``kv_cache="dynamic"``
+  step (forward, draw, advance) replayed as a CUDA graph on a GPU; speculative rounds run on
+  the same cache, their verification graphed too (``static_speculative``). ``kv_cache="dynamic"``
   (or a model ``static_forward`` does not support) keeps the Hugging Face ``DynamicCache``
-  loop below; both give the same tokens.
+  loops (below, and ``speculative``); all give the same tokens.
 * **Any device.** Work happens on the model's device (``next(model.parameters()).device``):
   token ids and masks are built on the host and moved once per forward, and each decode step
   reads its sampled tokens back in one transfer. The generate action loads KV bundles onto
@@ -42,6 +43,7 @@ from actions.engines.sampling import Sampler, stream_key
 from actions.engines.spec_select import AcceptanceTracker, ForwardCost, can_pay
 from actions.engines.speculative import SpecStats, Speculation, decode_speculative
 from actions.engines.static_decode import decode_static, static_supported
+from actions.engines.static_speculative import decode_static_speculative
 
 KV_CACHES = ("static", "dynamic")
 CUDA_GRAPHS = ("auto", "on", "off")
@@ -219,9 +221,15 @@ class TorchEngine:
             if speculation is not None:  # decoded plainly by choice: say so in the counters
                 stats.spec = SpecStats(rounds=stats.decode_steps, plain_calls=1).to_dict()
             return outs, stats
-        outs, spec_stats = decode_speculative(
-            self, samples, row_states, params, sampling=sampling, stats=stats, spec=speculation,
-            tracker=self.acceptance, cost=self.forward_cost)
+        if self.static:
+            outs, spec_stats = decode_static_speculative(
+                self, samples, row_states, params, sampling=sampling, stats=stats, spec=speculation,
+                tracker=self.acceptance, cost=self.forward_cost, graphs=self.graphs, padded=self.pad_batches,
+                compiled=self.compiled)
+        else:
+            outs, spec_stats = decode_speculative(
+                self, samples, row_states, params, sampling=sampling, stats=stats, spec=speculation,
+                tracker=self.acceptance, cost=self.forward_cost)
         stats.spec = spec_stats.to_dict()
         return outs, stats
 
