@@ -230,3 +230,40 @@ def test_cuda_graphs_with_grouped_heads_and_shrinking_buckets_fp32():
     assert all(o == first for o in outs.values())
     lengths = {len(t) for t, _ in first.values()}
     assert len(lengths) > 3, "rows all ended together; no bucket was left"
+
+
+def test_speculative_rounds_on_cuda_graphs_equal_plain_decoding_fp32():
+    """fp32 on CUDA: verification rounds replayed as graphs (every column drawn in the round)
+    keep exactly plain decoding's tokens, with right, ragged and wrong history drafts; a warm
+    second call replays the captured rounds."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from actions.engines.speculative import Speculation
+    from actions.models.modeling import build_char_tokenizer
+
+    tok = build_char_tokenizer("")
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval().to("cuda")
+    rows = make_rows(6, max_count=9, seed=5)
+    specs = [SampleSpec(r.prompt_id, i, encode(tok, r.prompt)) for r in rows for i in range(4)]  # 24 rows
+    kw = {"seed": SEED, "step": STEP, "max_new_tokens": 24, "temperature": 1.0}
+    engine = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, cuda_graphs="on")
+    plain = _by_id(engine.generate(specs, GenerationParams(**kw))[0])
+    other = _by_id(engine.generate(specs, GenerationParams(**{**kw, "step": STEP + 1}))[0])
+    right = {}
+    for (pid, _), (toks, _) in sorted(plain.items()):
+        right.setdefault(pid, []).append(toks[:6] if pid % 2 else toks)  # odd prompts run out: ragged
+    wrong = {}
+    for (pid, _), (toks, _) in sorted(other.items()):
+        wrong.setdefault(pid, []).append(toks)
+    for hist, k in ((right, 6), (wrong, 4), (right, 3)):
+        spec = Speculation(history=hist, fixed=("history", k))
+        outs, stats = engine.generate(specs, GenerationParams(**kw), speculation=spec)
+        assert _by_id(outs) == plain, k
+        assert stats.kv_cache == "static+graphs" and stats.spec["spec_rounds"] > 0, stats
+    again, astats = engine.generate(specs, GenerationParams(**kw), speculation=Speculation(history=right,
+                                                                                             fixed=("history", 6)))
+    assert _by_id(again) == plain and astats.graph_captures == 0  # warm: every round replayed
