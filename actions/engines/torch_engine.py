@@ -2,8 +2,9 @@
 
 What it does, and why:
 
-* **Prefill once per unique prefix.** ``prefill`` runs a padded batch of token sequences and
-  returns each one's KV cache and last-position logits. With ``dedup`` a GRPO group's n samples
+* **Prefill once per unique prefix.** ``prefill`` runs padded batches of token sequences (one
+  call per run of similar lengths where the padding saved pays for a call: ``prefill_plan``)
+  and returns each one's KV cache and last-position logits. With ``dedup`` a GRPO group's n samples
   share one prefill of their prompt; a KV bundle from the ``prefill`` action can supply the
   first ``L`` tokens (a template shared across prompts), and only the suffix is computed here.
 * **Fork, then decode.** Each sample's row starts from its prompt's KV (left-padded to the
@@ -39,6 +40,7 @@ from transformers import DynamicCache
 
 from actions.engines.base import EngineStats, GenerationParams, RowEnds, SampleOut, SampleSpec
 from actions.engines.kv_state import PrefixState, stack_logits, stack_states
+from actions.engines.prefill_plan import CALL_TOKENS, plan_prefill_calls
 from actions.engines.sampling import Sampler, stream_key
 from actions.engines.spec_select import AcceptanceTracker, ForwardCost, can_pay
 from actions.engines.speculative import SpecStats, Speculation, decode_speculative
@@ -90,6 +92,9 @@ class TorchEngine:
             where = "a CUDA device" if self.device.type != "cuda" else "kv_cache 'static' and a supported model"
             raise ValueError(f"generation.cuda_graphs 'on' needs {where} (model on {self.device}, kv_cache "
                              f"{kv_cache!r}); use 'auto' or 'off'")
+        # The price of one more prefill call in tokens of padded compute (prefill_plan).
+        self.prefill_call_tokens: float = CALL_TOKENS.get(self.device.type, CALL_TOKENS["cuda"])
+        self.prefill_calls = 0  # forwards ``prefill`` ran, over the engine's life
         # Speculation estimates survive across warm calls; a cold engine starts from priors.
         self.forward_cost = ForwardCost()
         self.acceptance = AcceptanceTracker()
@@ -117,13 +122,18 @@ class TorchEngine:
             # the longer ones that extend the same prefix: a prompt may be another's L-prefix.
             by_prefix.setdefault((best, len(seq) == len(best)), []).append(i)
         computed = 0
-        for (prefix, _), idxs in by_prefix.items():
+        for (prefix, _), group in by_prefix.items():
             base = prefixes[prefix] if prefix else None
-            suffixes = [sequences[i][len(prefix):] for i in idxs]
-            states, n = self._extend(base, [sequences[i] for i in idxs], suffixes)
-            computed += n
-            for i, st in zip(idxs, states):
-                out[i] = st
+            # one padded call per run of similar suffix lengths, where the padding saved pays for
+            # the call (prefill_plan); exact, since rows never mix in a forward
+            for part in plan_prefill_calls([len(sequences[i]) - len(prefix) for i in group], self.prefill_call_tokens):
+                idxs = [group[k] for k in part]
+                suffixes = [sequences[i][len(prefix):] for i in idxs]
+                states, n = self._extend(base, [sequences[i] for i in idxs], suffixes)
+                computed += n
+                self.prefill_calls += 1
+                for i, st in zip(idxs, states):
+                    out[i] = st
         return out, computed  # type: ignore[return-value]
 
     def _extend(
@@ -151,8 +161,10 @@ class TorchEngine:
                                                  for k, v in base.kv])
             mask = torch.cat([torch.ones((rows, start), dtype=torch.long), mask], dim=1)
         dev = self.device
+        # logits of the last column only (every row's last token, left padding): the output
+        # head over all columns would cost rows x width x vocab for nothing
         res = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
-                         past_key_values=cache, use_cache=True)
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
         layers = res.past_key_values.layers
         states = []
         for r, (seq, s) in enumerate(zip(full, suffixes)):
