@@ -14,8 +14,9 @@ batch bucket (``BATCH_BUCKETS``, as vLLM does) and its window to a multiple of
 ``WINDOW_STEP``; finished rows keep running as idle rows until the live rows fit a smaller
 bucket, and then the batch is compacted into it (their slots are released). Captures stay
 valid while the buffers do: a warm container reuses them across calls of the same model, and
-a call that needs more rows or columns than the buffers hold reallocates them (and drops the
-graphs). Capture time and count are reported in ``EngineStats``. A capture that fails falls
+across policy versions, which the torch engine's generation slot copies into that model in
+place (``torch_slot.py``); a call that needs more rows or columns than the buffers hold
+reallocates them (and drops the graphs). Capture time and count are reported in ``EngineStats``. A capture that fails falls
 back to the eager step with one warning line; the eager step runs exactly the same kernels.
 
 Exactness. The tokens are those of the dynamic path (``TorchEngine._decode_dynamic``) up to
