@@ -41,7 +41,8 @@ from actions.engines.sampling import Sampler, stream_key
 from actions.engines.static_forward import StaticForward, unsupported_reason
 from actions.engines.static_kv import StaticKV, round_up
 
-__all__ = ["BATCH_BUCKETS", "WINDOW_STEP", "DecodeRuntime", "decode_static", "runtime_for", "static_supported"]
+__all__ = ["BATCH_BUCKETS", "WINDOW_STEP", "DecodeRuntime", "compact_rows", "decode_static", "runtime_for",
+           "static_supported"]
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +269,7 @@ def _decode_locked(rt: DecodeRuntime, engine, samples: list[SampleSpec], states:
             break
         target = bucket_for(live) if padded else live
         if target < b:  # release finished rows' slots: compact into the smaller batch
-            _compact(rt, keep, target, col)
+            compact_rows(rt, keep, target, col)
             slots, b = [*(slots[j] for j in keep), *([None] * (target - live))], target
         elif live < sum(i is not None for i in slots):
             kept = set(keep)
@@ -291,8 +292,9 @@ def _put(t: torch.Tensor, values: list[int], rows: int) -> None:
     t[: len(values)] = torch.tensor(values, dtype=t.dtype).to(t.device)
 
 
-def _compact(rt: DecodeRuntime, keep: list[int], rows: int, used_cols: int) -> None:
-    """Move rows ``keep`` of the cache and the state to the front; the rest up to ``rows`` idle."""
+def compact_rows(rt: DecodeRuntime, keep: list[int], rows: int, used_cols: int) -> None:
+    """Move rows ``keep`` of the cache and the state to the front; the rest up to ``rows`` idle:
+    what dropping finished rows costs the static path (timed by ``profiling.shrink_seconds``)."""
     rt.kv.compact(keep, rows, used_cols)
     idx = torch.tensor(keep, device=rt.device)
     m = len(keep)
