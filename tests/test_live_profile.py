@@ -88,9 +88,9 @@ def test_a_corrupt_cached_profile_is_rejected_with_a_clear_message_and_measured_
 def test_the_profile_measures_the_decode_path_the_campaign_runs(published, monkeypatch):
     """Decode steps and row drops are timed on the ``kv_cache`` path asked for: the static
     path's shrink is its buffers' compaction, the dynamic path's ``DynamicCache``'s."""
-    import actions.engines.torch_engine as torch_engine
     from transformers import DynamicCache
 
+    from actions.engines import torch_engine
     from actions.engines.static_kv import StaticKV
 
     _, ref = published
