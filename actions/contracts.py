@@ -147,17 +147,21 @@ class GenerateRequest(_Msg):
 
 
 class EngineEvents(_Msg):
-    """What a worker process spent on its generation engine since its previous report: vLLM
-    engine starts and in-place weight pushes (``actions/engines/factory.py``). The torch engine
-    wraps the warm model cache and reports none. Events of a pre-warm or a profile ride on the
-    next generate or evaluate result of the same process, so none is lost or counted twice."""
+    """What a worker process spent on its generation engine since its previous report: engine
+    starts and in-place weight pushes (``actions/engines/factory.py``). vLLM: an engine built,
+    a version pushed into it. Torch: the generation slot's model built, a version copied into
+    its parameters (``actions/engines/torch_slot.py``). Events of a pre-warm or a profile ride
+    on the next generate or evaluate result of the same process, so none is lost or counted
+    twice."""
 
     starts: int = Field(0, ge=0)
     start_s: float = Field(0.0, ge=0)
-    """Seconds spent building engines (the engine's own start, weights included)."""
+    """Seconds spent building engines (the engine's own start or the torch model's build,
+    weights included)."""
     pushes: int = Field(0, ge=0)
     push_s: float = Field(0.0, ge=0)
-    """Seconds spent pushing new policy versions into a running engine (read, reload, cache reset)."""
+    """Seconds spent pushing new policy versions into a running engine (read, reload, cache
+    reset) or copying them into the torch slot's model (read, verify, copy)."""
 
 
 class GenerateResult(_Msg):

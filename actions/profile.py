@@ -3,7 +3,8 @@
 Run once at campaign start on the same pool as ``generate``, so the process kind, device, dtype
 and torch threads are the ones that will generate. Reuses the store's cached profile for the
 same facts (``actions/store/profile_cache.py``); otherwise loads the policy as ``generate``
-does and measures the engine over the requested grid (torch: ``actions/engines/profiling.py``;
+does and measures the engine over the requested grid (torch: ``actions/engines/profiling.py``,
+on the decode path the campaign runs, ``kv_cache``;
 vLLM: ``actions/engines/vllm_profiling.py``, on the process's warm engine, with the time a new
 version takes to reach it), then caches the result. Either way it reports what the planner's locality check needs: the
 weight bytes as published, the KV bytes per token and the store's measured read throughput.
@@ -73,7 +74,7 @@ def run_profile(req: ProfileRequest) -> ProfileResult:
     facts = ProfileFacts(model_config_sha256=hashlib.sha256(base_config).hexdigest(),
                          dtype=str(dtype).removeprefix("torch."), device=device_name(device), engine=req.engine,
                          threads=torch.get_num_threads(), batch_sizes=req.batch_sizes, contexts=req.contexts,
-                         prefill_shape=req.prefill_shape)
+                         prefill_shape=req.prefill_shape, kv_cache=req.kv_cache if req.engine == "torch" else None)
     key = facts.cache_key()
     weight_bytes, read_bps = read_throughput(store, ref.policy_key, req.probe_bytes)
     common = dict(profile_key=key, facts=facts, weight_bytes=weight_bytes,
@@ -97,7 +98,7 @@ def run_profile(req: ProfileRequest) -> ProfileResult:
 
         model, _, _ = load_model(ref)
         profile = measure_grid(model, model.config.vocab_size, req.batch_sizes, req.contexts,
-                               prefill_shape=req.prefill_shape, name=name)
+                               prefill_shape=req.prefill_shape, name=name, kv_cache=req.kv_cache)
     put_json(store, key, cache_record(facts, profile))
     return ProfileResult(profile=profile, source="measured", rejected=rejected,
                          measure_s=time.perf_counter() - t0, **common)

@@ -136,6 +136,7 @@ def test_actions_round_trip_on_cuda(tmp_path, monkeypatch):
     """generate -> score -> train_step with RLHFLESS_DEVICE=cuda: the same rollouts as on the
     CPU up to round-off, and a train step that moves every parameter and stores host tensors."""
     from actions.contracts import ModelRef
+    from actions.engines.torch_slot import close_torch_slot
     from actions.models import warm
     from actions.prepare import prepare
     from actions.store import LocalStore
@@ -179,6 +180,7 @@ def test_actions_round_trip_on_cuda(tmp_path, monkeypatch):
     assert [k for k in after if not torch.equal(after[k], after2[k])] == []
     assert all(torch.isfinite(torch.tensor(v)) for v in train["metrics"].values())
     warm.clear()  # leave no CUDA models in the process-wide warm cache
+    close_torch_slot()  # nor in the generation slot
 
 
 def test_cuda_graph_path_equals_eager_static_and_dynamic_paths_fp32(tiny):

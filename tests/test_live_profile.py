@@ -85,6 +85,76 @@ def test_a_corrupt_cached_profile_is_rejected_with_a_clear_message_and_measured_
     assert out["source"] == "measured" and "not a positive finite number" in out["rejected"]
 
 
+def test_the_profile_measures_the_decode_path_the_campaign_runs(published, monkeypatch):
+    """Decode steps and row drops are timed on the ``kv_cache`` path asked for: the static
+    path's shrink is its buffers' compaction, the dynamic path's ``DynamicCache``'s."""
+    from transformers import DynamicCache
+
+    from actions.engines import torch_engine
+    from actions.engines.static_kv import StaticKV
+
+    _, ref = published
+    monkeypatch.setenv("RLHFLESS_THREADS", "1")
+    calls = {"static_decode": 0, "compact": 0, "select": 0}
+
+    def count(name, fn):
+        def wrapped(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(torch_engine, "decode_static", count("static_decode", torch_engine.decode_static))
+    monkeypatch.setattr(StaticKV, "compact", count("compact", StaticKV.compact))
+    monkeypatch.setattr(DynamicCache, "batch_select_indices", count("select", DynamicCache.batch_select_indices))
+
+    static = _profile(ref)  # the default, as generation.kv_cache is
+    assert static["facts"]["kv_cache"] == "static" and static["source"] == "measured"
+    assert calls["static_decode"] > 0 and calls["compact"] > 0 and calls["select"] == 0
+    calls.update(static_decode=0, compact=0)
+    dynamic = _profile(ref, kv_cache="dynamic")
+    assert dynamic["facts"]["kv_cache"] == "dynamic" and dynamic["source"] == "measured"
+    assert dynamic["profile_key"] != static["profile_key"]
+    # the shrink shapes: batch 2 (the only one above one row) at both contexts, 9 repeats each
+    assert calls == {"static_decode": 0, "compact": 0, "select": 2 * 9}
+    assert _profile(ref)["source"] == "cached" and _profile(ref, kv_cache="dynamic")["source"] == "cached"
+
+
+def test_profiles_cached_before_the_decode_path_was_a_fact_are_measured_anew_or_kept_for_vllm(published):
+    import hashlib
+
+    from actions.store.profile_cache import ProfileFacts, cache_record
+
+    store, ref = published
+    old_facts = {"model_config_sha256": "0" * 64, "dtype": "float32", "device": "cpu:x", "engine": "vllm",
+                 "threads": 1, "batch_sizes": [1, 2], "contexts": [4, 8], "prefill_shape": [2, 4]}
+
+    def old_key(facts: dict) -> str:  # the key as the previous revision derived it
+        return f"{PROFILE_PREFIX}/{hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:40]}.json"
+
+    vllm = ProfileFacts(**old_facts)  # vLLM has no decode path fact: its facts and key are unchanged
+    assert vllm.cache_key() == old_key(old_facts) and cache_record(vllm, {})["facts"] == old_facts
+    # a torch profile of the previous revision: its key is no longer asked for, nothing reads it
+    first = _profile(ref)
+    facts = {k: v for k, v in first["facts"].items() if k != "kv_cache"}
+    store.put(old_key(facts), json.dumps(cache_record(ProfileFacts(**facts), first["profile"])).encode())
+    assert old_key(facts) != first["profile_key"]
+    assert _profile(ref)["profile_key"] == first["profile_key"]
+    # and a result without the fact (an action of the previous revision) still parses in the flow
+    assert parse_result("profile", _result(first["profile"]), ProfileResult).facts.kv_cache is None
+
+
+def test_the_flow_asks_for_the_campaigns_decode_path(tiny_config):
+    from actions.contracts import ModelRef
+    from flows.campaign.live_profile import profile_request
+    from flows.step.context import RunContext
+
+    model = ModelRef(store_uri="s", base_key="b", policy_key="p", policy_version=0)
+    for path in ("static", "dynamic"):
+        ctx = RunContext(config=tiny_config(f"generation.kv_cache={path}"), store=None, invoker=None,  # type: ignore[arg-type]
+                         run_id="r")
+        assert profile_request(ctx, model, [5, 9]).kv_cache == path
+
+
 class _Done:
     def __init__(self, result: dict) -> None:
         # what invoke_action returns: the result validated against the profile contract

@@ -4,8 +4,11 @@
 generate and evaluate actions call: it returns a ready engine for a policy version, cached
 while the container stays warm:
 
-* torch: the engine wraps the warm-cached model of ``loading.load_model`` (keyed by store,
-  base and policy key), so it is as warm as the model.
+* torch: one model per process and base (the generation slot, ``torch_slot.py``) and its
+  engines; a new policy version of the same base is copied into that model's parameters in
+  place, so its decode runtime (static KV buffers, CUDA graphs) and the engines' speculation
+  estimates survive the version change. Another base, or tensors that do not fit the model,
+  build a fresh one.
 * vllm: starting an engine costs seconds to minutes, so one engine per process is kept per
   (store, base model) and a new policy version is pushed into it with ``load_policy`` (which
   also resets its prefix cache). A different base model shuts the old engine down first:
@@ -13,7 +16,7 @@ while the container stays warm:
   Generate and evaluate share this one engine, and a pre-warm (``actions/runtime/server.py``)
   builds it or pushes the coming version into it.
 
-Every engine start and weight push is timed and counted (``take_engine_events``): the next
+Every engine start (a vLLM engine, or a torch slot model built) and weight push is timed and counted (``take_engine_events``): the next
 generate or evaluate result of the process reports them (``EngineEvents``), so the step's
 metrics show what keeping the engine warm saved or failed to save.
 """
@@ -34,7 +37,8 @@ import torch
 from actions.contracts import EngineEvents, ModelRef
 from actions.engines.base import GenerationEngine
 from actions.engines.torch_engine import TorchEngine
-from actions.models.loading import load_base, load_model, store_for
+from actions.engines.torch_slot import load_slot_engine
+from actions.models.loading import load_base, store_for
 from actions.models.special_tokens import special_tokens, special_tokens_of_dir
 from actions.store.safe_paths import write_beneath
 from actions.store.weights import load_tensors
@@ -117,9 +121,10 @@ def load_engine(kind: str, ref: ModelRef, *, kv_cache: str = "static", cuda_grap
     """(engine, tokenizer, warm_hit) for a policy version; hit = nothing had to be loaded.
     ``kv_cache``, ``cuda_graphs``, ``compile_decode``: the torch engine's decode path (vLLM ignores them)."""
     if kind == "torch":
-        model, tokenizer, hit = load_model(ref)
-        return make_engine("torch", model, tokenizer, kv_cache=kv_cache, cuda_graphs=cuda_graphs,
-                           compile_decode=compile_decode), tokenizer, hit
+        got = load_slot_engine(ref, kv_cache=kv_cache, cuda_graphs=cuda_graphs, compile_decode=compile_decode)
+        if got.event != "hit":
+            _record(got.event, got.seconds)
+        return got.engine, got.tokenizer, got.event == "hit"
     if kind != "vllm":
         raise ValueError(f"generation.engine {kind!r} is not supported; use 'torch' or 'vllm'")
     with _vllm.lock:

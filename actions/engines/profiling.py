@@ -3,7 +3,8 @@
 Runs the torch engine itself (forward, sampling, cache bookkeeping) on dummy prompts for a grid
 of batch sizes and context lengths and returns the grid the planner's ``TpotProfile`` takes,
 with the cost of dropping finished rows from the batch (``shrink_seconds``), which the decode
-grid does not see: no dummy row ever stops.
+grid does not see: no dummy row ever stops. Both are measured on the decode path the campaign
+runs (``kv_cache``: the engine's static cache, by default, or Hugging Face's ``DynamicCache``).
 Every row of a dummy batch shares one random prompt, so the engine prefills it once and forks
 it (as it does for a GRPO group): the prefill stays cheap even at batch 256 x 2k tokens,
 while each decode step still reads every row's own KV. Prefill cancels out of the decode
@@ -20,6 +21,7 @@ import time
 import torch
 
 from actions.engines.base import GenerationParams, SampleSpec
+from actions.engines.static_decode import compact_rows, runtime_for, static_supported
 from actions.engines.torch_engine import TorchEngine
 from actions.models.device import sync
 
@@ -28,17 +30,16 @@ def _device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-
 @torch.no_grad()
 def decode_step_seconds(model: torch.nn.Module, batch: int, context: int, vocab: int, repeats: int = 3,
-                        steps: int | None = None) -> float:
+                        steps: int | None = None, kv_cache: str = "static") -> float:
     """Median wall time of one decode step of the torch engine (forward, sampling and cache
-    bookkeeping) for ``batch`` rows at about ``context`` tokens: the difference between
-    generating ``2 + steps`` and 2 tokens, divided by ``steps``, so prefill cancels out.
-    ``steps`` defaults to 8 on the CPU and 32 on CUDA, where a call's fixed cost (fork and
-    stack the prompt KV, launch jitter) is large next to one step and needs more steps to
-    average out."""
-    engine = TorchEngine(model, eos_id=-1, pad_id=0)  # no token is EOS: every row runs on
+    bookkeeping) on the ``kv_cache`` path for ``batch`` rows at about ``context`` tokens: the
+    difference between generating ``2 + steps`` and 2 tokens, divided by ``steps``, so prefill
+    cancels out. ``steps`` defaults to 8 on the CPU and 32 on CUDA, where a call's fixed cost
+    (fork and stack the prompt KV, launch jitter) is large next to one step and needs more
+    steps to average out."""
+    engine = TorchEngine(model, eos_id=-1, pad_id=0, kv_cache=kv_cache)  # no token is EOS: every row runs on
     gen = torch.Generator().manual_seed(batch * 100_003 + context)
     prompt = tuple(torch.randint(3, vocab, (context,), generator=gen).tolist())
     specs = [SampleSpec(0, i, prompt) for i in range(batch)]  # one prompt, ``batch`` samples
@@ -75,10 +76,18 @@ def prefill_tokens_per_s(model: torch.nn.Module, vocab: int, batch: int = 16, le
 
 
 @torch.no_grad()
-def shrink_seconds(model: torch.nn.Module, batch: int, context: int, vocab: int, repeats: int = 9) -> float:
+def shrink_seconds(model: torch.nn.Module, batch: int, context: int, vocab: int, repeats: int = 9,
+                   kv_cache: str = "static") -> float:
     """Median wall time the torch engine spends dropping one finished row from a batch of
-    ``batch`` rows at ``context`` cached tokens (``DynamicCache.batch_select_indices`` and the
-    padding mask), as its decode loop does at every step where rows finish."""
+    ``batch`` rows at ``context`` cached tokens, as its decode loop does where rows finish.
+
+    Static path (``kv_cache="static"`` on a model it supports): the compaction of the engine's
+    own buffers and step state (``static_decode.compact_rows``, ``StaticKV.compact``), on the
+    model's decode runtime. With CUDA graphs the loop compacts only when the live rows fit a
+    smaller batch bucket (rows in between run idle), so this is the cost of one such event.
+    Dynamic path: ``DynamicCache.batch_select_indices`` and the padding mask."""
+    if kv_cache == "static" and static_supported(model):
+        return _static_shrink_seconds(model, batch, context, repeats)
     device = _device(model)
     times = []
     for r in range(repeats):
@@ -98,6 +107,24 @@ def shrink_seconds(model: torch.nn.Module, batch: int, context: int, vocab: int,
     return statistics.median(times)
 
 
+def _static_shrink_seconds(model: torch.nn.Module, batch: int, context: int, repeats: int) -> float:
+    """``shrink_seconds`` on the static path: ``batch`` rows of ``context`` columns compacted
+    into ``batch - 1`` (the values do not change the copy's cost; the buffers are the ones the
+    decode grid grew, so no allocation is timed where the grid covered this shape)."""
+    rt = runtime_for(model)
+    times = []
+    with rt.lock:
+        rt.ensure(batch, context + 1)
+        for r in range(repeats):
+            keep = [i for i in range(batch) if i != r % batch]
+            sync(rt.device)
+            t0 = time.perf_counter()
+            compact_rows(rt, keep, batch - 1, context)
+            sync(rt.device)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
     """Least squares ``y = a + b x`` with a, b >= 0."""
     xs, ys = [x for x, _ in points], [y for _, y in points]
@@ -108,16 +135,19 @@ def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 
 def measure_grid(model: torch.nn.Module, vocab: int, batch_sizes: list[int], contexts: list[int],
-                 *, prefill_shape: tuple[int, int] = (16, 64), name: str | None = None) -> dict:
-    """The profile as a dict in ``TpotProfile.to_dict`` form (seconds per decode step)."""
-    seconds = [[decode_step_seconds(model, b, c, vocab) for c in contexts] for b in batch_sizes]
+                 *, prefill_shape: tuple[int, int] = (16, 64), name: str | None = None,
+                 kv_cache: str = "static") -> dict:
+    """The profile as a dict in ``TpotProfile.to_dict`` form (seconds per decode step), decode
+    steps and batch shrinks measured on the ``kv_cache`` path (``generation.kv_cache``)."""
+    seconds = [[decode_step_seconds(model, b, c, vocab, kv_cache=kv_cache) for c in contexts] for b in batch_sizes]
     param = next(model.parameters())
     label = name or f"measured-torch-{param.device.type}-{str(param.dtype).removeprefix('torch.')}"
     # the batch-shrink cost at the grid's corners (the smallest batch above one row: a lone row
     # is never shrunk), fitted as fixed + per cached token (rows x context)
     smallest = next((b for b in batch_sizes if b > 1), batch_sizes[-1])
     shapes = [(b, c) for b in sorted({smallest, batch_sizes[-1]}) for c in (contexts[0], contexts[-1])]
-    shrink_s, per_token = fit_line([(b * c, shrink_seconds(model, b, c, vocab)) for b, c in shapes])
+    shrink_s, per_token = fit_line([(b * c, shrink_seconds(model, b, c, vocab, kv_cache=kv_cache))
+                                    for b, c in shapes])
     return {"batch_sizes": batch_sizes, "contexts": [float(c) for c in contexts], "seconds": seconds,
             "prefill_tokens_per_s": prefill_tokens_per_s(model, vocab, *prefill_shape), "name": label,
             "shrink_s": shrink_s, "shrink_s_per_kv_token": per_token}

@@ -14,8 +14,9 @@ batch bucket (``BATCH_BUCKETS``, as vLLM does) and its window to a multiple of
 ``WINDOW_STEP``; finished rows keep running as idle rows until the live rows fit a smaller
 bucket, and then the batch is compacted into it (their slots are released). Captures stay
 valid while the buffers do: a warm container reuses them across calls of the same model, and
-a call that needs more rows or columns than the buffers hold reallocates them (and drops the
-graphs). Capture time and count are reported in ``EngineStats``. A capture that fails falls
+across policy versions, which the torch engine's generation slot copies into that model in
+place (``torch_slot.py``); a call that needs more rows or columns than the buffers hold
+reallocates them (and drops the graphs). Capture time and count are reported in ``EngineStats``. A capture that fails falls
 back to the eager step with one warning line; the eager step runs exactly the same kernels.
 
 Exactness. The tokens are those of the dynamic path (``TorchEngine._decode_dynamic``) up to
@@ -40,7 +41,8 @@ from actions.engines.sampling import Sampler, stream_key
 from actions.engines.static_forward import StaticForward, unsupported_reason
 from actions.engines.static_kv import StaticKV, round_up
 
-__all__ = ["BATCH_BUCKETS", "WINDOW_STEP", "DecodeRuntime", "decode_static", "runtime_for", "static_supported"]
+__all__ = ["BATCH_BUCKETS", "WINDOW_STEP", "DecodeRuntime", "compact_rows", "decode_static", "runtime_for",
+           "static_supported"]
 
 log = logging.getLogger(__name__)
 
@@ -332,7 +334,7 @@ def _decode_locked(rt: DecodeRuntime, engine, samples: list[SampleSpec], states:
             break
         target = bucket_for(live) if padded else live
         if target < b:  # release finished rows' slots: compact into the smaller batch
-            _compact(rt, keep, target, col)
+            compact_rows(rt, keep, target, col)
             slots, b = [*(slots[j] for j in keep), *([None] * (target - live))], target
         elif live < sum(i is not None for i in slots):
             kept = set(keep)
@@ -355,8 +357,9 @@ def _put(t: torch.Tensor, values: list[int], rows: int) -> None:
     t[: len(values)] = torch.tensor(values, dtype=t.dtype).to(t.device)
 
 
-def _compact(rt: DecodeRuntime, keep: list[int], rows: int, used_cols: int) -> None:
-    """Move rows ``keep`` of the cache and the state to the front; the rest up to ``rows`` idle."""
+def compact_rows(rt: DecodeRuntime, keep: list[int], rows: int, used_cols: int) -> None:
+    """Move rows ``keep`` of the cache and the state to the front; the rest up to ``rows`` idle:
+    what dropping finished rows costs the static path (timed by ``profiling.shrink_seconds``)."""
     rt.kv.compact(keep, rows, used_cols)
     idx = torch.tensor(keep, device=rt.device)
     m = len(keep)

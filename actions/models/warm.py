@@ -54,6 +54,13 @@ def put(key: Hashable, value: Any) -> None:
             _cache.popitem(last=False)
 
 
+def note(hit: bool) -> None:
+    """Count a hit or a miss of warm state kept outside this cache (the generation slot,
+    ``actions/engines/torch_slot.py``), so the action's warm counts include it."""
+    with _lock:
+        _stats["hits" if hit else "misses"] += 1
+
+
 def stats() -> dict[str, int]:
     with _lock:
         return dict(_stats)

@@ -60,6 +60,10 @@ from actions.runtime.request_auth import REPLY_HEADER, NonceCheck, reply_mac
 SENTINEL = "XXX_THE_END_OF_A_WHISK_ACTIVATION_XXX"
 ACTION_NAMES = frozenset({"prepare", "prefill", "generate", "score", "train_step", "warmup", "evaluate", "profile",
                           "init_critic", "noop"})
+SLOT_ACTIONS = frozenset({"generate", "evaluate"})
+"""Actions that generate through ``factory.load_engine``: a torch pre-warm for one of them
+loads the version into the generation slot (``actions/engines/torch_slot.py``)."""
+
 ENGINE_GUESTS = {"generate": frozenset({"evaluate"})}
 """Action -> the actions that may run in its containers when the request says so
 (``__action``): an evaluation on the vLLM engine runs where the generation engine is built
@@ -175,9 +179,11 @@ class ActionRuntime:
 
 
 def _preload_model(ref: dict[str, Any], action: str, engine: str = "torch") -> bool:
-    """Import ``action``'s module and load a policy version into the warm cache (torch), or
-    into the process's vLLM engine (``vllm``: built once, then each version pushed into it in
-    place, never a torch model beside it); True if the version was not there. Best effort."""
+    """Import ``action``'s module and load a policy version where the action will look for it:
+    the process's vLLM engine (``vllm``: built once, then each version pushed into it in
+    place, never a torch model beside it), the torch generation slot for generate and
+    evaluate (the same model, each version copied into it in place), else the warm cache.
+    True if the version was not there. Best effort."""
     try:
         from actions.contracts import ModelRef
         from actions.models.loading import configure_threads, load_model
@@ -185,10 +191,10 @@ def _preload_model(ref: dict[str, Any], action: str, engine: str = "torch") -> b
         importlib.import_module(f"actions.{action}")
         configure_threads()
         model = ModelRef.model_validate(ref)
-        if engine == "vllm":
+        if engine == "vllm" or action in SLOT_ACTIONS:
             from actions.engines.factory import load_engine
 
-            _, _, hit = load_engine("vllm", model)
+            _, _, hit = load_engine(engine, model)
         else:
             _, _, hit = load_model(model)
         return not hit
@@ -198,8 +204,9 @@ def _preload_model(ref: dict[str, Any], action: str, engine: str = "torch") -> b
 
 
 def _engine_built() -> str | None:
-    """``vllm`` when this process holds a built vLLM engine, else None (the torch engine is
-    the warm model cache, which the pool tracks by policy version). Never imports the engines."""
+    """``vllm`` when this process holds a built vLLM engine, else None (the torch engine's
+    generation slot takes any version of its base, and the pool tracks it by policy version
+    like the warm cache). Never imports the engines."""
     factory = sys.modules.get("actions.engines.factory")
     return "vllm" if factory is not None and factory.vllm_engine_policy() is not None else None
 

@@ -6,8 +6,11 @@ dtype and torch threads. A measured profile is kept in the store under ``profile
 every run, so garbage collection never touches it and a later campaign on the same store
 reuses it) at a key derived from everything that sets the speed (``ProfileFacts``): the
 model's architecture (its ``config.json`` digest; weight values do not change the speed), the
-dtype, the device (type and model name), the engine, the torch threads and the grid asked for.
-Anything different is a different key, so a different dtype or thread count measures anew.
+dtype, the device (type and model name), the engine and, for the torch engine, its decode path
+(``generation.kv_cache``), the torch threads and the grid asked for. Anything different is a
+different key, so a different dtype, decode path or thread count measures anew. (A torch
+profile cached before the decode path was part of the facts sits at a key no request names
+any more, so it is measured anew; a vLLM profile's facts and key are what they were.)
 
 A cached object that is not what this module wrote (not JSON, other facts, a malformed grid)
 is rejected with a one-line reason and measured again; the reason is returned to the flow,
@@ -37,6 +40,9 @@ class ProfileRequest(BaseModel):
     model: ModelRef
     engine: Literal["torch", "vllm"] = "torch"
     """The engine measured (``actions.engines.profiling``, ``actions.engines.vllm_profiling``)."""
+    kv_cache: Literal["static", "dynamic"] = "static"
+    """``generation.kv_cache``: the torch engine's decode path, measured (decode steps and the
+    cost of dropping finished rows) as the campaign will run it. vLLM ignores it."""
     batch_sizes: list[int] = Field(min_length=2)
     contexts: list[int] = Field(min_length=2)
     prefill_shape: tuple[int, int] = (16, 64)
@@ -67,9 +73,16 @@ class ProfileFacts(BaseModel):
     batch_sizes: list[int]
     contexts: list[int]
     prefill_shape: tuple[int, int]
+    kv_cache: str | None = None
+    """The torch engine's decode path (``static``, ``dynamic``); None for vLLM."""
+
+    def as_json(self) -> dict[str, Any]:
+        """The facts as stored and hashed. A fact that does not apply (None) is left out, so
+        the facts, and so the key, of an engine without it are what they were before it."""
+        return self.model_dump(mode="json", exclude_none=True)
 
     def cache_key(self) -> str:
-        digest = hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+        digest = hashlib.sha256(json.dumps(self.as_json(), sort_keys=True).encode()).hexdigest()
         return f"{PROFILE_PREFIX}/{digest[:40]}.json"
 
 
@@ -103,7 +116,7 @@ def check_cached(raw: bytes, facts: ProfileFacts, key: str) -> tuple[dict[str, A
         return None, f"{where} is not valid JSON ({exc}); measuring again"
     if not isinstance(data, dict) or data.get("schema") != CACHE_SCHEMA:
         return None, f"{where} is not a {CACHE_SCHEMA} object; measuring again"
-    if data.get("facts") != facts.model_dump(mode="json"):
+    if data.get("facts") != facts.as_json():
         return None, f"{where} was measured for other facts than its key says; measuring again"
     reason = grid_problem(data.get("profile"))
     if reason:
@@ -132,4 +145,4 @@ def _positive(v: Any) -> bool:
 
 def cache_record(facts: ProfileFacts, profile: dict[str, Any]) -> dict[str, Any]:
     """The JSON object stored at ``facts.cache_key()``."""
-    return {"schema": CACHE_SCHEMA, "facts": facts.model_dump(mode="json"), "profile": profile}
+    return {"schema": CACHE_SCHEMA, "facts": facts.as_json(), "profile": profile}

@@ -4,9 +4,10 @@
 generates, so it runs beside the rest of start-up (warm-up, the first evaluation);
 ``finish_profiling`` collects it into a ``LiveInputs``:
 
-- the TPOT profile: measured by the pool on this campaign's model, dtype, device, engine and
-  torch threads, or reused from the store's cache for exactly those (``source`` says which);
-  an explicit ``scaling.profile`` file wins over both (``file``);
+- the TPOT profile: measured by the pool on this campaign's model, dtype, device, engine (and
+  the torch engine's decode path, ``generation.kv_cache``) and torch threads, or reused from
+  the store's cache for exactly those (``source`` says which); an explicit ``scaling.profile``
+  file wins over both (``file``);
 - the locality model: weight bytes as published, KV bytes per token from the model config and
   the store's read throughput as the pool measured it, so the planner's transfer times are
   the ones this campaign pays.
@@ -58,8 +59,9 @@ def profile_request(ctx: RunContext, model: ModelRef, prompt_lengths: list[int])
     cfg = ctx.config
     batches, contexts = profile_grid(cfg.algorithm.group_size, cfg.algorithm.batch_size, prompt_lengths,
                                      cfg.generation.max_new_tokens)
-    return ProfileRequest(model=model, engine=cfg.generation.engine, batch_sizes=batches, contexts=contexts,
-                          measure_grid=not cfg.scaling.profile, threads=generation_threads(cfg))
+    return ProfileRequest(model=model, engine=cfg.generation.engine, kv_cache=cfg.generation.kv_cache,
+                          batch_sizes=batches, contexts=contexts, measure_grid=not cfg.scaling.profile,
+                          threads=generation_threads(cfg))
 
 
 def start_profiling(ctx: RunContext, model: ModelRef,

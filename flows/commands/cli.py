@@ -207,7 +207,7 @@ def _train(args: argparse.Namespace) -> int:
               f"{fid['median_relative_error']:+.1%} over {fid['steps']} steps")
     engine = summary.get("engine") or {}
     if engine.get("starts") or engine.get("weight_pushes"):
-        print(f"vLLM engine: {engine['starts']:.0f} started ({engine['start_s']:.1f} s), "
+        print(f"generation engine: {engine['starts']:.0f} started ({engine['start_s']:.1f} s), "
               f"{engine['weight_pushes']:.0f} versions pushed in place ({engine['weight_push_s']:.2f} s)")
     print(summary_path)
     return 0

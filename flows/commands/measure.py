@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     model = build_profile_model(cfg, args.model_config, device, dtype)
     # CPU: a small padded batch, as one action thread sees it; GPU: enough tokens to fill it.
     shape = (16, 512) if device.type == "cuda" else (16, 64)
-    grid = measure_grid(model, model.config.vocab_size, batches, contexts, prefill_shape=shape)
+    grid = measure_grid(model, model.config.vocab_size, batches, contexts, prefill_shape=shape,
+                        kv_cache=cfg.generation.kv_cache)
     profile = TpotProfile.from_dict(grid)  # validates the grid
     Path(args.output).write_text(json.dumps(profile.to_dict(), indent=2))
     print(args.output)

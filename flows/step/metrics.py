@@ -164,8 +164,9 @@ def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_acto
 
 def engine_metrics(events: Sequence[EngineEvents]) -> dict[str, float]:
     """The step's generation-engine work, as its generate results reported it (a worker's
-    pre-warm is reported by its next activation): vLLM engine starts and their seconds, and
-    the seconds spent pushing new versions into running engines (0 with the torch engine)."""
+    pre-warm is reported by its next activation): engine starts (vLLM engines, torch slot
+    models built) and their seconds, and the seconds spent pushing new versions into running
+    engines or the torch slot's model (``EngineEvents``)."""
     return {"engine/starts": float(sum(e.starts for e in events)),
             "engine/start_s": sum(e.start_s for e in events),
             "engine/weight_pushes": float(sum(e.pushes for e in events)),
