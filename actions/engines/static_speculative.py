@@ -41,9 +41,9 @@ from actions.engines.static_decode import (
     CPU_WINDOW_STEP,
     WINDOW_STEP,
     DecodeRuntime,
-    _compact,
     _put,
     bucket_for,
+    compact_rows,
     runtime_for,
 )
 from actions.engines.static_kv import round_up
@@ -173,7 +173,7 @@ class _Loop:
         running = sum(i is not None for i in self.slots)
         target = bucket_for(len(keep)) if self.padded else len(keep)
         if target < self.b:
-            _compact(self.rt, keep, target, self.col)
+            compact_rows(self.rt, keep, target, self.col)
             self.slots = [*(self.slots[j] for j in keep), *([None] * (target - len(keep)))]
             self.b = target
         elif len(keep) < running:

@@ -9,8 +9,8 @@ What it does, and why:
   first ``L`` tokens (a template shared across prompts), and only the suffix is computed here.
 * **Fork, then decode.** Each sample's row starts from its prompt's KV (left-padded to the
   batch's longest), decodes one token per step, and leaves the batch the moment it emits any
-  of the EOS ids (recorded as ``stop_token``) or reaches ``max_new_tokens`` -- finished rows cost nothing (Hugging Face ``generate`` keeps
-  them until the longest row ends).
+  of the EOS ids (recorded as ``stop_token``) or reaches ``max_new_tokens`` -- finished rows
+  cost nothing (Hugging Face ``generate`` keeps them until the longest row ends).
 * **Cut.** With ``cut_after = m`` the call stops as soon as m samples have finished and returns
   the others as partial samples (tokens so far); continuing one later re-prefills
   prompt + tokens so far, and its random stream resumes at the same position (sampling.py).
