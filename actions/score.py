@@ -20,7 +20,8 @@ from functools import partial
 
 import torch
 
-from actions.contracts import ScoreRequest, ScoreResult
+from actions.contracts import ModelRef, ScoreRequest, ScoreResult
+from actions.engines.torch_slot import held_model
 from actions.models.device import action_device
 from actions.models.loading import encode, load_model, load_tokenizer, store_for
 from actions.models.lora import adapter_disabled
@@ -43,11 +44,18 @@ def _load_samples(req: ScoreRequest) -> list[dict]:
     return sorted(samples, key=lambda s: (s["prompt_id"], s["sample_index"]))
 
 
+def _policy_model(ref: ModelRef) -> torch.nn.Module:
+    """The sampling policy's model: the generation slot's where it holds this very version
+    (generate ran in this process: no second copy), else the warm cache's."""
+    held = held_model(ref)
+    return held if held is not None else load_model(ref)[0]
+
+
 def _reference_logprobs(req: ScoreRequest) -> Callable[..., torch.Tensor]:
     """Log-probs under the frozen reference. With LoRA over it (the reference is the
     backbone), the policy's own model with its adapter switched off: no second copy."""
     if req.policy.lora is not None and req.reference_key == req.policy.backbone_key:
-        model = load_model(req.policy)[0]
+        model = _policy_model(req.policy)
 
         def ref_logp(*args: object, **kwargs: object) -> torch.Tensor:
             with adapter_disabled(model):
@@ -79,7 +87,7 @@ def run_score(req: ScoreRequest) -> ScoreResult:
     # Only the forwards the update needs (update.needs_old_logp / needs_ref_logp).
     fns = {}
     if needs_old_logp(req.algorithm):  # the only use of the sampling policy's weights here
-        fns["old_logp"] = partial(response_logprobs, load_model(req.policy)[0])
+        fns["old_logp"] = partial(response_logprobs, _policy_model(req.policy))
     if needs_ref_logp(req.algorithm):
         fns["ref_logp"] = _reference_logprobs(req)
     if req.algorithm.name == "ppo":

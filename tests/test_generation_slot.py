@@ -256,3 +256,21 @@ def test_lora_versions_copy_their_adapter_into_the_slot_over_the_shared_backbone
     e0, _, _ = load_engine("torch", refs[0])
     assert e0 is not e1 and take_engine_events().starts == 1
     assert _tokens(e0, tok) == _fresh_tokens(refs[0])
+
+
+def test_score_reads_the_slot_model_only_while_it_holds_that_very_version(full):
+    """The score action's policy log-probs in the process that just generated: the slot's
+    model for exactly that version (no second copy); any other version: not the slot's."""
+    from actions.engines.torch_slot import held_model
+    from actions.score import _policy_model
+
+    _, refs = full
+    close_torch_slot()
+    assert held_model(refs[1]) is None
+    engine, _, _ = load_engine("torch", refs[1])
+    assert _policy_model(refs[1]) is engine.model
+    other = _policy_model(refs[2])
+    assert other is not engine.model
+    load_engine("torch", refs[2])  # the slot moves on to version 2
+    assert held_model(refs[1]) is None and _policy_model(refs[2]) is engine.model
+    assert held_model(refs[2].model_copy(update={"weights_sha256": "0" * 64})) is None

@@ -17,9 +17,11 @@ the base sits in device memory, however many versions pass through.
   (``load_model(..., fresh=True)``) and replaces the slot's. A copy that fails midway drops
   the slot before the error propagates: a half-written model is never served.
 * **Apart from the warm cache.** The slot holds its model outside ``actions/models/warm.py``:
-  the score action's policy and reference models, the prefill action's and the train action's
-  private copies are keyed per version there, as before, and the slot never hands its model
-  to them (nor they theirs to it). Slot hits and loads count in the warm statistics.
+  the score action's reference model, the prefill action's and the train action's private
+  copies are keyed per version there, as before. One exception reads the slot: the score
+  action takes the slot's model for the policy's log-probs when the slot holds exactly that
+  version (``held_model``; where generate and score share a process), instead of building a
+  second copy. Slot hits and loads count in the warm statistics.
 
 Actions never overlap in one container; the lock serves a library caller's threads.
 """
@@ -121,6 +123,19 @@ def load_slot_engine(ref: ModelRef, *, kv_cache: str = "static", cuda_graphs: st
                                  cuda_graphs=cuda_graphs, compile_decode=compile_decode)
             _slot.engines[settings] = engine
         return SlotLoad(engine, _slot.tokenizer, event, seconds)
+
+
+def held_model(ref: ModelRef) -> torch.nn.Module | None:
+    """The slot's model where it holds exactly ``ref``'s version for this device and dtype,
+    else None. For a read within one action (the score action's log-probs of the version that
+    just generated, in the same process): the next generate request may overwrite it, so the
+    caller keeps no reference past its action."""
+    device = action_device()
+    with _slot.lock:
+        if _slot.key == slot_key(ref, device, action_dtype(ref.dtype, device)) and \
+                _slot.policy == (ref.policy_key, ref.weights_sha256):
+            return _slot.model
+    return None
 
 
 def _push(ref: ModelRef) -> bool:
