@@ -251,10 +251,13 @@ def test_score_runs_only_the_forwards_the_update_needs_and_the_shortcut_is_exact
     from actions.models import warm
     from actions.store.weights import load_tensors
 
+    from actions.engines.torch_slot import close_torch_slot
+
     loads: list[str] = []
     real_load = actions.score.load_model
     monkeypatch.setattr(actions.score, "load_model", lambda ref, **kw: loads.append(ref.policy_key) or real_load(ref, **kw))
     warm.clear()  # nothing left from the other tests: a skipped load is not a warm hit
+    close_torch_slot()  # nor a version the generation slot holds (score would read it there)
     one_pass = AlgorithmConfig(batch_size=16, group_size=4, num_minibatches=1, kl_coef=0.0, lr=1e-3)
     scored_names, shortcut = _score_train(prepared, one_pass, one_pass, "a")
     assert scored_names == {"rewards"}  # neither the policy's nor the reference's log-probs
