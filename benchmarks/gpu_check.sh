@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The GPU checks in one run: `make test-gpu`'s tests and the decode roofline benchmark for the
-# Qwen2.5-0.5B and -7B shapes at batch 8 and 64, context 512, bf16 (docs/gpu.md records the
-# figures). For a GPU machine whose Python lacks the project's lighter dependencies: wheels in
+# The GPU checks in one run: `make test-gpu`'s tests, then the parts PARTS names (default
+# "spec prefill roofline"; "compiled" adds the torch.compile'd step): speculation on graphs, the
+# prefill buckets, and the decode roofline of the Qwen2.5-0.5B and -7B shapes at batch 8 and
+# 64, context 512, bf16 (docs/gpu.md records the figures). For a GPU machine whose Python lacks the project's lighter dependencies: wheels in
 # .whl/ (pydantic, boto3, minio and theirs; see docs/gpu.md) are installed into /tmp/site first.
 # Figures go to $OUT (default runs/gpu).
 set -u
@@ -17,18 +18,35 @@ OUT="${OUT:-runs/gpu}"; mkdir -p "$OUT"
   git log --oneline -1 2>/dev/null; } | tee "$OUT/device.txt"
 timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py \
   tests/test_sampling_device.py 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tail -40 | tee "$OUT/pytest.txt"
-for shape in ${SHAPES:-0.5b 7b}; do
-  for batch in ${BATCHES:-8 64}; do
-    echo "== qwen2.5-$shape batch $batch" | tee -a "$OUT/bench.txt"
-    timeout "${BENCH_TIMEOUT:-150}" python3 benchmarks/bench_decode_roofline.py --device cuda \
-      --model-config "benchmarks/configs/qwen2.5-$shape.json" --batch "$batch" --context 512 --compare \
-      --json "$OUT/roofline.jsonl" 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tee -a "$OUT/bench.txt"
-  done
-done
-# The step through torch.compile (fused kernels), batch 64 only: compilation takes a minute or two.
-for shape in ${COMPILED_SHAPES:-0.5b 7b}; do
-  echo "== qwen2.5-$shape batch 64, compiled" | tee -a "$OUT/bench.txt"
-  timeout "${COMPILE_TIMEOUT:-200}" python3 benchmarks/bench_decode_roofline.py --device cuda --paths compiled \
-    --model-config "benchmarks/configs/qwen2.5-$shape.json" --batch 64 --context 512 \
-    --json "$OUT/roofline.jsonl" 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tail -8 | tee -a "$OUT/bench.txt"
+# PARTS picks and orders what runs (the most wanted first: a device lease is short).
+for part in ${PARTS:-spec prefill roofline}; do
+  case "$part" in
+    spec)  # speculative rounds on graphs against plain graphed decoding, history drafts at epoch 2
+      echo "== speculation, qwen2.5-0.5b" | tee -a "$OUT/bench.txt"
+      timeout "${SPEC_TIMEOUT:-240}" python3 benchmarks/bench_speculation.py --device cuda --no-sweep \
+        --model-config benchmarks/configs/qwen2.5-0.5b.json --new-tokens 64 --calls 2 --repeats 2 2>&1 \
+        | grep -v "Warning\|forward_call\|deprecated" | tail -60 | tee -a "$OUT/spec.txt" ;;
+    prefill)  # per-length-bucket prefill calls and the last-column output head
+      echo "== prefill, qwen2.5-0.5b" | tee -a "$OUT/bench.txt"
+      timeout "${PREFILL_TIMEOUT:-120}" python3 benchmarks/bench_prefill_calls.py --device cuda --prompts 24 \
+        --model-config benchmarks/configs/qwen2.5-0.5b.json 2>&1 | grep -v "Warning\|forward_call\|deprecated" \
+        | tail -40 | tee -a "$OUT/prefill.txt" ;;
+    roofline)
+      for shape in ${SHAPES:-0.5b 7b}; do
+        for batch in ${BATCHES:-8 64}; do
+          echo "== qwen2.5-$shape batch $batch" | tee -a "$OUT/bench.txt"
+          timeout "${BENCH_TIMEOUT:-150}" python3 benchmarks/bench_decode_roofline.py --device cuda \
+            --model-config "benchmarks/configs/qwen2.5-$shape.json" --batch "$batch" --context 512 --compare \
+            --json "$OUT/roofline.jsonl" 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tee -a "$OUT/bench.txt"
+        done
+      done ;;
+    compiled)  # the step through torch.compile (fused kernels), batch 64: compiling takes minutes
+      for shape in ${COMPILED_SHAPES:-0.5b 7b}; do
+        echo "== qwen2.5-$shape batch 64, compiled" | tee -a "$OUT/bench.txt"
+        timeout "${COMPILE_TIMEOUT:-200}" python3 benchmarks/bench_decode_roofline.py --device cuda --paths compiled \
+          --model-config "benchmarks/configs/qwen2.5-$shape.json" --batch 64 --context 512 \
+          --json "$OUT/roofline.jsonl" 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tail -8 | tee -a "$OUT/bench.txt"
+      done ;;
+    *) echo "gpu_check: unknown part '$part' (spec, prefill, roofline, compiled)" >&2; exit 2 ;;
+  esac
 done

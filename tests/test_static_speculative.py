@@ -125,6 +125,7 @@ def test_padded_buckets_and_the_gpu_verification_round_equal_plain(setup, monkey
     got, _ = _gen(engine, specs, speculation=spec)
     assert got == plain[2]
     assert verified and all(b in (16, 12, 8, 4, 2, 1) for b, _ in verified), verified  # 15 rows: bucket 16
+    assert all(w in static_speculative.WIDTH_BUCKETS for _, w in verified), verified  # k = 6 runs at width 9
 
 
 def test_packing_the_holes_every_round_keeps_the_tokens(setup, monkeypatch):

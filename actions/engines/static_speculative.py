@@ -53,6 +53,16 @@ __all__ = ["decode_static_speculative"]
 HOLE_SHARE = 4
 """Pack the cache when more than 1/HOLE_SHARE of the running rows' used columns are holes."""
 
+WIDTH_BUCKETS = (2, 3, 5, 9, 17)
+"""Verification widths a CUDA graph is captured for: a round of width w runs at the smallest
+bucket that holds it (its extra columns are padding, their draws unused), so a bucket and
+window need at most this many verification graphs rather than one per draft length."""
+
+
+def graph_width(w: int) -> int:
+    """The bucketed width a graphed verification of width ``w`` runs at (``w`` above the largest)."""
+    return next((b for b in WIDTH_BUCKETS if b >= w), w)
+
 
 def decode_static_speculative(engine, samples: list[SampleSpec], states: list[PrefixState], params: GenerationParams,
                               *, sampling: Sampler, stats: EngineStats, spec: Speculation, tracker: AcceptanceTracker,
@@ -91,7 +101,7 @@ class _Loop:
         rows = bucket_for(n) if padded else n
         # a verification may write up to max_draft_len columns past a row's last kept token
         self.kv = rt.ensure(rows, width + max(remaining, 1) + spec.max_draft_len)
-        rt.ensure_verify(spec.max_draft_len + 1)
+        rt.ensure_verify(graph_width(spec.max_draft_len + 1))
         self.kv.load(states, rows)
         st = rt.state
         self.gen: list[list[int]] = [list(s.generated) for s in samples]
@@ -193,10 +203,13 @@ class _Loop:
 
     def _verify_round(self, live: list[int], rows: list[int], drafts: list[list[int]], kinds: list[str | None],
                       graphs: bool) -> dict[int, list[int]]:
-        """One verification round of width ``1 + k``: each running row's new tokens (its kept
-        draft tokens, then its next token); the tracker and the counters see every outcome."""
+        """One verification round of width ``1 + k`` (where the round draws on the device: the
+        ``WIDTH_BUCKETS`` width that holds it): each running row's new tokens (its kept draft
+        tokens, then its next token); the tracker and the counters see every outcome."""
         rt, gen = self.rt, self.gen
         w = 1 + max(len(d) for d in drafts)
+        if self.draw_in_round and self.col + graph_width(w) <= self.kv.cols and graph_width(w) <= rt.spec_ids.shape[1]:
+            w = graph_width(w)  # fewer graphs to capture; the padding columns' draws are never compared
         pad = self.engine.pad_id
         ids = [[pad] * w for _ in range(self.b)]
         for j, i, d in zip(live, rows, drafts):
