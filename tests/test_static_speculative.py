@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-from actions.engines import static_speculative
+from actions.engines import static_decode, static_speculative
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.kv_state import PrefixState
 from actions.engines.speculative import Speculation
@@ -113,6 +113,7 @@ def test_padded_buckets_and_the_gpu_verification_round_equal_plain(setup, monkey
     engine = _engine(model, tok)
     engine.pad_batches = True
     monkeypatch.setattr(static_speculative, "_draws_in_round", lambda device: True)
+    monkeypatch.setattr(static_decode, "GRAPH_DRAW_ELEMENTS", 5 * len(tok))  # draws of 5 cells at a time
     verified = []
     real = type(runtime_for(model)).verify
 
@@ -195,3 +196,23 @@ def test_load_then_pack_keeps_a_left_padded_batch_attending_to_the_same_columns(
     assert kv.pack(2, width) == width == 3  # nothing to close: left padding stays where it was
     assert kv.mask[:, :3].int().tolist() == [[1, 1, 1], [0, 0, 1]]
     assert kv.keys[0][1, 0, 2].tolist() == [2.0, 2.0]
+
+
+def test_a_row_that_races_ahead_and_finishes_in_a_bucket_frees_its_columns():
+    """One row accepts every draft and reaches the length limit long before the others, which
+    stay in its batch bucket: its slot must stop counting columns (it held more than any running
+    row may, and packs sized by it could free nothing: the buffers overflowed)."""
+    torch.set_num_threads(1)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048)
+    torch.manual_seed(1)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    specs = [SampleSpec(p, 0, tuple(range(1 + p, 11 + p))) for p in range(8)]
+    params = GenerationParams(seed=7, step=2, max_new_tokens=200, temperature=1.0)
+    engine = TorchEngine(model, eos_id=99, pad_id=0)  # no draw ends a row: every row runs 200 tokens
+    engine.pad_batches = True
+    plain, _ = engine.generate(specs, params)
+    spec = Speculation(strategies=("history",), history={0: [plain[0].tokens]}, fixed=("history", 8))
+    outs, stats = engine.generate(specs, params, speculation=spec)
+    assert [o.tokens for o in outs] == [o.tokens for o in plain]
+    assert stats.spec["accepted"] > 150  # row 0 ran ahead on right drafts

@@ -49,6 +49,11 @@ log = logging.getLogger(__name__)
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 """Batch sizes a CUDA graph is captured for; a larger batch runs at its own size."""
 
+GRAPH_DRAW_ELEMENTS = 1 << 25
+"""At most this many logits per draw inside a verification round (``DecodeRuntime._verify_step``):
+a draw's hash and noise temporaries take tens of bytes per logit (a gigabyte or two at this
+bound), and a round of 512 rows x 9 columns over a 151,936-token vocabulary has 700 million."""
+
 WINDOW_STEP = 256
 """The attention window (and the buffers' columns) grows in steps of this many columns: a
 step attends over at most ``WINDOW_STEP - 1`` masked columns more than it needs, and one
@@ -179,10 +184,16 @@ class DecodeRuntime:
         ``rpos + 1 + c``), whether or not the draft before it is kept. Drawing all columns
         costs one wide draw and keeps the round free of host decisions, so a graph holds it."""
         st, offs = self.state, self.offsets[:w]
-        logits = self.verify_logits(b, w, window)
+        logits = self.verify_logits(b, w, window).reshape(b * w, -1)
         keys = st.keys[:b, None].expand(b, w).reshape(-1)
         rpos = (st.rpos[:b, None] + 1 + offs).reshape(-1)
-        self.spec_drawn[:b, :w] = sampling.draw(logits.reshape(b * w, -1), keys, rpos).view(b, w)
+        out = torch.empty(b * w, dtype=torch.long, device=self.device)
+        # a fixed number of fixed-size draws (the shapes depend only on b, w and V, so a graph
+        # holds them): the noise of one draw over b * w * V cells would need tens of gigabytes
+        cells = max(1, GRAPH_DRAW_ELEMENTS // logits.shape[1])
+        for i in range(0, b * w, cells):
+            out[i:i + cells] = sampling.draw(logits[i:i + cells], keys[i:i + cells], rpos[i:i + cells])
+        self.spec_drawn[:b, :w] = out.view(b, w)
 
     def verify(self, b: int, w: int, window: int, sampling: Sampler, graphs: bool) -> None:
         """``_verify_step``, replayed from a CUDA graph per (b, w, window, sampler) where ``graphs``."""
@@ -328,8 +339,9 @@ def _decode_locked(rt: DecodeRuntime, engine, samples: list[SampleSpec], states:
         keep = [j for j, i in enumerate(slots) if i is not None and not ends.take(i, toks[j], gen[i])]
         now = time.perf_counter()
         if t_step is not None:  # step to step is one plain round: the speculation selector's baseline
-            engine.forward_cost.observe(live, 1, now - t_step)
-        t_step, live = now, len(keep)
+            # less any graph capture in it: paid once per warm container and shape, not per round
+            engine.forward_cost.observe(live, 1, max(now - t_step - (rt.capture_s - captured), 0.0))
+        t_step, live, captured = now, len(keep), rt.capture_s
         if not keep or ends.cut(params.cut_after):
             break
         target = bucket_for(live) if padded else live

@@ -112,7 +112,8 @@ class _Loop:
         st.tok[:rows].zero_()
         st.tok[:n] = sampling.draw(stack_logits(states), st.keys[:n], st.rpos[:n])
         self.slots: list[int | None] = [*range(n), *([None] * (rows - n))]
-        self.b, self.col, self.holes = rows, width, 0
+        self.b, self.col = rows, width
+        self.holes = [0] * rows  # per batch row: masked columns left by its rejected drafts
         self.ends = RowEnds(n, engine.eos_ids, params.max_new_tokens)
         self.drafters = make_drafters(spec)
         for d in self.drafters.values():
@@ -132,7 +133,7 @@ class _Loop:
         while True:
             if not self._take(new) or ends.cut(params.cut_after):
                 break
-            t_round = time.perf_counter()
+            t_round, capture_s = time.perf_counter(), rt.capture_s
             live = [j for j, i in enumerate(self.slots) if i is not None]
             rows = [self.slots[j] for j in live]
             proposals = self.selector.propose(self.drafters, rows, [params.max_new_tokens - len(gen[i]) for i in rows])
@@ -150,11 +151,11 @@ class _Loop:
                 self.col += 1
                 toks = rt.state.tok[: self.b].tolist()  # the round's one device->host read
                 new = {i: [toks[j]] for j, i in zip(live, rows)}
-                self._observe(len(rows), 1, t_round)
+                self._observe(len(rows), 1, t_round, capture_s)
                 continue
             new = self._verify_round(live, rows, drafts, kinds, graphs)
             _count_round(sstats, choice, drafts, [len(new[i]) - 1 for i in rows], kinds)
-            self._observe(len(rows), 1 + k, t_round)
+            self._observe(len(rows), 1 + k, t_round, capture_s)
         plain_steps = max((len(gen[i]) - start_len[i] + (ends.reasons[i] == "stop") for i in range(len(gen))),
                           default=1) - 1
         sstats.forwards_saved = max(plain_steps - stats.decode_steps, 0)
@@ -185,9 +186,18 @@ class _Loop:
         if target < self.b:
             compact_rows(self.rt, keep, target, self.col)
             self.slots = [*(self.slots[j] for j in keep), *([None] * (target - len(keep)))]
+            self.holes = [*(self.holes[j] for j in keep), *([0] * (target - len(keep)))]
             self.b = target
         elif len(keep) < running:
             kept = set(keep)
+            for j, i in enumerate(self.slots):
+                if i is not None and j not in kept:
+                    # an idle row from now on: one valid column, so that it never sets the width
+                    # a pack needs (a finished row that accepted fast holds more columns than any
+                    # running row may, and a pack sized by it could not free a column)
+                    self.kv.mask[j] = False
+                    self.kv.mask[j, 0] = True
+                    self.holes[j] = 0
             self.slots = [i if j in kept else None for j, i in enumerate(self.slots)]
         return True
 
@@ -195,10 +205,10 @@ class _Loop:
         """The draft length a round can take: packs the cache first where holes pass their
         share or the round would not fit; never more than fits after packing."""
         live = sum(i is not None for i in self.slots)
-        if self.col + k + 1 > self.kv.cols or self.holes * HOLE_SHARE > live * self.col:
+        if self.col + k + 1 > self.kv.cols or sum(self.holes) * HOLE_SHARE > live * self.col:
             self.col = self.kv.pack(self.b, self.col)
             self.rt.state.col.fill_(self.col)
-            self.holes = 0
+            self.holes = [0] * self.b
         return max(0, min(k, self.kv.cols - self.col - 1))
 
     def _verify_round(self, live: list[int], rows: list[int], drafts: list[list[int]], kinds: list[str | None],
@@ -237,7 +247,8 @@ class _Loop:
             acc_slots[j], nxt_slots[j] = a, t
         self.col = rt.advance(acc_slots, nxt_slots, w, self.col)
         longest = max(accepted)
-        self.holes += sum(longest - a for a in accepted)
+        for j, a in zip(live, accepted):
+            self.holes[j] += longest - a
         outcomes: dict[tuple[str, int, int], int] = {}  # (kind, drafted, accepted) -> rows
         for d, a, kind in zip(drafts, accepted, kinds):
             if d:
@@ -249,9 +260,13 @@ class _Loop:
             self.tracker.record(kind.split("/")[0], m, a, times)
         return {i: [*d[:a], t] for i, d, a, t in zip(rows, drafts, accepted, nxt)}
 
-    def _observe(self, batch: int, width: int, t_round: float) -> None:
+    def _observe(self, batch: int, width: int, t_round: float, capture_s: float) -> None:
         """Charge the whole round (drafting, forward, draws, read-back) to a forward of this
-        batch and width, as ``speculative._observe`` does."""
-        elapsed = time.perf_counter() - t_round
+        batch and width, as ``speculative._observe`` does, less the CUDA graph captures it ran
+        (``capture_s``: once per warm container and shape, not a cost of later rounds).
+
+        ``width`` is the round's 1 + k, not the bucket it ran at (``graph_width``): what the
+        selector will pay the next time it chooses that k."""
+        elapsed = max(time.perf_counter() - t_round - (self.rt.capture_s - capture_s), 0.0)
         self.cost.observe(batch, width, elapsed)
         self.sstats.seconds += elapsed
