@@ -16,8 +16,9 @@ bucket, and then the batch is compacted into it (their slots are released). Capt
 valid while the buffers do: a warm container reuses them across calls of the same model, and
 across policy versions, which the torch engine's generation slot copies into that model in
 place (``torch_slot.py``); a call that needs more rows or columns than the buffers hold
-reallocates them (and drops the graphs). Capture time and count are reported in ``EngineStats``. A capture that fails falls
-back to the eager step with one warning line; the eager step runs exactly the same kernels.
+reallocates them (and drops the graphs). Capture time and count are reported in
+``EngineStats``. A capture that fails falls back to the eager step with one warning line; the
+eager step runs exactly the same kernels.
 
 Exactness. The tokens are those of the dynamic path (``TorchEngine._decode_dynamic``) up to
 float round-off of the attention over a longer, masked window: each row's draw depends only
@@ -333,7 +334,7 @@ def _decode_locked(rt: DecodeRuntime, engine, samples: list[SampleSpec], states:
     slots: list[int | None] = [*range(n), *([None] * (rows - n))]  # batch row -> sample
     ends = RowEnds(n, engine.eos_ids, params.max_new_tokens)
     b, col, live = rows, width, n
-    t_step = None
+    t_step, captured = None, rt.capture_s
     while True:
         toks = st.tok[:b].tolist()  # the step's one device->host read
         keep = [j for j, i in enumerate(slots) if i is not None and not ends.take(i, toks[j], gen[i])]
