@@ -96,7 +96,10 @@ def run_profile(req: ProfileRequest) -> ProfileResult:
     else:
         from actions.engines.profiling import measure_grid  # torch engine: imported only to measure
 
-        model, _, _ = load_model(ref)
+        # a private copy: the static decode buffers the grid's largest batch and context make
+        # (gigabytes for a 7B model on a GPU) leave with it when the action returns, rather
+        # than staying in the warm cache beside the generation slot's model
+        model, _, _ = load_model(ref, fresh=True)
         profile = measure_grid(model, model.config.vocab_size, req.batch_sizes, req.contexts,
                                prefill_shape=req.prefill_shape, name=name, kv_cache=req.kv_cache)
     put_json(store, key, cache_record(facts, profile))
