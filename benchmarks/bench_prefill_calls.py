@@ -24,13 +24,12 @@ import json
 import random
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from bench_engine_throughput import timed  # a sibling: a script's own directory is on sys.path
 
 from actions.engines.torch_engine import TorchEngine
-from actions.models.device import sync
 from actions.models.modeling import build_tiny_model, random_model_from_config
 
 BANDS = ((20, 60), (150, 250), (400, 600))
@@ -50,14 +49,6 @@ def _model(args) -> tuple[torch.nn.Module, int]:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = random_model_from_config(f.name, device, dtype)
     return model.eval(), config["vocab_size"]
-
-
-def _time(fn, device: torch.device) -> float:
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -87,7 +78,7 @@ def main() -> None:
             for name, price in plans.items():
                 engine.prefill_call_tokens = price
                 before = engine.prefill_calls
-                times[name].append(_time(lambda: states.__setitem__(name, engine.prefill(seqs)[0]), device))
+                times[name].append(timed(lambda: states.__setitem__(name, engine.prefill(seqs)[0]), device))
                 calls[name] = engine.prefill_calls - before
     ref = states["one call"]
     for name, got in states.items():
@@ -114,7 +105,7 @@ def main() -> None:
     with torch.no_grad():
         for _ in range(args.repeats):
             for name, keep in (("all columns", 0), ("last column", 1)):
-                head[name].append(_time(lambda: model(input_ids=ids, attention_mask=mask, use_cache=True,
+                head[name].append(timed(lambda: model(input_ids=ids, attention_mask=mask, use_cache=True,
                                                       logits_to_keep=keep), device))
     all_s, last_s = statistics.median(head["all columns"]), statistics.median(head["last column"])
     result["output_head"] = {"all_columns_s": round(all_s, 4), "last_column_s": round(last_s, 4),

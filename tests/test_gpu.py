@@ -40,6 +40,20 @@ def _by_id(outs):
     return {(o.prompt_id, o.sample_index): (o.tokens, o.finish_reason) for o in outs}
 
 
+def _qwen2_gqa_on_cuda():
+    """(model, tokenizer): a Qwen2 shape with grouped KV heads (4 query, 2 KV), fp32, on CUDA."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from actions.models.modeling import build_char_tokenizer
+
+    tok = build_char_tokenizer("")
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval().to("cuda"), tok
+
+
 def _engine(model, tok):
     return TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
 
@@ -211,16 +225,7 @@ def test_cuda_graph_path_equals_eager_static_and_dynamic_paths_fp32(tiny):
 def test_cuda_graphs_with_grouped_heads_and_shrinking_buckets_fp32():
     """A Qwen2-shaped model with grouped KV heads; rows finish at different steps, so the
     batch shrinks through several graph buckets (idle rows, compaction)."""
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    from actions.models.modeling import build_char_tokenizer
-
-    tok = build_char_tokenizer("")
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval().to("cuda")
+    model, tok = _qwen2_gqa_on_cuda()
     rows = make_rows(8, max_count=9, seed=5)
     specs = [SampleSpec(r.prompt_id, i, encode(tok, r.prompt)) for r in rows for i in range(5)]  # 40 rows
     kw = {"seed": SEED, "step": STEP, "max_new_tokens": 24, "temperature": 1.0}
@@ -238,17 +243,9 @@ def test_speculative_rounds_on_cuda_graphs_equal_plain_decoding_fp32():
     """fp32 on CUDA: verification rounds replayed as graphs (every column drawn in the round)
     keep exactly plain decoding's tokens, with right, ragged and wrong history drafts; a warm
     second call replays the captured rounds."""
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
     from actions.engines.speculative import Speculation
-    from actions.models.modeling import build_char_tokenizer
 
-    tok = build_char_tokenizer("")
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval().to("cuda")
+    model, tok = _qwen2_gqa_on_cuda()
     rows = make_rows(6, max_count=9, seed=5)
     specs = [SampleSpec(r.prompt_id, i, encode(tok, r.prompt)) for r in rows for i in range(4)]  # 24 rows
     kw = {"seed": SEED, "step": STEP, "max_new_tokens": 24, "temperature": 1.0}

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from llama_family import SHAPES, tiny_causal_lm
 from reference_sampler import uncached_sample
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from transformers import AutoModelForCausalLM, GPT2Config
 
 from actions.config.workload import GenerationConfig
 from actions.engines.base import GenerationParams, SampleSpec
@@ -26,21 +27,7 @@ from actions.tasks.repeat import make_rows
 NEW = 14
 
 
-def _model(cls, **extra):
-    tok = build_char_tokenizer("")
-    cfg = cls(vocab_size=len(tok), hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-              num_attention_heads=4, max_position_embeddings=256, pad_token_id=tok.pad_token_id,
-              eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, **extra)
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval(), tok
-
-
-MODELS = {
-    "llama": lambda: _model(LlamaConfig, num_key_value_heads=4),
-    "qwen2-gqa": lambda: _model(Qwen2Config, num_key_value_heads=2),
-    "qwen3-gqa": lambda: _model(Qwen3Config, num_key_value_heads=1, head_dim=16),
-    "mistral-gqa": lambda: _model(MistralConfig, num_key_value_heads=2, sliding_window=None),
-}
+MODELS = {name: (lambda cls=cls, extra=extra: tiny_causal_lm(cls, **extra)) for name, (cls, extra) in SHAPES.items()}
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+from llama_family import SHAPES, tiny_causal_lm
+from transformers import AutoModelForCausalLM, LlamaConfig
 
 from actions.engines import static_decode, static_speculative
 from actions.engines.base import GenerationParams, SampleSpec
@@ -20,32 +21,19 @@ from actions.engines.speculative import Speculation
 from actions.engines.static_decode import runtime_for
 from actions.engines.static_kv import StaticKV
 from actions.engines.torch_engine import TorchEngine
-from actions.models.modeling import build_char_tokenizer
 from actions.tasks.repeat import make_rows
 
 KW = {"seed": 7, "step": 2, "max_new_tokens": 24, "temperature": 1.0}
 
 
-def _model(cls, **extra):
-    tok = build_char_tokenizer("")
-    cfg = cls(vocab_size=len(tok), hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-              num_attention_heads=4, max_position_embeddings=256, pad_token_id=tok.pad_token_id,
-              eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, **extra)
-    torch.manual_seed(1)
-    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval(), tok
-
-
-MODELS = {
-    "llama": lambda: _model(LlamaConfig, num_key_value_heads=4),
-    "qwen2-gqa": lambda: _model(Qwen2Config, num_key_value_heads=2),
-    "qwen3-gqa": lambda: _model(Qwen3Config, num_key_value_heads=1, head_dim=16),
-}
+MODELS = {name: SHAPES[name] for name in ("llama", "qwen2-gqa", "qwen3-gqa")}
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def setup(request):
     torch.set_num_threads(1)
-    model, tok = MODELS[request.param]()
+    cls, extra = MODELS[request.param]
+    model, tok = tiny_causal_lm(cls, seed=1, **extra)
     rows = make_rows(5, max_count=9, seed=3)
     specs = [SampleSpec(r.prompt_id, i, tuple(tok(r.prompt)["input_ids"])) for r in rows for i in range(3)]
     dynamic = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kv_cache="dynamic")
