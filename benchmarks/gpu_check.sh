@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The GPU checks in one run: `make test-gpu`'s tests, then the parts PARTS names (default
-# "spec prefill roofline"; "compiled" adds the torch.compile'd step): speculation on graphs, the
-# prefill buckets, and the decode roofline of the Qwen2.5-0.5B and -7B shapes at batch 8 and
-# 64, context 512, bf16 (docs/gpu.md records the figures). For a GPU machine whose Python lacks the project's lighter dependencies: wheels in
-# .whl/ (pydantic, boto3, minio and theirs; see docs/gpu.md) are installed into /tmp/site first.
-# Figures go to $OUT (default runs/gpu).
+# The GPU checks in one run: `make test-gpu`'s tests, then the parts PARTS names, in order
+# (default "spec prefill roofline"): speculation on graphs, the prefill buckets, the decode
+# roofline of the Qwen2.5-0.5B and -7B shapes at batch 8 and 64, context 512, bf16; "compiled"
+# adds the torch.compile'd step, "trl" the GRPO step against TRL. docs/gpu.md records the
+# figures. A GPU machine whose Python lacks the project's lighter dependencies gets them from
+# wheels in .whl/ (benchmarks/gpu_wheels.sh fills it), installed into /tmp/site first.
+# Figures go to $OUT (default runs/gpu), with the Python version and `pip list` of the machine.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
@@ -14,8 +15,10 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 OUT="${OUT:-runs/gpu}"; mkdir -p "$OUT"
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 --version
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   git log --oneline -1 2>/dev/null; } | tee "$OUT/device.txt"
+python3 -m pip list 2>/dev/null > "$OUT/pip-list.txt"  # what the image has (gpu_wheels.sh SKIP)
 timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py \
   tests/test_sampling_device.py 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tail -40 | tee "$OUT/pytest.txt"
 # PARTS picks and orders what runs (the most wanted first: a device lease is short).
@@ -47,6 +50,11 @@ for part in ${PARTS:-spec prefill roofline}; do
           --model-config "benchmarks/configs/qwen2.5-$shape.json" --batch 64 --context 512 \
           --json "$OUT/roofline.jsonl" 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tail -8 | tee -a "$OUT/bench.txt"
       done ;;
-    *) echo "gpu_check: unknown part '$part' (spec, prefill, roofline, compiled)" >&2; exit 2 ;;
+    trl)  # one GRPO step of the 0.5B shape, the campaign against TRL (needs Prefect, TRL: gpu_wheels.sh)
+      echo "== GRPO step against TRL, qwen2.5-0.5b" | tee -a "$OUT/bench.txt"
+      timeout "${TRL_TIMEOUT:-480}" python3 benchmarks/bench_vs_trl.py --size gpu --device cuda --pairs 1 --steps 3 \
+        --model-config benchmarks/configs/qwen2.5-0.5b.json 2>&1 | grep -v "Warning\|forward_call\|deprecated" \
+        | tail -20 | tee -a "$OUT/trl.txt" ;;
+    *) echo "gpu_check: unknown part '$part' (spec, prefill, roofline, compiled, trl)" >&2; exit 2 ;;
   esac
 done
