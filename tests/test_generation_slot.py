@@ -274,3 +274,25 @@ def test_score_reads_the_slot_model_only_while_it_holds_that_very_version(full):
     load_engine("torch", refs[2])  # the slot moves on to version 2
     assert held_model(refs[1]) is None and _policy_model(refs[2]) is engine.model
     assert held_model(refs[2].model_copy(update={"weights_sha256": "0" * 64})) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graphs_captured_for_one_version_are_replayed_for_the_next(full, monkeypatch):
+    """On CUDA (fp32), version 2 copied into the slot replays the graphs version 1 captured
+    (no capture in its call) and samples what a model built for version 2 samples."""
+    _, refs = full
+    monkeypatch.setenv("RLHFLESS_DEVICE", "cuda")
+    close_torch_slot()
+    params = GenerationParams(seed=3, step=1, max_new_tokens=12, temperature=1.0)
+    engine, tok, _ = load_engine("torch", refs[1])
+    _, first = engine.generate(_specs(tok), params)
+    assert first.kv_cache == "static+graphs" and first.graph_captures > 0, first
+    engine2, _, _ = load_engine("torch", refs[2])
+    outs, second = engine2.generate(_specs(tok), params)
+    assert engine2 is engine and second.graph_captures == 0 and second.graph_capture_s == 0.0, second
+    model, _, _ = load_model(refs[2], fresh=True)
+    fresh, _ = make_engine("torch", model, tok).generate(_specs(tok), params)
+    assert [o.tokens for o in outs] == [o.tokens for o in fresh]
+    close_torch_slot()
+    warm.clear()
