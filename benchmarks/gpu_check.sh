@@ -20,7 +20,7 @@ OUT="${OUT:-runs/gpu}"; mkdir -p "$OUT"
   git log --oneline -1 2>/dev/null; } | tee "$OUT/device.txt"
 python3 -m pip list 2>/dev/null > "$OUT/pip-list.txt"  # what the image has (gpu_wheels.sh SKIP)
 timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py \
-  tests/test_sampling_device.py 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tail -40 | tee "$OUT/pytest.txt"
+  tests/test_sampling_device.py tests/test_generation_slot.py 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tail -40 | tee "$OUT/pytest.txt"
 # PARTS picks and orders what runs (the most wanted first: a device lease is short).
 for part in ${PARTS:-spec prefill roofline}; do
   case "$part" in
