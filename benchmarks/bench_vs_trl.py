@@ -48,6 +48,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"small": (16, 4, 32), "large": (32, 8, 128), "gpu": (64, 8, 256)}  # prompts x samples x new tokens
 LR = 4e-4
 LENGTH_REWARD = "benchmarks.length_reward:length_reward"
+MICRO = {"gpu": 64}
+"""Completions per forward and backward pass, for both systems (RLHFless
+``algorithm.micro_batch_size``; TRL ``per_device_train_batch_size`` with gradient accumulation
+up to the whole batch, still one generation and one optimizer step per batch): 512 completions
+of 256 tokens in one pass would hold about 100 GB of activations and logits of a 0.5B model."""
 
 
 def write_inputs(work: Path) -> tuple[Path, Path]:
@@ -126,7 +131,7 @@ def calibrate_stop_rate(model_dir: Path, eos: int, rate: float, device: str) -> 
 
 
 def run_rlhfless(work: Path, model: Path, data: Path, size: tuple[int, int, int], steps: int, tag: str,
-                 device: str = "cpu", reward: str | None = None) -> dict:
+                 device: str = "cpu", reward: str | None = None, micro: int | None = None) -> dict:
     prompts, samples, tokens = size
     out = work / f"rlhfless-{tag}"
     cmd = [sys.executable, "-m", "flows.commands.cli", "train", "--out", str(out), "--steps", str(steps),
@@ -135,7 +140,8 @@ def run_rlhfless(work: Path, model: Path, data: Path, size: tuple[int, int, int]
                           f"algorithm.batch_size={prompts * samples}", f"algorithm.group_size={samples}",
                           "algorithm.num_minibatches=1", "algorithm.kl_coef=0", f"algorithm.lr={LR}",
                           f"generation.max_new_tokens={tokens}", "eval_every=0", f"store.uri={out}/store",
-                          *([f'reward.functions=[{{name: "{reward}"}}]'] if reward else []))
+                          *([f'reward.functions=[{{name: "{reward}"}}]'] if reward else []),
+                          *([f"algorithm.micro_batch_size={micro}"] if micro else []))
              for a in ("--set", kv)]]
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", RLHFLESS_DEVICE=device)
     t0 = time.time()
@@ -151,7 +157,7 @@ def run_rlhfless(work: Path, model: Path, data: Path, size: tuple[int, int, int]
 
 
 def run_trl_child(model: str, data: str, prompts: int, samples: int, tokens: int, steps: int, out: str,
-                  device: str = "cpu", reward: str = "repeat") -> None:
+                  device: str = "cpu", reward: str = "repeat", micro: int = 0) -> None:
     """In a fresh process: TRL's GRPOTrainer on the same inputs; prints one JSON line."""
     import datasets
     import torch
@@ -176,7 +182,9 @@ def run_trl_child(model: str, data: str, prompts: int, samples: int, tokens: int
             marks.append(time.time())
 
     gpu = device != "cpu"
-    args = GRPOConfig(output_dir=out, per_device_train_batch_size=prompts * samples, num_generations=samples,
+    per_pass = micro or prompts * samples
+    args = GRPOConfig(output_dir=out, per_device_train_batch_size=per_pass, num_generations=samples,
+                      gradient_accumulation_steps=prompts * samples // per_pass,
                       max_completion_length=tokens, max_steps=steps, learning_rate=LR, logging_steps=1,
                       report_to="none", save_strategy="no", use_cpu=not gpu, temperature=1.0, seed=0, bf16=gpu,
                       model_init_kwargs={"dtype": torch.bfloat16 if gpu else torch.float32})
@@ -189,9 +197,9 @@ def run_trl_child(model: str, data: str, prompts: int, samples: int, tokens: int
 
 
 def run_trl(work: Path, model: Path, data: Path, size: tuple[int, int, int], steps: int, tag: str,
-            device: str = "cpu", reward: str | None = None) -> dict:
+            device: str = "cpu", reward: str | None = None, micro: int | None = None) -> dict:
     cmd = [sys.executable, __file__, "--trl-child", str(model), str(data), *map(str, size), str(steps),
-           str(work / f"trl-{tag}"), device, "length" if reward else "repeat"]
+           str(work / f"trl-{tag}"), device, "length" if reward else "repeat", str(micro or 0)]
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if out.returncode != 0:
@@ -201,8 +209,8 @@ def run_trl(work: Path, model: Path, data: Path, size: tuple[int, int, int], ste
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--trl-child":
-        m, d, p, s, t, n, o, dev, reward = sys.argv[2:]
-        run_trl_child(m, d, int(p), int(s), int(t), int(n), o, dev, reward)
+        m, d, p, s, t, n, o, dev, reward, micro = sys.argv[2:]
+        run_trl_child(m, d, int(p), int(s), int(t), int(n), o, dev, reward, int(micro))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
@@ -223,8 +231,9 @@ def main() -> None:
     completions = size[0] * size[1]
     rows = []
     for i in range(args.pairs):
-        ours = run_rlhfless(work, model, data, size, args.steps, str(i), args.device, reward)
-        theirs = run_trl(work, model, data, size, args.steps, str(i), args.device, reward)
+        micro = MICRO.get(args.size)
+        ours = run_rlhfless(work, model, data, size, args.steps, str(i), args.device, reward, micro)
+        theirs = run_trl(work, model, data, size, args.steps, str(i), args.device, reward, micro)
         o, t = statistics.median(ours["steps"]), statistics.median(theirs["steps"])
         row = {"pair": i, "rlhfless_s_per_step": o, "trl_s_per_step": t,
                "rlhfless_completions_per_s": completions / o, "trl_completions_per_s": completions / t,
