@@ -178,3 +178,25 @@ def test_cuda_graphs_on_without_cuda_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="cuda_graphs 'on' needs generation.kv_cache 'static'"):
         GenerationConfig(kv_cache="dynamic", cuda_graphs="on")
     assert GenerationConfig(cuda_graphs=False).cuda_graphs == "off"  # YAML's bare off
+
+
+@pytest.mark.slow
+def test_a_compiled_decode_step_on_the_cpu_compiles_per_bucket_and_window_and_keeps_the_samples():
+    """``compile_decode`` on the CPU: batch buckets and 256-column windows (a few shapes to
+    compile, not one per step), and the samples of the eager step, plain and speculative
+    (fused kernels may round differently: at least 90% of rows equal; here, in practice, all)."""
+    cls, extra = SHAPES["qwen2-gqa"]
+    model, tok = tiny_causal_lm(cls, **extra)
+    rows = make_rows(5, max_count=9, seed=3)
+    specs = [SampleSpec(r.prompt_id, i, tuple(tok(r.prompt)["input_ids"])) for r in rows for i in range(3)]
+    eager, _ = _gen(TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id), specs)
+    compiled = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, compile_decode=True)
+    assert compiled.pad_batches
+    got, stats = _gen(compiled, specs)
+    rt = runtime_for(model, compiled=True)
+    assert rt.compiled and rt._compiled_step is not None, "the step fell back to eager"
+    spec = Speculation(strategies=("prompt_lookup",), fixed=("prompt_lookup", 3))
+    spec_got, _ = _gen(compiled, specs, speculation=spec)
+    for out in (got, spec_got):
+        assert sum(out[k] == eager[k] for k in eager) >= 0.9 * len(eager)
+    assert stats.decode_steps > 8 and rt.kv.cols == 256  # one window for every step of the call

@@ -43,7 +43,7 @@ from actions.engines.static_forward import StaticForward, unsupported_reason
 from actions.engines.static_kv import StaticKV, round_up
 
 __all__ = ["BATCH_BUCKETS", "WINDOW_STEP", "DecodeRuntime", "compact_rows", "decode_static", "runtime_for",
-           "static_supported"]
+           "static_supported", "window_step"]
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,14 @@ CPU_WINDOW_STEP = 1
 """On the CPU (no graphs) the window is exactly the columns in use: the attention then has the
 shapes of the dynamic path's and computes the same bits. On CUDA the eager step uses the
 graphs' ``WINDOW_STEP``, so that graph replay and eager steps run the same kernels on the same
-shapes and agree bit for bit."""
+shapes and agree bit for bit; so does a compiled step anywhere (``window_step``)."""
+
+
+def window_step(rt: "DecodeRuntime") -> int:
+    """Columns the attention window grows by: ``WINDOW_STEP`` on CUDA, and for a compiled step
+    (each window is a shape ``torch.compile`` compiles for; fused kernels round differently
+    from the dynamic path anyway); else ``CPU_WINDOW_STEP``."""
+    return WINDOW_STEP if rt.device.type == "cuda" or rt.compiled else CPU_WINDOW_STEP
 
 _RUNTIMES: "weakref.WeakKeyDictionary[torch.nn.Module, DecodeRuntime]" = weakref.WeakKeyDictionary()
 """Each loaded model's runtime, dropped with the model (a runtime holds the model's
@@ -258,7 +265,7 @@ class DecodeRuntime:
                 return
         # the CPU's step: unmasked where nothing in the window is masked (StaticForward), a check
         # that costs a device read on a GPU and is never made there
-        dense = self.device.type == "cpu" and bool(self.kv.mask[:b, :window - 1].all())
+        dense = self.device.type == "cpu" and not self.compiled and bool(self.kv.mask[:b, :window - 1].all())
         self.step(b, window, sampling, dense)
 
     def _capture(self, key: tuple, step) -> torch.cuda.CUDAGraph | None:
@@ -352,7 +359,7 @@ def _decode_locked(rt: DecodeRuntime, engine, samples: list[SampleSpec], states:
         elif live < sum(i is not None for i in slots):
             kept = set(keep)
             slots = [i if j in kept else None for j, i in enumerate(slots)]
-        window = min(round_up(col + 1, WINDOW_STEP if rt.device.type == "cuda" else CPU_WINDOW_STEP), kv.cols)
+        window = min(round_up(col + 1, window_step(rt)), kv.cols)
         rt.run(b, window, sampling, graphs)
         col += 1
         stats.decode_steps += 1

@@ -38,13 +38,12 @@ from actions.engines.sampling import Sampler, stream_key
 from actions.engines.spec_select import AcceptanceTracker, ForwardCost
 from actions.engines.speculative import SpecStats, Speculation, _count_round, _Selector, _verify, make_drafters
 from actions.engines.static_decode import (
-    CPU_WINDOW_STEP,
-    WINDOW_STEP,
     DecodeRuntime,
     _put,
     bucket_for,
     compact_rows,
     runtime_for,
+    window_step,
 )
 from actions.engines.static_kv import round_up
 
@@ -122,7 +121,7 @@ class _Loop:
         self.selector = _Selector(spec, tracker, cost)
         self.sstats = SpecStats()
         self.draw_in_round = _draws_in_round(rt.device)
-        self.window_step = WINDOW_STEP if rt.device.type == "cuda" else CPU_WINDOW_STEP
+        self.window_step = window_step(rt)
 
     def run(self, stats: EngineStats, graphs: bool) -> tuple[list[SampleOut], SpecStats]:
         rt, params, gen, ends, sstats = self.rt, self.params, self.gen, self.ends, self.sstats

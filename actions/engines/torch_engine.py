@@ -86,8 +86,9 @@ class TorchEngine:
         self.device = next(model.parameters()).device
         self.kv_cache = kv_cache
         self.graphs = self.static and self.device.type == "cuda" and cuda_graphs != "off"
-        self.pad_batches = self.graphs  # batch buckets with idle rows (graphs need them)
         self.compiled = compile_decode and self.static  # the decode step through torch.compile
+        # batch buckets with idle rows: graphs need them, and each batch size is a shape to compile
+        self.pad_batches = self.graphs or self.compiled
         if cuda_graphs == "on" and not self.graphs:
             where = "a CUDA device" if self.device.type != "cuda" else "kv_cache 'static' and a supported model"
             raise ValueError(f"generation.cuda_graphs 'on' needs {where} (model on {self.device}, kv_cache "
