@@ -6,7 +6,7 @@
 # figures. A GPU machine whose Python lacks the project's lighter dependencies gets them from
 # wheels in .whl/ (benchmarks/gpu_wheels.sh fills it), installed into /tmp/site first.
 # Figures go to $OUT (default runs/gpu), with the Python version and `pip list` of the machine.
-set -u
+set -u -o pipefail  # a part's status is its command's, not tee's (a timeout shows as 124)
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -57,4 +57,5 @@ for part in ${PARTS:-spec prefill roofline}; do
         | tail -20 | tee -a "$OUT/trl.txt" ;;
     *) echo "gpu_check: unknown part '$part' (spec, prefill, roofline, compiled, trl)" >&2; exit 2 ;;
   esac
+  echo "== part $part exit status $?" | tee -a "$OUT/bench.txt"
 done
