@@ -16,9 +16,10 @@ while the container stays warm:
   Generate and evaluate share this one engine, and a pre-warm (``actions/runtime/server.py``)
   builds it or pushes the coming version into it.
 
-Every engine start (a vLLM engine, or a torch slot model built) and weight push is timed and counted (``take_engine_events``): the next
-generate or evaluate result of the process reports them (``EngineEvents``), so the step's
-metrics show what keeping the engine warm saved or failed to save.
+Every engine start (a vLLM engine, or a torch slot model built) and weight push is timed and
+counted (``take_engine_events``): the next generate or evaluate result of the process reports
+them (``EngineEvents``), so the step's metrics show what keeping the engine warm saved or
+failed to save.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from actions.engines.base import GenerationEngine
 from actions.engines.torch_engine import TorchEngine
 from actions.engines.torch_slot import load_slot_engine
 from actions.models.loading import load_base, store_for
-from actions.models.special_tokens import special_tokens, special_tokens_of_dir
+from actions.models.special_tokens import special_tokens_of_dir
 from actions.store.safe_paths import write_beneath
 from actions.store.weights import load_tensors
 
@@ -59,9 +60,8 @@ def make_engine(kind: str, model: torch.nn.Module | None, tokenizer: Any, *,
     if kind == "torch":
         if model is None:
             raise ValueError("generation.engine 'torch' needs a loaded model; got None")
-        ids = special_tokens(model, tokenizer)
-        return TorchEngine(model, eos_id=ids.eos_ids, pad_id=ids.pad_id, kv_cache=kv_cache, cuda_graphs=cuda_graphs,
-                           compile_decode=compile_decode)
+        return TorchEngine.for_model(model, tokenizer, kv_cache=kv_cache, cuda_graphs=cuda_graphs,
+                                     compile_decode=compile_decode)
     if kind == "vllm":
         if model_dir is None:
             raise ValueError("generation.engine 'vllm' needs model_dir (config.json + *.safetensors); got None")

@@ -331,14 +331,9 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, params: 
             continue
         accepted = _verify(res.logits, drafts, rows, keys, gen, known, sampling)
         finished = []
-        outcomes: dict[tuple[str, int, int], int] = {}  # (kind, drafted, accepted) -> rows
+        record_outcomes(tracker, sstats, drafts, accepted, kinds)
         for j, (row, d) in enumerate(zip(rows, drafts)):
             a = accepted[j]
-            if d:
-                outcome = (kinds[j], len(d), a)
-                outcomes[outcome] = outcomes.get(outcome, 0) + 1
-                sstats.proposed += len(d)
-                sstats.accepted += a
             kept = 0
             while kept < a and not ends.take(row, d[kept], gen[row]):
                 kept += 1
@@ -347,9 +342,6 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, params: 
                 known.pop(row, None)
             elif a:
                 unsent[row] = d[:a]
-        for (kind, m, a), times in outcomes.items():
-            tracker.record(kind, m, a, times)
-            tracker.record(kind.split("/")[0], m, a, times)
         _count_round(sstats, choice, drafts, accepted, kinds)
         acc_t = torch.tensor(accepted, dtype=torch.long, device=dev)
         logits = res.logits[torch.arange(b, device=dev), acc_t]
@@ -364,6 +356,22 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, params: 
     outs = [SampleOut(s.prompt_id, s.sample_index, gen[i], ends.reasons[i] or "cut", ends.stops[i])
             for i, s in enumerate(samples)]
     return outs, sstats
+
+
+def record_outcomes(tracker: AcceptanceTracker, sstats: SpecStats, drafts: Sequence[Sequence[int]],
+                    accepted: Sequence[int], kinds: Sequence[str | None]) -> None:
+    """A verification round's outcomes: per (draft kind, drafted, accepted) into the acceptance
+    tracker, by kind and by its strategy (the kind's first part), and the proposed and accepted
+    token counters."""
+    outcomes: dict[tuple[str, int, int], int] = {}  # (kind, drafted, accepted) -> rows
+    for d, a, kind in zip(drafts, accepted, kinds):
+        if d:
+            outcomes[(kind, len(d), a)] = outcomes.get((kind, len(d), a), 0) + 1
+            sstats.proposed += len(d)
+            sstats.accepted += a
+    for (kind, m, a), times in outcomes.items():
+        tracker.record(kind, m, a, times)
+        tracker.record(kind.split("/")[0], m, a, times)
 
 
 def _observe(cost: ForwardCost, sstats: SpecStats, batch: int, width: int, t_round: float) -> None:

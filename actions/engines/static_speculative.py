@@ -36,7 +36,16 @@ from actions.engines.base import EngineStats, GenerationParams, RowEnds, SampleO
 from actions.engines.kv_state import PrefixState, stack_logits
 from actions.engines.sampling import Sampler, stream_key
 from actions.engines.spec_select import AcceptanceTracker, ForwardCost
-from actions.engines.speculative import SpecStats, Speculation, _count_round, _Selector, _verify, make_drafters
+from actions.engines.speculative import (
+    SpecStats,
+    Speculation,
+    _count_round,
+    _observe,
+    _Selector,
+    _verify,
+    make_drafters,
+    record_outcomes,
+)
 from actions.engines.static_decode import (
     DecodeRuntime,
     _put,
@@ -150,11 +159,14 @@ class _Loop:
                 self.col += 1
                 toks = rt.state.tok[: self.b].tolist()  # the round's one device->host read
                 new = {i: [toks[j]] for j, i in zip(live, rows)}
-                self._observe(len(rows), 1, t_round, capture_s)
+                _observe(self.cost, sstats, len(rows), 1, t_round + rt.capture_s - capture_s)
                 continue
             new = self._verify_round(live, rows, drafts, kinds, graphs)
             _count_round(sstats, choice, drafts, [len(new[i]) - 1 for i in rows], kinds)
-            self._observe(len(rows), 1 + k, t_round, capture_s)
+            # the round's 1 + k, not the width bucket it ran at (graph_width): what the selector
+            # pays the next time it chooses that k; graph captures (once per warm container
+            # and shape) are not a cost of the round
+            _observe(self.cost, sstats, len(rows), 1 + k, t_round + rt.capture_s - capture_s)
         plain_steps = max((len(gen[i]) - start_len[i] + (ends.reasons[i] == "stop") for i in range(len(gen))),
                           default=1) - 1
         sstats.forwards_saved = max(plain_steps - stats.decode_steps, 0)
@@ -248,24 +260,5 @@ class _Loop:
         longest = max(accepted)
         for j, a in zip(live, accepted):
             self.holes[j] += longest - a
-        outcomes: dict[tuple[str, int, int], int] = {}  # (kind, drafted, accepted) -> rows
-        for d, a, kind in zip(drafts, accepted, kinds):
-            if d:
-                outcomes[(kind, len(d), a)] = outcomes.get((kind, len(d), a), 0) + 1
-                self.sstats.proposed += len(d)
-                self.sstats.accepted += a
-        for (kind, m, a), times in outcomes.items():
-            self.tracker.record(kind, m, a, times)
-            self.tracker.record(kind.split("/")[0], m, a, times)
+        record_outcomes(self.tracker, self.sstats, drafts, accepted, kinds)
         return {i: [*d[:a], t] for i, d, a, t in zip(rows, drafts, accepted, nxt)}
-
-    def _observe(self, batch: int, width: int, t_round: float, capture_s: float) -> None:
-        """Charge the whole round (drafting, forward, draws, read-back) to a forward of this
-        batch and width, as ``speculative._observe`` does, less the CUDA graph captures it ran
-        (``capture_s``: once per warm container and shape, not a cost of later rounds).
-
-        ``width`` is the round's 1 + k, not the bucket it ran at (``graph_width``): what the
-        selector will pay the next time it chooses that k."""
-        elapsed = max(time.perf_counter() - t_round - (self.rt.capture_s - capture_s), 0.0)
-        self.cost.observe(batch, width, elapsed)
-        self.sstats.seconds += elapsed

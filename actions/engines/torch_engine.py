@@ -46,6 +46,7 @@ from actions.engines.spec_select import AcceptanceTracker, ForwardCost, can_pay
 from actions.engines.speculative import SpecStats, Speculation, decode_speculative
 from actions.engines.static_decode import decode_static, static_supported
 from actions.engines.static_speculative import decode_static_speculative
+from actions.models.special_tokens import special_tokens
 
 KV_CACHES = ("static", "dynamic")
 CUDA_GRAPHS = ("auto", "on", "off")
@@ -101,6 +102,13 @@ class TorchEngine:
         self.acceptance = AcceptanceTracker()
         self._hopeless_calls = 0  # calls decoded plainly by estimate since the last recheck
         self._recheck_after = RECHECK_CALLS
+
+    @classmethod
+    def for_model(cls, model: torch.nn.Module, tokenizer: object, **options) -> "TorchEngine":
+        """An engine over ``model`` with the EOS and pad ids of the model and its tokenizer
+        (``special_tokens``); ``options``: the constructor's decode settings."""
+        ids = special_tokens(model, tokenizer)
+        return cls(model, eos_id=ids.eos_ids, pad_id=ids.pad_id, **options)
 
     @property
     def static(self) -> bool:

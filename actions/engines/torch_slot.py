@@ -42,7 +42,6 @@ from actions.models import warm
 from actions.models.device import action_device, action_dtype
 from actions.models.in_place import copy_version, mismatch, version_targets
 from actions.models.loading import load_model, store_for
-from actions.models.special_tokens import special_tokens
 from actions.store.weights import load_tensors
 
 log = logging.getLogger(__name__)
@@ -118,9 +117,8 @@ def load_slot_engine(ref: ModelRef, *, kv_cache: str = "static", cuda_graphs: st
         settings = (kv_cache, cuda_graphs, compile_decode)
         engine = _slot.engines.get(settings)
         if engine is None:
-            ids = special_tokens(_slot.model, _slot.tokenizer)
-            engine = TorchEngine(_slot.model, eos_id=ids.eos_ids, pad_id=ids.pad_id, kv_cache=kv_cache,
-                                 cuda_graphs=cuda_graphs, compile_decode=compile_decode)
+            engine = TorchEngine.for_model(_slot.model, _slot.tokenizer, kv_cache=kv_cache, cuda_graphs=cuda_graphs,
+                                          compile_decode=compile_decode)
             _slot.engines[settings] = engine
         return SlotLoad(engine, _slot.tokenizer, event, seconds)
 
