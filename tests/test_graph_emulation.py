@@ -1,0 +1,210 @@
+"""The CUDA graph path of the static decode loop, run on the CPU through an emulated graph
+(``tests/cuda_graph_emulator.py``: a capture records the aten operations and writes nothing; a
+replay reruns them on the captured tensors, every host value fixed at capture time).
+
+What only a GPU runs for real is checked here on every CPU run: replayed plain steps and
+verification rounds give the eager step's tokens (fp32, the same windows), warm calls replay
+without capturing, growing buffers drops the graphs, a new policy version copied in place is
+seen by the graphs captured for the old one, and a host read inside a captured step is
+refused. ``tests/test_gpu.py`` checks the same on real CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cuda_graph_emulator import CaptureError, EmulatedGraph, capture, emulated_cuda_graphs
+from llama_family import SHAPES, tiny_causal_lm
+
+from actions.engines.base import GenerationParams, SampleSpec
+from actions.engines.speculative import Speculation
+from actions.engines.static_decode import runtime_for
+from actions.engines.torch_engine import TorchEngine
+from actions.tasks.repeat import make_rows
+
+SEED, STEP, NEW = 7, 2, 20
+
+
+def test_the_emulated_graph_replays_what_it_captured_and_writes_nothing_while_capturing():
+    state = torch.zeros(3)
+    step = torch.tensor(1.0)
+    g = EmulatedGraph()
+    with capture(g):
+        state.add_(step)
+        state[1:] *= 2
+    assert state.tolist() == [0.0, 0.0, 0.0]  # a capture records, it does not run
+    g.replay()
+    g.replay()
+    assert state.tolist() == [2.0, 6.0, 6.0]
+    step.fill_(10.0)  # a captured tensor's new value is read by the replay (its address is fixed)
+    g.replay()
+    assert state.tolist() == [12.0, 32.0, 32.0] and g.replays == 3
+
+
+def test_the_emulated_capture_refuses_host_reads_as_cuda_does():
+    x = torch.ones(4)
+    for read in (lambda: x.sum().item(), lambda: bool(x.all()), lambda: x.tolist(), lambda: x.nonzero(),
+                 lambda: x + torch.tensor([1.0, 2.0, 3.0, 4.0])):
+        with pytest.raises(CaptureError, match="inside a CUDA graph capture"):
+            with capture(EmulatedGraph()):
+                read()
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2-gqa"])
+def tiny(request):
+    torch.set_num_threads(1)
+    cls, extra = SHAPES[request.param]
+    return tiny_causal_lm(cls, **extra)
+
+
+@pytest.fixture
+def model_tok(tiny):
+    """The module's model with no graphs captured yet (each test counts its own captures)."""
+    runtime_for(tiny[0]).graphs.clear()
+    return tiny
+
+
+def _specs(tok, prompts: int = 6, samples: int = 4) -> list[SampleSpec]:
+    rows = make_rows(prompts, max_count=9, seed=5)
+    return [SampleSpec(r.prompt_id, i, tuple(tok(r.prompt)["input_ids"])) for r in rows for i in range(samples)]
+
+
+def _engine(model, tok, graphs: bool, eos_id: int | None = None) -> TorchEngine:
+    """A CPU engine on the graph path (batch buckets with idle rows, replayed steps) or the
+    eager static path with the same buckets."""
+    eos_id = tok.eos_token_id if eos_id is None else eos_id
+    engine = TorchEngine(model, eos_id=eos_id, pad_id=tok.pad_token_id, cuda_graphs="off")
+    engine.graphs, engine.pad_batches = graphs, True
+    return engine
+
+
+def _gen(engine, specs, speculation=None, **kw):
+    params = GenerationParams(**{"seed": SEED, "step": STEP, "max_new_tokens": NEW, "temperature": 1.0, **kw})
+    outs, stats = engine.generate(specs, params, speculation=speculation)
+    return {(o.prompt_id, o.sample_index): (o.tokens, o.finish_reason) for o in outs}, stats
+
+
+@pytest.mark.parametrize("kw", [{}, {"top_k": 5, "top_p": 0.8}, {"temperature": 0.0}, {"cut_after": 5}],
+                         ids=["plain", "top-k-top-p", "greedy", "cut"])
+def test_replayed_steps_give_the_eager_steps_tokens(model_tok, monkeypatch, kw):
+    model, tok = model_tok
+    made = emulated_cuda_graphs(monkeypatch)
+    specs = _specs(tok)
+    eager, estats = _gen(_engine(model, tok, graphs=False), specs, **kw)
+    assert not made and estats.kv_cache == "static"
+    graphs, gstats = _gen(_engine(model, tok, graphs=True), specs, **kw)
+    assert gstats.kv_cache == "static+graphs" and gstats.graph_captures > 0, gstats
+    assert runtime_for(model).graph_error is None
+    assert graphs == eager
+    assert sum(g.replays for g in made) == gstats.decode_steps
+    if not kw:  # sampled at temperature 1, rows end at different steps
+        assert len({len(t) for t, _ in eager.values()}) > 2, "rows all ended together: no bucket was left"
+    again, astats = _gen(_engine(model, tok, graphs=True), specs, **kw)
+    assert again == eager and astats.graph_captures == 0  # warm: replayed, not captured
+
+
+def test_a_larger_call_drops_the_graphs_of_the_old_buffers_and_stays_exact(model_tok, monkeypatch):
+    """Growing the buffers reallocates them; a graph kept over the old ones would write there
+    and the tokens would change."""
+    model, tok = model_tok
+    emulated_cuda_graphs(monkeypatch)
+    small, large = _specs(tok, 2, 2), _specs(tok, 9, 4)
+    engine = _engine(model, tok, graphs=True)
+    _gen(engine, small)
+    rows_before = runtime_for(model).kv.rows
+    got, stats = _gen(engine, large, max_new_tokens=NEW + 300)  # more rows and more columns
+    assert runtime_for(model).kv.rows > rows_before and stats.graph_captures > 0
+    assert got == _gen(_engine(model, tok, graphs=False), large, max_new_tokens=NEW + 300)[0]
+
+
+def test_a_call_that_outgrows_its_window_replays_the_wider_windows_graph(model_tok, monkeypatch):
+    """Rows that never stop (no token is EOS) cross column ``WINDOW_STEP``, where the step
+    needs the graph of the wider window (a graph of the narrower one would leave the columns
+    past it out of the attention)."""
+    from actions.engines.static_decode import WINDOW_STEP
+
+    model, tok = model_tok
+    emulated_cuda_graphs(monkeypatch)
+    specs, new, never = _specs(tok, 2, 2), WINDOW_STEP + 8, len(tok) + 1
+    got, _ = _gen(_engine(model, tok, graphs=True, eos_id=never), specs, max_new_tokens=new)
+    assert all(len(t) == new for t, _ in got.values())
+    assert {key[1] for key in runtime_for(model).graphs} >= {WINDOW_STEP, 2 * WINDOW_STEP}
+    assert got == _gen(_engine(model, tok, graphs=False, eos_id=never), specs, max_new_tokens=new)[0]
+
+
+def test_replayed_verification_rounds_keep_plain_decodings_tokens(model_tok, monkeypatch):
+    """Speculative rounds replayed from graphs per (bucket, width, window), their draws in
+    chunks, equal plain decoding with right, ragged and wrong history drafts; a warm call
+    replays every round."""
+    from actions.engines import static_decode
+
+    model, tok = model_tok
+    made = emulated_cuda_graphs(monkeypatch)
+    # a round's draws in chunks of three rows' columns, as a large vocabulary's are on a GPU
+    monkeypatch.setattr(static_decode, "GRAPH_DRAW_ELEMENTS", 3 * len(tok))
+    specs = _specs(tok)
+    engine = _engine(model, tok, graphs=True)
+    plain, _ = _gen(engine, specs)
+    other, _ = _gen(engine, specs, step=STEP + 1)
+    right: dict[int, list] = {}
+    for (pid, _), (toks, _) in sorted(plain.items()):
+        right.setdefault(pid, []).append(toks[:6] if pid % 2 else toks)  # odd prompts run out: ragged
+    wrong: dict[int, list] = {}
+    for (pid, _), (toks, _) in sorted(other.items()):
+        wrong.setdefault(pid, []).append(toks)
+    for hist, k in ((right, 6), (wrong, 4), (right, 3)):
+        outs, stats = _gen(engine, specs, speculation=Speculation(history=hist, fixed=("history", k)))
+        assert outs == plain, k
+        assert stats.kv_cache == "static+graphs" and stats.spec["spec_rounds"] > 0, stats
+    verify = [g for key, g in runtime_for(model).graphs.items() if key[0] == "verify"]
+    assert verify and all(g.replays > 0 for g in verify)
+    replays = sum(g.replays for g in made)
+    again, astats = _gen(engine, specs, speculation=Speculation(history=right, fixed=("history", 6)))
+    assert again == plain and astats.graph_captures == 0 and sum(g.replays for g in made) > replays
+
+
+def test_weights_copied_in_place_are_read_by_the_graphs_of_the_old_weights(monkeypatch):
+    """What the generation slot does between policy versions: the graphs captured for one
+    version sample the next one's tokens once its weights are copied into the same tensors."""
+    cls, extra = SHAPES["qwen2-gqa"]
+    model, tok = tiny_causal_lm(cls, **extra)
+    made = emulated_cuda_graphs(monkeypatch)
+    specs = _specs(tok, 4, 2)
+    engine = _engine(model, tok, graphs=True)
+    before, _ = _gen(engine, specs)
+    old = {id(g): g.replays for g in made}
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=g))
+    after, _ = _gen(engine, specs)
+    assert after != before
+    # the first step's graph (the full bucket) is the old version's, replayed for the new one
+    assert made[0].replays > old[id(made[0])]
+    fresh, _ = tiny_causal_lm(cls, **extra)
+    fresh.load_state_dict(model.state_dict())
+    assert after == _gen(_engine(fresh, tok, graphs=False), specs)[0]
+
+
+def test_a_host_read_inside_the_step_falls_back_to_eager_with_one_warning(model_tok, monkeypatch, caplog):
+    """A step that reads a device value on the host cannot be captured: the runtime says so
+    once and decodes eagerly, with the same tokens."""
+    from actions.engines import static_decode
+
+    model, tok = model_tok
+    emulated_cuda_graphs(monkeypatch)
+    specs = _specs(tok, 3, 2)
+    want, _ = _gen(_engine(model, tok, graphs=False), specs)
+    step = static_decode.DecodeRuntime._step
+
+    def reads_host(self, b, window, sampling, dense=False):
+        int(self.state.col.item())
+        return step(self, b, window, sampling, dense)
+
+    monkeypatch.setattr(static_decode.DecodeRuntime, "_step", reads_host)
+    with caplog.at_level("WARNING", logger="actions.engines.static_decode"):
+        got, stats = _gen(_engine(model, tok, graphs=True), specs)
+    assert got == want and stats.kv_cache == "static" and stats.graph_captures == 0
+    warnings = [r for r in caplog.records if "CUDA graph capture failed" in r.getMessage()]
+    assert len(warnings) == 1 and "_local_scalar_dense" in warnings[0].getMessage()
+    runtime_for(model).graph_error = None  # the module's model serves the next tests
