@@ -18,7 +18,9 @@ printed). A decode step is ``(t(1 + S new tokens) - t(1 new token)) / S`` (media
 every row decodes every step; rows share their prompt in groups of ``--group`` (as GRPO
 samples do), which keeps prefill cheap and leaves decode reading every row's own KV.
 The engine's CUDA graphs are captured in a warm-up call first (the capture time is printed);
-timed calls replay them, as a warm container does.
+timed calls replay them, as a warm container does. ``--profile graphs,static`` adds, per
+path, the step's device time by kernel kind (GEMM, attention, norms, copies, elementwise,
+Triton) from the torch profiler (``step_profile.py``): what the gap to the roofline is made of.
 
     python3 benchmarks/bench_decode_roofline.py --device cuda \\
         --model-config benchmarks/configs/qwen2.5-0.5b.json --batch 64 --context 512
@@ -34,6 +36,7 @@ import time
 
 import torch
 from bench_engine_throughput import build, timed  # the same model set-up and device-synced timer
+from step_profile import report, step_profile
 from transformers import DynamicCache
 
 from actions.engines.base import GenerationParams, SampleSpec
@@ -120,6 +123,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--paths", default="graphs,static,dynamic,hf-loop")
     p.add_argument("--json", default=None, help="also append the figures to this file (one JSON line)")
+    p.add_argument("--profile", default=None, metavar="PATHS",
+                   help="also profile these paths (comma-separated): device time per step by kernel kind")
     p.add_argument("--compare", action="store_true",
                    help="count the rows whose tokens equal the dynamic path's, per engine path")
     args = p.parse_args()
@@ -138,7 +143,8 @@ def main() -> None:
                              compile_decode=compiled)
         return lambda n: engine.generate(specs, GenerationParams(seed=0, step=0, max_new_tokens=n, temperature=1.0))
 
-    paths = {"graphs": lambda: engine_fn("static", "on"), "compiled": lambda: engine_fn("static", "on", True), "static": lambda: engine_fn("static", "off"),
+    paths = {"graphs": lambda: engine_fn("static", "on"), "compiled": lambda: engine_fn("static", "on", True),
+             "static": lambda: engine_fn("static", "off"),
              "dynamic": lambda: engine_fn("dynamic", "off"),
              "hf-loop": lambda: (lambda n: hf_loop(model, ids, n))}
     wanted = [x for x in args.paths.split(",") if x and (x not in ("graphs", "compiled") or device.type == "cuda")]
@@ -174,6 +180,11 @@ def main() -> None:
         extra = f"  x{ms / roof_ms:.2f} roofline" if roof_ms else ""
         extra += f"  hf-loop/this {base / ms:.2f}x" if base else ""
         print(f"  {name:8s} {ms:8.3f} ms/step{extra}")
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    for name in [x for x in (args.profile or "").split(",") if x in wanted and x != "hf-loop"]:
+        res.setdefault("profile", {})[name] = prof = step_profile(paths[name](), args.steps, device)
+        print(f"profile of {name}:")
+        print(report(prof, weights, roof_ms, res["ms"].get(name)))
     if args.compare:
         res["equal_rows_vs_dynamic"] = compare_rows(model, specs, args.steps + 1, wanted)
         print("rows equal to the dynamic path's:", res["equal_rows_vs_dynamic"])

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks in one run: `make test-gpu`'s tests, then the parts PARTS names, in order
 # (default "spec prefill roofline"): speculation on graphs, the prefill buckets, the decode
-# roofline of the Qwen2.5-0.5B and -7B shapes at batch 8 and 64, context 512, bf16; "compiled"
+# roofline of the Qwen2.5-0.5B and -7B shapes at batch 8 and 64, context 512, bf16 (at 64 with a
+# profile of the step's kernels by kind, PROFILE="graphs,static"); "compiled"
 # adds the torch.compile'd step, "trl" the GRPO step against TRL. docs/gpu.md records the
 # figures. A GPU machine whose Python lacks the project's lighter dependencies gets them from
 # wheels in .whl/ (benchmarks/gpu_wheels.sh fills it), installed into /tmp/site first.
@@ -38,17 +39,19 @@ for part in ${PARTS:-spec prefill roofline}; do
       for shape in ${SHAPES:-0.5b 7b}; do
         for batch in ${BATCHES:-8 64}; do
           echo "== qwen2.5-$shape batch $batch" | tee -a "$OUT/bench.txt"
+          prof=(); [ "$batch" = 64 ] && prof=(--profile "${PROFILE:-graphs,static}")  # kernels by kind
           timeout "${BENCH_TIMEOUT:-150}" python3 benchmarks/bench_decode_roofline.py --device cuda \
             --model-config "benchmarks/configs/qwen2.5-$shape.json" --batch "$batch" --context 512 --compare \
-            --json "$OUT/roofline.jsonl" 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tee -a "$OUT/bench.txt"
+            "${prof[@]}" --json "$OUT/roofline.jsonl" 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tee -a "$OUT/bench.txt"
         done
       done ;;
     compiled)  # the step through torch.compile (fused kernels), batch 64: compiling takes minutes
       for shape in ${COMPILED_SHAPES:-0.5b 7b}; do
         echo "== qwen2.5-$shape batch 64, compiled" | tee -a "$OUT/bench.txt"
         timeout "${COMPILE_TIMEOUT:-200}" python3 benchmarks/bench_decode_roofline.py --device cuda --paths compiled \
+          --profile compiled \
           --model-config "benchmarks/configs/qwen2.5-$shape.json" --batch 64 --context 512 \
-          --json "$OUT/roofline.jsonl" 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tail -8 | tee -a "$OUT/bench.txt"
+          --json "$OUT/roofline.jsonl" 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tail -30 | tee -a "$OUT/bench.txt"
       done ;;
     trl)  # one GRPO step of the 0.5B shape, the campaign against TRL (needs Prefect, TRL: gpu_wheels.sh)
       echo "== GRPO step against TRL, qwen2.5-0.5b" | tee -a "$OUT/bench.txt"
