@@ -42,7 +42,7 @@ for part in ${PARTS:-spec prefill roofline}; do
           prof=(); [ "$batch" = 64 ] && prof=(--profile "${PROFILE:-graphs,static}")  # kernels by kind
           timeout "${BENCH_TIMEOUT:-150}" python3 benchmarks/bench_decode_roofline.py --device cuda \
             --model-config "benchmarks/configs/qwen2.5-$shape.json" --batch "$batch" --context 512 --compare \
-            "${prof[@]}" --json "$OUT/roofline.jsonl" 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tee -a "$OUT/bench.txt"
+            ${prof[@]+"${prof[@]}"} --json "$OUT/roofline.jsonl" 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tee -a "$OUT/bench.txt"
         done
       done ;;
     compiled)  # the step through torch.compile (fused kernels), batch 64: compiling takes minutes
