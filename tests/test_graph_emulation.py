@@ -2,10 +2,12 @@
 (``tests/cuda_graph_emulator.py``: a capture records the aten operations and writes nothing; a
 replay reruns them on the captured tensors, every host value fixed at capture time).
 
-What only a GPU runs for real is checked here on every CPU run: replayed plain steps and
-verification rounds give the eager step's tokens (fp32, the same windows), warm calls replay
-without capturing, growing buffers drops the graphs, a new policy version copied in place is
-seen by the graphs captured for the old one, and a host read inside a captured step is
+What only a GPU runs for real is checked here on every CPU run, for the Llama-shaped families
+the static forward supports: replayed plain steps and verification rounds give the eager
+step's tokens (fp32, the same windows), through parts of a batch, prefill without dedup and
+cut-then-continue; warm calls replay without capturing, a call crossing a window replays the
+wider window's graph, growing buffers drops the graphs, a new policy version copied in place
+is seen by the graphs captured for the old one, and a host read inside a captured step is
 refused. ``tests/test_gpu.py`` checks the same on real CUDA graphs.
 """
 
@@ -50,7 +52,7 @@ def test_the_emulated_capture_refuses_host_reads_as_cuda_does():
                 read()
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2-gqa"])
+@pytest.fixture(scope="module", params=sorted(SHAPES))
 def tiny(request):
     torch.set_num_threads(1)
     cls, extra = SHAPES[request.param]
@@ -90,17 +92,43 @@ def test_replayed_steps_give_the_eager_steps_tokens(model_tok, monkeypatch, kw):
     model, tok = model_tok
     made = emulated_cuda_graphs(monkeypatch)
     specs = _specs(tok)
-    eager, estats = _gen(_engine(model, tok, graphs=False), specs, **kw)
+    # a greedy row that starts with EOS would decode nothing: no token is EOS then
+    eos = len(tok) + 1 if kw.get("temperature") == 0.0 else None
+    eager, estats = _gen(_engine(model, tok, graphs=False, eos_id=eos), specs, **kw)
     assert not made and estats.kv_cache == "static"
-    graphs, gstats = _gen(_engine(model, tok, graphs=True), specs, **kw)
+    graphs, gstats = _gen(_engine(model, tok, graphs=True, eos_id=eos), specs, **kw)
     assert gstats.kv_cache == "static+graphs" and gstats.graph_captures > 0, gstats
     assert runtime_for(model).graph_error is None
     assert graphs == eager
     assert sum(g.replays for g in made) == gstats.decode_steps
     if not kw:  # sampled at temperature 1, rows end at different steps
         assert len({len(t) for t, _ in eager.values()}) > 2, "rows all ended together: no bucket was left"
-    again, astats = _gen(_engine(model, tok, graphs=True), specs, **kw)
+    again, astats = _gen(_engine(model, tok, graphs=True, eos_id=eos), specs, **kw)
     assert again == eager and astats.graph_captures == 0  # warm: replayed, not captured
+
+
+def test_uneven_splits_dedup_off_and_cut_then_continue_replay_exactly(model_tok, monkeypatch):
+    """The calls a campaign makes of one warm engine -- parts of a batch, prefill without
+    dedup, rows cut and continued later -- replay graphs captured by earlier calls and still
+    draw the eager whole-batch tokens."""
+    model, tok = model_tok
+    emulated_cuda_graphs(monkeypatch)
+    specs = _specs(tok)
+    want, _ = _gen(_engine(model, tok, graphs=False), specs)
+    engine = _engine(model, tok, graphs=True)
+    split = {}
+    for part in (specs[:5], specs[5:14], specs[14:]):
+        split.update(_gen(engine, part)[0])
+    assert split == want
+    assert _gen(engine, specs, dedup=False)[0] == want
+    ends = sorted(len(t) for t, _ in want.values())
+    first, _ = _gen(engine, specs, cut_after=sum(e == ends[0] for e in ends))
+    cut = [k for k, (_, reason) in first.items() if reason == "cut"]
+    assert cut, "nothing was cut"
+    prompts = {(s.prompt_id, s.sample_index): s.prompt_tokens for s in specs}
+    rest, stats = _gen(engine, [SampleSpec(p, i, prompts[(p, i)], tuple(first[(p, i)][0])) for p, i in cut])
+    assert {**{k: v for k, v in first.items() if v[1] != "cut"}, **rest} == want
+    assert stats.kv_cache == "static+graphs"
 
 
 def test_a_larger_call_drops_the_graphs_of_the_old_buffers_and_stays_exact(model_tok, monkeypatch):
@@ -156,6 +184,9 @@ def test_replayed_verification_rounds_keep_plain_decodings_tokens(model_tok, mon
         outs, stats = _gen(engine, specs, speculation=Speculation(history=hist, fixed=("history", k)))
         assert outs == plain, k
         assert stats.kv_cache == "static+graphs" and stats.spec["spec_rounds"] > 0, stats
+    filtered = {"top_k": 5, "top_p": 0.8}
+    lookup = Speculation(strategies=("prompt_lookup",), fixed=("prompt_lookup", 3))
+    assert _gen(engine, specs, speculation=lookup, **filtered)[0] == _gen(engine, specs, **filtered)[0]
     verify = [g for key, g in runtime_for(model).graphs.items() if key[0] == "verify"]
     assert verify and all(g.replays > 0 for g in verify)
     replays = sum(g.replays for g in made)
