@@ -6,9 +6,8 @@ import pytest
 
 from actions.engines.drafters import HistoryDrafter, PromptLookupDrafter
 from actions.engines.spec_select import AcceptanceTracker, ForwardCost, choose_rows
+from flows.planning.speculation import acceptance_rates, decode_speedup, speculative_profile, step_spec_metrics
 from flows.planning.tpot import TpotProfile
-from flows.planning.speculation import (acceptance_rates, decode_speedup, speculative_profile,
-                                        step_spec_metrics)
 
 
 def flat(batch: int, width: int) -> float:  # a memory-bound forward: width is free
@@ -279,15 +278,46 @@ def test_ngram_index_appended_at_once_equals_token_by_token():
         tokens = [rng.randrange(4) for _ in range(60)]
         whole, single = NgramIndex(min_n, max_n), NgramIndex(min_n, max_n)
         whole.append(tokens[:1])
-        whole.append(tokens[1:40])  # a bulk append after a short one, and onto a fork
-        child = whole.fork()
-        child.append(tokens[40:])
-        for t in tokens[:40]:
+        whole.append(tokens[1:40])  # a bulk append after a short one, and after a bulk one
+        whole.append(tokens[40:])
+        for t in tokens:
             single.append([t])
-        single_child = single.fork()
-        for t in tokens[40:]:
-            single_child.append([t])
-        assert whole._where == single._where and child._where == single_child._where
+        assert whole._where == single._where
         for end in range(1, 61):
             query = tokens[max(0, end - max_n):end]
-            assert child.lookup(query) == single_child.lookup(query) and child.last_n == single_child.last_n
+            assert whole.lookup(query) == single.lookup(query) and whole.last_n == single.last_n
+
+
+@pytest.mark.parametrize("alphabet", [(0, 1, 2), (0, 1, 256, 65536, 1 << 24, 1 << 30)],
+                         ids=["small", "byte-aligned"])
+def test_prompt_lookup_drafts_what_an_ngram_index_of_prompt_and_response_drafts(alphabet):
+    """The packed backwards search proposes exactly what the dictionary of every n-gram with
+    a known continuation (latest occurrence wins, longest n first) proposes, with the same
+    kinds. Ids whose bytes line up across token boundaries (0 after 256, ...) make matches
+    that straddle two tokens, which must be skipped."""
+    import random
+
+    from actions.engines.drafters.base import NgramIndex, overlap_copy
+
+    rng = random.Random(3)
+    for trial in range(40):
+        min_n, max_n = rng.choice(((1, 3), (1, 4), (2, 3)))
+        prompt = [rng.choice(alphabet) for _ in range(rng.randrange(0, 12))]
+        response = [rng.choice(alphabet) for _ in range(rng.randrange(0, 4))]
+        if not prompt and not response:
+            continue
+        d = PromptLookupDrafter(min_n=min_n, max_n=max_n)
+        d.start(trial, 9, prompt, response)
+        index = NgramIndex(min_n, max_n)
+        index.append(prompt)
+        index.append(response)
+        for _ in range(25):
+            k = rng.randrange(0, 6)
+            pos = index.lookup(index.tokens[-max_n:])
+            want = [] if pos is None or k <= 0 else overlap_copy(index.tokens, pos, k)
+            kind = "n0" if pos is None else f"n{index.last_n}{'r' if pos >= len(prompt) else 'p'}"
+            assert d.propose(trial, k) == want
+            assert d.kind(trial) == f"prompt_lookup/{kind}"
+            new = [rng.choice(alphabet) for _ in range(rng.randrange(1, 10))]
+            d.extend(trial, new)
+            index.append(new)

@@ -1,4 +1,5 @@
-"""The drafter contract and the incremental n-gram index both strategies use.
+"""The drafter contract, the n-gram index the history drafter searches, and the overlapping copy
+both strategies draft with.
 
 A drafter holds per-row state. The engine calls ``start`` once per row with the row's
 prompt and response so far, ``extend`` with every token the row accepts afterwards, and
@@ -33,6 +34,17 @@ class Drafter(Protocol):
         ...
 
 
+def overlap_copy(tokens: Sequence[int], pos: int, k: int) -> list[int]:
+    """``k`` tokens of ``tokens`` from ``pos`` on; past the end, the copy continues from its own
+    output (LZ77-style overlap), so a repeating pattern drafts its next period, not one token."""
+    out: list[int] = []
+    n = len(tokens)
+    for i in range(k):
+        j = pos + i
+        out.append(tokens[j] if j < n else out[j - n])
+    return out
+
+
 class NgramIndex:
     """Where each n-gram (``min_n <= n <= max_n``) of a growing token list last occurred with a
     known continuation: ``ngram -> index of the token after it``.
@@ -41,29 +53,14 @@ class NgramIndex:
     the continuation position, so a drafter can copy the tokens that followed it. An n-gram is
     registered only once its next token exists, so the list's own trailing n-gram never matches
     itself.
-
-    ``fork()`` gives a child that shares this index's entries read-only and adds its own: the
-    rows of a GRPO group share their prompt's index instead of each building it (the parent
-    must not grow after forking).
     """
 
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n, self.max_n = min_n, max_n
         self.tokens: list[int] = []
         self._where: dict[tuple[int, ...], int] = {}
-        self._parent: dict[tuple[int, ...], int] | None = None
         self.last_n = 0
         self.last_pos: int | None = None
-        self.base_len = 0
-        """Tokens inherited from the parent at ``fork`` (a row's prompt): a continuation at or
-        past it copies the list's own later part (a row's response)."""
-
-    def fork(self) -> "NgramIndex":
-        child = NgramIndex(self.min_n, self.max_n)
-        child.tokens = list(self.tokens)
-        child._parent = self._where
-        child.base_len = len(self.tokens)
-        return child
 
     def append(self, tokens: Sequence[int]) -> None:
         if len(tokens) <= 2:  # a decode round's token or two: the plain loop is cheaper
@@ -85,25 +82,12 @@ class NgramIndex:
                 grams = zip(*(toks[first - n + i:new - n + i] for i in range(n)))
                 self._where.update(zip(grams, range(first, new)))
 
-    def copy(self, pos: int, k: int) -> list[int]:
-        """``k`` tokens from ``pos`` on; past the end, the copy continues from its own output
-        (LZ77-style overlap), so a repeating pattern drafts its next period, not one token."""
-        out: list[int] = []
-        n = len(self.tokens)
-        for i in range(k):
-            j = pos + i
-            out.append(self.tokens[j] if j < n else out[j - n])
-        return out
-
     def lookup(self, query: Sequence[int]) -> int | None:
         """Continuation index of the longest suffix of ``query`` in the index, or None;
         ``last_n`` is the length of the suffix that matched (0: none), ``last_pos`` the index."""
         self.last_n, self.last_pos = 0, None
         for n in range(min(self.max_n, len(query)), self.min_n - 1, -1):
-            gram = tuple(query[len(query) - n:])
-            pos = self._where.get(gram)  # own entries are later than the parent's
-            if pos is None and self._parent is not None:
-                pos = self._parent.get(gram)
+            pos = self._where.get(tuple(query[len(query) - n:]))
             if pos is not None:
                 self.last_n, self.last_pos = n, pos
                 return pos

@@ -3,7 +3,12 @@ response's last n tokens in the row's own prompt + response (prompt-lookup decod
 Hugging Face ``prompt_lookup_num_tokens`` and vLLM's ``ngram`` method).
 
 It pays where responses quote their prompts (extraction, editing, code, repetition) and costs
-nothing to keep: the index grows by ``max_n - min_n + 1`` dictionary entries per token.
+little to keep: a row's tokens are kept twice, as a list and as their 4-byte little-endian
+packing, and a proposal searches the packing backwards (``bytearray.rfind``, in C) for the
+longest suffix n-gram (``max_n`` down to ``min_n``) that has a token after it. Appending a
+verification round's tokens is then two extends, where an n-gram index would insert
+``max_n - min_n + 1`` tuples per token: this runs for every row of every round, between two
+forwards of the target model, and is the drafter's whole cost on the host.
 
 A draft's kind (``kind``) is its match length and where the copy comes from: ``p`` the prompt
 (a quote, e.g. a response's first token matching one letter of the prompt, often wrong) or
@@ -13,9 +18,39 @@ often right to the end). Their acceptance differs by far, and the selector track
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
-from actions.engines.drafters.base import NgramIndex
+from actions.engines.drafters.base import overlap_copy
+
+WIDTH = 4
+"""Bytes per packed token (``array("i")``: token ids below 2**31)."""
+
+
+def _pack(tokens: Sequence[int]) -> bytes:
+    return array("i", tokens).tobytes()
+
+
+class _Row:
+    __slots__ = ("tokens", "packed", "prompt_len", "last_n", "last_pos")
+
+    def __init__(self, tokens: list[int], packed: bytearray, prompt_len: int) -> None:
+        self.tokens, self.packed, self.prompt_len = tokens, packed, prompt_len
+        self.last_n, self.last_pos = 0, None  # the last proposal's match length and continuation
+
+
+def latest_match(packed: bytearray, length: int, n: int) -> int | None:
+    """The continuation index of the latest occurrence of the last ``n`` of ``length`` packed
+    tokens that has a token after it (so not the suffix itself), or None."""
+    pattern = packed[(length - n) * WIDTH:]
+    end = (length - 1) * WIDTH  # the occurrence must end before the last token
+    while True:
+        at = packed.rfind(pattern, 0, end)
+        if at < 0:
+            return None
+        if at % WIDTH == 0:
+            return at // WIDTH + n
+        end = at + len(pattern) - 1  # a match across token boundaries: search left of it
 
 
 class PromptLookupDrafter:
@@ -23,29 +58,37 @@ class PromptLookupDrafter:
 
     def __init__(self, min_n: int = 1, max_n: int = 3) -> None:
         self.min_n, self.max_n = min_n, max_n
-        self._rows: dict[int, NgramIndex] = {}
-        self._prompts: dict[tuple[int, ...], NgramIndex] = {}  # one index per distinct prompt
+        self._rows: dict[int, _Row] = {}
+        self._prompts: dict[tuple[int, ...], bytes] = {}  # a GRPO group's rows share their prompt's packing
 
     def start(self, row: int, prompt_id: int, prompt: Sequence[int], response: Sequence[int]) -> None:
         key = tuple(prompt)
         if key not in self._prompts:
-            base = NgramIndex(self.min_n, self.max_n)
-            base.append(key)
-            self._prompts[key] = base
-        index = self._prompts[key].fork()
-        index.append(response)
-        self._rows[row] = index
+            self._prompts[key] = _pack(key)
+        packed = bytearray(self._prompts[key])
+        packed += _pack(response)
+        self._rows[row] = _Row([*key, *response], packed, len(key))
 
     def extend(self, row: int, tokens: Sequence[int]) -> None:
-        self._rows[row].append(tokens)
+        state = self._rows[row]
+        state.tokens.extend(tokens)
+        state.packed += _pack(tokens)
 
     def kind(self, row: int) -> str:
-        index = self._rows[row]
-        if index.last_pos is None:
+        state = self._rows[row]
+        if state.last_pos is None:
             return f"{self.name}/n0"
-        return f"{self.name}/n{index.last_n}{'r' if index.last_pos >= index.base_len else 'p'}"
+        return f"{self.name}/n{state.last_n}{'r' if state.last_pos >= state.prompt_len else 'p'}"
 
     def propose(self, row: int, k: int) -> list[int]:
-        index = self._rows[row]
-        pos = index.lookup(index.tokens[-self.max_n:])
-        return [] if pos is None or k <= 0 else index.copy(pos, k)
+        state = self._rows[row]
+        state.last_n, state.last_pos = 0, None
+        length = len(state.tokens)
+        for n in range(min(self.max_n, length), self.min_n - 1, -1):
+            pos = latest_match(state.packed, length, n)
+            if pos is not None:
+                state.last_n, state.last_pos = n, pos
+                break
+        if state.last_pos is None or k <= 0:
+            return []
+        return overlap_copy(state.tokens, state.last_pos, k)
