@@ -276,3 +276,23 @@ def test_generate_and_evaluate_actions_on_vllm_reuse_one_engine_across_versions(
         assert factory._vllm.engine is engine
     finally:
         factory.close_vllm()
+
+
+def test_row_ends_take_all_equals_take_token_by_token():
+    """A verification round's tokens at once: the same generated lists, reasons, stops and
+    count as one ``take`` per token up to the row's end."""
+    import random
+
+    from actions.engines.base import RowEnds
+
+    rng = random.Random(4)
+    for _ in range(300):
+        max_new = rng.randrange(1, 12)
+        eos = (0, 7)
+        toks = [rng.randrange(0, 9) if rng.random() < 0.3 else rng.randrange(1, 7) for _ in range(rng.randrange(0, 9))]
+        prior = [rng.randrange(1, 7) for _ in range(rng.randrange(0, max_new))]
+        one, many = RowEnds(1, eos, max_new), RowEnds(1, eos, max_new)
+        g1, g2 = list(prior), list(prior)
+        ended = any(one.take(0, t, g1) for t in toks)
+        assert many.take_all(0, toks, g2) == ended
+        assert (g1, one.reasons, one.stops, one.num_done) == (g2, many.reasons, many.stops, many.num_done)

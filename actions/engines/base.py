@@ -152,6 +152,15 @@ class RowEnds:
         self.num_done += 1
         return True
 
+    def take_all(self, row: int, tokens: Sequence[int], generated: list[int]) -> bool:
+        """``take`` of each of ``tokens`` in order until the row ends (the rest are dropped);
+        True when it ended. A verification round's tokens mostly end nothing: one set check
+        and one extend then, not a call per token."""
+        if self.eos.isdisjoint(tokens) and len(generated) + len(tokens) < self.max_new_tokens:
+            generated.extend(tokens)
+            return False
+        return any(self.take(row, t, generated) for t in tokens)
+
     def cut(self, cut_after: int | None) -> bool:
         """Whether ``cut_after`` rows have ended (the call stops and returns the rest as partial)."""
         return cut_after is not None and self.num_done >= cut_after

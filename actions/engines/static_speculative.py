@@ -181,15 +181,15 @@ class _Loop:
         """Apply each running sample's new tokens in order (a row that ends drops the rest),
         hand the kept ones to the drafters, and release finished rows' slots (compacting into a
         smaller bucket where one fits). False when no row runs on."""
-        keep = []
+        keep, drafters = [], list(self.drafters.values())
         for j, i in enumerate(self.slots):
             if i is None:
                 continue
-            toks = new.get(i, [])
-            if not any(self.ends.take(i, t, self.gen[i]) for t in toks):
+            toks = new.get(i, ())
+            if not self.ends.take_all(i, toks, self.gen[i]):
                 keep.append(j)
-                for d in self.drafters.values():
-                    d.extend(i, tuple(toks))
+                for d in drafters:
+                    d.extend(i, toks)
         if not keep:
             return False
         running = sum(i is not None for i in self.slots)
