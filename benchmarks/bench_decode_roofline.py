@@ -180,7 +180,11 @@ def main() -> None:
         extra = f"  x{ms / roof_ms:.2f} roofline" if roof_ms else ""
         extra += f"  hf-loop/this {base / ms:.2f}x" if base else ""
         print(f"  {name:8s} {ms:8.3f} ms/step{extra}")
+    # what the GEMMs read: every weight but an input embedding of its own (a row lookup, not a GEMM)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    if embed.data_ptr() != head.data_ptr():
+        weights -= embed.numel() * embed.element_size()
     for name in [x for x in (args.profile or "").split(",") if x in wanted and x != "hf-loop"]:
         res.setdefault("profile", {})[name] = prof = step_profile(paths[name](), args.steps, device)
         print(f"profile of {name}:")

@@ -5,8 +5,8 @@ each: prefill plus 0 or ``steps`` decode steps) and divides the difference by ``
 way ``bench_decode_roofline.step_ms`` times a step, so prefill and call set-up cancel. On a GPU
 it counts device kernels (inside CUDA graphs too, where the profiler's CUPTI traces graph
 nodes); on the CPU, operators' self time. The kinds say what a step's device time is spent on
-against the roofline: GEMMs (their achieved GB/s over the weight bytes tells their
-efficiency), attention, norms and reductions, copies and indexing, other elementwise kernels,
+against the roofline: GEMMs (their achieved GB/s over the bytes of the weights they read tells
+their efficiency), attention, norms and reductions, copies and indexing, other elementwise kernels,
 and Triton kernels (a compiled step's fused ones).
 """
 
@@ -24,8 +24,9 @@ KINDS = (
     ("attention", r"flash|fmha|attention|sdpa|scaled_dot_product"),  # before gemm: cutlass FMHA kernels
     ("gemm", r"gemm|gemv|cutlass|nvjet|xmma|cublas|aten::(mm|addmm|bmm|linear|matmul)$"),
     ("triton", r"^triton"),
-    ("norm/reduce", r"reduce|norm|rsqrt|aten::(mean|sum|pow|max|argmax|amax)$"),
-    ("copy/index", r"copy|index|scatter|gather|fill|cat|aten::(to|_to_copy|clone|contiguous|repeat|where)$"),
+    ("norm/reduce", r"reduce|norm|rsqrt|softmax|aten::(mean|sum|pow|max|argmax|amax)$"),
+    ("copy/index", r"copy|memcpy|memset|index|scatter|gather|fill|cat"
+                   r"|aten::(to|_to_copy|clone|contiguous|repeat|where)$"),
 )
 """Kernel (or operator) name pattern per kind, first match wins; the rest is ``elementwise``."""
 

@@ -3,18 +3,19 @@
 A real capture records kernels without running them; a replay reruns exactly those kernels on
 exactly the memory they were recorded with, every Python decision and host value fixed at
 capture time. ``EmulatedGraph`` keeps that contract on the CPU: a capture records the aten
-operations it dispatches (a ``TorchDispatchMode``) and undoes their writes when it ends (a
-real capture writes nothing); a replay runs the same operations on the same tensor objects,
-each result written into the tensor the capture produced. What a CUDA capture refuses raises
-here too: a device value read on the host (``.item()``, ``.tolist()``, ``bool(t)``), an
-operation whose output size depends on the data, a host value turned into a tensor (on a GPU,
-a host-to-device copy that the replay would not repeat).
+operations it dispatches (a ``TorchDispatchMode``), undoes their writes to the memory it found
+and leaves the memory it allocated holding garbage (NaN, -7) when it ends (a real capture runs
+nothing); a replay runs the same operations on the same tensor objects, each result written
+into the tensor the capture produced, and fails if any tensor it reads has moved to other
+memory since (``p.data = ...``, ``.to()`` and back: a real graph would read the old, freed
+memory). What a CUDA capture refuses raises here too: a device value read on the host
+(``.item()``, ``.tolist()``, ``bool(t)``, ``torch.equal``), an operation whose output size
+depends on the data (``nonzero``, mask indexing, ``unique``), a host value turned into a tensor
+(on a GPU, a host-to-device copy the replay would not repeat), an in-place change of shape.
 
-So the graph path of the static decode loop, which only a GPU runs for real, runs on the CPU:
-a state advance left out of the graph, a per-call value baked into a graph, a buffer
-reallocated under a captured graph or weights replaced rather than copied in place all change
-tokens, and a host read inside the step raises. Not emulated: the memory pool graphs share (a
-graph's temporaries stay its own here) and stream ordering.
+So the graph path of the static decode loop, which only a GPU runs for real, runs on the CPU.
+Not emulated: the memory pool graphs share (a graph's temporaries stay its own here), streams,
+and ``.cpu()`` (a no-op on the CPU, a device-to-host copy on a GPU).
 
 ``emulated_cuda_graphs(monkeypatch)`` installs it as ``torch.cuda.CUDAGraph``,
 ``torch.cuda.graph`` and the stream calls ``DecodeRuntime._capture`` makes, and gives the
@@ -37,13 +38,46 @@ REFUSED = {
     aten._local_scalar_dense.default: "reads a device value on the host (.item(), .tolist(), bool())",
     aten.nonzero.default: "has an output size that depends on the data",
     aten.masked_select.default: "has an output size that depends on the data",
+    aten._unique2.default: "has an output size that depends on the data",
+    aten.unique_dim.default: "has an output size that depends on the data",
+    aten.unique_consecutive.default: "has an output size that depends on the data",
     aten.lift_fresh.default: "turns a host value into a tensor (a copy the replay would not repeat)",
 }
 """Operations a CUDA capture cannot hold, and why (the error names the operation)."""
 
+RESHAPED_IN_PLACE = {aten.resize_, aten.set_, aten.unsqueeze_, aten.squeeze_, aten.t_, aten.transpose_,
+                     aten.as_strided_, aten.swapdims_, aten.swapaxes_}
+"""In-place operations that change a tensor's shape or storage: a replay cannot repeat them."""
+
+METADATA = {aten.is_same_size, aten.sym_size, aten.sym_stride, aten.sym_numel, aten.sym_storage_offset}
+"""Operations that return a Python value computed from shapes alone (no device read)."""
+
 
 class CaptureError(RuntimeError):
-    """An operation a CUDA graph capture refuses ran inside one."""
+    """An operation a CUDA graph capture refuses ran inside one, or a replay found a captured
+    tensor's memory moved."""
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+
+
+def _refusal(func, args: tuple, kwargs: dict) -> str | None:
+    """Why a CUDA capture would refuse ``func(*args, **kwargs)`` (None: it would not)."""
+    if func in REFUSED:
+        return REFUSED[func]
+    packet = func.overloadpacket
+    if packet in RESHAPED_IN_PLACE:
+        return "changes a tensor's shape or storage in place"
+    if packet not in METADATA and any("Tensor" not in str(r.type) for r in func._schema.returns):
+        return "returns a host value (torch.equal, allclose, ...: a device read)"
+    if packet in (aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_):
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        if any(t is not None and t.dtype in (torch.bool, torch.uint8) for t in indices):
+            return "indexes with a mask (its nonzero has an output size that depends on the data)"
+    if func is aten.repeat_interleave.Tensor and kwargs.get("output_size") is None:
+        return "has an output size that depends on the data (no output_size)"
+    return None
 
 
 def _written(func, args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -52,9 +86,12 @@ def _written(func, args: tuple, kwargs: dict) -> list[torch.Tensor]:
     for i, arg in enumerate(func._schema.arguments):
         if arg.alias_info is None or not arg.alias_info.is_write:
             continue
-        value = args[i] if i < len(args) else kwargs.get(arg.name)
-        out.extend(t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor))
+        out.extend(_tensors(args[i] if i < len(args) else kwargs.get(arg.name)))
     return out
+
+
+def _address(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
 
 
 class _Recorder(TorchDispatchMode):
@@ -64,12 +101,20 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in REFUSED:
-            raise CaptureError(f"{func} inside a CUDA graph capture: the operation {REFUSED[func]}")
+        why = _refusal(func, args, kwargs)
+        if why:
+            raise CaptureError(f"{func} inside a CUDA graph capture: the operation {why}")
+        g = self.graph
+        inputs = _tensors((args, kwargs))
+        for t in inputs:
+            if _address(t) not in g._made:
+                g._existing.add(_address(t))
         for t in _written(func, args, kwargs):
-            self.graph._saved.append((t, t.clone()))  # undone in reverse when the capture ends
+            g._saved.append((t, t.clone()))  # undone in reverse when the capture ends
         out = func(*args, **kwargs)
-        self.graph.ops.append((func, args, kwargs, out))
+        # a graph reads and writes fixed addresses: the replay checks that none has moved
+        g.ops.append((func, args, kwargs, out, [(t, _address(t)) for t in inputs]))
+        g._made.update(_address(t) for t in _tensors(out) if _address(t) not in g._existing)
         return out
 
 
@@ -80,10 +125,16 @@ class EmulatedGraph:
         self.ops: list[tuple] = []
         self.replays = 0
         self._saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._existing: set[int] = set()  # storages the capture found
+        self._made: set[int] = set()  # storages the capture allocated (the graph's own memory)
 
     def replay(self) -> None:
         with torch.no_grad():
-            for func, args, kwargs, out in self.ops:
+            for func, args, kwargs, out, addresses in self.ops:
+                for t, at in addresses:
+                    if _address(t) != at:
+                        raise CaptureError(f"replay of {func}: a tensor it read at capture has moved to other "
+                                           "memory (a real graph would read the old, freed memory)")
                 result = func(*args, **kwargs)
                 for kept, new in zip(tree_flatten(out)[0], tree_flatten(result)[0]):
                     # a view or an in-place result is the memory it aliases, already written
@@ -91,15 +142,22 @@ class EmulatedGraph:
                         kept.copy_(new)
         self.replays += 1
 
-    def _undo_writes(self) -> None:
+    def _end_capture(self) -> None:
+        """Undo the capture's writes to memory it found, and leave its own memory holding
+        garbage, as a real capture does (nothing ran): a read of it before the first replay
+        shows."""
         for t, before in reversed(self._saved):  # an element written twice ends at its first value
             t.copy_(before)
         self._saved.clear()
+        with torch.no_grad():
+            for *_, out, _ in self.ops:
+                for t in _tensors(out):
+                    if _address(t) in self._made:
+                        t.fill_(True if t.dtype == torch.bool else float("nan") if t.is_floating_point() else -7)
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-            and a.storage_offset() == b.storage_offset())
+    return _address(a) == _address(b) and a.storage_offset() == b.storage_offset()
 
 
 @contextlib.contextmanager
@@ -123,7 +181,7 @@ def capture(graph: EmulatedGraph, pool=None, **_):
     finally:
         for name, method in reads.items():
             setattr(torch.Tensor, name, method)
-        graph._undo_writes()
+        graph._end_capture()
 
 
 class _Stream:

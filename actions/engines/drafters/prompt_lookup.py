@@ -3,12 +3,17 @@ response's last n tokens in the row's own prompt + response (prompt-lookup decod
 Hugging Face ``prompt_lookup_num_tokens`` and vLLM's ``ngram`` method).
 
 It pays where responses quote their prompts (extraction, editing, code, repetition) and costs
-little to keep: a row's tokens are kept twice, as a list and as their 4-byte little-endian
-packing, and a proposal searches the packing backwards (``bytearray.rfind``, in C) for the
-longest suffix n-gram (``max_n`` down to ``min_n``) that has a token after it. Appending a
-verification round's tokens is then two extends, where an n-gram index would insert
-``max_n - min_n + 1`` tuples per token: this runs for every row of every round, between two
-forwards of the target model, and is the drafter's whole cost on the host.
+little to keep: a row's tokens are kept twice, as a list and packed as C ints
+(``array("i")``, native byte order), and a proposal searches the packing backwards
+(``bytearray.rfind``, in C) for the longest suffix n-gram (``max_n`` down to ``min_n``) that has
+a token after it. Appending a verification round's tokens is then two extends, where an n-gram
+index would insert ``max_n - min_n + 1`` tuples per token: this runs for every row of every
+round, between two forwards of the target model. The price is a search that grows with the
+row: a suffix with no earlier occurrence scans the whole row, once per n tried. Up to a few
+thousand tokens a row that is cheaper than the index's inserts; at tens of thousands it costs
+more (per 64-row round, prompt 4096 + response 28000 tokens: 1.7 ms against the index's 0.9 ms
+for Zipf-distributed tokens, 9.4 against 1.3 ms for uniform ones), still small beside a
+forward over that context.
 
 A draft's kind (``kind``) is its match length and where the copy comes from: ``p`` the prompt
 (a quote, e.g. a response's first token matching one letter of the prompt, often wrong) or
@@ -23,8 +28,8 @@ from collections.abc import Sequence
 
 from actions.engines.drafters.base import overlap_copy
 
-WIDTH = 4
-"""Bytes per packed token (``array("i")``: token ids below 2**31)."""
+WIDTH = array("i").itemsize
+"""Bytes per packed token (a C int: token ids below 2**31)."""
 
 
 def _pack(tokens: Sequence[int]) -> bytes:
