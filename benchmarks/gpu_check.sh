@@ -37,8 +37,8 @@ for part in ${PARTS:-spec prefill roofline versions}; do
         --model-config benchmarks/configs/qwen2.5-0.5b.json 2>&1 | grep -v "Warning\|forward_call\|deprecated" \
         | tail -40 | tee -a "$OUT/prefill.txt" ;;
     roofline)
-      for shape in ${SHAPES:-0.5b 7b}; do
-        for batch in ${BATCHES:-8 64}; do
+      for shape in ${SHAPES:-7b 0.5b}; do  # the 7B profile first: the 1.5x bar is open there
+        for batch in ${BATCHES:-64 8}; do
           echo "== qwen2.5-$shape batch $batch" | tee -a "$OUT/bench.txt"
           prof=(); [ "$batch" = 64 ] && prof=(--profile "${PROFILE:-graphs,static}")  # kernels by kind
           timeout "${BENCH_TIMEOUT:-150}" python3 benchmarks/bench_decode_roofline.py --device cuda \
