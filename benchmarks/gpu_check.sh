@@ -44,6 +44,7 @@ for part in ${PARTS:-spec prefill roofline versions}; do
           timeout "${BENCH_TIMEOUT:-150}" python3 benchmarks/bench_decode_roofline.py --device cuda \
             --model-config "benchmarks/configs/qwen2.5-$shape.json" --batch "$batch" --context 512 --compare \
             ${prof[@]+"${prof[@]}"} --json "$OUT/roofline.jsonl" 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tee -a "$OUT/bench.txt"
+          echo "== qwen2.5-$shape batch $batch exit status ${PIPESTATUS[0]}" | tee -a "$OUT/bench.txt"
         done
       done ;;
     compiled)  # the step through torch.compile (fused kernels), batch 64: compiling takes minutes
@@ -53,6 +54,7 @@ for part in ${PARTS:-spec prefill roofline versions}; do
           --profile compiled \
           --model-config "benchmarks/configs/qwen2.5-$shape.json" --batch 64 --context 512 \
           --json "$OUT/roofline.jsonl" 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tail -30 | tee -a "$OUT/bench.txt"
+        echo "== qwen2.5-$shape compiled exit status ${PIPESTATUS[0]}" | tee -a "$OUT/bench.txt"
       done ;;
     versions)  # a new policy version copied into the warm model against a model built afresh
       echo "== version swap, qwen2.5-0.5b" | tee -a "$OUT/bench.txt"
