@@ -107,7 +107,7 @@ def tiny(request) -> Tiny:
 
 
 @pytest.fixture
-def model_tok(tiny) -> Tiny:
+def cold(tiny) -> Tiny:
     """The module's model with no graphs captured yet (each test counts its own captures)."""
     rt = runtime_for(tiny.model)
     rt.graphs.clear()
@@ -137,34 +137,34 @@ def _gen(engine, specs, speculation=None, **kw):
 
 @pytest.mark.parametrize("kw", [{}, {"top_k": 5, "top_p": 0.8}, {"temperature": 0.0}, {"cut_after": 5}],
                          ids=["plain", "top-k-top-p", "greedy", "cut"])
-def test_replayed_steps_give_the_eager_steps_tokens(model_tok, monkeypatch, kw):
-    model, tok = model_tok.model, model_tok.tok
+def test_replayed_steps_give_the_eager_steps_tokens(cold, monkeypatch, kw):
+    model, tok = cold.model, cold.tok
     made = emulated_cuda_graphs(monkeypatch)
     specs = _specs(tok)
     # a greedy row that starts with EOS would decode nothing: no token is EOS then
     eos = len(tok) + 1 if kw.get("temperature") == 0.0 else None
-    eager, estats = _gen(_engine(model_tok, graphs=False, eos_id=eos), specs, **kw)
+    eager, estats = _gen(_engine(cold, graphs=False, eos_id=eos), specs, **kw)
     assert not made and estats.kv_cache == "static"
-    graphs, gstats = _gen(_engine(model_tok, graphs=True, eos_id=eos), specs, **kw)
+    graphs, gstats = _gen(_engine(cold, graphs=True, eos_id=eos), specs, **kw)
     assert gstats.kv_cache == "static+graphs" and gstats.graph_captures > 0, gstats
     assert runtime_for(model).graph_error is None
     assert graphs == eager
     assert sum(g.replays for g in made) == gstats.decode_steps
     if not kw:  # sampled at temperature 1, rows end at different steps
         assert len({len(t) for t, _ in eager.values()}) > 2, "rows all ended together: no bucket was left"
-    again, astats = _gen(_engine(model_tok, graphs=True, eos_id=eos), specs, **kw)
+    again, astats = _gen(_engine(cold, graphs=True, eos_id=eos), specs, **kw)
     assert again == eager and astats.graph_captures == 0  # warm: replayed, not captured
 
 
-def test_uneven_splits_dedup_off_and_cut_then_continue_replay_exactly(model_tok, monkeypatch):
+def test_uneven_splits_dedup_off_and_cut_then_continue_replay_exactly(cold, monkeypatch):
     """The calls a campaign makes of one warm engine -- parts of a batch, prefill without
     dedup, rows cut and continued later -- replay graphs captured by earlier calls and still
     draw the eager whole-batch tokens."""
-    tok = model_tok.tok
+    tok = cold.tok
     emulated_cuda_graphs(monkeypatch)
     specs = _specs(tok)
-    want, _ = _gen(_engine(model_tok, graphs=False), specs)
-    engine = _engine(model_tok, graphs=True)
+    want, _ = _gen(_engine(cold, graphs=False), specs)
+    engine = _engine(cold, graphs=True)
     split = {}
     for part in (specs[:5], specs[5:14], specs[14:]):
         split.update(_gen(engine, part)[0])
@@ -180,48 +180,48 @@ def test_uneven_splits_dedup_off_and_cut_then_continue_replay_exactly(model_tok,
     assert stats.kv_cache == "static+graphs"
 
 
-def test_a_larger_call_drops_the_graphs_of_the_old_buffers_and_stays_exact(model_tok, monkeypatch):
+def test_a_larger_call_drops_the_graphs_of_the_old_buffers_and_stays_exact(cold, monkeypatch):
     """Growing the buffers reallocates them; a graph kept over the old ones would write there
     and the tokens would change."""
-    model, tok = model_tok.model, model_tok.tok
+    model, tok = cold.model, cold.tok
     emulated_cuda_graphs(monkeypatch)
     small, large = _specs(tok, 2, 2), _specs(tok, 9, 4)
-    engine = _engine(model_tok, graphs=True)
+    engine = _engine(cold, graphs=True)
     _gen(engine, small)
     rows_before = runtime_for(model).kv.rows
     got, stats = _gen(engine, large, max_new_tokens=NEW + 300)  # more rows and more columns
     assert runtime_for(model).kv.rows > rows_before and stats.graph_captures > 0
     assert stats.kv_cache == "static+graphs" and runtime_for(model).graph_error is None
-    assert got == _gen(_engine(model_tok, graphs=False), large, max_new_tokens=NEW + 300)[0]
+    assert got == _gen(_engine(cold, graphs=False), large, max_new_tokens=NEW + 300)[0]
 
 
-def test_a_call_that_outgrows_its_window_replays_the_wider_windows_graph(model_tok, monkeypatch):
+def test_a_call_that_outgrows_its_window_replays_the_wider_windows_graph(cold, monkeypatch):
     """Rows that never stop (no token is EOS) cross column ``WINDOW_STEP``, where the step
     needs the graph of the wider window (a graph of the narrower one would leave the columns
     past it out of the attention)."""
     from actions.engines.static_decode import WINDOW_STEP
 
-    model, tok = model_tok.model, model_tok.tok
+    model, tok = cold.model, cold.tok
     emulated_cuda_graphs(monkeypatch)
     specs, new, never = _specs(tok, 2, 2), WINDOW_STEP + 8, len(tok) + 1
-    got, _ = _gen(_engine(model_tok, graphs=True, eos_id=never), specs, max_new_tokens=new)
+    got, _ = _gen(_engine(cold, graphs=True, eos_id=never), specs, max_new_tokens=new)
     assert all(len(t) == new for t, _ in got.values())
     assert {key[1] for key in runtime_for(model).graphs} >= {WINDOW_STEP, 2 * WINDOW_STEP}
-    assert got == _gen(_engine(model_tok, graphs=False, eos_id=never), specs, max_new_tokens=new)[0]
+    assert got == _gen(_engine(cold, graphs=False, eos_id=never), specs, max_new_tokens=new)[0]
 
 
-def test_replayed_verification_rounds_keep_plain_decodings_tokens(model_tok, monkeypatch):
+def test_replayed_verification_rounds_keep_plain_decodings_tokens(cold, monkeypatch):
     """Speculative rounds replayed from graphs per (bucket, width, window), their draws in
     chunks, equal plain decoding with right, ragged and wrong history drafts; a warm call
     replays every round."""
     from actions.engines import static_decode
 
-    model, tok = model_tok.model, model_tok.tok
+    model, tok = cold.model, cold.tok
     made = emulated_cuda_graphs(monkeypatch)
     # a round's draws in chunks of three rows' columns, as a large vocabulary's are on a GPU
     monkeypatch.setattr(static_decode, "GRAPH_DRAW_ELEMENTS", 3 * len(tok))
     specs = _specs(tok)
-    engine = _engine(model_tok, graphs=True)
+    engine = _engine(cold, graphs=True)
     plain, _ = _gen(engine, specs)
     other, _ = _gen(engine, specs, step=STEP + 1)
     right: dict[int, list] = {}
@@ -289,15 +289,15 @@ def test_weights_moved_to_new_memory_get_a_new_runtime_and_new_graphs(monkeypatc
     assert after == _gen(_engine(Tiny(fresh, tok, tiny.eos), graphs=False), specs)[0]
 
 
-def test_a_host_read_inside_the_step_falls_back_to_eager_with_one_warning(model_tok, monkeypatch, caplog):
+def test_a_host_read_inside_the_step_falls_back_to_eager_with_one_warning(cold, monkeypatch, caplog):
     """A step that reads a device value on the host cannot be captured: the runtime says so
     once and decodes eagerly, with the same tokens."""
     from actions.engines import static_decode
 
-    model, tok = model_tok.model, model_tok.tok
+    model, tok = cold.model, cold.tok
     emulated_cuda_graphs(monkeypatch)
     specs = _specs(tok, 3, 2)
-    want, _ = _gen(_engine(model_tok, graphs=False), specs)
+    want, _ = _gen(_engine(cold, graphs=False), specs)
     step = static_decode.DecodeRuntime._step
 
     def reads_host(self, b, window, sampling, dense=False):
@@ -306,7 +306,7 @@ def test_a_host_read_inside_the_step_falls_back_to_eager_with_one_warning(model_
 
     monkeypatch.setattr(static_decode.DecodeRuntime, "_step", reads_host)
     with caplog.at_level("WARNING", logger="actions.engines.static_decode"):
-        got, stats = _gen(_engine(model_tok, graphs=True), specs)
+        got, stats = _gen(_engine(cold, graphs=True), specs)
     assert got == want and stats.kv_cache == "static" and stats.graph_captures == 0
     warnings = [r for r in caplog.records if "CUDA graph capture failed" in r.getMessage()]
     assert len(warnings) == 1 and "_local_scalar_dense" in warnings[0].getMessage()
