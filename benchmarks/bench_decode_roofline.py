@@ -35,7 +35,7 @@ import statistics
 import time
 
 import torch
-from bench_engine_throughput import build, timed  # the same model set-up and device-synced timer
+from bench_engine_throughput import add_model_args, build, timed  # the same model set-up and device-synced timer
 from step_profile import report, step_profile
 from transformers import DynamicCache
 
@@ -113,9 +113,7 @@ def step_ms(fn, steps: int, repeats: int, device: torch.device) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default=None)
-    p.add_argument("--model-config", default=None)
+    add_model_args(p)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--group", type=int, default=8, help="rows sharing one prompt")

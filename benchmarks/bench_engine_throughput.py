@@ -28,6 +28,14 @@ from actions.engines.torch_engine import TorchEngine
 from actions.models.device import sync
 
 
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """The options ``build`` reads: ``--device``, ``--dtype``, ``--model-config``."""
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None, help="default bfloat16 on cuda, float32 on cpu")
+    parser.add_argument("--model-config", default=None,
+                        help="a Hugging Face config.json (random weights of its shape); default a tiny Llama")
+
+
 def build(args: argparse.Namespace) -> torch.nn.Module:
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
@@ -53,9 +61,7 @@ def timed(fn, device: torch.device) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default=None)
-    parser.add_argument("--model-config", default=None)
+    add_model_args(parser)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--prompt-len", type=int, default=128)

@@ -29,7 +29,7 @@ import statistics
 import time
 
 import torch
-from bench_engine_throughput import build, timed  # the same model set-up and device-synced timer
+from bench_engine_throughput import add_model_args, build, timed  # the same model set-up and device-synced timer
 
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.torch_engine import TorchEngine
@@ -47,9 +47,7 @@ def noisy(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default=None)
-    p.add_argument("--model-config", default=None)
+    add_model_args(p)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=64)
