@@ -51,7 +51,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--versions", type=int, default=2)
+    p.add_argument("--versions", type=int, default=2, help="versions after the first (each timed both ways)")
     p.add_argument("--compile", action="store_true", help="the decode step through torch.compile")
     p.add_argument("--json", default=None, help="also append the figures to this file (one JSON line)")
     args = p.parse_args()
@@ -104,7 +104,8 @@ def main() -> None:
         print(f"version {v}: in place: copy {copy_s:.3f} s + call {in_place[0]:.3f} s ({in_place[1]} captures, "
               f"{in_place[2]:.3f} s) | afresh: build {fresh_build_s:.3f} s + call {fresh[0]:.3f} s "
               f"({fresh[1]} captures, {fresh[2]:.3f} s) | saved {saved:.3f} s | same tokens: {same}")
-    print(f"median saved per version: {statistics.median(r['saved_s'] for r in rows):.3f} s")
+    if rows:
+        print(f"median saved per version: {statistics.median(r['saved_s'] for r in rows):.3f} s")
     if args.json:
         with open(args.json, "a") as f:
             f.write(json.dumps({"device": args.device, "model_config": args.model_config, "batch": len(specs),
