@@ -184,7 +184,12 @@ def main() -> None:
     if embed.data_ptr() != head.data_ptr():
         weights -= embed.numel() * embed.element_size()
     for name in [x for x in (args.profile or "").split(",") if x in wanted and x != "hf-loop"]:
-        res.setdefault("profile", {})[name] = prof = step_profile(paths[name](), args.steps, device)
+        try:
+            res.setdefault("profile", {})[name] = prof = step_profile(paths[name](), args.steps, device)
+        except Exception as exc:  # noqa: BLE001 -- a profiler failure must not lose the timings
+            res["profile"][name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            print(f"profile of {name} failed: {res['profile'][name]['error']}")
+            continue
         print(f"profile of {name}:")
         print(report(prof, weights, roof_ms, res["ms"].get(name)))
     if args.compare:
