@@ -187,7 +187,7 @@ def main() -> None:
         try:
             res.setdefault("profile", {})[name] = prof = step_profile(paths[name](), args.steps, device)
         except Exception as exc:  # noqa: BLE001 -- a profiler failure must not lose the timings
-            res["profile"][name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            res.setdefault("profile", {})[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
             print(f"profile of {name} failed: {res['profile'][name]['error']}")
             continue
         print(f"profile of {name}:")
