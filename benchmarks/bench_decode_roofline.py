@@ -104,6 +104,15 @@ def compare_rows(model: torch.nn.Module, specs: list[SampleSpec], new_tokens: in
     return {k: f"{sum(a == b for a, b in zip(v, ref))}/{len(v)}" for k, v in toks.items()} if ref else {}
 
 
+def grouped_prompts(vocab: int, batch: int, context: int, group: int) -> tuple[list[SampleSpec], torch.Tensor]:
+    """About ``batch`` rows of ``context`` random ids (3 and up) sharing their prompt in groups
+    of ``group``, as GRPO samples do (seeded): the rows and the ``[groups, context]`` prompts."""
+    groups = max(1, batch // group)
+    prompts = torch.randint(3, vocab, (groups, context), generator=torch.Generator().manual_seed(0))
+    specs = [SampleSpec(g, i, tuple(prompts[g].tolist())) for g in range(groups) for i in range(batch // groups)]
+    return specs, prompts
+
+
 def step_ms(fn, steps: int, repeats: int, device: torch.device) -> float:
     """Median over ``repeats`` of (t(1 + steps) - t(1)) / steps, in ms."""
     fn(1 + steps)  # warm-up (and graph capture)
@@ -130,11 +139,8 @@ def main() -> None:
         torch.set_num_threads(1)
     model = build(args).eval()
     device, vocab = next(model.parameters()).device, model.config.vocab_size
-    gen = torch.Generator().manual_seed(0)
-    groups = max(1, args.batch // args.group)
-    prompts = torch.randint(3, vocab, (groups, args.context), generator=gen)
-    specs = [SampleSpec(g, i, tuple(prompts[g].tolist())) for g in range(groups) for i in range(args.batch // groups)]
-    ids = prompts.repeat_interleave(args.batch // groups, dim=0).to(device)
+    specs, prompts = grouped_prompts(vocab, args.batch, args.context, args.group)
+    ids = prompts.repeat_interleave(len(specs) // len(prompts), dim=0).to(device)
 
     def engine_fn(kv_cache: str, graphs: str, compiled: bool = False):
         engine = TorchEngine(model, eos_id=-1, pad_id=0, kv_cache=kv_cache, cuda_graphs=graphs,

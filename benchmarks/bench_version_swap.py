@@ -29,9 +29,10 @@ import statistics
 import time
 
 import torch
+from bench_decode_roofline import grouped_prompts  # the same rows as the decode benchmark
 from bench_engine_throughput import add_model_args, build, timed  # the same model set-up and device-synced timer
 
-from actions.engines.base import GenerationParams, SampleSpec
+from actions.engines.base import GenerationParams
 from actions.engines.torch_engine import TorchEngine
 from actions.models.device import sync
 from actions.models.in_place import copy_version, version_targets
@@ -63,11 +64,7 @@ def main() -> None:
     warm = build(args).eval()
     sync(device)
     build_s = time.perf_counter() - t0
-    vocab = warm.config.vocab_size
-    gen = torch.Generator().manual_seed(0)
-    groups = max(1, args.batch // 8)
-    prompts = torch.randint(3, vocab, (groups, args.context), generator=gen).tolist()
-    specs = [SampleSpec(g, i, tuple(prompts[g])) for g in range(groups) for i in range(args.batch // groups)]
+    specs, _ = grouped_prompts(warm.config.vocab_size, args.batch, args.context, group=8)
     params = GenerationParams(seed=0, step=0, max_new_tokens=args.new_tokens, temperature=1.0)
 
     def call(engine: TorchEngine) -> tuple[float, int, float, list]:

@@ -130,6 +130,11 @@ def calibrate_stop_rate(model_dir: Path, eos: int, rate: float, device: str) -> 
     return scale, reached
 
 
+def _child_env(**extra: str) -> dict[str, str]:
+    """This process's environment with the repository first on ``PYTHONPATH``, plus ``extra``."""
+    return dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **extra)
+
+
 def run_rlhfless(work: Path, model: Path, data: Path, size: tuple[int, int, int], steps: int, tag: str,
                  device: str = "cpu", reward: str | None = None, micro: int | None = None) -> dict:
     prompts, samples, tokens = size
@@ -143,7 +148,7 @@ def run_rlhfless(work: Path, model: Path, data: Path, size: tuple[int, int, int]
                           *([f'reward.functions=[{{name: "{reward}"}}]'] if reward else []),
                           *([f"algorithm.micro_batch_size={micro}"] if micro else []))
              for a in ("--set", kv)]]
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", RLHFLESS_DEVICE=device)
+    env = _child_env(RLHFLESS_DEVICE=device)
     t0 = time.time()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     marks = [time.time() - t0 for line in proc.stdout if "] step " in line]  # type: ignore[union-attr]
@@ -200,7 +205,7 @@ def run_trl(work: Path, model: Path, data: Path, size: tuple[int, int, int], ste
             device: str = "cpu", reward: str | None = None, micro: int | None = None) -> dict:
     cmd = [sys.executable, __file__, "--trl-child", str(model), str(data), *map(str, size), str(steps),
            str(work / f"trl-{tag}"), device, "length" if reward else "repeat", str(micro or 0)]
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env = _child_env()
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"TRL run failed: {out.stderr[-1500:]}")
@@ -230,8 +235,8 @@ def main() -> None:
         model, reward = write_shaped_model(work, args.model_config, args.stop_rate, args.device), LENGTH_REWARD
     completions = size[0] * size[1]
     rows = []
+    micro = MICRO.get(args.size)
     for i in range(args.pairs):
-        micro = MICRO.get(args.size)
         ours = run_rlhfless(work, model, data, size, args.steps, str(i), args.device, reward, micro)
         theirs = run_trl(work, model, data, size, args.steps, str(i), args.device, reward, micro)
         o, t = statistics.median(ours["steps"]), statistics.median(theirs["steps"])

@@ -78,9 +78,14 @@ _RUNTIMES: "weakref.WeakKeyDictionary[torch.nn.Module, DecodeRuntime]" = weakref
 submodules, never the model itself)."""
 
 
+def smallest_bucket(buckets: tuple[int, ...], n: int) -> int:
+    """The smallest of ``buckets`` that holds ``n`` (``n`` itself above the largest)."""
+    return next((b for b in buckets if b >= n), n)
+
+
 def bucket_for(rows: int) -> int:
     """The smallest batch bucket that holds ``rows`` (``rows`` itself above the largest)."""
-    return next((b for b in BATCH_BUCKETS if b >= rows), rows)
+    return smallest_bucket(BATCH_BUCKETS, rows)
 
 
 def static_supported(model: torch.nn.Module) -> bool:

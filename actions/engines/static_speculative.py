@@ -52,6 +52,7 @@ from actions.engines.static_decode import (
     bucket_for,
     compact_rows,
     runtime_for,
+    smallest_bucket,
     window_step,
 )
 from actions.engines.static_kv import round_up
@@ -69,7 +70,7 @@ window need at most this many verification graphs rather than one per draft leng
 
 def graph_width(w: int) -> int:
     """The bucketed width a graphed verification of width ``w`` runs at (``w`` above the largest)."""
-    return next((b for b in WIDTH_BUCKETS if b >= w), w)
+    return smallest_bucket(WIDTH_BUCKETS, w)
 
 
 def decode_static_speculative(engine, samples: list[SampleSpec], states: list[PrefixState], params: GenerationParams,
@@ -229,8 +230,9 @@ class _Loop:
         tokens, then its next token); the tracker and the counters see every outcome."""
         rt, gen = self.rt, self.gen
         w = 1 + max(len(d) for d in drafts)
-        if self.draw_in_round and self.col + graph_width(w) <= self.kv.cols and graph_width(w) <= rt.spec_ids.shape[1]:
-            w = graph_width(w)  # fewer graphs to capture; the padding columns' draws are never compared
+        bucketed = graph_width(w)
+        if self.draw_in_round and self.col + bucketed <= self.kv.cols and bucketed <= rt.spec_ids.shape[1]:
+            w = bucketed  # fewer graphs to capture; the padding columns' draws are never compared
         pad = self.engine.pad_id
         ids = [[pad] * w for _ in range(self.b)]
         for j, i, d in zip(live, rows, drafts):
