@@ -135,6 +135,8 @@ class GenerateRequest(_Msg):
     """``generation.cuda_graphs`` (torch engine on CUDA)."""
     compile_decode: bool = False
     """``generation.compile_decode`` (torch engine, static cache)."""
+    fused_sampling: Literal["auto", "on", "off"] = "auto"
+    """``generation.fused_sampling`` (torch engine; the same tokens either way)."""
     speculation: Literal["auto", "off"] = "off"
     """``generation.speculation`` (torch engine; outputs are the same either way)."""
     draft_strategies: list[Literal["history", "prompt_lookup"]] = ["history", "prompt_lookup"]

@@ -64,7 +64,7 @@ def _speculation(req: GenerateRequest, store: object) -> Speculation | None:
 
 def run_generate(req: GenerateRequest) -> GenerateResult:
     engine, tokenizer, _ = load_engine(req.engine, req.model, kv_cache=req.kv_cache, cuda_graphs=req.cuda_graphs,
-                                       compile_decode=req.compile_decode)
+                                       compile_decode=req.compile_decode, fused_sampling=req.fused_sampling)
     store = store_for(req.model.store_uri)
     specs = _specs(req, tokenizer)
     # vLLM cannot import KV tensors; its prefix cache deduplicates the prompts instead.

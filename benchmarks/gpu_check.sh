@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks in one run: `make test-gpu`'s tests, then the parts PARTS names, in order
-# (default "spec prefill roofline versions"): speculation on graphs, the prefill buckets, the decode
-# roofline of the Qwen2.5-0.5B and -7B shapes at batch 8 and 64, context 512, bf16 (at 64 with a
-# profile of the step's kernels by kind, PROFILE="graphs,static"), a new policy version copied
-# into the warm model against one built afresh; "compiled" adds the torch.compile'd step, "trl"
-# the GRPO step against TRL. docs/gpu.md records the
+# (default "spec prefill roofline versions sampling"): speculation on graphs, the prefill buckets,
+# the decode roofline of the Qwen2.5-0.5B and -7B shapes at batch 8 and 64, context 512, bf16 (at
+# 64 with a profile of the step's kernels by kind, PROFILE="graphs,static"), a new policy version
+# copied into the warm model against one built afresh, fused draws against unfused ones;
+# "compiled" adds the torch.compile'd step, "trl" the GRPO step against TRL. docs/gpu.md records the
 # figures. A GPU machine whose Python lacks the project's lighter dependencies gets them from
 # wheels in .whl/ (benchmarks/gpu_wheels.sh fills it), installed into /tmp/site first.
 # Figures go to $OUT (default runs/gpu), with the Python version and `pip list` of the machine.
@@ -24,7 +24,7 @@ python3 -m pip list 2>/dev/null > "$OUT/pip-list.txt"  # what the image has (gpu
 timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py \
   tests/test_sampling_device.py tests/test_generation_slot.py 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tail -40 | tee "$OUT/pytest.txt"
 # PARTS picks and orders what runs (the most wanted first: a device lease is short).
-for part in ${PARTS:-spec prefill roofline versions}; do
+for part in ${PARTS:-spec prefill roofline versions sampling}; do
   case "$part" in
     spec)  # speculative rounds on graphs against plain graphed decoding, history drafts at epoch 2
       echo "== speculation, qwen2.5-0.5b" | tee -a "$OUT/bench.txt"
@@ -61,12 +61,17 @@ for part in ${PARTS:-spec prefill roofline versions}; do
       timeout "${VERSIONS_TIMEOUT:-120}" python3 benchmarks/bench_version_swap.py --device cuda \
         --model-config benchmarks/configs/qwen2.5-0.5b.json --json "$OUT/versions.jsonl" 2>&1 \
         | grep -v "Warning\|forward_call\|deprecated" | tail -8 | tee -a "$OUT/bench.txt" ;;
+    sampling)  # the draw fused into one compiled kernel against the unfused tensor operations
+      echo "== fused sampling, qwen2.5-0.5b" | tee -a "$OUT/bench.txt"
+      timeout "${SAMPLING_TIMEOUT:-150}" python3 benchmarks/bench_sampling_noise.py --device cuda \
+        --variants fused,unfused --batches 8,64 --steps 16 --repeats 3 2>&1 \
+        | grep -v "Warning\|forward_call\|deprecated" | tail -45 | tee -a "$OUT/sampling.txt" ;;
     trl)  # one GRPO step of the 0.5B shape, the campaign against TRL (needs Prefect, TRL: gpu_wheels.sh)
       echo "== GRPO step against TRL, qwen2.5-0.5b" | tee -a "$OUT/bench.txt"
       timeout "${TRL_TIMEOUT:-480}" python3 benchmarks/bench_vs_trl.py --size gpu --device cuda --pairs 1 --steps 3 \
         --model-config benchmarks/configs/qwen2.5-0.5b.json 2>&1 | grep -v "Warning\|forward_call\|deprecated" \
         | tail -20 | tee -a "$OUT/trl.txt" ;;
-    *) echo "gpu_check: unknown part '$part' (spec, prefill, roofline, versions, compiled, trl)" >&2; exit 2 ;;
+    *) echo "gpu_check: unknown part '$part' (spec, prefill, roofline, versions, sampling, compiled, trl)" >&2; exit 2 ;;
   esac
   echo "== part $part exit status $?" | tee -a "$OUT/bench.txt"
 done

@@ -237,7 +237,7 @@ class CampaignConfig(WorkloadConfig):
         data.pop("train", None)  # ranks of the learner: the same update up to round-off
         for key in ("assignment", "cut_threshold", "rank_slack", "migrate_window_s", "score_while_generating",
                     "dedup_prefill", "prefill_capacity", "prefill_action", "length_window", "first_epoch_predictor",
-                    "kv_cache", "cuda_graphs", "compile_decode"):
+                    "kv_cache", "cuda_graphs", "compile_decode", "fused_sampling"):
             data["generation"].pop(key, None)
         # Sampling filters change the data, so they stay when set; when off they are left out
         # so that runs from before the filters existed keep their fingerprint (and run id).

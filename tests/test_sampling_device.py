@@ -1,11 +1,20 @@
-"""Sampling noise is built where the logits are, and equals the CPU's."""
+"""Sampling noise is built where the logits are, and equals the CPU's; fused draws equal unfused ones."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from actions.engines.sampling import _fmix64, _shr, gumbel_noise, sample_next, stream_key
+from actions.engines.sampling import (
+    _fmix64,
+    _noise,
+    _shr,
+    _vocab_term,
+    fused_draw,
+    gumbel_noise,
+    sample_next,
+    stream_key,
+)
 
 V = 151_936  # Qwen2.5's vocabulary
 
@@ -55,3 +64,24 @@ def test_cuda_top_k_top_p_samples_match_cpu():
         cpu = sample_next(logits, keys, positions, 0.8, top_k, top_p)
         gpu = sample_next(logits.cuda(), keys.cuda(), positions.cuda(), 0.8, top_k, top_p)
         assert torch.equal(cpu, gpu.cpu()), (top_k, top_p)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_fused_draws_equal_unfused_draws():
+    """The fused draw (one compiled kernel) against the unfused operations on the same GPU:
+    the noise it compiles, bit for bit, and the tokens over batches and filters."""
+    keys, positions = _keys("cuda")
+    compiled = torch.compile(_noise, dynamic=True, fullgraph=True)
+    want = gumbel_noise(keys, positions, V)
+    got = compiled(keys, positions, _vocab_term(V, keys.device))
+    differ = (want.view(torch.int32) != got.view(torch.int32)).sum().item()
+    assert differ == 0, f"{differ} of {want.numel()} noise entries differ from the unfused noise"
+    for rows in (1, 8, 64):
+        logits = (torch.randn(rows, V, generator=torch.Generator().manual_seed(rows)) * 3).cuda()
+        k = torch.tensor([stream_key(7, 3, r, 0) for r in range(rows)], device="cuda")
+        pos = torch.arange(rows, device="cuda") * 3
+        for temperature, top_k, top_p in ((1.0, None, None), (0.8, 50, None), (1.0, None, 0.9)):
+            assert torch.equal(sample_next(logits, k, pos, temperature, top_k, top_p),
+                               sample_next(logits, k, pos, temperature, top_k, top_p, fused=True)), rows
+    assert fused_draw.error is None

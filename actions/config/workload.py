@@ -284,6 +284,12 @@ class GenerationConfig(_Section):
     compiles once per warm container (tens of seconds), and fused kernels round differently
     from eager ones, so tokens can differ from ``compile_decode: false`` where two draws nearly
     tie. For long-lived warm containers; off by default."""
+    fused_sampling: Literal["auto", "on", "off"] = "auto"
+    """Torch engine: draw each token (hash, Gumbel noise, argmax) in one compiled kernel instead
+    of about twenty passes over ``[rows, vocabulary]`` temporaries (``actions/engines/sampling.py``).
+    The same tokens (on the CPU bit for bit). ``auto``: for vocabularies of 8,192 entries or more,
+    where it pays back its compilation (seconds, once per container) within a call; ``on``: every
+    vocabulary; ``off``: never. Without a usable compiler the draws run unfused after one warning."""
 
     @field_validator("top_k")
     @classmethod
@@ -301,7 +307,7 @@ class GenerationConfig(_Section):
                              "(e.g. 0.9), or 1.0 / null to turn top-p sampling off")
         return None if v == 1.0 else v
 
-    @field_validator("speculation", "cuda_graphs", mode="before")
+    @field_validator("speculation", "cuda_graphs", "fused_sampling", mode="before")
     @classmethod
     def _yaml_off(cls, v: object) -> object:
         # YAML 1.1 reads a bare ``off`` as false (and ``on`` as true): accept what the user wrote.

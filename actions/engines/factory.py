@@ -49,9 +49,10 @@ EngineKind = Literal["torch", "vllm"]
 
 def make_engine(kind: str, model: torch.nn.Module | None, tokenizer: Any, *,
                 model_dir: str | Path | None = None, kv_cache: str = "static", cuda_graphs: str = "auto",
-                compile_decode: bool = False, **vllm_kwargs: Any) -> GenerationEngine:
+                compile_decode: bool = False, fused_sampling: str = "auto", **vllm_kwargs: Any) -> GenerationEngine:
     """An engine of ``kind`` over a loaded model (torch) or a model directory (vllm).
-    ``kv_cache``, ``cuda_graphs``, ``compile_decode``: the torch engine's decode path (``TorchEngine``).
+    ``kv_cache``, ``cuda_graphs``, ``compile_decode``, ``fused_sampling``: the torch engine's
+    decode path (``TorchEngine``).
 
     Raises:
         ValueError: unknown kind, or a missing ``model``/``model_dir`` for it.
@@ -61,7 +62,7 @@ def make_engine(kind: str, model: torch.nn.Module | None, tokenizer: Any, *,
         if model is None:
             raise ValueError("generation.engine 'torch' needs a loaded model; got None")
         return TorchEngine.for_model(model, tokenizer, kv_cache=kv_cache, cuda_graphs=cuda_graphs,
-                                     compile_decode=compile_decode)
+                                     compile_decode=compile_decode, fused_sampling=fused_sampling)
     if kind == "vllm":
         if model_dir is None:
             raise ValueError("generation.engine 'vllm' needs model_dir (config.json + *.safetensors); got None")
@@ -117,11 +118,13 @@ def vllm_engine_policy() -> str | None:
 
 
 def load_engine(kind: str, ref: ModelRef, *, kv_cache: str = "static", cuda_graphs: str = "auto",
-                compile_decode: bool = False) -> tuple[GenerationEngine, Any, bool]:
+                compile_decode: bool = False, fused_sampling: str = "auto") -> tuple[GenerationEngine, Any, bool]:
     """(engine, tokenizer, warm_hit) for a policy version; hit = nothing had to be loaded.
-    ``kv_cache``, ``cuda_graphs``, ``compile_decode``: the torch engine's decode path (vLLM ignores them)."""
+    ``kv_cache``, ``cuda_graphs``, ``compile_decode``, ``fused_sampling``: the torch engine's
+    decode path (vLLM ignores them)."""
     if kind == "torch":
-        got = load_slot_engine(ref, kv_cache=kv_cache, cuda_graphs=cuda_graphs, compile_decode=compile_decode)
+        got = load_slot_engine(ref, kv_cache=kv_cache, cuda_graphs=cuda_graphs, compile_decode=compile_decode,
+                               fused_sampling=fused_sampling)
         if got.event != "hit":
             _record(got.event, got.seconds)
         return got.engine, got.tokenizer, got.event == "hit"

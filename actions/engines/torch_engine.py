@@ -41,7 +41,7 @@ from transformers import DynamicCache
 from actions.engines.base import EngineStats, GenerationParams, RowEnds, SampleOut, SampleSpec
 from actions.engines.kv_state import PrefixState, stack_logits, stack_states
 from actions.engines.prefill_plan import CALL_TOKENS, plan_prefill_calls
-from actions.engines.sampling import Sampler, stream_key
+from actions.engines.sampling import Sampler, fused_draw, fused_for, stream_key
 from actions.engines.spec_select import AcceptanceTracker, ForwardCost, can_pay
 from actions.engines.speculative import SpecStats, Speculation, decode_speculative
 from actions.engines.static_decode import decode_static, static_supported
@@ -64,17 +64,20 @@ class TorchEngine:
     """Batched sampling over a loaded model, on the model's device (fp32 on CPU by default)."""
 
     def __init__(self, model: torch.nn.Module, *, eos_id: int | Sequence[int], pad_id: int,
-                 kv_cache: str = "static", cuda_graphs: str = "auto", compile_decode: bool = False) -> None:
+                 kv_cache: str = "static", cuda_graphs: str = "auto", compile_decode: bool = False,
+                 fused_sampling: str = "auto") -> None:
         """``eos_id``: the id, or every id, that ends a sample (``special_tokens.eos_ids``);
         ``pad_id``: any valid id (padding is masked out). ``kv_cache``: ``static`` (the
         engine's own preallocated cache, where the model is supported) or ``dynamic``;
         ``cuda_graphs``: ``auto`` (on where the model is on CUDA and the cache is static),
         ``on`` (required: a CPU model or a dynamic cache is an error) or ``off``;
-        ``compile_decode``: the static step through ``torch.compile`` (``static_decode``).
+        ``compile_decode``: the static step through ``torch.compile`` (``static_decode``);
+        ``fused_sampling``: ``auto``, ``on`` or ``off`` (``sampling.fused_for``), the draws
+        through one compiled kernel, compiled here, at the engine's start.
 
         Raises:
-            ValueError: an unknown ``kv_cache`` or ``cuda_graphs``, or ``cuda_graphs="on"``
-                where graphs cannot run.
+            ValueError: an unknown ``kv_cache``, ``cuda_graphs`` or ``fused_sampling``, or
+                ``cuda_graphs="on"`` where graphs cannot run.
         """
         if kv_cache not in KV_CACHES:
             raise ValueError(f"generation.kv_cache {kv_cache!r} is not one of {KV_CACHES}")
@@ -94,6 +97,10 @@ class TorchEngine:
             where = "a CUDA device" if self.device.type != "cuda" else "kv_cache 'static' and a supported model"
             raise ValueError(f"generation.cuda_graphs 'on' needs {where} (model on {self.device}, kv_cache "
                              f"{kv_cache!r}); use 'auto' or 'off'")
+        vocab = getattr(getattr(model, "config", None), "vocab_size", None) or 0
+        self.fused_sampling = fused_for(fused_sampling, vocab)
+        if self.fused_sampling:
+            fused_draw.warm(vocab, self.device)
         # The price of one more prefill call in tokens of padded compute (prefill_plan).
         self.prefill_call_tokens: float = CALL_TOKENS.get(self.device.type, CALL_TOKENS["cuda"])
         self.prefill_calls = 0  # forwards ``prefill`` ran, over the engine's life
@@ -223,7 +230,7 @@ class TorchEngine:
         """Generate every sample; see the module docstring for dedup and cut semantics.
         ``speculation``: decode speculatively (``speculative.py``; same outputs); None: plain.
         ``params.top_k``, ``params.top_p``: sampling filters (``sampling.filter_logits``); None: off."""
-        sampling = Sampler(params.temperature, params.top_k, params.top_p)
+        sampling = Sampler(params.temperature, params.top_k, params.top_p, self.fused_sampling)
         stats = EngineStats()
         if not samples:
             return [], stats

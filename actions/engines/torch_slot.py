@@ -88,7 +88,7 @@ def slot_key(ref: ModelRef, device: torch.device, dtype: torch.dtype) -> tuple:
 
 
 def load_slot_engine(ref: ModelRef, *, kv_cache: str = "static", cuda_graphs: str = "auto",
-                     compile_decode: bool = False) -> SlotLoad:
+                     compile_decode: bool = False, fused_sampling: str = "auto") -> SlotLoad:
     """The slot's torch engine holding ``ref``'s version, for these decode settings (module
     docstring); the engine is kept per settings and reused while the slot model is.
 
@@ -114,11 +114,11 @@ def load_slot_engine(ref: ModelRef, *, kv_cache: str = "static", cuda_graphs: st
         _slot.policy = policy
         seconds = time.perf_counter() - t0
         warm.note(event == "hit")
-        settings = (kv_cache, cuda_graphs, compile_decode)
+        settings = (kv_cache, cuda_graphs, compile_decode, fused_sampling)
         engine = _slot.engines.get(settings)
         if engine is None:
             engine = TorchEngine.for_model(_slot.model, _slot.tokenizer, kv_cache=kv_cache, cuda_graphs=cuda_graphs,
-                                          compile_decode=compile_decode)
+                                          compile_decode=compile_decode, fused_sampling=fused_sampling)
             _slot.engines[settings] = engine
         return SlotLoad(engine, _slot.tokenizer, event, seconds)
 

@@ -58,7 +58,7 @@ def generate_payload(ctx: RunContext, inputs: StepInputs, shard: str, prompt_ids
         prompt_ids=list(prompt_ids), group_size=ctx.config.algorithm.group_size, partial_keys=partial_keys or [],
         max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_k=g.top_k, top_p=g.top_p,
         dedup_prefill=g.dedup_prefill, kv_cache=g.kv_cache, cuda_graphs=g.cuda_graphs,
-        compile_decode=g.compile_decode,
+        compile_decode=g.compile_decode, fused_sampling=g.fused_sampling,
         kv_bundle_key=bundle_key, cut_after=cut_after, engine=g.engine,
         speculation=g.speculation, draft_strategies=list(g.draft_strategies), max_draft_len=g.max_draft_len,
         draft_keys=list(inputs.draft_keys), spec_priors=dict(inputs.spec_priors or {}),

@@ -1,0 +1,192 @@
+"""Fused draws (``sampling.fused_draw``): one compiled kernel, the unfused draw's tokens.
+
+The fused draw runs the hash, the Gumbel noise and the argmax of ``sample_next`` through
+``torch.compile``. It may only change the cost of a draw: on the CPU its noise is the unfused
+noise bit for bit, its tokens equal the unfused tokens over batches, vocabularies, temperatures
+and filters, and an engine drawing fused generates exactly what it generates unfused (static
+and dynamic caches, speculation, cuts and their continuations, early stops). CUDA's side is in
+test_sampling_device.py (``gpu`` marker).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch._dynamo.utils
+from pydantic import ValidationError
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from actions.config.workload import GenerationConfig
+from actions.engines import sampling
+from actions.engines.base import GenerationParams, SampleSpec
+from actions.engines.sampling import (
+    FUSED_MIN_VOCAB,
+    _FusedDraw,
+    _noise,
+    _vocab_term,
+    fused_draw,
+    fused_for,
+    gumbel_noise,
+    sample_next,
+    stream_key,
+)
+from actions.engines.speculative import Speculation
+from actions.engines.torch_engine import TorchEngine
+from flows.config import CampaignConfig
+
+
+def _batch(rows: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=g) * 3.0
+    keys = torch.tensor([stream_key(seed, 2, r, r % 4) for r in range(rows)])
+    positions = torch.randint(0, 700, (rows,), generator=g)
+    return logits, keys, positions
+
+
+def _graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+# ----------------------------------------------------------------------------- the draw
+
+
+def test_compiled_noise_is_the_unfused_noise_bit_for_bit():
+    """The arithmetic the fused draw compiles, compiled alone: every float32 bit equal, at
+    vocabularies that do and do not fill whole vector registers."""
+    compiled = torch.compile(_noise, dynamic=True, fullgraph=True)
+    for vocab, rows in ((50_257, 3), (151_936, 16), (9_001, 64)):
+        _, keys, positions = _batch(rows, 1, seed=vocab)
+        want = gumbel_noise(keys, positions, vocab)
+        got = compiled(keys, positions, _vocab_term(vocab, keys.device))
+        assert torch.equal(want.view(torch.int32), got.view(torch.int32)), vocab
+
+
+@pytest.mark.parametrize("vocab", [9_000, 50_257, 151_936])
+def test_fused_draws_equal_unfused_draws(vocab):
+    for rows in (1, 3, 64):
+        logits, keys, positions = _batch(rows, vocab, seed=rows)
+        for temperature, top_k, top_p in ((1.0, None, None), (0.7, None, None), (1.3, 40, None), (0.9, None, 0.9),
+                                          (1.0, 200, 0.8)):
+            want = sample_next(logits, keys, positions, temperature, top_k, top_p)
+            got = sample_next(logits, keys, positions, temperature, top_k, top_p, fused=True)
+            assert torch.equal(want, got), (vocab, rows, temperature, top_k, top_p)
+    assert fused_draw.error is None  # the draws above ran compiled, not through the fallback
+
+
+def test_a_one_ulp_larger_noise_anywhere_would_change_the_draw():
+    """Logits that cancel the noise exactly: every sum is 0 and the argmax is entry 0, so a
+    fused noise larger than the unfused one in any entry, by a single bit, draws that entry."""
+    vocab, rows = 32_000, 8
+    _, keys, positions = _batch(rows, 1, seed=5)
+    cancel = -gumbel_noise(keys, positions, vocab)
+    assert torch.equal(sample_next(cancel, keys, positions, 1.0), torch.zeros(rows, dtype=torch.long))
+    assert torch.equal(sample_next(cancel, keys, positions, 1.0, fused=True), torch.zeros(rows, dtype=torch.long))
+    nudged = cancel.clone()
+    nudged[3, 777] = torch.nextafter(nudged[3, 777], torch.tensor(float("inf")))
+    assert sample_next(nudged, keys, positions, 1.0, fused=True)[3].item() == 777  # the test can see one bit
+
+
+def test_one_compilation_serves_every_batch_size():
+    fused_draw.warm(9_000, torch.device("cpu"))
+    before = _graphs()
+    for rows in (1, 2, 5, 64, 97):
+        logits, keys, positions = _batch(rows, 9_000, seed=rows)
+        assert torch.equal(sample_next(logits, keys, positions, 1.0, fused=True),
+                           sample_next(logits, keys, positions, 1.0))
+    assert _graphs() == before  # batch sizes, one row included, recompile nothing
+
+
+def test_a_compiler_failure_draws_unfused_after_one_warning(monkeypatch, caplog):
+    def broken(fn, **kw):
+        def run(*a):
+            raise RuntimeError("no C++ compiler found")
+        return run
+
+    draw = _FusedDraw()
+    monkeypatch.setattr(sampling, "fused_draw", draw)
+    monkeypatch.setattr(torch, "compile", broken)
+    logits, keys, positions = _batch(4, 9_000, seed=2)
+    with caplog.at_level(logging.WARNING, logger=sampling.__name__):
+        for _ in range(3):
+            got = sample_next(logits, keys, positions, 1.0, fused=True)
+            assert torch.equal(got, sample_next(logits, keys, positions, 1.0))
+    warned = [r for r in caplog.records if "fused sampling is unavailable" in r.getMessage()]
+    assert len(warned) == 1 and "no C++ compiler found" in warned[0].getMessage()
+    assert draw.error is not None
+
+
+# ----------------------------------------------------------------------------- the setting
+
+
+def test_auto_fuses_real_vocabularies_only_and_every_setting_is_checked():
+    assert not fused_for("auto", FUSED_MIN_VOCAB - 1) and fused_for("auto", FUSED_MIN_VOCAB)
+    assert fused_for("on", 40) and not fused_for("off", 151_936)
+    with pytest.raises(ValueError, match=r"generation.fused_sampling 'yes' is not one of \('auto', 'on', 'off'\)"):
+        fused_for("yes", 100)
+    assert GenerationConfig(fused_sampling=False).fused_sampling == "off"  # YAML's bare off
+    with pytest.raises(ValidationError, match="fused_sampling"):
+        GenerationConfig(fused_sampling="fast")
+    # how tokens are drawn is not what a run computes: resuming may change it
+    fused = CampaignConfig.model_validate({"generation": {"fused_sampling": "off"}})
+    assert fused.fingerprint() == CampaignConfig().fingerprint()
+
+
+# ----------------------------------------------------------------------------- the engine
+
+VOCAB = 9_000
+EOS = tuple(range(3, 300))  # 3% of a flat distribution: rows end at different steps
+NEW = 20
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0,
+                      eos_token_id=3)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+
+
+def _specs() -> list[SampleSpec]:
+    g = torch.Generator().manual_seed(1)
+    prompts = [tuple(torch.randint(300, VOCAB, (n,), generator=g).tolist()) for n in (5, 9, 14)]
+    prompts.append(prompts[0] * 3)  # repeats: something for prompt-lookup drafts to find
+    return [SampleSpec(p, i, prompt) for p, prompt in enumerate(prompts) for i in range(3)]
+
+
+def _run(model, fused: str, specs, *, kv_cache: str = "static", speculation=None, **params):
+    engine = TorchEngine(model, eos_id=EOS, pad_id=0, kv_cache=kv_cache, fused_sampling=fused)
+    p = GenerationParams(**{"seed": 3, "step": 1, "max_new_tokens": NEW, "temperature": 1.0, **params})
+    outs, _ = engine.generate(specs, p, speculation=speculation)
+    return engine, [(o.prompt_id, o.sample_index, o.tokens, o.finish_reason) for o in outs]
+
+
+@pytest.mark.parametrize("case", ["static", "dynamic", "filtered", "speculation", "dynamic-speculation"])
+def test_an_engine_drawing_fused_generates_what_it_generates_unfused(model, case):
+    opts = {"static": {}, "dynamic": {"kv_cache": "dynamic"}, "filtered": {"temperature": 0.8, "top_k": 50},
+            "speculation": {"speculation": Speculation(strategies=("prompt_lookup",), fixed=("prompt_lookup", 3))},
+            "dynamic-speculation": {"kv_cache": "dynamic", "speculation": Speculation(
+                strategies=("prompt_lookup",), fixed=("prompt_lookup", 3))}}[case]
+    engine, fused = _run(model, "auto", _specs(), **opts)
+    assert engine.fused_sampling  # 9,000 entries: auto fuses
+    _, plain = _run(model, "off", _specs(), **opts)
+    assert fused == plain
+    reasons = {r for *_, r in plain}
+    assert "stop" in reasons and "length" in reasons, reasons  # early stops and full-length rows both seen
+
+
+def test_a_row_cut_under_fused_draws_continues_unfused_exactly(model):
+    """Cut-and-migrate between actors that draw differently: the continuation equals the row
+    generated whole."""
+    specs = _specs()
+    _, whole = _run(model, "off", specs)
+    _, first = _run(model, "auto", specs, cut_after=4)
+    cut = [(p, i, toks) for p, i, toks, reason in first if reason == "cut"]
+    assert cut
+    by_id = {(s.prompt_id, s.sample_index): s for s in specs}
+    resumed = [SampleSpec(p, i, by_id[(p, i)].prompt_tokens, tuple(toks)) for p, i, toks in cut]
+    _, rest = _run(model, "off", resumed)
+    want = {(p, i): toks for p, i, toks, _ in whole}
+    assert all(toks == want[(p, i)] for p, i, toks, _ in rest)
