@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from actions.config.workload import GenerationConfig
-from actions.engines import sampling
+from actions.engines import sampling, static_speculative
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.sampling import (
     FUSED_MIN_VOCAB,
@@ -163,12 +163,15 @@ def _run(model, fused: str, specs, *, kv_cache: str = "static", speculation=None
     return engine, [(o.prompt_id, o.sample_index, o.tokens, o.finish_reason) for o in outs]
 
 
-@pytest.mark.parametrize("case", ["static", "dynamic", "filtered", "speculation", "dynamic-speculation"])
-def test_an_engine_drawing_fused_generates_what_it_generates_unfused(model, case):
+@pytest.mark.parametrize("case", ["static", "dynamic", "filtered", "speculation", "speculation-in-round",
+                                  "dynamic-speculation"])
+def test_an_engine_drawing_fused_generates_what_it_generates_unfused(model, case, monkeypatch):
+    drafts = Speculation(strategies=("prompt_lookup",), fixed=("prompt_lookup", 3))
     opts = {"static": {}, "dynamic": {"kv_cache": "dynamic"}, "filtered": {"temperature": 0.8, "top_k": 50},
-            "speculation": {"speculation": Speculation(strategies=("prompt_lookup",), fixed=("prompt_lookup", 3))},
-            "dynamic-speculation": {"kv_cache": "dynamic", "speculation": Speculation(
-                strategies=("prompt_lookup",), fixed=("prompt_lookup", 3))}}[case]
+            "speculation": {"speculation": drafts}, "speculation-in-round": {"speculation": drafts},
+            "dynamic-speculation": {"kv_cache": "dynamic", "speculation": drafts}}[case]
+    if case == "speculation-in-round":  # the GPU's rounds: every column drawn inside the round, in chunks
+        monkeypatch.setattr(static_speculative, "_draws_in_round", lambda device: True)
     engine, fused = _run(model, "auto", _specs(), **opts)
     assert engine.fused_sampling  # 9,000 entries: auto fuses
     _, plain = _run(model, "off", _specs(), **opts)
