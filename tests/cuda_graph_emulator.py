@@ -11,7 +11,9 @@ memory since (``p.data = ...``, ``.to()`` and back: a real graph would read the 
 memory). What a CUDA capture refuses raises here too: a device value read on the host
 (``.item()``, ``.tolist()``, ``bool(t)``, ``torch.equal``), an operation whose output size
 depends on the data (``nonzero``, mask indexing, ``unique``), a host value turned into a tensor
-(on a GPU, a host-to-device copy the replay would not repeat), an in-place change of shape.
+(on a GPU, a host-to-device copy the replay would not repeat), an in-place change of shape;
+and, as on a GPU, the capture such an operation ran in fails when it ends, even where the
+operation's own error was caught.
 
 So the graph path of the static decode loop, which only a GPU runs for real, runs on the CPU.
 Not emulated: the memory pool graphs share (a graph's temporaries stay its own here), streams,
@@ -103,6 +105,7 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         why = _refusal(func, args, kwargs)
         if why:
+            self.graph._invalid = self.graph._invalid or f"{func}: the operation {why}"
             raise CaptureError(f"{func} inside a CUDA graph capture: the operation {why}")
         g = self.graph
         inputs = _tensors((args, kwargs))
@@ -127,6 +130,7 @@ class EmulatedGraph:
         self._saved: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._existing: set[int] = set()  # storages the capture found
         self._made: set[int] = set()  # storages the capture allocated (the graph's own memory)
+        self._invalid: str | None = None  # a refused operation ran: the capture cannot end well
 
     def replay(self) -> None:
         with torch.no_grad():
@@ -169,6 +173,7 @@ def capture(graph: EmulatedGraph, pool=None, **_):
 
     def refuse(name):
         def read(*_, **__):
+            graph._invalid = graph._invalid or f"Tensor.{name}: reads device values on the host"
             raise CaptureError(f"Tensor.{name} inside a CUDA graph capture: the operation reads device values "
                                "on the host")
         return read
@@ -182,6 +187,8 @@ def capture(graph: EmulatedGraph, pool=None, **_):
         for name, method in reads.items():
             setattr(torch.Tensor, name, method)
         graph._end_capture()
+    if graph._invalid:  # as CUDA ends a capture an operation failed in, even where the error was caught
+        raise CaptureError(f"the capture was invalidated by {graph._invalid}")
 
 
 class _Stream:

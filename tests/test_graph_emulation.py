@@ -59,6 +59,18 @@ def test_the_emulated_capture_refuses_what_cuda_refuses():
                 op()
 
 
+def test_a_refused_operation_fails_its_capture_even_where_its_error_was_caught():
+    x = torch.ones(4)
+    g = EmulatedGraph()
+    with pytest.raises(CaptureError, match="the capture was invalidated by .*_local_scalar_dense"):
+        with capture(g):
+            try:
+                x.sum().item()
+            except CaptureError:
+                pass
+            x.add_(1)
+
+
 def test_the_capture_leaves_its_own_memory_unwritten_and_the_replay_reads_fixed_addresses():
     w, out = torch.arange(4.0), torch.zeros(4)
     g = EmulatedGraph()
@@ -311,3 +323,32 @@ def test_a_host_read_inside_the_step_falls_back_to_eager_with_one_warning(cold, 
     warnings = [r for r in caplog.records if "CUDA graph capture failed" in r.getMessage()]
     assert len(warnings) == 1 and "_local_scalar_dense" in warnings[0].getMessage()
     assert "_local_scalar_dense" in runtime_for(model).graph_error  # eager from now on, until reset
+
+
+def test_a_fused_draw_a_capture_refuses_leaves_the_graphs_and_draws_unfused(cold, monkeypatch, caplog):
+    """Graphs are worth more than the fused draw: where a capture with fused draws fails (here
+    a compiled draw that reads a device value, fine eagerly and refused in a capture), the
+    draws go unfused with one warning and the step is captured again, with the same tokens."""
+    from actions.engines import sampling, static_decode
+
+    emulated_cuda_graphs(monkeypatch)
+    specs = _specs(cold.tok, 3, 2)
+    want, _ = _gen(_engine(cold, graphs=False), specs)
+    draw = sampling._FusedDraw()
+
+    def compiled(scaled, keys, positions, term):
+        int(keys.sum().item())  # a host read: an eager draw does it, a captured one cannot
+        return sampling._noisy_argmax(scaled, keys, positions, term)
+
+    draw.fn = compiled
+    monkeypatch.setattr(sampling, "fused_draw", draw)
+    monkeypatch.setattr(static_decode, "fused_draw", draw)
+    engine = _engine(cold, graphs=True)
+    engine.fused_sampling = True
+    with caplog.at_level("WARNING"):
+        got, stats = _gen(engine, specs)
+    assert got == want and stats.kv_cache == "static+graphs" and stats.graph_captures > 0
+    assert "_local_scalar_dense" in draw.error and runtime_for(cold.model).graph_error is None
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("fused sampling is unavailable" in m for m in messages) == 1
+    assert not any("CUDA graph capture failed" in m for m in messages)

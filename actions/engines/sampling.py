@@ -189,10 +189,10 @@ def _noisy_argmax(scaled: torch.Tensor, keys: torch.Tensor, positions: torch.Ten
 class _FusedDraw:
     """``_noisy_argmax`` through ``torch.compile``, made on first use, one per process.
 
-    Compiled with a symbolic batch size, so one compilation serves every batch of a device;
-    one-row draws are padded to two rows, since the compiler specialises a size of 1 (a second
-    compilation, seconds, in the middle of a decode loop). After a compiler failure every draw
-    runs eagerly."""
+    Compiled for the vocabulary's size with a symbolic batch size (``mark_dynamic``), so one
+    compilation serves every batch of a model on a device; one-row draws are padded to two rows,
+    since the compiler specialises a size of 1 (a second compilation, seconds, in the middle of
+    a decode loop). After a failure (``disable``) every draw runs eagerly."""
 
     def __init__(self) -> None:
         self.fn: Callable | None = None
@@ -212,20 +212,29 @@ class _FusedDraw:
         try:
             with self.lock:  # the first call compiles; draws never overlap on one engine anyway
                 if self.fn is None:
-                    self.fn = torch.compile(_noisy_argmax, dynamic=True, fullgraph=True)
+                    # the vocabulary's size fixed (a known reduction length), the batch's not
+                    self.fn = torch.compile(_noisy_argmax, dynamic=False, fullgraph=True)
+            for t in (scaled, keys, positions):
+                torch._dynamo.mark_dynamic(t, 0)
             with torch.no_grad():  # a draw never needs gradients, and the grad mode is a guard
                 out = self.fn(scaled, keys, positions, term)
         except Exception as exc:  # noqa: BLE001 -- no compiler, or a backend failure: draw eagerly
-            self.error = f"{type(exc).__name__}: {str(exc)[:200]}"
-            log.warning("fused sampling is unavailable, drawing tokens eagerly (the same tokens): %s", self.error)
+            self.disable(f"{type(exc).__name__}: {str(exc)[:200]}")
             return _noisy_argmax(scaled[:rows], keys[:rows], positions[:rows], term)
         return out[:rows]
 
+    def disable(self, reason: str) -> None:
+        """Draw unfused from now on, in this process, after one warning line."""
+        if self.error is None:
+            self.error = reason
+            log.warning("fused sampling is unavailable, drawing tokens unfused (the same tokens): %s", reason)
 
-    def warm(self, vocab_size: int, device: torch.device) -> None:
-        """Compile for ``device`` now (an engine's start) rather than in its first draw."""
-        z = torch.zeros(2, dtype=torch.long, device=device)
-        self(torch.zeros(2, vocab_size, device=device), z, z, _vocab_term(vocab_size, device))
+
+    def warm(self, vocab_size: int, device: torch.device, rows: int = 64) -> None:
+        """Compile for ``vocab_size`` on ``device`` now (an engine's start) rather than in its
+        first draw; ``rows``: the batch a GPU's kernel is tuned for on its first launch."""
+        z = torch.zeros(rows, dtype=torch.long, device=device)
+        self(torch.zeros(rows, vocab_size, device=device), z, z, _vocab_term(vocab_size, device))
 
 
 fused_draw = _FusedDraw()

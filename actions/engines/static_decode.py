@@ -38,7 +38,7 @@ import torch
 
 from actions.engines.base import EngineStats, GenerationParams, RowEnds, SampleOut, SampleSpec
 from actions.engines.kv_state import PrefixState, stack_logits
-from actions.engines.sampling import Sampler, stream_key
+from actions.engines.sampling import Sampler, fused_draw, stream_key
 from actions.engines.static_forward import StaticForward, unsupported_reason
 from actions.engines.static_kv import StaticKV, round_up
 
@@ -274,7 +274,28 @@ class DecodeRuntime:
         self.step(b, window, sampling, dense)
 
     def _capture(self, key: tuple, step) -> torch.cuda.CUDAGraph | None:
-        """A CUDA graph of ``step()`` (a plain step or a verification round), kept under ``key``."""
+        """A CUDA graph of ``step()`` (a plain step or a verification round), kept under ``key``
+        (whose last item is the step's sampler). Where a capture with fused draws fails, draws
+        go unfused (``fused_draw.disable``) and the capture is tried once more: the graphs are
+        worth more than the fused draw."""
+        fused = key[-1].fused and fused_draw.error is None  # (a failing fused draw disables itself)
+        try:
+            return self._capture_once(key, step)
+        except Exception as exc:  # noqa: BLE001 -- any capture failure falls back
+            error = exc
+        if fused:
+            fused_draw.disable(f"a CUDA graph capture with fused draws failed: {type(error).__name__}: "
+                               f"{str(error)[:200]}")
+            try:
+                return self._capture_once(key, step)
+            except Exception as exc:  # noqa: BLE001
+                error = exc
+        self.graph_error = f"{type(error).__name__}: {str(error)[:200]}"
+        log.warning("CUDA graph capture failed, decoding eagerly from now on: %s", self.graph_error)
+        return None
+
+    def _capture_once(self, key: tuple, step) -> torch.cuda.CUDAGraph:
+        """``_capture``'s one attempt; on failure the state is restored and the error raised."""
         st = self.state
         saved = [t.clone() for t in st.tensors()]
         t0 = time.perf_counter()
@@ -296,12 +317,10 @@ class DecodeRuntime:
             with torch.cuda.graph(g, pool=self.pool):
                 step()
             torch.cuda.synchronize(self.device)
-        except Exception as exc:  # noqa: BLE001 -- any capture failure falls back to eager
+        except Exception:
             for t, s in zip(st.tensors(), saved):
                 t.copy_(s)
-            self.graph_error = f"{type(exc).__name__}: {str(exc)[:200]}"
-            log.warning("CUDA graph capture failed, decoding eagerly from now on: %s", self.graph_error)
-            return None
+            raise
         self.capture_s += time.perf_counter() - t0
         self.captures += 1
         self.graphs[key] = g
