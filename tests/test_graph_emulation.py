@@ -161,7 +161,8 @@ def test_replayed_steps_give_the_eager_steps_tokens(cold, monkeypatch, kw):
     assert gstats.kv_cache == "static+graphs" and gstats.graph_captures > 0, gstats
     assert runtime_for(model).graph_error is None
     assert graphs == eager
-    assert sum(g.replays for g in made) == gstats.decode_steps
+    # replayed steps are pipelined: the step launched while the host read the last tokens runs too
+    assert sum(g.replays for g in made) == gstats.decode_steps + 1
     if not kw:  # sampled at temperature 1, rows end at different steps
         assert len({len(t) for t, _ in eager.values()}) > 2, "rows all ended together: no bucket was left"
     again, astats = _gen(_engine(cold, graphs=True, eos_id=eos), specs, **kw)

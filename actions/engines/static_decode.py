@@ -6,7 +6,10 @@ stream key; the write column) and the CUDA graphs captured over them. One decode
 the forward of every row's last token (``static_forward``), the counter-based Gumbel draw of
 its next token (``sampling.Sampler``) and the advance of the positions and the column -- runs
 entirely on the device; the host reads the drawn tokens back once per step to apply EOS,
-length and cut rules (``base.RowEnds``).
+length and cut rules (``base.RowEnds``). Replayed steps are pipelined: the next step is
+launched before the host reads and applies the last one's tokens, so the device does not idle
+through the host's bookkeeping. That costs one step past the last needed per call and makes
+finished rows' slots free one step later, and changes no token (rows never mix).
 
 CUDA graphs. The step of a batch of ``b`` rows over an attention window of ``window``
 columns is captured once per (b, window, sampler) and replayed. A call pads its rows up to a
@@ -352,6 +355,11 @@ def _decode_locked(rt: DecodeRuntime, engine, samples: list[SampleSpec], states:
     width = max(s.length for s in states)
     remaining = max(params.max_new_tokens - len(s.generated) for s in samples)
     rows = bucket_for(n) if padded else n
+    # replayed steps are pipelined: each is launched before the host reads the one before it,
+    # so the device never waits for the host's bookkeeping (one step more than needed runs at
+    # the end, and finished rows are compacted away one step late; neither changes a token)
+    pipelined = graphs
+    # the last step writes column width + remaining - 2 (pipelined: the extra one, - 1)
     kv = rt.ensure(rows, width + max(remaining, 1))
     kv.load(states, rows)
     st = rt.state
@@ -366,8 +374,22 @@ def _decode_locked(rt: DecodeRuntime, engine, samples: list[SampleSpec], states:
     ends = RowEnds(n, engine.eos_ids, params.max_new_tokens)
     b, col, live = rows, width, n
     t_step, captured = None, rt.capture_s
+    shrink: tuple[list[int], int] | None = None  # pipelined: (rows to keep, bucket), decided while the step ran
+
+    def launch() -> None:
+        nonlocal col
+        rt.run(b, min(round_up(col + 1, window_step(rt)), kv.cols), sampling, graphs)
+        col += 1
+
     while True:
         toks = st.tok[:b].tolist()  # the step's one device->host read
+        if shrink is not None:  # compact away the rows that had finished before this step ran
+            still, target = shrink
+            compact_rows(rt, still, target, col)
+            toks = [*(toks[j] for j in still), *([0] * (target - len(still)))]
+            slots, b, shrink = [*(slots[j] for j in still), *([None] * (target - len(still)))], target, None
+        if pipelined:
+            launch()  # the next step runs while the host reads this one's tokens
         keep = [j for j, i in enumerate(slots) if i is not None and not ends.take(i, toks[j], gen[i])]
         now = time.perf_counter()
         if t_step is not None:  # step to step is one plain round: the speculation selector's baseline
@@ -377,15 +399,16 @@ def _decode_locked(rt: DecodeRuntime, engine, samples: list[SampleSpec], states:
         if not keep or ends.cut(params.cut_after):
             break
         target = bucket_for(live) if padded else live
-        if target < b:  # release finished rows' slots: compact into the smaller batch
+        if target < b and not pipelined:  # release finished rows' slots: compact into the smaller batch
             compact_rows(rt, keep, target, col)
             slots, b = [*(slots[j] for j in keep), *([None] * (target - live))], target
         elif live < sum(i is not None for i in slots):
             kept = set(keep)
             slots = [i if j in kept else None for j, i in enumerate(slots)]
-        window = min(round_up(col + 1, window_step(rt)), kv.cols)
-        rt.run(b, window, sampling, graphs)
-        col += 1
+            if target < b:  # pipelined: the next step already runs on these rows
+                shrink = keep, target
+        if not pipelined:
+            launch()
         stats.decode_steps += 1
         stats.decode_token_slots += live
     stats.graph_captures += rt.captures - captures0
