@@ -10,8 +10,11 @@ is downloaded), a batch and a context, prints the milliseconds of one decode ste
 * ``dynamic``: the engine on Hugging Face's growing ``DynamicCache`` (``kv_cache: dynamic``);
 * ``hf-loop``: a plain Hugging Face eager loop (forward with ``DynamicCache``, greedy argmax);
 
-beside the roofline: the bytes one step must read at least -- every weight once plus every
-row's cached keys and values at the mean context of the timed steps -- over the memory
+The engine paths draw as ``generation.fused_sampling`` says (``--fused-sampling``, default
+``auto``: one compiled kernel per draw at a real vocabulary; ``off`` gives the draws of the
+figures measured before fusion). Beside them, the roofline: the bytes one step must read at
+least -- every weight once plus every row's cached keys and values at the mean context of the
+timed steps -- over the memory
 bandwidth (the card's peak where the card is known, else a measured device copy; both are
 printed). A decode step is ``(t(1 + S new tokens) - t(1 new token)) / S`` (medians of
 ``--repeats``), so prefill and call set-up cancel. Prompts are random, no token is EOS, so
@@ -40,6 +43,7 @@ from step_profile import report, step_profile
 from transformers import DynamicCache
 
 from actions.engines.base import GenerationParams, SampleSpec
+from actions.engines.sampling import fused_draw, fused_for
 from actions.engines.static_decode import runtime_for
 from actions.engines.torch_engine import TorchEngine
 from actions.models.device import sync
@@ -132,6 +136,8 @@ def main() -> None:
     p.add_argument("--json", default=None, help="also append the figures to this file (one JSON line)")
     p.add_argument("--profile", default=None, metavar="PATHS",
                    help="also profile these paths (comma-separated): device time per step by kernel kind")
+    p.add_argument("--fused-sampling", default="auto", choices=("auto", "on", "off"),
+                   help="the engine paths' generation.fused_sampling (off: the draws as before fusion)")
     p.add_argument("--compare", action="store_true",
                    help="count the rows whose tokens equal the dynamic path's, per engine path")
     args = p.parse_args()
@@ -144,7 +150,7 @@ def main() -> None:
 
     def engine_fn(kv_cache: str, graphs: str, compiled: bool = False):
         engine = TorchEngine(model, eos_id=-1, pad_id=0, kv_cache=kv_cache, cuda_graphs=graphs,
-                             compile_decode=compiled)
+                             compile_decode=compiled, fused_sampling=args.fused_sampling)
         return lambda n: engine.generate(specs, GenerationParams(seed=0, step=0, max_new_tokens=n, temperature=1.0))
 
     paths = {"graphs": lambda: engine_fn("static", "on"), "compiled": lambda: engine_fn("static", "on", True),
@@ -160,7 +166,8 @@ def main() -> None:
                  "dtype": str(next(model.parameters()).dtype), "model_config": args.model_config,
                  "params": sum(p.numel() for p in model.parameters()), "batch": len(specs),
                  "context": args.context, "steps": args.steps, "step_bytes": nbytes,
-                 "peak_gbps": peak, "measured_copy_gbps": measured, "roofline_ms": roof_ms, "ms": {}}
+                 "peak_gbps": peak, "measured_copy_gbps": measured, "roofline_ms": roof_ms,
+                 "fused_sampling": fused_for(args.fused_sampling, vocab), "ms": {}}
     for name in wanted:
         rt0 = runtime_for(model, name == "compiled") if name in ("graphs", "static", "compiled") else None
         c0, s0 = (rt0.captures, rt0.capture_s) if rt0 else (0, 0.0)
@@ -170,8 +177,11 @@ def main() -> None:
             res[f"{name}_captures"] = rt1.captures - (c0 if rt1 is rt0 else 0)
             res[f"{name}_capture_s"] = rt1.capture_s - (s0 if rt1 is rt0 else 0.0)
             res[f"{name}_error"] = rt1.graph_error or (None if rt1.compiled == rt1.wants_compiled else "compile failed")
+    res["fused_error"] = fused_draw.error  # fused draws that fell back to unfused ones, and why
     print(f"{res['device']} {res['dtype']} params={res['params'] / 1e9:.3f}B batch={res['batch']} "
-          f"context={args.context} step bytes={nbytes / 1e9:.3f} GB")
+          f"context={args.context} step bytes={nbytes / 1e9:.3f} GB draws "
+          + ("fused" if res["fused_sampling"] and not fused_draw.error else "unfused")
+          + (f" (fused failed: {fused_draw.error})" if fused_draw.error else ""))
     if gbps:
         print(f"bandwidth: {gbps:.0f} GB/s ({'card peak' if peak else 'measured copy'}); measured copy "
               f"{measured:.0f} GB/s; roofline {roof_ms:.3f} ms/step")

@@ -6,7 +6,7 @@ stream key; the write column) and the CUDA graphs captured over them. One decode
 the forward of every row's last token (``static_forward``), the counter-based Gumbel draw of
 its next token (``sampling.Sampler``) and the advance of the positions and the column -- runs
 entirely on the device; the host reads the drawn tokens back once per step to apply EOS,
-length and cut rules (``base.RowEnds``). Replayed steps are pipelined: the next step is
+length and cut rules (``base.RowEnds``). Steps on a GPU are pipelined: the next step is
 launched before the host reads and applies the last one's tokens, so the device does not idle
 through the host's bookkeeping. That costs one step past the last needed per call and makes
 finished rows' slots free one step later, and changes no token (rows never mix).
@@ -355,10 +355,11 @@ def _decode_locked(rt: DecodeRuntime, engine, samples: list[SampleSpec], states:
     width = max(s.length for s in states)
     remaining = max(params.max_new_tokens - len(s.generated) for s in samples)
     rows = bucket_for(n) if padded else n
-    # replayed steps are pipelined: each is launched before the host reads the one before it,
-    # so the device never waits for the host's bookkeeping (one step more than needed runs at
-    # the end, and finished rows are compacted away one step late; neither changes a token)
-    pipelined = graphs
+    # steps on a GPU (replayed or eager) are pipelined: each is launched before the host reads
+    # the one before it, so the device never waits for the host's bookkeeping (one step more
+    # than needed runs at the end, and finished rows are compacted away one step late; neither
+    # changes a token). On the CPU a step runs as it is launched: nothing to overlap.
+    pipelined = graphs or rt.device.type == "cuda"
     # the last step writes column width + remaining - 2 (pipelined: the extra one, - 1)
     kv = rt.ensure(rows, width + max(remaining, 1))
     kv.load(states, rows)
