@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch._dynamo.utils
 from pydantic import ValidationError
+from test_sampling_filters import _batch  # random logits, stream keys, scattered positions
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from actions.config.workload import GenerationConfig
@@ -30,19 +31,10 @@ from actions.engines.sampling import (
     fused_for,
     gumbel_noise,
     sample_next,
-    stream_key,
 )
 from actions.engines.speculative import Speculation
 from actions.engines.torch_engine import TorchEngine
 from flows.config import CampaignConfig
-
-
-def _batch(rows: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(rows, vocab, generator=g) * 3.0
-    keys = torch.tensor([stream_key(seed, 2, r, r % 4) for r in range(rows)])
-    positions = torch.randint(0, 700, (rows,), generator=g)
-    return logits, keys, positions
 
 
 def _graphs() -> int:
