@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_sampling_fused import cancelling_logits
 
 from actions.engines.sampling import (
     _fmix64,
@@ -84,4 +85,11 @@ def test_cuda_fused_draws_equal_unfused_draws():
         for temperature, top_k, top_p in ((1.0, None, None), (0.8, 50, None), (1.0, None, 0.9)):
             assert torch.equal(sample_next(logits, k, pos, temperature, top_k, top_p),
                                sample_next(logits, k, pos, temperature, top_k, top_p, fused=True)), rows
+        # the real fused kernel against logits that cancel the unfused noise: one bit of
+        # difference, larger anywhere or smaller at a probed entry, changes the draw
+        zeros = torch.zeros(rows, dtype=torch.long, device="cuda")
+        assert torch.equal(sample_next(cancelling_logits(k, pos, V), k, pos, 1.0, fused=True), zeros)
+        probe = torch.randint(1, V, (rows,), generator=torch.Generator().manual_seed(rows)).cuda()
+        probed = cancelling_logits(k, pos, V, probe)
+        assert torch.equal(sample_next(probed, k, pos, 1.0, fused=True), probe)
     assert fused_draw.error is None

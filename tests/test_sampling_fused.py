@@ -67,27 +67,53 @@ def test_fused_draws_equal_unfused_draws(vocab):
     assert fused_draw.error is None  # the draws above ran compiled, not through the fallback
 
 
-def test_a_one_ulp_larger_noise_anywhere_would_change_the_draw():
-    """Logits that cancel the noise exactly: every sum is 0 and the argmax is entry 0, so a
-    fused noise larger than the unfused one in any entry, by a single bit, draws that entry."""
-    vocab, rows = 32_000, 8
+def cancelling_logits(keys: torch.Tensor, positions: torch.Tensor, vocab: int, probe: torch.Tensor | None = None
+                      ) -> torch.Tensor:
+    """Logits that cancel the unfused noise exactly, so that every sum is 0 and the draw is entry
+    0 (the first of equal maxima); with ``probe`` ([rows] entries), each row's probe entry is one
+    float32 step above, so the draw is that entry. A draw whose noise is one bit larger at any
+    entry than the unfused noise picks that entry in the first case; one bit smaller at a probe,
+    entry 0 in the second."""
+    logits = -gumbel_noise(keys, positions, vocab)
+    if probe is not None:
+        rows = torch.arange(len(probe), device=logits.device)
+        logits[rows, probe] = torch.nextafter(logits[rows, probe], torch.tensor(float("inf"), device=logits.device))
+    return logits
+
+
+def test_a_single_bit_of_difference_in_the_noise_would_change_a_draw():
+    vocab, rows = 32_000, 64
     _, keys, positions = _batch(rows, 1, seed=5)
-    cancel = -gumbel_noise(keys, positions, vocab)
-    assert torch.equal(sample_next(cancel, keys, positions, 1.0), torch.zeros(rows, dtype=torch.long))
-    assert torch.equal(sample_next(cancel, keys, positions, 1.0, fused=True), torch.zeros(rows, dtype=torch.long))
+    zeros = torch.zeros(rows, dtype=torch.long)
+    cancel = cancelling_logits(keys, positions, vocab)
+    assert torch.equal(sample_next(cancel, keys, positions, 1.0), zeros)
+    assert torch.equal(sample_next(cancel, keys, positions, 1.0, fused=True), zeros)
+    probe = torch.randint(1, vocab, (rows,), generator=torch.Generator().manual_seed(3))
+    probed = cancelling_logits(keys, positions, vocab, probe)
+    assert torch.equal(sample_next(probed, keys, positions, 1.0), probe)
+    assert torch.equal(sample_next(probed, keys, positions, 1.0, fused=True), probe)
+    # the checks can see one bit: a larger noise anywhere, a smaller one at a probe
     nudged = cancel.clone()
     nudged[3, 777] = torch.nextafter(nudged[3, 777], torch.tensor(float("inf")))
-    assert sample_next(nudged, keys, positions, 1.0, fused=True)[3].item() == 777  # the test can see one bit
+    assert sample_next(nudged, keys, positions, 1.0, fused=True)[3].item() == 777
+    nudged = probed.clone()
+    nudged[5, probe[5]] = torch.nextafter(nudged[5, probe[5]], torch.tensor(float("-inf")))
+    assert sample_next(nudged, keys, positions, 1.0, fused=True)[5].item() == 0
+    assert fused_draw.error is None
 
 
 def test_one_compilation_serves_every_batch_size():
-    fused_draw.warm(9_000, torch.device("cpu"))
+    vocab = 9_011  # a size no other test draws over: its first draw compiles here
+    logits, keys, positions = _batch(3, vocab, seed=1)
+    sample_next(logits, keys, positions, 1.0, fused=True)
     before = _graphs()
     for rows in (1, 2, 5, 64, 97):
-        logits, keys, positions = _batch(rows, 9_000, seed=rows)
-        assert torch.equal(sample_next(logits, keys, positions, 1.0, fused=True),
-                           sample_next(logits, keys, positions, 1.0))
+        logits, keys, positions = _batch(rows, vocab, seed=rows)
+        for temperature, top_k in ((1.0, None), (0.7, 20)):
+            assert torch.equal(sample_next(logits, keys, positions, temperature, top_k, fused=True),
+                               sample_next(logits, keys, positions, temperature, top_k))
     assert _graphs() == before  # batch sizes, one row included, recompile nothing
+    assert fused_draw.error is None
 
 
 def test_a_compiler_failure_draws_unfused_after_one_warning(monkeypatch, caplog):
@@ -132,6 +158,21 @@ EOS = tuple(range(3, 300))  # 3% of a flat distribution: rows end at different s
 NEW = 20
 
 
+@pytest.fixture
+def compiled_draws(monkeypatch) -> list[int]:
+    """Counts the draws that reach the compiled function (``[count]``)."""
+    count = [0]
+    call = sampling._FusedDraw.__call__
+
+    def counted(self, *args):
+        out = call(self, *args)
+        count[0] += self.error is None
+        return out
+
+    monkeypatch.setattr(sampling._FusedDraw, "__call__", counted)
+    return count
+
+
 @pytest.fixture(scope="module")
 def model():
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
@@ -157,7 +198,7 @@ def _run(model, fused: str, specs, *, kv_cache: str = "static", speculation=None
 
 @pytest.mark.parametrize("case", ["static", "dynamic", "filtered", "speculation", "speculation-in-round",
                                   "dynamic-speculation"])
-def test_an_engine_drawing_fused_generates_what_it_generates_unfused(model, case, monkeypatch):
+def test_an_engine_drawing_fused_generates_what_it_generates_unfused(model, case, monkeypatch, compiled_draws):
     drafts = Speculation(strategies=("prompt_lookup",), fixed=("prompt_lookup", 3))
     opts = {"static": {}, "dynamic": {"kv_cache": "dynamic"}, "filtered": {"temperature": 0.8, "top_k": 50},
             "speculation": {"speculation": drafts}, "speculation-in-round": {"speculation": drafts},
@@ -165,21 +206,23 @@ def test_an_engine_drawing_fused_generates_what_it_generates_unfused(model, case
     if case == "speculation-in-round":  # the GPU's rounds: every column drawn inside the round, in chunks
         monkeypatch.setattr(static_speculative, "_draws_in_round", lambda device: True)
     engine, fused = _run(model, "auto", _specs(), **opts)
-    assert engine.fused_sampling  # 9,000 entries: auto fuses
+    assert engine.fused_sampling and compiled_draws[0] > 0  # 9,000 entries: auto fuses
+    drawn = compiled_draws[0]
     _, plain = _run(model, "off", _specs(), **opts)
+    assert compiled_draws[0] == drawn  # off: none
     assert fused == plain
     reasons = {r for *_, r in plain}
     assert "stop" in reasons and "length" in reasons, reasons  # early stops and full-length rows both seen
 
 
-def test_a_row_cut_under_fused_draws_continues_unfused_exactly(model):
+def test_a_row_cut_under_fused_draws_continues_unfused_exactly(model, compiled_draws):
     """Cut-and-migrate between actors that draw differently: the continuation equals the row
     generated whole."""
     specs = _specs()
     _, whole = _run(model, "off", specs)
     _, first = _run(model, "auto", specs, cut_after=4)
     cut = [(p, i, toks) for p, i, toks, reason in first if reason == "cut"]
-    assert cut
+    assert cut and compiled_draws[0] > 0
     by_id = {(s.prompt_id, s.sample_index): s for s in specs}
     resumed = [SampleSpec(p, i, by_id[(p, i)].prompt_tokens, tuple(toks)) for p, i, toks in cut]
     _, rest = _run(model, "off", resumed)

@@ -43,8 +43,8 @@ a small model's decode step (0.74 s of a draw of 64 rows over V = 151,936 on two
 about a millisecond of HBM traffic on an H200). ``Sampler(fused=True)`` runs the same
 arithmetic through ``torch.compile`` (one kernel that hashes, adds and takes the argmax without
 materialising the noise) and draws the same tokens: on the CPU the noise is the eager noise bit
-for bit (tests/test_sampling.py); on CUDA ``tests/test_sampling_device.py`` compares the two.
-``fused_sampling`` says which draws fuse; where the compiler is unusable the draw runs eagerly
+for bit (tests/test_sampling_fused.py); on CUDA ``tests/test_sampling_device.py`` compares the
+two. ``fused_for`` says which draws fuse; where the compiler is unusable the draws run unfused
 after one warning line.
 """
 
@@ -187,12 +187,15 @@ def _noisy_argmax(scaled: torch.Tensor, keys: torch.Tensor, positions: torch.Ten
 
 
 class _FusedDraw:
-    """``_noisy_argmax`` through ``torch.compile``, made on first use, one per process.
+    """``_noisy_argmax`` through ``torch.compile``, one per process, compiled by the first draw
+    (a decode loop's first draw comes before its timed steps; engines that never sample, such
+    as prefill's and greedy evaluation's, never compile).
 
     Compiled for the vocabulary's size with a symbolic batch size (``mark_dynamic``), so one
     compilation serves every batch of a model on a device; one-row draws are padded to two rows,
     since the compiler specialises a size of 1 (a second compilation, seconds, in the middle of
-    a decode loop). After a failure (``disable``) every draw runs eagerly."""
+    a decode loop). After a compiler failure (``disable``) every draw runs unfused; running out
+    of memory is not a compiler failure and is raised."""
 
     def __init__(self) -> None:
         self.fn: Callable | None = None
@@ -212,13 +215,19 @@ class _FusedDraw:
         try:
             with self.lock:  # the first call compiles; draws never overlap on one engine anyway
                 if self.fn is None:
+                    # one entry per (vocabulary size, device, ...): room for many models, since
+                    # reaching the limit would be a compiler failure, and disable fusion
+                    cfg = torch._dynamo.config
+                    cfg.recompile_limit = max(cfg.recompile_limit, 64)
                     # the vocabulary's size fixed (a known reduction length), the batch's not
                     self.fn = torch.compile(_noisy_argmax, dynamic=False, fullgraph=True)
             for t in (scaled, keys, positions):
                 torch._dynamo.mark_dynamic(t, 0)
             with torch.no_grad():  # a draw never needs gradients, and the grad mode is a guard
                 out = self.fn(scaled, keys, positions, term)
-        except Exception as exc:  # noqa: BLE001 -- no compiler, or a backend failure: draw eagerly
+        except torch.OutOfMemoryError:
+            raise  # the unfused draw needs more memory, not less
+        except Exception as exc:  # noqa: BLE001 -- no compiler, or a backend failure: draw unfused
             self.disable(f"{type(exc).__name__}: {str(exc)[:200]}")
             return _noisy_argmax(scaled[:rows], keys[:rows], positions[:rows], term)
         return out[:rows]
@@ -229,12 +238,6 @@ class _FusedDraw:
             self.error = reason
             log.warning("fused sampling is unavailable, drawing tokens unfused (the same tokens): %s", reason)
 
-
-    def warm(self, vocab_size: int, device: torch.device, rows: int = 64) -> None:
-        """Compile for ``vocab_size`` on ``device`` now (an engine's start) rather than in its
-        first draw; ``rows``: the batch a GPU's kernel is tuned for on its first launch."""
-        z = torch.zeros(rows, dtype=torch.long, device=device)
-        self(torch.zeros(rows, vocab_size, device=device), z, z, _vocab_term(vocab_size, device))
 
 
 fused_draw = _FusedDraw()

@@ -7,17 +7,19 @@ the forward of every row's last token (``static_forward``), the counter-based Gu
 its next token (``sampling.Sampler``) and the advance of the positions and the column -- runs
 entirely on the device; the host reads the drawn tokens back once per step to apply EOS,
 length and cut rules (``base.RowEnds``). Steps on a GPU are pipelined: the next step is
-launched before the host reads and applies the last one's tokens, so the device does not idle
-through the host's bookkeeping. That costs one step past the last needed per call and makes
-finished rows' slots free one step later, and changes no token (rows never mix).
+launched as soon as the host has read the last one's tokens, before it applies them, so the
+device does not idle through the host's bookkeeping. Finished rows' slots are then freed one
+step later, and a call whose rows might go on runs one step past its end; no token changes
+(rows never mix). A step that would capture a new graph is launched after the bookkeeping
+instead, so a call never captures a graph only for a step it discards.
 
-CUDA graphs. The step of a batch of ``b`` rows over an attention window of ``window``
-columns is captured once per (b, window, sampler) and replayed. A call pads its rows up to a
-batch bucket (``BATCH_BUCKETS``, as vLLM does) and its window to a multiple of
-``WINDOW_STEP``; finished rows keep running as idle rows until the live rows fit a smaller
-bucket, and then the batch is compacted into it (their slots are released). Captures stay
-valid while the buffers do: a warm container reuses them across calls of the same model, and
-across policy versions, which the torch engine's generation slot copies into that model in
+CUDA graphs. The step of a batch of ``b`` rows over an attention window of ``window`` columns
+is captured once per (b, window, sampler, whether its draws are fused) and replayed. A call
+pads its rows up to a batch bucket (``BATCH_BUCKETS``, as vLLM does) and its window to a
+multiple of ``WINDOW_STEP``; finished rows keep running as idle rows until the live rows fit a
+smaller bucket, and then the batch is compacted into it (their slots are released). Captures
+stay valid while the buffers do: a warm container reuses them across calls of the same model,
+and across policy versions, which the torch engine's generation slot copies into that model in
 place (``torch_slot.py``); a call that needs more rows or columns than the buffers hold
 reallocates them (and drops the graphs). Capture time and count are reported in
 ``EngineStats``. A capture that fails falls back to the eager step with one warning line; the
@@ -112,6 +114,13 @@ def _signature(model: torch.nn.Module) -> tuple:
     """Where the parameters live: (device, dtype, every parameter's address)."""
     params = list(model.parameters())
     return params[0].device, params[0].dtype, tuple(p.data_ptr() for p in params)
+
+
+def _draws(sampling: Sampler) -> tuple[Sampler, bool]:
+    """The part of a graph's key that says how it draws: the sampler, and whether its draws run
+    fused (a sampling one whose fused draw works). After ``fused_draw.disable`` new graphs are
+    captured unfused, and graphs captured fused are no longer replayed: one process draws one way."""
+    return sampling, sampling.fused and sampling.temperature > 0 and fused_draw.error is None
 
 
 @dataclass
@@ -214,7 +223,7 @@ class DecodeRuntime:
     def verify(self, b: int, w: int, window: int, sampling: Sampler, graphs: bool) -> None:
         """``_verify_step``, replayed from a CUDA graph per (b, w, window, sampler) where ``graphs``."""
         if graphs and self.graph_error is None:
-            key = ("verify", b, w, window, sampling)
+            key = ("verify", b, w, window, *_draws(sampling))
             g = self.graphs.get(key) or self._capture(key, lambda: self._verify_step(b, w, window, sampling))
             if g is not None:
                 g.replay()
@@ -263,10 +272,14 @@ class DecodeRuntime:
         st.pos[:b] += 1
         st.col += 1
 
+    def ready(self, b: int, window: int, sampling: Sampler, graphs: bool) -> bool:
+        """Whether ``run`` of this shape starts at once (no graph to capture first)."""
+        return not graphs or self.graph_error is not None or (b, window, *_draws(sampling)) in self.graphs
+
     def run(self, b: int, window: int, sampling: Sampler, graphs: bool) -> None:
         """``step``, replayed from a CUDA graph where ``graphs`` (captured on first use)."""
         if graphs and self.graph_error is None:
-            key = (b, window, sampling)
+            key = (b, window, *_draws(sampling))
             g = self.graphs.get(key) or self._capture(key, lambda: self.step(b, window, sampling))
             if g is not None:
                 g.replay()
@@ -278,10 +291,10 @@ class DecodeRuntime:
 
     def _capture(self, key: tuple, step) -> torch.cuda.CUDAGraph | None:
         """A CUDA graph of ``step()`` (a plain step or a verification round), kept under ``key``
-        (whose last item is the step's sampler). Where a capture with fused draws fails, draws
-        go unfused (``fused_draw.disable``) and the capture is tried once more: the graphs are
-        worth more than the fused draw."""
-        fused = key[-1].fused and fused_draw.error is None  # (a failing fused draw disables itself)
+        (whose last item says whether its draws are fused, ``_draws``). Where a capture with
+        fused draws fails, draws go unfused (``fused_draw.disable``) and the step is captured
+        again, under the key of unfused draws: the graphs are worth more than the fused draw."""
+        fused = key[-1]
         try:
             return self._capture_once(key, step)
         except Exception as exc:  # noqa: BLE001 -- any capture failure falls back
@@ -290,7 +303,7 @@ class DecodeRuntime:
             fused_draw.disable(f"a CUDA graph capture with fused draws failed: {type(error).__name__}: "
                                f"{str(error)[:200]}")
             try:
-                return self._capture_once(key, step)
+                return self._capture_once((*key[:-1], False), step)
             except Exception as exc:  # noqa: BLE001
                 error = exc
         self.graph_error = f"{type(error).__name__}: {str(error)[:200]}"
@@ -355,12 +368,10 @@ def _decode_locked(rt: DecodeRuntime, engine, samples: list[SampleSpec], states:
     width = max(s.length for s in states)
     remaining = max(params.max_new_tokens - len(s.generated) for s in samples)
     rows = bucket_for(n) if padded else n
-    # steps on a GPU (replayed or eager) are pipelined: each is launched before the host reads
-    # the one before it, so the device never waits for the host's bookkeeping (one step more
-    # than needed runs at the end, and finished rows are compacted away one step late; neither
-    # changes a token). On the CPU a step runs as it is launched: nothing to overlap.
+    # steps on a GPU (replayed or eager) are pipelined (module docstring); on the CPU a step
+    # runs as it is launched: nothing to overlap
     pipelined = graphs or rt.device.type == "cuda"
-    # the last step writes column width + remaining - 2 (pipelined: the extra one, - 1)
+    # the last step writes column width + remaining - 2 (pipelined: one more, - 1)
     kv = rt.ensure(rows, width + max(remaining, 1))
     kv.load(states, rows)
     st = rt.state
@@ -377,9 +388,12 @@ def _decode_locked(rt: DecodeRuntime, engine, samples: list[SampleSpec], states:
     t_step, captured = None, rt.capture_s
     shrink: tuple[list[int], int] | None = None  # pipelined: (rows to keep, bucket), decided while the step ran
 
+    def window() -> int:
+        return min(round_up(col + 1, window_step(rt)), kv.cols)
+
     def launch() -> None:
         nonlocal col
-        rt.run(b, min(round_up(col + 1, window_step(rt)), kv.cols), sampling, graphs)
+        rt.run(b, window(), sampling, graphs)
         col += 1
 
     while True:
@@ -389,8 +403,12 @@ def _decode_locked(rt: DecodeRuntime, engine, samples: list[SampleSpec], states:
             compact_rows(rt, still, target, col)
             toks = [*(toks[j] for j in still), *([0] * (target - len(still)))]
             slots, b, shrink = [*(slots[j] for j in still), *([None] * (target - len(still)))], target, None
-        if pipelined:
-            launch()  # the next step runs while the host reads this one's tokens
+        # the next step runs while the host applies these tokens, where some row may need it
+        # (not every live row reaches max_new_tokens with them) and it captures nothing
+        early = (pipelined and rt.ready(b, window(), sampling, graphs)
+                 and any(len(gen[i]) + 1 < params.max_new_tokens for i in slots if i is not None))
+        if early:
+            launch()
         keep = [j for j, i in enumerate(slots) if i is not None and not ends.take(i, toks[j], gen[i])]
         now = time.perf_counter()
         if t_step is not None:  # step to step is one plain round: the speculation selector's baseline
@@ -400,15 +418,15 @@ def _decode_locked(rt: DecodeRuntime, engine, samples: list[SampleSpec], states:
         if not keep or ends.cut(params.cut_after):
             break
         target = bucket_for(live) if padded else live
-        if target < b and not pipelined:  # release finished rows' slots: compact into the smaller batch
+        if target < b and not early:  # release finished rows' slots: compact into the smaller batch
             compact_rows(rt, keep, target, col)
             slots, b = [*(slots[j] for j in keep), *([None] * (target - live))], target
         elif live < sum(i is not None for i in slots):
             kept = set(keep)
             slots = [i if j in kept else None for j, i in enumerate(slots)]
-            if target < b:  # pipelined: the next step already runs on these rows
+            if target < b:  # the next step already runs on these rows: compact after it
                 shrink = keep, target
-        if not pipelined:
+        if not early:
             launch()
         stats.decode_steps += 1
         stats.decode_token_slots += live

@@ -41,7 +41,7 @@ from transformers import DynamicCache
 from actions.engines.base import EngineStats, GenerationParams, RowEnds, SampleOut, SampleSpec
 from actions.engines.kv_state import PrefixState, stack_logits, stack_states
 from actions.engines.prefill_plan import CALL_TOKENS, plan_prefill_calls
-from actions.engines.sampling import Sampler, fused_draw, fused_for, stream_key
+from actions.engines.sampling import Sampler, fused_for, stream_key
 from actions.engines.spec_select import AcceptanceTracker, ForwardCost, can_pay
 from actions.engines.speculative import SpecStats, Speculation, decode_speculative
 from actions.engines.static_decode import decode_static, static_supported
@@ -73,7 +73,8 @@ class TorchEngine:
         ``on`` (required: a CPU model or a dynamic cache is an error) or ``off``;
         ``compile_decode``: the static step through ``torch.compile`` (``static_decode``);
         ``fused_sampling``: ``auto``, ``on`` or ``off`` (``sampling.fused_for``), the draws
-        through one compiled kernel, compiled here, at the engine's start.
+        through one compiled kernel (compiled by the first draw; under ``auto`` a model whose
+        output size is unknown draws unfused).
 
         Raises:
             ValueError: an unknown ``kv_cache``, ``cuda_graphs`` or ``fused_sampling``, or
@@ -97,10 +98,7 @@ class TorchEngine:
             where = "a CUDA device" if self.device.type != "cuda" else "kv_cache 'static' and a supported model"
             raise ValueError(f"generation.cuda_graphs 'on' needs {where} (model on {self.device}, kv_cache "
                              f"{kv_cache!r}); use 'auto' or 'off'")
-        vocab = getattr(getattr(model, "config", None), "vocab_size", None) or 0
-        self.fused_sampling = fused_for(fused_sampling, vocab)
-        if self.fused_sampling:
-            fused_draw.warm(vocab, self.device)
+        self.fused_sampling = fused_for(fused_sampling, _vocab_size(model))
         # The price of one more prefill call in tokens of padded compute (prefill_plan).
         self.prefill_call_tokens: float = CALL_TOKENS.get(self.device.type, CALL_TOKENS["cuda"])
         self.prefill_calls = 0  # forwards ``prefill`` ran, over the engine's life
@@ -325,3 +323,13 @@ def _longest_prefix(seq: tuple[int, ...], prefixes: dict[tuple[int, ...], Prefix
         if len(p) > len(best) and len(p) <= len(seq) and seq[: len(p)] == p:
             best = p
     return best
+
+
+def _vocab_size(model: torch.nn.Module) -> int:
+    """The width of the model's logits: its output layer's rows, else ``config.vocab_size``, else
+    0 (unknown)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.dim() == 2:
+        return weight.shape[0]
+    return getattr(getattr(model, "config", None), "vocab_size", None) or 0
