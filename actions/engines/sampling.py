@@ -215,8 +215,8 @@ class _FusedDraw:
         try:
             with self.lock:  # the first call compiles; draws never overlap on one engine anyway
                 if self.fn is None:
-                    # one entry per (vocabulary size, device, ...): room for many models, since
-                    # reaching the limit would be a compiler failure, and disable fusion
+                    # a compilation per (vocabulary size, device, ...): room for many, since
+                    # running out would fail as a compiler failure does, and disable fusion
                     cfg = torch._dynamo.config
                     cfg.recompile_limit = max(cfg.recompile_limit, 64)
                     # the vocabulary's size fixed (a known reduction length), the batch's not
@@ -237,7 +237,6 @@ class _FusedDraw:
         if self.error is None:
             self.error = reason
             log.warning("fused sampling is unavailable, drawing tokens unfused (the same tokens): %s", reason)
-
 
 
 fused_draw = _FusedDraw()
