@@ -17,6 +17,7 @@ from actions.contracts import ModelRef
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.factory import load_engine, make_engine, take_engine_events
 from actions.engines.static_decode import runtime_for
+from actions.engines.torch_engine import TorchEngine
 from actions.engines.torch_slot import close_torch_slot
 from actions.models import in_place, warm
 from actions.models.in_place import mismatch
@@ -127,17 +128,23 @@ def test_generating_through_versions_adds_no_model_per_version_to_the_warm_cache
     assert after["misses"] - before["misses"] >= 4 and after["hits"] - before["hits"] >= 1
 
 
-def test_a_generate_prewarm_loads_the_version_into_the_slot(full):
+def test_a_generate_prewarm_loads_the_version_into_the_slot(full, monkeypatch):
     from actions.runtime.server import _preload_model
 
     _, refs = full
     close_torch_slot()
     take_engine_events()
+    prepared = []
+    monkeypatch.setattr(TorchEngine, "prepare_draws", lambda self: prepared.append(self))
     assert _preload_model(refs[1].model_dump(mode="json"), "generate") is True
     assert _preload_model(refs[2].model_dump(mode="json"), "generate") is True
     assert load_engine("torch", refs[2])[2] is True  # the activation finds it there
     events = take_engine_events()  # reported by the process's next generate result
     assert (events.starts, events.pushes) == (1, 1)
+    # each generate pre-warm compiles the engine's fused draw (sampling.fused_draw.prepare)
+    assert len(prepared) == 2 and all(e is load_engine("torch", refs[2])[0] for e in prepared)
+    _preload_model(refs[2].model_dump(mode="json"), "evaluate")  # greedy: nothing to prepare
+    assert len(prepared) == 2
 
 
 def test_the_engine_and_its_estimates_are_kept_per_decode_settings(full):

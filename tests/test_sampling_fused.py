@@ -228,3 +228,23 @@ def test_a_row_cut_under_fused_draws_continues_unfused_exactly(model, compiled_d
     _, rest = _run(model, "off", resumed)
     want = {(p, i): toks for p, i, toks, _ in whole}
     assert all(toks == want[(p, i)] for p, i, toks, _ in rest)
+
+
+def test_a_prewarm_compiles_the_draw_the_first_generate_uses():
+    """``TorchEngine.prepare_draws`` (a generate container's pre-warm) compiles with inputs that
+    pass the guards real draws pass, so the first generate call compiles nothing."""
+    cfg = LlamaConfig(vocab_size=9_013, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, max_position_embeddings=128, pad_token_id=0, eos_token_id=3)
+    torch.manual_seed(1)
+    small = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    engine = TorchEngine(small, eos_id=EOS, pad_id=0)
+    before = _graphs()
+    engine.prepare_draws()
+    assert _graphs() == before + 1 and fused_draw.error is None  # 9,013 entries: a size of its own
+    params = GenerationParams(seed=1, step=0, max_new_tokens=6, temperature=1.0)
+    engine.generate(_specs()[:5], params)
+    engine.generate(_specs(), GenerationParams(seed=1, step=0, max_new_tokens=6, temperature=0.8, top_k=30))
+    assert _graphs() == before + 1  # what the calls drew through was compiled by the pre-warm
+    off = TorchEngine(small, eos_id=EOS, pad_id=0, fused_sampling="off")
+    off.prepare_draws()  # draws unfused: nothing to compile
+    assert _graphs() == before + 1

@@ -187,9 +187,10 @@ def _noisy_argmax(scaled: torch.Tensor, keys: torch.Tensor, positions: torch.Ten
 
 
 class _FusedDraw:
-    """``_noisy_argmax`` through ``torch.compile``, one per process, compiled by the first draw
-    (a decode loop's first draw comes before its timed steps; engines that never sample, such
-    as prefill's and greedy evaluation's, never compile).
+    """``_noisy_argmax`` through ``torch.compile``, one per process, compiled by ``prepare`` (a
+    generate container's pre-warm) or else by the first draw (a decode loop's first draw comes
+    before its timed steps; engines that never sample, such as prefill's and greedy
+    evaluation's, never compile).
 
     Compiled for the vocabulary's size with a symbolic batch size (``mark_dynamic``), so one
     compilation serves every batch of a model on a device; one-row draws are padded to two rows,
@@ -231,6 +232,14 @@ class _FusedDraw:
             self.disable(f"{type(exc).__name__}: {str(exc)[:200]}")
             return _noisy_argmax(scaled[:rows], keys[:rows], positions[:rows], term)
         return out[:rows]
+
+    def prepare(self, vocab_size: int, device: torch.device, rows: int = 64) -> None:
+        """Compile for draws over ``vocab_size`` entries on ``device`` now (a container's pre-warm,
+        off any step's critical path), with inputs that pass the guards real draws pass: distinct
+        contiguous tensors, float32 scores. ``rows``: the batch a GPU kernel is tuned for."""
+        keys = torch.zeros(rows, dtype=torch.long, device=device)
+        positions = torch.zeros(rows, dtype=torch.long, device=device)
+        self(torch.zeros(rows, vocab_size, device=device), keys, positions, _vocab_term(vocab_size, device))
 
     def disable(self, reason: str) -> None:
         """Draw unfused from now on, in this process, after one warning line."""

@@ -41,7 +41,7 @@ from transformers import DynamicCache
 from actions.engines.base import EngineStats, GenerationParams, RowEnds, SampleOut, SampleSpec
 from actions.engines.kv_state import PrefixState, stack_logits, stack_states
 from actions.engines.prefill_plan import CALL_TOKENS, plan_prefill_calls
-from actions.engines.sampling import Sampler, fused_for, stream_key
+from actions.engines.sampling import Sampler, fused_draw, fused_for, stream_key
 from actions.engines.spec_select import AcceptanceTracker, ForwardCost, can_pay
 from actions.engines.speculative import SpecStats, Speculation, decode_speculative
 from actions.engines.static_decode import decode_static, static_supported
@@ -107,6 +107,13 @@ class TorchEngine:
         self.acceptance = AcceptanceTracker()
         self._hopeless_calls = 0  # calls decoded plainly by estimate since the last recheck
         self._recheck_after = RECHECK_CALLS
+
+    def prepare_draws(self) -> None:
+        """Compile the fused draw now, where this engine draws fused (``fused_sampling``): for a
+        container's pre-warm, so that no generate call pays the compilation."""
+        vocab = _vocab_size(self.model)
+        if self.fused_sampling and vocab:
+            fused_draw.prepare(vocab, self.device)
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, tokenizer: object, **options) -> "TorchEngine":

@@ -194,7 +194,9 @@ def _preload_model(ref: dict[str, Any], action: str, engine: str = "torch") -> b
         if engine == "vllm" or action in SLOT_ACTIONS:
             from actions.engines.factory import load_engine
 
-            _, _, hit = load_engine(engine, model)
+            loaded, _, hit = load_engine(engine, model)
+            if action == "generate" and hasattr(loaded, "prepare_draws"):
+                loaded.prepare_draws()  # compile the fused draw here, not in the first generate
         else:
             _, _, hit = load_model(model)
         return not hit
