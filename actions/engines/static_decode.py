@@ -396,13 +396,18 @@ def _decode_locked(rt: DecodeRuntime, engine, samples: list[SampleSpec], states:
         rt.run(b, window(), sampling, graphs)
         col += 1
 
+    def compact(still: list[int], target: int) -> None:  # release the other rows' slots
+        nonlocal slots, b
+        compact_rows(rt, still, target, col)
+        slots, b = [*(slots[j] for j in still), *([None] * (target - len(still)))], target
+
     while True:
         toks = st.tok[:b].tolist()  # the step's one device->host read
         if shrink is not None:  # compact away the rows that had finished before this step ran
             still, target = shrink
-            compact_rows(rt, still, target, col)
             toks = [*(toks[j] for j in still), *([0] * (target - len(still)))]
-            slots, b, shrink = [*(slots[j] for j in still), *([None] * (target - len(still)))], target, None
+            compact(still, target)
+            shrink = None
         # the next step runs while the host applies these tokens, where some row may need it
         # (not every live row reaches max_new_tokens with them) and it captures nothing
         early = (pipelined and rt.ready(b, window(), sampling, graphs)
@@ -418,9 +423,8 @@ def _decode_locked(rt: DecodeRuntime, engine, samples: list[SampleSpec], states:
         if not keep or ends.cut(params.cut_after):
             break
         target = bucket_for(live) if padded else live
-        if target < b and not early:  # release finished rows' slots: compact into the smaller batch
-            compact_rows(rt, keep, target, col)
-            slots, b = [*(slots[j] for j in keep), *([None] * (target - live))], target
+        if target < b and not early:  # compact into the smaller batch now
+            compact(keep, target)
         elif live < sum(i is not None for i in slots):
             kept = set(keep)
             slots = [i if j in kept else None for j, i in enumerate(slots)]

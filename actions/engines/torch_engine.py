@@ -98,7 +98,8 @@ class TorchEngine:
             where = "a CUDA device" if self.device.type != "cuda" else "kv_cache 'static' and a supported model"
             raise ValueError(f"generation.cuda_graphs 'on' needs {where} (model on {self.device}, kv_cache "
                              f"{kv_cache!r}); use 'auto' or 'off'")
-        self.fused_sampling = fused_for(fused_sampling, _vocab_size(model))
+        self.vocab_size = _vocab_size(model)  # 0: unknown
+        self.fused_sampling = fused_for(fused_sampling, self.vocab_size)
         # The price of one more prefill call in tokens of padded compute (prefill_plan).
         self.prefill_call_tokens: float = CALL_TOKENS.get(self.device.type, CALL_TOKENS["cuda"])
         self.prefill_calls = 0  # forwards ``prefill`` ran, over the engine's life
@@ -111,9 +112,8 @@ class TorchEngine:
     def prepare_draws(self) -> None:
         """Compile the fused draw now, where this engine draws fused (``fused_sampling``): for a
         container's pre-warm, so that no generate call pays the compilation."""
-        vocab = _vocab_size(self.model)
-        if self.fused_sampling and vocab:
-            fused_draw.prepare(vocab, self.device)
+        if self.fused_sampling and self.vocab_size:
+            fused_draw.prepare(self.vocab_size, self.device)
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, tokenizer: object, **options) -> "TorchEngine":
