@@ -136,7 +136,7 @@ class GenerateRequest(_Msg):
     compile_decode: bool = False
     """``generation.compile_decode`` (torch engine, static cache)."""
     fused_sampling: Literal["auto", "on", "off"] = "auto"
-    """``generation.fused_sampling`` (torch engine; the same tokens either way)."""
+    """``generation.fused_sampling`` (either engine; the same tokens either way)."""
     speculation: Literal["auto", "off"] = "off"
     """``generation.speculation`` (torch engine; outputs are the same either way)."""
     draft_strategies: list[Literal["history", "prompt_lookup"]] = ["history", "prompt_lookup"]
@@ -293,6 +293,9 @@ class EvaluateRequest(_Rewarded):
     """``generation.cuda_graphs`` (torch engine on CUDA)."""
     compile_decode: bool = False
     """``generation.compile_decode`` (torch engine, static cache)."""
+    fused_sampling: Literal["auto", "on", "off"] = "auto"
+    """``generation.fused_sampling``: greedy evaluation never draws, but a vLLM engine it starts
+    serves the container's generation too, and a torch engine is kept per decode settings."""
     output_key: str
 
 

@@ -22,7 +22,7 @@ from actions.tasks.stored import load_dataset
 
 def run_evaluate(req: EvaluateRequest) -> EvaluateResult:
     engine, tokenizer, _ = load_engine(req.engine, req.model, kv_cache=req.kv_cache, cuda_graphs=req.cuda_graphs,
-                                       compile_decode=req.compile_decode)
+                                       compile_decode=req.compile_decode, fused_sampling=req.fused_sampling)
     rows = sorted(load_dataset(req.model.store_uri, req.dataset_key).values(), key=lambda r: r.prompt_id)
     specs = [SampleSpec(r.prompt_id, 0, encode(tokenizer, r.prompt)) for r in rows]
     greedy = GenerationParams(seed=0, step=0, max_new_tokens=req.max_new_tokens, temperature=0.0)

@@ -226,6 +226,43 @@ def test_requests_default_to_torch_and_reject_unknown_engines():
     assert isinstance(err, dict) and err["field"] == "engine", err
 
 
+@pytest.mark.vllm
+@pytest.mark.skipif(not vllm_available(), reason=NO_VLLM)
+def test_a_vllm_engine_drawing_fused_draws_the_unfused_tokens(tiny, monkeypatch):
+    """``fused_sampling: on`` in vLLM: the draw is compiled at engine start, the steps' draws go
+    through it, and the tokens are those the same engine draws unfused (a cut and its
+    continuation included)."""
+    from actions.engines import sampling
+
+    count = [0]
+    call = sampling._FusedDraw.__call__
+
+    def counted(self, *args):
+        count[0] += self.error is None
+        return call(self, *args)
+
+    monkeypatch.setattr(sampling._FusedDraw, "__call__", counted)
+    eng = make_engine("vllm", None, tiny.tok, model_dir=tiny.dir, block_size=32, max_model_len=512,
+                      fused_sampling="on")
+    try:
+        assert eng.fused_sampling and count[0] == 1  # prepare_draws, at start
+        # room for a random model's rare EOS, so that samples finish at different steps
+        fused, _ = _gen(eng, tiny.specs, max_new_tokens=60)
+        cut, _ = _gen(eng, tiny.specs, max_new_tokens=60, cut_after=4)
+        assert count[0] > 1 + 12  # one fused draw per engine step at least
+        eng.fused_sampling = False  # the same engine, drawing unfused from here on
+        drawn = count[0]
+        plain, _ = _gen(eng, tiny.specs, max_new_tokens=60)
+        assert count[0] == drawn and _tokens(fused) == _tokens(plain)
+        resumed = [SampleSpec(o.prompt_id, o.sample_index, s.prompt_tokens, tuple(o.tokens))
+                   for o, s in zip(cut, tiny.specs) if o.finish_reason == "cut"]
+        assert resumed
+        rest, _ = _gen(eng, resumed, max_new_tokens=60)
+        assert all(o.tokens == _tokens(plain)[(o.prompt_id, o.sample_index)] for o in rest)
+    finally:
+        eng.shutdown()
+
+
 # ----------------------------------------------------------------------------- actions on vLLM
 
 

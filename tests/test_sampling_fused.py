@@ -4,19 +4,24 @@ The fused draw runs the hash, the Gumbel noise and the argmax of ``sample_next``
 ``torch.compile``. It may only change the cost of a draw: on the CPU its noise is the unfused
 noise bit for bit, its tokens equal the unfused tokens over batches, vocabularies, temperatures
 and filters, and an engine drawing fused generates exactly what it generates unfused (static
-and dynamic caches, speculation, cuts and their continuations, early stops). CUDA's side is in
+and dynamic caches, speculation, cuts and their continuations, early stops), and vLLM's noise
+processor draws, fused or not, the tokens ``sample_next`` draws. CUDA's side is in
 test_sampling_device.py (``gpu`` marker).
 """
 
 from __future__ import annotations
 
 import logging
+import types
 
 import pytest
 import torch
 import torch._dynamo.utils
 from pydantic import ValidationError
-from test_sampling_filters import _batch  # random logits, stream keys, scattered positions
+from test_sampling_filters import (
+    _batch,  # random logits, stream keys, scattered positions
+    _load_vllm_worker,  # vllm_worker, on stand-ins where vLLM is missing
+)
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from actions.config.workload import GenerationConfig
@@ -247,4 +252,64 @@ def test_a_prewarm_compiles_the_draw_the_first_generate_uses():
     assert _graphs() == before + 1  # what the calls drew through was compiled by the pre-warm
     off = TorchEngine(small, eos_id=EOS, pad_id=0, fused_sampling="off")
     off.prepare_draws()  # draws unfused: nothing to compile
+    assert _graphs() == before + 1
+
+
+# ----------------------------------------------------------------------------- vLLM's processor
+
+
+def _vllm_rows(w, proc, keys, positions, settings):
+    """Register ``settings`` ({row: (temperature, top_k, top_p, fused)}) as vLLM requests that
+    have drawn two tokens so far (``positions`` are those of the tokens drawn now)."""
+    for row, (temperature, top_k, top_p, fused) in settings.items():
+        params = types.SimpleNamespace(extra_args={
+            w.KEY_ARG: int(keys[row]), w.OFFSET_ARG: int(positions[row]) - 2, w.TEMPERATURE_ARG: temperature,
+            w.TOP_K_ARG: top_k, w.TOP_P_ARG: top_p, w.FUSED_ARG: fused})
+        proc.rows[row] = w.CounterNoiseLogitsProcessor._new_row(params, None, [11, 12])
+
+
+def test_vllms_processor_draws_fused_what_sample_next_draws_and_leaves_vllm_only_that_token(compiled_draws):
+    """The processor draws each sampling row with the torch engine's ``Sampler`` (fused where the
+    request says so) and hands vLLM's greedy argmax a row whose only finite logit is the drawn
+    token; rows that are not sampling (greedy requests) keep their logits."""
+    w = _load_vllm_worker()
+    vocab = 9_000
+    logits, keys, positions = _batch(6, vocab, seed=21)
+    settings = {0: (1.0, None, None, True), 1: (1.0, None, None, False), 2: (0.8, 40, None, True),
+                3: (1.3, None, 0.9, True), 5: (1.0, None, None, True)}  # row 4: a greedy request
+    proc = w.CounterNoiseLogitsProcessor(None, torch.device("cpu"), False)
+    _vllm_rows(w, proc, keys, positions, settings)
+    out = proc.apply(logits.clone())
+    assert compiled_draws[0] == 3  # one fused draw per distinct fused setting: (1.0), (0.8, 40), (1.3, 0.9)
+    for row, (temperature, top_k, top_p, _) in settings.items():
+        want = int(sample_next(logits[row:row + 1], keys[row:row + 1], positions[row:row + 1], temperature,
+                               top_k, top_p)[0])
+        finite = torch.isfinite(out[row]).nonzero().flatten().tolist()
+        assert finite == [want] and float(out[row, want]) == 0.0, row
+    assert torch.equal(out[4], logits[4])
+
+
+def test_vllms_processor_on_a_whole_batch_of_one_setting_draws_from_the_logits_in_place(compiled_draws):
+    """The usual step: every row samples with one setting, drawn without gathering the rows."""
+    w = _load_vllm_worker()
+    logits, keys, positions = _batch(8, 9_000, seed=22)
+    proc = w.CounterNoiseLogitsProcessor(None, torch.device("cpu"), False)
+    _vllm_rows(w, proc, keys, positions, {r: (1.0, None, None, True) for r in range(8)})
+    want = sample_next(logits, keys, positions, 1.0)
+    assert torch.equal(proc.apply(logits.clone()).argmax(dim=-1), want) and compiled_draws[0] == 1
+
+
+def test_vllms_worker_compiles_the_fused_draw_at_engine_start():
+    """``WorkerExtension.prepare_draws`` (called by ``VllmEngine`` where it draws fused) compiles
+    what the processor's fused draws then use: the first step compiles nothing."""
+    w = _load_vllm_worker()
+    vocab = 9_017  # a size no other test compiles for
+    worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=torch.nn.Linear(2, 2)))
+    before = _graphs()
+    w.WorkerExtension.prepare_draws(worker, vocab)
+    assert _graphs() == before + 1 and fused_draw.error is None
+    logits, keys, positions = _batch(5, vocab, seed=23)
+    proc = w.CounterNoiseLogitsProcessor(None, torch.device("cpu"), False)
+    _vllm_rows(w, proc, keys, positions, {r: (1.0, None, None, True) for r in range(5)})
+    proc.apply(logits)
     assert _graphs() == before + 1

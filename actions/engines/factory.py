@@ -51,8 +51,8 @@ def make_engine(kind: str, model: torch.nn.Module | None, tokenizer: Any, *,
                 model_dir: str | Path | None = None, kv_cache: str = "static", cuda_graphs: str = "auto",
                 compile_decode: bool = False, fused_sampling: str = "auto", **vllm_kwargs: Any) -> GenerationEngine:
     """An engine of ``kind`` over a loaded model (torch) or a model directory (vllm).
-    ``kv_cache``, ``cuda_graphs``, ``compile_decode``, ``fused_sampling``: the torch engine's
-    decode path (``TorchEngine``).
+    ``kv_cache``, ``cuda_graphs``, ``compile_decode``: the torch engine's decode path
+    (``TorchEngine``); ``fused_sampling``: how either engine draws its tokens.
 
     Raises:
         ValueError: unknown kind, or a missing ``model``/``model_dir`` for it.
@@ -68,7 +68,8 @@ def make_engine(kind: str, model: torch.nn.Module | None, tokenizer: Any, *,
             raise ValueError("generation.engine 'vllm' needs model_dir (config.json + *.safetensors); got None")
         from actions.engines.vllm_engine import VllmEngine
 
-        return VllmEngine(model_dir, eos_id=special_tokens_of_dir(model_dir, tokenizer).eos_ids, **vllm_kwargs)
+        return VllmEngine(model_dir, eos_id=special_tokens_of_dir(model_dir, tokenizer).eos_ids,
+                          fused_sampling=fused_sampling, **vllm_kwargs)
     raise ValueError(f"generation.engine {kind!r} is not supported; use 'torch' or 'vllm'")
 
 
@@ -120,8 +121,9 @@ def vllm_engine_policy() -> str | None:
 def load_engine(kind: str, ref: ModelRef, *, kv_cache: str = "static", cuda_graphs: str = "auto",
                 compile_decode: bool = False, fused_sampling: str = "auto") -> tuple[GenerationEngine, Any, bool]:
     """(engine, tokenizer, warm_hit) for a policy version; hit = nothing had to be loaded.
-    ``kv_cache``, ``cuda_graphs``, ``compile_decode``, ``fused_sampling``: the torch engine's
-    decode path (vLLM ignores them)."""
+    ``kv_cache``, ``cuda_graphs``, ``compile_decode``: the torch engine's decode path (vLLM
+    ignores them); ``fused_sampling``: how either engine draws (a vLLM engine keeps the setting
+    it was started with: it changes how tokens are computed, never which)."""
     if kind == "torch":
         got = load_slot_engine(ref, kv_cache=kv_cache, cuda_graphs=cuda_graphs, compile_decode=compile_decode,
                                fused_sampling=fused_sampling)
@@ -146,7 +148,7 @@ def load_engine(kind: str, ref: ModelRef, *, kv_cache: str = "static", cuda_grap
 
             _vllm.tokenizer = AutoTokenizer.from_pretrained(_vllm.model_dir)
             _vllm.engine = make_engine("vllm", None, _vllm.tokenizer, model_dir=_vllm.model_dir,
-                                       policy_version=ref.policy_version)
+                                       fused_sampling=fused_sampling, policy_version=ref.policy_version)
             _vllm.base = base
             _record("start", time.perf_counter() - t0)
             print(f"[rlhfless] vllm engine started in {time.perf_counter() - t0:.2f} s "

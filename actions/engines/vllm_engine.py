@@ -7,9 +7,11 @@ How the contract maps onto vLLM (0.32, V1 engine):
   a prompt share its prefill through automatic prefix caching (APC), so ``n=1`` costs no
   extra prompt compute. vLLM's ``n > 1`` would also forbid temperature 0.
 * **Same sampling as the torch engine.** Requests run with vLLM temperature 0 (argmax) and
-  ``vllm_worker.CounterNoiseLogitsProcessor`` adds the counter-based Gumbel noise of
-  ``sampling.py`` (key = ``stream_key(seed, step, prompt_id, sample_index)``, position =
-  response position) before the argmax. A sample's tokens are therefore a function of its
+  ``vllm_worker.CounterNoiseLogitsProcessor`` draws each token before the argmax with the torch
+  engine's ``sampling.Sampler`` (counter-based Gumbel noise, key = ``stream_key(seed, step,
+  prompt_id, sample_index)``, position = response position; fused into one compiled kernel
+  where ``generation.fused_sampling`` says so, which the engine decides once from the model's
+  vocabulary and compiles at start). A sample's tokens are therefore a function of its
   identity and its logits only, which gives determinism, fan-out invariance and exact
   cut-then-continue reproduction, and equal logits give the torch engine's tokens. Top-k /
   top-p filtering runs in the same processor (``sampling.filter_logits``), not in vLLM's
@@ -52,10 +54,10 @@ import torch
 
 from actions.engines.base import EngineStats, GenerationParams, SampleOut, SampleSpec
 from actions.engines.preflight import INSTALL_HINT, vllm_available  # noqa: F401 (vllm_available: re-exported)
-from actions.engines.sampling import Sampler, stream_key
+from actions.engines.sampling import Sampler, fused_for, stream_key
 
 _PROCESSOR = "actions.engines.vllm_worker:CounterNoiseLogitsProcessor"
-_EXTENSION = "actions.engines.vllm_worker.WeightLoaderExtension"
+_EXTENSION = "actions.engines.vllm_worker.WorkerExtension"
 _CPU_KV_BYTES = 1 << 30  # KV cache on the CPU backend (override with kv_cache_memory_bytes=...)
 
 
@@ -77,12 +79,15 @@ class VllmEngine:
             of ``tokens``.
         policy_version: the version whose weights ``model_dir`` holds.
         in_process: run vLLM's engine core in this process (deterministic cut points).
+        fused_sampling: ``auto``, ``on`` or ``off`` (``sampling.fused_for`` over the model's
+            vocabulary): whether the noise processor draws through the compiled kernel.
         **llm_kwargs: passed to ``vllm.LLM`` over the defaults below (e.g. ``block_size``,
             ``max_model_len``, ``dtype``, ``enable_sleep_mode`` on CUDA).
     """
 
     def __init__(self, model_dir: str | os.PathLike[str], *, eos_id: int | Sequence[int], policy_version: int = 0,
-                 in_process: bool = True, **llm_kwargs: Any) -> None:
+                 in_process: bool = True, fused_sampling: str = "auto", **llm_kwargs: Any) -> None:
+        fused_for(fused_sampling, 0)  # an unknown setting fails here, before vLLM starts
         vllm = _import_vllm()
         if in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -103,6 +108,10 @@ class VllmEngine:
             )
         kwargs.update(llm_kwargs)
         self.llm = vllm.LLM(**kwargs)
+        vocab = self.llm.llm_engine.model_config.get_vocab_size()
+        self.fused_sampling = fused_for(fused_sampling, vocab)
+        if self.fused_sampling:  # compile the draw now, not in the first decode step
+            self.llm.collective_rpc("prepare_draws", args=(vocab,))
         self.eos_ids = (eos_id,) if isinstance(eos_id, int) else tuple(eos_id)
         self.eos_id = self.eos_ids[0]
         self.policy_version = policy_version
@@ -193,6 +202,7 @@ class VllmEngine:
         from vllm.sampling_params import RequestOutputKind
 
         from actions.engines.vllm_worker import (
+            FUSED_ARG,
             KEY_ARG,
             OFFSET_ARG,
             TEMPERATURE_ARG,
@@ -207,7 +217,7 @@ class VllmEngine:
             output_kind=RequestOutputKind.CUMULATIVE if streaming else RequestOutputKind.FINAL_ONLY,
             extra_args={KEY_ARG: stream_key(params.seed, params.step, s.prompt_id, s.sample_index),
                         OFFSET_ARG: len(s.generated), TEMPERATURE_ARG: float(sampling.temperature),
-                        TOP_K_ARG: sampling.top_k, TOP_P_ARG: sampling.top_p},
+                        TOP_K_ARG: sampling.top_k, TOP_P_ARG: sampling.top_p, FUSED_ARG: self.fused_sampling},
         )
 
     def _finished(self, s: SampleSpec, token_ids: list[int], reason: str | None) -> SampleOut:

@@ -1,19 +1,22 @@
-"""Code that runs inside vLLM's worker: the sampling noise and the weight loader.
+"""Code that runs inside vLLM's worker: the token draw and the weight loader.
 
 vLLM imports these by name (``logits_processors=[FQCN]``, ``worker_extension_cls=FQCN``), in
 its engine-core process when multiprocessing is on. The module imports vLLM at the top, so
 only ``vllm_engine.VllmEngine`` (after its own lazy import check) should reference it.
 
-* ``CounterNoiseLogitsProcessor`` makes vLLM draw tokens exactly as ``sampling.sample_next``
-  does: requests run with vLLM temperature 0 (greedy argmax), and this processor -- applied
-  before the argmax because it is not argmax-invariant -- replaces a row's logits by
-  ``filter(logits / T) + G(key, t)`` with the sample's stream key and response position ``t``
-  (``filter``: the request's top-k / top-p, ``sampling.filter_logits``). vLLM's
-  own seeded generators are not used: their state cannot be advanced to position ``t``, so a
-  cut sample could not resume its stream.
-* ``WeightLoaderExtension.load_safetensors(path)`` reads a safetensors file in the worker and
+* ``CounterNoiseLogitsProcessor`` makes vLLM draw tokens exactly as the torch engine does:
+  requests run with vLLM temperature 0 (greedy argmax), and this processor -- applied before
+  the argmax because it is not argmax-invariant -- draws each sampling row's token with
+  ``sampling.Sampler.draw`` (``argmax(filter(logits / T) + G(key, t))`` with the sample's
+  stream key and response position ``t``; ``filter``: the request's top-k / top-p), fused
+  where the engine says so (``generation.fused_sampling``), and leaves the row's logits at 0
+  for that token and -inf for every other, so vLLM's argmax takes it. vLLM's own seeded
+  generators are not used: their state cannot be advanced to position ``t``, so a cut sample
+  could not resume its stream.
+* ``WorkerExtension.load_safetensors(path)`` reads a safetensors file in the worker and
   feeds it to the model runner's in-place ``reload_weights`` (tensors do not survive
-  ``collective_rpc`` arguments, a path the worker reads itself does).
+  ``collective_rpc`` arguments, a path the worker reads itself does);
+  ``WorkerExtension.prepare_draws(vocab_size)`` compiles the fused draw at engine start.
 """
 
 from __future__ import annotations
@@ -26,13 +29,14 @@ from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, 
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
-from actions.engines.sampling import filter_logits, gumbel_noise
+from actions.engines.sampling import Sampler, fused_draw
 
 KEY_ARG = "rlhfless_key"  # SamplingParams.extra_args: the sample's stream key (int64)
 OFFSET_ARG = "rlhfless_offset"  # tokens generated before this request (a continuation)
 TEMPERATURE_ARG = "rlhfless_temperature"  # the real temperature; vLLM's own is 0
 TOP_K_ARG = "rlhfless_top_k"  # top-k filter (None: off); vLLM's own is off
 TOP_P_ARG = "rlhfless_top_p"  # top-p filter (None: off); vLLM's own is off
+FUSED_ARG = "rlhfless_fused"  # draw through the compiled kernel (sampling.fused_for, decided by the engine)
 
 
 class _Row(NamedTuple):
@@ -41,6 +45,7 @@ class _Row(NamedTuple):
     temperature: float
     top_k: int | None
     top_p: float | None
+    fused: bool
     output_tokens: list[int]  # vLLM's live output token list of the request
 
 
@@ -59,7 +64,7 @@ class CounterNoiseLogitsProcessor(LogitsProcessor):
         if KEY_ARG not in args or args.get(TEMPERATURE_ARG, 0.0) <= 0.0:
             return None  # plain greedy: no noise, and the argmax survives any filter
         return _Row(int(args[KEY_ARG]), int(args.get(OFFSET_ARG, 0)), float(args[TEMPERATURE_ARG]),
-                    args.get(TOP_K_ARG), args.get(TOP_P_ARG), output_tokens)
+                    args.get(TOP_K_ARG), args.get(TOP_P_ARG), bool(args.get(FUSED_ARG, False)), output_tokens)
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         process_dict_updates(self.rows, batch_update, self._new_row)
@@ -74,23 +79,30 @@ class CounterNoiseLogitsProcessor(LogitsProcessor):
         # ``output_tokens`` is vLLM's live list for the request: its length is the number of
         # tokens this request has sampled so far, i.e. the position of the one drawn now.
         pos = torch.tensor([r.offset + len(r.output_tokens) for r in state], dtype=torch.int64, device=dev)
-        temps = torch.tensor([r.temperature for r in state], dtype=torch.float32, device=dev)
-        # The noise is built where the logits are (gumbel_noise works on its keys' device):
-        # on a GPU only the row keys cross from the host, never a [rows, V] noise tensor.
-        noise = gumbel_noise(keys, pos, logits.shape[-1])
         rows = torch.tensor(idx, device=dev)
-        scaled = logits[rows].float() / temps[:, None]
-        filters = [(r.top_k, r.top_p) for r in state]
-        for top_k, top_p in dict.fromkeys(filters):  # one group per distinct setting (usually one)
-            if top_k or (top_p is not None and top_p < 1.0):
-                sel = torch.tensor([j for j, f in enumerate(filters) if f == (top_k, top_p)], device=dev)
-                scaled[sel] = filter_logits(scaled[sel], top_k, top_p)
-        logits[rows] = scaled + noise
+        drawn = torch.empty(len(idx), dtype=torch.int64, device=dev)
+        samplers = [Sampler(r.temperature, r.top_k, r.top_p, r.fused) for r in state]
+        # one draw per distinct setting (usually one), on the rows' logits as the torch engine's
+        # decode step sees them; the noise is built where the logits are, and only the row keys
+        # and positions cross from the host
+        for sampler in dict.fromkeys(samplers):
+            sel = torch.tensor([j for j, s in enumerate(samplers) if s == sampler], device=dev)
+            # every row of the batch (the usual case): draw from the logits as they are, no gather
+            part = logits if len(sel) == logits.shape[0] else logits[rows[sel]]
+            drawn[sel] = sampler.draw(part, keys[sel], pos[sel])
+        logits[rows] = float("-inf")
+        logits[rows, drawn] = 0.0  # vLLM's argmax then takes the drawn token
         return logits
 
 
-class WeightLoaderExtension:
+class WorkerExtension:
     """Mixed into vLLM's worker class (``worker_extension_cls``); called via collective_rpc."""
+
+    def prepare_draws(self, vocab_size: int) -> None:
+        """Compile the fused draw over ``vocab_size`` entries on the model's device now, at
+        engine start, rather than inside the first decode step that draws fused."""
+        device = next(self.model_runner.model.parameters()).device  # type: ignore[attr-defined]
+        fused_draw.prepare(vocab_size, device)
 
     def load_safetensors(self, paths: list[str]) -> int:
         """Load every tensor of these safetensors files into the running model in one reload

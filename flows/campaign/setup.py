@@ -45,6 +45,7 @@ def evaluate(ctx: RunContext, state: CampaignState, clock: StepClock | None = No
                           max_new_tokens=ctx.config.generation.max_new_tokens, engine=ctx.config.generation.engine,
                           kv_cache=ctx.config.generation.kv_cache, cuda_graphs=ctx.config.generation.cuda_graphs,
                           compile_decode=ctx.config.generation.compile_decode,
+                          fused_sampling=ctx.config.generation.fused_sampling,
                           output_key=f"{ctx.prefix}/evals/v{state.policy_version:06d}.json")
     out = invoke_action(action="evaluate", payload=req.model_dump(mode="json"), shard=f"eval-v{state.policy_version}")
     if clock is not None:
