@@ -255,7 +255,11 @@ class DecodeRuntime:
                 import torch._dynamo
 
                 torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-                self._compiled_step = torch.compile(self._step, dynamic=False)
+                # the batch and the window symbolic: one compilation serves every batch bucket
+                # and window of a warm container, where static shapes compiled each (bucket,
+                # window) anew (tens of seconds apiece on a GPU); the compiler still specialises
+                # a batch of 1 and a window that spans the whole buffer, about three in all
+                self._compiled_step = torch.compile(self._step, dynamic=True)
             try:
                 return self._compiled_step(b, window, sampling, dense)
             except Exception as exc:  # noqa: BLE001 -- a compiler failure falls back to eager
