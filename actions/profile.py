@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from actions.engines.sampling import fused_for
 from actions.models.device import action_device, action_dtype
 from actions.models.loading import configure_threads, load_base, load_model, store_for
 from actions.runtime.adapter import run_action
@@ -62,6 +63,17 @@ def read_throughput(store: ObjectStore, manifest_key: str, cap_bytes: int) -> tu
     return total, taken / max(time.perf_counter() - t0, 1e-6)
 
 
+def decode_facts(req: ProfileRequest, device: torch.device, vocab: int) -> dict:
+    """What the request's decode settings do on ``device`` (``ProfileFacts``): the torch
+    engine's cache, graphs and compilation, and either engine's fused draws."""
+    fused = fused_for(req.fused_sampling, vocab)
+    if req.engine != "torch":
+        return {"fused": fused}
+    static = req.kv_cache == "static"
+    return {"kv_cache": req.kv_cache, "graphs": static and device.type == "cuda" and req.cuda_graphs != "off",
+            "compiled": static and req.compile_decode, "fused": fused}
+
+
 def run_profile(req: ProfileRequest) -> ProfileResult:
     if req.threads is not None:
         configure_threads(req.threads)
@@ -74,7 +86,7 @@ def run_profile(req: ProfileRequest) -> ProfileResult:
     facts = ProfileFacts(model_config_sha256=hashlib.sha256(base_config).hexdigest(),
                          dtype=str(dtype).removeprefix("torch."), device=device_name(device), engine=req.engine,
                          threads=torch.get_num_threads(), batch_sizes=req.batch_sizes, contexts=req.contexts,
-                         prefill_shape=req.prefill_shape, kv_cache=req.kv_cache if req.engine == "torch" else None)
+                         prefill_shape=req.prefill_shape, **decode_facts(req, device, int(config["vocab_size"])))
     key = facts.cache_key()
     weight_bytes, read_bps = read_throughput(store, ref.policy_key, req.probe_bytes)
     common = dict(profile_key=key, facts=facts, weight_bytes=weight_bytes,
@@ -101,7 +113,9 @@ def run_profile(req: ProfileRequest) -> ProfileResult:
         # than staying in the warm cache beside the generation slot's model
         model, _, _ = load_model(ref, fresh=True)
         profile = measure_grid(model, model.config.vocab_size, req.batch_sizes, req.contexts,
-                               prefill_shape=req.prefill_shape, name=name, kv_cache=req.kv_cache)
+                               prefill_shape=req.prefill_shape, name=name, kv_cache=req.kv_cache,
+                               cuda_graphs=req.cuda_graphs, compile_decode=req.compile_decode,
+                               fused_sampling=req.fused_sampling)
     put_json(store, key, cache_record(facts, profile))
     return ProfileResult(profile=profile, source="measured", rejected=rejected,
                          measure_s=time.perf_counter() - t0, **common)
@@ -115,7 +129,7 @@ def _measure_vllm(req: ProfileRequest, vocab: int, name: str) -> dict:
     from actions.store.weights import load_tensors
 
     ref = req.model
-    engine, _, _ = load_engine("vllm", ref)
+    engine, _, _ = load_engine("vllm", ref, fused_sampling=req.fused_sampling)
     tensors, _ = load_tensors(store_for(ref.store_uri), ref.policy_key, expected_sha256=ref.weights_sha256)
     return measure_grid(engine, vocab, req.batch_sizes, req.contexts, prefill_shape=req.prefill_shape, name=name,
                         push=(tensors, ref.policy_version))

@@ -119,6 +119,48 @@ def test_the_profile_measures_the_decode_path_the_campaign_runs(published, monke
     assert _profile(ref)["source"] == "cached" and _profile(ref, kv_cache="dynamic")["source"] == "cached"
 
 
+def test_the_profile_decodes_with_the_campaigns_graphs_compilation_and_draws(published, monkeypatch):
+    """The engine measured is built with the campaign's ``cuda_graphs``, ``compile_decode`` and
+    ``fused_sampling``, and the facts say what they do on this device: settings that change
+    nothing here share a profile, the others measure their own."""
+    from actions.engines import profiling, sampling
+
+    _, ref = published
+    monkeypatch.setenv("RLHFLESS_THREADS", "1")
+    built: list[dict] = []
+    engine_cls = profiling.TorchEngine
+
+    def recording(model, **kw):
+        built.append(kw)
+        # compiling the step costs a minute on these cores; that the engine was asked to is the point
+        return engine_cls(model, **{**kw, "compile_decode": False})
+
+    monkeypatch.setattr(profiling, "TorchEngine", recording)
+    fused_calls = [0]
+    draw = sampling._FusedDraw.__call__
+
+    def counted(self, *args):
+        fused_calls[0] += 1
+        return draw(self, *args)
+
+    monkeypatch.setattr(sampling._FusedDraw, "__call__", counted)
+    plain = _profile(ref)
+    assert plain["facts"] | {"graphs": False, "compiled": False, "fused": False} == plain["facts"]
+    assert built and all(kw["cuda_graphs"] == "auto" and not kw["compile_decode"] for kw in built)
+    assert fused_calls[0] == 0  # a 51-token vocabulary: auto draws unfused
+    # no CUDA here: graphs off changes nothing, and fusion off is what auto does at this vocabulary
+    assert _profile(ref, cuda_graphs="off", fused_sampling="off")["profile_key"] == plain["profile_key"]
+    built.clear()
+    compiled = _profile(ref, compile_decode=True)
+    assert compiled["facts"]["compiled"] and compiled["source"] == "measured"
+    assert compiled["profile_key"] != plain["profile_key"] and all(kw["compile_decode"] for kw in built)
+    fused = _profile(ref, fused_sampling="on")
+    assert fused["facts"]["fused"] and fused["source"] == "measured" and fused_calls[0] > 0
+    assert fused["profile_key"] not in (plain["profile_key"], compiled["profile_key"])
+    dynamic = _profile(ref, kv_cache="dynamic", compile_decode=True)  # compiles only the static path
+    assert dynamic["facts"]["compiled"] is False and dynamic["facts"]["kv_cache"] == "dynamic"
+
+
 def test_profiles_cached_before_the_decode_path_was_a_fact_are_measured_anew_or_kept_for_vllm(published):
     import hashlib
 
@@ -153,6 +195,11 @@ def test_the_flow_asks_for_the_campaigns_decode_path(tiny_config):
         ctx = RunContext(config=tiny_config(f"generation.kv_cache={path}"), store=None, invoker=None,  # type: ignore[arg-type]
                          run_id="r")
         assert profile_request(ctx, model, [5, 9]).kv_cache == path
+    ctx = RunContext(config=tiny_config("generation.cuda_graphs=off", "generation.compile_decode=true",
+                                        "generation.fused_sampling=on"), store=None, invoker=None,  # type: ignore[arg-type]
+                     run_id="r")
+    req = profile_request(ctx, model, [5, 9])
+    assert (req.cuda_graphs, req.compile_decode, req.fused_sampling) == ("off", True, "on")
 
 
 class _Done:

@@ -8,7 +8,9 @@ runs (``kv_cache``: the engine's static cache, by default, or Hugging Face's ``D
 Every row of a dummy batch shares one random prompt, so the engine prefills it once and forks
 it (as it does for a GRPO group): the prefill stays cheap even at batch 256 x 2k tokens,
 while each decode step still reads every row's own KV. Prefill cancels out of the decode
-figure anyway (see ``decode_step_seconds``). Timings are medians over a few repeats (these
+figure anyway (see ``decode_step_seconds``). The engine runs with the campaign's decode
+settings (CUDA graphs, a compiled step, fused draws), whose warm-up call captures and compiles
+before anything is timed. Timings are medians over a few repeats (these
 machines are noisy); on CUDA every timed call ends with a device-to-host copy of the sampled
 tokens, so the host clock sees the finished work.
 """
@@ -32,14 +34,15 @@ def _device(model: torch.nn.Module) -> torch.device:
 
 @torch.no_grad()
 def decode_step_seconds(model: torch.nn.Module, batch: int, context: int, vocab: int, repeats: int = 3,
-                        steps: int | None = None, kv_cache: str = "static") -> float:
+                        steps: int | None = None, kv_cache: str = "static", **settings) -> float:
     """Median wall time of one decode step of the torch engine (forward, sampling and cache
     bookkeeping) on the ``kv_cache`` path for ``batch`` rows at about ``context`` tokens: the
     difference between generating ``2 + steps`` and 2 tokens, divided by ``steps``, so prefill
     cancels out. ``steps`` defaults to 8 on the CPU and 32 on CUDA, where a call's fixed cost
     (fork and stack the prompt KV, launch jitter) is large next to one step and needs more
-    steps to average out."""
-    engine = TorchEngine(model, eos_id=-1, pad_id=0, kv_cache=kv_cache)  # no token is EOS: every row runs on
+    steps to average out. ``settings``: the engine's other decode settings (``cuda_graphs``,
+    ``compile_decode``, ``fused_sampling``)."""
+    engine = TorchEngine(model, eos_id=-1, pad_id=0, kv_cache=kv_cache, **settings)  # no EOS: every row runs on
     gen = torch.Generator().manual_seed(batch * 100_003 + context)
     prompt = tuple(torch.randint(3, vocab, (context,), generator=gen).tolist())
     specs = [SampleSpec(0, i, prompt) for i in range(batch)]  # one prompt, ``batch`` samples
@@ -136,10 +139,14 @@ def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 def measure_grid(model: torch.nn.Module, vocab: int, batch_sizes: list[int], contexts: list[int],
                  *, prefill_shape: tuple[int, int] = (16, 64), name: str | None = None,
-                 kv_cache: str = "static") -> dict:
+                 kv_cache: str = "static", cuda_graphs: str = "auto", compile_decode: bool = False,
+                 fused_sampling: str = "auto") -> dict:
     """The profile as a dict in ``TpotProfile.to_dict`` form (seconds per decode step), decode
-    steps and batch shrinks measured on the ``kv_cache`` path (``generation.kv_cache``)."""
-    seconds = [[decode_step_seconds(model, b, c, vocab, kv_cache=kv_cache) for c in contexts] for b in batch_sizes]
+    steps and batch shrinks measured on the ``kv_cache`` path (``generation.kv_cache``), steps
+    with the campaign's ``cuda_graphs``, ``compile_decode`` and ``fused_sampling``."""
+    settings = dict(kv_cache=kv_cache, cuda_graphs=cuda_graphs, compile_decode=compile_decode,
+                    fused_sampling=fused_sampling)
+    seconds = [[decode_step_seconds(model, b, c, vocab, **settings) for c in contexts] for b in batch_sizes]
     param = next(model.parameters())
     label = name or f"measured-torch-{param.device.type}-{str(param.dtype).removeprefix('torch.')}"
     # the batch-shrink cost at the grid's corners (the smallest batch above one row: a lone row

@@ -7,10 +7,13 @@ every run, so garbage collection never touches it and a later campaign on the sa
 reuses it) at a key derived from everything that sets the speed (``ProfileFacts``): the
 model's architecture (its ``config.json`` digest; weight values do not change the speed), the
 dtype, the device (type and model name), the engine and, for the torch engine, its decode path
-(``generation.kv_cache``), the torch threads and the grid asked for. Anything different is a
-different key, so a different dtype, decode path or thread count measures anew. (A torch
-profile cached before the decode path was part of the facts sits at a key no request names
-any more, so it is measured anew; a vLLM profile's facts and key are what they were.)
+(``generation.kv_cache``, and whether steps replay CUDA graphs and run compiled), whether draws
+are fused (``generation.fused_sampling``, both engines), the torch threads and the grid asked
+for. Anything different is a different key, so a different dtype, decode path, draw or thread
+count measures anew. The decode-path facts are what the settings do on the device, not how
+they are spelled: ``cuda_graphs: auto`` and ``off`` on a CPU are one fact. (A profile cached
+before a fact was part of the facts sits at a key no request names any more, so it is measured
+anew.)
 
 A cached object that is not what this module wrote (not JSON, other facts, a malformed grid)
 is rejected with a one-line reason and measured again; the reason is returned to the flow,
@@ -43,6 +46,12 @@ class ProfileRequest(BaseModel):
     kv_cache: Literal["static", "dynamic"] = "static"
     """``generation.kv_cache``: the torch engine's decode path, measured (decode steps and the
     cost of dropping finished rows) as the campaign will run it. vLLM ignores it."""
+    cuda_graphs: Literal["auto", "on", "off"] = "auto"
+    """``generation.cuda_graphs`` (torch engine, static cache, on CUDA)."""
+    compile_decode: bool = False
+    """``generation.compile_decode`` (torch engine, static cache)."""
+    fused_sampling: Literal["auto", "on", "off"] = "auto"
+    """``generation.fused_sampling`` (both engines)."""
     batch_sizes: list[int] = Field(min_length=2)
     contexts: list[int] = Field(min_length=2)
     prefill_shape: tuple[int, int] = (16, 64)
@@ -75,6 +84,12 @@ class ProfileFacts(BaseModel):
     prefill_shape: tuple[int, int]
     kv_cache: str | None = None
     """The torch engine's decode path (``static``, ``dynamic``); None for vLLM."""
+    graphs: bool | None = None
+    """Torch engine: decode steps replay CUDA graphs; None for vLLM."""
+    compiled: bool | None = None
+    """Torch engine: decode steps run through ``torch.compile``; None for vLLM."""
+    fused: bool | None = None
+    """Draws run as one compiled kernel (``sampling.fused_for``)."""
 
     def as_json(self) -> dict[str, Any]:
         """The facts as stored and hashed. A fact that does not apply (None) is left out, so

@@ -56,10 +56,11 @@ def profile_grid(group_size: int, batch_size: int, prompt_lengths: list[int],
 
 def profile_request(ctx: RunContext, model: ModelRef, prompt_lengths: list[int]) -> ProfileRequest:
     """The grid for this campaign; only the transfer facts when ``scaling.profile`` is set."""
-    cfg = ctx.config
+    cfg, gen = ctx.config, ctx.config.generation
     batches, contexts = profile_grid(cfg.algorithm.group_size, cfg.algorithm.batch_size, prompt_lengths,
-                                     cfg.generation.max_new_tokens)
-    return ProfileRequest(model=model, engine=cfg.generation.engine, kv_cache=cfg.generation.kv_cache,
+                                     gen.max_new_tokens)
+    return ProfileRequest(model=model, engine=gen.engine, kv_cache=gen.kv_cache, cuda_graphs=gen.cuda_graphs,
+                          compile_decode=gen.compile_decode, fused_sampling=gen.fused_sampling,
                           batch_sizes=batches, contexts=contexts, measure_grid=not cfg.scaling.profile,
                           threads=generation_threads(cfg))
 

@@ -56,8 +56,10 @@ def run(args: argparse.Namespace) -> int:
     model = build_profile_model(cfg, args.model_config, device, dtype)
     # CPU: a small padded batch, as one action thread sees it; GPU: enough tokens to fill it.
     shape = (16, 512) if device.type == "cuda" else (16, 64)
+    gen = cfg.generation  # measured with the campaign's decode settings, as its actions decode
     grid = measure_grid(model, model.config.vocab_size, batches, contexts, prefill_shape=shape,
-                        kv_cache=cfg.generation.kv_cache)
+                        kv_cache=gen.kv_cache, cuda_graphs=gen.cuda_graphs, compile_decode=gen.compile_decode,
+                        fused_sampling=gen.fused_sampling)
     profile = TpotProfile.from_dict(grid)  # validates the grid
     Path(args.output).write_text(json.dumps(profile.to_dict(), indent=2))
     print(args.output)
