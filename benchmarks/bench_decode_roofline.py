@@ -38,6 +38,7 @@ import statistics
 import time
 
 import torch
+import torch._dynamo.utils
 from bench_engine_throughput import add_model_args, build, timed  # the same model set-up and device-synced timer
 from step_profile import report, step_profile
 from transformers import DynamicCache
@@ -117,6 +118,12 @@ def grouped_prompts(vocab: int, batch: int, context: int, group: int) -> tuple[l
     return specs, prompts
 
 
+def compilations() -> int:
+    """Graphs ``torch.compile`` has compiled in this process so far (a compiled decode step's, a
+    fused draw's)."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
 def step_ms(fn, steps: int, repeats: int, device: torch.device) -> float:
     """Median over ``repeats`` of (t(1 + steps) - t(1)) / steps, in ms."""
     fn(1 + steps)  # warm-up (and graph capture)
@@ -171,7 +178,9 @@ def main() -> None:
     for name in wanted:
         rt0 = runtime_for(model, name == "compiled") if name in ("graphs", "static", "compiled") else None
         c0, s0 = (rt0.captures, rt0.capture_s) if rt0 else (0, 0.0)
+        frames0 = compilations()
         res["ms"][name] = step_ms(paths[name](), args.steps, args.repeats, device)
+        res.setdefault("compilations", {})[name] = compilations() - frames0
         if name in ("graphs", "compiled"):
             rt1 = runtime_for(model, name == "compiled")
             res[f"{name}_captures"] = rt1.captures - (c0 if rt1 is rt0 else 0)
@@ -188,6 +197,7 @@ def main() -> None:
     for name in ("graphs", "compiled"):
         if f"{name}_captures" in res:
             print(f"{name}: captures in the warm-up {res[f'{name}_captures']} in {res[f'{name}_capture_s']:.3f} s"
+                  f" (compilations {res['compilations'][name]}, the fused draw's included)"
                   + (f"; FAILED: {res[f'{name}_error']}" if res[f"{name}_error"] else ""))
     base = res["ms"].get("hf-loop")
     for name, ms in res["ms"].items():
