@@ -197,7 +197,7 @@ def main() -> None:
     for name in ("graphs", "compiled"):
         if f"{name}_captures" in res:
             print(f"{name}: captures in the warm-up {res[f'{name}_captures']} in {res[f'{name}_capture_s']:.3f} s"
-                  f" (compilations {res['compilations'][name]}, the fused draw's included)"
+                  f" (torch.compile graphs made in its warm-up and timed calls: {res['compilations'][name]})"
                   + (f"; FAILED: {res[f'{name}_error']}" if res[f"{name}_error"] else ""))
     base = res["ms"].get("hf-loop")
     for name, ms in res["ms"].items():

@@ -230,8 +230,8 @@ def test_requests_default_to_torch_and_reject_unknown_engines():
 @pytest.mark.skipif(not vllm_available(), reason=NO_VLLM)
 def test_a_vllm_engine_drawing_fused_draws_the_unfused_tokens(tiny, monkeypatch):
     """``fused_sampling: on`` in vLLM: the draw is compiled at engine start, the steps' draws go
-    through it, and the tokens are those the same engine draws unfused (a cut and its
-    continuation included)."""
+    through it, and the tokens are those the same engine draws after ``use_fused_sampling("off")``
+    (a cut and its continuation included)."""
     from actions.engines import sampling
 
     count = [0]
@@ -250,7 +250,7 @@ def test_a_vllm_engine_drawing_fused_draws_the_unfused_tokens(tiny, monkeypatch)
         fused, _ = _gen(eng, tiny.specs, max_new_tokens=60)
         cut, _ = _gen(eng, tiny.specs, max_new_tokens=60, cut_after=4)
         assert count[0] > 1 + 12  # one fused draw per engine step at least
-        eng.fused_sampling = False  # the same engine, drawing unfused from here on
+        eng.use_fused_sampling("off")  # the same engine, drawing unfused from here on
         drawn = count[0]
         plain, _ = _gen(eng, tiny.specs, max_new_tokens=60)
         assert count[0] == drawn and _tokens(fused) == _tokens(plain)
@@ -261,6 +261,50 @@ def test_a_vllm_engine_drawing_fused_draws_the_unfused_tokens(tiny, monkeypatch)
         assert all(o.tokens == _tokens(plain)[(o.prompt_id, o.sample_index)] for o in rest)
     finally:
         eng.shutdown()
+
+
+def test_the_processs_vllm_engine_takes_each_calls_fused_sampling(tmp_path, monkeypatch):
+    """A pre-warm builds the container's one vLLM engine with the default setting; the calls
+    that follow, a hit or a new version pushed in, each draw as their own ``fused_sampling``
+    says (on a stand-in engine: what the factory asks of it)."""
+    from actions.contracts import ModelRef
+    from actions.engines import factory
+    from actions.models.modeling import base_files
+    from actions.store import LocalStore, put_artifact
+    from actions.store.weights import publish_tensors
+
+    store = LocalStore(str(tmp_path))
+    model, tok = build_tiny_model(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                                  max_positions=64, seed=0)
+    put_artifact(store, "r/base/manifest.json", base_files(model, tok))
+    refs = [ModelRef(store_uri=store.uri, base_key="r/base/manifest.json", policy_key=f"r/v{v}/manifest.json",
+                     policy_version=v) for v in (0, 1)]
+    for ref in refs:
+        publish_tensors(store, ref.policy_key, model.state_dict())
+
+    class StandIn:
+        def __init__(self, fused_sampling):
+            self.settings = [fused_sampling]
+
+        def use_fused_sampling(self, setting):
+            self.settings.append(setting)
+
+        def load_policy(self, tensors, version):
+            pass
+
+        def shutdown(self):
+            pass
+
+    monkeypatch.setattr(factory, "make_engine", lambda *a, fused_sampling, **kw: StandIn(fused_sampling))
+    try:
+        engine, _, hit = factory.load_engine("vllm", refs[0])  # a pre-warm: the default setting
+        assert not hit and engine.settings[-1] == "auto"
+        assert factory.load_engine("vllm", refs[0], fused_sampling="off")[2]  # a hit, drawing unfused
+        assert engine.settings[-1] == "off"
+        again, _, hit = factory.load_engine("vllm", refs[1], fused_sampling="on")  # a version pushed in
+        assert again is engine and not hit and engine.settings[-1] == "on"
+    finally:
+        factory.close_vllm()
 
 
 # ----------------------------------------------------------------------------- actions on vLLM
@@ -293,7 +337,7 @@ def test_generate_and_evaluate_actions_on_vllm_reuse_one_engine_across_versions(
     gen = {"model": ref.model_dump(), "dataset_key": p.train_key, "run_seed": 0, "step": 0, "shard": "g",
            "prompt_ids": [0, 1, 2, 3], "group_size": 4, "max_new_tokens": 8, "temperature": 1.0}
     try:
-        on_torch = call("generate", {**gen, "output_key": "runs/v/t.json"})
+        call("generate", {**gen, "output_key": "runs/v/t.json"})
         on_vllm = call("generate", {**gen, "engine": "vllm", "output_key": "runs/v/v.json"})
         assert len(on_vllm["samples"]) == 16 and on_vllm["num_cut"] == 0
         t, v = get_json(store, "runs/v/t.json")["samples"], get_json(store, "runs/v/v.json")["samples"]

@@ -161,10 +161,13 @@ def test_the_profile_decodes_with_the_campaigns_graphs_compilation_and_draws(pub
     assert dynamic["facts"]["compiled"] is False and dynamic["facts"]["kv_cache"] == "dynamic"
 
 
-def test_profiles_cached_before_the_decode_path_was_a_fact_are_measured_anew_or_kept_for_vllm(published):
+def test_profiles_cached_before_a_decode_fact_existed_are_measured_anew(published):
     import hashlib
 
-    from actions.store.profile_cache import ProfileFacts, cache_record
+    import torch
+
+    from actions.profile import decode_facts
+    from actions.store.profile_cache import ProfileFacts, ProfileRequest, cache_record
 
     store, ref = published
     old_facts = {"model_config_sha256": "0" * 64, "dtype": "float32", "device": "cpu:x", "engine": "vllm",
@@ -173,11 +176,14 @@ def test_profiles_cached_before_the_decode_path_was_a_fact_are_measured_anew_or_
     def old_key(facts: dict) -> str:  # the key as the previous revision derived it
         return f"{PROFILE_PREFIX}/{hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:40]}.json"
 
-    vllm = ProfileFacts(**old_facts)  # vLLM has no decode path fact: its facts and key are unchanged
-    assert vllm.cache_key() == old_key(old_facts) and cache_record(vllm, {})["facts"] == old_facts
+    assert ProfileFacts(**old_facts).cache_key() == old_key(old_facts)  # the digest itself is unchanged
+    # a vLLM profile of the previous revision: vLLM's draws are a fact now, so its key moved
+    vllm_req = ProfileRequest(model=ref, engine="vllm", batch_sizes=[1, 2], contexts=[4, 8])
+    vllm = ProfileFacts(**old_facts, **decode_facts(vllm_req, torch.device("cpu"), 51))
+    assert vllm.as_json() == {**old_facts, "fused": False} and vllm.cache_key() != old_key(old_facts)
     # a torch profile of the previous revision: its key is no longer asked for, nothing reads it
     first = _profile(ref)
-    facts = {k: v for k, v in first["facts"].items() if k != "kv_cache"}
+    facts = {k: v for k, v in first["facts"].items() if k not in ("kv_cache", "graphs", "compiled", "fused")}
     store.put(old_key(facts), json.dumps(cache_record(ProfileFacts(**facts), first["profile"])).encode())
     assert old_key(facts) != first["profile_key"]
     assert _profile(ref)["profile_key"] == first["profile_key"]

@@ -279,6 +279,7 @@ def test_vllms_processor_draws_fused_what_sample_next_draws_and_leaves_vllm_only
                 3: (1.3, None, 0.9, True), 5: (1.0, None, None, True)}  # row 4: a greedy request
     proc = w.CounterNoiseLogitsProcessor(None, torch.device("cpu"), False)
     _vllm_rows(w, proc, keys, positions, settings)
+    proc.rows[6] = proc.rows[0]  # a request past this step's logits (vLLM's batch can be shorter)
     out = proc.apply(logits.clone())
     assert compiled_draws[0] == 3  # one fused draw per distinct fused setting: (1.0), (0.8, 40), (1.3, 0.9)
     for row, (temperature, top_k, top_p, _) in settings.items():
@@ -289,14 +290,22 @@ def test_vllms_processor_draws_fused_what_sample_next_draws_and_leaves_vllm_only
     assert torch.equal(out[4], logits[4])
 
 
-def test_vllms_processor_on_a_whole_batch_of_one_setting_draws_from_the_logits_in_place(compiled_draws):
-    """The usual step: every row samples with one setting, drawn without gathering the rows."""
+def test_vllms_processor_on_a_whole_batch_of_one_setting_draws_from_the_logits_in_place(compiled_draws,
+                                                                                       monkeypatch):
+    """The usual step: every row samples with one setting, drawn from vLLM's logits tensor itself,
+    without gathering the rows into a copy first."""
     w = _load_vllm_worker()
     logits, keys, positions = _batch(8, 9_000, seed=22)
     proc = w.CounterNoiseLogitsProcessor(None, torch.device("cpu"), False)
     _vllm_rows(w, proc, keys, positions, {r: (1.0, None, None, True) for r in range(8)})
+    drawn_from = []
+    draw = sampling.Sampler.draw
+    monkeypatch.setattr(sampling.Sampler, "draw", lambda self, x, *a: (drawn_from.append(x.data_ptr()),
+                                                                       draw(self, x, *a))[1])
     want = sample_next(logits, keys, positions, 1.0)
-    assert torch.equal(proc.apply(logits.clone()).argmax(dim=-1), want) and compiled_draws[0] == 1
+    given = logits.clone()
+    assert torch.equal(proc.apply(given).argmax(dim=-1), want) and compiled_draws[0] == 1
+    assert drawn_from == [given.data_ptr()]
 
 
 def test_vllms_worker_compiles_the_fused_draw_at_engine_start():

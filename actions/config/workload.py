@@ -280,10 +280,11 @@ class GenerationConfig(_Section):
     compile_decode: bool = False
     """Torch engine, static cache: run the decode step through ``torch.compile`` (fused norms,
     rotary, residuals and sampling hash; the CUDA graphs then replay the compiled kernels).
-    About 2x faster decode steps on a GPU (docs/gpu.md), but a warm container compiles the step
-    about three times (the batch and the window are symbolic; tens of seconds each), and fused
-    kernels round differently from eager ones, so tokens can differ from ``compile_decode:
-    false`` where two draws nearly tie. For long-lived warm containers; off by default."""
+    About 2x faster decode steps on a GPU as measured with static shapes (docs/gpu.md), but a
+    warm container compiles the step about three times (the batch and the window are symbolic;
+    tens of seconds each), and fused kernels round differently from eager ones, so tokens can
+    differ from ``compile_decode: false`` where two draws nearly tie. For long-lived warm
+    containers; off by default."""
     fused_sampling: Literal["auto", "on", "off"] = "auto"
     """Both engines: draw each token (hash, Gumbel noise, argmax) in one compiled kernel instead
     of about twenty passes over ``[rows, vocabulary]`` temporaries (``actions/engines/sampling.py``).

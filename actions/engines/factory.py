@@ -122,8 +122,8 @@ def load_engine(kind: str, ref: ModelRef, *, kv_cache: str = "static", cuda_grap
                 compile_decode: bool = False, fused_sampling: str = "auto") -> tuple[GenerationEngine, Any, bool]:
     """(engine, tokenizer, warm_hit) for a policy version; hit = nothing had to be loaded.
     ``kv_cache``, ``cuda_graphs``, ``compile_decode``: the torch engine's decode path (vLLM
-    ignores them); ``fused_sampling``: how either engine draws (a vLLM engine keeps the setting
-    it was started with: it changes how tokens are computed, never which)."""
+    ignores them); ``fused_sampling``: how either engine draws (the process's one vLLM engine
+    takes each call's setting: it changes how tokens are computed, never which)."""
     if kind == "torch":
         got = load_slot_engine(ref, kv_cache=kv_cache, cuda_graphs=cuda_graphs, compile_decode=compile_decode,
                                fused_sampling=fused_sampling)
@@ -133,28 +133,37 @@ def load_engine(kind: str, ref: ModelRef, *, kv_cache: str = "static", cuda_grap
     if kind != "vllm":
         raise ValueError(f"generation.engine {kind!r} is not supported; use 'torch' or 'vllm'")
     with _vllm.lock:
-        base = (ref.store_uri, ref.base_key)
-        if _vllm.base == base and _vllm.policy == (ref.policy_key, ref.weights_sha256):
-            return _vllm.engine, _vllm.tokenizer, True
-        t0 = time.perf_counter()
-        tensors, _ = load_tensors(store_for(ref.store_uri), ref.policy_key, expected_sha256=ref.weights_sha256)
-        if _vllm.base == base:
-            _vllm.engine.load_policy(tensors, ref.policy_version)
-            _record("push", time.perf_counter() - t0)
-        else:
-            _vllm.close()
-            _vllm.model_dir = write_model_dir(load_base(ref.store_uri, ref.base_key), tensors)
-            from transformers import AutoTokenizer
+        hit = _hold_vllm(ref, fused_sampling)
+        _vllm.engine.use_fused_sampling(fused_sampling)  # a pre-warm or another call may have set another
+        return _vllm.engine, _vllm.tokenizer, hit
 
-            _vllm.tokenizer = AutoTokenizer.from_pretrained(_vllm.model_dir)
-            _vllm.engine = make_engine("vllm", None, _vllm.tokenizer, model_dir=_vllm.model_dir,
-                                       fused_sampling=fused_sampling, policy_version=ref.policy_version)
-            _vllm.base = base
-            _record("start", time.perf_counter() - t0)
-            print(f"[rlhfless] vllm engine started in {time.perf_counter() - t0:.2f} s "
-                  f"(policy v{ref.policy_version})", flush=True)
-        _vllm.policy = (ref.policy_key, ref.weights_sha256)
-        return _vllm.engine, _vllm.tokenizer, False
+
+def _hold_vllm(ref: ModelRef, fused_sampling: str) -> bool:
+    """Make the process's vLLM engine hold ``ref``'s version: nothing to do (True, a hit), the
+    version pushed into the running engine, or an engine started for another base (False).
+    The caller holds ``_vllm.lock``."""
+    base = (ref.store_uri, ref.base_key)
+    if _vllm.base == base and _vllm.policy == (ref.policy_key, ref.weights_sha256):
+        return True
+    t0 = time.perf_counter()
+    tensors, _ = load_tensors(store_for(ref.store_uri), ref.policy_key, expected_sha256=ref.weights_sha256)
+    if _vllm.base == base:
+        _vllm.engine.load_policy(tensors, ref.policy_version)
+        _record("push", time.perf_counter() - t0)
+    else:
+        _vllm.close()
+        _vllm.model_dir = write_model_dir(load_base(ref.store_uri, ref.base_key), tensors)
+        from transformers import AutoTokenizer
+
+        _vllm.tokenizer = AutoTokenizer.from_pretrained(_vllm.model_dir)
+        _vllm.engine = make_engine("vllm", None, _vllm.tokenizer, model_dir=_vllm.model_dir,
+                                   fused_sampling=fused_sampling, policy_version=ref.policy_version)
+        _vllm.base = base
+        _record("start", time.perf_counter() - t0)
+        print(f"[rlhfless] vllm engine started in {time.perf_counter() - t0:.2f} s "
+              f"(policy v{ref.policy_version})", flush=True)
+    _vllm.policy = (ref.policy_key, ref.weights_sha256)
+    return False
 
 
 def write_model_dir(files: Mapping[str, bytes], tensors: Mapping[str, torch.Tensor]) -> Path:

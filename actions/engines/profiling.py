@@ -9,8 +9,8 @@ Every row of a dummy batch shares one random prompt, so the engine prefills it o
 it (as it does for a GRPO group): the prefill stays cheap even at batch 256 x 2k tokens,
 while each decode step still reads every row's own KV. Prefill cancels out of the decode
 figure anyway (see ``decode_step_seconds``). The engine runs with the campaign's decode
-settings (CUDA graphs, a compiled step, fused draws), whose warm-up call captures and compiles
-before anything is timed. Timings are medians over a few repeats (these
+settings (CUDA graphs, a compiled step, fused draws); a warm-up call of the timed length
+captures and compiles what the timed calls run before anything is timed. Timings are medians over a few repeats (these
 machines are noisy); on CUDA every timed call ends with a device-to-host copy of the sampled
 tokens, so the host clock sees the finished work.
 """
@@ -56,7 +56,7 @@ def decode_step_seconds(model: torch.nn.Module, batch: int, context: int, vocab:
         sync(device)
         return time.perf_counter() - t0
 
-    run(2)  # warms up allocator and kernels
+    run(2 + steps)  # warms up allocator and kernels, and captures or compiles what the timed calls run
     return statistics.median((run(2 + steps) - run(2)) / steps for _ in range(repeats))
 
 
@@ -80,7 +80,7 @@ def prefill_tokens_per_s(model: torch.nn.Module, vocab: int, batch: int = 16, le
 
 @torch.no_grad()
 def shrink_seconds(model: torch.nn.Module, batch: int, context: int, vocab: int, repeats: int = 9,
-                   kv_cache: str = "static") -> float:
+                   kv_cache: str = "static", compiled: bool = False) -> float:
     """Median wall time the torch engine spends dropping one finished row from a batch of
     ``batch`` rows at ``context`` cached tokens, as its decode loop does where rows finish.
 
@@ -88,9 +88,11 @@ def shrink_seconds(model: torch.nn.Module, batch: int, context: int, vocab: int,
     own buffers and step state (``static_decode.compact_rows``, ``StaticKV.compact``), on the
     model's decode runtime. With CUDA graphs the loop compacts only when the live rows fit a
     smaller batch bucket (rows in between run idle), so this is the cost of one such event.
-    Dynamic path: ``DynamicCache.batch_select_indices`` and the padding mask."""
+    Dynamic path: ``DynamicCache.batch_select_indices`` and the padding mask. ``compiled``: the
+    decode runtime is the compiled step's (``generation.compile_decode``), whose buffers the
+    decode grid grew."""
     if kv_cache == "static" and static_supported(model):
-        return _static_shrink_seconds(model, batch, context, repeats)
+        return _static_shrink_seconds(model, batch, context, repeats, compiled)
     device = _device(model)
     times = []
     for r in range(repeats):
@@ -110,11 +112,12 @@ def shrink_seconds(model: torch.nn.Module, batch: int, context: int, vocab: int,
     return statistics.median(times)
 
 
-def _static_shrink_seconds(model: torch.nn.Module, batch: int, context: int, repeats: int) -> float:
+def _static_shrink_seconds(model: torch.nn.Module, batch: int, context: int, repeats: int,
+                           compiled: bool = False) -> float:
     """``shrink_seconds`` on the static path: ``batch`` rows of ``context`` columns compacted
     into ``batch - 1`` (the values do not change the copy's cost; the buffers are the ones the
     decode grid grew, so no allocation is timed where the grid covered this shape)."""
-    rt = runtime_for(model)
+    rt = runtime_for(model, compiled)
     times = []
     with rt.lock:
         rt.ensure(batch, context + 1)
@@ -153,7 +156,8 @@ def measure_grid(model: torch.nn.Module, vocab: int, batch_sizes: list[int], con
     # is never shrunk), fitted as fixed + per cached token (rows x context)
     smallest = next((b for b in batch_sizes if b > 1), batch_sizes[-1])
     shapes = [(b, c) for b in sorted({smallest, batch_sizes[-1]}) for c in (contexts[0], contexts[-1])]
-    shrink_s, per_token = fit_line([(b * c, shrink_seconds(model, b, c, vocab, kv_cache=kv_cache))
+    shrink_s, per_token = fit_line([(b * c, shrink_seconds(model, b, c, vocab, kv_cache=kv_cache,
+                                                           compiled=compile_decode))
                                     for b, c in shapes])
     return {"batch_sizes": batch_sizes, "contexts": [float(c) for c in contexts], "seconds": seconds,
             "prefill_tokens_per_s": prefill_tokens_per_s(model, vocab, *prefill_shape), "name": label,

@@ -175,9 +175,15 @@ def fused_for(setting: str, vocab_size: int) -> bool:
     Raises:
         ValueError: ``setting`` is not one of ``FUSED_SAMPLING``.
     """
+    check_fused_sampling(setting)
+    return setting == "on" or (setting == "auto" and vocab_size >= FUSED_MIN_VOCAB)
+
+
+def check_fused_sampling(setting: str) -> None:
+    """Raise ``ValueError`` naming the setting and the accepted values unless ``setting`` is one
+    of ``FUSED_SAMPLING``."""
     if setting not in FUSED_SAMPLING:
         raise ValueError(f"generation.fused_sampling {setting!r} is not one of {FUSED_SAMPLING}")
-    return setting == "on" or (setting == "auto" and vocab_size >= FUSED_MIN_VOCAB)
 
 
 def _noisy_argmax(scaled: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor,

@@ -10,12 +10,13 @@ How the contract maps onto vLLM (0.32, V1 engine):
   ``vllm_worker.CounterNoiseLogitsProcessor`` draws each token before the argmax with the torch
   engine's ``sampling.Sampler`` (counter-based Gumbel noise, key = ``stream_key(seed, step,
   prompt_id, sample_index)``, position = response position; fused into one compiled kernel
-  where ``generation.fused_sampling`` says so, which the engine decides once from the model's
-  vocabulary and compiles at start). A sample's tokens are therefore a function of its
-  identity and its logits only, which gives determinism, fan-out invariance and exact
-  cut-then-continue reproduction, and equal logits give the torch engine's tokens. Top-k /
-  top-p filtering runs in the same processor (``sampling.filter_logits``), not in vLLM's
-  sampler, which sees temperature 0 and would skip its own filters. vLLM's
+  where ``generation.fused_sampling`` says so, decided from the model's vocabulary, sent with
+  each request, and compiled before the first fused step: ``use_fused_sampling``). A sample's
+  tokens are therefore a function of its identity and its logits only, which gives
+  determinism, fan-out invariance and exact cut-then-continue reproduction, and equal logits
+  give the torch engine's tokens. Top-k / top-p filtering runs in the same processor
+  (``sampling.filter_logits``), not in vLLM's sampler, which sees temperature 0 and would skip
+  its own filters. vLLM's
   per-request ``seed`` is *not* used: its generator cannot be advanced to position ``t``, so
   a continuation could not resume the stream.
   Float caveat: batched kernels can round a logit differently when the batch differs, which
@@ -54,7 +55,7 @@ import torch
 
 from actions.engines.base import EngineStats, GenerationParams, SampleOut, SampleSpec
 from actions.engines.preflight import INSTALL_HINT, vllm_available  # noqa: F401 (vllm_available: re-exported)
-from actions.engines.sampling import Sampler, fused_for, stream_key
+from actions.engines.sampling import Sampler, check_fused_sampling, fused_for, stream_key
 
 _PROCESSOR = "actions.engines.vllm_worker:CounterNoiseLogitsProcessor"
 _EXTENSION = "actions.engines.vllm_worker.WorkerExtension"
@@ -79,15 +80,15 @@ class VllmEngine:
             of ``tokens``.
         policy_version: the version whose weights ``model_dir`` holds.
         in_process: run vLLM's engine core in this process (deterministic cut points).
-        fused_sampling: ``auto``, ``on`` or ``off`` (``sampling.fused_for`` over the model's
-            vocabulary): whether the noise processor draws through the compiled kernel.
+        fused_sampling: ``auto``, ``on`` or ``off``: how the noise processor draws until
+            ``use_fused_sampling`` says otherwise.
         **llm_kwargs: passed to ``vllm.LLM`` over the defaults below (e.g. ``block_size``,
             ``max_model_len``, ``dtype``, ``enable_sleep_mode`` on CUDA).
     """
 
     def __init__(self, model_dir: str | os.PathLike[str], *, eos_id: int | Sequence[int], policy_version: int = 0,
                  in_process: bool = True, fused_sampling: str = "auto", **llm_kwargs: Any) -> None:
-        fused_for(fused_sampling, 0)  # an unknown setting fails here, before vLLM starts
+        check_fused_sampling(fused_sampling)  # an unknown setting fails here, before vLLM starts
         vllm = _import_vllm()
         if in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -108,10 +109,9 @@ class VllmEngine:
             )
         kwargs.update(llm_kwargs)
         self.llm = vllm.LLM(**kwargs)
-        vocab = self.llm.llm_engine.model_config.get_vocab_size()
-        self.fused_sampling = fused_for(fused_sampling, vocab)
-        if self.fused_sampling:  # compile the draw now, not in the first decode step
-            self.llm.collective_rpc("prepare_draws", args=(vocab,))
+        self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
+        self.fused_sampling = False
+        self.use_fused_sampling(fused_sampling)
         self.eos_ids = (eos_id,) if isinstance(eos_id, int) else tuple(eos_id)
         self.eos_id = self.eos_ids[0]
         self.policy_version = policy_version
@@ -228,6 +228,16 @@ class VllmEngine:
         finish = "stop" if reason == "stop" else "length"
         return SampleOut(s.prompt_id, s.sample_index, list(s.generated) + token_ids, finish,
                          stop if finish == "stop" else None)
+
+    def use_fused_sampling(self, setting: str) -> None:
+        """Draw as ``generation.fused_sampling`` ``setting`` says (``sampling.fused_for`` over the
+        model's vocabulary) from the next call on; where that is fused, the workers compile the
+        draw now (once per process), not in the first decode step. The tokens are the same
+        either way, so one running engine serves calls of any setting."""
+        fused = fused_for(setting, self.vocab_size)
+        if fused and not self.fused_sampling:
+            self.llm.collective_rpc("prepare_draws", args=(self.vocab_size,))
+        self.fused_sampling = fused
 
     # ------------------------------------------------------------------ weights and memory
     def load_policy(self, weights: str | os.PathLike[str] | Mapping[str, torch.Tensor], version: int) -> int:
