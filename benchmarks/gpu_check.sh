@@ -4,7 +4,8 @@
 # the decode roofline of the Qwen2.5-0.5B and -7B shapes at batch 8 and 64, context 512, bf16 (at
 # 64 with a profile of the step's kernels by kind, PROFILE="graphs,static"), a new policy version
 # copied into the warm model against one built afresh, fused draws against unfused ones;
-# "compiled" adds the torch.compile'd step, "trl" the GRPO step against TRL. docs/gpu.md records the
+# "compiled" adds the torch.compile'd step (its GPU test, which compiles for minutes, then the
+# roofline rows), "trl" the GRPO step against TRL. docs/gpu.md records the
 # figures. A GPU machine whose Python lacks the project's lighter dependencies gets them from
 # wheels in .whl/ (benchmarks/gpu_wheels.sh fills it), installed into /tmp/site first.
 # Figures go to $OUT (default runs/gpu), with the Python version and `pip list` of the machine.
@@ -21,7 +22,7 @@ OUT="${OUT:-runs/gpu}"; mkdir -p "$OUT"
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   git log --oneline -1 2>/dev/null; } | tee "$OUT/device.txt"
 python3 -m pip list 2>/dev/null > "$OUT/pip-list.txt"  # what the image has (gpu_wheels.sh SKIP)
-timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py \
+timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider -k "not compiled_step" tests/test_gpu.py \
   tests/test_sampling_device.py tests/test_generation_slot.py 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tail -40 | tee "$OUT/pytest.txt"
 # PARTS picks and orders what runs (the most wanted first: a device lease is short).
 for part in ${PARTS:-spec prefill roofline versions sampling}; do
@@ -48,6 +49,9 @@ for part in ${PARTS:-spec prefill roofline versions sampling}; do
         done
       done ;;
     compiled)  # the step through torch.compile (fused kernels), batch 64: compiling takes minutes
+      echo "== compiled step on graphs, tiny Qwen2: compilations and tokens" | tee -a "$OUT/bench.txt"
+      timeout "${COMPILE_TEST_TIMEOUT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider -k compiled_step \
+        tests/test_gpu.py 2>&1 | grep -v "Warning\|forward_call\|deprecated" | tail -15 | tee -a "$OUT/pytest.txt"
       for shape in ${COMPILED_SHAPES:-0.5b 7b}; do
         echo "== qwen2.5-$shape batch 64, compiled" | tee -a "$OUT/bench.txt"
         timeout "${COMPILE_TIMEOUT:-200}" python3 benchmarks/bench_decode_roofline.py --device cuda --paths compiled \

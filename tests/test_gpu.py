@@ -266,3 +266,33 @@ def test_speculative_rounds_on_cuda_graphs_equal_plain_decoding_fp32():
     again, astats = engine.generate(specs, GenerationParams(**kw), speculation=Speculation(history=right,
                                                                                              fixed=("history", 6)))
     assert _by_id(again) == plain and astats.graph_captures == 0  # warm: every round replayed
+
+
+def test_compiled_step_on_cuda_graphs_compiles_a_few_times_and_keeps_the_tokens_fp32():
+    """``compile_decode`` on CUDA: the step compiled with the batch and the window symbolic and
+    replayed as CUDA graphs, over calls whose rows shrink through several buckets and one that
+    crosses into a second window. A few compilations in all (static shapes made one per bucket
+    and window), and in fp32 at least 90% of rows draw the eager graph path's tokens (fused
+    kernels may round differently). Slow: ``gpu_check.sh`` runs it in part ``compiled``."""
+    import torch._dynamo.utils
+
+    from actions.engines.static_decode import runtime_for
+
+    model, tok = _qwen2_gqa_on_cuda()
+    eager = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, cuda_graphs="on")
+    compiled = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, cuda_graphs="on",
+                           compile_decode=True)
+    frames = torch._dynamo.utils.counters["stats"]
+    before = frames["unique_graphs"]
+    for n, group, new in ((8, 5, 24), (3, 3, 300)):  # 40 rows, then 9 rows past 256 columns
+        rows = make_rows(n, max_count=9, seed=5)
+        specs = [SampleSpec(r.prompt_id, i, encode(tok, r.prompt)) for r in rows for i in range(group)]
+        params = GenerationParams(seed=SEED, step=STEP, max_new_tokens=new, temperature=1.0)
+        want = _by_id(eager.generate(specs, params)[0])
+        got, stats = compiled.generate(specs, params)
+        got = _by_id(got)
+        assert sum(got[k] == want[k] for k in want) >= 0.9 * len(want), new
+        assert stats.kv_cache == "static+graphs"
+    rt = runtime_for(model, compiled=True)
+    assert rt.compiled and rt.graph_error is None and rt.kv.cols >= 512
+    assert frames["unique_graphs"] - before <= 4, frames["unique_graphs"] - before
