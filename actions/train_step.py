@@ -6,8 +6,9 @@ GAE over KL-penalised token rewards with the critic's values), runs ``epochs`` p
 ``num_minibatches`` shuffled mini-batches (prompt groups stay together; each split into
 ``micro_batch_size`` micro batches whose gradients accumulate), and publishes policy version
 v+1 in the training dtype and the optimizer state, fp32 master weights included under
-bf16/fp16 (and the critic for PPO). With ``model.lora`` the version is the adapter alone
-(fp32) and the optimizer state covers only the adapter (``actions/models/lora.py``).
+bf16/fp16 (and the critic for PPO). With ``model.lora`` the version is the adapter alone (in
+the training dtype) and the optimizer state covers only the adapter, its fp32 masters
+included under bf16/fp16 (``actions/models/lora.py``).
 
 A warm container keeps the model and optimizer state it just published, under the keys of
 what it published (``trained_key``): the next step's training, when it lands on the same

@@ -107,7 +107,6 @@ def test_lora_version_is_the_adapter_and_warm_actions_share_the_backbone(prepare
 
 def test_lora_reference_is_the_backbone_with_the_adapter_off(prepared):
     from actions.models.loading import load_model
-    from actions.models.lora import adapter_disabled
     from actions.rl.sequences import pack, response_logprobs
 
     cfg, store, p = prepared
@@ -139,3 +138,55 @@ def test_attach_adapter_refuses_targets_that_match_nothing():
     peft_model = attach_adapter(model, LoraConfig(r=2, target_modules=["q_proj"]), None)
     assert set(adapter_tensors(peft_model)) == {"model.layers.0.self_attn.q_proj.lora_A.default.weight",
                                                 "model.layers.0.self_attn.q_proj.lora_B.default.weight"}
+
+
+def _tiny_tied():
+    from actions.models.modeling import build_tiny_model
+
+    model, _ = build_tiny_model(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_positions=32,
+                                seed=0)
+    assert model.config.tie_word_embeddings and model.lm_head.weight is model.model.embed_tokens.weight
+    return model.eval()
+
+
+def test_lora_dropout_is_off_in_an_eval_model_and_on_in_a_training_one():
+    """PEFT adds its layers in train mode; an adapter attached to an eval model (generation,
+    scoring) must compute the same log-probs twice."""
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    cfg = LoraConfig(r=2, dropout=0.5, target_modules=["q_proj", "v_proj"])
+    model = attach_adapter(_tiny_tied(), cfg, None)
+    assert not any(m.training for m in model.modules())
+    with torch.no_grad():
+        for n, t in model.named_parameters():
+            if "lora_B" in n:
+                t.normal_(0, 0.5)  # an adapter whose dropout would show
+        assert torch.equal(model(ids).logits, model(ids).logits)
+    trained = attach_adapter(_tiny_tied().train(), cfg, None)
+    assert all(m.training for m in trained.modules())
+
+
+@pytest.mark.parametrize("target", ["lm_head", "embed_tokens"])
+def test_merging_an_adapter_on_a_tied_layer_unties_it_and_keeps_the_logits(target, tmp_path):
+    """The output head tied to the input embedding: an adapter on either changes that layer
+    only, so the merged model unties them (and says so in its config) and computes what the
+    unmerged adapter computes, through a save and load too."""
+    from transformers import AutoModelForCausalLM
+
+    from actions.models.lora import merge_adapter
+
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    model = attach_adapter(_tiny_tied(), LoraConfig(r=2, target_modules=[target]), None)
+    with torch.no_grad():
+        for n, t in model.named_parameters():
+            if "lora_B" in n:
+                t.normal_(0, 0.5)
+        want = model(ids).logits
+    merged = merge_adapter(model)
+    assert not merged.config.tie_word_embeddings
+    assert merged.lm_head.weight.data_ptr() != merged.model.embed_tokens.weight.data_ptr()
+    with torch.no_grad():
+        assert (merged(ids).logits - want).abs().max() <= 1e-5
+    merged.save_pretrained(tmp_path, safe_serialization=True)
+    again = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert (again(ids).logits - want).abs().max() <= 1e-5

@@ -51,14 +51,30 @@ def wrap(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
 def merge_adapter(model: torch.nn.Module) -> torch.nn.Module:
     """The model with every LoRA layer's update added into its base weight (``W + (alpha / r)
     B A``, in the weight's dtype) and the layer replaced by that base layer: an ordinary
-    transformers model again, in place."""
+    transformers model again, in place.
+
+    A base weight that another module shares (an output head tied to the input embedding)
+    gets a copy of its own first, and the config says the embeddings are no longer tied: the
+    trained policy changed that one layer, not both."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
+    owners: dict[int, int] = {}  # weight address -> modules holding it directly
+    for m in model.modules():
+        w = m._parameters.get("weight")
+        if w is not None:
+            owners[w.data_ptr()] = owners.get(w.data_ptr(), 0) + 1
+    untied = False
     for name, module in list(model.named_modules()):
         if isinstance(module, BaseTunerLayer):
+            base = module.get_base_layer()
+            if owners.get(base.weight.data_ptr(), 0) > 1:
+                base.weight = torch.nn.Parameter(base.weight.detach().clone(), requires_grad=False)
+                untied = True
             module.merge()
             parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, child, module.get_base_layer())
+            setattr(model.get_submodule(parent) if parent else model, child, base)
+    if untied and getattr(model, "config", None) is not None:
+        model.config.tie_word_embeddings = False
     return model
 
 
@@ -81,11 +97,15 @@ def attach_adapter(model: torch.nn.Module, cfg: LoraConfig,
 
 def attach_peft(model: torch.nn.Module, cfg: LoraConfig, adapter: dict[str, torch.Tensor] | None) -> torch.nn.Module:
     """:func:`attach_adapter`, returning the PEFT wrapper (``save_pretrained`` writes PEFT's
-    adapter format); its ``get_base_model()`` is the model :func:`attach_adapter` returns."""
+    adapter format); its ``get_base_model()`` is the model :func:`attach_adapter` returns, in
+    the train or eval mode ``model`` was in (PEFT's new layers, LoRA dropout among them, would
+    otherwise start in train mode and make an eval model's forward random)."""
+    training = model.training
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(INIT_SEED)
         peft_model = wrap(model, cfg)
     inner = peft_model.get_base_model()
+    inner.train(training)
     for name, p in inner.named_parameters():
         if p.requires_grad and "lora_" not in name:
             p.data = p.data.clone()
