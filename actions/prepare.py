@@ -30,7 +30,7 @@ from actions.store import ObjectStore, open_store, put_artifact, put_json
 from actions.tasks import get_task
 from actions.tasks.build import Datasets, build_datasets
 from actions.tasks.dataset import DATASET_FILE, rows_to_jsonl
-from actions.tasks.rewards.model_files import check_classifier, folder_files
+from actions.tasks.rewards.model_files import check_classifier, check_tokenizer, folder_files
 
 # torch and transformers are imported inside prepare(): validate_inputs runs at the CLI and
 # answers bad input in well under a second.
@@ -68,17 +68,19 @@ def validate_inputs(cfg: WorkloadConfig) -> None:
     cache where downloads are allowed, and refused in one line where they are not
     (``actions/models/hub.py``)."""
     cfg, _ = resolve_hub_ids(cfg)
-    _datasets(cfg)
+    data = _datasets(cfg)
     if cfg.model.path:
         validate_model_dir(cfg.model.path)
     check_targets(cfg)
-    _validate_reward_models(cfg)
+    _validate_reward_models(cfg, data)
 
 
-def _validate_reward_models(cfg: WorkloadConfig) -> None:
+def _validate_reward_models(cfg: WorkloadConfig, data: Datasets) -> None:
+    chat = any(r.source_prompt is not None for r in (*data.train, *data.evals))
     for i, m in enumerate(cfg.reward.models):
         validate_model_dir(m.path, field=f"reward.models[{i}].path")
         check_classifier(m.path, f"reward.models[{i}].path")
+        check_tokenizer(m.path, f"reward.models[{i}]", m, chat)
 
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -158,7 +160,7 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str) -> Prepare
     data = _datasets(cfg)
     if fetched:
         data.summary["hub"] = fetched
-    _validate_reward_models(cfg)
+    _validate_reward_models(cfg, data)
     train, evals = data.train, data.evals
     check_targets(cfg)
     if cfg.model.path:

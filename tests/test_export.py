@@ -168,3 +168,33 @@ def test_lora_run_exports_the_adapter_in_peft_format_or_merged(tmp_path, lora_st
     with torch.no_grad():
         assert (merged(ids).logits - want).abs().max() <= 1e-5
     capsys.readouterr()
+
+
+def test_an_exported_model_stops_where_the_run_stopped(tmp_path):
+    """A folder whose config names one EOS (512) and whose tokenizer ends a turn with another
+    (514, ``<|im_end|>``), without a generation_config.json: the run stops at both, and so does
+    ``generate`` on the exported folder."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from actions.models.export import export_policy
+    from actions.models.loading import load_model
+    from actions.models.special_tokens import special_tokens
+    from actions.prepare import prepare
+    from flows.config import load_config
+
+    folder = write_tiny_model_dir(tmp_path / "qwen2", "qwen2").path
+    (Path(folder) / "generation_config.json").unlink()
+    config = json.loads((Path(folder) / "config.json").read_text())
+    (Path(folder) / "config.json").write_text(json.dumps({**config, "eos_token_id": 512}))
+    cfg = load_config(None, [f"model.path={folder}", f"store.uri={tmp_path / 'store'}", "run_id=eos"])
+    store = LocalStore(tmp_path / "store")
+    prepared = prepare(cfg.workload(), store, "runs/eos")
+    model, tokenizer, _ = load_model(ModelRef(store_uri=str(tmp_path / "store"), base_key=prepared.base_key,
+                                              policy_key=prepared.init_key, policy_version=0))
+    ran = special_tokens(model, tokenizer)
+    assert set(ran.eos_ids) == {514, 512}
+    export_policy(store, prepared.base_key, prepared.init_key, tmp_path / "out", run="eos")
+    gen = GenerationConfig.from_pretrained(tmp_path / "out")
+    assert set(gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id]) == {514, 512}
+    assert gen.pad_token_id == ran.pad_id
+    assert AutoTokenizer.from_pretrained(tmp_path / "out").eos_token_id == 514

@@ -145,3 +145,69 @@ def test_campaign_scored_by_reward_model_and_trl_function(tmp_path, reward_model
     with torch.no_grad():
         exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)(ids).logits
         assert (exported - stored(ids).logits).abs().max().item() <= 1e-6
+
+
+def _bert_reward_folder(root: Path) -> Path:
+    """A tiny BERT-style reward model whose tokenizer is a WordPiece ``vocab.txt`` alone (no
+    tokenizer.json), without a chat template: what many classifier checkpoints ship."""
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
+
+    root.mkdir(parents=True)
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz0123456789+=?:,.",
+             "question", "answer", "what", "is", "because"]
+    (root / "vocab.txt").write_text("\n".join(words) + "\n")
+    BertTokenizer(str(root / "vocab.txt")).save_pretrained(root)
+    (root / "tokenizer.json").unlink(missing_ok=True)
+    cfg = BertConfig(vocab_size=len(words), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=32, max_position_embeddings=64, num_labels=1)
+    torch.manual_seed(0)
+    BertForSequenceClassification(cfg).save_pretrained(root, safe_serialization=True)
+    return root
+
+
+def test_a_wordpiece_reward_tokenizer_is_stored_whole_and_checked(tmp_path, monkeypatch):
+    """The stored copy of a reward model reads text as the folder does (``vocab.txt`` stored);
+    a tokenizer that needs a file the store would not keep is refused at the CLI."""
+    from transformers import AutoTokenizer
+
+    from actions.tasks.rewards import model_files
+
+    folder = _bert_reward_folder(tmp_path / "bert")
+    settings = RewardModelConfig(path=str(folder))
+    model_files.check_tokenizer(str(folder), "reward.models[0]", RewardModelConfig(path=str(folder),
+                                                                                 chat_template=False), False)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name, data in folder_files(str(folder)).items():
+        (copy / name).write_bytes(data)
+    text = "question: what is 2+2? answer: 4"
+    want = AutoTokenizer.from_pretrained(folder)(text)["input_ids"]
+    assert AutoTokenizer.from_pretrained(copy)(text)["input_ids"] == want and 1 not in want  # no [UNK]
+    monkeypatch.setattr(model_files, "_FILES", tuple(n for n in model_files._FILES if n != "vocab.txt"))
+    with pytest.raises(ValueError, match=r"reward.models\[0\].path .*needs files other than.*save_pretrained"):
+        model_files.check_tokenizer(str(folder), "reward.models[0]", settings, False)
+
+
+def test_a_reward_model_without_a_chat_template_or_with_too_long_inputs_is_refused_up_front(tmp_path):
+    from transformers import AutoTokenizer
+
+    from actions.tasks.rewards.model_files import check_tokenizer, input_limit
+
+    folder = str(_bert_reward_folder(tmp_path / "bert"))
+    field = "reward.models[1]"
+    with pytest.raises(ValueError, match=r"reward.models\[1\].chat_template is true, .*no chat template.*false"):
+        check_tokenizer(folder, field, RewardModelConfig(path=folder, chat_template=True), False)
+    with pytest.raises(ValueError, match=r"chat_template is auto, and the prompts are chat messages"):
+        check_tokenizer(folder, field, RewardModelConfig(path=folder), True)
+    check_tokenizer(folder, field, RewardModelConfig(path=folder), False)  # auto on string prompts: plain text
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.save_pretrained(folder)  # model_max_length as BERT checkpoints state it
+    config = json.loads((Path(folder) / "tokenizer_config.json").read_text())
+    (Path(folder) / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 64}))
+    with pytest.raises(ValueError, match=r"reward.models\[1\].max_length 100 is more than the 64 tokens"):
+        check_tokenizer(folder, field, RewardModelConfig(path=folder, max_length=100, chat_template=False), False)
+    with pytest.raises(ValueError, match=r"max_length null \(no limit\) is more than the 64 tokens"):
+        check_tokenizer(folder, field, RewardModelConfig(path=folder, max_length=None, chat_template=False), False)
+    check_tokenizer(folder, field, RewardModelConfig(path=folder, max_length=64, chat_template=False), False)
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert input_limit(1024, tok) == 64 and input_limit(None, tok) == 64 and input_limit(32, tok) == 32

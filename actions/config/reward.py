@@ -55,7 +55,9 @@ class RewardModelConfig(_Section):
     batch_size: int = Field(16, gt=0)
     """(prompt, completion) pairs per forward."""
     max_length: int | None = Field(1024, gt=0)
-    """Longest input in tokens; a longer one keeps its first ``max_length`` tokens. None: no limit."""
+    """Longest input in tokens; a longer one keeps its first ``max_length`` tokens. None: no
+    limit. Never more than the tokenizer's ``model_max_length`` (512 for BERT and RoBERTa): an
+    explicit value above it is refused, the default is lowered to it."""
     chat_template: Literal["auto"] | bool = "auto"
     """``auto``: chat prompts go through the reward tokenizer's chat template with the completion
     as the assistant's turn, string prompts are joined to the completion (TRL's rule); ``true``:

@@ -5,7 +5,7 @@ content-addressed blob per tensor (``weights.py``). Export joins them again: the
 tokenizer files verbatim (so the chat template and special tokens are exactly the run's),
 then ``save_pretrained`` of the model built from the version's tensors, in the dtype they
 were published in (config.json, safetensors shards with an index above ``max_shard_size``,
-generation_config.json).
+generation_config.json, whose EOS ids are every token the run's generation stopped at).
 
 Adapters (``model.lora`` runs, :class:`LoraVersion`): the folder holds the backbone as the
 model and the version's adapter in PEFT's format under ``adapter/`` (``PeftModel.from_pretrained
@@ -97,6 +97,7 @@ def export_policy(store: ObjectStore, base_key: str, policy_key: str, out: str |
         for name in TOKENIZER_FILES + SLOW_TOKENIZER_FILES:
             if name in base_files:
                 write_beneath(tmp, name, bytes(base_files[name]), where="exported model")
+        _stop_as_trained(model, tmp)
         model.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
         if adapter is not None:
             adapter.save_pretrained(tmp / "adapter", safe_serialization=True)
@@ -107,6 +108,21 @@ def export_policy(store: ObjectStore, base_key: str, policy_key: str, out: str |
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return ExportedFolder(str(target), sorted(p.name for p in target.iterdir()), str(dtype).removeprefix("torch."))
+
+
+def _stop_as_trained(model: torch.nn.Module, tokenizer_dir: Path) -> None:
+    """Make the saved ``generation_config.json`` stop at every token the run's generation
+    stopped at (``special_tokens``: the tokenizer's EOS, such as a chat template's end of turn,
+    and the config's), and pad with the run's pad id: ``generate`` on the exported folder then
+    ends a response where the trained policy's ended."""
+    from transformers import AutoTokenizer
+
+    from actions.models.special_tokens import special_tokens
+
+    ids = special_tokens(model, AutoTokenizer.from_pretrained(tokenizer_dir))
+    gen = model.generation_config
+    gen.eos_token_id = ids.eos_ids[0] if len(ids.eos_ids) == 1 else list(ids.eos_ids)
+    gen.pad_token_id = ids.pad_id
 
 
 def describe(folder: ExportedFolder, **extra: Any) -> dict[str, Any]:

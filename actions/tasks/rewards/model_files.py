@@ -7,10 +7,18 @@ the policy's base), so the score and evaluate actions never read the user's file
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
+from typing import Any
 
 _FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-          "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
+          "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model",
+          # the vocabularies of BERT/RoBERTa-style (WordPiece), DeBERTa-v3, XLM-R and T5/ALBERT tokenizers
+          "vocab.txt", "spm.model", "sentencepiece.bpe.model", "spiece.model")
+_PROBE = "Question: what is 12 + 30? Answer: 42, because 12 + 30 = 42."
+"""Text the stored tokenizer must encode as the folder's does."""
+UNSET_MAX_LENGTH = 1e9
+"""A tokenizer's ``model_max_length`` at or above this is transformers' 'no limit known'."""
 _WEIGHT_PATTERNS = ("*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin",
                     "pytorch_model.bin.index.json")
 
@@ -29,11 +37,64 @@ def check_classifier(path: str, field: str) -> None:
                          "AutoModelForSequenceClassification folder (num_labels 1), e.g. `rlhfless tiny-model --reward`")
 
 
-def folder_files(path: str) -> dict[str, bytes]:
-    """The files ``from_pretrained`` needs (config, tokenizer, weights), by name; nothing else
-    of the folder (READMEs, optimizer states) is copied."""
+def folder_files(path: str, weights: bool = True) -> dict[str, bytes]:
+    """The files ``from_pretrained`` needs (config, tokenizer and, with ``weights``, the
+    weights), by name; nothing else of the folder (READMEs, optimizer states) is copied."""
     root = Path(path)
     names = {n for n in _FILES if (root / n).is_file()}
-    for pattern in _WEIGHT_PATTERNS:
+    for pattern in _WEIGHT_PATTERNS if weights else ():
         names.update(p.name for p in root.glob(pattern) if p.is_file())
     return {n: (root / n).read_bytes() for n in sorted(names)}
+
+
+def input_limit(max_length: int | None, tokenizer: Any) -> int | None:
+    """The most tokens a reward model reads: ``max_length``, and never more than the tokenizer
+    says the model takes (``model_max_length``, where it knows one: 512 for BERT and RoBERTa)."""
+    known = getattr(tokenizer, "model_max_length", None)
+    limits = [n for n in (max_length, known) if n is not None and n < UNSET_MAX_LENGTH]
+    return int(min(limits)) if limits else None
+
+
+def check_tokenizer(path: str, field: str, settings: Any, chat_prompts: bool) -> None:
+    """Refuse what would fail or mislead only once scoring runs: a tokenizer the stored copy
+    (``folder_files``) does not reproduce, a chat template the settings need and the tokenizer
+    lacks, an explicit ``max_length`` beyond what the model takes.
+
+    Args:
+        field: ``reward.models[i]``; settings: its ``RewardModelConfig``;
+        chat_prompts: whether the datasets' prompts are chat messages.
+    Raises:
+        ValueError: one line naming the field, the value and the fix.
+    """
+    from transformers import AutoTokenizer
+
+    where = f"{field}.path {path!r}"
+    try:
+        folder = AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # tokenizer files of every kind of damage
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ValueError(f"{where}: the tokenizer cannot be loaded ({type(exc).__name__}: {first}); save it again "
+                         "with save_pretrained") from None
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, data in folder_files(path, weights=False).items():
+            (Path(tmp) / name).write_bytes(data)
+        try:
+            stored = AutoTokenizer.from_pretrained(tmp)(_PROBE)["input_ids"]
+        except Exception:  # noqa: BLE001 -- a file it needs was not copied: the same answer as below
+            stored = None
+    if stored != folder(_PROBE)["input_ids"]:
+        raise ValueError(f"{where}: its tokenizer needs files other than {', '.join(_FILES[1:])}; save it with "
+                         "tokenizer.save_pretrained (which writes tokenizer.json) into the folder")
+    mode = settings.chat_template
+    if folder.chat_template is None and (mode is True or (mode == "auto" and chat_prompts)):
+        why = "true" if mode is True else "auto, and the prompts are chat messages"
+        raise ValueError(f"{field}.chat_template is {why}, but the tokenizer in {path!r} has no chat template; set "
+                         f"{field}.chat_template: false to score prompt and completion as plain text, or add a "
+                         "template to its tokenizer_config.json")
+    known = getattr(folder, "model_max_length", None)
+    if "max_length" in settings.model_fields_set and known is not None and known < UNSET_MAX_LENGTH:
+        value = settings.max_length
+        if value is None or value > known:
+            raise ValueError(f"{field}.max_length {'null (no limit)' if value is None else value} is more than the "
+                             f"{int(known)} tokens the model in {path!r} takes; set it to {int(known)} or less, or "
+                             f"leave it unset")

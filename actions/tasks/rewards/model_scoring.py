@@ -1,13 +1,14 @@
 """Reward models: an ``AutoModelForSequenceClassification`` scores each (prompt, completion).
 
-The text a reward model reads follows TRL's ``GRPOTrainer``: a chat prompt (a list of
-messages) plus the completion as the assistant's turn goes through the reward tokenizer's chat
-template; a string prompt is joined to the completion. ``chat_template: true`` templates string
-prompts too (as the user's turn), ``false`` never templates (a chat prompt's contents are
-joined). Inputs are tokenized without special tokens, right-padded, truncated to
-``max_length`` tokens, scored ``batch_size`` at a time on the action's device, and the first
-logit is the score (TRL's ``logits[:, 0]``). A tokenizer without a pad token pads with its EOS
-token (the model's pooling then reads the last token that is not padding).
+The text a reward model reads follows TRL's ``GRPOTrainer``: a chat prompt (a list of messages)
+plus the completion as the assistant's turn goes through the reward tokenizer's chat template;
+a string prompt is joined to the completion. ``chat_template: true`` templates string prompts
+too (as the user's turn), ``false`` never templates (a chat prompt's contents are joined).
+Inputs are tokenized without special tokens, right-padded, truncated to ``max_length`` tokens
+(never more than the tokenizer's ``model_max_length``, 512 for BERT), scored ``batch_size`` at
+a time on the action's device, and the first logit is the score (TRL's ``logits[:, 0]``). A
+tokenizer without a pad token pads with its EOS token (the model's pooling then reads the last
+token that is not padding).
 
 Each model is loaded once per warm container (``actions/models/warm.py``), keyed by its
 manifest, device and dtype: ``prepare`` stored it, so nothing here reads the user's disk or the
@@ -27,6 +28,7 @@ from actions.models import warm
 from actions.models.device import action_device, action_dtype
 from actions.store import get_artifact, open_store
 from actions.store.safe_paths import write_beneath
+from actions.tasks.rewards.model_files import input_limit
 
 
 def load_reward_model(ref: RewardModelRef, store_uri: str, device: torch.device) -> tuple[Any, Any]:
@@ -83,7 +85,7 @@ def score_with_models(refs: Sequence[RewardModelRef], store_uri: str, prompts: S
         model, tokenizer = load_reward_model(ref, store_uri, device)
         texts = reward_texts(tokenizer, ref.settings.chat_template, prompts, completions)
         scores: list[float] = []
-        size, limit = ref.settings.batch_size, ref.settings.max_length
+        size, limit = ref.settings.batch_size, input_limit(ref.settings.max_length, tokenizer)
         for start in range(0, len(texts), size):
             batch = tokenizer(texts[start:start + size], return_tensors="pt", padding=True, padding_side="right",
                               add_special_tokens=False, truncation=limit is not None, max_length=limit)
