@@ -99,3 +99,55 @@ def test_a_reward_that_raises_mid_campaign_fails_the_step_once(tiny_config, pref
     # (the set-up's prepare, the campaign-start engine profile and its noop probes aside).
     assert [c for c in calls if c not in ("prepare", "profile", "noop")] == ["warmup", "evaluate"]
     assert calls[-1] == "evaluate"
+
+
+class _ChatTokenizer:
+    """ChatML-like text from messages, as a policy's or a reward model's tokenizer writes it."""
+
+    chat_template = "{{ messages }}"
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt=False):
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + ("<assistant>" if add_generation_prompt
+                                                                            else "")
+
+
+def _stored(records: list[dict], *, system_prompt: str | None = None) -> list[PromptRow]:
+    """Rows as the score action reads them: mapped, formatted for a chat-template policy and
+    round-tripped through the stored dataset's format."""
+    from actions.tasks.chat import format_rows
+    from actions.tasks.dataset import parse_jsonl, rows_to_jsonl
+    from actions.tasks.fields import FieldMap, to_rows
+
+    rows, _ = to_rows(list(enumerate(records, start=1)), FieldMap(), source="f")
+    rows = format_rows(rows, _ChatTokenizer(), use_template=True, system_prompt=system_prompt, source="f")
+    return parse_jsonl(rows_to_jsonl(rows), source="stored")
+
+
+def test_rewards_and_reward_models_read_the_datasets_prompt_not_the_policys_text(monkeypatch):
+    from actions.tasks.dataset import parse_jsonl
+    from actions.tasks.rewards import reward_inputs
+    from actions.tasks.rewards.model_scoring import reward_texts
+
+    seen = {}
+
+    def record(prompts, completions, **kwargs):
+        seen["prompts"] = prompts
+        return [0.0] * len(prompts)
+
+    monkeypatch.setitem(sys.modules, "my_prompts", types.SimpleNamespace(record=record))
+    chat = [{"role": "user", "content": "hi"}]
+    rows = _stored([{"prompt": "What is 2+2?", "answer": "4"}, {"prompt": chat, "answer": "5"}],
+                   system_prompt="Be brief.")
+    # The policy generates from the templated text; TRL's reward functions get the dataset's prompt.
+    assert rows[0].prompt == "<system>Be brief.<user>What is 2+2?<assistant>"
+    compute_rewards([Fn(name="my_prompts:record")], rows, ["4", "5"])
+    assert seen["prompts"] == ["What is 2+2?", chat]
+    # A reward model with chat_template: true templates the dataset's prompt once, as the user's turn.
+    prompts, completions, _ = reward_inputs(rows, ["4", "5"])
+    assert reward_texts(_ChatTokenizer(), True, prompts, completions) == [
+        "<user>What is 2+2?<assistant>4", "<user>hi<assistant>5"]
+    # A dataset stored before string prompts were kept: its prompt stands in.
+    old = parse_jsonl(b'{"prompt_id": 1, "prompt": "<user>q<assistant>", "answer": "a", "source_prompt": null}\n',
+                      source="old")
+    assert reward_inputs(old, ["a"])[0] == ["<user>q<assistant>"]
+

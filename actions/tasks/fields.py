@@ -1,7 +1,7 @@
 """From dataset rows to prompt rows: which key holds the prompt, the answer and the id.
 
 ``prompt_key`` holds a non-empty string or a non-empty list of chat messages
-(``{"role": str, "content": str}``); ``answer_key`` a string (numbers are accepted and written
+(``{"role": str, "content": str}``), kept as written in ``source_prompt``; ``answer_key`` a string (numbers are accepted and written
 as text: some datasets store final answers as numbers). ``id_key`` (optional) holds an int, or
 a string that is hashed to one; without it a ``prompt_id`` column is used when present, else
 the id is a hash of the row's prompt and answer, so the same row gets the same id in every run.
@@ -79,7 +79,7 @@ def to_rows(records: Sequence[Record], fields: FieldMap, *, source: str) -> tupl
         columns = {k: _jsonable(v) for k, v in rec.items() if k not in (fields.prompt_key, id_key)
                    and not (k == fields.answer_key == "answer")}
         rows.append(PromptRow(prompt_id=pid, prompt=prompt if isinstance(prompt, str) else "", answer=answer,
-                              source_prompt=None if isinstance(prompt, str) else prompt, columns=columns))
+                              source_prompt=prompt, columns=columns))
     return rows, stats
 
 

@@ -5,12 +5,13 @@ Every reward function has TRL's signature, so existing TRL reward functions work
     fn(prompts: list, completions: list, completion_ids: list[list[int]], trainer_state,
        **columns) -> list[float | None]
 
-``prompts`` are the dataset's prompts as written there (a string, or a list of chat messages);
-``completions`` are strings for string prompts and ``[{"role": "assistant", "content": ...}]``
-for chat prompts (TRL's conversational format); ``completion_ids`` the completions' token ids
-as trained (ending with the EOS id where the sample stopped, as in TRL); ``trainer_state`` a
-``transformers.TrainerState`` (``actions/tasks/rewards/trainer_state.py`` says which fields are
-filled); every other column of the dataset arrives as a keyword list, and ``answer`` is always
+``prompts`` are the dataset's prompts as written there (a string, or a list of chat messages),
+not the text the policy reads (``chat.py`` applies the chat template and ``data.system_prompt``
+to that); ``completions`` are strings for string prompts and ``[{"role": "assistant",
+"content": ...}]`` for chat prompts (TRL's conversational format); ``completion_ids`` the
+completions' token ids as trained (ending with the EOS id where the sample stopped, as in TRL);
+``trainer_state`` a ``transformers.TrainerState`` (``actions/tasks/rewards/trainer_state.py``
+says which fields are filled); every other column of the dataset arrives as a keyword list, and ``answer`` is always
 the reference (``data.answer_key``). ``None`` means "not applicable to this row". An ``async``
 function is awaited (``calling.py``).
 
@@ -89,7 +90,9 @@ def _builtin(name: str, pattern: str | None) -> Callable[..., list[float | None]
 
 
 def reward_inputs(rows: Sequence[RewardRow], texts: Sequence[str]) -> tuple[list, list, dict[str, list]]:
-    """(prompts, completions, columns) in TRL's formats for rows and their completion texts."""
+    """(prompts, completions, columns) in TRL's formats for rows and their completion texts: the
+    dataset's prompts (``prompt``, the policy's text, where a stored row has no ``source_prompt``)
+    and its columns."""
     prompts = [r.source_prompt if r.source_prompt is not None else r.prompt for r in rows]
     completions = [[{"role": "assistant", "content": t}] if isinstance(p, list) else t for p, t in zip(prompts, texts)]
     names = sorted({k for r in rows for k in r.columns} - set(RESERVED))
