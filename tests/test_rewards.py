@@ -151,3 +151,23 @@ def test_rewards_and_reward_models_read_the_datasets_prompt_not_the_policys_text
                       source="old")
     assert reward_inputs(old, ["a"])[0] == ["<user>q<assistant>"]
 
+
+def test_a_numeric_answer_reaches_plugins_as_a_number_and_builtins_as_text(monkeypatch):
+    seen = {}
+
+    def int_match(completions, answer, level, **kwargs):
+        seen.update(answer=answer, level=level)
+        return [1.0 if int(c) == a else 0.0 for c, a in zip(completions, answer)]  # as TRL's examples compare
+
+    monkeypatch.setitem(sys.modules, "my_numbers", types.SimpleNamespace(int_match=int_match))
+    rows = _stored([{"prompt": "2+5?", "answer": 7, "level": 2}, {"prompt": "1/2?", "answer": 0.5, "level": 1.5},
+                    {"prompt": "say 3", "answer": "3", "level": None}])
+    r = compute_rewards([Fn(name="my_numbers:int_match"), Fn(name="exact_match"), Fn(name="gsm8k")], rows,
+                        ["7", "0", "3"])
+    assert seen["answer"] == [7, 0.5, "3"] and [type(a) for a in seen["answer"]] == [int, float, str]
+    assert seen["level"] == [2, 1.5, None]
+    assert r.per_function["my_numbers:int_match"] == [1.0, 0.0, 0.0]  # 3 != "3": the string stays a string
+    # The built-ins compare text: "7" == "7", "0" != "0.5".
+    assert r.per_function["exact_match"] == [1.0, 0.0, 1.0] and r.per_function["gsm8k"] == [1.0, 0.0, 1.0]
+    assert [row.answer for row in rows] == ["7", "0.5", "3"]
+

@@ -2,12 +2,14 @@
 
 ::
 
-    {"prompt_id": 17, "prompt": "...", "answer": "...", "source_prompt": "...", "columns": {}}
+    {"prompt_id": 17, "prompt": "...", "answer": "...", "source_prompt": "...", "source_answer": null,
+     "columns": {}}
 
 ``prompt_id`` is unique; it keys the response-length history and every sample's random
 stream. ``prompt`` is the exact text the policy is given (chat template and system prompt
 already applied, see ``chat.py``). ``answer`` is the reference used by the reward functions,
-by the warm-up on reference solutions and, in the first epoch, as the length prediction.
+by the warm-up on reference solutions and, in the first epoch, as the length prediction; as
+text (``source_answer`` keeps a numeric reference's value for the plug-in reward functions).
 ``source_prompt`` keeps the prompt as the dataset wrote it, a string or chat messages (the
 reward functions' ``prompts`` and the reward models' text), and ``columns`` the dataset's other
 columns. User files are read by ``sources.py`` and mapped by ``fields.py``; this module is the
@@ -38,6 +40,9 @@ class PromptRow(BaseModel):
     """The dataset's prompt as written, before the chat template and system prompt: a string or
     chat messages. None in a row built by hand or in a dataset stored before string prompts were
     kept (a row of either still loads); ``prompt`` then stands in for it."""
+    source_answer: int | float | None = None
+    """The dataset's reference when it is a number (``answer`` holds its text): plug-in reward
+    functions receive it as ``answer``, as TRL passes the column. None for a string reference."""
     columns: dict[str, Any] = {}
     """The dataset's other columns (JSON values), passed to the reward functions by name."""
 

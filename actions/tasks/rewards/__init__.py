@@ -11,9 +11,11 @@ to that); ``completions`` are strings for string prompts and ``[{"role": "assist
 "content": ...}]`` for chat prompts (TRL's conversational format); ``completion_ids`` the
 completions' token ids as trained (ending with the EOS id where the sample stopped, as in TRL);
 ``trainer_state`` a ``transformers.TrainerState`` (``actions/tasks/rewards/trainer_state.py``
-says which fields are filled); every other column of the dataset arrives as a keyword list, and ``answer`` is always
-the reference (``data.answer_key``). ``None`` means "not applicable to this row". An ``async``
-function is awaited (``calling.py``).
+says which fields are filled). Every other column of the dataset arrives as a
+keyword list with its JSON values, and ``answer`` is always the reference
+(``data.answer_key``) as the dataset wrote it: a number stays a number. The built-ins alone
+read the reference as text (``PromptRow.answer``). ``None`` means "not applicable to this row".
+An ``async`` function is awaited (``calling.py``).
 
 A row's reward is the weighted sum over the functions that apply to it (None counts as 0, as
 in TRL's nansum), plus the weighted scores of the reward models (``reward.models``, scored by
@@ -48,6 +50,7 @@ class RewardRow(Protocol):
     prompt: str
     answer: str
     source_prompt: Any
+    source_answer: Any
     columns: dict[str, Any]
 
 
@@ -92,13 +95,21 @@ def _builtin(name: str, pattern: str | None) -> Callable[..., list[float | None]
 def reward_inputs(rows: Sequence[RewardRow], texts: Sequence[str]) -> tuple[list, list, dict[str, list]]:
     """(prompts, completions, columns) in TRL's formats for rows and their completion texts: the
     dataset's prompts (``prompt``, the policy's text, where a stored row has no ``source_prompt``)
-    and its columns."""
+    and its columns, with ``answer`` the reference as the dataset wrote it."""
     prompts = [r.source_prompt if r.source_prompt is not None else r.prompt for r in rows]
     completions = [[{"role": "assistant", "content": t}] if isinstance(p, list) else t for p, t in zip(prompts, texts)]
     names = sorted({k for r in rows for k in r.columns} - set(RESERVED))
     columns = {k: [r.columns.get(k) for r in rows] for k in names}
-    columns["answer"] = [r.answer for r in rows]
+    columns["answer"] = [r.source_answer if r.source_answer is not None else r.answer for r in rows]
     return prompts, completions, columns
+
+
+def _call(spec: RewardSpec, fn: Callable, rows: Sequence[RewardRow], kwargs: dict[str, list], trainer_state: Any
+          ) -> list[float | None]:
+    """``call_reward`` with the reference as text for a built-in (a plug-in gets the dataset's value)."""
+    if ":" not in spec.name:
+        kwargs = kwargs | {"answer": [r.answer for r in rows]}
+    return call_reward(spec.name, fn, rows, kwargs, trainer_state)
 
 
 @dataclass(frozen=True)
@@ -134,7 +145,7 @@ def compute_rewards(specs: Sequence[RewardSpec], rows: Sequence[RewardRow], text
     per_function: dict[str, list[float | None]] = {}
     for spec in specs:
         fn = load_reward(spec.name, spec.pattern)
-        values = call_reward(spec.name, fn, rows, kwargs, trainer_state)
+        values = _call(spec, fn, rows, kwargs, trainer_state)
         per_function[spec.name] = values
         top = float(getattr(fn, "max_reward", 1.0))
         low = float(getattr(fn, "min_reward", 0.0))
@@ -172,4 +183,4 @@ def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow
             prompts, completions, columns = reward_inputs(sample, [r.answer for r in sample])
             ids = [list(encode(r.answer)) if encode else [] for r in sample]
             kwargs = {"prompts": prompts, "completions": completions, "completion_ids": ids, **columns}
-            call_reward(spec.name, fn, sample, kwargs, make_trainer_state(step=0, epoch=0.0, max_steps=0))
+            _call(spec, fn, sample, kwargs, make_trainer_state(step=0, epoch=0.0, max_steps=0))
