@@ -171,3 +171,37 @@ def test_a_numeric_answer_reaches_plugins_as_a_number_and_builtins_as_text(monke
     assert r.per_function["exact_match"] == [1.0, 0.0, 1.0] and r.per_function["gsm8k"] == [1.0, 0.0, 1.0]
     assert [row.answer for row in rows] == ["7", "0.5", "3"]
 
+
+def test_log_metric_values_are_kept_by_name_and_checked(monkeypatch):
+    from flows.step.metrics import reward_function_metrics
+
+    def logs(completions, log_metric, log_extra, **kwargs):
+        hits = [float(c == "a") for c in completions]
+        log_metric("accuracy/a", sum(hits) / len(hits))
+        log_metric("num_long", len([c for c in completions if len(c) > 1]))
+        log_extra("hit", hits)  # TRL's completions table: accepted, nothing to keep
+        return hits
+
+    def bad_name(completions, log_metric, **kwargs):
+        log_metric("my metric", 1.0)
+        return [0.0] * len(completions)
+
+    def bad_value(completions, log_metric, **kwargs):
+        log_metric("mean", float("nan"))
+        return [0.0] * len(completions)
+
+    module = types.SimpleNamespace(logs=logs, bad_name=bad_name, bad_value=bad_value)
+    monkeypatch.setitem(sys.modules, "my_logs", module)
+    rows = _rows(["a", "a"])
+    first = compute_rewards([Fn(name="my_logs:logs")], rows, ["a", "bb"])
+    assert first.total == [1.0, 0.0] and first.metrics == {"accuracy/a": [0.5], "num_long": [1.0]}
+    second = compute_rewards([Fn(name="my_logs:logs")], rows, ["a", "a"])
+    # Two score actions of one step: each name's mean over every call, as TRL's logging step.
+    assert reward_function_metrics([first.metrics, second.metrics]) == {"reward_fn/accuracy/a": 0.75,
+                                                                          "reward_fn/num_long": 0.5}
+    with pytest.raises(RewardFunctionError, match=r"'my_logs:bad_name' called log_metric with the name 'my metric'.*"
+                                                  "fix the name"):
+        compute_rewards([Fn(name="my_logs:bad_name")], rows, ["a", "b"])
+    with pytest.raises(RewardFunctionError, match=r"'my_logs:bad_value' logged nan \(float\) as metric 'mean'; "
+                                                  "log_metric takes one finite number"):
+        compute_rewards([Fn(name="my_logs:bad_value")], rows, ["a", "b"])
