@@ -246,6 +246,9 @@ class ScoreResult(_Msg):
     reward_mean: float
     reward_sum: float
     kl_mean: float
+    reward_metrics: dict[str, list[float]] = {}
+    """What the reward functions passed to TRL's ``log_metric`` on this shard: name -> values
+    in call order (the step's metrics average them, ``flows/step/metrics.py``)."""
 
 
 # ----------------------------------------------------------------------------- train

@@ -76,7 +76,7 @@ def validate_inputs(cfg: WorkloadConfig) -> None:
 
 
 def _validate_reward_models(cfg: WorkloadConfig, data: Datasets) -> None:
-    chat = any(r.source_prompt is not None for r in (*data.train, *data.evals))
+    chat = any(isinstance(r.source_prompt, list) for r in (*data.train, *data.evals))  # chat messages
     for i, m in enumerate(cfg.reward.models):
         validate_model_dir(m.path, field=f"reward.models[{i}].path")
         check_classifier(m.path, f"reward.models[{i}].path")

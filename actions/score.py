@@ -2,9 +2,10 @@
 
 Reads one or more rollout objects, scores every sample with the configured reward functions
 and reward models (``actions/tasks/rewards``; a function that fails raises
-``RewardFunctionError``, an application error that is not retried), and computes per-token log-probs under the sampling policy (the
-"old" policy of the PPO ratio) and under the frozen reference, plus the critic's values for PPO.
-Under LoRA the reference is the policy's own backbone with the adapter switched off.
+``RewardFunctionError``, an application error that is not retried; what the functions pass to
+``log_metric`` comes back in ``reward_metrics``), and computes per-token log-probs under the
+sampling policy (the "old" policy of the PPO ratio) and under the frozen reference, plus the
+critic's values for PPO. Under LoRA the reference is the policy's own backbone with the adapter switched off.
 Each forward runs only where the update needs it: no reference model without a KL term
 (``kl_coef: 0``), and no old log-probs where the update's own pass gives them (GRPO with one
 epoch of one mini-batch, ``update.needs_old_logp``). The policy's weights are loaded only for
@@ -109,7 +110,7 @@ def run_score(req: ScoreRequest) -> ScoreResult:
     kl = (masked_mean(kl_estimate(scored["old_logp"], scored["ref_logp"], req.algorithm.kl_kind), mask)
           if {"old_logp", "ref_logp"} <= set(scored) else 0.0)
     return ScoreResult(scored_key=req.output_key, num_samples=len(samples), reward_mean=float(rewards.mean()),
-                       reward_sum=float(rewards.sum()), kl_mean=float(kl))
+                       reward_sum=float(rewards.sum()), kl_mean=float(kl), reward_metrics=scored_rewards.metrics)
 
 
 def main(args: dict) -> dict:

@@ -68,13 +68,14 @@ class _ChatTokenizer:
 def test_chat_formatting_and_system_prompt():
     records = [(1, {"prompt": [{"role": "user", "content": "hi"}], "answer": "a"}), (2, {"prompt": "yo", "answer": "b"})]
     rows, _ = to_rows(records, FieldMap(), source="f")
-    assert rows[0].source_prompt == [{"role": "user", "content": "hi"}] and rows[1].source_prompt is None
+    assert rows[0].source_prompt == [{"role": "user", "content": "hi"}] and rows[1].source_prompt == "yo"
     tok = _ChatTokenizer()
     assert uses_template(tok, "auto", "m") and not uses_template(tok, False, "m") and not uses_template(None, "auto", "m")
     with pytest.raises(ValueError, match="data.chat_template is true"):
         uses_template(None, True, "the tiny default model")
     out = format_rows(rows, tok, use_template=True, system_prompt="be brief", source="f")
     assert [r.prompt for r in out] == ["<system>be brief<user>hi<assistant>", "<system>be brief<user>yo<assistant>"]
+    assert [r.source_prompt for r in out] == [rows[0].source_prompt, "yo"]  # the dataset's, for the rewards
     raw = format_rows(rows[1:], None, use_template=False, system_prompt="be brief", source="f")
     assert raw[0].prompt == "be brief\nyo"
     with pytest.raises(ValueError, match="f: row 1 .* chat messages"):

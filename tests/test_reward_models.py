@@ -96,11 +96,13 @@ def test_reward_model_scores_batched_as_alone_and_loads_once(tmp_path, reward_mo
 
 def test_campaign_scored_by_reward_model_and_trl_function(tmp_path, reward_model, prefect_harness, capsys):
     """2 steps on the tiny Qwen2 folder: a reward model plus a TRL-style function that reads
-    completion_ids and trainer_state; the reward moves and every step is scored by both."""
+    completion_ids and trainer_state; the reward moves and every step is scored by both. The
+    function gets the dataset's prompts and numeric answers (the policy reads them through its
+    chat template), and what it passes to log_metric is in each step's metrics."""
     from flows.commands.cli import main
 
     policy = write_tiny_model_dir(tmp_path / "qwen2", "qwen2").path
-    rows = [{"prompt": f"Add {a} and {b}.", "answer": str(a + b)} for a in range(4) for b in range(4)]
+    rows = [{"prompt": f"Add {a} and {b}.", "answer": a + b} for a in range(4) for b in range(4)]
     for name, part in (("train", rows[:12]), ("eval", rows[12:])):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
     cfg = {"model": {"path": str(policy)},
@@ -112,6 +114,7 @@ def test_campaign_scored_by_reward_model_and_trl_function(tmp_path, reward_model
            "invoker": {"kind": "inprocess"}, "steps": 2, "eval_every": 0}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     trl_style_rewards.SEEN.clear()
+    trl_style_rewards.SEEN_INPUTS.clear()
     assert main(["train", "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "run")]) == 0, \
         capsys.readouterr()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -127,6 +130,10 @@ def test_campaign_scored_by_reward_model_and_trl_function(tmp_path, reward_model
     seen = trl_style_rewards.SEEN
     assert seen[0] == (0, 0.0, 0)  # the start-up check
     assert {(s, e) for s, e, m in seen[1:] if m == 2} >= {(0, 0.0), (1, 4 / 12)}  # steps 0 and 1, 4 of 12 prompts a step
+    written = {(r["prompt"], r["answer"]) for r in rows}
+    assert trl_style_rewards.SEEN_INPUTS and set(trl_style_rewards.SEEN_INPUTS) <= written
+    assert all(type(a) is int for _, a in trl_style_rewards.SEEN_INPUTS)
+    assert all(0.0 <= s["reward_fn/even_share"] <= 1.0 for s in summary["steps"])
 
     # the trained policy leaves the store: the exported folder gives the committed version's logits
     from transformers import AutoModelForCausalLM

@@ -99,3 +99,109 @@ def test_a_reward_that_raises_mid_campaign_fails_the_step_once(tiny_config, pref
     # (the set-up's prepare, the campaign-start engine profile and its noop probes aside).
     assert [c for c in calls if c not in ("prepare", "profile", "noop")] == ["warmup", "evaluate"]
     assert calls[-1] == "evaluate"
+
+
+class _ChatTokenizer:
+    """ChatML-like text from messages, as a policy's or a reward model's tokenizer writes it."""
+
+    chat_template = "{{ messages }}"
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt=False):
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + ("<assistant>" if add_generation_prompt
+                                                                            else "")
+
+
+def _stored(records: list[dict], *, system_prompt: str | None = None) -> list[PromptRow]:
+    """Rows as the score action reads them: mapped, formatted for a chat-template policy and
+    round-tripped through the stored dataset's format."""
+    from actions.tasks.chat import format_rows
+    from actions.tasks.dataset import parse_jsonl, rows_to_jsonl
+    from actions.tasks.fields import FieldMap, to_rows
+
+    rows, _ = to_rows(list(enumerate(records, start=1)), FieldMap(), source="f")
+    rows = format_rows(rows, _ChatTokenizer(), use_template=True, system_prompt=system_prompt, source="f")
+    return parse_jsonl(rows_to_jsonl(rows), source="stored")
+
+
+def test_rewards_and_reward_models_read_the_datasets_prompt_not_the_policys_text(monkeypatch):
+    from actions.tasks.dataset import parse_jsonl
+    from actions.tasks.rewards import reward_inputs
+    from actions.tasks.rewards.model_scoring import reward_texts
+
+    seen = {}
+
+    def record(prompts, completions, **kwargs):
+        seen["prompts"] = prompts
+        return [0.0] * len(prompts)
+
+    monkeypatch.setitem(sys.modules, "my_prompts", types.SimpleNamespace(record=record))
+    chat = [{"role": "user", "content": "hi"}]
+    rows = _stored([{"prompt": "What is 2+2?", "answer": "4"}, {"prompt": chat, "answer": "5"}],
+                   system_prompt="Be brief.")
+    # The policy generates from the templated text; TRL's reward functions get the dataset's prompt.
+    assert rows[0].prompt == "<system>Be brief.<user>What is 2+2?<assistant>"
+    compute_rewards([Fn(name="my_prompts:record")], rows, ["4", "5"])
+    assert seen["prompts"] == ["What is 2+2?", chat]
+    # A reward model with chat_template: true templates the dataset's prompt once, as the user's turn.
+    prompts, completions, _ = reward_inputs(rows, ["4", "5"])
+    assert reward_texts(_ChatTokenizer(), True, prompts, completions) == [
+        "<user>What is 2+2?<assistant>4", "<user>hi<assistant>5"]
+    # A dataset stored before string prompts were kept: its prompt stands in.
+    old = parse_jsonl(b'{"prompt_id": 1, "prompt": "<user>q<assistant>", "answer": "a", "source_prompt": null}\n',
+                      source="old")
+    assert reward_inputs(old, ["a"])[0] == ["<user>q<assistant>"]
+
+
+def test_a_numeric_answer_reaches_plugins_as_a_number_and_builtins_as_text(monkeypatch):
+    seen = {}
+
+    def int_match(completions, answer, level, **kwargs):
+        seen.update(answer=answer, level=level)
+        return [1.0 if int(c) == a else 0.0 for c, a in zip(completions, answer)]  # as TRL's examples compare
+
+    monkeypatch.setitem(sys.modules, "my_numbers", types.SimpleNamespace(int_match=int_match))
+    rows = _stored([{"prompt": "2+5?", "answer": 7, "level": 2}, {"prompt": "1/2?", "answer": 0.5, "level": 1.5},
+                    {"prompt": "say 3", "answer": "3", "level": None}])
+    r = compute_rewards([Fn(name="my_numbers:int_match"), Fn(name="exact_match"), Fn(name="gsm8k")], rows,
+                        ["7", "0", "3"])
+    assert seen["answer"] == [7, 0.5, "3"] and [type(a) for a in seen["answer"]] == [int, float, str]
+    assert seen["level"] == [2, 1.5, None]
+    assert r.per_function["my_numbers:int_match"] == [1.0, 0.0, 0.0]  # 3 != "3": the string stays a string
+    # The built-ins compare text: "7" == "7", "0" != "0.5".
+    assert r.per_function["exact_match"] == [1.0, 0.0, 1.0] and r.per_function["gsm8k"] == [1.0, 0.0, 1.0]
+    assert [row.answer for row in rows] == ["7", "0.5", "3"]
+
+
+def test_log_metric_values_are_kept_by_name_and_checked(monkeypatch):
+    from flows.step.metrics import reward_function_metrics
+
+    def logs(completions, log_metric, log_extra, **kwargs):
+        hits = [float(c == "a") for c in completions]
+        log_metric("accuracy/a", sum(hits) / len(hits))
+        log_metric("num_long", len([c for c in completions if len(c) > 1]))
+        log_extra("hit", hits)  # TRL's completions table: accepted, nothing to keep
+        return hits
+
+    def bad_name(completions, log_metric, **kwargs):
+        log_metric("my metric", 1.0)
+        return [0.0] * len(completions)
+
+    def bad_value(completions, log_metric, **kwargs):
+        log_metric("mean", float("nan"))
+        return [0.0] * len(completions)
+
+    module = types.SimpleNamespace(logs=logs, bad_name=bad_name, bad_value=bad_value)
+    monkeypatch.setitem(sys.modules, "my_logs", module)
+    rows = _rows(["a", "a"])
+    first = compute_rewards([Fn(name="my_logs:logs")], rows, ["a", "bb"])
+    assert first.total == [1.0, 0.0] and first.metrics == {"accuracy/a": [0.5], "num_long": [1.0]}
+    second = compute_rewards([Fn(name="my_logs:logs")], rows, ["a", "a"])
+    # Two score actions of one step: each name's mean over every call, as TRL's logging step.
+    assert reward_function_metrics([first.metrics, second.metrics]) == {"reward_fn/accuracy/a": 0.75,
+                                                                          "reward_fn/num_long": 0.5}
+    with pytest.raises(RewardFunctionError, match=r"'my_logs:bad_name' called log_metric with the name 'my metric'.*"
+                                                  "fix the name"):
+        compute_rewards([Fn(name="my_logs:bad_name")], rows, ["a", "b"])
+    with pytest.raises(RewardFunctionError, match=r"'my_logs:bad_value' logged nan \(float\) as metric 'mean'; "
+                                                  "log_metric takes one finite number"):
+        compute_rewards([Fn(name="my_logs:bad_value")], rows, ["a", "b"])

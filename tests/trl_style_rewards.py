@@ -1,13 +1,19 @@
 """A TRL-style reward function for the campaign of ``tests/test_reward_models.py``: it reads
-``completion_ids`` and ``trainer_state`` and records what it saw."""
+``prompts``, ``answer``, ``completion_ids`` and ``trainer_state``, logs a metric and records
+what it saw."""
 
 SEEN = []
+SEEN_INPUTS = []
+"""(prompt, answer) of every row scored."""
 
 
-def even_token_reward(completions, completion_ids, trainer_state, **kwargs):
+def even_token_reward(prompts, completions, completion_ids, trainer_state, answer, log_metric, **kwargs):
     """The share of a completion's tokens with an even id."""
     SEEN.append((trainer_state.global_step, trainer_state.epoch, trainer_state.max_steps))
-    return [sum(1 for t in ids if t % 2 == 0) / max(1, len(ids)) for ids in completion_ids]
+    SEEN_INPUTS.extend(zip(prompts, answer))
+    shares = [sum(1 for t in ids if t % 2 == 0) / max(1, len(ids)) for ids in completion_ids]
+    log_metric("even_share", sum(shares) / len(shares))
+    return shares
 
 
 def never_applies(completions, **kwargs):

@@ -9,7 +9,8 @@
 With a template, a string prompt becomes one user message, ``data.system_prompt`` (if set) is
 put first unless the prompt already starts with a system message, and the generation prompt
 (the assistant turn's header) is appended: the completion starts right after it. Without one,
-the system prompt and the prompt are joined by a newline.
+the system prompt and the prompt are joined by a newline. Either way ``source_prompt`` keeps the
+dataset's prompt as written: the reward functions and reward models read that, as TRL's do.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ ChatMode = Literal["auto"] | bool
 
 def needs_tokenizer(rows: Sequence[PromptRow], mode: ChatMode) -> bool:
     """Whether formatting must look at the tokenizer (raw text needs none)."""
-    return mode is not False and (mode is True or any(r.source_prompt is not None for r in rows) or mode == "auto")
+    chat = any(isinstance(r.source_prompt, list) for r in rows)
+    return mode is not False and (mode is True or chat or mode == "auto")
 
 
 def uses_template(tokenizer: Any, mode: ChatMode, model_name: str) -> bool:
@@ -38,19 +40,21 @@ def uses_template(tokenizer: Any, mode: ChatMode, model_name: str) -> bool:
 
 def format_rows(rows: Sequence[PromptRow], tokenizer: Any, *, use_template: bool, system_prompt: str | None,
                 source: str) -> list[PromptRow]:
-    """Rows whose ``prompt`` is the final text (see the module docstring)."""
+    """Rows whose ``prompt`` is the final text and whose ``source_prompt`` is the dataset's
+    prompt (see the module docstring)."""
     out = []
     for number, row in enumerate(rows, start=1):
+        written = row.source_prompt if row.source_prompt is not None else row.prompt
         if use_template:
-            messages = list(row.source_prompt or [{"role": "user", "content": row.prompt}])
+            messages = list(written) if isinstance(written, list) else [{"role": "user", "content": written}]
             if system_prompt and messages[0]["role"] != "system":
                 messages.insert(0, {"role": "system", "content": system_prompt})
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        elif row.source_prompt is not None:
+        elif isinstance(written, list):
             raise ValueError(f"{source}: row {number} (prompt_id {row.prompt_id}) is a list of chat messages but no "
                              "chat template is used; set data.chat_template to auto or true with a model whose "
                              "tokenizer has a chat template, or give string prompts")
         else:
-            text = f"{system_prompt}\n{row.prompt}" if system_prompt else row.prompt
-        out.append(row.model_copy(update={"prompt": text}))
+            text = f"{system_prompt}\n{written}" if system_prompt else written
+        out.append(row.model_copy(update={"prompt": text, "source_prompt": written}))
     return out

@@ -2,15 +2,18 @@
 
 ::
 
-    {"prompt_id": 17, "prompt": "...", "answer": "...", "source_prompt": null, "columns": {}}
+    {"prompt_id": 17, "prompt": "...", "answer": "...", "source_prompt": "...", "source_answer": null,
+     "columns": {}}
 
 ``prompt_id`` is unique; it keys the response-length history and every sample's random
 stream. ``prompt`` is the exact text the policy is given (chat template and system prompt
 already applied, see ``chat.py``). ``answer`` is the reference used by the reward functions,
-by the warm-up on reference solutions and, in the first epoch, as the length prediction.
-``source_prompt`` keeps a chat-message prompt as the dataset wrote it (the reward functions'
-``prompts``), and ``columns`` the dataset's other columns. User files are read by
-``sources.py`` and mapped by ``fields.py``; this module is the store's own format.
+by the warm-up on reference solutions and, in the first epoch, as the length prediction; as
+text (``source_answer`` keeps a numeric reference's value for the plug-in reward functions).
+``source_prompt`` keeps the prompt as the dataset wrote it, a string or chat messages (the
+reward functions' ``prompts`` and the reward models' text), and ``columns`` the dataset's other
+columns. User files are read by ``sources.py`` and mapped by ``fields.py``; this module is the
+store's own format.
 """
 
 from __future__ import annotations
@@ -33,8 +36,13 @@ class PromptRow(BaseModel):
     prompt_id: int
     prompt: str
     answer: str
-    source_prompt: list[dict[str, str]] | None = None
-    """The dataset's chat-message prompt; None when the dataset gave a string (``prompt``)."""
+    source_prompt: str | list[dict[str, str]] | None = None
+    """The dataset's prompt as written, before the chat template and system prompt: a string or
+    chat messages. None in a row built by hand or in a dataset stored before string prompts were
+    kept (a row of either still loads); ``prompt`` then stands in for it."""
+    source_answer: int | float | None = None
+    """The dataset's reference when it is a number (``answer`` holds its text): plug-in reward
+    functions receive it as ``answer``, as TRL passes the column. None for a string reference."""
     columns: dict[str, Any] = {}
     """The dataset's other columns (JSON values), passed to the reward functions by name."""
 

@@ -1,10 +1,12 @@
 """From dataset rows to prompt rows: which key holds the prompt, the answer and the id.
 
 ``prompt_key`` holds a non-empty string or a non-empty list of chat messages
-(``{"role": str, "content": str}``); ``answer_key`` a string (numbers are accepted and written
-as text: some datasets store final answers as numbers). ``id_key`` (optional) holds an int, or
-a string that is hashed to one; without it a ``prompt_id`` column is used when present, else
-the id is a hash of the row's prompt and answer, so the same row gets the same id in every run.
+(``{"role": str, "content": str}``), kept as written in ``source_prompt``; ``answer_key`` a
+string or a number (some datasets store final answers as numbers): ``answer`` is its text, and
+a number is also kept as it is in ``source_answer`` for the plug-in reward functions.
+``id_key`` (optional) holds an int, or a string that is hashed to one; without it a
+``prompt_id`` column is used when present, else the id is a hash of the row's prompt and
+answer, so the same row gets the same id in every run.
 Every other column is kept for the reward functions.
 
 Rows whose prompt and answer are identical to an earlier row's are dropped (counted); two
@@ -66,7 +68,8 @@ def to_rows(records: Sequence[Record], fields: FieldMap, *, source: str) -> tupl
     for number, rec in records:
         where = f"{source}:{number}"
         prompt = _prompt(rec, fields.prompt_key, where)
-        answer = _answer(rec, fields.answer_key, where)
+        value = _answer(rec, fields.answer_key, where)
+        answer = value if isinstance(value, str) else str(value)
         pid = _row_id(rec, id_key, where) if id_key else content_id(prompt, answer)
         if pid in seen:
             first, p0, a0 = seen[pid]
@@ -79,7 +82,8 @@ def to_rows(records: Sequence[Record], fields: FieldMap, *, source: str) -> tupl
         columns = {k: _jsonable(v) for k, v in rec.items() if k not in (fields.prompt_key, id_key)
                    and not (k == fields.answer_key == "answer")}
         rows.append(PromptRow(prompt_id=pid, prompt=prompt if isinstance(prompt, str) else "", answer=answer,
-                              source_prompt=None if isinstance(prompt, str) else prompt, columns=columns))
+                              source_prompt=prompt, source_answer=None if isinstance(value, str) else value,
+                              columns=columns))
     return rows, stats
 
 
@@ -104,7 +108,7 @@ def _prompt(rec: dict[str, Any], key: str, where: str) -> str | list[dict[str, s
                      "string or a list of chat messages")
 
 
-def _answer(rec: dict[str, Any], key: str, where: str) -> str:
+def _answer(rec: dict[str, Any], key: str, where: str) -> str | int | float:
     if key not in rec:
         raise ValueError(f"{where}: key {key!r} is missing (row keys: {', '.join(sorted(rec)[:8])}); every row needs "
                          "a reference answer: set data.answer_key to the column holding it")
@@ -112,7 +116,7 @@ def _answer(rec: dict[str, Any], key: str, where: str) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ValueError(f"{where}: key {key!r} is {_short(value)} ({type(value).__name__}); the reference answer "
                          "must be a string or a number")
-    return value if isinstance(value, str) else str(value)
+    return value
 
 
 def _row_id(rec: dict[str, Any], key: str, where: str) -> int:

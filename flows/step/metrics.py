@@ -36,6 +36,8 @@ BILLED = "cost/billed_gpu_seconds"
 USEFUL = "cost/gpu_seconds"
 USD = "cost/usd"
 PREDICTED_GENERATE = "plan/predicted_generate_s"
+REWARD_LOGGED = "reward_fn/"
+"""Prefix of what the reward functions passed to ``log_metric`` (``reward_fn/<name>``)."""
 
 
 def timing_key(phase: str) -> str:
@@ -158,8 +160,23 @@ def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_acto
     }
     m.update(engine_metrics([g.engine_events for g in gens]))
     m.update(step_spec_metrics(g.spec for g in gens))
+    m.update(reward_function_metrics([s.reward_metrics for s in out.score]))
     m.update({k: float(v) for k, v in out.train.metrics.items()})
     return m
+
+
+def reward_function_metrics(logged: Sequence[Mapping[str, Sequence[float]]]) -> dict[str, float]:
+    """The step's ``log_metric`` values, one mean per name over every call of every score
+    action (TRL averages a name's values over its logging step), as ``reward_fn/<name>``.
+
+    >>> reward_function_metrics([{"hits": [1.0, 0.0]}, {"hits": [0.5], "len": [3.0]}])
+    {'reward_fn/hits': 0.5, 'reward_fn/len': 3.0}
+    """
+    values: dict[str, list[float]] = {}
+    for shard in logged:
+        for name, vs in shard.items():
+            values.setdefault(name, []).extend(vs)
+    return {REWARD_LOGGED + name: sum(vs) / len(vs) for name, vs in sorted(values.items()) if vs}
 
 
 def engine_metrics(events: Sequence[EngineEvents]) -> dict[str, float]:

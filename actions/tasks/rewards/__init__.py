@@ -3,16 +3,20 @@
 Every reward function has TRL's signature, so existing TRL reward functions work unchanged::
 
     fn(prompts: list, completions: list, completion_ids: list[list[int]], trainer_state,
-       **columns) -> list[float | None]
+       log_extra, log_metric, **columns) -> list[float | None]
 
-``prompts`` are the dataset's prompts as written there (a string, or a list of chat messages);
-``completions`` are strings for string prompts and ``[{"role": "assistant", "content": ...}]``
-for chat prompts (TRL's conversational format); ``completion_ids`` the completions' token ids
-as trained (ending with the EOS id where the sample stopped, as in TRL); ``trainer_state`` a
-``transformers.TrainerState`` (``actions/tasks/rewards/trainer_state.py`` says which fields are
-filled); every other column of the dataset arrives as a keyword list, and ``answer`` is always
-the reference (``data.answer_key``). ``None`` means "not applicable to this row". An ``async``
-function is awaited (``calling.py``).
+``prompts`` are the dataset's prompts as written there (a string, or a list of chat messages),
+not the text the policy reads (``chat.py`` applies the chat template and ``data.system_prompt``
+to that); ``completions`` are strings for string prompts and ``[{"role": "assistant",
+"content": ...}]`` for chat prompts (TRL's conversational format); ``completion_ids`` the
+completions' token ids as trained (ending with the EOS id where the sample stopped, as in TRL);
+``trainer_state`` a ``transformers.TrainerState`` (``actions/tasks/rewards/trainer_state.py``
+says which fields are filled); ``log_metric(name, value)`` and ``log_extra(column, values)``
+TRL's logging callables (``calling.py``). Every other column of the dataset arrives as a
+keyword list with its JSON values, and ``answer`` is always the reference
+(``data.answer_key``) as the dataset wrote it: a number stays a number. The built-ins alone
+read the reference as text (``PromptRow.answer``). ``None`` means "not applicable to this row".
+An ``async`` function is awaited (``calling.py``).
 
 A row's reward is the weighted sum over the functions that apply to it (None counts as 0, as
 in TRL's nansum), plus the weighted scores of the reward models (``reward.models``, scored by
@@ -47,6 +51,7 @@ class RewardRow(Protocol):
     prompt: str
     answer: str
     source_prompt: Any
+    source_answer: Any
     columns: dict[str, Any]
 
 
@@ -89,13 +94,23 @@ def _builtin(name: str, pattern: str | None) -> Callable[..., list[float | None]
 
 
 def reward_inputs(rows: Sequence[RewardRow], texts: Sequence[str]) -> tuple[list, list, dict[str, list]]:
-    """(prompts, completions, columns) in TRL's formats for rows and their completion texts."""
+    """(prompts, completions, columns) in TRL's formats for rows and their completion texts: the
+    dataset's prompts (``prompt``, the policy's text, where a stored row has no ``source_prompt``)
+    and its columns, with ``answer`` the reference as the dataset wrote it."""
     prompts = [r.source_prompt if r.source_prompt is not None else r.prompt for r in rows]
     completions = [[{"role": "assistant", "content": t}] if isinstance(p, list) else t for p, t in zip(prompts, texts)]
     names = sorted({k for r in rows for k in r.columns} - set(RESERVED))
     columns = {k: [r.columns.get(k) for r in rows] for k in names}
-    columns["answer"] = [r.answer for r in rows]
+    columns["answer"] = [r.source_answer if r.source_answer is not None else r.answer for r in rows]
     return prompts, completions, columns
+
+
+def _call(spec: RewardSpec, fn: Callable, rows: Sequence[RewardRow], kwargs: dict[str, list], trainer_state: Any,
+          metrics: dict[str, list[float]] | None = None) -> list[float | None]:
+    """``call_reward`` with the reference as text for a built-in (a plug-in gets the dataset's value)."""
+    if ":" not in spec.name:
+        kwargs = kwargs | {"answer": [r.answer for r in rows]}
+    return call_reward(spec.name, fn, rows, kwargs, trainer_state, metrics)
 
 
 @dataclass(frozen=True)
@@ -107,6 +122,8 @@ class Rewards:
     per_function: dict[str, list[float | None]]
     applicable: list[bool] = field(default_factory=list)
     """Per row: did any function or reward model score it (False: every reward was None)."""
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+    """What the functions passed to ``log_metric``: name -> values, in call order."""
 
 
 def compute_rewards(specs: Sequence[RewardSpec], rows: Sequence[RewardRow], texts: Sequence[str], *,
@@ -120,7 +137,8 @@ def compute_rewards(specs: Sequence[RewardSpec], rows: Sequence[RewardRow], text
         model_scores: reward-model name -> (weight, one score per row), added to the totals.
 
     Raises:
-        RewardFunctionError: a function raised or returned the wrong length/type (names it and the row).
+        RewardFunctionError: a function raised, returned the wrong length/type (names it and the
+            row) or logged a bad metric (names it and the metric).
     """
     prompts, completions, columns = reward_inputs(rows, texts)
     ids = [list(c) for c in completion_ids] if completion_ids is not None else [[] for _ in rows]
@@ -129,9 +147,10 @@ def compute_rewards(specs: Sequence[RewardSpec], rows: Sequence[RewardRow], text
     best = [0.0] * len(rows)
     applicable = [False] * len(rows)
     per_function: dict[str, list[float | None]] = {}
+    metrics: dict[str, list[float]] = {}
     for spec in specs:
         fn = load_reward(spec.name, spec.pattern)
-        values = call_reward(spec.name, fn, rows, kwargs, trainer_state)
+        values = _call(spec, fn, rows, kwargs, trainer_state, metrics)
         per_function[spec.name] = values
         top = float(getattr(fn, "max_reward", 1.0))
         low = float(getattr(fn, "min_reward", 0.0))
@@ -145,7 +164,7 @@ def compute_rewards(specs: Sequence[RewardSpec], rows: Sequence[RewardRow], text
         for i, v in enumerate(scores):
             total[i] += weight * v
             applicable[i] = True
-    return Rewards(total=total, best=best, per_function=per_function, applicable=applicable)
+    return Rewards(total=total, best=best, per_function=per_function, applicable=applicable, metrics=metrics)
 
 
 def is_best(rewards: Rewards, tolerance: float = 1e-9) -> list[bool]:
@@ -169,4 +188,4 @@ def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow
             prompts, completions, columns = reward_inputs(sample, [r.answer for r in sample])
             ids = [list(encode(r.answer)) if encode else [] for r in sample]
             kwargs = {"prompts": prompts, "completions": completions, "completion_ids": ids, **columns}
-            call_reward(spec.name, fn, sample, kwargs, make_trainer_state(step=0, epoch=0.0, max_steps=0))
+            _call(spec, fn, sample, kwargs, make_trainer_state(step=0, epoch=0.0, max_steps=0))

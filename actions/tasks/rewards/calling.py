@@ -1,8 +1,16 @@
 """Calling one reward function with TRL's keywords, sync or async, and checking what it returns.
 
-TRL calls ``fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns)``
-and accepts a coroutine function as well (``async def``): its result is awaited here, in an
-event loop of its own (an action runs no loop; a caller that does gets a worker thread).
+TRL calls ``fn(prompts=..., completions=..., completion_ids=..., trainer_state=...,
+log_extra=..., log_metric=..., **columns)`` and accepts a coroutine function as well
+(``async def``): its result is awaited here, in an event loop of its own (an action runs no
+loop; a caller that does gets a worker thread).
+
+``log_metric(name: str, value: float)`` records a scalar; TRL averages a name's values over its
+logging step, and the step's metrics here do the same (``reward_fn/<name>``,
+``flows/step/metrics.py``). Names and values are checked once the call returns.
+``log_extra(column: str, values: list)`` adds a column of one value per completion to TRL's
+table of sampled completions; there is no such table here, so it is accepted and its values
+dropped.
 """
 
 from __future__ import annotations
@@ -11,11 +19,16 @@ import asyncio
 import concurrent.futures
 import inspect
 import math
+import numbers
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-RESERVED = ("answer", "prompts", "completions", "completion_ids", "trainer_state")
+RESERVED = ("answer", "prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
 """Keyword names the call fills itself: a dataset column of that name does not reach the function."""
+
+METRIC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,99}")
+"""A ``log_metric`` name: it becomes part of a metric's name in summary.json and the trackers."""
 
 
 class RewardFunctionError(ValueError):
@@ -40,23 +53,31 @@ def _await(value: Any) -> Any:
         return pool.submit(asyncio.run, wait()).result()
 
 
-def _invoke(fn: Callable, kwargs: dict[str, Any], trainer_state: Any) -> Any:
-    return _await(fn(**kwargs, trainer_state=trainer_state))
+def log_extra(column: str, values: list) -> None:
+    """TRL's ``log_extra``: a column for its table of sampled completions, which is not kept here."""
 
 
-def call_reward(name: str, fn: Callable, rows: Sequence[Any], kwargs: dict[str, list], trainer_state: Any
-                ) -> list[float | None]:
+def _invoke(fn: Callable, kwargs: dict[str, Any], trainer_state: Any,
+            log_metric: Callable[[str, float], None]) -> Any:
+    return _await(fn(**kwargs, trainer_state=trainer_state, log_extra=log_extra, log_metric=log_metric))
+
+
+def call_reward(name: str, fn: Callable, rows: Sequence[Any], kwargs: dict[str, list], trainer_state: Any,
+                metrics: dict[str, list[float]] | None = None) -> list[float | None]:
     """``fn``'s reward per row: one float or None each.
 
     Args:
         kwargs: ``prompts``, ``completions``, ``completion_ids`` and the columns, one list entry per row.
+        metrics: receives what ``fn`` passed to ``log_metric``: name -> values in call order
+            (appended to; None: checked, then dropped).
 
     Raises:
-        RewardFunctionError: it raised (naming the first row it raises on alone) or returned the
-            wrong number or type of values.
+        RewardFunctionError: it raised (naming the first row it raises on alone), returned the
+            wrong number or type of values, or logged a metric with a bad name or value.
     """
+    logged: list[tuple[Any, Any]] = []
     try:
-        values = _invoke(fn, kwargs, trainer_state)
+        values = _invoke(fn, kwargs, trainer_state, lambda metric, value: logged.append((metric, value)))
     except Exception as exc:
         raise RewardFunctionError(f"reward function {name!r} raised {type(exc).__name__}: {exc} "
                                   f"on prompt_id {_failing_row(fn, rows, kwargs, trainer_state)}; "
@@ -71,6 +92,25 @@ def call_reward(name: str, fn: Callable, rows: Sequence[Any], kwargs: dict[str, 
             raise RewardFunctionError(f"reward function {name!r} returned {v!r} for prompt_id {row.prompt_id}; "
                                       "return a finite float or None per completion")
         out.append(None if v is None else float(v))
+    for metric, value in _checked_metrics(name, logged):
+        if metrics is not None:
+            metrics.setdefault(metric, []).append(value)
+    return out
+
+
+def _checked_metrics(name: str, logged: Sequence[tuple[Any, Any]]) -> list[tuple[str, float]]:
+    """``log_metric``'s (name, value) pairs as (str, float). Raises RewardFunctionError at the first bad one."""
+    out = []
+    for metric, value in logged:
+        if not isinstance(metric, str) or not METRIC_NAME.fullmatch(metric):
+            raise RewardFunctionError(
+                f"reward function {name!r} called log_metric with the name {metric!r}; a metric name is a string "
+                "of 1-100 letters, digits and _ . / - that starts with a letter, digit or _: fix the name")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise RewardFunctionError(
+                f"reward function {name!r} logged {value!r} ({type(value).__name__}) as metric {metric!r}; "
+                "log_metric takes one finite number (a tensor: pass value.item())")
+        out.append((metric, float(value)))
     return out
 
 
@@ -78,7 +118,8 @@ def _failing_row(fn: Callable, rows: Sequence[Any], kwargs: dict[str, list], tra
     """The first row on which ``fn`` raises alone (the batch call does not say which)."""
     for i, row in enumerate(rows):
         try:
-            _invoke(fn, {k: [v[i]] for k, v in kwargs.items()}, trainer_state)
+            # these calls only locate the row: what they log is not part of any step's metrics
+            _invoke(fn, {k: [v[i]] for k, v in kwargs.items()}, trainer_state, lambda metric, value: None)
         except Exception:
             return f"{row.prompt_id} (row {i} of the batch)"
     return "? (it raised only on the whole batch)"
