@@ -158,10 +158,9 @@ def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_acto
         # records ``timing_s/overhead`` = period - work (flows/campaign/overhead.py)
         timing_key("work"): _critical_busy(records) + timing_plan + timing_commit,
     }
-    m.update(engine_metrics([g.engine_events for g in gens]))
-    m.update(step_spec_metrics(g.spec for g in gens))
-    m.update(reward_function_metrics([s.reward_metrics for s in out.score]))
-    m.update({k: float(v) for k, v in out.train.metrics.items()})
+    for part in (engine_metrics([g.engine_events for g in gens]), step_spec_metrics(g.spec for g in gens),
+                 reward_function_metrics([s.reward_metrics for s in out.score]), out.train.metrics):
+        m.update({k: float(v) for k, v in part.items()})
     return m
 
 
