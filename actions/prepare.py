@@ -29,8 +29,9 @@ from actions.runtime.adapter import run_action
 from actions.store import ObjectStore, open_store, put_artifact, put_json
 from actions.tasks import get_task
 from actions.tasks.build import Datasets, build_datasets
+from actions.tasks.chat import has_chat_prompts
 from actions.tasks.dataset import DATASET_FILE, rows_to_jsonl
-from actions.tasks.rewards.model_files import check_classifier, check_tokenizer, folder_files
+from actions.tasks.rewards.model_files import check_classifier, check_tokenizer, folder_files, load_tokenizer
 
 # torch and transformers are imported inside prepare(): validate_inputs runs at the CLI and
 # answers bad input in well under a second.
@@ -42,14 +43,7 @@ def _tokenizer_source(cfg: WorkloadConfig) -> Callable[[], Any]:
     def load() -> Any:
         if cfg.model.path:
             validate_model_dir(cfg.model.path)
-            from transformers import AutoTokenizer
-
-            try:
-                return AutoTokenizer.from_pretrained(cfg.model.path)
-            except Exception as exc:  # tokenizer files of every kind of damage
-                raise ValueError(f"model.path {cfg.model.path!r}: the tokenizer cannot be loaded ({type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0] if str(exc) else ''}); save it again with "
-                                 "save_pretrained") from None
+            return load_tokenizer(cfg.model.path, "model.path")
         from actions.models.modeling import build_char_tokenizer
 
         return build_char_tokenizer(get_task(cfg.data.task).extra_chars)
@@ -76,7 +70,7 @@ def validate_inputs(cfg: WorkloadConfig) -> None:
 
 
 def _validate_reward_models(cfg: WorkloadConfig, data: Datasets) -> None:
-    chat = any(isinstance(r.source_prompt, list) for r in (*data.train, *data.evals))  # chat messages
+    chat = has_chat_prompts([*data.train, *data.evals])
     for i, m in enumerate(cfg.reward.models):
         validate_model_dir(m.path, field=f"reward.models[{i}].path")
         check_classifier(m.path, f"reward.models[{i}].path")

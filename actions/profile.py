@@ -20,6 +20,7 @@ import time
 import torch
 
 from actions.engines.sampling import fused_for
+from actions.engines.torch_engine import decode_path
 from actions.models.device import action_device, action_dtype
 from actions.models.loading import configure_threads, load_base, load_model, store_for
 from actions.runtime.adapter import run_action
@@ -69,9 +70,8 @@ def decode_facts(req: ProfileRequest, device: torch.device, vocab: int) -> dict:
     fused = fused_for(req.fused_sampling, vocab)
     if req.engine != "torch":
         return {"fused": fused}
-    static = req.kv_cache == "static"
-    return {"kv_cache": req.kv_cache, "graphs": static and device.type == "cuda" and req.cuda_graphs != "off",
-            "compiled": static and req.compile_decode, "fused": fused}
+    graphs, compiled = decode_path(req.kv_cache == "static", device, req.cuda_graphs, req.compile_decode)
+    return {"kv_cache": req.kv_cache, "graphs": graphs, "compiled": compiled, "fused": fused}
 
 
 def run_profile(req: ProfileRequest) -> ProfileResult:

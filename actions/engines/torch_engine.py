@@ -90,8 +90,7 @@ class TorchEngine:
         self.pad_id = pad_id
         self.device = next(model.parameters()).device
         self.kv_cache = kv_cache
-        self.graphs = self.static and self.device.type == "cuda" and cuda_graphs != "off"
-        self.compiled = compile_decode and self.static  # the decode step through torch.compile
+        self.graphs, self.compiled = decode_path(self.static, self.device, cuda_graphs, compile_decode)
         # batch buckets with idle rows: graphs need them, and each batch size is a shape to compile
         self.pad_batches = self.graphs or self.compiled
         if cuda_graphs == "on" and not self.graphs:
@@ -322,6 +321,13 @@ class TorchEngine:
             stats.decode_token_slots += len(rows)
         return [SampleOut(s.prompt_id, s.sample_index, gen[i], ends.reasons[i] or "cut", ends.stops[i])
                 for i, s in enumerate(samples)]
+
+
+def decode_path(static: bool, device: torch.device, cuda_graphs: str, compile_decode: bool) -> tuple[bool, bool]:
+    """(steps replay CUDA graphs, steps run through ``torch.compile``) for a decode on the
+    static cache or not (``static``) on ``device``, under ``generation.cuda_graphs`` and
+    ``compile_decode``: what the settings do, whatever their spelling."""
+    return static and device.type == "cuda" and cuda_graphs != "off", compile_decode and static
 
 
 def _longest_prefix(seq: tuple[int, ...], prefixes: dict[tuple[int, ...], PrefixState]) -> tuple[int, ...]:

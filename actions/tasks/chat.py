@@ -23,10 +23,14 @@ from actions.tasks.dataset import PromptRow
 ChatMode = Literal["auto"] | bool
 
 
+def has_chat_prompts(rows: Sequence[PromptRow]) -> bool:
+    """Whether any row's prompt, as the dataset wrote it, is a list of chat messages."""
+    return any(isinstance(r.source_prompt, list) for r in rows)
+
+
 def needs_tokenizer(rows: Sequence[PromptRow], mode: ChatMode) -> bool:
     """Whether formatting must look at the tokenizer (raw text needs none)."""
-    chat = any(isinstance(r.source_prompt, list) for r in rows)
-    return mode is not False and (mode is True or chat or mode == "auto")
+    return mode is not False and (mode is True or has_chat_prompts(rows) or mode == "auto")
 
 
 def uses_template(tokenizer: Any, mode: ChatMode, model_name: str) -> bool:

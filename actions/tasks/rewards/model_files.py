@@ -55,6 +55,19 @@ def input_limit(max_length: int | None, tokenizer: Any) -> int | None:
     return int(min(limits)) if limits else None
 
 
+def load_tokenizer(path: str, field: str) -> Any:
+    """``AutoTokenizer.from_pretrained(path)``; a folder whose tokenizer files do not load is one
+    ValueError naming ``field``, the path and the fix."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # tokenizer files of every kind of damage
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ValueError(f"{field} {path!r}: the tokenizer cannot be loaded ({type(exc).__name__}: {first}); save "
+                         "it again with save_pretrained") from None
+
+
 def check_tokenizer(path: str, field: str, settings: Any, chat_prompts: bool) -> None:
     """Refuse what would fail or mislead only once scoring runs: a tokenizer the stored copy
     (``folder_files``) does not reproduce, a chat template the settings need and the tokenizer
@@ -69,12 +82,7 @@ def check_tokenizer(path: str, field: str, settings: Any, chat_prompts: bool) ->
     from transformers import AutoTokenizer
 
     where = f"{field}.path {path!r}"
-    try:
-        folder = AutoTokenizer.from_pretrained(path)
-    except Exception as exc:  # tokenizer files of every kind of damage
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        raise ValueError(f"{where}: the tokenizer cannot be loaded ({type(exc).__name__}: {first}); save it again "
-                         "with save_pretrained") from None
+    folder = load_tokenizer(path, f"{field}.path")
     with tempfile.TemporaryDirectory() as tmp:
         for name, data in folder_files(path, weights=False).items():
             (Path(tmp) / name).write_bytes(data)
