@@ -73,7 +73,7 @@ def _validate_reward_models(cfg: WorkloadConfig, data: Datasets) -> None:
     chat = has_chat_prompts([*data.train, *data.evals])
     for i, m in enumerate(cfg.reward.models):
         validate_model_dir(m.path, field=f"reward.models[{i}].path")
-        check_classifier(m.path, f"reward.models[{i}].path")
+        check_classifier(m.path, f"reward.models[{i}]", m.label)
         check_tokenizer(m.path, f"reward.models[{i}]", m, chat)
 
 

@@ -345,6 +345,18 @@ CASES: dict[str, Case] = {
         _train("--set", "reward.models=[{{path: '{tmp}/model'}}]"),
         ("reward.models[0].path", "Qwen2ForCausalLM", "AutoModelForSequenceClassification"),
         setup=_model_dir(_safetensors(16), config='{"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}')),
+    "reward model with two labels and none named": Case(
+        _train("--set", "reward.models=[{{path: '{tmp}/model'}}]"),
+        ("reward.models[0].label is not set", "2 labels (0: NEG, 1: POS)", "label: POS"),
+        setup=_model_dir(_safetensors(16), config='{"model_type": "qwen2", "architectures": '
+                         '["Qwen2ForSequenceClassification"], "id2label": {"0": "NEG", "1": "POS"}}')),
+    "reward model label not among its labels": Case(
+        _train("--set", "reward.models=[{{path: '{tmp}/model', label: HAPPY}}]"),
+        ("reward.models[0].label 'HAPPY'", "(0: NEG, 1: POS)", "give one of those"),
+        setup=_model_dir(_safetensors(16), config='{"model_type": "qwen2", "architectures": '
+                         '["Qwen2ForSequenceClassification"], "id2label": {"0": "NEG", "1": "POS"}}')),
+    "reward model label a boolean": Case(
+        _train("--set", "reward.models=[{{path: x, label: true}}]"), ("label True is not a label", "its index")),
     "reward model bad chat_template": Case(
         _train("--set", "reward.models=[{{path: x, chat_template: maybe}}]"), ("chat_template 'maybe'", "auto, true or false")),
     # ----------------------------------------------------------------- stores and credentials

@@ -154,9 +154,10 @@ def test_campaign_scored_by_reward_model_and_trl_function(tmp_path, reward_model
         assert (exported - stored(ids).logits).abs().max().item() <= 1e-6
 
 
-def _bert_reward_folder(root: Path) -> Path:
+def _bert_reward_folder(root: Path, labels: tuple[str, ...] = ("LABEL_0",)) -> Path:
     """A tiny BERT-style reward model whose tokenizer is a WordPiece ``vocab.txt`` alone (no
-    tokenizer.json), without a chat template: what many classifier checkpoints ship."""
+    tokenizer.json), without a chat template: what many classifier checkpoints ship; one
+    logit per name of ``labels``."""
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
 
     root.mkdir(parents=True)
@@ -166,7 +167,7 @@ def _bert_reward_folder(root: Path) -> Path:
     BertTokenizer(str(root / "vocab.txt")).save_pretrained(root)
     (root / "tokenizer.json").unlink(missing_ok=True)
     cfg = BertConfig(vocab_size=len(words), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                     intermediate_size=32, max_position_embeddings=64, num_labels=1)
+                     intermediate_size=32, max_position_embeddings=64, id2label=dict(enumerate(labels)))
     torch.manual_seed(0)
     BertForSequenceClassification(cfg).save_pretrained(root, safe_serialization=True)
     return root
@@ -193,6 +194,37 @@ def test_a_wordpiece_reward_tokenizer_is_stored_whole_and_checked(tmp_path, monk
     monkeypatch.setattr(model_files, "_FILES", tuple(n for n in model_files._FILES if n != "vocab.txt"))
     with pytest.raises(ValueError, match=r"reward.models\[0\].path .*needs files other than.*save_pretrained"):
         model_files.check_tokenizer(str(folder), "reward.models[0]", settings, False)
+
+
+def test_a_classifier_with_several_labels_scores_the_named_label(tmp_path):
+    """A two-label classifier scores the logit of the label it names (by name or index), checked
+    at the CLI; with none named it is refused there, since its first label is often the unwanted one."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from actions.tasks.rewards.model_files import check_classifier
+
+    folder = str(_bert_reward_folder(tmp_path / "sentiment", labels=("NEGATIVE", "POSITIVE")))
+    assert check_classifier(folder, "reward.models[0]", "POSITIVE") == 1
+    assert check_classifier(folder, "reward.models[0]", 0) == 0
+    with pytest.raises(ValueError, match=r"reward.models\[0\].label is not set.*2 labels \(0: NEGATIVE, 1: POSITIVE\)"
+                                         r".*label: POSITIVE"):
+        check_classifier(folder, "reward.models[0]", None)
+    with pytest.raises(ValueError, match=r"label 2 is not one of the labels"):
+        check_classifier(folder, "reward.models[0]", 2)
+    store = LocalStore(tmp_path / "store")
+    put_artifact(store, "runs/r/reward_models/0/manifest.json", folder_files(folder))
+    texts = ["question: what is 2+2? answer: 4", "what is it? because"]
+    refs = [RewardModelRef(index=i, manifest_key="runs/r/reward_models/0/manifest.json",
+                           settings=RewardModelConfig(path=folder, label=label, chat_template=False))
+            for i, label in enumerate(("POSITIVE", 1, 0))]
+    got = score_with_models(refs, str(tmp_path / "store"), ["", ""], texts)
+    tok = AutoTokenizer.from_pretrained(folder)
+    with torch.no_grad():
+        logits = AutoModelForSequenceClassification.from_pretrained(folder).eval()(
+            **tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)).logits
+    for name, column in (("reward_model/0", 1), ("reward_model/1", 1), ("reward_model/2", 0)):
+        assert got[name][1] == pytest.approx(logits[:, column].tolist(), abs=1e-5)
+    assert logits[:, 0].tolist() != pytest.approx(logits[:, 1].tolist(), abs=1e-3)  # the columns tell apart
 
 
 def test_a_reward_model_without_a_chat_template_or_with_too_long_inputs_is_refused_up_front(tmp_path):

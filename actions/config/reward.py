@@ -50,7 +50,11 @@ class RewardModelConfig(_Section):
     each (prompt, completion) in the score action (``actions/tasks/rewards/model_scoring.py``)."""
 
     path: str = Field(min_length=1)
-    """A local Hugging Face folder of a sequence-classification model (its first logit is the score)."""
+    """A local Hugging Face folder of a sequence-classification model."""
+    label: int | str | None = None
+    """Which logit is the score: a label name of the model's ``id2label`` (``POSITIVE``) or its
+    index. None: the model's only logit (TRL's ``logits[:, 0]`` of a one-label reward model); a
+    model with several labels must name one, since its first is often the unwanted class."""
     weight: float = 1.0
     batch_size: int = Field(16, gt=0)
     """(prompt, completion) pairs per forward."""
@@ -67,6 +71,14 @@ class RewardModelConfig(_Section):
     @classmethod
     def _check_chat_template(cls, v: Any) -> Any:
         return chat_template_mode(v, "reward.models chat_template")
+
+    @field_validator("label", mode="before")
+    @classmethod
+    def _check_label(cls, v: Any) -> Any:
+        if isinstance(v, bool) or (isinstance(v, int) and v < 0) or v == "":
+            raise ValueError(f"reward.models label {v!r} is not a label; give a label name of the model's id2label "
+                             "(e.g. POSITIVE) or its index (0, 1, ...)")
+        return v
 
 
 class RewardConfig(_Section):

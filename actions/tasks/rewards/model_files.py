@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +24,49 @@ _WEIGHT_PATTERNS = ("*.safetensors", "model.safetensors.index.json", "pytorch_mo
                     "pytorch_model.bin.index.json")
 
 
-def check_classifier(path: str, field: str) -> None:
-    """Refuse a folder whose ``config.json`` names no ``*ForSequenceClassification`` architecture.
+def check_classifier(path: str, field: str, label: int | str | None = None) -> int:
+    """The index of the logit that scores (``label_index``) of a folder whose ``config.json``
+    names a ``*ForSequenceClassification`` architecture.
 
+    Args:
+        field: ``reward.models[i]``; label: its ``label`` setting.
     Raises:
-        ValueError: one line naming ``field``, the path, what it is, and the fix.
+        ValueError: one line naming the field, the path, what it is, and the fix.
     """
     config = json.loads((Path(path) / "config.json").read_text())  # validate_model_dir read it already
     archs = config.get("architectures") or []
     if not any(isinstance(a, str) and a.endswith("ForSequenceClassification") for a in archs):
         what = ", ".join(map(str, archs)) if archs else f"a {config.get('model_type', 'model')} with no architectures"
-        raise ValueError(f"{field} {path!r} is {what}, not a sequence-classification reward model; point it at an "
-                         "AutoModelForSequenceClassification folder (num_labels 1), e.g. `rlhfless tiny-model --reward`")
+        raise ValueError(f"{field}.path {path!r} is {what}, not a sequence-classification reward model; point it at "
+                         "an AutoModelForSequenceClassification folder, e.g. `rlhfless tiny-model --reward`")
+    id2label = config.get("id2label") or {str(i): f"LABEL_{i}" for i in range(int(config.get("num_labels", 2)))}
+    return label_index(id2label, label, field, path)
+
+
+def label_index(id2label: Mapping[Any, str], label: int | str | None, field: str, path: str) -> int:
+    """Which logit of a classifier with labels ``id2label`` (keys: indices, as ints or as the
+    strings of config.json) is the score: ``label`` by name or index; None only where the model
+    has a single label (its logit, TRL's rule).
+
+    Raises:
+        ValueError: one line naming ``field``, the value, the model's labels and the fix.
+    """
+    names = {int(i): str(name) for i, name in id2label.items()}
+    listed = ", ".join(f"{i}: {names[i]}" for i in sorted(names))
+    if label is None and len(names) == 1:
+        return next(iter(names))
+    if isinstance(label, int) and label in names:
+        return label
+    by_name = [i for i, name in names.items() if name == label]
+    if isinstance(label, str) and len(by_name) == 1:
+        return by_name[0]
+    if label is None:
+        why = f"is not set, and the model in {path!r} has {len(names)} labels ({listed})"
+        fix = "name the one to score, e.g. label: " + names[max(names)] + " (label: 0 keeps TRL's first logit)"
+    else:
+        why = f"{label!r} is not one of the labels of the model in {path!r} ({listed})"
+        fix = "give one of those names or indices"
+    raise ValueError(f"{field}.label {why}; {fix}")
 
 
 def folder_files(path: str, weights: bool = True) -> dict[str, bytes]:

@@ -6,7 +6,8 @@ a string prompt is joined to the completion. ``chat_template: true`` templates s
 too (as the user's turn), ``false`` never templates (a chat prompt's contents are joined).
 Inputs are tokenized without special tokens, right-padded, truncated to ``max_length`` tokens
 (never more than the tokenizer's ``model_max_length``, 512 for BERT), scored ``batch_size`` at
-a time on the action's device, and the first logit is the score (TRL's ``logits[:, 0]``). A
+a time on the action's device, and the logit of ``label`` is the score (of a one-label model,
+its only logit: TRL's ``logits[:, 0]``). A
 tokenizer without a pad token pads with its EOS token (the model's pooling then reads the last
 token that is not padding).
 
@@ -28,7 +29,7 @@ from actions.models import warm
 from actions.models.device import action_device, action_dtype
 from actions.store import get_artifact, open_store
 from actions.store.safe_paths import write_beneath
-from actions.tasks.rewards.model_files import input_limit
+from actions.tasks.rewards.model_files import input_limit, label_index
 
 
 def load_reward_model(ref: RewardModelRef, store_uri: str, device: torch.device) -> tuple[Any, Any]:
@@ -86,11 +87,13 @@ def score_with_models(refs: Sequence[RewardModelRef], store_uri: str, prompts: S
         texts = reward_texts(tokenizer, ref.settings.chat_template, prompts, completions)
         scores: list[float] = []
         size, limit = ref.settings.batch_size, input_limit(ref.settings.max_length, tokenizer)
+        column = label_index(model.config.id2label, ref.settings.label, f"reward.models[{ref.index}]",
+                             ref.settings.path)  # prepare checked it against the same config
         for start in range(0, len(texts), size):
             batch = tokenizer(texts[start:start + size], return_tensors="pt", padding=True, padding_side="right",
                               add_special_tokens=False, truncation=limit is not None, max_length=limit)
             logits = model(**{k: v.to(device) for k, v in batch.items()}).logits
-            scores.extend(float(x) for x in logits[:, 0].float().cpu())
+            scores.extend(float(x) for x in logits[:, column].float().cpu())
         out[ref.name] = (ref.settings.weight, scores)
     return out
 
