@@ -308,6 +308,9 @@ class EvaluateResult(_Msg):
     mean_length: float
     num_prompts: int
     reward_mean: float = 0.0
+    reward_metrics: dict[str, float] = {}
+    """The mean of each value the reward functions logged with ``log_metric`` while scoring
+    the evaluation, by name (TRL reports them as the evaluation's metrics)."""
     engine_events: EngineEvents = EngineEvents()
 
 

@@ -38,6 +38,7 @@ def run_evaluate(req: EvaluateRequest) -> EvaluateResult:
                         for r, t, c in zip(rows, texts, correct)]})
     return EvaluateResult(accuracy=sum(correct) / len(rows), mean_length=sum(len(o.tokens) for o in outs) / len(rows),
                           num_prompts=len(rows), reward_mean=sum(rewards.total) / len(rows),
+                          reward_metrics={k: sum(v) / len(v) for k, v in rewards.metrics.items() if v},
                           engine_events=take_engine_events())
 
 

@@ -37,7 +37,8 @@ def test_board_writes_architecture_metric_names_per_step(tmp_path):
     board = _board(tmp_path)
     evals = [EvalRecord(step=0, policy_version=0, accuracy=0.3, mean_length=4.0, num_prompts=8)]
     board.add_step(1, STEP_METRICS, evals)
-    evals.append(EvalRecord(step=2, policy_version=2, accuracy=0.6, mean_length=4.0, num_prompts=8))
+    evals.append(EvalRecord(step=2, policy_version=2, accuracy=0.6, mean_length=4.0, num_prompts=8, reward_mean=0.75,
+                            reward_metrics={"hits": 0.5}))
     board.add_step(2, {**STEP_METRICS, "reward/mean": 0.5}, evals)
     board.close()
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
@@ -47,6 +48,7 @@ def test_board_writes_architecture_metric_names_per_step(tmp_path):
         assert [s for s, _ in scalars[name]] == [1, 2], name
     # each evaluation once, at the step it was measured (0 = before RL)
     assert [(s, round(v, 3)) for s, v in scalars["eval/accuracy"]] == [(0, 0.3), (2, 0.6)]
+    assert scalars["eval/reward_mean"] == [(0, 0.0), (2, 0.75)] and scalars["eval/reward_fn/hits"] == [(2, 0.5)]
     # not scalars: the planner record, the step index, a NaN
     assert not {"plan", "step", "entropy"} & scalars.keys()
 

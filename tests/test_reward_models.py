@@ -98,7 +98,7 @@ def test_campaign_scored_by_reward_model_and_trl_function(tmp_path, reward_model
     """2 steps on the tiny Qwen2 folder: a reward model plus a TRL-style function that reads
     completion_ids and trainer_state; the reward moves and every step is scored by both. The
     function gets the dataset's prompts and numeric answers (the policy reads them through its
-    chat template), and what it passes to log_metric is in each step's metrics."""
+    chat template), and what it passes to log_metric is in each step's and evaluation's metrics."""
     from flows.commands.cli import main
 
     policy = write_tiny_model_dir(tmp_path / "qwen2", "qwen2").path
@@ -134,6 +134,8 @@ def test_campaign_scored_by_reward_model_and_trl_function(tmp_path, reward_model
     assert trl_style_rewards.SEEN_INPUTS and set(trl_style_rewards.SEEN_INPUTS) <= written
     assert all(type(a) is int for _, a in trl_style_rewards.SEEN_INPUTS)
     assert all(0.0 <= s["reward_fn/even_share"] <= 1.0 for s in summary["steps"])
+    assert [e["step"] for e in summary["evals"]] == [0, 2]  # evaluations report what the functions logged too
+    assert all(0.0 <= e["reward_metrics"]["even_share"] <= 1.0 for e in summary["evals"])
 
     # the trained policy leaves the store: the exported folder gives the committed version's logits
     from transformers import AutoModelForCausalLM

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flows.campaign.state import EvalRecord
 from flows.campaign.trackers import TRL_NAMES, check_trackers, step_scalars, without_path_prefixes
 from flows.config import load_config
 
@@ -84,7 +85,7 @@ def expected(summary: dict) -> dict[int, dict[str, float]]:
     evaluations at the steps they were measured."""
     out = {n: step_scalars(s) for n, s in enumerate(summary["steps"], start=1)}  # at steps committed
     for ev in summary["evals"]:
-        out.setdefault(int(ev["step"]), {})["eval/accuracy"] = ev["accuracy"]
+        out.setdefault(int(ev["step"]), {}).update(EvalRecord(**ev).scalars())
     return out
 
 

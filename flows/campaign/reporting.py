@@ -76,6 +76,8 @@ def summarize(state: CampaignState, wall: float) -> dict[str, Any]:
         "steps_completed": state.step,
         "eval_accuracy_first": state.evals[0].accuracy if state.evals else None,
         "eval_accuracy_last": state.evals[-1].accuracy if state.evals else None,
+        "eval_reward_mean_first": state.evals[0].reward_mean if state.evals else None,
+        "eval_reward_mean_last": state.evals[-1].reward_mean if state.evals else None,
         "reward_mean_first": StepFigures.of(steps[0]).reward_mean if steps else None,
         "reward_mean_last": StepFigures.of(steps[-1]).reward_mean if steps else None,
         "billed_gpu_seconds": state.spend["billed_gpu_seconds"],

@@ -30,6 +30,7 @@ from actions.store.safe_paths import STORE_FIX, UnsafeName, check_name, shown
 from flows.config import CampaignConfig
 from flows.planning.planner import PlannerState
 from flows.planning.record import PhaseObservation
+from flows.step.metrics import REWARD_LOGGED
 
 
 class EvalRecord(EvaluateResult):
@@ -40,6 +41,14 @@ class EvalRecord(EvaluateResult):
 
     step: int
     policy_version: int
+
+    def scalars(self) -> dict[str, float]:
+        """What trackers plot for this evaluation: accuracy, mean reward and length, and each
+        value the reward functions logged as ``eval/reward_fn/<name>``."""
+        out = {"eval/accuracy": self.accuracy, "eval/reward_mean": self.reward_mean,
+               "eval/mean_length": self.mean_length}
+        out.update({f"eval/{REWARD_LOGGED}{name}": value for name, value in sorted(self.reward_metrics.items())})
+        return out
 
 
 class CampaignState(BaseModel):

@@ -2,7 +2,8 @@
 
 With ``observability.tensorboard: true`` the campaign writes one scalar per metric of
 flows/step/metrics.py (``reward/mean``, ``timing_s/generate``, ``cost/usd``, ...) at global step =
-steps committed, plus ``eval/accuracy`` at the step it was measured (0 = before RL), into
+steps committed, plus each evaluation's ``eval/accuracy``, ``eval/reward_mean``,
+``eval/mean_length`` and ``eval/reward_fn/<name>`` at the step it was measured (0 = before RL), into
 ``runs/<run_id>/tensorboard/`` (``tensorboard --logdir runs``). A resumed campaign appends a
 new event file to the same directory; TensorBoard merges them.
 
@@ -73,7 +74,8 @@ class ScalarBoard:
                 self._writer.add_scalar(name, float(value), global_step=step)
         for ev in evals:
             if ev.step == step or (step == 1 and ev.step == 0):
-                self._writer.add_scalar("eval/accuracy", float(ev.accuracy), global_step=ev.step)
+                for name, value in ev.scalars().items():
+                    self._writer.add_scalar(name, float(value), global_step=ev.step)
         self._writer.flush()  # visible to a running TensorBoard at once, not after flush_secs
 
     def close(self) -> None:

@@ -5,7 +5,8 @@ the campaign's own names (verl's: ``reward/mean``, ``response_length/mean``, ``t
 ``perf/throughput``, ...; the full list is ``flows/step/metrics.py``) and, for the metrics TRL's
 GRPOTrainer logs, under TRL's names too (``reward``, ``reward_std``,
 ``completions/mean_length``, ``kl``, ``grad_norm``, ...: ``TRL_NAMES``). Evaluations go in as
-``eval/accuracy`` at the step they were measured (0 = before RL). The values are the ones
+``eval/accuracy``, ``eval/reward_mean``, ``eval/mean_length`` and ``eval/reward_fn/<name>``
+(``EvalRecord.scalars``) at the step they were measured (0 = before RL). The values are the ones
 ``summary.json`` holds for the same step.
 
 Each tracker is an optional extra (``pip install 'rlhfless[wandb]'``) configured by its own
@@ -83,10 +84,10 @@ def without_path_prefixes(scalars: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in scalars.items() if not any(o.startswith(k + "/") for o in scalars)}
 
 
-def evals_at(step: int, evals: Sequence[EvalRecord]) -> list[tuple[int, float]]:
-    """(step, accuracy) of the evaluations to report with step ``step`` (step 1 also brings
-    the one before RL, at step 0)."""
-    return [(ev.step, float(ev.accuracy)) for ev in evals if ev.step == step or (step == 1 and ev.step == 0)]
+def evals_at(step: int, evals: Sequence[EvalRecord]) -> list[tuple[int, dict[str, float]]]:
+    """(step, scalars) of the evaluations to report with step ``step`` (step 1 also brings the
+    one before RL, at step 0); scalars as ``EvalRecord.scalars`` names them."""
+    return [(ev.step, ev.scalars()) for ev in evals if ev.step == step or (step == 1 and ev.step == 0)]
 
 
 class Tracker(Protocol):
@@ -104,11 +105,12 @@ class _Wandb:
                                resume="allow", dir=str(folder), config=cfg.identity(), reinit="create_new")
 
     def add_step(self, step: int, metrics: dict[str, Any], evals: Sequence[EvalRecord]) -> None:
-        for at, accuracy in evals_at(step, evals):
-            if at < step:
-                self._run.log({"eval/accuracy": accuracy}, step=at)
         scalars = step_scalars(metrics)
-        scalars.update({"eval/accuracy": acc for at, acc in evals_at(step, evals) if at == step})
+        for at, values in evals_at(step, evals):
+            if at < step:
+                self._run.log(values, step=at)
+            else:
+                scalars.update(values)
         self._run.log(scalars, step=step)
 
     def close(self) -> None:
@@ -135,8 +137,8 @@ class _Mlflow:
         if self._file_store:
             scalars = without_path_prefixes(scalars)
         self._mlflow.log_metrics(scalars, step=step, run_id=self._run.info.run_id)
-        for at, accuracy in evals_at(step, evals):
-            self._mlflow.log_metric("eval/accuracy", accuracy, step=at, run_id=self._run.info.run_id)
+        for at, values in evals_at(step, evals):
+            self._mlflow.log_metrics(values, step=at, run_id=self._run.info.run_id)
 
     def close(self) -> None:
         self._mlflow.end_run()
@@ -151,11 +153,12 @@ class _Trackio:
                      resume="allow")
 
     def add_step(self, step: int, metrics: dict[str, Any], evals: Sequence[EvalRecord]) -> None:
-        for at, accuracy in evals_at(step, evals):
-            if at < step:
-                self._trackio.log({"eval/accuracy": accuracy}, step=at)
         scalars = step_scalars(metrics)
-        scalars.update({"eval/accuracy": acc for at, acc in evals_at(step, evals) if at == step})
+        for at, values in evals_at(step, evals):
+            if at < step:
+                self._trackio.log(values, step=at)
+            else:
+                scalars.update(values)
         self._trackio.log(scalars, step=step)
 
     def close(self) -> None:

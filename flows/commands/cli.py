@@ -195,7 +195,8 @@ def _train(args: argparse.Namespace) -> int:
         pass
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True))
-    evaluated = (f"eval accuracy {summary['eval_accuracy_first']} -> {summary['eval_accuracy_last']}"
+    evaluated = (f"eval accuracy {summary['eval_accuracy_first']} -> {summary['eval_accuracy_last']}, mean reward "
+                 f"{summary['eval_reward_mean_first']:.3f} -> {summary['eval_reward_mean_last']:.3f}"
                  if summary.get("evals") else "no evaluation (no data.eval_path nor data.eval_fraction)")
     print(f"{evaluated}; "
           f"billed {summary['billed_gpu_seconds']:.1f} {summary['billing']['unit']}; wall {summary['wall_seconds']:.0f} s")

@@ -100,7 +100,8 @@ def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
             files.append(out / name)
     lines = [f"# Run {summary['run_id']}", "",
              f"- steps completed: {summary['steps_completed']}",
-             f"- held-out accuracy: {summary['eval_accuracy_first']} -> {summary['eval_accuracy_last']}",
+             f"- held-out accuracy: {summary['eval_accuracy_first']} -> {summary['eval_accuracy_last']}, mean reward "
+             f"{summary.get('eval_reward_mean_first')} -> {summary.get('eval_reward_mean_last')}",
              f"- billed {unit}: {summary['billed_gpu_seconds']:.1f} (useful {summary['useful_gpu_seconds']:.1f}),"
              f" cost ${summary['usd']:.4f} at price_per_gpu_second",
              f"- billing: {meaning}",
