@@ -212,6 +212,13 @@ class CampaignConfig(WorkloadConfig):
     def _check_run_id(cls, v: str | None) -> str | None:
         return v if v is None else check_run_id(v)
 
+    @model_validator(mode="after")
+    def _check_budget(self) -> CampaignConfig:
+        if self.budget.usd is not None and self.price_per_gpu_second == 0:
+            raise ValueError(f"budget.usd={self.budget.usd} can never be spent: price_per_gpu_second is 0, so every "
+                             "step costs $0; set price_per_gpu_second (USD per GPU-second), or use budget.gpu_seconds")
+        return self
+
     def overlap_scoring(self) -> bool:
         """Whether a shard's score is submitted while other shards still generate."""
         overlap = self.generation.score_while_generating
@@ -248,6 +255,12 @@ class CampaignConfig(WorkloadConfig):
             data["data"].pop("max_value", None)
         if data["data"].get("eval_fraction") is None:  # and for the held-out share
             data["data"].pop("eval_fraction", None)
+        for key, size in (("num_train_prompts", 512), ("num_eval_prompts", 64)):  # a dataset run's None: as the
+            if data["data"].get(key) is None:                                     # defaults were before it
+                data["data"][key] = size
+        for m in data["reward"]["models"]:  # runs from before a reward model's label keep their fingerprint
+            if m.get("label") is None:
+                m.pop("label", None)
         return data
 
     def fingerprint(self) -> str:

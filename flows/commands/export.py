@@ -67,11 +67,13 @@ def _state(args: argparse.Namespace) -> tuple[Any, Any]:
 def run(args: argparse.Namespace) -> int:
     out = _check_args(args)
     store, state = _state(args)
+    from actions.config.workload import ModelConfig
     from actions.models.export import LoraVersion, describe, export_policy
     from actions.store import ObjectNotFound
-    from flows.config import CampaignConfig
 
-    lora_cfg = CampaignConfig.model_validate(state.identity).model.lora  # the run's model.lora, as it trained
+    # the run's model.lora, as it trained: only the model section is read, so settings that
+    # later versions check across sections never stop an older run's export
+    lora_cfg = ModelConfig.model_validate(state.identity["model"]).lora
     # under model.lora the backbone is version 0, which is also the reference (flows/campaign/setup.py)
     lora = LoraVersion(lora_cfg, state.reference_key) if lora_cfg else None
     try:
