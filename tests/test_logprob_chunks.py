@@ -196,6 +196,39 @@ def test_bf16_training_keeps_fp32_master_weights_that_accumulate_small_updates()
     assert not plain.mixed and not any(k.endswith(".master") for k in plain.state_tensors())
 
 
+def test_optimizer_state_of_another_precision_or_incomplete_is_refused_naming_the_fix():
+    """A run resumed where ``model.dtype: auto`` resolves otherwise (CUDA against the CPU) meets
+    state of another precision: refused, never continued from masters rebuilt out of rounded
+    weights; a parameter whose moments are missing is named, not a KeyError inside torch."""
+    from actions.rl.sharded_train import _load_masters
+
+    def trained(dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(4, 4).to(dtype)
+        opt = TrainOptimizer(layer, lr=1e-3)
+        layer(torch.ones(1, 4, dtype=dtype)).sum().backward()
+        opt.step(max_grad_norm=1.0)
+        return opt.state_tensors()
+
+    fp32, bf16 = trained(torch.float32), trained(torch.bfloat16)
+    fresh = {dt: TrainOptimizer(torch.nn.Linear(4, 4).to(dt), lr=1e-3) for dt in (torch.float32, torch.bfloat16)}
+    with pytest.raises(ValueError, match=r"optimizer state 'k' was written by a run training in float32 \(no fp32 "
+                                         r"master weights\), and this learner trains in bfloat16; resume with the "
+                                         r"precision the run started with \(model.dtype, or RLHFLESS_DTYPE"):
+        fresh[torch.bfloat16].load_state_tensors(fp32, where="k")
+    with pytest.raises(ValueError, match=r"training in low precision \(with fp32 master weights\), and this "
+                                         r"learner trains in float32"):
+        fresh[torch.float32].load_state_tensors(bf16, where="k")
+    with pytest.raises(ValueError, match=r"master weights for 1 of 2 parameters"):
+        fresh[torch.bfloat16].load_state_tensors({k: v for k, v in bf16.items() if k != "p1.master"}, where="k")
+    with pytest.raises(ValueError, match=r"training in float32"):  # the sharded learner checks the same
+        _load_masters(torch.nn.Linear(4, 4).to(torch.bfloat16), fp32, "k")
+    with pytest.raises(ValueError, match=r"optimizer state 'k': parameter p0 has no exp_avg or exp_avg_sq"):
+        fresh[torch.float32].load_state_tensors({k: v for k, v in fp32.items() if "exp_avg" not in k}, where="k")
+    fresh[torch.float32].load_state_tensors(fp32, where="k")  # the same precision resumes
+    fresh[torch.bfloat16].load_state_tensors(bf16, where="k")
+
+
 @pytest.fixture(scope="module")
 def prepared(qwen, tmp_path_factory):
     from actions.prepare import prepare

@@ -26,6 +26,32 @@ MASTER = "master"
 MASTER_NAME = re.compile(r"^p(0|[1-9][0-9]{0,8})\.master$")
 
 
+def check_precision(tensors: dict[str, torch.Tensor], dtypes: list[torch.dtype], where: str) -> None:
+    """Refuse optimizer state written at another training precision than the learner's
+    (``dtypes``: its trainable parameters' dtypes): a float32 run's state has no master weights,
+    and masters rebuilt from rounded low-precision weights would silently lose the fp32 values; a
+    low-precision run's masters would be dropped by a float32 learner. ``model.dtype: auto``
+    resolves where each action runs (bfloat16 on CUDA, float32 on the CPU, or ``RLHFLESS_DTYPE``),
+    so a run resumed elsewhere can meet this.
+
+    Raises:
+        ValueError: one line naming the state (``where``), both precisions and the fix.
+    """
+    if not tensors:
+        return
+    masters = sum(1 for k in tensors if k.endswith(f".{MASTER}"))
+    low = sorted({str(d).removeprefix("torch.") for d in dtypes if d != torch.float32})
+    if (masters == 0) == (not low) and (not low or masters == len(dtypes)):
+        return
+    written = "float32 (no fp32 master weights)" if masters == 0 else "low precision (with fp32 master weights)"
+    if low and 0 < masters < len(dtypes):
+        written = f"low precision, with master weights for {masters} of {len(dtypes)} parameters"
+    now = "/".join(low) or "float32"
+    raise ValueError(f"optimizer state {where!r} was written by a run training in {written}, and this learner trains "
+                     f"in {now}; resume with the precision the run started with (model.dtype, or RLHFLESS_DTYPE "
+                     "where model.dtype is auto), or start a new run")
+
+
 class TrainOptimizer:
     """AdamW (no weight decay) over ``module``'s trainable parameters (all of them, or a LoRA
     model's adapter), in fp32 whatever the module's dtype."""
@@ -67,13 +93,15 @@ class TrainOptimizer:
         return out
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor], *, where: str = "") -> None:
-        """Restore ``state_tensors`` output. A mixed-precision optimizer takes its master weights
-        from it when present (else from the parameters, as built).
+        """Restore ``state_tensors`` output (empty: a fresh optimizer, masters from the
+        parameters as built).
 
         Raises:
-            ValueError: a master tensor that names no parameter, has another shape, or comes
-                with an fp32 model (one line naming the tensor and ``where``, the manifest key).
+            ValueError: state of another training precision (``check_precision``), or a master
+                tensor that names no parameter or has another shape (one line naming the
+                tensor and ``where``, the manifest key).
         """
+        check_precision(tensors, [p.dtype for p in self.params], where)
         suffix = f".{MASTER}"
         for key, value in tensors.items():
             if not key.endswith(suffix):

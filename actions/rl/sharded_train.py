@@ -28,7 +28,7 @@ from actions.models.special_tokens import special_tokens
 from actions.rl.batch import gather_batch, rollout_metrics
 from actions.rl.critic_store import load_critic
 from actions.rl.fsdp import full, like, make_mesh, shard
-from actions.rl.optimizer import MASTER, MASTER_NAME, TrainOptimizer
+from actions.rl.optimizer import MASTER, MASTER_NAME, TrainOptimizer, check_precision
 from actions.rl.recompute import enable_checkpointing
 from actions.rl.sharded_update import LogprobRoot, run_sharded_updates
 from actions.store.optim_state import load_optimizer_tensors, optimizer_tensors
@@ -57,6 +57,7 @@ def _load_masters(module: torch.nn.Module, state: dict[str, torch.Tensor] | None
     if not state:
         return {}
     params = _trainable(module)
+    check_precision(state, [p.dtype for p in params], where)
     rest = {}
     for key, value in state.items():
         if not key.endswith(f".{MASTER}"):

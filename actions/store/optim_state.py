@@ -27,7 +27,7 @@ _NAME = re.compile(r"^p(0|[1-9][0-9]{0,8})\.(step|exp_avg|exp_avg_sq|max_exp_avg
 def load_optimizer_tensors(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], *, where: str = "") -> None:
     """Put stored state back into ``opt``. Names come from a manifest, so each must be
     ``p<index>.<field>`` with an index of one of the optimizer's parameters and an AdamW field,
-    and every parameter with state must have its ``step``.
+    and every parameter with state must have its ``step``, ``exp_avg`` and ``exp_avg_sq``.
 
     Raises:
         ValueError: one line naming the tensor and ``where`` (the manifest key).
@@ -40,10 +40,13 @@ def load_optimizer_tensors(opt: torch.optim.Optimizer, tensors: dict[str, torch.
             raise ValueError(f"optimizer state {where!r}: tensor {shown(key)} is not p<index>.<field> for one of "
                              f"the {num_params} parameters; re-publish the optimizer state")
         state.setdefault(int(match.group(1)), {})[match.group(2)] = value
-    incomplete = sorted(idx for idx, fields in state.items() if "step" not in fields)
-    if incomplete:
-        raise ValueError(f"optimizer state {where!r}: parameter p{incomplete[0]} has no step; "
-                         "re-publish the optimizer state")
+    # AdamW keeps all three for every parameter it has stepped; a missing one would fail later
+    # as a bare KeyError inside torch, or restart the moments of one parameter without a word.
+    for idx, fields in sorted(state.items()):
+        missing = [f for f in ("step", "exp_avg", "exp_avg_sq") if f not in fields]
+        if missing:
+            raise ValueError(f"optimizer state {where!r}: parameter p{idx} has no {' or '.join(missing)}; "
+                             "re-publish the optimizer state")
     sd = opt.state_dict()
     sd["state"] = state
     opt.load_state_dict(sd)
