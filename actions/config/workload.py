@@ -262,7 +262,9 @@ class GenerationConfig(_Section):
     """With ``dedup_prefill``: whether the step runs the separate prefill action. ``auto``: only
     where the prefix its prompts share saves more prefill compute than the action's fixed cost
     (``flows/planning/prefix.py: prefill_action_pays``); otherwise each generation action
-    prefills its own prompts, once per group. The samples are the same either way."""
+    prefills its own prompts, once per group. The samples are the same either way. The vLLM
+    engine runs no prefill action, whatever this says: it cannot import the action's KV
+    bundle, and its prefix cache computes a group's prompt once (docs/vllm.md)."""
     length_window: int = Field(1, ge=1)
     """EWMA window (epochs) of the response-length predictor."""
     first_epoch_predictor: Literal["reference", "learned"] = "learned"

@@ -1,13 +1,24 @@
 """``rlhfless profile``: measure the configured engine's TPOT grid and write a profile JSON.
 
-The measurement itself runs the model (``actions.engines.profiling``); this module is the CLI
-adapter. Point ``scaling.profile`` at the output to plan with measured numbers.
+The measurement itself runs the model (``actions.engines.profiling`` for the torch engine,
+``actions.engines.vllm_profiling`` for ``generation.engine: vllm``); this module is the CLI
+adapter. It measures what the campaign's generate actions would run: the configured engine,
+in ``model.dtype`` (unless ``--dtype`` says otherwise), with ``model.lora``'s adapter attached
+(the seeded one: speed does not depend on its values). Point ``scaling.profile`` at the output
+to plan with measured numbers.
+
+vLLM is measured as the generate action starts it (``factory.load_engine``): the campaign's
+weights in a scratch model folder, the engine's own defaults. The profile's name carries the
+dtype the engine computes in, which can differ from ``model.dtype`` (vLLM's CPU backend always
+computes in float32); a note on stderr says so. Without vLLM installed, or with a model its CPU
+build cannot run, the command refuses as ``train`` does (``actions/engines/preflight.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,8 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--contexts", default="32,128", help="comma-separated context lengths (tokens)")
     parser.add_argument("--output", default="profile.json", help="where to write the profile JSON")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 "
-                        "(default: float32 on cpu, bfloat16 on cuda)")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the config's "
+                        "model.dtype; for auto, float32 on cpu and bfloat16 on cuda)")
     parser.add_argument("--model-config", default=None, metavar="CONFIG_JSON",
                         help="a Hugging Face config.json: profile a randomly initialised model of that "
                              "shape (e.g. a 7B model on a GPU) instead of the campaign's model; nothing "
@@ -45,44 +56,129 @@ def _ints(text: str, flag: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from actions.engines.profiling import measure_grid
-    from actions.models.device import parse_device, parse_dtype
+    from actions.engines.preflight import check_engine
+    from actions.models.device import parse_device
     from flows.config import load_config
 
     cfg = load_config(args.config, args.overrides)
     batches, contexts = _ints(args.batch_sizes, "--batch-sizes"), _ints(args.contexts, "--contexts")
     device = parse_device(args.device, source="--device")
-    dtype = parse_dtype(args.dtype or ("bfloat16" if device.type == "cuda" else "float32"), source="--dtype")
-    model = build_profile_model(cfg, args.model_config, device, dtype)
+    dtype = profile_dtype(args.dtype, cfg.model.dtype, device)
+    check_engine(cfg, local_actions=True)  # the engine runs here: vLLM missing is train's refusal
     # CPU: a small padded batch, as one action thread sees it; GPU: enough tokens to fill it.
     shape = (16, 512) if device.type == "cuda" else (16, 64)
-    gen = cfg.generation  # measured with the campaign's decode settings, as its actions decode
-    grid = measure_grid(model, model.config.vocab_size, batches, contexts, prefill_shape=shape,
-                        kv_cache=gen.kv_cache, cuda_graphs=gen.cuda_graphs, compile_decode=gen.compile_decode,
-                        fused_sampling=gen.fused_sampling)
+    if cfg.generation.engine == "vllm":
+        grid = measure_vllm(cfg, args.model_config, device, dtype, batches, contexts, shape)
+    else:
+        from actions.engines.profiling import measure_grid
+
+        model = build_profile_model(cfg, args.model_config, device, dtype)
+        gen = cfg.generation  # measured with the campaign's decode settings, as its actions decode
+        name = f"measured-torch-{device.type}-{str(dtype).removeprefix('torch.')}" + ("-lora" if cfg.model.lora else "")
+        grid = measure_grid(model, model.config.vocab_size, batches, contexts, prefill_shape=shape, name=name,
+                            kv_cache=gen.kv_cache, cuda_graphs=gen.cuda_graphs, compile_decode=gen.compile_decode,
+                            fused_sampling=gen.fused_sampling)
     profile = TpotProfile.from_dict(grid)  # validates the grid
     Path(args.output).write_text(json.dumps(profile.to_dict(), indent=2))
     print(args.output)
     return 0
 
 
+def profile_dtype(flag: str | None, setting: str, device: torch.device) -> torch.dtype:
+    """The dtype to measure in: ``--dtype`` (``flag``) when given, else ``model.dtype``
+    (``setting``), whose ``auto`` is what actions default to: bfloat16 on CUDA, float32 on the
+    CPU. ValueError naming the flag or field for an unknown name."""
+    import torch
+
+    from actions.models.device import parse_dtype
+
+    if flag is not None:
+        return parse_dtype(flag, source="--dtype")
+    if setting != "auto":
+        return parse_dtype(setting, source="model.dtype")
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
 def build_profile_model(cfg: CampaignConfig, config_json: str | None, device: torch.device,
                  dtype: torch.dtype) -> torch.nn.Module:
     """The model to profile, in eval mode on ``device`` in ``dtype``: a random one of
-    ``config_json``'s shape, else the campaign's (``model.path`` or its tiny model). On the CPU
-    torch gets one thread, as one action of the local warm pool has."""
+    ``config_json``'s shape, else the campaign's (``model.path`` or its tiny model); with
+    ``model.lora``, the seeded adapter attached as a LoRA campaign's generate action attaches
+    it to the backbone. On the CPU torch gets one thread, as one action of the local warm pool
+    has.
+
+    Raises:
+        ValueError: an unreadable ``config_json`` or ``model.path``, or ``model.lora``'s
+            target_modules matching no module of the model.
+    """
     import torch
 
-    from actions.models.modeling import build_tiny_model, instantiate, random_model_from_config, read_model_dir
+    from actions.models.modeling import instantiate, random_model_from_config
 
     if device.type == "cpu":
         torch.set_num_threads(1)  # one core per actor, as the local warm pool runs them
     if config_json is not None:
         model = random_model_from_config(config_json, device, dtype, source="--model-config")
-    elif cfg.model.path:
-        model, _ = instantiate(*read_model_dir(cfg.model.path))
     else:
-        m = cfg.model
-        model, _ = build_tiny_model(hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
-                                    intermediate_size=m.intermediate_size, max_positions=m.max_positions, seed=0)
-    return model.to(device=device, dtype=dtype).eval()
+        model, _ = instantiate(*campaign_model(cfg))
+    model = model.to(device=device, dtype=dtype).eval()
+    if cfg.model.lora is not None:
+        from actions.models.lora import attach_adapter
+
+        model = attach_adapter(model, cfg.model.lora, None)
+    return model
+
+
+def campaign_model(cfg: CampaignConfig) -> tuple[dict[str, bytes], dict[str, torch.Tensor]]:
+    """(base files, fp32 tensors) of the campaign's model: ``model.path``, else its tiny model."""
+    from actions.models.modeling import base_files, build_tiny_model, read_model_dir
+
+    if cfg.model.path:
+        return read_model_dir(cfg.model.path)
+    m = cfg.model
+    model, tokenizer = build_tiny_model(hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
+                                        intermediate_size=m.intermediate_size, max_positions=m.max_positions, seed=0)
+    return base_files(model, tokenizer), model.state_dict()
+
+
+def measure_vllm(cfg: CampaignConfig, config_json: str | None, device: torch.device, dtype: torch.dtype,
+                 batches: list[int], contexts: list[int], shape: tuple[int, int]) -> dict:
+    """The vLLM engine's grid (``vllm_profiling.measure_grid``, no push measured) on the
+    campaign's model, its weights stored in ``dtype`` and the engine started as the generate
+    action starts it; shut down and its folder removed afterwards.
+
+    Raises:
+        ValueError: ``config_json`` given (vLLM loads a model folder), or ``device`` is not
+            where the installed vLLM runs.
+    """
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from actions.engines.factory import make_engine, write_model_dir
+    from actions.engines.preflight import vllm_backend
+    from actions.engines.vllm_profiling import measure_grid
+
+    if config_json is not None:
+        raise ValueError(f"--model-config {config_json!r} builds a random torch model, but generation.engine 'vllm' "
+                         "loads a model folder: set model.path to one and drop --model-config, or use "
+                         "generation.engine=torch")
+    if device.type != vllm_backend():
+        raise ValueError(f"--device {str(device)!r}: the installed vLLM runs on {vllm_backend()}; "
+                         f"pass --device {vllm_backend()}")
+    files, tensors = campaign_model(cfg)
+    model_dir = write_model_dir(files, {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()})
+    try:
+        engine = make_engine("vllm", None, AutoTokenizer.from_pretrained(model_dir), model_dir=model_dir,
+                             fused_sampling=cfg.generation.fused_sampling)
+        try:
+            computes = str(engine.llm.llm_engine.model_config.dtype).removeprefix("torch.")
+            if computes != str(dtype).removeprefix("torch."):
+                print(f"rlhfless profile: note: vLLM computes in {computes} here (as the campaign's generate "
+                      f"actions will), not {str(dtype).removeprefix('torch.')}", file=sys.stderr)
+            return measure_grid(engine, engine.vocab_size, batches, contexts, prefill_shape=shape,
+                                name=f"measured-vllm-{device.type}-{computes}")
+        finally:
+            engine.shutdown()
+    finally:
+        shutil.rmtree(model_dir, ignore_errors=True)

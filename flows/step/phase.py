@@ -10,6 +10,7 @@ executes exactly the plan it returns.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from actions.contracts import PromptTokens
 from flows.invokers.cores import pool_cores
@@ -21,8 +22,11 @@ from flows.planning.settings import PlannerSettings
 from flows.planning.tpot import CPU_TINY_PROFILE, TpotProfile
 from flows.step.context import RunContext
 
+if TYPE_CHECKING:
+    from actions.config.workload import GenerationConfig
+
 __all__ = ["PhasePlan", "build_planner", "cluster_spec", "load_profile", "phase_inputs", "plan_generation_phase",
-           "planner_rules", "planner_settings"]
+           "planner_rules", "planner_settings", "runs_prefill_action"]
 
 
 def load_profile(ctx: RunContext) -> TpotProfile:
@@ -40,7 +44,9 @@ def cluster_spec(ctx: RunContext, num_workers: int, calibration: Calibration = C
     round trip and the prefill action its fixed cost learned from the campaign's steps
     (``flows/planning/calibration.py``); on the local pool at most one action per ``threads`` cores (the share the
     profile was measured with) decodes at the measured speed, so that is the capacity (more
-    would share cores the profile measured alone)."""
+    would share cores the profile measured alone). The vLLM engine runs no prefill action
+    (``planner_rules``): the cluster has none, so no prefill time is planned and no prefix KV
+    travels."""
     s, live = ctx.config.scaling, ctx.live
     capacity = max(1, num_workers)
     transfer: dict[str, float] = {}
@@ -50,9 +56,19 @@ def cluster_spec(ctx: RunContext, num_workers: int, calibration: Calibration = C
                         activation_s=live.activation_s, prefill_fixed_s=calibration.prefill_fixed_s)
         if ctx.config.invoker.kind != "openwhisk":
             capacity = max(1, min(capacity, pool_cores(ctx.config) // max(1, live.threads)))
+    prefill_action = runs_prefill_action(ctx.config.generation)
+    if not prefill_action:
+        transfer["kv_bytes_per_token"] = 0.0
     return ClusterSpec(gpus_per_actor=s.gpus_per_actor, max_actors=capacity,
                        price_per_gpu_second=ctx.config.price_per_gpu_second, cold_start_s=s.cold_start_s,
-                       num_warm_actors=max(1, num_workers), **transfer)
+                       num_warm_actors=max(1, num_workers), prefill_action=prefill_action, **transfer)
+
+
+def runs_prefill_action(generation: GenerationConfig) -> bool:
+    """Whether the step may run the separate prefill action: not on the vLLM engine, which has
+    no API to import the action's KV bundle; its prefix cache deduplicates a group's prompt
+    inside the engine instead (``generation.dedup_prefill``)."""
+    return generation.engine != "vllm"
 
 
 def planner_settings(ctx: RunContext, num_workers: int, profile: TpotProfile,
@@ -73,12 +89,13 @@ def planner_rules(ctx: RunContext, num_workers: int) -> PlannerRules:
     cfg = ctx.config
     g, s = cfg.generation, cfg.scaling
     settings = planner_settings(ctx, num_workers, load_profile(ctx), cluster_spec(ctx, num_workers))
+    prefill = runs_prefill_action(g)
     # The EOS token is generated too, so no response runs past max_new_tokens.
     return PlannerRules(settings=settings, group_size=cfg.algorithm.group_size, length_window=g.length_window,
                         max_length=g.max_new_tokens, first_epoch=g.first_epoch_predictor,
                         cut_threshold=g.cut_threshold,
-                        prefill_capacity=g.prefill_capacity if g.dedup_prefill else None,
-                        prefill_action=g.prefill_action,
+                        prefill_capacity=g.prefill_capacity if g.dedup_prefill and prefill else None,
+                        prefill_action=g.prefill_action if prefill else "never",
                         speculative=g.speculation == "auto" and g.engine == "torch",
                         calibrated=ctx.live is not None,
                         prewarm_buffer_s=s.prewarm_buffer_s if s.prewarm else None,
