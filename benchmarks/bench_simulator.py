@@ -43,19 +43,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from flows.planning.lengths import FIRST_EPOCH_PREDICTORS
-from flows.planning.tpot import (GPUS, LEARNER_MFU, MODELS, kv_capacity_tokens, learner_tokens_per_s,
-                                    roofline_profile)
-from benchmarks.make_traces import SHAPES, make_trace
-from flows.simulate.cli import bound_report
-from flows.simulate.policies import DEFAULT_POLICIES, ClusterModel, Policy, parse_policy
-from flows.simulate.replay import TraceStep, read_trace, replay, replay_step, step_predictions
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT)]  # `benchmarks.make_traces` and this checkout's flows, without PYTHONPATH
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+from benchmarks.make_traces import SHAPES, make_trace  # noqa: E402
+from flows.planning.lengths import FIRST_EPOCH_PREDICTORS  # noqa: E402
+from flows.planning.tpot import (GPUS, LEARNER_MFU, MODELS, kv_capacity_tokens,  # noqa: E402
+                                 learner_tokens_per_s, roofline_profile)
+from flows.simulate.cli import bound_report  # noqa: E402
+from flows.simulate.policies import DEFAULT_POLICIES, ClusterModel, Policy, parse_policy  # noqa: E402
+from flows.simulate.replay import TraceStep, read_trace, replay, replay_step, step_predictions  # noqa: E402
+
+TRACES = ROOT.parent / "shared" / "traces"
 TARGET_SPEEDUP, TARGET_SAVING = 1.35, 0.45
 # for context: the cheapest serverless plan (one ranked actor) and a bigger static baseline
 CONTEXT_POLICIES = ("no-scale:1", "static:6")

@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML configuration whose store.uri to use")
     parser.add_argument("--merge-lora", action="store_true", help="merge a LoRA run's adapter into the model")
     parser.add_argument("--push-to-hub", metavar="REPO", default=None,
-                        help="also upload the folder to this Hugging Face repo (needs HF_HUB_OFFLINE=0)")
+                        help="also upload the folder to this Hugging Face repo (needs HF_HUB_OFFLINE unset or 0)")
 
 
 def _check_args(args: argparse.Namespace) -> Path:
@@ -38,7 +38,7 @@ def _check_args(args: argparse.Namespace) -> Path:
         raise ValueError(f"export --step {args.step}: steps count from 0 (the initial policy); pass 0 or more")
     if args.push_to_hub is not None and os.environ.get("HF_HUB_OFFLINE", "0").strip().lower() in _TRUE:
         raise ValueError(f"export --push-to-hub {args.push_to_hub!r} needs the network, but HF_HUB_OFFLINE="
-                         f"{os.environ['HF_HUB_OFFLINE']} (rlhfless's default); set HF_HUB_OFFLINE=0 (and log in with "
+                         f"{os.environ['HF_HUB_OFFLINE']}; set HF_HUB_OFFLINE=0 or unset it (and log in with "
                          "`hf auth login`) to push, or drop --push-to-hub")
     return out
 
