@@ -107,4 +107,6 @@ def test_decode_settings_that_contradict_each_other_are_refused_by_the_config():
     for demand in ({"cuda_graphs": "on"}, {"compile_decode": True}):
         with pytest.raises(ValueError, match=r"torch engine setting and generation.engine is 'vllm'"):
             GenerationConfig(engine="vllm", **demand)
+    with pytest.raises(ValueError, match=r"prefill_action 'always' and generation.engine is 'vllm'"):
+        GenerationConfig(engine="vllm", prefill_action="always")
     GenerationConfig(engine="vllm", cuda_graphs="auto", kv_cache="dynamic")  # "where it applies": nothing here

@@ -263,8 +263,8 @@ class GenerationConfig(_Section):
     where the prefix its prompts share saves more prefill compute than the action's fixed cost
     (``flows/planning/prefix.py: prefill_action_pays``); otherwise each generation action
     prefills its own prompts, once per group. The samples are the same either way. The vLLM
-    engine runs no prefill action, whatever this says: it cannot import the action's KV
-    bundle, and its prefix cache computes a group's prompt once (docs/vllm.md)."""
+    engine runs no prefill action (``always`` is refused with it): it cannot import the
+    action's KV bundle, and its prefix cache computes a group's prompt once (docs/vllm.md)."""
     length_window: int = Field(1, ge=1)
     """EWMA window (epochs) of the response-length predictor."""
     first_epoch_predictor: Literal["reference", "learned"] = "learned"
@@ -337,6 +337,10 @@ class GenerationConfig(_Section):
             what = "cuda_graphs 'on'" if self.cuda_graphs == "on" else "compile_decode true"
             raise ValueError(f"generation.{what} is a torch engine setting and generation.engine is 'vllm' (vLLM "
                              "captures and compiles its own decode step); remove it, or use engine: torch")
+        if self.engine == "vllm" and self.prefill_action == "always":
+            raise ValueError("generation.prefill_action 'always' and generation.engine is 'vllm', which runs no "
+                             "prefill action (its prefix cache computes a group's prompt once); remove it, or use "
+                             "engine: torch")
         if self.cuda_graphs == "on" and self.kv_cache != "static":
             raise ValueError("generation.cuda_graphs 'on' needs generation.kv_cache 'static'; "
                              "set kv_cache: static, or cuda_graphs: auto or off")
