@@ -23,6 +23,26 @@ class _Msg(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class DecodeSettings(_Msg):
+    """Which engine a generation action decodes with, and how (``generation.*``): what a
+    pre-warm needs to build the engine the run's generate actions then use."""
+
+    engine: Literal["torch", "vllm"] = "torch"
+    kv_cache: Literal["static", "dynamic"] = "static"
+    cuda_graphs: Literal["auto", "on", "off"] = "auto"
+    compile_decode: bool = False
+    fused_sampling: Literal["auto", "on", "off"] = "auto"
+
+    @classmethod
+    def of(cls, generation: Any) -> DecodeSettings:
+        """The settings of a ``GenerationConfig``."""
+        return cls(**{name: getattr(generation, name) for name in cls.model_fields})
+
+    def engine_options(self) -> dict[str, Any]:
+        """``load_engine``'s keyword arguments (everything but ``engine``)."""
+        return self.model_dump(exclude={"engine"})
+
+
 class ModelRef(_Msg):
     store_uri: str
     base_key: str
@@ -409,9 +429,10 @@ class Control(BaseModel):
     prewarm_hold_s: float = Field(0.0, alias="__prewarm_hold_s")
     prewarm_model: dict[str, Any] | None = Field(None, alias="__prewarm_model")
     """A ``ModelRef`` as JSON: the policy version a pre-warmed container loads."""
-    prewarm_engine: Literal["torch", "vllm"] = Field("torch", alias="__prewarm_engine")
-    """The engine the pre-warm loads ``prewarm_model`` into: ``torch`` (the warm model cache) or
-    ``vllm`` (build the process's vLLM engine, or push the version into the running one)."""
+    prewarm_decode: DecodeSettings = Field(DecodeSettings(), alias="__prewarm_decode")
+    """The engine the pre-warm loads ``prewarm_model`` into, built with the run's decode
+    settings: ``torch`` (the generation slot) or ``vllm`` (build the process's vLLM engine, or
+    push the version into the running one); a fused draw is compiled as the run draws."""
     activation: dict[str, Any] | None = Field(None, alias="__activation")
     """Result side: the runtime's record of the activation (busy time, pid, image, cold)."""
     warm: WarmCounts | None = Field(None, alias="__warm")

@@ -116,15 +116,18 @@ def test_existing_run_needs_resume_and_same_config(tiny_config, prefect_harness)
 
 
 def test_smoke_whole_flow_on_local_warm_pool(tiny_config, prefect_harness, monkeypatch):
+    from actions.contracts import DecodeSettings
     from flows.campaign.run import rlhf_campaign
     from flows.invokers.local_pool import LocalPoolInvoker
 
     warmed: list[tuple[str, int]] = []  # (action, policy version) of every pre-warm with a model
+    settings = []  # the decode settings each pre-warm builds its engine with
     real_prewarm = LocalPoolInvoker.prewarm
 
     def spy(self, action, count, *, model=None, **kw):
         if model is not None:
             warmed.append((action, model["policy_version"]))
+            settings.append(kw["decode"])
         return real_prewarm(self, action, count, model=model, **kw)
 
     monkeypatch.setattr(LocalPoolInvoker, "prewarm", spy)
@@ -134,6 +137,7 @@ def test_smoke_whole_flow_on_local_warm_pool(tiny_config, prefect_harness, monke
     # published, none after the last step; the step-start pre-warm then finds it loaded or
     # loading, and loads it nowhere else.
     assert ("generate", 1) in warmed and ("generate", 2) not in warmed
+    assert settings and all(s == DecodeSettings.of(cfg.generation) for s in settings)
     assert summary["steps"][-1]["prewarm/started"] == 0.0
     assert summary["steps_completed"] == 2
     assert summary["billed_gpu_seconds"] > 0 and summary["useful_gpu_seconds"] > 0

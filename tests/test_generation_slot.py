@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actions.contracts import ModelRef
+from actions.contracts import Control, DecodeSettings, ModelRef, split_control
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.factory import load_engine, make_engine, take_engine_events
 from actions.engines.static_decode import runtime_for
@@ -136,15 +136,22 @@ def test_a_generate_prewarm_loads_the_version_into_the_slot(full, monkeypatch):
     take_engine_events()
     prepared = []
     monkeypatch.setattr(TorchEngine, "prepare_draws", lambda self: prepared.append(self))
-    assert _preload_model(refs[1].model_dump(mode="json"), "generate") is True
-    assert _preload_model(refs[2].model_dump(mode="json"), "generate") is True
+    assert _preload_model(refs[1].model_dump(mode="json"), "generate", DecodeSettings()) is True
+    assert _preload_model(refs[2].model_dump(mode="json"), "generate", DecodeSettings()) is True
     assert load_engine("torch", refs[2])[2] is True  # the activation finds it there
     events = take_engine_events()  # reported by the process's next generate result
     assert (events.starts, events.pushes) == (1, 1)
     # each generate pre-warm compiles the engine's fused draw (sampling.fused_draw.prepare)
     assert len(prepared) == 2 and all(e is load_engine("torch", refs[2])[0] for e in prepared)
-    _preload_model(refs[2].model_dump(mode="json"), "evaluate")  # greedy: nothing to prepare
+    _preload_model(refs[2].model_dump(mode="json"), "evaluate", DecodeSettings())  # greedy: nothing to prepare
     assert len(prepared) == 2
+    # the run's decode settings build the engine its generate actions then use, fused draw included
+    run = DecodeSettings(kv_cache="dynamic", fused_sampling="on")
+    _preload_model(refs[2].model_dump(mode="json"), "generate", run)
+    engine = load_engine("torch", refs[2], **run.engine_options())[0]
+    assert prepared[-1] is engine and engine.fused_sampling and engine.kv_cache == "dynamic"
+    wire = Control(prewarm=True, prewarm_model=refs[2].model_dump(mode="json"), prewarm_decode=run).to_payload()
+    assert split_control(wire)[1].prewarm_decode == run  # as the worker's runtime reads it
 
 
 def test_the_engine_and_its_estimates_are_kept_per_decode_settings(full):

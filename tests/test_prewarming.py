@@ -13,7 +13,7 @@ class RecordingInvoker:
         self.calls: list[tuple[str, int, dict, float]] = []
         self.fired = threading.Event()
 
-    def prewarm(self, action: str, count: int, *, model: dict | None = None, engine: str = "torch") -> int:
+    def prewarm(self, action: str, count: int, *, model: dict | None = None, decode=None) -> int:
         self.calls.append((action, count, model, time.time()))
         self.fired.set()
         return count
@@ -46,7 +46,7 @@ def test_no_history_means_no_prewarm_and_an_unfired_one_is_cancelled():
 
 def test_a_failing_prewarm_does_not_fail_the_step():
     class Broken(RecordingInvoker):
-        def prewarm(self, action, count, *, model=None, engine="torch"):
+        def prewarm(self, action, count, *, model=None, decode=None):
             raise RuntimeError("pool unavailable")
 
     report = PhasePrewarmer(Broken(), t0=time.time(), offset_s=0.0, action="generate", count=2,

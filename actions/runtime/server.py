@@ -52,10 +52,13 @@ import time
 import traceback
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from actions.runtime.errors import describe_crash
 from actions.runtime.request_auth import REPLY_HEADER, NonceCheck, reply_mac
+
+if TYPE_CHECKING:
+    from actions.contracts import DecodeSettings
 
 SENTINEL = "XXX_THE_END_OF_A_WHISK_ACTIVATION_XXX"
 ACTION_NAMES = frozenset({"prepare", "prefill", "generate", "score", "train_step", "warmup", "evaluate", "profile",
@@ -150,7 +153,7 @@ class ActionRuntime:
                 if control.prewarm_model is not None:
                     # Also load the coming policy version and the action's code, so the
                     # activation skips both.
-                    loaded = _preload_model(control.prewarm_model, name, control.prewarm_engine)
+                    loaded = _preload_model(control.prewarm_model, name, control.prewarm_decode)
                 print(SENTINEL, flush=True)
                 print(SENTINEL, file=sys.stderr, flush=True)
                 return 200, {"ok": True, "prewarm": True, "model_loaded": loaded,
@@ -178,12 +181,13 @@ class ActionRuntime:
         return status, result
 
 
-def _preload_model(ref: dict[str, Any], action: str, engine: str = "torch") -> bool:
+def _preload_model(ref: dict[str, Any], action: str, decode: DecodeSettings) -> bool:
     """Import ``action``'s module and load a policy version where the action will look for it:
     the process's vLLM engine (``vllm``: built once, then each version pushed into it in
     place, never a torch model beside it), the torch generation slot for generate and
     evaluate (the same model, each version copied into it in place), else the warm cache.
-    True if the version was not there. Best effort."""
+    Engines are built with ``decode``'s settings, the ones the run's actions ask for. True if
+    the version was not there. Best effort."""
     try:
         from actions.contracts import ModelRef
         from actions.models.loading import configure_threads, load_model
@@ -191,10 +195,10 @@ def _preload_model(ref: dict[str, Any], action: str, engine: str = "torch") -> b
         importlib.import_module(f"actions.{action}")
         configure_threads()
         model = ModelRef.model_validate(ref)
-        if engine == "vllm" or action in SLOT_ACTIONS:
+        if decode.engine == "vllm" or action in SLOT_ACTIONS:
             from actions.engines.factory import load_engine
 
-            loaded, _, hit = load_engine(engine, model)
+            loaded, _, hit = load_engine(decode.engine, model, **decode.engine_options())
             if action == "generate" and hasattr(loaded, "prepare_draws"):
                 loaded.prepare_draws()  # compile the fused draw here, not in the first generate
         else:

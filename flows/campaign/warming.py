@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from actions.contracts import DecodeSettings
 from flows.config import CampaignConfig
 from flows.invokers.base import Invoker
 from flows.step.prewarmer import prewarm_in_background
@@ -23,7 +24,7 @@ class PoolWarming:
     def __init__(self, cfg: CampaignConfig, invoker: Invoker, num_workers: int) -> None:
         self.on = cfg.invoker.kind == "local"
         self.invoker, self.num_workers = invoker, num_workers
-        self.engine = cfg.generation.engine
+        self.decode = DecodeSettings.of(cfg.generation)
         self.thread: threading.Thread | None = None  # the next step's policy, loading in generation workers
 
     def before_first_step(self, model: dict[str, Any]) -> None:
@@ -31,13 +32,13 @@ class PoolWarming:
         engine costs seconds and a KV cache each: the version goes into the engines set-up
         built (the profile's, the evaluation's), and one starts only where there is none."""
         if self.on:
-            self.invoker.prewarm("generate", self.num_workers if self.engine == "torch" else 1, model=model,
-                                 engine=self.engine)
+            self.invoker.prewarm("generate", self.num_workers if self.decode.engine == "torch" else 1, model=model,
+                                 decode=self.decode)
 
     def before_next_step(self, fan_out: int, model: dict[str, Any]) -> None:
         """``fan_out`` workers load ``model`` in the background."""
         if self.on:
-            self.thread = prewarm_in_background(self.invoker, "generate", fan_out, model, self.engine)
+            self.thread = prewarm_in_background(self.invoker, "generate", fan_out, model, self.decode)
 
     def join(self) -> None:
         if self.thread is not None:

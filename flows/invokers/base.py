@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from actions.contracts import DecodeSettings
+
 
 class ActionError(RuntimeError):
     """An activation that did not produce a result."""
@@ -90,12 +92,13 @@ class Invoker(Protocol):
         """
 
     def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None,
-                engine: str = "torch") -> int:
+                decode: DecodeSettings = DecodeSettings()) -> int:
         """Make ``count`` containers for ``action`` warm ahead of use; returns how many
         were started now (already-warm ones are not counted). With ``model`` (a ``ModelRef``
         as JSON) each container also loads that policy version, so the activation that
-        follows finds the weights in memory: into the warm model cache (``engine`` torch) or
-        into the container's vLLM engine (``vllm``: built once, then pushed into in place)."""
+        follows finds the weights in memory: into the generation slot (``decode.engine``
+        torch) or into the container's vLLM engine (``vllm``: built once, then pushed into in
+        place), whose engine is built with ``decode``'s settings."""
 
     def close(self) -> None:
         """Release workers and connections."""

@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from actions.contracts import DecodeSettings
 from actions.runtime.errors import crash_text
 from flows.invokers.base import ActionError, Activation
 
@@ -59,7 +60,7 @@ class ChildProcessInvoker:
                           started_at=started, ended_at=ended, busy_s=ended - started, worker="child", gpus=0)
 
     def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None,
-                engine: str = "torch") -> int:
+                decode: DecodeSettings = DecodeSettings()) -> int:
         return 0  # every activation starts its own process
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ import time
 import uuid
 from typing import Any
 
-from actions.contracts import Control
+from actions.contracts import Control, DecodeSettings
 from actions.runtime.errors import crash_text, describe_crash
 from flows.invokers.base import ActionError, Activation
 from flows.invokers.cores import available_cores
@@ -48,7 +48,7 @@ class InProcessInvoker:
                           started_at=started, ended_at=ended, busy_s=ended - started, worker="inprocess")
 
     def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None,
-                engine: str = "torch") -> int:
+                decode: DecodeSettings = DecodeSettings()) -> int:
         return 0  # this process is the only container, and it is always warm
 
     def close(self) -> None:

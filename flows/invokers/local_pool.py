@@ -46,7 +46,7 @@ from typing import Any
 
 import httpx
 
-from actions.contracts import Control, take_activation
+from actions.contracts import Control, DecodeSettings, take_activation
 from actions.runtime.errors import TRANSIENT_STATUS, crash_text, one_line
 from actions.runtime.request_auth import REPLY_HEADER, reply_is_authentic, sign_request
 from actions.runtime.server import DEFAULT_MAX_BODY_BYTES
@@ -291,19 +291,19 @@ class LocalPoolInvoker:
         worker.proc.wait()
 
     def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None,
-                engine: str = "torch") -> int:
+                decode: DecodeSettings = DecodeSettings()) -> int:
         """Workers are started warm; with ``model``, idle workers load that policy version now
         until ``count`` idle ones hold it (busy ones are skipped: never wait; one that holds it
-        already gets no request). With ``engine="vllm"`` they load it into their vLLM engine:
+        already gets no request). With ``decode.engine`` vllm they load it into their vLLM engine:
         every idle worker with a built engine gets the version pushed into it, and new engines
         start only on as many workers as ``count`` still lacks (``IdleWorkers.take_to_warm``).
-        Returns how many loaded it."""
+        Engines are built with ``decode``'s settings. Returns how many loaded it."""
         if model is None or count <= 0:
             return 0
         policy = ref_policy(model)
-        kind = "vllm" if engine == "vllm" else None
+        kind = "vllm" if decode.engine == "vllm" else None
         taken = self._idle.take_to_warm(action, policy, count, kind)
-        body = {"value": Control(prewarm=True, prewarm_model=model, prewarm_engine=engine).to_payload(),
+        body = {"value": Control(prewarm=True, prewarm_model=model, prewarm_decode=decode).to_payload(),
                 "action_name": f"/local/rlhfless/{action}", "activation_id": uuid.uuid4().hex}
 
         def warm(worker: _Worker) -> bool:

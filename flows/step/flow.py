@@ -18,7 +18,7 @@ from typing import Any
 from prefect import flow
 from prefect.futures import PrefectFuture, as_completed
 
-from actions.contracts import GenerateResult, PrefillResult, ScoreResult, TrainStepResult
+from actions.contracts import DecodeSettings, GenerateResult, PrefillResult, ScoreResult, TrainStepResult
 from flows.invokers.base import Activation
 from flows.planning.drain import GenerationDrain, ReturnedShard, SubmitContinuation, SubmitScore
 from flows.planning.planner import PhasePlan
@@ -57,7 +57,7 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> StepOutcome:
     with clock.phase("prefill"):
         prewarm = PhasePrewarmer(ctx.invoker, t0=clock.started, offset_s=phase.prewarm_offset_s, action="generate",
                                  count=phase.plan.num_actors, model=inputs.model.model_dump(mode="json"),
-                                 engine=ctx.config.generation.engine)
+                                 decode=DecodeSettings.of(ctx.config.generation))
         prefill = None
         if phase.prefill and phase.prefill.prefix_len:
             prefill = _collect(invoke_action(action="prefill", payload=prefill_payload(ctx, inputs, phase),

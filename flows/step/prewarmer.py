@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any
 
+from actions.contracts import DecodeSettings
 from flows.invokers.base import Invoker
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ class PhasePrewarmer:
     """One armed pre-warm; ``report()`` says whether and when it fired (seconds from ``t0``)."""
 
     def __init__(self, invoker: Invoker, *, t0: float, offset_s: float | None, action: str, count: int,
-                 model: dict[str, Any], engine: str = "torch") -> None:
+                 model: dict[str, Any], decode: DecodeSettings = DecodeSettings()) -> None:
         self.t0 = t0
         self.offset_s = offset_s
         self.fired_s: float | None = None
@@ -38,7 +39,7 @@ class PhasePrewarmer:
 
         def fire() -> None:
             self.fired_s = time.time() - t0
-            self.started = _prewarm(invoker, action, count, model, engine)
+            self.started = _prewarm(invoker, action, count, model, decode)
 
         self._timer = threading.Timer(max(0.0, offset_s - (time.time() - t0)), fire)
         self._timer.daemon = True
@@ -55,21 +56,22 @@ class PhasePrewarmer:
 
 
 def prewarm_in_background(invoker: Invoker, action: str, count: int, model: dict[str, Any],
-                          engine: str = "torch") -> threading.Thread:
-    """Start loading ``model`` into ``count`` idle ``action`` workers now (into their ``engine``:
-    ``Invoker.prewarm``), on a thread, and return the thread (join it before closing the
-    invoker). Best effort, like ``PhasePrewarmer``."""
+                          decode: DecodeSettings = DecodeSettings()) -> threading.Thread:
+    """Start loading ``model`` into ``count`` idle ``action`` workers now (into the engine
+    ``decode`` describes: ``Invoker.prewarm``), on a thread, and return the thread (join it
+    before closing the invoker). Best effort, like ``PhasePrewarmer``."""
 
-    thread = threading.Thread(target=_prewarm, args=(invoker, action, count, model, engine),
+    thread = threading.Thread(target=_prewarm, args=(invoker, action, count, model, decode),
                               name=f"prewarm-{action}", daemon=True)
     thread.start()
     return thread
 
 
-def _prewarm(invoker: Invoker, action: str, count: int, model: dict[str, Any], engine: str = "torch") -> int:
+def _prewarm(invoker: Invoker, action: str, count: int, model: dict[str, Any],
+             decode: DecodeSettings = DecodeSettings()) -> int:
     """``invoker.prewarm``, best effort: a failure is logged, never raised (0 started)."""
     try:
-        return invoker.prewarm(action, count, model=model, engine=engine)
+        return invoker.prewarm(action, count, model=model, decode=decode)
     except Exception as exc:  # never fail a step or the campaign for a pre-warm
         log.warning("pre-warm of %s failed: %s", action, exc)
         return 0

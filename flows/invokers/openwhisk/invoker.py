@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from actions.contracts import Control, take_activation
+from actions.contracts import Control, DecodeSettings, take_activation
 from flows.invokers.base import ActionError, Activation
 from flows.invokers.openwhisk.activations import annotations_of
 from flows.invokers.openwhisk.api import OpenWhiskError, RetryPolicy
@@ -145,10 +145,11 @@ class OpenWhiskInvoker:
         return activation_from_record(action, record, meta)
 
     def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None,
-                engine: str = "torch") -> int:
+                decode: DecodeSettings = DecodeSettings()) -> int:
         """Start ``count`` containers for ``action``; returns how many were cold starts now.
-        With ``model`` each container also loads that policy version (``__prewarm_model``),
-        into its vLLM engine with ``engine="vllm"`` (built once per container, then pushed into)."""
+        With ``model`` each container also loads that policy version (``__prewarm_model``)
+        into the engine ``decode`` names, built with its settings (``__prewarm_decode``; a
+        vLLM engine is built once per container, then pushed into)."""
         if count <= 0:
             return 0
         name = self.qualified_name(action)
@@ -156,7 +157,7 @@ class OpenWhiskInvoker:
         def warm_one(_: int) -> bool:
             try:
                 payload = Control(prewarm=True, prewarm_hold_s=self.prewarm_hold_s, prewarm_model=model,
-                                  prewarm_engine=engine).to_payload()
+                                  prewarm_decode=decode).to_payload()
                 record = self.client.invoke(name, payload, timeout_s=self.timeout_s)
             except OpenWhiskError as exc:
                 if not exc.transient:
