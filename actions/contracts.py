@@ -97,6 +97,11 @@ class WarmupRequest(_Msg):
     """The synthetic task whose imperfect demonstrator writes the targets; None: the
     dataset's reference answers, verbatim (a user dataset with worked solutions)."""
     seed: int
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """``model.dtype``: what the warm-up trains in and publishes policy version 0 in, as
+    ``ModelRef.dtype`` (``device.action_dtype``), so every later action loads v0 unconverted."""
+    gradient_checkpointing: bool = False
+    """``model.gradient_checkpointing``, as ``TrainStepRequest``'s."""
 
 
 class WarmupResult(_Msg):

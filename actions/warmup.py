@@ -1,49 +1,61 @@
 """warmup action: a short supervised phase so RL starts from a non-trivial policy.
 
 Trains the initial weights on demonstrations (teacher forcing, loss on answer tokens and EOS):
-a synthetic task's imperfect demonstrator, or a user dataset's reference answers verbatim, and publishes the result, which becomes policy version 0 and the frozen
-reference for the KL term.
+a synthetic task's imperfect demonstrator, or a user dataset's reference answers verbatim, and
+publishes the result, which becomes policy version 0 and the frozen reference for the KL term.
+
+It trains as ``train_step`` does: on the action's device (``RLHFLESS_DEVICE``) in
+``model.dtype``, with the fp32 master weights of ``actions/rl/optimizer.py`` under bf16/fp16
+and ``model.gradient_checkpointing``; and it publishes every weight in the training dtype, so
+generate, score and train load version 0 as they load any later version. Warm-up is always full
+fine-tuning, also under ``model.lora`` (its output is the adapter's backbone). Its optimizer
+state is not kept: the first RL step starts AdamW afresh from version 0.
 """
 
 from __future__ import annotations
 
+import math
 import random
 
 import torch
 
-from actions.contracts import WarmupRequest, WarmupResult
-from actions.models.loading import encode, load_base, store_for
-from actions.models.modeling import instantiate
+from actions.contracts import ModelRef, WarmupRequest, WarmupResult
+from actions.models.loading import encode, load_model, store_for
 from actions.models.special_tokens import special_tokens
+from actions.rl.recompute import enable_checkpointing
 from actions.rl.sequences import pack, response_logprobs
+from actions.rl.update import make_optimizer
 from actions.runtime.adapter import run_action
-from actions.store.weights import load_tensors, publish_tensors
+from actions.store.weights import publish_tensors
 from actions.tasks import get_task
 from actions.tasks.stored import load_dataset
 
 
 def run_warmup(req: WarmupRequest) -> WarmupResult:
     store = store_for(req.store_uri)
-    tensors, _ = load_tensors(store, req.init_key)
-    model, tokenizer = instantiate(load_base(req.store_uri, req.base_key), tensors)
+    init = ModelRef(store_uri=req.store_uri, base_key=req.base_key, policy_key=req.init_key, policy_version=0,
+                    dtype=req.dtype)
+    model, tokenizer, _ = load_model(init, fresh=True)
+    device = next(model.parameters()).device
     rows = list(load_dataset(req.store_uri, req.dataset_key).values())
     task = get_task(req.task) if req.task is not None else None
     rng = random.Random(req.seed)
     torch.manual_seed(req.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=req.warmup.lr, weight_decay=0.0)
+    opt = make_optimizer(model, req.warmup.lr)
     ids = special_tokens(model, tokenizer)
     model.train()
+    enable_checkpointing(model, req.gradient_checkpointing)
     losses = []
     for _ in range(req.warmup.steps):
         batch = rng.sample(rows, min(req.warmup.batch_size, len(rows)))
         demos = [task.demonstrate(r.answer, rng, req.warmup.error_rate) if task else r.answer for r in batch]
         targets = [list(encode(tokenizer, d)) + [ids.eos_id] for d in demos]
-        packed = pack([encode(tokenizer, r.prompt) for r in batch], targets, ids.pad_id)
+        packed = pack([encode(tokenizer, r.prompt) for r in batch], targets, ids.pad_id).to(device)
         logp = response_logprobs(model, packed)
         loss = -(logp.sum() / packed.response_mask.sum())
         opt.zero_grad()
         loss.backward()
-        opt.step()
+        opt.step(max_grad_norm=math.inf)  # no clipping: a norm of inf scales the gradients by exactly 1
         losses.append(float(loss.detach()))
     published = publish_tensors(store, req.output_key, model.state_dict(), {"version": 0, "source": "warmup"})
     return WarmupResult(

@@ -197,6 +197,47 @@ def test_actions_round_trip_on_cuda(tmp_path, monkeypatch):
     close_torch_slot()  # nor in the generation slot
 
 
+def test_warmup_trains_on_cuda_in_bf16_and_publishes_what_generate_loads(tmp_path, monkeypatch):
+    """RLHFLESS_DEVICE=cuda with model.dtype auto: the warm-up's steps run on the GPU in
+    bfloat16, and policy v0 is stored (host tensors) in bfloat16, exactly what the other
+    actions load."""
+    import actions.warmup as warmup
+    from actions.contracts import ModelRef, WarmupRequest
+    from actions.models import warm
+    from actions.models.loading import load_model
+    from actions.prepare import prepare
+    from actions.store import LocalStore
+    from actions.store.weights import load_tensors
+    from flows.config import load_config
+    from tests.conftest import TINY_OVERRIDES
+
+    cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={tmp_path}"])
+    store = LocalStore(tmp_path)
+    p = prepare(cfg, store, "runs/w")
+    seen = []
+    forward = warmup.response_logprobs
+
+    def spy(model, packed):
+        param = next(model.parameters())
+        seen.append((param.device.type, param.dtype, packed.input_ids.device.type))
+        return forward(model, packed)
+
+    monkeypatch.setattr(warmup, "response_logprobs", spy)
+    monkeypatch.setenv("RLHFLESS_DEVICE", "cuda")
+    req = WarmupRequest(store_uri=store.uri, base_key=p.base_key, init_key=p.init_key, dataset_key=p.train_key,
+                        output_key="runs/w/policy/v000000/manifest.json", warmup=cfg.warmup, task="repeat", seed=0,
+                        gradient_checkpointing=True)
+    res = warmup.run_warmup(req)
+    assert seen == [("cuda", torch.bfloat16, "cuda")] * cfg.warmup.steps
+    stored, _ = load_tensors(store, res.policy_key)
+    assert {(t.device.type, t.dtype) for t in stored.values()} == {("cpu", torch.bfloat16)}
+    model, _, _ = load_model(ModelRef(store_uri=store.uri, base_key=p.base_key, policy_key=res.policy_key,
+                                      policy_version=0, weights_sha256=res.weights_sha256))
+    loaded = model.state_dict()
+    assert [n for n, t in stored.items() if not torch.equal(loaded[n].cpu(), t)] == []
+    warm.clear()  # leave no CUDA models in the process-wide warm cache
+
+
 def test_cuda_graph_path_equals_eager_static_and_dynamic_paths_fp32(tiny):
     """fp32 on CUDA: graph replay runs the eager static step's kernels, so the tokens are equal;
     the dynamic path agrees too. A warm second call replays without capturing."""

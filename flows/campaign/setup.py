@@ -73,7 +73,8 @@ def set_up(ctx: RunContext, progress: Progress) -> CampaignState:
         progress(f"warmup: {cfg.warmup.steps} supervised steps")
         req = WarmupRequest(store_uri=ctx.store.uri, base_key=prepared.base_key, init_key=prepared.init_key,
                             dataset_key=prepared.train_key, output_key=f"{ctx.prefix}/policy/v000000/manifest.json",
-                            warmup=cfg.warmup, task=None if cfg.data.train_path else cfg.data.task, seed=cfg.seed)
+                            warmup=cfg.warmup, task=None if cfg.data.train_path else cfg.data.task, seed=cfg.seed,
+                            dtype=cfg.model.dtype, gradient_checkpointing=cfg.model.gradient_checkpointing)
         warm: WarmupResult = invoke_action(action="warmup", payload=req.model_dump(mode="json"), shard="warmup").result
         policy_key, sha = warm.policy_key, warm.weights_sha256
     else:
