@@ -86,6 +86,18 @@ TINY_OVERRIDES = [
 ]
 
 
+def prepare_tiny(root, prefix: str, *extra: str):
+    """(config, store, ``Prepared``) of the tiny workload (``TINY_OVERRIDES`` plus ``extra``)
+    prepared into a local store at ``root`` under ``prefix``: what action-level tests start from."""
+    from actions.prepare import prepare
+    from actions.store import LocalStore
+    from flows.config import load_config
+
+    cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={root}", *extra])
+    store = LocalStore(root)
+    return cfg, store, prepare(cfg, store, prefix)
+
+
 @pytest.fixture
 def tiny_config(tmp_path):
     """A campaign small enough to run in seconds: returns a factory taking extra overrides."""

@@ -9,9 +9,6 @@ import pytest
 import torch
 
 from actions.contracts import ModelRef
-from actions.prepare import prepare
-from actions.store import LocalStore
-from flows.config import load_config
 
 ACTIONS = ["warmup", "prefill", "generate", "score", "train_step", "evaluate", "profile"]
 
@@ -27,12 +24,9 @@ def test_malformed_payload_returns_error_not_exception(name, payload, capsys):
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    from tests.conftest import TINY_OVERRIDES
+    from tests.conftest import prepare_tiny
 
-    root = tmp_path_factory.mktemp("store")
-    cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={root}"])
-    store = LocalStore(root)
-    return cfg, store, prepare(cfg, store, "runs/c")
+    return prepare_tiny(tmp_path_factory.mktemp("store"), "runs/c")
 
 
 def _call(name, payload):

@@ -115,6 +115,25 @@ def test_collection_deletes_old_versions_only(backend_store) -> None:
     assert load_state(store, "r").step == 5  # commit records are never collected
 
 
+def test_committed_checkpoints_outlive_a_collection_with_other_settings(backend_store) -> None:
+    """A version committed as a checkpoint (``store.checkpoint_every`` then) stays through a
+    later ``rlhfless gc`` or resume whose settings name no checkpoints: weights and optimizer state."""
+    store = backend_store
+    latest = _fake_run(store, "r", 5, shared=b"s")
+    assert collect_garbage(store, latest, Retention(keep_last=1), dry_run=True).versions_kept == [0, 4, 5]
+    pinned = latest.model_copy(update={"checkpoints": [2]})  # as mark_checkpoint(2) left it at commit 2
+    report = collect_garbage(store, pinned, Retention(keep_last=1))
+    assert report.versions_kept == [0, 2, 4, 5]
+    assert store.list("runs/r/steps/000001/") == ["runs/r/steps/000001/train/optimizer/manifest.json",
+                                                  "runs/r/steps/000001/train/policy/manifest.json"]
+    assert _blob_exists(store, b"r-policy-2") and _blob_exists(store, b"r-adam-2")
+    state = CampaignState.model_validate(latest.model_dump())
+    for step in range(1, 5):
+        state.step = step
+        state.mark_checkpoint(2)
+    assert state.checkpoints == [2, 4]
+
+
 class _CrashAfter:
     """A store whose delete() raises after ``n`` blob deletions (a process dying mid-collection)."""
 

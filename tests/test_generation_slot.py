@@ -23,20 +23,14 @@ from actions.models import in_place, warm
 from actions.models.in_place import mismatch
 from actions.models.loading import encode, load_model
 from actions.models.lora import adapter_tensors
-from actions.store import LocalStore
 from actions.store.weights import load_tensors, publish_tensors
-from flows.config import load_config
-from tests.conftest import TINY_OVERRIDES
+from tests.conftest import prepare_tiny
 
 PROMPTS = ("abc 12", "xy", "hello world 7", "q")
 
 
 def _prepare(root, *extra: str):
-    from actions.prepare import prepare
-
-    cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={root}", *extra])
-    store = LocalStore(root)
-    return cfg, store, prepare(cfg, store, "runs/s")
+    return prepare_tiny(root, "runs/s", *extra)
 
 
 def _noisy(tensors: dict[str, torch.Tensor], seed: int, scale: float = 0.3) -> dict[str, torch.Tensor]:

@@ -42,14 +42,9 @@ def test_lora_campaign_on_tiny_qwen2_raises_held_out_accuracy(tmp_path, qwen_dir
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    from actions.prepare import prepare
-    from actions.store import LocalStore
-    from tests.conftest import TINY_OVERRIDES
+    from tests.conftest import prepare_tiny
 
-    root = tmp_path_factory.mktemp("store")
-    cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={root}", "model.lora.r=4"])
-    store = LocalStore(root)
-    return cfg, store, prepare(cfg, store, "runs/l")
+    return prepare_tiny(tmp_path_factory.mktemp("store"), "runs/l", "model.lora.r=4")
 
 
 def _call(name: str, payload: dict) -> dict:

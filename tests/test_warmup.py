@@ -14,20 +14,15 @@ import actions.warmup as warmup
 from actions.contracts import ModelRef, WarmupRequest
 from actions.models.device import action_device
 from actions.models.loading import load_model
-from actions.prepare import prepare
 from actions.rl.update import make_optimizer
 from actions.store import LocalStore
 from actions.store.weights import load_tensors
-from flows.config import load_config
-from tests.conftest import TINY_OVERRIDES
+from tests.conftest import prepare_tiny
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    root = tmp_path_factory.mktemp("store")
-    cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={root}"])
-    store = LocalStore(root)
-    return cfg, store, prepare(cfg, store, "runs/w")
+    return prepare_tiny(tmp_path_factory.mktemp("store"), "runs/w")
 
 
 def _request(cfg, store, p, name: str, **fields) -> WarmupRequest:

@@ -29,7 +29,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from actions.store import (
@@ -112,11 +112,13 @@ def collect_garbage(store: ObjectStore, latest: CampaignState, retention: Retent
     Args:
         store: the run's store.
         latest: the run's newest committed state.
-        retention: the policy; ``keep_last=None`` deletes nothing.
+        retention: the policy; ``keep_last=None`` deletes nothing. The run's committed
+            checkpoints (``latest.checkpoints``) are kept whatever it says.
         lease: the run's :class:`flows.campaign.lease.RunLease`; checked before anything is deleted.
         dry_run: plan and count only.
     """
     t0 = time.time()
+    retention = replace(retention, pinned=retention.pinned | frozenset(latest.checkpoints))
     plan, listing = plan_for(store, latest, retention)
     garbage = set(plan.delete)
     if not garbage:

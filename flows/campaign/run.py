@@ -149,6 +149,7 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
         last[timing_key("period")], last[timing_key("overhead")] = clock.close_period(last[timing_key("work")])
         lease.check()
         t_commit = time.time()
+        state.mark_checkpoint(cfg.store.checkpoint_every)
         commit_state(ctx.store, state)
         collect(state)  # after the commit, never before
         drop_unreferenced(ctx.store, ctx.prefix, old_drafts, state.draft_index)

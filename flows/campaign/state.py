@@ -73,6 +73,15 @@ class CampaignState(BaseModel):
     draft_index: dict[str, int] = {}
     """prompt_id -> step whose draft object holds its latest responses (``flows/campaign/drafts.py``)."""
     stopped_reason: str | None = None
+    checkpoints: list[int] = []
+    """Versions committed as checkpoints (``store.checkpoint_every`` at their commit): every
+    later collection keeps them, whatever the settings it runs with."""
+
+    def mark_checkpoint(self, every: int) -> None:
+        """Record this commit's version as a checkpoint where ``store.checkpoint_every`` (``every``)
+        makes it one."""
+        if every > 0 and self.step % every == 0 and self.step not in self.checkpoints:
+            self.checkpoints.append(self.step)
 
     @model_validator(mode="before")
     @classmethod

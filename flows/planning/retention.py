@@ -15,7 +15,9 @@ the set-up artifacts every commit shares. After commit ``S``, with ``keep_last =
 * commit ``S-1`` is kept whole (weights and optimizer state) whatever ``K``: a crash that loses
   the newest commit record (a local disk that had not flushed it, a restore from a backup
   taken between two commits) leaves a run that resumes from ``S-1``;
-* checkpoints (``c % E == 0``) keep weights and optimizer state, not their rollouts;
+* checkpoints (``c % E == 0``, and every version committed as a checkpoint under an earlier
+  setting: a later ``rlhfless gc`` or resume with other settings never drops them) keep weights
+  and optimizer state, not their rollouts;
 * step directories ``d >= S`` belong to the step in flight (or a crashed attempt at it) and
   are never touched; nothing outside ``steps/`` is ever deleted;
 * every other object under ``steps/`` is garbage.
@@ -36,10 +38,13 @@ _STEP_DIR = re.compile(r"^steps/(\d{6})/")
 @dataclass(frozen=True)
 class Retention:
     """``keep_last``: versions kept (None: all, no collection); ``checkpoint_every``: every
-    version that is a multiple of it is kept for good (0: none)."""
+    version that is a multiple of it is kept for good (0: none); ``pinned``: versions kept for
+    good whatever ``checkpoint_every`` says now (the run's checkpoints, as committed:
+    ``CampaignState.checkpoints``)."""
 
     keep_last: int | None
     checkpoint_every: int = 0
+    pinned: frozenset[int] = frozenset()
 
     def window(self, latest: int) -> range:
         """Commits in the keep window after commit ``latest``."""
@@ -47,10 +52,10 @@ class Retention:
             return range(0, latest + 1)
         return range(max(0, latest - self.keep_last + 1), latest + 1)
 
-    def checkpoints(self, latest: int) -> range:
-        if self.checkpoint_every <= 0:
-            return range(0)
-        return range(self.checkpoint_every, latest + 1, self.checkpoint_every)
+    def checkpoints(self, latest: int) -> list[int]:
+        """The checkpoints among commits ``0 .. latest``, ascending."""
+        every = range(self.checkpoint_every, latest + 1, self.checkpoint_every) if self.checkpoint_every > 0 else ()
+        return sorted(set(every) | {c for c in self.pinned if 0 <= c <= latest})
 
 
 @dataclass(frozen=True)
