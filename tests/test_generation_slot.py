@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actions.contracts import Control, DecodeSettings, ModelRef, split_control
+from actions.contracts import DecodeSettings, ModelRef
+from actions.runtime.control import Control, split_control
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.factory import load_engine, make_engine, take_engine_events
 from actions.engines.static_decode import runtime_for

@@ -129,7 +129,7 @@ class ActionRuntime:
         # imported here, not at start-up: a worker process answers /init before pydantic loads
         from pydantic import ValidationError
 
-        from actions.contracts import split_control
+        from actions.runtime.control import split_control
 
         try:
             control = split_control(params)[1]
@@ -233,7 +233,7 @@ def _schedule_kill(delay_s: float) -> None:
 
 def _activation_block(busy: float, start: float, cold: bool) -> dict[str, Any]:
     """The ``__activation`` control key the invokers move into an activation's accounting."""
-    from actions.contracts import Control
+    from actions.runtime.control import Control
 
     block = {"busy_s": busy, "start": start, "pid": os.getpid(), "image": image_id(), "cold": cold,
              "engine": _engine_built()}

@@ -27,7 +27,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import ValidationError
 
-from actions.contracts import ModelRef, TrainStepResult, split_control
+from actions.contracts import ModelRef, TrainStepResult
+from actions.runtime.control import split_control
 
 WARMING_WAIT_S = 30.0
 """Longest an activation waits for a pre-warm loading its policy version before it takes

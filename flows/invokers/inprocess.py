@@ -15,7 +15,8 @@ import time
 import uuid
 from typing import Any
 
-from actions.contracts import Control, DecodeSettings
+from actions.contracts import DecodeSettings
+from actions.runtime.control import Control
 from actions.runtime.errors import crash_text, describe_crash
 from flows.invokers.base import ActionError, Activation
 from flows.invokers.cores import available_cores

@@ -46,7 +46,8 @@ from typing import Any
 
 import httpx
 
-from actions.contracts import Control, DecodeSettings, take_activation
+from actions.contracts import DecodeSettings
+from actions.runtime.control import Control, take_activation
 from actions.runtime.errors import TRANSIENT_STATUS, crash_text, one_line
 from actions.runtime.request_auth import REPLY_HEADER, reply_is_authentic, sign_request
 from actions.runtime.server import DEFAULT_MAX_BODY_BYTES

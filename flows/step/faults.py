@@ -3,7 +3,7 @@
 Each kind picks a deterministic fraction of (action, shard) pairs by a hash of ``faults.seed``;
 a failure or a kill hits only the first attempt of its shard (the retry succeeds), and one
 shard gets at most one of them; latency hits every attempt. What to inject travels to the
-action as control keys (``contracts.Control``) beside the request, never inside it.
+action as control keys (``actions.runtime.control.Control``) beside the request, never inside it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import threading
 
-from actions.contracts import Control
+from actions.runtime.control import Control
 from flows.config import FaultConfig
 
 

@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from actions.contracts import Control, DecodeSettings, take_activation
+from actions.contracts import DecodeSettings
+from actions.runtime.control import Control, take_activation
 from flows.invokers.base import ActionError, Activation
 from flows.invokers.openwhisk.activations import annotations_of
 from flows.invokers.openwhisk.api import OpenWhiskError, RetryPolicy
