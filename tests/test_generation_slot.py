@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from actions.contracts import DecodeSettings, ModelRef
-from actions.runtime.control import Control, split_control
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.factory import load_engine, make_engine, take_engine_events
 from actions.engines.static_decode import runtime_for
@@ -24,6 +23,7 @@ from actions.models import in_place, warm
 from actions.models.in_place import mismatch
 from actions.models.loading import encode, load_model
 from actions.models.lora import adapter_tensors
+from actions.runtime.control import Control, split_control
 from actions.store.weights import load_tensors, publish_tensors
 from tests.conftest import prepare_tiny
 

@@ -21,8 +21,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from actions.contracts import parse_request
-from actions.runtime.control import Control, WarmCounts, split_control
 from actions.models import warm
+from actions.runtime.control import Control, WarmCounts, split_control
 from actions.runtime.errors import InjectedFault
 from actions.store import IntegrityError, ObjectNotFound
 
