@@ -128,6 +128,15 @@ BIG_PROMPT = 10 * 2**20
 """A 10 MiB prompt: refused from the row's size, before it is parsed or tokenised."""
 
 
+def _train_split_only(tmp: Path) -> None:
+    """``main/`` as a hub snapshot names its files, with the train split only."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp / "main").mkdir()
+    pq.write_table(pa.Table.from_pylist([ROW]), tmp / "main" / "train-00000-of-00001.parquet")
+
+
 def _big_prompt(tmp: Path) -> None:
     _write("d.jsonl", _rows({**ROW, "prompt": "c" * BIG_PROMPT}))(tmp)
 
@@ -258,10 +267,19 @@ CASES: dict[str, Case] = {
     "dataset folder without data": Case(
         _train("--set", "data.train_path={tmp}/ds"), ("data.train_path", "without state.json", "save_to_disk"),
         setup=_write("ds/readme.txt", "x")),
-    "dataset DatasetDict folder": Case(
-        _train("--set", "data.train_path={tmp}/dd"), ("DatasetDict with splits test, train", "dd/test"),
-        setup=lambda tmp: [_write(n, "{}")(tmp) for n in ("dd/dataset_dict.json", "dd/train/state.json",
+    "dataset DatasetDict folder without a train split": Case(
+        _train("--set", "data.train_path={tmp}/dd"),
+        ("DatasetDict with splits dev, test, none of them train", "point data.train_path at the split folder",
+         "dd/dev"),
+        setup=lambda tmp: [_write(n, "{}")(tmp) for n in ("dd/dataset_dict.json", "dd/dev/state.json",
                                                           "dd/test/state.json")]),
+    "dataset split files without the eval split": Case(
+        _train("--set", "data.train_path={tmp}/main", "--set", "data.eval_path={tmp}/main"),
+        ("data.eval_path", "splits train, none of them test or validation", "point data.eval_path at the files"),
+        setup=_train_split_only),
+    "dataset JSON array in a .jsonl file": Case(
+        _train("--set", "data.train_path={tmp}/d.jsonl"), ("d.jsonl", "starts with a JSON array", "jq -c '.[]'"),
+        setup=_write("d.jsonl", json.dumps([ROW]))),
     "dataset prompt_key missing": Case(
         _train("--set", "data.train_path={tmp}/d.jsonl", "--set", "data.prompt_key=question"),
         ("d.jsonl:1", "key 'question' is missing", "set data.prompt_key"), setup=_write("d.jsonl", _rows(ROW))),

@@ -144,3 +144,88 @@ def test_task_sizes_belong_to_the_generated_task_and_fingerprints_stay():
     assert (task.fingerprint(), dataset.fingerprint()) == ("7cd0a181803c", "fd5269a6ddb8")  # the run ids runs already carry
     with pytest.raises(ValueError, match=r"data.num_eval_prompts=8 sizes the generated task, but data.train_path"):
         load_config(None, ["data.train_path=x.jsonl", "data.num_eval_prompts=8"])
+
+
+def _split_rows(split: str, n: int) -> list[dict]:
+    return [{"prompt": f"{split} question {i}", "answer": str(i)} for i in range(n)]
+
+
+def _build(*overrides: str):
+    from actions.models.modeling import build_char_tokenizer
+
+    cfg = load_config(None, ["algorithm.batch_size=8", "algorithm.group_size=4", *overrides]).workload()
+    return build_datasets(cfg, lambda: build_char_tokenizer(""), model_name="tiny")
+
+
+def test_a_folder_of_split_files_gives_each_setting_its_split(tmp_path):
+    """A local copy of a hub dataset (``data/gsm8k/main/{train,test}-00000-of-00001.parquet``)
+    reads as the hub id does: train_path the train files, eval_path the test files."""
+    import datasets
+
+    main = tmp_path / "main"
+    main.mkdir()
+    datasets.Dataset.from_list(_split_rows("train", 8)).to_parquet(str(main / "train-00000-of-00001.parquet"))
+    datasets.Dataset.from_list(_split_rows("test", 4)).to_parquet(str(main / "test-00000-of-00001.parquet"))
+    split_of = lambda field: {r["prompt"].split()[0] for _, r in read_records(str(main), field=field)}  # noqa: E731
+    assert split_of("data.train_path") == {"train"} and split_of("data.eval_path") == {"test"}
+    both = _build(f"data.train_path={main}", f"data.eval_path={main}")
+    assert (len(both.train), len(both.evals)) == (8, 4)
+    assert not {r.prompt_id for r in both.train} & {r.prompt_id for r in both.evals}
+    held = _build(f"data.train_path={main}", "data.eval_fraction=0.25")  # held out of the train split only
+    assert (len(held.train), len(held.evals)) == (6, 2)
+    assert all(r.prompt.startswith("train ") for r in held.train + held.evals)
+    # Names without a split (Spark's part-*.parquet) are read whole, as before.
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for i in range(2):
+        datasets.Dataset.from_list(_split_rows(f"part{i}", 3)).to_parquet(str(plain / f"part-{i}.parquet"))
+    assert len(read_records(str(plain), field="data.eval_path")) == 6
+    # Splits, but none the setting reads: refused, naming them and a file to point at instead.
+    (main / "test-00000-of-00001.parquet").rename(main / "dev-00000-of-00001.parquet")
+    with pytest.raises(ValueError, match=r"data.eval_path '.*main' holds Parquet files of splits dev, train, none of "
+                                         r"them test or validation; point data.eval_path at the files of the split "
+                                         r"to use, e.g. .*main/dev-00000-of-00001.parquet") as exc:
+        read_records(str(main), field="data.eval_path")
+    assert "\n" not in str(exc.value)
+
+
+def test_a_datasetdict_folder_gives_each_setting_its_split(tmp_path):
+    import datasets
+
+    def save(name: str, *splits: str):
+        folder = tmp_path / name
+        dd = datasets.DatasetDict({s: datasets.Dataset.from_list(_split_rows(s, 8)) for s in splits})
+        dd.save_to_disk(str(folder))
+        return folder
+
+    def split_of(folder, field):
+        return {r["prompt"].split()[0] for _, r in read_records(str(folder), field=field)}
+
+    full = save("full", "train", "validation", "test")
+    assert split_of(full, "data.train_path") == {"train"} and split_of(full, "data.eval_path") == {"test"}
+    assert split_of(save("val", "train", "validation"), "data.eval_path") == {"validation"}
+    both = _build(f"data.train_path={full}", f"data.eval_path={full}")
+    assert all(r.prompt.startswith("train ") for r in both.train)
+    assert all(r.prompt.startswith("test ") for r in both.evals)
+    # No split fits: the splits are named, and the suggestion is not the other setting's split.
+    odd = save("odd", "dev", "test")
+    with pytest.raises(ValueError, match=r"data.train_path '.*odd' holds a DatasetDict with splits dev, test, none "
+                                         r"of them train; point data.train_path at the split folder to use, "
+                                         r"e.g. .*odd/dev$"):
+        read_records(str(odd), field="data.train_path")
+
+
+def test_a_json_array_file_is_read_as_rows(tmp_path):
+    rows = _split_rows("arr", 3)
+    (tmp_path / "a.json").write_text(json.dumps(rows, indent=2))  # as json.dump writes a list
+    assert read_records(str(tmp_path / "a.json"), field="data.train_path") == list(enumerate(rows, start=1))
+    (tmp_path / "a.jsonl").write_text(json.dumps(rows))
+    with pytest.raises(ValueError, match=r"a.jsonl starts with a JSON array, not an object; JSON Lines holds one "
+                                         r"object per line: convert it \(jq -c '.\[\]' a.jsonl\)"):
+        read_records(str(tmp_path / "a.jsonl"), field="data.train_path")
+    (tmp_path / "b.json").write_text(json.dumps([rows[0], "x"]))
+    with pytest.raises(ValueError, match=r"b.json: element 2 of the array is a str, not an object"):
+        read_records(str(tmp_path / "b.json"), field="data.eval_path")
+    (tmp_path / "c.json").write_text('[{"prompt": "p",\n "answer": 1},\n oops]')
+    with pytest.raises(ValueError, match=r"c.json:3: not valid JSON \(Expecting value\)"):
+        read_records(str(tmp_path / "c.json"), field="data.eval_path")

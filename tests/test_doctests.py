@@ -9,7 +9,7 @@ import pytest
 MODULES = ["actions.tasks.repeat", "actions.tasks.arith", "actions.tasks.fields", "actions.tasks.rewards.numeric",
            "actions.tasks.rewards.gsm8k", "actions.tasks.rewards.text", "actions.tasks.rewards.exact_match",
            "actions.tasks.rewards.format", "actions.tasks.rewards.symbolic", "flows.planning.registry",
-           "flows.step.timing", "flows.step.metrics"]
+           "flows.step.timing", "flows.step.metrics", "actions.models.hub"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -110,6 +110,22 @@ def test_hub_ids_resolve_to_the_split_files(fake_hub):
                for c in fake_hub["calls"][1:])
 
 
+def test_a_local_copy_reads_as_the_hub_id(fake_hub, tmp_path: Path):
+    """``hf download --local-dir`` of a dataset: the folder of a subset, given as a local path,
+    gives each setting the split the hub id gives it (the rule is one function, hub.py's)."""
+    from actions.models.modeling import build_char_tokenizer
+
+    def rows(train: str, evals: str) -> tuple[list, list]:
+        cfg = load_config(None, [f"data.train_path={train}", f"data.eval_path={evals}", "data.prompt_key=question",
+                                 "algorithm.batch_size=8", "algorithm.group_size=4"]).workload()
+        data = build_datasets(resolve_hub_ids(cfg)[0], lambda: build_char_tokenizer(""), model_name="tiny")
+        return [r.prompt_id for r in data.train], [r.prompt_id for r in data.evals]
+
+    local = tmp_path / "hub" / "dataset" / "tiny/gsm8k" / "main"
+    hub_train, hub_eval = rows("tiny/gsm8k/main", "tiny/gsm8k/main")
+    assert (len(hub_train), len(hub_eval)) == (16, 4) and rows(str(local), str(local)) == (hub_train, hub_eval)
+
+
 def test_ambiguous_or_missing_hub_data_is_one_line(fake_hub):
     cfg = load_config(None, ["data.train_path=tiny/gsm8k", "data.eval_path=tiny/gsm8k/main"]).workload()
     with pytest.raises(ValueError, match=r"split 'train' in several folders \(main, socratic\); name one, e\.g\. "

@@ -14,6 +14,11 @@ Forms:
   per split (``<split>-*.parquet``, ``<split>.jsonl``, or a ``<split>/`` folder of them), e.g.
   ``openai/gsm8k/main``. ``train_path`` reads split ``train``; ``eval_path`` reads ``test``
   (else ``validation``). ``folder`` picks a subset where the repository holds several.
+
+Which file belongs to which split (:func:`files_by_split`) and which split a setting reads
+(:func:`pick_split`) are decided here once, for hub snapshots and for the local folders and
+``DatasetDict`` folders that ``actions/tasks/sources.py`` reads, so a local copy of a hub
+dataset is read as the hub id would be.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:/(?P<fo
 MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
 DATA_SUFFIXES = (".parquet", ".jsonl")
 SPLITS = {"train": ("train",), "eval": ("test", "validation")}
+"""The splits ``data.<which>_path`` reads, in order of preference."""
+KNOWN_SPLITS = tuple(s for names in SPLITS.values() for s in names)
+_SHARD = re.compile(r"^(?P<split>[A-Za-z]\w*)-\d+-of-\d+\.")  # the hub's shard names: train-00000-of-00002.parquet
 
 
 def hub_allowed() -> bool:
@@ -61,24 +69,62 @@ def _download(repo: str, repo_type: str, patterns: list[str], field: str, value:
     except Exception as exc:  # not found, gated, no network: the hub library raises many types
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise ValueError(f"{field} {value!r}: the {repo_type} cannot be fetched from the hub ({type(exc).__name__}: "
-                         f"{first[:200]}); check the id, `hf auth login` for a gated one, or use a local copy") from None
+                         f"{first[:200]}); check the id, `hf auth login` for a gated one, or use a local copy"
+                         ) from None
+
+
+def split_name(name: str) -> str | None:
+    """The split a data file's name declares, else None.
+
+    >>> [split_name(n) for n in ("train-00000-of-00001.parquet", "test.jsonl", "validation-1.parquet",
+    ...                          "unsupervised-00000-of-00001.parquet", "part-0.parquet", "trainer.parquet")]
+    ['train', 'test', 'validation', 'unsupervised', None, None]
+    """
+    shard = _SHARD.match(name)  # the hub's numbering names a split whatever it is called
+    if shard:
+        return shard.group("split")
+    return next((s for s in KNOWN_SPLITS if name.startswith((f"{s}-", f"{s}."))), None)
+
+
+def files_by_split(files: list[Path], *, by_folder: bool = False) -> dict[str, list[Path]]:
+    """``files`` grouped by the split their names declare or, with ``by_folder``, the split a
+    parent folder named ``train``, ``test`` or ``validation`` declares; files that declare none
+    are left out."""
+    splits: dict[str, list[Path]] = {}
+    for f in files:
+        split = split_name(f.name) or (f.parent.name if by_folder and f.parent.name in KNOWN_SPLITS else None)
+        if split:
+            splits.setdefault(split, []).append(f)
+    return splits
+
+
+def pick_split(splits: list[str], which: str) -> str | None:
+    """The split of ``splits`` that ``data.<which>_path`` reads (``which``: ``train`` or
+    ``eval``): the first of ``SPLITS[which]`` present, else None.
+
+    >>> pick_split(["test", "train", "validation"], "eval"), pick_split(["test"], "train")
+    ('test', None)
+    """
+    return next((s for s in SPLITS[which] if s in splits), None)
 
 
 def _split_files(root: Path, folder: str | None, which: str, field: str, value: str) -> Path:
     """The one folder or file that holds split ``which`` of the snapshot at ``root``."""
     base = root / folder if folder else root
     files = sorted(p for p in base.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file())
-    for split in SPLITS[which]:
-        chosen = [p for p in files if p.name.startswith((f"{split}-", f"{split}.")) or p.parent.name == split]
-        if chosen:
-            parents = sorted({p.parent for p in chosen})
-            if len(parents) > 1:
-                subsets = ", ".join(str(p.relative_to(root)) for p in parents)
-                raise ValueError(f"{field} {value!r} holds split {split!r} in several folders ({subsets}); "
-                                 f"name one, e.g. {value}/{parents[0].relative_to(base).parts[0]}")
-            return chosen[0] if len(chosen) == 1 else _shard_folder(chosen)
-    raise ValueError(f"{field} {value!r} holds no {' or '.join(SPLITS[which])} split as Parquet or JSON Lines "
-                     "files; download it and point at a local file")
+    splits = files_by_split(files, by_folder=True)
+    split = pick_split(list(splits), which)
+    if split is None:
+        found = f" (it holds {', '.join(sorted(splits))})" if splits else ""
+        raise ValueError(f"{field} {value!r} holds no {' or '.join(SPLITS[which])} split as Parquet or JSON Lines "
+                         f"files{found}; download it and point at a local file")
+    chosen = splits[split]
+    parents = sorted({p.parent for p in chosen})
+    if len(parents) > 1:
+        subsets = ", ".join(str(p.relative_to(root)) for p in parents)
+        raise ValueError(f"{field} {value!r} holds split {split!r} in several folders ({subsets}); "
+                         f"name one, e.g. {value}/{parents[0].relative_to(base).parts[0]}")
+    return chosen[0] if len(chosen) == 1 else _shard_folder(chosen)
 
 
 def _shard_folder(shards: list[Path]) -> Path:

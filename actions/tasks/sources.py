@@ -2,12 +2,19 @@
 
 What is read, by path:
 
-* a ``.jsonl`` / ``.json`` file: JSON Lines, one object per line;
+* a ``.jsonl`` / ``.json`` file: JSON Lines, one object per line; a ``.json`` file holding one
+  JSON array of objects (``[{...}, {...}]``, as ``json.dump`` writes a list) is read too, its
+  elements numbered from 1 as rows;
 * a ``.parquet`` file, or a folder of ``*.parquet`` files (read in name order), through
-  ``datasets.Dataset.from_parquet``;
+  ``datasets.Dataset.from_parquet``. Where the file names declare splits, as a hub snapshot's do
+  (``train-00000-of-00001.parquet``, ``test-00000-of-00001.parquet``), ``data.train_path``
+  reads the ``train`` files and ``data.eval_path`` the ``test`` (else ``validation``) files:
+  the rule of a hub id (``actions/models/hub.py``), so a local copy reads as the id would;
 * a folder written by ``datasets.Dataset.save_to_disk`` (it holds ``state.json``), through
-  ``datasets.load_from_disk``. A ``DatasetDict`` folder is refused with the splits to choose from.
+  ``datasets.load_from_disk``; for a ``DatasetDict`` folder (``dataset_dict.json`` and one
+  folder per split) the same rule picks the split.
 
+A folder whose names declare splits but none the setting reads is refused, naming the splits.
 Only local files are read here: the ``datasets`` library never contacts the hub
 (``HF_DATASETS_OFFLINE``; hub ids are fetched before, by ``actions/models/hub.py``),
 and Parquet is converted in a temporary cache that is removed afterwards. JSON Lines is parsed
@@ -21,12 +28,14 @@ Rows come back as plain dicts with their 1-based row number; what they must hold
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from actions.models.hub import SPLITS, files_by_split, pick_split
 from actions.tasks.dataset import json_objects
 from actions.tasks.input_limits import check_dataset_size, check_line_lengths
 
@@ -36,25 +45,27 @@ Record = tuple[int, dict[str, Any]]
 
 def read_records(path: str, *, field: str) -> list[Record]:
     """All rows of the dataset at ``path``. ``field`` names the setting that gave the path
-    (``data.train_path``) in error messages.
+    (``data.train_path`` or ``data.eval_path``) in error messages, and so which split a folder
+    of several gives.
 
     Raises:
-        ValueError: missing or unreadable path, unknown format, a malformed row (file and line).
+        ValueError: missing or unreadable path, unknown format, no split for ``field``, a
+            malformed row (file and line).
     """
     p = Path(path)
     where = f"{field} {str(p)!r}"
+    which = "eval" if field == "data.eval_path" else "train"
     if not p.exists():
         raise ValueError(f"{where} does not exist; fix {field} (a .jsonl or .parquet file or a save_to_disk folder)")
     if p.is_dir():
         if (p / "dataset_dict.json").is_file():
-            splits = sorted(c.name for c in p.iterdir() if (c / "state.json").is_file())
-            raise ValueError(f"{where} holds a DatasetDict with splits {', '.join(splits)}; point {field} at one split "
-                             f"folder, e.g. {p / (splits[0] if splits else 'train')}")
+            p = _dict_split(p, which, where, field)
         if (p / "state.json").is_file():
             check_dataset_size([f for f in p.rglob("*") if f.is_file()], where, field)
             return list(_numbered(_load_from_disk(p, where)))
         parquet = sorted(p.glob("*.parquet"))
         if parquet:
+            parquet = _folder_split(parquet, which, where, field)
             check_dataset_size(parquet, where, field)
             return list(_numbered(_load_parquet([str(f) for f in parquet], where)))
         raise ValueError(f"{where} is a folder without state.json or *.parquet files; point {field} at a .jsonl or "
@@ -68,6 +79,39 @@ def read_records(path: str, *, field: str) -> list[Record]:
         return list(_numbered(_load_parquet([str(p)], where)))
     raise ValueError(f"{where} has an unknown format ({suffix or 'no suffix'}); use .jsonl, .parquet or a "
                      "save_to_disk folder")
+
+
+def _suggest(splits: list[str], which: str) -> str:
+    """The split to name in a refusal: the first that the other setting would not read."""
+    other = SPLITS["train" if which == "eval" else "eval"]
+    return next((s for s in splits if s not in other), splits[0])
+
+
+def _dict_split(folder: Path, which: str, where: str, field: str) -> Path:
+    """The split folder of the DatasetDict at ``folder`` that ``data.<which>_path`` reads."""
+    splits = sorted(c.name for c in folder.iterdir() if (c / "state.json").is_file())
+    split = pick_split(splits, which)
+    if split is None:
+        hint = f"e.g. {folder / _suggest(splits, which)}" if splits else "or save the split with Dataset.save_to_disk"
+        raise ValueError(f"{where} holds a DatasetDict with splits {', '.join(splits) or '(none)'}, none of them "
+                         f"{' or '.join(SPLITS[which])}; point {field} at the split folder to use, {hint}")
+    return folder / split
+
+
+def _folder_split(files: list[Path], which: str, where: str, field: str) -> list[Path]:
+    """The files of ``files`` that ``data.<which>_path`` reads: all of them when no name declares
+    a split, else those of the split :func:`pick_split` chooses."""
+    splits = files_by_split(files)
+    if not splits:
+        return files
+    split = pick_split(list(splits), which)
+    if split is None:
+        names = sorted(splits)
+        example = splits[_suggest(names, which)][0]
+        raise ValueError(f"{where} holds Parquet files of splits {', '.join(names)}, none of them "
+                         f"{' or '.join(SPLITS[which])}; point {field} at the files of the split to use, e.g. "
+                         f"{example}, or at a folder holding only them")
+    return splits[split]
 
 
 def _numbered(rows: Iterator[dict[str, Any]]) -> Iterator[Record]:
@@ -121,5 +165,27 @@ def _read_jsonl(path: Path, field: str) -> list[Record]:
         data = path.read_bytes()
     except OSError as exc:
         raise ValueError(f"{field} {str(path)!r} cannot be read ({exc.strerror}); fix {field}") from None
-    check_line_lengths(data, f"{field} {path}")
-    return json_objects(data, where=f"{field} {path}")
+    where = f"{field} {path}"
+    if data.lstrip()[:1] == b"[":  # never a JSON Lines row, which is an object
+        if path.suffix.lower() != ".json":
+            raise ValueError(f"{where} starts with a JSON array, not an object; JSON Lines holds one object per line: "
+                             f"convert it (jq -c '.[]' {path.name}), or name a file holding one array .json")
+        return _json_array(data, where)
+    check_line_lengths(data, where)
+    return json_objects(data, where=where)
+
+
+def _json_array(data: bytes, where: str) -> list[Record]:
+    """The objects of a file holding one JSON array, numbered from 1 by their place in it."""
+    try:
+        rows = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{where}: byte {exc.start} is not UTF-8; a dataset is UTF-8 JSON") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}:{exc.lineno}: not valid JSON ({exc.msg}); a .json file holds JSON Lines or one "
+                         "array of objects") from None
+    for number, row in enumerate(rows, start=1):
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: element {number} of the array is a {type(row).__name__}, not an object; "
+                             "each element must be one JSON object")
+    return list(_numbered(iter(rows)))
