@@ -86,7 +86,8 @@ def run_profile(req: ProfileRequest) -> ProfileResult:
     facts = ProfileFacts(model_config_sha256=hashlib.sha256(base_config).hexdigest(),
                          dtype=str(dtype).removeprefix("torch."), device=device_name(device), engine=req.engine,
                          threads=torch.get_num_threads(), batch_sizes=req.batch_sizes, contexts=req.contexts,
-                         prefill_shape=req.prefill_shape, **decode_facts(req, device, int(config["vocab_size"])))
+                         prefill_shape=req.prefill_shape, **decode_facts(req, device, int(config["vocab_size"])),
+                         lora=ref.lora.model_dump(mode="json") if ref.lora is not None else None)
     key = facts.cache_key()
     weight_bytes, read_bps = read_throughput(store, ref.policy_key, req.probe_bytes)
     common = dict(profile_key=key, facts=facts, weight_bytes=weight_bytes,

@@ -185,3 +185,16 @@ def test_merging_an_adapter_on_a_tied_layer_unties_it_and_keeps_the_logits(targe
     again = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     with torch.no_grad():
         assert (again(ids).logits - want).abs().max() <= 1e-5
+
+
+def test_the_profile_of_a_lora_policy_is_its_own(prepared):
+    """A LoRA campaign decodes adapters over the backbone: its speed profile is measured (and
+    cached) apart from the full model's, never reused from it."""
+    cfg, store, p = prepared
+    grid = {"batch_sizes": [1, 2], "contexts": [4, 8], "prefill_shape": [2, 4]}
+    v0 = _ref(cfg, store, p, p.init_key, 0)
+    full = _call("profile", {"model": v0.model_copy(update={"lora": None, "backbone_key": None}).model_dump(),
+                             **grid})
+    lora = _call("profile", {"model": v0.model_dump(), **grid})
+    assert lora["source"] == "measured" and lora["profile_key"] != full["profile_key"]
+    assert lora["facts"]["lora"] == cfg.model.lora.model_dump(mode="json") and full["facts"].get("lora") is None

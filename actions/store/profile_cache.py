@@ -90,6 +90,9 @@ class ProfileFacts(BaseModel):
     """Torch engine: decode steps run through ``torch.compile``; None for vLLM."""
     fused: bool | None = None
     """Draws run as one compiled kernel (``sampling.fused_for``)."""
+    lora: dict[str, Any] | None = None
+    """``model.lora`` where generation runs the policy as adapters over the backbone (their
+    matmuls add to every step); None: a full model."""
 
     def as_json(self) -> dict[str, Any]:
         """The facts as stored and hashed. A fact that does not apply (None) is left out, so
