@@ -29,7 +29,8 @@ AWS_SECRET = "battery/secret+Value0123456789abcdefXYZ"
 WSK_AUTH = "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:battery0secret0key0123456789abcdefABCDEF"
 CLOSED_PORT = "http://127.0.0.1:9"  # the discard port: nothing listens there
 S3_ENV = {"AWS_ENDPOINT_URL": CLOSED_PORT, "AWS_ACCESS_KEY_ID": AWS_KEY_ID, "AWS_SECRET_ACCESS_KEY": AWS_SECRET}
-SECRETS = (AWS_SECRET, WSK_AUTH, WSK_AUTH.split(":")[1], AWS_KEY_ID)  # the key id may show masked only
+URL_PASSWORD = "urlPassw0rdInside"  # a password written into an endpoint URL: never echoed
+SECRETS = (AWS_SECRET, WSK_AUTH, WSK_AUTH.split(":")[1], AWS_KEY_ID, URL_PASSWORD)  # the key id: masked only
 
 
 @dataclass(frozen=True)
@@ -393,6 +394,15 @@ CASES: dict[str, Case] = {
     "store s3 endpoint unreachable": Case(
         _train("--set", "store.uri=s3://bucket/run"), ("127.0.0.1:9", "connection refused", "check AWS_ENDPOINT_URL"),
         env=S3_ENV),
+    "store uri with credentials": Case(
+        _train("--set", f"store.uri=s3://{AWS_KEY_ID}:{URL_PASSWORD}@bucket/run"),
+        ("store.uri carries credentials", "AWS_SECRET_ACCESS_KEY")),
+    "store endpoint with a password": Case(
+        _train("--set", "store.uri=s3://bucket/run"), ("AWS_ENDPOINT_URL carries a user name or password", "give the URL"),
+        env={**S3_ENV, "AWS_ENDPOINT_URL": f"http://minio:{URL_PASSWORD}@127.0.0.1:9"}),
+    "openwhisk host with a password": Case(
+        _train("--set", "invoker.kind=openwhisk"), ("OpenWhisk API host carries a user name or password", "WSK_AUTH"),
+        env={"WSK_APIHOST": f"https://wsk:{URL_PASSWORD}@127.0.0.1:9", "WSK_AUTH": WSK_AUTH}),
     "store malformed s3 URI": Case(
         _train("--set", "store.uri=s3:/bucket/run"), ("store.uri 's3:/bucket/run'", "fix the scheme"), env=S3_ENV),
     "store unsupported scheme": Case(

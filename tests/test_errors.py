@@ -63,3 +63,15 @@ def test_cuda_out_of_memory_is_named_with_advice_and_not_retried():
 def test_messages_are_one_bounded_line():
     crash = describe_crash(ValueError("a\nb\n" + "x" * 1000))
     assert "\n" not in crash["message"] and len(crash["message"]) <= 400
+
+
+def test_a_crash_description_carries_no_secret(monkeypatch):
+    """An action's crash is stored and logged as its activation result: secret values from the
+    environment and URL passwords are scrubbed from it, whatever raised."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "crashSecretValue123")
+    monkeypatch.setenv("HF_TOKEN", "hf_crashTokenValue456")
+    crash = describe_crash(RuntimeError("boom crashSecretValue123 at http://u:urlPw789@10.0.0.1:9000 "
+                                        "with hf_crashTokenValue456"))
+    text = crash_text(crash)
+    assert not any(s in text for s in ("crashSecretValue123", "urlPw789", "hf_crashTokenValue456")), text
+    assert "[REDACTED]" in text and "10.0.0.1:9000" in text  # where, not who

@@ -73,10 +73,12 @@ def is_transient(exc: BaseException) -> bool:
 
 def describe_crash(exc: BaseException) -> dict[str, Any]:
     """The JSON description of an exception raised by an action (see the module docstring)."""
+    from actions.store.credentials import redact  # an activation result is stored and logged
+
     if is_cuda_oom(exc):
-        return {"type": "CUDA out of memory", "message": one_line(f"{type(exc).__name__}: {exc}"),
+        return {"type": "CUDA out of memory", "message": redact(one_line(f"{type(exc).__name__}: {exc}")),
                 "transient": False, "advice": OOM_ADVICE}
-    return {"type": type(exc).__name__, "message": one_line(str(exc)) or "(no message)",
+    return {"type": type(exc).__name__, "message": redact(one_line(str(exc))) or "(no message)",
             "transient": is_transient(exc)}
 
 

@@ -17,19 +17,23 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 #: Environment variables whose values are secret. Access key ids are only semi-secret: they are
 #: shown masked (first 4 characters) so an operator can tell which key was used.
-SECRET_ENV_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "WSK_AUTH", "__OW_API_KEY")
+SECRET_ENV_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "WSK_AUTH", "__OW_API_KEY", "HF_TOKEN",
+                   "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
 KEY_ID_ENV_VARS = ("AWS_ACCESS_KEY_ID",)
 
 # Values shorter than this are not scrubbed: replacing every "a" in a message helps nobody, and
 # no real key is this short.
 _MIN_SECRET_LEN = 4
 _REDACTED = "[REDACTED]"
+_URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s'\"]+@")
+"""The ``user[:password]@`` of a URL."""
 
 _extra_lock = threading.Lock()
 _extra_secrets: set[str] = set()
@@ -63,10 +67,10 @@ def _variants(value: str) -> list[str]:
 def redact(text: str, env: Mapping[str, str] | None = None) -> str:
     """Remove current secret values from ``text``.
 
-    Scrubs the values of AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, WSK_AUTH and __OW_API_KEY
-    (plus the base64 form and both halves of ``uuid:key`` auth strings), masks
-    AWS_ACCESS_KEY_ID to its first 4 characters, and does the same for values passed to
-    :func:`register_secret`.
+    Scrubs the values of ``SECRET_ENV_VARS`` (plus the base64 form and both halves of
+    ``uuid:key`` auth strings), masks AWS_ACCESS_KEY_ID to its first 4 characters, does the
+    same for values passed to :func:`register_secret`, and removes the user name and password
+    of any URL (``scheme://user:pass@host``: the endpoints refuse them, this is the backstop).
 
     Args:
         text: any message, log line, repr or traceback text.
@@ -77,6 +81,8 @@ def redact(text: str, env: Mapping[str, str] | None = None) -> str:
 
     >>> redact("auth=23bc46b1:123zO3xZCLrMN6v2BKK ok", env={"WSK_AUTH": "23bc46b1:123zO3xZCLrMN6v2BKK"})
     'auth=[REDACTED] ok'
+    >>> redact("cannot reach http://minio:pw123@10.0.0.5:9000/b", env={})
+    'cannot reach http://[REDACTED]@10.0.0.5:9000/b'
     """
     env = os.environ if env is None else env
     with _extra_lock:
@@ -90,7 +96,7 @@ def redact(text: str, env: Mapping[str, str] | None = None) -> str:
     for value, repl in sorted(replacements, key=lambda r: -len(r[0])):
         if value in text:
             text = text.replace(value, repl)
-    return text
+    return _URL_USERINFO.sub(rf"\1{_REDACTED}@", text)
 
 
 @dataclass(frozen=True)

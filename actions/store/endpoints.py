@@ -14,3 +14,11 @@ def is_http_url(text: str) -> bool:
     except ValueError:  # a port that is not a number
         return False
     return valid and not any(c.isspace() for c in text)
+
+
+def has_userinfo(text: str) -> bool:
+    """True where a URL carries a user name or password (``scheme://user:pass@host``).
+    Such a URL is refused without being quoted: the password would reach every message that
+    names the endpoint."""
+    authority = text.partition("://")[2].partition("/")[0] if "://" in text else text.partition("/")[0]
+    return "@" in authority

@@ -15,7 +15,7 @@ import boto3
 from botocore.config import Config
 
 from actions.store.credentials import S3Credentials
-from actions.store.endpoints import is_http_url
+from actions.store.endpoints import has_userinfo, is_http_url
 
 BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 BUCKET_FIX = "use 3-63 lowercase letters, digits, '.', '-'"
@@ -25,6 +25,9 @@ def split_uri(uri: str) -> tuple[str, str]:
     """(bucket, prefix) of ``s3://bucket[/prefix]``; ValueError naming the URI otherwise."""
     if not uri.startswith("s3://"):
         raise ValueError(f"store.uri {uri!r} is not an s3:// URI")
+    if has_userinfo(uri):
+        raise ValueError("store.uri carries credentials (key:secret@ before the bucket); use s3://bucket[/prefix] "
+                         "and put the keys in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
     bucket, _, prefix = uri[len("s3://") :].partition("/")
     if not BUCKET_RE.match(bucket):
         raise ValueError(f"store.uri {uri!r}: bucket name {bucket!r} is invalid; {BUCKET_FIX}")
@@ -46,6 +49,10 @@ def settings_from_env(env: Mapping[str, str]) -> dict[str, Any]:
         raise ValueError(f"RLHFLESS_S3_CONDITIONAL_WRITES={mode!r}: use auto, on or off")
     endpoint_var = "AWS_ENDPOINT_URL_S3" if env.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL"
     endpoint = env.get(endpoint_var) or None
+    if endpoint is not None and has_userinfo(endpoint):
+        raise ValueError(f"{endpoint_var} carries a user name or password (user:password@host); give the URL "
+                         "without them (e.g. http://127.0.0.1:9000) and the keys in AWS_ACCESS_KEY_ID and "
+                         "AWS_SECRET_ACCESS_KEY")
     if endpoint is not None and not is_http_url(endpoint):
         raise ValueError(
             f"{endpoint_var}={endpoint!r} is not an http(s) URL; set it to e.g. http://127.0.0.1:9000"

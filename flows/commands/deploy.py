@@ -34,6 +34,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from actions.store.credentials import redact
 from flows.invokers.base import ActionError
 from flows.invokers.openwhisk import OpenWhiskClient, OpenWhiskConfig, OpenWhiskError, OpenWhiskNotFound
 
@@ -344,7 +345,8 @@ def run(args: argparse.Namespace) -> int:
             with OpenWhiskClient(config) as client:
                 changes = deploy(client, manifest, dry_run=args.dry_run)
     except (ValueError, OpenWhiskError, DeployError, ActionError) as exc:
-        print(f"rlhfless deploy: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        print(f"rlhfless deploy: {redact(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__}",
+              file=sys.stderr)
         return 2
     print(format_plan(changes, dry_run=args.dry_run))
     return 0

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from actions.store.credentials import register_secret
-from actions.store.endpoints import is_http_url
+from actions.store.endpoints import has_userinfo, is_http_url
 
 API_PATH = "/api/v1"
 SECRET_BLOCK_ENV = "RLHFLESS_OPENWHISK_SECRET"
@@ -39,6 +39,9 @@ class OpenWhiskConfig:
         host = (self.api_host or "").strip().rstrip("/")
         if not host:
             raise ValueError("OpenWhisk API host is not set; set WSK_APIHOST (or __OW_API_HOST)")
+        if has_userinfo(host):
+            raise ValueError("OpenWhisk API host carries a user name or password (user:password@host); set "
+                             "WSK_APIHOST to https://host[:port] and the credentials in WSK_AUTH")
         if "://" not in host:
             host = "https://" + host
         if host.endswith(API_PATH):
