@@ -391,7 +391,7 @@ class PromptTokens(_Msg):
 
     prompt: list[int]
     answer_len: int = Field(ge=0)
-    """Tokens of the reference answer: the first epoch's length prediction."""
+    """Tokens of the reference answer (or the cap without one): the first epoch's length prediction."""
 
 
 def parse_token_table(raw: dict[str, Any]) -> dict[int, PromptTokens]:

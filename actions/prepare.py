@@ -30,7 +30,7 @@ from actions.store import ObjectStore, open_store, put_artifact, put_json
 from actions.tasks import get_task
 from actions.tasks.build import Datasets, build_datasets
 from actions.tasks.chat import has_chat_prompts
-from actions.tasks.dataset import DATASET_FILE, rows_to_jsonl
+from actions.tasks.dataset import DATASET_FILE, PromptRow, rows_to_jsonl
 from actions.tasks.rewards.model_files import check_classifier, check_tokenizer, folder_files, load_tokenizer
 
 # torch and transformers are imported inside prepare(): validate_inputs runs at the CLI and
@@ -167,8 +167,7 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str) -> Prepare
                                             seed=cfg.seed, extra_chars=get_task(cfg.data.task).extra_chars)
         files, tensors = base_files(model, tokenizer), model.state_dict()
     _, tokenizer = instantiate(files, tensors)  # the tokenizer exactly as actions will load it
-    tokens = {str(r.prompt_id): {"prompt": list(encode(tokenizer, r.prompt)),
-                                 "answer_len": len(encode(tokenizer, r.answer))} for r in train}
+    tokens = token_table(train, lambda text: encode(tokenizer, text), cfg.generation.max_new_tokens)
     base_key = f"{run_prefix}/base/manifest.json"
     put_artifact(store, base_key, files, {"summary": model_summary(files)})
     init = publish_tensors(store, f"{run_prefix}/init/manifest.json", tensors, {"source": source})
@@ -182,6 +181,18 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str) -> Prepare
         put_artifact(store, reward_model_key(run_prefix, i), folder_files(m.path), {"source": m.path})
     return Prepared(base_key=base_key, init_key=init.manifest_key, train_key=train_key, eval_key=eval_key,
                     tokens_key=tokens_key, model=model_summary(files), data=data.summary)
+
+
+def token_table(rows: list[PromptRow], encode: Callable[[str], Any], max_new_tokens: int) -> dict[str, dict]:
+    """The planner's token table (``contracts.PromptTokens`` by prompt id): each prompt's token
+    ids and its first-epoch length prediction, the reference answer's length in tokens. A row
+    without a reference gets ``max_new_tokens``, the same for every such prompt: the first step
+    is planned for groups that run to the cap, and later prompts are predicted from the group
+    lengths observed so far (with one reference length for all, its scale is their mean,
+    ``flows/planning/lengths.py``)."""
+    return {str(r.prompt_id): {"prompt": list(encode(r.prompt)),
+                               "answer_len": len(encode(r.answer)) if r.has_answer else max_new_tokens}
+            for r in rows}
 
 
 def run_prepare(req: PrepareRequest) -> Prepared:

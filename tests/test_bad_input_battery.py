@@ -245,8 +245,34 @@ CASES: dict[str, Case] = {
         _train("--set", "data.train_path={tmp}/d.jsonl"), ("d.jsonl:1", "'answer'", "every row needs"),
         setup=_write("d.jsonl", _rows({"prompt_id": 1, "prompt": "x"}))),
     "dataset duplicate prompt_id": Case(
-        _train("--set", "data.train_path={tmp}/d.jsonl"), ("d.jsonl:2", "prompt_id 1 appears twice", "unique"),
-        setup=_write("d.jsonl", _rows(ROW, ROW))),
+        _train("--set", "data.train_path={tmp}/d.jsonl"),
+        ("d.jsonl:2", "prompt_id 1 appears twice", "data.id_key is unset", "set data.id_key to a column of unique",
+         "rename the column"), setup=_write("d.jsonl", _rows(ROW, ROW))),
+    "dataset null answer with a reward that reads it": Case(
+        _train("--set", "data.train_path={tmp}/d.jsonl"),
+        ("d.jsonl:2", "key 'answer' is null", "the default reward repeat", "fill it in"),
+        setup=_write("d.jsonl", _rows(ROW, {**ROW, "prompt_id": 2, "answer": None}))),
+    "dataset answer_key null with gsm8k": Case(
+        _train("--set", "data.train_path={tmp}/d.jsonl", "--set", "data.answer_key=null",
+               "--set", "reward.functions=[{{name: gsm8k}}]"),
+        ("reward.functions gsm8k compares with a reference answer", "data.answer_key is null",
+         "set data.answer_key to the column")),
+    "dataset answer_key null with warm-up": Case(
+        _train("--set", "data.train_path={tmp}/d.jsonl", "--set", "data.answer_key=null",
+               "--set", "reward.functions=[{{name: format}}]", "--set", "warmup.steps=5"),
+        ("warmup.steps=5 trains on the reference answers", "data.answer_key is null", "set warmup.steps: 0")),
+    "dataset answer_key names no column": Case(
+        _train("--set", "data.train_path={tmp}/d.jsonl", "--set", "data.answer_key=solutoin",
+               "--set", "reward.functions=[{{name: format}}]"),
+        ("no row has the column 'solutoin'", "data.answer_key: null"), setup=_write("d.jsonl", _rows(ROW))),
+    "dataset JSON array": Case(
+        _train("--set", "data.train_path={tmp}/d.json"), ("d.json:1", "a JSON array", "only JSON Lines", "jq -c"),
+        setup=_write("d.json", json.dumps([ROW], indent=1))),
+    "dataset column named like a reward keyword": Case(
+        _train("--set", "data.train_path={tmp}/d.jsonl", "--set", "reward.functions=[{{name: 'plug:short'}}]"),
+        ("'plug:short'", "column named 'completions'", "rename the column"), env=PLUGIN_ENV,
+        setup=lambda tmp: [_write("plugins/plug.py", PLUGIN)(tmp), _write("d.jsonl", _rows(
+            *({**ROW, "prompt_id": i, "completions": "given"} for i in range(16))))(tmp)]),
     "dataset 10 MiB prompt": Case(
         _train("--set", "data.train_path={tmp}/d.jsonl", "--set", "data.eval_path={tmp}/d.jsonl"),
         ("d.jsonl:1", "10,485,", "above the limit", "shorten its prompt"), setup=_big_prompt),
@@ -291,7 +317,7 @@ CASES: dict[str, Case] = {
         _train("--set", "data.train_path={tmp}/d.jsonl"), ("d.jsonl:1", "key 'prompt' is 5 (int)", "list of chat messages"),
         setup=_write("d.jsonl", _rows({**ROW, "prompt": 5}))),
     "dataset malformed chat message": Case(
-        _train("--set", "data.train_path={tmp}/d.jsonl"), ("d.jsonl:1", "message 0", '{"role": str, "content": str}'),
+        _train("--set", "data.train_path={tmp}/d.jsonl"), ("d.jsonl:1", "message 0", '{"role": str, "content": str'),
         setup=_write("d.jsonl", _rows({**ROW, "prompt": [{"role": "user"}]}))),
     "dataset answer of the wrong type": Case(
         _train("--set", "data.train_path={tmp}/d.jsonl"), ("d.jsonl:1", "key 'answer'", "a string or a number"),

@@ -48,7 +48,8 @@ def test_ids_columns_and_duplicates():
     records = [(1, {"uid": "a", "q": "x?", "a": 1, "level": 3}), (2, {"uid": "b", "q": "y?", "a": "2", "level": 5})]
     rows, stats = to_rows(records, FieldMap("q", "a", "uid"), source="f")
     assert [r.answer for r in rows] == ["1", "2"]  # a numeric answer is kept as its text
-    assert rows[0].columns == {"a": 1, "level": 3} and len({r.prompt_id for r in rows}) == 2
+    # every column but the prompt, the id column too, goes to the reward functions by its own name
+    assert rows[0].columns == {"uid": "a", "a": 1, "level": 3} and len({r.prompt_id for r in rows}) == 2
     same = [(1, {"prompt": "p", "answer": "a"}), (2, {"prompt": "p", "answer": "a"}), (3, {"prompt": "q", "answer": "a"})]
     rows, stats = to_rows(same, FieldMap(), source="f")
     assert len(rows) == 2 and stats.duplicates_dropped == 1 and stats.rows_read == 3
@@ -229,3 +230,107 @@ def test_a_json_array_file_is_read_as_rows(tmp_path):
     (tmp_path / "c.json").write_text('[{"prompt": "p",\n "answer": 1},\n oops]')
     with pytest.raises(ValueError, match=r"c.json:3: not valid JSON \(Expecting value\)"):
         read_records(str(tmp_path / "c.json"), field="data.eval_path")
+
+
+def test_rows_without_a_reference_answer_are_kept_unless_something_reads_it():
+    """TRL needs no reference answer: a missing or null one is "" (``has_answer`` false) unless a
+    built-in that compares with it or warm-up reads it; then the row is refused, naming that."""
+    records = [(1, {"prompt": "Tell a story", "answer": "once"}), (2, {"prompt": "Tell a joke", "answer": None}),
+               (3, {"prompt": "Tell a fact"})]
+    rows, _ = to_rows(records, FieldMap(), source="f")
+    assert [(r.answer, r.has_answer, r.source_answer) for r in rows] == [("once", True, None), ("", False, None),
+                                                                         ("", False, None)]
+    assert [r.columns for r in rows] == [{}, {"answer": None}, {}]  # a null stays a column of its own
+    rows, _ = to_rows([(1, {"prompt": "p", "answer": "a"})], FieldMap(answer_key=None), source="f")
+    assert (rows[0].answer, rows[0].has_answer, rows[0].columns) == ("", False, {"answer": "a"})
+    need = ("reward.functions gsm8k compares with a reference answer", "or use rewards that need none")
+    with pytest.raises(ValueError, match=r"f:2: key 'answer' is null; reward.functions gsm8k compares .* fill it in"):
+        to_rows(records, FieldMap(answer_need=need), source="f")
+    with pytest.raises(ValueError, match=r"f:3: key 'answer' is missing .* every row needs one: set data.answer_key"):
+        to_rows(records[2:], FieldMap(answer_need=need), source="f")
+    # an explicit answer_key that no row has is a misspelt name, not a dataset without answers
+    with pytest.raises(ValueError, match=r"no row has the column 'solutoin' named by data.answer_key .* null"):
+        to_rows(records, FieldMap(answer_key="solutoin"), source="f")
+
+
+def test_answer_key_null_is_refused_only_where_a_reference_is_read(tmp_path):
+    from actions.models.modeling import build_char_tokenizer
+    from actions.prepare import token_table
+
+    base = [f"data.train_path={_jsonl(tmp_path / 'd.jsonl', [{'prompt': f'Tell story {i}'} for i in range(16)])}"]
+    plugin = ["reward.functions=[{name: format}]"]
+    cfg = load_config(None, base + plugin + ["data.answer_key=null"])
+    assert cfg.data.answer_key is None and cfg.answer_need() is None
+    data = build_datasets(cfg, lambda: build_char_tokenizer(), model_name="tiny")
+    assert len(data.train) == 16 and not any(r.has_answer for r in data.train)
+    # The default answer_key with no such column: usable too, when nothing reads it.
+    assert len(build_datasets(load_config(None, base + plugin), lambda: build_char_tokenizer(),
+                              model_name="tiny").train) == 16
+    with pytest.raises(ValueError, match=r"reward.functions gsm8k compares with a reference answer and "
+                                         r"data.answer_key is null; set data.answer_key .* \(format"):
+        load_config(None, base + ["data.answer_key=null", "reward.functions=[{name: gsm8k}]"])
+    with pytest.raises(ValueError, match=r"the default reward repeat \(reward.functions unset\) compares"):
+        load_config(None, base + ["data.answer_key=null"])
+    with pytest.raises(ValueError, match=r"warmup.steps=5 trains on the reference answers and data.answer_key is "
+                                         r"null; .* or set warmup.steps: 0"):
+        load_config(None, base + plugin + ["data.answer_key=null", "warmup.steps=5"])
+    with pytest.raises(ValueError, match=r"d.jsonl:1: key 'answer' is missing .* the default reward repeat"):
+        build_datasets(load_config(None, base), lambda: build_char_tokenizer(), model_name="tiny")
+    # The first epoch's length prediction of a prompt without a reference: the generation cap.
+    table = token_table(data.train[:1] + [data.train[1].model_copy(update={"answer": "ab", "has_answer": True})],
+                        lambda text: list(text), max_new_tokens=24)
+    assert [t["answer_len"] for t in table.values()] == [24, 2]
+
+
+def test_chat_messages_keep_every_key_for_the_template_and_the_rewards():
+    call = {"type": "function", "function": {"name": "calc", "arguments": {"x": 2}}}
+    messages = [{"role": "user", "content": "compute"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "name": "calc", "content": "4"}]
+    rows, _ = to_rows([(1, {"prompt": messages, "answer": "4"})], FieldMap(), source="f")
+    assert rows[0].source_prompt == messages
+
+    class Recording(_ChatTokenizer):
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            self.seen = messages
+            return "<chat>"
+
+    tok = Recording()
+    out = format_rows(rows, tok, use_template=True, system_prompt=None, source="f")
+    assert tok.seen == messages and out[0].source_prompt == messages  # whole messages, as TRL hands them over
+
+    class TextOnly(_ChatTokenizer):  # a template that adds each content to a string, as ChatML templates do
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            return "".join("<" + m["role"] + ">" + m["content"] for m in messages)
+
+    # A template that cannot render them says so in one line.
+    with pytest.raises(ValueError, match=r"f: row 1 \(prompt_id \d+\): the tokenizer's chat template fails on its "
+                                         r"messages \(TypeError: .*\); change the messages"):
+        format_rows(rows, TextOnly(), use_template=True, system_prompt=None, source="f")
+    with pytest.raises(ValueError, match=r"message 0 is \{'role': 'user'\}; .* \"content\": str or null"):
+        to_rows([(1, {"prompt": [{"role": "user"}], "answer": "4"})], FieldMap(), source="f")
+
+
+def test_stored_rows_of_earlier_runs_still_load():
+    """A row stored before ``has_answer`` and whole messages: it had a reference and two-key messages."""
+    from actions.tasks.dataset import parse_jsonl, rows_to_jsonl
+    from actions.tasks.rewards import reward_inputs
+
+    old = (b'{"answer": "7", "columns": {"level": 2}, "prompt": "<t>", "prompt_id": 3, '
+           b'"source_answer": 7, "source_prompt": [{"content": "2+5?", "role": "user"}]}\n')
+    row = parse_jsonl(old, source="old")[0]
+    assert row.has_answer and row.source_prompt == [{"role": "user", "content": "2+5?"}]
+    assert reward_inputs([row], ["7"])[2] == {"answer": [7], "level": [2]}
+    assert parse_jsonl(rows_to_jsonl([row]), source="again") == [row]
+
+
+def test_an_automatic_prompt_id_column_says_how_to_choose_another():
+    rows = [(1, {"prompt_id": 7, "prompt": "p", "answer": "a"}), (2, {"prompt_id": 7, "prompt": "q", "answer": "b"})]
+    with pytest.raises(ValueError, match=r"f:2: prompt_id 7 appears twice \(first at row 1\); the dataset's "
+                                         r"'prompt_id' column is the id because data.id_key is unset: .* set "
+                                         r"data.id_key to a column of unique values, or rename the column"):
+        to_rows(rows, FieldMap(), source="f")
+    with pytest.raises(ValueError, match=r"f:2: uid 'x' appears twice \(first at row 1\); make every uid unique"):
+        to_rows([(n, {**r, "uid": "x"}) for n, r in rows], FieldMap(id_key="uid"), source="f")
+    # The id column reaches the reward functions like any other column.
+    mapped, _ = to_rows([(1, {"prompt_id": 7, "prompt": "p", "answer": "a"})], FieldMap(), source="f")
+    assert mapped[0].columns == {"prompt_id": 7}

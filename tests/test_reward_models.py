@@ -156,6 +156,36 @@ def test_campaign_scored_by_reward_model_and_trl_function(tmp_path, reward_model
         assert (exported - stored(ids).logits).abs().max().item() <= 1e-6
 
 
+def test_campaign_on_a_dataset_without_reference_answers(tmp_path, prefect_harness, capsys):
+    """2 steps on the tiny Qwen2 folder with prompts alone (no answer column) and a length
+    reward, as a TRL recipe without references runs: the reward gets the dataset's columns and
+    no ``answer``, and the first step is planned with the cap as every prompt's length."""
+    from flows.commands.cli import main
+
+    policy = write_tiny_model_dir(tmp_path / "qwen2", "qwen2").path
+    rows = [{"prompt": f"Tell a story about {w}.", "topic": w} for w in ("cats", "rain", "ships", "bread", "maps",
+                                                                          "owls", "ice", "clocks")]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = {"model": {"path": str(policy)}, "data": {"train_path": str(tmp_path / "train.jsonl")},
+           "reward": {"functions": [{"name": "trl_style_rewards:short_reward"}]},
+           "algorithm": {"batch_size": 16, "group_size": 4, "num_minibatches": 1},
+           "generation": {"max_new_tokens": 12}, "store": {"uri": str(tmp_path / "store")},
+           "invoker": {"kind": "inprocess"}, "steps": 2, "eval_every": 0}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    trl_style_rewards.SEEN_KEYWORDS.clear()
+    assert main(["train", "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "run")]) == 0, \
+        capsys.readouterr()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps_completed"] == 2 and summary["warnings"] == []
+    assert all(s["frac_reward_none"] == 0.0 and s["grad_norm"] > 0.0 for s in summary["steps"])
+    assert summary["reward_mean_first"] != summary["reward_mean_last"]
+    keywords = {tuple(k) for k in trl_style_rewards.SEEN_KEYWORDS}
+    assert keywords == {("completion_ids", "log_extra", "log_metric", "prompts", "topic", "trainer_state")}
+    tokens = json.loads(next((tmp_path / "store").rglob("tokens.json")).read_text())
+    assert {t["answer_len"] for t in tokens.values()} == {12}  # generation.max_new_tokens
+
+
+
 def _bert_reward_folder(root: Path, labels: tuple[str, ...] = ("LABEL_0",)) -> Path:
     """A tiny BERT-style reward model whose tokenizer is a WordPiece ``vocab.txt`` alone (no
     tokenizer.json), without a chat template: what many classifier checkpoints ship; one

@@ -205,3 +205,62 @@ def test_log_metric_values_are_kept_by_name_and_checked(monkeypatch):
     with pytest.raises(RewardFunctionError, match=r"'my_logs:bad_value' logged nan \(float\) as metric 'mean'; "
                                                   "log_metric takes one finite number"):
         compute_rewards([Fn(name="my_logs:bad_value")], rows, ["a", "b"])
+
+
+def _mapped(records: list[dict], **fields) -> list[PromptRow]:
+    """Rows mapped with ``FieldMap(**fields)`` and round-tripped through the stored format."""
+    from actions.tasks.dataset import parse_jsonl, rows_to_jsonl
+    from actions.tasks.fields import FieldMap, to_rows
+
+    rows, _ = to_rows(list(enumerate(records, start=1)), FieldMap(**fields), source="f")
+    return parse_jsonl(rows_to_jsonl(rows), source="stored")
+
+
+def test_plugins_get_every_column_under_its_own_name(monkeypatch):
+    """As TRL passes them: ``answer`` is the dataset's answer column even when the reference is
+    another; without an answer column it is the reference; without any reference it is absent."""
+    seen = []
+
+    def spy(prompts, completions, **kwargs):
+        seen.append(kwargs)
+        return [1.0] * len(completions)
+
+    monkeypatch.setitem(sys.modules, "my_spy", types.SimpleNamespace(spy=spy))
+    specs = [Fn(name="my_spy:spy"), Fn(name="gsm8k")]
+    rows = _mapped([{"prompt": f"q{i}", "solution": f"work #### {i}", "answer": i, "uid": f"r{i}", "prompt_id": i}
+                    for i in range(2)], answer_key="solution", id_key="uid")
+    r = compute_rewards(specs, rows, ["#### 0", "#### 0"])
+    assert seen[-1]["answer"] == [0, 1] and seen[-1]["solution"] == ["work #### 0", "work #### 1"]
+    assert seen[-1]["uid"] == ["r0", "r1"] and seen[-1]["prompt_id"] == [0, 1]  # id columns, as any other
+    assert r.per_function["gsm8k"] == [1.0, 0.0]  # the built-ins compare with the reference, data.answer_key
+    compute_rewards(specs[:1], _mapped([{"prompt": "q", "solution": 5}], answer_key="solution"), ["5"])
+    assert seen[-1]["answer"] == [5] and seen[-1]["solution"] == [5]  # no answer column: the reference stands in
+    compute_rewards(specs[:1], _mapped([{"prompt": "q", "n": 1}, {"prompt": "r", "answer": None}]), ["a", "b"])
+    assert (seen[-1]["n"], seen[-1]["answer"]) == ([1, None], [None, None])  # a missing or null value is None
+    compute_rewards(specs[:1], _mapped([{"prompt": "q"}], answer_key=None), ["a"])
+    assert "answer" not in seen[-1]  # no reference and no answer column: no answer keyword, as in TRL
+
+
+def test_chat_prompts_reach_rewards_and_reward_models_whole():
+    from actions.tasks.rewards import reward_inputs
+    from actions.tasks.rewards.model_scoring import reward_texts
+
+    call = {"type": "function", "function": {"name": "calc", "arguments": "{}"}}
+    chat = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "name": "calc", "content": "4"}]
+    rows = _mapped([{"prompt": chat, "answer": "4"}])
+    prompts, completions, _ = reward_inputs(rows, ["4"])
+    assert prompts == [chat] and completions == [[{"role": "assistant", "content": "4"}]]
+    assert reward_texts(None, False, prompts, completions) == ["2+2?44"]  # a tool call's null content adds nothing
+
+
+def test_a_column_named_like_a_reward_keyword_is_refused_at_start_up(monkeypatch):
+    from actions.tasks.rewards import check_reward_functions
+
+    ok = types.SimpleNamespace(ok=lambda completions, **kw: [1.0] * len(completions))
+    monkeypatch.setitem(sys.modules, "my_ok", ok)
+    rows = _rows(["a"], completions=["given"])
+    with pytest.raises(RewardFunctionError, match=r"reward.functions 'my_ok:ok': the dataset has a column named "
+                                                  r"'completions', a keyword .* rename the column"):
+        check_reward_functions([Fn(name="my_ok:ok")], rows)
+    check_reward_functions([Fn(name="exact_match")], rows)  # the built-ins take no columns

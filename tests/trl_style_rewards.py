@@ -19,3 +19,13 @@ def even_token_reward(prompts, completions, completion_ids, trainer_state, answe
 def never_applies(completions, **kwargs):
     """Not applicable to any completion: a run scored by it alone cannot learn."""
     return [None] * len(completions)
+
+
+SEEN_KEYWORDS = []
+"""The keyword names of every call of ``short_reward``."""
+
+
+def short_reward(completions, **kwargs):
+    """Shorter is better: 1 / (1 + characters), for a dataset without reference answers."""
+    SEEN_KEYWORDS.append(sorted(kwargs))
+    return [1.0 / (1.0 + len(c)) for c in completions]

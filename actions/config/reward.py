@@ -12,6 +12,8 @@ from actions.config.section import Section as _Section
 
 BUILTIN_REWARDS = ("repeat", "gsm8k", "math", "exact_match", "format")
 """The built-in reward functions' names (``actions/tasks/rewards`` implements each)."""
+REFERENCE_REWARDS = ("repeat", "gsm8k", "math", "exact_match")
+"""The built-ins that compare a completion with the row's reference answer (``data.answer_key``)."""
 
 
 class RewardFunctionConfig(_Section):

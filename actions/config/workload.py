@@ -18,7 +18,13 @@ from pydantic import Field, field_validator, model_validator
 from actions.config.quoting import chat_template_mode
 
 # RewardFunctionConfig is re-exported: the contracts and callers take every section from here.
-from actions.config.reward import TASK_REWARDS, RewardConfig, RewardFunctionConfig, RewardModelConfig  # noqa: F401
+from actions.config.reward import (  # noqa: F401
+    REFERENCE_REWARDS,
+    TASK_REWARDS,
+    RewardConfig,
+    RewardFunctionConfig,
+    RewardModelConfig,
+)
 from actions.config.section import Section as _Section
 
 
@@ -89,9 +95,13 @@ class DataConfig(_Section):
     """With ``train_path`` and no ``eval_path``: the share of the training rows held out for
     evaluation (chosen by the run's seed); None: evaluate nothing."""
     prompt_key: str = Field("prompt", min_length=1)
-    """Column holding the prompt: a string, or a list of chat messages {role, content}."""
-    answer_key: str = Field("answer", min_length=1)
-    """Column holding the reference answer (for GSM8K, the worked solution ending ``#### N``)."""
+    """Column holding the prompt: a string, or a list of chat messages (``role``, ``content``
+    and any other keys, such as ``tool_calls``, all kept for the chat template)."""
+    answer_key: str | None = Field("answer", min_length=1)
+    """Column holding the reference answer (for GSM8K, the worked solution ending ``#### N``).
+    None: the dataset has no reference answers, as with length or format rewards. A row may
+    lack one (the column absent or null) unless something reads it: a built-in reward that
+    compares with it (``REFERENCE_REWARDS``) or warm-up on a dataset (``answer_need``)."""
     id_key: str | None = None
     """Column holding a unique id (int or string); None: a ``prompt_id`` column if present,
     else an id from the row's content."""
@@ -389,7 +399,29 @@ class WorkloadConfig(_Section):
         if self.warmup.steps is None:
             self.warmup.steps = 0 if self.data.train_path else 300
         self._check_lora()
+        self._check_answer_key()
         return self
+
+    def answer_need(self, split: Literal["train", "eval"] = "train") -> tuple[str, str] | None:
+        """What reads the reference answer of a dataset file's ``split`` rows, as ``(what reads
+        it, the other way out)`` for an error line, or None when nothing does (a row may then
+        have none): a built-in reward that compares with it, or warm-up on the training rows."""
+        for f in self.reward_functions():
+            if f.name in REFERENCE_REWARDS:
+                which = f"reward.functions {f.name}" if self.reward.functions else \
+                    f"the default reward {f.name} (reward.functions unset)"
+                return (f"{which} compares with a reference answer",
+                        "or use rewards that need none (format, package.module:function, reward.models)")
+        if split == "train" and self.data.train_path and self.warmup.steps:
+            return f"warmup.steps={self.warmup.steps} trains on the reference answers", "or set warmup.steps: 0"
+        return None
+
+    def _check_answer_key(self) -> None:
+        # Only a dataset file reads data.answer_key: a generated task names its own columns.
+        need = self.answer_need()
+        if self.data.answer_key is None and (self.data.train_path or self.data.eval_path) and need:
+            raise ValueError(f"{need[0]} and data.answer_key is null; set data.answer_key to the column holding "
+                             f"the reference answer, {need[1]}")
 
     def _check_lora(self) -> None:
         """Options LoRA cannot serve: one line naming both settings and the fix."""

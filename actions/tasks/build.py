@@ -45,7 +45,8 @@ def _split(cfg: WorkloadConfig, which: str, exclude: frozenset[str]) -> tuple[li
     if path:
         setting = f"data.{which}_path"
         records = read_records(path, field=setting)
-        rows, stats = to_rows(records, FieldMap(d.prompt_key, d.answer_key, d.id_key), source=f"{setting} {path}")
+        fields = FieldMap(d.prompt_key, d.answer_key, d.id_key, answer_need=cfg.answer_need(which))
+        rows, stats = to_rows(records, fields, source=f"{setting} {path}")
     else:
         task = get_task(d.task)
         num = d.num_train_prompts if which == "train" else d.num_eval_prompts

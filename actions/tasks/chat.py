@@ -42,6 +42,17 @@ def uses_template(tokenizer: Any, mode: ChatMode, model_name: str) -> bool:
     return has and mode is not False
 
 
+def _apply_template(tokenizer: Any, messages: list[dict[str, Any]], where: str) -> str:
+    """The chat template's text of ``messages`` plus the generation prompt. Raises ValueError
+    naming ``where`` when the template fails on them (e.g. a tool call it does not render)."""
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # the template is the model's own code (jinja): any failure is a data mismatch
+        raise ValueError(f"{where}: the tokenizer's chat template fails on its messages ({type(exc).__name__}: "
+                         f"{str(exc)[:200]}); change the messages, or use a model whose chat template renders "
+                         "them (tool calls, null content)") from None
+
+
 def format_rows(rows: Sequence[PromptRow], tokenizer: Any, *, use_template: bool, system_prompt: str | None,
                 source: str) -> list[PromptRow]:
     """Rows whose ``prompt`` is the final text and whose ``source_prompt`` is the dataset's
@@ -53,7 +64,7 @@ def format_rows(rows: Sequence[PromptRow], tokenizer: Any, *, use_template: bool
             messages = list(written) if isinstance(written, list) else [{"role": "user", "content": written}]
             if system_prompt and messages[0]["role"] != "system":
                 messages.insert(0, {"role": "system", "content": system_prompt})
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = _apply_template(tokenizer, messages, f"{source}: row {number} (prompt_id {row.prompt_id})")
         elif isinstance(written, list):
             raise ValueError(f"{source}: row {number} (prompt_id {row.prompt_id}) is a list of chat messages but no "
                              "chat template is used; set data.chat_template to auto or true with a model whose "

@@ -2,18 +2,20 @@
 
 ::
 
-    {"prompt_id": 17, "prompt": "...", "answer": "...", "source_prompt": "...", "source_answer": null,
-     "columns": {}}
+    {"prompt_id": 17, "prompt": "...", "answer": "...", "has_answer": true, "source_prompt": "...",
+     "source_answer": null, "columns": {}}
 
 ``prompt_id`` is unique; it keys the response-length history and every sample's random
 stream. ``prompt`` is the exact text the policy is given (chat template and system prompt
-already applied, see ``chat.py``). ``answer`` is the reference used by the reward functions,
-by the warm-up on reference solutions and, in the first epoch, as the length prediction; as
-text (``source_answer`` keeps a numeric reference's value for the plug-in reward functions).
-``source_prompt`` keeps the prompt as the dataset wrote it, a string or chat messages (the
-reward functions' ``prompts`` and the reward models' text), and ``columns`` the dataset's other
+already applied, see ``chat.py``). ``answer`` is the reference used by the built-in reward
+functions, by the warm-up on reference solutions and, in the first epoch, as the length
+prediction; as text (``source_answer`` keeps a numeric reference's value for the plug-in reward
+functions), and "" with ``has_answer`` false in a row without one. ``source_prompt`` keeps the
+prompt as the dataset wrote it, a string or chat messages with all their keys (the reward
+functions' ``prompts`` and the reward models' text), and ``columns`` the dataset's other
 columns. User files are read by ``sources.py`` and mapped by ``fields.py``; this module is the
-store's own format.
+store's own format. A row stored without ``has_answer`` (or with a message holding only
+``role`` and ``content``) loads as before: it had a reference answer.
 """
 
 from __future__ import annotations
@@ -36,15 +38,22 @@ class PromptRow(BaseModel):
     prompt_id: int
     prompt: str
     answer: str
-    source_prompt: str | list[dict[str, str]] | None = None
+    """The reference answer as text; "" where the row has none (``has_answer``)."""
+    has_answer: bool = True
+    """False: the row has no reference answer (``data.answer_key`` null, or its column absent,
+    null or neither a string nor a number in this row), which only a run that reads none allows."""
+    source_prompt: str | list[dict[str, Any]] | None = None
     """The dataset's prompt as written, before the chat template and system prompt: a string or
-    chat messages. None in a row built by hand or in a dataset stored before string prompts were
-    kept (a row of either still loads); ``prompt`` then stands in for it."""
+    chat messages, each with every key the dataset gave it (``tool_calls``, ``name``, ...).
+    None in a row built by hand or in a dataset stored before string prompts were kept (a row
+    of either still loads); ``prompt`` then stands in for it."""
     source_answer: int | float | None = None
     """The dataset's reference when it is a number (``answer`` holds its text): plug-in reward
-    functions receive it as ``answer``, as TRL passes the column. None for a string reference."""
+    functions receive it as it is (``rewards.reward_inputs``). None for a string reference or none."""
     columns: dict[str, Any] = {}
-    """The dataset's other columns (JSON values), passed to the reward functions by name."""
+    """The dataset's columns but the prompt (JSON values), passed to the reward functions by
+    name; a reference in a column named ``answer`` is left out (``answer`` and ``source_answer``
+    hold it)."""
 
 
 def rows_to_jsonl(rows: Iterable[PromptRow]) -> bytes:

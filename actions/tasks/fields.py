@@ -1,13 +1,18 @@
 """From dataset rows to prompt rows: which key holds the prompt, the answer and the id.
 
-``prompt_key`` holds a non-empty string or a non-empty list of chat messages
-(``{"role": str, "content": str}``), kept as written in ``source_prompt``; ``answer_key`` a
-string or a number (some datasets store final answers as numbers): ``answer`` is its text, and
-a number is also kept as it is in ``source_answer`` for the plug-in reward functions.
+``prompt_key`` holds a non-empty string or a non-empty list of chat messages, each a dict with
+a string ``role`` and a ``content`` that is a string or null (an assistant turn that only calls
+tools), kept as written with every other key (``tool_calls``, ``name``, ...) in
+``source_prompt``: the chat template and the reward functions get whole messages, as TRL's do.
+``answer_key`` a string or a number (some datasets store final answers as numbers): ``answer``
+is its text, and a number is also kept as it is in ``source_answer`` for the plug-in reward
+functions. A row may have no reference answer (``answer_key`` None, or its column absent, null
+or of another type in the row: ``answer`` "", ``has_answer`` false) unless something reads it
+(``FieldMap.answer_need``); then each such row is an error naming what reads it.
 ``id_key`` (optional) holds an int, or a string that is hashed to one; without it a
 ``prompt_id`` column is used when present, else the id is a hash of the row's prompt and
 answer, so the same row gets the same id in every run.
-Every other column is kept for the reward functions.
+Every column but the prompt, the id column included, is kept for the reward functions.
 
 Rows whose prompt and answer are identical to an earlier row's are dropped (counted); two
 different rows with one id are an error. Errors name the file, the row, the key and the fix.
@@ -33,8 +38,12 @@ ID_BITS = 48
 @dataclass(frozen=True)
 class FieldMap:
     prompt_key: str = "prompt"
-    answer_key: str = "answer"
+    answer_key: str | None = "answer"
+    """None: the dataset has no reference answers."""
     id_key: str | None = None
+    answer_need: tuple[str, str] | None = None
+    """``(what reads the reference answer, the other way out)`` when something does
+    (``WorkloadConfig.answer_need``): every row must then have one. None: a row may have none."""
 
 
 @dataclass
@@ -61,33 +70,60 @@ def to_rows(records: Sequence[Record], fields: FieldMap, *, source: str) -> tupl
     """
     stats = MappingStats(rows_read=len(records))
     if not records:
-        raise ValueError(f"{source}: no rows; add at least one row with {fields.prompt_key!r} and {fields.answer_key!r}")
-    id_key = fields.id_key or ("prompt_id" if "prompt_id" in records[0][1] else None)
+        raise ValueError(f"{source}: no rows; add at least one row with {fields.prompt_key!r}"
+                         + (f" and {fields.answer_key!r}" if fields.answer_key else ""))
+    _check_answer_column(records, fields, source)
+    picked = fields.id_key is None and "prompt_id" in records[0][1]  # the id column chosen for the user
+    id_key = fields.id_key or ("prompt_id" if picked else None)
     rows: list[PromptRow] = []
     seen: dict[int, tuple[int, Any, str]] = {}
     for number, rec in records:
         where = f"{source}:{number}"
         prompt = _prompt(rec, fields.prompt_key, where)
-        value = _answer(rec, fields.answer_key, where)
-        answer = value if isinstance(value, str) else str(value)
-        pid = _row_id(rec, id_key, where) if id_key else content_id(prompt, answer)
+        value = _reference(rec, fields, where)
+        answer = "" if value is None else value if isinstance(value, str) else str(value)
+        pid = _row_id(rec, id_key, picked, where) if id_key else content_id(prompt, answer)
         if pid in seen:
             first, p0, a0 = seen[pid]
             if id_key is None and (p0, a0) == (prompt, answer):
                 stats.duplicates_dropped += 1
                 continue
-            raise ValueError(f"{where}: {id_key or 'prompt_id'} {pid} appears twice (first at row {first}); "
-                             "make every prompt_id unique")
+            raise ValueError(_repeated_id(where, first, id_key, rec.get(id_key, pid) if id_key else pid, picked))
         seen[pid] = (number, prompt, answer)
-        columns = {k: _jsonable(v) for k, v in rec.items() if k not in (fields.prompt_key, id_key)
-                   and not (k == fields.answer_key == "answer")}
+        # a reference under `answer` is held by answer/source_answer; anything else there is a column of its own
+        skip = (fields.prompt_key, "answer") if fields.answer_key == "answer" and value is not None \
+            else (fields.prompt_key,)
         rows.append(PromptRow(prompt_id=pid, prompt=prompt if isinstance(prompt, str) else "", answer=answer,
-                              source_prompt=prompt, source_answer=None if isinstance(value, str) else value,
-                              columns=columns))
+                              has_answer=value is not None, source_prompt=prompt,
+                              source_answer=None if value is None or isinstance(value, str) else value,
+                              columns={k: _jsonable(v) for k, v in rec.items() if k not in skip}))
     return rows, stats
 
 
-def _prompt(rec: dict[str, Any], key: str, where: str) -> str | list[dict[str, str]]:
+def _repeated_id(where: str, first: int, id_key: str | None, value: Any, picked: bool) -> str:
+    """The error line for a row whose id an earlier row (``first``) has."""
+    head = f"{where}: {id_key or 'prompt_id'} {_short(value)} appears twice (first at row {first}); "
+    if picked:
+        return head + ("the dataset's 'prompt_id' column is the id because data.id_key is unset: make its values "
+                       "unique, set data.id_key to a column of unique values, or rename the column (ids then come "
+                       "from each row's prompt and answer)")
+    if id_key:
+        return head + f"make every {id_key} unique (data.id_key names the id column)"
+    return head + "make every prompt_id unique"
+
+
+def _check_answer_column(records: Sequence[Record], fields: FieldMap, source: str) -> None:
+    """An ``answer_key`` other than the default that no row has is a misspelt name, not a
+    dataset without answers (that is ``answer_key`` None)."""
+    key = fields.answer_key
+    if key is None or key == "answer" or any(key in rec for _, rec in records):
+        return
+    raise ValueError(f"{source}: no row has the column {key!r} named by data.answer_key (row keys: "
+                     f"{', '.join(sorted(records[0][1])[:8])}); fix the name, or set data.answer_key: null for a "
+                     "dataset without reference answers")
+
+
+def _prompt(rec: dict[str, Any], key: str, where: str) -> str | list[dict[str, Any]]:
     if key not in rec:
         raise ValueError(f"{where}: key {key!r} is missing (row keys: {', '.join(sorted(rec)[:8])}); "
                          "set data.prompt_key to the column holding the prompt")
@@ -99,35 +135,54 @@ def _prompt(rec: dict[str, Any], key: str, where: str) -> str | list[dict[str, s
         return value
     if isinstance(value, list) and value:
         for i, m in enumerate(value):
-            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m
+                    and (m["content"] is None or isinstance(m["content"], str))):
                 raise ValueError(f"{where}: key {key!r} message {i} is {_short(m)}; each chat message must be "
-                                 '{"role": str, "content": str}')
-        check_prompt_size(sum(len(m["content"]) for m in value), where, key)
-        return [{"role": m["role"], "content": m["content"]} for m in value]
+                                 '{"role": str, "content": str or null, ...} (other keys, e.g. tool_calls, are kept)')
+        messages = [{k: _jsonable(v) for k, v in m.items()} for m in value]
+        # every key counts towards the size: a tool call's arguments are prompt text too
+        check_prompt_size(sum(len(json.dumps(m, ensure_ascii=False)) for m in messages), where, key)
+        return messages
     raise ValueError(f"{where}: key {key!r} is {_short(value)} ({type(value).__name__}); a prompt is a non-empty "
                      "string or a list of chat messages")
 
 
-def _answer(rec: dict[str, Any], key: str, where: str) -> str | int | float:
+def _reference(rec: dict[str, Any], fields: FieldMap, where: str) -> str | int | float | None:
+    """The row's reference answer; None where it has none, an error when something reads it."""
+    key = fields.answer_key
+    value = rec.get(key) if key is not None else None
+    if isinstance(value, str) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value
+    if fields.answer_need is None:
+        return None
+    what, other = fields.answer_need
+    if key is None:
+        raise ValueError(f"{what} and data.answer_key is null; set data.answer_key to the column holding the "
+                         f"reference answer, {other}")
     if key not in rec:
-        raise ValueError(f"{where}: key {key!r} is missing (row keys: {', '.join(sorted(rec)[:8])}); every row needs "
-                         "a reference answer: set data.answer_key to the column holding it")
-    value = rec[key]
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ValueError(f"{where}: key {key!r} is {_short(value)} ({type(value).__name__}); the reference answer "
-                         "must be a string or a number")
-    return value
+        raise ValueError(f"{where}: key {key!r} is missing (row keys: {', '.join(sorted(rec)[:8])}); {what}, so "
+                         f"every row needs one: set data.answer_key to the column holding it, {other}")
+    if value is None:
+        raise ValueError(f"{where}: key {key!r} is null; {what}, so every row needs one: fill it in or remove "
+                         f"the row, {other}")
+    raise ValueError(f"{where}: key {key!r} is {_short(value)} ({type(value).__name__}); {what}, and the reference "
+                     f"answer must be a string or a number: fix the row, {other}")
 
 
-def _row_id(rec: dict[str, Any], key: str, where: str) -> int:
+def _row_id(rec: dict[str, Any], key: str, picked: bool, where: str) -> int:
+    """The row's id from column ``key`` (``picked``: the ``prompt_id`` column, used because
+    ``data.id_key`` is unset)."""
+    other = ("set data.id_key to a column of unique ids, or rename the prompt_id column (used as the id because "
+             "data.id_key is unset)" if picked else "unset data.id_key")
     if key not in rec:
-        raise ValueError(f"{where}: key {key!r} is missing; give every row an id or unset data.id_key")
+        raise ValueError(f"{where}: key {key!r} is missing; give every row an id, or {other}")
     value = rec[key]
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**ID_BITS:
         return value
     if isinstance(value, str) and value:
         return int.from_bytes(hashlib.sha256(value.encode()).digest()[:8], "big") >> (64 - ID_BITS)
-    raise ValueError(f"{where}: key {key!r} is {_short(value)}; an id is an int in [0, 2**48) or a non-empty string")
+    raise ValueError(f"{where}: key {key!r} is {_short(value)}; an id is an int in [0, 2**48) or a non-empty "
+                     f"string: fix the row, or {other}")
 
 
 def _jsonable(value: Any) -> Any:

@@ -12,11 +12,14 @@ to that); ``completions`` are strings for string prompts and ``[{"role": "assist
 completions' token ids as trained (ending with the EOS id where the sample stopped, as in TRL);
 ``trainer_state`` a ``transformers.TrainerState`` (``actions/tasks/rewards/trainer_state.py``
 says which fields are filled); ``log_metric(name, value)`` and ``log_extra(column, values)``
-TRL's logging callables (``calling.py``). Every other column of the dataset arrives as a
-keyword list with its JSON values, and ``answer`` is always the reference
-(``data.answer_key``) as the dataset wrote it: a number stays a number. The built-ins alone
-read the reference as text (``PromptRow.answer``). ``None`` means "not applicable to this row".
-An ``async`` function is awaited (``calling.py``).
+TRL's logging callables (``calling.py``). Every other column of the dataset (the id column
+too, all but the prompt) arrives as a keyword list under its own name with its JSON values, as
+TRL passes them: a number stays a number, a null is None. ``answer`` is the dataset's
+``answer`` column; a dataset without one whose reference is in another column
+(``data.answer_key: solution``) gets the reference under ``answer`` as well, and one without any
+reference gets no ``answer`` keyword. The built-ins alone read the reference as text
+(``PromptRow.answer``). ``None`` means "not applicable to this row". An ``async`` function is
+awaited (``calling.py``).
 
 A row's reward is the weighted sum over the functions that apply to it (None counts as 0, as
 in TRL's nansum), plus the weighted scores of the reward models (``reward.models``, scored by
@@ -50,6 +53,7 @@ class RewardRow(Protocol):
     prompt_id: int
     prompt: str
     answer: str
+    has_answer: bool
     source_prompt: Any
     source_answer: Any
     columns: dict[str, Any]
@@ -96,13 +100,23 @@ def _builtin(name: str, pattern: str | None) -> Callable[..., list[float | None]
 def reward_inputs(rows: Sequence[RewardRow], texts: Sequence[str]) -> tuple[list, list, dict[str, list]]:
     """(prompts, completions, columns) in TRL's formats for rows and their completion texts: the
     dataset's prompts (``prompt``, the policy's text, where a stored row has no ``source_prompt``)
-    and its columns, with ``answer`` the reference as the dataset wrote it."""
+    and its columns by name (None where a row lacks one). ``answer`` is the row's ``answer``
+    column, else its reference as the dataset wrote it (``source_answer`` or ``answer``); it is
+    left out where no row has either (module docstring)."""
     prompts = [r.source_prompt if r.source_prompt is not None else r.prompt for r in rows]
     completions = [[{"role": "assistant", "content": t}] if isinstance(p, list) else t for p, t in zip(prompts, texts)]
     names = sorted({k for r in rows for k in r.columns} - set(RESERVED))
     columns = {k: [r.columns.get(k) for r in rows] for k in names}
-    columns["answer"] = [r.source_answer if r.source_answer is not None else r.answer for r in rows]
+    if any(r.has_answer for r in rows):
+        columns["answer"] = [r.columns["answer"] if "answer" in r.columns else _reference(r) for r in rows]
     return prompts, completions, columns
+
+
+def _reference(row: RewardRow) -> Any:
+    """The row's reference as the dataset wrote it (a number stays a number); None without one."""
+    if not row.has_answer:
+        return None
+    return row.source_answer if row.source_answer is not None else row.answer
 
 
 def _call(spec: RewardSpec, fn: Callable, rows: Sequence[RewardRow], kwargs: dict[str, list], trainer_state: Any,
@@ -175,8 +189,9 @@ def is_best(rewards: Rewards, tolerance: float = 1e-9) -> list[bool]:
 def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow],
                            encode: Callable[[str], Sequence[int]] | None = None) -> None:
     """Import every function and call each plug-in once on up to two rows, with the reference
-    answers as completions (their token ids from ``encode``, when given), so a broken plug-in
-    fails at start-up rather than mid-campaign.
+    answers as completions ("" for a row without one; their token ids from ``encode``, when
+    given), so a broken plug-in fails at start-up rather than mid-campaign. A dataset column
+    named like a keyword the call fills itself (``calling.RESERVED``) is refused for a plug-in.
 
     Raises:
         RewardFunctionError: naming the function and what is wrong.
@@ -185,7 +200,18 @@ def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow
     for spec in specs:
         fn = load_reward(spec.name, spec.pattern)
         if ":" in spec.name:
+            _check_column_names(spec.name, rows)
             prompts, completions, columns = reward_inputs(sample, [r.answer for r in sample])
             ids = [list(encode(r.answer)) if encode else [] for r in sample]
             kwargs = {"prompts": prompts, "completions": completions, "completion_ids": ids, **columns}
             _call(spec, fn, sample, kwargs, make_trainer_state(step=0, epoch=0.0, max_steps=0))
+
+
+def _check_column_names(name: str, rows: Sequence[RewardRow]) -> None:
+    """Raise RewardFunctionError for a dataset column that a reward keyword would shadow."""
+    clash = sorted({k for r in rows for k in r.columns} & set(RESERVED))
+    if clash:
+        raise RewardFunctionError(
+            f"reward.functions {name!r}: the dataset has a column named {clash[0]!r}, a keyword the reward functions "
+            f"receive from the trainer ({', '.join(RESERVED)}), so the column cannot reach them; rename the column "
+            "(TRL's GRPOTrainer fails on it too)")

@@ -24,8 +24,10 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-RESERVED = ("answer", "prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
-"""Keyword names the call fills itself: a dataset column of that name does not reach the function."""
+RESERVED = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+"""Keyword names the call fills itself: a dataset column of that name cannot reach a function
+(in TRL the call fails with "multiple values for keyword"), so the start-up check refuses it
+(``rewards.check_reward_functions``)."""
 
 METRIC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,99}")
 """A ``log_metric`` name: it becomes part of a metric's name in summary.json and the trackers."""

@@ -66,7 +66,7 @@ def reward_texts(tokenizer: Any, chat_template: str | bool, prompts: Sequence[An
             messages = (p if chat else [{"role": "user", "content": p}]) + [{"role": "assistant", "content": content}]
             texts.append(tokenizer.apply_chat_template(messages, tokenize=False))
         else:
-            texts.append(("".join(m["content"] for m in p) if chat else p) + content)
+            texts.append(("".join(m["content"] or "" for m in p) if chat else p) + content)  # null: a tool call
     return texts
 
 
