@@ -265,9 +265,6 @@ CASES: dict[str, Case] = {
         _train("--set", "data.train_path={tmp}/d.jsonl", "--set", "data.answer_key=solutoin",
                "--set", "reward.functions=[{{name: format}}]"),
         ("no row has the column 'solutoin'", "data.answer_key: null"), setup=_write("d.jsonl", _rows(ROW))),
-    "dataset JSON array": Case(
-        _train("--set", "data.train_path={tmp}/d.json"), ("d.json:1", "a JSON array", "only JSON Lines", "jq -c"),
-        setup=_write("d.json", json.dumps([ROW], indent=1))),
     "dataset column named like a reward keyword": Case(
         _train("--set", "data.train_path={tmp}/d.jsonl", "--set", "reward.functions=[{{name: 'plug:short'}}]"),
         ("'plug:short'", "column named 'completions'", "rename the column"), env=PLUGIN_ENV,
