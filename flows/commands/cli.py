@@ -13,6 +13,8 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -175,15 +177,14 @@ def _train(args: argparse.Namespace) -> int:
             print(line)
             return 0
     lease = _preflight(cfg, out, summary_path, args.resume, args.break_lease)
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # unwinds: the lease below is released
     try:
-        from flows.campaign.run import rlhf_campaign
-        from flows.commands.local_api import start_local_api
+        with sigterm_unwinds():  # the lease below is released on SIGTERM too
+            from flows.campaign.run import rlhf_campaign
+            from flows.commands.local_api import start_local_api
 
-        start_local_api()  # under a lock in PREFECT_HOME: concurrent first runs set its database up once
-        summary = rlhf_campaign(config=cfg.model_dump(mode="json"), resume=args.resume)
+            start_local_api()  # under a lock in PREFECT_HOME: concurrent first runs set its database up once
+            summary = rlhf_campaign(config=cfg.model_dump(mode="json"), resume=args.resume)
     finally:
-        signal.signal(signal.SIGTERM, previous)
         lease.release()
     out.mkdir(parents=True, exist_ok=True)
     summary["run_dir"] = str(out)
@@ -215,9 +216,22 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    """SIGTERM ends ``train`` as Ctrl-C does: by unwinding, so the lease is released and the
-    workers and the Prefect server are stopped (the default action would skip all of that)."""
+    """SIGTERM ends a command as Ctrl-C does: by unwinding, so ``train`` releases its lease and
+    stops the workers and the Prefect server, and ``export`` removes its partial folder (the
+    default action would skip all of that)."""
     raise SystemExit(128 + signum)
+
+
+@contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """Inside the block, SIGTERM (``timeout``, a container stop) raises ``SystemExit(143)`` in
+    the main thread, so ``finally`` and ``except BaseException`` clean-ups run; the previous
+    handler is restored on leaving."""
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _only_run(store: Any, uri: str, command: str) -> str:
