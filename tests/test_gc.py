@@ -4,6 +4,8 @@ stays bounded and whose weights do not depend on collection."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from actions.store import BLOB_PREFIX, LocalStore, ObjectStore, blob_key, put_artifact, read_manifest, sha256_hex
@@ -162,6 +164,20 @@ def test_a_collection_cut_short_is_finished_by_the_next(tmp_path) -> None:
     live = [k for k in store.list("runs/") if k.endswith("manifest.json")]
     referenced = {blob_key(e["sha256"]) for k in live for e in read_manifest(store, k)["files"].values()}
     assert set(store.list(BLOB_PREFIX)) == referenced  # nothing missing, nothing orphaned
+
+
+def test_status_and_gc_find_a_run_whose_latest_hint_was_never_written(tmp_path, capsys) -> None:
+    """A crash between commit record 0 and ``latest.json``: the run exists (its record does)."""
+    from flows.commands.cli import main
+
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    _fake_run(store, "r", 0, shared=b"s")
+    store.delete("runs/r/campaign/latest.json")
+    assert main(["status", "--store", str(root)]) == 0
+    assert json.loads(capsys.readouterr().out)["run_id"] == "r"
+    assert main(["gc", "--store", str(root), "--keep-last", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["run_id"] == "r"
 
 
 def test_retention_doctest() -> None:

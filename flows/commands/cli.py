@@ -235,7 +235,12 @@ def sigterm_unwinds() -> Iterator[None]:
 
 
 def _only_run(store: Any, uri: str, command: str) -> str:
-    runs = sorted({k.split("/")[1] for k in store.list("runs/") if k.endswith("/latest.json")})
+    """The one run of the store: a run is found by its commit records
+    (``runs/<run>/campaign/commits/step-*.json``), never by the ``latest.json`` hint, which a
+    crash between the first record and the hint leaves unwritten."""
+    runs = sorted({parts[1] for parts in (k.split("/") for k in store.list("runs/"))
+                   if len(parts) == 5 and parts[2:4] == ["campaign", "commits"] and parts[4].startswith("step-")
+                   and parts[4].endswith(".json")})
     if not runs:
         raise ValueError(f"store {uri} holds no runs; check --store (or store.uri of --config)")
     if len(runs) != 1:
