@@ -65,6 +65,9 @@ def _add_gc(sub: Any) -> None:
     p.add_argument("--config", help="YAML configuration whose store settings to use")
     p.add_argument("--keep-last", type=int, help="versions to keep (default: store.keep_last)")
     p.add_argument("--checkpoint-every", type=int, help="keep every Nth version for good (default: store.checkpoint_every)")
+    p.add_argument("--orphan-grace-hours", type=float, default=24.0, metavar="H",
+                   help="also delete blobs no manifest lists (a publish that died) last written more than H hours ago "
+                        "(default 24; shorten only while nothing writes the store)")
     p.add_argument("--dry-run", action="store_true", help="count what would be deleted; delete nothing")
     p.add_argument("--break-lease", action="store_true", help="take the run's lease even if another process holds it")
 
@@ -279,9 +282,11 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    """Collect a run's garbage under its lease; prints the report as JSON."""
-    for flag, value, least in (("--keep-last", args.keep_last, 1), ("--checkpoint-every", args.checkpoint_every, 0)):
-        if value is not None and value < least:
+    """Collect a run's garbage under its lease, and the store's leftovers (killed writes'
+    temporary files, orphan blobs); prints the report as JSON."""
+    for flag, value, least in (("--keep-last", args.keep_last, 1), ("--checkpoint-every", args.checkpoint_every, 0),
+                               ("--orphan-grace-hours", args.orphan_grace_hours, 0)):
+        if value is not None and not value >= least:  # NaN too
             raise UsageError(f"gc {flag} {value}: use {least} or more")
     cfg, store, state = _open_run(args, "gc")
     from flows.campaign.collect import collect_garbage
@@ -293,15 +298,15 @@ def _gc(args: argparse.Namespace) -> int:
     if keep is None:
         raise UsageError("gc: store.keep_last is null (every version is kept); pass --keep-last N")
     every = args.checkpoint_every if args.checkpoint_every is not None else cfg.store.checkpoint_every
-    retention = Retention(keep, every)
+    retention, orphan_grace_s = Retention(keep, every), args.orphan_grace_hours * 3600
     if args.dry_run:
-        report = collect_garbage(store, state, retention, dry_run=True)
+        report = collect_garbage(store, state, retention, dry_run=True, orphan_grace_s=orphan_grace_s)
     else:
         check_not_held(store, state.run_id, break_lease=args.break_lease)
         with RunLease.acquire(store, state.run_id, ttl_s=cfg.store.lease_ttl_s, break_lease=args.break_lease,
                               progress=lambda m: print(m, file=sys.stderr)) as lease:
             state = load_state(store, state.run_id) or state  # the newest commit, now that no one writes
-            report = collect_garbage(store, state, retention, lease=lease)
+            report = collect_garbage(store, state, retention, lease=lease, orphan_grace_s=orphan_grace_s)
     print(json.dumps({**report.to_dict(), "dry_run": args.dry_run}, sort_keys=True))
     return 0
 
