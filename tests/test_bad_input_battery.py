@@ -57,6 +57,15 @@ def _write(name: str, text: str | bytes) -> Callable[[Path], None]:
     return setup
 
 
+def _link(name: str, target: str) -> Callable[[Path], None]:
+    """An empty folder ``target`` under ``{tmp}`` and a symlink ``name`` to it."""
+    def setup(tmp: Path) -> None:
+        (tmp / target).mkdir(parents=True)
+        (tmp / name).symlink_to(tmp / target)
+
+    return setup
+
+
 def _rows(*rows: dict) -> str:
     return "".join(json.dumps(r) + "\n" for r in rows)
 
@@ -523,6 +532,8 @@ CASES: dict[str, Case] = {
                             setup=_write("c.yaml", "store:\n  keep_last: null\n")),
     "cli export out is a file": Case(["export", "done", "--store", "{done}", "--out", "{tmp}/f"],
                                      ("--out", "is a file", "empty folder"), setup=_write("f", "x")),
+    "cli export out is a symlink": Case(["export", "done", "--store", "{done}", "--out", "{tmp}/link"],
+                                        ("--out", "link", "symbolic link", "not a link"), setup=_link("link", "real")),
     "cli export unknown run": Case(["export", "nosuch", "--store", "{done}", "--out", "{tmp}/o"],
                                    ("'nosuch'", "check the run id")),
     "cli export step not committed": Case(["export", "done", "--store", "{done}", "--step", "5", "--out", "{tmp}/o"],

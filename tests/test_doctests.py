@@ -1,5 +1,5 @@
 """Run the doctest examples of the tasks, the data mapping, the reward functions, the scaling
-policies' registry and the phase clock."""
+policies' registry, the phase clock and the leftovers garbage collection removes."""
 
 import doctest
 import importlib
@@ -9,7 +9,7 @@ import pytest
 MODULES = ["actions.tasks.repeat", "actions.tasks.arith", "actions.tasks.fields", "actions.tasks.rewards.numeric",
            "actions.tasks.rewards.gsm8k", "actions.tasks.rewards.text", "actions.tasks.rewards.exact_match",
            "actions.tasks.rewards.format", "actions.tasks.rewards.symbolic", "flows.planning.registry",
-           "flows.step.timing", "flows.step.metrics", "actions.models.hub"]
+           "flows.step.timing", "flows.step.metrics", "actions.models.hub", "flows.planning.leftovers"]
 
 
 @pytest.mark.parametrize("name", MODULES)

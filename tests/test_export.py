@@ -4,6 +4,7 @@ the logits the store's version gives (fp32, <= 1e-6), its tokenizer and chat tem
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,88 @@ def test_an_exported_model_stops_where_the_run_stopped(tmp_path):
     assert set(gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id]) == {514, 512}
     assert gen.pad_token_id == ran.pad_id
     assert AutoTokenizer.from_pretrained(tmp_path / "out").eos_token_id == 514
+
+
+# ----------------------------------------------------------------------------- a stopped or odd export
+
+_SLOW_EXPORT = """
+import sys, time
+import actions.models.export as ex
+stop_as_trained = ex._stop_as_trained
+def slow(model, folder):  # stands in for a long save_pretrained: the partial folder exists meanwhile
+    stop_as_trained(model, folder)
+    print("writing", flush=True)
+    time.sleep(60)
+ex._stop_as_trained = slow
+from flows.commands.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_during_export_removes_the_partial_folder(tmp_path, run_store):
+    """``timeout`` or a container stop sends SIGTERM: the export unwinds (exit 143) and leaves
+    neither --out nor the hidden folder it was writing beside it."""
+    import signal
+    import subprocess
+    import sys
+
+    store, _ = run_store
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_EXPORT, "export", "ex", "--store", str(store),
+                             "--out", str(tmp_path / "model")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=tmp_path)
+    try:
+        assert proc.stdout.readline().strip() == "writing", proc.stderr.read()[-2000:]
+        assert [p.name for p in tmp_path.glob(".model.*")], "the partial folder is written beside --out"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_sigterm_unwinds_inside_the_block_only():
+    """What ``train`` and ``export`` run under: SIGTERM is SystemExit(143) inside, and the
+    previous handler is back outside."""
+    import signal
+    import time
+
+    from flows.commands.cli import sigterm_unwinds
+
+    previous = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as exc, sigterm_unwinds():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)  # interrupted by the handler's SystemExit
+    assert exc.value.code == 143 and signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_exported_folder_and_files_get_the_usual_modes(tmp_path, run_store):
+    """Readable as ``save_pretrained`` leaves a folder (0o777 / 0o666 less the umask), not
+    owner-only like a temporary folder: another user or a serving container can load it."""
+    import stat
+
+    from actions.models.export import export_policy
+
+    store, keys = run_store
+    previous = os.umask(0o027)
+    try:
+        folder = export_policy(LocalStore(store), keys["base"], keys["v1"], tmp_path / "out")
+    finally:
+        os.umask(previous)
+    modes = {p.relative_to(tmp_path).as_posix(): stat.S_IMODE(p.stat().st_mode)
+             for p in [tmp_path / "out", *(tmp_path / "out").rglob("*")]}
+    assert modes["out"] == 0o750 and "out/tokenizer.json" in modes and "out/model.safetensors" in modes
+    assert {m for k, m in modes.items() if k != "out"} == {0o640}, modes
+    assert sorted(folder.files) == sorted(k.removeprefix("out/") for k in modes if k != "out")
+
+
+def test_a_symlink_out_is_refused_before_any_work(tmp_path, run_store, capsys):
+    """A link to an empty folder passes "new or empty", but the final rename cannot replace a
+    link with a folder: refused up front, naming the link and the fix, and nothing is written."""
+    store, _ = run_store
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert main(["export", "ex", "--store", str(store), "--out", str(tmp_path / "link")]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "symbolic link" in err and "not a link" in err and "Errno" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"] and not any((tmp_path / "real").iterdir())

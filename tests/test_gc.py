@@ -4,9 +4,21 @@ stays bounded and whose weights do not depend on collection."""
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
-from actions.store import BLOB_PREFIX, LocalStore, ObjectStore, blob_key, put_artifact, read_manifest, sha256_hex
+from actions.store import (
+    BLOB_PREFIX,
+    LocalStore,
+    ObjectStore,
+    blob_key,
+    put_artifact,
+    put_blob,
+    read_manifest,
+    sha256_hex,
+)
 from flows.campaign.collect import collect_garbage
 from flows.campaign.state import CampaignState, commit_state, load_state
 from flows.planning.retention import Retention, VersionKeys, plan_collection
@@ -162,6 +174,161 @@ def test_a_collection_cut_short_is_finished_by_the_next(tmp_path) -> None:
     live = [k for k in store.list("runs/") if k.endswith("manifest.json")]
     referenced = {blob_key(e["sha256"]) for k in live for e in read_manifest(store, k)["files"].values()}
     assert set(store.list(BLOB_PREFIX)) == referenced  # nothing missing, nothing orphaned
+
+
+# ----------------------------------------------------------------------------- leftovers
+
+_KILLED_PUBLISH = """
+import os, stat, sys, time
+from actions.store import LocalStore, put_artifact
+fsyncs, fsync = [], os.fsync
+def slow_fsync(fd):  # the third file's bytes are written, not yet renamed into place: killed here
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        fsyncs.append(fd)
+        if len(fsyncs) == 3:
+            print("writing", flush=True)
+            time.sleep(60)
+    fsync(fd)
+os.fsync = slow_fsync
+store = LocalStore(sys.argv[1], max_concurrency=1)
+put_artifact(store, "runs/r/steps/000009/train/policy/manifest.json", {f"f{i}": os.urandom(1 << 20) for i in range(4)})
+"""
+
+DAY = 24 * 3600
+
+
+def _kill_a_publish(root) -> None:
+    """A process SIGKILLed while publishing a 4-file artifact: 2 blobs written, the third in
+    its temporary file, no manifest."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_PUBLISH, str(root)], stdout=subprocess.PIPE, env=env,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "writing"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+def _temporaries(root) -> list:
+    from pathlib import Path
+
+    return sorted(p for p in Path(root).rglob(".tmp-*"))
+
+
+def _age(paths, seconds: float) -> None:
+    import os
+    import time
+
+    for p in paths:
+        os.utime(p, (time.time() - seconds, time.time() - seconds))
+
+
+def test_a_killed_writes_leftovers_go_once_old(tmp_path, capsys) -> None:
+    """What a publish SIGKILLed part-way leaves: a temporary file (removed by the collection
+    after every commit once an hour old) and blobs no manifest lists (removed by ``rlhfless gc``
+    once a day old); neither while young, since a writer may still be at work."""
+    from flows.commands.cli import main
+
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    latest = _fake_run(store, "r", 3, shared=b"s")
+    before = set(store.list(BLOB_PREFIX))
+    _kill_a_publish(root)
+    [tmp] = _temporaries(root)
+    orphans = set(store.list(BLOB_PREFIX)) - before
+    assert len(orphans) == 2 and tmp.stat().st_size == 1 << 20
+    report = collect_garbage(store, latest, Retention(keep_last=2))
+    assert report.deleted_temporaries == 0 and tmp.exists()  # young: its writer may be alive
+    _age([tmp, *(root / k for k in orphans)], 2 * DAY)
+    report = collect_garbage(store, latest, Retention(keep_last=2))  # as after a commit
+    assert (report.deleted_temporaries, report.temporary_bytes, report.orphan_blobs) == (1, 1 << 20, 0)
+    assert _temporaries(root) == [] and orphans <= set(store.list(BLOB_PREFIX))
+    assert main(["gc", "--store", str(root), "--keep-last", "2", "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["orphan_blobs"] == 2 and orphans <= set(store.list(BLOB_PREFIX))
+    assert main(["gc", "--store", str(root), "--keep-last", "2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["orphan_blobs"], report["orphan_bytes"]) == (2, 2 << 20)
+    _assert_store_consistent(store)
+
+
+def test_orphans_are_swept_on_both_backends_and_listed_blobs_never(backend_store) -> None:
+    store = backend_store
+    latest = _fake_run(store, "r", 3, shared=b"s")
+    _fake_run(store, "other", 1, shared=b"t")
+    orphan, _ = put_blob(store, b"uploaded, then its publish died")
+    assert collect_garbage(store, latest, Retention(keep_last=2)).orphan_blobs == 0  # not after a commit
+    assert collect_garbage(store, latest, Retention(keep_last=2), orphan_grace_s=3600).orphan_blobs == 0  # young
+    assert store.exists(blob_key(orphan))
+    dry = collect_garbage(store, latest, Retention(keep_last=2), orphan_grace_s=0, dry_run=True)
+    assert (dry.orphan_blobs, dry.orphan_bytes) == (1, len(b"uploaded, then its publish died"))
+    assert store.exists(blob_key(orphan))
+    time.sleep(1.1)  # S3's LastModified has whole seconds
+    report = collect_garbage(store, latest, Retention(keep_last=2), orphan_grace_s=0)
+    assert report.orphan_blobs == 1 and not store.exists(blob_key(orphan))
+    _assert_store_consistent(store)  # every blob of both runs' manifests is still there
+
+
+class _WriterDuringSweep:
+    """A store on which another writer publishes ``data`` (found present: not uploaded again)
+    right after the sweep has listed the blobs, before it deletes the old ones."""
+
+    def __init__(self, inner: LocalStore, data: bytes) -> None:
+        self.inner, self.data, self.uri = inner, data, inner.uri
+
+    def list_stats(self, prefix: str):
+        listing = self.inner.list_stats(prefix)
+        assert put_blob(self.inner, self.data) == (sha256_hex(self.data), False)
+        return listing
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def test_the_sweep_spares_an_old_orphan_a_writer_is_about_to_list(tmp_path) -> None:
+    """A blob left by a dead publish, days old, whose bytes a new publish finds present (so it
+    does not upload them): the local store makes it young again, before or during the sweep."""
+    store = LocalStore(tmp_path / "store")
+    latest = _fake_run(store, "r", 2, shared=b"s")
+    data = b"the same bytes, published again"
+    digest, _ = put_blob(store, data)
+    _age([tmp_path / "store" / blob_key(digest)], 2 * DAY)
+    assert put_blob(store, data) == (digest, False)  # a writer before the sweep
+    assert collect_garbage(store, latest, Retention(keep_last=2), orphan_grace_s=DAY).orphan_blobs == 0
+    _age([tmp_path / "store" / blob_key(digest)], 2 * DAY)
+    sweep = collect_garbage(_WriterDuringSweep(store, data), latest, Retention(keep_last=2), orphan_grace_s=DAY)
+    assert sweep.orphan_blobs == 0 and store.exists(blob_key(digest))
+    put_artifact(store, "runs/r/steps/000005/train/policy/manifest.json", {"w": data})  # that writer's manifest
+    assert _temporaries(tmp_path / "store") == []
+    _assert_store_consistent(store)
+
+
+def test_status_and_gc_find_a_run_whose_latest_hint_was_never_written(tmp_path, capsys) -> None:
+    """A crash between commit record 0 and ``latest.json``: the run exists (its record does)."""
+    from flows.commands.cli import main
+
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    _fake_run(store, "r", 0, shared=b"s")
+    store.delete("runs/r/campaign/latest.json")
+    assert main(["status", "--store", str(root)]) == 0
+    assert json.loads(capsys.readouterr().out)["run_id"] == "r"
+    assert main(["gc", "--store", str(root), "--keep-last", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["run_id"] == "r"
+
+
+def test_gc_refuses_a_negative_orphan_grace(tmp_path, capsys) -> None:
+    from flows.commands.cli import main
+
+    assert main(["gc", "r", "--store", str(tmp_path), "--orphan-grace-hours", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "--orphan-grace-hours -1.0" in err and "0 or more" in err
 
 
 def test_retention_doctest() -> None:

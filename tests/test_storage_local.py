@@ -262,6 +262,41 @@ def test_local_put_leaves_no_temp_files(tmp_path) -> None:
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["b", "c"]
 
 
+def test_list_stats_gives_each_keys_time_and_size(backend_store: ObjectStore) -> None:
+    import time
+
+    backend_store.put("a/x", b"123")
+    backend_store.put("a/y", b"12345")
+    backend_store.put("b/z", b"1")
+    stats = backend_store.list_stats("a/")
+    assert sorted(stats) == backend_store.list("a/") == ["a/x", "a/y"]
+    assert [size for _, size in stats.values()] == [3, 5]
+    assert all(abs(mtime - time.time()) < 120 for mtime, _ in stats.values())  # the server's clock on S3
+
+
+def test_local_stale_temporaries_and_delete_if_older(tmp_path) -> None:
+    """Only a write's own temporary files (``.tmp-`` + 16 hex), and only old ones, are removed;
+    ``delete_if_older`` deletes by age."""
+    import os
+    import time
+
+    store = LocalStore(tmp_path)
+    store.put("a/k", b"key")
+    old, young, other = tmp_path / "a" / ".tmp-0123456789abcdef", tmp_path / ".tmp-fedcba9876543210", \
+        tmp_path / "a" / ".tmp-notawrite"
+    for path in (old, young, other):
+        path.write_bytes(b"12345")
+    for path in (old, other, tmp_path / "a" / "k"):
+        os.utime(path, (time.time() - 7200, time.time() - 7200))
+    assert store.remove_stale_temporaries(time.time() - 3600, dry_run=True) == (1, 5) and old.exists()
+    assert store.remove_stale_temporaries(time.time() - 3600) == (1, 5)
+    assert not old.exists() and young.exists() and other.exists() and store.list("") == ["a/k"]
+    assert store.delete_if_older("a/k", time.time() - 10800) is False and store.exists("a/k")
+    assert store.delete_if_older("a/k", time.time() - 3600) is True and not store.exists("a/k")
+    assert store.delete_if_older("a/k", time.time()) is False
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [".tmp-notawrite"]
+
+
 # ----------------------------------------------------------------------------- redaction
 
 

@@ -81,7 +81,12 @@ def export_policy(store: ObjectStore, base_key: str, policy_key: str, out: str |
                   lora: LoraVersion | None = None, max_shard_size: str = "5GB") -> ExportedFolder:
     """Write the policy version ``policy_key`` of base ``base_key`` to the folder ``out``.
 
-    The folder appears whole or not at all: it is written beside ``out`` and renamed.
+    The folder appears whole or not at all: it is written beside ``out`` and renamed. It gets
+    the modes ``save_pretrained`` would give it (``0o777`` for folders and ``0o666`` for files,
+    less the umask), not the owner-only ones of its temporary folder, so another user or a
+    serving container can read it. A ``SystemExit`` or ``KeyboardInterrupt`` part-way removes
+    the temporary folder; a caller that may get SIGTERM turns it into ``SystemExit`` (the CLI
+    does), since SIGTERM's default action would end the process without any cleanup.
 
     Raises:
         ObjectNotFound: the version or a blob is gone (collected by ``store.keep_last``).
@@ -101,6 +106,7 @@ def export_policy(store: ObjectStore, base_key: str, policy_key: str, out: str |
         model.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
         if adapter is not None:
             adapter.save_pretrained(tmp / "adapter", safe_serialization=True)
+        _give_usual_modes(tmp)
         if target.exists():
             target.rmdir()  # the caller checked that it is an empty folder
         tmp.rename(target)
@@ -108,6 +114,27 @@ def export_policy(store: ObjectStore, base_key: str, policy_key: str, out: str |
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return ExportedFolder(str(target), sorted(p.name for p in target.iterdir()), str(dtype).removeprefix("torch."))
+
+
+def _umask() -> int:
+    """The process's umask. Reading it means setting it: restored at once, and nothing else in
+    this process creates files while an export writes its folder."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _give_usual_modes(folder: Path) -> None:
+    """Folders ``0o777`` and files ``0o666`` less the umask, as a plain ``save_pretrained``
+    leaves them (``mkdtemp`` and ``write_beneath`` create owner-only ones). Symlinks (none are
+    written) are left alone."""
+    mask = _umask()
+    os.chmod(folder, 0o777 & ~mask)
+    for root, dirs, files in os.walk(folder):
+        for name, mode in [(d, 0o777) for d in dirs] + [(f, 0o666) for f in files]:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, mode & ~mask)
 
 
 def _stop_as_trained(model: torch.nn.Module, tokenizer_dir: Path) -> None:

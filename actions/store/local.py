@@ -10,6 +10,14 @@ an exclusive ``flock`` of the key's directory, which serialises callers on this 
 Keys are opened beneath the root one component at a time without following symlinks
 (``safe_paths.parent_dir``): a symlink placed in the store is refused, so no key reads or
 writes outside the root.
+
+A write killed part-way (SIGKILL, a power loss) leaves its temporary file (``.tmp-`` and 16 hex
+digits, beside the key); nothing lists it, and garbage collection removes it once it is old
+(:meth:`LocalStore.remove_stale_temporaries`). A blob's modification time is its age for the
+orphan sweep of garbage collection (``flows/campaign/collect.py``): a write that finds the blob
+present refreshes it (:meth:`LocalStore.put_content`), and :meth:`LocalStore.delete_if_older`
+re-checks it while the blob is set aside, so a blob a writer is about to list in a manifest is
+never deleted as old.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import re
 import secrets
 import stat
 from collections.abc import Callable
@@ -27,6 +36,13 @@ from actions.store.protocol import BlobData, ObjectNotFound, as_parts, check_key
 from actions.store.safe_paths import UnsafeName, open_component, parent_dir
 
 DEFAULT_MAX_CONCURRENCY = 8
+
+#: The temporary file of a write in progress (or of one that was killed): never a key.
+_TEMPORARY = re.compile(r"^\.tmp-[0-9a-f]{16}$")
+
+
+def _temporary_name() -> str:
+    return f".tmp-{secrets.token_hex(8)}"
 
 
 class LocalStore:
@@ -65,7 +81,7 @@ class LocalStore:
         """Write ``data`` to a temporary file beside ``key``, then ``publish(tmp, dir_fd, last)``
         (rename or link it into place); the temporary file never outlives the call."""
         with self._dir(key, create=True) as (dir_fd, last):
-            tmp = f".tmp-{secrets.token_hex(8)}"
+            tmp = _temporary_name()
             fd = open_component(tmp, dir_fd, os.O_WRONLY | os.O_CREAT | os.O_EXCL, name=key, where=f"store {self.uri}")
             try:
                 with os.fdopen(fd, "wb") as fh:
@@ -106,10 +122,25 @@ class LocalStore:
         return self._write(key, data, link)
 
     def put_content(self, key: str, parts: BlobData, sha256: str) -> bool:
-        """Create a content-addressed object if absent (no temp file when it exists)."""
-        if self.exists(key):
+        """Create a content-addressed object if absent (no temp file when it exists).
+
+        An existing one gets its modification time set to now: the caller is about to list it
+        in a manifest, and the orphan sweep deletes only blobs unchanged for hours. If it
+        vanishes before the touch (an orphan sweep took it), it is written again."""
+        if self.exists(key) and self._touch(key):
             return False
         return self.put_if_absent(key, parts)  # type: ignore[arg-type]
+
+    def _touch(self, key: str) -> bool:
+        """Set ``key``'s modification time to now; False if it is gone."""
+        try:
+            with self._dir(key) as (dir_fd, last):
+                os.utime(last, dir_fd=dir_fd, follow_symlinks=False)
+            return True
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except PermissionError:
+            return True  # another user's file: present, only its age stays as it was
 
     def _if_holds(self, key: str, expected: bytes, then: Callable[[int, str], None]) -> bool:
         """Under an exclusive flock of ``key``'s directory (compare-and-swap callers on this
@@ -171,6 +202,23 @@ class LocalStore:
             pass
 
     def list(self, prefix: str) -> list[str]:
+        return sorted(rel for rel, _ in self._walk(prefix))
+
+    def list_stats(self, prefix: str) -> dict[str, tuple[float, int]]:
+        """Key -> (modification time in epoch seconds, size in bytes) for the keys under
+        ``prefix`` (those :meth:`list` gives; a key deleted meanwhile is left out)."""
+        out = {}
+        for rel, path in self._walk(prefix):
+            try:
+                st = path.lstat()
+            except FileNotFoundError:
+                continue
+            out[rel] = (st.st_mtime, st.st_size)
+        return out
+
+    def _walk(self, prefix: str, *, temporaries: bool = False) -> list[tuple[str, Path]]:
+        """(key, path) of the regular files under ``prefix``; with ``temporaries``, the
+        temporary files of writes instead of the keys."""
         # Walk only the deepest directory the prefix names, not the whole store, and never
         # descend into or report a symlink.
         base = self.root / check_key(prefix.rsplit("/", 1)[0]) if "/" in prefix else self.root
@@ -180,9 +228,49 @@ class LocalStore:
         for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
             for name in filenames:
                 path = Path(dirpath, name)
-                if not name.startswith(".tmp-") and not path.is_symlink():
+                if name.startswith(".tmp-") == temporaries and not path.is_symlink():
                     rel = path.relative_to(self.root).as_posix()
-                    if rel.startswith(prefix):
-                        out.append(rel)
-        return sorted(out)
+                    if rel.startswith(prefix) and (not temporaries or _TEMPORARY.match(name)):
+                        out.append((rel, path))
+        return out
+
+    def remove_stale_temporaries(self, older_than: float, *, dry_run: bool = False) -> tuple[int, int]:
+        """Remove the temporary files of writes (``.tmp-`` + 16 hex digits, anywhere in the
+        store) last modified before ``older_than`` (epoch seconds): writes that were killed.
+
+        A live write modifies its temporary file with every chunk and renames it within seconds
+        of the last, so one untouched for long belongs to a dead writer; should its writer only
+        be stalled, its rename then fails and its write raises (nothing half-written appears).
+
+        Returns:
+            (files removed, their bytes); with ``dry_run`` those that would be.
+        """
+        count = size = 0
+        for rel, path in self._walk("", temporaries=True):
+            try:
+                st = path.lstat()
+            except FileNotFoundError:
+                continue  # published or removed meanwhile
+            if stat.S_ISREG(st.st_mode) and st.st_mtime < older_than:
+                if not dry_run:
+                    self.delete(rel)  # beneath the root, without following a symlink
+                count, size = count + 1, size + st.st_size
+        return count, size
+
+    def delete_if_older(self, key: str, older_than: float) -> bool:
+        """Delete ``key`` if it was last modified before ``older_than`` (epoch seconds), checked
+        after the file is renamed aside: a writer that touched it first (:meth:`put_content`)
+        made it young, and it is put back; one that comes after finds it gone and writes it
+        again. Returns whether it was deleted."""
+        try:
+            with self._dir(key) as (dir_fd, last):
+                aside = _temporary_name()  # a crash from here on leaves a temporary file, swept later
+                os.rename(last, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                if os.stat(aside, dir_fd=dir_fd, follow_symlinks=False).st_mtime >= older_than:
+                    os.replace(aside, last, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # same bytes if rewritten
+                    return False
+                os.unlink(aside, dir_fd=dir_fd)
+                return True
+        except (FileNotFoundError, NotADirectoryError):
+            return False  # deleted meanwhile
 

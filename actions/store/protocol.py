@@ -69,7 +69,14 @@ class ObjectStore(Protocol):
       sequence of buffers whose sha256 is known, if absent, in one round trip; returns
       whether bytes were uploaded;
     * ``replace_if(key, expected, data)`` / ``delete_if(key, expected)`` -- atomic
-      compare-and-swap (see :mod:`.objects`).
+      compare-and-swap (see :mod:`.objects`);
+    * ``list_stats(prefix)`` -- ``{key: (modification time in epoch seconds, size)}``, the
+      ages the orphan sweep of garbage collection needs (a backend without it is not swept);
+    * ``delete_if_older(key, older_than) -> bool`` -- delete only if not modified since
+      ``older_than``, checked atomically with the delete (else the sweep deletes by the
+      listing's age);
+    * ``remove_stale_temporaries(older_than, dry_run=False) -> (count, bytes)`` -- remove what
+      killed writes left behind (a backend whose writes leave nothing has none).
     """
 
     uri: str

@@ -433,20 +433,28 @@ class S3Store:
             self._raise(exc, "delete", key)
 
     def list(self, prefix: str) -> list[str]:
+        return sorted(self.list_stats(prefix))
+
+    def list_stats(self, prefix: str) -> dict[str, tuple[float, int]]:
+        """Key -> (``LastModified`` in epoch seconds, size in bytes) for the keys under
+        ``prefix``, from the same listing as :meth:`list`. The time is the server's (for a
+        multipart object it may be the start of the upload), and a conditional PUT answered 412
+        leaves it as it was."""
         base = self._base()
         if prefix:
             if prefix.startswith("/") or ".." in prefix.split("/"):
                 raise ValueError(f"list prefix {prefix!r} is invalid: use a relative path without '..'")
-        keys = []
+        stats = {}
         try:
             pages = self._client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=base + prefix
             )
             for page in pages:
-                keys.extend(obj["Key"][len(base) :] for obj in page.get("Contents", []))
+                stats.update((obj["Key"][len(base) :], (obj["LastModified"].timestamp(), int(obj["Size"])))
+                             for obj in page.get("Contents", []))
         except (bce.BotoCoreError, bce.ClientError) as exc:
             self._raise(exc, "list", prefix or None)
-        return sorted(keys)
+        return stats
 
     # ------------------------------------------------------------------ presigned URLs
 

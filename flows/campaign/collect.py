@@ -7,7 +7,17 @@ After a commit, and on demand (``rlhfless gc``), under the run's lease:
 2. plan which of the run's objects are garbage;
 3. read every manifest: the garbage ones give the candidate blobs, every other manifest in the
    store (this run's kept ones and all of other runs') marks the blobs still referenced;
-4. delete the candidates nothing marks, then the garbage manifests, then the other garbage.
+4. delete the candidates nothing marks, then the garbage manifests, then the other garbage;
+5. remove the temporary files of killed writes older than an hour (local store);
+6. ``rlhfless gc`` only (``orphan_grace_s``): delete the orphan blobs, those no manifest in the
+   store lists, last modified more than a day ago (a publish that died before its manifest).
+
+Steps 5 and 6 are store-wide, not this run's: their rules and grace periods, and the
+assumptions that keep a writer in flight safe, are in ``flows/planning/leftovers.py``. The orphan
+sweep runs on demand rather than after every commit: it lists every blob of the store and reads
+every manifest, each time, to find what only a crash leaves; and although its grace period
+protects a publish in flight, the one case it cannot on S3 (an old orphan whose bytes another
+run re-publishes at that moment) is best kept to a moment an operator picks.
 
 Blobs go before the manifests that list them, so a crash part-way leaves garbage manifests that
 the next collection reads again (a delete of a missing blob is a no-op), never an unlisted
@@ -26,6 +36,7 @@ N-th blob deletion.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -44,15 +55,19 @@ from actions.store import (
     transfer_threads,
 )
 from flows.campaign.state import CampaignState, load_state_at
+from flows.planning.leftovers import TEMP_GRACE_S, plan_orphans
 from flows.planning.retention import GcPlan, Retention, VersionKeys, needed_commits, plan_collection
 
 KILL_ENV = "RLHFLESS_FAULT_GC_KILL_AFTER"
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
 class GcReport:
     """What one collection did. ``freed_bytes`` counts the deleted blobs' sizes (from the
-    manifests); ``seconds`` is wall time."""
+    manifests); ``seconds`` is wall time; ``deleted_temporaries`` / ``temporary_bytes`` the
+    killed writes' temporary files removed, ``orphan_blobs`` / ``orphan_bytes`` the orphan
+    blobs deleted (``rlhfless gc`` only). With ``dry_run``, what would be."""
 
     run_id: str
     versions_kept: list[int]
@@ -60,6 +75,10 @@ class GcReport:
     deleted_blobs: int
     freed_bytes: int
     seconds: float
+    deleted_temporaries: int = 0
+    temporary_bytes: int = 0
+    orphan_blobs: int = 0
+    orphan_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,23 +125,41 @@ def _file_table(store: ObjectStore, key: str, *, garbage: bool) -> dict[str, int
 
 
 def collect_garbage(store: ObjectStore, latest: CampaignState, retention: Retention, *,
-                    lease: Any = None, dry_run: bool = False) -> GcReport:
-    """Delete what ``retention`` does not keep of ``latest``'s run (see the module docstring).
+                    lease: Any = None, dry_run: bool = False, orphan_grace_s: float | None = None) -> GcReport:
+    """Delete what ``retention`` does not keep of ``latest``'s run, then the store's stale
+    temporary files (see the module docstring).
 
     Args:
         store: the run's store.
         latest: the run's newest committed state.
-        retention: the policy; ``keep_last=None`` deletes nothing. The run's committed
-            checkpoints (``latest.checkpoints``) are kept whatever it says.
+        retention: the policy; ``keep_last=None`` deletes none of the run's versions. The run's
+            committed checkpoints (``latest.checkpoints``) are kept whatever it says.
         lease: the run's :class:`flows.campaign.lease.RunLease`; checked before anything is deleted.
         dry_run: plan and count only.
+        orphan_grace_s: also delete the orphan blobs last modified more than this many seconds
+            ago (``flows/planning/leftovers.py``: it must be long against a publish); None: none.
     """
     t0 = time.time()
     retention = replace(retention, pinned=retention.pinned | frozenset(latest.checkpoints))
     plan, listing = plan_for(store, latest, retention)
     garbage = set(plan.delete)
-    if not garbage:
-        return GcReport(latest.run_id, list(plan.versions), 0, 0, 0, time.time() - t0)
+    blobs, freed = _garbage_blobs(store, listing, garbage) if garbage else ([], 0)
+    if not dry_run:
+        if lease is not None:
+            lease.check()
+        _delete_all(store, [blob_key(d) for d in blobs], count_for_fault=True)
+        _delete_all(store, list(plan.delete_manifests))
+        _delete_all(store, [k for k in plan.delete if not k.endswith("manifest.json")])
+    remove = getattr(store, "remove_stale_temporaries", None)  # a backend whose writes leave none has none
+    temporaries = remove(t0 - TEMP_GRACE_S, dry_run=dry_run) if remove is not None else (0, 0)
+    orphans = sweep_orphans(store, t0, orphan_grace_s, dry_run=dry_run) if orphan_grace_s is not None else (0, 0)
+    return GcReport(latest.run_id, list(plan.versions), len(plan.delete), len(blobs), freed, time.time() - t0,
+                    *temporaries, *orphans)
+
+
+def _garbage_blobs(store: ObjectStore, listing: list[str], garbage: set[str]) -> tuple[list[str], int]:
+    """(the digests of the blobs that garbage manifests list and no other manifest of the
+    store does, sorted; their bytes)."""
     manifests = [k for k in listing if k.endswith("manifest.json")]
     threads = transfer_threads(store, len(manifests))
     tables = map_bounded(lambda k: _file_table(store, k, garbage=k in garbage), manifests, threads)
@@ -134,14 +171,46 @@ def collect_garbage(store: ObjectStore, latest: CampaignState, retention: Retent
         else:
             marked.update(table)
     blobs = sorted(set(candidates) - marked)
-    freed = sum(candidates[d] for d in blobs)
-    if not dry_run:
-        if lease is not None:
-            lease.check()
-        _delete_all(store, [blob_key(d) for d in blobs], count_for_fault=True)
-        _delete_all(store, list(plan.delete_manifests))
-        _delete_all(store, [k for k in plan.delete if not k.endswith("manifest.json")])
-    return GcReport(latest.run_id, list(plan.versions), len(plan.delete), len(blobs), freed, time.time() - t0)
+    return blobs, sum(candidates[d] for d in blobs)
+
+
+def sweep_orphans(store: ObjectStore, now: float, grace_s: float, *, dry_run: bool = False) -> tuple[int, int]:
+    """Delete the blobs that no manifest anywhere in the store lists and that were last
+    modified more than ``grace_s`` seconds before ``now`` (``flows/planning/leftovers.py``).
+
+    Safe for a publish in flight, of this run or another, as long as it takes less than
+    ``grace_s`` from its first blob to its manifest: its new blobs are younger than that. A
+    blob it found present is old: the local store refreshes its time and re-checks it when
+    deleting (``delete_if_older``); S3 cannot (see the planning module). A manifest that
+    cannot be read stops the sweep, since what it lists is unknown.
+
+    Returns:
+        (blobs deleted, their bytes); with ``dry_run`` those that would be. A backend that
+        cannot tell ages (no ``list_stats``) is not swept: (0, 0).
+    """
+    list_stats = getattr(store, "list_stats", None)
+    if list_stats is None:
+        return 0, 0
+    listing = list_stats("")  # one listing: the blobs with their ages, and every manifest
+    # only keys a blob of ours has (blobs/sha256/<2 hex>/<64 hex>): nothing else is touched
+    blobs = {d: v for k, v in listing.items() if _DIGEST.match(d := k.rsplit("/", 1)[-1]) and blob_key(d) == k}
+    manifests = [k for k in listing if k.endswith("manifest.json") and not k.startswith(BLOB_PREFIX + "/")]
+    tables = map_bounded(lambda k: _file_table(store, k, garbage=False), manifests,
+                         transfer_threads(store, len(manifests)))
+    orphans = plan_orphans(blobs, set().union(*tables), now, grace_s)
+    if dry_run:
+        return len(orphans), sum(blobs[d][1] for d in orphans)
+    delete_if_older = getattr(store, "delete_if_older", None)
+
+    def delete(digest: str) -> bool:
+        if delete_if_older is not None:
+            return bool(delete_if_older(blob_key(digest), now - grace_s))
+        store.delete(blob_key(digest))
+        return True
+
+    deleted = [d for d, gone in zip(orphans, map_bounded(delete, orphans, transfer_threads(store, len(orphans))))
+               if gone]
+    return len(deleted), sum(blobs[d][1] for d in deleted)
 
 
 _KILL_LOCK = threading.Lock()
@@ -171,10 +240,12 @@ class Collector:
     def __init__(self, store: ObjectStore, retention: Retention, lease: Any) -> None:
         self.store, self.retention, self.lease = store, retention, lease
         self.totals: dict[str, Any] = {"collections": 0, "deleted_objects": 0, "deleted_blobs": 0,
-                                       "freed_bytes": 0, "seconds": 0.0}
+                                       "freed_bytes": 0, "deleted_temporaries": 0, "temporary_bytes": 0,
+                                       "seconds": 0.0}
 
     def __call__(self, state: CampaignState) -> None:
         report = collect_garbage(self.store, state, self.retention, lease=self.lease)
         self.totals["collections"] += 1
-        for k in ("deleted_objects", "deleted_blobs", "freed_bytes", "seconds"):
+        for k in ("deleted_objects", "deleted_blobs", "freed_bytes", "deleted_temporaries", "temporary_bytes",
+                  "seconds"):
             self.totals[k] += getattr(report, k)

@@ -13,6 +13,8 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +65,9 @@ def _add_gc(sub: Any) -> None:
     p.add_argument("--config", help="YAML configuration whose store settings to use")
     p.add_argument("--keep-last", type=int, help="versions to keep (default: store.keep_last)")
     p.add_argument("--checkpoint-every", type=int, help="keep every Nth version for good (default: store.checkpoint_every)")
+    p.add_argument("--orphan-grace-hours", type=float, default=24.0, metavar="H",
+                   help="also delete blobs no manifest lists (a publish that died) last written more than H hours ago "
+                        "(default 24; shorten only while nothing writes the store)")
     p.add_argument("--dry-run", action="store_true", help="count what would be deleted; delete nothing")
     p.add_argument("--break-lease", action="store_true", help="take the run's lease even if another process holds it")
 
@@ -175,15 +180,14 @@ def _train(args: argparse.Namespace) -> int:
             print(line)
             return 0
     lease = _preflight(cfg, out, summary_path, args.resume, args.break_lease)
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # unwinds: the lease below is released
     try:
-        from flows.campaign.run import rlhf_campaign
-        from flows.commands.local_api import start_local_api
+        with sigterm_unwinds():  # the lease below is released on SIGTERM too
+            from flows.campaign.run import rlhf_campaign
+            from flows.commands.local_api import start_local_api
 
-        start_local_api()  # under a lock in PREFECT_HOME: concurrent first runs set its database up once
-        summary = rlhf_campaign(config=cfg.model_dump(mode="json"), resume=args.resume)
+            start_local_api()  # under a lock in PREFECT_HOME: concurrent first runs set its database up once
+            summary = rlhf_campaign(config=cfg.model_dump(mode="json"), resume=args.resume)
     finally:
-        signal.signal(signal.SIGTERM, previous)
         lease.release()
     out.mkdir(parents=True, exist_ok=True)
     summary["run_dir"] = str(out)
@@ -215,13 +219,31 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    """SIGTERM ends ``train`` as Ctrl-C does: by unwinding, so the lease is released and the
-    workers and the Prefect server are stopped (the default action would skip all of that)."""
+    """SIGTERM ends a command as Ctrl-C does: by unwinding, so ``train`` releases its lease and
+    stops the workers and the Prefect server, and ``export`` removes its partial folder (the
+    default action would skip all of that)."""
     raise SystemExit(128 + signum)
 
 
+@contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """Inside the block, SIGTERM (``timeout``, a container stop) raises ``SystemExit(143)`` in
+    the main thread, so ``finally`` and ``except BaseException`` clean-ups run; the previous
+    handler is restored on leaving."""
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _only_run(store: Any, uri: str, command: str) -> str:
-    runs = sorted({k.split("/")[1] for k in store.list("runs/") if k.endswith("/latest.json")})
+    """The one run of the store: a run is found by its commit records
+    (``runs/<run>/campaign/commits/step-*.json``), never by the ``latest.json`` hint, which a
+    crash between the first record and the hint leaves unwritten."""
+    runs = sorted({parts[1] for parts in (k.split("/") for k in store.list("runs/"))
+                   if len(parts) == 5 and parts[2:4] == ["campaign", "commits"] and parts[4].startswith("step-")
+                   and parts[4].endswith(".json")})
     if not runs:
         raise ValueError(f"store {uri} holds no runs; check --store (or store.uri of --config)")
     if len(runs) != 1:
@@ -260,9 +282,11 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    """Collect a run's garbage under its lease; prints the report as JSON."""
-    for flag, value, least in (("--keep-last", args.keep_last, 1), ("--checkpoint-every", args.checkpoint_every, 0)):
-        if value is not None and value < least:
+    """Collect a run's garbage under its lease, and the store's leftovers (killed writes'
+    temporary files, orphan blobs); prints the report as JSON."""
+    for flag, value, least in (("--keep-last", args.keep_last, 1), ("--checkpoint-every", args.checkpoint_every, 0),
+                               ("--orphan-grace-hours", args.orphan_grace_hours, 0)):
+        if value is not None and not value >= least:  # NaN too
             raise UsageError(f"gc {flag} {value}: use {least} or more")
     cfg, store, state = _open_run(args, "gc")
     from flows.campaign.collect import collect_garbage
@@ -274,15 +298,15 @@ def _gc(args: argparse.Namespace) -> int:
     if keep is None:
         raise UsageError("gc: store.keep_last is null (every version is kept); pass --keep-last N")
     every = args.checkpoint_every if args.checkpoint_every is not None else cfg.store.checkpoint_every
-    retention = Retention(keep, every)
+    retention, orphan_grace_s = Retention(keep, every), args.orphan_grace_hours * 3600
     if args.dry_run:
-        report = collect_garbage(store, state, retention, dry_run=True)
+        report = collect_garbage(store, state, retention, dry_run=True, orphan_grace_s=orphan_grace_s)
     else:
         check_not_held(store, state.run_id, break_lease=args.break_lease)
         with RunLease.acquire(store, state.run_id, ttl_s=cfg.store.lease_ttl_s, break_lease=args.break_lease,
                               progress=lambda m: print(m, file=sys.stderr)) as lease:
             state = load_state(store, state.run_id) or state  # the newest commit, now that no one writes
-            report = collect_garbage(store, state, retention, lease=lease)
+            report = collect_garbage(store, state, retention, lease=lease, orphan_grace_s=orphan_grace_s)
     print(json.dumps({**report.to_dict(), "dry_run": args.dry_run}, sort_keys=True))
     return 0
 

@@ -3,6 +3,8 @@
 Reads the run's commit (the latest, or ``--step N``), refuses bad arguments before anything is
 written (one line, exit 2), writes the folder (``actions/models/export.py``) and, only when
 asked with ``--push-to-hub`` and the hub is reachable (``HF_HUB_OFFLINE`` unset or 0), uploads it.
+A SIGTERM while the folder is written (``timeout``, a container stop) unwinds like Ctrl-C: the
+partial folder beside ``--out`` is removed and the exit code is 143.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _check_args(args: argparse.Namespace) -> Path:
     out = Path(args.out)
+    if out.is_symlink():  # the final rename would fail on it, after all the work
+        raise ValueError(f"export --out {str(out)!r} is a symbolic link (to {os.path.realpath(out)!r}); pass the "
+                         "new or empty folder itself, not a link to it")
     if out.exists() and not out.is_dir():
         raise ValueError(f"export --out {str(out)!r} is a file; pass a new or empty folder")
     if out.is_dir() and any(out.iterdir()):
@@ -70,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from actions.config.workload import ModelConfig
     from actions.models.export import LoraVersion, describe, export_policy
     from actions.store import ObjectNotFound
+    from flows.commands.cli import sigterm_unwinds
 
     # the run's model.lora, as it trained: only the model section is read, so settings that
     # later versions check across sections never stop an older run's export
@@ -77,9 +83,10 @@ def run(args: argparse.Namespace) -> int:
     # under model.lora the backbone is version 0, which is also the reference (flows/campaign/setup.py)
     lora = LoraVersion(lora_cfg, state.reference_key) if lora_cfg else None
     try:
-        folder = export_policy(store, state.prepared.base_key, state.policy_key, out,
-                               weights_sha256=state.weights_sha256 or None, merge_lora=args.merge_lora,
-                               run=state.run_id, lora=lora)
+        with sigterm_unwinds():  # a stop part-way removes the partial folder beside --out
+            folder = export_policy(store, state.prepared.base_key, state.policy_key, out,
+                                   weights_sha256=state.weights_sha256 or None, merge_lora=args.merge_lora,
+                                   run=state.run_id, lora=lora)
     except ObjectNotFound:
         raise ValueError(f"export: the policy of run {state.run_id!r} at step {state.step} was deleted by garbage "
                          "collection (store.keep_last); export a later step, or keep versions with "
