@@ -255,12 +255,9 @@ class CampaignConfig(WorkloadConfig):
             data["data"].pop("max_value", None)
         if data["data"].get("eval_fraction") is None:  # and for the held-out share
             data["data"].pop("eval_fraction", None)
-        for key, size in (("num_train_prompts", 512), ("num_eval_prompts", 64)):  # a dataset run's None: as the
-            if data["data"].get(key) is None:                                     # defaults were before it
-                data["data"][key] = size
-        for m in data["reward"]["models"]:  # runs from before a reward model's label keep their fingerprint
-            if m.get("label") is None:
-                m.pop("label", None)
+        for m in data["reward"]["models"]:  # unset and 0 both score the first logit, as runs did before
+            if m.get("label") in (None, 0):  # label existed: those keep their fingerprint (a two-label
+                m.pop("label", None)         # model's run resumes with label: 0)
         return data
 
     def fingerprint(self) -> str:
@@ -346,6 +343,19 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
             node = child
         node[parts[-1]] = value
     try:
-        return CampaignConfig.model_validate(raw)
+        cfg = CampaignConfig.model_validate(raw)
     except ValidationError as exc:
         raise ValueError(_first_error(exc, raw)) from None
+    _check_task_sizes(raw, cfg)
+    return cfg
+
+
+def _check_task_sizes(raw: dict[str, Any], cfg: CampaignConfig) -> None:
+    """Refuse a size of the generated task written beside a dataset file, which would be
+    ignored. Checked on what the user wrote, not in ``DataConfig``: a request or a stored
+    identity carries every field, defaults included."""
+    written = raw.get("data") if isinstance(raw.get("data"), dict) else {}
+    for name in ("num_train_prompts", "num_eval_prompts"):
+        if cfg.data.train_path and name in written:
+            raise ValueError(f"data.{name}={written[name]} sizes the generated task, but data.train_path is set and "
+                             "every row of the file is used; remove it (to train on fewer rows, keep fewer in the file)")

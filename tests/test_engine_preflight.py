@@ -87,6 +87,9 @@ def test_decode_settings_that_demand_graphs_or_a_compiled_step_are_refused_where
                                          r"\(RLHFLESS_DEVICE unset\); on a GPU machine set RLHFLESS_DEVICE=cuda"):
         preflight.check_engine(graphs, local_actions=True)
     preflight.check_engine(graphs, local_actions=False)  # an OpenWhisk action's machine decides
+    preflight.check_engine(graphs, local_actions=True, device="cuda")  # rlhfless profile --device cuda
+    with pytest.raises(ValueError, match=r"the measurement runs on cpu; pass --device cuda"):
+        preflight.check_engine(graphs, local_actions=True, device="cpu")
     monkeypatch.setenv("RLHFLESS_DEVICE", "cuda")
     preflight.check_engine(graphs, local_actions=True)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))

@@ -147,6 +147,9 @@ def test_a_generate_prewarm_loads_the_version_into_the_slot(full, monkeypatch):
     assert prepared[-1] is engine and engine.fused_sampling and engine.kv_cache == "dynamic"
     wire = Control(prewarm=True, prewarm_model=refs[2].model_dump(mode="json"), prewarm_decode=run).to_payload()
     assert split_control(wire)[1].prewarm_decode == run  # as the worker's runtime reads it
+    # runtimes and flows of the revision before __prewarm_decode name the engine alone
+    assert wire["__prewarm_engine"] == "torch"
+    assert split_control({"__prewarm": True, "__prewarm_engine": "vllm"})[1].prewarm_decode.engine == "vllm"
 
 
 def test_the_engine_and_its_estimates_are_kept_per_decode_settings(full):

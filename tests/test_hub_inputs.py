@@ -195,3 +195,21 @@ def test_campaign_from_hub_ids_without_an_eval_set(fake_hub, tmp_path: Path, pre
     assert summary["steps_completed"] == 2 and summary["evals"] == [] and summary["eval_accuracy_last"] is None
     assert summary["data"]["evaluation"] == "none" and summary["data"]["hub"]["model.path"] == "tiny/qwen2"
     assert not any("evals/" in str(p) for p in (tmp_path / "store").rglob("*"))
+
+
+def test_split_folders_win_over_shard_names_and_unknown_shard_prefixes_declare_no_split(tmp_path):
+    """``train/data-00000-of-00001.parquet`` (a hub snapshot's layout) is the train split, and a
+    local folder of ``data-0000X-of-00002.parquet`` shards is one dataset, read whole."""
+    from actions.models.hub import files_by_split
+    from actions.tasks.sources import read_records
+
+    nested = [tmp_path / "snap" / s / "data-00000-of-00001.parquet" for s in ("train", "test")]
+    assert files_by_split(nested, by_folder=True) == {"train": [nested[0]], "test": [nested[1]]}
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for i in range(2):
+        pq.write_table(pa.table({"prompt": [f"q{i}"], "answer": ["a"]}), folder / f"data-0000{i}-of-00002.parquet")
+    assert sorted(r["prompt"] for _, r in read_records(str(folder), field="data.train_path")) == ["q0", "q1"]

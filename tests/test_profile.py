@@ -96,7 +96,7 @@ def test_profile_refuses_a_model_config_for_the_vllm_engine(tmp_path, capsys, mo
     """vLLM loads a model folder: --model-config (a random torch model) is refused by name."""
     from actions.engines import preflight
 
-    monkeypatch.setattr(preflight, "check_engine", lambda cfg, local_actions: None)  # as if vLLM were here
+    monkeypatch.setattr(preflight, "check_engine", lambda cfg, local_actions, device=None: None)  # as if vLLM were here
     (tmp_path / "config.json").write_text(json.dumps(TINY_QWEN2))
     out = tmp_path / "p.json"
     code = main(["profile", "--set", "generation.engine=vllm", "--model-config", str(tmp_path / "config.json"),

@@ -24,6 +24,7 @@ from actions.tasks.rewards.model_files import folder_files
 from actions.tasks.rewards.model_scoring import score_with_models
 from actions.tasks.rewards.trainer_state import make_trainer_state
 from flows.commands.tiny_model_dir import write_tiny_model_dir
+from flows.config import load_config
 
 
 def _rows(prompts: list, answers: list[str], **columns: list) -> list[PromptRow]:
@@ -243,6 +244,10 @@ def test_a_classifier_with_several_labels_scores_the_named_label(tmp_path):
         check_classifier(folder, "reward.models[0]", None)
     with pytest.raises(ValueError, match=r"label 2 is not one of the labels"):
         check_classifier(folder, "reward.models[0]", 2)
+    # a run that scored such a model's first logit before labels could be named resumes with label: 0
+    fingerprint = {label: load_config(None, [f"reward.models=[{{path: {folder}, label: {label}}}]"]).fingerprint()
+                   for label in ("null", "0", "POSITIVE")}
+    assert fingerprint["null"] == fingerprint["0"] != fingerprint["POSITIVE"]
     store = LocalStore(tmp_path / "store")
     put_artifact(store, "runs/r/reward_models/0/manifest.json", folder_files(folder))
     texts = ["question: what is 2+2? answer: 4", "what is it? because"]

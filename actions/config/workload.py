@@ -114,10 +114,11 @@ class DataConfig(_Section):
     less ``generation.max_new_tokens`` (``actions/tasks/input_limits.py``); for a generated task, none."""
     long_prompts: Literal["error", "truncate_left", "skip"] = "error"
     """What happens to a prompt above ``max_prompt_tokens``."""
-    num_train_prompts: int | None = Field(None, ge=1)
-    """Training prompts of the generated task (None: 512); a dataset file is used whole."""
-    num_eval_prompts: int | None = Field(None, ge=1)
-    """Held-out prompts of the generated task (None: 64)."""
+    num_train_prompts: int = Field(512, ge=1)
+    """Training prompts of the generated task; a dataset file is used whole (set beside
+    ``train_path``, it is refused by ``load_config``)."""
+    num_eval_prompts: int = Field(64, ge=1)
+    """Held-out prompts of the generated task."""
     max_count: int | None = Field(None, ge=1)
     """Largest k of the repeat task (answer length in tokens; None: 14), or the most operations
     of an arith problem (None: 3)."""
@@ -132,17 +133,6 @@ class DataConfig(_Section):
             raise ValueError(f"data.max_value={self.max_value} sets the quantities of the generated arith task, but "
                              f"{'data.train_path is set' if self.train_path else f'data.task is {self.task!r}'}; "
                              "remove data.max_value (or set data.task: arith without data.train_path)")
-        return self
-
-    @model_validator(mode="after")
-    def _check_task_sizes(self) -> DataConfig:
-        # None by default (WorkloadConfig resolves it for the task) so that a dataset run carries
-        # None: a size set beside a dataset file would be ignored, and is refused instead.
-        for name in ("num_train_prompts", "num_eval_prompts") if self.train_path else ():
-            if getattr(self, name) is not None:
-                raise ValueError(f"data.{name}={getattr(self, name)} sizes the generated task, but data.train_path "
-                                 "is set and every row of the file is used; remove it (to train on fewer rows, "
-                                 "keep fewer in the file)")
         return self
 
     @model_validator(mode="after")
@@ -390,10 +380,6 @@ class WorkloadConfig(_Section):
     def _resolve_defaults(self) -> WorkloadConfig:
         if self.data.max_count is None:
             self.data.max_count = {"repeat": 14, "arith": 3}[self.data.task]
-        if not self.data.train_path and self.data.num_train_prompts is None:
-            self.data.num_train_prompts = 512
-        if not self.data.train_path and self.data.num_eval_prompts is None:
-            self.data.num_eval_prompts = 64
         if self.warmup.error_rate is None:
             self.warmup.error_rate = {"repeat": 0.9, "arith": 0.7}[self.data.task]
         if self.warmup.steps is None:

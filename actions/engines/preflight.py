@@ -86,10 +86,12 @@ def model_type(model: Any) -> tuple[str | None, str]:
     return (kind if isinstance(kind, str) else None), f"config.json of {model.path!r}"
 
 
-def check_decode_settings(cfg: Any, *, local_actions: bool) -> None:
+def check_decode_settings(cfg: Any, *, local_actions: bool, device: str | None = None) -> None:
     """Refuse a torch-engine decode setting that demands what no action could do here:
     ``cuda_graphs: on`` or ``compile_decode: true`` for a model type the static cache does not
-    decode, ``cuda_graphs: on`` with local actions on the CPU.
+    decode, ``cuda_graphs: on`` with local actions on the CPU. ``device``: the device type the
+    work runs on where the caller knows it (``rlhfless profile --device``); None: the local
+    actions' (``RLHFLESS_DEVICE``).
 
     Raises:
         ValueError: one line naming the setting, why, and the fix.
@@ -107,23 +109,27 @@ def check_decode_settings(cfg: Any, *, local_actions: bool) -> None:
     if local_actions and gen.cuda_graphs == "on":
         from actions.rl.world_size import device_kind
 
-        if device_kind() == "cpu":
-            device = os.environ.get("RLHFLESS_DEVICE", "") or "unset"
+        if device is not None and device != "cuda":
+            raise ValueError(f"generation.cuda_graphs 'on' needs CUDA, and the measurement runs on {device}; pass "
+                             "--device cuda, or use cuda_graphs: auto or off")
+        if device is None and device_kind() == "cpu":
+            where = os.environ.get("RLHFLESS_DEVICE", "") or "unset"
             raise ValueError(f"generation.cuda_graphs 'on' needs CUDA, and the local actions run on the CPU "
-                             f"(RLHFLESS_DEVICE {device}); on a GPU machine set RLHFLESS_DEVICE=cuda, or use "
+                             f"(RLHFLESS_DEVICE {where}); on a GPU machine set RLHFLESS_DEVICE=cuda, or use "
                              "cuda_graphs: auto (graphs where CUDA is present) or off")
 
 
-def check_engine(cfg: Any, *, local_actions: bool) -> None:
+def check_engine(cfg: Any, *, local_actions: bool, device: str | None = None) -> None:
     """Refuse an engine and model combination that cannot run (see the module docstring).
 
     Args:
         cfg: the ``WorkloadConfig`` (its ``generation.engine`` and ``model``).
         local_actions: the actions run in this environment (local pool, in process).
+        device: the device type the work runs on where the caller knows it (``check_decode_settings``).
     Raises:
         ValueError: one line naming the constraint and the fix.
     """
-    check_decode_settings(cfg, local_actions=local_actions)
+    check_decode_settings(cfg, local_actions=local_actions, device=device)
     if cfg.generation.engine != "vllm" or not local_actions:
         return
     if vllm_backend() == "cpu":

@@ -88,14 +88,20 @@ def split_name(name: str) -> str | None:
 
 def files_by_split(files: list[Path], *, by_folder: bool = False) -> dict[str, list[Path]]:
     """``files`` grouped by the split their names declare or, with ``by_folder``, the split a
-    parent folder named ``train``, ``test`` or ``validation`` declares; files that declare none
-    are left out."""
+    parent folder named ``train``, ``test`` or ``validation`` declares (the folder wins:
+    ``train/data-00000-of-00001.parquet`` is train); files that declare none are left out.
+    Where no file declares a split a setting reads (``data-00000-of-00002.parquet`` shards
+    alone), nothing declares a split: such files are one dataset.
+
+    >>> files_by_split([Path("data-00000-of-00002.parquet"), Path("data-00001-of-00002.parquet")])
+    {}
+    """
     splits: dict[str, list[Path]] = {}
     for f in files:
-        split = split_name(f.name) or (f.parent.name if by_folder and f.parent.name in KNOWN_SPLITS else None)
+        split = (f.parent.name if by_folder and f.parent.name in KNOWN_SPLITS else None) or split_name(f.name)
         if split:
             splits.setdefault(split, []).append(f)
-    return splits
+    return splits if any(s in KNOWN_SPLITS for s in splits) else {}
 
 
 def pick_split(splits: list[str], which: str) -> str | None:

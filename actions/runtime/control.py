@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from actions.contracts import DecodeSettings
+
+PREWARM_ENGINE = "__prewarm_engine"
+"""The pre-warm's engine as earlier revisions sent it (now within ``__prewarm_decode``)."""
 
 
 class WarmCounts(BaseModel):
@@ -54,9 +57,23 @@ class Control(BaseModel):
     warm: WarmCounts | None = Field(None, alias="__warm")
     """Result side: warm-cache hits and misses."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_alone(cls, data: Any) -> Any:
+        # A flow of an earlier revision names the pre-warm's engine alone (``__prewarm_engine``):
+        # a vLLM container must not build a torch model beside its engine for it.
+        if isinstance(data, dict) and PREWARM_ENGINE in data and "__prewarm_decode" not in data \
+                and "prewarm_decode" not in data:
+            data = {**data, "__prewarm_decode": {"engine": data[PREWARM_ENGINE]}}
+        return data
+
     def to_payload(self) -> dict[str, Any]:
-        """The keys that differ from their defaults, under their ``__`` names."""
-        return self.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+        """The keys that differ from their defaults, under their ``__`` names; a pre-warm's
+        engine also under ``__prewarm_engine``, which runtimes of an earlier revision read."""
+        out = self.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+        if "__prewarm_decode" in out:
+            out[PREWARM_ENGINE] = self.prewarm_decode.engine
+        return out
 
 
 def split_control(message: dict[str, Any]) -> tuple[dict[str, Any], Control]:

@@ -24,15 +24,17 @@ from dataclasses import dataclass, field
 
 #: Environment variables whose values are secret. Access key ids are only semi-secret: they are
 #: shown masked (first 4 characters) so an operator can tell which key was used.
+#: Tokens are long random strings; a human-chosen password (MLflow's) is left out, since scrubbing
+#: a word such as "mlflow" from every message would garble them.
 SECRET_ENV_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "WSK_AUTH", "__OW_API_KEY", "HF_TOKEN",
-                   "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+                   "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "MLFLOW_TRACKING_TOKEN")
 KEY_ID_ENV_VARS = ("AWS_ACCESS_KEY_ID",)
 
 # Values shorter than this are not scrubbed: replacing every "a" in a message helps nobody, and
 # no real key is this short.
 _MIN_SECRET_LEN = 4
 _REDACTED = "[REDACTED]"
-_URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s'\"]+@")
+_URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#@\s'\"]+@")
 """The ``user[:password]@`` of a URL."""
 
 _extra_lock = threading.Lock()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit
 
 
@@ -20,5 +21,6 @@ def has_userinfo(text: str) -> bool:
     """True where a URL carries a user name or password (``scheme://user:pass@host``).
     Such a URL is refused without being quoted: the password would reach every message that
     names the endpoint."""
-    authority = text.partition("://")[2].partition("/")[0] if "://" in text else text.partition("/")[0]
+    rest = text.partition("://")[2] if "://" in text else text
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
     return "@" in authority

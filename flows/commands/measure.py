@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     batches, contexts = _ints(args.batch_sizes, "--batch-sizes"), _ints(args.contexts, "--contexts")
     device = parse_device(args.device, source="--device")
     dtype = profile_dtype(args.dtype, cfg.model.dtype, device)
-    check_engine(cfg, local_actions=True)  # the engine runs here: vLLM missing is train's refusal
+    check_engine(cfg, local_actions=True, device=device.type)  # it runs here: vLLM missing is train's refusal
     # CPU: a small padded batch, as one action thread sees it; GPU: enough tokens to fill it.
     shape = (16, 512) if device.type == "cuda" else (16, 64)
     if cfg.generation.engine == "vllm":
