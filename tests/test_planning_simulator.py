@@ -107,6 +107,32 @@ def test_continuation_reuses_released_container_and_is_not_cut_again():
     _check_conservation(done)
 
 
+def test_actor_with_kv_in_flight_is_not_cut_and_every_sample_finishes():
+    # flat 10 ms/token, KV at 0.1 s/token, cut at half. At 0.01 s actor 0 (1, 1, 50 tokens) is
+    # cut and its 50-token sample (1 token of context) moves to actor 1, the most free; its KV
+    # lands at 0.11 s. Actor 1 (1, 1, 1, 300) has reached its cut point too but is not cut
+    # while that KV is in flight (a cut moves live rows only: the arriving one would be lost).
+    # At 0.11 s its two rows find one free slot (actor 2): the cut waits. The moved sample ends
+    # at 0.11 + 0.49 = 0.60 s; actor 1 is cut, its 300-token row (60 decoded) reaches actor 2
+    # at 0.60 + 6.0 s and ends at 9.0 s; actor 2's 1000-token row ends the phase at 10 s.
+    a = (Sample(0, 0, 0, 1), Sample(1, 0, 0, 1), Sample(2, 0, 0, 50))
+    b = (Sample(3, 1, 0, 1), Sample(4, 1, 0, 1), Sample(5, 1, 0, 1), Sample(6, 1, 0, 300))
+    c = (Sample(7, 2, 0, 1), Sample(8, 2, 0, 1000))
+    cfg = SimConfig(profile=FLAT, gpus_per_actor=1, cut_threshold=0.5, migration="kv",
+                    kv_transfer_s_per_token=0.1)
+    res, done = simulate_phase([ActorSpec(a, 0.0, 0.0), ActorSpec(b, 0.0, 0.0),
+                                ActorSpec(c, 0.0, 0.0, cuttable=False)], cfg)
+    _check_conservation(done)
+    assert done[2].segments == [(0, 1.0), (1, 49.0)] and done[6].segments == [(1, 60.0), (2, 240.0)]
+    assert res.num_cut == 2 and res.release_s == pytest.approx((0.01, 0.60, 10.0))
+
+
+def test_a_lost_sample_raises():
+    from flows.simulate.cluster import _check_all_finished
+    with pytest.raises(AssertionError, match="1 samples not finished"):
+        _check_all_finished([Sample(0, 0, 0, 10, decoded=10.0), Sample(1, 0, 0, 10, decoded=2.0)])
+
+
 def test_shared_processors_slow_concurrent_actors():
     # two actors of 100 tokens at a flat 10 ms on one shared processor: each decodes at half
     # speed while both run, so the phase takes 2 s instead of 1 s; on two processors, 1 s
