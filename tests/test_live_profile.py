@@ -406,6 +406,13 @@ def test_the_vllm_engine_plans_no_prefill_action_nor_its_savings(tiny_config, tm
     torch_with = hooks.plan_generation_phase(ctx("generation.prefill_action=always"), LengthHistory(), tokens,
                                              sorted(tokens), 2)
     assert torch_with.prefill is not None and torch_with.predicted_prefill_s > 0  # what vLLM no longer plans
+    # without dedup_prefill the flow runs no prefill action either: none is timed, no KV moves
+    no_dedup = ctx("generation.dedup_prefill=false", "generation.prefill_action=always")
+    rules = hooks.planner_rules(no_dedup, 2)
+    assert rules.prefill_capacity is None and not rules.settings.cluster.prefill_action
+    planned = hooks.plan_generation_phase(no_dedup, LengthHistory(), tokens, sorted(tokens), 2)
+    assert planned.prefill is None and planned.predicted_prefill_s == 0.0
+    assert planned.plan.predicted_time_s == pytest.approx(torch_without.plan.predicted_time_s)
 
 
 @pytest.mark.parametrize("objective", ["value", "slack", "budget", "paper"])

@@ -6,13 +6,13 @@ import math
 from pathlib import Path
 
 import pytest
+from sim_cluster import qwen_cluster
 
 from flows.planning.tpot import GPUS, MODELS, TpotProfile
 from flows.simulate.cli import main
 from flows.simulate.cluster import ActorSpec, Sample, SimConfig, simulate_phase
 from flows.simulate.policies import make_plan, parse_policy
 from flows.simulate.replay import PromptRow, TraceStep, measured_error, read_trace, replay, run_step
-from sim_cluster import qwen_cluster
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 FLAT = TpotProfile((1, 1000), (0.0, 10000.0), ((0.01, 0.01), (0.01, 0.01)), 1e4)
@@ -433,8 +433,8 @@ def _cut_pair():
 
 def test_live_continuation_waits_for_the_last_pending_action_that_can_be_cut():
     # window 1 s, actor 1 has a cut point (cuttable): the flow submits the continuation when
-    # actor 1 returns (0.5 s), not at the cut; it starts 0.1 s (submission) + 0.02 s (round-trip wait) later, does 0.05 s + 40
-    # re-prefilled tokens x 1 ms of start-up work (0.09 s), then decodes the longest
+    # actor 1 returns (0.5 s), not at the cut; it starts 0.1 s (submission) + 0.02 s (round-trip
+    # wait) later, does 0.05 s + 40 re-prefilled tokens x 1 ms of start-up work (0.09 s), then decodes the longest
     # straggler's last 380 tokens: 0.5 + 0.12 + 0.09 + 3.8
     cfg = _live(submit_s=0.1, activation_latency_s=0.02, continuation_work_s=0.05,
                 continuation_work_s_per_token=0.001)
