@@ -14,6 +14,10 @@ The replay caps predictions at the shared traces' generation cap, 2,048 tokens, 
 not state. It used the longest response of the whole trace before: 2,048 on lcb, whose digests
 therefore stand, and 1,543 on gsm8k, whose digests were computed again for the 2,048 cap (every
 policy but the oracle, which plans with the true lengths).
+
+The first-epoch fit's M-step counts the censored groups' conditional variance
+(``flows/planning/first_epoch.py``): lcb's epoch 0, with groups at the cap, plans from a
+steeper, wider fit, and its digests were computed again (gsm8k has no group at the cap).
 """
 
 from __future__ import annotations
@@ -37,12 +41,12 @@ DIGESTS = {
     "gsm8k/value": {"no-assign": "89ebaf9c66d5079a", "no-cut": "aff2ee250bb4443e", "no-scale": "7b828d78af517e6d",
                     "oracle": "dde671b4fed8f795", "rlhfless": "d7d5e238e352f8e0",
                     "round-robin:4": "96dcbc96f2707e37", "static:3": "02864483460214f3"},
-    "lcb/budget": {"no-assign": "72a924f5356254d4", "no-cut": "c67a7026b1e8adcf", "no-scale": "1338a5d2cb1fc3f3",
-                   "oracle": "64ed13b908538570", "rlhfless": "c67a7026b1e8adcf",
-                   "round-robin:4": "441f44e2384334a9", "static:3": "694ef15df93d25f5"},
-    "lcb/value": {"no-assign": "704c8d97f57eb85e", "no-cut": "03e7fdd8b401b3fb", "no-scale": "0674791ffdde11cb",
-                  "oracle": "1a974a5d1a0a799b", "rlhfless": "75081c68a3814673",
-                  "round-robin:4": "39d05539d404a091", "static:3": "f8cc32548f84ffe4"},
+    "lcb/budget": {"no-assign": "58af385456952e8f", "no-cut": "b67cb26db85a7c52", "no-scale": "ebc61ce3b98fc13a",
+                   "oracle": "64ed13b908538570", "rlhfless": "b67cb26db85a7c52",
+                   "round-robin:4": "50d856e8457322aa", "static:3": "627cee5f4a8f17db"},
+    "lcb/value": {"no-assign": "06d5a483b97f3210", "no-cut": "686b31e16220d462", "no-scale": "637166429ea88ea0",
+                  "oracle": "1a974a5d1a0a799b", "rlhfless": "d397e9095c1d9010",
+                  "round-robin:4": "7c0cbbfc62e372ae", "static:3": "ef8c5b58838de01a"},
 }
 SHARED_TRACES_CAP = 2048
 """The generation cap the shared traces were made with (they do not state it)."""
