@@ -178,3 +178,20 @@ def test_without_a_prefill_plan_no_prefill_action_is_timed(no_plan):
     # the simulator's prefill actor computes every prompt in full: that one is still timed
     full = Planner(rules(prefill_capacity=None, full_prefill_action=True)).plan(inputs(0))
     assert full.prefill is None and full.predicted_prefill_s > 0.0
+
+
+def test_the_prefill_action_is_timed_on_the_unique_prefixes_and_the_suffixes_on_the_actions():
+    """Prompt 0 is the 60-token template alone and every other one adds 3 tokens: with
+    capacity 1 the prefix is the template, which the prefill action computes once
+    (``actions/prefill.py``), and the generation actions their prompts' suffixes; fixed:1
+    holds all 12 prompts, so it ends 11 x 3 suffix tokens later than with none."""
+    prompts = {p: TEMPLATE + [p] * 3 * (p > 0) for p in IDS}
+    step = replace(inputs(0), prompts=prompts, prompt_lengths={p: len(t) for p, t in prompts.items()})
+    settings = replace(rules().settings, policy=parse_scaling_policy("fixed:1"), objective="paper")
+    phase = Planner(rules(settings=settings, prefill_capacity=1, speculative=False, calibrated=False)).plan(step)
+    assert phase.prefill.prefix_len == 60 and phase.prefill.prefix_tokens == 60
+    assert phase.predicted_prefill_s == pytest.approx(60 / 2000.0 + 0.02)  # + the activation
+    from flows.planning.scaling import plan_generation
+    decode_only = plan_generation(IDS, phase.predicted, group_size=4, prompt_lengths=step.prompt_lengths,
+                                  settings=settings, prefill_tokens=60)
+    assert phase.plan.predicted_time_s == pytest.approx(decode_only.predicted_time_s + 33 / 2000.0)

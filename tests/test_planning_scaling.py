@@ -6,9 +6,9 @@ import textwrap
 import pytest
 
 from flows.planning.plan import ClusterSpec, GenerationPlan
-from flows.planning.tpot import TpotProfile
 from flows.planning.scaling import plan_generation as _plan_generation
 from flows.planning.settings import PlannerSettings
+from flows.planning.tpot import TpotProfile
 
 
 def plan_generation(ids, predicted, *, group_size, prompt_lengths, prefill_tokens=None, **settings):
@@ -261,3 +261,20 @@ def test_colocated_actors_start_with_actor_zero():
     assert actor_start(4, local, 0.5, 100.0).transfer_s > 0
     with pytest.raises(ValueError, match="colocated_actors"):
         ClusterSpec(gpus_per_actor=2, max_actors=10, num_prefill_gpus=8, colocated_actors=5)
+
+
+def test_prompt_suffixes_are_timed_on_the_generation_actions_that_prefill_them():
+    """After a dedup prefill each action prefills its own prompts' suffixes before decoding
+    (``PlannerSettings.own_prefill_tokens``): 1e4 tokens per prompt at 1e6 tokens/s is 10 ms,
+    so an actor of k prompts ends k x 10 ms later and every plan bills 12 x 10 ms x 2 GPUs more."""
+    own = {p: 10_000 for p in IDS}
+    for objective in ("paper", "value"):  # equal slices; then sized, striped and round-robin ones too
+        base = _plan(objective=objective, profile=FLAT)
+        plus = _plan(objective=objective, profile=FLAT, own_prefill_tokens=own)
+        for a, b in zip(base.candidates, plus.candidates):
+            assert (a.n, a.kind) == (b.n, b.kind)
+            if a.kind == "sized":  # slices sized on the new ends may differ
+                continue
+            assert b.gpu_seconds == pytest.approx(a.gpu_seconds + 12 * 0.01 * 2), (a.n, a.kind)
+            if a.kind == "ranked":  # equal slices: the largest holds ceil(12 / N) prompts
+                assert b.time_s == pytest.approx(a.time_s + math.ceil(12 / a.n) * 0.01), a.n

@@ -169,9 +169,12 @@ class Planner:
         profile = calibration.profile(base) if r.calibrated or calibration != Calibration() else base
         cluster = replace(r.settings.cluster, prefill_fixed_s=calibration.prefill_fixed_s)
         prefill, cluster = self._prefill(inputs, group_size, profile, cluster)
-        prefill_tokens = prefill.tokens_computed if prefill else sum(inputs.prompt_lengths[p] for p in ids)
+        # the prefill action computes the unique prefixes; each generation action then the
+        # suffixes of its own prompts, so the suffixes are timed on the actions, split as they are
+        prefill_tokens = prefill.prefix_tokens if prefill else sum(inputs.prompt_lengths[p] for p in ids)
+        own = {p: prefill.suffix_tokens(inputs.prompt_lengths[p]) for p in ids} if prefill else None
         settings = replace(r.settings, policy=self.strategy, profile=profile, cluster=cluster,
-                           tail_error=self.tail_error())
+                           tail_error=self.tail_error(), own_prefill_tokens=own)
         per_fanout = bool(calibration.by_actors) and self.strategy.times_fan_outs
         if per_fanout:  # each fan-out timed at the speed measured at it, relative to the profile's scale
             settings = replace(settings, decode_scale_by_n=tuple(

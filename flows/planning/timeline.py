@@ -2,9 +2,10 @@
 
 t = 0 is when the learner has written the new weights [I]:
 
-- the prefill actor (the learner's ``num_prefill_gpus``) computes every prompt's KV once:
-  ``P = prefill_tokens / (prefill_tokens_per_s * prefill_gpus / gpus_per_actor)`` (prefill is
-  compute bound, so throughput scales with GPUs);
+- the prefill actor (the learner's ``num_prefill_gpus``) computes each unique prompt prefix's
+  KV once: ``P = prefill_tokens / (prefill_tokens_per_s * prefill_gpus / gpus_per_actor)``
+  (prefill is compute bound, so throughput scales with GPUs); the suffixes after the prefix
+  are each decode actor's own work, in its decode time (``PlannerSettings.own_prefill_tokens``);
 - decode actor 0 is co-located with it (same GPUs): no cold start, no transfer, decodes from P;
   so are actors 1..k-1 when ``colocated_actors = k`` (the prefill actor's GPUs hold k decode
   actors once prefill is done, as a hybrid engine shares the learner's GPUs);
