@@ -1,5 +1,6 @@
 """Planning for prediction error: the robust tail per actor, striped candidates, the budget."""
 
+import dataclasses
 import math
 import random
 
@@ -191,8 +192,10 @@ def test_exact_predictions_stress_nothing_and_larger_errors_stretch_more(seed):
 
 
 def test_feasibility_is_checked_on_the_point_estimate():
-    """Actor 1's stressed tail running past actor 0 says nothing of its transfers (co-located
-    here: none), so the plan stays feasible when its point estimate ends within actor 0's."""
-    assert evaluate_candidate([1.0, 3.0], [100.0, 100.0], CLUSTER, 0.5)[2]
-    t, gs, reason = evaluate_candidate([1.0, 3.0], [100.0, 100.0], CLUSTER, 0.5, [1.0, 0.8])
-    assert not reason and (t, gs) == evaluate_candidate([1.0, 3.0], [100.0, 100.0], CLUSTER, 0.5)[:2]
+    """Actor 1's stressed tail running past actor 0 says nothing of whether its transfers (a
+    remote actor here: the weights and its prompts' KV) hide behind actor 0's work, so the plan
+    stays feasible when its point estimate ends within actor 0's."""
+    remote = dataclasses.replace(CLUSTER, colocated_actors=1)
+    assert evaluate_candidate([1.0, 3.0], [100.0, 100.0], remote, 0.5)[2]
+    t, gs, reason = evaluate_candidate([1.0, 3.0], [100.0, 100.0], remote, 0.5, [1.0, 0.8])
+    assert not reason and (t, gs) == evaluate_candidate([1.0, 3.0], [100.0, 100.0], remote, 0.5)[:2]

@@ -1,6 +1,7 @@
 """Cost-aware actor scaling and the feasibility check (paper §3.5-3.6)."""
 
 import math
+from dataclasses import replace
 import textwrap
 
 import pytest
@@ -278,3 +279,23 @@ def test_prompt_suffixes_are_timed_on_the_generation_actions_that_prefill_them()
             assert b.gpu_seconds == pytest.approx(a.gpu_seconds + 12 * 0.01 * 2), (a.n, a.kind)
             if a.kind == "ranked":  # equal slices: the largest holds ceil(12 / N) prompts
                 assert b.time_s == pytest.approx(a.time_s + math.ceil(12 / a.n) * 0.01), a.n
+
+
+def test_only_a_start_to_hide_makes_a_plan_infeasible():
+    """§3.6 asks whether an actor's weight/KV transfers and cold start hide behind actor 0's
+    prefill + decode. A co-located actor, or a warm remote one with nothing to receive, has
+    none: a longer decode there is a slower plan (the objective weighs it), not an infeasible one."""
+    from flows.planning.timeline import evaluate_candidate
+
+    decode, tokens = [1.0, 5.0, 5.0], [100.0, 100.0, 100.0]
+    shared = ClusterSpec(gpus_per_actor=2, max_actors=8, num_prefill_gpus=8, colocated_actors=4)
+    assert evaluate_candidate(decode, tokens, shared, 0.5)[2] == ""  # all three on the learner's GPUs
+    remote = ClusterSpec(gpus_per_actor=2, max_actors=8)  # warm, no weights, no KV: no start
+    assert evaluate_candidate(decode, tokens, remote, 0.5)[2] == ""
+    sending = ClusterSpec(gpus_per_actor=2, max_actors=8, weight_bytes=1e8, transfer_bandwidth_bytes_per_s=1e9)
+    assert evaluate_candidate(decode, tokens, sending, 0.5)[2].startswith("actor 1:")  # 0.1 s + 5 s > 1.5 s
+    assert evaluate_candidate([5.0, 1.0, 1.0], tokens, sending, 0.5)[2] == ""  # hidden behind actor 0
+    # a plan that splits the given order (contiguous: the longest prompts need not come first)
+    # keeps every N with its actors on the learner's GPUs
+    plan = _plan(assignment="contiguous", cluster=replace(shared, max_actors=100), n_max=4)
+    assert all(c.feasible for c in plan.candidates)
