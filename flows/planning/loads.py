@@ -126,7 +126,8 @@ def group_loads(groups: Sequence[Sequence[int]], predicted: Mapping[int, float],
     for pids in groups:
         tok = float(sum(prompt_lengths[p] for p in pids))
         lengths = sorted_lengths(pids, predicted)
-        decode.append(env.decode.time_desc(lengths, tok / len(pids)) + sum(env.own_s.get(p, 0.0) for p in pids))
+        own = sum(env.own_s.get(p, 0.0) for p in pids) if env.own_s else 0.0
+        decode.append(env.decode.time_desc(lengths, tok / len(pids)) + own)
         tokens.append(tok)
         longest.append(lengths[0])
     return Loads(decode, tokens, longest, [len(g) for g in groups])
