@@ -224,7 +224,7 @@ def run_traces() -> None:
         print(f"traces: skipped, no ../shared/traces/*.jsonl next to the repository ({TRACES})")
         return
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_simulator import default_model
+    from bench_simulator import SHARED_TRACES_CAP, default_model
 
     from flows.simulate.replay import read_trace, replay
 
@@ -245,7 +245,8 @@ def run_traces() -> None:
             for migration in ("reprefill", "kv"):
                 for slices, slack in (("budget", 0.1), ("equal", None)):
                     runs = replay(steps, [f"round-robin:{n}", f"no-scale:{n}"],
-                                  dataclasses.replace(model, migration=migration, rank_slack=slack))
+                                  dataclasses.replace(model, migration=migration, rank_slack=slack),
+                                  max_new_tokens=SHARED_TRACES_CAP)
                     base, ours = runs[f"round-robin:{n}"].steps, runs[f"no-scale:{n}"].steps
                     gpu_s, wall = _ratios(base, ours, range(len(steps)))
                     gpu_later, wall_later = _ratios(base, ours, later)

@@ -34,8 +34,11 @@ of 1-12 actors at no more GPU-s than static:3's), made from the predictions and 
 lengths. And the bound within static:3's bill for plans without cut-and-migrate
 (``flows/simulate/bill_bound.py``), which the default objective runs.
 
+The shared traces state no generation cap; they were made with 2,048 tokens
+(``--max-new-tokens``), which the replay caps predictions at. The synthetic traces state theirs.
+
     .venv/bin/python benchmarks/bench_simulator.py [--models qwen2.5-7b] [--sensitivity]
-        [--first-epoch learned|reference]
+        [--first-epoch learned|reference] [--max-new-tokens 2048]
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from flows.simulate.policies import DEFAULT_POLICIES, ClusterModel, Policy, pars
 from flows.simulate.replay import TraceStep, read_trace, replay, replay_step, step_predictions  # noqa: E402
 
 TRACES = ROOT.parent / "shared" / "traces"
+SHARED_TRACES_CAP = 2048  # max_new_tokens of the shared traces (lcb's 608 responses at 2,048)
 TARGET_SPEEDUP, TARGET_SAVING = 1.35, 0.45
 # for context: the cheapest serverless plan (one ranked actor) and a bigger static baseline
 CONTEXT_POLICIES = ("no-scale:1", "static:6")
@@ -80,18 +84,19 @@ def default_model(name: str = "qwen2.5-7b") -> ClusterModel:
 
 
 def best_within_bill(steps: list[TraceStep], model: ClusterModel, exact: bool,
-                     max_actors: int = 12) -> tuple[float, float]:
+                     max_actors: int = 12, max_new_tokens: int | None = None) -> tuple[float, float]:
     """(speed, GPU-s ratio) of the generation phases against static:3 of a chooser that sees
     each plan's replayed outcome: per step, the fastest of static:3 and the serverless plans
     of N = 1..``max_actors`` actors (ranked or round-robin assignment, no cut) whose replayed
     GPU-s is within static:3's on that step. The plans are made from the true group max
-    lengths (``exact``) or from the replay's predictions. It is no planner: it shows what
-    plans the replay can run reach within static:3's bill."""
+    lengths (``exact``) or from the replay's predictions (capped at ``max_new_tokens``, as
+    ``replay``'s). It is no planner: it shows what plans the replay can run reach within
+    static:3's bill."""
     static = parse_policy("static:3")
     plans = [Policy(f"{kind}:{n}", False, f"fixed:{n}", kind, cut=False)
              for kind in ("ranked", "round_robin") for n in range(1, max_actors + 1)]
     base_t = base_g = own_t = own_g = 0.0
-    for step, predicted, truth in step_predictions(steps, model):
+    for step, predicted, truth in step_predictions(steps, model, max_new_tokens=max_new_tokens):
         lengths = truth if exact else predicted
         base = replay_step(static, step, lengths, model)[1]
         within = [g for g in (replay_step(p, step, lengths, model)[1] for p in plans)
@@ -131,15 +136,17 @@ def epoch_split(runs: dict, epochs: dict[int, int]) -> str:
 
 
 def report_trace(path: Path, model: ClusterModel, sensitivity: bool = True,
-                 model_name: str = "qwen2.5-7b") -> dict[str, tuple[float, float]]:
+                 model_name: str = "qwen2.5-7b", max_new_tokens: int | None = None) -> dict[str, tuple[float, float]]:
     """Print the trace's tables; return rlhfless's (time, GPU-s) ratios to static:3 for the
     generation phase ('gen') and the whole step ('step'), and its fidelity ('fid': median and
-    p90 absolute error of the predicted phase time)."""
+    p90 absolute error of the predicted phase time). ``max_new_tokens``: the generation cap of
+    a trace that states none."""
     steps = read_trace(path)
+    cap = None if steps[0].max_new_tokens else max_new_tokens
     rate = learner_tokens_per_s(GPUS["h100"], MODELS[model_name], model.gpus_per_node)
     start = time.perf_counter()
     runs = replay(steps, list(DEFAULT_POLICIES) + list(CONTEXT_POLICIES),
-                  dataclasses.replace(model, learner_tokens_per_s=rate))
+                  dataclasses.replace(model, learner_tokens_per_s=rate), max_new_tokens=cap)
     wall = time.perf_counter() - start
     base = runs["static:3"].summary()
     # the one-entry dict: bound_report's baseline is the first static policy it is given
@@ -160,8 +167,8 @@ def report_trace(path: Path, model: ClusterModel, sensitivity: bool = True,
         fid = (s["fidelity"]["median_abs_error"], s["fidelity"]["p90_abs_error"])
         if name == "rlhfless":
             out = {"gen": gen, "step": step, "fid": fid, "bound": bound,
-                   "predicted": best_within_bill(steps, model, exact=False),
-                   "exact": best_within_bill(steps, model, exact=True)}
+                   "predicted": best_within_bill(steps, model, exact=False, max_new_tokens=cap),
+                   "exact": best_within_bill(steps, model, exact=True, max_new_tokens=cap)}
         print(f"{name:<11} {1 / gen[0]:>8.3f}x {gen[1]:>9.3f}x {1 / step[0]:>9.3f}x {step[1]:>9.3f}x "
               f"{sum(run.planned) / len(run.planned):>7.1f} {fid[0]:>8.1%}/{fid[1]:<8.1%} "
               f"{s['planning_ms_p50']:>7.2f}/{s['planning_ms_max']:<7.2f}")
@@ -170,7 +177,8 @@ def report_trace(path: Path, model: ClusterModel, sensitivity: bool = True,
     print(f"  (whole step: learner on one node of {model.gpus_per_node} H100 at {LEARNER_MFU:.0%} MFU, "
           f"{rate:,.0f} tokens/s; GPU-s columns are ratios to static:3, < 1 is cheaper)")
     for label, change in (SENSITIVITY.items() if sensitivity else ()):
-        sens = ratios(replay(steps, ["static:3", "rlhfless"], dataclasses.replace(model, **change)))
+        sens = ratios(replay(steps, ["static:3", "rlhfless"], dataclasses.replace(model, **change),
+                             max_new_tokens=cap))
         speed, saved, mean_n, _ = sens["rlhfless"]
         print(f"  sensitivity {label:<18} rlhfless {speed:.2f}x, {saved:+.1%} GPU-s saved (generation), "
               f"mean N {mean_n:.1f}")
@@ -230,6 +238,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="RLHFless vs static:3 on the shared length traces")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic traces")
     parser.add_argument("--traces", default=str(TRACES), help="directory of the shared traces")
+    parser.add_argument("--max-new-tokens", type=int, default=SHARED_TRACES_CAP, metavar="N",
+                        help="generation cap of the traces that state none (default: the shared traces')")
     parser.add_argument("--sensitivity", action="store_true", help="also the sensitivity lines")
     parser.add_argument("--first-epoch", choices=FIRST_EPOCH_PREDICTORS, default="learned",
                         help="length predictor of prompts without history (flows/planning/first_epoch.py)")
@@ -257,7 +267,7 @@ def main() -> None:
               f"migration {model.migration}, N in [{model.n_min}, {model.n_max}], "
               f"first-epoch predictor {model.first_epoch}")
         results = {path.stem: report_trace(path, model, sensitivity=name == "qwen2.5-7b" and args.sensitivity,
-                                           model_name=name) for path in paths}
+                                           model_name=name, max_new_tokens=args.max_new_tokens) for path in paths}
         verdict(results)
 
 

@@ -11,8 +11,9 @@ trace of that format, so this writes four more with other shapes, seeded and rep
 
 Every trace has the shared traces' layout: 512 prompts, 3 epochs of 4 steps of 128 prompts
 (the same prompts in the same steps each epoch, shuffled within a step), 4 samples per prompt,
-a 2,048-token cap. Each prompt has a latent mean length ``mu`` drawn from the shape; its
-reference answer is ``mu / 1.65`` times a lognormal error (sigma 0.35, giving a correlation of
+a 2,048-token cap, which every line states (``max_new_tokens``; the shared traces do not, so
+their replays are given it). Each prompt has a latent mean length ``mu`` drawn from the shape;
+its reference answer is ``mu / 1.65`` times a lognormal error (sigma 0.35, giving a correlation of
 about 0.8 with the group max, as in the shared traces); each epoch moves ``mu`` by a lognormal
 drift (sigma 0.1) and each sample is ``mu`` times a lognormal spread (sigma 0.15), rounded and
 capped. Prompt lengths are uniform in 60-700 tokens, independent of the response length.
@@ -68,7 +69,7 @@ def make_trace(shape: str, seed: int) -> list[dict]:
                         for _ in range(SAMPLES)]
                 rows.append({"epoch": epoch, "step": epoch * STEPS_PER_EPOCH + s, "prompt_id": pid,
                              "prompt_len": prompt_len[pid], "answer_len": answer[pid],
-                             "response_lens": lens})
+                             "response_lens": lens, "max_new_tokens": CAP})
     return rows
 
 

@@ -368,7 +368,10 @@ def test_the_hook_runs_the_prefill_action_only_where_it_pays(tiny_config, tmp_pa
     assert skipped.prefill is None and skipped.predicted_prefill_s == 0.0
     ran = phase("auto", shared)  # 15 x 200 tokens saved at 2000 tokens/s: 1.5 s against 0.01 s
     assert ran.prefill is not None and ran.prefill.prefix_len == 200
-    assert ran.predicted_prefill_s == pytest.approx(ran.prefill.tokens_computed / 2000.0 + 0.01)
+    # the action computes the 200-token template once; the 15 one-token suffixes are the
+    # generation actions' own work (flows/planning/prefix.py)
+    assert ran.prefill.prefix_tokens == 200
+    assert ran.predicted_prefill_s == pytest.approx(ran.prefill.prefix_tokens / 2000.0 + 0.01)
     assert phase("always", unique).prefill is not None
     assert phase("never", shared).prefill is None
 
@@ -406,6 +409,13 @@ def test_the_vllm_engine_plans_no_prefill_action_nor_its_savings(tiny_config, tm
     torch_with = hooks.plan_generation_phase(ctx("generation.prefill_action=always"), LengthHistory(), tokens,
                                              sorted(tokens), 2)
     assert torch_with.prefill is not None and torch_with.predicted_prefill_s > 0  # what vLLM no longer plans
+    # without dedup_prefill the flow runs no prefill action either: none is timed, no KV moves
+    no_dedup = ctx("generation.dedup_prefill=false", "generation.prefill_action=always")
+    rules = hooks.planner_rules(no_dedup, 2)
+    assert rules.prefill_capacity is None and not rules.settings.cluster.prefill_action
+    planned = hooks.plan_generation_phase(no_dedup, LengthHistory(), tokens, sorted(tokens), 2)
+    assert planned.prefill is None and planned.predicted_prefill_s == 0.0
+    assert planned.plan.predicted_time_s == pytest.approx(torch_without.plan.predicted_time_s)
 
 
 @pytest.mark.parametrize("objective", ["value", "slack", "budget", "paper"])

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 
 from flows.planning.plan import ClusterSpec
-from flows.planning.settings import PlannerSettings
 from flows.planning.planner import PhaseInputs, Planner, PlannerRules, PlannerState
 from flows.planning.record import PhaseObservation, StepRecord
 from flows.planning.registry import parse_scaling_policy, register_scaling_function
+from flows.planning.settings import PlannerSettings
 from flows.planning.tpot import TpotProfile
 
 PROFILE = TpotProfile((4, 16), (8.0, 64.0), ((0.01, 0.012), (0.03, 0.036)), 2000.0, name="t")
@@ -46,7 +47,8 @@ def record(step: int, phase, rng: random.Random) -> StepRecord:
     """What a step could have measured: lengths around the reference, a phase slower than
     planned, a speculation report, the generation actions' first call offset."""
     lengths = {p: tuple(max(1, int(rng.gauss(12 + 9 * p, 6))) for _ in range(4)) for p in IDS}
-    observed = PhaseObservation(num_actors=phase.plan.num_actors, generate_s=rng.uniform(1.2, 2.5) * phase.plan.predicted_time_s,
+    observed = PhaseObservation(num_actors=phase.plan.num_actors,
+                                generate_s=rng.uniform(1.2, 2.5) * phase.plan.predicted_time_s,
                                 prefill_s=0.05 + rng.random() / 20, ran_prefill=phase.prefill is not None,
                                 predicted_generate_s=phase.plan.predicted_time_s - phase.predicted_prefill_s,
                                 predicted_prefill_s=phase.predicted_prefill_s, activation_s=phase.activation_s,
@@ -159,3 +161,37 @@ def test_only_the_registry_reads_the_policy_text():
              if p.name != "registry.py"
              for n, line in enumerate(p.read_text().splitlines(), start=1) if inspects.search(line)]
     assert not found, found
+
+
+@pytest.mark.parametrize("no_plan", [dict(prefill_capacity=None), dict(prefill_action="never")])
+def test_without_a_prefill_plan_no_prefill_action_is_timed(no_plan):
+    """The flow runs the prefill action only for a dedup plan (``flows/step/flow.py``): with
+    ``dedup_prefill`` off (no capacity) the plan is the one with the action turned off, no
+    prefill time and no prefix KV sent to the remote actors."""
+    off = Planner(rules(**no_plan)).plan(inputs(0))
+    assert off.prefill is None and off.predicted_prefill_s == 0.0
+    # the same decode-only timeline the KV-free cluster gives: no phantom prefill or KV transfer
+    free = replace(CLUSTER, prefill_action=False, kv_bytes_per_token=0.0)
+    settings = replace(rules().settings, cluster=free)
+    alone = Planner(rules(settings=settings, prefill_capacity=None)).plan(inputs(0))
+    assert off.plan.candidates == alone.plan.candidates and off.plan.num_actors == alone.plan.num_actors
+    # the simulator's prefill actor computes every prompt in full: that one is still timed
+    full = Planner(rules(prefill_capacity=None, full_prefill_action=True)).plan(inputs(0))
+    assert full.prefill is None and full.predicted_prefill_s > 0.0
+
+
+def test_the_prefill_action_is_timed_on_the_unique_prefixes_and_the_suffixes_on_the_actions():
+    """Prompt 0 is the 60-token template alone and every other one adds 3 tokens: with
+    capacity 1 the prefix is the template, which the prefill action computes once
+    (``actions/prefill.py``), and the generation actions their prompts' suffixes; fixed:1
+    holds all 12 prompts, so it ends 11 x 3 suffix tokens later than with none."""
+    prompts = {p: TEMPLATE + [p] * 3 * (p > 0) for p in IDS}
+    step = replace(inputs(0), prompts=prompts, prompt_lengths={p: len(t) for p, t in prompts.items()})
+    settings = replace(rules().settings, policy=parse_scaling_policy("fixed:1"), objective="paper")
+    phase = Planner(rules(settings=settings, prefill_capacity=1, speculative=False, calibrated=False)).plan(step)
+    assert phase.prefill.prefix_len == 60 and phase.prefill.prefix_tokens == 60
+    assert phase.predicted_prefill_s == pytest.approx(60 / 2000.0 + 0.02)  # + the activation
+    from flows.planning.scaling import plan_generation
+    decode_only = plan_generation(IDS, phase.predicted, group_size=4, prompt_lengths=step.prompt_lengths,
+                                  settings=settings, prefill_tokens=60)
+    assert phase.plan.predicted_time_s == pytest.approx(decode_only.predicted_time_s + 33 / 2000.0)

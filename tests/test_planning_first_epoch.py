@@ -5,6 +5,7 @@ import json
 import math
 import random
 
+import numpy as np
 import pytest
 
 from flows.planning import first_epoch as fe
@@ -144,3 +145,37 @@ def test_history_keeps_prompt_lengths_through_json():
     assert again == h and again.prompt_lengths == {3: 120.0}
     old = {"observations": {"3": [[0, 9.0]]}, "references": {"3": 4.0}}  # written before the field
     assert LengthHistory.from_dict(old).fit_observations() == ([4.0], [None], [9.0])
+
+
+def test_censored_moments_are_the_truncated_normal_ones():
+    # Y ~ N(0.2, 0.8^2) above 0.6: a = 0.5, lambda = phi(0.5) / (1 - Phi(0.5)) = 1.14108
+    from statistics import NormalDist
+
+    lam = NormalDist().pdf(0.5) / (1 - NormalDist().cdf(0.5))
+    mean, var = fe._censored_moments(np.array([0.2]), 0.8, 0.6)
+    assert mean[0] == pytest.approx(0.2 + 0.8 * lam, rel=1e-12)
+    assert var[0] == pytest.approx(0.64 * (1 + 0.5 * lam - lam * lam), rel=1e-12)
+    # against a direct sum over a fine grid of the density above the cap
+    grid = np.linspace(0.6, 0.2 + 12 * 0.8, 200_001)
+    w = np.exp(-0.5 * ((grid - 0.2) / 0.8) ** 2)
+    m = float((grid * w).sum() / w.sum())
+    assert mean[0] == pytest.approx(m, rel=1e-4)
+    assert var[0] == pytest.approx(float(((grid - m) ** 2 * w).sum() / w.sum()), rel=1e-3)
+
+
+@pytest.mark.parametrize("cap, share", [(1500.0, 0.6), (4000.0, 0.2)])
+def test_heavy_censoring_keeps_slope_and_spread(cap, share):
+    """The M-step counts the censored groups' conditional variance: without it the spread,
+    and then the slope, shrink as more groups reach the cap (0.76 and 0.31 here instead of
+    1 and 0.5 at two thirds censored)."""
+    rows = planted(2000, 4, 1.0, 0.0, 0.5, scale=10.0, cap=cap)
+    assert sum(top >= cap for _, _, top in rows) / len(rows) > share
+    fit = fit_rows(rows, cap=cap)
+    assert fit.slope_ref == pytest.approx(1.0, abs=0.05)
+    assert fit.slope_prompt == pytest.approx(0.0, abs=0.05)
+    assert fit.sd == pytest.approx(0.5, abs=0.03)
+    # the chance of reaching the cap follows: here for a reference of 150 tokens (median 1500)
+    mu = fit.intercept + fit.slope_ref * (math.log(150) - fit.mean_ref)
+    p_cap = 0.5 * math.erfc((math.log(cap) - mu) / fit.sd / math.sqrt(2.0))
+    true = 0.5 * math.erfc((math.log(cap) - math.log(1500)) / 0.5 / math.sqrt(2.0))
+    assert p_cap == pytest.approx(true, abs=0.05)

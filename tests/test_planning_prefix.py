@@ -2,8 +2,13 @@
 
 import pytest
 
-from flows.planning.prefix import (choose_prefix_len, count_unique_prefixes, plan_prefill,
-                                   prefill_action_pays, prefix_hash)
+from flows.planning.prefix import (
+    choose_prefix_len,
+    count_unique_prefixes,
+    plan_prefill,
+    prefill_action_pays,
+    prefix_hash,
+)
 
 # two templates (1,2,3,...) and (9,9,...) shared by several prompts
 PROMPTS = {
@@ -39,11 +44,15 @@ def test_prefill_plan_token_accounting():
     assert sorted(plan.groups.values()) == [(0, 1), (2,), (3, 4)]
     assert plan.groups[prefix_hash([1, 2, 3, 4])] == (0, 1)
     total_len = 6 + 6 + 4 + 5 + 7  # 28 prompt tokens
-    assert plan.tokens_total == 28 * 3
+    assert plan.tokens_total == total_len * 3
     # unique prefixes 4 + 4 + 4 tokens; suffixes 2 + 2 + 0 + 1 + 3
     assert plan.tokens_computed == 12 + 8
     assert plan.tokens_saved == 84 - 20
     assert plan.to_dict()["tokens_saved"] == 64
+    # the prefill action computes the unique prefixes only; each generation action the
+    # suffixes of its own prompts (actions/prefill.py, actions/generate.py)
+    assert plan.prefix_tokens == 12 and plan.to_dict()["prefix_tokens"] == 12
+    assert [plan.suffix_tokens(len(p)) for p in PROMPTS.values()] == [2, 2, 0, 1, 3]
 
 
 def test_no_dedup_when_capacity_too_small():
@@ -51,6 +60,7 @@ def test_no_dedup_when_capacity_too_small():
     assert plan.prefix_len is None and plan.groups == {}
     assert plan.tokens_computed == 28  # each prompt once: the group still shares it
     assert plan.tokens_saved == 28
+    assert plan.prefix_tokens == 0 and plan.suffix_tokens(6) == 6  # no action: the whole prompt
 
 
 def test_bad_input():

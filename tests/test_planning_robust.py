@@ -1,5 +1,6 @@
 """Planning for prediction error: the robust tail per actor, striped candidates, the budget."""
 
+import dataclasses
 import math
 import random
 
@@ -9,9 +10,9 @@ import pytest
 from flows.planning.assignment import assign_round_robin, rank_prompts
 from flows.planning.cost import DecodeEstimator, decode_time
 from flows.planning.plan import ClusterSpec
-from flows.planning.settings import PlannerSettings
 from flows.planning.robust import MeasuredError, TailModel, held_budget, striped_layout, tail_stress
 from flows.planning.scaling import plan_generation
+from flows.planning.settings import PlannerSettings
 from flows.planning.timeline import evaluate_candidate, prefill_seconds
 from flows.planning.tpot import GPUS, MODELS, roofline_profile
 
@@ -139,6 +140,16 @@ def test_tail_model_target_is_the_quantile_of_the_slice_longest_observed_group(s
     assert all(h >= t for h, t in zip(high.contiguous([0, 40], [12, 96]), targets[[1, 3]]))
 
 
+def test_tail_model_targets_the_cap_where_every_group_runs_past_it():
+    # 300 and 60 tokens, observed at least e^2 = 7.4x longer: both pass the 400-token cap
+    # whatever the draw, so every slice's longest group is at the cap (the grid has no width)
+    model = TailModel([300.0, 60.0], MeasuredError((2.0, 2.5), 400.0, 0.5))
+    assert model.contiguous([0, 1, 0], [1, 2, 2]) == pytest.approx([400.0] * 3, rel=1e-6)
+    # one group, one error: the grid is the one point the group is observed at
+    assert TailModel([115.0], MeasuredError((-1.0,), 400.0, 0.5)).contiguous([0], [1]) == pytest.approx(
+        [115.0 * math.exp(-1.0)])
+
+
 def test_tail_model_layouts_time_the_same_groups():
     rnd = random.Random(5)
     lengths = sorted((rnd.uniform(50, 1500) for _ in range(50)), reverse=True)
@@ -181,8 +192,10 @@ def test_exact_predictions_stress_nothing_and_larger_errors_stretch_more(seed):
 
 
 def test_feasibility_is_checked_on_the_point_estimate():
-    """Actor 1's stressed tail running past actor 0 says nothing of its transfers (co-located
-    here: none), so the plan stays feasible when its point estimate ends within actor 0's."""
-    assert evaluate_candidate([1.0, 3.0], [100.0, 100.0], CLUSTER, 0.5)[2]
-    t, gs, reason = evaluate_candidate([1.0, 3.0], [100.0, 100.0], CLUSTER, 0.5, [1.0, 0.8])
-    assert not reason and (t, gs) == evaluate_candidate([1.0, 3.0], [100.0, 100.0], CLUSTER, 0.5)[:2]
+    """Actor 1's stressed tail running past actor 0 says nothing of whether its transfers (a
+    remote actor here: the weights and its prompts' KV) hide behind actor 0's work, so the plan
+    stays feasible when its point estimate ends within actor 0's."""
+    remote = dataclasses.replace(CLUSTER, colocated_actors=1)
+    assert evaluate_candidate([1.0, 3.0], [100.0, 100.0], remote, 0.5)[2]
+    t, gs, reason = evaluate_candidate([1.0, 3.0], [100.0, 100.0], remote, 0.5, [1.0, 0.8])
+    assert not reason and (t, gs) == evaluate_candidate([1.0, 3.0], [100.0, 100.0], remote, 0.5)[:2]

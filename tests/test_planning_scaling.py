@@ -1,14 +1,15 @@
 """Cost-aware actor scaling and the feasibility check (paper §3.5-3.6)."""
 
 import math
+from dataclasses import replace
 import textwrap
 
 import pytest
 
 from flows.planning.plan import ClusterSpec, GenerationPlan
-from flows.planning.tpot import TpotProfile
 from flows.planning.scaling import plan_generation as _plan_generation
 from flows.planning.settings import PlannerSettings
+from flows.planning.tpot import TpotProfile
 
 
 def plan_generation(ids, predicted, *, group_size, prompt_lengths, prefill_tokens=None, **settings):
@@ -261,3 +262,40 @@ def test_colocated_actors_start_with_actor_zero():
     assert actor_start(4, local, 0.5, 100.0).transfer_s > 0
     with pytest.raises(ValueError, match="colocated_actors"):
         ClusterSpec(gpus_per_actor=2, max_actors=10, num_prefill_gpus=8, colocated_actors=5)
+
+
+def test_prompt_suffixes_are_timed_on_the_generation_actions_that_prefill_them():
+    """After a dedup prefill each action prefills its own prompts' suffixes before decoding
+    (``PlannerSettings.own_prefill_tokens``): 1e4 tokens per prompt at 1e6 tokens/s is 10 ms,
+    so an actor of k prompts ends k x 10 ms later and every plan bills 12 x 10 ms x 2 GPUs more."""
+    own = {p: 10_000 for p in IDS}
+    for objective in ("paper", "value"):  # equal slices; then sized, striped and round-robin ones too
+        base = _plan(objective=objective, profile=FLAT)
+        plus = _plan(objective=objective, profile=FLAT, own_prefill_tokens=own)
+        for a, b in zip(base.candidates, plus.candidates):
+            assert (a.n, a.kind) == (b.n, b.kind)
+            if a.kind == "sized":  # slices sized on the new ends may differ
+                continue
+            assert b.gpu_seconds == pytest.approx(a.gpu_seconds + 12 * 0.01 * 2), (a.n, a.kind)
+            if a.kind == "ranked":  # equal slices: the largest holds ceil(12 / N) prompts
+                assert b.time_s == pytest.approx(a.time_s + math.ceil(12 / a.n) * 0.01), a.n
+
+
+def test_only_a_start_to_hide_makes_a_plan_infeasible():
+    """§3.6 asks whether an actor's weight/KV transfers and cold start hide behind actor 0's
+    prefill + decode. A co-located actor, or a warm remote one with nothing to receive, has
+    none: a longer decode there is a slower plan (the objective weighs it), not an infeasible one."""
+    from flows.planning.timeline import evaluate_candidate
+
+    decode, tokens = [1.0, 5.0, 5.0], [100.0, 100.0, 100.0]
+    shared = ClusterSpec(gpus_per_actor=2, max_actors=8, num_prefill_gpus=8, colocated_actors=4)
+    assert evaluate_candidate(decode, tokens, shared, 0.5)[2] == ""  # all three on the learner's GPUs
+    remote = ClusterSpec(gpus_per_actor=2, max_actors=8)  # warm, no weights, no KV: no start
+    assert evaluate_candidate(decode, tokens, remote, 0.5)[2] == ""
+    sending = ClusterSpec(gpus_per_actor=2, max_actors=8, weight_bytes=1e8, transfer_bandwidth_bytes_per_s=1e9)
+    assert evaluate_candidate(decode, tokens, sending, 0.5)[2].startswith("actor 1:")  # 0.1 s + 5 s > 1.5 s
+    assert evaluate_candidate([5.0, 1.0, 1.0], tokens, sending, 0.5)[2] == ""  # hidden behind actor 0
+    # a plan that splits the given order (contiguous: the longest prompts need not come first)
+    # keeps every N with its actors on the learner's GPUs
+    plan = _plan(assignment="contiguous", cluster=replace(shared, max_actors=100), n_max=4)
+    assert all(c.feasible for c in plan.candidates)

@@ -6,13 +6,13 @@ import math
 from pathlib import Path
 
 import pytest
+from sim_cluster import qwen_cluster
 
 from flows.planning.tpot import GPUS, MODELS, TpotProfile
 from flows.simulate.cli import main
 from flows.simulate.cluster import ActorSpec, Sample, SimConfig, simulate_phase
 from flows.simulate.policies import make_plan, parse_policy
-from flows.simulate.replay import PromptRow, TraceStep, measured_error, read_trace, replay, run_step
-from sim_cluster import qwen_cluster
+from flows.simulate.replay import PromptRow, TraceStep, measured_error, read_trace, replay, run_step, step_predictions
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 FLAT = TpotProfile((1, 1000), (0.0, 10000.0), ((0.01, 0.01), (0.01, 0.01)), 1e4)
@@ -22,12 +22,15 @@ QWEN = MODELS["qwen2.5-7b"]
 _model = qwen_cluster
 
 
+CAP = 1000  # the generation cap _step's trace states
+
+
 def _step() -> TraceStep:
     """32 prompts of 4 samples; prompt 5 is predicted short but runs very long."""
     rows = [PromptRow(i, 100 + i, 40 + 10 * i, tuple(40 + 10 * i + d for d in (0, 5, 9, 13)))
             for i in range(32)]
     rows[5] = PromptRow(5, 105, 20, (20, 25, 900, 950))
-    return TraceStep(0, 0, tuple(rows))
+    return TraceStep(0, 0, tuple(rows), max_new_tokens=CAP)
 
 
 def _check_conservation(samples):
@@ -107,6 +110,32 @@ def test_continuation_reuses_released_container_and_is_not_cut_again():
     _check_conservation(done)
 
 
+def test_actor_with_kv_in_flight_is_not_cut_and_every_sample_finishes():
+    # flat 10 ms/token, KV at 0.1 s/token, cut at half. At 0.01 s actor 0 (1, 1, 50 tokens) is
+    # cut and its 50-token sample (1 token of context) moves to actor 1, the most free; its KV
+    # lands at 0.11 s. Actor 1 (1, 1, 1, 300) has reached its cut point too but is not cut
+    # while that KV is in flight (a cut moves live rows only: the arriving one would be lost).
+    # At 0.11 s its two rows find one free slot (actor 2): the cut waits. The moved sample ends
+    # at 0.11 + 0.49 = 0.60 s; actor 1 is cut, its 300-token row (60 decoded) reaches actor 2
+    # at 0.60 + 6.0 s and ends at 9.0 s; actor 2's 1000-token row ends the phase at 10 s.
+    a = (Sample(0, 0, 0, 1), Sample(1, 0, 0, 1), Sample(2, 0, 0, 50))
+    b = (Sample(3, 1, 0, 1), Sample(4, 1, 0, 1), Sample(5, 1, 0, 1), Sample(6, 1, 0, 300))
+    c = (Sample(7, 2, 0, 1), Sample(8, 2, 0, 1000))
+    cfg = SimConfig(profile=FLAT, gpus_per_actor=1, cut_threshold=0.5, migration="kv",
+                    kv_transfer_s_per_token=0.1)
+    res, done = simulate_phase([ActorSpec(a, 0.0, 0.0), ActorSpec(b, 0.0, 0.0),
+                                ActorSpec(c, 0.0, 0.0, cuttable=False)], cfg)
+    _check_conservation(done)
+    assert done[2].segments == [(0, 1.0), (1, 49.0)] and done[6].segments == [(1, 60.0), (2, 240.0)]
+    assert res.num_cut == 2 and res.release_s == pytest.approx((0.01, 0.60, 10.0))
+
+
+def test_a_lost_sample_raises():
+    from flows.simulate.cluster import _check_all_finished
+    with pytest.raises(AssertionError, match="1 samples not finished"):
+        _check_all_finished([Sample(0, 0, 0, 10, decoded=10.0), Sample(1, 0, 0, 10, decoded=2.0)])
+
+
 def test_shared_processors_slow_concurrent_actors():
     # two actors of 100 tokens at a flat 10 ms on one shared processor: each decodes at half
     # speed while both run, so the phase takes 2 s instead of 1 s; on two processors, 1 s
@@ -170,7 +199,7 @@ def _write_trace(path: Path) -> None:
         for row in _step().prompts:
             lines.append(json.dumps({"epoch": epoch, "step": epoch, "prompt_id": row.prompt_id,
                                      "prompt_len": row.prompt_len, "answer_len": row.answer_len,
-                                     "response_lens": list(row.response_lens)}))
+                                     "response_lens": list(row.response_lens), "max_new_tokens": CAP}))
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -253,7 +282,7 @@ def test_cli_malformed_line(tmp_path, capsys):
                     reason=f"shared traces not found at {TRACES}")
 def test_oracle_no_slower_than_rlhfless_on_trace():
     steps = read_trace(TRACES / "gsm8k.jsonl")[:6]
-    runs = replay(steps, ["rlhfless", "oracle"], _model(num_nodes=20, n_max=64))
+    runs = replay(steps, ["rlhfless", "oracle"], _model(num_nodes=20, n_max=64), max_new_tokens=2048)
     total = {name: run.summary()["total_time_s"] for name, run in runs.items()}
     assert total["oracle"] <= total["rlhfless"] * 1.001
 
@@ -261,6 +290,7 @@ def test_oracle_no_slower_than_rlhfless_on_trace():
 def test_default_budget_objective_does_not_cut_and_stays_within_static3():
     """Default settings: no cut-and-migrate, and on a synthetic trace of long, mispredicted
     answers the plan bills no more than static:3 at no more than 1.02x its time."""
+    from benchmarks.make_traces import CAP as TRACE_CAP
     from benchmarks.make_traces import make_trace
 
     rows = [r for r in make_trace("capheavy", 0) if r["epoch"] == 0 and r["step"] < 2]
@@ -268,7 +298,7 @@ def test_default_budget_objective_does_not_cut_and_stays_within_static3():
     for r in rows:
         by_step.setdefault(r["step"], []).append(PromptRow(r["prompt_id"], r["prompt_len"], r["answer_len"],
                                                            tuple(r["response_lens"])))
-    steps = [TraceStep(0, k, tuple(v)) for k, v in sorted(by_step.items())]
+    steps = [TraceStep(0, k, tuple(v), TRACE_CAP) for k, v in sorted(by_step.items())]
     model = _model(num_nodes=20, n_max=64, colocated_actors=None)
     runs = replay(steps, ["static:3", "rlhfless"], model)
     base, ours = runs["static:3"].summary(), runs["rlhfless"].summary()
@@ -298,20 +328,54 @@ def test_learner_phases_lengthen_every_step_and_bill_only_held_actors():
 
 def test_replay_caps_predictions_at_the_generation_cap():
     # epoch 0 predicts from reference answers; references far beyond what generation can
-    # produce plan exactly as references at the cap do (the trace's longest response)
+    # produce plan exactly as references at the cap do (the cap the trace states)
     step = _step()
-    cap = max(x for r in step.prompts for x in r.response_lens)
-    huge = TraceStep(0, 0, tuple(PromptRow(r.prompt_id, r.prompt_len, 100 * cap, r.response_lens)
-                                 for r in step.prompts))
-    at_cap = TraceStep(0, 0, tuple(PromptRow(r.prompt_id, r.prompt_len, cap, r.response_lens)
-                                   for r in step.prompts))
+    huge = dataclasses.replace(step, prompts=tuple(dataclasses.replace(r, answer_len=100 * CAP)
+                                                   for r in step.prompts))
+    at_cap = dataclasses.replace(step, prompts=tuple(dataclasses.replace(r, answer_len=CAP)
+                                                     for r in step.prompts))
     a = replay([huge], ["no-scale:4"], _model())["no-scale:4"].steps[0]
     b = replay([at_cap], ["no-scale:4"], _model())["no-scale:4"].steps[0]
     assert (a.time_s, a.gpu_seconds) == (b.time_s, b.gpu_seconds)
     # (one co-located actor: the other three pay transfers, which the longer predictions move)
-    c = replay([huge], ["no-scale:4"], _model(colocated_actors=1), max_new_tokens=10 * cap)["no-scale:4"].steps[0]
+    unstated = dataclasses.replace(huge, max_new_tokens=None)
+    c = replay([unstated], ["no-scale:4"], _model(colocated_actors=1), max_new_tokens=10 * CAP)["no-scale:4"]
     a = replay([huge], ["no-scale:4"], _model(colocated_actors=1))["no-scale:4"].steps[0]
-    assert (c.time_s, c.gpu_seconds) != (a.time_s, a.gpu_seconds)
+    assert (c.steps[0].time_s, c.steps[0].gpu_seconds) != (a.time_s, a.gpu_seconds)
+
+
+def test_the_cap_is_stated_or_given_never_read_off_the_lengths(tmp_path, capsys):
+    # the trace's longest response is known only after its last step: a step's predictions
+    # must not change with the steps after it (here the 310-token response of step 1 capped
+    # step 0's 1000-token reference prediction at 310)
+    rows0 = (PromptRow(1, 50, 1000, (120, 130)), PromptRow(2, 50, 200, (90, 100)))
+    steps = [TraceStep(0, 0, rows0), TraceStep(0, 1, (PromptRow(3, 50, 900, (300, 310)),))]
+    with pytest.raises(ValueError, match="states no generation cap"):
+        list(step_predictions(steps, _model()))
+    full = next(step_predictions(steps, _model(), max_new_tokens=2048))[1]
+    alone = next(step_predictions(steps[:1], _model(), max_new_tokens=2048))[1]
+    assert full == alone and full[1] > 310
+    with pytest.raises(ValueError, match="a 310-token response"):
+        replay(steps, ["static:3"], _model(), max_new_tokens=200)
+    # a cap the trace states is used, and a different one given is refused
+    stated = [dataclasses.replace(s, max_new_tokens=512) for s in steps]
+    assert next(step_predictions(stated, _model()))[1][1] == 512.0
+    with pytest.raises(ValueError, match="the trace states"):
+        replay(stated, ["static:3"], _model(), max_new_tokens=2048)
+    # the CLI: a trace that states none needs --max-new-tokens
+    trace = tmp_path / "t.jsonl"
+    _write_trace(trace)
+    trace.write_text(trace.read_text().replace(f', "max_new_tokens": {CAP}', ""))
+    assert main(["--trace", str(trace), "--policy", "static:3", "--nodes", "2"]) == 2
+    assert "--max-new-tokens" in capsys.readouterr().err
+    assert main(["--trace", str(trace), "--policy", "static:3", "--nodes", "2", "--max-new-tokens", "1000"]) == 0
+    # every line that states a cap states the same one
+    _write_trace(trace)
+    text = trace.read_text()
+    last = text.rindex(f'"max_new_tokens": {CAP}')
+    trace.write_text(text[:last] + text[last:].replace(str(CAP), "7", 1))
+    with pytest.raises(ValueError, match=f"max_new_tokens=7, but an earlier line says {CAP}"):
+        read_trace(trace)
 
 
 def test_measured_error_covers_the_last_steps_only():
@@ -407,8 +471,8 @@ def _cut_pair():
 
 def test_live_continuation_waits_for_the_last_pending_action_that_can_be_cut():
     # window 1 s, actor 1 has a cut point (cuttable): the flow submits the continuation when
-    # actor 1 returns (0.5 s), not at the cut; it starts 0.1 s (submission) + 0.02 s (round-trip wait) later, does 0.05 s + 40
-    # re-prefilled tokens x 1 ms of start-up work (0.09 s), then decodes the longest
+    # actor 1 returns (0.5 s), not at the cut; it starts 0.1 s (submission) + 0.02 s (round-trip
+    # wait) later, does 0.05 s + 40 re-prefilled tokens x 1 ms of start-up work (0.09 s), then decodes the longest
     # straggler's last 380 tokens: 0.5 + 0.12 + 0.09 + 3.8
     cfg = _live(submit_s=0.1, activation_latency_s=0.02, continuation_work_s=0.05,
                 continuation_work_s_per_token=0.001)

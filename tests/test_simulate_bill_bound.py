@@ -6,16 +6,19 @@ import math
 import random
 
 import pytest
+from sim_cluster import qwen_cluster
 
 from flows.planning.tpot import CPU_TINY_PROFILE, GPUS, MODELS, roofline_profile
-from flows.simulate.bill_bound import (capped_time_floor, serverful_time_floor, serverless_bill_floor,
-                                       step_terms, tpot_envelope)
+from flows.simulate.bill_bound import (
+    capped_time_floor,
+    serverful_time_floor,
+    serverless_bill_floor,
+    step_terms,
+    tpot_envelope,
+)
 from flows.simulate.bound import phase_floor
 from flows.simulate.policies import parse_policy
 from flows.simulate.replay import PromptRow, TraceStep, replay
-from sim_cluster import qwen_cluster
-
-
 
 _model = qwen_cluster
 
@@ -78,7 +81,7 @@ def _random_steps(rng: random.Random) -> list[TraceStep]:
         rows = tuple(PromptRow(10 * k + i, rng.randint(10, 600), rng.randint(1, 400),
                                tuple(rng.randint(1, 400) for _ in range(rng.randint(1, 4))))
                      for i in range(rng.randint(1, 8)))
-        steps.append(TraceStep(0, k, rows))
+        steps.append(TraceStep(0, k, rows, max_new_tokens=400))  # the lengths' cap
     return steps
 
 

@@ -5,12 +5,12 @@ import dataclasses
 import random
 
 import pytest
+from sim_cluster import qwen_cluster
 
 from flows.planning.tpot import GPUS, MODELS, TpotProfile, roofline_profile
 from flows.simulate.bound import PhaseFloor, max_speedup, phase_floor
 from flows.simulate.policies import parse_policy
 from flows.simulate.replay import PromptRow, TraceStep, replay
-from sim_cluster import qwen_cluster
 
 FLAT = TpotProfile((1, 1000), (0.0, 10000.0), ((0.01, 0.01), (0.01, 0.01)), 1e4)
 
@@ -33,7 +33,7 @@ def test_floor_by_hand_on_a_flat_profile():
 
 @pytest.mark.parametrize("policy", ["static:1", "rlhfless", "round-robin:1"])
 def test_floor_is_the_replay_when_one_sample_is_the_step(policy):
-    step = TraceStep(0, 0, (PromptRow(7, 321, 400, (1500,)),))
+    step = TraceStep(0, 0, (PromptRow(7, 321, 400, (1500,)),), max_new_tokens=2048)
     model = _model()
     gen = replay([step], [policy], model)[policy].steps[0].gen_time_s
     floor = phase_floor(step, model)
@@ -45,7 +45,7 @@ def test_floor_is_the_replay_when_one_sample_is_the_step(policy):
 
 def _random_steps(rng: random.Random) -> list[TraceStep]:
     """Two epochs of the same 1-3 steps (so later predictions come from history) of 1-6
-    prompts of 1-4 samples, lengths 1-400, prompts 10-600 tokens."""
+    prompts of 1-4 samples, lengths 1-400 (the cap they state), prompts 10-600 tokens."""
     shapes = [[(rng.randint(10, 600), rng.randint(1, 4)) for _ in range(rng.randint(1, 6))]
               for _ in range(rng.randint(1, 3))]
     steps, pid = [], 0
@@ -58,7 +58,7 @@ def _random_steps(rng: random.Random) -> list[TraceStep]:
                 lens = tuple(max(1, min(400, int(mean * rng.uniform(0.3, 1.7)))) for _ in range(n))
                 rows.append(PromptRow(pid, prompt_len, rng.randint(1, 400), lens))
                 pid += 1
-            steps.append(TraceStep(epoch, epoch * len(shapes) + k, tuple(rows)))
+            steps.append(TraceStep(epoch, epoch * len(shapes) + k, tuple(rows), max_new_tokens=400))
     return steps
 
 
@@ -126,15 +126,15 @@ def test_bench_reach_brackets_what_plans_reach_within_the_bill(capsys):
     # two steps of the capheavy trace: the best plan within static:3's bill (real plans, made
     # from exact or predicted lengths) is at least static:3 and at most the critical-path bound
     from benchmarks.bench_simulator import best_within_bill, default_model, reach
+    from benchmarks.make_traces import CAP, make_trace
     from flows.simulate.cli import bound_report
-    from benchmarks.make_traces import make_trace
 
     by_step: dict[int, list[PromptRow]] = {}
     for r in make_trace("capheavy", 0):
         if r["epoch"] == 0 and r["step"] < 2:
             by_step.setdefault(r["step"], []).append(PromptRow(r["prompt_id"], r["prompt_len"],
                                                                r["answer_len"], tuple(r["response_lens"])))
-    steps = [TraceStep(0, k, tuple(v)) for k, v in sorted(by_step.items())]
+    steps = [TraceStep(0, k, tuple(v), CAP) for k, v in sorted(by_step.items())]
     model = default_model()
     run = replay(steps, ["static:3"], model)["static:3"]
     r = bound_report(steps, {"static:3": run}, model)

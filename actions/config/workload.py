@@ -235,6 +235,10 @@ class GenerationConfig(_Section):
     1.0: off (1.0 is read as None)."""
     engine: Literal["torch", "vllm"] = "torch"
     dedup_prefill: bool = True
+    """Compute shared prompt prefill once: a group's prompt inside each generation action (the
+    torch engine; vLLM's prefix cache always does), and prefixes shared across prompts in the
+    separate prefill action where ``prefill_action`` runs it. Off: no prefill action runs, and
+    the planner times none (no prefill phase, no prefix KV sent to the actions)."""
     assignment: Literal["ranked", "round_robin"] = "ranked"
     cut_threshold: float | None = Field(0.7, gt=0, le=1)
     """tau: an action stops once this fraction of its samples finished (None: never cut). Only

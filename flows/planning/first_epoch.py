@@ -9,10 +9,16 @@ seen, as the first steps of epoch 0 arrive, and refined every step:
   paper's rule (``b = 1``, ``c = 0``) by ``PRIOR_WEIGHT`` pseudo-observations, so a small or
   uninformative sample stays close to "reference length times a scale", and a feature that
   carries no signal (prompt length on every trace measured) barely moves the ranking.
-- Cap (``max_new_tokens``): a group that reached it is censored (its uncapped length is at
-  least the cap). Censored targets are replaced by their expectation under the current fit
-  (the truncated-normal mean) and the fit repeated, a few EM passes of a Tobit regression, so
-  that the slope and the spread are not flattened by the cap.
+- Cap (``max_new_tokens``): a group that reached it is censored (its uncapped log length
+  ``Y`` is at least ``log cap``). The fit is a Tobit regression by EM: the E-step takes, under
+  the current fit ``Y ~ N(mu, s^2)``, with ``a = (log cap - mu) / s`` and the inverse Mills
+  ratio ``lambda = phi(a) / (1 - Phi(a))``, the conditional mean ``E[Y | Y >= log cap] = mu +
+  s lambda`` and variance ``Var[Y | Y >= log cap] = s^2 (1 + a lambda - lambda^2)``; the M-step
+  regresses the conditional means (the slopes: the variance does not depend on them) and sets
+  ``s^2`` to the mean expected squared residual, ``(E[Y] - mu')^2 + Var[Y]`` for a censored
+  group. Without the variance term the spread, and with it the slope, shrink as more groups
+  reach the cap. The passes stop when the fit moves less than ``EM_TOLERANCE`` (at most
+  ``EM_PASSES``).
 - Prediction: the ``BASE_QUANTILE`` quantile ``exp(mu + z_q s)`` (the upper quartile), not
   the median. An actor's time is set by the longest of its groups, and among a slice's groups,
   each uncertain, the longest runs above its own median; the median under-estimates the phase
@@ -48,7 +54,10 @@ CAP_MASS = 0.25
 CAP_QUANTILE = 0.9
 BASE_QUANTILE = 0.75
 """Quantile of the fitted distribution predicted for a group (module docstring)."""
-EM_PASSES = 4
+EM_PASSES = 200
+"""Most EM passes (with heavy censoring EM converges slowly: ~60 passes at 65% censored)."""
+EM_TOLERANCE = 1e-6
+"""EM stops once no parameter (slopes, intercept, log spread) moves by more than this."""
 
 
 @dataclass(frozen=True)
@@ -109,19 +118,29 @@ def fit_lengths(reference_lengths: Sequence[float], prompt_lengths: Sequence[flo
     observed = np.log(top)
     log_cap = math.log(cap) if cap else math.inf
     censored = np.flatnonzero(observed >= log_cap)
-    y = observed.copy()
+    y = observed.copy()  # E[Y]: censored groups start at the cap
+    spread = 0.0  # sum of the censored groups' Var[Y | Y >= log cap]
     fit = None
     for _ in range(EM_PASSES if len(censored) else 1):
+        # M-step (module docstring): slopes on the conditional means, spread with their variance
         my = float(y.mean())
         b, c = _solve(sxx, sxz, szz, float(cx @ (y - my)), float(cz @ (y - my)), sxx / n, szz / n,
                       PRIOR_WEIGHT)
         resid = y - my - b * cx - c * cz
-        sd = max(1e-3, math.sqrt(float(resid @ resid) / max(1, n - 3)))
-        fit = LengthFit(my, b, c, mx, mz, sd, n)
-        # E-step: a censored target's expectation given that it is at least the cap.
-        mu = my + b * cx[censored] + c * cz[censored]
-        y[censored] = [_truncated_mean(m, sd, log_cap) for m in mu.tolist()]
+        sd = max(1e-3, math.sqrt((float(resid @ resid) + spread) / max(1, n - 3)))
+        last, fit = fit, LengthFit(my, b, c, mx, mz, sd, n)
+        if last is not None and _moved(last, fit) < EM_TOLERANCE:
+            break
+        # E-step: the censored groups' conditional mean and variance under this fit
+        mean, var = _censored_moments(my + b * cx[censored] + c * cz[censored], sd, log_cap)
+        y[censored], spread = mean, float(var.sum())
     return fit
+
+
+def _moved(a: LengthFit, b: LengthFit) -> float:
+    """Largest change of a fitted parameter between two EM passes (log spread for the spread)."""
+    return max(abs(a.intercept - b.intercept), abs(a.slope_ref - b.slope_ref),
+               abs(a.slope_prompt - b.slope_prompt), abs(math.log(a.sd / b.sd)))
 
 
 @lru_cache(maxsize=8)
@@ -134,13 +153,20 @@ def _mu(fit: LengthFit, x: float, z: float) -> float:
     return fit.intercept + fit.slope_ref * (x - fit.mean_ref) + fit.slope_prompt * (z - fit.mean_prompt)
 
 
-def _truncated_mean(mu: float, sd: float, lower: float) -> float:
-    """E[Y | Y >= lower] for Y ~ N(mu, sd^2) (inverse Mills ratio)."""
+def _censored_moments(mu: np.ndarray, sd: float, lower: float) -> tuple[np.ndarray, np.ndarray]:
+    """E[Y | Y >= lower] and Var[Y | Y >= lower] for Y ~ N(mu, sd^2), elementwise: with
+    ``a = (lower - mu) / sd`` and ``lambda = phi(a) / (1 - Phi(a))``, ``mu + sd lambda`` and
+    ``sd^2 (1 + a lambda - lambda^2)``. Where the tail is below 1e-12 (a > 7) the group is
+    taken at ``lower`` with no spread (the moments' limits, which the formulas cannot reach in
+    floating point)."""
     a = (lower - mu) / sd
-    tail = 0.5 * math.erfc(a / math.sqrt(2.0))  # 1 - Phi(a), accurate far in the tail
-    if tail < 1e-12:
-        return lower
-    return mu + sd * math.exp(-0.5 * a * a) / math.sqrt(2.0 * math.pi) / tail
+    tail = 0.5 * np.array([math.erfc(v / math.sqrt(2.0)) for v in a.tolist()])  # 1 - Phi(a), accurate in the tail
+    far = tail < 1e-12
+    lam = np.exp(-0.5 * a * a) / math.sqrt(2.0 * math.pi) / np.where(far, 1.0, tail)
+    mean = np.where(far, lower, mu + sd * lam)
+    # 1 + a lambda - lambda^2 lies in (0, 1); clipped against rounding where lambda ~ a
+    var = np.where(far, 0.0, sd * sd * np.clip(1.0 + a * lam - lam * lam, 0.0, 1.0))
+    return mean, var
 
 
 def predict_group_max(fit: LengthFit, reference_length: float, prompt_length: float | None,

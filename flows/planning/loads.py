@@ -1,9 +1,10 @@
 """Per-actor loads of candidate plans: the ranking, its slices, and their predicted decode times.
 
 ``scaling.plan_generation`` times many candidate assignments per call. Each is reduced to a
-``Loads``: per actor, the decode seconds (``cost.DecodeEstimator``), the prompt tokens (which
-set its KV transfer, ``timeline.actor_start``), the longest predicted group length and the
-number of groups. Contiguous slices of the ranking (equal counts, budget-sized, or a striped
+``Loads``: per actor, the decode seconds (``cost.DecodeEstimator``, plus the prefill of the
+prompt suffixes the action computes itself after a dedup prefill, ``Env.own_s``), the prompt
+tokens (which set its KV transfer, ``timeline.actor_start``), the longest predicted group
+length and the number of groups. Contiguous slices of the ranking (equal counts, budget-sized, or a striped
 permutation of it) are timed in numpy sweeps, many plans at once; explicit assignments
 (round-robin, contiguous in the given order) group by group.
 
@@ -18,8 +19,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from flows.planning.assignment import (assign_contiguous, assign_ranked, assign_round_robin,
-                                       rank_prompts, split_sizes)
+from flows.planning.assignment import assign_contiguous, assign_ranked, assign_round_robin, rank_prompts, split_sizes
 from flows.planning.cost import DecodeEstimator
 from flows.planning.plan import ClusterSpec
 from flows.planning.timeline import actor_start, prefill_seconds
@@ -48,6 +48,9 @@ class Env:
 
     decode: DecodeEstimator
     prefill_s: float
+    own_s: Mapping[int, float]
+    """Prompt id -> seconds its generation action prefills before decoding (the prompt suffix
+    after the dedup prefix); empty: none (``PlannerSettings.own_prefill_tokens``)."""
 
 
 def sorted_lengths(pids: Sequence[int], predicted: Mapping[int, float]) -> list[float]:
@@ -61,7 +64,8 @@ def ranked_loads(ns: range, ranking: "Ranking", env: Env) -> list[Loads]:
     starts, sizes = equal_slices(ns, len(ranking.order))
     sums = np.asarray(ranking.token_sums)
     tokens = sums[starts + sizes] - sums[starts]
-    decode = env.decode.sweep(ranking.lengths, starts, starts + sizes, tokens / sizes)
+    decode = _with_own(env.decode.sweep(ranking.lengths, starts, starts + sizes, tokens / sizes),
+                       ranking.own_sums, starts, starts + sizes)
     tokens_l, out, j = tokens.tolist(), [], 0
     longest, sizes_l = np.asarray(ranking.lengths)[starts].tolist(), sizes.tolist()
     for count in ns:
@@ -97,7 +101,20 @@ def slice_loads(sizes: Sequence[int], ranking: "Ranking", env: Env,
     sums = np.concatenate(([0.0], np.cumsum(prompt)))
     tokens = sums[starts + sizes_a] - sums[starts]
     decode = env.decode.sweep(lengths, starts, starts + sizes_a, tokens / sizes_a)
+    own = ranking.own_sums
+    if own is not None and perm is not None:
+        own = np.concatenate(([0.0], np.cumsum(np.diff(np.asarray(own))[perm])))
+    decode = _with_own(decode, own, starts, starts + sizes_a)
     return Loads(decode, tokens.tolist(), lengths[starts].tolist(), sizes_a.tolist())
+
+
+def _with_own(decode: list[float], own_sums, starts, ends) -> list[float]:
+    """``decode`` plus each slice's own prefill seconds (prefix sums ``own_sums`` along the
+    ranking; None: none, ``decode`` unchanged)."""
+    if own_sums is None:
+        return decode
+    own = np.asarray(own_sums)
+    return (np.asarray(decode) + own[np.asarray(ends)] - own[np.asarray(starts)]).tolist()
 
 
 
@@ -109,7 +126,8 @@ def group_loads(groups: Sequence[Sequence[int]], predicted: Mapping[int, float],
     for pids in groups:
         tok = float(sum(prompt_lengths[p] for p in pids))
         lengths = sorted_lengths(pids, predicted)
-        decode.append(env.decode.time_desc(lengths, tok / len(pids)))
+        own = sum(env.own_s.get(p, 0.0) for p in pids) if env.own_s else 0.0
+        decode.append(env.decode.time_desc(lengths, tok / len(pids)) + own)
         tokens.append(tok)
         longest.append(lengths[0])
     return Loads(decode, tokens, longest, [len(g) for g in groups])
@@ -117,13 +135,18 @@ def group_loads(groups: Sequence[Sequence[int]], predicted: Mapping[int, float],
 
 def make_env(prompt_ids: Sequence[int], predicted: Mapping[int, float],
          prompt_lengths: Mapping[int, int], group_size: int, profile: TpotProfile,
-         cluster: ClusterSpec, prefill_tokens: float | None, max_groups: int) -> Env:
+         cluster: ClusterSpec, prefill_tokens: float | None, max_groups: int,
+         own_prefill_tokens: Mapping[int, int] | None = None) -> Env:
+    """The call's constants: ``prefill_tokens`` on the prefill action (default: every prompt),
+    ``own_prefill_tokens`` per prompt on its generation action (``PlannerSettings``)."""
     tokens = (float(sum(prompt_lengths[p] for p in prompt_ids)) if prefill_tokens is None
               else float(prefill_tokens))
     max_context = (max(prompt_lengths[p] for p in prompt_ids)
                    + max(predicted[p] for p in prompt_ids))
     decode = DecodeEstimator(profile, group_size, max_groups, max_context)
-    return Env(decode, prefill_seconds(tokens, profile, cluster))
+    rate = profile.prefill_tokens_per_s
+    own = {p: own_prefill_tokens.get(p, 0) / rate for p in prompt_ids} if own_prefill_tokens else {}
+    return Env(decode, prefill_seconds(tokens, profile, cluster), own)
 
 
 @dataclass(frozen=True)
@@ -131,15 +154,17 @@ class Ranking:
     order: list[int]
     token_sums: list[float]  # prefix sums of prompt tokens along the ranking
     lengths: list[float]  # predicted length along the ranking (non-increasing)
+    own_sums: list[float] | None = None  # prefix sums of Env.own_s along the ranking; None: none
 
 
 def make_ranking(prompt_ids: Sequence[int], predicted: Mapping[int, float],
-             prompt_lengths: Mapping[int, int]) -> Ranking:
+             prompt_lengths: Mapping[int, int], own_s: Mapping[int, float] | None = None) -> Ranking:
     order = rank_prompts(prompt_ids, predicted)
     sums = [0.0]
     for pid in order:
         sums.append(sums[-1] + prompt_lengths[pid])
-    return Ranking(order, sums, [float(predicted[p]) for p in order])
+    own = np.concatenate(([0.0], np.cumsum([own_s.get(p, 0.0) for p in order]))).tolist() if own_s else None
+    return Ranking(order, sums, [float(predicted[p]) for p in order], own)
 
 
 def candidate_loads(ns: range, prompt_ids: Sequence[int], ranking: Ranking, assignment: str,
@@ -222,7 +247,8 @@ def _slice_end(ranking: Ranking, env: Env, cluster: ClusterSpec, ends_from=None)
         if value is None:
             tokens = sums[j] - sums[i]
             ready = actor_start(actor, cluster, env.prefill_s, tokens).ready_s
-            value = memo[(actor, i, j)] = ready + timer(i, j, tokens / (j - i))
+            own = 0.0 if ranking.own_sums is None else ranking.own_sums[j] - ranking.own_sums[i]
+            value = memo[(actor, i, j)] = ready + timer(i, j, tokens / (j - i)) + own
         return value
     return timed
 
@@ -271,6 +297,7 @@ def slice_ends(ranking: Ranking, env: Env, cluster: ClusterSpec):
     last_cols = base + (0.5 * (lengths + 1.0) * inv).astype(np.int64)
     rows = np.arange(m)
     kv_per_token = cluster.kv_bytes_per_token / cluster.transfer_bandwidth_bytes_per_s
+    own = None if ranking.own_sums is None else np.asarray(ranking.own_sums, dtype=np.float64)
 
     decodes: dict[int, np.ndarray] = {}  # start -> decode time of every end; shared by all N
     rows_out: dict[tuple[float, int], list[float]] = {}  # (actor's zero-token ready, start)
@@ -289,6 +316,8 @@ def slice_ends(ranking: Ranking, env: Env, cluster: ClusterSpec):
             ready = ready0
             if not local:  # the slice's prompts' KV arrives after the prefill (timeline.actor_start)
                 ready = ready0 + kv_per_token * (sums[i + 1:] - sums[i])
+            if own is not None:  # the suffixes the action prefills itself
+                ready = ready + (own[i + 1:] - own[i])
             out = rows_out[key] = (ready + decode).tolist()
         return out
     return ends_from

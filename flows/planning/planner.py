@@ -32,12 +32,12 @@ from flows.planning.calibration import Calibration, calibrate
 from flows.planning.lengths import LengthHistory, predict_lengths
 from flows.planning.migrate import plan_cut_points_of
 from flows.planning.plan import ClusterSpec, GenerationPlan
-from flows.planning.settings import PlannerSettings
 from flows.planning.prefix import PrefillPlan, plan_prefill, prefill_action_pays
 from flows.planning.prewarm import prewarm_offset
 from flows.planning.record import PhaseObservation, StepRecord
 from flows.planning.robust import MeasuredError
 from flows.planning.scaling import plan_generation, strategy_of
+from flows.planning.settings import PlannerSettings
 from flows.planning.speculation import acceptance_rates, decode_speedup, running_speedup, speculative_profile
 from flows.planning.timeline import prefill_seconds
 from flows.planning.tpot import TpotProfile
@@ -103,6 +103,11 @@ class PlannerRules:
     """``generation.prefill_capacity`` with ``dedup_prefill``; None: no prefill plan."""
     prefill_action: str = "never"
     """``generation.prefill_action``: auto, always or never."""
+    full_prefill_action: bool = False
+    """True: where there is no dedup prefill plan, a prefill action still computes every
+    prompt in full and ships its KV (the simulator's model of the paper's prefill actor,
+    ``flows/simulate/policies.py``). False (the live flow, ``flows/step/flow.py``): no prefill
+    plan, no prefill action, so no prefill time is planned and no prefix KV travels."""
     speculative: bool = False
     """Decode times are divided by the measured speculation speed-up."""
     calibrated: bool = False
@@ -164,9 +169,12 @@ class Planner:
         profile = calibration.profile(base) if r.calibrated or calibration != Calibration() else base
         cluster = replace(r.settings.cluster, prefill_fixed_s=calibration.prefill_fixed_s)
         prefill, cluster = self._prefill(inputs, group_size, profile, cluster)
-        prefill_tokens = prefill.tokens_computed if prefill else sum(inputs.prompt_lengths[p] for p in ids)
+        # the prefill action computes the unique prefixes; each generation action then the
+        # suffixes of its own prompts, so the suffixes are timed on the actions, split as they are
+        prefill_tokens = prefill.prefix_tokens if prefill else sum(inputs.prompt_lengths[p] for p in ids)
+        own = {p: prefill.suffix_tokens(inputs.prompt_lengths[p]) for p in ids} if prefill else None
         settings = replace(r.settings, policy=self.strategy, profile=profile, cluster=cluster,
-                           tail_error=self.tail_error())
+                           tail_error=self.tail_error(), own_prefill_tokens=own)
         per_fanout = bool(calibration.by_actors) and self.strategy.times_fan_outs
         if per_fanout:  # each fan-out timed at the speed measured at it, relative to the profile's scale
             settings = replace(settings, decode_scale_by_n=tuple(
@@ -190,12 +198,16 @@ class Planner:
 
     def _prefill(self, inputs: PhaseInputs, group_size: int, profile: TpotProfile,
                  cluster: ClusterSpec) -> tuple[PrefillPlan | None, ClusterSpec]:
-        """The dedup prefill plan, and the cluster without a prefill action where it does not
-        pay (``generation.prefill_action``; ``auto`` asks ``prefix.prefill_action_pays`` with the
+        """The dedup prefill plan, and the cluster without a prefill action where there is no
+        plan (``PlannerRules.full_prefill_action`` aside) or it does not pay
+        (``generation.prefill_action``; ``auto`` asks ``prefix.prefill_action_pays`` with the
         profile's prefill rate and the action's measured fixed costs)."""
         r = self.rules
+        no_action = replace(cluster, prefill_action=False, kv_bytes_per_token=0.0)
         if r.prefill_capacity is None or inputs.prompts is None:
-            return None, cluster
+            # the flow runs a prefill action only for a plan: timing one here would pick too
+            # few actors (a phantom prefill time and KV transfer on every remote actor)
+            return None, cluster if r.full_prefill_action else no_action
         prompts = {p: inputs.prompts[p] for p in inputs.prompt_ids}
         prefill = plan_prefill(prompts, group_size, r.prefill_capacity)
         if r.prefill_action == "auto":
@@ -204,9 +216,7 @@ class Planner:
                                        cluster.activation_s + cluster.prefill_fixed_s)
         else:
             runs = r.prefill_action == "always" and prefill.prefix_len is not None
-        if runs:
-            return prefill, cluster
-        return None, replace(cluster, prefill_action=False, kv_bytes_per_token=0.0)
+        return (prefill, cluster) if runs else (None, no_action)
 
     def tail_error(self) -> MeasuredError | None:
         """The predictor's error over the last ``tail_error_steps`` observed steps (None: none)."""

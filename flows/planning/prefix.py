@@ -13,9 +13,12 @@ length). ``None`` means even ``L_min`` exceeds capacity: no cross-prompt dedup t
 Work accounting for ``plan_prefill`` (``g`` = samples per prompt):
 
 - ``tokens_total``    = sum_p len(p) * g  (every sample prefills its own prompt, no dedup)
-- ``tokens_computed`` = sum over unique prefixes of len(prefix) + sum_p max(0, len(p) - L)
-  (each prompt's suffix is computed once, because a GRPO group's samples share the whole
-  prompt; with ``L = None`` every prompt is computed once, whole)
+- ``prefix_tokens``   = sum over unique prefixes of len(prefix): what the prefill action
+  computes (``actions/prefill.py``); 0 with ``L = None`` (no action)
+- ``suffix_tokens(p)`` = max(0, len(p) - L): what the generation action holding ``p``
+  computes itself after loading the prefix KV, once per group (a GRPO group's samples share
+  the whole prompt); the whole prompt with ``L = None``
+- ``tokens_computed`` = prefix_tokens + sum_p suffix_tokens(p)
 - ``tokens_saved``    = tokens_total - tokens_computed
 
 Prefix keys are ``sha256(",".join(decimal token ids))`` hex, first 16 characters.
@@ -64,17 +67,23 @@ class PrefillPlan:
     num_unique_prefixes: int
     tokens_total: int
     tokens_computed: int
+    prefix_tokens: int = 0
+    """Tokens of the unique prefixes: the prefill action's own work (module docstring)."""
 
     @property
     def tokens_saved(self) -> int:
         return self.tokens_total - self.tokens_computed
+
+    def suffix_tokens(self, prompt_len: int) -> int:
+        """Tokens of a ``prompt_len``-token prompt that its generation action prefills itself."""
+        return prompt_len if self.prefix_len is None else max(0, prompt_len - self.prefix_len)
 
     def to_dict(self) -> dict:
         return {"prefix_len": self.prefix_len,
                 "groups": {k: list(v) for k, v in self.groups.items()},
                 "num_unique_prefixes": self.num_unique_prefixes,
                 "tokens_total": self.tokens_total, "tokens_computed": self.tokens_computed,
-                "tokens_saved": self.tokens_saved}
+                "prefix_tokens": self.prefix_tokens, "tokens_saved": self.tokens_saved}
 
 
 def plan_prefill(prompts_by_id: Mapping[int, Sequence[int]], group_size: int,
@@ -96,9 +105,9 @@ def plan_prefill(prompts_by_id: Mapping[int, Sequence[int]], group_size: int,
         groups.setdefault(key, []).append(pid)
         prefix_tokens[key] = len(head)
     suffix = sum(max(0, len(p) - prefix_len) for p in prompts)
-    computed = sum(prefix_tokens.values()) + suffix
+    heads = sum(prefix_tokens.values())
     return PrefillPlan(prefix_len, {k: tuple(v) for k, v in groups.items()}, len(groups),
-                       total, computed)
+                       total, heads + suffix, heads)
 
 
 def prefill_action_pays(plan: PrefillPlan, prompt_tokens: int, seconds_per_token: float,

@@ -103,6 +103,9 @@ GRID_POINTS = 64
 """Log-length grid on which ``TailModel`` solves for the quantile (linear in between)."""
 RESOLUTION = 8
 """Predicted lengths are placed on the grid to 1/RESOLUTION of a step (~1% of a length)."""
+MAX_SPREAD_GRIDS = 64
+"""The grid spans at least 1/MAX_SPREAD_GRIDS of the predictions' log-spread (so their offsets
+on it take at most about ``MAX_SPREAD_GRIDS * GRID_POINTS * RESOLUTION`` values)."""
 _IMPOSSIBLE = -1e6  # log-probability standing in for log 0, so that sums stay finite
 
 
@@ -125,13 +128,17 @@ class TailModel:
         if error.max_length is not None:
             hi = min(hi, math.log(max(error.max_length, 1.0)))
         lo = min(float(log_l.min() + e[0]), hi)
+        # Where even the smallest error runs every group past the cap, lo is clipped to the cap
+        # and the grid has no width: the table would need billions of entries between the
+        # predictions. The targets there are the cap whatever the width, so widen it downwards.
+        lo = min(lo, hi - float(np.ptp(log_l)) / MAX_SPREAD_GRIDS)
         self.grid = np.linspace(lo, hi, GRID_POINTS)
         # log F(grid[k] - log l_i) by table look-up: each log l_i rounded to 1/RESOLUTION of a
         # grid step, so the offsets take few values: one searchsorted per offset, not per entry
         step = max((hi - lo) / (GRID_POINTS - 1), 1e-9) / RESOLUTION
-        pos = np.rint((log_l - lo) / step).astype(np.int32)
+        pos = np.rint((log_l - lo) / step).astype(np.int64)
         first = -int(pos.max())
-        index = (np.arange(GRID_POINTS, dtype=np.int32) * RESOLUTION - first)[:, None] - pos[None, :]
+        index = (np.arange(GRID_POINTS, dtype=np.int64) * RESOLUTION - first)[:, None] - pos[None, :]
         cdf = np.searchsorted(e, (np.arange(int(index[-1].max()) + 1) + first) * step, side="right") / len(e)
         with np.errstate(divide="ignore"):
             table = np.where(cdf > 0, np.log(np.maximum(cdf, 1e-300)), _IMPOSSIBLE)

@@ -114,7 +114,9 @@ def plan_generation(prompt_ids: Sequence[int], predicted: Mapping[int, float], *
         predicted: prompt id -> predicted response length (tokens).
         prompt_lengths: prompt id -> prompt length (tokens).
         settings: the policy, candidate range, objective and cost model (``PlannerSettings``).
-        prefill_tokens: prefill work (``PrefillPlan.tokens_computed``); default: every prompt.
+        prefill_tokens: the prefill action's work (``PrefillPlan.prefix_tokens``; the suffixes
+            each generation action prefills itself are ``settings.own_prefill_tokens``);
+            default: every prompt.
     Returns:
         the plan; ``candidates`` holds every evaluated N.
     """
@@ -244,8 +246,9 @@ def _plan_builtin(strategy: ScalingStrategy, prompt_ids: list[int], predicted: M
     robust = extras and ranked
     sized = ranked and (fixed and s.rank_slack is not None or extras)
     max_groups = len(prompt_ids) if sized else -(-len(prompt_ids) // n_lo)
-    env = make_env(prompt_ids, predicted, prompt_lengths, group_size, s.profile, s.cluster, prefill_tokens, max_groups)
-    ranking = make_ranking(prompt_ids, predicted, prompt_lengths)
+    env = make_env(prompt_ids, predicted, prompt_lengths, group_size, s.profile, s.cluster, prefill_tokens, max_groups,
+                   s.own_prefill_tokens)
+    ranking = make_ranking(prompt_ids, predicted, prompt_lengths, env.own_s)
     tail = TailModel(ranking.lengths, s.tail_error) if robust and s.tail_error is not None else None
     sweep = _Sweep(env, ranking, s.cluster, robust, tail, dict(s.decode_scale_by_n))
     ns = range(n_lo, n_hi + 1)

@@ -3,6 +3,7 @@ for the live planner and the simulator."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from flows.planning.plan import ClusterSpec
@@ -54,3 +55,9 @@ class PlannerSettings:
     says; N not listed: 1. Where actors share a machine's cores (the local pool: a lone action
     has all of them, N actions a share each) the speed depends on N; the live hook passes the
     speeds it measured at each fan-out (``Calibration.by_actors``). Not passed to user policies."""
+    own_prefill_tokens: Mapping[int, int] | None = None
+    """Prompt id -> prompt tokens its generation action prefills itself before decoding (the
+    suffix after the dedup prefix the prefill action computed, ``PrefillPlan.suffix_tokens``):
+    added to that action's time at the profile's prefill rate. None: none is timed (the
+    prefill action computed the prompts, or none runs and the actions' own prefill is part of
+    their measured decode speed, ``ClusterSpec.prefill_action``). Not passed to user policies."""

@@ -2,9 +2,10 @@
 
 t = 0 is when the learner has written the new weights [I]:
 
-- the prefill actor (the learner's ``num_prefill_gpus``) computes every prompt's KV once:
-  ``P = prefill_tokens / (prefill_tokens_per_s * prefill_gpus / gpus_per_actor)`` (prefill is
-  compute bound, so throughput scales with GPUs);
+- the prefill actor (the learner's ``num_prefill_gpus``) computes each unique prompt prefix's
+  KV once: ``P = prefill_tokens / (prefill_tokens_per_s * prefill_gpus / gpus_per_actor)``
+  (prefill is compute bound, so throughput scales with GPUs); the suffixes after the prefix
+  are each decode actor's own work, in its decode time (``PlannerSettings.own_prefill_tokens``);
 - decode actor 0 is co-located with it (same GPUs): no cold start, no transfer, decodes from P;
   so are actors 1..k-1 when ``colocated_actors = k`` (the prefill actor's GPUs hold k decode
   actors once prefill is done, as a hybrid engine shares the learner's GPUs);
@@ -22,10 +23,13 @@ t = 0 is when the learner has written the new weights [I]:
 ``T`` = latest actor end; ``GPU-s = P * prefill_gpus + sum_i billed_i * gpus_per_actor`` (the
 paper's proxy, GPUs x invocation time [P §3.8]). Feasibility (§3.6, conservative as in the
 paper, plus the cold start when an actor was not pre-warmed):
-``cold_i + w + kv_i + decode_i <= P + decode_0`` for every ``i >= 1``, on the decode times
-given, or on ``point_decode`` (the point estimate) where the planner passes stressed ones
-(``robust.py``): the check asks whether the transfers hide behind actor 0's work, which the
-point estimate answers; a stressed tail may fall on any actor, actor 0 included.
+``cold_i + w + kv_i + decode_i <= P + decode_0`` for every ``i >= 1`` that has a start to hide,
+``cold_i + w + kv_i > 0``: the check asks whether the transfers hide behind actor 0's work, so
+a co-located actor, or a remote one with no cold start, weights or KV to receive, is not
+checked (an actor longer than actor 0 there makes a slower plan, which the objective weighs,
+not an infeasible one). It is made on the decode times given, or on ``point_decode`` (the
+point estimate) where the planner passes stressed ones (``robust.py``), which answers that
+question; a stressed tail may fall on any actor, actor 0 included.
 
 The simulator starts its actors with the same ``actor_start``, so plan and simulation agree
 when predictions are exact.
@@ -107,8 +111,9 @@ def evaluate_candidate(decode: Sequence[float], tokens: Sequence[float], cluster
         if end > t_max:
             t_max = end
         billed += st.prewarm_idle_s + end - st.invoked_s
-        over = st.cold_s + st.transfer_s + kv + c.activation_s + check[i] - check0
-        if over > 0 and not reason:
+        start = st.cold_s + st.transfer_s + kv
+        over = start + c.activation_s + check[i] - check0
+        if over > 0 and start > 0 and not reason:  # nothing to hide without a start (docstring)
             reason = (f"actor {i}: start+transfer+decode exceeds prefill+decode of actor 0 "
                       f"by {over:.3f}s")
     return t_max, prefill_s * c.prefill_gpus + billed * c.gpus_per_actor, reason

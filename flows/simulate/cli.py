@@ -24,8 +24,7 @@ from typing import Sequence
 
 from flows.planning.lengths import FIRST_EPOCH_PREDICTORS
 from flows.planning.objective import check_objective
-from flows.planning.tpot import (GPUS, LEARNER_MFU, MODELS, TpotProfile, learner_tokens_per_s,
-                                    parse_roofline_spec)
+from flows.planning.tpot import GPUS, LEARNER_MFU, MODELS, TpotProfile, learner_tokens_per_s, parse_roofline_spec
 from flows.simulate.bill_bound import capped_time_floor
 from flows.simulate.bound import max_speedup, phase_floor
 from flows.simulate.policies import DEFAULT_POLICIES, ClusterModel, parse_policy
@@ -37,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="JSONL length trace (repeatable: one report per trace)")
     parser.add_argument("--policy", action="append", dest="policies", metavar="P",
                         help=f"repeatable; default: {' '.join(DEFAULT_POLICIES)}")
+    parser.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
+                        help="the generation cap the traces were made with (predictions are capped at "
+                             "it); required unless each trace states it (a max_new_tokens field)")
     parser.add_argument("--nodes", type=int, default=20)
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--gpus-per-actor", type=int, default=2)
@@ -218,14 +220,15 @@ FRONTIER = {"budget": ("budget_actors", (1, 2, 3, 4, 6, 8)),
             "paper": ("lam", (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0))}
 
 
-def format_frontier(steps: list, model: ClusterModel) -> str:
+def format_frontier(steps: list, model: ClusterModel, max_new_tokens: int | None = None) -> str:
     """rlhfless against static:3 over the objective's knob: generation-only and whole-step
-    time and GPU-s ratios (< 1 is faster or cheaper)."""
+    time and GPU-s ratios (< 1 is faster or cheaper); ``max_new_tokens`` as ``replay``'s."""
     field, values = FRONTIER[model.objective]
     lines = [f"{field:>24} {'gen time':>9} {'gen GPU-s':>10} {'step time':>10} {'step GPU-s':>11} "
              f"{'mean_N':>7}"]
     for value in values:
-        runs = replay(steps, ["static:3", "rlhfless"], replace(model, **{field: value}))
+        runs = replay(steps, ["static:3", "rlhfless"], replace(model, **{field: value}),
+                      max_new_tokens=max_new_tokens)
         base, ours = runs["static:3"].summary(), runs["rlhfless"].summary()
         mean_n = sum(runs["rlhfless"].planned) / len(runs["rlhfless"].planned)
         lines.append(f"{value:>24g} "
@@ -243,7 +246,8 @@ def run(args: argparse.Namespace) -> int:
             parse_policy(name)
         model = build_model(args)
         traces = [(path, read_trace(path)) for path in args.traces]
-        reports = [(path, steps, replay(steps, names, model)) for path, steps in traces]
+        reports = [(path, steps, replay(steps, names, model, max_new_tokens=args.max_new_tokens))
+                   for path, steps in traces]
     except (ValueError, OSError) as exc:
         print(f"rlhfless simulate: {exc}", file=sys.stderr)
         return 2
@@ -261,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
             print(format_table(runs, whole_step=True))
             if args.frontier:
                 print(f"frontier of objective {model.objective!r} (rlhfless / static:3):")
-                print(format_frontier(steps, model))
+                print(format_frontier(steps, model, args.max_new_tokens))
         if args.plot:
             from flows.simulate.plot import plot_runs
 

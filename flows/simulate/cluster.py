@@ -17,7 +17,8 @@ source is released at once. ``migration='reprefill'`` (default): token ids are s
 destination pauses to recompute prompt + generated tokens at the prefill rate (an upper
 bound: an engine with chunked prefill overlaps part of it with memory-bound decode).
 ``migration='kv'``: the KV blocks are shipped over the transfer bandwidth (the NCCL path the
-prefill actor already uses) and the sample joins when they arrive. With ``continuation=True``
+prefill actor already uses) and the sample joins when they arrive; an actor with samples still
+in flight to it is not cut until they have landed (a cut moves live rows only). With ``continuation=True``
 a cut that finds no slots starts a continuation actor (what the live flow does), which accepts
 later cuts into its free slots and is never cut itself (the live continuation action has no
 cut point). It runs in the first container available: one released earlier in this phase
@@ -189,8 +190,10 @@ class _Phase:
         self.jobs = [job for job in self.jobs if job[1] > 1e-12]
         self.tasks = [job for job in self.tasks if job[1] > 1e-12]
         for a in self.running():
+            # not while KV is in flight to it: the cut moves live rows only, and rows still
+            # arriving would be left behind on a released actor
             if (self.cfg.cut_threshold is not None and a.cuttable and not a.holds and a.live
-                    and t >= a.resume_s and a.work_left <= 0):
+                    and not a.arriving and t >= a.resume_s and a.work_left <= 0):
                 if should_cut(a.held, a.finished, self.cfg.cut_threshold):
                     self._try_cut(a, t)
         for a, seconds in shrinks:  # an actor that was cut stops before shrinking (the engine)
@@ -314,6 +317,8 @@ def simulate_phase(specs: list[ActorSpec], config: SimConfig, *,
             waits); not decoding, so it counts as idle.
     Returns:
         the phase totals and every sample with its per-actor decode record.
+    Raises:
+        AssertionError: a sample did not finish (a lost row would under-report time and cost).
     """
     phase = _Phase(specs, config)
     t = 0.0
@@ -325,6 +330,7 @@ def simulate_phase(specs: list[ActorSpec], config: SimConfig, *,
         phase.advance(t, t_next)
         t = t_next
         phase.settle(t)
+    _check_all_finished(phase.samples.values())
     end = max([t] + [a.released_s for a in phase.actors if a.released_s is not None])
     billed = busy = 0.0
     for a in phase.actors:
@@ -335,3 +341,10 @@ def simulate_phase(specs: list[ActorSpec], config: SimConfig, *,
                          len(phase.actors), phase.cuts, phase.migrated,
                          tuple(end if a.released_s is None else a.released_s for a in phase.actors))
     return result, list(phase.samples.values())
+
+
+def _check_all_finished(samples) -> None:
+    """Every sample decoded to its length: the phase's totals cover all of its rows."""
+    unfinished = [(s.sid, s.decoded, s.length) for s in samples if abs(s.decoded - s.length) > 1e-6]
+    if unfinished:  # raised, not asserted: a lost row must stop the report even under -O
+        raise AssertionError(f"{len(unfinished)} samples not finished (sid, decoded, length): {unfinished[:5]}")

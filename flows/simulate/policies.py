@@ -29,13 +29,13 @@ from typing import Mapping, Sequence
 
 from flows.planning.migrate import plan_cut_points_of
 from flows.planning.plan import ClusterSpec, GenerationPlan
-from flows.planning.settings import PlannerSettings
 from flows.planning.planner import Planner, PlannerRules
-from flows.planning.robust import MeasuredError
-from flows.planning.tpot import TpotProfile
 from flows.planning.registry import ScalingStrategy
+from flows.planning.robust import MeasuredError
 from flows.planning.scaling import CostAware, Fixed, plan_generation
+from flows.planning.settings import PlannerSettings
 from flows.planning.timeline import actor_start, prefill_seconds
+from flows.planning.tpot import TpotProfile
 from flows.simulate.cluster import ActorSpec, Sample, SimConfig
 
 DEFAULT_POLICIES = ("rlhfless", "static:3", "no-assign", "no-scale", "no-cut", "oracle")
@@ -139,10 +139,11 @@ class ClusterModel:
         """The planner ``policy`` runs with on this cluster: the live planner's object, with
         predictions capped at ``max_length`` (the trace's generation cap), the predictor's
         error measured over ``tail_error_steps`` steps, and neither calibration, speculation,
-        prefill plan nor pre-warm (the simulator models those itself)."""
+        dedup prefill plan nor pre-warm (the simulator models those itself: its prefill actor
+        computes every prompt in full, ``build_actors``)."""
         return Planner(PlannerRules(settings=self.planner_settings(policy), group_size=group_size,
                                     length_window=window, max_length=max_length, first_epoch=self.first_epoch,
-                                    cut_threshold=self.cut_threshold_of(policy),
+                                    cut_threshold=self.cut_threshold_of(policy), full_prefill_action=True,
                                     tail_error_steps=self.tail_error_steps, tail_quantile=self.tail_quantile))
 
     def cluster_spec(self) -> ClusterSpec:

@@ -1,13 +1,17 @@
 """Trace replay: plan and simulate every step of a length trace under each policy (paper §4.7).
 
 Trace format (JSONL, one line per prompt per step): ``epoch, step, prompt_id, prompt_len,
-answer_len, response_lens`` (one length per sample). Steps run in file order; a step's prompts
-keep their file order (the "given order" of contiguous / round-robin assignment).
+answer_len, response_lens`` (one length per sample), and optionally ``max_new_tokens``: the
+generation cap the trace was made with (the same on every line that has it). Steps run in file
+order; a step's prompts keep their file order (the "given order" of contiguous / round-robin
+assignment).
 
 Per step: predictions come from a ``LengthHistory`` of earlier epochs (the reference answer
 length where a prompt has none, i.e. in epoch 0, or a fit learned from the prompts seen so far:
 ``ClusterModel.first_epoch``), or equal the true group max for ``oracle``;
-predictions are capped at the generation cap (``max_new_tokens``, as in the live planner); the
+predictions are capped at the generation cap (``max_new_tokens``, as in the live planner: the
+trace's own, else given; never read off the trace's lengths, which would tell the planner of
+every step the longest response of all the steps after it); the
 planner runs (its wall time is recorded), told how far the policy's own predictions missed on its
 last ``ClusterModel.tail_error_steps`` steps (``robust.MeasuredError``; none before the first
 step, all zero for ``oracle``); the phase is simulated with the true lengths
@@ -26,15 +30,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Mapping
 
+from flows.planning.lengths import LengthHistory, predict_lengths, rank_correlation
 from flows.planning.plan import GenerationPlan
 from flows.planning.planner import PhaseInputs
-from flows.planning.record import StepRecord as ObservedStep
-from flows.planning.lengths import LengthHistory, predict_lengths, rank_correlation
 from flows.planning.prewarm import warm_actor_count
+from flows.planning.record import StepRecord as ObservedStep
 from flows.planning.robust import MeasuredError
 from flows.simulate.cluster import PhaseResult, Sample, simulate_phase
-from flows.simulate.policies import (ClusterModel, Policy, build_actors, make_plan,
-                                     parse_policy, sim_config)
+from flows.simulate.policies import ClusterModel, Policy, build_actors, make_plan, parse_policy, sim_config
 
 _FIELDS = {"epoch": int, "step": int, "prompt_id": int, "prompt_len": int, "answer_len": int,
            "response_lens": list}
@@ -53,9 +56,11 @@ class TraceStep:
     epoch: int
     step: int
     prompts: tuple[PromptRow, ...]
+    max_new_tokens: int | None = None
+    """The generation cap the trace states (its ``max_new_tokens`` field); None: it states none."""
 
 
-def _parse_line(text: str, where: str) -> tuple[int, int, PromptRow]:
+def _parse_line(text: str, where: str) -> tuple[int, int, PromptRow, int | None]:
     try:
         row = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -68,25 +73,33 @@ def _parse_line(text: str, where: str) -> tuple[int, int, PromptRow]:
     lens = row["response_lens"]
     if not lens or not all(isinstance(x, int) and x >= 0 for x in lens):
         raise ValueError(f"{where}: response_lens must be a non-empty list of ints >= 0")
+    cap = row.get("max_new_tokens")
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+        raise ValueError(f"{where}: max_new_tokens={cap!r}: must be an int >= 1 (the generation cap)")
     return row["epoch"], row["step"], PromptRow(row["prompt_id"], row["prompt_len"],
-                                                row["answer_len"], tuple(lens))
+                                                row["answer_len"], tuple(lens)), cap
 
 
 def read_trace(path: str | Path) -> list[TraceStep]:
-    """Steps of a JSONL trace; ValueError with the line number on a malformed line."""
+    """Steps of a JSONL trace, each carrying the trace's generation cap where it states one;
+    ValueError with the line number on a malformed line or a second, different cap."""
     steps: dict[tuple[int, int], list[PromptRow]] = {}
+    cap: int | None = None
     with open(path, encoding="utf-8") as fh:
         for number, text in enumerate(fh, start=1):
             if not text.strip():
                 continue
-            epoch, step, row = _parse_line(text, f"{path}:{number}")
+            epoch, step, row, line_cap = _parse_line(text, f"{path}:{number}")
+            if line_cap is not None and cap not in (None, line_cap):
+                raise ValueError(f"{path}:{number}: max_new_tokens={line_cap}, but an earlier line says {cap}")
+            cap = line_cap if line_cap is not None else cap
             rows = steps.setdefault((epoch, step), [])
             if any(r.prompt_id == row.prompt_id for r in rows):
                 raise ValueError(f"{path}:{number}: prompt {row.prompt_id} twice in step {step}")
             rows.append(row)
     if not steps:
         raise ValueError(f"{path}: no trace lines")
-    return [TraceStep(e, s, tuple(rows)) for (e, s), rows in steps.items()]
+    return [TraceStep(e, s, tuple(rows), cap) for (e, s), rows in steps.items()]
 
 
 @dataclass
@@ -211,8 +224,8 @@ def replay(steps: list[TraceStep], policy_names: list[str], model: ClusterModel,
     live hook's features) and gives the strategy its own predictions' measured error.
 
     ``max_new_tokens``: the generation cap the trace was made with; predictions are capped at
-    it, as the live planner caps them. Default: the trace's longest response (a trace of
-    capped generations has many responses at the cap).
+    it, as the live planner caps them. Default: the cap the trace states; ValueError where it
+    states none (``generation_cap``).
     """
     policies = [parse_policy(name) for name in policy_names]
     runs = {p.name: PolicyRun(p.name) for p in policies}
@@ -251,8 +264,28 @@ def phase_inputs(step: TraceStep, known: dict[int, float] | None = None) -> Phas
 
 
 def generation_cap(steps: list[TraceStep], max_new_tokens: int | None = None) -> float:
-    """The generation cap: ``max_new_tokens``, else the trace's longest response."""
-    return float(max_new_tokens or max(x for s in steps for r in s.prompts for x in r.response_lens))
+    """The generation cap (tokens): ``max_new_tokens``, else the one the trace states.
+
+    Raises:
+        ValueError: neither gives one, they differ, or a response runs past the cap. The
+            trace's longest response is no substitute: it is known only once every step has
+            run, and would cap each step's predictions (and censor the first epoch's fit) with
+            what later steps generate.
+    """
+    stated = {s.max_new_tokens for s in steps} - {None}
+    if max_new_tokens is not None and stated and stated != {max_new_tokens}:
+        raise ValueError(f"max_new_tokens={max_new_tokens}, but the trace states {sorted(stated)}")
+    cap = max_new_tokens if max_new_tokens is not None else max(stated, default=None)
+    if cap is None:
+        raise ValueError("the trace states no generation cap (a max_new_tokens field): give the one it "
+                         "was made with (rlhfless simulate --max-new-tokens N)")
+    if cap < 1:
+        raise ValueError(f"max_new_tokens={cap}: must be >= 1")
+    longest = max(x for s in steps for r in s.prompts for x in r.response_lens)
+    if longest > cap:
+        raise ValueError(f"max_new_tokens={cap}: the trace has a {longest}-token response; give the cap "
+                         "it was made with")
+    return float(cap)
 
 
 def measured_error(pairs: list[tuple[list[float], list[float]]], num_steps: int, cap: float,

@@ -44,9 +44,9 @@ def cluster_spec(ctx: RunContext, num_workers: int, calibration: Calibration = C
     round trip and the prefill action its fixed cost learned from the campaign's steps
     (``flows/planning/calibration.py``); on the local pool at most one action per ``threads`` cores (the share the
     profile was measured with) decodes at the measured speed, so that is the capacity (more
-    would share cores the profile measured alone). The vLLM engine runs no prefill action
-    (``planner_rules``): the cluster has none, so no prefill time is planned and no prefix KV
-    travels."""
+    would share cores the profile measured alone). Without ``dedup_prefill``, and on the vLLM
+    engine, no prefill action runs (``runs_prefill_action``): the cluster has none, so no
+    prefill time is planned and no prefix KV travels."""
     s, live = ctx.config.scaling, ctx.live
     capacity = max(1, num_workers)
     transfer: dict[str, float] = {}
@@ -65,10 +65,11 @@ def cluster_spec(ctx: RunContext, num_workers: int, calibration: Calibration = C
 
 
 def runs_prefill_action(generation: GenerationConfig) -> bool:
-    """Whether the step may run the separate prefill action: not on the vLLM engine, which has
-    no API to import the action's KV bundle; its prefix cache deduplicates a group's prompt
-    inside the engine instead (``generation.dedup_prefill``)."""
-    return generation.engine != "vllm"
+    """Whether the step may run the separate prefill action: only for a dedup plan
+    (``generation.dedup_prefill``; ``flows/step/flow.py`` runs it for no other), and not on the
+    vLLM engine, which has no API to import the action's KV bundle; its prefix cache
+    deduplicates a group's prompt inside the engine instead."""
+    return generation.dedup_prefill and generation.engine != "vllm"
 
 
 def planner_settings(ctx: RunContext, num_workers: int, profile: TpotProfile,
@@ -94,7 +95,7 @@ def planner_rules(ctx: RunContext, num_workers: int) -> PlannerRules:
     return PlannerRules(settings=settings, group_size=cfg.algorithm.group_size, length_window=g.length_window,
                         max_length=g.max_new_tokens, first_epoch=g.first_epoch_predictor,
                         cut_threshold=g.cut_threshold,
-                        prefill_capacity=g.prefill_capacity if g.dedup_prefill and prefill else None,
+                        prefill_capacity=g.prefill_capacity if prefill else None,
                         prefill_action=g.prefill_action if prefill else "never",
                         speculative=g.speculation == "auto" and g.engine == "torch",
                         calibrated=ctx.live is not None,
