@@ -91,6 +91,8 @@ def registered_policies() -> tuple[str, ...]:
 def parse_scaling_policy(text: str) -> ScalingStrategy:
     """The strategy ``text`` names; ValueError naming ``scaling.policy``, the value and the forms."""
     base, sep, arg = text.partition(":")
+    if base not in _FACTORIES:  # the built-ins register when their module is imported, maybe not yet
+        importlib.import_module("flows.planning.scaling")
     if base in _FACTORIES:
         return _FACTORIES[base](arg)
     if sep and base and arg:
