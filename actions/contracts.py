@@ -414,6 +414,12 @@ RESULT_MODELS: dict[str, type[_Msg]] = {
 which imports this module: the flow adds it, ``flows/step/invoke.py``)."""
 
 
+def without_control(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` without the ``__*`` control keys that travel beside a contract
+    (``actions/runtime/control.py``)."""
+    return {k: v for k, v in message.items() if not k.startswith("__")}
+
+
 def parse_result(action: str, result: dict[str, Any], model: type[BaseModel] | None = None) -> BaseModel:
     """Validate what ``action`` returned against its contract, the moment it arrives.
 
@@ -421,7 +427,7 @@ def parse_result(action: str, result: dict[str, Any], model: type[BaseModel] | N
         ValueError: one line naming the action, the field, the value and the fix (an action
             of another version answered).
     """
-    body = {k: v for k, v in result.items() if not k.startswith("__")}  # the runtime's control keys
+    body = without_control(result)
     model = model or RESULT_MODELS[action]
     try:
         return model.model_validate(body)
@@ -440,7 +446,7 @@ def _shown(err: Any) -> str:
 def parse_request(model: type[_Msg], args: dict[str, Any]) -> _Msg | dict[str, Any]:
     """Validate an incoming payload; on failure return the OpenWhisk application-error dict
     ``{"error": "<field>: <problem> (got <value>)", "field": ...}`` instead of raising."""
-    payload = {k: v for k, v in args.items() if not k.startswith("__")}
+    payload = without_control(args)
     try:
         return model.model_validate(payload)
     except ValidationError as exc:

@@ -346,16 +346,16 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
         cfg = CampaignConfig.model_validate(raw)
     except ValidationError as exc:
         raise ValueError(_first_error(exc, raw)) from None
-    _check_task_sizes(raw, cfg)
+    _check_task_sizes(cfg)
     return cfg
 
 
-def _check_task_sizes(raw: dict[str, Any], cfg: CampaignConfig) -> None:
+def _check_task_sizes(cfg: CampaignConfig) -> None:
     """Refuse a size of the generated task written beside a dataset file, which would be
-    ignored. Checked on what the user wrote, not in ``DataConfig``: a request or a stored
-    identity carries every field, defaults included."""
-    written = raw.get("data") if isinstance(raw.get("data"), dict) else {}
-    for name in ("num_train_prompts", "num_eval_prompts"):
-        if cfg.data.train_path and name in written:
-            raise ValueError(f"data.{name}={written[name]} sizes the generated task, but data.train_path is set and "
-                             "every row of the file is used; remove it (to train on fewer rows, keep fewer in the file)")
+    ignored. Checked on what the user wrote (``model_fields_set`` of a config just loaded), not
+    in ``DataConfig``: a request or a stored identity carries every field, defaults included."""
+    for name in sorted({"num_train_prompts", "num_eval_prompts"} & cfg.data.model_fields_set):
+        if cfg.data.train_path:
+            raise ValueError(f"data.{name}={getattr(cfg.data, name)} sizes the generated task, but data.train_path "
+                             "is set and every row of the file is used; remove it (to train on fewer rows, keep "
+                             "fewer in the file)")

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from actions.contracts import DecodeSettings
+from actions.contracts import DecodeSettings, without_control
 
 PREWARM_ENGINE = "__prewarm_engine"
 """The pre-warm's engine as earlier revisions sent it (now within ``__prewarm_decode``)."""
@@ -78,8 +78,7 @@ class Control(BaseModel):
 
 def split_control(message: dict[str, Any]) -> tuple[dict[str, Any], Control]:
     """``message`` without its ``__*`` keys, and those keys as a :class:`Control`."""
-    body = {k: v for k, v in message.items() if not k.startswith("__")}
-    return body, Control.model_validate({k: v for k, v in message.items() if k.startswith("__")})
+    return without_control(message), Control.model_validate({k: v for k, v in message.items() if k.startswith("__")})
 
 
 def take_activation(result: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from urllib.parse import urlsplit
 
 
@@ -21,6 +20,7 @@ def has_userinfo(text: str) -> bool:
     """True where a URL carries a user name or password (``scheme://user:pass@host``).
     Such a URL is refused without being quoted: the password would reach every message that
     names the endpoint."""
-    rest = text.partition("://")[2] if "://" in text else text
-    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
-    return "@" in authority
+    try:
+        return "@" in urlsplit(text if "://" in text else "//" + text).netloc
+    except ValueError:  # a malformed host (an unclosed IPv6 bracket): is_http_url refuses it
+        return False

@@ -155,10 +155,7 @@ def _reference(rec: dict[str, Any], fields: FieldMap, where: str) -> str | int |
         return value
     if fields.answer_need is None:
         return None
-    what, other = fields.answer_need
-    if key is None:
-        raise ValueError(f"{what} and data.answer_key is null; set data.answer_key to the column holding the "
-                         f"reference answer, {other}")
+    what, other = fields.answer_need  # with answer_key null the config refused it (WorkloadConfig)
     if key not in rec:
         raise ValueError(f"{where}: key {key!r} is missing (row keys: {', '.join(sorted(rec)[:8])}); {what}, so "
                          f"every row needs one: set data.answer_key to the column holding it, {other}")

@@ -125,7 +125,8 @@ def _file_table(store: ObjectStore, key: str, *, garbage: bool) -> dict[str, int
 
 
 def collect_garbage(store: ObjectStore, latest: CampaignState, retention: Retention, *,
-                    lease: Any = None, dry_run: bool = False, orphan_grace_s: float | None = None) -> GcReport:
+                    lease: Any = None, dry_run: bool = False, orphan_grace_s: float | None = None,
+                    temporaries: bool = True) -> GcReport:
     """Delete what ``retention`` does not keep of ``latest``'s run, then the store's stale
     temporary files (see the module docstring).
 
@@ -138,6 +139,7 @@ def collect_garbage(store: ObjectStore, latest: CampaignState, retention: Retent
         dry_run: plan and count only.
         orphan_grace_s: also delete the orphan blobs last modified more than this many seconds
             ago (``flows/planning/leftovers.py``: it must be long against a publish); None: none.
+        temporaries: also remove the store's stale temporary files (a walk of the whole store).
     """
     t0 = time.time()
     retention = replace(retention, pinned=retention.pinned | frozenset(latest.checkpoints))
@@ -150,11 +152,11 @@ def collect_garbage(store: ObjectStore, latest: CampaignState, retention: Retent
         _delete_all(store, [blob_key(d) for d in blobs], count_for_fault=True)
         _delete_all(store, list(plan.delete_manifests))
         _delete_all(store, [k for k in plan.delete if not k.endswith("manifest.json")])
-    remove = getattr(store, "remove_stale_temporaries", None)  # a backend whose writes leave none has none
-    temporaries = remove(t0 - TEMP_GRACE_S, dry_run=dry_run) if remove is not None else (0, 0)
+    remove = getattr(store, "remove_stale_temporaries", None) if temporaries else None  # S3 leaves none
+    swept = remove(t0 - TEMP_GRACE_S, dry_run=dry_run) if remove is not None else (0, 0)
     orphans = sweep_orphans(store, t0, orphan_grace_s, dry_run=dry_run) if orphan_grace_s is not None else (0, 0)
     return GcReport(latest.run_id, list(plan.versions), len(plan.delete), len(blobs), freed, time.time() - t0,
-                    *temporaries, *orphans)
+                    *swept, *orphans)
 
 
 def _garbage_blobs(store: ObjectStore, listing: list[str], garbage: set[str]) -> tuple[list[str], int]:
@@ -244,7 +246,10 @@ class Collector:
                                        "seconds": 0.0}
 
     def __call__(self, state: CampaignState) -> None:
-        report = collect_garbage(self.store, state, self.retention, lease=self.lease)
+        # the stale temporaries walk the whole store: once per campaign (an hour's grace makes
+        # a sweep each step pointless), and in every ``rlhfless gc``
+        report = collect_garbage(self.store, state, self.retention, lease=self.lease,
+                                 temporaries=self.totals["collections"] == 0)
         self.totals["collections"] += 1
         for k in ("deleted_objects", "deleted_blobs", "freed_bytes", "deleted_temporaries", "temporary_bytes",
                   "seconds"):
