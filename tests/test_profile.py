@@ -51,6 +51,22 @@ def _profile_name(out) -> str:
     return json.loads(out.read_text())["name"]
 
 
+def test_profile_dtype_is_what_an_action_on_the_device_computes_in(monkeypatch):
+    """``model.dtype: auto`` resolves as the actions resolve it (``RLHFLESS_DTYPE`` where set,
+    else by device); an explicit model.dtype and then --dtype win."""
+    import torch
+
+    from flows.commands.measure import profile_dtype
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.delenv("RLHFLESS_DTYPE", raising=False)
+    assert (profile_dtype(None, "auto", cpu), profile_dtype(None, "auto", cuda)) == (torch.float32, torch.bfloat16)
+    monkeypatch.setenv("RLHFLESS_DTYPE", "float16")
+    assert profile_dtype(None, "auto", cpu) == torch.float16
+    assert profile_dtype(None, "bfloat16", cpu) == torch.bfloat16 and profile_dtype("float32", "bfloat16", cpu) == \
+        torch.float32
+
+
 def test_profile_measures_in_model_dtype_unless_dtype_says_otherwise(tmp_path, capsys):
     """Without --dtype the campaign's model.dtype is measured (it is what its actions compute
     in); --dtype wins over it."""

@@ -85,18 +85,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def profile_dtype(flag: str | None, setting: str, device: torch.device) -> torch.dtype:
-    """The dtype to measure in: ``--dtype`` (``flag``) when given, else ``model.dtype``
-    (``setting``), whose ``auto`` is what actions default to: bfloat16 on CUDA, float32 on the
-    CPU. ValueError naming the flag or field for an unknown name."""
-    import torch
+    """The dtype to measure in: ``--dtype`` (``flag``) when given, else what an action on
+    ``device`` computes in for ``model.dtype`` (``setting``; ``action_dtype``: ``auto`` is
+    ``RLHFLESS_DTYPE`` where set, else bfloat16 on CUDA, float32 on the CPU). ValueError naming
+    the flag or field for an unknown name."""
+    from actions.models.device import action_dtype, parse_dtype
 
-    from actions.models.device import parse_dtype
-
-    if flag is not None:
-        return parse_dtype(flag, source="--dtype")
-    if setting != "auto":
-        return parse_dtype(setting, source="model.dtype")
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return parse_dtype(flag, source="--dtype") if flag is not None else action_dtype(setting, device)
 
 
 def build_profile_model(cfg: CampaignConfig, config_json: str | None, device: torch.device,
