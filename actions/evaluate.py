@@ -9,7 +9,7 @@ Reward functions see ``trainer_state.global_step`` = the steps done, ``epoch`` 0
 
 from __future__ import annotations
 
-from actions.contracts import EvaluateRequest, EvaluateResult
+from actions.contracts import DecodeSettings, EvaluateRequest, EvaluateResult
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.factory import load_engine, take_engine_events
 from actions.models.loading import encode, store_for
@@ -21,8 +21,7 @@ from actions.tasks.stored import load_dataset
 
 
 def run_evaluate(req: EvaluateRequest) -> EvaluateResult:
-    engine, tokenizer, _ = load_engine(req.engine, req.model, kv_cache=req.kv_cache, cuda_graphs=req.cuda_graphs,
-                                       compile_decode=req.compile_decode, fused_sampling=req.fused_sampling)
+    engine, tokenizer, _ = load_engine(req.engine, req.model, **DecodeSettings.of(req).engine_options())
     rows = sorted(load_dataset(req.model.store_uri, req.dataset_key).values(), key=lambda r: r.prompt_id)
     specs = [SampleSpec(r.prompt_id, 0, encode(tokenizer, r.prompt)) for r in rows]
     greedy = GenerationParams(seed=0, step=0, max_new_tokens=req.max_new_tokens, temperature=0.0)

@@ -15,7 +15,7 @@ id a stopped sample emitted); cut samples go to
 
 from __future__ import annotations
 
-from actions.contracts import GenerateRequest, GenerateResult, PartialSample, SampleStat
+from actions.contracts import DecodeSettings, GenerateRequest, GenerateResult, PartialSample, SampleStat
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.factory import load_engine, take_engine_events
 from actions.engines.kv_bundle import load_bundle
@@ -63,8 +63,7 @@ def _speculation(req: GenerateRequest, store: object) -> Speculation | None:
 
 
 def run_generate(req: GenerateRequest) -> GenerateResult:
-    engine, tokenizer, _ = load_engine(req.engine, req.model, kv_cache=req.kv_cache, cuda_graphs=req.cuda_graphs,
-                                       compile_decode=req.compile_decode, fused_sampling=req.fused_sampling)
+    engine, tokenizer, _ = load_engine(req.engine, req.model, **DecodeSettings.of(req).engine_options())
     store = store_for(req.model.store_uri)
     specs = _specs(req, tokenizer)
     # vLLM cannot import KV tensors; its prefix cache deduplicates the prompts instead.

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from actions.contracts import ModelRef, PromptTokens
+from actions.contracts import DecodeSettings, ModelRef, PromptTokens
 from actions.store.profile_cache import ProfileRequest, ProfileResult
 from flows.planning.tpot import CPU_TINY_PROFILE, TpotProfile
 from flows.step.context import RunContext
@@ -59,9 +59,7 @@ def profile_request(ctx: RunContext, model: ModelRef, prompt_lengths: list[int])
     cfg, gen = ctx.config, ctx.config.generation
     batches, contexts = profile_grid(cfg.algorithm.group_size, cfg.algorithm.batch_size, prompt_lengths,
                                      gen.max_new_tokens)
-    return ProfileRequest(model=model, engine=gen.engine, kv_cache=gen.kv_cache, cuda_graphs=gen.cuda_graphs,
-                          compile_decode=gen.compile_decode, fused_sampling=gen.fused_sampling,
-                          batch_sizes=batches, contexts=contexts, measure_grid=not cfg.scaling.profile,
+    return ProfileRequest(model=model, **DecodeSettings.of(gen).model_dump(), batch_sizes=batches, contexts=contexts, measure_grid=not cfg.scaling.profile,
                           threads=generation_threads(cfg))
 
 

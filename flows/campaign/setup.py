@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from actions.contracts import (
+    DecodeSettings,
     EvaluateRequest,
     ModelRef,
     WarmupRequest,
@@ -42,11 +43,8 @@ def evaluate(ctx: RunContext, state: CampaignState, clock: StepClock | None = No
                           rewards=ctx.config.reward_functions(),
                           reward_models=reward_model_refs(ctx.config, ctx.prefix), step=state.step,
                           max_steps=ctx.config.steps,
-                          max_new_tokens=ctx.config.generation.max_new_tokens, engine=ctx.config.generation.engine,
-                          kv_cache=ctx.config.generation.kv_cache, cuda_graphs=ctx.config.generation.cuda_graphs,
-                          compile_decode=ctx.config.generation.compile_decode,
-                          fused_sampling=ctx.config.generation.fused_sampling,
-                          output_key=f"{ctx.prefix}/evals/v{state.policy_version:06d}.json")
+                          max_new_tokens=ctx.config.generation.max_new_tokens,
+                          **DecodeSettings.of(ctx.config.generation).model_dump(), output_key=f"{ctx.prefix}/evals/v{state.policy_version:06d}.json")
     out = invoke_action(action="evaluate", payload=req.model_dump(mode="json"), shard=f"eval-v{state.policy_version}")
     if clock is not None:
         clock.add_work(out.record.busy_s)

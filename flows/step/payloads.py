@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actions.contracts import (
+    DecodeSettings,
     GenerateRequest,
     ModelRef,
     PrefillRequest,
@@ -57,9 +58,8 @@ def generate_payload(ctx: RunContext, inputs: StepInputs, shard: str, prompt_ids
         model=inputs.model, dataset_key=inputs.train_key, run_seed=ctx.config.seed, step=inputs.step, shard=shard,
         prompt_ids=list(prompt_ids), group_size=ctx.config.algorithm.group_size, partial_keys=partial_keys or [],
         max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_k=g.top_k, top_p=g.top_p,
-        dedup_prefill=g.dedup_prefill, kv_cache=g.kv_cache, cuda_graphs=g.cuda_graphs,
-        compile_decode=g.compile_decode, fused_sampling=g.fused_sampling,
-        kv_bundle_key=bundle_key, cut_after=cut_after, engine=g.engine,
+        dedup_prefill=g.dedup_prefill, **DecodeSettings.of(g).model_dump(),
+        kv_bundle_key=bundle_key, cut_after=cut_after,
         speculation=g.speculation, draft_strategies=list(g.draft_strategies), max_draft_len=g.max_draft_len,
         draft_keys=list(inputs.draft_keys), spec_priors=dict(inputs.spec_priors or {}),
         output_key=f"{step_prefix(ctx, inputs.step)}/rollouts/{shard}.json",
