@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from flows.planning.calibration import Calibration
+from flows.planning.calibration import WINDOW, Calibration, calibration_memory
 from flows.planning.calibration import calibrate as _calibrate
 from flows.planning.plan import ClusterSpec
 from flows.planning.record import PhaseObservation
@@ -110,3 +110,23 @@ def test_each_fan_out_keeps_the_speed_measured_at_it():
     assert used.for_actors(1).decode_scale == pytest.approx(1.2)
     assert used.for_actors(2).decode_scale == pytest.approx(2.4)
     assert 1.2 < used.decode_scale < 2.4 and used.for_actors(3).decode_scale == used.decode_scale
+
+
+def test_the_memory_a_campaign_keeps_calibrates_as_the_whole_history_and_stays_bounded():
+    """``calibration_memory`` keeps only what ``calibrate`` reads: the same corrections as from
+    every step, after every step of a long run, from a memory a few windows long."""
+    rng = random.Random(2)
+    every, memory = [], []
+    for i in range(400):
+        n = rng.choice([1, 1, 2, 4]) if i < 200 else 1  # fan-outs 2 and 4 stop being chosen
+        ran = i < 50  # the prefill action stops running
+        observed = PhaseObservation(num_actors=n, generate_s=rng.uniform(0.0, 2.0), prefill_s=rng.uniform(0, 0.2),
+                                    ran_prefill=ran, predicted_generate_s=rng.uniform(0.0, 2.0),
+                                    predicted_prefill_s=0.05, activation_s=rng.choice([0.0, 0.01, 0.5]),
+                                    decode_scale=rng.uniform(0.5, 2.0), prefill_fixed_s=0.01)
+        every.append(observed)
+        memory = calibration_memory([*memory, observed])
+        assert _calibrate(memory) == _calibrate(every), i
+        assert len(memory) <= 5 * WINDOW  # last window, three fan-outs, prefills
+    assert memory[-WINDOW:] == every[-WINDOW:]
+    assert sum(m.ran_prefill for m in memory) == WINDOW and {m.num_actors for m in memory} == {1, 2, 4}

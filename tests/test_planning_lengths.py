@@ -15,6 +15,17 @@ def test_record_keeps_group_max_and_replaces_a_replayed_epoch():
     assert h.observations[7] == [(0, 30.0), (1, 50.0)]
 
 
+def test_a_kept_history_predicts_as_the_whole_one_within_its_window():
+    whole, kept = LengthHistory(), LengthHistory()
+    for epoch in range(30):
+        whole.record(7, epoch, [10 + 3 * epoch, 5], reference_length=12)
+        kept.record(7, epoch, [10 + 3 * epoch, 5], reference_length=12, keep=4)
+    assert [e for e, _ in kept.observations[7]] == [26, 27, 28, 29]
+    for window in (1, 4):
+        assert predict_lengths(kept, [7], {7: 12}, window=window) == predict_lengths(whole, [7], {7: 12}, window=window)
+    assert kept.reference_scale() == whole.reference_scale()
+
+
 def test_json_round_trip():
     h = LengthHistory()
     h.record(3, 1, [5])

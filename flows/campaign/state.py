@@ -3,7 +3,9 @@
 A campaign's state is one JSON record per completed step under ``runs/<run_id>/campaign``
 (storage.commit_pointer: create-once records plus a latest hint). Record k describes the
 campaign after k RL steps: the policy version to continue from, optimizer and critic keys,
-the response-length history, every step's metrics, evaluations and spend. Record 0 is written
+the response-length history, every step's metrics, evaluations and spend (the metrics and
+evaluations of all but the latest steps in sealed history segments, ``history.py``, so that a
+record's size does not grow with the run). Record 0 is written
 after set-up and warm-up. A crash before a commit replays the step from the previous record;
 every key a step writes is derived from (run, step, shard), so the replay overwrites the
 same objects with the same bytes.
@@ -27,6 +29,7 @@ from actions.store import (
     read_pointer,
 )
 from actions.store.safe_paths import STORE_FIX, UnsafeName, check_name, shown
+from flows.campaign.history import seal, unseal
 from flows.config import CampaignConfig
 from flows.planning.planner import PlannerState
 from flows.planning.record import PhaseObservation
@@ -73,6 +76,9 @@ class CampaignState(BaseModel):
     draft_index: dict[str, int] = {}
     """prompt_id -> step whose draft object holds its latest responses (``flows/campaign/drafts.py``)."""
     stopped_reason: str | None = None
+    sealed: dict[str, int] = {}
+    """History list (``SEALED``) -> its leading entries sealed into history segments by the
+    commits so far (``history.py``); a commit record carries only the entries after them."""
     checkpoints: list[int] = []
     """Versions committed as checkpoints (``store.checkpoint_every`` at their commit): every
     later collection keeps them, whatever the settings it runs with."""
@@ -103,6 +109,10 @@ class CampaignState(BaseModel):
         return self.planner.length_history
 
 
+SEALED = ("steps", "evals")
+"""The state's lists that grow with every step, kept in sealed history segments."""
+
+
 def pointer_key(run_id: str) -> str:
     return f"runs/{run_id}/campaign"
 
@@ -111,11 +121,12 @@ def load_state(store: ObjectStore, run_id: str) -> CampaignState | None:
     """The run's last committed state, or None before its first commit (see :func:`parse_state`
     for the checks)."""
     record = read_pointer(store, pointer_key(run_id))
-    return None if record is None else parse_state(record, run_id)
+    return None if record is None else parse_state(store, record, run_id)
 
 
-def parse_state(record: dict[str, Any], run_id: str) -> CampaignState:
-    """The campaign state in a commit record of ``run_id``, checked before anything in it is used.
+def parse_state(store: ObjectStore, record: dict[str, Any], run_id: str) -> CampaignState:
+    """The campaign state in a commit record of ``run_id``, with its sealed history read back from
+    ``store``, checked before anything in it is used.
 
     A commit record comes from the store: it must be a valid state of this run, and every
     object key it names must be a safe key under this run's own prefix (``runs/<run_id>/``), so a
@@ -126,7 +137,7 @@ def parse_state(record: dict[str, Any], run_id: str) -> CampaignState:
     """
     where = f"commit record of run {run_id!r}"
     try:
-        state = CampaignState.model_validate(record.get("state"))
+        state = CampaignState.model_validate(_unsealed(store, record.get("state"), run_id))
     except ValidationError as exc:
         err = exc.errors()[0]
         raise IntegrityError(f"{where} is not a valid campaign state ({'.'.join(map(str, err['loc']))}: "
@@ -143,6 +154,18 @@ def parse_state(record: dict[str, Any], run_id: str) -> CampaignState:
     return state
 
 
+def _unsealed(store: ObjectStore, data: Any, run_id: str) -> Any:
+    """A record's state with each sealed list whole again (records from before the history was
+    sealed hold every entry and no ``sealed``: unchanged)."""
+    if not isinstance(data, dict) or not isinstance(data.get("sealed"), dict):
+        return data
+    data = dict(data)
+    for name in SEALED:
+        if isinstance(data.get(name), list):
+            data[name] = unseal(store, run_id, name, data["sealed"].get(name, 0)) + data[name]
+    return data
+
+
 def _state_keys(state: CampaignState) -> list[tuple[str, str]]:
     """(field, object key) for every key a state names."""
     keys = [(f, getattr(state, f)) for f in ("policy_key", "reference_key", "optimizer_key", "critic_key",
@@ -157,7 +180,7 @@ def load_state_at(store: ObjectStore, run_id: str, step: int) -> CampaignState |
         record = get_json(store, commit_key(pointer_key(run_id), step))
     except ObjectNotFound:
         return None
-    return parse_state(record, run_id)
+    return parse_state(store, record, run_id)
 
 
 class CampaignRefused(ValueError):
@@ -185,4 +208,13 @@ def check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: bo
 
 
 def commit_state(store: ObjectStore, state: CampaignState) -> str:
-    return commit_pointer(store, pointer_key(state.run_id), {"step": state.step, "state": state.model_dump(mode="json")})
+    """Commit ``state`` as its step: first seal the history segments its lists have filled since
+    the last commit (recording their counts in ``state.sealed``), then write the record with the
+    entries after them. Returns the record's key."""
+    data = state.model_dump(mode="json")
+    # a new dict, not an update in place: a shallow copy of the state may share the old one
+    state.sealed = {name: seal(store, state.run_id, name, data[name], state.sealed.get(name, 0)) for name in SEALED}
+    for name in SEALED:
+        data[name] = data[name][state.sealed[name]:]
+    data["sealed"] = dict(state.sealed)
+    return commit_pointer(store, pointer_key(state.run_id), {"step": state.step, "state": data})

@@ -96,6 +96,22 @@ def calibrate(steps: Sequence[PhaseObservation], window: int = WINDOW) -> Calibr
                        by_actors=by_actors)
 
 
+def calibration_memory(steps: Sequence[PhaseObservation], window: int = WINDOW) -> list[PhaseObservation]:
+    """The steps :func:`calibrate` reads, oldest first: the last ``window``, the last ``window``
+    giving a reading at each fan-out, and the last ``window`` that ran a prefill action, so that
+    ``calibrate(calibration_memory(s)) == calibrate(s)`` and the memory a campaign commits with
+    every step stays bounded (a few fan-outs times ``window``) however long it runs."""
+    keep = set(range(max(0, len(steps) - window), len(steps)))
+    by_n: dict[int, list[int]] = {}
+    for i, m in enumerate(steps):
+        if m.num_actors > 0 and _implied_scale(m) is not None:
+            by_n.setdefault(m.num_actors, []).append(i)
+    for indices in by_n.values():
+        keep.update(indices[-window:])
+    keep.update([i for i, m in enumerate(steps) if m.ran_prefill][-window:])
+    return [steps[i] for i in sorted(keep)]
+
+
 def _implied_scale(m: PhaseObservation) -> float | None:
     """The decode scale one step's generation time implies (module docstring); None where the
     step gives no reading."""

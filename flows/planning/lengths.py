@@ -50,16 +50,21 @@ class LengthHistory:
     """prompt_id -> prompt length (tokens), a feature of the learned first-epoch fit."""
 
     def record(self, prompt_id: int, epoch: int, response_lens: Sequence[int],
-               reference_length: float | None = None, prompt_length: float | None = None) -> None:
+               reference_length: float | None = None, prompt_length: float | None = None,
+               keep: int | None = None) -> None:
         """Store the group's max length for ``epoch``; recording an epoch again replaces it
         (a replayed step must not count twice). ``reference_length`` and ``prompt_length``
-        (tokens): the prompt's features, which calibrate predictions of prompts not seen yet."""
+        (tokens): the prompt's features, which calibrate predictions of prompts not seen yet.
+        ``keep``: the prompt's most recent epochs kept (None: all); predictions read the last
+        ``window`` only, so a campaign keeps its history bounded with ``keep >= window``."""
         if not response_lens:
             raise ValueError(f"response_lens for prompt {prompt_id}: empty; pass the "
                              "length of every sample of the group")
         entries = self.observations.setdefault(int(prompt_id), [])
         entries[:] = [e for e in entries if e[0] != epoch]
         insort(entries, (int(epoch), float(max(response_lens))))
+        if keep is not None:
+            del entries[:-keep]
         if reference_length is not None and reference_length > 0:
             self.references[int(prompt_id)] = float(reference_length)
         if prompt_length is not None and prompt_length > 0:

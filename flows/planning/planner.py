@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from flows.planning.calibration import Calibration, calibrate
+from flows.planning.calibration import Calibration, calibrate, calibration_memory
 from flows.planning.lengths import LengthHistory, predict_lengths
 from flows.planning.migrate import plan_cut_points_of
 from flows.planning.plan import ClusterSpec, GenerationPlan
@@ -44,6 +44,9 @@ from flows.planning.tpot import TpotProfile
 
 CALL_HISTORY = 8
 """Steps of call history kept for pre-warming (the earliest offset over them is used)."""
+EPOCHS_KEPT = 8
+"""Epochs of each prompt's length history kept (or ``lengths.window``, if more): predictions
+read the last ``window``; a resume with a longer window than both starts from these."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,8 @@ class PlannerState(BaseModel):
     errors: list[tuple[list[float], list[float]]] = []
     """Per recent step: the group max lengths predicted and observed, in prompt order."""
     phases: list[PhaseObservation] = []
-    """Every measured phase as planned and measured, oldest first (the calibration's data)."""
+    """The measured phases the calibration reads (``calibration_memory``: the recent ones, at
+    most a few fan-outs times its window), as planned and measured, oldest first."""
     call_history: dict[str, list[float]] = {}
     """Action -> its earliest submission offset in each of the last ``CALL_HISTORY`` steps."""
     spec_rates: dict[str, float] = {}
@@ -236,12 +240,12 @@ class Planner:
         seen = [p for p in inputs.prompt_ids if record.lengths.get(p)]
         for p in seen:
             self._history.record(p, inputs.epoch, record.lengths[p], inputs.reference_lengths[p],
-                                 inputs.prompt_lengths[p])
+                                 inputs.prompt_lengths[p], keep=max(self.rules.length_window, EPOCHS_KEPT))
         if seen and self.rules.tail_error_steps > 0:
             s.errors = [*s.errors, ([float(phase.predicted[p]) for p in seen],
                                     [float(max(record.lengths[p])) for p in seen])][-self.rules.tail_error_steps:]
         if record.phase is not None:
-            s.phases = [*s.phases, record.phase]
+            s.phases = calibration_memory([*s.phases, record.phase])  # bounded: what calibrate reads
         for action, offset in record.call_offsets.items():
             s.call_history[action] = [*s.call_history.get(action, []), offset][-CALL_HISTORY:]
         if any(record.spec):

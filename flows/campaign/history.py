@@ -1,0 +1,90 @@
+"""A campaign's per-step history in sealed segments, so that commit records stay small.
+
+Every commit record holds the whole campaign state. The per-step metrics (about 3.4 KB a step
+with its plan) and the evaluations grow with every step; records that carried them all would
+grow the run's records quadratically (some 1.7 GB of records by step 1000). Instead, each
+``SEGMENT`` consecutive entries of such a list are sealed, once, into a create-once object::
+
+    runs/<run>/campaign/history/<name>-<first:06d>.json
+
+and a record holds how many entries are sealed (``CampaignState.sealed``) and only the entries
+after them. A record's size is then bounded by ``SEGMENT`` entries of each list, and the run's
+history is written once in all.
+
+Sealed entries are committed ones, so a replayed commit (a crash between a segment and its
+record) writes the same bytes again; a segment that differs is a second writer and is refused,
+as a commit record is. Segments live outside ``steps/``, where garbage collection never deletes
+(``flows/planning/retention.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from actions.store import CommitConflict, IntegrityError, ObjectNotFound, ObjectStore
+
+SEGMENT = 100
+"""Entries per sealed segment: a record carries fewer than this many of each list."""
+
+HISTORY_SCHEMA = "rlhfless.history/v1"
+
+
+def segment_key(run_id: str, name: str, first: int) -> str:
+    """Key of the segment of list ``name`` that starts at entry ``first``."""
+    return f"runs/{run_id}/campaign/history/{name}-{first:06d}.json"
+
+
+def _encode(name: str, first: int, items: Sequence[Any]) -> bytes:
+    return json.dumps({"_schema": HISTORY_SCHEMA, "name": name, "first": first, "items": list(items)},
+                      sort_keys=True).encode()
+
+
+def seal(store: ObjectStore, run_id: str, name: str, items: Sequence[Any], sealed: int) -> int:
+    """Write the segments of ``items`` (JSON-ready entries, oldest first) that fill up between
+    entry ``sealed`` (already sealed) and the last whole segment; return the new sealed count.
+
+    Raises:
+        ValueError: ``sealed`` is not a multiple of ``SEGMENT`` or exceeds ``len(items)``.
+        CommitConflict: a segment exists with other entries (another writer, or a diverged replay).
+    """
+    if sealed % SEGMENT or not 0 <= sealed <= len(items):
+        raise ValueError(f"sealed={sealed}: must be a multiple of {SEGMENT} within the {len(items)} {name} entries")
+    end = len(items) // SEGMENT * SEGMENT
+    for first in range(sealed, end, SEGMENT):
+        key, data = segment_key(run_id, name, first), _encode(name, first, items[first:first + SEGMENT])
+        store.put_if_absent(key, data)
+        if store.get(key) != data:  # as commit_pointer: a replay is fine, other entries are not
+            raise CommitConflict(f"history segment {key} already holds other {name} entries; another writer "
+                                 "owns this campaign or the replay diverged")
+    return end
+
+
+def unseal(store: ObjectStore, run_id: str, name: str, sealed: Any) -> list[Any]:
+    """The first ``sealed`` entries of list ``name``, read back from their segments.
+
+    Raises:
+        IntegrityError: ``sealed`` is not a count of whole segments, or a segment is missing,
+            unreadable or not the one its key names (one line naming the key).
+    """
+    if not isinstance(sealed, int) or isinstance(sealed, bool) or sealed < 0 or sealed % SEGMENT:
+        raise IntegrityError(f"commit record of run {run_id!r}: sealed {name} count {sealed!r} is not a "
+                             f"multiple of {SEGMENT}; it was not written by this version or was tampered with")
+    out: list[Any] = []
+    for first in range(0, sealed, SEGMENT):
+        key = segment_key(run_id, name, first)
+        try:
+            segment = json.loads(store.get(key))
+        except ObjectNotFound:
+            raise IntegrityError(f"history segment {key} is missing; the run's commit records name it "
+                                 "(restore it from a backup of the store)") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise IntegrityError(f"history segment {key} is not valid JSON: {exc}") from None
+        if (not isinstance(segment, dict) or segment.get("_schema") != HISTORY_SCHEMA
+                or segment.get("name") != name or segment.get("first") != first
+                or not isinstance(segment.get("items"), list) or len(segment["items"]) != SEGMENT):
+            raise IntegrityError(f"history segment {key} is not the {HISTORY_SCHEMA} segment of {name} entries "
+                                 f"{first}..{first + SEGMENT - 1}; it was tampered with")
+        out.extend(segment["items"])
+    return out

@@ -1,0 +1,130 @@
+"""Commit records stay bounded however long a campaign runs: the per-step metrics and the
+evaluations are sealed into create-once history segments, and a state reads back whole."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from actions.store import CommitConflict, IntegrityError, LocalStore, ObjectStore, commit_key, commit_pointer
+from flows.campaign.history import SEGMENT, segment_key
+from flows.campaign.state import CampaignState, EvalRecord, commit_state, load_state, load_state_at, pointer_key
+
+RUN = "hist"
+
+
+def _state(**update) -> CampaignState:
+    inputs = {f"{name}_key": f"runs/{RUN}/{name}/manifest.json" for name in ("base", "init", "train", "eval", "tokens")}
+    ref = f"runs/{RUN}/policy/v000000/manifest.json"
+    return CampaignState(run_id=RUN, fingerprint="f", identity={}, policy_key=ref, reference_key=ref,
+                         prepared={**inputs, "model": {}}, **update)
+
+
+def _metrics(step: int) -> dict:
+    return {"step": float(step), "reward_mean": step / 7, "plan": {"num_actors": 1 + step % 3}}
+
+
+def _eval(step: int) -> EvalRecord:
+    return EvalRecord(step=step, policy_version=step, accuracy=step / 1000, reward_mean=0.5, mean_length=3.0 + step,
+                      num_prompts=4, reward_metrics={"format": 0.25})
+
+
+def _grow(store: ObjectStore, steps: int, eval_every: int = 2) -> CampaignState:
+    """Commit steps 0..``steps`` as the campaign does: one metrics entry a step, an evaluation
+    every ``eval_every`` steps, each new state a deep copy of the last."""
+    state = _state()
+    commit_state(store, state)
+    for s in range(1, steps + 1):
+        state = state.model_copy(deep=True)
+        state.step, state.policy_version = s, s
+        state.steps.append(_metrics(s - 1))
+        if s % eval_every == 0:
+            state.evals.append(_eval(s))
+        commit_state(store, state)
+    return state
+
+
+def _record(store: ObjectStore, step: int) -> dict:
+    return json.loads(store.get(commit_key(pointer_key(RUN), step)))["state"]
+
+
+def test_records_stay_bounded_and_states_read_back_whole(backend_store) -> None:
+    store = backend_store
+    final = _grow(store, 2 * SEGMENT + 30)
+    for step in (SEGMENT - 1, SEGMENT, 2 * SEGMENT + 30):
+        record = _record(store, step)
+        assert len(record["steps"]) == step % SEGMENT, step  # only the entries after the sealed ones
+        assert record["sealed"]["steps"] == step // SEGMENT * SEGMENT
+    assert len(_record(store, 2 * SEGMENT + 30)["evals"]) == (SEGMENT + 15) % SEGMENT
+    loaded = load_state(store, RUN)
+    assert loaded is not None and loaded.model_dump() == final.model_dump()
+    assert [m["step"] for m in loaded.steps] == [float(s) for s in range(2 * SEGMENT + 30)]
+    # an older commit reads back as it was committed
+    middle = load_state_at(store, RUN, SEGMENT + 1)
+    assert middle is not None and len(middle.steps) == SEGMENT + 1 and len(middle.evals) == (SEGMENT + 1) // 2
+
+
+def test_a_resumed_state_keeps_sealing_where_it_stopped(tmp_path) -> None:
+    store = LocalStore(tmp_path / "store")
+    _grow(store, SEGMENT + 5)
+    resumed = load_state(store, RUN)
+    assert resumed is not None and resumed.sealed == {"steps": SEGMENT, "evals": 0}
+    for s in range(SEGMENT + 6, 2 * SEGMENT + 1):
+        resumed = resumed.model_copy(deep=True)
+        resumed.step = s
+        resumed.steps.append(_metrics(s - 1))
+        commit_state(store, resumed)
+    assert _record(store, 2 * SEGMENT)["steps"] == [] and resumed.sealed["steps"] == 2 * SEGMENT
+    assert load_state(store, RUN).model_dump() == resumed.model_dump()
+
+
+def test_records_from_before_sealing_load_and_their_next_commit_seals_them(tmp_path) -> None:
+    store = LocalStore(tmp_path / "store")
+    old = _state(step=SEGMENT + 3, steps=[_metrics(s) for s in range(SEGMENT + 3)])
+    data = old.model_dump(mode="json")
+    data.pop("sealed")
+
+    for s in range(SEGMENT + 4):  # commits must be consecutive
+        commit_pointer(store, pointer_key(RUN), {"step": s, "state": {**data, "step": s}})
+    loaded = load_state(store, RUN)
+    assert loaded is not None and len(loaded.steps) == SEGMENT + 3 and loaded.sealed == {}
+    loaded.step += 1
+    loaded.steps.append(_metrics(SEGMENT + 3))
+    commit_state(store, loaded)
+    assert len(_record(store, SEGMENT + 4)["steps"]) == 4
+    assert load_state(store, RUN).steps == loaded.steps
+
+
+def test_a_replayed_commit_writes_the_same_segment_and_a_diverged_one_is_refused(tmp_path) -> None:
+    store = LocalStore(tmp_path / "store")
+    state = _grow(store, SEGMENT)
+    before = state.model_copy(deep=True)
+    before.sealed = {}  # the state a crash before the record would resume from seals again
+    commit_state(store, before)  # same bytes: a no-op
+    other = before.model_copy(deep=True)
+    other.sealed = {}
+    other.steps[3] = {**other.steps[3], "reward_mean": -1.0}
+    with pytest.raises(CommitConflict, match=r"history segment .*steps-000000\.json already holds other steps"):
+        commit_state(store, other)
+
+
+def test_a_missing_or_tampered_segment_is_named(tmp_path) -> None:
+    store = LocalStore(tmp_path / "store")
+    _grow(store, SEGMENT + 1)
+    key = segment_key(RUN, "steps", 0)
+    good = store.get(key)
+    segment = json.loads(good)
+    segment["items"] = segment["items"][:-1]
+    store.put(key, json.dumps(segment).encode())
+    with pytest.raises(IntegrityError, match=r"steps-000000\.json is not the rlhfless\.history/v1 segment"):
+        load_state(store, RUN)
+    store.delete(key)
+    with pytest.raises(IntegrityError, match=r"steps-000000\.json is missing"):
+        load_state(store, RUN)
+    store.put(key, good)
+    record = json.loads(store.get(commit_key(pointer_key(RUN), SEGMENT + 1)))
+    record["state"]["sealed"]["steps"] = 7
+    store.put(commit_key(pointer_key(RUN), SEGMENT + 1), json.dumps(record).encode())
+    with pytest.raises(IntegrityError, match="sealed steps count 7 is not a multiple of 100"):
+        load_state(store, RUN)
