@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from flows.campaign.artifacts import _percent, start_progress, update_progress
+from flows.campaign.artifacts import TABLE_ROWS, _percent, publish_step_artifacts, start_progress, update_progress
 from flows.campaign.state import EvalRecord
 from flows.campaign.tensorboard import ScalarBoard, read_scalars
 from flows.commands.report import length_histogram, write_report
@@ -90,6 +90,26 @@ def test_progress_outside_a_flow_run_is_a_no_op():
     update_progress(None, "run", 1, 4)  # nothing to update, no API needed
     # percent of committed steps; a resumed run past its target shows 100, zero steps is done
     assert [_percent(d, 4) for d in (0, 1, 4, 6)] == [0.0, 25.0, 100.0, 100.0] and _percent(0, 0) == 100.0
+
+
+def test_the_metrics_table_shows_the_latest_steps_only(monkeypatch):
+    """Prefect keeps every version of a keyed artifact: a table of every step after every step
+    would grow its database with the square of the run's length."""
+    import prefect.artifacts
+    import prefect.context
+
+    tables: dict[str, tuple[str, list]] = {}
+    monkeypatch.setattr(prefect.context.FlowRunContext, "get", classmethod(lambda cls: object()))
+    monkeypatch.setattr(prefect.artifacts, "create_table_artifact",
+                        lambda key, table, description: tables.__setitem__(key, (description, table)))
+    monkeypatch.setattr(prefect.artifacts, "create_markdown_artifact", lambda key, markdown: None)
+    for done in (3, TABLE_ROWS + 50):
+        steps = [{**STEP_METRICS, "step": float(s), "timing_s/step": 1.0, "actors/migrated": 0.0,
+                  "cost/billed_gpu_seconds": 1.0, "cost/gpu_seconds": 1.0} for s in range(done)]
+        assert publish_step_artifacts("Run_1", steps, [])
+        description, rows = tables["run-1-metrics"]
+        assert [r["step"] for r in rows] == list(range(max(1, done - TABLE_ROWS + 1), done + 1))
+    assert description.startswith(f"per-step metrics of the latest {TABLE_ROWS} of {TABLE_ROWS + 50} steps")
 
 
 def test_report_has_plots_and_a_length_histogram(tmp_path):

@@ -31,6 +31,12 @@ TABLE_METRICS = (REWARD_MEAN, RESPONSE_LENGTH_MEAN, ACTORS_N, ACTORS_MIGRATED, B
                  "loss/policy")  # the last two: the train action's names
 
 
+TABLE_ROWS = 200
+"""Steps in the metrics table: the latest ones. Prefect keeps every version of a keyed artifact,
+so a table of every step, published after every step, would grow its database with the square
+of the run's length; the whole history is in the run's summary and trackers."""
+
+
 def slug(run_id: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-") or "run"
 
@@ -43,9 +49,10 @@ def publish_step_artifacts(run_id: str, steps: list[dict[str, Any]], evals: Sequ
     if FlowRunContext.get() is None:
         return False
     key, last = slug(run_id), steps[-1]
-    create_table_artifact(key=f"{key}-metrics", description="per-step metrics",
+    shown = steps[-TABLE_ROWS:]
+    create_table_artifact(key=f"{key}-metrics", description=_table_description(len(steps), len(shown)),
                           table=[{"step": int(s["step"]) + 1, **{m: round(float(s.get(m, 0.0)), 5) for m in TABLE_METRICS}}
-                                 for s in steps])
+                                 for s in shown])
     plan = last.get("plan", {})
     create_table_artifact(key=f"{key}-plan", description=f"fan-out candidates, step {int(last['step']) + 1}: "
                                                          f"chose {plan.get('num_actors')} actions ({plan.get('policy')})",
@@ -60,6 +67,12 @@ def publish_step_artifacts(run_id: str, steps: list[dict[str, Any]], evals: Sequ
         f"- billed {f.billed_gpu_seconds:.2f} GPU-s (${f.usd:.5f}), step {f.timing_s['step']:.2f} s\n"
         f"- latest held-out accuracy: {acc}\n"))
     return True
+
+
+def _table_description(done: int, shown: int) -> str:
+    if shown == done:
+        return "per-step metrics"
+    return f"per-step metrics of the latest {shown} of {done} steps (every step: the run's summary JSON and trackers)"
 
 
 def _percent(done: int, total: int) -> float:
