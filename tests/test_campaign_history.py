@@ -52,10 +52,11 @@ def _record(store: ObjectStore, step: int) -> dict:
 def test_records_stay_bounded_and_states_read_back_whole(backend_store) -> None:
     store = backend_store
     final = _grow(store, 2 * SEGMENT + 30)
-    for step in (SEGMENT - 1, SEGMENT, 2 * SEGMENT + 30):
+    for step in (SEGMENT - 1, SEGMENT, SEGMENT + 1, 2 * SEGMENT + 30):
+        # sealed: whole segments of the entries the record before held (step - 1 of them)
         record = _record(store, step)
-        assert len(record["steps"]) == step % SEGMENT, step  # only the entries after the sealed ones
-        assert record["sealed"]["steps"] == step // SEGMENT * SEGMENT
+        assert record["sealed"]["steps"] == (step - 1) // SEGMENT * SEGMENT
+        assert len(record["steps"]) == step - record["sealed"]["steps"] <= SEGMENT, step
     assert len(_record(store, 2 * SEGMENT + 30)["evals"]) == (SEGMENT + 15) % SEGMENT
     loaded = load_state(store, RUN)
     assert loaded is not None and loaded.model_dump() == final.model_dump()
@@ -75,7 +76,7 @@ def test_a_resumed_state_keeps_sealing_where_it_stopped(tmp_path) -> None:
         resumed.step = s
         resumed.steps.append(_metrics(s - 1))
         commit_state(store, resumed)
-    assert _record(store, 2 * SEGMENT)["steps"] == [] and resumed.sealed["steps"] == 2 * SEGMENT
+    assert len(_record(store, 2 * SEGMENT)["steps"]) == SEGMENT and resumed.sealed["steps"] == SEGMENT
     assert load_state(store, RUN).model_dump() == resumed.model_dump()
 
 
@@ -92,21 +93,64 @@ def test_records_from_before_sealing_load_and_their_next_commit_seals_them(tmp_p
     loaded.step += 1
     loaded.steps.append(_metrics(SEGMENT + 3))
     commit_state(store, loaded)
-    assert len(_record(store, SEGMENT + 4)["steps"]) == 4
+    assert len(_record(store, SEGMENT + 4)["steps"]) == 4  # the entries the old record held are sealed
     assert load_state(store, RUN).steps == loaded.steps
 
 
-def test_a_replayed_commit_writes_the_same_segment_and_a_diverged_one_is_refused(tmp_path) -> None:
+def test_a_step_replayed_with_other_timings_after_a_crash_commits(tmp_path, monkeypatch) -> None:
+    """Only entries an earlier record holds are sealed: a crash between a step's segments and its
+    record replays the step, whose measured times differ, and the replay still commits."""
+    import flows.campaign.state as state_module
+
     store = LocalStore(tmp_path / "store")
-    state = _grow(store, SEGMENT)
-    before = state.model_copy(deep=True)
-    before.sealed = {}  # the state a crash before the record would resume from seals again
-    commit_state(store, before)  # same bytes: a no-op
-    other = before.model_copy(deep=True)
-    other.sealed = {}
+    for crash_at in (SEGMENT, SEGMENT + 1):
+        state = _grow(store, crash_at - 1) if crash_at == SEGMENT else load_state(store, RUN)
+        attempt = state.model_copy(deep=True)
+        attempt.step += 1
+        attempt.steps.append(_metrics(crash_at - 1) | {"timing_s/step": 12.34})
+        with monkeypatch.context() as m:
+            m.setattr(state_module, "commit_pointer", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+            with pytest.raises(KeyboardInterrupt):
+                commit_state(store, attempt)  # dies after sealing, before its record
+        resumed = load_state(store, RUN)
+        assert resumed is not None and resumed.step == crash_at - 1
+        replay = resumed.model_copy(deep=True)
+        replay.step += 1
+        replay.steps.append(_metrics(crash_at - 1) | {"timing_s/step": 12.91})
+        commit_state(store, replay)
+        assert load_state(store, RUN).steps[-1]["timing_s/step"] == 12.91
+    assert store.exists(segment_key(RUN, "steps", 0))  # sealed by the commit after the 100th entry's
+
+
+def test_a_segment_rewritten_with_other_entries_is_refused(tmp_path) -> None:
+    store = LocalStore(tmp_path / "store")
+    _grow(store, SEGMENT + 1)
+    other = load_state(store, RUN)
+    other.step += 1
+    other.steps.append(_metrics(SEGMENT + 1))
+    other.sealed = {}  # a second writer, unaware of the segment
     other.steps[3] = {**other.steps[3], "reward_mean": -1.0}
     with pytest.raises(CommitConflict, match=r"history segment .*steps-000000\.json already holds other steps"):
         commit_state(store, other)
+
+
+def test_collection_reads_no_history(tmp_path) -> None:
+    """Garbage collection needs the keys of the commits it keeps, never their history."""
+    from flows.campaign.collect import plan_for
+    from flows.planning.retention import Retention
+
+    class Counting(LocalStore):
+        history_reads = 0
+
+        def get(self, key: str) -> bytes:
+            Counting.history_reads += "/history/" in key
+            return super().get(key)
+
+    store = Counting(tmp_path / "store")
+    latest = _grow(store, 2 * SEGMENT + 2)
+    Counting.history_reads = 0  # the commits read their segments back
+    plan_for(store, latest, Retention(keep_last=2, checkpoint_every=10))
+    assert Counting.history_reads == 0
 
 
 def test_a_missing_or_tampered_segment_is_named(tmp_path) -> None:

@@ -100,7 +100,7 @@ def plan_for(store: ObjectStore, latest: CampaignState, retention: Retention) ->
     versions = {latest.step: version_keys(latest)}
     for step in needed_commits(latest.step, retention):
         if step not in versions:
-            state = load_state_at(store, latest.run_id, step)
+            state = load_state_at(store, latest.run_id, step, history=False)  # its keys only
             if state is not None:
                 versions[step] = version_keys(state)
     listing = store.list("runs/")

@@ -11,10 +11,13 @@ and a record holds how many entries are sealed (``CampaignState.sealed``) and on
 after them. A record's size is then bounded by ``SEGMENT`` entries of each list, and the run's
 history is written once in all.
 
-Sealed entries are committed ones, so a replayed commit (a crash between a segment and its
-record) writes the same bytes again; a segment that differs is a second writer and is refused,
-as a commit record is. Segments live outside ``steps/``, where garbage collection never deletes
-(``flows/planning/retention.py``).
+Only entries an earlier record already holds are sealed (``CampaignState`` knows how many the
+record it was read from or last committed as held): the step being committed may be replayed
+after a crash with other measured times, while committed entries never change. So a segment
+is written by the commit after the one that completes it, a replay writes the same bytes
+again, and a segment that differs is a second writer and is refused, as a commit record is.
+Segments live outside ``steps/``, where garbage collection never deletes
+(``flows/planning/retention.py``); it reads records without their history.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, model_validator
 
 from actions.contracts import EvaluateResult, Prepared
 from actions.store import (
@@ -79,6 +79,10 @@ class CampaignState(BaseModel):
     sealed: dict[str, int] = {}
     """History list (``SEALED``) -> its leading entries sealed into history segments by the
     commits so far (``history.py``); a commit record carries only the entries after them."""
+    _recorded: dict[str, int] = PrivateAttr(default_factory=dict)
+    # History list -> its length in the record this state was read from or last committed as.
+    # Only those entries are sealed: the step being committed may be replayed after a crash with
+    # other measured times, and a sealed segment can never change.
     checkpoints: list[int] = []
     """Versions committed as checkpoints (``store.checkpoint_every`` at their commit): every
     later collection keeps them, whatever the settings it runs with."""
@@ -124,9 +128,10 @@ def load_state(store: ObjectStore, run_id: str) -> CampaignState | None:
     return None if record is None else parse_state(store, record, run_id)
 
 
-def parse_state(store: ObjectStore, record: dict[str, Any], run_id: str) -> CampaignState:
+def parse_state(store: ObjectStore, record: dict[str, Any], run_id: str, *, history: bool = True) -> CampaignState:
     """The campaign state in a commit record of ``run_id``, with its sealed history read back from
-    ``store``, checked before anything in it is used.
+    ``store``, checked before anything in it is used. ``history=False``: the history lists hold
+    the record's own entries only (for readers of its keys; such a state is never committed).
 
     A commit record comes from the store: it must be a valid state of this run, and every
     object key it names must be a safe key under this run's own prefix (``runs/<run_id>/``), so a
@@ -137,7 +142,8 @@ def parse_state(store: ObjectStore, record: dict[str, Any], run_id: str) -> Camp
     """
     where = f"commit record of run {run_id!r}"
     try:
-        state = CampaignState.model_validate(_unsealed(store, record.get("state"), run_id))
+        state = CampaignState.model_validate(_unsealed(store, record.get("state"), run_id) if history
+                                             else record.get("state"))
     except ValidationError as exc:
         err = exc.errors()[0]
         raise IntegrityError(f"{where} is not a valid campaign state ({'.'.join(map(str, err['loc']))}: "
@@ -151,6 +157,8 @@ def parse_state(store: ObjectStore, record: dict[str, Any], run_id: str) -> Camp
         check_name(key, where=f"{where}, {field}", what="key", fix=STORE_FIX)
         if not key.startswith(prefix):
             raise UnsafeName(f"{where}, {field}: key {shown(key)} is outside the run's prefix {prefix!r}; {STORE_FIX}")
+    if history:
+        state._recorded = {name: len(getattr(state, name)) for name in SEALED}
     return state
 
 
@@ -174,13 +182,14 @@ def _state_keys(state: CampaignState) -> list[tuple[str, str]]:
     return [(f, k) for f, k in keys if k is not None]
 
 
-def load_state_at(store: ObjectStore, run_id: str, step: int) -> CampaignState | None:
-    """The state committed at ``step`` (None if that step was never committed)."""
+def load_state_at(store: ObjectStore, run_id: str, step: int, *, history: bool = True) -> CampaignState | None:
+    """The state committed at ``step`` (None if that step was never committed); ``history``: as
+    :func:`parse_state` (False reads no history segment: for the keys a record names)."""
     try:
         record = get_json(store, commit_key(pointer_key(run_id), step))
     except ObjectNotFound:
         return None
-    return parse_state(store, record, run_id)
+    return parse_state(store, record, run_id, history=history)
 
 
 class CampaignRefused(ValueError):
@@ -208,13 +217,17 @@ def check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: bo
 
 
 def commit_state(store: ObjectStore, state: CampaignState) -> str:
-    """Commit ``state`` as its step: first seal the history segments its lists have filled since
-    the last commit (recording their counts in ``state.sealed``), then write the record with the
-    entries after them. Returns the record's key."""
+    """Commit ``state`` as its step: first seal the history segments filled by entries an earlier
+    record already holds (recording their counts in ``state.sealed``), then write the record with
+    the entries after them. Returns the record's key."""
     data = state.model_dump(mode="json")
+    recorded = state._recorded
     # a new dict, not an update in place: a shallow copy of the state may share the old one
-    state.sealed = {name: seal(store, state.run_id, name, data[name], state.sealed.get(name, 0)) for name in SEALED}
+    state.sealed = {name: seal(store, state.run_id, name, data[name][:max(recorded.get(name, 0), sealed)], sealed)
+                    for name in SEALED for sealed in [state.sealed.get(name, 0)]}
     for name in SEALED:
         data[name] = data[name][state.sealed[name]:]
     data["sealed"] = dict(state.sealed)
-    return commit_pointer(store, pointer_key(state.run_id), {"step": state.step, "state": data})
+    key = commit_pointer(store, pointer_key(state.run_id), {"step": state.step, "state": data})
+    state._recorded = {name: len(getattr(state, name)) for name in SEALED}
+    return key
