@@ -124,6 +124,10 @@ class StoreConfig(_Section):
         raise ValueError(f"store.uri {quote(v)} is not a directory path or s3://bucket/prefix; fix the scheme")
 
 
+LOCAL_TIMEOUT_S = 600.0
+"""``invoker.timeout_s`` when unset, for activations on this machine."""
+
+
 class InvokerConfig(_Section):
     kind: Literal["local", "inprocess", "openwhisk"] = "local"
     num_workers: int = Field(0, ge=0)
@@ -134,7 +138,12 @@ class InvokerConfig(_Section):
     process may run on."""
     package: str = "rlhfless"
     """OpenWhisk package holding the actions."""
-    timeout_s: float = Field(600.0, gt=0)
+    timeout_s: float | None = Field(None, gt=0)
+    """Longest wait for one activation, seconds, queueing and polling included. None: 600 s for
+    actions on this machine (local pool, and ``prepare`` in a child process); on OpenWhisk as
+    long as the controller may take for the action, 2 x its time limit + 2 min
+    (docs/openwhisk.md, section 7). A value below an OpenWhisk action's time limit is warned
+    about: an activation still running at the deadline fails its step, not invoked again."""
     log_dir: str | None = None
     """Local pool: directory of the per-worker log files (``worker-N.log``, the workers' stdout
     and stderr); None: ``logs`` in the run directory (the CLI's ``--out``, else ``runs/<run_id>``)."""
@@ -147,6 +156,11 @@ class InvokerConfig(_Section):
     """Prefect global concurrency limit held by every GPU action while it runs, one slot per
     ``scaling.gpus_per_actor`` (create it first: ``prefect gcl create gpu-actions --limit 8``).
     None: no limit. A name the server does not know is skipped with a warning, never blocks."""
+
+
+    def local_timeout_s(self) -> float:
+        """``timeout_s`` for activations on this machine (local pool, child process): 600 s when unset."""
+        return LOCAL_TIMEOUT_S if self.timeout_s is None else self.timeout_s
 
 
 class BudgetConfig(_Section):

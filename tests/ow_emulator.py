@@ -449,6 +449,7 @@ class OpenWhiskEmulator:
             container = self.pool.acquire(key, action["exec"]["image"])
             start = time.time()
             status_code, result = self._run_in(container, key, action, init_env, run_params, ann, pending, outcome)
+            status_code, result = self._limit_result(status_code, result)
         end = time.time()
         record = self._record(key, action, pending.activation_id, received, start, end, status_code, result, outcome)
         problems = self.swagger.check(self.swagger.schema("Activation"), record, f"activation record {key}")
@@ -557,6 +558,20 @@ class OpenWhiskEmulator:
             "annotations": annotations,
             "publish": False,
         }
+
+    # -- result size limit
+    max_result_bytes = 1_048_576
+    """OpenWhisk's limit on an activation's result (``whisk.activation.payload.max``, 1 MB)."""
+
+    def _limit_result(self, status_code: int, result: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """A result over ``max_result_bytes`` becomes the developer error OpenWhisk reports
+        (``Messages.truncatedResponse``: the sizes, then the response's first bytes)."""
+        data = json.dumps(result)
+        if len(data) <= self.max_result_bytes:
+            return status_code, result
+        head = ("The action produced a response that exceeded the allowed length: "
+                f"{len(data)} > {self.max_result_bytes} bytes.")
+        return 2, {"error": f"{head} The truncated response was: {data[: self.max_result_bytes]}"}
 
     # -- activations
     def _activation(self, rest: list[str]) -> tuple[int, Any, None]:

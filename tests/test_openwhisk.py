@@ -13,12 +13,16 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
+import httpx
 import pytest
 
+from flows.config import InvokerConfig
 from flows.invokers.base import ActionError
+from flows.invokers.factory import make_invoker
 from flows.invokers.openwhisk import (
     OpenWhiskAuthError,
     OpenWhiskClient,
@@ -42,6 +46,7 @@ FAST = RetryPolicy(
     backoff_max_s=0.05,
     poll_initial_s=0.01,
     poll_max_s=0.05,
+    min_time_limit_s=0.0,  # the controller's bound, 2 x limit + grace, on the tests' short limits
     lost_grace_s=0.2,
     blocking_wait_ms=10_000,
     request_timeout_s=10.0,
@@ -186,8 +191,56 @@ def test_deadline_bounds_the_wait(ow_emulator: OpenWhiskEmulator, invoker: OpenW
     started = time.monotonic()
     with pytest.raises(ActionError, match="no result before the deadline") as info:
         invoker.invoke("probe", {"sleep_s": 3}, timeout_s=0.5)
-    assert info.value.transient and info.value.activation_id
     assert time.monotonic() - started < 2.0
+    # The activation runs on: not transient, so the flow's retries do not start a second copy
+    # beside it (flows/step/invoke.py retries transient errors only); the message says where it is.
+    activation_id = info.value.activation_id
+    assert not info.value.transient and activation_id and ow_emulator.num_invokes == 1
+    assert f"`wsk activation get {activation_id}`" in info.value.message and "invoker.timeout_s" in info.value.message
+
+
+def test_blocking_wait_ends_a_margin_before_the_deadline():
+    """The controller answers 202 with the activation id when the blocking wait ends; the HTTP
+    read must outlast the wait, or the id is lost with the read timeout. Near the deadline the
+    wait is shortened by ``blocking_margin_s``; under the margin the invoke does not wait."""
+    seen = []
+
+    def controller(request: httpx.Request) -> httpx.Response:
+        seen.append((dict(request.url.params), request.extensions["timeout"]["read"]))
+        record = {"activationId": "a1", "response": {"status": "success", "success": True, "result": {}}}
+        return httpx.Response(200, json=record)
+
+    config = OpenWhiskConfig("http://ow.test", "uuid1234:key12345678")
+    with OpenWhiskClient(config, retry=RetryPolicy(blocking_margin_s=5.0), transport=httpx.MockTransport(controller),
+                         clock=lambda: 100.0, sleep=lambda s: None) as client:  # a stopped clock: 20 s stay left
+        client.invoke("rlhfless/probe", {}, timeout_s=20.0)
+        client.invoke("rlhfless/probe", {}, timeout_s=3.0)
+    (waited, read), (submitted, _) = seen
+    assert waited["blocking"] == "true" and waited["timeout"] == "15000" and read >= 15.0 + 5.0
+    assert submitted["blocking"] == "false" and "timeout" not in submitted
+
+
+def test_an_activation_queued_behind_others_is_not_lost():
+    """One container, as on a GPU invoker with one slot: the third of three concurrent calls
+    waits two runs in the invoker's queue, past its time limit + grace but within the
+    controller's bound (2 x limit + grace). It is waited for, not invoked again."""
+    retry = replace(FAST, lost_grace_s=0.3, blocking_wait_ms=200)
+    with running_emulator(max_containers_per_action=1) as emu, make_client(emu, retry=retry) as client:
+        put_action(client, "probe", timeout_ms=2000)
+        invoker = OpenWhiskInvoker(client, package="rlhfless", timeout_s=30.0)
+        invoker.invoke("probe", {"echo": "warm"})  # the container's cold start is not what this is about
+        before = emu.num_invokes
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            runs = list(pool.map(lambda i: invoker.invoke("probe", {"echo": i, "sleep_s": 1.0}), range(3)))
+        echoes = [run.result["echo"] for run in runs]
+        assert echoes == [0, 1, 2]
+        assert emu.num_invokes - before == 3 and client.stats["lost"] == 0
+
+
+def test_lost_after_follows_the_controllers_bound():
+    # the controller: 2 x max(limit, 60 s) + 1 min; the client adds a minute for the record
+    assert RetryPolicy().lost_after_s(3600.0) == 2 * 3600 + 120
+    assert RetryPolicy().lost_after_s(10.0) == 2 * 60 + 120
 
 
 def test_429_storm_is_ridden_out_with_bounded_retries(ow_emulator: OpenWhiskEmulator, invoker: OpenWhiskInvoker):
@@ -254,7 +307,7 @@ def test_time_limit_is_a_non_transient_developer_error(client: OpenWhiskClient, 
 def test_lost_activation_is_invoked_again_a_bounded_number_of_times(
     ow_emulator: OpenWhiskEmulator, client: OpenWhiskClient, invoker: OpenWhiskInvoker
 ):
-    put_action(client, "probe", timeout_ms=1000)  # lost after 1 s time limit + 0.2 s grace
+    put_action(client, "probe", timeout_ms=1000)  # lost after 2 x 1 s time limit + 0.2 s grace
     # Warm the container first: its /init (a cold Python import) falls under the same 1 s
     # limit and can overrun it on a busy machine, which is not what this test is about.
     assert invoker.invoke("probe", {"echo": "warm"}).result["echo"] == "warm"
@@ -304,6 +357,43 @@ def test_unreachable_host_is_one_line_naming_the_host():
         message = str(info.value)
         assert message.startswith(f"cannot reach the OpenWhisk API at {host}: ") and "\n" not in message
         assert "secretkey123" not in message and info.value.transient
+
+
+def test_a_result_over_the_size_limit_fails_at_once(ow_emulator: OpenWhiskEmulator, invoker: OpenWhiskInvoker):
+    ow_emulator.max_result_bytes = 1000
+    before = ow_emulator.num_invokes
+    with pytest.raises(ActionError, match="exceeded the allowed length") as info:
+        invoker.invoke("probe", {"echo": "x" * 2000})
+    assert not info.value.transient and "returns the keys" in info.value.message
+    assert "xxxx" not in info.value.message  # the truncated result is the action's data, not for a message
+    assert ow_emulator.num_invokes - before == 1 and invoker.client.stats["developer_retry"] == 0
+
+
+def test_timeout_below_an_actions_time_limit_is_warned_once(client: OpenWhiskClient, caplog):
+    invoker = OpenWhiskInvoker(client, package="rlhfless", timeout_s=5.0)  # probe's time limit: 20 s
+    with caplog.at_level(logging.WARNING, logger="flows.invokers.openwhisk.invoker"):
+        invoker.invoke("probe", {"echo": 1})
+        invoker.invoke("probe", {"echo": 2})
+        OpenWhiskInvoker(client, package="rlhfless", timeout_s=20.0).invoke("probe", {"echo": 3})
+    warned = [r.getMessage() for r in caplog.records if "invoker.timeout_s" in r.getMessage()]
+    assert len(warned) == 1
+    assert warned[0].startswith("invoker.timeout_s=5 is below the time limit of rlhfless/probe (20 s)")
+    assert "raise invoker.timeout_s to at least 20" in warned[0]
+
+
+def test_make_invoker_passes_invoker_timeout_s(monkeypatch):
+    """prewarm and invoke both wait ``invoker.timeout_s``; unset, as long as OpenWhisk may."""
+    monkeypatch.setenv("WSK_APIHOST", "http://127.0.0.1:1")
+    monkeypatch.setenv("WSK_AUTH", "uuid1234:key12345678")
+    monkeypatch.delenv("RLHFLESS_OPENWHISK_SECRET", raising=False)
+    for timeout_s in (3600.0, None):
+        cfg = SimpleNamespace(invoker=InvokerConfig(kind="openwhisk", timeout_s=timeout_s))
+        invoker = make_invoker(cfg, 1)
+        try:
+            assert invoker.timeout_s == timeout_s
+        finally:
+            invoker.close()
+    assert InvokerConfig().timeout_s is None and InvokerConfig().local_timeout_s() == 600.0
 
 
 def test_missing_action_says_run_deploy(invoker: OpenWhiskInvoker):
@@ -359,6 +449,11 @@ def test_activation_from_record_accounting():
         ("action developer error", {"error": {"type": "TypeError", "message": "bad", "transient": False}}, [], (False, False)),
         ("action developer error", {"error": "The action exceeded its time limits of 10 milliseconds."}, [{"key": "timeout", "value": True}], (False, False)),
         ("action developer error", {"error": "The action did not initialize and exited unexpectedly."}, [], (True, True)),
+        # limits the action ran into: the same on every attempt (OpenWhisk's Messages.scala)
+        ("action developer error", {"error": "The action produced a response that exceeded the allowed length: "
+                                             "1048577 > 1048576 bytes. The truncated response was: {\"tokens\": [1"},
+         [], (False, False)),
+        ("action developer error", {"error": "The action exhausted its memory and was aborted."}, [], (False, False)),
         ("whisk internal error", {"error": "internal"}, [], (True, True)),
     ],
 )

@@ -31,7 +31,7 @@ def prepare_inputs(ctx: RunContext) -> Prepared:
         log = worker_log_dir(cfg)
         log.mkdir(parents=True, exist_ok=True)
         activation = ChildProcessInvoker(log / "prepare.log").invoke("prepare", payload,
-                                                                     timeout_s=cfg.invoker.timeout_s)
+                                                                     timeout_s=cfg.invoker.local_timeout_s())
         out = parse_result("prepare", activation.result)
     assert isinstance(out, Prepared), type(out)
     return out

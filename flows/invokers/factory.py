@@ -28,12 +28,12 @@ def make_invoker(cfg: CampaignConfig, num_workers: int) -> Invoker:
     if kind == "local":
         from flows.invokers.local_pool import LocalPoolInvoker
 
-        return LocalPoolInvoker(num_workers, timeout_s=cfg.invoker.timeout_s, log_dir=worker_log_dir(cfg),
+        return LocalPoolInvoker(num_workers, timeout_s=cfg.invoker.local_timeout_s(), log_dir=worker_log_dir(cfg),
                                 max_body_bytes=int(cfg.invoker.max_request_mb * 1024 * 1024),
                                 read_timeout_s=cfg.invoker.read_timeout_s, num_cores=cfg.invoker.num_cores)
     from flows.invokers.openwhisk import OpenWhiskInvoker
 
-    return OpenWhiskInvoker.from_env(package=cfg.invoker.package)
+    return OpenWhiskInvoker.from_env(package=cfg.invoker.package, timeout_s=cfg.invoker.timeout_s)
 
 
 def check_invoker(cfg: CampaignConfig) -> None:

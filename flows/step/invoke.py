@@ -3,7 +3,9 @@
 Every action is idempotent (its output keys derive from run, step and shard), so retrying a
 transient failure -- a killed or lost worker, a 429/502/503, a timeout, an injected fault --
 gives the same bytes. Application errors (bad payload, missing input) and permanent crashes (a
-``TypeError``, CUDA out of memory: ``actions.runtime.errors``) fail on the first attempt.
+``TypeError``, CUDA out of memory: ``actions.runtime.errors``) fail on the first attempt, and
+so does an OpenWhisk activation still running when ``invoker.timeout_s`` runs out: it goes on,
+and a retry would start a second copy beside it.
 
 GPU actions hold slots of an optional Prefect global concurrency limit while they run
 (``invoker.gpu_concurrency_limit``), so several campaigns share one GPU pool without

@@ -18,9 +18,11 @@ controller answer                             client behaviour
 200 / 502 / 500 with an activation record     classify ``response.status`` (below)
 202 ``{activationId}`` (non-blocking, or a    poll ``/activations/{id}`` with backoff; 404 there
 blocking wait that ran out)                   means "not stored yet"
-activation never stored (past the action's    "lost": invoke again with the same payload,
-time limit + ``lost_grace_s``)                at most ``lost_retries`` times (actions are
-                                              idempotent), then ActionError(transient)
+activation never stored within the            "lost": invoke again with the same payload,
+controller's bound (``lost_after_s``: 2 x     at most ``lost_retries`` times (actions are
+the time limit + 2 min; queueing counts)      idempotent), then ActionError(transient)
+the caller's deadline passes while the        ActionError(transient=False) naming the id: it
+activation is queued or running               runs on, and a retry would run a second copy
 ``success``                                   return the record
 ``application error`` (action returned        ActionError(transient=False) with the action's
 ``{"error": ...}``)                           message
@@ -28,7 +30,9 @@ time limit + ``lost_grace_s``)                at most ``lost_retries`` times (ac
 crash ``{"error": {"type", "message",         the exception: connection refused/reset, timeouts,
 "transient"}}`` (``main`` raised: 502)        a store's 429/502/503 and injected faults are
                                               transient; a TypeError, CUDA OOM... permanent)
-``action developer error``: time limit        ActionError(transient=False): raise the limit
+``action developer error``: time limit,       ActionError(transient=False): raise the limit,
+result over the size limit, memory            return store keys, raise the memory
+exhausted
 ``action developer error``: other (init       invoke again in place ``developer_error_retries``
 failure, crash, bad response); ``whisk        times (a fresh container usually fixes it), then
 internal error``                              ActionError(transient=True)
@@ -43,8 +47,10 @@ connection refused / DNS failure              ``connect_attempts`` tries, then o
                                               the host (OpenWhiskUnreachable, transient)
 ============================================  ===============================================
 
-Every request's timeout is cut to what is left of the caller's deadline. The auth key appears
-in no message, log line or repr (it is also registered with ``credentials.redact``).
+Every request's timeout is cut to what is left of the caller's deadline; a blocking wait ends
+``blocking_margin_s`` before it, so the controller's 202 (the activation id) arrives before the
+read gives up. The auth key appears in no message, log line or repr (it is also registered with
+``credentials.redact``).
 """
 
 from flows.invokers.openwhisk.activations import annotations_of, classify_activation

@@ -9,6 +9,18 @@ from typing import Any
 from actions.runtime.errors import crash_text
 from flows.invokers.base import ActionError
 
+LIMIT_ERRORS = (
+    ("produced a response that exceeded the allowed length",
+     "an action's result must stay under OpenWhisk's result limit (1 MB by default): it writes its data to "
+     "the object store and returns the keys; a larger result fails the same way every time"),
+    ("exhausted its memory",
+     "raise the action's memory in infra/openwhisk/actions.yaml (and whisk.limits.actions.memory.max) "
+     "or give it less work; it fails the same way every time"),
+)
+"""(marker in OpenWhisk's developer-error message, fix) for limits an activation ran into: the
+size of its result (``Messages.truncatedResponse``) and its memory (``Messages.memoryExhausted``)."""
+TRUNCATED_TAIL = "The truncated response was:"
+
 
 def classify_activation(action: str, record: dict[str, Any]) -> tuple[ActionError | None, bool]:
     """Map an activation record to (error or None, whether to invoke again in place).
@@ -17,8 +29,10 @@ def classify_activation(action: str, record: dict[str, Any]) -> tuple[ActionErro
     ``{"error": {"type", "message", "transient"}}``; OpenWhisk files that as an action developer
     error and keeps the ``error`` object, so the runtime's classification decides: a transient
     crash (connection refused, timeout, injected fault) is left to the flow's retry policy, a
-    permanent one (a ``TypeError``, CUDA out of memory) fails at once. Other developer errors
-    (the container died, init failed) are OpenWhisk's own and are retried in place.
+    permanent one (a ``TypeError``, CUDA out of memory) fails at once. OpenWhisk's own
+    developer errors for a limit the action ran into -- its time limit, a result over the size
+    limit, its memory limit (``LIMIT_ERRORS``) -- recur on every attempt and fail at once with
+    the fix; the others (the container died, init failed) are retried in place.
     """
     response = record.get("response") or {}
     status = response.get("status") or ("success" if response.get("success") else "unknown")
@@ -37,6 +51,11 @@ def classify_activation(action: str, record: dict[str, Any]) -> tuple[ActionErro
         if annotations_of(record).get("timeout") is True or "time limit" in message:
             hint = "; raise its timeout in infra/openwhisk/actions.yaml (and whisk.limits.actions.time.max) or give it less work"
             return ActionError(action, message + hint, transient=False, activation_id=activation_id), False
+        limit = next((fix for marker, fix in LIMIT_ERRORS if marker in message), None)
+        if limit is not None:
+            # The truncated result OpenWhisk appends is the action's data: not for a message.
+            head = message.split(TRUNCATED_TAIL, 1)[0].rstrip()
+            return ActionError(action, f"{head}; {limit}", transient=False, activation_id=activation_id), False
         return ActionError(action, f"developer error: {message}", transient=True, activation_id=activation_id), True
     return ActionError(action, f"{status}: {message}", transient=True, activation_id=activation_id), True
 

@@ -53,16 +53,35 @@ class RetryPolicy:
     """Attempts when the host refuses the connection or its name does not resolve."""
     poll_initial_s: float = 0.05
     poll_max_s: float = 2.0
-    lost_grace_s: float = 60.0
-    """How long past the action's time limit an accepted activation may stay unrecorded
-    before it counts as lost."""
+    queue_factor: float = 2.0
+    """OpenWhisk's ``whisk.loadbalancer.timeout-factor``: the controller gives an accepted
+    activation ``queue_factor`` x its time limit (at least ``min_time_limit_s``) + 1 min to
+    complete, queueing for a busy invoker and a cold start included, before it gives up on it.
+    The client waits at least as long (:meth:`lost_after_s`): an activation queued behind
+    others is not lost, and invoking it again would run it twice."""
+    min_time_limit_s: float = 60.0
+    """The least time limit the controller's bound assumes (OpenWhisk's standard limit, 60 s)."""
+    lost_grace_s: float = 120.0
+    """Seconds added to ``queue_factor`` x the time limit before an accepted, never recorded
+    activation counts as lost: the controller's own 1 min, plus a minute for the record to be
+    stored."""
     lost_retries: int = 2
     developer_error_retries: int = 1
     blocking_wait_ms: int = 50_000
     """Blocking wait asked of the controller; under the 60 s cap and common proxy timeouts."""
+    blocking_margin_s: float = 5.0
+    """How much longer than the blocking wait the HTTP read waits, near a deadline too: the
+    controller answers 202 with the activation id when the wait ends, and a read that times
+    out at that moment loses the id (the activation runs on, unseen)."""
     request_timeout_s: float = 30.0
     idempotent: bool = True
     """Every RLHFless action is: retrying after a 503 or a dropped connection is safe."""
+
+    def lost_after_s(self, time_limit_s: float) -> float:
+        """Seconds after an invoke was sent before its activation, accepted but never recorded,
+        counts as lost: ``queue_factor`` x max(``time_limit_s``, ``min_time_limit_s``) +
+        ``lost_grace_s`` (defaults: 2 x limit + 2 min, past the controller's own 2 x limit + 1 min)."""
+        return self.queue_factor * max(time_limit_s, self.min_time_limit_s) + self.lost_grace_s
 
     def backoff_s(self, attempt: int, rng: random.Random) -> float:
         """Equal-jitter exponential backoff: half the step fixed, half random."""

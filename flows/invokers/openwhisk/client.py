@@ -201,15 +201,18 @@ class OpenWhiskClient:
             params: the JSON payload (at most ~1 MB: pass object-store keys).
             blocking: wait on the controller (up to ``blocking_wait_ms``, then poll) or submit
                 and poll at once.
-            timeout_s: overall deadline, retries and polling included; None waits as long as
-                the action's time limit allows.
+            timeout_s: overall deadline in seconds, retries and polling included; None waits
+                as long as the controller may take for the action (``RetryPolicy.lost_after_s``).
+                An activation still running at the deadline is left to run and reported, never
+                invoked again (:func:`still_running`).
             idempotent: override ``RetryPolicy.idempotent`` for this call.
 
         Returns:
             The successful activation record (``response.status == "success"``).
 
         Raises:
-            ActionError: the activation failed or was lost (``transient`` per the module table).
+            ActionError: the activation failed, was lost or outlived the deadline (``transient``
+                per the module table; the deadline is not transient).
             OpenWhiskError: the controller refused the request (auth, missing action, limits).
         """
         idem = self.retry.idempotent if idempotent is None else idempotent
@@ -243,13 +246,16 @@ class OpenWhiskClient:
     def _invoke_once(
         self, name: str, params: dict[str, Any], blocking: bool, deadline: float | None, idem: bool
     ) -> tuple[dict[str, Any] | None, str]:
-        query = {"blocking": "true" if blocking else "false", "result": "false"}
         wait_ms = min(self.retry.blocking_wait_ms, MAX_BLOCKING_WAIT_MS)
         remaining = self._api.remaining(deadline)
         if remaining is not None:
-            wait_ms = min(wait_ms, int(remaining * 1000))
-            if wait_ms < 1:
+            if remaining <= 0:
                 raise ActionError(name, "no time left before the deadline to invoke", transient=True)
+            # The controller sends the activation id (202) when the wait ends: the read below must
+            # outlast the wait by a margin, so the wait ends that much before the deadline.
+            wait_ms = min(wait_ms, int((remaining - self.retry.blocking_margin_s) * 1000))
+        blocking = blocking and wait_ms >= 1  # too close to the deadline to wait: submit, then poll
+        query = {"blocking": "true" if blocking else "false", "result": "false"}
         if blocking:
             query["timeout"] = str(wait_ms)
         sent = self._clock()
@@ -281,18 +287,18 @@ class OpenWhiskClient:
         raise self._api.fail(resp, f"invoke {name}")
 
     def _await(self, name: str, activation_id: str, sent: float, deadline: float | None) -> dict[str, Any] | None:
-        """Poll until the record is stored; None when it is lost (past time limit + grace)."""
-        lost_at = sent + self._time_limit_s(name) + self.retry.lost_grace_s
+        """Poll until the record is stored; None when it is lost (``RetryPolicy.lost_after_s``
+        after ``sent``: the controller's own bound, queueing included).
+
+        Raises:
+            ActionError: the deadline passed first (not transient: :func:`still_running`).
+        """
+        lost_at = sent + self.retry.lost_after_s(self._time_limit_s(name))
         delay = self.retry.poll_initial_s
         path = self._activation_path(activation_id)
         while True:
             if deadline is not None and self._clock() >= deadline:
-                raise ActionError(
-                    name,
-                    f"no result before the deadline; activation {activation_id} may still be running",
-                    transient=True,
-                    activation_id=activation_id,
-                )
+                raise still_running(name, activation_id)
             self._api.count("polls")
             remaining = self._api.remaining(deadline)
             timeout = self.retry.request_timeout_s if remaining is None else max(0.05, min(self.retry.request_timeout_s, remaining))
@@ -313,3 +319,20 @@ class OpenWhiskClient:
         except OpenWhiskError:
             limits = {}
         return float(limits.get("timeout") or DEFAULT_TIME_LIMIT_MS) / 1000
+
+
+def still_running(action: str, activation_id: str) -> ActionError:
+    """The error for a deadline that passed while ``activation_id`` was queued or running.
+
+    Not transient: the activation goes on (OpenWhisk cannot cancel it), so a retry that invoked
+    the action again would run a second copy beside it, on a second GPU set. The message says
+    how to look at it and which setting to raise.
+    """
+    return ActionError(
+        action,
+        f"no result before the deadline; activation {activation_id} is still queued or running and is not "
+        f"invoked again (a second copy would run beside it): see `wsk activation get {activation_id}`; raise "
+        "invoker.timeout_s above the action's time limit, or unset it to wait as long as OpenWhisk may",
+        transient=False,
+        activation_id=activation_id,
+    )

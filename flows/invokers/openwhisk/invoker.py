@@ -89,6 +89,10 @@ class OpenWhiskInvoker:
     """The :class:`~flows.invokers.base.Invoker` for an OpenWhisk cluster.
 
     ``invoke("generate", payload)`` runs ``{package}/generate`` and returns its accounting.
+    ``timeout_s`` bounds each activation, queueing and polling included (seconds); None waits as
+    long as the controller may take for the action (``RetryPolicy.lost_after_s``: 2 x its time
+    limit + 2 min). A ``timeout_s`` below an action's time limit is warned about once per action:
+    an activation still running at the deadline fails its step and is not invoked again.
     ``prewarm("generate", n)`` fires ``n`` concurrent ``{"__prewarm": true}`` activations, which
     the runtime server answers before importing the action, so ``n`` containers start. A vLLM
     evaluation runs in the ``generate`` action's containers (``ENGINE_HOSTS``).
@@ -101,12 +105,13 @@ class OpenWhiskInvoker:
         client: OpenWhiskClient,
         *,
         package: str = "rlhfless",
-        timeout_s: float | None = 600.0,
+        timeout_s: float | None = None,
         prewarm_hold_s: float = 0.5,
     ) -> None:
         self.client = client
         self.package = package.strip("/")
         self.timeout_s = timeout_s
+        self._warned: set[str] = set()
         self.prewarm_hold_s = prewarm_hold_s
         """How long each pre-warm activation holds its container, so that concurrent pre-warm
         calls cannot all be served by one already-warm container."""
@@ -116,7 +121,7 @@ class OpenWhiskInvoker:
         cls,
         *,
         package: str = "rlhfless",
-        timeout_s: float | None = 600.0,
+        timeout_s: float | None = None,
         secret_block: str | None = None,
         retry: RetryPolicy | None = None,
     ) -> OpenWhiskInvoker:
@@ -136,14 +141,28 @@ class OpenWhiskInvoker:
         if host != action:  # run in the host action's containers, where its engine lives
             payload = {**payload, **Control(action=action).to_payload()}
         name = self.qualified_name(host)
+        timeout_s = timeout_s or self.timeout_s
         try:
             meta = self.client.describe_action(name)
-            record = self.client.invoke(name, payload, timeout_s=timeout_s or self.timeout_s)
+            self._check_timeout(name, meta, timeout_s)
+            record = self.client.invoke(name, payload, timeout_s=timeout_s)
         except OpenWhiskError as exc:
             raise ActionError(action, str(exc), transient=exc.transient) from exc
         except ActionError as exc:  # raised under the qualified name; report the logical one
             raise ActionError(action, exc.message, transient=exc.transient, activation_id=exc.activation_id) from exc
         return activation_from_record(action, record, meta)
+
+    def _check_timeout(self, name: str, meta: Mapping[str, Any], timeout_s: float | None) -> None:
+        """Warn, once per action, when ``timeout_s`` is below the action's time limit: an
+        activation may then still run, healthy, when the caller stops waiting for it."""
+        limit_ms = (meta.get("limits") or {}).get("timeout")
+        if timeout_s is None or not limit_ms or timeout_s >= limit_ms / 1000 or name in self._warned:
+            return
+        self._warned.add(name)
+        log.warning("invoker.timeout_s=%g is below the time limit of %s (%g s): an activation still running at "
+                    "the deadline fails its step (it is not invoked again); raise invoker.timeout_s to at least "
+                    "%g, or unset it to wait as long as OpenWhisk may", timeout_s, name, limit_ms / 1000,
+                    limit_ms / 1000)
 
     def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None,
                 decode: DecodeSettings = DecodeSettings()) -> int:
