@@ -378,7 +378,12 @@ class OpenWhiskEmulator:
                 raise HttpReply(
                     400, {"error": f"{name} {value} {unit} {side} allowed threshold of {low if value < low else high} {unit}", "code": _tid()}
                 )
-        annotations = body.get("annotations", (existing or {}).get("annotations", []))
+        # as OpenWhisk's updateWhiskAction (Actions.scala): the stored annotations less those named
+        # in delAnnotations, with the body's merged in by key (an update never drops one otherwise)
+        dropped = set(body.get("delAnnotations") or [])
+        merged = {a["key"]: a for a in (existing or {}).get("annotations", []) if a["key"] not in dropped}
+        merged.update({a["key"]: a for a in body.get("annotations") or []})
+        annotations = list(merged.values())
         annotations = [a for a in annotations if a.get("key") != "exec"] + [{"key": "exec", "value": "blackbox"}]
         if existing is None and not any(a.get("key") == "provide-api-key" for a in annotations):
             annotations.append({"key": "provide-api-key", "value": False})

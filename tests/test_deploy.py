@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from actions.runtime import server
 from actions.runtime.server import ACTION_NAMES
 from flows.commands import deploy as deploy_mod
 from flows.commands.deploy import (
@@ -24,8 +25,10 @@ from flows.commands.deploy import (
     expand_env,
     load_manifest,
     plan_deploy,
+    stale_annotations,
 )
-from flows.invokers.openwhisk import OpenWhiskClient, OpenWhiskConfig, OpenWhiskInvoker
+from flows.commands.deploy_limits import limit_problems
+from flows.invokers.openwhisk import OpenWhiskClient, OpenWhiskConfig, OpenWhiskInvoker, annotations_of
 
 try:
     from ow_emulator import OPENWHISK_DEFAULTS, RAISED_LIMITS, OpenWhiskEmulator, ow_emulator, running_emulator  # noqa: F401
@@ -49,6 +52,28 @@ actions:
   noop:
     docker: rlhfless/runtime-cpu:0.1.0
 """
+
+
+@pytest.fixture(autouse=True)
+def probe_is_an_action(monkeypatch):
+    """``probe`` (tests/ow_test_actions.py) is an action in the emulator's containers; the
+    deploy's name check reads the same registry, so it is one here too."""
+    monkeypatch.setattr(server, "ACTION_NAMES", server.ACTION_NAMES | {"probe"})
+
+
+class LimitsEmulator(OpenWhiskEmulator):
+    """The emulator, plus ``GET /namespaces/{ns}/limits`` answering its action limit ranges as
+    recent controllers do (``UserLimits``: min/max action memory, timeout, logs, concurrency)."""
+
+    def _route(self, method, path, query, body, headers):
+        parts = path.split("/")
+        if method == "GET" and len(parts) == 6 and parts[5] == "limits":
+            names = {"memory": "Memory", "timeout": "Timeout", "logs": "Logs", "concurrency": "Concurrency"}
+            limits = {}
+            for field, (low, high) in self.limits.items():
+                limits[f"minAction{names[field]}"], limits[f"maxAction{names[field]}"] = low, high
+            return 200, {"invocationsPerMinute": 60, "concurrentInvocations": 30, **limits}, None
+        return super()._route(method, path, query, body, headers)
 
 
 def write(tmp_path: Path, text: str, name: str = "actions.yaml") -> Path:
@@ -102,6 +127,17 @@ def test_shipped_manifest_fits_the_helm_limits():
         ("package: 'bad name'\nactions:\n  noop: {docker: img:1}\n", "package: String should match pattern"),
         ("actions: {}\n", "actions: Dictionary should have at least 1 item"),
         ("actions:\n  'no/slash': {docker: img:1}\n", "actions: Value error, action name 'no/slash'"),
+        ("actions:\n  generate-7b: {docker: img:1}\n  noop: {docker: img:1}\n",
+         "actions: Value error, action name(s) 'generate-7b' unknown to the runtime image, which runs evaluate, "
+         "generate, init_critic, noop, prefill, prepare, probe, profile, score, train_step, warmup; "
+         "rename or remove them"),
+        ("env: {RLHFLESS_S3_CONDITIONAL_WRITES: off}\nactions:\n  noop: {docker: img:1}\n",
+         "env: Value error, values must be strings; RLHFLESS_S3_CONDITIONAL_WRITES: YAML read the unquoted value as "
+         "the boolean False, which would reach the actions as 'False'; quote it, e.g. "
+         'RLHFLESS_S3_CONDITIONAL_WRITES: "off" or "false"'),
+        ("env: {RLHFLESS_THREADS: 4, A: yes}\nactions:\n  noop: {docker: img:1}\n",
+         'RLHFLESS_THREADS: YAML read the unquoted value as the int 4, not a string; quote it as written, e.g. '
+         'RLHFLESS_THREADS: "4"; A: YAML read the unquoted value as the boolean True'),
         ("- just\n- a list\n", "expected a mapping with 'package' and 'actions', got list"),
         ("actions: [unclosed\n", "not valid YAML"),
     ],
@@ -112,6 +148,16 @@ def test_manifest_errors_name_the_field(tmp_path, body, expected):
         load_manifest(path)
     assert str(info.value).startswith(f"{path}: ")
     assert expected in str(info.value)
+
+
+def test_env_values_stay_strings_and_hide_secret_numbers(tmp_path):
+    manifest = load_manifest(write(tmp_path, "env: {A: 'off', B: '4', C:}\nactions:\n  noop: {docker: img:1}\n"))
+    assert manifest.env == {"A": "off", "B": "4", "C": ""}
+    with pytest.raises(ManifestError) as info:
+        load_manifest(write(tmp_path, "env: {AWS_SECRET_ACCESS_KEY: 123456789}\nactions:\n  noop: {docker: img:1}\n"))
+    message = str(info.value)
+    assert "AWS_SECRET_ACCESS_KEY: YAML read the unquoted value as an int, not a string; quote it as written" in message
+    assert "123456789" not in message
 
 
 def test_missing_manifest_file(tmp_path):
@@ -151,6 +197,34 @@ def test_plan_is_pure_and_ignores_controller_annotations(tmp_path):
     assert changed == {"rlhfless/probe": ("limits.memory", "parameters"), "rlhfless/noop": ("exec.image", "parameters")}
 
 
+def test_stale_annotations_leave_the_controllers_own():
+    desired = {"annotations": [{"key": "gpus", "value": 0}]}
+    stored = {"annotations": [{"key": "gpus", "value": 1}, {"key": "invoker-resources", "value": ["gpu"]},
+                              {"key": "exec", "value": "blackbox"}, {"key": "provide-api-key", "value": False}]}
+    assert stale_annotations(desired, stored) == ["invoker-resources"]
+    assert stale_annotations(desired, {"annotations": desired["annotations"]}) == []
+
+
+def test_limit_problems_name_every_action_and_limit():
+    # a controller reports what it enforces; fields it leaves out are not checked
+    limits = {"maxActionMemory": 512, "minActionMemory": 128, "maxActionTimeout": 300_000, "maxActionConcurrency": 1}
+    actions = {
+        "rlhfless/generate": {"memory": 32768, "timeout": 1_800_000, "logs": 10, "concurrency": 1},
+        "rlhfless/noop": {"memory": 256, "timeout": 60_000, "logs": 99, "concurrency": 1},
+        "rlhfless/tiny": {"memory": 64, "timeout": 60_000, "logs": 10, "concurrency": 2},
+    }
+    assert limit_problems(actions, limits) == [
+        "action rlhfless/generate: memory 32768 MB is above maxActionMemory 512, "
+        "timeout 1800000 ms is above maxActionTimeout 300000",
+        "action rlhfless/tiny: memory 64 MB is below minActionMemory 128, "
+        "concurrency 2 activations is above maxActionConcurrency 1",
+    ]
+    assert limit_problems(actions, {}) == []
+    assert limit_problems({}, {"allowedKinds": ["nodejs:20"]}) == [
+        "the namespace allows the action kinds nodejs:20 only, not blackbox "
+        "(every RLHFless action is a blackbox image)"]
+
+
 def test_plan_refuses_unset_env_unless_dry_run(tmp_path):
     manifest = load_manifest(write(tmp_path, "env: {KEY: '${NOT_SET_ANYWHERE}'}\nactions:\n  noop: {docker: img:1}\n"))
     with pytest.raises(ManifestError, match="unset variable\\(s\\) NOT_SET_ANYWHERE"):
@@ -179,6 +253,64 @@ def test_deploy_is_idempotent_and_actions_run(ow_emulator: OpenWhiskEmulator, tm
         third = deploy(client, manifest, environ={})
         assert [(c.name, c.kind, c.fields) for c in third if c.kind != "unchanged"] == [("rlhfless/probe", "update", ("limits.memory",))]
         assert puts(ow_emulator) == 4
+
+
+def test_a_removed_annotation_is_deleted_and_deploy_converges(ow_emulator: OpenWhiskEmulator, tmp_path):
+    """OpenWhisk merges an update's annotations into the stored ones: an annotation that left the
+    manifest goes only when named in delAnnotations, else every deploy would 'update' forever."""
+    gpu = SMALL.replace("annotations: {gpus: 0}", "annotations: {gpus: 0, invoker-resources: [gpu]}")
+    with client_for(ow_emulator) as client:
+        deploy(client, load_manifest(write(tmp_path, gpu, "gpu.yaml")), environ={})
+        # the emulator merges as the controller does: a PUT without the key keeps it
+        image = {"kind": "blackbox", "image": "rlhfless/runtime-cpu:0.1.0"}
+        client.put_action("rlhfless/probe", {"exec": image, "annotations": [{"key": "gpus", "value": 0}]})
+        assert annotations_of(client.get_action("rlhfless/probe"))["invoker-resources"] == ["gpu"]
+        manifest = load_manifest(write(tmp_path, SMALL))  # the operator moves probe off the GPU invokers
+        changed = [c for c in deploy(client, manifest, environ={}) if c.kind != "unchanged"]
+        assert [(c.name, c.fields, c.body["delAnnotations"]) for c in changed] == [
+            ("rlhfless/probe", ("annotations",), ["invoker-resources"])]
+        keys = {a["key"] for a in client.get_action("rlhfless/probe")["annotations"]}
+        assert keys == {"gpus", "exec", "provide-api-key"}  # the controller's own stay
+        assert {c.kind for c in deploy(client, manifest, environ={})} == {"unchanged"}
+
+
+def test_limits_precheck_refuses_the_whole_deploy_before_any_put(tmp_path):
+    manifest = load_manifest(SHIPPED)
+    environ = {"AWS_ENDPOINT_URL": "http://minio:9000", "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    emu = LimitsEmulator(limits=OPENWHISK_DEFAULTS).start()
+    try:
+        with client_for(emu) as client, pytest.raises(DeployError) as info:
+            deploy(client, manifest, environ=environ)
+        assert puts(emu) == 0 and info.value.applied == () and info.value.report() == []
+    finally:
+        emu.stop()
+    assert not emu.violations, emu.violations
+    message = str(info.value)
+    assert message.startswith("the limits of namespace _ refuse this deploy, so nothing was changed: "
+                              "action rlhfless/prepare: memory 32768 MB is above maxActionMemory 512, "
+                              "timeout 1800000 ms is above maxActionTimeout 300000; action rlhfless/init_critic: ")
+    over = [name for name, spec in manifest.actions.items() if spec.memory > 512 or spec.timeout > 300_000]
+    assert len(over) >= 8 and all(f"action rlhfless/{name}: " in message for name in over)
+    assert "action rlhfless/noop" not in message and message.endswith("or ask for less in the manifest")
+
+
+def test_a_failure_part_way_names_what_changed(ow_emulator: OpenWhiskEmulator, monkeypatch, tmp_path, capsys):
+    """No /limits on this controller (the emulator's 404): the PUTs stop at the first refusal,
+    and the operator learns which changes went live before it."""
+    ow_emulator.limits["memory"] = (128, 512)
+    path = write(tmp_path, SMALL.replace("memory: 256", "memory: 1024"))
+    for name, value in ow_emulator.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PROBE_SETTING", "x")
+    assert cli(["--manifest", str(path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("rlhfless deploy: action rlhfless/probe: put action rlhfless/probe: "
+                             "HTTP 400 memory 1024 MB")
+    assert err[0].endswith("values-gpu.yaml); 1 change(s) made before it stay (listed below)")
+    assert err[1:5] == ["changed before the failure (live now):", "  package rlhfless: create", "not changed:",
+                        "  action rlhfless/probe: create"]
+    assert err[5] == "  action rlhfless/noop: create" and "run `rlhfless deploy` again" in err[6]
+    assert puts(ow_emulator) == 2  # the package and the refused probe; noop was never tried
 
 
 def test_shipped_manifest_deploys_and_its_actions_answer(ow_emulator: OpenWhiskEmulator):

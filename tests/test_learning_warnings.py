@@ -26,6 +26,16 @@ def test_each_kind_fires_once_where_it_first_holds():
     assert learning_warnings([_step(), _step()], total=2) == []
 
 
+def test_a_diverged_update_warns():
+    """A non-finite loss or gradient norm (on OpenWhisk sent as "NaN"/"Infinity" and read back as
+    floats by the typed result) is reported, not dropped with the tracker's non-finite values."""
+    steps = [_step(), {**_step(), "grad_norm": float("inf")}, {**_step(), "loss/policy": float("nan")}, _step()]
+    got = learning_warnings(steps, total=10)
+    assert [(w["kind"], w["step"], w["steps"]) for w in got] == [("nonfinite_update", 2, 2)]
+    assert got[0]["message"].startswith("warning: step 2: nonfinite_update: the update diverged")
+    assert learning_warnings([_step(), {**_step(), "loss/value": 1e30}], total=2) == []
+
+
 def test_zero_variance_run_warns_and_resume_of_finished_run_writes_nothing(tmp_path, prefect_harness, capsys):
     from conftest import TINY_OVERRIDES
     from flows.commands.cli import main

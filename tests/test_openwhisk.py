@@ -285,6 +285,29 @@ def test_action_that_raises_is_classified_by_the_runtime(invoker: OpenWhiskInvok
     assert invoker.client.stats["developer_retry"] == 0  # a classified crash is not retried in place
 
 
+def test_runtime_refusals_fail_at_once_and_keep_the_container(ow_emulator: OpenWhiskEmulator, client: OpenWhiskClient,
+                                                              invoker: OpenWhiskInvoker):
+    """An action name the runtime does not know (a misnamed deploy), or a malformed control key,
+    fails the same way on every container: one activation, a permanent error, no fresh container."""
+    put_action(client, "generate-7b")
+    for action, payload, expected in (
+        ("generate-7b", {}, "UnknownAction: unknown action 'generate-7b'; known: evaluate, generate"),
+        ("probe", {"__threads": 0}, "InvalidControlKey: control key __threads: input should be greater than"),
+    ):
+        before = ow_emulator.num_invokes
+        with pytest.raises(ActionError) as info:
+            invoker.invoke(action, payload)
+        assert not info.value.transient and info.value.message.startswith(expected)
+        assert ow_emulator.num_invokes - before == 1
+        record = client.get_activation(info.value.activation_id)
+        assert record["response"]["status"] == "application error"
+        assert record["logs"] and "refused" in record["logs"][-1]  # the logs end at the sentinel
+    started = ow_emulator.containers_started()
+    assert invoker.invoke("probe", {"echo": 1}).result["echo"] == 1
+    assert ow_emulator.containers_started() == started  # the container that refused serves the next
+    assert invoker.client.stats["developer_retry"] == 0
+
+
 def test_developer_error_is_retried_once_in_place(ow_emulator: OpenWhiskEmulator, invoker: OpenWhiskInvoker):
     ow_emulator.developer_error(1)
     assert invoker.invoke("probe", {"echo": 5}).result["echo"] == 5

@@ -1,14 +1,21 @@
-"""The action-protocol server answers without transport stalls."""
+"""The action-protocol server answers without transport stalls, refuses what it cannot run as a
+permanent typed error, and sends strict JSON."""
 
 from __future__ import annotations
 
+import json
+import math
 import socket
+import sys
 import threading
+import types
 from http.server import ThreadingHTTPServer
 
 import httpx
+import pytest
 
-from actions.runtime.server import ActionRuntime, make_handler
+from actions.contracts import TrainStepResult
+from actions.runtime.server import SENTINEL, ActionRuntime, encode_reply, make_handler
 
 
 def test_replies_go_out_with_nagle_disabled():
@@ -34,3 +41,63 @@ def test_replies_go_out_with_nagle_disabled():
         server.shutdown()
         server.server_close()
     assert seen and all(flag != 0 for flag in seen), seen
+
+
+@pytest.mark.parametrize(
+    ("body", "kind", "message"),
+    [
+        ({"value": {}, "action_name": "/guest/rlhfless/generate-7b"}, "UnknownAction",
+         "unknown action 'generate-7b'; known: evaluate, generate, init_critic, noop,"),
+        ({"value": {"__threads": 0}, "action_name": "/guest/rlhfless/noop"}, "InvalidControlKey",
+         "control key __threads: input should be greater than or equal to 1 (got 0)"),
+        ({"value": [1], "action_name": "/guest/rlhfless/noop"}, "BadRequest",
+         "run body must carry a JSON object under 'value'"),
+    ],
+)
+def test_refusals_are_permanent_typed_errors_ending_with_sentinels(capsys, body, kind, message):
+    """OpenWhisk would file a non-200 reply as a developer error, which the client retries on
+    fresh containers; a refusal fails the same way every time, so it says so (transient false)."""
+    runtime = ActionRuntime()
+    status, reply = runtime.run(body)
+    assert status == 200 and set(reply) == {"error"}
+    assert reply["error"]["type"] == kind and reply["error"]["transient"] is False
+    assert reply["error"]["message"].startswith(message)
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1] == SENTINEL and err.splitlines()[-1] == SENTINEL
+    assert runtime.num_runs == 0
+
+
+def _strict(literal: str) -> None:
+    raise ValueError(f"invalid JSON literal {literal}")  # as OpenWhisk's JSON parser refuses them
+
+
+def test_non_finite_floats_go_out_as_strings_the_typed_result_reads_back():
+    metrics = {"grad_norm": math.inf, "loss/policy": math.nan, "kl": -math.inf, "entropy": 0.5}
+    data = encode_reply({"metrics": metrics, "list": [math.nan, 1.0], "ok": True})
+    parsed = json.loads(data, parse_constant=_strict)
+    assert parsed["metrics"] == {"grad_norm": "Infinity", "loss/policy": "NaN", "kl": "-Infinity", "entropy": 0.5}
+    assert parsed["list"] == ["NaN", 1.0]
+    result = TrainStepResult(policy_key="p", policy_version=1, weights_sha256="0" * 64, optimizer_key="o",
+                             bytes_uploaded=1, metrics=metrics)
+    read = TrainStepResult.model_validate(json.loads(encode_reply(result.model_dump()), parse_constant=_strict))
+    assert read.metrics["grad_norm"] == math.inf and read.metrics["kl"] == -math.inf
+    assert math.isnan(read.metrics["loss/policy"]) and read.metrics["entropy"] == 0.5
+
+
+def test_a_diverged_result_reaches_the_client_as_strict_json(monkeypatch):
+    stub = types.ModuleType("actions.noop")
+    stub.main = lambda args: {"metrics": {"grad_norm": math.inf, "loss/policy": math.nan}}  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "actions.noop", stub)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(ActionRuntime()))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        with httpx.Client() as client:
+            assert client.post(f"{url}/init", json={"value": {}}).status_code == 200
+            resp = client.post(f"{url}/run", json={"value": {}, "action_name": "/guest/rlhfless/noop"})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert resp.status_code == 200
+    metrics = json.loads(resp.content, parse_constant=_strict)["metrics"]
+    assert metrics == {"grad_norm": "Infinity", "loss/policy": "NaN"}

@@ -11,6 +11,10 @@ connection refused/reset/aborted, timeouts, an unreachable store, a store answer
 container). Everything else is permanent: a ``TypeError`` or an ``ImportError`` is a bug that
 fails the same way on every attempt, and a CUDA out-of-memory error recurs with the same
 payload on the same hardware, so it is named as such with advice on what to make smaller.
+
+The runtime's own refusals (an action name it does not know, a malformed control key) take
+the same form with ``transient`` false (:func:`describe_refusal`): the caller stops at once
+instead of retrying what fails the same way every time.
 """
 
 from __future__ import annotations
@@ -80,6 +84,17 @@ def describe_crash(exc: BaseException) -> dict[str, Any]:
                 "transient": False, "advice": OOM_ADVICE}
     return {"type": type(exc).__name__, "message": redact(one_line(str(exc))) or "(no message)",
             "transient": is_transient(exc)}
+
+
+def describe_refusal(kind: str, message: str, advice: str | None = None) -> dict[str, Any]:
+    """A request the runtime refuses before any action runs, in :func:`describe_crash`'s form:
+    permanent (``transient`` false), since the same request is refused the same way again."""
+    from actions.store.credentials import redact
+
+    described: dict[str, Any] = {"type": kind, "message": redact(one_line(message)), "transient": False}
+    if advice:
+        described["advice"] = advice
+    return described
 
 
 def crash_text(crash: dict[str, Any]) -> str:

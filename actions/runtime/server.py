@@ -22,6 +22,13 @@ This is the entrypoint of the runtime images (port 8080) and of every local warm
   reply as the activation's result, so the classification reaches the flow on both paths. An
   action that returns ``{"error": ...}`` itself (bad payload, missing input) gets 200: an
   application error.
+* A ``/run`` the runtime refuses before any action runs (an action name not in
+  ``ACTION_NAMES``, a malformed ``__*`` control key, no ``value`` object) gets 200 and the same
+  typed form with ``transient`` false (``describe_refusal``): an application error the flow
+  fails on at once, never a developer error that would be retried on fresh containers.
+* Replies are strict JSON: a non-finite float in a result is sent as the string ``"NaN"``,
+  ``"Infinity"`` or ``"-Infinity"`` (:func:`encode_reply`), which the flows' typed results read
+  back as floats; OpenWhisk refuses the bare literals.
 * Fault injection: ``__inject_kill_after_s`` in ``value`` makes the process kill itself
   (SIGKILL) that long into the activation, without replying (``faults.kill_fraction``).
 
@@ -43,6 +50,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import os
 import signal
 import socket
@@ -54,7 +62,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
-from actions.runtime.errors import describe_crash
+from actions.runtime.errors import describe_crash, describe_refusal
 from actions.runtime.request_auth import REPLY_HEADER, NonceCheck, reply_mac
 
 if TYPE_CHECKING:
@@ -125,7 +133,7 @@ class ActionRuntime:
     def run(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         params = body.get("value")
         if not isinstance(params, dict):
-            return 400, {"error": "run body must carry a JSON object under 'value'"}
+            return _refuse(body, "BadRequest", "run body must carry a JSON object under 'value'")
         # imported here, not at start-up: a worker process answers /init before pydantic loads
         from pydantic import ValidationError
 
@@ -135,10 +143,13 @@ class ActionRuntime:
             control = split_control(params)[1]
         except ValidationError as exc:
             err = exc.errors()[0]
-            return 400, {"error": f"control key {err['loc'][0]}: {err['msg'].lower()} (got {err.get('input')!r})"}
+            return _refuse(body, "InvalidControlKey",
+                           f"control key {err['loc'][0]}: {err['msg'].lower()} (got {err.get('input')!r})")
         name = _action_name(body, control)
         if name not in ACTION_NAMES:
-            return 404, {"error": f"unknown action {name!r}; known: {sorted(ACTION_NAMES)}"}
+            return _refuse(body, "UnknownAction", f"unknown action {name!r}; known: {', '.join(sorted(ACTION_NAMES))}",
+                           "name the OpenWhisk action PACKAGE/NAME with NAME one of these (rlhfless deploy "
+                           "refuses other names)")
         with self.lock:
             cold = self.num_runs == 0
             self.num_runs += 1
@@ -179,6 +190,17 @@ class ActionRuntime:
             result = {"error": f"action {name} returned {type(result).__name__}, not a dict"}
         result.update(_activation_block(busy, start, cold))
         return status, result
+
+
+def _refuse(body: dict[str, Any], kind: str, message: str, advice: str | None = None) -> tuple[int, dict[str, Any]]:
+    """Refuse an activation before any action runs: a permanent error in the crash form
+    (``describe_refusal``), answered with 200, so OpenWhisk files it as an application error and
+    keeps the container; the logs still end with the sentinels."""
+    refusal = describe_refusal(kind, message, advice)
+    print(f"[rlhfless] activation {body.get('activation_id', '')} refused: {refusal['message']}", flush=True)
+    print(SENTINEL, flush=True)
+    print(SENTINEL, file=sys.stderr, flush=True)
+    return 200, {"error": refusal}
 
 
 def _preload_model(ref: dict[str, Any], action: str, decode: DecodeSettings) -> bool:
@@ -252,6 +274,28 @@ def _export_context(body: dict[str, Any]) -> None:
             os.environ[f"__OW_{key.upper()}"] = str(body[key])
 
 
+def encode_reply(payload: dict[str, Any]) -> bytes:
+    """``payload`` as strict JSON. OpenWhisk rejects the ``NaN``/``Infinity`` literals Python
+    writes by default (an invalid result is a developer error), so a non-finite float (a
+    diverged step's ``grad_norm``, say) goes out as the string ``"NaN"``, ``"Infinity"`` or
+    ``"-Infinity"``; the flows' typed results (``actions/contracts.py``, pydantic floats)
+    read those strings back as the same floats."""
+    try:
+        return json.dumps(payload, allow_nan=False).encode()
+    except ValueError:  # rare: only then walk the payload
+        return json.dumps(_finite(payload), allow_nan=False).encode()
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def make_handler(runtime: ActionRuntime, guard: Guard = Guard()) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -301,7 +345,7 @@ def make_handler(runtime: ActionRuntime, guard: Guard = Guard()) -> type[BaseHTT
         def _reply(self, status: int, payload: dict[str, Any], *, close: bool = False) -> None:
             if self.cut:
                 return
-            data = json.dumps(payload).encode()
+            data = encode_reply(payload)
             self.send_response(status)
             if self.nonce is not None:
                 self.send_header(REPLY_HEADER, reply_mac(guard.secret, self.nonce, status, data))

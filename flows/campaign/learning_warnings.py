@@ -5,6 +5,9 @@ metrics, printed on the progress output as they first hold and listed in ``summa
   GRPO advantage is 0) for ``ZERO_STD_STEPS`` steps in a row, or for every step of a campaign
   shorter than that.
 * ``zero_grad_norm``: a step's gradient norm was 0 (the update changed nothing).
+* ``nonfinite_update``: a step's ``grad_norm`` or a ``loss/*`` was NaN or infinite (the update
+  diverged; on OpenWhisk such values travel as the strings ``"NaN"``/``"Infinity"`` and are
+  read back as floats, ``actions/runtime/server.py: encode_reply``).
 * ``no_reward``: no reward function or model applied to any completion of a step (every reward
   None, ``frac_reward_none`` = 1.0).
 
@@ -13,6 +16,7 @@ Each kind is reported once, at the step it first holds, with the number of steps
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -25,6 +29,8 @@ _FIX = {
                        "check the reward functions on real completions, raise algorithm.group_size, "
                        "generation.temperature or generation.max_new_tokens",
     "zero_grad_norm": "the update changed nothing; check the rewards' spread (frac_reward_zero_std) and algorithm.lr",
+    "nonfinite_update": "the update diverged (grad_norm or a loss NaN or infinite) and the policy may be corrupt; "
+                        "lower algorithm.lr or algorithm.max_grad_norm and check the rewards for extreme values",
     "no_reward": "no reward function applied to any completion (each returned None); check that the functions "
                  "read the dataset's columns and the completions' format",
 }
@@ -35,6 +41,9 @@ def _holds(kind: str, steps: Sequence[Mapping[str, Any]], i: int, total: int) ->
     m = steps[i]
     if kind == "zero_grad_norm":
         return "grad_norm" in m and m["grad_norm"] == 0.0
+    if kind == "nonfinite_update":
+        return any(isinstance(v, float) and not math.isfinite(v) for k, v in m.items()
+                   if k == "grad_norm" or k.startswith("loss"))
     if kind == "no_reward":
         return m.get("frac_reward_none", 0.0) >= 1.0
     window = min(ZERO_STD_STEPS, total)

@@ -11,10 +11,22 @@ top-level ``env`` block is bound to every action as *init* parameters, which Ope
 credentials never travel in activation payloads). ``${VAR}`` and ``${VAR:-default}`` in ``env``
 are read from the deploying shell.
 
+Action names must be ones the runtime image dispatches to (``ACTION_NAMES`` in
+``actions/runtime/server.py``); ``env`` values must be strings (quote ``off``, ``yes``, ``4``:
+YAML reads them as booleans and numbers).
+
 Deploying is idempotent: each action's desired ``ActionPut`` is compared with what the
 controller has (image, limits, annotations, parameters; the controller's own ``exec`` and
 ``provide-api-key`` annotations are ignored), and only changed actions are PUT with
-``overwrite=true``. A second deploy of the same manifest changes nothing.
+``overwrite=true``. A second deploy of the same manifest changes nothing. OpenWhisk merges the
+annotations of an update into the stored ones, so an annotation that left the manifest is
+named in ``delAnnotations``, which removes it.
+
+Before any PUT, every changed action's limits are checked against the namespace's
+(``GET /namespaces/{ns}/limits``, where the controller serves it; ``deploy_limits.py``), and a
+deploy that would be refused is refused whole, naming every offending action and limit. A
+failure part-way (a refusal the pre-check could not see, a lost connection) names the changes
+already made, which stay: fix the cause and deploy again, or roll them back.
 
 What it does not do: delete actions that left the manifest (remove them with the ``wsk`` CLI),
 or create namespaces and keys (an OpenWhisk admin task).
@@ -35,6 +47,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from actions.store.credentials import redact
+from flows.commands.deploy_limits import limit_problems
 from flows.invokers.base import ActionError
 from flows.invokers.openwhisk import OpenWhiskClient, OpenWhiskConfig, OpenWhiskError, OpenWhiskNotFound
 
@@ -43,6 +56,8 @@ DEFAULT_MANIFEST = "openwhisk_actions.yaml"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 #: Annotations the controller adds by itself; compared only when the manifest sets them.
 SYSTEM_ANNOTATIONS = frozenset({"exec", "provide-api-key"})
+LIMITS_HINT = "the operator must raise whisk.limits.actions.* (see infra/openwhisk/values-gpu.yaml)"
+_SECRET_KEY = re.compile("SECRET|PASSWORD|TOKEN|KEY", re.IGNORECASE)
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -51,7 +66,23 @@ class ManifestError(ValueError):
 
 
 class DeployError(RuntimeError):
-    """The controller refused a change."""
+    """The controller refused a change (or would: the limits pre-check).
+
+    ``applied``: the changes made before the failure, which stay (empty: nothing was changed);
+    ``pending``: those not made."""
+
+    def __init__(self, message: str, applied: tuple[Change, ...] = (), pending: tuple[Change, ...] = ()) -> None:
+        super().__init__(message)
+        self.applied, self.pending = applied, pending
+
+    def report(self) -> list[str]:
+        """Lines for the operator after the message: what changed, what did not, what to do."""
+        if not self.applied:
+            return []
+        lines = ["changed before the failure (live now):"] + [f"  {c.describe()}" for c in self.applied]
+        lines += ["not changed:"] + [f"  {c.describe()}" for c in self.pending]
+        return lines + ["fix the cause and run `rlhfless deploy` again (it changes only what still differs), "
+                        "or roll the changed actions back (`wsk action update`)"]
 
 
 class ActionSpec(BaseModel):
@@ -112,17 +143,44 @@ class DeploymentManifest(BaseModel):
     @field_validator("actions")
     @classmethod
     def _check_names(cls, v: dict[str, ActionSpec]) -> dict[str, ActionSpec]:
+        from actions.runtime import server  # read now, not at import: tests register test actions
+
         for name in v:
             if not re.match(NAME_PATTERN, name):
                 raise ValueError(f"action name {name!r} may use letters, digits, '_', '.', '-' only")
+        unknown = [name for name in v if name not in server.ACTION_NAMES]
+        if unknown:
+            raise ValueError(f"action name(s) {', '.join(map(repr, unknown))} unknown to the runtime image, which "
+                             f"runs {', '.join(sorted(server.ACTION_NAMES))}; rename or remove them")
         return v
 
     @field_validator("env", mode="before")
     @classmethod
-    def _stringify_env(cls, v: Any) -> Any:
-        if isinstance(v, dict):
-            return {k: ("" if val is None else str(val)) for k, val in v.items()}
-        return v
+    def _check_env(cls, v: Any) -> Any:
+        """Strings only (an empty ``KEY:`` is ""): ``off`` unquoted is YAML's False and would
+        reach the actions as 'False'."""
+        if not isinstance(v, dict):
+            return v
+        bad = [f"{key}: {_unquoted(key, val)}" for key, val in v.items()
+               if val is not None and not isinstance(val, str)]
+        if bad:
+            raise ValueError("values must be strings; " + "; ".join(bad))
+        return {k: "" if val is None else val for k, val in v.items()}
+
+
+def _unquoted(key: Any, value: Any) -> str:
+    """Why an env value is refused and how to write it (a number's value hidden under a
+    secret-looking key)."""
+    if isinstance(value, bool):
+        meant = '"off" or "false"' if value is False else '"on" or "true"'
+        return (f"YAML read the unquoted value as the boolean {value}, which would reach the actions as "
+                f"{str(value)!r}; quote it, e.g. {key}: {meant}")
+    kind = type(value).__name__
+    if _SECRET_KEY.search(str(key)):
+        article = "an" if kind[0] in "aeiou" else "a"
+        return f"YAML read the unquoted value as {article} {kind}, not a string; quote it as written"
+    return (f"YAML read the unquoted value as the {kind} {value!r}, not a string; quote it as written, "
+            f'e.g. {key}: "{value}"')
 
 
 def load_manifest(path: str | Path | None = None) -> DeploymentManifest:
@@ -147,7 +205,9 @@ def load_manifest(path: str | Path | None = None) -> DeploymentManifest:
         problems = []
         for err in exc.errors():
             where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            got = f" (got {err['input']!r})" if err["type"] not in ("missing", "extra_forbidden") else ""
+            # value errors are our validators': their messages name the value already
+            named = err["type"] in ("missing", "extra_forbidden", "value_error")
+            got = "" if named else f" (got {err['input']!r})"
             problems.append(f"{where}: {err['msg']}{got}")
         raise ManifestError(f"{path}: " + "; ".join(problems)) from None
 
@@ -195,6 +255,15 @@ def diff_action(desired: Mapping[str, Any], existing: Mapping[str, Any]) -> list
     if _params(existing.get("parameters")) != _params(desired["parameters"]):
         changed.append("parameters")
     return changed
+
+
+def stale_annotations(desired: Mapping[str, Any], existing: Mapping[str, Any]) -> list[str]:
+    """Stored annotation keys the manifest no longer has, for ``delAnnotations``: OpenWhisk's
+    update merges the body's annotations into the stored ones (``Actions.scala``,
+    ``updateWhiskAction``), so only a named key is ever removed. The controller's own
+    (``SYSTEM_ANNOTATIONS``) are kept."""
+    want = _kv(desired["annotations"])
+    return sorted(k for k in _kv(existing.get("annotations")) if k not in want and k not in SYSTEM_ANNOTATIONS)
 
 
 def _kv(items: Any) -> dict[str, Any]:
@@ -249,6 +318,9 @@ def plan_deploy(
             changes.append(Change("action", qualified, "create", body=body))
             continue
         fields = diff_action(body, record)
+        stale = stale_annotations(body, record)
+        if stale:
+            body = {**body, "delAnnotations": stale}
         changes.append(Change("action", qualified, "update" if fields else "unchanged", tuple(fields), body))
     return changes
 
@@ -275,29 +347,42 @@ def deploy(
     dry_run: bool = False,
     environ: Mapping[str, str] | None = None,
 ) -> list[Change]:
-    """Apply the plan: create the package if missing, PUT (overwrite) created/updated actions.
+    """Apply the plan: check the changed actions' limits against the namespace's, then create
+    the package if missing and PUT (overwrite) created/updated actions. A dry run checks too.
 
     Raises:
-        DeployError: the controller refused a change (e.g. a limit above the operator's maximum).
+        DeployError: the namespace's limits refuse some actions (nothing was changed), or the
+            controller refused a change part-way (``applied`` names what changed before it).
     """
     existing, package_exists = fetch_existing(client, manifest)
     changes = plan_deploy(manifest, existing, package_exists=package_exists, environ=environ, allow_unset_env=dry_run)
+    todo = [c for c in changes if c.kind != "unchanged"]
+    check_limits(client, todo)
     if dry_run:
         return changes
-    for change in changes:
-        if change.kind == "unchanged":
-            continue
+    for i, change in enumerate(todo):
         try:
             if change.entity == "package":
                 client.put_package(change.name, {"publish": False}, overwrite=True)
             else:
                 client.put_action(change.name, change.body, overwrite=True)
         except OpenWhiskError as exc:
-            hint = ""
-            if exc.status == 400 and "threshold" in str(exc):
-                hint = "; the operator must raise whisk.limits.actions.* (see infra/openwhisk/values-gpu.yaml)"
-            raise DeployError(f"{change.entity} {change.name}: {exc}{hint}") from exc
+            hint = f"; {LIMITS_HINT}" if exc.status == 400 and "threshold" in str(exc) else ""
+            done = f"; {i} change(s) made before it stay (listed below)" if i else "; nothing was changed"
+            raise DeployError(f"{change.entity} {change.name}: {exc}{hint}{done}", tuple(todo[:i]),
+                              tuple(todo[i:])) from exc
     return changes
+
+
+def check_limits(client: OpenWhiskClient, changes: list[Change]) -> None:
+    """Refuse, before any PUT, the actions the namespace's limits would refuse (all named in
+    one message); no check where the controller does not serve ``/limits``."""
+    actions = {c.name: c.body["limits"] for c in changes if c.entity == "action"}
+    limits = client.get_limits() if actions else None
+    problems = limit_problems(actions, limits) if limits is not None else []
+    if problems:
+        raise DeployError(f"the limits of namespace {client.config.namespace} refuse this deploy, so nothing was "
+                          f"changed: {'; '.join(problems)}; {LIMITS_HINT}, or ask for less in the manifest")
 
 
 def format_plan(changes: list[Change], *, dry_run: bool) -> str:
@@ -347,6 +432,8 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OpenWhiskError, DeployError, ActionError) as exc:
         print(f"rlhfless deploy: {redact(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__}",
               file=sys.stderr)
+        for line in exc.report() if isinstance(exc, DeployError) else []:
+            print(line, file=sys.stderr)
         return 2
     print(format_plan(changes, dry_run=args.dry_run))
     return 0

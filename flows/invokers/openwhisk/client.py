@@ -156,6 +156,18 @@ class OpenWhiskClient:
                 self._meta[name] = cached
         return cached
 
+    def get_limits(self) -> dict[str, Any] | None:
+        """The namespace's ``UserLimits`` (``GET /namespaces/{ns}/limits``: min/max action memory,
+        timeout, logs, concurrency... as far as the controller reports them); None where the
+        controller does not serve that path (404, 405)."""
+        path = f"/namespaces/{quote(self.config.namespace, safe='')}/limits"
+        resp = self._api.request("GET", path, what="get limits")
+        if resp.status_code in (404, 405):
+            return None
+        if resp.status_code != 200:
+            raise self._api.fail(resp, "get limits")
+        return json_object(resp)
+
     def _forget(self, name: str) -> None:
         with self._lock:
             self._meta.pop(name, None)
