@@ -145,3 +145,38 @@ def test_cut_then_continue_with_top_k_top_p_reproduces_uncut_run(setup):
     merged = {k: v for k, v in cut.items() if v.finish_reason != "cut"} | cont
     assert {k: (v.tokens, v.finish_reason) for k, v in merged.items()} == \
         {k: (v.tokens, v.finish_reason) for k, v in whole.items()}
+
+
+@pytest.mark.parametrize("speculate", [False, True])
+@pytest.mark.parametrize("kv_cache", ["static", "dynamic"])
+def test_a_continuation_already_at_max_new_tokens_comes_back_as_it_is(setup, kv_cache, speculate):
+    """Its next draw would pass the limit: it finishes as "length" with nothing drawn, and the
+    call's other samples are the uncut run's (a cut counts it as finished)."""
+    from actions.engines.speculative import Speculation
+
+    model, tok, _, specs = setup
+    engine = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kv_cache=kv_cache)
+    spec = Speculation(strategies=("prompt_lookup",), fixed=("prompt_lookup", 3)) if speculate else None
+    whole, _ = _gen(engine, specs)
+    at_limit = [s for s in specs if whole[(s.prompt_id, s.sample_index)].finish_reason == "length"][:2]
+    assert len(at_limit) == 2
+    full = [SampleSpec(s.prompt_id, s.sample_index, s.prompt_tokens, tuple(whole[(s.prompt_id, s.sample_index)].tokens))
+            for s in at_limit]
+    over = [SampleSpec(s.prompt_id, s.sample_index, s.prompt_tokens, s.generated + (5,)) for s in full[:1]]
+    rest = [s for s in specs if s not in at_limit]
+    mixed = [rest[0], *full, *rest[1:]]
+    for params in ({}, {"cut_after": 2}):
+        outs, _ = engine.generate(mixed, GenerationParams(**{"seed": 7, "step": 2, "max_new_tokens": 12,
+                                                                 "temperature": 1.0, **params}), speculation=spec)
+        assert [(o.prompt_id, o.sample_index) for o in outs] == [(s.prompt_id, s.sample_index) for s in mixed]
+        for o, s in zip(outs, mixed):
+            want = whole[(s.prompt_id, s.sample_index)]
+            if s in full:
+                assert (o.tokens, o.finish_reason, o.stop_token) == (list(s.generated), "length", None)
+            elif params:  # both full samples count toward the cut: the others draw once, then stop
+                assert o.tokens == want.tokens[: len(o.tokens)] and len(o.tokens) <= 1
+            else:
+                assert (o.tokens, o.finish_reason, o.stop_token) == (want.tokens, want.finish_reason, want.stop_token)
+    only, stats = engine.generate(full + over, GenerationParams(seed=7, step=2, max_new_tokens=12, temperature=1.0))
+    assert [(o.tokens, o.finish_reason) for o in only] == [(list(s.generated), "length") for s in full + over]
+    assert stats.prefill_tokens == 0 and stats.decode_steps == 0

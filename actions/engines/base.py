@@ -129,7 +129,8 @@ class RowEnds:
 
     A drawn EOS id ends its row as ``"stop"`` (the id is kept in ``stops``, not appended); any
     other token is appended, and the row ends as ``"length"`` at ``max_new_tokens`` generated
-    tokens. A row still open when the call returns was cut (``reason`` None).
+    tokens. A row still open when the call returns was cut (``reason`` None). Every row starts
+    below ``max_new_tokens`` (``TorchEngine.generate`` returns the others as they are).
     """
 
     def __init__(self, num_rows: int, eos_ids: Sequence[int], max_new_tokens: int) -> None:

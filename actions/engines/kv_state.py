@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-__all__ = ["PrefixState", "stack_logits", "stack_states"]
+__all__ = ["PrefixState", "sliding_window", "stack_logits", "stack_states"]
 
 
 @dataclass
@@ -28,6 +28,24 @@ class PrefixState:
     @property
     def length(self) -> int:
         return len(self.tokens)
+
+
+def sliding_window(model: torch.nn.Module) -> int | None:
+    """The window of the model's sliding-window attention layers (Mistral v0.1, Gemma 2 and 3,
+    Qwen2 or Qwen3 with ``use_sliding_window``); None where every layer sees the whole context.
+
+    Hugging Face applies the window by cache column, not by position: a token sees the columns
+    less than ``window`` to its left. It counts tokens only while each row's tokens sit in
+    consecutive columns (padding on the left alone), so the engine keeps them so for these models
+    (``TorchEngine._extend``, ``speculative._Batch``)."""
+    cfg = getattr(model, "config", None)
+    if cfg is not None and hasattr(cfg, "get_text_config"):
+        cfg = cfg.get_text_config(decoder=True)
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None)  # None (Mistral): the window applies to every layer
+    if not window or (types is not None and "sliding_attention" not in types):
+        return None
+    return int(window)
 
 
 def stack_states(states: list[PrefixState]) -> tuple[DynamicCache, torch.Tensor]:
@@ -58,7 +76,8 @@ def stack_states(states: list[PrefixState]) -> tuple[DynamicCache, torch.Tensor]
             pair.append(out)
         layers.append(pair)
     # The cache built from zero-length slices, then given the tensors: building it from the
-    # tensors themselves would concatenate each onto an empty one, a full copy
+    # tensors themselves would concatenate each onto an empty one, a full copy. Without a config
+    # every layer keeps all its columns, sliding-window ones too (the mask applies the window)
     cache = DynamicCache(ddp_cache_data=[(k[:, :, :0], v[:, :, :0]) for k, v in layers])
     for layer, (k, v) in zip(cache.layers, layers):
         layer.keys, layer.values = k, v

@@ -21,6 +21,7 @@ import statistics
 import time
 
 import torch
+from transformers import DynamicCache
 
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.static_decode import compact_rows, runtime_for, static_supported
@@ -97,9 +98,10 @@ def shrink_seconds(model: torch.nn.Module, batch: int, context: int, vocab: int,
     times = []
     for r in range(repeats):
         # one row prefilled and repeated (as a GRPO group is forked): the cache has the full
-        # batch x context shape without a batch x context forward and its logits
+        # batch x context shape without a batch x context forward and its logits; a full cache,
+        # as the engine holds (a sliding-window layer of Hugging Face's own would keep fewer columns)
         ids = torch.randint(3, vocab, (1, context)).to(device)
-        cache = model(input_ids=ids, use_cache=True, logits_to_keep=1).past_key_values
+        cache = model(input_ids=ids, past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1).past_key_values
         cache.batch_repeat_interleave(batch)
         mask = torch.ones((batch, context), dtype=torch.long, device=device)
         keep = torch.tensor([i for i in range(batch) if i != r % batch], device=device)

@@ -15,7 +15,9 @@ Ragged acceptance. Rows keep different numbers of draft tokens. After a verifica
 the cache columns past the longest accepted prefix are cropped; a row that accepted fewer
 keeps its rejected columns as masked holes (attention mask 0; positions are explicit, so a
 hole shifts nothing). When holes exceed a quarter of the cache, each row's valid columns are
-packed to the right with one gather and the all-padding columns on the left are dropped.
+packed to the right with one gather and the all-padding columns on the left are dropped. A
+model with sliding-window layers packs after every round that left holes: Hugging Face counts
+the window in cache columns, a hole among them included (``kv_state.sliding_window``).
 
 Per round, each row takes the draft that promises the most tokens by the online acceptance
 of its kind (strategy and match quality), measured per draft position
@@ -35,7 +37,7 @@ import torch
 from actions.engines.base import EngineStats, GenerationParams, RowEnds, SampleOut, SampleSpec
 from actions.engines.drafters import HistoryDrafter, PromptLookupDrafter
 from actions.engines.drafters.base import Drafter
-from actions.engines.kv_state import stack_logits, stack_states
+from actions.engines.kv_state import sliding_window, stack_logits, stack_states
 from actions.engines.sampling import Sampler, stream_key
 from actions.engines.spec_select import (
     MIN_PLAIN_WEIGHT,
@@ -122,9 +124,10 @@ class _Batch:
     reading the device (a GPU would otherwise drain its queue for it every round); it is
     recounted, once, after rows leave."""
 
-    def __init__(self, cache, mask: torch.Tensor, next_pos: torch.Tensor) -> None:
+    def __init__(self, cache, mask: torch.Tensor, next_pos: torch.Tensor, windowed: bool = False) -> None:
         self.cache, self.mask, self.next_pos = cache, mask, next_pos
         self.holes: int | None = None
+        self.windowed = windowed  # sliding-window layers: a round's holes are packed at once (module docstring)
 
     def select(self, keep: torch.Tensor) -> None:
         self.cache.batch_select_indices(keep)
@@ -152,7 +155,8 @@ class _Batch:
             hole = cols[None, :] > (length - (longest + 1) + accepted)[:, None]
             self.mask[:, length - (longest + 1):] = self.mask[:, length - (longest + 1):].masked_fill(hole, 0)
             self.holes += new_holes
-        if self.holes > self.mask.numel() // 4:
+        too_many = new_holes > 0 if self.windowed else self.holes > self.mask.numel() // 4
+        if too_many:
             self._compact()
 
     def _compact(self) -> None:
@@ -273,7 +277,8 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, params: 
     """
     n, dev, model = len(samples), engine.device, engine.model
     cache, mask = stack_states(states)
-    batch = _Batch(cache, mask, torch.tensor([st.length for st in states], dtype=torch.long, device=dev))
+    batch = _Batch(cache, mask, torch.tensor([st.length for st in states], dtype=torch.long, device=dev),
+                   windowed=sliding_window(model) is not None)
     keys = torch.tensor([stream_key(params.seed, params.step, s.prompt_id, s.sample_index) for s in samples],
                         device=dev)
     gen: list[list[int]] = [list(s.generated) for s in samples]

@@ -21,6 +21,9 @@ What it does, and why:
   the same cache, their verification graphed too (``static_speculative``). ``kv_cache="dynamic"``
   (or a model ``static_forward`` does not support) keeps the Hugging Face ``DynamicCache``
   loops (below, and ``speculative``); all give the same tokens.
+* **Sliding windows.** Models with sliding-window layers (``kv_state.sliding_window``) decode on
+  the dynamic path, with every column cached: the attention mask applies the window, which
+  Hugging Face counts in cache columns, so each row's tokens stay in consecutive columns.
 * **Any device.** Work happens on the model's device (``next(model.parameters()).device``):
   token ids and masks are built on the host and moved once per forward, and each decode step
   reads its sampled tokens back in one transfer. The generate action loads KV bundles onto
@@ -34,12 +37,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 from transformers import DynamicCache
 
 from actions.engines.base import EngineStats, GenerationParams, RowEnds, SampleOut, SampleSpec
-from actions.engines.kv_state import PrefixState, stack_logits, stack_states
+from actions.engines.kv_state import PrefixState, sliding_window, stack_logits, stack_states
 from actions.engines.prefill_plan import CALL_TOKENS, plan_prefill_calls
 from actions.engines.sampling import Sampler, fused_draw, fused_for, stream_key
 from actions.engines.spec_select import AcceptanceTracker, ForwardCost, can_pay
@@ -166,31 +170,41 @@ class TorchEngine:
             return [base for _ in full], 0
         rows = len(full)
         width = max(len(s) for s in suffixes)
+        start = base.length if base else 0
+        # Left padding keeps every row's last token at -1. After a prefix, though, it would sit
+        # between the prefix and the suffix, where a sliding window (counted in cache columns:
+        # kv_state.sliding_window) would count it as tokens: such models pad on the right there.
+        right = base is not None and sliding_window(self.model) is not None
+        cols = [range(len(s)) if right else range(width - len(s), width) for s in suffixes]
         ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((rows, width), dtype=torch.long)
-        for r, s in enumerate(suffixes):  # left padding keeps every row's last token at -1
-            ids[r, width - len(s):] = torch.tensor(s)
-            mask[r, width - len(s):] = 1
-        start = base.length if base else 0
+        for r, (s, c) in enumerate(zip(suffixes, cols)):
+            ids[r, c.start:c.stop] = torch.tensor(s)
+            mask[r, c.start:c.stop] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0) + start
-        cache = None
-        if base is not None:
+        # logits of each row's last column only: the output head over all columns would cost
+        # rows x width x vocab for nothing
+        last = sorted({c.stop - 1 for c in cols})
+        if base is None:
+            # A full cache: given none, Hugging Face builds one from the config whose sliding-window
+            # layers keep only their last window - 1 columns, and the states below take every column
+            cache = DynamicCache()
+        else:
             base = self._on_device(base)
             cache = DynamicCache(ddp_cache_data=[(k.unsqueeze(0).expand(rows, -1, -1, -1).contiguous(),
                                                   v.unsqueeze(0).expand(rows, -1, -1, -1).contiguous())
                                                  for k, v in base.kv])
             mask = torch.cat([torch.ones((rows, start), dtype=torch.long), mask], dim=1)
         dev = self.device
-        # logits of the last column only (every row's last token, left padding): the output
-        # head over all columns would cost rows x width x vocab for nothing
+        keep_logits = 1 if last == [width - 1] else torch.tensor(last, device=dev)
         res = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+                         past_key_values=cache, use_cache=True, logits_to_keep=keep_logits)
         layers = res.past_key_values.layers
         states = []
-        for r, (seq, s) in enumerate(zip(full, suffixes)):
-            keep = torch.cat([torch.arange(start), torch.arange(start + width - len(s), start + width)]).to(dev)
+        for r, (seq, c) in enumerate(zip(full, cols)):
+            keep = torch.cat([torch.arange(start), torch.arange(start + c.start, start + c.stop)]).to(dev)
             kv = [(layer.keys[r][:, keep].clone(), layer.values[r][:, keep].clone()) for layer in layers]
-            states.append(PrefixState(tuple(seq), kv, res.logits[r, -1].clone()))
+            states.append(PrefixState(tuple(seq), kv, res.logits[r, last.index(c.stop - 1)].clone()))
         return states, sum(len(s) for s in suffixes)
 
     def _skip_speculation(self, spec: Speculation, batch: int) -> bool:
@@ -234,6 +248,9 @@ class TorchEngine:
         """Generate every sample; see the module docstring for dedup and cut semantics.
         ``speculation``: decode speculatively (``speculative.py``; same outputs); None: plain.
         ``params.top_k``, ``params.top_p``: sampling filters (``sampling.filter_logits``); None: off."""
+        full = {i for i, s in enumerate(samples) if len(s.generated) >= params.max_new_tokens}
+        if full:
+            return self._generate_without(full, samples, params, prefixes=prefixes, speculation=speculation)
         sampling = Sampler(params.temperature, params.top_k, params.top_p, self.fused_sampling)
         stats = EngineStats()
         if not samples:
@@ -264,6 +281,18 @@ class TorchEngine:
                 tracker=self.acceptance, cost=self.forward_cost)
         stats.spec = spec_stats.to_dict()
         return outs, stats
+
+    def _generate_without(self, full: set[int], samples: list[SampleSpec], params: GenerationParams,
+                          **options) -> tuple[list[SampleOut], EngineStats]:
+        """``generate`` where the samples at indices ``full`` are continuations that already have
+        ``max_new_tokens`` tokens: they finish as ``"length"`` with nothing drawn (a draw would
+        take them past the limit) and count as finished for the cut, as vLLM's engine does."""
+        rest = [s for i, s in enumerate(samples) if i not in full]
+        cut = None if params.cut_after is None else max(params.cut_after - len(full), 0)
+        outs, stats = self.generate(rest, replace(params, cut_after=cut), **options)
+        drawn = iter(outs)
+        return [SampleOut(s.prompt_id, s.sample_index, list(s.generated), "length") if i in full else next(drawn)
+                for i, s in enumerate(samples)], stats
 
     def _decode(self, samples: list[SampleSpec], states: list[PrefixState], params: GenerationParams,
                 sampling: Sampler, stats: EngineStats) -> list[SampleOut]:
