@@ -158,7 +158,7 @@ class OpenWhiskEmulator:
         self.num_invokes = 0
         self.runs: list[str] = []
         self.blocking_wait_cap_ms = 60_000
-        self._faults = {"throttle": 0, "unavailable": 0, "developer_error": 0, "lose": 0}
+        self._faults = {"throttle": 0, "unavailable": 0, "developer_error": 0, "lose": 0, "polls_unavailable": 0}
         self.server: ThreadingHTTPServer | None = None
         self.api_host = ""
 
@@ -195,6 +195,11 @@ class OpenWhiskEmulator:
 
     def lose(self, k: int) -> None:
         self._set("lose", k)
+
+    def polls_unavailable(self, k: int) -> None:
+        """The next ``k`` activation reads answer 503 (a controller restarting while its
+        activations run on)."""
+        self._set("polls_unavailable", k)
 
     def _set(self, fault: str, k: int) -> None:
         with self.lock:
@@ -278,6 +283,8 @@ class OpenWhiskEmulator:
         if collection == "packages" and len(rest) == 1:
             return self._packages(method, rest[0], query, body)
         if collection == "activations" and rest and method == "GET":
+            if self._take("polls_unavailable"):
+                raise HttpReply(503, {"error": "Service Unavailable", "code": _tid()})
             return self._activation(rest)
         raise HttpReply(404, {"error": NOT_FOUND, "code": _tid()})
 

@@ -199,6 +199,24 @@ def test_deadline_bounds_the_wait(ow_emulator: OpenWhiskEmulator, invoker: OpenW
     assert f"`wsk activation get {activation_id}`" in info.value.message and "invoker.timeout_s" in info.value.message
 
 
+def test_polls_that_fail_never_invoke_again():
+    """An accepted activation whose polls fail (a controller restarting) is polled on, never
+    invoked again: a retry would run it twice. Polls failing past the controller's bound give a
+    non-transient error naming the activation, which may still be running."""
+    with running_emulator() as emu, make_client(emu) as client:
+        put_action(client, "probe", timeout_ms=2000)  # lost after 2 x 2 s + FAST's 0.2 s grace
+        invoker = OpenWhiskInvoker(client, package="rlhfless", timeout_s=30.0)
+        emu.blocking_wait_cap_ms = 100
+        emu.polls_unavailable(FAST.max_attempts + 3)  # more than one poll's own retries
+        assert invoker.invoke("probe", {"echo": "back", "sleep_s": 0.3}).result["echo"] == "back"
+        assert emu.num_invokes == 1
+        emu.polls_unavailable(10_000)
+        with pytest.raises(ActionError, match="polls of it failed") as info:
+            invoker.invoke("probe", {"sleep_s": 0.3})
+        assert not info.value.transient and emu.num_invokes == 2
+        assert f"`wsk activation get {info.value.activation_id}`" in info.value.message
+
+
 def test_blocking_wait_ends_a_margin_before_the_deadline():
     """The controller answers 202 with the activation id when the blocking wait ends; the HTTP
     read must outlast the wait, or the id is lost with the read timeout. Near the deadline the

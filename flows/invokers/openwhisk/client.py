@@ -314,7 +314,18 @@ class OpenWhiskClient:
             self._api.count("polls")
             remaining = self._api.remaining(deadline)
             timeout = self.retry.request_timeout_s if remaining is None else max(0.05, min(self.retry.request_timeout_s, remaining))
-            resp = self._api.request("GET", path, what=f"poll activation {activation_id}", timeout_s=timeout)
+            try:
+                resp = self._api.request("GET", path, what=f"poll activation {activation_id}", timeout_s=timeout)
+            except OpenWhiskError as exc:
+                # The activation was accepted and may be running: an error that lets the caller
+                # invoke again would run it twice. Poll on until it is lost or the deadline.
+                if not exc.transient:
+                    raise
+                if self._clock() >= min(lost_at, deadline or lost_at):
+                    raise unanswered_polls(name, activation_id, exc) from None
+                log.warning("poll activation %s: %s; polling on", activation_id, exc)
+                self._sleep(max(0.0, min(self.retry.poll_max_s, lost_at - self._clock())))
+                continue
             if resp.status_code == 200:
                 return resp.json()
             if resp.status_code != 404:  # 404: not stored yet
@@ -331,6 +342,19 @@ class OpenWhiskClient:
         except OpenWhiskError:
             limits = {}
         return float(limits.get("timeout") or DEFAULT_TIME_LIMIT_MS) / 1000
+
+
+def unanswered_polls(action: str, activation_id: str, exc: OpenWhiskError) -> ActionError:
+    """The controller stopped answering polls of an accepted activation. Not transient, as
+    :func:`still_running`: the activation may be running, and a retry would start a second copy."""
+    return ActionError(
+        action,
+        f"activation {activation_id} was accepted, but polls of it failed until the controller's bound or the "
+        f"deadline ({exc}); it may still be running: look at it with `wsk activation get {activation_id}` "
+        "before running the step again",
+        transient=False,
+        activation_id=activation_id,
+    )
 
 
 def still_running(action: str, activation_id: str) -> ActionError:
