@@ -263,6 +263,11 @@ class ScoreRequest(_Rewarded):
     rollout_keys: list[str]
     algorithm: AlgorithmConfig
     output_key: str
+    temperature: float = Field(1.0, ge=0)
+    """``generation.temperature``, the rollouts' sampling temperature: the old and reference
+    log-probs are of ``softmax(logits / temperature)``, the distribution the samples were drawn
+    from, as TRL and verl compute them (``actions/rl/head.py``; top-k/top-p are not applied;
+    0, greedy decoding, reads as 1)."""
 
 
 class ScoreResult(_Msg):
@@ -293,6 +298,11 @@ class TrainStepRequest(_Msg):
     world_size: int | None = Field(None, ge=1)
     """``train.world_size``; None: ``gpus_per_actor`` on CUDA, 1 on the CPU."""
     gpus_per_actor: int = Field(1, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    """``generation.temperature``, the rollouts' sampling temperature: the trained policy's
+    log-probs are of ``softmax(logits / temperature)``, the distribution the samples were drawn
+    from, as TRL and verl compute them (``actions/rl/head.py``; top-k/top-p are not applied;
+    0, greedy decoding, reads as 1)."""
 
 
 class TrainStepResult(_Msg):

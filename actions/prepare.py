@@ -147,6 +147,7 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str) -> Prepare
     """Validate inputs, then write them. Raises ValueError before writing anything."""
     from actions.models.loading import encode
     from actions.models.modeling import base_files, build_tiny_model, instantiate, model_summary, read_model_dir
+    from actions.rl.head import check_head
     from actions.store.weights import publish_tensors
 
     source = cfg.model.path or "tiny"
@@ -166,7 +167,8 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str) -> Prepare
                                             intermediate_size=m.intermediate_size, max_positions=m.max_positions,
                                             seed=cfg.seed, extra_chars=get_task(cfg.data.task).extra_chars)
         files, tensors = base_files(model, tokenizer), model.state_dict()
-    _, tokenizer = instantiate(files, tensors)  # the tokenizer exactly as actions will load it
+    built, tokenizer = instantiate(files, tensors)  # the tokenizer exactly as actions will load it
+    check_head(built.config)  # a logit scale the learner cannot reproduce is refused before any write
     tokens = token_table(train, lambda text: encode(tokenizer, text), cfg.generation.max_new_tokens)
     base_key = f"{run_prefix}/base/manifest.json"
     put_artifact(store, base_key, files, {"summary": model_summary(files)})

@@ -5,7 +5,9 @@ and reward models (``actions/tasks/rewards``; a function that fails raises
 ``RewardFunctionError``, an application error that is not retried; what the functions pass to
 ``log_metric`` comes back in ``reward_metrics``), and computes per-token log-probs under the
 sampling policy (the "old" policy of the PPO ratio) and under the frozen reference, plus the
-critic's values for PPO. Under LoRA the reference is the policy's own backbone with the adapter switched off.
+critic's values for PPO. Both log-probs are of the distribution the samples were drawn from,
+``softmax(logits / temperature)`` at ``generation.temperature`` (``actions/rl/head.py``).
+Under LoRA the reference is the policy's own backbone with the adapter switched off.
 Each forward runs only where the update needs it: no reference model without a KL term
 (``kl_coef: 0``), and no old log-probs where the update's own pass gives them (GRPO with one
 epoch of one mini-batch, ``update.needs_old_logp``). The policy's weights are loaded only for
@@ -60,13 +62,13 @@ def _reference_logprobs(req: ScoreRequest) -> Callable[..., torch.Tensor]:
 
         def ref_logp(*args: object, **kwargs: object) -> torch.Tensor:
             with adapter_disabled(model):
-                return response_logprobs(model, *args, **kwargs)
+                return response_logprobs(model, *args, temperature=req.temperature, **kwargs)
 
         return ref_logp
     ref_model, _, _ = load_model(req.policy.model_copy(update={"policy_key": req.reference_key, "policy_version": 0,
                                                                "weights_sha256": None, "lora": None,
                                                                "backbone_key": None}))
-    return partial(response_logprobs, ref_model)
+    return partial(response_logprobs, ref_model, temperature=req.temperature)
 
 
 @torch.no_grad()
@@ -88,7 +90,7 @@ def run_score(req: ScoreRequest) -> ScoreResult:
     # Only the forwards the update needs (update.needs_old_logp / needs_ref_logp).
     fns = {}
     if needs_old_logp(req.algorithm):  # the only use of the sampling policy's weights here
-        fns["old_logp"] = partial(response_logprobs, _policy_model(req.policy))
+        fns["old_logp"] = partial(response_logprobs, _policy_model(req.policy), temperature=req.temperature)
     if needs_ref_logp(req.algorithm):
         fns["ref_logp"] = _reference_logprobs(req)
     if req.algorithm.name == "ppo":

@@ -8,7 +8,9 @@ GAE over KL-penalised token rewards with the critic's values), runs ``epochs`` p
 v+1 in the training dtype and the optimizer state, fp32 master weights included under
 bf16/fp16 (and the critic for PPO). With ``model.lora`` the version is the adapter alone (in
 the training dtype) and the optimizer state covers only the adapter, its fp32 masters
-included under bf16/fp16 (``actions/models/lora.py``).
+included under bf16/fp16 (``actions/models/lora.py``). The policy (and critic) train with the
+model's own dropout off (``actions/rl/dropout.py``), and the log-probs are of the distribution
+the rollouts were sampled from, at ``generation.temperature`` (``actions/rl/head.py``).
 
 A warm container keeps the model and optimizer state it just published, under the keys of
 what it published (``trained_key``): the next step's training, when it lands on the same
@@ -29,6 +31,7 @@ from actions.models.lora import adapter_tensors
 from actions.models.special_tokens import special_tokens
 from actions.rl.batch import TrainBatch, gather_batch, rollout_metrics
 from actions.rl.critic_store import load_critic
+from actions.rl.dropout import disable_dropout
 from actions.rl.recompute import enable_checkpointing
 from actions.rl.update import make_optimizer, run_updates
 from actions.rl.world_size import check_world_size
@@ -56,9 +59,11 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
         policy, tokenizer, _ = load_model(req.policy, fresh=True)
         opt_state = load_tensors(store, req.optimizer_key)[0] if req.optimizer_key else None
     policy.train()
+    disable_dropout(policy)  # log-probs without random masks, as scored (actions/rl/dropout.py)
     enable_checkpointing(policy, req.gradient_checkpointing)
     algo = req.algorithm
-    batch: TrainBatch = gather_batch(store, req.scored_keys, algo, special_tokens(policy, tokenizer).pad_id)
+    batch: TrainBatch = gather_batch(store, req.scored_keys, algo, special_tokens(policy, tokenizer).pad_id,
+                                     temperature=req.temperature)
     batch = batch.to(next(policy.parameters()).device)
     opt = make_optimizer(policy, algo.lr)
     if opt_state is not None:
@@ -68,6 +73,7 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
         critic = load_critic(req.policy.store_uri, req.policy.base_key, req.critic_key, fresh=True,
                              dtype_setting=req.policy.dtype)
         critic.train()
+        disable_dropout(critic)
         enable_checkpointing(critic.lm, req.gradient_checkpointing)
         critic_opt = make_optimizer(critic, algo.critic_lr)
         if req.critic_optimizer_key:

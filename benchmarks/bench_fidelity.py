@@ -265,7 +265,8 @@ def measure_activation_costs(cfg, state, store, tokens: dict, latency: float, pr
             generate(pids[:p], new_tokens=g.max_new_tokens, key=key)
             req = ScoreRequest(policy=ref, reference_key=state.reference_key, critic_key=state.critic_key,
                                dataset_key=state.prepared.train_key, rollout_keys=[key], rewards=cfg.reward_functions(),
-                               algorithm=cfg.algorithm, output_key=f"bench/scored-{p}/manifest.json")
+                               algorithm=cfg.algorithm, temperature=g.temperature,
+                               output_key=f"bench/scored-{p}/manifest.json")
             payload = req.model_dump(mode="json")
             pool.invoke("score", payload)  # loads the reference
             score.append((p * group, _median_time(lambda: pool.invoke("score", payload), repeats) - latency))

@@ -166,6 +166,9 @@ class AlgorithmConfig(_Section):
     critic_lr: float = Field(2e-3, gt=0)
     epochs: int = Field(1, ge=1)
     num_minibatches: int = Field(2, ge=1)
+    """Optimizer steps per epoch: the step's prompt groups, shuffled, are split into this many
+    mini-batches of whole groups, as equal as they can be (one group apart at most where it does
+    not divide ``batch_size / group_size``; ``actions/rl/update.py``, ``minibatches``)."""
     gamma: float = Field(1.0, ge=0, le=1)
     gae_lambda: float = Field(0.95, ge=0, le=1)
     max_grad_norm: float = Field(1.0, gt=0)

@@ -64,16 +64,17 @@ def _model(store: ObjectStore, base: Any, policy_key: str, weights_sha256: str |
                              "whole; drop --merge-lora")
         tensors, _ = load_tensors(store, policy_key, expected_sha256=weights_sha256)
         dtype = _stored_dtype(tensors)
-        return build_model(base, tensors).to(dtype), None, dtype
+        return build_model(base, tensors, dtype=dtype), None, dtype
     backbone, _ = load_tensors(store, lora.backbone_key)
     dtype = _stored_dtype(backbone)
     adapter = None  # version 0 is the backbone with the adapter's seeded (zero-update) start
     if policy_key != lora.backbone_key:
         adapter, _ = load_tensors(store, policy_key, expected_sha256=weights_sha256)
     if merge_lora:
-        return merge_adapter(attach_adapter(build_model(base, backbone).to(dtype), lora.config, adapter)), None, dtype
-    peft_model = attach_peft(build_model(base, backbone).to(dtype), lora.config, adapter)
-    return build_model(base, backbone).to(dtype), peft_model, dtype
+        merged = merge_adapter(attach_adapter(build_model(base, backbone, dtype=dtype), lora.config, adapter))
+        return merged, None, dtype
+    peft_model = attach_peft(build_model(base, backbone, dtype=dtype), lora.config, adapter)
+    return build_model(base, backbone, dtype=dtype), peft_model, dtype
 
 
 def export_policy(store: ObjectStore, base_key: str, policy_key: str, out: str | os.PathLike[str], *,

@@ -78,7 +78,8 @@ def _build_lora(ref: ModelRef, device: torch.device, dtype: torch.dtype) -> torc
     adapter = None
     if ref.policy_key != ref.backbone_key:  # version 0 is the backbone with the seeded adapter
         adapter = load_tensors(store_for(ref.store_uri), ref.policy_key, expected_sha256=ref.weights_sha256)[0]
-    model = build_model(load_base_parts(ref.store_uri, ref.base_key), load_backbone(ref, device, dtype), share=True)
+    model = build_model(load_base_parts(ref.store_uri, ref.base_key), load_backbone(ref, device, dtype), share=True,
+                        dtype=dtype)
     return attach_adapter(model.to(device), ref.lora, adapter)
 
 
@@ -95,7 +96,7 @@ def load_model(ref: ModelRef, *, fresh: bool = False) -> tuple[torch.nn.Module, 
             return _build_lora(ref, device, dtype), load_base_parts(ref.store_uri, ref.base_key).tokenizer
         tensors, _ = load_tensors(store_for(ref.store_uri), ref.policy_key, expected_sha256=ref.weights_sha256)
         base = load_base_parts(ref.store_uri, ref.base_key)
-        return build_model(base, tensors).to(device=device, dtype=dtype), base.tokenizer
+        return build_model(base, tensors, dtype=dtype).to(device), base.tokenizer
 
     if fresh:
         model, tokenizer = build()

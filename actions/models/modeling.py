@@ -146,8 +146,16 @@ def read_base(files: dict[str, bytes]) -> BaseParts:
     return BaseParts(config, tokenizer, generation)
 
 
-def build_model(base: BaseParts, tensors: dict[str, torch.Tensor], *, share: bool = False) -> torch.nn.Module:
-    """A model of ``base``'s shape holding ``tensors`` (fp32, eval mode).
+def build_model(base: BaseParts, tensors: dict[str, torch.Tensor], *, share: bool = False,
+                dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A model of ``base``'s shape holding ``tensors`` (in ``dtype``, eval mode).
+
+    The model is built in ``dtype`` as ``from_pretrained(..., dtype=dtype)`` builds it, not
+    built in fp32 and cast: transformers keeps buffers it computes in fp32 (the rotary
+    ``inv_freq`` and ``original_inv_freq``) in fp32 whatever the dtype, and a cast with
+    ``Module.to(dtype)`` would round them to bf16 and turn the RoPE angles further the longer
+    the sequence (on a Qwen2 shape about 0.2 rad at position 1,000, 0.7 rad at 4,000). The
+    weights are cast to ``dtype`` as they are copied in (``share``: they must already be in it).
 
     ``generation_config.json``, when the base has one, becomes ``model.generation_config``
     (its EOS list is what generation stops at, see ``special_tokens``). ``share``: the model's
@@ -160,7 +168,7 @@ def build_model(base: BaseParts, tensors: dict[str, torch.Tensor], *, share: boo
     # tensors are copied into the model's own (aligned) storage, not adopted: kernels may
     # round differently on the stored blobs' offsets, and the caller keeps its tensors.
     with no_init_weights():
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     if base.generation is not None:
         model.generation_config = copy.deepcopy(base.generation)
     model.tie_weights()  # part of the skipped init: a tied output head is the embedding itself

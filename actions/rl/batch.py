@@ -30,6 +30,9 @@ class TrainBatch:
     pad_id: int
     reward_applicable: list[bool] | None = None
     """Per row: did any reward function or model score it (None: shards scored before this was kept)."""
+    temperature: float = 1.0
+    """The rows' sampling temperature: the update's log-probs are of ``softmax(logits / temperature)``,
+    as the scored ones (``TrainStepRequest.temperature``, ``actions/rl/head.py``)."""
 
     def to(self, device: torch.device) -> TrainBatch:
         """Every tensor on ``device`` (the policy's), for the update loop."""
@@ -38,7 +41,7 @@ class TrainBatch:
 
         return TrainBatch(self.packed.to(device), move(self.old_logp), move(self.ref_logp), self.rewards.to(device),
                           move(self.values), self.finish_reasons, self.prompts, self.responses, self.pad_id,
-                          self.reward_applicable)
+                          self.reward_applicable, self.temperature)
 
 
 def _pad_to(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -48,7 +51,8 @@ def _pad_to(x: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, width - x.shape[1]))
 
 
-def gather_batch(store: ObjectStore, keys: list[str], algo: AlgorithmConfig, pad_id: int) -> TrainBatch:
+def gather_batch(store: ObjectStore, keys: list[str], algo: AlgorithmConfig, pad_id: int, *,
+                 temperature: float = 1.0) -> TrainBatch:
     rows = []  # (identity, sample meta, per-row tensors)
     for key in keys:
         tensors, meta = load_tensors(store, key)
@@ -71,7 +75,7 @@ def gather_batch(store: ObjectStore, keys: list[str], algo: AlgorithmConfig, pad
     return TrainBatch(packed, stack("old_logp"), stack("ref_logp"), torch.stack([r[2]["rewards"] for r in rows]),
                       stack("values") if algo.name == "ppo" else None, [r[1]["finish_reason"] for r in rows],
                       [r[1]["prompt"] for r in rows], [r[1]["response"] for r in rows], pad_id,
-                      [bool(r[1].get("reward_applicable", True)) for r in rows])
+                      [bool(r[1].get("reward_applicable", True)) for r in rows], temperature)
 
 
 def rollout_metrics(batch: TrainBatch, algo: AlgorithmConfig) -> dict[str, float]:

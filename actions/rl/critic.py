@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from actions.rl.sequences import PackedBatch
+from actions.rl.sequences import PackedBatch, response_hidden
 
 HEAD_PREFIX = "value_head."
 
@@ -22,11 +22,9 @@ class Critic(torch.nn.Module):
         self.value_head = torch.nn.Linear(lm.config.hidden_size, 1)
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
-        """Values for each response token: [B, T]."""
-        out = self.lm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                            position_ids=batch.position_ids)
-        P, T = batch.prompt_width, batch.response_width
-        hidden = out.last_hidden_state[:, P - 1:P + T - 1]
+        """Values for each response token: [B, T]. The decoder is the model's
+        ``base_model_prefix`` module (``model`` for Llama, ``transformer`` for GPT-2, ...)."""
+        hidden = response_hidden(self.lm, batch)
         return self.value_head(hidden).squeeze(-1).float() * batch.response_mask
 
     def tensors(self) -> dict[str, torch.Tensor]:

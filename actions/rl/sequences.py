@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.utils.checkpoint
 
+from actions.rl.head import head_logits
+
 
 @dataclass
 class PackedBatch:
@@ -85,27 +87,14 @@ def response_hidden(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
     return out.last_hidden_state[:, P - 1:P + T - 1]
 
 
-def _head_logits(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """Output-head logits in fp32 for ``hidden`` [n, H], with the final soft-capping or scale
-    of models that have one (Gemma 2, Cohere), as their own ``forward`` applies it."""
-    logits = model.get_output_embeddings()(hidden).float()
-    config = model.config
-    scale = getattr(config, "logit_scale", None)
-    if isinstance(scale, (int, float)) and scale != 1:
-        logits = logits * scale
-    cap = getattr(config, "final_logit_softcapping", None)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap
-    return logits
-
-
 def _chunk_stats(model: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
-                 with_entropy: bool) -> torch.Tensor:
+                 with_entropy: bool, temperature: float) -> torch.Tensor:
     """Per token of one chunk: log-prob of the target, and (no gradient) the entropy: ``[n, 2]``.
 
-    ``log p(y) = logit_y - logsumexp(logits)``; ``H = logsumexp - sum softmax * logits``.
+    ``log p(y) = logit_y - logsumexp(logits)``; ``H = logsumexp - sum softmax * logits``, over
+    the logits of ``head.head_logits`` (the family's own head, divided by the temperature).
     """
-    logits = _head_logits(model, hidden)
+    logits = head_logits(model, hidden, temperature)
     lse = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
     if not with_entropy:
@@ -133,10 +122,12 @@ def chunk_bounds(num_tokens: int, step: int) -> list[tuple[int, int]]:
 
 
 def response_logprobs(model: torch.nn.Module, batch: PackedBatch, *, with_entropy: bool = False,
-                      chunk_elements: int = LOGIT_CHUNK_ELEMENTS):
+                      chunk_elements: int = LOGIT_CHUNK_ELEMENTS, temperature: float = 1.0):
     """Per-token log-prob of the response under ``model``: [B, T] (0 on padding).
 
     With ``with_entropy`` also returns the per-token entropy [B, T] (a detached metric).
+    ``temperature``: the generation temperature the responses were sampled at; the log-probs
+    (and entropies) are of ``softmax(logits / temperature)`` (``head.py``: no top-k/top-p).
 
     Memory: the transformer runs once; the output head, the log-softmax and the entropy run
     over chunks of at most ``chunk_elements // V`` tokens, so no ``[B, T, V]`` tensor exists.
@@ -152,7 +143,7 @@ def response_logprobs(model: torch.nn.Module, batch: PackedBatch, *, with_entrop
     checkpointed = torch.is_grad_enabled() and flat.requires_grad
     parts = []
     for start, stop in chunk_bounds(B * T, chunk_elements // vocab):
-        args = (model, flat[start:stop], targets[start:stop], with_entropy)
+        args = (model, flat[start:stop], targets[start:stop], with_entropy, temperature)
         if checkpointed:
             parts.append(torch.utils.checkpoint.checkpoint(_chunk_stats, *args, use_reentrant=False))
         else:
@@ -161,12 +152,16 @@ def response_logprobs(model: torch.nn.Module, batch: PackedBatch, *, with_entrop
     return (stats[..., 0], stats[..., 1]) if with_entropy else stats[..., 0]
 
 
-def response_logprobs_full(model: torch.nn.Module, batch: PackedBatch, *, with_entropy: bool = False):
-    """The naive reference of ``response_logprobs``: the model's full ``[B, P + T, V]`` logits,
-    an fp32 ``[B, T, V]`` log-softmax and entropy over it. For tests and the memory benchmark."""
+def response_logprobs_full(model: torch.nn.Module, batch: PackedBatch, *, with_entropy: bool = False,
+                           temperature: float = 1.0):
+    """The naive reference of ``response_logprobs``: the model's full ``[B, P + T, V]`` logits
+    from its own ``forward``, an fp32 ``[B, T, V]`` log-softmax and entropy over it. For tests
+    and the memory benchmark."""
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
     P, T = batch.prompt_width, batch.response_width
     logits = out.logits[:, P - 1:P + T - 1].float()
+    if temperature not in (0.0, 1.0):
+        logits = logits / temperature
     targets = batch.input_ids[:, batch.prompt_width:]
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * batch.response_mask

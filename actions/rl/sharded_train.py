@@ -27,6 +27,7 @@ from actions.models.lora import adapter_tensors
 from actions.models.special_tokens import special_tokens
 from actions.rl.batch import gather_batch, rollout_metrics
 from actions.rl.critic_store import load_critic
+from actions.rl.dropout import disable_dropout
 from actions.rl.fsdp import full, like, make_mesh, shard
 from actions.rl.optimizer import MASTER, MASTER_NAME, TrainOptimizer, check_precision
 from actions.rl.recompute import enable_checkpointing
@@ -66,8 +67,8 @@ def _load_masters(module: torch.nn.Module, state: dict[str, torch.Tensor] | None
         match = MASTER_NAME.match(key)
         index = int(match.group(1)) if match else len(params)
         if index >= len(params) or params[index].dtype == torch.float32 or value.shape != params[index].shape:
-            raise ValueError(f"optimizer state {where!r}: tensor {shown(key)} is not the fp32 master copy of one of the "
-                             f"{len(params)} low-precision parameters; re-publish the optimizer state")
+            raise ValueError(f"optimizer state {where!r}: tensor {shown(key)} is not the fp32 master copy of one of "
+                             f"the {len(params)} low-precision parameters; re-publish the optimizer state")
         params[index].data = value.to(params[index].device, torch.float32).clone()
     return rest
 
@@ -124,6 +125,7 @@ def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | 
     state = load_tensors(store, req.optimizer_key)[0] if req.optimizer_key else None
     state = _load_masters(policy, state, req.optimizer_key or "")
     policy.train()
+    disable_dropout(policy)  # log-probs without random masks, as scored (dropout.py)
     enable_checkpointing(policy, req.gradient_checkpointing)
     mesh = make_mesh(device)
     compute_dtype = next(iter(policy_dtypes.values()))
@@ -138,10 +140,12 @@ def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | 
         cstate = load_tensors(store, req.critic_optimizer_key)[0] if req.critic_optimizer_key else None
         cstate = _load_masters(critic, cstate, req.critic_optimizer_key or "")
         critic.train()
+        disable_dropout(critic)
         enable_checkpointing(critic.lm, req.gradient_checkpointing)
         shard(critic, mesh, compute_dtype)
         critic_opt = _sharded_optimizer(critic, algo.critic_lr, cstate, req.critic_optimizer_key or "")
-    batch = gather_batch(store, req.scored_keys, algo, special_tokens(policy, tokenizer).pad_id).to(device)
+    batch = gather_batch(store, req.scored_keys, algo, special_tokens(policy, tokenizer).pad_id,
+                         temperature=req.temperature).to(device)
     metrics = rollout_metrics(batch, algo)
     metrics["train/reused_state"] = 0.0
     metrics["train/world_size"] = float(world)

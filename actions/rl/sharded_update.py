@@ -34,14 +34,15 @@ from actions.rl.update import micro_batches, policy_loss, run_updates
 
 class LogprobRoot(torch.nn.Module):
     """The policy as FSDP's root unit: one call computes a packed group's log-probs and
-    entropies (``[b, T, 2]``), so the output head runs inside the root's gather."""
+    entropies (``[b, T, 2]``) at the rows' sampling ``temperature``, so the output head runs
+    inside the root's gather."""
 
     def __init__(self, policy: torch.nn.Module) -> None:
         super().__init__()
         self.policy = policy
 
-    def forward(self, packed) -> torch.Tensor:
-        logp, entropy = response_logprobs(self.policy, packed, with_entropy=True)
+    def forward(self, packed, temperature: float = 1.0) -> torch.Tensor:
+        logp, entropy = response_logprobs(self.policy, packed, with_entropy=True, temperature=temperature)
         return torch.stack([logp, entropy], dim=-1)
 
 
@@ -83,7 +84,9 @@ def _policy_pass(root: LogprobRoot, opt: TrainOptimizer, batch: TrainBatch, adv:
     opt.zero_grad()
     for job in rank_share(policy_jobs(batch, idx, algo, row_block), rank, world):
         rows = torch.tensor(job.rows, device=device)
-        (out,), _ = per_row_widths([root], [batch.prompts[i] for i in job.rows], [batch.responses[i] for i in job.rows],
+        logprobs = partial(root, temperature=batch.temperature)
+        (out,), _ = per_row_widths([logprobs], [batch.prompts[i] for i in job.rows],
+                                   [batch.responses[i] for i in job.rows],
                                    batch.pad_id, device=device, row_block=row_block)
         out = torch.nn.functional.pad(out, (0, 0, 0, max(0, T - out.shape[1])))[:, :T]
         loss, m = policy_loss(out[..., 0], out[..., 1], batch, adv, rows, algo)

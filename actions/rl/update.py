@@ -12,7 +12,8 @@ weighted losses is the mini-batch's token mean, and the update equals the unspli
 float round-off. Metrics are combined with the same weights.
 
 The policy's log-probs are computed like the score action's (``sequences.per_row_widths``:
-each row at widths of its own, the output head in chunks), so on the first mini-batch of
+each row at widths of its own, the output head in chunks, at the batch's sampling temperature;
+the train action turns the model's dropout off, ``dropout.py``), so on the first mini-batch of
 the first epoch they equal the scored ``old_logp`` bit for bit. That is what makes the
 one-pass shortcut exact (``needs_old_logp``): where the policy has not moved between scoring
 and a mini-batch (one epoch of one mini-batch, GRPO), ``old_logp`` is this pass's own
@@ -71,9 +72,18 @@ def compute_advantages(batch: TrainBatch, algo: AlgorithmConfig) -> tuple[torch.
 
 
 def minibatches(num_rows: int, algo: AlgorithmConfig, gen: torch.Generator) -> list[torch.Tensor]:
+    """The row indices of ``algo.num_minibatches`` mini-batches: the prompt groups in a seeded
+    random order, split into that many runs of whole groups as equal as they can be (sizes
+    differ by one group at most where ``num_minibatches`` does not divide the prompts).
+
+    The groups are split, not the rows: a row split (``chunk``) could cut a group in two and,
+    with ceil-sized chunks, give fewer optimizer steps than asked (6 prompts in 4 gave 3).
+    Where the prompts divide evenly (the default config) both splits are the same, row for row.
+    """
     groups = torch.randperm(num_rows // algo.group_size, generator=gen)
-    rows = (groups[:, None] * algo.group_size + torch.arange(algo.group_size)).flatten()
-    return list(rows.chunk(algo.num_minibatches))
+    offsets = torch.arange(algo.group_size)
+    return [(part[:, None] * algo.group_size + offsets).flatten()
+            for part in groups.tensor_split(algo.num_minibatches) if len(part)]
 
 
 def policy_logprobs(policy: torch.nn.Module, batch: TrainBatch, idx: torch.Tensor
@@ -84,7 +94,7 @@ def policy_logprobs(policy: torch.nn.Module, batch: TrainBatch, idx: torch.Tenso
     device = batch.packed.input_ids.device
 
     def stats(packed):
-        logp, entropy = response_logprobs(policy, packed, with_entropy=True)
+        logp, entropy = response_logprobs(policy, packed, with_entropy=True, temperature=batch.temperature)
         return torch.stack([logp, entropy], dim=-1)
 
     (out,), _ = per_row_widths([stats], [batch.prompts[i] for i in rows], [batch.responses[i] for i in rows],

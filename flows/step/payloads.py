@@ -71,7 +71,7 @@ def score_payload(ctx: RunContext, inputs: StepInputs, rollout_keys: list[str], 
         policy=inputs.model, reference_key=inputs.reference_key, critic_key=inputs.critic_key,
         dataset_key=inputs.train_key, rollout_keys=rollout_keys, rewards=ctx.config.reward_functions(),
         reward_models=reward_model_refs(ctx.config, ctx.prefix), step=inputs.step, max_steps=ctx.config.steps,
-        algorithm=ctx.config.algorithm,
+        algorithm=ctx.config.algorithm, temperature=ctx.config.generation.temperature,
         output_key=f"{step_prefix(ctx, inputs.step)}/scored/{shard}/manifest.json",
     ).model_dump(mode="json")
 
@@ -84,4 +84,5 @@ def train_payload(ctx: RunContext, inputs: StepInputs, scored_keys: list[str]) -
         output_prefix=f"{step_prefix(ctx, inputs.step)}/train",
         gradient_checkpointing=ctx.config.model.gradient_checkpointing,
         world_size=ctx.config.train.world_size, gpus_per_actor=ctx.config.scaling.gpus_per_actor,
+        temperature=ctx.config.generation.temperature,
     ).model_dump(mode="json")

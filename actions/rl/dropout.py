@@ -1,0 +1,49 @@
+"""Model dropout off in the learner, as TRL's ``disable_dropout`` does for its RL trainers.
+
+The learner trains in train mode (gradient checkpointing needs it), and a model that ships
+dropout (GPT-2's ``resid/embd/attn_pdrop``, OPT's ``dropout``, Phi's, a Qwen2 with
+``attention_dropout``) would then compute its log-probs with random masks: the ratio to the
+scored ``old_logp`` (computed in eval mode) would be noise before any update, and the one-pass
+shortcut (``update.needs_old_logp``), which takes the update's own log-probs as the old ones,
+would train on a noisy policy. So every dropout of the model is set to 0: ``nn.Dropout``
+modules (``p``) and the float rates attention and decoder layers keep as attributes and pass
+to the functional dropout (``attention_dropout``, ``hidden_dropout``, OPT's ``layerdrop``),
+and the same fields of the config, which some forwards read directly.
+
+LoRA's own dropout (``model.lora.dropout``, PEFT's ``lora_dropout`` modules) is kept: it is
+a setting of this run, chosen for the adapter. A model without dropout is left as it was.
+"""
+
+from __future__ import annotations
+
+import torch
+
+KEEP = "lora_dropout"
+"""Modules under a name containing this are left alone (PEFT's LoRA dropout)."""
+
+
+def _is_rate(name: str, value: object) -> bool:
+    return "drop" in name and isinstance(value, float) and value > 0
+
+
+def disable_dropout(model: torch.nn.Module) -> int:
+    """Set every dropout rate of ``model`` (and of its ``config``, if any) to 0, LoRA's aside;
+    returns how many rates were changed (0 for a model without dropout)."""
+    changed = 0
+    for name, module in model.named_modules():
+        if KEEP in name:
+            continue
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0:
+            module.p = 0.0
+            changed += 1
+        for attr, value in list(vars(module).items()):
+            if _is_rate(attr, value):
+                setattr(module, attr, 0.0)
+                changed += 1
+    configs = {id(c): c for c in (getattr(m, "config", None) for m in model.modules()) if c is not None}
+    for config in configs.values():
+        for attr, value in list(vars(config).items()):
+            if _is_rate(attr, value):
+                setattr(config, attr, 0.0)
+                changed += 1
+    return changed
