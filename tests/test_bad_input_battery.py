@@ -515,6 +515,10 @@ CASES: dict[str, Case] = {
     "config lease ttl too short": Case(
         _train("--set", "store.lease_ttl_s=1"), ("store.lease_ttl_s", "greater than or equal to 2")),
     "config lora rank zero": Case(_train("--set", "model.lora.r=0"), ("model.lora.r=0", "integer >= 1")),
+    "config lora rank zero as a float": Case(_train("--set", "model.lora.r=0.0"), ("model.lora.r=0", "integer >= 1")),
+    "config lora rank negative as a string": Case(_train("--set", "model.lora.r='-2'"),
+                                                  ("model.lora.r=-2", "integer >= 1")),
+    "config lora rank a boolean": Case(_train("--set", "model.lora.r=true"), ("model.lora.r=True", "integer >= 1")),
     "config lora targets match nothing": Case(
         _train("--set", "model.lora.target_modules=[q_prj]"),
         ("model.lora.target_modules", "'q_prj'", "q_proj", "or all-linear")),

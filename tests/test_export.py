@@ -161,6 +161,13 @@ def test_lora_run_exports_the_adapter_in_peft_format_or_merged(tmp_path, lora_st
     peft_model = PeftModel.from_pretrained(base, tmp_path / "adapter-form" / "adapter").eval()
     with torch.no_grad():
         assert (peft_model(ids).logits - want).abs().max() <= 1e-6
+    # PEFT's auto class finds the backbone from the adapter alone: the exported folder, not the
+    # temporary one the backbone was read into
+    from peft import AutoPeftModelForCausalLM
+
+    auto = AutoPeftModelForCausalLM.from_pretrained(tmp_path / "adapter-form" / "adapter").eval()
+    with torch.no_grad():
+        assert (auto(ids).logits - want).abs().max() <= 1e-6
 
     assert main(["export", "lx", "--store", str(store), "--out", str(tmp_path / "merged"), "--merge-lora"]) == 0
     assert not (tmp_path / "merged" / "adapter").exists()

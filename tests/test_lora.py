@@ -38,6 +38,12 @@ def test_lora_campaign_on_tiny_qwen2_raises_held_out_accuracy(tmp_path, qwen_dir
     summary = run_campaign(cfg, progress=lambda m: None)
     gain = summary["eval_accuracy_last"] - summary["eval_accuracy_first"]
     assert gain >= LORA_MIN_GAIN, summary["evals"]
+    # the planner's profile is the adapter's from the start, not the bare model's
+    from actions.store import get_json, open_store
+
+    store = open_store(cfg.store.uri)
+    profiles = [get_json(store, k) for k in store.list("profiles/") if k.endswith(".json")]
+    assert profiles and all(p["facts"]["lora"] == cfg.model.lora.model_dump(mode="json") for p in profiles)
 
 
 @pytest.fixture(scope="module")

@@ -48,8 +48,16 @@ class LoraConfig(_Section):
 
     @field_validator("r", mode="before")
     @classmethod
-    def _check_r(cls, v: Any) -> Any:
-        if isinstance(v, int) and not isinstance(v, bool) and v <= 0:
+    def _refuse_bool_r(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # an int to pydantic: `r: true` would be a rank-1 adapter
+            raise ValueError(f"model.lora.r={v} is not a rank; set an integer >= 1 (e.g. 8 or 16)")
+        return v
+
+    @field_validator("r")
+    @classmethod
+    def _check_r(cls, v: int) -> int:
+        # after conversion, so that 0.0, "0" and "-3" are refused as 0 and -3 are
+        if v <= 0:
             raise ValueError(f"model.lora.r={v} is not a rank; set an integer >= 1 (e.g. 8 or 16), or remove "
                              "model.lora for full fine-tuning")
         return v

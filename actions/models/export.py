@@ -106,6 +106,10 @@ def export_policy(store: ObjectStore, base_key: str, policy_key: str, out: str |
         _stop_as_trained(model, tmp)
         model.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
         if adapter is not None:
+            # PEFT records the folder the backbone came from: here a temporary one, deleted. The
+            # exported backbone is `out` itself, so PEFT's auto classes load the pair from there.
+            for peft_config in adapter.peft_config.values():
+                peft_config.base_model_name_or_path = str(target.resolve())
             adapter.save_pretrained(tmp / "adapter", safe_serialization=True)
         _give_usual_modes(tmp)
         if target.exists():

@@ -63,9 +63,12 @@ def set_up(ctx: RunContext, progress: Progress) -> CampaignState:
     prepared = prepare_inputs(ctx)
     policy_key = prepared.init_key
     # the pool profiles the engine beside warm-up and the first evaluation (speed does not
-    # depend on the weights' values, so the initial ones do)
+    # depend on the weights' values, so the initial ones do; it does on a LoRA adapter's
+    # structure: version 0 with its seeded adapter, as model_ref gives it)
+    lora = cfg.model.lora
     init = ModelRef(store_uri=ctx.store.uri, base_key=prepared.base_key, policy_key=prepared.init_key,
-                    policy_version=0, dtype=cfg.model.dtype)
+                    policy_version=0, dtype=cfg.model.dtype, lora=lora,
+                    backbone_key=prepared.init_key if lora else None)
     profiling = start_profiling(ctx, init, parse_token_table(get_json(ctx.store, prepared.tokens_key)))
     if cfg.warmup.steps:
         progress(f"warmup: {cfg.warmup.steps} supervised steps")
