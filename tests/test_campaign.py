@@ -187,13 +187,43 @@ def test_failed_activations_are_retried_and_change_nothing(tiny_config, prefect_
     assert faulty["weights_sha256"] == clean["weights_sha256"]
 
 
-def test_budget_stops_cleanly_and_resume_with_larger_budget_completes(tiny_config, prefect_harness):
-    first = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=budget", "steps=3",
-                                     "budget.gpu_seconds=0.001"), progress=lambda m: None)
-    assert first["steps_completed"] == 1 and "budget.gpu_seconds" in first["stopped_reason"]
-    rest = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=budget", "steps=3"), resume=True,
+def test_a_budget_stop_evaluates_and_commits_the_policy_it_stops_with_and_resume_completes(
+        clean_summary, tiny_config, prefect_harness):
+    """A run stopped by its budget evaluates the policy it stops with and commits why it
+    stopped, in its last step's one commit record (``status`` shows both); a resume with a
+    larger budget clears the reason and ends with the weights of a run that never stopped."""
+    import contextlib
+    import io
+    import json
+
+    from flows.campaign.state import load_state
+    from flows.commands.cli import main
+
+    cfg = tiny_config("invoker.kind=inprocess", "run_id=budget", "budget.gpu_seconds=0.001")  # steps=2
+    lines: list[str] = []
+    first = run_campaign(cfg, progress=lines.append)
+    reason = first["stopped_reason"]
+    assert first["steps_completed"] == 1 and "budget.gpu_seconds" in reason
+    assert [(e["step"], e["policy_version"]) for e in first["evals"]] == [(0, 0), (1, 1)]
+    assert first["eval_accuracy_last"] == first["evals"][1]["accuracy"]  # the trained version's, not v0's
+    assert any(line.startswith(f"stopped after step 1/2: {reason}; raise the budget") for line in lines)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["status", "budget", "--store", cfg.store.uri]) == 0
+    status = json.loads(out.getvalue())
+    assert status["stopped_reason"] == reason and status["policy_version"] == 1
+    assert status["last_eval"]["step"] == 1 and status["last_eval"]["policy_version"] == 1
+    store = open_store(cfg.store.uri)
+    commits = sorted(store.list("runs/budget/campaign/commits/"))
+    again = run_campaign(cfg, resume=True, progress=lambda m: None)  # the same budget: no step, no commit
+    assert again["steps_completed"] == 1 and again["stopped_reason"] == reason
+    assert sorted(store.list("runs/budget/campaign/commits/")) == commits
+    rest = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=budget"), resume=True,
                         progress=lambda m: None)
-    assert rest["steps_completed"] == 3 and rest["stopped_reason"] is None
+    assert rest["steps_completed"] == 2 and rest["stopped_reason"] is None
+    assert load_state(store, "budget").stopped_reason is None
+    assert [e["step"] for e in rest["evals"]] == [0, 1, 2]
+    assert rest["weights_sha256"] == clean_summary["weights_sha256"]
 
 
 def test_flow_run_publishes_step_artifacts(tiny_config, prefect_harness):

@@ -23,8 +23,9 @@ from flows.step.phase import phase_inputs
 
 
 def budget_stop(cfg: CampaignConfig, state: CampaignState) -> str | None:
-    """Why the next step may not run (``budget.*``: the last step's cost would exceed it), or None."""
-    if not state.steps:
+    """Why the next step may not run (``budget.*``: the last step's cost would exceed it), or None:
+    it may, or ``state`` is the campaign's last step anyway (``steps``), which stops no run early."""
+    if not state.steps or state.step >= cfg.steps:
         return None
     last = state.steps[-1]
     b = cfg.budget

@@ -2,7 +2,8 @@
 
 ``rlhf_campaign`` resumes from the last committed step of its run, evaluates on the held-out
 set before RL, every ``eval_every`` steps and at the end, stops cleanly before a step that
-would exceed the budget, and returns the JSON summary the CLI writes.
+would exceed the budget (evaluating the policy it stops with, and committing why it stopped),
+and returns the JSON summary the CLI writes.
 
 Each concern lives in its own module, so the loop below reads top to bottom: the lease
 (``holding.py``), set-up and evaluation (``setup.py``), one step (``advance.py``), garbage
@@ -31,6 +32,7 @@ from flows.campaign.learning_warnings import learning_warnings
 from flows.campaign.lease import RunLease
 from flows.campaign.live_profile import finish_profiling, start_profiling
 from flows.campaign.overhead import Background, StepClock, hold_for_training, open_gate_when_running, quiet_step_flows
+from flows.campaign.preflight import check_campaign
 from flows.campaign.prestart import FlowRunStarter
 from flows.campaign.reporting import Reporter, summarize
 from flows.campaign.setup import evaluate, evaluates, model_ref, set_up
@@ -52,10 +54,13 @@ def run_campaign(cfg: CampaignConfig, *, resume: bool = False, progress: Progres
                  store: ObjectStore | None = None, break_lease: bool = False) -> dict[str, Any]:
     """Run (or resume) a campaign to ``cfg.steps`` steps and return its summary.
 
-    Holds the run's lease throughout (``flows/campaign/holding.py``); every commit and
-    collection checks it first.
+    First the checks ``rlhfless train`` makes before it starts the flow
+    (``flows/campaign/preflight.py``): a config that would fail after set-up wrote the store is
+    refused with the same ``ValueError`` before anything is written. Then holds the run's
+    lease throughout (``flows/campaign/holding.py``); every commit and collection checks it first.
     """
     started = time.time()
+    check_campaign(cfg)
     store = store or open_store(cfg.store.uri)
     run_id = cfg.resolved_run_id()
     with holding_lease(cfg, store, run_id, break_lease=break_lease, progress=progress) as lease:
@@ -81,7 +86,7 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
     warming = PoolWarming(cfg, invoker, num_workers)
     try:
         state = _start(ctx, existing, lease, collect, progress)
-        if state.step < cfg.steps:
+        if state.step < cfg.steps and not budget_stop(cfg, state):
             warming.before_first_step(model_ref(ctx, state).model_dump(mode="json"))
         reporter.start(state.step)
         planner = build_planner(ctx, num_workers, state.planner)  # once: from the config and the profile
@@ -123,28 +128,28 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
           warming: PoolWarming, step_flow: FlowRunStarter, quiet_api: threading.Event,
           reporter: Reporter) -> CampaignState:
     """Steps until ``steps`` or the budget: run one (planned and observed by ``planner``),
-    pre-warm the next, evaluate, commit, collect, report."""
+    pre-warm the next, evaluate, commit, collect, report. The budget is checked as soon as a
+    step's cost is known: the step after which it refuses the next is the run's last, so its
+    policy is evaluated and its one commit record carries ``stopped_reason`` (``status``)."""
     cfg = ctx.config
     tokens = parse_token_table(get_json(ctx.store, state.prepared.tokens_key))
     clock = StepClock()
-    if state.step < cfg.steps:
+    stop = budget_stop(cfg, state)  # a resumed run may have no budget left
+    if state.step < cfg.steps and not stop:
         step_flow.prepare()
-    while state.step < cfg.steps:
-        reason = budget_stop(cfg, state)
-        if reason:
-            state.stopped_reason = reason
-            reporter.progress(f"stopping before step {state.step}: {reason}")
-            break
+    while not stop and state.step < cfg.steps:
         lease.check()
         old_drafts = state.draft_index
         state, record = run_one_step(ctx, state, planner, tokens,
                                      functools.partial(step_flow.run, prepare_next=state.step + 1 < cfg.steps))
         last = record.metrics  # the committed metrics of this step (state.steps[-1])
-        if state.step < cfg.steps:
+        state.stopped_reason = stop = budget_stop(cfg, state)
+        if state.step < cfg.steps and not stop:
             # The next step generates with the version just trained: its workers load it
             # while this step is committed and the next step's flow run starts.
             warming.before_next_step(record.phase.num_actors, model_ref(ctx, state).model_dump(mode="json"))
-        if evaluates(state) and (cfg.eval_every and state.step % cfg.eval_every == 0 or state.step == cfg.steps):
+        if evaluates(state) and (cfg.eval_every and state.step % cfg.eval_every == 0 or state.step == cfg.steps
+                                 or stop):
             state.evals.append(evaluate(ctx, state, clock))
         last[timing_key("period")], last[timing_key("overhead")] = clock.close_period(last[timing_key("work")])
         lease.check()
@@ -156,6 +161,10 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
         clock.add_work(time.time() - t_commit)
         quiet_api.clear()  # published once the next step's flow run is running (or at the end)
         reporter.committed(state, record)
+    if stop:
+        state.stopped_reason = stop
+        reporter.progress(f"stopped after step {state.step}/{cfg.steps}: {stop}; raise the budget and resume "
+                          "the run to continue")
     return state
 
 
@@ -164,7 +173,10 @@ def rlhf_campaign(config: CampaignConfig, resume: bool = False, break_lease: boo
     """Prefect entrypoint. ``config`` arrives as a dict (deployment parameters, the CLI) and is
     validated by Prefect with pydantic before the run starts: a bad value fails the run with
     ``ParameterTypeError`` naming the field (``config.algorithm.batch_size``), and a deployment
-    rejects it when the run is created (the parameter schema is CampaignConfig's JSON schema)."""
+    rejects it when the run is created (the parameter schema is CampaignConfig's JSON schema).
+    What pydantic cannot see (a missing dataset or model, an engine not installed, a tracker's
+    package, an unreachable controller) fails the run next with the ``ValueError`` that
+    ``rlhfless train`` prints, before the store is written (``run_campaign``)."""
     return run_campaign(config, resume=resume, break_lease=break_lease)
 
 

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flows.campaign.preflight import checked  # imports nothing heavy: a refusal stays fast
+
 if TYPE_CHECKING:
     from flows.config import CampaignConfig
 
@@ -120,7 +122,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool, break_lease: bool) -> Any:
     """Every check that needs no campaign: the run's lease first (a second ``train`` of a
     held run is refused in about a second, before any input is read or any code the config
-    names is imported), then inputs, output paths, the existing run, the invoker. Reads only;
+    names is imported), then output paths, the existing run, and the checks the flow makes
+    too (``flows/campaign/preflight.py``: inputs, engine, trackers, invoker). Reads only;
     before Prefect or any worker starts, so a refusal is one line (a failure inside the flow
     would log a traceback). Then takes the run's lease (the first write) and returns it."""
     from actions.store import open_store
@@ -129,15 +132,6 @@ def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool,
     store = open_store(cfg.store.uri)  # an unreachable endpoint, bad credentials or a missing bucket fail here
     run_id = cfg.resolved_run_id()
     check_not_held(store, run_id, break_lease=break_lease)
-    from actions.engines.preflight import check_engine
-    from actions.prepare import validate_inputs
-
-    validate_inputs(cfg)
-    check_engine(cfg, local_actions=cfg.invoker.kind != "openwhisk")
-    if cfg.invoker.kind != "openwhisk":  # an OpenWhisk action checks on the machine it runs on
-        from actions.rl.world_size import check_world_size
-
-        check_world_size(cfg.train.world_size, cfg.scaling.gpus_per_actor)
     checks = [("--out", out), ("--summary", summary_path.parent)]
     if cfg.invoker.kind == "local" and cfg.invoker.log_dir:
         checks.append(("invoker.log_dir", Path(cfg.invoker.log_dir)))
@@ -149,11 +143,9 @@ def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool,
     from flows.campaign.state import check_resume, load_state  # no Prefect import: a refusal stays fast
 
     check_resume(load_state(store, run_id), cfg, resume)
-    from flows.campaign.trackers import check_trackers
-    from flows.invokers.factory import check_invoker
+    from flows.campaign.preflight import check_campaign
 
-    check_trackers(cfg)
-    check_invoker(cfg)
+    check_campaign(cfg)  # the flow's own checks, the same list (the invoker's last: OpenWhisk is one request)
     return RunLease.acquire(store, run_id, ttl_s=cfg.store.lease_ttl_s, break_lease=break_lease)
 
 
@@ -181,7 +173,8 @@ def _train(args: argparse.Namespace) -> int:
             return 0
     lease = _preflight(cfg, out, summary_path, args.resume, args.break_lease)
     try:
-        with sigterm_unwinds():  # the lease below is released on SIGTERM too
+        # the lease below is released on SIGTERM too; the flow skips the checks _preflight made
+        with sigterm_unwinds(), checked(cfg):
             from flows.campaign.run import rlhf_campaign
             from flows.commands.local_api import start_local_api
 
