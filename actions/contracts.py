@@ -23,6 +23,16 @@ class _Msg(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def rollout_temperature() -> Any:
+    """The ``temperature`` field of the score and train requests: ``generation.temperature``, the
+    rollouts' sampling temperature. The learner's log-probs (old, reference, trained) are of
+    ``softmax(logits / temperature)``, the distribution the samples were drawn from, as TRL and
+    verl compute them (``actions/rl/head.py``; top-k/top-p are not applied; 0, greedy decoding,
+    reads as 1). Left out of a request at its default, 1, so that actions of the revision before
+    it existed (which refuse unknown fields) still take a run that samples at temperature 1."""
+    return Field(1.0, ge=0, exclude_if=lambda t: t == 1.0)
+
+
 class DecodeSettings(_Msg):
     """Which engine a generation action decodes with, and how (``generation.*``): what a
     pre-warm needs to build the engine the run's generate actions then use."""
@@ -263,11 +273,9 @@ class ScoreRequest(_Rewarded):
     rollout_keys: list[str]
     algorithm: AlgorithmConfig
     output_key: str
-    temperature: float = Field(1.0, ge=0)
-    """``generation.temperature``, the rollouts' sampling temperature: the old and reference
-    log-probs are of ``softmax(logits / temperature)``, the distribution the samples were drawn
-    from, as TRL and verl compute them (``actions/rl/head.py``; top-k/top-p are not applied;
-    0, greedy decoding, reads as 1)."""
+    temperature: float = rollout_temperature()
+    """The rollouts' sampling temperature: the old and reference log-probs are of its
+    distribution (:func:`rollout_temperature`)."""
 
 
 class ScoreResult(_Msg):
@@ -298,11 +306,9 @@ class TrainStepRequest(_Msg):
     world_size: int | None = Field(None, ge=1)
     """``train.world_size``; None: ``gpus_per_actor`` on CUDA, 1 on the CPU."""
     gpus_per_actor: int = Field(1, ge=1)
-    temperature: float = Field(1.0, ge=0)
-    """``generation.temperature``, the rollouts' sampling temperature: the trained policy's
-    log-probs are of ``softmax(logits / temperature)``, the distribution the samples were drawn
-    from, as TRL and verl compute them (``actions/rl/head.py``; top-k/top-p are not applied;
-    0, greedy decoding, reads as 1)."""
+    temperature: float = rollout_temperature()
+    """The rollouts' sampling temperature: the trained log-probs are of its distribution
+    (:func:`rollout_temperature`)."""
 
 
 class TrainStepResult(_Msg):

@@ -84,7 +84,7 @@ def bytes_and_loads(args: argparse.Namespace) -> dict:
 
         def load_full() -> None:
             tensors, _ = load_tensors(store, full.manifest_key)
-            build_model(base, tensors).to(device=args.device, dtype=getattr(torch, args.dtype))
+            build_model(base, tensors, dtype=getattr(torch, args.dtype)).to(args.device)  # as the actions build it
             _sync(torch, args.device)
 
         def load_lora() -> None:  # the backbone (full_state) is what the warm container holds

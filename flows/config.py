@@ -157,7 +157,6 @@ class InvokerConfig(_Section):
     ``scaling.gpus_per_actor`` (create it first: ``prefect gcl create gpu-actions --limit 8``).
     None: no limit. A name the server does not know is skipped with a warning, never blocks."""
 
-
     def local_timeout_s(self) -> float:
         """``timeout_s`` for activations on this machine (local pool, child process): 600 s when unset."""
         return LOCAL_TIMEOUT_S if self.timeout_s is None else self.timeout_s

@@ -172,3 +172,15 @@ def test_a_missing_or_tampered_segment_is_named(tmp_path) -> None:
     store.put(commit_key(pointer_key(RUN), SEGMENT + 1), json.dumps(record).encode())
     with pytest.raises(IntegrityError, match="sealed steps count 7 is not a multiple of 100"):
         load_state(store, RUN)
+
+
+def test_a_record_that_lost_its_sealed_steps_is_refused(tmp_path) -> None:
+    """A revision from before sealing reads a sealed record's tail as the whole history; a record
+    it then commits lacks the sealed steps: refused by name, not read as a shorter run."""
+    store = LocalStore(tmp_path / "store")
+    _grow(store, SEGMENT + 5)
+    data = _record(store, SEGMENT + 5)
+    data.pop("sealed")  # as the older revision writes it: its tail and no count
+    commit_pointer(store, pointer_key(RUN), {"step": SEGMENT + 6, "state": {**data, "step": SEGMENT + 6}})
+    with pytest.raises(IntegrityError, match=r"entry 0 of its step metrics is step 100's.*Resume runs with this"):
+        load_state(store, RUN)

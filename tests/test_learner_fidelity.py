@@ -216,6 +216,11 @@ def test_score_and_train_requests_carry_the_generation_temperature(tmp_path):
                         optimizer_key=None, critic_key=None, critic_optimizer_key=None)
     assert ScoreRequest.model_validate(score_payload(ctx, inputs, ["r"], "s0")).temperature == 0.7
     assert TrainStepRequest.model_validate(train_payload(ctx, inputs, ["k"])).temperature == 0.7
+    # at temperature 1 the field is left out: actions of the revision before it refuse unknown fields
+    ctx = RunContext(config=load_config(None, [f"store.uri={tmp_path}", "run_id=t"]), store=ctx.store, invoker=None,
+                     run_id="t")
+    assert "temperature" not in score_payload(ctx, inputs, ["r"], "s0")
+    assert "temperature" not in train_payload(ctx, inputs, ["k"])
 
 
 @pytest.mark.parametrize("batch_size,group_size,num_minibatches", [(6, 1, 4), (12, 4, 2), (10, 1, 4), (5, 1, 4),

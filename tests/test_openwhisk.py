@@ -217,6 +217,30 @@ def test_polls_that_fail_never_invoke_again():
         assert f"`wsk activation get {info.value.activation_id}`" in info.value.message
 
 
+@pytest.mark.parametrize("timeout_s", [None, 30.0])
+def test_any_5xx_on_polls_is_polled_on_then_named(timeout_s):
+    """A proxy's 520 on polls (a 5xx the request does not retry itself) is polled on like a
+    503, never turned into a retry; at the controller's bound, or the deadline, the error names
+    the failing polls, not a slow action."""
+    posts: list[int] = []
+
+    def controller(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            posts.append(1)
+            return httpx.Response(202, json={"activationId": "a1"})
+        if "/activations/" in request.url.path:
+            return httpx.Response(520, json={"error": "origin error"})
+        return httpx.Response(200, json={"name": "probe", "limits": {"timeout": 60000}, "annotations": []})
+
+    now = [0.0]
+    config = OpenWhiskConfig("http://ow.test", "uuid1234:key12345678")
+    with OpenWhiskClient(config, retry=RetryPolicy(), transport=httpx.MockTransport(controller),
+                         clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)) as client:
+        with pytest.raises(ActionError, match="polls of it failed") as info:
+            OpenWhiskInvoker(client, package="rlhfless", timeout_s=timeout_s).invoke("generate", {})
+    assert not info.value.transient and len(posts) == 1 and "HTTP 520" in info.value.message
+
+
 def test_blocking_wait_ends_a_margin_before_the_deadline():
     """The controller answers 202 with the activation id when the blocking wait ends; the HTTP
     read must outlast the wait, or the id is lost with the read timeout. Near the deadline the

@@ -16,6 +16,7 @@ model with the adapter merged into its weights (``W + (alpha / r) B A`` in the s
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -106,11 +107,7 @@ def export_policy(store: ObjectStore, base_key: str, policy_key: str, out: str |
         _stop_as_trained(model, tmp)
         model.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
         if adapter is not None:
-            # PEFT records the folder the backbone came from: here a temporary one, deleted. The
-            # exported backbone is `out` itself, so PEFT's auto classes load the pair from there.
-            for peft_config in adapter.peft_config.values():
-                peft_config.base_model_name_or_path = str(target.resolve())
-            adapter.save_pretrained(tmp / "adapter", safe_serialization=True)
+            _save_adapter(adapter, tmp, target)
         _give_usual_modes(tmp)
         if target.exists():
             target.rmdir()  # the caller checked that it is an empty folder
@@ -119,6 +116,23 @@ def export_policy(store: ObjectStore, base_key: str, policy_key: str, out: str |
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return ExportedFolder(str(target), sorted(p.name for p in target.iterdir()), str(dtype).removeprefix("torch."))
+
+
+def _save_adapter(adapter: Any, tmp: Path, target: Path) -> None:
+    """Save the PEFT adapter under ``tmp/adapter``, naming ``target`` (where ``tmp`` becomes the
+    export) as its base: PEFT records the folder the backbone was read from, here a deleted
+    temporary one, and its auto classes load the backbone from the name. PEFT saves against the
+    backbone just written in ``tmp`` (it compares their vocabularies); the name is moved to
+    ``target`` after."""
+    for peft_config in adapter.peft_config.values():
+        peft_config.base_model_name_or_path = str(tmp)
+    adapter.save_pretrained(tmp / "adapter", safe_serialization=True)
+    config = tmp / "adapter" / "adapter_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "base_model_name_or_path": str(target.resolve())},
+                                 indent=2, sort_keys=True))
+    card = tmp / "adapter" / "README.md"  # the model card PEFT writes names it too
+    if card.is_file():
+        card.write_text(card.read_text().replace(str(tmp), str(target.resolve())))
 
 
 def _umask() -> int:

@@ -158,8 +158,23 @@ def parse_state(store: ObjectStore, record: dict[str, Any], run_id: str, *, hist
         if not key.startswith(prefix):
             raise UnsafeName(f"{where}, {field}: key {shown(key)} is outside the run's prefix {prefix!r}; {STORE_FIX}")
     if history:
+        _check_history(state, where)
         state._recorded = {name: len(getattr(state, name)) for name in SEALED}
     return state
+
+
+def _check_history(state: CampaignState, where: str) -> None:
+    """Each step's metrics name their step: entry i is step i's. A record committed by a revision
+    from before the history was sealed reads only the latest entries of a sealed run, and a
+    record it committed then lacks the sealed ones; caught here rather than lost (and then
+    refused a hundred steps later, when a segment would be sealed again with other entries)."""
+    for i, metrics in enumerate(state.steps):
+        step = metrics.get("step")
+        if isinstance(step, (int, float)) and step != i:
+            raise IntegrityError(
+                f"{where}: entry {i} of its step metrics is step {step:g}'s, so steps are missing from its "
+                f"history; a revision older than the one that wrote the run's history segments "
+                f"({pointer_key(state.run_id)}/history/) committed it. Resume runs with this revision or later")
 
 
 def _unsealed(store: ObjectStore, data: Any, run_id: str) -> Any:

@@ -60,6 +60,8 @@ class LengthHistory:
         if not response_lens:
             raise ValueError(f"response_lens for prompt {prompt_id}: empty; pass the "
                              "length of every sample of the group")
+        if keep is not None and keep < 1:
+            raise ValueError(f"keep={keep}: keep at least the latest epoch (>= 1), or None for all")
         entries = self.observations.setdefault(int(prompt_id), [])
         entries[:] = [e for e in entries if e[0] != epoch]
         insort(entries, (int(epoch), float(max(response_lens))))

@@ -303,29 +303,38 @@ class OpenWhiskClient:
         after ``sent``: the controller's own bound, queueing included).
 
         Raises:
-            ActionError: the deadline passed first (not transient: :func:`still_running`).
+            ActionError: the deadline passed first (not transient: :func:`still_running`), or polls
+                failed until the controller's bound or the deadline (:func:`unanswered_polls`).
         """
         lost_at = sent + self.retry.lost_after_s(self._time_limit_s(name))
+        give_up = lost_at if deadline is None else min(lost_at, deadline)
         delay = self.retry.poll_initial_s
         path = self._activation_path(activation_id)
+        failed: OpenWhiskError | None = None  # the last poll's failure, None once one is answered
         while True:
             if deadline is not None and self._clock() >= deadline:
+                if failed is not None:
+                    raise unanswered_polls(name, activation_id, failed)
                 raise still_running(name, activation_id)
             self._api.count("polls")
             remaining = self._api.remaining(deadline)
             timeout = self.retry.request_timeout_s if remaining is None else max(0.05, min(self.retry.request_timeout_s, remaining))
             try:
                 resp = self._api.request("GET", path, what=f"poll activation {activation_id}", timeout_s=timeout)
+                if resp.status_code >= 500:  # any 5xx, those the request does not retry itself too
+                    raise self._api.fail(resp, f"poll activation {activation_id}")
             except OpenWhiskError as exc:
                 # The activation was accepted and may be running: an error that lets the caller
                 # invoke again would run it twice. Poll on until it is lost or the deadline.
                 if not exc.transient:
                     raise
-                if self._clock() >= min(lost_at, deadline or lost_at):
+                if self._clock() >= give_up:
                     raise unanswered_polls(name, activation_id, exc) from None
                 log.warning("poll activation %s: %s; polling on", activation_id, exc)
-                self._sleep(max(0.0, min(self.retry.poll_max_s, lost_at - self._clock())))
+                failed = exc
+                self._sleep(max(0.0, min(self.retry.poll_max_s, give_up - self._clock())))
                 continue
+            failed = None
             if resp.status_code == 200:
                 return resp.json()
             if resp.status_code != 404:  # 404: not stored yet
