@@ -92,6 +92,27 @@ def test_chunked_logprobs_apply_each_familys_own_head_as_its_forward_does(family
             torch.testing.assert_close(chunked, full, atol=2e-6, rtol=0)
 
 
+def test_gemma3n_loaded_whole_softcaps_with_its_text_configs_cap():
+    """Gemma 3n's multimodal forward (what AutoModelForCausalLM loads for it) reads the cap from
+    its text config, where its top-level config has none."""
+    from actions.rl.head import head_logits
+
+    class Whole(torch.nn.Module):  # the head's inputs only: a whole Gemma 3n needs its vision tower
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = transformers.Gemma3nConfig()
+            self.head = torch.nn.Linear(8, 16, bias=False)
+
+        def get_output_embeddings(self) -> torch.nn.Module:
+            return self.head
+
+    model, hidden = Whole(), torch.randn(3, 8) * 50
+    cap = model.config.get_text_config().final_logit_softcapping
+    assert not hasattr(model.config, "final_logit_softcapping") and cap == 30.0
+    with torch.no_grad():
+        torch.testing.assert_close(head_logits(model, hidden), torch.tanh(model.head(hidden) / cap) * cap)
+
+
 def test_a_family_whose_logit_scale_is_unknown_is_refused_naming_the_field():
     config = transformers.LlamaConfig(**LLAMA_LIKE)
     check_head(config)  # no scale: fine

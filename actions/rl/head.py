@@ -6,7 +6,8 @@ and the logits it returns must be done here too: otherwise the learner's log-pro
 another distribution than the one the engines sample from (they sample from the model's own
 ``forward``). As in transformers 5.x:
 
-* ``final_logit_softcapping`` set (Gemma 2/3, VaultGemma, nanochat, ...): ``cap * tanh(logits / cap)``;
+* ``final_logit_softcapping`` set (Gemma 2/3, VaultGemma, nanochat, ...): ``cap * tanh(logits / cap)``
+  (Gemma 3n, loaded whole: its text config's, as its ``forward`` reads it);
 * Cohere, Cohere 2 (MoE): ``logits * logit_scale``;
 * the Granite family: ``logits / logits_scaling``;
 * HyperCLOVA X: ``logits * logits_scaling``;
@@ -39,6 +40,8 @@ MULTIPLY_BY_LOGITS_SCALING = frozenset({"hyperclovax"})
 HIDDEN_DIVIDED_BY_LOGITS_SCALING = frozenset({"minicpm3"})
 MULTIPLY_BY_LOGIT_SCALE = frozenset({"cohere", "cohere2", "cohere2_moe"})
 MULTIPLY_BY_LM_HEAD_MULTIPLIER = frozenset({"falcon_h1"})
+SOFTCAP_IN_TEXT_CONFIG = frozenset({"gemma3n"})
+"""Composite models whose ``forward`` soft-caps with their text config's ``final_logit_softcapping``."""
 IGNORED_SCALE = frozenset({"mpt"})
 """Families whose config carries a scale field their transformers ``forward`` does not apply."""
 
@@ -88,7 +91,8 @@ def head_logits(model: torch.nn.Module, hidden: torch.Tensor, temperature: float
         logits = logits * config.logit_scale
     elif family in MULTIPLY_BY_LM_HEAD_MULTIPLIER:
         logits = logits * config.lm_head_multiplier
-    cap = getattr(config, "final_logit_softcapping", None)
+    cap = getattr(config.get_text_config() if family in SOFTCAP_IN_TEXT_CONFIG else config,
+                  "final_logit_softcapping", None)
     if cap:
         logits = torch.tanh(logits / cap) * cap
     logits = logits.float()
