@@ -180,6 +180,8 @@ def _train(args: argparse.Namespace) -> int:
 
             start_local_api()  # under a lock in PREFECT_HOME: concurrent first runs set its database up once
             summary = rlhf_campaign(config=cfg.model_dump(mode="json"), resume=args.resume)
+    except (KeyboardInterrupt, Terminated) as exc:  # the flow recorded its crash; the run resumes from its last commit
+        return stopped(exc, cfg.resolved_run_id())
     finally:
         lease.release()
     out.mkdir(parents=True, exist_ok=True)
@@ -192,6 +194,12 @@ def _train(args: argparse.Namespace) -> int:
         pass
     summary_path.parent.mkdir(parents=True, exist_ok=True)
     summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True))
+    _print_summary(summary, summary_path)
+    return 0
+
+
+def _print_summary(summary: dict[str, Any], summary_path: Path) -> None:
+    """``train``'s last lines: evaluation, bill, planner and engine figures, the summary's path."""
     evaluated = (f"eval accuracy {summary['eval_accuracy_first']} -> {summary['eval_accuracy_last']}, mean reward "
                  f"{summary['eval_reward_mean_first']:.3f} -> {summary['eval_reward_mean_last']:.3f}"
                  if summary.get("evals") else "no evaluation (no data.eval_path nor data.eval_fraction)")
@@ -208,14 +216,29 @@ def _train(args: argparse.Namespace) -> int:
         print(f"generation engine: {engine['starts']:.0f} started ({engine['start_s']:.1f} s), "
               f"{engine['weight_pushes']:.0f} versions pushed in place ({engine['weight_push_s']:.2f} s)")
     print(summary_path)
-    return 0
+
+
+class Terminated(SystemExit):
+    """SIGTERM arrived inside :func:`sigterm_unwinds`; ``code`` is the exit status (143)."""
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
     """SIGTERM ends a command as Ctrl-C does: by unwinding, so ``train`` releases its lease and
     stops the workers and the Prefect server, and ``export`` removes its partial folder (the
     default action would skip all of that)."""
-    raise SystemExit(128 + signum)
+    raise Terminated(128 + signum)
+
+
+def stopped(exc: KeyboardInterrupt | Terminated, run_id: str | None = None) -> int:
+    """Report a command stopped part-way by Ctrl-C or SIGTERM in one line (its clean-ups ran
+    while the exception unwound), naming the run to resume; returns the exit status, 130 or 143
+    as a shell reports a process killed by that signal."""
+    code = exc.code if isinstance(exc, Terminated) and isinstance(exc.code, int) else 128 + signal.SIGINT
+    how = "interrupted" if code == 128 + signal.SIGINT else f"stopped by {signal.Signals(code - 128).name}"
+    then = (f"; run {run_id!r} continues from its last committed step with `rlhfless train --resume` "
+            "and the same settings" if run_id else "")
+    print(f"rlhfless: {how}{then}", file=sys.stderr)
+    return code
 
 
 @contextmanager
@@ -339,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
             if not Path(trace).is_file():
                 raise UsageError(f"simulate --trace {trace!r} is not a file; pass a JSONL length trace")
         return int(args._run(args))
+    except (KeyboardInterrupt, Terminated) as exc:  # not a traceback: nothing failed
+        return stopped(exc)
     except (ValueError, OSError) as exc:
         print(f"rlhfless: error: {_bounded(redact(str(exc)))}", file=sys.stderr)
         return 2

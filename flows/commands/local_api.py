@@ -17,8 +17,11 @@ artifacts are recorded all the same; only the server's events feed stays empty. 
 ``PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED=true`` to keep it; a Postgres-backed server
 (``infra/prefect``) has no such contention and keeps its own settings.
 
-The server dies with this process even when no ``atexit`` hook runs (SIGKILL): a watchdog
-process stops it once this one is gone (``flows/commands/server_lifeline.py``).
+The server runs in a session of its own, so a Ctrl-C or ``timeout`` sent to the CLI's process
+group leaves it up while the flow records its crash, and it dies with this process even when
+no ``atexit`` hook runs (SIGKILL, during its start too): a watchdog process, attached as soon as
+the server's process exists, stops it once this one is gone (``flows/commands/guarded_server.py``,
+``flows/commands/server_lifeline.py``).
 
 What this does not cover: a remote API (``PREFECT_API_URL`` set: nothing to start or lock)
 and platforms without ``fcntl`` (no lock; Prefect's own behaviour).
@@ -31,8 +34,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-from flows.commands.server_lifeline import guard_server
 
 try:
     import fcntl
@@ -100,11 +101,12 @@ def start_local_api(timeout_s: float = DEFAULT_TIMEOUT_S) -> str | None:
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return None
-    from prefect.server.api.server import SubprocessASGIServer
+    from flows.commands.guarded_server import GuardedServer
+    from flows.commands.server_lifeline import guard_server
 
     home = Path(PREFECT_HOME.value()).expanduser()
     os.environ.update(local_server_env())  # read by the server's subprocess only
-    server = SubprocessASGIServer()  # one per process: the flow's client reuses this one
+    server = GuardedServer()  # one per process: the flow's client reuses this one
     # A first start creates and migrates the database: allow more than Prefect's default 20 s.
     startup_s = int(max(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value(), timeout_s / 2))
     with exclusive(home / LOCK_NAME, timeout_s=timeout_s, what="starting Prefect's local server in PREFECT_HOME"):
@@ -114,6 +116,6 @@ def start_local_api(timeout_s: float = DEFAULT_TIMEOUT_S) -> str | None:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
             raise LocalApiError(f"Prefect's local server did not start (PREFECT_HOME={home}): {first}; "
                                 "retry, or set PREFECT_API_URL to a running server") from None
-    if server.server_process is not None:  # it dies with this process, however this one ends
-        guard_server(server.server_process.pid)
+    if not isinstance(server, GuardedServer) and server.server_process is not None:
+        guard_server(server.server_process.pid)  # Prefect's own, started earlier in this process: guard it now
     return server.api_url

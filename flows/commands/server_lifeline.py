@@ -9,8 +9,10 @@ flows.commands.server_lifeline``) holding the read end of a pipe whose write end
 holds, as the pool's workers do (``actions.runtime.lifeline``). However the CLI ends, the
 kernel closes that write end; the watchdog reads end-of-file, stops the server (SIGTERM, then
 SIGKILL after a grace period) and exits. It checks the server's start time before signalling,
-so a recycled pid is never hit, and it ignores SIGINT: a Ctrl-C sent to the whole terminal
-group must not take the watchdog down before the server.
+so a recycled pid is never hit. It runs in a session of its own (and ignores SIGINT besides):
+a Ctrl-C, ``timeout``'s SIGTERM or a hang-up sent to the CLI's whole process group must not
+take the watchdog down before the server, which runs in a session of its own too
+(``flows/commands/guarded_server.py``).
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def guard_server(server_pid: int) -> subprocess.Popen | None:
     try:
         proc = subprocess.Popen([sys.executable, "-m", "flows.commands.server_lifeline", "--fd", str(read_end),
                                  "--pid", str(server_pid), "--start-time", started],
-                                pass_fds=(read_end,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                                pass_fds=(read_end,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                start_new_session=True)
     except BaseException:
         os.close(write_end)
         raise
