@@ -18,18 +18,27 @@ def _files(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) if root.exists() else []
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed: the config would run")
-def test_the_flow_refuses_a_config_train_refuses_before_writing_the_store(tiny_config, prefect_harness, tmp_path):
+NO_VLLM = pytest.mark.skipif(importlib.util.find_spec("vllm") is not None,
+                             reason="vLLM is installed: the config would run")
+REFUSED = [  # (override, what the refusal names): what pydantic cannot see
+    pytest.param("generation.engine=vllm", "generation.engine 'vllm'", marks=NO_VLLM, id="engine-missing"),
+    pytest.param("model.path={tmp}/missing", "missing' is not a directory", id="model-missing"),
+]
+
+
+@pytest.mark.parametrize("override,named", REFUSED)
+def test_the_flow_refuses_a_config_train_refuses_before_writing_the_store(tiny_config, prefect_harness, tmp_path,
+                                                                          override, named):
     from flows.campaign.run import rlhf_campaign
     from flows.commands.cli import _preflight
 
-    cfg = tiny_config("invoker.kind=inprocess", "run_id=v1", "steps=1", "generation.engine=vllm")
+    cfg = tiny_config("invoker.kind=inprocess", "run_id=v1", "steps=1", override.format(tmp=tmp_path))
     with pytest.raises(ValueError) as by_cli:
         _preflight(cfg, tmp_path / "out", tmp_path / "out" / "summary.json", False, False)
-    with pytest.raises(ValueError) as by_flow:  # it failed after prepare and warm-up wrote runs/v1/
+    with pytest.raises(ValueError) as by_flow:  # it failed after prepare (and warm-up) wrote runs/v1/
         rlhf_campaign(config=cfg.model_dump(mode="json"))
     assert type(by_flow.value) is type(by_cli.value)
-    assert str(by_flow.value) == str(by_cli.value) and "generation.engine 'vllm'" in str(by_flow.value)
+    assert str(by_flow.value) == str(by_cli.value) and named in str(by_flow.value)
     assert _files(tmp_path / "store") == []  # no run objects, no lease
 
 

@@ -10,7 +10,6 @@ concurrency limits and events back from the server API. About 60 s on 2 cores (s
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -190,21 +189,26 @@ def test_bad_parameter_is_rejected_naming_the_field(deployed: LocalPrefectServer
     assert not (tmp_path / "store").exists()  # rejected before anything was written
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed: the config would run")
-def test_a_deployment_run_refuses_what_train_refuses_before_writing_the_store(deployed: LocalPrefectServer,
-                                                                             tmp_path: Path):
-    """What pydantic cannot see (here an engine this environment lacks) fails the run with the
-    error ``rlhfless train`` prints, before the store is written (it failed after set-up and
-    warm-up had written runs/<run>/)."""
-    cfg = _tiny(tmp_path, "run_id=no-vllm", "generation.engine=vllm")
+def _start_and_work(deployed: LocalPrefectServer, cfg: dict) -> tuple[Any, str]:
+    """Create a run of the deployment with ``cfg`` and let a worker run it: (the run, its log)."""
     with deployed.client() as client:
         dep = client.read_deployment_by_name(DEPLOYMENT)
         run = client.create_flow_run_from_deployment(dep.id, parameters={"config": cfg, "resume": False})
-    worker_log = _run_worker(deployed)
+    return run, _run_worker(deployed)
+
+
+def test_a_deployment_run_refuses_what_train_refuses_before_writing_the_store(deployed: LocalPrefectServer,
+                                                                             tmp_path: Path):
+    """What pydantic cannot see (here a model folder that is not there) fails the run with the error
+    ``rlhfless train`` prints, before the store is written (it failed after set-up had written
+    runs/<run>/)."""
+    cfg = _tiny(tmp_path, "run_id=no-model", f"model.path={tmp_path / 'missing'}")
+    run, worker_log = _start_and_work(deployed, cfg)
     with deployed.client() as client:
         done = client.read_flow_run(run.id)
     assert done.state.is_failed(), f"{done.state!r}\n{worker_log[-4000:]}"
-    assert "ValueError: generation.engine 'vllm'" in done.state.message, done.state.message
+    assert "ValueError: model.path" in done.state.message and "is not a directory" in done.state.message, \
+        done.state.message
     assert not (tmp_path / "store").exists()
 
 
@@ -221,9 +225,7 @@ def test_deployment_run_on_worker_publishes_artifacts_and_holds_gpu_slots(deploy
     deployed.prefect("gcl", "create", limit_name, "--limit", "2")  # the command docs/prefect.md gives
     with deployed.client() as client:
         limit_id = client.read_global_concurrency_limit_by_name(limit_name).id
-        dep = client.read_deployment_by_name(DEPLOYMENT)
-        run = client.create_flow_run_from_deployment(dep.id, parameters={"config": cfg, "resume": False})
-    worker_log = _run_worker(deployed)
+    run, worker_log = _start_and_work(deployed, cfg)
     with deployed.client() as client:
         done = client.read_flow_run(run.id)
         assert done.state.is_completed(), f"{done.state!r}\n{worker_log[-4000:]}"
