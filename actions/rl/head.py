@@ -95,7 +95,10 @@ def head_logits(model: torch.nn.Module, hidden: torch.Tensor, temperature: float
                   "final_logit_softcapping", None)
     if cap:
         logits = torch.tanh(logits / cap) * cap
-    logits = logits.float()
-    if temperature not in (0.0, 1.0):  # x / 1.0 is x: the usual run's bits stay as they were
-        logits = logits / temperature
-    return logits
+    return tempered(logits.float(), temperature)
+
+
+def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits / temperature``, or ``logits`` itself at 1 (the usual run's bits stay as they
+    were) and at 0 (greedy decoding: no distribution to match, read as 1)."""
+    return logits if temperature in (0.0, 1.0) else logits / temperature

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.utils.checkpoint
 
-from actions.rl.head import head_logits
+from actions.rl.head import head_logits, tempered
 
 
 @dataclass
@@ -159,9 +159,7 @@ def response_logprobs_full(model: torch.nn.Module, batch: PackedBatch, *, with_e
     and the memory benchmark."""
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
     P, T = batch.prompt_width, batch.response_width
-    logits = out.logits[:, P - 1:P + T - 1].float()
-    if temperature not in (0.0, 1.0):
-        logits = logits / temperature
+    logits = tempered(out.logits[:, P - 1:P + T - 1].float(), temperature)
     targets = batch.input_ids[:, batch.prompt_width:]
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * batch.response_mask
