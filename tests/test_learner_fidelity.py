@@ -326,3 +326,31 @@ def test_score_and_train_actions_agree_at_the_sampling_temperature_on_a_model_wi
                                 "algorithm": one_pass.model_dump(), "seed": 0, "step": 0, "temperature": 0.7,
                                 "output_prefix": "runs/d/train"})
     assert train["metrics"]["ratio_mean"] == 1.0 and train["metrics"]["clipfrac"] == 0.0
+
+
+@pytest.mark.parametrize("family", ["mixtral", "phimoe"])
+def test_moe_routing_is_the_scored_routing_in_the_update(family):
+    """Mixtral's router jitter and PhiMoE's sampled routing make a train-mode forward random;
+    after disable_dropout the update's forward is the eval-mode one bit for bit, the decoder
+    layers stay in train mode (gradient checkpointing) and the router still gets a gradient."""
+    from transformers import MixtralConfig, MixtralForCausalLM, PhimoeConfig, PhimoeForCausalLM
+
+    shape = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, router_jitter_noise=0.3)
+    torch.manual_seed(0)
+    if family == "mixtral":
+        model = MixtralForCausalLM(MixtralConfig(**shape))
+    else:
+        model = PhimoeForCausalLM(PhimoeConfig(**shape, input_jitter_noise=0.3))
+    ids = torch.randint(0, 64, (2, 12))
+    with torch.no_grad():
+        scored = model.eval()(ids).logits
+        model.train()
+        assert not torch.equal(model(ids).logits, scored)  # random routing in train mode
+    assert disable_dropout(model) > 0 and disable_dropout(model) == 0
+    assert model.training and all(layer.training for layer in model.model.layers)
+    logits = model(ids).logits
+    assert torch.equal(logits, scored)
+    logits.sum().backward()
+    routers = [p for n, p in model.named_parameters() if "gate" in n.split(".")[-2] or "router" in n]
+    assert routers and all(p.grad is not None and p.grad.abs().sum() > 0 for p in routers)

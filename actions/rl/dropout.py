@@ -10,6 +10,16 @@ modules (``p``) and the float rates attention and decoder layers keep as attribu
 to the functional dropout (``attention_dropout``, ``hidden_dropout``, OPT's ``layerdrop``),
 and the same fields of the config, which some forwards read directly.
 
+Mixture-of-experts routers that are random in train mode get the same treatment: Mixtral's
+and MiniMax's ``jitter_noise`` multiplies the router's input by uniform noise, DBRX's
+``moe_jitter_eps`` likewise, and PhiMoE's router samples its experts (Gumbel) and jitters its
+input. Their rates are not simply zeroed (PhiMoE's ``router_jitter_noise`` is also the masking
+threshold of its eval-mode routing, so 0 would change the model); instead every module that
+carries a ``jitter`` setting is put in eval mode, which is exactly the routing the scorer used.
+The experts' weights and the router's still get gradients: eval mode routes deterministically,
+it does not stop autograd. Gradient checkpointing is unaffected (it keys on the decoder layers'
+own mode).
+
 LoRA's own dropout (``model.lora.dropout``, PEFT's ``lora_dropout`` modules) is kept: it is
 a setting of this run, chosen for the adapter. A model without dropout is left as it was.
 """
@@ -26,13 +36,23 @@ def _is_rate(name: str, value: object) -> bool:
     return "drop" in name and isinstance(value, float) and value > 0
 
 
+def _routes_at_random(module: torch.nn.Module) -> bool:
+    """A module with a router jitter setting (float or None), whose train mode is random."""
+    return any("jitter" in attr and (value is None or isinstance(value, (int, float)))
+               for attr, value in vars(module).items())
+
+
 def disable_dropout(model: torch.nn.Module) -> int:
-    """Set every dropout rate of ``model`` (and of its ``config``, if any) to 0, LoRA's aside;
-    returns how many rates were changed (0 for a model without dropout)."""
+    """Set every dropout rate of ``model`` (and of its ``config``, if any) to 0, LoRA's aside,
+    and put random-routing MoE modules in eval mode; call it after ``model.train()``. Returns
+    how many rates and modules were changed (0 for a model without either)."""
     changed = 0
     for name, module in model.named_modules():
         if KEEP in name:
             continue
+        if name and module.training and _routes_at_random(module):  # never the root: checkpointing
+            module.eval()
+            changed += 1
         if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0:
             module.p = 0.0
             changed += 1
