@@ -7,6 +7,8 @@ dtype, with the head zero-initialised, so it is the same bytes wherever it runs.
 
 from __future__ import annotations
 
+import torch
+
 from actions.contracts import CriticInitRequest, CriticInitResult
 from actions.models.loading import load_base_parts, store_for
 from actions.models.modeling import build_model
@@ -15,12 +17,21 @@ from actions.runtime.adapter import run_action
 from actions.store.weights import load_tensors, publish_tensors
 
 
+def stored_dtype(tensors: dict[str, torch.Tensor]) -> torch.dtype:
+    """The one floating dtype of ``tensors`` (bf16 for a bf16 policy); fp32 for a mix."""
+    dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    return dtypes.pop() if len(dtypes) == 1 else torch.float32
+
+
 def run_init_critic(req: CriticInitRequest) -> CriticInitResult:
     ref = req.model
     store = store_for(ref.store_uri)
     tensors, _ = load_tensors(store, ref.policy_key, expected_sha256=ref.weights_sha256)
-    lm = build_model(load_base_parts(ref.store_uri, ref.base_key), tensors)
+    # Built in the stored dtype: a bf16 policy's critic in fp32 would store and load twice the bytes.
+    dtype = stored_dtype(tensors)
+    lm = build_model(load_base_parts(ref.store_uri, ref.base_key), tensors, dtype=dtype)
     critic = build_critic(lm, None)
+    critic.value_head.to(dtype)
     published = publish_tensors(store, req.output_key, critic.tensors(), {"version": 0, "source": "policy v0"})
     return CriticInitResult(critic_key=published.manifest_key, weights_sha256=published.weights_sha256)
 

@@ -354,3 +354,25 @@ def test_moe_routing_is_the_scored_routing_in_the_update(family):
     logits.sum().backward()
     routers = [p for n, p in model.named_parameters() if "gate" in n.split(".")[-2] or "router" in n]
     assert routers and all(p.grad is not None and p.grad.abs().sum() > 0 for p in routers)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_first_critic_is_policy_v0_in_its_stored_dtype(tmp_path, dtype):
+    """init_critic copies the stored policy's backbone bit for bit, in its dtype (a bf16 policy
+    gets a bf16 critic, not one of twice the bytes), with a zero head of the same dtype."""
+    from actions.contracts import CriticInitRequest, ModelRef
+    from actions.init_critic import run_init_critic
+    from actions.store.weights import load_tensors, publish_tensors
+    from tests.conftest import prepare_tiny
+
+    _, store, p = prepare_tiny(tmp_path, "runs/c")
+    policy = {k: v.to(dtype) for k, v in load_tensors(store, p.init_key)[0].items()}
+    published = publish_tensors(store, "runs/c/policy/v000000/manifest.json", policy)
+    ref = ModelRef(store_uri=store.uri, base_key=p.base_key, policy_key=published.manifest_key, policy_version=0,
+                   weights_sha256=published.weights_sha256)
+    res = run_init_critic(CriticInitRequest(model=ref, output_key="runs/c/critic/v000000/manifest.json"))
+    critic, _ = load_tensors(store, res.critic_key, expected_sha256=res.weights_sha256)
+    assert {t.dtype for t in critic.values()} == {dtype}
+    assert [k for k, v in policy.items() if not torch.equal(critic[k], v)] == []
+    head = {k: v for k, v in critic.items() if k not in policy}
+    assert head and all(not v.any() for v in head.values())
