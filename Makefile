@@ -27,9 +27,9 @@ train: install
 test: install
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not vllm and not gpu" --durations=25 $(PYTEST_ARGS)
 
-## Tests marked `slow` (minutes each; `grep -rn mark.slow tests/` lists them): today kill -9 at
-## random points then resume, two first-ever runs starting Prefect on one fresh PREFECT_HOME, and
-## the store growth of the 24-step default campaign with keep_last: 2.
+## Tests marked `slow` (minutes each; `grep -rn mark.slow tests/` lists them), among them kill -9
+## at random points then resume, first-ever Prefect starts, the store growth of the 24-step
+## default campaign, the PPO learning bar and the compiled decode.
 test-slow: install
 	$(PY) -m pytest -q -m "slow" $(PYTEST_ARGS)
 
