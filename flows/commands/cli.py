@@ -177,11 +177,19 @@ def _train(args: argparse.Namespace) -> int:
         with sigterm_unwinds(), checked(cfg):
             from flows.campaign.run import rlhf_campaign
             from flows.commands.local_api import start_local_api
+            from flows.commands.reported_errors import one_line_console
 
             start_local_api()  # under a lock in PREFECT_HOME: concurrent first runs set its database up once
-            summary = rlhf_campaign(config=cfg.model_dump(mode="json"), resume=args.resume)
+            with one_line_console():  # the error line below, not Prefect's traceback of it
+                summary = rlhf_campaign(config=cfg.model_dump(mode="json"), resume=args.resume)
     except (KeyboardInterrupt, Terminated) as exc:  # the flow recorded its crash; the run resumes from its last commit
         return stopped(exc, cfg.resolved_run_id())
+    except Exception as exc:
+        from flows.commands.reported_errors import reported_in_one_line
+
+        if not reported_in_one_line(exc):
+            raise
+        return _failed(exc, _resume_hint(cfg))
     finally:
         lease.release()
     out.mkdir(parents=True, exist_ok=True)
@@ -196,6 +204,21 @@ def _train(args: argparse.Namespace) -> int:
     summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True))
     _print_summary(summary, summary_path)
     return 0
+
+
+def _resume_hint(cfg: CampaignConfig) -> str:
+    """How to continue a run that failed mid-campaign ("" when it has no committed step)."""
+    from actions.store import open_store
+    from flows.campaign.state import load_state
+
+    try:
+        state = load_state(open_store(cfg.store.uri), cfg.resolved_run_id())
+    except Exception:  # the store may be what failed: the error line stands without the hint
+        return ""
+    if state is None:
+        return ""
+    return (f"; once that is fixed, `rlhfless train --resume` with the same settings continues run "
+            f"{cfg.resolved_run_id()!r} from its last committed step ({state.step})")
 
 
 def _print_summary(summary: dict[str, Any], summary_path: Path) -> None:
@@ -340,8 +363,6 @@ def _bounded(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from actions.store.credentials import redact
-
     try:
         words = sys.argv[1:] if argv is None else argv
         if words[:1] == ["--version"]:  # before the parser: it would import every subcommand
@@ -365,17 +386,21 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, Terminated) as exc:  # not a traceback: nothing failed
         return stopped(exc)
     except (ValueError, OSError) as exc:
-        print(f"rlhfless: error: {_bounded(redact(str(exc)))}", file=sys.stderr)
-        return 2
+        return _failed(exc)
     except Exception as exc:  # infrastructure failures: one line, secrets scrubbed, non-zero
-        from actions.store import StoreError
-        from flows.commands.local_api import LocalApiError
-        from flows.invokers.base import ActionError
+        from flows.commands.reported_errors import reported_in_one_line
 
-        if isinstance(exc, (StoreError, ActionError, LocalApiError)):
-            print(f"rlhfless: error: {_bounded(redact(str(exc)))}", file=sys.stderr)
-            return 2
+        if reported_in_one_line(exc):
+            return _failed(exc)
         raise
+
+
+def _failed(exc: BaseException, hint: str = "") -> int:
+    """The one ``rlhfless: error:`` line (bounded, secrets scrubbed) and exit status 2."""
+    from actions.store.credentials import redact
+
+    print(f"rlhfless: error: {_bounded(redact(str(exc)))}{hint}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

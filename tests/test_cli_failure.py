@@ -1,0 +1,51 @@
+"""A campaign that fails mid-run, through the real CLI: one error line, no traceback from
+Prefect's frames on the console, the way to continue in that line, and ``--resume`` then
+continuing once the cause is fixed (here: a reward function that raises from step 1 on)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+try:
+    from conftest import TINY_OVERRIDES
+except ImportError:  # tests/ imported as a package
+    from tests.conftest import TINY_OVERRIDES
+
+PLUGIN = '''
+import os
+
+def late(prompts, completions, trainer_state, **kwargs):
+    if trainer_state.global_step >= 1 and not os.environ.get("FIXED"):
+        raise ValueError("late failure")
+    return [0.5] * len(completions)
+'''
+
+
+def test_a_mid_run_failure_is_one_line_naming_the_resume_and_resume_continues(tmp_path: Path, prefect_harness):
+    from prefect.settings import PREFECT_API_URL
+
+    (tmp_path / "latefail.py").write_text(PLUGIN)
+    sets = [*TINY_OVERRIDES, "invoker.kind=inprocess", "steps=3", f"store.uri={tmp_path / 'store'}",
+            'reward.functions=[{name: "latefail:late"}]']
+    cmd = [sys.executable, "-m", "flows.commands.cli", "train", "--run-id", "late", "--out", str(tmp_path / "out"),
+           *[a for s in sets for a in ("--set", s)]]
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).parents[1])])}
+    env.pop("FIXED", None)
+
+    failed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    assert "Traceback" not in failed.stderr, failed.stderr[-3000:]
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last.startswith("rlhfless: error: action score failed: reward function 'latefail:late' raised "
+                           "ValueError: late failure"), last
+    assert last.endswith("`rlhfless train --resume` with the same settings continues run 'late' from its last "
+                         "committed step (1)"), last
+
+    resumed = subprocess.run([*cmd, "--resume"], env={**env, "FIXED": "1"}, capture_output=True, text=True,
+                             timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (tmp_path / "out" / "summary.json").is_file()
