@@ -334,3 +334,27 @@ def test_s3_credentials_never_show_the_secret(monkeypatch: pytest.MonkeyPatch) -
     assert S3Credentials.from_env({}) is None
     with pytest.raises(ValueError, match="AWS_SECRET_ACCESS_KEY is not set"):
         S3Credentials.from_env({"AWS_ACCESS_KEY_ID": "AKIAEXAMPLEKEY01"})
+
+
+@pytest.mark.parametrize("secret", ["wJal/K7MD/bPxEXAMPLEKEY", "pass?word=x", "pa#ss", "pa:ss:word", "p@ss/w?r#d:x"])
+def test_a_url_password_holding_url_delimiters_is_refused_unquoted_and_redacted(secret: str) -> None:
+    """A URL parser ends the host part at the first '/', '?' or '#', so it would see no password
+    in ``http://key:wJal/K7MD@host``; the checks and the redaction must not rely on it."""
+    from actions.store.endpoints import has_userinfo
+    from actions.store.s3_settings import settings_from_env, split_uri
+
+    endpoint = f"http://AKIAX:{secret}@minio:9000"
+    assert has_userinfo(endpoint) and has_userinfo(f"AKIAX:{secret}@minio:9000")
+    assert not has_userinfo("http://minio:9000/some/path?x=1#y")
+    for check, value, says in ((lambda v: settings_from_env({"AWS_ENDPOINT_URL": v}), endpoint, "AWS_ENDPOINT_URL"),
+                               (split_uri, f"s3://AKIAX:{secret}@bucket/run", "store.uri carries credentials"),
+                               (open_store, f"ftp://AKIAX:{secret}@host/dir", "store.uri carries a user name")):
+        with pytest.raises(ValueError, match=says) as info:
+            check(value)
+        assert secret not in str(info.value) and "AKIAX" not in str(info.value)
+    for text in (f"cannot reach {endpoint} now", f"AWS_ENDPOINT_URL={endpoint!r} is bad",
+                 f"store 's3://AKIAX:{secret}@bucket/run' failed"):
+        out = redact(text, env={})
+        assert out.count("[REDACTED]") == 1 and "AKIAX" not in out, out
+        assert not any(part in out for part in secret.replace("@", "/").split("/") if len(part) > 3), out
+    assert split_uri("s3://bucket/team@site/run") == ("bucket", "team@site/run")  # '@' in a key is no password
