@@ -15,14 +15,17 @@ from actions.store import (
     LocalStore,
     ObjectNotFound,
     ObjectStore,
+    StoreError,
     blob_key,
     commit_key,
     commit_pointer,
+    delete_if,
     get_artifact,
     open_store,
     put_artifact,
     read_manifest,
     read_pointer,
+    replace_if,
     sha256_hex,
 )
 from actions.store.credentials import S3Credentials, mask_key_id, redact, register_secret
@@ -260,6 +263,39 @@ def test_local_put_leaves_no_temp_files(tmp_path) -> None:
     store.put_if_absent("a/b", b"2")
     store.put_if_absent("a/c", b"3")
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["b", "c"]
+
+
+def test_a_key_that_is_a_prefix_of_other_keys_reads_as_missing(backend_store: ObjectStore) -> None:
+    """``d/x`` holds no object when only ``d/x/y`` was written (on S3 it is a prefix, locally a
+    directory): reading finds nothing, deleting is a no-op, compare-and-swap is False."""
+    store = backend_store
+    store.put("d/x/y", b"1")
+    for read in (store.get, store.get_buffer):
+        with pytest.raises(ObjectNotFound, match="object 'd/x' not found"):
+            read("d/x")
+    assert not store.exists("d/x")
+    store.delete("d/x")
+    assert replace_if(store, "d/x", b"", b"2") is False and delete_if(store, "d/x", b"") is False
+    assert store.get("d/x/y") == b"1" and store.list("d/") == ["d/x/y"]
+
+
+def test_a_local_key_cannot_also_be_a_prefix_of_other_keys(tmp_path) -> None:
+    """S3 holds ``f/x`` and ``f/x/y`` side by side; a directory tree cannot, and says so."""
+    store = LocalStore(tmp_path / "store")
+    store.put("d/x/y", b"1")
+    store.put("f/x", b"2")
+    writes = {"put": lambda k: store.put(k, b"3"), "put_if_absent": lambda k: store.put_if_absent(k, b"3"),
+              "put_content": lambda k: store.put_content(k, (b"3",), sha256_hex(b"3"))}
+    for name, write in writes.items():
+        with pytest.raises(StoreError, match=r"cannot write key 'd/x': other keys are stored beneath it "
+                                             r"\('d/x/\.\.\.'\).*local store cannot hold.*\(S3 can\)") as info:
+            write("d/x")
+        assert not isinstance(info.value, ObjectNotFound), name
+        with pytest.raises(StoreError, match=r"cannot write key 'f/x/y': 'f/x' is an object, so nothing can be "
+                                             r"stored beneath it; .*\(S3 can\)"):
+            write("f/x/y")
+    assert store.get("d/x/y") == b"1" and store.get("f/x") == b"2"
+    assert store.list("") == ["d/x/y", "f/x"] and not store._walk("", temporaries=True)  # no temporary left
 
 
 def test_list_stats_gives_each_keys_time_and_size(backend_store: ObjectStore) -> None:
