@@ -60,6 +60,7 @@ from actions.store.s3_errors import (
 from actions.store.s3_fastpath import PartsReader, attach, known_payload
 from actions.store.s3_reads import RangedReader
 from actions.store.s3_settings import BUCKET_FIX, BUCKET_RE, make_client, settings_from_env, split_uri
+from actions.store.safe_paths import name_problem
 
 log = logging.getLogger(__name__)
 
@@ -439,7 +440,13 @@ class S3Store:
         """Key -> (``LastModified`` in epoch seconds, size in bytes) for the keys under
         ``prefix``, from the same listing as :meth:`list`. The time is the server's (for a
         multipart object it may be the start of the upload), and a conditional PUT answered 412
-        leaves it as it was."""
+        leaves it as it was.
+
+        Bucket keys that are not valid store keys are left out: "folder markers" (empty
+        objects ending in ``/`` that consoles, rclone and s3fs create) and names with empty,
+        ``.`` or ``..`` components. No store call could read or delete them (``check_key``
+        refuses them), so listing them would only make garbage collection fail on them; they
+        are not ours and stay where they are."""
         base = self._base()
         if prefix:
             if prefix.startswith("/") or ".." in prefix.split("/"):
@@ -451,7 +458,7 @@ class S3Store:
             )
             for page in pages:
                 stats.update((obj["Key"][len(base) :], (obj["LastModified"].timestamp(), int(obj["Size"])))
-                             for obj in page.get("Contents", []))
+                             for obj in page.get("Contents", []) if name_problem(obj["Key"][len(base) :]) is None)
         except (bce.BotoCoreError, bce.ClientError) as exc:
             self._raise(exc, "list", prefix or None)
         return stats
