@@ -28,6 +28,7 @@ configuration fails with a one-line error before anything is written. Choices:
   it falls back to HEAD-then-PUT, which has a race: two writers that HEAD at the same moment
   both "create" the key and the last PUT wins. ``commit_pointer`` reads its record back,
   which narrows that window to the two PUTs landing between one writer's PUT and GET.
+  Conditional writes live in :mod:`.s3_conditional`.
 
 Secrets never appear in messages or reprs (:mod:`.s3_errors`).
 """
@@ -37,8 +38,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
@@ -46,14 +46,13 @@ from botocore import exceptions as bce
 
 from actions.store.credentials import S3Credentials, mask_key_id
 from actions.store.protocol import ObjectNotFound, as_parts, check_key
+from actions.store.s3_conditional import SMALL_BODY, ConditionalWrites
 from actions.store.s3_errors import (
     NOT_FOUND_CODES,
     STREAM_ERRORS,
     ErrorContext,
     backoff,
     code,
-    is_not_implemented,
-    is_precondition_failed,
     status,
     translate,
 )
@@ -65,10 +64,9 @@ from actions.store.safe_paths import name_problem
 log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
-SMALL_BODY = 64 * 1024  # bodies up to this size are sent without Expect: 100-continue
 
 
-class S3Store:
+class S3Store(ConditionalWrites):
     """An S3 bucket (optionally under a key prefix) as an :class:`ObjectStore`.
 
     Args:
@@ -255,122 +253,6 @@ class S3Store:
             self._write(key, parts)
             return True
         return self._write_once(key, parts, sha256)
-
-    def _write_once(self, key: str, parts: tuple[memoryview, ...], sha256: str | None) -> bool:
-        if self.conditional_writes():
-            created = self._put_if_none_match(key, parts, sha256)
-            if created is not None:
-                return created
-        # Fallback (store ignores If-None-Match): HEAD then PUT. Racy between writers; see
-        # the module docstring.
-        if self.exists(key):
-            return False
-        self._write(key, parts, sha256, single=True)
-        return True
-
-    def _put_if_none_match(self, key: str, parts: tuple[memoryview, ...], sha256: str | None) -> bool | None:
-        """True created, False exists, None: the server does not implement the header."""
-        full = self._full(key)
-        size = sum(p.nbytes for p in parts)
-        for attempt in range(self.max_attempts):
-            # A file-like body makes botocore send Expect: 100-continue, so a 412 arrives
-            # before the body is sent; a tiny body is cheaper to send than to wait for that.
-            body: Any = b"".join(parts) if size <= SMALL_BODY else PartsReader(parts)
-            try:
-                with known_payload(sha256):
-                    self._client.put_object(Bucket=self.bucket, Key=full, Body=body, IfNoneMatch="*")
-                return True
-            except bce.ClientError as exc:
-                if is_precondition_failed(exc):
-                    return False
-                if code(exc) == "ConditionalRequestConflict" and attempt + 1 < self.max_attempts:
-                    backoff(attempt)  # AWS: a concurrent conditional write is in flight
-                    continue
-                if is_not_implemented(exc):
-                    log.warning("%s does not implement If-None-Match; using HEAD+PUT", self)
-                    self._conditional = False
-                    return None
-                self._raise(exc, "put", key)
-            except bce.BotoCoreError as exc:
-                self._raise(exc, "put", key)
-        raise AssertionError("unreachable")
-
-    def conditional_writes(self) -> bool:
-        """Whether ``put_if_absent`` is an atomic create on this store (probed once when the
-        mode is ``auto``); False means it is HEAD-then-PUT, which two writers can both win."""
-        if self._conditional is None:
-            with self._lock:
-                if self._conditional is None:
-                    self._conditional = self._probe_conditional_writes()
-        return bool(self._conditional)
-
-    def _get_with_etag(self, key: str) -> tuple[bytes, str] | None:
-        """(bytes, ETag) of a small object, or None when it does not exist."""
-        try:
-            resp = self._client.get_object(Bucket=self.bucket, Key=self._full(key))
-            return resp["Body"].read(), resp["ETag"]
-        except bce.ClientError as exc:
-            if code(exc) in NOT_FOUND_CODES:
-                return None
-            self._raise(exc, "get", key)
-        except bce.BotoCoreError as exc:
-            self._raise(exc, "get", key)
-
-    def replace_if(self, key: str, expected: bytes, data: bytes) -> bool:
-        """Replace a small object only if it holds ``expected``: GET, compare, then PUT with
-        ``If-Match`` on the ETag read, so a write in between makes the PUT fail (412).
-
-        SeaweedFS 4.48 checks If-Match and then writes without a lock: of 30 races of 8
-        concurrent If-Match PUTs on one ETag, 6 had two winners (If-None-Match had one winner
-        in 150 races of 12). Callers must not rely on this for mutual exclusion between
-        concurrent writers; the run lease uses it only to detect a lost lease.
-        """
-        return self._if_unchanged(key, expected, "put", lambda etag: self._client.put_object(
-            Bucket=self.bucket, Key=self._full(key), Body=data, IfMatch=etag))
-
-    def delete_if(self, key: str, expected: bytes) -> bool:
-        """Delete a small object only if it holds ``expected`` (``If-Match`` on its ETag)."""
-        return self._if_unchanged(key, expected, "delete", lambda etag: self._client.delete_object(
-            Bucket=self.bucket, Key=self._full(key), IfMatch=etag))
-
-    def _if_unchanged(self, key: str, expected: bytes, op: str, request: Callable[[str], object]) -> bool:
-        """Run ``request(etag)`` (a PUT or DELETE carrying ``If-Match: etag``) only if ``key``
-        holds ``expected`` now; False when it does not, is gone, or changed in between (412)."""
-        current = self._get_with_etag(key)
-        if current is None or current[0] != expected:
-            return False
-        try:
-            request(current[1])
-            return True
-        except bce.ClientError as exc:
-            if is_precondition_failed(exc) or code(exc) in ("ConditionalRequestConflict", *NOT_FOUND_CODES):
-                return False
-            self._raise(exc, op, key)
-        except bce.BotoCoreError as exc:
-            self._raise(exc, op, key)
-
-    def _probe_conditional_writes(self) -> bool:
-        """Whether the server honours If-None-Match: write a probe key twice and see."""
-        key = f".rlhfless/conditional-probe-{uuid.uuid4().hex}"
-        full = self._full(key)
-        try:
-            self._client.put_object(Bucket=self.bucket, Key=full, Body=b"1", IfNoneMatch="*")
-            self._client.put_object(Bucket=self.bucket, Key=full, Body=b"2", IfNoneMatch="*")
-        except bce.ClientError as exc:
-            if is_precondition_failed(exc):
-                return True
-            if is_not_implemented(exc):
-                return False
-            self._raise(exc, "put", key)
-        except bce.BotoCoreError as exc:
-            self._raise(exc, "put", key)
-        finally:
-            try:
-                self._client.delete_object(Bucket=self.bucket, Key=full)
-            except (bce.BotoCoreError, bce.ClientError):
-                pass  # a leftover 1-byte probe key is harmless
-        log.warning("%s ignores If-None-Match (overwrote a key); put_if_absent uses HEAD+PUT", self)
-        return False
 
     def get(self, key: str) -> bytes:
         buf = self.get_buffer(key)

@@ -53,6 +53,12 @@ def is_precondition_failed(exc: bce.ClientError) -> bool:
     return code(exc) == "PreconditionFailed" or status(exc) == 412
 
 
+def retried(exc: bce.ClientError) -> bool:
+    """Whether botocore sent the request more than once before this answer (its
+    ``RetryAttempts``): an earlier attempt may have been carried out with its reply lost."""
+    return bool(exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0))
+
+
 def is_not_implemented(exc: bce.ClientError) -> bool:
     """The server does not implement a conditional header."""
     return code(exc) in ("NotImplemented", "InvalidArgument") or status(exc) == 501
