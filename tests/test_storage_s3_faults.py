@@ -1,6 +1,7 @@
 """The S3 backend on a faulty network, against the real SeaweedFS server behind a loopback
 proxy (``faultproxy.py``): a conditional write whose reply is lost, or turned into a 503, after
-the server acted reports what it did; a lease renewal whose reply is lost keeps the lease."""
+the server acted reports what it did; a lease renewal whose reply is lost keeps the lease; a
+read of a server that never answers costs ``max_attempts`` requests and says so."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import uuid
 
 import pytest
 
+from actions.store import StoreUnreachable
 from actions.store.s3 import S3Store
 from flows.campaign.lease import RunLease, read_lease
 
 try:
-    from faultproxy import FaultProxy
+    from faultproxy import FaultProxy, SilentServer
 except ImportError:  # tests/ imported as a package
-    from tests.faultproxy import FaultProxy
+    from tests.faultproxy import FaultProxy, SilentServer
 
 pytestmark = pytest.mark.s3
 
@@ -85,3 +87,27 @@ def test_a_lease_renewal_whose_reply_is_lost_keeps_the_lease(store: S3Store, pro
     finally:
         lease.release()
     assert read_lease(store, "r1") is None
+
+
+# ----------------------------------------------------------------------------- reads
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["presigned", "get_object"])
+def test_a_server_that_never_answers_gets_max_attempts_requests_per_read(s3_server, fast_path: bool) -> None:
+    silent = SilentServer()
+    store = S3Store.from_uri(s3_server.uri("hung"), env={**s3_server.env(), "AWS_ENDPOINT_URL": silent.endpoint},
+                             check=False, max_attempts=3, connect_timeout=1.0, read_timeout=0.5)
+    if not fast_path:
+        store._reader.http = None  # reads through get_object, which botocore retries
+    try:
+        with pytest.raises(StoreUnreachable) as info:
+            store.get("k")
+    finally:
+        store.close()
+        silent.close()
+    assert silent.requests == 3  # one level of retries: not 3 x 3
+    message = str(info.value)
+    assert message.startswith(f"cannot reach S3 endpoint {silent.endpoint} : no response within the 0.5 s read "
+                              "timeout (")
+    assert ("3 reads in " if fast_path else "1 read in ") in message
+    assert ("retried by botocore" in message) is not fast_path

@@ -10,8 +10,11 @@ configuration fails with a one-line error before anything is written. Choices:
   boto3 >= 1.36 otherwise sends CRC trailers that some S3-compatible servers reject. Integrity
   of campaign data is checked end to end by sha256 in manifests instead.
 * Retries: botocore "standard" mode (transient errors only: 5xx, throttling, connection
-  errors; jittered exponential backoff) with ``max_attempts``; plus our own retry of a GET
-  whose body stream breaks after the headers arrived (botocore cannot retry that).
+  errors; jittered exponential backoff) with ``max_attempts``. Reads are retried at one level
+  only, whole, by :meth:`S3Store.get_buffer` (which also covers a body stream that breaks after
+  the headers arrived, which botocore cannot retry). A conditional write that botocore sent
+  again may have been carried out by the attempt whose reply was lost; its 412 is then checked
+  against the object (:mod:`.s3_conditional`).
 * Large objects: ``put`` uses multipart above ``multipart_threshold`` (8 MiB) through one
   shared, bounded s3transfer manager; reads above it are parallel ranged GETs pinned to the
   first response's ETag (:mod:`.s3_reads`).
@@ -38,6 +41,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -49,15 +53,15 @@ from actions.store.protocol import ObjectNotFound, as_parts, check_key
 from actions.store.s3_conditional import SMALL_BODY, ConditionalWrites
 from actions.store.s3_errors import (
     NOT_FOUND_CODES,
-    STREAM_ERRORS,
     ErrorContext,
     backoff,
     code,
+    is_transient,
     status,
     translate,
 )
 from actions.store.s3_fastpath import PartsReader, attach, known_payload
-from actions.store.s3_reads import RangedReader
+from actions.store.s3_reads import RangedReader, RetriedRequest
 from actions.store.s3_settings import BUCKET_FIX, BUCKET_RE, make_client, settings_from_env, split_uri
 from actions.store.safe_paths import name_problem
 
@@ -139,7 +143,7 @@ class S3Store(ConditionalWrites):
         )
         where = self.endpoint_url or "AWS S3"
         self._reader = RangedReader(self._client, self.fast_path, bucket, chunk_size=multipart_chunksize,
-                                    max_concurrency=max_concurrency, max_attempts=max_attempts, where=where)
+                                    max_concurrency=max_concurrency, where=where)
         self._errors = ErrorContext(where, bucket, self.uri, mask_key_id(self._key_id), connect_timeout, read_timeout)
 
     # ------------------------------------------------------------------ construction
@@ -188,9 +192,10 @@ class S3Store(ConditionalWrites):
 
     # ------------------------------------------------------------------ errors
 
-    def _raise(self, exc: Exception, op: str, key: str | None = None) -> NoReturn:
+    def _raise(self, exc: Exception, op: str, key: str | None = None, tries: str = "") -> NoReturn:
         """Turn a botocore exception into a one-line StoreError (secrets redacted)."""
-        raise translate(exc, op, self._errors, f"s3://{self.bucket}/{self._full(key)}" if key else self.uri) from None
+        target = f"s3://{self.bucket}/{self._full(key)}" if key else self.uri
+        raise translate(exc, op, self._errors, target, tries) from None
 
     def check(self) -> None:
         """Validate endpoint, credentials and bucket with one cheap request.
@@ -264,24 +269,33 @@ class S3Store(ConditionalWrites):
         Objects larger than ``multipart_chunksize`` are fetched as parallel ranged GETs, each
         pinned to the ETag of the first response so an overwrite in between cannot mix
         versions. ``size`` (expected bytes, e.g. from a manifest) lets a small object be
-        fetched with a plain GET. A body stream that breaks mid-read is retried (bounded,
-        with backoff).
+        fetched with a plain GET, and a different real size raises IntegrityError from the
+        response headers, before the body is read.
+
+        Retries happen here only: a read that fails transiently (connection or read timeout,
+        5xx, throttling, a body that breaks) is started over, ``max_attempts`` reads in all,
+        with backoff; each presigned GET is sent once. Without the fast path, botocore retries
+        ``get_object`` itself and only a broken body is retried here. The error names how many
+        reads were made and how long they took.
         """
-        for attempt in range(self.max_attempts):
+        started = time.monotonic()
+        for attempt in range(1, self.max_attempts + 1):
             try:
                 return self._reader.read(self._full(key), size, f"object {key!r} in {self.uri}")
-            except STREAM_ERRORS as exc:
-                if attempt + 1 >= self.max_attempts:
-                    self._raise(exc, "get", key)
-                backoff(attempt)
-            except bce.ClientError as exc:
-                if code(exc) == "PreconditionFailed" and attempt + 1 < self.max_attempts:
-                    continue  # overwritten between ranges: start over on the new version
-                if code(exc) in NOT_FOUND_CODES:
-                    raise ObjectNotFound(f"object {key!r} not found in store {self.uri}") from None
-                self._raise(exc, "get", key)
-            except bce.BotoCoreError as exc:
-                self._raise(exc, "get", key)
+            except RetriedRequest as wrapped:  # botocore retried it already: do not send it again
+                exc, again, by = wrapped.error, False, ", the last retried by botocore"
+            except (bce.BotoCoreError, bce.ClientError) as error:
+                exc, again, by = error, is_transient(error), ""
+            error_code = code(exc) if isinstance(exc, bce.ClientError) else ""
+            if error_code in NOT_FOUND_CODES:
+                raise ObjectNotFound(f"object {key!r} not found in store {self.uri}") from None
+            if (again or error_code == "PreconditionFailed") and attempt < self.max_attempts:
+                if error_code != "PreconditionFailed":  # overwritten between ranges: start over at once
+                    backoff(attempt - 1)
+                continue
+            gave_up = again or by or attempt > 1
+            reads = f"{attempt} read{'s' if attempt > 1 else ''} in {time.monotonic() - started:.1f} s{by}"
+            self._raise(exc, "get", key, reads if gave_up else "")
         raise AssertionError("unreachable")
 
     def exists(self, key: str) -> bool:

@@ -83,6 +83,7 @@ def make_client(endpoint_url: str | None, region: str, credentials: S3Credential
 
     Args:
         credentials: static credentials; None uses boto3's default chain.
+        max_attempts: requests per call in all, the first included.
         connect_timeout, read_timeout: seconds.
     """
     config = Config(
@@ -90,7 +91,8 @@ def make_client(endpoint_url: str | None, region: str, credentials: S3Credential
         s3={"addressing_style": "path" if endpoint_url else "auto"},
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
-        retries={"max_attempts": max_attempts, "mode": "standard"},
+        # botocore's "max_attempts" counts retries (one more request in all); ours counts requests
+        retries={"total_max_attempts": max_attempts, "mode": "standard"},
         connect_timeout=connect_timeout,
         read_timeout=read_timeout,
         max_pool_connections=max(10, 2 * max_concurrency + 2),
