@@ -95,6 +95,7 @@ def test_artifact_round_trip(backend_store: ObjectStore) -> None:
     assert stats.bytes_uploaded == sum(map(len, files.values()))
     got, meta = get_artifact(backend_store, "art/manifest.json")
     assert got == files and meta == {"step": 3}
+    assert all(type(data) is bytes for data in got.values())  # read as buffers, handed out as bytes
     some, _ = get_artifact(backend_store, "art/manifest.json", names=["a.txt"])
     assert some == {"a.txt": b"alpha"}
     with pytest.raises(ObjectNotFound, match="'zzz' is not listed"):

@@ -1,15 +1,18 @@
 """The S3 backend on a faulty network, against the real SeaweedFS server behind a loopback
 proxy (``faultproxy.py``): a conditional write whose reply is lost, or turned into a 503, after
 the server acted reports what it did; a lease renewal whose reply is lost keeps the lease; a
-read of a server that never answers costs ``max_attempts`` requests and says so."""
+read of a server that never answers costs ``max_attempts`` requests and says so; a blob that is
+not its manifest's size is refused before its body is downloaded."""
 
 from __future__ import annotations
 
+import json
+import os
 import uuid
 
 import pytest
 
-from actions.store import StoreUnreachable
+from actions.store import IntegrityError, StoreUnreachable, blob_key, get_artifact, sha256_hex
 from actions.store.s3 import S3Store
 from flows.campaign.lease import RunLease, read_lease
 
@@ -20,6 +23,7 @@ except ImportError:  # tests/ imported as a package
 
 pytestmark = pytest.mark.s3
 
+MiB = 1024 * 1024
 FAULTS = ["drop", "503"]
 
 
@@ -111,3 +115,20 @@ def test_a_server_that_never_answers_gets_max_attempts_requests_per_read(s3_serv
                               "timeout (")
     assert ("3 reads in " if fast_path else "1 read in ") in message
     assert ("retried by botocore" in message) is not fast_path
+
+
+def test_a_blob_larger_than_its_manifest_says_is_refused_before_its_body_is_read(store: S3Store,
+                                                                                 proxy: FaultProxy) -> None:
+    data = os.urandom(40 * MiB)  # where the manifest promises 10 bytes
+    digest = sha256_hex(data)
+    store.put(blob_key(digest), data)
+    manifest = {"schema": "rlhfless.artifact/v1", "files": {"f": {"sha256": digest, "size": 10}}, "meta": {}}
+    store.put("m/manifest.json", json.dumps(manifest).encode())
+    for zero_copy in (False, True):
+        before = proxy.bytes_to_client
+        expected = (rf"blob {blob_key(digest)} for file 'f' is truncated or padded \(manifest 'm/manifest.json'\): "
+                    rf"expected 10 bytes, found {len(data)}; re-publish the artifact")
+        with pytest.raises(IntegrityError, match=expected):
+            get_artifact(store, "m/manifest.json", zero_copy=zero_copy)
+        # what reached the client before it hung up: socket buffers, not the 40 MiB body
+        assert proxy.bytes_to_client - before < 16 * MiB, zero_copy

@@ -18,7 +18,7 @@ from typing import Any
 
 from botocore import exceptions as bce
 
-from actions.store.protocol import IntegrityError
+from actions.store.protocol import SizeMismatch
 from actions.store.s3_errors import code
 from actions.store.s3_fastpath import FastPath, RangeResponse, open_range_presigned
 
@@ -67,7 +67,7 @@ class RangedReader:
             full: the bucket key.
             size: the expected byte size when known (e.g. from a manifest): an object smaller
                 than a chunk is then fetched with one plain GET, and a different real size
-                raises IntegrityError before anything is allocated or downloaded.
+                raises SizeMismatch before anything is allocated or downloaded.
             name: how error messages name the object (``object 'k' in s3://b/p``).
         """
         chunk = self.chunk_size
@@ -86,7 +86,8 @@ class RangedReader:
             first.close()
             # A blob whose length differs from its manifest's is corrupt: say so before
             # allocating (a hostile store could claim terabytes) or downloading it.
-            raise IntegrityError(f"{name} is {total} bytes where its manifest says {size}; re-publish the artifact")
+            raise SizeMismatch(f"{name} is {total} bytes where its manifest says {size}; re-publish the artifact",
+                               expected=size, found=total)
         buf = bytearray(total)
         view = memoryview(buf)
         first.fill(view[: first.length])
