@@ -21,6 +21,7 @@ from pydantic import Field, PrivateAttr, ValidationError, field_validator, model
 from actions.config.quoting import quote
 from actions.config.section import Section as _Section
 from actions.config.workload import WorkloadConfig
+from actions.store.endpoints import has_userinfo
 from actions.store.safe_paths import check_run_id
 from flows.config_yaml import AliasBomb, load_yaml
 from flows.planning.registry import ScalingStrategy
@@ -90,6 +91,22 @@ class ScalingConfig(_Section):
         return self
 
 
+def check_store_uri(v: str) -> str:
+    """``v`` when it can name a store (a directory path, ``file://`` or ``s3://``), else
+    ValueError naming it; a value that may carry a password (``user:password@``) is not quoted.
+    ``store.uri`` and the ``--store`` of ``status``, ``gc`` and ``export`` pass through this."""
+    # A mistyped scheme would otherwise be taken as a relative directory name ("s3:").
+    if not v.strip():
+        raise ValueError("store.uri is empty; use a directory path or s3://bucket/prefix")
+    scheme = v.split(":", 1)[0].lower() if ":" in v else ""
+    if v.startswith(("s3://", "file://")) or (scheme not in ("s3", "file") and "://" not in v):
+        return v
+    if has_userinfo(v):  # not quoted: the part before '@' may be a password
+        raise ValueError("store.uri carries a user name or password (user:password@) and is not a directory "
+                         "path or s3://bucket/prefix; fix the scheme and put the keys in AWS_* variables")
+    raise ValueError(f"store.uri {quote(v)} is not a directory path or s3://bucket/prefix; fix the scheme")
+
+
 class StoreConfig(_Section):
     uri: str = "runs/store"
     """A directory, or s3://bucket/prefix (endpoint and keys from AWS_* environment variables)."""
@@ -115,13 +132,7 @@ class StoreConfig(_Section):
     @field_validator("uri")
     @classmethod
     def _check_uri(cls, v: str) -> str:
-        # A mistyped scheme would otherwise be taken as a relative directory name ("s3:").
-        if not v.strip():
-            raise ValueError("store.uri is empty; use a directory path or s3://bucket/prefix")
-        scheme = v.split(":", 1)[0].lower() if ":" in v else ""
-        if v.startswith(("s3://", "file://")) or (scheme not in ("s3", "file") and "://" not in v):
-            return v
-        raise ValueError(f"store.uri {quote(v)} is not a directory path or s3://bucket/prefix; fix the scheme")
+        return check_store_uri(v)
 
 
 LOCAL_TIMEOUT_S = 600.0

@@ -30,7 +30,11 @@ WSK_AUTH = "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:battery0secret0key0123456789abc
 CLOSED_PORT = "http://127.0.0.1:9"  # the discard port: nothing listens there
 S3_ENV = {"AWS_ENDPOINT_URL": CLOSED_PORT, "AWS_ACCESS_KEY_ID": AWS_KEY_ID, "AWS_SECRET_ACCESS_KEY": AWS_SECRET}
 URL_PASSWORD = "urlPassw0rdInside"  # a password written into an endpoint URL: never echoed
-SECRETS = (AWS_SECRET, WSK_AUTH, WSK_AUTH.split(":")[1], AWS_KEY_ID, URL_PASSWORD)  # the key id: masked only
+# ... one holding the characters that end a URL's host part ('/', '?', '#') and ':', as AWS
+# secret keys often do: a URL parser alone would take the part before the '/' for the host
+URL_DELIMITED = "wJal/K7MD?bPx#EXAMPLE:KEY"
+SECRETS = (AWS_SECRET, WSK_AUTH, WSK_AUTH.split(":")[1], AWS_KEY_ID, URL_PASSWORD,  # the key id: masked only
+           *URL_DELIMITED.split("/"))
 
 
 @dataclass(frozen=True)
@@ -429,6 +433,18 @@ CASES: dict[str, Case] = {
     "store uri with credentials": Case(
         _train("--set", f"store.uri=s3://{AWS_KEY_ID}:{URL_PASSWORD}@bucket/run"),
         ("store.uri carries credentials", "AWS_SECRET_ACCESS_KEY")),
+    "store uri with a secret holding '/?#:'": Case(
+        _train("--set", f"store.uri=s3://{AWS_KEY_ID}:{URL_DELIMITED}@bucket/run"),
+        ("store.uri carries credentials", "AWS_SECRET_ACCESS_KEY")),
+    "store uri mistyped with a secret holding '/?#:'": Case(
+        ["status", "--store", f"s3:/{AWS_KEY_ID}:{URL_DELIMITED}@bucket/run"],
+        ("store.uri carries a user name or password", "fix the scheme")),
+    "store endpoint with a password holding '/?#:'": Case(
+        _train("--set", "store.uri=s3://bucket/run"), ("AWS_ENDPOINT_URL carries a user name or password", "give the URL"),
+        env={**S3_ENV, "AWS_ENDPOINT_URL": f"http://{AWS_KEY_ID}:{URL_DELIMITED}@127.0.0.1:9"}),
+    "openwhisk host with a password holding '/?#:'": Case(
+        _train("--set", "invoker.kind=openwhisk"), ("OpenWhisk API host carries a user name or password", "WSK_AUTH"),
+        env={"WSK_APIHOST": f"https://wsk:{URL_DELIMITED}@127.0.0.1:9", "WSK_AUTH": WSK_AUTH}),
     "store endpoint with a password": Case(
         _train("--set", "store.uri=s3://bucket/run"), ("AWS_ENDPOINT_URL carries a user name or password", "give the URL"),
         env={**S3_ENV, "AWS_ENDPOINT_URL": f"http://minio:{URL_PASSWORD}@127.0.0.1:9"}),

@@ -275,6 +275,28 @@ def test_orphans_are_swept_on_both_backends_and_listed_blobs_never(backend_store
     _assert_store_consistent(store)  # every blob of both runs' manifests is still there
 
 
+@pytest.mark.s3
+def test_folder_markers_in_the_bucket_are_left_alone_by_collections(s3_store) -> None:
+    """Consoles, rclone and s3fs create empty "folder" objects whose keys end in '/': no store
+    key can name them, so listings leave them out and collections neither fail on them nor
+    delete them."""
+    store = s3_store
+    latest = _fake_run(store, "r", 5, shared=b"shared")
+    orphan, _ = put_blob(store, b"uploaded, then its publish died")
+    markers = [f"{store.prefix}/", f"{store.prefix}/runs/r/steps/000000/", f"{store.prefix}/{BLOB_PREFIX}/ab/"]
+    for marker in markers:
+        store._client.put_object(Bucket=store.bucket, Key=marker, Body=b"")
+    assert not [k for k in store.list("") if not k or k.endswith("/")]
+    assert not [k for k in store.list_stats(BLOB_PREFIX + "/") if k.endswith("/")]
+    time.sleep(1.1)  # S3's LastModified has whole seconds
+    report = collect_garbage(store, latest, Retention(keep_last=2), orphan_grace_s=0)
+    assert report.versions_kept == [0, 4, 5] and report.orphan_blobs == 1 and not store.exists(blob_key(orphan))
+    assert not store.list("runs/r/steps/000000/")
+    for marker in markers:  # still there: not ours to delete
+        store._client.head_object(Bucket=store.bucket, Key=marker)
+    _assert_store_consistent(store)
+
+
 class _WriterDuringSweep:
     """A store on which another writer publishes ``data`` (found present: not uploaded again)
     right after the sweep has listed the blobs, before it deletes the old ones."""

@@ -76,6 +76,39 @@ def test_release_never_raises_over_the_error_that_ends_a_run(tmp_path) -> None:
             raise ValueError("the real error")
 
 
+class LostReplyStore(FaultyStore):
+    """A local store whose compare-and-swap, while ``fault`` is set, is carried out and then
+    raises it: the reply was lost after the store's own retries."""
+
+    def replace_if(self, key: str, expected: bytes, data: bytes) -> bool:
+        done = self.inner.replace_if(key, expected, data)
+        if self.fault is not None:
+            raise self.fault
+        return done
+
+
+def test_a_renewal_that_was_written_but_raised_does_not_lose_the_lease(tmp_path) -> None:
+    """The next check finds this holder's own token in a record it did not see written: a
+    renewal of its own, adopted, not "held by" this very process."""
+    store = LostReplyStore(LocalStore(tmp_path / "s"))
+    lease = RunLease.acquire(store, "r", renew=False, progress=lambda m: None)
+    try:
+        first = lease.record
+        store.fault = TimeoutError("read timed out")
+        with pytest.raises(TimeoutError):
+            lease.renew()
+        store.fault = None
+        stored = read_lease(store, "r")
+        assert stored != first and stored.token == first.token  # written, though the call raised
+        lease.check()
+        assert lease.record == stored and lease.lost is None
+        lease.renew()  # and renewals go on from the adopted record
+        assert read_lease(store, "r") == lease.record and lease.record.expires >= stored.expires
+    finally:
+        lease.release()
+    assert read_lease(store.inner, "r") is None
+
+
 def test_a_lease_names_its_machine_and_pid_namespace_and_only_there_a_pid_probe_decides(tmp_path) -> None:
     lease = RunLease.acquire(LocalStore(tmp_path / "s"), "r", renew=False, progress=lambda m: None)
     assert lease.record.machine == machine_identity()

@@ -15,14 +15,17 @@ from actions.store import (
     LocalStore,
     ObjectNotFound,
     ObjectStore,
+    StoreError,
     blob_key,
     commit_key,
     commit_pointer,
+    delete_if,
     get_artifact,
     open_store,
     put_artifact,
     read_manifest,
     read_pointer,
+    replace_if,
     sha256_hex,
 )
 from actions.store.credentials import S3Credentials, mask_key_id, redact, register_secret
@@ -92,6 +95,7 @@ def test_artifact_round_trip(backend_store: ObjectStore) -> None:
     assert stats.bytes_uploaded == sum(map(len, files.values()))
     got, meta = get_artifact(backend_store, "art/manifest.json")
     assert got == files and meta == {"step": 3}
+    assert all(type(data) is bytes for data in got.values())  # read as buffers, handed out as bytes
     some, _ = get_artifact(backend_store, "art/manifest.json", names=["a.txt"])
     assert some == {"a.txt": b"alpha"}
     with pytest.raises(ObjectNotFound, match="'zzz' is not listed"):
@@ -262,6 +266,39 @@ def test_local_put_leaves_no_temp_files(tmp_path) -> None:
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["b", "c"]
 
 
+def test_a_key_that_is_a_prefix_of_other_keys_reads_as_missing(backend_store: ObjectStore) -> None:
+    """``d/x`` holds no object when only ``d/x/y`` was written (on S3 it is a prefix, locally a
+    directory): reading finds nothing, deleting is a no-op, compare-and-swap is False."""
+    store = backend_store
+    store.put("d/x/y", b"1")
+    for read in (store.get, store.get_buffer):
+        with pytest.raises(ObjectNotFound, match="object 'd/x' not found"):
+            read("d/x")
+    assert not store.exists("d/x")
+    store.delete("d/x")
+    assert replace_if(store, "d/x", b"", b"2") is False and delete_if(store, "d/x", b"") is False
+    assert store.get("d/x/y") == b"1" and store.list("d/") == ["d/x/y"]
+
+
+def test_a_local_key_cannot_also_be_a_prefix_of_other_keys(tmp_path) -> None:
+    """S3 holds ``f/x`` and ``f/x/y`` side by side; a directory tree cannot, and says so."""
+    store = LocalStore(tmp_path / "store")
+    store.put("d/x/y", b"1")
+    store.put("f/x", b"2")
+    writes = {"put": lambda k: store.put(k, b"3"), "put_if_absent": lambda k: store.put_if_absent(k, b"3"),
+              "put_content": lambda k: store.put_content(k, (b"3",), sha256_hex(b"3"))}
+    for name, write in writes.items():
+        with pytest.raises(StoreError, match=r"cannot write key 'd/x': other keys are stored beneath it "
+                                             r"\('d/x/\.\.\.'\).*local store cannot hold.*\(S3 can\)") as info:
+            write("d/x")
+        assert not isinstance(info.value, ObjectNotFound), name
+        with pytest.raises(StoreError, match=r"cannot write key 'f/x/y': 'f/x' is an object, so nothing can be "
+                                             r"stored beneath it; .*\(S3 can\)"):
+            write("f/x/y")
+    assert store.get("d/x/y") == b"1" and store.get("f/x") == b"2"
+    assert store.list("") == ["d/x/y", "f/x"] and not store._walk("", temporaries=True)  # no temporary left
+
+
 def test_list_stats_gives_each_keys_time_and_size(backend_store: ObjectStore) -> None:
     import time
 
@@ -334,3 +371,27 @@ def test_s3_credentials_never_show_the_secret(monkeypatch: pytest.MonkeyPatch) -
     assert S3Credentials.from_env({}) is None
     with pytest.raises(ValueError, match="AWS_SECRET_ACCESS_KEY is not set"):
         S3Credentials.from_env({"AWS_ACCESS_KEY_ID": "AKIAEXAMPLEKEY01"})
+
+
+@pytest.mark.parametrize("secret", ["wJal/K7MD/bPxEXAMPLEKEY", "pass?word=x", "pa#ss", "pa:ss:word", "p@ss/w?r#d:x"])
+def test_a_url_password_holding_url_delimiters_is_refused_unquoted_and_redacted(secret: str) -> None:
+    """A URL parser ends the host part at the first '/', '?' or '#', so it would see no password
+    in ``http://key:wJal/K7MD@host``; the checks and the redaction must not rely on it."""
+    from actions.store.endpoints import has_userinfo
+    from actions.store.s3_settings import settings_from_env, split_uri
+
+    endpoint = f"http://AKIAX:{secret}@minio:9000"
+    assert has_userinfo(endpoint) and has_userinfo(f"AKIAX:{secret}@minio:9000")
+    assert not has_userinfo("http://minio:9000/some/path?x=1#y")
+    for check, value, says in ((lambda v: settings_from_env({"AWS_ENDPOINT_URL": v}), endpoint, "AWS_ENDPOINT_URL"),
+                               (split_uri, f"s3://AKIAX:{secret}@bucket/run", "store.uri carries credentials"),
+                               (open_store, f"ftp://AKIAX:{secret}@host/dir", "store.uri carries a user name")):
+        with pytest.raises(ValueError, match=says) as info:
+            check(value)
+        assert secret not in str(info.value) and "AKIAX" not in str(info.value)
+    for text in (f"cannot reach {endpoint} now", f"AWS_ENDPOINT_URL={endpoint!r} is bad",
+                 f"store 's3://AKIAX:{secret}@bucket/run' failed"):
+        out = redact(text, env={})
+        assert out.count("[REDACTED]") == 1 and "AKIAX" not in out, out
+        assert not any(part in out for part in secret.replace("@", "/").split("/") if len(part) > 3), out
+    assert split_uri("s3://bucket/team@site/run") == ("bucket", "team@site/run")  # '@' in a key is no password

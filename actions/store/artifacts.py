@@ -21,7 +21,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from actions.store.pool import map_bounded, transfer_threads
-from actions.store.protocol import BlobData, IntegrityError, ObjectNotFound, ObjectStore, as_parts, num_bytes
+from actions.store.protocol import (
+    BlobData,
+    IntegrityError,
+    ObjectNotFound,
+    ObjectStore,
+    SizeMismatch,
+    as_parts,
+    num_bytes,
+)
 from actions.store.safe_paths import STORE_FIX, check_name, shown
 
 BLOB_PREFIX = "blobs/sha256"
@@ -81,6 +89,11 @@ def get_blob(store: ObjectStore, digest: str, *, name: str = "", size: int | Non
              manifest_key: str = "", zero_copy: bool = False) -> Any:
     """Read a blob and verify its size (when given, checked first: free) and sha256.
 
+    The blob is read through the backend's ``get_buffer`` when it has one, ``size`` passed
+    along, whatever ``zero_copy`` says: S3 then refuses a blob of another size from the
+    response headers, before its body is downloaded (a hostile store could serve gigabytes
+    where the manifest says ten bytes), and the local store maps the file without reading it.
+
     Args:
         store: the object store.
         digest: the blob's sha256 (its key, :func:`blob_key`).
@@ -88,7 +101,7 @@ def get_blob(store: ObjectStore, digest: str, *, name: str = "", size: int | Non
         size: the byte size the manifest promises.
         zero_copy: return the backend's cheapest buffer (``get_buffer``: a private memory map
             locally, a writable ``bytearray`` from S3) so callers can view it without copying;
-            else ``bytes``.
+            else ``bytes`` (one copy, made once the bytes are verified).
 
     Raises:
         ObjectNotFound: the blob is missing (naming the file and the manifest).
@@ -97,23 +110,26 @@ def get_blob(store: ObjectStore, digest: str, *, name: str = "", size: int | Non
     The one pass over the bytes is the hash itself: the buffer returned is the one hashed.
     """
     key = blob_key(digest)
-    get_buffer = getattr(store, "get_buffer", None) if zero_copy else None
-    try:
-        data = get_buffer(key, size=size) if get_buffer is not None else store.get(key)
-    except ObjectNotFound:
-        what = f" (file {name!r})" if name else ""
-        where = f"manifest {manifest_key!r}" if manifest_key else "a manifest"
-        raise ObjectNotFound(f"blob {key}{what} listed in {where} is missing from {store.uri}") from None
+    get_buffer = getattr(store, "get_buffer", None)
     what = f" for file {name!r}" if name else ""
     where = f" (manifest {manifest_key!r})" if manifest_key else ""
-    if size is not None and len(data) != size:
+    try:
+        data = get_buffer(key, size=size) if get_buffer is not None else store.get(key)
+        found = len(data)
+    except ObjectNotFound:
+        file = f" (file {name!r})" if name else ""
+        listed = f"manifest {manifest_key!r}" if manifest_key else "a manifest"
+        raise ObjectNotFound(f"blob {key}{file} listed in {listed} is missing from {store.uri}") from None
+    except SizeMismatch as exc:  # caught from the response headers: nothing was downloaded
+        found = exc.found
+    if size is not None and found != size:
         raise IntegrityError(f"blob {key}{what} is truncated or padded{where}: expected {size} bytes, "
-                             f"found {len(data)}; re-publish the artifact")
+                             f"found {found}; re-publish the artifact")
     actual = sha256_hex(data)
     if actual != digest:
         raise IntegrityError(f"blob {key}{what} is corrupted{where}: expected sha256 {digest}, found {actual}; "
                              "re-publish the artifact")
-    return data
+    return data if zero_copy or isinstance(data, bytes) else bytes(data)
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,11 @@ KEY_ID_ENV_VARS = ("AWS_ACCESS_KEY_ID",)
 # no real key is this short.
 _MIN_SECRET_LEN = 4
 _REDACTED = "[REDACTED]"
-_URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#@\s'\"]+@")
-"""The ``user[:password]@`` of a URL."""
+_URL_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^\s'\"]*@")
+"""The ``user[:password]@`` of a URL: everything from ``scheme://`` to the last ``@`` before a
+space or quote. A password may hold ``/``, ``?``, ``#``, ``:`` or ``@``, so the URL grammar
+(which ends the host part at the first of ``/?#``) would leave part of it; a path that holds an
+``@`` is redacted too, which costs a message some detail, never a secret."""
 
 _extra_lock = threading.Lock()
 _extra_secrets: set[str] = set()
@@ -85,6 +88,8 @@ def redact(text: str, env: Mapping[str, str] | None = None) -> str:
     'auth=[REDACTED] ok'
     >>> redact("cannot reach http://minio:pw123@10.0.0.5:9000/b", env={})
     'cannot reach http://[REDACTED]@10.0.0.5:9000/b'
+    >>> redact("AWS_ENDPOINT_URL='http://AKIAX:wJal/K7MD?x#y@minio:9000' is bad", env={})
+    "AWS_ENDPOINT_URL='http://[REDACTED]@minio:9000' is bad"
     """
     env = os.environ if env is None else env
     with _extra_lock:

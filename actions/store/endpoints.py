@@ -17,10 +17,16 @@ def is_http_url(text: str) -> bool:
 
 
 def has_userinfo(text: str) -> bool:
-    """True where a URL carries a user name or password (``scheme://user:pass@host``).
-    Such a URL is refused without being quoted: the password would reach every message that
-    names the endpoint."""
-    try:
-        return "@" in urlsplit(text if "://" in text else "//" + text).netloc
-    except ValueError:  # a malformed host (an unclosed IPv6 bracket): is_http_url refuses it
-        return False
+    """True where a URL may carry a user name or password: an ``@`` anywhere after
+    ``scheme://`` (anywhere at all in a value without a scheme, such as a bare host).
+
+    Wider than the URL grammar on purpose: ``urlsplit`` ends the host part at the first
+    ``/``, ``?`` or ``#``, and a secret may contain those (AWS secret keys often hold ``/``),
+    so in ``http://AKIA:wJal/K7MD@minio:9000`` it would see the host ``AKIA:wJal`` and no
+    password. A service endpoint never needs an ``@``. Such a value is refused without being
+    quoted: the password would reach every message that names the endpoint.
+
+    >>> has_userinfo("http://AKIA:wJal/K7MD@minio:9000"), has_userinfo("http://minio:9000/a")
+    (True, False)
+    """
+    return "@" in (text.split("://", 1)[1] if "://" in text else text)

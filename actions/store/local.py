@@ -11,6 +11,10 @@ Keys are opened beneath the root one component at a time without following symli
 (``safe_paths.parent_dir``): a symlink placed in the store is refused, so no key reads or
 writes outside the root.
 
+Keys are paths, so unlike S3 a key cannot also be the prefix of other keys (``a/b`` and
+``a/b/c``): writing one where the other exists raises a StoreError naming both. Reading or
+deleting a key that is a directory here finds no object, as on S3.
+
 A write killed part-way (SIGKILL, a power loss) leaves its temporary file (``.tmp-`` and 16 hex
 digits, beside the key); nothing lists it, and garbage collection removes it once it is old
 (:meth:`LocalStore.remove_stale_temporaries`). A blob's modification time is its age for the
@@ -22,6 +26,7 @@ never deleted as old.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import mmap
 import os
@@ -32,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actions.store.protocol import BlobData, ObjectNotFound, as_parts, check_key
+from actions.store.protocol import BlobData, ObjectNotFound, StoreError, as_parts, check_key
 from actions.store.safe_paths import UnsafeName, open_component, parent_dir
 
 DEFAULT_MAX_CONCURRENCY = 8
@@ -73,13 +78,43 @@ class LocalStore:
         """A read-only fd of ``key``'s file (ObjectNotFound when it is missing)."""
         try:
             with self._dir(key) as (dir_fd, last):
-                return open_component(last, dir_fd, os.O_RDONLY, name=key, where=f"store {self.uri}")
+                return self._open_file(key, dir_fd, last)
         except (FileNotFoundError, NotADirectoryError):
             raise self._not_found(key) from None
 
+    def _open_file(self, key: str, dir_fd: int, last: str) -> int:
+        """A read-only fd of file ``last`` in ``dir_fd``; FileNotFoundError when there is none
+        or it is a directory (one holding other keys: a prefix, not an object, as on S3)."""
+        fd = open_component(last, dir_fd, os.O_RDONLY, name=key, where=f"store {self.uri}")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise FileNotFoundError(errno.ENOENT, "not a file", key)
+        return fd
+
+    def _conflict(self, key: str) -> StoreError:
+        """The error for a write that a key above or below ``key`` blocks (a path cannot be a
+        file and a directory at once; S3 keys can)."""
+        parts = key.split("/")
+        above = next((p for p in ("/".join(parts[:i]) for i in range(1, len(parts)))
+                      if (self.root / p).is_file()), None)
+        clash = (f"{above!r} is an object, so nothing can be stored beneath it" if above else
+                 f"other keys are stored beneath it ({key + '/...'!r})")
+        return StoreError(f"store {self.uri}: cannot write key {key!r}: {clash}; a local store cannot hold a key that "
+                          "is also a prefix of other keys (S3 can): choose keys that are not prefixes of one another")
+
     def _write(self, key: str, data: BlobData, publish: Callable[[str, int, str], bool]) -> bool:
         """Write ``data`` to a temporary file beside ``key``, then ``publish(tmp, dir_fd, last)``
-        (rename or link it into place); the temporary file never outlives the call."""
+        (rename or link it into place); the temporary file never outlives the call.
+
+        Raises:
+            StoreError: a key above ``key`` is an object, or ``key`` is a directory of other keys.
+        """
+        try:
+            return self._write_beside(key, data, publish)
+        except (NotADirectoryError, IsADirectoryError):
+            raise self._conflict(key) from None
+
+    def _write_beside(self, key: str, data: BlobData, publish: Callable[[str, int, str], bool]) -> bool:
         with self._dir(key, create=True) as (dir_fd, last):
             tmp = _temporary_name()
             fd = open_component(tmp, dir_fd, os.O_WRONLY | os.O_CREAT | os.O_EXCL, name=key, where=f"store {self.uri}")
@@ -117,6 +152,8 @@ class LocalStore:
                 os.link(tmp, last, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
                 return True
             except FileExistsError:
+                if stat.S_ISDIR(os.stat(last, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                    raise IsADirectoryError(errno.EISDIR, "a directory of other keys", key) from None
                 return False
 
         return self._write(key, data, link)
@@ -150,7 +187,7 @@ class LocalStore:
             with self._dir(key) as (dir_fd, last):
                 fcntl.flock(dir_fd, fcntl.LOCK_EX)  # released when the directory fd closes
                 try:
-                    fd = open_component(last, dir_fd, os.O_RDONLY, name=key, where=f"store {self.uri}")
+                    fd = self._open_file(key, dir_fd, last)
                 except FileNotFoundError:
                     return False
                 with os.fdopen(fd, "rb") as fh:
@@ -198,8 +235,8 @@ class LocalStore:
         try:
             with self._dir(key) as (dir_fd, last):
                 os.unlink(last, dir_fd=dir_fd)  # removes a symlink itself, never its target
-        except (FileNotFoundError, NotADirectoryError):
-            pass
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            pass  # missing, or a directory of other keys: no object here, as on S3
 
     def list(self, prefix: str) -> list[str]:
         return sorted(rel for rel, _ in self._walk(prefix))
@@ -264,6 +301,8 @@ class LocalStore:
         again. Returns whether it was deleted."""
         try:
             with self._dir(key) as (dir_fd, last):
+                if not stat.S_ISREG(os.stat(last, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                    return False  # a directory of other keys (or a link): not an object
                 aside = _temporary_name()  # a crash from here on leaves a temporary file, swept later
                 os.rename(last, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
                 if os.stat(aside, dir_fd=dir_fd, follow_symlinks=False).st_mtime >= older_than:

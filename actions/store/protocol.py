@@ -34,6 +34,15 @@ class IntegrityError(StoreError):
     """A blob's bytes do not match the sha256 its manifest promises."""
 
 
+class SizeMismatch(IntegrityError):
+    """An object is not the size its manifest promises (``expected`` and ``found`` bytes),
+    found before its bytes are read."""
+
+    def __init__(self, message: str, *, expected: int, found: int) -> None:
+        super().__init__(message)
+        self.expected, self.found = expected, found
+
+
 class StoreUnreachable(StoreError):
     """The store endpoint cannot be reached (refused, DNS, timeout)."""
 

@@ -10,8 +10,11 @@ configuration fails with a one-line error before anything is written. Choices:
   boto3 >= 1.36 otherwise sends CRC trailers that some S3-compatible servers reject. Integrity
   of campaign data is checked end to end by sha256 in manifests instead.
 * Retries: botocore "standard" mode (transient errors only: 5xx, throttling, connection
-  errors; jittered exponential backoff) with ``max_attempts``; plus our own retry of a GET
-  whose body stream breaks after the headers arrived (botocore cannot retry that).
+  errors; jittered exponential backoff) with ``max_attempts``. Reads are retried at one level
+  only, whole, by :meth:`S3Store.get_buffer` (which also covers a body stream that breaks after
+  the headers arrived, which botocore cannot retry). A conditional write that botocore sent
+  again may have been carried out by the attempt whose reply was lost; its 412 is then checked
+  against the object (:mod:`.s3_conditional`).
 * Large objects: ``put`` uses multipart above ``multipart_threshold`` (8 MiB) through one
   shared, bounded s3transfer manager; reads above it are parallel ranged GETs pinned to the
   first response's ETag (:mod:`.s3_reads`).
@@ -28,6 +31,7 @@ configuration fails with a one-line error before anything is written. Choices:
   it falls back to HEAD-then-PUT, which has a race: two writers that HEAD at the same moment
   both "create" the key and the last PUT wins. ``commit_pointer`` reads its record back,
   which narrows that window to the two PUTs landing between one writer's PUT and GET.
+  Conditional writes live in :mod:`.s3_conditional`.
 
 Secrets never appear in messages or reprs (:mod:`.s3_errors`).
 """
@@ -37,8 +41,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import uuid
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
@@ -46,28 +50,27 @@ from botocore import exceptions as bce
 
 from actions.store.credentials import S3Credentials, mask_key_id
 from actions.store.protocol import ObjectNotFound, as_parts, check_key
+from actions.store.s3_conditional import SMALL_BODY, ConditionalWrites
 from actions.store.s3_errors import (
     NOT_FOUND_CODES,
-    STREAM_ERRORS,
     ErrorContext,
     backoff,
     code,
-    is_not_implemented,
-    is_precondition_failed,
+    is_transient,
     status,
     translate,
 )
 from actions.store.s3_fastpath import PartsReader, attach, known_payload
-from actions.store.s3_reads import RangedReader
+from actions.store.s3_reads import RangedReader, RetriedRequest
 from actions.store.s3_settings import BUCKET_FIX, BUCKET_RE, make_client, settings_from_env, split_uri
+from actions.store.safe_paths import name_problem
 
 log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
-SMALL_BODY = 64 * 1024  # bodies up to this size are sent without Expect: 100-continue
 
 
-class S3Store:
+class S3Store(ConditionalWrites):
     """An S3 bucket (optionally under a key prefix) as an :class:`ObjectStore`.
 
     Args:
@@ -140,7 +143,7 @@ class S3Store:
         )
         where = self.endpoint_url or "AWS S3"
         self._reader = RangedReader(self._client, self.fast_path, bucket, chunk_size=multipart_chunksize,
-                                    max_concurrency=max_concurrency, max_attempts=max_attempts, where=where)
+                                    max_concurrency=max_concurrency, where=where)
         self._errors = ErrorContext(where, bucket, self.uri, mask_key_id(self._key_id), connect_timeout, read_timeout)
 
     # ------------------------------------------------------------------ construction
@@ -189,9 +192,10 @@ class S3Store:
 
     # ------------------------------------------------------------------ errors
 
-    def _raise(self, exc: Exception, op: str, key: str | None = None) -> NoReturn:
+    def _raise(self, exc: Exception, op: str, key: str | None = None, tries: str = "") -> NoReturn:
         """Turn a botocore exception into a one-line StoreError (secrets redacted)."""
-        raise translate(exc, op, self._errors, f"s3://{self.bucket}/{self._full(key)}" if key else self.uri) from None
+        target = f"s3://{self.bucket}/{self._full(key)}" if key else self.uri
+        raise translate(exc, op, self._errors, target, tries) from None
 
     def check(self) -> None:
         """Validate endpoint, credentials and bucket with one cheap request.
@@ -255,122 +259,6 @@ class S3Store:
             return True
         return self._write_once(key, parts, sha256)
 
-    def _write_once(self, key: str, parts: tuple[memoryview, ...], sha256: str | None) -> bool:
-        if self.conditional_writes():
-            created = self._put_if_none_match(key, parts, sha256)
-            if created is not None:
-                return created
-        # Fallback (store ignores If-None-Match): HEAD then PUT. Racy between writers; see
-        # the module docstring.
-        if self.exists(key):
-            return False
-        self._write(key, parts, sha256, single=True)
-        return True
-
-    def _put_if_none_match(self, key: str, parts: tuple[memoryview, ...], sha256: str | None) -> bool | None:
-        """True created, False exists, None: the server does not implement the header."""
-        full = self._full(key)
-        size = sum(p.nbytes for p in parts)
-        for attempt in range(self.max_attempts):
-            # A file-like body makes botocore send Expect: 100-continue, so a 412 arrives
-            # before the body is sent; a tiny body is cheaper to send than to wait for that.
-            body: Any = b"".join(parts) if size <= SMALL_BODY else PartsReader(parts)
-            try:
-                with known_payload(sha256):
-                    self._client.put_object(Bucket=self.bucket, Key=full, Body=body, IfNoneMatch="*")
-                return True
-            except bce.ClientError as exc:
-                if is_precondition_failed(exc):
-                    return False
-                if code(exc) == "ConditionalRequestConflict" and attempt + 1 < self.max_attempts:
-                    backoff(attempt)  # AWS: a concurrent conditional write is in flight
-                    continue
-                if is_not_implemented(exc):
-                    log.warning("%s does not implement If-None-Match; using HEAD+PUT", self)
-                    self._conditional = False
-                    return None
-                self._raise(exc, "put", key)
-            except bce.BotoCoreError as exc:
-                self._raise(exc, "put", key)
-        raise AssertionError("unreachable")
-
-    def conditional_writes(self) -> bool:
-        """Whether ``put_if_absent`` is an atomic create on this store (probed once when the
-        mode is ``auto``); False means it is HEAD-then-PUT, which two writers can both win."""
-        if self._conditional is None:
-            with self._lock:
-                if self._conditional is None:
-                    self._conditional = self._probe_conditional_writes()
-        return bool(self._conditional)
-
-    def _get_with_etag(self, key: str) -> tuple[bytes, str] | None:
-        """(bytes, ETag) of a small object, or None when it does not exist."""
-        try:
-            resp = self._client.get_object(Bucket=self.bucket, Key=self._full(key))
-            return resp["Body"].read(), resp["ETag"]
-        except bce.ClientError as exc:
-            if code(exc) in NOT_FOUND_CODES:
-                return None
-            self._raise(exc, "get", key)
-        except bce.BotoCoreError as exc:
-            self._raise(exc, "get", key)
-
-    def replace_if(self, key: str, expected: bytes, data: bytes) -> bool:
-        """Replace a small object only if it holds ``expected``: GET, compare, then PUT with
-        ``If-Match`` on the ETag read, so a write in between makes the PUT fail (412).
-
-        SeaweedFS 4.48 checks If-Match and then writes without a lock: of 30 races of 8
-        concurrent If-Match PUTs on one ETag, 6 had two winners (If-None-Match had one winner
-        in 150 races of 12). Callers must not rely on this for mutual exclusion between
-        concurrent writers; the run lease uses it only to detect a lost lease.
-        """
-        return self._if_unchanged(key, expected, "put", lambda etag: self._client.put_object(
-            Bucket=self.bucket, Key=self._full(key), Body=data, IfMatch=etag))
-
-    def delete_if(self, key: str, expected: bytes) -> bool:
-        """Delete a small object only if it holds ``expected`` (``If-Match`` on its ETag)."""
-        return self._if_unchanged(key, expected, "delete", lambda etag: self._client.delete_object(
-            Bucket=self.bucket, Key=self._full(key), IfMatch=etag))
-
-    def _if_unchanged(self, key: str, expected: bytes, op: str, request: Callable[[str], object]) -> bool:
-        """Run ``request(etag)`` (a PUT or DELETE carrying ``If-Match: etag``) only if ``key``
-        holds ``expected`` now; False when it does not, is gone, or changed in between (412)."""
-        current = self._get_with_etag(key)
-        if current is None or current[0] != expected:
-            return False
-        try:
-            request(current[1])
-            return True
-        except bce.ClientError as exc:
-            if is_precondition_failed(exc) or code(exc) in ("ConditionalRequestConflict", *NOT_FOUND_CODES):
-                return False
-            self._raise(exc, op, key)
-        except bce.BotoCoreError as exc:
-            self._raise(exc, op, key)
-
-    def _probe_conditional_writes(self) -> bool:
-        """Whether the server honours If-None-Match: write a probe key twice and see."""
-        key = f".rlhfless/conditional-probe-{uuid.uuid4().hex}"
-        full = self._full(key)
-        try:
-            self._client.put_object(Bucket=self.bucket, Key=full, Body=b"1", IfNoneMatch="*")
-            self._client.put_object(Bucket=self.bucket, Key=full, Body=b"2", IfNoneMatch="*")
-        except bce.ClientError as exc:
-            if is_precondition_failed(exc):
-                return True
-            if is_not_implemented(exc):
-                return False
-            self._raise(exc, "put", key)
-        except bce.BotoCoreError as exc:
-            self._raise(exc, "put", key)
-        finally:
-            try:
-                self._client.delete_object(Bucket=self.bucket, Key=full)
-            except (bce.BotoCoreError, bce.ClientError):
-                pass  # a leftover 1-byte probe key is harmless
-        log.warning("%s ignores If-None-Match (overwrote a key); put_if_absent uses HEAD+PUT", self)
-        return False
-
     def get(self, key: str) -> bytes:
         buf = self.get_buffer(key)
         return bytes(buf)
@@ -381,24 +269,33 @@ class S3Store:
         Objects larger than ``multipart_chunksize`` are fetched as parallel ranged GETs, each
         pinned to the ETag of the first response so an overwrite in between cannot mix
         versions. ``size`` (expected bytes, e.g. from a manifest) lets a small object be
-        fetched with a plain GET. A body stream that breaks mid-read is retried (bounded,
-        with backoff).
+        fetched with a plain GET, and a different real size raises IntegrityError from the
+        response headers, before the body is read.
+
+        Retries happen here only: a read that fails transiently (connection or read timeout,
+        5xx, throttling, a body that breaks) is started over, ``max_attempts`` reads in all,
+        with backoff; each presigned GET is sent once. Without the fast path, botocore retries
+        ``get_object`` itself and only a broken body is retried here. The error names how many
+        reads were made and how long they took.
         """
-        for attempt in range(self.max_attempts):
+        started = time.monotonic()
+        for attempt in range(1, self.max_attempts + 1):
             try:
                 return self._reader.read(self._full(key), size, f"object {key!r} in {self.uri}")
-            except STREAM_ERRORS as exc:
-                if attempt + 1 >= self.max_attempts:
-                    self._raise(exc, "get", key)
-                backoff(attempt)
-            except bce.ClientError as exc:
-                if code(exc) == "PreconditionFailed" and attempt + 1 < self.max_attempts:
-                    continue  # overwritten between ranges: start over on the new version
-                if code(exc) in NOT_FOUND_CODES:
-                    raise ObjectNotFound(f"object {key!r} not found in store {self.uri}") from None
-                self._raise(exc, "get", key)
-            except bce.BotoCoreError as exc:
-                self._raise(exc, "get", key)
+            except RetriedRequest as wrapped:  # botocore retried it already: do not send it again
+                exc, again, by = wrapped.error, False, ", the last retried by botocore"
+            except (bce.BotoCoreError, bce.ClientError) as error:
+                exc, again, by = error, is_transient(error), ""
+            error_code = code(exc) if isinstance(exc, bce.ClientError) else ""
+            if error_code in NOT_FOUND_CODES:
+                raise ObjectNotFound(f"object {key!r} not found in store {self.uri}") from None
+            if (again or error_code == "PreconditionFailed") and attempt < self.max_attempts:
+                if error_code != "PreconditionFailed":  # overwritten between ranges: start over at once
+                    backoff(attempt - 1)
+                continue
+            gave_up = again or by or attempt > 1
+            reads = f"{attempt} read{'s' if attempt > 1 else ''} in {time.monotonic() - started:.1f} s{by}"
+            self._raise(exc, "get", key, reads if gave_up else "")
         raise AssertionError("unreachable")
 
     def exists(self, key: str) -> bool:
@@ -439,7 +336,13 @@ class S3Store:
         """Key -> (``LastModified`` in epoch seconds, size in bytes) for the keys under
         ``prefix``, from the same listing as :meth:`list`. The time is the server's (for a
         multipart object it may be the start of the upload), and a conditional PUT answered 412
-        leaves it as it was."""
+        leaves it as it was.
+
+        Bucket keys that are not valid store keys are left out: "folder markers" (empty
+        objects ending in ``/`` that consoles, rclone and s3fs create) and names with empty,
+        ``.`` or ``..`` components. No store call could read or delete them (``check_key``
+        refuses them), so listing them would only make garbage collection fail on them; they
+        are not ours and stay where they are."""
         base = self._base()
         if prefix:
             if prefix.startswith("/") or ".." in prefix.split("/"):
@@ -451,7 +354,7 @@ class S3Store:
             )
             for page in pages:
                 stats.update((obj["Key"][len(base) :], (obj["LastModified"].timestamp(), int(obj["Size"])))
-                             for obj in page.get("Contents", []))
+                             for obj in page.get("Contents", []) if name_problem(obj["Key"][len(base) :]) is None)
         except (bce.BotoCoreError, bce.ClientError) as exc:
             self._raise(exc, "list", prefix or None)
         return stats

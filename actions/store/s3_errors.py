@@ -53,6 +53,25 @@ def is_precondition_failed(exc: bce.ClientError) -> bool:
     return code(exc) == "PreconditionFailed" or status(exc) == 412
 
 
+def retried(exc: bce.ClientError) -> bool:
+    """Whether botocore sent the request more than once before this answer (its
+    ``RetryAttempts``): an earlier attempt may have been carried out with its reply lost."""
+    return bool(exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0))
+
+
+#: Error codes of a request the server refused for now (throttling, a timeout of its own).
+TRANSIENT_CODES = {"SlowDown", "RequestTimeout", "Throttling", "ThrottlingException", "RequestThrottled",
+                   "ServiceUnavailable", "InternalError"}
+
+
+def is_transient(exc: Exception) -> bool:
+    """Whether a failed request may succeed when sent again: a connection or read failure, a
+    broken or short body, a 5xx or throttling answer (botocore's "standard" retry rules)."""
+    if isinstance(exc, bce.ClientError):
+        return status(exc) >= 500 or status(exc) == 429 or code(exc) in TRANSIENT_CODES
+    return isinstance(exc, (bce.ConnectionError, bce.HTTPClientError, bce.IncompleteReadError))
+
+
 def is_not_implemented(exc: bce.ClientError) -> bool:
     """The server does not implement a conditional header."""
     return code(exc) in ("NotImplemented", "InvalidArgument") or status(exc) == 501
@@ -98,10 +117,12 @@ def _connection_reason(exc: Exception, ctx: ErrorContext) -> str:
     return "connection failed"
 
 
-def translate(exc: Exception, op: str, ctx: ErrorContext, target: str) -> StoreError:
+def translate(exc: Exception, op: str, ctx: ErrorContext, target: str, tries: str = "") -> StoreError:
     """A one-line StoreError for a botocore failure of ``op`` on ``target`` (an ``s3://``
-    bucket key, or the store URI); never carries a secret."""
+    bucket key, or the store URI); never carries a secret. ``tries`` (e.g. ``"5 attempts in
+    12.3 s"``) says how long the caller kept trying; it is shown in parentheses after the reason."""
     where = ctx.where
+    note = f" ({tries})" if tries else ""
     if isinstance(exc, bce.NoCredentialsError):
         err: StoreError = StoreCredentialsError(
             f"no S3 credentials found for bucket {ctx.bucket!r}; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
@@ -110,16 +131,16 @@ def translate(exc: Exception, op: str, ctx: ErrorContext, target: str) -> StoreE
         exc, bce.ResponseStreamingError
     ):
         err = StoreUnreachable(
-            f"cannot reach S3 endpoint {where} : {_connection_reason(exc, ctx)}; check AWS_ENDPOINT_URL"
+            f"cannot reach S3 endpoint {where} : {_connection_reason(exc, ctx)}{note}; check AWS_ENDPOINT_URL"
         )
     elif isinstance(exc, bce.ClientError):
-        err = _client_error(exc, op, ctx, target)
+        err = _client_error(exc, op, ctx, target, note)
     else:  # the exception text may carry a (presigned) URL: name the type only
-        err = StoreError(f"S3 {op} on {target} failed at {where}: {type(exc).__name__}")
+        err = StoreError(f"S3 {op} on {target} failed at {where}: {type(exc).__name__}{note}")
     return type(err)(redact(str(err)))
 
 
-def _client_error(exc: bce.ClientError, op: str, ctx: ErrorContext, target: str) -> StoreError:
+def _client_error(exc: bce.ClientError, op: str, ctx: ErrorContext, target: str, note: str) -> StoreError:
     where, key_id = ctx.where, ctx.key_id
     error_code, http_status = code(exc), status(exc)
     message = exc.response.get("Error", {}).get("Message", "")
@@ -146,4 +167,4 @@ def _client_error(exc: bce.ClientError, op: str, ctx: ErrorContext, target: str)
             f"S3 denied {op} on {target} for key {key_id}; the bucket policy must allow it "
             f"(see infra/minio/policy-actions.json){hint}"
         )
-    return StoreError(f"S3 {op} on {target} failed at {where}: {error_code or http_status} {message}".rstrip())
+    return StoreError(f"S3 {op} on {target} failed at {where}: {error_code or http_status} {message}".rstrip() + note)

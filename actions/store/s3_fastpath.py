@@ -59,8 +59,6 @@ from botocore import exceptions as bce
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 
-from actions.store.s3_errors import backoff, code
-
 log = logging.getLogger(__name__)
 
 PRESIGN_TTL_S = 900
@@ -256,13 +254,14 @@ class RangeResponse:
 
 
 def open_range_presigned(client: Any, http: Any, bucket: str, full: str, start: int | None, end: int | None,
-                         if_match: str | None, *, max_attempts: int, where: str) -> RangeResponse:
+                         if_match: str | None, *, where: str) -> RangeResponse:
     """GET bytes [start, end) of bucket key ``full`` (all of it if start is None) through a
     presigned URL on ``http`` (the client's session, :func:`http_session`).
 
-    Retries connection errors, 5xx and SlowDown/RequestTimeout up to ``max_attempts`` in all.
-    Raises the ClientError botocore would (from the S3 error document), or a connection error
-    naming ``where`` (the endpoint) instead of the URL, which carries a signature.
+    Sends the request once: the caller (``S3Store.get_buffer``) retries whole reads, so a hung
+    server costs ``max_attempts`` requests, not that many squared. Raises the ClientError
+    botocore would (from the S3 error document), or a connection error naming ``where`` (the
+    endpoint) instead of the URL, which carries a signature.
     """
     url = client.generate_presigned_url(
         "get_object", Params={"Bucket": bucket, "Key": full}, ExpiresIn=PRESIGN_TTL_S
@@ -272,26 +271,15 @@ def open_range_presigned(client: Any, http: Any, bucket: str, full: str, start: 
         headers["If-Match"] = if_match
     request = AWSRequest(method="GET", url=url, headers=headers)
     request.stream_output = True  # else the session reads the whole body into .content
-    prepared = request.prepare()
-    for attempt in range(max_attempts):
-        last = attempt + 1 >= max_attempts
-        try:
-            resp = http.send(prepared)
-        except (bce.ConnectionError, bce.HTTPClientError) as exc:
-            if last:
-                raise _without_url(exc, where) from None
-            backoff(attempt)
-            continue
-        if resp.status_code in (200, 206):
-            h = resp.headers
-            return RangeResponse(int(h["Content-Length"]), h.get("Content-Range"), h.get("ETag", ""),
-                                 lambda view: fill_from_raw(resp.raw, view), resp.raw.close)  # fmt: skip
-        error = client_error(resp.status_code, resp.content, "GetObject")
-        if not last and (resp.status_code >= 500 or code(error) in ("SlowDown", "RequestTimeout")):
-            backoff(attempt)
-            continue
-        raise error
-    raise AssertionError("unreachable")
+    try:
+        resp = http.send(request.prepare())
+    except (bce.ConnectionError, bce.HTTPClientError) as exc:
+        raise _without_url(exc, where) from None
+    if resp.status_code in (200, 206):
+        h = resp.headers
+        return RangeResponse(int(h["Content-Length"]), h.get("Content-Range"), h.get("ETag", ""),
+                             lambda view: fill_from_raw(resp.raw, view), resp.raw.close)  # fmt: skip
+    raise client_error(resp.status_code, resp.content, "GetObject")
 
 
 def fill_from_raw(raw: Any, view: memoryview) -> None:

@@ -5,7 +5,9 @@ pinned to the ETag of the first response (``If-Match``) so an overwrite in betwe
 versions; the caller retries the whole read on ``PreconditionFailed``. Each GET goes through
 the fast path's presigned request when the client has one (:mod:`.s3_fastpath`), else through
 ``get_object``. Failures are raised as botocore exceptions; the backend (:mod:`.s3`)
-translates them.
+retries whole reads and translates them. Nothing here retries: a ``get_object`` failure that
+botocore has already retried comes wrapped in :class:`RetriedRequest`, so that it is not sent
+again at a second level.
 """
 
 from __future__ import annotations
@@ -16,9 +18,18 @@ from typing import Any
 
 from botocore import exceptions as bce
 
-from actions.store.protocol import IntegrityError
+from actions.store.protocol import SizeMismatch
 from actions.store.s3_errors import code
 from actions.store.s3_fastpath import FastPath, RangeResponse, open_range_presigned
+
+
+class RetriedRequest(Exception):
+    """A ``get_object`` request that failed after botocore's own retries (``max_attempts``):
+    the read must not be retried again. ``error`` is the botocore exception."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(type(error).__name__)
+        self.error = error
 
 
 class RangedReader:
@@ -30,18 +41,16 @@ class RangedReader:
         bucket: the bucket name.
         chunk_size: bytes per ranged GET (the store's ``multipart_chunksize``).
         max_concurrency: threads for the ranges of one object.
-        max_attempts: attempts per presigned GET (botocore retries ``get_object`` itself).
         where: the endpoint, for connection errors.
     """
 
     def __init__(self, client: Any, fast_path: FastPath, bucket: str, *, chunk_size: int, max_concurrency: int,
-                 max_attempts: int, where: str) -> None:
+                 where: str) -> None:
         self._client = client
         self.http = fast_path.http  # None: GETs go through get_object
         self.bucket = bucket
         self.chunk_size = chunk_size
         self.max_concurrency = max_concurrency
-        self.max_attempts = max_attempts
         self.where = where
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -58,7 +67,7 @@ class RangedReader:
             full: the bucket key.
             size: the expected byte size when known (e.g. from a manifest): an object smaller
                 than a chunk is then fetched with one plain GET, and a different real size
-                raises IntegrityError before anything is allocated or downloaded.
+                raises SizeMismatch before anything is allocated or downloaded.
             name: how error messages name the object (``object 'k' in s3://b/p``).
         """
         chunk = self.chunk_size
@@ -77,7 +86,8 @@ class RangedReader:
             first.close()
             # A blob whose length differs from its manifest's is corrupt: say so before
             # allocating (a hostile store could claim terabytes) or downloading it.
-            raise IntegrityError(f"{name} is {total} bytes where its manifest says {size}; re-publish the artifact")
+            raise SizeMismatch(f"{name} is {total} bytes where its manifest says {size}; re-publish the artifact",
+                               expected=size, found=total)
         buf = bytearray(total)
         view = memoryview(buf)
         first.fill(view[: first.length])
@@ -97,14 +107,20 @@ class RangedReader:
 
     def open_range(self, full: str, start: int | None, end: int | None, if_match: str | None = None) -> RangeResponse:
         """GET bytes [start, end) of a bucket key (all of it if start is None); the body is
-        read by ``.fill(view)``."""
+        read by ``.fill(view)``. A presigned GET is sent once; ``get_object`` is retried by
+        botocore, and a failure after that is raised as :class:`RetriedRequest`."""
         if self.http is not None:
             return open_range_presigned(self._client, self.http, self.bucket, full, start, end, if_match,
-                                        max_attempts=self.max_attempts, where=self.where)
+                                        where=self.where)
         extra: dict[str, str] = {"IfMatch": if_match} if if_match else {}
         if start is not None:
             extra["Range"] = f"bytes={start}-{end - 1}"  # type: ignore[operator]
-        resp = self._client.get_object(Bucket=self.bucket, Key=full, **extra)
+        try:
+            resp = self._client.get_object(Bucket=self.bucket, Key=full, **extra)
+        except (bce.BotoCoreError, bce.ClientError) as exc:
+            if isinstance(exc, bce.ClientError) and code(exc) == "InvalidRange":
+                raise  # an empty object: read() handles it
+            raise RetriedRequest(exc) from None
         body = resp["Body"]
         return RangeResponse(resp["ContentLength"], resp.get("ContentRange"), resp.get("ETag", ""),
                              lambda view: _read_exactly(body, view), body.close)  # fmt: skip

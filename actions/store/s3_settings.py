@@ -21,14 +21,24 @@ BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 BUCKET_FIX = "use 3-63 lowercase letters, digits, '.', '-'"
 
 
+_CREDENTIALS_IN_URI = ("store.uri carries credentials (key:secret@ before the bucket); use s3://bucket[/prefix] "
+                       "and put the keys in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+
+
 def split_uri(uri: str) -> tuple[str, str]:
-    """(bucket, prefix) of ``s3://bucket[/prefix]``; ValueError naming the URI otherwise."""
+    """(bucket, prefix) of ``s3://bucket[/prefix]``; ValueError naming the URI otherwise.
+
+    A URI with an ``@`` whose part before the first ``/`` is not a bucket name is taken to
+    carry credentials (``s3://key:secret@bucket``, the secret possibly holding ``/``) and
+    refused without being quoted. An ``@`` in the prefix of a valid bucket is a key character.
+    """
     if not uri.startswith("s3://"):
+        if has_userinfo(uri):
+            raise ValueError(_CREDENTIALS_IN_URI)
         raise ValueError(f"store.uri {uri!r} is not an s3:// URI")
-    if has_userinfo(uri):
-        raise ValueError("store.uri carries credentials (key:secret@ before the bucket); use s3://bucket[/prefix] "
-                         "and put the keys in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
     bucket, _, prefix = uri[len("s3://") :].partition("/")
+    if "@" in uri and not BUCKET_RE.match(bucket):
+        raise ValueError(_CREDENTIALS_IN_URI)
     if not BUCKET_RE.match(bucket):
         raise ValueError(f"store.uri {uri!r}: bucket name {bucket!r} is invalid; {BUCKET_FIX}")
     return bucket, prefix
@@ -73,6 +83,7 @@ def make_client(endpoint_url: str | None, region: str, credentials: S3Credential
 
     Args:
         credentials: static credentials; None uses boto3's default chain.
+        max_attempts: requests per call in all, the first included.
         connect_timeout, read_timeout: seconds.
     """
     config = Config(
@@ -80,7 +91,8 @@ def make_client(endpoint_url: str | None, region: str, credentials: S3Credential
         s3={"addressing_style": "path" if endpoint_url else "auto"},
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
-        retries={"max_attempts": max_attempts, "mode": "standard"},
+        # botocore's "max_attempts" counts retries (one more request in all); ours counts requests
+        retries={"total_max_attempts": max_attempts, "mode": "standard"},
         connect_timeout=connect_timeout,
         read_timeout=read_timeout,
         max_pool_connections=max(10, 2 * max_concurrency + 2),

@@ -6,6 +6,7 @@ local default costs no boto3 import.
 
 from __future__ import annotations
 
+from actions.store.endpoints import has_userinfo
 from actions.store.local import LocalStore
 from actions.store.protocol import ObjectStore
 
@@ -29,6 +30,9 @@ def open_store(uri: str) -> ObjectStore:
     if uri.startswith("file://"):
         uri = uri[len("file://") :]
     if "://" in uri:
+        if has_userinfo(uri):  # not quoted: the part before '@' may be a password
+            raise ValueError("store.uri carries a user name or password (user:password@) and has an unsupported "
+                             "scheme: use a directory path or s3://bucket/prefix, with the keys in AWS_* variables")
         raise ValueError(
             f"store.uri {uri!r} has an unsupported scheme: use a directory path or s3://bucket/prefix"
         )

@@ -233,7 +233,9 @@ class RunLease:
 
     def check(self) -> None:
         """Raise :class:`LeaseLost` unless this process still holds the lease: not marked
-        lost, not past its expiry, and the stored lease still carries this token (one GET)."""
+        lost, not past its expiry, and the stored lease still carries this token (one GET). A
+        stored record with this token that differs from the last one recorded is a renewal of
+        this holder whose call failed after the write; it is adopted."""
         with self._lock:
             if self._lost is None:
                 now = self._clock()
@@ -244,8 +246,12 @@ class RunLease:
                         raw = self.store.get(self.key)
                     except ObjectNotFound:
                         raw = b""
-                    if raw != self._raw:
-                        other = _decode_or_none(raw, self.key)
+                    other = _decode_or_none(raw, self.key) if raw != self._raw else None
+                    if other is not None and other.token == self.record.token:
+                        # A renewal of ours that was written but raised (its reply lost after the
+                        # store's retries): no other process knows the token, so the lease is ours.
+                        self.record, self._raw = other, raw
+                    elif raw != self._raw:
                         self._lose(f"it is now held by {other.describe(now)}" if other else "it was deleted")
         if self._lost is not None:
             raise LeaseLost(f"run {self.record.run_id!r} stopped: this process lost its lease ({self._lost}); "

@@ -296,10 +296,10 @@ def _open_run(args: argparse.Namespace, command: str) -> tuple[Any, Any, Any]:
     from actions.store import open_store
     from actions.store.safe_paths import check_run_id
     from flows.campaign.state import load_state
-    from flows.config import load_config
+    from flows.config import check_store_uri, load_config
 
     cfg = load_config(args.config, [])
-    uri = args.store or cfg.store.uri
+    uri = check_store_uri(args.store) if args.store else cfg.store.uri
     store = open_store(uri)
     run = args.run or _only_run(store, uri, command)
     state = load_state(store, check_run_id(run))

@@ -53,9 +53,9 @@ def _state(args: argparse.Namespace) -> tuple[Any, Any]:
     from actions.store import open_store
     from actions.store.safe_paths import check_run_id
     from flows.campaign.state import load_state, load_state_at
-    from flows.config import load_config
+    from flows.config import check_store_uri, load_config
 
-    uri = args.store or load_config(args.config, []).store.uri
+    uri = check_store_uri(args.store) if args.store else load_config(args.config, []).store.uri
     store = open_store(uri)
     run = check_run_id(args.run)
     latest = load_state(store, run)
