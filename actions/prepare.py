@@ -14,6 +14,7 @@ at the CLI, before anything is written.
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from collections.abc import Callable
@@ -38,8 +39,9 @@ from actions.tasks.rewards.model_files import check_classifier, check_tokenizer,
 
 
 def _tokenizer_source(cfg: WorkloadConfig) -> Callable[[], Any]:
-    """The tokenizer the actions will use, loaded on demand: from ``model.path`` (checked
-    first), or the tiny model's character tokenizer."""
+    """The tokenizer the actions will use, loaded on demand (once): from ``model.path``
+    (checked first), or the tiny model's character tokenizer."""
+    @functools.cache
     def load() -> Any:
         if cfg.model.path:
             validate_model_dir(cfg.model.path)
@@ -51,20 +53,22 @@ def _tokenizer_source(cfg: WorkloadConfig) -> Callable[[], Any]:
     return load
 
 
-def _datasets(cfg: WorkloadConfig) -> Datasets:
-    return build_datasets(cfg, _tokenizer_source(cfg), model_name=f"model.path {cfg.model.path!r}" if cfg.model.path
-                          else "the tiny default model")
+def _datasets(cfg: WorkloadConfig, tokenizer: Callable[[], Any] | None = None) -> Datasets:
+    return build_datasets(cfg, tokenizer or _tokenizer_source(cfg),
+                          model_name=f"model.path {cfg.model.path!r}" if cfg.model.path else "the tiny default model")
 
 
 def validate_inputs(cfg: WorkloadConfig) -> None:
-    """Check the datasets, the reward functions, the model directory and the reward models
-    without writing anything (fails fast at the CLI). Hub ids are fetched into the local hub
-    cache where downloads are allowed, and refused in one line where they are not
-    (``actions/models/hub.py``)."""
+    """Check the datasets, the reward functions, the model directory (its files and its EOS
+    token) and the reward models without writing anything (fails fast at the CLI). Hub ids are
+    fetched into the local hub cache where downloads are allowed, and refused in one line where
+    they are not (``actions/models/hub.py``)."""
     cfg, _ = resolve_hub_ids(cfg)
-    data = _datasets(cfg)
+    tokenizer = _tokenizer_source(cfg)
+    data = _datasets(cfg, tokenizer)
     if cfg.model.path:
         validate_model_dir(cfg.model.path)
+        check_eos(cfg.model.path, tokenizer())
     check_targets(cfg)
     _validate_reward_models(cfg, data)
 
@@ -75,6 +79,23 @@ def _validate_reward_models(cfg: WorkloadConfig, data: Datasets) -> None:
         validate_model_dir(m.path, field=f"reward.models[{i}].path")
         check_classifier(m.path, f"reward.models[{i}]", m.label)
         check_tokenizer(m.path, f"reward.models[{i}]", m, chat)
+
+
+def check_eos(path: str, tokenizer: Any) -> None:
+    """Refuse a model folder that names no EOS token, found as the generate action finds it
+    (``special_tokens_of_dir``: tokenizer, config.json, generation_config.json). Checked here,
+    before the run is written: the actions read the stored copy, so a run prepared from such a
+    folder would fail at every generate, even resumed after the folder is fixed.
+
+    Raises:
+        ValueError: one line naming ``model.path``, what was looked at and the fix.
+    """
+    from actions.models.special_tokens import special_tokens_of_dir
+
+    try:
+        special_tokens_of_dir(path, tokenizer)
+    except ValueError as exc:
+        raise ValueError(f"model.path {path!r}: {exc}") from None
 
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -147,6 +168,7 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str) -> Prepare
     """Validate inputs, then write them. Raises ValueError before writing anything."""
     from actions.models.loading import encode
     from actions.models.modeling import base_files, build_tiny_model, instantiate, model_summary, read_model_dir
+    from actions.models.special_tokens import special_tokens
     from actions.rl.head import check_head
     from actions.store.weights import publish_tensors
 
@@ -169,6 +191,10 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str) -> Prepare
         files, tensors = base_files(model, tokenizer), model.state_dict()
     built, tokenizer = instantiate(files, tensors)  # the tokenizer exactly as actions will load it
     check_head(built.config)  # a logit scale the learner cannot reproduce is refused before any write
+    try:  # as the generate action will ask, before any write
+        special_tokens(built, tokenizer)
+    except ValueError as exc:
+        raise ValueError(f"model.path {source!r}: {exc}") from None
     tokens = token_table(train, lambda text: encode(tokenizer, text), cfg.generation.max_new_tokens)
     base_key = f"{run_prefix}/base/manifest.json"
     put_artifact(store, base_key, files, {"summary": model_summary(files)})

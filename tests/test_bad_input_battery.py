@@ -85,6 +85,13 @@ def text(prompts, completions, **kw):
 
 def boom(prompts, completions, answer, **kw):
     return [{}["missing"] for _ in completions]
+
+def tenmax(prompts, completions, **kw):
+    return [0.0 for _ in completions]
+tenmax.max_reward = "ten"
+
+def huge(prompts, completions, **kw):
+    return [1e308 for _ in completions]
 """
 # {tmp} is filled in per case; no bytecode, so the plug-in's folder is not changed by the import.
 PLUGIN_ENV = {"PYTHONPATH": os.pathsep.join(["{tmp}/plugins", *filter(None, [os.environ.get("PYTHONPATH")])]),
@@ -140,6 +147,30 @@ ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefg", "bcdefgh")) + "algorithm: {lr: *h}\n"
 BIG_PROMPT = 10 * 2**20
 """A 10 MiB prompt: refused from the row's size, before it is parsed or tokenised."""
+
+
+def _empty_parquet(tmp: Path) -> None:
+    """A valid Parquet file of no rows, as an empty shard of a split is written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([], schema=pa.schema([("prompt", pa.string()), ("answer", pa.string())])),
+                   tmp / "d.parquet")
+
+
+def _model_without_eos(tmp: Path) -> None:
+    """A loadable model folder whose tokenizer, config.json and generation_config.json name no EOS token."""
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from actions.models.modeling import build_char_tokenizer
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=build_char_tokenizer().backend_tokenizer, pad_token="<pad>",
+                                  unk_token="<unk>")
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+                         bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    LlamaForCausalLM(config).save_pretrained(tmp / "model")
+    tok.save_pretrained(tmp / "model")
 
 
 def _train_split_only(tmp: Path) -> None:
@@ -301,6 +332,16 @@ CASES: dict[str, Case] = {
     "dataset parquet not parquet": Case(
         _train("--set", "data.train_path={tmp}/d.parquet"), ("d.parquet", "not a readable Parquet", "write it again"),
         setup=_write("d.parquet", "not parquet at all")),
+    "dataset parquet of no rows": Case(
+        _train("--set", "data.train_path={tmp}/d.parquet"), ("data.train_path", "d.parquet", "no rows",
+                                                              "add at least one row"), setup=_empty_parquet),
+    "dataset NaN reference answer": Case(
+        _train("--set", "data.train_path={tmp}/d.jsonl"),
+        ("d.jsonl:2", "key 'answer' is nan", "a string or a finite number", "fix the row"),
+        setup=_write("d.jsonl", _rows(ROW, {**ROW, "prompt_id": 2, "answer": float("nan")}))),
+    "dataset max_prompt_tokens beyond the context": Case(
+        _train("--set", "data.max_prompt_tokens=250"),
+        ("data.max_prompt_tokens=250", "generation.max_new_tokens=24", "context of 256", "at most 232")),
     "dataset folder without data": Case(
         _train("--set", "data.train_path={tmp}/ds"), ("data.train_path", "without state.json", "save_to_disk"),
         setup=_write("ds/readme.txt", "x")),
@@ -369,6 +410,21 @@ CASES: dict[str, Case] = {
         _train("--set", "reward.functions=[{{name: 'plug:boom'}}]"),
         ("'plug:boom' raised KeyError", "prompt_id 0", "fix the function"), env=PLUGIN_ENV,
         setup=_write("plugins/plug.py", PLUGIN)),
+    "reward max_reward not a number": Case(
+        _train("--set", "reward.functions=[{{name: 'plug:tenmax'}}]"),
+        ("'plug:tenmax' has max_reward = 'ten'", "set it to one"), env=PLUGIN_ENV,
+        setup=_write("plugins/plug.py", PLUGIN)),
+    "reward weighted sum overflows": Case(
+        _train("--set", "reward.functions=[{{name: 'plug:huge', weight: 2}}]"),
+        ("'plug:huge' 1e+308 x weight 2", "is inf", "lower their weights"), env=PLUGIN_ENV,
+        setup=_write("plugins/plug.py", PLUGIN)),
+    "reward module raises at import": Case(
+        _train("--set", "reward.functions=[{{name: 'keyed:score'}}]"),
+        ("importing module 'keyed' raised RuntimeError: needs API_KEY", "fix the module"), env=PLUGIN_ENV,
+        setup=_write("plugins/keyed.py", "raise RuntimeError('needs API_KEY')\n")),
+    "reward named by its file": Case(
+        _train("--set", "reward.functions=[{{name: 'plugins/plug.py:short'}}]"),
+        ("'plugins/plug.py:short'", "put its folder (plugins) on PYTHONPATH and use 'plug:short'")),
     "reward bad format pattern": Case(
         _train("--set", "reward.functions=[{{name: format, pattern: '(unclosed'}}]"), ("'(unclosed'", "not a regular expression")),
     "reward pattern on another reward": Case(
@@ -390,6 +446,9 @@ CASES: dict[str, Case] = {
     "model weights garbage": Case(
         _train("--set", "model.path={tmp}/model"), ("model.safetensors", "not safetensors", "save the model again"),
         setup=_model_dir(b"this is not a tensor file")),
+    "model without an EOS token": Case(
+        _train("--set", "model.path={tmp}/model"), ("model.path", "names no EOS token", "set eos_token_id"),
+        setup=_model_without_eos),
     "model weights truncated": Case(
         _train("--set", "model.path={tmp}/model"), ("model.safetensors", "truncated", "save the model again"),
         setup=_model_dir(_safetensors(4))),

@@ -70,3 +70,27 @@ def test_a_config_train_checked_is_not_checked_again_by_the_flow_it_starts(tiny_
         run.rlhf_campaign(config=cfg.model_dump(mode="json"))
     assert calls == ["once", "other", "once"] and not preflight._CHECKED
 
+
+
+def test_a_model_that_names_no_eos_token_is_refused_before_anything_is_written(tmp_path):
+    """Generation could never stop. The actions read the stored copy of the model folder, so
+    a run prepared from it would fail at its first generate and again after the folder is
+    fixed: ``validate_inputs`` (the CLI and the flow) and ``prepare`` itself refuse it first."""
+    import json
+
+    from actions.prepare import validate_inputs
+    from flows.commands.tiny_model_dir import write_tiny_model_dir
+    from tests.conftest import prepare_tiny
+
+    info = write_tiny_model_dir(tmp_path / "m", "llama", hidden_size=32, num_heads=2, num_kv_heads=1)
+    for name, key in (("config.json", "eos_token_id"), ("generation_config.json", "eos_token_id"),
+                      ("tokenizer_config.json", "eos_token")):
+        path = info.path / name
+        path.write_text(json.dumps({**json.loads(path.read_text()), key: None}))
+    named = rf"model.path '{info.path}': the model names no EOS token .*; set eos_token_id in config.json"
+    cfg, _, _ = prepare_tiny(tmp_path / "ok", "runs/ok")  # the tiny default model names one
+    with pytest.raises(ValueError, match=named):
+        validate_inputs(cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(info.path)})}))
+    with pytest.raises(ValueError, match=named):
+        prepare_tiny(tmp_path / "store", "runs/x", f"model.path={info.path}")
+    assert _files(tmp_path / "store") == []

@@ -331,3 +331,64 @@ def test_an_automatic_prompt_id_column_says_how_to_choose_another():
     # The id column reaches the reward functions like any other column.
     mapped, _ = to_rows([(1, {"prompt_id": 7, "prompt": "p", "answer": "a"})], FieldMap(), source="f")
     assert mapped[0].columns == {"prompt_id": 7}
+
+
+def test_parquet_files_of_no_rows_are_skipped_and_a_damaged_shard_is_named(tmp_path, capfd):
+    """An empty Parquet file is valid (an empty shard of a split): skipped, and a dataset of
+    nothing else has no rows, as an empty JSON Lines file. A shard damaged past its footer is
+    named, with no log line of ``datasets`` before the error."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([("prompt", pa.string()), ("answer", pa.string())])
+    pq.write_table(pa.Table.from_pylist([], schema=schema), tmp_path / "empty.parquet")
+    fields = FieldMap()
+    with pytest.raises(ValueError, match=r"^data.train_path e: no rows; add at least one row with 'prompt'"):
+        to_rows(read_records(str(tmp_path / "empty.parquet"), field="data.train_path"), fields,
+                source="data.train_path e")
+    (tmp_path / "shards").mkdir()
+    rows = [{"prompt": f"question {i} " + "x" * 40, "answer": str(i)} for i in range(20)]
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp_path / "shards" / "part-0.parquet")
+    pq.write_table(pa.Table.from_pylist([], schema=schema), tmp_path / "shards" / "part-1.parquet")
+    assert [r for _, r in read_records(str(tmp_path / "shards"), field="data.train_path")] == rows
+    good = (tmp_path / "shards" / "part-0.parquet").read_bytes()
+    (tmp_path / "shards" / "part-2.parquet").write_bytes(good[:10] + b"\xaa" * 190 + good[200:])  # pages, not footer
+    with pytest.raises(ValueError, match=r"data.train_path '.*shards': part-2.parquet is not a readable Parquet file "
+                                         r"\(OSError: .*\); write it again"):
+        read_records(str(tmp_path / "shards"), field="data.train_path")
+    assert "Failed to read file" not in "".join(capfd.readouterr())
+
+
+def test_a_reference_answer_that_is_nan_or_infinite_is_refused_naming_the_row():
+    need = ("reward.functions gsm8k compares with a reference answer", "or use rewards that need none")
+    for value in (float("nan"), float("inf")):
+        records = [(1, {"prompt": "p", "answer": 1.5}), (2, {"prompt": "q", "answer": value})]
+        for fields, fix in ((FieldMap(answer_need=need), "or use rewards that need none"),
+                            (FieldMap(), "or set data.answer_key: null")):
+            with pytest.raises(ValueError, match=rf"^f:2: key 'answer' is {value!r}; a reference answer is a string or "
+                                                 rf"a finite number: fix the row \(a missing answer is null\), {fix}"):
+                to_rows(records, fields, source="f")
+
+
+def test_a_jsonl_file_with_a_byte_order_mark_is_read(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b"".join(json.dumps(r).encode() + b"\r\n" for r in GSM8K_ROWS))
+    assert [r for _, r in read_records(str(path), field="data.train_path")] == GSM8K_ROWS
+    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(GSM8K_ROWS).encode())
+    assert [r for _, r in read_records(str(tmp_path / "bom.json"), field="data.train_path")] == GSM8K_ROWS
+
+
+def test_an_explicit_max_prompt_tokens_must_leave_room_for_the_response_in_the_context():
+    """The default limit is the context less ``generation.max_new_tokens``; a value set above
+    it would let a sample run past the position embeddings, and is refused naming both."""
+    from actions.tasks.input_limits import prompt_token_limit
+
+    def limit(*overrides: str) -> int | None:
+        return prompt_token_limit(load_config(None, ["model.max_positions=128", "generation.max_new_tokens=24",
+                                                     *overrides]).workload())
+
+    assert limit("data.max_prompt_tokens=104") == 104 and limit() is None  # a generated task: no default limit
+    with pytest.raises(ValueError, match=r"data.max_prompt_tokens=105 plus generation.max_new_tokens=24 is 129 tokens, "
+                                         r"above the model's context of 128 \(model.max_positions\); lower "
+                                         r"data.max_prompt_tokens to at most 104, or lower generation.max_new_tokens"):
+        limit("data.max_prompt_tokens=105")

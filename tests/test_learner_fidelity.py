@@ -376,3 +376,89 @@ def test_the_first_critic_is_policy_v0_in_its_stored_dtype(tmp_path, dtype):
     assert [k for k, v in policy.items() if not torch.equal(critic[k], v)] == []
     head = {k: v for k, v in critic.items() if k not in policy}
     assert head and all(not v.any() for v in head.values())
+
+
+def _state(module: torch.nn.Module, opt: TrainOptimizer) -> dict[str, torch.Tensor]:
+    return {**{f"w.{k}": v.detach().clone() for k, v in module.state_dict().items()},
+            **{f"o.{k}": v.clone() for k, v in opt.state_tensors().items()}}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_nonfinite_gradient_skips_the_optimizer_step_and_a_finite_one_steps_as_adamw(dtype):
+    """As torch.amp's GradScaler: a NaN or inf gradient norm leaves the weights, the fp32 masters
+    and AdamW's moments and step count as they were, and the next finite step is the step that
+    would have come without it. A finite step is plain AdamW after clipping, bit for bit."""
+    def stepped(nan_between: bool) -> tuple[torch.nn.Module, TrainOptimizer]:
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(4, 4).to(dtype)
+        opt = TrainOptimizer(layer, lr=1e-2)
+        for i, scale in enumerate([1.0, float("nan"), float("inf"), 2.0] if nan_between else [1.0, 2.0]):
+            opt.zero_grad()
+            (layer(torch.ones(1, 4, dtype=dtype)).sum() * scale).backward()
+            before = _state(layer, opt)
+            norm = opt.step(max_grad_norm=1.0)
+            if scale in (1.0, 2.0):
+                assert norm > 0
+            else:
+                assert norm != norm or norm == float("inf")
+                after = _state(layer, opt)
+                assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+                assert all(p.grad is None for p in [*opt.params, *opt.master])
+        return layer, opt
+
+    plain, plain_opt = stepped(False)
+    skipped, skipped_opt = stepped(True)
+    a, b = _state(plain, plain_opt), _state(skipped, skipped_opt)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    if dtype == torch.float32:  # the finite path is torch's AdamW, unchanged
+        torch.manual_seed(0)
+        ref = torch.nn.Linear(4, 4)
+        adamw = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.0, foreach=False)
+        for scale in (1.0, 2.0):
+            adamw.zero_grad()
+            (ref(torch.ones(1, 4)).sum() * scale).backward()
+            torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+            adamw.step()
+        assert all(torch.equal(x, y) for x, y in zip(ref.state_dict().values(), plain.state_dict().values()))
+
+
+@pytest.mark.parametrize("name", ["grpo", "ppo"])
+def test_an_infinite_reward_skips_the_mini_batches_it_reaches_and_warns(name):
+    """An infinite reward (which the reward checks refuse; this is the learner's own guard)
+    makes its group's advantages NaN: the mini-batch holding it makes no step and is counted,
+    the other mini-batch trains, no weight turns NaN, and ``nonfinite_update`` fires. PPO
+    whitens the advantages over the batch, so every policy step is skipped; the critic's
+    returns are infinite in one mini-batch only."""
+    import copy
+
+    from actions.rl.critic import build_critic
+    from actions.rl.update import CRITIC_SKIPPED, SKIPPED
+    from flows.campaign.learning_warnings import find_warnings
+
+    algo = AlgorithmConfig(name=name, batch_size=8, group_size=2, num_minibatches=2, lr=1e-3, kl_coef=0.0)
+    model = _gpt2()
+    batch = _scored_batch(model, algo, temperature=1.0)
+    batch.rewards[0] = float("inf")
+    critic = critic_opt = None
+    if name == "ppo":
+        batch.values = torch.zeros_like(batch.old_logp)
+        critic = build_critic(copy.deepcopy(model), None)
+        critic_opt = TrainOptimizer(critic, algo.critic_lr)
+    model.train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    metrics = run_updates(model, TrainOptimizer(model, algo.lr), batch, algo, critic, critic_opt, seed=0, step=0)
+    after = model.state_dict()
+    assert all(torch.isfinite(v).all() for v in after.values())
+    if name == "grpo":
+        assert metrics[SKIPPED] == 1.0 and CRITIC_SKIPPED not in metrics
+        assert any(not torch.equal(before[k], after[k]) for k in before)  # the other mini-batch trained
+    else:
+        assert metrics[SKIPPED] == 2.0 and metrics[CRITIC_SKIPPED] == 1.0  # only one mini-batch's returns are inf
+        assert all(torch.equal(before[k], after[k]) for k in before)
+        assert all(torch.isfinite(p).all() for p in critic.parameters())
+    assert metrics["grad_norm"] != metrics["grad_norm"]  # NaN: the average over mini-batches keeps it
+    assert [w.kind for w in find_warnings([metrics], total=1)] == ["nonfinite_update"]
+    if name == "grpo":  # a finite batch skips nothing
+        finite = _scored_batch(model, algo, 1.0)
+        metrics = run_updates(model, TrainOptimizer(model, algo.lr), finite, algo, None, None, seed=0, step=0)
+        assert metrics[SKIPPED] == 0

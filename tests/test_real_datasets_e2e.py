@@ -139,6 +139,9 @@ def test_gsm8k_walkthrough_config_validates_against_a_qwen2_folder(tmp_path, qwe
     datasets.Dataset.from_list(big).to_parquet(str(train))
     datasets.Dataset.from_list(_gsm8k_rows(8, seed=8)).to_parquet(str(test))
     raw["model"]["path"], raw["data"]["train_path"], raw["data"]["eval_path"] = str(qwen2), str(train), str(test)
+    # the stand-in states the context of the model the block names: its prompt and response limits fit that
+    model_config = json.loads((qwen2 / "config.json").read_text())
+    (qwen2 / "config.json").write_text(json.dumps({**model_config, "max_position_embeddings": 32768}))
     raw["store"]["uri"] = str(tmp_path / "store")
     path = tmp_path / "gsm8k.yaml"
     path.write_text(yaml.safe_dump(raw))

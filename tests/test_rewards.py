@@ -3,6 +3,7 @@ weighted sum, "not applicable", and failures that name the function and the row.
 
 from __future__ import annotations
 
+import re
 import sys
 import types
 
@@ -264,3 +265,108 @@ def test_a_column_named_like_a_reward_keyword_is_refused_at_start_up(monkeypatch
                                                   r"'completions', a keyword .* rename the column"):
         check_reward_functions([Fn(name="my_ok:ok")], rows)
     check_reward_functions([Fn(name="exact_match")], rows)  # the built-ins take no columns
+
+
+def test_numpy_and_torch_rewards_are_taken_as_trl_takes_them(monkeypatch):
+    """A 1-D array or tensor, NumPy scalars and 0-d tensors are numbers to TRL
+    (``torch.tensor(result)``); bools, NaN, inf and other shapes are still refused."""
+    import numpy as np
+    import torch
+
+    results = {
+        "array": lambda n: np.array([0.5, 1.0][:n], dtype=np.float32),
+        "tensor": lambda n: torch.tensor([0.5, 1.0][:n], requires_grad=True),
+        "scalars": lambda n: [np.float32(0.5), np.int64(1)][:n],
+        "zero_d": lambda n: [torch.tensor(0.5), np.array(1.0)][:n],
+        "with_none": lambda n: [np.float64(0.5), None][:n],
+        "bools": lambda n: np.array([True, False][:n]),
+        "nan": lambda n: np.array([0.5, np.nan][:n]),
+        "inf": lambda n: [torch.tensor(0.5), torch.tensor(float("inf"))][:n],
+        "two_d": lambda n: np.ones((n, 1)),
+    }
+    module = types.ModuleType("my_arrays")
+    for name, make in results.items():
+        setattr(module, name, lambda completions, make=make, **kw: make(len(completions)))
+    monkeypatch.setitem(sys.modules, "my_arrays", module)
+    rows = _rows(["a", "b"])
+    for name in ("array", "tensor", "scalars", "zero_d"):
+        r = compute_rewards([Fn(name=f"my_arrays:{name}")], rows, ["x", "y"])
+        assert r.total == [0.5, 1.0] and all(type(v) is float for v in r.per_function[f"my_arrays:{name}"]), name
+    assert compute_rewards([Fn(name="my_arrays:with_none")], rows, ["x", "y"]).per_function == {
+        "my_arrays:with_none": [0.5, None]}
+    for name, shown in (("bools", "True"), ("nan", "nan"), ("inf", r"tensor\(inf\)")):
+        with pytest.raises(RewardFunctionError, match=rf"'my_arrays:{name}' returned {shown} for prompt_id \d; "
+                                                      "return a finite float or None"):
+            compute_rewards([Fn(name=f"my_arrays:{name}")], rows, ["x", "y"])
+    with pytest.raises(RewardFunctionError, match="'my_arrays:two_d' returned ndarray values for 2 completions"):
+        compute_rewards([Fn(name="my_arrays:two_d")], rows, ["x", "y"])
+
+
+def test_finite_rewards_whose_weighted_sum_overflows_are_refused(monkeypatch):
+    """Each of 1e308 and 1e308 is finite, their sum is not: an infinite reward would turn the
+    update's gradients to NaN, so the step fails naming the functions and their values."""
+    from actions.tasks.rewards import check_reward_functions
+
+    big = types.SimpleNamespace(g=lambda completions, **kw: [1e308] * len(completions),
+                                h=lambda completions, **kw: [1e308] * len(completions))
+    monkeypatch.setitem(sys.modules, "my_big", big)
+    rows = _rows(["a", "b"])
+    specs = [Fn(name="my_big:g"), Fn(name="my_big:h")]
+    message = (r"reward.functions: the weighted sum of the rewards for prompt_id 0 is inf \('my_big:g' 1e\+308 x "
+               r"weight 1, 'my_big:h' 1e\+308 x weight 1\); each is finite but their sum overflows")
+    with pytest.raises(RewardFunctionError, match=message):
+        compute_rewards(specs, rows, ["x", "y"])
+    with pytest.raises(RewardFunctionError, match=message):  # at start-up, on the sample rows
+        check_reward_functions(specs, rows)
+    with pytest.raises(RewardFunctionError, match=r"is inf \('my_big:g' 1e\+308 x weight 2\)"):
+        compute_rewards([Fn(name="my_big:g", weight=2.0)], rows, ["x", "y"])
+    assert compute_rewards([Fn(name="my_big:g")], rows, ["x", "y"]).total == [1e308, 1e308]
+
+
+def test_max_and_min_reward_attributes_must_be_finite_numbers_at_start_up(monkeypatch):
+    from actions.tasks.rewards import check_reward_functions
+
+    def scored(completions, **kw):
+        return [1.0] * len(completions)
+
+    module = types.ModuleType("my_bounds")
+    module.f = scored
+    monkeypatch.setitem(sys.modules, "my_bounds", module)
+    rows = _rows(["a", "b"])
+    for attr, value, shown in (("max_reward", "ten", "'ten' (str)"), ("min_reward", float("nan"), "nan (float)"),
+                               ("max_reward", True, "True (bool)")):
+        monkeypatch.setattr(scored, attr, value, raising=False)
+        message = rf"^reward function 'my_bounds:f' has {attr} = {re.escape(shown)}; {attr} is the finite number "
+        with pytest.raises(RewardFunctionError, match=message + rf".* set it to one \(e.g. f.{attr} = "):
+            check_reward_functions([Fn(name="my_bounds:f")], rows)
+        monkeypatch.delattr(scored, attr)
+    scored.max_reward = 10  # an int is a number
+    r = compute_rewards([Fn(name="my_bounds:f")], rows, ["x", "y"])
+    assert r.best == [10.0, 10.0]
+
+
+def test_a_reward_module_that_raises_at_import_is_told_apart_from_one_not_found(tmp_path, monkeypatch):
+    from actions.tasks.rewards import load_reward
+
+    (tmp_path / "needs_key.py").write_text("raise RuntimeError('needs OPENAI_API_KEY')\n")
+    (tmp_path / "needs_dep.py").write_text("import no_such_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(RewardFunctionError, match=r"importing module 'needs_key' raised RuntimeError: needs "
+                                                  r"OPENAI_API_KEY; fix the module"):
+        load_reward("needs_key:f")
+    with pytest.raises(RewardFunctionError, match=r"importing module 'needs_dep' raised ModuleNotFoundError: No module "
+                                                  r"named 'no_such_dependency_xyz'; install what it imports"):
+        load_reward("needs_dep:f")
+    with pytest.raises(RewardFunctionError, match=r"module 'nowhere.rewards' cannot be imported .*on PYTHONPATH"):
+        load_reward("nowhere.rewards:f")
+    (tmp_path / "fine.py").write_text("def f(completions, **kw):\n    return [0.0] * len(completions)\n")
+    with pytest.raises(RewardFunctionError, match=r"put it on PYTHONPATH and name it 'fine:f'"):
+        load_reward("fine.py:f")
+
+
+def test_a_reward_named_by_its_file_path_is_told_to_use_the_module_name():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"a reward is named by its module, not its file: put its folder "
+                                              r"\(plugins\) on PYTHONPATH and use 'myrewards:score'"):
+        Fn(name="plugins/myrewards.py:score")

@@ -30,8 +30,14 @@ class RewardFunctionConfig(_Section):
         if v in BUILTIN_REWARDS or (module and attr.isidentifier()
                                     and all(p.isidentifier() for p in module.split("."))):
             return v
+        hint = "fix the name"
+        if module.endswith(".py") or "/" in module or "\\" in module:  # a file path, not a module name
+            folder, _, stem = module.replace("\\", "/").rpartition("/")
+            stem = stem.removesuffix(".py")
+            hint = (f"a reward is named by its module, not its file: put its folder ({folder or '.'}) on PYTHONPATH "
+                    f"and use '{stem}:{attr}'")
         raise ValueError(f"reward.functions name {quote(v)} is not a built-in ({', '.join(BUILTIN_REWARDS)}) nor "
-                         "package.module:function; fix the name")
+                         f"package.module:function; {hint}")
 
     @model_validator(mode="after")
     def _check_pattern(self) -> RewardFunctionConfig:

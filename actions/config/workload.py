@@ -119,7 +119,8 @@ class DataConfig(_Section):
     """Put first as a system message (or, without a chat template, before the prompt)."""
     max_prompt_tokens: int | None = Field(None, ge=1)
     """Longest prompt in tokens (after formatting); None: for a dataset file, the model's context
-    less ``generation.max_new_tokens`` (``actions/tasks/input_limits.py``); for a generated task, none."""
+    less ``generation.max_new_tokens`` (``actions/tasks/input_limits.py``); for a generated task, none.
+    A value set may not exceed that room either, where the model states its context."""
     long_prompts: Literal["error", "truncate_left", "skip"] = "error"
     """What happens to a prompt above ``max_prompt_tokens``."""
     num_train_prompts: int = Field(512, ge=1)

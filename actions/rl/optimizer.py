@@ -15,6 +15,7 @@ Optimizer state is fp32 in both cases (AdamW's moments follow its parameters' dt
 
 from __future__ import annotations
 
+import math
 import re
 
 import torch
@@ -70,7 +71,13 @@ class TrainOptimizer:
 
     def step(self, max_grad_norm: float) -> float:
         """Clip the accumulated gradients to ``max_grad_norm`` (L2, in fp32 under mixed
-        precision), apply one AdamW step, return the norm before clipping."""
+        precision), apply one AdamW step, return the norm before clipping.
+
+        A norm that is not finite (a NaN or infinite gradient) skips the step, as torch.amp's
+        ``GradScaler`` does: the gradients are dropped and the weights, the master copies and
+        AdamW's moments and step count stay as they were, so a published version never holds
+        NaN weights. The norm is still returned (the caller counts the skip, ``update.py``).
+        Under FSDP2 every rank sees the same whole norm, so all ranks skip together."""
         if self.mixed:
             for m, p in zip(self.master, self.params):
                 m.grad = None if p.grad is None else p.grad.float()
@@ -78,6 +85,10 @@ class TrainOptimizer:
         norm = torch.nn.utils.clip_grad_norm_(self.master or self.params, max_grad_norm)
         if hasattr(norm, "full_tensor"):  # FSDP2's sharded parameters: the norm over every rank
             norm = norm.full_tensor()
+        if not math.isfinite(float(norm)):
+            for t in self.master or self.params:
+                t.grad = None  # clipping scaled them by NaN; AdamW would spread it into every weight
+            return float(norm)
         self.opt.step()
         if self.mixed:
             with torch.no_grad():

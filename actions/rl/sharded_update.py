@@ -29,7 +29,7 @@ from actions.rl.fsdp import all_sum
 from actions.rl.optimizer import TrainOptimizer
 from actions.rl.ppo_loss import value_loss
 from actions.rl.sequences import CUDA_ROW_BLOCK, bucket_widths, per_row_widths, response_logprobs
-from actions.rl.update import micro_batches, policy_loss, run_updates
+from actions.rl.update import CRITIC_SKIPPED, SKIPPED, micro_batches, policy_loss, run_updates
 
 
 class LogprobRoot(torch.nn.Module):
@@ -95,7 +95,8 @@ def _policy_pass(root: LogprobRoot, opt: TrainOptimizer, batch: TrainBatch, adv:
         for k, v in m.items():
             metrics[k] += v * float(share)
     metrics = defaultdict(float, all_sum(dict(metrics), device))
-    metrics["grad_norm"] = opt.step(algo.max_grad_norm)
+    metrics["grad_norm"] = opt.step(algo.max_grad_norm)  # the same whole norm, so the same skip, on every rank
+    metrics[SKIPPED] = float(not math.isfinite(metrics["grad_norm"]))
     return metrics
 
 
@@ -116,7 +117,7 @@ def _critic_pass(critic: Critic, opt: TrainOptimizer, batch: TrainBatch, ret: to
         for k, v in m.items():
             metrics[k] += v * float(share)
     out = all_sum(dict(metrics), device)
-    opt.step(algo.max_grad_norm)
+    out[CRITIC_SKIPPED] = float(not math.isfinite(opt.step(algo.max_grad_norm)))
     return out
 
 

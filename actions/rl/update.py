@@ -18,10 +18,15 @@ the first epoch they equal the scored ``old_logp`` bit for bit. That is what mak
 one-pass shortcut exact (``needs_old_logp``): where the policy has not moved between scoring
 and a mini-batch (one epoch of one mini-batch, GRPO), ``old_logp`` is this pass's own
 log-probs, detached, and the score action does not compute them.
+
+A mini-batch whose gradient norm is not finite (an infinite reward, a NaN loss) makes no
+optimizer step (``TrainOptimizer.step``): the weights and optimizer state stay as they were,
+``grad_norm`` keeps the NaN or inf (so ``nonfinite_update`` warns), and ``SKIPPED`` counts it.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -36,6 +41,14 @@ from actions.rl.masked import masked_mean, masked_whiten
 from actions.rl.optimizer import TrainOptimizer
 from actions.rl.ppo_loss import ppo_policy_loss, value_loss
 from actions.rl.sequences import per_row_widths, response_logprobs
+
+SKIPPED = "train/skipped_nonfinite"
+"""Metric: the policy's optimizer steps of this train step that were skipped because the
+mini-batch's gradient norm was not finite (``TrainOptimizer.step``); a count, not a mean."""
+CRITIC_SKIPPED = "train/critic_skipped_nonfinite"
+"""Metric: the same count for the critic's optimizer steps (PPO)."""
+COUNTS = (SKIPPED, CRITIC_SKIPPED)
+"""Metrics summed over the mini-batches of a step, where the others are averaged."""
 
 
 def needs_old_logp(algo: AlgorithmConfig) -> bool:
@@ -124,6 +137,7 @@ def _policy_pass(policy: torch.nn.Module, opt: TrainOptimizer, batch: TrainBatch
         for k, v in m.items():
             metrics[k] += v * float(share)
     metrics["grad_norm"] = opt.step(algo.max_grad_norm)
+    metrics[SKIPPED] = float(not math.isfinite(metrics["grad_norm"]))
     return metrics
 
 
@@ -156,7 +170,7 @@ def _critic_pass(critic: Critic, opt: TrainOptimizer, batch: TrainBatch, ret: to
         (vloss * share).backward()
         for k, v in m.items():
             metrics[k] += v * float(share)
-    opt.step(algo.max_grad_norm)
+    metrics[CRITIC_SKIPPED] = float(not math.isfinite(opt.step(algo.max_grad_norm)))
     return metrics
 
 
@@ -171,8 +185,9 @@ def run_updates(policy: torch.nn.Module, opt: TrainOptimizer, batch: TrainBatch,
                 critic: Critic | None, critic_opt: TrainOptimizer | None, *, seed: int, step: int,
                 policy_pass: PolicyPass | None = None, critic_pass: CriticPass | None = None) -> dict[str, float]:
     """``algo.epochs`` passes over the seeded mini-batches, one policy (and critic) step each;
-    the metrics averaged over the steps. ``policy_pass``/``critic_pass`` replace the one-rank
-    passes (the sharded learner's, ``sharded_update.py``)."""
+    the metrics averaged over the steps, but the skipped steps' counts (``COUNTS``) summed.
+    ``policy_pass``/``critic_pass`` replace the one-rank passes (the sharded learner's,
+    ``sharded_update.py``)."""
     policy_pass, critic_pass = policy_pass or _policy_pass, critic_pass or _critic_pass
     if batch.old_logp is None and needs_old_logp(algo):
         raise ValueError(f"the scored shards have no old_logp, but algorithm {algo.name} with epochs={algo.epochs}, "
@@ -189,7 +204,7 @@ def run_updates(policy: torch.nn.Module, opt: TrainOptimizer, batch: TrainBatch,
             for k, v in m.items():
                 sums[k] += v
             count += 1
-    out = {k: v / count for k, v in sums.items()}
+    out = {k: v if k in COUNTS else v / count for k, v in sums.items()}
     if algo.name == "ppo" and batch.ref_logp is not None:  # the KL the penalty saw (k1), as GRPO's metric name
         out["kl"] = float(masked_mean(batch.old_logp - batch.ref_logp, batch.packed.response_mask))
     return out

@@ -19,7 +19,7 @@ from actions.tasks import get_task
 from actions.tasks.chat import format_rows, uses_template
 from actions.tasks.dataset import PromptRow
 from actions.tasks.fields import FieldMap, to_rows
-from actions.tasks.input_limits import default_max_prompt_tokens
+from actions.tasks.input_limits import prompt_token_limit
 from actions.tasks.prompt_length import limit_prompt_length
 from actions.tasks.rewards import check_reward_functions
 from actions.tasks.sources import read_records
@@ -70,7 +70,7 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
     stats = {"train": train_stats, "eval": eval_stats}
     # The tiny model's character tokenizer has no chat template: without model.path only the
     # length limit needs it (and the CLI answers a bad chat_template without importing torch).
-    max_tokens = d.max_prompt_tokens or default_max_prompt_tokens(cfg)
+    max_tokens = prompt_token_limit(cfg)
     look = max_tokens or (cfg.model.path and d.chat_template is not False)
     tok = tokenizer() if look else None
     template = uses_template(tok, d.chat_template, model_name)

@@ -4,11 +4,12 @@
 a string ``role`` and a ``content`` that is a string or null (an assistant turn that only calls
 tools), kept as written with every other key (``tool_calls``, ``name``, ...) in
 ``source_prompt``: the chat template and the reward functions get whole messages, as TRL's do.
-``answer_key`` a string or a number (some datasets store final answers as numbers): ``answer``
-is its text, and a number is also kept as it is in ``source_answer`` for the plug-in reward
-functions. A row may have no reference answer (``answer_key`` None, or its column absent, null
-or of another type in the row: ``answer`` "", ``has_answer`` false) unless something reads it
-(``FieldMap.answer_need``); then each such row is an error naming what reads it.
+``answer_key`` a string or a finite number (some datasets store final answers as numbers; a NaN
+or infinite one is an error, whatever reads it): ``answer`` is its text, and a number is also
+kept as it is in ``source_answer`` for the plug-in reward functions. A row may have no
+reference answer (``answer_key`` None, or its column absent, null or of another type in the
+row: ``answer`` "", ``has_answer`` false) unless something reads it (``FieldMap.answer_need``);
+then each such row is an error naming what reads it.
 ``id_key`` (optional) holds an int, or a string that is hashed to one; without it a
 ``prompt_id`` column is used when present, else the id is a hash of the row's prompt and
 answer, so the same row gets the same id in every run.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -151,6 +153,11 @@ def _reference(rec: dict[str, Any], fields: FieldMap, where: str) -> str | int |
     """The row's reference answer; None where it has none, an error when something reads it."""
     key = fields.answer_key
     value = rec.get(key) if key is not None else None
+    if isinstance(value, float) and not math.isfinite(value):  # stored, it would be the text "nan" and bad JSON
+        other = fields.answer_need[1] if fields.answer_need else "or set data.answer_key: null for a dataset " \
+            "without reference answers"
+        raise ValueError(f"{where}: key {key!r} is {value!r}; a reference answer is a string or a finite number: fix "
+                         f"the row (a missing answer is null), {other}")
     if isinstance(value, str) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
         return value
     if fields.answer_need is None:

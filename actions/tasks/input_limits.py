@@ -9,7 +9,8 @@ multi-gigabyte allocation minutes later in an action. Three bounds, cheapest fir
   one prompt's text in any format (its characters, before tokenising);
 * ``data.max_prompt_tokens``, whose default for user data is the model's context minus
   ``generation.max_new_tokens`` (:func:`default_max_prompt_tokens`): a longer prompt leaves no
-  room for its response, whatever ``data.long_prompts`` then does with it.
+  room for its response, whatever ``data.long_prompts`` then does with it. An explicit value
+  may not exceed that room either (:func:`prompt_token_limit`).
 """
 
 from __future__ import annotations
@@ -92,3 +93,26 @@ def default_max_prompt_tokens(cfg: WorkloadConfig) -> int | None:
         raise ValueError(f"generation.max_new_tokens={cfg.generation.max_new_tokens} leaves no room for a prompt in "
                          f"the model's context of {context} tokens; lower generation.max_new_tokens")
     return room
+
+
+def prompt_token_limit(cfg: WorkloadConfig) -> int | None:
+    """The prompt-length limit in tokens: ``data.max_prompt_tokens``, else its default
+    (:func:`default_max_prompt_tokens`); None: no limit.
+
+    Raises:
+        ValueError: an explicit ``data.max_prompt_tokens`` whose prompts, with
+            ``generation.max_new_tokens`` of response, would not fit the model's context (a
+            sample would run past the position embeddings), or the default's error.
+    """
+    limit = cfg.data.max_prompt_tokens
+    if limit is None:
+        return default_max_prompt_tokens(cfg)
+    context = model_context(cfg)
+    new = cfg.generation.max_new_tokens
+    if context is not None and limit + new > context:
+        where = "model.max_positions" if not cfg.model.path else f"config.json of model.path {cfg.model.path!r}"
+        room = f"at most {context - new}" if context > new else "a smaller value"
+        raise ValueError(f"data.max_prompt_tokens={limit} plus generation.max_new_tokens={new} is {limit + new} "
+                         f"tokens, above the model's context of {context} ({where}); lower data.max_prompt_tokens "
+                         f"to {room}, or lower generation.max_new_tokens")
+    return limit

@@ -2,14 +2,15 @@
 
 What is read, by path:
 
-* a ``.jsonl`` / ``.json`` file: JSON Lines, one object per line; a ``.json`` file holding one
-  JSON array of objects (``[{...}, {...}]``, as ``json.dump`` writes a list) is read too, its
-  elements numbered from 1 as rows;
+* a ``.jsonl`` / ``.json`` file (UTF-8, a leading byte-order mark ignored): JSON Lines, one
+  object per line; a ``.json`` file holding one JSON array of objects (``[{...}, {...}]``, as
+  ``json.dump`` writes a list) is read too, its elements numbered from 1 as rows;
 * a ``.parquet`` file, or a folder of ``*.parquet`` files (read in name order), through
   ``datasets.Dataset.from_parquet``. Where the file names declare splits, as a hub snapshot's do
   (``train-00000-of-00001.parquet``, ``test-00000-of-00001.parquet``), ``data.train_path``
   reads the ``train`` files and ``data.eval_path`` the ``test`` (else ``validation``) files:
-  the rule of a hub id (``actions/models/hub.py``), so a local copy reads as the id would;
+  the rule of a hub id (``actions/models/hub.py``), so a local copy reads as the id would.
+  A file of no rows (an empty shard) is skipped; a damaged file is named;
 * a folder written by ``datasets.Dataset.save_to_disk`` (it holds ``state.json``), through
   ``datasets.load_from_disk``; for a ``DatasetDict`` folder (``dataset_dict.json`` and one
   folder per split) the same rule picks the split.
@@ -28,6 +29,7 @@ Rows come back as plain dicts with their 1-based row number; what they must hold
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import tempfile
@@ -139,25 +141,66 @@ def _load_from_disk(path: Path, where: str) -> Iterator[dict[str, Any]]:
 
 
 def _load_parquet(files: list[str], where: str) -> Iterator[dict[str, Any]]:
-    for name in files:  # the Parquet magic at both ends; datasets would log a traceback-like line first
-        with open(name, "rb") as fh:
-            head = fh.read(4)
-            fh.seek(max(0, Path(name).stat().st_size - 4))
-            if head != b"PAR1" or fh.read(4) != b"PAR1":
-                raise ValueError(f"{where}: {Path(name).name} is not a readable Parquet file (no PAR1 magic); "
-                                 "write it again, e.g. with Dataset.to_parquet")
+    """The rows of ``files`` in order. A file of no rows (a valid Parquet file, as an empty
+    shard of a split is) is skipped: ``datasets`` fails on it as if it were damaged. No rows
+    in any file gives no rows, which ``fields.to_rows`` refuses as an empty JSON Lines file."""
+    kept = [name for name in files if _parquet_rows(name, where)]
+    if not kept:
+        return iter([])
     _offline()
     import datasets
 
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
-    with tempfile.TemporaryDirectory(prefix="rlhfless-parquet-") as cache:
+    verbosity = datasets.logging.get_verbosity()
+    # a damaged page is reported below, naming the file; datasets would first log a line of its own
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
+    try:
+        with tempfile.TemporaryDirectory(prefix="rlhfless-parquet-") as cache:
+            try:
+                ds = datasets.Dataset.from_parquet(kept, cache_dir=cache, keep_in_memory=True)
+            except Exception as exc:  # pyarrow raises several unrelated types for a damaged file
+                raise ValueError(_unreadable(kept, where, exc)) from None
+            return iter(list(ds))
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+
+
+def _parquet_rows(name: str, where: str) -> int:
+    """The row count in ``name``'s footer; ValueError naming the file when it has no Parquet
+    magic at both ends or no readable footer (checked here, before ``datasets`` reads it)."""
+    import pyarrow.parquet as pq
+
+    with open(name, "rb") as fh:
+        head = fh.read(4)
+        fh.seek(max(0, Path(name).stat().st_size - 4))
+        if head != b"PAR1" or fh.read(4) != b"PAR1":
+            raise ValueError(f"{where}: {Path(name).name} is not a readable Parquet file (no PAR1 magic); "
+                             "write it again, e.g. with Dataset.to_parquet")
+    try:
+        return pq.ParquetFile(name).metadata.num_rows
+    except Exception as exc:  # a damaged footer: pyarrow raises OSError, ArrowInvalid, ...
+        raise ValueError(f"{where}: {Path(name).name} is not a readable Parquet file ({_first_line(exc)}); "
+                         "write it again, e.g. with Dataset.to_parquet") from None
+
+
+def _unreadable(files: list[str], where: str, exc: Exception) -> str:
+    """The error line for Parquet files that ``datasets`` could not read: naming the first file
+    that pyarrow cannot read alone (a damaged page), else the folder (files that do not agree)."""
+    import pyarrow.parquet as pq
+
+    for name in files:
         try:
-            ds = datasets.Dataset.from_parquet(files, cache_dir=cache, keep_in_memory=True)
-        except Exception as exc:  # pyarrow raises several unrelated types for a damaged file
-            raise ValueError(f"{where} is not a readable Parquet file ({type(exc).__name__}: "
-                             f"{str(exc).splitlines()[0] if str(exc) else ''}); write it again") from None
-        return iter(list(ds))
+            pq.read_table(name)
+        except Exception as own:  # the damaged shard
+            return (f"{where}: {Path(name).name} is not a readable Parquet file ({_first_line(own)}); "
+                    "write it again, e.g. with Dataset.to_parquet")
+    return f"{where} is not a readable Parquet file ({_first_line(exc)}); write it again"
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"
 
 
 def _read_jsonl(path: Path, field: str) -> list[Record]:
@@ -166,6 +209,7 @@ def _read_jsonl(path: Path, field: str) -> list[Record]:
     except OSError as exc:
         raise ValueError(f"{field} {str(path)!r} cannot be read ({exc.strerror}); fix {field}") from None
     where = f"{field} {path}"
+    data = data.removeprefix(codecs.BOM_UTF8)  # as some Windows editors save UTF-8; it is no part of the first row
     if data.lstrip()[:1] == b"[":  # never a JSON Lines row, which is an object
         if path.suffix.lower() != ".json":
             raise ValueError(f"{where} starts with a JSON array, not an object; JSON Lines holds one object per line: "

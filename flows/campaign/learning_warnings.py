@@ -5,9 +5,10 @@ metrics, printed on the progress output as they first hold and listed in ``summa
   GRPO advantage is 0) for ``ZERO_STD_STEPS`` steps in a row, or for every step of a campaign
   shorter than that.
 * ``zero_grad_norm``: a step's gradient norm was 0 (the update changed nothing).
-* ``nonfinite_update``: a step's ``grad_norm`` or a ``loss/*`` was NaN or infinite (the update
-  diverged; on OpenWhisk such values travel as the strings ``"NaN"``/``"Infinity"`` and are
-  read back as floats, ``actions/runtime/server.py: encode_reply``).
+* ``nonfinite_update``: a step's ``grad_norm`` or a ``loss/*`` was NaN or infinite, or it
+  skipped optimizer steps for it (``train/skipped_nonfinite``, ``actions/rl/update.py``): the
+  update diverged (on OpenWhisk such values travel as the strings ``"NaN"``/``"Infinity"`` and
+  are read back as floats, ``actions/runtime/server.py: encode_reply``).
 * ``no_reward``: no reward function or model applied to any completion of a step (every reward
   None, ``frac_reward_none`` = 1.0).
 
@@ -21,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+SKIPPED_STEPS = ("train/skipped_nonfinite", "train/critic_skipped_nonfinite")
+"""The learner's counts of optimizer steps skipped for a non-finite gradient (``actions/rl/update.py``)."""
 ZERO_STD_STEPS = 3
 """Consecutive steps of all-zero reward spread before ``zero_reward_std`` is raised."""
 
@@ -29,8 +32,9 @@ _FIX = {
                        "check the reward functions on real completions, raise algorithm.group_size, "
                        "generation.temperature or generation.max_new_tokens",
     "zero_grad_norm": "the update changed nothing; check the rewards' spread (frac_reward_zero_std) and algorithm.lr",
-    "nonfinite_update": "the update diverged (grad_norm or a loss NaN or infinite) and the policy may be corrupt; "
-                        "lower algorithm.lr or algorithm.max_grad_norm and check the rewards for extreme values",
+    "nonfinite_update": "the update diverged (grad_norm or a loss NaN or infinite); its optimizer steps were skipped "
+                        "(train/skipped_nonfinite), so the policy did not learn from them: lower algorithm.lr or "
+                        "algorithm.max_grad_norm and check the rewards for extreme values",
     "no_reward": "no reward function applied to any completion (each returned None); check that the functions "
                  "read the dataset's columns and the completions' format",
 }
@@ -43,7 +47,7 @@ def _holds(kind: str, steps: Sequence[Mapping[str, Any]], i: int, total: int) ->
         return "grad_norm" in m and m["grad_norm"] == 0.0
     if kind == "nonfinite_update":
         return any(isinstance(v, float) and not math.isfinite(v) for k, v in m.items()
-                   if k == "grad_norm" or k.startswith("loss"))
+                   if k == "grad_norm" or k.startswith("loss")) or any(m.get(k, 0.0) > 0 for k in SKIPPED_STEPS)
     if kind == "no_reward":
         return m.get("frac_reward_none", 0.0) >= 1.0
     window = min(ZERO_STD_STEPS, total)

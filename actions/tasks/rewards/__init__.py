@@ -19,21 +19,25 @@ TRL passes them: a number stays a number, a null is None. ``answer`` is the data
 (``data.answer_key: solution``) gets the reference under ``answer`` as well, and one without any
 reference gets no ``answer`` keyword. The built-ins alone read the reference as text
 (``PromptRow.answer``). ``None`` means "not applicable to this row". An ``async`` function is
-awaited (``calling.py``).
+awaited, and a 1-D NumPy array or torch tensor, or NumPy scalars, are taken as TRL takes them
+(``calling.py``).
 
 A row's reward is the weighted sum over the functions that apply to it (None counts as 0, as
 in TRL's nansum), plus the weighted scores of the reward models (``reward.models``, scored by
 ``model_scoring.py`` and passed in as ``model_scores``). Its best possible reward is the
 functions' sum over each one's maximum (1.0 for the built-ins; a plug-in may set a
-``max_reward`` attribute; a reward model has none), and evaluation counts a completion correct
-when its reward reaches it. A function that raises, or returns a list of
-the wrong length or type, fails the step with :class:`RewardFunctionError` naming the
-function and the row; it is a bug in the function and is never retried.
+``max_reward`` attribute, and a ``min_reward`` one, each a finite number; a reward model has
+none), and evaluation counts a completion correct when its reward reaches it. A function that
+raises, or returns a list of the wrong length or type, or rewards whose weighted sum overflows
+to a non-finite total, fails the step with :class:`RewardFunctionError` naming the function
+and the row; it is a bug in the function and is never retried.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -67,10 +71,19 @@ def load_reward(name: str, pattern: str | None = None) -> Callable[..., list[flo
     module_name, attr = name.split(":", 1)
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # any import-time failure of user code is a configuration error
+    except ModuleNotFoundError as exc:
+        if not (exc.name and (module_name + ".").startswith(exc.name + ".")):  # a module it imports is missing
+            raise RewardFunctionError(f"reward.functions name {name!r}: importing module {module_name!r} raised "
+                                      f"ModuleNotFoundError: {exc}; install what it imports (and in the action "
+                                      "image)") from None
+        hint = f" and name it '{module_name.removesuffix('.py')}:{attr}'" if module_name.endswith(".py") else ""
         raise RewardFunctionError(
             f"reward.functions name {name!r}: module {module_name!r} cannot be imported "
-            f"({type(exc).__name__}: {exc}); put it on PYTHONPATH (and in the action image)") from None
+            f"({type(exc).__name__}: {exc}); put it on PYTHONPATH{hint} (and in the action image)") from None
+    except Exception as exc:  # found, but its own code failed: any import-time failure is a configuration error
+        raise RewardFunctionError(
+            f"reward.functions name {name!r}: importing module {module_name!r} raised {type(exc).__name__}: {exc}; "
+            "fix the module, or what it needs at import (an environment variable, a file)") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise RewardFunctionError(f"reward.functions name {name!r}: {module_name} has no function {attr!r}; "
@@ -162,23 +175,56 @@ def compute_rewards(specs: Sequence[RewardSpec], rows: Sequence[RewardRow], text
     applicable = [False] * len(rows)
     per_function: dict[str, list[float | None]] = {}
     metrics: dict[str, list[float]] = {}
+    weights: dict[str, float] = {}
     for spec in specs:
         fn = load_reward(spec.name, spec.pattern)
         values = _call(spec, fn, rows, kwargs, trainer_state, metrics)
-        per_function[spec.name] = values
-        top = float(getattr(fn, "max_reward", 1.0))
-        low = float(getattr(fn, "min_reward", 0.0))
+        per_function[spec.name], weights[spec.name] = values, spec.weight
+        top, low = reward_bounds(spec.name, fn)
         for i, v in enumerate(values):
             if v is not None:
                 total[i] += spec.weight * v
                 best[i] += max(spec.weight * top, spec.weight * low)
                 applicable[i] = True
     for name, (weight, scores) in (model_scores or {}).items():
-        per_function[name] = list(scores)
+        per_function[name], weights[name] = list(scores), weight
         for i, v in enumerate(scores):
             total[i] += weight * v
             applicable[i] = True
+    _check_totals(total, rows, per_function, weights)
     return Rewards(total=total, best=best, per_function=per_function, applicable=applicable, metrics=metrics)
+
+
+def reward_bounds(name: str, fn: Callable) -> tuple[float, float]:
+    """(``max_reward``, ``min_reward``) of a reward function: its attributes, 1.0 and 0.0 when
+    it sets none. Raises RewardFunctionError for one that is not a finite number, naming the
+    function, the attribute, the value and the fix."""
+    out = []
+    for attr, default in (("max_reward", 1.0), ("min_reward", 0.0)):
+        value = getattr(fn, attr, default)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise RewardFunctionError(
+                f"reward function {name!r} has {attr} = {value!r} ({type(value).__name__}); {attr} is the finite "
+                f"number its rewards reach at {'best' if attr == 'max_reward' else 'worst'}: set it to one (e.g. "
+                f"{name.rpartition(':')[2]}.{attr} = {default}), or remove it for the default {default}")
+        out.append(float(value))
+    return out[0], out[1]
+
+
+def _check_totals(total: Sequence[float], rows: Sequence[RewardRow], per_function: Mapping[str, Sequence[Any]],
+                  weights: Mapping[str, float]) -> None:
+    """Raise RewardFunctionError for the first row whose weighted sum is not finite: each value
+    is finite, but the sum of large ones overflows, and an infinite reward turns the update's
+    gradients to NaN."""
+    for i, t in enumerate(total):
+        if math.isfinite(t):
+            continue
+        terms = ", ".join(f"{n!r} {v[i]!r} x weight {weights[n]:g}" for n, v in per_function.items()
+                          if v[i] is not None)
+        raise RewardFunctionError(
+            f"reward.functions: the weighted sum of the rewards for prompt_id {rows[i].prompt_id} is {t} ({terms}); "
+            "each is finite but their sum overflows: return rewards of a moderate scale (e.g. within +-1e6), or "
+            "lower their weights")
 
 
 def is_best(rewards: Rewards, tolerance: float = 1e-9) -> list[bool]:
@@ -191,20 +237,29 @@ def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow
     """Import every function and call each plug-in once on up to two rows, with the reference
     answers as completions ("" for a row without one; their token ids from ``encode``, when
     given), so a broken plug-in fails at start-up rather than mid-campaign. A dataset column
-    named like a keyword the call fills itself (``calling.RESERVED``) is refused for a plug-in.
+    named like a keyword the call fills itself (``calling.RESERVED``) is refused for a plug-in,
+    and so are ``max_reward``/``min_reward`` attributes that are not finite numbers and sample
+    rewards whose weighted sum is not finite.
 
     Raises:
         RewardFunctionError: naming the function and what is wrong.
     """
     sample = list(rows[:2])
+    per_function: dict[str, list[float | None]] = {}
+    weights: dict[str, float] = {}
+    total = [0.0] * len(sample)
     for spec in specs:
         fn = load_reward(spec.name, spec.pattern)
+        reward_bounds(spec.name, fn)
         if ":" in spec.name:
             _check_column_names(spec.name, rows)
             prompts, completions, columns = reward_inputs(sample, [r.answer for r in sample])
             ids = [list(encode(r.answer)) if encode else [] for r in sample]
             kwargs = {"prompts": prompts, "completions": completions, "completion_ids": ids, **columns}
-            _call(spec, fn, sample, kwargs, make_trainer_state(step=0, epoch=0.0, max_steps=0))
+            values = _call(spec, fn, sample, kwargs, make_trainer_state(step=0, epoch=0.0, max_steps=0))
+            per_function[spec.name], weights[spec.name] = values, spec.weight
+            total = [t + spec.weight * v if v is not None else t for t, v in zip(total, values)]
+    _check_totals(total, sample, per_function, weights)  # the plug-ins' sum: built-ins score at most 1 each
 
 
 def _check_column_names(name: str, rows: Sequence[RewardRow]) -> None:

@@ -66,7 +66,9 @@ def _invoke(fn: Callable, kwargs: dict[str, Any], trainer_state: Any,
 
 def call_reward(name: str, fn: Callable, rows: Sequence[Any], kwargs: dict[str, list], trainer_state: Any,
                 metrics: dict[str, list[float]] | None = None) -> list[float | None]:
-    """``fn``'s reward per row: one float or None each.
+    """``fn``'s reward per row: one float or None each. ``fn`` may return a list or tuple, or a
+    1-D NumPy array or torch tensor; each value a real number (NumPy scalars and 0-d arrays or
+    tensors included, bools not) or None.
 
     Args:
         kwargs: ``prompts``, ``completions``, ``completion_ids`` and the columns, one list entry per row.
@@ -84,20 +86,43 @@ def call_reward(name: str, fn: Callable, rows: Sequence[Any], kwargs: dict[str, 
         raise RewardFunctionError(f"reward function {name!r} raised {type(exc).__name__}: {exc} "
                                   f"on prompt_id {_failing_row(fn, rows, kwargs, trainer_state)}; "
                                   "fix the function (a reward error fails the step and is not retried)") from None
-    if not isinstance(values, (list, tuple)) or len(values) != len(rows):
-        got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
+    listed = _as_list(values)
+    if listed is None or len(listed) != len(rows):
+        got = len(listed) if listed is not None else type(values).__name__
         raise RewardFunctionError(f"reward function {name!r} returned {got} values for {len(rows)} completions; "
                                   "return one float (or None) per completion")
     out: list[float | None] = []
-    for row, v in zip(rows, values):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+    for row, v in zip(rows, listed):
+        number = None if v is None else _number(v)
+        if v is not None and number is None:
             raise RewardFunctionError(f"reward function {name!r} returned {v!r} for prompt_id {row.prompt_id}; "
                                       "return a finite float or None per completion")
-        out.append(None if v is None else float(v))
+        out.append(number)
     for metric, value in _checked_metrics(name, logged):
         if metrics is not None:
             metrics.setdefault(metric, []).append(value)
     return out
+
+
+def _as_list(values: Any) -> list | None:
+    """A reward function's result as a list: a list or tuple, or a 1-D NumPy array or torch
+    tensor (TRL takes those too, ``torch.tensor(result)``); None for anything else."""
+    if isinstance(values, (list, tuple)):
+        return list(values)
+    if getattr(values, "ndim", None) == 1 and callable(getattr(values, "tolist", None)):
+        return values.tolist()
+    return None
+
+
+def _number(v: Any) -> float | None:
+    """``v`` as a finite float: a real number (NumPy's scalars are registered as ``numbers.Real``)
+    or a 0-d array or tensor holding one. None for a bool, a non-finite value or anything else."""
+    if getattr(v, "ndim", None) == 0 and callable(getattr(v, "item", None)):
+        v = v.item()
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        return None
+    v = float(v)
+    return v if math.isfinite(v) else None
 
 
 def _checked_metrics(name: str, logged: Sequence[tuple[Any, Any]]) -> list[tuple[str, float]]:
