@@ -109,7 +109,7 @@ def test_campaign_scored_by_reward_model_and_trl_function(tmp_path, reward_model
     cfg = {"model": {"path": str(policy)},
            "data": {"train_path": str(tmp_path / "train.jsonl"), "eval_path": str(tmp_path / "eval.jsonl")},
            "reward": {"functions": [{"name": "trl_style_rewards:even_token_reward"}],
-                      "models": [{"path": str(reward_model), "weight": 0.5, "batch_size": 4, "max_length": 64}]},
+                      "models": [{"path": str(reward_model), "weight": 0.5, "batch_size": 4}]},
            "algorithm": {"batch_size": 16, "group_size": 4, "num_minibatches": 1},
            "generation": {"max_new_tokens": 12}, "store": {"uri": str(tmp_path / "store")},
            "invoker": {"kind": "inprocess"}, "steps": 2, "eval_every": 0}
@@ -285,5 +285,10 @@ def test_a_reward_model_without_a_chat_template_or_with_too_long_inputs_is_refus
     with pytest.raises(ValueError, match=r"max_length null \(no limit\) is more than the 64 tokens"):
         check_tokenizer(folder, field, RewardModelConfig(path=folder, max_length=None, chat_template=False), False)
     check_tokenizer(folder, field, RewardModelConfig(path=folder, max_length=64, chat_template=False), False)
+    # The default, also after the JSON round trip into the prepare action, which keeps no "set" marks.
+    default = RewardModelConfig(path=folder, chat_template=False)
+    for settings in (default, RewardModelConfig.model_validate(json.loads(default.model_dump_json()))):
+        check_tokenizer(folder, field, settings, False)
     tok = AutoTokenizer.from_pretrained(folder)
     assert input_limit(1024, tok) == 64 and input_limit(None, tok) == 64 and input_limit(32, tok) == 32
+    assert input_limit("auto", tok) == 64 and input_limit("auto", None) == 1024

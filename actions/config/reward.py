@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -14,6 +14,9 @@ BUILTIN_REWARDS = ("repeat", "gsm8k", "math", "exact_match", "format")
 """The built-in reward functions' names (``actions/tasks/rewards`` implements each)."""
 REFERENCE_REWARDS = ("repeat", "gsm8k", "math", "exact_match")
 """The built-ins that compare a completion with the row's reference answer (``data.answer_key``)."""
+
+DEFAULT_MAX_LENGTH = 1024
+"""A reward model's input limit in tokens under ``max_length: auto`` (its own limit, if lower)."""
 
 
 class RewardFunctionConfig(_Section):
@@ -66,10 +69,12 @@ class RewardModelConfig(_Section):
     weight: float = 1.0
     batch_size: int = Field(16, gt=0)
     """(prompt, completion) pairs per forward."""
-    max_length: int | None = Field(1024, gt=0)
-    """Longest input in tokens; a longer one keeps its first ``max_length`` tokens. None: no
-    limit. Never more than the tokenizer's ``model_max_length`` (512 for BERT and RoBERTa): an
-    explicit value above it is refused, the default is lowered to it."""
+    max_length: Literal["auto"] | Annotated[int, Field(gt=0)] | None = "auto"
+    """Longest input in tokens; a longer one keeps its first ``max_length`` tokens. ``auto``:
+    ``DEFAULT_MAX_LENGTH`` (1024) lowered to the tokenizer's ``model_max_length`` (512 for BERT
+    and RoBERTa). None: no limit. A number (or None) beyond what the tokenizer says the model
+    takes is refused. A value of its own, not "the default": it means the same after the
+    config crossed into an action as JSON (which does not keep which fields were set)."""
     chat_template: Literal["auto"] | bool = "auto"
     """``auto``: chat prompts go through the reward tokenizer's chat template with the completion
     as the assistant's turn, string prompts are joined to the completion (TRL's rule); ``true``:

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from actions.config.reward import DEFAULT_MAX_LENGTH
+
 _FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
           "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model",
           # the vocabularies of BERT/RoBERTa-style (WordPiece), DeBERTa-v3, XLM-R and T5/ALBERT tokenizers
@@ -79,9 +81,12 @@ def folder_files(path: str, weights: bool = True) -> dict[str, bytes]:
     return {n: (root / n).read_bytes() for n in sorted(names)}
 
 
-def input_limit(max_length: int | None, tokenizer: Any) -> int | None:
-    """The most tokens a reward model reads: ``max_length``, and never more than the tokenizer
-    says the model takes (``model_max_length``, where it knows one: 512 for BERT and RoBERTa)."""
+def input_limit(max_length: int | str | None, tokenizer: Any) -> int | None:
+    """The most tokens a reward model reads: ``max_length`` (``auto``: ``DEFAULT_MAX_LENGTH``),
+    and never more than the tokenizer says the model takes (``model_max_length``, where it
+    knows one: 512 for BERT and RoBERTa)."""
+    if max_length == "auto":
+        max_length = DEFAULT_MAX_LENGTH
     known = getattr(tokenizer, "model_max_length", None)
     limits = [n for n in (max_length, known) if n is not None and n < UNSET_MAX_LENGTH]
     return int(min(limits)) if limits else None
@@ -132,9 +137,9 @@ def check_tokenizer(path: str, field: str, settings: Any, chat_prompts: bool) ->
                          f"{field}.chat_template: false to score prompt and completion as plain text, or add a "
                          "template to its tokenizer_config.json")
     known = getattr(folder, "model_max_length", None)
-    if "max_length" in settings.model_fields_set and known is not None and known < UNSET_MAX_LENGTH:
+    if settings.max_length != "auto" and known is not None and known < UNSET_MAX_LENGTH:
         value = settings.max_length
         if value is None or value > known:
             raise ValueError(f"{field}.max_length {'null (no limit)' if value is None else value} is more than the "
                              f"{int(known)} tokens the model in {path!r} takes; set it to {int(known)} or less, or "
-                             f"leave it unset")
+                             f"to auto (the default: {DEFAULT_MAX_LENGTH} or the model's limit, if lower)")
