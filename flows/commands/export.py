@@ -39,6 +39,10 @@ def _check_args(args: argparse.Namespace) -> Path:
         raise ValueError(f"export --out {str(out)!r} is a file; pass a new or empty folder")
     if out.is_dir() and any(out.iterdir()):
         raise ValueError(f"export --out {str(out)!r} is not empty; pass a new or empty folder")
+    blocked = next((p for p in out.absolute().parents if p.exists() and not p.is_dir()), None)
+    if blocked is not None:  # else a bare "[Errno 17] File exists" after the weights were read
+        raise ValueError(f"export --out {str(out)!r} is inside {str(blocked)!r}, which is a file, not a folder; "
+                         "pass a folder path whose parents are folders")
     if args.step is not None and args.step < 0:
         raise ValueError(f"export --step {args.step}: steps count from 0 (the initial policy); pass 0 or more")
     if args.push_to_hub is not None and os.environ.get("HF_HUB_OFFLINE", "0").strip().lower() in _TRUE:
