@@ -291,3 +291,40 @@ def test_a_symlink_out_is_refused_before_any_work(tmp_path, run_store, capsys):
     err = capsys.readouterr().err
     assert "--out" in err and "symbolic link" in err and "not a link" in err and "Errno" not in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"] and not any((tmp_path / "real").iterdir())
+
+
+def test_a_bf16_lora_version_exports_in_bf16_as_it_was_trained(tmp_path, lora_store):
+    """A LoRA run trained in bfloat16 over a backbone stored as read (fp32: no warm-up): the
+    export is bfloat16, backbone and adapter alike, and gives the logits of the version as the
+    actions load it (the backbone cast to the training dtype, loading.py) bit for bit."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from actions.models.loading import load_model
+    from actions.store.weights import load_tensors, publish_tensors
+    from flows.campaign.state import commit_state, load_state
+
+    import shutil
+
+    shared, keys = lora_store
+    store_root = shutil.copytree(shared, tmp_path / "store")  # the module's run stays as the other tests see it
+    store = LocalStore(store_root)
+    adapter = {k: v.to(torch.bfloat16) for k, v in load_tensors(store, keys["ref"].policy_key)[0].items()}
+    v2 = publish_tensors(store, "runs/lx/steps/000001/train/policy/manifest.json", adapter)
+    state = load_state(store, "lx")
+    commit_state(store, state.model_copy(update={"step": 2, "policy_key": v2.manifest_key, "policy_version": 2,
+                                                 "weights_sha256": v2.weights_sha256}))
+    ref = keys["ref"].model_copy(update={"store_uri": str(store_root), "policy_key": v2.manifest_key,
+                                         "policy_version": 2, "dtype": "bfloat16", "weights_sha256": v2.weights_sha256})
+    ids = torch.tensor([[5, 9, 14, 3, 22, 7]])
+    with torch.no_grad():
+        want = load_model(ref, fresh=True)[0](ids).logits
+
+    assert main(["export", "lx", "--store", str(store_root), "--out", str(tmp_path / "bf16")]) == 0
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16", dtype=torch.bfloat16)
+    assert {p.dtype for p in base.parameters()} == {torch.bfloat16}
+    # PEFT's default upcasts a bf16 adapter to fp32 (autocast_adapter_dtype); the run computed it in bf16
+    peft_model = PeftModel.from_pretrained(base, tmp_path / "bf16" / "adapter", autocast_adapter_dtype=False).eval()
+    with torch.no_grad():
+        assert torch.equal(peft_model(ids).logits, want)

@@ -4,7 +4,7 @@ In the store a version is a base artifact (config, tokenizer, generation setting
 content-addressed blob per tensor (``weights.py``). Export joins them again: the base's
 tokenizer files verbatim (so the chat template and special tokens are exactly the run's),
 then ``save_pretrained`` of the model built from the version's tensors, in the dtype they
-were published in (config.json, safetensors shards with an index above ``max_shard_size``,
+were published in (a LoRA version: its adapter's, which the backbone was trained in) (config.json, safetensors shards with an index above ``max_shard_size``,
 generation_config.json, whose EOS ids are every token the run's generation stopped at).
 
 Adapters (``model.lora`` runs, :class:`LoraVersion`): the folder holds the backbone as the
@@ -71,6 +71,9 @@ def _model(store: ObjectStore, base: Any, policy_key: str, weights_sha256: str |
     adapter = None  # version 0 is the backbone with the adapter's seeded (zero-update) start
     if policy_key != lora.backbone_key:
         adapter, _ = load_tensors(store, policy_key, expected_sha256=weights_sha256)
+        # The adapter is published in the training dtype, and the learner ran the backbone in it
+        # too (loading.py casts it): a backbone stored as read (fp32, no warm-up) is cast to match.
+        dtype = _stored_dtype(adapter)
     if merge_lora:
         merged = merge_adapter(attach_adapter(build_model(base, backbone, dtype=dtype), lora.config, adapter))
         return merged, None, dtype
