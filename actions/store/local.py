@@ -152,7 +152,11 @@ class LocalStore:
                 os.link(tmp, last, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
                 return True
             except FileExistsError:
-                if stat.S_ISDIR(os.stat(last, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                try:
+                    mode = os.stat(last, dir_fd=dir_fd, follow_symlinks=False).st_mode
+                except FileNotFoundError:  # deleted since (a lease taken over): it existed, so not created
+                    return False
+                if stat.S_ISDIR(mode):
                     raise IsADirectoryError(errno.EISDIR, "a directory of other keys", key) from None
                 return False
 
