@@ -297,14 +297,14 @@ def test_a_bf16_lora_version_exports_in_bf16_as_it_was_trained(tmp_path, lora_st
     """A LoRA run trained in bfloat16 over a backbone stored as read (fp32: no warm-up): the
     export is bfloat16, backbone and adapter alike, and gives the logits of the version as the
     actions load it (the backbone cast to the training dtype, loading.py) bit for bit."""
+    import shutil
+
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     from actions.models.loading import load_model
     from actions.store.weights import load_tensors, publish_tensors
     from flows.campaign.state import commit_state, load_state
-
-    import shutil
 
     shared, keys = lora_store
     store_root = shutil.copytree(shared, tmp_path / "store")  # the module's run stays as the other tests see it
@@ -328,3 +328,37 @@ def test_a_bf16_lora_version_exports_in_bf16_as_it_was_trained(tmp_path, lora_st
     peft_model = PeftModel.from_pretrained(base, tmp_path / "bf16" / "adapter", autocast_adapter_dtype=False).eval()
     with torch.no_grad():
         assert torch.equal(peft_model(ids).logits, want)
+
+
+def test_a_pushed_lora_export_names_the_hub_repo_as_the_adapters_base(tmp_path, lora_store, monkeypatch):
+    """--push-to-hub uploads the folder in one commit, its adapter_config.json naming the repo
+    (whose root holds the backbone) rather than this machine's folder, which stays as written.
+    The hub cannot be reached from the tests: HfApi is replaced by a recorder of its calls."""
+    import huggingface_hub
+
+    from flows.commands.export import push
+
+    store, _ = lora_store
+    assert main(["export", "lx", "--store", str(store), "--out", str(tmp_path / "ex")]) == 0
+    calls = []
+
+    class Recorder:
+        def create_repo(self, repo, exist_ok=False):
+            calls.append(("create_repo", repo, exist_ok))
+
+        def create_commit(self, repo, operations, commit_message):
+            calls.append(("create_commit", repo, {op.path_in_repo: op.path_or_fileobj for op in operations}))
+            return "https://hub.example/me/model/commit/1"
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Recorder)
+    assert push(tmp_path / "ex", "me/model", "lx step 1") == "https://hub.example/me/model/commit/1"
+    assert calls[0] == ("create_repo", "me/model", True)
+    uploaded = calls[1][2]
+    local = {p.relative_to(tmp_path / "ex").as_posix() for p in (tmp_path / "ex").rglob("*") if p.is_file()}
+    assert set(uploaded) == local and "adapter/adapter_config.json" in local
+    config = json.loads(uploaded["adapter/adapter_config.json"])
+    assert config["base_model_name_or_path"] == "me/model"
+    on_disk = json.loads((tmp_path / "ex" / "adapter" / "adapter_config.json").read_text())
+    assert on_disk["base_model_name_or_path"] == str((tmp_path / "ex").resolve())
+    assert {k: v for k, v in config.items() if k != "base_model_name_or_path"} == \
+        {k: v for k, v in on_disk.items() if k != "base_model_name_or_path"}

@@ -4,8 +4,9 @@ In the store a version is a base artifact (config, tokenizer, generation setting
 content-addressed blob per tensor (``weights.py``). Export joins them again: the base's
 tokenizer files verbatim (so the chat template and special tokens are exactly the run's),
 then ``save_pretrained`` of the model built from the version's tensors, in the dtype they
-were published in (a LoRA version: its adapter's, which the backbone was trained in) (config.json, safetensors shards with an index above ``max_shard_size``,
-generation_config.json, whose EOS ids are every token the run's generation stopped at).
+were published in (a LoRA version: its adapter's, which the backbone was trained in):
+config.json, safetensors shards with an index above ``max_shard_size``, and
+generation_config.json, whose EOS ids are every token the run's generation stopped at.
 
 Adapters (``model.lora`` runs, :class:`LoraVersion`): the folder holds the backbone as the
 model and the version's adapter in PEFT's format under ``adapter/`` (``PeftModel.from_pretrained

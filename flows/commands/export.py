@@ -98,12 +98,30 @@ def run(args: argparse.Namespace) -> int:
     report = describe(folder, run_id=state.run_id, step=state.step, policy_version=state.policy_version,
                       weights_sha256=state.weights_sha256)
     if args.push_to_hub:
-        from huggingface_hub import HfApi
-
-        api = HfApi()
-        api.create_repo(args.push_to_hub, exist_ok=True)
-        commit = api.upload_folder(repo_id=args.push_to_hub, folder_path=folder.path,
-                                   commit_message=f"{state.run_id} step {state.step} (policy v{state.policy_version})")
-        report["pushed"] = str(getattr(commit, "commit_url", commit))
+        report["pushed"] = push(Path(folder.path), args.push_to_hub,
+                                f"{state.run_id} step {state.step} (policy v{state.policy_version})")
     print(json.dumps(report, sort_keys=True))
     return 0
+
+
+def push(folder: Path, repo: str, message: str) -> str:
+    """Upload the exported ``folder`` to the hub repo ``repo`` in one commit; returns its URL.
+
+    A LoRA export's ``adapter/adapter_config.json`` names its base by the local folder it was
+    written to; the uploaded copy names ``repo`` instead, whose root holds that backbone, so
+    ``AutoPeftModelForCausalLM.from_pretrained(repo, subfolder="adapter")`` finds it on any
+    machine. The local folder is left as written."""
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    ops = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder).as_posix()
+        content: Any = path
+        if rel == "adapter/adapter_config.json":
+            content = json.dumps({**json.loads(path.read_text()), "base_model_name_or_path": repo},
+                                 indent=2, sort_keys=True).encode()
+        ops.append(CommitOperationAdd(path_in_repo=rel, path_or_fileobj=content))
+    api = HfApi()
+    api.create_repo(repo, exist_ok=True)
+    commit = api.create_commit(repo, ops, commit_message=message)
+    return str(getattr(commit, "commit_url", commit))
