@@ -226,6 +226,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (both systems)")
     parser.add_argument("--stop-rate", type=float, default=0.01,
                         help="with --model-config: mean chance per token of the stop token")
+    parser.add_argument("--json", default=None, help="also append every JSON line printed to this file")
     args = parser.parse_args()
     size = SIZES[args.size]
     work = Path(tempfile.mkdtemp(prefix="bench-vs-trl-"))
@@ -247,10 +248,20 @@ def main() -> None:
                "completions_ratio": t / o, "rlhfless_overhead_s": ours["overhead_s"],
                "rlhfless_first_step_s": ours["first_step_s"], "trl_first_step_s": theirs["first_step_s"]}
         rows.append(row)
-        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
-    print(json.dumps({"size": args.size, "prompts_x_samples_x_tokens": size, "device": args.device,
-                      "model": args.model_config or "tiny qwen2 folder",
-                      "median_completions_ratio": statistics.median(r["completions_ratio"] for r in rows)}))
+        emit({"bench": "vs_trl_pair", **{k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}},
+             args.json)
+    emit({"bench": "vs_trl", "size": args.size, "prompts_x_samples_x_tokens": size, "device": args.device,
+          "model": args.model_config or "tiny qwen2 folder",
+          "median_completions_ratio": statistics.median(r["completions_ratio"] for r in rows)}, args.json)
+
+
+def emit(record: dict, path: str | None) -> None:
+    """Print ``record`` as one JSON line, and append it to ``path`` where given."""
+    line = json.dumps(record)
+    print(line, flush=True)
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
 
 
 if __name__ == "__main__":
