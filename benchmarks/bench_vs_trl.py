@@ -35,6 +35,7 @@ model). ``--size gpu`` is 64 prompts x 8 samples, up to 256 new tokens:
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -151,9 +152,13 @@ def run_rlhfless(work: Path, model: Path, data: Path, size: tuple[int, int, int]
     env = _child_env(RLHFLESS_DEVICE=device)
     t0 = time.time()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    marks = [time.time() - t0 for line in proc.stdout if "] step " in line]  # type: ignore[union-attr]
+    marks, tail = [], collections.deque(maxlen=40)  # the output's end: the run's own error, where it fails
+    for line in proc.stdout:  # type: ignore[union-attr]
+        tail.append(line)
+        if "] step " in line:
+            marks.append(time.time() - t0)
     if proc.wait() != 0:
-        raise RuntimeError(f"rlhfless run failed; see {out}")
+        raise RuntimeError(f"rlhfless run failed; the end of its output:\n{''.join(tail)}")
     summary = json.loads((out / "summary.json").read_text())
     gaps = [b - a for a, b in zip(marks, marks[1:])][:-1]  # the last step also evaluates
     lengths = [s["response_length/mean"] for s in summary["steps"]][1:-1]
