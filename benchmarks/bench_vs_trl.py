@@ -136,6 +136,17 @@ def _child_env(**extra: str) -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **extra)
 
 
+def _worker_error(out: Path) -> str:
+    """The first error a worker of the run logged (a crash, a segmentation fault's Python stack
+    among them, is told in the worker's log only), 40 lines from where it starts; '' if none."""
+    for log in sorted((out / "logs").glob("*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        start = next((i for i, line in enumerate(lines) if "Fatal Python error" in line or "Traceback" in line), None)
+        if start is not None:
+            return f"\n--- {log.name}:\n" + "\n".join(lines[start:start + 40])
+    return ""
+
+
 def run_rlhfless(work: Path, model: Path, data: Path, size: tuple[int, int, int], steps: int, tag: str,
                  device: str = "cpu", reward: str | None = None, micro: int | None = None) -> dict:
     prompts, samples, tokens = size
@@ -158,7 +169,7 @@ def run_rlhfless(work: Path, model: Path, data: Path, size: tuple[int, int, int]
         if "] step " in line:
             marks.append(time.time() - t0)
     if proc.wait() != 0:
-        raise RuntimeError(f"rlhfless run failed; the end of its output:\n{''.join(tail)}")
+        raise RuntimeError(f"rlhfless run failed; the end of its output:\n{''.join(tail)}{_worker_error(out)}")
     summary = json.loads((out / "summary.json").read_text())
     gaps = [b - a for a, b in zip(marks, marks[1:])][:-1]  # the last step also evaluates
     lengths = [s["response_length/mean"] for s in summary["steps"]][1:-1]
