@@ -140,7 +140,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--paths", default="graphs,static,dynamic,hf-loop")
-    p.add_argument("--json", default=None, help="also append the figures to this file (one JSON line)")
+    p.add_argument("--json", default=None,
+                   help="also append the figures to this file: a line per path as it is measured, then the run's")
     p.add_argument("--profile", default=None, metavar="PATHS",
                    help="also profile these paths (comma-separated): device time per step by kernel kind")
     p.add_argument("--fused-sampling", default="auto", choices=("auto", "on", "off"),
@@ -175,6 +176,9 @@ def main() -> None:
                  "context": args.context, "steps": args.steps, "step_bytes": nbytes,
                  "peak_gbps": peak, "measured_copy_gbps": measured, "roofline_ms": roof_ms,
                  "fused_sampling": fused_for(args.fused_sampling, vocab), "ms": {}}
+    print(f"{res['device']} {res['dtype']} batch={res['batch']} context={args.context}: roofline "
+          + (f"{roof_ms:.3f} ms/step" if roof_ms else "unknown (no bandwidth on the CPU)") + f"; timing {wanted}",
+          flush=True)
     for name in wanted:
         rt0 = runtime_for(model, name == "compiled") if name in ("graphs", "static", "compiled") else None
         c0, s0 = (rt0.captures, rt0.capture_s) if rt0 else (0, 0.0)
@@ -186,6 +190,15 @@ def main() -> None:
             res[f"{name}_captures"] = rt1.captures - (c0 if rt1 is rt0 else 0)
             res[f"{name}_capture_s"] = rt1.capture_s - (s0 if rt1 is rt0 else 0.0)
             res[f"{name}_error"] = rt1.graph_error or (None if rt1.compiled == rt1.wants_compiled else "compile failed")
+        # each path's figure as soon as it is measured: a run stopped at its time limit keeps it
+        ms = res["ms"][name]
+        print(f"measured {name}: {ms:.3f} ms/step" + (f"  x{ms / roof_ms:.2f} roofline" if roof_ms else ""), flush=True)
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps({"bench": "roofline_path", "partial": True, "device": res["device"],
+                                    "dtype": res["dtype"], "model_config": args.model_config, "batch": len(specs),
+                                    "context": args.context, "path": name, "ms": ms, "roofline_ms": roof_ms,
+                                    **{k: v for k, v in res.items() if k.startswith(name + "_")}}) + "\n")
     res["fused_error"] = fused_draw.error  # fused draws that fell back to unfused ones, and why
     print(f"{res['device']} {res['dtype']} params={res['params'] / 1e9:.3f}B batch={res['batch']} "
           f"context={args.context} step bytes={nbytes / 1e9:.3f} GB draws "
@@ -222,8 +235,8 @@ def main() -> None:
         res["equal_rows_vs_dynamic"] = compare_rows(model, specs, args.steps + 1, wanted)
         print("rows equal to the dynamic path's:", res["equal_rows_vs_dynamic"])
     if args.json:
-        with open(args.json, "a") as f:  # one JSON line per run
-            f.write(json.dumps(res) + "\n")
+        with open(args.json, "a") as f:  # one JSON line per run, besides the per-path lines above
+            f.write(json.dumps({"bench": "roofline", **res}) + "\n")
 
 
 if __name__ == "__main__":

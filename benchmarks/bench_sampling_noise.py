@@ -130,6 +130,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--variants", default="fused,unfused", help=f"comma-separated, of {', '.join(VARIANTS)}")
     ap.add_argument("--skip-decode", action="store_true", help="time the draw alone")
+    ap.add_argument("--json", default=None, help="also append every JSON line printed to this file")
     args = ap.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     if not variants or any(v not in VARIANTS for v in variants):
@@ -144,13 +145,26 @@ def main() -> None:
     result = {"device": f"{device} ({name})", "dtype": str(dtype), "vocab": vocab, "torch": torch.__version__,
               "threads": torch.get_num_threads(),
               "params_b": round(sum(p.numel() for p in model.parameters()) / 1e9, 3), "by_batch": {}}
+    head = {k: v for k, v in result.items() if k != "by_batch"}
     with torch.no_grad():
         for batch in (int(b) for b in args.batches.split(",")):
             row = result["by_batch"][batch] = {"draw": draw_alone(batch, vocab, device, variants, args.repeats)}
+            emit({"bench": "sampling_draw", **head, "batch": batch, **row["draw"]}, args.json)
             if not args.skip_decode:
                 row["decode"] = decode_step(model, batch, variants, args.steps, args.repeats, device)
+                emit({"bench": "sampling_decode", **head, "batch": batch, **row["decode"]}, args.json)
     result["fused_error"] = sampling.fused_draw.error  # set where the compiler failed and draws ran unfused
-    print(json.dumps(result, indent=1))
+    emit({"bench": "sampling", **result}, args.json)
+
+
+def emit(record: dict, path: str | None) -> None:
+    """Print ``record`` as one JSON line (each batch's figures as soon as they are measured),
+    and append it to ``path`` where given."""
+    line = json.dumps(record)
+    print(line, flush=True)
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,12 @@ the unscaled model. It also prints the cost of a verification forward at each wi
 
     python3 benchmarks/bench_speculation.py --device cuda --model-config benchmarks/configs/qwen2.5-0.5b.json \
         --new-tokens 64 --calls 2 --repeats 2
+
+Output: JSON lines, each printed (and appended to ``--json``) as soon as it is measured, so a run
+cut short keeps what it measured: the workload (with the verification forward's cost, on a
+model shape), then one line per workload (``off_s``, ``on_s``, ``speedup``, ``same_outputs``,
+``rows_equal``, ``accept_rate``), then the ceilings, then every result in one line; last, one
+plain-text verdict line per workload.
 """
 
 from __future__ import annotations
@@ -146,6 +152,15 @@ def compare(engine, batches, step0: int, spec: Speculation, repeats: int, new_to
             "spec_round_share": round(agg["spec_rounds"] / max(agg["rounds"], 1), 3)}
 
 
+def emit(record: dict, path: str | None) -> None:
+    """Print ``record`` as one JSON line, and append it to ``path`` where given."""
+    line = json.dumps(record)
+    print(line, flush=True)
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
 BARS = {"history (epoch 2)": 1.5, "prompt_lookup (epoch 1)": 1.2, "first_epoch auto (trained)": 0.97,
         "first_epoch auto (random weights)": 0.97}
 """Each workload's target speed-up (a floor for the first epoch: speculation must not lose)."""
@@ -171,6 +186,7 @@ def main() -> None:
     ap.add_argument("--confidence", type=float, default=0.9,
                     help="with --model-config: the policy's mean top-token probability (spec_synthetic.py)")
     ap.add_argument("--calls", type=int, default=4, help="generate calls per timed run")
+    ap.add_argument("--json", default=None, help="also append every JSON line printed to this file")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     results: dict[str, dict] = {}
@@ -188,6 +204,7 @@ def main() -> None:
                                "calls": len(batches), "new_tokens": args.new_tokens,
                                "verify_forward": spec_synthetic.width_costs(
                                    new.model, (8, 64), (1, 2, 3, 5, 9), context=32 + args.new_tokens // 2)}
+        emit({"bench": "speculation", "model_config": args.model_config, "workload": results["workload"]}, args.json)
     else:
         workdir = Path(args.workdir)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -210,6 +227,8 @@ def main() -> None:
                  "first_epoch auto (random weights)": (random_model, Speculation())}
     for name, (engine, spec) in workloads.items():
         results[name] = run(engine, spec)
+        emit({"bench": "speculation", "model_config": args.model_config, "name": name, "bar": BARS.get(name),
+              **results[name]}, args.json)
     context = round(sum(len(s.prompt_tokens) for b in batches for s in b) / sum(map(len, batches))) + args.new_tokens // 2
     forwards = spec_costs.cost_table(new.model, context, Speculation().max_draft_len)
     plain_rounds = {}  # engine -> (table of plain rounds, seconds outside them, the plain run's sequences)
@@ -218,11 +237,13 @@ def main() -> None:
             plain_rounds[engine] = spec_costs.round_table(engine, batches, step2, forwards, args.new_tokens)
         table, rest, seqs = plain_rounds[engine]
         extra = spec_costs.speculative_overhead(engine, batches, step2, spec, table, args.new_tokens)
-        results[name].update(spec_costs.ceiling(batches, spec, table, extra, rest, seqs, args.new_tokens))
+        bound = spec_costs.ceiling(batches, spec, table, extra, rest, seqs, args.new_tokens)
         if len(make_drafters(spec)) > 1:  # what each strategy's drafts alone could give
-            results[name]["ceiling_by_strategy"] = {
+            bound["ceiling_by_strategy"] = {
                 s: spec_costs.ceiling(batches, replace(spec, strategies=(s,)), table, extra, rest, seqs,
                                       args.new_tokens)["ceiling"] for s in make_drafters(spec)}
+        results[name].update(bound)
+        emit({"bench": "speculation_ceiling", "model_config": args.model_config, "name": name, **bound}, args.json)
     for label, table in (("forward_table_ms", forwards), ("round_table_ms", plain_rounds[new][0])):
         results[label] = {f"b{b}": [round(1e3 * table[(b, w)], 2) for w in range(1, 10)]
                           for b in sorted({b for b, _ in forwards})}
@@ -231,6 +252,8 @@ def main() -> None:
         for strategy in ("history", "prompt_lookup"):
             for k in (1, 2, 4, 8):
                 sweep[f"{strategy}:{k}"] = run(new, Speculation(history=hist, fixed=(strategy, k)))
+                emit({"bench": "speculation_sweep", "model_config": args.model_config, "fixed": f"{strategy}:{k}",
+                      **sweep[f"{strategy}:{k}"]}, args.json)
         # Speed-ups, each against its own interleaved plain runs: the load of a shared machine
         # drifts over the minutes a sweep takes, so absolute seconds are not comparable.
         best = max(sweep, key=lambda s: sweep[s]["speedup"])
@@ -239,7 +262,7 @@ def main() -> None:
                             "selector_speedup": sel["speedup"],
                             "selector_vs_best": round(sel["speedup"] / sweep[best]["speedup"], 3),
                             "all": {k: v["speedup"] for k, v in sweep.items()}}
-    print(json.dumps(results, indent=1))
+    emit({"bench": "speculation_all", "model_config": args.model_config, **results}, args.json)
     for name, bar in BARS.items():
         r = results[name]
         verdict = ("out of reach on this machine with these drafts" if r["ceiling"] < bar else

@@ -105,7 +105,7 @@ def main() -> None:
         print(f"median saved per version: {statistics.median(r['saved_s'] for r in rows):.3f} s")
     if args.json:
         with open(args.json, "a") as f:
-            f.write(json.dumps({"device": args.device, "model_config": args.model_config, "batch": len(specs),
+            f.write(json.dumps({"bench": "version_swap", "device": args.device, "model_config": args.model_config, "batch": len(specs),
                                 "context": args.context, "new_tokens": args.new_tokens, "compiled": args.compile,
                                 "first_call": first[:3], "versions": rows}) + "\n")
 

@@ -35,6 +35,7 @@ model). ``--size gpu`` is 64 prompts x 8 samples, up to 256 new tokens:
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -135,6 +136,17 @@ def _child_env(**extra: str) -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **extra)
 
 
+def _worker_error(out: Path) -> str:
+    """The first error a worker of the run logged (a crash, a segmentation fault's Python stack
+    among them, is told in the worker's log only), 40 lines from where it starts; '' if none."""
+    for log in sorted((out / "logs").glob("*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        start = next((i for i, line in enumerate(lines) if "Fatal Python error" in line or "Traceback" in line), None)
+        if start is not None:
+            return f"\n--- {log.name}:\n" + "\n".join(lines[start:start + 40])
+    return ""
+
+
 def run_rlhfless(work: Path, model: Path, data: Path, size: tuple[int, int, int], steps: int, tag: str,
                  device: str = "cpu", reward: str | None = None, micro: int | None = None) -> dict:
     prompts, samples, tokens = size
@@ -151,9 +163,13 @@ def run_rlhfless(work: Path, model: Path, data: Path, size: tuple[int, int, int]
     env = _child_env(RLHFLESS_DEVICE=device)
     t0 = time.time()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    marks = [time.time() - t0 for line in proc.stdout if "] step " in line]  # type: ignore[union-attr]
+    marks, tail = [], collections.deque(maxlen=40)  # the output's end: the run's own error, where it fails
+    for line in proc.stdout:  # type: ignore[union-attr]
+        tail.append(line)
+        if "] step " in line:
+            marks.append(time.time() - t0)
     if proc.wait() != 0:
-        raise RuntimeError(f"rlhfless run failed; see {out}")
+        raise RuntimeError(f"rlhfless run failed; the end of its output:\n{''.join(tail)}{_worker_error(out)}")
     summary = json.loads((out / "summary.json").read_text())
     gaps = [b - a for a, b in zip(marks, marks[1:])][:-1]  # the last step also evaluates
     lengths = [s["response_length/mean"] for s in summary["steps"]][1:-1]
@@ -226,6 +242,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (both systems)")
     parser.add_argument("--stop-rate", type=float, default=0.01,
                         help="with --model-config: mean chance per token of the stop token")
+    parser.add_argument("--json", default=None, help="also append every JSON line printed to this file")
     args = parser.parse_args()
     size = SIZES[args.size]
     work = Path(tempfile.mkdtemp(prefix="bench-vs-trl-"))
@@ -247,10 +264,20 @@ def main() -> None:
                "completions_ratio": t / o, "rlhfless_overhead_s": ours["overhead_s"],
                "rlhfless_first_step_s": ours["first_step_s"], "trl_first_step_s": theirs["first_step_s"]}
         rows.append(row)
-        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
-    print(json.dumps({"size": args.size, "prompts_x_samples_x_tokens": size, "device": args.device,
-                      "model": args.model_config or "tiny qwen2 folder",
-                      "median_completions_ratio": statistics.median(r["completions_ratio"] for r in rows)}))
+        emit({"bench": "vs_trl_pair", **{k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}},
+             args.json)
+    emit({"bench": "vs_trl", "size": args.size, "prompts_x_samples_x_tokens": size, "device": args.device,
+          "model": args.model_config or "tiny qwen2 folder",
+          "median_completions_ratio": statistics.median(r["completions_ratio"] for r in rows)}, args.json)
+
+
+def emit(record: dict, path: str | None) -> None:
+    """Print ``record`` as one JSON line, and append it to ``path`` where given."""
+    line = json.dumps(record)
+    print(line, flush=True)
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
 
 
 if __name__ == "__main__":
