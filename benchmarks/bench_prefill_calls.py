@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 from bench_engine_throughput import timed  # a sibling: a script's own directory is on sys.path
+from json_lines import emit
 
 from actions.engines.torch_engine import TorchEngine
 from actions.models.modeling import build_tiny_model, random_model_from_config
@@ -84,15 +85,6 @@ def match(states: dict, dtype: torch.dtype) -> dict:
         out[name] = {"max_abs_diff": round(worst_abs, 6), "max_rel_diff": round(worst_rel, 6), "rtol": rtol,
                      "within": worst_rel <= rtol}
     return out
-
-
-def emit(record: dict, path: str | None) -> None:
-    """Print ``record`` as one JSON line, and append it to ``path`` where given."""
-    line = json.dumps(record)
-    print(line, flush=True)
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
 
 
 def main() -> None:

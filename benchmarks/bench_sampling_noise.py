@@ -31,13 +31,13 @@ Ratios are against ``unfused``. The model is randomly initialised from a Hugging
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
 from bench_engine_throughput import timed
+from json_lines import emit  # siblings: a script's own directory is on sys.path
 
 from actions.engines import sampling
 from actions.engines.base import GenerationParams, SampleSpec
@@ -155,16 +155,6 @@ def main() -> None:
                 emit({"bench": "sampling_decode", **head, "batch": batch, **row["decode"]}, args.json)
     result["fused_error"] = sampling.fused_draw.error  # set where the compiler failed and draws ran unfused
     emit({"bench": "sampling", **result}, args.json)
-
-
-def emit(record: dict, path: str | None) -> None:
-    """Print ``record`` as one JSON line (each batch's figures as soon as they are measured),
-    and append it to ``path`` where given."""
-    line = json.dumps(record)
-    print(line, flush=True)
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
 
 
 if __name__ == "__main__":

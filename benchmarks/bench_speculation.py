@@ -52,13 +52,13 @@ plain-text verdict line per workload.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
 
-import spec_costs  # a sibling: a script's own directory is on sys.path
+import spec_costs  # siblings: a script's own directory is on sys.path
 import torch
+from json_lines import emit
 
 from actions.contracts import ModelRef
 from actions.engines.base import GenerationParams, SampleSpec
@@ -150,15 +150,6 @@ def compare(engine, batches, step0: int, spec: Speculation, repeats: int, new_to
     return {"off_s": round(m_off, 3), "on_s": round(m_on, 3), "speedup": round(m_off / m_on, 3),
             "same_outputs": same, "rows_equal": f"{sum(rows)}/{len(rows)}", "accept_rate": round(acc, 3),
             "spec_round_share": round(agg["spec_rounds"] / max(agg["rounds"], 1), 3)}
-
-
-def emit(record: dict, path: str | None) -> None:
-    """Print ``record`` as one JSON line, and append it to ``path`` where given."""
-    line = json.dumps(record)
-    print(line, flush=True)
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
 
 
 BARS = {"history (epoch 2)": 1.5, "prompt_lookup (epoch 1)": 1.2, "first_epoch auto (trained)": 0.97,

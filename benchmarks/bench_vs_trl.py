@@ -45,6 +45,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from json_lines import emit  # a sibling: a script's own directory is on sys.path
+
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"small": (16, 4, 32), "large": (32, 8, 128), "gpu": (64, 8, 256)}  # prompts x samples x new tokens
 LR = 4e-4
@@ -269,15 +271,6 @@ def main() -> None:
     emit({"bench": "vs_trl", "size": args.size, "prompts_x_samples_x_tokens": size, "device": args.device,
           "model": args.model_config or "tiny qwen2 folder",
           "median_completions_ratio": statistics.median(r["completions_ratio"] for r in rows)}, args.json)
-
-
-def emit(record: dict, path: str | None) -> None:
-    """Print ``record`` as one JSON line, and append it to ``path`` where given."""
-    line = json.dumps(record)
-    print(line, flush=True)
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
 
 
 if __name__ == "__main__":
