@@ -26,8 +26,8 @@
 # skipped when less than MIN_PART seconds (MIN_TRL for trl) would be left. Every benchmark
 # prints its figures as it measures them, so a part stopped at its limit keeps what it measured.
 #
-# Outputs in $OUT (default runs/gpu), at most these four files whatever PARTS says (the device
-# tool returns at most 8):
+# Outputs in $OUT (default runs/gpu), at most these four files whatever PARTS says (a remote
+# GPU host may hand back only a few):
 #   device.txt     date, GPU, Python, torch and transformers, commit, the wheels' install, the
 #                  imports the parts need, then `pip list` (what the image has: gpu_wheels.sh SKIP)
 #   pytest.txt     the tests' whole output, failure tracebacks included

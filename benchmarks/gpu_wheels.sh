@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs HERE, on a machine that reaches the package registry -- never on the GPU machine, which
+# Runs on a machine that reaches the package registry -- never on the GPU machine, which
 # reaches no network. Fills .whl/ (ignored by git) with the wheels the GPU image's python3 lacks;
-# the device tool carries that folder (carry: [".whl"]; at most 64 MiB a call, the working tree
-# included) and benchmarks/gpu_check.sh installs it there with --no-index --no-deps.
+# that folder travels with the working tree to the GPU machine (kept small: with the tree under
+# 64 MiB, which offline GPU hosts that take an upload often cap) and benchmarks/gpu_check.sh
+# installs it there with --no-index --no-deps.
 #
 #   bash benchmarks/gpu_wheels.sh [SET] [PYTHON_VERSION]
 #
