@@ -45,9 +45,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from json_lines import emit  # a sibling: a script's own directory is on sys.path
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script or imported as benchmarks.bench_vs_trl (tests)
+
+from benchmarks.json_lines import emit  # noqa: E402
+
 SIZES = {"small": (16, 4, 32), "large": (32, 8, 128), "gpu": (64, 8, 256)}  # prompts x samples x new tokens
 LR = 4e-4
 LENGTH_REWARD = "benchmarks.length_reward:length_reward"
