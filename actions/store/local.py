@@ -157,7 +157,7 @@ class LocalStore:
                 except FileNotFoundError:  # deleted since (a lease taken over): it existed, so not created
                     return False
                 if stat.S_ISDIR(mode):
-                    raise IsADirectoryError(errno.EISDIR, "a directory of other keys", key) from None
+                    raise self._conflict(key) from None
                 return False
 
         return self._write(key, data, link)
