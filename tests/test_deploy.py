@@ -419,3 +419,30 @@ def test_gpu_image_entrypoint_claims_distinct_gpus(tmp_path):
     assert [o.strip() for o, _ in outputs[:2]] == ["0", "1"]
     assert third.returncode == 1 and "wanted 1 free GPU(s), found 0 of 2" in outputs[2][1]
     assert start().communicate(timeout=10)[0].strip() == "0"  # the locks died with their processes
+
+
+def test_an_environment_variable_under_parameters_is_refused(tmp_path):
+    """Default parameters reach every payload (and a refusal quotes them); env vars go under env:."""
+    path = write(tmp_path, SMALL.replace("parameters: {echo: bound}", "parameters: {echo: bound, AWS_SECRET_ACCESS_KEY: x}"))
+    with pytest.raises(ManifestError, match=r"actions\.probe\.parameters: .*AWS_SECRET_ACCESS_KEY: an environment "
+                                            r"variable is not a parameter.*top-level env:"):
+        load_manifest(path)
+
+
+def test_registry_prefixes_every_image(no_credentials, tmp_path, capsys):
+    path = write(tmp_path, SMALL)
+    assert cli(["--manifest", str(path), "--dry-run", "--registry", "reg.example.org:5000/team/"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("reg.example.org:5000/team/rlhfless/runtime-cpu:0.1.0") == 2, out
+    assert cli(["--manifest", str(path), "--dry-run", "--registry", "https://reg.example.org"]) == 2
+    assert "--registry 'https://reg.example.org': give a registry host" in capsys.readouterr().err
+
+
+def test_dry_run_reports_a_configured_source_that_fails(no_credentials, monkeypatch, capsys):
+    """No credentials at all: a plan against an empty namespace. A Secret block that cannot be
+    loaded is an error, as in a real deploy, not a silent plan."""
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    assert cli(["--manifest", str(SHIPPED), "--dry-run", "--secret-block", "openwhisk"]) == 2
+    err = capsys.readouterr().err
+    assert "rlhfless deploy: cannot load the Prefect Secret block 'openwhisk'" in err
+    assert "no OpenWhisk credentials" not in err

@@ -75,3 +75,16 @@ def test_a_crash_description_carries_no_secret(monkeypatch):
     text = crash_text(crash)
     assert not any(s in text for s in ("crashSecretValue123", "urlPw789", "hf_crashTokenValue456")), text
     assert "[REDACTED]" in text and "10.0.0.1:9000" in text  # where, not who
+
+
+def test_a_refused_payload_carries_no_secret(monkeypatch):
+    """A refusal quotes the offending value, and OpenWhisk merges an action's default parameters
+    into every payload: a secret bound there by mistake is scrubbed from the stored result."""
+    from actions import warmup
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "refusedSecretValue123")
+    payload = dict(store_uri="s", base_key="b", init_key="i", dataset_key="d", output_key="o", warmup={},
+                   task=None, seed=0)
+    result = warmup.main(payload | {"AWS_SECRET_ACCESS_KEY": "refusedSecretValue123"})
+    assert "refusedSecretValue123" not in str(result) and "[REDACTED]" in result["error"], result
+    assert result["field"]

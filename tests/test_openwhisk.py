@@ -551,3 +551,22 @@ def test_a_vllm_evaluation_runs_in_the_generate_containers(ow_emulator: OpenWhis
     assert ow_emulator.pool.warm("rlhfless/evaluate") == 1
     with pytest.raises(ActionError, match=r"GenerateRequest\.model"):  # only evaluate may be a guest
         invoker.invoke("generate", {"engine": "vllm", "__action": "score"})
+
+
+def test_campaign_preflight_compares_gpus_annotation_with_gpus_per_actor(ow_emulator: OpenWhiskEmulator, monkeypatch):
+    """Billing counts scaling.gpus_per_actor GPUs per activation: a generate action deployed with
+    another ``gpus`` annotation is refused before the campaign writes anything."""
+    from flows.config import load_config
+    from flows.invokers.factory import check_invoker
+
+    for key, value in ow_emulator.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("RLHFLESS_OPENWHISK_SECRET", raising=False)
+    client = make_client(ow_emulator)
+    put_action(client, "evaluate", gpus=2)
+    put_action(client, "generate", gpus=2)
+    client.close()
+    with pytest.raises(ValueError, match=r"scaling.gpus_per_actor=1, but the deployed action rlhfless/generate holds "
+                                         r"2 GPU\(s\).*set scaling.gpus_per_actor: 2, or deploy the action with gpus: 1"):
+        check_invoker(load_config(None, ["invoker.kind=openwhisk"]))
+    check_invoker(load_config(None, ["invoker.kind=openwhisk", "scaling.gpus_per_actor=2"]))

@@ -25,18 +25,19 @@ from actions.models import warm
 from actions.runtime.control import Control, WarmCounts, split_control
 from actions.runtime.errors import InjectedFault
 from actions.store import IntegrityError, ObjectNotFound
+from actions.store.credentials import redact
 
 
 def run_action(request_model: type, core: Callable[[Any], Any], args: dict[str, Any]) -> dict[str, Any]:
     req = parse_request(request_model, args)
     if isinstance(req, dict):
-        return req
+        return _refusal(req["error"], req["field"])
     try:
         _, control = split_control(args)
     except ValidationError as exc:  # the invoker's keys: never set by hand, so a bug upstream
         err = exc.errors()[0]
         key = str(err["loc"][0]) if err["loc"] else "control"
-        return {"error": f"control key {key}: {err['msg'].lower()} (got {err.get('input')!r})", "field": key}
+        return _refusal(f"control key {key}: {err['msg'].lower()} (got {err.get('input')!r})", key)
     if control.inject_failure:
         raise InjectedFault("injected fault (faults.fail_fraction): simulated container crash")
     if control.inject_kill_after_s is not None:
@@ -52,7 +53,14 @@ def run_action(request_model: type, core: Callable[[Any], Any], args: dict[str, 
     except (ObjectNotFound, IntegrityError, ValueError) as exc:
         # Missing or corrupted inputs, or a bad device setting, will not heal by retrying: an
         # application error naming what to fix.
-        return {"error": str(exc), "field": getattr(exc, "field", "store")}
+        return _refusal(str(exc), getattr(exc, "field", "store"))
     after = warm.stats()
     counts = WarmCounts(hits=after["hits"] - before["hits"], misses=after["misses"] - before["misses"])
     return result.model_dump(mode="json") | Control(warm=counts).to_payload()
+
+
+def _refusal(message: str, field: str) -> dict[str, str]:
+    """The application-error result. It is stored in the activation record and travels into
+    the flow's errors and logs, and it may quote a payload value (an environment variable
+    bound as a default parameter by mistake included): secrets are scrubbed first."""
+    return {"error": redact(message), "field": field}

@@ -50,6 +50,7 @@ from actions.store.credentials import redact
 from flows.commands.deploy_limits import limit_problems
 from flows.invokers.base import ActionError
 from flows.invokers.openwhisk import OpenWhiskClient, OpenWhiskConfig, OpenWhiskError, OpenWhiskNotFound
+from flows.invokers.openwhisk.config import credentials_configured
 
 DEFAULT_MANIFEST = "openwhisk_actions.yaml"
 """The shipped manifest: package data of ``flows.commands`` (read with importlib.resources)."""
@@ -111,6 +112,18 @@ class ActionSpec(BaseModel):
     def _check_image(cls, v: str) -> str:
         if any(c.isspace() for c in v):
             raise ValueError(f"image {v!r} contains whitespace")
+        return v
+
+    @field_validator("parameters")
+    @classmethod
+    def _check_parameters(cls, v: dict[str, Any]) -> dict[str, Any]:
+        """Default parameters are payload fields (lower case). An environment variable's name here
+        would be merged into every payload, refused by every activation and echoed in its
+        record: a secret would be stored where anyone with the namespace reads it."""
+        envlike = [k for k in v if re.fullmatch(r"[A-Z][A-Z0-9_]*", str(k))]
+        if envlike:
+            raise ValueError(f"{', '.join(envlike)}: an environment variable is not a parameter (parameters are "
+                             "merged into every payload); put it under the manifest's top-level env:")
         return v
 
     @field_validator("annotations")
@@ -390,7 +403,14 @@ def format_plan(changes: list[Change], *, dry_run: bool) -> str:
     summary = f"{counts['create']} to create, {counts['update']} to update, {counts['unchanged']} unchanged"
     if dry_run:
         summary += " (dry run: nothing was changed)"
-    return "\n".join([c.describe() for c in changes] + [summary])
+    return "\n".join([_with_image(c) for c in changes] + [summary])
+
+
+def _with_image(change: Change) -> str:
+    """A plan line, naming the image an action is created or updated with (what ``--registry``
+    and the manifest's ``docker`` make of it)."""
+    image = (change.body.get("exec") or {}).get("image") if change.kind != "unchanged" else None
+    return f"{change.describe()} [image {image}]" if image else change.describe()
 
 
 def shipped_manifest() -> Path:
@@ -407,6 +427,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="action manifest (default: the one shipped with the package, "
                              "infra/openwhisk/actions.yaml in a checkout)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan, change nothing (needs no credentials)")
+    parser.add_argument("--registry", default=None, metavar="REGISTRY",
+                        help="the registry the images were pushed to: every action's image becomes "
+                             "REGISTRY/<the manifest's image> (e.g. registry.example.org:5000)")
     parser.add_argument(
         "--secret-block",
         default=None,
@@ -418,7 +441,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``rlhfless deploy``; returns the exit code (2 with a one-line message on error)."""
     try:
-        manifest = load_manifest(args.manifest)
+        manifest = with_registry(load_manifest(args.manifest), args.registry)
         if args.dry_run:
             for name in sorted(set(expand_env(manifest.env, os.environ)[1])):
                 print(f"warning: env refers to unset ${name}; a real deploy would stop here", file=sys.stderr)
@@ -440,10 +463,30 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _config_or_none(args: argparse.Namespace) -> OpenWhiskConfig | None:
-    try:
-        return OpenWhiskConfig.resolve(secret_block=args.secret_block)
-    except ValueError:
+    """A dry run's connection: None when no source is configured at all (it plans against an
+    empty namespace); a configured one that fails (a Secret block that does not load, a
+    malformed host) is reported as a real deploy reports it."""
+    if not credentials_configured(args.secret_block):
         return None
+    return OpenWhiskConfig.resolve(secret_block=args.secret_block)
+
+
+def with_registry(manifest: DeploymentManifest, registry: str | None) -> DeploymentManifest:
+    """``manifest`` with every action's image under ``registry`` (``--registry``), or as is.
+
+    >>> m = DeploymentManifest(actions={"noop": {"docker": "rlhfless/runtime-cpu:0.1.0"}})
+    >>> with_registry(m, "reg.example.org:5000/").actions["noop"].docker
+    'reg.example.org:5000/rlhfless/runtime-cpu:0.1.0'
+    """
+    if registry is None:
+        return manifest
+    prefix = registry.strip().rstrip("/")
+    if not prefix or any(c.isspace() for c in prefix) or "://" in prefix:
+        raise ValueError(f"--registry {registry!r}: give a registry host[:port][/path], e.g. "
+                         "registry.example.org:5000, without a scheme")
+    actions = {name: spec.model_copy(update={"docker": f"{prefix}/{spec.docker}"})
+               for name, spec in manifest.actions.items()}
+    return manifest.model_copy(update={"actions": actions})
 
 
 def main(argv: list[str] | None = None) -> int:

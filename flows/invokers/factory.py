@@ -40,8 +40,10 @@ def check_invoker(cfg: CampaignConfig) -> None:
     """Fail fast, before anything is written, when the configured invoker cannot work.
 
     OpenWhisk: the connection settings must parse and the controller must answer, with these
-    credentials, for the ``evaluate`` action that every campaign runs (one request, no retries,
-    so a wrong host costs one connection attempt). Local and in-process invokers need nothing.
+    credentials, for the ``evaluate`` and ``generate`` actions that every campaign runs (no
+    retries, so a wrong host costs one connection attempt), and ``generate``'s ``gpus``
+    annotation must agree with ``scaling.gpus_per_actor`` (:func:`check_gpus_annotation`).
+    Local and in-process invokers need nothing.
 
     Raises:
         ValueError: one line naming the setting (WSK_APIHOST, WSK_AUTH, the package) and the fix.
@@ -54,12 +56,33 @@ def check_invoker(cfg: CampaignConfig) -> None:
     from flows.invokers.openwhisk.config import OpenWhiskConfig
 
     config = OpenWhiskConfig.resolve()
-    action = f"{cfg.invoker.package}/evaluate" if cfg.invoker.package else "evaluate"
+    prefix = f"{cfg.invoker.package}/" if cfg.invoker.package else ""
     with OpenWhiskClient(config, retry=RetryPolicy(max_attempts=1, connect_attempts=1, request_timeout_s=10.0)) as c:
         try:
-            c.get_action(action)
+            c.get_action(f"{prefix}evaluate")
+            generate = c.get_action(f"{prefix}generate")
         except OpenWhiskError as exc:
             raise ValueError(str(exc)) from None
+    check_gpus_annotation(f"{prefix}generate", generate, cfg.scaling.gpus_per_actor)
+
+
+def check_gpus_annotation(action: str, record: dict, gpus_per_actor: int) -> None:
+    """Billing and the ``gpu-actions`` limit count ``scaling.gpus_per_actor`` GPUs per actor; a
+    deployed generate action whose ``gpus`` annotation (what one container holds) says another
+    number would bill and hold the wrong count, so the campaign refuses to start. An action
+    without the annotation, or with ``gpus: 0`` (a CPU-only cluster), is not compared.
+
+    Raises:
+        ValueError: naming both numbers and the two ways to make them agree.
+    """
+    from flows.invokers.openwhisk import annotations_of
+
+    gpus = annotations_of(record).get("gpus")
+    if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 and gpus != gpus_per_actor:
+        raise ValueError(f"scaling.gpus_per_actor={gpus_per_actor}, but the deployed action {action} holds {gpus} "
+                         f"GPU(s) per container (its 'gpus' annotation): billing and the GPU limit would count "
+                         f"{gpus_per_actor}; set scaling.gpus_per_actor: {gpus}, or deploy the action with "
+                         f"gpus: {gpus_per_actor}")
 
 
 def _check_local_engine(cfg: CampaignConfig) -> None:

@@ -118,6 +118,16 @@ class OpenWhiskConfig:
         return cls(api_host or base.api_host, auth or base.auth, namespace or base.namespace, base.verify)
 
 
+def credentials_configured(secret_block: str | None = None, env: Mapping[str, str] | None = None) -> bool:
+    """Whether any source of an OpenWhisk connection is configured: a Secret block (argument or
+    ``RLHFLESS_OPENWHISK_SECRET``), ``WSK_APIHOST``/``WSK_AUTH``, or a ``.wskprops`` with either.
+    A configured source that fails to resolve is an error to report, not "no credentials"."""
+    env = os.environ if env is None else env
+    props = _read_wskprops(env)
+    return bool(secret_block or env.get(SECRET_BLOCK_ENV) or env.get("WSK_APIHOST") or env.get("WSK_AUTH")
+                or props.get("APIHOST") or props.get("AUTH"))
+
+
 def _verify_from(env: Mapping[str, str]) -> bool | str:
     if _truthy(env.get("WSK_INSECURE")) or _truthy(env.get("__OW_IGNORE_CERTS")):
         return False
