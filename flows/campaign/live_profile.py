@@ -91,7 +91,7 @@ def finish_profiling(ctx: RunContext, started: tuple[Any, ProfileRequest] | None
     path = ctx.config.scaling.profile
     if started is None:
         if path:
-            return LiveInputs(TpotProfile.load(path), "file")
+            return LiveInputs(TpotProfile.load(path, "scaling.profile"), "file")
         progress(f"profile: engine {ctx.config.generation.engine} has no profiler; planning with "
                  f"{CPU_TINY_PROFILE.name} (set scaling.profile to a measured file)")
         return LiveInputs(CPU_TINY_PROFILE, "built-in")
@@ -100,7 +100,7 @@ def finish_profiling(ctx: RunContext, started: tuple[Any, ProfileRequest] | None
     if result.rejected:
         progress(f"profile: {result.rejected}")
     if path:  # an explicit file wins; the measured transfer facts still apply
-        profile, source = TpotProfile.load(path), "file"
+        profile, source = TpotProfile.load(path, "scaling.profile"), "file"
     else:
         try:
             profile = TpotProfile.from_dict(result.profile)

@@ -39,10 +39,11 @@ bandwidth) and ``compute_eff = 0.6`` (decode GEMMs at batch 64-512).
 from __future__ import annotations
 
 import json
+import math
 from bisect import bisect_right
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 TpotFn = Callable[[int, float], float]
 
@@ -104,7 +105,8 @@ _ROOFLINE_CONTEXTS = (0, 256, 512, 1024, 2048, 4096, 8192)
 @dataclass(frozen=True)
 class TpotProfile:
     """TPOT grid for one actor size. ``seconds[i][j]`` = TPOT at ``batch_sizes[i]``,
-    ``contexts[j]``; both axes strictly increasing with at least two points."""
+    ``contexts[j]``; both axes strictly increasing with at least two points (batches >= 1,
+    contexts >= 0), every time finite and > 0; ValueError naming ``profile.<field>`` otherwise."""
 
     batch_sizes: tuple[int, ...]
     contexts: tuple[float, ...]
@@ -123,17 +125,25 @@ class TpotProfile:
     def __post_init__(self) -> None:
         for axis, values in (("batch_sizes", self.batch_sizes), ("contexts", self.contexts)):
             if len(values) < 2 or any(b <= a for a, b in zip(values, values[1:])):
-                raise ValueError(f"profile.{axis}={list(values)!r}: need >= 2 strictly "
+                raise ValueError(f"profile.{axis}={_shown(list(values))}: need >= 2 strictly "
                                  "increasing values")
+        if self.batch_sizes[0] < 1 or not (0 <= self.contexts[0] and math.isfinite(self.contexts[-1])):
+            raise ValueError(f"profile.batch_sizes={_shown(list(self.batch_sizes))}, contexts="
+                             f"{_shown(list(self.contexts))}: batch sizes must be >= 1 and contexts finite, >= 0")
         if len(self.seconds) != len(self.batch_sizes) or any(
                 len(row) != len(self.contexts) for row in self.seconds):
             raise ValueError("profile.seconds: must be a len(batch_sizes) x len(contexts) grid")
-        if self.prefill_tokens_per_s <= 0:
+        for i, row in enumerate(self.seconds):  # NaN, 0 or < 0 would plan nonsense (or fail mid-simulation)
+            for j, value in enumerate(row):
+                if not (math.isfinite(value) and value > 0):
+                    raise ValueError(f"profile.seconds[{i}][{j}]={value}: every decode-step time must be a "
+                                     "finite number of seconds > 0")
+        if not (math.isfinite(self.prefill_tokens_per_s) and self.prefill_tokens_per_s > 0):
             raise ValueError(f"profile.prefill_tokens_per_s={self.prefill_tokens_per_s}: "
-                             "must be > 0")
+                             "must be a finite number > 0")
         for name in ("shrink_s", "shrink_s_per_kv_token"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"profile.{name}={getattr(self, name)}: must be >= 0 seconds")
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ValueError(f"profile.{name}={getattr(self, name)}: must be a finite number >= 0 seconds")
 
     def with_decode_speed(self, speedup: float, tag: str) -> "TpotProfile":
         """This profile with every decode-step time divided by ``speedup`` (> 1: faster) and
@@ -233,21 +243,84 @@ class TpotProfile:
                 "shrink_s_per_kv_token": self.shrink_s_per_kv_token}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "TpotProfile":
-        return cls(batch_sizes=tuple(int(b) for b in data["batch_sizes"]),
-                   contexts=tuple(float(c) for c in data["contexts"]),
-                   seconds=tuple(tuple(float(s) for s in row) for row in data["seconds"]),
-                   prefill_tokens_per_s=float(data["prefill_tokens_per_s"]),
+    def from_dict(cls, data: Any) -> "TpotProfile":
+        """The profile ``to_dict`` wrote (``shrink_*`` and ``name`` may be absent, as in older
+        files). ValueError naming the ``profile.<key>`` that is missing or malformed."""
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object with {', '.join(_REQUIRED)}, not {type(data).__name__}")
+        missing = [key for key in _REQUIRED if key not in data]
+        if missing:
+            raise ValueError(f"profile.{missing[0]} is missing (a profile has {', '.join(_REQUIRED)})")
+        seconds = data["seconds"]
+        if not isinstance(seconds, list) or not all(isinstance(row, list) for row in seconds):
+            raise ValueError(f"profile.seconds={_shown(seconds)}: must be a list of rows (lists) of seconds")
+        return cls(batch_sizes=tuple(int(b) for b in _numbers(data, "batch_sizes", integers=True)),
+                   contexts=tuple(_numbers(data, "contexts")),
+                   seconds=tuple(tuple(_numbers({"seconds": row}, "seconds")) for row in seconds),
+                   prefill_tokens_per_s=_number(data, "prefill_tokens_per_s"),
                    name=str(data.get("name", "custom")),
-                   shrink_s=float(data.get("shrink_s", 0.0)),  # absent in older profiles
-                   shrink_s_per_kv_token=float(data.get("shrink_s_per_kv_token", 0.0)))
+                   shrink_s=_number(data, "shrink_s", 0.0),  # absent in older profiles
+                   shrink_s_per_kv_token=_number(data, "shrink_s_per_kv_token", 0.0))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
 
     @classmethod
-    def load(cls, path: str | Path) -> "TpotProfile":
-        return cls.from_dict(json.loads(Path(path).read_text()))
+    def load(cls, path: str | Path, source: str = "profile") -> "TpotProfile":
+        """The profile JSON at ``path``. ``source`` names where the path came from (a setting,
+        ``scaling.profile``, or a flag, ``--profile``) in the one-line ValueError a file that
+        cannot be read, is not JSON or is not a valid profile raises."""
+        where = f"{source}={str(path)!r}"
+        fix = "point it at a profile JSON written by `rlhfless profile`"
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"{where} cannot be read ({exc.strerror or exc}); {fix}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"{where} is not UTF-8 text; {fix}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where} is not valid JSON (line {exc.lineno}: {exc.msg}); {fix}") from None
+        except (ValueError, RecursionError):  # an integer of thousands of digits, nesting too deep
+            raise ValueError(f"{where} holds a number too long or nesting too deep for a profile; {fix}") from None
+        try:
+            return cls.from_dict(data)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}; fix the file or measure one with `rlhfless profile`") from None
+
+
+_REQUIRED = ("batch_sizes", "contexts", "seconds", "prefill_tokens_per_s")
+
+
+def _shown(value: Any) -> str:
+    """A value from a file, quoted short for an error line."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _number(data: dict, key: str, default: float | None = None) -> float:
+    value = data.get(key, default)
+    if not _is_number(value):
+        raise ValueError(f"profile.{key}={_shown(value)}: must be a number")
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond float range
+        raise ValueError(f"profile.{key}={_shown(value)}: out of range") from None
+
+
+def _numbers(data: dict, key: str, integers: bool = False) -> list[float]:
+    """``data[key]`` as a list of numbers (integers where asked); ValueError naming the key."""
+    values = data[key]
+    kind = "integers" if integers else "numbers"
+    if not isinstance(values, list) or not all(
+            _is_number(v) and (not integers or isinstance(v, int) or v.is_integer()) for v in values):
+        raise ValueError(f"profile.{key}={_shown(values)}: must be a list of {kind}")
+    return [_number({key: v}, key) for v in values]
 
 
 # A measured-shape estimate for the tiny default model on one CPU core per actor: a decode

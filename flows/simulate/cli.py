@@ -130,7 +130,7 @@ def build_model(args: argparse.Namespace) -> ClusterModel:
         profile = parse_roofline_spec(args.profile, args.gpus_per_actor)
         model_name = args.model or args.profile.split(":")[2]
     else:
-        profile = TpotProfile.load(args.profile)
+        profile = TpotProfile.load(args.profile, "--profile")
         model_name = args.model or "qwen2.5-7b"
     spec = MODELS[model_name]
     gpu = args.learner_gpu or (args.profile.split(":")[1] if args.profile.startswith("roofline:") else "h100")
