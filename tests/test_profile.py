@@ -25,6 +25,28 @@ def test_profile_writes_a_loadable_grid(tmp_path, capsys):
     assert profile.shrink(4, 16) > 0 and profile.shrink_s >= 0 and profile.shrink_s_per_kv_token >= 0
 
 
+def test_profile_states_the_model_it_measured_as_a_campaign_s_profile_action_would(tmp_path, capsys):
+    """The file's ``identity`` names the campaign model's config.json digest exactly as the
+    pool's ``profile`` action computes it from the prepared store (so a campaign planning from
+    the file can tell it was measured for its model), the dtype, device and engine."""
+    import hashlib
+
+    from actions.models.loading import load_base
+    from actions.profile import device_name
+    from tests.conftest import TINY_OVERRIDES, prepare_tiny
+
+    out = tmp_path / "p.json"
+    model = [x for o in TINY_OVERRIDES if o.startswith("model.") for x in ("--set", o)]
+    assert main(["profile", *model, "--batch-sizes", "1,2", "--contexts", "8,16", "--output", str(out)]) == 0
+    capsys.readouterr()
+    _, store, prepared = prepare_tiny(tmp_path / "store", "runs/r")
+    stored = load_base(store.uri, prepared.base_key)["config.json"]
+    identity = TpotProfile.load(out).identity
+    assert identity.model_config_sha256 == hashlib.sha256(stored).hexdigest()
+    assert (identity.dtype, identity.engine) == ("float32", "torch")
+    assert identity.device == device_name(__import__("torch").device("cpu")) and "vocab_size" in identity.model
+
+
 def test_profile_rejects_bad_grid(capsys):
     assert main(["profile", "--batch-sizes", "4,1"]) == 2
     assert "--batch-sizes" in capsys.readouterr().err

@@ -103,6 +103,47 @@ _ROOFLINE_CONTEXTS = (0, 256, 512, 1024, 2048, 4096, 8192)
 
 
 @dataclass(frozen=True)
+class ProfileIdentity:
+    """What a profile was measured on (``rlhfless profile``, the live ``profile`` action) or
+    modelled for (a roofline); the ``identity`` object of a profile JSON. A campaign planning
+    from a ``scaling.profile`` file compares it with its own (``differences``) and warns where
+    they differ. None: not known (a roofline has no config file, an older file states nothing)."""
+
+    model: str = "an unnamed model"
+    """A readable name (a hub name, or the architecture's type and size)."""
+    model_config_sha256: str | None = None
+    """sha256 of the model's ``config.json`` as the campaign stores it (the architecture)."""
+    dtype: str | None = None
+    device: str | None = None
+    """Device type and model name, e.g. ``cpu:AMD EPYC 7B13``, or a GPU's name for a roofline."""
+    engine: str | None = None
+    """``torch``, ``vllm`` or ``roofline``."""
+
+    def to_dict(self) -> dict[str, str]:
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "ProfileIdentity":
+        known = set(cls.__dataclass_fields__)
+        if not isinstance(data, dict) or not all(k in known and isinstance(v, str) for k, v in data.items()):
+            raise ValueError(f"profile.identity={_shown(data)}: must be an object of strings, keys among "
+                             f"{', '.join(sorted(known))}")
+        return cls(**data)
+
+    def differences(self, other: "ProfileIdentity") -> list[str]:
+        """Each fact both identities state and give differently, as ``fact mine (other: theirs)``;
+        the readable names are not compared (the same model may go by several)."""
+        out = []
+        for name in ("model_config_sha256", "dtype", "device", "engine"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine is not None and theirs is not None and mine != theirs:
+                if name == "model_config_sha256":  # a digest: its start tells two apart
+                    name, mine, theirs = "model config", mine[:12], theirs[:12]
+                out.append(f"{name} {mine} (this campaign: {theirs})")
+        return out
+
+
+@dataclass(frozen=True)
 class TpotProfile:
     """TPOT grid for one actor size. ``seconds[i][j]`` = TPOT at ``batch_sizes[i]``,
     ``contexts[j]``; both axes strictly increasing with at least two points (batches >= 1,
@@ -119,6 +160,8 @@ class TpotProfile:
     roofline have no such cost: 0). See ``shrink``."""
     shrink_s_per_kv_token: float = 0.0
     """... plus this many seconds per cached token (rows before the drop x context)."""
+    identity: ProfileIdentity | None = None
+    """What the grid was measured on or modelled for; None where the file states nothing."""
     # per-batch interpolated rows, filled lazily by tpot_fn (planning speed, not state)
     _rows: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -240,12 +283,13 @@ class TpotProfile:
         return {"name": self.name, "batch_sizes": list(self.batch_sizes),
                 "contexts": list(self.contexts), "seconds": [list(r) for r in self.seconds],
                 "prefill_tokens_per_s": self.prefill_tokens_per_s, "shrink_s": self.shrink_s,
-                "shrink_s_per_kv_token": self.shrink_s_per_kv_token}
+                "shrink_s_per_kv_token": self.shrink_s_per_kv_token,
+                **({"identity": self.identity.to_dict()} if self.identity is not None else {})}
 
     @classmethod
     def from_dict(cls, data: Any) -> "TpotProfile":
-        """The profile ``to_dict`` wrote (``shrink_*`` and ``name`` may be absent, as in older
-        files). ValueError naming the ``profile.<key>`` that is missing or malformed."""
+        """The profile ``to_dict`` wrote (``shrink_*``, ``name`` and ``identity`` may be absent,
+        as in older files). ValueError naming the ``profile.<key>`` that is missing or malformed."""
         if not isinstance(data, dict):
             raise ValueError(f"expected a JSON object with {', '.join(_REQUIRED)}, not {type(data).__name__}")
         missing = [key for key in _REQUIRED if key not in data]
@@ -260,7 +304,8 @@ class TpotProfile:
                    prefill_tokens_per_s=_number(data, "prefill_tokens_per_s"),
                    name=str(data.get("name", "custom")),
                    shrink_s=_number(data, "shrink_s", 0.0),  # absent in older profiles
-                   shrink_s_per_kv_token=_number(data, "shrink_s_per_kv_token", 0.0))
+                   shrink_s_per_kv_token=_number(data, "shrink_s_per_kv_token", 0.0),
+                   identity=None if data.get("identity") is None else ProfileIdentity.from_dict(data["identity"]))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
@@ -387,8 +432,10 @@ def roofline_profile(gpu: GpuSpec, model: ModelSpec, gpus_per_actor: int,
     seconds = tuple(tuple(roofline_tpot(gpu, model, gpus_per_actor, b, c, capacity) for c in contexts)
                     for b in batch_sizes)
     prefill = gpus_per_actor * gpu.peak_flops * gpu.compute_eff / (2 * model.num_params)
+    dtype = {2: "bfloat16", 4: "float32"}.get(model.dtype_bytes)
     return TpotProfile(tuple(batch_sizes), tuple(float(c) for c in contexts), seconds, prefill,
-                       name=f"roofline:{gpu.name}:{model.name}:tp{gpus_per_actor}")
+                       name=f"roofline:{gpu.name}:{model.name}:tp{gpus_per_actor}",
+                       identity=ProfileIdentity(model.name, dtype=dtype, device=gpu.name, engine="roofline"))
 
 
 def parse_roofline_spec(spec: str, gpus_per_actor: int) -> TpotProfile:
