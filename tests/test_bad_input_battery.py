@@ -557,6 +557,13 @@ CASES: dict[str, Case] = {
     "cli simulate trace missing": Case(["simulate", "--trace", "{tmp}/none.jsonl"], ("--trace", "none.jsonl", "not a file")),
     "cli simulate bad trace line": Case(
         ["simulate", "--trace", "{tmp}/t.jsonl"], ("t.jsonl:1", "'epoch'"), setup=_write("t.jsonl", '{"step": 0}\n')),
+    "cli simulate negative length": Case(
+        ["simulate", "--trace", "{tmp}/t.jsonl"], ("t.jsonl:1", "answer_len=-50", "[0, 1048576]"),
+        setup=_write("t.jsonl", '{"epoch": 0, "step": 0, "prompt_id": 0, "prompt_len": 5, "answer_len": -50, '
+                                '"response_lens": [3, 4]}\n')),
+    "cli simulate trace not UTF-8": Case(
+        ["simulate", "--trace", "{tmp}/t.jsonl"], ("t.jsonl:1", "not UTF-8", "save the trace as UTF-8"),
+        setup=_write("t.jsonl", b'{"epoch": 0, "note": "caf\xe9"}\n')),
     "cli simulate bad learner rate": Case(
         ["simulate", "--trace", "{tmp}/t.jsonl", "--learner-tokens-per-s", "0"],
         ("--learner-tokens-per-s=0", "must be > 0"),

@@ -28,7 +28,7 @@ from flows.planning.tpot import GPUS, LEARNER_MFU, MODELS, TpotProfile, learner_
 from flows.simulate.bill_bound import capped_time_floor
 from flows.simulate.bound import max_speedup, phase_floor
 from flows.simulate.policies import DEFAULT_POLICIES, ClusterModel, parse_policy
-from flows.simulate.replay import PolicyRun, read_trace, replay
+from flows.simulate.replay import MAX_TOKENS, PolicyRun, read_trace, replay
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -124,6 +124,9 @@ def build_model(args: argparse.Namespace) -> ClusterModel:
         raise ValueError(f"--learner-tokens-per-s={args.learner_tokens_per_s}: must be > 0 tokens/s "
                          "(leave it out to derive it from --learner-gpus and --learner-mfu)")
     check_objective(args.objective, args.lam, args.value_of_time, args.time_slack, args.budget_actors)
+    if args.max_new_tokens is not None and not 1 <= args.max_new_tokens <= MAX_TOKENS:
+        raise ValueError(f"--max-new-tokens={args.max_new_tokens}: must be in [1, {MAX_TOKENS}] tokens (the "
+                         "generation cap the traces were made with)")
     if args.colocated_actors is not None and args.colocated_actors < 1:
         raise ValueError(f"--colocated-actors={args.colocated_actors}: must be >= 1 (1 = actor 0 alone)")
     if args.profile.startswith("roofline:"):

@@ -1,0 +1,71 @@
+"""What ``rlhfless simulate`` refuses up front, in one line naming the trace line or the flag:
+trace values out of range (``flows/simulate/replay.py``), flags the cluster model cannot hold
+(``flows/simulate/cli.py: build_model``), and output it could not write."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flows.simulate.cli import main
+
+ROW = {"epoch": 0, "step": 0, "prompt_id": 1, "prompt_len": 5, "answer_len": 3, "response_lens": [4, 5]}
+
+
+def _trace(tmp_path: Path, *rows: dict, raw: bytes = b"") -> Path:
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in rows) + raw)
+    return path
+
+
+@pytest.mark.parametrize("change,named", [
+    ({"answer_len": -50}, ":2: answer_len=-50: must be an integer in [0, 1048576]"),
+    ({"prompt_len": -100}, ":2: prompt_len=-100: must be an integer in [1, 1048576]"),
+    ({"prompt_len": 0, "response_lens": [0, 0]}, ":2: prompt_len=0"),  # a phase of no work: 0 s floors
+    ({"response_lens": [10**12]}, ":2: response_lens=[1000000000000]: must be a non-empty list of integers"),
+    ({"response_lens": [True, 3]}, ":2: response_lens=[True, 3]"),
+    ({"prompt_id": -1}, ":2: prompt_id=-1"),
+    ({"answer_len": 10**400}, ":2: answer_len=100000000000... (401 digits)"),
+    ({"max_new_tokens": 2**40}, ":2: max_new_tokens=1099511627776: must be an integer in [1, 1048576]"),
+    ({"max_new_tokens": True}, ":2: max_new_tokens=True"),
+])
+def test_trace_values_out_of_range_name_the_line(tmp_path, change, named):
+    """Each of these failed deep in the simulator (IndexError, numpy's negative dimensions, a
+    466 GiB allocation, ZeroDivisionError, OverflowError) or was taken as a length (True as 1)."""
+    from flows.simulate.replay import read_trace
+
+    path = _trace(tmp_path, {**ROW, "prompt_id": 0}, {**ROW, **change})
+    with pytest.raises(ValueError) as exc:
+        read_trace(path)
+    assert str(exc.value).startswith(f"{path}:2: ") and named in str(exc.value)
+
+
+def test_undecodable_or_overlong_lines_name_the_line(tmp_path):
+    from flows.simulate.replay import read_trace
+
+    with pytest.raises(ValueError, match=r"t\.jsonl:2: not UTF-8 text .*save the trace as UTF-8"):
+        read_trace(_trace(tmp_path, ROW, raw=b'{"note": "caf\xe9"}\n'))
+    digits = b'{"epoch": 0, "step": 0, "prompt_id": ' + b"9" * 5000 + b"}\n"  # past int's 4300-digit parse limit
+    with pytest.raises(ValueError, match=r"t\.jsonl:2: a number too long"):
+        read_trace(_trace(tmp_path, ROW, raw=digits))
+
+
+def test_the_floor_of_no_work_is_an_error_not_a_division_by_zero():
+    from flows.simulate.bound import max_speedup
+
+    with pytest.raises(ValueError, match="floors total 0"):
+        max_speedup([1.0, 2.0], [0.0, 0.0])
+    assert max_speedup([1.0, 2.0], [0.5, 1.0]) == 2.0
+
+
+@pytest.mark.parametrize("args,named", [
+    (["--max-new-tokens", "0"], "--max-new-tokens=0: must be in [1, 1048576]"),
+    (["--max-new-tokens", str(2**21)], "--max-new-tokens=2097152"),
+])
+def test_flags_are_named_in_the_error(tmp_path, capsys, args, named):
+    path = _trace(tmp_path, ROW)
+    assert main(["--trace", str(path), *args]) == 2
+    err = capsys.readouterr().err
+    assert named in err and err.count("\n") == 1, err
