@@ -564,6 +564,15 @@ CASES: dict[str, Case] = {
     "cli simulate trace not UTF-8": Case(
         ["simulate", "--trace", "{tmp}/t.jsonl"], ("t.jsonl:1", "not UTF-8", "save the trace as UTF-8"),
         setup=_write("t.jsonl", b'{"epoch": 0, "note": "caf\xe9"}\n')),
+    "cli simulate negative bandwidth": Case(
+        ["simulate", "--trace", "{tmp}/t.jsonl", "--bandwidth-gb-per-gpu", "-40"],
+        ("--bandwidth-gb-per-gpu=-40.0", "GB/s > 0"), setup=_write("t.jsonl", "")),
+    "cli simulate actor wider than a node": Case(
+        ["simulate", "--trace", "{tmp}/t.jsonl", "--gpus-per-actor", "16", "--gpus-per-node", "8"],
+        ("--gpus-per-actor=16", "--gpus-per-node=8", "use at most 8"), setup=_write("t.jsonl", "")),
+    "cli simulate static fan-out beyond the cluster": Case(
+        ["simulate", "--trace", "{tmp}/t.jsonl", "--nodes", "1", "--policy", "static:100"],
+        ("--policy 'static:100'", "hold 4 such actors", "use N <= 4"), setup=_write("t.jsonl", "")),
     "cli simulate bad learner rate": Case(
         ["simulate", "--trace", "{tmp}/t.jsonl", "--learner-tokens-per-s", "0"],
         ("--learner-tokens-per-s=0", "must be > 0"),
@@ -575,7 +584,7 @@ CASES: dict[str, Case] = {
                                 '"response_lens": [3, 4]}\n')),
     "cli simulate negative value of time": Case(
         ["simulate", "--trace", "{tmp}/t.jsonl", "--value-of-time", "-1"],
-        ("scaling.value_of_time_usd_per_s=-1.0", "finite number >= 0"),
+        ("--value-of-time=-1.0", "finite number >= 0"),
         setup=_write("t.jsonl", '{"epoch": 0, "step": 0, "prompt_id": 0, "prompt_len": 5, "answer_len": 3, '
                                 '"response_lens": [3, 4]}\n')),
     # ----------------------------------------------------------------- run lease and store lifecycle

@@ -63,6 +63,19 @@ def test_the_floor_of_no_work_is_an_error_not_a_division_by_zero():
 @pytest.mark.parametrize("args,named", [
     (["--max-new-tokens", "0"], "--max-new-tokens=0: must be in [1, 1048576]"),
     (["--max-new-tokens", str(2**21)], "--max-new-tokens=2097152"),
+    # reported as the cluster.* or scaling.* setting they fill, or not checked at all
+    (["--bandwidth-gb-per-gpu", "-40"], "--bandwidth-gb-per-gpu=-40.0: must be a finite number of GB/s > 0"),
+    (["--n-min", "0"], "--n-min=0: must be >= 1"),
+    (["--n-min", "5", "--n-max", "2"], "--n-max=2: below --n-min=5"),
+    (["--learner-mfu", "1.5"], "--learner-mfu=1.5: must be in (0, 1]"),
+    (["--learner-gpus", "0"], "--learner-gpus=0: must be >= 1"),
+    (["--cut-threshold", "2"], "--cut-threshold=2.0: must be in (0, 1]"),  # accepted unless --objective value
+    (["--lam", "nan"], "--lam=nan"),
+    (["--cold-start-s", "inf"], "--cold-start-s=inf: must be a finite number of seconds >= 0"),
+    (["--gpus-per-actor", "16", "--gpus-per-node", "8"], "--gpus-per-actor=16: more than --gpus-per-node=8"),
+    (["--nodes", "1", "--policy", "static:100"], "--policy 'static:100': 100 actors of --gpus-per-actor 2 need "
+                                                 "200 GPUs, but --nodes 1 x --gpus-per-node 8 hold 4 such actors"),
+    (["--nodes", "1", "--gpus-per-actor", "8"], "default policy 'static:3' (pass --policy to choose)"),
 ])
 def test_flags_are_named_in_the_error(tmp_path, capsys, args, named):
     path = _trace(tmp_path, ROW)

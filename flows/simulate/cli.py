@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +28,7 @@ from flows.planning.objective import check_objective
 from flows.planning.tpot import GPUS, LEARNER_MFU, MODELS, TpotProfile, learner_tokens_per_s, parse_roofline_spec
 from flows.simulate.bill_bound import capped_time_floor
 from flows.simulate.bound import max_speedup, phase_floor
-from flows.simulate.policies import DEFAULT_POLICIES, ClusterModel, parse_policy
+from flows.simulate.policies import DEFAULT_POLICIES, ClusterModel, Policy, parse_policy
 from flows.simulate.replay import MAX_TOKENS, PolicyRun, read_trace, replay
 
 
@@ -116,19 +117,56 @@ def _slack(text: str) -> float | None:
     return value
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """ValueError naming the flag, its value and the range, for every number the cluster and
+    planner models take from the command line (NaN fails every range)."""
+    def need(ok: bool, flag: str, value: object, rule: str) -> None:
+        if not ok:
+            raise ValueError(f"{flag}={value}: {rule}")
+
+    for flag in ("nodes", "gpus_per_node", "gpus_per_actor", "n_min", "n_max", "budget_actors", "learner_gpus"):
+        need(getattr(args, flag) >= 1, f"--{flag.replace('_', '-')}", getattr(args, flag), "must be >= 1")
+    need(args.gpus_per_actor <= args.gpus_per_node, "--gpus-per-actor", args.gpus_per_actor,
+         f"more than --gpus-per-node={args.gpus_per_node}: an actor's GPUs are on one node; use at most "
+         f"{args.gpus_per_node}")
+    need(args.n_min <= args.n_max, "--n-max", args.n_max, f"below --n-min={args.n_min}; make --n-max >= --n-min")
+    need(0 < args.bandwidth_gb_per_gpu < math.inf, "--bandwidth-gb-per-gpu", args.bandwidth_gb_per_gpu,
+         "must be a finite number of GB/s > 0")
+    need(0 < args.cut_threshold <= 1, "--cut-threshold", args.cut_threshold, "must be in (0, 1] (1 = never cut)")
+    need(0 <= args.lam <= 1, "--lam", args.lam, "must be in [0, 1] (1 = fastest, 0 = cheapest)")
+    need(0 <= args.time_slack <= 10, "--time-slack", args.time_slack,
+         "must be in [0, 10] (a fraction of the fastest candidate's time)")
+    need(args.value_of_time is None or 0 <= args.value_of_time < math.inf, "--value-of-time", args.value_of_time,
+         "must be a finite number >= 0 (GPU-seconds one second of phase time is worth)")
+    need(0 < args.learner_mfu <= 1, "--learner-mfu", args.learner_mfu, "must be in (0, 1] (a fraction of peak)")
+    need(args.learner_tokens_per_s is None or 0 < args.learner_tokens_per_s < math.inf, "--learner-tokens-per-s",
+         args.learner_tokens_per_s, "must be > 0 tokens/s (leave it out to derive it from --learner-gpus and "
+         "--learner-mfu)")
+    for flag in ("cold_start_s", "prewarm_idle_s"):
+        need(0 <= getattr(args, flag) < math.inf, f"--{flag.replace('_', '-')}", getattr(args, flag),
+             "must be a finite number of seconds >= 0")
+    need(args.max_new_tokens is None or 1 <= args.max_new_tokens <= MAX_TOKENS, "--max-new-tokens",
+         args.max_new_tokens, f"must be in [1, {MAX_TOKENS}] tokens (the generation cap the traces were made with)")
+    need(args.colocated_actors is None or args.colocated_actors >= 1, "--colocated-actors", args.colocated_actors,
+         "must be >= 1 (1 = actor 0 alone)")
+
+
+def check_fits(policy: Policy, model: ClusterModel, given: bool = True) -> None:
+    """ValueError naming ``--policy`` (or, ``given`` False, the default policy list) where a
+    fixed fan-out (``static:N``, ``round-robin:N``, ``no-scale[:N]``) needs more actors than the
+    modelled cluster holds: the plan would hold more GPUs than there are."""
+    n, most = policy.scaling.num_actors, model.max_actors
+    if n is not None and n > most:
+        which = f"--policy {policy.name!r}" if given else f"default policy {policy.name!r} (pass --policy to choose)"
+        raise ValueError(f"{which}: {n} actors of --gpus-per-actor {model.gpus_per_actor} need "
+                         f"{n * model.gpus_per_actor} GPUs, but --nodes {model.num_nodes} x --gpus-per-node "
+                         f"{model.gpus_per_node} hold {most} such actors; use N <= {most} or raise --nodes")
+
+
 def build_model(args: argparse.Namespace) -> ClusterModel:
-    """ClusterModel from parsed arguments (ValueError/OSError on a bad profile)."""
-    if args.gpus_per_actor < 1 or args.nodes < 1 or args.gpus_per_node < 1:
-        raise ValueError("--nodes, --gpus-per-node and --gpus-per-actor must be >= 1")
-    if args.learner_tokens_per_s is not None and args.learner_tokens_per_s <= 0:
-        raise ValueError(f"--learner-tokens-per-s={args.learner_tokens_per_s}: must be > 0 tokens/s "
-                         "(leave it out to derive it from --learner-gpus and --learner-mfu)")
+    """ClusterModel from parsed arguments (``check_flags``); ValueError on a bad profile."""
+    check_flags(args)
     check_objective(args.objective, args.lam, args.value_of_time, args.time_slack, args.budget_actors)
-    if args.max_new_tokens is not None and not 1 <= args.max_new_tokens <= MAX_TOKENS:
-        raise ValueError(f"--max-new-tokens={args.max_new_tokens}: must be in [1, {MAX_TOKENS}] tokens (the "
-                         "generation cap the traces were made with)")
-    if args.colocated_actors is not None and args.colocated_actors < 1:
-        raise ValueError(f"--colocated-actors={args.colocated_actors}: must be >= 1 (1 = actor 0 alone)")
     if args.profile.startswith("roofline:"):
         profile = parse_roofline_spec(args.profile, args.gpus_per_actor)
         model_name = args.model or args.profile.split(":")[2]
@@ -248,6 +286,8 @@ def run(args: argparse.Namespace) -> int:
         for name in names:
             parse_policy(name)
         model = build_model(args)
+        for name in names:
+            check_fits(parse_policy(name), model, given=bool(args.policies))
         traces = [(path, read_trace(path)) for path in args.traces]
         reports = [(path, steps, replay(steps, names, model, max_new_tokens=args.max_new_tokens))
                    for path, steps in traces]
