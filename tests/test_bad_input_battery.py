@@ -573,6 +573,9 @@ CASES: dict[str, Case] = {
     "cli simulate static fan-out beyond the cluster": Case(
         ["simulate", "--trace", "{tmp}/t.jsonl", "--nodes", "1", "--policy", "static:100"],
         ("--policy 'static:100'", "hold 4 such actors", "use N <= 4"), setup=_write("t.jsonl", "")),
+    "cli simulate plot folder missing": Case(
+        ["simulate", "--trace", "{tmp}/t.jsonl", "--plot", "{tmp}/no/p.png"], ("--plot", "no/p.png", "does not exist"),
+        setup=_write("t.jsonl", "")),
     "cli simulate bad learner rate": Case(
         ["simulate", "--trace", "{tmp}/t.jsonl", "--learner-tokens-per-s", "0"],
         ("--learner-tokens-per-s=0", "must be > 0"),

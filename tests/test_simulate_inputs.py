@@ -82,3 +82,59 @@ def test_flags_are_named_in_the_error(tmp_path, capsys, args, named):
     assert main(["--trace", str(path), *args]) == 2
     err = capsys.readouterr().err
     assert named in err and err.count("\n") == 1, err
+
+
+def _small(tmp_path: Path, name: str = "t.jsonl") -> Path:
+    """Two steps of four prompts (cap stated): simulated in well under a second."""
+    rows = [{**ROW, "step": s, "prompt_id": i, "prompt_len": 20 + i, "response_lens": [8 + i, 12 + 2 * i],
+             "max_new_tokens": 64} for s in range(2) for i in range(4)]
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+FAST = ["--nodes", "2", "--policy", "rlhfless", "--policy", "static:3"]
+
+
+@pytest.mark.parametrize("plot,named", [
+    ("{tmp}/missing/p.png", "the folder"),
+    ("{tmp}", "name a file ending in .png, .pdf, .svg"),  # matplotlib would write {tmp}.png beside it
+    ("{tmp}/p.xyz", "name a file ending in"),
+    ("{tmp}/taken.png", "is a directory"),
+])
+def test_a_plot_that_cannot_be_written_is_refused_before_simulating(tmp_path, capsys, plot, named):
+    (tmp_path / "taken.png").mkdir()
+    trace = _small(tmp_path)
+    plot = plot.format(tmp=tmp_path)
+    assert main(["--trace", str(trace), *FAST, "--plot", plot]) == 2  # not a traceback (python -m flows.simulate)
+    out, err = capsys.readouterr()
+    assert out == "" and f"--plot {plot!r}" in err and named in err and err.count("\n") == 1, err
+    assert not Path(f"{tmp_path}.png").exists()
+
+
+def test_traces_of_the_same_file_name_get_a_plot_each(tmp_path, capsys):
+    a, b = _small(tmp_path / "a"), _small(tmp_path / "b")
+    assert main(["--trace", str(a), "--trace", str(b), *FAST, "--plot", str(tmp_path / "p.svg")]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.glob("p-*")) == ["p-t-2.svg", "p-t.svg"]
+
+
+def test_json_keeps_the_frontier_and_every_trace_given(tmp_path, capsys):
+    trace = _small(tmp_path)
+    assert main(["--trace", str(trace), *FAST, "--json", "--frontier", "--objective", "slack"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = report["frontier"]["rows"]
+    assert report["frontier"]["knob"] == "time_slack" and len(rows) == 7
+    assert set(rows[0]) == {"time_slack", "gen_time", "gen_gpu_seconds", "step_time", "step_gpu_seconds", "mean_n"}
+    assert main(["--trace", str(trace), "--trace", str(trace), *FAST, "--json"]) == 0  # the same trace twice
+    report = json.loads(capsys.readouterr().out)
+    assert list(report["traces"]) == [str(trace), f"{trace}#2"]
+    assert all(set(r) == {"policies", "generation_floor"} for r in report["traces"].values())
+
+
+def test_the_frontier_s_baseline_must_fit_the_cluster(tmp_path, capsys):
+    trace = _small(tmp_path)
+    assert main(["--trace", str(trace), "--nodes", "1", "--gpus-per-actor", "4", "--policy", "rlhfless",
+                 "--frontier"]) == 2
+    assert "--frontier's baseline 'static:3': 3 actors" in capsys.readouterr().err
