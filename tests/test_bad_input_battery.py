@@ -658,6 +658,10 @@ CASES: dict[str, Case] = {
         ("--push-to-hub 'me/model'", "HF_HUB_OFFLINE=1", "set HF_HUB_OFFLINE=0"), env={"HF_HUB_OFFLINE": "1"}),
     "cli export version collected": Case(["export", "done", "--store", "{done}", "--out", "{tmp}/o"],
                                          ("step 1", "garbage collection", "store.checkpoint_every")),
+    "cli profile output folder missing": Case(["profile", "--output", "{tmp}/no/p.json"],
+                                              ("--output", "no/p.json", "does not exist", "create it")),
+    "cli profile output is a directory": Case(["profile", "--output", "{tmp}/d"], ("--output", "is a directory"),
+                                              setup=_link("d", "real")),
     "cli deploy manifest missing": Case(
         ["deploy", "--dry-run", "--manifest", "{tmp}/none.yaml"], ("none.yaml", "cannot read the manifest")),
 }

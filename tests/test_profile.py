@@ -47,6 +47,28 @@ def test_profile_states_the_model_it_measured_as_a_campaign_s_profile_action_wou
     assert identity.device == device_name(__import__("torch").device("cpu")) and "vocab_size" in identity.model
 
 
+def test_profile_checks_output_before_measuring_and_writes_it_whole(tmp_path, capsys, monkeypatch):
+    """A missing folder or a directory is refused by --output before the measurement (minutes
+    on a large model); the file is written through a temporary file renamed over it, so a
+    failed write leaves the previous profile as it was."""
+    import os
+
+    from actions.engines import profiling
+    from flows.commands.measure import write_whole
+
+    monkeypatch.setattr(profiling, "measure_grid", lambda *a, **kw: pytest.fail("measured before --output was checked"))
+    assert main(["profile", "--output", str(tmp_path / "no" / "p.json")]) == 2
+    assert "--output" in capsys.readouterr().err
+    assert main(["profile", "--output", str(tmp_path)]) == 2
+    assert f"--output {str(tmp_path)!r} is a directory" in capsys.readouterr().err
+    out = tmp_path / "p.json"
+    out.write_text("old")
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with pytest.raises(OSError):
+        write_whole(out, "new")
+    assert out.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["p.json"]
+
+
 def test_profile_rejects_bad_grid(capsys):
     assert main(["profile", "--batch-sizes", "4,1"]) == 2
     assert "--batch-sizes" in capsys.readouterr().err

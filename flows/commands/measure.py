@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     batches, contexts = _ints(args.batch_sizes, "--batch-sizes"), _ints(args.contexts, "--contexts")
+    output = check_output(args.output)  # before the measurement, which takes seconds to minutes
     device = parse_device(args.device, source="--device")
     dtype = profile_dtype(args.dtype, cfg.model.dtype, device)
     check_engine(cfg, local_actions=True, device=device.type)  # it runs here: vLLM missing is train's refusal
@@ -81,9 +82,39 @@ def run(args: argparse.Namespace) -> int:
                             fused_sampling=gen.fused_sampling)
     grid["identity"] = profile_identity(cfg, args.model_config, device, dtype).to_dict()
     profile = TpotProfile.from_dict(grid)  # validates the grid
-    Path(args.output).write_text(json.dumps(profile.to_dict(), indent=2))
+    write_whole(output, json.dumps(profile.to_dict(), indent=2))
     print(args.output)
     return 0
+
+
+def check_output(text: str) -> Path:
+    """``--output`` as a path a file can be written at; ValueError naming the flag when it is a
+    directory or its folder does not exist or cannot be written."""
+    import os
+
+    path = Path(text)
+    if path.is_dir():
+        raise ValueError(f"--output {text!r} is a directory; pass a file path, e.g. {str(path / 'profile.json')!r}")
+    folder = path.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"--output {text!r}: the folder {str(folder)!r} does not exist or cannot be written; "
+                         "create it or pick another path")
+    return path
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it, renamed over it: a reader
+    (or a campaign's ``scaling.profile``) sees the old file or the new one, never half of one."""
+    import os
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # open() gives it the umask's mode, as before
+    try:
+        with open(tmp, "x") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def profile_dtype(flag: str | None, setting: str, device: torch.device) -> torch.dtype:
