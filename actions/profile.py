@@ -25,7 +25,14 @@ from actions.models.device import action_device, action_dtype
 from actions.models.loading import configure_threads, load_base, load_model, store_for
 from actions.runtime.adapter import run_action
 from actions.store import ObjectNotFound, ObjectStore, get_artifact, put_json, read_manifest
-from actions.store.profile_cache import ProfileFacts, ProfileRequest, ProfileResult, cache_record, check_cached
+from actions.store.profile_cache import (
+    ProfileFacts,
+    ProfileRequest,
+    ProfileResult,
+    cache_record,
+    check_cached,
+    model_label,
+)
 
 
 def device_name(device: torch.device) -> str:
@@ -117,6 +124,7 @@ def run_profile(req: ProfileRequest) -> ProfileResult:
                                prefill_shape=req.prefill_shape, name=name, kv_cache=req.kv_cache,
                                cuda_graphs=req.cuda_graphs, compile_decode=req.compile_decode,
                                fused_sampling=req.fused_sampling)
+    profile = {**profile, "identity": facts.identity(model_label(config))}  # what it was measured on
     put_json(store, key, cache_record(facts, profile))
     return ProfileResult(profile=profile, source="measured", rejected=rejected,
                          measure_s=time.perf_counter() - t0, **common)

@@ -557,6 +557,25 @@ CASES: dict[str, Case] = {
     "cli simulate trace missing": Case(["simulate", "--trace", "{tmp}/none.jsonl"], ("--trace", "none.jsonl", "not a file")),
     "cli simulate bad trace line": Case(
         ["simulate", "--trace", "{tmp}/t.jsonl"], ("t.jsonl:1", "'epoch'"), setup=_write("t.jsonl", '{"step": 0}\n')),
+    "cli simulate negative length": Case(
+        ["simulate", "--trace", "{tmp}/t.jsonl"], ("t.jsonl:1", "answer_len=-50", "[0, 1048576]"),
+        setup=_write("t.jsonl", '{"epoch": 0, "step": 0, "prompt_id": 0, "prompt_len": 5, "answer_len": -50, '
+                                '"response_lens": [3, 4]}\n')),
+    "cli simulate trace not UTF-8": Case(
+        ["simulate", "--trace", "{tmp}/t.jsonl"], ("t.jsonl:1", "not UTF-8", "save the trace as UTF-8"),
+        setup=_write("t.jsonl", b'{"epoch": 0, "note": "caf\xe9"}\n')),
+    "cli simulate negative bandwidth": Case(
+        ["simulate", "--trace", "{tmp}/t.jsonl", "--bandwidth-gb-per-gpu", "-40"],
+        ("--bandwidth-gb-per-gpu=-40.0", "GB/s > 0"), setup=_write("t.jsonl", "")),
+    "cli simulate actor wider than a node": Case(
+        ["simulate", "--trace", "{tmp}/t.jsonl", "--gpus-per-actor", "16", "--gpus-per-node", "8"],
+        ("--gpus-per-actor=16", "--gpus-per-node=8", "use at most 8"), setup=_write("t.jsonl", "")),
+    "cli simulate static fan-out beyond the cluster": Case(
+        ["simulate", "--trace", "{tmp}/t.jsonl", "--nodes", "1", "--policy", "static:100"],
+        ("--policy 'static:100'", "hold 4 such actors", "use N <= 4"), setup=_write("t.jsonl", "")),
+    "cli simulate plot folder missing": Case(
+        ["simulate", "--trace", "{tmp}/t.jsonl", "--plot", "{tmp}/no/p.png"], ("--plot", "no/p.png", "does not exist"),
+        setup=_write("t.jsonl", "")),
     "cli simulate bad learner rate": Case(
         ["simulate", "--trace", "{tmp}/t.jsonl", "--learner-tokens-per-s", "0"],
         ("--learner-tokens-per-s=0", "must be > 0"),
@@ -568,7 +587,7 @@ CASES: dict[str, Case] = {
                                 '"response_lens": [3, 4]}\n')),
     "cli simulate negative value of time": Case(
         ["simulate", "--trace", "{tmp}/t.jsonl", "--value-of-time", "-1"],
-        ("scaling.value_of_time_usd_per_s=-1.0", "finite number >= 0"),
+        ("--value-of-time=-1.0", "finite number >= 0"),
         setup=_write("t.jsonl", '{"epoch": 0, "step": 0, "prompt_id": 0, "prompt_len": 5, "answer_len": 3, '
                                 '"response_lens": [3, 4]}\n')),
     # ----------------------------------------------------------------- run lease and store lifecycle
@@ -604,6 +623,22 @@ CASES: dict[str, Case] = {
     "config world size above the processors": Case(_train("--set", "train.world_size=4096"),
                                                    ("train.world_size=4096", "processors", "at most")),
     "config world size zero": Case(_train("--set", "train.world_size=0"), ("train.world_size", "greater than or equal to 1")),
+    "config scaling.n_max a boolean": Case(_train("--set", "scaling.n_max=true"),
+                                           ("scaling.n_max=True", "set an integer, e.g. scaling.n_max: 4")),
+    "config scaling.profile missing": Case(_train("--set", "scaling.profile={tmp}/nope.json"),
+                                           ("scaling.profile=", "nope.json", "cannot be read", "rlhfless profile")),
+    "config scaling.profile not a profile": Case(_train("--set", "scaling.profile={tmp}/p.json"),
+                                                 ("scaling.profile=", "p.json", "profile.batch_sizes is missing",
+                                                  "rlhfless profile"), setup=_write("p.json", "{}")),
+    "config scaling.profile NaN time": Case(
+        _train("--set", "scaling.profile={tmp}/p.json"), ("scaling.profile=", "profile.seconds[0][1]=nan", "> 0"),
+        setup=_write("p.json", '{"batch_sizes": [1, 2], "contexts": [8, 16], "seconds": [[0.1, NaN], [0.2, 0.2]], '
+                               '"prefill_tokens_per_s": 1000}')),
+    "config scaling.policy typo": Case(_train("--set", "scaling.policy=FIXED:3"),
+                                       ("scaling.policy='FIXED:3'", "did you mean 'fixed:3'")),
+    "config scaling.policy module missing": Case(_train("--set", "scaling.policy=nomod.x:fn"),
+                                                 ("scaling.policy='nomod.x:fn'", "No module named 'nomod'",
+                                                  "package.module:function")),
     "cli gc unknown run": Case(["gc", "nosuch", "--store", "{done}"], ("'nosuch'", "check the run id")),
     "cli gc keep-last zero": Case(["gc", "done", "--store", "{done}", "--keep-last", "0"], ("--keep-last 0", "1 or more")),
     "cli gc keep all": Case(["gc", "done", "--store", "{done}", "--config", "{tmp}/c.yaml"],
@@ -625,6 +660,10 @@ CASES: dict[str, Case] = {
         ("--push-to-hub 'me/model'", "HF_HUB_OFFLINE=1", "set HF_HUB_OFFLINE=0"), env={"HF_HUB_OFFLINE": "1"}),
     "cli export version collected": Case(["export", "done", "--store", "{done}", "--out", "{tmp}/o"],
                                          ("step 1", "garbage collection", "store.checkpoint_every")),
+    "cli profile output folder missing": Case(["profile", "--output", "{tmp}/no/p.json"],
+                                              ("--output", "no/p.json", "does not exist", "create it")),
+    "cli profile output is a directory": Case(["profile", "--output", "{tmp}/d"], ("--output", "is a directory"),
+                                              setup=_link("d", "real")),
     "cli deploy manifest missing": Case(
         ["deploy", "--dry-run", "--manifest", "{tmp}/none.yaml"], ("none.yaml", "cannot read the manifest")),
 }

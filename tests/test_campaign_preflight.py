@@ -23,6 +23,8 @@ NO_VLLM = pytest.mark.skipif(importlib.util.find_spec("vllm") is not None,
 REFUSED = [  # (override, what the refusal names): what pydantic cannot see
     pytest.param("generation.engine=vllm", "generation.engine 'vllm'", marks=NO_VLLM, id="engine-missing"),
     pytest.param("model.path={tmp}/missing", "missing' is not a directory", id="model-missing"),
+    pytest.param("scaling.profile={tmp}/none.json", "scaling.profile=", id="profile-missing"),
+    pytest.param("scaling.policy=nomod.x:fn", "scaling.policy='nomod.x:fn': cannot import", id="policy-missing"),
 ]
 
 

@@ -52,6 +52,11 @@ def test_second_start_reuses_the_cached_profile_and_other_facts_measure_anew(pub
     assert first["weight_bytes"] > 0 and first["store_read_bytes_per_s"] > 0
     assert first["kv_bytes_per_token"] == 2 * 1 * 2 * 8 * 4  # K+V x layers x kv heads x head_dim x fp32
 
+    identity = first["profile"]["identity"]  # what it was measured on, in the profile itself
+    assert identity == {**{k: first["facts"][k] for k in ("model_config_sha256", "dtype", "device", "engine")},
+                        "model": "llama (hidden_size 16, num_hidden_layers 1, vocab_size 51)"}
+    assert TpotProfile.from_dict(first["profile"]).identity.engine == "torch"
+
     again = _profile(ref)  # a second campaign start on the same store
     assert again["source"] == "cached" and again["measure_s"] == 0.0
     assert again["profile_key"] == first["profile_key"] and again["profile"] == first["profile"]
@@ -247,6 +252,40 @@ def test_the_flow_measures_again_when_it_cannot_use_a_cached_grid(tiny_config, m
     assert [p["refresh"] for p in calls if "probe" not in p] == [True]  # (the noop probes time the round trip)
     assert live.source == "measured" and live.profile.name == "m"
     assert any("profiles/k.json" in line and "measuring again" in line for line in lines)
+
+
+def test_a_profile_file_of_another_model_is_planned_with_after_one_warning(tiny_config, tmp_path, monkeypatch):
+    """A scaling.profile whose identity differs from what the pool's profile action found (a
+    roofline of Llama2-70B for the tiny CPU model) is used, a what-if, with one warning line;
+    a file measured for this model, or one stating nothing (older files), gets none."""
+    from actions.store.profile_cache import ProfileRequest
+    from flows.planning.tpot import ProfileIdentity, parse_roofline_spec
+    from flows.step import invoke as tasks
+    from flows.step.context import RunContext
+
+    monkeypatch.setattr(tasks, "invoke_action", lambda **kw: None)  # the round-trip probes
+    req = ProfileRequest(model={"store_uri": "s", "base_key": "b", "policy_key": "p", "policy_version": 0},
+                         batch_sizes=[1, 2], contexts=[4, 8], measure_grid=False)
+    here = ProfileIdentity("tiny", "0" * 64, "float32", "cpu:x", "torch")  # as _result's facts say
+    grid = TpotProfile((1, 2), (4.0, 8.0), ((0.001, 0.002), (0.002, 0.003)), 1000.0, name="m")
+    cases = {"roofline": parse_roofline_spec("roofline:h100:llama2-70b", 2),
+             "same": TpotProfile.from_dict({**grid.to_dict(), "identity": here.to_dict()}), "unstated": grid}
+    warned: dict[str, list[str]] = {}
+    for name, profile in cases.items():
+        path = tmp_path / f"{name}.json"
+        profile.save(path)
+        ctx = RunContext(config=tiny_config(f"scaling.profile={path}"), store=None, invoker=None,  # type: ignore[arg-type]
+                         run_id="r")
+        lines: list[str] = []
+        live = finish_profiling(ctx, (_Done(_result({}, "skipped")), req), lines.append)
+        assert live.source == "file" and live.profile == profile
+        warned[name] = [line for line in lines if "warning" in line]
+    assert warned["same"] == warned["unstated"] == []
+    (line,) = warned["roofline"]
+    assert f"scaling.profile '{tmp_path / 'roofline.json'}' was measured for Llama2-70B" in line
+    for fact in ("device H100-SXM (this campaign: cpu:x)", "engine roofline (this campaign: torch)",
+                 "planning with it as given", "rlhfless profile"):
+        assert fact in line, line
 
 
 def test_the_hook_plans_from_the_measured_profile_and_the_store_transfer_model(tiny_config, tmp_path):

@@ -1,6 +1,10 @@
-"""KV capacity in the roofline profile: a batch whose KV does not fit runs time-shared."""
+"""TpotProfile: KV capacity in the roofline profile (a batch whose KV does not fit runs time-shared),
+and what a profile file must hold to be loaded."""
 
 from __future__ import annotations
+
+import json
+import re
 
 import pytest
 
@@ -55,3 +59,57 @@ def test_shrink_cost_round_trips_and_defaults_to_zero():
     assert TpotProfile.from_dict(old).shrink(4, 10.0) == 0.0
     with pytest.raises(ValueError, match="shrink_s=-1"):
         TpotProfile(**grid, shrink_s=-1)
+
+
+GRID = {"batch_sizes": [1, 4], "contexts": [8.0, 16.0], "seconds": [[1e-3, 1e-3], [2e-3, 2e-3]],
+        "prefill_tokens_per_s": 1e4}
+
+
+@pytest.mark.parametrize("seconds,named", [
+    ([[float("nan"), 1e-3], [2e-3, 2e-3]], "profile.seconds[0][0]=nan"),
+    ([[1e-3, 1e-3], [-2e-3, 2e-3]], "profile.seconds[1][0]=-0.002"),
+    ([[0.0, 0.0], [0.0, 0.0]], "profile.seconds[0][0]=0.0"),
+    ([[1e-3, float("inf")], [2e-3, 2e-3]], "profile.seconds[0][1]=inf"),
+])
+def test_decode_times_must_be_finite_and_positive(seconds, named):
+    """A NaN time failed an assertion deep in the simulator; a negative or all-zero grid planned nonsense."""
+    from flows.planning.tpot import TpotProfile
+
+    with pytest.raises(ValueError, match=re.escape(named) + ".*finite number of seconds > 0"):
+        TpotProfile.from_dict({**GRID, "seconds": seconds})
+
+
+@pytest.mark.parametrize("text,named", [
+    ("{}", "profile.batch_sizes is missing"),
+    ("[]", "expected a JSON object"),
+    ('{"batch_sizes": [1, 4], "contexts": [8, 16], "seconds": [[1, 1], [1, 1]]}',
+     "profile.prefill_tokens_per_s is missing"),
+    (json.dumps({**GRID, "batch_sizes": ["one", 4]}), "profile.batch_sizes=['one', 4]: must be a list of integers"),
+    (json.dumps({**GRID, "batch_sizes": [1.5, 4]}), "profile.batch_sizes=[1.5, 4]: must be a list of integers"),
+    (json.dumps({**GRID, "seconds": "fast"}), "profile.seconds='fast': must be a list of rows"),
+    (json.dumps({**GRID, "prefill_tokens_per_s": True}), "profile.prefill_tokens_per_s=True: must be a number"),
+    (json.dumps({**GRID, "prefill_tokens_per_s": float("nan")}), "profile.prefill_tokens_per_s=nan"),
+    ('{"batch_sizes": [1, ', "is not valid JSON (line 1"),
+    ('{"batch_sizes": [' + "9" * 5000 + "]}", "number too long"),
+])
+def test_a_malformed_profile_file_is_one_error_naming_the_file_and_the_key(tmp_path, text, named):
+    from flows.planning.tpot import TpotProfile
+
+    path = tmp_path / "p.json"
+    path.write_text(text)
+    with pytest.raises(ValueError) as exc:
+        TpotProfile.load(path, "scaling.profile")
+    assert str(exc.value).startswith(f"scaling.profile={str(path)!r}") and named in str(exc.value)
+    assert "rlhfless profile" in str(exc.value)
+
+
+def test_a_missing_or_undecodable_profile_file_names_the_file(tmp_path):
+    from flows.planning.tpot import TpotProfile
+
+    with pytest.raises(ValueError, match=r"--profile='.*none.json' cannot be read \(No such file"):
+        TpotProfile.load(tmp_path / "none.json", "--profile")
+    with pytest.raises(ValueError, match=r"--profile='.*' cannot be read \(Is a directory"):
+        TpotProfile.load(tmp_path, "--profile")
+    (tmp_path / "latin.json").write_bytes(b'{"name": "caf\xe9"}')
+    with pytest.raises(ValueError, match="is not UTF-8 text"):
+        TpotProfile.load(tmp_path / "latin.json", "--profile")

@@ -1,8 +1,9 @@
 """Cost-aware actor scaling and the feasibility check (paper §3.5-3.6)."""
 
 import math
-from dataclasses import replace
+import re
 import textwrap
+from dataclasses import replace
 
 import pytest
 
@@ -127,6 +128,23 @@ def test_module_function_policy(tmp_path, monkeypatch):
         _plan(policy="my_policy:broken")
     with pytest.raises(ValueError, match="scaling.policy"):
         _plan(policy="my_policy:missing")
+
+
+def test_a_policy_function_is_checked_before_the_first_phase(tmp_path, monkeypatch):
+    """``check_scaling_policy`` (a campaign's preflight) imports the plan function: a module
+    that fails to import, a name that is no function, or a built-in's name in capitals is one
+    ValueError naming scaling.policy, before any phase is planned."""
+    from flows.planning.registry import check_scaling_policy, parse_scaling_policy
+
+    (tmp_path / "bad_policy.py").write_text("LIMIT = 3\nraise RuntimeError('half written')\n")
+    (tmp_path / "odd_policy.py").write_text("LIMIT = 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for text, named in (("bad_policy:plan", "cannot import (RuntimeError: half written)"),
+                        ("odd_policy:LIMIT", "LIMIT is a int, not a function"),
+                        ("FIXED:3", "did you mean 'fixed:3'?"), ("nomod.x:fn", "No module named 'nomod'")):
+        with pytest.raises(ValueError, match=re.escape(f"scaling.policy={text!r}: ") + ".*" + re.escape(named)):
+            check_scaling_policy(parse_scaling_policy(text))
+    check_scaling_policy(parse_scaling_policy("fixed:3"))  # built-ins pass
 
 
 # TPOT grows with batch and context, so the slice of the longest prompts decodes slowest

@@ -258,8 +258,8 @@ def test_cli_reports_generation_whole_step_and_frontier(tmp_path, capsys):
     (["--policy", "bogus"], "bogus"),
     (["--profile", "roofline:h100:gpt5"], "roofline"),
     (["--rank-slack", "-1"], "--rank-slack"),
-    (["--value-of-time", "-2"], "value_of_time_usd_per_s"),
-    (["--time-slack", "11"], "time_slack"),
+    (["--value-of-time", "-2"], "--value-of-time=-2.0"),
+    (["--time-slack", "11"], "--time-slack=11.0"),
     (["--learner-mfu", "0"], "mfu"),
 ])
 def test_cli_bad_input_returns_2(tmp_path, capsys, args, message):

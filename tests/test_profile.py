@@ -25,6 +25,50 @@ def test_profile_writes_a_loadable_grid(tmp_path, capsys):
     assert profile.shrink(4, 16) > 0 and profile.shrink_s >= 0 and profile.shrink_s_per_kv_token >= 0
 
 
+def test_profile_states_the_model_it_measured_as_a_campaign_s_profile_action_would(tmp_path, capsys):
+    """The file's ``identity`` names the campaign model's config.json digest exactly as the
+    pool's ``profile`` action computes it from the prepared store (so a campaign planning from
+    the file can tell it was measured for its model), the dtype, device and engine."""
+    import hashlib
+
+    from actions.models.loading import load_base
+    from actions.profile import device_name
+    from tests.conftest import TINY_OVERRIDES, prepare_tiny
+
+    out = tmp_path / "p.json"
+    model = [x for o in TINY_OVERRIDES if o.startswith("model.") for x in ("--set", o)]
+    assert main(["profile", *model, "--batch-sizes", "1,2", "--contexts", "8,16", "--output", str(out)]) == 0
+    capsys.readouterr()
+    _, store, prepared = prepare_tiny(tmp_path / "store", "runs/r")
+    stored = load_base(store.uri, prepared.base_key)["config.json"]
+    identity = TpotProfile.load(out).identity
+    assert identity.model_config_sha256 == hashlib.sha256(stored).hexdigest()
+    assert (identity.dtype, identity.engine) == ("float32", "torch")
+    assert identity.device == device_name(__import__("torch").device("cpu")) and "vocab_size" in identity.model
+
+
+def test_profile_checks_output_before_measuring_and_writes_it_whole(tmp_path, capsys, monkeypatch):
+    """A missing folder or a directory is refused by --output before the measurement (minutes
+    on a large model); the file is written through a temporary file renamed over it, so a
+    failed write leaves the previous profile as it was."""
+    import os
+
+    from actions.engines import profiling
+    from flows.commands.measure import write_whole
+
+    monkeypatch.setattr(profiling, "measure_grid", lambda *a, **kw: pytest.fail("measured before --output was checked"))
+    assert main(["profile", "--output", str(tmp_path / "no" / "p.json")]) == 2
+    assert "--output" in capsys.readouterr().err
+    assert main(["profile", "--output", str(tmp_path)]) == 2
+    assert f"--output {str(tmp_path)!r} is a directory" in capsys.readouterr().err
+    out = tmp_path / "p.json"
+    out.write_text("old")
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with pytest.raises(OSError):
+        write_whole(out, "new")
+    assert out.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["p.json"]
+
+
 def test_profile_rejects_bad_grid(capsys):
     assert main(["profile", "--batch-sizes", "4,1"]) == 2
     assert "--batch-sizes" in capsys.readouterr().err

@@ -99,6 +99,12 @@ class ProfileFacts(BaseModel):
         the facts, and so the key, of an engine without it are what they were before it."""
         return self.model_dump(mode="json", exclude_none=True)
 
+    def identity(self, model: str) -> dict[str, str]:
+        """The ``identity`` object the profile carries (``flows/planning/tpot.py:
+        ProfileIdentity``: the same keys), ``model`` its readable name (``model_label``)."""
+        return {"model": model, "model_config_sha256": self.model_config_sha256, "dtype": self.dtype,
+                "device": self.device, "engine": self.engine}
+
     def cache_key(self) -> str:
         digest = hashlib.sha256(json.dumps(self.as_json(), sort_keys=True).encode()).hexdigest()
         return f"{PROFILE_PREFIX}/{digest[:40]}.json"
@@ -122,6 +128,20 @@ class ProfileResult(BaseModel):
     """Weight bytes per second this action read from the store (fetch and verification)."""
     measure_s: float
     """Seconds spent measuring (0 for a cached profile)."""
+
+
+def model_label(config: dict[str, Any]) -> str:
+    """A readable name of the model a ``config.json`` describes: its hub name where it keeps one,
+    else its type and size.
+
+    >>> model_label({"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 2, "vocab_size": 64})
+    'llama (hidden_size 32, num_hidden_layers 2, vocab_size 64)'
+    """
+    name = config.get("_name_or_path")
+    if isinstance(name, str) and name:
+        return name
+    shape = ", ".join(f"{k} {config[k]}" for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k in config)
+    return f"{config.get('model_type', 'model')} ({shape})"
 
 
 def check_cached(raw: bytes, facts: ProfileFacts, key: str) -> tuple[dict[str, Any] | None, str | None]:

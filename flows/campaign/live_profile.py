@@ -7,7 +7,8 @@ generates, so it runs beside the rest of start-up (warm-up, the first evaluation
 - the TPOT profile: measured by the pool on this campaign's model, dtype, device, engine (and
   the torch engine's decode path, ``generation.kv_cache``) and torch threads, or reused from
   the store's cache for exactly those (``source`` says which); an explicit ``scaling.profile``
-  file wins over both (``file``);
+  file wins over both (``file``), with a warning where the file says it was measured for
+  another model, dtype, device or engine (``other_model_warning``);
 - the locality model: weight bytes as published, KV bytes per token from the model config and
   the store's read throughput as the pool measured it, so the planner's transfer times are
   the ones this campaign pays.
@@ -24,8 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from actions.contracts import DecodeSettings, ModelRef, PromptTokens
-from actions.store.profile_cache import ProfileRequest, ProfileResult
-from flows.planning.tpot import CPU_TINY_PROFILE, TpotProfile
+from actions.store.profile_cache import ProfileFacts, ProfileRequest, ProfileResult
+from flows.planning.tpot import CPU_TINY_PROFILE, ProfileIdentity, TpotProfile
 from flows.step.context import RunContext
 from flows.step.live_inputs import LiveInputs  # noqa: F401 (re-exported: set-up builds it here)
 
@@ -91,7 +92,9 @@ def finish_profiling(ctx: RunContext, started: tuple[Any, ProfileRequest] | None
     path = ctx.config.scaling.profile
     if started is None:
         if path:
-            return LiveInputs(TpotProfile.load(path), "file")
+            profile = TpotProfile.load(path, "scaling.profile")
+            _warn_other_model(ctx, path, profile, None, progress)
+            return LiveInputs(profile, "file")
         progress(f"profile: engine {ctx.config.generation.engine} has no profiler; planning with "
                  f"{CPU_TINY_PROFILE.name} (set scaling.profile to a measured file)")
         return LiveInputs(CPU_TINY_PROFILE, "built-in")
@@ -100,7 +103,8 @@ def finish_profiling(ctx: RunContext, started: tuple[Any, ProfileRequest] | None
     if result.rejected:
         progress(f"profile: {result.rejected}")
     if path:  # an explicit file wins; the measured transfer facts still apply
-        profile, source = TpotProfile.load(path), "file"
+        profile, source = TpotProfile.load(path, "scaling.profile"), "file"
+        _warn_other_model(ctx, path, profile, result.facts, progress)
     else:
         try:
             profile = TpotProfile.from_dict(result.profile)
@@ -124,6 +128,33 @@ def finish_profiling(ctx: RunContext, started: tuple[Any, ProfileRequest] | None
                       transfer_bandwidth_bytes_per_s=result.store_read_bytes_per_s,
                       threads=result.facts.threads, activation_s=activation_s + push_s, profile_key=result.profile_key,
                       weight_push_s=push_s)
+
+
+def other_model_warning(path: str, profile: TpotProfile, facts: ProfileFacts | None, engine: str,
+                        model: str) -> str | None:
+    """The warning line when the ``scaling.profile`` file at ``path`` says it was measured on
+    another model, dtype, device or engine than this campaign's (``facts``: what its pool's
+    ``profile`` action found; None: only ``engine`` is known). Not a refusal: a roofline or a
+    profile of other hardware is a legitimate what-if. None when the file states no identity
+    (older files) or nothing it states differs."""
+    if profile.identity is None:
+        return None
+    here = (ProfileIdentity(model, engine=engine) if facts is None else
+            ProfileIdentity(model, facts.model_config_sha256, facts.dtype, facts.device, facts.engine))
+    differences = profile.identity.differences(here)
+    if not differences:
+        return None
+    return (f"profile: warning: scaling.profile {path!r} was measured for {profile.identity.model}, not this "
+            f"campaign's {model}: {'; '.join(differences)}; planning with it as given (a what-if); to plan with "
+            "this campaign's speed, measure it with `rlhfless profile` or unset scaling.profile")
+
+
+def _warn_other_model(ctx: RunContext, path: str, profile: TpotProfile, facts: ProfileFacts | None,
+                      progress: Progress) -> None:
+    model = ctx.config.model.path or "tiny model"
+    line = other_model_warning(path, profile, facts, ctx.config.generation.engine, model)
+    if line:
+        progress(line)
 
 
 def measure_activation_s(repeats: int = 5) -> float:

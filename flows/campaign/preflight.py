@@ -1,5 +1,6 @@
-"""The checks a campaign's configuration passes before anything is written: its inputs, the
-generation engine, the learner's world size, the experiment trackers and the invoker.
+"""The checks a campaign's configuration passes before anything is written: the planner's
+profile and scaling policy, its inputs, the generation engine, the learner's world size, the
+experiment trackers and the invoker.
 
 One list for both ways in. ``rlhfless train`` runs it before Prefect starts, so a refusal is
 one line and exit code 2 (``flows/commands/cli.py``); the flow ``rlhf_campaign`` runs it again
@@ -33,8 +34,9 @@ def check_campaign(cfg: CampaignConfig) -> None:
     Imports neither Prefect nor torch.
 
     Raises:
-        ValueError: one line naming the field, the value and the fix (``validate_inputs``,
-            ``check_engine``, ``check_world_size``, ``check_trackers``, ``check_invoker``).
+        ValueError: one line naming the field, the value and the fix (``check_planning``,
+            ``validate_inputs``, ``check_engine``, ``check_world_size``, ``check_trackers``,
+            ``check_invoker``).
     """
     with _LOCK:
         if _CHECKED.get(cfg.model_dump_json()):
@@ -42,6 +44,7 @@ def check_campaign(cfg: CampaignConfig) -> None:
     from actions.engines.preflight import check_engine
     from actions.prepare import validate_inputs
 
+    check_planning(cfg)
     validate_inputs(cfg)
     local = cfg.invoker.kind != "openwhisk"  # an OpenWhisk action checks on the machine it runs on
     check_engine(cfg, local_actions=local)
@@ -54,6 +57,19 @@ def check_campaign(cfg: CampaignConfig) -> None:
 
     check_trackers(cfg)
     check_invoker(cfg)
+
+
+def check_planning(cfg: CampaignConfig) -> None:
+    """The planner's inputs the campaign would otherwise first read after writing the store:
+    ``scaling.profile`` loads as a profile (``TpotProfile.load``), and a ``scaling.policy``
+    naming a plan function (``package.module:function``) imports, and that name is a function
+    (``registry.check_scaling_policy``). Imports the user's module, as the planner would."""
+    from flows.planning.registry import check_scaling_policy
+    from flows.planning.tpot import TpotProfile
+
+    if cfg.scaling.profile:
+        TpotProfile.load(cfg.scaling.profile, "scaling.profile")
+    check_scaling_policy(cfg.scaling.strategy)
 
 
 @contextlib.contextmanager

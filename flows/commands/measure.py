@@ -5,7 +5,8 @@ The measurement itself runs the model (``actions.engines.profiling`` for the tor
 adapter. It measures what the campaign's generate actions would run: the configured engine,
 in ``model.dtype`` (unless ``--dtype`` says otherwise), with ``model.lora``'s adapter attached
 (the seeded one: speed does not depend on its values). Point ``scaling.profile`` at the output
-to plan with measured numbers.
+to plan with measured numbers. The file states what it was measured on (``identity``,
+``profile_identity``), so a campaign of another model, dtype, device or engine warns.
 
 vLLM is measured as the generate action starts it (``factory.load_engine``): the campaign's
 weights in a scratch model folder, the engine's own defaults. The profile's name carries the
@@ -22,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flows.planning.tpot import TpotProfile
+from flows.planning.tpot import ProfileIdentity, TpotProfile
 
 if TYPE_CHECKING:  # torch is imported only when a profile is measured (flows stay torch-free)
     import torch
@@ -62,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     batches, contexts = _ints(args.batch_sizes, "--batch-sizes"), _ints(args.contexts, "--contexts")
+    output = check_output(args.output)  # before the measurement, which takes seconds to minutes
     device = parse_device(args.device, source="--device")
     dtype = profile_dtype(args.dtype, cfg.model.dtype, device)
     check_engine(cfg, local_actions=True, device=device.type)  # it runs here: vLLM missing is train's refusal
@@ -78,10 +80,41 @@ def run(args: argparse.Namespace) -> int:
         grid = measure_grid(model, model.config.vocab_size, batches, contexts, prefill_shape=shape, name=name,
                             kv_cache=gen.kv_cache, cuda_graphs=gen.cuda_graphs, compile_decode=gen.compile_decode,
                             fused_sampling=gen.fused_sampling)
+    grid["identity"] = profile_identity(cfg, args.model_config, device, dtype).to_dict()
     profile = TpotProfile.from_dict(grid)  # validates the grid
-    Path(args.output).write_text(json.dumps(profile.to_dict(), indent=2))
+    write_whole(output, json.dumps(profile.to_dict(), indent=2))
     print(args.output)
     return 0
+
+
+def check_output(text: str) -> Path:
+    """``--output`` as a path a file can be written at; ValueError naming the flag when it is a
+    directory or its folder does not exist or cannot be written."""
+    import os
+
+    path = Path(text)
+    if path.is_dir():
+        raise ValueError(f"--output {text!r} is a directory; pass a file path, e.g. {str(path / 'profile.json')!r}")
+    folder = path.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"--output {text!r}: the folder {str(folder)!r} does not exist or cannot be written; "
+                         "create it or pick another path")
+    return path
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it, renamed over it: a reader
+    (or a campaign's ``scaling.profile``) sees the old file or the new one, never half of one."""
+    import os
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # open() gives it the umask's mode, as before
+    try:
+        with open(tmp, "x") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def profile_dtype(flag: str | None, setting: str, device: torch.device) -> torch.dtype:
@@ -92,6 +125,28 @@ def profile_dtype(flag: str | None, setting: str, device: torch.device) -> torch
     from actions.models.device import action_dtype, parse_dtype
 
     return parse_dtype(flag, source="--dtype") if flag is not None else action_dtype(setting, device)
+
+
+def profile_identity(cfg: CampaignConfig, config_json: str | None, device: torch.device,
+                     dtype: torch.dtype) -> ProfileIdentity:
+    """What the profile is measured on, stated as the live ``profile`` action states a
+    campaign's (``ProfileFacts``), so a campaign planning from the file can tell whether it was
+    measured for its model: the digest of the model's ``config.json`` (``--model-config``'s,
+    ``model.path``'s, or the tiny model's as ``prepare`` stores it), a readable name, the dtype,
+    the device (``actions.profile.device_name``) and ``generation.engine``."""
+    import hashlib
+
+    from actions.profile import device_name
+    from actions.store.profile_cache import model_label
+
+    if config_json is not None:
+        raw = Path(config_json).read_bytes()
+    elif cfg.model.path:
+        raw = (Path(cfg.model.path) / "config.json").read_bytes()
+    else:
+        raw = campaign_model(cfg)[0]["config.json"]  # the tiny model: milliseconds to build again
+    return ProfileIdentity(model_label(json.loads(raw)), hashlib.sha256(raw).hexdigest(),
+                           str(dtype).removeprefix("torch."), device_name(device), cfg.generation.engine)
 
 
 def build_profile_model(cfg: CampaignConfig, config_json: str | None, device: torch.device,
@@ -125,14 +180,17 @@ def build_profile_model(cfg: CampaignConfig, config_json: str | None, device: to
 
 
 def campaign_model(cfg: CampaignConfig) -> tuple[dict[str, bytes], dict[str, torch.Tensor]]:
-    """(base files, fp32 tensors) of the campaign's model: ``model.path``, else its tiny model."""
+    """(base files, fp32 tensors) of the campaign's model: ``model.path``, else its tiny model as
+    ``prepare`` builds it (the task's characters in its vocabulary)."""
     from actions.models.modeling import base_files, build_tiny_model, read_model_dir
+    from actions.tasks import get_task
 
     if cfg.model.path:
         return read_model_dir(cfg.model.path)
     m = cfg.model
     model, tokenizer = build_tiny_model(hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
-                                        intermediate_size=m.intermediate_size, max_positions=m.max_positions, seed=0)
+                                        intermediate_size=m.intermediate_size, max_positions=m.max_positions,
+                                        seed=cfg.seed, extra_chars=get_task(cfg.data.task).extra_chars)
     return base_files(model, tokenizer), model.state_dict()
 
 

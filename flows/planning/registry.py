@@ -103,8 +103,9 @@ def parse_scaling_policy(text: str) -> ScalingStrategy:
 
 @dataclass(frozen=True)
 class FunctionPolicy:
-    """A user's plan function: named ``package.module:function`` (imported on first use) or
-    registered under a name (:func:`register_scaling_function`)."""
+    """A user's plan function: named ``package.module:function`` (imported on first use, or
+    earlier by :func:`check_scaling_policy`) or registered under a name
+    (:func:`register_scaling_function`)."""
 
     name: str
     function: Callable[..., GenerationPlan] | None = field(default=None, compare=False)
@@ -129,10 +130,26 @@ class FunctionPolicy:
         return cut_threshold
 
     def _load(self) -> Callable[..., Any]:
+        """The plan function; ValueError naming ``scaling.policy`` where the module does not
+        import (whatever its import raised: it is the user's code) or the name is no function."""
         if self.function is not None:
             return self.function
         module_name, _, func_name = self.name.partition(":")
+        base = module_name.lower()
+        hint = f" (did you mean '{base}:{func_name}'?)" if base in _FACTORIES else ""  # FIXED:3 for fixed:3
         try:
-            return getattr(importlib.import_module(module_name), func_name)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"scaling.policy={self.name!r}: cannot import ({exc}); use {FORMS}") from exc
+            function = getattr(importlib.import_module(module_name), func_name)
+        except Exception as exc:  # noqa: BLE001 - ImportError, AttributeError, or the module's own failure
+            raise ValueError(f"scaling.policy={self.name!r}: cannot import ({type(exc).__name__}: {exc}){hint}; "
+                             f"use {FORMS}") from None
+        if not callable(function):
+            raise ValueError(f"scaling.policy={self.name!r}: {func_name} is a {type(function).__name__}, not a "
+                             f"function; name a plan function ({FORMS})")
+        return function
+
+
+def check_scaling_policy(strategy: ScalingStrategy) -> None:
+    """Import a user's plan function now (a campaign's preflight), so a typo is refused before
+    anything is written rather than when the first phase is planned; built-ins pass."""
+    if isinstance(strategy, FunctionPolicy):
+        strategy._load()

@@ -39,10 +39,11 @@ bandwidth) and ``compute_eff = 0.6`` (decode GEMMs at batch 64-512).
 from __future__ import annotations
 
 import json
+import math
 from bisect import bisect_right
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 TpotFn = Callable[[int, float], float]
 
@@ -102,9 +103,51 @@ _ROOFLINE_CONTEXTS = (0, 256, 512, 1024, 2048, 4096, 8192)
 
 
 @dataclass(frozen=True)
+class ProfileIdentity:
+    """What a profile was measured on (``rlhfless profile``, the live ``profile`` action) or
+    modelled for (a roofline); the ``identity`` object of a profile JSON. A campaign planning
+    from a ``scaling.profile`` file compares it with its own (``differences``) and warns where
+    they differ. None: not known (a roofline has no config file, an older file states nothing)."""
+
+    model: str = "an unnamed model"
+    """A readable name (a hub name, or the architecture's type and size)."""
+    model_config_sha256: str | None = None
+    """sha256 of the model's ``config.json`` as the campaign stores it (the architecture)."""
+    dtype: str | None = None
+    device: str | None = None
+    """Device type and model name, e.g. ``cpu:AMD EPYC 7B13``, or a GPU's name for a roofline."""
+    engine: str | None = None
+    """``torch``, ``vllm`` or ``roofline``."""
+
+    def to_dict(self) -> dict[str, str]:
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "ProfileIdentity":
+        known = set(cls.__dataclass_fields__)
+        if not isinstance(data, dict) or not all(k in known and isinstance(v, str) for k, v in data.items()):
+            raise ValueError(f"profile.identity={_shown(data)}: must be an object of strings, keys among "
+                             f"{', '.join(sorted(known))}")
+        return cls(**data)
+
+    def differences(self, other: "ProfileIdentity") -> list[str]:
+        """Each fact both identities state and give differently, as ``fact mine (other: theirs)``;
+        the readable names are not compared (the same model may go by several)."""
+        out = []
+        for name in ("model_config_sha256", "dtype", "device", "engine"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine is not None and theirs is not None and mine != theirs:
+                if name == "model_config_sha256":  # a digest: its start tells two apart
+                    name, mine, theirs = "model config", mine[:12], theirs[:12]
+                out.append(f"{name} {mine} (this campaign: {theirs})")
+        return out
+
+
+@dataclass(frozen=True)
 class TpotProfile:
     """TPOT grid for one actor size. ``seconds[i][j]`` = TPOT at ``batch_sizes[i]``,
-    ``contexts[j]``; both axes strictly increasing with at least two points."""
+    ``contexts[j]``; both axes strictly increasing with at least two points (batches >= 1,
+    contexts >= 0), every time finite and > 0; ValueError naming ``profile.<field>`` otherwise."""
 
     batch_sizes: tuple[int, ...]
     contexts: tuple[float, ...]
@@ -117,23 +160,33 @@ class TpotProfile:
     roofline have no such cost: 0). See ``shrink``."""
     shrink_s_per_kv_token: float = 0.0
     """... plus this many seconds per cached token (rows before the drop x context)."""
+    identity: ProfileIdentity | None = None
+    """What the grid was measured on or modelled for; None where the file states nothing."""
     # per-batch interpolated rows, filled lazily by tpot_fn (planning speed, not state)
     _rows: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for axis, values in (("batch_sizes", self.batch_sizes), ("contexts", self.contexts)):
             if len(values) < 2 or any(b <= a for a, b in zip(values, values[1:])):
-                raise ValueError(f"profile.{axis}={list(values)!r}: need >= 2 strictly "
+                raise ValueError(f"profile.{axis}={_shown(list(values))}: need >= 2 strictly "
                                  "increasing values")
+        if self.batch_sizes[0] < 1 or not (0 <= self.contexts[0] and math.isfinite(self.contexts[-1])):
+            raise ValueError(f"profile.batch_sizes={_shown(list(self.batch_sizes))}, contexts="
+                             f"{_shown(list(self.contexts))}: batch sizes must be >= 1 and contexts finite, >= 0")
         if len(self.seconds) != len(self.batch_sizes) or any(
                 len(row) != len(self.contexts) for row in self.seconds):
             raise ValueError("profile.seconds: must be a len(batch_sizes) x len(contexts) grid")
-        if self.prefill_tokens_per_s <= 0:
+        for i, row in enumerate(self.seconds):  # NaN, 0 or < 0 would plan nonsense (or fail mid-simulation)
+            for j, value in enumerate(row):
+                if not (math.isfinite(value) and value > 0):
+                    raise ValueError(f"profile.seconds[{i}][{j}]={value}: every decode-step time must be a "
+                                     "finite number of seconds > 0")
+        if not (math.isfinite(self.prefill_tokens_per_s) and self.prefill_tokens_per_s > 0):
             raise ValueError(f"profile.prefill_tokens_per_s={self.prefill_tokens_per_s}: "
-                             "must be > 0")
+                             "must be a finite number > 0")
         for name in ("shrink_s", "shrink_s_per_kv_token"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"profile.{name}={getattr(self, name)}: must be >= 0 seconds")
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ValueError(f"profile.{name}={getattr(self, name)}: must be a finite number >= 0 seconds")
 
     def with_decode_speed(self, speedup: float, tag: str) -> "TpotProfile":
         """This profile with every decode-step time divided by ``speedup`` (> 1: faster) and
@@ -230,24 +283,89 @@ class TpotProfile:
         return {"name": self.name, "batch_sizes": list(self.batch_sizes),
                 "contexts": list(self.contexts), "seconds": [list(r) for r in self.seconds],
                 "prefill_tokens_per_s": self.prefill_tokens_per_s, "shrink_s": self.shrink_s,
-                "shrink_s_per_kv_token": self.shrink_s_per_kv_token}
+                "shrink_s_per_kv_token": self.shrink_s_per_kv_token,
+                **({"identity": self.identity.to_dict()} if self.identity is not None else {})}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "TpotProfile":
-        return cls(batch_sizes=tuple(int(b) for b in data["batch_sizes"]),
-                   contexts=tuple(float(c) for c in data["contexts"]),
-                   seconds=tuple(tuple(float(s) for s in row) for row in data["seconds"]),
-                   prefill_tokens_per_s=float(data["prefill_tokens_per_s"]),
+    def from_dict(cls, data: Any) -> "TpotProfile":
+        """The profile ``to_dict`` wrote (``shrink_*``, ``name`` and ``identity`` may be absent,
+        as in older files). ValueError naming the ``profile.<key>`` that is missing or malformed."""
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object with {', '.join(_REQUIRED)}, not {type(data).__name__}")
+        missing = [key for key in _REQUIRED if key not in data]
+        if missing:
+            raise ValueError(f"profile.{missing[0]} is missing (a profile has {', '.join(_REQUIRED)})")
+        seconds = data["seconds"]
+        if not isinstance(seconds, list) or not all(isinstance(row, list) for row in seconds):
+            raise ValueError(f"profile.seconds={_shown(seconds)}: must be a list of rows (lists) of seconds")
+        return cls(batch_sizes=tuple(int(b) for b in _numbers(data, "batch_sizes", integers=True)),
+                   contexts=tuple(_numbers(data, "contexts")),
+                   seconds=tuple(tuple(_numbers({"seconds": row}, "seconds")) for row in seconds),
+                   prefill_tokens_per_s=_number(data, "prefill_tokens_per_s"),
                    name=str(data.get("name", "custom")),
-                   shrink_s=float(data.get("shrink_s", 0.0)),  # absent in older profiles
-                   shrink_s_per_kv_token=float(data.get("shrink_s_per_kv_token", 0.0)))
+                   shrink_s=_number(data, "shrink_s", 0.0),  # absent in older profiles
+                   shrink_s_per_kv_token=_number(data, "shrink_s_per_kv_token", 0.0),
+                   identity=None if data.get("identity") is None else ProfileIdentity.from_dict(data["identity"]))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
 
     @classmethod
-    def load(cls, path: str | Path) -> "TpotProfile":
-        return cls.from_dict(json.loads(Path(path).read_text()))
+    def load(cls, path: str | Path, source: str = "profile") -> "TpotProfile":
+        """The profile JSON at ``path``. ``source`` names where the path came from (a setting,
+        ``scaling.profile``, or a flag, ``--profile``) in the one-line ValueError a file that
+        cannot be read, is not JSON or is not a valid profile raises."""
+        where = f"{source}={str(path)!r}"
+        fix = "point it at a profile JSON written by `rlhfless profile`"
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"{where} cannot be read ({exc.strerror or exc}); {fix}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"{where} is not UTF-8 text; {fix}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where} is not valid JSON (line {exc.lineno}: {exc.msg}); {fix}") from None
+        except (ValueError, RecursionError):  # an integer of thousands of digits, nesting too deep
+            raise ValueError(f"{where} holds a number too long or nesting too deep for a profile; {fix}") from None
+        try:
+            return cls.from_dict(data)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}; fix the file or measure one with `rlhfless profile`") from None
+
+
+_REQUIRED = ("batch_sizes", "contexts", "seconds", "prefill_tokens_per_s")
+
+
+def _shown(value: Any) -> str:
+    """A value from a file, quoted short for an error line."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _number(data: dict, key: str, default: float | None = None) -> float:
+    value = data.get(key, default)
+    if not _is_number(value):
+        raise ValueError(f"profile.{key}={_shown(value)}: must be a number")
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond float range
+        raise ValueError(f"profile.{key}={_shown(value)}: out of range") from None
+
+
+def _numbers(data: dict, key: str, integers: bool = False) -> list[float]:
+    """``data[key]`` as a list of numbers (integers where asked); ValueError naming the key."""
+    values = data[key]
+    kind = "integers" if integers else "numbers"
+    if not isinstance(values, list) or not all(
+            _is_number(v) and (not integers or isinstance(v, int) or v.is_integer()) for v in values):
+        raise ValueError(f"profile.{key}={_shown(values)}: must be a list of {kind}")
+    return [_number({key: v}, key) for v in values]
 
 
 # A measured-shape estimate for the tiny default model on one CPU core per actor: a decode
@@ -314,8 +432,10 @@ def roofline_profile(gpu: GpuSpec, model: ModelSpec, gpus_per_actor: int,
     seconds = tuple(tuple(roofline_tpot(gpu, model, gpus_per_actor, b, c, capacity) for c in contexts)
                     for b in batch_sizes)
     prefill = gpus_per_actor * gpu.peak_flops * gpu.compute_eff / (2 * model.num_params)
+    dtype = {2: "bfloat16", 4: "float32"}.get(model.dtype_bytes)
     return TpotProfile(tuple(batch_sizes), tuple(float(c) for c in contexts), seconds, prefill,
-                       name=f"roofline:{gpu.name}:{model.name}:tp{gpus_per_actor}")
+                       name=f"roofline:{gpu.name}:{model.name}:tp{gpus_per_actor}",
+                       identity=ProfileIdentity(model.name, dtype=dtype, device=gpu.name, engine="roofline"))
 
 
 def parse_roofline_spec(spec: str, gpus_per_actor: int) -> TpotProfile:

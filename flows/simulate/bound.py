@@ -83,4 +83,7 @@ def max_speedup(base_times_s: Sequence[float], floors_s: Sequence[float]) -> flo
     if len(base_times_s) != len(floors_s) or not floors_s:
         raise ValueError(f"{len(base_times_s)} baseline times, {len(floors_s)} floors: need one "
                          "of each per step, at least one step")
+    if sum(floors_s) <= 0:  # phases with no work: no ratio to give (read_trace refuses such traces)
+        raise ValueError(f"the phases' floors total {sum(floors_s)} s: a speed-up needs phases that take time "
+                         "(prompts of at least one token)")
     return sum(base_times_s) / sum(floors_s)

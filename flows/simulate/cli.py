@@ -2,7 +2,12 @@
 
 ``add_arguments(parser)`` + ``run(args)`` let the main CLI mount this as a subcommand;
 ``main(argv)`` runs it standalone (``python -m flows.simulate``). Bad input (missing trace,
-malformed line, unknown policy or profile) prints one line on stderr and returns 2.
+malformed line, unknown policy or profile, a flag out of range, a fixed fan-out the cluster
+cannot hold, a ``--plot`` path that cannot be written) prints one line on stderr naming the
+flag or the trace line and returns 2; every input but the trace lines is checked before the
+first trace is simulated. ``--json`` prints one trace's report, or ``{"traces": {path: report}}``
+for several (a path given twice is kept twice, as ``path#2``), with the frontier under
+``frontier`` when ``--frontier`` asks for it; ``--plot`` writes one plot per trace.
 
 Each trace's generation table is followed by its ``bound`` lines: the critical-path floor of
 the phases (``bound.phase_floor``), the most any plan could speed them up over static:N, and
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -27,8 +33,8 @@ from flows.planning.objective import check_objective
 from flows.planning.tpot import GPUS, LEARNER_MFU, MODELS, TpotProfile, learner_tokens_per_s, parse_roofline_spec
 from flows.simulate.bill_bound import capped_time_floor
 from flows.simulate.bound import max_speedup, phase_floor
-from flows.simulate.policies import DEFAULT_POLICIES, ClusterModel, parse_policy
-from flows.simulate.replay import PolicyRun, read_trace, replay
+from flows.simulate.policies import DEFAULT_POLICIES, ClusterModel, Policy, parse_policy
+from flows.simulate.replay import MAX_TOKENS, PolicyRun, read_trace, replay
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -116,21 +122,62 @@ def _slack(text: str) -> float | None:
     return value
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """ValueError naming the flag, its value and the range, for every number the cluster and
+    planner models take from the command line (NaN fails every range)."""
+    def need(ok: bool, flag: str, value: object, rule: str) -> None:
+        if not ok:
+            raise ValueError(f"{flag}={value}: {rule}")
+
+    for flag in ("nodes", "gpus_per_node", "gpus_per_actor", "n_min", "n_max", "budget_actors", "learner_gpus"):
+        need(getattr(args, flag) >= 1, f"--{flag.replace('_', '-')}", getattr(args, flag), "must be >= 1")
+    need(args.gpus_per_actor <= args.gpus_per_node, "--gpus-per-actor", args.gpus_per_actor,
+         f"more than --gpus-per-node={args.gpus_per_node}: an actor's GPUs are on one node; use at most "
+         f"{args.gpus_per_node}")
+    need(args.n_min <= args.n_max, "--n-max", args.n_max, f"below --n-min={args.n_min}; make --n-max >= --n-min")
+    need(0 < args.bandwidth_gb_per_gpu < math.inf, "--bandwidth-gb-per-gpu", args.bandwidth_gb_per_gpu,
+         "must be a finite number of GB/s > 0")
+    need(0 < args.cut_threshold <= 1, "--cut-threshold", args.cut_threshold, "must be in (0, 1] (1 = never cut)")
+    need(0 <= args.lam <= 1, "--lam", args.lam, "must be in [0, 1] (1 = fastest, 0 = cheapest)")
+    need(0 <= args.time_slack <= 10, "--time-slack", args.time_slack,
+         "must be in [0, 10] (a fraction of the fastest candidate's time)")
+    need(args.value_of_time is None or 0 <= args.value_of_time < math.inf, "--value-of-time", args.value_of_time,
+         "must be a finite number >= 0 (GPU-seconds one second of phase time is worth)")
+    need(0 < args.learner_mfu <= 1, "--learner-mfu", args.learner_mfu, "must be in (0, 1] (a fraction of peak)")
+    need(args.learner_tokens_per_s is None or 0 < args.learner_tokens_per_s < math.inf, "--learner-tokens-per-s",
+         args.learner_tokens_per_s, "must be > 0 tokens/s (leave it out to derive it from --learner-gpus and "
+         "--learner-mfu)")
+    for flag in ("cold_start_s", "prewarm_idle_s"):
+        need(0 <= getattr(args, flag) < math.inf, f"--{flag.replace('_', '-')}", getattr(args, flag),
+             "must be a finite number of seconds >= 0")
+    need(args.max_new_tokens is None or 1 <= args.max_new_tokens <= MAX_TOKENS, "--max-new-tokens",
+         args.max_new_tokens, f"must be in [1, {MAX_TOKENS}] tokens (the generation cap the traces were made with)")
+    need(args.colocated_actors is None or args.colocated_actors >= 1, "--colocated-actors", args.colocated_actors,
+         "must be >= 1 (1 = actor 0 alone)")
+
+
+def check_fits(policy: Policy, model: ClusterModel, source: str = "--policy") -> None:
+    """ValueError naming where ``policy`` came from (``source``: ``--policy``, the default
+    policy list, ``--frontier``'s baseline) when its fixed fan-out (``static:N``,
+    ``round-robin:N``, ``no-scale[:N]``) needs more actors than the modelled cluster holds: the
+    plan would hold more GPUs than there are."""
+    n, most = policy.scaling.num_actors, model.max_actors
+    if n is not None and n > most:
+        hint = " (pass --policy to choose)" if source == "default policy" else ""
+        raise ValueError(f"{source} {policy.name!r}{hint}: {n} actors of --gpus-per-actor {model.gpus_per_actor} need "
+                         f"{n * model.gpus_per_actor} GPUs, but --nodes {model.num_nodes} x --gpus-per-node "
+                         f"{model.gpus_per_node} hold {most} such actors; use N <= {most} or raise --nodes")
+
+
 def build_model(args: argparse.Namespace) -> ClusterModel:
-    """ClusterModel from parsed arguments (ValueError/OSError on a bad profile)."""
-    if args.gpus_per_actor < 1 or args.nodes < 1 or args.gpus_per_node < 1:
-        raise ValueError("--nodes, --gpus-per-node and --gpus-per-actor must be >= 1")
-    if args.learner_tokens_per_s is not None and args.learner_tokens_per_s <= 0:
-        raise ValueError(f"--learner-tokens-per-s={args.learner_tokens_per_s}: must be > 0 tokens/s "
-                         "(leave it out to derive it from --learner-gpus and --learner-mfu)")
+    """ClusterModel from parsed arguments (``check_flags``); ValueError on a bad profile."""
+    check_flags(args)
     check_objective(args.objective, args.lam, args.value_of_time, args.time_slack, args.budget_actors)
-    if args.colocated_actors is not None and args.colocated_actors < 1:
-        raise ValueError(f"--colocated-actors={args.colocated_actors}: must be >= 1 (1 = actor 0 alone)")
     if args.profile.startswith("roofline:"):
         profile = parse_roofline_spec(args.profile, args.gpus_per_actor)
         model_name = args.model or args.profile.split(":")[2]
     else:
-        profile = TpotProfile.load(args.profile)
+        profile = TpotProfile.load(args.profile, "--profile")
         model_name = args.model or "qwen2.5-7b"
     spec = MODELS[model_name]
     gpu = args.learner_gpu or (args.profile.split(":")[1] if args.profile.startswith("roofline:") else "h100")
@@ -220,42 +267,118 @@ FRONTIER = {"budget": ("budget_actors", (1, 2, 3, 4, 6, 8)),
             "paper": ("lam", (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0))}
 
 
-def format_frontier(steps: list, model: ClusterModel, max_new_tokens: int | None = None) -> str:
-    """rlhfless against static:3 over the objective's knob: generation-only and whole-step
-    time and GPU-s ratios (< 1 is faster or cheaper); ``max_new_tokens`` as ``replay``'s."""
+def frontier(steps: list, model: ClusterModel, max_new_tokens: int | None = None) -> dict:
+    """rlhfless against static:3 over the objective's knob (``FRONTIER``): per knob value, the
+    generation-only and whole-step time and GPU-s ratios (< 1 is faster or cheaper) and
+    rlhfless's mean actor count; ``max_new_tokens`` as ``replay``'s."""
     field, values = FRONTIER[model.objective]
-    lines = [f"{field:>24} {'gen time':>9} {'gen GPU-s':>10} {'step time':>10} {'step GPU-s':>11} "
-             f"{'mean_N':>7}"]
+    rows = []
     for value in values:
         runs = replay(steps, ["static:3", "rlhfless"], replace(model, **{field: value}),
                       max_new_tokens=max_new_tokens)
         base, ours = runs["static:3"].summary(), runs["rlhfless"].summary()
-        mean_n = sum(runs["rlhfless"].planned) / len(runs["rlhfless"].planned)
-        lines.append(f"{value:>24g} "
-                     f"{ours['generation']['time_s'] / base['generation']['time_s']:>8.3f}x "
-                     f"{ours['generation']['gpu_seconds'] / base['generation']['gpu_seconds']:>9.3f}x "
-                     f"{ours['total_time_s'] / base['total_time_s']:>9.3f}x "
-                     f"{ours['total_gpu_seconds'] / base['total_gpu_seconds']:>10.3f}x {mean_n:>7.1f}")
+        rows.append({field: value,
+                     "gen_time": ours["generation"]["time_s"] / base["generation"]["time_s"],
+                     "gen_gpu_seconds": ours["generation"]["gpu_seconds"] / base["generation"]["gpu_seconds"],
+                     "step_time": ours["total_time_s"] / base["total_time_s"],
+                     "step_gpu_seconds": ours["total_gpu_seconds"] / base["total_gpu_seconds"],
+                     "mean_n": sum(runs["rlhfless"].planned) / len(runs["rlhfless"].planned)})
+    return {"objective": model.objective, "knob": field, "baseline": "static:3", "rows": rows}
+
+
+def format_frontier(report: dict) -> str:
+    """``frontier``'s report as the text report's table."""
+    field = report["knob"]
+    lines = [f"{field:>24} {'gen time':>9} {'gen GPU-s':>10} {'step time':>10} {'step GPU-s':>11} "
+             f"{'mean_N':>7}"]
+    for r in report["rows"]:
+        lines.append(f"{r[field]:>24g} {r['gen_time']:>8.3f}x {r['gen_gpu_seconds']:>9.3f}x "
+                     f"{r['step_time']:>9.3f}x {r['step_gpu_seconds']:>10.3f}x {r['mean_n']:>7.1f}")
     return "\n".join(lines)
 
 
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+
+
+def plot_paths(plot: str, traces: Sequence[str]) -> list[Path]:
+    """Where each trace's plot goes: ``plot`` for one trace, else ``<plot stem>-<trace stem>``
+    with ``-2``, ``-3``... added where trace file names repeat, so no plot overwrites another.
+
+    Raises:
+        ValueError: naming ``--plot`` when the suffix is not one of ``PLOT_SUFFIXES``, a path
+            is a directory, its folder does not exist or cannot be written, or matplotlib is
+            missing: checked before any trace is simulated.
+    """
+    import importlib.util
+    import os
+
+    path = Path(plot)
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise ValueError(f"--plot {plot!r}: name a file ending in {', '.join(PLOT_SUFFIXES)}")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ValueError(f"--plot {plot!r}: matplotlib is not installed; pip install matplotlib, or drop --plot")
+    folder = path.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"--plot {plot!r}: the folder {str(folder)!r} does not exist or cannot be written; "
+                         "create it or pick another path")
+    if len(traces) == 1:
+        paths = [path]
+    else:
+        seen: dict[str, int] = {}
+        paths = []
+        for trace in traces:
+            stem = Path(trace).stem
+            seen[stem] = seen.get(stem, 0) + 1
+            tag = stem if seen[stem] == 1 else f"{stem}-{seen[stem]}"
+            paths.append(folder / f"{path.stem}-{tag}{path.suffix}")
+    for p in paths:
+        if p.is_dir():
+            raise ValueError(f"--plot {plot!r}: {str(p)!r} is a directory; pass a file path")
+    return paths
+
+
+def report_keys(traces: Sequence[str]) -> list[str]:
+    """The JSON report's key of each trace: its path, with ``#2``, ``#3``... on a path given
+    again, so every report is kept."""
+    seen: dict[str, int] = {}
+    keys = []
+    for trace in traces:
+        seen[trace] = seen.get(trace, 0) + 1
+        keys.append(trace if seen[trace] == 1 else f"{trace}#{seen[trace]}")
+    return keys
+
+
 def run(args: argparse.Namespace) -> int:
+    """The command: every input checked before the first trace is simulated; one line on stderr
+    and 2 for bad input (``ValueError``, ``OSError``)."""
     try:
-        names = list(args.policies or DEFAULT_POLICIES)
-        for name in names:
-            parse_policy(name)
-        model = build_model(args)
-        traces = [(path, read_trace(path)) for path in args.traces]
-        reports = [(path, steps, replay(steps, names, model, max_new_tokens=args.max_new_tokens))
-                   for path, steps in traces]
+        return _simulate(args)
     except (ValueError, OSError) as exc:
         print(f"rlhfless simulate: {exc}", file=sys.stderr)
         return 2
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    names = list(args.policies or DEFAULT_POLICIES)
+    for name in names:
+        parse_policy(name)
+    model = build_model(args)
+    for name in names:
+        check_fits(parse_policy(name), model, "--policy" if args.policies else "default policy")
+    if args.frontier:
+        check_fits(parse_policy("static:3"), model, "--frontier's baseline")
+    plots = plot_paths(args.plot, args.traces) if args.plot else [None] * len(args.traces)
+    keys = report_keys(args.traces)
+    traces = [(path, read_trace(path)) for path in args.traces]
+    reports = [(path, steps, replay(steps, names, model, max_new_tokens=args.max_new_tokens))
+               for path, steps in traces]
     out = {}
-    for path, steps, runs in reports:
+    for key, plot, (path, steps, runs) in zip(keys, plots, reports):
         summaries = {name: r.summary() for name, r in runs.items()}
         bound = bound_report(steps, runs, model)
-        out[path] = {"policies": summaries, "generation_floor": bound}
+        out[key] = {"policies": summaries, "generation_floor": bound}
+        if args.frontier:
+            out[key]["frontier"] = frontier(steps, model, args.max_new_tokens)
         if not args.json:
             print(f"== {path}: {len(steps)} steps")
             print("generation only:")
@@ -265,14 +388,13 @@ def run(args: argparse.Namespace) -> int:
             print(format_table(runs, whole_step=True))
             if args.frontier:
                 print(f"frontier of objective {model.objective!r} (rlhfless / static:3):")
-                print(format_frontier(steps, model, args.max_new_tokens))
-        if args.plot:
+                print(format_frontier(out[key]["frontier"]))
+        if plot is not None:
             from flows.simulate.plot import plot_runs
 
-            plot = args.plot if len(reports) == 1 else f"{args.plot.removesuffix('.png')}-{Path(path).stem}.png"
             plot_runs(summaries, plot, title=str(path))
     if args.json:
-        print(json.dumps(out[args.traces[0]] if len(out) == 1 else {"traces": out}, indent=1))
+        print(json.dumps(out[keys[0]] if len(keys) == 1 else {"traces": out}, indent=1))
     return 0
 
 

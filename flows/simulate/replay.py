@@ -1,8 +1,10 @@
 """Trace replay: plan and simulate every step of a length trace under each policy (paper §4.7).
 
-Trace format (JSONL, one line per prompt per step): ``epoch, step, prompt_id, prompt_len,
-answer_len, response_lens`` (one length per sample), and optionally ``max_new_tokens``: the
-generation cap the trace was made with (the same on every line that has it). Steps run in file
+Trace format (JSONL, UTF-8, one line per prompt per step): ``epoch, step, prompt_id,
+prompt_len, answer_len, response_lens`` (one length per sample), and optionally
+``max_new_tokens``: the generation cap the trace was made with (the same on every line that
+has it). Every value is a JSON integer (not a boolean): ids, epochs and steps >= 0, a prompt of
+at least one token, token counts up to ``MAX_TOKENS``. Steps run in file
 order; a step's prompts keep their file order (the "given order" of contiguous / round-robin
 assignment).
 
@@ -39,8 +41,12 @@ from flows.planning.robust import MeasuredError
 from flows.simulate.cluster import PhaseResult, Sample, simulate_phase
 from flows.simulate.policies import ClusterModel, Policy, build_actors, make_plan, parse_policy, sim_config
 
-_FIELDS = {"epoch": int, "step": int, "prompt_id": int, "prompt_len": int, "answer_len": int,
-           "response_lens": list}
+_FIELDS = ("epoch", "step", "prompt_id", "prompt_len", "answer_len")
+MAX_TOKENS = 2**20
+"""Largest token count (prompt, answer, response or generation cap) a trace line may state:
+1,048,576, beyond any RL rollout's prompt or response; a larger one is an error in the trace
+(the planner's per-context tables grow with it). Ids, epochs and steps are bounded by 2**31."""
+_MAX_ID = 2**31
 
 
 @dataclass(frozen=True)
@@ -60,33 +66,64 @@ class TraceStep:
     """The generation cap the trace states (its ``max_new_tokens`` field); None: it states none."""
 
 
+def _count(value: object) -> bool:
+    """A JSON integer (not a boolean, which Python counts as one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _parse_line(text: str, where: str) -> tuple[int, int, PromptRow, int | None]:
+    """One trace line; ValueError starting with ``where`` (path:line) naming the field, the
+    value and the range it must be in."""
     try:
         row = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{where}: not JSON ({exc.msg})") from None
+        raise ValueError(f"{where}: not JSON ({exc.msg}); write one JSON object per line") from None
+    except (ValueError, RecursionError):  # an integer of thousands of digits, nesting too deep
+        raise ValueError(f"{where}: a number too long or nesting too deep; write one flat JSON object "
+                         "of token counts per line") from None
     if not isinstance(row, dict):
         raise ValueError(f"{where}: expected a JSON object")
-    for name, kind in _FIELDS.items():
+    for name in (*_FIELDS, "response_lens"):
+        kind = list if name == "response_lens" else int
         if not isinstance(row.get(name), kind) or isinstance(row.get(name), bool):
             raise ValueError(f"{where}: field {name!r} missing or not {kind.__name__}")
+    for name, low, high in (("epoch", 0, _MAX_ID), ("step", 0, _MAX_ID), ("prompt_id", 0, _MAX_ID),
+                            ("prompt_len", 1, MAX_TOKENS), ("answer_len", 0, MAX_TOKENS)):
+        if not low <= row[name] <= high:
+            raise ValueError(f"{where}: {name}={_short(row[name])}: must be an integer in [{low}, {high}]")
     lens = row["response_lens"]
-    if not lens or not all(isinstance(x, int) and x >= 0 for x in lens):
-        raise ValueError(f"{where}: response_lens must be a non-empty list of ints >= 0")
+    if not lens or not all(_count(x) and 0 <= x <= MAX_TOKENS for x in lens):
+        raise ValueError(f"{where}: response_lens={_short(lens)}: must be a non-empty list of integers in "
+                         f"[0, {MAX_TOKENS}] (tokens per sample)")
     cap = row.get("max_new_tokens")
-    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
-        raise ValueError(f"{where}: max_new_tokens={cap!r}: must be an int >= 1 (the generation cap)")
+    if cap is not None and not (_count(cap) and 1 <= cap <= MAX_TOKENS):
+        raise ValueError(f"{where}: max_new_tokens={_short(cap)}: must be an integer in [1, {MAX_TOKENS}] "
+                         "(the generation cap)")
     return row["epoch"], row["step"], PromptRow(row["prompt_id"], row["prompt_len"],
                                                 row["answer_len"], tuple(lens)), cap
 
 
+def _short(value: object) -> str:
+    """A trace value quoted short for an error line (a 400-digit integer is not echoed whole)."""
+    if _count(value) and abs(value) >= 10**30:
+        return f"{str(value)[:12]}... ({len(str(value))} digits)"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def read_trace(path: str | Path) -> list[TraceStep]:
-    """Steps of a JSONL trace, each carrying the trace's generation cap where it states one;
-    ValueError with the line number on a malformed line or a second, different cap."""
+    """Steps of a JSONL trace (UTF-8), each carrying the trace's generation cap where it states
+    one; ValueError with the path and line number on a malformed line (``_parse_line``: JSON,
+    field types and ranges), a second, different cap or a prompt twice in one step."""
     steps: dict[tuple[int, int], list[PromptRow]] = {}
     cap: int | None = None
-    with open(path, encoding="utf-8") as fh:
-        for number, text in enumerate(fh, start=1):
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not UTF-8 text (byte {exc.start} of the line); save the "
+                                 "trace as UTF-8 JSONL") from None
             if not text.strip():
                 continue
             epoch, step, row, line_cap = _parse_line(text, f"{path}:{number}")
@@ -279,8 +316,8 @@ def generation_cap(steps: list[TraceStep], max_new_tokens: int | None = None) ->
     if cap is None:
         raise ValueError("the trace states no generation cap (a max_new_tokens field): give the one it "
                          "was made with (rlhfless simulate --max-new-tokens N)")
-    if cap < 1:
-        raise ValueError(f"max_new_tokens={cap}: must be >= 1")
+    if not 1 <= cap <= MAX_TOKENS:
+        raise ValueError(f"max_new_tokens={cap}: must be in [1, {MAX_TOKENS}] (tokens)")
     longest = max(x for s in steps for r in s.prompts for x in r.response_lens)
     if longest > cap:
         raise ValueError(f"max_new_tokens={cap}: the trace has a {longest}-token response; give the cap "

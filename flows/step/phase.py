@@ -35,7 +35,7 @@ def load_profile(ctx: RunContext) -> TpotProfile:
     if ctx.live is not None:
         return ctx.live.profile
     path = ctx.config.scaling.profile
-    return TpotProfile.load(path) if path else CPU_TINY_PROFILE
+    return TpotProfile.load(path, "scaling.profile") if path else CPU_TINY_PROFILE
 
 
 def cluster_spec(ctx: RunContext, num_workers: int, calibration: Calibration = Calibration()) -> ClusterSpec:

@@ -1,0 +1,140 @@
+"""What ``rlhfless simulate`` refuses up front, in one line naming the trace line or the flag:
+trace values out of range (``flows/simulate/replay.py``), flags the cluster model cannot hold
+(``flows/simulate/cli.py: build_model``), and output it could not write."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flows.simulate.cli import main
+
+ROW = {"epoch": 0, "step": 0, "prompt_id": 1, "prompt_len": 5, "answer_len": 3, "response_lens": [4, 5]}
+
+
+def _trace(tmp_path: Path, *rows: dict, raw: bytes = b"") -> Path:
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in rows) + raw)
+    return path
+
+
+@pytest.mark.parametrize("change,named", [
+    ({"answer_len": -50}, ":2: answer_len=-50: must be an integer in [0, 1048576]"),
+    ({"prompt_len": -100}, ":2: prompt_len=-100: must be an integer in [1, 1048576]"),
+    ({"prompt_len": 0, "response_lens": [0, 0]}, ":2: prompt_len=0"),  # a phase of no work: 0 s floors
+    ({"response_lens": [10**12]}, ":2: response_lens=[1000000000000]: must be a non-empty list of integers"),
+    ({"response_lens": [True, 3]}, ":2: response_lens=[True, 3]"),
+    ({"prompt_id": -1}, ":2: prompt_id=-1"),
+    ({"answer_len": 10**400}, ":2: answer_len=100000000000... (401 digits)"),
+    ({"max_new_tokens": 2**40}, ":2: max_new_tokens=1099511627776: must be an integer in [1, 1048576]"),
+    ({"max_new_tokens": True}, ":2: max_new_tokens=True"),
+])
+def test_trace_values_out_of_range_name_the_line(tmp_path, change, named):
+    """Each of these failed deep in the simulator (IndexError, numpy's negative dimensions, a
+    466 GiB allocation, ZeroDivisionError, OverflowError) or was taken as a length (True as 1)."""
+    from flows.simulate.replay import read_trace
+
+    path = _trace(tmp_path, {**ROW, "prompt_id": 0}, {**ROW, **change})
+    with pytest.raises(ValueError) as exc:
+        read_trace(path)
+    assert str(exc.value).startswith(f"{path}:2: ") and named in str(exc.value)
+
+
+def test_undecodable_or_overlong_lines_name_the_line(tmp_path):
+    from flows.simulate.replay import read_trace
+
+    with pytest.raises(ValueError, match=r"t\.jsonl:2: not UTF-8 text .*save the trace as UTF-8"):
+        read_trace(_trace(tmp_path, ROW, raw=b'{"note": "caf\xe9"}\n'))
+    digits = b'{"epoch": 0, "step": 0, "prompt_id": ' + b"9" * 5000 + b"}\n"  # past int's 4300-digit parse limit
+    with pytest.raises(ValueError, match=r"t\.jsonl:2: a number too long"):
+        read_trace(_trace(tmp_path, ROW, raw=digits))
+
+
+def test_the_floor_of_no_work_is_an_error_not_a_division_by_zero():
+    from flows.simulate.bound import max_speedup
+
+    with pytest.raises(ValueError, match="floors total 0"):
+        max_speedup([1.0, 2.0], [0.0, 0.0])
+    assert max_speedup([1.0, 2.0], [0.5, 1.0]) == 2.0
+
+
+@pytest.mark.parametrize("args,named", [
+    (["--max-new-tokens", "0"], "--max-new-tokens=0: must be in [1, 1048576]"),
+    (["--max-new-tokens", str(2**21)], "--max-new-tokens=2097152"),
+    # reported as the cluster.* or scaling.* setting they fill, or not checked at all
+    (["--bandwidth-gb-per-gpu", "-40"], "--bandwidth-gb-per-gpu=-40.0: must be a finite number of GB/s > 0"),
+    (["--n-min", "0"], "--n-min=0: must be >= 1"),
+    (["--n-min", "5", "--n-max", "2"], "--n-max=2: below --n-min=5"),
+    (["--learner-mfu", "1.5"], "--learner-mfu=1.5: must be in (0, 1]"),
+    (["--learner-gpus", "0"], "--learner-gpus=0: must be >= 1"),
+    (["--cut-threshold", "2"], "--cut-threshold=2.0: must be in (0, 1]"),  # accepted unless --objective value
+    (["--lam", "nan"], "--lam=nan"),
+    (["--cold-start-s", "inf"], "--cold-start-s=inf: must be a finite number of seconds >= 0"),
+    (["--gpus-per-actor", "16", "--gpus-per-node", "8"], "--gpus-per-actor=16: more than --gpus-per-node=8"),
+    (["--nodes", "1", "--policy", "static:100"], "--policy 'static:100': 100 actors of --gpus-per-actor 2 need "
+                                                 "200 GPUs, but --nodes 1 x --gpus-per-node 8 hold 4 such actors"),
+    (["--nodes", "1", "--gpus-per-actor", "8"], "default policy 'static:3' (pass --policy to choose)"),
+])
+def test_flags_are_named_in_the_error(tmp_path, capsys, args, named):
+    path = _trace(tmp_path, ROW)
+    assert main(["--trace", str(path), *args]) == 2
+    err = capsys.readouterr().err
+    assert named in err and err.count("\n") == 1, err
+
+
+def _small(tmp_path: Path, name: str = "t.jsonl") -> Path:
+    """Two steps of four prompts (cap stated): simulated in well under a second."""
+    rows = [{**ROW, "step": s, "prompt_id": i, "prompt_len": 20 + i, "response_lens": [8 + i, 12 + 2 * i],
+             "max_new_tokens": 64} for s in range(2) for i in range(4)]
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+FAST = ["--nodes", "2", "--policy", "rlhfless", "--policy", "static:3"]
+
+
+@pytest.mark.parametrize("plot,named", [
+    ("{tmp}/missing/p.png", "the folder"),
+    ("{tmp}", "name a file ending in .png, .pdf, .svg"),  # matplotlib would write {tmp}.png beside it
+    ("{tmp}/p.xyz", "name a file ending in"),
+    ("{tmp}/taken.png", "is a directory"),
+])
+def test_a_plot_that_cannot_be_written_is_refused_before_simulating(tmp_path, capsys, plot, named):
+    (tmp_path / "taken.png").mkdir()
+    trace = _small(tmp_path)
+    plot = plot.format(tmp=tmp_path)
+    assert main(["--trace", str(trace), *FAST, "--plot", plot]) == 2  # not a traceback (python -m flows.simulate)
+    out, err = capsys.readouterr()
+    assert out == "" and f"--plot {plot!r}" in err and named in err and err.count("\n") == 1, err
+    assert not Path(f"{tmp_path}.png").exists()
+
+
+def test_traces_of_the_same_file_name_get_a_plot_each(tmp_path, capsys):
+    a, b = _small(tmp_path / "a"), _small(tmp_path / "b")
+    assert main(["--trace", str(a), "--trace", str(b), *FAST, "--plot", str(tmp_path / "p.svg")]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.glob("p-*")) == ["p-t-2.svg", "p-t.svg"]
+
+
+def test_json_keeps_the_frontier_and_every_trace_given(tmp_path, capsys):
+    trace = _small(tmp_path)
+    assert main(["--trace", str(trace), *FAST, "--json", "--frontier", "--objective", "slack"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = report["frontier"]["rows"]
+    assert report["frontier"]["knob"] == "time_slack" and len(rows) == 7
+    assert set(rows[0]) == {"time_slack", "gen_time", "gen_gpu_seconds", "step_time", "step_gpu_seconds", "mean_n"}
+    assert main(["--trace", str(trace), "--trace", str(trace), *FAST, "--json"]) == 0  # the same trace twice
+    report = json.loads(capsys.readouterr().out)
+    assert list(report["traces"]) == [str(trace), f"{trace}#2"]
+    assert all(set(r) == {"policies", "generation_floor"} for r in report["traces"].values())
+
+
+def test_the_frontier_s_baseline_must_fit_the_cluster(tmp_path, capsys):
+    trace = _small(tmp_path)
+    assert main(["--trace", str(trace), "--nodes", "1", "--gpus-per-actor", "4", "--policy", "rlhfless",
+                 "--frontier"]) == 2
+    assert "--frontier's baseline 'static:3': 3 actors" in capsys.readouterr().err
