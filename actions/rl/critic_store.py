@@ -19,7 +19,9 @@ def load_critic(store_uri: str, base_key: str, critic_key: str, *, fresh: bool =
     def build() -> Critic:
         tensors, _ = load_tensors(store_for(store_uri), critic_key)
         # Built in dtype (its fp32 rotary buffers stay fp32, see build_model); the head is cast.
-        lm = build_model(load_base_parts(store_uri, base_key), split_tensors(tensors), dtype=dtype)
+        # A critic stores no untied output head (critic.py); one stored before may hold it.
+        lm = build_model(load_base_parts(store_uri, base_key), split_tensors(tensors), dtype=dtype,
+                         output_head=False)
         critic = build_critic(lm, tensors)
         critic.value_head.to(dtype)
         return critic.to(device)
