@@ -66,12 +66,12 @@ def test_a_tied_output_head_is_the_embedding_and_still_trains():
     assert critic.lm.lm_head.weight is critic.lm.model.embed_tokens.weight
 
 
-def _store_base(tmp_path, lm: torch.nn.Module):
+def _store_base(tmp_path, lm: torch.nn.Module, key: str = "base/manifest.json"):
     from actions.models.modeling import base_files, build_char_tokenizer
     from actions.store import LocalStore, put_artifact
 
     store = LocalStore(tmp_path)
-    put_artifact(store, "base/manifest.json", base_files(lm, build_char_tokenizer()))
+    put_artifact(store, key, base_files(lm, build_char_tokenizer()))
     return store
 
 
@@ -132,3 +132,30 @@ def test_renumber_state_drops_the_removed_parameters_and_shifts_the_rest():
     stored = {"p0.exp_avg": t, "p1.master": t, "p2.exp_avg": t, "p3.step": t, "bogus": t}
     assert sorted(renumber_state(stored, [1])) == ["bogus", "p0.exp_avg", "p1.exp_avg", "p2.step"]
     assert renumber_state(stored, []) == stored
+
+
+def test_the_warm_cache_keeps_only_a_runs_latest_critic(tmp_path, monkeypatch):
+    """Each critic version scores one step: caching the next evicts the run's older ones (not
+    another run's, nor other warm state)."""
+    from collections import OrderedDict
+
+    from actions.models import warm
+    from actions.rl.critic_store import load_critic
+    from actions.store.weights import publish_tensors
+
+    monkeypatch.setattr(warm, "_cache", OrderedDict())
+    lm = _llama(tied=True)
+    store = _store_base(tmp_path, lm)
+    tensors = build_critic(copy.deepcopy(lm), None).tensors()
+    for v in range(3):
+        publish_tensors(store, f"critic{v}/manifest.json", tensors)
+    _store_base(tmp_path, lm, "other/base/manifest.json")  # another run's base in the same store
+    other = load_critic(store.uri, "other/base/manifest.json", "critic0/manifest.json")
+    warm.put(("tokenizer", "x"), object())
+    for v in range(3):
+        load_critic(store.uri, "base/manifest.json", f"critic{v}/manifest.json")
+        critics = [k for k in warm._cache if k[0] == "critic"]
+        assert [k[2:4] for k in critics] == [("other/base/manifest.json", "critic0/manifest.json"),
+                                             ("base/manifest.json", f"critic{v}/manifest.json")]
+    assert ("tokenizer", "x") in warm._cache
+    assert load_critic(store.uri, "other/base/manifest.json", "critic0/manifest.json") is other  # still warm
