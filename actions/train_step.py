@@ -77,8 +77,8 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
         enable_checkpointing(critic.lm, req.gradient_checkpointing)
         critic_opt = make_optimizer(critic, algo.critic_lr)
         if req.critic_optimizer_key:
-            critic_opt.load_state_tensors(load_tensors(store, req.critic_optimizer_key)[0],
-                                          where=req.critic_optimizer_key)
+            state = critic.stored_optimizer_state(load_tensors(store, req.critic_optimizer_key)[0])
+            critic_opt.load_state_tensors(state, where=req.critic_optimizer_key)
     metrics = rollout_metrics(batch, algo)
     metrics["train/reused_state"] = float(kept is not None)
     metrics["train/world_size"] = 1.0

@@ -222,6 +222,9 @@ CASES: dict[str, Case] = {
     "config too many minibatches": Case(
         _train("--set", "algorithm.num_minibatches=99"), ("algorithm.num_minibatches=99", "lower num_minibatches")),
     "config unknown algorithm": Case(_train("--set", "algorithm.name=dpo"), ("algorithm.name", "'grpo' or 'ppo'")),
+    "config ppo without std scaling": Case(
+        _train("--set", "algorithm.name=ppo", "--set", "algorithm.scale_by_std=false"),
+        ("algorithm.scale_by_std=false", "remove algorithm.scale_by_std")),
     "config bad model dtype": Case(_train("--set", "model.dtype=float8"), ("model.dtype", "'float8'", "'bfloat16'")),
     "config micro batch not a divisor": Case(
         _train("--set", "algorithm.micro_batch_size=5"), ("algorithm.micro_batch_size=5", "choose a divisor of 64")),

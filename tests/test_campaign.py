@@ -157,10 +157,16 @@ def test_smoke_whole_flow_on_local_warm_pool(tiny_config, prefect_harness, monke
 
 
 def test_ppo_step_trains_critic(tiny_config, prefect_harness):
-    cfg = tiny_config("invoker.kind=inprocess", "run_id=ppo", "algorithm.name=ppo", "steps=1")
-    summary = run_campaign(cfg, progress=lambda m: None)
+    # one sample per prompt, natural for PPO: every group has one reward, which is no warning here
+    cfg = tiny_config("invoker.kind=inprocess", "run_id=ppo", "algorithm.name=ppo", "algorithm.group_size=1",
+                      "steps=1")
+    lines: list[str] = []
+    summary = run_campaign(cfg, progress=lines.append)
     step = summary["steps"][0]
     assert "loss/value" in step and step["loss/value"] >= 0.0
+    assert step["frac_reward_zero_std"] == 1.0
+    assert "zero_reward_std" not in {w["kind"] for w in summary["warnings"]}
+    assert not [line for line in lines if "zero_reward_std" in line], lines
 
 
 def test_failed_activations_are_retried_and_change_nothing(tiny_config, prefect_harness):

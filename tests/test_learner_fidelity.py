@@ -462,3 +462,39 @@ def test_an_infinite_reward_skips_the_mini_batches_it_reaches_and_warns(name):
         finite = _scored_batch(model, algo, 1.0)
         metrics = run_updates(model, TrainOptimizer(model, algo.lr), finite, algo, None, None, seed=0, step=0)
         assert metrics[SKIPPED] == 0
+
+
+def test_kl_kind_defaults_to_each_algorithms_own_estimator_and_ppo_refuses_scale_by_std():
+    assert AlgorithmConfig().kl_kind == "k3" and AlgorithmConfig(name="ppo").kl_kind == "k1"
+    assert AlgorithmConfig(name="ppo", kl_kind=None).kl_kind == "k1"
+    assert AlgorithmConfig(name="ppo", kl_kind="k3").kl_kind == "k3"
+    with pytest.raises(ValueError, match="algorithm.scale_by_std=false .* remove algorithm.scale_by_std"):
+        AlgorithmConfig(name="ppo", scale_by_std=False)
+
+
+@pytest.mark.parametrize("kind", ["k1", "k3"])
+def test_ppo_penalises_and_reports_the_kl_estimator_it_is_configured_with(kind):
+    """``algorithm.kl_kind`` reaches PPO's per-token KL reward (so its advantages and returns)
+    and its ``kl`` metric, as TRL's ``kl_estimator`` does."""
+    import copy
+
+    from actions.rl.advantage import gae, kl_penalized_token_rewards
+    from actions.rl.kl import kl_estimate
+    from actions.rl.masked import masked_mean
+    from actions.rl.update import compute_advantages
+
+    algo = AlgorithmConfig(name="ppo", batch_size=4, group_size=1, num_minibatches=1, kl_coef=0.5, kl_kind=kind)
+    model = _gpt2()
+    batch = _scored_batch(model, algo, temperature=1.0)
+    mask = batch.packed.response_mask
+    batch.ref_logp = (batch.old_logp - torch.linspace(-1.0, 1.0, mask.shape[1])) * mask
+    batch.values = torch.zeros_like(batch.old_logp)
+    _, ret = compute_advantages(batch, algo)
+    token_rewards = kl_penalized_token_rewards(batch.rewards, batch.old_logp, batch.ref_logp, mask, 0.5, kind)
+    assert torch.equal(ret, gae(token_rewards, batch.values, mask, algo.gamma, algo.gae_lambda)[1])
+    other = compute_advantages(batch, algo.model_copy(update={"kl_kind": "k3" if kind == "k1" else "k1"}))[1]
+    assert not torch.equal(ret, other)
+    critic = build_critic(copy.deepcopy(model), None)
+    metrics = run_updates(model, TrainOptimizer(model, algo.lr), batch, algo, critic,
+                          TrainOptimizer(critic, algo.critic_lr), seed=0, step=0)
+    assert metrics["kl"] == pytest.approx(float(masked_mean(kl_estimate(batch.old_logp, batch.ref_logp, kind), mask)))

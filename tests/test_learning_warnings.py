@@ -26,6 +26,17 @@ def test_each_kind_fires_once_where_it_first_holds():
     assert learning_warnings([_step(), _step()], total=2) == []
 
 
+def test_zero_reward_spread_warns_for_grpo_only():
+    """PPO learns from its critic's baseline and the KL reward, not from a group's spread: one
+    reward per group (every step with group_size 1) is no warning there. The other kinds still are."""
+    flat = [_step(1.0), _step(1.0, 0.0), _step(1.0)]
+    assert [w["kind"] for w in learning_warnings(flat, total=3)] == ["zero_grad_norm", "zero_reward_std"]
+    assert [w["kind"] for w in learning_warnings(flat, total=3, algorithm="grpo")] == ["zero_grad_norm",
+                                                                                      "zero_reward_std"]
+    assert [w["kind"] for w in learning_warnings(flat, total=3, algorithm="ppo")] == ["zero_grad_norm"]
+    assert new_warning_lines(flat, 3, "ppo") == []
+
+
 def test_a_diverged_update_warns():
     """A non-finite loss or gradient norm (on OpenWhisk sent as "NaN"/"Infinity" and read back as
     floats by the typed result) is reported, not dropped with the tracker's non-finite values."""

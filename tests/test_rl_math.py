@@ -99,6 +99,9 @@ def test_kl_penalized_token_rewards():
     mask = torch.tensor([[1, 1, 1, 0]])
     out = kl_penalized_token_rewards(torch.tensor([1.0]), logp, ref, mask, kl_coef=0.1)
     assert close(out, [[-0.05, 0.0, 1.1, 0.0]])
+    # k3: log_r = ref - logp = [-0.5, 0, 1]; exp(log_r) - log_r - 1 = [0.106531, 0, 0.718282]
+    out = kl_penalized_token_rewards(torch.tensor([1.0]), logp, ref, mask, kl_coef=0.1, kl_kind="k3")
+    assert close(out, [[-0.0106531, 0.0, 0.9281718, 0.0]])
 
 
 # ---- KL -----------------------------------------------------------------------------------

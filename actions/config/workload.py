@@ -166,6 +166,9 @@ class AlgorithmConfig(_Section):
     """Responses per prompt (GRPO's n)."""
     kl_coef: float = Field(0.01, ge=0)
     kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator (``actions/rl/kl.py``): GRPO adds ``kl_coef`` x its token mean to the loss,
+    PPO subtracts ``kl_coef`` x it from each token's reward. Unset or null: the algorithm's own,
+    k3 for GRPO (DeepSeekMath eq. 4), k1 for PPO (Ouyang et al. eq. 2; TRL's ``kl_estimator``)."""
     clip_low: float = Field(0.2, gt=0, lt=1)
     clip_high: float = Field(0.28, gt=0)
     value_clip: float = Field(0.2, gt=0)
@@ -182,11 +185,28 @@ class AlgorithmConfig(_Section):
     gae_lambda: float = Field(0.95, ge=0, le=1)
     max_grad_norm: float = Field(1.0, gt=0)
     scale_by_std: bool = True
+    """GRPO: divide each group's centred rewards by their std (False: Dr. GRPO). PPO refuses
+    False: it whitens its GAE advantages over the batch instead."""
     micro_batch_size: int | None = Field(None, gt=0)
     """Samples per forward/backward pass; gradients are accumulated over a mini-batch
     (``batch_size / num_minibatches`` samples) before each optimizer step, with every micro
     batch weighted by its share of the mini-batch's tokens, so the update equals the unsplit
     one to float round-off. None: the whole mini-batch at once."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_kl_kind(cls, data: Any) -> Any:
+        # Filled in, not left None, so requests and the run's identity carry the estimator used.
+        if isinstance(data, dict) and data.get("kl_kind") is None:
+            data = {**data, "kl_kind": "k1" if data.get("name") == "ppo" else "k3"}
+        return data
+
+    @model_validator(mode="after")
+    def _check_ppo(self) -> AlgorithmConfig:
+        if self.name == "ppo" and not self.scale_by_std:
+            raise ValueError("algorithm.scale_by_std=false sets GRPO's group normalisation, but algorithm.name is "
+                             "ppo, which whitens its GAE advantages over the batch; remove algorithm.scale_by_std")
+        return self
 
     @model_validator(mode="after")
     def _check_batch(self) -> AlgorithmConfig:

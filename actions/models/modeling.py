@@ -146,8 +146,20 @@ def read_base(files: dict[str, bytes]) -> BaseParts:
     return BaseParts(config, tokenizer, generation)
 
 
+def untied_head_keys(model: torch.nn.Module) -> list[str]:
+    """The state-dict keys of ``model``'s output head where it has weights of its own (untied
+    embeddings, e.g. ``["lm_head.weight"]``); ``[]`` where the head is the input embedding
+    (tied) or the model has none."""
+    head = model.get_output_embeddings()
+    if head is None:
+        return []
+    shared = {id(p) for p in model.get_input_embeddings().parameters()}
+    name = next(n for n, m in model.named_modules() if m is head)
+    return [f"{name}.{k}" for k, p in head.named_parameters() if id(p) not in shared]
+
+
 def build_model(base: BaseParts, tensors: dict[str, torch.Tensor], *, share: bool = False,
-                dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+                dtype: torch.dtype = torch.float32, output_head: bool = True) -> torch.nn.Module:
     """A model of ``base``'s shape holding ``tensors`` (in ``dtype``, eval mode).
 
     The model is built in ``dtype`` as ``from_pretrained(..., dtype=dtype)`` builds it, not
@@ -161,6 +173,8 @@ def build_model(base: BaseParts, tensors: dict[str, torch.Tensor], *, share: boo
     (its EOS list is what generation stops at, see ``special_tokens``). ``share``: the model's
     parameters *are* ``tensors`` (their device and dtype, no copy), for a frozen backbone
     that several LoRA versions hold at once (``lora.py``); the caller must never write them.
+    ``output_head=False``: ``tensors`` may lack an untied output head (``untied_head_keys``),
+    which is then left unset, for a caller that drops it (the PPO critic, ``actions/rl/critic.py``).
     """
     config = copy.deepcopy(base.config)  # from_config writes the dtype into the config it is given
     # Every weight is overwritten below, so the random init is skipped: a 0.5B model spends
@@ -177,6 +191,8 @@ def build_model(base: BaseParts, tensors: dict[str, torch.Tensor], *, share: boo
         model.tie_weights()  # assign replaced the embedding the head was tied to
     # Tied embeddings legitimately omit lm_head.weight; anything else is a broken checkpoint.
     missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
+    if not output_head:
+        missing = [m for m in missing if m not in untied_head_keys(model)]
     if missing or unexpected:
         raise ValueError(f"weights do not match the model config: missing {missing[:5]}, unexpected {unexpected[:5]}")
     model.eval()

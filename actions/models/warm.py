@@ -22,13 +22,22 @@ _lock = threading.Lock()
 _stats = {"hits": 0, "misses": 0}
 
 
-def get_or_build(key: Hashable, build: Callable[[], T]) -> tuple[T, bool]:
-    """Return (value, hit). Builds outside the lock so a slow build does not block readers."""
+def get_or_build(key: Hashable, build: Callable[[], T], *,
+                 supersedes: Callable[[Hashable], bool] | None = None) -> tuple[T, bool]:
+    """Return (value, hit). Builds outside the lock so a slow build does not block readers.
+
+    ``supersedes``: on a miss, every other entry whose key it returns True for is evicted
+    before the build: state the new value replaces and no later request asks for (a run's
+    older critic versions), which would otherwise hold a model's memory until the LRU limit
+    reached it. Evicted first, so the old and the new model are not held together.
+    """
     with _lock:
         if key in _cache:
             _cache.move_to_end(key)
             _stats["hits"] += 1
             return _cache[key], True
+        for old in [k for k in _cache if supersedes is not None and k != key and supersedes(k)]:
+            del _cache[old]
     value = build()
     put(key, value)
     with _lock:

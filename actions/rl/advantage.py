@@ -19,8 +19,9 @@ Rows are right-padded with contiguous real tokens; a 0 inside a row would end th
 there. Outputs are 0 at padding and carry no gradient (values are a fixed baseline here).
 
 ``kl_penalized_token_rewards`` builds PPO-RLHF's per-token reward (Ouyang et al.,
-arXiv 2203.02155, eq. 2; DeepSeekMath eq. 2): ``-kl_coef * k1`` on every token plus the
-outcome reward on the last real token.
+arXiv 2203.02155, eq. 2; DeepSeekMath eq. 2): ``-kl_coef * kl`` on every token plus the
+outcome reward on the last real token. ``kl`` is the paper's k1 (``logp - ref_logp``) unless
+``algorithm.kl_kind`` picks k2 or k3, as TRL's PPO ``kl_estimator`` offers k3.
 """
 
 from __future__ import annotations
@@ -98,9 +99,10 @@ def gae(
 
 @torch.no_grad()
 def kl_penalized_token_rewards(
-    outcome: Tensor, logp: Tensor, ref_logp: Tensor, mask: Tensor, kl_coef: float
+    outcome: Tensor, logp: Tensor, ref_logp: Tensor, mask: Tensor, kl_coef: float, kl_kind: str = "k1"
 ) -> Tensor:
-    """Per-token PPO-RLHF reward: ``-kl_coef * (logp - ref_logp)``, plus ``outcome`` at the end.
+    """Per-token PPO-RLHF reward: ``-kl_coef * kl_estimate(logp, ref_logp, kl_kind)`` (k1:
+    ``logp - ref_logp``), plus ``outcome`` at the end.
 
     Args:
         outcome: scalar reward per completion (reward model or verifier), ``[B]``.
@@ -108,11 +110,12 @@ def kl_penalized_token_rewards(
         ref_logp: log-probs of the same tokens under the reference policy, ``[B, T]``.
         mask: 0/1, 1 on real response tokens (right-padded), ``[B, T]``.
         kl_coef: KL penalty coefficient (beta).
+        kl_kind: per-token KL estimator, ``"k1"``, ``"k2"`` or ``"k3"`` (``kl.kl_estimate``).
     Returns:
         Token rewards ``[B, T]`` (0 at padding, no gradient), the input to ``gae``.
     """
     real = mask.bool()
-    rewards = -kl_coef * kl_estimate(logp, ref_logp, kind="k1")
+    rewards = -kl_coef * kl_estimate(logp, ref_logp, kind=kl_kind)
     last = (real.sum(dim=1) - 1).clamp_min(0)  # [B] index of the last real token
     rewards = rewards.scatter_add(1, last[:, None], outcome.to(rewards.dtype)[:, None])
     # An empty row has no last token: the outcome landed on padding and is dropped here.

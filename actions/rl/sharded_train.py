@@ -137,7 +137,8 @@ def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | 
                              dtype_setting=req.policy.dtype)
         critic_dtypes = _dtypes(critic.tensors)
         critic_low = any(p.dtype != torch.float32 for p in _trainable(critic))
-        cstate = load_tensors(store, req.critic_optimizer_key)[0] if req.critic_optimizer_key else None
+        cstate = (critic.stored_optimizer_state(load_tensors(store, req.critic_optimizer_key)[0])
+                  if req.critic_optimizer_key else None)
         cstate = _load_masters(critic, cstate, req.critic_optimizer_key or "")
         critic.train()
         disable_dropout(critic)

@@ -1,9 +1,10 @@
 """The policy (and critic) update loop shared by GRPO and PPO.
 
 Advantages: GRPO uses group-normalised outcome rewards with the KL to the reference as a loss
-term (k3); PPO uses GAE over token rewards that carry the KL as a per-token penalty (k1) and
-the outcome at the last token, whitened over the batch. Mini-batches are shuffled prompt
-groups drawn from a generator seeded by (seed, step), so an update is reproducible.
+term; PPO uses GAE over token rewards that carry the KL as a per-token penalty and the outcome
+at the last token, whitened over the batch. Both estimate the KL with ``algorithm.kl_kind``
+(unset: k3 for GRPO, k1 for PPO). Mini-batches are shuffled prompt groups drawn from a
+generator seeded by (seed, step), so an update is reproducible.
 
 Micro-batches (``algorithm.micro_batch_size``): each mini-batch is split into micro batches
 whose gradients are accumulated before the optimizer step. The losses are token means, so a
@@ -37,6 +38,7 @@ from actions.rl.advantage import gae, group_normalized_advantages, kl_penalized_
 from actions.rl.batch import TrainBatch
 from actions.rl.critic import Critic
 from actions.rl.grpo_loss import grpo_loss
+from actions.rl.kl import kl_estimate
 from actions.rl.masked import masked_mean, masked_whiten
 from actions.rl.optimizer import TrainOptimizer
 from actions.rl.ppo_loss import ppo_policy_loss, value_loss
@@ -79,7 +81,7 @@ def compute_advantages(batch: TrainBatch, algo: AlgorithmConfig) -> tuple[torch.
     if batch.old_logp is None:
         raise ValueError("PPO needs the scored old_logp; the score action computes them for algorithm.name ppo")
     ref = batch.ref_logp if batch.ref_logp is not None else batch.old_logp  # kl_coef == 0: no penalty
-    token_rewards = kl_penalized_token_rewards(batch.rewards, batch.old_logp, ref, mask, algo.kl_coef)
+    token_rewards = kl_penalized_token_rewards(batch.rewards, batch.old_logp, ref, mask, algo.kl_coef, algo.kl_kind)
     adv, ret = gae(token_rewards, batch.values, mask, algo.gamma, algo.gae_lambda)
     return masked_whiten(adv, mask), ret
 
@@ -205,6 +207,7 @@ def run_updates(policy: torch.nn.Module, opt: TrainOptimizer, batch: TrainBatch,
                 sums[k] += v
             count += 1
     out = {k: v if k in COUNTS else v / count for k, v in sums.items()}
-    if algo.name == "ppo" and batch.ref_logp is not None:  # the KL the penalty saw (k1), as GRPO's metric name
-        out["kl"] = float(masked_mean(batch.old_logp - batch.ref_logp, batch.packed.response_mask))
+    if algo.name == "ppo" and batch.ref_logp is not None:  # the KL the penalty saw, as GRPO's metric name
+        kl = kl_estimate(batch.old_logp, batch.ref_logp, algo.kl_kind)
+        out["kl"] = float(masked_mean(kl, batch.packed.response_mask))
     return out

@@ -3,7 +3,10 @@ metrics, printed on the progress output as they first hold and listed in ``summa
 
 * ``zero_reward_std``: every group had one reward (``frac_reward_zero_std`` = 1.0, so every
   GRPO advantage is 0) for ``ZERO_STD_STEPS`` steps in a row, or for every step of a campaign
-  shorter than that.
+  shorter than that. GRPO only (``GROUP_RELATIVE``): PPO's advantages come from its critic's
+  baseline and the per-token KL reward, not from a group's spread, so one reward per group
+  (always so with ``group_size: 1``) leaves it something to learn; a PPO update that changes
+  nothing still raises ``zero_grad_norm``.
 * ``zero_grad_norm``: a step's gradient norm was 0 (the update changed nothing).
 * ``nonfinite_update``: a step's ``grad_norm`` or a ``loss/*`` was NaN or infinite, or it
   skipped optimizer steps for it (``train/skipped_nonfinite``, ``actions/rl/update.py``): the
@@ -26,6 +29,9 @@ SKIPPED_STEPS = ("train/skipped_nonfinite", "train/critic_skipped_nonfinite")
 """The learner's counts of optimizer steps skipped for a non-finite gradient (``actions/rl/update.py``)."""
 ZERO_STD_STEPS = 3
 """Consecutive steps of all-zero reward spread before ``zero_reward_std`` is raised."""
+GROUP_RELATIVE = ("grpo",)
+"""Algorithms (``algorithm.name``) whose advantage is a reward's spread within its group: the
+ones ``zero_reward_std`` applies to."""
 
 _FIX = {
     "zero_reward_std": "every completion of a prompt earned the same reward, so there is nothing to learn from; "
@@ -40,8 +46,9 @@ _FIX = {
 }
 
 
-def _holds(kind: str, steps: Sequence[Mapping[str, Any]], i: int, total: int) -> bool:
-    """Does ``kind`` hold after step ``i + 1`` (``steps[:i + 1]`` committed, ``total`` planned)?"""
+def _holds(kind: str, steps: Sequence[Mapping[str, Any]], i: int, total: int, algorithm: str) -> bool:
+    """Does ``kind`` hold after step ``i + 1`` (``steps[:i + 1]`` committed, ``total`` planned)
+    of a run of ``algorithm``?"""
     m = steps[i]
     if kind == "zero_grad_norm":
         return "grad_norm" in m and m["grad_norm"] == 0.0
@@ -50,6 +57,8 @@ def _holds(kind: str, steps: Sequence[Mapping[str, Any]], i: int, total: int) ->
                    if k == "grad_norm" or k.startswith("loss")) or any(m.get(k, 0.0) > 0 for k in SKIPPED_STEPS)
     if kind == "no_reward":
         return m.get("frac_reward_none", 0.0) >= 1.0
+    if algorithm not in GROUP_RELATIVE:
+        return False
     window = min(ZERO_STD_STEPS, total)
     recent = steps[max(0, i + 1 - window):i + 1]
     return len(recent) == window and all(s.get("frac_reward_zero_std", 0.0) >= 1.0 for s in recent)
@@ -66,12 +75,13 @@ class LearningWarning:
     """The progress line."""
 
 
-def find_warnings(steps: Sequence[Mapping[str, Any]], total: int) -> list[LearningWarning]:
-    """One warning per kind that held over ``steps`` (``total`` planned), in the order they first held."""
+def find_warnings(steps: Sequence[Mapping[str, Any]], total: int, algorithm: str = "grpo") -> list[LearningWarning]:
+    """One warning per kind that held over ``steps`` (``total`` planned) of a run of
+    ``algorithm`` (``algorithm.name``), in the order they first held."""
     found: dict[str, LearningWarning] = {}
     for i in range(len(steps)):
         for kind in _FIX:
-            if not _holds(kind, steps, i, total):
+            if not _holds(kind, steps, i, total, algorithm):
                 continue
             if kind in found:
                 found[kind].steps += 1
@@ -80,11 +90,11 @@ def find_warnings(steps: Sequence[Mapping[str, Any]], total: int) -> list[Learni
     return sorted(found.values(), key=lambda w: (w.step, w.kind))
 
 
-def learning_warnings(steps: Sequence[Mapping[str, Any]], total: int) -> list[dict[str, Any]]:
+def learning_warnings(steps: Sequence[Mapping[str, Any]], total: int, algorithm: str = "grpo") -> list[dict[str, Any]]:
     """``find_warnings`` as JSON for ``summary.json``: ``kind``, ``step``, ``steps``, ``message``."""
-    return [asdict(w) for w in find_warnings(steps, total)]
+    return [asdict(w) for w in find_warnings(steps, total, algorithm)]
 
 
-def new_warning_lines(steps: Sequence[Mapping[str, Any]], total: int) -> list[str]:
+def new_warning_lines(steps: Sequence[Mapping[str, Any]], total: int, algorithm: str = "grpo") -> list[str]:
     """The warnings that first hold at the last step: what the progress output prints after it."""
-    return [w.message for w in find_warnings(steps, total) if w.step == len(steps)]
+    return [w.message for w in find_warnings(steps, total, algorithm) if w.step == len(steps)]

@@ -28,6 +28,7 @@ class Reporter:
 
     def __init__(self, cfg: CampaignConfig, run_id: str, publisher: Background, progress: Progress) -> None:
         self.run_id, self.total, self.publisher, self.progress = run_id, cfg.steps, publisher, progress
+        self.algorithm = cfg.algorithm.name  # which learning warnings apply
         self.board = Trackers.open(cfg, run_id)  # observability.report_to: TensorBoard, wandb, MLflow, trackio
         self.progress_id: Any = None
 
@@ -42,7 +43,7 @@ class Reporter:
                               state.step, self.total)
         self.board.add_step(state.step, dict(record.metrics), state.evals)
         self.progress(progress_line(state, StepFigures.of(record.metrics), self.total))
-        for line in new_warning_lines(state.steps, self.total):  # a run that cannot learn says so
+        for line in new_warning_lines(state.steps, self.total, self.algorithm):  # a run that cannot learn says so
             self.progress(line)
 
     def close(self) -> None:

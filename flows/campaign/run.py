@@ -102,7 +102,8 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
         finally:
             publisher.wait()
     return summarize(state, time.time() - started) | {"billing": billing(cfg.invoker.kind), "gc": collect.totals,
-                                                      "warnings": learning_warnings(state.steps, cfg.steps),
+                                                      "warnings": learning_warnings(state.steps, cfg.steps,
+                                                                                    cfg.algorithm.name),
                                                       "profile": ctx.live.describe() if ctx.live else None}
 
 
