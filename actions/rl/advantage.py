@@ -10,7 +10,11 @@ its group, ``(r - mean_group) / (std_group + eps)``, broadcast to all its tokens
 - ``scale_by_std=False`` gives mean-centring only, as Dr. GRPO (arXiv 2503.20783) recommends:
   dividing by the std up-weights near-uniform groups (too easy or too hard questions).
 - Rows of one group are contiguous: row b belongs to group ``b // group_size``.
-- Rewards must be finite; unscorable completions are dropped or given a value by the caller.
+- Unscorable rows (``scored`` False: every reward function returned None and no reward model
+  scored them) are left out of their group's mean and std and get advantage exactly 0, as in
+  TRL's GRPOTrainer: their stand-in reward 0 would otherwise shift the baseline and hand them a
+  made-up advantage. A group with no scored row gets 0 everywhere. Where every row is scored the
+  result is bit for bit the plain computation. Rewards of scored rows must be finite.
 
 GAE (Schulman et al., arXiv 1506.02438, sec. 3, eq. 16) over response tokens, for PPO:
 ``delta_t = r_t + gamma * V_{t+1} - V_t`` and ``A_t = delta_t + gamma * lam * A_{t+1}``. The
@@ -33,7 +37,7 @@ from actions.rl.kl import kl_estimate
 
 
 def group_normalized_advantages(
-    rewards: Tensor, group_size: int, *, scale_by_std: bool = True, eps: float = 1e-6
+    rewards: Tensor, group_size: int, *, scale_by_std: bool = True, eps: float = 1e-6, scored: Tensor | None = None
 ) -> Tensor:
     """GRPO outcome advantages, normalised within each group of ``group_size`` rows.
 
@@ -42,8 +46,9 @@ def group_normalized_advantages(
         group_size: completions per prompt (G); ``B`` must be a multiple of it.
         scale_by_std: divide by the group's population std (GRPO); False gives Dr. GRPO.
         eps: added to the std to avoid division by zero.
+        scored: bool ``[B]``, False for an unscorable row (module docstring); None: all scored.
     Returns:
-        Advantages, ``[B]``, same dtype as ``rewards``.
+        Advantages, ``[B]``, same dtype as ``rewards``; 0 on unscorable rows.
     """
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
@@ -52,10 +57,27 @@ def group_normalized_advantages(
             f"group_size={group_size} must be >= 1 and divide the number of rewards "
             f"B={rewards.numel()}; pass all group_size completions of every prompt"
         )
+    if scored is not None and not bool(scored.all()):
+        return _scored_group_advantages(rewards, scored, group_size, scale_by_std=scale_by_std, eps=eps)
     grouped = rewards.view(-1, group_size)  # [num_groups, G]
     centered = grouped - grouped.mean(dim=1, keepdim=True)
     if scale_by_std:
         centered = centered / (grouped.std(dim=1, unbiased=False, keepdim=True) + eps)
+    return centered.reshape(-1)
+
+
+def _scored_group_advantages(rewards: Tensor, scored: Tensor, group_size: int, *, scale_by_std: bool,
+                             eps: float) -> Tensor:
+    """``group_normalized_advantages`` with the mean and population std of each group taken over
+    its scored rows only, and 0 on the rest (and on a group with none scored)."""
+    keep = scored.view(-1, group_size).to(torch.bool)  # [num_groups, G]
+    grouped = torch.where(keep, rewards.view(-1, group_size), torch.zeros_like(rewards).view(-1, group_size))
+    count = keep.sum(dim=1, keepdim=True).clamp_min(1).to(rewards.dtype)
+    mean = grouped.sum(dim=1, keepdim=True) / count
+    centered = torch.where(keep, grouped - mean, torch.zeros_like(grouped))
+    if scale_by_std:
+        std = (centered.square().sum(dim=1, keepdim=True) / count).sqrt()
+        centered = centered / (std + eps)
     return centered.reshape(-1)
 
 

@@ -7,6 +7,7 @@ Per-token tensors from shards of different widths are right-padded to the batch 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,18 @@ class TrainBatch:
     temperature: float = 1.0
     """The rows' sampling temperature: the update's log-probs are of ``softmax(logits / temperature)``,
     as the scored ones (``TrainStepRequest.temperature``, ``actions/rl/head.py``)."""
+
+    def scored(self) -> torch.Tensor:
+        """``[B]`` bool on the rewards' device: rows a reward function or model scored (all, where
+        ``reward_applicable`` is unknown). The others have no outcome: advantage 0 (``update.py``)."""
+        if self.reward_applicable is None:
+            return torch.ones_like(self.rewards, dtype=torch.bool)
+        return torch.tensor(self.reward_applicable, dtype=torch.bool, device=self.rewards.device)
+
+    def scored_mask(self) -> torch.Tensor:
+        """``response_mask`` with the unscored rows' tokens set to 0 (``[B, T]``, same dtype)."""
+        mask = self.packed.response_mask
+        return mask * self.scored()[:, None].to(mask.dtype)
 
     def to(self, device: torch.device) -> TrainBatch:
         """Every tensor on ``device`` (the policy's), for the update loop."""
@@ -79,18 +92,29 @@ def gather_batch(store: ObjectStore, keys: list[str], algo: AlgorithmConfig, pad
 
 
 def rollout_metrics(batch: TrainBatch, algo: AlgorithmConfig) -> dict[str, float]:
-    """Reward and length statistics (the metric names of flows/step/metrics.py)."""
+    """Reward and length statistics (the metric names of flows/step/metrics.py).
+
+    The reward figures are over the scored rows only (``TrainBatch.scored``), as TRL's ``reward``
+    and ``reward_std`` (the names the trackers give ``reward/mean`` and ``reward/std``): the mean
+    and the population std, each 0.0 where no row is scored. A group has
+    zero std (``frac_reward_zero_std``) when its scored rows' rewards are all equal, or it has at
+    most one scored row: every advantage of it is 0.
+    """
     lengths = batch.packed.response_mask.sum(-1)
+    scored = batch.scored()
+    rewards = batch.rewards[scored]
+    keep = scored.view(-1, algo.group_size)
     groups = batch.rewards.view(-1, algo.group_size)
+    top = torch.where(keep, groups, torch.full_like(groups, -math.inf)).amax(-1)
+    bottom = torch.where(keep, groups, torch.full_like(groups, math.inf)).amin(-1)
     return {
-        "reward/mean": float(batch.rewards.mean()),
-        "reward/std": float(batch.rewards.std(unbiased=False)),
-        "frac_reward_zero_std": float((groups.std(-1, unbiased=False) == 0).float().mean()),
+        "reward/mean": float(rewards.mean()) if len(rewards) else 0.0,
+        "reward/std": float(rewards.std(unbiased=False)) if len(rewards) else 0.0,
+        "frac_reward_zero_std": float(((top == bottom) | (keep.sum(-1) <= 1)).float().mean()),
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
         "response_length/min": float(lengths.min()),
         "response_length/clip_ratio": sum(r == "length" for r in batch.finish_reasons) / len(batch.finish_reasons),
-        # rows no reward function or model applied to (every reward None): they teach nothing
-        "frac_reward_none": (1.0 - sum(batch.reward_applicable) / len(batch.reward_applicable)
-                             if batch.reward_applicable else 0.0),
+        # rows no reward function or model applied to (every reward None): advantage 0, no signal
+        "frac_reward_none": 1.0 - sum(scored.tolist()) / len(scored),
     }

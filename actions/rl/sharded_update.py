@@ -103,7 +103,7 @@ def _policy_pass(root: LogprobRoot, opt: TrainOptimizer, batch: TrainBatch, adv:
 def _critic_pass(critic: Critic, opt: TrainOptimizer, batch: TrainBatch, ret: torch.Tensor, idx: torch.Tensor,
                  algo: AlgorithmConfig, *, rank: int, world: int) -> dict[str, float]:
     device = batch.packed.input_ids.device
-    mask = batch.packed.response_mask
+    mask = batch.scored_mask()  # as update._critic_pass: unscored rows have no value target
     total = mask[idx].sum().clamp_min(1.0)
     metrics: dict[str, float] = defaultdict(float)
     opt.zero_grad()

@@ -74,16 +74,23 @@ def make_optimizer(module: torch.nn.Module, lr: float) -> TrainOptimizer:
 
 
 def compute_advantages(batch: TrainBatch, algo: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(advantages, returns): GRPO [B] and None; PPO [B, T] and [B, T]."""
+    """(advantages, returns): GRPO [B] and None; PPO [B, T] and [B, T].
+
+    A row no reward function or model scored (``TrainBatch.scored``) has advantage 0: GRPO
+    leaves it out of its group's statistics (``advantage.py``), PPO out of the whitening
+    statistics (and ``_critic_pass`` out of the value loss), its stand-in reward 0 being no outcome.
+    """
+    scored = batch.scored()
     if algo.name == "grpo":
-        return group_normalized_advantages(batch.rewards, algo.group_size, scale_by_std=algo.scale_by_std), None
+        return group_normalized_advantages(batch.rewards, algo.group_size, scale_by_std=algo.scale_by_std,
+                                           scored=scored), None
     mask = batch.packed.response_mask
     if batch.old_logp is None:
         raise ValueError("PPO needs the scored old_logp; the score action computes them for algorithm.name ppo")
     ref = batch.ref_logp if batch.ref_logp is not None else batch.old_logp  # kl_coef == 0: no penalty
     token_rewards = kl_penalized_token_rewards(batch.rewards, batch.old_logp, ref, mask, algo.kl_coef, algo.kl_kind)
     adv, ret = gae(token_rewards, batch.values, mask, algo.gamma, algo.gae_lambda)
-    return masked_whiten(adv, mask), ret
+    return masked_whiten(adv, batch.scored_mask()), ret
 
 
 def minibatches(num_rows: int, algo: AlgorithmConfig, gen: torch.Generator) -> list[torch.Tensor]:
@@ -161,7 +168,8 @@ def policy_loss(logp: torch.Tensor, entropy: torch.Tensor, batch: TrainBatch, ad
 
 def _critic_pass(critic: Critic, opt: TrainOptimizer, batch: TrainBatch, ret: torch.Tensor, idx: torch.Tensor,
                  algo: AlgorithmConfig) -> dict[str, float]:
-    mask = batch.packed.response_mask
+    """One optimizer step of the critic on mini-batch ``idx``; unscored rows have no value target."""
+    mask = batch.scored_mask()
     total = mask[idx].sum().clamp_min(1.0)
     metrics: dict[str, float] = defaultdict(float)
     opt.zero_grad()
