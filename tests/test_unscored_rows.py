@@ -57,14 +57,17 @@ def test_grpo_batch_advantages_read_which_rows_were_scored():
     torch.testing.assert_close(unknown, group_normalized_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4))
 
 
-def test_reward_metrics_are_over_scored_rows():
+def test_reward_metrics_are_over_scored_rows_with_trls_std():
     algo = AlgorithmConfig(batch_size=8, group_size=4, num_minibatches=1)
     m = rollout_metrics(_batch([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0],
                                [True, True, True, False, True, True, False, False]), algo)
-    # scored rewards [1, 0, 0, 1, 1]: mean 0.6, std sqrt((3 * 0.16 + 2 * 0.36) / 5) = sqrt(0.24)
-    assert m["reward/mean"] == pytest.approx(0.6) and m["reward/std"] == pytest.approx(math.sqrt(0.24))
+    # scored rewards [1, 0, 0, 1, 1]: mean 0.6, Bessel std sqrt((3 * 0.16 + 2 * 0.36) / 4) = sqrt(0.3)
+    assert m["reward/mean"] == pytest.approx(0.6) and m["reward/std"] == pytest.approx(math.sqrt(0.3))
     assert m["frac_reward_none"] == 3 / 8
     assert m["frac_reward_zero_std"] == 0.5  # group 2's scored rows are all 1
+    every = rollout_metrics(_batch([1.0, 0.0, 0.0, 1.0], None), AlgorithmConfig(batch_size=4, group_size=4,
+                                                                                num_minibatches=1))
+    assert every["reward/std"] == pytest.approx(math.sqrt(1 / 3))  # Bessel: 4 * 0.25 / 3, TRL's reward_std
     none = rollout_metrics(_batch([0.0] * 4, [False] * 4), AlgorithmConfig(batch_size=4, group_size=4,
                                                                            num_minibatches=1))
     assert (none["reward/mean"], none["reward/std"], none["frac_reward_none"]) == (0.0, 0.0, 1.0)

@@ -95,8 +95,9 @@ def rollout_metrics(batch: TrainBatch, algo: AlgorithmConfig) -> dict[str, float
     """Reward and length statistics (the metric names of flows/step/metrics.py).
 
     The reward figures are over the scored rows only (``TrainBatch.scored``), as TRL's ``reward``
-    and ``reward_std`` (the names the trackers give ``reward/mean`` and ``reward/std``): the mean
-    and the population std, each 0.0 where no row is scored. A group has
+    and ``reward_std`` (the names the trackers give ``reward/mean`` and ``reward/std``): the mean,
+    and the Bessel-corrected std (TRL's; the advantages divide by the population std,
+    ``advantage.py``), each 0.0 where fewer rows are scored than it needs (1 and 2). A group has
     zero std (``frac_reward_zero_std``) when its scored rows' rewards are all equal, or it has at
     most one scored row: every advantage of it is 0.
     """
@@ -109,7 +110,7 @@ def rollout_metrics(batch: TrainBatch, algo: AlgorithmConfig) -> dict[str, float
     bottom = torch.where(keep, groups, torch.full_like(groups, math.inf)).amin(-1)
     return {
         "reward/mean": float(rewards.mean()) if len(rewards) else 0.0,
-        "reward/std": float(rewards.std(unbiased=False)) if len(rewards) else 0.0,
+        "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
         "frac_reward_zero_std": float(((top == bottom) | (keep.sum(-1) <= 1)).float().mean()),
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
