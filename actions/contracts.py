@@ -254,9 +254,14 @@ class _Rewarded(_Msg):
     """The weighted reward functions (``WorkloadConfig.reward_functions``)."""
     reward_models: list[RewardModelRef] = []
     step: int = Field(0, ge=0)
-    """RL steps completed before this scoring (TRL's ``trainer_state.global_step``)."""
+    """RL steps completed before this scoring (``trainer_state.global_step`` is this times
+    ``optimizer_steps_per_step``, ``actions/tasks/rewards/trainer_state.py``)."""
     max_steps: int = Field(0, ge=0)
-    """The campaign's ``steps`` (``trainer_state.max_steps``)."""
+    """The campaign's ``steps`` (``trainer_state.max_steps`` is this times ``optimizer_steps_per_step``)."""
+    optimizer_steps_per_step: int = Field(1, ge=1, exclude_if=lambda n: n == 1)
+    """The policy's optimizer steps per RL step (``AlgorithmConfig.optimizer_steps_per_step``):
+    the reward functions' ``trainer_state`` counts steps as TRL does, in optimizer steps. Left
+    out at 1, as ``temperature`` is (:func:`rollout_temperature`)."""
 
     @model_validator(mode="after")
     def _check_scored(self) -> _Rewarded:
@@ -368,6 +373,9 @@ class PrepareRequest(_Msg):
     store_uri: str
     run_prefix: str
     """Every object goes under it (``<run_prefix>/base/``, ``/init/``, ``/data/``)."""
+    steps: int = Field(1, ge=1, exclude_if=lambda n: n == 1)
+    """The campaign's RL steps: the reward plug-ins' start-up call gets its ``trainer_state.max_steps``
+    (left out at 1, as ``temperature`` is, :func:`rollout_temperature`)."""
 
 
 class Prepared(_Msg):

@@ -53,19 +53,20 @@ def _tokenizer_source(cfg: WorkloadConfig) -> Callable[[], Any]:
     return load
 
 
-def _datasets(cfg: WorkloadConfig, tokenizer: Callable[[], Any] | None = None) -> Datasets:
-    return build_datasets(cfg, tokenizer or _tokenizer_source(cfg),
+def _datasets(cfg: WorkloadConfig, tokenizer: Callable[[], Any] | None = None, *, steps: int) -> Datasets:
+    return build_datasets(cfg, tokenizer or _tokenizer_source(cfg), steps=steps,
                           model_name=f"model.path {cfg.model.path!r}" if cfg.model.path else "the tiny default model")
 
 
-def validate_inputs(cfg: WorkloadConfig) -> None:
-    """Check the datasets, the reward functions, the model directory (its files and its EOS
-    token) and the reward models without writing anything (fails fast at the CLI). Hub ids are
+def validate_inputs(cfg: WorkloadConfig, *, steps: int = 1) -> None:
+    """Check the datasets, the reward functions (called as at step 0 of ``steps`` RL steps), the
+    model directory (its files and its EOS token) and the reward models without writing
+    anything (fails fast at the CLI). Hub ids are
     fetched into the local hub cache where downloads are allowed, and refused in one line where
     they are not (``actions/models/hub.py``)."""
     cfg, _ = resolve_hub_ids(cfg)
     tokenizer = _tokenizer_source(cfg)
-    data = _datasets(cfg, tokenizer)
+    data = _datasets(cfg, tokenizer, steps=steps)
     if cfg.model.path:
         validate_model_dir(cfg.model.path)
         check_eos(cfg.model.path, tokenizer())
@@ -164,8 +165,9 @@ def _check_safetensors(file: Path, where: str) -> None:
         raise ValueError(bad)
 
 
-def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str) -> Prepared:
-    """Validate inputs, then write them. Raises ValueError before writing anything."""
+def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str, *, steps: int = 1) -> Prepared:
+    """Validate inputs (the reward plug-ins called as at step 0 of ``steps`` RL steps), then
+    write them. Raises ValueError before writing anything."""
     from actions.models.loading import encode
     from actions.models.modeling import base_files, build_tiny_model, instantiate, model_summary, read_model_dir
     from actions.models.special_tokens import special_tokens
@@ -174,7 +176,7 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str) -> Prepare
 
     source = cfg.model.path or "tiny"
     cfg, fetched = resolve_hub_ids(cfg)  # the campaign's only network access, where allowed
-    data = _datasets(cfg)
+    data = _datasets(cfg, steps=steps)
     if fetched:
         data.summary["hub"] = fetched
     _validate_reward_models(cfg, data)
@@ -224,7 +226,7 @@ def token_table(rows: list[PromptRow], encode: Callable[[str], Any], max_new_tok
 
 
 def run_prepare(req: PrepareRequest) -> Prepared:
-    return prepare(req.workload, open_store(req.store_uri), req.run_prefix)
+    return prepare(req.workload, open_store(req.store_uri), req.run_prefix, steps=req.steps)
 
 
 def main(args: dict) -> dict:

@@ -54,7 +54,7 @@ def test_a_config_train_checked_is_not_checked_again_by_the_flow_it_starts(tiny_
     from flows.campaign import run
 
     calls: list[str] = []
-    monkeypatch.setattr(prepare, "validate_inputs", lambda cfg: calls.append(cfg.resolved_run_id()))
+    monkeypatch.setattr(prepare, "validate_inputs", lambda cfg, **_: calls.append(cfg.resolved_run_id()))
 
     def stop(*args, **kwargs):
         raise _Stop

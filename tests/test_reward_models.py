@@ -34,7 +34,7 @@ def _rows(prompts: list, answers: list[str], **columns: list) -> list[PromptRow]
 
 
 def test_trl_documented_reward_functions_run_unchanged():
-    state = make_trainer_state(step=3, epoch=0.75, max_steps=10)
+    state = make_trainer_state(step=3, epoch=0.75, max_steps=10, optimizer_steps_per_step=1)
     rows = _rows(["Compute: 2+2", "Compute: 3*3", "Say hi"], ["4", "9", "hi"],
                  ground_truth=["4", "9", "hi"], task=["math", "math", "chat"])
     texts = [r"so \boxed{4}", r"\boxed{8} hence 8", "hi"]
@@ -129,7 +129,7 @@ def test_campaign_scored_by_reward_model_and_trl_function(tmp_path, reward_model
     assert summary["warnings"] == []
     assert all(s["frac_reward_none"] == 0.0 for s in summary["steps"])
     seen = trl_style_rewards.SEEN
-    assert seen[0] == (0, 0.0, 0)  # the start-up check
+    assert seen[0] == (0, 0.0, 2)  # the start-up check: the campaign's max_steps, 2 steps x 1 mini-batch
     assert {(s, e) for s, e, m in seen[1:] if m == 2} >= {(0, 0.0), (1, 4 / 12)}  # steps 0 and 1, 4 of 12 prompts a step
     written = {(r["prompt"], r["answer"]) for r in rows}
     assert trl_style_rewards.SEEN_INPUTS and set(trl_style_rewards.SEEN_INPUTS) <= written

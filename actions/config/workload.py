@@ -239,6 +239,12 @@ class AlgorithmConfig(_Section):
     def prompts_per_step(self) -> int:
         return self.batch_size // self.group_size
 
+    @property
+    def optimizer_steps_per_step(self) -> int:
+        """The policy's optimizer steps in one RL step: ``epochs x num_minibatches`` (TRL's
+        ``global_step`` counts these; ``actions/tasks/rewards/trainer_state.py``)."""
+        return self.epochs * self.num_minibatches
+
 
 class WarmupConfig(_Section):
     steps: int | None = Field(None, ge=0)

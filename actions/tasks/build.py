@@ -22,6 +22,7 @@ from actions.tasks.fields import FieldMap, to_rows
 from actions.tasks.input_limits import prompt_token_limit
 from actions.tasks.prompt_length import limit_prompt_length
 from actions.tasks.rewards import check_reward_functions
+from actions.tasks.rewards.trainer_state import make_trainer_state
 from actions.tasks.sources import read_records
 
 TokenizerSource = Callable[[], Any]
@@ -57,8 +58,9 @@ def _split(cfg: WorkloadConfig, which: str, exclude: frozenset[str]) -> tuple[li
     return rows, asdict(stats)
 
 
-def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_name: str) -> Datasets:
-    """Validate and format the train and eval rows. Raises ValueError (one line, with the fix)."""
+def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_name: str, steps: int = 1) -> Datasets:
+    """Validate and format the train and eval rows, and call the reward plug-ins once on two of
+    them as step 0 of a campaign of ``steps`` RL steps. Raises ValueError (one line, with the fix)."""
     d = cfg.data
     train, train_stats = _split(cfg, "train", frozenset())
     if d.train_path and not d.eval_path:
@@ -95,7 +97,9 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
     if not evals and evaluation != "none":
         raise ValueError(f"the eval set ({evaluation}) has no prompts left after data.long_prompts; raise "
                          "data.max_prompt_tokens" + (" or data.eval_fraction" if d.eval_fraction else ""))
-    check_reward_functions(cfg.reward_functions(), train,
+    state = make_trainer_state(step=0, epoch=0.0, max_steps=steps,
+                               optimizer_steps_per_step=cfg.algorithm.optimizer_steps_per_step)
+    check_reward_functions(cfg.reward_functions(), train, trainer_state=state,
                            encode=lambda text: (tok or tokenizer())(text, add_special_tokens=False)["input_ids"])
     return Datasets(train=train, evals=evals, summary=stats | {"chat_template": template, "evaluation": evaluation})
 

@@ -23,7 +23,7 @@ from flows.step.invoke import invoke_action
 def prepare_inputs(ctx: RunContext) -> Prepared:
     """Run ``prepare`` where the model and data files are; its result, validated."""
     cfg = ctx.config
-    req = PrepareRequest(workload=cfg.workload(), store_uri=ctx.store.uri, run_prefix=ctx.prefix)
+    req = PrepareRequest(workload=cfg.workload(), store_uri=ctx.store.uri, run_prefix=ctx.prefix, steps=cfg.steps)
     payload = req.model_dump(mode="json")
     if ctx.invoker.sees_local_files:
         out = invoke_action(action="prepare", payload=payload, shard="prepare").result

@@ -45,7 +45,7 @@ def check_campaign(cfg: CampaignConfig) -> None:
     from actions.prepare import validate_inputs
 
     check_planning(cfg)
-    validate_inputs(cfg)
+    validate_inputs(cfg, steps=cfg.steps)
     local = cfg.invoker.kind != "openwhisk"  # an OpenWhisk action checks on the machine it runs on
     check_engine(cfg, local_actions=local)
     if local:

@@ -43,6 +43,7 @@ def evaluate(ctx: RunContext, state: CampaignState, clock: StepClock | None = No
                           rewards=ctx.config.reward_functions(),
                           reward_models=reward_model_refs(ctx.config, ctx.prefix), step=state.step,
                           max_steps=ctx.config.steps,
+                          optimizer_steps_per_step=ctx.config.algorithm.optimizer_steps_per_step,
                           max_new_tokens=ctx.config.generation.max_new_tokens,
                           **DecodeSettings.of(ctx.config.generation).model_dump(), output_key=f"{ctx.prefix}/evals/v{state.policy_version:06d}.json")
     out = invoke_action(action="evaluate", payload=req.model_dump(mode="json"), shard=f"eval-v{state.policy_version}")

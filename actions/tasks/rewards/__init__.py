@@ -233,10 +233,13 @@ def is_best(rewards: Rewards, tolerance: float = 1e-9) -> list[bool]:
 
 
 def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow],
-                           encode: Callable[[str], Sequence[int]] | None = None) -> None:
+                           encode: Callable[[str], Sequence[int]] | None = None, *, trainer_state: Any = None
+                           ) -> None:
     """Import every function and call each plug-in once on up to two rows, with the reference
     answers as completions ("" for a row without one; their token ids from ``encode``, when
-    given), so a broken plug-in fails at start-up rather than mid-campaign. A dataset column
+    given) and ``trainer_state`` (default: step 0 of a one-step campaign; a campaign passes its
+    own, so ``global_step / max_steps`` works as in TRL), so a broken plug-in fails at start-up
+    rather than mid-campaign. A dataset column
     named like a keyword the call fills itself (``calling.RESERVED``) is refused for a plug-in,
     and so are ``max_reward``/``min_reward`` attributes that are not finite numbers and sample
     rewards whose weighted sum is not finite.
@@ -248,6 +251,7 @@ def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow
     per_function: dict[str, list[float | None]] = {}
     weights: dict[str, float] = {}
     total = [0.0] * len(sample)
+    state = trainer_state or make_trainer_state(step=0, epoch=0.0, max_steps=1, optimizer_steps_per_step=1)
     for spec in specs:
         fn = load_reward(spec.name, spec.pattern)
         reward_bounds(spec.name, fn)
@@ -256,7 +260,7 @@ def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow
             prompts, completions, columns = reward_inputs(sample, [r.answer for r in sample])
             ids = [list(encode(r.answer)) if encode else [] for r in sample]
             kwargs = {"prompts": prompts, "completions": completions, "completion_ids": ids, **columns}
-            values = _call(spec, fn, sample, kwargs, make_trainer_state(step=0, epoch=0.0, max_steps=0))
+            values = _call(spec, fn, sample, kwargs, state)
             per_function[spec.name], weights[spec.name] = values, spec.weight
             total = [t + spec.weight * v if v is not None else t for t, v in zip(total, values)]
     _check_totals(total, sample, per_function, weights)  # the plug-ins' sum: built-ins score at most 1 each

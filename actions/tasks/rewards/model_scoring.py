@@ -105,7 +105,8 @@ def score_completions(req: Any, rows: Sequence[Any], texts: Sequence[str], compl
     from actions.tasks.rewards import compute_rewards, reward_inputs
     from actions.tasks.rewards.trainer_state import make_trainer_state
 
-    state = make_trainer_state(step=req.step, epoch=epoch, max_steps=req.max_steps)
+    state = make_trainer_state(step=req.step, epoch=epoch, max_steps=req.max_steps,
+                               optimizer_steps_per_step=req.optimizer_steps_per_step)
     models = None
     if req.reward_models:
         prompts, completions, _ = reward_inputs(rows, texts)
