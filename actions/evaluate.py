@@ -4,7 +4,9 @@ A completion is correct when its reward reaches the best its row allows (``rewar
 with one binary reward, when it earns 1.0. ``accuracy`` is the fraction of correct completions,
 ``reward_mean`` the mean reward. Reward models add to ``reward_mean`` but define no best, so
 with reward models alone ``accuracy`` is 0 and ``reward_mean`` is the figure to watch.
-Reward functions see ``trainer_state.global_step`` = the steps done, ``epoch`` 0.0.
+Completions are scored, and recorded, as text without the tokenizer's special tokens
+(``loading.completion_text``), as in training. Reward functions see ``trainer_state.global_step``
+= the optimizer steps done, ``epoch`` 0.0.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from actions.contracts import DecodeSettings, EvaluateRequest, EvaluateResult
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.factory import load_engine, take_engine_events
-from actions.models.loading import encode, store_for
+from actions.models.loading import completion_text, encode, store_for
 from actions.runtime.adapter import run_action
 from actions.store import put_json
 from actions.tasks.rewards import is_best
@@ -26,7 +28,7 @@ def run_evaluate(req: EvaluateRequest) -> EvaluateResult:
     specs = [SampleSpec(r.prompt_id, 0, encode(tokenizer, r.prompt)) for r in rows]
     greedy = GenerationParams(seed=0, step=0, max_new_tokens=req.max_new_tokens, temperature=0.0)
     outs, _ = engine.generate(specs, greedy)
-    texts = [tokenizer.decode(o.tokens) for o in outs]
+    texts = [completion_text(tokenizer, o.tokens) for o in outs]
     ids = [list(o.tokens) + ([o.stop_token] if o.finish_reason == "stop" and o.stop_token is not None else [])
            for o in outs]
     rewards = score_completions(req, rows, texts, ids, req.model.store_uri)

@@ -1,6 +1,7 @@
 """score action: rewards, old and reference log-probs (and critic values for PPO) for a shard.
 
-Reads one or more rollout objects, scores every sample with the configured reward functions
+Reads one or more rollout objects, scores every sample (its text without the tokenizer's special
+tokens, ``loading.completion_text``, as TRL decodes it) with the configured reward functions
 and reward models (``actions/tasks/rewards``; a function that fails raises
 ``RewardFunctionError``, an application error that is not retried; what the functions pass to
 ``log_metric`` comes back in ``reward_metrics``), and computes per-token log-probs under the
@@ -26,7 +27,7 @@ import torch
 from actions.contracts import ModelRef, ScoreRequest, ScoreResult
 from actions.engines.torch_slot import held_model
 from actions.models.device import action_device
-from actions.models.loading import encode, load_model, load_tokenizer, store_for
+from actions.models.loading import completion_text, encode, load_model, load_tokenizer, store_for
 from actions.models.lora import adapter_disabled
 from actions.rl.critic_store import load_critic
 from actions.rl.kl import kl_estimate
@@ -81,7 +82,7 @@ def run_score(req: ScoreRequest) -> ScoreResult:
     # A stopped sample ends with the EOS id it emitted (a model may have several).
     responses = [s["tokens"] + ([s.get("stop_token", ids.eos_id)] if s["finish_reason"] == "stop" else [])
                  for s in samples]
-    texts = [tokenizer.decode(s["tokens"]) for s in samples]
+    texts = [completion_text(tokenizer, s["tokens"]) for s in samples]
     # Unscorable output (None from every function) is data, not an error: it earns no reward.
     epoch = req.step * req.algorithm.prompts_per_step / max(1, len(dataset))  # TRL's fractional epoch
     scored_rewards = score_completions(req, [dataset[s["prompt_id"]] for s in samples], texts, responses,

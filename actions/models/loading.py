@@ -11,6 +11,7 @@ action that needs no weights (scoring without a forward) reads the tokenizer alo
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import torch
 
@@ -109,3 +110,10 @@ def load_model(ref: ModelRef, *, fresh: bool = False) -> tuple[torch.nn.Module, 
 
 def encode(tokenizer: object, text: str) -> tuple[int, ...]:
     return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])  # type: ignore[operator]
+
+
+def completion_text(tokenizer: object, tokens: Sequence[int]) -> str:
+    """A completion's text as the reward functions and reward models read it: its tokens decoded
+    without the tokenizer's special tokens (a ``<|im_start|>`` or ``<unk>`` the model emitted
+    mid-answer is dropped), as TRL's GRPOTrainer decodes completions (``skip_special_tokens``)."""
+    return tokenizer.decode(list(tokens), skip_special_tokens=True)  # type: ignore[attr-defined]
