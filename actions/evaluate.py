@@ -14,7 +14,7 @@ from __future__ import annotations
 from actions.contracts import DecodeSettings, EvaluateRequest, EvaluateResult
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.factory import load_engine, take_engine_events
-from actions.models.loading import completion_text, encode, store_for
+from actions.models.loading import completion_text, encode_prompt, store_for
 from actions.runtime.adapter import run_action
 from actions.store import put_json
 from actions.tasks.rewards import is_best
@@ -25,7 +25,7 @@ from actions.tasks.stored import load_dataset
 def run_evaluate(req: EvaluateRequest) -> EvaluateResult:
     engine, tokenizer, _ = load_engine(req.engine, req.model, **DecodeSettings.of(req).engine_options())
     rows = sorted(load_dataset(req.model.store_uri, req.dataset_key).values(), key=lambda r: r.prompt_id)
-    specs = [SampleSpec(r.prompt_id, 0, encode(tokenizer, r.prompt)) for r in rows]
+    specs = [SampleSpec(r.prompt_id, 0, encode_prompt(tokenizer, r)) for r in rows]
     greedy = GenerationParams(seed=0, step=0, max_new_tokens=req.max_new_tokens, temperature=0.0)
     outs, _ = engine.generate(specs, greedy)
     texts = [completion_text(tokenizer, o.tokens) for o in outs]

@@ -21,7 +21,7 @@ from actions.engines.factory import load_engine, take_engine_events
 from actions.engines.kv_bundle import load_bundle
 from actions.engines.speculative import Speculation
 from actions.models.device import action_device
-from actions.models.loading import encode, store_for
+from actions.models.loading import encode_prompt, store_for
 from actions.runtime.adapter import run_action
 from actions.store import get_json, put_json
 from actions.store.drafts import read_drafts
@@ -35,7 +35,7 @@ def _specs(req: GenerateRequest, tokenizer: object) -> list[SampleSpec]:
 
     def prompt_tokens(prompt_id: int) -> tuple[int, ...]:
         if prompt_id not in encoded:
-            encoded[prompt_id] = encode(tokenizer, dataset[prompt_id].prompt)
+            encoded[prompt_id] = encode_prompt(tokenizer, dataset[prompt_id])
         return encoded[prompt_id]
 
     specs = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 from actions.contracts import PrefillRequest, PrefillResult
 from actions.engines.factory import make_engine
 from actions.engines.kv_bundle import publish_bundle
-from actions.models.loading import encode, load_model, store_for
+from actions.models.loading import encode_prompt, load_model, store_for
 from actions.runtime.adapter import run_action
 from actions.tasks.stored import load_dataset, rows_for
 
@@ -20,7 +20,7 @@ from actions.tasks.stored import load_dataset, rows_for
 def run_prefill(req: PrefillRequest) -> PrefillResult:
     model, tokenizer, _ = load_model(req.model)
     rows = rows_for(load_dataset(req.model.store_uri, req.dataset_key), req.prompt_ids)
-    prefixes = list(dict.fromkeys(encode(tokenizer, r.prompt)[: req.prefix_len] for r in rows))
+    prefixes = list(dict.fromkeys(encode_prompt(tokenizer, r)[: req.prefix_len] for r in rows))
     engine = make_engine("torch", model, tokenizer)
     states, computed = engine.prefill(prefixes)
     publish_bundle(store_for(req.model.store_uri), req.output_key, states, req.model.policy_version)

@@ -168,7 +168,7 @@ def _check_safetensors(file: Path, where: str) -> None:
 def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str, *, steps: int = 1) -> Prepared:
     """Validate inputs (the reward plug-ins called as at step 0 of ``steps`` RL steps), then
     write them. Raises ValueError before writing anything."""
-    from actions.models.loading import encode
+    from actions.models.loading import encode, encode_prompt
     from actions.models.modeling import base_files, build_tiny_model, instantiate, model_summary, read_model_dir
     from actions.models.special_tokens import special_tokens
     from actions.rl.head import check_head
@@ -197,7 +197,8 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str, *, steps: 
         special_tokens(built, tokenizer)
     except ValueError as exc:
         raise ValueError(f"model.path {source!r}: {exc}") from None
-    tokens = token_table(train, lambda text: encode(tokenizer, text), cfg.generation.max_new_tokens)
+    tokens = token_table(train, lambda text: encode(tokenizer, text), cfg.generation.max_new_tokens,
+                         encode_row=lambda row: encode_prompt(tokenizer, row))
     base_key = f"{run_prefix}/base/manifest.json"
     put_artifact(store, base_key, files, {"summary": model_summary(files)})
     init = publish_tensors(store, f"{run_prefix}/init/manifest.json", tensors, {"source": source})
@@ -213,14 +214,16 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str, *, steps: 
                     tokens_key=tokens_key, model=model_summary(files), data=data.summary)
 
 
-def token_table(rows: list[PromptRow], encode: Callable[[str], Any], max_new_tokens: int) -> dict[str, dict]:
+def token_table(rows: list[PromptRow], encode: Callable[[str], Any], max_new_tokens: int,
+                encode_row: Callable[[PromptRow], Any] | None = None) -> dict[str, dict]:
     """The planner's token table (``contracts.PromptTokens`` by prompt id): each prompt's token
-    ids and its first-epoch length prediction, the reference answer's length in tokens. A row
+    ids (``encode_row``, as the actions encode it, ``loading.encode_prompt``; default: ``encode``
+    of its text) and its first-epoch length prediction, the reference answer's length in tokens. A row
     without a reference gets ``max_new_tokens``, the same for every such prompt: the first step
     is planned for groups that run to the cap, and later prompts are predicted from the group
     lengths observed so far (with one reference length for all, its scale is their mean,
     ``flows/planning/lengths.py``)."""
-    return {str(r.prompt_id): {"prompt": list(encode(r.prompt)),
+    return {str(r.prompt_id): {"prompt": list(encode_row(r) if encode_row else encode(r.prompt)),
                                "answer_len": len(encode(r.answer)) if r.has_answer else max_new_tokens}
             for r in rows}
 

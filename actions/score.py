@@ -27,7 +27,7 @@ import torch
 from actions.contracts import ModelRef, ScoreRequest, ScoreResult
 from actions.engines.torch_slot import held_model
 from actions.models.device import action_device
-from actions.models.loading import completion_text, encode, load_model, load_tokenizer, store_for
+from actions.models.loading import completion_text, encode_prompt, load_model, load_tokenizer, store_for
 from actions.models.lora import adapter_disabled
 from actions.rl.critic_store import load_critic
 from actions.rl.kl import kl_estimate
@@ -77,7 +77,7 @@ def run_score(req: ScoreRequest) -> ScoreResult:
     tokenizer, ids = load_tokenizer(req.policy)
     dataset = load_dataset(req.policy.store_uri, req.dataset_key)
     samples = _load_samples(req)
-    encoded = {pid: encode(tokenizer, dataset[pid].prompt) for pid in dict.fromkeys(s["prompt_id"] for s in samples)}
+    encoded = {pid: encode_prompt(tokenizer, dataset[pid]) for pid in dict.fromkeys(s["prompt_id"] for s in samples)}
     prompts = [encoded[s["prompt_id"]] for s in samples]
     # A stopped sample ends with the EOS id it emitted (a model may have several).
     responses = [s["tokens"] + ([s.get("stop_token", ids.eos_id)] if s["finish_reason"] == "stop" else [])

@@ -20,7 +20,7 @@ import random
 import torch
 
 from actions.contracts import ModelRef, WarmupRequest, WarmupResult
-from actions.models.loading import encode, load_model, store_for
+from actions.models.loading import encode, encode_prompt, load_model, store_for
 from actions.models.special_tokens import special_tokens
 from actions.rl.recompute import enable_checkpointing
 from actions.rl.sequences import pack, response_logprobs
@@ -50,7 +50,7 @@ def run_warmup(req: WarmupRequest) -> WarmupResult:
         batch = rng.sample(rows, min(req.warmup.batch_size, len(rows)))
         demos = [task.demonstrate(r.answer, rng, req.warmup.error_rate) if task else r.answer for r in batch]
         targets = [list(encode(tokenizer, d)) + [ids.eos_id] for d in demos]
-        packed = pack([encode(tokenizer, r.prompt) for r in batch], targets, ids.pad_id).to(device)
+        packed = pack([encode_prompt(tokenizer, r) for r in batch], targets, ids.pad_id).to(device)
         logp = response_logprobs(model, packed)
         loss = -(logp.sum() / packed.response_mask.sum())
         opt.zero_grad()

@@ -32,13 +32,14 @@ def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def chat_template_mode(value: object, key: str) -> object:
-    """``value`` when it is a chat-template mode (``auto``, true or false), for the validators of
-    ``data.chat_template`` and ``reward.models[].chat_template``.
+def chat_template_mode(value: object, key: str, more: tuple[str, ...] = ()) -> object:
+    """``value`` when it is a chat-template mode (``auto``, true, false, or one of ``more``), for
+    the validators of ``data.chat_template`` (which adds ``messages``) and
+    ``reward.models[].chat_template``.
 
     Raises:
         ValueError: one line naming ``key`` and the (quoted) value.
     """
-    if value == "auto" or isinstance(value, bool):
+    if value == "auto" or value in more or isinstance(value, bool):
         return value
-    raise ValueError(f"{key} {quote(value)} is not a mode; use auto, true or false")
+    raise ValueError(f"{key} {quote(value)} is not a mode; use {', '.join(('auto', *more))}, true or false")

@@ -113,8 +113,9 @@ class DataConfig(_Section):
     id_key: str | None = None
     """Column holding a unique id (int or string); None: a ``prompt_id`` column if present,
     else an id from the row's content."""
-    chat_template: Literal["auto"] | bool = "auto"
-    """Format prompts with the tokenizer's chat template: auto (when it has one), true, false."""
+    chat_template: Literal["auto", "messages"] | bool = "auto"
+    """Format prompts with the tokenizer's chat template: auto (when it has one), true, false, or
+    messages (TRL's GRPOTrainer: chat-message prompts only; ``actions/tasks/chat.py``)."""
     system_prompt: str | None = None
     """Put first as a system message (or, without a chat template, before the prompt)."""
     max_prompt_tokens: int | None = Field(None, ge=1)
@@ -155,7 +156,7 @@ class DataConfig(_Section):
     @field_validator("chat_template", mode="before")
     @classmethod
     def _check_chat_template(cls, v: Any) -> Any:
-        return chat_template_mode(v, "data.chat_template")
+        return chat_template_mode(v, "data.chat_template", ("messages",))
 
 
 class AlgorithmConfig(_Section):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -108,8 +109,16 @@ def load_model(ref: ModelRef, *, fresh: bool = False) -> tuple[torch.nn.Module, 
     return model, tokenizer, hit
 
 
-def encode(tokenizer: object, text: str) -> tuple[int, ...]:
-    return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])  # type: ignore[operator]
+def encode(tokenizer: object, text: str, *, special_tokens: bool = False) -> tuple[int, ...]:
+    """``text``'s token ids; with the tokenizer's special tokens (e.g. its BOS) only where asked."""
+    return tuple(tokenizer(text, add_special_tokens=special_tokens)["input_ids"])  # type: ignore[operator]
+
+
+def encode_prompt(tokenizer: object, row: Any) -> tuple[int, ...]:
+    """A dataset row's (``PromptRow``) prompt ids as the policy reads them, in every action: its
+    formatted text, with the tokenizer's special tokens where the row asks for them (a string
+    prompt under ``data.chat_template: messages``, as TRL encodes it; ``actions/tasks/chat.py``)."""
+    return encode(tokenizer, row.prompt, special_tokens=row.add_special_tokens)
 
 
 def completion_text(tokenizer: object, tokens: Sequence[int]) -> str:

@@ -79,11 +79,13 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
     split_rows = {"train": train, "eval": evals}
     for which, rows in split_rows.items():
         source = f"data.{which}_path {getattr(d, f'{which}_path')}" if getattr(d, f"{which}_path") else f"data.task {d.task}"
-        rows = format_rows(rows, tok, use_template=template, system_prompt=d.system_prompt, source=source)
+        rows = format_rows(rows, tok, use_template=template, system_prompt=d.system_prompt, source=source,
+                           strings_as_text=d.chat_template == "messages")
         if max_tokens:
             rows, length = limit_prompt_length(
                 rows, encode=lambda t: tok(t, add_special_tokens=False)["input_ids"], decode=tok.decode,
-                max_tokens=max_tokens, policy=d.long_prompts, source=source,
+                num_special=tok.num_special_tokens_to_add(), max_tokens=max_tokens, policy=d.long_prompts,
+                source=source,
                 limit_text=None if d.max_prompt_tokens else
                 f"{max_tokens} (data.max_prompt_tokens unset: the model's context less generation.max_new_tokens)")
             stats[which].update(asdict(length))

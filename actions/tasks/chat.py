@@ -4,12 +4,18 @@
 
 * ``auto`` (default): the tokenizer's chat template when it has one, else the raw prompt;
 * ``true``: the template is required (an error names the model when it has none);
-* ``false``: the raw prompt; a chat-message prompt is then an error.
+* ``false``: the raw prompt; a chat-message prompt is then an error;
+* ``messages``: as TRL's GRPOTrainer formats prompts: a chat-message prompt goes through the
+  template (which it then requires), a string prompt never does, and is encoded with the
+  tokenizer's special tokens (its BOS, where its post-processor adds one), as TRL's
+  ``processing_class(text=prompts)`` encodes it (``PromptRow.add_special_tokens``).
 
 With a template, a string prompt becomes one user message, ``data.system_prompt`` (if set) is
 put first unless the prompt already starts with a system message, and the generation prompt
 (the assistant turn's header) is appended: the completion starts right after it. Without one,
-the system prompt and the prompt are joined by a newline. Either way ``source_prompt`` keeps the
+the system prompt and the prompt are joined by a newline. Templated text and raw text under
+``auto``, ``true`` and ``false`` are encoded without special tokens (a template writes its own
+BOS). Either way ``source_prompt`` keeps the
 dataset's prompt as written: the reward functions and reward models read that, as TRL's do.
 """
 
@@ -20,7 +26,7 @@ from typing import Any, Literal
 
 from actions.tasks.dataset import PromptRow
 
-ChatMode = Literal["auto"] | bool
+ChatMode = Literal["auto", "messages"] | bool
 
 
 def has_chat_prompts(rows: Sequence[PromptRow]) -> bool:
@@ -34,7 +40,8 @@ def needs_tokenizer(rows: Sequence[PromptRow], mode: ChatMode) -> bool:
 
 
 def uses_template(tokenizer: Any, mode: ChatMode, model_name: str) -> bool:
-    """Resolve ``mode`` against a tokenizer. Raises ValueError when ``true`` cannot be met."""
+    """Resolve ``mode`` against a tokenizer: whether its template is used (under ``messages``,
+    for chat-message prompts only). Raises ValueError when ``true`` cannot be met."""
     has = tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
     if mode is True and not has:
         raise ValueError(f"data.chat_template is true but the tokenizer of {model_name} has no chat template; "
@@ -54,22 +61,24 @@ def _apply_template(tokenizer: Any, messages: list[dict[str, Any]], where: str) 
 
 
 def format_rows(rows: Sequence[PromptRow], tokenizer: Any, *, use_template: bool, system_prompt: str | None,
-                source: str) -> list[PromptRow]:
+                source: str, strings_as_text: bool = False) -> list[PromptRow]:
     """Rows whose ``prompt`` is the final text and whose ``source_prompt`` is the dataset's
-    prompt (see the module docstring)."""
+    prompt (see the module docstring). ``strings_as_text`` (``messages``): string prompts are
+    never templated and are encoded with the tokenizer's special tokens."""
     out = []
     for number, row in enumerate(rows, start=1):
         written = row.source_prompt if row.source_prompt is not None else row.prompt
-        if use_template:
+        as_text = strings_as_text and not isinstance(written, list)
+        if use_template and not as_text:
             messages = list(written) if isinstance(written, list) else [{"role": "user", "content": written}]
             if system_prompt and messages[0]["role"] != "system":
                 messages.insert(0, {"role": "system", "content": system_prompt})
             text = _apply_template(tokenizer, messages, f"{source}: row {number} (prompt_id {row.prompt_id})")
         elif isinstance(written, list):
             raise ValueError(f"{source}: row {number} (prompt_id {row.prompt_id}) is a list of chat messages but no "
-                             "chat template is used; set data.chat_template to auto or true with a model whose "
-                             "tokenizer has a chat template, or give string prompts")
+                             "chat template is used; set data.chat_template to auto, true or messages with a model "
+                             "whose tokenizer has a chat template, or give string prompts")
         else:
             text = f"{system_prompt}\n{written}" if system_prompt else written
-        out.append(row.model_copy(update={"prompt": text, "source_prompt": written}))
+        out.append(row.model_copy(update={"prompt": text, "source_prompt": written, "add_special_tokens": as_text}))
     return out

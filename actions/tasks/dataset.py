@@ -24,7 +24,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 DATASET_FILE = "rows.jsonl"
 """The one file of a stored dataset artifact (JSON Lines of :class:`PromptRow`)."""
@@ -54,6 +54,10 @@ class PromptRow(BaseModel):
     """The dataset's columns but the prompt (JSON values), passed to the reward functions by
     name; a reference in a column named ``answer`` is left out (``answer`` and ``source_answer``
     hold it)."""
+    add_special_tokens: bool = Field(False, exclude_if=lambda v: not v)
+    """Encode ``prompt`` with the tokenizer's special tokens (its BOS, where it adds one): a string
+    prompt under ``data.chat_template: messages``, as TRL encodes one (``chat.py``;
+    ``loading.encode_prompt``). False (left out of the stored row): the text's tokens alone."""
 
 
 def rows_to_jsonl(rows: Iterable[PromptRow]) -> bytes:

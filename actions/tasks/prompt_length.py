@@ -28,9 +28,13 @@ class LengthStats:
 
 def limit_prompt_length(rows: Sequence[PromptRow], *, encode: Callable[[str], Sequence[int]],
                         decode: Callable[[Sequence[int]], str], max_tokens: int, policy: LongPromptPolicy,
-                        source: str, limit_text: str | None = None) -> tuple[list[PromptRow], LengthStats]:
+                        source: str, limit_text: str | None = None, num_special: int = 0
+                        ) -> tuple[list[PromptRow], LengthStats]:
     """Apply ``policy`` to every row whose encoded prompt exceeds ``max_tokens``.
 
+    ``encode`` gives a text's tokens alone; a row encoded with the tokenizer's special tokens
+    (``PromptRow.add_special_tokens``) counts ``num_special`` more, and its text is cut to
+    leave room for them.
     A truncated prompt is decoded back to text and re-encoded: where that changes the token
     boundary, one more token is dropped until it fits (text is what the store keeps).
     ``limit_text`` names the limit in the error (default ``data.max_prompt_tokens=N``).
@@ -38,24 +42,27 @@ def limit_prompt_length(rows: Sequence[PromptRow], *, encode: Callable[[str], Se
     stats = LengthStats()
     out: list[PromptRow] = []
     for number, row in enumerate(rows, start=1):
+        extra = num_special if row.add_special_tokens else 0
         ids = list(encode(row.prompt))
-        if len(ids) <= max_tokens:
-            stats.longest_prompt_tokens = max(stats.longest_prompt_tokens, len(ids))
+        count = len(ids) + extra
+        if count <= max_tokens:
+            stats.longest_prompt_tokens = max(stats.longest_prompt_tokens, count)
             out.append(row)
             continue
         if policy == "error":
-            raise ValueError(f"{source}: row {number} (prompt_id {row.prompt_id}) has {len(ids)} prompt tokens, above "
+            raise ValueError(f"{source}: row {number} (prompt_id {row.prompt_id}) has {count} prompt tokens, above "
                              f"{limit_text or f'data.max_prompt_tokens={max_tokens}'}; raise it, or set data.long_prompts to "
                              "truncate_left or skip")
         if policy == "skip":
             stats.skipped += 1
             continue
-        keep = max_tokens
+        room = max(1, max_tokens - extra)
+        keep = room
         text = decode(ids[-keep:])
-        while keep > 1 and len(encode(text)) > max_tokens:
+        while keep > 1 and len(encode(text)) > room:
             keep -= 1
             text = decode(ids[-keep:])
         stats.truncated += 1
-        stats.longest_prompt_tokens = max(stats.longest_prompt_tokens, len(encode(text)))
+        stats.longest_prompt_tokens = max(stats.longest_prompt_tokens, len(encode(text)) + extra)
         out.append(row.model_copy(update={"prompt": text}))
     return out, stats

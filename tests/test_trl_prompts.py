@@ -1,0 +1,89 @@
+"""``data.chat_template: messages`` formats prompts as TRL's GRPOTrainer does: chat-message
+prompts through the chat template, string prompts never, encoded with the tokenizer's special
+tokens (its BOS), as ``processing_class(text=prompts)`` encodes them. ``auto`` keeps templating
+string prompts too (CPU, no model)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
+
+from actions.models.loading import encode_prompt
+from actions.prepare import token_table
+from actions.tasks.build import build_datasets
+from actions.tasks.chat import format_rows, uses_template
+from actions.tasks.dataset import PromptRow, rows_to_jsonl
+from actions.tasks.prompt_length import limit_prompt_length
+from flows.config import load_config
+
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> {% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}")
+
+
+def _tokenizer() -> PreTrainedTokenizerFast:
+    """Words; ``<s>`` put first by the post-processor (as Llama's tokenizers do); a ChatML-like template."""
+    words = ["<s>", "</s>", "<|im_start|>", "<|im_end|>", "user", "assistant", "system", "hello", "world", "brief"]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="</s>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    core.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    core.decoder = decoders.WordPiece()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>",
+                                  additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    tok.chat_template = TEMPLATE
+    return tok
+
+
+def _rows() -> list[PromptRow]:
+    return [PromptRow(prompt_id=0, prompt="hello world", answer="a", source_prompt="hello world"),
+            PromptRow(prompt_id=1, prompt="", answer="b", source_prompt=[{"role": "user", "content": "hello"}])]
+
+
+def test_messages_mode_templates_chat_prompts_only_and_encodes_strings_with_bos():
+    tok = _tokenizer()
+    out = format_rows(_rows(), tok, use_template=uses_template(tok, "messages", "m"), system_prompt=None, source="f",
+                      strings_as_text=True)
+    assert out[0].prompt == "hello world" and out[0].add_special_tokens
+    assert out[1].prompt == "<|im_start|>user hello<|im_end|> <|im_start|>assistant " and not out[1].add_special_tokens
+    # TRL: processing_class(text=prompts) for strings (BOS added); the template's own text for messages
+    assert list(encode_prompt(tok, out[0])) == tok(text=["hello world"])["input_ids"][0] == [0, 7, 8]
+    assert list(encode_prompt(tok, out[1])) == tok(out[1].prompt, add_special_tokens=False)["input_ids"]
+    assert token_table(out, lambda t: tok(t, add_special_tokens=False)["input_ids"], 4,
+                       encode_row=lambda r: encode_prompt(tok, r))["0"]["prompt"] == [0, 7, 8]
+    # the default, auto, templates the string prompt too and adds no BOS (unchanged)
+    auto = format_rows(_rows(), tok, use_template=uses_template(tok, "auto", "m"), system_prompt=None, source="f")
+    assert auto[0].prompt == "<|im_start|>user hello world<|im_end|> <|im_start|>assistant "
+    assert not any(r.add_special_tokens for r in auto)
+
+
+def test_messages_mode_is_a_setting_and_stored_rows_keep_the_flag(tmp_path):
+    assert load_config(None, ["data.chat_template=messages"]).data.chat_template == "messages"
+    with pytest.raises(ValueError, match="data.chat_template 'trl' is not a mode; use auto, messages, true or false"):
+        load_config(None, ["data.chat_template=trl"])
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p, "answer": "x"}) + "\n" for p in ["hello", "world", "hello world",
+                                                                                        "world hello"]))
+    cfg = load_config(None, [f"data.train_path={data}", "data.chat_template=messages", "algorithm.batch_size=8",
+                             "algorithm.group_size=4", "reward.functions=[{name: format}]", "data.max_prompt_tokens=2",
+                             "data.long_prompts=skip"])
+    built = build_datasets(cfg, _tokenizer, model_name="m")
+    # one word and the BOS fit in 2 tokens; two words and the BOS do not
+    assert [r.prompt for r in built.train] == ["hello", "world"] and all(r.add_special_tokens for r in built.train)
+    assert built.summary["train"]["skipped"] == 2 and built.summary["train"]["longest_prompt_tokens"] == 2
+    assert '"add_special_tokens": true' in rows_to_jsonl(format_rows(_rows()[:1], None, use_template=False,
+                                                                    system_prompt=None, source="f",
+                                                                    strings_as_text=True)).decode()
+    assert b"add_special_tokens" not in rows_to_jsonl(_rows())  # other rows are stored as before
+
+
+def test_prompt_length_counts_the_special_tokens_a_row_is_encoded_with():
+    rows = format_rows([PromptRow(prompt_id=0, prompt="x" * 5, answer="a")], None, use_template=False,
+                       system_prompt=None, source="f", strings_as_text=True)
+    enc, dec = (lambda t: list(t)), (lambda ids: "".join(ids))  # one token per character
+    kept, stats = limit_prompt_length(rows, encode=enc, decode=dec, max_tokens=5, policy="truncate_left", source="f",
+                                      num_special=1)
+    assert kept[0].prompt == "xxxx" and stats.truncated == 1 and stats.longest_prompt_tokens == 5
+    with pytest.raises(ValueError, match="has 6 prompt tokens, above data.max_prompt_tokens=5"):
+        limit_prompt_length(rows, encode=enc, decode=dec, max_tokens=5, policy="error", source="f", num_special=1)
