@@ -6,8 +6,9 @@ CLI's input check). Filled:
 
 * ``global_step``: the policy's optimizer steps completed before the batch being scored, as
   TRL's counter reads while it scores one: RL steps done x ``algorithm.optimizer_steps_per_step``
-  (``epochs x num_minibatches``, TRL's ``steps_per_generation x num_iterations``); 0 in the first
-  step, and the evaluation after RL step k sees k x that.
+  (``epochs x num_minibatches``, TRL's ``num_iterations x steps_per_generation /
+  gradient_accumulation_steps``); 0 in the first step, and the evaluation after RL step k sees
+  k x that.
 * ``epoch``: passes over the training prompts, as a float (``step x prompts per step /
   training prompts``), TRL's fractional epoch.
 * ``max_steps``: the campaign's ``steps`` x the same factor, TRL's ``max_steps`` (optimizer
