@@ -193,6 +193,26 @@ def test_cut_stops_at_the_mth_finish_and_continuation_completes_the_uncut_run(en
     assert _tokens(merged) == wanted
 
 
+# ----------------------------------------------------------------------------- vLLM's own limits
+
+
+def _vllm_only(engine):
+    if isinstance(engine, TorchEngine):
+        pytest.skip("a VllmEngine behaviour")
+
+
+def test_ignore_eos_runs_every_vllm_sample_to_the_budget(engine, tiny, monkeypatch):
+    """The profiler's fixed-length runs (``ignore_eos``) end no sample early, even where almost
+    every token is an EOS id: vLLM stops at a stop token id whatever its ignore_eos says."""
+    _vllm_only(engine)
+    monkeypatch.setattr(engine, "eos_ids", tuple(range(10, engine.vocab_size)))
+    ended, _ = _gen(engine, tiny.specs)
+    assert sum(o.finish_reason == "stop" for o in ended) > len(ended) // 2  # the EOS ids do end samples
+    params = GenerationParams(seed=SEED, step=STEP, max_new_tokens=12, temperature=1.0)
+    full, _ = engine.generate(tiny.specs, params, ignore_eos=True)
+    assert [(len(o.tokens), o.finish_reason) for o in full] == [(12, "length")] * len(full)
+
+
 # ----------------------------------------------------------------------------- factory
 
 

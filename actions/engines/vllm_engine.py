@@ -152,8 +152,8 @@ class VllmEngine:
                 continue
             rid = f"c{self._num_calls}-{i}"
             index[rid] = i
-            request = self._params(s, params, budget, sampling, streaming=params.cut_after is not None)
-            request.ignore_eos = ignore_eos
+            request = self._params(s, params, budget, sampling, streaming=params.cut_after is not None,
+                                   ignore_eos=ignore_eos)
             self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=list(s.prompt_tokens + s.generated)),
                                             request)
         received, cached, num_steps = self._drive(samples, results, index, params.cut_after)
@@ -197,7 +197,7 @@ class VllmEngine:
         return received, cached, num_steps
 
     def _params(self, s: SampleSpec, params: GenerationParams, budget: int, sampling: Sampler,
-                streaming: bool) -> Any:
+                streaming: bool, ignore_eos: bool = False) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -211,7 +211,9 @@ class VllmEngine:
         )
 
         return SamplingParams(
-            n=1, temperature=0.0, max_tokens=budget, stop_token_ids=list(self.eos_ids), detokenize=False,
+            n=1, temperature=0.0, max_tokens=budget, detokenize=False,
+            # vLLM stops at a stop token id whatever ignore_eos says: a run to the budget passes none.
+            stop_token_ids=[] if ignore_eos else list(self.eos_ids), ignore_eos=ignore_eos,
             skip_reading_prefix_cache=not params.dedup,
             # A cut needs every sample's tokens so far; otherwise only final outputs are sent.
             output_kind=RequestOutputKind.CUMULATIVE if streaming else RequestOutputKind.FINAL_ONLY,
