@@ -213,6 +213,34 @@ def test_ignore_eos_runs_every_vllm_sample_to_the_budget(engine, tiny, monkeypat
     assert [(len(o.tokens), o.finish_reason) for o in full] == [(12, "length")] * len(full)
 
 
+def test_a_vllm_sample_past_the_context_is_refused_before_any_request_is_queued(engine, tiny, monkeypatch):
+    """A prompt that does not fit ``max_model_len`` (512 here) with its response is refused in
+    one ValueError, not cut short as "length" nor refused by vLLM after its batch-mates were
+    queued; and a request vLLM refuses part-way leaves none of its call in the engine."""
+    _vllm_only(engine)
+    before, _ = _gen(engine, tiny.specs)
+    prompt = tiny.specs[0].prompt_tokens * 10
+    for n in (len(prompt), 505):  # no room for the prompt; room for it but not for 12 new tokens
+        long = SampleSpec(99, 0, prompt[:n])
+        with pytest.raises(ValueError, match=rf"prompt 99 has {n} tokens; with max_new_tokens=12 a sample needs "
+                                             rf"{n + 12} tokens, above the vLLM engine's max_model_len of 512"):
+            _gen(engine, [*tiny.specs[:2], long])
+    core = engine.llm.llm_engine
+    add = core.add_request
+
+    def refuse_third(rid, *args, **kwargs):
+        if rid.endswith("-2"):
+            raise RuntimeError("refused")
+        return add(rid, *args, **kwargs)
+
+    monkeypatch.setattr(core, "add_request", refuse_third)
+    with pytest.raises(RuntimeError, match="refused"):
+        _gen(engine, tiny.specs)
+    monkeypatch.undo()
+    assert not core.has_unfinished_requests()
+    assert _tokens(_gen(engine, tiny.specs)[0]) == _tokens(before)
+
+
 # ----------------------------------------------------------------------------- factory
 
 

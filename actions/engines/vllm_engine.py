@@ -110,6 +110,7 @@ class VllmEngine:
         kwargs.update(llm_kwargs)
         self.llm = vllm.LLM(**kwargs)
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
+        self.max_model_len: int = self.llm.llm_engine.model_config.max_model_len  # prompt + response, tokens
         self.fused_sampling = False
         self.use_fused_sampling(fused_sampling)
         self.eos_ids = (eos_id,) if isinstance(eos_id, int) else tuple(eos_id)
@@ -142,20 +143,28 @@ class VllmEngine:
                   ignore_eos: bool = False) -> tuple[list[SampleOut], EngineStats]:
         from vllm.inputs import TokensPrompt
 
+        self._check_fits(samples, params.max_new_tokens)
         results: list[SampleOut | None] = [None] * len(samples)
         index: dict[str, int] = {}  # request id -> sample position
         self._num_calls += 1
-        for i, s in enumerate(samples):
-            budget = params.max_new_tokens - len(s.generated)
-            if budget <= 0:  # a continuation that already has every token it may have
-                results[i] = SampleOut(s.prompt_id, s.sample_index, list(s.generated), "length")
-                continue
-            rid = f"c{self._num_calls}-{i}"
-            index[rid] = i
-            request = self._params(s, params, budget, sampling, streaming=params.cut_after is not None,
-                                   ignore_eos=ignore_eos)
-            self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=list(s.prompt_tokens + s.generated)),
-                                            request)
+        try:
+            for i, s in enumerate(samples):
+                budget = params.max_new_tokens - len(s.generated)
+                if budget <= 0:  # a continuation that already has every token it may have
+                    results[i] = SampleOut(s.prompt_id, s.sample_index, list(s.generated), "length")
+                    continue
+                rid = f"c{self._num_calls}-{i}"
+                request = self._params(s, params, budget, sampling, streaming=params.cut_after is not None,
+                                       ignore_eos=ignore_eos)
+                self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=list(s.prompt_tokens + s.generated)),
+                                                request)
+                index[rid] = i
+        except BaseException:
+            # Requests queued before the refused one would otherwise run in the next call, whose
+            # outputs they would join under request ids it does not know.
+            if index:
+                self.llm.llm_engine.abort_request(list(index))
+            raise
         received, cached, num_steps = self._drive(samples, results, index, params.cut_after)
         for i, s in enumerate(samples):
             if results[i] is None:
@@ -167,6 +176,23 @@ class VllmEngine:
             decode_token_slots=sum(max(len(received[i]) - 1, 0) for i in index.values()),
         )
         return results, stats  # type: ignore[return-value]
+
+    def _check_fits(self, samples: list[SampleSpec], max_new_tokens: int) -> None:
+        """Refuse, before any request is queued, a sample whose prompt plus ``max_new_tokens``
+        does not fit ``max_model_len`` (tokens): vLLM refuses a prompt that fills it, and ends a
+        response that reaches it as "length", a shorter sample than the torch engine draws.
+
+        Raises:
+            ValueError: the first such sample, its lengths, the engine's context and the fix.
+        """
+        for s in samples:
+            need = len(s.prompt_tokens) + max_new_tokens
+            if len(s.generated) < max_new_tokens and need > self.max_model_len:
+                raise ValueError(
+                    f"prompt {s.prompt_id} has {len(s.prompt_tokens)} tokens; with max_new_tokens={max_new_tokens} "
+                    f"a sample needs {need} tokens, above the vLLM engine's max_model_len of {self.max_model_len}; "
+                    "shorten the prompt (data.max_prompt_tokens) or lower generation.max_new_tokens, or raise "
+                    "generation.vllm.max_model_len (at most the model's context)")
 
     def _drive(self, samples: list[SampleSpec], results: list[SampleOut | None], index: dict[str, int],
                cut_after: int | None) -> tuple[list[list[int]], list[int], int]:
@@ -226,7 +252,7 @@ class VllmEngine:
         stop = None
         if reason == "stop" and token_ids and token_ids[-1] in self.eos_ids:
             stop, token_ids = token_ids[-1], token_ids[:-1]
-        # vLLM says "length" for max_tokens and for max_model_len; both are length limits.
+        # "length" is max_tokens: _check_fits keeps every sample clear of max_model_len.
         finish = "stop" if reason == "stop" else "length"
         return SampleOut(s.prompt_id, s.sample_index, list(s.generated) + token_ids, finish,
                          stop if finish == "stop" else None)
