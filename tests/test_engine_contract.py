@@ -241,6 +241,27 @@ def test_a_vllm_sample_past_the_context_is_refused_before_any_request_is_queued(
     assert _tokens(_gen(engine, tiny.specs)[0]) == _tokens(before)
 
 
+def test_the_vllm_profiler_measures_full_rows_at_the_end_of_the_context(engine, tiny, monkeypatch):
+    """The profile grid's longest context may fill the model's: the decode step is then measured
+    ``2 + steps`` tokens before the end, every row running to its budget."""
+    from actions.engines.vllm_profiling import decode_step_seconds, prefill_tokens_per_s
+
+    _vllm_only(engine)
+    seen = []
+    generate = engine.generate
+
+    def record(specs, params, **kwargs):
+        outs, stats = generate(specs, params, **kwargs)
+        seen.append((len(specs[0].prompt_tokens) + params.max_new_tokens, {len(o.tokens) for o in outs},
+                     params.max_new_tokens))
+        return outs, stats
+
+    monkeypatch.setattr(engine, "generate", record)
+    assert decode_step_seconds(engine, 2, 512, engine.vocab_size, repeats=1, steps=4) > 0
+    assert prefill_tokens_per_s(engine, engine.vocab_size, batch=2, length=600, repeats=1) > 0
+    assert seen and all(total <= 512 and lengths == {new} for total, lengths, new in seen), seen
+
+
 # ----------------------------------------------------------------------------- factory
 
 
