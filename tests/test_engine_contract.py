@@ -262,6 +262,24 @@ def test_the_vllm_profiler_measures_full_rows_at_the_end_of_the_context(engine, 
     assert seen and all(total <= 512 and lengths == {new} for total, lengths, new in seen), seen
 
 
+def test_a_vllm_push_that_does_not_fit_the_model_is_refused_and_the_engine_keeps_its_version(engine, tiny):
+    """Unknown names, wrong shapes and a fused module pushed in part (q_proj without k_proj and
+    v_proj: vLLM loads the three into one qkv_proj) are refused before the engine sees them."""
+    _vllm_only(engine)
+    before, _ = _gen(engine, tiny.specs)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    w = tiny.weights
+    for bad, match in (({**w, "model.layers.0.self_attn.q_projX.weight": w[q]}, "'model.layers.0.self_attn.q_projX"),
+                       ({**w, q: w[q][:, :64]}, r"shape \[128, 64\], the model's is \[128, 128\]"),
+                       ({q: w[q] + 0.1}, r"not 'model.layers.0.self_attn.k_proj.weight'.*\(model.layers.0.self_attn"
+                                          r".qkv_proj\)")):
+        with pytest.raises(ValueError, match=match):
+            engine.load_policy(bad, 7)
+        assert engine.policy_version != 7 and _tokens(_gen(engine, tiny.specs)[0]) == _tokens(before)
+    attention = {k: v for k, v in w.items() if k.startswith("model.layers.0.self_attn.")}
+    assert engine.load_policy(attention, 8) == 4  # q, k, v and o: whole modules load
+
+
 # ----------------------------------------------------------------------------- factory
 
 
@@ -374,6 +392,28 @@ def test_the_processs_vllm_engine_takes_each_calls_fused_sampling(tmp_path, monk
         assert again is engine and not hit and engine.settings[-1] == "on"
     finally:
         factory.close_vllm()
+
+
+def test_a_push_is_checked_whole_against_the_checkpoint_the_engine_started_from():
+    """``vllm_push.check_push``: known names, equal shapes, and every module it touches complete
+    (a fused module's members together); a tied head's copy is skipped, as vLLM skips it."""
+    from actions.engines.vllm_push import check_push
+
+    fused = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    attn = "model.layers.0.self_attn"
+    ckpt = {f"{attn}.{m}.weight": (8, 8) for m in ("q_proj", "k_proj", "v_proj", "o_proj")}
+    ckpt |= {f"{attn}.q_proj.bias": (8,), "model.embed_tokens.weight": (50, 8)}
+    check_push(ckpt, ckpt, fused, tied_head=False)
+    check_push({f"{attn}.o_proj.weight": (8, 8)}, ckpt, fused, tied_head=False)  # a whole module alone
+    check_push({**ckpt, "lm_head.weight": (50, 8)}, ckpt, fused, tied_head=True)
+    for pushed, match in (
+            ({**ckpt, "lm_head.weight": (50, 8)}, r"tensor 'lm_head.weight' is not in the model's checkpoint \(6 "),
+            ({f"{attn}.o_proj.weight": (8, 4)}, r"o_proj.weight' has shape \[8, 4\], the model's is \[8, 8\]"),
+            ({f"{attn}.q_proj.weight": (8, 8)}, rf"carries '{attn}.q_proj.weight' but not '{attn}.k_proj.weight'.*"
+                                                rf"\({attn}.qkv_proj\); push every tensor of that module"),
+            ({k: v for k, v in ckpt.items() if k != f"{attn}.q_proj.bias"}, r"but not '.*q_proj.bias'")):
+        with pytest.raises(ValueError, match=match):
+            check_push(pushed, ckpt, fused, tied_head=False)
 
 
 # ----------------------------------------------------------------------------- actions on vLLM

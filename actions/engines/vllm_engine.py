@@ -56,6 +56,7 @@ import torch
 from actions.engines.base import EngineStats, GenerationParams, SampleOut, SampleSpec
 from actions.engines.preflight import INSTALL_HINT, vllm_available  # noqa: F401 (vllm_available: re-exported)
 from actions.engines.sampling import Sampler, check_fused_sampling, fused_for, stream_key
+from actions.engines.vllm_push import check_push, checkpoint_shapes
 
 _PROCESSOR = "actions.engines.vllm_worker:CounterNoiseLogitsProcessor"
 _EXTENSION = "actions.engines.vllm_worker.WorkerExtension"
@@ -111,6 +112,10 @@ class VllmEngine:
         self.llm = vllm.LLM(**kwargs)
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self.max_model_len: int = self.llm.llm_engine.model_config.max_model_len  # prompt + response, tokens
+        # what a push must match (vllm_push.check_push): the checkpoint the engine started from
+        self._checkpoint = checkpoint_shapes(sorted(Path(model_dir).glob("*.safetensors")))
+        self._fused: dict[str, list[str]] = self.llm.collective_rpc("fused_modules")[0]
+        self._tied_head = bool(getattr(self.llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False))
         self.fused_sampling = False
         self.use_fused_sampling(fused_sampling)
         self.eos_ids = (eos_id,) if isinstance(eos_id, int) else tuple(eos_id)
@@ -278,12 +283,17 @@ class VllmEngine:
             version: the policy version these weights are.
         Returns:
             the number of tensors each worker loaded.
+        Raises:
+            ValueError: tensors that do not fit the model (``vllm_push.check_push``), before
+                anything reaches the engine, which keeps the version it held.
         """
         with self._lock:
             tmp: Path | None = None
             if isinstance(weights, Mapping):
                 from safetensors.torch import save_file
 
+                check_push({k: tuple(v.shape) for k, v in weights.items()}, self._checkpoint, self._fused,
+                           self._tied_head)
                 tmp = self._scratch / f"v{version:06d}.safetensors"
                 # clone(): save_file refuses tensors that share storage (tied embeddings).
                 save_file({k: v.detach().cpu().contiguous().clone() for k, v in weights.items()}, str(tmp))
@@ -294,6 +304,8 @@ class VllmEngine:
                     raise ValueError(f"weights directory {str(weights)!r} has no *.safetensors files")
             else:
                 paths = [str(weights)]
+            if tmp is None:
+                check_push(checkpoint_shapes(paths), self._checkpoint, self._fused, self._tied_head)
             try:
                 counts = self.llm.collective_rpc("load_safetensors", args=(paths,))
             finally:
