@@ -350,10 +350,10 @@ def test_a_vllm_engine_drawing_fused_draws_the_unfused_tokens(tiny, monkeypatch)
         eng.shutdown()
 
 
-def test_the_processs_vllm_engine_takes_each_calls_fused_sampling(tmp_path, monkeypatch):
-    """A pre-warm builds the container's one vLLM engine with the default setting; the calls
-    that follow, a hit or a new version pushed in, each draw as their own ``fused_sampling``
-    says (on a stand-in engine: what the factory asks of it)."""
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch):
+    """The factory's vLLM slot over stand-in engines (what the factory asks of them): policy
+    versions 0..2 of a tiny model in a local store, and every engine the factory made."""
     from actions.contracts import ModelRef
     from actions.engines import factory
     from actions.models.modeling import base_files
@@ -365,33 +365,59 @@ def test_the_processs_vllm_engine_takes_each_calls_fused_sampling(tmp_path, monk
                                   max_positions=64, seed=0)
     put_artifact(store, "r/base/manifest.json", base_files(model, tok))
     refs = [ModelRef(store_uri=store.uri, base_key="r/base/manifest.json", policy_key=f"r/v{v}/manifest.json",
-                     policy_version=v) for v in (0, 1)]
+                     policy_version=v) for v in (0, 1, 2)]
     for ref in refs:
         publish_tensors(store, ref.policy_key, model.state_dict())
+    made = []
 
     class StandIn:
-        def __init__(self, fused_sampling):
-            self.settings = [fused_sampling]
+        def __init__(self, fused_sampling, **kwargs):
+            self.settings, self.kwargs, self.pushed, self.closed = [fused_sampling], kwargs, [], False
+            self.fail_push = False
+            made.append(self)
 
         def use_fused_sampling(self, setting):
             self.settings.append(setting)
 
         def load_policy(self, tensors, version):
-            pass
+            if self.fail_push:
+                raise RuntimeError("the reload failed in the worker")
+            self.pushed.append(version)
 
         def shutdown(self):
-            pass
+            self.closed = True
 
-    monkeypatch.setattr(factory, "make_engine", lambda *a, fused_sampling, **kw: StandIn(fused_sampling))
+    monkeypatch.setattr(factory, "make_engine", lambda *a, fused_sampling, **kw: StandIn(fused_sampling, **kw))
     try:
-        engine, _, hit = factory.load_engine("vllm", refs[0])  # a pre-warm: the default setting
-        assert not hit and engine.settings[-1] == "auto"
-        assert factory.load_engine("vllm", refs[0], fused_sampling="off")[2]  # a hit, drawing unfused
-        assert engine.settings[-1] == "off"
-        again, _, hit = factory.load_engine("vllm", refs[1], fused_sampling="on")  # a version pushed in
-        assert again is engine and not hit and engine.settings[-1] == "on"
+        yield SimpleNamespace(refs=refs, made=made, load=factory.load_engine)
     finally:
         factory.close_vllm()
+
+
+def test_the_processs_vllm_engine_takes_each_calls_fused_sampling(stand_in):
+    """A pre-warm builds the container's one vLLM engine with the default setting; the calls
+    that follow, a hit or a new version pushed in, each draw as their own ``fused_sampling``
+    says."""
+    refs = stand_in.refs
+    engine, _, hit = stand_in.load("vllm", refs[0])  # a pre-warm: the default setting
+    assert not hit and engine.settings[-1] == "auto"
+    assert stand_in.load("vllm", refs[0], fused_sampling="off")[2]  # a hit, drawing unfused
+    assert engine.settings[-1] == "off"
+    again, _, hit = stand_in.load("vllm", refs[1], fused_sampling="on")  # a version pushed in
+    assert again is engine and not hit and engine.settings[-1] == "on"
+
+
+def test_a_push_that_fails_in_the_engine_closes_it_and_the_next_call_starts_another(stand_in):
+    """A push that raised part-way may leave the engine's layers half-loaded: the process's
+    slot shuts that engine down, and the next call starts a fresh one holding its version."""
+    first, _, _ = stand_in.load("vllm", stand_in.refs[0])
+    first.fail_push = True
+    with pytest.raises(RuntimeError, match="failed in the worker"):
+        stand_in.load("vllm", stand_in.refs[1])
+    assert first.closed
+    second, _, hit = stand_in.load("vllm", stand_in.refs[1])
+    assert second is not first and not hit and second.kwargs["policy_version"] == 1 and not second.closed
+    assert stand_in.load("vllm", stand_in.refs[2])[0] is second and second.pushed == [2]
 
 
 def test_a_push_is_checked_whole_against_the_checkpoint_the_engine_started_from():

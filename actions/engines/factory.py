@@ -85,11 +85,14 @@ class _VllmSlot:
         self.model_dir: Path | None = None
 
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.shutdown()
-        if self.model_dir is not None:
-            shutil.rmtree(self.model_dir, ignore_errors=True)
-        self.__init__()  # type: ignore[misc]
+        """Shut the engine down and forget it; the slot is empty afterwards even if that raised."""
+        try:
+            if self.engine is not None:
+                self.engine.shutdown()
+        finally:
+            if self.model_dir is not None:
+                shutil.rmtree(self.model_dir, ignore_errors=True)
+            self.__init__()  # type: ignore[misc]
 
 
 _vllm = _VllmSlot()
@@ -140,15 +143,21 @@ def load_engine(kind: str, ref: ModelRef, *, kv_cache: str = "static", cuda_grap
 
 def _hold_vllm(ref: ModelRef, fused_sampling: str) -> bool:
     """Make the process's vLLM engine hold ``ref``'s version: nothing to do (True, a hit), the
-    version pushed into the running engine, or an engine started for another base (False).
-    The caller holds ``_vllm.lock``."""
+    version pushed into the running engine, or an engine started for another base (False). A
+    push that raises closes the engine first. The caller holds ``_vllm.lock``."""
     base = (ref.store_uri, ref.base_key)
     if _vllm.base == base and _vllm.policy == (ref.policy_key, ref.weights_sha256):
         return True
     t0 = time.perf_counter()
     tensors, _ = load_tensors(store_for(ref.store_uri), ref.policy_key, expected_sha256=ref.weights_sha256)
     if _vllm.base == base:
-        _vllm.engine.load_policy(tensors, ref.policy_version)
+        try:
+            _vllm.engine.load_policy(tensors, ref.policy_version)
+        except BaseException:
+            # A push that failed inside the engine may have left layers half-loaded: the next
+            # call starts a fresh engine rather than generate with (or fail on) them.
+            _vllm.close()
+            raise
         _record("push", time.perf_counter() - t0)
     else:
         _vllm.close()
