@@ -392,3 +392,10 @@ def test_an_explicit_max_prompt_tokens_must_leave_room_for_the_response_in_the_c
                                          r"above the model's context of 128 \(model.max_positions\); lower "
                                          r"data.max_prompt_tokens to at most 104, or lower generation.max_new_tokens"):
         limit("data.max_prompt_tokens=105")
+    # the vLLM engine set to hold less than the model's context: that is the context
+    vllm = ("generation.engine=vllm", "generation.vllm.max_model_len=100", "data.train_path=x.jsonl")
+    assert limit(*vllm) == 76
+    with pytest.raises(ValueError, match=r"data.max_prompt_tokens=77 plus generation.max_new_tokens=24 is 101 tokens, "
+                                         r"above generation.vllm.max_model_len=100; lower data.max_prompt_tokens to at "
+                                         r"most 76"):
+        limit(*vllm, "data.max_prompt_tokens=77")

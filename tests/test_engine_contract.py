@@ -420,6 +420,38 @@ def test_a_push_that_fails_in_the_engine_closes_it_and_the_next_call_starts_anot
     assert stand_in.load("vllm", stand_in.refs[2])[0] is second and second.pushed == [2]
 
 
+def test_the_vllm_settings_reach_the_engine_and_other_settings_start_another(stand_in):
+    """``generation.vllm`` is passed to ``vllm.LLM`` as it is (the keys set); the process's one
+    engine is kept per settings too: a call with others shuts it down and starts one with them."""
+    from actions.config.vllm import VllmConfig
+
+    first, _, _ = stand_in.load("vllm", stand_in.refs[0], vllm={"max_model_len": 128})
+    assert first.kwargs["max_model_len"] == 128 and "kv_cache_memory_bytes" not in first.kwargs
+    assert stand_in.load("vllm", stand_in.refs[0], vllm=VllmConfig(max_model_len=128))[2]  # a hit
+    more = {"max_model_len": 128, "kv_cache_memory_bytes": 1 << 28}
+    second, _, hit = stand_in.load("vllm", stand_in.refs[1], vllm=more)
+    assert first.closed and not hit and {k: second.kwargs[k] for k in more} == more
+
+
+def test_the_requests_carry_the_vllm_settings_only_where_set():
+    """Every request that may start a vLLM engine carries ``generation.vllm``; unset, the field
+    is left out, so actions of the revision before it (which refuse unknown fields) take it."""
+    from actions.contracts import DecodeSettings, EvaluateRequest
+    from flows.config import load_config
+
+    ref = {"store_uri": "/s", "base_key": "b", "policy_key": "p", "policy_version": 0}
+
+    def evaluate(*overrides):
+        gen = load_config(None, ["generation.engine=vllm", *overrides]).generation
+        return EvaluateRequest(model=ref, dataset_key="d", rewards=[{"name": "repeat"}], max_new_tokens=4,
+                               output_key="o", **DecodeSettings.of(gen).model_dump()).model_dump(mode="json")
+
+    assert "vllm" not in evaluate()
+    sent = evaluate("generation.vllm.max_model_len=200")
+    assert sent["vllm"] == {"max_model_len": 200, "kv_cache_memory_bytes": None, "gpu_memory_utilization": None}
+    assert DecodeSettings.of(EvaluateRequest.model_validate(sent)).engine_options()["vllm"]["max_model_len"] == 200
+
+
 def test_a_push_is_checked_whole_against_the_checkpoint_the_engine_started_from():
     """``vllm_push.check_push``: known names, equal shapes, and every module it touches complete
     (a fused module's members together); a tied head's copy is skipped, as vLLM skips it."""
@@ -469,25 +501,28 @@ def test_generate_and_evaluate_actions_on_vllm_reuse_one_engine_across_versions(
         assert "error" not in out, out
         return out
 
+    VLLM = {"engine": "vllm", "vllm": {"max_model_len": 128}}
     gen = {"model": ref.model_dump(), "dataset_key": p.train_key, "run_seed": 0, "step": 0, "shard": "g",
            "prompt_ids": [0, 1, 2, 3], "group_size": 4, "max_new_tokens": 8, "temperature": 1.0}
     try:
         call("generate", {**gen, "output_key": "runs/v/t.json"})
-        on_vllm = call("generate", {**gen, "engine": "vllm", "output_key": "runs/v/v.json"})
+        # generation.vllm reaches the engine: a context of 128 tokens holds these prompts and responses
+        on_vllm = call("generate", {**gen, **VLLM, "output_key": "runs/v/v.json"})
         assert len(on_vllm["samples"]) == 16 and on_vllm["num_cut"] == 0
         t, v = get_json(store, "runs/v/t.json")["samples"], get_json(store, "runs/v/v.json")["samples"]
         assert sum(a == b for a, b in zip(t, v)) >= 0.9 * len(t)
         engine = factory._vllm.engine
+        assert engine.max_model_len == 128
         # A new policy version goes into the same running engine.
         tensors, meta = load_tensors(store, p.init_key)
         published = publish_tensors(store, "runs/v/w1/manifest.json",
                                     {k: v + 0.05 * torch.randn_like(v) for k, v in tensors.items()}, meta)
         ref1 = ref.model_copy(update={"policy_key": published.manifest_key, "policy_version": 1})
-        call("generate", {**gen, "model": ref1.model_dump(), "engine": "vllm", "output_key": "runs/v/v1.json"})
+        call("generate", {**gen, "model": ref1.model_dump(), **VLLM, "output_key": "runs/v/v1.json"})
         assert factory._vllm.engine is engine and engine.policy_version == 1
         assert get_json(store, "runs/v/v1.json")["samples"] != v
         ev = call("evaluate", {"model": ref1.model_dump(), "dataset_key": p.eval_key, "rewards": [{"name": "repeat"}],
-                               "max_new_tokens": 8, "engine": "vllm", "output_key": "runs/v/e.json"})
+                               "max_new_tokens": 8, **VLLM, "output_key": "runs/v/e.json"})
         assert ev["num_prompts"] == 8 and 0.0 <= ev["accuracy"] <= 1.0
         assert factory._vllm.engine is engine
     finally:

@@ -53,6 +53,7 @@ from typing import Any
 
 import torch
 
+from actions.config.vllm import CPU_KV_CACHE_BYTES
 from actions.engines.base import EngineStats, GenerationParams, SampleOut, SampleSpec
 from actions.engines.preflight import INSTALL_HINT, vllm_available  # noqa: F401 (vllm_available: re-exported)
 from actions.engines.sampling import Sampler, check_fused_sampling, fused_for, stream_key
@@ -60,7 +61,6 @@ from actions.engines.vllm_push import check_push, checkpoint_shapes
 
 _PROCESSOR = "actions.engines.vllm_worker:CounterNoiseLogitsProcessor"
 _EXTENSION = "actions.engines.vllm_worker.WorkerExtension"
-_CPU_KV_BYTES = 1 << 30  # KV cache on the CPU backend (override with kv_cache_memory_bytes=...)
 
 
 def _import_vllm() -> Any:
@@ -84,7 +84,10 @@ class VllmEngine:
         fused_sampling: ``auto``, ``on`` or ``off``: how the noise processor draws until
             ``use_fused_sampling`` says otherwise.
         **llm_kwargs: passed to ``vllm.LLM`` over the defaults below (e.g. ``block_size``,
-            ``max_model_len``, ``dtype``, ``enable_sleep_mode`` on CUDA).
+            ``max_model_len``, ``kv_cache_memory_bytes``, ``gpu_memory_utilization``, ``dtype``,
+            ``enable_sleep_mode`` on CUDA; ``generation.vllm`` sets the memory and context ones).
+            On the CPU backend the KV cache is ``CPU_KV_CACHE_BYTES`` unless one of the two
+            memory arguments is given.
     """
 
     def __init__(self, model_dir: str | os.PathLike[str], *, eos_id: int | Sequence[int], policy_version: int = 0,
@@ -102,12 +105,12 @@ class VllmEngine:
             kwargs.update(
                 # fp32 like the torch engine (vLLM's CPU default turns fp32 checkpoints into bf16).
                 dtype="float32",
-                # An explicit KV size: the automatic one (a fraction of the NUMA node minus this
-                # process's RSS) fails for a second engine in one process, and it skips a warm-up.
-                kv_cache_memory_bytes=_CPU_KV_BYTES,
                 # Eager: torch.compile costs more start-up time than a small model ever saves.
                 enforce_eager=True,
             )
+            if not {"kv_cache_memory_bytes", "gpu_memory_utilization"} & llm_kwargs.keys():
+                # an explicit size: vLLM's own fails for a second engine in one process
+                kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         kwargs.update(llm_kwargs)
         self.llm = vllm.LLM(**kwargs)
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
