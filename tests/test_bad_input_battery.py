@@ -218,6 +218,9 @@ CASES: dict[str, Case] = {
         ("generation.vllm.gpu_memory_utilization", "1.5", "less than or equal to 1")),
     "vllm setting with the torch engine": Case(_train("--set", "generation.vllm.kv_cache_memory_bytes=1000"),
                                                ("generation.vllm.kv_cache_memory_bytes", "use engine: vllm")),
+    "generated prompt past the model's context": Case(
+        _train("--set", "model.max_positions=32"),
+        ("data.task repeat", "above the model's context of 32 (model.max_positions)", "raise model.max_positions")),
     "config bad speculation mode": Case(_train("--set", "generation.speculation=maybe"),
                                         ("generation.speculation", "'maybe'", "'auto' or 'off'")),
     "config unknown draft strategy": Case(_train("--set", "generation.draft_strategies=[medusa]"),

@@ -10,19 +10,22 @@ multi-gigabyte allocation minutes later in an action. Three bounds, cheapest fir
 * ``data.max_prompt_tokens``, whose default for user data is the model's context minus
   ``generation.max_new_tokens`` (:func:`default_max_prompt_tokens`): a longer prompt leaves no
   room for its response, whatever ``data.long_prompts`` then does with it. An explicit value
-  may not exceed that room either (:func:`prompt_token_limit`).
+  may not exceed that room either (:func:`prompt_token_limit`). A generated task's prompts have
+  no such limit, but each must leave that room too (:func:`check_prompt_room`).
 
 The context is the model's, or ``generation.vllm.max_model_len`` where the vLLM engine is set
-to hold less (:func:`sequence_limit`).
+to hold less (:func:`sequence_limit`): the torch engine would decode past the position
+embeddings, the vLLM engine refuses the sample, so the room is checked for both.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from actions.config.workload import WorkloadConfig
+from actions.tasks.dataset import PromptRow
 
 MAX_DATASET_BYTES = 1 << 30
 """1 GiB per split: far above prompt sets in use (GSM8K's train split is 4 MB)."""
@@ -92,10 +95,36 @@ def sequence_limit(cfg: WorkloadConfig) -> tuple[int | None, str, str | None]:
     return context, f"the model's context of {context} (config.json of model.path {cfg.model.path!r})", None
 
 
+def check_prompt_room(cfg: WorkloadConfig, rows: Sequence[PromptRow], encode: Callable[[str], Sequence[int]],
+                      source: str, *, one_token_per_char: bool = False) -> None:
+    """Refuse a prompt that leaves less than ``generation.max_new_tokens`` of
+    :func:`sequence_limit` (a generated task's: a dataset file's are held to
+    ``data.max_prompt_tokens``, whose default leaves that room). ``one_token_per_char``: the
+    tokenizer makes at most one token of a character (the tiny model's), so a prompt with no
+    more characters than the room is not tokenised.
+
+    Raises:
+        ValueError: the first such prompt, its length, the limit and the fix.
+    """
+    limit, what, key = sequence_limit(cfg)
+    new = cfg.generation.max_new_tokens
+    if limit is None:
+        return
+    for row in rows:
+        if one_token_per_char and len(row.prompt) + new <= limit:
+            continue
+        if (n := len(encode(row.prompt))) + new > limit:
+            raise ValueError(f"{source}: prompt_id {row.prompt_id} has {n} prompt tokens; with "
+                             f"generation.max_new_tokens={new} its samples need {n + new}, above {what}; "
+                             + (f"raise {key}, " if key else "") + "lower generation.max_new_tokens, or set "
+                             "data.max_prompt_tokens with data.long_prompts truncate_left or skip")
+
+
 def default_max_prompt_tokens(cfg: WorkloadConfig) -> int | None:
     """``data.max_prompt_tokens`` when unset: for user data, :func:`sequence_limit` (the model's
     context) less ``generation.max_new_tokens``; None (no limit) for the generated tasks, whose
-    prompts are short by construction, or a model whose context is unknown.
+    prompts are short by construction (:func:`check_prompt_room` checks they leave the room), or
+    a model whose context is unknown.
 
     Raises:
         ValueError: the responses alone fill the context.
