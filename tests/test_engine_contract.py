@@ -464,6 +464,7 @@ def test_a_push_is_checked_whole_against_the_checkpoint_the_engine_started_from(
     check_push(ckpt, ckpt, fused, tied_head=False)
     check_push({f"{attn}.o_proj.weight": (8, 8)}, ckpt, fused, tied_head=False)  # a whole module alone
     check_push({**ckpt, "lm_head.weight": (50, 8)}, ckpt, fused, tied_head=True)
+    check_push({"x.weight": (1,)}, {}, fused, tied_head=False)  # a .bin checkpoint: nothing to check against
     for pushed, match in (
             ({**ckpt, "lm_head.weight": (50, 8)}, r"tensor 'lm_head.weight' is not in the model's checkpoint \(6 "),
             ({f"{attn}.o_proj.weight": (8, 4)}, r"o_proj.weight' has shape \[8, 4\], the model's is \[8, 8\]"),

@@ -55,12 +55,16 @@ def check_push(pushed: Mapping[str, Sequence[int]], checkpoint: Mapping[str, Seq
 
     Args:
         pushed: tensor name -> shape of the push.
-        checkpoint: tensor name -> shape of the checkpoint the engine started from.
+        checkpoint: tensor name -> shape of the checkpoint the engine started from; empty (a
+            model folder without safetensors files, e.g. ``pytorch_model.bin``): nothing is
+            known to check against, and the push goes through unchecked.
         fused: vLLM's fused modules, fused name -> member names (``packed_modules_mapping``).
         tied_head: the model ties its head to the input embedding (``TIED_HEAD`` is skipped).
     Raises:
         ValueError: one line naming the first offending tensor and the fix.
     """
+    if not checkpoint:
+        return
     for name, shape in pushed.items():
         if name == TIED_HEAD and tied_head:
             continue
