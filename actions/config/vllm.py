@@ -38,7 +38,7 @@ class VllmConfig(Section):
     together (on the CPU backend, of the NUMA node's memory). None: vLLM's default, 0.9. Every
     engine takes its own share: where several local-pool workers start engines on one GPU
     (engine affinity keeps them to the generation fan-out), and the learner trains on it too,
-    their shares must add up to less than 1 (docs/vllm.md, "Memory")."""
+    their shares must add up to less than 1 (docs/vllm.md, "Memory and context")."""
 
     def llm_kwargs(self) -> dict[str, Any]:
         """``vllm.LLM`` keyword arguments: the keys that are set."""
