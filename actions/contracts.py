@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from actions.config.reward import RewardModelConfig, reward_model_key
+from actions.config.vllm import VllmConfig
 from actions.config.workload import AlgorithmConfig, LoraConfig, RewardFunctionConfig, WarmupConfig, WorkloadConfig
 
 
@@ -33,6 +34,13 @@ def rollout_temperature() -> Any:
     return Field(1.0, ge=0, exclude_if=lambda t: t == 1.0)
 
 
+def vllm_settings() -> Any:
+    """The ``vllm`` field of the requests that may start a vLLM engine: ``generation.vllm``.
+    Left out of a request where nothing in it is set, so that actions of the revision before
+    it existed (which refuse unknown fields) still take a run that sets none."""
+    return Field(default_factory=VllmConfig, exclude_if=lambda v: not v.llm_kwargs())
+
+
 class DecodeSettings(_Msg):
     """Which engine a generation action decodes with, and how (``generation.*``): what a
     pre-warm needs to build the engine the run's generate actions then use."""
@@ -42,6 +50,7 @@ class DecodeSettings(_Msg):
     cuda_graphs: Literal["auto", "on", "off"] = "auto"
     compile_decode: bool = False
     fused_sampling: Literal["auto", "on", "off"] = "auto"
+    vllm: VllmConfig = vllm_settings()
 
     @classmethod
     def of(cls, generation: Any) -> DecodeSettings:
@@ -172,6 +181,8 @@ class GenerateRequest(_Msg):
     """``generation.compile_decode`` (torch engine, static cache)."""
     fused_sampling: Literal["auto", "on", "off"] = "auto"
     """``generation.fused_sampling`` (either engine; the same tokens either way)."""
+    vllm: VllmConfig = vllm_settings()
+    """``generation.vllm`` (the vLLM engine's context and memory)."""
     speculation: Literal["auto", "off"] = "off"
     """``generation.speculation`` (torch engine; outputs are the same either way)."""
     draft_strategies: list[Literal["history", "prompt_lookup"]] = ["history", "prompt_lookup"]
@@ -345,6 +356,8 @@ class EvaluateRequest(_Rewarded):
     fused_sampling: Literal["auto", "on", "off"] = "auto"
     """``generation.fused_sampling``: greedy evaluation never draws, but a vLLM engine it starts
     serves the container's generation too, and a torch engine is kept per decode settings."""
+    vllm: VllmConfig = vllm_settings()
+    """``generation.vllm``: a vLLM engine it starts serves the container's generation too."""
     output_key: str
 
 

@@ -138,7 +138,7 @@ def _measure_vllm(req: ProfileRequest, vocab: int, name: str) -> dict:
     from actions.store.weights import load_tensors
 
     ref = req.model
-    engine, _, _ = load_engine("vllm", ref, fused_sampling=req.fused_sampling)
+    engine, _, _ = load_engine("vllm", ref, fused_sampling=req.fused_sampling, vllm=req.vllm)
     tensors, _ = load_tensors(store_for(ref.store_uri), ref.policy_key, expected_sha256=ref.weights_sha256)
     return measure_grid(engine, vocab, req.batch_sizes, req.contexts, prefill_shape=req.prefill_shape, name=name,
                         push=(tensors, ref.policy_version))

@@ -282,6 +282,11 @@ class CampaignConfig(WorkloadConfig):
                     "dedup_prefill", "prefill_capacity", "prefill_action", "length_window", "first_epoch_predictor",
                     "kv_cache", "cuda_graphs", "compile_decode", "fused_sampling"):
             data["generation"].pop(key, None)
+        # The vLLM engine's memory changes where samples are computed, never which; its context
+        # (max_model_len) bounds the prompts kept (data.max_prompt_tokens), so it stays when set.
+        vllm = data["generation"].pop("vllm", None) or {}
+        if vllm.get("max_model_len") is not None:
+            data["generation"]["vllm"] = {"max_model_len": vllm["max_model_len"]}
         # Sampling filters change the data, so they stay when set; when off they are left out
         # so that runs from before the filters existed keep their fingerprint (and run id).
         for key in ("top_k", "top_p"):

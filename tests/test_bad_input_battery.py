@@ -204,6 +204,23 @@ CASES: dict[str, Case] = {
     "vllm engine with the tiny model's head_dim": Case(_train("--set", "generation.engine=vllm"),
                                                        ("generation.engine 'vllm'", "head_dim 24",
                                                         "model.hidden_size=128", "generation.engine=torch")),
+    # vLLM's context and KV cache (generation.vllm), checked as vLLM would when the engine starts
+    "vllm kv cache below the model's context": Case(
+        _train("--set", "generation.engine=vllm", "--set", "model.hidden_size=128", "--set", "model.num_heads=2",
+               "--set", "model.max_positions=1048576"),
+        ("KV cache of 1073741824 bytes", "1048576 tokens (model.max_positions",
+         "generation.vllm.max_model_len to at most 524160", "generation.vllm.kv_cache_memory_bytes")),
+    "vllm max_model_len above the model's context": Case(
+        _train("--set", "generation.engine=vllm", "--set", "model.hidden_size=128", "--set", "model.num_heads=2",
+               "--set", "generation.vllm.max_model_len=512"), ("generation.vllm.max_model_len=512", "at most 256")),
+    "vllm gpu_memory_utilization above one": Case(
+        _train("--set", "generation.engine=vllm", "--set", "generation.vllm.gpu_memory_utilization=1.5"),
+        ("generation.vllm.gpu_memory_utilization", "1.5", "less than or equal to 1")),
+    "vllm setting with the torch engine": Case(_train("--set", "generation.vllm.kv_cache_memory_bytes=1000"),
+                                               ("generation.vllm.kv_cache_memory_bytes", "use engine: vllm")),
+    "generated prompt past the model's context": Case(
+        _train("--set", "model.max_positions=32"),
+        ("data.task repeat", "above the model's context of 32 (model.max_positions)", "raise model.max_positions")),
     "config bad speculation mode": Case(_train("--set", "generation.speculation=maybe"),
                                         ("generation.speculation", "'maybe'", "'auto' or 'off'")),
     "config unknown draft strategy": Case(_train("--set", "generation.draft_strategies=[medusa]"),

@@ -392,3 +392,41 @@ def test_an_explicit_max_prompt_tokens_must_leave_room_for_the_response_in_the_c
                                          r"above the model's context of 128 \(model.max_positions\); lower "
                                          r"data.max_prompt_tokens to at most 104, or lower generation.max_new_tokens"):
         limit("data.max_prompt_tokens=105")
+    # the vLLM engine set to hold less than the model's context: that is the context
+    vllm = ("generation.engine=vllm", "generation.vllm.max_model_len=100", "data.train_path=x.jsonl")
+    assert limit(*vllm) == 76
+    with pytest.raises(ValueError, match=r"data.max_prompt_tokens=77 plus generation.max_new_tokens=24 is 101 tokens, "
+                                         r"above generation.vllm.max_model_len=100; lower data.max_prompt_tokens to at "
+                                         r"most 76"):
+        limit(*vllm, "data.max_prompt_tokens=77")
+
+
+def test_a_generated_tasks_prompts_must_leave_room_for_the_response_in_the_context():
+    """A generated task's prompts have no length limit, but each with ``generation.max_new_tokens``
+    must fit the context: the torch engine would decode past the position embeddings, the vLLM
+    engine refuses the sample. The tiny model's tokenizer is loaded only where a prompt's
+    characters (one token each at most) do not already fit."""
+    from actions.models.modeling import build_char_tokenizer
+
+    loads = []
+
+    def tokenizer():
+        loads.append(1)
+        return build_char_tokenizer("")
+
+    def build(*overrides: str):
+        return build_datasets(load_config(None, ["data.num_train_prompts=16", "algorithm.batch_size=8",
+                                                 "algorithm.group_size=4", *overrides]).workload(),
+                              tokenizer, model_name="tiny")
+
+    build()  # 256 positions: about 55-token prompts and 24 new tokens fit
+    assert loads == []
+    with pytest.raises(ValueError, match=r"^data.task repeat: prompt_id \d+ has (\d+) prompt tokens; with "
+                                         r"generation.max_new_tokens=24 its samples need \d+, above the model's "
+                                         r"context of 64 \(model.max_positions\); raise model.max_positions, lower "
+                                         r"generation.max_new_tokens, or set data.max_prompt_tokens"):
+        build("model.max_positions=64")
+    assert loads
+    with pytest.raises(ValueError, match=r"above generation.vllm.max_model_len=64; raise "
+                                         r"generation.vllm.max_model_len"):
+        build("generation.engine=vllm", "generation.vllm.max_model_len=64")

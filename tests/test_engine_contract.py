@@ -193,6 +193,93 @@ def test_cut_stops_at_the_mth_finish_and_continuation_completes_the_uncut_run(en
     assert _tokens(merged) == wanted
 
 
+# ----------------------------------------------------------------------------- vLLM's own limits
+
+
+def _vllm_only(engine):
+    if isinstance(engine, TorchEngine):
+        pytest.skip("a VllmEngine behaviour")
+
+
+def test_ignore_eos_runs_every_vllm_sample_to_the_budget(engine, tiny, monkeypatch):
+    """The profiler's fixed-length runs (``ignore_eos``) end no sample early, even where almost
+    every token is an EOS id: vLLM stops at a stop token id whatever its ignore_eos says."""
+    _vllm_only(engine)
+    monkeypatch.setattr(engine, "eos_ids", tuple(range(10, engine.vocab_size)))
+    ended, _ = _gen(engine, tiny.specs)
+    assert sum(o.finish_reason == "stop" for o in ended) > len(ended) // 2  # the EOS ids do end samples
+    params = GenerationParams(seed=SEED, step=STEP, max_new_tokens=12, temperature=1.0)
+    full, _ = engine.generate(tiny.specs, params, ignore_eos=True)
+    assert [(len(o.tokens), o.finish_reason) for o in full] == [(12, "length")] * len(full)
+
+
+def test_a_vllm_sample_past_the_context_is_refused_before_any_request_is_queued(engine, tiny, monkeypatch):
+    """A prompt that does not fit ``max_model_len`` (512 here) with its response is refused in
+    one ValueError, not cut short as "length" nor refused by vLLM after its batch-mates were
+    queued; and a request vLLM refuses part-way leaves none of its call in the engine."""
+    _vllm_only(engine)
+    before, _ = _gen(engine, tiny.specs)
+    prompt = tiny.specs[0].prompt_tokens * 10
+    for n in (len(prompt), 505):  # no room for the prompt; room for it but not for 12 new tokens
+        long = SampleSpec(99, 0, prompt[:n])
+        with pytest.raises(ValueError, match=rf"prompt 99 has {n} tokens; with max_new_tokens=12 a sample needs "
+                                             rf"{n + 12} tokens, above the vLLM engine's max_model_len of 512"):
+            _gen(engine, [*tiny.specs[:2], long])
+    core = engine.llm.llm_engine
+    add = core.add_request
+
+    def refuse_third(rid, *args, **kwargs):
+        if rid.endswith("-2"):
+            raise RuntimeError("refused")
+        return add(rid, *args, **kwargs)
+
+    monkeypatch.setattr(core, "add_request", refuse_third)
+    with pytest.raises(RuntimeError, match="refused"):
+        _gen(engine, tiny.specs)
+    monkeypatch.undo()
+    assert not core.has_unfinished_requests()
+    assert _tokens(_gen(engine, tiny.specs)[0]) == _tokens(before)
+
+
+def test_the_vllm_profiler_measures_full_rows_at_the_end_of_the_context(engine, tiny, monkeypatch):
+    """The profile grid's longest context may fill the model's: the decode step is then measured
+    ``2 + steps`` tokens before the end, every row running to its budget."""
+    from actions.engines.vllm_profiling import decode_step_seconds, prefill_tokens_per_s
+
+    _vllm_only(engine)
+    seen = []
+    generate = engine.generate
+
+    def record(specs, params, **kwargs):
+        outs, stats = generate(specs, params, **kwargs)
+        seen.append((len(specs[0].prompt_tokens) + params.max_new_tokens, {len(o.tokens) for o in outs},
+                     params.max_new_tokens))
+        return outs, stats
+
+    monkeypatch.setattr(engine, "generate", record)
+    assert decode_step_seconds(engine, 2, 512, engine.vocab_size, repeats=1, steps=4) > 0
+    assert prefill_tokens_per_s(engine, engine.vocab_size, batch=2, length=600, repeats=1) > 0
+    assert seen and all(total <= 512 and lengths == {new} for total, lengths, new in seen), seen
+
+
+def test_a_vllm_push_that_does_not_fit_the_model_is_refused_and_the_engine_keeps_its_version(engine, tiny):
+    """Unknown names, wrong shapes and a fused module pushed in part (q_proj without k_proj and
+    v_proj: vLLM loads the three into one qkv_proj) are refused before the engine sees them."""
+    _vllm_only(engine)
+    before, _ = _gen(engine, tiny.specs)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    w = tiny.weights
+    for bad, match in (({**w, "model.layers.0.self_attn.q_projX.weight": w[q]}, "'model.layers.0.self_attn.q_projX"),
+                       ({**w, q: w[q][:, :64]}, r"shape \[128, 64\], the model's is \[128, 128\]"),
+                       ({q: w[q] + 0.1}, r"not 'model.layers.0.self_attn.k_proj.weight'.*\(model.layers.0.self_attn"
+                                          r".qkv_proj\)")):
+        with pytest.raises(ValueError, match=match):
+            engine.load_policy(bad, 7)
+        assert engine.policy_version != 7 and _tokens(_gen(engine, tiny.specs)[0]) == _tokens(before)
+    attention = {k: v for k, v in w.items() if k.startswith("model.layers.0.self_attn.")}
+    assert engine.load_policy(attention, 8) == 4  # q, k, v and o: whole modules load
+
+
 # ----------------------------------------------------------------------------- factory
 
 
@@ -263,10 +350,10 @@ def test_a_vllm_engine_drawing_fused_draws_the_unfused_tokens(tiny, monkeypatch)
         eng.shutdown()
 
 
-def test_the_processs_vllm_engine_takes_each_calls_fused_sampling(tmp_path, monkeypatch):
-    """A pre-warm builds the container's one vLLM engine with the default setting; the calls
-    that follow, a hit or a new version pushed in, each draw as their own ``fused_sampling``
-    says (on a stand-in engine: what the factory asks of it)."""
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch):
+    """The factory's vLLM slot over stand-in engines (what the factory asks of them): policy
+    versions 0..2 of a tiny model in a local store, and every engine the factory made."""
     from actions.contracts import ModelRef
     from actions.engines import factory
     from actions.models.modeling import base_files
@@ -278,33 +365,114 @@ def test_the_processs_vllm_engine_takes_each_calls_fused_sampling(tmp_path, monk
                                   max_positions=64, seed=0)
     put_artifact(store, "r/base/manifest.json", base_files(model, tok))
     refs = [ModelRef(store_uri=store.uri, base_key="r/base/manifest.json", policy_key=f"r/v{v}/manifest.json",
-                     policy_version=v) for v in (0, 1)]
+                     policy_version=v) for v in (0, 1, 2)]
     for ref in refs:
         publish_tensors(store, ref.policy_key, model.state_dict())
+    made = []
 
     class StandIn:
-        def __init__(self, fused_sampling):
-            self.settings = [fused_sampling]
+        def __init__(self, fused_sampling, **kwargs):
+            self.settings, self.kwargs, self.pushed, self.closed = [fused_sampling], kwargs, [], False
+            self.fail_push = False
+            made.append(self)
 
         def use_fused_sampling(self, setting):
             self.settings.append(setting)
 
         def load_policy(self, tensors, version):
-            pass
+            if self.fail_push:
+                raise RuntimeError("the reload failed in the worker")
+            self.pushed.append(version)
 
         def shutdown(self):
-            pass
+            self.closed = True
 
-    monkeypatch.setattr(factory, "make_engine", lambda *a, fused_sampling, **kw: StandIn(fused_sampling))
+    monkeypatch.setattr(factory, "make_engine", lambda *a, fused_sampling, **kw: StandIn(fused_sampling, **kw))
     try:
-        engine, _, hit = factory.load_engine("vllm", refs[0])  # a pre-warm: the default setting
-        assert not hit and engine.settings[-1] == "auto"
-        assert factory.load_engine("vllm", refs[0], fused_sampling="off")[2]  # a hit, drawing unfused
-        assert engine.settings[-1] == "off"
-        again, _, hit = factory.load_engine("vllm", refs[1], fused_sampling="on")  # a version pushed in
-        assert again is engine and not hit and engine.settings[-1] == "on"
+        yield SimpleNamespace(refs=refs, made=made, load=factory.load_engine)
     finally:
         factory.close_vllm()
+
+
+def test_the_processs_vllm_engine_takes_each_calls_fused_sampling(stand_in):
+    """A pre-warm builds the container's one vLLM engine with the default setting; the calls
+    that follow, a hit or a new version pushed in, each draw as their own ``fused_sampling``
+    says."""
+    refs = stand_in.refs
+    engine, _, hit = stand_in.load("vllm", refs[0])  # a pre-warm: the default setting
+    assert not hit and engine.settings[-1] == "auto"
+    assert stand_in.load("vllm", refs[0], fused_sampling="off")[2]  # a hit, drawing unfused
+    assert engine.settings[-1] == "off"
+    again, _, hit = stand_in.load("vllm", refs[1], fused_sampling="on")  # a version pushed in
+    assert again is engine and not hit and engine.settings[-1] == "on"
+
+
+def test_a_push_that_fails_in_the_engine_closes_it_and_the_next_call_starts_another(stand_in):
+    """A push that raised part-way may leave the engine's layers half-loaded: the process's
+    slot shuts that engine down, and the next call starts a fresh one holding its version."""
+    first, _, _ = stand_in.load("vllm", stand_in.refs[0])
+    first.fail_push = True
+    with pytest.raises(RuntimeError, match="failed in the worker"):
+        stand_in.load("vllm", stand_in.refs[1])
+    assert first.closed
+    second, _, hit = stand_in.load("vllm", stand_in.refs[1])
+    assert second is not first and not hit and second.kwargs["policy_version"] == 1 and not second.closed
+    assert stand_in.load("vllm", stand_in.refs[2])[0] is second and second.pushed == [2]
+
+
+def test_the_vllm_settings_reach_the_engine_and_other_settings_start_another(stand_in):
+    """``generation.vllm`` is passed to ``vllm.LLM`` as it is (the keys set); the process's one
+    engine is kept per settings too: a call with others shuts it down and starts one with them."""
+    from actions.config.vllm import VllmConfig
+
+    first, _, _ = stand_in.load("vllm", stand_in.refs[0], vllm={"max_model_len": 128})
+    assert first.kwargs["max_model_len"] == 128 and "kv_cache_memory_bytes" not in first.kwargs
+    assert stand_in.load("vllm", stand_in.refs[0], vllm=VllmConfig(max_model_len=128))[2]  # a hit
+    more = {"max_model_len": 128, "kv_cache_memory_bytes": 1 << 28}
+    second, _, hit = stand_in.load("vllm", stand_in.refs[1], vllm=more)
+    assert first.closed and not hit and {k: second.kwargs[k] for k in more} == more
+
+
+def test_the_requests_carry_the_vllm_settings_only_where_set():
+    """Every request that may start a vLLM engine carries ``generation.vllm``; unset, the field
+    is left out, so actions of the revision before it (which refuse unknown fields) take it."""
+    from actions.contracts import DecodeSettings, EvaluateRequest
+    from flows.config import load_config
+
+    ref = {"store_uri": "/s", "base_key": "b", "policy_key": "p", "policy_version": 0}
+
+    def evaluate(*overrides):
+        gen = load_config(None, ["generation.engine=vllm", *overrides]).generation
+        return EvaluateRequest(model=ref, dataset_key="d", rewards=[{"name": "repeat"}], max_new_tokens=4,
+                               output_key="o", **DecodeSettings.of(gen).model_dump()).model_dump(mode="json")
+
+    assert "vllm" not in evaluate()
+    sent = evaluate("generation.vllm.max_model_len=200")
+    assert sent["vllm"] == {"max_model_len": 200, "kv_cache_memory_bytes": None, "gpu_memory_utilization": None}
+    assert DecodeSettings.of(EvaluateRequest.model_validate(sent)).engine_options()["vllm"]["max_model_len"] == 200
+
+
+def test_a_push_is_checked_whole_against_the_checkpoint_the_engine_started_from():
+    """``vllm_push.check_push``: known names, equal shapes, and every module it touches complete
+    (a fused module's members together); a tied head's copy is skipped, as vLLM skips it."""
+    from actions.engines.vllm_push import check_push
+
+    fused = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    attn = "model.layers.0.self_attn"
+    ckpt = {f"{attn}.{m}.weight": (8, 8) for m in ("q_proj", "k_proj", "v_proj", "o_proj")}
+    ckpt |= {f"{attn}.q_proj.bias": (8,), "model.embed_tokens.weight": (50, 8)}
+    check_push(ckpt, ckpt, fused, tied_head=False)
+    check_push({f"{attn}.o_proj.weight": (8, 8)}, ckpt, fused, tied_head=False)  # a whole module alone
+    check_push({**ckpt, "lm_head.weight": (50, 8)}, ckpt, fused, tied_head=True)
+    check_push({"x.weight": (1,)}, {}, fused, tied_head=False)  # a .bin checkpoint: nothing to check against
+    for pushed, match in (
+            ({**ckpt, "lm_head.weight": (50, 8)}, r"tensor 'lm_head.weight' is not in the model's checkpoint \(6 "),
+            ({f"{attn}.o_proj.weight": (8, 4)}, r"o_proj.weight' has shape \[8, 4\], the model's is \[8, 8\]"),
+            ({f"{attn}.q_proj.weight": (8, 8)}, rf"carries '{attn}.q_proj.weight' but not '{attn}.k_proj.weight'.*"
+                                                rf"\({attn}.qkv_proj\); push every tensor of that module"),
+            ({k: v for k, v in ckpt.items() if k != f"{attn}.q_proj.bias"}, r"but not '.*q_proj.bias'")):
+        with pytest.raises(ValueError, match=match):
+            check_push(pushed, ckpt, fused, tied_head=False)
 
 
 # ----------------------------------------------------------------------------- actions on vLLM
@@ -334,25 +502,28 @@ def test_generate_and_evaluate_actions_on_vllm_reuse_one_engine_across_versions(
         assert "error" not in out, out
         return out
 
+    VLLM = {"engine": "vllm", "vllm": {"max_model_len": 128}}
     gen = {"model": ref.model_dump(), "dataset_key": p.train_key, "run_seed": 0, "step": 0, "shard": "g",
            "prompt_ids": [0, 1, 2, 3], "group_size": 4, "max_new_tokens": 8, "temperature": 1.0}
     try:
         call("generate", {**gen, "output_key": "runs/v/t.json"})
-        on_vllm = call("generate", {**gen, "engine": "vllm", "output_key": "runs/v/v.json"})
+        # generation.vllm reaches the engine: a context of 128 tokens holds these prompts and responses
+        on_vllm = call("generate", {**gen, **VLLM, "output_key": "runs/v/v.json"})
         assert len(on_vllm["samples"]) == 16 and on_vllm["num_cut"] == 0
         t, v = get_json(store, "runs/v/t.json")["samples"], get_json(store, "runs/v/v.json")["samples"]
         assert sum(a == b for a, b in zip(t, v)) >= 0.9 * len(t)
         engine = factory._vllm.engine
+        assert engine.max_model_len == 128
         # A new policy version goes into the same running engine.
         tensors, meta = load_tensors(store, p.init_key)
         published = publish_tensors(store, "runs/v/w1/manifest.json",
                                     {k: v + 0.05 * torch.randn_like(v) for k, v in tensors.items()}, meta)
         ref1 = ref.model_copy(update={"policy_key": published.manifest_key, "policy_version": 1})
-        call("generate", {**gen, "model": ref1.model_dump(), "engine": "vllm", "output_key": "runs/v/v1.json"})
+        call("generate", {**gen, "model": ref1.model_dump(), **VLLM, "output_key": "runs/v/v1.json"})
         assert factory._vllm.engine is engine and engine.policy_version == 1
         assert get_json(store, "runs/v/v1.json")["samples"] != v
         ev = call("evaluate", {"model": ref1.model_dump(), "dataset_key": p.eval_key, "rewards": [{"name": "repeat"}],
-                               "max_new_tokens": 8, "engine": "vllm", "output_key": "runs/v/e.json"})
+                               "max_new_tokens": 8, **VLLM, "output_key": "runs/v/e.json"})
         assert ev["num_prompts"] == 8 and 0.0 <= ev["accuracy"] <= 1.0
         assert factory._vllm.engine is engine
     finally:

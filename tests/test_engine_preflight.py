@@ -113,3 +113,61 @@ def test_decode_settings_that_contradict_each_other_are_refused_by_the_config():
     with pytest.raises(ValueError, match=r"prefill_action 'always' and generation.engine is 'vllm'"):
         GenerationConfig(engine="vllm", prefill_action="always")
     GenerationConfig(engine="vllm", cuda_graphs="auto", kv_cache="dynamic")  # "where it applies": nothing here
+
+
+VLLM_64 = ["generation.engine=vllm", "model.hidden_size=128", "model.num_heads=2"]  # head_dim 64, 2 layers
+
+
+def test_a_vllm_kv_cache_that_cannot_hold_one_sequence_is_refused_naming_the_keys():
+    """vLLM refuses to start an engine whose KV cache cannot hold one ``max_model_len`` sequence
+    (after the store was written, in the first evaluate). The preflight counts as vLLM does: a
+    tiny model token takes 2 layers x 2 (keys, values) x 2 heads x 64 x 4 bytes = 2048 bytes on
+    the CPU, whose 1 GiB default holds 4096 blocks of 128 tokens less vLLM's null block."""
+    big = load_config(None, [*VLLM_64, "model.max_positions=1048576"])
+    with pytest.raises(ValueError) as exc:
+        preflight.check_vllm_memory(big, "cpu")
+    line = str(exc.value)
+    assert "\n" not in line and line.startswith("the vLLM engine's KV cache of 1073741824 bytes (the cpu default")
+    assert "holds 524160 tokens of this model (2048 bytes each)" in line  # vLLM's own estimate
+    assert "the model's context of 1048576 tokens (model.max_positions; generation.vllm.max_model_len unset)" in line
+    assert "set generation.vllm.max_model_len to at most 524160" in line
+    assert "raise generation.vllm.kv_cache_memory_bytes to at least 2147745792" in line  # (8192 + 1) blocks
+    preflight.check_vllm_memory(big, None)  # an OpenWhisk image's backend: its memory is not known here
+    for fits in (["generation.vllm.max_model_len=524160"], ["generation.vllm.kv_cache_memory_bytes=2147745792"],
+                 ["generation.vllm.gpu_memory_utilization=0.5"]):  # vLLM sizes the cache itself
+        preflight.check_vllm_memory(load_config(None, [*VLLM_64, "model.max_positions=1048576", *fits]), "cpu")
+    small = load_config(None, [*VLLM_64, "generation.vllm.kv_cache_memory_bytes=4096"])
+    with pytest.raises(ValueError, match=r"^generation.vllm.kv_cache_memory_bytes=4096 holds 0 tokens .* raise "
+                                         r"generation.vllm.kv_cache_memory_bytes to at least 786432$"):
+        preflight.check_vllm_memory(small, "cpu")
+    with pytest.raises(ValueError, match=r"generation.vllm.max_model_len=300 is above the model's context of 256 "
+                                         r"tokens \(model.max_positions\); lower it to at most 256, or remove it"):
+        preflight.check_vllm_memory(load_config(None, [*VLLM_64, "generation.vllm.max_model_len=300"]), None)
+
+
+def test_the_kv_layout_of_a_model_directory_is_read_from_its_config(tmp_path):
+    """Grouped-query attention counts the key/value heads; CUDA's 16-bit cache takes half the
+    CPU's float32; a sliding window or an unknown architecture is left to vLLM."""
+    model = load_config(None, [f"model.path={tmp_path}"]).model
+    config = {"model_type": "qwen2", "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+              "hidden_size": 896, "sliding_window": 32768, "use_sliding_window": False}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert preflight.kv_bytes_per_token(model, "cpu") == 2 * 24 * 2 * 64 * 4
+    assert preflight.kv_bytes_per_token(model, "cuda") == 2 * 24 * 2 * 64 * 2
+    for other in ({"use_sliding_window": True}, {"model_type": "deepseek_v3"}):
+        (tmp_path / "config.json").write_text(json.dumps(config | other))
+        assert preflight.kv_bytes_per_token(model, "cpu") is None
+
+
+def test_vllm_settings_are_refused_where_the_torch_engine_would_ignore_them_and_only_the_context_is_identity():
+    from flows.config import CampaignConfig
+
+    with pytest.raises(ValueError, match=r"generation.vllm.kv_cache_memory_bytes is a vLLM engine setting and "
+                                         r"generation.engine is 'torch'; remove it, or use engine: vllm"):
+        load_config(None, ["generation.vllm.kv_cache_memory_bytes=1000000"])
+    plain = load_config(None, VLLM_64)
+    memory = load_config(None, [*VLLM_64, "generation.vllm.kv_cache_memory_bytes=1000000",
+                                "generation.vllm.gpu_memory_utilization=0.4"])
+    context = load_config(None, [*VLLM_64, "generation.vllm.max_model_len=200"])
+    assert plain.fingerprint() == memory.fingerprint() != context.fingerprint()  # it bounds the prompts kept
+    assert CampaignConfig.model_validate(context.model_dump(mode="json")).fingerprint() == context.fingerprint()

@@ -26,6 +26,7 @@ from actions.config.reward import (  # noqa: F401
     RewardModelConfig,
 )
 from actions.config.section import Section as _Section
+from actions.config.vllm import VllmConfig
 
 
 class LoraConfig(_Section):
@@ -349,6 +350,8 @@ class GenerationConfig(_Section):
     The same tokens (on the CPU bit for bit). ``auto``: for vocabularies of 8,192 entries or more,
     where it pays back its compilation (seconds, once per container) within a call; ``on``: every
     vocabulary; ``off``: never. Without a usable compiler the draws run unfused after one warning."""
+    vllm: VllmConfig = Field(default_factory=VllmConfig)
+    """``engine: vllm``: the engine's context and memory (``actions/config/vllm.py``)."""
 
     @field_validator("top_k")
     @classmethod
@@ -384,6 +387,9 @@ class GenerationConfig(_Section):
             raise ValueError("generation.prefill_action 'always' and generation.engine is 'vllm', which runs no "
                              "prefill action (its prefix cache computes a group's prompt once); remove it, or use "
                              "engine: torch")
+        if self.engine == "torch" and (vllm := self.vllm.llm_kwargs()):
+            raise ValueError(f"generation.vllm.{next(iter(vllm))} is a vLLM engine setting and generation.engine is "
+                             "'torch'; remove it, or use engine: vllm")
         if self.cuda_graphs == "on" and self.kv_cache != "static":
             raise ValueError("generation.cuda_graphs 'on' needs generation.kv_cache 'static'; "
                              "set kv_cache: static, or cuda_graphs: auto or off")

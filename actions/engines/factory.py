@@ -10,9 +10,10 @@ while the container stays warm:
   estimates survive the version change. Another base, or tensors that do not fit the model,
   build a fresh one.
 * vllm: starting an engine costs seconds to minutes, so one engine per process is kept per
-  (store, base model) and a new policy version is pushed into it with ``load_policy`` (which
-  also resets its prefix cache). A different base model shuts the old engine down first:
-  each engine reserves its own KV-cache memory. A miss is always correct, just slower.
+  (store, base model, ``generation.vllm`` settings) and a new policy version is pushed into it
+  with ``load_policy`` (which also resets its prefix cache). A different base model or setting
+  shuts the old engine down first: each engine reserves its own KV-cache memory. A push that
+  fails inside the engine shuts it down too (its layers may be half-loaded). A miss is always correct, just slower.
   Generate and evaluate share this one engine, and a pre-warm (``actions/runtime/server.py``)
   builds it or pushes the coming version into it.
 
@@ -35,6 +36,7 @@ from typing import Any, Literal
 
 import torch
 
+from actions.config.vllm import VllmConfig
 from actions.contracts import EngineEvents, ModelRef
 from actions.engines.base import GenerationEngine
 from actions.engines.torch_engine import TorchEngine
@@ -78,18 +80,21 @@ class _VllmSlot:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.base: tuple[str, str] | None = None
+        self.base: tuple[str, str, tuple] | None = None  # (store, base model, engine options)
         self.policy: tuple[str, str | None] | None = None  # (policy key, expected weights_sha256)
         self.engine: Any = None
         self.tokenizer: Any = None
         self.model_dir: Path | None = None
 
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.shutdown()
-        if self.model_dir is not None:
-            shutil.rmtree(self.model_dir, ignore_errors=True)
-        self.__init__()  # type: ignore[misc]
+        """Shut the engine down and forget it; the slot is empty afterwards even if that raised."""
+        try:
+            if self.engine is not None:
+                self.engine.shutdown()
+        finally:
+            if self.model_dir is not None:
+                shutil.rmtree(self.model_dir, ignore_errors=True)
+            self.__init__()  # type: ignore[misc]
 
 
 _vllm = _VllmSlot()
@@ -119,11 +124,14 @@ def vllm_engine_policy() -> str | None:
 
 
 def load_engine(kind: str, ref: ModelRef, *, kv_cache: str = "static", cuda_graphs: str = "auto",
-                compile_decode: bool = False, fused_sampling: str = "auto") -> tuple[GenerationEngine, Any, bool]:
+                compile_decode: bool = False, fused_sampling: str = "auto",
+                vllm: VllmConfig | Mapping[str, Any] | None = None) -> tuple[GenerationEngine, Any, bool]:
     """(engine, tokenizer, warm_hit) for a policy version; hit = nothing had to be loaded.
     ``kv_cache``, ``cuda_graphs``, ``compile_decode``: the torch engine's decode path (vLLM
     ignores them); ``fused_sampling``: how either engine draws (the process's one vLLM engine
-    takes each call's setting: it changes how tokens are computed, never which)."""
+    takes each call's setting: it changes how tokens are computed, never which); ``vllm``: the
+    vLLM engine's context and memory (``generation.vllm``; other settings start another
+    engine, the torch engine ignores them)."""
     if kind == "torch":
         got = load_slot_engine(ref, kv_cache=kv_cache, cuda_graphs=cuda_graphs, compile_decode=compile_decode,
                                fused_sampling=fused_sampling)
@@ -133,22 +141,29 @@ def load_engine(kind: str, ref: ModelRef, *, kv_cache: str = "static", cuda_grap
     if kind != "vllm":
         raise ValueError(f"generation.engine {kind!r} is not supported; use 'torch' or 'vllm'")
     with _vllm.lock:
-        hit = _hold_vllm(ref, fused_sampling)
+        hit = _hold_vllm(ref, fused_sampling, VllmConfig.model_validate(vllm or {}).llm_kwargs())
         _vllm.engine.use_fused_sampling(fused_sampling)  # a pre-warm or another call may have set another
         return _vllm.engine, _vllm.tokenizer, hit
 
 
-def _hold_vllm(ref: ModelRef, fused_sampling: str) -> bool:
+def _hold_vllm(ref: ModelRef, fused_sampling: str, options: dict[str, Any]) -> bool:
     """Make the process's vLLM engine hold ``ref``'s version: nothing to do (True, a hit), the
-    version pushed into the running engine, or an engine started for another base (False).
+    version pushed into the running engine, or an engine started for another base or other
+    ``options`` (``vllm.LLM`` arguments) (False). A push that raises closes the engine first.
     The caller holds ``_vllm.lock``."""
-    base = (ref.store_uri, ref.base_key)
+    base = (ref.store_uri, ref.base_key, tuple(sorted(options.items())))
     if _vllm.base == base and _vllm.policy == (ref.policy_key, ref.weights_sha256):
         return True
     t0 = time.perf_counter()
     tensors, _ = load_tensors(store_for(ref.store_uri), ref.policy_key, expected_sha256=ref.weights_sha256)
     if _vllm.base == base:
-        _vllm.engine.load_policy(tensors, ref.policy_version)
+        try:
+            _vllm.engine.load_policy(tensors, ref.policy_version)
+        except BaseException:
+            # A push that failed inside the engine may have left layers half-loaded: the next
+            # call starts a fresh engine rather than generate with (or fail on) them.
+            _vllm.close()
+            raise
         _record("push", time.perf_counter() - t0)
     else:
         _vllm.close()
@@ -157,7 +172,7 @@ def _hold_vllm(ref: ModelRef, fused_sampling: str) -> bool:
 
         _vllm.tokenizer = AutoTokenizer.from_pretrained(_vllm.model_dir)
         _vllm.engine = make_engine("vllm", None, _vllm.tokenizer, model_dir=_vllm.model_dir,
-                                   fused_sampling=fused_sampling, policy_version=ref.policy_version)
+                                   fused_sampling=fused_sampling, policy_version=ref.policy_version, **options)
         _vllm.base = base
         _record("start", time.perf_counter() - t0)
         print(f"[rlhfless] vllm engine started in {time.perf_counter() - t0:.2f} s "

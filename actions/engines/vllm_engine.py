@@ -53,13 +53,14 @@ from typing import Any
 
 import torch
 
+from actions.config.vllm import CPU_KV_CACHE_BYTES
 from actions.engines.base import EngineStats, GenerationParams, SampleOut, SampleSpec
 from actions.engines.preflight import INSTALL_HINT, vllm_available  # noqa: F401 (vllm_available: re-exported)
 from actions.engines.sampling import Sampler, check_fused_sampling, fused_for, stream_key
+from actions.engines.vllm_push import check_push, checkpoint_shapes
 
 _PROCESSOR = "actions.engines.vllm_worker:CounterNoiseLogitsProcessor"
 _EXTENSION = "actions.engines.vllm_worker.WorkerExtension"
-_CPU_KV_BYTES = 1 << 30  # KV cache on the CPU backend (override with kv_cache_memory_bytes=...)
 
 
 def _import_vllm() -> Any:
@@ -83,7 +84,10 @@ class VllmEngine:
         fused_sampling: ``auto``, ``on`` or ``off``: how the noise processor draws until
             ``use_fused_sampling`` says otherwise.
         **llm_kwargs: passed to ``vllm.LLM`` over the defaults below (e.g. ``block_size``,
-            ``max_model_len``, ``dtype``, ``enable_sleep_mode`` on CUDA).
+            ``max_model_len``, ``kv_cache_memory_bytes``, ``gpu_memory_utilization``, ``dtype``,
+            ``enable_sleep_mode`` on CUDA; ``generation.vllm`` sets the memory and context ones).
+            On the CPU backend the KV cache is ``CPU_KV_CACHE_BYTES`` unless one of the two
+            memory arguments is given.
     """
 
     def __init__(self, model_dir: str | os.PathLike[str], *, eos_id: int | Sequence[int], policy_version: int = 0,
@@ -101,15 +105,20 @@ class VllmEngine:
             kwargs.update(
                 # fp32 like the torch engine (vLLM's CPU default turns fp32 checkpoints into bf16).
                 dtype="float32",
-                # An explicit KV size: the automatic one (a fraction of the NUMA node minus this
-                # process's RSS) fails for a second engine in one process, and it skips a warm-up.
-                kv_cache_memory_bytes=_CPU_KV_BYTES,
                 # Eager: torch.compile costs more start-up time than a small model ever saves.
                 enforce_eager=True,
             )
+            if not {"kv_cache_memory_bytes", "gpu_memory_utilization"} & llm_kwargs.keys():
+                # an explicit size: vLLM's own fails for a second engine in one process
+                kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         kwargs.update(llm_kwargs)
         self.llm = vllm.LLM(**kwargs)
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
+        self.max_model_len: int = self.llm.llm_engine.model_config.max_model_len  # prompt + response, tokens
+        # what a push must match (vllm_push.check_push): the checkpoint the engine started from
+        self._checkpoint = checkpoint_shapes(sorted(Path(model_dir).glob("*.safetensors")))
+        self._fused: dict[str, list[str]] = self.llm.collective_rpc("fused_modules")[0]
+        self._tied_head = bool(getattr(self.llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False))
         self.fused_sampling = False
         self.use_fused_sampling(fused_sampling)
         self.eos_ids = (eos_id,) if isinstance(eos_id, int) else tuple(eos_id)
@@ -142,20 +151,28 @@ class VllmEngine:
                   ignore_eos: bool = False) -> tuple[list[SampleOut], EngineStats]:
         from vllm.inputs import TokensPrompt
 
+        self._check_fits(samples, params.max_new_tokens)
         results: list[SampleOut | None] = [None] * len(samples)
         index: dict[str, int] = {}  # request id -> sample position
         self._num_calls += 1
-        for i, s in enumerate(samples):
-            budget = params.max_new_tokens - len(s.generated)
-            if budget <= 0:  # a continuation that already has every token it may have
-                results[i] = SampleOut(s.prompt_id, s.sample_index, list(s.generated), "length")
-                continue
-            rid = f"c{self._num_calls}-{i}"
-            index[rid] = i
-            request = self._params(s, params, budget, sampling, streaming=params.cut_after is not None)
-            request.ignore_eos = ignore_eos
-            self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=list(s.prompt_tokens + s.generated)),
-                                            request)
+        try:
+            for i, s in enumerate(samples):
+                budget = params.max_new_tokens - len(s.generated)
+                if budget <= 0:  # a continuation that already has every token it may have
+                    results[i] = SampleOut(s.prompt_id, s.sample_index, list(s.generated), "length")
+                    continue
+                rid = f"c{self._num_calls}-{i}"
+                request = self._params(s, params, budget, sampling, streaming=params.cut_after is not None,
+                                       ignore_eos=ignore_eos)
+                self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=list(s.prompt_tokens + s.generated)),
+                                                request)
+                index[rid] = i
+        except BaseException:
+            # Requests queued before the refused one would otherwise run in the next call, whose
+            # outputs they would join under request ids it does not know.
+            if index:
+                self.llm.llm_engine.abort_request(list(index))
+            raise
         received, cached, num_steps = self._drive(samples, results, index, params.cut_after)
         for i, s in enumerate(samples):
             if results[i] is None:
@@ -167,6 +184,23 @@ class VllmEngine:
             decode_token_slots=sum(max(len(received[i]) - 1, 0) for i in index.values()),
         )
         return results, stats  # type: ignore[return-value]
+
+    def _check_fits(self, samples: list[SampleSpec], max_new_tokens: int) -> None:
+        """Refuse, before any request is queued, a sample whose prompt plus ``max_new_tokens``
+        does not fit ``max_model_len`` (tokens): vLLM refuses a prompt that fills it, and ends a
+        response that reaches it as "length", a shorter sample than the torch engine draws.
+
+        Raises:
+            ValueError: the first such sample, its lengths, the engine's context and the fix.
+        """
+        for s in samples:
+            need = len(s.prompt_tokens) + max_new_tokens
+            if len(s.generated) < max_new_tokens and need > self.max_model_len:
+                raise ValueError(
+                    f"prompt {s.prompt_id} has {len(s.prompt_tokens)} tokens; with max_new_tokens={max_new_tokens} "
+                    f"a sample needs {need} tokens, above the vLLM engine's max_model_len of {self.max_model_len}; "
+                    "shorten the prompt (data.max_prompt_tokens) or lower generation.max_new_tokens, or raise "
+                    "generation.vllm.max_model_len (at most the model's context)")
 
     def _drive(self, samples: list[SampleSpec], results: list[SampleOut | None], index: dict[str, int],
                cut_after: int | None) -> tuple[list[list[int]], list[int], int]:
@@ -197,7 +231,7 @@ class VllmEngine:
         return received, cached, num_steps
 
     def _params(self, s: SampleSpec, params: GenerationParams, budget: int, sampling: Sampler,
-                streaming: bool) -> Any:
+                streaming: bool, ignore_eos: bool = False) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -211,7 +245,9 @@ class VllmEngine:
         )
 
         return SamplingParams(
-            n=1, temperature=0.0, max_tokens=budget, stop_token_ids=list(self.eos_ids), detokenize=False,
+            n=1, temperature=0.0, max_tokens=budget, detokenize=False,
+            # vLLM stops at a stop token id whatever ignore_eos says: a run to the budget passes none.
+            stop_token_ids=[] if ignore_eos else list(self.eos_ids), ignore_eos=ignore_eos,
             skip_reading_prefix_cache=not params.dedup,
             # A cut needs every sample's tokens so far; otherwise only final outputs are sent.
             output_kind=RequestOutputKind.CUMULATIVE if streaming else RequestOutputKind.FINAL_ONLY,
@@ -224,7 +260,7 @@ class VllmEngine:
         stop = None
         if reason == "stop" and token_ids and token_ids[-1] in self.eos_ids:
             stop, token_ids = token_ids[-1], token_ids[:-1]
-        # vLLM says "length" for max_tokens and for max_model_len; both are length limits.
+        # "length" is max_tokens: _check_fits keeps every sample clear of max_model_len.
         finish = "stop" if reason == "stop" else "length"
         return SampleOut(s.prompt_id, s.sample_index, list(s.generated) + token_ids, finish,
                          stop if finish == "stop" else None)
@@ -250,12 +286,17 @@ class VllmEngine:
             version: the policy version these weights are.
         Returns:
             the number of tensors each worker loaded.
+        Raises:
+            ValueError: tensors that do not fit the model (``vllm_push.check_push``), before
+                anything reaches the engine, which keeps the version it held.
         """
         with self._lock:
             tmp: Path | None = None
             if isinstance(weights, Mapping):
                 from safetensors.torch import save_file
 
+                check_push({k: tuple(v.shape) for k, v in weights.items()}, self._checkpoint, self._fused,
+                           self._tied_head)
                 tmp = self._scratch / f"v{version:06d}.safetensors"
                 # clone(): save_file refuses tensors that share storage (tied embeddings).
                 save_file({k: v.detach().cpu().contiguous().clone() for k, v in weights.items()}, str(tmp))
@@ -266,6 +307,8 @@ class VllmEngine:
                     raise ValueError(f"weights directory {str(weights)!r} has no *.safetensors files")
             else:
                 paths = [str(weights)]
+            if tmp is None:
+                check_push(checkpoint_shapes(paths), self._checkpoint, self._fused, self._tied_head)
             try:
                 counts = self.llm.collective_rpc("load_safetensors", args=(paths,))
             finally:

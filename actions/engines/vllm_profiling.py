@@ -25,16 +25,30 @@ from actions.engines.base import GenerationParams, SampleSpec
 
 def decode_step_seconds(engine: Any, batch: int, context: int, vocab: int, repeats: int = 3,
                         steps: int = 8) -> float:
-    """Median seconds of one decode step for ``batch`` rows at about ``context`` tokens."""
+    """Median seconds of one decode step for ``batch`` rows at about ``context`` tokens.
+
+    The prompt is ``context`` tokens, or fewer where ``context + 2 + steps`` would not fit the
+    engine's ``max_model_len`` (the grid's longest context is the campaign's longest prompt plus
+    a full response, which may fill the model's context): the step measured is then the one
+    ``2 + steps`` tokens before the end, within a handful of tokens of ``context``.
+
+    Raises:
+        RuntimeError: a row stopped before its token budget (the step time would be bogus).
+    """
+    prompt_len = max(1, min(context, engine.max_model_len - (2 + steps)))
     rng = random.Random(batch * 100_003 + context)
-    prompt = tuple(rng.randrange(3, vocab) for _ in range(context))
+    prompt = tuple(rng.randrange(3, vocab) for _ in range(prompt_len))
     specs = [SampleSpec(0, i, prompt) for i in range(batch)]
 
     def run(new_tokens: int) -> float:
         t0 = time.perf_counter()
-        engine.generate(specs, GenerationParams(seed=0, step=0, max_new_tokens=new_tokens, temperature=1.0),
-                        ignore_eos=True)
-        return time.perf_counter() - t0
+        outs, _ = engine.generate(specs, GenerationParams(seed=0, step=0, max_new_tokens=new_tokens, temperature=1.0),
+                                  ignore_eos=True)
+        seconds = time.perf_counter() - t0
+        short = [len(o.tokens) for o in outs if len(o.tokens) != new_tokens]
+        if short:  # the difference of two runs is a decode step only if every row decoded every token
+            raise RuntimeError(f"profiling at context {prompt_len}: rows returned {short} tokens of {new_tokens}")
+        return seconds
 
     run(2)  # the first call at a shape pays its scheduling and allocation set-up
     return statistics.median(max(run(2 + steps) - run(2), 1e-9) / steps for _ in range(repeats))
@@ -43,6 +57,7 @@ def decode_step_seconds(engine: Any, batch: int, context: int, vocab: int, repea
 def prefill_tokens_per_s(engine: Any, vocab: int, batch: int = 16, length: int = 64, repeats: int = 3) -> float:
     """Prompt tokens per second of ``batch`` distinct prompts of ``length`` tokens, one token
     generated each, the prefix cache not read (every prompt token computed)."""
+    length = max(1, min(length, engine.max_model_len - 1))  # a prompt that fills the context is refused
     rng = random.Random(batch * 7 + length)
     specs = [SampleSpec(i, 0, tuple(rng.randrange(3, vocab) for _ in range(length))) for i in range(batch)]
 

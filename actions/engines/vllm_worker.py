@@ -16,7 +16,9 @@ only ``vllm_engine.VllmEngine`` (after its own lazy import check) should referen
 * ``WorkerExtension.load_safetensors(path)`` reads a safetensors file in the worker and
   feeds it to the model runner's in-place ``reload_weights`` (tensors do not survive
   ``collective_rpc`` arguments, a path the worker reads itself does);
-  ``WorkerExtension.prepare_draws(vocab_size)`` compiles the fused draw at engine start.
+  ``WorkerExtension.prepare_draws(vocab_size)`` compiles the fused draw at engine start;
+  ``WorkerExtension.fused_modules()`` names the modules vLLM fuses (what a push must keep whole,
+  ``vllm_push.py``).
 """
 
 from __future__ import annotations
@@ -103,6 +105,12 @@ class WorkerExtension:
         engine start, rather than inside the first decode step that draws fused."""
         device = next(self.model_runner.model.parameters()).device  # type: ignore[attr-defined]
         fused_draw.prepare(vocab_size, device)
+
+    def fused_modules(self) -> dict[str, list[str]]:
+        """The model's fused modules: vLLM's module name -> the checkpoint modules loaded into
+        it (``packed_modules_mapping``, e.g. ``qkv_proj``: ``q_proj``, ``k_proj``, ``v_proj``)."""
+        packed = getattr(self.model_runner.model, "packed_modules_mapping", None) or {}  # type: ignore[attr-defined]
+        return {name: list(members) for name, members in packed.items()}
 
     def load_safetensors(self, paths: list[str]) -> int:
         """Load every tensor of these safetensors files into the running model in one reload

@@ -29,7 +29,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from actions.contracts import ModelRef
+from actions.config.vllm import VllmConfig
+from actions.contracts import ModelRef, vllm_settings
 
 PROFILE_PREFIX = "profiles"
 """Store prefix of cached profiles (store-wide: shared by every run of the store)."""
@@ -52,6 +53,8 @@ class ProfileRequest(BaseModel):
     """``generation.compile_decode`` (torch engine, static cache)."""
     fused_sampling: Literal["auto", "on", "off"] = "auto"
     """``generation.fused_sampling`` (both engines)."""
+    vllm: VllmConfig = vllm_settings()
+    """``generation.vllm``: the engine measured is the one the worker's generation then uses."""
     batch_sizes: list[int] = Field(min_length=2)
     contexts: list[int] = Field(min_length=2)
     prefill_shape: tuple[int, int] = (16, 64)

@@ -19,7 +19,7 @@ from actions.tasks import get_task
 from actions.tasks.chat import format_rows, uses_template
 from actions.tasks.dataset import PromptRow
 from actions.tasks.fields import FieldMap, to_rows
-from actions.tasks.input_limits import prompt_token_limit
+from actions.tasks.input_limits import check_prompt_room, prompt_token_limit
 from actions.tasks.prompt_length import limit_prompt_length
 from actions.tasks.rewards import check_reward_functions
 from actions.tasks.rewards.trainer_state import make_trainer_state
@@ -89,6 +89,10 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
                 limit_text=None if d.max_prompt_tokens else
                 f"{max_tokens} (data.max_prompt_tokens unset: the model's context less generation.max_new_tokens)")
             stats[which].update(asdict(length))
+        elif not d.train_path:  # a generated task: no limit, but the response must still fit the context
+            check_prompt_room(cfg, rows,
+                              lambda t: (tok or tokenizer())(t, add_special_tokens=False)["input_ids"], source,
+                              one_token_per_char=not cfg.model.path)
         stats[which]["rows"] = len(rows)
         split_rows[which] = rows
     train, evals = split_rows["train"], split_rows["eval"]

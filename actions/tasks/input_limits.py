@@ -10,16 +10,22 @@ multi-gigabyte allocation minutes later in an action. Three bounds, cheapest fir
 * ``data.max_prompt_tokens``, whose default for user data is the model's context minus
   ``generation.max_new_tokens`` (:func:`default_max_prompt_tokens`): a longer prompt leaves no
   room for its response, whatever ``data.long_prompts`` then does with it. An explicit value
-  may not exceed that room either (:func:`prompt_token_limit`).
+  may not exceed that room either (:func:`prompt_token_limit`). A generated task's prompts have
+  no such limit, but each must leave that room too (:func:`check_prompt_room`).
+
+The context is the model's, or ``generation.vllm.max_model_len`` where the vLLM engine is set
+to hold less (:func:`sequence_limit`): the torch engine would decode past the position
+embeddings, the vLLM engine refuses the sample, so the room is checked for both.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from actions.config.workload import WorkloadConfig
+from actions.tasks.dataset import PromptRow
 
 MAX_DATASET_BYTES = 1 << 30
 """1 GiB per split: far above prompt sets in use (GSM8K's train split is 4 MB)."""
@@ -75,23 +81,63 @@ def model_context(cfg: WorkloadConfig) -> int | None:
     return None
 
 
+def sequence_limit(cfg: WorkloadConfig) -> tuple[int | None, str, str | None]:
+    """(longest sample, prompt plus response, in tokens; what sets it, for messages; the key
+    that raises it, if any): the model's context (:func:`model_context`), or
+    ``generation.vllm.max_model_len`` where the vLLM engine is set to less. None where neither
+    is known."""
+    context = model_context(cfg)
+    engine = cfg.generation.vllm.max_model_len if cfg.generation.engine == "vllm" else None
+    if engine is not None and (context is None or engine < context):
+        return engine, f"generation.vllm.max_model_len={engine}", "generation.vllm.max_model_len"
+    if not cfg.model.path:
+        return context, f"the model's context of {context} (model.max_positions)", "model.max_positions"
+    return context, f"the model's context of {context} (config.json of model.path {cfg.model.path!r})", None
+
+
+def check_prompt_room(cfg: WorkloadConfig, rows: Sequence[PromptRow], encode: Callable[[str], Sequence[int]],
+                      source: str, *, one_token_per_char: bool = False) -> None:
+    """Refuse a prompt that leaves less than ``generation.max_new_tokens`` of
+    :func:`sequence_limit` (a generated task's: a dataset file's are held to
+    ``data.max_prompt_tokens``, whose default leaves that room). ``one_token_per_char``: the
+    tokenizer makes at most one token of a character (the tiny model's), so a prompt with no
+    more characters than the room is not tokenised.
+
+    Raises:
+        ValueError: the first such prompt, its length, the limit and the fix.
+    """
+    limit, what, key = sequence_limit(cfg)
+    new = cfg.generation.max_new_tokens
+    if limit is None:
+        return
+    for row in rows:
+        if one_token_per_char and len(row.prompt) + new <= limit:
+            continue
+        if (n := len(encode(row.prompt))) + new > limit:
+            raise ValueError(f"{source}: prompt_id {row.prompt_id} has {n} prompt tokens; with "
+                             f"generation.max_new_tokens={new} its samples need {n + new}, above {what}; "
+                             + (f"raise {key}, " if key else "") + "lower generation.max_new_tokens, or set "
+                             "data.max_prompt_tokens with data.long_prompts truncate_left or skip")
+
+
 def default_max_prompt_tokens(cfg: WorkloadConfig) -> int | None:
-    """``data.max_prompt_tokens`` when unset: for user data, the model's context less
-    ``generation.max_new_tokens``; None (no limit) for the generated tasks, whose prompts are
-    short by construction, or a model whose context is unknown.
+    """``data.max_prompt_tokens`` when unset: for user data, :func:`sequence_limit` (the model's
+    context) less ``generation.max_new_tokens``; None (no limit) for the generated tasks, whose
+    prompts are short by construction (:func:`check_prompt_room` checks they leave the room), or
+    a model whose context is unknown.
 
     Raises:
         ValueError: the responses alone fill the context.
     """
     if not cfg.data.train_path:
         return None
-    context = model_context(cfg)
-    if context is None:
+    limit, what, _ = sequence_limit(cfg)
+    if limit is None:
         return None
-    room = context - cfg.generation.max_new_tokens
+    room = limit - cfg.generation.max_new_tokens
     if room < 1:
         raise ValueError(f"generation.max_new_tokens={cfg.generation.max_new_tokens} leaves no room for a prompt in "
-                         f"the model's context of {context} tokens; lower generation.max_new_tokens")
+                         f"{what}; lower generation.max_new_tokens")
     return room
 
 
@@ -101,18 +147,18 @@ def prompt_token_limit(cfg: WorkloadConfig) -> int | None:
 
     Raises:
         ValueError: an explicit ``data.max_prompt_tokens`` whose prompts, with
-            ``generation.max_new_tokens`` of response, would not fit the model's context (a
-            sample would run past the position embeddings), or the default's error.
+            ``generation.max_new_tokens`` of response, would not fit :func:`sequence_limit` (a
+            sample would run past the position embeddings, or vLLM would refuse it), or the
+            default's error.
     """
     limit = cfg.data.max_prompt_tokens
     if limit is None:
         return default_max_prompt_tokens(cfg)
-    context = model_context(cfg)
+    context, what, _ = sequence_limit(cfg)
     new = cfg.generation.max_new_tokens
     if context is not None and limit + new > context:
-        where = "model.max_positions" if not cfg.model.path else f"config.json of model.path {cfg.model.path!r}"
         room = f"at most {context - new}" if context > new else "a smaller value"
         raise ValueError(f"data.max_prompt_tokens={limit} plus generation.max_new_tokens={new} is {limit + new} "
-                         f"tokens, above the model's context of {context} ({where}); lower data.max_prompt_tokens "
-                         f"to {room}, or lower generation.max_new_tokens")
+                         f"tokens, above {what}; lower data.max_prompt_tokens to {room}, or lower "
+                         "generation.max_new_tokens")
     return limit
