@@ -265,14 +265,13 @@ class _Rewarded(_Msg):
     """The weighted reward functions (``WorkloadConfig.reward_functions``)."""
     reward_models: list[RewardModelRef] = []
     step: int = Field(0, ge=0)
-    """RL steps completed before this scoring (``trainer_state.global_step`` is this times
-    ``optimizer_steps_per_step``, ``actions/tasks/rewards/trainer_state.py``)."""
+    """Steps completed before this scoring: RL steps in a ``ScoreRequest`` (its ``algorithm``
+    turns them into the optimizer steps ``trainer_state.global_step`` counts, as TRL does;
+    ``actions/tasks/rewards/trainer_state.py``), optimizer steps already in an
+    ``EvaluateRequest``, which carries no algorithm. Both fields existed before the counting
+    did, so a request stays one that actions of that revision take."""
     max_steps: int = Field(0, ge=0)
-    """The campaign's ``steps`` (``trainer_state.max_steps`` is this times ``optimizer_steps_per_step``)."""
-    optimizer_steps_per_step: int = Field(1, ge=1, exclude_if=lambda n: n == 1)
-    """The policy's optimizer steps per RL step (``AlgorithmConfig.optimizer_steps_per_step``):
-    the reward functions' ``trainer_state`` counts steps as TRL does, in optimizer steps. Left
-    out at 1, as ``temperature`` is (:func:`rollout_temperature`)."""
+    """The campaign's ``steps``, counted as ``step`` is (``trainer_state.max_steps``)."""
 
     @model_validator(mode="after")
     def _check_scored(self) -> _Rewarded:
@@ -489,4 +488,7 @@ def parse_request(model: type[_Msg], args: dict[str, Any]) -> _Msg | dict[str, A
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"]) or "payload"
-        return {"error": f"{model.__name__}.{field}: {err['msg'].lower()} (got {_shown(err)})", "field": field}
+        # An unknown key's value is never quoted: it may be a secret bound as an action's default
+        # parameter, which the container's environment (what ``redact`` scrubs) does not hold.
+        got = "" if err["type"] == "extra_forbidden" else f" (got {_shown(err)})"
+        return {"error": f"{model.__name__}.{field}: {err['msg'].lower()}{got}", "field": field}

@@ -296,6 +296,11 @@ class CampaignConfig(WorkloadConfig):
             data["data"].pop("max_value", None)
         if data["data"].get("eval_fraction") is None:  # and for the held-out share
             data["data"].pop("eval_fraction", None)
+        # PPO used to compute k1 whatever kl_kind said, and its runs recorded the default k3: a
+        # k1 PPO run is recorded as those were, so they resume; PPO's other estimators are new.
+        algo = data["algorithm"]
+        if algo["name"] == "ppo":
+            algo["kl_kind"] = "k3" if algo["kl_kind"] == "k1" else f"ppo-{algo['kl_kind']}"
         for m in data["reward"]["models"]:  # unset and 0 both score the first logit, as runs did before
             if m.get("label") in (None, 0):  # label existed: those keep their fingerprint (a two-label
                 m.pop("label", None)         # model's run resumes with label: 0)

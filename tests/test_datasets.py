@@ -140,6 +140,10 @@ def test_task_sizes_belong_to_the_generated_task_and_fingerprints_stay():
     for cfg in (task, dataset):
         assert CampaignConfig.model_validate(cfg.model_dump(mode="json")).fingerprint() == cfg.fingerprint()
     assert (task.fingerprint(), dataset.fingerprint()) == ("7cd0a181803c", "fd5269a6ddb8")  # the run ids runs carry
+    # PPO computed k1 before kl_kind reached it, and its runs keep their ids; a real k3 is new.
+    ppo = {kind: load_config(None, ["algorithm.name=ppo"] + ([f"algorithm.kl_kind={kind}"] if kind else []))
+           for kind in (None, "k1", "k3")}
+    assert ppo[None].fingerprint() == ppo["k1"].fingerprint() == "d9d0676e25bb" != ppo["k3"].fingerprint()
     with pytest.raises(ValueError, match=r"data.num_eval_prompts=8 sizes the generated task, but data.train_path"):
         load_config(None, ["data.train_path=x.jsonl", "data.num_eval_prompts=8"])
 

@@ -82,9 +82,15 @@ def test_a_refused_payload_carries_no_secret(monkeypatch):
     into every payload: a secret bound there by mistake is scrubbed from the stored result."""
     from actions import warmup
 
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "refusedSecretValue123")
     payload = dict(store_uri="s", base_key="b", init_key="i", dataset_key="d", output_key="o", warmup={},
                    task=None, seed=0)
+    # bound as a default parameter only (wsk action update -p), not in the container's environment
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
     result = warmup.main(payload | {"AWS_SECRET_ACCESS_KEY": "refusedSecretValue123"})
+    assert "refusedSecretValue123" not in str(result), result
+    assert result == {"error": "WarmupRequest.AWS_SECRET_ACCESS_KEY: extra inputs are not permitted",
+                      "field": "AWS_SECRET_ACCESS_KEY"}
+    # a value the container's environment holds is scrubbed wherever a refusal quotes it
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "refusedSecretValue123")
+    result = warmup.main(payload | {"seed": "refusedSecretValue123"})
     assert "refusedSecretValue123" not in str(result) and "[REDACTED]" in result["error"], result
-    assert result["field"]

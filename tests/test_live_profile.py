@@ -286,6 +286,13 @@ def test_a_profile_file_of_another_model_is_planned_with_after_one_warning(tiny_
     for fact in ("device H100-SXM (this campaign: cpu:x)", "engine roofline (this campaign: torch)",
                  "planning with it as given", "rlhfless profile"):
         assert fact in line, line
+    # the same model measured on another engine: the line does not name the model twice
+    from flows.campaign.live_profile import other_model_warning
+
+    other = ProfileIdentity("tiny", "0" * 64, "float32", "cpu:x", "vllm")
+    line = other_model_warning("p.json", TpotProfile.from_dict({**grid.to_dict(), "identity": other.to_dict()}),
+                               None, "torch", "tiny")
+    assert "was measured on another setup than this campaign's: engine vllm (this campaign: torch)" in line, line
 
 
 def test_the_hook_plans_from_the_measured_profile_and_the_store_transfer_model(tiny_config, tmp_path):

@@ -56,14 +56,31 @@ def test_scoring_counts_optimizer_steps_as_trl(tmp_path):
     # the evaluation after the last step: every optimizer step done
     SEEN.clear()
     evaluate = EvaluateRequest(model=model, dataset_key="d", max_new_tokens=4, output_key="e",
-                               rewards=cfg.reward_functions(), step=3, max_steps=3,
-                               optimizer_steps_per_step=cfg.algorithm.optimizer_steps_per_step)
+                               rewards=cfg.reward_functions(), step=6, max_steps=6)  # optimizer steps
     score_completions(evaluate, rows, ["0", "1"], [[1], [2]], str(tmp_path))
     assert SEEN == [(6, 0.0, 6)]
 
 
-def test_the_factor_is_left_out_of_a_request_at_one():
-    model = ModelRef(store_uri="s", base_key="b", policy_key="p", policy_version=0)
-    dumped = EvaluateRequest(model=model, dataset_key="d", max_new_tokens=4, output_key="e",
-                             rewards=load_config(None, []).reward_functions()).model_dump(mode="json")
-    assert "optimizer_steps_per_step" not in dumped  # actions of the revision before it refuse unknown fields
+# The requests' fields in the revision before trainer_state counted optimizer steps.
+OLD_SCORE_FIELDS = {"algorithm", "critic_key", "dataset_key", "max_steps", "output_key", "policy", "reference_key",
+                    "reward_models", "rewards", "rollout_keys", "step", "temperature"}
+OLD_EVALUATE_FIELDS = {"compile_decode", "cuda_graphs", "dataset_key", "engine", "fused_sampling", "kv_cache",
+                       "max_new_tokens", "max_steps", "model", "output_key", "reward_models", "rewards", "step"}
+
+
+def test_score_and_evaluate_requests_keep_the_fields_older_actions_take(tmp_path):
+    """Actions refuse unknown fields: the default campaign's requests (whose factor is 2) carry
+    the step counts in fields that actions of that revision take."""
+    from flows.step.context import RunContext
+    from flows.step.payloads import StepInputs, score_payload
+
+    cfg = _config(tmp_path)
+    assert cfg.algorithm.optimizer_steps_per_step == 2
+    ctx = RunContext(config=cfg, store=None, invoker=None, run_id="t")
+    model = ModelRef(store_uri=str(tmp_path), base_key="b", policy_key="p", policy_version=0)
+    inputs = StepInputs(step=1, epoch=0, prompt_ids=[0], model=model, reference_key="p", train_key="d",
+                        optimizer_key=None, critic_key=None, critic_optimizer_key=None)
+    assert set(score_payload(ctx, inputs, ["r"], "s0")) <= OLD_SCORE_FIELDS
+    evaluate = EvaluateRequest(model=model, dataset_key="d", max_new_tokens=4, output_key="e",
+                               rewards=cfg.reward_functions(), step=2, max_steps=6)
+    assert set(evaluate.model_dump(mode="json")) <= OLD_EVALUATE_FIELDS

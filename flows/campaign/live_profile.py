@@ -144,9 +144,14 @@ def other_model_warning(path: str, profile: TpotProfile, facts: ProfileFacts | N
     differences = profile.identity.differences(here)
     if not differences:
         return None
-    return (f"profile: warning: scaling.profile {path!r} was measured for {profile.identity.model}, not this "
-            f"campaign's {model}: {'; '.join(differences)}; planning with it as given (a what-if); to plan with "
-            "this campaign's speed, measure it with `rlhfless profile` or unset scaling.profile")
+    mine, digests = profile.identity, (profile.identity.model_config_sha256, here.model_config_sha256)
+    # another model when the digests differ, or, where one is not stated, the names do
+    other_model = digests[0] != digests[1] if None not in digests else mine.model != here.model
+    measured = (f"for {mine.model}, not this campaign's {model}" if other_model
+                else "on another setup than this campaign's")
+    return (f"profile: warning: scaling.profile {path!r} was measured {measured}: {'; '.join(differences)}; "
+            "planning with it as given (a what-if); to plan with this campaign's speed, measure it with "
+            "`rlhfless profile` or unset scaling.profile")
 
 
 def _warn_other_model(ctx: RunContext, path: str, profile: TpotProfile, facts: ProfileFacts | None,

@@ -41,9 +41,10 @@ def evaluate(ctx: RunContext, state: CampaignState, clock: StepClock | None = No
     """One held-out evaluation of the state's policy; its busy time is work of ``clock``'s period."""
     req = EvaluateRequest(model=model_ref(ctx, state), dataset_key=state.prepared.eval_key,
                           rewards=ctx.config.reward_functions(),
-                          reward_models=reward_model_refs(ctx.config, ctx.prefix), step=state.step,
-                          max_steps=ctx.config.steps,
-                          optimizer_steps_per_step=ctx.config.algorithm.optimizer_steps_per_step,
+                          reward_models=reward_model_refs(ctx.config, ctx.prefix),
+                          # an evaluation request carries no algorithm: its counts are optimizer steps
+                          step=state.step * ctx.config.algorithm.optimizer_steps_per_step,
+                          max_steps=ctx.config.steps * ctx.config.algorithm.optimizer_steps_per_step,
                           max_new_tokens=ctx.config.generation.max_new_tokens,
                           **DecodeSettings.of(ctx.config.generation).model_dump(), output_key=f"{ctx.prefix}/evals/v{state.policy_version:06d}.json")
     out = invoke_action(action="evaluate", payload=req.model_dump(mode="json"), shard=f"eval-v{state.policy_version}")

@@ -45,6 +45,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from actions.config.quoting import quote
+
 TpotFn = Callable[[int, float], float]
 
 
@@ -339,9 +341,8 @@ _REQUIRED = ("batch_sizes", "contexts", "seconds", "prefill_tokens_per_s")
 
 
 def _shown(value: Any) -> str:
-    """A value from a file, quoted short for an error line."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    """A value from a file, quoted short for an error line (never built whole: a long list)."""
+    return quote(value, 80)
 
 
 def _is_number(value: Any) -> bool:

@@ -324,13 +324,8 @@ def plot_paths(plot: str, traces: Sequence[str]) -> list[Path]:
     if len(traces) == 1:
         paths = [path]
     else:
-        seen: dict[str, int] = {}
-        paths = []
-        for trace in traces:
-            stem = Path(trace).stem
-            seen[stem] = seen.get(stem, 0) + 1
-            tag = stem if seen[stem] == 1 else f"{stem}-{seen[stem]}"
-            paths.append(folder / f"{path.stem}-{tag}{path.suffix}")
+        tags = unique_names([Path(trace).stem for trace in traces], "-")
+        paths = [folder / f"{path.stem}-{tag}{path.suffix}" for tag in tags]
     for p in paths:
         if p.is_dir():
             raise ValueError(f"--plot {plot!r}: {str(p)!r} is a directory; pass a file path")
@@ -340,12 +335,26 @@ def plot_paths(plot: str, traces: Sequence[str]) -> list[Path]:
 def report_keys(traces: Sequence[str]) -> list[str]:
     """The JSON report's key of each trace: its path, with ``#2``, ``#3``... on a path given
     again, so every report is kept."""
-    seen: dict[str, int] = {}
-    keys = []
-    for trace in traces:
-        seen[trace] = seen.get(trace, 0) + 1
-        keys.append(trace if seen[trace] == 1 else f"{trace}#{seen[trace]}")
-    return keys
+    return unique_names(list(traces), "#")
+
+
+def unique_names(names: list[str], sep: str) -> list[str]:
+    """``names`` made distinct: a name already taken gets ``sep`` and the first free number
+    from 2 (so ``a``, ``a-2``, ``a`` give ``a``, ``a-2``, ``a-3``).
+
+    >>> unique_names(["a", "a-2", "a"], "-")
+    ['a', 'a-2', 'a-3']
+    """
+    taken: set[str] = set()
+    out = []
+    for name in names:
+        new, n = name, 1
+        while new in taken:
+            n += 1
+            new = f"{name}{sep}{n}"
+        taken.add(new)
+        out.append(new)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:

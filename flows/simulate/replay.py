@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Mapping
 
+from actions.config.quoting import quote
 from flows.planning.lengths import LengthHistory, predict_lengths, rank_correlation
 from flows.planning.plan import GenerationPlan
 from flows.planning.planner import PhaseInputs
@@ -104,11 +105,11 @@ def _parse_line(text: str, where: str) -> tuple[int, int, PromptRow, int | None]
 
 
 def _short(value: object) -> str:
-    """A trace value quoted short for an error line (a 400-digit integer is not echoed whole)."""
+    """A trace value quoted short for an error line (a 400-digit integer is not echoed whole,
+    and says how long it is)."""
     if _count(value) and abs(value) >= 10**30:
         return f"{str(value)[:12]}... ({len(str(value))} digits)"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return quote(value, 60)
 
 
 def read_trace(path: str | Path) -> list[TraceStep]:

@@ -71,7 +71,6 @@ def score_payload(ctx: RunContext, inputs: StepInputs, rollout_keys: list[str], 
         policy=inputs.model, reference_key=inputs.reference_key, critic_key=inputs.critic_key,
         dataset_key=inputs.train_key, rollout_keys=rollout_keys, rewards=ctx.config.reward_functions(),
         reward_models=reward_model_refs(ctx.config, ctx.prefix), step=inputs.step, max_steps=ctx.config.steps,
-        optimizer_steps_per_step=ctx.config.algorithm.optimizer_steps_per_step,
         algorithm=ctx.config.algorithm, temperature=ctx.config.generation.temperature,
         output_key=f"{step_prefix(ctx, inputs.step)}/scored/{shard}/manifest.json",
     ).model_dump(mode="json")

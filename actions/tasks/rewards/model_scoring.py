@@ -105,8 +105,9 @@ def score_completions(req: Any, rows: Sequence[Any], texts: Sequence[str], compl
     from actions.tasks.rewards import compute_rewards, reward_inputs
     from actions.tasks.rewards.trainer_state import make_trainer_state
 
+    algorithm = getattr(req, "algorithm", None)  # a ScoreRequest's; an evaluation counts optimizer steps already
     state = make_trainer_state(step=req.step, epoch=epoch, max_steps=req.max_steps,
-                               optimizer_steps_per_step=req.optimizer_steps_per_step)
+                               optimizer_steps_per_step=algorithm.optimizer_steps_per_step if algorithm else 1)
     models = None
     if req.reward_models:
         prompts, completions, _ = reward_inputs(rows, texts)
