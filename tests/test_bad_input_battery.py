@@ -573,7 +573,7 @@ CASES: dict[str, Case] = {
         ["train", "--set", "store.uri={done}", "--run-id", "done"], ("'done'", "pass --resume")),
     "cli resume with changed config": Case(
         ["train", "--set", "store.uri={done}", "--run-id", "done", "--resume", "--set", "algorithm.lr=0.1"],
-        ("different configuration", "algorithm", "new run_id")),
+        ("different configuration", "settings differ: algorithm.lr", "new run_id")),
     "cli simulate trace missing": Case(["simulate", "--trace", "{tmp}/none.jsonl"], ("--trace", "none.jsonl", "not a file")),
     "cli simulate bad trace line": Case(
         ["simulate", "--trace", "{tmp}/t.jsonl"], ("t.jsonl:1", "'epoch'"), setup=_write("t.jsonl", '{"step": 0}\n')),

@@ -49,3 +49,15 @@ def test_a_mid_run_failure_is_one_line_naming_the_resume_and_resume_continues(tm
                              timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert (tmp_path / "out" / "summary.json").is_file()
+
+
+def test_resume_of_a_run_the_store_does_not_hold_says_it_starts_it(tmp_path, capsys):
+    """--resume on a run with no committed step is not refused (a scheduled run's first night),
+    but says so: a mistyped run id or store would otherwise start a new run silently."""
+    from flows.commands.cli import _preflight
+    from flows.config import load_config
+
+    cfg = load_config(None, [f"store.uri={tmp_path / 'store'}", "run_id=nightly"])
+    lease = _preflight(cfg, tmp_path / "out", tmp_path / "out" / "summary.json", resume=True, break_lease=False)
+    lease.release()
+    assert "note: --resume: the store holds no committed step of run 'nightly'; starting it" in capsys.readouterr().err

@@ -223,12 +223,26 @@ def check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: bo
             "or set run_id to start a new run"
         )
     if existing.fingerprint != cfg.fingerprint():
-        now = cfg.identity()
-        diff = sorted(k for k in set(now) | set(existing.identity) if now.get(k) != existing.identity.get(k))
+        diff = differing_keys(existing.identity, cfg.identity())
+        shown = ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
         raise CampaignRefused(
             f"refusing to resume run {existing.run_id!r}: it was made with a different configuration "
-            f"(sections differ: {', '.join(diff)}); use the original config or a new run_id"
+            f"(settings differ: {shown}); use the original config or a new run_id"
         )
+
+
+def differing_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two identities (a list compared whole).
+
+    >>> differing_keys({"algorithm": {"lr": 1, "kl": "k3"}, "seed": 0}, {"algorithm": {"lr": 2, "kl": "k3"}, "seed": 0})
+    ['algorithm.lr']
+    """
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return [prefix or "(the whole configuration)"] if old != new else []
+    out: list[str] = []
+    for key in sorted(set(old) | set(new)):
+        out += differing_keys(old.get(key), new.get(key), f"{prefix}.{key}" if prefix else str(key))
+    return out
 
 
 def commit_state(store: ObjectStore, state: CampaignState) -> str:

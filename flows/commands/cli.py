@@ -142,7 +142,10 @@ def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool,
         raise UsageError(f"--summary {str(summary_path)!r} is a directory; pass a file path")
     from flows.campaign.state import check_resume, load_state  # no Prefect import: a refusal stays fast
 
-    check_resume(load_state(store, run_id), cfg, resume)
+    existing = load_state(store, run_id)
+    check_resume(existing, cfg, resume)
+    if resume and existing is None:  # not an error (a scheduled run's first night), but worth a line
+        print(f"note: --resume: the store holds no committed step of run {run_id!r}; starting it", file=sys.stderr)
     from flows.campaign.preflight import check_campaign
 
     check_campaign(cfg)  # the flow's own checks, the same list (the invoker's last: OpenWhisk is one request)
