@@ -61,6 +61,9 @@ class Activation:
     worker: str = ""
     gpus: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
+    shard: str = ""
+    """The flow's name for this activation (``gen-3``, ``cont-0``, ``score-gen-0``), set by
+    the step's invoke task (``flows/step/invoke.py``); empty where no flow named it."""
 
     @property
     def queue_s(self) -> float:

@@ -40,12 +40,15 @@ class StepOutcome:
     score: tuple[ScoreResult, ...]
     train: TrainStepResult
     records: tuple[Activation, ...]
+    """Each action's successful activation, in collection order (``Activation.shard`` names it)."""
     num_continuations: int
     timing: dict[str, float]
     """Seconds per phase: prefill, generate, score, train, and the whole step."""
     prewarm: dict[str, float] = field(default_factory=dict)
     call_offsets: dict[str, float] = field(default_factory=dict)
     """Action -> its earliest submission, seconds from the step's start (the next pre-warm)."""
+    continued_from: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Continuation shard -> the generation shards whose cut samples it finished."""
 
 
 @flow(name="rlhf-step", log_prints=False, validate_parameters=False)
@@ -84,7 +87,8 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> StepOutcome:
         offsets[r.action] = min(offsets.get(r.action, float("inf")), r.submitted_at - clock.started)
     return StepOutcome(
         prefill=prefill, generate=tuple(generated), score=tuple(scored), train=train, records=tuple(records),
-        num_continuations=drain.num_continuations, prewarm=prewarm.report(), call_offsets=offsets, timing=timing)
+        num_continuations=drain.num_continuations, prewarm=prewarm.report(), call_offsets=offsets, timing=timing,
+        continued_from=dict(drain.continued_from))
 
 
 def _collect(returned: Returned, records: list[Activation]) -> Any:

@@ -15,7 +15,7 @@ oversubscribing it. Only the activation holds the slots, never a retry's back-of
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from prefect import task
@@ -82,4 +82,4 @@ def invoke_action(action: str, payload: dict[str, Any], shard: str) -> Returned:
     payload = {**payload, **ctx.faults.control(action, shard).to_payload()}  # empty unless faults.* are set
     with gpu_slots(action, ctx.config):
         activation = ctx.invoker.invoke(action, payload, timeout_s=ctx.config.invoker.timeout_s)
-    return Returned(parse_result(action, activation.result, RESULTS.get(action)), activation)
+    return Returned(parse_result(action, activation.result, RESULTS.get(action)), replace(activation, shard=shard))

@@ -156,7 +156,7 @@ def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_acto
         # the step's work: activations' busy time on the critical path plus the flow's own
         # planning and bookkeeping; the campaign measures the step's period around it and
         # records ``timing_s/overhead`` = period - work (flows/campaign/overhead.py)
-        timing_key("work"): _critical_busy(records) + timing_plan + timing_commit,
+        timing_key("work"): _critical_busy(records, out.continued_from) + timing_plan + timing_commit,
     }
     for part in (engine_metrics([g.engine_events for g in gens]), step_spec_metrics(g.spec for g in gens),
                  reward_function_metrics([s.reward_metrics for s in out.score]), out.train.metrics):
@@ -265,10 +265,29 @@ def _error_stats(errors: list[float]) -> dict[str, Any]:
             "p90_abs_relative_error": magnitudes[min(len(magnitudes) - 1, math.ceil(0.9 * len(magnitudes)) - 1)]}
 
 
-def _critical_busy(records: Sequence[Activation]) -> float:
-    """Busy time on the critical path: prefill, the longest generate chain, the last score,
-    and train (a lower bound of the step's unavoidable compute)."""
+def _critical_busy(records: Sequence[Activation], continued_from: Mapping[str, Sequence[str]]) -> float:
+    """Busy seconds on the critical path: prefill, the longest generate chain, the last score,
+    and train (a lower bound of the step's unavoidable compute).
+
+    A generate chain is an action and the continuation that finished its cut samples, which
+    starts only once they returned: the continuation's busy time plus the longest chain among
+    its sources (``continued_from``: continuation shard -> source shards, by
+    ``Activation.shard``). Other actions count their busiest activation.
+
+    >>> from flows.invokers.base import Activation
+    >>> def a(action, shard, busy):
+    ...     return Activation(action, shard, {}, 0.0, 0.0, busy, busy, shard=shard)
+    >>> runs = [a("prefill", "prefill", 0.2), a("generate", "gen-0", 1.0), a("generate", "gen-1", 0.8),
+    ...         a("generate", "cont-0", 0.6), a("score", "score-gen-0", 0.3), a("train_step", "train", 0.5)]
+    >>> round(_critical_busy(runs, {"cont-0": ("gen-0",)}), 6)  # 0.2 + (1.0 + 0.6) + 0.3 + 0.5
+    2.6
+    """
+    busy = {r.shard: r.busy_s for r in records if r.action == "generate" and r.shard}
+
+    def chain(shard: str, own: float) -> float:
+        return own + max((chain(s, busy[s]) for s in continued_from.get(shard, ()) if s in busy), default=0.0)
+
     by_action: dict[str, list[float]] = {}
     for r in records:
-        by_action.setdefault(r.action, []).append(r.busy_s)
+        by_action.setdefault(r.action, []).append(chain(r.shard, r.busy_s) if r.action == "generate" else r.busy_s)
     return sum(max(v) for v in by_action.values())
