@@ -35,6 +35,7 @@ ACTORS_MIGRATED = "actors/migrated"
 BILLED = "cost/billed_gpu_seconds"
 USEFUL = "cost/gpu_seconds"
 USD = "cost/usd"
+FAILED_BILLED = "cost/failed_billed_gpu_seconds"
 PREDICTED_GENERATE = "plan/predicted_generate_s"
 REWARD_LOGGED = "reward_fn/"
 """Prefix of what the reward functions passed to ``log_metric`` (``reward_fn/<name>``)."""
@@ -102,11 +103,45 @@ def billing(invoker_kind: str) -> dict[str, str]:
     return {"unit": unit, "meaning": meaning}
 
 
+def cost_metrics(records: Sequence[Activation], failed: Sequence[Activation], *, gpus_per_actor: int,
+                 price: float) -> dict[str, float]:
+    """A step's ``cost/*`` metrics from its successful activations (``records``) and the
+    attempts that failed and were retried (``failed``), in the unit of ``billing``.
+
+    Billed counts both, as a platform charges for a crashed or killed activation; useful (busy)
+    time counts only the successful ones. ``cost/failed_billed_gpu_seconds`` is the failed
+    attempts' share of billed, so ``cost/idle_fraction`` = (billed - useful) / billed splits
+    into failures and idle time in live containers. ``cost/generate_billed_actor_s``: the
+    generation actions' billed seconds, failed attempts included, not times ``gpus_per_actor``.
+
+    >>> from flows.invokers.base import Activation
+    >>> ok = Activation("generate", "a", {}, 0.0, 0.0, 1.0, 0.75)  # billed 1.0, busy 0.75
+    >>> killed = Activation("generate", "b", {}, 0.0, 0.0, 2.0, 0.0)  # killed after 2 s
+    >>> m = cost_metrics([ok], [killed], gpus_per_actor=2, price=0.5)
+    >>> m["cost/billed_gpu_seconds"], m["cost/gpu_seconds"], m["cost/failed_billed_gpu_seconds"], m["cost/usd"]
+    (6.0, 1.5, 4.0, 3.0)
+    >>> m["cost/generate_billed_actor_s"], m["cost/failed_attempts"], m["cost/idle_fraction"]
+    (3.0, 1.0, 0.75)
+    """
+    billed_ok = sum(r.billed_s for r in records) * gpus_per_actor
+    billed_failed = sum(r.billed_s for r in failed) * gpus_per_actor
+    billed, useful = billed_ok + billed_failed, sum(r.busy_s for r in records) * gpus_per_actor
+    return {
+        USEFUL: useful,
+        BILLED: billed,
+        USD: billed * price,
+        FAILED_BILLED: billed_failed,
+        "cost/failed_attempts": float(len(failed)),
+        "cost/idle_fraction": fraction(billed - useful, billed),
+        # generation actions alone (continuations included): what ranked assignment with early
+        # release and cut-and-migrate reduce
+        "cost/generate_billed_actor_s": sum(r.billed_s for r in [*records, *failed] if r.action == "generate"),
+    }
+
+
 def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_actor: int,
                  timing_plan: float, timing_commit: float) -> dict[str, float]:
     records = out.records
-    billed = sum(r.billed_s for r in records) * gpus_per_actor
-    useful = sum(r.busy_s for r in records) * gpus_per_actor
     gens = out.generate
     primary = [g for g in gens if g.kind == "first"]  # not continuations
     samples = [s for g in gens for s in g.samples if s.finish_reason != "cut"]
@@ -124,13 +159,7 @@ def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_acto
         prefill_done += out.prefill.tokens_computed
     m = {
         **{timing_key(k): float(v) for k, v in timing.items()},
-        USEFUL: useful,
-        BILLED: billed,
-        USD: billed * price,
-        "cost/idle_fraction": fraction(billed - useful, billed),
-        # generation actions alone (continuations included): what ranked assignment with early
-        # release and cut-and-migrate reduce
-        "cost/generate_billed_actor_s": sum(r.billed_s for r in gen_records),
+        **cost_metrics(records, out.failed, gpus_per_actor=gpus_per_actor, price=price),
         ACTORS_N: float(phase.plan.num_actors),
         "actors/cut": float(sum(1 for g in primary if g.num_cut)),
         ACTORS_MIGRATED: float(sum(g.num_cut for g in gens)),
@@ -214,9 +243,10 @@ def finished_lengths(out: StepOutcome) -> dict[int, tuple[int, ...]]:
 
 
 def step_record(out: StepOutcome, phase: PhasePlan, *, step: int, epoch: int, metrics: dict[str, float]) -> StepRecord:
-    """The typed record of one step, with its output ``metrics`` (:func:`step_metrics`)."""
+    """The typed record of one step, with its output ``metrics`` (:func:`step_metrics`).
+    Its ``billed_s`` counts the failed attempts too (what the platform charged per action)."""
     billed: dict[str, float] = {}
-    for r in out.records:
+    for r in [*out.records, *out.failed]:
         billed[r.action] = billed.get(r.action, 0.0) + r.billed_s
     observed = PhaseObservation(
         num_actors=phase.plan.num_actors, generate_s=float(out.timing["generate"]),
