@@ -56,10 +56,11 @@ def test_fanout_one_and_three_produce_the_same_training_data(tiny_config, prefec
 def test_scores_can_wait_for_the_end_of_generation(tiny_config, prefect_harness, monkeypatch):
     import flows.campaign.advance as campaign
 
-    records, metrics = [], campaign.step_metrics
+    records, chains, metrics = [], [], campaign.step_metrics
 
     def keep(out, *args, **kwargs):  # the step's activation records reach only the metrics
         records.append(out.records)
+        chains.append(out.continued_from)
         return metrics(out, *args, **kwargs)
 
     monkeypatch.setattr(campaign, "step_metrics", keep)
@@ -75,6 +76,9 @@ def test_scores_can_wait_for_the_end_of_generation(tiny_config, prefect_harness,
     # after generation, rollouts (continuations included) share one score activation where
     # the actions share the processors (flows/planning/score_batches.py); overlapping, one each
     assert len(scores) == 1 and len(gens) > 3  # a continuation ran: four rollouts, one score
+    # timing_s/work follows it from the actions whose cut samples it finished (their shards)
+    shards = {r.shard for r in gens}
+    assert chains[1] and all(c in shards and set(src) <= shards - set(chains[1]) for c, src in chains[1].items())
     assert len([r for r in records[0] if r.action == "score"]) == len(
         [r for r in records[0] if r.action == "generate"])
     # only the order and the packing changed: the same weights

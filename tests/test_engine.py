@@ -100,6 +100,24 @@ def test_prefix_bundle_path_matches_plain_prefill(setup):
     assert {k: v.tokens for k, v in a.items()} == {k: v.tokens for k, v in b.items()}
 
 
+def test_a_bundle_of_another_version_is_refused_after_a_warm_load(setup, tmp_path):
+    """The version check holds on a warm-cache hit too: a container that loaded a bundle for
+    version 3 refuses it when asked for version 4, on every call."""
+    from actions.engines.kv_bundle import load_bundle, publish_bundle
+    from actions.store import LocalStore
+
+    _, _, engine, specs = setup
+    states, _ = engine.prefill([specs[0].prompt_tokens[:8]])
+    store = LocalStore(tmp_path / "store")
+    key = "runs/r/kv/000001/manifest.json"
+    publish_bundle(store, key, states, policy_version=3)
+    assert list(load_bundle(store, key, 3)) == [specs[0].prompt_tokens[:8]]  # now warm
+    for _ in range(2):
+        with pytest.raises(ValueError, match="policy version 3, not 4"):
+            load_bundle(store, key, 4)
+    assert list(load_bundle(store, key, 3)) == [specs[0].prompt_tokens[:8]]
+
+
 def test_prompt_equal_to_a_cached_prefix_beside_prompts_that_extend_it(setup):
     """One prompt is exactly the bundle's prefix, others extend it: both kinds in one call."""
     _, _, engine, specs = setup

@@ -108,6 +108,15 @@ def test_kills_failures_and_latency_on_the_pool_change_nothing_but_time(
     assert exits == [-signal.SIGKILL] * len(hits["kill"])
     delayed = [c for c in calls if c.latency_s and c.error is None]
     assert delayed and all(c.busy_s >= c.latency_s for c in delayed)
+    # The failed attempts are billed (a platform charges for them), each killed one for the
+    # kill_after_s it ran, and none of it is useful time.
+    steps = faulty["steps"]
+    spent = [a.billed_s for c in failed for a in c.error.failed_attempts]
+    assert len(spent) == len(failed) == sum(s["cost/failed_attempts"] for s in steps)
+    failed_billed = [s["cost/failed_billed_gpu_seconds"] for s in steps]
+    assert sum(failed_billed) == pytest.approx(sum(spent) * cfg.scaling.gpus_per_actor)
+    assert all(a.billed_s >= 0.2 for c in failed if c.fault == "kill" for a in c.error.failed_attempts)
+    assert all(s["cost/billed_gpu_seconds"] - f >= s["cost/gpu_seconds"] for s, f in zip(steps, failed_billed))
 
 
 def test_fault_draws_are_deterministic_exclusive_and_first_attempt_only(tiny_config):

@@ -275,6 +275,28 @@ def test_orphans_are_swept_on_both_backends_and_listed_blobs_never(backend_store
     _assert_store_consistent(store)  # every blob of both runs' manifests is still there
 
 
+def test_orphan_drafts_go_with_gc_once_old_and_referenced_ones_never(backend_store) -> None:
+    """A crash between a commit and the deletion of the drafts it replaced leaves draft objects
+    the committed ``draft_index`` does not point to; ``rlhfless gc`` deletes them once older
+    than the grace period, never a referenced one, nor those of another run."""
+    from flows.campaign.drafts import drafts_key
+
+    store = backend_store
+    latest = _fake_run(store, "r", 3, shared=b"s").model_copy(update={"step": 4, "draft_index": {"0": 1, "1": 2}})
+    commit_state(store, latest)
+    for run, step in (("r", 1), ("r", 2), ("r", 0), ("r", 77), ("other", 0)):
+        store.put(drafts_key(f"runs/{run}", step), b'{"step": 0, "responses": {}}')
+    assert collect_garbage(store, latest, Retention(keep_last=2)).orphan_drafts == 0  # not after a commit
+    assert collect_garbage(store, latest, Retention(keep_last=2), orphan_grace_s=3600).orphan_drafts == 0  # young
+    dry = collect_garbage(store, latest, Retention(keep_last=2), orphan_grace_s=0, dry_run=True)
+    assert (dry.orphan_drafts, dry.orphan_draft_bytes) == (2, 2 * len(b'{"step": 0, "responses": {}}'))
+    time.sleep(1.1)  # S3's LastModified has whole seconds
+    report = collect_garbage(store, load_state(store, "r"), Retention(keep_last=2), orphan_grace_s=0)
+    assert report.orphan_drafts == 2
+    assert store.list("runs/r/drafts/") == [drafts_key("runs/r", 1), drafts_key("runs/r", 2)]
+    assert store.list("runs/other/drafts/") == [drafts_key("runs/other", 0)]
+
+
 @pytest.mark.s3
 def test_folder_markers_in_the_bucket_are_left_alone_by_collections(s3_store) -> None:
     """Consoles, rclone and s3fs create empty "folder" objects whose keys end in '/': no store

@@ -352,14 +352,33 @@ def test_runtime_refusals_fail_at_once_and_keep_the_container(ow_emulator: OpenW
 
 def test_developer_error_is_retried_once_in_place(ow_emulator: OpenWhiskEmulator, invoker: OpenWhiskInvoker):
     ow_emulator.developer_error(1)
-    assert invoker.invoke("probe", {"echo": 5}).result["echo"] == 5
+    done = invoker.invoke("probe", {"echo": 5})
+    assert done.result["echo"] == 5
     assert invoker.client.stats["developer_retry"] == 1
+    # the failed activation is billed too: its record comes with the one that succeeded
+    [retried] = done.failed_attempts
+    assert retried.activation_id != done.activation_id and retried.result == {}
+    assert retried.billed_s == invoker.client.get_activation(retried.activation_id)["duration"] / 1000
     ow_emulator.developer_error(5)
     before = ow_emulator.num_invokes
     with pytest.raises(ActionError, match="developer error: The action did not initialize") as info:
         invoker.invoke("probe", {"echo": 6})
     assert info.value.transient
     assert ow_emulator.num_invokes - before == 1 + FAST.developer_error_retries
+    assert len(info.value.failed_attempts) == 1 + FAST.developer_error_retries
+
+
+def test_a_crashed_activation_is_billed_for_its_duration(invoker: OpenWhiskInvoker):
+    """A crash that ran 0.3 s before raising: OpenWhisk bills its duration, and the error
+    carries that accounting (``ActionError.failed_attempts``) for the step's billed time."""
+    with pytest.raises(ActionError) as info:
+        invoker.invoke("probe", {"sleep_s": 0.3, "raise": "S3 endpoint unreachable",
+                                 "raise_type": "ConnectionRefusedError"})
+    [spent] = info.value.failed_attempts
+    record = invoker.client.get_activation(info.value.activation_id)
+    assert spent.activation_id == info.value.activation_id and spent.action == "probe"
+    assert spent.billed_s == pytest.approx(record["duration"] / 1000) and spent.billed_s >= 0.3
+    assert spent.gpus == 2  # the action's annotation, as for a successful activation
 
 
 def test_time_limit_is_a_non_transient_developer_error(client: OpenWhiskClient, invoker: OpenWhiskInvoker):
@@ -383,6 +402,7 @@ def test_lost_activation_is_invoked_again_a_bounded_number_of_times(
     with pytest.raises(ActionError, match="accepted but never recorded") as info:
         invoker.invoke("probe", {"echo": "gone"})
     assert info.value.transient
+    assert info.value.failed_attempts == ()  # never recorded: nothing known to bill
     assert ow_emulator.num_invokes == 1 + 2 + 1 + FAST.lost_retries
 
 

@@ -32,6 +32,7 @@ def test_cut_samples_within_the_window_share_one_continuation_before_the_score()
     assert d.on_return(ReturnedShard("gen-2", "r2", None, 0.0), 0.6) == []  # nothing finished: no score
     assert d.on_return(ReturnedShard("cont-0", "rc", None, 4.0), 0.9) == [SubmitScore("cont-0", ("rc",))]
     assert d.finished and d.num_continuations == 1 and d.final_scores() == []
+    assert d.continued_from == {"cont-0": ("gen-0", "gen-1")}  # the chains timing_s/work follows
 
 
 def test_a_window_that_times_out_submits_on_the_empty_return():

@@ -141,6 +141,35 @@ def test_ragged_acceptance_is_exercised_and_saves_forwards(setup):
     assert s["forwards_saved"] == ps.decode_steps - stats.decode_steps
 
 
+def test_draft_len_counts_the_columns_verified_not_the_k_chosen(setup, monkeypatch):
+    """History drafts of 3 tokens under a fixed k of 6: each speculative forward verifies at
+    most 3 columns, and ``draft_len_sum`` adds what each verified (its width - 1), as the
+    static path does, not the 6 chosen."""
+    static, specs = setup
+    engine = TorchEngine(static.model, eos_id=static.eos_ids, pad_id=static.pad_id, kv_cache="dynamic")
+    plain, _ = engine.generate(specs, PARAMS)
+    hist = {o.prompt_id: [list(o.tokens[:3])] for o in plain}
+    spec = Speculation(history=hist, fixed=("history", 6))
+    _, static_stats = static.generate(specs, PARAMS, speculation=spec)
+    widths: list[int] = []
+    forward = engine.model.forward
+
+    def spy(*args, **kwargs):
+        width = kwargs["input_ids"].shape[1]
+        if 1 < width <= 1 + 6:  # a verification (prefill forwards are the prompts, far wider)
+            widths.append(width - 1)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine.model, "forward", spy)
+    out, stats = engine.generate(specs, PARAMS, speculation=spec)
+    assert _key(out) == _key(plain)
+    s = stats.spec
+    assert s["spec_rounds"] == len(widths) > 0 and max(widths) <= 3, (s, widths)
+    assert s["draft_len_sum"] == sum(widths)
+    assert (s["spec_rounds"], s["draft_len_sum"]) == (static_stats.spec["spec_rounds"],
+                                                      static_stats.spec["draft_len_sum"])
+
+
 @pytest.mark.parametrize("cut_after", [1, 9])
 def test_cut_mid_round_carries_exactly_the_accepted_tokens(setup, cut_after):
     engine, specs = setup

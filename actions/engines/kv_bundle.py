@@ -31,7 +31,13 @@ def load_bundle(store: ObjectStore, key: str, policy_version: int,
                 device: torch.device | None = None) -> dict[tuple[int, ...], PrefixState]:
     """Prefix tokens -> state, its tensors on ``device`` (default: the host). Cached while the
     container stays warm, so a GPU action copies a bundle to its device once, not per call.
-    Refuses a bundle computed with other weights."""
+
+    Raises:
+        ValueError: the bundle was computed with another policy version than
+            ``policy_version`` (on every call: the cache is keyed by the version asked for,
+            so a hit is a bundle already checked against it).
+        IntegrityError: the bundle's meta does not describe its tensors.
+    """
     def build():
         tensors, meta = load_tensors(store, key)
         if meta.get("policy_version") != policy_version:
@@ -47,7 +53,7 @@ def load_bundle(store: ObjectStore, key: str, policy_version: int,
             out[tuple(toks)] = PrefixState(tuple(toks), kv, tensors[f"p{i}.logits"])
         return out
 
-    return warm.get_or_build(("kv", store.uri, key, str(device)), build)[0]
+    return warm.get_or_build(("kv", store.uri, key, str(device), policy_version), build)[0]
 
 
 def _check_meta(key: str, meta: dict, tensors: dict[str, torch.Tensor]) -> tuple[list[list[int]], int]:

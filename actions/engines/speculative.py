@@ -89,7 +89,7 @@ class SpecStats:
     spec_rounds: int = 0
     proposed: int = 0
     accepted: int = 0
-    draft_len_sum: int = 0  # sum of k over speculative rounds
+    draft_len_sum: int = 0  # sum over speculative rounds of the longest draft verified (width - 1)
     rounds_by_strategy: dict[str, int] = field(default_factory=dict)
     accepted_by_strategy: dict[str, int] = field(default_factory=dict)
     proposed_by_strategy: dict[str, int] = field(default_factory=dict)
@@ -446,9 +446,11 @@ def _verify(logits: torch.Tensor, drafts: list[list[int]], rows: list[int], keys
 
 def _count_round(sstats: SpecStats, choice: Choice, drafts: list[list[int]], accepted: list[int],
                  kinds: list[str | None]) -> None:
-    """Round counters by the round's main strategy; token counters by each row's strategy."""
+    """Round counters by the round's main strategy; token counters by each row's strategy.
+    ``draft_len_sum`` grows by the longest draft verified (the round's width - 1), not by the
+    chosen k: drafts shorter than k, and the probe rounds' k, verify fewer columns."""
     sstats.spec_rounds += 1
-    sstats.draft_len_sum += choice.k
+    sstats.draft_len_sum += max((len(d) for d in drafts), default=0)
     label = choice.strategy or "off"
     sstats.rounds_by_strategy[label] = sstats.rounds_by_strategy.get(label, 0) + 1
     for d, a, kind in zip(drafts, accepted, kinds):

@@ -10,9 +10,11 @@ After a commit, and on demand (``rlhfless gc``), under the run's lease:
 4. delete the candidates nothing marks, then the garbage manifests, then the other garbage;
 5. remove the temporary files of killed writes older than an hour (local store);
 6. ``rlhfless gc`` only (``orphan_grace_s``): delete the orphan blobs, those no manifest in the
-   store lists, last modified more than a day ago (a publish that died before its manifest).
+   store lists, last modified more than a day ago (a publish that died before its manifest),
+   and the run's orphan draft objects, those its committed ``draft_index`` does not point to,
+   as old (a crash between a commit and the deletion of the drafts it stopped pointing to).
 
-Steps 5 and 6 are store-wide, not this run's: their rules and grace periods, and the
+Step 5 and the orphan blobs are store-wide, not this run's: their rules and grace periods, and the
 assumptions that keep a writer in flight safe, are in ``flows/planning/leftovers.py``. The orphan
 sweep runs on demand rather than after every commit: it lists every blob of the store and reads
 every manifest, each time, to find what only a crash leaves; and although its grace period
@@ -54,6 +56,7 @@ from actions.store import (
     read_manifest,
     transfer_threads,
 )
+from flows.campaign.drafts import drafts_key
 from flows.campaign.state import CampaignState, load_state_at
 from flows.planning.leftovers import TEMP_GRACE_S, plan_orphans
 from flows.planning.retention import GcPlan, Retention, VersionKeys, needed_commits, plan_collection
@@ -67,7 +70,8 @@ class GcReport:
     """What one collection did. ``freed_bytes`` counts the deleted blobs' sizes (from the
     manifests); ``seconds`` is wall time; ``deleted_temporaries`` / ``temporary_bytes`` the
     killed writes' temporary files removed, ``orphan_blobs`` / ``orphan_bytes`` the orphan
-    blobs deleted (``rlhfless gc`` only). With ``dry_run``, what would be."""
+    blobs deleted and ``orphan_drafts`` / ``orphan_draft_bytes`` the run's orphan draft objects
+    (both ``rlhfless gc`` only). With ``dry_run``, what would be."""
 
     run_id: str
     versions_kept: list[int]
@@ -79,6 +83,8 @@ class GcReport:
     temporary_bytes: int = 0
     orphan_blobs: int = 0
     orphan_bytes: int = 0
+    orphan_drafts: int = 0
+    orphan_draft_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -137,8 +143,9 @@ def collect_garbage(store: ObjectStore, latest: CampaignState, retention: Retent
             committed checkpoints (``latest.checkpoints``) are kept whatever it says.
         lease: the run's :class:`flows.campaign.lease.RunLease`; checked before anything is deleted.
         dry_run: plan and count only.
-        orphan_grace_s: also delete the orphan blobs last modified more than this many seconds
-            ago (``flows/planning/leftovers.py``: it must be long against a publish); None: none.
+        orphan_grace_s: also delete the orphan blobs, and the run's orphan draft objects
+            (:func:`sweep_orphan_drafts`), last modified more than this many seconds ago
+            (``flows/planning/leftovers.py``: it must be long against a publish); None: none.
         temporaries: also remove the store's stale temporary files (a walk of the whole store).
     """
     t0 = time.time()
@@ -154,9 +161,12 @@ def collect_garbage(store: ObjectStore, latest: CampaignState, retention: Retent
         _delete_all(store, [k for k in plan.delete if not k.endswith("manifest.json")])
     remove = getattr(store, "remove_stale_temporaries", None) if temporaries else None  # S3 leaves none
     swept = remove(t0 - TEMP_GRACE_S, dry_run=dry_run) if remove is not None else (0, 0)
-    orphans = sweep_orphans(store, t0, orphan_grace_s, dry_run=dry_run) if orphan_grace_s is not None else (0, 0)
+    orphans = drafts = (0, 0)
+    if orphan_grace_s is not None:
+        orphans = sweep_orphans(store, t0, orphan_grace_s, dry_run=dry_run)
+        drafts = sweep_orphan_drafts(store, latest, t0, orphan_grace_s, dry_run=dry_run)
     return GcReport(latest.run_id, list(plan.versions), len(plan.delete), len(blobs), freed, time.time() - t0,
-                    *swept, *orphans)
+                    *swept, *orphans, *drafts)
 
 
 def _garbage_blobs(store: ObjectStore, listing: list[str], garbage: set[str]) -> tuple[list[str], int]:
@@ -213,6 +223,35 @@ def sweep_orphans(store: ObjectStore, now: float, grace_s: float, *, dry_run: bo
     deleted = [d for d, gone in zip(orphans, map_bounded(delete, orphans, transfer_threads(store, len(orphans))))
                if gone]
     return len(deleted), sum(blobs[d][1] for d in deleted)
+
+
+def sweep_orphan_drafts(store: ObjectStore, latest: CampaignState, now: float, grace_s: float, *,
+                        dry_run: bool = False) -> tuple[int, int]:
+    """Delete the run's draft objects (``runs/<run>/drafts/<step>.json``,
+    ``flows/campaign/drafts.py``) that ``latest.draft_index`` does not point to and that were
+    last modified more than ``grace_s`` seconds before ``now``.
+
+    The campaign deletes the drafts a commit stops pointing to right after that commit; a crash
+    in between leaves them for good (a resume starts from the new index, and nothing lists
+    ``drafts/`` again), and so does a step that wrote its drafts and died before its commit
+    (its replay rewrites the same object, so deleting it is safe too). Called under the run's
+    lease, so no campaign of the run writes drafts meanwhile; the grace period is the orphan
+    blobs' all the same, the one rule for what a crash leaves.
+
+    Returns:
+        (objects deleted, their bytes); with ``dry_run`` those that would be. A backend that
+        cannot tell ages (no ``list_stats``) is not swept: (0, 0).
+    """
+    list_stats = getattr(store, "list_stats", None)
+    if list_stats is None:
+        return 0, 0
+    prefix = f"runs/{latest.run_id}"
+    listing = {k: v for k, v in list_stats(f"{prefix}/drafts/").items() if k.endswith(".json")}
+    referenced = {drafts_key(prefix, s) for s in latest.draft_index.values()}
+    stale = plan_orphans(listing, referenced, now, grace_s)
+    if not dry_run:
+        _delete_all(store, stale)
+    return len(stale), sum(listing[k][1] for k in stale)
 
 
 _KILL_LOCK = threading.Lock()

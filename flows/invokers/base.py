@@ -11,6 +11,11 @@ returns an :class:`Activation`: the action's result plus the accounting the flow
 * ``ChildProcessInvoker`` -- one child process per activation on this machine (``prepare``
   when the other actions run on a cluster that cannot read this machine's files).
 
+Billing: a platform charges for an activation that crashed, was killed or returned an error,
+so every failure carries the accounting of the attempts it consumed
+(``ActionError.failed_attempts``, ``Activation.failed_attempts``): the step bills them and counts
+none of them as useful work.
+
 Errors: an action that rejects its payload returns ``{"error": ...}``; the invoker raises
 :class:`ActionError` with ``transient=False`` (retrying cannot help). An action that raises is
 classified where it ran (``actions.runtime.errors``): connection refused/reset, timeouts, a
@@ -30,14 +35,22 @@ from actions.contracts import DecodeSettings
 
 
 class ActionError(RuntimeError):
-    """An activation that did not produce a result."""
+    """An activation that did not produce a result.
 
-    def __init__(self, action: str, message: str, *, transient: bool, activation_id: str = "") -> None:
+    ``failed_attempts``: the accounting of the activations this failure consumed, as far as
+    the invoker knows it (a platform bills them though they gave no result): one for a crash,
+    an error or a killed worker; none where no activation ran or nothing of it is known (a
+    refused request; an OpenWhisk activation never recorded, or still running at the deadline).
+    """
+
+    def __init__(self, action: str, message: str, *, transient: bool, activation_id: str = "",
+                 failed_attempts: tuple[Activation, ...] = ()) -> None:
         super().__init__(f"action {action} failed: {message}")
         self.action = action
         self.message = message
         self.transient = transient
         self.activation_id = activation_id
+        self.failed_attempts = failed_attempts
 
 
 @dataclass
@@ -61,6 +74,12 @@ class Activation:
     worker: str = ""
     gpus: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
+    shard: str = ""
+    """The flow's name for this activation (``gen-3``, ``cont-0``, ``score-gen-0``), set by
+    the step's invoke task (``flows/step/invoke.py``); empty where no flow named it."""
+    failed_attempts: tuple[Activation, ...] = ()
+    """Attempts the invoker retried itself before this one (OpenWhisk's developer errors
+    retried in place): billed, without a result."""
 
     @property
     def queue_s(self) -> float:

@@ -35,6 +35,13 @@ class ChildProcessInvoker:
 
     def invoke(self, action: str, payload: dict[str, Any], *, timeout_s: float | None = None) -> Activation:
         started = time.time()
+        activation_id = uuid.uuid4().hex
+
+        def spent(result: dict[str, Any]) -> Activation:  # the child's accounting, failed or not
+            ended = time.time()
+            return Activation(action=action, activation_id=activation_id, result=result, submitted_at=started,
+                              started_at=started, ended_at=ended, busy_s=ended - started, worker="child", gpus=0)
+
         with tempfile.TemporaryDirectory(prefix="rlhfless-oneshot-") as tmp, \
                 (self.log_path.open("ab") if self.log_path else contextlib.nullcontext(sys.stderr)) as log:
             out = Path(tmp) / "result.json"
@@ -44,20 +51,21 @@ class ChildProcessInvoker:
                                       timeout=timeout_s, check=False)
             except subprocess.TimeoutExpired:
                 raise ActionError(action, f"the child process ran past {timeout_s:.0f} s (invoker.timeout_s)",
-                                  transient=False) from None
+                                  transient=False, failed_attempts=(spent({}),)) from None
             record = json.loads(out.read_text()) if out.is_file() else None
-        ended = time.time()
+        activation = spent({})
         if record is None:
             raise ActionError(action, f"the child process exited with status {proc.returncode} before it wrote "
-                              "a result", transient=True)
+                              "a result", transient=True, failed_attempts=(activation,))
         if "crash" in record:
             crash = record["crash"]
-            raise ActionError(action, crash_text(crash), transient=bool(crash.get("transient")))
+            raise ActionError(action, crash_text(crash), transient=bool(crash.get("transient")),
+                              failed_attempts=(activation,))
         result = record["result"]
         if "error" in result:
-            raise ActionError(action, str(result["error"]), transient=False)
-        return Activation(action=action, activation_id=uuid.uuid4().hex, result=result, submitted_at=started,
-                          started_at=started, ended_at=ended, busy_s=ended - started, worker="child", gpus=0)
+            raise ActionError(action, str(result["error"]), transient=False, failed_attempts=(activation,))
+        activation.result = result
+        return activation
 
     def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None,
                 decode: DecodeSettings = DecodeSettings()) -> int:

@@ -13,6 +13,7 @@ import json
 import threading
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from actions.contracts import DecodeSettings
@@ -33,6 +34,13 @@ class InProcessInvoker:
     def invoke(self, action: str, payload: dict[str, Any], *, timeout_s: float | None = None) -> Activation:
         wire = json.loads(json.dumps(payload))
         submitted = time.time()
+        activation_id = uuid.uuid4().hex
+
+        def spent(result: dict[str, Any]) -> Activation:
+            ended = time.time()
+            return Activation(action=action, activation_id=activation_id, result=result, submitted_at=submitted,
+                              started_at=started, ended_at=ended, busy_s=ended - started, worker="inprocess")
+
         with self._lock:
             started = time.time()
             self.calls.append((action, wire))
@@ -40,13 +48,14 @@ class InProcessInvoker:
                 result = importlib.import_module(f"actions.{action}").main({**wire, **Control(threads=self.num_cores).to_payload()})
             except Exception as exc:  # a crashed action, classified as the runtime server does
                 crash = describe_crash(exc)
-                raise ActionError(action, crash_text(crash), transient=crash["transient"]) from exc
-            ended = time.time()
-        result = json.loads(json.dumps(result))
-        if "error" in result:
-            raise ActionError(action, str(result["error"]), transient=False)
-        return Activation(action=action, activation_id=uuid.uuid4().hex, result=result, submitted_at=submitted,
-                          started_at=started, ended_at=ended, busy_s=ended - started, worker="inprocess")
+                raise ActionError(action, crash_text(crash), transient=crash["transient"],
+                                  activation_id=activation_id, failed_attempts=(spent({}),)) from exc
+            activation = spent(result)
+        activation.result = json.loads(json.dumps(result))
+        if "error" in activation.result:
+            raise ActionError(action, str(activation.result["error"]), transient=False, activation_id=activation_id,
+                              failed_attempts=(replace(activation, result={}),))
+        return activation
 
     def prewarm(self, action: str, count: int, *, model: dict[str, Any] | None = None,
                 decode: DecodeSettings = DecodeSettings()) -> int:

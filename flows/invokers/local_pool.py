@@ -229,6 +229,9 @@ class LocalPoolInvoker:
                 resp = self._post(worker, "/run", body, timeout_s or self.timeout_s)
             result = resp.json()
         except (httpx.TransportError, ValueError, UnauthenticatedReply) as exc:
+            # the worker was held (and a platform would bill it) until the activation was lost
+            lost = Activation(action=action, activation_id=activation_id, result={}, submitted_at=submitted,
+                              started_at=started, ended_at=time.time(), busy_s=0.0, worker=worker.name)
             try:  # a dead worker's socket closes as it exits: give the exit a moment to be reaped
                 worker.proc.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
@@ -238,7 +241,8 @@ class LocalPoolInvoker:
             why = "a reply without its MAC: another process answers on its port" \
                 if isinstance(exc, UnauthenticatedReply) else type(exc).__name__
             raise ActionError(action, f"worker {worker.name} was lost mid-activation ({how}; {why}); "
-                              f"worker log {worker.log_path}", transient=True, activation_id=activation_id) from None
+                              f"worker log {worker.log_path}", transient=True, activation_id=activation_id,
+                              failed_attempts=(lost,)) from None
         worker.num_runs += 1
         worker.warm[action] = held_policy(action, payload, result) if isinstance(result, dict) else None
         meta = take_activation(result) if isinstance(result, dict) else {}
@@ -246,28 +250,30 @@ class LocalPoolInvoker:
         _note_engine(worker, meta, request_policy(payload) if ok and engine else None)
         self._idle.put(worker)
         ended = time.time()
+        activation = Activation(action=action, activation_id=activation_id, result={}, submitted_at=submitted,
+                                started_at=started, ended_at=ended, busy_s=float(meta.get("busy_s", ended - started)),
+                                cold=bool(meta.get("cold", False)), worker=worker.name,
+                                extra={"pid": meta.get("pid"), "image": meta.get("image")})
         if not isinstance(result, dict):
             raise ActionError(action, f"non-JSON-object result {one_line(repr(result), 200)}; worker log {worker.log_path}",
-                              transient=False, activation_id=activation_id)
+                              transient=False, activation_id=activation_id, failed_attempts=(activation,))
         if resp.status_code != 200 or "error" in result:
-            raise self._failure(action, resp.status_code, result.get("error"), worker, activation_id)
-        return Activation(action=action, activation_id=activation_id, result=result, submitted_at=submitted,
-                          started_at=started, ended_at=ended, busy_s=float(meta.get("busy_s", ended - started)),
-                          cold=bool(meta.get("cold", False)), worker=worker.name,
-                          extra={"pid": meta.get("pid"), "image": meta.get("image")})
+            raise self._failure(action, resp.status_code, result.get("error"), worker, activation)
+        activation.result = result
+        return activation
 
     @staticmethod
-    def _failure(action: str, status: int, error: Any, worker: _Worker, activation_id: str) -> ActionError:
-        """One line: what failed, how (crash type and message, or the refusal), and the log."""
+    def _failure(action: str, status: int, error: Any, worker: _Worker, spent: Activation) -> ActionError:
+        """One line: what failed, how (crash type and message, or the refusal), and the log;
+        ``spent`` is the failed activation's accounting."""
         where = f"worker log {worker.log_path}"
+        ids = {"activation_id": spent.activation_id, "failed_attempts": (spent,)}
         if isinstance(error, dict):  # a crash the worker classified (actions.runtime.errors)
-            return ActionError(action, f"{crash_text(error)}; {where}", transient=bool(error.get("transient")),
-                               activation_id=activation_id)
+            return ActionError(action, f"{crash_text(error)}; {where}", transient=bool(error.get("transient")), **ids)
         text = one_line(str(error)) if error is not None else "(no error message)"
         if status == 200:  # the action refused its input: an application error
-            return ActionError(action, text, transient=False, activation_id=activation_id)
-        return ActionError(action, f"HTTP {status}: {text}; {where}", transient=status in TRANSIENT_STATUS,
-                           activation_id=activation_id)
+            return ActionError(action, text, transient=False, **ids)
+        return ActionError(action, f"HTTP {status}: {text}; {where}", transient=status in TRANSIENT_STATUS, **ids)
 
     def _replace(self, worker: _Worker) -> None:
         self._retire(worker)

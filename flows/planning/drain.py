@@ -112,6 +112,10 @@ class GenerationDrain:
         self.overlap_scoring = overlap_scoring
         self.score_bins = score_bins
         self.num_continuations = 0
+        self.continued_from: dict[str, tuple[str, ...]] = {}
+        """Continuation shard -> the shards whose cut samples it finishes, in return order
+        (a step's generate chains: ``flows/step/metrics.py``)."""
+        self._cut_in: dict[str, str] = {}  # partial key -> the shard that returned it
         self._to_score: dict[str, tuple[str, float]] = {}  # shard -> (rollout key, work)
 
     @property
@@ -127,6 +131,7 @@ class GenerationDrain:
         if returned is not None:
             self.pending.discard(returned.shard)
             if returned.partial_key:
+                self._cut_in[returned.partial_key] = returned.shard
                 self.window.add([returned.partial_key], now)
         out: list[Submit] = []
         if self.window.due(now, cuttable_pending=bool(self.pending & self.cuttable)):
@@ -134,7 +139,9 @@ class GenerationDrain:
             self.num_continuations += 1
             self.submitted.append(name)
             self.pending.add(name)
-            out.append(SubmitContinuation(name, tuple(self.window.take())))
+            keys = tuple(self.window.take())
+            self.continued_from[name] = tuple(self._cut_in[k] for k in keys)
+            out.append(SubmitContinuation(name, keys))
         if returned is not None and returned.score_work > 0:
             if self.overlap_scoring:
                 out.append(SubmitScore(returned.shard, (returned.rollout_key,)))

@@ -1,6 +1,6 @@
 """What garbage collection removes beside a run's old versions, and when (pure planning).
 
-The retention plan (``retention.py``) deletes only blobs that a garbage manifest lists. Two
+The retention plan (``retention.py``) deletes only blobs that a garbage manifest lists. Three
 kinds of leftover escape it, and ``flows/campaign/collect.py`` removes them once they are older
 than a grace period:
 
@@ -10,6 +10,10 @@ than a grace period:
   (``infra/minio/lifecycle.json``, docs/storage.md section 6). Removed by every collection.
 * **orphan blobs**: uploaded by a publish that died before its manifest was written, so no
   manifest ever listed them. Removed by ``rlhfless gc`` only.
+* **orphan draft objects** of the collected run (``runs/<run>/drafts/<step>.json``) that its
+  committed ``draft_index`` does not point to: a crash between a commit and the deletion of
+  the drafts it replaced, or before the commit of a step that wrote its own. Removed by
+  ``rlhfless gc`` only, under the run's lease, with the orphan blobs' grace period.
 
 The grace periods, and why:
 
@@ -42,7 +46,8 @@ ORPHAN_GRACE_S = 24 * 3600.0
 def plan_orphans(blobs: Mapping[str, tuple[float, int]], referenced: Iterable[str], now: float,
                  grace_s: float) -> list[str]:
     """The orphan blobs to delete: those no manifest lists and last modified more than
-    ``grace_s`` seconds before ``now``.
+    ``grace_s`` seconds before ``now``. The same rule picks a run's orphan draft objects, keyed
+    by their store keys (``flows/campaign/collect.py: sweep_orphan_drafts``).
 
     Args:
         blobs: sha256 digest -> (modification time in epoch seconds, size in bytes), every blob

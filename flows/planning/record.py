@@ -21,7 +21,8 @@ class PhaseObservation:
     num_actors: int
     """Generation actions the plan ran (its fan-out)."""
     generate_s: float
-    """Measured: the generation actions' phase."""
+    """Measured: the generation actions' phase, wall time (a failed attempt and its retry's
+    back-off are in it, as they delayed the phase)."""
     prefill_s: float
     """Measured: the prefill phase (a few ms of flow time where no prefill action ran)."""
     ran_prefill: bool
@@ -61,7 +62,8 @@ class StepRecord:
     timing_s: Mapping[str, float] = field(default_factory=dict)
     """Seconds per phase: plan, prefill, generate, score, train, commit, step."""
     billed_s: Mapping[str, float] = field(default_factory=dict)
-    """Action -> billed seconds of its activations."""
+    """Action -> billed seconds of its activations, failed and retried attempts included
+    (what the platform charged; the planner reads none of it)."""
     call_offsets: Mapping[str, float] = field(default_factory=dict)
     """Action -> its earliest submission, seconds from the step's start (the next pre-warm)."""
     spec: tuple[Mapping[str, Any] | None, ...] = ()

@@ -37,7 +37,8 @@ def step_spec_metrics(reports: Iterable[Mapping[str, Any] | None]) -> dict[str, 
     """Per-step ``spec/*`` metrics from the generate results' ``spec`` fields (None: plain).
 
     ``spec/accept_rate``: accepted / proposed draft tokens; ``spec/mean_accepted``: accepted
-    tokens per row verification; ``spec/draft_len``: mean k of speculative rounds;
+    tokens per row verification; ``spec/draft_len``: mean draft width verified per speculative
+    round (its longest draft, the forward's width - 1);
     ``spec/strategy/<name>``: share of decode rounds per strategy (``off``: plain rounds);
     ``spec/forwards_saved``: decode forwards plain decoding would have run, minus those run;
     ``spec/decode_speedup``: the module docstring's speed-up (1.0 without speculation).

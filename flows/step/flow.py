@@ -23,7 +23,7 @@ from flows.invokers.base import Activation
 from flows.planning.drain import GenerationDrain, ReturnedShard, SubmitContinuation, SubmitScore
 from flows.planning.planner import PhasePlan
 from flows.step.context import RunContext, current
-from flows.step.invoke import Returned, invoke_action
+from flows.step.invoke import Returned, failed_attempts, invoke_action
 from flows.step.payloads import StepInputs, generate_payload, prefill_payload, score_payload, train_payload
 from flows.step.prewarmer import PhasePrewarmer
 from flows.step.timing import PhaseClock
@@ -40,18 +40,31 @@ class StepOutcome:
     score: tuple[ScoreResult, ...]
     train: TrainStepResult
     records: tuple[Activation, ...]
+    """Each action's successful activation, in collection order (``Activation.shard`` names it)."""
+    failed: tuple[Activation, ...]
+    """The attempts that failed and were retried (a killed worker, a transient crash, an
+    OpenWhisk developer error retried in place), as far as the invoker knows them
+    (``ActionError.failed_attempts``): billed by the platform, not useful work."""
     num_continuations: int
     timing: dict[str, float]
     """Seconds per phase: prefill, generate, score, train, and the whole step."""
     prewarm: dict[str, float] = field(default_factory=dict)
     call_offsets: dict[str, float] = field(default_factory=dict)
-    """Action -> its earliest submission, seconds from the step's start (the next pre-warm)."""
+    """Action -> its earliest submission, failed attempts included, seconds from the step's
+    start (the next pre-warm)."""
+    continued_from: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Continuation shard -> the generation shards whose cut samples it finished."""
 
 
 @flow(name="rlhf-step", log_prints=False, validate_parameters=False)
 def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> StepOutcome:
-    """Run one step on ``inputs`` following ``phase`` (the planner's plan)."""
-    ctx = current()
+    """Run one step on ``inputs`` following ``phase`` (the planner's plan). The attempts that
+    failed on the way and were retried come back beside the results (``StepOutcome.failed``)."""
+    with failed_attempts() as failed:
+        return _run(current(), inputs, phase, failed)
+
+
+def _run(ctx: RunContext, inputs: StepInputs, phase: PhasePlan, failed: list[Activation]) -> StepOutcome:
     clock = PhaseClock()
     records: list[Activation] = []
     with clock.phase("prefill"):
@@ -80,11 +93,12 @@ def rlhf_step(inputs: StepInputs, phase: PhasePlan) -> StepOutcome:
                                        payload=train_payload(ctx, inputs, [s.scored_key for s in scored])), records)
     timing = clock.timing()
     offsets: dict[str, float] = {}
-    for r in records:
+    for r in [*records, *failed]:  # every task has returned: ``failed`` is complete
         offsets[r.action] = min(offsets.get(r.action, float("inf")), r.submitted_at - clock.started)
     return StepOutcome(
         prefill=prefill, generate=tuple(generated), score=tuple(scored), train=train, records=tuple(records),
-        num_continuations=drain.num_continuations, prewarm=prewarm.report(), call_offsets=offsets, timing=timing)
+        num_continuations=drain.num_continuations, prewarm=prewarm.report(), call_offsets=offsets, timing=timing,
+        continued_from=dict(drain.continued_from), failed=tuple(failed))
 
 
 def _collect(returned: Returned, records: list[Activation]) -> Any:

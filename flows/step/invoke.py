@@ -10,12 +10,20 @@ and a retry would start a second copy beside it.
 GPU actions hold slots of an optional Prefect global concurrency limit while they run
 (``invoker.gpu_concurrency_limit``), so several campaigns share one GPU pool without
 oversubscribing it. Only the activation holds the slots, never a retry's back-off.
+
+A platform bills a failed attempt as it bills a successful one, but a retry leaves only the
+last attempt's result to the caller: each failed attempt's accounting, as its invoker knew it
+(``ActionError.failed_attempts``, and ``Activation.failed_attempts`` for attempts retried inside
+the invoker), goes to the list of the enclosing :func:`failed_attempts` (the step's).
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import threading
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from prefect import task
@@ -64,6 +72,31 @@ def _transient_only(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
+_FAILED: ContextVar[list[Activation] | None] = ContextVar("rlhfless_failed_attempts", default=None)
+_FAILED_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def failed_attempts() -> Iterator[list[Activation]]:
+    """Collect into the list it yields the failed attempts of every action invoked in this
+    context: by the caller and by the tasks it submits (Prefect runs a submitted task in a copy
+    of the submitter's context, which holds the same list). Outside one, they are not kept
+    (set-up, evaluations: no step bills them)."""
+    attempts: list[Activation] = []
+    token = _FAILED.set(attempts)
+    try:
+        yield attempts
+    finally:
+        _FAILED.reset(token)
+
+
+def _note_failed(attempts: Sequence[Activation], shard: str) -> None:
+    collected = _FAILED.get()
+    if collected is not None and attempts:
+        with _FAILED_LOCK:
+            collected.extend(replace(a, shard=shard) for a in attempts)
+
+
 @dataclass(frozen=True)
 class Returned(Generic[R]):
     """One action's validated result (its contract in ``actions/contracts.py``) and
@@ -80,6 +113,11 @@ def invoke_action(action: str, payload: dict[str, Any], shard: str) -> Returned:
     (``contracts.parse_result``: a result that does not fit fails the task, not a later read)."""
     ctx = current()
     payload = {**payload, **ctx.faults.control(action, shard).to_payload()}  # empty unless faults.* are set
-    with gpu_slots(action, ctx.config):
-        activation = ctx.invoker.invoke(action, payload, timeout_s=ctx.config.invoker.timeout_s)
-    return Returned(parse_result(action, activation.result, RESULTS.get(action)), activation)
+    try:
+        with gpu_slots(action, ctx.config):
+            activation = ctx.invoker.invoke(action, payload, timeout_s=ctx.config.invoker.timeout_s)
+    except ActionError as exc:
+        _note_failed(exc.failed_attempts, shard)  # billed, whether or not a retry follows
+        raise
+    _note_failed(activation.failed_attempts, shard)
+    return Returned(parse_result(action, activation.result, RESULTS.get(action)), replace(activation, shard=shard))

@@ -35,6 +35,7 @@ ACTORS_MIGRATED = "actors/migrated"
 BILLED = "cost/billed_gpu_seconds"
 USEFUL = "cost/gpu_seconds"
 USD = "cost/usd"
+FAILED_BILLED = "cost/failed_billed_gpu_seconds"
 PREDICTED_GENERATE = "plan/predicted_generate_s"
 REWARD_LOGGED = "reward_fn/"
 """Prefix of what the reward functions passed to ``log_metric`` (``reward_fn/<name>``)."""
@@ -102,11 +103,45 @@ def billing(invoker_kind: str) -> dict[str, str]:
     return {"unit": unit, "meaning": meaning}
 
 
+def cost_metrics(records: Sequence[Activation], failed: Sequence[Activation], *, gpus_per_actor: int,
+                 price: float) -> dict[str, float]:
+    """A step's ``cost/*`` metrics from its successful activations (``records``) and the
+    attempts that failed and were retried (``failed``), in the unit of ``billing``.
+
+    Billed counts both, as a platform charges for a crashed or killed activation; useful (busy)
+    time counts only the successful ones. ``cost/failed_billed_gpu_seconds`` is the failed
+    attempts' share of billed, so ``cost/idle_fraction`` = (billed - useful) / billed splits
+    into failures and idle time in live containers. ``cost/generate_billed_actor_s``: the
+    generation actions' billed seconds, failed attempts included, not times ``gpus_per_actor``.
+
+    >>> from flows.invokers.base import Activation
+    >>> ok = Activation("generate", "a", {}, 0.0, 0.0, 1.0, 0.75)  # billed 1.0, busy 0.75
+    >>> killed = Activation("generate", "b", {}, 0.0, 0.0, 2.0, 0.0)  # killed after 2 s
+    >>> m = cost_metrics([ok], [killed], gpus_per_actor=2, price=0.5)
+    >>> m["cost/billed_gpu_seconds"], m["cost/gpu_seconds"], m["cost/failed_billed_gpu_seconds"], m["cost/usd"]
+    (6.0, 1.5, 4.0, 3.0)
+    >>> m["cost/generate_billed_actor_s"], m["cost/failed_attempts"], m["cost/idle_fraction"]
+    (3.0, 1.0, 0.75)
+    """
+    billed_ok = sum(r.billed_s for r in records) * gpus_per_actor
+    billed_failed = sum(r.billed_s for r in failed) * gpus_per_actor
+    billed, useful = billed_ok + billed_failed, sum(r.busy_s for r in records) * gpus_per_actor
+    return {
+        USEFUL: useful,
+        BILLED: billed,
+        USD: billed * price,
+        FAILED_BILLED: billed_failed,
+        "cost/failed_attempts": float(len(failed)),
+        "cost/idle_fraction": fraction(billed - useful, billed),
+        # generation actions alone (continuations included): what ranked assignment with early
+        # release and cut-and-migrate reduce
+        "cost/generate_billed_actor_s": sum(r.billed_s for r in [*records, *failed] if r.action == "generate"),
+    }
+
+
 def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_actor: int,
                  timing_plan: float, timing_commit: float) -> dict[str, float]:
     records = out.records
-    billed = sum(r.billed_s for r in records) * gpus_per_actor
-    useful = sum(r.busy_s for r in records) * gpus_per_actor
     gens = out.generate
     primary = [g for g in gens if g.kind == "first"]  # not continuations
     samples = [s for g in gens for s in g.samples if s.finish_reason != "cut"]
@@ -124,13 +159,7 @@ def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_acto
         prefill_done += out.prefill.tokens_computed
     m = {
         **{timing_key(k): float(v) for k, v in timing.items()},
-        USEFUL: useful,
-        BILLED: billed,
-        USD: billed * price,
-        "cost/idle_fraction": fraction(billed - useful, billed),
-        # generation actions alone (continuations included): what ranked assignment with early
-        # release and cut-and-migrate reduce
-        "cost/generate_billed_actor_s": sum(r.billed_s for r in gen_records),
+        **cost_metrics(records, out.failed, gpus_per_actor=gpus_per_actor, price=price),
         ACTORS_N: float(phase.plan.num_actors),
         "actors/cut": float(sum(1 for g in primary if g.num_cut)),
         ACTORS_MIGRATED: float(sum(g.num_cut for g in gens)),
@@ -156,7 +185,7 @@ def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_acto
         # the step's work: activations' busy time on the critical path plus the flow's own
         # planning and bookkeeping; the campaign measures the step's period around it and
         # records ``timing_s/overhead`` = period - work (flows/campaign/overhead.py)
-        timing_key("work"): _critical_busy(records) + timing_plan + timing_commit,
+        timing_key("work"): _critical_busy(records, out.continued_from) + timing_plan + timing_commit,
     }
     for part in (engine_metrics([g.engine_events for g in gens]), step_spec_metrics(g.spec for g in gens),
                  reward_function_metrics([s.reward_metrics for s in out.score]), out.train.metrics):
@@ -214,9 +243,10 @@ def finished_lengths(out: StepOutcome) -> dict[int, tuple[int, ...]]:
 
 
 def step_record(out: StepOutcome, phase: PhasePlan, *, step: int, epoch: int, metrics: dict[str, float]) -> StepRecord:
-    """The typed record of one step, with its output ``metrics`` (:func:`step_metrics`)."""
+    """The typed record of one step, with its output ``metrics`` (:func:`step_metrics`).
+    Its ``billed_s`` counts the failed attempts too (what the platform charged per action)."""
     billed: dict[str, float] = {}
-    for r in out.records:
+    for r in [*out.records, *out.failed]:
         billed[r.action] = billed.get(r.action, 0.0) + r.billed_s
     observed = PhaseObservation(
         num_actors=phase.plan.num_actors, generate_s=float(out.timing["generate"]),
@@ -265,10 +295,29 @@ def _error_stats(errors: list[float]) -> dict[str, Any]:
             "p90_abs_relative_error": magnitudes[min(len(magnitudes) - 1, math.ceil(0.9 * len(magnitudes)) - 1)]}
 
 
-def _critical_busy(records: Sequence[Activation]) -> float:
-    """Busy time on the critical path: prefill, the longest generate chain, the last score,
-    and train (a lower bound of the step's unavoidable compute)."""
+def _critical_busy(records: Sequence[Activation], continued_from: Mapping[str, Sequence[str]]) -> float:
+    """Busy seconds on the critical path: prefill, the longest generate chain, the last score,
+    and train (a lower bound of the step's unavoidable compute).
+
+    A generate chain is an action and the continuation that finished its cut samples, which
+    starts only once they returned: the continuation's busy time plus the longest chain among
+    its sources (``continued_from``: continuation shard -> source shards, by
+    ``Activation.shard``). Other actions count their busiest activation.
+
+    >>> from flows.invokers.base import Activation
+    >>> def a(action, shard, busy):
+    ...     return Activation(action, shard, {}, 0.0, 0.0, busy, busy, shard=shard)
+    >>> runs = [a("prefill", "prefill", 0.2), a("generate", "gen-0", 1.0), a("generate", "gen-1", 0.8),
+    ...         a("generate", "cont-0", 0.6), a("score", "score-gen-0", 0.3), a("train_step", "train", 0.5)]
+    >>> round(_critical_busy(runs, {"cont-0": ("gen-0",)}), 6)  # 0.2 + (1.0 + 0.6) + 0.3 + 0.5
+    2.6
+    """
+    busy = {r.shard: r.busy_s for r in records if r.action == "generate" and r.shard}
+
+    def chain(shard: str, own: float) -> float:
+        return own + max((chain(s, busy[s]) for s in continued_from.get(shard, ()) if s in busy), default=0.0)
+
     by_action: dict[str, list[float]] = {}
     for r in records:
-        by_action.setdefault(r.action, []).append(r.busy_s)
+        by_action.setdefault(r.action, []).append(chain(r.shard, r.busy_s) if r.action == "generate" else r.busy_s)
     return sum(max(v) for v in by_action.values())

@@ -205,6 +205,7 @@ class OpenWhiskClient:
         blocking: bool = True,
         timeout_s: float | None = None,
         idempotent: bool | None = None,
+        failed: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """Run an action and wait for its activation record.
 
@@ -218,6 +219,10 @@ class OpenWhiskClient:
                 An activation still running at the deadline is left to run and reported, never
                 invoked again (:func:`still_running`).
             idempotent: override ``RetryPolicy.idempotent`` for this call.
+            failed: where to append the record of every activation that failed on the way
+                (retried in place, or the one raised), for billing: OpenWhisk charges their
+                ``duration``. An activation that was lost (never recorded) or outlived the
+                deadline has no record, and adds nothing.
 
         Returns:
             The successful activation record (``response.status == "success"``).
@@ -236,17 +241,15 @@ class OpenWhiskClient:
                 num_lost += 1
                 self._api.count("lost")
                 if not idem or num_lost > self.retry.lost_retries:
-                    raise ActionError(
-                        name,
-                        f"activation {activation_id} was accepted but never recorded ({num_lost} lost in a row)",
-                        transient=True,
-                        activation_id=activation_id,
-                    )
+                    raise ActionError(name, f"activation {activation_id} was accepted but never recorded "
+                                      f"({num_lost} lost in a row)", transient=True, activation_id=activation_id)
                 log.warning("invoke %s: activation %s lost; invoking again", name, activation_id)
                 continue
             failure, retry_in_place = classify_activation(name, record)
             if failure is None:
                 return record
+            if failed is not None:
+                failed.append(record)
             can_retry = idem and num_dev_retries < self.retry.developer_error_retries
             if retry_in_place and can_retry and (deadline is None or self._clock() < deadline):
                 num_dev_retries += 1

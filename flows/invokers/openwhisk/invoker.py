@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from actions.contracts import DecodeSettings
@@ -71,6 +72,14 @@ def activation_from_record(
     )
 
 
+def failed_activations(action: str, records: list[dict[str, Any]],
+                       action_record: Mapping[str, Any] | None = None) -> tuple[Activation, ...]:
+    """The accounting of failed activations from their records (``duration``: what OpenWhisk
+    bills), without their results. Only what was recorded: a lost activation, or one still
+    running at the deadline, is billed by OpenWhisk but unknown here."""
+    return tuple(replace(activation_from_record(action, r, action_record), result={}) for r in records)
+
+
 ENGINE_HOSTS = {"evaluate": "generate"}
 """Action -> the action whose containers run it when it uses the vLLM engine. OpenWhisk picks
 the container of an activation among its own action's, so an evaluation sent to ``evaluate``
@@ -95,7 +104,9 @@ class OpenWhiskInvoker:
     an activation still running at the deadline fails its step and is not invoked again.
     ``prewarm("generate", n)`` fires ``n`` concurrent ``{"__prewarm": true}`` activations, which
     the runtime server answers before importing the action, so ``n`` containers start. A vLLM
-    evaluation runs in the ``generate`` action's containers (``ENGINE_HOSTS``).
+    evaluation runs in the ``generate`` action's containers (``ENGINE_HOSTS``). Failed
+    activations come back with their accounting for billing (``failed_activations``): on the
+    error raised, and on the activation that a retry in place then gave.
     """
 
     sees_local_files = False
@@ -142,15 +153,20 @@ class OpenWhiskInvoker:
             payload = {**payload, **Control(action=action).to_payload()}
         name = self.qualified_name(host)
         timeout_s = timeout_s or self.timeout_s
+        failed: list[dict[str, Any]] = []  # the records of failed activations: billed
+        meta: Mapping[str, Any] = {}
         try:
             meta = self.client.describe_action(name)
             self._check_timeout(name, meta, timeout_s)
-            record = self.client.invoke(name, payload, timeout_s=timeout_s)
+            record = self.client.invoke(name, payload, timeout_s=timeout_s, failed=failed)
         except OpenWhiskError as exc:
-            raise ActionError(action, str(exc), transient=exc.transient) from exc
+            raise ActionError(action, str(exc), transient=exc.transient,
+                              failed_attempts=failed_activations(action, failed, meta)) from exc
         except ActionError as exc:  # raised under the qualified name; report the logical one
-            raise ActionError(action, exc.message, transient=exc.transient, activation_id=exc.activation_id) from exc
-        return activation_from_record(action, record, meta)
+            raise ActionError(action, exc.message, transient=exc.transient, activation_id=exc.activation_id,
+                              failed_attempts=failed_activations(action, failed, meta)) from exc
+        return replace(activation_from_record(action, record, meta),
+                       failed_attempts=failed_activations(action, failed, meta))
 
     def _check_timeout(self, name: str, meta: Mapping[str, Any], timeout_s: float | None) -> None:
         """Warn, once per action, when ``timeout_s`` is below the action's time limit: an
