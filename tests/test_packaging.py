@@ -65,7 +65,7 @@ def test_deploy_dry_run_from_the_wheel_in_an_empty_directory(unpacked_wheel: Pat
                           text=True, timeout=120, env=_env_without_credentials(tmp_path, str(unpacked_wheel)))
     assert proc.returncode == 0, proc.stderr
     planned = {line.split()[1].rstrip(":").split("/")[-1] for line in proc.stdout.splitlines()
-               if line.startswith("action ") and line.endswith(": create")}
+               if line.startswith("action ") and ": create [image rlhfless/runtime-" in line}
     assert planned == set(ACTION_NAMES), proc.stdout
     assert list(empty.iterdir()) == [], "a dry run wrote into the working directory"
 
