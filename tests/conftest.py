@@ -24,6 +24,18 @@ except ImportError:  # tests/ imported as a package
     from tests.s3server import SeaweedS3Server, find_weed
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op thread, as an action runs: a shared, oversubscribed CPU runs small products
+    many times slower with spinning OpenMP threads. Restores the count after the test."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3Server]:
     """A SeaweedFS S3 server that requires credentials. Attributes: endpoint, bucket,

@@ -17,12 +17,7 @@ from actions.rl.sequences import pack, response_hidden
 PROMPTS, RESPONSES = [[3, 4, 5], [6, 7], [9, 3, 8, 2]], [[8, 9], [10, 11, 12], [5]]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # as an action runs (conftest)
 
 
 def _llama(tied: bool, dtype: torch.dtype = torch.float32) -> torch.nn.Module:

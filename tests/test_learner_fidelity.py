@@ -20,12 +20,7 @@ from actions.rl.sequences import pack, per_row_widths, response_logprobs, respon
 from actions.rl.update import minibatches, policy_logprobs, run_updates
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # as an action runs (conftest)
 
 
 LLAMA_LIKE = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

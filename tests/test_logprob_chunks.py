@@ -27,14 +27,7 @@ from actions.store.weights import weights_sha256
 from flows.commands.tiny_model_dir import write_tiny_model_dir
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread, as an action runs: a shared, oversubscribed CPU runs these small
-    products many times slower with spinning OpenMP threads."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # as an action runs (conftest)
 
 
 @pytest.fixture(scope="module")
