@@ -16,7 +16,6 @@ from actions.rl.sequences import pack, response_hidden
 
 PROMPTS, RESPONSES = [[3, 4, 5], [6, 7], [9, 3, 8, 2]], [[8, 9], [10, 11, 12], [5]]
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # as an action runs (conftest)
 
 

@@ -19,7 +19,6 @@ from actions.rl.optimizer import TrainOptimizer
 from actions.rl.sequences import pack, per_row_widths, response_logprobs, response_logprobs_full
 from actions.rl.update import minibatches, policy_logprobs, run_updates
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # as an action runs (conftest)
 
 

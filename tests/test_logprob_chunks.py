@@ -26,7 +26,6 @@ from actions.rl.update import needs_old_logp, needs_ref_logp, run_updates
 from actions.store.weights import weights_sha256
 from flows.commands.tiny_model_dir import write_tiny_model_dir
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # as an action runs (conftest)
 
 
