@@ -6,8 +6,10 @@ same facts (``actions/store/profile_cache.py``); otherwise loads the policy as `
 does and measures the engine over the requested grid (torch: ``actions/engines/profiling.py``,
 on the decode path the campaign runs, ``kv_cache``;
 vLLM: ``actions/engines/vllm_profiling.py``, on the process's warm engine, with the time a new
-version takes to reach it), then caches the result. Either way it reports what the planner's locality check needs: the
-weight bytes as published, the KV bytes per token and the store's measured read throughput.
+version takes to reach it), then caches the result if its grid is usable (``grid_problem``; one
+that is not is returned uncached, and the flow measures again). Either way it reports what the
+planner's locality check needs: the weight bytes as published, the KV bytes per token and the
+store's measured read throughput.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from actions.store.profile_cache import (
     ProfileResult,
     cache_record,
     check_cached,
+    grid_problem,
     model_label,
 )
 
@@ -125,7 +128,8 @@ def run_profile(req: ProfileRequest) -> ProfileResult:
                                cuda_graphs=req.cuda_graphs, compile_decode=req.compile_decode,
                                fused_sampling=req.fused_sampling)
     profile = {**profile, "identity": facts.identity(model_label(config))}  # what it was measured on
-    put_json(store, key, cache_record(facts, profile))
+    if grid_problem(profile) is None:  # never cache a grid check_cached would refuse: the flow measures again
+        put_json(store, key, cache_record(facts, profile))
     return ProfileResult(profile=profile, source="measured", rejected=rejected,
                          measure_s=time.perf_counter() - t0, **common)
 

@@ -282,6 +282,11 @@ CASES: dict[str, Case] = {
                                         ("invoker.max_request_mb", "greater than 0")),
     "config worker log dir is a file": Case(_train("--set", "invoker.log_dir={tmp}/taken"),
                                             ("invoker.log_dir", "taken", "pass a directory"), setup=_write("taken", "x")),
+    "config worker log dir inside a file": Case(
+        _train("--set", "invoker.log_dir={tmp}/taken/logs"), ("invoker.log_dir", "taken/logs", "cannot be created",
+                                                               "pass a directory"), setup=_write("taken", "x")),
+    "config worker log dir on /proc": Case(_train("--set", "invoker.log_dir=/proc/nope/logs"),
+                                           ("invoker.log_dir", "/proc/nope/logs", "pass a directory")),
     "config malformed YAML": Case(
         _train("--config", "{tmp}/c.yaml"), ("c.yaml", "not valid YAML at line", "fix the syntax"),
         setup=_write("c.yaml", "algorithm: [unclosed\n")),
@@ -566,6 +571,8 @@ CASES: dict[str, Case] = {
     "cli steps not a number": Case(_train("--steps", "many"), ("--steps", "invalid int value: 'many'")),
     "cli out is a file": Case(_train("--out", "{tmp}/taken"), ("--out", "taken", "pass a directory"),
                               setup=_write("taken", "x")),
+    "cli out inside a file": Case(_train("--out", "{tmp}/taken/out"), ("--out", "taken/out", "cannot be created",
+                                                                       "pass a directory"), setup=_write("taken", "x")),
     "cli status unknown run": Case(["status", "nosuch", "--store", "{done}"], ("'nosuch'", "check the run id")),
     "cli status run id traversal": Case(["status", "../done", "--store", "{done}"], ("run_id '../done'", "pick another")),
     "cli status empty store": Case(["status", "--store", "{tmp}/store"], ("holds no runs", "check --store")),

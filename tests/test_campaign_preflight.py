@@ -96,3 +96,26 @@ def test_a_model_that_names_no_eos_token_is_refused_before_anything_is_written(t
     with pytest.raises(ValueError, match=named):
         prepare_tiny(tmp_path / "store", "runs/x", f"model.path={info.path}")
     assert _files(tmp_path / "store") == []
+
+
+def test_a_worker_log_dir_that_cannot_be_made_is_refused_naming_the_setting(tiny_config, tmp_path, monkeypatch):
+    """Checked up front for both ways in (the pool made it ~9 s into the flow, and its error
+    named only the path), without creating anything."""
+    from flows.campaign.preflight import check_directory
+
+    (tmp_path / "taken").write_text("x")
+    refused = {"/proc/nope/logs": "'/proc' is on the kernel's proc filesystem",
+               f"{tmp_path}/taken/logs": "taken' is a file, not a directory", f"{tmp_path}/taken": "is a file"}
+    for kind in ("local", "openwhisk"):  # on OpenWhisk the directory holds prepare's log
+        for path, why in refused.items():
+            if path.startswith("/proc") and not Path("/proc/self/mounts").is_file():
+                continue
+            with pytest.raises(ValueError, match="pass a directory path") as info:
+                check_campaign(tiny_config(f"invoker.kind={kind}", f"invoker.log_dir={path}"))
+            assert str(info.value).startswith(f"invoker.log_dir {path!r}") and why in str(info.value)
+    check_campaign(tiny_config("invoker.kind=inprocess", "invoker.log_dir=/proc/nope/logs"))  # never used there
+    check_directory(tmp_path / "new" / "logs", "invoker.log_dir")  # can be made
+    monkeypatch.setattr(preflight.os, "access", lambda path, mode: False)  # as for a user without write access
+    with pytest.raises(ValueError, match="'.*new' cannot be created: .* is not writable by this process"):
+        check_directory(tmp_path / "new", "invoker.log_dir")
+    assert not (tmp_path / "new").exists()

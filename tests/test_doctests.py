@@ -1,6 +1,6 @@
 """Run the doctest examples of the tasks, the data mapping, the reward functions, the scaling
-policies' registry, the phase clock, the leftovers garbage collection removes, and the redaction
-of secrets (URL passwords included) from messages."""
+policies' registry, the phase clock, the decode-step timing, the leftovers garbage collection
+removes, and the redaction of secrets (URL passwords included) from messages."""
 
 import doctest
 import importlib
@@ -10,7 +10,8 @@ import pytest
 MODULES = ["actions.tasks.repeat", "actions.tasks.arith", "actions.tasks.fields", "actions.tasks.rewards.numeric",
            "actions.tasks.rewards.gsm8k", "actions.tasks.rewards.text", "actions.tasks.rewards.exact_match",
            "actions.tasks.rewards.format", "actions.tasks.rewards.symbolic", "flows.planning.registry",
-           "flows.step.timing", "flows.step.metrics", "actions.models.hub", "flows.planning.leftovers",
+           "flows.step.timing", "flows.step.metrics",
+           "actions.engines.decode_timing", "actions.models.hub", "flows.planning.leftovers",
            "actions.store.credentials", "actions.store.endpoints"]
 
 

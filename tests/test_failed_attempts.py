@@ -48,3 +48,29 @@ def test_a_killed_pool_worker_bills_its_activation_until_it_died(tmp_path):
         assert pool.invoke("noop", {}).failed_attempts == ()
     finally:
         pool.close()
+
+
+def test_a_stalled_attempt_is_work_of_its_phase_not_overhead():
+    """A train_step stalled until invoker.timeout_s (15 s) and retried (1 s): the phase took
+    16.2 s, and the step's work holds both attempts, so the period's overhead (period - work)
+    does not count the stall a second time."""
+    from types import SimpleNamespace
+
+    from flows.invokers.base import Activation
+    from flows.step.metrics import step_metrics
+
+    def spent(action, shard, start, end, busy):
+        return Activation(action, shard, {}, start, start, end, busy, shard=shard)
+
+    records = (spent("generate", "gen-0", 0.0, 0.5, 0.5), spent("train_step", "train", 16.2, 17.2, 1.0))
+    stalled = spent("train_step", "train", 0.7, 15.7, 0.0)  # no reply: held until the timeout
+    out = SimpleNamespace(records=records, failed=(stalled,), generate=(), score=(), prefill=None,
+                          train=SimpleNamespace(metrics={}), num_continuations=0, continued_from={},
+                          timing={"prefill": 0.0, "generate": 0.5, "score": 0.0, "train": 16.5, "step": 17.2})
+    plan = SimpleNamespace(num_actors=1, predicted_time_s=0.5, planning_ms=1.0)
+    phase = SimpleNamespace(plan=plan, predicted_prefill_s=0.0, activation_s=0.1, predicted={}, prefill=None,
+                            calibration=SimpleNamespace(prefill_fixed_s=0.0, decode_scale=1.0))
+    m = step_metrics(out, phase, price=0.0, gpus_per_actor=1, timing_plan=0.1, timing_commit=0.2)
+    assert m["timing_s/work"] == pytest.approx(0.5 + 15.0 + 1.0 + 0.1 + 0.2)
+    # left to overhead: the 0.2 s before the first attempt and the 0.5 s retry delay, the flow's own
+    assert m["timing_s/step"] - m["timing_s/work"] == pytest.approx(0.7)

@@ -230,7 +230,8 @@ def _result(profile: dict, source: str = "cached") -> dict:
             "__warm": {"hits": 0, "misses": 0}}
 
 
-def test_the_flow_measures_again_when_it_cannot_use_a_cached_grid(tiny_config, monkeypatch):
+@pytest.mark.parametrize("source", ["cached", "measured"])
+def test_the_flow_measures_again_when_it_cannot_use_a_grid(tiny_config, monkeypatch, source):
     from actions.store.profile_cache import ProfileRequest
     from flows.step import invoke as tasks
     from flows.step.context import RunContext
@@ -248,10 +249,11 @@ def test_the_flow_measures_again_when_it_cannot_use_a_cached_grid(tiny_config, m
     req = ProfileRequest(model={"store_uri": "s", "base_key": "b", "policy_key": "p", "policy_version": 0},
                          batch_sizes=[1, 2], contexts=[4, 8])
     lines: list[str] = []
-    live = finish_profiling(ctx, (_Done(_result(bad)), req), lines.append)
+    live = finish_profiling(ctx, (_Done(_result(bad, source)), req), lines.append)
     assert [p["refresh"] for p in calls if "probe" not in p] == [True]  # (the noop probes time the round trip)
     assert live.source == "measured" and live.profile.name == "m"
-    assert any("profiles/k.json" in line and "measuring again" in line for line in lines)
+    # the line says where the grid came from: a measured one was never in the cache
+    assert any(f"{source} profile 'profiles/k.json'" in line and "measuring again" in line for line in lines)
 
 
 def test_a_profile_file_of_another_model_is_planned_with_after_one_warning(tiny_config, tmp_path, monkeypatch):
@@ -495,3 +497,43 @@ def test_the_hook_times_each_fan_out_at_the_speed_measured_at_it(tiny_config, tm
     chosen = measured.plan.candidates[measured.plan.chosen]
     same = [c for c in alone.candidates if (c.n, c.kind) == (chosen.n, chosen.kind)]
     assert same and chosen.time_s == pytest.approx(same[0].time_s, rel=1e-9)
+
+
+def test_a_noisy_decode_timing_never_makes_a_step_of_zero_or_less(monkeypatch):
+    """On a busy machine a 2-token call can take longer than a 10-token one: the step is then
+    timed over more tokens, not returned negative (a CPU profile once cached -0.8 ms)."""
+    import time
+
+    import torch
+
+    from actions.engines import profiling
+
+    class NoisyEngine:  # the short call's fixed cost outweighs 8 and 16 steps, not 32
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def generate(self, specs, params):
+            time.sleep(0.060 if params.max_new_tokens == 2 else 0.002 * params.max_new_tokens)
+
+    monkeypatch.setattr(profiling, "TorchEngine", NoisyEngine)
+    model = torch.nn.Linear(1, 1)
+    model.config = type("Config", (), {"max_position_embeddings": 128})()
+    assert profiling.decode_step_seconds(model, batch=1, context=8, vocab=16) > 0
+
+
+def test_a_measured_grid_with_a_time_of_zero_or_less_is_never_cached(published, monkeypatch):
+    from actions.engines import profiling
+
+    store, ref = published
+    measure = profiling.measure_grid
+
+    def negative(*args, **kwargs):
+        grid = measure(*args, **kwargs)
+        return {**grid, "seconds": [[-0.0008, *row[1:]] if i == 0 else row for i, row in enumerate(grid["seconds"])]}
+
+    monkeypatch.setattr(profiling, "measure_grid", negative)
+    out = _profile(ref)
+    assert out["source"] == "measured" and out["profile"]["seconds"][0][0] < 0
+    assert not store.exists(out["profile_key"])  # the flow refuses it and measures again (refresh)
+    monkeypatch.setattr(profiling, "measure_grid", measure)
+    assert _profile(ref)["source"] == "measured" and _profile(ref)["source"] == "cached"

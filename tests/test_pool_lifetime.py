@@ -100,6 +100,46 @@ def test_the_parent_death_signal_alone_stops_the_worker(tmp_path):
     assert wait_gone(pids, 5.0) == []
 
 
+def _start_server(*extra: str, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    """A server taking SIGINT as an interactive one does (this test may run where it is
+    ignored: a background job's children inherit that), listening once this returns."""
+    ready_r, ready_w = os.pipe()
+    proc = subprocess.Popen(_server_argv("--ready-fd", str(ready_w), *extra), pass_fds=(ready_w, *pass_fds),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    os.close(ready_w)
+    with os.fdopen(ready_r) as fh:
+        assert fh.readline().strip(), f"the server exited with {proc.wait()}: {proc.stderr.read()[-2000:]}"
+    return proc
+
+
+def test_a_pool_worker_ignores_ctrl_c_and_stops_with_its_control_pipe():
+    """Ctrl-C reaches the CLI's whole process group: a worker (``--control-fd``) carries on, with
+    no KeyboardInterrupt in its log, until the pool closes its pipe."""
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, b"a-secret\n")
+    proc = _start_server("--control-fd", str(read_fd), pass_fds=(read_fd,))
+    os.close(read_fd)
+    try:
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert proc.poll() is None
+    finally:
+        os.close(write_fd)
+    assert proc.wait(timeout=5) == 0
+    assert "KeyboardInterrupt" not in proc.stderr.read()
+
+
+def test_a_server_started_by_hand_stops_on_ctrl_c():
+    proc = _start_server()
+    try:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) != 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_worker_whose_parent_is_already_gone_exits_at_start():
     """The race between fork and prctl: a parent pid that is not ours means exit at once."""
     proc = subprocess.run(_server_argv("--parent-pid", "1" if os.getpid() != 1 else "2"),

@@ -101,3 +101,21 @@ def test_a_diverged_result_reaches_the_client_as_strict_json(monkeypatch):
     assert resp.status_code == 200
     metrics = json.loads(resp.content, parse_constant=_strict)["metrics"]
     assert metrics == {"grad_norm": "Infinity", "loss/policy": "NaN"}
+
+
+def test_an_interrupted_oneshot_writes_one_line_and_no_result(monkeypatch, tmp_path, capsys):
+    """Ctrl-C reaches the child invoker's process too: it stops with one line, no traceback."""
+    import io
+
+    import actions.noop
+    from actions.runtime import oneshot
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(actions.noop, "main", interrupted)
+    monkeypatch.setattr("sys.stdin", io.StringIO("{}"))
+    assert oneshot.main(["noop", str(tmp_path / "out.json")]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "interrupted" in err[0] and "Traceback" not in err[0]
+    assert not (tmp_path / "out.json").exists()

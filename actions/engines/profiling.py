@@ -24,6 +24,7 @@ import torch
 from transformers import DynamicCache
 
 from actions.engines.base import GenerationParams, SampleSpec
+from actions.engines.decode_timing import step_seconds
 from actions.engines.static_decode import compact_rows, runtime_for, static_supported
 from actions.engines.torch_engine import TorchEngine
 from actions.models.device import sync
@@ -39,10 +40,11 @@ def decode_step_seconds(model: torch.nn.Module, batch: int, context: int, vocab:
     """Median wall time of one decode step of the torch engine (forward, sampling and cache
     bookkeeping) on the ``kv_cache`` path for ``batch`` rows at about ``context`` tokens: the
     difference between generating ``2 + steps`` and 2 tokens, divided by ``steps``, so prefill
-    cancels out. ``steps`` defaults to 8 on the CPU and 32 on CUDA, where a call's fixed cost
-    (fork and stack the prompt KV, launch jitter) is large next to one step and needs more
-    steps to average out. ``settings``: the engine's other decode settings (``cuda_graphs``,
-    ``compile_decode``, ``fused_sampling``)."""
+    cancels out; always positive (``decode_timing.step_seconds``: more steps where noise made
+    it zero or negative). ``steps`` defaults to 8 on the CPU and 32 on CUDA, where a call's
+    fixed cost (fork and stack the prompt KV, launch jitter) is large next to one step and
+    needs more steps to average out. ``settings``: the engine's other decode settings
+    (``cuda_graphs``, ``compile_decode``, ``fused_sampling``)."""
     engine = TorchEngine(model, eos_id=-1, pad_id=0, kv_cache=kv_cache, **settings)  # no EOS: every row runs on
     gen = torch.Generator().manual_seed(batch * 100_003 + context)
     prompt = tuple(torch.randint(3, vocab, (context,), generator=gen).tolist())
@@ -58,7 +60,8 @@ def decode_step_seconds(model: torch.nn.Module, batch: int, context: int, vocab:
         return time.perf_counter() - t0
 
     run(2 + steps)  # warms up allocator and kernels, and captures or compiles what the timed calls run
-    return statistics.median((run(2 + steps) - run(2)) / steps for _ in range(repeats))
+    positions = getattr(model.config, "max_position_embeddings", None)  # more steps must fit the model
+    return step_seconds(run, steps, repeats, max_steps=positions - context - 2 if positions else None)
 
 
 @torch.no_grad()

@@ -4,7 +4,8 @@ of ``actions/engines/profiling.py`` (the torch engine's), so the planner reads b
 The running engine of the process (``factory.load_engine``) is measured as it will generate:
 one request per row, the rows of a batch sharing one random prompt, every row running to the
 token budget (``ignore_eos``). A decode step is the difference between generating ``2 + steps``
-and 2 tokens, divided by ``steps``: prefill and the call's fixed cost cancel out. vLLM's paged
+and 2 tokens, divided by ``steps``: prefill and the call's fixed cost cancel out (more steps
+where noise made it zero or negative: ``decode_timing.step_seconds``). vLLM's paged
 KV drops a finished request without copying the cache, so the row-drop terms are 0.
 
 The push is timed as a new policy version reaches the engine (``VllmEngine.load_policy``:
@@ -21,11 +22,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from actions.engines.base import GenerationParams, SampleSpec
+from actions.engines.decode_timing import step_seconds
 
 
 def decode_step_seconds(engine: Any, batch: int, context: int, vocab: int, repeats: int = 3,
                         steps: int = 8) -> float:
-    """Median seconds of one decode step for ``batch`` rows at about ``context`` tokens.
+    """Median seconds of one decode step for ``batch`` rows at about ``context`` tokens; always
+    positive (``decode_timing.step_seconds``).
 
     The prompt is ``context`` tokens, or fewer where ``context + 2 + steps`` would not fit the
     engine's ``max_model_len`` (the grid's longest context is the campaign's longest prompt plus
@@ -51,7 +54,8 @@ def decode_step_seconds(engine: Any, batch: int, context: int, vocab: int, repea
         return seconds
 
     run(2)  # the first call at a shape pays its scheduling and allocation set-up
-    return statistics.median(max(run(2 + steps) - run(2), 1e-9) / steps for _ in range(repeats))
+    # more steps where noise made the difference zero or negative, as far as the context allows
+    return step_seconds(run, steps, repeats, max_steps=engine.max_model_len - prompt_len - 2)
 
 
 def prefill_tokens_per_s(engine: Any, vocab: int, batch: int = 16, length: int = 64, repeats: int = 3) -> float:

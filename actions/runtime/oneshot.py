@@ -6,7 +6,8 @@ an application error ``{"error": ...}`` included -- or, when the action raised,
 ``{"crash": ...}``: the exception classified as the runtime server classifies it
 (``actions.runtime.errors.describe_crash``), with the traceback on stderr. Used by
 the control plane for an action that must read its machine's files while the other actions run
-elsewhere (``flows/invokers/child.py``).
+elsewhere (``flows/invokers/child.py``). A Ctrl-C (SIGINT) ends it with one line on stderr, no
+traceback and no ``OUT``, and exit status 130.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import sys
 import traceback
 
@@ -30,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     action, out = args
     try:
         record = {"result": importlib.import_module(f"actions.{action}").main(json.load(sys.stdin))}
+    except KeyboardInterrupt:
+        # Ctrl-C at the terminal reaches the caller too, which stops and kills this process if it
+        # lingers: one line, not a traceback that reads like a failure of the action.
+        print(f"[rlhfless] {action} interrupted (SIGINT); no result written", file=sys.stderr, flush=True)
+        return 128 + signal.SIGINT
     except Exception as exc:  # classified for the caller, which decides on a retry
         traceback.print_exc()
         record = {"crash": describe_crash(exc)}

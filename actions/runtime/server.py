@@ -37,6 +37,11 @@ Request limits (:class:`Guard`), on every path: a body over ``max_body_bytes`` i
 within ``read_timeout_s`` of its first byte, or the connection is cut (a slow-loris client
 cannot hold a thread); an idle kept-alive connection is closed after ``idle_timeout_s``.
 
+Signals: a local pool worker (``--control-fd``) ignores SIGINT, so a Ctrl-C at the terminal,
+which reaches the CLI's whole process group, leaves it to the pool to stop it (it closes the
+control pipe, then terminates it) rather than killing it mid-activation; started by hand, with no
+control pipe, the server stops on Ctrl-C.
+
 Authentication: a local pool worker gets its own secret on its control pipe (``--control-fd``,
 see ``actions.runtime.lifeline``), answers 401, doing nothing, to any request without a valid
 single-use HMAC of that secret, and signs every other reply with one
@@ -433,13 +438,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=int(os.environ.get("RLHFLESS_PORT", "8080")))
     parser.add_argument("--ready-fd", type=int, default=None)
     parser.add_argument("--control-fd", type=int, default=None,
-                        help="local pool: pipe carrying the request secret; its end-of-file stops this worker")
+                        help="local pool: pipe carrying the request secret; its end-of-file stops this worker, "
+                             "which then ignores Ctrl-C (SIGINT)")
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="local pool: exit with this process (Linux parent-death signal)")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     parser.add_argument("--read-timeout-s", type=float, default=30.0)
     parser.add_argument("--idle-timeout-s", type=float, default=600.0)
     args = parser.parse_args(argv)
+    if args.control_fd is not None:
+        # A pool worker's life is its control pipe's (the pool closes it, then stops the worker).
+        # Ctrl-C at the terminal reaches the whole process group: the worker would die mid-activation
+        # with a KeyboardInterrupt traceback in its log that reads like a failure of the action. A
+        # server started by hand, with no control pipe, still stops on Ctrl-C.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     secret = None
     if args.parent_pid is not None:
         from actions.runtime.lifeline import die_with_parent

@@ -109,7 +109,8 @@ def finish_profiling(ctx: RunContext, started: tuple[Any, ProfileRequest] | None
         try:
             profile = TpotProfile.from_dict(result.profile)
         except (ValueError, KeyError, TypeError) as exc:
-            progress(f"profile: cached profile {result.profile_key!r} is unusable ({exc}); measuring again")
+            # source: a grid the cache held, or one measured just now (which the action does not cache)
+            progress(f"profile: {result.source} profile {result.profile_key!r} is unusable ({exc}); measuring again")
             again = req.model_copy(update={"refresh": True})
             out = invoke_action(action="profile", payload=again.model_dump(mode="json"), shard="profile-refresh")
             result = _result(out)

@@ -20,7 +20,8 @@
 * :class:`StepClock` -- ``timing_s/overhead`` measured from the outside: the wall time of one
   step period (from the point before one commit to the point before the next, so everything
   in between is counted once: the subflow's creation, task runs, commit, collection, artifacts,
-  the progress line) minus the work in it (activations' busy time on the critical path, an
+  the progress line) minus the work in it (activations' busy time on the critical path, with
+  the wall time their failed attempts held (``flows/step/metrics.py``: ``_critical_busy``), an
   evaluation's busy time, planning, the state commit and the collection).
 """
 

@@ -1,6 +1,6 @@
 """The checks a campaign's configuration passes before anything is written: the planner's
 profile and scaling policy, its inputs, the generation engine, the learner's world size, the
-experiment trackers and the invoker.
+experiment trackers, the worker log directory and the invoker.
 
 One list for both ways in. ``rlhfless train`` runs it before Prefect starts, so a refusal is
 one line and exit code 2 (``flows/commands/cli.py``); the flow ``rlhf_campaign`` runs it again
@@ -17,8 +17,11 @@ the config it checked (:func:`checked`) for the flow it starts in the same proce
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -36,7 +39,7 @@ def check_campaign(cfg: CampaignConfig) -> None:
     Raises:
         ValueError: one line naming the field, the value and the fix (``check_planning``,
             ``validate_inputs``, ``check_engine``, ``check_world_size``, ``check_trackers``,
-            ``check_invoker``).
+            :func:`check_directory` of ``invoker.log_dir``, ``check_invoker``).
     """
     with _LOCK:
         if _CHECKED.get(cfg.model_dump_json()):
@@ -53,9 +56,11 @@ def check_campaign(cfg: CampaignConfig) -> None:
 
         check_world_size(cfg.train.world_size, cfg.scaling.gpus_per_actor)
     from flows.campaign.trackers import check_trackers
-    from flows.invokers.factory import check_invoker
+    from flows.invokers.factory import check_invoker, worker_log_dir
 
     check_trackers(cfg)
+    if cfg.invoker.kind != "inprocess":  # the local pool's worker logs; on OpenWhisk, prepare's child
+        check_directory(worker_log_dir(cfg), "invoker.log_dir")
     check_invoker(cfg)
 
 
@@ -70,6 +75,64 @@ def check_planning(cfg: CampaignConfig) -> None:
     if cfg.scaling.profile:
         TpotProfile.load(cfg.scaling.profile, "scaling.profile")
     check_scaling_policy(cfg.scaling.strategy)
+
+
+PSEUDO_FILESYSTEMS = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "pstore",
+                                "bpf", "configfs", "efivarfs", "fusectl", "binfmt_misc", "nsfs"})
+"""Kernel filesystems no directory can be made in, whatever the permissions say (root's
+``access(W_OK)`` on ``/proc`` is true, yet ``mkdir /proc/x`` fails)."""
+
+
+def check_directory(path: Path, setting: str) -> None:
+    """Refuse, in one line naming ``setting``, a directory the campaign could not write its
+    files into: ``path`` is a file, an existing directory this process cannot write to, or a
+    missing one that could not be made (``mkdir -p``), because its nearest existing ancestor is
+    a file, is not writable (permissions, a read-only mount), or lies on a kernel
+    pseudo-filesystem (``PSEUDO_FILESYSTEMS``: ``/proc``, ``/sys``). Creates nothing.
+
+    Raises:
+        ValueError: naming ``setting``, ``path`` and the fix.
+    """
+    shown = f"{setting} {str(path)!r}"
+    if path.exists():
+        if not path.is_dir():
+            raise ValueError(f"{shown} is a file, not a directory; pass a directory path")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ValueError(f"{shown} is a directory this process cannot write to; pass one it can")
+        return
+    ancestor = path.absolute().parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        why = "is a file, not a directory"
+    elif not os.access(ancestor, os.W_OK | os.X_OK):
+        why = "is not writable by this process"
+    elif kind := _pseudo_fs(ancestor):
+        why = f"is on the kernel's {kind} filesystem, which holds no files"
+    else:
+        return
+    raise ValueError(f"{shown} cannot be created: {str(ancestor)!r} {why}; pass a directory path "
+                     "that exists or can be created")
+
+
+def _pseudo_fs(path: Path) -> str | None:
+    """The type of the filesystem mounted at ``path`` or above it, if one of
+    ``PSEUDO_FILESYSTEMS`` (Linux's mount table; None elsewhere)."""
+    try:
+        table = Path("/proc/self/mounts").read_text()
+    except OSError:
+        return None
+    real, found = os.path.realpath(path), ("", "")
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        # the table escapes a space, tab, newline or backslash in a mount point as \ooo
+        mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
+        inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(found[0]):  # the deepest; a later mount on it hides earlier ones
+            found = (mount, fields[2])
+    return found[1] if found[1] in PSEUDO_FILESYSTEMS else None
 
 
 @contextlib.contextmanager

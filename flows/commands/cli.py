@@ -133,11 +133,15 @@ def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool,
     run_id = cfg.resolved_run_id()
     check_not_held(store, run_id, break_lease=break_lease)
     checks = [("--out", out), ("--summary", summary_path.parent)]
-    if cfg.invoker.kind == "local" and cfg.invoker.log_dir:
+    if cfg.invoker.kind != "inprocess" and cfg.invoker.log_dir:  # the pool's logs; OpenWhisk: prepare's
         checks.append(("invoker.log_dir", Path(cfg.invoker.log_dir)))
-    for flag, path in checks:
-        if path.exists() and not path.is_dir():
-            raise UsageError(f"{flag} {str(path)!r} is a file, not a directory; pass a directory path")
+    from flows.campaign.preflight import check_campaign, check_directory
+
+    for flag, path in checks:  # a file, or a directory that cannot be written or created
+        try:
+            check_directory(path, flag)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     if summary_path.is_dir():
         raise UsageError(f"--summary {str(summary_path)!r} is a directory; pass a file path")
     from flows.campaign.state import check_resume, load_state  # no Prefect import: a refusal stays fast
@@ -146,8 +150,6 @@ def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool,
     check_resume(existing, cfg, resume)
     if resume and existing is None:  # not an error (a scheduled run's first night), but worth a line
         print(f"note: --resume: the store holds no committed step of run {run_id!r}; starting it", file=sys.stderr)
-    from flows.campaign.preflight import check_campaign
-
     check_campaign(cfg)  # the flow's own checks, the same list (the invoker's last: OpenWhisk is one request)
     return RunLease.acquire(store, run_id, ttl_s=cfg.store.lease_ttl_s, break_lease=break_lease)
 

@@ -182,10 +182,11 @@ def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_acto
         # CUDA graphs the generation actions captured this step (re-capture cost; 0 when warm)
         "engine/graph_captures": float(sum(g.graph_captures for g in gens)),
         "engine/graph_capture_s": sum(g.graph_capture_s for g in gens),
-        # the step's work: activations' busy time on the critical path plus the flow's own
-        # planning and bookkeeping; the campaign measures the step's period around it and
-        # records ``timing_s/overhead`` = period - work (flows/campaign/overhead.py)
-        timing_key("work"): _critical_busy(records, out.continued_from) + timing_plan + timing_commit,
+        # the step's work: activations' busy time on the critical path (with the time their
+        # failed attempts held) plus the flow's own planning and bookkeeping; the campaign
+        # measures the step's period around it and records ``timing_s/overhead`` = period -
+        # work (flows/campaign/overhead.py)
+        timing_key("work"): _critical_busy(records, out.continued_from, out.failed) + timing_plan + timing_commit,
     }
     for part in (engine_metrics([g.engine_events for g in gens]), step_spec_metrics(g.spec for g in gens),
                  reward_function_metrics([s.reward_metrics for s in out.score]), out.train.metrics):
@@ -295,7 +296,8 @@ def _error_stats(errors: list[float]) -> dict[str, Any]:
             "p90_abs_relative_error": magnitudes[min(len(magnitudes) - 1, math.ceil(0.9 * len(magnitudes)) - 1)]}
 
 
-def _critical_busy(records: Sequence[Activation], continued_from: Mapping[str, Sequence[str]]) -> float:
+def _critical_busy(records: Sequence[Activation], continued_from: Mapping[str, Sequence[str]],
+                   failed: Sequence[Activation] = ()) -> float:
     """Busy seconds on the critical path: prefill, the longest generate chain, the last score,
     and train (a lower bound of the step's unavoidable compute).
 
@@ -304,6 +306,11 @@ def _critical_busy(records: Sequence[Activation], continued_from: Mapping[str, S
     its sources (``continued_from``: continuation shard -> source shards, by
     ``Activation.shard``). Other actions count their busiest activation.
 
+    An activation's time includes the wall time its shard's ``failed`` attempts held (a
+    stalled, killed or crashed attempt before the retry that succeeded: same action and shard).
+    That time went to the phase, which waited for it, so it is work of the phase, and the
+    step's overhead (period - work) does not count it a second time.
+
     >>> from flows.invokers.base import Activation
     >>> def a(action, shard, busy):
     ...     return Activation(action, shard, {}, 0.0, 0.0, busy, busy, shard=shard)
@@ -311,13 +318,24 @@ def _critical_busy(records: Sequence[Activation], continued_from: Mapping[str, S
     ...         a("generate", "cont-0", 0.6), a("score", "score-gen-0", 0.3), a("train_step", "train", 0.5)]
     >>> round(_critical_busy(runs, {"cont-0": ("gen-0",)}), 6)  # 0.2 + (1.0 + 0.6) + 0.3 + 0.5
     2.6
+    >>> stalled = Activation("train_step", "x", {}, 0.0, 0.0, 15.0, 0.0, shard="train")  # held 15 s, no reply
+    >>> lost = Activation("generate", "y", {}, 0.0, 0.0, 0.9, 0.0, shard="gen-1")  # its retry: 0.8 s
+    >>> round(_critical_busy(runs, {"cont-0": ("gen-0",)}, [stalled, lost]), 6)  # 0.2 + 1.7 + 0.3 + 15.5
+    17.7
     """
-    busy = {r.shard: r.busy_s for r in records if r.action == "generate" and r.shard}
+    held: dict[tuple[str, str], float] = {}
+    for f in failed:  # wall time held, as billed less a cold start's init (busy_s leaves init out too)
+        held[(f.action, f.shard)] = held.get((f.action, f.shard), 0.0) + f.billed_s - f.init_s
 
-    def chain(shard: str, own: float) -> float:
-        return own + max((chain(s, busy[s]) for s in continued_from.get(shard, ()) if s in busy), default=0.0)
+    def own(r: Activation) -> float:
+        return r.busy_s + held.get((r.action, r.shard), 0.0)
+
+    busy = {r.shard: own(r) for r in records if r.action == "generate" and r.shard}
+
+    def chain(shard: str, mine: float) -> float:
+        return mine + max((chain(s, busy[s]) for s in continued_from.get(shard, ()) if s in busy), default=0.0)
 
     by_action: dict[str, list[float]] = {}
     for r in records:
-        by_action.setdefault(r.action, []).append(chain(r.shard, r.busy_s) if r.action == "generate" else r.busy_s)
+        by_action.setdefault(r.action, []).append(chain(r.shard, own(r)) if r.action == "generate" else own(r))
     return sum(max(v) for v in by_action.values())
