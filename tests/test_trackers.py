@@ -114,6 +114,97 @@ def test_a_missing_tracker_package_is_one_line(monkeypatch):
         load_config(None, ["observability.report_to=[neptune]"])
 
 
+@needs_mlflow
+@pytest.mark.parametrize("uri, env, says", [
+    ("bogus://nowhere", {}, "MLFLOW_TRACKING_URI 'bogus://nowhere' names no tracking store MLflow can open here "
+                            "(scheme 'bogus'; known: "),
+    ("file:///nowhere/mlruns", {"MLFLOW_ALLOW_FILE_STORE": "false"},
+     "is a file store, which MLflow 3 opens only with MLFLOW_ALLOW_FILE_STORE=true"),
+    # a refused connection: MLflow's client alone would retry it for about four minutes
+    ("http://bob:hunter2pw@127.0.0.1:9", {}, "MLFLOW_TRACKING_URI 'http://[REDACTED]@127.0.0.1:9': the tracking "
+                                             "server did not answer within 3 s ([Errno 111] Connection refused)"),
+])
+def test_an_mlflow_tracking_uri_mlflow_cannot_use_is_refused_in_one_line_without_writing(tmp_path, monkeypatch, uri,
+                                                                                         env, says):
+    import time
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    t0 = time.monotonic()
+    with pytest.raises(ValueError) as refused:
+        check_trackers(load_config(None, ["observability.report_to=[mlflow]"]))
+    message = str(refused.value)
+    assert message.startswith("observability.report_to 'mlflow': ") and says in message and "\n" not in message
+    assert "hunter2pw" not in message and time.monotonic() - t0 < 15 and not list(tmp_path.iterdir())
+
+
+@needs_mlflow
+def test_a_usable_mlflow_database_uri_passes_and_is_not_created(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    check_trackers(load_config(None, ["observability.report_to=[mlflow]"]))
+    assert not (tmp_path / "mlflow.db").exists()  # the check reads; the tracker creates it
+
+
+@needs_wandb
+def test_wandb_online_without_an_api_key_is_refused_in_one_line(tmp_path, monkeypatch):
+    from wandb.sdk import wandb_setup
+
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DISABLED", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no settings file
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(wandb_setup, "_singleton", None)  # wandb reads its environment once per process
+    cfg = load_config(None, ["observability.report_to=[wandb]"])
+    with pytest.raises(ValueError, match=r"^observability.report_to 'wandb': no W&B API key is configured for \S+ "
+                                         r"and WANDB_MODE is not offline; set WANDB_API_KEY \(or run `wandb login`\), "
+                                         r"or WANDB_MODE=offline"):
+        check_trackers(cfg)
+    for mode in ("offline", "disabled"):
+        monkeypatch.setenv("WANDB_MODE", mode)
+        monkeypatch.setattr(wandb_setup, "_singleton", None)
+        check_trackers(cfg)
+
+
+def test_a_tracker_that_fails_to_start_is_one_line_and_the_started_ones_are_closed(monkeypatch):
+    from flows.campaign import trackers
+
+    closed = []
+
+    class Board:
+        def close(self, *args):
+            closed.append("tensorboard")
+
+    class Refusing:
+        def __init__(self, *args):
+            raise RuntimeError("API request to http://bob:hunter2pw@tracker:5000/api failed\nwith a traceback")
+
+    monkeypatch.setattr(trackers, "check_packages", lambda cfg: None)
+    monkeypatch.setattr(trackers.ScalarBoard, "open", classmethod(lambda cls, cfg, run_id: Board()))
+    monkeypatch.setattr(trackers, "_Mlflow", Refusing)
+    with pytest.raises(ValueError) as refused:
+        trackers.Trackers.open(load_config(None, ["observability.report_to=[tensorboard,mlflow]"]), "r")
+    assert str(refused.value) == ("observability.report_to 'mlflow': RuntimeError: API request to http://[REDACTED]"
+                                  "@tracker:5000/api failed with a traceback; check MLFLOW_TRACKING_URI")
+    assert refused.value.__suppress_context__ and closed == ["tensorboard"]
+
+
+@needs_mlflow
+def test_train_refuses_a_bad_tracker_environment_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    from flows.commands.cli import main
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "bogus://nowhere")
+    store = tmp_path / "store"
+    assert main(["train", "--set", f"store.uri={store}", "--set", "observability.report_to=[mlflow]",
+                 "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rlhfless: error: observability.report_to 'mlflow': MLFLOW_TRACKING_URI")
+    assert not store.exists() and not (tmp_path / "run").exists()
+
+
 def test_trackers_do_not_change_the_run_identity():
     assert load_config(None, []).fingerprint() == load_config(None, ["observability.report_to=[mlflow]"]).fingerprint()
 

@@ -176,7 +176,7 @@ def rlhf_campaign(config: CampaignConfig, resume: bool = False, break_lease: boo
     ``ParameterTypeError`` naming the field (``config.algorithm.batch_size``), and a deployment
     rejects it when the run is created (the parameter schema is CampaignConfig's JSON schema).
     What pydantic cannot see (a missing dataset or model, an engine not installed, a tracker's
-    package, an unreachable controller) fails the run next with the ``ValueError`` that
+    package or environment, an unreachable controller) fails the run next with the ``ValueError`` that
     ``rlhfless train`` prints, before the store is written (``run_campaign``)."""
     return run_campaign(config, resume=resume, break_lease=break_lease)
 

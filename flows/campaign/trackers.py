@@ -15,13 +15,16 @@ environment, as in TRL: ``WANDB_PROJECT``, ``WANDB_MODE=offline``, ``MLFLOW_TRAC
 ``MLFLOW_ALLOW_FILE_STORE=true`` and which cannot hold TRL's ``reward`` beside ``reward/mean``:
 there the TRL name is left out), ``MLFLOW_EXPERIMENT_NAME``, ``TRACKIO_PROJECT``... The run is named by
 the run id, so a resumed campaign continues the same run where the tracker can (wandb's
-``resume="allow"``, the MLflow run tagged with the run id). A missing package is refused
-before anything is written (``check_trackers``, called by the CLI's pre-flight).
+``resume="allow"``, the MLflow run tagged with the run id). A missing package, or an environment
+the tracker cannot start with (``tracker_env.py``), is refused before anything is written
+(``check_trackers``, called by the pre-flight); a tracker that fails later all the same fails
+the campaign with one line naming it.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import os
 from collections.abc import Sequence
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from flows.campaign.tensorboard import NON_SCALAR_KEYS, ScalarBoard
+from flows.campaign.tracker_env import check_mlflow, check_wandb, tracker_error
 from flows.config import CampaignConfig
 
 if TYPE_CHECKING:
@@ -44,6 +48,7 @@ TRL_NAMES = {
 """Campaign metric -> the name TRL's GRPOTrainer logs it under, where they differ (``kl``,
 ``grad_norm``, ``loss``, ``entropy`` and ``frac_reward_zero_std`` are already TRL's)."""
 DEFAULT_PROJECT = "rlhfless"
+log = logging.getLogger(__name__)
 
 
 def requested(cfg: CampaignConfig) -> list[str]:
@@ -54,6 +59,17 @@ def requested(cfg: CampaignConfig) -> list[str]:
 
 
 def check_trackers(cfg: CampaignConfig) -> None:
+    """Raise ValueError (one line) for a tracker whose package is not installed, or whose
+    environment would not let it start (``tracker_env.py``: an MLflow tracking URI MLflow
+    cannot open or a server that does not answer, wandb online without an API key)."""
+    check_packages(cfg)
+    environment = {"mlflow": check_mlflow, "wandb": check_wandb}
+    for tracker in requested(cfg):
+        if tracker in environment:
+            environment[tracker]()
+
+
+def check_packages(cfg: CampaignConfig) -> None:
     """Raise ValueError (one line) for a tracker whose package is not installed."""
     for tracker in requested(cfg):
         if importlib.util.find_spec(PACKAGES[tracker]) is None:
@@ -173,38 +189,61 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 class Trackers:
-    """The campaign's trackers together; with none asked for it does nothing."""
+    """The campaign's trackers together; with none asked for it does nothing. A tracker's
+    failure (to start, to log, to end) is one ``ValueError`` naming it (``tracker_error``)."""
 
-    def __init__(self, trackers: Sequence[Tracker] = ()) -> None:
+    def __init__(self, trackers: Sequence[tuple[str, Tracker]] = ()) -> None:
         self._trackers = list(trackers)
 
     @classmethod
     def open(cls, cfg: CampaignConfig, run_id: str) -> Trackers:
-        check_trackers(cfg)
-        names = requested(cfg)
+        """Start each tracker ``cfg`` asks for (the pre-flight checked their environment)."""
+        check_packages(cfg)
         run_dir = Path(cfg.observability.tensorboard_dir or f"runs/{run_id}/tensorboard").parent
-        made: list[Tracker] = []
-        for name in names:
-            if name == "tensorboard":
-                cfg_tb = cfg.model_copy(deep=True)
-                cfg_tb.observability.tensorboard = True
-                made.append(ScalarBoard.open(cfg_tb, run_id))
-            elif name == "wandb":
-                made.append(_Wandb(cfg, run_id, run_dir))
-            elif name == "mlflow":
-                made.append(_Mlflow(cfg, run_id))
-            else:
-                made.append(_Trackio(cfg, run_id))
-        return cls(made)
+        made = cls()
+        for name in requested(cfg):
+            try:
+                made._trackers.append((name, _open_one(name, cfg, run_id, run_dir)))
+            except Exception as exc:
+                made.close(quiet=True)
+                raise tracker_error(name, exc) from None  # the library's chain may quote a secret
+        return made
 
     @property
     def enabled(self) -> bool:
         return bool(self._trackers)
 
     def add_step(self, step: int, metrics: dict[str, Any], evals: Sequence[EvalRecord]) -> None:
-        for tracker in self._trackers:
-            tracker.add_step(step, metrics, evals)
+        for name, tracker in self._trackers:
+            try:
+                tracker.add_step(step, metrics, evals)
+            except Exception as exc:
+                raise tracker_error(name, exc) from None
 
-    def close(self) -> None:
-        for tracker in self._trackers:
-            tracker.close()
+    def close(self, *, quiet: bool = False) -> None:
+        """End every tracker's run. A tracker that fails to end does not keep the others open;
+        the first failure is raised after all were closed, unless ``quiet`` (the campaign is
+        already failing with its own error, which must not be replaced)."""
+        failures = []
+        for name, tracker in self._trackers:
+            try:
+                tracker.close()
+            except Exception as exc:
+                failures.append(tracker_error(name, exc))
+        self._trackers = []
+        for failure in failures:
+            log.warning("%s", failure)
+        if failures and not quiet:
+            raise failures[0]
+
+
+def _open_one(name: str, cfg: CampaignConfig, run_id: str, run_dir: Path) -> Tracker:
+    if name == "tensorboard":
+        cfg_tb = cfg.model_copy(deep=True)
+        cfg_tb.observability.tensorboard = True
+        return ScalarBoard.open(cfg_tb, run_id)
+    if name == "wandb":
+        return _Wandb(cfg, run_id, run_dir)
+    if name == "mlflow":
+        return _Mlflow(cfg, run_id)
+    return _Trackio(cfg, run_id)
