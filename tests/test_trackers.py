@@ -56,6 +56,37 @@ def read_wandb_history(folder: Path) -> dict[int, dict[str, float]]:
     return out
 
 
+def read_wandb_exit_code(folder: Path) -> int | None:
+    """The exit code the offline run's transaction log records (None: it has no exit record)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = glob.glob(str(folder / "wandb" / "offline-run-*" / "run-*.wandb"))
+    data, pos, block, pending, code = Path(path).read_bytes(), 7, 32768, b"", None
+    while pos + 7 <= len(data):  # the framing read_wandb_history reads
+        left = block - pos % block
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        if left < 7 or (length == 0 and kind == 0):
+            pos += left
+            continue
+        payload, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        pending = payload if kind in (1, 2) else pending + payload
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(pending)
+            if record.HasField("exit"):
+                code = record.exit.exit_code
+    return code
+
+
+def read_mlflow_status(uri: str, run_id: str) -> str:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                filter_string=f"tags.rlhfless_run_id = '{run_id}'")
+    return run.info.status
+
+
 def read_mlflow(uri: str, run_id: str) -> dict[int, dict[str, float]]:
     from mlflow.tracking import MlflowClient
 
@@ -205,6 +236,63 @@ def test_train_refuses_a_bad_tracker_environment_before_anything_is_written(tmp_
     assert not store.exists() and not (tmp_path / "run").exists()
 
 
+def test_a_run_ends_in_the_trackers_as_the_campaign_ended():
+    from flows.campaign.trackers import RunEnd
+
+    class Terminated(SystemExit):  # as the CLI's, raised by SIGTERM
+        pass
+
+    assert RunEnd.of(None) == RunEnd("FINISHED", 0)
+    assert RunEnd.of(RuntimeError("reward function raised")) == RunEnd("FAILED", 1)
+    assert RunEnd.of(KeyboardInterrupt()) == RunEnd("KILLED", 130)
+    assert RunEnd.of(Terminated(143)) == RunEnd("KILLED", 143)
+
+
+@pytest.mark.parametrize("raised, end", [(RuntimeError("action score failed"), ("FAILED", 1)),
+                                         (KeyboardInterrupt(), ("KILLED", 130))])
+def test_a_campaign_that_fails_or_is_interrupted_ends_its_tracker_runs_so(tiny_config, monkeypatch, raised, end):
+    from flows.campaign import run, trackers
+
+    ended = []
+
+    class Recording:
+        def add_step(self, *args):
+            pass
+
+        def close(self, how):
+            ended.append((how.status, how.exit_code))
+
+    def fail(*args):
+        raise raised
+
+    monkeypatch.setattr(trackers, "_open_one", lambda *args: Recording())
+    monkeypatch.setattr(run, "_start", fail)
+    cfg = tiny_config("invoker.kind=inprocess", "observability.report_to=[tensorboard]")
+    with pytest.raises(type(raised)):
+        run.run_campaign(cfg, progress=lambda m: None)
+    assert ended == [end]
+
+
+@needs_wandb
+@needs_mlflow
+def test_wandb_and_mlflow_record_a_failed_and_a_killed_run(tmp_path, monkeypatch):
+    from flows.campaign.trackers import RunEnd, _Mlflow, _Wandb
+
+    uri = (tmp_path / "mlruns").as_uri()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    cfg = load_config(None, [])
+    for run_id, end in (("failed", RunEnd("FAILED", 1)), ("killed", RunEnd("KILLED", 143))):
+        for tracker in (_Wandb(cfg, run_id, tmp_path / run_id), _Mlflow(cfg, run_id)):
+            tracker.add_step(1, {"reward/mean": 0.5}, [])
+            tracker.close(end)
+        assert read_mlflow_status(uri, run_id) == end.status
+        assert read_wandb_exit_code(tmp_path / run_id) == end.exit_code
+
+
 def test_trackers_do_not_change_the_run_identity():
     assert load_config(None, []).fingerprint() == load_config(None, ["observability.report_to=[mlflow]"]).fingerprint()
 
@@ -239,6 +327,7 @@ def test_campaign_metrics_land_in_wandb_mlflow_and_tensorboard_as_in_the_summary
     assert sorted(want) == [0, 1, 2] and "reward" in want[1] and "grad_norm" in want[1]
     assert_same(read_wandb_history(tmp_path / "wb"), want, "wandb")
     assert_same(read_mlflow(uri, "tracked"), {s: without_path_prefixes(v) for s, v in want.items()}, "mlflow")
+    assert read_wandb_exit_code(tmp_path / "wb") == 0 and read_mlflow_status(uri, "tracked") == "FINISHED"
     if trackio:
         assert_same(read_trackio("tracked"), want, "trackio")
     tb = {}

@@ -15,7 +15,7 @@ from flows.campaign.artifacts import publish_step_artifacts, start_progress, upd
 from flows.campaign.learning_warnings import new_warning_lines
 from flows.campaign.overhead import Background
 from flows.campaign.state import CampaignState
-from flows.campaign.trackers import Trackers
+from flows.campaign.trackers import RunEnd, Trackers
 from flows.config import CampaignConfig
 from flows.planning.record import StepRecord
 from flows.step.metrics import StepFigures, engine_totals, planner_fidelity
@@ -46,8 +46,11 @@ class Reporter:
         for line in new_warning_lines(state.steps, self.total, self.algorithm):  # a run that cannot learn says so
             self.progress(line)
 
-    def close(self) -> None:
-        self.board.close()
+    def close(self, failure: BaseException | None = None) -> None:
+        """End the trackers' runs: finished, or as ``failure`` (the exception that ended the
+        campaign) makes it failed or killed; a tracker's own failure to end is then only
+        logged, so it does not replace the campaign's."""
+        self.board.close(RunEnd.of(failure), quiet=failure is not None)
 
 
 def _publish(run_id: str, steps: list[dict[str, Any]], evals: list[Any], progress_id: Any,

@@ -84,6 +84,7 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
     ctx.before_train = functools.partial(hold_for_training, quiet_api, publisher)
     collect = Collector(store, Retention(cfg.store.keep_last, cfg.store.checkpoint_every), lease)
     warming = PoolWarming(cfg, invoker, num_workers)
+    failure: BaseException | None = None  # how the trackers record the run's end
     try:
         state = _start(ctx, existing, lease, collect, progress)
         if state.step < cfg.steps and not budget_stop(cfg, state):
@@ -92,11 +93,14 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
         planner = build_planner(ctx, num_workers, state.planner)  # once: from the config and the profile
         with quiet_step_flows():
             state = _loop(ctx, state, planner, lease, collect, warming, step_flow, quiet_api, reporter)
+    except BaseException as exc:  # Ctrl-C and SIGTERM too: a tracker records them as killed
+        failure = exc
+        raise
     finally:
         set_context(None)
         warming.join()
         invoker.close()
-        reporter.close()
+        reporter.close(failure)
         try:
             step_flow.close()  # a flow run prepared for a step that did not come
         finally:

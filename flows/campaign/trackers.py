@@ -18,7 +18,8 @@ the run id, so a resumed campaign continues the same run where the tracker can (
 ``resume="allow"``, the MLflow run tagged with the run id). A missing package, or an environment
 the tracker cannot start with (``tracker_env.py``), is refused before anything is written
 (``check_trackers``, called by the pre-flight); a tracker that fails later all the same fails
-the campaign with one line naming it.
+the campaign with one line naming it. A tracker's run ends as the campaign did (``RunEnd``:
+finished, failed, or killed by Ctrl-C or SIGTERM).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import logging
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -106,9 +108,31 @@ def evals_at(step: int, evals: Sequence[EvalRecord]) -> list[tuple[int, dict[str
     return [(ev.step, ev.scalars()) for ev in evals if ev.step == step or (step == 1 and ev.step == 0)]
 
 
+@dataclass(frozen=True)
+class RunEnd:
+    """How the campaign ended, as trackers record it: MLflow's run status (``FINISHED``,
+    ``FAILED``, ``KILLED``) and the exit code wandb's ``finish`` takes (0 finished, else failed)."""
+
+    status: str
+    exit_code: int
+
+    @classmethod
+    def of(cls, exc: BaseException | None) -> RunEnd:
+        """The end of a campaign that raised ``exc`` (None: it returned). Ctrl-C and SIGTERM
+        (``SystemExit``: the CLI's ``Terminated``) stop it, with the status a shell reports
+        (130, 143); any other exception fails it."""
+        if exc is None:
+            return cls("FINISHED", 0)
+        if isinstance(exc, KeyboardInterrupt):
+            return cls("KILLED", 130)
+        if isinstance(exc, SystemExit):
+            return cls("KILLED", exc.code if isinstance(exc.code, int) and exc.code else 1)
+        return cls("FAILED", 1)
+
+
 class Tracker(Protocol):
     def add_step(self, step: int, metrics: dict[str, Any], evals: Sequence[EvalRecord]) -> None: ...
-    def close(self) -> None: ...
+    def close(self, end: RunEnd) -> None: ...
 
 
 class _Wandb:
@@ -129,8 +153,8 @@ class _Wandb:
                 scalars.update(values)
         self._run.log(scalars, step=step)
 
-    def close(self) -> None:
-        self._run.finish()
+    def close(self, end: RunEnd) -> None:
+        self._run.finish(exit_code=end.exit_code)
 
 
 class _Mlflow:
@@ -156,8 +180,8 @@ class _Mlflow:
         for at, values in evals_at(step, evals):
             self._mlflow.log_metrics(values, step=at, run_id=self._run.info.run_id)
 
-    def close(self) -> None:
-        self._mlflow.end_run()
+    def close(self, end: RunEnd) -> None:
+        self._mlflow.end_run(status=end.status)
 
 
 class _Trackio:
@@ -177,7 +201,7 @@ class _Trackio:
                 scalars.update(values)
         self._trackio.log(scalars, step=step)
 
-    def close(self) -> None:
+    def close(self, end: RunEnd) -> None:  # trackio records no run status
         self._trackio.finish()
 
 
@@ -205,7 +229,7 @@ class Trackers:
             try:
                 made._trackers.append((name, _open_one(name, cfg, run_id, run_dir)))
             except Exception as exc:
-                made.close(quiet=True)
+                made.close(RunEnd.of(exc), quiet=True)  # the ones started end as failed
                 raise tracker_error(name, exc) from None  # the library's chain may quote a secret
         return made
 
@@ -220,14 +244,16 @@ class Trackers:
             except Exception as exc:
                 raise tracker_error(name, exc) from None
 
-    def close(self, *, quiet: bool = False) -> None:
-        """End every tracker's run. A tracker that fails to end does not keep the others open;
-        the first failure is raised after all were closed, unless ``quiet`` (the campaign is
-        already failing with its own error, which must not be replaced)."""
+    def close(self, end: RunEnd | None = None, *, quiet: bool = False) -> None:
+        """End every tracker's run as the campaign ended (``end``; None: finished), so a failed
+        or interrupted campaign is not recorded as a successful run. A tracker that fails to end
+        does not keep the others open; the first failure is raised after all were closed, unless
+        ``quiet`` (the campaign is already failing with its own error, which must not be replaced)."""
+        end = end or RunEnd.of(None)
         failures = []
         for name, tracker in self._trackers:
             try:
-                tracker.close()
+                tracker.close(end)
             except Exception as exc:
                 failures.append(tracker_error(name, exc))
         self._trackers = []
