@@ -100,11 +100,13 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
         set_context(None)
         warming.join()
         invoker.close()
-        reporter.close(failure)
         try:
-            step_flow.close()  # a flow run prepared for a step that did not come
+            try:
+                step_flow.close()  # a flow run prepared for a step that did not come
+            finally:
+                publisher.wait()
         finally:
-            publisher.wait()
+            reporter.close(failure)  # last: a tracker that fails to end skips no other clean-up
     return summarize(state, time.time() - started) | {"billing": billing(cfg.invoker.kind), "gc": collect.totals,
                                                       "warnings": learning_warnings(state.steps, cfg.steps,
                                                                                     cfg.algorithm.name),
