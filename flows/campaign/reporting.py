@@ -8,6 +8,7 @@ critical path, the scalars and the progress line at once.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -72,10 +73,28 @@ def progress_line(state: CampaignState, last: StepFigures, total: int, width: in
             f"reward {last.reward_mean:.3f} len {last.response_length_mean:.1f}{acc}")
 
 
-def summarize(state: CampaignState, wall: float) -> dict[str, Any]:
-    """The campaign's JSON summary (README, The CLI)."""
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None, so it is strict JSON (null):
+    what the commit records hold for the same number (pydantic writes them so) and ``rlhfless
+    status`` shows. A tuple becomes a list.
+
+    >>> json_safe({"grad_norm": float("nan"), "kl": [0.5, float("inf")], "n": 3})
+    {'grad_norm': None, 'kl': [0.5, None], 'n': 3}
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def summarize(state: CampaignState, wall: float, **extra: Any) -> dict[str, Any]:
+    """The campaign's JSON summary (README, The CLI), with the entries of ``extra`` added;
+    strict JSON: a metric that is NaN or infinite is null (:func:`json_safe`)."""
     steps = [{k: v for k, v in s.items() if k != "plan"} for s in state.steps]
-    return {
+    return json_safe({
         "run_id": state.run_id,
         "steps_completed": state.step,
         "eval_accuracy_first": state.evals[0].accuracy if state.evals else None,
@@ -97,4 +116,5 @@ def summarize(state: CampaignState, wall: float) -> dict[str, Any]:
         "planner_fidelity": planner_fidelity(steps),
         "engine": engine_totals(steps, state.evals),
         "steps": steps,
-    }
+        **extra,
+    })

@@ -107,10 +107,9 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
                 publisher.wait()
         finally:
             reporter.close(failure)  # last: a tracker that fails to end skips no other clean-up
-    return summarize(state, time.time() - started) | {"billing": billing(cfg.invoker.kind), "gc": collect.totals,
-                                                      "warnings": learning_warnings(state.steps, cfg.steps,
-                                                                                    cfg.algorithm.name),
-                                                      "profile": ctx.live.describe() if ctx.live else None}
+    return summarize(state, time.time() - started, billing=billing(cfg.invoker.kind), gc=collect.totals,
+                     warnings=learning_warnings(state.steps, cfg.steps, cfg.algorithm.name),
+                     profile=ctx.live.describe() if ctx.live else None)
 
 
 def _start(ctx: RunContext, existing: CampaignState | None, lease: RunLease, collect: Collector,

@@ -204,7 +204,7 @@ def _train(args: argparse.Namespace) -> int:
     except ImportError:
         pass
     summary_path.parent.mkdir(parents=True, exist_ok=True)
-    summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True))
+    summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True, allow_nan=False))  # NaN is null
     _print_summary(summary, summary_path)
     return 0
 
@@ -224,10 +224,16 @@ def _resume_hint(cfg: CampaignConfig) -> str:
             f"{cfg.resolved_run_id()!r} from its last committed step ({state.step})")
 
 
+def _number(value: float | None, spec: str) -> str:
+    """``value`` formatted by ``spec``; ``nan`` for None (a summary holds a NaN as null)."""
+    return format(float("nan") if value is None else value, spec)
+
+
 def _print_summary(summary: dict[str, Any], summary_path: Path) -> None:
     """``train``'s last lines: evaluation, bill, planner and engine figures, the summary's path."""
     evaluated = (f"eval accuracy {summary['eval_accuracy_first']} -> {summary['eval_accuracy_last']}, mean reward "
-                 f"{summary['eval_reward_mean_first']:.3f} -> {summary['eval_reward_mean_last']:.3f}"
+                 f"{_number(summary['eval_reward_mean_first'], '.3f')} -> "
+                 f"{_number(summary['eval_reward_mean_last'], '.3f')}"
                  if summary.get("evals") else "no evaluation (no data.eval_path nor data.eval_fraction)")
     print(f"{evaluated}; "
           f"billed {summary['billed_gpu_seconds']:.1f} {summary['billing']['unit']}; wall {summary['wall_seconds']:.0f} s")
@@ -236,7 +242,7 @@ def _print_summary(summary: dict[str, Any], summary_path: Path) -> None:
         print(f"planner profile: {profile['source']} {profile['name']}")
     if fid.get("steps"):
         print(f"planner predicted vs measured generation actions' phase: median relative error "
-              f"{fid['median_relative_error']:+.1%} over {fid['steps']} steps")
+              f"{_number(fid['median_relative_error'], '+.1%')} over {fid['steps']} steps")
     engine = summary.get("engine") or {}
     if engine.get("starts") or engine.get("weight_pushes"):
         print(f"generation engine: {engine['starts']:.0f} started ({engine['start_s']:.1f} s), "

@@ -7,6 +7,7 @@ planner sizes the fan-out for), fan-out decisions, and cost per step.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,16 @@ def planner_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _nan_for_null(values: dict[str, Any]) -> dict[str, Any]:
+    """A summary entry whose nulls (NaN or infinite numbers: ``json_safe``) read as NaN again,
+    which the tables print as ``nan`` and the plots leave out."""
+    return {k: math.nan if v is None else v for k, v in values.items()}
+
+
 def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
     """Write ``report.md`` and the plots into ``out``; returns the files written."""
-    steps = [StepFigures.of(s) for s in summary["steps"]]
+    steps = [StepFigures.of(_nan_for_null(s)) for s in summary["steps"]]
+    evals = [_nan_for_null(e) for e in summary["evals"]]
     xs = [s.step + 1 for s in steps]
     files = []
     # billed_gpu_seconds is GPU-seconds only on OpenWhisk; locally it is action wall time.
@@ -81,8 +89,8 @@ def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
     plots = {
         "reward.png": ("Reward and held-out accuracy", "step", "fraction correct (0-1)",
                        {"mean reward (training samples)": (xs, [s.reward_mean for s in steps]),
-                        "held-out greedy accuracy": ([e["step"] for e in summary["evals"]],
-                                                     [e["accuracy"] for e in summary["evals"]])}, "line"),
+                        "held-out greedy accuracy": ([e["step"] for e in evals], [e["accuracy"] for e in evals])},
+                       "line"),
         "response_length.png": ("Response length", "step", "tokens",
                                 {"mean": (xs, [s.response_length_mean for s in steps]),
                                  "max": (xs, [s.response_length_max for s in steps])}, "line"),
