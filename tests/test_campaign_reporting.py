@@ -10,7 +10,7 @@ import prefect.artifacts
 import prefect.context
 import pytest
 
-from flows.campaign.reporting import summarize
+from flows.campaign.reporting import PROGRESS_PHASES, summarize
 from flows.campaign.state import CampaignState, EvalRecord
 from flows.commands.report import write_report
 
@@ -27,7 +27,7 @@ def _state(**update) -> CampaignState:
 def _step(step: int, **values: float) -> dict:
     return {"step": float(step), "reward/mean": 0.5, "response_length/mean": 6.0, "response_length/max": 9.0,
             "actors/n": 1.0, "actors/migrated": 0.0, "cost/billed_gpu_seconds": 1.0, "cost/gpu_seconds": 0.5,
-            "cost/usd": 0.001, "timing_s/step": 2.0, **values}
+            "cost/usd": 0.001, **{f"timing_s/{p}": 0.25 for p in PROGRESS_PHASES}, "timing_s/step": 2.0, **values}
 
 
 def _eval(step: int, **values: float) -> EvalRecord:
@@ -47,3 +47,21 @@ def test_a_nan_metric_is_null_in_the_summary_which_is_strict_json(tmp_path):
     write_report({**back, "profile": None}, tmp_path)  # report.md reads the nulls as NaN
     report = (tmp_path / "report.md").read_text()
     assert "| 2 | nan | 6.0 |" in report and (tmp_path / "reward.png").exists()
+
+
+@pytest.mark.parametrize("kind, unit", [("local", "action-seconds"), ("openwhisk", "GPU-seconds")])
+def test_the_report_artifact_names_the_unit_billed_time_has_on_the_invoker(tiny_config, monkeypatch, kind, unit):
+    from flows.campaign.overhead import Background
+    from flows.campaign.reporting import Reporter
+
+    reports = []
+    monkeypatch.setattr(prefect.context.FlowRunContext, "get", classmethod(lambda cls: object()))
+    monkeypatch.setattr(prefect.artifacts, "create_table_artifact", lambda **kwargs: None)
+    monkeypatch.setattr(prefect.artifacts, "create_markdown_artifact", lambda key, markdown: reports.append(markdown))
+    publisher = Background()
+    reporter = Reporter(tiny_config(f"invoker.kind={kind}"), RUN, publisher, progress=lambda m: None)
+    state = _state(step=1, steps=[_step(0)])
+    reporter.committed(state, type("Record", (), {"metrics": state.steps[-1]})())
+    publisher.wait()
+    reporter.close()
+    assert f"- billed 1.00 {unit} ($0.00100), step 2.00 s" in reports[0]

@@ -19,7 +19,7 @@ from flows.campaign.state import CampaignState
 from flows.campaign.trackers import RunEnd, Trackers
 from flows.config import CampaignConfig
 from flows.planning.record import StepRecord
-from flows.step.metrics import StepFigures, engine_totals, planner_fidelity
+from flows.step.metrics import StepFigures, billing, engine_totals, planner_fidelity
 
 Progress = Callable[[str], None]
 
@@ -30,6 +30,7 @@ class Reporter:
     def __init__(self, cfg: CampaignConfig, run_id: str, publisher: Background, progress: Progress) -> None:
         self.run_id, self.total, self.publisher, self.progress = run_id, cfg.steps, publisher, progress
         self.algorithm = cfg.algorithm.name  # which learning warnings apply
+        self.unit = billing(cfg.invoker.kind)["unit"]  # what billed time is on this invoker
         self.board = Trackers.open(cfg, run_id)  # observability.report_to: TensorBoard, wandb, MLflow, trackio
         self.progress_id: Any = None
 
@@ -41,7 +42,7 @@ class Reporter:
         """The step ``record`` was committed as ``state``: queue its artifacts, write its
         scalars, print its line."""
         self.publisher.submit(_publish, self.run_id, list(state.steps), list(state.evals), self.progress_id,
-                              state.step, self.total)
+                              state.step, self.total, self.unit)
         self.board.add_step(state.step, dict(record.metrics), state.evals)
         self.progress(progress_line(state, StepFigures.of(record.metrics), self.total))
         for line in new_warning_lines(state.steps, self.total, self.algorithm):  # a run that cannot learn says so
@@ -55,8 +56,8 @@ class Reporter:
 
 
 def _publish(run_id: str, steps: list[dict[str, Any]], evals: list[Any], progress_id: Any,
-             done: int, total: int) -> None:
-    publish_step_artifacts(run_id, steps, evals)
+             done: int, total: int, unit: str) -> None:
+    publish_step_artifacts(run_id, steps, evals, unit)
     update_progress(progress_id, run_id, done, total)
 
 
