@@ -65,3 +65,92 @@ def test_the_report_artifact_names_the_unit_billed_time_has_on_the_invoker(tiny_
     publisher.wait()
     reporter.close()
     assert f"- billed 1.00 {unit} ($0.00100), step 2.00 s" in reports[0]
+
+
+def test_an_accounted_block_collects_every_activation_and_failed_attempt(tiny_config):
+    from flows.campaign.setup import ledger_cost
+    from flows.invokers.base import Activation
+    from flows.step.context import RunContext, set_context
+    from flows.step.invoke import accounted, invoke_action
+
+    killed = Activation("noop", "k", {}, 0.0, 0.0, 2.0, 0.0)  # retried by the invoker: billed 2 s
+
+    class Invoker:
+        sees_local_files = True
+
+        def invoke(self, action, payload, *, timeout_s=None):
+            return Activation(action, "a", {"ok": True}, 0.0, 0.0, 1.0, 0.75, failed_attempts=(killed,))
+
+    ctx = RunContext(config=tiny_config("scaling.gpus_per_actor=2", "price_per_gpu_second=0.5"), store=None,
+                     invoker=Invoker(), run_id=RUN)
+    set_context(ctx)
+    try:
+        invoke_action.fn(action="noop", payload={}, shard="outside")  # no block: nothing kept
+        with accounted() as ledger:
+            invoke_action.fn(action="noop", payload={}, shard="probe-0")
+            with accounted() as inner:  # an evaluation inside set-up keeps its own
+                invoke_action.fn(action="noop", payload={}, shard="eval")
+    finally:
+        set_context(None)
+    assert [(a.shard, a.billed_s) for a in ledger.records] == [("probe-0", 1.0)]
+    assert [(a.shard, a.billed_s) for a in ledger.failed] == [("probe-0", 2.0)]
+    assert [a.shard for a in inner.records] == ["eval"]
+    cost = ledger_cost(ctx, ledger)  # (1 + 2) s billed, 0.75 s busy, times 2 GPUs; at $0.5
+    assert (cost["cost/billed_gpu_seconds"], cost["cost/gpu_seconds"], cost["cost/usd"]) == (6.0, 1.5, 3.0)
+
+
+def test_the_budget_keeps_room_for_the_evaluation_after_the_next_step(tiny_config):
+    from flows.campaign.advance import budget_stop
+
+    # spent 10 billed s; the last step cost 2, the last evaluation 1.5: the next step and the
+    # evaluation that follows it (due, or made by a stop after it) bring about 3.5
+    state = _state(step=2, steps=[_step(0), _step(1, **{"cost/billed_gpu_seconds": 2.0})], evals=[_eval(0)],
+                   spend={"billed_gpu_seconds": 10.0, "useful_gpu_seconds": 5.0, "usd": 0.01})
+    state.evals[0].billed_gpu_seconds = 1.5
+    assert budget_stop(tiny_config("steps=4", "budget.gpu_seconds=13.5"), state) is None
+    reason = budget_stop(tiny_config("steps=4", "budget.gpu_seconds=13"), state)
+    assert reason == ("budget.gpu_seconds=13.0 would be exceeded by the next step and the evaluation after it "
+                      "(spent 10.0, next about 3.5)")
+    state.prepared.data["evaluation"] = "none"  # no eval set: only the step
+    assert budget_stop(tiny_config("steps=4", "budget.gpu_seconds=12"), state) is None
+
+
+def test_a_state_committed_before_the_spend_was_broken_down_reads_its_steps_only():
+    old = _state(step=3, spend={"billed_gpu_seconds": 6.0, "useful_gpu_seconds": 4.0, "usd": 0.5})
+    assert old.spend == {"billed_gpu_seconds": 6.0, "useful_gpu_seconds": 4.0, "usd": 0.5,
+                         "steps_billed_gpu_seconds": 6.0, "evaluations_billed_gpu_seconds": 0.0,
+                         "setup_billed_gpu_seconds": 0.0}
+    assert old.spend_since_step == 3 and _state().spend_since_step == 0
+    summary = summarize(old, 1.0)
+    assert summary["billed_gpu_seconds_by_part"] == {"steps": 6.0, "evaluations": 0.0, "setup": 0.0}
+    assert summary["spend_since_step"] == 3
+
+
+def test_the_spend_counts_every_activation_the_campaign_invokes_by_part(tiny_config, prefect_harness, monkeypatch):
+    from collections import defaultdict
+
+    from flows.campaign.run import run_campaign
+    from flows.invokers.inprocess import InProcessInvoker
+
+    billed: dict[str, float] = defaultdict(float)
+    invoke = InProcessInvoker.invoke
+
+    def counting(self, action, payload, *, timeout_s=None):
+        activation = invoke(self, action, payload, timeout_s=timeout_s)
+        billed[action] += activation.billed_s
+        return activation
+
+    monkeypatch.setattr(InProcessInvoker, "invoke", counting)
+    setup = ("prepare", "warmup", "profile", "noop")
+    for steps, resume in ((1, False), (2, True)):  # a resume profiles again: set-up too
+        cfg = tiny_config("invoker.kind=inprocess", "run_id=spend", "eval_every=1", f"steps={steps}")
+        summary = run_campaign(cfg, resume=resume, progress=lambda m: None)
+        parts = summary["billed_gpu_seconds_by_part"]
+        assert set(billed) == {*setup, "evaluate", "generate", "score", "train_step"}
+        assert summary["billed_gpu_seconds"] == pytest.approx(sum(billed.values()))
+        assert parts["steps"] == pytest.approx(sum(s["cost/billed_gpu_seconds"] for s in summary["steps"]))
+        assert parts["evaluations"] == pytest.approx(billed["evaluate"])
+        assert parts["evaluations"] == pytest.approx(sum(e["billed_gpu_seconds"] for e in summary["evals"]))
+        assert parts["setup"] == pytest.approx(sum(billed[a] for a in setup))
+        assert summary["usd"] == pytest.approx(summary["billed_gpu_seconds"] * cfg.price_per_gpu_second)
+    assert [e["step"] for e in summary["evals"]] == [0, 1, 2] and summary["spend_since_step"] == 0

@@ -15,7 +15,7 @@ from typing import Any
 from flows.campaign.artifacts import publish_step_artifacts, start_progress, update_progress
 from flows.campaign.learning_warnings import new_warning_lines
 from flows.campaign.overhead import Background
-from flows.campaign.state import CampaignState
+from flows.campaign.state import SPEND_PARTS, CampaignState
 from flows.campaign.trackers import RunEnd, Trackers
 from flows.config import CampaignConfig
 from flows.planning.record import StepRecord
@@ -104,9 +104,12 @@ def summarize(state: CampaignState, wall: float, **extra: Any) -> dict[str, Any]
         "eval_reward_mean_last": state.evals[-1].reward_mean if state.evals else None,
         "reward_mean_first": StepFigures.of(steps[0]).reward_mean if steps else None,
         "reward_mean_last": StepFigures.of(steps[-1]).reward_mean if steps else None,
+        # every activation the campaign invoked through its invoker (README, Billing), and by part
         "billed_gpu_seconds": state.spend["billed_gpu_seconds"],
         "useful_gpu_seconds": state.spend["useful_gpu_seconds"],
         "usd": state.spend["usd"],
+        "billed_gpu_seconds_by_part": {part: state.spend[f"{part}_billed_gpu_seconds"] for part in SPEND_PARTS},
+        "spend_since_step": state.spend_since_step,
         "wall_seconds": wall,
         "policy_version": state.policy_version,
         "data": state.prepared.data,

@@ -35,7 +35,7 @@ from flows.campaign.overhead import Background, StepClock, hold_for_training, op
 from flows.campaign.preflight import check_campaign
 from flows.campaign.prestart import FlowRunStarter
 from flows.campaign.reporting import Reporter, summarize
-from flows.campaign.setup import evaluate, evaluates, model_ref, set_up
+from flows.campaign.setup import add_setup_spend, evaluate, evaluates, model_ref, set_up
 from flows.campaign.state import CampaignRefused, CampaignState, check_resume, commit_state, load_state
 from flows.campaign.warming import PoolWarming
 from flows.config import CampaignConfig
@@ -44,6 +44,7 @@ from flows.planning.planner import Planner
 from flows.planning.retention import Retention
 from flows.step.context import RunContext, set_context
 from flows.step.flow import rlhf_step
+from flows.step.invoke import accounted
 from flows.step.metrics import billing, timing_key
 from flows.step.phase import build_planner
 
@@ -123,9 +124,11 @@ def _start(ctx: RunContext, existing: CampaignState | None, lease: RunLease, col
         commit_state(ctx.store, state)
     else:  # finish a collection a crash may have cut short
         collect(state)
-    if ctx.live is None:
+    if ctx.live is None:  # a resume profiles again: set-up's spend, committed with its first step
         tokens = parse_token_table(get_json(ctx.store, state.prepared.tokens_key))
-        ctx.live = finish_profiling(ctx, start_profiling(ctx, model_ref(ctx, state), tokens), progress)
+        with accounted() as ledger:
+            ctx.live = finish_profiling(ctx, start_profiling(ctx, model_ref(ctx, state), tokens), progress)
+        add_setup_spend(ctx, state, ledger)
     state.stopped_reason = None
     return state
 
@@ -156,7 +159,7 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
             warming.before_next_step(record.phase.num_actors, model_ref(ctx, state).model_dump(mode="json"))
         if evaluates(state) and (cfg.eval_every and state.step % cfg.eval_every == 0 or state.step == cfg.steps
                                  or stop):
-            state.evals.append(evaluate(ctx, state, clock))
+            state.add_evaluation(evaluate(ctx, state, clock))
         last[timing_key("period")], last[timing_key("overhead")] = clock.close_period(last[timing_key("work")])
         lease.check()
         t_commit = time.time()

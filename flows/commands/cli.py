@@ -235,8 +235,10 @@ def _print_summary(summary: dict[str, Any], summary_path: Path) -> None:
                  f"{_number(summary['eval_reward_mean_first'], '.3f')} -> "
                  f"{_number(summary['eval_reward_mean_last'], '.3f')}"
                  if summary.get("evals") else "no evaluation (no data.eval_path nor data.eval_fraction)")
-    print(f"{evaluated}; "
-          f"billed {summary['billed_gpu_seconds']:.1f} {summary['billing']['unit']}; wall {summary['wall_seconds']:.0f} s")
+    parts = summary["billed_gpu_seconds_by_part"]
+    print(f"{evaluated}; billed {summary['billed_gpu_seconds']:.1f} {summary['billing']['unit']} (steps "
+          f"{parts['steps']:.1f}, evaluations {parts['evaluations']:.1f}, set-up {parts['setup']:.1f}); "
+          f"wall {summary['wall_seconds']:.0f} s")
     profile, fid = summary.get("profile"), (summary.get("planner_fidelity") or {}).get("generate", {})
     if profile:
         print(f"planner profile: {profile['source']} {profile['name']}")

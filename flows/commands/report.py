@@ -78,6 +78,18 @@ def _nan_for_null(values: dict[str, Any]) -> dict[str, Any]:
     return {k: math.nan if v is None else v for k, v in values.items()}
 
 
+def _by_part(summary: dict[str, Any]) -> str:
+    """``; steps 3.1, evaluations 0.4, set-up 2.2`` of billed time (summaries from before the
+    breakdown: ""), with the step from which evaluations and set-up are counted, when not 0."""
+    parts = summary.get("billed_gpu_seconds_by_part")
+    if not parts:
+        return ""
+    since = summary.get("spend_since_step") or 0
+    note = f" (evaluations and set-up counted from step {since} on)" if since else ""
+    return (f"; steps {parts['steps']:.1f}, evaluations {parts['evaluations']:.1f}, "
+            f"set-up {parts['setup']:.1f}{note}")
+
+
 def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
     """Write ``report.md`` and the plots into ``out``; returns the files written."""
     steps = [StepFigures.of(_nan_for_null(s)) for s in summary["steps"]]
@@ -111,7 +123,7 @@ def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
              f"- held-out accuracy: {summary['eval_accuracy_first']} -> {summary['eval_accuracy_last']}, mean reward "
              f"{summary.get('eval_reward_mean_first')} -> {summary.get('eval_reward_mean_last')}",
              f"- billed {unit}: {summary['billed_gpu_seconds']:.1f} (useful {summary['useful_gpu_seconds']:.1f}),"
-             f" cost ${summary['usd']:.4f} at price_per_gpu_second",
+             f" cost ${summary['usd']:.4f} at price_per_gpu_second{_by_part(summary)}",
              f"- billing: {meaning}",
              f"- wall time: {summary['wall_seconds']:.0f} s; policy version {summary['policy_version']}",
              f"- weights sha256: `{summary['weights_sha256']}`"]
