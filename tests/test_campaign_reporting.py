@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import prefect.artifacts
 import prefect.context
 import pytest
 
 from flows.campaign.reporting import PROGRESS_PHASES, summarize
-from flows.campaign.state import CampaignState, EvalRecord
+from flows.campaign.state import SPEND_KEYS, CampaignState, EvalRecord
 from flows.commands.report import write_report
 
 RUN = "rep"
@@ -119,11 +120,11 @@ def test_a_state_committed_before_the_spend_was_broken_down_reads_its_steps_only
     old = _state(step=3, spend={"billed_gpu_seconds": 6.0, "useful_gpu_seconds": 4.0, "usd": 0.5})
     assert old.spend == {"billed_gpu_seconds": 6.0, "useful_gpu_seconds": 4.0, "usd": 0.5,
                          "steps_billed_gpu_seconds": 6.0, "evaluations_billed_gpu_seconds": 0.0,
-                         "setup_billed_gpu_seconds": 0.0}
+                         "setup_billed_gpu_seconds": 0.0, "wall_seconds": 0.0}
     assert old.spend_since_step == 3 and _state().spend_since_step == 0
     summary = summarize(old, 1.0)
     assert summary["billed_gpu_seconds_by_part"] == {"steps": 6.0, "evaluations": 0.0, "setup": 0.0}
-    assert summary["spend_since_step"] == 3
+    assert summary["spend_since_step"] == 3 and summary["wall_seconds_total"] == 0.0
 
 
 def test_the_spend_counts_every_activation_the_campaign_invokes_by_part(tiny_config, prefect_harness, monkeypatch):
@@ -142,9 +143,12 @@ def test_the_spend_counts_every_activation_the_campaign_invokes_by_part(tiny_con
 
     monkeypatch.setattr(InProcessInvoker, "invoke", counting)
     setup = ("prepare", "warmup", "profile", "noop")
+    walls = []
     for steps, resume in ((1, False), (2, True)):  # a resume profiles again: set-up too
         cfg = tiny_config("invoker.kind=inprocess", "run_id=spend", "eval_every=1", f"steps={steps}")
+        t0 = time.time()
         summary = run_campaign(cfg, resume=resume, progress=lambda m: None)
+        walls.append((time.time() - t0, summary["wall_seconds"], summary["wall_seconds_total"]))
         parts = summary["billed_gpu_seconds_by_part"]
         assert set(billed) == {*setup, "evaluate", "generate", "score", "train_step"}
         assert summary["billed_gpu_seconds"] == pytest.approx(sum(billed.values()))
@@ -154,3 +158,25 @@ def test_the_spend_counts_every_activation_the_campaign_invokes_by_part(tiny_con
         assert parts["setup"] == pytest.approx(sum(billed[a] for a in setup))
         assert summary["usd"] == pytest.approx(summary["billed_gpu_seconds"] * cfg.price_per_gpu_second)
     assert [e["step"] for e in summary["evals"]] == [0, 1, 2] and summary["spend_since_step"] == 0
+    # wall time: this session's, and every session's, which grows with the run
+    (first, first_session, first_total), (second, second_session, second_total) = walls
+    assert first_session <= first and first_total == pytest.approx(first_session, abs=0.05)
+    assert second_session <= second and second_total == pytest.approx(first_total + second_session, abs=0.5)
+
+
+def test_the_wall_time_of_a_resumed_run_adds_to_the_one_committed(tmp_path):
+    from actions.store import LocalStore
+    from flows.campaign.run import SessionWall
+    from flows.campaign.state import commit_state, load_state
+
+    store = LocalStore(tmp_path)
+    state = _state(step=1, spend=dict.fromkeys(SPEND_KEYS, 0.0) | {"wall_seconds": 40.0})  # 40 s committed
+    wall = SessionWall(time.time() - 5.0)  # this session started 5 s ago
+    wall.stamp(state)
+    commit_state(store, state)
+    assert load_state(store, RUN).spend["wall_seconds"] == pytest.approx(45.0, abs=0.5)
+    summary = summarize(state, wall.session_s(), wall.total_s(state))
+    assert summary["wall_seconds"] == pytest.approx(5.0, abs=0.5)
+    assert summary["wall_seconds_total"] == pytest.approx(45.0, abs=0.5)
+    write_report({**summary, "profile": None}, tmp_path)
+    assert "- wall time: 45 s in all, 5 s in this session;" in (tmp_path / "report.md").read_text()

@@ -91,9 +91,11 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def summarize(state: CampaignState, wall: float, **extra: Any) -> dict[str, Any]:
+def summarize(state: CampaignState, wall: float, wall_total: float | None = None, **extra: Any) -> dict[str, Any]:
     """The campaign's JSON summary (README, The CLI), with the entries of ``extra`` added;
-    strict JSON: a metric that is NaN or infinite is null (:func:`json_safe`)."""
+    strict JSON: a metric that is NaN or infinite is null (:func:`json_safe`). ``wall``: this
+    process's seconds on the run; ``wall_total``: every process's, resumes included (default:
+    what ``state`` committed, ``spend["wall_seconds"]``)."""
     steps = [{k: v for k, v in s.items() if k != "plan"} for s in state.steps]
     return json_safe({
         "run_id": state.run_id,
@@ -110,7 +112,8 @@ def summarize(state: CampaignState, wall: float, **extra: Any) -> dict[str, Any]
         "usd": state.spend["usd"],
         "billed_gpu_seconds_by_part": {part: state.spend[f"{part}_billed_gpu_seconds"] for part in SPEND_PARTS},
         "spend_since_step": state.spend_since_step,
-        "wall_seconds": wall,
+        "wall_seconds": wall,  # this process's: `train --resume` starts it again
+        "wall_seconds_total": state.spend["wall_seconds"] if wall_total is None else wall_total,
         "policy_version": state.policy_version,
         "data": state.prepared.data,
         "weights_sha256": state.weights_sha256,

@@ -68,6 +68,27 @@ def run_campaign(cfg: CampaignConfig, *, resume: bool = False, progress: Progres
         return _run_leased(cfg, store, run_id, lease, resume, progress, started)
 
 
+class SessionWall:
+    """This process's wall time since ``started``, added to the state at each commit (so a
+    resumed run's ``spend["wall_seconds"]`` continues the runs before it)."""
+
+    def __init__(self, started: float) -> None:
+        self.started = self.mark = started
+
+    def stamp(self, state: CampaignState) -> None:
+        """Add the time since the last stamp (or the start) to ``state``, about to be committed."""
+        now = time.time()
+        state.add_wall(now - self.mark)
+        self.mark = now
+
+    def session_s(self) -> float:
+        return time.time() - self.started
+
+    def total_s(self, state: CampaignState) -> float:
+        """Every process's wall time on the run: ``state``'s, committed, and this one's since."""
+        return state.spend["wall_seconds"] + time.time() - self.mark
+
+
 def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: RunLease, resume: bool,
                 progress: Progress, started: float) -> dict[str, Any]:
     existing = load_state(store, run_id)
@@ -86,14 +107,15 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
     collect = Collector(store, Retention(cfg.store.keep_last, cfg.store.checkpoint_every), lease)
     warming = PoolWarming(cfg, invoker, num_workers)
     failure: BaseException | None = None  # how the trackers record the run's end
+    wall = SessionWall(started)
     try:
-        state = _start(ctx, existing, lease, collect, progress)
+        state = _start(ctx, existing, lease, collect, progress, wall)
         if state.step < cfg.steps and not budget_stop(cfg, state):
             warming.before_first_step(model_ref(ctx, state).model_dump(mode="json"))
         reporter.start(state.step)
         planner = build_planner(ctx, num_workers, state.planner)  # once: from the config and the profile
         with quiet_step_flows():
-            state = _loop(ctx, state, planner, lease, collect, warming, step_flow, quiet_api, reporter)
+            state = _loop(ctx, state, planner, lease, collect, warming, step_flow, quiet_api, reporter, wall)
     except BaseException as exc:  # Ctrl-C and SIGTERM too: a tracker records them as killed
         failure = exc
         raise
@@ -108,19 +130,20 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
                 publisher.wait()
         finally:
             reporter.close(failure)  # last: a tracker that fails to end skips no other clean-up
-    return summarize(state, time.time() - started, billing=billing(cfg.invoker.kind), gc=collect.totals,
+    return summarize(state, wall.session_s(), wall.total_s(state), billing=billing(cfg.invoker.kind), gc=collect.totals,
                      warnings=learning_warnings(state.steps, cfg.steps, cfg.algorithm.name),
                      profile=ctx.live.describe() if ctx.live else None)
 
 
 def _start(ctx: RunContext, existing: CampaignState | None, lease: RunLease, collect: Collector,
-           progress: Progress) -> CampaignState:
+           progress: Progress, wall: SessionWall) -> CampaignState:
     """The state to continue from: a new run's record 0, committed, or the last commit of a
     resumed one (whose profile comes from the store's cache, usually)."""
     state = existing
     if state is None:
         state = set_up(ctx, progress)
         lease.check()
+        wall.stamp(state)
         commit_state(ctx.store, state)
     else:  # finish a collection a crash may have cut short
         collect(state)
@@ -135,7 +158,7 @@ def _start(ctx: RunContext, existing: CampaignState | None, lease: RunLease, col
 
 def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLease, collect: Collector,
           warming: PoolWarming, step_flow: FlowRunStarter, quiet_api: threading.Event,
-          reporter: Reporter) -> CampaignState:
+          reporter: Reporter, wall: SessionWall) -> CampaignState:
     """Steps until ``steps`` or the budget: run one (planned and observed by ``planner``),
     pre-warm the next, evaluate, commit, collect, report. The budget is checked as soon as a
     step's cost is known: the step after which it refuses the next is the run's last, so its
@@ -164,6 +187,7 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
         lease.check()
         t_commit = time.time()
         state.mark_checkpoint(cfg.store.checkpoint_every)
+        wall.stamp(state)
         commit_state(ctx.store, state)
         collect(state)  # after the commit, never before
         drop_unreferenced(ctx.store, ctx.prefix, old_drafts, state.draft_index)

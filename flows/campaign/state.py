@@ -63,7 +63,8 @@ SPEND_PARTS = ("steps", "evaluations", "setup")
 """What a campaign's activations are for: its RL steps, its held-out evaluations, its set-up
 (prepare where it runs through the invoker, warm-up, the critic's first version, the profile
 and the activation round-trip probes, at the start and at each resume)."""
-SPEND_KEYS = ("billed_gpu_seconds", "useful_gpu_seconds", "usd", *(f"{p}_billed_gpu_seconds" for p in SPEND_PARTS))
+SPEND_KEYS = ("billed_gpu_seconds", "useful_gpu_seconds", "usd", *(f"{p}_billed_gpu_seconds" for p in SPEND_PARTS),
+              "wall_seconds")
 
 
 class CampaignState(BaseModel):
@@ -85,12 +86,14 @@ class CampaignState(BaseModel):
     evals: list[EvalRecord] = []
     weights_sha256: str = ""
     spend: dict[str, float] = dict.fromkeys(SPEND_KEYS, 0.0)
-    """What the run's activations cost so far (:func:`add_spend`): ``billed_gpu_seconds``,
-    ``useful_gpu_seconds`` and ``usd`` of every activation the campaign invoked through its
-    invoker, and billed time by part (``steps_``, ``evaluations_``, ``setup_billed_gpu_seconds``)."""
+    """What the run cost so far: ``billed_gpu_seconds``, ``useful_gpu_seconds`` and ``usd`` of
+    every activation the campaign invoked through its invoker, billed time by part (``steps_``,
+    ``evaluations_``, ``setup_billed_gpu_seconds``: :meth:`add_spend`), and ``wall_seconds``, the
+    wall time of the processes that ran it, each up to its last commit (:meth:`add_wall`)."""
     spend_since_step: int = 0
-    """The step from which ``spend`` counts evaluations and set-up: a run committed before they
-    were counted read them as 0 up to the step it was resumed from (its steps were counted)."""
+    """The step from which ``spend`` counts evaluations, set-up and wall time: a run committed
+    before they were counted reads them as 0 up to the step it was resumed from (its steps were
+    counted)."""
     draft_index: dict[str, int] = {}
     """prompt_id -> step whose draft object holds its latest responses (``flows/campaign/drafts.py``)."""
     stopped_reason: str | None = None
@@ -114,7 +117,8 @@ class CampaignState(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _spend_of_older_records(cls, data: Any) -> Any:
-        """Records written before the spend was broken down counted only the steps in it."""
+        """Records written before the spend was broken down counted only the steps in it (and
+        no wall time)."""
         if not isinstance(data, dict) or not isinstance(data.get("spend"), dict):
             return data
         spend = data["spend"]
@@ -131,6 +135,10 @@ class CampaignState(BaseModel):
                            (f"{part}_billed_gpu_seconds", billed)):
             spend[key] = spend.get(key, 0.0) + value
         self.spend = spend
+
+    def add_wall(self, seconds: float) -> None:
+        """Add ``seconds`` of a process's wall time to ``spend["wall_seconds"]`` (a new dict)."""
+        self.spend = {**self.spend, "wall_seconds": self.spend.get("wall_seconds", 0.0) + seconds}
 
     def add_evaluation(self, record: EvalRecord) -> None:
         """Record an evaluation, and its cost in ``spend``."""

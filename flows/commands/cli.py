@@ -238,7 +238,7 @@ def _print_summary(summary: dict[str, Any], summary_path: Path) -> None:
     parts = summary["billed_gpu_seconds_by_part"]
     print(f"{evaluated}; billed {summary['billed_gpu_seconds']:.1f} {summary['billing']['unit']} (steps "
           f"{parts['steps']:.1f}, evaluations {parts['evaluations']:.1f}, set-up {parts['setup']:.1f}); "
-          f"wall {summary['wall_seconds']:.0f} s")
+          f"wall {summary['wall_seconds']:.0f} s ({summary['wall_seconds_total']:.0f} s in all)")
     profile, fid = summary.get("profile"), (summary.get("planner_fidelity") or {}).get("generate", {})
     if profile:
         print(f"planner profile: {profile['source']} {profile['name']}")

@@ -90,6 +90,17 @@ def _by_part(summary: dict[str, Any]) -> str:
             f"set-up {parts['setup']:.1f}{note}")
 
 
+def _wall(summary: dict[str, Any]) -> str:
+    """``95 s in all, 40 s in this session`` (a resumed run), ``40 s`` (one session, or a
+    summary from before the total was kept)."""
+    total, session = summary.get("wall_seconds_total"), summary["wall_seconds"]
+    if total is None or round(total) == round(session):
+        return f"{session:.0f} s"
+    since = summary.get("spend_since_step") or 0
+    return (f"{total:.0f} s in all{f' from step {since} on' if since else ''}, "
+            f"{session:.0f} s in this session")
+
+
 def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
     """Write ``report.md`` and the plots into ``out``; returns the files written."""
     steps = [StepFigures.of(_nan_for_null(s)) for s in summary["steps"]]
@@ -125,7 +136,7 @@ def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
              f"- billed {unit}: {summary['billed_gpu_seconds']:.1f} (useful {summary['useful_gpu_seconds']:.1f}),"
              f" cost ${summary['usd']:.4f} at price_per_gpu_second{_by_part(summary)}",
              f"- billing: {meaning}",
-             f"- wall time: {summary['wall_seconds']:.0f} s; policy version {summary['policy_version']}",
+             f"- wall time: {_wall(summary)}; policy version {summary['policy_version']}",
              f"- weights sha256: `{summary['weights_sha256']}`"]
     if summary.get("stopped_reason"):
         lines.append(f"- stopped early: {summary['stopped_reason']}")
