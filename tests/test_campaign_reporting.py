@@ -130,7 +130,9 @@ def test_a_state_committed_before_the_spend_was_broken_down_reads_its_steps_only
 def test_the_spend_counts_every_activation_the_campaign_invokes_by_part(tiny_config, prefect_harness, monkeypatch):
     from collections import defaultdict
 
+    from actions.store import open_store
     from flows.campaign.run import run_campaign
+    from flows.campaign.state import load_state
     from flows.invokers.inprocess import InProcessInvoker
 
     billed: dict[str, float] = defaultdict(float)
@@ -158,6 +160,7 @@ def test_the_spend_counts_every_activation_the_campaign_invokes_by_part(tiny_con
         assert parts["setup"] == pytest.approx(sum(billed[a] for a in setup))
         assert summary["usd"] == pytest.approx(summary["billed_gpu_seconds"] * cfg.price_per_gpu_second)
     assert [e["step"] for e in summary["evals"]] == [0, 1, 2] and summary["spend_since_step"] == 0
+    assert load_state(open_store(cfg.store.uri), "spend").steps_configured == 2  # for `status`
     # wall time: this session's, and every session's, which grows with the run
     (first, first_session, first_total), (second, second_session, second_total) = walls
     assert first_session <= first and first_total == pytest.approx(first_session, abs=0.05)
@@ -180,3 +183,47 @@ def test_the_wall_time_of_a_resumed_run_adds_to_the_one_committed(tmp_path):
     assert summary["wall_seconds_total"] == pytest.approx(45.0, abs=0.5)
     write_report({**summary, "profile": None}, tmp_path)
     assert "- wall time: 45 s in all, 5 s in this session;" in (tmp_path / "report.md").read_text()
+
+
+def test_status_shows_the_run_state_its_configured_steps_and_who_holds_its_lease(tmp_path, capsys):
+    from actions.store import LocalStore
+    from flows.campaign.lease import RunLease
+    from flows.campaign.state import commit_state
+    from flows.commands.cli import main
+
+    store = LocalStore(tmp_path)
+
+    def status() -> dict:
+        assert main(["status", RUN, "--store", str(tmp_path)]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    commit_state(store, _state(step=1, steps_configured=3, steps=[_step(0)]))
+    shown = status()
+    assert (shown["state"], shown["steps_committed"], shown["steps_configured"], shown["lease"]) == (
+        "incomplete", 1, 3, None)
+    # a process of another host holds the lease
+    lease = RunLease.acquire(store, RUN, ttl_s=60, renew=False, host="trainer", pid=4242, progress=lambda m: None)
+    shown = status()
+    assert shown["state"] == "running" and shown["lease"]["held"]
+    assert (shown["lease"]["host"], shown["lease"]["pid"]) == ("trainer", 4242)
+    assert 0 < shown["lease"]["expires_in_s"] <= 60 and shown["lease"]["stale"] is None
+    assert lease.record.token not in json.dumps(shown)  # who and when, never the token
+    lease.release()
+    # a lease left by a process that died long ago: stale, and the run is not running
+    RunLease.acquire(store, RUN, ttl_s=60, renew=False, host="trainer", pid=4242, clock=lambda: time.time() - 3600,
+                     progress=lambda m: None)
+    shown = status()
+    assert shown["state"] == "incomplete" and not shown["lease"]["held"] and "expired" in shown["lease"]["stale"]
+
+
+@pytest.mark.parametrize("update, word", [
+    ({"step": 3, "steps_configured": 3}, "complete"),
+    ({"step": 1, "steps_configured": 3, "stopped_reason": "budget.usd=1.0 would be exceeded"}, "stopped: budget"),
+    ({"step": 1, "steps_configured": 3}, "incomplete"),
+    ({"step": 1}, "not running"),  # committed before the configured steps were recorded
+])
+def test_the_state_word_of_a_run_nobody_trains(update, word):
+    from flows.campaign.status import run_state
+
+    assert run_state(_state(**update), None) == word
+    assert run_state(_state(**update), {"held": True}) == "running"

@@ -142,6 +142,7 @@ def _start(ctx: RunContext, existing: CampaignState | None, lease: RunLease, col
     state = existing
     if state is None:
         state = set_up(ctx, progress)
+        state.steps_configured = ctx.config.steps
         lease.check()
         wall.stamp(state)
         commit_state(ctx.store, state)
@@ -153,6 +154,7 @@ def _start(ctx: RunContext, existing: CampaignState | None, lease: RunLease, col
             ctx.live = finish_profiling(ctx, start_profiling(ctx, model_ref(ctx, state), tokens), progress)
         add_setup_spend(ctx, state, ledger)
     state.stopped_reason = None
+    state.steps_configured = ctx.config.steps  # a resume's own, committed with its next step
     return state
 
 

@@ -97,6 +97,9 @@ class CampaignState(BaseModel):
     draft_index: dict[str, int] = {}
     """prompt_id -> step whose draft object holds its latest responses (``flows/campaign/drafts.py``)."""
     stopped_reason: str | None = None
+    steps_configured: int | None = None
+    """``steps`` of the campaign that committed this record (a resume may raise it); None in
+    records from before it was kept."""
     sealed: dict[str, int] = {}
     """History list (``SEALED``) -> its leading entries sealed into history segments by the
     commits so far (``history.py``); a commit record carries only the entries after them."""

@@ -320,10 +320,16 @@ def _open_run(args: argparse.Namespace, command: str) -> tuple[Any, Any, Any]:
 
 
 def _status(args: argparse.Namespace) -> int:
-    _, _, state = _open_run(args, "status")
+    """The run's last commit, its lease (who trains it now) and the state word they make
+    (``flows/campaign/status.py``), as JSON."""
+    from flows.campaign.status import lease_status, run_state
+
+    _, store, state = _open_run(args, "status")
     last = state.steps[-1] if state.steps else {}
+    lease = lease_status(store, state.run_id)
     print(json.dumps({
-        "run_id": state.run_id, "steps_committed": state.step, "policy_version": state.policy_version,
+        "run_id": state.run_id, "state": run_state(state, lease), "steps_committed": state.step,
+        "steps_configured": state.steps_configured, "lease": lease, "policy_version": state.policy_version,
         "weights_sha256": state.weights_sha256, "spend": state.spend, "stopped_reason": state.stopped_reason,
         "last_eval": state.evals[-1].model_dump(mode="json") if state.evals else None,
         "last_metrics": {k: v for k, v in last.items() if k != "plan"},
