@@ -307,9 +307,10 @@ def test_campaign_metrics_land_in_wandb_mlflow_and_tensorboard_as_in_the_summary
     from flows.commands.cli import main
 
     uri = (tmp_path / "mlruns").as_uri()
+    monkeypatch.chdir(tmp_path)  # a tracker that ignored --out would write runs/tracked/ here
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
+    monkeypatch.delenv("WANDB_DIR", raising=False)  # wandb's folder goes into the run directory, --out
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
     trackio = importlib.util.find_spec("trackio") is not None  # compared too where installed
@@ -319,19 +320,19 @@ def test_campaign_metrics_land_in_wandb_mlflow_and_tensorboard_as_in_the_summary
         "algorithm": {"batch_size": 16, "group_size": 4}, "warmup": {"steps": 2}, "generation": {"max_new_tokens": 8},
         "data": {"num_train_prompts": 16, "num_eval_prompts": 4}, "steps": 2, "eval_every": 1, "run_id": "tracked",
         "store": {"uri": str(tmp_path / "store")}, "invoker": {"kind": "inprocess"},
-        "observability": {"report_to": ["tensorboard", "wandb", "mlflow"] + ["trackio"] * trackio,
-                          "tensorboard_dir": str(tmp_path / "tb")}}))
+        "observability": {"report_to": ["tensorboard", "wandb", "mlflow"] + ["trackio"] * trackio}}))
     assert main(["train", "--config", str(config), "--out", str(tmp_path / "run")]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     want = expected(summary)
     assert sorted(want) == [0, 1, 2] and "reward" in want[1] and "grad_norm" in want[1]
-    assert_same(read_wandb_history(tmp_path / "wb"), want, "wandb")
+    assert not (tmp_path / "runs").exists()  # TensorBoard's and wandb's files are in --out
+    assert_same(read_wandb_history(tmp_path / "run"), want, "wandb")
     assert_same(read_mlflow(uri, "tracked"), {s: without_path_prefixes(v) for s, v in want.items()}, "mlflow")
-    assert read_wandb_exit_code(tmp_path / "wb") == 0 and read_mlflow_status(uri, "tracked") == "FINISHED"
+    assert read_wandb_exit_code(tmp_path / "run") == 0 and read_mlflow_status(uri, "tracked") == "FINISHED"
     if trackio:
         assert_same(read_trackio("tracked"), want, "trackio")
     tb = {}
-    for name, points in read_scalars(tmp_path / "tb").items():
+    for name, points in read_scalars(tmp_path / "run" / "tensorboard").items():
         for step, value in points:
             tb.setdefault(step, {})[name] = value
     assert_same(tb, {s: {k: v for k, v in vals.items() if k not in TRL_NAMES.values()} for s, vals in want.items()},

@@ -167,6 +167,8 @@ def _train(args: argparse.Namespace) -> int:
     summary_path = Path(args.summary) if args.summary else out / "summary.json"
     if cfg.invoker.log_dir is None:  # worker logs live in the run directory
         cfg.invoker.log_dir = str(out / "logs")
+    if cfg.observability.tensorboard_dir is None:  # and so do the event files, and wandb's folder beside them
+        cfg.observability.tensorboard_dir = str(out / "tensorboard")
     if args.resume:
         from flows.campaign.finished import finished_run_line
 
