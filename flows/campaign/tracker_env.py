@@ -35,8 +35,8 @@ def tracker_error(tracker: str, exc: BaseException) -> ValueError:
     """``observability.report_to 'mlflow': <what the library said>; check MLFLOW_TRACKING_URI``:
     one line, secrets removed (a URL's password, an API key), at most 400 characters of the
     library's message."""
-    what = " ".join(str(exc).split()) or type(exc).__name__
-    what = redact(what if len(what) <= 400 else f"{what[:300]} ... {what[-100:]}")
+    what = redact(" ".join(str(exc).split())) or type(exc).__name__  # redacted whole: a cut could split a secret
+    what = what if len(what) <= 400 else f"{what[:300]} ... {what[-100:]}"
     return ValueError(f"observability.report_to {tracker!r}: {type(exc).__name__}: {what}; {HINTS[tracker]}")
 
 
