@@ -237,10 +237,11 @@ def _print_summary(summary: dict[str, Any], summary_path: Path) -> None:
                  f"{_number(summary['eval_reward_mean_first'], '.3f')} -> "
                  f"{_number(summary['eval_reward_mean_last'], '.3f')}"
                  if summary.get("evals") else "no evaluation (no data.eval_path nor data.eval_fraction)")
-    parts = summary["billed_gpu_seconds_by_part"]
+    parts, wall, total = summary["billed_gpu_seconds_by_part"], summary["wall_seconds"], summary["wall_seconds_total"]
+    resumed = f" ({total:.0f} s in all)" if round(total) != round(wall) else ""  # a resume: every session's
     print(f"{evaluated}; billed {summary['billed_gpu_seconds']:.1f} {summary['billing']['unit']} (steps "
           f"{parts['steps']:.1f}, evaluations {parts['evaluations']:.1f}, set-up {parts['setup']:.1f}); "
-          f"wall {summary['wall_seconds']:.0f} s ({summary['wall_seconds_total']:.0f} s in all)")
+          f"wall {wall:.0f} s{resumed}")
     profile, fid = summary.get("profile"), (summary.get("planner_fidelity") or {}).get("generate", {})
     if profile:
         print(f"planner profile: {profile['source']} {profile['name']}")
