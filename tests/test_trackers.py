@@ -1,4 +1,6 @@
-"""Experiment trackers (observability.report_to) hold the same step metrics as summary.json.
+"""Experiment trackers (observability.report_to) hold the same step metrics as summary.json,
+in the run directory, and end their runs as the campaign ended; one whose environment would
+not let it start is refused in one line before anything is written.
 
 wandb runs in offline mode (its transaction log is read back record by record) and MLflow on a
 ``file:`` store (``MLFLOW_ALLOW_FILE_STORE=true``: MLflow 3 keeps it in maintenance mode), both
