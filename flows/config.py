@@ -225,7 +225,9 @@ class ObservabilityConfig(_Section):
     """Experiment trackers that get every step's metrics (each an optional extra of the same
     name; flows/campaign/trackers.py). ``tensorboard: true`` is ``report_to: [tensorboard]``."""
     tensorboard_dir: str | None = None
-    """Event-file directory; None: ``runs/<run_id>/tensorboard``, beside the CLI's default run directory."""
+    """Event-file directory; wandb writes its ``wandb/`` folder beside it (unless ``WANDB_DIR``).
+    None: ``<run directory>/tensorboard``, the CLI's ``--out`` (default ``runs/<run_id>``);
+    ``runs/<run_id>/tensorboard`` for a flow run started without the CLI."""
 
 
 class CampaignConfig(WorkloadConfig):

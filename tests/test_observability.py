@@ -106,7 +106,7 @@ def test_the_metrics_table_shows_the_latest_steps_only(monkeypatch):
     for done in (3, TABLE_ROWS + 50):
         steps = [{**STEP_METRICS, "step": float(s), "timing_s/step": 1.0, "actors/migrated": 0.0,
                   "cost/billed_gpu_seconds": 1.0, "cost/gpu_seconds": 1.0} for s in range(done)]
-        assert publish_step_artifacts("Run_1", steps, [])
+        assert publish_step_artifacts("Run_1", steps, [], "action-seconds")
         description, rows = tables["run-1-metrics"]
         assert [r["step"] for r in rows] == list(range(max(1, done - TABLE_ROWS + 1), done + 1))
     assert description.startswith(f"per-step metrics of the latest {TABLE_ROWS} of {TABLE_ROWS + 50} steps")

@@ -1,4 +1,6 @@
-"""Experiment trackers (observability.report_to) hold the same step metrics as summary.json.
+"""Experiment trackers (observability.report_to) hold the same step metrics as summary.json,
+in the run directory, and end their runs as the campaign ended; one whose environment would
+not let it start is refused in one line before anything is written.
 
 wandb runs in offline mode (its transaction log is read back record by record) and MLflow on a
 ``file:`` store (``MLFLOW_ALLOW_FILE_STORE=true``: MLflow 3 keeps it in maintenance mode), both
@@ -54,6 +56,37 @@ def read_wandb_history(folder: Path) -> dict[int, dict[str, float]]:
                 out.setdefault(int(record.history.step.num), {}).update(
                     {k: v for k, v in items.items() if not k.startswith("_")})
     return out
+
+
+def read_wandb_exit_code(folder: Path) -> int | None:
+    """The exit code the offline run's transaction log records (None: it has no exit record)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = glob.glob(str(folder / "wandb" / "offline-run-*" / "run-*.wandb"))
+    data, pos, block, pending, code = Path(path).read_bytes(), 7, 32768, b"", None
+    while pos + 7 <= len(data):  # the framing read_wandb_history reads
+        left = block - pos % block
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        if left < 7 or (length == 0 and kind == 0):
+            pos += left
+            continue
+        payload, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        pending = payload if kind in (1, 2) else pending + payload
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(pending)
+            if record.HasField("exit"):
+                code = record.exit.exit_code
+    return code
+
+
+def read_mlflow_status(uri: str, run_id: str) -> str:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                filter_string=f"tags.rlhfless_run_id = '{run_id}'")
+    return run.info.status
 
 
 def read_mlflow(uri: str, run_id: str) -> dict[int, dict[str, float]]:
@@ -114,6 +147,154 @@ def test_a_missing_tracker_package_is_one_line(monkeypatch):
         load_config(None, ["observability.report_to=[neptune]"])
 
 
+@needs_mlflow
+@pytest.mark.parametrize("uri, env, says", [
+    ("bogus://nowhere", {}, "MLFLOW_TRACKING_URI 'bogus://nowhere' names no tracking store MLflow can open here "
+                            "(scheme 'bogus'; known: "),
+    ("file:///nowhere/mlruns", {"MLFLOW_ALLOW_FILE_STORE": "false"},
+     "is a file store, which MLflow 3 opens only with MLFLOW_ALLOW_FILE_STORE=true"),
+    # a refused connection: MLflow's client alone would retry it for about four minutes
+    ("http://bob:hunter2pw@127.0.0.1:9", {}, "MLFLOW_TRACKING_URI 'http://[REDACTED]@127.0.0.1:9': the tracking "
+                                             "server did not answer within 3 s ([Errno 111] Connection refused)"),
+])
+def test_an_mlflow_tracking_uri_mlflow_cannot_use_is_refused_in_one_line_without_writing(tmp_path, monkeypatch, uri,
+                                                                                         env, says):
+    import time
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    t0 = time.monotonic()
+    with pytest.raises(ValueError) as refused:
+        check_trackers(load_config(None, ["observability.report_to=[mlflow]"]))
+    message = str(refused.value)
+    assert message.startswith("observability.report_to 'mlflow': ") and says in message and "\n" not in message
+    assert "hunter2pw" not in message and time.monotonic() - t0 < 15 and not list(tmp_path.iterdir())
+
+
+@needs_mlflow
+def test_a_usable_mlflow_database_uri_passes_and_is_not_created(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    check_trackers(load_config(None, ["observability.report_to=[mlflow]"]))
+    assert not (tmp_path / "mlflow.db").exists()  # the check reads; the tracker creates it
+
+
+@needs_wandb
+def test_wandb_online_without_an_api_key_is_refused_in_one_line(tmp_path, monkeypatch):
+    from wandb.sdk import wandb_setup
+
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DISABLED", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no settings file
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(wandb_setup, "_singleton", None)  # wandb reads its environment once per process
+    cfg = load_config(None, ["observability.report_to=[wandb]"])
+    with pytest.raises(ValueError, match=r"^observability.report_to 'wandb': no W&B API key is configured for \S+ "
+                                         r"and WANDB_MODE is not offline; set WANDB_API_KEY \(or run `wandb login`\), "
+                                         r"or WANDB_MODE=offline"):
+        check_trackers(cfg)
+    for mode in ("offline", "disabled"):
+        monkeypatch.setenv("WANDB_MODE", mode)
+        monkeypatch.setattr(wandb_setup, "_singleton", None)
+        check_trackers(cfg)
+
+
+def test_a_tracker_that_fails_to_start_is_one_line_and_the_started_ones_are_closed(monkeypatch):
+    from flows.campaign import trackers
+
+    closed = []
+
+    class Board:
+        def close(self, *args):
+            closed.append("tensorboard")
+
+    class Refusing:
+        def __init__(self, *args):
+            raise RuntimeError("API request to http://bob:hunter2pw@tracker:5000/api failed\nwith a traceback")
+
+    monkeypatch.setattr(trackers, "check_packages", lambda cfg: None)
+    monkeypatch.setattr(trackers.ScalarBoard, "open", classmethod(lambda cls, cfg, run_id: Board()))
+    monkeypatch.setattr(trackers, "_Mlflow", Refusing)
+    with pytest.raises(ValueError) as refused:
+        trackers.Trackers.open(load_config(None, ["observability.report_to=[tensorboard,mlflow]"]), "r")
+    assert str(refused.value) == ("observability.report_to 'mlflow': RuntimeError: API request to http://[REDACTED]"
+                                  "@tracker:5000/api failed with a traceback; check MLFLOW_TRACKING_URI")
+    assert refused.value.__suppress_context__ and closed == ["tensorboard"]
+
+
+@needs_mlflow
+def test_train_refuses_a_bad_tracker_environment_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    from flows.commands.cli import main
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "bogus://nowhere")
+    store = tmp_path / "store"
+    assert main(["train", "--set", f"store.uri={store}", "--set", "observability.report_to=[mlflow]",
+                 "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rlhfless: error: observability.report_to 'mlflow': MLFLOW_TRACKING_URI")
+    assert not store.exists() and not (tmp_path / "run").exists()
+
+
+def test_a_run_ends_in_the_trackers_as_the_campaign_ended():
+    from flows.campaign.trackers import RunEnd
+
+    class Terminated(SystemExit):  # as the CLI's, raised by SIGTERM
+        pass
+
+    assert RunEnd.of(None) == RunEnd("FINISHED", 0)
+    assert RunEnd.of(RuntimeError("reward function raised")) == RunEnd("FAILED", 1)
+    assert RunEnd.of(KeyboardInterrupt()) == RunEnd("KILLED", 130)
+    assert RunEnd.of(Terminated(143)) == RunEnd("KILLED", 143)
+
+
+@pytest.mark.parametrize("raised, end", [(RuntimeError("action score failed"), ("FAILED", 1)),
+                                         (KeyboardInterrupt(), ("KILLED", 130))])
+def test_a_campaign_that_fails_or_is_interrupted_ends_its_tracker_runs_so(tiny_config, monkeypatch, raised, end):
+    from flows.campaign import run, trackers
+
+    ended = []
+
+    class Recording:
+        def add_step(self, *args):
+            pass
+
+        def close(self, how):
+            ended.append((how.status, how.exit_code))
+
+    def fail(*args):
+        raise raised
+
+    monkeypatch.setattr(trackers, "_open_one", lambda *args: Recording())
+    monkeypatch.setattr(run, "_start", fail)
+    cfg = tiny_config("invoker.kind=inprocess", "observability.report_to=[tensorboard]")
+    with pytest.raises(type(raised)):
+        run.run_campaign(cfg, progress=lambda m: None)
+    assert ended == [end]
+
+
+@needs_wandb
+@needs_mlflow
+def test_wandb_and_mlflow_record_a_failed_and_a_killed_run(tmp_path, monkeypatch):
+    from flows.campaign.trackers import RunEnd, _Mlflow, _Wandb
+
+    uri = (tmp_path / "mlruns").as_uri()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    cfg = load_config(None, [])
+    for run_id, end in (("failed", RunEnd("FAILED", 1)), ("killed", RunEnd("KILLED", 143))):
+        for tracker in (_Wandb(cfg, run_id, tmp_path / run_id), _Mlflow(cfg, run_id)):
+            tracker.add_step(1, {"reward/mean": 0.5}, [])
+            tracker.close(end)
+        assert read_mlflow_status(uri, run_id) == end.status
+        assert read_wandb_exit_code(tmp_path / run_id) == end.exit_code
+
+
 def test_trackers_do_not_change_the_run_identity():
     assert load_config(None, []).fingerprint() == load_config(None, ["observability.report_to=[mlflow]"]).fingerprint()
 
@@ -128,9 +309,10 @@ def test_campaign_metrics_land_in_wandb_mlflow_and_tensorboard_as_in_the_summary
     from flows.commands.cli import main
 
     uri = (tmp_path / "mlruns").as_uri()
+    monkeypatch.chdir(tmp_path)  # a tracker that ignored --out would write runs/tracked/ here
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
+    monkeypatch.delenv("WANDB_DIR", raising=False)  # wandb's folder goes into the run directory, --out
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
     trackio = importlib.util.find_spec("trackio") is not None  # compared too where installed
@@ -140,18 +322,19 @@ def test_campaign_metrics_land_in_wandb_mlflow_and_tensorboard_as_in_the_summary
         "algorithm": {"batch_size": 16, "group_size": 4}, "warmup": {"steps": 2}, "generation": {"max_new_tokens": 8},
         "data": {"num_train_prompts": 16, "num_eval_prompts": 4}, "steps": 2, "eval_every": 1, "run_id": "tracked",
         "store": {"uri": str(tmp_path / "store")}, "invoker": {"kind": "inprocess"},
-        "observability": {"report_to": ["tensorboard", "wandb", "mlflow"] + ["trackio"] * trackio,
-                          "tensorboard_dir": str(tmp_path / "tb")}}))
+        "observability": {"report_to": ["tensorboard", "wandb", "mlflow"] + ["trackio"] * trackio}}))
     assert main(["train", "--config", str(config), "--out", str(tmp_path / "run")]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     want = expected(summary)
     assert sorted(want) == [0, 1, 2] and "reward" in want[1] and "grad_norm" in want[1]
-    assert_same(read_wandb_history(tmp_path / "wb"), want, "wandb")
+    assert not (tmp_path / "runs").exists()  # TensorBoard's and wandb's files are in --out
+    assert_same(read_wandb_history(tmp_path / "run"), want, "wandb")
     assert_same(read_mlflow(uri, "tracked"), {s: without_path_prefixes(v) for s, v in want.items()}, "mlflow")
+    assert read_wandb_exit_code(tmp_path / "run") == 0 and read_mlflow_status(uri, "tracked") == "FINISHED"
     if trackio:
         assert_same(read_trackio("tracked"), want, "trackio")
     tb = {}
-    for name, points in read_scalars(tmp_path / "tb").items():
+    for name, points in read_scalars(tmp_path / "run" / "tensorboard").items():
         for step, value in points:
             tb.setdefault(step, {})[name] = value
     assert_same(tb, {s: {k: v for k, v in vals.items() if k not in TRL_NAMES.values()} for s, vals in want.items()},

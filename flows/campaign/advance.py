@@ -10,7 +10,7 @@ from typing import Any
 from actions.contracts import PromptTokens
 from flows.campaign.drafts import keys_for, record_drafts
 from flows.campaign.schedule import step_prompts
-from flows.campaign.setup import model_ref
+from flows.campaign.setup import evaluates, model_ref
 from flows.campaign.state import CampaignState
 from flows.config import CampaignConfig
 from flows.planning.planner import Planner
@@ -23,17 +23,28 @@ from flows.step.phase import phase_inputs
 
 
 def budget_stop(cfg: CampaignConfig, state: CampaignState) -> str | None:
-    """Why the next step may not run (``budget.*``: the last step's cost would exceed it), or None:
-    it may, or ``state`` is the campaign's last step anyway (``steps``), which stops no run early."""
+    """Why the next step may not run, or None: it may, or ``state`` is the campaign's last step
+    anyway (``steps``), which stops no run early.
+
+    A ``budget.*`` stops the run when the spend so far (steps, evaluations and set-up: every
+    activation, ``CampaignState.spend``) plus the estimate of what the next step brings would
+    exceed it. The estimate is the last step's cost plus, where the run evaluates, the last
+    evaluation's: an evaluation follows the next step when one is due (``eval_every``, the last
+    step) and whenever the budget stops the run after it, so reserving one keeps that final
+    evaluation within the budget too. The first step has no cost to judge it by: it always runs."""
     if not state.steps or state.step >= cfg.steps:
         return None
-    last = state.steps[-1]
-    b = cfg.budget
-    if b.usd is not None and state.spend["usd"] + last[USD] > b.usd:
-        return f"budget.usd={b.usd} would be exceeded by the next step (spent {state.spend['usd']:.6f})"
-    if b.gpu_seconds is not None and state.spend["billed_gpu_seconds"] + last[BILLED] > b.gpu_seconds:
-        return (f"budget.gpu_seconds={b.gpu_seconds} would be exceeded by the next step "
-                f"(spent {state.spend['billed_gpu_seconds']:.1f})")
+    last, b = state.steps[-1], cfg.budget
+    ev = state.evals[-1] if evaluates(state) and state.evals else None
+    then = " and the evaluation after it" if ev is not None else ""
+    next_usd = last[USD] + (ev.usd if ev is not None else 0.0)
+    if b.usd is not None and state.spend["usd"] + next_usd > b.usd:
+        return (f"budget.usd={b.usd} would be exceeded by the next step{then} (spent {state.spend['usd']:.6f}, "
+                f"next about {next_usd:.6f})")
+    next_billed = last[BILLED] + (ev.billed_gpu_seconds if ev is not None else 0.0)
+    if b.gpu_seconds is not None and state.spend["billed_gpu_seconds"] + next_billed > b.gpu_seconds:
+        return (f"budget.gpu_seconds={b.gpu_seconds} would be exceeded by the next step{then} "
+                f"(spent {state.spend['billed_gpu_seconds']:.1f}, next about {next_billed:.1f})")
     return None
 
 
@@ -81,7 +92,5 @@ def _next_state(ctx: RunContext, state: CampaignState, planner: Planner, out: St
         new.draft_index = record_drafts(ctx.store, ctx.prefix, state.step,
                                         [r.rollout_key for r in out.generate], state.draft_index)
     new.steps.append(metrics)
-    new.spend = {"billed_gpu_seconds": state.spend["billed_gpu_seconds"] + metrics[BILLED],
-                 "useful_gpu_seconds": state.spend["useful_gpu_seconds"] + metrics[USEFUL],
-                 "usd": state.spend["usd"] + metrics[USD]}
+    new.add_spend("steps", metrics[BILLED], metrics[USEFUL], metrics[USD])
     return new

@@ -41,8 +41,11 @@ def slug(run_id: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-") or "run"
 
 
-def publish_step_artifacts(run_id: str, steps: list[dict[str, Any]], evals: Sequence[EvalRecord]) -> bool:
-    """Publish the artifacts of the latest step. Returns False outside a flow run."""
+def publish_step_artifacts(run_id: str, steps: list[dict[str, Any]], evals: Sequence[EvalRecord],
+                           unit: str) -> bool:
+    """Publish the artifacts of the latest step; ``unit`` names what billed time is on this
+    invoker (``billing(kind)["unit"]``: GPU-seconds on OpenWhisk, action-seconds on this
+    machine). Returns False outside a flow run."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
     from prefect.context import FlowRunContext
 
@@ -64,7 +67,7 @@ def publish_step_artifacts(run_id: str, steps: list[dict[str, Any]], evals: Sequ
         f"# {run_id}: step {f.step + 1}\n\n"
         f"- reward {f.reward_mean:.3f}, mean length {f.response_length_mean:.1f} tokens\n"
         f"- {f.num_actors} generation actions, {f.migrated} samples migrated\n"
-        f"- billed {f.billed_gpu_seconds:.2f} GPU-s (${f.usd:.5f}), step {f.timing_s['step']:.2f} s\n"
+        f"- billed {f.billed_gpu_seconds:.2f} {unit} (${f.usd:.5f}), step {f.timing_s['step']:.2f} s\n"
         f"- latest held-out accuracy: {acc}\n"))
     return True
 

@@ -19,6 +19,7 @@ measured again (``refresh``); the action itself rejects one that is not what it 
 
 from __future__ import annotations
 
+import contextvars
 import statistics
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -79,7 +80,8 @@ def start_profiling(ctx: RunContext, model: ModelRef,
         return invoke_action.submit(**kwargs), req
     # outside a flow (a campaign run directly) Prefect has no task runner to submit to
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="profile")
-    future = pool.submit(invoke_action, **kwargs)
+    # in a copy of this context, as Prefect's submit runs it: the set-up's ledger counts it
+    future = pool.submit(contextvars.copy_context().run, invoke_action, **kwargs)
     pool.shutdown(wait=False)
     return future, req
 

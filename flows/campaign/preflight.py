@@ -10,7 +10,8 @@ validation of ``CampaignConfig`` comes first in both; these are the checks that 
 the environment or the controller the config names.
 
 Every check only reads. Their cost (default config: 10-30 ms, most of it reading the datasets;
-OpenWhisk: one request to the controller) is not paid twice for one ``train``: the CLI marks
+OpenWhisk: one request to the controller; a tracker: importing its library, and one request to
+an MLflow server) is not paid twice for one ``train``: the CLI marks
 the config it checked (:func:`checked`) for the flow it starts in the same process.
 """
 

@@ -8,17 +8,18 @@ critical path, the scalars and the progress line at once.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 from flows.campaign.artifacts import publish_step_artifacts, start_progress, update_progress
 from flows.campaign.learning_warnings import new_warning_lines
 from flows.campaign.overhead import Background
-from flows.campaign.state import CampaignState
-from flows.campaign.trackers import Trackers
+from flows.campaign.state import SPEND_PARTS, CampaignState
+from flows.campaign.trackers import RunEnd, Trackers
 from flows.config import CampaignConfig
 from flows.planning.record import StepRecord
-from flows.step.metrics import StepFigures, engine_totals, planner_fidelity
+from flows.step.metrics import StepFigures, billing, engine_totals, planner_fidelity
 
 Progress = Callable[[str], None]
 
@@ -29,6 +30,7 @@ class Reporter:
     def __init__(self, cfg: CampaignConfig, run_id: str, publisher: Background, progress: Progress) -> None:
         self.run_id, self.total, self.publisher, self.progress = run_id, cfg.steps, publisher, progress
         self.algorithm = cfg.algorithm.name  # which learning warnings apply
+        self.unit = billing(cfg.invoker.kind)["unit"]  # what billed time is on this invoker
         self.board = Trackers.open(cfg, run_id)  # observability.report_to: TensorBoard, wandb, MLflow, trackio
         self.progress_id: Any = None
 
@@ -40,19 +42,22 @@ class Reporter:
         """The step ``record`` was committed as ``state``: queue its artifacts, write its
         scalars, print its line."""
         self.publisher.submit(_publish, self.run_id, list(state.steps), list(state.evals), self.progress_id,
-                              state.step, self.total)
+                              state.step, self.total, self.unit)
         self.board.add_step(state.step, dict(record.metrics), state.evals)
         self.progress(progress_line(state, StepFigures.of(record.metrics), self.total))
         for line in new_warning_lines(state.steps, self.total, self.algorithm):  # a run that cannot learn says so
             self.progress(line)
 
-    def close(self) -> None:
-        self.board.close()
+    def close(self, failure: BaseException | None = None) -> None:
+        """End the trackers' runs: finished, or as ``failure`` (the exception that ended the
+        campaign) makes it failed or killed; a tracker's own failure to end is then only
+        logged, so it does not replace the campaign's."""
+        self.board.close(RunEnd.of(failure), quiet=failure is not None)
 
 
 def _publish(run_id: str, steps: list[dict[str, Any]], evals: list[Any], progress_id: Any,
-             done: int, total: int) -> None:
-    publish_step_artifacts(run_id, steps, evals)
+             done: int, total: int, unit: str) -> None:
+    publish_step_artifacts(run_id, steps, evals, unit)
     update_progress(progress_id, run_id, done, total)
 
 
@@ -69,10 +74,30 @@ def progress_line(state: CampaignState, last: StepFigures, total: int, width: in
             f"reward {last.reward_mean:.3f} len {last.response_length_mean:.1f}{acc}")
 
 
-def summarize(state: CampaignState, wall: float) -> dict[str, Any]:
-    """The campaign's JSON summary (README, The CLI)."""
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None, so it is strict JSON (null):
+    what the commit records hold for the same number (pydantic writes them so) and ``rlhfless
+    status`` shows. A tuple becomes a list.
+
+    >>> json_safe({"grad_norm": float("nan"), "kl": [0.5, float("inf")], "n": 3})
+    {'grad_norm': None, 'kl': [0.5, None], 'n': 3}
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def summarize(state: CampaignState, wall: float, wall_total: float | None = None, **extra: Any) -> dict[str, Any]:
+    """The campaign's JSON summary (README, The CLI), with the entries of ``extra`` added;
+    strict JSON: a metric that is NaN or infinite is null (:func:`json_safe`). ``wall``: this
+    process's seconds on the run; ``wall_total``: every process's, resumes included (default:
+    what ``state`` committed, ``spend["wall_seconds"]``)."""
     steps = [{k: v for k, v in s.items() if k != "plan"} for s in state.steps]
-    return {
+    return json_safe({
         "run_id": state.run_id,
         "steps_completed": state.step,
         "eval_accuracy_first": state.evals[0].accuracy if state.evals else None,
@@ -81,10 +106,14 @@ def summarize(state: CampaignState, wall: float) -> dict[str, Any]:
         "eval_reward_mean_last": state.evals[-1].reward_mean if state.evals else None,
         "reward_mean_first": StepFigures.of(steps[0]).reward_mean if steps else None,
         "reward_mean_last": StepFigures.of(steps[-1]).reward_mean if steps else None,
+        # every activation the campaign invoked through its invoker (README, Billing), and by part
         "billed_gpu_seconds": state.spend["billed_gpu_seconds"],
         "useful_gpu_seconds": state.spend["useful_gpu_seconds"],
         "usd": state.spend["usd"],
-        "wall_seconds": wall,
+        "billed_gpu_seconds_by_part": {part: state.spend[f"{part}_billed_gpu_seconds"] for part in SPEND_PARTS},
+        "spend_since_step": state.spend_since_step,
+        "wall_seconds": wall,  # this process's: `train --resume` starts it again
+        "wall_seconds_total": state.spend["wall_seconds"] if wall_total is None else wall_total,
         "policy_version": state.policy_version,
         "data": state.prepared.data,
         "weights_sha256": state.weights_sha256,
@@ -94,4 +123,5 @@ def summarize(state: CampaignState, wall: float) -> dict[str, Any]:
         "planner_fidelity": planner_fidelity(steps),
         "engine": engine_totals(steps, state.evals),
         "steps": steps,
-    }
+        **extra,
+    })

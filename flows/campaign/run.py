@@ -35,7 +35,7 @@ from flows.campaign.overhead import Background, StepClock, hold_for_training, op
 from flows.campaign.preflight import check_campaign
 from flows.campaign.prestart import FlowRunStarter
 from flows.campaign.reporting import Reporter, summarize
-from flows.campaign.setup import evaluate, evaluates, model_ref, set_up
+from flows.campaign.setup import add_setup_spend, evaluate, evaluates, model_ref, set_up
 from flows.campaign.state import CampaignRefused, CampaignState, check_resume, commit_state, load_state
 from flows.campaign.warming import PoolWarming
 from flows.config import CampaignConfig
@@ -44,6 +44,7 @@ from flows.planning.planner import Planner
 from flows.planning.retention import Retention
 from flows.step.context import RunContext, set_context
 from flows.step.flow import rlhf_step
+from flows.step.invoke import accounted
 from flows.step.metrics import billing, timing_key
 from flows.step.phase import build_planner
 
@@ -67,6 +68,27 @@ def run_campaign(cfg: CampaignConfig, *, resume: bool = False, progress: Progres
         return _run_leased(cfg, store, run_id, lease, resume, progress, started)
 
 
+class SessionWall:
+    """This process's wall time since ``started``, added to the state at each commit (so a
+    resumed run's ``spend["wall_seconds"]`` continues the runs before it)."""
+
+    def __init__(self, started: float) -> None:
+        self.started = self.mark = started
+
+    def stamp(self, state: CampaignState) -> None:
+        """Add the time since the last stamp (or the start) to ``state``, about to be committed."""
+        now = time.time()
+        state.add_wall(now - self.mark)
+        self.mark = now
+
+    def session_s(self) -> float:
+        return time.time() - self.started
+
+    def total_s(self, state: CampaignState) -> float:
+        """Every process's wall time on the run: ``state``'s, committed, and this one's since."""
+        return state.spend["wall_seconds"] + time.time() - self.mark
+
+
 def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: RunLease, resume: bool,
                 progress: Progress, started: float) -> dict[str, Any]:
     existing = load_state(store, run_id)
@@ -84,50 +106,61 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
     ctx.before_train = functools.partial(hold_for_training, quiet_api, publisher)
     collect = Collector(store, Retention(cfg.store.keep_last, cfg.store.checkpoint_every), lease)
     warming = PoolWarming(cfg, invoker, num_workers)
+    failure: BaseException | None = None  # how the trackers record the run's end
+    wall = SessionWall(started)
     try:
-        state = _start(ctx, existing, lease, collect, progress)
+        state = _start(ctx, existing, lease, collect, progress, wall)
         if state.step < cfg.steps and not budget_stop(cfg, state):
             warming.before_first_step(model_ref(ctx, state).model_dump(mode="json"))
         reporter.start(state.step)
         planner = build_planner(ctx, num_workers, state.planner)  # once: from the config and the profile
         with quiet_step_flows():
-            state = _loop(ctx, state, planner, lease, collect, warming, step_flow, quiet_api, reporter)
+            state = _loop(ctx, state, planner, lease, collect, warming, step_flow, quiet_api, reporter, wall)
+    except BaseException as exc:  # Ctrl-C and SIGTERM too: a tracker records them as killed
+        failure = exc
+        raise
     finally:
         set_context(None)
         warming.join()
         invoker.close()
-        reporter.close()
         try:
-            step_flow.close()  # a flow run prepared for a step that did not come
+            try:
+                step_flow.close()  # a flow run prepared for a step that did not come
+            finally:
+                publisher.wait()
         finally:
-            publisher.wait()
-    return summarize(state, time.time() - started) | {"billing": billing(cfg.invoker.kind), "gc": collect.totals,
-                                                      "warnings": learning_warnings(state.steps, cfg.steps,
-                                                                                    cfg.algorithm.name),
-                                                      "profile": ctx.live.describe() if ctx.live else None}
+            reporter.close(failure)  # last: a tracker that fails to end skips no other clean-up
+    return summarize(state, wall.session_s(), wall.total_s(state), billing=billing(cfg.invoker.kind), gc=collect.totals,
+                     warnings=learning_warnings(state.steps, cfg.steps, cfg.algorithm.name),
+                     profile=ctx.live.describe() if ctx.live else None)
 
 
 def _start(ctx: RunContext, existing: CampaignState | None, lease: RunLease, collect: Collector,
-           progress: Progress) -> CampaignState:
+           progress: Progress, wall: SessionWall) -> CampaignState:
     """The state to continue from: a new run's record 0, committed, or the last commit of a
     resumed one (whose profile comes from the store's cache, usually)."""
     state = existing
     if state is None:
         state = set_up(ctx, progress)
+        state.steps_configured = ctx.config.steps
         lease.check()
+        wall.stamp(state)
         commit_state(ctx.store, state)
     else:  # finish a collection a crash may have cut short
         collect(state)
-    if ctx.live is None:
+    if ctx.live is None:  # a resume profiles again: set-up's spend, committed with its first step
         tokens = parse_token_table(get_json(ctx.store, state.prepared.tokens_key))
-        ctx.live = finish_profiling(ctx, start_profiling(ctx, model_ref(ctx, state), tokens), progress)
+        with accounted() as ledger:
+            ctx.live = finish_profiling(ctx, start_profiling(ctx, model_ref(ctx, state), tokens), progress)
+        add_setup_spend(ctx, state, ledger)
     state.stopped_reason = None
+    state.steps_configured = ctx.config.steps  # a resume's own, committed with its next step
     return state
 
 
 def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLease, collect: Collector,
           warming: PoolWarming, step_flow: FlowRunStarter, quiet_api: threading.Event,
-          reporter: Reporter) -> CampaignState:
+          reporter: Reporter, wall: SessionWall) -> CampaignState:
     """Steps until ``steps`` or the budget: run one (planned and observed by ``planner``),
     pre-warm the next, evaluate, commit, collect, report. The budget is checked as soon as a
     step's cost is known: the step after which it refuses the next is the run's last, so its
@@ -151,11 +184,12 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
             warming.before_next_step(record.phase.num_actors, model_ref(ctx, state).model_dump(mode="json"))
         if evaluates(state) and (cfg.eval_every and state.step % cfg.eval_every == 0 or state.step == cfg.steps
                                  or stop):
-            state.evals.append(evaluate(ctx, state, clock))
+            state.add_evaluation(evaluate(ctx, state, clock))
         last[timing_key("period")], last[timing_key("overhead")] = clock.close_period(last[timing_key("work")])
         lease.check()
         t_commit = time.time()
         state.mark_checkpoint(cfg.store.checkpoint_every)
+        wall.stamp(state)
         commit_state(ctx.store, state)
         collect(state)  # after the commit, never before
         drop_unreferenced(ctx.store, ctx.prefix, old_drafts, state.draft_index)
@@ -176,7 +210,7 @@ def rlhf_campaign(config: CampaignConfig, resume: bool = False, break_lease: boo
     ``ParameterTypeError`` naming the field (``config.algorithm.batch_size``), and a deployment
     rejects it when the run is created (the parameter schema is CampaignConfig's JSON schema).
     What pydantic cannot see (a missing dataset or model, an engine not installed, a tracker's
-    package, an unreachable controller) fails the run next with the ``ValueError`` that
+    package or environment, an unreachable controller) fails the run next with the ``ValueError`` that
     ``rlhfless train`` prints, before the store is written (``run_campaign``)."""
     return run_campaign(config, resume=resume, break_lease=break_lease)
 

@@ -23,7 +23,8 @@ from flows.campaign.live_profile import finish_profiling, start_profiling
 from flows.campaign.overhead import StepClock
 from flows.campaign.state import CampaignState, EvalRecord
 from flows.step.context import RunContext
-from flows.step.invoke import invoke_action
+from flows.step.invoke import Ledger, accounted, invoke_action
+from flows.step.metrics import BILLED, USD, USEFUL, cost_metrics
 
 Progress = Callable[[str], None]
 
@@ -38,7 +39,9 @@ def model_ref(ctx: RunContext, state: CampaignState) -> ModelRef:
 
 
 def evaluate(ctx: RunContext, state: CampaignState, clock: StepClock | None = None) -> EvalRecord:
-    """One held-out evaluation of the state's policy; its busy time is work of ``clock``'s period."""
+    """One held-out evaluation of the state's policy, with what its activations cost (failed
+    attempts included: ``CampaignState.add_evaluation`` adds it to the spend); its busy time is
+    work of ``clock``'s period."""
     req = EvaluateRequest(model=model_ref(ctx, state), dataset_key=state.prepared.eval_key,
                           rewards=ctx.config.reward_functions(),
                           reward_models=reward_model_refs(ctx.config, ctx.prefix),
@@ -47,10 +50,28 @@ def evaluate(ctx: RunContext, state: CampaignState, clock: StepClock | None = No
                           max_steps=ctx.config.steps * ctx.config.algorithm.optimizer_steps_per_step,
                           max_new_tokens=ctx.config.generation.max_new_tokens,
                           **DecodeSettings.of(ctx.config.generation).model_dump(), output_key=f"{ctx.prefix}/evals/v{state.policy_version:06d}.json")
-    out = invoke_action(action="evaluate", payload=req.model_dump(mode="json"), shard=f"eval-v{state.policy_version}")
+    with accounted() as ledger:
+        out = invoke_action(action="evaluate", payload=req.model_dump(mode="json"),
+                            shard=f"eval-v{state.policy_version}")
     if clock is not None:
         clock.add_work(out.record.busy_s)
-    return EvalRecord(step=state.step, policy_version=state.policy_version, **out.result.model_dump())
+    cost = ledger_cost(ctx, ledger)
+    return EvalRecord(step=state.step, policy_version=state.policy_version, **out.result.model_dump(),
+                      billed_gpu_seconds=cost[BILLED], useful_gpu_seconds=cost[USEFUL], usd=cost[USD])
+
+
+def ledger_cost(ctx: RunContext, ledger: Ledger) -> dict[str, float]:
+    """The billed and useful time and the USD of a :class:`Ledger`'s activations, counted as a
+    step's are (``cost_metrics``: failed attempts billed, times ``scaling.gpus_per_actor``)."""
+    cfg = ctx.config
+    return cost_metrics(ledger.records, ledger.failed, gpus_per_actor=cfg.scaling.gpus_per_actor,
+                        price=cfg.price_per_gpu_second)
+
+
+def add_setup_spend(ctx: RunContext, state: CampaignState, ledger: Ledger) -> None:
+    """Add the set-up activations of ``ledger`` to ``state``'s spend."""
+    cost = ledger_cost(ctx, ledger)
+    state.add_spend("setup", cost[BILLED], cost[USEFUL], cost[USD])
 
 
 def evaluates(state: CampaignState) -> bool:
@@ -59,7 +80,15 @@ def evaluates(state: CampaignState) -> bool:
 
 
 def set_up(ctx: RunContext, progress: Progress) -> CampaignState:
-    """Record 0 of a new run (``docs/architecture.md``, Set-up); sets ``ctx.live``."""
+    """Record 0 of a new run (``docs/architecture.md``, Set-up); sets ``ctx.live``. Its spend
+    holds what set-up's activations and the first evaluation cost."""
+    with accounted() as ledger:
+        state = _set_up(ctx, progress)
+    add_setup_spend(ctx, state, ledger)
+    return state
+
+
+def _set_up(ctx: RunContext, progress: Progress) -> CampaignState:
     cfg = ctx.config
     progress("prepare: model, initial weights and datasets -> store")
     prepared = prepare_inputs(ctx)
@@ -88,6 +117,6 @@ def set_up(ctx: RunContext, progress: Progress) -> CampaignState:
     if cfg.algorithm.name == "ppo":
         state.critic_key = init_critic(ctx, model_ref(ctx, state))
     if evaluates(state):
-        state.evals.append(evaluate(ctx, state))
+        state.add_evaluation(evaluate(ctx, state))  # its own ledger: an evaluation's cost, not set-up's
     ctx.live = finish_profiling(ctx, profiling, progress)
     return state

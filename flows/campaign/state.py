@@ -44,6 +44,11 @@ class EvalRecord(EvaluateResult):
 
     step: int
     policy_version: int
+    billed_gpu_seconds: float = 0.0
+    """Billed time of the evaluation's activations, failed attempts included, in the unit of
+    ``billing`` (times ``scaling.gpus_per_actor``, as a step's); 0 in records from before it was kept."""
+    useful_gpu_seconds: float = 0.0
+    usd: float = 0.0
 
     def scalars(self) -> dict[str, float]:
         """What trackers plot for this evaluation: accuracy, mean reward and length, and each
@@ -52,6 +57,14 @@ class EvalRecord(EvaluateResult):
                "eval/mean_length": self.mean_length}
         out.update({f"eval/{REWARD_LOGGED}{name}": value for name, value in sorted(self.reward_metrics.items())})
         return out
+
+
+SPEND_PARTS = ("steps", "evaluations", "setup")
+"""What a campaign's activations are for: its RL steps, its held-out evaluations, its set-up
+(prepare where it runs through the invoker, warm-up, the critic's first version, the profile
+and the activation round-trip probes, at the start and at each resume)."""
+SPEND_KEYS = ("billed_gpu_seconds", "useful_gpu_seconds", "usd", *(f"{p}_billed_gpu_seconds" for p in SPEND_PARTS),
+              "wall_seconds")
 
 
 class CampaignState(BaseModel):
@@ -72,10 +85,21 @@ class CampaignState(BaseModel):
     """Every step's metrics by output name (``flows/step/metrics.py``)."""
     evals: list[EvalRecord] = []
     weights_sha256: str = ""
-    spend: dict[str, float] = {"billed_gpu_seconds": 0.0, "useful_gpu_seconds": 0.0, "usd": 0.0}
+    spend: dict[str, float] = dict.fromkeys(SPEND_KEYS, 0.0)
+    """What the run cost so far: ``billed_gpu_seconds``, ``useful_gpu_seconds`` and ``usd`` of
+    every activation the campaign invoked through its invoker, billed time by part (``steps_``,
+    ``evaluations_``, ``setup_billed_gpu_seconds``: :meth:`add_spend`), and ``wall_seconds``, the
+    wall time of the processes that ran it, each up to its last commit (:meth:`add_wall`)."""
+    spend_since_step: int = 0
+    """The step from which ``spend`` counts evaluations, set-up and wall time: a run committed
+    before they were counted reads them as 0 up to the step it was resumed from (its steps were
+    counted)."""
     draft_index: dict[str, int] = {}
     """prompt_id -> step whose draft object holds its latest responses (``flows/campaign/drafts.py``)."""
     stopped_reason: str | None = None
+    steps_configured: int | None = None
+    """``steps`` of the campaign that committed this record (a resume may raise it); None in
+    records from before it was kept."""
     sealed: dict[str, int] = {}
     """History list (``SEALED``) -> its leading entries sealed into history segments by the
     commits so far (``history.py``); a commit record carries only the entries after them."""
@@ -92,6 +116,37 @@ class CampaignState(BaseModel):
         makes it one."""
         if every > 0 and self.step % every == 0 and self.step not in self.checkpoints:
             self.checkpoints.append(self.step)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _spend_of_older_records(cls, data: Any) -> Any:
+        """Records written before the spend was broken down counted only the steps in it (and
+        no wall time)."""
+        if not isinstance(data, dict) or not isinstance(data.get("spend"), dict):
+            return data
+        spend = data["spend"]
+        if all(key in spend for key in SPEND_KEYS):
+            return data
+        filled = {key: 0.0 for key in SPEND_KEYS} | {"steps_billed_gpu_seconds": spend.get("billed_gpu_seconds", 0.0)}
+        return {**data, "spend": filled | spend, "spend_since_step": data.get("step", 0)}
+
+    def add_spend(self, part: str, billed: float, useful: float, usd: float) -> None:
+        """Add activations' cost to ``spend``: to the totals and to ``part``'s billed time
+        (``SPEND_PARTS``). A new dict: a copy of this state may share the old one."""
+        spend = dict(self.spend)
+        for key, value in (("billed_gpu_seconds", billed), ("useful_gpu_seconds", useful), ("usd", usd),
+                           (f"{part}_billed_gpu_seconds", billed)):
+            spend[key] = spend.get(key, 0.0) + value
+        self.spend = spend
+
+    def add_wall(self, seconds: float) -> None:
+        """Add ``seconds`` of a process's wall time to ``spend["wall_seconds"]`` (a new dict)."""
+        self.spend = {**self.spend, "wall_seconds": self.spend.get("wall_seconds", 0.0) + seconds}
+
+    def add_evaluation(self, record: EvalRecord) -> None:
+        """Record an evaluation, and its cost in ``spend``."""
+        self.evals.append(record)
+        self.add_spend("evaluations", record.billed_gpu_seconds, record.useful_gpu_seconds, record.usd)
 
     @model_validator(mode="before")
     @classmethod

@@ -78,7 +78,9 @@ class ScalarBoard:
                     self._writer.add_scalar(name, float(value), global_step=ev.step)
         self._writer.flush()  # visible to a running TensorBoard at once, not after flush_secs
 
-    def close(self) -> None:
+    def close(self, end: Any = None) -> None:
+        """Close the event file; ``end`` (how the campaign ended, ``trackers.RunEnd``) changes
+        nothing: event files have no run status."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None

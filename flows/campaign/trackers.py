@@ -15,20 +15,26 @@ environment, as in TRL: ``WANDB_PROJECT``, ``WANDB_MODE=offline``, ``MLFLOW_TRAC
 ``MLFLOW_ALLOW_FILE_STORE=true`` and which cannot hold TRL's ``reward`` beside ``reward/mean``:
 there the TRL name is left out), ``MLFLOW_EXPERIMENT_NAME``, ``TRACKIO_PROJECT``... The run is named by
 the run id, so a resumed campaign continues the same run where the tracker can (wandb's
-``resume="allow"``, the MLflow run tagged with the run id). A missing package is refused
-before anything is written (``check_trackers``, called by the CLI's pre-flight).
+``resume="allow"``, the MLflow run tagged with the run id). A missing package, or an environment
+the tracker cannot start with (``tracker_env.py``), is refused before anything is written
+(``check_trackers``, called by the pre-flight); a tracker that fails later all the same fails
+the campaign with one line naming it. A tracker's run ends as the campaign did (``RunEnd``:
+finished, failed, or killed by Ctrl-C or SIGTERM).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from flows.campaign.tensorboard import NON_SCALAR_KEYS, ScalarBoard
+from flows.campaign.tracker_env import check_mlflow, check_wandb, tracker_error
 from flows.config import CampaignConfig
 
 if TYPE_CHECKING:
@@ -44,6 +50,7 @@ TRL_NAMES = {
 """Campaign metric -> the name TRL's GRPOTrainer logs it under, where they differ (``kl``,
 ``grad_norm``, ``loss``, ``entropy`` and ``frac_reward_zero_std`` are already TRL's)."""
 DEFAULT_PROJECT = "rlhfless"
+log = logging.getLogger(__name__)
 
 
 def requested(cfg: CampaignConfig) -> list[str]:
@@ -54,6 +61,17 @@ def requested(cfg: CampaignConfig) -> list[str]:
 
 
 def check_trackers(cfg: CampaignConfig) -> None:
+    """Raise ValueError (one line) for a tracker whose package is not installed, or whose
+    environment would not let it start (``tracker_env.py``: an MLflow tracking URI MLflow
+    cannot open or a server that does not answer, wandb online without an API key)."""
+    check_packages(cfg)
+    environment = {"mlflow": check_mlflow, "wandb": check_wandb}
+    for tracker in requested(cfg):
+        if tracker in environment:
+            environment[tracker]()
+
+
+def check_packages(cfg: CampaignConfig) -> None:
     """Raise ValueError (one line) for a tracker whose package is not installed."""
     for tracker in requested(cfg):
         if importlib.util.find_spec(PACKAGES[tracker]) is None:
@@ -90,9 +108,31 @@ def evals_at(step: int, evals: Sequence[EvalRecord]) -> list[tuple[int, dict[str
     return [(ev.step, ev.scalars()) for ev in evals if ev.step == step or (step == 1 and ev.step == 0)]
 
 
+@dataclass(frozen=True)
+class RunEnd:
+    """How the campaign ended, as trackers record it: MLflow's run status (``FINISHED``,
+    ``FAILED``, ``KILLED``) and the exit code wandb's ``finish`` takes (0 finished, else failed)."""
+
+    status: str
+    exit_code: int
+
+    @classmethod
+    def of(cls, exc: BaseException | None) -> RunEnd:
+        """The end of a campaign that raised ``exc`` (None: it returned). Ctrl-C and SIGTERM
+        (``SystemExit``: the CLI's ``Terminated``) stop it, with the status a shell reports
+        (130, 143); any other exception fails it."""
+        if exc is None:
+            return cls("FINISHED", 0)
+        if isinstance(exc, KeyboardInterrupt):
+            return cls("KILLED", 130)
+        if isinstance(exc, SystemExit):
+            return cls("KILLED", exc.code if isinstance(exc.code, int) and exc.code else 1)
+        return cls("FAILED", 1)
+
+
 class Tracker(Protocol):
     def add_step(self, step: int, metrics: dict[str, Any], evals: Sequence[EvalRecord]) -> None: ...
-    def close(self) -> None: ...
+    def close(self, end: RunEnd) -> None: ...
 
 
 class _Wandb:
@@ -113,8 +153,8 @@ class _Wandb:
                 scalars.update(values)
         self._run.log(scalars, step=step)
 
-    def close(self) -> None:
-        self._run.finish()
+    def close(self, end: RunEnd) -> None:
+        self._run.finish(exit_code=end.exit_code)
 
 
 class _Mlflow:
@@ -140,8 +180,8 @@ class _Mlflow:
         for at, values in evals_at(step, evals):
             self._mlflow.log_metrics(values, step=at, run_id=self._run.info.run_id)
 
-    def close(self) -> None:
-        self._mlflow.end_run()
+    def close(self, end: RunEnd) -> None:
+        self._mlflow.end_run(status=end.status)
 
 
 class _Trackio:
@@ -161,7 +201,7 @@ class _Trackio:
                 scalars.update(values)
         self._trackio.log(scalars, step=step)
 
-    def close(self) -> None:
+    def close(self, end: RunEnd) -> None:  # trackio records no run status
         self._trackio.finish()
 
 
@@ -173,38 +213,63 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 class Trackers:
-    """The campaign's trackers together; with none asked for it does nothing."""
+    """The campaign's trackers together; with none asked for it does nothing. A tracker's
+    failure (to start, to log, to end) is one ``ValueError`` naming it (``tracker_error``)."""
 
-    def __init__(self, trackers: Sequence[Tracker] = ()) -> None:
+    def __init__(self, trackers: Sequence[tuple[str, Tracker]] = ()) -> None:
         self._trackers = list(trackers)
 
     @classmethod
     def open(cls, cfg: CampaignConfig, run_id: str) -> Trackers:
-        check_trackers(cfg)
-        names = requested(cfg)
+        """Start each tracker ``cfg`` asks for (the pre-flight checked their environment)."""
+        check_packages(cfg)
         run_dir = Path(cfg.observability.tensorboard_dir or f"runs/{run_id}/tensorboard").parent
-        made: list[Tracker] = []
-        for name in names:
-            if name == "tensorboard":
-                cfg_tb = cfg.model_copy(deep=True)
-                cfg_tb.observability.tensorboard = True
-                made.append(ScalarBoard.open(cfg_tb, run_id))
-            elif name == "wandb":
-                made.append(_Wandb(cfg, run_id, run_dir))
-            elif name == "mlflow":
-                made.append(_Mlflow(cfg, run_id))
-            else:
-                made.append(_Trackio(cfg, run_id))
-        return cls(made)
+        made = cls()
+        for name in requested(cfg):
+            try:
+                made._trackers.append((name, _open_one(name, cfg, run_id, run_dir)))
+            except Exception as exc:
+                made.close(RunEnd.of(exc), quiet=True)  # the ones started end as failed
+                raise tracker_error(name, exc) from None  # the library's chain may quote a secret
+        return made
 
     @property
     def enabled(self) -> bool:
         return bool(self._trackers)
 
     def add_step(self, step: int, metrics: dict[str, Any], evals: Sequence[EvalRecord]) -> None:
-        for tracker in self._trackers:
-            tracker.add_step(step, metrics, evals)
+        for name, tracker in self._trackers:
+            try:
+                tracker.add_step(step, metrics, evals)
+            except Exception as exc:
+                raise tracker_error(name, exc) from None
 
-    def close(self) -> None:
-        for tracker in self._trackers:
-            tracker.close()
+    def close(self, end: RunEnd | None = None, *, quiet: bool = False) -> None:
+        """End every tracker's run as the campaign ended (``end``; None: finished), so a failed
+        or interrupted campaign is not recorded as a successful run. A tracker that fails to end
+        does not keep the others open; the first failure is raised after all were closed, unless
+        ``quiet`` (the campaign is already failing with its own error, which must not be replaced)."""
+        end = end or RunEnd.of(None)
+        failures = []
+        for name, tracker in self._trackers:
+            try:
+                tracker.close(end)
+            except Exception as exc:
+                failures.append(tracker_error(name, exc))
+        self._trackers = []
+        for failure in failures:
+            log.warning("%s", failure)
+        if failures and not quiet:
+            raise failures[0]
+
+
+def _open_one(name: str, cfg: CampaignConfig, run_id: str, run_dir: Path) -> Tracker:
+    if name == "tensorboard":
+        cfg_tb = cfg.model_copy(deep=True)
+        cfg_tb.observability.tensorboard = True
+        return ScalarBoard.open(cfg_tb, run_id)
+    if name == "wandb":
+        return _Wandb(cfg, run_id, run_dir)
+    if name == "mlflow":
+        return _Mlflow(cfg, run_id)
+    return _Trackio(cfg, run_id)

@@ -169,6 +169,8 @@ def _train(args: argparse.Namespace) -> int:
     summary_path = Path(args.summary) if args.summary else out / "summary.json"
     if cfg.invoker.log_dir is None:  # worker logs live in the run directory
         cfg.invoker.log_dir = str(out / "logs")
+    if cfg.observability.tensorboard_dir is None:  # and so do the event files, and wandb's folder beside them
+        cfg.observability.tensorboard_dir = str(out / "tensorboard")
     if args.resume:
         from flows.campaign.finished import finished_run_line
 
@@ -206,7 +208,7 @@ def _train(args: argparse.Namespace) -> int:
     except ImportError:
         pass
     summary_path.parent.mkdir(parents=True, exist_ok=True)
-    summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True))
+    summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True, allow_nan=False))  # NaN is null
     _print_summary(summary, summary_path)
     return 0
 
@@ -226,19 +228,28 @@ def _resume_hint(cfg: CampaignConfig) -> str:
             f"{cfg.resolved_run_id()!r} from its last committed step ({state.step})")
 
 
+def _number(value: float | None, spec: str) -> str:
+    """``value`` formatted by ``spec``; ``nan`` for None (a summary holds a NaN as null)."""
+    return format(float("nan") if value is None else value, spec)
+
+
 def _print_summary(summary: dict[str, Any], summary_path: Path) -> None:
     """``train``'s last lines: evaluation, bill, planner and engine figures, the summary's path."""
     evaluated = (f"eval accuracy {summary['eval_accuracy_first']} -> {summary['eval_accuracy_last']}, mean reward "
-                 f"{summary['eval_reward_mean_first']:.3f} -> {summary['eval_reward_mean_last']:.3f}"
+                 f"{_number(summary['eval_reward_mean_first'], '.3f')} -> "
+                 f"{_number(summary['eval_reward_mean_last'], '.3f')}"
                  if summary.get("evals") else "no evaluation (no data.eval_path nor data.eval_fraction)")
-    print(f"{evaluated}; "
-          f"billed {summary['billed_gpu_seconds']:.1f} {summary['billing']['unit']}; wall {summary['wall_seconds']:.0f} s")
+    parts, wall, total = summary["billed_gpu_seconds_by_part"], summary["wall_seconds"], summary["wall_seconds_total"]
+    resumed = f" ({total:.0f} s in all)" if round(total) != round(wall) else ""  # a resume: every session's
+    print(f"{evaluated}; billed {summary['billed_gpu_seconds']:.1f} {summary['billing']['unit']} (steps "
+          f"{parts['steps']:.1f}, evaluations {parts['evaluations']:.1f}, set-up {parts['setup']:.1f}); "
+          f"wall {wall:.0f} s{resumed}")
     profile, fid = summary.get("profile"), (summary.get("planner_fidelity") or {}).get("generate", {})
     if profile:
         print(f"planner profile: {profile['source']} {profile['name']}")
     if fid.get("steps"):
         print(f"planner predicted vs measured generation actions' phase: median relative error "
-              f"{fid['median_relative_error']:+.1%} over {fid['steps']} steps")
+              f"{_number(fid['median_relative_error'], '+.1%')} over {fid['steps']} steps")
     engine = summary.get("engine") or {}
     if engine.get("starts") or engine.get("weight_pushes"):
         print(f"generation engine: {engine['starts']:.0f} started ({engine['start_s']:.1f} s), "
@@ -314,10 +325,16 @@ def _open_run(args: argparse.Namespace, command: str) -> tuple[Any, Any, Any]:
 
 
 def _status(args: argparse.Namespace) -> int:
-    _, _, state = _open_run(args, "status")
+    """The run's last commit, its lease (who trains it now) and the state word they make
+    (``flows/campaign/status.py``), as JSON."""
+    from flows.campaign.status import lease_status, run_state
+
+    _, store, state = _open_run(args, "status")
     last = state.steps[-1] if state.steps else {}
+    lease = lease_status(store, state.run_id)
     print(json.dumps({
-        "run_id": state.run_id, "steps_committed": state.step, "policy_version": state.policy_version,
+        "run_id": state.run_id, "state": run_state(state, lease), "steps_committed": state.step,
+        "steps_configured": state.steps_configured, "lease": lease, "policy_version": state.policy_version,
         "weights_sha256": state.weights_sha256, "spend": state.spend, "stopped_reason": state.stopped_reason,
         "last_eval": state.evals[-1].model_dump(mode="json") if state.evals else None,
         "last_metrics": {k: v for k, v in last.items() if k != "plan"},

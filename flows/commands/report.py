@@ -7,6 +7,7 @@ planner sizes the fan-out for), fan-out decisions, and cost per step.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,39 @@ def planner_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _nan_for_null(values: dict[str, Any]) -> dict[str, Any]:
+    """A summary entry whose nulls (NaN or infinite numbers: ``json_safe``) read as NaN again,
+    which the tables print as ``nan`` and the plots leave out."""
+    return {k: math.nan if v is None else v for k, v in values.items()}
+
+
+def _by_part(summary: dict[str, Any]) -> str:
+    """``; steps 3.1, evaluations 0.4, set-up 2.2`` of billed time (summaries from before the
+    breakdown: ""), with the step from which evaluations and set-up are counted, when not 0."""
+    parts = summary.get("billed_gpu_seconds_by_part")
+    if not parts:
+        return ""
+    since = summary.get("spend_since_step") or 0
+    note = f" (evaluations and set-up counted from step {since} on)" if since else ""
+    return (f"; steps {parts['steps']:.1f}, evaluations {parts['evaluations']:.1f}, "
+            f"set-up {parts['setup']:.1f}{note}")
+
+
+def _wall(summary: dict[str, Any]) -> str:
+    """``95 s in all, 40 s in this session`` (a resumed run), ``40 s`` (one session, or a
+    summary from before the total was kept)."""
+    total, session = summary.get("wall_seconds_total"), summary["wall_seconds"]
+    if total is None or round(total) == round(session):
+        return f"{session:.0f} s"
+    since = summary.get("spend_since_step") or 0
+    return (f"{total:.0f} s in all{f' from step {since} on' if since else ''}, "
+            f"{session:.0f} s in this session")
+
+
 def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
     """Write ``report.md`` and the plots into ``out``; returns the files written."""
-    steps = [StepFigures.of(s) for s in summary["steps"]]
+    steps = [StepFigures.of(_nan_for_null(s)) for s in summary["steps"]]
+    evals = [_nan_for_null(e) for e in summary["evals"]]
     xs = [s.step + 1 for s in steps]
     files = []
     # billed_gpu_seconds is GPU-seconds only on OpenWhisk; locally it is action wall time.
@@ -81,8 +112,8 @@ def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
     plots = {
         "reward.png": ("Reward and held-out accuracy", "step", "fraction correct (0-1)",
                        {"mean reward (training samples)": (xs, [s.reward_mean for s in steps]),
-                        "held-out greedy accuracy": ([e["step"] for e in summary["evals"]],
-                                                     [e["accuracy"] for e in summary["evals"]])}, "line"),
+                        "held-out greedy accuracy": ([e["step"] for e in evals], [e["accuracy"] for e in evals])},
+                       "line"),
         "response_length.png": ("Response length", "step", "tokens",
                                 {"mean": (xs, [s.response_length_mean for s in steps]),
                                  "max": (xs, [s.response_length_max for s in steps])}, "line"),
@@ -103,9 +134,9 @@ def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
              f"- held-out accuracy: {summary['eval_accuracy_first']} -> {summary['eval_accuracy_last']}, mean reward "
              f"{summary.get('eval_reward_mean_first')} -> {summary.get('eval_reward_mean_last')}",
              f"- billed {unit}: {summary['billed_gpu_seconds']:.1f} (useful {summary['useful_gpu_seconds']:.1f}),"
-             f" cost ${summary['usd']:.4f} at price_per_gpu_second",
+             f" cost ${summary['usd']:.4f} at price_per_gpu_second{_by_part(summary)}",
              f"- billing: {meaning}",
-             f"- wall time: {summary['wall_seconds']:.0f} s; policy version {summary['policy_version']}",
+             f"- wall time: {_wall(summary)}; policy version {summary['policy_version']}",
              f"- weights sha256: `{summary['weights_sha256']}`"]
     if summary.get("stopped_reason"):
         lines.append(f"- stopped early: {summary['stopped_reason']}")

@@ -73,6 +73,7 @@ def _transient_only(task: Any, task_run: Any, state: Any) -> bool:
 
 
 _FAILED: ContextVar[list[Activation] | None] = ContextVar("rlhfless_failed_attempts", default=None)
+_RETURNED: ContextVar[list[Activation] | None] = ContextVar("rlhfless_returned_activations", default=None)
 _FAILED_LOCK = threading.Lock()
 
 
@@ -80,8 +81,8 @@ _FAILED_LOCK = threading.Lock()
 def failed_attempts() -> Iterator[list[Activation]]:
     """Collect into the list it yields the failed attempts of every action invoked in this
     context: by the caller and by the tasks it submits (Prefect runs a submitted task in a copy
-    of the submitter's context, which holds the same list). Outside one, they are not kept
-    (set-up, evaluations: no step bills them)."""
+    of the submitter's context, which holds the same list). A step's: its flow collects its
+    successful activations itself (``StepOutcome.records``)."""
     attempts: list[Activation] = []
     token = _FAILED.set(attempts)
     try:
@@ -90,11 +91,40 @@ def failed_attempts() -> Iterator[list[Activation]]:
         _FAILED.reset(token)
 
 
-def _note_failed(attempts: Sequence[Activation], shard: str) -> None:
-    collected = _FAILED.get()
-    if collected is not None and attempts:
+@dataclass(frozen=True)
+class Ledger:
+    """The accounting of the activations invoked in an :func:`accounted` block: those that
+    returned (``records``) and the failed attempts (``failed``), as a step's cost counts them."""
+
+    records: list[Activation]
+    failed: list[Activation]
+
+
+@contextlib.contextmanager
+def accounted() -> Iterator[Ledger]:
+    """Collect into the :class:`Ledger` it yields every activation of the actions invoked in
+    this context, as :func:`failed_attempts` collects failed ones (submitted tasks included; a
+    thread pool's job only when submitted with a copy of the context). For what the campaign
+    invokes outside its steps: set-up and evaluations. An inner block keeps its activations
+    from the outer one."""
+    ledger = Ledger([], [])
+    returned, failed = _RETURNED.set(ledger.records), _FAILED.set(ledger.failed)
+    try:
+        yield ledger
+    finally:
+        _FAILED.reset(failed)
+        _RETURNED.reset(returned)
+
+
+def _note(collector: ContextVar[list[Activation] | None], activations: Sequence[Activation], shard: str) -> None:
+    collected = collector.get()
+    if collected is not None and activations:
         with _FAILED_LOCK:
-            collected.extend(replace(a, shard=shard) for a in attempts)
+            collected.extend(replace(a, shard=shard) for a in activations)
+
+
+def _note_failed(attempts: Sequence[Activation], shard: str) -> None:
+    _note(_FAILED, attempts, shard)
 
 
 @dataclass(frozen=True)
@@ -120,4 +150,5 @@ def invoke_action(action: str, payload: dict[str, Any], shard: str) -> Returned:
         _note_failed(exc.failed_attempts, shard)  # billed, whether or not a retry follows
         raise
     _note_failed(activation.failed_attempts, shard)
+    _note(_RETURNED, [activation], shard)  # inside accounted() only: a step collects its own records
     return Returned(parse_result(action, activation.result, RESULTS.get(action)), replace(activation, shard=shard))

@@ -1,0 +1,53 @@
+"""What ``rlhfless status`` says of a run beyond its last commit: whether a process trains it
+now (its lease), and so which state it is in.
+
+The lease shows who holds it (host, pid, since when, when it expires), never its token. A
+lease whose holder is alive is ``running``; one whose holder is gone (expired, or a process of
+this host that no longer runs: ``lease.takeover_reason``) is shown as ``stale``, left by a
+process that died, and the run is not running.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+from actions.store import ObjectStore
+from flows.campaign.holder import machine_identity
+from flows.campaign.lease import pid_alive, read_lease, takeover_reason
+from flows.campaign.state import CampaignState
+
+
+def lease_status(store: ObjectStore, run_id: str, now: float | None = None) -> dict[str, Any] | None:
+    """The run's lease as ``status`` shows it, or None (no lease, or a damaged one):
+    ``held`` (its holder runs), ``host``, ``pid``, ``since`` and ``expires`` (UTC),
+    ``expires_in_s`` (negative: past), and ``stale``: why it no longer holds (None while held)."""
+    record = read_lease(store, run_id)
+    if record is None:
+        return None
+    now = time.time() if now is None else now
+    stale = takeover_reason(record, now=now, host=socket.gethostname(), pid=os.getpid(), pid_alive=pid_alive,
+                            break_lease=False, machine=machine_identity())
+    return {"held": stale is None, "host": record.host, "pid": record.pid, "since": _utc(record.since),
+            "expires": _utc(record.expires), "expires_in_s": round(record.expires - now, 1), "stale": stale}
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+
+
+def run_state(state: CampaignState, lease: dict[str, Any] | None) -> str:
+    """One word (or two) for where the run stands: ``running`` (its lease is held),
+    ``stopped: budget`` (its budget stopped it: ``stopped_reason``), ``complete`` (its commits
+    reach the steps it was configured for), ``incomplete`` (they do not: it failed, was
+    interrupted or killed; ``train --resume`` continues it), or ``not running`` (a run
+    committed before the configured steps were recorded)."""
+    if lease is not None and lease["held"]:
+        return "running"
+    if state.stopped_reason:
+        return "stopped: budget"
+    if state.steps_configured is None:
+        return "not running"
+    return "complete" if state.step >= state.steps_configured else "incomplete"

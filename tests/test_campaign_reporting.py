@@ -1,0 +1,229 @@
+"""What a campaign reports about itself, read from its state: the JSON summary, report.md, the
+Prefect report artifact, the spend and wall time across resumes, and ``rlhfless status``."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import prefect.artifacts
+import prefect.context
+import pytest
+
+from flows.campaign.reporting import PROGRESS_PHASES, summarize
+from flows.campaign.state import SPEND_KEYS, CampaignState, EvalRecord
+from flows.commands.report import write_report
+
+RUN = "rep"
+
+
+def _state(**update) -> CampaignState:
+    inputs = {f"{name}_key": f"runs/{RUN}/{name}/manifest.json" for name in ("base", "init", "train", "eval", "tokens")}
+    ref = f"runs/{RUN}/policy/v000000/manifest.json"
+    return CampaignState(run_id=RUN, fingerprint="f", identity={}, policy_key=ref, reference_key=ref,
+                         prepared={**inputs, "model": {}}, **update)
+
+
+def _step(step: int, **values: float) -> dict:
+    return {"step": float(step), "reward/mean": 0.5, "response_length/mean": 6.0, "response_length/max": 9.0,
+            "actors/n": 1.0, "actors/migrated": 0.0, "cost/billed_gpu_seconds": 1.0, "cost/gpu_seconds": 0.5,
+            "cost/usd": 0.001, **{f"timing_s/{p}": 0.25 for p in PROGRESS_PHASES}, "timing_s/step": 2.0, **values}
+
+
+def _eval(step: int, **values: float) -> EvalRecord:
+    return EvalRecord(**{"step": step, "policy_version": step, "accuracy": 0.5, "reward_mean": 0.25,
+                         "mean_length": 4.0, "num_prompts": 4, **values})
+
+
+def test_a_nan_metric_is_null_in_the_summary_which_is_strict_json(tmp_path):
+    # a diverged update: grad_norm NaN (train/skipped_nonfinite), as the step's metrics carry it
+    state = _state(step=2, steps=[_step(0, grad_norm=math.nan), _step(1, kl=math.inf, **{"reward/mean": math.nan})],
+                   evals=[_eval(0), _eval(2)])
+    summary = summarize(state, 3.0, profile={"activation_s": math.nan})
+    text = json.dumps(summary, allow_nan=False)  # what the CLI writes: no NaN token
+    back = json.loads(text)
+    assert back["steps"][0]["grad_norm"] is None and back["steps"][1]["kl"] is None
+    assert back["reward_mean_last"] is None and back["profile"] == {"activation_s": None}
+    write_report({**back, "profile": None}, tmp_path)  # report.md reads the nulls as NaN
+    report = (tmp_path / "report.md").read_text()
+    assert "| 2 | nan | 6.0 |" in report and (tmp_path / "reward.png").exists()
+
+
+@pytest.mark.parametrize("kind, unit", [("local", "action-seconds"), ("openwhisk", "GPU-seconds")])
+def test_the_report_artifact_names_the_unit_billed_time_has_on_the_invoker(tiny_config, monkeypatch, kind, unit):
+    from flows.campaign.overhead import Background
+    from flows.campaign.reporting import Reporter
+
+    reports = []
+    monkeypatch.setattr(prefect.context.FlowRunContext, "get", classmethod(lambda cls: object()))
+    monkeypatch.setattr(prefect.artifacts, "create_table_artifact", lambda **kwargs: None)
+    monkeypatch.setattr(prefect.artifacts, "create_markdown_artifact", lambda key, markdown: reports.append(markdown))
+    publisher = Background()
+    reporter = Reporter(tiny_config(f"invoker.kind={kind}"), RUN, publisher, progress=lambda m: None)
+    state = _state(step=1, steps=[_step(0)])
+    reporter.committed(state, type("Record", (), {"metrics": state.steps[-1]})())
+    publisher.wait()
+    reporter.close()
+    assert f"- billed 1.00 {unit} ($0.00100), step 2.00 s" in reports[0]
+
+
+def test_an_accounted_block_collects_every_activation_and_failed_attempt(tiny_config):
+    from flows.campaign.setup import ledger_cost
+    from flows.invokers.base import Activation
+    from flows.step.context import RunContext, set_context
+    from flows.step.invoke import accounted, invoke_action
+
+    killed = Activation("noop", "k", {}, 0.0, 0.0, 2.0, 0.0)  # retried by the invoker: billed 2 s
+
+    class Invoker:
+        sees_local_files = True
+
+        def invoke(self, action, payload, *, timeout_s=None):
+            return Activation(action, "a", {"ok": True}, 0.0, 0.0, 1.0, 0.75, failed_attempts=(killed,))
+
+    ctx = RunContext(config=tiny_config("scaling.gpus_per_actor=2", "price_per_gpu_second=0.5"), store=None,
+                     invoker=Invoker(), run_id=RUN)
+    set_context(ctx)
+    try:
+        invoke_action.fn(action="noop", payload={}, shard="outside")  # no block: nothing kept
+        with accounted() as ledger:
+            invoke_action.fn(action="noop", payload={}, shard="probe-0")
+            with accounted() as inner:  # an evaluation inside set-up keeps its own
+                invoke_action.fn(action="noop", payload={}, shard="eval")
+    finally:
+        set_context(None)
+    assert [(a.shard, a.billed_s) for a in ledger.records] == [("probe-0", 1.0)]
+    assert [(a.shard, a.billed_s) for a in ledger.failed] == [("probe-0", 2.0)]
+    assert [a.shard for a in inner.records] == ["eval"]
+    cost = ledger_cost(ctx, ledger)  # (1 + 2) s billed, 0.75 s busy, times 2 GPUs; at $0.5
+    assert (cost["cost/billed_gpu_seconds"], cost["cost/gpu_seconds"], cost["cost/usd"]) == (6.0, 1.5, 3.0)
+
+
+def test_the_budget_keeps_room_for_the_evaluation_after_the_next_step(tiny_config):
+    from flows.campaign.advance import budget_stop
+
+    # spent 10 billed s; the last step cost 2, the last evaluation 1.5: the next step and the
+    # evaluation that follows it (due, or made by a stop after it) bring about 3.5
+    state = _state(step=2, steps=[_step(0), _step(1, **{"cost/billed_gpu_seconds": 2.0})], evals=[_eval(0)],
+                   spend={"billed_gpu_seconds": 10.0, "useful_gpu_seconds": 5.0, "usd": 0.01})
+    state.evals[0].billed_gpu_seconds = 1.5
+    assert budget_stop(tiny_config("steps=4", "budget.gpu_seconds=13.5"), state) is None
+    reason = budget_stop(tiny_config("steps=4", "budget.gpu_seconds=13"), state)
+    assert reason == ("budget.gpu_seconds=13.0 would be exceeded by the next step and the evaluation after it "
+                      "(spent 10.0, next about 3.5)")
+    state.prepared.data["evaluation"] = "none"  # no eval set: only the step
+    assert budget_stop(tiny_config("steps=4", "budget.gpu_seconds=12"), state) is None
+
+
+def test_a_state_committed_before_the_spend_was_broken_down_reads_its_steps_only():
+    old = _state(step=3, spend={"billed_gpu_seconds": 6.0, "useful_gpu_seconds": 4.0, "usd": 0.5})
+    assert old.spend == {"billed_gpu_seconds": 6.0, "useful_gpu_seconds": 4.0, "usd": 0.5,
+                         "steps_billed_gpu_seconds": 6.0, "evaluations_billed_gpu_seconds": 0.0,
+                         "setup_billed_gpu_seconds": 0.0, "wall_seconds": 0.0}
+    assert old.spend_since_step == 3 and _state().spend_since_step == 0
+    summary = summarize(old, 1.0)
+    assert summary["billed_gpu_seconds_by_part"] == {"steps": 6.0, "evaluations": 0.0, "setup": 0.0}
+    assert summary["spend_since_step"] == 3 and summary["wall_seconds_total"] == 0.0
+
+
+def test_the_spend_counts_every_activation_the_campaign_invokes_by_part(tiny_config, prefect_harness, monkeypatch):
+    from collections import defaultdict
+
+    from actions.store import open_store
+    from flows.campaign.run import run_campaign
+    from flows.campaign.state import load_state
+    from flows.invokers.inprocess import InProcessInvoker
+
+    billed: dict[str, float] = defaultdict(float)
+    invoke = InProcessInvoker.invoke
+
+    def counting(self, action, payload, *, timeout_s=None):
+        activation = invoke(self, action, payload, timeout_s=timeout_s)
+        billed[action] += activation.billed_s
+        return activation
+
+    monkeypatch.setattr(InProcessInvoker, "invoke", counting)
+    setup = ("prepare", "warmup", "profile", "noop")
+    walls = []
+    for steps, resume in ((1, False), (2, True)):  # a resume profiles again: set-up too
+        cfg = tiny_config("invoker.kind=inprocess", "run_id=spend", "eval_every=1", f"steps={steps}")
+        t0 = time.time()
+        summary = run_campaign(cfg, resume=resume, progress=lambda m: None)
+        walls.append((time.time() - t0, summary["wall_seconds"], summary["wall_seconds_total"]))
+        parts = summary["billed_gpu_seconds_by_part"]
+        assert set(billed) == {*setup, "evaluate", "generate", "score", "train_step"}
+        assert summary["billed_gpu_seconds"] == pytest.approx(sum(billed.values()))
+        assert parts["steps"] == pytest.approx(sum(s["cost/billed_gpu_seconds"] for s in summary["steps"]))
+        assert parts["evaluations"] == pytest.approx(billed["evaluate"])
+        assert parts["evaluations"] == pytest.approx(sum(e["billed_gpu_seconds"] for e in summary["evals"]))
+        assert parts["setup"] == pytest.approx(sum(billed[a] for a in setup))
+        assert summary["usd"] == pytest.approx(summary["billed_gpu_seconds"] * cfg.price_per_gpu_second)
+    assert [e["step"] for e in summary["evals"]] == [0, 1, 2] and summary["spend_since_step"] == 0
+    assert load_state(open_store(cfg.store.uri), "spend").steps_configured == 2  # for `status`
+    # wall time: this session's, and every session's, which grows with the run
+    (first, first_session, first_total), (second, second_session, second_total) = walls
+    assert first_session <= first and first_total == pytest.approx(first_session, abs=0.05)
+    assert second_session <= second and second_total == pytest.approx(first_total + second_session, abs=0.5)
+
+
+def test_the_wall_time_of_a_resumed_run_adds_to_the_one_committed(tmp_path):
+    from actions.store import LocalStore
+    from flows.campaign.run import SessionWall
+    from flows.campaign.state import commit_state, load_state
+
+    store = LocalStore(tmp_path)
+    state = _state(step=1, spend=dict.fromkeys(SPEND_KEYS, 0.0) | {"wall_seconds": 40.0})  # 40 s committed
+    wall = SessionWall(time.time() - 5.0)  # this session started 5 s ago
+    wall.stamp(state)
+    commit_state(store, state)
+    assert load_state(store, RUN).spend["wall_seconds"] == pytest.approx(45.0, abs=0.5)
+    summary = summarize(state, wall.session_s(), wall.total_s(state))
+    assert summary["wall_seconds"] == pytest.approx(5.0, abs=0.5)
+    assert summary["wall_seconds_total"] == pytest.approx(45.0, abs=0.5)
+    write_report({**summary, "profile": None}, tmp_path)
+    assert "- wall time: 45 s in all, 5 s in this session;" in (tmp_path / "report.md").read_text()
+
+
+def test_status_shows_the_run_state_its_configured_steps_and_who_holds_its_lease(tmp_path, capsys):
+    from actions.store import LocalStore
+    from flows.campaign.lease import RunLease
+    from flows.campaign.state import commit_state
+    from flows.commands.cli import main
+
+    store = LocalStore(tmp_path)
+
+    def status() -> dict:
+        assert main(["status", RUN, "--store", str(tmp_path)]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    commit_state(store, _state(step=1, steps_configured=3, steps=[_step(0)]))
+    shown = status()
+    assert (shown["state"], shown["steps_committed"], shown["steps_configured"], shown["lease"]) == (
+        "incomplete", 1, 3, None)
+    # a process of another host holds the lease
+    lease = RunLease.acquire(store, RUN, ttl_s=60, renew=False, host="trainer", pid=4242, progress=lambda m: None)
+    shown = status()
+    assert shown["state"] == "running" and shown["lease"]["held"]
+    assert (shown["lease"]["host"], shown["lease"]["pid"]) == ("trainer", 4242)
+    assert 0 < shown["lease"]["expires_in_s"] <= 60 and shown["lease"]["stale"] is None
+    assert lease.record.token not in json.dumps(shown)  # who and when, never the token
+    lease.release()
+    # a lease left by a process that died long ago: stale, and the run is not running
+    RunLease.acquire(store, RUN, ttl_s=60, renew=False, host="trainer", pid=4242, clock=lambda: time.time() - 3600,
+                     progress=lambda m: None)
+    shown = status()
+    assert shown["state"] == "incomplete" and not shown["lease"]["held"] and "expired" in shown["lease"]["stale"]
+
+
+@pytest.mark.parametrize("update, word", [
+    ({"step": 3, "steps_configured": 3}, "complete"),
+    ({"step": 1, "steps_configured": 3, "stopped_reason": "budget.usd=1.0 would be exceeded"}, "stopped: budget"),
+    ({"step": 1, "steps_configured": 3}, "incomplete"),
+    ({"step": 1}, "not running"),  # committed before the configured steps were recorded
+])
+def test_the_state_word_of_a_run_nobody_trains(update, word):
+    from flows.campaign.status import run_state
+
+    assert run_state(_state(**update), None) == word
+    assert run_state(_state(**update), {"held": True}) == "running"
