@@ -4,10 +4,13 @@ continuing once the cause is fixed (here: a reward function that raises from ste
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 try:
     from conftest import TINY_OVERRIDES
@@ -61,3 +64,25 @@ def test_resume_of_a_run_the_store_does_not_hold_says_it_starts_it(tmp_path, cap
     lease = _preflight(cfg, tmp_path / "out", tmp_path / "out" / "summary.json", resume=True, break_lease=False)
     lease.release()
     assert "note: --resume: the store holds no committed step of run 'nightly'; starting it" in capsys.readouterr().err
+
+
+def test_a_stop_while_train_writes_its_outputs_leaves_the_summary_whole_or_absent(tmp_path, monkeypatch):
+    """The summary is written first and renamed into place: a stop while it is written leaves
+    none (and no temporary file), one while the report is drawn leaves it whole."""
+    import flows.commands.report as report
+    from flows.commands.cli import Terminated, _write_outputs
+
+    summary_path = tmp_path / "out" / "summary.json"
+
+    def stop(*args, **kwargs):
+        raise Terminated(143)
+
+    monkeypatch.setattr(os, "replace", stop)
+    with pytest.raises(Terminated):
+        _write_outputs({"steps_completed": 2}, tmp_path / "out", summary_path)
+    assert list((tmp_path / "out").iterdir()) == []
+    monkeypatch.undo()
+    monkeypatch.setattr(report, "write_report", stop)
+    with pytest.raises(Terminated):
+        _write_outputs({"steps_completed": 2}, tmp_path / "out", summary_path)
+    assert json.loads(summary_path.read_text()) == {"steps_completed": 2, "run_dir": str(tmp_path / "out")}

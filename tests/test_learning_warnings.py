@@ -71,3 +71,9 @@ def test_zero_variance_run_warns_and_resume_of_finished_run_writes_nothing(tmp_p
     assert "is complete: 2/2 steps committed" in out and "nothing written" in out
     assert summary_file.read_bytes() == before
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "store").rglob("*")} == store_files
+    # a complete run whose summary was never written (stopped while writing it): --resume
+    # trains nothing and writes it
+    summary_file.unlink()
+    assert main([*args, "--resume"]) == 0
+    again = json.loads(summary_file.read_text())
+    assert (again["steps_completed"], again["weights_sha256"]) == (2, summary["weights_sha256"])

@@ -175,9 +175,11 @@ def _train(args: argparse.Namespace) -> int:
         from flows.campaign.finished import finished_run_line
 
         line = finished_run_line(cfg)
-        if line is not None:  # nothing to do: the summary stays as the run left it
+        if line is not None and summary_path.is_file():  # nothing to do: the summary stays as the run left it
             print(line)
             return 0
+        # complete but without its summary (stopped while writing it): the resume below trains
+        # nothing and writes it
     lease = _preflight(cfg, out, summary_path, args.resume, args.break_lease)
     try:
         # the lease below is released on SIGTERM too; the flow skips the checks _preflight made
@@ -199,18 +201,38 @@ def _train(args: argparse.Namespace) -> int:
         return _failed(exc, _resume_hint(cfg))
     finally:
         lease.release()
+    try:
+        with sigterm_unwinds():  # a stop now ends in one line; the summary is whole or absent
+            _write_outputs(summary, out, summary_path)
+    except (KeyboardInterrupt, Terminated) as exc:
+        return stopped(exc, cfg.resolved_run_id())
+    _print_summary(summary, summary_path)
+    return 0
+
+
+def _write_outputs(summary: dict[str, Any], out: Path, summary_path: Path) -> None:
+    """The summary first, whole or not at all (written beside and renamed over, so a stop
+    mid-write leaves none: ``train --resume`` then writes it again, training nothing), then
+    the report, which can always be drawn again from the summary."""
+    import os
+
     out.mkdir(parents=True, exist_ok=True)
     summary["run_dir"] = str(out)
+    summary_path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(summary, indent=2, sort_keys=True, allow_nan=False)  # NaN is null
+    tmp = summary_path.with_name(f".{summary_path.name}.{os.getpid()}.tmp")  # open() gives the umask's mode
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, summary_path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     try:
         from flows.commands.report import write_report
 
         write_report(summary, out)
     except ImportError:
         pass
-    summary_path.parent.mkdir(parents=True, exist_ok=True)
-    summary_path.write_text(json.dumps(summary, indent=2, sort_keys=True, allow_nan=False))  # NaN is null
-    _print_summary(summary, summary_path)
-    return 0
 
 
 def _resume_hint(cfg: CampaignConfig) -> str:
