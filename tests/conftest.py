@@ -128,10 +128,12 @@ def tiny_config(tmp_path):
 
 @pytest.fixture(scope="session")
 def clean_summary(tmp_path_factory: pytest.TempPathFactory, prefect_harness) -> dict:
-    """The fault-free reference: the tiny campaign in-process (same weights as on the pool)."""
+    """The fault-free reference: the tiny campaign in-process (same weights as on the pool), with
+    the ``LEARNING`` reward."""
     from flows.campaign.run import run_campaign
     from flows.config import load_config
 
     store = tmp_path_factory.mktemp("clean") / "store"
-    cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={store}", "invoker.kind=inprocess", "run_id=clean"])
+    cfg = load_config(None, [*TINY_OVERRIDES, *LEARNING, f"store.uri={store}", "invoker.kind=inprocess",
+                             "run_id=clean"])
     return run_campaign(cfg, progress=lambda m: None)

@@ -182,10 +182,9 @@ def test_ppo_step_trains_critic(tiny_config, prefect_harness):
     assert not [line for line in lines if "zero_reward_std" in line], lines
 
 
-def test_failed_activations_are_retried_and_change_nothing(tiny_config, prefect_harness):
-    clean = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=clean"), progress=lambda m: None)
+def test_failed_activations_are_retried_and_change_nothing(tiny_config, prefect_harness, clean_summary):
     cfg = tiny_config("invoker.kind=inprocess", "run_id=faulty", "faults.fail_fraction=0.2",
-                      "faults.actions=[generate,score]")
+                      "faults.actions=[generate,score]", *LEARNING)
     from flows.step.faults import FaultInjector
 
     injected: list = []
@@ -203,7 +202,8 @@ def test_failed_activations_are_retried_and_change_nothing(tiny_config, prefect_
     finally:
         FaultInjector.should_inject = original
     assert injected, "the fault injector should have failed some activations"
-    assert faulty["weights_sha256"] == clean["weights_sha256"]
+    assert_learned(clean_summary)
+    assert faulty["weights_sha256"] == clean_summary["weights_sha256"]
 
 
 def test_a_budget_stop_evaluates_and_commits_the_policy_it_stops_with_and_resume_completes(
@@ -218,7 +218,7 @@ def test_a_budget_stop_evaluates_and_commits_the_policy_it_stops_with_and_resume
     from flows.campaign.state import load_state
     from flows.commands.cli import main
 
-    cfg = tiny_config("invoker.kind=inprocess", "run_id=budget", "budget.gpu_seconds=0.001")  # steps=2
+    cfg = tiny_config("invoker.kind=inprocess", "run_id=budget", "budget.gpu_seconds=0.001", *LEARNING)  # steps=2
     lines: list[str] = []
     first = run_campaign(cfg, progress=lines.append)
     reason = first["stopped_reason"]
@@ -237,11 +237,12 @@ def test_a_budget_stop_evaluates_and_commits_the_policy_it_stops_with_and_resume
     again = run_campaign(cfg, resume=True, progress=lambda m: None)  # the same budget: no step, no commit
     assert again["steps_completed"] == 1 and again["stopped_reason"] == reason
     assert sorted(store.list("runs/budget/campaign/commits/")) == commits
-    rest = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=budget"), resume=True,
+    rest = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=budget", *LEARNING), resume=True,
                         progress=lambda m: None)
     assert rest["steps_completed"] == 2 and rest["stopped_reason"] is None
     assert load_state(store, "budget").stopped_reason is None
     assert [e["step"] for e in rest["evals"]] == [0, 1, 2]
+    assert_learned(clean_summary)
     assert rest["weights_sha256"] == clean_summary["weights_sha256"]
 
 
@@ -274,6 +275,7 @@ def test_training_resumes_from_the_state_it_kept_with_the_same_weights(clean_sum
 
     assert [s["train/reused_state"] for s in clean_summary["steps"]] == [0.0, 1.0]
     monkeypatch.setattr(warm, "take", lambda key: None)
-    cold = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=clean"), progress=lambda m: None)
+    cold = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=clean", *LEARNING), progress=lambda m: None)
     assert [s["train/reused_state"] for s in cold["steps"]] == [0.0, 0.0]
+    assert_learned(clean_summary)
     assert cold["weights_sha256"] == clean_summary["weights_sha256"]
