@@ -97,6 +97,22 @@ TINY_OVERRIDES = [
     "steps=2", "eval_every=0", "scaling.n_max=3",
 ]
 
+LEARNING = ("reward.functions=[{name: format, pattern: '^.{0,8}$'}]",)
+"""Added to ``TINY_OVERRIDES`` where a test compares the weights two paths end with. The repeat
+task's exact-match reward is 0 for every sample of the tiny warm-up's policy, so every gradient
+is 0 and every tiny run ends with the warm-up's weights, whatever it trained on. This reward (the
+completion is at most 8 characters: it stops before ``max_new_tokens=10``) splits the groups of
+that policy, so every step moves the weights and a path that trains on other data ends elsewhere
+(``assert_learned``)."""
+
+
+def assert_learned(summary: dict) -> None:
+    """Every step of the run ``summary`` describes had rewards that differ within a group and a
+    non-zero gradient: the weights it ends with depend on every step's training data."""
+    steps = [(s["step"], s["frac_reward_zero_std"], s["grad_norm"]) for s in summary["steps"]]
+    assert len(steps) == summary["steps_completed"] > 0, steps
+    assert all(zero_std < 1.0 and grad_norm > 0.0 for _, zero_std, grad_norm in steps), steps
+
 
 def prepare_tiny(root, prefix: str, *extra: str):
     """(config, store, ``Prepared``) of the tiny workload (``TINY_OVERRIDES`` plus ``extra``)
@@ -124,10 +140,12 @@ def tiny_config(tmp_path):
 
 @pytest.fixture(scope="session")
 def clean_summary(tmp_path_factory: pytest.TempPathFactory, prefect_harness) -> dict:
-    """The fault-free reference: the tiny campaign in-process (same weights as on the pool)."""
+    """The fault-free reference: the tiny campaign in-process (same weights as on the pool), with
+    the ``LEARNING`` reward."""
     from flows.campaign.run import run_campaign
     from flows.config import load_config
 
     store = tmp_path_factory.mktemp("clean") / "store"
-    cfg = load_config(None, [*TINY_OVERRIDES, f"store.uri={store}", "invoker.kind=inprocess", "run_id=clean"])
+    cfg = load_config(None, [*TINY_OVERRIDES, *LEARNING, f"store.uri={store}", "invoker.kind=inprocess",
+                             "run_id=clean"])
     return run_campaign(cfg, progress=lambda m: None)

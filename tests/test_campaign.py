@@ -7,6 +7,11 @@ import pytest
 from actions.store import get_json, open_store
 from flows.campaign.run import CampaignRefused, run_campaign
 
+try:
+    from conftest import LEARNING, assert_learned
+except ImportError:  # tests/ imported as a package
+    from tests.conftest import LEARNING, assert_learned
+
 
 def _rollout_tokens(cfg, step: int) -> dict:
     store = open_store(cfg.store.uri)
@@ -21,10 +26,11 @@ def _rollout_tokens(cfg, step: int) -> dict:
 
 def test_same_seed_gives_same_weights_with_speculation_on_and_off(tiny_config, prefect_harness):
     # 4 prompts: every step is a new epoch, so step 1 drafts from step 0's responses (history).
-    small = ("data.num_train_prompts=4",)
+    small = ("data.num_train_prompts=4", *LEARNING)
     a = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=a", *small), progress=lambda m: None)
     b = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=b", "generation.speculation=off", *small),
                      progress=lambda m: None)
+    assert_learned(a)
     assert a["weights_sha256"] and a["weights_sha256"] == b["weights_sha256"]
     assert a["steps_completed"] == 2 and a["policy_version"] == 2
     spec = a["steps"][1]
@@ -40,8 +46,9 @@ def test_fanout_one_and_three_produce_the_same_training_data(tiny_config, prefec
     # hidden 96 (the default width): narrower models hide the float effects of batch shapes
     wide = ("model.hidden_size=96", "model.num_heads=4", "model.intermediate_size=256")
     one = tiny_config("invoker.kind=inprocess", "run_id=one", "scaling.policy=fixed:1", "steps=1",
-                      "generation.cut_threshold=null", *wide)
-    three = tiny_config("invoker.kind=inprocess", "run_id=three", "scaling.policy=fixed:3", "steps=1", *wide)
+                      "generation.cut_threshold=null", *wide, *LEARNING)
+    three = tiny_config("invoker.kind=inprocess", "run_id=three", "scaling.policy=fixed:3", "steps=1", *wide,
+                        *LEARNING)
     s1, s3 = run_campaign(one, progress=lambda m: None), run_campaign(three, progress=lambda m: None)
     assert s1["steps"][0]["actors/n"] == 1 and s3["steps"][0]["actors/n"] == 3
     assert s3["steps"][0]["actors/cut"] > 0  # the three-way run also cuts and continues
@@ -50,6 +57,7 @@ def test_fanout_one_and_three_produce_the_same_training_data(tiny_config, prefec
     assert all(t1[k] == t3[k] for k in t1)
     # Scoring pads every row to widths of its own, so a sample's log-probs do not depend on
     # which shard it was scored in: the weights are equal bit for bit, not only the tokens.
+    assert_learned(s1)
     assert s1["weights_sha256"] == s3["weights_sha256"]
 
 
@@ -65,7 +73,7 @@ def test_scores_can_wait_for_the_end_of_generation(tiny_config, prefect_harness,
 
     monkeypatch.setattr(campaign, "step_metrics", keep)
     wide = ("model.hidden_size=96", "model.num_heads=4", "model.intermediate_size=256")  # it cuts
-    common = ("invoker.kind=inprocess", "scaling.policy=fixed:3", "steps=1", *wide)
+    common = ("invoker.kind=inprocess", "scaling.policy=fixed:3", "steps=1", *wide, *LEARNING)
     overlap = run_campaign(tiny_config(*common, "run_id=overlap", "generation.score_while_generating=true"),
                            progress=lambda m: None)
     after = run_campaign(tiny_config(*common, "run_id=after"), progress=lambda m: None)  # in-process: off
@@ -82,6 +90,7 @@ def test_scores_can_wait_for_the_end_of_generation(tiny_config, prefect_harness,
     assert len([r for r in records[0] if r.action == "score"]) == len(
         [r for r in records[0] if r.action == "generate"])
     # only the order and the packing changed: the same weights
+    assert_learned(after)
     assert overlap["weights_sha256"] == after["weights_sha256"]
 
 
@@ -173,10 +182,9 @@ def test_ppo_step_trains_critic(tiny_config, prefect_harness):
     assert not [line for line in lines if "zero_reward_std" in line], lines
 
 
-def test_failed_activations_are_retried_and_change_nothing(tiny_config, prefect_harness):
-    clean = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=clean"), progress=lambda m: None)
+def test_failed_activations_are_retried_and_change_nothing(tiny_config, prefect_harness, clean_summary):
     cfg = tiny_config("invoker.kind=inprocess", "run_id=faulty", "faults.fail_fraction=0.2",
-                      "faults.actions=[generate,score]")
+                      "faults.actions=[generate,score]", *LEARNING)
     from flows.step.faults import FaultInjector
 
     injected: list = []
@@ -194,7 +202,8 @@ def test_failed_activations_are_retried_and_change_nothing(tiny_config, prefect_
     finally:
         FaultInjector.should_inject = original
     assert injected, "the fault injector should have failed some activations"
-    assert faulty["weights_sha256"] == clean["weights_sha256"]
+    assert_learned(clean_summary)
+    assert faulty["weights_sha256"] == clean_summary["weights_sha256"]
 
 
 def test_a_budget_stop_evaluates_and_commits_the_policy_it_stops_with_and_resume_completes(
@@ -209,7 +218,7 @@ def test_a_budget_stop_evaluates_and_commits_the_policy_it_stops_with_and_resume
     from flows.campaign.state import load_state
     from flows.commands.cli import main
 
-    cfg = tiny_config("invoker.kind=inprocess", "run_id=budget", "budget.gpu_seconds=0.001")  # steps=2
+    cfg = tiny_config("invoker.kind=inprocess", "run_id=budget", "budget.gpu_seconds=0.001", *LEARNING)  # steps=2
     lines: list[str] = []
     first = run_campaign(cfg, progress=lines.append)
     reason = first["stopped_reason"]
@@ -229,11 +238,12 @@ def test_a_budget_stop_evaluates_and_commits_the_policy_it_stops_with_and_resume
     # the same reason; what was spent grew by the stop's evaluation and this resume's profiling
     assert again["steps_completed"] == 1 and again["stopped_reason"].split(" (spent")[0] == reason.split(" (spent")[0]
     assert sorted(store.list("runs/budget/campaign/commits/")) == commits
-    rest = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=budget"), resume=True,
+    rest = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=budget", *LEARNING), resume=True,
                         progress=lambda m: None)
     assert rest["steps_completed"] == 2 and rest["stopped_reason"] is None
     assert load_state(store, "budget").stopped_reason is None
     assert [e["step"] for e in rest["evals"]] == [0, 1, 2]
+    assert_learned(clean_summary)
     assert rest["weights_sha256"] == clean_summary["weights_sha256"]
 
 
@@ -266,6 +276,7 @@ def test_training_resumes_from_the_state_it_kept_with_the_same_weights(clean_sum
 
     assert [s["train/reused_state"] for s in clean_summary["steps"]] == [0.0, 1.0]
     monkeypatch.setattr(warm, "take", lambda key: None)
-    cold = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=clean"), progress=lambda m: None)
+    cold = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=clean", *LEARNING), progress=lambda m: None)
     assert [s["train/reused_state"] for s in cold["steps"]] == [0.0, 0.0]
+    assert_learned(clean_summary)
     assert cold["weights_sha256"] == clean_summary["weights_sha256"]

@@ -6,15 +6,18 @@ from actions.runtime.server import ACTION_NAMES
 from flows.campaign.run import run_campaign
 
 try:
+    from conftest import LEARNING, assert_learned
     from ow_emulator import running_emulator
     from test_openwhisk import make_client, put_action
 except ImportError:  # tests/ imported as a package
+    from tests.conftest import LEARNING, assert_learned
     from tests.ow_emulator import running_emulator
     from tests.test_openwhisk import make_client, put_action
 
 
 def test_campaign_through_openwhisk_matches_local_training_data(tiny_config, monkeypatch, prefect_harness):
-    local = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=ref", "steps=1"), progress=lambda m: None)
+    local = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=ref", "steps=1", *LEARNING),
+                         progress=lambda m: None)
     with running_emulator() as emu:
         client = make_client(emu)
         for name in sorted(ACTION_NAMES):  # what `rlhfless deploy` creates
@@ -22,9 +25,10 @@ def test_campaign_through_openwhisk_matches_local_training_data(tiny_config, mon
         client.close()
         for key, value in emu.env().items():
             monkeypatch.setenv(key, value)
-        summary = run_campaign(tiny_config("invoker.kind=openwhisk", "run_id=ow", "steps=1"),
+        summary = run_campaign(tiny_config("invoker.kind=openwhisk", "run_id=ow", "steps=1", *LEARNING),
                                progress=lambda m: None)
     assert summary["steps_completed"] == 1
     assert summary["billed_gpu_seconds"] >= 0 and summary["steps"][0]["actors/n"] >= 1
     # Same seed, same config: the training data and so the weights do not depend on the invoker.
+    assert_learned(local)
     assert summary["weights_sha256"] == local["weights_sha256"]

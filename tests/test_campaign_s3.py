@@ -13,6 +13,11 @@ import pytest
 from flows.campaign.run import run_campaign
 from flows.invokers.local_pool import LocalPoolInvoker
 
+try:
+    from conftest import LEARNING, assert_learned
+except ImportError:  # tests/ imported as a package
+    from tests.conftest import LEARNING, assert_learned
+
 pytestmark = pytest.mark.s3
 
 
@@ -51,7 +56,8 @@ def test_kill_9_at_random_points_then_resume_gives_same_weights(tiny_config, tmp
     args = ["--set", "invoker.kind=inprocess", "--set", "steps=4", "--set", "data.max_count=6",
             "--set", "model.hidden_size=32", "--set", "model.num_heads=2", "--set", "warmup.steps=5",
             "--set", "algorithm.batch_size=16", "--set", "algorithm.group_size=4", "--set", "generation.max_new_tokens=10",
-            "--set", "data.num_train_prompts=32", "--set", "data.num_eval_prompts=8"]
+            "--set", "data.num_train_prompts=32", "--set", "data.num_eval_prompts=8",
+            *(a for o in LEARNING for a in ("--set", o))]
 
     def run(store, out, resume=False, kill_after=None):
         cmd = [sys.executable, "-m", "flows.commands.cli", "train", "--set", f"store.uri={store}", "--run-id", "k9",
@@ -73,4 +79,5 @@ def test_kill_9_at_random_points_then_resume_gives_same_weights(tiny_config, tmp
 
     a = json.loads((tmp_path / "clean-out" / "summary.json").read_text())
     b = json.loads((tmp_path / "killed-out" / "summary.json").read_text())
+    assert_learned(a)
     assert a["weights_sha256"] == b["weights_sha256"]

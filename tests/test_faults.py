@@ -19,6 +19,11 @@ from flows.step.faults import FaultInjector
 from flows.invokers.base import ActionError
 from flows.invokers.local_pool import LocalPoolInvoker
 
+try:
+    from conftest import LEARNING, assert_learned
+except ImportError:  # tests/ imported as a package
+    from tests.conftest import LEARNING, assert_learned
+
 # seed 8 picks a kill of gen-0 and a failure of score-gen-0, with latency on both, and a failure
 # of score-gen-1 should the planner choose two generation actions (it picks one or two here).
 FAULTS = ["faults.seed=8", "faults.fail_fraction=0.25", "faults.kill_fraction=0.4", "faults.kill_after_s=0.2",
@@ -85,11 +90,12 @@ def test_kills_failures_and_latency_on_the_pool_change_nothing_but_time(
         tiny_config, prefect_harness, clean_summary, monkeypatch):
     calls, exits = _record_invocations(monkeypatch)
     hits = _record_injections(monkeypatch)
-    cfg = tiny_config("invoker.kind=local", "invoker.num_workers=2", "run_id=faulty", *FAULTS)
+    cfg = tiny_config("invoker.kind=local", "invoker.num_workers=2", "run_id=faulty", *FAULTS, *LEARNING)
 
     faulty = run_campaign(cfg, progress=lambda m: None)
 
     assert faulty["steps_completed"] == 2
+    assert_learned(clean_summary)
     assert faulty["weights_sha256"] == clean_summary["weights_sha256"]
     assert hits["kill"] and hits["fail"], hits
     # Every injected kill or failure failed its activation, transiently, and nothing else failed.
@@ -150,10 +156,12 @@ def test_a_fault_storm_ends_with_the_clean_weights(tiny_config, prefect_harness,
     """About 20% of activations fail or lose their worker (every kind of action); the campaign
     retries each once and ends with exactly the weights of a clean run."""
     calls, exits = _record_invocations(monkeypatch)
-    cfg = tiny_config("invoker.kind=local", "invoker.num_workers=2", "run_id=storm", "eval_every=1", *STORM)
+    cfg = tiny_config("invoker.kind=local", "invoker.num_workers=2", "run_id=storm", "eval_every=1", *STORM,
+                      *LEARNING)
 
     storm = run_campaign(cfg, progress=lambda m: None)
 
+    assert_learned(clean_summary)
     assert storm["steps_completed"] == 2 and storm["weights_sha256"] == clean_summary["weights_sha256"]
     first_attempts = {(c.action, c.key): c for c in reversed(calls)}  # the earliest call per activation
     faulted = [c for c in first_attempts.values() if c.fault]

@@ -22,21 +22,24 @@ from flows.campaign.lease import read_lease
 from flows.config import load_config
 
 try:
-    from conftest import TINY_OVERRIDES
+    from conftest import LEARNING, TINY_OVERRIDES, assert_learned
 except ImportError:  # tests/ imported as a package
-    from tests.conftest import TINY_OVERRIDES
+    from tests.conftest import LEARNING, TINY_OVERRIDES, assert_learned
 
-OVERRIDES = [*TINY_OVERRIDES, "invoker.kind=inprocess", "steps=3"]
+OVERRIDES = [*TINY_OVERRIDES, *LEARNING, "invoker.kind=inprocess", "steps=3"]
 
 
 @pytest.fixture(scope="module")
 def solo_sha(tmp_path_factory, prefect_harness) -> str:
-    """weights_sha256 of an uninterrupted, unshared 3-step run (retention does not change it)."""
+    """weights_sha256 of an uninterrupted, unshared 3-step run (retention does not change it), each
+    of whose steps changed the weights."""
     from flows.campaign.run import run_campaign
 
     root = tmp_path_factory.mktemp("solo") / "store"
     cfg = load_config(None, [*OVERRIDES, f"store.uri={root}", "run_id=solo", "store.keep_last=null"])
-    return run_campaign(cfg, progress=lambda m: None)["weights_sha256"]
+    summary = run_campaign(cfg, progress=lambda m: None)
+    assert_learned(summary)
+    return summary["weights_sha256"]
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:

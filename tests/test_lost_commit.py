@@ -11,11 +11,16 @@ from actions.store import LocalStore, commit_key
 from flows.campaign.run import run_campaign
 from flows.campaign.state import load_state, pointer_key
 
+try:
+    from conftest import LEARNING, assert_learned
+except ImportError:  # tests/ imported as a package
+    from tests.conftest import LEARNING, assert_learned
+
 
 @pytest.mark.slow
 def test_a_run_whose_newest_commit_record_is_lost_resumes_from_the_one_before(tiny_config, prefect_harness,
                                                                             clean_summary) -> None:
-    cfg = tiny_config("invoker.kind=inprocess", "run_id=lost", "store.keep_last=1")
+    cfg = tiny_config("invoker.kind=inprocess", "run_id=lost", "store.keep_last=1", *LEARNING)
     first = run_campaign(cfg, progress=lambda m: None)
     assert first["steps_completed"] == 2 and first["gc"]["collections"] >= 2
     store = LocalStore(cfg.store.uri)
@@ -23,4 +28,5 @@ def test_a_run_whose_newest_commit_record_is_lost_resumes_from_the_one_before(ti
     assert load_state(store, "lost").step == 1
     resumed = run_campaign(cfg, resume=True, progress=lambda m: None)
     assert resumed["steps_completed"] == 2
+    assert_learned(clean_summary)
     assert resumed["weights_sha256"] == first["weights_sha256"] == clean_summary["weights_sha256"]

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 try:
-    from conftest import TINY_OVERRIDES
+    from conftest import LEARNING, TINY_OVERRIDES, assert_learned
 except ImportError:  # tests/ imported as a package
-    from tests.conftest import TINY_OVERRIDES
+    from tests.conftest import LEARNING, TINY_OVERRIDES, assert_learned
 
 
 def alive(pid: int) -> bool:
@@ -149,7 +149,8 @@ def test_a_worker_whose_parent_is_already_gone_exits_at_start():
 
 def _cli_args(tmp_path: Path) -> list[str]:
     args = []
-    for override in (*TINY_OVERRIDES, f"store.uri={tmp_path / 'store'}", "invoker.kind=local", "invoker.num_workers=2"):
+    for override in (*TINY_OVERRIDES, *LEARNING, f"store.uri={tmp_path / 'store'}", "invoker.kind=local",
+                     "invoker.num_workers=2"):
         args += ["--set", override]
     return [sys.executable, "-m", "flows.commands.cli", "train", *args, "--run-id", "k9", "--out", str(tmp_path / "out")]
 
@@ -190,5 +191,6 @@ def test_sigkill_of_the_cli_mid_generation_then_resume(tmp_path, prefect_harness
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["steps_completed"] == 2
+    assert_learned(clean_summary)
     assert summary["weights_sha256"] == clean_summary["weights_sha256"]
     assert wait_gone(_worker_pids(logs), 5.0) == []  # the resumed run's workers ended with it
