@@ -428,5 +428,5 @@ def test_store_growth_of_the_default_24_step_campaign(tmp_path, prefect_harness)
     from flows.config import load_config
 
     cfg = load_config(None, [f"store.uri={tmp_path / 'store'}", "run_id=grow24", "store.keep_last=2",
-                             "store.checkpoint_every=8"])
+                             "store.checkpoint_every=8", f"invoker.log_dir={tmp_path / 'logs'}"])  # not ./runs
     _growth(cfg, LocalStore(cfg.store.uri), "grow24", 24, 8)
