@@ -24,6 +24,17 @@ except ImportError:  # tests/ imported as a package
     from tests.s3server import SeaweedS3Server, find_weed
 
 
+def bare_state(run: str, **update):
+    """A ``CampaignState`` of run ``run`` with placeholder keys and ``update``'s fields: what
+    tests of committing, history and reporting build on without preparing anything."""
+    from flows.campaign.state import CampaignState
+
+    inputs = {f"{name}_key": f"runs/{run}/{name}/manifest.json" for name in ("base", "init", "train", "eval", "tokens")}
+    ref = f"runs/{run}/policy/v000000/manifest.json"
+    return CampaignState(run_id=run, fingerprint="f", identity={}, policy_key=ref, reference_key=ref,
+                         prepared={**inputs, "model": {}}, **update)
+
+
 @pytest.fixture
 def one_thread():
     """One intra-op thread, as an action runs: a shared, oversubscribed CPU runs small products

@@ -11,14 +11,16 @@ from actions.store import CommitConflict, IntegrityError, LocalStore, ObjectStor
 from flows.campaign.history import SEGMENT, segment_key
 from flows.campaign.state import CampaignState, EvalRecord, commit_state, load_state, load_state_at, pointer_key
 
+try:
+    from conftest import bare_state
+except ImportError:  # tests/ imported as a package
+    from tests.conftest import bare_state
+
 RUN = "hist"
 
 
 def _state(**update) -> CampaignState:
-    inputs = {f"{name}_key": f"runs/{RUN}/{name}/manifest.json" for name in ("base", "init", "train", "eval", "tokens")}
-    ref = f"runs/{RUN}/policy/v000000/manifest.json"
-    return CampaignState(run_id=RUN, fingerprint="f", identity={}, policy_key=ref, reference_key=ref,
-                         prepared={**inputs, "model": {}}, **update)
+    return bare_state(RUN, **update)
 
 
 def _metrics(step: int) -> dict:

@@ -15,14 +15,16 @@ from flows.campaign.reporting import PROGRESS_PHASES, summarize
 from flows.campaign.state import SPEND_KEYS, CampaignState, EvalRecord
 from flows.commands.report import write_report
 
+try:
+    from conftest import bare_state
+except ImportError:  # tests/ imported as a package
+    from tests.conftest import bare_state
+
 RUN = "rep"
 
 
 def _state(**update) -> CampaignState:
-    inputs = {f"{name}_key": f"runs/{RUN}/{name}/manifest.json" for name in ("base", "init", "train", "eval", "tokens")}
-    ref = f"runs/{RUN}/policy/v000000/manifest.json"
-    return CampaignState(run_id=RUN, fingerprint="f", identity={}, policy_key=ref, reference_key=ref,
-                         prepared={**inputs, "model": {}}, **update)
+    return bare_state(RUN, **update)
 
 
 def _step(step: int, **values: float) -> dict:

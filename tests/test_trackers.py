@@ -16,7 +16,9 @@ import importlib.util
 import json
 import struct
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -31,14 +33,14 @@ needs_mlflow = pytest.mark.skipif(importlib.util.find_spec("mlflow") is None,
                                   reason="mlflow is not installed (pip install 'rlhfless[mlflow]')")
 
 
-def read_wandb_history(folder: Path) -> dict[int, dict[str, float]]:
-    """step -> logged values, from the offline run's transaction log under ``folder``: LevelDB
+def wandb_records(folder: Path) -> Iterator[Any]:
+    """The ``Record`` protobufs of the offline run's transaction log under ``folder``: LevelDB
     log framing (a 7-byte file header; 32 KiB blocks of records with a 7-byte header: CRC, length,
-    type FULL/FIRST/MIDDLE/LAST) around wandb's ``Record`` protobufs."""
+    type FULL/FIRST/MIDDLE/LAST) around wandb's records."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     (path,) = glob.glob(str(folder / "wandb" / "offline-run-*" / "run-*.wandb"))
-    data, pos, block, pending, out = Path(path).read_bytes(), 7, 32768, b"", {}
+    data, pos, block, pending = Path(path).read_bytes(), 7, 32768, b""
     assert data[:4] == b":W&B"
     while pos + 7 <= len(data):
         left = block - pos % block
@@ -51,33 +53,24 @@ def read_wandb_history(folder: Path) -> dict[int, dict[str, float]]:
         if kind in (1, 4):
             record = pb.Record()
             record.ParseFromString(pending)
-            if record.HasField("history"):
-                items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
-                out.setdefault(int(record.history.step.num), {}).update(
-                    {k: v for k, v in items.items() if not k.startswith("_")})
+            yield record
+
+
+def read_wandb_history(folder: Path) -> dict[int, dict[str, float]]:
+    """step -> logged values, from the offline run under ``folder``."""
+    out: dict[int, dict[str, float]] = {}
+    for record in wandb_records(folder):
+        if record.HasField("history"):
+            items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+            out.setdefault(int(record.history.step.num), {}).update(
+                {k: v for k, v in items.items() if not k.startswith("_")})
     return out
 
 
 def read_wandb_exit_code(folder: Path) -> int | None:
     """The exit code the offline run's transaction log records (None: it has no exit record)."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    (path,) = glob.glob(str(folder / "wandb" / "offline-run-*" / "run-*.wandb"))
-    data, pos, block, pending, code = Path(path).read_bytes(), 7, 32768, b"", None
-    while pos + 7 <= len(data):  # the framing read_wandb_history reads
-        left = block - pos % block
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7]) if left >= 7 else (0, 0, 0)
-        if left < 7 or (length == 0 and kind == 0):
-            pos += left
-            continue
-        payload, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
-        pending = payload if kind in (1, 2) else pending + payload
-        if kind in (1, 4):
-            record = pb.Record()
-            record.ParseFromString(pending)
-            if record.HasField("exit"):
-                code = record.exit.exit_code
-    return code
+    codes = [record.exit.exit_code for record in wandb_records(folder) if record.HasField("exit")]
+    return codes[-1] if codes else None
 
 
 def read_mlflow_status(uri: str, run_id: str) -> str:
