@@ -214,19 +214,12 @@ def _write_outputs(summary: dict[str, Any], out: Path, summary_path: Path) -> No
     """The summary first, whole or not at all (written beside and renamed over, so a stop
     mid-write leaves none: ``train --resume`` then writes it again, training nothing), then
     the report, which can always be drawn again from the summary."""
-    import os
+    from flows.commands.measure import write_whole
 
     out.mkdir(parents=True, exist_ok=True)
     summary["run_dir"] = str(out)
     summary_path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(summary, indent=2, sort_keys=True, allow_nan=False)  # NaN is null
-    tmp = summary_path.with_name(f".{summary_path.name}.{os.getpid()}.tmp")  # open() gives the umask's mode
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, summary_path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_whole(summary_path, json.dumps(summary, indent=2, sort_keys=True, allow_nan=False))  # NaN is null
     try:
         from flows.commands.report import write_report
 
