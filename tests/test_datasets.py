@@ -382,6 +382,17 @@ def test_a_jsonl_file_with_a_byte_order_mark_is_read(tmp_path):
     assert [r for _, r in read_records(str(tmp_path / "bom.json"), field="data.train_path")] == GSM8K_ROWS
 
 
+def test_a_jsonl_string_may_hold_unicode_line_separators_and_line_numbers_count_newlines(tmp_path):
+    """U+2028, U+2029 and U+0085 are valid inside a JSON string: only "\n" ends a row."""
+    rows = [{"prompt": "one\u2028two\u2029three\x85four", "answer": "1"}, {"prompt": "p2", "answer": "2"}]
+    path = tmp_path / "seps.jsonl"
+    path.write_bytes(b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\r\n" for r in rows))
+    assert read_records(str(path), field="data.train_path") == [(1, rows[0]), (2, rows[1])]
+    path.write_bytes(path.read_bytes() + b"\n{bad\n")
+    with pytest.raises(ValueError, match=r"seps.jsonl:4: not valid JSON"):
+        read_records(str(path), field="data.train_path")
+
+
 def test_an_explicit_max_prompt_tokens_must_leave_room_for_the_response_in_the_context():
     """The default limit is the context less ``generation.max_new_tokens``; a value set above
     it would let a sample run past the position embeddings, and is refused naming both."""

@@ -66,14 +66,17 @@ def rows_to_jsonl(rows: Iterable[PromptRow]) -> bytes:
 
 def json_objects(data: bytes, *, where: str) -> list[tuple[int, dict[str, Any]]]:
     """Decode UTF-8 JSON Lines into ``(line number from 1, object)`` pairs, skipping blank
-    lines. Raises ValueError naming ``where`` and the line for bad UTF-8, bad JSON or a line
-    that is not an object."""
+    lines. A line ends at "\n" (or "\r\n") only, as JSON Lines defines it. Raises ValueError
+    naming ``where`` and the line for bad UTF-8, bad JSON or a line that is not an object."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{where}: byte {exc.start} is not UTF-8; a dataset is UTF-8 JSON Lines") from None
     objects: list[tuple[int, dict[str, Any]]] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # "\n" alone ends a line (a "\r" before it is dropped): str.splitlines also splits at
+    # U+2028, U+2029 and U+0085, which a JSON string may hold as they are
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         try:
