@@ -363,6 +363,30 @@ def test_parquet_files_of_no_rows_are_skipped_and_a_damaged_shard_is_named(tmp_p
     assert "Failed to read file" not in "".join(capfd.readouterr())
 
 
+def test_text_that_is_not_utf8_in_parquet_or_a_saved_dataset_is_named_by_file_row_and_column(tmp_path):
+    """Arrow reads a string column without checking its UTF-8: the first row that fails to
+    decode is named (the file of a folder, the row in it, the column), with the fix."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def table(prompts: list[bytes]) -> pa.Table:  # a string column holding the bytes unchecked
+        text = pa.Array.from_buffers(pa.string(), len(prompts), pa.array(prompts, pa.binary()).buffers())
+        return pa.table({"prompt": text, "answer": [str(i) for i in range(len(prompts))]})
+
+    (tmp_path / "shards").mkdir()
+    pq.write_table(table([b"a", b"b", b"c"]), tmp_path / "shards" / "part-0.parquet")
+    pq.write_table(table([b"d", b"e\xff"]), tmp_path / "shards" / "part-1.parquet")
+    with pytest.raises(ValueError, match=r"^data.train_path '.*shards': part-1.parquet row 2, column 'prompt' holds "
+                                         r"text that is not UTF-8 \(byte 0xff\); write the file again with its text "
+                                         r"as UTF-8$"):
+        read_records(str(tmp_path / "shards"), field="data.train_path")
+    datasets.Dataset(table([b"ok", b"\xfe!"])).save_to_disk(str(tmp_path / "saved"))
+    with pytest.raises(ValueError, match=r"^data.eval_path '.*saved': row 2, column 'prompt' holds text that is not "
+                                         r"UTF-8 \(byte 0xfe\); write the dataset again"):
+        read_records(str(tmp_path / "saved"), field="data.eval_path")
+
+
 def test_a_reference_answer_that_is_nan_or_infinite_is_refused_naming_the_row():
     need = ("reward.functions gsm8k compares with a reference answer", "or use rewards that need none")
     for value in (float("nan"), float("inf")):

@@ -10,7 +10,8 @@ What is read, by path:
   (``train-00000-of-00001.parquet``, ``test-00000-of-00001.parquet``), ``data.train_path``
   reads the ``train`` files and ``data.eval_path`` the ``test`` (else ``validation``) files:
   the rule of a hub id (``actions/models/hub.py``), so a local copy reads as the id would.
-  A file of no rows (an empty shard) is skipped; a damaged file is named;
+  A file of no rows (an empty shard) is skipped; a damaged file is named, and so are the row
+  and column of a string that is not UTF-8 (Arrow reads text without checking it);
 * a folder written by ``datasets.Dataset.save_to_disk`` (it holds ``state.json``), through
   ``datasets.load_from_disk``; for a ``DatasetDict`` folder (``dataset_dict.json`` and one
   folder per split) the same rule picks the split.
@@ -137,14 +138,15 @@ def _load_from_disk(path: Path, where: str) -> Iterator[dict[str, Any]]:
                          "write it again with Dataset.save_to_disk") from None
     if isinstance(ds, datasets.DatasetDict):
         raise ValueError(f"{where} holds a DatasetDict with splits {', '.join(ds)}; point at one split folder")
-    return iter(ds)
+    return iter(_decoded(ds, where, []))
 
 
 def _load_parquet(files: list[str], where: str) -> Iterator[dict[str, Any]]:
     """The rows of ``files`` in order. A file of no rows (a valid Parquet file, as an empty
     shard of a split is) is skipped: ``datasets`` fails on it as if it were damaged. No rows
     in any file gives no rows, which ``fields.to_rows`` refuses as an empty JSON Lines file."""
-    kept = [name for name in files if _parquet_rows(name, where)]
+    counts = {name: _parquet_rows(name, where) for name in files}
+    kept = [name for name in files if counts[name]]
     if not kept:
         return iter([])
     _offline()
@@ -161,9 +163,43 @@ def _load_parquet(files: list[str], where: str) -> Iterator[dict[str, Any]]:
                 ds = datasets.Dataset.from_parquet(kept, cache_dir=cache, keep_in_memory=True)
             except Exception as exc:  # pyarrow raises several unrelated types for a damaged file
                 raise ValueError(_unreadable(kept, where, exc)) from None
-            return iter(list(ds))
+            return iter(_decoded(ds, where, [(Path(name).name, counts[name]) for name in kept]))
     finally:
         datasets.logging.set_verbosity(verbosity)
+
+
+def _decoded(ds: Any, where: str, files: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    """Every row of the ``datasets.Dataset`` ``ds`` as a dict. Arrow checks no text for UTF-8
+    when it reads a file, so a string that is not UTF-8 first fails here: ValueError naming the
+    file of ``files`` ((name, rows) in the order ``ds`` holds them; none: the dataset as a
+    whole), the row in it from 1 and the column."""
+    rows: list[dict[str, Any]] = []
+    try:
+        for row in ds:
+            rows.append(row)
+    except UnicodeDecodeError as exc:
+        index, name = len(rows), ""
+        for file, count in files:
+            if index < count:
+                name = f"{file} "
+                break
+            index -= count
+        byte = exc.object[exc.start:exc.start + 1].hex()
+        raise ValueError(f"{where}: {name}row {index + 1}{_bad_column(ds, len(rows))} holds text that is not UTF-8 "
+                         f"(byte 0x{byte}); write the {'file' if files else 'dataset'} again with its text as UTF-8"
+                         ) from None
+    return rows
+
+
+def _bad_column(ds: Any, index: int) -> str:
+    """", column 'name'" for the first column of row ``index`` whose text does not decode ("" if none is found)."""
+    row = ds.data.table.slice(index, 1)
+    for name in row.column_names:
+        try:
+            row.column(name).to_pylist()
+        except UnicodeDecodeError:
+            return f", column {name!r}"
+    return ""
 
 
 def _parquet_rows(name: str, where: str) -> int:
