@@ -362,7 +362,7 @@ class EvaluateRequest(_Rewarded):
 
 class EvaluateResult(_Msg):
     accuracy: float
-    """Fraction of completions whose reward reached its row's best (``rewards.is_best``)."""
+    """Fraction of completions whose reward functions' sum reached its row's best (``rewards.is_best``)."""
     mean_length: float
     num_prompts: int
     reward_mean: float = 0.0

@@ -1,9 +1,10 @@
 """evaluate action: greedy decoding on the held-out set, scored by the campaign's rewards.
 
-A completion is correct when its reward reaches the best its row allows (``rewards.is_best``):
-with one binary reward, when it earns 1.0. ``accuracy`` is the fraction of correct completions,
-``reward_mean`` the mean reward. Reward models add to ``reward_mean`` but define no best, so
-with reward models alone ``accuracy`` is 0 and ``reward_mean`` is the figure to watch.
+A completion is correct when its reward functions' weighted sum reaches the best its row allows
+(``rewards.is_best``): with one binary reward, when it earns 1.0. ``accuracy`` is the fraction of
+correct completions, ``reward_mean`` the mean reward. Reward models add to ``reward_mean`` but
+define no best and play no part in ``accuracy``, so with reward models alone ``accuracy`` is 0
+and ``reward_mean`` is the figure to watch.
 Completions are scored, and recorded, as text without the tokenizer's special tokens
 (``loading.completion_text``), as in training. Reward functions see ``trainer_state.global_step``
 = the optimizer steps done, ``epoch`` 0.0.

@@ -44,6 +44,30 @@ def test_weighted_sum_none_and_best():
     assert is_best(r) == [True, False, True]
 
 
+def test_reward_model_scores_add_to_the_total_but_not_to_what_reaches_the_best():
+    rows = _rows(["0", "1", "2", "3"])
+    r = compute_rewards([Fn(name="exact_match")], rows, ["0", "wrong", "2", "wrong"],
+                        model_scores={"reward_model/0": (1.0, [-0.2, 1.3, 0.1, 0.4])})
+    assert r.total == pytest.approx([0.8, 1.3, 1.1, 0.4]) and r.best == [1.0] * 4
+    # row 0 is right however the model scores it; row 1 is wrong however high
+    assert is_best(r) == [True, False, True, False]
+    alone = compute_rewards([], rows, ["0"] * 4, model_scores={"reward_model/0": (1.0, [5.0, 0.0, -1.0, 1.0])})
+    assert alone.applicable == [True] * 4 and is_best(alone) == [False] * 4  # a model alone defines no best
+
+
+def test_a_penalty_whose_best_is_zero_is_reached_and_a_row_no_function_applies_to_is_not(monkeypatch):
+    def penalty(completions, **kwargs):
+        return [None if c == "n/a" else 0.0 if len(c) < 5 else -1.0 for c in completions]
+
+    penalty.max_reward, penalty.min_reward = 0.0, -1.0
+    module = types.ModuleType("my_penalty")
+    module.penalty = penalty
+    monkeypatch.setitem(sys.modules, "my_penalty", module)
+    r = compute_rewards([Fn(name="my_penalty:penalty")], _rows(["a"] * 3), ["ok", "far too long", "n/a"])
+    assert r.total == [0.0, -1.0, 0.0] and r.best == [0.0, 0.0, 0.0]
+    assert is_best(r) == [True, False, False]
+
+
 def test_plugin_gets_trl_arguments_and_failures_name_function_and_row(monkeypatch):
     seen = {}
 

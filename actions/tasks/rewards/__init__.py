@@ -27,7 +27,8 @@ in TRL's nansum), plus the weighted scores of the reward models (``reward.models
 ``model_scoring.py`` and passed in as ``model_scores``). Its best possible reward is the
 functions' sum over each one's maximum (1.0 for the built-ins; a plug-in may set a
 ``max_reward`` attribute, and a ``min_reward`` one, each a finite number; a reward model has
-none), and evaluation counts a completion correct when its reward reaches it. A function that
+none), and evaluation counts a completion correct when the functions' sum, the reward models'
+scores left out, reaches it (a row no function applies to is never correct). A function that
 raises, or returns a list of the wrong length or type, or rewards whose weighted sum overflows
 to a non-finite total, fails the step with :class:`RewardFunctionError` naming the function
 and the row; it is a bug in the function and is never retried.
@@ -145,8 +146,12 @@ class Rewards:
     total: list[float]
     """Per row: the weighted sum over the functions that apply and the reward models (0.0 when none does)."""
     best: list[float]
-    """Per row: the largest total the applicable functions allow (reward models add nothing)."""
+    """Per row: the largest ``function_total`` the applicable functions allow (reward models add nothing)."""
     per_function: dict[str, list[float | None]]
+    function_total: list[float]
+    """Per row: ``total`` less the reward models, what ``best`` bounds (0.0 when no function applies)."""
+    function_applicable: list[bool]
+    """Per row: did any reward function score it (reward models aside)."""
     applicable: list[bool] = field(default_factory=list)
     """Per row: did any function or reward model score it (False: every reward was None)."""
     metrics: dict[str, list[float]] = field(default_factory=dict)
@@ -186,13 +191,15 @@ def compute_rewards(specs: Sequence[RewardSpec], rows: Sequence[RewardRow], text
                 total[i] += spec.weight * v
                 best[i] += max(spec.weight * top, spec.weight * low)
                 applicable[i] = True
+    function_total, function_applicable = list(total), list(applicable)
     for name, (weight, scores) in (model_scores or {}).items():
         per_function[name], weights[name] = list(scores), weight
         for i, v in enumerate(scores):
             total[i] += weight * v
             applicable[i] = True
     _check_totals(total, rows, per_function, weights)
-    return Rewards(total=total, best=best, per_function=per_function, applicable=applicable, metrics=metrics)
+    return Rewards(total=total, best=best, per_function=per_function, function_total=function_total,
+                   function_applicable=function_applicable, applicable=applicable, metrics=metrics)
 
 
 def reward_bounds(name: str, fn: Callable) -> tuple[float, float]:
@@ -228,8 +235,12 @@ def _check_totals(total: Sequence[float], rows: Sequence[RewardRow], per_functio
 
 
 def is_best(rewards: Rewards, tolerance: float = 1e-9) -> list[bool]:
-    """Per row: did the completion reach the best reward (and was any function applicable)?"""
-    return [t >= b - tolerance and b > 0 for t, b in zip(rewards.total, rewards.best)]
+    """Per row: did a reward function apply, and did the functions' weighted sum reach the best
+    they allow? Reward models define no best and do not count: their scores would let a wrong
+    completion pass, or hold a right one back. A best of 0 or below (a penalty whose
+    ``max_reward`` is 0) is reached like any other."""
+    return [applied and t >= b - tolerance
+            for t, b, applied in zip(rewards.function_total, rewards.best, rewards.function_applicable)]
 
 
 def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow],
