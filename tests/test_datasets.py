@@ -111,6 +111,18 @@ def test_build_counts_truncation_in_the_summary_and_keeps_eval_apart(tmp_path):
     assert cfg.warmup.steps == 300 and cfg.data.max_count == 3
 
 
+def test_an_eval_fraction_of_a_one_row_dataset_says_it_holds_out_nothing(tmp_path):
+    from actions.models.modeling import build_char_tokenizer
+
+    path = _jsonl(tmp_path / "one.jsonl", [{"prompt": "q", "answer": "a"}])
+    cfg = load_config(None, [f"data.train_path={path}", "data.eval_fraction=0.5", "algorithm.batch_size=8",
+                             "algorithm.group_size=8", "algorithm.num_minibatches=1"])
+    assert cfg.algorithm.prompts_per_step == 1
+    with pytest.raises(ValueError, match=r"^data.eval_fraction=0.5 holds out no row of 1 training row \(one must "
+                                         r"stay to train on\); add rows or set data.eval_path$"):
+        build_datasets(cfg, lambda: build_char_tokenizer(), model_name="tiny")
+
+
 def test_arith_max_value_bounds_every_number_of_problem_and_solution():
     import re
 

@@ -65,6 +65,10 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
     train, train_stats = _split(cfg, "train", frozenset())
     if d.train_path and not d.eval_path:
         train, evals = hold_out(train, d.eval_fraction or 0.0, cfg.seed)
+        if d.eval_fraction and not evals:  # one row: it stays for training (hold_out)
+            raise ValueError(f"data.eval_fraction={d.eval_fraction} holds out no row of {len(train)} training "
+                             f"row{'s' if len(train) != 1 else ''} (one must stay to train on); add rows or set "
+                             "data.eval_path")
         eval_stats: dict[str, Any] = {"rows": len(evals)}
     else:  # a synthetic eval set never repeats a training question
         evals, eval_stats = _split(cfg, "eval", frozenset(r.prompt for r in train))
@@ -121,8 +125,9 @@ def evaluation_source(train_path: str | None, eval_path: str | None, eval_fracti
 
 
 def hold_out(rows: list[PromptRow], fraction: float, seed: int) -> tuple[list[PromptRow], list[PromptRow]]:
-    """(train, eval): ``round(fraction * len(rows))`` rows (at least one when ``fraction`` > 0),
-    chosen by a seeded shuffle of the prompt ids, move to eval; both keep the file's order.
+    """(train, eval): ``round(fraction * len(rows))`` rows (at least one when ``fraction`` > 0,
+    at most all but one, so none of a single row), chosen by a seeded shuffle of the prompt ids,
+    move to eval; both keep the file's order.
 
     >>> rows = [PromptRow(prompt_id=i, prompt=f"q{i}", answer="a") for i in range(10)]
     >>> train, evals = hold_out(rows, 0.2, seed=0)
