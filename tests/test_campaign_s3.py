@@ -10,7 +10,9 @@ import uuid
 
 import pytest
 
+from actions.store.uri import open_store
 from flows.campaign.run import run_campaign
+from flows.campaign.state import load_state
 from flows.invokers.local_pool import LocalPoolInvoker
 
 try:
@@ -59,22 +61,41 @@ def test_kill_9_at_random_points_then_resume_gives_same_weights(tiny_config, tmp
             "--set", "data.num_train_prompts=32", "--set", "data.num_eval_prompts=8",
             *(a for o in LEARNING for a in ("--set", o))]
 
-    def run(store, out, resume=False, kill_after=None):
+    def committed(store) -> int:
+        try:
+            state = load_state(open_store(str(store)), "k9")
+        except Exception:  # a commit being written as it is read: look again
+            return -1
+        return 0 if state is None else state.step
+
+    def run(store, out, resume=False, kill_at=None):
+        """Run the CLI; with ``kill_at=(step, delay)``, SIGKILL it ``delay`` s after it has committed
+        ``step``, so each kill lands between two commits whatever the machine's speed."""
         cmd = [sys.executable, "-m", "flows.commands.cli", "train", "--set", f"store.uri={store}", "--run-id", "k9",
                "--out", str(out), *args] + (["--resume"] if resume else [])
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if kill_after is None:
+        if kill_at is None:
             assert proc.wait(timeout=600) == 0
             return
-        time.sleep(kill_after)
+        step, delay = kill_at
+        deadline = time.monotonic() + 600
+        while committed(store) < step:
+            assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before it committed step {step}"
+            assert time.monotonic() < deadline, f"no commit of step {step} in 600 s"
+            time.sleep(0.1)
+        time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
 
     run(tmp_path / "clean", tmp_path / "clean-out")
     killed = tmp_path / "killed"
-    for delay in (14.0, 22.0, 30.0):
-        run(killed, tmp_path / "killed-out", resume=(killed / "runs").exists(), kill_after=delay)
-    run(killed, tmp_path / "killed-out", resume=(killed / "runs").exists())
+    at_kill = []
+    for step, delay in ((1, 0.0), (2, 0.5), (3, 0.0)):  # just after a commit, or into the next step
+        run(killed, tmp_path / "killed-out", resume=step > 1, kill_at=(step, delay))
+        at_kill.append(committed(killed))
+    assert at_kill[0] >= 1 and at_kill == sorted(at_kill) and at_kill[-1] < 4, \
+        f"each kill must land mid-campaign, after the previous one's commits: committed steps at the kills {at_kill}"
+    run(killed, tmp_path / "killed-out", resume=True)
     import json
 
     a = json.loads((tmp_path / "clean-out" / "summary.json").read_text())
