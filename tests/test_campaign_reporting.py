@@ -118,6 +118,54 @@ def test_the_budget_keeps_room_for_the_evaluation_after_the_next_step(tiny_confi
     assert budget_stop(tiny_config("steps=4", "budget.gpu_seconds=12"), state) is None
 
 
+def test_the_budget_also_keeps_room_for_the_evaluation_due_after_the_step_just_run(tiny_config):
+    """The loop judges a step before it evaluates it: where ``eval_every`` asks for that
+    evaluation, the estimate holds it too; a committed state (a resume's) owes none."""
+    from flows.campaign.advance import budget_stop
+
+    # as above (spent 10, a step 2, an evaluation 1.5), but step 2's evaluation is due and not made
+    state = _state(step=2, steps=[_step(0), _step(1, **{"cost/billed_gpu_seconds": 2.0})], evals=[_eval(0)],
+                   spend={"billed_gpu_seconds": 10.0, "useful_gpu_seconds": 5.0, "usd": 0.01})
+    state.evals[0].billed_gpu_seconds = 1.5
+
+    def judged(*overrides: str, before_evaluation: bool = True) -> str | None:
+        return budget_stop(tiny_config("steps=4", *overrides), state, before_evaluation=before_evaluation)
+
+    assert judged("eval_every=2", "budget.gpu_seconds=15") is None
+    assert judged("eval_every=2", "budget.gpu_seconds=14.9") == (
+        "budget.gpu_seconds=14.9 would be exceeded by this step's evaluation, the next step and the evaluation "
+        "after it (spent 10.0, next about 5.0)")
+    assert judged("eval_every=3", "budget.gpu_seconds=13.5") is None  # none due at step 2
+    # committed (a resume, whose eval_every may have changed): no evaluation of step 2 is still to come
+    assert judged("eval_every=2", "budget.gpu_seconds=13.5", before_evaluation=False) is None
+
+
+@pytest.mark.parametrize("eval_every", [0, 1, 2, 3])
+def test_a_run_whose_costs_are_as_estimated_never_spends_past_its_budget(tiny_config, eval_every):
+    """``_loop``'s order (run a step, judge the budget, evaluate where due, commit) with every
+    step and every evaluation costing what the last did: the spend stays within every budget,
+    and the run stops only where one more step and its evaluations would not fit."""
+    from flows.campaign.advance import budget_stop, evaluation_due
+
+    step_s, eval_s = 10.0, 4.0
+    for budget in range(14, 140, 3):
+        cfg = tiny_config("steps=8", f"eval_every={eval_every}", f"budget.gpu_seconds={budget}")
+        state = _state(evals=[_eval(0, billed_gpu_seconds=eval_s)], spend={"billed_gpu_seconds": eval_s})
+        stop = None
+        while not stop and state.step < cfg.steps:
+            state.steps.append(_step(state.step, **{"cost/billed_gpu_seconds": step_s}))
+            state.step += 1
+            state.add_spend("steps", step_s, step_s, 0.0)
+            stop = budget_stop(cfg, state, before_evaluation=True)
+            if evaluation_due(cfg, state, stop):
+                state.add_evaluation(_eval(state.step, billed_gpu_seconds=eval_s))
+        spent = state.spend["billed_gpu_seconds"]
+        assert spent <= budget or state.step == 1, (budget, state.step, spent)  # the first step always runs
+        if stop:  # not early: the spend before this step's evaluation and the reserve it was judged with exceed it
+            made = eval_s if eval_every and state.step % eval_every == 0 else 0.0  # this step's own, due anyway
+            assert spent + made + step_s > budget, (budget, state.step, spent)
+
+
 def test_a_state_committed_before_the_spend_was_broken_down_reads_its_steps_only():
     old = _state(step=3, spend={"billed_gpu_seconds": 6.0, "useful_gpu_seconds": 4.0, "usd": 0.5})
     assert old.spend == {"billed_gpu_seconds": 6.0, "useful_gpu_seconds": 4.0, "usd": 0.5,

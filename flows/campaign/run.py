@@ -24,7 +24,7 @@ from prefect import flow
 
 from actions.contracts import parse_token_table
 from actions.store import ObjectStore, get_json, open_store
-from flows.campaign.advance import budget_stop, run_one_step
+from flows.campaign.advance import budget_stop, evaluation_due, run_one_step
 from flows.campaign.collect import Collector
 from flows.campaign.drafts import drop_unreferenced
 from flows.campaign.holding import holding_lease
@@ -35,7 +35,7 @@ from flows.campaign.overhead import Background, StepClock, hold_for_training, op
 from flows.campaign.preflight import check_campaign
 from flows.campaign.prestart import FlowRunStarter
 from flows.campaign.reporting import Reporter, summarize
-from flows.campaign.setup import add_setup_spend, evaluate, evaluates, model_ref, set_up
+from flows.campaign.setup import add_setup_spend, evaluate, model_ref, set_up
 from flows.campaign.state import CampaignRefused, CampaignState, check_resume, commit_state, load_state
 from flows.campaign.warming import PoolWarming
 from flows.config import CampaignConfig
@@ -163,8 +163,9 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
           reporter: Reporter, wall: SessionWall) -> CampaignState:
     """Steps until ``steps`` or the budget: run one (planned and observed by ``planner``),
     pre-warm the next, evaluate, commit, collect, report. The budget is checked as soon as a
-    step's cost is known: the step after which it refuses the next is the run's last, so its
-    policy is evaluated and its one commit record carries ``stopped_reason`` (``status``)."""
+    step's cost is known (before its evaluation, which ``budget_stop`` reserves where due): the
+    step after which it refuses the next is the run's last, so its policy is evaluated and its
+    one commit record carries ``stopped_reason`` (``status``)."""
     cfg = ctx.config
     tokens = parse_token_table(get_json(ctx.store, state.prepared.tokens_key))
     clock = StepClock()
@@ -177,13 +178,12 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
         state, record = run_one_step(ctx, state, planner, tokens,
                                      functools.partial(step_flow.run, prepare_next=state.step + 1 < cfg.steps))
         last = record.metrics  # the committed metrics of this step (state.steps[-1])
-        state.stopped_reason = stop = budget_stop(cfg, state)
+        state.stopped_reason = stop = budget_stop(cfg, state, before_evaluation=True)
         if state.step < cfg.steps and not stop:
             # The next step generates with the version just trained: its workers load it
             # while this step is committed and the next step's flow run starts.
             warming.before_next_step(record.phase.num_actors, model_ref(ctx, state).model_dump(mode="json"))
-        if evaluates(state) and (cfg.eval_every and state.step % cfg.eval_every == 0 or state.step == cfg.steps
-                                 or stop):
+        if evaluation_due(cfg, state, stop):
             state.add_evaluation(evaluate(ctx, state, clock))
         last[timing_key("period")], last[timing_key("overhead")] = clock.close_period(last[timing_key("work")])
         lease.check()
