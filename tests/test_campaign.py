@@ -238,12 +238,17 @@ def test_a_budget_stop_evaluates_and_commits_the_policy_it_stops_with_and_resume
     store = open_store(cfg.store.uri)
     commits = sorted(store.list("runs/budget/campaign/commits/"))
     again = run_campaign(cfg, resume=True, progress=lambda m: None)  # the same budget: no step, no commit
-    # the same reason; what was spent grew by the stop's evaluation and this resume's profiling
+    # the same reason and spend: a resume that runs no step invokes no action (no profile)
     assert again["steps_completed"] == 1 and again["stopped_reason"].split(" (spent")[0] == reason.split(" (spent")[0]
+    spend = ("billed_gpu_seconds", "useful_gpu_seconds", "usd", "billed_gpu_seconds_by_part")
+    assert {k: again[k] for k in spend} == {k: first[k] for k in spend} and again["profile"] is None
     assert sorted(store.list("runs/budget/campaign/commits/")) == commits
     rest = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=budget", *LEARNING), resume=True,
                         progress=lambda m: None)
     assert rest["steps_completed"] == 2 and rest["stopped_reason"] is None
+    # a resume that runs a step profiles again, and bills it as set-up
+    assert rest["profile"] is not None
+    assert rest["billed_gpu_seconds_by_part"]["setup"] > first["billed_gpu_seconds_by_part"]["setup"]
     assert load_state(store, "budget").stopped_reason is None
     assert [e["step"] for e in rest["evals"]] == [0, 1, 2]
     assert_learned(clean_summary)

@@ -77,3 +77,6 @@ def test_zero_variance_run_warns_and_resume_of_finished_run_writes_nothing(tmp_p
     assert main([*args, "--resume"]) == 0
     again = json.loads(summary_file.read_text())
     assert (again["steps_completed"], again["weights_sha256"]) == (2, summary["weights_sha256"])
+    # it invokes no action (no profile): the figures billed are the ones committed
+    spend = ("billed_gpu_seconds", "useful_gpu_seconds", "usd", "billed_gpu_seconds_by_part")
+    assert {k: again[k] for k in spend} == {k: summary[k] for k in spend} and again["profile"] is None

@@ -63,6 +63,11 @@ def budget_stop(cfg: CampaignConfig, state: CampaignState, *, before_evaluation:
     return None
 
 
+def runs_a_step(cfg: CampaignConfig, state: CampaignState) -> bool:
+    """Whether the campaign runs another step from ``state``: ``steps`` not reached, and no budget stops it."""
+    return state.step < cfg.steps and budget_stop(cfg, state) is None
+
+
 def run_one_step(ctx: RunContext, state: CampaignState, planner: Planner, tokens: dict[int, PromptTokens],
                  step_flow: Any = rlhf_step) -> tuple[CampaignState, StepRecord]:
     """Plan, run and record one step: the state after it and the step's record (which

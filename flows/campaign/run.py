@@ -24,7 +24,7 @@ from prefect import flow
 
 from actions.contracts import parse_token_table
 from actions.store import ObjectStore, get_json, open_store
-from flows.campaign.advance import budget_stop, evaluation_due, run_one_step
+from flows.campaign.advance import budget_stop, evaluation_due, run_one_step, runs_a_step
 from flows.campaign.collect import Collector
 from flows.campaign.drafts import drop_unreferenced
 from flows.campaign.holding import holding_lease
@@ -110,7 +110,7 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
     wall = SessionWall(started)
     try:
         state = _start(ctx, existing, lease, collect, progress, wall)
-        if state.step < cfg.steps and not budget_stop(cfg, state):
+        if runs_a_step(cfg, state):
             warming.before_first_step(model_ref(ctx, state).model_dump(mode="json"))
         reporter.start(state.step)
         planner = build_planner(ctx, num_workers, state.planner)  # once: from the config and the profile
@@ -138,7 +138,9 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
 def _start(ctx: RunContext, existing: CampaignState | None, lease: RunLease, collect: Collector,
            progress: Progress, wall: SessionWall) -> CampaignState:
     """The state to continue from: a new run's record 0, committed, or the last commit of a
-    resumed one (whose profile comes from the store's cache, usually)."""
+    resumed one (whose profile comes from the store's cache, usually). A resume profiles again
+    only when it will run a step: one that runs none (the run is complete, or the budget stops it
+    at once) invokes no action, so its summary bills what was committed."""
     state = existing
     if state is None:
         state = set_up(ctx, progress)
@@ -148,7 +150,7 @@ def _start(ctx: RunContext, existing: CampaignState | None, lease: RunLease, col
         commit_state(ctx.store, state)
     else:  # finish a collection a crash may have cut short
         collect(state)
-    if ctx.live is None:  # a resume profiles again: set-up's spend, committed with its first step
+    if ctx.live is None and runs_a_step(ctx.config, state):  # set-up's spend, committed with its first step
         tokens = parse_token_table(get_json(ctx.store, state.prepared.tokens_key))
         with accounted() as ledger:
             ctx.live = finish_profiling(ctx, start_profiling(ctx, model_ref(ctx, state), tokens), progress)

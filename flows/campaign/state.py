@@ -62,7 +62,7 @@ class EvalRecord(EvaluateResult):
 SPEND_PARTS = ("steps", "evaluations", "setup")
 """What a campaign's activations are for: its RL steps, its held-out evaluations, its set-up
 (prepare where it runs through the invoker, warm-up, the critic's first version, the profile
-and the activation round-trip probes, at the start and at each resume)."""
+and the activation round-trip probes, at the start and at each resume that runs a step)."""
 SPEND_KEYS = ("billed_gpu_seconds", "useful_gpu_seconds", "usd", *(f"{p}_billed_gpu_seconds" for p in SPEND_PARTS),
               "wall_seconds")
 
