@@ -130,6 +130,37 @@ def test_a_pool_worker_ignores_ctrl_c_and_stops_with_its_control_pipe():
     assert "KeyboardInterrupt" not in proc.stderr.read()
 
 
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_ctrl_c_the_instant_a_pool_worker_is_forked_does_not_kill_it(tmp_path, monkeypatch):
+    """Ctrl-C may come before a starting worker's ``main`` ignores SIGINT: the pool forks it with
+    SIGINT blocked, so it starts, serves, and then ignores SIGINT with the usual mask."""
+    from flows.invokers import local_pool
+
+    popen = subprocess.Popen
+
+    def ctrl_c_at_once(*args, **kwargs):
+        proc = popen(*args, **kwargs)
+        proc.send_signal(signal.SIGINT)  # before the child's interpreter has even started, usually
+        return proc
+
+    monkeypatch.setattr(local_pool.subprocess, "Popen", ctrl_c_at_once)
+    # as at a terminal, where the children start with SIGINT's default action (killed)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        pool = local_pool.LocalPoolInvoker(2, log_dir=tmp_path / "logs")
+    finally:
+        signal.signal(signal.SIGINT, before)
+    try:
+        assert pool.invoke("noop", {}).result["ok"] is True
+        for pid in pool.worker_pids():
+            status = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                          if ":\t" in line)
+            sigint = 1 << (signal.SIGINT - 1)
+            assert int(status["SigIgn"], 16) & sigint and not int(status["SigBlk"], 16) & sigint, status
+    finally:
+        pool.close()
+
+
 def test_a_server_started_by_hand_stops_on_ctrl_c():
     proc = _start_server()
     try:

@@ -450,8 +450,11 @@ def main(argv: list[str] | None = None) -> None:
         # A pool worker's life is its control pipe's (the pool closes it, then stops the worker).
         # Ctrl-C at the terminal reaches the whole process group: the worker would die mid-activation
         # with a KeyboardInterrupt traceback in its log that reads like a failure of the action. A
-        # server started by hand, with no control pipe, still stops on Ctrl-C.
+        # server started by hand, with no control pipe, still stops on Ctrl-C. The pool starts the
+        # worker with SIGINT blocked, so one sent before this line waits, pending: ignoring it
+        # discards it, and the unblock restores the usual mask (the worker's own children inherit it).
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     secret = None
     if args.parent_pid is not None:
         from actions.runtime.lifeline import die_with_parent

@@ -19,6 +19,9 @@ Security and lifetime (``actions.runtime.lifeline``):
   end-of-file, and on Linux the kernel's parent-death signal fires too. That signal follows the
   *thread* that forked the worker, so every worker is forked by one thread that lives as long
   as the pool.
+* A worker ignores Ctrl-C (SIGINT, which the terminal sends to the whole process group) from
+  its first instruction: it starts with SIGINT blocked, inherited from the forking thread, until
+  its ``main`` ignores it and unblocks it (``actions.runtime.server``).
 * Each worker's stdout and stderr go to ``<log_dir>/<worker>.log`` (mode 0600), appended to
   across replacements; every error message names that file.
 
@@ -136,7 +139,12 @@ class LocalPoolInvoker:
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         # The one thread that forks workers (see the module docstring): it lives until close().
-        self._forker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pool-forker")
+        # It blocks SIGINT (only Python's main thread handles it anyway): a child inherits the
+        # mask, so Ctrl-C cannot kill a worker before its main() ignores SIGINT (a signal
+        # handler can only be set from the main thread, and a preexec_fn is unsafe here).
+        self._forker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pool-forker",
+                                          initializer=signal.pthread_sigmask,
+                                          initargs=(signal.SIG_BLOCK, {signal.SIGINT}))
         threads = [threading.Thread(target=self._add, args=(f"worker-{i}",)) for i in range(num_workers)]
         for t in threads:
             t.start()
