@@ -50,6 +50,55 @@ def test_a_killed_pool_worker_bills_its_activation_until_it_died(tmp_path):
         pool.close()
 
 
+def test_a_lost_worker_no_new_one_replaces_still_fails_as_an_action_error_with_its_accounting(tmp_path,
+                                                                                               monkeypatch):
+    """A replacement that fails to start leaves the pool a worker short: the lost activation is
+    still billed and retried while a worker is left to run the retry, and permanent once none is
+    (a retry would wait for an idle worker forever)."""
+    pool = LocalPoolInvoker(2, log_dir=tmp_path)
+
+    def fails_to_start(name):
+        raise RuntimeError(f"local worker {name} failed to start (exited with code 1)")
+
+    monkeypatch.setattr(pool, "_spawn", fails_to_start)
+    try:
+        for left, transient in ((1, True), (0, False)):
+            with pytest.raises(ActionError, match="no worker replaces it .local worker worker-. failed") as info:
+                pool.invoke("noop", {"__inject_kill_after_s": 0.2})
+            [spent] = info.value.failed_attempts
+            assert spent.billed_s >= 0.2 and info.value.transient is transient and pool.size == left
+            if left:
+                assert pool.invoke("noop", {}).result["ok"] is True  # the retry's worker
+    finally:
+        pool.close()
+
+
+def test_closing_the_pool_mid_activation_fails_it_as_an_action_error_and_starts_no_worker(tmp_path):
+    """The campaign closes its pool (Ctrl-C) while a step's activation is in flight: that
+    activation fails as an ActionError with its accounting, not retried, and no replacement
+    outlives the pool."""
+    import threading
+
+    pool = LocalPoolInvoker(1, log_dir=tmp_path)
+    raised: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            pool.invoke("noop", {"__inject_kill_after_s": 5.0})
+        except BaseException as exc:
+            raised.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    time.sleep(0.5)
+    pool.close()
+    caller.join(timeout=30)
+    [error] = raised
+    assert isinstance(error, ActionError) and not error.transient, error
+    assert "no worker replaces it (the pool is closing)" in error.message and len(error.failed_attempts) == 1
+    assert pool.size == 0 and pool.worker_pids() == []
+
+
 def test_a_stalled_attempt_is_work_of_its_phase_not_overhead():
     """A train_step stalled until invoker.timeout_s (15 s) and retried (1 s): the phase took
     16.2 s, and the step's work holds both attempts, so the period's overhead (period - work)

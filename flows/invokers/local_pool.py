@@ -26,7 +26,9 @@ Security and lifetime (``actions.runtime.lifeline``):
   across replacements; every error message names that file.
 
 Errors (``flows.invokers.base``): a worker that dies or does not answer mid-activation is
-replaced and the activation fails as transient, so the flow's retry runs it again; a crashed
+replaced and the activation fails as transient, so the flow's retry runs it again (where no new
+worker starts, the pool closing or the start failing, it still fails as an ``ActionError`` with its
+accounting, transient only while a worker is left to retry on); a crashed
 action (502) is transient or permanent as the worker classified it; an application error
 (``{"error": ...}`` with 200) and any other refusal are permanent.
 """
@@ -138,6 +140,7 @@ class LocalPoolInvoker:
                                                         keepalive_expiry=KEEPALIVE_EXPIRY_S))
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
+        self._closing = False  # set by close(): no worker starts after it
         # The one thread that forks workers (see the module docstring): it lives until close().
         # It blocks SIGINT (only Python's main thread handles it anyway): a child inherits the
         # mask, so Ctrl-C cannot kill a worker before its main() ignores SIGINT (a signal
@@ -216,11 +219,13 @@ class LocalPoolInvoker:
         worker = self._spawn(name)
         try:
             self._post(worker, "/init", {"value": {"name": name}}).raise_for_status()
+            with self._lock:
+                if self._closing:  # close() has taken the list: a worker added now would outlive the pool
+                    raise RuntimeError("the pool is closing")
+                self._workers.append(worker)
         except BaseException:
             self._retire(worker)
             raise
-        with self._lock:
-            self._workers.append(worker)
         self._idle.put(worker)
 
     def invoke(self, action: str, payload: dict[str, Any], *, timeout_s: float | None = None) -> Activation:
@@ -245,11 +250,14 @@ class LocalPoolInvoker:
             except subprocess.TimeoutExpired:
                 pass
             how = _exit_text(worker.proc)
-            self._replace(worker)
+            unreplaced = self._replace(worker)
             why = "a reply without its MAC: another process answers on its port" \
                 if isinstance(exc, UnauthenticatedReply) else type(exc).__name__
-            raise ActionError(action, f"worker {worker.name} was lost mid-activation ({how}; {why}); "
-                              f"worker log {worker.log_path}", transient=True, activation_id=activation_id,
+            short = f"; no worker replaces it ({unreplaced})" if unreplaced else ""
+            # a retry needs a worker to run on: with none left it would wait for one forever
+            retry = unreplaced is None or (self.size > 0 and not self._closing)
+            raise ActionError(action, f"worker {worker.name} was lost mid-activation ({how}; {why}){short}; "
+                              f"worker log {worker.log_path}", transient=retry, activation_id=activation_id,
                               failed_attempts=(lost,)) from None
         worker.num_runs += 1
         worker.warm[action] = held_policy(action, payload, result) if isinstance(result, dict) else None
@@ -283,11 +291,20 @@ class LocalPoolInvoker:
             return ActionError(action, text, transient=False, **ids)
         return ActionError(action, f"HTTP {status}: {text}; {where}", transient=status in TRANSIENT_STATUS, **ids)
 
-    def _replace(self, worker: _Worker) -> None:
+    def _replace(self, worker: _Worker) -> str | None:
+        """Retire a lost worker and start another in its place: None, or why none started (the
+        pool is closing, or the start failed; the pool goes on a worker short). Never raises, so
+        the lost activation still fails as an :class:`ActionError` with its accounting."""
         self._retire(worker)
         with self._lock:
             self._workers = [w for w in self._workers if w is not worker]
-        self._add(worker.name)
+            if self._closing:
+                return "the pool is closing"
+        try:
+            self._add(worker.name)
+        except Exception as exc:  # noqa: BLE001 - reported in the lost activation's error
+            return one_line(str(exc) or type(exc).__name__, 300)
+        return None
 
     @staticmethod
     def _retire(worker: _Worker, grace_s: float = 0.0) -> None:
@@ -349,6 +366,7 @@ class LocalPoolInvoker:
 
     def close(self) -> None:
         with self._lock:
+            self._closing = True
             workers, self._workers = self._workers, []
         for w in workers:
             os.close(w.control_fd)  # end-of-file on the control pipe: each worker exits by itself
