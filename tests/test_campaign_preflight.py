@@ -25,8 +25,8 @@ REFUSED = [  # (override, what the refusal names): what pydantic cannot see
     pytest.param("model.path={tmp}/missing", "missing' is not a directory", id="model-missing"),
     pytest.param("scaling.profile={tmp}/none.json", "scaling.profile=", id="profile-missing"),
     pytest.param("scaling.policy=nomod.x:fn", "scaling.policy='nomod.x:fn': cannot import", id="policy-missing"),
-    pytest.param("store.uri=/proc/rlhfless-store", "store.uri '/proc/rlhfless-store' cannot be created", id="store-proc",
-                 marks=pytest.mark.skipif(not Path("/proc/self/mounts").is_file(), reason="no /proc")),
+    pytest.param("store.uri=/proc/rlhfless-store", "store.uri '/proc/rlhfless-store' cannot be created",
+                 id="store-proc", marks=pytest.mark.skipif(not Path("/proc/self/mounts").is_file(), reason="no /proc")),
 ]
 
 
