@@ -539,6 +539,24 @@ CASES: dict[str, Case] = {
         _train("--set", "store.uri=s3:/bucket/run"), ("store.uri 's3:/bucket/run'", "fix the scheme"), env=S3_ENV),
     "store unsupported scheme": Case(
         _train("--set", "store.uri=ftp://host/dir"), ("store.uri 'ftp://host/dir'", "s3://bucket/prefix")),
+    "store uri is a file": Case(
+        _train("--set", "store.uri={tmp}/f"), ("store.uri '", "/f' is a file, not a directory", "point store.uri at a"),
+        setup=_write("f", "x")),
+    "store uri beneath a file": Case(
+        _train("--set", "store.uri={tmp}/f/store"), ("store.uri '", "/f/store': '", "/f' is a file, not a directory",
+                                                     "point store.uri at a directory"), setup=_write("f", "x")),
+    "store uri on a pseudo filesystem": Case(
+        _train("--set", "store.uri=/proc/rlhfless-store"), ("store.uri '/proc/rlhfless-store' cannot be created",
+                                                            "pass a directory path")),
+    "cli status store is a file": Case(["status", "--store", "{tmp}/f"], ("store.uri '", "/f' is a file",
+                                                                         "point store.uri at a directory"),
+                                       setup=_write("f", "x")),
+    "cli gc store beneath a file": Case(["gc", "r1", "--store", "{tmp}/f/store"],
+                                        ("/f/store': '", "/f' is a file", "point store.uri at a directory"),
+                                        setup=_write("f", "x")),
+    "cli export store beneath a file": Case(["export", "r1", "--store", "{tmp}/f/store", "--out", "{tmp}/o"],
+                                            ("/f/store': '", "/f' is a file", "point store.uri at a directory"),
+                                            setup=_write("f", "x")),
     "store invalid bucket name": Case(
         _train("--set", "store.uri=s3://Bad_Bucket/run"), ("store.uri", "'Bad_Bucket'", "lowercase letters"),
         env=S3_ENV),

@@ -25,6 +25,8 @@ REFUSED = [  # (override, what the refusal names): what pydantic cannot see
     pytest.param("model.path={tmp}/missing", "missing' is not a directory", id="model-missing"),
     pytest.param("scaling.profile={tmp}/none.json", "scaling.profile=", id="profile-missing"),
     pytest.param("scaling.policy=nomod.x:fn", "scaling.policy='nomod.x:fn': cannot import", id="policy-missing"),
+    pytest.param("store.uri=/proc/rlhfless-store", "store.uri '/proc/rlhfless-store' cannot be created",
+                 id="store-proc", marks=pytest.mark.skipif(not Path("/proc/self/mounts").is_file(), reason="no /proc")),
 ]
 
 
@@ -119,3 +121,23 @@ def test_a_worker_log_dir_that_cannot_be_made_is_refused_naming_the_setting(tiny
     with pytest.raises(ValueError, match="'.*new' cannot be created: .* is not writable by this process"):
         check_directory(tmp_path / "new", "invoker.log_dir")
     assert not (tmp_path / "new").exists()
+
+
+def test_a_store_directory_that_cannot_be_written_is_refused_naming_store_uri(tiny_config, tmp_path, monkeypatch):
+    """Both ways in (the CLI's preflight and the flow's) refuse a local store the campaign could
+    not write, before the lease or anything else is written; an S3 store is not a path."""
+    from flows.campaign.preflight import check_store_directory
+
+    if Path("/proc/self/mounts").is_file():
+        with pytest.raises(ValueError, match="^store.uri '/proc/rlhfless-store' cannot be created: '/proc' is on the "
+                                             "kernel's proc filesystem"):
+            check_campaign(tiny_config("invoker.kind=inprocess", "store.uri=/proc/rlhfless-store"))
+    check_campaign(tiny_config("invoker.kind=inprocess"))
+    check_store_directory("s3://bucket/prefix")
+    (tmp_path / "store").mkdir()
+    monkeypatch.setattr(preflight.os, "access", lambda path, mode: False)  # as for a user without write access
+    for uri in (str(tmp_path / "store"), f"file://{tmp_path}/store"):
+        with pytest.raises(ValueError, match=rf"^store.uri '{tmp_path}/store' is a directory this process cannot "
+                                             "write to; pass one it can"):
+            check_campaign(tiny_config("invoker.kind=inprocess", f"store.uri={uri}"))
+    assert _files(tmp_path / "store") == []

@@ -65,6 +65,7 @@ def test_second_taker_is_refused_naming_the_holder(backend_store) -> None:
         msg = str(err.value)
         assert lease.record.host in msg and f"pid {lease.record.pid}" in msg and "since" in msg
         assert "--break-lease" in msg and "\n" not in msg
+        assert "the parameter break_lease=true of a deployment run" in msg  # the flow's own override
         lease.check()  # the refused taker changed nothing
     assert read_lease(backend_store, "r1") is None  # released
     RunLease.acquire(backend_store, "r1", renew=False).release()  # free again
@@ -155,7 +156,8 @@ def test_an_expired_holder_never_renews(tmp_path) -> None:
 def test_damaged_lease_names_the_key_and_the_fix(tmp_path) -> None:
     store = LocalStore(tmp_path / "s")
     store.put(lease_key("r6"), b"{not json")
-    with pytest.raises(LeaseHeld, match="runs/r6/lease.json is damaged.*--break-lease"):
+    with pytest.raises(LeaseHeld, match=r"runs/r6/lease.json is damaged.*--break-lease \(or the parameter "
+                                        r"break_lease=true of a deployment run\)$"):
         RunLease.acquire(store, "r6", renew=False)
     RunLease.acquire(store, "r6", renew=False, break_lease=True, progress=lambda m: None).release()
 

@@ -337,3 +337,87 @@ def test_deploy_from_a_checkout_elsewhere_points_the_worker_there(deployed: Loca
         assert dep.pull_steps == [pull]
     finally:
         deployed.prefect("--no-prompt", "deploy", "--all")  # back to this checkout for other tests
+
+
+ZOMBIES = REPO / "infra" / "prefect" / "zombie-flow-runs.yaml"
+
+
+def _unknown_keys(data: dict[str, Any], model: Any) -> set[str]:
+    """Keys of ``data`` that are not fields of ``model`` (Prefect's automation models ignore
+    them: a misspelt key would pass validation and change nothing)."""
+    return set(data) - set(model.model_fields)
+
+
+def test_the_zombie_automation_file_is_prefects_schema_with_three_missed_heartbeats():
+    """``infra/prefect/zombie-flow-runs.yaml`` parses as ``prefect automation create`` parses it,
+    every key is one Prefect reads, and it fires after three heartbeats at Prefect's default
+    frequency have been missed (docs/prefect.md, "Crashed processes")."""
+    import yaml
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+    from prefect.settings.models.flows import FlowsSettings
+
+    data = yaml.safe_load(ZOMBIES.read_text())
+    assert not _unknown_keys(data, AutomationCore) and not _unknown_keys(data["trigger"], EventTrigger)
+    assert not any(_unknown_keys(action, ChangeFlowRunState) for action in data["actions"])
+    automation = AutomationCore.model_validate(data)
+    trigger, (action,) = automation.trigger, automation.actions
+    assert isinstance(trigger, EventTrigger) and trigger.posture == Posture.Proactive
+    assert trigger.after == {"prefect.flow-run.heartbeat"} and trigger.expect == {"prefect.flow-run.*"}
+    assert trigger.for_each == {"prefect.resource.id"} and trigger.threshold == 1
+    assert trigger.match.model_dump() == {"prefect.resource.id": "prefect.flow-run.*"}
+    assert trigger.within.total_seconds() == 3 * FlowsSettings().heartbeat_frequency == 540
+    assert isinstance(action, ChangeFlowRunState) and action.state == StateType.CRASHED and not action.force
+
+
+SLEEPER = """
+import time
+from prefect import flow
+from prefect.runtime import flow_run
+
+@flow
+def sleeper():
+    print(flow_run.id, flush=True)
+    time.sleep(600)
+
+sleeper()
+"""
+
+
+def test_the_zombie_automation_marks_a_killed_flow_run_crashed(server: LocalPrefectServer, tmp_path: Path):
+    """The file as the operator applies it (``prefect automation create --from-file``), and what
+    it does, in a copy that waits 15 s instead of 540: a flow run whose process is killed (kill
+    -9: nothing reports its end) is set Crashed; without it the run would stay Running."""
+    import yaml
+    from prefect.client.schemas.objects import StateType
+
+    server.prefect("automation", "create", "--from-file", str(ZOMBIES))
+    fast = yaml.safe_load(ZOMBIES.read_text())
+    fast["name"], fast["trigger"]["within"] = "zombies-in-15-s", 15
+    (tmp_path / "fast.yaml").write_text(yaml.safe_dump(fast))
+    server.prefect("automation", "create", "--from-file", str(tmp_path / "fast.yaml"))
+    env = {**server.env(), "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}  # one heartbeat as it starts
+    child = subprocess.Popen([sys.executable, "-c", SLEEPER], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        run_id = child.stdout.readline().strip()
+        time.sleep(3)  # the first heartbeat reaches the server
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        deadline, state = time.time() + 120, None
+        with server.client() as client:
+            while time.time() < deadline:
+                state = client.read_flow_run(run_id).state
+                if state.type != StateType.RUNNING:
+                    break
+                time.sleep(2)
+        assert state is not None and state.type == StateType.CRASHED, state
+        assert "No heartbeat" in (state.message or ""), state.message
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        with server.client() as client:  # it would crash a live campaign run of a later test
+            for automation in client.read_automations_by_name("zombies-in-15-s"):
+                client.delete_automation(automation.id)

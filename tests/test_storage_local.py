@@ -4,7 +4,9 @@ local-only behaviour and secret redaction."""
 from __future__ import annotations
 
 import base64
+import errno
 import json
+import os
 import threading
 
 import pytest
@@ -15,6 +17,7 @@ from actions.store import (
     LocalStore,
     ObjectNotFound,
     ObjectStore,
+    StoreAccessDenied,
     StoreError,
     blob_key,
     commit_key,
@@ -297,6 +300,60 @@ def test_a_local_key_cannot_also_be_a_prefix_of_other_keys(tmp_path) -> None:
             write("f/x/y")
     assert store.get("d/x/y") == b"1" and store.get("f/x") == b"2"
     assert store.list("") == ["d/x/y", "f/x"] and not store._walk("", temporaries=True)  # no temporary left
+
+
+def test_a_local_root_that_is_a_file_or_lies_beneath_one_is_refused_naming_store_uri(tmp_path) -> None:
+    """Not ``[Errno 17] File exists`` on the first write, nor a key conflict below the root:
+    one line naming store.uri, the file and the fix, when the store is opened."""
+    (tmp_path / "afile").write_text("x")
+    refused = {f"{tmp_path}/afile": rf"store.uri '{tmp_path}/afile' is a file, not a directory; ",
+               f"{tmp_path}/afile/store": rf"store.uri '{tmp_path}/afile/store': '{tmp_path}/afile' is a file, not a "
+                                          "directory; ",
+               f"file://{tmp_path}/afile/a/b": rf"store.uri '{tmp_path}/afile/a/b': '{tmp_path}/afile' is a file"}
+    for uri, named in refused.items():
+        with pytest.raises(ValueError, match=named + ".*point store.uri at a directory"):
+            open_store(uri)
+    store = LocalStore(tmp_path / "gone")  # made a file after it was opened: the same line, not a key conflict
+    (tmp_path / "gone").write_text("x")
+    for write in (lambda: store.put("runs/x1/lease.json", b"1"), lambda: store.put_if_absent("k", b"1")):
+        with pytest.raises(ValueError, match=rf"store.uri '{tmp_path}/gone' is a file, not a directory; point"):
+            write()
+    assert (tmp_path / "afile").read_text() == "x" and (tmp_path / "gone").read_text() == "x"
+
+
+def test_an_access_the_system_refuses_is_one_store_access_denied_line(tmp_path, monkeypatch) -> None:
+    """Permissions (or a read-only filesystem) on a key: a StoreAccessDenied naming the store,
+    the key and the fix, not a bare ``[Errno 13]``; a listing never reads as empty."""
+    store = LocalStore(tmp_path / "store")
+    store.put("runs/r/a.json", b"1")
+    real_open, real_scandir = os.open, os.scandir
+    refusal = {"errno": errno.EACCES}
+
+    def refuse(path):  # what the system answers this user for anything in the store
+        if str(path).startswith(str(store.root)):
+            raise OSError(refusal["errno"], os.strerror(refusal["errno"]), str(path))
+
+    def open_(path, flags, *args, dir_fd=None, **kwargs):
+        refuse(store.root if dir_fd is not None else path)
+        return real_open(path, flags, *args, dir_fd=dir_fd, **kwargs)
+
+    def scandir(path="."):
+        refuse(path)
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "open", open_)
+    monkeypatch.setattr(os, "scandir", scandir)
+    fix = "make the store directory readable and writable by this user, or point store.uri at another"
+    for call in (lambda: store.get("runs/r/a.json"), lambda: store.put("runs/r/b.json", b"2"),
+                 lambda: store.exists("runs/r/a.json"), lambda: store.list("runs/")):
+        with pytest.raises(StoreAccessDenied, match=rf"^store {store.uri}: (key 'runs/r/.\.json'|listing 'runs/'): "
+                                                    rf"Permission denied at '{store.root}(/runs)?'; {fix}$"):
+            call()
+    refusal["errno"] = errno.EROFS
+    with pytest.raises(StoreAccessDenied, match=r"key 'runs/r/b.json': Read-only file system at .*; make the store"):
+        store.put("runs/r/b.json", b"2")
+    monkeypatch.undo()
+    assert store.list("runs/") == ["runs/r/a.json"]
 
 
 def test_list_stats_gives_each_keys_time_and_size(backend_store: ObjectStore) -> None:

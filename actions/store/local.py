@@ -11,6 +11,11 @@ Keys are opened beneath the root one component at a time without following symli
 (``safe_paths.parent_dir``): a symlink placed in the store is refused, so no key reads or
 writes outside the root.
 
+The root must be a directory or a path one can be made at: a root that is a file, or lies
+beneath one, is refused when the store is opened (a ``ValueError`` naming ``store.uri``). An
+access the system refuses (permissions, a read-only filesystem) is a
+:class:`~actions.store.protocol.StoreAccessDenied` naming the store, the key and the path.
+
 Keys are paths, so unlike S3 a key cannot also be the prefix of other keys (``a/b`` and
 ``a/b/c``): writing one where the other exists raises a StoreError naming both. Reading or
 deleting a key that is a directory here finds no object, as on S3.
@@ -33,14 +38,17 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
-from actions.store.protocol import BlobData, ObjectNotFound, StoreError, as_parts, check_key
-from actions.store.safe_paths import UnsafeName, open_component, parent_dir
+from actions.store.protocol import BlobData, ObjectNotFound, StoreAccessDenied, StoreError, as_parts, check_key
+from actions.store.safe_paths import UnsafeName, open_component, parent_dir, shown
 
 DEFAULT_MAX_CONCURRENCY = 8
+
+#: Errors that say this user may not use the store's files: a :class:`StoreAccessDenied`.
+_DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 #: The temporary file of a write in progress (or of one that was killed): never a key.
 _TEMPORARY = re.compile(r"^\.tmp-[0-9a-f]{16}$")
@@ -48,6 +56,26 @@ _TEMPORARY = re.compile(r"^\.tmp-[0-9a-f]{16}$")
 
 def _temporary_name() -> str:
     return f".tmp-{secrets.token_hex(8)}"
+
+
+def root_problem(given: str | os.PathLike[str], root: Path) -> str | None:
+    """Why ``root`` (``given``, resolved) cannot be a store's directory, or None when it can:
+    it, or the nearest of its ancestors that exists, is a file (or anything but a directory).
+    A path that cannot be examined (a permission on an ancestor) passes: its first use says why.
+    The answer is one line naming ``store.uri``, the value and the fix."""
+    for path in (root, *root.parents):
+        try:
+            mode = os.stat(path).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # missing (made on the first write), or beneath a file found further up
+        except OSError:
+            return None
+        if stat.S_ISDIR(mode):
+            return None
+        what = "is a file, not a directory" if stat.S_ISREG(mode) else "is not a directory"
+        where = f" {what}" if path == root else f": {str(path)!r} {what}"
+        return f"store.uri {shown(os.fspath(given))}{where}; point store.uri at a directory (a missing one is created)"
+    return None
 
 
 class LocalStore:
@@ -59,17 +87,40 @@ class LocalStore:
     """
 
     def __init__(self, root: str | os.PathLike[str], *, max_concurrency: int | None = None) -> None:
+        """Open the store at ``root`` (made on the first write if missing).
+
+        Raises:
+            ValueError: ``root`` is a file or lies beneath one (:func:`root_problem`).
+        """
         self.root = Path(root).expanduser().resolve()
         self.uri = str(self.root)
         self.max_concurrency = max_concurrency or min(DEFAULT_MAX_CONCURRENCY, os.cpu_count() or 1)
+        problem = root_problem(root, self.root)
+        if problem is not None:
+            raise ValueError(problem)
 
     def __repr__(self) -> str:
         return f"LocalStore({self.uri!r})"
 
-    def _dir(self, key: str, *, create: bool = False) -> Any:
-        """Context manager: (fd of key's directory, key's last component)."""
-        return parent_dir(self.root, key, where=f"store {self.uri}", create=create, what="key",
-                          fix="use a relative key without '..'")
+    @contextmanager
+    def _dir(self, key: str, *, create: bool = False) -> Iterator[tuple[int, str]]:
+        """Context manager: (fd of key's directory, key's last component). A PermissionError
+        (or a read-only filesystem) here or in the block becomes :class:`StoreAccessDenied`."""
+        try:
+            with parent_dir(self.root, key, where=f"store {self.uri}", create=create, what="key",
+                            fix="use a relative key without '..'") as found:
+                yield found
+        except OSError as exc:
+            if exc.errno not in _DENIED:
+                raise
+            raise self._denied(f"key {key!r}", exc) from None
+
+    def _denied(self, what: str, exc: OSError) -> StoreAccessDenied:
+        """The one line for an access the system refused on ``what`` ("key 'a/b'"), naming the path."""
+        path = os.fspath(exc.filename) if exc.filename else ""
+        at = f" at {path!r}" if os.path.isabs(path) else ""  # (a name relative to an open directory says less)
+        return StoreAccessDenied(f"store {self.uri}: {what}: {exc.strerror or 'permission denied'}{at}; make the store "
+                                 "directory readable and writable by this user, or point store.uri at another")
 
     def _not_found(self, key: str) -> ObjectNotFound:
         return ObjectNotFound(f"object {key!r} not found in store {self.uri}")
@@ -91,9 +142,13 @@ class LocalStore:
             raise FileNotFoundError(errno.ENOENT, "not a file", key)
         return fd
 
-    def _conflict(self, key: str) -> StoreError:
+    def _conflict(self, key: str) -> StoreError | ValueError:
         """The error for a write that a key above or below ``key`` blocks (a path cannot be a
-        file and a directory at once; S3 keys can)."""
+        file and a directory at once; S3 keys can), or for one that the root blocks (made a
+        file since the store was opened: a ValueError as at opening)."""
+        problem = root_problem(self.uri, self.root)
+        if problem is not None:
+            return ValueError(problem)
         parts = key.split("/")
         above = next((p for p in ("/".join(parts[:i]) for i in range(1, len(parts)))
                       if (self.root / p).is_file()), None)
@@ -108,10 +163,11 @@ class LocalStore:
 
         Raises:
             StoreError: a key above ``key`` is an object, or ``key`` is a directory of other keys.
+            ValueError: the root is now a file, or lies beneath one.
         """
         try:
             return self._write_beside(key, data, publish)
-        except (NotADirectoryError, IsADirectoryError):
+        except (NotADirectoryError, IsADirectoryError, FileExistsError):  # FileExistsError: making the root
             raise self._conflict(key) from None
 
     def _write_beside(self, key: str, data: BlobData, publish: Callable[[str, int, str], bool]) -> bool:
@@ -263,10 +319,20 @@ class LocalStore:
         # Walk only the deepest directory the prefix names, not the whole store, and never
         # descend into or report a symlink.
         base = self.root / check_key(prefix.rsplit("/", 1)[0]) if "/" in prefix else self.root
-        if base.is_symlink() or not base.is_dir() or not base.resolve().is_relative_to(self.root):
-            return []
+        try:
+            if base.is_symlink() or not base.is_dir() or not base.resolve().is_relative_to(self.root):
+                return []
+        except OSError as exc:
+            if exc.errno not in _DENIED:
+                raise
+            raise self._denied(f"listing {prefix!r}", exc) from None
+
+        def unreadable(exc: OSError) -> None:  # else a directory it may not read would list as empty
+            if exc.errno in _DENIED:
+                raise self._denied(f"listing {prefix!r}", exc)
+
         out = []
-        for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
+        for dirpath, dirnames, filenames in os.walk(base, onerror=unreadable, followlinks=False):
             for name in filenames:
                 path = Path(dirpath, name)
                 if name.startswith(".tmp-") == temporaries and not path.is_symlink():

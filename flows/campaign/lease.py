@@ -6,7 +6,7 @@ runs in (``holder.py``), a random token, since when) and an expiry. The protocol
 
 * **take**: create the object once (``put_if_absent``: ``If-None-Match: *`` on S3, ``link``
   locally). If it exists and its holder is alive, refuse with :class:`LeaseHeld`, one line
-  naming the holder and ``--break-lease``.
+  naming the holder and ``--break-lease`` (the flow parameter ``break_lease`` of a deployment run).
 * **take over** a stale lease (expired, or held by a process of this host that is gone) or,
   with ``break_lease``, any lease: delete it only if it still holds the bytes just read
   (:func:`~actions.store.delete_if`), then create it once as above. Two takers can
@@ -48,6 +48,8 @@ DEFAULT_TTL_S = 60.0
 SKEW_S = 2.0
 """A lease counts as expired only this long after its expiry time (clock differences)."""
 _ATTEMPTS = 5
+BREAK_LEASE = "--break-lease (or the parameter break_lease=true of a deployment run)"
+"""How a refusal names the override: the flag of `rlhfless train` and `gc`, and the campaign flow's parameter."""
 
 
 class LeaseHeld(ValueError):
@@ -93,7 +95,7 @@ class LeaseRecord:
             return cls(**obj)
         except (ValueError, TypeError, KeyError, AttributeError):
             raise LeaseHeld(f"lease {key} is damaged (not a {LEASE_SCHEMA} record); if no process trains this "
-                            "run, pass --break-lease") from None
+                            f"run, pass {BREAK_LEASE}") from None
 
     def describe(self, now: float) -> str:
         """``host 'h' pid 12 since 2026-11-23 14:50:01 UTC (expires in 41 s)``."""
@@ -342,7 +344,7 @@ def check_not_held(store: ObjectStore, run_id: str, *, break_lease: bool = False
 
 def _held_message(run_id: str, record: LeaseRecord, now: float) -> str:
     return (f"run {run_id!r} is being trained by {record.describe(now)}; wait for it to end, "
-            "or pass --break-lease if that process is gone")
+            f"or pass {BREAK_LEASE} if that process is gone")
 
 
 def _decode_or_none(raw: bytes, key: str) -> LeaseRecord | None:

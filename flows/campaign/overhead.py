@@ -3,7 +3,8 @@
 * :func:`quiet_step_flows` -- per-step subflows run without Prefect's flow-run heartbeat. Its
   thread sleeps in 1 s ticks and the engine joins it when the flow returns, so every step
   subflow waited up to a second (0.96 s measured) after its work was done. The campaign's own
-  flow run keeps its heartbeat: a crashed process is still detected by the run that holds it.
+  flow run keeps its heartbeat, which a server automation can watch to mark a run whose
+  process died ``Crashed`` (``infra/prefect/zombie-flow-runs.yaml``); a step's run cannot be.
 * :class:`Background` -- the campaign's per-step control-plane jobs (the next step's flow run,
   ``flows/campaign/prestart.py``; the running step's parameters; the previous step's Prefect
   artifacts: metrics table, plan, report, progress) run on one background thread, one at a

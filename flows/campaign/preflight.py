@@ -1,6 +1,6 @@
 """The checks a campaign's configuration passes before anything is written: the planner's
 profile and scaling policy, its inputs, the generation engine, the learner's world size, the
-experiment trackers, the worker log directory and the invoker.
+experiment trackers, the store's and the worker logs' directories and the invoker.
 
 One list for both ways in. ``rlhfless train`` runs it before Prefect starts, so a refusal is
 one line and exit code 2 (``flows/commands/cli.py``); the flow ``rlhf_campaign`` runs it again
@@ -40,7 +40,8 @@ def check_campaign(cfg: CampaignConfig) -> None:
     Raises:
         ValueError: one line naming the field, the value and the fix (``check_planning``,
             ``validate_inputs``, ``check_engine``, ``check_world_size``, ``check_trackers``,
-            :func:`check_directory` of ``invoker.log_dir``, ``check_invoker``).
+            :func:`check_store_directory`, :func:`check_directory` of ``invoker.log_dir``,
+            ``check_invoker``).
     """
     with _LOCK:
         if _CHECKED.get(cfg.model_dump_json()):
@@ -60,6 +61,7 @@ def check_campaign(cfg: CampaignConfig) -> None:
     from flows.invokers.factory import check_invoker, worker_log_dir
 
     check_trackers(cfg)
+    check_store_directory(cfg.store.uri)
     if cfg.invoker.kind != "inprocess":  # the local pool's worker logs; on OpenWhisk, prepare's child
         check_directory(worker_log_dir(cfg), "invoker.log_dir")
     check_invoker(cfg)
@@ -82,6 +84,20 @@ PSEUDO_FILESYSTEMS = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs",
                                 "bpf", "configfs", "efivarfs", "fusectl", "binfmt_misc", "nsfs"})
 """Kernel filesystems no directory can be made in, whatever the permissions say (root's
 ``access(W_OK)`` on ``/proc`` is true, yet ``mkdir /proc/x`` fails)."""
+
+
+def check_store_directory(uri: str) -> None:
+    """Refuse a local store (``store.uri`` a directory path) the campaign could not write:
+    :func:`check_directory` of its directory. An S3 store's bucket is checked when it is opened.
+
+    Raises:
+        ValueError: naming ``store.uri``, the path and the fix.
+    """
+    from actions.store.uri import local_path
+
+    path = local_path(uri)
+    if path is not None:
+        check_directory(Path(path).expanduser(), "store.uri")
 
 
 def check_directory(path: Path, setting: str) -> None:
