@@ -391,6 +391,7 @@ def test_the_zombie_automation_marks_a_killed_flow_run_crashed(server: LocalPref
     -9: nothing reports its end) is set Crashed; without it the run would stay Running."""
     import yaml
     from prefect.client.schemas.objects import StateType
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 
     server.prefect("automation", "create", "--from-file", str(ZOMBIES))
     fast = yaml.safe_load(ZOMBIES.read_text())
@@ -402,7 +403,15 @@ def test_the_zombie_automation_marks_a_killed_flow_run_crashed(server: LocalPref
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         run_id = child.stdout.readline().strip()
-        time.sleep(3)  # the first heartbeat reaches the server
+        with server.client() as client:  # the trigger arms on a heartbeat: wait until the server has one
+            def heard():  # a filter's window ends when it is made: make one per look
+                return EventFilter(event=EventNameFilter(name=["prefect.flow-run.heartbeat"]),
+                                   resource=EventResourceFilter(id=[f"prefect.flow-run.{run_id}"]))
+
+            deadline = time.time() + 90
+            while not client.read_events(heard(), limit=1).events:  # the server takes at most 50
+                assert time.time() < deadline, "the flow run sent no heartbeat in 90 s"
+                time.sleep(1)
         os.killpg(child.pid, signal.SIGKILL)
         child.wait()
         deadline, state = time.time() + 120, None
