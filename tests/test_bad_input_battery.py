@@ -643,6 +643,8 @@ CASES: dict[str, Case] = {
     "config lora targets match nothing": Case(
         _train("--set", "model.lora.target_modules=[q_prj]"),
         ("model.lora.target_modules", "'q_prj'", "q_proj", "or all-linear")),
+    "config lora rank above the model's width": Case(
+        _train("--set", "model.lora.r=100000"), ("model.lora.r=100000", "set model.lora.r to at most 96")),
     "config lora with vllm": Case(_train("--set", "model.lora.r=8", "--set", "generation.engine=vllm"),
                                   ("model.lora", "generation.engine='vllm'", "use generation.engine: torch")),
     "config lora bias with kl": Case(_train("--set", "model.lora.bias=all"),
