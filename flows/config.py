@@ -319,25 +319,59 @@ class CampaignConfig(WorkloadConfig):
 # ----------------------------------------------------------------------------- loading
 
 
-def _first_error(exc: ValidationError, raw: dict[str, Any]) -> str:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"])
-    msg = err["msg"]
-    if err["type"] == "extra_forbidden":
-        parent = loc.rsplit(".", 1)[0] if "." in loc else "top level"
-        return f"unknown config key {quote(loc)}: not a setting of {parent}; check the spelling (see README, Configuration)"
-    if msg.startswith("Value error, "):
-        return msg[len("Value error, "):]
-    value = raw
-    for part in err["loc"]:
-        if isinstance(value, dict):
-            value = value.get(part, "<missing>")
+def _in_raw(err: dict, raw: dict[str, Any]) -> tuple[list[Any], Any, int | None]:
+    """(the parts of ``err``'s location that are keys or indices of ``raw``, the value there,
+    the number of parts before the first that is not: a union member's tag, such as
+    ``literal['all-linear']`` or ``list[str]``, which pydantic puts in the location; None where
+    every part is a key). A last part missing from its section is the missing field itself."""
+    kept: list[Any] = []
+    value: Any = raw
+    union = None
+    loc = err["loc"]
+    for i, part in enumerate(loc):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
         elif isinstance(value, list) and isinstance(part, int) and 0 <= part < len(value):
             value = value[part]  # an entry of a list setting, e.g. generation.draft_strategies.0
-        else:
+        elif isinstance(value, dict) and i == len(loc) - 1 and err["type"] == "missing":
             value = "<missing>"
+        else:
+            union = len(kept) if union is None else union
+            continue
+        kept.append(part)
+    return kept, value, union
+
+
+def _first_error(exc: ValidationError, raw: dict[str, Any]) -> str:
+    errors = exc.errors()
+    err = errors[0]
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        loc = ".".join(str(p) for p in err["loc"])
+        parent = loc.rsplit(".", 1)[0] if "." in loc else "top level"
+        return (f"unknown config key {quote(loc)}: not a setting of {parent}; check the spelling "
+                "(see README, Configuration)")
+    if msg.startswith("Value error, "):
+        return msg[len("Value error, "):]
+    kept, value, union = _in_raw(err, raw)
     fix = " (nan and inf are refused)" if err["type"] == "finite_number" else ""
-    return f"config {loc} = {quote(value)}: {msg.lower()}{fix}"
+    if union is not None:  # a value no member of a union accepts: each member's complaint, at the union's field
+        kept = kept[:union]
+        value = _value_at(raw, kept)
+        alternatives = []
+        for e in errors:
+            parts, at, first = _in_raw(e, raw)
+            if first == union and parts[:union] == kept:
+                inner = "".join(f"[{p}]" for p in parts[union:])  # within the value: a list's entry
+                alternatives.append((f"entry {inner} = {quote(at)}: " if inner else "") + e["msg"].lower())
+        msg = "; or ".join(dict.fromkeys(alternatives))
+    return f"config {'.'.join(str(p) for p in kept)} = {quote(value)}: {msg.lower()}{fix}"
+
+
+def _value_at(raw: dict[str, Any], parts: list[Any]) -> Any:
+    for part in parts:
+        raw = raw[part]
+    return raw
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

@@ -661,6 +661,17 @@ CASES: dict[str, Case] = {
     "config lora targets match nothing": Case(
         _train("--set", "model.lora.target_modules=[q_prj]"),
         ("model.lora.target_modules", "'q_prj'", "q_proj", "or all-linear")),
+    "config lora targets neither all-linear nor a list": Case(
+        _train("--set", "model.lora.target_modules=nonsense"),
+        ("model.lora.target_modules='nonsense'", "all-linear", "list the names")),
+    "config lora targets not all names": Case(
+        _train("--set", "model.lora.target_modules=[q_proj, 3]"),
+        ("model.lora.target_modules=['q_proj', 3]", "all-linear", "list the names")),
+    "config lora rank above the model's width": Case(
+        _train("--set", "model.lora.r=100000"), ("model.lora.r=100000", "set model.lora.r to at most 96")),
+    "config a value no member of a union accepts": Case(  # named at its field, with every member's complaint
+        _train("--set", "reward.models=[{{path: m, max_length: -3}}]"),
+        ("reward.models.0.max_length = -3", "'auto'", "greater than 0")),
     "config lora with vllm": Case(_train("--set", "model.lora.r=8", "--set", "generation.engine=vllm"),
                                   ("model.lora", "generation.engine='vllm'", "use generation.engine: torch")),
     "config lora bias with kl": Case(_train("--set", "model.lora.bias=all"),

@@ -296,7 +296,8 @@ def test_a_symlink_out_is_refused_before_any_work(tmp_path, run_store, capsys):
 def test_a_bf16_lora_version_exports_in_bf16_as_it_was_trained(tmp_path, lora_store):
     """A LoRA run trained in bfloat16 over a backbone stored as read (fp32: no warm-up): the
     export is bfloat16, backbone and adapter alike, and gives the logits of the version as the
-    actions load it (the backbone cast to the training dtype, loading.py) bit for bit."""
+    actions load it (the backbone cast to the training dtype, loading.py) bit for bit; merged, it
+    differs from them by bf16 rounding."""
     import shutil
 
     from peft import PeftModel
@@ -328,6 +329,16 @@ def test_a_bf16_lora_version_exports_in_bf16_as_it_was_trained(tmp_path, lora_st
     peft_model = PeftModel.from_pretrained(base, tmp_path / "bf16" / "adapter", autocast_adapter_dtype=False).eval()
     with torch.no_grad():
         assert torch.equal(peft_model(ids).logits, want)
+    # --merge-lora rounds W + (alpha / r) B A to bf16 once per weight: not the adapter form's logits
+    # bit for bit (3.6e-2 apart here), but no farther from the fp32 model's than the run's own
+    # bf16 logits are (README, "export")
+    assert main(["export", "lx", "--store", str(store_root), "--out", str(tmp_path / "merged"), "--merge-lora"]) == 0
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        fp32 = load_model(ref.model_copy(update={"dtype": "float32"}), fresh=True)[0](ids).logits
+        merged_logits = merged(ids).logits.float()
+    assert 0 < float((merged_logits - want.float()).abs().max()) <= 0.1
+    assert float((merged_logits - fp32).abs().max()) <= float((want.float() - fp32).abs().max())
 
 
 def test_a_pushed_lora_export_names_the_hub_repo_as_the_adapters_base(tmp_path, lora_store, monkeypatch):

@@ -141,6 +141,62 @@ def test_attach_adapter_refuses_targets_that_match_nothing():
                                                 "model.layers.0.self_attn.q_proj.lora_B.default.weight"}
 
 
+def test_the_head_of_a_tied_model_folder_is_a_target(tmp_path):
+    """A tied model (Qwen2.5-0.5B, the tiny Qwen2 folder) saves no ``lm_head.weight``, yet has the
+    module PEFT wraps: the check at the CLI takes it, also where config.json leaves the tying to
+    the architecture's default, and refuses it where config.json unties a head that is not saved;
+    a folder that saves its head is checked by its weights as before."""
+    import json
+
+    from actions.models.lora_targets import check_targets
+
+    def check(path, *extra):
+        check_targets(load_config(None, [f"model.path={path}", "model.lora={r: 4, target_modules: [lm_head]}",
+                                         *extra]).workload())
+
+    tied = write_tiny_model_dir(tmp_path / "tied", "qwen2", hidden_size=32).path
+    assert "lm_head.weight" not in _weight_names(tied)
+    check(tied)
+    check(write_tiny_model_dir(tmp_path / "untied", "qwen2", hidden_size=32, tie_word_embeddings=False).path)
+    config = json.loads((tied / "config.json").read_text())
+    (tied / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    with pytest.raises(ValueError, match=r"^model.lora.target_modules: 'lm_head' matches no module"):
+        check(tied)
+    config.pop("tie_word_embeddings")  # the architecture's default; no head saved: it must be tied
+    (tied / "config.json").write_text(json.dumps(config))
+    check(tied)
+
+
+def _weight_names(folder) -> set[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        return set(f.keys())
+
+
+def test_a_rank_above_every_targeted_matrix_is_refused_at_the_cli(tmp_path):
+    """``r`` above the smaller side of every targeted weight can add nothing an adapter can learn
+    (r=100000 on a 32-wide model did not finish a step in 200 s): one line naming the field, the
+    value and the largest rank; the bound is the widest targeted matrix's, so a narrow
+    grouped-query k_proj does not bound an all-linear adapter."""
+    from actions.models.lora_targets import check_targets
+
+    folder = write_tiny_model_dir(tmp_path / "m", "qwen2", hidden_size=32).path  # k_proj, v_proj: 16 x 32
+
+    def check(*extra):
+        check_targets(load_config(None, [f"model.path={folder}", *extra]).workload())
+
+    check("model.lora.r=32")
+    check("model.lora.r=16", "model.lora.target_modules=[k_proj]")
+    check("model.lora.r=32", "model.lora.target_modules=[lm_head]")
+    with pytest.raises(ValueError, match=r"^model.lora.r=33 is above 32, .* set model.lora.r to at most 32$"):
+        check("model.lora.r=33")
+    with pytest.raises(ValueError, match=r"^model.lora.r=17 is above 16, .*k_proj is 16 x 32.* at most 16$"):
+        check("model.lora.r=17", "model.lora.target_modules=[k_proj]")
+    with pytest.raises(ValueError, match=r"^model.lora.r=100000 is above 96,"):  # the tiny default, 96 wide
+        check_targets(load_config(None, ["model.lora.r=100000"]).workload())
+
+
 def _tiny_tied():
     from actions.models.modeling import build_tiny_model
 

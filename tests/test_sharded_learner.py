@@ -80,6 +80,52 @@ def test_rank_share_gives_every_rank_the_same_number_of_calls():
     assert [len(rank_share(jobs[:1], r, 3)) for r in range(3)] == [1, 1, 1]
 
 
+def test_a_rows_lora_dropout_masks_depend_on_the_step_and_the_row_only():
+    """What makes LoRA dropout shard exactly: the one-rank pass's micro batches and the sharded
+    pass's jobs, run in another order (as a rank runs its share), give every row the same
+    log-probs bit for bit; another step's key draws other masks."""
+    from test_learner_fidelity import _gpt2
+
+    from actions.config.workload import AlgorithmConfig, LoraConfig
+    from actions.models.lora import attach_adapter
+    from actions.rl.batch import TrainBatch
+    from actions.rl.sequences import pack, per_row_widths, response_logprobs
+    from actions.rl.sharded_update import policy_jobs
+    from actions.rl.update import call_masks, micro_batches, policy_logprobs
+
+    algo = AlgorithmConfig(name="grpo", batch_size=8, group_size=2, num_minibatches=1, micro_batch_size=4)
+    model = attach_adapter(_gpt2(), LoraConfig(r=2, alpha=4, dropout=0.5, target_modules=["c_attn"]), None)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:  # 0 at init, where no mask changes a log-prob
+            torch.nn.init.normal_(p, generator=torch.Generator().manual_seed(1))
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(2, 64, (2 + i,), generator=g).tolist() for i in range(8)]
+    responses = [torch.randint(2, 64, (n,), generator=g).tolist() for n in (3, 20, 5, 30, 2, 18, 7, 25)]
+    batch = TrainBatch(pack(prompts, responses, 0), None, None, torch.zeros(8), None, ["stop"] * 8, prompts,
+                       responses, 0)
+    model.train()
+    idx = torch.tensor([5, 0, 7, 2, 1, 6, 3, 4])
+    with torch.no_grad():
+        one = torch.zeros(batch.packed.response_mask.shape)
+        for mb in micro_batches(idx, algo):
+            one[mb] = policy_logprobs(model, batch, mb, masks=11)[0]
+        jobs = policy_jobs(batch, idx, algo, None)
+        assert len(jobs) > len(micro_batches(idx, algo))  # calls of several widths in a micro batch
+        shared = torch.zeros_like(one)
+        for job in reversed(jobs):
+            rows = list(job.rows)
+            (out,), _ = per_row_widths([lambda b: response_logprobs(model, b)], [batch.prompts[i] for i in rows],
+                                       [batch.responses[i] for i in rows], 0,
+                                       each_call=call_masks(11, rows, torch.device("cpu")))
+            width = min(out.shape[1], one.shape[1])
+            shared[rows, :width] = out[:, :width]
+        other = torch.zeros_like(one)
+        other[idx] = policy_logprobs(model, batch, idx, masks=12)[0]
+    mask = batch.packed.response_mask.bool()
+    assert torch.equal(shared[mask], one[mask])
+    assert not torch.equal(other[mask], one[mask])  # the masks are live, and keyed on the step
+
+
 def test_world_size_defaults_and_refusals():
     assert resolve_world_size(None, 4, "cuda") == 4 and resolve_world_size(None, 4, "cpu") == 1
     assert resolve_world_size(2, 4, "cuda") == 2
@@ -134,3 +180,28 @@ def test_two_ranks_train_ppo_lora_and_bf16_as_one(tiny_config, prefect_harness, 
     _assert_close(o1, o2, "optimizer state")
     if "lora" in extra[0]:
         assert all("lora_" in name for name in w1)  # the version is the adapter alone
+
+
+@pytest.mark.slow
+def test_two_ranks_and_a_resume_draw_the_one_rank_lora_dropout_masks(tiny_config, prefect_harness):
+    """LoRA dropout, micro batches of 2 rows dealt out to two ranks: each row's masks are seeded
+    by the step and the row (``dropout.seeded_masks``), not by how many calls ran before it on
+    its rank, so two ranks make the one-rank update (they differed by ~1e-2 when every rank drew
+    its masks from one generator seeded per step), and a run stopped after step 1 and resumed
+    ends where an uninterrupted one does."""
+    base = ("invoker.kind=inprocess", "algorithm.lr=0.003", "algorithm.micro_batch_size=2", "store.keep_last=null",
+            "model.lora={r: 4, alpha: 8, dropout: 0.3}",
+            "reward.functions=[{name: 'trl_doc_reward_len:reward_func', weight: 0.1}]")
+    one = tiny_config(*base, "run_id=d1", "steps=2")
+    ref = run_campaign(one, progress=lambda m: None)["steps"]
+    two = tiny_config(*base, "run_id=d2", "steps=1", "train.world_size=2")
+    run_campaign(two, progress=lambda m: None)
+    rest = run_campaign(tiny_config(*base, "run_id=d2", "steps=2", "train.world_size=2"), resume=True,
+                        progress=lambda m: None)["steps"]
+    assert rest[1]["train/world_size"] == 2.0
+    for a, b in zip(ref, rest, strict=True):
+        assert a["grad_norm"] > 0.01
+        for key in ("loss/policy", "grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=LOSS_RTOL, abs=1e-9), (a["step"], key)
+    for step in (1, 2):
+        _assert_close(_tensors_at(one, step)[0], _tensors_at(two, step)[0], f"weights after step {step}")

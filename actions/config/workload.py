@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from actions.config.quoting import chat_template_mode
+from actions.config.quoting import chat_template_mode, quote
 
 # RewardFunctionConfig is re-exported: the contracts and callers take every section from here.
 from actions.config.reward import (  # noqa: F401
@@ -62,6 +62,15 @@ class LoraConfig(_Section):
             raise ValueError(f"model.lora.r={v} is not a rank; set an integer >= 1 (e.g. 8 or 16), or remove "
                              "model.lora for full fine-tuning")
         return v
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _check_target_kind(cls, v: Any) -> Any:
+        # before the union's own check, whose complaint names its members' types, not the fix
+        if v == "all-linear" or (isinstance(v, (list, tuple)) and all(isinstance(t, str) for t in v)):
+            return v
+        raise ValueError(f"model.lora.target_modules={quote(v)} is neither all-linear nor a list of module names; "
+                         "set all-linear, or list the names (e.g. [q_proj, v_proj])")
 
     @field_validator("target_modules")
     @classmethod

@@ -22,9 +22,18 @@ own mode).
 
 LoRA's own dropout (``model.lora.dropout``, PEFT's ``lora_dropout`` modules) is kept: it is
 a setting of this run, chosen for the adapter. A model without dropout is left as it was.
+
+Its masks are drawn from a generator seeded per forward call (``seeded_masks``), keyed on the
+optimizer step and the call's first row (``mask_seed``), not from whatever state the global
+generator has reached: the sharded learner deals the calls out among its ranks, and a row must
+get the same mask whichever rank computes it, and whichever calls ran before it there.
 """
 
 from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -67,3 +76,23 @@ def disable_dropout(model: torch.nn.Module) -> int:
                 setattr(config, attr, 0.0)
                 changed += 1
     return changed
+
+
+def mask_seed(*key: int) -> int:
+    """A seed (below 2**63) that depends on every integer of ``key`` and on nothing else."""
+    digest = hashlib.sha256(",".join(map(str, key)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+@contextmanager
+def seeded_masks(seed: int, device: torch.device) -> Iterator[None]:
+    """Inside: the CPU's generator, and ``device``'s where it is a CUDA device, seeded with
+    ``seed``; after: both as they were, so the code around sees no change. A checkpointed
+    layer recomputes its forward with the state it stashed here (``preserve_rng_state``)."""
+    cuda = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.random.default_generator.manual_seed(seed)
+        for d in cuda:
+            with torch.cuda.device(d):
+                torch.cuda.manual_seed(seed)
+        yield

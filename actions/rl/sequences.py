@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -185,7 +186,8 @@ def bucket_widths(prompt_len: int, response_len: int, bucket: int = WIDTH_BUCKET
 
 def per_row_widths(fns: Sequence[Callable[[PackedBatch], torch.Tensor]], prompts: Sequence[Sequence[int]],
                    responses: Sequence[Sequence[int]], pad_id: int, *, device: torch.device | None = None,
-                   bucket: int = WIDTH_BUCKET, row_block: int | None = None
+                   bucket: int = WIDTH_BUCKET, row_block: int | None = None,
+                   each_call: Callable[[list[int]], AbstractContextManager] | None = None,
                    ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Evaluate per-token functions of B rows, each row padded to widths of its own.
 
@@ -210,6 +212,9 @@ def per_row_widths(fns: Sequence[Callable[[PackedBatch], torch.Tensor]], prompts
         device: where the groups are packed to (the models' device); results come back there.
         row_block: rows per call, topped up as above; default ``CUDA_ROW_BLOCK`` on CUDA, else
             a whole group per call.
+        each_call: given a call's rows (indices into ``prompts``, the top-up copies left out),
+            a context the call's functions run in (the learner's seeded LoRA dropout masks,
+            ``dropout.seeded_masks``); none by default.
     Returns:
         (one ``[B, T(, k)]`` float tensor per fn, zero past each row's group width; the ``[B, T]``
         response mask), ``T`` = the widest group's response width, rows in input order.
@@ -232,8 +237,9 @@ def per_row_widths(fns: Sequence[Callable[[PackedBatch], torch.Tensor]], prompts
             packed = packed.to(device) if device is not None else packed
             index = torch.tensor(rows, device=device)
             mask[index, :tw] = packed.response_mask[:len(rows)]
-            for k, fn in enumerate(fns):
-                value = fn(packed)[:len(rows)].float()
+            with each_call(rows) if each_call is not None else nullcontext():
+                values = [fn(packed)[:len(rows)].float() for fn in fns]
+            for k, value in enumerate(values):
                 if outs[k] is None:  # [B, T] or [B, T, ...] as the function returns
                     outs[k] = torch.zeros((len(prompts), width, *value.shape[2:]), device=device)
                 outs[k][index, :tw] = value  # index_put: differentiable when value needs grad

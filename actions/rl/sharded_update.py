@@ -11,6 +11,8 @@ jobs repeats its first one with a weight of zero.
 The losses are token means over the mini-batch, so a job's loss weighted by its share of the
 mini-batch's real tokens sums, over jobs, to the one-rank loss; the ranks' gradients are summed
 (``fsdp.shard``) and the update equals the one-rank update up to the order of float additions.
+A job's LoRA dropout masks are seeded by the mini-batch and the job's first row, as the one-rank
+call with those rows seeds them (``update.call_masks``), so dropout does not break this.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from actions.rl.fsdp import all_sum
 from actions.rl.optimizer import TrainOptimizer
 from actions.rl.ppo_loss import value_loss
 from actions.rl.sequences import CUDA_ROW_BLOCK, bucket_widths, per_row_widths, response_logprobs
-from actions.rl.update import CRITIC_SKIPPED, SKIPPED, micro_batches, policy_loss, run_updates
+from actions.rl.update import CRITIC_SKIPPED, SKIPPED, call_masks, micro_batches, policy_loss, run_updates
 
 
 class LogprobRoot(torch.nn.Module):
@@ -74,7 +76,7 @@ def rank_share(jobs: list[Job], rank: int, world: int) -> list[Job]:
 
 
 def _policy_pass(root: LogprobRoot, opt: TrainOptimizer, batch: TrainBatch, adv: torch.Tensor, idx: torch.Tensor,
-                 algo: AlgorithmConfig, *, rank: int, world: int) -> dict[str, float]:
+                 algo: AlgorithmConfig, *, rank: int, world: int, masks: int | None = None) -> dict[str, float]:
     device = batch.packed.input_ids.device
     mask = batch.packed.response_mask
     T = batch.packed.response_width
@@ -86,8 +88,8 @@ def _policy_pass(root: LogprobRoot, opt: TrainOptimizer, batch: TrainBatch, adv:
         rows = torch.tensor(job.rows, device=device)
         logprobs = partial(root, temperature=batch.temperature)
         (out,), _ = per_row_widths([logprobs], [batch.prompts[i] for i in job.rows],
-                                   [batch.responses[i] for i in job.rows],
-                                   batch.pad_id, device=device, row_block=row_block)
+                                   [batch.responses[i] for i in job.rows], batch.pad_id, device=device,
+                                   row_block=row_block, each_call=call_masks(masks, list(job.rows), device))
         out = torch.nn.functional.pad(out, (0, 0, 0, max(0, T - out.shape[1])))[:, :T]
         loss, m = policy_loss(out[..., 0], out[..., 1], batch, adv, rows, algo)
         share = mask[rows].sum() / total * job.weight_scale

@@ -4,7 +4,10 @@ Advantages: GRPO uses group-normalised outcome rewards with the KL to the refere
 term; PPO uses GAE over token rewards that carry the KL as a per-token penalty and the outcome
 at the last token, whitened over the batch. Both estimate the KL with ``algorithm.kl_kind``
 (unset: k3 for GRPO, k1 for PPO). Mini-batches are shuffled prompt groups drawn from a
-generator seeded by (seed, step), so an update is reproducible.
+generator seeded by (seed, step), so an update is reproducible. So are LoRA's dropout masks
+(``model.lora.dropout``): each forward call draws them from a generator seeded by (seed, step,
+epoch, mini-batch, the call's first row) (``dropout.seeded_masks``), so a row gets the same
+masks on one rank and on several (``sharded_update.py``), and on a resumed run.
 
 Micro-batches (``algorithm.micro_batch_size``): each mini-batch is split into micro batches
 whose gradients are accumulated before the optimizer step. The losses are token means, so a
@@ -30,6 +33,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -37,6 +41,7 @@ from actions.config.workload import AlgorithmConfig
 from actions.rl.advantage import gae, group_normalized_advantages, kl_penalized_token_rewards
 from actions.rl.batch import TrainBatch
 from actions.rl.critic import Critic
+from actions.rl.dropout import mask_seed, seeded_masks
 from actions.rl.grpo_loss import grpo_loss
 from actions.rl.kl import kl_estimate
 from actions.rl.masked import masked_mean, masked_whiten
@@ -108,10 +113,12 @@ def minibatches(num_rows: int, algo: AlgorithmConfig, gen: torch.Generator) -> l
             for part in groups.tensor_split(algo.num_minibatches) if len(part)]
 
 
-def policy_logprobs(policy: torch.nn.Module, batch: TrainBatch, idx: torch.Tensor
+def policy_logprobs(policy: torch.nn.Module, batch: TrainBatch, idx: torch.Tensor, masks: int | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probs, entropy) of rows ``idx``, ``[len(idx), T]`` at the batch's width T, computed
-    as the score action computes them (each row at its own bucketed widths)."""
+    as the score action computes them (each row at its own bucketed widths). ``masks``: the
+    optimizer step's key of LoRA's dropout masks (``dropout.mask_seed``), each forward call's
+    masks drawn from it and the call's first row; none: from the global generator."""
     rows = idx.tolist()
     device = batch.packed.input_ids.device
 
@@ -120,7 +127,7 @@ def policy_logprobs(policy: torch.nn.Module, batch: TrainBatch, idx: torch.Tenso
         return torch.stack([logp, entropy], dim=-1)
 
     (out,), _ = per_row_widths([stats], [batch.prompts[i] for i in rows], [batch.responses[i] for i in rows],
-                               batch.pad_id, device=device)
+                               batch.pad_id, device=device, each_call=call_masks(masks, rows, device))
     T = batch.packed.response_width
     if out.shape[1] < T:
         out = torch.nn.functional.pad(out, (0, 0, 0, T - out.shape[1]))
@@ -128,18 +135,29 @@ def policy_logprobs(policy: torch.nn.Module, batch: TrainBatch, idx: torch.Tenso
     return out[..., 0], out[..., 1]
 
 
+def call_masks(masks: int | None, rows: list[int], device: torch.device
+               ) -> Callable[[list[int]], AbstractContextManager] | None:
+    """``per_row_widths``'s ``each_call`` for the batch rows ``rows``: each call's dropout masks
+    seeded by ``masks`` and the batch row of its first row, so they do not depend on which
+    other calls ran before it (or on which rank: ``sharded_update.py``)."""
+    if masks is None:
+        return None
+    return lambda local: seeded_masks(mask_seed(masks, rows[local[0]]), device)
+
+
 def micro_batches(idx: torch.Tensor, algo: AlgorithmConfig) -> list[torch.Tensor]:
     return list(idx.split(algo.micro_batch_size or len(idx)))
 
 
 def _policy_pass(policy: torch.nn.Module, opt: TrainOptimizer, batch: TrainBatch, adv: torch.Tensor,
-                 idx: torch.Tensor, algo: AlgorithmConfig) -> dict[str, float]:
-    """One optimizer step of the policy on mini-batch ``idx``, gradients accumulated over micro batches."""
+                 idx: torch.Tensor, algo: AlgorithmConfig, *, masks: int | None = None) -> dict[str, float]:
+    """One optimizer step of the policy on mini-batch ``idx``, gradients accumulated over micro
+    batches; ``masks`` keys LoRA's dropout masks (``policy_logprobs``)."""
     total = batch.packed.response_mask[idx].sum().clamp_min(1.0)
     metrics: dict[str, float] = defaultdict(float)
     opt.zero_grad()
     for mb in micro_batches(idx, algo):
-        logp, entropy = policy_logprobs(policy, batch, mb)
+        logp, entropy = policy_logprobs(policy, batch, mb, masks)
         loss, m = policy_loss(logp, entropy, batch, adv, mb, algo)
         share = batch.packed.response_mask[mb].sum() / total  # exactly 1 without micro batches
         (loss * share).backward()
@@ -184,9 +202,9 @@ def _critic_pass(critic: Critic, opt: TrainOptimizer, batch: TrainBatch, ret: to
     return metrics
 
 
-PolicyPass = Callable[[torch.nn.Module, TrainOptimizer, TrainBatch, torch.Tensor, torch.Tensor, AlgorithmConfig],
-                      dict[str, float]]
-"""One optimizer step of the policy on a mini-batch's rows: (policy, opt, batch, adv, idx, algo) -> metrics."""
+PolicyPass = Callable[..., dict[str, float]]
+"""One optimizer step of the policy on a mini-batch's rows: (policy, opt, batch, adv, idx, algo, *, masks)
+-> metrics, ``masks`` the step's key of the dropout masks (``policy_logprobs``)."""
 CriticPass = Callable[[Critic, TrainOptimizer, TrainBatch, torch.Tensor, torch.Tensor, AlgorithmConfig],
                       dict[str, float]]
 
@@ -206,9 +224,9 @@ def run_updates(policy: torch.nn.Module, opt: TrainOptimizer, batch: TrainBatch,
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
     sums: dict[str, float] = defaultdict(float)
     count = 0
-    for _ in range(algo.epochs):
-        for idx in minibatches(len(batch.rewards), algo, gen):
-            m = policy_pass(policy, opt, batch, adv, idx, algo)
+    for epoch in range(algo.epochs):
+        for number, idx in enumerate(minibatches(len(batch.rewards), algo, gen)):
+            m = policy_pass(policy, opt, batch, adv, idx, algo, masks=mask_seed(seed, step, epoch, number))
             if critic is not None:
                 m.update(critic_pass(critic, critic_opt, batch, ret, idx, algo))
             for k, v in m.items():
