@@ -429,6 +429,16 @@ def test_a_jsonl_string_may_hold_unicode_line_separators_and_line_numbers_count_
         read_records(str(path), field="data.train_path")
 
 
+def test_a_jsonl_file_whose_rows_end_at_a_lone_carriage_return_reads_row_by_row(tmp_path):
+    """Rows ended by "\r" alone (classic Mac OS line ends) are rows, numbered as such."""
+    path = tmp_path / "cr.jsonl"
+    path.write_bytes(b"".join(json.dumps(r).encode() + b"\r" for r in GSM8K_ROWS[:2]))
+    assert read_records(str(path), field="data.train_path") == [(1, GSM8K_ROWS[0]), (2, GSM8K_ROWS[1])]
+    path.write_bytes(path.read_bytes() + b"{bad\r")
+    with pytest.raises(ValueError, match=r"cr.jsonl:3: not valid JSON"):
+        read_records(str(path), field="data.train_path")
+
+
 def test_an_explicit_max_prompt_tokens_must_leave_room_for_the_response_in_the_context():
     """The default limit is the context less ``generation.max_new_tokens``; a value set above
     it would let a sample run past the position embeddings, and is refused naming both."""

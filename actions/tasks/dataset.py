@@ -66,7 +66,8 @@ def rows_to_jsonl(rows: Iterable[PromptRow]) -> bytes:
 
 def json_objects(data: bytes, *, where: str) -> list[tuple[int, dict[str, Any]]]:
     """Decode UTF-8 JSON Lines into ``(line number from 1, object)`` pairs, skipping blank
-    lines. A line ends at "\n" (or "\r\n") only, as JSON Lines defines it. Raises ValueError
+    lines. A line ends at "\n" (or "\r\n") only, as JSON Lines defines it (a file whose rows end at
+    "\r" alone has them made "\n" before: ``sources._read_jsonl``). Raises ValueError
     naming ``where`` and the line for bad UTF-8, bad JSON or a line that is not an object."""
     try:
         text = data.decode("utf-8")

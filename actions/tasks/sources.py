@@ -251,6 +251,8 @@ def _read_jsonl(path: Path, field: str) -> list[Record]:
             raise ValueError(f"{where} starts with a JSON array, not an object; JSON Lines holds one object per line: "
                              f"convert it (jq -c '.[]' {path.name}), or name a file holding one array .json")
         return _json_array(data, where)
+    if b"\r" in data and b"\n" not in data:  # rows ended by "\r" alone (classic Mac OS, some exports)
+        data = data.replace(b"\r", b"\n")   # a raw "\r" inside a JSON string is invalid, so none is lost
     check_line_lengths(data, where)
     return json_objects(data, where=where)
 
