@@ -241,6 +241,69 @@ def test_any_5xx_on_polls_is_polled_on_then_named(timeout_s):
     assert not info.value.transient and len(posts) == 1 and "HTTP 520" in info.value.message
 
 
+def _poll_503(request: httpx.Request, now: list[float]) -> httpx.Response:
+    return httpx.Response(503, json={"error": "Service Unavailable"})
+
+
+def _poll_hangs(request: httpx.Request, now: list[float]) -> httpx.Response:
+    now[0] += request.extensions["timeout"]["read"]  # the read runs out its whole timeout
+    raise httpx.ReadTimeout("timed out", request=request)
+
+
+@pytest.mark.parametrize("poll, timeout_s", [(_poll_503, 10.0), (_poll_hangs, 900.0)])
+def test_the_deadline_ends_the_retries_of_a_failing_poll(poll, timeout_s):
+    """``invoker.timeout_s`` bounds polling and its retries: a poll answering 503, or hanging,
+    is retried only while time is left, so the error comes at the deadline, not minutes after."""
+    now = [0.0]
+
+    def controller(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            return httpx.Response(202, json={"activationId": "a1"})
+        if "/activations/" in request.url.path:
+            return poll(request, now)
+        return httpx.Response(200, json={"name": "generate", "limits": {"timeout": 600_000}, "annotations": []})
+
+    config = OpenWhiskConfig("http://ow.test", "uuid1234:key12345678")
+    with OpenWhiskClient(config, retry=RetryPolicy(), transport=httpx.MockTransport(controller), seed=0,
+                         clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)) as client:
+        with pytest.raises(ActionError, match="polls of it failed") as info:
+            OpenWhiskInvoker(client, package="rlhfless", timeout_s=timeout_s).invoke("generate", {})
+    assert not info.value.transient and now[0] <= timeout_s + 0.1
+
+
+def test_the_deadline_ends_the_retries_of_reading_the_action():
+    """Reading the action's limits before the invoke counts against ``invoker.timeout_s`` too."""
+    now = [0.0]
+
+    def controller(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={"error": "Service Unavailable"})
+
+    config = OpenWhiskConfig("http://ow.test", "uuid1234:key12345678")
+    with OpenWhiskClient(config, retry=RetryPolicy(), transport=httpx.MockTransport(controller), seed=0,
+                         clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)) as client:
+        with pytest.raises(ActionError, match="get action rlhfless/generate: HTTP 503") as info:
+            OpenWhiskInvoker(client, package="rlhfless", timeout_s=10.0).invoke("generate", {})
+    assert info.value.transient and now[0] <= 10.0  # nothing was invoked: trying again is safe
+
+
+def test_retry_after_is_honoured_up_to_a_bound():
+    """A ``Retry-After`` longer than ``retry_after_max_s`` (a proxy's 3600) waits that bound."""
+    answers = iter([3600, 7])
+    sleeps: list[float] = []
+
+    def controller(request: httpx.Request) -> httpx.Response:
+        wait = next(answers, None)
+        if wait is not None:
+            return httpx.Response(429, headers={"Retry-After": str(wait)}, json={"error": "Too many requests"})
+        record = {"activationId": "a1", "response": {"status": "success", "success": True, "result": {}}}
+        return httpx.Response(200, json=record)
+
+    config = OpenWhiskConfig("http://ow.test", "uuid1234:key12345678")
+    with OpenWhiskClient(config, transport=httpx.MockTransport(controller), sleep=sleeps.append, seed=0) as client:
+        client.invoke("rlhfless/noop", {})
+    assert sleeps[0] == RetryPolicy().retry_after_max_s == 60.0 and 7.0 <= sleeps[1] < 20.0
+
+
 def test_blocking_wait_ends_a_margin_before_the_deadline():
     """The controller answers 202 with the activation id when the blocking wait ends; the HTTP
     read must outlast the wait, or the id is lost with the read timeout. Near the deadline the

@@ -49,6 +49,9 @@ class RetryPolicy:
     """Attempts per request for 429, 5xx without a record, timeouts and dropped connections."""
     backoff_base_s: float = 0.5
     backoff_max_s: float = 20.0
+    retry_after_max_s: float = 60.0
+    """The longest ``Retry-After`` honoured: a longer one (a proxy's ``Retry-After: 3600``) waits
+    this long, so that one header cannot stall a request for an hour."""
     connect_attempts: int = 3
     """Attempts when the host refuses the connection or its name does not resolve."""
     poll_initial_s: float = 0.05
@@ -190,12 +193,13 @@ class ControllerApi:
             return resp
 
     def pause(self, what: str, why: str, attempt: int, resp: httpx.Response | None, deadline: float | None) -> None:
-        """Sleep before retry ``attempt + 1`` (backoff, at least ``Retry-After``), or raise a
-        transient OpenWhiskError when the deadline leaves no time for it."""
+        """Sleep before retry ``attempt + 1`` (backoff, at least ``Retry-After`` up to
+        ``retry_after_max_s``), or raise a transient OpenWhiskError when the deadline leaves no
+        time for it."""
         delay = self.retry.backoff_s(attempt, self._rng)
         retry_after = resp.headers.get("Retry-After", "") if resp is not None else ""
         if retry_after.isdigit():
-            delay = max(delay, float(retry_after))
+            delay = max(delay, min(float(retry_after), self.retry.retry_after_max_s))
         remaining = self.remaining(deadline)
         if remaining is not None and delay >= remaining:
             status = resp.status_code if resp is not None else None
