@@ -125,6 +125,85 @@ def test_config_from_prefect_secret_block(monkeypatch):
     assert OpenWhiskConfig.resolve(api_host="http://h", auth="a:b", env={}).api_host == "http://h"
 
 
+def _block(monkeypatch, value):
+    import prefect.blocks.system as system
+
+    monkeypatch.setattr(system.Secret, "load", staticmethod(lambda name: SimpleNamespace(get=lambda: value)))
+
+
+BLOCK_KEY = "23bc46b1-71f6:123zO3xZCLrMN6v2BKK1dX"
+
+
+@pytest.mark.parametrize("value, expected", [
+    ('{"api_host": "https://ow.example", "auth": "%s", }' % BLOCK_KEY,
+     "Prefect Secret block 'ow-conn' is not valid JSON (Expecting property name enclosed in double quotes: line 1"),
+    ('{"api_host": "https://ow.example"}', "Prefect Secret block 'ow-conn' has no auth key; add \"auth\""),
+    ({"auth": BLOCK_KEY}, "Prefect Secret block 'ow-conn' has no api_host key and WSK_APIHOST is not set"),
+    ({"api_host": "ht tp://bad", "auth": BLOCK_KEY},
+     "'ht tp://bad' is not a URL; set the api_host key of Prefect Secret block 'ow-conn' to https://"),
+    ({"api_host": "https://ow.example", "auth": "nocolon"}, "check the auth key of Prefect Secret block 'ow-conn'"),
+    ("no-colon-key", "Prefect Secret block 'ow-conn' holds a string that is not 'uuid:key'"),
+    ([BLOCK_KEY], "Prefect Secret block 'ow-conn' must hold 'uuid:key' or an object with api_host and auth"),
+])
+def test_a_bad_secret_block_is_named_with_its_key_never_its_value(monkeypatch, value, expected):
+    """A block's errors name the block and the key to fix, not WSK_* variables it did not use,
+    and never quote the value (it holds the key)."""
+    _block(monkeypatch, value)
+    with pytest.raises(ValueError) as info:
+        OpenWhiskConfig.resolve(secret_block="ow-conn", env={})
+    message = str(info.value)
+    assert expected in message and "\n" not in message and "WSK_AUTH" not in message
+    assert "123zO3xZCLrMN6v2BKK1dX" not in message and "nocolon" not in message and "no-colon-key" not in message
+
+
+def test_connection_errors_name_where_the_setting_came_from(monkeypatch, tmp_path):
+    """A host that does not answer, or a key the controller rejects, names the setting to fix:
+    the block's key for a block, the variable (or ~/.wskprops) it was read from otherwise."""
+    closed = "http://127.0.0.1:9"
+    _block(monkeypatch, {"api_host": closed, "auth": "uuid1234:key12345678", "namespace": 5})
+    config = OpenWhiskConfig.resolve(secret_block="ow-conn", env={})
+    assert config.namespace == "5"
+    fast = RetryPolicy(connect_attempts=1, backoff_base_s=0.01)
+    with OpenWhiskClient(config, retry=fast) as client, pytest.raises(OpenWhiskUnreachable) as info:
+        client.get_action("rlhfless/generate")
+    assert str(info.value).endswith("; check the api_host key of Prefect Secret block 'ow-conn'")
+    inner = OpenWhiskConfig.from_env({"__OW_API_HOST": closed, "__OW_API_KEY": "a:b", "HOME": str(tmp_path)})
+    with OpenWhiskClient(inner, retry=fast) as client:
+        with pytest.raises(OpenWhiskUnreachable, match="check __OW_API_HOST$"):
+            client.get_action("rlhfless/generate")
+    (tmp_path / ".wskprops").write_text(f"APIHOST={closed}\nAUTH=u:k\n")
+    props = OpenWhiskConfig.from_env({"HOME": str(tmp_path)})
+    assert props.setting("api_host") == f"APIHOST in {tmp_path / '.wskprops'}"
+
+    def rejects(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(401, json={"error": "The supplied authentication is invalid"})
+
+    with OpenWhiskClient(config, transport=httpx.MockTransport(rejects)) as client:
+        with pytest.raises(OpenWhiskAuthError) as info:
+            client.get_action("rlhfless/generate")
+    assert str(info.value).endswith("(HTTP 401); check the auth key of Prefect Secret block 'ow-conn'")
+
+
+def test_a_ca_bundle_that_is_missing_or_not_pem_names_the_setting_and_the_path(monkeypatch, tmp_path):
+    import certifi
+
+    garbage = tmp_path / "ca.pem"
+    garbage.write_text("junk\n")
+    env = {"WSK_APIHOST": "https://ow.example", "WSK_AUTH": "uuid1234:key12345678", "HOME": str(tmp_path)}
+    for path, why in (("/nonexistent/ca.pem", "is not a file"), (str(garbage), "holds no readable CA certificate")):
+        config = OpenWhiskConfig.from_env({**env, "WSK_CA_BUNDLE": path})
+        with pytest.raises(ValueError) as info:
+            OpenWhiskClient(config)
+        message = str(info.value)
+        assert message.startswith(f"WSK_CA_BUNDLE names {path!r}, which {why}")
+        assert "set it to the PEM file" in message
+    _block(monkeypatch, {"api_host": "https://ow.example", "auth": "uuid1234:key12345678", "ca_bundle": str(garbage)})
+    block_config = OpenWhiskConfig.resolve(secret_block="ow-conn", env={})
+    with pytest.raises(ValueError, match=r"^the ca_bundle key of Prefect Secret block 'ow-conn' names '.*ca\.pem'"):
+        OpenWhiskClient(block_config)
+    OpenWhiskClient(OpenWhiskConfig.from_env({**env, "WSK_CA_BUNDLE": certifi.where()})).close()  # a real one loads
+
+
 # ---------------------------------------------------------------------------- CRUD
 def test_action_crud_roundtrip(ow_emulator: OpenWhiskEmulator):
     with make_client(ow_emulator) as client:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import random
-import ssl
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -109,11 +108,10 @@ class ControllerApi:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.stats: Counter[str] = Counter()
-        verify = ssl.create_default_context(cafile=config.verify) if isinstance(config.verify, str) else config.verify
         self._http = httpx.Client(
             base_url=config.api_host + API_PATH,
             auth=tuple(config.auth.split(":", 1)),
-            verify=verify,
+            verify=config.tls_verify(),
             timeout=retry.request_timeout_s,
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             transport=transport,
@@ -160,7 +158,7 @@ class ControllerApi:
                 if connect_failures >= self.retry.connect_attempts:
                     raise OpenWhiskUnreachable(
                         f"cannot reach the OpenWhisk API at {self.config.api_host}: {_reason(exc)}; "
-                        "check WSK_APIHOST (or __OW_API_HOST)",
+                        f"check {self.config.setting('api_host')}",
                         transient=True,
                     ) from None
                 self.pause(what, "connection failed", attempt, None, deadline)
@@ -208,12 +206,12 @@ class ControllerApi:
         self.sleep(delay)
 
     def auth_message(self, status: int) -> str:
-        ns, host = self.config.namespace, self.config.api_host
+        ns, host, auth = self.config.namespace, self.config.api_host, self.config.setting("auth")
         if status == 401:
-            return f"OpenWhisk rejected the credentials for namespace {ns} at {host} (HTTP 401); check WSK_AUTH"
+            return f"OpenWhisk rejected the credentials for namespace {ns} at {host} (HTTP 401); check {auth}"
         return (
             f"OpenWhisk denied the credentials access to namespace {ns} at {host} (HTTP 403); "
-            "check WSK_AUTH and the namespace (__OW_NAMESPACE, or _ for the key's own)"
+            f"check {auth} and the namespace (__OW_NAMESPACE, or _ for the key's own)"
         )
 
     def fail(self, resp: httpx.Response, what: str) -> OpenWhiskError:
