@@ -37,9 +37,16 @@ from flows.invokers.openwhisk import (
 )
 
 try:
-    from ow_emulator import OpenWhiskEmulator, SwaggerViolation, ow_emulator, running_emulator  # noqa: F401 (fixture)
+    from ow_emulator import PORTAL_PAGE, OpenWhiskEmulator, SwaggerViolation, html_host, ow_emulator, running_emulator  # noqa: F401
 except ImportError:  # tests/ imported as a package
-    from tests.ow_emulator import OpenWhiskEmulator, SwaggerViolation, ow_emulator, running_emulator  # noqa: F401
+    from tests.ow_emulator import (  # noqa: F401
+        PORTAL_PAGE,
+        OpenWhiskEmulator,
+        SwaggerViolation,
+        html_host,
+        ow_emulator,
+        running_emulator,
+    )
 
 FAST = RetryPolicy(
     backoff_base_s=0.01,
@@ -586,6 +593,54 @@ def test_unreachable_host_is_one_line_naming_the_host():
         assert "secretkey123" not in message and info.value.transient
 
 
+def _portal(record_polls: bool = False):
+    """A host that is not the OpenWhisk API: it answers an HTML page to everything (with
+    ``record_polls``, only the activation polls; the rest as a controller would)."""
+    def answer(request: httpx.Request) -> httpx.Response:
+        if record_polls and request.method == "POST":
+            return httpx.Response(202, json={"activationId": "a1"})
+        if record_polls and "/activations/" not in request.url.path:
+            return httpx.Response(200, json={"name": "probe", "limits": {"timeout": 60000}, "annotations": []})
+        return httpx.Response(200, content=PORTAL_PAGE, headers={"Content-Type": "text/html"})
+
+    return httpx.MockTransport(answer)
+
+
+def test_a_host_that_answers_html_is_named_not_a_json_error():
+    """A login portal or a wrong ingress answers 200 with an HTML page: every call says the
+    host is not the OpenWhisk API and names the setting, and the invoker raises ActionError."""
+    config = OpenWhiskConfig("http://portal.test", "uuid1234:key12345678")
+    expected = "from http://portal.test is not JSON (not an OpenWhisk API answer); check WSK_APIHOST"
+    with OpenWhiskClient(config, transport=_portal(), sleep=lambda s: None) as client:
+        calls = [client.list_actions, client.get_limits, lambda: client.get_action("rlhfless/probe"),
+                 lambda: client.get_package("rlhfless"), lambda: client.put_action("rlhfless/probe", {}),
+                 lambda: client.put_package("rlhfless", {}), lambda: client.get_activation("a1"),
+                 lambda: client.invoke("rlhfless/probe", {})]
+        for call in calls:
+            with pytest.raises(OpenWhiskError) as info:
+                call()
+            assert expected in str(info.value) and "HTTP 200" in str(info.value) and not info.value.transient
+        with pytest.raises(ActionError) as via_invoker:
+            OpenWhiskInvoker(client).invoke("probe", {})
+        assert expected in via_invoker.value.message and not via_invoker.value.transient
+    with OpenWhiskClient(config, transport=_portal(record_polls=True), sleep=lambda s: None) as client:
+        with pytest.raises(ActionError, match="poll activation a1: HTTP 200 .* is not JSON") as info:
+            OpenWhiskInvoker(client).invoke("probe", {})
+    # an ingress's 404 page is not "the action does not exist", nor a portal's 401 "wrong key"; a
+    # redirect is a login portal's way in
+    for status, headers in ((404, {}), (401, {}), (302, {"Location": "https://sso.test/"})):
+        page = httpx.MockTransport(lambda request: httpx.Response(status, content=PORTAL_PAGE, headers=headers))
+        with OpenWhiskClient(config, transport=page) as client:
+            with pytest.raises(OpenWhiskError, match=f"HTTP {status} .*not JSON") as info:
+                client.get_action("rlhfless/probe")
+        assert type(info.value) is OpenWhiskError and not info.value.transient
+    # a proxy's 429 page in front of the controller is throttling all the same
+    answers = iter([httpx.Response(429, content=PORTAL_PAGE), httpx.Response(200, json={"name": "probe"})])
+    proxy = httpx.MockTransport(lambda request: next(answers))
+    with OpenWhiskClient(config, transport=proxy, sleep=lambda s: None) as client:
+        assert client.get_action("rlhfless/probe") == {"name": "probe"} and client.stats["throttled"] == 1
+
+
 def test_a_result_over_the_size_limit_fails_at_once(ow_emulator: OpenWhiskEmulator, invoker: OpenWhiskInvoker):
     ow_emulator.max_result_bytes = 1000
     before = ow_emulator.num_invokes
@@ -732,3 +787,16 @@ def test_campaign_preflight_compares_gpus_annotation_with_gpus_per_actor(ow_emul
                                          r"2 GPU\(s\).*set scaling.gpus_per_actor: 2, or deploy the action with gpus: 1"):
         check_invoker(load_config(None, ["invoker.kind=openwhisk"]))
     check_invoker(load_config(None, ["invoker.kind=openwhisk", "scaling.gpus_per_actor=2"]))
+
+
+def test_campaign_preflight_names_a_host_that_is_not_the_api(monkeypatch):
+    from flows.config import load_config
+    from flows.invokers.factory import check_invoker
+
+    monkeypatch.delenv("RLHFLESS_OPENWHISK_SECRET", raising=False)
+    with html_host() as url:
+        monkeypatch.setenv("WSK_APIHOST", url)
+        monkeypatch.setenv("WSK_AUTH", "uuid1234:key12345678")
+        with pytest.raises(ValueError, match=f"get action rlhfless/evaluate: HTTP 200 from {url} is not JSON .*; "
+                                             "check WSK_APIHOST"):
+            check_invoker(load_config(None, ["invoker.kind=openwhisk"]))

@@ -46,6 +46,8 @@ internal error``                              ActionError(transient=True)
 a record; timeouts and dropped connections    (a flag; every RLHFless action is)
 connection refused / DNS failure              ``connect_attempts`` tries, then one line naming
                                               the host (OpenWhiskUnreachable, transient)
+a body that is not JSON, a redirect           not the controller: one line naming the host and
+                                              the setting (OpenWhiskError, not transient)
 ============================================  ===============================================
 
 The requests of an invoke with a deadline (reading the action's limits, the invoke, its polls)

@@ -142,7 +142,8 @@ class ControllerApi:
         timeout_s: float | None = None,
     ) -> httpx.Response:
         """Send one API request, riding out 429 (always) and 5xx/transport errors (when
-        ``retry_unavailable``), within ``max_attempts`` and the deadline."""
+        ``retry_unavailable``), within ``max_attempts`` and the deadline; an answer that no retry
+        changes raises at once (:meth:`refuse`)."""
         attempt = connect_failures = 0
         while True:
             remaining = self.remaining(deadline)
@@ -173,8 +174,7 @@ class ControllerApi:
                 self.pause(what, type(exc).__name__, attempt, None, deadline)
                 attempt += 1
                 continue
-            if resp.status_code in (401, 403):
-                raise OpenWhiskAuthError(self.auth_message(resp.status_code), status=resp.status_code)
+            self.refuse(resp, what)
             throttled = resp.status_code == 429
             if throttled or (retry_unavailable and _is_unavailable(resp)):
                 self.count("throttled" if throttled else "unavailable")
@@ -205,6 +205,15 @@ class ControllerApi:
         log.warning("%s: %s; retry %d/%d in %.2fs", what, why, attempt + 1, self.retry.max_attempts - 1, delay)
         self.sleep(delay)
 
+    def refuse(self, resp: httpx.Response, what: str) -> None:
+        """Raise for an answer to ``what`` that no retry changes: one not from the controller
+        (:meth:`not_json`; checked first, so that a portal's 404 or 401 is not read as the
+        controller's), or the controller's 401/403 (OpenWhiskAuthError)."""
+        if _not_the_api(resp):
+            raise self.not_json(resp, what)
+        if resp.status_code in (401, 403):
+            raise OpenWhiskAuthError(self.auth_message(resp.status_code), status=resp.status_code)
+
     def auth_message(self, status: int) -> str:
         ns, host, auth = self.config.namespace, self.config.api_host, self.config.setting("auth")
         if status == 401:
@@ -219,20 +228,53 @@ class ControllerApi:
         status = resp.status_code
         return OpenWhiskError(f"{what}: HTTP {status} {_error_text(resp)}", status=status, transient=status >= 500)
 
+    def body(self, resp: httpx.Response, what: str, kind: type[dict] | type[list] = dict) -> Any:
+        """The JSON body of ``resp`` (the answer to ``what``), which must be a ``kind``.
+
+        Raises:
+            OpenWhiskError: not transient, from :meth:`not_json`, when it is not.
+        """
+        data = _parse(resp)
+        if not isinstance(data, kind):
+            raise self.not_json(resp, what)
+        return data
+
+    def not_json(self, resp: httpx.Response, what: str) -> OpenWhiskError:
+        """The error for an answer the controller would never give: an HTML login portal, a
+        wrong ingress, another service on the port. Not transient: asking again gets the same."""
+        host, setting = self.config.api_host, self.config.setting("api_host")
+        return OpenWhiskError(f"{what}: HTTP {resp.status_code} from {host} is not JSON (not an OpenWhisk API "
+                              f"answer); check {setting} (the OpenWhisk API host)", status=resp.status_code)
+
 
 def json_object(resp: httpx.Response) -> dict[str, Any]:
     """The response body when it is a JSON object, else {}."""
-    try:
-        data = resp.json()
-    except ValueError:
-        return {}
+    data = _parse(resp)
     return data if isinstance(data, dict) else {}
+
+
+def _parse(resp: httpx.Response) -> Any:
+    """The JSON body; None when there is none or it is not JSON."""
+    try:
+        return resp.json()
+    except ValueError:  # json.JSONDecodeError, and UnicodeDecodeError for a binary body
+        return None
 
 
 def has_activation(resp: httpx.Response) -> bool:
     """Whether the body is an activation record (a blocking invoke that finished)."""
     data = json_object(resp)
     return "activationId" in data and "response" in data
+
+
+def _not_the_api(resp: httpx.Response) -> bool:
+    """Whether the answer comes from something other than the controller, which answers JSON:
+    a redirect (a login portal), or a page that is not JSON with a status below 500. A proxy's
+    page for 408, 429 or 5xx is an outage or throttling in front of it, and retried as one."""
+    status = resp.status_code
+    if 300 <= status < 400:
+        return True
+    return status < 500 and status not in (408, 429) and bool(resp.content) and _parse(resp) is None
 
 
 def _is_unavailable(resp: httpx.Response) -> bool:

@@ -97,7 +97,7 @@ class OpenWhiskClient:
                 raise OpenWhiskNotFound(f"package {package} does not exist in namespace {self.config.namespace}", status=404)
             if resp.status_code != 200:
                 raise self._api.fail(resp, "list actions")
-            page = resp.json()
+            page = self._api.body(resp, "list actions", list)
             out.extend(page)
             if len(page) < page_size:
                 return out
@@ -110,8 +110,8 @@ class OpenWhiskClient:
         if resp.status_code == 404:
             raise OpenWhiskNotFound(self._missing_action(name), status=404)
         if resp.status_code != 200:
-            raise self._api.fail(resp, f"get action {name}")
-        return resp.json()
+            raise self._api.fail(resp, what)
+        return self._api.body(resp, what)
 
     def put_action(self, name: str, action: dict[str, Any], *, overwrite: bool = True) -> dict[str, Any]:
         """Create or replace an action from an ``ActionPut`` body; returns the stored record."""
@@ -131,7 +131,7 @@ class OpenWhiskClient:
             raise OpenWhiskNotFound(f"package {name} does not exist in namespace {self.config.namespace}", status=404)
         if resp.status_code != 200:
             raise self._api.fail(resp, f"get package {name}")
-        return resp.json()
+        return self._api.body(resp, f"get package {name}")
 
     def put_package(self, name: str, package: dict[str, Any], *, overwrite: bool = True) -> dict[str, Any]:
         return self._put("packages", name, package, overwrite)
@@ -146,7 +146,7 @@ class OpenWhiskClient:
             raise OpenWhiskNotFound(f"{what}: package {pkg} does not exist; create it first", status=404)
         if resp.status_code != 200:
             raise self._api.fail(resp, what)
-        return resp.json()
+        return self._api.body(resp, what)
 
     def describe_action(self, name: str, *, deadline: float | None = None) -> dict[str, Any]:
         """``get_action``, cached per client (limits and annotations drive polling and accounting)."""
@@ -168,7 +168,7 @@ class OpenWhiskClient:
             return None
         if resp.status_code != 200:
             raise self._api.fail(resp, "get limits")
-        return json_object(resp)
+        return self._api.body(resp, "get limits")
 
     def _forget(self, name: str) -> None:
         with self._lock:
@@ -196,7 +196,7 @@ class OpenWhiskClient:
             raise OpenWhiskNotFound(f"activation {activation_id} is not (yet) recorded", status=404)
         if resp.status_code != 200:
             raise self._api.fail(resp, what)
-        return resp.json()
+        return self._api.body(resp, what)
 
     # ------------------------------------------------------------------ invoke
     def invoke(
@@ -295,7 +295,7 @@ class OpenWhiskClient:
             timeout_s=wait_ms / 1000 + self.retry.request_timeout_s if blocking else None,
         )
         if resp.status_code in (200, 500, 502) and has_activation(resp):
-            record = resp.json()
+            record = json_object(resp)
             return record, record["activationId"]
         if resp.status_code == 202:
             activation_id = json_object(resp).get("activationId") or resp.headers.get("x-openwhisk-activation-id", "")
@@ -350,7 +350,7 @@ class OpenWhiskClient:
                 continue
             failed = None
             if resp.status_code == 200:
-                return resp.json()
+                return self._api.body(resp, f"poll activation {activation_id}")
             if resp.status_code != 404:  # 404: not stored yet
                 raise self._api.fail(resp, f"poll activation {activation_id}")
             now = self._clock()
