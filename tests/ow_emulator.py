@@ -655,6 +655,36 @@ def running_emulator(**kwargs: Any) -> Iterator[OpenWhiskEmulator]:
         raise SwaggerViolation("OpenWhisk emulator saw swagger violations:\n" + "\n".join(emulator.violations))
 
 
+PORTAL_PAGE = b"<html><body>Login portal</body></html>"
+
+
+@contextlib.contextmanager
+def html_host() -> Iterator[str]:
+    """A host that is not the OpenWhisk API (a login portal, a wrong ingress): it answers every
+    request 200 with an HTML page. Yields its URL."""
+    class Portal(BaseHTTPRequestHandler):
+        def answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(PORTAL_PAGE)))
+            self.end_headers()
+            self.wfile.write(PORTAL_PAGE)
+
+        do_GET = do_PUT = do_POST = answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Portal)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture
 def ow_emulator() -> Iterator[OpenWhiskEmulator]:
     """A running emulator (guest namespace, raised limits, the ``probe`` test action available)."""

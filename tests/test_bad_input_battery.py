@@ -581,6 +581,15 @@ CASES: dict[str, Case] = {
     "openwhisk auth malformed": Case(
         _train("--set", "invoker.kind=openwhisk"), ("'uuid:key'", "check WSK_AUTH"),
         env={"WSK_APIHOST": CLOSED_PORT, "WSK_AUTH": WSK_AUTH.replace(":", "")}),
+    "openwhisk CA bundle missing": Case(
+        _train("--set", "invoker.kind=openwhisk"), ("WSK_CA_BUNDLE names '/nonexistent/ca.pem', which is not a file",
+                                                    "set it to the PEM file"),
+        env={"WSK_APIHOST": CLOSED_PORT, "WSK_AUTH": WSK_AUTH, "WSK_CA_BUNDLE": "/nonexistent/ca.pem"}),
+    "openwhisk CA bundle not PEM": Case(
+        _train("--set", "invoker.kind=openwhisk"), ("WSK_CA_BUNDLE names '", "/ca.pem', which holds no readable CA",
+                                                    "set it to the PEM file"),
+        env={"WSK_APIHOST": CLOSED_PORT, "WSK_AUTH": WSK_AUTH, "WSK_CA_BUNDLE": "{tmp}/ca.pem"},
+        setup=_write("ca.pem", "junk\n")),
     # ----------------------------------------------------------------- command line
     "cli no subcommand": Case([], ("required: command", "rlhfless --help")),
     "cli unknown subcommand": Case(["frobnicate"], ("invalid choice: 'frobnicate'", "rlhfless --help")),

@@ -31,9 +31,23 @@ from flows.commands.deploy_limits import limit_problems
 from flows.invokers.openwhisk import OpenWhiskClient, OpenWhiskConfig, OpenWhiskInvoker, annotations_of
 
 try:
-    from ow_emulator import OPENWHISK_DEFAULTS, RAISED_LIMITS, OpenWhiskEmulator, ow_emulator, running_emulator  # noqa: F401
+    from ow_emulator import (  # noqa: F401
+        OPENWHISK_DEFAULTS,
+        RAISED_LIMITS,
+        OpenWhiskEmulator,
+        html_host,
+        ow_emulator,
+        running_emulator,
+    )
 except ImportError:  # tests/ imported as a package
-    from tests.ow_emulator import OPENWHISK_DEFAULTS, RAISED_LIMITS, OpenWhiskEmulator, ow_emulator, running_emulator  # noqa: F401
+    from tests.ow_emulator import (  # noqa: F401
+        OPENWHISK_DEFAULTS,
+        RAISED_LIMITS,
+        OpenWhiskEmulator,
+        html_host,
+        ow_emulator,
+        running_emulator,
+    )
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "infra" / "openwhisk" / "actions.yaml"
@@ -446,3 +460,26 @@ def test_dry_run_reports_a_configured_source_that_fails(no_credentials, monkeypa
     err = capsys.readouterr().err
     assert "rlhfless deploy: cannot load the Prefect Secret block 'openwhisk'" in err
     assert "no OpenWhisk credentials" not in err
+
+
+def test_a_host_that_is_not_the_api_is_one_line_naming_wsk_apihost(no_credentials, monkeypatch, capsys):
+    """An HTML login portal (or a wrong ingress) at WSK_APIHOST: one line naming the host and the
+    setting, not a JSON decoder's message."""
+    monkeypatch.setenv("WSK_AUTH", "uuid1234:key12345678")
+    with html_host() as url:
+        monkeypatch.setenv("WSK_APIHOST", url)
+        assert cli(["--manifest", str(SHIPPED), "--dry-run"]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err == (f"rlhfless deploy: get package rlhfless: HTTP 200 from {url} is not JSON (not an OpenWhisk API "
+                   "answer); check WSK_APIHOST (the OpenWhisk API host)")
+
+
+def test_a_secret_block_that_is_not_json_is_named_without_its_value(no_credentials, monkeypatch, capsys):
+    import prefect.blocks.system as system
+
+    value = '{"api_host": "https://ow.example", "auth": "23bc46b1-71f6:123zO3xZCLrMN6v2BKK1dX", }'
+    monkeypatch.setattr(system.Secret, "load", staticmethod(lambda name: argparse.Namespace(get=lambda: value)))
+    assert cli(["--manifest", str(SHIPPED), "--dry-run", "--secret-block", "ow-conn"]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("rlhfless deploy: Prefect Secret block 'ow-conn' is not valid JSON (Expecting property name")
+    assert "123zO3xZCLrMN6v2BKK1dX" not in err

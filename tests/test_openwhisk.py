@@ -37,9 +37,16 @@ from flows.invokers.openwhisk import (
 )
 
 try:
-    from ow_emulator import OpenWhiskEmulator, SwaggerViolation, ow_emulator, running_emulator  # noqa: F401 (fixture)
+    from ow_emulator import PORTAL_PAGE, OpenWhiskEmulator, SwaggerViolation, html_host, ow_emulator, running_emulator  # noqa: F401
 except ImportError:  # tests/ imported as a package
-    from tests.ow_emulator import OpenWhiskEmulator, SwaggerViolation, ow_emulator, running_emulator  # noqa: F401
+    from tests.ow_emulator import (  # noqa: F401
+        PORTAL_PAGE,
+        OpenWhiskEmulator,
+        SwaggerViolation,
+        html_host,
+        ow_emulator,
+        running_emulator,
+    )
 
 FAST = RetryPolicy(
     backoff_base_s=0.01,
@@ -123,6 +130,85 @@ def test_config_from_prefect_secret_block(monkeypatch):
     assert (config.api_host, config.auth, config.namespace, config.verify) == ("http://127.0.0.1:3233", "uuid:key123", "guest", False)
     # explicit arguments win over the block
     assert OpenWhiskConfig.resolve(api_host="http://h", auth="a:b", env={}).api_host == "http://h"
+
+
+def _block(monkeypatch, value):
+    import prefect.blocks.system as system
+
+    monkeypatch.setattr(system.Secret, "load", staticmethod(lambda name: SimpleNamespace(get=lambda: value)))
+
+
+BLOCK_KEY = "23bc46b1-71f6:123zO3xZCLrMN6v2BKK1dX"
+
+
+@pytest.mark.parametrize("value, expected", [
+    ('{"api_host": "https://ow.example", "auth": "%s", }' % BLOCK_KEY,
+     "Prefect Secret block 'ow-conn' is not valid JSON (Expecting property name enclosed in double quotes: line 1"),
+    ('{"api_host": "https://ow.example"}', "Prefect Secret block 'ow-conn' has no auth key; add \"auth\""),
+    ({"auth": BLOCK_KEY}, "Prefect Secret block 'ow-conn' has no api_host key and WSK_APIHOST is not set"),
+    ({"api_host": "ht tp://bad", "auth": BLOCK_KEY},
+     "'ht tp://bad' is not a URL; set the api_host key of Prefect Secret block 'ow-conn' to https://"),
+    ({"api_host": "https://ow.example", "auth": "nocolon"}, "check the auth key of Prefect Secret block 'ow-conn'"),
+    ("no-colon-key", "Prefect Secret block 'ow-conn' holds a string that is not 'uuid:key'"),
+    ([BLOCK_KEY], "Prefect Secret block 'ow-conn' must hold 'uuid:key' or an object with api_host and auth"),
+])
+def test_a_bad_secret_block_is_named_with_its_key_never_its_value(monkeypatch, value, expected):
+    """A block's errors name the block and the key to fix, not WSK_* variables it did not use,
+    and never quote the value (it holds the key)."""
+    _block(monkeypatch, value)
+    with pytest.raises(ValueError) as info:
+        OpenWhiskConfig.resolve(secret_block="ow-conn", env={})
+    message = str(info.value)
+    assert expected in message and "\n" not in message and "WSK_AUTH" not in message
+    assert "123zO3xZCLrMN6v2BKK1dX" not in message and "nocolon" not in message and "no-colon-key" not in message
+
+
+def test_connection_errors_name_where_the_setting_came_from(monkeypatch, tmp_path):
+    """A host that does not answer, or a key the controller rejects, names the setting to fix:
+    the block's key for a block, the variable (or ~/.wskprops) it was read from otherwise."""
+    closed = "http://127.0.0.1:9"
+    _block(monkeypatch, {"api_host": closed, "auth": "uuid1234:key12345678", "namespace": 5})
+    config = OpenWhiskConfig.resolve(secret_block="ow-conn", env={})
+    assert config.namespace == "5"
+    fast = RetryPolicy(connect_attempts=1, backoff_base_s=0.01)
+    with OpenWhiskClient(config, retry=fast) as client, pytest.raises(OpenWhiskUnreachable) as info:
+        client.get_action("rlhfless/generate")
+    assert str(info.value).endswith("; check the api_host key of Prefect Secret block 'ow-conn'")
+    inner = OpenWhiskConfig.from_env({"__OW_API_HOST": closed, "__OW_API_KEY": "a:b", "HOME": str(tmp_path)})
+    with OpenWhiskClient(inner, retry=fast) as client:
+        with pytest.raises(OpenWhiskUnreachable, match="check __OW_API_HOST$"):
+            client.get_action("rlhfless/generate")
+    (tmp_path / ".wskprops").write_text(f"APIHOST={closed}\nAUTH=u:k\n")
+    props = OpenWhiskConfig.from_env({"HOME": str(tmp_path)})
+    assert props.setting("api_host") == f"APIHOST in {tmp_path / '.wskprops'}"
+
+    def rejects(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(401, json={"error": "The supplied authentication is invalid"})
+
+    with OpenWhiskClient(config, transport=httpx.MockTransport(rejects)) as client:
+        with pytest.raises(OpenWhiskAuthError) as info:
+            client.get_action("rlhfless/generate")
+    assert str(info.value).endswith("(HTTP 401); check the auth key of Prefect Secret block 'ow-conn'")
+
+
+def test_a_ca_bundle_that_is_missing_or_not_pem_names_the_setting_and_the_path(monkeypatch, tmp_path):
+    import certifi
+
+    garbage = tmp_path / "ca.pem"
+    garbage.write_text("junk\n")
+    env = {"WSK_APIHOST": "https://ow.example", "WSK_AUTH": "uuid1234:key12345678", "HOME": str(tmp_path)}
+    for path, why in (("/nonexistent/ca.pem", "is not a file"), (str(garbage), "holds no readable CA certificate")):
+        config = OpenWhiskConfig.from_env({**env, "WSK_CA_BUNDLE": path})
+        with pytest.raises(ValueError) as info:
+            OpenWhiskClient(config)
+        message = str(info.value)
+        assert message.startswith(f"WSK_CA_BUNDLE names {path!r}, which {why}")
+        assert "set it to the PEM file" in message
+    _block(monkeypatch, {"api_host": "https://ow.example", "auth": "uuid1234:key12345678", "ca_bundle": str(garbage)})
+    block_config = OpenWhiskConfig.resolve(secret_block="ow-conn", env={})
+    with pytest.raises(ValueError, match=r"^the ca_bundle key of Prefect Secret block 'ow-conn' names '.*ca\.pem'"):
+        OpenWhiskClient(block_config)
+    OpenWhiskClient(OpenWhiskConfig.from_env({**env, "WSK_CA_BUNDLE": certifi.where()})).close()  # a real one loads
 
 
 # ---------------------------------------------------------------------------- CRUD
@@ -239,6 +325,69 @@ def test_any_5xx_on_polls_is_polled_on_then_named(timeout_s):
         with pytest.raises(ActionError, match="polls of it failed") as info:
             OpenWhiskInvoker(client, package="rlhfless", timeout_s=timeout_s).invoke("generate", {})
     assert not info.value.transient and len(posts) == 1 and "HTTP 520" in info.value.message
+
+
+def _poll_503(request: httpx.Request, now: list[float]) -> httpx.Response:
+    return httpx.Response(503, json={"error": "Service Unavailable"})
+
+
+def _poll_hangs(request: httpx.Request, now: list[float]) -> httpx.Response:
+    now[0] += request.extensions["timeout"]["read"]  # the read runs out its whole timeout
+    raise httpx.ReadTimeout("timed out", request=request)
+
+
+@pytest.mark.parametrize("poll, timeout_s", [(_poll_503, 10.0), (_poll_hangs, 900.0)])
+def test_the_deadline_ends_the_retries_of_a_failing_poll(poll, timeout_s):
+    """``invoker.timeout_s`` bounds polling and its retries: a poll answering 503, or hanging,
+    is retried only while time is left, so the error comes at the deadline, not minutes after."""
+    now = [0.0]
+
+    def controller(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            return httpx.Response(202, json={"activationId": "a1"})
+        if "/activations/" in request.url.path:
+            return poll(request, now)
+        return httpx.Response(200, json={"name": "generate", "limits": {"timeout": 600_000}, "annotations": []})
+
+    config = OpenWhiskConfig("http://ow.test", "uuid1234:key12345678")
+    with OpenWhiskClient(config, retry=RetryPolicy(), transport=httpx.MockTransport(controller), seed=0,
+                         clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)) as client:
+        with pytest.raises(ActionError, match="polls of it failed") as info:
+            OpenWhiskInvoker(client, package="rlhfless", timeout_s=timeout_s).invoke("generate", {})
+    assert not info.value.transient and now[0] <= timeout_s + 0.1
+
+
+def test_the_deadline_ends_the_retries_of_reading_the_action():
+    """Reading the action's limits before the invoke counts against ``invoker.timeout_s`` too."""
+    now = [0.0]
+
+    def controller(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={"error": "Service Unavailable"})
+
+    config = OpenWhiskConfig("http://ow.test", "uuid1234:key12345678")
+    with OpenWhiskClient(config, retry=RetryPolicy(), transport=httpx.MockTransport(controller), seed=0,
+                         clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)) as client:
+        with pytest.raises(ActionError, match="get action rlhfless/generate: HTTP 503") as info:
+            OpenWhiskInvoker(client, package="rlhfless", timeout_s=10.0).invoke("generate", {})
+    assert info.value.transient and now[0] <= 10.0  # nothing was invoked: trying again is safe
+
+
+def test_retry_after_is_honoured_up_to_a_bound():
+    """A ``Retry-After`` longer than ``retry_after_max_s`` (a proxy's 3600) waits that bound."""
+    answers = iter([3600, 7])
+    sleeps: list[float] = []
+
+    def controller(request: httpx.Request) -> httpx.Response:
+        wait = next(answers, None)
+        if wait is not None:
+            return httpx.Response(429, headers={"Retry-After": str(wait)}, json={"error": "Too many requests"})
+        record = {"activationId": "a1", "response": {"status": "success", "success": True, "result": {}}}
+        return httpx.Response(200, json=record)
+
+    config = OpenWhiskConfig("http://ow.test", "uuid1234:key12345678")
+    with OpenWhiskClient(config, transport=httpx.MockTransport(controller), sleep=sleeps.append, seed=0) as client:
+        client.invoke("rlhfless/noop", {})
+    assert sleeps[0] == RetryPolicy().retry_after_max_s == 60.0 and 7.0 <= sleeps[1] < 20.0
 
 
 def test_blocking_wait_ends_a_margin_before_the_deadline():
@@ -444,6 +593,54 @@ def test_unreachable_host_is_one_line_naming_the_host():
         assert "secretkey123" not in message and info.value.transient
 
 
+def _portal(record_polls: bool = False):
+    """A host that is not the OpenWhisk API: it answers an HTML page to everything (with
+    ``record_polls``, only the activation polls; the rest as a controller would)."""
+    def answer(request: httpx.Request) -> httpx.Response:
+        if record_polls and request.method == "POST":
+            return httpx.Response(202, json={"activationId": "a1"})
+        if record_polls and "/activations/" not in request.url.path:
+            return httpx.Response(200, json={"name": "probe", "limits": {"timeout": 60000}, "annotations": []})
+        return httpx.Response(200, content=PORTAL_PAGE, headers={"Content-Type": "text/html"})
+
+    return httpx.MockTransport(answer)
+
+
+def test_a_host_that_answers_html_is_named_not_a_json_error():
+    """A login portal or a wrong ingress answers 200 with an HTML page: every call says the
+    host is not the OpenWhisk API and names the setting, and the invoker raises ActionError."""
+    config = OpenWhiskConfig("http://portal.test", "uuid1234:key12345678")
+    expected = "from http://portal.test is not JSON (not an OpenWhisk API answer); check WSK_APIHOST"
+    with OpenWhiskClient(config, transport=_portal(), sleep=lambda s: None) as client:
+        calls = [client.list_actions, client.get_limits, lambda: client.get_action("rlhfless/probe"),
+                 lambda: client.get_package("rlhfless"), lambda: client.put_action("rlhfless/probe", {}),
+                 lambda: client.put_package("rlhfless", {}), lambda: client.get_activation("a1"),
+                 lambda: client.invoke("rlhfless/probe", {})]
+        for call in calls:
+            with pytest.raises(OpenWhiskError) as info:
+                call()
+            assert expected in str(info.value) and "HTTP 200" in str(info.value) and not info.value.transient
+        with pytest.raises(ActionError) as via_invoker:
+            OpenWhiskInvoker(client).invoke("probe", {})
+        assert expected in via_invoker.value.message and not via_invoker.value.transient
+    with OpenWhiskClient(config, transport=_portal(record_polls=True), sleep=lambda s: None) as client:
+        with pytest.raises(ActionError, match="poll activation a1: HTTP 200 .* is not JSON") as info:
+            OpenWhiskInvoker(client).invoke("probe", {})
+    # an ingress's 404 page is not "the action does not exist", nor a portal's 401 "wrong key"; a
+    # redirect is a login portal's way in
+    for status, headers in ((404, {}), (401, {}), (302, {"Location": "https://sso.test/"})):
+        page = httpx.MockTransport(lambda request: httpx.Response(status, content=PORTAL_PAGE, headers=headers))
+        with OpenWhiskClient(config, transport=page) as client:
+            with pytest.raises(OpenWhiskError, match=f"HTTP {status} .*not JSON") as info:
+                client.get_action("rlhfless/probe")
+        assert type(info.value) is OpenWhiskError and not info.value.transient
+    # a proxy's 429 page in front of the controller is throttling all the same
+    answers = iter([httpx.Response(429, content=PORTAL_PAGE), httpx.Response(200, json={"name": "probe"})])
+    proxy = httpx.MockTransport(lambda request: next(answers))
+    with OpenWhiskClient(config, transport=proxy, sleep=lambda s: None) as client:
+        assert client.get_action("rlhfless/probe") == {"name": "probe"} and client.stats["throttled"] == 1
+
+
 def test_a_result_over_the_size_limit_fails_at_once(ow_emulator: OpenWhiskEmulator, invoker: OpenWhiskInvoker):
     ow_emulator.max_result_bytes = 1000
     before = ow_emulator.num_invokes
@@ -590,3 +787,16 @@ def test_campaign_preflight_compares_gpus_annotation_with_gpus_per_actor(ow_emul
                                          r"2 GPU\(s\).*set scaling.gpus_per_actor: 2, or deploy the action with gpus: 1"):
         check_invoker(load_config(None, ["invoker.kind=openwhisk"]))
     check_invoker(load_config(None, ["invoker.kind=openwhisk", "scaling.gpus_per_actor=2"]))
+
+
+def test_campaign_preflight_names_a_host_that_is_not_the_api(monkeypatch):
+    from flows.config import load_config
+    from flows.invokers.factory import check_invoker
+
+    monkeypatch.delenv("RLHFLESS_OPENWHISK_SECRET", raising=False)
+    with html_host() as url:
+        monkeypatch.setenv("WSK_APIHOST", url)
+        monkeypatch.setenv("WSK_AUTH", "uuid1234:key12345678")
+        with pytest.raises(ValueError, match=f"get action rlhfless/evaluate: HTTP 200 from {url} is not JSON .*; "
+                                             "check WSK_APIHOST"):
+            check_invoker(load_config(None, ["invoker.kind=openwhisk"]))

@@ -316,8 +316,8 @@ def plan_deploy(
     Pure: no network. ``environ`` feeds ``${VAR}`` in ``env`` (default: this process's).
 
     Raises:
-        ManifestError: ``env`` names an unset variable (unless ``allow_unset_env``, as in a
-            dry run, which shows ``<unset $VAR>`` instead).
+        ManifestError: ``env`` names an unset variable (unless ``allow_unset_env``, as in a dry
+            run: the bodies then hold the placeholder ``<unset $VAR>``, compared, never shown).
     """
     env, missing = expand_env(manifest.env, os.environ if environ is None else environ)
     if missing and not allow_unset_env:

@@ -40,14 +40,18 @@ internal error``                              ActionError(transient=True)
 404 on an action                              OpenWhiskNotFound: "run `rlhfless deploy`"
 413                                           non-transient: payload over ~1 MB
 429                                           exponential backoff with jitter (honours
-                                              Retry-After), ``max_attempts`` and the deadline
+                                              Retry-After up to ``retry_after_max_s``),
+                                              ``max_attempts`` and the deadline
 503 / 500 / 504 / 408 / gateway 502 without   retried like 429 only when the call is idempotent
 a record; timeouts and dropped connections    (a flag; every RLHFless action is)
 connection refused / DNS failure              ``connect_attempts`` tries, then one line naming
                                               the host (OpenWhiskUnreachable, transient)
+a body that is not JSON, a redirect           not the controller: one line naming the host and
+                                              the setting (OpenWhiskError, not transient)
 ============================================  ===============================================
 
-Every request's timeout is cut to what is left of the caller's deadline; a blocking wait ends
+The requests of an invoke with a deadline (reading the action's limits, the invoke, its polls)
+have their timeouts and retries cut to what is left of it; a blocking wait ends
 ``blocking_margin_s`` before it, so the controller's 202 (the activation id) arrives before the
 read gives up. The auth key appears in no message, log line or repr (it is also registered with
 ``credentials.redact``).

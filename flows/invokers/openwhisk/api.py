@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import random
-import ssl
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -49,6 +48,9 @@ class RetryPolicy:
     """Attempts per request for 429, 5xx without a record, timeouts and dropped connections."""
     backoff_base_s: float = 0.5
     backoff_max_s: float = 20.0
+    retry_after_max_s: float = 60.0
+    """The longest ``Retry-After`` honoured: a longer one (a proxy's ``Retry-After: 3600``) waits
+    this long, so that one header cannot stall a request for an hour."""
     connect_attempts: int = 3
     """Attempts when the host refuses the connection or its name does not resolve."""
     poll_initial_s: float = 0.05
@@ -106,11 +108,10 @@ class ControllerApi:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.stats: Counter[str] = Counter()
-        verify = ssl.create_default_context(cafile=config.verify) if isinstance(config.verify, str) else config.verify
         self._http = httpx.Client(
             base_url=config.api_host + API_PATH,
             auth=tuple(config.auth.split(":", 1)),
-            verify=verify,
+            verify=config.tls_verify(),
             timeout=retry.request_timeout_s,
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             transport=transport,
@@ -141,7 +142,8 @@ class ControllerApi:
         timeout_s: float | None = None,
     ) -> httpx.Response:
         """Send one API request, riding out 429 (always) and 5xx/transport errors (when
-        ``retry_unavailable``), within ``max_attempts`` and the deadline."""
+        ``retry_unavailable``), within ``max_attempts`` and the deadline; an answer that no retry
+        changes raises at once (:meth:`refuse`)."""
         attempt = connect_failures = 0
         while True:
             remaining = self.remaining(deadline)
@@ -157,7 +159,7 @@ class ControllerApi:
                 if connect_failures >= self.retry.connect_attempts:
                     raise OpenWhiskUnreachable(
                         f"cannot reach the OpenWhisk API at {self.config.api_host}: {_reason(exc)}; "
-                        "check WSK_APIHOST (or __OW_API_HOST)",
+                        f"check {self.config.setting('api_host')}",
                         transient=True,
                     ) from None
                 self.pause(what, "connection failed", attempt, None, deadline)
@@ -172,8 +174,7 @@ class ControllerApi:
                 self.pause(what, type(exc).__name__, attempt, None, deadline)
                 attempt += 1
                 continue
-            if resp.status_code in (401, 403):
-                raise OpenWhiskAuthError(self.auth_message(resp.status_code), status=resp.status_code)
+            self.refuse(resp, what)
             throttled = resp.status_code == 429
             if throttled or (retry_unavailable and _is_unavailable(resp)):
                 self.count("throttled" if throttled else "unavailable")
@@ -190,12 +191,13 @@ class ControllerApi:
             return resp
 
     def pause(self, what: str, why: str, attempt: int, resp: httpx.Response | None, deadline: float | None) -> None:
-        """Sleep before retry ``attempt + 1`` (backoff, at least ``Retry-After``), or raise a
-        transient OpenWhiskError when the deadline leaves no time for it."""
+        """Sleep before retry ``attempt + 1`` (backoff, at least ``Retry-After`` up to
+        ``retry_after_max_s``), or raise a transient OpenWhiskError when the deadline leaves no
+        time for it."""
         delay = self.retry.backoff_s(attempt, self._rng)
         retry_after = resp.headers.get("Retry-After", "") if resp is not None else ""
         if retry_after.isdigit():
-            delay = max(delay, float(retry_after))
+            delay = max(delay, min(float(retry_after), self.retry.retry_after_max_s))
         remaining = self.remaining(deadline)
         if remaining is not None and delay >= remaining:
             status = resp.status_code if resp is not None else None
@@ -203,13 +205,22 @@ class ControllerApi:
         log.warning("%s: %s; retry %d/%d in %.2fs", what, why, attempt + 1, self.retry.max_attempts - 1, delay)
         self.sleep(delay)
 
+    def refuse(self, resp: httpx.Response, what: str) -> None:
+        """Raise for an answer to ``what`` that no retry changes: one not from the controller
+        (:meth:`not_json`; checked first, so that a portal's 404 or 401 is not read as the
+        controller's), or the controller's 401/403 (OpenWhiskAuthError)."""
+        if _not_the_api(resp):
+            raise self.not_json(resp, what)
+        if resp.status_code in (401, 403):
+            raise OpenWhiskAuthError(self.auth_message(resp.status_code), status=resp.status_code)
+
     def auth_message(self, status: int) -> str:
-        ns, host = self.config.namespace, self.config.api_host
+        ns, host, auth = self.config.namespace, self.config.api_host, self.config.setting("auth")
         if status == 401:
-            return f"OpenWhisk rejected the credentials for namespace {ns} at {host} (HTTP 401); check WSK_AUTH"
+            return f"OpenWhisk rejected the credentials for namespace {ns} at {host} (HTTP 401); check {auth}"
         return (
             f"OpenWhisk denied the credentials access to namespace {ns} at {host} (HTTP 403); "
-            "check WSK_AUTH and the namespace (__OW_NAMESPACE, or _ for the key's own)"
+            f"check {auth} and the namespace (__OW_NAMESPACE, or _ for the key's own)"
         )
 
     def fail(self, resp: httpx.Response, what: str) -> OpenWhiskError:
@@ -217,20 +228,53 @@ class ControllerApi:
         status = resp.status_code
         return OpenWhiskError(f"{what}: HTTP {status} {_error_text(resp)}", status=status, transient=status >= 500)
 
+    def body(self, resp: httpx.Response, what: str, kind: type[dict] | type[list] = dict) -> Any:
+        """The JSON body of ``resp`` (the answer to ``what``), which must be a ``kind``.
+
+        Raises:
+            OpenWhiskError: not transient, from :meth:`not_json`, when it is not.
+        """
+        data = _parse(resp)
+        if not isinstance(data, kind):
+            raise self.not_json(resp, what)
+        return data
+
+    def not_json(self, resp: httpx.Response, what: str) -> OpenWhiskError:
+        """The error for an answer the controller would never give: an HTML login portal, a
+        wrong ingress, another service on the port. Not transient: asking again gets the same."""
+        host, setting = self.config.api_host, self.config.setting("api_host")
+        return OpenWhiskError(f"{what}: HTTP {resp.status_code} from {host} is not JSON (not an OpenWhisk API "
+                              f"answer); check {setting} (the OpenWhisk API host)", status=resp.status_code)
+
 
 def json_object(resp: httpx.Response) -> dict[str, Any]:
     """The response body when it is a JSON object, else {}."""
-    try:
-        data = resp.json()
-    except ValueError:
-        return {}
+    data = _parse(resp)
     return data if isinstance(data, dict) else {}
+
+
+def _parse(resp: httpx.Response) -> Any:
+    """The JSON body; None when there is none or it is not JSON."""
+    try:
+        return resp.json()
+    except ValueError:  # json.JSONDecodeError, and UnicodeDecodeError for a binary body
+        return None
 
 
 def has_activation(resp: httpx.Response) -> bool:
     """Whether the body is an activation record (a blocking invoke that finished)."""
     data = json_object(resp)
     return "activationId" in data and "response" in data
+
+
+def _not_the_api(resp: httpx.Response) -> bool:
+    """Whether the answer comes from something other than the controller, which answers JSON:
+    a redirect (a login portal), or a page that is not JSON with a status below 500. A proxy's
+    page for 408, 429 or 5xx is an outage or throttling in front of it, and retried as one."""
+    status = resp.status_code
+    if 300 <= status < 400:
+        return True
+    return status < 500 and status not in (408, 429) and bool(resp.content) and _parse(resp) is None
 
 
 def _is_unavailable(resp: httpx.Response) -> bool:

@@ -97,19 +97,21 @@ class OpenWhiskClient:
                 raise OpenWhiskNotFound(f"package {package} does not exist in namespace {self.config.namespace}", status=404)
             if resp.status_code != 200:
                 raise self._api.fail(resp, "list actions")
-            page = resp.json()
+            page = self._api.body(resp, "list actions", list)
             out.extend(page)
             if len(page) < page_size:
                 return out
 
-    def get_action(self, name: str) -> dict[str, Any]:
-        """The full action record (exec, limits, annotations, parameters)."""
-        resp = self._api.request("GET", self._entity_path("actions", name), what=f"get action {name}")
+    def get_action(self, name: str, *, deadline: float | None = None) -> dict[str, Any]:
+        """The full action record (exec, limits, annotations, parameters); retries end by
+        ``deadline`` (a ``clock()`` value), if given."""
+        what = f"get action {name}"
+        resp = self._api.request("GET", self._entity_path("actions", name), what=what, deadline=deadline)
         if resp.status_code == 404:
             raise OpenWhiskNotFound(self._missing_action(name), status=404)
         if resp.status_code != 200:
-            raise self._api.fail(resp, f"get action {name}")
-        return resp.json()
+            raise self._api.fail(resp, what)
+        return self._api.body(resp, what)
 
     def put_action(self, name: str, action: dict[str, Any], *, overwrite: bool = True) -> dict[str, Any]:
         """Create or replace an action from an ``ActionPut`` body; returns the stored record."""
@@ -129,7 +131,7 @@ class OpenWhiskClient:
             raise OpenWhiskNotFound(f"package {name} does not exist in namespace {self.config.namespace}", status=404)
         if resp.status_code != 200:
             raise self._api.fail(resp, f"get package {name}")
-        return resp.json()
+        return self._api.body(resp, f"get package {name}")
 
     def put_package(self, name: str, package: dict[str, Any], *, overwrite: bool = True) -> dict[str, Any]:
         return self._put("packages", name, package, overwrite)
@@ -144,14 +146,14 @@ class OpenWhiskClient:
             raise OpenWhiskNotFound(f"{what}: package {pkg} does not exist; create it first", status=404)
         if resp.status_code != 200:
             raise self._api.fail(resp, what)
-        return resp.json()
+        return self._api.body(resp, what)
 
-    def describe_action(self, name: str) -> dict[str, Any]:
+    def describe_action(self, name: str, *, deadline: float | None = None) -> dict[str, Any]:
         """``get_action``, cached per client (limits and annotations drive polling and accounting)."""
         with self._lock:
             cached = self._meta.get(name)
         if cached is None:
-            cached = self.get_action(name)
+            cached = self.get_action(name, deadline=deadline)
             with self._lock:
                 self._meta[name] = cached
         return cached
@@ -166,7 +168,7 @@ class OpenWhiskClient:
             return None
         if resp.status_code != 200:
             raise self._api.fail(resp, "get limits")
-        return json_object(resp)
+        return self._api.body(resp, "get limits")
 
     def _forget(self, name: str) -> None:
         with self._lock:
@@ -194,7 +196,7 @@ class OpenWhiskClient:
             raise OpenWhiskNotFound(f"activation {activation_id} is not (yet) recorded", status=404)
         if resp.status_code != 200:
             raise self._api.fail(resp, what)
-        return resp.json()
+        return self._api.body(resp, what)
 
     # ------------------------------------------------------------------ invoke
     def invoke(
@@ -233,7 +235,7 @@ class OpenWhiskClient:
             OpenWhiskError: the controller refused the request (auth, missing action, limits).
         """
         idem = self.retry.idempotent if idempotent is None else idempotent
-        deadline = None if timeout_s is None else self._clock() + timeout_s
+        deadline = self.deadline_after(timeout_s)
         num_lost = num_dev_retries = 0
         while True:
             record, activation_id = self._invoke_once(name, params, blocking, deadline, idem)
@@ -257,6 +259,14 @@ class OpenWhiskClient:
                 log.warning("invoke %s: %s; invoking again", name, failure.message)
                 continue
             raise failure
+
+    def deadline_after(self, timeout_s: float | None) -> float | None:
+        """The ``clock()`` value ``timeout_s`` from now; None for None (no deadline)."""
+        return None if timeout_s is None else self._clock() + timeout_s
+
+    def time_left(self, deadline: float | None) -> float | None:
+        """Seconds left before ``deadline`` (:meth:`deadline_after`), at least 0; None for None."""
+        return None if deadline is None else max(0.0, deadline - self._clock())
 
     def _invoke_once(
         self, name: str, params: dict[str, Any], blocking: bool, deadline: float | None, idem: bool
@@ -285,7 +295,7 @@ class OpenWhiskClient:
             timeout_s=wait_ms / 1000 + self.retry.request_timeout_s if blocking else None,
         )
         if resp.status_code in (200, 500, 502) and has_activation(resp):
-            record = resp.json()
+            record = json_object(resp)
             return record, record["activationId"]
         if resp.status_code == 202:
             activation_id = json_object(resp).get("activationId") or resp.headers.get("x-openwhisk-activation-id", "")
@@ -309,7 +319,7 @@ class OpenWhiskClient:
             ActionError: the deadline passed first (not transient: :func:`still_running`), or polls
                 failed until the controller's bound or the deadline (:func:`unanswered_polls`).
         """
-        lost_at = sent + self.retry.lost_after_s(self._time_limit_s(name))
+        lost_at = sent + self.retry.lost_after_s(self._time_limit_s(name, deadline))
         give_up = lost_at if deadline is None else min(lost_at, deadline)
         delay = self.retry.poll_initial_s
         path = self._activation_path(activation_id)
@@ -322,8 +332,9 @@ class OpenWhiskClient:
             self._api.count("polls")
             remaining = self._api.remaining(deadline)
             timeout = self.retry.request_timeout_s if remaining is None else max(0.05, min(self.retry.request_timeout_s, remaining))
-            try:
-                resp = self._api.request("GET", path, what=f"poll activation {activation_id}", timeout_s=timeout)
+            try:  # the deadline also ends the request's own retries (a poll answering 503, or hanging)
+                resp = self._api.request("GET", path, what=f"poll activation {activation_id}", timeout_s=timeout,
+                                         deadline=deadline)
                 if resp.status_code >= 500:  # any 5xx, those the request does not retry itself too
                     raise self._api.fail(resp, f"poll activation {activation_id}")
             except OpenWhiskError as exc:
@@ -333,13 +344,13 @@ class OpenWhiskClient:
                     raise
                 if self._clock() >= give_up:
                     raise unanswered_polls(name, activation_id, exc) from None
-                log.warning("poll activation %s: %s; polling on", activation_id, exc)
+                log.warning("%s; polling on", exc)  # exc names the poll and the activation
                 failed = exc
                 self._sleep(max(0.0, min(self.retry.poll_max_s, give_up - self._clock())))
                 continue
             failed = None
             if resp.status_code == 200:
-                return resp.json()
+                return self._api.body(resp, f"poll activation {activation_id}")
             if resp.status_code != 404:  # 404: not stored yet
                 raise self._api.fail(resp, f"poll activation {activation_id}")
             now = self._clock()
@@ -348,9 +359,9 @@ class OpenWhiskClient:
             self._sleep(max(0.0, min(delay, lost_at - now, (deadline or lost_at) - now)))
             delay = min(delay * 1.5, self.retry.poll_max_s)
 
-    def _time_limit_s(self, name: str) -> float:
+    def _time_limit_s(self, name: str, deadline: float | None) -> float:
         try:
-            limits = self.describe_action(name).get("limits") or {}
+            limits = self.describe_action(name, deadline=deadline).get("limits") or {}
         except OpenWhiskError:
             limits = {}
         return float(limits.get("timeout") or DEFAULT_TIME_LIMIT_MS) / 1000

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,8 @@ from actions.store.endpoints import has_userinfo, is_http_url
 API_PATH = "/api/v1"
 SECRET_BLOCK_ENV = "RLHFLESS_OPENWHISK_SECRET"
 """Names a Prefect Secret block holding the OpenWhisk connection (see ``OpenWhiskConfig.from_secret``)."""
+ENV_SETTINGS = {"api_host": "WSK_APIHOST", "auth": "WSK_AUTH", "ca_bundle": "WSK_CA_BUNDLE"}
+"""How messages name a setting that came from arguments or the environment."""
 
 
 def _truthy(value: str | None) -> bool:
@@ -34,30 +37,62 @@ class OpenWhiskConfig:
     """``_`` means the key's default namespace."""
     verify: bool | str = True
     """TLS verification: True, False (``WSK_INSECURE``), or a CA bundle path."""
+    origins: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    """Where ``api_host``, ``auth`` and ``ca_bundle`` were set, as messages name it (``WSK_AUTH``,
+    ``the auth key of Prefect Secret block 'NAME'``...); one not given is named by its
+    environment variable (``ENV_SETTINGS``). Messages tell the user what to fix there."""
 
     def __post_init__(self) -> None:
         host = (self.api_host or "").strip().rstrip("/")
         if not host:
-            raise ValueError("OpenWhisk API host is not set; set WSK_APIHOST (or __OW_API_HOST)")
-        if has_userinfo(host):
-            raise ValueError("OpenWhisk API host carries a user name or password (user:password@host); set "
-                             "WSK_APIHOST to https://host[:port] and the credentials in WSK_AUTH")
+            raise ValueError(f"OpenWhisk API host is not set; set {self.setting('api_host')} (or __OW_API_HOST)")
+        if has_userinfo(host):  # the value is not shown: it holds a password
+            raise ValueError(f"OpenWhisk API host carries a user name or password (user:password@host); set "
+                             f"{self.setting('api_host')} to https://host[:port] and the credentials in "
+                             f"{self.setting('auth')}")
         if "://" not in host:
             host = "https://" + host
         if host.endswith(API_PATH):
             host = host[: -len(API_PATH)]
         if not is_http_url(host):
-            raise ValueError(f"OpenWhisk API host {self.api_host!r} is not a URL; set WSK_APIHOST to https://host[:port]")
+            raise ValueError(f"OpenWhisk API host {self.api_host!r} is not a URL; set {self.setting('api_host')} "
+                             "to https://host[:port]")
         object.__setattr__(self, "api_host", host)
         uuid, _, key = (self.auth or "").partition(":")
         if not uuid or not key:
-            raise ValueError("OpenWhisk auth must look like 'uuid:key' (the AUTH of ~/.wskprops); check WSK_AUTH")
+            raise ValueError("OpenWhisk auth must look like 'uuid:key' (the AUTH of ~/.wskprops); "
+                             f"check {self.setting('auth')}")
         register_secret(self.auth)
         object.__setattr__(self, "namespace", (self.namespace or "_").strip("/") or "_")
 
     def __repr__(self) -> str:
         subject = self.auth.partition(":")[0][:4] + "****"
         return f"OpenWhiskConfig(api_host={self.api_host!r}, namespace={self.namespace!r}, subject={subject!r})"
+
+    def setting(self, key: str) -> str:
+        """Where ``key`` (``api_host``, ``auth`` or ``ca_bundle``) was set, as a message names it."""
+        return self.origins.get(key) or ENV_SETTINGS[key]
+
+    def tls_verify(self) -> bool | ssl.SSLContext:
+        """What the controller's certificate is verified with: ``verify``, or a context loaded
+        from the CA bundle it names.
+
+        Raises:
+            ValueError: the bundle is not a readable file of PEM certificates (naming the setting
+                and the path).
+        """
+        if not isinstance(self.verify, str):
+            return self.verify
+        where, path = self.setting("ca_bundle"), self.verify
+        if not Path(path).is_file():
+            raise ValueError(f"{where} names {path!r}, which is not a file; set it to the PEM file of the "
+                             "controller's CA certificate")
+        try:
+            return ssl.create_default_context(cafile=path)
+        except (OSError, ssl.SSLError) as exc:
+            reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or type(exc).__name__
+            raise ValueError(f"{where} names {path!r}, which holds no readable CA certificate ({reason}); set it "
+                             "to the PEM file of the controller's CA certificate") from None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OpenWhiskConfig:
@@ -66,19 +101,24 @@ class OpenWhiskConfig:
         ``WSK_CA_BUNDLE``; values missing there come from ``~/.wskprops`` (``WSK_CONFIG_FILE``)."""
         env = os.environ if env is None else env
         props = _read_wskprops(env)
-        host = env.get("WSK_APIHOST") or env.get("__OW_API_HOST") or props.get("APIHOST", "")
-        auth = env.get("WSK_AUTH") or env.get("__OW_API_KEY") or props.get("AUTH", "")
+        host_from = _first_set(env, "WSK_APIHOST", "__OW_API_HOST")
+        auth_from = _first_set(env, "WSK_AUTH", "__OW_API_KEY")
+        host = env.get(host_from, "") if host_from else props.get("APIHOST", "")
+        auth = env.get(auth_from, "") if auth_from else props.get("AUTH", "")
         if not host or not auth:
             missing = " and ".join(n for n, v in (("WSK_APIHOST", host), ("WSK_AUTH", auth)) if not v)
             raise ValueError(f"OpenWhisk connection not configured: set {missing} (or write ~/.wskprops)")
         namespace = env.get("__OW_NAMESPACE") or env.get("WSK_NAMESPACE") or props.get("NAMESPACE") or "_"
-        return cls(host, auth, namespace, _verify_from(env))
+        origins = {"api_host": host_from or f"APIHOST in {_wskprops_path(env)}",
+                   "auth": auth_from or f"AUTH in {_wskprops_path(env)}"}
+        return cls(host, auth, namespace, _verify_from(env), origins)
 
     @classmethod
     def from_secret(cls, block_name: str, env: Mapping[str, str] | None = None) -> OpenWhiskConfig:
         """Load a Prefect Secret block. Its value is either a JSON object with ``api_host``,
         ``auth`` and optional ``namespace``, ``insecure``, ``ca_bundle``, or the bare
-        ``uuid:key`` string (host and namespace then come from the environment)."""
+        ``uuid:key`` string (host and namespace then come from the environment). Errors name
+        the block and its key, never the value."""
         from prefect.blocks.system import Secret  # lazy: the client works without a Prefect server
 
         try:
@@ -86,17 +126,29 @@ class OpenWhiskConfig:
         except Exception as exc:  # Prefect raises ValueError, httpx or its own errors here
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ValueError(f"cannot load the Prefect Secret block {block_name!r}: {reason}") from None
-        if isinstance(value, str) and value.lstrip().startswith("{"):
-            value = json.loads(value)
+        block = f"Prefect Secret block {block_name!r}"
+        value = _parse_block(block, value)
         env = os.environ if env is None else env
         if isinstance(value, str):
-            return cls.from_env({**env, "WSK_AUTH": value.strip()})
-        if not isinstance(value, Mapping):
-            raise ValueError(f"Prefect Secret {block_name!r} must hold 'uuid:key' or an object with api_host and auth")
+            uuid, _, key = value.strip().partition(":")
+            if not uuid or not key:
+                raise ValueError(f"{block} holds a string that is not 'uuid:key' (the AUTH of ~/.wskprops); store "
+                                 "the key, or an object with api_host and auth")
+            base = cls.from_env({**env, "WSK_AUTH": value.strip()})
+            return cls(base.api_host, base.auth, base.namespace, base.verify, {**base.origins, "auth": block})
+        if not value.get("auth"):
+            raise ValueError(f"{block} has no auth key; add \"auth\": \"UUID:KEY\" (the AUTH of ~/.wskprops)")
         verify: bool | str = value.get("ca_bundle") or not _truthy(str(value.get("insecure", "")))
-        host = value.get("api_host") or value.get("apihost") or env.get("WSK_APIHOST") or env.get("__OW_API_HOST", "")
+        host_key = next((k for k in ("api_host", "apihost") if value.get(k)), None)
+        host = value[host_key] if host_key else env.get("WSK_APIHOST") or env.get("__OW_API_HOST", "")
+        if not host:
+            raise ValueError(f"{block} has no api_host key and WSK_APIHOST is not set; add "
+                             "\"api_host\": \"https://host[:port]\" to the block")
         namespace = value.get("namespace") or env.get("__OW_NAMESPACE") or "_"
-        return cls(host, str(value.get("auth", "")), str(namespace), verify)
+        origins = {key: f"the {key} key of {block}" for key in ("auth", "ca_bundle")}
+        if host_key:
+            origins["api_host"] = f"the {host_key} key of {block}"
+        return cls(str(host), str(value["auth"]), str(namespace), verify, origins)
 
     @classmethod
     def resolve(
@@ -115,7 +167,25 @@ class OpenWhiskConfig:
         if api_host and auth:
             return cls(api_host, auth, namespace or "_", _verify_from(env))
         base = cls.from_secret(block, env) if block else cls.from_env(env)
-        return cls(api_host or base.api_host, auth or base.auth, namespace or base.namespace, base.verify)
+        origins = {k: v for k, v in base.origins.items() if not (k == "api_host" and api_host or k == "auth" and auth)}
+        return cls(api_host or base.api_host, auth or base.auth, namespace or base.namespace, base.verify, origins)
+
+
+def _parse_block(block: str, value: object) -> str | Mapping[str, object]:
+    """A Secret block's value as the bare key string or a mapping (a JSON object string parsed).
+
+    Raises:
+        ValueError: naming the block and what is wrong, never the value (it holds the key).
+    """
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{block} is not valid JSON ({exc.msg}: line {exc.lineno} column {exc.colno}); "
+                             "store an object with api_host and auth, or the bare 'uuid:key'") from None
+    if not isinstance(value, (str, Mapping)):
+        raise ValueError(f"{block} must hold 'uuid:key' or an object with api_host and auth")
+    return value
 
 
 def credentials_configured(secret_block: str | None = None, env: Mapping[str, str] | None = None) -> bool:
@@ -134,8 +204,16 @@ def _verify_from(env: Mapping[str, str]) -> bool | str:
     return env.get("WSK_CA_BUNDLE") or True
 
 
+def _first_set(env: Mapping[str, str], *names: str) -> str | None:
+    return next((name for name in names if env.get(name)), None)
+
+
+def _wskprops_path(env: Mapping[str, str]) -> Path:
+    return Path(env.get("WSK_CONFIG_FILE") or Path(env.get("HOME", "~")).expanduser() / ".wskprops")
+
+
 def _read_wskprops(env: Mapping[str, str]) -> dict[str, str]:
-    path = Path(env.get("WSK_CONFIG_FILE") or Path(env.get("HOME", "~")).expanduser() / ".wskprops")
+    path = _wskprops_path(env)
     try:
         lines = path.read_text().splitlines()
     except OSError:

@@ -153,12 +153,13 @@ class OpenWhiskInvoker:
             payload = {**payload, **Control(action=action).to_payload()}
         name = self.qualified_name(host)
         timeout_s = timeout_s or self.timeout_s
+        deadline = self.client.deadline_after(timeout_s)  # reading the action's limits counts against it too
         failed: list[dict[str, Any]] = []  # the records of failed activations: billed
         meta: Mapping[str, Any] = {}
         try:
-            meta = self.client.describe_action(name)
+            meta = self.client.describe_action(name, deadline=deadline)
             self._check_timeout(name, meta, timeout_s)
-            record = self.client.invoke(name, payload, timeout_s=timeout_s, failed=failed)
+            record = self.client.invoke(name, payload, timeout_s=self.client.time_left(deadline), failed=failed)
         except OpenWhiskError as exc:
             raise ActionError(action, str(exc), transient=exc.transient,
                               failed_attempts=failed_activations(action, failed, meta)) from exc
