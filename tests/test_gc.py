@@ -5,6 +5,7 @@ stays bounded and whose weights do not depend on collection."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -252,6 +253,8 @@ def test_a_collection_cut_short_is_finished_by_the_next(tmp_path) -> None:
     # the report counts what this collection removed, not the blobs the first one had deleted
     gone = set(before) - set(store.list(BLOB_PREFIX))
     assert report.deleted_blobs == len(gone) == 2 and report.freed_bytes == sum(before[k][1] for k in gone)
+    assert [d for d, dirs, files in os.walk(tmp_path / "s") if not dirs and not files] == [], \
+        "a collection leaves no empty directory behind"
 
 
 # ----------------------------------------------------------------------------- leftovers
