@@ -5,6 +5,7 @@ stays bounded and whose weights do not depend on collection."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -90,15 +91,21 @@ def _fake_run(store: ObjectStore, run: str, steps: int, *, shared: bytes) -> Cam
     state = CampaignState(run_id=run, fingerprint="f", identity={}, policy_key=ref, reference_key=ref,
                           prepared={**inputs, "model": {}})
     commit_state(store, state)
-    for c in range(1, steps + 1):
-        d = f"runs/{run}/steps/{c - 1:06d}"
-        _publish(store, f"{d}/train/policy/manifest.json", {"w": f"{run}-policy-{c}".encode(), "s": shared})
-        _publish(store, f"{d}/train/optimizer/manifest.json", {"m": f"{run}-adam-{c}".encode()})
-        store.put(f"{d}/rollouts/gen-0.json", b"[]")
-        state = state.model_copy(update={"step": c, "policy_version": c,
-                                         "policy_key": f"{d}/train/policy/manifest.json",
-                                         "optimizer_key": f"{d}/train/optimizer/manifest.json"})
-        commit_state(store, state)
+    for _ in range(steps):
+        state = _commit_next(store, state, shared=shared)
+    return state
+
+
+def _commit_next(store: ObjectStore, state: CampaignState, *, shared: bytes) -> CampaignState:
+    """Publish and commit the step after ``state``'s (as a training step would)."""
+    run, c = state.run_id, state.step + 1
+    d = f"runs/{run}/steps/{c - 1:06d}"
+    _publish(store, f"{d}/train/policy/manifest.json", {"w": f"{run}-policy-{c}".encode(), "s": shared})
+    _publish(store, f"{d}/train/optimizer/manifest.json", {"m": f"{run}-adam-{c}".encode()})
+    store.put(f"{d}/rollouts/gen-0.json", b"[]")
+    state = state.model_copy(update={"step": c, "policy_version": c, "policy_key": f"{d}/train/policy/manifest.json",
+                                     "optimizer_key": f"{d}/train/optimizer/manifest.json"})
+    commit_state(store, state)
     return state
 
 
@@ -146,6 +153,72 @@ def test_committed_checkpoints_outlive_a_collection_with_other_settings(backend_
     assert state.checkpoints == [2, 4]
 
 
+def test_versions_gc_keeps_by_checkpoint_every_outlive_later_collections(tmp_path, capsys) -> None:
+    """``rlhfless gc --checkpoint-every 4`` keeps v4 for good: the collection after the next
+    training commit (default settings: keep_last 2, no checkpoints) keeps it too."""
+    from flows.commands.cli import main
+
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    latest = _fake_run(store, "r", 6, shared=b"s")
+    assert main(["gc", "--store", str(root), "--keep-last", "2", "--checkpoint-every", "4", "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["versions_kept"] == [0, 4, 5, 6]
+    assert not store.exists("runs/r/pins.json")  # a dry run writes nothing
+    assert main(["gc", "--store", str(root), "--keep-last", "2", "--checkpoint-every", "4"]) == 0
+    assert json.loads(capsys.readouterr().out)["versions_kept"] == [0, 4, 5, 6]
+    latest = _commit_next(store, latest, shared=b"s")  # a resume with the default store settings
+    report = collect_garbage(store, latest, Retention(keep_last=2))
+    assert report.versions_kept == [0, 4, 6, 7]
+    assert store.list("runs/r/steps/000003/") == ["runs/r/steps/000003/train/optimizer/manifest.json",
+                                                  "runs/r/steps/000003/train/policy/manifest.json"]
+    assert _blob_exists(store, b"r-policy-4") and _blob_exists(store, b"r-adam-4")
+    assert not _blob_exists(store, b"r-policy-5")
+    # a later gc pinning more merges them; one with no checkpoints of its own keeps them all
+    assert main(["gc", "--store", str(root), "--keep-last", "2", "--checkpoint-every", "3"]) == 0
+    assert json.loads(capsys.readouterr().out)["versions_kept"] == [0, 3, 4, 6, 7]  # v3 was gone: not pinned
+    assert json.loads(store.get("runs/r/pins.json"))["versions"] == [4, 6]
+    assert main(["gc", "--store", str(root), "--keep-last", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["versions_kept"] == [0, 4, 6, 7]
+
+
+def test_pins_on_both_backends_and_a_damaged_pins_object_stops_the_collection(backend_store) -> None:
+    from actions.store import IntegrityError
+
+    store = backend_store
+    latest = _fake_run(store, "r", 5, shared=b"s")
+    assert collect_garbage(store, latest, Retention(1, 2), pin=True).versions_kept == [0, 2, 4, 5]
+    latest = _commit_next(store, latest, shared=b"s")
+    assert collect_garbage(store, latest, Retention(1)).versions_kept == [0, 2, 4, 5, 6]
+    assert _blob_exists(store, b"r-policy-2") and _blob_exists(store, b"r-adam-4")
+    store.put("runs/r/pins.json", b'{"versions": "4"}')
+    before = store.list("")
+    with pytest.raises(IntegrityError, match=r"runs/r/pins\.json is not a rlhfless\.pins/v1 record.*restore it"):
+        collect_garbage(store, _commit_next(store, latest, shared=b"s"), Retention(1))
+    assert set(before) <= set(store.list(""))
+
+
+def test_gc_says_which_retention_it_applies(tmp_path, capsys) -> None:
+    """The store does not record a run's store settings: without flags or --config, gc applies
+    the default configuration's, and says so."""
+    from flows.commands.cli import main
+
+    root = tmp_path / "store"
+    _fake_run(LocalStore(root), "r", 3, shared=b"s")
+    assert main(["gc", "--store", str(root), "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert "gc: would apply keep_last 2 (store.keep_last of the default configuration), checkpoint_every 0 " \
+           "(store.checkpoint_every of the default configuration)" in err
+    assert json.loads(out)["retention"] == {
+        "keep_last": 2, "keep_last_from": "store.keep_last of the default configuration", "checkpoint_every": 0,
+        "checkpoint_every_from": "store.checkpoint_every of the default configuration"}
+    (tmp_path / "c.yaml").write_text("store:\n  checkpoint_every: 2\n")
+    assert main(["gc", "--store", str(root), "--keep-last", "1", "--config", str(tmp_path / "c.yaml")]) == 0
+    out, err = capsys.readouterr()
+    config = tmp_path / "c.yaml"
+    assert f"applied keep_last 1 (--keep-last), checkpoint_every 2 (store.checkpoint_every of --config {config})" in err
+    assert json.loads(out)["versions_kept"] == [0, 2, 3]
+
+
 class _CrashAfter:
     """A store whose delete() raises after ``n`` blob deletions (a process dying mid-collection)."""
 
@@ -170,10 +243,18 @@ def test_a_collection_cut_short_is_finished_by_the_next(tmp_path) -> None:
         collect_garbage(_CrashAfter(store, 2), latest, Retention(keep_last=1))
     # the garbage manifests are still there, so the next collection finds their blobs again
     assert store.exists("runs/r/steps/000000/train/policy/manifest.json")
-    collect_garbage(store, latest, Retention(keep_last=1))
+    before = store.list_stats(BLOB_PREFIX + "/")
+    # versions 1 and 2 list 4 blobs of their own, 2 of which the first collection deleted
+    assert collect_garbage(store, latest, Retention(keep_last=1), dry_run=True).deleted_blobs == 2
+    report = collect_garbage(store, latest, Retention(keep_last=1))
     live = [k for k in store.list("runs/") if k.endswith("manifest.json")]
     referenced = {blob_key(e["sha256"]) for k in live for e in read_manifest(store, k)["files"].values()}
     assert set(store.list(BLOB_PREFIX)) == referenced  # nothing missing, nothing orphaned
+    # the report counts what this collection removed, not the blobs the first one had deleted
+    gone = set(before) - set(store.list(BLOB_PREFIX))
+    assert report.deleted_blobs == len(gone) == 2 and report.freed_bytes == sum(before[k][1] for k in gone)
+    assert [d for d, dirs, files in os.walk(tmp_path / "s") if not dirs and not files] == [], \
+        "a collection leaves no empty directory behind"
 
 
 # ----------------------------------------------------------------------------- leftovers

@@ -269,6 +269,33 @@ def test_local_put_leaves_no_temp_files(tmp_path) -> None:
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["b", "c"]
 
 
+def test_a_local_delete_removes_the_directories_it_empties_and_a_racing_write_makes_them_again(tmp_path) -> None:
+    """A delete leaves no empty directory behind, up to the root; a writer whose directory such a
+    delete removes between making it and creating its temporary file there makes it again."""
+    from contextlib import contextmanager
+
+    class Racing(LocalStore):
+        races = 2  # the put's directory, then the put_if_absent's
+
+        @contextmanager
+        def _dir(self, key, *, create=False):
+            with super()._dir(key, create=create) as found:
+                if create and Racing.races:
+                    Racing.races -= 1
+                    os.rmdir(self.root / key.rsplit("/", 1)[0])  # a delete of its last object, just now
+                yield found
+
+    store = Racing(tmp_path / "s")
+    store.put("a/b/c", b"1")
+    assert store.put_if_absent("a/d/e", b"2") and Racing.races == 0
+    assert (store.get("a/b/c"), store.get("a/d/e")) == (b"1", b"2")
+    store.delete("a/b/c")
+    assert sorted(p.name for p in (tmp_path / "s" / "a").iterdir()) == ["d"]
+    store.delete("a/d/e")
+    store.delete("a/d/e")  # missing: nothing to do
+    assert (tmp_path / "s").is_dir() and list((tmp_path / "s").iterdir()) == []
+
+
 def test_a_key_that_is_a_prefix_of_other_keys_reads_as_missing(backend_store: ObjectStore) -> None:
     """``d/x`` holds no object when only ``d/x/y`` was written (on S3 it is a prefix, locally a
     directory): reading finds nothing, deleting is a no-op, compare-and-swap is False."""

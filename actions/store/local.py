@@ -18,7 +18,8 @@ access the system refuses (permissions, a read-only filesystem) is a
 
 Keys are paths, so unlike S3 a key cannot also be the prefix of other keys (``a/b`` and
 ``a/b/c``): writing one where the other exists raises a StoreError naming both. Reading or
-deleting a key that is a directory here finds no object, as on S3.
+deleting a key that is a directory here finds no object, as on S3. A delete removes the
+directories it leaves empty, up to the root, so a store holds no directory that lists nothing.
 
 A write killed part-way (SIGKILL, a power loss) leaves its temporary file (``.tmp-`` and 16 hex
 digits, beside the key); nothing lists it, and garbage collection removes it once it is old
@@ -46,6 +47,9 @@ from actions.store.protocol import BlobData, ObjectNotFound, StoreAccessDenied, 
 from actions.store.safe_paths import UnsafeName, open_component, parent_dir, shown
 
 DEFAULT_MAX_CONCURRENCY = 8
+
+#: Tries of a write whose directory a concurrent delete removes (:meth:`LocalStore._write_beside`).
+_DIRECTORY_ATTEMPTS = 5
 
 #: Errors that say this user may not use the store's files: a :class:`StoreAccessDenied`.
 _DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -171,25 +175,45 @@ class LocalStore:
             raise self._conflict(key) from None
 
     def _write_beside(self, key: str, data: BlobData, publish: Callable[[str, int, str], bool]) -> bool:
-        with self._dir(key, create=True) as (dir_fd, last):
-            tmp = _temporary_name()
-            fd = open_component(tmp, dir_fd, os.O_WRONLY | os.O_CREAT | os.O_EXCL, name=key, where=f"store {self.uri}")
+        # A delete removes the directories it empties (:meth:`delete`): one may go between this
+        # writer's making or opening it and creating its temporary file in it (ENOENT), so that
+        # part is tried again; once the temporary file is in it, it is not empty and stays.
+        attempts = _DIRECTORY_ATTEMPTS
+        while True:
+            created = False
             try:
-                with os.fdopen(fd, "wb") as fh:
-                    for part in as_parts(data):
-                        fh.write(part)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                published = publish(tmp, dir_fd, last)
-                # The rename or link is durable only once the directory is: without this a
-                # crash could lose a commit record whose file was already on disk.
-                os.fsync(dir_fd)
-                return published
-            finally:
-                try:
-                    os.unlink(tmp, dir_fd=dir_fd)
-                except FileNotFoundError:
-                    pass  # renamed into place
+                with self._dir(key, create=True) as (dir_fd, last):
+                    tmp = _temporary_name()
+                    fd = open_component(tmp, dir_fd, os.O_WRONLY | os.O_CREAT | os.O_EXCL, name=key,
+                                        where=f"store {self.uri}")
+                    created = True
+                    return self._fill_and_publish(fd, tmp, dir_fd, last, data, publish)
+            except FileNotFoundError:
+                attempts -= 1
+                if created or not attempts:
+                    raise
+
+    @staticmethod
+    def _fill_and_publish(fd: int, tmp: str, dir_fd: int, last: str, data: BlobData,
+                          publish: Callable[[str, int, str], bool]) -> bool:
+        """Write ``data`` to the temporary file ``tmp`` (open as ``fd``), then ``publish`` it;
+        the temporary file never outlives the call."""
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                for part in as_parts(data):
+                    fh.write(part)
+                fh.flush()
+                os.fsync(fh.fileno())
+            published = publish(tmp, dir_fd, last)
+            # The rename or link is durable only once the directory is: without this a
+            # crash could lose a commit record whose file was already on disk.
+            os.fsync(dir_fd)
+            return published
+        finally:
+            try:
+                os.unlink(tmp, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass  # renamed into place
 
     def put(self, key: str, data: bytes) -> None:
         # Temp file then rename: rename is atomic on POSIX, so a crash leaves either the old
@@ -292,11 +316,22 @@ class LocalStore:
         return stat.S_ISREG(st.st_mode)
 
     def delete(self, key: str) -> None:
+        """Remove ``key`` if present, then the directories above it that this leaves empty, up
+        to the root (S3 has no directories to leave behind). A directory another writer has put
+        its temporary file in is not empty and stays; a writer whose directory goes before that
+        makes it again (:meth:`_write_beside`)."""
         try:
             with self._dir(key) as (dir_fd, last):
                 os.unlink(last, dir_fd=dir_fd)  # removes a symlink itself, never its target
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            pass  # missing, or a directory of other keys: no object here, as on S3
+            return  # missing, or a directory of other keys: no object here, as on S3
+        parts = key.split("/")
+        for depth in range(len(parts) - 1, 0, -1):
+            try:
+                with self._dir("/".join(parts[:depth])) as (dir_fd, last):
+                    os.rmdir(last, dir_fd=dir_fd)  # only an empty directory; a symlink is not one
+            except (OSError, StoreError, UnsafeName):  # not empty, gone, or a link: the rest stays
+                return
 
     def list(self, prefix: str) -> list[str]:
         return sorted(rel for rel, _ in self._walk(prefix))

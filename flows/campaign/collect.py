@@ -3,18 +3,21 @@
 
 After a commit, and on demand (``rlhfless gc``), under the run's lease:
 
-1. list the store's ``runs/`` keys and read the commits the retention policy keeps;
+1. list the store's ``runs/`` keys and read the commits the retention policy keeps (with the
+   run's committed checkpoints and the versions ``rlhfless gc`` pinned, ``pins.py``);
 2. plan which of the run's objects are garbage;
 3. read every manifest: the garbage ones give the candidate blobs, every other manifest in the
-   store (this run's kept ones and all of other runs') marks the blobs still referenced;
-4. delete the candidates nothing marks, then the garbage manifests, then the other garbage;
-5. remove the temporary files of killed writes older than an hour (local store);
-6. ``rlhfless gc`` only (``orphan_grace_s``): delete the orphan blobs, those no manifest in the
+   store (this run's kept ones and all of other runs') marks the blobs still referenced; one
+   listing of the blobs leaves out the candidates the store no longer holds;
+4. ``rlhfless gc`` only: record the checkpoints its ``checkpoint_every`` keeps as pinned;
+5. delete the candidates nothing marks, then the garbage manifests, then the other garbage;
+6. remove the temporary files of killed writes older than an hour (local store);
+7. ``rlhfless gc`` only (``orphan_grace_s``): delete the orphan blobs, those no manifest in the
    store lists, last modified more than a day ago (a publish that died before its manifest),
    and the run's orphan draft objects, those its committed ``draft_index`` does not point to,
    as old (a crash between a commit and the deletion of the drafts it stopped pointing to).
 
-Step 5 and the orphan blobs are store-wide, not this run's: their rules and grace periods, and the
+Step 6 and the orphan blobs are store-wide, not this run's: their rules and grace periods, and the
 assumptions that keep a writer in flight safe, are in ``flows/planning/leftovers.py``. The orphan
 sweep runs on demand rather than after every commit: it lists every blob of the store and reads
 every manifest, each time, to find what only a crash leaves; and although its grace period
@@ -22,7 +25,7 @@ protects a publish in flight, the one case it cannot on S3 (an old orphan whose 
 run re-publishes at that moment) is best kept to a moment an operator picks.
 
 Blobs go before the manifests that list them, so a crash part-way leaves garbage manifests that
-the next collection reads again (a delete of a missing blob is a no-op), never an unlisted
+the next collection reads again (the blobs already deleted left out), never an unlisted
 blob that nobody would find. Nothing the newest commit or a resume from it needs is ever a
 candidate. Blobs are shared by content across the whole store; a blob is kept while any manifest
 of any run lists it. Not covered: another run of the same store publishing, at that very moment,
@@ -57,6 +60,7 @@ from actions.store import (
     transfer_threads,
 )
 from flows.campaign.drafts import drafts_key
+from flows.campaign.pins import read_pins, record_pins
 from flows.campaign.state import CampaignState, load_state_at
 from flows.planning.leftovers import TEMP_GRACE_S, plan_orphans
 from flows.planning.retention import GcPlan, Retention, VersionKeys, needed_commits, plan_collection
@@ -67,8 +71,9 @@ _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 @dataclass(frozen=True)
 class GcReport:
-    """What one collection did. ``freed_bytes`` counts the deleted blobs' sizes (from the
-    manifests); ``seconds`` is wall time; ``deleted_temporaries`` / ``temporary_bytes`` the
+    """What one collection did. ``deleted_blobs`` / ``freed_bytes`` count the blobs this
+    collection deleted and their sizes as the store lists them (not those a collection cut short
+    deleted before it); ``seconds`` is wall time; ``deleted_temporaries`` / ``temporary_bytes`` the
     killed writes' temporary files removed, ``orphan_blobs`` / ``orphan_bytes`` the orphan
     blobs deleted and ``orphan_drafts`` / ``orphan_draft_bytes`` the run's orphan draft objects
     (both ``rlhfless gc`` only). With ``dry_run``, what would be."""
@@ -103,6 +108,13 @@ def version_keys(state: CampaignState) -> VersionKeys:
 
 def plan_for(store: ObjectStore, latest: CampaignState, retention: Retention) -> tuple[GcPlan, list[str]]:
     """The plan for the run of ``latest`` and the listing of ``runs/`` it was made from."""
+    plan, listing, _ = _plan(store, latest, retention)
+    return plan, listing
+
+
+def _plan(store: ObjectStore, latest: CampaignState,
+          retention: Retention) -> tuple[GcPlan, list[str], dict[int, VersionKeys]]:
+    """:func:`plan_for`, and the keys of the commits it read (those of ``needed_commits`` that exist)."""
     versions = {latest.step: version_keys(latest)}
     for step in needed_commits(latest.step, retention):
         if step not in versions:
@@ -111,7 +123,7 @@ def plan_for(store: ObjectStore, latest: CampaignState, retention: Retention) ->
                 versions[step] = version_keys(state)
     listing = store.list("runs/")
     plan = plan_collection(f"runs/{latest.run_id}", latest.step, versions, listing, retention)
-    return plan, listing
+    return plan, listing, versions
 
 
 def _file_table(store: ObjectStore, key: str, *, garbage: bool) -> dict[str, int]:
@@ -132,7 +144,7 @@ def _file_table(store: ObjectStore, key: str, *, garbage: bool) -> dict[str, int
 
 def collect_garbage(store: ObjectStore, latest: CampaignState, retention: Retention, *,
                     lease: Any = None, dry_run: bool = False, orphan_grace_s: float | None = None,
-                    temporaries: bool = True) -> GcReport:
+                    temporaries: bool = True, pin: bool = False) -> GcReport:
     """Delete what ``retention`` does not keep of ``latest``'s run, then the store's stale
     temporary files (see the module docstring).
 
@@ -140,22 +152,31 @@ def collect_garbage(store: ObjectStore, latest: CampaignState, retention: Retent
         store: the run's store.
         latest: the run's newest committed state.
         retention: the policy; ``keep_last=None`` deletes none of the run's versions. The run's
-            committed checkpoints (``latest.checkpoints``) are kept whatever it says.
-        lease: the run's :class:`flows.campaign.lease.RunLease`; checked before anything is deleted.
-        dry_run: plan and count only.
+            committed checkpoints (``latest.checkpoints``) and the versions ``rlhfless gc``
+            pinned (``flows/campaign/pins.py``) are kept whatever it says.
+        lease: the run's :class:`flows.campaign.lease.RunLease`; checked before anything is written.
+        dry_run: plan and count only; nothing is written.
         orphan_grace_s: also delete the orphan blobs, and the run's orphan draft objects
             (:func:`sweep_orphan_drafts`), last modified more than this many seconds ago
             (``flows/planning/leftovers.py``: it must be long against a publish); None: none.
         temporaries: also remove the store's stale temporary files (a walk of the whole store).
+        pin: before deleting, record the checkpoints ``retention.checkpoint_every`` names, among
+            the versions whose weights the store holds, as pinned for good (``rlhfless gc``, under
+            the lease), so that later collections with other settings keep them too.
     """
     t0 = time.time()
-    retention = replace(retention, pinned=retention.pinned | frozenset(latest.checkpoints))
-    plan, listing = plan_for(store, latest, retention)
+    every = replace(retention, pinned=frozenset()).checkpoints(latest.step) if pin else []
+    pinned = frozenset(latest.checkpoints) | read_pins(store, latest.run_id)
+    retention = replace(retention, pinned=retention.pinned | pinned)
+    plan, listing, versions = _plan(store, latest, retention)
     garbage = set(plan.delete)
     blobs, freed = _garbage_blobs(store, listing, garbage) if garbage else ([], 0)
     if not dry_run:
         if lease is not None:
             lease.check()
+        if every:  # before anything is deleted: a collection cut short has pinned them already
+            held = set(listing)
+            record_pins(store, latest.run_id, [v for v in every if v in versions and held >= set(versions[v].weights)])
         _delete_all(store, [blob_key(d) for d in blobs], count_for_fault=True)
         _delete_all(store, list(plan.delete_manifests))
         _delete_all(store, [k for k in plan.delete if not k.endswith("manifest.json")])
@@ -169,9 +190,32 @@ def collect_garbage(store: ObjectStore, latest: CampaignState, retention: Retent
                     *swept, *orphans, *drafts)
 
 
+def gc_retention(keep_last: int | None, checkpoint_every: int | None, store_settings: Any,
+                 config: str | None) -> tuple[Retention, dict[str, Any]]:
+    """``rlhfless gc``'s policy: each of ``keep_last`` / ``checkpoint_every`` from its flag where
+    given, else from ``store_settings`` (the ``store`` section of ``config``, the file ``--config``
+    names, or of the default configuration when None: the store does not record the settings a
+    run was trained with). Returns it and what it applies and whence, for the report.
+
+    Raises:
+        ValueError: the ``keep_last`` it would apply is None (a collection that keeps everything).
+    """
+    settings = f"--config {config}" if config else "the default configuration"
+    applied: dict[str, Any] = {}
+    for name, flag, value in (("keep_last", "--keep-last", keep_last),
+                              ("checkpoint_every", "--checkpoint-every", checkpoint_every)):
+        applied[name] = value if value is not None else getattr(store_settings, name)
+        applied[f"{name}_from"] = flag if value is not None else f"store.{name} of {settings}"
+    if applied["keep_last"] is None:
+        raise ValueError(f"gc: store.keep_last is null in {settings} (every version is kept); pass --keep-last N")
+    return Retention(applied["keep_last"], applied["checkpoint_every"]), applied
+
+
 def _garbage_blobs(store: ObjectStore, listing: list[str], garbage: set[str]) -> tuple[list[str], int]:
-    """(the digests of the blobs that garbage manifests list and no other manifest of the
-    store does, sorted; their bytes)."""
+    """(the digests of the blobs that garbage manifests list, no other manifest of the store
+    does, and the store holds, sorted; their bytes). A blob a collection cut short already
+    deleted is listed by its garbage manifest still: left out, so a report counts what its own
+    collection deletes."""
     manifests = [k for k in listing if k.endswith("manifest.json")]
     threads = transfer_threads(store, len(manifests))
     tables = map_bounded(lambda k: _file_table(store, k, garbage=k in garbage), manifests, threads)
@@ -182,8 +226,20 @@ def _garbage_blobs(store: ObjectStore, listing: list[str], garbage: set[str]) ->
             candidates.update(table)
         else:
             marked.update(table)
-    blobs = sorted(set(candidates) - marked)
-    return blobs, sum(candidates[d] for d in blobs)
+    unmarked = set(candidates) - marked
+    held = _held_blobs(store) if unmarked else {}
+    blobs = sorted(unmarked & set(held))
+    return blobs, sum(held[d] if held[d] is not None else candidates[d] for d in blobs)
+
+
+def _held_blobs(store: ObjectStore) -> dict[str, int | None]:
+    """digest -> size of the blobs the store holds (one listing; None: a backend without
+    ``list_stats`` tells no sizes, and the manifests' are taken)."""
+    list_stats = getattr(store, "list_stats", None)
+    prefix = BLOB_PREFIX + "/"
+    listed: dict[str, int | None] = ({k: size for k, (_, size) in list_stats(prefix).items()}
+                                     if list_stats is not None else dict.fromkeys(store.list(prefix)))
+    return {d: size for k, size in listed.items() if blob_key(d := k.rsplit("/", 1)[-1]) == k}
 
 
 def sweep_orphans(store: ObjectStore, now: float, grace_s: float, *, dry_run: bool = False) -> tuple[int, int]:

@@ -65,8 +65,12 @@ def _add_gc(sub: Any) -> None:
     p.add_argument("run", nargs="?", help="run id (default: the only run in the store)")
     p.add_argument("--store", default=None, help="store URI (default: store.uri of the default config)")
     p.add_argument("--config", help="YAML configuration whose store settings to use")
-    p.add_argument("--keep-last", type=int, help="versions to keep (default: store.keep_last)")
-    p.add_argument("--checkpoint-every", type=int, help="keep every Nth version for good (default: store.checkpoint_every)")
+    p.add_argument("--keep-last", type=int,
+                   help="versions to keep (default: store.keep_last of --config, else of the default configuration: "
+                        "the store does not record the run's own)")
+    p.add_argument("--checkpoint-every", type=int,
+                   help="keep every Nth version so far for good: later collections, training's included, keep "
+                        "them too (default: store.checkpoint_every)")
     p.add_argument("--orphan-grace-hours", type=float, default=24.0, metavar="H",
                    help="also delete blobs no manifest lists (a publish that died) last written more than H hours ago "
                         "(default 24; shorten only while nothing writes the store)")
@@ -359,31 +363,32 @@ def _status(args: argparse.Namespace) -> int:
 
 def _gc(args: argparse.Namespace) -> int:
     """Collect a run's garbage under its lease, and the store's leftovers (killed writes'
-    temporary files, orphan blobs); prints the report as JSON."""
+    temporary files, orphan blobs); the checkpoints its retention keeps are pinned for good
+    (``flows/campaign/pins.py``). Prints the retention it applied (a line on stderr) and the report as JSON."""
     for flag, value, least in (("--keep-last", args.keep_last, 1), ("--checkpoint-every", args.checkpoint_every, 0),
                                ("--orphan-grace-hours", args.orphan_grace_hours, 0)):
         if value is not None and not value >= least:  # NaN too
             raise UsageError(f"gc {flag} {value}: use {least} or more")
     cfg, store, state = _open_run(args, "gc")
-    from flows.campaign.collect import collect_garbage
+    from flows.campaign.collect import collect_garbage, gc_retention
     from flows.campaign.lease import RunLease, check_not_held
     from flows.campaign.state import load_state
-    from flows.planning.retention import Retention
 
-    keep = args.keep_last if args.keep_last is not None else cfg.store.keep_last
-    if keep is None:
-        raise UsageError("gc: store.keep_last is null (every version is kept); pass --keep-last N")
-    every = args.checkpoint_every if args.checkpoint_every is not None else cfg.store.checkpoint_every
-    retention, orphan_grace_s = Retention(keep, every), args.orphan_grace_hours * 3600
+    retention, applied = gc_retention(args.keep_last, args.checkpoint_every, cfg.store, args.config)
+    orphan_grace_s = args.orphan_grace_hours * 3600
     if args.dry_run:
-        report = collect_garbage(store, state, retention, dry_run=True, orphan_grace_s=orphan_grace_s)
+        report = collect_garbage(store, state, retention, dry_run=True, orphan_grace_s=orphan_grace_s, pin=True)
     else:
         check_not_held(store, state.run_id, break_lease=args.break_lease)
         with RunLease.acquire(store, state.run_id, ttl_s=cfg.store.lease_ttl_s, break_lease=args.break_lease,
                               progress=lambda m: print(m, file=sys.stderr)) as lease:
             state = load_state(store, state.run_id) or state  # the newest commit, now that no one writes
-            report = collect_garbage(store, state, retention, lease=lease, orphan_grace_s=orphan_grace_s)
-    print(json.dumps({**report.to_dict(), "dry_run": args.dry_run}, sort_keys=True))
+            report = collect_garbage(store, state, retention, lease=lease, orphan_grace_s=orphan_grace_s, pin=True)
+    # after the collection: a refusal stays one line
+    print(f"gc: {'would apply' if args.dry_run else 'applied'} keep_last {applied['keep_last']} "
+          f"({applied['keep_last_from']}), checkpoint_every {applied['checkpoint_every']} "
+          f"({applied['checkpoint_every_from']})", file=sys.stderr)
+    print(json.dumps({**report.to_dict(), "dry_run": args.dry_run, "retention": applied}, sort_keys=True))
     return 0
 
 

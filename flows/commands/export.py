@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     except ObjectNotFound:
         raise ValueError(f"export: the policy of run {state.run_id!r} at step {state.step} was deleted by garbage "
                          "collection (store.keep_last); export a later step, or keep versions with "
-                         "store.checkpoint_every") from None
+                         "store.checkpoint_every (or `rlhfless gc --checkpoint-every N`)") from None
     report = describe(folder, run_id=state.run_id, step=state.step, policy_version=state.policy_version,
                       weights_sha256=state.weights_sha256)
     if args.push_to_hub:

@@ -16,8 +16,8 @@ the set-up artifacts every commit shares. After commit ``S``, with ``keep_last =
   the newest commit record (a local disk that had not flushed it, a restore from a backup
   taken between two commits) leaves a run that resumes from ``S-1``;
 * checkpoints (``c % E == 0``, and every version committed as a checkpoint under an earlier
-  setting: a later ``rlhfless gc`` or resume with other settings never drops them) keep weights
-  and optimizer state, not their rollouts;
+  setting or pinned by an earlier ``rlhfless gc``: a later ``rlhfless gc`` or resume with other
+  settings never drops them) keep weights and optimizer state, not their rollouts;
 * step directories ``d >= S`` belong to the step in flight (or a crashed attempt at it) and
   are never touched; nothing outside ``steps/`` is ever deleted;
 * every other object under ``steps/`` is garbage.
@@ -40,7 +40,7 @@ class Retention:
     """``keep_last``: versions kept (None: all, no collection); ``checkpoint_every``: every
     version that is a multiple of it is kept for good (0: none); ``pinned``: versions kept for
     good whatever ``checkpoint_every`` says now (the run's checkpoints, as committed:
-    ``CampaignState.checkpoints``)."""
+    ``CampaignState.checkpoints``, and as ``rlhfless gc`` pinned them: ``flows/campaign/pins.py``)."""
 
     keep_last: int | None
     checkpoint_every: int = 0
