@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import threading
+import time
 
 import pytest
 
@@ -381,6 +382,31 @@ def test_an_access_the_system_refuses_is_one_store_access_denied_line(tmp_path, 
         store.put("runs/r/b.json", b"2")
     monkeypatch.undo()
     assert store.list("runs/") == ["runs/r/a.json"]
+
+
+def test_the_sweep_for_temporaries_skips_a_foreign_directory_it_may_not_read(tmp_path, monkeypatch) -> None:
+    """A store root at a volume's mount point holds the volume's ``lost+found``, which its user
+    may not read: the best-effort sweep of killed writes' temporary files passes it by (else
+    every collection, and so every resume, would stop on it), while a listing of keys under an
+    unreadable directory still raises."""
+    store = LocalStore(tmp_path / "store")
+    store.put("runs/r/a.json", b"1")
+    stale = store.root / "runs" / "r" / ".tmp-0123456789abcdef"
+    stale.write_bytes(b"half")
+    os.utime(stale, (1, 1))
+    foreign = store.root / "lost+found"
+    foreign.mkdir()
+    real_scandir = os.scandir
+
+    def scandir(path="."):  # what the system answers a user who may not read lost+found
+        if str(path).startswith(str(foreign)):
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert store.remove_stale_temporaries(older_than=time.time()) == (1, 4) and not stale.exists()
+    with pytest.raises(StoreAccessDenied, match="listing 'lost\\+found/'"):
+        store.list("lost+found/")
 
 
 def test_list_stats_gives_each_keys_time_and_size(backend_store: ObjectStore) -> None:

@@ -367,7 +367,10 @@ class LocalStore:
                 raise self._denied(f"listing {prefix!r}", exc)
 
         out = []
-        for dirpath, dirnames, filenames in os.walk(base, onerror=unreadable, followlinks=False):
+        # the sweep for temporaries is a best effort over the whole root, where a directory the
+        # store never wrote may sit (a volume's lost+found): it skips what it may not read
+        for dirpath, dirnames, filenames in os.walk(base, onerror=None if temporaries else unreadable,
+                                                    followlinks=False):
             for name in filenames:
                 path = Path(dirpath, name)
                 if name.startswith(".tmp-") == temporaries and not path.is_symlink():
