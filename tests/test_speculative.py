@@ -275,3 +275,26 @@ def test_a_strategy_never_measured_is_probed_once_before_its_prior_can_rule_it_o
     assert engine.acceptance.known("prompt_lookup")
     engine.acceptance.priors["history"] = 0.3
     assert engine.acceptance.known("history")
+
+
+def test_a_damaged_drafts_object_costs_only_its_drafts(tmp_path, caplog):
+    """Drafts only change speed: a truncated object, one that is not UTF-8, one whose
+    responses are not a mapping, and a missing one are each skipped (the damaged ones with a
+    warning naming them), and the good objects' drafts still come back, later keys winning."""
+    import logging
+
+    from actions.store import LocalStore, put_json
+    from actions.store.drafts import read_drafts
+
+    store = LocalStore(tmp_path / "store")
+    put_json(store, "d/1.json", {"step": 1, "responses": {"0": [[1, 2, 3]], "1": [[4]], "x": [[9]]}})
+    store.put("d/2.json", b'{"step": 2, "responses": {"0": [[1,2')
+    store.put("d/3.json", b"\xff\xfe")
+    put_json(store, "d/4.json", {"step": 4, "responses": [1]})
+    put_json(store, "d/5.json", {"step": 5, "responses": {"1": [[5, 6], [7, "bad"], "bad"]}})
+    keys = ["d/1.json", "d/2.json", "d/3.json", "d/4.json", "d/missing.json", "d/5.json"]
+    with caplog.at_level(logging.WARNING, logger="actions.store.drafts"):
+        drafts = read_drafts(store, keys, [0, 1, 2])
+    assert drafts == {0: [[1, 2, 3]], 1: [[5, 6]]}
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2 and "d/2.json is not JSON" in warned[0] and "d/3.json is not JSON" in warned[1]

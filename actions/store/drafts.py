@@ -12,12 +12,15 @@ Drafts only change speed: a missing or unreadable object means no history drafts
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from actions.store import ObjectNotFound, get_json
 
 MAX_RESPONSES_PER_PROMPT = 8
+
+log = logging.getLogger(__name__)
 
 
 def drafts_from_samples(samples: Iterable[Mapping[str, Any]]) -> dict[str, list[list[int]]]:
@@ -34,7 +37,9 @@ def drafts_from_samples(samples: Iterable[Mapping[str, Any]]) -> dict[str, list[
 
 def read_drafts(store: Any, keys: Sequence[str], prompt_ids: Iterable[int]) -> dict[int, list[list[int]]]:
     """prompt_id -> stored responses, for ``prompt_ids``, from the objects ``keys`` (later keys
-    win for a prompt in several). Missing objects and malformed entries are skipped."""
+    win for a prompt in several). Missing objects, objects that are not JSON (a truncated or
+    damaged write; one warning line names each) and malformed entries are skipped: they only
+    cost the drafts they held."""
     wanted = {int(p) for p in prompt_ids}
     out: dict[int, list[list[int]]] = {}
     for key in keys:
@@ -42,7 +47,12 @@ def read_drafts(store: Any, keys: Sequence[str], prompt_ids: Iterable[int]) -> d
             obj = get_json(store, key)
         except ObjectNotFound:
             continue
-        responses = obj.get("responses", {}) if isinstance(obj, dict) else {}
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            log.warning("drafts object %s is not JSON (%s); decoding without its drafts", key, type(exc).__name__)
+            continue
+        responses = obj.get("responses") if isinstance(obj, dict) else None
+        if not isinstance(responses, dict):
+            continue
         for pid, resps in responses.items():
             if str(pid).isdigit() and int(pid) in wanted and isinstance(resps, list):
                 out[int(pid)] = [[int(t) for t in r] for r in resps
