@@ -163,7 +163,8 @@ def test_sigkill_while_the_server_starts_leaves_no_server(tmp_path):
 
 
 GROUP_STOP = textwrap.dedent("""
-    import signal, sys, time
+    import faulthandler, signal, sys, time
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for stacks if it hangs
     from prefect import flow
     from flows.commands.cli import Terminated, sigterm_unwinds, stopped
     from flows.commands.local_api import start_local_api
@@ -181,6 +182,17 @@ GROUP_STOP = textwrap.dedent("""
     except (KeyboardInterrupt, Terminated) as exc:
         sys.exit(stopped(exc, "r"))
 """)
+
+
+def faulthandler_dump(proc: subprocess.Popen) -> None:
+    """Have a hung GROUP_STOP process write every thread's stack to its stderr, then kill it."""
+    try:
+        children = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:  # it ended meanwhile
+        children = []
+    proc.send_signal(signal.SIGUSR1)
+    time.sleep(2)
+    _kill_all([proc.pid, *children])
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +214,11 @@ def test_a_signal_to_the_whole_process_group_stops_the_run_in_seconds(shared_hom
         started = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
         t0 = time.monotonic()
         os.killpg(proc.pid, sig)
-        _, err = proc.communicate(timeout=120)
+        try:
+            _, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # say where it hung: its threads' stacks and its output
+            faulthandler_dump(proc)
+            pytest.fail(f"still running 120 s after {sig.name}; its stderr:\n{proc.communicate()[1][-6000:]}")
         took = time.monotonic() - t0
         assert proc.returncode == 128 + sig, err[-3000:]
         assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("rlhfless: "), err[-3000:]
