@@ -159,7 +159,9 @@ def collect_garbage(store: ObjectStore, latest: CampaignState, retention: Retent
         orphan_grace_s: also delete the orphan blobs, and the run's orphan draft objects
             (:func:`sweep_orphan_drafts`), last modified more than this many seconds ago
             (``flows/planning/leftovers.py``: it must be long against a publish); None: none.
-        temporaries: also remove the store's stale temporary files (a walk of the whole store).
+        temporaries: also remove the store's stale temporary files (a walk of the whole store),
+            and count only the garbage blobs the store still holds (a listing of its blobs): a
+            collection cut short may have deleted some (``_garbage_blobs``).
         pin: before deleting, record the checkpoints ``retention.checkpoint_every`` names, among
             the versions whose weights the store holds, as pinned for good (``rlhfless gc``, under
             the lease), so that later collections with other settings keep them too.
@@ -170,7 +172,7 @@ def collect_garbage(store: ObjectStore, latest: CampaignState, retention: Retent
     retention = replace(retention, pinned=retention.pinned | pinned)
     plan, listing, versions = _plan(store, latest, retention)
     garbage = set(plan.delete)
-    blobs, freed = _garbage_blobs(store, listing, garbage) if garbage else ([], 0)
+    blobs, freed = _garbage_blobs(store, listing, garbage, check_held=temporaries) if garbage else ([], 0)
     if not dry_run:
         if lease is not None:
             lease.check()
@@ -211,11 +213,16 @@ def gc_retention(keep_last: int | None, checkpoint_every: int | None, store_sett
     return Retention(applied["keep_last"], applied["checkpoint_every"]), applied
 
 
-def _garbage_blobs(store: ObjectStore, listing: list[str], garbage: set[str]) -> tuple[list[str], int]:
+def _garbage_blobs(store: ObjectStore, listing: list[str], garbage: set[str], *, check_held: bool
+                   ) -> tuple[list[str], int]:
     """(the digests of the blobs that garbage manifests list, no other manifest of the store
     does, and the store holds, sorted; their bytes). A blob a collection cut short already
     deleted is listed by its garbage manifest still: left out, so a report counts what its own
-    collection deletes."""
+    collection deletes. Only ``check_held`` collections list the store's blobs to tell (a
+    session's first and every ``rlhfless gc``, which also sweep temporaries): after a session's
+    first collection, every later one of that session follows collections that finished, so
+    each candidate is held, and a listing of every blob of the store after each commit would
+    only slow the step down."""
     manifests = [k for k in listing if k.endswith("manifest.json")]
     threads = transfer_threads(store, len(manifests))
     tables = map_bounded(lambda k: _file_table(store, k, garbage=k in garbage), manifests, threads)
@@ -227,6 +234,8 @@ def _garbage_blobs(store: ObjectStore, listing: list[str], garbage: set[str]) ->
         else:
             marked.update(table)
     unmarked = set(candidates) - marked
+    if not check_held:
+        return sorted(unmarked), sum(candidates[d] for d in unmarked)
     held = _held_blobs(store) if unmarked else {}
     blobs = sorted(unmarked & set(held))
     return blobs, sum(held[d] if held[d] is not None else candidates[d] for d in blobs)
