@@ -154,7 +154,7 @@ LOCAL_TIMEOUT_S = 600.0
 class InvokerConfig(_Section):
     kind: Literal["local", "inprocess", "openwhisk"] = "local"
     num_workers: int = Field(0, ge=0)
-    """Local warm pool size; 0 = scaling.n_max + 1."""
+    """Local warm pool size; 0 = scaling.n_max + 1 (N + 1 for ``fixed:N`` with N above n_max)."""
     num_cores: int = Field(0, ge=0)
     """Local pool and in-process: cores shared by the running actions, each setting torch's
     threads to its share when it starts (all of them when it runs alone); 0: the cores this

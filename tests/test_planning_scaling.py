@@ -317,3 +317,18 @@ def test_only_a_start_to_hide_makes_a_plan_infeasible():
     # keeps every N with its actors on the learner's GPUs
     plan = _plan(assignment="contiguous", cluster=replace(shared, max_actors=100), n_max=4)
     assert all(c.feasible for c in plan.candidates)
+
+
+@pytest.mark.parametrize("policy, n_max, workers, expected", [
+    ("cost_aware", 4, 0, 5),  # one worker per possible generation action, plus one for scoring
+    ("fixed:3", 4, 0, 5),
+    ("fixed:8", 4, 0, 9),  # a fixed allocation above n_max gets its N actors, not a queue
+    ("fixed:8", 4, 3, 3),  # an explicit pool size is the user's
+])
+def test_the_local_pool_has_a_worker_for_every_generation_action_of_the_policy(policy, n_max, workers, expected):
+    from flows.config import CampaignConfig
+    from flows.invokers.factory import pool_size
+
+    cfg = CampaignConfig.model_validate({"scaling": {"policy": policy, "n_max": n_max},
+                                         "invoker": {"num_workers": workers}})
+    assert pool_size(cfg) == expected

@@ -9,8 +9,11 @@ from flows.invokers.base import Invoker
 
 
 def pool_size(cfg: CampaignConfig) -> int:
-    """Local pool: one worker per possible generation action plus one so scoring overlaps."""
-    return cfg.invoker.num_workers or cfg.scaling.n_max + 1
+    """Local pool: one worker per possible generation action plus one so scoring overlaps. The
+    possible actions are ``scaling.n_max`` for a sweeping policy and N for ``fixed:N``, whose N is
+    not bounded by ``n_max`` (a fixed allocation above it would otherwise queue on the pool)."""
+    fixed = cfg.scaling.strategy.num_actors or 0
+    return cfg.invoker.num_workers or max(cfg.scaling.n_max, fixed) + 1
 
 
 def worker_log_dir(cfg: CampaignConfig) -> Path:
