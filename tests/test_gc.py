@@ -83,13 +83,15 @@ def _publish(store: ObjectStore, key: str, blobs: dict[str, bytes]) -> None:
     put_artifact(store, key, blobs)
 
 
-def _fake_run(store: ObjectStore, run: str, steps: int, *, shared: bytes) -> CampaignState:
-    """Commits 0..steps whose policies each hold one blob of their own plus ``shared``."""
+def _fake_run(store: ObjectStore, run: str, steps: int, *, shared: bytes,
+              retention: dict | None = None) -> CampaignState:
+    """Commits 0..steps whose policies each hold one blob of their own plus ``shared``, made with
+    the store settings ``retention`` (None: a record from before commits kept them)."""
     ref = f"runs/{run}/policy/v000000/manifest.json"
     _publish(store, ref, {"w": b"reference", "s": shared})
     inputs = {f"{name}_key": f"runs/{run}/{name}/manifest.json" for name in ("base", "init", "train", "eval", "tokens")}
     state = CampaignState(run_id=run, fingerprint="f", identity={}, policy_key=ref, reference_key=ref,
-                          prepared={**inputs, "model": {}})
+                          prepared={**inputs, "model": {}}, retention=retention)
     commit_state(store, state)
     for _ in range(steps):
         state = _commit_next(store, state, shared=shared)
@@ -198,8 +200,8 @@ def test_pins_on_both_backends_and_a_damaged_pins_object_stops_the_collection(ba
 
 
 def test_gc_says_which_retention_it_applies(tmp_path, capsys) -> None:
-    """The store does not record a run's store settings: without flags or --config, gc applies
-    the default configuration's, and says so."""
+    """A record from before commits kept the run's store settings: without flags or --config, gc
+    applies the default configuration's, and says so."""
     from flows.commands.cli import main
 
     root = tmp_path / "store"
@@ -217,6 +219,40 @@ def test_gc_says_which_retention_it_applies(tmp_path, capsys) -> None:
     config = tmp_path / "c.yaml"
     assert f"applied keep_last 1 (--keep-last), checkpoint_every 2 (store.checkpoint_every of --config {config})" in err
     assert json.loads(out)["versions_kept"] == [0, 2, 3]
+
+
+def test_a_bare_gc_applies_the_retention_the_run_was_trained_with(tmp_path, capsys) -> None:
+    """A run trained with keep_last 4 keeps its 4 versions through a bare `rlhfless gc` (not the
+    default's 2); one trained with keep_last null makes it refuse; flags and --config still win."""
+    from flows.commands.cli import main
+
+    root = tmp_path / "store"
+    _fake_run(LocalStore(root), "r", 5, shared=b"s", retention={"keep_last": 4, "checkpoint_every": 0})
+    assert main(["gc", "--store", str(root), "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert "would apply keep_last 4 (store.keep_last of the run's last commit), checkpoint_every 0 " \
+           "(store.checkpoint_every of the run's last commit)" in err
+    assert json.loads(out)["versions_kept"] == [0, 2, 3, 4, 5]  # 0: the reference
+    assert main(["gc", "--store", str(root), "--dry-run", "--keep-last", "1"]) == 0
+    assert json.loads(capsys.readouterr()[0])["versions_kept"] == [0, 4, 5]  # the previous commit stays whole
+    (tmp_path / "c.yaml").write_text("store:\n  keep_last: 3\n")
+    assert main(["gc", "--store", str(root), "--dry-run", "--config", str(tmp_path / "c.yaml")]) == 0
+    assert json.loads(capsys.readouterr()[0])["versions_kept"] == [0, 3, 4, 5]
+    root = tmp_path / "keeps-all"
+    _fake_run(LocalStore(root), "r", 5, shared=b"s", retention={"keep_last": None, "checkpoint_every": 0})
+    before = sorted(LocalStore(root).list(""))
+    assert main(["gc", "--store", str(root)]) != 0
+    assert "store.keep_last is null in the run's last commit (every version is kept); pass --keep-last N" \
+        in capsys.readouterr()[1]
+    assert sorted(LocalStore(root).list("")) == before
+
+
+def test_a_campaign_commit_records_its_retention(tmp_path) -> None:
+    from flows.campaign.run import _retention_of
+    from flows.config import CampaignConfig
+
+    cfg = CampaignConfig.model_validate({"store": {"keep_last": 7, "checkpoint_every": 3}})
+    assert _retention_of(cfg) == {"keep_last": 7, "checkpoint_every": 3}
 
 
 class _CrashAfter:

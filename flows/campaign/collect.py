@@ -193,20 +193,28 @@ def collect_garbage(store: ObjectStore, latest: CampaignState, retention: Retent
 
 
 def gc_retention(keep_last: int | None, checkpoint_every: int | None, store_settings: Any,
-                 config: str | None) -> tuple[Retention, dict[str, Any]]:
+                 config: str | None, recorded: dict[str, int | None] | None = None
+                 ) -> tuple[Retention, dict[str, Any]]:
     """``rlhfless gc``'s policy: each of ``keep_last`` / ``checkpoint_every`` from its flag where
-    given, else from ``store_settings`` (the ``store`` section of ``config``, the file ``--config``
-    names, or of the default configuration when None: the store does not record the settings a
-    run was trained with). Returns it and what it applies and whence, for the report.
+    given, else from ``store_settings`` when ``config`` (the file ``--config`` names) is given,
+    else from ``recorded``, the settings the run's last commit was made with
+    (``CampaignState.retention``), else from ``store_settings`` of the default configuration (a
+    record from before the store kept them). A run trained with ``keep_last: 10`` is thus never
+    cut to the default's 2 by a bare ``rlhfless gc``. Returns it and what it applies and whence,
+    for the report.
 
     Raises:
         ValueError: the ``keep_last`` it would apply is None (a collection that keeps everything).
     """
-    settings = f"--config {config}" if config else "the default configuration"
+    if config is None and recorded is not None:
+        source, settings = recorded, "the run's last commit"
+    else:
+        source = {name: getattr(store_settings, name) for name in ("keep_last", "checkpoint_every")}
+        settings = f"--config {config}" if config else "the default configuration"
     applied: dict[str, Any] = {}
     for name, flag, value in (("keep_last", "--keep-last", keep_last),
                               ("checkpoint_every", "--checkpoint-every", checkpoint_every)):
-        applied[name] = value if value is not None else getattr(store_settings, name)
+        applied[name] = value if value is not None else source[name]
         applied[f"{name}_from"] = flag if value is not None else f"store.{name} of {settings}"
     if applied["keep_last"] is None:
         raise ValueError(f"gc: store.keep_last is null in {settings} (every version is kept); pass --keep-last N")

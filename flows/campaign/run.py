@@ -145,6 +145,7 @@ def _start(ctx: RunContext, existing: CampaignState | None, lease: RunLease, col
     if state is None:
         state = set_up(ctx, progress)
         state.steps_configured = ctx.config.steps
+        state.retention = _retention_of(ctx.config)
         lease.check()
         wall.stamp(state)
         commit_state(ctx.store, state)
@@ -157,7 +158,13 @@ def _start(ctx: RunContext, existing: CampaignState | None, lease: RunLease, col
         add_setup_spend(ctx, state, ledger)
     state.stopped_reason = None
     state.steps_configured = ctx.config.steps  # a resume's own, committed with its next step
+    state.retention = _retention_of(ctx.config)
     return state
+
+
+def _retention_of(cfg: CampaignConfig) -> dict[str, int | None]:
+    """The retention a commit records for ``rlhfless gc`` (``CampaignState.retention``)."""
+    return {"keep_last": cfg.store.keep_last, "checkpoint_every": cfg.store.checkpoint_every}
 
 
 def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLease, collect: Collector,

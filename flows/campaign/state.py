@@ -107,6 +107,10 @@ class CampaignState(BaseModel):
     # History list -> its length in the record this state was read from or last committed as.
     # Only those entries are sealed: the step being committed may be replayed after a crash with
     # other measured times, and a sealed segment can never change.
+    retention: dict[str, int | None] | None = None
+    """``store.keep_last`` and ``store.checkpoint_every`` of the campaign that committed this
+    record: what ``rlhfless gc`` applies to the run when neither a flag nor ``--config`` says
+    otherwise. None in records from before it was kept."""
     checkpoints: list[int] = []
     """Versions committed as checkpoints (``store.checkpoint_every`` at their commit): every
     later collection keeps them, whatever the settings it runs with."""

@@ -66,11 +66,11 @@ def _add_gc(sub: Any) -> None:
     p.add_argument("--store", default=None, help="store URI (default: store.uri of the default config)")
     p.add_argument("--config", help="YAML configuration whose store settings to use")
     p.add_argument("--keep-last", type=int,
-                   help="versions to keep (default: store.keep_last of --config, else of the default configuration: "
-                        "the store does not record the run's own)")
+                   help="versions to keep (default: store.keep_last of --config, else the one the run's last "
+                        "commit was made with, else the default configuration's)")
     p.add_argument("--checkpoint-every", type=int,
                    help="keep every Nth version so far for good: later collections, training's included, keep "
-                        "them too (default: store.checkpoint_every)")
+                        "them too (default: store.checkpoint_every, from the same place as --keep-last's)")
     p.add_argument("--orphan-grace-hours", type=float, default=24.0, metavar="H",
                    help="also delete blobs no manifest lists (a publish that died) last written more than H hours ago "
                         "(default 24; shorten only while nothing writes the store)")
@@ -374,7 +374,8 @@ def _gc(args: argparse.Namespace) -> int:
     from flows.campaign.lease import RunLease, check_not_held
     from flows.campaign.state import load_state
 
-    retention, applied = gc_retention(args.keep_last, args.checkpoint_every, cfg.store, args.config)
+    retention, applied = gc_retention(args.keep_last, args.checkpoint_every, cfg.store, args.config,
+                                      state.retention)
     orphan_grace_s = args.orphan_grace_hours * 3600
     if args.dry_run:
         report = collect_garbage(store, state, retention, dry_run=True, orphan_grace_s=orphan_grace_s, pin=True)
