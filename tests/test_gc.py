@@ -197,6 +197,9 @@ def test_pins_on_both_backends_and_a_damaged_pins_object_stops_the_collection(ba
     with pytest.raises(IntegrityError, match=r"runs/r/pins\.json is not a rlhfless\.pins/v1 record.*restore it"):
         collect_garbage(store, _commit_next(store, latest, shared=b"s"), Retention(1))
     assert set(before) <= set(store.list(""))
+    # a campaign that keeps every version (keep_last null) deletes none: it has no pins to read
+    kept = collect_garbage(store, load_state(store, "r"), Retention(None))
+    assert kept.deleted_objects == 0 and set(before) <= set(store.list(""))
 
 
 def test_gc_says_which_retention_it_applies(tmp_path, capsys) -> None:

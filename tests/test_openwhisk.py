@@ -639,6 +639,18 @@ def test_a_host_that_answers_html_is_named_not_a_json_error():
     proxy = httpx.MockTransport(lambda request: next(answers))
     with OpenWhiskClient(config, transport=proxy, sleep=lambda s: None) as client:
         assert client.get_action("rlhfless/probe") == {"name": "probe"} and client.stats["throttled"] == 1
+    # an ingress's 413 page (its body limit) is the payload's size, not a wrong host
+    too_big = httpx.MockTransport(lambda request: httpx.Response(413, content=PORTAL_PAGE))
+    with OpenWhiskClient(config, transport=too_big) as client:
+        with pytest.raises(OpenWhiskError, match="payload over the controller's limit") as info:
+            client.invoke("rlhfless/probe", {})
+    assert "WSK_APIHOST" not in str(info.value)
+    # a Retry-After of a digit float() refuses is a plain backoff, not a crash
+    answers = iter([httpx.Response(429, headers=[(b"Retry-After", "\u00b2".encode())], json={"error": "busy"}),
+                    httpx.Response(200, json={"name": "probe"})])
+    throttled = httpx.MockTransport(lambda request: next(answers))
+    with OpenWhiskClient(config, transport=throttled, sleep=lambda s: None) as client:
+        assert client.get_action("rlhfless/probe") == {"name": "probe"}
 
 
 def test_a_result_over_the_size_limit_fails_at_once(ow_emulator: OpenWhiskEmulator, invoker: OpenWhiskInvoker):

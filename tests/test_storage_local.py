@@ -442,6 +442,11 @@ def test_local_stale_temporaries_and_delete_if_older(tmp_path) -> None:
     assert store.delete_if_older("a/k", time.time() - 3600) is True and not store.exists("a/k")
     assert store.delete_if_older("a/k", time.time()) is False
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [".tmp-notawrite"]
+    # an old object deleted by age takes the directories it leaves empty with it, as delete() does
+    store.put("b/c/k", b"key")
+    os.utime(tmp_path / "b" / "c" / "k", (time.time() - 7200, time.time() - 7200))
+    assert store.delete_if_older("b/c/k", time.time() - 3600) is True
+    assert not (tmp_path / "b").exists() and (tmp_path / "a").is_dir()
 
 
 # ----------------------------------------------------------------------------- redaction

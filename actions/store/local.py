@@ -325,6 +325,10 @@ class LocalStore:
                 os.unlink(last, dir_fd=dir_fd)  # removes a symlink itself, never its target
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return  # missing, or a directory of other keys: no object here, as on S3
+        self._prune_above(key)
+
+    def _prune_above(self, key: str) -> None:
+        """Remove the directories above ``key`` that are empty, deepest first, up to the root."""
         parts = key.split("/")
         for depth in range(len(parts) - 1, 0, -1):
             try:
@@ -417,7 +421,8 @@ class LocalStore:
                     os.replace(aside, last, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # same bytes if rewritten
                     return False
                 os.unlink(aside, dir_fd=dir_fd)
-                return True
         except (FileNotFoundError, NotADirectoryError):
             return False  # deleted meanwhile
+        self._prune_above(key)  # as delete() does: a store holds no directory that lists nothing
+        return True
 

@@ -168,7 +168,9 @@ def collect_garbage(store: ObjectStore, latest: CampaignState, retention: Retent
     """
     t0 = time.time()
     every = replace(retention, pinned=frozenset()).checkpoints(latest.step) if pin else []
-    pinned = frozenset(latest.checkpoints) | read_pins(store, latest.run_id)
+    # keep_last None deletes no version: a damaged pins file cannot make it delete a pinned one
+    pinned = frozenset(latest.checkpoints) | (read_pins(store, latest.run_id) if retention.keep_last is not None
+                                              else frozenset())
     retention = replace(retention, pinned=retention.pinned | pinned)
     plan, listing, versions = _plan(store, latest, retention)
     garbage = set(plan.delete)

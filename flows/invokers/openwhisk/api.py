@@ -196,7 +196,7 @@ class ControllerApi:
         time for it."""
         delay = self.retry.backoff_s(attempt, self._rng)
         retry_after = resp.headers.get("Retry-After", "") if resp is not None else ""
-        if retry_after.isdigit():
+        if retry_after.isascii() and retry_after.isdigit():  # "²" is a digit float() refuses
             delay = max(delay, min(float(retry_after), self.retry.retry_after_max_s))
         remaining = self.remaining(deadline)
         if remaining is not None and delay >= remaining:
@@ -270,11 +270,12 @@ def has_activation(resp: httpx.Response) -> bool:
 def _not_the_api(resp: httpx.Response) -> bool:
     """Whether the answer comes from something other than the controller, which answers JSON:
     a redirect (a login portal), or a page that is not JSON with a status below 500. A proxy's
-    page for 408, 429 or 5xx is an outage or throttling in front of it, and retried as one."""
+    page for 408, 429 or 5xx is an outage or throttling in front of it, and retried as one; its
+    413 (an ingress's body limit, nginx's 1 MB by default) is the payload's size, not the host."""
     status = resp.status_code
     if 300 <= status < 400:
         return True
-    return status < 500 and status not in (408, 429) and bool(resp.content) and _parse(resp) is None
+    return status < 500 and status not in (408, 413, 429) and bool(resp.content) and _parse(resp) is None
 
 
 def _is_unavailable(resp: httpx.Response) -> bool:
