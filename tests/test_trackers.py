@@ -268,6 +268,35 @@ def test_a_campaign_that_fails_or_is_interrupted_ends_its_tracker_runs_so(tiny_c
     assert ended == [end]
 
 
+def test_a_step_committed_before_a_stop_during_its_collection_is_in_the_trackers(tiny_config, prefect_harness,
+                                                                                   monkeypatch):
+    """Ctrl-C while the store is collected after step 1's commit: the trackers hold step 1 and
+    the evaluation before RL that comes with it, as the store does (a resume starts at step 2)."""
+    from actions.store import open_store
+    from flows.campaign import run, trackers
+    from flows.campaign.state import load_state
+
+    logged, ended = [], []
+
+    class Recording:
+        def add_step(self, step, metrics, evals):
+            logged.append((step, [at for at, _ in trackers.evals_at(step, evals)]))
+
+        def close(self, how):
+            ended.append(how.status)
+
+    def interrupted(self, state):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trackers, "_open_one", lambda *args: Recording())
+    monkeypatch.setattr(run.Collector, "__call__", interrupted)
+    cfg = tiny_config("invoker.kind=inprocess", "observability.report_to=[tensorboard]", "run_id=cut")
+    with pytest.raises(KeyboardInterrupt):
+        run.run_campaign(cfg, progress=lambda m: None)
+    assert load_state(open_store(cfg.store.uri), "cut").step == 1
+    assert logged == [(1, [0])] and ended == ["KILLED"]
+
+
 @needs_wandb
 @needs_mlflow
 def test_wandb_and_mlflow_record_a_failed_and_a_killed_run(tmp_path, monkeypatch):
