@@ -723,6 +723,10 @@ CASES: dict[str, Case] = {
     "cli export push offline": Case(
         ["export", "done", "--store", "{done}", "--out", "{tmp}/o", "--push-to-hub", "me/model"],
         ("--push-to-hub 'me/model'", "HF_HUB_OFFLINE=1", "set HF_HUB_OFFLINE=0"), env={"HF_HUB_OFFLINE": "1"}),
+    "cli export push to a bad repo id": Case(
+        ["export", "done", "--store", "{done}", "--out", "{tmp}/o", "--push-to-hub", "me/my model"],
+        ("--push-to-hub 'me/my model'", "is not a hub repo id", "OWNER/NAME"),
+        env={"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"}),
     "cli export version collected": Case(["export", "done", "--store", "{done}", "--out", "{tmp}/o"],
                                          ("step 1", "garbage collection", "store.checkpoint_every")),
     "cli profile output folder missing": Case(["profile", "--output", "{tmp}/no/p.json"],

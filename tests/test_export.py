@@ -3,8 +3,12 @@ the logits the store's version gives (fp32, <= 1e-6), its tokenizer and chat tem
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -373,3 +377,78 @@ def test_a_pushed_lora_export_names_the_hub_repo_as_the_adapters_base(tmp_path, 
     assert on_disk["base_model_name_or_path"] == str((tmp_path / "ex").resolve())
     assert {k: v for k, v in config.items() if k != "base_model_name_or_path"} == \
         {k: v for k, v in on_disk.items() if k != "base_model_name_or_path"}
+
+
+HUB_TOKEN = "hf_MARKERtokenNeverEchoed1234"
+
+
+@contextlib.contextmanager
+def hub_at(answer: str) -> Iterator[tuple[str, list[str]]]:
+    """(endpoint, requests it received): a loopback hub that answers every request 401, or an
+    address where nothing listens (a port bound, then closed)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[str] = []
+    if answer == "unreachable":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        yield f"http://127.0.0.1:{port}", seen
+        return
+
+    class Refusing(BaseHTTPRequestHandler):
+        def refuse(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            seen.append(f"{self.command} {self.path}")
+            body = b'{"error":"Invalid username or password."}'
+            self.send_response(401)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_PUT = refuse
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("answer, needles", [
+    ("401", ("HTTP 401", "Invalid username or password", "HF_TOKEN", "`hf auth login`")),
+    ("unreachable", ("could not be reached", "ConnectError", "check the network")),
+])
+def test_a_push_the_hub_refuses_or_cannot_take_prints_the_report_then_one_line(tmp_path, run_store, monkeypatch,
+                                                                                  capsys, answer, needles):
+    """The export succeeded: its report is printed and the folder is complete at --out; the
+    failed upload is one line naming --push-to-hub, the reason, and how to upload that folder
+    once fixed, never the token."""
+    import huggingface_hub.constants
+
+    store, keys = run_store
+    out = tmp_path / "v1"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # read when huggingface_hub is imported
+    monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
+    with hub_at(answer) as (endpoint, seen):
+        monkeypatch.setenv("HF_ENDPOINT", endpoint)
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", endpoint)
+        rc = main(["export", "ex", "--store", str(store), "--out", str(out), "--push-to-hub", "me/x"])
+    stdout, stderr = capsys.readouterr()
+    assert rc == 2 and bool(seen) == (answer == "401")
+    report = json.loads(stdout)
+    assert report["weights_sha256"] == keys["sha1"] and "pushed" not in report
+    assert sorted(report["files"]) == sorted(p.name for p in out.iterdir()) and (out / "model.safetensors").is_file()
+    assert "Traceback" not in stderr and HUB_TOKEN not in stdout + stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("rlhfless")]
+    assert len(errors) == 1 and errors[0] == stderr.strip().splitlines()[-1], stderr
+    for needle in ("--push-to-hub me/x", f"complete at --out {str(out)!r}", f"`hf upload me/x {out}`", *needles):
+        assert needle in errors[0], f"{needle!r} not in: {errors[0]}"

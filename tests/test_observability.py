@@ -14,7 +14,7 @@ import pytest
 
 from flows.campaign.artifacts import TABLE_ROWS, _percent, publish_step_artifacts, start_progress, update_progress
 from flows.campaign.state import EvalRecord
-from flows.campaign.tensorboard import ScalarBoard, read_scalars
+from flows.campaign.tensorboard import ScalarBoard, read_scalars, step_scalars
 from flows.commands.report import length_histogram, write_report
 from flows.config import load_config
 
@@ -46,6 +46,10 @@ def test_board_writes_architecture_metric_names_per_step(tmp_path):
     assert scalars["reward/mean"] == [(1, 0.25), (2, 0.5)]
     for name in ("response_length/mean", "timing_s/generate", "cost/usd", "actors/n", "kl", "loss/policy"):
         assert [s for s, _ in scalars[name]] == [1, 2], name
+    # TRL's names too, as every tracker logs them (step_scalars): reward, completions/mean_length
+    assert scalars["reward"] == scalars["reward/mean"] and scalars["completions/mean_length"] == [(1, 7.5), (2, 7.5)]
+    at_1 = {name: v for name, points in scalars.items() for s, v in points if s == 1}
+    assert at_1 == pytest.approx(step_scalars(STEP_METRICS))
     # each evaluation once, at the step it was measured (0 = before RL)
     assert [(s, round(v, 3)) for s, v in scalars["eval/accuracy"]] == [(0, 0.3), (2, 0.6)]
     assert scalars["eval/reward_mean"] == [(0, 0.0), (2, 0.75)] and scalars["eval/reward_fn/hits"] == [(2, 0.5)]

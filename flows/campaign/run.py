@@ -171,10 +171,16 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
           warming: PoolWarming, step_flow: FlowRunStarter, quiet_api: threading.Event,
           reporter: Reporter, wall: SessionWall) -> CampaignState:
     """Steps until ``steps`` or the budget: run one (planned and observed by ``planner``),
-    pre-warm the next, evaluate, commit, collect, report. The budget is checked as soon as a
+    pre-warm the next, evaluate, commit, report, collect. The budget is checked as soon as a
     step's cost is known (before its evaluation, which ``budget_stop`` reserves where due): the
     step after which it refuses the next is the run's last, so its policy is evaluated and its
-    one commit record carries ``stopped_reason`` (``status``)."""
+    one commit record carries ``stopped_reason`` (``status``).
+
+    A step reaches the trackers right after its commit, before the collection, so a stop during
+    the collection (Ctrl-C, SIGTERM, a kill) leaves no committed step they lack. Only a stop in
+    the instant between the commit and the report can (no store call lies between them): a
+    resume does not log that step again, since nothing records which steps a tracker received
+    and logging one it did receive would repeat it."""
     cfg = ctx.config
     tokens = parse_token_table(get_json(ctx.store, state.prepared.tokens_key))
     clock = StepClock()
@@ -200,11 +206,15 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
         state.mark_checkpoint(cfg.store.checkpoint_every)
         wall.stamp(state)
         commit_state(ctx.store, state)
-        collect(state)  # after the commit, never before
-        drop_unreferenced(ctx.store, ctx.prefix, old_drafts, state.draft_index)
         clock.add_work(time.time() - t_commit)
         quiet_api.clear()  # published once the next step's flow run is running (or at the end)
+        # Reported before the collection (seconds on S3): a stop during it leaves no committed
+        # step the trackers lack, and a resume finishes the collection (``_start``).
         reporter.committed(state, record)
+        t_collect = time.time()
+        collect(state)  # after the commit, never before
+        drop_unreferenced(ctx.store, ctx.prefix, old_drafts, state.draft_index)
+        clock.add_work(time.time() - t_collect)
     if stop:
         state.stopped_reason = stop
         reporter.progress(f"stopped after step {state.step}/{cfg.steps}: {stop}; raise the budget and resume "

@@ -1,8 +1,9 @@
 """Optional TensorBoard event files: every committed step's metrics as scalars.
 
 With ``observability.tensorboard: true`` the campaign writes one scalar per metric of
-flows/step/metrics.py (``reward/mean``, ``timing_s/generate``, ``cost/usd``, ...) at global step =
-steps committed, plus each evaluation's ``eval/accuracy``, ``eval/reward_mean``,
+flows/step/metrics.py (``reward/mean``, ``timing_s/generate``, ``cost/usd``, ...), and under TRL's
+name too where TRL logs it under another (``reward``, ``reward_std``, ``completions/*``:
+``TRL_NAMES``), at global step = steps committed, plus each evaluation's ``eval/accuracy``, ``eval/reward_mean``,
 ``eval/mean_length`` and ``eval/reward_fn/<name>`` at the step it was measured (0 = before RL), into
 ``runs/<run_id>/tensorboard/`` (``tensorboard --logdir runs``). A resumed campaign appends a
 new event file to the same directory; TensorBoard merges them.
@@ -17,8 +18,8 @@ from __future__ import annotations
 import importlib.util
 import math
 import struct
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flows.config import CampaignConfig
@@ -28,6 +29,26 @@ if TYPE_CHECKING:
 
 NON_SCALAR_KEYS = ("plan", "step")
 """Entries of a step's metrics that are not TensorBoard scalars (the planner's record, the index)."""
+TRL_NAMES = {
+    "reward/mean": "reward", "reward/std": "reward_std", "response_length/mean": "completions/mean_length",
+    "response_length/max": "completions/max_length", "response_length/min": "completions/min_length",
+    "response_length/clip_ratio": "completions/clipped_ratio",
+}
+"""Campaign metric -> the name TRL's GRPOTrainer logs it under, where they differ (``kl``,
+``grad_norm``, ``loss``, ``entropy`` and ``frac_reward_zero_std`` are already TRL's)."""
+
+
+def step_scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    """A step's finite numeric metrics under their own names plus TRL's (``TRL_NAMES``): what
+    every tracker logs of a step (``trackers.py``), this board included.
+
+    >>> step_scalars({"reward/mean": 0.5, "plan": {}, "kl": 0.01, "x": float("nan")})
+    {'kl': 0.01, 'reward': 0.5, 'reward/mean': 0.5}
+    """
+    out = {k: float(v) for k, v in metrics.items() if k not in NON_SCALAR_KEYS and isinstance(v, (int, float))
+           and not isinstance(v, bool) and math.isfinite(v)}
+    out.update({TRL_NAMES[k]: v for k, v in list(out.items()) if k in TRL_NAMES})
+    return dict(sorted(out.items()))
 
 
 def board_dir(cfg: CampaignConfig, run_id: str) -> Path:
@@ -69,9 +90,8 @@ class ScalarBoard:
         measured at that step (with step 1 also the pre-RL evaluation, at step 0)."""
         if self._writer is None:
             return
-        for name, value in sorted(metrics.items()):
-            if name not in NON_SCALAR_KEYS and isinstance(value, (int, float)) and math.isfinite(value):
-                self._writer.add_scalar(name, float(value), global_step=step)
+        for name, value in step_scalars(metrics).items():
+            self._writer.add_scalar(name, value, global_step=step)
         for ev in evals:
             if ev.step == step or (step == 1 and ev.step == 0):
                 for name, value in ev.scalars().items():

@@ -4,7 +4,7 @@ Every committed step's metrics go to each tracker asked for, at step = steps com
 the campaign's own names (verl's: ``reward/mean``, ``response_length/mean``, ``timing_s/*``,
 ``perf/throughput``, ...; the full list is ``flows/step/metrics.py``) and, for the metrics TRL's
 GRPOTrainer logs, under TRL's names too (``reward``, ``reward_std``,
-``completions/mean_length``, ``kl``, ``grad_norm``, ...: ``TRL_NAMES``). Evaluations go in as
+``completions/mean_length``, ``kl``, ``grad_norm``, ...: ``tensorboard.TRL_NAMES``). Evaluations go in as
 ``eval/accuracy``, ``eval/reward_mean``, ``eval/mean_length`` and ``eval/reward_fn/<name>``
 (``EvalRecord.scalars``) at the step they were measured (0 = before RL). The values are the ones
 ``summary.json`` holds for the same step.
@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from flows.campaign.tensorboard import NON_SCALAR_KEYS, ScalarBoard
+from flows.campaign.tensorboard import ScalarBoard, step_scalars
 from flows.campaign.tracker_env import check_mlflow, check_wandb, tracker_error
 from flows.config import CampaignConfig
 
@@ -42,13 +41,6 @@ if TYPE_CHECKING:
 
 PACKAGES = {"tensorboard": "tensorboardX", "wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}
 """The module each tracker needs (the extra of the same name installs it)."""
-TRL_NAMES = {
-    "reward/mean": "reward", "reward/std": "reward_std", "response_length/mean": "completions/mean_length",
-    "response_length/max": "completions/max_length", "response_length/min": "completions/min_length",
-    "response_length/clip_ratio": "completions/clipped_ratio",
-}
-"""Campaign metric -> the name TRL's GRPOTrainer logs it under, where they differ (``kl``,
-``grad_norm``, ``loss``, ``entropy`` and ``frac_reward_zero_std`` are already TRL's)."""
 DEFAULT_PROJECT = "rlhfless"
 log = logging.getLogger(__name__)
 
@@ -79,18 +71,6 @@ def check_packages(cfg: CampaignConfig) -> None:
                      else f"observability.report_to {tracker!r}")
             raise ValueError(f"{field} needs the {PACKAGES[tracker]} package; install it with pip install "
                              f"'rlhfless[{tracker}]' or remove {tracker!r} from observability.report_to")
-
-
-def step_scalars(metrics: dict[str, Any]) -> dict[str, float]:
-    """A step's finite numeric metrics under their own names plus TRL's (``TRL_NAMES``).
-
-    >>> step_scalars({"reward/mean": 0.5, "plan": {}, "kl": 0.01, "x": float("nan")})
-    {'kl': 0.01, 'reward': 0.5, 'reward/mean': 0.5}
-    """
-    out = {k: float(v) for k, v in metrics.items() if k not in NON_SCALAR_KEYS and isinstance(v, (int, float))
-           and not isinstance(v, bool) and math.isfinite(v)}
-    out.update({TRL_NAMES[k]: v for k, v in list(out.items()) if k in TRL_NAMES})
-    return dict(sorted(out.items()))
 
 
 def without_path_prefixes(scalars: dict[str, float]) -> dict[str, float]:

@@ -3,6 +3,9 @@
 Reads the run's commit (the latest, or ``--step N``), refuses bad arguments before anything is
 written (one line, exit 2), writes the folder (``actions/models/export.py``) and, only when
 asked with ``--push-to-hub`` and the hub is reachable (``HF_HUB_OFFLINE`` unset or 0), uploads it.
+An upload that fails (no network, a token the hub refuses) leaves the folder complete: the
+export's JSON report is printed all the same, then one line (exit 2) names the reason and how to
+upload that folder once fixed.
 A SIGTERM while the folder is written (``timeout``, a container stop) unwinds like Ctrl-C: the
 partial folder beside ``--out`` is removed and the exit code is 143.
 """
@@ -14,6 +17,8 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+
+from actions.config.quoting import quote
 
 _TRUE = ("1", "true", "yes", "on")
 
@@ -49,6 +54,14 @@ def _check_args(args: argparse.Namespace) -> Path:
         raise ValueError(f"export --push-to-hub {args.push_to_hub!r} needs the network, but HF_HUB_OFFLINE="
                          f"{os.environ['HF_HUB_OFFLINE']}; set HF_HUB_OFFLINE=0 or unset it (and log in with "
                          "`hf auth login`) to push, or drop --push-to-hub")
+    if args.push_to_hub is not None:  # else refused by the hub only after the folder was written
+        from huggingface_hub.utils import validate_repo_id
+
+        try:
+            validate_repo_id(args.push_to_hub)
+        except ValueError as exc:
+            raise ValueError(f"export --push-to-hub {quote(args.push_to_hub)} is not a hub repo id ({exc}); "
+                             "pass OWNER/NAME, e.g. me/my-policy") from None
     return out
 
 
@@ -97,10 +110,16 @@ def run(args: argparse.Namespace) -> int:
                          "store.checkpoint_every (or `rlhfless gc --checkpoint-every N`)") from None
     report = describe(folder, run_id=state.run_id, step=state.step, policy_version=state.policy_version,
                       weights_sha256=state.weights_sha256)
+    failed: ValueError | None = None
     if args.push_to_hub:
-        report["pushed"] = push(Path(folder.path), args.push_to_hub,
-                                f"{state.run_id} step {state.step} (policy v{state.policy_version})")
-    print(json.dumps(report, sort_keys=True))
+        try:
+            report["pushed"] = push(Path(folder.path), args.push_to_hub,
+                                    f"{state.run_id} step {state.step} (policy v{state.policy_version})")
+        except _hub_errors() as exc:
+            failed = push_failed(args.push_to_hub, args.out, exc)
+    print(json.dumps(report, sort_keys=True))  # the folder is written whatever the hub answered
+    if failed is not None:
+        raise failed
     return 0
 
 
@@ -125,3 +144,63 @@ def push(folder: Path, repo: str, message: str) -> str:
     api.create_repo(repo, exist_ok=True)
     commit = api.create_commit(repo, ops, commit_message=message)
     return str(getattr(commit, "commit_url", commit))
+
+
+def _hub_errors() -> tuple[type[BaseException], ...]:
+    """What an upload raises when the hub cannot be reached or refuses it: transport errors
+    (``httpx``'s under huggingface_hub 1.x, ``requests``' before), the hub's HTTP errors
+    (``HfHubHTTPError``), and the built-in ``ConnectionError`` and ``TimeoutError``."""
+    import httpx
+    from huggingface_hub.errors import HfHubHTTPError
+
+    errors: list[type[BaseException]] = [HfHubHTTPError, httpx.HTTPError, ConnectionError, TimeoutError]
+    try:
+        import requests
+    except ImportError:
+        pass
+    else:
+        errors.append(requests.RequestException)
+    return tuple(errors)
+
+
+def push_failed(repo: str, out: str, exc: BaseException) -> ValueError:
+    """The one line for an upload of the complete folder ``out`` to ``repo`` that raised
+    ``exc``: the reason (the hub's status and message, or why it could not be reached; never a
+    header, so never a token), that the folder is complete, and how to upload it once fixed.
+    The CLI scrubs secrets from it as from every error line."""
+    from huggingface_hub import constants
+
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    said = " ".join(str(getattr(exc, "server_message", None) or "").split())
+    if isinstance(status, int):
+        reason = f"the hub ({constants.ENDPOINT}) answered HTTP {status}" + (f": {quote(said)}" if said else "")
+        fix = ("set HF_TOKEN to a token with write access to the repo, or log in with `hf auth login`"
+               if status in (401, 403) else f"check that {repo} is a repo id your token may create or write to")
+    else:
+        detail = " ".join(str(exc).split()) or "no detail"
+        reason = f"the hub ({constants.ENDPOINT}) could not be reached ({type(exc).__name__}: {quote(detail)})"
+        fix = "check the network (and HF_ENDPOINT, if set), and log in (HF_TOKEN or `hf auth login`)"
+    return ValueError(f"export --push-to-hub {repo}: {reason}; the export itself is complete at --out {out!r} "
+                      f"(its JSON report is printed); {fix}, then upload that folder with "
+                      f"{_upload_command(repo, Path(out))}")
+
+
+def _upload_command(repo: str, out: Path) -> str:
+    """How to upload the folder ``out`` with the installed huggingface_hub: its ``hf upload``
+    where its ``hf`` CLI has that command (0.34 on), else ``upload_folder``. A LoRA export's
+    adapter names the local folder as its base, which ``push`` rewrites to ``repo``: by hand the
+    same edit comes first."""
+    import importlib.util
+    import shlex
+
+    try:
+        has_hf_upload = importlib.util.find_spec("huggingface_hub.cli.upload") is not None
+    except ImportError:  # no huggingface_hub.cli package: the older `huggingface-cli`
+        has_hf_upload = False
+    command = (f"`hf upload {shlex.quote(repo)} {shlex.quote(str(out))}`" if has_hf_upload
+               else f"`huggingface_hub.upload_folder(repo_id={repo!r}, folder_path={str(out)!r})`")
+    adapter = out / "adapter" / "adapter_config.json"
+    if adapter.is_file():
+        command += f' after setting "base_model_name_or_path" in {str(adapter)!r} to "{repo}"'
+    return command

@@ -53,7 +53,7 @@ class StepFigures:
     place they are read back."""
 
     step: int
-    """0-based."""
+    """The step's index, 0-based (its metrics' ``step``); outputs show steps committed, ``step + 1``."""
     reward_mean: float
     response_length_mean: float
     response_length_max: float
