@@ -21,6 +21,7 @@ is not importable: run it in the ``make test-vllm`` environment:
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import tempfile
 import time
@@ -90,6 +91,7 @@ def _measure(name: str, start, root: Path, eos: int, specs: list[SampleSpec], be
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

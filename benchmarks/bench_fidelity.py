@@ -87,9 +87,10 @@ def main() -> int:
     from flows.simulate.cluster import ActorSpec, Sample, SimConfig, simulate_phase
 
     tmp = tempfile.mkdtemp(prefix="bench-fidelity-")
-    # scores overlapping generation, as the simulator's live mode models them
+    # scores overlapping generation, as the simulator's live mode models them; every step's
+    # rollouts kept (no garbage collection), since the replay reads each step's samples back
     base_cfg = load_config(None, [f"steps={args.steps}", "eval_every=0", f"store.uri={tmp}/store",
-                                  "generation.score_while_generating=true"])
+                                  "generation.score_while_generating=true", "store.keep_last=null"])
     profile = measure_profile(base_cfg)
     profile_path = f"{tmp}/profile.json"
     profile.save(profile_path)

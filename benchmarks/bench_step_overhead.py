@@ -15,6 +15,8 @@ step left out) of:
 Usage::
 
     PREFECT_HOME=/tmp/overhead-home python benchmarks/bench_step_overhead.py --out /tmp/overhead --set steps=14
+
+Without ``--out`` the run directory is a fresh temporary one, printed first.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -33,9 +36,13 @@ sys.path[:0] = [str(ROOT)]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="run directory (its store and worker logs)")
+    parser.add_argument("--out", default=None,
+                        help="run directory (its store and worker logs); default a fresh temporary one")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="config override, as the CLI")
     args = parser.parse_args()
+    if args.out is None:
+        args.out = tempfile.mkdtemp(prefix="bench-step-overhead-")
+    print(f"run directory: {args.out}", flush=True)
     from flows.campaign import run as campaign
     from flows.commands.local_api import start_local_api
     from flows.config import load_config

