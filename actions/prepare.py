@@ -8,8 +8,9 @@ same configuration twice writes the same bytes.
 
 It reads ``model.path`` and ``data.*_path`` where it runs, so the control plane runs it where
 those files are (``flows/campaign/inputs.py``): on its pool, or in a child process of its own
-when the actions run on a cluster. ``validate_inputs`` checks the same inputs without torch,
-at the CLI, before anything is written.
+when the actions run on a cluster. ``validate_inputs`` checks the same inputs at the CLI, before
+anything is written, without torch unless the run has reward models (whose weights are checked
+against their config.json there: a mismatch would otherwise surface in the first evaluation).
 """
 
 from __future__ import annotations
@@ -75,10 +76,16 @@ def validate_inputs(cfg: WorkloadConfig, *, steps: int = 1) -> None:
 
 
 def _validate_reward_models(cfg: WorkloadConfig, data: Datasets) -> None:
+    """Each reward model folder as the score action will load it: its files, a classifier with
+    the label to score, weights of the shapes its config.json gives (the loader would refuse
+    them only in the first evaluation, after the run was written) and its tokenizer."""
+    from actions.models.weight_shapes import check_weight_shapes  # torch: only for runs with reward models
+
     chat = has_chat_prompts([*data.train, *data.evals])
     for i, m in enumerate(cfg.reward.models):
         validate_model_dir(m.path, field=f"reward.models[{i}].path")
         check_classifier(m.path, f"reward.models[{i}]", m.label)
+        check_weight_shapes(m.path, f"reward.models[{i}].path", "AutoModelForSequenceClassification")
         check_tokenizer(m.path, f"reward.models[{i}]", m, chat)
 
 
@@ -171,6 +178,7 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str, *, steps: 
     from actions.models.loading import encode, encode_prompt
     from actions.models.modeling import base_files, build_tiny_model, instantiate, model_summary, read_model_dir
     from actions.models.special_tokens import special_tokens
+    from actions.models.weight_shapes import check_weight_shapes
     from actions.rl.head import check_head
     from actions.store.weights import publish_tensors
 
@@ -184,6 +192,9 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str, *, steps: 
     check_targets(cfg)
     if cfg.model.path:
         validate_model_dir(cfg.model.path)
+        # one line naming the tensor, rather than the loader's report; here, not at the CLI, where
+        # building the model's classes would cost every run seconds to answer what this answers
+        check_weight_shapes(cfg.model.path, "model.path", "AutoModelForCausalLM")
         files, tensors = read_model_dir(cfg.model.path)
     else:
         m = cfg.model
