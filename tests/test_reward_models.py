@@ -355,3 +355,38 @@ def test_a_reward_model_whose_config_disagrees_with_its_weights_is_refused_befor
     assert "config.json gives [64, 128]" in err[0] or "config.json gives [128, 64]" in err[0]
     store = tmp_path / "store"
     assert not store.exists() or not [p for p in store.rglob("*") if p.is_file()]
+
+
+def test_a_reward_model_scoring_nan_is_named_with_its_folder_prompt_and_cause(tmp_path, reward_model):
+    """A NaN or infinite score fails where the model makes it, naming reward.models[i], its
+    folder, the prompt id and the value, and why: the damaged tensor where the weights hold one,
+    else the 16-bit dtype its activations overflowed in."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from actions.tasks.rewards import RewardModelError
+    from actions.tasks.rewards.model_scoring import check_scores
+
+    folder = tmp_path / "nanw"
+    shutil.copytree(reward_model, folder)
+    tensors = load_file(folder / "model.safetensors")
+    save_file({**tensors, "score.weight": torch.full_like(tensors["score.weight"], float("nan"))},
+              folder / "model.safetensors", metadata={"format": "pt"})
+    store = LocalStore(tmp_path / "store")
+    put_artifact(store, "runs/r/reward_models/2/manifest.json", folder_files(str(folder)))
+    ref = RewardModelRef(index=2, manifest_key="runs/r/reward_models/2/manifest.json",
+                         settings=RewardModelConfig(path=str(folder)))
+    warm.clear()
+    with pytest.raises(RewardModelError, match=rf"^reward.models\[2\] \('{folder}', stored at the run's start\) "
+                                               r"scored prompt_id 7 nan, not a finite number: its weights hold NaN or "
+                                               r"inf \(tensor score.weight\).*save the model again"):
+        score_with_models([ref], str(tmp_path / "store"), ["What is 2+2?", "Hi"], ["4", "Hello"], prompt_ids=[7, 8])
+
+    class Finite16(torch.nn.Linear):
+        dtype = torch.bfloat16  # what a model in bfloat16 reports
+
+    with pytest.raises(RewardModelError, match=r"scored row 1 inf.*weights are finite, so its activations overflow in "
+                                               r"bfloat16.*RLHFLESS_DTYPE=float32"):
+        check_scores(ref, Finite16(2, 1), [0.5, float("inf")], None)
+    check_scores(ref, Finite16(2, 1), [0.5, -3.0], [1, 2])  # finite scores pass
