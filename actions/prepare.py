@@ -59,12 +59,14 @@ def _datasets(cfg: WorkloadConfig, tokenizer: Callable[[], Any] | None = None, *
                           model_name=f"model.path {cfg.model.path!r}" if cfg.model.path else "the tiny default model")
 
 
-def validate_inputs(cfg: WorkloadConfig, *, steps: int = 1) -> None:
+def validate_inputs(cfg: WorkloadConfig, *, steps: int = 1, resumed: bool = False) -> None:
     """Check the datasets, the reward functions (called as at step 0 of ``steps`` RL steps), the
     model directory (its files and its EOS token) and the reward models without writing
     anything (fails fast at the CLI). Hub ids are
     fetched into the local hub cache where downloads are allowed, and refused in one line where
-    they are not (``actions/models/hub.py``)."""
+    they are not (``actions/models/hub.py``). ``resumed``: the run exists, and its reward models
+    are the copies stored (and checked) at its start, so their folders, perhaps moved since, are
+    not checked."""
     cfg, _ = resolve_hub_ids(cfg)
     tokenizer = _tokenizer_source(cfg)
     data = _datasets(cfg, tokenizer, steps=steps)
@@ -72,7 +74,8 @@ def validate_inputs(cfg: WorkloadConfig, *, steps: int = 1) -> None:
         validate_model_dir(cfg.model.path)
         check_eos(cfg.model.path, tokenizer())
     check_targets(cfg)
-    _validate_reward_models(cfg, data)
+    if not resumed:
+        _validate_reward_models(cfg, data)
 
 
 def _validate_reward_models(cfg: WorkloadConfig, data: Datasets) -> None:
