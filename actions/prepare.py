@@ -8,8 +8,9 @@ same configuration twice writes the same bytes.
 
 It reads ``model.path`` and ``data.*_path`` where it runs, so the control plane runs it where
 those files are (``flows/campaign/inputs.py``): on its pool, or in a child process of its own
-when the actions run on a cluster. ``validate_inputs`` checks the same inputs without torch,
-at the CLI, before anything is written.
+when the actions run on a cluster. ``validate_inputs`` checks the same inputs at the CLI, before
+anything is written, without torch unless the run has reward models (whose weights are checked
+against their config.json there: a mismatch would otherwise surface in the first evaluation).
 """
 
 from __future__ import annotations
@@ -58,12 +59,14 @@ def _datasets(cfg: WorkloadConfig, tokenizer: Callable[[], Any] | None = None, *
                           model_name=f"model.path {cfg.model.path!r}" if cfg.model.path else "the tiny default model")
 
 
-def validate_inputs(cfg: WorkloadConfig, *, steps: int = 1) -> None:
+def validate_inputs(cfg: WorkloadConfig, *, steps: int = 1, resumed: bool = False) -> None:
     """Check the datasets, the reward functions (called as at step 0 of ``steps`` RL steps), the
     model directory (its files and its EOS token) and the reward models without writing
     anything (fails fast at the CLI). Hub ids are
     fetched into the local hub cache where downloads are allowed, and refused in one line where
-    they are not (``actions/models/hub.py``)."""
+    they are not (``actions/models/hub.py``). ``resumed``: the run exists, and its reward models
+    are the copies stored (and checked) at its start, so their folders, perhaps moved since, are
+    not checked."""
     cfg, _ = resolve_hub_ids(cfg)
     tokenizer = _tokenizer_source(cfg)
     data = _datasets(cfg, tokenizer, steps=steps)
@@ -71,14 +74,21 @@ def validate_inputs(cfg: WorkloadConfig, *, steps: int = 1) -> None:
         validate_model_dir(cfg.model.path)
         check_eos(cfg.model.path, tokenizer())
     check_targets(cfg)
-    _validate_reward_models(cfg, data)
+    if not resumed:
+        _validate_reward_models(cfg, data)
 
 
 def _validate_reward_models(cfg: WorkloadConfig, data: Datasets) -> None:
+    """Each reward model folder as the score action will load it: its files, a classifier with
+    the label to score, weights of the shapes its config.json gives (the loader would refuse
+    them only in the first evaluation, after the run was written) and its tokenizer."""
+    from actions.models.weight_shapes import check_weight_shapes  # torch: only for runs with reward models
+
     chat = has_chat_prompts([*data.train, *data.evals])
     for i, m in enumerate(cfg.reward.models):
         validate_model_dir(m.path, field=f"reward.models[{i}].path")
         check_classifier(m.path, f"reward.models[{i}]", m.label)
+        check_weight_shapes(m.path, f"reward.models[{i}].path", "AutoModelForSequenceClassification")
         check_tokenizer(m.path, f"reward.models[{i}]", m, chat)
 
 
@@ -171,6 +181,7 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str, *, steps: 
     from actions.models.loading import encode, encode_prompt
     from actions.models.modeling import base_files, build_tiny_model, instantiate, model_summary, read_model_dir
     from actions.models.special_tokens import special_tokens
+    from actions.models.weight_shapes import check_weight_shapes
     from actions.rl.head import check_head
     from actions.store.weights import publish_tensors
 
@@ -184,6 +195,9 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str, *, steps: 
     check_targets(cfg)
     if cfg.model.path:
         validate_model_dir(cfg.model.path)
+        # one line naming the tensor, rather than the loader's report; here, not at the CLI, where
+        # building the model's classes would cost every run seconds to answer what this answers
+        check_weight_shapes(cfg.model.path, "model.path", "AutoModelForCausalLM")
         files, tensors = read_model_dir(cfg.model.path)
     else:
         m = cfg.model

@@ -309,11 +309,16 @@ class CampaignConfig(WorkloadConfig):
         return data
 
     def fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()[:12]
+        return fingerprint_of(self.identity())
 
     def resolved_run_id(self) -> str:
         source = "dataset" if self.data.train_path else self.data.task  # a user dataset is not the task
         return self.run_id or f"{source}-{self.algorithm.name}-{self.fingerprint()}"
+
+
+def fingerprint_of(identity: dict[str, Any]) -> str:
+    """The fingerprint of an identity (``CampaignConfig.identity``): 12 hex digits of its sha256."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
 
 
 # ----------------------------------------------------------------------------- loading

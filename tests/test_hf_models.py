@@ -214,3 +214,15 @@ def test_tiny_model_cli_writes_a_loadable_folder_and_refuses_bad_flags(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "--num-heads 3" in err[0] and "<nope>" in err[1]
     assert not (tmp_path / "x").exists()
+
+
+def test_a_policy_folder_whose_config_disagrees_with_its_weights_is_refused_by_prepare_in_one_line(tmp_path):
+    """prepare names the tensor, rather than passing on the loader's report, and writes nothing."""
+    folder = write_tiny_model_dir(tmp_path / "qwen2", "qwen2").path
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": 128}))
+    cfg = load_config(None, [f"model.path={folder}"]).workload()
+    with pytest.raises(ValueError, match=r"^model.path '.*qwen2': tensor model.layers.0.mlp.\w+.weight has shape "
+                                         r"\[\d+, \d+\] in the weights, but config.json gives "):
+        prepare(cfg, LocalStore(tmp_path / "store"), "runs/x")
+    assert not [p for p in (tmp_path / "store").rglob("*") if p.is_file()]

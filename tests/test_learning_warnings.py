@@ -47,6 +47,26 @@ def test_a_diverged_update_warns():
     assert learning_warnings([_step(), {**_step(), "loss/value": 1e30}], total=2) == []
 
 
+def test_a_diverged_critic_is_named_as_the_critic_not_as_the_policy():
+    """PPO's critic alone skipped its steps (rewards of extreme size overflow its value loss):
+    the line names its counter and the rewards' scale, not the policy's counter; where both
+    diverged, both counters are named."""
+    critic = {**_step(), "train/skipped_nonfinite": 0.0, "train/critic_skipped_nonfinite": 2.0,
+              "loss/value": float("inf")}
+    [got] = learning_warnings([_step(), critic], total=2, algorithm="ppo")
+    assert (got["kind"], got["step"]) == ("nonfinite_update", 2)
+    message = got["message"].removeprefix("warning: step 2: nonfinite_update: ")
+    assert message.startswith("the critic's update diverged") and "train/critic_skipped_nonfinite" in message
+    assert "rewards' scale" in message and "algorithm.critic_lr" in message
+    assert "train/skipped_nonfinite" not in message
+    both = {**critic, "train/skipped_nonfinite": 1.0, "grad_norm": float("nan")}
+    [got] = learning_warnings([both], total=1, algorithm="ppo")
+    assert got["message"].startswith("warning: step 1: nonfinite_update: the update diverged")
+    assert "(train/skipped_nonfinite)" in got["message"] and "(train/critic_skipped_nonfinite)" in got["message"]
+    [got] = learning_warnings([{**_step(), "train/skipped_nonfinite": 1.0}], total=1, algorithm="ppo")
+    assert "critic" not in got["message"]
+
+
 def test_zero_variance_run_warns_and_resume_of_finished_run_writes_nothing(tmp_path, prefect_harness, capsys):
     from conftest import TINY_OVERRIDES
     from flows.commands.cli import main

@@ -292,3 +292,101 @@ def test_a_reward_model_without_a_chat_template_or_with_too_long_inputs_is_refus
     tok = AutoTokenizer.from_pretrained(folder)
     assert input_limit(1024, tok) == 64 and input_limit(None, tok) == 64 and input_limit(32, tok) == 32
     assert input_limit("auto", tok) == 64 and input_limit("auto", None) == 1024
+
+
+def _edit_config(folder: Path, **changes) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+def test_weights_are_checked_against_config_json_without_false_alarms(tmp_path, reward_model):
+    """The shapes config.json gives match the weights of every tiny folder the tests use (a tied
+    policy head is not in its file; BERT holds buffers), also when its weights are sharded; an
+    edited config.json is refused naming the folder's setting, the tensor and both shapes."""
+    import shutil
+
+    from transformers import AutoModelForSequenceClassification
+
+    from actions.models.weight_shapes import check_weight_shapes
+
+    classifier = "AutoModelForSequenceClassification"
+    check_weight_shapes(str(reward_model), "reward.models[0].path", classifier)
+    check_weight_shapes(str(_bert_reward_folder(tmp_path / "bert")), "reward.models[0].path", classifier)
+    for arch in ("qwen2", "llama"):
+        policy = write_tiny_model_dir(tmp_path / arch, arch).path
+        check_weight_shapes(str(policy), "model.path", "AutoModelForCausalLM")
+    sharded = tmp_path / "sharded"
+    AutoModelForSequenceClassification.from_pretrained(reward_model).save_pretrained(sharded, max_shard_size="100KB")
+    assert (sharded / "model.safetensors.index.json").is_file()
+    check_weight_shapes(str(sharded), "reward.models[0].path", classifier)
+    _edit_config(sharded, intermediate_size=128)
+    with pytest.raises(ValueError, match=r"^reward.models\[0\].path '.*sharded': tensor model.layers.0.mlp.\w+.weight "
+                                         r"has shape \[\d+, \d+\] in the weights, but config.json gives .*save_pret"):
+        check_weight_shapes(str(sharded), "reward.models[0].path", classifier)
+    base = tmp_path / "base"  # a base model's weights (no "model." prefix) under a classifier's config
+    shutil.copytree(reward_model, base)
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(base / "model.safetensors")
+    save_file({k.removeprefix("model."): v for k, v in tensors.items()}, base / "model.safetensors")
+    check_weight_shapes(str(base), "reward.models[0].path", classifier)
+    _edit_config(base, hidden_size=32)
+    with pytest.raises(ValueError, match=r"tensor embed_tokens.weight has shape \[576, 64\] in the weights, but "
+                                         r"config.json gives \[576, 32\]"):
+        check_weight_shapes(str(base), "reward.models[0].path", classifier)
+
+
+def test_a_reward_model_whose_config_disagrees_with_its_weights_is_refused_before_anything_is_written(
+        tmp_path, reward_model, capsys):
+    """The loader would refuse it only in the first evaluation, after the run was prepared,
+    warmed up and its critic initialised; the CLI refuses it in one line, exit 2."""
+    import shutil
+
+    from flows.commands.cli import main
+
+    folder = tmp_path / "mism"
+    shutil.copytree(reward_model, folder)
+    _edit_config(folder, intermediate_size=128)
+    args = ["train", "--set", f"reward.models=[{{path: {folder}}}]", "--set", f"store.uri={tmp_path / 'store'}",
+            "--set", "invoker.kind=inprocess", "--set", "algorithm.name=ppo", "--out", str(tmp_path / "run")]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"rlhfless: error: reward.models[0].path '{folder}': tensor model.")
+    assert "config.json gives [64, 128]" in err[0] or "config.json gives [128, 64]" in err[0]
+    store = tmp_path / "store"
+    assert not store.exists() or not [p for p in store.rglob("*") if p.is_file()]
+
+
+def test_a_reward_model_scoring_nan_is_named_with_its_folder_prompt_and_cause(tmp_path, reward_model):
+    """A NaN or infinite score fails where the model makes it, naming reward.models[i], its
+    folder, the prompt id and the value, and why: the damaged tensor where the weights hold one,
+    else the 16-bit dtype its activations overflowed in."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from actions.tasks.rewards import RewardModelError
+    from actions.tasks.rewards.model_scoring import check_scores
+
+    folder = tmp_path / "nanw"
+    shutil.copytree(reward_model, folder)
+    tensors = load_file(folder / "model.safetensors")
+    save_file({**tensors, "score.weight": torch.full_like(tensors["score.weight"], float("nan"))},
+              folder / "model.safetensors", metadata={"format": "pt"})
+    store = LocalStore(tmp_path / "store")
+    put_artifact(store, "runs/r/reward_models/2/manifest.json", folder_files(str(folder)))
+    ref = RewardModelRef(index=2, manifest_key="runs/r/reward_models/2/manifest.json",
+                         settings=RewardModelConfig(path=str(folder)))
+    warm.clear()
+    with pytest.raises(RewardModelError, match=rf"^reward.models\[2\] \('{folder}', stored at the run's start\) "
+                                               r"scored prompt_id 7 nan, not a finite number: its weights hold NaN or "
+                                               r"inf \(tensor score.weight\).*save the model again"):
+        score_with_models([ref], str(tmp_path / "store"), ["What is 2+2?", "Hi"], ["4", "Hello"], prompt_ids=[7, 8])
+
+    class Finite16(torch.nn.Linear):
+        dtype = torch.bfloat16  # what a model in bfloat16 reports
+
+    with pytest.raises(RewardModelError, match=r"scored row 1 inf.*weights are finite, so its activations overflow in "
+                                               r"bfloat16.*RLHFLESS_DTYPE=float32"):
+        check_scores(ref, Finite16(2, 1), [0.5, float("inf")], None)
+    check_scores(ref, Finite16(2, 1), [0.5, -3.0], [1, 2])  # finite scores pass

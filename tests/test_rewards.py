@@ -55,6 +55,18 @@ def test_reward_model_scores_add_to_the_total_but_not_to_what_reaches_the_best()
     assert alone.applicable == [True] * 4 and is_best(alone) == [False] * 4  # a model alone defines no best
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_reward_models_non_finite_score_is_blamed_on_the_model_not_on_the_functions_sum(bad):
+    from actions.tasks.rewards import RewardModelError
+
+    rows = _rows(["0", "1"])
+    with pytest.raises(RewardModelError, match=rf"^reward.models\[1\] scored prompt_id {rows[1].prompt_id} {bad}, "
+                                               r"not a finite number: its weights hold NaN or inf.*float32") as err:
+        compute_rewards([Fn(name="exact_match")], rows, ["0", "1"],
+                        model_scores={"reward_model/0": (1.0, [0.5, 0.5]), "reward_model/1": (1.0, [0.1, bad])})
+    assert "overflows" not in str(err.value) and "reward.functions" not in str(err.value)
+
+
 def test_a_penalty_whose_best_is_zero_is_reached_and_a_row_no_function_applies_to_is_not(monkeypatch):
     def penalty(completions, **kwargs):
         return [None if c == "n/a" else 0.0 if len(c) < 5 else -1.0 for c in completions]

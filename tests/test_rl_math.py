@@ -36,6 +36,39 @@ def test_masked_whiten_uses_population_variance():
     assert close(out, [[-1 / s, 0.0, 1 / s, 0.0]])
 
 
+def _whiten_direct(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """The formula masked_whiten used before it took huge values, for the bit-for-bit check."""
+    mean = masked_mean(x, mask)
+    centered = torch.where(mask.bool(), x - mean, torch.zeros_like(x))
+    return centered * torch.rsqrt(masked_mean(centered.square(), mask) + eps)
+
+
+def test_masked_whiten_takes_values_whose_squares_overflow_float32_and_leaves_others_bit_for_bit():
+    """Rewards of 1e20 (finite, allowed) made PPO's float32 variance infinite and every
+    advantage 0; they are whitened exactly now, and ordinary advantages as before, bit for bit."""
+    torch.manual_seed(0)
+    mask = (torch.rand(6, 9) > 0.2).int()
+    mask[:, 0] = 1
+    for x in (torch.randn(6, 9), torch.randn(6, 9) * 1e3, torch.randn(6, 9) * 1e-4):
+        assert torch.equal(masked_whiten(x, mask), _whiten_direct(x, mask))
+    for scale in (1e20, 3e37):
+        x = torch.randn(6, 9) * scale
+        x[~mask.bool()] = float("nan")  # padding holds anything
+        keep = mask.bool()
+        if scale == 1e20:  # what the direct formula made of them: every advantage 0
+            assert (_whiten_direct(x, mask)[keep] == 0).all()
+        got = masked_whiten(x, mask)  # 3e37: near float32's largest, where even the sum may overflow
+        ref = x.double()[keep]
+        want = (ref - ref.mean()) / ref.var(unbiased=False).sqrt()
+        assert torch.allclose(got[keep].double(), want, rtol=1e-5, atol=1e-5)
+        assert (got[~keep] == 0).all() and got[keep].abs().max() > 0.5
+        assert masked_mean(got.square(), mask).item() == pytest.approx(1.0, rel=1e-5)  # unit variance, as for small x
+    equal = torch.full((2, 3), 1e30)  # all equal: variance 0, whitened to 0 as any constant is
+    assert torch.equal(masked_whiten(equal, torch.ones(2, 3)), torch.zeros(2, 3))
+    poisoned = torch.tensor([[1.0, float("nan"), 2.0]])  # a NaN on a real position still shows
+    assert torch.isnan(masked_whiten(poisoned, torch.ones(1, 3))).any()
+
+
 # ---- advantages ---------------------------------------------------------------------------
 
 

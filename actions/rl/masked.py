@@ -67,6 +67,11 @@ def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     PPO advantages, as in OpenAI baselines ppo2). The variance is the population variance
     (divide by N, not N-1), matching ``group_normalized_advantages``.
 
+    Values whose squares (or sum) overflow ``x``'s dtype (float32 rewards of 1e20: allowed, as
+    GRPO's normalisation takes them) would make the variance infinite and every result 0; they
+    are whitened as ``x / max|x|`` instead, the same quotient. Every other input takes the
+    direct formula, bit for bit as before.
+
     Args:
         x: values, any shape (typically advantages ``[B, T]``).
         mask: 0/1 mask of the same shape.
@@ -77,4 +82,21 @@ def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     mean = masked_mean(x, mask)
     centered = torch.where(mask.bool(), x - mean, torch.zeros_like(x))
     var = masked_mean(centered.square(), mask)
+    if not bool(torch.isfinite(var)):  # one check a batch: the overflow, or a NaN/inf in x itself
+        selected = torch.where(mask.bool(), x, torch.zeros_like(x))
+        if bool(torch.isfinite(selected).all()):
+            return _whiten_scaled(selected, mask, eps)
     return centered * torch.rsqrt(var + eps)
+
+
+def _whiten_scaled(x: Tensor, mask: Tensor, eps: float) -> Tensor:
+    """``masked_whiten`` of finite ``x`` (0 where unmasked) whose statistics overflow its
+    dtype: of ``y = x / s``, ``s = max|x|``, every term fits, and ``(x - m) / sqrt(v + eps)`` is
+    ``(y - m/s) / sqrt(v/s**2 + eps/s**2)``. ``eps/s**2`` underflows to 0, so values that are all
+    equal (variance 0) give 0, as the direct formula does."""
+    scale = x.abs().amax()
+    y = x / scale
+    mean = masked_mean(y, mask)
+    centered = torch.where(mask.bool(), y - mean, torch.zeros_like(y))
+    var = masked_mean(centered.square(), mask) + eps / scale.square()
+    return torch.where(var > 0, centered * torch.rsqrt(var), torch.zeros_like(centered))

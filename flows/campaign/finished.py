@@ -21,11 +21,15 @@ def finished_run_line(cfg: CampaignConfig) -> str | None:
     normal resume does (take the lease over, finish the collection, write the summary)."""
     from actions.store import open_store
     from flows.campaign.lease import read_lease
-    from flows.campaign.state import load_state
+    from flows.campaign.state import CampaignRefused, check_resume, load_state
 
     store = open_store(cfg.store.uri)
     state = load_state(store, cfg.resolved_run_id())
-    if state is None or state.fingerprint != cfg.fingerprint() or state.step < cfg.steps:
+    if state is None or state.step < cfg.steps:
+        return None
+    try:
+        check_resume(state, cfg, True, store)  # a reward model path spelled otherwise is the same run
+    except CampaignRefused:
         return None
     if read_lease(store, state.run_id) is not None:
         return None

@@ -11,7 +11,9 @@ metrics, printed on the progress output as they first hold and listed in ``summa
 * ``nonfinite_update``: a step's ``grad_norm`` or a ``loss/*`` was NaN or infinite, or it
   skipped optimizer steps for it (``train/skipped_nonfinite``, ``actions/rl/update.py``): the
   update diverged (on OpenWhisk such values travel as the strings ``"NaN"``/``"Infinity"`` and
-  are read back as floats, ``actions/runtime/server.py: encode_reply``).
+  are read back as floats, ``actions/runtime/server.py: encode_reply``). Its line names the
+  counter that is not 0: the policy's, or, where only PPO's critic diverged (``loss/value``,
+  ``train/critic_skipped_nonfinite``), the critic's, whose value loss the rewards' scale drives.
 * ``no_reward``: no reward function or model applied to any completion of a step (every reward
   None, ``frac_reward_none`` = 1.0).
 
@@ -26,7 +28,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 SKIPPED_STEPS = ("train/skipped_nonfinite", "train/critic_skipped_nonfinite")
-"""The learner's counts of optimizer steps skipped for a non-finite gradient (``actions/rl/update.py``)."""
+"""The learner's counts of optimizer steps skipped for a non-finite gradient (``actions/rl/update.py``):
+the policy's, then PPO's critic's."""
+CRITIC_LOSS = "loss/value"
+"""PPO's critic loss: the one ``loss/*`` of the critic's update, not the policy's."""
 ZERO_STD_STEPS = 3
 """Consecutive steps of all-zero reward spread before ``zero_reward_std`` is raised."""
 GROUP_RELATIVE = ("grpo",)
@@ -46,6 +51,13 @@ _FIX = {
 }
 
 
+_CRITIC_FIX = ("the critic's update diverged (loss/value NaN or infinite); its optimizer steps were skipped "
+               "(train/critic_skipped_nonfinite), so its value baseline did not learn from them (the policy's steps "
+               "were taken): check the rewards' scale, which the critic regresses (rewards of extreme size overflow "
+               "its value loss; keep them moderate, e.g. within +-1e6), or lower algorithm.critic_lr")
+"""``nonfinite_update``'s fix where only PPO's critic diverged."""
+
+
 def _holds(kind: str, steps: Sequence[Mapping[str, Any]], i: int, total: int, algorithm: str) -> bool:
     """Does ``kind`` hold after step ``i + 1`` (``steps[:i + 1]`` committed, ``total`` planned)
     of a run of ``algorithm``?"""
@@ -53,8 +65,7 @@ def _holds(kind: str, steps: Sequence[Mapping[str, Any]], i: int, total: int, al
     if kind == "zero_grad_norm":
         return "grad_norm" in m and m["grad_norm"] == 0.0
     if kind == "nonfinite_update":
-        return any(isinstance(v, float) and not math.isfinite(v) for k, v in m.items()
-                   if k == "grad_norm" or k.startswith("loss")) or any(m.get(k, 0.0) > 0 for k in SKIPPED_STEPS)
+        return any(_diverged(m))
     if kind == "no_reward":
         return m.get("frac_reward_none", 0.0) >= 1.0
     if algorithm not in GROUP_RELATIVE:
@@ -62,6 +73,27 @@ def _holds(kind: str, steps: Sequence[Mapping[str, Any]], i: int, total: int, al
     window = min(ZERO_STD_STEPS, total)
     recent = steps[max(0, i + 1 - window):i + 1]
     return len(recent) == window and all(s.get("frac_reward_zero_std", 0.0) >= 1.0 for s in recent)
+
+
+def _diverged(m: Mapping[str, Any]) -> tuple[bool, bool]:
+    """(did the policy's update diverge, did the critic's) at the step of metrics ``m``."""
+    def nonfinite(k: str) -> bool:
+        return isinstance(m.get(k), float) and not math.isfinite(m[k])
+
+    policy = any(nonfinite(k) for k in m if k == "grad_norm" or (k.startswith("loss") and k != CRITIC_LOSS))
+    return (policy or m.get(SKIPPED_STEPS[0], 0.0) > 0,
+            nonfinite(CRITIC_LOSS) or m.get(SKIPPED_STEPS[1], 0.0) > 0)
+
+
+def _message(kind: str, m: Mapping[str, Any]) -> str:
+    """The fix ``kind``'s line gives at the step of metrics ``m``: the critic's wording of
+    ``nonfinite_update`` where only the critic diverged, naming the counter that is not 0."""
+    if kind != "nonfinite_update":
+        return _FIX[kind]
+    policy, critic = _diverged(m)
+    if not policy:
+        return _CRITIC_FIX
+    return _FIX[kind] + ("; the critic's steps were skipped too (train/critic_skipped_nonfinite)" if critic else "")
 
 
 @dataclass
@@ -86,7 +118,8 @@ def find_warnings(steps: Sequence[Mapping[str, Any]], total: int, algorithm: str
             if kind in found:
                 found[kind].steps += 1
             else:
-                found[kind] = LearningWarning(kind, i + 1, 1, f"warning: step {i + 1}: {kind}: {_FIX[kind]}")
+                found[kind] = LearningWarning(kind, i + 1, 1,
+                                              f"warning: step {i + 1}: {kind}: {_message(kind, steps[i])}")
     return sorted(found.values(), key=lambda w: (w.step, w.kind))
 
 

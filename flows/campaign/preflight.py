@@ -32,10 +32,12 @@ _CHECKED: dict[str, int] = {}  # config JSON -> open ``checked`` blocks
 _LOCK = threading.Lock()
 
 
-def check_campaign(cfg: CampaignConfig) -> None:
+def check_campaign(cfg: CampaignConfig, *, resumed: bool = False) -> None:
     """Refuse a configuration the campaign would fail on after writing the store; nothing when
     this exact configuration was checked for the block this call runs in (:func:`checked`).
-    Imports neither Prefect nor torch.
+    Imports neither Prefect nor torch (but for a new run's reward models, ``validate_inputs``).
+    ``resumed``: the store holds a committed step of the run, so its inputs are stored already
+    (the reward models' folders are not read: ``flows/campaign/reward_copies.py``).
 
     Raises:
         ValueError: one line naming the field, the value and the fix (``check_planning``,
@@ -50,7 +52,7 @@ def check_campaign(cfg: CampaignConfig) -> None:
     from actions.prepare import validate_inputs
 
     check_planning(cfg)
-    validate_inputs(cfg, steps=cfg.steps)
+    validate_inputs(cfg, steps=cfg.steps, resumed=resumed)
     local = cfg.invoker.kind != "openwhisk"  # an OpenWhisk action checks on the machine it runs on
     check_engine(cfg, local_actions=local)
     if local:

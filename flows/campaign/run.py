@@ -61,9 +61,9 @@ def run_campaign(cfg: CampaignConfig, *, resume: bool = False, progress: Progres
     lease throughout (``flows/campaign/holding.py``); every commit and collection checks it first.
     """
     started = time.time()
-    check_campaign(cfg)
-    store = store or open_store(cfg.store.uri)
+    store = store or open_store(cfg.store.uri)  # as the CLI: first, so a resume's checks know the run exists
     run_id = cfg.resolved_run_id()
+    check_campaign(cfg, resumed=resume and load_state(store, run_id) is not None)
     with holding_lease(cfg, store, run_id, break_lease=break_lease, progress=progress) as lease:
         return _run_leased(cfg, store, run_id, lease, resume, progress, started)
 
@@ -92,7 +92,8 @@ class SessionWall:
 def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: RunLease, resume: bool,
                 progress: Progress, started: float) -> dict[str, Any]:
     existing = load_state(store, run_id)
-    check_resume(existing, cfg, resume)
+    for line in check_resume(existing, cfg, resume, store):
+        progress(line)
     num_workers = pool_size(cfg)
     # Prefect artifacts and each step's flow run (flows/campaign/prestart.py), off the steps'
     # critical path: made in the generation phase of a step, never beside its training

@@ -30,7 +30,8 @@ from actions.store import (
 )
 from actions.store.safe_paths import STORE_FIX, UnsafeName, check_name, shown
 from flows.campaign.history import seal, unseal
-from flows.config import CampaignConfig
+from flows.campaign.reward_copies import described, reconcile_reward_paths
+from flows.config import CampaignConfig, fingerprint_of
 from flows.planning.planner import PlannerState
 from flows.planning.record import PhaseObservation
 from flows.step.metrics import REWARD_LOGGED
@@ -270,32 +271,48 @@ class CampaignRefused(ValueError):
     """The run exists and cannot be continued as asked (exit code 2 at the CLI)."""
 
 
-def check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: bool) -> None:
+def check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: bool,
+                 store: ObjectStore | None = None) -> list[str]:
     """Refuse (CampaignRefused) to start over an existing run without ``resume``, or to resume
-    one made with a different configuration (``CampaignConfig.identity``). The CLI calls it
-    before Prefect starts, the campaign again before its first step."""
+    one made with a different configuration (``CampaignConfig.identity``). With the run's
+    ``store``, a reward model path is compared by what it holds, not by its spelling
+    (``reward_copies``). The CLI calls it before Prefect starts, the campaign again before its
+    first step.
+
+    Returns:
+        the resume's warning lines (a reward model folder changed since the run stored its copy).
+    """
     if existing is None:
-        return
+        return []
     if not resume:
         raise CampaignRefused(
             f"run {existing.run_id!r} already has {existing.step} committed step(s); pass --resume to continue it "
             "or set run_id to start a new run"
         )
-    if existing.fingerprint != cfg.fingerprint():
-        diff = differing_keys(existing.identity, cfg.identity())
+    identity, warnings = (reconcile_reward_paths(existing.run_id, existing.identity, cfg, store) if store is not None
+                          else (cfg.identity(), []))
+    if existing.fingerprint != fingerprint_of(identity):
+        diff = [described(k, existing.identity, identity) if store is not None else k
+                for k in differing_keys(existing.identity, identity)]
         shown = ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
         raise CampaignRefused(
             f"refusing to resume run {existing.run_id!r}: it was made with a different configuration "
             f"(settings differ: {shown}); use the original config or a new run_id"
         )
+    return warnings
 
 
 def differing_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
-    """The dotted keys whose values differ between two identities (a list compared whole).
+    """The dotted keys whose values differ between two identities; a list's entries by index
+    where both lists have as many (``reward.models[0].path``), else the list whole.
 
     >>> differing_keys({"algorithm": {"lr": 1, "kl": "k3"}, "seed": 0}, {"algorithm": {"lr": 2, "kl": "k3"}, "seed": 0})
     ['algorithm.lr']
+    >>> differing_keys({"models": [{"path": "a", "weight": 1}]}, {"models": [{"path": "b", "weight": 1}]})
+    ['models[0].path']
     """
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new) and old != new:
+        return [k for i, (a, b) in enumerate(zip(old, new)) for k in differing_keys(a, b, f"{prefix}[{i}]")]
     if not (isinstance(old, dict) and isinstance(new, dict)):
         return [prefix or "(the whole configuration)"] if old != new else []
     out: list[str] = []

@@ -151,10 +151,11 @@ def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool,
     from flows.campaign.state import check_resume, load_state  # no Prefect import: a refusal stays fast
 
     existing = load_state(store, run_id)
-    check_resume(existing, cfg, resume)
+    check_resume(existing, cfg, resume, store)  # its warnings are the flow's to print, once
     if resume and existing is None:  # not an error (a scheduled run's first night), but worth a line
         print(f"note: --resume: the store holds no committed step of run {run_id!r}; starting it", file=sys.stderr)
-    check_campaign(cfg)  # the flow's own checks, the same list (the invoker's last: OpenWhisk is one request)
+    # the flow's own checks, the same list (the invoker's last: OpenWhisk is one request)
+    check_campaign(cfg, resumed=existing is not None)
     return RunLease.acquire(store, run_id, ttl_s=cfg.store.lease_ttl_s, break_lease=break_lease)
 
 

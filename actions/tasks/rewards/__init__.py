@@ -31,7 +31,8 @@ none), and evaluation counts a completion correct when the functions' sum, the r
 scores left out, reaches it (a row no function applies to is never correct). A function that
 raises, or returns a list of the wrong length or type, or rewards whose weighted sum overflows
 to a non-finite total, fails the step with :class:`RewardFunctionError` naming the function
-and the row; it is a bug in the function and is never retried.
+and the row; it is a bug in the function and is never retried. A reward model's NaN or infinite
+score fails it with :class:`RewardModelError` naming the model and the row (never retried either).
 """
 
 from __future__ import annotations
@@ -46,6 +47,13 @@ from typing import Any, Protocol
 from actions.config.reward import BUILTIN_REWARDS
 from actions.tasks.rewards.calling import RESERVED, RewardFunctionError, call_reward
 from actions.tasks.rewards.trainer_state import make_trainer_state
+
+
+class RewardModelError(ValueError):
+    """A reward model scored a completion with NaN or an infinity: the same weights score the
+    same text alike again, so it is not transient and never retried."""
+
+    field = "reward.models"
 
 
 class RewardSpec(Protocol):
@@ -171,6 +179,7 @@ def compute_rewards(specs: Sequence[RewardSpec], rows: Sequence[RewardRow], text
     Raises:
         RewardFunctionError: a function raised, returned the wrong length/type (names it and the
             row) or logged a bad metric (names it and the metric).
+        RewardModelError: a reward model's score is NaN or infinite (names the model and the row).
     """
     prompts, completions, columns = reward_inputs(rows, texts)
     ids = [list(c) for c in completion_ids] if completion_ids is not None else [[] for _ in rows]
@@ -193,6 +202,7 @@ def compute_rewards(specs: Sequence[RewardSpec], rows: Sequence[RewardRow], text
                 applicable[i] = True
     function_total, function_applicable = list(total), list(applicable)
     for name, (weight, scores) in (model_scores or {}).items():
+        _check_model_scores(name, scores, rows)
         per_function[name], weights[name] = list(scores), weight
         for i, v in enumerate(scores):
             total[i] += weight * v
@@ -216,6 +226,18 @@ def reward_bounds(name: str, fn: Callable) -> tuple[float, float]:
                 f"{name.rpartition(':')[2]}.{attr} = {default}), or remove it for the default {default}")
         out.append(float(value))
     return out[0], out[1]
+
+
+def _check_model_scores(name: str, scores: Sequence[float], rows: Sequence[RewardRow]) -> None:
+    """Raise RewardModelError for a reward model's first score that is not finite (the score
+    action names its cause first, ``model_scoring.check_scores``): the functions' values are
+    finite, so a non-finite total would otherwise read as their overflow."""
+    for row, v in zip(rows, scores):
+        if not math.isfinite(v):
+            raise RewardModelError(
+                f"reward.models[{name.rpartition('/')[2]}] scored prompt_id {row.prompt_id} {v}, not a finite number: "
+                "its weights hold NaN or inf, or its activations overflow in the dtype it ran in (bfloat16 or "
+                "float16); check the folder's weights, or score in float32 (RLHFLESS_DTYPE=float32)")
 
 
 def _check_totals(total: Sequence[float], rows: Sequence[RewardRow], per_function: Mapping[str, Sequence[Any]],

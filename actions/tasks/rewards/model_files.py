@@ -75,10 +75,16 @@ def folder_files(path: str, weights: bool = True) -> dict[str, bytes]:
     """The files ``from_pretrained`` needs (config, tokenizer and, with ``weights``, the
     weights), by name; nothing else of the folder (READMEs, optimizer states) is copied."""
     root = Path(path)
+    return {n: (root / n).read_bytes() for n in folder_names(path, weights)}
+
+
+def folder_names(path: str, weights: bool = True) -> list[str]:
+    """The names of the files ``folder_files`` reads, sorted."""
+    root = Path(path)
     names = {n for n in _FILES if (root / n).is_file()}
     for pattern in _WEIGHT_PATTERNS if weights else ():
         names.update(p.name for p in root.glob(pattern) if p.is_file())
-    return {n: (root / n).read_bytes() for n in sorted(names)}
+    return sorted(names)
 
 
 def input_limit(max_length: int | str | None, tokenizer: Any) -> int | None:

@@ -18,6 +18,7 @@ network.
 
 from __future__ import annotations
 
+import math
 import tempfile
 from collections.abc import Sequence
 from typing import Any
@@ -29,6 +30,7 @@ from actions.models import warm
 from actions.models.device import action_device, action_dtype
 from actions.store import get_artifact, open_store
 from actions.store.safe_paths import write_beneath
+from actions.tasks.rewards import RewardModelError
 from actions.tasks.rewards.model_files import input_limit, label_index
 
 
@@ -72,13 +74,16 @@ def reward_texts(tokenizer: Any, chat_template: str | bool, prompts: Sequence[An
 
 @torch.no_grad()
 def score_with_models(refs: Sequence[RewardModelRef], store_uri: str, prompts: Sequence[Any],
-                      completions: Sequence[Any], device: torch.device | None = None
-                      ) -> dict[str, tuple[float, list[float]]]:
-    """Each reward model's (weight, one score per completion), by ``ref.name``.
+                      completions: Sequence[Any], device: torch.device | None = None,
+                      prompt_ids: Sequence[Any] | None = None) -> dict[str, tuple[float, list[float]]]:
+    """Each reward model's (weight, one score per completion), by ``ref.name``; every score finite.
 
     Args:
         prompts, completions: TRL's formats (``rewards.reward_inputs``).
         device: where the models run (default: the action's device).
+        prompt_ids: each completion's prompt id, for the error (default: its row index).
+    Raises:
+        RewardModelError: a score is NaN or infinite (``check_scores``).
     """
     device = device if device is not None else action_device()
     out = {}
@@ -94,8 +99,38 @@ def score_with_models(refs: Sequence[RewardModelRef], store_uri: str, prompts: S
                               add_special_tokens=False, truncation=limit is not None, max_length=limit)
             logits = model(**{k: v.to(device) for k, v in batch.items()}).logits
             scores.extend(float(x) for x in logits[:, column].float().cpu())
+        check_scores(ref, model, scores, prompt_ids)
         out[ref.name] = (ref.settings.weight, scores)
     return out
+
+
+def check_scores(ref: RewardModelRef, model: Any, scores: Sequence[float], prompt_ids: Sequence[Any] | None) -> None:
+    """Refuse a reward model's NaN or infinite score where it is made, naming the model: summed
+    with the functions' rewards it would pass for an overflow of theirs.
+
+    Raises:
+        RewardModelError: one line naming ``reward.models[i]``, its folder, the first such
+            prompt id and value, and the likely cause: weights that hold NaN or inf (looked up
+            only now, on the error's path), else activations beyond the range of the dtype it ran in.
+    """
+    bad = next((i for i, v in enumerate(scores) if not math.isfinite(v)), None)
+    if bad is None:
+        return
+    row = f"prompt_id {prompt_ids[bad]}" if prompt_ids is not None else f"row {bad}"
+    where = f"reward.models[{ref.index}] ({ref.settings.path!r}, stored at the run's start) scored {row} {scores[bad]}"
+    damaged = next((n for n, t in model.state_dict().items() if t.is_floating_point() and not t.isfinite().all()),
+                   None)
+    dtype = str(getattr(model, "dtype", "")).removeprefix("torch.")
+    if damaged is not None:
+        why = (f"its weights hold NaN or inf (tensor {damaged}): the folder's weight file is damaged; save the model "
+               "again with save_pretrained and start a new run with it (a run scores with the copy it stored)")
+    elif dtype in ("bfloat16", "float16"):
+        why = (f"its weights are finite, so its activations overflow in {dtype}, the dtype it ran in: score in "
+               "float32 (RLHFLESS_DTYPE=float32 for the actions)")
+    else:
+        why = (f"its weights are finite and it ran in {dtype or 'its dtype'}: its activations overflow on this text; "
+               "check the model with transformers on the same input, or use another reward model")
+    raise RewardModelError(f"{where}, not a finite number: {why}")
 
 
 def score_completions(req: Any, rows: Sequence[Any], texts: Sequence[str], completion_ids: Sequence[Sequence[int]],
@@ -111,6 +146,7 @@ def score_completions(req: Any, rows: Sequence[Any], texts: Sequence[str], compl
     models = None
     if req.reward_models:
         prompts, completions, _ = reward_inputs(rows, texts)
-        models = score_with_models(req.reward_models, store_uri, prompts, completions)
+        models = score_with_models(req.reward_models, store_uri, prompts, completions,
+                                   prompt_ids=[r.prompt_id for r in rows])
     return compute_rewards(req.rewards, rows, texts, completion_ids=completion_ids, trainer_state=state,
                            model_scores=models)

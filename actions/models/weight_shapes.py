@@ -1,0 +1,104 @@
+"""A model folder whose ``config.json`` and weights disagree, found before anything is written.
+
+``from_pretrained`` refuses a checkpoint tensor whose shape differs from the parameter the
+config builds (``ignore_mismatched_sizes``), but only when the model is loaded: for a reward
+model, in the first evaluate or score action, after the run was prepared, warmed up and its
+critic initialised. :func:`check_weight_shapes` answers the same question at start-up: it
+builds the model from ``config.json`` on torch's meta device (shapes only: no memory, no
+values) and compares its parameter and buffer shapes with the safetensors
+headers, with the names matched as transformers matches them (``base_model_prefix`` added or
+stripped). What the loader would rename or convert (legacy names, fused experts), or leave out
+(a tied head, a buffer the checkpoint does not hold), has no counterpart under its own name and
+is not compared, so it never raises a false alarm.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import torch
+
+_AUTO_CLASSES = ("AutoModelForCausalLM", "AutoModelForSequenceClassification")
+
+
+def check_weight_shapes(path: str, field: str, auto_class: str) -> None:
+    """Refuse a folder whose weights ``from_pretrained`` would refuse for their shapes.
+
+    Args:
+        path: a local Hugging Face model folder that ``validate_model_dir`` accepted (its
+            config.json parses, its safetensors headers are whole).
+        field: the setting that names it (``model.path``, ``reward.models[0].path``).
+        auto_class: ``AutoModelForCausalLM`` or ``AutoModelForSequenceClassification``, the
+            class the actions load it with.
+    Raises:
+        ValueError: one line naming ``field``, the path, the first tensor (in the files' order)
+            whose shape differs, the shape config.json gives and the one the file holds, and the fix.
+
+    Nothing is checked (the loader has the last word) for weights stored only as
+    ``pytorch_model.bin`` (their shapes are in a pickle), a quantized model (its packed
+    tensors have shapes of their own) or a config transformers cannot build here.
+    """
+    root = Path(path)
+    stored = checkpoint_shapes(root)
+    built = _expected_shapes(root, auto_class) if stored else None
+    if built is None:
+        return
+    expected, prefix = built
+    for name, shape in stored.items():
+        want = _expected_for(name, expected, prefix)
+        if want is not None and want != shape:
+            raise ValueError(
+                f"{field} {path!r}: tensor {name} has shape {list(shape)} in the weights, but config.json gives "
+                f"{list(want)}; config.json does not describe these weights: use the config.json saved with them "
+                "(save_pretrained writes both)")
+
+
+def checkpoint_shapes(root: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape from the safetensors headers of a model folder (``model.safetensors``
+    or the shards its index lists, in file order); empty when it has none."""
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = ["model.safetensors"] if (root / "model.safetensors").is_file() else []
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name in files:
+        with (root / name).open("rb") as fh:
+            (length,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(length))
+        shapes.update({k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"})
+    return shapes
+
+
+def _expected_shapes(root: Path, auto_class: str) -> tuple[dict[str, tuple[int, ...]], str] | None:
+    """(parameter and buffer name -> shape, ``base_model_prefix``) of the model ``config.json``
+    builds; None where it cannot be built here (a model
+    type this transformers does not know, code of the model's own) or is quantized."""
+    import transformers
+
+    if auto_class not in _AUTO_CLASSES:
+        raise ValueError(f"auto_class {auto_class!r} is not one of {', '.join(_AUTO_CLASSES)}")
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(root))
+        if getattr(config, "quantization_config", None):
+            return None
+        with torch.device("meta"):  # shapes only: nothing is allocated or initialised
+            model = getattr(transformers, auto_class).from_config(config)
+    except Exception:  # noqa: BLE001 -- the loader reports what it cannot build, in the action
+        return None
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}, getattr(model, "base_model_prefix", "") or ""
+
+
+def _expected_for(name: str, expected: dict[str, tuple[int, ...]], prefix: str) -> tuple[int, ...] | None:
+    """The expected shape of checkpoint tensor ``name`` as transformers places it: the same name,
+    or with the base model's prefix stripped (a head's checkpoint into a base model) or added
+    (a base model's checkpoint into a model with a head); None where nothing matches."""
+    if name in expected:
+        return expected[name]
+    if prefix and name.startswith(prefix + ".") and name[len(prefix) + 1:] in expected:
+        return expected[name[len(prefix) + 1:]]
+    if prefix:
+        return expected.get(f"{prefix}.{name}")
+    return None
