@@ -121,8 +121,11 @@ def test_one_score_activation_where_actions_share_the_processors():
 def test_existing_run_needs_resume_and_same_config(tiny_config, prefect_harness):
     cfg = tiny_config("invoker.kind=inprocess", "run_id=r", "steps=1")
     run_campaign(cfg, progress=lambda m: None)
-    with pytest.raises(CampaignRefused, match="--resume"):
+    with pytest.raises(CampaignRefused, match=r"--resume \(or the parameter resume=true of a deployment run\)"):
         run_campaign(cfg, progress=lambda m: None)
+    said: list[str] = []  # a deployment's scheduled run after the last step says it trains nothing
+    run_campaign(cfg, resume=True, progress=said.append)
+    assert "run 'r' is complete: 1/1 steps committed; nothing to train (raise steps above 1 to train further)" in said
     with pytest.raises(CampaignRefused, match="different configuration"):
         run_campaign(tiny_config("invoker.kind=inprocess", "run_id=r", "algorithm.lr=0.1"), resume=True,
                      progress=lambda m: None)

@@ -483,3 +483,11 @@ def test_a_secret_block_that_is_not_json_is_named_without_its_value(no_credentia
     err = capsys.readouterr().err.splitlines()[-1]
     assert err.startswith("rlhfless deploy: Prefect Secret block 'ow-conn' is not valid JSON (Expecting property name")
     assert "123zO3xZCLrMN6v2BKK1dX" not in err
+    # the events worker's progress while it drains at exit stays off the error's line; its other records pass
+    import logging
+
+    events = logging.getLogger("EventsWorker")
+    drain = logging.LogRecord("EventsWorker", logging.WARNING, __file__, 1, "Still processing items: 1 items "
+                              "remaining...", None, None)
+    other = logging.LogRecord("EventsWorker", logging.WARNING, __file__, 1, "lost connection", None, None)
+    assert not events.filter(drain) and events.filter(other)

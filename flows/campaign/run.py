@@ -94,6 +94,9 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
     existing = load_state(store, run_id)
     for line in check_resume(existing, cfg, resume, store):
         progress(line)
+    if existing is not None and existing.step >= cfg.steps:  # a schedule's run after the last step says so
+        progress(f"run {run_id!r} is complete: {existing.step}/{cfg.steps} steps committed; nothing to train "
+                 f"(raise steps above {existing.step} to train further)")
     num_workers = pool_size(cfg)
     # Prefect artifacts and each step's flow run (flows/campaign/prestart.py), off the steps'
     # critical path: made in the generation phase of a step, never beside its training

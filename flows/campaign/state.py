@@ -286,8 +286,8 @@ def check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: bo
         return []
     if not resume:
         raise CampaignRefused(
-            f"run {existing.run_id!r} already has {existing.step} committed step(s); pass --resume to continue it "
-            "or set run_id to start a new run"
+            f"run {existing.run_id!r} already has {existing.step} committed step(s); pass --resume (or the parameter "
+            "resume=true of a deployment run) to continue it, or set run_id to start a new run"
         )
     identity, warnings = (reconcile_reward_paths(existing.run_id, existing.identity, cfg, store) if store is not None
                           else (cfg.identity(), []))

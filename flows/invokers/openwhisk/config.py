@@ -5,6 +5,7 @@ block, the environment (``WSK_*`` / ``__OW_*``) or ``~/.wskprops``. The key is r
 from __future__ import annotations
 
 import json
+import logging
 import os
 import ssl
 from collections.abc import Mapping
@@ -23,6 +24,11 @@ ENV_SETTINGS = {"api_host": "WSK_APIHOST", "auth": "WSK_AUTH", "ca_bundle": "WSK
 
 def _truthy(value: str | None) -> bool:
     return str(value or "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _not_drain_progress(record: logging.LogRecord) -> bool:
+    """Whether a record of Prefect's events worker is other than its progress while it drains at exit."""
+    return not record.getMessage().startswith("Still processing items")
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,9 @@ class OpenWhiskConfig:
         the block and its key, never the value."""
         from prefect.blocks.system import Secret  # lazy: the client works without a Prefect server
 
+        # Loading a block emits an event; a process that exits soon after (a refused deploy) would
+        # print Prefect's "Still processing items" progress below its one-line error.
+        logging.getLogger("EventsWorker").addFilter(_not_drain_progress)
         try:
             value = Secret.load(block_name).get()
         except Exception as exc:  # Prefect raises ValueError, httpx or its own errors here
