@@ -203,6 +203,42 @@ def test_a_folder_of_split_files_gives_each_setting_its_split(tmp_path):
     assert "\n" not in str(exc.value)
 
 
+def test_a_folder_of_splits_none_a_setting_reads_is_refused_naming_them(tmp_path):
+    """ultrachat_200k's ``train_sft``/``test_sft`` shards (ultrafeedback's ``*_prefs``) are
+    splits too: read whole, training would hold the test rows and evaluation the training rows.
+    Each setting is refused in one line naming the splits and the files of its own to point at."""
+    import datasets
+
+    uc = tmp_path / "uc"
+    uc.mkdir()
+    for split, n in (("train_sft", 6), ("test_sft", 4)):
+        datasets.Dataset.from_list(_split_rows(split, n)).to_parquet(str(uc / f"{split}-00000-of-00001.parquet"))
+    for field, split in (("data.train_path", "train_sft"), ("data.eval_path", "test_sft")):
+        with pytest.raises(ValueError, match=rf"^{field} '.*uc' holds Parquet files of splits test_sft, train_sft, "
+                                             rf"none of them (train|test or validation); point {field} at the files "
+                                             rf"of the split to use, e.g. .*uc/{split}-00000-of-00001.parquet, or at "
+                                             r"a folder holding only them$") as exc:
+            read_records(str(uc), field=field)
+        assert "\n" not in str(exc.value)
+    # The fix it names works: the split's file, or a folder holding only that split's shards.
+    assert len(read_records(str(uc / "train_sft-00000-of-00001.parquet"), field="data.train_path")) == 6
+    for i in range(2):
+        shard = uc / f"train_prefs-0000{i}-of-00002.parquet"
+        datasets.Dataset.from_list(_split_rows(f"s{i}", 3)).to_parquet(str(shard))
+    with pytest.raises(ValueError, match=r"splits test_sft, train_prefs, train_sft, none of them train; point "
+                                         r"data.train_path at the files of the split to use, e.g. a folder holding "
+                                         r"only its 2 train_prefs-\*.parquet files$"):
+        read_records(str(uc), field="data.train_path")
+    prefs = tmp_path / "prefs"
+    prefs.mkdir()
+    for shard in uc.glob("train_prefs-*"):
+        shard.rename(prefs / shard.name)
+    assert len(read_records(str(prefs), field="data.train_path")) == 6
+    built = _build(f"data.train_path={prefs}", f"data.eval_path={uc / 'test_sft-00000-of-00001.parquet'}")
+    assert all(r.prompt.startswith("s") for r in built.train) and len(built.train) == 6
+    assert all(r.prompt.startswith("test_sft ") for r in built.evals)
+
+
 def test_a_datasetdict_folder_gives_each_setting_its_split(tmp_path):
     import datasets
 

@@ -197,9 +197,10 @@ def test_campaign_from_hub_ids_without_an_eval_set(fake_hub, tmp_path: Path, pre
     assert not any("evals/" in str(p) for p in (tmp_path / "store").rglob("*"))
 
 
-def test_split_folders_win_over_shard_names_and_unknown_shard_prefixes_declare_no_split(tmp_path):
+def test_split_folders_win_over_shard_names_and_data_shards_declare_no_split(tmp_path):
     """``train/data-00000-of-00001.parquet`` (a hub snapshot's layout) is the train split, and a
-    local folder of ``data-0000X-of-00002.parquet`` shards is one dataset, read whole."""
+    local folder of ``data-0000X-of-00002.parquet`` shards (``datasets``' name for the shards of
+    one split) is one dataset, read whole."""
     from actions.models.hub import files_by_split
     from actions.tasks.sources import read_records
 

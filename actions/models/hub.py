@@ -35,6 +35,9 @@ SPLITS = {"train": ("train",), "eval": ("test", "validation")}
 """The splits ``data.<which>_path`` reads, in order of preference."""
 KNOWN_SPLITS = tuple(s for names in SPLITS.values() for s in names)
 _SHARD = re.compile(r"^(?P<split>[A-Za-z]\w*)-\d+-of-\d+\.")  # the hub's shard names: train-00000-of-00002.parquet
+NO_SPLIT = "data"
+"""The shard prefix ``datasets`` gives the files of one split where it names none
+(``train/data-00000-of-00001.arrow``, ``Dataset.save_to_disk``): never a split's name."""
 
 
 def hub_allowed() -> bool:
@@ -77,31 +80,36 @@ def split_name(name: str) -> str | None:
     """The split a data file's name declares, else None.
 
     >>> [split_name(n) for n in ("train-00000-of-00001.parquet", "test.jsonl", "validation-1.parquet",
-    ...                          "unsupervised-00000-of-00001.parquet", "part-0.parquet", "trainer.parquet")]
-    ['train', 'test', 'validation', 'unsupervised', None, None]
+    ...                          "train_sft-00000-of-00001.parquet", "part-0.parquet", "trainer.parquet",
+    ...                          "data-00000-of-00002.parquet")]
+    ['train', 'test', 'validation', 'train_sft', None, None, None]
     """
     shard = _SHARD.match(name)  # the hub's numbering names a split whatever it is called
     if shard:
-        return shard.group("split")
+        return None if shard.group("split") == NO_SPLIT else shard.group("split")
     return next((s for s in KNOWN_SPLITS if name.startswith((f"{s}-", f"{s}."))), None)
 
 
 def files_by_split(files: list[Path], *, by_folder: bool = False) -> dict[str, list[Path]]:
-    """``files`` grouped by the split their names declare or, with ``by_folder``, the split a
-    parent folder named ``train``, ``test`` or ``validation`` declares (the folder wins:
-    ``train/data-00000-of-00001.parquet`` is train); files that declare none are left out.
-    Where no file declares a split a setting reads (``data-00000-of-00002.parquet`` shards
-    alone), nothing declares a split: such files are one dataset.
+    """``files`` grouped by the split their names declare (:func:`split_name`) or, with
+    ``by_folder``, the split a parent folder named ``train``, ``test`` or ``validation`` declares
+    (the folder wins: ``train/data-00000-of-00001.parquet`` is train); files that declare none
+    are left out. Empty when no file declares a split (``data-00000-of-00002.parquet`` or
+    ``part-0.parquet`` alone): such files are one dataset. Splits a setting does not read
+    (``train_sft``, ``test_prefs``) are kept, so that the caller refuses them by name rather
+    than reading every split as one dataset.
 
     >>> files_by_split([Path("data-00000-of-00002.parquet"), Path("data-00001-of-00002.parquet")])
     {}
+    >>> sorted(files_by_split([Path("train_sft-00000-of-00001.parquet"), Path("test_sft-00000-of-00001.parquet")]))
+    ['test_sft', 'train_sft']
     """
     splits: dict[str, list[Path]] = {}
     for f in files:
         split = (f.parent.name if by_folder and f.parent.name in KNOWN_SPLITS else None) or split_name(f.name)
         if split:
             splits.setdefault(split, []).append(f)
-    return splits if any(s in KNOWN_SPLITS for s in splits) else {}
+    return splits
 
 
 def pick_split(splits: list[str], which: str) -> str | None:
