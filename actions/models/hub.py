@@ -28,6 +28,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from actions.config.quoting import unusable_path
+
 HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:/(?P<folder>[\w.-]+(?:/[\w.-]+)*))?$")
 MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
 DATA_SUFFIXES = (".parquet", ".jsonl")
@@ -46,9 +48,16 @@ def hub_allowed() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() not in {"1", "ON", "YES", "TRUE"}
 
 
-def parse_hub_id(value: str, *, model: bool) -> tuple[str, str | None] | None:
-    """(repository, folder) when ``value`` is not a local path and reads as a hub id, else None."""
-    if not value or Path(value).expanduser().exists() or value.startswith((".", "/", "~")):
+def parse_hub_id(value: str, *, model: bool, field: str | None = None) -> tuple[str, str | None] | None:
+    """(repository, folder) when ``value`` is not a local path and reads as a hub id, else None.
+
+    Raises:
+        ValueError: the system refuses to look ``value`` up as a path (a name over 255 bytes, a
+            directory this user may not enter): one line naming ``field`` (the setting that gave
+            it; default ``model.path`` or ``data path``), the value and the fix.
+    """
+    if not value or _is_local(value, field or ("model.path" if model else "data path")) \
+            or value.startswith((".", "/", "~")):
         return None
     m = HUB_ID.match(value)
     if not m or (model and m.group("folder")):
@@ -56,6 +65,13 @@ def parse_hub_id(value: str, *, model: bool) -> tuple[str, str | None] | None:
     if Path(value).suffix.lower() in (".jsonl", ".json", ".parquet"):  # a missing local file
         return None
     return m.group("repo"), m.group("folder")
+
+
+def _is_local(value: str, field: str) -> bool:
+    try:
+        return Path(value).expanduser().exists()
+    except OSError as exc:  # ENAMETOOLONG, EACCES: pathlib raises them rather than answer False
+        raise ValueError(unusable_path(field, value, exc)) from None
 
 
 def _refuse_offline(field: str, value: str) -> ValueError:
@@ -159,7 +175,7 @@ def _shard_folder(shards: list[Path]) -> Path:
 
 def resolve_model(value: str | None) -> str | None:
     """``model.path`` as a local directory (downloaded once when it is a hub id)."""
-    hub = parse_hub_id(value or "", model=True)
+    hub = parse_hub_id(value or "", model=True, field="model.path")
     if hub is None:
         return value
     if not hub_allowed():
@@ -170,7 +186,7 @@ def resolve_model(value: str | None) -> str | None:
 def resolve_data(value: str | None, which: str) -> str | None:
     """``data.<which>_path`` as a local file or folder (downloaded once when it is a hub id)."""
     field = f"data.{which}_path"
-    hub = parse_hub_id(value or "", model=False)
+    hub = parse_hub_id(value or "", model=False, field=field)
     if hub is None:
         return value
     if not hub_allowed():

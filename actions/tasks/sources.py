@@ -40,6 +40,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from actions.config.quoting import quote, unusable_path
 from actions.models.hub import KNOWN_SPLITS, SPLITS, files_by_split, pick_split
 from actions.tasks.dataset import json_objects
 from actions.tasks.input_limits import check_dataset_size, check_line_lengths
@@ -58,9 +59,13 @@ def read_records(path: str, *, field: str) -> list[Record]:
             malformed row (file and line).
     """
     p = Path(path)
-    where = f"{field} {str(p)!r}"
+    where = f"{field} {quote(str(p))}"
     which = "eval" if field == "data.eval_path" else "train"
-    if not p.exists():
+    try:
+        found = p.exists()
+    except OSError as exc:  # ENAMETOOLONG, EACCES: pathlib raises them rather than answer False
+        raise ValueError(unusable_path(field, path, exc)) from None
+    if not found:
         raise ValueError(f"{where} does not exist; fix {field} (a .jsonl or .parquet file or a save_to_disk folder)")
     if p.is_dir():
         if (p / "dataset_dict.json").is_file():
