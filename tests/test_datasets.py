@@ -111,6 +111,32 @@ def test_build_counts_truncation_in_the_summary_and_keeps_eval_apart(tmp_path):
     assert cfg.warmup.steps == 300 and cfg.data.max_count == 3
 
 
+def test_too_few_training_prompts_says_where_the_rows_went(tmp_path):
+    """A step needs algorithm.batch_size/group_size prompts: when fewer are left, the line counts
+    the rows read and what took the others (duplicates, data.eval_fraction, data.long_prompts=skip),
+    and gives the fix for each; a limit that skipped every row is not called a small dataset."""
+    long = [{"prompt": f"a long question {i}", "answer": "a"} for i in range(4)]
+    path = _jsonl(tmp_path / "d.jsonl", [long[0], *long])
+    with pytest.raises(ValueError, match=r"^data has 0 training prompts \(of 5 rows read, 1 repeated an earlier row, "
+                                         r"4 were skipped by data.long_prompts=skip as longer than "
+                                         r"data.max_prompt_tokens=5\) but a step needs algorithm.batch_size/"
+                                         r"group_size = 2; raise data.max_prompt_tokens or set "
+                                         r"data.long_prompts=truncate_left$"):
+        _build(f"data.train_path={path}", "data.long_prompts=skip", "data.max_prompt_tokens=5")
+    path = _jsonl(tmp_path / "d.jsonl", [{"prompt": "q", "answer": "a"}, *long])
+    with pytest.raises(ValueError, match=r"^data has 1 training prompt \(of 5 rows read, 1 was held out by "
+                                         r"data.eval_fraction=0.2, 3 were skipped by data.long_prompts=skip as longer "
+                                         r"than data.max_prompt_tokens=5\) but a step needs algorithm.batch_size/"
+                                         r"group_size = 2; lower data.eval_fraction \(or set data.eval_path\); or "
+                                         r"raise data.max_prompt_tokens or set data.long_prompts=truncate_left; or "
+                                         r"add prompts or lower algorithm.batch_size$"):
+        _build(f"data.train_path={path}", "data.long_prompts=skip", "data.max_prompt_tokens=5",
+               "data.eval_fraction=0.2", "seed=1")
+    with pytest.raises(ValueError, match=r"^data has 1 training prompt but a step needs algorithm.batch_size/"
+                                         r"group_size = 2; add prompts or lower algorithm.batch_size$"):
+        _build(f"data.train_path={_jsonl(tmp_path / 'one.jsonl', [{'prompt': 'q', 'answer': 'a'}])}")
+
+
 def test_an_eval_fraction_of_a_one_row_dataset_says_it_holds_out_nothing(tmp_path):
     from actions.models.modeling import build_char_tokenizer
 
