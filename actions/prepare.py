@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from actions.config.quoting import quote
 from actions.config.reward import reward_model_key
 from actions.config.workload import WorkloadConfig
 from actions.contracts import Prepared, PrepareRequest
@@ -118,7 +119,7 @@ def validate_model_dir(path: str, field: str = "model.path") -> None:
     reads): the directory, a JSON config.json, tokenizer files, and weight files whose
     safetensors headers parse and whose sizes match them. Raises ValueError naming ``field``."""
     root = Path(path)
-    where = f"{field} {str(root)!r}"
+    where = f"{field} {quote(str(root))}"
     if not root.is_dir():
         raise ValueError(f"{where} is not a directory; point it at a local Hugging Face model directory")
     try:

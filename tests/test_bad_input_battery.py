@@ -747,6 +747,16 @@ CASES.update({
         _train("--set", "data.train_path={tmp}/t.jsonl", "--set", "data.eval_path={tmp}/t.jsonl",
                "--set", "data.eval_fraction=0.1"), ("data.eval_fraction=0.1", "remove data.eval_fraction"),
         setup=_write("t.jsonl", _rows(ROW))),
+    # a name over the file system's 255 bytes: the system's "[Errno 36] File name too long" names no setting
+    **{f"{key} name too long{where}": Case(
+        _train("--set", "data.train_path={tmp}/t.jsonl", "--set", f"{key}={{tmp}}{where}/{'x' * 300}"),
+        (f"{key} '", "is too long a path: a name in it is 300 bytes", f"shorten {key}"),
+        setup=_write("t.jsonl", _rows(ROW)))
+       for key, where in (("data.train_path", ""), ("data.eval_path", ""), ("model.path", ""), ("store.uri", ""),
+                          ("store.uri", "/missing"))},  # missing: the store would make it, and must not
+    # a missing path's error quotes it short too
+    "model.path missing and long": Case(_train("--set", f"model.path={{tmp}}/missing/{'x' * 300}"),
+                                        ("model.path '", "x...", "is not a directory", "point it at a local")),
 })
 if importlib.util.find_spec("vllm") is None:  # where vLLM is installed the campaign would start
     CASES["engine vllm not installed"] = Case(  # a head_dim vLLM's CPU attention has: the missing engine is what fails

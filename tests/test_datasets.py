@@ -111,6 +111,32 @@ def test_build_counts_truncation_in_the_summary_and_keeps_eval_apart(tmp_path):
     assert cfg.warmup.steps == 300 and cfg.data.max_count == 3
 
 
+def test_too_few_training_prompts_says_where_the_rows_went(tmp_path):
+    """A step needs algorithm.batch_size/group_size prompts: when fewer are left, the line counts
+    the rows read and what took the others (duplicates, data.eval_fraction, data.long_prompts=skip),
+    and gives the fix for each; a limit that skipped every row is not called a small dataset."""
+    long = [{"prompt": f"a long question {i}", "answer": "a"} for i in range(4)]
+    path = _jsonl(tmp_path / "d.jsonl", [long[0], *long])
+    with pytest.raises(ValueError, match=r"^data has 0 training prompts \(of 5 rows read, 1 repeated an earlier row, "
+                                         r"4 were skipped by data.long_prompts=skip as longer than "
+                                         r"data.max_prompt_tokens=5\) but a step needs algorithm.batch_size/"
+                                         r"group_size = 2; raise data.max_prompt_tokens or set "
+                                         r"data.long_prompts=truncate_left$"):
+        _build(f"data.train_path={path}", "data.long_prompts=skip", "data.max_prompt_tokens=5")
+    path = _jsonl(tmp_path / "d.jsonl", [{"prompt": "q", "answer": "a"}, *long])
+    with pytest.raises(ValueError, match=r"^data has 1 training prompt \(of 5 rows read, 1 was held out by "
+                                         r"data.eval_fraction=0.2, 3 were skipped by data.long_prompts=skip as longer "
+                                         r"than data.max_prompt_tokens=5\) but a step needs algorithm.batch_size/"
+                                         r"group_size = 2; lower data.eval_fraction \(or set data.eval_path\); or "
+                                         r"raise data.max_prompt_tokens or set data.long_prompts=truncate_left; or "
+                                         r"add prompts or lower algorithm.batch_size$"):
+        _build(f"data.train_path={path}", "data.long_prompts=skip", "data.max_prompt_tokens=5",
+               "data.eval_fraction=0.2", "seed=1")
+    with pytest.raises(ValueError, match=r"^data has 1 training prompt but a step needs algorithm.batch_size/"
+                                         r"group_size = 2; add prompts or lower algorithm.batch_size$"):
+        _build(f"data.train_path={_jsonl(tmp_path / 'one.jsonl', [{'prompt': 'q', 'answer': 'a'}])}")
+
+
 def test_an_eval_fraction_of_a_one_row_dataset_says_it_holds_out_nothing(tmp_path):
     from actions.models.modeling import build_char_tokenizer
 
@@ -201,6 +227,42 @@ def test_a_folder_of_split_files_gives_each_setting_its_split(tmp_path):
                                          r"to use, e.g. .*main/dev-00000-of-00001.parquet") as exc:
         read_records(str(main), field="data.eval_path")
     assert "\n" not in str(exc.value)
+
+
+def test_a_folder_of_splits_none_a_setting_reads_is_refused_naming_them(tmp_path):
+    """ultrachat_200k's ``train_sft``/``test_sft`` shards (ultrafeedback's ``*_prefs``) are
+    splits too: read whole, training would hold the test rows and evaluation the training rows.
+    Each setting is refused in one line naming the splits and the files of its own to point at."""
+    import datasets
+
+    uc = tmp_path / "uc"
+    uc.mkdir()
+    for split, n in (("train_sft", 6), ("test_sft", 4)):
+        datasets.Dataset.from_list(_split_rows(split, n)).to_parquet(str(uc / f"{split}-00000-of-00001.parquet"))
+    for field, split in (("data.train_path", "train_sft"), ("data.eval_path", "test_sft")):
+        with pytest.raises(ValueError, match=rf"^{field} '.*uc' holds Parquet files of splits test_sft, train_sft, "
+                                             rf"none of them (train|test or validation); point {field} at the files "
+                                             rf"of the split to use, e.g. .*uc/{split}-00000-of-00001.parquet, or at "
+                                             r"a folder holding only them$") as exc:
+            read_records(str(uc), field=field)
+        assert "\n" not in str(exc.value)
+    # The fix it names works: the split's file, or a folder holding only that split's shards.
+    assert len(read_records(str(uc / "train_sft-00000-of-00001.parquet"), field="data.train_path")) == 6
+    for i in range(2):
+        shard = uc / f"train_prefs-0000{i}-of-00002.parquet"
+        datasets.Dataset.from_list(_split_rows(f"s{i}", 3)).to_parquet(str(shard))
+    with pytest.raises(ValueError, match=r"splits test_sft, train_prefs, train_sft, none of them train; point "
+                                         r"data.train_path at the files of the split to use, e.g. a folder holding "
+                                         r"only its 2 train_prefs-\*.parquet files$"):
+        read_records(str(uc), field="data.train_path")
+    prefs = tmp_path / "prefs"
+    prefs.mkdir()
+    for shard in uc.glob("train_prefs-*"):
+        shard.rename(prefs / shard.name)
+    assert len(read_records(str(prefs), field="data.train_path")) == 6
+    built = _build(f"data.train_path={prefs}", f"data.eval_path={uc / 'test_sft-00000-of-00001.parquet'}")
+    assert all(r.prompt.startswith("s") for r in built.train) and len(built.train) == 6
+    assert all(r.prompt.startswith("test_sft ") for r in built.evals)
 
 
 def test_a_datasetdict_folder_gives_each_setting_its_split(tmp_path):

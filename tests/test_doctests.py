@@ -12,7 +12,7 @@ MODULES = ["actions.tasks.repeat", "actions.tasks.arith", "actions.tasks.fields"
            "actions.tasks.rewards.format", "actions.tasks.rewards.symbolic", "flows.planning.registry",
            "flows.step.timing", "flows.step.metrics",
            "actions.engines.decode_timing", "actions.models.hub", "flows.planning.leftovers",
-           "actions.store.credentials", "actions.store.endpoints"]
+           "actions.store.credentials", "actions.store.endpoints", "actions.config.quoting"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -197,9 +197,10 @@ def test_campaign_from_hub_ids_without_an_eval_set(fake_hub, tmp_path: Path, pre
     assert not any("evals/" in str(p) for p in (tmp_path / "store").rglob("*"))
 
 
-def test_split_folders_win_over_shard_names_and_unknown_shard_prefixes_declare_no_split(tmp_path):
+def test_split_folders_win_over_shard_names_and_data_shards_declare_no_split(tmp_path):
     """``train/data-00000-of-00001.parquet`` (a hub snapshot's layout) is the train split, and a
-    local folder of ``data-0000X-of-00002.parquet`` shards is one dataset, read whole."""
+    local folder of ``data-0000X-of-00002.parquet`` shards (``datasets``' name for the shards of
+    one split) is one dataset, read whole."""
     from actions.models.hub import files_by_split
     from actions.tasks.sources import read_records
 
@@ -213,3 +214,21 @@ def test_split_folders_win_over_shard_names_and_unknown_shard_prefixes_declare_n
     for i in range(2):
         pq.write_table(pa.table({"prompt": [f"q{i}"], "answer": ["a"]}), folder / f"data-0000{i}-of-00002.parquet")
     assert sorted(r["prompt"] for _, r in read_records(str(folder), field="data.train_path")) == ["q0", "q1"]
+
+
+def test_a_path_too_long_to_look_up_is_refused_naming_its_setting(tmp_path):
+    """``stat`` of a name over 255 bytes raises ENAMETOOLONG, which pathlib passes on: each
+    setting that is looked up as a path answers in one line naming itself, the value (cut) and
+    the fix; a store beneath missing folders is refused before any of them is made."""
+    from actions.store import LocalStore
+    from actions.tasks.sources import read_records
+
+    name = "x" * 300
+    line = r" '.*x\.\.\. is too long a path: a name in it is 300 bytes, more than a file system allows \(\d+\); "
+    with pytest.raises(ValueError, match="^model.path" + line + "shorten model.path$"):
+        parse_hub_id(str(tmp_path / name), model=True, field="model.path")
+    with pytest.raises(ValueError, match="^data.eval_path" + line + "shorten data.eval_path$"):
+        read_records(str(tmp_path / name), field="data.eval_path")
+    with pytest.raises(ValueError, match="^store.uri" + line + "shorten store.uri$") as exc:
+        LocalStore(tmp_path / "store" / name)
+    assert len(str(exc.value)) < 250 and not (tmp_path / "store").exists()

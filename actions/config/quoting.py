@@ -8,6 +8,7 @@ walking a container after a few entries and a string after its first characters)
 
 from __future__ import annotations
 
+import errno
 import reprlib
 
 QUOTE_LIMIT = 200
@@ -23,7 +24,7 @@ _REPR.maxdict = _REPR.maxlist = _REPR.maxtuple = _REPR.maxset = 8
 def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
     """``repr(value)`` in at most about ``limit`` characters.
 
-    >>> quote("c" * 1000)[:12], len(quote("c" * 1000)) <= 203
+    >>> quote("c" * 1000)[:11], len(quote("c" * 1000)) <= 203
     ("'cccccccccc", True)
     >>> quote([1, 2])
     '[1, 2]'
@@ -43,3 +44,24 @@ def chat_template_mode(value: object, key: str, more: tuple[str, ...] = ()) -> o
     if value == "auto" or value in more or isinstance(value, bool):
         return value
     raise ValueError(f"{key} {quote(value)} is not a mode; use {', '.join(('auto', *more))}, true or false")
+
+
+def unusable_path(field: str, value: str, exc: OSError, *, name_max: int = 255) -> str:
+    """The one line for the path ``value`` of setting ``field`` that the system refused to look
+    up (``exc``, from ``stat``): naming the setting, the value (quoted, cut to 80 characters) and
+    the fix. ``name_max``: the bytes a name may have where known (``PC_NAME_MAX``), else the
+    usual 255.
+
+    >>> line = unusable_path("data.train_path", "/tmp/" + "x" * 300, OSError(errno.ENAMETOOLONG, "File name too long"))
+    >>> line.endswith("a name in it is 300 bytes, more than a file system allows (255); shorten data.train_path")
+    True
+    >>> len(line) < 300
+    True
+    """
+    if exc.errno == errno.ENAMETOOLONG:  # the system's words ("File name too long") name no setting
+        longest = max(len(part.encode()) for part in value.split("/"))
+        why = (f"a name in it is {longest} bytes, more than a file system allows ({name_max})"
+               if longest > name_max else f"{len(value.encode())} bytes, more than the system allows in a path")
+        return f"{field} {quote(value, 80)} is too long a path: {why}; shorten {field}"
+    return (f"{field} {quote(value, 80)} cannot be looked up ({exc.strerror or exc}); point {field} at a path this "
+            "user can read")

@@ -28,6 +28,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from actions.config.quoting import unusable_path
+
 HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:/(?P<folder>[\w.-]+(?:/[\w.-]+)*))?$")
 MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
 DATA_SUFFIXES = (".parquet", ".jsonl")
@@ -35,6 +37,9 @@ SPLITS = {"train": ("train",), "eval": ("test", "validation")}
 """The splits ``data.<which>_path`` reads, in order of preference."""
 KNOWN_SPLITS = tuple(s for names in SPLITS.values() for s in names)
 _SHARD = re.compile(r"^(?P<split>[A-Za-z]\w*)-\d+-of-\d+\.")  # the hub's shard names: train-00000-of-00002.parquet
+NO_SPLIT = "data"
+"""The shard prefix ``datasets`` gives the files of one split where it names none
+(``train/data-00000-of-00001.arrow``, ``Dataset.save_to_disk``): never a split's name."""
 
 
 def hub_allowed() -> bool:
@@ -43,9 +48,16 @@ def hub_allowed() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() not in {"1", "ON", "YES", "TRUE"}
 
 
-def parse_hub_id(value: str, *, model: bool) -> tuple[str, str | None] | None:
-    """(repository, folder) when ``value`` is not a local path and reads as a hub id, else None."""
-    if not value or Path(value).expanduser().exists() or value.startswith((".", "/", "~")):
+def parse_hub_id(value: str, *, model: bool, field: str | None = None) -> tuple[str, str | None] | None:
+    """(repository, folder) when ``value`` is not a local path and reads as a hub id, else None.
+
+    Raises:
+        ValueError: the system refuses to look ``value`` up as a path (a name over 255 bytes, a
+            directory this user may not enter): one line naming ``field`` (the setting that gave
+            it; default ``model.path`` or ``data path``), the value and the fix.
+    """
+    if not value or _is_local(value, field or ("model.path" if model else "data path")) \
+            or value.startswith((".", "/", "~")):
         return None
     m = HUB_ID.match(value)
     if not m or (model and m.group("folder")):
@@ -53,6 +65,13 @@ def parse_hub_id(value: str, *, model: bool) -> tuple[str, str | None] | None:
     if Path(value).suffix.lower() in (".jsonl", ".json", ".parquet"):  # a missing local file
         return None
     return m.group("repo"), m.group("folder")
+
+
+def _is_local(value: str, field: str) -> bool:
+    try:
+        return Path(value).expanduser().exists()
+    except OSError as exc:  # ENAMETOOLONG, EACCES: pathlib raises them rather than answer False
+        raise ValueError(unusable_path(field, value, exc)) from None
 
 
 def _refuse_offline(field: str, value: str) -> ValueError:
@@ -77,31 +96,36 @@ def split_name(name: str) -> str | None:
     """The split a data file's name declares, else None.
 
     >>> [split_name(n) for n in ("train-00000-of-00001.parquet", "test.jsonl", "validation-1.parquet",
-    ...                          "unsupervised-00000-of-00001.parquet", "part-0.parquet", "trainer.parquet")]
-    ['train', 'test', 'validation', 'unsupervised', None, None]
+    ...                          "train_sft-00000-of-00001.parquet", "part-0.parquet", "trainer.parquet",
+    ...                          "data-00000-of-00002.parquet")]
+    ['train', 'test', 'validation', 'train_sft', None, None, None]
     """
     shard = _SHARD.match(name)  # the hub's numbering names a split whatever it is called
     if shard:
-        return shard.group("split")
+        return None if shard.group("split") == NO_SPLIT else shard.group("split")
     return next((s for s in KNOWN_SPLITS if name.startswith((f"{s}-", f"{s}."))), None)
 
 
 def files_by_split(files: list[Path], *, by_folder: bool = False) -> dict[str, list[Path]]:
-    """``files`` grouped by the split their names declare or, with ``by_folder``, the split a
-    parent folder named ``train``, ``test`` or ``validation`` declares (the folder wins:
-    ``train/data-00000-of-00001.parquet`` is train); files that declare none are left out.
-    Where no file declares a split a setting reads (``data-00000-of-00002.parquet`` shards
-    alone), nothing declares a split: such files are one dataset.
+    """``files`` grouped by the split their names declare (:func:`split_name`) or, with
+    ``by_folder``, the split a parent folder named ``train``, ``test`` or ``validation`` declares
+    (the folder wins: ``train/data-00000-of-00001.parquet`` is train); files that declare none
+    are left out. Empty when no file declares a split (``data-00000-of-00002.parquet`` or
+    ``part-0.parquet`` alone): such files are one dataset. Splits a setting does not read
+    (``train_sft``, ``test_prefs``) are kept, so that the caller refuses them by name rather
+    than reading every split as one dataset.
 
     >>> files_by_split([Path("data-00000-of-00002.parquet"), Path("data-00001-of-00002.parquet")])
     {}
+    >>> sorted(files_by_split([Path("train_sft-00000-of-00001.parquet"), Path("test_sft-00000-of-00001.parquet")]))
+    ['test_sft', 'train_sft']
     """
     splits: dict[str, list[Path]] = {}
     for f in files:
         split = (f.parent.name if by_folder and f.parent.name in KNOWN_SPLITS else None) or split_name(f.name)
         if split:
             splits.setdefault(split, []).append(f)
-    return splits if any(s in KNOWN_SPLITS for s in splits) else {}
+    return splits
 
 
 def pick_split(splits: list[str], which: str) -> str | None:
@@ -151,7 +175,7 @@ def _shard_folder(shards: list[Path]) -> Path:
 
 def resolve_model(value: str | None) -> str | None:
     """``model.path`` as a local directory (downloaded once when it is a hub id)."""
-    hub = parse_hub_id(value or "", model=True)
+    hub = parse_hub_id(value or "", model=True, field="model.path")
     if hub is None:
         return value
     if not hub_allowed():
@@ -162,7 +186,7 @@ def resolve_model(value: str | None) -> str | None:
 def resolve_data(value: str | None, which: str) -> str | None:
     """``data.<which>_path`` as a local file or folder (downloaded once when it is a hub id)."""
     field = f"data.{which}_path"
-    hub = parse_hub_id(value or "", model=False)
+    hub = parse_hub_id(value or "", model=False, field=field)
     if hub is None:
         return value
     if not hub_allowed():

@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from actions.config.quoting import unusable_path
 from actions.store.protocol import BlobData, ObjectNotFound, StoreAccessDenied, StoreError, as_parts, check_key
 from actions.store.safe_paths import UnsafeName, open_component, parent_dir, shown
 
@@ -65,20 +66,36 @@ def _temporary_name() -> str:
 def root_problem(given: str | os.PathLike[str], root: Path) -> str | None:
     """Why ``root`` (``given``, resolved) cannot be a store's directory, or None when it can:
     it, or the nearest of its ancestors that exists, is a file (or anything but a directory).
-    A path that cannot be examined (a permission on an ancestor) passes: its first use says why.
+    A path that cannot be examined (a permission on an ancestor) passes: its first use says why;
+    one too long for the system (ENAMETOOLONG, or a missing name longer than the file system
+    of the nearest existing ancestor allows) does not, as no use of it can succeed.
     The answer is one line naming ``store.uri``, the value and the fix."""
     for path in (root, *root.parents):
         try:
             mode = os.stat(path).st_mode
         except (FileNotFoundError, NotADirectoryError):
             continue  # missing (made on the first write), or beneath a file found further up
-        except OSError:
-            return None
+        except OSError as exc:
+            return unusable_path("store.uri", os.fspath(given), exc) if exc.errno == errno.ENAMETOOLONG else None
         if stat.S_ISDIR(mode):
-            return None
+            return _name_too_long(given, root, path)
         what = "is a file, not a directory" if stat.S_ISREG(mode) else "is not a directory"
         where = f" {what}" if path == root else f": {str(path)!r} {what}"
         return f"store.uri {shown(os.fspath(given))}{where}; point store.uri at a directory (a missing one is created)"
+    return None
+
+
+def _name_too_long(given: str | os.PathLike[str], root: Path, existing: Path) -> str | None:
+    """The line for a name of ``root`` below the directory ``existing`` (made by the first write)
+    that is longer than ``existing``'s file system allows, else None: ``stat`` reports the missing
+    parent before it, and ``mkdir`` would fail only when the campaign first writes."""
+    try:
+        limit = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):  # no such limit to ask for here: the first write says
+        return None
+    if any(len(os.fsencode(part)) > limit for part in root.relative_to(existing).parts):
+        too_long = OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))
+        return unusable_path("store.uri", os.fspath(given), too_long, name_max=limit)
     return None
 
 
@@ -94,7 +111,7 @@ class LocalStore:
         """Open the store at ``root`` (made on the first write if missing).
 
         Raises:
-            ValueError: ``root`` is a file or lies beneath one (:func:`root_problem`).
+            ValueError: ``root`` is a file, lies beneath one, or is too long a path (:func:`root_problem`).
         """
         self.root = Path(root).expanduser().resolve()
         self.uri = str(self.root)

@@ -70,8 +70,10 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
                              f"row{'s' if len(train) != 1 else ''} (one must stay to train on); add rows or set "
                              "data.eval_path")
         eval_stats: dict[str, Any] = {"rows": len(evals)}
+        held = len(evals)
     else:  # a synthetic eval set never repeats a training question
         evals, eval_stats = _split(cfg, "eval", frozenset(r.prompt for r in train))
+        held = 0
     evaluation = evaluation_source(d.train_path, d.eval_path, d.eval_fraction)
     stats = {"train": train_stats, "eval": eval_stats}
     # The tiny model's character tokenizer has no chat template: without model.path only the
@@ -101,9 +103,7 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
         split_rows[which] = rows
     train, evals = split_rows["train"], split_rows["eval"]
     if len(train) < cfg.algorithm.prompts_per_step:
-        raise ValueError(
-            f"data has {len(train)} training prompts but a step needs algorithm.batch_size/group_size = "
-            f"{cfg.algorithm.prompts_per_step}; add prompts or lower algorithm.batch_size")
+        raise ValueError(_too_few_prompts(cfg, len(train), stats["train"], held, max_tokens))
     if not evals and evaluation != "none":
         raise ValueError(f"the eval set ({evaluation}) has no prompts left after data.long_prompts; raise "
                          "data.max_prompt_tokens" + (" or data.eval_fraction" if d.eval_fraction else ""))
@@ -112,6 +112,38 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
     check_reward_functions(cfg.reward_functions(), train, trainer_state=state,
                            encode=lambda text: (tok or tokenizer())(text, add_special_tokens=False)["input_ids"])
     return Datasets(train=train, evals=evals, summary=stats | {"chat_template": template, "evaluation": evaluation})
+
+
+def _too_few_prompts(cfg: WorkloadConfig, kept: int, stats: dict[str, Any], held: int, max_tokens: int | None
+                     ) -> str:
+    """The line for a training set of ``kept`` prompts, fewer than a step needs: where the rows
+    read went (duplicates, ``held`` out for evaluation, skipped as too long; only those that
+    took any) and the fix for each, so that a limit that skipped every row is not reported as
+    a dataset too small."""
+    d = cfg.data
+    lost, fixes = [], []
+    if stats.get("duplicates_dropped"):
+        lost.append(f"{stats['duplicates_dropped']} repeated an earlier row")
+    if held:
+        lost.append(f"{held} {'was' if held == 1 else 'were'} held out by data.eval_fraction={d.eval_fraction}")
+        fixes.append("lower data.eval_fraction (or set data.eval_path)")
+    skipped = stats.get("skipped", 0)
+    if skipped:
+        limit = (f"data.max_prompt_tokens={d.max_prompt_tokens}" if d.max_prompt_tokens else
+                 f"the prompt limit {max_tokens} (data.max_prompt_tokens unset: the model's context less "
+                 "generation.max_new_tokens)")
+        lost.append(f"{skipped} {'was' if skipped == 1 else 'were'} skipped by data.long_prompts=skip as longer "
+                    f"than {limit}")
+        fixes.append(f"{'raise data.max_prompt_tokens' if d.max_prompt_tokens else 'lower generation.max_new_tokens'}"
+                     " or set data.long_prompts=truncate_left")
+    if skipped and not kept:  # every row left was too long: no other change brings one back
+        fixes = fixes[-1:]
+    else:  # with none kept, a smaller step would still have nothing to train on
+        fixes.append(("add prompts" if d.train_path else "raise data.num_train_prompts")
+                     + (" or lower algorithm.batch_size" if kept else ""))
+    read = f" (of {stats.get('rows_read')} rows read, {', '.join(lost)})" if lost else ""
+    return (f"data has {kept} training prompt{'s' if kept != 1 else ''}{read} but a step needs "
+            f"algorithm.batch_size/group_size = {cfg.algorithm.prompts_per_step}; {'; or '.join(fixes)}")
 
 
 def evaluation_source(train_path: str | None, eval_path: str | None, eval_fraction: float | None) -> str:

@@ -16,7 +16,9 @@ What is read, by path:
   ``datasets.load_from_disk``; for a ``DatasetDict`` folder (``dataset_dict.json`` and one
   folder per split) the same rule picks the split.
 
-A folder whose names declare splits but none the setting reads is refused, naming the splits.
+A folder whose names declare splits, none of them one the setting reads, is refused, naming
+the splits (``train_sft-*`` and ``test_sft-*``: read whole, training would hold the test rows);
+a folder of one such split alone is that split. ``data-*`` shards declare no split.
 Only local files are read here: the ``datasets`` library never contacts the hub
 (``HF_DATASETS_OFFLINE``; hub ids are fetched before, by ``actions/models/hub.py``),
 and Parquet is converted in a temporary cache that is removed afterwards. JSON Lines is parsed
@@ -38,7 +40,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from actions.models.hub import SPLITS, files_by_split, pick_split
+from actions.config.quoting import quote, unusable_path
+from actions.models.hub import KNOWN_SPLITS, SPLITS, files_by_split, pick_split
 from actions.tasks.dataset import json_objects
 from actions.tasks.input_limits import check_dataset_size, check_line_lengths
 
@@ -56,9 +59,13 @@ def read_records(path: str, *, field: str) -> list[Record]:
             malformed row (file and line).
     """
     p = Path(path)
-    where = f"{field} {str(p)!r}"
+    where = f"{field} {quote(str(p))}"
     which = "eval" if field == "data.eval_path" else "train"
-    if not p.exists():
+    try:
+        found = p.exists()
+    except OSError as exc:  # ENAMETOOLONG, EACCES: pathlib raises them rather than answer False
+        raise ValueError(unusable_path(field, path, exc)) from None
+    if not found:
         raise ValueError(f"{where} does not exist; fix {field} (a .jsonl or .parquet file or a save_to_disk folder)")
     if p.is_dir():
         if (p / "dataset_dict.json").is_file():
@@ -85,9 +92,12 @@ def read_records(path: str, *, field: str) -> list[Record]:
 
 
 def _suggest(splits: list[str], which: str) -> str:
-    """The split to name in a refusal: the first that the other setting would not read."""
-    other = SPLITS["train" if which == "eval" else "eval"]
-    return next((s for s in splits if s not in other), splits[0])
+    """The split to name in a refusal: the first named after one the setting reads (``train_sft``
+    for ``data.train_path``, ``test_prefs`` for ``data.eval_path``), else the first that the
+    other setting would not read. Only named: which split to use is the user's choice."""
+    own, other = SPLITS[which], SPLITS["train" if which == "eval" else "eval"]
+    return next((s for s in splits if s.startswith(own)), None) or next((s for s in splits if s not in other),
+                                                                        splits[0])
 
 
 def _dict_split(folder: Path, which: str, where: str, field: str) -> Path:
@@ -103,17 +113,23 @@ def _dict_split(folder: Path, which: str, where: str, field: str) -> Path:
 
 def _folder_split(files: list[Path], which: str, where: str, field: str) -> list[Path]:
     """The files of ``files`` that ``data.<which>_path`` reads: all of them when no name declares
-    a split, else those of the split :func:`pick_split` chooses."""
+    a split, or when they declare one split of another name alone (``train_sft-*.parquet``: the
+    folder holds that split), else those of the split :func:`pick_split` chooses. Several splits
+    of other names (``train_sft-*``, ``test_sft-*``) are refused, naming them: read whole,
+    training would hold the test rows and evaluation the training rows."""
     splits = files_by_split(files)
-    if not splits:
+    if not splits or (len(splits) == 1 and not set(splits) & set(KNOWN_SPLITS)):
         return files
     split = pick_split(list(splits), which)
     if split is None:
         names = sorted(splits)
-        example = splits[_suggest(names, which)][0]
+        suggested = _suggest(names, which)
+        shards = splits[suggested]
+        example = (f"{shards[0]}, or at a folder holding only them" if len(shards) == 1 else
+                   f"a folder holding only its {len(shards)} {suggested}-*.parquet files")
         raise ValueError(f"{where} holds Parquet files of splits {', '.join(names)}, none of them "
                          f"{' or '.join(SPLITS[which])}; point {field} at the files of the split to use, e.g. "
-                         f"{example}, or at a folder holding only them")
+                         f"{example}")
     return splits[split]
 
 
