@@ -326,18 +326,24 @@ def _only_run(store: Any, uri: str, command: str) -> str:
     return runs[0]
 
 
-def _open_run(args: argparse.Namespace, command: str) -> tuple[Any, Any, Any]:
-    """(config, store, the run's latest state) for ``status`` and ``gc``."""
+def _locate_run(args: argparse.Namespace, command: str) -> tuple[Any, Any, str, str]:
+    """(config, store, the store's URI, the run id) for ``status`` and ``gc``."""
     from actions.store import open_store
     from actions.store.safe_paths import check_run_id
-    from flows.campaign.state import load_state
     from flows.config import check_store_uri, load_config
 
     cfg = load_config(args.config, [])
     uri = check_store_uri(args.store) if args.store else cfg.store.uri
     store = open_store(uri)
-    run = args.run or _only_run(store, uri, command)
-    state = load_state(store, check_run_id(run))
+    return cfg, store, uri, check_run_id(args.run or _only_run(store, uri, command))
+
+
+def _open_run(args: argparse.Namespace, command: str) -> tuple[Any, Any, Any]:
+    """(config, store, the run's latest state) for ``gc``."""
+    from flows.campaign.state import load_state
+
+    cfg, store, uri, run = _locate_run(args, command)
+    state = load_state(store, run)
     if state is None:
         raise ValueError(f"run {run!r} has no committed state in store {uri}; check the run id and --store")
     return cfg, store, state
@@ -345,19 +351,16 @@ def _open_run(args: argparse.Namespace, command: str) -> tuple[Any, Any, Any]:
 
 def _status(args: argparse.Namespace) -> int:
     """The run's last commit, its lease (who trains it now) and the state word they make
-    (``flows/campaign/status.py``), as JSON."""
-    from flows.campaign.status import lease_status, run_state
+    (``flows/campaign/status.py``), as JSON; a run set up under its lease, not yet committed, is
+    ``running``."""
+    from flows.campaign.status import status_report
 
-    _, store, state = _open_run(args, "status")
-    last = state.steps[-1] if state.steps else {}
-    lease = lease_status(store, state.run_id)
-    print(json.dumps({
-        "run_id": state.run_id, "state": run_state(state, lease), "steps_committed": state.step,
-        "steps_configured": state.steps_configured, "lease": lease, "policy_version": state.policy_version,
-        "weights_sha256": state.weights_sha256, "spend": state.spend, "stopped_reason": state.stopped_reason,
-        "last_eval": state.evals[-1].model_dump(mode="json") if state.evals else None,
-        "last_metrics": {k: v for k, v in last.items() if k != "plan"},
-    }, indent=2, sort_keys=True))
+    _, store, uri, run = _locate_run(args, "status")
+    report = status_report(store, run)
+    if report is None:
+        raise ValueError(f"run {run!r} has no committed state in store {uri} and no live process holds its lease; "
+                         "check the run id and --store")
+    print(json.dumps(report, indent=2, sort_keys=True))
     return 0
 
 
