@@ -136,14 +136,14 @@ def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool,
     store = open_store(cfg.store.uri)  # an unreachable endpoint, bad credentials or a missing bucket fail here
     run_id = cfg.resolved_run_id()
     check_not_held(store, run_id, break_lease=break_lease)
-    checks = [("--out", out), ("--summary", summary_path.parent)]
+    checks = [("--out", out, None), ("--summary", summary_path.parent, summary_path)]
     if cfg.invoker.kind != "inprocess" and cfg.invoker.log_dir:  # the pool's logs; OpenWhisk: prepare's
-        checks.append(("invoker.log_dir", Path(cfg.invoker.log_dir)))
+        checks.append(("invoker.log_dir", Path(cfg.invoker.log_dir), None))
     from flows.campaign.preflight import check_campaign, check_directory
 
-    for flag, path in checks:  # a file, or a directory that cannot be written or created
+    for flag, path, file in checks:  # a file, or a directory that cannot be written or created
         try:
-            check_directory(path, flag)
+            check_directory(path, flag, file)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     if summary_path.is_dir():
