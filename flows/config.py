@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from actions.config.quoting import quote
+from actions.config.section import BOOL_NOT_NUMBER, bool_error_line
 from actions.config.section import Section as _Section
 from actions.config.workload import WorkloadConfig
 from actions.store.endpoints import has_userinfo
@@ -70,18 +71,6 @@ class ScalingConfig(_Section):
     tail_quantile: float = Field(0.5, gt=0, lt=1)
     """Quantile of an action's longest observed group its robust tail runs to."""
     _parsed: tuple[str, ScalingStrategy] | None = PrivateAttr(default=None)
-
-    @field_validator("n_min", "n_max", "lam", "value_of_time_usd_per_s", "time_slack", "budget_actors",
-                     "gpus_per_actor", "cold_start_s", "prewarm_buffer_s", "tail_error_steps", "tail_quantile",
-                     mode="before")
-    @classmethod
-    def _refuse_bool(cls, v: Any, info: ValidationInfo) -> Any:
-        if isinstance(v, bool):  # a number to pydantic: `n_max: true` would be 1
-            name, spec = info.field_name, cls.model_fields[info.field_name]
-            kind = "an integer" if spec.annotation is int else "a number"
-            example = spec.default if spec.default is not None else 1.0
-            raise ValueError(f"scaling.{name}={v} is not a number; set {kind}, e.g. scaling.{name}: {example}")
-        return v
 
     @field_validator("policy")
     @classmethod
@@ -358,6 +347,8 @@ def _first_error(exc: ValidationError, raw: dict[str, Any]) -> str:
                 "(see README, Configuration)")
     if msg.startswith("Value error, "):
         return msg[len("Value error, "):]
+    if err["type"] == BOOL_NOT_NUMBER:  # the section knows its field, not where it sits
+        return bool_error_line(".".join(str(p) for p in err["loc"]), err["ctx"])
     kept, value, union = _in_raw(err, raw)
     fix = " (nan and inf are refused)" if err["type"] == "finite_number" else ""
     if union is not None:  # a value no member of a union accepts: each member's complaint, at the union's field

@@ -600,6 +600,14 @@ CASES: dict[str, Case] = {
                               setup=_write("taken", "x")),
     "cli out inside a file": Case(_train("--out", "{tmp}/taken/out"), ("--out", "taken/out", "cannot be created",
                                                                        "pass a directory"), setup=_write("taken", "x")),
+    "cli summary inside a file": Case(  # the file passed is named, and a file path asked for
+        _train("--summary", "{tmp}/taken/s.json"),
+        ("--summary '", "taken/s.json': its folder '", "/taken' is a file, not a directory", "pass a file path"),
+        setup=_write("taken", "x")),
+    "cli summary beneath a file": Case(
+        _train("--summary", "{tmp}/taken/sub/s.json"),
+        ("taken/sub/s.json': its folder", "cannot be created", "a file path whose folder exists"),
+        setup=_write("taken", "x")),
     "cli status unknown run": Case(["status", "nosuch", "--store", "{done}"], ("'nosuch'", "check the run id")),
     "cli status run id traversal": Case(["status", "../done", "--store", "{done}"], ("run_id '../done'", "pick another")),
     "cli status empty store": Case(["status", "--store", "{tmp}/store"], ("holds no runs", "check --store")),
@@ -690,6 +698,8 @@ CASES: dict[str, Case] = {
     "config world size zero": Case(_train("--set", "train.world_size=0"), ("train.world_size", "greater than or equal to 1")),
     "config scaling.n_max a boolean": Case(_train("--set", "scaling.n_max=true"),
                                            ("scaling.n_max=True", "set an integer, e.g. scaling.n_max: 4")),
+    "config temperature a boolean": Case(_train("--set", "generation.temperature=false"),  # not greedy decoding
+                                         ("generation.temperature=False", "e.g. generation.temperature: 1.0")),
     "config scaling.profile missing": Case(_train("--set", "scaling.profile={tmp}/nope.json"),
                                            ("scaling.profile=", "nope.json", "cannot be read", "rlhfless profile")),
     "config scaling.profile not a profile": Case(_train("--set", "scaling.profile={tmp}/p.json"),

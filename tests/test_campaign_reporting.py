@@ -266,6 +266,34 @@ def test_status_shows_the_run_state_its_configured_steps_and_who_holds_its_lease
     assert shown["state"] == "incomplete" and not shown["lease"]["held"] and "expired" in shown["lease"]["stale"]
 
 
+def test_status_of_a_run_being_set_up_under_its_lease_is_running(tmp_path, capsys):
+    """``train`` holds the run's lease from before its first commit (preparing the model, the
+    data, warm-up): ``status`` says ``running`` with no step committed and who holds it, rather
+    than that the run does not exist; once the holder is gone, it does not exist again."""
+    from actions.store import LocalStore
+    from flows.campaign.lease import RunLease
+    from flows.campaign.state import commit_state
+    from flows.commands.cli import main
+
+    store = LocalStore(tmp_path)
+    lease = RunLease.acquire(store, RUN, ttl_s=60, renew=False, host="trainer", pid=4242, progress=lambda m: None)
+    assert main(["status", RUN, "--store", str(tmp_path)]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["run_id"], shown["state"], shown["steps_committed"]) == (RUN, "running", 0)
+    assert (shown["lease"]["host"], shown["lease"]["pid"], shown["lease"]["held"]) == ("trainer", 4242, True)
+    assert lease.record.token not in json.dumps(shown)
+    # null where only a commit records it
+    assert all(shown[k] is None for k in ("steps_configured", "policy_version", "weights_sha256", "spend",
+                                          "stopped_reason", "last_eval", "last_metrics"))
+    lease.release()
+    assert main(["status", RUN, "--store", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"run '{RUN}' has no committed state" in err and "holds its lease" in err
+    commit_state(store, _state(step=1, steps_configured=3, steps=[_step(0)]))
+    assert main(["status", RUN, "--store", str(tmp_path)]) == 0
+    assert set(json.loads(capsys.readouterr().out)) == set(shown)  # the same keys as a committed run's
+
+
 @pytest.mark.parametrize("update, word", [
     ({"step": 3, "steps_configured": 3}, "complete"),
     ({"step": 1, "steps_configured": 3, "stopped_reason": "budget.usd=1.0 would be exceeded"}, "stopped: budget"),

@@ -124,10 +124,24 @@ def test_module_function_policy(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     plan = _plan(policy="my_policy:two")
     assert plan.num_actors == 2 and plan.assignments[0] == (0,)
-    with pytest.raises(ValueError, match="exactly once"):
+    # the plan's fault is the function's: named, with the plan's complaint and the fix
+    invalid = r"^scaling.policy='my_policy:broken' returned an invalid plan: plan.assignments: must contain"
+    with pytest.raises(ValueError, match=invalid + r" every prompt id exactly once.*; fix the function$"):
         _plan(policy="my_policy:broken")
     with pytest.raises(ValueError, match="scaling.policy"):
         _plan(policy="my_policy:missing")
+
+
+@pytest.mark.parametrize("text", ["a:" + "f" * 5000, "n" * 5000 + ":f", "FIXED:" + "3" * 5000])
+def test_a_long_policy_name_is_quoted_short(text):
+    """A policy name that does not import is quoted at most about 200 characters, wherever it
+    shows up in the line (the name, the import's own message, the did-you-mean hint)."""
+    from flows.planning.registry import check_scaling_policy, parse_scaling_policy
+
+    with pytest.raises(ValueError) as info:
+        check_scaling_policy(parse_scaling_policy(text))
+    line = str(info.value)
+    assert line.startswith("scaling.policy='") and "\n" not in line and len(line) < 1000, line
 
 
 def test_a_policy_function_is_checked_before_the_first_phase(tmp_path, monkeypatch):

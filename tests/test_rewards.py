@@ -400,6 +400,17 @@ def test_a_reward_module_that_raises_at_import_is_told_apart_from_one_not_found(
         load_reward("fine.py:f")
 
 
+@pytest.mark.parametrize("name", ["m" * 5000 + ":f", "json:" + "f" * 5000, "zz_" + "a" * 5000])
+def test_a_long_reward_name_is_quoted_short(name):
+    """A reward function that does not load is named in at most about 200 characters of it."""
+    from actions.tasks.rewards import load_reward
+
+    with pytest.raises(RewardFunctionError) as info:
+        load_reward(name)
+    line = str(info.value)
+    assert line.startswith("reward.functions name '") and "\n" not in line and len(line) < 1000, line
+
+
 def test_a_reward_named_by_its_file_path_is_told_to_use_the_module_name():
     from pydantic import ValidationError
 

@@ -138,3 +138,21 @@ def test_the_frontier_s_baseline_must_fit_the_cluster(tmp_path, capsys):
     assert main(["--trace", str(trace), "--nodes", "1", "--gpus-per-actor", "4", "--policy", "rlhfless",
                  "--frontier"]) == 2
     assert "--frontier's baseline 'static:3': 3 actors" in capsys.readouterr().err
+
+
+def test_without_a_static_baseline_the_ratio_columns_are_dashes_not_nan(tmp_path, capsys):
+    """speedup and gpu_s_cut compare with the first static:N policy: without one in --policy,
+    each is ``-`` and a closing line says why (the JSON report has no ratios, nor a baseline)."""
+    trace = _small(tmp_path)
+    assert main(["--trace", str(trace), "--nodes", "2", "--policy", "rlhfless"]) == 0
+    out = capsys.readouterr().out
+    assert "nan" not in out.lower()
+    rows = [line.split() for line in out.splitlines() if line.startswith("rlhfless ")]
+    assert len(rows) == 2 and all(row[3:5] == ["-", "-"] for row in rows)  # generation, whole step
+    assert out.count("--policy names none") == 2
+    assert main(["--trace", str(trace), "--nodes", "2", "--policy", "rlhfless", "--json"]) == 0
+    assert "baseline" not in json.loads(capsys.readouterr().out)["generation_floor"]
+    assert main(["--trace", str(trace), *FAST]) == 0  # with one: the ratios, and no such line
+    out = capsys.readouterr().out
+    assert "--policy names none" not in out and [line.split()[3] for line in out.splitlines()
+                                                 if line.startswith("static:3 ")] == ["1.00x", "1.00x"]

@@ -33,6 +33,17 @@ def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def clip(text: object, limit: int = QUOTE_LIMIT) -> str:
+    """``str(text)`` on one line, cut to about ``limit`` characters: for an exception's message
+    quoted inside an error line, which may repeat a long user value (``No module named 'a...'``).
+
+    >>> len(clip("x" * 1000)) <= 200, clip("a\\nb")
+    (True, 'a b')
+    """
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
 def chat_template_mode(value: object, key: str, more: tuple[str, ...] = ()) -> object:
     """``value`` when it is a chat-template mode (``auto``, true, false, or one of ``more``), for
     the validators of ``data.chat_template`` (which adds ``messages``) and

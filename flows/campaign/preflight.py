@@ -102,22 +102,26 @@ def check_store_directory(uri: str) -> None:
         check_directory(Path(path).expanduser(), "store.uri")
 
 
-def check_directory(path: Path, setting: str) -> None:
+def check_directory(path: Path, setting: str, file: Path | None = None) -> None:
     """Refuse, in one line naming ``setting``, a directory the campaign could not write its
     files into: ``path`` is a file, an existing directory this process cannot write to, or a
     missing one that could not be made (``mkdir -p``), because its nearest existing ancestor is
     a file, is not writable (permissions, a read-only mount), or lies on a kernel
-    pseudo-filesystem (``PSEUDO_FILESYSTEMS``: ``/proc``, ``/sys``). Creates nothing.
+    pseudo-filesystem (``PSEUDO_FILESYSTEMS``: ``/proc``, ``/sys``). Creates nothing. ``file``:
+    the setting names this file and ``path`` is its folder (``--summary``); the line quotes
+    the file as given and asks for a file path.
 
     Raises:
-        ValueError: naming ``setting``, ``path`` and the fix.
+        ValueError: naming ``setting``, ``path`` (or ``file`` and its folder) and the fix.
     """
-    shown = f"{setting} {str(path)!r}"
+    shown = f"{setting} {str(path)!r}" if file is None else f"{setting} {str(file)!r}: its folder {str(path)!r}"
+    wanted = "a directory path" if file is None else "a file path in a directory"
     if path.exists():
         if not path.is_dir():
-            raise ValueError(f"{shown} is a file, not a directory; pass a directory path")
+            raise ValueError(f"{shown} is a file, not a directory; pass {wanted}")
         if not os.access(path, os.W_OK | os.X_OK):
-            raise ValueError(f"{shown} is a directory this process cannot write to; pass one it can")
+            raise ValueError(f"{shown} is a directory this process cannot write to; "
+                             f"pass {'one it can' if file is None else 'a file path in one it can'}")
         return
     ancestor = path.absolute().parent
     while not ancestor.exists() and ancestor != ancestor.parent:
@@ -130,8 +134,8 @@ def check_directory(path: Path, setting: str) -> None:
         why = f"is on the kernel's {kind} filesystem, which holds no files"
     else:
         return
-    raise ValueError(f"{shown} cannot be created: {str(ancestor)!r} {why}; pass a directory path "
-                     "that exists or can be created")
+    where = "a directory path that exists" if file is None else "a file path whose folder exists"
+    raise ValueError(f"{shown} cannot be created: {str(ancestor)!r} {why}; pass {where} or can be created")
 
 
 def _pseudo_fs(path: Path) -> str | None:

@@ -4,7 +4,8 @@ now (its lease), and so which state it is in.
 The lease shows who holds it (host, pid, since when, when it expires), never its token. A
 lease whose holder is alive is ``running``; one whose holder is gone (expired, or a process of
 this host that no longer runs: ``lease.takeover_reason``) is shown as ``stale``, left by a
-process that died, and the run is not running.
+process that died, and the run is not running. A run whose lease is held before its first
+commit (``train`` still setting it up) is ``running`` with no step committed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from actions.store import ObjectStore
 from flows.campaign.holder import machine_identity
 from flows.campaign.lease import pid_alive, read_lease, takeover_reason
-from flows.campaign.state import CampaignState
+from flows.campaign.state import CampaignState, load_state
 
 
 def lease_status(store: ObjectStore, run_id: str, now: float | None = None) -> dict[str, Any] | None:
@@ -51,3 +52,26 @@ def run_state(state: CampaignState, lease: dict[str, Any] | None) -> str:
     if state.steps_configured is None:
         return "not running"
     return "complete" if state.step >= state.steps_configured else "incomplete"
+
+
+def status_report(store: ObjectStore, run_id: str) -> dict[str, Any] | None:
+    """What ``rlhfless status`` prints of ``run_id``: its last commit, state word and lease; or
+    None where it has no commit and no live process holds its lease (no such run, or one that
+    died before committing). A run set up under a held lease, not yet committed, is ``running``
+    with ``steps_committed`` 0 and null for what only a commit records."""
+    state = load_state(store, run_id)
+    lease = lease_status(store, run_id)
+    if state is None:
+        if lease is None or not lease["held"]:
+            return None
+        return {"run_id": run_id, "state": "running", "steps_committed": 0, "lease": lease,
+                **dict.fromkeys(("steps_configured", "policy_version", "weights_sha256", "spend", "stopped_reason",
+                                 "last_eval", "last_metrics"))}
+    last = state.steps[-1] if state.steps else {}
+    return {
+        "run_id": state.run_id, "state": run_state(state, lease), "steps_committed": state.step,
+        "steps_configured": state.steps_configured, "lease": lease, "policy_version": state.policy_version,
+        "weights_sha256": state.weights_sha256, "spend": state.spend, "stopped_reason": state.stopped_reason,
+        "last_eval": state.evals[-1].model_dump(mode="json") if state.evals else None,
+        "last_metrics": {k: v for k, v in last.items() if k != "plan"},
+    }

@@ -136,14 +136,14 @@ def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool,
     store = open_store(cfg.store.uri)  # an unreachable endpoint, bad credentials or a missing bucket fail here
     run_id = cfg.resolved_run_id()
     check_not_held(store, run_id, break_lease=break_lease)
-    checks = [("--out", out), ("--summary", summary_path.parent)]
+    checks = [("--out", out, None), ("--summary", summary_path.parent, summary_path)]
     if cfg.invoker.kind != "inprocess" and cfg.invoker.log_dir:  # the pool's logs; OpenWhisk: prepare's
-        checks.append(("invoker.log_dir", Path(cfg.invoker.log_dir)))
+        checks.append(("invoker.log_dir", Path(cfg.invoker.log_dir), None))
     from flows.campaign.preflight import check_campaign, check_directory
 
-    for flag, path in checks:  # a file, or a directory that cannot be written or created
+    for flag, path, file in checks:  # a file, or a directory that cannot be written or created
         try:
-            check_directory(path, flag)
+            check_directory(path, flag, file)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     if summary_path.is_dir():
@@ -327,18 +327,24 @@ def _only_run(store: Any, uri: str, command: str) -> str:
     return runs[0]
 
 
-def _open_run(args: argparse.Namespace, command: str) -> tuple[Any, Any, Any]:
-    """(config, store, the run's latest state) for ``status`` and ``gc``."""
+def _locate_run(args: argparse.Namespace, command: str) -> tuple[Any, Any, str, str]:
+    """(config, store, the store's URI, the run id) for ``status`` and ``gc``."""
     from actions.store import open_store
     from actions.store.safe_paths import check_run_id
-    from flows.campaign.state import load_state
     from flows.config import check_store_uri, load_config
 
     cfg = load_config(args.config, [])
     uri = check_store_uri(args.store) if args.store else cfg.store.uri
     store = open_store(uri)
-    run = args.run or _only_run(store, uri, command)
-    state = load_state(store, check_run_id(run))
+    return cfg, store, uri, check_run_id(args.run or _only_run(store, uri, command))
+
+
+def _open_run(args: argparse.Namespace, command: str) -> tuple[Any, Any, Any]:
+    """(config, store, the run's latest state) for ``gc``."""
+    from flows.campaign.state import load_state
+
+    cfg, store, uri, run = _locate_run(args, command)
+    state = load_state(store, run)
     if state is None:
         raise ValueError(f"run {run!r} has no committed state in store {uri}; check the run id and --store")
     return cfg, store, state
@@ -346,19 +352,16 @@ def _open_run(args: argparse.Namespace, command: str) -> tuple[Any, Any, Any]:
 
 def _status(args: argparse.Namespace) -> int:
     """The run's last commit, its lease (who trains it now) and the state word they make
-    (``flows/campaign/status.py``), as JSON."""
-    from flows.campaign.status import lease_status, run_state
+    (``flows/campaign/status.py``), as JSON; a run set up under its lease, not yet committed, is
+    ``running``."""
+    from flows.campaign.status import status_report
 
-    _, store, state = _open_run(args, "status")
-    last = state.steps[-1] if state.steps else {}
-    lease = lease_status(store, state.run_id)
-    print(json.dumps({
-        "run_id": state.run_id, "state": run_state(state, lease), "steps_committed": state.step,
-        "steps_configured": state.steps_configured, "lease": lease, "policy_version": state.policy_version,
-        "weights_sha256": state.weights_sha256, "spend": state.spend, "stopped_reason": state.stopped_reason,
-        "last_eval": state.evals[-1].model_dump(mode="json") if state.evals else None,
-        "last_metrics": {k: v for k, v in last.items() if k != "plan"},
-    }, indent=2, sort_keys=True))
+    _, store, uri, run = _locate_run(args, "status")
+    report = status_report(store, run)
+    if report is None:
+        raise ValueError(f"run {run!r} has no committed state in store {uri} and no live process holds its lease; "
+                         "check the run id and --store")
+    print(json.dumps(report, indent=2, sort_keys=True))
     return 0
 
 

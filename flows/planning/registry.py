@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from actions.config.quoting import clip, quote
 from flows.planning.plan import ClusterSpec, GenerationPlan
 
 FORMS = "cost_aware, fixed:N, a registered name or package.module:function"
@@ -71,7 +72,7 @@ _FACTORIES: dict[str, Factory] = {}
 def register_scaling_policy(name: str) -> Callable[[Factory], Factory]:
     """Decorator: ``factory(arg) -> ScalingStrategy`` answers ``scaling.policy: name[:arg]``."""
     if not name or ":" in name:
-        raise ValueError(f"scaling.policy name {name!r}: use a non-empty name without ':'")
+        raise ValueError(f"scaling.policy name {quote(name)}: use a non-empty name without ':'")
 
     def add(factory: Factory) -> Factory:
         _FACTORIES[name] = factory
@@ -97,8 +98,7 @@ def parse_scaling_policy(text: str) -> ScalingStrategy:
         return _FACTORIES[base](arg)
     if sep and base and arg:
         return FunctionPolicy(text)
-    shown = repr(text[:200]) + ("..." if len(text) > 200 else "")  # a user value, quoted short
-    raise ValueError(f"scaling.policy={shown} is unknown; use {FORMS}")
+    raise ValueError(f"scaling.policy={quote(text)} is unknown; use {FORMS}")
 
 
 @dataclass(frozen=True)
@@ -121,9 +121,13 @@ class FunctionPolicy:
                             profile=s.profile, cluster=s.cluster, cut_threshold=s.cut_threshold,
                             prefill_tokens=prefill_tokens)
         if not isinstance(plan, GenerationPlan):
-            raise ValueError(f"scaling.policy={self.name!r}: returned {type(plan).__name__}, "
+            raise ValueError(f"scaling.policy={quote(self.name)}: returned {type(plan).__name__}, "
                              "expected a GenerationPlan")
-        plan.validate(list(prompt_ids))
+        try:
+            plan.validate(list(prompt_ids))
+        except ValueError as exc:  # the user's function is at fault: name it, not only the plan's field
+            raise ValueError(f"scaling.policy={quote(self.name)} returned an invalid plan: {exc}; "
+                             "fix the function") from None
         return plan
 
     def cut_threshold(self, objective: str, cut_threshold: float | None) -> float | None:
@@ -136,15 +140,15 @@ class FunctionPolicy:
             return self.function
         module_name, _, func_name = self.name.partition(":")
         base = module_name.lower()
-        hint = f" (did you mean '{base}:{func_name}'?)" if base in _FACTORIES else ""  # FIXED:3 for fixed:3
+        hint = f" (did you mean {quote(f'{base}:{func_name}')}?)" if base in _FACTORIES else ""  # FIXED:3
         try:
             function = getattr(importlib.import_module(module_name), func_name)
         except Exception as exc:  # noqa: BLE001 - ImportError, AttributeError, or the module's own failure
-            raise ValueError(f"scaling.policy={self.name!r}: cannot import ({type(exc).__name__}: {exc}){hint}; "
-                             f"use {FORMS}") from None
+            raise ValueError(f"scaling.policy={quote(self.name)}: cannot import ({type(exc).__name__}: {clip(exc)})"
+                             f"{hint}; use {FORMS}") from None
         if not callable(function):
-            raise ValueError(f"scaling.policy={self.name!r}: {func_name} is a {type(function).__name__}, not a "
-                             f"function; name a plan function ({FORMS})")
+            raise ValueError(f"scaling.policy={quote(self.name)}: {clip(func_name)} is a {type(function).__name__}, "
+                             f"not a function; name a plan function ({FORMS})")
         return function
 
 

@@ -202,8 +202,9 @@ def build_model(args: argparse.Namespace) -> ClusterModel:
 
 def format_table(runs: dict[str, PolicyRun], whole_step: bool = False) -> str:
     """Totals per policy (the generation phases, or the whole steps), with ratios against the
-    first static policy when there is one; the generation table also gives the planner's
-    predicted against replayed phase time (median and p90 of the absolute relative error)."""
+    first static policy when there is one (``-`` and a closing line saying so when there is
+    none); the generation table also gives the planner's predicted against replayed phase time
+    (median and p90 of the absolute relative error)."""
     def totals(s: dict) -> tuple[float, float]:
         if whole_step:
             return s["total_time_s"], s["total_gpu_seconds"]
@@ -216,14 +217,17 @@ def format_table(runs: dict[str, PolicyRun], whole_step: bool = False) -> str:
              + ("" if whole_step else f" {'pred_err p50/p90':>16}")]
     for name, s in summaries.items():
         time_s, gpu_s = totals(s)
-        speed = base[0] / time_s if base else float("nan")
-        saved = 1 - gpu_s / base[1] if base else float("nan")
+        # no baseline, no ratio: a dash rather than nan
+        ratios = f"{base[0] / time_s:>7.2f}x {1 - gpu_s / base[1]:>9.1%}" if base else f"{'-':>8} {'-':>9}"
         mean_n = sum(x["n_actors"] for x in s["steps"]) / len(s["steps"])
         fid = s["fidelity"]
-        lines.append(f"{name:<12} {time_s:>9.1f} {gpu_s:>10.1f} {speed:>7.2f}x {saved:>9.1%} "
+        lines.append(f"{name:<12} {time_s:>9.1f} {gpu_s:>10.1f} {ratios} "
                      f"{s['mean_idle_fraction']:>6.2f} {s['planning_ms_p50']:>11.2f} {mean_n:>7.1f}"
                      + ("" if whole_step else
                         f" {fid['median_abs_error']:>9.1%}/{fid['p90_abs_error']:<6.1%}"))
+    if base is None:
+        lines.append("(speedup and gpu_s_cut compare with the first static:N policy, and --policy names none: "
+                     "add one, e.g. --policy static:3)")
     return "\n".join(lines)
 
 

@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from actions.config.quoting import clip, quote
 from actions.config.reward import BUILTIN_REWARDS
 from actions.tasks.rewards.calling import RESERVED, RewardFunctionError, call_reward
 from actions.tasks.rewards.trainer_state import make_trainer_state
@@ -82,21 +83,23 @@ def load_reward(name: str, pattern: str | None = None) -> Callable[..., list[flo
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if not (exc.name and (module_name + ".").startswith(exc.name + ".")):  # a module it imports is missing
-            raise RewardFunctionError(f"reward.functions name {name!r}: importing module {module_name!r} raised "
-                                      f"ModuleNotFoundError: {exc}; install what it imports (and in the action "
-                                      "image)") from None
-        hint = f" and name it '{module_name.removesuffix('.py')}:{attr}'" if module_name.endswith(".py") else ""
+            raise RewardFunctionError(f"reward.functions name {quote(name)}: importing module {quote(module_name)} "
+                                      f"raised ModuleNotFoundError: {clip(exc)}; install what it imports (and in the "
+                                      "action image)") from None
+        stem = module_name.removesuffix(".py")
+        hint = f" and name it {quote(f'{stem}:{attr}')}" if module_name.endswith(".py") else ""
         raise RewardFunctionError(
-            f"reward.functions name {name!r}: module {module_name!r} cannot be imported "
-            f"({type(exc).__name__}: {exc}); put it on PYTHONPATH{hint} (and in the action image)") from None
+            f"reward.functions name {quote(name)}: module {quote(module_name)} cannot be imported "
+            f"({type(exc).__name__}: {clip(exc)}); put it on PYTHONPATH{hint} (and in the action image)") from None
     except Exception as exc:  # found, but its own code failed: any import-time failure is a configuration error
         raise RewardFunctionError(
-            f"reward.functions name {name!r}: importing module {module_name!r} raised {type(exc).__name__}: {exc}; "
-            "fix the module, or what it needs at import (an environment variable, a file)") from None
+            f"reward.functions name {quote(name)}: importing module {quote(module_name)} raised "
+            f"{type(exc).__name__}: {clip(exc)}; fix the module, or what it needs at import (an environment "
+            "variable, a file)") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise RewardFunctionError(f"reward.functions name {name!r}: {module_name} has no function {attr!r}; "
-                                  "name a function as package.module:function")
+        raise RewardFunctionError(f"reward.functions name {quote(name)}: {clip(module_name)} has no function "
+                                  f"{quote(attr)}; name a function as package.module:function")
     return fn
 
 
@@ -114,8 +117,8 @@ def _builtin(name: str, pattern: str | None) -> Callable[..., list[float | None]
 
         return make_format_reward(pattern)
     else:
-        raise RewardFunctionError(f"reward.functions name {name!r} is not a built-in ({', '.join(BUILTIN_REWARDS)}) "
-                                  "nor package.module:function; fix the name")
+        raise RewardFunctionError(f"reward.functions name {quote(name)} is not a built-in "
+                                  f"({', '.join(BUILTIN_REWARDS)}) nor package.module:function; fix the name")
     return fn
 
 
