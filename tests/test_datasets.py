@@ -137,6 +137,18 @@ def test_too_few_training_prompts_says_where_the_rows_went(tmp_path):
         _build(f"data.train_path={_jsonl(tmp_path / 'one.jsonl', [{'prompt': 'q', 'answer': 'a'}])}")
 
 
+def test_an_eval_set_that_the_prompt_limit_empties_names_the_setting_that_sets_it(tmp_path):
+    train = _jsonl(tmp_path / "t.jsonl", [{"prompt": f"q{i}", "answer": "a"} for i in range(4)])
+    evals = _jsonl(tmp_path / "e.jsonl", [{"prompt": "x" * 5000, "answer": "a"}])
+    with pytest.raises(ValueError, match=r"^the eval set \(.*\) has no prompts left after data.long_prompts; "
+                                         r"raise data.max_prompt_tokens$"):
+        _build(f"data.train_path={train}", f"data.eval_path={evals}", "data.long_prompts=skip",
+               "data.max_prompt_tokens=5")
+    with pytest.raises(ValueError, match=r"has no prompts left after data.long_prompts; its limit is \d+ tokens "
+                                         r"\(data.max_prompt_tokens unset: .*\): lower generation.max_new_tokens$"):
+        _build(f"data.train_path={train}", f"data.eval_path={evals}", "data.long_prompts=skip")
+
+
 def test_an_eval_fraction_of_a_one_row_dataset_says_it_holds_out_nothing(tmp_path):
     from actions.models.modeling import build_char_tokenizer
 

@@ -105,8 +105,11 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
     if len(train) < cfg.algorithm.prompts_per_step:
         raise ValueError(_too_few_prompts(cfg, len(train), stats["train"], held, max_tokens))
     if not evals and evaluation != "none":
-        raise ValueError(f"the eval set ({evaluation}) has no prompts left after data.long_prompts; raise "
-                         "data.max_prompt_tokens" + (" or data.eval_fraction" if d.eval_fraction else ""))
+        raise ValueError(f"the eval set ({evaluation}) has no prompts left after data.long_prompts; "
+                         + ("raise data.max_prompt_tokens" if d.max_prompt_tokens else
+                            f"its limit is {max_tokens} tokens (data.max_prompt_tokens unset: the model's context "
+                            "less generation.max_new_tokens): lower generation.max_new_tokens")
+                         + (" or raise data.eval_fraction" if d.eval_fraction else ""))
     state = make_trainer_state(step=0, epoch=0.0, max_steps=steps,
                                optimizer_steps_per_step=cfg.algorithm.optimizer_steps_per_step)
     check_reward_functions(cfg.reward_functions(), train, trainer_state=state,
