@@ -83,7 +83,10 @@ def _validate_reward_models(cfg: WorkloadConfig, data: Datasets) -> None:
     """Each reward model folder as the score action will load it: its files, a classifier with
     the label to score, weights of the shapes its config.json gives (the loader would refuse
     them only in the first evaluation, after the run was written) and its tokenizer."""
-    from actions.models.weight_shapes import check_weight_shapes  # torch: only for runs with reward models
+    if not cfg.reward.models:
+        return
+    # torch: only for runs with reward models (the control plane of the others never loads it)
+    from actions.models.weight_shapes import check_weight_shapes
 
     chat = has_chat_prompts([*data.train, *data.evals])
     for i, m in enumerate(cfg.reward.models):

@@ -384,8 +384,9 @@ HUB_TOKEN = "hf_MARKERtokenNeverEchoed1234"
 
 @contextlib.contextmanager
 def hub_at(answer: str) -> Iterator[tuple[str, list[str]]]:
-    """(endpoint, requests it received): a loopback hub that answers every request 401, or an
-    address where nothing listens (a port bound, then closed)."""
+    """(endpoint, requests it received): a loopback hub that answers every request 401, a
+    captive portal that answers every request 200 with an HTML page ("portal"), or an address
+    where nothing listens (a port bound, then closed)."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     seen: list[str] = []
@@ -400,9 +401,10 @@ def hub_at(answer: str) -> Iterator[tuple[str, list[str]]]:
         def refuse(self) -> None:
             self.rfile.read(int(self.headers.get("content-length") or 0))
             seen.append(f"{self.command} {self.path}")
-            body = b'{"error":"Invalid username or password."}'
-            self.send_response(401)
-            self.send_header("content-type", "application/json")
+            portal = answer == "portal"
+            body = b"<html>sign in to the network</html>" if portal else b'{"error":"Invalid username or password."}'
+            self.send_response(200 if portal else 401)
+            self.send_header("content-type", "text/html" if portal else "application/json")
             self.send_header("content-length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -425,6 +427,7 @@ def hub_at(answer: str) -> Iterator[tuple[str, list[str]]]:
 @pytest.mark.parametrize("answer, needles", [
     ("401", ("HTTP 401", "Invalid username or password", "HF_TOKEN", "`hf auth login`")),
     ("unreachable", ("could not be reached", "ConnectError", "check the network")),
+    ("portal", ("answered what the upload could not use", "check the network")),
 ])
 def test_a_push_the_hub_refuses_or_cannot_take_prints_the_report_then_one_line(tmp_path, run_store, monkeypatch,
                                                                                   capsys, answer, needles):
@@ -443,7 +446,7 @@ def test_a_push_the_hub_refuses_or_cannot_take_prints_the_report_then_one_line(t
         monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", endpoint)
         rc = main(["export", "ex", "--store", str(store), "--out", str(out), "--push-to-hub", "me/x"])
     stdout, stderr = capsys.readouterr()
-    assert rc == 2 and bool(seen) == (answer == "401")
+    assert rc == 2 and bool(seen) == (answer != "unreachable")
     report = json.loads(stdout)
     assert report["weights_sha256"] == keys["sha1"] and "pushed" not in report
     assert sorted(report["files"]) == sorted(p.name for p in out.iterdir()) and (out / "model.safetensors").is_file()

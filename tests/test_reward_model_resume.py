@@ -78,3 +78,21 @@ def test_a_resume_compares_reward_model_paths_by_what_they_hold(tmp_path, monkey
     capsys.readouterr()
     assert main([*_args(tmp_path, str(tmp_path / "moved") + "/", 2), "--resume"]) == 0
     assert "is complete: 2/2 steps committed" in capsys.readouterr().out
+
+
+def test_a_resume_that_finds_no_run_under_a_derived_id_names_the_runs_of_the_same_task(tmp_path):
+    """A derived run id takes the settings as typed: a resume whose reward model path is spelled
+    otherwise finds no run under it, and the note names the runs of the same task and algorithm."""
+    from actions.store import LocalStore
+    from flows.campaign.status import committed_runs, same_task_runs_hint
+
+    store = LocalStore(tmp_path / "store")
+    for run in ("repeat-ppo-ae41408a302e", "repeat-grpo-0123456789ab", "mine"):
+        store.put(f"runs/{run}/campaign/commits/step-000000.json", b"{}")
+    store.put("runs/orphan/campaign/latest.json", b"{}")  # a hint without a record is no run
+    assert committed_runs(store) == ["mine", "repeat-grpo-0123456789ab", "repeat-ppo-ae41408a302e"]
+    hint = same_task_runs_hint(store, "repeat-ppo-eee52bdb7a24", explicit=False)
+    assert hint.startswith("; the store holds repeat-ppo-ae41408a302e of the same task and algorithm") and \
+        hint.endswith("pass --run-id RUN (run_id in a deployment's config) to resume one")
+    assert same_task_runs_hint(store, "repeat-ppo-eee52bdb7a24", explicit=True) == ""  # the user named it
+    assert same_task_runs_hint(store, "arith-ppo-eee52bdb7a24", explicit=False) == ""

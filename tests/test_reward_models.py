@@ -334,6 +334,16 @@ def test_weights_are_checked_against_config_json_without_false_alarms(tmp_path, 
     with pytest.raises(ValueError, match=r"tensor embed_tokens.weight has shape \[576, 64\] in the weights, but "
                                          r"config.json gives \[576, 32\]"):
         check_weight_shapes(str(base), "reward.models[0].path", classifier)
+    # a plain save over a sharded one leaves the old index beside model.safetensors, which the
+    # loader reads (as the check does); the shards the index names are gone
+    resaved = tmp_path / "resaved"
+    model = AutoModelForSequenceClassification.from_pretrained(reward_model)
+    model.save_pretrained(resaved, max_shard_size="100KB")
+    model.save_pretrained(resaved)
+    assert (resaved / "model.safetensors.index.json").is_file() and (resaved / "model.safetensors").is_file()
+    check_weight_shapes(str(resaved), "reward.models[0].path", classifier)
+    (resaved / "model.safetensors").unlink()  # only the stale index: the loader names the missing file, not this
+    check_weight_shapes(str(resaved), "reward.models[0].path", classifier)
 
 
 def test_a_reward_model_whose_config_disagrees_with_its_weights_is_refused_before_anything_is_written(
@@ -378,15 +388,18 @@ def test_a_reward_model_scoring_nan_is_named_with_its_folder_prompt_and_cause(tm
     ref = RewardModelRef(index=2, manifest_key="runs/r/reward_models/2/manifest.json",
                          settings=RewardModelConfig(path=str(folder)))
     warm.clear()
-    with pytest.raises(RewardModelError, match=rf"^reward.models\[2\] \('{folder}', stored at the run's start\) "
+    with pytest.raises(RewardModelError, match=rf"^reward.models\[2\] \('{folder}'\) "
                                                r"scored prompt_id 7 nan, not a finite number: its weights hold NaN or "
-                                               r"inf \(tensor score.weight\).*save the model again"):
+                                               r"inf \(tensor score.weight\).*save the model again") as info:
         score_with_models([ref], str(tmp_path / "store"), ["What is 2+2?", "Hi"], ["4", "Hello"], prompt_ids=[7, 8])
+    from actions.runtime.errors import one_line
+
+    assert one_line(str(info.value)) == str(info.value)  # whole in the one line a pool worker reports
 
     class Finite16(torch.nn.Linear):
         dtype = torch.bfloat16  # what a model in bfloat16 reports
 
-    with pytest.raises(RewardModelError, match=r"scored row 1 inf.*weights are finite, so its activations overflow in "
-                                               r"bfloat16.*RLHFLESS_DTYPE=float32"):
+    with pytest.raises(RewardModelError, match=r"scored row 1 inf.*its activations overflow in bfloat16 \(its weights "
+                                               r"are finite\); score in float32 \(RLHFLESS_DTYPE=float32\)"):
         check_scores(ref, Finite16(2, 1), [0.5, float("inf")], None)
     check_scores(ref, Finite16(2, 1), [0.5, -3.0], [1, 2])  # finite scores pass

@@ -56,19 +56,26 @@ def check_weight_shapes(path: str, field: str, auto_class: str) -> None:
 
 
 def checkpoint_shapes(root: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape from the safetensors headers of a model folder (``model.safetensors``
-    or the shards its index lists, in file order); empty when it has none."""
+    """Tensor name -> shape from the safetensors headers of a model folder, chosen as the loader
+    chooses: ``model.safetensors`` where present (a plain ``save_pretrained`` over a sharded
+    save leaves the old index beside it), else the shards its index lists, in file order. Empty
+    when it has none, or when a file cannot be read as that (the loader reports it, naming it)."""
     index = root / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    else:
-        files = ["model.safetensors"] if (root / "model.safetensors").is_file() else []
-    shapes: dict[str, tuple[int, ...]] = {}
-    for name in files:
-        with (root / name).open("rb") as fh:
-            (length,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(length))
-        shapes.update({k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"})
+    try:
+        if (root / "model.safetensors").is_file():
+            files = ["model.safetensors"]
+        elif index.is_file():
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        else:
+            return {}
+        shapes: dict[str, tuple[int, ...]] = {}
+        for name in files:
+            with (root / name).open("rb") as fh:
+                (length,) = struct.unpack("<Q", fh.read(8))
+                header = json.loads(fh.read(length))
+            shapes.update({k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, struct.error):
+        return {}  # not this check's to diagnose: validate_model_dir and the loader name the file
     return shapes
 
 

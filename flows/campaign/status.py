@@ -75,3 +75,28 @@ def status_report(store: ObjectStore, run_id: str) -> dict[str, Any] | None:
         "last_eval": state.evals[-1].model_dump(mode="json") if state.evals else None,
         "last_metrics": {k: v for k, v in last.items() if k != "plan"},
     }
+
+
+def committed_runs(store: ObjectStore) -> list[str]:
+    """The runs of ``store``, sorted, found by their commit records
+    (``runs/<run>/campaign/commits/step-*.json``), never by the ``latest.json`` hint, which a
+    crash between the first record and the hint leaves unwritten."""
+    return sorted({parts[1] for parts in (k.split("/") for k in store.list("runs/"))
+                   if len(parts) == 5 and parts[2:4] == ["campaign", "commits"] and parts[4].startswith("step-")
+                   and parts[4].endswith(".json")})
+
+
+def same_task_runs_hint(store: ObjectStore, run_id: str, explicit: bool) -> str:
+    """For a ``--resume`` that finds no run ``run_id``: where ``run_id`` was derived (not set
+    explicitly: ``<task>-<algorithm>-<fingerprint>``), the runs of the store with the same task
+    and algorithm and how to resume one, since the fingerprint takes the settings as typed (a
+    reward model path spelled otherwise names another run); else empty."""
+    if explicit:
+        return ""
+    prefix = run_id.rsplit("-", 1)[0] + "-"
+    others = [r for r in committed_runs(store) if r.startswith(prefix) and r != run_id]
+    if not others:
+        return ""
+    return (f"; the store holds {', '.join(others[:5])}{' ...' if len(others) > 5 else ''} of the same task and "
+            "algorithm, whose run ids were derived from other settings as typed (a path spelled otherwise "
+            "included): pass --run-id RUN (run_id in a deployment's config) to resume one")

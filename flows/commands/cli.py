@@ -153,7 +153,10 @@ def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool,
     existing = load_state(store, run_id)
     check_resume(existing, cfg, resume, store)  # its warnings are the flow's to print, once
     if resume and existing is None:  # not an error (a scheduled run's first night), but worth a line
-        print(f"note: --resume: the store holds no committed step of run {run_id!r}; starting it", file=sys.stderr)
+        from flows.campaign.status import same_task_runs_hint
+
+        print(f"note: --resume: the store holds no committed step of run {run_id!r}; starting it"
+              f"{same_task_runs_hint(store, run_id, explicit=cfg.run_id is not None)}", file=sys.stderr)
     # the flow's own checks, the same list (the invoker's last: OpenWhisk is one request)
     check_campaign(cfg, resumed=existing is not None)
     return RunLease.acquire(store, run_id, ttl_s=cfg.store.lease_ttl_s, break_lease=break_lease)
@@ -313,12 +316,10 @@ def sigterm_unwinds() -> Iterator[None]:
 
 
 def _only_run(store: Any, uri: str, command: str) -> str:
-    """The one run of the store: a run is found by its commit records
-    (``runs/<run>/campaign/commits/step-*.json``), never by the ``latest.json`` hint, which a
-    crash between the first record and the hint leaves unwritten."""
-    runs = sorted({parts[1] for parts in (k.split("/") for k in store.list("runs/"))
-                   if len(parts) == 5 and parts[2:4] == ["campaign", "commits"] and parts[4].startswith("step-")
-                   and parts[4].endswith(".json")})
+    """The one run of the store (``committed_runs``)."""
+    from flows.campaign.status import committed_runs
+
+    runs = committed_runs(store)
     if not runs:
         raise ValueError(f"store {uri} holds no runs; check --store (or store.uri of --config)")
     if len(runs) != 1:

@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             report["pushed"] = push(Path(folder.path), args.push_to_hub,
                                     f"{state.run_id} step {state.step} (policy v{state.policy_version})")
-        except _hub_errors() as exc:
+        except Exception as exc:  # noqa: BLE001 -- a hub, proxy or portal answering anything: the folder stands
             failed = push_failed(args.push_to_hub, args.out, exc)
     print(json.dumps(report, sort_keys=True))  # the folder is written whatever the hub answered
     if failed is not None:
@@ -146,23 +146,6 @@ def push(folder: Path, repo: str, message: str) -> str:
     return str(getattr(commit, "commit_url", commit))
 
 
-def _hub_errors() -> tuple[type[BaseException], ...]:
-    """What an upload raises when the hub cannot be reached or refuses it: transport errors
-    (``httpx``'s under huggingface_hub 1.x, ``requests``' before), the hub's HTTP errors
-    (``HfHubHTTPError``), and the built-in ``ConnectionError`` and ``TimeoutError``."""
-    import httpx
-    from huggingface_hub.errors import HfHubHTTPError
-
-    errors: list[type[BaseException]] = [HfHubHTTPError, httpx.HTTPError, ConnectionError, TimeoutError]
-    try:
-        import requests
-    except ImportError:
-        pass
-    else:
-        errors.append(requests.RequestException)
-    return tuple(errors)
-
-
 def push_failed(repo: str, out: str, exc: BaseException) -> ValueError:
     """The one line for an upload of the complete folder ``out`` to ``repo`` that raised
     ``exc``: the reason (the hub's status and message, or why it could not be reached; never a
@@ -178,8 +161,13 @@ def push_failed(repo: str, out: str, exc: BaseException) -> ValueError:
         fix = ("set HF_TOKEN to a token with write access to the repo, or log in with `hf auth login`"
                if status in (401, 403) else f"check that {repo} is a repo id your token may create or write to")
     else:
-        detail = " ".join(str(exc).split()) or "no detail"
-        reason = f"the hub ({constants.ENDPOINT}) could not be reached ({type(exc).__name__}: {quote(detail)})"
+        import httpx
+
+        detail = f"{type(exc).__name__}: {quote(' '.join(str(exc).split()) or 'no detail')}"
+        if isinstance(exc, (httpx.TransportError, ConnectionError, TimeoutError)):
+            reason = f"the hub ({constants.ENDPOINT}) could not be reached ({detail})"
+        else:  # a proxy or portal answering 200 with a page the hub's client cannot read
+            reason = f"the hub ({constants.ENDPOINT}) answered what the upload could not use ({detail})"
         fix = "check the network (and HF_ENDPOINT, if set), and log in (HF_TOKEN or `hf auth login`)"
     return ValueError(f"export --push-to-hub {repo}: {reason}; the export itself is complete at --out {out!r} "
                       f"(its JSON report is printed); {fix}, then upload that folder with "

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from actions.config.quoting import quote
 from actions.contracts import RewardModelRef
 from actions.models import warm
 from actions.models.device import action_device, action_dtype
@@ -117,19 +118,19 @@ def check_scores(ref: RewardModelRef, model: Any, scores: Sequence[float], promp
     if bad is None:
         return
     row = f"prompt_id {prompt_ids[bad]}" if prompt_ids is not None else f"row {bad}"
-    where = f"reward.models[{ref.index}] ({ref.settings.path!r}, stored at the run's start) scored {row} {scores[bad]}"
+    # short: the local pool's worker reports an action's error in one line of 400 characters
+    where = f"reward.models[{ref.index}] ({quote(ref.settings.path, 80)}) scored {row} {scores[bad]}"
     damaged = next((n for n, t in model.state_dict().items() if t.is_floating_point() and not t.isfinite().all()),
                    None)
     dtype = str(getattr(model, "dtype", "")).removeprefix("torch.")
     if damaged is not None:
-        why = (f"its weights hold NaN or inf (tensor {damaged}): the folder's weight file is damaged; save the model "
-               "again with save_pretrained and start a new run with it (a run scores with the copy it stored)")
+        why = (f"its weights hold NaN or inf (tensor {quote(damaged, 60)[1:-1]}); save the model again "
+               "(save_pretrained) and start a new run with it (a run scores with the copy it stored)")
     elif dtype in ("bfloat16", "float16"):
-        why = (f"its weights are finite, so its activations overflow in {dtype}, the dtype it ran in: score in "
-               "float32 (RLHFLESS_DTYPE=float32 for the actions)")
+        why = f"its activations overflow in {dtype} (its weights are finite); score in float32 (RLHFLESS_DTYPE=float32)"
     else:
-        why = (f"its weights are finite and it ran in {dtype or 'its dtype'}: its activations overflow on this text; "
-               "check the model with transformers on the same input, or use another reward model")
+        why = (f"its activations overflow in {dtype or 'its dtype'} on this text (its weights are finite); check the "
+               "model with transformers on that input, or use another reward model")
     raise RewardModelError(f"{where}, not a finite number: {why}")
 
 
