@@ -565,3 +565,20 @@ def test_a_generated_tasks_prompts_must_leave_room_for_the_response_in_the_conte
     with pytest.raises(ValueError, match=r"above generation.vllm.max_model_len=64; raise "
                                          r"generation.vllm.max_model_len"):
         build("generation.engine=vllm", "generation.vllm.max_model_len=64")
+
+
+def test_a_generated_tasks_room_check_counts_the_bos_a_row_is_encoded_with():
+    """Under chat_template: messages a row is encoded with the tokenizer's special tokens (a
+    BOS): the check that its samples fit the context counts them, as the engine will."""
+    from actions.tasks.dataset import PromptRow
+    from actions.tasks.input_limits import check_prompt_room
+
+    cfg = load_config(None, ["model.max_positions=20", "generation.max_new_tokens=10"]).workload()
+    plain = PromptRow(prompt_id=1, prompt="x" * 10, answer="a")
+    with_bos = plain.model_copy(update={"add_special_tokens": True})
+    check_prompt_room(cfg, [plain], list, "data.task", num_special=1)  # 10 + 10 = 20 positions fit
+    with pytest.raises(ValueError, match=r"prompt_id 1 has 11 prompt tokens; with generation.max_new_tokens=10 its "
+                                         r"samples need 21, above the model's context of 20"):
+        check_prompt_room(cfg, [with_bos], list, "data.task", num_special=1)
+    with pytest.raises(ValueError, match="need 21"):  # the one-token-per-character shortcut counts it too
+        check_prompt_room(cfg, [with_bos], list, "data.task", num_special=1, one_token_per_char=True)

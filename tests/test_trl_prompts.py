@@ -87,3 +87,22 @@ def test_prompt_length_counts_the_special_tokens_a_row_is_encoded_with():
     assert kept[0].prompt == "xxxx" and stats.truncated == 1 and stats.longest_prompt_tokens == 5
     with pytest.raises(ValueError, match="has 6 prompt tokens, above data.max_prompt_tokens=5"):
         limit_prompt_length(rows, encode=enc, decode=dec, max_tokens=5, policy="error", source="f", num_special=1)
+
+
+def test_system_prompt_goes_first_unless_the_row_has_its_own_and_a_template_refusing_it_names_it():
+    tok = _tokenizer()
+    own = PromptRow(prompt_id=2, prompt="", answer="c",
+                    source_prompt=[{"role": "system", "content": "world"}, {"role": "user", "content": "hello"}])
+    out = format_rows([_rows()[0], own], tok, use_template=True, system_prompt="brief", source="f")
+    assert out[0].prompt.startswith("<|im_start|>system brief<|im_end|> <|im_start|>user hello world")
+    assert out[1].prompt.startswith("<|im_start|>system world<|im_end|> <|im_start|>user hello")  # its own stays
+    tok.chat_template = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}"
+                         + TEMPLATE)
+    with pytest.raises(ValueError, match=r"^f: row 1 \(prompt_id 0\): the tokenizer's chat template fails on its "
+                                         r"messages \(TemplateError: no system role\); data.system_prompt was put "
+                                         r"first as a system message, which this template may not take: unset "
+                                         r"data.system_prompt, change the messages, or use a model"):
+        format_rows(_rows()[:1], tok, use_template=True, system_prompt="brief", source="f")
+    with pytest.raises(ValueError, match=r"fails on its messages \(TemplateError: no system role\); change the "
+                                         r"messages, or use a model"):  # the row's own system message
+        format_rows([own], tok, use_template=True, system_prompt=None, source="f")

@@ -98,7 +98,9 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
         elif not d.train_path:  # a generated task: no limit, but the response must still fit the context
             check_prompt_room(cfg, rows,
                               lambda t: (tok or tokenizer())(t, add_special_tokens=False)["input_ids"], source,
-                              one_token_per_char=not cfg.model.path)
+                              one_token_per_char=not cfg.model.path,
+                              num_special=(tok or tokenizer()).num_special_tokens_to_add()
+                              if any(r.add_special_tokens for r in rows) else 0)
         stats[which]["rows"] = len(rows)
         split_rows[which] = rows
     train, evals = split_rows["train"], split_rows["eval"]

@@ -49,14 +49,18 @@ def uses_template(tokenizer: Any, mode: ChatMode, model_name: str) -> bool:
     return has and mode is not False
 
 
-def _apply_template(tokenizer: Any, messages: list[dict[str, Any]], where: str) -> str:
+def _apply_template(tokenizer: Any, messages: list[dict[str, Any]], where: str, system_added: bool) -> str:
     """The chat template's text of ``messages`` plus the generation prompt. Raises ValueError
-    naming ``where`` when the template fails on them (e.g. a tool call it does not render)."""
+    naming ``where`` when the template fails on them (e.g. a tool call it does not render), and
+    ``data.system_prompt`` where it put the first message there (``system_added``: a template
+    that takes no system role fails on that message, not on the row's)."""
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     except Exception as exc:  # the template is the model's own code (jinja): any failure is a data mismatch
+        fix = ("data.system_prompt was put first as a system message, which this template may not take: unset "
+               "data.system_prompt, change the messages" if system_added else "change the messages")
         raise ValueError(f"{where}: the tokenizer's chat template fails on its messages ({type(exc).__name__}: "
-                         f"{str(exc)[:200]}); change the messages, or use a model whose chat template renders "
+                         f"{str(exc)[:200]}); {fix}, or use a model whose chat template renders "
                          "them (tool calls, null content)") from None
 
 
@@ -71,9 +75,10 @@ def format_rows(rows: Sequence[PromptRow], tokenizer: Any, *, use_template: bool
         as_text = strings_as_text and not isinstance(written, list)
         if use_template and not as_text:
             messages = list(written) if isinstance(written, list) else [{"role": "user", "content": written}]
-            if system_prompt and messages[0]["role"] != "system":
+            added = bool(system_prompt) and messages[0]["role"] != "system"
+            if added:
                 messages.insert(0, {"role": "system", "content": system_prompt})
-            text = _apply_template(tokenizer, messages, f"{source}: row {number} (prompt_id {row.prompt_id})")
+            text = _apply_template(tokenizer, messages, f"{source}: row {number} (prompt_id {row.prompt_id})", added)
         elif isinstance(written, list):
             raise ValueError(f"{source}: row {number} (prompt_id {row.prompt_id}) is a list of chat messages but no "
                              "chat template is used; set data.chat_template to auto, true or messages with a model "

@@ -96,12 +96,14 @@ def sequence_limit(cfg: WorkloadConfig) -> tuple[int | None, str, str | None]:
 
 
 def check_prompt_room(cfg: WorkloadConfig, rows: Sequence[PromptRow], encode: Callable[[str], Sequence[int]],
-                      source: str, *, one_token_per_char: bool = False) -> None:
+                      source: str, *, one_token_per_char: bool = False, num_special: int = 0) -> None:
     """Refuse a prompt that leaves less than ``generation.max_new_tokens`` of
     :func:`sequence_limit` (a generated task's: a dataset file's are held to
-    ``data.max_prompt_tokens``, whose default leaves that room). ``one_token_per_char``: the
-    tokenizer makes at most one token of a character (the tiny model's), so a prompt with no
-    more characters than the room is not tokenised.
+    ``data.max_prompt_tokens``, whose default leaves that room). ``encode`` adds no special
+    tokens; a row the engine encodes with them (``PromptRow.add_special_tokens``: a BOS under
+    ``chat_template: messages``) counts ``num_special`` more, as ``limit_prompt_length`` does.
+    ``one_token_per_char``: the tokenizer makes at most one token of a character (the tiny
+    model's), so a prompt with no more characters than the room is not tokenised.
 
     Raises:
         ValueError: the first such prompt, its length, the limit and the fix.
@@ -111,9 +113,10 @@ def check_prompt_room(cfg: WorkloadConfig, rows: Sequence[PromptRow], encode: Ca
     if limit is None:
         return
     for row in rows:
-        if one_token_per_char and len(row.prompt) + new <= limit:
+        extra = num_special if row.add_special_tokens else 0
+        if one_token_per_char and len(row.prompt) + extra + new <= limit:
             continue
-        if (n := len(encode(row.prompt))) + new > limit:
+        if (n := len(encode(row.prompt)) + extra) + new > limit:
             raise ValueError(f"{source}: prompt_id {row.prompt_id} has {n} prompt tokens; with "
                              f"generation.max_new_tokens={new} its samples need {n + new}, above {what}; "
                              + (f"raise {key}, " if key else "") + "lower generation.max_new_tokens, or set "
