@@ -192,7 +192,8 @@ class FaultConfig(_Section):
     """The worker process is killed (SIGKILL) ``kill_after_s`` into the activation."""
     kill_after_s: float = Field(0.2, ge=0, le=60)
     latency_fraction: float = Field(0.0, ge=0, le=1)
-    """These activations sleep ``latency_s`` before running (every attempt)."""
+    """These activations sleep ``latency_s`` before running (every attempt that runs: an injected
+    failure raises first)."""
     latency_s: float = Field(0.0, ge=0, le=600)
     actions: list[str] = ["generate", "score"]
     seed: int = 0

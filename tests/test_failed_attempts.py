@@ -123,3 +123,50 @@ def test_a_stalled_attempt_is_work_of_its_phase_not_overhead():
     assert m["timing_s/work"] == pytest.approx(0.5 + 15.0 + 1.0 + 0.1 + 0.2)
     # left to overhead: the 0.2 s before the first attempt and the 0.5 s retry delay, the flow's own
     assert m["timing_s/step"] - m["timing_s/work"] == pytest.approx(0.7)
+
+
+def test_workers_that_died_idle_are_replaced_before_an_activation_not_sent_it(tmp_path):
+    """Workers killed while idle (kill -9, the OOM killer) are replaced when the pool next takes
+    one: the activation runs on a live worker at its first attempt, with nothing billed for the
+    dead ones; a pool a dead worker leaves empty fails the action for good, not forever."""
+    import os
+    import signal
+
+    pool = LocalPoolInvoker(3, log_dir=tmp_path)
+    try:
+        dead = pool.worker_pids()
+        for pid in dead:
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+        done = pool.invoke("noop", {})
+        assert done.result["ok"] is True and done.failed_attempts == ()
+        assert pool.size == 3 and not set(dead) & set(pool.worker_pids())
+    finally:
+        pool.close()
+
+    pool = LocalPoolInvoker(1, log_dir=tmp_path / "short")
+    try:
+        os.kill(pool.worker_pids()[0], signal.SIGKILL)
+        time.sleep(0.5)
+
+        def fails_to_start(name):
+            raise RuntimeError(f"local worker {name} failed to start (exited with code 1)")
+
+        pool._spawn = fails_to_start
+        with pytest.raises(ActionError, match=r"worker worker-0 died while idle \(killed by SIGKILL\) and no worker "
+                                              r"replaces it \(local worker worker-0 failed to start") as info:
+            pool.invoke("noop", {})
+        assert not info.value.transient and pool.size == 0
+    finally:
+        pool.close()
+
+
+def test_an_activation_past_the_timeout_names_invoker_timeout_s(tmp_path):
+    pool = LocalPoolInvoker(1, log_dir=tmp_path, timeout_s=1.0)
+    try:
+        with pytest.raises(ActionError, match=r"no answer within invoker.timeout_s=1 s; raise invoker.timeout_s if "
+                                              r"the action needs longer") as info:
+            pool.invoke("generate", {"__inject_latency_s": 5.0})  # sleeps before it reads its request
+        assert info.value.transient and len(info.value.failed_attempts) == 1
+    finally:
+        pool.close()

@@ -231,7 +231,7 @@ class LocalPoolInvoker:
     def invoke(self, action: str, payload: dict[str, Any], *, timeout_s: float | None = None) -> Activation:
         submitted = time.time()
         engine = request_engine(payload)
-        worker = self._idle.take(action, request_policy(payload), engine)
+        worker = self._take_live(action, request_policy(payload), engine)
         started = time.time()
         activation_id = uuid.uuid4().hex
         try:
@@ -253,6 +253,9 @@ class LocalPoolInvoker:
             unreplaced = self._replace(worker)
             why = "a reply without its MAC: another process answers on its port" \
                 if isinstance(exc, UnauthenticatedReply) else type(exc).__name__
+            if isinstance(exc, httpx.ReadTimeout):  # the worker was killed for it: say which setting bounds it
+                why += (f": no answer within invoker.timeout_s={timeout_s or self.timeout_s:g} s; raise "
+                        "invoker.timeout_s if the action needs longer")
             short = f"; no worker replaces it ({unreplaced})" if unreplaced else ""
             # a retry needs a worker to run on: with none left it would wait for one forever
             retry = unreplaced is None or (self.size > 0 and not self._closing)
@@ -277,6 +280,25 @@ class LocalPoolInvoker:
             raise self._failure(action, resp.status_code, result.get("error"), worker, activation)
         activation.result = result
         return activation
+
+    def _take_live(self, action: str, policy: str | None, engine: str | None) -> _Worker:
+        """An idle worker whose process is alive. One that died while idle (killed, out of
+        memory) is replaced first, never sent the activation: that would fail as lost, spend a
+        retry and bill an attempt no action ran, and several such deaths would fail the action
+        while live workers sat idle.
+
+        Raises:
+            ActionError: not transient, when a dead worker leaves the pool without workers.
+        """
+        while True:
+            worker = self._idle.take(action, policy, engine)
+            if worker.proc.poll() is None:
+                return worker
+            how = _exit_text(worker.proc)
+            unreplaced = self._replace(worker)
+            if unreplaced is not None and self.size == 0:
+                raise ActionError(action, f"worker {worker.name} died while idle ({how}) and no worker replaces it "
+                                  f"({unreplaced}); worker log {worker.log_path}", transient=False)
 
     @staticmethod
     def _failure(action: str, status: int, error: Any, worker: _Worker, spent: Activation) -> ActionError:
