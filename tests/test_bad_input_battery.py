@@ -350,7 +350,7 @@ CASES: dict[str, Case] = {
         setup=_write("d.jsonl", b"\xff\xfe\x00garbage\n")),
     "dataset too small for a step": Case(
         _train("--set", "data.train_path={tmp}/d.jsonl", "--set", "data.eval_path={tmp}/d.jsonl"),
-        ("1 training prompts", "lower algorithm.batch_size"), setup=_write("d.jsonl", _rows(ROW))),
+        ("1 training prompt but a step needs", "lower algorithm.batch_size"), setup=_write("d.jsonl", _rows(ROW))),
     "dataset unknown format": Case(
         _train("--set", "data.train_path={tmp}/d.csv"), ("data.train_path", "unknown format (.csv)", ".parquet"),
         setup=_write("d.csv", "prompt,answer\n")),
