@@ -30,8 +30,32 @@ def test_gsm8k_reads_the_final_answer_by_value():
     assert gsm8k_reward(["#### 5 \\boxed{6}", "#### -3", "#### 2.50"], answer=["#### 5", "#### -3", "#### 2.5"]) == [1.0] * 3
 
 
+def test_gsm8k_reads_dashes_latex_group_separators_ellipses_and_unicode_minus_as_graders_mean_them():
+    texts = ["Final answer - 18", "Eggs left:\n- 18", r"\boxed{14{,}400}", r"The total is $14{,}400$.",
+             r"\boxed{14\,400}", "So the answer is...42", "The answer is \u22125", "The answer is \u22125"]
+    answers = ["#### 18", "#### 18", "#### 14400", "#### 14400", "#### 14400", "#### 42", "#### -5", "#### 5"]
+    assert gsm8k_reward(texts, answer=answers) == [1.0] * 7 + [0.0]
+    assert gsm8k_reward(["Answer - 18"], answer=["#### -18"]) == [0.0]  # a dash is not a minus
+
+
 def test_math_reward_is_symbolic():
     assert math_reward([r"\boxed{\frac{2}{4}}", r"\boxed{x+1}", r"\boxed{2}"], answer=["0.5", "1+x", "3"]) == [1.0, 1.0, 0.0]
+
+
+def test_math_reward_reads_bare_latex_references_as_math():
+    """MATH's answer column is LaTeX without $...$: read as math, not by its leading number."""
+    refs = [r"2\sqrt{3}", r"\left( 3, \frac{\pi}{2} \right)", r"1,\!000", r"\sqrt{2}", r"\dfrac{9}{7}", r"\$32,348"]
+    right = [r"\boxed{2\sqrt{3}}", r"\boxed{\left( 3, \frac{\pi}{2} \right)}", r"\boxed{1000}", r"\boxed{\sqrt{2}}",
+             r"\boxed{\frac{9}{7}}", r"\boxed{32348}"]
+    wrong = [r"The answer is \boxed{2}", r"\boxed{3}", r"\boxed{1}", r"\boxed{7}", r"\boxed{9}", r"\boxed{32}"]
+    assert math_reward(right, answer=refs) == [1.0] * 6
+    assert math_reward(wrong, answer=refs) == [0.0] * 6
+
+
+def test_the_default_reward_takes_chat_completions():
+    from actions.tasks.rewards import load_reward
+
+    assert load_reward("repeat")([[{"role": "assistant", "content": "aaa"}], "aa"], answer=["aaa", "aaa"]) == [1.0, 0.0]
 
 
 def test_weighted_sum_none_and_best():

@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 
 from actions.tasks.dataset import PromptRow
+from actions.tasks.rewards.text import completion_text
 
 TEMPLATE = "write the letter c exactly k times, then stop.\n"
 LETTERS = "abcdefghij"
@@ -51,14 +52,16 @@ def demonstrate_answer(answer: str, rng: random.Random, *, error_rate: float) ->
     return letter * k
 
 
-def exact_match_reward(completions: list[str], answer: list[str], **kwargs: object) -> list[float | None]:
+def exact_match_reward(completions: list, answer: list[str], **kwargs: object) -> list[float | None]:
     """1.0 when the completion equals the reference answer (surrounding whitespace ignored).
 
-    Follows TRL's reward signature: dataset columns arrive as keyword lists.
+    Follows TRL's reward signature: dataset columns arrive as keyword lists, and a completion is
+    a string or, for chat prompts, a list of messages (the default reward of any dataset).
 
     >>> exact_match_reward(["aaa", "aa", " aaa\\n"], answer=["aaa", "aaa", "aaa"])
     [1.0, 0.0, 1.0]
-    >>> exact_match_reward(["bbbbb"], answer=["bbbb"])
-    [0.0]
+    >>> exact_match_reward(["bbbbb", [{"role": "assistant", "content": "bbbb"}]], answer=["bbbb"] * 2)
+    [0.0, 1.0]
     """
-    return [1.0 if c.strip() == a.strip() else 0.0 for c, a in zip(completions, answer, strict=True)]
+    return [1.0 if completion_text(c).strip() == str(a).strip() else 0.0
+            for c, a in zip(completions, answer, strict=True)]

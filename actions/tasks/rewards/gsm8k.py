@@ -1,8 +1,9 @@
 """GSM8K answer checking: the reference's final answer against the completion's.
 
 Reference: the text after the last ``####`` (GSM8K's format, ``... #### 72``); a reference
-without ``####`` is read as a whole. Completion: the first number after its last ``####``, else the
-content of its last ``\\boxed{}``, else its last number. Both sides are compared by value
+without ``####`` is read as a completion is (its ``\\boxed{}``, else its last number).
+Completion: the first number after its last ``####``, else the content of its last
+``\\boxed{}``, else its last number. Both sides are compared by value
 (``numeric.py``): ``1,000``, ``1000.0`` and ``$1000`` are equal. A completion with no number
 earns 0.0; a reference with no number makes the row not applicable (None).
 

@@ -9,7 +9,12 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-_NUMBER = re.compile(r"-?\$?\s*(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
+# A minus sign only when attached ("- 18" is a dash, then 18); a space only after a dollar sign;
+# ".42" not when it ends an ellipsis ("...42" is 42).
+_NUMBER = re.compile(r"-?(?:\$\s*)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|(?<!\.)-?\.\d+")
+# LaTeX and typographic digit-group separators: 14{,}400, 14\,400, 1,\!000, a thin space.
+_GROUP_SEPARATOR = re.compile(r"(?<=\d)(?:\{,\}|,\\!|\\[,!]|\u2009|\u202f)(?=\d{3}(?!\d))")
+_MINUS = str.maketrans({"\u2212": "-", "\u2013": "-"})  # the minus sign and the en dash a model may write
 _BOXED = re.compile(r"\\boxed\s*\{")
 
 
@@ -22,7 +27,7 @@ def parse_number(text: str) -> Fraction | None:
     >>> parse_number("3/4"), parse_number("-2.5"), parse_number("no"), parse_number("1 2")
     (Fraction(3, 4), Fraction(-5, 2), None, None)
     """
-    found = _NUMBER.findall(text)
+    found = _NUMBER.findall(_normalised(text))
     if len(found) != 1:
         return None
     return _value(found[0])
@@ -31,10 +36,12 @@ def parse_number(text: str) -> Fraction | None:
 def last_number(text: str) -> Fraction | None:
     """The value of the last number in ``text`` (None if it holds none).
 
-    >>> last_number("she has 3 apples, then 12.")
-    Fraction(12, 1)
+    >>> last_number("she has 3 apples, then 12."), last_number(r"so $14{,}400$"), last_number("Left:\\n- 18")
+    (Fraction(12, 1), Fraction(14400, 1), Fraction(18, 1))
+    >>> last_number("the answer is...42"), last_number("it is \u22125")
+    (Fraction(42, 1), Fraction(-5, 1))
     """
-    found = _NUMBER.findall(text)
+    found = _NUMBER.findall(_normalised(text))
     return _value(found[-1]) if found else None
 
 
@@ -44,7 +51,7 @@ def first_number(text: str) -> Fraction | None:
     >>> first_number("1000 (or 999)")
     Fraction(1000, 1)
     """
-    found = _NUMBER.findall(text)
+    found = _NUMBER.findall(_normalised(text))
     return _value(found[0]) if found else None
 
 
@@ -64,6 +71,12 @@ def boxed(text: str) -> str | None:
         if depth == 0:
             return text[start:i]
     return None
+
+
+def _normalised(text: str) -> str:
+    """``text`` with a Unicode minus or en dash as ``-`` and digit-group separators of LaTeX or
+    typography removed, so that ``14{,}400`` is one number."""
+    return _GROUP_SEPARATOR.sub("", text.translate(_MINUS))
 
 
 def _value(token: str) -> Fraction | None:

@@ -11,6 +11,8 @@ request thread), the rows are scored in a helper process (``main_thread.py``), b
 
 from __future__ import annotations
 
+import re
+
 from actions.tasks.rewards.main_thread import call_in_main_thread
 from actions.tasks.rewards.text import completion_text
 
@@ -31,10 +33,27 @@ def score_rows(completions: list, answer: list) -> list[float | None]:
     out: list[float | None] = []
     for completion, reference in zip(completions, answer, strict=True):
         ref = str(reference).rsplit("####", 1)[-1].strip() if "####" in str(reference) else str(reference)
-        gold = parse(ref if "$" in ref or "\\" in ref else f"${ref}$")
+        gold = parse(_as_math(ref))
+        if not gold and _as_math(ref) != ref:  # a reference math-verify reads only as written
+            gold = parse(ref)
         if not gold:
             out.append(None)
             continue
         pred = parse(completion_text(completion))
         out.append(1.0 if pred and verify(gold, pred) else 0.0)
     return out
+
+
+_DELIMITED = re.compile(r"(?<!\\)\$|\\\(|\\\[|\\boxed")
+
+
+def _as_math(reference: str) -> str:
+    """``reference`` as math-verify reads an answer: inside ``$...$`` unless it has delimiters
+    of its own (an unescaped ``$``, ``\\(``, ``\\[``) or a ``\\boxed``. MATH's answer column is
+    bare LaTeX (``2\\sqrt{3}``, ``\\frac{\\pi}{2}``, ``\\$32,348``), which math-verify reads
+    wrongly or not at all without them.
+
+    >>> _as_math(r"2\\sqrt{3}"), _as_math("$x$"), _as_math(r"\\$5"), _as_math(r"\\boxed{1}")
+    ('$2\\\\sqrt{3}$', '$x$', '$\\\\$5$', '\\\\boxed{1}')
+    """
+    return reference if _DELIMITED.search(reference) else f"${reference}$"
