@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actions.config.quoting import quote
+from actions.config.quoting import quote, unusable_path
 from actions.config.reward import reward_model_key
 from actions.config.workload import WorkloadConfig
 from actions.contracts import Prepared, PrepareRequest
@@ -123,7 +123,11 @@ def validate_model_dir(path: str, field: str = "model.path") -> None:
     safetensors headers parse and whose sizes match them. Raises ValueError naming ``field``."""
     root = Path(path)
     where = f"{field} {quote(str(root))}"
-    if not root.is_dir():
+    try:
+        is_dir = root.is_dir()
+    except OSError as exc:  # a name longer than the file system allows: not False on Python 3.11
+        raise ValueError(unusable_path(field, str(root), exc)) from None
+    if not is_dir:
         raise ValueError(f"{where} is not a directory; point it at a local Hugging Face model directory")
     try:
         config = json.loads((root / "config.json").read_text())

@@ -764,6 +764,9 @@ CASES.update({
         setup=_write("t.jsonl", _rows(ROW)))
        for key, where in (("data.train_path", ""), ("data.eval_path", ""), ("model.path", ""), ("store.uri", ""),
                           ("store.uri", "/missing"))},  # missing: the store would make it, and must not
+    "reward.models[0].path name too long": Case(
+        _train("--set", f"reward.models=[{{{{path: {{tmp}}/{'x' * 300}}}}}]"),
+        ("reward.models[0].path '", "is too long a path: a name in it is 300 bytes", "shorten reward.models[0].path")),
     # a missing path's error quotes it short too
     "model.path missing and long": Case(_train("--set", f"model.path={{tmp}}/missing/{'x' * 300}"),
                                         ("model.path '", "x...", "is not a directory", "point it at a local")),

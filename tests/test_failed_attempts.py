@@ -170,3 +170,51 @@ def test_an_activation_past_the_timeout_names_invoker_timeout_s(tmp_path):
         assert info.value.transient and len(info.value.failed_attempts) == 1
     finally:
         pool.close()
+
+
+def test_a_call_waiting_for_a_worker_fails_when_the_pool_loses_its_last_one(tmp_path):
+    """One worker busy, the other dead while idle and not replaceable: a call waits for the
+    busy one; when that one is lost too and nothing replaces it, the waiting call fails for
+    good instead of waiting for a worker that will never come."""
+    import os
+    import signal
+    import threading
+
+    pool = LocalPoolInvoker(2, log_dir=tmp_path, timeout_s=60)
+    outcomes: dict[str, BaseException | None] = {}
+
+    def call(key: str, action: str, payload: dict) -> None:
+        try:
+            pool.invoke(action, payload)
+            outcomes[key] = None
+        except ActionError as exc:
+            outcomes[key] = exc
+
+    try:
+        pids = dict(zip((w.name for w in pool._workers), pool.worker_pids()))
+        busy = threading.Thread(target=call, args=("busy", "generate", {"__inject_latency_s": 5.0}), daemon=True)
+        busy.start()
+        deadline = time.time() + 10
+        while len(pool._idle._workers) != 1 and time.time() < deadline:
+            time.sleep(0.05)
+        [idle] = pool._idle._workers
+        os.kill(pids[idle.name], signal.SIGKILL)
+        time.sleep(0.3)
+
+        def fails_to_start(name):
+            raise RuntimeError(f"local worker {name} failed to start (out of memory)")
+
+        pool._spawn = fails_to_start
+        waiting = threading.Thread(target=call, args=("waiting", "noop", {}), daemon=True)
+        waiting.start()
+        time.sleep(1.0)
+        assert waiting.is_alive()  # the dead idle worker is gone; it waits for the busy one
+        os.kill(next(pid for name, pid in pids.items() if name != idle.name), signal.SIGKILL)
+        busy.join(15)
+        waiting.join(15)
+        assert not waiting.is_alive() and pool.size == 0
+        error = outcomes["waiting"]
+        assert isinstance(error, ActionError) and not error.transient
+        assert "the local pool has no worker left" in error.message and "out of memory" in error.message
+    finally:
+        pool.close()

@@ -69,10 +69,11 @@ DIGESTS = {
                       "round-robin:4": "2a8b13b039b8dcec", "static:3": "5afe583e80ca99d7"},
     },
 }
-"""Per instruction set numpy dispatches its float kernels to (``simd()``), per case, per policy:
-the digest. Kernels with AVX-512 round some float sums differently, which moves the simulated
-figures' last bits (and with them every digest of a policy whose figures are not whole numbers):
-one revision gives the first set on a CPU without AVX-512 and the second on an AMD EPYC with it."""
+"""Per environment, per case, per policy: the digest. numpy's float kernels with AVX-512 round
+some sums differently, which moves the simulated figures' last bits (and with them the digest of
+every policy whose figures are not whole numbers): one revision gives the first set on the CPU
+the digests were first computed on and the second on a 2-core AMD EPYC with AVX-512. A replay
+must give one environment's whole set; the test does not guess which from the CPU's flags."""
 SHARED_TRACES_CAP = 2048
 """The generation cap the shared traces were made with (they do not state it)."""
 TRACE_SHA256 = {"gsm8k": "9962f5c3dac48db4", "lcb": "a930ba5403dca578"}
@@ -108,15 +109,6 @@ def test_the_plans_on_the_shared_traces_are_bit_identical(case: str) -> None:
     if found != TRACE_SHA256[name]:
         pytest.skip(f"{trace} is not the trace the digests were computed on (sha256 {found}..., expected "
                     f"{TRACE_SHA256[name]}...): recompute DIGESTS with digests() on the code before a planning change")
-    isa = simd()
-    if isa not in DIGESTS:
-        pytest.skip(f"no digests for numpy's float kernels on {isa}: compute them with digests() on the code "
-                    "before a planning change")
-    assert digests(trace, objective) == DIGESTS[isa][case]
-
-
-def simd() -> str:
-    """The instruction set numpy dispatches its float reductions to, as ``DIGESTS`` keys it."""
-    from numpy._core._multiarray_umath import __cpu_features__
-
-    return "AVX-512" if __cpu_features__.get("AVX512F") else "without AVX-512"
+    got = digests(trace, objective)
+    # one known environment's whole set: a planning change matches neither
+    assert any(got == known[case] for known in DIGESTS.values()), got

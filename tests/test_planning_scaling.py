@@ -120,6 +120,9 @@ def test_module_function_policy(tmp_path, monkeypatch):
 
         def broken(prompt_ids, predicted, **kw):
             return GenerationPlan("mine", 1, ((0,),), 1.0, 2.0)
+
+        def flat(prompt_ids, predicted, **kw):
+            return GenerationPlan("mine", 1, tuple(prompt_ids), 1.0, 2.0)
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
     plan = _plan(policy="my_policy:two")
@@ -128,6 +131,8 @@ def test_module_function_policy(tmp_path, monkeypatch):
     invalid = r"^scaling.policy='my_policy:broken' returned an invalid plan: plan.assignments: must contain"
     with pytest.raises(ValueError, match=invalid + r" every prompt id exactly once.*; fix the function$"):
         _plan(policy="my_policy:broken")
+    with pytest.raises(ValueError, match=r"^scaling.policy='my_policy:flat' returned an invalid plan: .*; fix the "):
+        _plan(policy="my_policy:flat")  # assignments not a sequence of sequences
     with pytest.raises(ValueError, match="scaling.policy"):
         _plan(policy="my_policy:missing")
 

@@ -223,9 +223,10 @@ server.serve_forever()
 
 
 def test_an_impostor_on_a_dead_workers_port_gets_no_credential_and_forges_nothing(tmp_path: Path):
-    """A worker dies; another local process binds its freed port and answers the pool's next
-    call with a forged result. The pool refuses the reply and replaces the worker; what the
-    impostor received is accepted by no worker (not the new one, not another one)."""
+    """A worker dies after the pool took it for a call (a worker found dead before is replaced
+    and never called: ``test_failed_attempts``); another local process binds its freed port and
+    answers that call with a forged result. The pool refuses the reply and replaces the worker;
+    what the impostor received is accepted by no worker (not the new one, not another one)."""
     import os
     import signal
     import subprocess
@@ -242,6 +243,8 @@ def test_an_impostor_on_a_dead_workers_port_gets_no_credential_and_forges_nothin
         pool._idle.put(victim)  # the other stays busy, so the next call goes to the victim's port
         os.kill(victim.proc.pid, signal.SIGKILL)
         victim.proc.wait()
+        exit_code = victim.proc.returncode
+        victim.proc.poll = lambda: None  # it died after the pool's liveness check
         seen = tmp_path / "seen.jsonl"
         impostor = subprocess.Popen([sys.executable, "-c", IMPOSTOR, str(victim.port), str(seen)],
                                     stdout=subprocess.PIPE, text=True)
@@ -249,6 +252,7 @@ def test_an_impostor_on_a_dead_workers_port_gets_no_credential_and_forges_nothin
         with pytest.raises(ActionError) as info:
             pool.invoke("noop", {})
         assert info.value.transient and "another process answers on its port" in str(info.value)
+        assert exit_code == -signal.SIGKILL
         (headers,) = [json.loads(line) for line in seen.read_text().splitlines()]
         auth = headers.get("Authorization", "")
         assert not any(s in json.dumps(headers) for s in secrets_before)  # no secret crossed the socket

@@ -94,6 +94,10 @@ def _best(engine: str | None) -> int:
     return ENGINE_HOLDS_POLICY if engine is not None else 2
 
 
+class NoWorkersLeft(RuntimeError):
+    """A ``take`` from a pool that has no worker and will get none: why (the replacement's failure)."""
+
+
 class IdleWorkers(Generic[W]):
     """The pool's idle workers; ``take`` blocks until one is idle.
 
@@ -109,6 +113,14 @@ class IdleWorkers(Generic[W]):
         self._cond = threading.Condition()
         self._warming: dict[tuple[str, str], int] = {}  # (engine or action, policy) -> workers loading it
         self.warming_wait_s = warming_wait_s
+        self._none_left: str | None = None
+
+    def none_left(self, why: str) -> None:
+        """The pool has no worker and none will come (``why``): every ``take`` waiting, and every
+        later one, raises :class:`NoWorkersLeft` instead of waiting for a worker forever."""
+        with self._cond:
+            self._none_left = why
+            self._cond.notify_all()
 
     def put(self, worker: W, *, warmed: tuple[str, str | None] | None = None) -> None:
         """Return ``worker`` to the idle set; ``warmed``: the (engine or else action, policy) of
@@ -128,6 +140,8 @@ class IdleWorkers(Generic[W]):
         deadline = time.monotonic() + self.warming_wait_s
         with self._cond:
             while True:
+                if self._none_left is not None and not self._workers:
+                    raise NoWorkersLeft(self._none_left)
                 left = deadline - time.monotonic()
                 loading = policy is not None and (engine or action, policy) in self._warming and left > 0
                 if self._workers and not (loading and not self._holder(action, policy, engine)):

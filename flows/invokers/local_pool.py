@@ -58,7 +58,7 @@ from actions.runtime.request_auth import REPLY_HEADER, reply_is_authentic, sign_
 from actions.runtime.server import DEFAULT_MAX_BODY_BYTES
 from flows.invokers.base import ActionError, Activation
 from flows.invokers.cores import MKL_REPRODUCIBLE, CoreShare
-from flows.invokers.idle import IdleWorkers, held_policy, ref_policy, request_engine, request_policy
+from flows.invokers.idle import IdleWorkers, NoWorkersLeft, held_policy, ref_policy, request_engine, request_policy
 
 KEEPALIVE_EXPIRY_S = 5.0
 """How long the pool keeps an idle connection to a worker (well under the worker's idle timeout)."""
@@ -288,10 +288,14 @@ class LocalPoolInvoker:
         while live workers sat idle.
 
         Raises:
-            ActionError: not transient, when a dead worker leaves the pool without workers.
+            ActionError: not transient, when the pool has no worker left and none will come (a
+                dead worker's replacement failed to start), also while this call waits.
         """
         while True:
-            worker = self._idle.take(action, policy, engine)
+            try:
+                worker = self._idle.take(action, policy, engine)
+            except NoWorkersLeft as exc:
+                raise ActionError(action, f"the local pool has no worker left: {exc}", transient=False) from None
             if worker.proc.poll() is None:
                 return worker
             how = _exit_text(worker.proc)
@@ -325,7 +329,12 @@ class LocalPoolInvoker:
         try:
             self._add(worker.name)
         except Exception as exc:  # noqa: BLE001 - reported in the lost activation's error
-            return one_line(str(exc) or type(exc).__name__, 300)
+            why = one_line(str(exc) or type(exc).__name__, 300)
+            with self._lock:
+                empty = not self._workers
+            if empty:  # a call waiting for an idle worker would wait forever
+                self._idle.none_left(f"worker {worker.name} was lost and no worker replaces it ({why})")
+            return why
         return None
 
     @staticmethod

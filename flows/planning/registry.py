@@ -125,7 +125,7 @@ class FunctionPolicy:
                              "expected a GenerationPlan")
         try:
             plan.validate(list(prompt_ids))
-        except ValueError as exc:  # the user's function is at fault: name it, not only the plan's field
+        except (ValueError, TypeError) as exc:  # the user's function is at fault (TypeError: a flat assignment)
             raise ValueError(f"scaling.policy={quote(self.name)} returned an invalid plan: {exc}; "
                              "fix the function") from None
         return plan
