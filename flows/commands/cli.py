@@ -308,6 +308,9 @@ def sigterm_unwinds() -> Iterator[None]:
     """Inside the block, SIGTERM (``timeout``, a container stop) raises ``SystemExit(143)`` in
     the main thread, so ``finally`` and ``except BaseException`` clean-ups run; the previous
     handler is restored on leaving."""
+    from flows.commands.main_thread_signals import route_stop_signals
+
+    route_stop_signals()  # threads started from now on leave SIGTERM to the main thread
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         yield
@@ -411,6 +414,9 @@ def _bounded(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from flows.commands.main_thread_signals import route_stop_signals
+
+    route_stop_signals()  # before any thread starts: Ctrl-C and SIGTERM interrupt the main thread's waits
     try:
         words = sys.argv[1:] if argv is None else argv
         if words[:1] == ["--version"]:  # before the parser: it would import every subcommand
