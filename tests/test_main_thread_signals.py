@@ -57,3 +57,27 @@ def test_threads_started_after_routing_leave_stop_signals_to_the_main_thread():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_pool_worker_started_from_a_blocking_thread_takes_sigterm(tmp_path):
+    """The pool starts its workers from a thread of its own, which blocks the stop signals; a
+    worker (and what it starts) takes SIGTERM as before."""
+    from flows.commands.main_thread_signals import route_stop_signals
+    from flows.invokers.local_pool import LocalPoolInvoker
+
+    route_stop_signals()
+    pool = LocalPoolInvoker(1, log_dir=tmp_path)
+    try:
+        [worker] = pool._workers
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # its mask, once its server has unblocked it
+            with open(f"/proc/{worker.proc.pid}/status") as fh:
+                blocked = int(next(line for line in fh if line.startswith("SigBlk:")).split()[1], 16)
+            if not blocked & (1 << (signal.SIGTERM - 1)):
+                break
+            time.sleep(0.05)
+        assert not blocked & (1 << (signal.SIGTERM - 1))
+        worker.proc.terminate()
+        assert worker.proc.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        pool.close()

@@ -455,6 +455,10 @@ def main(argv: list[str] | None = None) -> None:
         # discards it, and the unblock restores the usual mask (the worker's own children inherit it).
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    # The CLI's threads block SIGTERM (flows/commands/main_thread_signals.py) and a process
+    # inherits its starting thread's mask: a server, and the processes it starts (vLLM's engine
+    # core), take SIGTERM as usual.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     secret = None
     if args.parent_pid is not None:
         from actions.runtime.lifeline import die_with_parent
