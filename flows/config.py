@@ -62,7 +62,8 @@ class ScalingConfig(_Section):
     (``flows/campaign/live_profile.py``)."""
     prewarm: bool = True
     """Warm the generation actions (and load the new policy version in them) ahead of use,
-    at the earliest past invocation offset minus ``prewarm_buffer_s`` (paper §3.7)."""
+    at the earliest past invocation offset minus ``prewarm_buffer_s`` and minus how long the
+    last pre-warms took (paper §3.7); none where it could not finish before that invocation."""
     prewarm_buffer_s: float = Field(0.2, ge=0)
     tail_error_steps: int = Field(2, ge=0, le=64)
     """Steps of the length predictor's measured error (predicted against observed group max

@@ -169,10 +169,12 @@ def test_smoke_whole_flow_on_local_warm_pool(tiny_config, prefect_harness, monke
     # overhead from the outside: each step's period is its work plus the control plane's time
     for s in summary["steps"]:
         assert s["timing_s/period"] >= s["timing_s/overhead"] >= 0.0 and s["timing_s/work"] > 0.0
-    # pre-warming from call history: none without history, then before the generation phase
+    # pre-warming from call history: none without history; then at most one that is ready in time
     first, last = summary["steps"]
     assert first["prewarm/offset_s"] == -1.0 and first["prewarm/fired_s"] == -1.0
-    assert 0.0 <= last["prewarm/offset_s"] <= last["prewarm/fired_s"]
+    # (when the first step's generation calls came early, as they do without a prefill plan, a
+    # pre-warm could not be ready before them and none fires: it would hold the workers they need)
+    assert last["prewarm/offset_s"] == -1.0 or 0.0 <= last["prewarm/offset_s"] <= last["prewarm/fired_s"]
 
 
 def test_ppo_step_trains_critic(tiny_config, prefect_harness):

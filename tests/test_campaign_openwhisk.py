@@ -16,7 +16,7 @@ except ImportError:  # tests/ imported as a package
 
 
 def test_campaign_through_openwhisk_matches_local_training_data(tiny_config, monkeypatch, prefect_harness):
-    local = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=ref", "steps=1", *LEARNING),
+    local = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=ref", "steps=2", *LEARNING),
                          progress=lambda m: None)
     with running_emulator() as emu:
         client = make_client(emu)
@@ -25,10 +25,16 @@ def test_campaign_through_openwhisk_matches_local_training_data(tiny_config, mon
         client.close()
         for key, value in emu.env().items():
             monkeypatch.setenv(key, value)
-        summary = run_campaign(tiny_config("invoker.kind=openwhisk", "run_id=ow", "steps=1", *LEARNING),
+        summary = run_campaign(tiny_config("invoker.kind=openwhisk", "run_id=ow", "steps=2", *LEARNING),
                                progress=lambda m: None)
-    assert summary["steps_completed"] == 1
-    assert summary["billed_gpu_seconds"] >= 0 and summary["steps"][0]["actors/n"] >= 1
+    assert summary["steps_completed"] == 2
+    first, second = summary["steps"]
+    assert summary["billed_gpu_seconds"] >= 0 and first["actors/n"] >= 1
+    # The second step's generation finds the first step's containers warm: a pre-warm that could
+    # not finish before generation starts is not fired, since it would hold those containers and
+    # send the generate activations to new, cold ones.
+    assert second["prewarm/fired_s"] == -1.0
+    assert second["actors/cold_starts"] <= max(0.0, second["actors/n"] - first["actors/n"])
     # Same seed, same config: the training data and so the weights do not depend on the invoker.
     assert_learned(local)
     assert summary["weights_sha256"] == local["weights_sha256"]

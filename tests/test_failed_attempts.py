@@ -218,3 +218,59 @@ def test_a_call_waiting_for_a_worker_fails_when_the_pool_loses_its_last_one(tmp_
         assert "the local pool has no worker left" in error.message and "out of memory" in error.message
     finally:
         pool.close()
+
+
+def test_two_workers_lost_at_once_one_replaced_the_pool_serves_calls_in_turn(tmp_path):
+    """Two busy workers lost together; one replacement fails to start while the other is still
+    starting: the pool is not empty (a worker is on its way), so the lost calls may be retried,
+    and once the other is up, two calls at once both run on it in turn: none fails for a pool
+    'with no worker left'."""
+    import os
+    import signal
+    import threading
+
+    pool = LocalPoolInvoker(2, log_dir=tmp_path, timeout_s=60)
+    real_spawn = pool._spawn
+
+    def spawn(name):
+        if name == "worker-0":  # its start fails while worker-1's replacement is starting
+            deadline = time.time() + 20
+            while any(w.name == "worker-1" for w in pool._workers) and time.time() < deadline:
+                time.sleep(0.001)
+            raise RuntimeError(f"local worker {name} failed to start (out of memory)")
+        return real_spawn(name)
+
+    pool._spawn = spawn
+    outcomes: dict[str, BaseException | None] = {}
+
+    def call(key: str, action: str, payload: dict) -> None:
+        try:
+            pool.invoke(action, payload)
+            outcomes[key] = None
+        except ActionError as exc:
+            outcomes[key] = exc
+
+    try:
+        pids = pool.worker_pids()
+        lost = [threading.Thread(target=call, args=(f"lost-{i}", "generate", {"__inject_latency_s": 5.0}))
+                for i in range(2)]
+        for t in lost:
+            t.start()
+        time.sleep(1.0)
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        for t in lost:
+            t.join(30)
+        assert all(isinstance(outcomes[f"lost-{i}"], ActionError) for i in range(2))
+        assert all(outcomes[f"lost-{i}"].transient for i in range(2))  # a worker was on its way
+        assert pool.size == 1
+        # a holds the one worker for a second (then its empty request is refused); b waits for it
+        busy = threading.Thread(target=call, args=("a", "generate", {"__inject_latency_s": 1.0}))
+        busy.start()
+        time.sleep(0.3)
+        call("b", "noop", {})
+        busy.join(30)
+        assert "no worker left" not in outcomes["a"].message and not outcomes["a"].transient
+        assert outcomes["b"] is None, outcomes["b"]
+    finally:
+        pool.close()

@@ -197,6 +197,20 @@ def test_a_rank_above_every_targeted_matrix_is_refused_at_the_cli(tmp_path):
         check_targets(load_config(None, ["model.lora.r=100000"]).workload())
 
 
+def test_a_target_may_name_one_layer_of_the_tiny_default_by_its_path():
+    """As on a model folder, a target names a module by its path's tail: one layer's q_proj of
+    the tiny default (2 layers) is a target; a layer it does not have is refused."""
+    from actions.models.lora_targets import check_targets
+
+    def check(targets):
+        check_targets(load_config(None, [f"model.lora={{r: 4, target_modules: {targets}}}"]).workload())
+
+    check("[layers.0.self_attn.q_proj]")
+    check("[model.layers.1.mlp.up_proj, v_proj, lm_head]")
+    with pytest.raises(ValueError, match=r"^model.lora.target_modules: 'layers.2.self_attn.q_proj' matches no module"):
+        check("[layers.2.self_attn.q_proj]")
+
+
 def _tiny_tied():
     from actions.models.modeling import build_tiny_model
 

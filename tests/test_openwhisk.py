@@ -60,6 +60,9 @@ FAST = RetryPolicy(
 )
 CPU_IMAGE = "rlhfless/runtime-cpu:0.1.0"
 
+MISSING_FIX = ("run `rlhfless deploy` with a manifest whose `package:` is 'rlhfless', or set invoker.package to "
+               "the package your manifest deploys")
+
 
 def make_client(emu: OpenWhiskEmulator, retry: RetryPolicy = FAST, **overrides: str) -> OpenWhiskClient:
     api_host, auth, _ = emu.credentials
@@ -230,7 +233,7 @@ def test_action_crud_roundtrip(ow_emulator: OpenWhiskEmulator):
         client.delete_action("rlhfless/probe")
         with pytest.raises(OpenWhiskNotFound) as gone:
             client.get_action("rlhfless/probe")
-        assert str(gone.value) == "action rlhfless/probe does not exist in namespace _; run `rlhfless deploy`"
+        assert str(gone.value) == f"action rlhfless/probe does not exist in namespace _; {MISSING_FIX}"
 
 
 def test_emulator_fails_loudly_on_a_swagger_violation():
@@ -694,7 +697,7 @@ def test_missing_action_says_run_deploy(invoker: OpenWhiskInvoker):
     with pytest.raises(ActionError) as info:
         invoker.invoke("train_step", {})
     assert not info.value.transient
-    assert info.value.message == "action rlhfless/train_step does not exist in namespace _; run `rlhfless deploy`"
+    assert info.value.message == f"action rlhfless/train_step does not exist in namespace _; {MISSING_FIX}"
 
 
 # ---------------------------------------------------------------------------- prewarm, threads

@@ -45,7 +45,8 @@ def inputs(step: int) -> PhaseInputs:
 
 def record(step: int, phase, rng: random.Random) -> StepRecord:
     """What a step could have measured: lengths around the reference, a phase slower than
-    planned, a speculation report, the generation actions' first call offset."""
+    planned, a speculation report, the generation actions' first call offset and how long the
+    pre-warm before them took."""
     lengths = {p: tuple(max(1, int(rng.gauss(12 + 9 * p, 6))) for _ in range(4)) for p in IDS}
     observed = PhaseObservation(num_actors=phase.plan.num_actors,
                                 generate_s=rng.uniform(1.2, 2.5) * phase.plan.predicted_time_s,
@@ -57,7 +58,8 @@ def record(step: int, phase, rng: random.Random) -> StepRecord:
     spec = {"rounds": 10, "forwards_saved": rng.randint(1, 6), "seconds": 1.0, "plain_seconds_est": 1.1,
             "accepted_by_strategy": {"history": rng.randint(1, 9)}, "rejections_by_strategy": {"history": 3}}
     return StepRecord(step=step, epoch=inputs(step).epoch, lengths=lengths, phase=observed,
-                      call_offsets={"generate": rng.uniform(0.3, 0.9)}, spec=(spec, None))
+                      call_offsets={"generate": rng.uniform(0.3, 0.9)}, prewarm_s=rng.uniform(0.01, 0.15),
+                      spec=(spec, None))
 
 
 def run(steps: int, resume_at: int | None = None) -> list:
@@ -77,7 +79,7 @@ def run(steps: int, resume_at: int | None = None) -> list:
 def test_a_resumed_planner_decides_as_the_uninterrupted_one():
     straight = run(8)
     # what the planner learned reaches its decisions (so the comparison covers it): the
-    # measured error, the calibration, the call offsets and the speculation speed-up
+    # measured error, the calibration, the call offsets, the pre-warm time and the speculation speed-up
     planner = Planner(rules())
     rng = random.Random(7)
     for step in range(3):
@@ -99,7 +101,7 @@ def test_forgetting_any_part_of_the_state_changes_a_decision():
         planner.observe(record(step, planner.plan(inputs(step)), rng))
     full = planner.state
     reference = Planner(rules(), full).plan(inputs(4))
-    for part in ("errors", "phases", "call_history", "spec_speedup", "length_history"):
+    for part in ("errors", "phases", "call_history", "prewarm_s", "spec_speedup", "length_history"):
         partial = full.model_copy(update={part: PlannerState.model_fields[part].default})
         assert Planner(rules(), partial).plan(inputs(4)) != reference, part
 

@@ -5,9 +5,11 @@ import pytest
 from flows.planning.prewarm import plan_prewarm, prewarm_offset, warm_actor_count
 
 
-def test_offset_is_min_minus_buffer_clamped():
+def test_offset_is_min_minus_buffer_and_lead_or_none_where_it_could_not_be_ready():
     assert prewarm_offset([12.0, 9.5, 30.0], buffer_s=2.0) == pytest.approx(7.5)
-    assert prewarm_offset([1.0], buffer_s=2.0) == 0.0
+    assert prewarm_offset([1.0], buffer_s=2.0) is None  # it could not be ready before the call
+    assert prewarm_offset([12.0, 9.5], buffer_s=2.0, lead_s=3.0) == pytest.approx(4.5)  # as long as it takes
+    assert prewarm_offset([12.0, 9.5], buffer_s=2.0, lead_s=8.0) is None
     assert prewarm_offset([], buffer_s=2.0) is None
     with pytest.raises(ValueError, match="buffer_s"):
         prewarm_offset([1.0], buffer_s=-1)

@@ -230,6 +230,11 @@ def test_cli_json_shape(tmp_path, capsys):
                                                    "gen_time_s", "predicted_time_s"}] * 2
     # the whole step (the learner after generation) is longer than its generation phase
     assert summary["total_time_s"] > summary["generation"]["time_s"] > 0
+    # a serverful policy's actors are held idle through the learner's phases: the whole step's
+    # idle fraction, not its generation phase's
+    static = report["policies"]["static:3"]
+    assert set(static["generation"]) == {"time_s", "gpu_seconds", "mean_idle_fraction"}
+    assert 0 <= static["generation"]["mean_idle_fraction"] < static["mean_idle_fraction"] < 1
     assert 0 <= summary["fidelity"]["median_abs_error"] <= summary["fidelity"]["p90_abs_error"]
     assert (tmp_path / "p.png").stat().st_size > 0
 

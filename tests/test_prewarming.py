@@ -30,14 +30,14 @@ def test_fires_at_the_offset_with_the_plan_count_and_the_model():
     assert (action, count, model) == ("generate", 3, {"policy_version": 4})
     assert at - t0 >= 0.3 - 1e-3
     assert report["prewarm/started"] == 3 and report["prewarm/fired_s"] >= 0.3 - 1e-3
-    assert report["prewarm/offset_s"] == 0.3
+    assert report["prewarm/offset_s"] == 0.3 and report["prewarm/duration_s"] >= 0.0
 
 
 def test_no_history_means_no_prewarm_and_an_unfired_one_is_cancelled():
     inv = RecordingInvoker()
     assert PhasePrewarmer(inv, t0=time.time(), offset_s=None, action="generate", count=2,
                           model={}).report() == {"prewarm/offset_s": -1.0, "prewarm/fired_s": -1.0,
-                                                 "prewarm/started": 0.0}
+                                                 "prewarm/duration_s": -1.0, "prewarm/started": 0.0}
     late = PhasePrewarmer(inv, t0=time.time(), offset_s=30.0, action="generate", count=2, model={})
     assert late.report()["prewarm/fired_s"] == -1.0  # the phase was over before the offset
     time.sleep(0.05)
@@ -67,7 +67,9 @@ def test_hook_offset_is_earliest_past_invocation_minus_buffer(tiny_config, tmp_p
     plan = lambda hist: plan_generation_phase(ctx, LengthHistory(), tokens, [0, 1, 2, 3], 3, hist)  # noqa: E731
     assert plan(None).prewarm_offset_s is None
     assert plan({"generate": [0.9, 0.6, 1.2], "score": [0.1]}).prewarm_offset_s == 0.6 - 0.25
-    assert plan({"generate": [0.1]}).prewarm_offset_s == 0.0  # never before the step starts
+    # one that could not be ready before the earliest call is not fired: it would hold the warm
+    # containers that call needs
+    assert plan({"generate": [0.1]}).prewarm_offset_s is None
     ctx.config = tiny_config("scaling.prewarm=false")
     assert plan({"generate": [0.9]}).prewarm_offset_s is None
 

@@ -25,9 +25,10 @@ from pathlib import Path
 
 from actions.config.workload import ModelConfig, WorkloadConfig
 
-TINY_LLAMA_LINEAR = ("model.embed_tokens", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                     "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "lm_head")
-"""Module paths (suffixes) of the tiny default model's weight matrices."""
+TINY_LLAMA_LAYER = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+"""Module paths, under ``model.layers.<i>.``, of each decoder layer's weight matrices in the
+tiny default model (its others: ``model.embed_tokens`` and ``lm_head``)."""
 HEAD = "lm_head"
 """The output head's module name in Hugging Face causal LMs."""
 
@@ -74,8 +75,10 @@ def _tiny_shapes(model: ModelConfig) -> dict[str, Shape]:
     """The tiny default Llama's matrices; the embedding's and the head's rows are its
     vocabulary, the task's characters, known only once the data is read."""
     h, m = model.hidden_size, model.intermediate_size
-    return {name: ((m, h) if "mlp." in name else (None, h) if _embedding(name) or name == HEAD else (h, h))
-            for name in TINY_LLAMA_LINEAR}
+    shapes: dict[str, Shape] = {"model.embed_tokens": (None, h), HEAD: (None, h)}
+    for i in range(model.num_layers):  # full paths, as a model folder's: a target may name one layer
+        shapes.update({f"model.layers.{i}.{name}": (m, h) if "mlp." in name else (h, h) for name in TINY_LLAMA_LAYER})
+    return shapes
 
 
 def check_targets(cfg: WorkloadConfig) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from actions.contracts import DecodeSettings
 from actions.runtime.errors import crash_text
+from flows.config import LOCAL_TIMEOUT_S
 from flows.invokers.base import ActionError, Activation
 
 
@@ -50,7 +51,8 @@ class ChildProcessInvoker:
                                       input=json.dumps(payload).encode(), stdout=log, stderr=log,
                                       timeout=timeout_s, check=False)
             except subprocess.TimeoutExpired:
-                raise ActionError(action, f"the child process ran past {timeout_s:.0f} s (invoker.timeout_s)",
+                raise ActionError(action, f"the child process ran past {timeout_s:.0f} s (invoker.timeout_s): raise "
+                                  f"invoker.timeout_s, or unset it for {LOCAL_TIMEOUT_S:.0f} s",
                                   transient=False, failed_attempts=(spent({}),)) from None
             record = json.loads(out.read_text()) if out.is_file() else None
         activation = spent({})

@@ -141,6 +141,7 @@ class LocalPoolInvoker:
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._closing = False  # set by close(): no worker starts after it
+        self._starting = 0  # replacements of lost workers still starting: the pool is not empty while one is
         # The one thread that forks workers (see the module docstring): it lives until close().
         # It blocks SIGINT (only Python's main thread handles it anyway): a child inherits the
         # mask, so Ctrl-C cannot kill a worker before its main() ignores SIGINT (a signal
@@ -163,6 +164,11 @@ class LocalPoolInvoker:
     @property
     def size(self) -> int:
         return len(self._workers)
+
+    def _has_workers(self) -> bool:
+        """A worker is alive or a lost one's replacement is still starting (it may yet come)."""
+        with self._lock:
+            return bool(self._workers) or self._starting > 0
 
     def worker_pids(self) -> list[int]:
         with self._lock:
@@ -258,7 +264,7 @@ class LocalPoolInvoker:
                         "invoker.timeout_s if the action needs longer")
             short = f"; no worker replaces it ({unreplaced})" if unreplaced else ""
             # a retry needs a worker to run on: with none left it would wait for one forever
-            retry = unreplaced is None or (self.size > 0 and not self._closing)
+            retry = unreplaced is None or (self._has_workers() and not self._closing)
             raise ActionError(action, f"worker {worker.name} was lost mid-activation ({how}; {why}){short}; "
                               f"worker log {worker.log_path}", transient=retry, activation_id=activation_id,
                               failed_attempts=(lost,)) from None
@@ -300,7 +306,7 @@ class LocalPoolInvoker:
                 return worker
             how = _exit_text(worker.proc)
             unreplaced = self._replace(worker)
-            if unreplaced is not None and self.size == 0:
+            if unreplaced is not None and not self._has_workers():
                 raise ActionError(action, f"worker {worker.name} died while idle ({how}) and no worker replaces it "
                                   f"({unreplaced}); worker log {worker.log_path}", transient=False)
 
@@ -326,15 +332,21 @@ class LocalPoolInvoker:
             self._workers = [w for w in self._workers if w is not worker]
             if self._closing:
                 return "the pool is closing"
+            self._starting += 1
         try:
             self._add(worker.name)
         except Exception as exc:  # noqa: BLE001 - reported in the lost activation's error
             why = one_line(str(exc) or type(exc).__name__, 300)
             with self._lock:
-                empty = not self._workers
+                self._starting -= 1
+                # empty for good only with no worker left and none starting (two workers lost
+                # at once: the other's replacement may still come up, and calls wait for it)
+                empty = not self._workers and self._starting == 0
             if empty:  # a call waiting for an idle worker would wait forever
                 self._idle.none_left(f"worker {worker.name} was lost and no worker replaces it ({why})")
             return why
+        with self._lock:
+            self._starting -= 1
         return None
 
     @staticmethod

@@ -134,6 +134,9 @@ class PlannerState(BaseModel):
     most a few fan-outs times its window), as planned and measured, oldest first."""
     call_history: dict[str, list[float]] = {}
     """Action -> its earliest submission offset in each of the last ``CALL_HISTORY`` steps."""
+    prewarm_s: list[float] = []
+    """Seconds each fired generation pre-warm took, in the last ``CALL_HISTORY`` steps that fired
+    one (the next fires the longest of them earlier)."""
     spec_rates: dict[str, float] = {}
     """Drafting strategy -> acceptance rate measured by the latest step that used it."""
     spec_speedup: float = 1.0
@@ -193,7 +196,8 @@ class Planner:
             self.strategy.cut_threshold(r.settings.objective, r.cut_threshold), profile))
         offset = None
         if r.prewarm_buffer_s is not None:
-            offset = prewarm_offset(self._memory.call_history.get("generate", []), r.prewarm_buffer_s)
+            offset = prewarm_offset(self._memory.call_history.get("generate", []), r.prewarm_buffer_s,
+                                    lead_s=max(self._memory.prewarm_s, default=0.0))
         phase = PhasePlan(plan, prefill, predicted, cut_after, offset,
                           predicted_prefill_s=prefill_seconds(prefill_tokens, profile, cluster),
                           calibration=calibration, activation_s=cluster.activation_s)
@@ -248,6 +252,8 @@ class Planner:
             s.phases = calibration_memory([*s.phases, record.phase])  # bounded: what calibrate reads
         for action, offset in record.call_offsets.items():
             s.call_history[action] = [*s.call_history.get(action, []), offset][-CALL_HISTORY:]
+        if record.prewarm_s is not None:
+            s.prewarm_s = [*s.prewarm_s, record.prewarm_s][-CALL_HISTORY:]
         if any(record.spec):
             s.spec_rates = acceptance_rates(record.spec, s.spec_rates)
             s.spec_speedup = running_speedup(s.spec_speedup, decode_speedup([x for x in record.spec if x]))

@@ -3,8 +3,14 @@
 RLHFless pre-warms functions so they are warm when invoked, using "the shortest execution time
 seen in earlier steps plus a fixed buffer" (after Shahrad et al. 2020). Reading [I]: for each
 action kind record the offsets (seconds from step start) at which it was invoked in past steps;
-the pre-warm time for the next step is ``max(0, min(offsets) - buffer_s)``, so the container
-is ready before the earliest invocation seen so far. The paper gives no buffer value.
+the pre-warm time for the next step is ``min(offsets) - buffer_s - lead_s``, so the container
+is ready before the earliest invocation seen so far, ``lead_s`` being how long a pre-warm
+itself took (measured; the longest of recent steps). The paper gives no buffer value.
+
+A pre-warm that cannot finish before that invocation (the time would fall before the step
+starts) is not fired: a container runs one activation at a time, so the calls that arrive
+while the pre-warms hold the warm containers go to new, cold ones. On OpenWhisk that is the
+cold start the pre-warm was meant to spare, and twice the containers kept warm.
 
 How many decode actors to keep warm: the count planned in the most recent step, or the max over
 the last ``window`` steps (``window = 1`` = last step). Using the max is the safe side when the
@@ -17,13 +23,17 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 
-def prewarm_offset(offsets: Sequence[float], buffer_s: float) -> float | None:
-    """Seconds after step start to pre-warm one action kind; None without history."""
+def prewarm_offset(offsets: Sequence[float], buffer_s: float, lead_s: float = 0.0) -> float | None:
+    """Seconds after step start to pre-warm one action kind; None without history or where a
+    pre-warm taking ``lead_s`` seconds could not finish before the earliest past invocation."""
     if buffer_s < 0:
         raise ValueError(f"prewarm.buffer_s={buffer_s}: must be >= 0")
+    if lead_s < 0:
+        raise ValueError(f"prewarm lead_s={lead_s}: must be >= 0")
     if not offsets:
         return None
-    return max(0.0, min(offsets) - buffer_s)
+    at = min(offsets) - buffer_s - lead_s
+    return at if at >= 0 else None
 
 
 def plan_prewarm(history: Mapping[str, Sequence[Sequence[float]]],

@@ -66,6 +66,9 @@ class StepRecord:
     (what the platform charged; the planner reads none of it)."""
     call_offsets: Mapping[str, float] = field(default_factory=dict)
     """Action -> its earliest submission, seconds from the step's start (the next pre-warm)."""
+    prewarm_s: float | None = None
+    """Seconds the generation phase's pre-warm took, fired to its containers loaded (None: it
+    did not fire); the next pre-warm fires that much earlier."""
     spec: tuple[Mapping[str, Any] | None, ...] = ()
     """Each generation action's speculation report (None: it did not speculate)."""
     metrics: Mapping[str, float] = field(default_factory=dict)

@@ -205,10 +205,12 @@ def format_table(runs: dict[str, PolicyRun], whole_step: bool = False) -> str:
     first static policy when there is one (``-`` and a closing line saying so when there is
     none); the generation table also gives the planner's predicted against replayed phase time
     (median and p90 of the absolute relative error)."""
-    def totals(s: dict) -> tuple[float, float]:
+    def totals(s: dict) -> tuple[float, float, float]:
+        """Time (s), GPU-s and the mean idle fraction of the steps or of their generation phases."""
         if whole_step:
-            return s["total_time_s"], s["total_gpu_seconds"]
-        return s["generation"]["time_s"], s["generation"]["gpu_seconds"]
+            return s["total_time_s"], s["total_gpu_seconds"], s["mean_idle_fraction"]
+        gen = s["generation"]
+        return gen["time_s"], gen["gpu_seconds"], gen["mean_idle_fraction"]
 
     summaries = {name: run.summary() for name, run in runs.items()}
     base = next((totals(s) for n, s in summaries.items() if n.startswith("static")), None)
@@ -216,13 +218,13 @@ def format_table(runs: dict[str, PolicyRun], whole_step: bool = False) -> str:
              f"{'idle':>6} {'plan_ms_p50':>11} {'mean_N':>7}"
              + ("" if whole_step else f" {'pred_err p50/p90':>16}")]
     for name, s in summaries.items():
-        time_s, gpu_s = totals(s)
+        time_s, gpu_s, idle = totals(s)
         # no baseline, no ratio: a dash rather than nan
         ratios = f"{base[0] / time_s:>7.2f}x {1 - gpu_s / base[1]:>9.1%}" if base else f"{'-':>8} {'-':>9}"
         mean_n = sum(x["n_actors"] for x in s["steps"]) / len(s["steps"])
         fid = s["fidelity"]
         lines.append(f"{name:<12} {time_s:>9.1f} {gpu_s:>10.1f} {ratios} "
-                     f"{s['mean_idle_fraction']:>6.2f} {s['planning_ms_p50']:>11.2f} {mean_n:>7.1f}"
+                     f"{idle:>6.2f} {s['planning_ms_p50']:>11.2f} {mean_n:>7.1f}"
                      + ("" if whole_step else
                         f" {fid['median_abs_error']:>9.1%}/{fid['p90_abs_error']:<6.1%}"))
     if base is None:

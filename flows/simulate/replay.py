@@ -143,7 +143,8 @@ def read_trace(path: str | Path) -> list[TraceStep]:
 @dataclass
 class StepRecord:
     """One replayed step. ``time_s``/``gpu_seconds``: the step as modelled (the generation
-    phase, plus the learner's phases where the model has a learner rate); ``gen_*``: the
+    phase, plus the learner's phases where the model has a learner rate; so is ``idle_fraction``,
+    a serverful policy's actors held idle through the learner's phases); ``gen_*``: the
     generation phase alone; ``predicted_*``: what the planner estimated for that phase."""
 
     step: int
@@ -159,6 +160,7 @@ class StepRecord:
     gen_gpu_seconds: float = 0.0
     predicted_time_s: float = 0.0
     predicted_gpu_seconds: float = 0.0
+    gen_idle_fraction: float = 0.0
 
     @property
     def time_error(self) -> float:
@@ -183,7 +185,8 @@ class PolicyRun:
         return {"total_time_s": sum(s.time_s for s in self.steps),
                 "total_gpu_seconds": sum(s.gpu_seconds for s in self.steps),
                 "generation": {"time_s": sum(s.gen_time_s for s in self.steps),
-                               "gpu_seconds": sum(s.gen_gpu_seconds for s in self.steps)},
+                               "gpu_seconds": sum(s.gen_gpu_seconds for s in self.steps),
+                               "mean_idle_fraction": statistics.fmean(s.gen_idle_fraction for s in self.steps)},
                 "fidelity": {"median_abs_error": statistics.median(errors),
                              "p90_abs_error": _quantile(errors, 0.9)},
                 "mean_idle_fraction": statistics.fmean(s.idle_fraction for s in self.steps),
@@ -288,7 +291,7 @@ def replay(steps: list[TraceStep], policy_names: list[str], model: ClusterModel,
             run.steps.append(StepRecord(step.step, plan.num_actors, result.time_s, result.gpu_seconds,
                                         result.idle_fraction, plan.planning_ms, 1.0 if policy.oracle else corr,
                                         result.num_cut, result.num_migrated, gen.time_s, gen.gpu_seconds,
-                                        plan.predicted_time_s, plan.predicted_gpu_seconds))
+                                        plan.predicted_time_s, plan.predicted_gpu_seconds, gen.idle_fraction))
             run.plans.append(phase.plan)
     return runs
 

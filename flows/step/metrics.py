@@ -258,7 +258,13 @@ def step_record(out: StepOutcome, phase: PhasePlan, *, step: int, epoch: int, me
     return StepRecord(step=step, epoch=epoch, lengths=finished_lengths(out), phase=observed,
                       timing_s={k[len(TIMING):]: v for k, v in metrics.items() if k.startswith(TIMING)},
                       billed_s=billed, call_offsets=dict(out.call_offsets), spec=tuple(g.spec for g in out.generate),
-                      metrics=metrics)
+                      prewarm_s=_prewarm_seconds(out.prewarm), metrics=metrics)
+
+
+def _prewarm_seconds(report: dict[str, float]) -> float | None:
+    """``PhasePrewarmer.report``'s duration; None where the pre-warm did not fire."""
+    took = report.get("prewarm/duration_s", -1.0)
+    return took if took >= 0 else None
 
 
 PHASES = {"generate": (PREDICTED_GENERATE, timing_key("generate")),

@@ -25,21 +25,26 @@ log = logging.getLogger(__name__)
 
 
 class PhasePrewarmer:
-    """One armed pre-warm; ``report()`` says whether and when it fired (seconds from ``t0``)."""
+    """One armed pre-warm; ``report()`` says whether and when it fired (seconds from ``t0``)
+    and how long it took (``prewarm/duration_s``, from firing until the invoker's ``prewarm``
+    returned, its containers loaded: the next plan fires that much earlier)."""
 
     def __init__(self, invoker: Invoker, *, t0: float, offset_s: float | None, action: str, count: int,
                  model: dict[str, Any], decode: DecodeSettings = DecodeSettings()) -> None:
         self.t0 = t0
         self.offset_s = offset_s
         self.fired_s: float | None = None
+        self.duration_s: float | None = None
         self.started = 0
         self._timer: threading.Timer | None = None
         if offset_s is None or count < 1:
             return
 
         def fire() -> None:
-            self.fired_s = time.time() - t0
+            fired = time.time()
+            self.fired_s = fired - t0
             self.started = _prewarm(invoker, action, count, model, decode)
+            self.duration_s = time.time() - fired
 
         self._timer = threading.Timer(max(0.0, offset_s - (time.time() - t0)), fire)
         self._timer.daemon = True
@@ -52,6 +57,7 @@ class PhasePrewarmer:
             self._timer.join(timeout=60)
         return {"prewarm/offset_s": -1.0 if self.offset_s is None else self.offset_s,
                 "prewarm/fired_s": -1.0 if self.fired_s is None else self.fired_s,
+                "prewarm/duration_s": -1.0 if self.duration_s is None else self.duration_s,
                 "prewarm/started": float(self.started)}
 
 

@@ -176,7 +176,12 @@ class OpenWhiskClient:
 
     def _missing_action(self, name: str) -> str:
         ns, rel = self.split_name(name)
-        return f"action {rel} does not exist in namespace {ns}; run `rlhfless deploy`"
+        package, _, _ = rel.rpartition("/")
+        if not package:
+            return f"action {rel} does not exist in namespace {ns}; run `rlhfless deploy`"
+        # a wrong invoker.package looks the same as an undeployed action: name both fixes
+        return (f"action {rel} does not exist in namespace {ns}; run `rlhfless deploy` with a manifest whose "
+                f"`package:` is {package!r}, or set invoker.package to the package your manifest deploys")
 
     # ------------------------------------------------------------------ activations
     def get_activation(self, activation_id: str) -> dict[str, Any]:
