@@ -113,3 +113,17 @@ def test_a_missing_or_undecodable_profile_file_names_the_file(tmp_path):
     (tmp_path / "latin.json").write_bytes(b'{"name": "caf\xe9"}')
     with pytest.raises(ValueError, match="is not UTF-8 text"):
         TpotProfile.load(tmp_path / "latin.json", "--profile")
+
+
+def test_a_store_cache_entry_loads_as_the_profile_it_holds(tmp_path):
+    """A campaign's measured profile, as cached in the store (``profiles/<key>.json``: its facts
+    beside it), is a profile file too: the same grid as the bare profile."""
+    from flows.planning.tpot import TpotProfile
+
+    bare, entry = tmp_path / "bare.json", tmp_path / "entry.json"
+    bare.write_text(json.dumps(GRID))
+    entry.write_text(json.dumps({"schema": 1, "facts": {"threads": 2}, "profile": GRID}))
+    assert TpotProfile.load(entry, "--profile") == TpotProfile.load(bare, "--profile")
+    entry.write_text(json.dumps({"schema": 1, "facts": {}, "profile": {**GRID, "seconds": "fast"}}))
+    with pytest.raises(ValueError, match="profile.seconds='fast'"):
+        TpotProfile.load(entry, "--profile")

@@ -314,7 +314,8 @@ class TpotProfile:
 
     @classmethod
     def load(cls, path: str | Path, source: str = "profile") -> "TpotProfile":
-        """The profile JSON at ``path``. ``source`` names where the path came from (a setting,
+        """The profile JSON at ``path`` (or the profile a store's cache entry under ``profiles/``
+        holds beside its facts). ``source`` names where the path came from (a setting,
         ``scaling.profile``, or a flag, ``--profile``) in the one-line ValueError a file that
         cannot be read, is not JSON or is not a valid profile raises."""
         where = f"{source}={str(path)!r}"
@@ -331,6 +332,8 @@ class TpotProfile:
             raise ValueError(f"{where} is not valid JSON (line {exc.lineno}: {exc.msg}); {fix}") from None
         except (ValueError, RecursionError):  # an integer of thousands of digits, nesting too deep
             raise ValueError(f"{where} holds a number too long or nesting too deep for a profile; {fix}") from None
+        if isinstance(data, dict) and "batch_sizes" not in data and isinstance(data.get("profile"), dict):
+            data = data["profile"]  # a campaign's cached measurement (the store's profiles/<key>.json)
         try:
             return cls.from_dict(data)
         except ValueError as exc:
