@@ -150,7 +150,9 @@ def test_smoke_whole_flow_on_local_warm_pool(tiny_config, prefect_harness, monke
         return real_prewarm(self, action, count, model=model, **kw)
 
     monkeypatch.setattr(LocalPoolInvoker, "prewarm", spy)
-    cfg = tiny_config("invoker.kind=local", "run_id=smoke", "invoker.num_workers=2")
+    # a prefill action that takes a second: the generation calls come late enough for a pre-warm
+    cfg = tiny_config("invoker.kind=local", "run_id=smoke", "invoker.num_workers=2", "generation.prefill_action=always",
+                      "faults.latency_fraction=1", "faults.latency_s=1.0", "faults.actions=[prefill]")
     summary = rlhf_campaign(config=cfg.model_dump(mode="json"))
     # The version each step trains is loaded for the next step's generation as soon as it is
     # published, none after the last step; the step-start pre-warm then finds it loaded or
@@ -169,12 +171,11 @@ def test_smoke_whole_flow_on_local_warm_pool(tiny_config, prefect_harness, monke
     # overhead from the outside: each step's period is its work plus the control plane's time
     for s in summary["steps"]:
         assert s["timing_s/period"] >= s["timing_s/overhead"] >= 0.0 and s["timing_s/work"] > 0.0
-    # pre-warming from call history: none without history; then at most one that is ready in time
+    # pre-warming from call history: none without history, then before the generation phase
     first, last = summary["steps"]
     assert first["prewarm/offset_s"] == -1.0 and first["prewarm/fired_s"] == -1.0
-    # (when the first step's generation calls came early, as they do without a prefill plan, a
-    # pre-warm could not be ready before them and none fires: it would hold the workers they need)
-    assert last["prewarm/offset_s"] == -1.0 or 0.0 <= last["prewarm/offset_s"] <= last["prewarm/fired_s"]
+    assert first["timing_s/prefill"] >= 1.0
+    assert 0.0 <= last["prewarm/offset_s"] <= last["prewarm/fired_s"] and last["prewarm/duration_s"] >= 0.0
 
 
 def test_ppo_step_trains_critic(tiny_config, prefect_harness):

@@ -65,6 +65,17 @@ def test_the_child_process_invoker_reports_a_rejected_request_without_retry(tmp_
     assert "workload" in info.value.message and "run_prefix" not in info.value.message.split(":")[0]
 
 
+def test_a_child_past_invoker_timeout_s_names_the_setting_and_the_fix(tmp_path):
+    from flows.invokers.child import _past_timeout
+
+    with pytest.raises(ActionError) as info:  # the interpreter alone takes longer to start
+        ChildProcessInvoker(tmp_path / "child.log").invoke("noop", {}, timeout_s=0.01)
+    assert not info.value.transient
+    assert info.value.message.endswith("ran past 0.01 s (invoker.timeout_s=0.01); raise invoker.timeout_s, "
+                                       "or unset it for 600 s")
+    assert _past_timeout(900.0).endswith("(invoker.timeout_s=900); raise invoker.timeout_s")  # unset: lower
+
+
 def test_prepare_in_a_child_process_writes_what_prepare_in_process_writes(tmp_path, tiny_config):
     from actions.contracts import Prepared, PrepareRequest, parse_result
     from actions.prepare import prepare

@@ -58,7 +58,8 @@ def record(step: int, phase, rng: random.Random) -> StepRecord:
     spec = {"rounds": 10, "forwards_saved": rng.randint(1, 6), "seconds": 1.0, "plain_seconds_est": 1.1,
             "accepted_by_strategy": {"history": rng.randint(1, 9)}, "rejections_by_strategy": {"history": 3}}
     return StepRecord(step=step, epoch=inputs(step).epoch, lengths=lengths, phase=observed,
-                      call_offsets={"generate": rng.uniform(0.3, 0.9)}, prewarm_s=rng.uniform(0.01, 0.15),
+                      call_offsets={"generate": rng.uniform(0.3, 0.9)},
+                      prewarm_s=None if step % 3 == 2 else rng.uniform(0.01, 0.15),
                       spec=(spec, None))
 
 
@@ -104,6 +105,27 @@ def test_forgetting_any_part_of_the_state_changes_a_decision():
     for part in ("errors", "phases", "call_history", "prewarm_s", "spec_speedup", "length_history"):
         partial = full.model_copy(update={part: PlannerState.model_fields[part].default})
         assert Planner(rules(), partial).plan(inputs(4)) != reference, part
+
+
+def test_a_slow_pre_warm_ages_out_and_the_floor_leads_until_one_is_measured():
+    """The lead is the longest pre-warm of the last ``CALL_HISTORY`` steps, at least the floor:
+    one slow start skips the pre-warms after it only until it ages out; then one fires again."""
+    from flows.planning.planner import CALL_HISTORY
+
+    planner = Planner(rules(prewarm_floor_s=0.5, speculative=False))
+    offsets = []
+    for step in range(CALL_HISTORY + 4):
+        phase = planner.plan(inputs(step))
+        offsets.append(phase.prewarm_offset_s)
+        took = None if phase.prewarm_offset_s is None else (8.0 if step == 1 else 0.6)
+        planner.observe(StepRecord(step=step, epoch=inputs(step).epoch, lengths={}, call_offsets={"generate": 5.0},
+                                   prewarm_s=took))
+    assert offsets[0] is None  # no history
+    assert offsets[1] == pytest.approx(5.0 - 0.1 - 0.5)  # nothing measured: the floor
+    # the 8 s start could not be ready in time while it is among the last CALL_HISTORY steps
+    assert offsets[2:CALL_HISTORY + 2] == [None] * CALL_HISTORY
+    assert offsets[CALL_HISTORY + 2] == pytest.approx(5.0 - 0.1 - 0.5)  # it aged out
+    assert offsets[CALL_HISTORY + 3] == pytest.approx(5.0 - 0.1 - 0.6)  # measured again
 
 
 def test_observe_needs_a_plan_first():

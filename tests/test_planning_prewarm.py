@@ -2,7 +2,7 @@
 
 import pytest
 
-from flows.planning.prewarm import plan_prewarm, prewarm_offset, warm_actor_count
+from flows.planning.prewarm import plan_prewarm, prewarm_lead, prewarm_offset, warm_actor_count
 
 
 def test_offset_is_min_minus_buffer_and_lead_or_none_where_it_could_not_be_ready():
@@ -13,6 +13,13 @@ def test_offset_is_min_minus_buffer_and_lead_or_none_where_it_could_not_be_ready
     assert prewarm_offset([], buffer_s=2.0) is None
     with pytest.raises(ValueError, match="buffer_s"):
         prewarm_offset([1.0], buffer_s=-1)
+
+
+def test_lead_is_the_longest_recent_pre_warm_and_at_least_the_floor():
+    assert prewarm_lead([], floor_s=0.5) == 0.5  # none measured: the least one takes
+    assert prewarm_lead([0.7, None, 2.0, 0.9], floor_s=0.5) == 2.0
+    assert prewarm_lead([0.1, None], floor_s=0.5) == 0.5
+    assert prewarm_lead([None, None]) == 0.0
 
 
 def test_plan_per_kind():

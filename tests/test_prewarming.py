@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from flows.step.prewarmer import PhasePrewarmer
 
 
@@ -70,6 +72,10 @@ def test_hook_offset_is_earliest_past_invocation_minus_buffer(tiny_config, tmp_p
     # one that could not be ready before the earliest call is not fired: it would hold the warm
     # containers that call needs
     assert plan({"generate": [0.1]}).prewarm_offset_s is None
+    # on OpenWhisk a pre-warm holds its container PREWARM_HOLD_S at least: that much earlier
+    ctx.config = tiny_config("scaling.prewarm_buffer_s=0.25", "invoker.kind=openwhisk")
+    assert plan({"generate": [0.9]}).prewarm_offset_s == pytest.approx(0.9 - 0.25 - 0.5)
+    assert plan({"generate": [0.7]}).prewarm_offset_s is None
     ctx.config = tiny_config("scaling.prewarm=false")
     assert plan({"generate": [0.9]}).prewarm_offset_s is None
 

@@ -51,9 +51,8 @@ class ChildProcessInvoker:
                                       input=json.dumps(payload).encode(), stdout=log, stderr=log,
                                       timeout=timeout_s, check=False)
             except subprocess.TimeoutExpired:
-                raise ActionError(action, f"the child process ran past {timeout_s:.0f} s (invoker.timeout_s): raise "
-                                  f"invoker.timeout_s, or unset it for {LOCAL_TIMEOUT_S:.0f} s",
-                                  transient=False, failed_attempts=(spent({}),)) from None
+                raise ActionError(action, _past_timeout(timeout_s), transient=False,
+                                  failed_attempts=(spent({}),)) from None
             record = json.loads(out.read_text()) if out.is_file() else None
         activation = spent({})
         if record is None:
@@ -75,3 +74,11 @@ class ChildProcessInvoker:
 
     def close(self) -> None:
         pass
+
+
+def _past_timeout(timeout_s: float | None) -> str:
+    """The one line for a child past ``invoker.timeout_s``, with the fix that raises it."""
+    fix = "raise invoker.timeout_s"
+    if timeout_s is not None and timeout_s < LOCAL_TIMEOUT_S:
+        fix += f", or unset it for {LOCAL_TIMEOUT_S:g} s"
+    return f"the child process ran past {timeout_s:g} s (invoker.timeout_s={timeout_s:g}); {fix}"

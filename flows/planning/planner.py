@@ -33,7 +33,7 @@ from flows.planning.lengths import LengthHistory, predict_lengths
 from flows.planning.migrate import plan_cut_points_of
 from flows.planning.plan import ClusterSpec, GenerationPlan
 from flows.planning.prefix import PrefillPlan, plan_prefill, prefill_action_pays
-from flows.planning.prewarm import prewarm_offset
+from flows.planning.prewarm import prewarm_lead, prewarm_offset
 from flows.planning.record import PhaseObservation, StepRecord
 from flows.planning.robust import MeasuredError
 from flows.planning.scaling import plan_generation, strategy_of
@@ -117,6 +117,8 @@ class PlannerRules:
     """Profile and prefill corrected from the measured steps (measured inputs only)."""
     prewarm_buffer_s: float | None = None
     """``scaling.prewarm_buffer_s`` with ``scaling.prewarm``; None: no pre-warm."""
+    prewarm_floor_s: float = 0.0
+    """The least a generation pre-warm takes on the invoker (s): its lead before one is measured."""
     tail_error_steps: int = 0
     """Steps of measured prediction error given to the strategy's robust tail; 0: none."""
     tail_quantile: float = 0.5
@@ -134,9 +136,9 @@ class PlannerState(BaseModel):
     most a few fan-outs times its window), as planned and measured, oldest first."""
     call_history: dict[str, list[float]] = {}
     """Action -> its earliest submission offset in each of the last ``CALL_HISTORY`` steps."""
-    prewarm_s: list[float] = []
-    """Seconds each fired generation pre-warm took, in the last ``CALL_HISTORY`` steps that fired
-    one (the next fires the longest of them earlier)."""
+    prewarm_s: list[float | None] = []
+    """Seconds the generation pre-warm took in each of the last ``CALL_HISTORY`` steps (None: the
+    step fired none); ``prewarm.prewarm_lead`` of them is how much earlier the next one fires."""
     spec_rates: dict[str, float] = {}
     """Drafting strategy -> acceptance rate measured by the latest step that used it."""
     spec_speedup: float = 1.0
@@ -197,7 +199,7 @@ class Planner:
         offset = None
         if r.prewarm_buffer_s is not None:
             offset = prewarm_offset(self._memory.call_history.get("generate", []), r.prewarm_buffer_s,
-                                    lead_s=max(self._memory.prewarm_s, default=0.0))
+                                    lead_s=prewarm_lead(self._memory.prewarm_s, r.prewarm_floor_s))
         phase = PhasePlan(plan, prefill, predicted, cut_after, offset,
                           predicted_prefill_s=prefill_seconds(prefill_tokens, profile, cluster),
                           calibration=calibration, activation_s=cluster.activation_s)
@@ -252,8 +254,7 @@ class Planner:
             s.phases = calibration_memory([*s.phases, record.phase])  # bounded: what calibrate reads
         for action, offset in record.call_offsets.items():
             s.call_history[action] = [*s.call_history.get(action, []), offset][-CALL_HISTORY:]
-        if record.prewarm_s is not None:
-            s.prewarm_s = [*s.prewarm_s, record.prewarm_s][-CALL_HISTORY:]
+        s.prewarm_s = [*s.prewarm_s, record.prewarm_s][-CALL_HISTORY:]
         if any(record.spec):
             s.spec_rates = acceptance_rates(record.spec, s.spec_rates)
             s.spec_speedup = running_speedup(s.spec_speedup, decode_speedup([x for x in record.spec if x]))

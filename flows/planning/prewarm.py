@@ -5,7 +5,8 @@ seen in earlier steps plus a fixed buffer" (after Shahrad et al. 2020). Reading 
 action kind record the offsets (seconds from step start) at which it was invoked in past steps;
 the pre-warm time for the next step is ``min(offsets) - buffer_s - lead_s``, so the container
 is ready before the earliest invocation seen so far, ``lead_s`` being how long a pre-warm
-itself took (measured; the longest of recent steps). The paper gives no buffer value.
+itself takes (``prewarm_lead``: the longest measured in the recent steps, or, where none of
+them fired one, the least a pre-warm can take on the platform). The paper gives no buffer value.
 
 A pre-warm that cannot finish before that invocation (the time would fall before the step
 starts) is not fired: a container runs one activation at a time, so the calls that arrive
@@ -34,6 +35,14 @@ def prewarm_offset(offsets: Sequence[float], buffer_s: float, lead_s: float = 0.
         return None
     at = min(offsets) - buffer_s - lead_s
     return at if at >= 0 else None
+
+
+def prewarm_lead(durations: Sequence[float | None], floor_s: float = 0.0) -> float:
+    """How long the next pre-warm is taken to last (s): the longest of ``durations`` (one per
+    recent step, None where the step fired none), at least ``floor_s`` (the least a pre-warm
+    takes: OpenWhisk holds each container ``prewarm_hold_s``). Steps without one let a slow
+    measurement age out, so a pre-warm skipped after one slow start is tried again."""
+    return max([floor_s, *(d for d in durations if d is not None)])
 
 
 def plan_prewarm(history: Mapping[str, Sequence[Sequence[float]]],

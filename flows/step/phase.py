@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from actions.contracts import PromptTokens
 from flows.invokers.cores import pool_cores
+from flows.invokers.openwhisk.invoker import PREWARM_HOLD_S
 from flows.planning.calibration import Calibration
 from flows.planning.lengths import LengthHistory
 from flows.planning.plan import ClusterSpec
@@ -100,6 +101,7 @@ def planner_rules(ctx: RunContext, num_workers: int) -> PlannerRules:
                         speculative=g.speculation == "auto" and g.engine == "torch",
                         calibrated=ctx.live is not None,
                         prewarm_buffer_s=s.prewarm_buffer_s if s.prewarm else None,
+                        prewarm_floor_s=PREWARM_HOLD_S if cfg.invoker.kind == "openwhisk" else 0.0,
                         tail_error_steps=s.tail_error_steps, tail_quantile=s.tail_quantile)
 
 

@@ -17,6 +17,10 @@ from flows.invokers.openwhisk.api import OpenWhiskError, RetryPolicy
 from flows.invokers.openwhisk.client import OpenWhiskClient
 from flows.invokers.openwhisk.config import OpenWhiskConfig
 
+PREWARM_HOLD_S = 0.5
+"""Seconds each pre-warm holds its container, so that ``n`` concurrent ones land on ``n``
+different containers: the least a pre-warm takes (the planner's lead before one is measured)."""
+
 log = logging.getLogger(__name__)
 
 
@@ -117,7 +121,7 @@ class OpenWhiskInvoker:
         *,
         package: str = "rlhfless",
         timeout_s: float | None = None,
-        prewarm_hold_s: float = 0.5,
+        prewarm_hold_s: float = PREWARM_HOLD_S,
     ) -> None:
         self.client = client
         self.package = package.strip("/")
