@@ -302,6 +302,10 @@ class ScoreResult(_Msg):
     reward_metrics: dict[str, list[float]] = {}
     """What the reward functions passed to TRL's ``log_metric`` on this shard: name -> values
     in call order (the step's metrics average them, ``flows/step/metrics.py``)."""
+    reward_values: dict[str, list[float]] = {}
+    """Each reward function's and reward model's own scores on this shard, unweighted, by the
+    name ``reward.functions`` / ``reward.models`` gives it: the rows it scored (its Nones left
+    out). The step's metrics report their mean and std per name, as TRL's ``rewards/<name>/*``."""
 
 
 # ----------------------------------------------------------------------------- train

@@ -113,7 +113,9 @@ def run_score(req: ScoreRequest) -> ScoreResult:
     kl = (masked_mean(kl_estimate(scored["old_logp"], scored["ref_logp"], req.algorithm.kl_kind), mask)
           if {"old_logp", "ref_logp"} <= set(scored) else 0.0)
     return ScoreResult(scored_key=req.output_key, num_samples=len(samples), reward_mean=float(rewards.mean()),
-                       reward_sum=float(rewards.sum()), kl_mean=float(kl), reward_metrics=scored_rewards.metrics)
+                       reward_sum=float(rewards.sum()), kl_mean=float(kl), reward_metrics=scored_rewards.metrics,
+                       reward_values={name: [float(v) for v in values if v is not None]
+                                      for name, values in scored_rewards.per_function.items()})
 
 
 def main(args: dict) -> dict:

@@ -27,6 +27,7 @@ from actions.store.safe_paths import check_run_id
 from flows.config_yaml import AliasBomb, load_yaml
 from flows.planning.registry import ScalingStrategy
 from flows.planning.scaling import parse_scaling_policy  # the built-in strategies register on import
+from flows.trl_names import trl_hint
 
 
 class ScalingConfig(_Section):
@@ -346,7 +347,7 @@ def _first_error(exc: ValidationError, raw: dict[str, Any]) -> str:
         loc = ".".join(str(p) for p in err["loc"])
         parent = loc.rsplit(".", 1)[0] if "." in loc else "top level"
         return (f"unknown config key {quote(loc)}: not a setting of {parent}; check the spelling "
-                "(see README, Configuration)")
+                f"(see README, Configuration){trl_hint(loc)}")
     if msg.startswith("Value error, "):
         return msg[len("Value error, "):]
     if err["type"] == BOOL_NOT_NUMBER:  # the section knows its field, not where it sits

@@ -189,6 +189,10 @@ def _big_prompt(tmp: Path) -> None:
 CASES: dict[str, Case] = {
     # ----------------------------------------------------------------- configuration
     "config unknown key": Case(_train("--set", "algorithm.colour=red"), ("'algorithm.colour'", "check the spelling")),
+    "config TRL name": Case(_train("--set", "algorithm.beta=0"),
+                            ("'algorithm.beta'", "TRL's `beta` is algorithm.kl_coef", "Coming from TRL")),
+    "config TRL top-level name": Case(_train("--set", "num_generations=4"),
+                                      ("'num_generations'", "TRL's `num_generations` is algorithm.group_size")),
     "config unknown top-level key in file": Case(
         _train("--config", "{tmp}/c.yaml"), ("'colour'", "check the spelling"), setup=_write("c.yaml", "colour: red\n")),
     "config unknown nested key in file": Case(

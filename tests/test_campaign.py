@@ -168,6 +168,10 @@ def test_smoke_whole_flow_on_local_warm_pool(tiny_config, prefect_harness, monke
                  "plan/decode_scale"):
         assert name in step, name
     assert 0.0 <= summary["eval_accuracy_last"] <= 1.0
+    # each reward function's own scores, under TRL's names: one function of weight 1 is the reward
+    per_function = {k: v for k, v in step.items() if k.startswith("rewards/")}
+    [mean] = [k for k in per_function if k.endswith("/mean")]
+    assert per_function[mean] == pytest.approx(step["reward/mean"], abs=1e-6) and len(per_function) == 2
     # overhead from the outside: each step's period is its work plus the control plane's time
     for s in summary["steps"]:
         assert s["timing_s/period"] >= s["timing_s/overhead"] >= 0.0 and s["timing_s/work"] > 0.0

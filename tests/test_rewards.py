@@ -441,3 +441,30 @@ def test_a_reward_named_by_its_file_path_is_told_to_use_the_module_name():
     with pytest.raises(ValidationError, match=r"a reward is named by its module, not its file: put its folder "
                                               r"\(plugins\) on PYTHONPATH and use 'myrewards:score'"):
         Fn(name="plugins/myrewards.py:score")
+
+
+def test_a_plug_in_that_fails_the_start_up_check_is_told_where_and_on_what(monkeypatch):
+    """The start-up call gives the reference answers as completions ('' where a row has none):
+    a function that fails on them is told so, not that a step failed."""
+    from actions.tasks.rewards import check_reward_functions
+
+    module = types.ModuleType("my_last_char")
+    module.f = lambda completions, **kw: [1.0 if c[-1] == "." else 0.0 for c in completions]
+    monkeypatch.setitem(sys.modules, "my_last_char", module)
+    with pytest.raises(RewardFunctionError) as info:
+        check_reward_functions([Fn(name="my_last_char:f")], _rows(["", ""]))
+    message = str(info.value)
+    assert message.startswith("reward check at start-up, before any step (each package.module:function is called "
+                              "on up to 2 training rows, their reference answers as the completions, '' where a row "
+                              "has none): reward function 'my_last_char:f' raised IndexError")
+    assert "fails the step" not in message and message.endswith("fix the function")
+
+
+def test_reward_functions_may_be_listed_by_name_alone_as_trl_reward_funcs():
+    from flows.config import load_config
+
+    listed = load_config(None, ["reward.functions=[gsm8k, 'pkg.mod:f']"]).reward.functions
+    assert [(f.name, f.weight) for f in listed] == [("gsm8k", 1.0), ("pkg.mod:f", 1.0)]
+    assert listed == load_config(None, ["reward.functions=[{name: gsm8k}, {name: 'pkg.mod:f'}]"]).reward.functions
+    with pytest.raises(ValueError, match=r"^reward.functions names 'gsm8k' twice; give each function once"):
+        load_config(None, ["reward.functions=[gsm8k, {name: gsm8k, weight: 2}]"])

@@ -101,13 +101,21 @@ class RewardConfig(_Section):
     models: list[RewardModelConfig] = []
     """Reward models, their weighted scores added to the functions' sum."""
 
+    @field_validator("functions", mode="before")
+    @classmethod
+    def _names_alone(cls, v: Any) -> Any:
+        """``[gsm8k, pkg.mod:fn]`` (TRL's ``reward_funcs`` as a list of names) is ``[{name: ...}, ...]``."""
+        return [{"name": f} if isinstance(f, str) else f for f in v] if isinstance(v, list) else v
+
     @field_validator("functions")
     @classmethod
     def _check_functions(cls, v: list[RewardFunctionConfig] | None) -> list[RewardFunctionConfig] | None:
         if v is not None and not v:
             raise ValueError("reward.functions is empty; name at least one, e.g. [{name: gsm8k}], or remove the key")
         if v is not None and len({f.name for f in v}) != len(v):
-            raise ValueError("reward.functions names a function twice; give each once (weights add up instead)")
+            twice = next(f.name for i, f in enumerate(v) if f.name in {g.name for g in v[:i]})
+            raise ValueError(f"reward.functions names {quote(twice)} twice; give each function once (one "
+                             "entry's weight is the sum of the weights)")
         return v
 
 

@@ -73,7 +73,8 @@ def to_rows(records: Sequence[Record], fields: FieldMap, *, source: str) -> tupl
     stats = MappingStats(rows_read=len(records))
     if not records:
         raise ValueError(f"{source}: no rows; add at least one row with {fields.prompt_key!r}"
-                         + (f" and {fields.answer_key!r}" if fields.answer_key else ""))
+                         + (f" (and {fields.answer_key!r}, where a reward or warm-up reads reference answers)"
+                            if fields.answer_key else ""))
     _check_answer_column(records, fields, source)
     picked = fields.id_key is None and "prompt_id" in records[0][1]  # the id column chosen for the user
     id_key = fields.id_key or ("prompt_id" if picked else None)

@@ -189,7 +189,8 @@ def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_acto
         timing_key("work"): _critical_busy(records, out.continued_from, out.failed) + timing_plan + timing_commit,
     }
     for part in (engine_metrics([g.engine_events for g in gens]), step_spec_metrics(g.spec for g in gens),
-                 reward_function_metrics([s.reward_metrics for s in out.score]), out.train.metrics):
+                 reward_function_metrics([s.reward_metrics for s in out.score]),
+                 per_reward_metrics([s.reward_values for s in out.score]), out.train.metrics):
         m.update({k: float(v) for k, v in part.items()})
     return m
 
@@ -206,6 +207,35 @@ def reward_function_metrics(logged: Sequence[Mapping[str, Sequence[float]]]) -> 
         for name, vs in shard.items():
             values.setdefault(name, []).extend(vs)
     return {REWARD_LOGGED + name: sum(vs) / len(vs) for name, vs in sorted(values.items()) if vs}
+
+
+def per_reward_metrics(scored: Sequence[Mapping[str, Sequence[float]]]) -> dict[str, float]:
+    """Each reward function's (and reward model's) unweighted scores over the step, as TRL's
+    GRPOTrainer logs them: ``rewards/<name>/mean`` and ``rewards/<name>/std`` (the sample std,
+    TRL's ``nanstd``; 0 for a single score), over the rows it scored. ``<name>``: the function's
+    own name (``pkg.mod:accuracy`` -> ``accuracy``, as TRL names it by ``__name__``), the whole
+    name (``pkg.mod.accuracy``) where two configured ones share it. A function that scored no row this step has no entry.
+
+    >>> per_reward_metrics([{"pkg.mod:length": [1.0, 3.0]}, {"pkg.mod:length": [5.0]}])
+    {'rewards/length/mean': 3.0, 'rewards/length/std': 2.0}
+    >>> per_reward_metrics([{"format": [0.5], "a:score": [1.0], "b:score": []}])
+    {'rewards/a.score/mean': 1.0, 'rewards/a.score/std': 0.0, 'rewards/format/mean': 0.5, 'rewards/format/std': 0.0}
+    """
+    values: dict[str, list[float]] = {}
+    for shard in scored:
+        for name, vs in shard.items():
+            values.setdefault(name, []).extend(vs)
+    short = {name: name.rsplit(":", 1)[-1] for name in values}
+    out: dict[str, float] = {}
+    for name, vs in sorted(values.items()):
+        if not vs:
+            continue
+        # the whole name where two share one, its ':' a '.' (a character every tracker takes)
+        shown = short[name] if list(short.values()).count(short[name]) == 1 else name.replace(":", ".")
+        mean = sum(vs) / len(vs)
+        std = math.sqrt(sum((v - mean) ** 2 for v in vs) / (len(vs) - 1)) if len(vs) > 1 else 0.0
+        out[f"rewards/{shown}/mean"], out[f"rewards/{shown}/std"] = mean, std
+    return out
 
 
 def engine_metrics(events: Sequence[EngineEvents]) -> dict[str, float]:

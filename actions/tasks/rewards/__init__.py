@@ -46,7 +46,7 @@ from typing import Any, Protocol
 
 from actions.config.quoting import clip, quote
 from actions.config.reward import BUILTIN_REWARDS
-from actions.tasks.rewards.calling import RESERVED, RewardFunctionError, call_reward
+from actions.tasks.rewards.calling import RESERVED, STEP_FAILS, RewardFunctionError, call_reward
 from actions.tasks.rewards.trainer_state import make_trainer_state
 
 
@@ -268,6 +268,10 @@ def is_best(rewards: Rewards, tolerance: float = 1e-9) -> list[bool]:
             for t, b, applied in zip(rewards.function_total, rewards.best, rewards.function_applicable)]
 
 
+STARTUP_CHECK = ("reward check at start-up, before any step (each package.module:function is called on up to 2 "
+                 "training rows, their reference answers as the completions, '' where a row has none)")
+
+
 def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow],
                            encode: Callable[[str], Sequence[int]] | None = None, *, trainer_state: Any = None
                            ) -> None:
@@ -296,7 +300,10 @@ def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow
             prompts, completions, columns = reward_inputs(sample, [r.answer for r in sample])
             ids = [list(encode(r.answer)) if encode else [] for r in sample]
             kwargs = {"prompts": prompts, "completions": completions, "completion_ids": ids, **columns}
-            values = _call(spec, fn, sample, kwargs, state)
+            try:
+                values = _call(spec, fn, sample, kwargs, state)
+            except RewardFunctionError as exc:  # say where it was called: no step has run
+                raise RewardFunctionError(f"{STARTUP_CHECK}: {str(exc).replace(STEP_FAILS, '')}") from None
             per_function[spec.name], weights[spec.name] = values, spec.weight
             total = [t + spec.weight * v if v is not None else t for t, v in zip(total, values)]
     _check_totals(total, sample, per_function, weights)  # the plug-ins' sum: built-ins score at most 1 each

@@ -33,6 +33,10 @@ METRIC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,99}")
 """A ``log_metric`` name: it becomes part of a metric's name in summary.json and the trackers."""
 
 
+STEP_FAILS = " (a reward error fails the step and is not retried)"
+"""What a reward error does mid-campaign, as its message says it."""
+
+
 class RewardFunctionError(ValueError):
     """A reward function failed or broke its contract: not transient, never retried."""
 
@@ -85,7 +89,7 @@ def call_reward(name: str, fn: Callable, rows: Sequence[Any], kwargs: dict[str, 
     except Exception as exc:
         raise RewardFunctionError(f"reward function {name!r} raised {type(exc).__name__}: {exc} "
                                   f"on prompt_id {_failing_row(fn, rows, kwargs, trainer_state)}; "
-                                  "fix the function (a reward error fails the step and is not retried)") from None
+                                  f"fix the function{STEP_FAILS}") from None
     listed = _as_list(values)
     if listed is None or len(listed) != len(rows):
         got = len(listed) if listed is not None else type(values).__name__

@@ -1,0 +1,30 @@
+"""TRL ``GRPOConfig`` names a migrating user may type, and the RLHFless settings they map to
+(README, "Coming from TRL"): an unknown key that is one of them is answered with its setting."""
+
+from __future__ import annotations
+
+TRL_SETTINGS = {
+    "num_generations": "algorithm.group_size",
+    "beta": "algorithm.kl_coef",
+    "epsilon": "algorithm.clip_low",
+    "epsilon_high": "algorithm.clip_high",
+    "learning_rate": "algorithm.lr",
+    "num_iterations": "algorithm.epochs",
+    "steps_per_generation": "algorithm.num_minibatches",
+    "gradient_accumulation_steps": "algorithm.num_minibatches",
+    "per_device_train_batch_size": "algorithm.micro_batch_size",
+    "scale_rewards": "algorithm.scale_by_std (true for group, false for none)",
+    "max_completion_length": "generation.max_new_tokens",
+    "max_steps": "steps",
+    "reward_funcs": "reward.functions",
+    "reward_weights": "the weight of each reward.functions entry",
+    "loss_type": "no setting: the loss is TRL's dapo",
+}
+"""TRL's name -> the RLHFless setting (or what stands for it)."""
+
+
+def trl_hint(key: str) -> str:
+    """``; TRL's `beta` is algorithm.kl_coef`` for a dotted key whose last part is a TRL name, else ''."""
+    name = key.rsplit(".", 1)[-1]
+    target = TRL_SETTINGS.get(name)
+    return f"; TRL's `{name}` is {target} (README, Coming from TRL)" if target else ""
