@@ -10,12 +10,14 @@ TRL_SETTINGS = {
     "epsilon_high": "algorithm.clip_high",
     "learning_rate": "algorithm.lr",
     "num_iterations": "algorithm.epochs",
-    "steps_per_generation": "algorithm.num_minibatches",
-    "gradient_accumulation_steps": "algorithm.num_minibatches",
+    "steps_per_generation": "algorithm.num_minibatches = steps_per_generation / gradient_accumulation_steps "
+                            "(1 for TRL's default)",
+    "gradient_accumulation_steps": "algorithm.num_minibatches = steps_per_generation / gradient_accumulation_steps "
+                                   "(1 for TRL's default)",
     "per_device_train_batch_size": "algorithm.micro_batch_size",
     "scale_rewards": "algorithm.scale_by_std (true for group, false for none)",
     "max_completion_length": "generation.max_new_tokens",
-    "max_steps": "steps",
+    "max_steps": "steps = max_steps / (algorithm.epochs x algorithm.num_minibatches)",
     "reward_funcs": "reward.functions",
     "reward_weights": "the weight of each reward.functions entry",
     "loss_type": "no setting: the loss is TRL's dapo",

@@ -468,3 +468,28 @@ def test_reward_functions_may_be_listed_by_name_alone_as_trl_reward_funcs():
     assert listed == load_config(None, ["reward.functions=[{name: gsm8k}, {name: 'pkg.mod:f'}]"]).reward.functions
     with pytest.raises(ValueError, match=r"^reward.functions names 'gsm8k' twice; give each function once"):
         load_config(None, ["reward.functions=[gsm8k, {name: gsm8k, weight: 2}]"])
+
+
+def test_one_bare_name_is_a_list_of_it_and_other_entries_are_refused_with_the_forms():
+    from flows.config import load_config
+
+    assert [f.name for f in load_config(None, ["reward.functions=gsm8k"]).reward.functions] == ["gsm8k"]
+    with pytest.raises(ValueError, match=r"^reward.functions\[1\] = 3: each entry is a function's name or "
+                                         r"\{name, weight\}"):
+        load_config(None, ["reward.functions=[gsm8k, 3]"])
+    with pytest.raises(ValueError, match=r"names 'format' twice, with two patterns; one format reward is allowed"):
+        load_config(None, ["reward.functions=[{name: format, pattern: '^a'}, {name: format, pattern: 'b$'}]"])
+
+
+def test_a_reward_model_s_scores_are_named_by_its_folder_as_trl_names_them():
+    from actions.config.reward import RewardModelConfig
+    from actions.contracts import RewardModelRef
+    from flows.step.metrics import per_reward_metrics
+
+    refs = [RewardModelRef(index=i, manifest_key="k", settings=RewardModelConfig(path=p))
+            for i, p in enumerate(["/models/skywork-rm/", "other/skywork-rm", "/m/helpful"])]
+    assert [r.metric_name for r in refs] == ["reward_model.0:skywork-rm", "reward_model.1:skywork-rm",
+                                             "reward_model.2:helpful"]
+    names = per_reward_metrics([{r.metric_name: [1.0] for r in refs}])
+    assert sorted(k[:-len("/mean")] for k in names if k.endswith("/mean")) == [
+        "rewards/helpful", "rewards/reward_model.0.skywork-rm", "rewards/reward_model.1.skywork-rm"]

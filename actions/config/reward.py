@@ -104,8 +104,17 @@ class RewardConfig(_Section):
     @field_validator("functions", mode="before")
     @classmethod
     def _names_alone(cls, v: Any) -> Any:
-        """``[gsm8k, pkg.mod:fn]`` (TRL's ``reward_funcs`` as a list of names) is ``[{name: ...}, ...]``."""
-        return [{"name": f} if isinstance(f, str) else f for f in v] if isinstance(v, list) else v
+        """``[gsm8k, pkg.mod:fn]`` (TRL's ``reward_funcs`` as a list of names) is ``[{name: ...}, ...]``,
+        and one name alone is a list of it; anything else an entry cannot be is refused here."""
+        if isinstance(v, str):
+            v = [v]
+        if not isinstance(v, list):
+            return v  # None, or a type pydantic's own message names
+        for i, f in enumerate(v):
+            if not isinstance(f, (str, dict, RewardFunctionConfig)):
+                raise ValueError(f"reward.functions[{i}] = {quote(f)}: each entry is a function's name or "
+                                 "{name, weight}, e.g. [gsm8k, {name: 'my_rewards:fmt', weight: 0.5}]")
+        return [{"name": f} if isinstance(f, str) else f for f in v]
 
     @field_validator("functions")
     @classmethod
@@ -114,6 +123,9 @@ class RewardConfig(_Section):
             raise ValueError("reward.functions is empty; name at least one, e.g. [{name: gsm8k}], or remove the key")
         if v is not None and len({f.name for f in v}) != len(v):
             twice = next(f.name for i, f in enumerate(v) if f.name in {g.name for g in v[:i]})
+            if len({f.pattern for f in v if f.name == twice}) > 1:  # two patterns: weights cannot merge them
+                raise ValueError(f"reward.functions names {quote(twice)} twice, with two patterns; one "
+                                 f"{twice} reward is allowed: score a second pattern with a package.module:function")
             raise ValueError(f"reward.functions names {quote(twice)} twice; give each function once (one "
                              "entry's weight is the sum of the weights)")
         return v
