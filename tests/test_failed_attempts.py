@@ -6,6 +6,7 @@ workers in ``tests/test_faults.py``."""
 
 from __future__ import annotations
 
+import tempfile
 import time
 
 import pytest
@@ -274,3 +275,25 @@ def test_two_workers_lost_at_once_one_replaced_the_pool_serves_calls_in_turn(tmp
         assert outcomes["b"] is None, outcomes["b"]
     finally:
         pool.close()
+
+
+def test_the_workers_temporary_files_go_with_the_pool_however_the_workers_exit(tmp_path):
+    """Workers write temporary files under a directory the pool owns (their TMPDIR) and the
+    pool removes it when it closes: a worker exits through os._exit or a signal, where no
+    clean-up of its own runs (a vLLM engine's model copy would stay in /tmp)."""
+    import os
+    import signal
+    from pathlib import Path
+
+    pool = LocalPoolInvoker(2, log_dir=tmp_path)
+    try:
+        pids = pool.worker_pids()
+        environ = Path(f"/proc/{pids[0]}/environ").read_bytes().split(b"\0")
+        tmp = Path(next(e for e in environ if e.startswith(b"TMPDIR=")).decode()[len("TMPDIR="):])
+        assert tmp.is_dir() and tmp != tmp_path and str(tmp).startswith(tempfile.gettempdir())
+        (tmp / "rlhfless-vllm-model-x").mkdir()  # what an engine leaves
+        (tmp / "rlhfless-vllm-model-x" / "model.safetensors").write_bytes(b"\0" * 1024)
+        os.kill(pids[1], signal.SIGKILL)
+    finally:
+        pool.close()
+    assert not tmp.exists()

@@ -39,13 +39,16 @@ def test_a_vllm_campaign_starts_each_engine_once_and_pushes_every_version_into_i
     from actions.engines import factory
     from flows.campaign.run import run_campaign
     from flows.config import load_config
-    from tests.conftest import TINY_OVERRIDES
+    from tests.conftest import LEARNING, TINY_OVERRIDES
 
-    base = [o for o in TINY_OVERRIDES if not o.startswith(("scaling.", "steps="))]  # the default fan-out
+    # the default fan-out, and a reward that moves the weights every step: a version that never
+    # reached an engine would show in the samples
+    base = [o for o in TINY_OVERRIDES if not o.startswith(("scaling.", "steps="))] + list(LEARNING)
     pool = load_config(None, [*base, *VLLM_OVERRIDES, f"store.uri={tmp_path / 'pool'}",
                               f"invoker.log_dir={tmp_path / 'logs'}", "run_id=v"])
     summary = run_campaign(pool, progress=lambda m: None)
     assert summary["steps_completed"] == STEPS
+    assert all(s["grad_norm"] > 0 for s in summary["steps"])  # every version differs from the one before
     starts = {log.stem: len(re.findall(r"vllm engine started", log.read_text()))
               for log in (tmp_path / "logs").glob("worker-*.log")}
     assert max(starts.values()) <= 1, starts  # one engine per worker, whatever it ran
@@ -66,3 +69,9 @@ def test_a_vllm_campaign_starts_each_engine_once_and_pushes_every_version_into_i
     a, b = _samples(pool), _samples(inproc)
     assert len(a) == STEPS * 16 and a.keys() == b.keys()
     assert [k for k in a if a[k] != b[k]] == []
+    # and the torch engine, which loads each version afresh, samples the same tokens
+    torch_run = load_config(None, [*base, *VLLM_OVERRIDES, "generation.engine=torch",
+                                   f"store.uri={tmp_path / 'torch'}", "invoker.kind=inprocess", "run_id=v"])
+    run_campaign(torch_run, progress=lambda m: None)
+    c = _samples(torch_run)
+    assert c.keys() == a.keys() and [k for k in a if a[k] != c[k]] == []

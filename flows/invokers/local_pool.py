@@ -24,6 +24,10 @@ Security and lifetime (``actions.runtime.lifeline``):
   its ``main`` ignores it and unblocks it (``actions.runtime.server``).
 * Each worker's stdout and stderr go to ``<log_dir>/<worker>.log`` (mode 0600), appended to
   across replacements; every error message names that file.
+* Each worker's temporary files go under one directory the pool owns (``TMPDIR``), removed when
+  the pool closes: a worker leaves through ``os._exit`` when its control pipe closes, or dies
+  to a signal, and no clean-up of its own runs then (a vLLM engine's copy of the model, the
+  size of its weights, would stay behind in ``/tmp`` for every worker of every campaign).
 
 Errors (``flows.invokers.base``): a worker that dies or does not answer mid-activation is
 replaced and the activation fails as transient, so the flow's retry runs it again (where no new
@@ -35,8 +39,11 @@ action (502) is transient or permanent as the worker classified it; an applicati
 
 from __future__ import annotations
 
+import getpass
 import os
+import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -129,6 +136,7 @@ class LocalPoolInvoker:
         self.cores = CoreShare(num_cores)
         self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="rlhfless-pool-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._tmp = Path(tempfile.mkdtemp(prefix="rlhfless-pool-tmp-"))  # the workers' TMPDIR (module docstring)
         # Idle connections: this client drops its own after KEEPALIVE_EXPIRY_S, so a worker may
         # close idle ones after a minute (freeing a thread an idle stranger holds) without ever
         # closing one the pool is about to reuse.
@@ -189,6 +197,9 @@ class LocalPoolInvoker:
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", RLHFLESS_THREADS="1",
                    PYTHONUNBUFFERED="1")
         env.setdefault("MKL_CBWR", MKL_REPRODUCIBLE)
+        # torch's compile cache stays where it would be (it is kept across campaigns, not scratch)
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"torchinductor_{_user()}"))
+        env["TMPDIR"] = str(self._tmp)
         argv = [sys.executable, "-m", "actions.runtime.server", "--host", "127.0.0.1", "--port", "0",
                 "--ready-fd", str(ready_w), "--control-fd", str(control_r), "--parent-pid", str(os.getpid()),
                 *self._limits]
@@ -418,3 +429,13 @@ class LocalPoolInvoker:
             self._retire(w, grace_s=5.0)
         self._client.close()
         self._forker.shutdown(wait=True)
+        shutil.rmtree(self._tmp, ignore_errors=True)  # after every worker is reaped
+
+
+def _user() -> str:
+    """The user name torch's compile cache directory is named after (``torchinductor_<user>``)."""
+    try:
+        name = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        name = f"uid_{os.getuid()}"
+    return re.sub(r'[\\/:*?"<>|]', "_", name)
