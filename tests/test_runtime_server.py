@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 import sys
 import threading
@@ -119,3 +120,17 @@ def test_an_interrupted_oneshot_writes_one_line_and_no_result(monkeypatch, tmp_p
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "interrupted" in err[0] and "Traceback" not in err[0]
     assert not (tmp_path / "out.json").exists()
+
+
+def test_a_malformed_init_is_refused_with_an_error_and_a_good_one_still_initializes(monkeypatch):
+    from actions.runtime.server import ActionRuntime
+
+    monkeypatch.setenv("RLHFLESS_TEST_INIT", "0")  # restored after the test: init sets the environment
+
+    runtime = ActionRuntime()
+    for body in ({"value": "x"}, {"value": {"env": ["A"]}}, ["value"]):
+        status, reply = runtime.init(body)
+        assert status == 400 and "'value.env' an object of strings" in reply["error"]
+    assert not runtime.initialized
+    assert runtime.init({"value": {"env": {"RLHFLESS_TEST_INIT": "1"}}}) == (200, {"ok": True})
+    assert runtime.initialized and os.environ["RLHFLESS_TEST_INIT"] == "1"

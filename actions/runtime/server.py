@@ -129,8 +129,11 @@ class ActionRuntime:
     def init(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         if self.initialized:
             return 403, {"error": "cannot initialize the action more than once"}
-        value = body.get("value") or {}
-        for key, val in (value.get("env") or {}).items():
+        value = (body.get("value") or {}) if isinstance(body, dict) else None
+        env = value.get("env") or {} if isinstance(value, dict) else None
+        if not isinstance(env, dict):  # OpenWhisk sends objects: anything else is another caller's mistake
+            return 400, {"error": "init body: 'value' must be an object and 'value.env' an object of strings"}
+        for key, val in env.items():
             os.environ[str(key)] = str(val)
         self.initialized = True
         return 200, {"ok": True}
