@@ -474,6 +474,7 @@ def test_one_bare_name_is_a_list_of_it_and_other_entries_are_refused_with_the_fo
     from flows.config import load_config
 
     assert [f.name for f in load_config(None, ["reward.functions=gsm8k"]).reward.functions] == ["gsm8k"]
+    assert [f.weight for f in load_config(None, ["reward.functions={name: gsm8k, weight: 2}"]).reward.functions] == [2.0]
     with pytest.raises(ValueError, match=r"^reward.functions\[1\] = 3: each entry is a function's name or "
                                          r"\{name, weight\}"):
         load_config(None, ["reward.functions=[gsm8k, 3]"])
@@ -487,9 +488,10 @@ def test_a_reward_model_s_scores_are_named_by_its_folder_as_trl_names_them():
     from flows.step.metrics import per_reward_metrics
 
     refs = [RewardModelRef(index=i, manifest_key="k", settings=RewardModelConfig(path=p))
-            for i, p in enumerate(["/models/skywork-rm/", "other/skywork-rm", "/m/helpful"])]
+            for i, p in enumerate(["/models/skywork-rm/", "other/skywork-rm", "/m/helpful", "/m/rm:v2", "/m/x/.."])]
     assert [r.metric_name for r in refs] == ["reward_model.0:skywork-rm", "reward_model.1:skywork-rm",
-                                             "reward_model.2:helpful"]
+                                             "reward_model.2:helpful", "reward_model.3:rm:v2", "reward_model.4:m"]
     names = per_reward_metrics([{r.metric_name: [1.0] for r in refs}])
     assert sorted(k[:-len("/mean")] for k in names if k.endswith("/mean")) == [
-        "rewards/helpful", "rewards/reward_model.0.skywork-rm", "rewards/reward_model.1.skywork-rm"]
+        "rewards/helpful", "rewards/m", "rewards/reward_model.0.skywork-rm", "rewards/reward_model.1.skywork-rm",
+        "rewards/rm:v2"]

@@ -105,8 +105,9 @@ class RewardConfig(_Section):
     @classmethod
     def _names_alone(cls, v: Any) -> Any:
         """``[gsm8k, pkg.mod:fn]`` (TRL's ``reward_funcs`` as a list of names) is ``[{name: ...}, ...]``,
-        and one name alone is a list of it; anything else an entry cannot be is refused here."""
-        if isinstance(v, str):
+        and one name or ``{name, weight}`` alone is a list of it; anything else an entry cannot be is
+        refused here."""
+        if isinstance(v, (str, dict)):  # one function
             v = [v]
         if not isinstance(v, list):
             return v  # None, or a type pydantic's own message names

@@ -225,7 +225,7 @@ def per_reward_metrics(scored: Sequence[Mapping[str, Sequence[float]]]) -> dict[
     for shard in scored:
         for name, vs in shard.items():
             values.setdefault(name, []).extend(vs)
-    short = {name: name.rsplit(":", 1)[-1] for name in values}
+    short = {name: name.split(":", 1)[-1] for name in values}  # a reward model's folder may hold a ':'
     out: dict[str, float] = {}
     for name, vs in sorted(values.items()):
         if not vs:
