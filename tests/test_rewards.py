@@ -474,7 +474,8 @@ def test_one_bare_name_is_a_list_of_it_and_other_entries_are_refused_with_the_fo
     from flows.config import load_config
 
     assert [f.name for f in load_config(None, ["reward.functions=gsm8k"]).reward.functions] == ["gsm8k"]
-    assert [f.weight for f in load_config(None, ["reward.functions={name: gsm8k, weight: 2}"]).reward.functions] == [2.0]
+    one = load_config(None, ["reward.functions={name: gsm8k, weight: 2}"]).reward.functions
+    assert [(f.name, f.weight) for f in one] == [("gsm8k", 2.0)]
     with pytest.raises(ValueError, match=r"^reward.functions\[1\] = 3: each entry is a function's name or "
                                          r"\{name, weight\}"):
         load_config(None, ["reward.functions=[gsm8k, 3]"])

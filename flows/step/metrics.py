@@ -218,8 +218,8 @@ def per_reward_metrics(scored: Sequence[Mapping[str, Sequence[float]]]) -> dict[
 
     >>> per_reward_metrics([{"pkg.mod:length": [1.0, 3.0]}, {"pkg.mod:length": [5.0]}])
     {'rewards/length/mean': 3.0, 'rewards/length/std': 2.0}
-    >>> per_reward_metrics([{"format": [0.5], "a:score": [1.0], "b:score": []}])
-    {'rewards/a.score/mean': 1.0, 'rewards/a.score/std': 0.0, 'rewards/format/mean': 0.5, 'rewards/format/std': 0.0}
+    >>> per_reward_metrics([{"format": [0.5], "a:s": [1.0], "b:s": []}])
+    {'rewards/a.s/mean': 1.0, 'rewards/a.s/std': 0.0, 'rewards/format/mean': 0.5, 'rewards/format/std': 0.0}
     """
     values: dict[str, list[float]] = {}
     for shard in scored:
