@@ -182,14 +182,7 @@ def test_a_call_waiting_for_a_worker_fails_when_the_pool_loses_its_last_one(tmp_
     import threading
 
     pool = LocalPoolInvoker(2, log_dir=tmp_path, timeout_s=60)
-    outcomes: dict[str, BaseException | None] = {}
-
-    def call(key: str, action: str, payload: dict) -> None:
-        try:
-            pool.invoke(action, payload)
-            outcomes[key] = None
-        except ActionError as exc:
-            outcomes[key] = exc
+    outcomes, call = _recorded_calls(pool)
 
     try:
         pids = dict(zip((w.name for w in pool._workers), pool.worker_pids()))
@@ -242,14 +235,7 @@ def test_two_workers_lost_at_once_one_replaced_the_pool_serves_calls_in_turn(tmp
         return real_spawn(name)
 
     pool._spawn = spawn
-    outcomes: dict[str, BaseException | None] = {}
-
-    def call(key: str, action: str, payload: dict) -> None:
-        try:
-            pool.invoke(action, payload)
-            outcomes[key] = None
-        except ActionError as exc:
-            outcomes[key] = exc
+    outcomes, call = _recorded_calls(pool)
 
     try:
         pids = pool.worker_pids()
@@ -297,3 +283,18 @@ def test_the_workers_temporary_files_go_with_the_pool_however_the_workers_exit(t
     finally:
         pool.close()
     assert not tmp.exists()
+
+
+def _recorded_calls(pool: LocalPoolInvoker):
+    """(outcomes, call): ``call(key, action, payload)`` invokes on ``pool`` and records under
+    ``key`` None or the ActionError it raised (for calls run on threads)."""
+    outcomes: dict[str, BaseException | None] = {}
+
+    def call(key: str, action: str, payload: dict) -> None:
+        try:
+            pool.invoke(action, payload)
+            outcomes[key] = None
+        except ActionError as exc:
+            outcomes[key] = exc
+
+    return outcomes, call
