@@ -11,8 +11,6 @@ from (run, step, shard), so running an action twice writes the same bytes to the
 
 from __future__ import annotations
 
-import posixpath
-from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -252,13 +250,6 @@ class RewardModelRef(_Msg):
     @property
     def name(self) -> str:
         return f"reward_model/{self.index}"
-
-    @property
-    def metric_name(self) -> str:
-        """Its scores' name in the step's ``rewards/<name>/*`` metrics: ``reward_model.<index>:<folder>``,
-        shown by the part after ``:`` (the folder's name, as TRL names a reward model) unless
-        another reward shares it."""
-        return f"reward_model.{self.index}:{PurePosixPath(posixpath.normpath(self.settings.path)).name or 'model'}"
 
 
 def reward_model_refs(workload: WorkloadConfig, run_prefix: str) -> list[RewardModelRef]:

@@ -37,7 +37,7 @@ from actions.rl.update import needs_old_logp, needs_ref_logp
 from actions.runtime.adapter import run_action
 from actions.store import get_json
 from actions.store.weights import publish_tensors
-from actions.tasks.rewards.model_scoring import score_completions
+from actions.tasks.rewards.model_scoring import metric_name, score_completions
 from actions.tasks.stored import load_dataset
 
 
@@ -112,7 +112,7 @@ def run_score(req: ScoreRequest) -> ScoreResult:
     # KL of the sampling policy to the reference where both were computed; else the update reports it.
     kl = (masked_mean(kl_estimate(scored["old_logp"], scored["ref_logp"], req.algorithm.kl_kind), mask)
           if {"old_logp", "ref_logp"} <= set(scored) else 0.0)
-    shown = {m.name: m.metric_name for m in req.reward_models}  # a reward model by its folder's name
+    shown = {m.name: metric_name(m) for m in req.reward_models}  # a reward model by its folder's name
     return ScoreResult(scored_key=req.output_key, num_samples=len(samples), reward_mean=float(rewards.mean()),
                        reward_sum=float(rewards.sum()), kl_mean=float(kl), reward_metrics=scored_rewards.metrics,
                        reward_values={shown.get(name, name): [float(v) for v in values if v is not None]

@@ -486,13 +486,14 @@ def test_one_bare_name_is_a_list_of_it_and_other_entries_are_refused_with_the_fo
 def test_a_reward_model_s_scores_are_named_by_its_folder_as_trl_names_them():
     from actions.config.reward import RewardModelConfig
     from actions.contracts import RewardModelRef
+    from actions.tasks.rewards.model_scoring import metric_name
     from flows.step.metrics import per_reward_metrics
 
     refs = [RewardModelRef(index=i, manifest_key="k", settings=RewardModelConfig(path=p))
             for i, p in enumerate(["/models/skywork-rm/", "other/skywork-rm", "/m/helpful", "/m/rm:v2", "/m/x/.."])]
-    assert [r.metric_name for r in refs] == ["reward_model.0:skywork-rm", "reward_model.1:skywork-rm",
+    assert [metric_name(r) for r in refs] == ["reward_model.0:skywork-rm", "reward_model.1:skywork-rm",
                                              "reward_model.2:helpful", "reward_model.3:rm:v2", "reward_model.4:m"]
-    names = per_reward_metrics([{r.metric_name: [1.0] for r in refs}])
+    names = per_reward_metrics([{metric_name(r): [1.0] for r in refs}])
     assert sorted(k[:-len("/mean")] for k in names if k.endswith("/mean")) == [
         "rewards/helpful", "rewards/m", "rewards/reward_model.0.skywork-rm", "rewards/reward_model.1.skywork-rm",
         "rewards/rm:v2"]

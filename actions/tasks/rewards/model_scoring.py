@@ -19,8 +19,10 @@ network.
 from __future__ import annotations
 
 import math
+import posixpath
 import tempfile
 from collections.abc import Sequence
+from pathlib import PurePosixPath
 from typing import Any
 
 import torch
@@ -132,6 +134,13 @@ def check_scores(ref: RewardModelRef, model: Any, scores: Sequence[float], promp
         why = (f"its activations overflow in {dtype or 'its dtype'} on this text (its weights are finite); check the "
                "model with transformers on that input, or use another reward model")
     raise RewardModelError(f"{where}, not a finite number: {why}")
+
+
+def metric_name(ref: RewardModelRef) -> str:
+    """A reward model's scores' name in the step's ``rewards/<name>/*`` metrics,
+    ``reward_model.<index>:<folder>``: shown by the part after the first ``:`` (the folder's name,
+    as TRL names a reward model) unless another reward shares it."""
+    return f"reward_model.{ref.index}:{PurePosixPath(posixpath.normpath(ref.settings.path)).name or 'model'}"
 
 
 def score_completions(req: Any, rows: Sequence[Any], texts: Sequence[str], completion_ids: Sequence[Sequence[int]],
