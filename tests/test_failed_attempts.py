@@ -243,7 +243,10 @@ def test_two_workers_lost_at_once_one_replaced_the_pool_serves_calls_in_turn(tmp
                 for i in range(2)]
         for t in lost:
             t.start()
-        time.sleep(1.0)
+        deadline = time.time() + 20
+        while pool._idle._workers and time.time() < deadline:  # both busy with their call
+            time.sleep(0.05)
+        time.sleep(0.5)  # the requests sent
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         for t in lost:

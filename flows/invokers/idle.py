@@ -126,7 +126,6 @@ class IdleWorkers(Generic[W]):
         """Return ``worker`` to the idle set; ``warmed``: the (engine or else action, policy) of
         the pre-warm it comes back from (its ``warm`` already says whether it loaded it)."""
         with self._cond:
-            self._none_left = None  # a worker came back: the pool is not empty
             if warmed is not None and warmed[1] is not None:
                 key = (warmed[0], warmed[1])
                 self._warming[key] -= 1

@@ -214,7 +214,8 @@ def per_reward_metrics(scored: Sequence[Mapping[str, Sequence[float]]]) -> dict[
     GRPOTrainer logs them: ``rewards/<name>/mean`` and ``rewards/<name>/std`` (the sample std,
     TRL's ``nanstd``; 0 for a single score), over the rows it scored. ``<name>``: the function's
     own name (``pkg.mod:accuracy`` -> ``accuracy``, as TRL names it by ``__name__``), the whole
-    name (``pkg.mod.accuracy``) where two configured ones share it. A function that scored no row this step has no entry.
+    name (``pkg.mod.accuracy``) where two configured ones share it. A function that scored no row
+    this step has no entry.
 
     >>> per_reward_metrics([{"pkg.mod:length": [1.0, 3.0]}, {"pkg.mod:length": [5.0]}])
     {'rewards/length/mean': 3.0, 'rewards/length/std': 2.0}
