@@ -76,9 +76,9 @@ class ChildProcessInvoker:
         pass
 
 
-def _past_timeout(timeout_s: float | None) -> str:
+def _past_timeout(timeout_s: float) -> str:
     """The one line for a child past ``invoker.timeout_s``, with the fix that raises it."""
     fix = "raise invoker.timeout_s"
-    if timeout_s is not None and timeout_s < LOCAL_TIMEOUT_S:
+    if timeout_s < LOCAL_TIMEOUT_S:
         fix += f", or unset it for {LOCAL_TIMEOUT_S:g} s"
     return f"the child process ran past {timeout_s:g} s (invoker.timeout_s={timeout_s:g}); {fix}"

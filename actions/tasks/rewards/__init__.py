@@ -46,7 +46,7 @@ from typing import Any, Protocol
 
 from actions.config.quoting import clip, quote
 from actions.config.reward import BUILTIN_REWARDS
-from actions.tasks.rewards.calling import RESERVED, STEP_FAILS, RewardFunctionError, call_reward
+from actions.tasks.rewards.calling import RESERVED, RewardFunctionError, call_reward
 from actions.tasks.rewards.trainer_state import make_trainer_state
 
 
@@ -145,11 +145,11 @@ def _reference(row: RewardRow) -> Any:
 
 
 def _call(spec: RewardSpec, fn: Callable, rows: Sequence[RewardRow], kwargs: dict[str, list], trainer_state: Any,
-          metrics: dict[str, list[float]] | None = None) -> list[float | None]:
+          metrics: dict[str, list[float]] | None = None, **how: str) -> list[float | None]:
     """``call_reward`` with the reference as text for a built-in (a plug-in gets the dataset's value)."""
     if ":" not in spec.name:
         kwargs = kwargs | {"answer": [r.answer for r in rows]}
-    return call_reward(spec.name, fn, rows, kwargs, trainer_state, metrics)
+    return call_reward(spec.name, fn, rows, kwargs, trainer_state, metrics, **how)
 
 
 @dataclass(frozen=True)
@@ -301,9 +301,9 @@ def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow
             ids = [list(encode(r.answer)) if encode else [] for r in sample]
             kwargs = {"prompts": prompts, "completions": completions, "completion_ids": ids, **columns}
             try:
-                values = _call(spec, fn, sample, kwargs, state)
+                values = _call(spec, fn, sample, kwargs, state, raised_fix="")
             except RewardFunctionError as exc:  # say where it was called: no step has run
-                raise RewardFunctionError(f"{STARTUP_CHECK}: {str(exc).replace(STEP_FAILS, '')}") from None
+                raise RewardFunctionError(f"{STARTUP_CHECK}: {exc}") from None
             per_function[spec.name], weights[spec.name] = values, spec.weight
             total = [t + spec.weight * v if v is not None else t for t, v in zip(total, values)]
     _check_totals(total, sample, per_function, weights)  # the plug-ins' sum: built-ins score at most 1 each

@@ -69,7 +69,7 @@ def _invoke(fn: Callable, kwargs: dict[str, Any], trainer_state: Any,
 
 
 def call_reward(name: str, fn: Callable, rows: Sequence[Any], kwargs: dict[str, list], trainer_state: Any,
-                metrics: dict[str, list[float]] | None = None) -> list[float | None]:
+                metrics: dict[str, list[float]] | None = None, *, raised_fix: str = STEP_FAILS) -> list[float | None]:
     """``fn``'s reward per row: one float or None each. ``fn`` may return a list or tuple, or a
     1-D NumPy array or torch tensor; each value a real number (NumPy scalars and 0-d arrays or
     tensors included, bools not) or None.
@@ -78,6 +78,8 @@ def call_reward(name: str, fn: Callable, rows: Sequence[Any], kwargs: dict[str, 
         kwargs: ``prompts``, ``completions``, ``completion_ids`` and the columns, one list entry per row.
         metrics: receives what ``fn`` passed to ``log_metric``: name -> values in call order
             (appended to; None: checked, then dropped).
+        raised_fix: what a raising function's message adds to "fix the function" (mid-campaign:
+            the step fails and is not retried).
 
     Raises:
         RewardFunctionError: it raised (naming the first row it raises on alone), returned the
@@ -89,7 +91,7 @@ def call_reward(name: str, fn: Callable, rows: Sequence[Any], kwargs: dict[str, 
     except Exception as exc:
         raise RewardFunctionError(f"reward function {name!r} raised {type(exc).__name__}: {exc} "
                                   f"on prompt_id {_failing_row(fn, rows, kwargs, trainer_state)}; "
-                                  f"fix the function{STEP_FAILS}") from None
+                                  f"fix the function{raised_fix}") from None
     listed = _as_list(values)
     if listed is None or len(listed) != len(rows):
         got = len(listed) if listed is not None else type(values).__name__
