@@ -324,6 +324,41 @@ def test_gpu_slots_held_only_by_gpu_actions_and_missing_limit_never_blocks(deplo
         assert client.read_global_concurrency_limit_by_name("gpu-unit").active_slots == 0
 
 
+def test_a_prewarm_takes_only_the_gpu_slots_free_now_and_never_waits(deployed: LocalPrefectServer):
+    """spare_gpu_slots: of a limit of 5 with 2 slots taken and 2 GPUs per actor, a pre-warm of 3
+    containers may start 1 and holds its 2 slots while it runs; with none free it starts 0 at
+    once; where no limit applies it starts them all."""
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.concurrency.sync import concurrency
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.step.invoke import spare_gpu_slots
+
+    def active() -> int:
+        with deployed.client() as client:
+            return client.read_global_concurrency_limit_by_name("gpu-prewarm").active_slots
+
+    with deployed.client() as client:
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name="gpu-prewarm", limit=5))
+    cfg = load_config(None, ["invoker.gpu_concurrency_limit=gpu-prewarm", "scaling.gpus_per_actor=2"])
+    with temporary_settings(updates={PREFECT_API_URL: deployed.url}):
+        with concurrency("gpu-prewarm", occupy=2):
+            with spare_gpu_slots("generate", 3, cfg) as allowed:
+                assert (allowed, active()) == (1, 4)
+            assert active() == 2
+            with concurrency("gpu-prewarm", occupy=2):
+                started = time.monotonic()
+                with spare_gpu_slots("generate", 3, cfg) as allowed:
+                    assert (allowed, active()) == (0, 4)
+                assert time.monotonic() - started < 5
+        assert active() == 0
+        with spare_gpu_slots("prepare", 3, cfg) as allowed:  # a CPU action holds none
+            assert (allowed, active()) == (3, 0)
+        unknown = load_config(None, ["invoker.gpu_concurrency_limit=no-such-limit"])
+        with spare_gpu_slots("generate", 3, unknown) as allowed:
+            assert allowed == 3
+
+
 def test_deploy_from_a_checkout_elsewhere_points_the_worker_there(deployed: LocalPrefectServer, tmp_path: Path):
     """prefect.yaml holds no path: a clone at any path deploys with its own directory."""
     clone = tmp_path / "elsewhere" / "rlhfless"

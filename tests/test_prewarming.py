@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -54,6 +55,25 @@ def test_a_failing_prewarm_does_not_fail_the_step():
     report = PhasePrewarmer(Broken(), t0=time.time(), offset_s=0.0, action="generate", count=2,
                             model={}).report()
     assert report["prewarm/started"] == 0.0 and report["prewarm/fired_s"] >= 0.0
+
+
+def test_a_prewarm_warms_only_the_containers_the_gpu_limit_has_slots_for():
+    held: list[str] = []
+
+    @contextlib.contextmanager
+    def one_free(count: int):
+        held.append(f"hold {count}")
+        yield 1
+        held.append("release")
+
+    inv = RecordingInvoker()
+    PhasePrewarmer(inv, t0=time.time(), offset_s=0.0, action="generate", count=3, model={},
+                   slots=one_free).report()
+    assert [c[1] for c in inv.calls] == [1] and held == ["hold 3", "release"]
+    none = RecordingInvoker()
+    report = PhasePrewarmer(none, t0=time.time(), offset_s=0.0, action="generate", count=3, model={},
+                            slots=lambda n: contextlib.nullcontext(0)).report()
+    assert not none.calls and report["prewarm/started"] == 0.0 and report["prewarm/fired_s"] >= 0.0
 
 
 def test_hook_offset_is_earliest_past_invocation_minus_buffer(tiny_config, tmp_path):

@@ -23,7 +23,7 @@ from flows.invokers.base import Activation
 from flows.planning.drain import GenerationDrain, ReturnedShard, SubmitContinuation, SubmitScore
 from flows.planning.planner import PhasePlan
 from flows.step.context import RunContext, current
-from flows.step.invoke import Returned, failed_attempts, invoke_action
+from flows.step.invoke import Returned, failed_attempts, invoke_action, spare_gpu_slots
 from flows.step.payloads import StepInputs, generate_payload, prefill_payload, score_payload, train_payload
 from flows.step.prewarmer import PhasePrewarmer
 from flows.step.timing import PhaseClock
@@ -70,7 +70,8 @@ def _run(ctx: RunContext, inputs: StepInputs, phase: PhasePlan, failed: list[Act
     with clock.phase("prefill"):
         prewarm = PhasePrewarmer(ctx.invoker, t0=clock.started, offset_s=phase.prewarm_offset_s, action="generate",
                                  count=phase.plan.num_actors, model=inputs.model.model_dump(mode="json"),
-                                 decode=DecodeSettings.of(ctx.config.generation))
+                                 decode=DecodeSettings.of(ctx.config.generation),
+                                 slots=lambda n: spare_gpu_slots("generate", n, ctx.config))
         prefill = None
         if phase.prefill and phase.prefill.prefix_len:
             prefill = _collect(invoke_action(action="prefill", payload=prefill_payload(ctx, inputs, phase),

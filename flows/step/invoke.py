@@ -20,6 +20,7 @@ the invoker), goes to the list of the enclosing :func:`failed_attempts` (the ste
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
@@ -38,6 +39,7 @@ from flows.invokers.base import ActionError, Activation
 from flows.step.context import current
 
 R = TypeVar("R", bound=BaseModel)
+log = logging.getLogger(__name__)
 
 RESULTS = {"profile": ProfileResult}
 """Result contracts beyond ``contracts.RESULT_MODELS`` (defined where the action's logic is)."""
@@ -60,6 +62,48 @@ def gpu_slots(action: str, cfg: CampaignConfig) -> contextlib.AbstractContextMan
     if name is None or action not in GPU_ACTIONS:
         return contextlib.nullcontext()
     return concurrency(name, occupy=cfg.scaling.gpus_per_actor, strict=False)
+
+
+@contextlib.contextmanager
+def spare_gpu_slots(action: str, count: int, cfg: CampaignConfig) -> Iterator[int]:
+    """Hold, without waiting, the GPU limit's slots for as many of ``count`` actors of
+    ``action`` as it has free now, and yield that number (``count`` where no limit applies:
+    none named, a CPU action, a name the server does not know, a disabled limit).
+
+    For a pre-warm: its containers take GPUs as activations do, but one that waited for slots
+    would start after the activations it warms for, so it warms fewer containers instead (0
+    where the limit cannot be read: a pre-warm is best effort)."""
+    name = cfg.invoker.gpu_concurrency_limit
+    if name is None or action not in GPU_ACTIONS or count < 1:
+        yield count
+        return
+    per_actor = cfg.scaling.gpus_per_actor
+    try:
+        from prefect.client.orchestration import get_client
+        from prefect.exceptions import ObjectNotFound
+
+        with get_client(sync_client=True) as client:
+            try:
+                limit = client.read_global_concurrency_limit_by_name(name)
+            except ObjectNotFound:
+                limit = None
+    except Exception as exc:  # an unreachable server: no pre-warm rather than oversubscribe
+        log.warning("pre-warm of %s skipped: the GPU limit %r cannot be read (%s)", action, name, exc)
+        yield 0
+        return
+    if limit is None or not limit.active:
+        yield count
+        return
+    spare = min(count, (limit.limit - limit.active_slots) // per_actor)
+    if spare < 1:
+        yield 0
+        return
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(concurrency(name, occupy=spare * per_actor, timeout_seconds=1.0, strict=False))
+        except TimeoutError:  # taken between the read and the acquisition
+            spare = 0
+        yield spare
 
 
 def _transient_only(task: Any, task_run: Any, state: Any) -> bool:

@@ -13,15 +13,25 @@ the start-up itself).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from actions.contracts import DecodeSettings
 from flows.invokers.base import Invoker
 
 log = logging.getLogger(__name__)
+
+Slots = Callable[[int], contextlib.AbstractContextManager[int]]
+"""Given how many containers a pre-warm wants, hold the GPU slots of those it may start and
+yield their number (``invoke.spare_gpu_slots``); by default all of them, holding nothing."""
+
+
+def _all(count: int) -> contextlib.AbstractContextManager[int]:
+    return contextlib.nullcontext(count)
 
 
 class PhasePrewarmer:
@@ -30,7 +40,7 @@ class PhasePrewarmer:
     returned, its containers loaded: the next plan fires that much earlier)."""
 
     def __init__(self, invoker: Invoker, *, t0: float, offset_s: float | None, action: str, count: int,
-                 model: dict[str, Any], decode: DecodeSettings = DecodeSettings()) -> None:
+                 model: dict[str, Any], decode: DecodeSettings = DecodeSettings(), slots: Slots = _all) -> None:
         self.t0 = t0
         self.offset_s = offset_s
         self.fired_s: float | None = None
@@ -43,7 +53,7 @@ class PhasePrewarmer:
         def fire() -> None:
             fired = time.time()
             self.fired_s = fired - t0
-            self.started = _prewarm(invoker, action, count, model, decode)
+            self.started = _prewarm(invoker, action, count, model, decode, slots)
             self.duration_s = time.time() - fired
 
         self._timer = threading.Timer(max(0.0, offset_s - (time.time() - t0)), fire)
@@ -74,10 +84,15 @@ def prewarm_in_background(invoker: Invoker, action: str, count: int, model: dict
 
 
 def _prewarm(invoker: Invoker, action: str, count: int, model: dict[str, Any],
-             decode: DecodeSettings = DecodeSettings()) -> int:
-    """``invoker.prewarm``, best effort: a failure is logged, never raised (0 started)."""
+             decode: DecodeSettings = DecodeSettings(), slots: Slots = _all) -> int:
+    """``invoker.prewarm`` of as many of ``count`` containers as ``slots`` allows, holding
+    their GPU slots until it returns; best effort: a failure is logged, never raised (0
+    started)."""
     try:
-        return invoker.prewarm(action, count, model=model, decode=decode)
+        with slots(count) as allowed:
+            if allowed < count:
+                log.info("pre-warm of %s: %d of %d containers (the GPU limit's free slots)", action, allowed, count)
+            return invoker.prewarm(action, allowed, model=model, decode=decode) if allowed else 0
     except Exception as exc:  # never fail a step or the campaign for a pre-warm
         log.warning("pre-warm of %s failed: %s", action, exc)
         return 0
