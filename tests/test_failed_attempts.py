@@ -214,6 +214,30 @@ def test_a_call_waiting_for_a_worker_fails_when_the_pool_loses_its_last_one(tmp_
         pool.close()
 
 
+def test_a_call_waiting_for_a_worker_fails_when_the_pool_closes(tmp_path):
+    """The one worker busy, a second call waiting for it: closing the pool fails both calls
+    for good (the busy one's worker is retired) instead of leaving the second one waiting."""
+    import threading
+
+    pool = LocalPoolInvoker(1, log_dir=tmp_path, timeout_s=60)
+    outcomes, call = _recorded_calls(pool)
+    busy = threading.Thread(target=call, args=("busy", "generate", {"__inject_latency_s": 5.0}), daemon=True)
+    busy.start()
+    deadline = time.time() + 10
+    while pool._idle._workers and time.time() < deadline:
+        time.sleep(0.05)
+    waiting = threading.Thread(target=call, args=("waiting", "noop", {}), daemon=True)
+    waiting.start()
+    time.sleep(0.5)
+    assert waiting.is_alive()
+    pool.close()
+    busy.join(15)
+    waiting.join(15)
+    assert not busy.is_alive() and not waiting.is_alive()
+    assert all(isinstance(outcomes[k], ActionError) and not outcomes[k].transient for k in ("busy", "waiting"))
+    assert "the local pool has no worker left: the pool is closed" in outcomes["waiting"].message
+
+
 def test_two_workers_lost_at_once_one_replaced_the_pool_serves_calls_in_turn(tmp_path):
     """Two busy workers lost together; one replacement fails to start while the other is still
     starting: the pool is not empty (a worker is on its way), so the lost calls may be retried,

@@ -128,6 +128,9 @@ def test_campaign_scored_by_reward_model_and_trl_function(tmp_path, reward_model
     assert all(s["frac_reward_zero_std"] < 1.0 and s["grad_norm"] > 0.0 for s in summary["steps"])
     assert summary["warnings"] == []
     assert all(s["frac_reward_none"] == 0.0 for s in summary["steps"])
+    # each scorer's rewards under its short name: the reward model's folder, the function's name
+    assert all({k for k in s if k.startswith("rewards/")} == {f"rewards/{n}/{m}" for n in ("rm", "even_token_reward")
+                                                              for m in ("mean", "std")} for s in summary["steps"])
     seen = trl_style_rewards.SEEN
     assert seen[0] == (0, 0.0, 2)  # the start-up check: the campaign's max_steps, 2 steps x 1 mini-batch
     assert {(s, e) for s, e, m in seen[1:] if m == 2} >= {(0, 0.0), (1, 4 / 12)}  # steps 0 and 1, 4 of 12 prompts a step

@@ -490,10 +490,17 @@ def test_a_reward_model_s_scores_are_named_by_its_folder_as_trl_names_them():
     from flows.step.metrics import per_reward_metrics
 
     refs = [RewardModelRef(index=i, manifest_key="k", settings=RewardModelConfig(path=p))
-            for i, p in enumerate(["/models/skywork-rm/", "other/skywork-rm", "/m/helpful", "/m/rm:v2", "/m/x/.."])]
+            for i, p in enumerate(["/models/skywork-rm/", "other/skywork-rm", "/m/helpful", "/m/rm:v2", "/m/x/..",
+                                   "../..", "a.s"])]
     assert [metric_name(r) for r in refs] == ["reward_model.0:skywork-rm", "reward_model.1:skywork-rm",
-                                             "reward_model.2:helpful", "reward_model.3:rm:v2", "reward_model.4:m"]
-    names = per_reward_metrics([{metric_name(r): [1.0] for r in refs}])
+                                             "reward_model.2:helpful", "reward_model.3:rm:v2", "reward_model.4:m",
+                                             "reward_model.5:model", "reward_model.6:a.s"]
+    names = per_reward_metrics([{metric_name(r): [1.0] for r in refs}, {"pkg:s": [2.0], "other:s": [3.0]}])
+    # short names where unique; a clash (plug-ins a:s and b:s shown as a.s and b.s beside a folder
+    # named a.s) falls back to the whole name, then to it with its index: no scorer's metrics lost
     assert sorted(k[:-len("/mean")] for k in names if k.endswith("/mean")) == [
-        "rewards/helpful", "rewards/m", "rewards/reward_model.0.skywork-rm", "rewards/reward_model.1.skywork-rm",
-        "rewards/rm:v2"]
+        "rewards/a.s", "rewards/helpful", "rewards/m", "rewards/model", "rewards/other.s", "rewards/pkg.s",
+        "rewards/reward_model.0.skywork-rm", "rewards/reward_model.1.skywork-rm", "rewards/rm:v2"]
+    clash = per_reward_metrics([{"a:s": [1.0], "b:s": [2.0], "reward_model.0:a.s": [3.0]}])
+    assert {k: v for k, v in clash.items() if k.endswith("/mean")} == {
+        "rewards/a.s_0/mean": 1.0, "rewards/b.s/mean": 2.0, "rewards/reward_model.0.a.s/mean": 3.0}

@@ -128,9 +128,17 @@ def test_a_malformed_init_is_refused_with_an_error_and_a_good_one_still_initiali
     monkeypatch.setenv("RLHFLESS_TEST_INIT", "0")  # restored after the test: init sets the environment
 
     runtime = ActionRuntime()
-    for body in ({"value": "x"}, {"value": {"env": ["A"]}}, ["value"]):
+    monkeypatch.delenv("RLHFLESS_TEST_INIT_SET", raising=False)
+    bad_names = [{"RLHFLESS_TEST_INIT_SET": "1", name: "1"} for name in ("A=B", "", "A\0B")]
+    for body in ({"value": "x"}, {"value": []}, {"value": 0}, {"value": {"env": ["A"]}}, {"value": {"env": []}},
+                 ["value"], *({"value": {"env": env}} for env in bad_names),
+                 {"value": {"env": {"RLHFLESS_TEST_INIT_SET": "1", "X": "a\0b"}}}):
         status, reply = runtime.init(body)
-        assert status == 400 and "'value.env' an object of strings" in reply["error"]
+        assert status == 400 and "'value.env' an object whose keys are environment variable names" in reply["error"]
+        assert "RLHFLESS_TEST_INIT_SET" not in os.environ  # a refused init sets nothing
     assert not runtime.initialized
-    assert runtime.init({"value": {"env": {"RLHFLESS_TEST_INIT": "1"}}}) == (200, {"ok": True})
+    assert runtime.init({"value": {"env": {"RLHFLESS_TEST_INIT": "1", "RLHFLESS_TEST_INIT_SET": {"a": [1]}}}}) == (
+        200, {"ok": True})
     assert runtime.initialized and os.environ["RLHFLESS_TEST_INIT"] == "1"
+    assert os.environ["RLHFLESS_TEST_INIT_SET"] == '{"a": [1]}'  # a non-string value as its JSON text
+    assert ActionRuntime().init({"value": {"env": None}}) == ActionRuntime().init({}) == (200, {"ok": True})

@@ -118,6 +118,24 @@ def image_id() -> str:
     return os.environ.get("RLHFLESS_IMAGE", "local")
 
 
+def _init_env(body: Any) -> dict[str, str] | None:
+    """The environment an ``/init`` body sets (``value.env``; absent or null = none), each
+    value a string as given or its JSON text, as OpenWhisk's runtimes set them; None for a
+    body that is not of that shape or names a variable the OS would refuse."""
+    if not isinstance(body, dict):
+        return None
+    value = {} if body.get("value") is None else body["value"]
+    if not isinstance(value, dict):
+        return None
+    env = {} if value.get("env") is None else value["env"]
+    if not isinstance(env, dict):
+        return None
+    out = {key: val if isinstance(val, str) else json.dumps(val) for key, val in env.items()}
+    if any(not isinstance(key, str) or not key or "=" in key or "\0" in key or "\0" in val for key, val in out.items()):
+        return None
+    return out
+
+
 class ActionRuntime:
     """Dispatches activations to ``actions.<name>.main`` and keeps per-container state."""
 
@@ -129,12 +147,11 @@ class ActionRuntime:
     def init(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         if self.initialized:
             return 403, {"error": "cannot initialize the action more than once"}
-        value = (body.get("value") or {}) if isinstance(body, dict) else None
-        env = value.get("env") or {} if isinstance(value, dict) else None
-        if not isinstance(env, dict):  # OpenWhisk sends objects: anything else is another caller's mistake
-            return 400, {"error": "init body: 'value' must be an object and 'value.env' an object of strings"}
-        for key, val in env.items():
-            os.environ[str(key)] = str(val)
+        env = _init_env(body)
+        if env is None:  # OpenWhisk sends objects: anything else is another caller's mistake
+            return 400, {"error": "init body: 'value' must be an object and 'value.env' an object whose keys are "
+                                  "environment variable names (no '=', no NUL) and whose values hold no NUL"}
+        os.environ.update(env)  # every entry checked first: a refused init sets none
         self.initialized = True
         return 200, {"ok": True}
 

@@ -114,11 +114,22 @@ class IdleWorkers(Generic[W]):
         self._warming: dict[tuple[str, str], int] = {}  # (engine or action, policy) -> workers loading it
         self.warming_wait_s = warming_wait_s
         self._none_left: str | None = None
+        self._closed = False
 
     def none_left(self, why: str) -> None:
         """The pool has no worker and none will come (``why``): every ``take`` waiting, and every
         later one, raises :class:`NoWorkersLeft` instead of waiting for a worker forever."""
         with self._cond:
+            self._none_left = why
+            self._cond.notify_all()
+
+    def close(self, why: str) -> None:
+        """No worker is taken again (the pool is closing, ``why``): every ``take`` waiting, and
+        every later one, raises :class:`NoWorkersLeft`; idle workers and those put back later
+        are dropped (their owner retires them)."""
+        with self._cond:
+            self._closed = True
+            self._workers.clear()
             self._none_left = why
             self._cond.notify_all()
 
@@ -131,6 +142,8 @@ class IdleWorkers(Generic[W]):
                 self._warming[key] -= 1
                 if not self._warming[key]:
                     del self._warming[key]
+            if self._closed:
+                return
             self._workers.append(worker)
             self._cond.notify_all()  # a taker may wait for this very worker
 

@@ -422,6 +422,7 @@ class LocalPoolInvoker:
         with self._lock:
             self._closing = True
             workers, self._workers = self._workers, []
+        self._idle.close("the pool is closed")  # a call waiting for a worker fails instead of waiting forever
         for w in workers:
             os.close(w.control_fd)  # end-of-file on the control pipe: each worker exits by itself
             w.control_fd = -1

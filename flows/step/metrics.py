@@ -226,17 +226,37 @@ def per_reward_metrics(scored: Sequence[Mapping[str, Sequence[float]]]) -> dict[
     for shard in scored:
         for name, vs in shard.items():
             values.setdefault(name, []).extend(vs)
-    short = {name: name.split(":", 1)[-1] for name in values}  # a reward model's folder may hold a ':'
+    shown = _shown_names(sorted(values))
     out: dict[str, float] = {}
     for name, vs in sorted(values.items()):
         if not vs:
             continue
-        # the whole name where two share one, its ':' a '.' (a character every tracker takes)
-        shown = short[name] if list(short.values()).count(short[name]) == 1 else name.replace(":", ".")
         mean = sum(vs) / len(vs)
         std = math.sqrt(sum((v - mean) ** 2 for v in vs) / (len(vs) - 1)) if len(vs) > 1 else 0.0
-        out[f"rewards/{shown}/mean"], out[f"rewards/{shown}/std"] = mean, std
+        out[f"rewards/{shown[name]}/mean"], out[f"rewards/{shown[name]}/std"] = mean, std
     return out
+
+
+def _shown_names(names: Sequence[str]) -> dict[str, str]:
+    """Each reward's name in the metrics, distinct from all others: its short name (after the
+    first ``:``; a reward model's folder may hold one); where that clashes, its whole name with
+    ``:`` as ``.`` (a character every tracker takes); where that still clashes, that with its
+    index in ``names`` appended.
+
+    >>> _shown_names(["a:s", "b:s", "reward_model.0:a.s"])
+    {'a:s': 'a.s_0', 'b:s': 'b.s', 'reward_model.0:a.s': 'reward_model.0.a.s'}
+    """
+    forms = {name: (name.split(":", 1)[-1], name.replace(":", "."), f"{name.replace(':', '.')}_{i}")
+             for i, name in enumerate(names)}
+    level = dict.fromkeys(names, 0)
+    while True:
+        shown = {name: forms[name][level[name]] for name in names}
+        taken = list(shown.values())
+        clashing = [name for name in names if taken.count(shown[name]) > 1]
+        if not clashing:
+            return shown
+        for name in clashing:  # the last form holds the name's own index: it never clashes twice
+            level[name] = min(level[name] + 1, 2)
 
 
 def engine_metrics(events: Sequence[EngineEvents]) -> dict[str, float]:

@@ -140,7 +140,8 @@ def metric_name(ref: RewardModelRef) -> str:
     """A reward model's scores' name in the step's ``rewards/<name>/*`` metrics,
     ``reward_model.<index>:<folder>``: shown by the part after the first ``:`` (the folder's name,
     as TRL names a reward model) unless another reward shares it."""
-    return f"reward_model.{ref.index}:{PurePosixPath(posixpath.normpath(ref.settings.path)).name or 'model'}"
+    folder = PurePosixPath(posixpath.normpath(ref.settings.path)).name
+    return f"reward_model.{ref.index}:{folder if folder not in ('', '..') else 'model'}"
 
 
 def score_completions(req: Any, rows: Sequence[Any], texts: Sequence[str], completion_ids: Sequence[Sequence[int]],
