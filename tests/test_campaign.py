@@ -220,7 +220,7 @@ def test_failed_activations_are_retried_and_change_nothing(tiny_config, prefect_
 
 
 def test_a_budget_stop_evaluates_and_commits_the_policy_it_stops_with_and_resume_completes(
-        clean_summary, tiny_config, prefect_harness):
+        clean_summary, tiny_config, prefect_harness, tmp_path):
     """A run stopped by its budget evaluates the policy it stops with and commits why it
     stopped, in its last step's one commit record (``status`` shows both); a resume with a
     larger budget clears the reason and ends with the weights of a run that never stopped."""
@@ -228,6 +228,9 @@ def test_a_budget_stop_evaluates_and_commits_the_policy_it_stops_with_and_resume
     import io
     import json
 
+    import yaml
+
+    from flows.campaign.budget import budget_stop, resume_setup_estimate, resume_stop
     from flows.campaign.state import load_state
     from flows.commands.cli import main
 
@@ -248,10 +251,31 @@ def test_a_budget_stop_evaluates_and_commits_the_policy_it_stops_with_and_resume
     store = open_store(cfg.store.uri)
     commits = sorted(store.list("runs/budget/campaign/commits/"))
     again = run_campaign(cfg, resume=True, progress=lambda m: None)  # the same budget: no step, no commit
-    # the same reason and spend: a resume that runs no step invokes no action (no profile)
-    assert again["steps_completed"] == 1 and again["stopped_reason"].split(" (spent")[0] == reason.split(" (spent")[0]
+    # the same spend: a resume that runs no step invokes no action (no profile); it is judged
+    # with its own set-up still to pay
+    assert again["steps_completed"] == 1 and again["stopped_reason"].startswith(
+        "budget.gpu_seconds=0.001 would be exceeded by the resume's set-up, the next step and the evaluation after it")
     spend = ("billed_gpu_seconds", "useful_gpu_seconds", "usd", "billed_gpu_seconds_by_part")
     assert {k: again[k] for k in spend} == {k: first[k] for k in spend} and again["profile"] is None
+    assert sorted(store.list("runs/budget/campaign/commits/")) == commits
+    # a budget with room for the next step and its evaluation, not for the set-up before them:
+    # stopped before paying the set-up (which no commit would record), at the CLI in one line
+    state = load_state(store, "budget")
+    setup = resume_setup_estimate(state)["cost/billed_gpu_seconds"]
+    assert 0 < setup < state.spend["setup_billed_gpu_seconds"]  # the profiling part of set-up only
+    tight = (state.spend["billed_gpu_seconds"] + state.steps[-1]["cost/billed_gpu_seconds"]
+             + state.evals[-1].billed_gpu_seconds + setup / 2)
+    short = tiny_config("invoker.kind=inprocess", "run_id=budget", f"budget.gpu_seconds={tight!r}", *LEARNING)
+    assert budget_stop(short, state) is None and "the resume's set-up" in resume_stop(short, state)
+    assert run_campaign(short, resume=True, progress=lambda m: None)["profile"] is None
+    assert sorted(store.list("runs/budget/campaign/commits/")) == commits
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(short.model_dump(mode="json")))
+    (tmp_path / "summary.json").write_text("{}")
+    with contextlib.redirect_stdout(out := io.StringIO()):
+        assert main(["train", "--config", str(tmp_path / "c.yaml"), "--resume", "--summary",
+                     str(tmp_path / "summary.json")]) == 0
+    assert out.getvalue().startswith("run 'budget' stops before its next step: 1/2 steps committed, budget.gpu_sec")
+    assert (tmp_path / "summary.json").read_text() == "{}"
     assert sorted(store.list("runs/budget/campaign/commits/")) == commits
     rest = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=budget", *LEARNING), resume=True,
                         progress=lambda m: None)

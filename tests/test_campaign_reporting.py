@@ -103,7 +103,7 @@ def test_an_accounted_block_collects_every_activation_and_failed_attempt(tiny_co
 
 
 def test_the_budget_keeps_room_for_the_evaluation_after_the_next_step(tiny_config):
-    from flows.campaign.advance import budget_stop
+    from flows.campaign.budget import budget_stop
 
     # spent 10 billed s; the last step cost 2, the last evaluation 1.5: the next step and the
     # evaluation that follows it (due, or made by a stop after it) bring about 3.5
@@ -121,7 +121,7 @@ def test_the_budget_keeps_room_for_the_evaluation_after_the_next_step(tiny_confi
 def test_the_budget_also_keeps_room_for_the_evaluation_due_after_the_step_just_run(tiny_config):
     """The loop judges a step before it evaluates it: where ``eval_every`` asks for that
     evaluation, the estimate holds it too; a committed state (a resume's) owes none."""
-    from flows.campaign.advance import budget_stop
+    from flows.campaign.budget import budget_stop
 
     # as above (spent 10, a step 2, an evaluation 1.5), but step 2's evaluation is due and not made
     state = _state(step=2, steps=[_step(0), _step(1, **{"cost/billed_gpu_seconds": 2.0})], evals=[_eval(0)],
@@ -145,7 +145,7 @@ def test_a_run_whose_costs_are_as_estimated_never_spends_past_its_budget(tiny_co
     """``_loop``'s order (run a step, judge the budget, evaluate where due, commit) with every
     step and every evaluation costing what the last did: the spend stays within every budget,
     and the run stops only where one more step and its evaluations would not fit."""
-    from flows.campaign.advance import budget_stop, evaluation_due
+    from flows.campaign.budget import budget_stop, evaluation_due
 
     step_s, eval_s = 10.0, 4.0
     for budget in range(14, 140, 3):
@@ -305,3 +305,32 @@ def test_the_state_word_of_a_run_nobody_trains(update, word):
 
     assert run_state(_state(**update), None) == word
     assert run_state(_state(**update), {"held": True}) == "running"
+
+
+def test_a_resume_may_change_the_price_not_what_the_run_computes(tiny_config):
+    """``price_per_gpu_second`` turns billed time into USD and weighs the planner's cost: a run
+    resumes with another one; a setting that changes the samples or weights is still refused."""
+    from flows.campaign.state import CampaignRefused, check_resume
+
+    made = tiny_config("price_per_gpu_second=0.0004")
+    existing = _state(step=2).model_copy(update={"fingerprint": made.fingerprint(), "identity": made.identity()})
+    assert check_resume(existing, tiny_config("price_per_gpu_second=0.002", "budget.usd=1"), True) == []
+    with pytest.raises(CampaignRefused, match=r"settings differ: algorithm.lr\)"):
+        check_resume(existing, tiny_config("price_per_gpu_second=0.002", "algorithm.lr=0.5"), True)
+
+
+def test_a_resume_counts_its_set_up_before_paying_it(tiny_config):
+    """The set-up a resume repeats (profile, probes) is estimated by the last one's profiling
+    (``resume_setup``), else, in an older record, by the last step's cost."""
+    from flows.campaign.budget import budget_stop, resume_setup_estimate, resume_stop
+
+    state = _state(step=2, steps=[_step(0), _step(1, **{"cost/billed_gpu_seconds": 2.0})],
+                   spend={"billed_gpu_seconds": 10.0, "useful_gpu_seconds": 5.0, "usd": 0.01})
+    state.prepared.data["evaluation"] = "none"
+    assert resume_setup_estimate(state) == {"cost/billed_gpu_seconds": 2.0, "cost/usd": 0.001}
+    state.resume_setup = {"cost/billed_gpu_seconds": 0.5, "cost/usd": 0.0}
+    cfg = tiny_config("steps=4", "budget.gpu_seconds=12.4")
+    assert budget_stop(cfg, state) is None  # the next step alone fits
+    assert resume_stop(cfg, state) == ("budget.gpu_seconds=12.4 would be exceeded by the resume's set-up, the next "
+                                       "step (spent 10.0, next about 2.5)")
+    assert resume_stop(tiny_config("steps=4", "budget.gpu_seconds=12.5"), state) is None

@@ -1,7 +1,8 @@
 """``train --resume`` of a run with nothing left to do: print its status, write nothing.
 
-A run whose committed steps already reach ``steps`` would otherwise start Prefect and the
-workers, evaluate nothing and write its summary again (with a new wall time). The check only
+A run whose committed steps already reach ``steps``, or whose budget stops it before its next
+step, would otherwise start Prefect and the workers, evaluate nothing and write its summary
+again (with a new wall time and a stop reason its store does not hold). The check only
 reads the store; a run made with another configuration is left to ``check_resume`` to refuse.
 """
 
@@ -14,18 +15,21 @@ if TYPE_CHECKING:
 
 
 def finished_run_line(cfg: CampaignConfig) -> str | None:
-    """One status line when the configured run is complete, else None (there is work to do).
+    """One status line when the configured run is complete, or its budget cannot pay for the
+    next step (``budget.resume_stop``), else None (there is work to do).
 
     A run whose lease is still there did not end cleanly (its process died, perhaps in the
     middle of a garbage collection after its last commit): that is work left, which the
     normal resume does (take the lease over, finish the collection, write the summary)."""
     from actions.store import open_store
+    from flows.campaign.budget import resume_stop
     from flows.campaign.lease import read_lease
     from flows.campaign.state import CampaignRefused, check_resume, load_state
 
     store = open_store(cfg.store.uri)
     state = load_state(store, cfg.resolved_run_id())
-    if state is None or state.step < cfg.steps:
+    stop = resume_stop(cfg, state) if state is not None and state.step < cfg.steps else None
+    if state is None or (state.step < cfg.steps and stop is None):
         return None
     try:
         check_resume(state, cfg, True, store)  # a reward model path spelled otherwise is the same run
@@ -35,6 +39,9 @@ def finished_run_line(cfg: CampaignConfig) -> str | None:
         return None
     acc = (f"; eval accuracy {state.evals[0].accuracy:.3f} -> {state.evals[-1].accuracy:.3f}"
            if state.evals else "")
+    if stop is not None:
+        return (f"run {state.run_id!r} stops before its next step: {state.step}/{cfg.steps} steps committed, "
+                f"{stop}; nothing to resume, nothing written (raise the budget to train further)")
     return (f"run {state.run_id!r} is complete: {state.step}/{cfg.steps} steps committed, policy version "
             f"{state.policy_version}, weights_sha256 {state.weights_sha256[:12] or '-'}{acc}; nothing to resume, "
             f"nothing written (pass --steps N with N > {state.step} to train further)")

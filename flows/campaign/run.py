@@ -24,7 +24,8 @@ from prefect import flow
 
 from actions.contracts import parse_token_table
 from actions.store import ObjectStore, get_json, open_store
-from flows.campaign.advance import budget_stop, evaluation_due, run_one_step, runs_a_step
+from flows.campaign.advance import run_one_step
+from flows.campaign.budget import budget_stop, evaluation_due, resume_stop, runs_a_step
 from flows.campaign.collect import Collector
 from flows.campaign.drafts import drop_unreferenced
 from flows.campaign.holding import holding_lease
@@ -114,7 +115,7 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
     wall = SessionWall(started)
     try:
         state = _start(ctx, existing, lease, collect, progress, wall)
-        if runs_a_step(cfg, state):
+        if state.stopped_reason is None and runs_a_step(cfg, state):
             warming.before_first_step(model_ref(ctx, state).model_dump(mode="json"))
         reporter.start(state.step)
         planner = build_planner(ctx, num_workers, state.planner)  # once: from the config and the profile
@@ -143,8 +144,9 @@ def _start(ctx: RunContext, existing: CampaignState | None, lease: RunLease, col
            progress: Progress, wall: SessionWall) -> CampaignState:
     """The state to continue from: a new run's record 0, committed, or the last commit of a
     resumed one (whose profile comes from the store's cache, usually). A resume profiles again
-    only when it will run a step: one that runs none (the run is complete, or the budget stops it
-    at once) invokes no action, so its summary bills what was committed."""
+    only when it will run a step: one that runs none (the run is complete, or the budget cannot
+    pay the set-up and the next step: ``resume_stop``, its ``stopped_reason``) invokes no action,
+    so its summary bills what was committed."""
     state = existing
     if state is None:
         state = set_up(ctx, progress)
@@ -155,12 +157,14 @@ def _start(ctx: RunContext, existing: CampaignState | None, lease: RunLease, col
         commit_state(ctx.store, state)
     else:  # finish a collection a crash may have cut short
         collect(state)
-    if ctx.live is None and runs_a_step(ctx.config, state):  # set-up's spend, committed with its first step
+    state.stopped_reason = None
+    if ctx.live is None and state.step < ctx.config.steps:  # a resume: the budget judged before its set-up
+        state.stopped_reason = resume_stop(ctx.config, state)
+    if ctx.live is None and state.stopped_reason is None and runs_a_step(ctx.config, state):
         tokens = parse_token_table(get_json(ctx.store, state.prepared.tokens_key))
-        with accounted() as ledger:
+        with accounted() as ledger:  # set-up's spend, committed with its first step
             ctx.live = finish_profiling(ctx, start_profiling(ctx, model_ref(ctx, state), tokens), progress)
         add_setup_spend(ctx, state, ledger)
-    state.stopped_reason = None
     state.steps_configured = ctx.config.steps  # a resume's own, committed with its next step
     state.retention = _retention_of(ctx.config)
     return state
@@ -188,7 +192,7 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
     cfg = ctx.config
     tokens = parse_token_table(get_json(ctx.store, state.prepared.tokens_key))
     clock = StepClock()
-    stop = budget_stop(cfg, state)  # a resumed run may have no budget left
+    stop = state.stopped_reason or budget_stop(cfg, state)  # a resumed run may have no budget left
     if state.step < cfg.steps and not stop:
         step_flow.prepare()
     while not stop and state.step < cfg.steps:

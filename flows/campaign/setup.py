@@ -18,6 +18,7 @@ from actions.contracts import (
     reward_model_refs,
 )
 from actions.store import get_json
+from flows.campaign.budget import evaluates
 from flows.campaign.inputs import init_critic, prepare_inputs
 from flows.campaign.live_profile import finish_profiling, start_profiling
 from flows.campaign.overhead import StepClock
@@ -68,15 +69,19 @@ def ledger_cost(ctx: RunContext, ledger: Ledger) -> dict[str, float]:
                         price=cfg.price_per_gpu_second)
 
 
+PROFILING_ACTIONS = frozenset({"profile", "noop"})
+"""The set-up a resume that runs a step repeats: the profile and the activation round-trip probes."""
+
+
 def add_setup_spend(ctx: RunContext, state: CampaignState, ledger: Ledger) -> None:
-    """Add the set-up activations of ``ledger`` to ``state``'s spend."""
+    """Add the set-up activations of ``ledger`` to ``state``'s spend, and record what its
+    profiling cost as the next resume's estimate (``CampaignState.resume_setup``; a new run's
+    measured the profile, a resume's usually finds it cached: an upper bound for the next)."""
     cost = ledger_cost(ctx, ledger)
     state.add_spend("setup", cost[BILLED], cost[USEFUL], cost[USD])
-
-
-def evaluates(state: CampaignState) -> bool:
-    """False where the data has no eval set (``data.eval_path`` unset, no ``eval_fraction``)."""
-    return state.prepared.data.get("evaluation") != "none"
+    profiling = ledger_cost(ctx, Ledger([r for r in ledger.records if r.action in PROFILING_ACTIONS],
+                                        [r for r in ledger.failed if r.action in PROFILING_ACTIONS]))
+    state.resume_setup = {BILLED: profiling[BILLED], USD: profiling[USD]}
 
 
 def set_up(ctx: RunContext, progress: Progress) -> CampaignState:

@@ -98,6 +98,10 @@ class CampaignState(BaseModel):
     draft_index: dict[str, int] = {}
     """prompt_id -> step whose draft object holds its latest responses (``flows/campaign/drafts.py``)."""
     stopped_reason: str | None = None
+    resume_setup: dict[str, float] | None = None
+    """What the set-up of the last resume that ran a step cost (``cost/billed_gpu_seconds`` and
+    ``cost/usd``: its profile and round-trip probes); a resume's budget check counts it before
+    paying the set-up again (``advance.budget_stop``). None before a resume measured one."""
     steps_configured: int | None = None
     """``steps`` of the campaign that committed this record (a resume may raise it); None in
     records from before it was kept."""
@@ -267,6 +271,9 @@ def load_state_at(store: ObjectStore, run_id: str, step: int, *, history: bool =
     return parse_state(store, record, run_id, history=history)
 
 
+PRICE = "price_per_gpu_second"
+
+
 class CampaignRefused(ValueError):
     """The run exists and cannot be continued as asked (exit code 2 at the CLI)."""
 
@@ -291,6 +298,10 @@ def check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: bo
         )
     identity, warnings = (reconcile_reward_paths(existing.run_id, existing.identity, cfg, store) if store is not None
                           else (cfg.identity(), []))
+    # the price turns billed time into USD and weighs the planner's cost: it changes no sample
+    # and no weight, so a run takes a new one (a run id derived from the settings hashes it)
+    if PRICE in existing.identity:
+        identity = {**identity, PRICE: existing.identity[PRICE]}
     if existing.fingerprint != fingerprint_of(identity):
         diff = [described(k, existing.identity, identity) if store is not None else k
                 for k in differing_keys(existing.identity, identity)]
