@@ -65,9 +65,16 @@ def validate_inputs(cfg: WorkloadConfig, *, steps: int = 1, resumed: bool = Fals
     model directory (its files and its EOS token) and the reward models without writing
     anything (fails fast at the CLI). Hub ids are
     fetched into the local hub cache where downloads are allowed, and refused in one line where
-    they are not (``actions/models/hub.py``). ``resumed``: the run exists, and its reward models
-    are the copies stored (and checked) at its start, so their folders, perhaps moved since, are
-    not checked."""
+    they are not (``actions/models/hub.py``). ``resumed``: the run exists, and its data, model
+    and reward models are the copies stored (and checked) at its start, so their files and hub
+    ids, perhaps moved or offline since, are not read again: only the reward functions, code
+    the run calls at every step, are imported."""
+    if resumed:
+        from actions.tasks.rewards import load_reward
+
+        for spec in cfg.reward_functions():
+            load_reward(spec.name, spec.pattern)
+        return
     cfg, _ = resolve_hub_ids(cfg)
     tokenizer = _tokenizer_source(cfg)
     data = _datasets(cfg, tokenizer, steps=steps)
@@ -75,8 +82,7 @@ def validate_inputs(cfg: WorkloadConfig, *, steps: int = 1, resumed: bool = Fals
         validate_model_dir(cfg.model.path)
         check_eos(cfg.model.path, tokenizer())
     check_targets(cfg)
-    if not resumed:
-        _validate_reward_models(cfg, data)
+    _validate_reward_models(cfg, data)
 
 
 def _validate_reward_models(cfg: WorkloadConfig, data: Datasets) -> None:

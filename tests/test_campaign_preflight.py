@@ -141,3 +141,22 @@ def test_a_store_directory_that_cannot_be_written_is_refused_naming_store_uri(ti
                                              "write to; pass one it can"):
             check_campaign(tiny_config("invoker.kind=inprocess", f"store.uri={uri}"))
     assert _files(tmp_path / "store") == []
+
+
+def test_a_resume_reads_no_data_or_model_file_again_but_imports_the_reward_functions(tiny_config, tmp_path,
+                                                                                    monkeypatch):
+    """A resumed run trains on the data and model copies its store holds: a data file moved
+    since, or a hub id with downloads off, does not stop it; a reward module that no longer
+    imports does (the run calls it at every step)."""
+    from actions.prepare import validate_inputs
+    from flows.config import load_config
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for moved in (f"data.train_path={tmp_path}/moved.jsonl", "data.train_path=someorg/somedata"):
+        cfg = load_config(None, [moved])
+        with pytest.raises(ValueError, match="data.train_path"):
+            validate_inputs(cfg)
+        validate_inputs(cfg, resumed=True)
+    gone = tiny_config("reward.functions=[gone_reward_module:score]")
+    with pytest.raises(ValueError, match="module 'gone_reward_module' cannot be imported"):
+        validate_inputs(gone, resumed=True)
