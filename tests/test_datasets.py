@@ -79,11 +79,13 @@ def test_chat_formatting_and_system_prompt():
     assert [r.source_prompt for r in out] == [rows[0].source_prompt, "yo"]  # the dataset's, for the rewards
     raw = format_rows(rows[1:], None, use_template=False, system_prompt="be brief", source="f")
     assert raw[0].prompt == "be brief\nyo"
-    with pytest.raises(ValueError, match="f: row 1 .* chat messages"):
+    with pytest.raises(ValueError, match=r"^f:1 \(prompt_id \d+\) is a list of chat messages"):
         format_rows(rows, None, use_template=False, system_prompt=None, source="f")
 
 
 def test_prompt_length_policy():
+    from actions.tasks.dataset import rows_to_jsonl
+
     records = [(i, {"prompt": "x" * n, "answer": "a"}) for i, n in enumerate([3, 9, 5], start=1)]
     rows, _ = to_rows(records, FieldMap(), source="f")
     enc, dec = (lambda t: list(t)), (lambda ids: "".join(ids))  # one token per character
@@ -91,8 +93,15 @@ def test_prompt_length_policy():
     assert [len(r.prompt) for r in kept] == [3, 5] and stats.skipped == 1
     cut, stats = limit_prompt_length(rows, encode=enc, decode=dec, max_tokens=5, policy="truncate_left", source="f")
     assert [len(r.prompt) for r in cut] == [3, 5, 5] and stats.truncated == 1 and stats.longest_prompt_tokens == 5
-    with pytest.raises(ValueError, match="f: row 2 .* 9 prompt tokens, above data.max_prompt_tokens=5"):
-        limit_prompt_length(rows, encode=enc, decode=dec, max_tokens=5, policy="error", source="f")
+    # the row as its file numbers it, whatever rows were dropped or held out before it
+    with pytest.raises(ValueError, match=r"^f:2 \(prompt_id \d+\) has 9 prompt tokens, above "
+                                         r"data.max_prompt_tokens=5; raise it, or set data.long_prompts"):
+        limit_prompt_length(rows[1:], encode=enc, decode=dec, max_tokens=5, policy="error", source="f")
+    unnumbered = [r.model_copy(update={"line": None}) for r in rows]  # a generated task's
+    with pytest.raises(ValueError, match=r"^f: row 2 \(prompt_id \d+\) has 9 prompt tokens, above 5 \(x\); lower"):
+        limit_prompt_length(unnumbered, encode=enc, decode=dec, max_tokens=5, policy="error", source="f",
+                            limit_text="5 (x)", fix="lower generation.max_new_tokens")
+    assert "line" not in rows[1].model_dump() and "line" not in rows_to_jsonl(rows[:1]).decode()  # never stored
 
 
 def test_build_counts_truncation_in_the_summary_and_keeps_eval_apart(tmp_path):
@@ -207,6 +216,30 @@ def _build(*overrides: str):
 
     cfg = load_config(None, ["algorithm.batch_size=8", "algorithm.group_size=4", *overrides]).workload()
     return build_datasets(cfg, lambda: build_char_tokenizer(""), model_name="tiny")
+
+
+def test_a_long_prompt_is_named_by_its_file_and_line_wherever_it_went(tmp_path):
+    """The refusal names the file and the line the row is on (after dropped duplicates), the
+    training file for a row held out by data.eval_fraction, and the fix that applies."""
+    rows = [{"prompt": f"q{i}", "answer": "a"} for i in range(12)]
+    rows[6] = rows[5]  # a duplicate, dropped: row 8 stays line 8
+    rows[7] = {"prompt": "a question far too long " * 3, "answer": "a"}
+    path = _jsonl(tmp_path / "d.jsonl", rows)
+    with pytest.raises(ValueError, match=rf"^data.train_path {path}:8 \(prompt_id \d+\) has 72 prompt tokens, above "
+                                         r"data.max_prompt_tokens=20; raise it, or set data.long_prompts"):
+        _build(f"data.train_path={path}", "data.max_prompt_tokens=20")
+    held = [seed for seed in range(40) if _held_out(path, seed)]
+    assert held  # some seed holds the long row out for evaluation
+    with pytest.raises(ValueError, match=rf"^data.train_path {path} \(held out by data.eval_fraction\):8 "):
+        _build(f"data.train_path={path}", "data.max_prompt_tokens=20", "data.eval_fraction=0.5", f"seed={held[0]}")
+
+
+def _held_out(path: Path, seed: int) -> bool:
+    try:
+        _build(f"data.train_path={path}", "data.max_prompt_tokens=20", "data.eval_fraction=0.5", f"seed={seed}")
+    except ValueError as exc:
+        return "held out" in str(exc)
+    return False
 
 
 def test_a_folder_of_split_files_gives_each_setting_its_split(tmp_path):
@@ -390,7 +423,7 @@ def test_chat_messages_keep_every_key_for_the_template_and_the_rewards():
             return "".join("<" + m["role"] + ">" + m["content"] for m in messages)
 
     # A template that cannot render them says so in one line.
-    with pytest.raises(ValueError, match=r"f: row 1 \(prompt_id \d+\): the tokenizer's chat template fails on its "
+    with pytest.raises(ValueError, match=r"^f:1 \(prompt_id \d+\): the tokenizer's chat template fails on its "
                                          r"messages \(TypeError: .*\); change the messages"):
         format_rows(rows, TextOnly(), use_template=True, system_prompt=None, source="f")
     with pytest.raises(ValueError, match=r"message 0 is \{'role': 'user'\}; .* \"content\": str or null"):

@@ -84,7 +84,7 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
     template = uses_template(tok, d.chat_template, model_name)
     split_rows = {"train": train, "eval": evals}
     for which, rows in split_rows.items():
-        source = f"data.{which}_path {getattr(d, f'{which}_path')}" if getattr(d, f"{which}_path") else f"data.task {d.task}"
+        source = split_source(d, which)
         rows = format_rows(rows, tok, use_template=template, system_prompt=d.system_prompt, source=source,
                            strings_as_text=d.chat_template == "messages")
         if max_tokens:
@@ -93,7 +93,8 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
                 num_special=tok.num_special_tokens_to_add(), max_tokens=max_tokens, policy=d.long_prompts,
                 source=source,
                 limit_text=None if d.max_prompt_tokens else
-                f"{max_tokens} (data.max_prompt_tokens unset: the model's context less generation.max_new_tokens)")
+                f"{max_tokens} (data.max_prompt_tokens unset: the model's context less generation.max_new_tokens)",
+                fix="raise it" if d.max_prompt_tokens else "lower generation.max_new_tokens")
             stats[which].update(asdict(length))
         elif not d.train_path:  # a generated task: no limit, but the response must still fit the context
             check_prompt_room(cfg, rows,
@@ -117,6 +118,18 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
     check_reward_functions(cfg.reward_functions(), train, trainer_state=state,
                            encode=lambda text: (tok or tokenizer())(text, add_special_tokens=False)["input_ids"])
     return Datasets(train=train, evals=evals, summary=stats | {"chat_template": template, "evaluation": evaluation})
+
+
+def split_source(d: Any, which: str) -> str:
+    """The rows of split ``which`` (train or eval) as errors name them: the file they are read
+    from (a training file's held-out share, for the eval set of ``data.eval_fraction``), or the
+    generated task."""
+    path = getattr(d, f"{which}_path")
+    if path:
+        return f"data.{which}_path {path}"
+    if which == "eval" and d.train_path:
+        return f"data.train_path {d.train_path} (held out by data.eval_fraction)"
+    return f"data.task {d.task}"
 
 
 def _too_few_prompts(cfg: WorkloadConfig, kept: int, stats: dict[str, Any], held: int, max_tokens: int | None

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from actions.tasks.dataset import PromptRow
+from actions.tasks.dataset import PromptRow, row_where
 
 ChatMode = Literal["auto", "messages"] | bool
 
@@ -78,9 +78,9 @@ def format_rows(rows: Sequence[PromptRow], tokenizer: Any, *, use_template: bool
             added = bool(system_prompt) and messages[0]["role"] != "system"
             if added:
                 messages.insert(0, {"role": "system", "content": system_prompt})
-            text = _apply_template(tokenizer, messages, f"{source}: row {number} (prompt_id {row.prompt_id})", added)
+            text = _apply_template(tokenizer, messages, row_where(source, row, number), added)
         elif isinstance(written, list):
-            raise ValueError(f"{source}: row {number} (prompt_id {row.prompt_id}) is a list of chat messages but no "
+            raise ValueError(f"{row_where(source, row, number)} is a list of chat messages but no "
                              "chat template is used; set data.chat_template to auto, true or messages with a model "
                              "whose tokenizer has a chat template, or give string prompts")
         else:

@@ -54,10 +54,21 @@ class PromptRow(BaseModel):
     """The dataset's columns but the prompt (JSON values), passed to the reward functions by
     name; a reference in a column named ``answer`` is left out (``answer`` and ``source_answer``
     hold it)."""
+    line: int | None = Field(None, exclude=True)
+    """The row's number in the file it was read from (1-based: a JSONL line, a Parquet row), for
+    the errors that name it; None in a generated or stored row (never stored)."""
     add_special_tokens: bool = Field(False, exclude_if=lambda v: not v)
     """Encode ``prompt`` with the tokenizer's special tokens (its BOS, where it adds one): a string
     prompt under ``data.chat_template: messages``, as TRL encodes one (``chat.py``;
     ``loading.encode_prompt``). False (left out of the stored row): the text's tokens alone."""
+
+
+def row_where(source: str, row: PromptRow, number: int) -> str:
+    """Where ``row`` comes from, for an error line: ``<source>:<line> (prompt_id N)`` for a row
+    read from a file (the line its errors name when the file is read), else
+    ``<source>: row <number> (prompt_id N)`` (``number``: its place among the rows checked)."""
+    at = f"{source}:{row.line}" if row.line is not None else f"{source}: row {number}"
+    return f"{at} (prompt_id {row.prompt_id})"
 
 
 def rows_to_jsonl(rows: Iterable[PromptRow]) -> bytes:

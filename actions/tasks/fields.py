@@ -97,7 +97,7 @@ def to_rows(records: Sequence[Record], fields: FieldMap, *, source: str) -> tupl
         skip = (fields.prompt_key, "answer") if fields.answer_key == "answer" and value is not None \
             else (fields.prompt_key,)
         rows.append(PromptRow(prompt_id=pid, prompt=prompt if isinstance(prompt, str) else "", answer=answer,
-                              has_answer=value is not None, source_prompt=prompt,
+                              has_answer=value is not None, source_prompt=prompt, line=number,
                               source_answer=None if value is None or isinstance(value, str) else value,
                               columns={k: _jsonable(v) for k, v in rec.items() if k not in skip}))
     return rows, stats

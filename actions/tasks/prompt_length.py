@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from actions.tasks.dataset import PromptRow
+from actions.tasks.dataset import PromptRow, row_where
 
 LongPromptPolicy = Literal["error", "truncate_left", "skip"]
 
@@ -28,7 +28,7 @@ class LengthStats:
 
 def limit_prompt_length(rows: Sequence[PromptRow], *, encode: Callable[[str], Sequence[int]],
                         decode: Callable[[Sequence[int]], str], max_tokens: int, policy: LongPromptPolicy,
-                        source: str, limit_text: str | None = None, num_special: int = 0
+                        source: str, limit_text: str | None = None, fix: str = "raise it", num_special: int = 0
                         ) -> tuple[list[PromptRow], LengthStats]:
     """Apply ``policy`` to every row whose encoded prompt exceeds ``max_tokens``.
 
@@ -37,7 +37,8 @@ def limit_prompt_length(rows: Sequence[PromptRow], *, encode: Callable[[str], Se
     leave room for them.
     A truncated prompt is decoded back to text and re-encoded: where that changes the token
     boundary, one more token is dropped until it fits (text is what the store keeps).
-    ``limit_text`` names the limit in the error (default ``data.max_prompt_tokens=N``).
+    ``limit_text`` names the limit in the error (default ``data.max_prompt_tokens=N``), ``fix``
+    how to lift it.
     """
     stats = LengthStats()
     out: list[PromptRow] = []
@@ -50,9 +51,9 @@ def limit_prompt_length(rows: Sequence[PromptRow], *, encode: Callable[[str], Se
             out.append(row)
             continue
         if policy == "error":
-            raise ValueError(f"{source}: row {number} (prompt_id {row.prompt_id}) has {count} prompt tokens, above "
-                             f"{limit_text or f'data.max_prompt_tokens={max_tokens}'}; raise it, or set data.long_prompts to "
-                             "truncate_left or skip")
+            raise ValueError(f"{row_where(source, row, number)} has {count} prompt tokens, above "
+                             f"{limit_text or f'data.max_prompt_tokens={max_tokens}'}; {fix}, or set data.long_prompts "
+                             "to truncate_left or skip")
         if policy == "skip":
             stats.skipped += 1
             continue
