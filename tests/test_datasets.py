@@ -482,6 +482,41 @@ def test_parquet_files_of_no_rows_are_skipped_and_a_damaged_shard_is_named(tmp_p
     assert "Failed to read file" not in "".join(capfd.readouterr())
 
 
+def test_parquet_shards_that_disagree_are_named_with_the_column(tmp_path):
+    """Shards with other columns, or a column of another kind (numbers in one, text in the
+    other, which would be read as text), are refused naming both shards and the column;
+    integers of two widths, and a later shard's column all null, read as before."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def shards(name: str, *tables: list[dict]) -> str:
+        (tmp_path / name).mkdir()
+        for i, rows in enumerate(tables):
+            pq.write_table(pa.Table.from_pylist(rows), tmp_path / name / f"part-{i}.parquet")
+        return str(tmp_path / name)
+
+    extra = shards("extra", [{"prompt": "a", "answer": "1"}], [{"prompt": "b", "answer": "2", "level": 3}])
+    with pytest.raises(ValueError, match=r"^data.train_path '.*extra': part-1.parquet and part-0.parquet have different "
+                                         r"columns \(only in part-1.parquet: level\); write every shard with the same"):
+        read_records(extra, field="data.train_path")
+    kinds = shards("kinds", [{"prompt": "a", "answer": "1"}], [{"prompt": "b", "answer": 30}])
+    with pytest.raises(ValueError, match=r"^data.train_path '.*kinds': column 'answer' holds integers in part-1.parquet "
+                                         r"but text in part-0.parquet; write every shard with the same type in 'answer'"):
+        read_records(kinds, field="data.train_path")
+    floats = shards("floats", [{"prompt": "a", "answer": 1}], [{"prompt": "b", "answer": 2.5}])
+    with pytest.raises(ValueError, match=r"column 'answer' holds floating-point numbers in part-1.parquet but integers"):
+        read_records(floats, field="data.train_path")
+    nulls = shards("nulls", [{"prompt": "a", "note": None}], [{"prompt": "b", "note": "x"}])
+    with pytest.raises(ValueError, match=r"column 'note' holds text in part-1.parquet but only nulls \(no type\) in"):
+        read_records(nulls, field="data.train_path")
+    later = shards("later", [{"prompt": "a", "note": "x"}], [{"prompt": "b", "note": None}])
+    assert [r["note"] for _, r in read_records(later, field="data.train_path")] == ["x", None]
+    (tmp_path / "fine").mkdir()
+    for i, width in enumerate((pa.int64(), pa.int32())):
+        pq.write_table(pa.table({"prompt": ["a"], "answer": pa.array([i], width)}), tmp_path / "fine" / f"{i}.parquet")
+    assert [r["answer"] for _, r in read_records(str(tmp_path / "fine"), field="data.train_path")] == [0, 1]
+
+
 def test_text_that_is_not_utf8_in_parquet_or_a_saved_dataset_is_named_by_file_row_and_column(tmp_path):
     """Arrow reads a string column without checking its UTF-8: the first row that fails to
     decode is named (the file of a folder, the row in it, the column), with the fix."""

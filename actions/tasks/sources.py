@@ -165,6 +165,7 @@ def _load_parquet(files: list[str], where: str) -> Iterator[dict[str, Any]]:
     kept = [name for name in files if counts[name]]
     if not kept:
         return iter([])
+    _check_shards_agree(kept, where)
     _offline()
     import datasets
 
@@ -236,6 +237,54 @@ def _parquet_rows(name: str, where: str) -> int:
                          "write it again, e.g. with Dataset.to_parquet") from None
 
 
+def _check_shards_agree(files: list[str], where: str) -> None:
+    """Refuse Parquet shards whose columns differ, or whose column holds another kind of value
+    (text, number, boolean, list, struct, ...) than in the first shard: ``datasets`` fails on the
+    first and casts the second, silently (numbers read as text) or failing on a value (a float
+    read as an integer; a column all null in the first shard, of no type, beside values in
+    another). A later shard's column of untyped nulls agrees with any: it reads as the first's."""
+    import pyarrow.parquet as pq
+
+    first = pq.read_schema(files[0])
+    for name in files[1:]:
+        schema = pq.read_schema(name)
+        a, b = Path(files[0]).name, Path(name).name
+        if set(schema.names) != set(first.names):
+            only = sorted(set(schema.names) - set(first.names))
+            missing = sorted(set(first.names) - set(schema.names))
+            raise ValueError(f"{where}: {b} and {a} have different columns ("
+                             + "; ".join(part for part in (f"only in {b}: {', '.join(only)}" if only else "",
+                                                           f"only in {a}: {', '.join(missing)}" if missing else "")
+                                         if part)
+                             + "); write every shard with the same columns")
+        for column in first.names:
+            want, got = _kind(first.field(column).type), _kind(schema.field(column).type)
+            if want != got and got != NULLS:  # a later shard's untyped nulls read as the first's type
+                raise ValueError(f"{where}: column {column!r} holds {got} in {b} but {want} in {a}; write every "
+                                 f"shard with the same type in {column!r} (cast it before writing)")
+
+
+NULLS = "only nulls (no type)"
+
+
+def _kind(dtype: Any) -> str:
+    """The kind of value an Arrow type holds, as shards must agree on it (widths aside)."""
+    import pyarrow as pa
+
+    t = pa.types
+    if t.is_dictionary(dtype):  # a categorical column: its values' kind
+        return _kind(dtype.value_type)
+    for kind, test in ((NULLS, t.is_null), ("text", lambda d: t.is_string(d) or t.is_large_string(d)),
+                       ("integers", t.is_integer),
+                       ("floating-point numbers", lambda d: t.is_floating(d) or t.is_decimal(d)),
+                       ("booleans", t.is_boolean), ("bytes", lambda d: t.is_binary(d) or t.is_large_binary(d)),
+                       ("lists", lambda d: t.is_list(d) or t.is_large_list(d) or t.is_fixed_size_list(d)),
+                       ("structs", t.is_struct), ("times", t.is_temporal)):
+        if test(dtype):
+            return kind
+    return str(dtype)
+
+
 def _unreadable(files: list[str], where: str, exc: Exception) -> str:
     """The error line for Parquet files that ``datasets`` could not read: naming the first file
     that pyarrow cannot read alone (a damaged page), else the folder (files that do not agree)."""
@@ -247,7 +296,7 @@ def _unreadable(files: list[str], where: str, exc: Exception) -> str:
         except Exception as own:  # the damaged shard
             return (f"{where}: {Path(name).name} is not a readable Parquet file ({_first_line(own)}); "
                     "write it again, e.g. with Dataset.to_parquet")
-    return f"{where} is not a readable Parquet file ({_first_line(exc)}); write it again"
+    return f"{where} is not a readable Parquet file ({_first_line(exc.__cause__ or exc)}); write it again"
 
 
 def _first_line(exc: Exception) -> str:
