@@ -368,6 +368,14 @@ def test_rows_without_a_reference_answer_are_kept_unless_something_reads_it():
         to_rows(records, FieldMap(answer_need=need), source="f")
     with pytest.raises(ValueError, match=r"f:3: key 'answer' is missing .* every row needs one: set data.answer_key"):
         to_rows(records[2:], FieldMap(answer_need=need), source="f")
+    # an empty or blank answer, as CSV and pandas exports write a missing one, is none
+    blank = [(1, {"prompt": "Tell a tale", "answer": ""}), (2, {"prompt": "Tell a riddle", "answer": "  "})]
+    rows, _ = to_rows(blank, FieldMap(), source="f")
+    assert [(r.answer, r.has_answer) for r in rows] == [("", False), ("", False)]
+    with pytest.raises(ValueError, match=r"f:1: key 'answer' is empty; reward.functions gsm8k .* fill it in"):
+        to_rows(blank, FieldMap(answer_need=need), source="f")
+    with pytest.raises(ValueError, match=r"f:2: key 'answer' is blank; "):
+        to_rows(blank[1:], FieldMap(answer_need=need), source="f")
     # an explicit answer_key that no row has is a misspelt name, not a dataset without answers
     with pytest.raises(ValueError, match=r"no row has the column 'solutoin' named by data.answer_key .* null"):
         to_rows(records, FieldMap(answer_key="solutoin"), source="f")

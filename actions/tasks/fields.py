@@ -7,8 +7,8 @@ tools), kept as written with every other key (``tool_calls``, ``name``, ...) in
 ``answer_key`` a string or a finite number (some datasets store final answers as numbers; a NaN
 or infinite one is an error, whatever reads it): ``answer`` is its text, and a number is also
 kept as it is in ``source_answer`` for the plug-in reward functions. A row may have no
-reference answer (``answer_key`` None, or its column absent, null or of another type in the
-row: ``answer`` "", ``has_answer`` false) unless something reads it (``FieldMap.answer_need``);
+reference answer (``answer_key`` None, or its column absent, null, an empty or blank string or
+of another type in the row: ``answer`` "", ``has_answer`` false) unless something reads it (``FieldMap.answer_need``);
 then each such row is an error naming what reads it.
 ``id_key`` (optional) holds an int, or a string that is hashed to one; without it a
 ``prompt_id`` column is used when present, else the id is a hash of the row's prompt and
@@ -151,9 +151,16 @@ def _prompt(rec: dict[str, Any], key: str, where: str) -> str | list[dict[str, A
 
 
 def _reference(rec: dict[str, Any], fields: FieldMap, where: str) -> str | int | float | None:
-    """The row's reference answer; None where it has none, an error when something reads it."""
+    """The row's reference answer; None where it has none (an empty or blank string, as CSV
+    and pandas exports write a missing one, is none), an error when something reads it."""
     key = fields.answer_key
     value = rec.get(key) if key is not None else None
+    if isinstance(value, str) and not value.strip():
+        if fields.answer_need is None:
+            return None
+        what, other = fields.answer_need
+        raise ValueError(f"{where}: key {key!r} is {'empty' if not value else 'blank'}; {what}, so every row needs "
+                         f"one: fill it in or remove the row, {other}")
     if isinstance(value, float) and not math.isfinite(value):  # stored, it would be the text "nan" and bad JSON
         other = fields.answer_need[1] if fields.answer_need else "or set data.answer_key: null for a dataset " \
             "without reference answers"
