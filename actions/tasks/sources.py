@@ -65,8 +65,12 @@ def read_records(path: str, *, field: str) -> list[Record]:
         found = p.exists()
     except OSError as exc:  # ENAMETOOLONG, EACCES: pathlib raises them rather than answer False
         raise ValueError(unusable_path(field, path, exc)) from None
+    if not found and any(c in p.name for c in "*?[{"):
+        raise ValueError(f"{where} is a pattern, which is not expanded; name the folder that holds the files "
+                         f"instead (a folder of *.parquet files reads as one dataset, in name order)")
     if not found:
-        raise ValueError(f"{where} does not exist; fix {field} (a .jsonl or .parquet file or a save_to_disk folder)")
+        raise ValueError(f"{where} does not exist; fix {field} (a .jsonl or .parquet file, a folder of .parquet "
+                         "files or a save_to_disk folder)")
     if p.is_dir():
         if (p / "dataset_dict.json").is_file():
             p = _dict_split(p, which, where, field)
