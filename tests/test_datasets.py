@@ -508,8 +508,9 @@ def test_parquet_shards_that_disagree_are_named_with_the_column(tmp_path):
                                          r"columns \(only in part-1.parquet: level\); write every shard with the same"):
         read_records(extra, field="data.train_path")
     kinds = shards("kinds", [{"prompt": "a", "answer": "1"}], [{"prompt": "b", "answer": 30}])
-    with pytest.raises(ValueError, match=r"^data.train_path '.*kinds': column 'answer' holds integers in part-1.parquet "
-                                         r"but text in part-0.parquet; write every shard with the same type in 'answer'"):
+    with pytest.raises(ValueError, match=r"^data.train_path '.*kinds': column 'answer' holds integers in "
+                                         r"part-1.parquet but text in part-0.parquet; write every shard with the "
+                                         r"same type in 'answer'"):
         read_records(kinds, field="data.train_path")
     with pytest.raises(ValueError, match=r"^data.train_path '.*part-\*.parquet' is a pattern, which is not expanded; "
                                          r"name the folder that holds the files instead"):
