@@ -320,17 +320,23 @@ def test_a_resume_may_change_the_price_not_what_the_run_computes(tiny_config):
 
 
 def test_a_resume_counts_its_set_up_before_paying_it(tiny_config):
-    """The set-up a resume repeats (profile, probes) is estimated by the last one's profiling
-    (``resume_setup``), else, in an older record, by the last step's cost."""
+    """The set-up a resume repeats (profile, probes) is counted with the next step before it is
+    paid (``resume_setup_s``; 0 in an older record, as before it was kept); USD is projected
+    at the run's price now, which a resume may change."""
     from flows.campaign.budget import budget_stop, resume_setup_estimate, resume_stop
 
     state = _state(step=2, steps=[_step(0), _step(1, **{"cost/billed_gpu_seconds": 2.0})],
-                   spend={"billed_gpu_seconds": 10.0, "useful_gpu_seconds": 5.0, "usd": 0.01})
+                   spend={"billed_gpu_seconds": 10.0, "useful_gpu_seconds": 5.0, "usd": 0.004})
     state.prepared.data["evaluation"] = "none"
-    assert resume_setup_estimate(state) == {"cost/billed_gpu_seconds": 2.0, "cost/usd": 0.001}
-    state.resume_setup = {"cost/billed_gpu_seconds": 0.5, "cost/usd": 0.0}
+    assert resume_setup_estimate(state) == 0.0
+    state.resume_setup_s = 0.5
     cfg = tiny_config("steps=4", "budget.gpu_seconds=12.4")
     assert budget_stop(cfg, state) is None  # the next step alone fits
     assert resume_stop(cfg, state) == ("budget.gpu_seconds=12.4 would be exceeded by the resume's set-up, the next "
                                        "step (spent 10.0, next about 2.5)")
     assert resume_stop(tiny_config("steps=4", "budget.gpu_seconds=12.5"), state) is None
+    # spent $0.004 at $0.0004/s; 2.5 s more at a price raised to $0.01/s is $0.025, not $0.001
+    dearer = tiny_config("steps=4", "price_per_gpu_second=0.01", "budget.usd=0.02")
+    assert resume_stop(dearer, state) == ("budget.usd=0.02 would be exceeded by the resume's set-up, the next step "
+                                          "(spent 0.004000, next about 0.025000)")
+    assert resume_stop(tiny_config("steps=4", "price_per_gpu_second=0.01", "budget.usd=0.03"), state) is None

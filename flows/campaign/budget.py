@@ -5,11 +5,9 @@ starting either: ``flows/campaign/finished.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from flows.campaign.state import CampaignState
 from flows.config import CampaignConfig
-from flows.step.metrics import BILLED, USD
+from flows.step.metrics import BILLED
 
 
 def evaluates(state: CampaignState) -> bool:
@@ -26,7 +24,7 @@ def evaluation_due(cfg: CampaignConfig, state: CampaignState, stop: str | None =
 
 
 def budget_stop(cfg: CampaignConfig, state: CampaignState, *, before_evaluation: bool = False,
-                setup: Mapping[str, float] | None = None) -> str | None:
+                setup_s: float = 0.0) -> str | None:
     """Why the next step may not run, or None: it may, or ``state`` is the campaign's last step
     anyway (``steps``), which stops no run early. ``before_evaluation``: ``state``'s step has
     just run and is not evaluated yet (``_loop`` judges it so); a committed state has had the
@@ -34,13 +32,14 @@ def budget_stop(cfg: CampaignConfig, state: CampaignState, *, before_evaluation:
 
     A ``budget.*`` stops the run when the spend so far (steps, evaluations and set-up: every
     activation, ``CampaignState.spend``) plus the estimate of what is still to come before the
-    next step's commit would exceed it. The estimate is the last step's cost plus, where the run
-    evaluates, the last evaluation's for each evaluation to come: the one ``eval_every`` asks of
-    ``state``'s step, ``before_evaluation``, and the one after the next step, due then
+    next step's commit would exceed it. The estimate is the last step's billed time plus, where
+    the run evaluates, the last evaluation's for each evaluation to come: the one ``eval_every``
+    asks of ``state``'s step, ``before_evaluation``, and the one after the next step, due then
     (``eval_every``, the last step) or made whenever the budget stops the run there; reserving it
-    keeps that final evaluation within the budget too. The first step has no cost to judge it
-    by: it always runs. ``setup``: the cost (``BILLED``, ``USD``) of a set-up still to pay
-    before the next step (a resume's: :func:`resume_setup_estimate`)."""
+    keeps that final evaluation within the budget too; in USD, that time at this run's
+    ``price_per_gpu_second`` (a resume may change it). The first step has no cost to judge it
+    by: it always runs. ``setup_s``: the billed seconds of a set-up still to pay before the
+    next step (a resume's: :func:`resume_setup_estimate`)."""
     if not state.steps or state.step >= cfg.steps:
         return None
     last, b = state.steps[-1], cfg.budget
@@ -49,35 +48,31 @@ def budget_stop(cfg: CampaignConfig, state: CampaignState, *, before_evaluation:
     evals = 0 if ev is None else 2 if owed else 1
     what = ("this step's evaluation, the next step and the evaluation after it" if owed else
             "the next step and the evaluation after it" if evals else "the next step")
-    setup = setup or {}
-    if setup:
+    if setup_s:
         what = f"the resume's set-up, {what}"
-    next_usd = setup.get(USD, 0.0) + last[USD] + evals * (ev.usd if ev is not None else 0.0)
+    next_billed = setup_s + last[BILLED] + evals * (ev.billed_gpu_seconds if ev is not None else 0.0)
+    next_usd = next_billed * cfg.price_per_gpu_second
     if b.usd is not None and state.spend["usd"] + next_usd > b.usd:
         return (f"budget.usd={b.usd} would be exceeded by {what} (spent {state.spend['usd']:.6f}, "
                 f"next about {next_usd:.6f})")
-    next_billed = setup.get(BILLED, 0.0) + last[BILLED] + evals * (ev.billed_gpu_seconds if ev is not None else 0.0)
     if b.gpu_seconds is not None and state.spend["billed_gpu_seconds"] + next_billed > b.gpu_seconds:
         return (f"budget.gpu_seconds={b.gpu_seconds} would be exceeded by {what} "
                 f"(spent {state.spend['billed_gpu_seconds']:.1f}, next about {next_billed:.1f})")
     return None
 
 
-def resume_setup_estimate(state: CampaignState) -> dict[str, float]:
-    """What a resume's set-up (its profile and round-trip probes) will cost, before it is paid:
-    what the last set-up's profiling cost (``CampaignState.resume_setup``), else, in a record
-    from before that was kept, the last step's."""
-    if state.resume_setup is not None:
-        return dict(state.resume_setup)
-    last = state.steps[-1] if state.steps else {}
-    return {BILLED: last.get(BILLED, 0.0), USD: last.get(USD, 0.0)}
+def resume_setup_estimate(state: CampaignState) -> float:
+    """The billed seconds a resume's set-up (its profile, read from the store's cache, and its
+    round-trip probes) will cost, before it is paid: ``CampaignState.resume_setup_s``, as the
+    last set-up recorded it (``setup.add_setup_spend``); 0 in a record from before it was kept."""
+    return state.resume_setup_s or 0.0
 
 
 def resume_stop(cfg: CampaignConfig, state: CampaignState) -> str | None:
     """Why a resume from committed ``state`` runs no step, or None: the budget cannot pay its
     set-up (:func:`resume_setup_estimate`) and the next step (``budget_stop``). Judged before
     the set-up is paid: a resume that stops invokes nothing and commits nothing."""
-    return budget_stop(cfg, state, setup=resume_setup_estimate(state))
+    return budget_stop(cfg, state, setup_s=resume_setup_estimate(state))
 
 
 def runs_a_step(cfg: CampaignConfig, state: CampaignState) -> bool:

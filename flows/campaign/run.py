@@ -164,7 +164,7 @@ def _start(ctx: RunContext, existing: CampaignState | None, lease: RunLease, col
         tokens = parse_token_table(get_json(ctx.store, state.prepared.tokens_key))
         with accounted() as ledger:  # set-up's spend, committed with its first step
             ctx.live = finish_profiling(ctx, start_profiling(ctx, model_ref(ctx, state), tokens), progress)
-        add_setup_spend(ctx, state, ledger)
+        add_setup_spend(ctx, state, ledger, resumed=True)
     state.steps_configured = ctx.config.steps  # a resume's own, committed with its next step
     state.retention = _retention_of(ctx.config)
     return state

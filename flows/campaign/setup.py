@@ -69,19 +69,25 @@ def ledger_cost(ctx: RunContext, ledger: Ledger) -> dict[str, float]:
                         price=cfg.price_per_gpu_second)
 
 
-PROFILING_ACTIONS = frozenset({"profile", "noop"})
-"""The set-up a resume that runs a step repeats: the profile and the activation round-trip probes."""
-
-
-def add_setup_spend(ctx: RunContext, state: CampaignState, ledger: Ledger) -> None:
-    """Add the set-up activations of ``ledger`` to ``state``'s spend, and record what its
-    profiling cost as the next resume's estimate (``CampaignState.resume_setup``; a new run's
-    measured the profile, a resume's usually finds it cached: an upper bound for the next)."""
+def add_setup_spend(ctx: RunContext, state: CampaignState, ledger: Ledger, *, resumed: bool = False) -> None:
+    """Add the set-up activations of ``ledger`` to ``state``'s spend, and record what the next
+    resume's set-up should cost (``CampaignState.resume_setup_s``): a resume's, all of it (its
+    profile and probes); a new run's, its probes plus, for the profile, what it cost where it
+    came from the store's cache, else what a probe did (a resume reads the grid measured now)."""
     cost = ledger_cost(ctx, ledger)
     state.add_spend("setup", cost[BILLED], cost[USEFUL], cost[USD])
-    profiling = ledger_cost(ctx, Ledger([r for r in ledger.records if r.action in PROFILING_ACTIONS],
-                                        [r for r in ledger.failed if r.action in PROFILING_ACTIONS]))
-    state.resume_setup = {BILLED: profiling[BILLED], USD: profiling[USD]}
+    if resumed:
+        state.resume_setup_s = cost[BILLED]
+        return
+
+    def billed(action: str) -> tuple[float, int]:
+        mine = Ledger([r for r in ledger.records if r.action == action],
+                      [r for r in ledger.failed if r.action == action])
+        return ledger_cost(ctx, mine)[BILLED], len(mine.records) + len(mine.failed)
+
+    probes_s, probes = billed("noop")
+    cached = ctx.live is not None and ctx.live.source == "cached"
+    state.resume_setup_s = probes_s + (billed("profile")[0] if cached else probes_s / max(1, probes))
 
 
 def set_up(ctx: RunContext, progress: Progress) -> CampaignState:

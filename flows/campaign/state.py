@@ -98,10 +98,11 @@ class CampaignState(BaseModel):
     draft_index: dict[str, int] = {}
     """prompt_id -> step whose draft object holds its latest responses (``flows/campaign/drafts.py``)."""
     stopped_reason: str | None = None
-    resume_setup: dict[str, float] | None = None
-    """What the set-up of the last resume that ran a step cost (``cost/billed_gpu_seconds`` and
-    ``cost/usd``: its profile and round-trip probes); a resume's budget check counts it before
-    paying the set-up again (``advance.budget_stop``). None before a resume measured one."""
+    resume_setup_s: float | None = None
+    """The billed seconds of the set-up a resume repeats (its profile, read from the store's
+    cache, and its round-trip probes), as the last set-up paid it (``setup.add_setup_spend``);
+    a resume's budget check counts it before paying it (``budget.resume_stop``). None in
+    records from before it was kept."""
     steps_configured: int | None = None
     """``steps`` of the campaign that committed this record (a resume may raise it); None in
     records from before it was kept."""
