@@ -491,9 +491,10 @@ def test_parquet_files_of_no_rows_are_skipped_and_a_damaged_shard_is_named(tmp_p
 
 
 def test_parquet_shards_that_disagree_are_named_with_the_column(tmp_path):
-    """Shards with other columns, or a column of another kind (numbers in one, text in the
-    other, which would be read as text), are refused naming both shards and the column;
-    integers of two widths, and a later shard's column all null, read as before."""
+    """Shards that datasets would fail on or read wrongly (a column the first shard lacks; text
+    in one and numbers in another, which would be read as text; untyped nulls first) are
+    refused naming both shards and the column; what it reads right reads as before: a column a
+    later shard lacks (null there), integers beside floats, a later shard's untyped nulls."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -503,30 +504,38 @@ def test_parquet_shards_that_disagree_are_named_with_the_column(tmp_path):
             pq.write_table(pa.Table.from_pylist(rows), tmp_path / name / f"part-{i}.parquet")
         return str(tmp_path / name)
 
+    def answers(folder: str, key: str = "answer") -> list:
+        return [r.get(key) for _, r in read_records(folder, field="data.train_path")]
+
     extra = shards("extra", [{"prompt": "a", "answer": "1"}], [{"prompt": "b", "answer": "2", "level": 3}])
-    with pytest.raises(ValueError, match=r"^data.train_path '.*extra': part-1.parquet and part-0.parquet have different "
-                                         r"columns \(only in part-1.parquet: level\); write every shard with the same"):
+    with pytest.raises(ValueError, match=r"^data.train_path '.*extra': part-1.parquet has columns part-0.parquet "
+                                         r"lacks \(level\); write every shard with the columns of the first"):
         read_records(extra, field="data.train_path")
     kinds = shards("kinds", [{"prompt": "a", "answer": "1"}], [{"prompt": "b", "answer": 30}])
-    with pytest.raises(ValueError, match=r"^data.train_path '.*kinds': column 'answer' holds integers in "
+    with pytest.raises(ValueError, match=r"^data.train_path '.*kinds': column 'answer' holds numbers in "
                                          r"part-1.parquet but text in part-0.parquet; write every shard with the "
                                          r"same type in 'answer'"):
         read_records(kinds, field="data.train_path")
     with pytest.raises(ValueError, match=r"^data.train_path '.*part-\*.parquet' is a pattern, which is not expanded; "
                                          r"name the folder that holds the files instead"):
         read_records(str(tmp_path / "kinds" / "part-*.parquet"), field="data.train_path")
-    floats = shards("floats", [{"prompt": "a", "answer": 1}], [{"prompt": "b", "answer": 2.5}])
-    with pytest.raises(ValueError, match=r"column .answer. holds floating-point numbers in part-1.parquet but integ"):
-        read_records(floats, field="data.train_path")
     nulls = shards("nulls", [{"prompt": "a", "note": None}], [{"prompt": "b", "note": "x"}])
     with pytest.raises(ValueError, match=r"column 'note' holds text in part-1.parquet but only nulls \(no type\) in"):
         read_records(nulls, field="data.train_path")
-    later = shards("later", [{"prompt": "a", "note": "x"}], [{"prompt": "b", "note": None}])
-    assert [r["note"] for _, r in read_records(later, field="data.train_path")] == ["x", None]
+    assert answers(shards("fewer", [{"prompt": "a", "answer": "1", "level": 2}], [{"prompt": "b", "answer": "2"}]),
+                   "level") == [2, None]
+    assert answers(shards("widen", [{"prompt": "a", "answer": 0.5}], [{"prompt": "b", "answer": 2}])) == [0.5, 2.0]
+    assert answers(shards("whole", [{"prompt": "a", "answer": 1}], [{"prompt": "b", "answer": 3.0}])) == [1, 3]
+    with pytest.raises(ValueError, match=r"cannot be read as one dataset \(ArrowInvalid: Float value 2.5.*\); give "
+                                         r"every shard the column types of the first"):
+        read_records(shards("cut", [{"prompt": "a", "answer": 1}], [{"prompt": "b", "answer": 2.5}]),
+                     field="data.train_path")
+    assert answers(shards("later", [{"prompt": "a", "note": "x"}], [{"prompt": "b", "note": None}]), "note") == [
+        "x", None]
     (tmp_path / "fine").mkdir()
     for i, width in enumerate((pa.int64(), pa.int32())):
         pq.write_table(pa.table({"prompt": ["a"], "answer": pa.array([i], width)}), tmp_path / "fine" / f"{i}.parquet")
-    assert [r["answer"] for _, r in read_records(str(tmp_path / "fine"), field="data.train_path")] == [0, 1]
+    assert answers(str(tmp_path / "fine")) == [0, 1]
 
 
 def test_text_that_is_not_utf8_in_parquet_or_a_saved_dataset_is_named_by_file_row_and_column(tmp_path):

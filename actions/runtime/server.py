@@ -133,6 +133,11 @@ def _init_env(body: Any) -> dict[str, str] | None:
     out = {key: val if isinstance(val, str) else json.dumps(val) for key, val in env.items()}
     if any(not isinstance(key, str) or not key or "=" in key or "\0" in key or "\0" in val for key, val in out.items()):
         return None
+    try:  # a lone surrogate JSON allows, the environment does not
+        for key, val in out.items():
+            os.fsencode(key), os.fsencode(val)
+    except UnicodeEncodeError:
+        return None
     return out
 
 

@@ -242,26 +242,24 @@ def _parquet_rows(name: str, where: str) -> int:
 
 
 def _check_shards_agree(files: list[str], where: str) -> None:
-    """Refuse Parquet shards whose columns differ, or whose column holds another kind of value
-    (text, number, boolean, list, struct, ...) than in the first shard: ``datasets`` fails on the
-    first and casts the second, silently (numbers read as text) or failing on a value (a float
-    read as an integer; a column all null in the first shard, of no type, beside values in
-    another). A later shard's column of untyped nulls agrees with any: it reads as the first's."""
+    """Refuse Parquet shards that ``datasets`` would fail on or read wrongly: a later shard with
+    a column the first lacks (it fails), or a column holding another kind of value than in the
+    first shard (text, numbers, booleans, lists, structs, ...: numbers beside text are read as
+    text, silently; untyped nulls first and values later fail). A column the first shard has
+    and a later one lacks reads as null there; integers beside floats read as the first's type
+    (a float that is no whole number then fails, naming the value); a later shard's untyped
+    nulls read as the first's type."""
     import pyarrow.parquet as pq
 
     first = pq.read_schema(files[0])
     for name in files[1:]:
         schema = pq.read_schema(name)
         a, b = Path(files[0]).name, Path(name).name
-        if set(schema.names) != set(first.names):
-            only = sorted(set(schema.names) - set(first.names))
-            missing = sorted(set(first.names) - set(schema.names))
-            raise ValueError(f"{where}: {b} and {a} have different columns ("
-                             + "; ".join(part for part in (f"only in {b}: {', '.join(only)}" if only else "",
-                                                           f"only in {a}: {', '.join(missing)}" if missing else "")
-                                         if part)
-                             + "); write every shard with the same columns")
-        for column in first.names:
+        extra = sorted(set(schema.names) - set(first.names))
+        if extra:
+            raise ValueError(f"{where}: {b} has columns {a} lacks ({', '.join(extra)}); write every shard with the "
+                             f"columns of the first (in name order), or drop those")
+        for column in schema.names:
             want, got = _kind(first.field(column).type), _kind(schema.field(column).type)
             if want != got and got != NULLS:  # a later shard's untyped nulls read as the first's type
                 raise ValueError(f"{where}: column {column!r} holds {got} in {b} but {want} in {a}; write every "
@@ -279,8 +277,7 @@ def _kind(dtype: Any) -> str:
     if t.is_dictionary(dtype):  # a categorical column: its values' kind
         return _kind(dtype.value_type)
     for kind, test in ((NULLS, t.is_null), ("text", lambda d: t.is_string(d) or t.is_large_string(d)),
-                       ("integers", t.is_integer),
-                       ("floating-point numbers", lambda d: t.is_floating(d) or t.is_decimal(d)),
+                       ("numbers", lambda d: t.is_integer(d) or t.is_floating(d) or t.is_decimal(d)),
                        ("booleans", t.is_boolean), ("bytes", lambda d: t.is_binary(d) or t.is_large_binary(d)),
                        ("lists", lambda d: t.is_list(d) or t.is_large_list(d) or t.is_fixed_size_list(d)),
                        ("structs", t.is_struct), ("times", t.is_temporal)):
@@ -300,7 +297,8 @@ def _unreadable(files: list[str], where: str, exc: Exception) -> str:
         except Exception as own:  # the damaged shard
             return (f"{where}: {Path(name).name} is not a readable Parquet file ({_first_line(own)}); "
                     "write it again, e.g. with Dataset.to_parquet")
-    return f"{where} is not a readable Parquet file ({_first_line(exc.__cause__ or exc)}); write it again"
+    return (f"{where}: its Parquet files cannot be read as one dataset ({_first_line(exc.__cause__ or exc)}); "
+            "give every shard the column types of the first, or write them again")
 
 
 def _first_line(exc: Exception) -> str:
