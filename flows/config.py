@@ -102,6 +102,10 @@ def check_store_uri(v: str) -> str:
     if not v.strip():
         raise ValueError("store.uri is empty; use a directory path or s3://bucket/prefix")
     scheme = v.split(":", 1)[0].lower() if ":" in v else ""
+    if v.startswith("file://") and has_userinfo(v):  # not quoted either: a directory has no password
+        raise ValueError("store.uri carries a user name or password (user:password@) in a file:// URI, which names "
+                         "a local directory (file:///path); for S3 use s3://bucket/prefix with the keys in AWS_* "
+                         "variables")
     if v.startswith(("s3://", "file://")) or (scheme not in ("s3", "file") and "://" not in v):
         return v
     if has_userinfo(v):  # not quoted: the part before '@' may be a password

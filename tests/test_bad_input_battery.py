@@ -527,6 +527,9 @@ CASES: dict[str, Case] = {
     "store uri mistyped with a secret holding '/?#:'": Case(
         ["status", "--store", f"s3:/{AWS_KEY_ID}:{URL_DELIMITED}@bucket/run"],
         ("store.uri carries a user name or password", "fix the scheme")),
+    "file store uri with a password": Case(
+        _train("--set", f"store.uri=file://{AWS_KEY_ID}:{URL_DELIMITED}@minio/bucket"),
+        ("store.uri carries a user name or password (user:password@) in a file:// URI", "file:///path")),
     "store endpoint with a password holding '/?#:'": Case(
         _train("--set", "store.uri=s3://bucket/run"), ("AWS_ENDPOINT_URL carries a user name or password", "give the URL"),
         env={**S3_ENV, "AWS_ENDPOINT_URL": f"http://{AWS_KEY_ID}:{URL_DELIMITED}@127.0.0.1:9"}),

@@ -172,6 +172,10 @@ def test_env_values_stay_strings_and_hide_secret_numbers(tmp_path):
     message = str(info.value)
     assert "AWS_SECRET_ACCESS_KEY: YAML read the unquoted value as an int, not a string; quote it as written" in message
     assert "123456789" not in message
+    with pytest.raises(ManifestError) as info:  # a list of KEY=value, as docker-compose writes env
+        load_manifest(write(tmp_path, "env: [AWS_SECRET_ACCESS_KEY=Literal42]\nactions:\n  noop: {docker: img:1}\n"))
+    assert "env: Input should be a valid dictionary (got list)" in str(info.value)
+    assert "Literal42" not in str(info.value)
 
 
 def test_missing_manifest_file(tmp_path):

@@ -153,6 +153,10 @@ BLOCK_KEY = "23bc46b1-71f6:123zO3xZCLrMN6v2BKK1dX"
      "'ht tp://bad' is not a URL; set the api_host key of Prefect Secret block 'ow-conn' to https://"),
     ({"api_host": "https://ow.example", "auth": "nocolon"}, "check the auth key of Prefect Secret block 'ow-conn'"),
     ("no-colon-key", "Prefect Secret block 'ow-conn' holds a string that is not 'uuid:key'"),
+    ({"api_host": BLOCK_KEY, "auth": "https://ow.example"},  # swapped: the key in the host is not shown either
+     "OpenWhisk API host is neither a URL nor a host name (its value is not shown: it may be a key); set the "
+     "api_host key of Prefect Secret block 'ow-conn' to https://host[:port] and the key in the auth key of Prefect "
+     "Secret block 'ow-conn' (are the two swapped?)"),
     ([BLOCK_KEY], "Prefect Secret block 'ow-conn' must hold 'uuid:key' or an object with api_host and auth"),
 ])
 def test_a_bad_secret_block_is_named_with_its_key_never_its_value(monkeypatch, value, expected):

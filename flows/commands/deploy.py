@@ -220,7 +220,8 @@ def load_manifest(path: str | Path | None = None) -> DeploymentManifest:
             where = ".".join(str(p) for p in err["loc"]) or "(top level)"
             # value errors are our validators': their messages name the value already
             named = err["type"] in ("missing", "extra_forbidden", "value_error")
-            got = "" if named else f" (got {err['input']!r})"
+            shown = type(err["input"]).__name__ if "env" in err["loc"] else repr(err["input"])  # env: maybe secrets
+            got = "" if named else f" (got {shown})"
             problems.append(f"{where}: {err['msg']}{got}")
         raise ManifestError(f"{path}: " + "; ".join(problems)) from None
 

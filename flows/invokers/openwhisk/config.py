@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,6 +17,8 @@ from actions.store.credentials import register_secret
 from actions.store.endpoints import has_userinfo, is_http_url
 
 API_PATH = "/api/v1"
+AUTH_FORM = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}:\S+")
+"""An OpenWhisk auth key (``uuid:key``), wherever it turns up: never shown."""
 SECRET_BLOCK_ENV = "RLHFLESS_OPENWHISK_SECRET"
 """Names a Prefect Secret block holding the OpenWhisk connection (see ``OpenWhiskConfig.from_secret``)."""
 ENV_SETTINGS = {"api_host": "WSK_APIHOST", "auth": "WSK_AUTH", "ca_bundle": "WSK_CA_BUNDLE"}
@@ -49,6 +52,9 @@ class OpenWhiskConfig:
     environment variable (``ENV_SETTINGS``). Messages tell the user what to fix there."""
 
     def __post_init__(self) -> None:
+        for value in (self.auth, self.api_host):  # first: no message below may show a key, wherever it was put
+            if value and AUTH_FORM.fullmatch(value.strip()):
+                register_secret(value.strip())
         host = (self.api_host or "").strip().rstrip("/")
         if not host:
             raise ValueError(f"OpenWhisk API host is not set; set {self.setting('api_host')} (or __OW_API_HOST)")
@@ -60,6 +66,10 @@ class OpenWhiskConfig:
             host = "https://" + host
         if host.endswith(API_PATH):
             host = host[: -len(API_PATH)]
+        if not is_http_url(host) and "://" not in self.api_host:  # not shown: it may be the key, put here
+            raise ValueError(f"OpenWhisk API host is neither a URL nor a host name (its value is not shown: it may be "
+                             f"a key); set {self.setting('api_host')} to https://host[:port] and the key in "
+                             f"{self.setting('auth')} (are the two swapped?)")
         if not is_http_url(host):
             raise ValueError(f"OpenWhisk API host {self.api_host!r} is not a URL; set {self.setting('api_host')} "
                              "to https://host[:port]")
