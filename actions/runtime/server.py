@@ -68,6 +68,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from actions.runtime.errors import describe_crash, describe_refusal
+from actions.runtime.init_env import init_environment
 from actions.runtime.request_auth import REPLY_HEADER, NonceCheck, reply_mac
 
 if TYPE_CHECKING:
@@ -118,29 +119,6 @@ def image_id() -> str:
     return os.environ.get("RLHFLESS_IMAGE", "local")
 
 
-def _init_env(body: Any) -> dict[str, str] | None:
-    """The environment an ``/init`` body sets (``value.env``; absent or null = none), each
-    value a string as given or its JSON text, as OpenWhisk's runtimes set them; None for a
-    body that is not of that shape or names a variable the OS would refuse."""
-    if not isinstance(body, dict):
-        return None
-    value = {} if body.get("value") is None else body["value"]
-    if not isinstance(value, dict):
-        return None
-    env = {} if value.get("env") is None else value["env"]
-    if not isinstance(env, dict):
-        return None
-    out = {key: val if isinstance(val, str) else json.dumps(val) for key, val in env.items()}
-    if any(not isinstance(key, str) or not key or "=" in key or "\0" in key or "\0" in val for key, val in out.items()):
-        return None
-    try:  # a lone surrogate JSON allows, the environment does not
-        for key, val in out.items():
-            os.fsencode(key), os.fsencode(val)
-    except UnicodeEncodeError:
-        return None
-    return out
-
-
 class ActionRuntime:
     """Dispatches activations to ``actions.<name>.main`` and keeps per-container state."""
 
@@ -152,7 +130,7 @@ class ActionRuntime:
     def init(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         if self.initialized:
             return 403, {"error": "cannot initialize the action more than once"}
-        env = _init_env(body)
+        env = init_environment(body)
         if env is None:  # OpenWhisk sends objects: anything else is another caller's mistake
             return 400, {"error": "init body: 'value' must be an object and 'value.env' an object whose keys are "
                                   "environment variable names (no '=', no NUL) and whose values hold no NUL"}
