@@ -671,3 +671,24 @@ def test_a_generated_tasks_room_check_counts_the_bos_a_row_is_encoded_with():
         check_prompt_room(cfg, [with_bos], list, "data.task", num_special=1)
     with pytest.raises(ValueError, match="need 21"):  # the one-token-per-character shortcut counts it too
         check_prompt_room(cfg, [with_bos], list, "data.task", num_special=1, one_token_per_char=True)
+
+
+def test_a_stored_dataset_parses_only_the_rows_an_action_reads():
+    """StoredRows indexes the stored JSON Lines by prompt id and validates a row when first read:
+    the same rows as a whole parse, in the same order; a damaged line is named."""
+    from actions.tasks.dataset import parse_jsonl, rows_to_jsonl
+    from actions.tasks.stored import StoredRows, rows_for
+
+    rows, _ = to_rows([(i, {"prompt": f"q{i}", "answer": str(i), "level": i % 3}) for i in range(1, 6)], FieldMap(),
+                      source="f")
+    data = rows_to_jsonl(rows)
+    stored = StoredRows(data, "runs/r/data/train")
+    assert len(stored) == 5 and not stored._rows  # nothing parsed yet
+    ids = [r.prompt_id for r in rows]
+    assert rows_for(stored, ids[3:1:-1]) == [parse_jsonl(data, source="s")[i] for i in (3, 2)]
+    assert set(stored._rows) == set(ids[2:4])  # the two read, only
+    assert list(stored) == ids and list(stored.values()) == parse_jsonl(data, source="s")
+    with pytest.raises(ValueError, match=r"prompt_ids \[7\] are not in the dataset"):
+        rows_for(stored, [ids[0], 7])
+    with pytest.raises(ValueError, match=r"^runs/r/data/train:2: not a stored dataset row .* damaged"):
+        StoredRows(data.split(b"\n")[0] + b"\n[1]\n", "runs/r/data/train")
