@@ -34,8 +34,8 @@ CHILD = textwrap.dedent("""
     stop = threading.Event()
     for _ in range(16):
         threading.Thread(target=stop.wait, daemon=True).start()
-    print("ready", flush=True)
-    try:
+    try:  # "ready" inside: a SIGTERM that comes as soon as it is read still finds the handler below
+        print("ready", flush=True)
         threading.Event().wait(300)
     except SystemExit as exc:
         print("stopped", exc.code, flush=True)
