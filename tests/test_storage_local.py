@@ -295,6 +295,10 @@ def test_a_local_delete_removes_the_directories_it_empties_and_a_racing_write_ma
     store.delete("a/d/e")
     store.delete("a/d/e")  # missing: nothing to do
     assert (tmp_path / "s").is_dir() and list((tmp_path / "s").iterdir()) == []
+    store.put("runs/r/lease.json", b"held")  # a compare-and-delete prunes too: no empty run directory
+    assert delete_if(store, "runs/r/lease.json", b"other") is False and (tmp_path / "s" / "runs" / "r").is_dir()
+    assert delete_if(store, "runs/r/lease.json", b"held") is True
+    assert list((tmp_path / "s").iterdir()) == []
 
 
 def test_a_key_that_is_a_prefix_of_other_keys_reads_as_missing(backend_store: ObjectStore) -> None:

@@ -305,8 +305,13 @@ class LocalStore:
         return self._if_holds(key, expected, lambda dir_fd, last: self.put(key, data))
 
     def delete_if(self, key: str, expected: bytes) -> bool:
-        """Delete ``key`` only if it holds exactly ``expected`` (under the directory's lock)."""
-        return self._if_holds(key, expected, lambda dir_fd, last: os.unlink(last, dir_fd=dir_fd))
+        """Delete ``key`` only if it holds exactly ``expected`` (under the directory's lock), then,
+        as :meth:`delete`, the directories above it that this leaves empty (a run's lease, the
+        last key of a run that failed before its first commit, leaves no empty run directory)."""
+        deleted = self._if_holds(key, expected, lambda dir_fd, last: os.unlink(last, dir_fd=dir_fd))
+        if deleted:
+            self._prune_above(key)
+        return deleted
 
     def get(self, key: str) -> bytes:
         with os.fdopen(self._open(key), "rb") as fh:
