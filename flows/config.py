@@ -14,6 +14,7 @@ import hashlib
 import json
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
@@ -102,7 +103,7 @@ def check_store_uri(v: str) -> str:
     if not v.strip():
         raise ValueError("store.uri is empty; use a directory path or s3://bucket/prefix")
     scheme = v.split(":", 1)[0].lower() if ":" in v else ""
-    if v.startswith("file://") and has_userinfo(v):  # not quoted either: a directory has no password
+    if v.startswith("file://") and "@" in urlsplit(v).netloc:  # not quoted: a directory has no password
         raise ValueError("store.uri carries a user name or password (user:password@) in a file:// URI, which names "
                          "a local directory (file:///path); for S3 use s3://bucket/prefix with the keys in AWS_* "
                          "variables")

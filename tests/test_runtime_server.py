@@ -133,7 +133,8 @@ def test_a_malformed_init_is_refused_with_an_error_and_a_good_one_still_initiali
     for body in ({"value": "x"}, {"value": []}, {"value": 0}, {"value": {"env": ["A"]}}, {"value": {"env": []}},
                  ["value"], *({"value": {"env": env}} for env in bad_names),
                  {"value": {"env": {"RLHFLESS_TEST_INIT_SET": "1", "X": "a\0b"}}},
-                 {"value": {"env": {"RLHFLESS_TEST_INIT_SET": "1", "X": "\ud800"}}}):
+                 {"value": {"env": {"RLHFLESS_TEST_INIT_SET": "1", "X": "\ud800"}}},
+                 {"value": {"env": {"RLHFLESS_TEST_INIT_SET": "1", "X": "\udc80"}}}):
         status, reply = runtime.init(body)
         assert status == 400 and "'value.env' an object whose keys are environment variable names" in reply["error"]
         assert "RLHFLESS_TEST_INIT_SET" not in os.environ  # a refused init sets nothing

@@ -24,9 +24,9 @@ def init_environment(body: Any) -> dict[str, str] | None:
     out = {key: val if isinstance(val, str) else json.dumps(val) for key, val in env.items()}
     if any(not isinstance(key, str) or not key or "=" in key or "\0" in key or "\0" in val for key, val in out.items()):
         return None
-    try:  # a lone surrogate JSON allows, the environment does not
+    try:  # a lone surrogate JSON allows, the environment does not (nor as os.fsencode's raw bytes)
         for key, val in out.items():
-            os.fsencode(key), os.fsencode(val)
+            key.encode("utf-8"), val.encode("utf-8")
     except UnicodeEncodeError:
         return None
     return out

@@ -244,11 +244,11 @@ def _parquet_rows(name: str, where: str) -> int:
 def _check_shards_agree(files: list[str], where: str) -> None:
     """Refuse Parquet shards that ``datasets`` would fail on or read wrongly: a later shard with
     a column the first lacks (it fails), or a column holding another kind of value than in the
-    first shard (text, numbers, booleans, lists, structs, ...: numbers beside text are read as
-    text, silently; untyped nulls first and values later fail). A column the first shard has
-    and a later one lacks reads as null there; integers beside floats read as the first's type
-    (a float that is no whole number then fails, naming the value); a later shard's untyped
-    nulls read as the first's type."""
+    first shard (text, integers, floating-point numbers, booleans, lists, structs, ...: numbers
+    beside text are read as text and integers after floats as floats, silently; untyped nulls
+    first and values later fail). A column the first shard has and a later one lacks reads as
+    null there; floats after integers read as integers (a float that is no whole number then
+    fails, naming the value); a later shard's untyped nulls read as the first's type."""
     import pyarrow.parquet as pq
 
     first = pq.read_schema(files[0])
@@ -261,7 +261,10 @@ def _check_shards_agree(files: list[str], where: str) -> None:
                              f"columns of the first (in name order), or drop those")
         for column in schema.names:
             want, got = _kind(first.field(column).type), _kind(schema.field(column).type)
-            if want != got and got != NULLS:  # a later shard's untyped nulls read as the first's type
+            # a later shard's untyped nulls read as the first's type, and its floats as its integers
+            # (whole ones; any other fails, naming the value); integers after floats would read as
+            # floats (2 as 2.0), unlike the same rows in JSON Lines
+            if want != got and got != NULLS and (want, got) != ("integers", "floating-point numbers"):
                 raise ValueError(f"{where}: column {column!r} holds {got} in {b} but {want} in {a}; write every "
                                  f"shard with the same type in {column!r} (cast it before writing)")
 
@@ -277,7 +280,8 @@ def _kind(dtype: Any) -> str:
     if t.is_dictionary(dtype):  # a categorical column: its values' kind
         return _kind(dtype.value_type)
     for kind, test in ((NULLS, t.is_null), ("text", lambda d: t.is_string(d) or t.is_large_string(d)),
-                       ("numbers", lambda d: t.is_integer(d) or t.is_floating(d) or t.is_decimal(d)),
+                       ("integers", t.is_integer), ("floating-point numbers", lambda d: t.is_floating(d) or
+                                                        t.is_decimal(d)),
                        ("booleans", t.is_boolean), ("bytes", lambda d: t.is_binary(d) or t.is_large_binary(d)),
                        ("lists", lambda d: t.is_list(d) or t.is_large_list(d) or t.is_fixed_size_list(d)),
                        ("structs", t.is_struct), ("times", t.is_temporal)):

@@ -7,13 +7,15 @@ A dataset key never changes once its manifest exists, so a warm hit is always va
 An action reads the few rows of its prompts: the rows stay JSON text, indexed by prompt id,
 and each is validated as a :class:`PromptRow` when first asked for (``prepare`` validated them
 all before storing them). On a dataset of 200,000 rows that index builds in a fifth of the time
-a whole parse takes, and holds the text instead of a model object per row.
+a whole parse takes, and holds a row's text until the row is read.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
+
+from pydantic import ValidationError
 
 from actions.models import warm
 from actions.models.loading import store_for
@@ -22,38 +24,48 @@ from actions.tasks.dataset import DATASET_FILE, PromptRow
 
 
 class StoredRows(Mapping[int, PromptRow]):
-    """Prompt id -> row of a stored dataset's JSON Lines, each row parsed once, when asked for."""
+    """Prompt id -> row of a stored dataset's JSON Lines, each row parsed once, when asked for
+    (its text then gives way to the row)."""
 
     def __init__(self, data: bytes, source: str) -> None:
         self.source = source
-        self._lines: dict[int, bytes] = {}
-        self._rows: dict[int, PromptRow] = {}
+        self._rows: dict[int, tuple[int, bytes] | PromptRow] = {}
         for number, line in enumerate(data.split(b"\n"), start=1):
             if not line.strip():
                 continue
             try:
                 prompt_id = json.loads(line)["prompt_id"]
+                hash(prompt_id)
             except (ValueError, KeyError, TypeError):
-                raise ValueError(f"{source}:{number}: not a stored dataset row (a JSON object with an int "
-                                 "prompt_id); the store's copy of the dataset is damaged") from None
-            self._lines[prompt_id] = line
-        if not self._lines:
+                prompt_id = None
+            if prompt_id is None or prompt_id in self._rows:
+                raise ValueError(f"{source}:{number}: not a stored dataset row (a JSON object with a prompt_id no "
+                                 "other row has); the store's copy of the dataset is damaged")
+            self._rows[prompt_id] = (number, line)
+        if not self._rows:
             raise ValueError(f"{source}: no rows; add at least one {{prompt_id, prompt, answer}} line")
 
     def __getitem__(self, prompt_id: int) -> PromptRow:
-        row = self._rows.get(prompt_id)
-        if row is None:
-            row = self._rows[prompt_id] = PromptRow.model_validate_json(self._lines[prompt_id])
-        return row
+        row = self._rows[prompt_id]
+        if isinstance(row, PromptRow):
+            return row
+        number, line = row
+        try:  # json.loads, as the rows were written: it reads every escape json.dumps writes
+            parsed = PromptRow.model_validate(json.loads(line))
+        except ValidationError as exc:
+            raise ValueError(f"{self.source}:{number}: not a stored dataset row ({exc.errors()[0]['msg']}); the "
+                             "store's copy of the dataset is damaged") from None
+        self._rows[prompt_id] = parsed
+        return parsed
 
     def __contains__(self, prompt_id: object) -> bool:
-        return prompt_id in self._lines
+        return prompt_id in self._rows
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._lines)
+        return iter(self._rows)
 
     def __len__(self) -> int:
-        return len(self._lines)
+        return len(self._rows)
 
 
 def load_dataset(store_uri: str, dataset_key: str) -> StoredRows:

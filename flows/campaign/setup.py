@@ -71,23 +71,19 @@ def ledger_cost(ctx: RunContext, ledger: Ledger) -> dict[str, float]:
 
 def add_setup_spend(ctx: RunContext, state: CampaignState, ledger: Ledger, *, resumed: bool = False) -> None:
     """Add the set-up activations of ``ledger`` to ``state``'s spend, and record what the next
-    resume's set-up should cost (``CampaignState.resume_setup_s``): a resume's, all of it (its
-    profile and probes); a new run's, its probes plus, for the profile, what it cost where it
-    came from the store's cache, else what a probe did (a resume reads the grid measured now)."""
+    resume's set-up may cost (``CampaignState.resume_setup_s``): what its profile and probes
+    cost here, all of a resume's set-up (a new run's profile measured the grid, which the next
+    one reads from the store's cache: an upper bound, so a resume never spends past it)."""
     cost = ledger_cost(ctx, ledger)
     state.add_spend("setup", cost[BILLED], cost[USEFUL], cost[USD])
-    if resumed:
-        state.resume_setup_s = cost[BILLED]
-        return
+    mine = (ledger if resumed else
+            Ledger([r for r in ledger.records if r.action in RESUMED_SETUP],
+                   [r for r in ledger.failed if r.action in RESUMED_SETUP]))
+    state.resume_setup_s = ledger_cost(ctx, mine)[BILLED]
 
-    def billed(action: str) -> tuple[float, int]:
-        mine = Ledger([r for r in ledger.records if r.action == action],
-                      [r for r in ledger.failed if r.action == action])
-        return ledger_cost(ctx, mine)[BILLED], len(mine.records) + len(mine.failed)
 
-    probes_s, probes = billed("noop")
-    cached = ctx.live is not None and ctx.live.source == "cached"
-    state.resume_setup_s = probes_s + (billed("profile")[0] if cached else probes_s / max(1, probes))
+RESUMED_SETUP = frozenset({"profile", "noop"})
+"""The set-up a resume repeats: the profile action and the round-trip probes (``noop``)."""
 
 
 def set_up(ctx: RunContext, progress: Progress) -> CampaignState:

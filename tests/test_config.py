@@ -1,0 +1,15 @@
+"""``store.uri`` as ``check_store_uri`` reads it (the campaign's and ``--store``'s)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_a_file_store_may_have_an_at_sign_in_its_path_not_a_password_in_its_authority():
+    from flows.config import check_store_uri
+
+    assert check_store_uri("file:///data/runs@v2") == "file:///data/runs@v2"
+    with pytest.raises(ValueError, match=r"^store.uri carries a user name or password \(user:password@\) in a "
+                                         r"file:// URI") as info:
+        check_store_uri("file://key:Secret42@minio/bucket")
+    assert "Secret42" not in str(info.value)
