@@ -308,15 +308,20 @@ def test_the_state_word_of_a_run_nobody_trains(update, word):
 
 
 def test_a_resume_may_change_the_price_not_what_the_run_computes(tiny_config):
-    """``price_per_gpu_second`` turns billed time into USD and weighs the planner's cost: a run
-    resumes with another one; a setting that changes the samples or weights is still refused."""
+    """``price_per_gpu_second`` (USD and the planner's cost), ``algorithm.micro_batch_size`` (the
+    same update to round-off) and speculation (the same tokens) may change on a resume; a
+    setting that changes the samples or weights is still refused."""
     from flows.campaign.state import CampaignRefused, check_resume
 
     made = tiny_config("price_per_gpu_second=0.0004")
     existing = _state(step=2).model_copy(update={"fingerprint": made.fingerprint(), "identity": made.identity()})
     assert check_resume(existing, tiny_config("price_per_gpu_second=0.002", "budget.usd=1"), True) == []
+    # the fix an out-of-memory error advises, and speculation (it changes no token), may change too
+    assert check_resume(existing, tiny_config("algorithm.micro_batch_size=2", "generation.speculation=off",
+                                              "generation.max_draft_len=2"), True) == []
     with pytest.raises(CampaignRefused, match=r"settings differ: algorithm.lr\)"):
         check_resume(existing, tiny_config("price_per_gpu_second=0.002", "algorithm.lr=0.5"), True)
+    assert made.identity()["algorithm"]["micro_batch_size"] is None  # the recorded identity is untouched
 
 
 def test_a_resume_counts_its_set_up_before_paying_it(tiny_config):

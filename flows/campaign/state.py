@@ -13,6 +13,7 @@ same objects with the same bytes.
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any
 
@@ -272,7 +273,13 @@ def load_state_at(store: ObjectStore, run_id: str, step: int, *, history: bool =
     return parse_state(store, record, run_id, history=history)
 
 
-PRICE = "price_per_gpu_second"
+RESUMABLE_CHANGES = (("price_per_gpu_second",), ("algorithm", "micro_batch_size"), ("generation", "speculation"),
+                     ("generation", "max_draft_len"), ("generation", "draft_strategies"))
+"""Settings of the identity a resume may change: the price (it turns billed time into USD and
+weighs the planner's cost), the learner's micro-batches (the update equals the unsplit one to
+round-off: the fix an out-of-memory error advises) and speculative decoding (it never changes a
+token). A derived run id hashes them, as the identity holds them since before they could change
+(a run that may change them names its run_id)."""
 
 
 class CampaignRefused(ValueError):
@@ -299,10 +306,7 @@ def check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: bo
         )
     identity, warnings = (reconcile_reward_paths(existing.run_id, existing.identity, cfg, store) if store is not None
                           else (cfg.identity(), []))
-    # the price turns billed time into USD and weighs the planner's cost: it changes no sample
-    # and no weight, so a run takes a new one (a run id derived from the settings hashes it)
-    if PRICE in existing.identity:
-        identity = {**identity, PRICE: existing.identity[PRICE]}
+    identity = _as_recorded(identity, existing.identity, RESUMABLE_CHANGES)
     if existing.fingerprint != fingerprint_of(identity):
         diff = [described(k, existing.identity, identity) if store is not None else k
                 for k in differing_keys(existing.identity, identity)]
@@ -312,6 +316,23 @@ def check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: bo
             f"(settings differ: {shown}); use the original config or a new run_id"
         )
     return warnings
+
+
+def _as_recorded(identity: dict[str, Any], recorded: dict[str, Any], paths: tuple[tuple[str, ...], ...]
+                 ) -> dict[str, Any]:
+    """``identity`` with the value at each of ``paths`` that ``recorded`` holds put back as it
+    was recorded (a copy: ``identity`` is not changed)."""
+    out = copy.deepcopy(identity)
+    for path in paths:
+        here, there = out, recorded
+        for key in path[:-1]:
+            here, there = here.get(key), there.get(key) if isinstance(there, dict) else None
+            if not isinstance(here, dict) or not isinstance(there, dict):
+                break
+        else:
+            if path[-1] in there:
+                here[path[-1]] = there[path[-1]]
+    return out
 
 
 def differing_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
