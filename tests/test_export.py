@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -83,7 +84,8 @@ def test_export_round_trip_gives_the_stores_logits(tmp_path, run_store, capsys):
 
     # --step 0: the initial policy; from_pretrained gives the source folder's logits
     assert main(["export", "ex", "--store", str(store), "--step", "0", "--out", str(tmp_path / "v0")]) == 0
-    capsys.readouterr()
+    sha0 = json.loads(capsys.readouterr().out)["weights_sha256"]  # no warm-up: the initial manifest's own
+    assert re.fullmatch("[0-9a-f]{64}", sha0) and sha0 != keys["sha1"]
     v0 = AutoModelForCausalLM.from_pretrained(tmp_path / "v0", dtype=torch.float32).eval()
     with torch.no_grad():
         assert (v0(ids).logits - initial).abs().max().item() <= 1e-6

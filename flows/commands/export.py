@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     from actions.config.workload import ModelConfig
     from actions.models.export import LoraVersion, describe, export_policy
     from actions.store import ObjectNotFound
+    from actions.store.artifacts import read_manifest
     from flows.commands.cli import sigterm_unwinds
 
     # the run's model.lora, as it trained: only the model section is read, so settings that
@@ -100,16 +101,17 @@ def run(args: argparse.Namespace) -> int:
     # under model.lora the backbone is version 0, which is also the reference (flows/campaign/setup.py)
     lora = LoraVersion(lora_cfg, state.reference_key) if lora_cfg else None
     try:
+        # version 0 without warm-up has no fingerprint in the commit: its manifest holds one
+        sha = state.weights_sha256 or read_manifest(store, state.policy_key).get("meta", {}).get("weights_sha256")
         with sigterm_unwinds():  # a stop part-way removes the partial folder beside --out
             folder = export_policy(store, state.prepared.base_key, state.policy_key, out,
-                                   weights_sha256=state.weights_sha256 or None, merge_lora=args.merge_lora,
-                                   run=state.run_id, lora=lora)
+                                   weights_sha256=sha or None, merge_lora=args.merge_lora, run=state.run_id, lora=lora)
     except ObjectNotFound:
         raise ValueError(f"export: the policy of run {state.run_id!r} at step {state.step} was deleted by garbage "
                          "collection (store.keep_last); export a later step, or keep versions with "
                          "store.checkpoint_every (or `rlhfless gc --checkpoint-every N`)") from None
     report = describe(folder, run_id=state.run_id, step=state.step, policy_version=state.policy_version,
-                      weights_sha256=state.weights_sha256)
+                      weights_sha256=sha or None)
     failed: ValueError | None = None
     if args.push_to_hub:
         try:
