@@ -14,7 +14,6 @@ import hashlib
 import json
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
@@ -103,7 +102,9 @@ def check_store_uri(v: str) -> str:
     if not v.strip():
         raise ValueError("store.uri is empty; use a directory path or s3://bucket/prefix")
     scheme = v.split(":", 1)[0].lower() if ":" in v else ""
-    if v.startswith("file://") and "@" in urlsplit(v).netloc:  # not quoted: a directory has no password
+    # a file:// URI names a directory by an empty or localhost authority; with an '@' anything
+    # else may be user:password@ (a password may hold '/', '?' or '#'): not quoted
+    if v.startswith("file://") and "@" in v and not v.startswith(("file:///", "file://localhost/")):
         raise ValueError("store.uri carries a user name or password (user:password@) in a file:// URI, which names "
                          "a local directory (file:///path); for S3 use s3://bucket/prefix with the keys in AWS_* "
                          "variables")

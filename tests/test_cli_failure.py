@@ -45,8 +45,8 @@ def test_a_mid_run_failure_is_one_line_naming_the_resume_and_resume_continues(tm
     last = failed.stderr.strip().splitlines()[-1]
     assert last.startswith("rlhfless: error: action score failed: reward function 'latefail:late' raised "
                            "ValueError: late failure"), last
-    assert last.endswith("`rlhfless train --resume` with the same settings continues run 'late' from its last "
-                         "committed step (1)"), last
+    assert last.endswith("`rlhfless train --resume --run-id late` with the same settings continues the run from "
+                         "its last committed step (1)"), last
 
     resumed = subprocess.run([*cmd, "--resume"], env={**env, "FIXED": "1"}, capture_output=True, text=True,
                              timeout=600)

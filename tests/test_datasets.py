@@ -536,6 +536,13 @@ def test_parquet_shards_that_disagree_are_named_with_the_column(tmp_path):
                      field="data.train_path")
     assert answers(shards("later", [{"prompt": "a", "note": "x"}], [{"prompt": "b", "note": None}]), "note") == [
         "x", None]
+    for name, a, b, said in (("nested", [0.5], [2], "lists of integers in part-1.parquet but lists of floating"),
+                             ("inner", {"x": 0.5}, {"x": 2}, "structs {x: integers} in part-1.parquet but structs")):
+        with pytest.raises(ValueError, match=rf"column 'cases' holds {said}"):  # 2 would read as 2.0 inside too
+            read_records(shards(name, [{"prompt": "a", "cases": a}], [{"prompt": "b", "cases": b}]),
+                         field="data.train_path")
+    assert answers(shards("nested_ok", [{"prompt": "a", "cases": [1]}], [{"prompt": "b", "cases": [2.0]}]),
+                   "cases") == [[1], [2]]
     (tmp_path / "fine").mkdir()
     for i, width in enumerate((pa.int64(), pa.int32())):
         pq.write_table(pa.table({"prompt": ["a"], "answer": pa.array([i], width)}), tmp_path / "fine" / f"{i}.parquet")
@@ -699,9 +706,13 @@ def test_a_stored_dataset_parses_only_the_rows_an_action_reads():
     with pytest.raises(ValueError, match=r"prompt_ids \[7\] are not in the dataset"):
         rows_for(stored, [ids[0], 7])
     first = data.split(b"\n")[0]
-    for damaged in (first + b"\n[1]\n", first + b"\n" + first + b"\n"):  # not a row; an id twice
-        with pytest.raises(ValueError, match=r"^runs/r/data/train:2: not a stored dataset row .* damaged"):
-            StoredRows(damaged, "runs/r/data/train")
+    with pytest.raises(ValueError, match=r"^runs/r/data/train:2: not a stored dataset row .* damaged"):
+        StoredRows(first + b"\n[1]\n", "runs/r/data/train")
+    with pytest.raises(ValueError, match=rf"^runs/r/data/train:2: prompt_id {ids[0]} appears twice \(first at line "
+                                         r"1\); the store's copy of the dataset is damaged"):
+        StoredRows(first + b"\n" + first + b"\n", "runs/r/data/train")
+    with pytest.raises(ValueError, match=r"^s:1: field 'prompt': field required; the store's copy"):
+        StoredRows(b'{"prompt_id": 1, "answer": "a"}\n', "s")[1]
     # what json.dumps writes reads back, a lone surrogate's escape included (a column may hold one)
     odd, _ = to_rows([(1, {"prompt": "q", "answer": "a", "note": "x\ud800"})], FieldMap(), source="f")
     assert StoredRows(rows_to_jsonl(odd), "s")[odd[0].prompt_id].columns == {"note": "x\ud800"}

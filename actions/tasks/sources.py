@@ -260,16 +260,46 @@ def _check_shards_agree(files: list[str], where: str) -> None:
             raise ValueError(f"{where}: {b} has columns {a} lacks ({', '.join(extra)}); write every shard with the "
                              f"columns of the first (in name order), or drop those")
         for column in schema.names:
-            want, got = _kind(first.field(column).type), _kind(schema.field(column).type)
-            # a later shard's untyped nulls read as the first's type, and its floats as its integers
-            # (whole ones; any other fails, naming the value); integers after floats would read as
-            # floats (2 as 2.0), unlike the same rows in JSON Lines
-            if want != got and got != NULLS and (want, got) != ("integers", "floating-point numbers"):
-                raise ValueError(f"{where}: column {column!r} holds {got} in {b} but {want} in {a}; write every "
-                                 f"shard with the same type in {column!r} (cast it before writing)")
+            want, got = first.field(column).type, schema.field(column).type
+            if not _agrees(want, got):
+                raise ValueError(f"{where}: column {column!r} holds {_described(got)} in {b} but {_described(want)} "
+                                 f"in {a}; write every shard with the same type in {column!r} (cast it before "
+                                 "writing)")
 
 
 NULLS = "only nulls (no type)"
+
+
+def _agrees(first: Any, later: Any) -> bool:
+    """Whether a later shard's Arrow type reads right as the first shard's: the same kind, in
+    lists and structs too; untyped nulls as any; floats as integers (whole ones; any other
+    fails, naming the value). Integers after floats would read as floats (2 as 2.0, unlike the
+    same rows in JSON Lines)."""
+    import pyarrow as pa
+
+    want, got = _kind(first), _kind(later)
+    if got == NULLS or (want, got) == ("integers", "floating-point numbers"):
+        return True
+    if want != got:
+        return False
+    if want == "lists":
+        return _agrees(first.value_type, later.value_type)
+    if want == "structs":
+        fields = {f.name: f.type for f in first}
+        return all(f.name in fields and _agrees(fields[f.name], f.type) for f in later)
+    if pa.types.is_dictionary(first) or pa.types.is_dictionary(later):
+        return _agrees(getattr(first, "value_type", first), getattr(later, "value_type", later))
+    return True
+
+
+def _described(dtype: Any) -> str:
+    """An Arrow type as a message names it: its kind, and what a list or struct holds."""
+    kind = _kind(dtype)
+    if kind == "lists":
+        return f"lists of {_described(dtype.value_type)}"
+    if kind == "structs":
+        return "structs {" + ", ".join(f"{f.name}: {_described(f.type)}" for f in list(dtype)[:6]) + "}"
+    return kind
 
 
 def _kind(dtype: Any) -> str:

@@ -38,9 +38,12 @@ class StoredRows(Mapping[int, PromptRow]):
                 hash(prompt_id)
             except (ValueError, KeyError, TypeError):
                 prompt_id = None
-            if prompt_id is None or prompt_id in self._rows:
-                raise ValueError(f"{source}:{number}: not a stored dataset row (a JSON object with a prompt_id no "
-                                 "other row has); the store's copy of the dataset is damaged")
+            if prompt_id is None:
+                raise ValueError(f"{source}:{number}: not a stored dataset row (a JSON object with an int "
+                                 "prompt_id); the store's copy of the dataset is damaged")
+            if prompt_id in self._rows:
+                raise ValueError(f"{source}:{number}: prompt_id {prompt_id} appears twice (first at line "
+                                 f"{self._rows[prompt_id][0]}); the store's copy of the dataset is damaged")
             self._rows[prompt_id] = (number, line)
         if not self._rows:
             raise ValueError(f"{source}: no rows; add at least one {{prompt_id, prompt, answer}} line")
@@ -53,8 +56,10 @@ class StoredRows(Mapping[int, PromptRow]):
         try:  # json.loads, as the rows were written: it reads every escape json.dumps writes
             parsed = PromptRow.model_validate(json.loads(line))
         except ValidationError as exc:
-            raise ValueError(f"{self.source}:{number}: not a stored dataset row ({exc.errors()[0]['msg']}); the "
-                             "store's copy of the dataset is damaged") from None
+            err = exc.errors()[0]
+            field = ".".join(str(part) for part in err["loc"]) or "row"
+            raise ValueError(f"{self.source}:{number}: field {field!r}: {err['msg'].lower()}; the store's copy of "
+                             "the dataset is damaged") from None
         self._rows[prompt_id] = parsed
         return parsed
 

@@ -130,7 +130,7 @@ def finish_profiling(ctx: RunContext, started: tuple[Any, ProfileRequest] | None
                       kv_bytes_per_token=float(result.kv_bytes_per_token),
                       transfer_bandwidth_bytes_per_s=result.store_read_bytes_per_s,
                       threads=result.facts.threads, activation_s=activation_s + push_s, profile_key=result.profile_key,
-                      weight_push_s=push_s)
+                      weight_push_s=push_s, measure_s=result.measure_s)
 
 
 def other_model_warning(path: str, profile: TpotProfile, facts: ProfileFacts | None, engine: str,

@@ -71,15 +71,18 @@ def ledger_cost(ctx: RunContext, ledger: Ledger) -> dict[str, float]:
 
 def add_setup_spend(ctx: RunContext, state: CampaignState, ledger: Ledger, *, resumed: bool = False) -> None:
     """Add the set-up activations of ``ledger`` to ``state``'s spend, and record what the next
-    resume's set-up may cost (``CampaignState.resume_setup_s``): what its profile and probes
-    cost here, all of a resume's set-up (a new run's profile measured the grid, which the next
-    one reads from the store's cache: an upper bound, so a resume never spends past it)."""
+    resume's set-up should cost (``CampaignState.resume_setup_s``): all of a resume's set-up
+    (its profile, read from the store's cache, and its probes); a new run's profile and probes,
+    less the seconds its profile spent measuring the grid that the next one reads instead."""
     cost = ledger_cost(ctx, ledger)
     state.add_spend("setup", cost[BILLED], cost[USEFUL], cost[USD])
-    mine = (ledger if resumed else
-            Ledger([r for r in ledger.records if r.action in RESUMED_SETUP],
-                   [r for r in ledger.failed if r.action in RESUMED_SETUP]))
-    state.resume_setup_s = ledger_cost(ctx, mine)[BILLED]
+    if resumed:
+        state.resume_setup_s = cost[BILLED]
+        return
+    mine = Ledger([r for r in ledger.records if r.action in RESUMED_SETUP],
+                  [r for r in ledger.failed if r.action in RESUMED_SETUP])
+    measured = (ctx.live.measure_s if ctx.live is not None else 0.0) * ctx.config.scaling.gpus_per_actor
+    state.resume_setup_s = max(0.0, ledger_cost(ctx, mine)[BILLED] - measured)
 
 
 RESUMED_SETUP = frozenset({"profile", "noop"})

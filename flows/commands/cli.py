@@ -247,8 +247,9 @@ def _resume_hint(cfg: CampaignConfig) -> str:
         return ""
     if state is None:
         return ""
-    return (f"; once that is fixed, `rlhfless train --resume` with the same settings continues run "
-            f"{cfg.resolved_run_id()!r} from its last committed step ({state.step})")
+    run_id = cfg.resolved_run_id()  # named: a changed micro-batch size would derive another id
+    return (f"; once that is fixed, `rlhfless train --resume --run-id {run_id}` with the same settings continues "
+            f"the run from its last committed step ({state.step})")
 
 
 def _number(value: float | None, spec: str) -> str:

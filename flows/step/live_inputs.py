@@ -28,6 +28,8 @@ class LiveInputs:
     profile_key: str = ""
     weight_push_s: float = 0.0
     """The vLLM engine's measured push of a new policy version into it (0: torch engine)."""
+    measure_s: float = 0.0
+    """Seconds the profile action spent measuring the grid (0: read from the store's cache)."""
 
     def describe(self) -> dict[str, Any]:
         """The summary's ``profile`` entry."""
