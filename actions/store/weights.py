@@ -195,6 +195,13 @@ def check_fingerprint(manifest: Mapping[str, Any], manifest_key: str, expected: 
     return found
 
 
+def manifest_fingerprint(store: ObjectStore, manifest_key: str) -> str | None:
+    """The ``weights_sha256`` a tensor manifest records, checked against its file table
+    (:func:`check_fingerprint`); None for a manifest that records none (an adapter's)."""
+    manifest = read_manifest(store, manifest_key)
+    return check_fingerprint(manifest, manifest_key) if "weights_sha256" in manifest.get("meta", {}) else None
+
+
 def load_tensors(
     store: ObjectStore, manifest_key: str, *, expected_sha256: str | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

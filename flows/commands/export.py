@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     from actions.config.workload import ModelConfig
     from actions.models.export import LoraVersion, describe, export_policy
     from actions.store import ObjectNotFound
-    from actions.store.artifacts import read_manifest
+    from actions.store.weights import manifest_fingerprint
     from flows.commands.cli import sigterm_unwinds
 
     # the run's model.lora, as it trained: only the model section is read, so settings that
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     lora = LoraVersion(lora_cfg, state.reference_key) if lora_cfg else None
     try:
         # version 0 without warm-up has no fingerprint in the commit: its manifest holds one
-        sha = state.weights_sha256 or read_manifest(store, state.policy_key).get("meta", {}).get("weights_sha256")
+        sha = state.weights_sha256 or manifest_fingerprint(store, state.policy_key)
         with sigterm_unwinds():  # a stop part-way removes the partial folder beside --out
             folder = export_policy(store, state.prepared.base_key, state.policy_key, out,
                                    weights_sha256=sha or None, merge_lora=args.merge_lora, run=state.run_id, lora=lora)
