@@ -160,11 +160,11 @@ def _start(ctx: RunContext, existing: CampaignState | None, lease: RunLease, col
     state.stopped_reason = None
     if ctx.live is None and state.step < ctx.config.steps:  # a resume: the budget judged before its set-up
         state.stopped_reason = resume_stop(ctx.config, state)
-    if ctx.live is None and state.stopped_reason is None and runs_a_step(ctx.config, state):
-        tokens = parse_token_table(get_json(ctx.store, state.prepared.tokens_key))
-        with accounted() as ledger:  # set-up's spend, committed with its first step
-            ctx.live = finish_profiling(ctx, start_profiling(ctx, model_ref(ctx, state), tokens), progress)
-        add_setup_spend(ctx, state, ledger, resumed=True)
+        if state.stopped_reason is None:
+            tokens = parse_token_table(get_json(ctx.store, state.prepared.tokens_key))
+            with accounted() as ledger:  # set-up's spend, committed with its first step
+                ctx.live = finish_profiling(ctx, start_profiling(ctx, model_ref(ctx, state), tokens), progress)
+            add_setup_spend(ctx, state, ledger, resumed=True)
     state.steps_configured = ctx.config.steps  # a resume's own, committed with its next step
     state.retention = _retention_of(ctx.config)
     return state

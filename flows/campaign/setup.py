@@ -69,6 +69,10 @@ def ledger_cost(ctx: RunContext, ledger: Ledger) -> dict[str, float]:
                         price=cfg.price_per_gpu_second)
 
 
+RESUMED_SETUP = frozenset({"profile", "noop"})
+"""The set-up a resume repeats: the profile action and the round-trip probes (``noop``)."""
+
+
 def add_setup_spend(ctx: RunContext, state: CampaignState, ledger: Ledger, *, resumed: bool = False) -> None:
     """Add the set-up activations of ``ledger`` to ``state``'s spend, and record what the next
     resume's set-up should cost (``CampaignState.resume_setup_s``): all of a resume's set-up
@@ -83,10 +87,6 @@ def add_setup_spend(ctx: RunContext, state: CampaignState, ledger: Ledger, *, re
                   [r for r in ledger.failed if r.action in RESUMED_SETUP])
     measured = (ctx.live.measure_s if ctx.live is not None else 0.0) * ctx.config.scaling.gpus_per_actor
     state.resume_setup_s = max(0.0, ledger_cost(ctx, mine)[BILLED] - measured)
-
-
-RESUMED_SETUP = frozenset({"profile", "noop"})
-"""The set-up a resume repeats: the profile action and the round-trip probes (``noop``)."""
 
 
 def set_up(ctx: RunContext, progress: Progress) -> CampaignState:
