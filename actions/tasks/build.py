@@ -82,6 +82,10 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
     look = max_tokens or (cfg.model.path and d.chat_template is not False)
     tok = tokenizer() if look else None
     template = uses_template(tok, d.chat_template, model_name)
+
+    def encode(text: Any) -> Any:  # a text's tokens alone, or a list of texts' in one batch call
+        return (tok or tokenizer())(text, add_special_tokens=False, verbose=False)["input_ids"]
+
     split_rows = {"train": train, "eval": evals}
     for which, rows in split_rows.items():
         source = split_source(d, which)
@@ -89,8 +93,7 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
                            strings_as_text=d.chat_template == "messages")
         if max_tokens:
             rows, length = limit_prompt_length(
-                rows, encode=lambda t: tok(t, add_special_tokens=False, verbose=False)["input_ids"],
-                encode_many=lambda ts: tok(ts, add_special_tokens=False, verbose=False)["input_ids"], decode=tok.decode,
+                rows, encode=encode, encode_many=encode, decode=tok.decode,
                 num_special=tok.num_special_tokens_to_add(), max_tokens=max_tokens, policy=d.long_prompts,
                 source=source,
                 limit_text=None if d.max_prompt_tokens else
@@ -98,10 +101,7 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
                 fix="raise it" if d.max_prompt_tokens else "lower generation.max_new_tokens")
             stats[which].update(asdict(length))
         elif not d.train_path:  # a generated task: no limit, but the response must still fit the context
-            check_prompt_room(cfg, rows,
-                              lambda t: (tok or tokenizer())(t, add_special_tokens=False, verbose=False)["input_ids"],
-                              source,
-                              one_token_per_char=not cfg.model.path,
+            check_prompt_room(cfg, rows, encode, source, one_token_per_char=not cfg.model.path,
                               num_special=(tok or tokenizer()).num_special_tokens_to_add()
                               if any(r.add_special_tokens for r in rows) else 0)
         stats[which]["rows"] = len(rows)
@@ -117,9 +117,7 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
                          + (" or raise data.eval_fraction" if d.eval_fraction else ""))
     state = make_trainer_state(step=0, epoch=0.0, max_steps=steps,
                                optimizer_steps_per_step=cfg.algorithm.optimizer_steps_per_step)
-    check_reward_functions(cfg.reward_functions(), train, trainer_state=state,
-                           encode=lambda text: (tok or tokenizer())(text, add_special_tokens=False,
-                                                                    verbose=False)["input_ids"])
+    check_reward_functions(cfg.reward_functions(), train, trainer_state=state, encode=encode)
     return Datasets(train=train, evals=evals, summary=stats | {"chat_template": template, "evaluation": evaluation})
 
 

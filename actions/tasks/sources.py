@@ -277,6 +277,7 @@ def _agrees(first: Any, later: Any) -> bool:
     same rows in JSON Lines)."""
     import pyarrow as pa
 
+    first, later = (t.value_type if pa.types.is_dictionary(t) else t for t in (first, later))  # categoricals
     want, got = _kind(first), _kind(later)
     if got == NULLS or (want, got) == ("integers", "floating-point numbers"):
         return True
@@ -287,8 +288,6 @@ def _agrees(first: Any, later: Any) -> bool:
     if want == "structs":
         fields = {f.name: f.type for f in first}
         return all(f.name in fields and _agrees(fields[f.name], f.type) for f in later)
-    if pa.types.is_dictionary(first) or pa.types.is_dictionary(later):
-        return _agrees(getattr(first, "value_type", first), getattr(later, "value_type", later))
     return True
 
 
