@@ -351,6 +351,37 @@ def test_every_activation_pays_the_measured_round_trip_once():
     assert gs1 == pytest.approx(gs0 + 3 * 0.05)  # billed: prefill, actor 0, actor 1
 
 
+def test_actors_beyond_the_local_pool_s_workers_queue_for_one_instead_of_a_cold_start(tiny_config, tmp_path):
+    from actions.store import LocalStore
+    from flows.planning.plan import ClusterSpec
+    from flows.planning.timeline import evaluate_candidate
+    from flows.step.context import RunContext
+    from flows.step.phase import cluster_spec
+
+    two = ClusterSpec(gpus_per_actor=1, max_actors=3, num_warm_actors=2, activation_s=0.1,
+                      max_concurrent_actors=2)
+    # actors 0 and 1 run at once and end at 1.1; actor 2 takes the first free worker then and
+    # pays its own round trip again; the wait is not billed
+    t, gs, _ = evaluate_candidate([1.0, 1.0, 1.0], [0, 0, 0], two, 0.0)
+    assert (t, gs) == (pytest.approx(2.2), pytest.approx(3.3))
+    unbounded = ClusterSpec(gpus_per_actor=1, max_actors=3, num_warm_actors=3, activation_s=0.1)
+    assert evaluate_candidate([1.0, 1.0, 1.0], [0, 0, 0], unbounded, 0.0)[:2] == (pytest.approx(1.1),
+                                                                                   pytest.approx(3.3))
+    # the shortest running actor frees its worker first
+    t, _, _ = evaluate_candidate([3.0, 1.0, 1.0, 1.0], [0] * 4, two, 0.0)
+    assert t == pytest.approx(3.3)  # actors 2 and 3 one after the other beside actor 0 (ends 3.1)
+
+    def spec(*overrides):
+        ctx = RunContext(config=tiny_config("scaling.policy=fixed:3", *overrides),
+                         store=LocalStore(str(tmp_path / "s")), invoker=None, run_id="r")  # type: ignore[arg-type]
+        return cluster_spec(ctx, 1)
+
+    local = spec()  # a fixed fan-out above the pool's one worker: no cold start, a queue
+    assert (local.cold_start_s, local.max_concurrent_actors) == (0.0, 1)
+    remote = spec("invoker.kind=openwhisk")
+    assert (remote.cold_start_s, remote.max_concurrent_actors) == (2.0, 0)
+
+
 def test_the_measured_fanout_follows_the_predicted_lengths(tiny_config, tmp_path, monkeypatch):
     """Short responses: a second action saves less than its round trip costs; long ones: it pays."""
     from actions.store import LocalStore

@@ -50,6 +50,11 @@ class ClusterSpec:
     """Decode actors 0..k-1 run on the prefill actor's GPUs once prefill is done: they hold the
     weights and the prefix KV already (no cold start, no transfer). At most
     ``prefill_gpus // gpus_per_actor``; 1 is the paper's actor 0."""
+    max_concurrent_actors: int = 0
+    """Decode actors that run at once; 0: all of them (OpenWhisk starts a container for each).
+    The local pool has this many workers and no cold start: an actor beyond them waits in the
+    queue for the first to finish and is billed from when it starts
+    (``timeline.evaluate_candidate``)."""
 
     def __post_init__(self) -> None:
         checks = {"gpus_per_actor": self.gpus_per_actor >= 1, "max_actors": self.max_actors >= 1,
@@ -61,6 +66,7 @@ class ClusterSpec:
                   "prewarm_idle_s": self.prewarm_idle_s >= 0,
                   "activation_s": self.activation_s >= 0,
                   "prefill_fixed_s": self.prefill_fixed_s >= 0,
+                  "max_concurrent_actors": self.max_concurrent_actors >= 0,
                   "colocated_actors": 1 <= self.colocated_actors <= max(
                       1, (self.num_prefill_gpus or self.gpus_per_actor) // max(1, self.gpus_per_actor))}
         for name, ok in checks.items():

@@ -18,7 +18,13 @@ t = 0 is when the learner has written the new weights [I]:
   submission): the prefill pays it once (it is in P, with ``prefill_fixed_s``: the prefill
   action's own fixed work), every decode actor once more, co-located ones too
   (``ready_0 = P + a``);
-- an actor ends at ``ready_i + decode_i``.
+- an actor ends at ``ready_i + decode_i``;
+- with ``max_concurrent_actors = m > 0`` (the local pool's workers) actor ``i >= m`` waits for
+  the first of the running ones to end, ``q_i``: it is invoked at ``max(invoked_i, q_i)``, ready
+  no sooner than that plus its start and transfers, and billed from then (a queued
+  activation's wait is not billed). The other timings (``loads.slice_ends``, ``robust``) take
+  every actor as started at once, which the sweep guarantees (``N <= max_actors <= m``) and
+  only a fixed fan-out above the pool's workers breaks.
 
 ``T`` = latest actor end; ``GPU-s = P * prefill_gpus + sum_i billed_i * gpus_per_actor`` (the
 paper's proxy, GPUs x invocation time [P §3.8]). Feasibility (§3.6, conservative as in the
@@ -37,6 +43,7 @@ when predictions are exact.
 
 from __future__ import annotations
 
+import heapq
 from typing import NamedTuple, Sequence
 
 from flows.planning.plan import ClusterSpec
@@ -104,13 +111,20 @@ def evaluate_candidate(decode: Sequence[float], tokens: Sequence[float], cluster
     warm = actor_start(max(1, c.colocated_actors), c, prefill_s, 0.0)
     cold = actor_start(max(warm_count, c.colocated_actors), c, prefill_s, 0.0)
     kv_s_per_token = c.kv_bytes_per_token / c.transfer_bandwidth_bytes_per_s
+    running = [end0] if c.max_concurrent_actors else []  # end times of the actors holding a worker
     for i in range(1, len(decode)):
         st = local if i < c.colocated_actors else warm if i < warm_count else cold
         kv = 0.0 if i < c.colocated_actors else kv_s_per_token * tokens[i]
-        end = st.ready_s + kv + decode[i]
+        invoked, ready = st.invoked_s, st.ready_s + kv
+        if c.max_concurrent_actors and len(running) >= c.max_concurrent_actors:  # queued until a worker frees
+            invoked = max(invoked, heapq.heappop(running))
+            ready = max(ready, invoked + st.cold_s + st.transfer_s + kv + c.activation_s)
+        end = ready + decode[i]
+        if c.max_concurrent_actors:
+            heapq.heappush(running, end)
         if end > t_max:
             t_max = end
-        billed += st.prewarm_idle_s + end - st.invoked_s
+        billed += st.prewarm_idle_s + end - invoked
         start = st.cold_s + st.transfer_s + kv
         over = start + c.activation_s + check[i] - check0
         if over > 0 and start > 0 and not reason:  # nothing to hide without a start (docstring)

@@ -60,9 +60,14 @@ def cluster_spec(ctx: RunContext, num_workers: int, calibration: Calibration = C
     prefill_action = runs_prefill_action(ctx.config.generation)
     if not prefill_action:
         transfer["kv_bytes_per_token"] = 0.0
+    # the local pool's workers all start with it: no cold start mid-phase, and an actor beyond
+    # them (a fixed fan-out above invoker.num_workers) queues for one instead
+    pool = ctx.config.invoker.kind != "openwhisk"
     return ClusterSpec(gpus_per_actor=s.gpus_per_actor, max_actors=capacity,
-                       price_per_gpu_second=ctx.config.price_per_gpu_second, cold_start_s=s.cold_start_s,
-                       num_warm_actors=max(1, num_workers), prefill_action=prefill_action, **transfer)
+                       price_per_gpu_second=ctx.config.price_per_gpu_second,
+                       cold_start_s=0.0 if pool else s.cold_start_s, num_warm_actors=max(1, num_workers),
+                       max_concurrent_actors=max(1, num_workers) if pool else 0,
+                       prefill_action=prefill_action, **transfer)
 
 
 def runs_prefill_action(generation: GenerationConfig) -> bool:
