@@ -22,8 +22,7 @@ from typing import Any
 
 from prefect import flow
 
-from actions.contracts import parse_token_table
-from actions.store import ObjectStore, get_json, open_store
+from actions.store import ObjectStore, open_store
 from flows.campaign.advance import run_one_step
 from flows.campaign.budget import budget_stop, evaluation_due, resume_stop, runs_a_step
 from flows.campaign.collect import Collector
@@ -161,7 +160,7 @@ def _start(ctx: RunContext, existing: CampaignState | None, lease: RunLease, col
     if ctx.live is None and state.step < ctx.config.steps:  # a resume: the budget judged before its set-up
         state.stopped_reason = resume_stop(ctx.config, state)
         if state.stopped_reason is None:
-            tokens = parse_token_table(get_json(ctx.store, state.prepared.tokens_key))
+            tokens = ctx.token_table(state.prepared.tokens_key)
             with accounted() as ledger:  # set-up's spend, committed with its first step
                 ctx.live = finish_profiling(ctx, start_profiling(ctx, model_ref(ctx, state), tokens), progress)
             add_setup_spend(ctx, state, ledger, resumed=True)
@@ -190,7 +189,7 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
     resume does not log that step again, since nothing records which steps a tracker received
     and logging one it did receive would repeat it."""
     cfg = ctx.config
-    tokens = parse_token_table(get_json(ctx.store, state.prepared.tokens_key))
+    tokens = ctx.token_table(state.prepared.tokens_key)
     clock = StepClock()
     stop = state.stopped_reason or budget_stop(cfg, state)  # a resumed run may have no budget left
     if state.step < cfg.steps and not stop:

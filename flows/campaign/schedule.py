@@ -26,10 +26,13 @@ def step_prompts(prompt_ids: Sequence[int], per_step: int, step: int, seed: int)
     start = step * per_step
     epoch = start // n
     out: list[int] = []
+    orders: dict[int, list[int]] = {}  # a step spans at most two epochs: one shuffle each, not one per prompt
     pos = start
     while len(out) < per_step:
         e, i = divmod(pos, n)
-        pid = epoch_order(prompt_ids, e, seed)[i]
+        if e not in orders:
+            orders[e] = epoch_order(prompt_ids, e, seed)
+        pid = orders[e][i]
         if pid not in out:
             out.append(pid)
         pos += 1

@@ -14,10 +14,8 @@ from actions.contracts import (
     ModelRef,
     WarmupRequest,
     WarmupResult,
-    parse_token_table,
     reward_model_refs,
 )
-from actions.store import get_json
 from flows.campaign.budget import evaluates
 from flows.campaign.inputs import init_critic, prepare_inputs
 from flows.campaign.live_profile import finish_profiling, start_profiling
@@ -110,7 +108,7 @@ def _set_up(ctx: RunContext, progress: Progress) -> CampaignState:
     init = ModelRef(store_uri=ctx.store.uri, base_key=prepared.base_key, policy_key=prepared.init_key,
                     policy_version=0, dtype=cfg.model.dtype, lora=lora,
                     backbone_key=prepared.init_key if lora else None)
-    profiling = start_profiling(ctx, init, parse_token_table(get_json(ctx.store, prepared.tokens_key)))
+    profiling = start_profiling(ctx, init, ctx.token_table(prepared.tokens_key))
     if cfg.warmup.steps:
         progress(f"warmup: {cfg.warmup.steps} supervised steps")
         req = WarmupRequest(store_uri=ctx.store.uri, base_key=prepared.base_key, init_key=prepared.init_key,
