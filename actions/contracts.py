@@ -368,8 +368,10 @@ class EvaluateResult(_Msg):
     accuracy: float
     """Fraction of completions whose reward functions' sum reached its row's best (``rewards.is_best``)."""
     mean_length: float
+    """Tokens per completion, its stop token included (as training's ``response_length``)."""
     num_prompts: int
     reward_mean: float = 0.0
+    """Mean reward of the completions some reward applied to (as training's ``reward/mean``)."""
     reward_metrics: dict[str, float] = {}
     """The mean of each value the reward functions logged with ``log_metric`` while scoring
     the evaluation, by name (TRL reports them as the evaluation's metrics)."""

@@ -38,8 +38,11 @@ def run_evaluate(req: EvaluateRequest) -> EvaluateResult:
              {"policy_version": req.model.policy_version,
               "items": [{"prompt_id": r.prompt_id, "completion": t, "correct": c}
                         for r, t, c in zip(rows, texts, correct)]})
-    return EvaluateResult(accuracy=sum(correct) / len(rows), mean_length=sum(len(o.tokens) for o in outs) / len(rows),
-                          num_prompts=len(rows), reward_mean=sum(rewards.total) / len(rows),
+    # as training's figures: a length counts the stop token, the mean reward only the rows some
+    # reward applied to (actions/rl/batch.py, TRL's)
+    scored = [t for t, applied in zip(rewards.total, rewards.applicable) if applied]
+    return EvaluateResult(accuracy=sum(correct) / len(rows), mean_length=sum(map(len, ids)) / len(rows),
+                          num_prompts=len(rows), reward_mean=sum(scored) / len(scored) if scored else 0.0,
                           reward_metrics={k: sum(v) / len(v) for k, v in rewards.metrics.items() if v},
                           engine_events=take_engine_events())
 

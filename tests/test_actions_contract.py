@@ -82,6 +82,31 @@ def test_prefill_bundle_feeds_generate_with_identical_output(prepared):
     assert get_json(store, "runs/c/a.json")["samples"] == get_json(store, "runs/c/b.json")["samples"]
 
 
+def test_evaluation_counts_as_training_does(prepared, tmp_path, monkeypatch):
+    """Lengths include the stop token; the mean reward is over the rows a reward applied to."""
+    _, store, p = prepared
+    (tmp_path / "half_reward.py").write_text(
+        "def every_other(completions, **kwargs):\n"
+        "    return [1.0 if i % 2 else None for i in range(len(completions))]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ref = ModelRef(store_uri=store.uri, base_key=p.base_key, policy_key=p.init_key, policy_version=0)
+    payload = {"model": ref.model_dump(), "dataset_key": p.eval_key, "max_new_tokens": 6,
+               "rewards": [{"name": "half_reward:every_other"}], "output_key": "runs/c/half.json"}
+    from actions import evaluate
+    from actions.engines.base import EngineStats, SampleOut
+
+    class Scripted:  # even rows stop after one token, odd ones run to the cap of three
+        def generate(self, specs, params):
+            return [SampleOut(s.prompt_id, 0, [5] if i % 2 == 0 else [5, 6, 7], "stop" if i % 2 == 0 else "length",
+                              1 if i % 2 == 0 else None) for i, s in enumerate(specs)], EngineStats()
+
+    _, tokenizer, _ = evaluate.load_engine("torch", ref)
+    monkeypatch.setattr(evaluate, "load_engine", lambda *a, **k: (Scripted(), tokenizer, False))
+    out = _call("evaluate", payload)
+    assert out["reward_mean"] == 1.0  # every applicable row earned 1.0 (not 0.5: None rows are not zeros)
+    assert out["mean_length"] == 2.5  # (1 + its stop token) and 3, as training's response_length counts
+
+
 def test_missing_input_is_an_application_error(prepared):
     _, store, p = prepared
     ref = ModelRef(store_uri=store.uri, base_key=p.base_key, policy_key="runs/c/nope/manifest.json", policy_version=0)

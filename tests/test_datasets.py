@@ -716,3 +716,23 @@ def test_a_stored_dataset_parses_only_the_rows_an_action_reads():
     # what json.dumps writes reads back, a lone surrogate's escape included (a column may hold one)
     odd, _ = to_rows([(1, {"prompt": "q", "answer": "a", "note": "x\ud800"})], FieldMap(), source="f")
     assert StoredRows(rows_to_jsonl(odd), "s")[odd[0].prompt_id].columns == {"note": "x\ud800"}
+
+
+def test_the_summary_counts_the_eval_prompts_that_are_training_prompts():
+    from flows.campaign.reporting import evaluation_line
+
+    # the repeat task has 140 questions, which 512 training draws nearly exhaust: its eval set is
+    # not held out, and the summary and the printed line say so; arith's eval draw is
+    repeat = build_datasets(load_config(None, []), lambda: None, model_name="tiny")
+    trained = {r.prompt for r in repeat.train}
+    shared = sum(r.prompt in trained for r in repeat.evals)
+    assert repeat.summary["eval"]["in_train"] == shared > len(repeat.evals) // 2
+    arith = build_datasets(load_config(None, ["data.task=arith"]), lambda: None, model_name="tiny")
+    assert arith.summary["eval"]["in_train"] == 0
+    summary = {"evals": [{"num_prompts": 64}], "eval_accuracy_first": 0.28125, "eval_accuracy_last": 0.578125,
+               "eval_reward_mean_first": 0.28125, "eval_reward_mean_last": None, "data": repeat.summary}
+    assert evaluation_line(summary) == (f"eval accuracy 0.281 -> 0.578, mean reward 0.281 -> nan ({shared} of 64 "
+                                        "eval prompts are training prompts)")
+    summary["data"] = arith.summary
+    assert evaluation_line(summary).endswith("-> nan")
+    assert evaluation_line({"evals": []}) == "no evaluation (no data.eval_path nor data.eval_fraction)"

@@ -71,7 +71,8 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
                              "data.eval_path")
         eval_stats: dict[str, Any] = {"rows": len(evals)}
         held = len(evals)
-    else:  # a synthetic eval set never repeats a training question
+    else:  # arith's eval draw repeats no training question; repeat's 140 questions are too few to
+        # draw one apart (data.eval.in_train counts the eval prompts that are training prompts)
         evals, eval_stats = _split(cfg, "eval", frozenset(r.prompt for r in train))
         held = 0
     evaluation = evaluation_source(d.train_path, d.eval_path, d.eval_fraction)
@@ -107,6 +108,8 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
         stats[which]["rows"] = len(rows)
         split_rows[which] = rows
     train, evals = split_rows["train"], split_rows["eval"]
+    trained = {r.prompt for r in train}
+    stats["eval"]["in_train"] = sum(r.prompt in trained for r in evals)  # not held out: the summary says so
     if len(train) < cfg.algorithm.prompts_per_step:
         raise ValueError(_too_few_prompts(cfg, len(train), stats["train"], held, max_tokens))
     if not evals and evaluation != "none":

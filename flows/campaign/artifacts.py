@@ -68,7 +68,7 @@ def publish_step_artifacts(run_id: str, steps: list[dict[str, Any]], evals: Sequ
         f"- reward {f.reward_mean:.3f}, mean length {f.response_length_mean:.1f} tokens\n"
         f"- {f.num_actors} generation actions, {f.migrated} samples migrated\n"
         f"- billed {f.billed_gpu_seconds:.2f} {unit} (${f.usd:.5f}), step {f.timing_s['step']:.2f} s\n"
-        f"- latest held-out accuracy: {acc}\n"))
+        f"- latest eval accuracy: {acc}\n"))
     return True
 
 

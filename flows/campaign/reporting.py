@@ -125,3 +125,23 @@ def summarize(state: CampaignState, wall: float, wall_total: float | None = None
         "steps": steps,
         **extra,
     })
+
+
+def evaluation_line(summary: dict[str, Any]) -> str:
+    """The summary's evaluation in one line, as ``train`` prints it and the report writes it:
+    accuracy and mean reward at the first and last evaluation, and how many eval prompts are
+    also training prompts where any are (``data.eval.in_train``: an eval set that is not
+    held out, as the ``repeat`` task's, whose 140 questions training draws almost all of)."""
+    if not summary.get("evals"):
+        return "no evaluation (no data.eval_path nor data.eval_fraction)"
+    evals = summary["evals"]
+    shared = ((summary.get("data") or {}).get("eval") or {}).get("in_train")
+    note = f" ({shared} of {evals[0]['num_prompts']} eval prompts are training prompts)" if shared else ""
+    first, last = (_figure(summary.get(f"eval_accuracy_{end}")) for end in ("first", "last"))
+    reward_first, reward_last = (_figure(summary.get(f"eval_reward_mean_{end}")) for end in ("first", "last"))
+    return f"eval accuracy {first} -> {last}, mean reward {reward_first} -> {reward_last}{note}"
+
+
+def _figure(value: float | None) -> str:
+    """Three decimals; ``nan`` for None (a summary holds a NaN as null)."""
+    return format(float("nan") if value is None else value, ".3f")

@@ -259,10 +259,9 @@ def _number(value: float | None, spec: str) -> str:
 
 def _print_summary(summary: dict[str, Any], summary_path: Path) -> None:
     """``train``'s last lines: evaluation, bill, planner and engine figures, the summary's path."""
-    evaluated = (f"eval accuracy {summary['eval_accuracy_first']} -> {summary['eval_accuracy_last']}, mean reward "
-                 f"{_number(summary['eval_reward_mean_first'], '.3f')} -> "
-                 f"{_number(summary['eval_reward_mean_last'], '.3f')}"
-                 if summary.get("evals") else "no evaluation (no data.eval_path nor data.eval_fraction)")
+    from flows.campaign.reporting import evaluation_line
+
+    evaluated = evaluation_line(summary)
     parts, wall, total = summary["billed_gpu_seconds_by_part"], summary["wall_seconds"], summary["wall_seconds_total"]
     resumed = f" ({total:.0f} s in all)" if round(total) != round(wall) else ""  # a resume: every session's
     print(f"{evaluated}; billed {summary['billed_gpu_seconds']:.1f} {summary['billing']['unit']} (steps "

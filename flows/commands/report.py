@@ -1,6 +1,6 @@
 """The run directory's report: ``report.md`` plus PNG plots a CLI user can open.
 
-Plots (matplotlib, Agg backend, axes labelled with units): reward and held-out accuracy per
+Plots (matplotlib, Agg backend, axes labelled with units): reward and eval accuracy per
 step, response length per step, a histogram of response lengths per prompt (the long tail the
 planner sizes the fan-out for), fan-out decisions, and cost per step.
 """
@@ -14,6 +14,7 @@ from typing import Any
 
 import matplotlib
 
+from flows.campaign.reporting import evaluation_line
 from flows.step.metrics import StepFigures, billing
 
 matplotlib.use("Agg")
@@ -110,7 +111,7 @@ def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
     # billed_gpu_seconds is GPU-seconds only on OpenWhisk; locally it is action wall time.
     unit, meaning = (summary.get("billing") or billing("local")).values()
     plots = {
-        "reward.png": ("Reward and held-out accuracy", "step", "fraction correct (0-1)",
+        "reward.png": ("Reward and eval accuracy", "step", "fraction correct (0-1)",
                        {"mean reward (training samples)": (xs, [s.reward_mean for s in steps]),
                         "held-out greedy accuracy": ([e["step"] for e in evals], [e["accuracy"] for e in evals])},
                        "line"),
@@ -131,8 +132,7 @@ def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
             files.append(out / name)
     lines = [f"# Run {summary['run_id']}", "",
              f"- steps completed: {summary['steps_completed']}",
-             f"- held-out accuracy: {summary['eval_accuracy_first']} -> {summary['eval_accuracy_last']}, mean reward "
-             f"{summary.get('eval_reward_mean_first')} -> {summary.get('eval_reward_mean_last')}",
+             f"- {evaluation_line(summary)}",
              f"- billed {unit}: {summary['billed_gpu_seconds']:.1f} (useful {summary['useful_gpu_seconds']:.1f}),"
              f" cost ${summary['usd']:.4f} at price_per_gpu_second{_by_part(summary)}",
              f"- billing: {meaning}",
