@@ -481,6 +481,13 @@ CASES: dict[str, Case] = {
     "model weights truncated": Case(
         _train("--set", "model.path={tmp}/model"), ("model.safetensors", "truncated", "save the model again"),
         setup=_model_dir(_safetensors(4))),
+    "profile: model weights truncated": Case(
+        ["profile", "--set", "model.path={tmp}/model", "--output", "{tmp}/p.json"],
+        ("model.safetensors", "truncated", "save the model again"), setup=_model_dir(_safetensors(4))),
+    "profile: model config.json not JSON": Case(
+        ["profile", "--set", "model.path={tmp}/model", "--output", "{tmp}/p.json"],
+        ("model.path", "config.json is not valid JSON", "save_pretrained"),
+        setup=_model_dir(_safetensors(16), config="{nope")),
     # ----------------------------------------------------------------- reward models
     "reward model dir missing": Case(
         _train("--set", "reward.models=[{{path: '{tmp}/norm'}}]"), ("reward.models[0].path", "norm", "not a directory")),

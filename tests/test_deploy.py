@@ -389,6 +389,16 @@ def test_cli_dry_run_needs_no_credentials(no_credentials, monkeypatch, capsys):
     assert "no OpenWhisk credentials" in err and "unset $AWS_SECRET_ACCESS_KEY" in err
 
 
+def test_cli_dry_run_reads_the_action_runtime_s_credential_names_too(no_credentials, monkeypatch, capsys):
+    """__OW_API_HOST/__OW_API_KEY configure a dry run as they do a deploy: a bad host is reported."""
+    monkeypatch.setenv("__OW_API_HOST", "ftp://127.0.0.1:9")
+    monkeypatch.setenv("__OW_API_KEY", "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:SECRETKEY")
+    assert cli(["--manifest", str(SHIPPED), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "no OpenWhisk credentials" not in err and "SECRETKEY" not in err
+    assert "set __OW_API_HOST to https://host[:port]" in err
+
+
 def test_cli_errors_are_one_line_with_exit_code_2(no_credentials, tmp_path, capsys):
     assert cli(["--manifest", str(tmp_path / "absent.yaml")]) == 2
     err = capsys.readouterr().err

@@ -67,6 +67,12 @@ def run(args: argparse.Namespace) -> int:
     device = parse_device(args.device, source="--device")
     dtype = profile_dtype(args.dtype, cfg.model.dtype, device)
     check_engine(cfg, local_actions=True, device=device.type)  # it runs here: vLLM missing is train's refusal
+    if args.model_config is None and cfg.model.path:  # train's checks of the folder, one line each
+        from actions.models.weight_shapes import check_weight_shapes
+        from actions.prepare import validate_model_dir
+
+        validate_model_dir(cfg.model.path)
+        check_weight_shapes(cfg.model.path, "model.path", "AutoModelForCausalLM")
     # CPU: a small padded batch, as one action thread sees it; GPU: enough tokens to fill it.
     shape = (16, 512) if device.type == "cuda" else (16, 64)
     if cfg.generation.engine == "vllm":

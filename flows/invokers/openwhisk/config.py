@@ -209,11 +209,13 @@ def _parse_block(block: str, value: object) -> str | Mapping[str, object]:
 
 def credentials_configured(secret_block: str | None = None, env: Mapping[str, str] | None = None) -> bool:
     """Whether any source of an OpenWhisk connection is configured: a Secret block (argument or
-    ``RLHFLESS_OPENWHISK_SECRET``), ``WSK_APIHOST``/``WSK_AUTH``, or a ``.wskprops`` with either.
+    ``RLHFLESS_OPENWHISK_SECRET``), ``WSK_APIHOST``/``WSK_AUTH`` or their ``__OW_API_HOST``/
+    ``__OW_API_KEY`` (as ``from_env`` reads them), or a ``.wskprops`` with either.
     A configured source that fails to resolve is an error to report, not "no credentials"."""
     env = os.environ if env is None else env
     props = _read_wskprops(env)
-    return bool(secret_block or env.get(SECRET_BLOCK_ENV) or env.get("WSK_APIHOST") or env.get("WSK_AUTH")
+    return bool(secret_block or env.get(SECRET_BLOCK_ENV)
+                or _first_set(env, "WSK_APIHOST", "WSK_AUTH", "__OW_API_HOST", "__OW_API_KEY")
                 or props.get("APIHOST") or props.get("AUTH"))
 
 
