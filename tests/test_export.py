@@ -457,3 +457,31 @@ def test_a_push_the_hub_refuses_or_cannot_take_prints_the_report_then_one_line(t
     assert len(errors) == 1 and errors[0] == stderr.strip().splitlines()[-1], stderr
     for needle in ("--push-to-hub me/x", f"complete at --out {str(out)!r}", f"`hf upload me/x {out}`", *needles):
         assert needle in errors[0], f"{needle!r} not in: {errors[0]}"
+
+
+def test_export_names_what_went_wrong_with_the_store_or_the_folder(tmp_path, run_store, capsys, monkeypatch):
+    import shutil
+    import types
+
+    store, keys = run_store
+    copy = tmp_path / "store"
+    shutil.copytree(store, copy)
+    # the latest version, which collection never deletes, gone: the store is damaged, not collected
+    shutil.rmtree(copy / Path(keys["v1"]).parent)
+    assert main(["export", "ex", "--store", str(copy), "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert "(its latest) is missing from the store" in err and "garbage collection" not in err
+    # a folder the user cannot write: one line naming --out, nothing left beside it
+    def refused(suffix=None, prefix=None, dir=None):  # noqa: A002 -- tempfile's own parameter name
+        raise PermissionError(13, "Permission denied", f"{dir}/{prefix}x")
+
+    monkeypatch.setattr("actions.models.export.tempfile", types.SimpleNamespace(mkdtemp=refused))
+    assert main(["export", "ex", "--store", str(store), "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "export --out" in err and "cannot be written (Permission denied)" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]
+    # an empty --store is refused, never read as the default store
+    assert main(["export", "ex", "--store", "", "--out", str(tmp_path / "c")]) == 2
+    assert "store.uri is empty" in capsys.readouterr().err
+    assert main(["status", "--store", ""]) == 2
+    assert "store.uri is empty" in capsys.readouterr().err

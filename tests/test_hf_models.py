@@ -216,6 +216,24 @@ def test_tiny_model_cli_writes_a_loadable_folder_and_refuses_bad_flags(tmp_path,
     assert not (tmp_path / "x").exists()
 
 
+def test_tiny_model_cli_refuses_what_it_cannot_write_or_run_and_replaces_its_own_files(tmp_path, capsys):
+    from flows.commands.cli import main
+
+    (tmp_path / "afile").write_text("")
+    assert main(["tiny-model", "--out", str(tmp_path / "afile" / "m")]) == 2
+    assert main(["tiny-model", "--out", str(tmp_path / "odd"), "--hidden-size", "6", "--num-heads", "2",
+                 "--num-kv-heads", "2"]) == 2  # heads of 3 dimensions: rotary embeddings need pairs
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "which is a file, not a folder" in err[0] and "even number" in err[1]
+    assert not (tmp_path / "odd").exists()
+    # a reward model written over a causal LM's folder leaves no generation config behind
+    assert main(["tiny-model", "--out", str(tmp_path / "m"), "--hidden-size", "32", "--num-heads", "2"]) == 0
+    assert (tmp_path / "m" / "generation_config.json").exists()
+    assert main(["tiny-model", "--out", str(tmp_path / "m"), "--hidden-size", "32", "--num-heads", "2",
+                 "--reward"]) == 0
+    assert not (tmp_path / "m" / "generation_config.json").exists()
+
+
 def test_a_policy_folder_whose_config_disagrees_with_its_weights_is_refused_by_prepare_in_one_line(tmp_path):
     """prepare names the tensor, rather than passing on the loader's report, and writes nothing."""
     folder = write_tiny_model_dir(tmp_path / "qwen2", "qwen2").path

@@ -338,7 +338,7 @@ def _locate_run(args: argparse.Namespace, command: str) -> tuple[Any, Any, str, 
     from flows.config import check_store_uri, load_config
 
     cfg = load_config(args.config, [])
-    uri = check_store_uri(args.store) if args.store else cfg.store.uri
+    uri = check_store_uri(args.store) if args.store is not None else cfg.store.uri  # '' is refused, not the default
     store = open_store(uri)
     return cfg, store, uri, check_run_id(args.run or _only_run(store, uri, command))
 

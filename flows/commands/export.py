@@ -48,6 +48,10 @@ def _check_args(args: argparse.Namespace) -> Path:
     if blocked is not None:  # else a bare "[Errno 17] File exists" after the weights were read
         raise ValueError(f"export --out {str(out)!r} is inside {str(blocked)!r}, which is a file, not a folder; "
                          "pass a folder path whose parents are folders")
+    home = next(p for p in out.absolute().parents if p.exists())  # the folder is written beside --out
+    if not os.access(home, os.W_OK | os.X_OK):
+        raise ValueError(f"export --out {str(out)!r}: {str(home)!r} cannot be written by this user; pass a folder "
+                         "path you can write")
     if args.step is not None and args.step < 0:
         raise ValueError(f"export --step {args.step}: steps count from 0 (the initial policy); pass 0 or more")
     if args.push_to_hub is not None and os.environ.get("HF_HUB_OFFLINE", "0").strip().lower() in _TRUE:
@@ -65,30 +69,40 @@ def _check_args(args: argparse.Namespace) -> Path:
     return out
 
 
-def _state(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(store, the commit to export)."""
+def _state(args: argparse.Namespace) -> tuple[Any, Any, bool]:
+    """(store, the commit to export, whether it is the run's latest)."""
     from actions.store import open_store
     from actions.store.safe_paths import check_run_id
     from flows.campaign.state import load_state, load_state_at
     from flows.config import check_store_uri, load_config
 
-    uri = check_store_uri(args.store) if args.store else load_config(args.config, []).store.uri
+    uri = check_store_uri(args.store) if args.store is not None else load_config(args.config, []).store.uri
     store = open_store(uri)
     run = check_run_id(args.run)
     latest = load_state(store, run)
     if latest is None:
         raise ValueError(f"run {run!r} has no committed state in store {uri}; check the run id and --store")
     if args.step is None or args.step == latest.step:
-        return store, latest
+        return store, latest, True
     state = load_state_at(store, run, args.step) if args.step < latest.step else None
     if state is None:
         raise ValueError(f"export --step {args.step}: run {run!r} has steps 0..{latest.step}; pass one of them")
-    return store, state
+    return store, state, False
+
+
+def _writing(exc: OSError, out: Path) -> bool:
+    """Whether ``exc`` is about writing ``out``: the folder, a parent made for it, or the
+    temporary one beside it (``.<name>.*``, ``actions/models/export.py``), not a store read."""
+    if exc.filename is None:
+        return False
+    path, target = Path(os.fsdecode(exc.filename)).absolute(), out.absolute()
+    return (path == target or path in target.parents
+            or any(p.name.startswith(f".{target.name}.") for p in (path, *path.parents)))
 
 
 def run(args: argparse.Namespace) -> int:
     out = _check_args(args)
-    store, state = _state(args)
+    store, state, latest = _state(args)
     from actions.config.workload import ModelConfig
     from actions.models.export import LoraVersion, describe, export_policy
     from actions.store import ObjectNotFound
@@ -107,9 +121,18 @@ def run(args: argparse.Namespace) -> int:
             folder = export_policy(store, state.prepared.base_key, state.policy_key, out,
                                    weights_sha256=sha or None, merge_lora=args.merge_lora, run=state.run_id, lora=lora)
     except ObjectNotFound:
+        if latest:  # collection never deletes the latest version: something else did
+            raise ValueError(f"export: the policy of run {state.run_id!r} at step {state.step} (its latest) is "
+                             "missing from the store, deleted outside rlhfless or the store damaged; restore the "
+                             "store from a copy, or export an earlier kept step") from None
         raise ValueError(f"export: the policy of run {state.run_id!r} at step {state.step} was deleted by garbage "
                          "collection (store.keep_last); export a later step, or keep versions with "
                          "store.checkpoint_every (or `rlhfless gc --checkpoint-every N`)") from None
+    except OSError as exc:  # a folder the checks could not foresee (read-only file system, immutable)
+        if not _writing(exc, out):
+            raise
+        raise ValueError(f"export --out {str(out)!r} cannot be written ({exc.strerror or exc}); pass a folder path "
+                         "you can write") from None
     report = describe(folder, run_id=state.run_id, step=state.step, policy_version=state.policy_version,
                       weights_sha256=sha or None)
     failed: ValueError | None = None

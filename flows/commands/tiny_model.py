@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 
@@ -45,20 +46,41 @@ def run(args: argparse.Namespace) -> int:
     if args.hidden_size % args.num_heads or args.num_heads % args.num_kv_heads:
         raise ValueError(f"--hidden-size {args.hidden_size}, --num-heads {args.num_heads}, --num-kv-heads "
                          f"{args.num_kv_heads}: heads must divide the width and kv heads the heads")
+    if (args.hidden_size // args.num_heads) % 2:  # rotary embeddings rotate pairs of a head's dimensions
+        raise ValueError(f"--hidden-size {args.hidden_size} / --num-heads {args.num_heads} gives heads of "
+                         f"{args.hidden_size // args.num_heads} dimensions; rotary embeddings need an even number")
     if args.tokenizer_vocab < 257:
         raise ValueError(f"--tokenizer-vocab {args.tokenizer_vocab}: a byte-level BPE needs > 256 tokens")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {str(out)!r} is a file; pass a folder path")
+    out = _check_out(Path(args.out))
     from flows.commands.tiny_model_dir import write_tiny_model_dir
 
-    info = write_tiny_model_dir(
-        out, args.arch, vocab_size=args.vocab_size, tokenizer_vocab=args.tokenizer_vocab,
-        hidden_size=args.hidden_size, num_layers=args.num_layers, num_heads=args.num_heads,
-        num_kv_heads=args.num_kv_heads, max_positions=args.max_positions,
-        tie_word_embeddings=not args.untied, pad_token=args.pad_token, eos_tokens=args.eos_tokens,
-        chat_template=not args.no_chat_template, seed=args.seed, reward=args.reward)
+    try:
+        info = write_tiny_model_dir(
+            out, args.arch, vocab_size=args.vocab_size, tokenizer_vocab=args.tokenizer_vocab,
+            hidden_size=args.hidden_size, num_layers=args.num_layers, num_heads=args.num_heads,
+            num_kv_heads=args.num_kv_heads, max_positions=args.max_positions,
+            tie_word_embeddings=not args.untied, pad_token=args.pad_token, eos_tokens=args.eos_tokens,
+            chat_template=not args.no_chat_template, seed=args.seed, reward=args.reward)
+    except OSError as exc:  # what the checks could not foresee (a read-only file system, a full disk)
+        raise ValueError(f"--out {str(out)!r} cannot be written ({exc.strerror or exc}); pass a folder path you "
+                         "can write") from None
     print(json.dumps({"path": str(info.path), "arch": info.arch, "vocab_size": info.vocab_size,
                       "tokenizer_size": info.tokenizer_size, "pad_token_id": info.pad_token_id,
                       "eos_token_ids": list(info.eos_token_ids)}))
     return 0
+
+
+def _check_out(out: Path) -> Path:
+    """``--out`` as a folder this user can create or fill; ValueError naming it otherwise."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is a file; pass a folder path")
+    blocked = next((p for p in out.absolute().parents if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        raise ValueError(f"--out {str(out)!r} is inside {str(blocked)!r}, which is a file, not a folder; pass a "
+                         "folder path whose parents are folders")
+    home = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
+    if not os.access(home, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {str(out)!r}: {str(home)!r} cannot be written by this user; pass a folder path "
+                         "you can write")
+    return out
+

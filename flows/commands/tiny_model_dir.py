@@ -198,6 +198,7 @@ def _save_model(root: Path, config, *, seed: int, reward: bool, eos_ids: list[in
     if reward:
         config.num_labels = 1
         model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+        (root / "generation_config.json").unlink(missing_ok=True)  # a causal LM's, left by an earlier write
     else:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         model.generation_config = GenerationConfig(eos_token_id=list(eos_ids), pad_token_id=pad_id,
