@@ -58,8 +58,9 @@ class ScalingConfig(_Section):
     gpus_per_actor: int = Field(1, ge=1)
     cold_start_s: float = Field(2.0, ge=0)
     """Seconds an OpenWhisk actor beyond the warm ones takes to start; the planner prices it.
-    The local pool starts its workers with it, so none pays one there (an actor beyond
-    ``invoker.num_workers`` queues for a worker instead, which the planner times)."""
+    The local pool starts its workers with it and the in-process invoker has no containers, so
+    none pays one there (on the pool an actor beyond ``invoker.num_workers`` queues for a worker
+    instead, which the planner times)."""
     profile: str | None = None
     """TPOT profile JSON (``rlhfless profile``); None: measured by the pool at campaign start,
     or reused from the store's cache for the same model, dtype, device, engine and threads

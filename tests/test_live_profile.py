@@ -380,6 +380,8 @@ def test_actors_beyond_the_local_pool_s_workers_queue_for_one_instead_of_a_cold_
     assert (local.cold_start_s, local.max_concurrent_actors) == (0.0, 1)
     remote = spec("invoker.kind=openwhisk")
     assert (remote.cold_start_s, remote.max_concurrent_actors) == (2.0, 0)
+    threads = spec("invoker.kind=inprocess")  # every action a call in its own thread
+    assert (threads.cold_start_s, threads.max_concurrent_actors) == (0.0, 0)
 
 
 def test_the_measured_fanout_follows_the_predicted_lengths(tiny_config, tmp_path, monkeypatch):

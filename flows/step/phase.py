@@ -60,13 +60,15 @@ def cluster_spec(ctx: RunContext, num_workers: int, calibration: Calibration = C
     prefill_action = runs_prefill_action(ctx.config.generation)
     if not prefill_action:
         transfer["kv_bytes_per_token"] = 0.0
-    # the local pool's workers all start with it: no cold start mid-phase, and an actor beyond
-    # them (a fixed fan-out above invoker.num_workers) queues for one instead
-    pool = ctx.config.invoker.kind != "openwhisk"
+    # no container starts mid-phase on this machine: the local pool's workers start with it (an
+    # actor beyond them, a fixed fan-out above invoker.num_workers, queues for one instead) and
+    # the in-process invoker runs each action as a call in a thread of its own
+    kind = ctx.config.invoker.kind
     return ClusterSpec(gpus_per_actor=s.gpus_per_actor, max_actors=capacity,
                        price_per_gpu_second=ctx.config.price_per_gpu_second,
-                       cold_start_s=0.0 if pool else s.cold_start_s, num_warm_actors=max(1, num_workers),
-                       max_concurrent_actors=max(1, num_workers) if pool else 0,
+                       cold_start_s=s.cold_start_s if kind == "openwhisk" else 0.0,
+                       num_warm_actors=max(1, num_workers),
+                       max_concurrent_actors=max(1, num_workers) if kind == "local" else 0,
                        prefill_action=prefill_action, **transfer)
 
 
