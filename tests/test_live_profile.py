@@ -570,3 +570,28 @@ def test_a_measured_grid_with_a_time_of_zero_or_less_is_never_cached(published, 
     assert not store.exists(out["profile_key"])  # the flow refuses it and measures again (refresh)
     monkeypatch.setattr(profiling, "measure_grid", measure)
     assert _profile(ref)["source"] == "measured" and _profile(ref)["source"] == "cached"
+
+
+def test_on_this_machine_s_cores_the_profile_runs_alone_after_warm_up(tiny_config, prefect_harness, monkeypatch):
+    """Beside warm-up on shared cores the profile measured steps 3-6x slower (60x in process),
+    and the store's cache would keep that profile for every later campaign."""
+    import time
+
+    from flows.campaign.run import run_campaign
+    from flows.invokers.inprocess import InProcessInvoker
+
+    spans: dict[str, list[tuple[float, float]]] = {}
+    invoke = InProcessInvoker.invoke
+
+    def timed(self, action, *a, **k):
+        start = time.monotonic()
+        try:
+            return invoke(self, action, *a, **k)
+        finally:
+            spans.setdefault(action, []).append((start, time.monotonic()))
+
+    monkeypatch.setattr(InProcessInvoker, "invoke", timed)
+    run_campaign(tiny_config("invoker.kind=inprocess", "run_id=alone", "steps=1"), progress=lambda m: None)
+    (profile_start, profile_end), = spans["profile"]
+    assert profile_start >= max(end for _, end in spans["warmup"])
+    assert profile_end <= min(start for start, _ in spans["evaluate"])

@@ -1,7 +1,8 @@
 """The live planner's inputs at campaign start: a measured profile and the transfer model.
 
 ``start_profiling`` submits the ``profile`` action (``actions/profile.py``) to the pool that
-generates, so it runs beside the rest of start-up (warm-up, the first evaluation);
+generates, so on OpenWhisk it runs beside the rest of start-up (warm-up, the first evaluation;
+on this machine's shared cores the set-up runs it alone, ``flows/campaign/setup.py``);
 ``finish_profiling`` collects it into a ``LiveInputs``:
 
 - the TPOT profile: measured by the pool on this campaign's model, dtype, device, engine (and
