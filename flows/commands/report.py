@@ -113,7 +113,7 @@ def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
     plots = {
         "reward.png": ("Reward and eval accuracy", "step", "fraction correct (0-1)",
                        {"mean reward (training samples)": (xs, [s.reward_mean for s in steps]),
-                        "held-out greedy accuracy": ([e["step"] for e in evals], [e["accuracy"] for e in evals])},
+                        "eval greedy accuracy": ([e["step"] for e in evals], [e["accuracy"] for e in evals])},
                        "line"),
         "response_length.png": ("Response length", "step", "tokens",
                                 {"mean": (xs, [s.response_length_mean for s in steps]),
