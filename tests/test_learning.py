@@ -1,9 +1,11 @@
-"""Learning is tested: short campaigns whose held-out greedy accuracy must rise.
+"""Learning is tested: short campaigns whose greedy eval accuracy must rise.
 
 A campaign on the repeat task, small enough for the default suite: the default tiny model, a
 short warm-up on the imperfect demonstrator (which miscounts long answers, so greedy decoding
-starts wrong on many prompts), then a few RL steps, evaluated on 32 held-out prompts before and
-after. The thresholds are calibrated with margin from measured runs (figures next to each):
+starts wrong on many prompts), then a few RL steps, evaluated on 32 eval prompts before and
+after (the task's 60 questions at max_count 6: most are training prompts too, so this tests
+that RL fixes the counts it trains on, not generalisation; the arith task's eval questions
+are held out, docs/results.md). The thresholds are calibrated with margin from measured runs (figures next to each):
 they fail when learning stops. A policy that does not move keeps its first accuracy, and a
 broken advantage or loss sign lowers it.
 """
