@@ -471,6 +471,10 @@ def test_export_names_what_went_wrong_with_the_store_or_the_folder(tmp_path, run
     assert main(["export", "ex", "--store", str(copy), "--out", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err
     assert "(its latest) is missing from the store" in err and "garbage collection" not in err
+    # an earlier version gone is what collection does (store.keep_last)
+    shutil.rmtree(copy / Path(keys["v0"]).parent)
+    assert main(["export", "ex", "--store", str(copy), "--step", "0", "--out", str(tmp_path / "a")]) == 2
+    assert "at step 0 was deleted by garbage collection (store.keep_last)" in capsys.readouterr().err
     # a folder the user cannot write: one line naming --out, nothing left beside it
     def refused(suffix=None, prefix=None, dir=None):  # noqa: A002 -- tempfile's own parameter name
         raise PermissionError(13, "Permission denied", f"{dir}/{prefix}x")
