@@ -31,6 +31,8 @@ ALLOWED = {
     ("flows/commands/deploy.py", "kind"),
     # a rollout object read back from the store (the drafts of later epochs)
     ("flows/campaign/drafts.py", "samples"),
+    # the stored token table's rows, checked field by field there into compact arrays
+    ("flows/step/token_table.py", "prompt"), ("flows/step/token_table.py", "answer_len"),
     # a length-trace row of a JSONL file (validated field by field there)
     ("flows/simulate/replay.py", "prompt_id"), ("flows/simulate/replay.py", "answer_len"),
     # an Activation's own dataclass fields, dropping its result to build the accounting record

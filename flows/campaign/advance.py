@@ -5,6 +5,7 @@ its record, and the record folds into the next state (not yet committed:
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from actions.contracts import PromptTokens
@@ -21,7 +22,7 @@ from flows.step.payloads import StepInputs
 from flows.step.phase import phase_inputs
 
 
-def run_one_step(ctx: RunContext, state: CampaignState, planner: Planner, tokens: dict[int, PromptTokens],
+def run_one_step(ctx: RunContext, state: CampaignState, planner: Planner, tokens: Mapping[int, PromptTokens],
                  step_flow: Any = rlhf_step) -> tuple[CampaignState, StepRecord]:
     """Plan, run and record one step: the state after it and the step's record (which
     ``planner`` has observed; its ``metrics`` are the state's last step's)."""

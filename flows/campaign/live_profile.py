@@ -31,6 +31,7 @@ from actions.store.profile_cache import ProfileFacts, ProfileRequest, ProfileRes
 from flows.planning.tpot import CPU_TINY_PROFILE, ProfileIdentity, TpotProfile
 from flows.step.context import RunContext
 from flows.step.live_inputs import LiveInputs  # noqa: F401 (re-exported: set-up builds it here)
+from flows.step.token_table import TokenTable
 
 if TYPE_CHECKING:
     from flows.step.invoke import Returned
@@ -74,7 +75,9 @@ def start_profiling(ctx: RunContext, model: ModelRef,
 
     from flows.step.invoke import invoke_action  # Prefect task; keeps this module importable alone
 
-    lengths = [len(_prompt(t)) for t in tokens.values()]
+    # a TokenTable's lengths without building its rows (200,000 of them at campaign start)
+    lengths = (tokens.prompt_lengths() if isinstance(tokens, TokenTable)
+               else [len(_prompt(t)) for t in tokens.values()])
     req = profile_request(ctx, model, lengths)
     kwargs = dict(action="profile", payload=req.model_dump(mode="json"), shard="profile")
     if FlowRunContext.get() is not None:

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from actions.contracts import PromptTokens, parse_token_table
 from actions.store import ObjectStore, get_json
 from flows.config import CampaignConfig
 from flows.invokers.base import Invoker
 from flows.step.faults import FaultInjector
 from flows.step.live_inputs import LiveInputs
+from flows.step.token_table import TokenTable
 
 
 @dataclass
@@ -33,17 +33,17 @@ class RunContext:
     background control-plane jobs there (``flows/campaign/run.py``): training runs one thread
     per core, and a job beside it costs the whole team (``flows/invokers/cores.py``)."""
 
-    _tokens: tuple[str, dict[int, PromptTokens]] | None = field(default=None, repr=False)
+    _tokens: tuple[str, TokenTable] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.faults is None:
             self.faults = FaultInjector(self.config.faults)
 
-    def token_table(self, key: str) -> dict[int, PromptTokens]:
+    def token_table(self, key: str) -> TokenTable:
         """The prepared token table at ``key`` (``Prepared.tokens_key``), read once: the set-up
         and the step loop share it (200,000 prompts are ~50 MB of JSON, seconds to parse)."""
         if self._tokens is None or self._tokens[0] != key:
-            self._tokens = (key, parse_token_table(get_json(self.store, key)))
+            self._tokens = (key, TokenTable(get_json(self.store, key), key))
         return self._tokens[1]
 
     @property
