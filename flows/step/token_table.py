@@ -4,9 +4,9 @@
 (``Prepared.tokens_key``, rows of :class:`~actions.contracts.PromptTokens` by prompt id). The
 flow needs all of them only as lengths (the profile's grid, ``flows/campaign/live_profile.py``)
 and ids for a step's prompts (the planner's prefix sharing, ``flows/step/phase.py``). As
-pydantic rows, 200,000 prompts of 60 tokens held 250 MB (450 MB with a real vocabulary, whose
-ids Python does not share) and took 3.4 s to validate; as one ``array('I')`` per prompt they
-take 4 bytes a token and a fraction of that time.
+pydantic rows, 200,000 prompts of 60 tokens held ~230 MB (more with a real vocabulary, whose
+ids above 256 Python does not share) and took 3.4 s to validate; as one ``array('I')`` per
+prompt they take 4 bytes a token and a third of that time (docs/results.md).
 """
 
 from __future__ import annotations
