@@ -87,7 +87,8 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
     # A LoRA policy publishes its adapter only; the backbone was stored once, as version 0.
     pub = publish_tensors(store, f"{req.output_prefix}/policy/manifest.json", adapter_tensors(policy),
                           {"version": version, "step": req.step})
-    opt_pub = publish_tensors(store, f"{req.output_prefix}/optimizer/manifest.json", opt.state_tensors())
+    opt_pub = publish_tensors(store, f"{req.output_prefix}/optimizer/manifest.json", opt.state_tensors(),
+                              scalars_in_meta=True)
     out = TrainStepResult(policy_key=pub.manifest_key, policy_version=version, weights_sha256=pub.weights_sha256,
                           optimizer_key=opt_pub.manifest_key,
                           bytes_uploaded=pub.stats.bytes_uploaded + opt_pub.stats.bytes_uploaded, metrics=metrics)
@@ -96,7 +97,8 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
              (policy, tokenizer, opt.state_tensors()))
     if critic is not None:
         c = publish_tensors(store, f"{req.output_prefix}/critic/manifest.json", critic.tensors())
-        co = publish_tensors(store, f"{req.output_prefix}/critic_optimizer/manifest.json", critic_opt.state_tensors())
+        co = publish_tensors(store, f"{req.output_prefix}/critic_optimizer/manifest.json", critic_opt.state_tensors(),
+                             scalars_in_meta=True)
         out.critic_key, out.critic_optimizer_key = c.manifest_key, co.manifest_key
     return out
 

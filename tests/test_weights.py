@@ -7,7 +7,7 @@ import hashlib
 import pytest
 import torch
 
-from actions.store import ObjectStore, blob_key, read_manifest
+from actions.store import IntegrityError, ObjectStore, blob_key, read_manifest
 from actions.store.weights import (
     load_tensors,
     publish_tensors,
@@ -74,8 +74,6 @@ def test_non_contiguous_and_cuda_free_inputs(backend_store: ObjectStore) -> None
 
 
 def test_corrupted_tensor_blob_is_named(backend_store: ObjectStore) -> None:
-    from actions.store import IntegrityError
-
     tensors = {"w": torch.randn(8, 8)}
     publish_tensors(backend_store, "m.json", tensors)
     digest = read_manifest(backend_store, "m.json")["files"]["w"]["sha256"]
@@ -105,3 +103,30 @@ def test_blob_encoding_is_byte_identical_to_safetensors() -> None:
     for name, t in {**_policy(), "unicodé€": torch.ones(3), 'q"\\': torch.zeros(2, 2)}.items():
         header, data = tensor_blob_parts(name, t)
         assert header + bytes(data) == serialize_tensor(name, t), name
+
+
+def test_optimizer_scalars_ride_in_the_manifest_so_no_other_run_shares_their_blobs(backend_store: ObjectStore) -> None:
+    """AdamW's step counts are the same bytes in any two runs at one step: as blobs, another run's
+    collection could delete one between this publish finding it present and this manifest."""
+    def state(seed: int) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        return {"p0.step": torch.tensor(7.0), "p0.exp_avg": torch.randn(8, 4, generator=g),
+                "p0.exp_avg_sq": torch.rand(8, 4, generator=g), "p1.step": torch.tensor(7.0),
+                "p1.exp_avg": torch.randn(4, generator=g), "p1.exp_avg_sq": torch.rand(4, generator=g),
+                "count": torch.tensor(3, dtype=torch.int64)}
+
+    blobs = []
+    for run, seed in (("a", 1), ("b", 2)):
+        key = f"runs/{run}/optimizer/manifest.json"
+        publish_tensors(backend_store, key, state(seed), scalars_in_meta=True)
+        manifest = read_manifest(backend_store, key)
+        assert set(manifest["files"]) == {"p0.exp_avg", "p0.exp_avg_sq", "p1.exp_avg", "p1.exp_avg_sq"}
+        blobs.append({entry["sha256"] for entry in manifest["files"].values()})
+        loaded, _ = load_tensors(backend_store, key)
+        for name, t in state(seed).items():
+            assert loaded[name].dtype == t.dtype and loaded[name].shape == t.shape and torch.equal(loaded[name], t)
+    assert not blobs[0] & blobs[1]  # two seeds: no blob in common
+    # a damaged entry is named, never guessed at
+    publish_tensors(backend_store, "runs/c/m.json", {"w": torch.ones(2)}, {"scalars": {"p0.step": ["float32", "7"]}})
+    with pytest.raises(IntegrityError, match=r"manifest 'runs/c/m.json': scalar 'p0.step' is not \[dtype, number\]"):
+        load_tensors(backend_store, "runs/c/m.json")

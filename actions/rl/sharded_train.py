@@ -163,12 +163,14 @@ def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | 
     version = req.policy.policy_version + 1
     pub = publish_tensors(store, f"{req.output_prefix}/policy/manifest.json", weights,
                           {"version": version, "step": req.step})
-    opt_pub = publish_tensors(store, f"{req.output_prefix}/optimizer/manifest.json", opt_tensors)
+    opt_pub = publish_tensors(store, f"{req.output_prefix}/optimizer/manifest.json", opt_tensors,
+                              scalars_in_meta=True)
     out = TrainStepResult(policy_key=pub.manifest_key, policy_version=version, weights_sha256=pub.weights_sha256,
                           optimizer_key=opt_pub.manifest_key,
                           bytes_uploaded=pub.stats.bytes_uploaded + opt_pub.stats.bytes_uploaded, metrics=metrics)
     if critic is not None:
         c = publish_tensors(store, f"{req.output_prefix}/critic/manifest.json", critic_tensors)
-        co = publish_tensors(store, f"{req.output_prefix}/critic_optimizer/manifest.json", critic_opt_tensors)
+        co = publish_tensors(store, f"{req.output_prefix}/critic_optimizer/manifest.json", critic_opt_tensors,
+                             scalars_in_meta=True)
         out.critic_key, out.critic_optimizer_key = c.manifest_key, co.manifest_key
     return out.model_dump(mode="json")

@@ -101,14 +101,25 @@ def publish_tensors(
     manifest_key: str,
     tensors: Mapping[str, torch.Tensor],
     meta: Mapping[str, Any] | None = None,
+    *,
+    scalars_in_meta: bool = False,
 ) -> PublishedWeights:
     """Upload ``tensors`` (only the ones whose bytes are new) and write the manifest last.
 
     Blobs are built from the tensors' own memory (no serialisation copy) and uploaded in
     parallel; the fingerprint is derived from their digests. The tensors must not be modified
     while this runs (the bytes are read twice: hashed, then sent).
+
+    ``scalars_in_meta``: 0-dim tensors go in the manifest's meta (``SCALARS``), not in blobs.
+    For optimizer state: AdamW's per-parameter ``step`` counts are the same bytes in every run
+    at the same step, and a blob another run's collection deletes between this publish finding
+    it present and this manifest appearing would be lost (``flows/campaign/collect.py``).
     """
-    files = {name: tensor_blob_parts(name, t) for name, t in tensors.items()}
+    scalars = {n: t for n, t in tensors.items() if scalars_in_meta and t.dim() == 0}
+    if scalars:
+        meta = {**(meta or {}), SCALARS: {n: [str(t.dtype).removeprefix("torch."), t.item()]
+                                          for n, t in scalars.items()}}
+    files = {name: tensor_blob_parts(name, t) for name, t in tensors.items() if name not in scalars}
     fingerprint: list[str] = []
 
     def manifest_meta(table: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -219,4 +230,24 @@ def load_tensors(
     check_fingerprint(manifest, manifest_key, expected_sha256)
     buffers, meta = get_artifact(store, manifest_key, manifest=manifest, zero_copy=True)
     tensors = {name: _view_tensor(buf, name, manifest_key) for name, buf in buffers.items()}
+    tensors.update(_meta_scalars(meta, set(tensors), manifest_key))
     return tensors, meta
+
+
+SCALARS = "scalars"
+"""Manifest meta key of the 0-dim tensors published in it: name -> [dtype name, value]."""
+_SCALAR_DTYPES = {"float32", "float64", "float16", "bfloat16", "int64", "int32"}
+
+
+def _meta_scalars(meta: Mapping[str, Any], files: set[str], manifest_key: str) -> dict[str, torch.Tensor]:
+    """The 0-dim tensors ``publish_tensors(scalars_in_meta=True)`` put in ``meta``; IntegrityError
+    for an entry that is not one, or names a tensor the manifest also holds as a blob."""
+    out = {}
+    for name, entry in (meta.get(SCALARS) or {}).items():
+        ok = (isinstance(entry, list) and len(entry) == 2 and entry[0] in _SCALAR_DTYPES
+              and isinstance(entry[1], (int, float)) and not isinstance(entry[1], bool) and name not in files)
+        if not ok:
+            raise IntegrityError(f"manifest {manifest_key!r}: scalar {shown(str(name))} is not [dtype, number] of a "
+                                 "tensor of its own; re-publish it")
+        out[name] = torch.tensor(entry[1], dtype=getattr(torch, entry[0]))
+    return out
