@@ -550,3 +550,23 @@ def test_store_growth_of_the_default_24_step_campaign(tmp_path, prefect_harness)
     cfg = load_config(None, [f"store.uri={tmp_path / 'store'}", "run_id=grow24", "store.keep_last=2",
                              "store.checkpoint_every=8", f"invoker.log_dir={tmp_path / 'logs'}"])  # not ./runs
     _growth(cfg, LocalStore(cfg.store.uri), "grow24", 24, 8)
+
+
+def test_another_run_s_damaged_manifest_stops_gc_but_not_a_campaign_s_collection(tmp_path) -> None:
+    from actions.store import LocalStore, StoreError
+    from flows.campaign.collect import Collector, UnreadableManifest
+
+    store = LocalStore(tmp_path / "store")
+    latest = _fake_run(store, "r", 4, shared=b"s")
+    other = _fake_run(store, "other", 1, shared=b"t")
+    store.put(other.policy_key, b'{"truncated')  # someone else's run, damaged
+    with pytest.raises(UnreadableManifest, match=rf"manifest {other.policy_key} cannot be read") as caught:
+        collect_garbage(store, latest, Retention(keep_last=1))
+    assert isinstance(caught.value, StoreError)  # `rlhfless gc`: one line, exit 2
+    warnings: list[str] = []
+    collect = Collector(store, Retention(keep_last=1), lease=None, warn=warnings.append)
+    collect(latest)
+    collect(latest)  # it deletes nothing, warns once and the campaign trains on
+    assert len(warnings) == 1 and "collects nothing until then and trains on" in warnings[0]
+    assert collect.totals["skipped"] == 2 and collect.totals["deleted_blobs"] == 0
+    assert _blob_exists(store, b"r-policy-1")

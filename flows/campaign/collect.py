@@ -47,6 +47,7 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -128,6 +129,11 @@ def _plan(store: ObjectStore, latest: CampaignState,
     return plan, listing, versions
 
 
+class UnreadableManifest(StoreError):
+    """A manifest a collection must read is damaged: it deletes nothing (``rlhfless gc`` stops on
+    it; a campaign's collection after a commit warns once and trains on, ``Collector``)."""
+
+
 def _file_table(store: ObjectStore, key: str, *, garbage: bool) -> dict[str, int]:
     """sha256 -> size of the blobs a manifest lists. A garbage manifest that cannot be read
     lists nothing (its blobs stay: safe); a kept one that cannot be read stops the collection,
@@ -140,8 +146,10 @@ def _file_table(store: ObjectStore, key: str, *, garbage: bool) -> dict[str, int
     except (IntegrityError, KeyError, TypeError, ValueError, AttributeError) as exc:
         if garbage:
             return {}
-        raise StoreError(f"garbage collection stopped: manifest {key} cannot be read ({exc}), so the blobs it "
-                         "references are unknown; repair or delete it, then run `rlhfless gc` again") from None
+        raise UnreadableManifest(f"garbage collection stopped: manifest {key} cannot be read ({exc}), so the "
+                                 "blobs it references are unknown; repair or delete it, then run `rlhfless gc` "
+                                 "again") from None
+
 
 
 def collect_garbage(store: ObjectStore, latest: CampaignState, retention: Retention, *,
@@ -355,17 +363,24 @@ class Collector:
     """A campaign's collections, one after each commit (never before it), and their totals for
     the summary's ``gc``."""
 
-    def __init__(self, store: ObjectStore, retention: Retention, lease: Any) -> None:
-        self.store, self.retention, self.lease = store, retention, lease
+    def __init__(self, store: ObjectStore, retention: Retention, lease: Any,
+                 warn: Callable[[str], None] = print) -> None:
+        self.store, self.retention, self.lease, self.warn = store, retention, lease, warn
         self.totals: dict[str, Any] = {"collections": 0, "deleted_objects": 0, "deleted_blobs": 0,
                                        "freed_bytes": 0, "deleted_temporaries": 0, "temporary_bytes": 0,
-                                       "seconds": 0.0}
+                                       "seconds": 0.0, "skipped": 0}
 
     def __call__(self, state: CampaignState) -> None:
         # the stale temporaries walk the whole store: once per campaign (an hour's grace makes
         # a sweep each step pointless), and in every ``rlhfless gc``
-        report = collect_garbage(self.store, state, self.retention, lease=self.lease,
-                                 temporaries=self.totals["collections"] == 0)
+        try:
+            report = collect_garbage(self.store, state, self.retention, lease=self.lease,
+                                     temporaries=self.totals["collections"] == 0)
+        except UnreadableManifest as exc:  # often another run's: deleting nothing is safe, stopping is not needed
+            if not self.totals["skipped"]:
+                self.warn(f"warning: {exc}; this campaign collects nothing until then and trains on")
+            self.totals["skipped"] += 1
+            return
         self.totals["collections"] += 1
         for k in ("deleted_objects", "deleted_blobs", "freed_bytes", "deleted_temporaries", "temporary_bytes",
                   "seconds"):

@@ -108,7 +108,7 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
     set_context(ctx)
     step_flow = FlowRunStarter(open_gate_when_running(rlhf_step, quiet_api), publisher)
     ctx.before_train = functools.partial(hold_for_training, quiet_api, publisher)
-    collect = Collector(store, Retention(cfg.store.keep_last, cfg.store.checkpoint_every), lease)
+    collect = Collector(store, Retention(cfg.store.keep_last, cfg.store.checkpoint_every), lease, progress)
     warming = PoolWarming(cfg, invoker, num_workers)
     failure: BaseException | None = None  # how the trackers record the run's end
     wall = SessionWall(started)
