@@ -471,6 +471,16 @@ def test_export_names_what_went_wrong_with_the_store_or_the_folder(tmp_path, run
     assert main(["export", "ex", "--store", str(copy), "--out", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err
     assert "(its latest) is missing from the store" in err and "garbage collection" not in err
+    # ... unless the run committed again meanwhile: its own collection removed the version
+    from flows.campaign.state import commit_state, load_state
+    from flows.commands import export as export_cmd
+
+    was = load_state(LocalStore(copy), "ex")
+    commit_state(LocalStore(copy), was.model_copy(update={"step": 2, "policy_version": 2}))
+    monkeypatch.setattr(export_cmd, "_state", lambda args: (LocalStore(copy), was, True))  # read before the commit
+    assert main(["export", "ex", "--store", str(copy), "--out", str(tmp_path / "a")]) == 2
+    assert "committed step 2 while step 1 was being exported" in capsys.readouterr().err
+    monkeypatch.undo()
     # an earlier version gone is what collection does (store.keep_last)
     shutil.rmtree(copy / Path(keys["v0"]).parent)
     assert main(["export", "ex", "--store", str(copy), "--step", "0", "--out", str(tmp_path / "a")]) == 2

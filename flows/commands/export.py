@@ -107,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     from actions.models.export import LoraVersion, describe, export_policy
     from actions.store import ObjectNotFound
     from actions.store.weights import manifest_fingerprint
+    from flows.campaign.state import load_state
     from flows.commands.cli import sigterm_unwinds
 
     # the run's model.lora, as it trained: only the model section is read, so settings that
@@ -121,6 +122,11 @@ def run(args: argparse.Namespace) -> int:
             folder = export_policy(store, state.prepared.base_key, state.policy_key, out,
                                    weights_sha256=sha or None, merge_lora=args.merge_lora, run=state.run_id, lora=lora)
     except ObjectNotFound:
+        now = load_state(store, state.run_id) if latest else None
+        if now is not None and now.step > state.step:  # it trained on while this read: its collection
+            raise ValueError(f"export: run {state.run_id!r} committed step {now.step} while step {state.step} was "
+                             "being exported, and its collection (store.keep_last) removed that version; export "
+                             "again, or keep versions for good with store.checkpoint_every") from None
         if latest:  # collection never deletes the latest version: something else did
             raise ValueError(f"export: the policy of run {state.run_id!r} at step {state.step} (its latest) is "
                              "missing from the store, deleted outside rlhfless or the store damaged; restore the "
