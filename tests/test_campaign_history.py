@@ -186,3 +186,26 @@ def test_a_record_that_lost_its_sealed_steps_is_refused(tmp_path) -> None:
     commit_pointer(store, pointer_key(RUN), {"step": SEGMENT + 6, "state": {**data, "step": SEGMENT + 6}})
     with pytest.raises(IntegrityError, match=r"entry 0 of its step metrics is step 100's.*Resume runs with this"):
         load_state(store, RUN)
+
+
+def test_a_commit_dumps_only_the_entries_after_the_sealed_ones(tmp_path, monkeypatch) -> None:
+    """What a commit serialises stays bounded however long the run: the sealed history is
+    never dumped again (it cost 0.26 s a commit at 10,000 steps)."""
+    store = LocalStore(tmp_path / "s")
+    state = _grow(store, 3 * SEGMENT + 5)
+    dumped: list[int] = []
+    dump = CampaignState.model_dump
+
+    def counting(self, **kwargs):
+        out = dump(self, **kwargs)
+        dumped.append(len(out.get("steps", [])))
+        return out
+
+    monkeypatch.setattr(CampaignState, "model_dump", counting)
+    state = state.model_copy(deep=True)
+    state.step += 1
+    state.steps.append(_metrics(state.step - 1))
+    commit_state(store, state)
+    assert dumped and max(dumped) <= SEGMENT < len(state.steps)
+    monkeypatch.undo()
+    assert load_state(store, RUN).steps == state.steps  # read back whole

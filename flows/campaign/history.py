@@ -44,19 +44,21 @@ def _encode(name: str, first: int, items: Sequence[Any]) -> bytes:
                       sort_keys=True).encode()
 
 
-def seal(store: ObjectStore, run_id: str, name: str, items: Sequence[Any], sealed: int) -> int:
-    """Write the segments of ``items`` (JSON-ready entries, oldest first) that fill up between
-    entry ``sealed`` (already sealed) and the last whole segment; return the new sealed count.
+def seal(store: ObjectStore, run_id: str, name: str, tail: Sequence[Any], sealed: int) -> int:
+    """Write the whole segments of ``tail``, the entries after the ``sealed`` already sealed
+    (JSON-ready, oldest first; only the tail, so a commit's cost does not grow with the run);
+    return the new sealed count.
 
     Raises:
-        ValueError: ``sealed`` is not a multiple of ``SEGMENT`` or exceeds ``len(items)``.
+        ValueError: ``sealed`` is not a multiple of ``SEGMENT``.
         CommitConflict: a segment exists with other entries (another writer, or a diverged replay).
     """
-    if sealed % SEGMENT or not 0 <= sealed <= len(items):
-        raise ValueError(f"sealed={sealed}: must be a multiple of {SEGMENT} within the {len(items)} {name} entries")
-    end = len(items) // SEGMENT * SEGMENT
+    if sealed % SEGMENT or sealed < 0:
+        raise ValueError(f"sealed={sealed}: must be a non-negative multiple of {SEGMENT} ({name} entries)")
+    end = sealed + len(tail) // SEGMENT * SEGMENT
     for first in range(sealed, end, SEGMENT):
-        key, data = segment_key(run_id, name, first), _encode(name, first, items[first:first + SEGMENT])
+        key = segment_key(run_id, name, first)
+        data = _encode(name, first, tail[first - sealed:first - sealed + SEGMENT])
         store.put_if_absent(key, data)
         if store.get(key) != data:  # as commit_pointer: a replay is fine, other entries are not
             raise CommitConflict(f"history segment {key} already holds other {name} entries; another writer "

@@ -358,13 +358,16 @@ def commit_state(store: ObjectStore, state: CampaignState) -> str:
     """Commit ``state`` as its step: first seal the history segments filled by entries an earlier
     record already holds (recording their counts in ``state.sealed``), then write the record with
     the entries after them. Returns the record's key."""
-    data = state.model_dump(mode="json")
+    starts = {name: state.sealed.get(name, 0) for name in SEALED}
+    # only the entries after the sealed ones are dumped: dumping the whole history each commit
+    # cost time and memory growing with the run (0.26 s a commit at 10,000 steps)
+    data = state.model_copy(update={n: getattr(state, n)[starts[n]:] for n in SEALED}).model_dump(mode="json")
     recorded = state._recorded
     # a new dict, not an update in place: a shallow copy of the state may share the old one
-    state.sealed = {name: seal(store, state.run_id, name, data[name][:max(recorded.get(name, 0), sealed)], sealed)
-                    for name in SEALED for sealed in [state.sealed.get(name, 0)]}
+    state.sealed = {name: seal(store, state.run_id, name, data[name][:max(recorded.get(name, 0) - start, 0)], start)
+                    for name, start in starts.items()}
     for name in SEALED:
-        data[name] = data[name][state.sealed[name]:]
+        data[name] = data[name][state.sealed[name] - starts[name]:]
     data["sealed"] = dict(state.sealed)
     key = commit_pointer(store, pointer_key(state.run_id), {"step": state.step, "state": data})
     state._recorded = {name: len(getattr(state, name)) for name in SEALED}
