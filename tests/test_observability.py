@@ -1,12 +1,13 @@
-"""Observability without a Prefect server: TensorBoard scalars, progress helpers, the run report.
+"""Observability: TensorBoard scalars, progress helpers, the run report, the metrics table.
 
-The Prefect side (table, markdown and progress artifacts of a real run, read back from the API)
-is tested in test_prefect_deployment.py.
+The Prefect side of a real run (table, markdown and progress artifacts, read back from the
+API) is tested in test_prefect_deployment.py; the metrics table's replaced versions here.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import sys
 
@@ -149,3 +150,29 @@ def test_step_figures_read_a_committed_step_by_the_names_the_step_makes():
     assert math.isnan(f.usd) and math.isnan(f.predicted_generate_s)  # not recorded
     with pytest.raises(KeyError):
         StepFigures.of({k: v for k, v in m.items() if k != REWARD_MEAN})
+
+
+def test_each_metrics_table_replaces_the_one_before_in_prefect(prefect_harness):
+    """Every version holds the latest rows: the newest is kept, the database does not grow with
+    a version per step (49 KB each at 200 rows)."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    def steps(done):
+        return [{**STEP_METRICS, "step": float(s), "timing_s/step": 1.0, "actors/migrated": 0.0,
+                 "cost/billed_gpu_seconds": 1.0, "cost/gpu_seconds": 1.0} for s in range(done)]
+
+    @flow
+    def publish_three():
+        for done in (1, 2, 3):
+            assert publish_step_artifacts("Replaced_1", steps(done), [], "action-seconds")
+
+    publish_three()
+    with get_client(sync_client=True) as client:
+        def versions(key):
+            return client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+
+        tables = versions("replaced-1-metrics")
+        assert len(tables) == 1 and [r["step"] for r in json.loads(tables[0].data)] == [1, 2, 3]  # the newest
+        assert len(versions("replaced-1-plan")) == 3  # the plan's history stays: each is another step's
