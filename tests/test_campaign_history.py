@@ -163,7 +163,7 @@ def test_a_missing_or_tampered_segment_is_named(tmp_path) -> None:
     segment = json.loads(good)
     segment["items"] = segment["items"][:-1]
     store.put(key, json.dumps(segment).encode())
-    with pytest.raises(IntegrityError, match=r"steps-000000\.json is not the rlhfless\.history/v1 segment"):
+    with pytest.raises(IntegrityError, match=r"steps-000000\.json is not a rlhfless\.history/v1 segment"):
         load_state(store, RUN)
     store.delete(key)
     with pytest.raises(IntegrityError, match=r"steps-000000\.json is missing"):
@@ -172,7 +172,8 @@ def test_a_missing_or_tampered_segment_is_named(tmp_path) -> None:
     record = json.loads(store.get(commit_key(pointer_key(RUN), SEGMENT + 1)))
     record["state"]["sealed"]["steps"] = 7
     store.put(commit_key(pointer_key(RUN), SEGMENT + 1), json.dumps(record).encode())
-    with pytest.raises(IntegrityError, match="sealed steps count 7 is not a multiple of 100"):
+    with pytest.raises(IntegrityError, match=r"steps-000000\.json is not a .* segment of steps entries from 0 within "
+                                             r"the 7 sealed"):
         load_state(store, RUN)
 
 
@@ -184,7 +185,7 @@ def test_a_record_that_lost_its_sealed_steps_is_refused(tmp_path) -> None:
     data = _record(store, SEGMENT + 5)
     data.pop("sealed")  # as the older revision writes it: its tail and no count
     commit_pointer(store, pointer_key(RUN), {"step": SEGMENT + 6, "state": {**data, "step": SEGMENT + 6}})
-    with pytest.raises(IntegrityError, match=r"entry 0 of its step metrics is step 100's.*Resume runs with this"):
+    with pytest.raises(IntegrityError, match=rf"entry 0 of its step metrics is step {SEGMENT}'s.*Resume runs with this"):
         load_state(store, RUN)
 
 
@@ -209,3 +210,23 @@ def test_a_commit_dumps_only_the_entries_after_the_sealed_ones(tmp_path, monkeyp
     assert dumped and max(dumped) <= SEGMENT < len(state.steps)
     monkeypatch.undo()
     assert load_state(store, RUN).steps == state.steps  # read back whole
+
+
+def test_a_run_sealed_in_segments_of_100_reads_back_and_goes_on_in_segments_of_20(tmp_path, monkeypatch) -> None:
+    """Runs sealed before SEGMENT became 20 resume: each segment says where the next starts."""
+    from flows.campaign import history
+
+    store = LocalStore(tmp_path / "store")
+    monkeypatch.setattr(history, "SEGMENT", history.LEGACY_SEGMENT)
+    _grow(store, 230)
+    monkeypatch.undo()
+    old = load_state(store, RUN)
+    assert old is not None and old.sealed["steps"] == 200 and len(old.steps) == 230
+    for s in range(231, 260):
+        old = old.model_copy(deep=True)
+        old.step, old.policy_version = s, s
+        old.steps.append(_metrics(s - 1))
+        commit_state(store, old)
+    assert old.sealed["steps"] == 240 and store.exists(segment_key(RUN, "steps", 220))
+    loaded = load_state(store, RUN)
+    assert [m["step"] for m in loaded.steps] == [float(s) for s in range(259)]
