@@ -185,7 +185,7 @@ def test_a_record_that_lost_its_sealed_steps_is_refused(tmp_path) -> None:
     data = _record(store, SEGMENT + 5)
     data.pop("sealed")  # as the older revision writes it: its tail and no count
     commit_pointer(store, pointer_key(RUN), {"step": SEGMENT + 6, "state": {**data, "step": SEGMENT + 6}})
-    with pytest.raises(IntegrityError, match=rf"entry 0 of its step metrics is step {SEGMENT}'s.*Resume runs with this"):
+    with pytest.raises(IntegrityError, match=rf"entry 0 of its step metrics is step {SEGMENT}'s.*Resume runs with"):
         load_state(store, RUN)
 
 
@@ -230,3 +230,23 @@ def test_a_run_sealed_in_segments_of_100_reads_back_and_goes_on_in_segments_of_2
     assert old.sealed["steps"] == 240 and store.exists(segment_key(RUN, "steps", 220))
     loaded = load_state(store, RUN)
     assert [m["step"] for m in loaded.steps] == [float(s) for s in range(259)]
+
+
+def test_a_legacy_run_that_lost_its_newest_record_replays_onto_its_segment_of_100(tmp_path, monkeypatch) -> None:
+    """Its previous record holds 100 unsealed entries that a segment of 100 already seals: the
+    replay finds the same entries there, as a replay of its own segment would."""
+    from flows.campaign import history
+
+    store = LocalStore(tmp_path / "store")
+    monkeypatch.setattr(history, "SEGMENT", history.LEGACY_SEGMENT)
+    _grow(store, 301)  # record 301 sealed entries 200..299 into a segment of 100
+    monkeypatch.undo()
+    store.delete(commit_key(pointer_key(RUN), 301))  # lost (a disk that had not flushed it)
+    resumed = load_state(store, RUN)
+    assert resumed is not None and resumed.step == 300 and resumed.sealed["steps"] == 200
+    replay = resumed.model_copy(deep=True)
+    replay.step, replay.policy_version = 301, 301
+    replay.steps.append(_metrics(300))
+    commit_state(store, replay)
+    assert replay.sealed["steps"] == 300
+    assert [m["step"] for m in load_state(store, RUN).steps] == [float(s) for s in range(301)]

@@ -477,9 +477,12 @@ def test_export_names_what_went_wrong_with_the_store_or_the_folder(tmp_path, run
 
     was = load_state(LocalStore(copy), "ex")
     commit_state(LocalStore(copy), was.model_copy(update={"step": 2, "policy_version": 2}))
-    monkeypatch.setattr(export_cmd, "_state", lambda args: (LocalStore(copy), was, True))  # read before the commit
+    monkeypatch.setattr(export_cmd, "_state", lambda args: (LocalStore(copy), was, True))  # read before the commits
     assert main(["export", "ex", "--store", str(copy), "--out", str(tmp_path / "a")]) == 2
-    assert "committed step 2 while step 1 was being exported" in capsys.readouterr().err
+    assert "(its latest) is missing" in capsys.readouterr().err  # the previous commit is never collected
+    commit_state(LocalStore(copy), was.model_copy(update={"step": 3, "policy_version": 3}))
+    assert main(["export", "ex", "--store", str(copy), "--out", str(tmp_path / "a")]) == 2
+    assert "committed step 3 while step 1 was being exported" in capsys.readouterr().err
     monkeypatch.undo()
     # an earlier version gone is what collection does (store.keep_last)
     shutil.rmtree(copy / Path(keys["v0"]).parent)

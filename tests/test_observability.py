@@ -10,6 +10,8 @@ import importlib.util
 import json
 import math
 import sys
+import types
+import uuid
 
 import pytest
 
@@ -104,7 +106,8 @@ def test_the_metrics_table_shows_the_latest_steps_only(monkeypatch):
     import prefect.context
 
     tables: dict[str, tuple[str, list]] = {}
-    monkeypatch.setattr(prefect.context.FlowRunContext, "get", classmethod(lambda cls: object()))
+    run = types.SimpleNamespace(flow_run=types.SimpleNamespace(id=uuid.uuid4()))
+    monkeypatch.setattr(prefect.context.FlowRunContext, "get", classmethod(lambda cls: run))
     monkeypatch.setattr(prefect.artifacts, "create_table_artifact",
                         lambda key, table, description: tables.__setitem__(key, (description, table)))
     monkeypatch.setattr(prefect.artifacts, "create_markdown_artifact", lambda key, markdown: None)
@@ -176,3 +179,23 @@ def test_each_metrics_table_replaces_the_one_before_in_prefect(prefect_harness):
         tables = versions("replaced-1-metrics")
         assert len(tables) == 1 and [r["step"] for r in json.loads(tables[0].data)] == [1, 2, 3]  # the newest
         assert len(versions("replaced-1-plan")) == 3  # the plan's history stays: each is another step's
+
+
+def test_a_flow_run_replaces_only_its_own_metrics_tables(prefect_harness):
+    """Two runs whose ids slug alike (or a run and its resume) in one process keep their tables."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    steps = [{**STEP_METRICS, "step": 0.0, "timing_s/step": 1.0, "actors/migrated": 0.0,
+              "cost/billed_gpu_seconds": 1.0, "cost/gpu_seconds": 1.0}]
+
+    @flow
+    def publish(run_id: str):
+        assert publish_step_artifacts(run_id, steps, [], "action-seconds")
+
+    publish("twin_1")
+    publish("twin-1")
+    with get_client(sync_client=True) as client:
+        tables = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["twin-1-metrics"])))
+    assert len(tables) == 2 and len({t.flow_run_id for t in tables}) == 2

@@ -130,3 +130,8 @@ def test_optimizer_scalars_ride_in_the_manifest_so_no_other_run_shares_their_blo
     publish_tensors(backend_store, "runs/c/m.json", {"w": torch.ones(2)}, {"scalars": {"p0.step": ["float32", "7"]}})
     with pytest.raises(IntegrityError, match=r"manifest 'runs/c/m.json': scalar 'p0.step' is not \[dtype, number\]"):
         load_tensors(backend_store, "runs/c/m.json")
+    publish_tensors(backend_store, "runs/c/n.json", {"w": torch.ones(2)}, {"scalars": [7]})
+    with pytest.raises(IntegrityError, match=r"manifest 'runs/c/n.json': its scalars are not a table"):
+        load_tensors(backend_store, "runs/c/n.json")
+    with pytest.raises(ValueError, match=r"scalars \['flag'\] have a dtype outside"):
+        publish_tensors(backend_store, "runs/c/o.json", {"flag": torch.tensor(True)}, scalars_in_meta=True)

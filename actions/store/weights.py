@@ -116,6 +116,9 @@ def publish_tensors(
     it present and this manifest appearing would be lost (``flows/campaign/collect.py``).
     """
     scalars = {n: t for n, t in tensors.items() if scalars_in_meta and t.dim() == 0}
+    odd = sorted(n for n, t in scalars.items() if str(t.dtype).removeprefix("torch.") not in _SCALAR_DTYPES)
+    if odd:  # load_tensors would refuse them
+        raise ValueError(f"{manifest_key}: scalars {odd} have a dtype outside {sorted(_SCALAR_DTYPES)}")
     if scalars:
         meta = {**(meta or {}), SCALARS: {n: [str(t.dtype).removeprefix("torch."), t.item()]
                                           for n, t in scalars.items()}}
@@ -242,8 +245,12 @@ _SCALAR_DTYPES = {"float32", "float64", "float16", "bfloat16", "int64", "int32"}
 def _meta_scalars(meta: Mapping[str, Any], files: set[str], manifest_key: str) -> dict[str, torch.Tensor]:
     """The 0-dim tensors ``publish_tensors(scalars_in_meta=True)`` put in ``meta``; IntegrityError
     for an entry that is not one, or names a tensor the manifest also holds as a blob."""
-    out = {}
-    for name, entry in (meta.get(SCALARS) or {}).items():
+    out: dict[str, torch.Tensor] = {}
+    table = meta.get(SCALARS) or {}
+    if not isinstance(table, dict):
+        raise IntegrityError(f"manifest {manifest_key!r}: its scalars are not a table of name -> [dtype, number]; "
+                             "re-publish it")
+    for name, entry in table.items():
         ok = (isinstance(entry, list) and len(entry) == 2 and entry[0] in _SCALAR_DTYPES
               and isinstance(entry[1], (int, float)) and not isinstance(entry[1], bool) and name not in files)
         if not ok:

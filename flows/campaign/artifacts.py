@@ -38,8 +38,9 @@ of the run's length; the whole history is in the run's summary and trackers. Eac
 of the table replaces the one before (``_replace_table``): 200 rows a step were still 49 KB of
 Prefect's database a step, 0.5 GB over 10,000 steps."""
 
-_tables: dict[str, UUID] = {}
-"""The metrics table version this process published last, by artifact key."""
+_tables: dict[tuple[UUID, str], UUID] = {}
+"""The metrics table version published last, by (flow run, artifact key): a flow run replaces
+only its own versions (two runs whose ids slug alike, or a resume, in one process keep theirs)."""
 
 
 def slug(run_id: str) -> str:
@@ -62,7 +63,7 @@ def publish_step_artifacts(run_id: str, steps: list[dict[str, Any]], evals: Sequ
                                   table=[{"step": int(s["step"]) + 1,
                                           **{m: round(float(s.get(m, 0.0)), 5) for m in TABLE_METRICS}}
                                          for s in shown])
-    _replace_table(f"{key}-metrics", table)
+    _replace_table((FlowRunContext.get().flow_run.id, f"{key}-metrics"), table)
     plan = last.get("plan", {})
     create_table_artifact(key=f"{key}-plan", description=f"fan-out candidates, step {int(last['step']) + 1}: "
                                                          f"chose {plan.get('num_actors')} actions ({plan.get('policy')})",
@@ -79,10 +80,10 @@ def publish_step_artifacts(run_id: str, steps: list[dict[str, Any]], evals: Sequ
     return True
 
 
-def _replace_table(key: str, new: UUID | None) -> None:
-    """Delete the version of table ``key`` published before ``new``: every version holds the
-    latest rows, so only the newest tells anything. Best effort: a version left behind costs
-    database space, never the campaign."""
+def _replace_table(key: tuple[UUID, str], new: UUID | None) -> None:
+    """Delete the version of table ``key`` (flow run, artifact key) published before ``new``:
+    every version holds the latest rows, so only the newest tells anything. Best effort: a
+    version left behind costs database space, never the campaign."""
     from prefect.client.orchestration import get_client
 
     old, _tables[key] = _tables.get(key), new

@@ -32,9 +32,10 @@ of any run lists it. Not covered: another run of the same store publishing, at t
 a blob whose bytes equal a garbage one (it skips the upload because the blob exists, and this
 collection deletes it before that run's manifest appears); its reader then fails with a
 missing-blob error naming the key. Keep runs that could produce identical weights (same config
-and seed) in different stores, or collect with ``rlhfless gc`` while they are stopped. Runs of
-other seeds share no collectible blob: AdamW's step counts, the same in every run at one step,
-are kept in the optimizer manifest's meta (``publish_tensors(scalars_in_meta=True)``).
+and seed) in different stores, or collect with ``rlhfless gc`` while they are stopped. AdamW's
+step counts, the same in every run at one step, are kept in the optimizer manifest's meta
+(``publish_tensors(scalars_in_meta=True)``); other tensors equal across runs of other seeds
+(an all-zero reward vector, the moments of a parameter without gradient) still can be shared.
 
 Fault injection for tests: ``RLHFLESS_FAULT_GC_KILL_AFTER=N`` SIGKILLs this process after its
 N-th blob deletion.

@@ -61,15 +61,20 @@ def seal(store: ObjectStore, run_id: str, name: str, tail: Sequence[Any], sealed
     """
     if sealed < 0:
         raise ValueError(f"sealed={sealed}: must be a count of {name} entries")
-    end = sealed + len(tail) // SEGMENT * SEGMENT
-    for first in range(sealed, end, SEGMENT):
+    first = sealed
+    while sealed + len(tail) - first >= SEGMENT:
         key = segment_key(run_id, name, first)
         data = _encode(name, first, tail[first - sealed:first - sealed + SEGMENT])
         store.put_if_absent(key, data)
-        if store.get(key) != data:  # as commit_pointer: a replay is fine, other entries are not
+        held = store.get(key)
+        if held == data:  # as commit_pointer: a replay is fine, other entries are not
+            first += SEGMENT
+        elif held == _encode(name, first, tail[first - sealed:first - sealed + LEGACY_SEGMENT]):
+            first += LEGACY_SEGMENT  # a replay of a run sealed in segments of 100: the same entries
+        else:
             raise CommitConflict(f"history segment {key} already holds other {name} entries; another writer "
                                  "owns this campaign or the replay diverged")
-    return end
+    return first
 
 
 def unseal(store: ObjectStore, run_id: str, name: str, sealed: Any) -> list[Any]:

@@ -123,7 +123,9 @@ def run(args: argparse.Namespace) -> int:
                                    weights_sha256=sha or None, merge_lora=args.merge_lora, run=state.run_id, lora=lora)
     except ObjectNotFound:
         now = load_state(store, state.run_id) if latest else None
-        if now is not None and now.step > state.step:  # it trained on while this read: its collection
+        # it trained on while this read, far enough for its collection to take this version (it
+        # keeps the previous commit whole, and checkpoints for good)
+        if now is not None and now.step >= state.step + 2 and state.step not in now.checkpoints:
             raise ValueError(f"export: run {state.run_id!r} committed step {now.step} while step {state.step} was "
                              "being exported, and its collection (store.keep_last) removed that version; export "
                              "again, or keep versions for good with store.checkpoint_every") from None
