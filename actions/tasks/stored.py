@@ -13,17 +13,18 @@ a whole parse takes, and holds a row's text until the row is read.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 from pydantic import ValidationError
 
 from actions.models import warm
 from actions.models.loading import store_for
 from actions.store import get_artifact
+from actions.store.keyed_rows import KeyedRows
 from actions.tasks.dataset import DATASET_FILE, PromptRow
 
 
-class StoredRows(Mapping[int, PromptRow]):
+class StoredRows(KeyedRows[int, PromptRow]):
     """Prompt id -> row of a stored dataset's JSON Lines, each row parsed once, when asked for
     (its text then gives way to the row)."""
 
@@ -63,14 +64,6 @@ class StoredRows(Mapping[int, PromptRow]):
         self._rows[prompt_id] = parsed
         return parsed
 
-    def __contains__(self, prompt_id: object) -> bool:
-        return prompt_id in self._rows
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._rows)
-
-    def __len__(self) -> int:
-        return len(self._rows)
 
 
 def load_dataset(store_uri: str, dataset_key: str) -> StoredRows:

@@ -12,13 +12,14 @@ prompt they take 4 bytes a token and a third of that time (docs/results.md).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from actions.contracts import PromptTokens
+from actions.store.keyed_rows import KeyedRows
 
 
-class TokenTable(Mapping[int, PromptTokens]):
+class TokenTable(KeyedRows[int, PromptTokens]):
     """Prompt id -> :class:`PromptTokens` of a stored token table (the JSON object ``prepare``
     writes: prompt ids as string keys), a row built when it is asked for.
 
@@ -48,14 +49,6 @@ class TokenTable(Mapping[int, PromptTokens]):
         prompt, answer_len = self._rows[prompt_id]
         return PromptTokens(prompt=prompt.tolist(), answer_len=answer_len)
 
-    def __contains__(self, prompt_id: object) -> bool:
-        return prompt_id in self._rows
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._rows)
-
-    def __len__(self) -> int:
-        return len(self._rows)
 
     def prompt_lengths(self) -> list[int]:
         """Every prompt's length in tokens, in the table's order (no row built)."""
