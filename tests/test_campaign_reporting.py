@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import time
+import types
+import uuid
 
 import prefect.artifacts
 import prefect.context
@@ -58,7 +60,8 @@ def test_the_report_artifact_names_the_unit_billed_time_has_on_the_invoker(tiny_
     from flows.campaign.reporting import Reporter
 
     reports = []
-    monkeypatch.setattr(prefect.context.FlowRunContext, "get", classmethod(lambda cls: object()))
+    run = types.SimpleNamespace(flow_run=types.SimpleNamespace(id=uuid.uuid4()))  # what the artifacts read
+    monkeypatch.setattr(prefect.context.FlowRunContext, "get", classmethod(lambda cls: run))
     monkeypatch.setattr(prefect.artifacts, "create_table_artifact", lambda **kwargs: None)
     monkeypatch.setattr(prefect.artifacts, "create_markdown_artifact", lambda key, markdown: reports.append(markdown))
     publisher = Background()
