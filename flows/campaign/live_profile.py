@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import contextvars
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from actions.contracts import DecodeSettings, ModelRef, PromptTokens
+from actions.contracts import DecodeSettings, ModelRef
 from actions.store.profile_cache import ProfileFacts, ProfileRequest, ProfileResult
 from flows.planning.tpot import CPU_TINY_PROFILE, ProfileIdentity, TpotProfile
 from flows.step.context import RunContext
@@ -68,17 +68,14 @@ def profile_request(ctx: RunContext, model: ModelRef, prompt_lengths: list[int])
 
 
 def start_profiling(ctx: RunContext, model: ModelRef,
-                    tokens: Mapping[int, PromptTokens]) -> tuple[Any, ProfileRequest] | None:
+                    tokens: TokenTable) -> tuple[Any, ProfileRequest] | None:
     """Submit the profile action (None when the engine has no profiler). ``tokens``: the
-    prepared token table (prompt lengths)."""
+    prepared token table (its prompt lengths, read without building its rows)."""
     from prefect.context import FlowRunContext
 
     from flows.step.invoke import invoke_action  # Prefect task; keeps this module importable alone
 
-    # a TokenTable's lengths without building its rows (200,000 of them at campaign start)
-    lengths = (tokens.prompt_lengths() if isinstance(tokens, TokenTable)
-               else [len(_prompt(t)) for t in tokens.values()])
-    req = profile_request(ctx, model, lengths)
+    req = profile_request(ctx, model, tokens.prompt_lengths())
     kwargs = dict(action="profile", payload=req.model_dump(mode="json"), shard="profile")
     if FlowRunContext.get() is not None:
         return invoke_action.submit(**kwargs), req
@@ -189,11 +186,6 @@ def _result(out: Returned) -> ProfileResult:
     """The profile action's result, validated on arrival (``invoke_action``)."""
     assert isinstance(out.result, ProfileResult), type(out.result)
     return out.result
-
-
-def _prompt(entry: PromptTokens) -> list[int]:
-    """A token-table entry's prompt ids."""
-    return entry.prompt
 
 
 def generation_threads(cfg: Any) -> int | None:
