@@ -35,7 +35,9 @@ class ScalingConfig(_Section):
     """``cost_aware``, ``fixed:N``, a registered name or ``package.module:function``, parsed
     once into a strategy (:attr:`strategy`, ``flows/planning/registry.py``)."""
     n_min: int = Field(1, ge=1)
+    """``cost_aware``: the fewest generation actions a phase may run."""
     n_max: int = Field(4, ge=1)
+    """``cost_aware``: the most generation actions a phase may run."""
     lam: float = Field(0.7, ge=0, le=1)
     """Weight of time in the ``paper`` objective (paper §3.5)."""
     objective: Literal["budget", "value", "slack", "paper"] = "value"
@@ -56,6 +58,7 @@ class ScalingConfig(_Section):
     """``objective: budget``: the fixed allocation (decode actors held for the whole phase)
     whose bill a phase may not exceed; 3 is the paper's static fan-out."""
     gpus_per_actor: int = Field(1, ge=1)
+    """GPUs each generation action holds (its billed GPU-seconds are its seconds times this)."""
     cold_start_s: float = Field(2.0, ge=0)
     """Seconds an OpenWhisk actor beyond the warm ones takes to start; the planner prices it.
     The local pool starts its workers with it and the in-process invoker has no containers, so
@@ -70,6 +73,7 @@ class ScalingConfig(_Section):
     at the earliest past invocation offset minus ``prewarm_buffer_s`` and minus how long the
     last pre-warms took (paper §3.7); none where it could not finish before that invocation."""
     prewarm_buffer_s: float = Field(0.2, ge=0)
+    """Seconds of margin a pre-warm fires ahead of the generation actions' invocation."""
     tail_error_steps: int = Field(2, ge=0, le=64)
     """Steps of the length predictor's measured error (predicted against observed group max
     lengths) that scale ``cost_aware``'s robust tail (``flows/planning/robust.py``); 0: every
@@ -154,6 +158,9 @@ LOCAL_TIMEOUT_S = 600.0
 
 class InvokerConfig(_Section):
     kind: Literal["local", "inprocess", "openwhisk"] = "local"
+    """Where actions run: ``local`` (a warm pool of worker processes on this machine),
+    ``inprocess`` (in the flow's process, one at a time) or ``openwhisk`` (an OpenWhisk
+    deployment: ``__OW_API_HOST``, ``__OW_API_KEY``; docs/openwhisk.md)."""
     num_workers: int = Field(0, ge=0)
     """Local warm pool size; 0 = scaling.n_max + 1 (N + 1 for ``fixed:N`` with N above n_max)."""
     num_cores: int = Field(0, ge=0)
@@ -188,7 +195,10 @@ class InvokerConfig(_Section):
 
 class BudgetConfig(_Section):
     usd: float | None = Field(None, gt=0)
+    """Stop before a step (or evaluation) whose cost, judged from the last step's, would take
+    the billed spend past this many dollars; None: no limit."""
     gpu_seconds: float | None = Field(None, gt=0)
+    """The same limit in billed GPU-seconds; None: no limit."""
 
 
 class FaultConfig(_Section):
@@ -203,12 +213,16 @@ class FaultConfig(_Section):
     kill_fraction: float = Field(0.0, ge=0, lt=1)
     """The worker process is killed (SIGKILL) ``kill_after_s`` into the activation."""
     kill_after_s: float = Field(0.2, ge=0, le=60)
+    """Seconds into an activation a ``kill_fraction`` kill lands."""
     latency_fraction: float = Field(0.0, ge=0, le=1)
     """These activations sleep ``latency_s`` before running (every attempt that runs: an injected
     failure raises first)."""
     latency_s: float = Field(0.0, ge=0, le=600)
+    """Seconds a ``latency_fraction`` activation sleeps."""
     actions: list[str] = ["generate", "score"]
+    """The actions faults are injected into."""
     seed: int = 0
+    """Picks which (action, shard) pairs are hit."""
 
     @field_validator("actions")
     @classmethod
@@ -244,8 +258,9 @@ class CampaignConfig(WorkloadConfig):
     price_per_gpu_second: float = Field(0.0004, ge=0)
     """USD per GPU-second (0.0004 = $1.44 per GPU-hour)."""
     steps: int = Field(24, ge=1)
+    """RL steps of the campaign (a resume trains up to this many in all)."""
     eval_every: int = Field(4, ge=0)
-    """Evaluate on the held-out set every this many steps (0: only before and after)."""
+    """Evaluate on the eval set every this many steps (0: only before and after)."""
 
     @field_validator("run_id")
     @classmethod

@@ -23,6 +23,7 @@ class RewardFunctionConfig(_Section):
     name: str
     """A built-in (repeat, gsm8k, math, exact_match, format) or ``package.module:function``."""
     weight: float = 1.0
+    """Its reward is multiplied by this before the rewards are summed."""
     pattern: str | None = None
     """The regular expression of the ``format`` reward (None: its default)."""
 
@@ -67,6 +68,7 @@ class RewardModelConfig(_Section):
     index. None: the model's only logit (TRL's ``logits[:, 0]`` of a one-label reward model); a
     model with several labels must name one, since its first is often the unwanted class."""
     weight: float = 1.0
+    """Its score is multiplied by this before it is added to the functions' sum."""
     batch_size: int = Field(16, gt=0)
     """(prompt, completion) pairs per forward."""
     max_length: Literal["auto"] | Annotated[int, Field(gt=0)] | None = "auto"

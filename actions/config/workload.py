@@ -15,7 +15,9 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from actions.config.quoting import chat_template_mode, quote
+# LoraConfig and ModelConfig are re-exported, as the reward sections are.
+from actions.config.model import LoraConfig, ModelConfig  # noqa: F401
+from actions.config.quoting import chat_template_mode
 
 # RewardFunctionConfig is re-exported: the contracts and callers take every section from here.
 from actions.config.reward import (  # noqa: F401
@@ -27,77 +29,6 @@ from actions.config.reward import (  # noqa: F401
 )
 from actions.config.section import Section as _Section
 from actions.config.vllm import VllmConfig
-
-
-class LoraConfig(_Section):
-    """LoRA adapters (PEFT) over a frozen backbone: what ``model.lora`` sets. The backbone is
-    the policy at version 0 (after warm-up), stored once; each policy version is the adapter
-    alone (``docs/scale.md``)."""
-
-    r: int = 16
-    """Rank of each adapter (>= 1)."""
-    alpha: float = Field(32.0, gt=0)
-    """Scale numerator: an adapter adds ``(alpha / r) * B @ A`` to its layer's weight."""
-    dropout: float = Field(0.0, ge=0, lt=1)
-    """Dropout on the adapter's input while training."""
-    target_modules: Literal["all-linear"] | list[str] = "all-linear"
-    """Module names the adapters wrap (a name matches a module whose path ends with it, e.g.
-    ``q_proj``), or ``all-linear``: every linear layer except the output head."""
-    bias: Literal["none", "all", "lora_only"] = "none"
-    """Which biases train with the adapter (PEFT's ``bias``); anything but ``none`` changes the
-    backbone, so it needs ``algorithm.kl_coef: 0`` (the reference is the backbone)."""
-
-    @field_validator("r", mode="before")
-    @classmethod
-    def _refuse_bool_r(cls, v: Any) -> Any:
-        if isinstance(v, bool):  # an int to pydantic: `r: true` would be a rank-1 adapter
-            raise ValueError(f"model.lora.r={v} is not a rank; set an integer >= 1 (e.g. 8 or 16)")
-        return v
-
-    @field_validator("r")
-    @classmethod
-    def _check_r(cls, v: int) -> int:
-        # after conversion, so that 0.0, "0" and "-3" are refused as 0 and -3 are
-        if v <= 0:
-            raise ValueError(f"model.lora.r={v} is not a rank; set an integer >= 1 (e.g. 8 or 16), or remove "
-                             "model.lora for full fine-tuning")
-        return v
-
-    @field_validator("target_modules", mode="before")
-    @classmethod
-    def _check_target_kind(cls, v: Any) -> Any:
-        # before the union's own check, whose complaint names its members' types, not the fix
-        if v == "all-linear" or (isinstance(v, (list, tuple)) and all(isinstance(t, str) for t in v)):
-            return v
-        raise ValueError(f"model.lora.target_modules={quote(v)} is neither all-linear nor a list of module names; "
-                         "set all-linear, or list the names (e.g. [q_proj, v_proj])")
-
-    @field_validator("target_modules")
-    @classmethod
-    def _check_targets(cls, v: Any) -> Any:
-        if isinstance(v, list) and not [t for t in v if t.strip()]:
-            raise ValueError("model.lora.target_modules=[] names no module; list module names (e.g. [q_proj, v_proj]) "
-                             "or use all-linear")
-        return v
-
-
-class ModelConfig(_Section):
-    path: str | None = None
-    """Local Hugging Face model directory; None builds the tiny default from the fields below."""
-    hidden_size: int = Field(96, ge=8)
-    num_layers: int = Field(2, ge=1)
-    num_heads: int = Field(4, ge=1)
-    intermediate_size: int = Field(256, ge=8)
-    max_positions: int = Field(256, ge=16)
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """What actions compute in: ``auto`` is bfloat16 on CUDA and float32 on the CPU (or
-    ``RLHFLESS_DTYPE`` where the action's environment sets it). Training in bfloat16/float16
-    keeps fp32 master weights in the optimizer state and publishes weights in this dtype."""
-    gradient_checkpointing: bool = False
-    """Recompute the transformer's activations in the backward pass (less memory, ~30% more
-    training compute); the weights come out the same."""
-    lora: LoraConfig | None = None
-    """Train LoRA adapters instead of every weight; None (absent): full fine-tuning."""
 
 
 class DataConfig(_Section):
@@ -138,7 +69,8 @@ class DataConfig(_Section):
     """Training prompts of the generated task; a dataset file is used whole (set beside
     ``train_path``, it is refused by ``load_config``)."""
     num_eval_prompts: int = Field(64, ge=1)
-    """Held-out prompts of the generated task."""
+    """Eval prompts of the generated task, drawn as its training prompts are (from the
+    repeat task's few distinct prompts, most of them are training prompts too)."""
     max_count: int | None = Field(None, ge=1)
     """Largest k of the repeat task (answer length in tokens; None: 14), or the most operations
     of an arith problem (None: 3)."""
@@ -171,30 +103,42 @@ class DataConfig(_Section):
 
 class AlgorithmConfig(_Section):
     name: Literal["grpo", "ppo"] = "grpo"
+    """``grpo``: group-relative advantages, no critic. ``ppo``: a learned critic and GAE
+    (``critic_lr``, ``gamma``, ``gae_lambda``, ``value_clip``)."""
     batch_size: int = Field(128, gt=0)
     """Samples (responses) per step = prompts per step x group_size."""
     group_size: int = Field(8, gt=0)
     """Responses per prompt (GRPO's n)."""
     kl_coef: float = Field(0.01, ge=0)
+    """Weight of the KL penalty to the reference policy (the policy after warm-up); 0: none."""
     kl_kind: Literal["k1", "k2", "k3"] = "k3"
     """KL estimator (``actions/rl/kl.py``): GRPO adds ``kl_coef`` x its token mean to the loss,
     PPO subtracts ``kl_coef`` x it from each token's reward. Unset or null: the algorithm's own,
     k3 for GRPO (DeepSeekMath eq. 4), k1 for PPO (Ouyang et al. eq. 2; TRL's ``kl_estimator``)."""
     clip_low: float = Field(0.2, gt=0, lt=1)
+    """The importance ratio is clipped below at ``1 - clip_low`` (PPO's epsilon)."""
     clip_high: float = Field(0.28, gt=0)
+    """The importance ratio is clipped above at ``1 + clip_high`` (DAPO's clip-higher; equal
+    to ``clip_low`` is PPO's symmetric clip)."""
     value_clip: float = Field(0.2, gt=0)
+    """PPO: the critic's new value is clipped to within this of its old one in the value loss."""
     lr: float = Field(6e-4, gt=0)
     """Policy learning rate (AdamW). The default campaign's held-out gain over seeds 0-2 is
     +0.30/+0.31/+0.23 at 6e-4 against +0.25/+0.22/+0.23 at 4e-4 (docs/results.md)."""
     critic_lr: float = Field(2e-3, gt=0)
+    """PPO: the critic's learning rate (AdamW)."""
     epochs: int = Field(1, ge=1)
+    """Passes over each step's samples, ``num_minibatches`` optimizer steps each."""
     num_minibatches: int = Field(2, ge=1)
     """Optimizer steps per epoch: the step's prompt groups, shuffled, are split into this many
     mini-batches of whole groups, as equal as they can be (one group apart at most where it does
     not divide ``batch_size / group_size``; ``actions/rl/update.py``, ``minibatches``)."""
     gamma: float = Field(1.0, ge=0, le=1)
+    """PPO: discount per token in GAE."""
     gae_lambda: float = Field(0.95, ge=0, le=1)
+    """PPO: GAE's lambda (bias against variance of the advantage)."""
     max_grad_norm: float = Field(1.0, gt=0)
+    """Gradients are clipped to this global L2 norm before each optimizer step."""
     scale_by_std: bool = True
     """GRPO: divide each group's centred rewards by their std (False: Dr. GRPO). PPO refuses
     False: it whitens its GAE advantages over the batch instead."""
@@ -263,7 +207,9 @@ class WarmupConfig(_Section):
     imperfect demonstrator), 0 on a user dataset, where warm-up trains on the reference answers
     verbatim and is an explicit choice (only for answers that are worked solutions)."""
     batch_size: int = Field(32, gt=0)
+    """Warm-up: prompts (with their reference answers) per supervised step."""
     lr: float = Field(3e-3, gt=0)
+    """Warm-up: learning rate (AdamW)."""
     error_rate: float | None = Field(None, ge=0, le=1)
     """How often the synthetic demonstrator errs: miscounts a long repeat answer (None: 0.9),
     stops an arith solution one operation early (None: 0.7)."""
@@ -271,6 +217,7 @@ class WarmupConfig(_Section):
 
 class GenerationConfig(_Section):
     max_new_tokens: int = Field(24, gt=0)
+    """The longest response, in tokens; a sample that reaches it is cut there (no stop token)."""
     temperature: float = Field(1.0, ge=0)
     """Softmax temperature of sampling; 0 is greedy decoding."""
     top_k: int | None = None
@@ -283,12 +230,16 @@ class GenerationConfig(_Section):
     probability, after the temperature and ``top_k``, reaches ``top_p``; in (0, 1]. None or
     1.0: off (1.0 is read as None)."""
     engine: Literal["torch", "vllm"] = "torch"
+    """The generation engine of the generate, evaluate and profile actions: ``torch`` (this
+    project's, CPU or CUDA) or ``vllm`` (the optional extra; docs/vllm.md)."""
     dedup_prefill: bool = True
     """Compute shared prompt prefill once: a group's prompt inside each generation action (the
     torch engine; vLLM's prefix cache always does), and prefixes shared across prompts in the
     separate prefill action where ``prefill_action`` runs it. Off: no prefill action runs, and
     the planner times none (no prefill phase, no prefix KV sent to the actions)."""
     assignment: Literal["ranked", "round_robin"] = "ranked"
+    """How prompts are split over the generation actions: ``ranked`` (by predicted length,
+    the longest first, paper §3.3) or ``round_robin`` in the step's order."""
     cut_threshold: float | None = Field(0.7, gt=0, le=1)
     """tau: an action stops once this fraction of its samples finished (None: never cut). Only
     actions the planner gives a cut point stop (``migrate.plan_cut_points``: where another
@@ -433,6 +384,8 @@ class WorkloadConfig(_Section):
     generation: GenerationConfig = GenerationConfig()
     train: TrainConfig = TrainConfig()
     seed: int = 0
+    """Seeds the tiny model, the synthetic data, the prompt order and every sample's noise:
+    the same configuration and seed train the same weights."""
 
     @model_validator(mode="after")
     def _resolve_defaults(self) -> WorkloadConfig:

@@ -109,7 +109,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                                    ("deploy", "flows.commands.deploy", "create or update the OpenWhisk actions"),
                                    ("profile", "flows.commands.measure", "measure the engine's time per output token"),
                                    ("tiny-model", "flows.commands.tiny_model", "write a tiny Hugging Face model folder"),
-                                   ("export", "flows.commands.export", "write a committed policy as a model folder")):
+                                   ("export", "flows.commands.export", "write a committed policy as a model folder"),
+                                   ("config", "flows.commands.config_show",
+                                    "print the resolved configuration, or the reference of every key")):
         if command is not None and command != name:
             sub.add_parser(name, help=helptext)
             continue

@@ -1,0 +1,167 @@
+"""``rlhfless config``: the configuration a ``train`` with the same ``--config`` and ``--set``
+would run, or the reference of every key.
+
+Without ``--reference`` it loads and validates the configuration exactly as ``train`` does
+(a bad value is the same one-line error, exit 2) and prints it whole as YAML, defaults filled
+in, with the run id it derives; nothing is read but the configuration, nothing is written.
+``--reference`` prints every key as a Markdown table (type, default, meaning), built from the
+configuration classes themselves: their field types, defaults and attribute docstrings
+(``Section`` sets pydantic's ``use_attribute_docstrings``). ``docs/config.md`` is that output,
+and ``tests/test_config_reference.py`` checks that it still is, and that every key has a
+meaning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import types
+import typing
+from collections.abc import Iterator
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+HEADER = """# Configuration reference
+
+Every key of a campaign's configuration: the YAML file of `rlhfless train --config FILE` (or a
+deployment's `config` parameter), or `--set KEY=VALUE`. Unknown keys are refused, naming the
+key. `rlhfless config [--config FILE] [--set KEY=VALUE ...]` prints the whole configuration a
+`train` with the same arguments would run, defaults filled in.
+
+This page is the output of `rlhfless config --reference` (`tests/test_config_reference.py`
+checks that it still is).
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML campaign configuration")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set algorithm.name=ppo (repeatable)")
+    p.add_argument("--reference", action="store_true",
+                   help="print every key with its type, default and meaning (Markdown) instead")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.reference:
+        if args.config or args.overrides:
+            raise ValueError("config --reference describes every key, not one configuration; "
+                             "drop --config and --set, or drop --reference")
+        print(reference(), end="")
+        return 0
+    import yaml
+
+    from flows.config import load_config
+
+    cfg = load_config(args.config, list(args.overrides))
+    dumped = cfg.model_dump(mode="json")
+    if dumped.get("run_id") is None:
+        print(f"# run_id derived from this configuration: {cfg.resolved_run_id()}")
+    print(yaml.safe_dump(dumped, sort_keys=False, allow_unicode=True), end="")
+    return 0
+
+
+def reference() -> str:
+    """The Markdown reference of every key of ``CampaignConfig`` (module docstring)."""
+    from flows.config import CampaignConfig
+
+    sections: dict[str, list[tuple[str, Any]]] = {"": []}
+    for key, field in keys(CampaignConfig):
+        section = key.split(".")[0] if "." in key else ""
+        sections.setdefault(section, []).append((key, field))
+    out = [HEADER]
+    for section, rows in sections.items():
+        out.append(f"\n## {f'`{section}`' if section else 'Top level'}\n")
+        doc = _section_doc(CampaignConfig, section)
+        if doc:
+            out.append(f"\n{doc}\n")
+        out.append("\n| key | type | default | meaning |\n|---|---|---|---|\n")
+        for key, field in rows:
+            out.append(f"| `{key}` | {_cell(type_text(field.annotation))} | {_cell(default_text(field))} | "
+                       f"{_cell(text(field.description or ''))} |\n")
+    return "".join(out)
+
+
+def keys(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, pydantic field) of every leaf setting, in declaration order; a section (a
+    model, optional or in a list) is walked, its keys named ``a.b`` (``a.b[].c`` for list items),
+    after a row of its own where it is optional or a list (``model.lora``: absent is off)."""
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        inner, many = _section_of(field.annotation)
+        if inner is None:
+            yield key, field
+            continue
+        if inner is not field.annotation:  # optional or a list: the key itself is a setting
+            yield key, field
+        yield from keys(inner, f"{key}[]." if many else f"{key}.")
+
+
+def _section_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
+    """(the section class ``annotation`` holds, whether it is a list of them)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is list and args:
+        inner, _ = _section_of(args[0])
+        return inner, True
+    if origin in (typing.Union, types.UnionType):
+        for arg in args:
+            inner, many = _section_of(arg)
+            if inner is not None:
+                return inner, many
+    return None, False
+
+
+def type_text(annotation: Any) -> str:
+    """A type as a user writes its values: ``int``, ``"a" | "b"``, ``list of str``, ``... or null``."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:  # constrained (conint and the like): the values are the base type's
+        return type_text(args[0])
+    if origin is typing.Literal:
+        return " \\| ".join(json.dumps(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        parts = [type_text(a) for a in args if a is not type(None)]
+        return " or ".join(parts) + (" or null" if type(None) in args else "")
+    if origin is list:
+        return f"list of {type_text(args[0])}" if args else "list"
+    if origin is dict:
+        return "mapping"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "mapping"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def default_text(field: Any) -> str:
+    if field.default_factory is not None:
+        value = field.default_factory()
+    elif field.default is PydanticUndefined:
+        return "required"
+    else:
+        value = field.default
+    if isinstance(value, BaseModel):
+        return "(section)"
+    return f"`{json.dumps(value)}`"
+
+
+def text(doc: str) -> str:
+    """A docstring as one Markdown line: reST's double backquotes as single ones, its roles
+    (``:attr:``) dropped, whitespace collapsed."""
+    return re.sub(r"\s+", " ", re.sub(r":\w+:`", "`", doc.replace("``", "`"))).strip()
+
+
+def _cell(value: str) -> str:
+    # a literal | in a cell would split it: Markdown tables take \| (literal types already escape theirs)
+    return re.sub(r"(?<!\\)\|", r"\\|", value)
+
+
+def _section_doc(model: type[BaseModel], section: str) -> str:
+    field = model.model_fields.get(section)
+    if not section or field is None:
+        return ""
+    inner, _ = _section_of(field.annotation)
+    own = field.description or ""
+    cls_doc = (inner.__doc__ or "") if inner is not None and inner.__doc__ != BaseModel.__doc__ else ""
+    return text(own or cls_doc)

@@ -1,0 +1,79 @@
+"""``rlhfless config``: the reference of every key (``docs/config.md``) and the resolved
+configuration a ``train`` with the same arguments would run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.commands.cli import main
+from flows.commands.config_show import keys, reference, type_text
+from flows.config import CampaignConfig, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _leaves(tree: dict, prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out |= _leaves(v, f"{prefix}{k}.")
+        else:
+            out.add(f"{prefix}{k}")
+    return out
+
+
+def test_docs_config_is_the_reference():
+    page = (ROOT / "docs" / "config.md").read_text()
+    assert page == reference(), "docs/config.md is stale: run `rlhfless config --reference > docs/config.md`"
+
+
+def test_every_key_is_listed_and_explained():
+    listed = dict(keys(CampaignConfig))
+    # every value a configuration holds is a row (sections that hold others are walked, not listed)
+    assert _leaves(CampaignConfig().model_dump(mode="json")) <= set(listed)
+    # and the keys of optional and repeated sections too
+    assert {"model.lora.r", "model.lora.target_modules", "reward.functions[].name", "reward.models[].label",
+            "generation.vllm.max_model_len"} <= set(listed)
+    unexplained = [k for k, f in listed.items() if not (f.description or "").strip()]
+    assert not unexplained, f"config keys without a docstring (docs/config.md would show no meaning): {unexplained}"
+
+
+def test_types_read_as_values():
+    from typing import Annotated, Literal
+
+    from pydantic import Field
+
+    assert type_text(Literal["a", "b"] | None) == '"a" \\| "b" or null'
+    assert type_text(Annotated[int, Field(gt=0)]) == "int"
+    assert type_text(list[str]) == "list of str"
+    rows = {k: f for k, f in keys(CampaignConfig)}
+    assert type_text(rows["reward.functions"].annotation) == "list of mapping or null"
+
+
+def test_config_prints_what_train_would_run(capsys):
+    assert main(["config", "--set", "steps=3", "--set", "algorithm.name=ppo"]) == 0
+    out = capsys.readouterr().out
+    expected = load_config(None, ["steps=3", "algorithm.name=ppo"])
+    assert f"# run_id derived from this configuration: {expected.resolved_run_id()}" in out.splitlines()[0]
+    printed = yaml.safe_load(out)
+    assert printed["steps"] == 3 and printed["algorithm"]["kl_kind"] == "k1"  # resolved, not as typed
+    # the printed configuration, given back, is the same run
+    assert CampaignConfig.model_validate(printed).resolved_run_id() == expected.resolved_run_id()
+
+
+def test_config_refuses_bad_input_in_one_line(capsys):
+    assert main(["config", "--set", "algorithm.lr=-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rlhfless: error: ") and "algorithm.lr" in err and "Traceback" not in err
+    assert main(["config", "--reference", "--set", "steps=3"]) == 2
+    assert "drop --config and --set" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key", ["model.lora.r", "store.uri", "steps"])
+def test_reference_rows_carry_type_default_and_meaning(key):
+    row = next(line for line in reference().splitlines() if line.startswith(f"| `{key}` |"))
+    cells = [c.strip() for c in row.strip("|").split(" | ")]
+    assert len(cells) == 4 and all(cells), row
