@@ -29,7 +29,9 @@ HEADER = """# Configuration reference
 Every key of a campaign's configuration: the YAML file of `rlhfless train --config FILE` (or a
 deployment's `config` parameter), or `--set KEY=VALUE`. Unknown keys are refused, naming the
 key. `rlhfless config [--config FILE] [--set KEY=VALUE ...]` prints the whole configuration a
-`train` with the same arguments would run, defaults filled in.
+`train` with the same arguments would run, defaults filled in. What the environment sets
+(the OpenWhisk and S3 connections, the actions' device, dtype and threads) is listed in
+docs/openwhisk.md, "Environment variables".
 
 This page is the output of `rlhfless config --reference` (`tests/test_config_reference.py`
 checks that it still is).

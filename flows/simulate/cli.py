@@ -38,6 +38,9 @@ from flows.simulate.replay import MAX_TOKENS, PolicyRun, read_trace, replay
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Replay response-length traces on a modelled GPU cluster. The defaults model the paper's "
+                          "setting (20 nodes of 8 H100s, a 7B model, 2 GPUs per actor, 30 s cold starts, the budget "
+                          "objective against a static fan-out of 3), not the live campaign's configuration.")
     parser.add_argument("--trace", required=True, action="append", dest="traces", metavar="PATH",
                         help="JSONL length trace (repeatable: one report per trace)")
     parser.add_argument("--policy", action="append", dest="policies", metavar="P",
@@ -45,46 +48,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                         help="the generation cap the traces were made with (predictions are capped at "
                              "it); required unless each trace states it (a max_new_tokens field)")
-    parser.add_argument("--nodes", type=int, default=20)
-    parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--gpus-per-actor", type=int, default=2)
+    parser.add_argument("--nodes", type=int, default=20,
+                        help="GPU nodes of the cluster (default %(default)s)")
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default %(default)s)")
+    parser.add_argument("--gpus-per-actor", type=int, default=2,
+                        help="GPUs each decode actor holds (default %(default)s)")
     parser.add_argument("--profile", default="roofline:h100:qwen2.5-7b",
-                        help="roofline:<gpu>:<model> or a TpotProfile JSON file")
+                        help="roofline:<gpu>:<model> or a TpotProfile JSON file (default %(default)s)")
     parser.add_argument("--model", default=None, choices=sorted(MODELS),
                         help="model for weight/KV bytes (default: the roofline's, else qwen2.5-7b)")
     parser.add_argument("--objective", choices=("budget", "value", "slack", "paper"), default="budget",
-                        help="how the planner picks a plan (flows/planning/objective.py)")
+                        help="how the planner picks a plan (flows/planning/objective.py; default %(default)s)")
     parser.add_argument("--value-of-time", type=float, default=None, metavar="V",
                         help="objective value: GPU-seconds one second of phase time is worth "
                              "(price 1 per GPU-s); default: the learner node's GPUs, which wait")
     parser.add_argument("--time-slack", type=float, default=0.05,
-                        help="objective slack: cheapest plan within (1 + S) x the fastest")
+                        help="objective slack: cheapest plan within (1 + S) x the fastest (default %(default)s)")
     parser.add_argument("--budget-actors", type=int, default=3, metavar="K",
-                        help="objective budget: bill at most K actors held for the phase")
-    parser.add_argument("--lam", type=float, default=0.7, help="time weight of the paper objective")
+                        help="objective budget: bill at most K actors held for the phase (default %(default)s)")
+    parser.add_argument("--lam", type=float, default=0.7,
+                        help="time weight of the paper objective (default %(default)s)")
     parser.add_argument("--cut-threshold", "--tau", dest="cut_threshold", type=float, default=0.7,
-                        help="cut-and-migrate threshold (generation.cut_threshold live; the paper's tau)")
+                        help="cut-and-migrate threshold (generation.cut_threshold live; the paper's tau; "
+                             "default %(default)s)")
     parser.add_argument("--rank-slack", default="0.1", metavar="S",
                         help="ranked slices within (1 + S) x the balanced phase time; 'none' "
-                             "for equal prompt counts")
+                             "for equal prompt counts (default %(default)s)")
     parser.add_argument("--colocated-actors", type=int, default=None, metavar="K",
                         help="decode actors on the learner node after prefill, without transfers "
                              "(default: as many as fit; 1 = the paper's actor 0 alone)")
-    parser.add_argument("--n-min", type=int, default=1)
-    parser.add_argument("--n-max", type=int, default=64)
+    parser.add_argument("--n-min", type=int, default=1,
+                        help="fewest decode actors a phase may run (default %(default)s)")
+    parser.add_argument("--n-max", type=int, default=64,
+                        help="most decode actors a phase may run (default %(default)s)")
     parser.add_argument("--bandwidth-gb-per-gpu", type=float, default=40.0,
-                        help="learner -> actor transfer GB/s per actor GPU")
+                        help="learner -> actor transfer GB/s per actor GPU (default %(default)s)")
     parser.add_argument("--cold-start-s", type=float, default=30.0,
-                        help="start of an actor that was not pre-warmed")
+                        help="seconds an actor that was not pre-warmed takes to start (default %(default)s)")
     parser.add_argument("--prewarm-idle-s", type=float, default=0.0,
-                        help="billed wait of each pre-warmed remote actor (paper proxy: 0)")
+                        help="billed wait of each pre-warmed remote actor (paper proxy: %(default)s)")
     parser.add_argument("--continuation", action="store_true",
                         help="a cut with no free slots starts a continuation actor")
     parser.add_argument("--migration", choices=("reprefill", "kv"), default="kv",
                         help="cut samples ship their KV blocks over the transfer path the prefill "
                              "KV uses (default), or re-prefill at the destination (a full stall)")
     parser.add_argument("--prefer", choices=("most_free", "least_loaded"), default="most_free",
-                        help="order in which destinations with free slots are filled")
+                        help="order in which destinations with free slots are filled (default %(default)s)")
     parser.add_argument("--first-epoch", choices=FIRST_EPOCH_PREDICTORS, default="learned",
                         help="length predictor of prompts without history: learned online from "
                              "reference and prompt length (default) or the paper's reference rule")
@@ -97,9 +106,9 @@ def _add_learner_and_output(parser: argparse.ArgumentParser) -> None:
                         help="whole step: scoring + training at R rollout tokens/s (serverful "
                              "actors stay billed through it); default: from the learner model")
     parser.add_argument("--learner-gpus", type=int, default=8,
-                        help="whole step: GPUs of the learner (scoring + training)")
+                        help="whole step: GPUs of the learner (scoring + training; default %(default)s)")
     parser.add_argument("--learner-mfu", type=float, default=LEARNER_MFU,
-                        help="whole step: model FLOP utilisation of the learner's passes")
+                        help="whole step: model FLOP utilisation of the learner's passes (default %(default)s)")
     parser.add_argument("--learner-gpu", choices=sorted(GPUS), default=None,
                         help="whole step: learner GPU type (default: the roofline's, else h100)")
     parser.add_argument("--frontier", action="store_true",
