@@ -37,7 +37,7 @@ def test_every_key_is_listed_and_explained():
     # and the keys of optional and repeated sections too
     assert {"model.lora.r", "model.lora.target_modules", "reward.functions[].name", "reward.models[].label",
             "generation.vllm.max_model_len"} <= set(listed)
-    unexplained = [k for k, f in listed.items() if not (f.description or "").strip()]
+    unexplained = [k for k, entry in listed.items() if not entry.description.strip()]
     assert not unexplained, f"config keys without a docstring (docs/config.md would show no meaning): {unexplained}"
 
 
@@ -49,7 +49,7 @@ def test_types_read_as_values():
     assert type_text(Literal["a", "b"] | None) == '"a" \\| "b" or null'
     assert type_text(Annotated[int, Field(gt=0)]) == "int"
     assert type_text(list[str]) == "list of str"
-    rows = {k: f for k, f in keys(CampaignConfig)}
+    rows = dict(keys(CampaignConfig))
     assert type_text(rows["reward.functions"].annotation) == "list of mapping or null"
 
 

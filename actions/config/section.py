@@ -61,9 +61,7 @@ def bool_error_line(key: str, ctx: dict[str, Any]) -> str:
 class Section(BaseModel):
     """A config section that forbids unknown keys, so a typo names the key instead of being ignored."""
 
-    # the attribute docstrings become the fields' descriptions: `rlhfless config --reference` prints them
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False,
-                              use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod

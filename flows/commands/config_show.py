@@ -5,8 +5,9 @@ Without ``--reference`` it loads and validates the configuration exactly as ``tr
 (a bad value is the same one-line error, exit 2) and prints it whole as YAML, defaults filled
 in, with the run id it derives; nothing is read but the configuration, nothing is written.
 ``--reference`` prints every key as a Markdown table (type, default, meaning), built from the
-configuration classes themselves: their field types, defaults and attribute docstrings
-(``Section`` sets pydantic's ``use_attribute_docstrings``). ``docs/config.md`` is that output,
+configuration classes themselves: their field types, defaults and attribute docstrings (read
+from their source here, not by pydantic at every import: that would cost every command about
+0.1 s). ``docs/config.md`` is that output,
 and ``tests/test_config_reference.py`` checks that it still is, and that every key has a
 meaning.
 """
@@ -14,6 +15,9 @@ meaning.
 from __future__ import annotations
 
 import argparse
+import ast
+import functools
+import inspect
 import json
 import re
 import types
@@ -69,10 +73,10 @@ def reference() -> str:
     """The Markdown reference of every key of ``CampaignConfig`` (module docstring)."""
     from flows.config import CampaignConfig
 
-    sections: dict[str, list[tuple[str, Any]]] = {"": []}
-    for key, field in keys(CampaignConfig):
+    sections: dict[str, list[tuple[str, Key]]] = {"": []}
+    for key, entry in keys(CampaignConfig):
         section = key.split(".")[0] if "." in key else ""
-        sections.setdefault(section, []).append((key, field))
+        sections.setdefault(section, []).append((key, entry))
     out = [HEADER]
     for section, rows in sections.items():
         out.append(f"\n## {f'`{section}`' if section else 'Top level'}\n")
@@ -80,25 +84,56 @@ def reference() -> str:
         if doc:
             out.append(f"\n{doc}\n")
         out.append("\n| key | type | default | meaning |\n|---|---|---|---|\n")
-        for key, field in rows:
-            out.append(f"| `{key}` | {_cell(type_text(field.annotation))} | {_cell(default_text(field))} | "
-                       f"{_cell(text(field.description or ''))} |\n")
+        for key, entry in rows:
+            out.append(f"| `{key}` | {_cell(type_text(entry.annotation))} | {_cell(default_text(entry.field))} | "
+                       f"{_cell(text(entry.description))} |\n")
     return "".join(out)
 
 
-def keys(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """(dotted key, pydantic field) of every leaf setting, in declaration order; a section (a
-    model, optional or in a list) is walked, its keys named ``a.b`` (``a.b[].c`` for list items),
-    after a row of its own where it is optional or a list (``model.lora``: absent is off)."""
+class Key(typing.NamedTuple):
+    annotation: Any
+    field: Any
+    """The pydantic field (its default)."""
+    description: str
+    """The attribute docstring ('' where there is none)."""
+
+
+def keys(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, Key]]:
+    """(dotted key, its type, field and docstring) of every leaf setting, in declaration order;
+    a section (a model, optional or in a list) is walked, its keys named ``a.b`` (``a.b[].c`` for
+    list items), after a row of its own where it is optional or a list (``model.lora``: absent
+    is off)."""
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
+        entry = Key(field.annotation, field, attribute_docs(model).get(name, ""))
         inner, many = _section_of(field.annotation)
         if inner is None:
-            yield key, field
+            yield key, entry
             continue
         if inner is not field.annotation:  # optional or a list: the key itself is a setting
-            yield key, field
+            yield key, entry
         yield from keys(inner, f"{key}[]." if many else f"{key}.")
+
+
+def attribute_docs(model: type) -> dict[str, str]:
+    """Field name -> the string literal right below its annotated assignment, for ``model`` and
+    the classes it inherits fields from (the nearest one's wins)."""
+    out: dict[str, str] = {}
+    for cls in reversed([c for c in model.__mro__ if issubclass(c, BaseModel) and c is not BaseModel]):
+        out.update(_own_attribute_docs(cls))
+    return out
+
+
+@functools.cache
+def _own_attribute_docs(cls: type) -> dict[str, str]:
+    tree = ast.parse(inspect.cleandoc("\n" + inspect.getsource(cls)))
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    out = {}
+    for stmt, nxt in zip(body, body[1:]):
+        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+            out[stmt.target.id] = inspect.cleandoc(nxt.value.value)
+    return out
 
 
 def _section_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
@@ -164,6 +199,6 @@ def _section_doc(model: type[BaseModel], section: str) -> str:
     if not section or field is None:
         return ""
     inner, _ = _section_of(field.annotation)
-    own = field.description or ""
+    own = attribute_docs(model).get(section, "")
     cls_doc = (inner.__doc__ or "") if inner is not None and inner.__doc__ != BaseModel.__doc__ else ""
     return text(own or cls_doc)

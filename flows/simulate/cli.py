@@ -48,6 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                         help="the generation cap the traces were made with (predictions are capped at "
                              "it); required unless each trace states it (a max_new_tokens field)")
+    _add_cluster(parser)
+    _add_planner(parser)
+    _add_learner_and_output(parser)
+
+
+def _add_cluster(parser: argparse.ArgumentParser) -> None:
+    """The modelled cluster's flags."""
     parser.add_argument("--nodes", type=int, default=20,
                         help="GPU nodes of the cluster (default %(default)s)")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default %(default)s)")
@@ -57,6 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="roofline:<gpu>:<model> or a TpotProfile JSON file (default %(default)s)")
     parser.add_argument("--model", default=None, choices=sorted(MODELS),
                         help="model for weight/KV bytes (default: the roofline's, else qwen2.5-7b)")
+
+
+def _add_planner(parser: argparse.ArgumentParser) -> None:
+    """The planner's and the execution model's flags."""
     parser.add_argument("--objective", choices=("budget", "value", "slack", "paper"), default="budget",
                         help="how the planner picks a plan (flows/planning/objective.py; default %(default)s)")
     parser.add_argument("--value-of-time", type=float, default=None, metavar="V",
@@ -97,7 +108,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--first-epoch", choices=FIRST_EPOCH_PREDICTORS, default="learned",
                         help="length predictor of prompts without history: learned online from "
                              "reference and prompt length (default) or the paper's reference rule")
-    _add_learner_and_output(parser)
 
 
 def _add_learner_and_output(parser: argparse.ArgumentParser) -> None:
