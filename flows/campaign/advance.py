@@ -17,7 +17,7 @@ from flows.planning.planner import Planner
 from flows.planning.record import StepRecord
 from flows.step.context import RunContext
 from flows.step.flow import StepOutcome, rlhf_step
-from flows.step.metrics import BILLED, USD, USEFUL, step_metrics, step_record
+from flows.step.metrics import BILLED, HINDSIGHT_GENERATE, USD, USEFUL, step_metrics, step_record
 from flows.step.payloads import StepInputs
 from flows.step.phase import phase_inputs
 
@@ -47,7 +47,9 @@ def run_one_step(ctx: RunContext, state: CampaignState, planner: Planner, tokens
     metrics["step"] = float(state.step)
     metrics.update(out.prewarm)
     record = step_record(out, phase, step=state.step, epoch=epoch, metrics=metrics)
-    planner.observe(record)
+    observed = planner.observe(record)
+    if observed is not None and observed.hindsight_generate_s is not None:
+        metrics[HINDSIGHT_GENERATE] = observed.hindsight_generate_s
     metrics["plan"] = phase.plan.to_dict() | {"cut_after": list(phase.cut_after)}  # type: ignore[assignment]
     return _next_state(ctx, state, planner, out, metrics), record
 

@@ -37,6 +37,9 @@ USEFUL = "cost/gpu_seconds"
 USD = "cost/usd"
 FAILED_BILLED = "cost/failed_billed_gpu_seconds"
 PREDICTED_GENERATE = "plan/predicted_generate_s"
+HINDSIGHT_GENERATE = "plan/hindsight_generate_s"
+"""The generation phase's prediction redone at the lengths observed (``flows/planning/hindsight.py``):
+against ``timing_s/generate`` it shows the speed error alone, the length predictor's taken out."""
 REWARD_LOGGED = "reward_fn/"
 """Prefix of what the reward functions passed to ``log_metric`` (``reward_fn/<name>``)."""
 
