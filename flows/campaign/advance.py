@@ -47,9 +47,10 @@ def run_one_step(ctx: RunContext, state: CampaignState, planner: Planner, tokens
     metrics["step"] = float(state.step)
     metrics.update(out.prewarm)
     record = step_record(out, phase, step=state.step, epoch=epoch, metrics=metrics)
-    observed = planner.observe(record)
-    if observed is not None and observed.hindsight_generate_s is not None:
-        metrics[HINDSIGHT_GENERATE] = observed.hindsight_generate_s
+    hindsight = planner.hindsight_generate_s(record)
+    if hindsight is not None:
+        metrics[HINDSIGHT_GENERATE] = hindsight
+    planner.observe(record)
     metrics["plan"] = phase.plan.to_dict() | {"cut_after": list(phase.cut_after)}  # type: ignore[assignment]
     return _next_state(ctx, state, planner, out, metrics), record
 

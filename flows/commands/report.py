@@ -66,6 +66,12 @@ def planner_lines(summary: dict[str, Any]) -> list[str]:
                      f"activation round trip {profile['activation_s'] * 1e3:.0f} ms")
     names = {"generate": "generation actions", "prefill": "prefill", "phase": "whole phase"}
     for part, fid in (summary.get("planner_fidelity") or {}).items():
+        if part == "lengths":
+            if fid.get("steps"):
+                lines.append(f"- the length predictor's part: the generation actions' prediction against itself redone "
+                             f"at the lengths observed, median relative error {fid['median_relative_error']:+.1%} "
+                             f"over {fid['steps']} steps (the rest is speed, which the calibration learns)")
+            continue
         if fid.get("steps"):
             lines.append(f"- predicted vs measured {names.get(part, part)} time over {fid['steps']} steps: median "
                          f"relative error {fid['median_relative_error']:+.1%} (median |error| "

@@ -23,11 +23,8 @@ shows up in every step's measurements:
 
 Each step records what it was planned with (the decode scale, the activation's and the
 prefill's fixed costs) and what it measured: a ``PhaseObservation`` (``flows/planning/record.py``),
-which the planner keeps (``flows/planning/planner.py``). A step with generation time ``G``, whose
-plan timed at the lengths it observed takes ``g`` (``a`` of it the activation; the
-``hindsight_generate_s`` of ``flows/planning/hindsight.py``, so that a wrong length prediction
-is not taken for a speed, and the prediction itself for records without it), and prefill time
-``F`` predicted as ``f`` implies
+which the planner keeps (``flows/planning/planner.py``). A step with generation time ``G`` predicted
+as ``g`` (``a`` of it the activation) and prefill time ``F`` predicted as ``f`` implies
 
     decode_scale'    = decode_scale * (G - a) / (g - a)
     prefill_fixed_s' = prefill_fixed_s + (F - f)
@@ -119,8 +116,7 @@ def _implied_scale(m: PhaseObservation) -> float | None:
     """The decode scale one step's generation time implies (module docstring); None where the
     step gives no reading."""
     a = m.activation_s
-    reference = m.predicted_generate_s if m.hindsight_generate_s is None else m.hindsight_generate_s
-    predicted, measured = reference - a, m.generate_s - a
+    predicted, measured = m.predicted_generate_s - a, m.generate_s - a
     if predicted > 0 and measured > 0:
         return min(max(m.decode_scale * measured / predicted, SCALE_RANGE[0]), SCALE_RANGE[1])
     return None

@@ -1,22 +1,28 @@
-"""A phase's prediction redone with the lengths its samples really had: what the calibration
-compares the measured phase with.
+"""A phase's generation prediction redone with the lengths its samples really had: which part
+of the planner's error is the length predictor's.
 
 A phase's predicted time errs for two reasons: the predicted lengths were wrong (a first
 epoch's references, a prompt whose responses changed), and the machine decodes at another speed
-than the profile says. Only the second is the calibration's business: its decode scale is the
-speed correction (``flows/planning/calibration.py``). Compared with the prediction itself, the
-scale would also absorb the length error -- about half where the lengths were over-predicted
-twofold -- and carry it into the next steps, whose predictions may be right (a new epoch's
-history), for as long as the step stays in the calibration's window.
-
-So each observed phase also records :func:`hindsight_generate_s`: the prediction scaled by how
-much longer or shorter the same assignment takes, on the same profile, cluster and calibration,
-with each prompt at its group's observed longest sample (the quantity the lengths predictor
-predicts, ``flows/planning/lengths.py``) than at its predicted length. A ratio, not a new
-timing: the plan was timed by the planner's vectorised sweep (whose context buckets may land
+than the profile says. :func:`hindsight_generate_s` takes the first out: the prediction scaled
+by how much longer or shorter the same assignment takes, on the same profile, cluster and
+calibration, with each prompt at its group's observed longest sample (the quantity the lengths
+predictor predicts, ``flows/planning/lengths.py``) than at its predicted length. A ratio, not a
+new timing: the plan was timed by the planner's vectorised sweep (whose context buckets may land
 one bucket low, ``DecodeEstimator.slice_timer``) and perhaps with a robust tail, and both stay
-as they were, so the decode scale a step implies changes only by the length error. Pure: no
-I/O, no clock.
+as they were, so only the lengths change. Every step records it
+(``plan/hindsight_generate_s``); the report gives the predicted time's error against it (the
+length predictor's part) beside the error against the measured time.
+
+The calibration does not learn from it, on purpose. Its decode scale compares the measured time
+with the prediction itself, so a steady length bias is absorbed with the speed, which is what
+the next plans need: on the default campaign (24 steps, all in the first epoch, where the
+learned first-epoch predictor runs long) the prediction redone at the observed lengths was
+0.65x the prediction (median; 0.53-0.94 from step 2 on). A scale learned against it, speed
+alone, would have left every prediction about 1.5x long. Such a run was made: with the other
+load of that machine the implied scale then ran into ``calibration.SCALE_RANGE``'s cap and
+the median error went from +3.8% to -39%. What the absorbed bias costs is a few steps after it
+changes (the calibration's window), when a new epoch's predictions come from the history.
+Pure: no I/O, no clock.
 """
 
 from __future__ import annotations

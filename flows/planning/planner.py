@@ -154,7 +154,8 @@ class Planner:
         self.strategy = strategy_of(rules.settings)
         self._memory = (state or PlannerState()).model_copy(deep=True)
         self._history = LengthHistory.from_dict(self._memory.length_history)
-        self._last: tuple[PhaseInputs, PhasePlan, PhaseModel] | None = None
+        self._last: tuple[PhaseInputs, PhasePlan] | None = None
+        self._model: PhaseModel | None = None  # what the last phase was timed with
 
     @property
     def state(self) -> PlannerState:
@@ -204,8 +205,8 @@ class Planner:
         phase = PhasePlan(plan, prefill, predicted, cut_after, offset,
                           predicted_prefill_s=prefill_seconds(prefill_tokens, profile, cluster),
                           calibration=calibration, activation_s=cluster.activation_s)
-        self._last = (inputs, phase, PhaseModel(profile, cluster, group_size, inputs.prompt_lengths,
-                                                float(prefill_tokens), own))
+        self._last = (inputs, phase)
+        self._model = PhaseModel(profile, cluster, group_size, inputs.prompt_lengths, float(prefill_tokens), own)
         return phase
 
     def _prefill(self, inputs: PhaseInputs, group_size: int, profile: TpotProfile,
@@ -239,12 +240,21 @@ class Planner:
         return MeasuredError.of([p for pred, _ in recent for p in pred], [o for _, obs in recent for o in obs],
                                 r.max_length, r.tail_quantile)
 
-    def observe(self, record: StepRecord) -> PhaseObservation | None:
-        """Learn from the step just run (after :meth:`plan` of its phase). Returns its phase
-        as the calibration keeps it (with ``hindsight_generate_s``; None: not measured)."""
+    def hindsight_generate_s(self, record: StepRecord) -> float | None:
+        """The last planned phase's generation prediction redone at the lengths ``record``
+        observed (``flows/planning/hindsight.py``): against its measured time, the speed error
+        alone. None where the record measured no phase. Call before :meth:`observe`."""
+        if self._last is None or self._model is None or record.phase is None:
+            return None
+        phase = self._last[1]
+        return hindsight_generate_s(self._model, phase.plan.assignments, phase.predicted, record.lengths,
+                                    record.phase.predicted_generate_s, record.phase.activation_s)
+
+    def observe(self, record: StepRecord) -> None:
+        """Learn from the step just run (after :meth:`plan` of its phase)."""
         if self._last is None:
             raise ValueError("Planner.observe: no phase was planned; call plan() first")
-        inputs, phase, model = self._last
+        inputs, phase = self._last
         s = self._memory
         seen = [p for p in inputs.prompt_ids if record.lengths.get(p)]
         for p in seen:
@@ -253,12 +263,8 @@ class Planner:
         if seen and self.rules.tail_error_steps > 0:
             s.errors = [*s.errors, ([float(phase.predicted[p]) for p in seen],
                                     [float(max(record.lengths[p])) for p in seen])][-self.rules.tail_error_steps:]
-        observed = record.phase
-        if observed is not None:  # the speed error alone: the plan timed at the lengths observed
-            observed = replace(observed, hindsight_generate_s=hindsight_generate_s(
-                model, phase.plan.assignments, phase.predicted, record.lengths, observed.predicted_generate_s,
-                observed.activation_s))
-            s.phases = calibration_memory([*s.phases, observed])  # bounded: what calibrate reads
+        if record.phase is not None:
+            s.phases = calibration_memory([*s.phases, record.phase])  # bounded: what calibrate reads
         for action, offset in record.call_offsets.items():
             s.call_history[action] = [*s.call_history.get(action, []), offset][-CALL_HISTORY:]
         s.prewarm_s = [*s.prewarm_s, record.prewarm_s][-CALL_HISTORY:]
@@ -266,4 +272,3 @@ class Planner:
             s.spec_rates = acceptance_rates(record.spec, s.spec_rates)
             s.spec_speedup = running_speedup(s.spec_speedup, decode_speedup([x for x in record.spec if x]))
         self._last = None
-        return observed

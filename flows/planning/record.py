@@ -34,10 +34,6 @@ class PhaseObservation:
     decode_scale: float
     prefill_fixed_s: float
     """The calibration the plan was timed with."""
-    hindsight_generate_s: float | None = None
-    """``predicted_generate_s`` as it would have been at the lengths the step observed
-    (``flows/planning/hindsight.py``): the calibration's reference. None: not known (a record
-    of an earlier revision); the calibration then takes the prediction."""
 
     @classmethod
     def from_metrics(cls, m: Mapping[str, float]) -> PhaseObservation | None:
@@ -49,8 +45,7 @@ class PhaseObservation:
                    prefill_s=m["timing_s/prefill"], ran_prefill=m.get("prefill/unique_prefixes", 0.0) > 0,
                    predicted_generate_s=m["plan/predicted_generate_s"],
                    predicted_prefill_s=m["plan/predicted_prefill_s"], activation_s=m.get("plan/activation_s", 0.0),
-                   decode_scale=m["plan/decode_scale"], prefill_fixed_s=m.get("plan/prefill_fixed_s", 0.0),
-                   hindsight_generate_s=m.get("plan/hindsight_generate_s"))
+                   decode_scale=m["plan/decode_scale"], prefill_fixed_s=m.get("plan/prefill_fixed_s", 0.0))
 
 
 @dataclass(frozen=True, kw_only=True)

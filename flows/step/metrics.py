@@ -39,7 +39,7 @@ FAILED_BILLED = "cost/failed_billed_gpu_seconds"
 PREDICTED_GENERATE = "plan/predicted_generate_s"
 HINDSIGHT_GENERATE = "plan/hindsight_generate_s"
 """The generation phase's prediction redone at the lengths observed (``flows/planning/hindsight.py``):
-against ``timing_s/generate`` it shows the speed error alone, the length predictor's taken out."""
+the prediction's error against it is the length predictor's part."""
 REWARD_LOGGED = "reward_fn/"
 """Prefix of what the reward functions passed to ``log_metric`` (``reward_fn/<name>``)."""
 
@@ -323,8 +323,11 @@ def _prewarm_seconds(report: dict[str, float]) -> float | None:
 
 PHASES = {"generate": (PREDICTED_GENERATE, timing_key("generate")),
           "prefill": ("plan/predicted_prefill_s", timing_key("prefill")),  # steps that ran one
-          "phase": ("plan/predicted_time_s", None)}
-"""Predicted and measured metric of each part the planner times (``phase``: both parts)."""
+          "phase": ("plan/predicted_time_s", None),
+          "lengths": (PREDICTED_GENERATE, HINDSIGHT_GENERATE)}
+"""Predicted and measured metric of each part the planner times (``phase``: both parts;
+``lengths``: the generation prediction against itself at the lengths observed, the length
+predictor's part of its error)."""
 
 
 def planner_fidelity(steps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -336,7 +339,7 @@ def planner_fidelity(steps: list[dict[str, Any]]) -> dict[str, Any]:
     for part, (pred_key, meas_key) in PHASES.items():
         errors = []
         for s in steps:
-            if pred_key not in s:
+            if pred_key not in s or (meas_key is not None and meas_key not in s):
                 continue  # steps of an older revision
             if part == "prefill" and s.get("prefill/unique_prefixes") == 0.0:
                 continue  # no prefill action ran: its few ms of flow time are no prefill
