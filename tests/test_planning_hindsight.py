@@ -85,3 +85,9 @@ def test_fidelity_reports_the_length_predictors_part():
     lengths = planner_fidelity(steps)["lengths"]
     assert lengths["steps"] == 3 and lengths["median_relative_error"] == pytest.approx(0.5)
     assert planner_fidelity(steps)["generate"]["steps"] == 4
+
+
+def test_fidelity_p90_is_the_90th_percentile_not_the_largest_error():
+    steps = [{"plan/predicted_generate_s": 1.0 + k / 100, "timing_s/generate": 1.0} for k in range(1, 21)]
+    g = planner_fidelity(steps)["generate"]
+    assert g["p90_abs_relative_error"] == pytest.approx(0.18) and g["median_relative_error"] == pytest.approx(0.105)

@@ -68,9 +68,18 @@ def test_rank_correlation():
     # ties get average ranks: predicted ranks [1.5, 1.5, 3], actual [1, 2, 3]
     # -> Pearson of the ranks = 0.8660...
     assert rank_correlation([5, 5, 9], [1, 2, 3]) == pytest.approx(3 ** 0.5 / 2)
+    # a three-way tie: average ranks [3, 3, 3, 5, 1] (the lowest rank of a tie, 2, would give +0.104)
+    assert rank_correlation([5, 5, 5, 9, 1], [1, 2, 3, 4, 5]) == pytest.approx(-(20 ** -0.5))
     assert rank_correlation([1, 1, 1], [1, 2, 3]) == 0.0  # constant: undefined -> 0
     with pytest.raises(ValueError):
         rank_correlation([1, 2], [1])
+
+
+def test_no_prediction_exceeds_the_generation_cap():
+    """A reference longer than max_new_tokens (scaled or not) is predicted at the cap: no
+    response runs longer."""
+    assert predict_lengths(LengthHistory(), [1, 2], {1: 5000, 2: 40}, max_length=100) == {1: 100.0, 2: 40.0}
+    assert predict_lengths(LengthHistory(), [1], {1: 5000}) == {1: 5000.0}  # no cap given: none applied
 
 
 def test_unseen_prompts_scale_their_reference_by_what_seen_prompts_ran():

@@ -7,7 +7,8 @@ from flows.planning.registry import parse_scaling_policy
 
 
 def test_cut_point():
-    assert cut_point(10, 0.7) == 7  # 0.7 * 10 is 7.000000000000001 in floating point
+    assert cut_point(10, 0.7) == 7
+    assert cut_point(25, 0.28) == 7  # 0.28 * 25 is 7.000000000000001 in floating point
     assert cut_point(16, 0.7) == 12  # ceil(11.2)
     assert cut_point(4, 1.0) == 4
     assert cut_point(1, 0.3) == 1

@@ -85,6 +85,8 @@ def test_slack_objective_is_cheapest_within_the_slack_of_the_fastest():
     assert choose(cands, "slack", time_slack=0.05)[0] == 1
     assert choose(cands, "slack", time_slack=0.0)[0] == 2
     assert choose(cands, "slack", time_slack=0.25)[0] == 0
+    # the slack is (1 + s) x the fastest, not more: 10.6 s is outside 5% of 10 s (inside (1.05)^2)
+    assert choose([_cand(1, 10.6, 10.0), _cand(2, 10.0, 20.0)], "slack", time_slack=0.05)[0] == 1
 
 
 def test_budget_objective_is_fastest_within_the_budget_else_cheapest():

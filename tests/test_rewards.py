@@ -79,6 +79,33 @@ def test_reward_model_scores_add_to_the_total_but_not_to_what_reaches_the_best()
     assert alone.applicable == [True] * 4 and is_best(alone) == [False] * 4  # a model alone defines no best
 
 
+def test_a_reward_models_score_is_weighted():
+    rows = _rows(["#### 7", "#### 7"])
+    r = compute_rewards([Fn(name="exact_match")], rows, ["x", "y"], model_scores={"rm/0": (0.5, [1.0, 2.0])})
+    assert r.total == pytest.approx([0.5, 1.0]) and r.function_total == [0.0, 0.0]
+
+
+def test_the_best_of_a_negatively_weighted_function_is_its_lowest_reward():
+    """A penalty (format at weight -0.5) is best where it does not fire: the best total is
+    gsm8k's 1.0 plus 0, not 1.0 - 0.5."""
+    rows = _rows(["#### 4", "#### 4"])
+    r = compute_rewards([Fn(name="gsm8k"), Fn(name="format", weight=-0.5, pattern="^####")], rows, ["#### 4", "4"])
+    assert r.total == [0.5, 1.0] and r.best == [1.0, 1.0]
+    assert is_best(r) == [False, True]
+
+
+def test_built_ins_grade_against_the_configured_reference_not_a_column_named_answer():
+    """With ``data.answer_key: solution`` the row's reference is the solution; a column that
+    happens to be called ``answer`` (free text here) reaches plug-ins, not the built-ins."""
+    rows = _rows(["#### 4"], answer=["a free-text explanation, no number"])
+    r = compute_rewards([Fn(name="gsm8k")], rows, ["#### 4"])
+    assert r.per_function["gsm8k"] == [1.0]
+
+
+def test_an_unparsable_math_reference_does_not_apply():
+    assert math_reward([r"\boxed{1}"], answer=[""]) == [None]
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_a_reward_models_non_finite_score_is_blamed_on_the_model_not_on_the_functions_sum(bad):
     from actions.tasks.rewards import RewardModelError

@@ -224,6 +224,26 @@ def test_grpo_kl_term_is_added_to_loss():
         grpo_loss(logp, logp, None, torch.zeros(1), mask, **clips, kl_coef=0.1)
 
 
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
+def test_grpo_uses_the_configured_kl_estimator(kind):
+    """``algorithm.kl_kind`` reaches GRPO's loss (through ``update.policy_loss``), not k3 always."""
+    from types import SimpleNamespace
+
+    from actions.config.workload import AlgorithmConfig
+    from actions.rl.update import policy_loss
+
+    logp, ref = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])
+    mask = torch.ones(1, 2)
+    batch = SimpleNamespace(packed=SimpleNamespace(response_mask=mask), old_logp=logp, ref_logp=ref)
+    algo = AlgorithmConfig(kl_kind=kind, kl_coef=0.1)
+    loss, metrics = policy_loss(logp, torch.zeros(1, 2), batch, torch.zeros(1), torch.tensor([0]), algo)
+    expected = float(masked_mean(kl_estimate(logp, ref, kind), mask))  # k1 -0.25, k2 0.3125, k3 0.412
+    assert metrics["kl"] == pytest.approx(expected, abs=1e-6)
+    assert loss.item() == pytest.approx(0.1 * expected, abs=1e-6)  # advantage 0: the KL term alone
+    direct = grpo_loss(logp, logp, ref, torch.zeros(1), mask, clip_low=0.2, clip_high=0.2, kl_coef=0.1, kl_kind=kind)
+    assert direct[1]["kl"] == pytest.approx(expected, abs=1e-6)
+
+
 # ---- PPO ----------------------------------------------------------------------------------
 
 

@@ -237,6 +237,10 @@ def test_commit_pointer_rejects_gaps_and_bad_steps(backend_store: ObjectStore) -
     _commit_steps(backend_store, range(0, 3))
     with pytest.raises(ValueError, match="step 4 is not committed"):
         commit_pointer(backend_store, "run/campaign", {"step": 5})
+    fresh = "run/other"
+    commit_pointer(backend_store, fresh, {"step": 0})
+    with pytest.raises(ValueError, match="step 1 is not committed"):  # the smallest gap
+        commit_pointer(backend_store, fresh, {"step": 2})
     for bad in [{"step": -1}, {"step": "3"}, {"policy": "x"}, {"step": True}]:
         with pytest.raises(ValueError, match="int 'step'"):
             commit_pointer(backend_store, "run/campaign", bad)

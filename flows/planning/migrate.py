@@ -5,7 +5,7 @@ the paper's tau). When ``cut_point(n, cut_threshold)`` of its
 ``n`` samples have finished, the actor is cut: its unfinished samples are moved elsewhere and
 its GPUs are released. Definitions [I]:
 
-- ``cut_point(n, cut_threshold) = ceil(cut_threshold * n)`` computed with a small tolerance (``0.7 * 10`` is
+- ``cut_point(n, cut_threshold) = ceil(cut_threshold * n)`` computed with a small tolerance (``0.28 * 25`` is
   ``7.000000000000001`` in floating point and must give 7, not 8). The cut only happens while
   some samples are unfinished, so a threshold of 1 never cuts, and an actor with a single sample is
   never cut (its cut point is 1 = all done).
