@@ -102,13 +102,23 @@ def test_a_truncated_blob_is_refused_before_hashing(backend_store: ObjectStore) 
 
 
 @pytest.mark.parametrize("bad", [{"size": 1}, {"sha256": "../../../runs/r2/secret", "size": 1},
-                                 {"sha256": "AB" * 32, "size": 1}, {"sha256": "ab" * 32}, "not an entry"],
-                         ids=["no digest", "digest is a path", "upper-case digest", "no size", "not an object"])
+                                 {"sha256": "AB" * 32, "size": 1}, {"sha256": "ab" * 32}, "not an entry",
+                                 {"sha256": "ab" * 32, "size": -1}, {"sha256": "ab" * 32, "size": True}],
+                         ids=["no digest", "digest is a path", "upper-case digest", "no size", "not an object",
+                              "negative size", "boolean size"])
 def test_a_manifest_entry_without_a_valid_digest_and_size_is_refused(backend_store: ObjectStore, bad) -> None:
     craft_manifest(backend_store, MANIFEST, {"config.json": bad})
     with pytest.raises(IntegrityError) as info:
         get_artifact(backend_store, MANIFEST)
     one_line_naming(info.value, MANIFEST, "'config.json'", "re-publish")
+
+
+def test_a_name_component_is_limited_in_utf8_bytes_not_characters() -> None:
+    from actions.store.safe_paths import MAX_COMPONENT_BYTES, name_problem
+
+    assert name_problem("a" * MAX_COMPONENT_BYTES) is None
+    # 200 characters, 400 bytes: over what S3 and most file systems take for one component
+    assert "longer than 255 bytes" in name_problem("\u00e9" * 200)
 
 
 # ----------------------------------------------------------------------------- tensor sets
