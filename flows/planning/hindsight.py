@@ -15,8 +15,10 @@ length predictor's part) beside the error against the measured time.
 
 The calibration does not learn from it, on purpose. Its decode scale compares the measured time
 with the prediction itself, so a steady length bias is absorbed with the speed, which is what
-the next plans need: on the default campaign (24 steps, all in the first epoch, where the
-learned first-epoch predictor runs long) the prediction redone at the observed lengths was
+the next plans need: on the default campaign (24 steps, all in the first epoch, whose learned
+predictor gives each group its upper quartile on purpose, ``first_epoch.BASE_QUANTILE``: the
+predicted group maxes ran about 1.4x the observed ones) the prediction redone at the observed
+lengths was
 0.65x the prediction (median; 0.53-0.94 from step 2 on). A scale learned against it, speed
 alone, would have left every prediction about 1.5x long. Such a run was made: with the other
 load of that machine the implied scale then ran into ``calibration.SCALE_RANGE``'s cap and
