@@ -18,8 +18,7 @@ with the prediction itself, so a steady length bias is absorbed with the speed, 
 the next plans need: on the default campaign (24 steps, all in the first epoch, whose learned
 predictor gives each group its upper quartile on purpose, ``first_epoch.BASE_QUANTILE``: the
 predicted group maxes ran about 1.4x the observed ones) the prediction redone at the observed
-lengths was
-0.65x the prediction (median; 0.53-0.94 from step 2 on). A scale learned against it, speed
+lengths was 0.65x the prediction (median; 0.53-0.94 from step 2 on). A scale learned against it, speed
 alone, would have left every prediction about 1.5x long. Such a run was made: with the other
 load of that machine the implied scale then ran into ``calibration.SCALE_RANGE``'s cap and
 the median error went from +3.8% to -39%. What the absorbed bias costs is a few steps after it
