@@ -74,7 +74,17 @@ def test_the_prefill_cost_is_kept_once_the_prefill_action_stops_running():
 
 def test_prefill_only_when_it_ran_and_a_stalled_step_is_clamped():
     assert calibrate([_step(Calibration(), 0.1, 0.02, prefill_ran=False)]).prefill_fixed_s == 0.0
-    assert calibrate([_step(Calibration(), 0.01, 0.02, noise=60.0)]).decode_scale == 10.0
+    assert calibrate([_step(Calibration(), 0.01, 0.02, noise=60.0)]).decode_scale == 50.0
+
+
+def test_a_loaded_machines_slowdown_is_learned_whole():
+    """25x the profile's decode steps (a quiet-moment profile, a loaded machine) is a speed,
+    learned as such; a step stalled far beyond it is left out by the median."""
+    used = Calibration()
+    a = A
+    steps = [{**_step(used, 0.1, 0.02), "timing_s/generate": a + 25.0 * 0.1} for _ in range(5)]
+    steps.append({**_step(used, 0.1, 0.02), "timing_s/generate": a + 900.0 * 0.1})
+    assert calibrate(steps).decode_scale == pytest.approx(25.0)
 
 
 def test_the_corrected_profile_and_prefill_time():

@@ -20,7 +20,7 @@ predictor gives each group its upper quartile on purpose, ``first_epoch.BASE_QUA
 predicted group maxes ran about 1.4x the observed ones) the prediction redone at the observed
 lengths was 0.65x the prediction (median; 0.53-0.94 from step 2 on). A scale learned against it, speed
 alone, would have left every prediction about 1.5x long. Such a run was made: with the other
-load of that machine the implied scale then ran into ``calibration.SCALE_RANGE``'s cap and
+load of that machine the implied scale then ran into the cap ``calibration.SCALE_RANGE`` had (10) and
 the median error went from +3.8% to -39%. What the absorbed bias costs is a few steps after it
 changes (the calibration's window), when a new epoch's predictions come from the history.
 Pure: no I/O, no clock.
