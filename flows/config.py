@@ -421,6 +421,19 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
     Raises:
         ValueError: a one-line message naming the field, the value and the fix.
     """
+    raw = config_input(path, overrides)
+    try:
+        cfg = CampaignConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ValueError(_first_error(exc, raw)) from None
+    _check_task_sizes(cfg)
+    return cfg
+
+
+def config_input(path: str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """What the user wrote: the YAML file (optional) with the ``--set`` overrides applied, not
+    validated (``load_config`` validates it). Raises ValueError for a file that cannot be read
+    or parsed, or an override that cannot be applied."""
     raw: dict[str, Any] = {}
     if path:
         try:
@@ -448,12 +461,7 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
                 raise ValueError(f"--set {quote(item)}: {quote(p)} is a value, not a section")
             node = child
         node[parts[-1]] = value
-    try:
-        cfg = CampaignConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise ValueError(_first_error(exc, raw)) from None
-    _check_task_sizes(cfg)
-    return cfg
+    return raw
 
 
 def _check_task_sizes(cfg: CampaignConfig) -> None:

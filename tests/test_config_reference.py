@@ -64,6 +64,35 @@ def test_config_prints_what_train_would_run(capsys):
     assert CampaignConfig.model_validate(printed).resolved_run_id() == expected.resolved_run_id()
 
 
+def test_automatic_values_are_named_so_a_template_drops_them(capsys, tmp_path):
+    """``warmup.steps`` is 300 for the generated task and 0 for a dataset: the printed file runs
+    the same, and says which values it chose itself."""
+    assert main(["config", "--set", "algorithm.name=ppo", "--set", "data.max_count=5"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("# resolved automatically"))
+    named = line.split(": ", 1)[1].split(";")[0].split(", ")
+    assert {"warmup.steps", "algorithm.kl_kind", "warmup.error_rate"} <= set(named)
+    assert "data.max_count" not in named  # set by the user
+    assert yaml.safe_load(out)["algorithm"]["kl_kind"] == "k1"
+    saved = tmp_path / "c.yaml"
+    saved.write_text(out)
+    again = load_config(str(saved))
+    assert again.resolved_run_id() == load_config(None, ["algorithm.name=ppo", "data.max_count=5"]).resolved_run_id()
+
+
+def test_a_closed_pipe_ends_the_output_quietly():
+    """``rlhfless config | head``: the reader is gone before the first line is written."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "flows.commands.cli", "config"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # closed while the command still imports: its first write meets no reader
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Broken pipe" not in err and "Traceback" not in err and "Exception ignored" not in err, err
+
+
 def test_config_refuses_bad_input_in_one_line(capsys):
     assert main(["config", "--set", "algorithm.lr=-1"]) == 2
     err = capsys.readouterr().err

@@ -111,7 +111,7 @@ class AlgorithmConfig(_Section):
     """Responses per prompt (GRPO's n)."""
     kl_coef: float = Field(0.01, ge=0)
     """Weight of the KL penalty to the reference policy (the policy after warm-up); 0: none."""
-    kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    kl_kind: Literal["k1", "k2", "k3"] | None = None  # never None once validated: _default_kl_kind fills it
     """KL estimator (``actions/rl/kl.py``): GRPO adds ``kl_coef`` x its token mean to the loss,
     PPO subtracts ``kl_coef`` x it from each token's reward. Unset or null: the algorithm's own,
     k3 for GRPO (DeepSeekMath eq. 4), k1 for PPO (Ouyang et al. eq. 2; TRL's ``kl_estimator``)."""

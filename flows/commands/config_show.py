@@ -4,6 +4,10 @@ would run, or the reference of every key.
 Without ``--reference`` it loads and validates the configuration exactly as ``train`` does
 (a bad value is the same one-line error, exit 2) and prints it whole as YAML, defaults filled
 in, with the run id it derives; nothing is read but the configuration, nothing is written.
+Automatic values (a key whose default is null, resolved from the rest: ``warmup.steps``,
+``data.max_count``, ``algorithm.kl_kind``...) are printed resolved, and named in a comment:
+given back with ``--config`` the file runs the same, but as a template for other data they
+would be carried along, so the comment says to drop them.
 ``--reference`` prints every key as a Markdown table (type, default, meaning), built from the
 configuration classes themselves: their field types, defaults and attribute docstrings (read
 from their source here, not by pydantic at every import: that would cost every command about
@@ -59,14 +63,43 @@ def run(args: argparse.Namespace) -> int:
         return 0
     import yaml
 
-    from flows.config import load_config
+    from flows.config import CampaignConfig, config_input, load_config
 
     cfg = load_config(args.config, list(args.overrides))
+    written = config_input(args.config, list(args.overrides))
     dumped = cfg.model_dump(mode="json")
     if dumped.get("run_id") is None:
         print(f"# run_id derived from this configuration: {cfg.resolved_run_id()}")
+    auto = automatic_keys(CampaignConfig, dumped, written)
+    if auto:
+        print(f"# resolved automatically (null by default): {', '.join(auto)}; as a template for another "
+              "dataset, task or algorithm, drop these")
     print(yaml.safe_dump(dumped, sort_keys=False, allow_unicode=True), end="")
     return 0
+
+
+def automatic_keys(model: type[BaseModel], resolved: dict[str, Any], written: dict[str, Any]) -> list[str]:
+    """Dotted keys whose declared default is null, that ``written`` (the user's input) does not
+    set, and whose ``resolved`` value is not null: the values the configuration chose itself."""
+    out = []
+    for key, entry in keys(model):
+        if "[]" in key or entry.field.default is not None or entry.field.default_factory is not None:
+            continue
+        parts = key.split(".")
+        if _lookup(resolved, parts) not in (None, _MISSING) and _lookup(written, parts) is _MISSING:
+            out.append(key)
+    return out
+
+
+_MISSING = object()
+
+
+def _lookup(tree: Any, parts: list[str]) -> Any:
+    for p in parts:
+        if not isinstance(tree, dict) or p not in tree:
+            return _MISSING
+        tree = tree[p]
+    return tree
 
 
 def reference() -> str:
