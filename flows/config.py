@@ -58,7 +58,7 @@ class ScalingConfig(_Section):
     """``objective: budget``: the fixed allocation (decode actors held for the whole phase)
     whose bill a phase may not exceed; 3 is the paper's static fan-out."""
     gpus_per_actor: int = Field(1, ge=1)
-    """GPUs each generation action holds (its billed GPU-seconds are its seconds times this)."""
+    """GPUs each action holds: every activation's billed GPU-seconds are its seconds times this."""
     cold_start_s: float = Field(2.0, ge=0)
     """Seconds an OpenWhisk actor beyond the warm ones takes to start; the planner prices it.
     The local pool starts its workers with it and the in-process invoker has no containers, so

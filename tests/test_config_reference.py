@@ -3,6 +3,9 @@ configuration a ``train`` with the same arguments would run."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,13 +83,28 @@ def test_automatic_values_are_named_so_a_template_drops_them(capsys, tmp_path):
     assert again.resolved_run_id() == load_config(None, ["algorithm.name=ppo", "data.max_count=5"]).resolved_run_id()
 
 
+def test_a_dataset_configuration_given_back_runs_the_same(capsys, tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "say a", "answer": "a"}\n')
+    args = ["data.train_path=" + str(data), "algorithm.name=ppo"]
+    assert main(["config", *[w for a in args for w in ("--set", a)]]) == 0
+    saved = tmp_path / "c.yaml"
+    saved.write_text(capsys.readouterr().out)
+    assert "num_train_prompts" not in saved.read_text()  # refused beside a dataset file
+    assert load_config(str(saved)).resolved_run_id() == load_config(None, args).resolved_run_id()
+
+
+def test_an_explicit_null_is_named_as_resolved_too(capsys):
+    assert main(["config", "--set", "algorithm.kl_kind=null", "--set", "warmup.steps=null"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("# resolved automatically"))
+    assert "algorithm.kl_kind" in line and "warmup.steps" in line
+
+
 def test_a_closed_pipe_ends_the_output_quietly():
     """``rlhfless config | head``: the reader is gone before the first line is written."""
-    import subprocess
-    import sys
-
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout block-buffered, as in a shell
     proc = subprocess.Popen([sys.executable, "-m", "flows.commands.cli", "config"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=env)
     proc.stdout.close()  # closed while the command still imports: its first write meets no reader
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 141, err

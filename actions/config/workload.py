@@ -384,8 +384,9 @@ class WorkloadConfig(_Section):
     generation: GenerationConfig = GenerationConfig()
     train: TrainConfig = TrainConfig()
     seed: int = 0
-    """Seeds the tiny model, the synthetic data, the prompt order and every sample's noise:
-    the same configuration and seed train the same weights."""
+    """Seeds the tiny model, the synthetic data, the prompt order and every sample's noise: on
+    one CPU machine the same configuration and seed train the same weights (on CUDA, the same
+    samples up to kernel round-off: docs/gpu.md)."""
 
     @model_validator(mode="after")
     def _resolve_defaults(self) -> WorkloadConfig:

@@ -441,10 +441,6 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._run(args))
     except (KeyboardInterrupt, Terminated) as exc:  # not a traceback: nothing failed
         return stopped(exc)
-    except BrokenPipeError:  # `rlhfless config | head`: the reader has what it wanted
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's own flush at exit must not fail again
-        return 141  # as a shell reports a command killed by SIGPIPE
     except (ValueError, OSError) as exc:
         return _failed(exc)
     except Exception as exc:  # infrastructure failures: one line, secrets scrubbed, non-zero

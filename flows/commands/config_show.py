@@ -4,6 +4,10 @@ would run, or the reference of every key.
 Without ``--reference`` it loads and validates the configuration exactly as ``train`` does
 (a bad value is the same one-line error, exit 2) and prints it whole as YAML, defaults filled
 in, with the run id it derives; nothing is read but the configuration, nothing is written.
+What ``train`` checks beyond the configuration (the data and model files, the engine, the
+store) is not checked here, and the two paths ``train`` fills from its ``--out``
+(``invoker.log_dir``, ``observability.tensorboard_dir``) print as null. With a dataset file
+the generated task's sizes are left out, which ``train`` would refuse beside it.
 Automatic values (a key whose default is null, resolved from the rest: ``warmup.steps``,
 ``data.max_count``, ``algorithm.kl_kind``...) are printed resolved, and named in a comment:
 given back with ``--config`` the file runs the same, but as a template for other data they
@@ -23,7 +27,9 @@ import ast
 import functools
 import inspect
 import json
+import os
 import re
+import sys
 import types
 import typing
 from collections.abc import Iterator
@@ -59,8 +65,7 @@ def run(args: argparse.Namespace) -> int:
         if args.config or args.overrides:
             raise ValueError("config --reference describes every key, not one configuration; "
                              "drop --config and --set, or drop --reference")
-        print(reference(), end="")
-        return 0
+        return emit(reference())
     import yaml
 
     from flows.config import CampaignConfig, config_input, load_config
@@ -68,25 +73,42 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, list(args.overrides))
     written = config_input(args.config, list(args.overrides))
     dumped = cfg.model_dump(mode="json")
+    if dumped["data"]["train_path"]:  # sizes of the generated task: refused beside a dataset file
+        for name in ("num_train_prompts", "num_eval_prompts"):
+            dumped["data"].pop(name)
+    lines = []
     if dumped.get("run_id") is None:
-        print(f"# run_id derived from this configuration: {cfg.resolved_run_id()}")
+        lines.append(f"# run_id derived from this configuration: {cfg.resolved_run_id()}")
     auto = automatic_keys(CampaignConfig, dumped, written)
     if auto:
-        print(f"# resolved automatically (null by default): {', '.join(auto)}; as a template for another "
-              "dataset, task or algorithm, drop these")
-    print(yaml.safe_dump(dumped, sort_keys=False, allow_unicode=True), end="")
+        lines.append(f"# resolved automatically (null by default): {', '.join(auto)}; as a template for another "
+                     "dataset, task or algorithm, drop these")
+    lines.append(yaml.safe_dump(dumped, sort_keys=False, allow_unicode=True))
+    return emit("\n".join(lines))
+
+
+def emit(text: str) -> int:
+    """Write ``text`` to stdout, flushed; 141 (as a shell reports SIGPIPE) where the reader is
+    gone, as with ``rlhfless config | head``, instead of an error about a broken pipe."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()  # here, not at exit: a block-buffered stdout would fail outside this handler
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's own flush must not fail again
+        return 141
     return 0
 
 
 def automatic_keys(model: type[BaseModel], resolved: dict[str, Any], written: dict[str, Any]) -> list[str]:
     """Dotted keys whose declared default is null, that ``written`` (the user's input) does not
-    set, and whose ``resolved`` value is not null: the values the configuration chose itself."""
+    set (or sets to null, which asks for the same), and whose ``resolved`` value is not null:
+    the values the configuration chose itself."""
     out = []
     for key, entry in keys(model):
         if "[]" in key or entry.field.default is not None or entry.field.default_factory is not None:
             continue
         parts = key.split(".")
-        if _lookup(resolved, parts) not in (None, _MISSING) and _lookup(written, parts) is _MISSING:
+        if _lookup(resolved, parts) not in (None, _MISSING) and _lookup(written, parts) in (None, _MISSING):
             out.append(key)
     return out
 
