@@ -257,6 +257,29 @@ def test_minibatches_are_as_many_as_asked_of_whole_groups(batch_size, group_size
         assert all(torch.equal(a, b) for a, b in zip(parts, rows.chunk(num_minibatches), strict=True))
 
 
+def test_each_step_and_epoch_shuffles_its_mini_batches_anew():
+    """The mini-batch order is seeded by (seed, step): a resumed step draws the same, the next
+    step another (an order shared by every step would visit the groups in a fixed pattern)."""
+    algo = AlgorithmConfig(batch_size=64, group_size=4, num_minibatches=4, epochs=2)
+    packed = pack([[1]] * 64, [[2]] * 64, 0)
+    batch = TrainBatch(packed, torch.zeros(packed.response_mask.shape), None, torch.arange(64.0) % 3, None,
+                       ["stop"] * 64, [[1]] * 64, [[2]] * 64, 0)
+
+    def orders(seed: int, step: int) -> list[list[int]]:
+        seen: list[list[int]] = []
+
+        def record(policy, opt, batch, adv, idx, algo, *, masks):
+            seen.append(idx.tolist())
+            return {}
+        run_updates(None, None, batch, algo, None, None, seed=seed, step=step, policy_pass=record)
+        return seen
+
+    first = orders(0, 0)
+    assert len(first) == 8 and first == orders(0, 0)
+    assert first[:4] != first[4:]  # the second epoch reshuffles
+    assert first != orders(0, 1) and first != orders(1, 0)
+
+
 def test_the_update_runs_without_model_dropout_and_keeps_lora_dropout():
     """A GPT-2 with every dropout at 0.1: in train mode, after disable_dropout, the update's
     log-probs are the eval-mode scored old_logp bit for bit (ratio exactly 1)."""
