@@ -154,8 +154,8 @@ class Planner:
         self.strategy = strategy_of(rules.settings)
         self._memory = (state or PlannerState()).model_copy(deep=True)
         self._history = LengthHistory.from_dict(self._memory.length_history)
-        self._last: tuple[PhaseInputs, PhasePlan] | None = None
-        self._model: PhaseModel | None = None  # what the last phase was timed with
+        # the last phase planned: its inputs, its plan and what it was timed with
+        self._last: tuple[PhaseInputs, PhasePlan, PhaseModel] | None = None
 
     @property
     def state(self) -> PlannerState:
@@ -205,8 +205,8 @@ class Planner:
         phase = PhasePlan(plan, prefill, predicted, cut_after, offset,
                           predicted_prefill_s=prefill_seconds(prefill_tokens, profile, cluster),
                           calibration=calibration, activation_s=cluster.activation_s)
-        self._last = (inputs, phase)
-        self._model = PhaseModel(profile, cluster, group_size, inputs.prompt_lengths, float(prefill_tokens), own)
+        self._last = (inputs, phase, PhaseModel(profile, cluster, group_size, inputs.prompt_lengths,
+                                                float(prefill_tokens), own))
         return phase
 
     def _prefill(self, inputs: PhaseInputs, group_size: int, profile: TpotProfile,
@@ -244,17 +244,17 @@ class Planner:
         """The last planned phase's generation prediction redone at the lengths ``record``
         observed (``flows/planning/hindsight.py``): against its measured time, the speed error
         alone. None where the record measured no phase. Call before :meth:`observe`."""
-        if self._last is None or self._model is None or record.phase is None:
+        if self._last is None or record.phase is None:
             return None
-        phase = self._last[1]
-        return hindsight_generate_s(self._model, phase.plan.assignments, phase.predicted, record.lengths,
+        _, phase, model = self._last
+        return hindsight_generate_s(model, phase.plan.assignments, phase.predicted, record.lengths,
                                     record.phase.predicted_generate_s, record.phase.activation_s)
 
     def observe(self, record: StepRecord) -> None:
         """Learn from the step just run (after :meth:`plan` of its phase)."""
         if self._last is None:
             raise ValueError("Planner.observe: no phase was planned; call plan() first")
-        inputs, phase = self._last
+        inputs, phase, _ = self._last
         s = self._memory
         seen = [p for p in inputs.prompt_ids if record.lengths.get(p)]
         for p in seen:
