@@ -44,8 +44,12 @@ class Container:
             PYTHONUNBUFFERED="1",
         )
         if self.extra_modules:
+            # SIGTERM unblocked first, as the server's main() does: a test process that ran the CLI
+            # in-process has it blocked in its threads (flows/commands/main_thread_signals.py), and a
+            # child inherits the mask of the thread that starts it, so stop() waited 5 s per container
             launcher = (
-                "import sys, importlib\nfor m in sys.argv[2:]: importlib.import_module(m)\n"
+                "import signal, sys, importlib\nsignal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})\n"
+                "for m in sys.argv[2:]: importlib.import_module(m)\n"
                 "from actions.runtime.server import serve\nserve('127.0.0.1', 0, int(sys.argv[1]))"
             )
             cmd = [sys.executable, "-c", launcher, str(write_fd), *self.extra_modules]
