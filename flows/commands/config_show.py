@@ -72,10 +72,9 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, list(args.overrides))
     written = config_input(args.config, list(args.overrides))
-    dumped = cfg.model_dump(mode="json")
-    if dumped["data"]["train_path"]:  # sizes of the generated task: refused beside a dataset file
-        for name in ("num_train_prompts", "num_eval_prompts"):
-            dumped["data"].pop(name)
+    # with a dataset file, the generated task's sizes are left out: refused beside it
+    generated = {"data": {"num_train_prompts", "num_eval_prompts"}} if cfg.data.train_path else None
+    dumped = cfg.model_dump(mode="json", exclude=generated)
     lines = []
     if dumped.get("run_id") is None:
         lines.append(f"# run_id derived from this configuration: {cfg.resolved_run_id()}")
