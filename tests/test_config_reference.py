@@ -111,10 +111,13 @@ def test_a_closed_pipe_ends_the_output_quietly():
     assert "Broken pipe" not in err and "Traceback" not in err and "Exception ignored" not in err, err
 
 
-def test_config_refuses_bad_input_in_one_line(capsys):
-    assert main(["config", "--set", "algorithm.lr=-1"]) == 2
+@pytest.mark.parametrize("setting, words", [("algorithm.lr=-1", "greater than 0"),
+                                            ("algorithm.clip_low=1", "less than 1")])  # a ratio clipped at 0
+def test_config_refuses_bad_input_in_one_line(capsys, setting, words):
+    assert main(["config", "--set", setting]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("rlhfless: error: ") and "algorithm.lr" in err and "Traceback" not in err
+    key = setting.split("=")[0]
+    assert err.startswith("rlhfless: error: ") and key in err and words in err and "Traceback" not in err
     assert main(["config", "--reference", "--set", "steps=3"]) == 2
     assert "drop --config and --set" in capsys.readouterr().err
 

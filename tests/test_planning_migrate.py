@@ -61,6 +61,8 @@ def test_an_actor_is_cut_only_while_another_is_predicted_to_still_decode():
     assert plan_cut_points([short, short], [16, 16], None, flat) == [None, None]
     # a late start counts: actor 1 starts decoding after actor 0 has ended
     assert plan_cut_points([short, short], [16, 16], 0.7, flat, ready_s=[0.0, 5.0]) == [7, None]
+    # a tie counts as still decoding: actor 0 reaches its cut point (10 tokens) as actor 1 ends
+    assert plan_cut_points([[10.0] * 7 + [20.0] * 3, [10.0] * 2], [16, 16], 0.7, flat)[0] == 7
 
 
 def test_the_budget_objective_does_not_cut():
