@@ -421,7 +421,12 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
     Raises:
         ValueError: a one-line message naming the field, the value and the fix.
     """
-    raw = config_input(path, overrides)
+    return validate_config(config_input(path, overrides))
+
+
+def validate_config(raw: dict[str, Any]) -> CampaignConfig:
+    """The configuration ``raw`` (``config_input``'s) describes, validated; ValueError as
+    :func:`load_config`'s. ``raw`` is left as it was."""
     try:
         cfg = CampaignConfig.model_validate(raw)
     except ValidationError as exc:

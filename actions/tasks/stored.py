@@ -65,7 +65,6 @@ class StoredRows(KeyedRows[int, PromptRow]):
         return parsed
 
 
-
 def load_dataset(store_uri: str, dataset_key: str) -> StoredRows:
     """The rows of the dataset at ``dataset_key``, by prompt id (parsed as they are read)."""
     def build() -> StoredRows:

@@ -68,10 +68,10 @@ def run(args: argparse.Namespace) -> int:
         return emit(reference())
     import yaml
 
-    from flows.config import CampaignConfig, config_input, load_config
+    from flows.config import CampaignConfig, config_input, validate_config
 
-    cfg = load_config(args.config, list(args.overrides))
-    written = config_input(args.config, list(args.overrides))
+    written = config_input(args.config, list(args.overrides))  # the file read once
+    cfg = validate_config(written)
     # with a dataset file, the generated task's sizes are left out: refused beside it
     generated = {"data": {"num_train_prompts", "num_eval_prompts"}} if cfg.data.train_path else None
     dumped = cfg.model_dump(mode="json", exclude=generated)

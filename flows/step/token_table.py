@@ -49,7 +49,6 @@ class TokenTable(KeyedRows[int, PromptTokens]):
         prompt, answer_len = self._rows[prompt_id]
         return PromptTokens(prompt=prompt.tolist(), answer_len=answer_len)
 
-
     def prompt_lengths(self) -> list[int]:
         """Every prompt's length in tokens, in the table's order (no row built)."""
         return [len(prompt) for prompt, _ in self._rows.values()]
