@@ -570,3 +570,32 @@ def test_another_run_s_damaged_manifest_stops_gc_but_not_a_campaign_s_collection
     assert len(warnings) == 1 and "collects nothing until then and trains on" in warnings[0]
     assert collect.totals["skipped"] == 2 and collect.totals["deleted_blobs"] == 0
     assert _blob_exists(store, b"r-policy-1")
+
+
+def test_a_campaign_s_collections_read_a_manifest_again_only_when_it_changed(backend_store) -> None:
+    """After its first collection, a campaign's collection reads only the manifests that are new
+    or were rewritten since (their listing tag changed), on both backends; a rewritten manifest
+    of another run that now lists a blob of a garbage version keeps that blob."""
+    from flows.campaign.collect import Collector
+
+    store = backend_store
+    latest = _fake_run(store, "r", 4, shared=b"s")
+    other = _fake_run(store, "other", 1, shared=b"t")
+    manifests = [k for k in store.list("runs/") if k.endswith("manifest.json")]
+    collect = Collector(store, Retention(keep_last=1), lease=None)
+    collect(latest)
+    assert collect.known.reads == len(manifests)
+    latest = _commit_next(store, latest, shared=b"s")  # a policy and an optimizer manifest more
+    collect(latest)
+    assert collect.known.reads == len(manifests) + 2
+    assert not _blob_exists(store, b"r-policy-3") and _blob_exists(store, b"r-policy-4")  # 4: the previous commit
+    latest = _commit_next(store, latest, shared=b"s")
+    _publish(store, other.policy_key, {"w": b"r-policy-4", "s": b"t"})  # now shares version 4's bytes
+    collect(latest)
+    assert collect.known.reads == len(manifests) + 2 + 3  # two new, one rewritten
+    assert not store.list("runs/r/steps/000003/") and _blob_exists(store, b"r-policy-4")
+    assert not _blob_exists(store, b"r-adam-4")
+    live = [k for k in store.list("runs/") if k.endswith("manifest.json")]
+    assert all(_blob_exists(store, data) for data in (b"s", b"t", b"reference", b"r-policy-5", b"r-policy-6"))
+    assert {blob_key(e["sha256"]) for k in live for e in read_manifest(store, k)["files"].values()} <= set(
+        store.list(BLOB_PREFIX))  # every blob a manifest lists (the other run's first policy blob: an orphan now)

@@ -374,6 +374,19 @@ class LocalStore:
             out[rel] = (st.st_mtime, st.st_size)
         return out
 
+    def list_tags(self, prefix: str) -> dict[str, str]:
+        """Key -> a tag that changes whenever the file's bytes may have: its inode, modification
+        time in nanoseconds and size (every ``put`` renames a new file into place). Garbage
+        collection keeps what it read of a manifest while its tag stays the same."""
+        out = {}
+        for rel, path in self._walk(prefix):
+            try:
+                st = path.lstat()
+            except FileNotFoundError:
+                continue
+            out[rel] = f"{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
+        return out
+
     def _walk(self, prefix: str, *, temporaries: bool = False) -> list[tuple[str, Path]]:
         """(key, path) of the regular files under ``prefix``; with ``temporaries``, the
         temporary files of writes instead of the keys."""

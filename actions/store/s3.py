@@ -343,21 +343,32 @@ class S3Store(ConditionalWrites):
         ``.`` or ``..`` components. No store call could read or delete them (``check_key``
         refuses them), so listing them would only make garbage collection fail on them; they
         are not ours and stay where they are."""
+        return {key: (obj["LastModified"].timestamp(), int(obj["Size"])) for key, obj in self._listing(prefix)}
+
+    def list_tags(self, prefix: str) -> dict[str, str]:
+        """Key -> its ``ETag`` (size prefixed) for the keys under ``prefix`` that the listing gives
+        one, from the same listing as :meth:`list`: a tag that changes whenever the object's bytes
+        may have (for a single-part PUT, the MD5 of its bytes). Garbage collection keeps what it
+        read of a manifest while its tag stays the same (``flows/campaign/collect.py``)."""
+        return {key: f"{obj['Size']}:{obj['ETag']}" for key, obj in self._listing(prefix) if obj.get("ETag")}
+
+    def _listing(self, prefix: str) -> list[tuple[str, dict]]:
+        """(store key, the ``list_objects_v2`` entry) for the valid store keys under ``prefix``."""
         base = self._base()
         if prefix:
             if prefix.startswith("/") or ".." in prefix.split("/"):
                 raise ValueError(f"list prefix {prefix!r} is invalid: use a relative path without '..'")
-        stats = {}
+        out = []
         try:
             pages = self._client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=base + prefix
             )
             for page in pages:
-                stats.update((obj["Key"][len(base) :], (obj["LastModified"].timestamp(), int(obj["Size"])))
-                             for obj in page.get("Contents", []) if name_problem(obj["Key"][len(base) :]) is None)
+                out.extend((obj["Key"][len(base) :], obj) for obj in page.get("Contents", [])
+                           if name_problem(obj["Key"][len(base) :]) is None)
         except (bce.BotoCoreError, bce.ClientError) as exc:
             self._raise(exc, "list", prefix or None)
-        return stats
+        return out
 
     # ------------------------------------------------------------------ presigned URLs
 
