@@ -81,6 +81,24 @@ def test_group_advantages_hand_computed():
     assert torch.equal(adv[4:], torch.zeros(4))
 
 
+@pytest.mark.parametrize("scale_by_std", [True, False])
+def test_a_group_of_equal_rewards_gets_exactly_zero_whatever_the_mean_s_rounding(scale_by_std):
+    """Eight rewards of 0.3 average to 0.3 + 1.5e-8 in fp32: computed, every row would get the
+    same advantage (0.029 with the std); set, it is 0. Scored rows only where some are not."""
+    for value, g in ((0.30000000000000004, 8), (1.3, 8), (100.3, 3), (7.7, 7)):
+        rewards = torch.tensor([value] * g + [float(i % 2) for i in range(g)])
+        grouped = rewards[:g]
+        assert grouped.mean().item() != grouped[0].item() or value == 7.7  # the rounding this is about
+        adv = group_normalized_advantages(rewards, group_size=g, scale_by_std=scale_by_std)
+        assert torch.equal(adv[:g], torch.zeros(g)) and adv[g:].abs().sum() > 0
+        scored = torch.ones(2 * g, dtype=torch.bool)
+        scored[1] = False
+        partial = group_normalized_advantages(rewards * torch.where(scored, 1.0, 5.0), group_size=g,
+                                              scale_by_std=scale_by_std, scored=scored)
+        assert torch.equal(partial[:g], torch.zeros(g))  # the unscored row's reward left out
+        assert torch.equal(partial[g:], adv[g:])
+
+
 def test_group_advantages_without_std_scaling():
     # Dr. GRPO: mean-centring only, (r - 0.5) and (r - 1)
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
@@ -157,6 +175,16 @@ def test_kl_k3_clamp_keeps_outliers_finite():
     assert out.item() == pytest.approx(math.exp(20) - 21, rel=1e-5)
     with pytest.raises(ValueError, match="k4"):
         kl_estimate(torch.zeros(1, 1), torch.zeros(1, 1), "k4")
+
+
+def test_kl_k3_pulls_back_a_token_the_policy_drifted_far_above_the_reference():
+    """log_r = -24 (the policy 24 nats above the reference): k3 ~ 23 and d k3 / d logp ~ 1,
+    not capped (only the overflowing side is clamped)."""
+    logp = torch.tensor([[-1.0]], requires_grad=True)
+    out = kl_estimate(logp, torch.tensor([[-25.0]]), "k3")
+    out.sum().backward()
+    assert out.item() == pytest.approx(23.0, rel=1e-6)
+    assert logp.grad.item() == pytest.approx(1.0, rel=1e-6)
 
 
 # ---- GRPO ---------------------------------------------------------------------------------

@@ -5,8 +5,11 @@ sampled ``group_size`` times and a completion's advantage is its reward standard
 its group, ``(r - mean_group) / (std_group + eps)``, broadcast to all its tokens by the loss.
 - std is the *population* std (``unbiased=False``, divide by G). The paper does not say which;
   TRL uses the sample std. With rewards [1, 0, 0, 1] this gives std 0.5 and advantages +-1.
-- ``eps`` is added to the std, not the variance, so a group whose rewards are all equal
-  (std 0) gets advantage exactly 0: it carries no learning signal.
+- ``eps`` is added to the std, not the variance. A group whose (scored) rewards are all equal
+  gets advantage exactly 0, set so rather than computed: it carries no learning signal, but
+  its mean in floating point can differ from the shared value by a rounding step (eight
+  rewards of 0.3 in fp32: 1.5e-8), which divided by a std of about 0 plus ``eps`` would become
+  an advantage of the same sign on every row (0.03 there, up to 0.95 seen).
 - ``scale_by_std=False`` gives mean-centring only, as Dr. GRPO (arXiv 2503.20783) recommends:
   dividing by the std up-weights near-uniform groups (too easy or too hard questions).
 - Rows of one group are contiguous: row b belongs to group ``b // group_size``.
@@ -63,7 +66,8 @@ def group_normalized_advantages(
     centered = grouped - grouped.mean(dim=1, keepdim=True)
     if scale_by_std:
         centered = centered / (grouped.std(dim=1, unbiased=False, keepdim=True) + eps)
-    return centered.reshape(-1)
+    uniform = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)
+    return torch.where(uniform, torch.zeros_like(centered), centered).reshape(-1)
 
 
 def _scored_group_advantages(rewards: Tensor, scored: Tensor, group_size: int, *, scale_by_std: bool,
@@ -78,7 +82,10 @@ def _scored_group_advantages(rewards: Tensor, scored: Tensor, group_size: int, *
     if scale_by_std:
         std = (centered.square().sum(dim=1, keepdim=True) / count).sqrt()
         centered = centered / (std + eps)
-    return centered.reshape(-1)
+    inf = torch.full_like(grouped, float("inf"))
+    uniform = torch.where(keep, grouped, -inf).amax(dim=1, keepdim=True) == torch.where(keep, grouped, inf).amin(
+        dim=1, keepdim=True)  # the scored rows all equal (none scored: inf != -inf, but every row is masked)
+    return torch.where(uniform | ~keep, torch.zeros_like(centered), centered).reshape(-1)
 
 
 @torch.no_grad()

@@ -14,8 +14,8 @@ Value: clipped value loss of OpenAI baselines ppo2 and verl,
 ``0.5 * max((V - R)^2, (old_V + clip(V - old_V, -c, c) - R)^2)``, token-level masked mean.
 
 KL to the reference policy is *not* a loss term in PPO here: the caller folds it into the
-per-token reward before GAE, ``token_rewards = -kl_coef * k1`` plus the outcome reward at the
-last real token (``advantage.kl_penalized_token_rewards``). GRPO instead adds it to the loss
+per-token reward before GAE, ``token_rewards = -kl_coef * kl`` (``kl``: the estimator
+``algorithm.kl_kind`` names, k1 by default) plus the outcome reward at the last real token (``advantage.kl_penalized_token_rewards``). GRPO instead adds it to the loss
 (``grpo_loss``).
 """
 
