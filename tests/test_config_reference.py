@@ -100,10 +100,12 @@ def test_an_explicit_null_is_named_as_resolved_too(capsys):
     assert "algorithm.kl_kind" in line and "warmup.steps" in line
 
 
-def test_a_closed_pipe_ends_the_output_quietly():
-    """``rlhfless config | head``: the reader is gone before the first line is written."""
+@pytest.mark.parametrize("words", [["config"], ["--version"], ["simulate", "--help"]])
+def test_a_closed_pipe_ends_the_output_quietly(words):
+    """``rlhfless config | head``: the reader is gone before the first line is written (written
+    by the command, flushed by ``main``, or by argparse's --help, which exits)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout block-buffered, as in a shell
-    proc = subprocess.Popen([sys.executable, "-m", "flows.commands.cli", "config"], cwd=ROOT, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "flows.commands.cli", *words], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     proc.stdout.close()  # closed while the command still imports: its first write meets no reader
     err = proc.stderr.read()
