@@ -222,11 +222,14 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str, *, steps: 
     built, tokenizer = instantiate(files, tensors)  # the tokenizer exactly as actions will load it
     check_head(built.config)  # a logit scale the learner cannot reproduce is refused before any write
     try:  # as the generate action will ask, before any write
-        special_tokens(built, tokenizer)
+        special = special_tokens(built, tokenizer)
     except ValueError as exc:
         raise ValueError(f"model.path {source!r}: {exc}") from None
     tokens = token_table(train, lambda text: encode(tokenizer, text), cfg.generation.max_new_tokens,
                          encode_row=lambda row: encode_prompt(tokenizer, row))
+    if len(tokenizer) > (rows := built.get_input_embeddings().num_embeddings):  # ids the model may not embed
+        check_vocab(source, rows, tokens, [list(encode_prompt(tokenizer, r)) for r in evals],
+                    {"pad": [special.pad_id], "EOS": list(special.eos_ids)})
     base_key = f"{run_prefix}/base/manifest.json"
     put_artifact(store, base_key, files, {"summary": model_summary(files)})
     init = publish_tensors(store, f"{run_prefix}/init/manifest.json", tensors, {"source": source})
@@ -240,6 +243,26 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str, *, steps: 
         put_artifact(store, reward_model_key(run_prefix, i), folder_files(m.path), {"source": m.path})
     return Prepared(base_key=base_key, init_key=init.manifest_key, train_key=train_key, eval_key=eval_key,
                     tokens_key=tokens_key, model=model_summary(files), data=data.summary)
+
+
+def check_vocab(source: str, rows: int, tokens: dict[str, dict], eval_prompts: list[list[int]],
+                special: dict[str, list[int]]) -> None:
+    """Refuse a model whose input embedding (``rows`` = config.json ``vocab_size``) is smaller
+    than the ids it would be fed: a train (``tokens``, the token table) or eval prompt's token,
+    the pad id or an EOS id. Checked before any write: the first forward (the warm-up) would
+    fail on it with an index error, after the run was written.
+
+    Raises:
+        ValueError: one line naming ``model.path``, the id and where it occurs, the size and the fix.
+    """
+    found = [(max(t["prompt"], default=-1), f"train prompt {pid}") for pid, t in tokens.items()]
+    found += [(max(ids, default=-1), f"eval prompt {i}") for i, ids in enumerate(eval_prompts)]
+    found += [(i, f"the {name} id") for name, ids in special.items() for i in ids]
+    top, where = max(found, default=(-1, ""))
+    if top >= rows:
+        raise ValueError(f"model.path {source!r}: token id {top} ({where}) is beyond the model's {rows} embedding rows "
+                         "(config.json vocab_size is smaller than the tokenizer); resize the embeddings to the "
+                         "tokenizer (model.resize_token_embeddings(len(tokenizer))) and save the model again")
 
 
 def token_table(rows: list[PromptRow], encode: Callable[[str], Any], max_new_tokens: int,

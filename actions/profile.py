@@ -51,11 +51,17 @@ def device_name(device: torch.device) -> str:
 
 
 def kv_bytes_per_token(config: dict, dtype: torch.dtype) -> int:
-    """K and V of every layer and KV head at ``dtype`` (the engine's cache)."""
-    heads = int(config["num_attention_heads"])
-    head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    return 2 * int(config["num_hidden_layers"]) * kv_heads * head_dim * torch.finfo(dtype).bits // 8
+    """K and V of every layer and KV head at ``dtype`` (the engine's cache), for a config.json's
+    contents. Its names are read as transformers reads them (GPT-2's ``n_head``, ``n_embd`` and
+    ``n_layer`` through its config class's ``attribute_map``; a multimodal config's text part)."""
+    from transformers import AutoConfig
+
+    data = dict(config)
+    text = AutoConfig.for_model(data.pop("model_type"), **data).get_text_config()
+    heads = int(text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    return 2 * int(text.num_hidden_layers) * kv_heads * head_dim * torch.finfo(dtype).bits // 8
 
 
 def read_throughput(store: ObjectStore, manifest_key: str, cap_bytes: int) -> tuple[int, float]:

@@ -101,6 +101,30 @@ def test_decode_settings_that_demand_graphs_or_a_compiled_step_are_refused_where
     preflight.check_engine(load_config(None, [f"model.path={tmp_path}"]), local_actions=True)  # defaults: eager
 
 
+@pytest.mark.parametrize("config, refused", [
+    ({"model_type": "mistral", "sliding_window": 4}, "mistral sliding_window 4"),
+    ({"model_type": "mistral", "sliding_window": None}, None),
+    ({"model_type": "qwen2", "sliding_window": 4, "use_sliding_window": True, "max_window_layers": 1},
+     "sliding-window attention layers"),
+    ({"model_type": "qwen2", "sliding_window": 4, "use_sliding_window": True, "max_window_layers": 2}, None),
+    ({"model_type": "qwen2", "sliding_window": 4, "use_sliding_window": False}, None),
+])
+def test_a_demand_for_the_static_cache_is_refused_for_sliding_window_attention(tmp_path, config, refused):
+    """The static KV cache attends to every cached token: ``compile_decode`` (or graphs) for a
+    model with sliding-window layers is refused before anything is written, as transformers
+    reads its config (qwen2's sliding layers are those from ``max_window_layers`` on), rather
+    than running uncompiled on the dynamic path without a word."""
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2, "hidden_size": 32,
+                                                      "num_attention_heads": 2, "vocab_size": 64}))
+    cfg = load_config(None, ["generation.compile_decode=true", f"model.path={tmp_path}"])
+    if refused is None:
+        preflight.check_engine(cfg, local_actions=False)
+        return
+    with pytest.raises(ValueError, match=rf"generation.compile_decode true needs a model the static KV cache decodes, "
+                                         rf"which attends to every token; config.json of .* gives {refused}: remove"):
+        preflight.check_engine(cfg, local_actions=False)
+
+
 def test_decode_settings_that_contradict_each_other_are_refused_by_the_config():
     from actions.config.workload import GenerationConfig
 

@@ -244,3 +244,32 @@ def test_a_policy_folder_whose_config_disagrees_with_its_weights_is_refused_by_p
                                          r"\[\d+, \d+\] in the weights, but config.json gives "):
         prepare(cfg, LocalStore(tmp_path / "store"), "runs/x")
     assert not [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
+
+
+def test_a_model_whose_embedding_is_smaller_than_its_tokenizer_is_refused_by_prepare_in_one_line(tmp_path):
+    """config.json vocab_size 400 under a tokenizer of 516 tokens: the prompts' ids past 399
+    would fail the warm-up's first forward after the run was written; prepare names the id,
+    where it occurs and the fix, and writes nothing."""
+    from transformers import AutoModelForCausalLM
+
+    folder = write_tiny_model_dir(tmp_path / "m", "llama", chat_template=False).path
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    model.resize_token_embeddings(400)
+    model.save_pretrained(folder)
+    cfg = load_config(None, [f"model.path={folder}"]).workload()
+    with pytest.raises(ValueError, match=r"^model.path '.*m': token id \d+ \((train prompt \d+|the \w+ id)\) is beyond "
+                                         r"the model's 400 embedding rows .*resize_token_embeddings"):
+        prepare(cfg, LocalStore(tmp_path / "store"), "runs/x")
+    assert not [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
+
+
+def test_the_profile_reads_a_gpt2_config_s_own_names():
+    """GPT-2 names its sizes n_head, n_embd and n_layer: the profile's KV bytes per token read
+    them as transformers does (a KeyError in the campaign's profile action otherwise)."""
+    from actions.profile import kv_bytes_per_token
+
+    gpt2 = {"model_type": "gpt2", "n_head": 4, "n_embd": 64, "n_layer": 3, "vocab_size": 100}
+    llama = {"model_type": "llama", "num_attention_heads": 4, "hidden_size": 64, "num_hidden_layers": 3,
+             "vocab_size": 100}
+    assert kv_bytes_per_token(gpt2, torch.float32) == kv_bytes_per_token(llama, torch.float32) == 2 * 3 * 4 * 16 * 4
+    assert kv_bytes_per_token({**llama, "num_key_value_heads": 1, "head_dim": 32}, torch.bfloat16) == 2 * 3 * 32 * 2

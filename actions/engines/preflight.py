@@ -94,12 +94,33 @@ def model_type(model: Any) -> tuple[str | None, str]:
     return (kind if isinstance(kind, str) else None), f"config.json of {model.path!r}"
 
 
+def sliding_window_reason(config: Any) -> str | None:
+    """Why the static KV cache cannot hold a model's attention, for its transformers config
+    (``StaticForward`` attends to every cached token): sliding-window layers. None: it can."""
+    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+        return "sliding-window attention layers"
+    if getattr(config, "model_type", None) == "mistral" and getattr(config, "sliding_window", None):
+        return f"mistral sliding_window {config.sliding_window}"
+    return None
+
+
+def _sliding_window_of_dir(path: str) -> str | None:
+    """:func:`sliding_window_reason` for a model folder's config.json, read as transformers reads
+    it (qwen2's ``use_sliding_window`` and ``max_window_layers`` become its ``layer_types``)."""
+    from transformers import AutoConfig
+
+    try:
+        return sliding_window_reason(AutoConfig.from_pretrained(path))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # validate_model_dir reports a broken directory
+
+
 def check_decode_settings(cfg: Any, *, local_actions: bool, device: str | None = None) -> None:
     """Refuse a torch-engine decode setting that demands what no action could do here:
-    ``cuda_graphs: on`` or ``compile_decode: true`` for a model type the static cache does not
-    decode, ``cuda_graphs: on`` with local actions on the CPU. ``device``: the device type the
-    work runs on where the caller knows it (``rlhfless profile --device``); None: the local
-    actions' (``RLHFLESS_DEVICE``).
+    ``cuda_graphs: on`` or ``compile_decode: true`` for a model the static cache does not
+    decode (its type, or sliding-window attention), ``cuda_graphs: on`` with local actions on
+    the CPU. ``device``: the device type the work runs on where the caller knows it
+    (``rlhfless profile --device``); None: the local actions' (``RLHFLESS_DEVICE``).
 
     Raises:
         ValueError: one line naming the setting, why, and the fix.
@@ -114,6 +135,9 @@ def check_decode_settings(cfg: Any, *, local_actions: bool, device: str | None =
         raise ValueError(f"generation.{demanded[0]} needs a model the static KV cache decodes (model_type "
                          f"{', '.join(STATIC_MODEL_TYPES)}); {source} says {kind!r}: remove the setting (this model "
                          "decodes eagerly)")
+    if cfg.model.path and (sliding := _sliding_window_of_dir(cfg.model.path)) is not None:
+        raise ValueError(f"generation.{demanded[0]} needs a model the static KV cache decodes, which attends to "
+                         f"every token; {source} gives {sliding}: remove the setting (this model decodes eagerly)")
     if local_actions and gen.cuda_graphs == "on":
         from actions.rl.world_size import device_kind
 

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from actions.engines.preflight import STATIC_MODEL_TYPES as SUPPORTED_TYPES
+from actions.engines.preflight import sliding_window_reason
 from actions.engines.static_kv import StaticKV
 
 __all__ = ["StaticForward", "unsupported_reason"]
@@ -43,10 +44,8 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
             return f"the model has no model.{name}"
     if not hasattr(model, "lm_head"):
         return "the model has no lm_head"
-    if "sliding_attention" in (getattr(cfg, "layer_types", None) or ()):
-        return "sliding-window attention layers"
-    if kind == "mistral" and getattr(cfg, "sliding_window", None):
-        return f"mistral sliding_window {cfg.sliding_window}"
+    if (sliding := sliding_window_reason(cfg)) is not None:
+        return sliding
     attn = inner.layers[0].self_attn
     for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
         if not hasattr(attn, name):

@@ -419,23 +419,15 @@ def main(argv: list[str] | None = None) -> int:
     from flows.commands.main_thread_signals import route_stop_signals
 
     route_stop_signals()  # before any thread starts: Ctrl-C and SIGTERM interrupt the main thread's waits
+    from flows.commands.closed_pipe import CLOSED, flushed
+
     try:
         status = _main(argv)
     except SystemExit:  # argparse's --help and usage errors: their output flushed here too
-        if _flushed(0) == 141:
-            return 141
+        if flushed(0, _failed) == CLOSED:
+            return CLOSED
         raise
-    return _flushed(status)
-
-
-def _flushed(status: int) -> int:
-    """``status`` once stdout is flushed: here, not at exit, where a reader gone (``| head``)
-    would make Python print an "Exception ignored" notice and exit 120."""
-    try:
-        sys.stdout.flush()
-    except BrokenPipeError as exc:
-        return _pipe_closed(exc)
-    return status
+    return flushed(status, _failed)
 
 
 def _main(argv: list[str] | None) -> int:
@@ -461,8 +453,10 @@ def _main(argv: list[str] | None) -> int:
         return int(args._run(args))
     except (KeyboardInterrupt, Terminated) as exc:  # not a traceback: nothing failed
         return stopped(exc)
-    except BrokenPipeError as exc:
-        return _pipe_closed(exc)
+    except BrokenPipeError as exc:  # `rlhfless status | head -1`
+        from flows.commands.closed_pipe import closed_or
+
+        return closed_or(exc, _failed)
     except (ValueError, OSError) as exc:
         return _failed(exc)
     except Exception as exc:  # infrastructure failures: one line, secrets scrubbed, non-zero
@@ -471,23 +465,6 @@ def _main(argv: list[str] | None) -> int:
         if reported_in_one_line(exc):
             return _failed(exc)
         raise
-
-
-def _pipe_closed(exc: BrokenPipeError) -> int:
-    """141, quietly, as a shell reports SIGPIPE, where stdout's reader is gone
-    (``rlhfless status | head -1``); any other broken pipe (a connection) is an error."""
-    import select
-
-    try:
-        poll = select.poll()
-        poll.register(sys.stdout.fileno(), select.POLLOUT)
-        gone = any(events & select.POLLERR for _, events in poll.poll(0))  # a pipe with no reader
-    except (OSError, ValueError, AttributeError):  # not a file descriptor (a test's capture)
-        gone = False
-    if not gone:
-        return _failed(exc)
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's own flush must not fail again
-    return 141
 
 
 def _failed(exc: BaseException, hint: str = "") -> int:

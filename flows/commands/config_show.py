@@ -27,7 +27,6 @@ import ast
 import functools
 import inspect
 import json
-import os
 import re
 import sys
 import types
@@ -93,8 +92,9 @@ def emit(text: str) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()  # here, not at exit: a block-buffered stdout would fail outside this handler
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's own flush must not fail again
-        return 141
+        from flows.commands.closed_pipe import quiet_exit
+
+        return quiet_exit()
     return 0
 
 
