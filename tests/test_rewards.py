@@ -389,25 +389,75 @@ def test_numpy_and_torch_rewards_are_taken_as_trl_takes_them(monkeypatch):
         compute_rewards([Fn(name="my_arrays:two_d")], rows, ["x", "y"])
 
 
-def test_finite_rewards_whose_weighted_sum_overflows_are_refused(monkeypatch):
-    """Each of 1e308 and 1e308 is finite, their sum is not: an infinite reward would turn the
-    update's gradients to NaN, so the step fails naming the functions and their values."""
+def test_rewards_whose_weighted_sum_is_beyond_the_limit_are_refused(monkeypatch):
+    """Each of 6e14 and 6e14 is within +-1e15, their sum is not: the step's float32 statistics
+    would overflow (3e38 squared already does) and an infinite reward turns the update's
+    gradients to NaN, so the step fails naming the functions and their values."""
     from actions.tasks.rewards import check_reward_functions
 
-    big = types.SimpleNamespace(g=lambda completions, **kw: [1e308] * len(completions),
-                                h=lambda completions, **kw: [1e308] * len(completions))
+    big = types.SimpleNamespace(g=lambda completions, **kw: [6e14] * len(completions),
+                                h=lambda completions, **kw: [6e14] * len(completions))
     monkeypatch.setitem(sys.modules, "my_big", big)
     rows = _rows(["a", "b"])
     specs = [Fn(name="my_big:g"), Fn(name="my_big:h")]
-    message = (r"reward.functions: the weighted sum of the rewards for prompt_id 0 is inf \('my_big:g' 1e\+308 x "
-               r"weight 1, 'my_big:h' 1e\+308 x weight 1\); each is finite but their sum overflows")
+    message = (r"reward.functions: the weighted sum of the rewards for prompt_id 0 is 1.2e\+15 \('my_big:g' 6e\+14 x "
+               r"weight 1, 'my_big:h' 6e\+14 x weight 1\), beyond \+-1e\+15, where the step's float32 statistics "
+               r"overflow")
     with pytest.raises(RewardFunctionError, match=message):
         compute_rewards(specs, rows, ["x", "y"])
     with pytest.raises(RewardFunctionError, match=message):  # at start-up, on the sample rows
         check_reward_functions(specs, rows)
-    with pytest.raises(RewardFunctionError, match=r"is inf \('my_big:g' 1e\+308 x weight 2\)"):
+    with pytest.raises(RewardFunctionError, match=r"is 1.2e\+15 \('my_big:g' 6e\+14 x weight 2\)"):
         compute_rewards([Fn(name="my_big:g", weight=2.0)], rows, ["x", "y"])
-    assert compute_rewards([Fn(name="my_big:g")], rows, ["x", "y"]).total == [1e308, 1e308]
+    assert compute_rewards([Fn(name="my_big:g")], rows, ["x", "y"]).total == [6e14, 6e14]
+
+
+@pytest.mark.parametrize("value, shown", [
+    (1e300, "1e+300"), (3e38, "3e+38"), (-2e15, "-2000000000000000.0"),
+    (10**400, "1000000000000000000000000000000000000000...(401 characters)")])
+def test_a_reward_beyond_the_limit_is_refused_in_one_line(monkeypatch, value, shown):
+    """A finite reward too large for the step's float32 statistics (or an int past float's
+    range) fails the start-up check and a step in one line, not with an OverflowError or a run
+    that trains on infinite rewards."""
+    from actions.tasks.rewards import check_reward_functions
+
+    monkeypatch.setitem(sys.modules, "my_huge", types.SimpleNamespace(g=lambda completions, **kw: [value] * len(
+        completions)))
+    rows = _rows(["a", "b"])
+    message = re.escape(f"reward function 'my_huge:g' returned {shown} for prompt_id 0, beyond +-1e+15")
+    with pytest.raises(RewardFunctionError, match=message):
+        check_reward_functions([Fn(name="my_huge:g")], rows)
+    with pytest.raises(RewardFunctionError, match=message):
+        compute_rewards([Fn(name="my_huge:g")], rows, ["x", "y"])
+
+
+def test_a_function_that_edits_its_inputs_changes_neither_the_next_function_s_nor_the_rows(monkeypatch):
+    """Each function gets inputs of its own: one that appends a message to a chat prompt, edits
+    a column's dict and pops a completion leaves the next function's inputs, and the rows (a
+    warm action keeps them for later steps), as they were."""
+    seen = []
+
+    def vandal(prompts, completions, completion_ids, meta, **kw):
+        prompts[0].append({"role": "user", "content": "INJECTED"})
+        prompts[0][0]["content"] = "MUTATED"
+        meta[0]["k"] = "changed"
+        completion_ids[0].append(999)
+        n = len(completions)
+        completions.pop()
+        return [1.0] * n
+
+    def observer(prompts, completions, completion_ids, meta, **kw):
+        seen.append((prompts[0], len(completions), completion_ids[0], meta[0]))
+        return [0.0] * len(completions)
+
+    monkeypatch.setitem(sys.modules, "my_edit", types.SimpleNamespace(vandal=vandal, observer=observer))
+    rows = [PromptRow(prompt_id=i, prompt="p", answer="a", source_prompt=[{"role": "user", "content": f"say {i}"}],
+                      columns={"meta": {"k": i}}) for i in range(2)]
+    specs = [Fn(name="my_edit:vandal"), Fn(name="my_edit:observer")]
+    for _ in range(2):  # a warm action's next step reads the same rows
+        compute_rewards(specs, rows, ["x", "y"], completion_ids=[[1, 2], [3]])
+    assert seen == [([{"role": "user", "content": "say 0"}], 2, [1, 2], {"k": 0})] * 2
+    assert rows[0].source_prompt == [{"role": "user", "content": "say 0"}] and rows[0].columns["meta"] == {"k": 0}
 
 
 def test_max_and_min_reward_attributes_must_be_finite_numbers_at_start_up(monkeypatch):

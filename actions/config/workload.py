@@ -386,7 +386,8 @@ class WorkloadConfig(_Section):
     seed: int = 0
     """Seeds the tiny model, the synthetic data, the prompt order and every sample's noise: on
     one CPU machine the same configuration and seed train the same weights (on CUDA, the same
-    samples up to kernel round-off: docs/gpu.md)."""
+    samples up to kernel round-off: docs/gpu.md), given reward functions that answer the same
+    inputs the same way (a plug-in's own randomness is not seeded: derive it from its inputs)."""
 
     @model_validator(mode="after")
     def _resolve_defaults(self) -> WorkloadConfig:

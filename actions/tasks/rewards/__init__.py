@@ -46,7 +46,7 @@ from typing import Any, Protocol
 
 from actions.config.quoting import clip, quote
 from actions.config.reward import BUILTIN_REWARDS
-from actions.tasks.rewards.calling import RESERVED, RewardFunctionError, call_reward
+from actions.tasks.rewards.calling import RESERVED, REWARD_LIMIT, RewardFunctionError, call_reward
 from actions.tasks.rewards.trainer_state import make_trainer_state
 
 
@@ -245,18 +245,19 @@ def _check_model_scores(name: str, scores: Sequence[float], rows: Sequence[Rewar
 
 def _check_totals(total: Sequence[float], rows: Sequence[RewardRow], per_function: Mapping[str, Sequence[Any]],
                   weights: Mapping[str, float]) -> None:
-    """Raise RewardFunctionError for the first row whose weighted sum is not finite: each value
-    is finite, but the sum of large ones overflows, and an infinite reward turns the update's
-    gradients to NaN."""
+    """Raise RewardFunctionError for the first row whose weighted sum is beyond
+    ``REWARD_LIMIT``: each value is within it, but a sum of large ones, or a large weight, may
+    not be, and the step's float32 statistics would overflow (an infinite reward turns the
+    update's gradients to NaN)."""
     for i, t in enumerate(total):
-        if math.isfinite(t):
+        if abs(t) <= REWARD_LIMIT:
             continue
-        terms = ", ".join(f"{n!r} {v[i]!r} x weight {weights[n]:g}" for n, v in per_function.items()
+        terms = ", ".join(f"{n!r} {v[i]:g} x weight {weights[n]:g}" for n, v in per_function.items()
                           if v[i] is not None)
         raise RewardFunctionError(
-            f"reward.functions: the weighted sum of the rewards for prompt_id {rows[i].prompt_id} is {t} ({terms}); "
-            "each is finite but their sum overflows: return rewards of a moderate scale (e.g. within +-1e6), or "
-            "lower their weights")
+            f"reward.functions: the weighted sum of the rewards for prompt_id {rows[i].prompt_id} is {t:g} ({terms}), "
+            f"beyond +-{REWARD_LIMIT:g}, where the step's float32 statistics overflow: return rewards of a moderate "
+            "scale (e.g. within +-1e6), or lower their weights")
 
 
 def is_best(rewards: Rewards, tolerance: float = 1e-9) -> list[bool]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import copy
 import inspect
 import math
 import numbers
@@ -32,6 +33,11 @@ RESERVED = ("prompts", "completions", "completion_ids", "trainer_state", "log_ex
 METRIC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,99}")
 """A ``log_metric`` name: it becomes part of a metric's name in summary.json and the trackers."""
 
+
+REWARD_LIMIT = 1e15
+"""The largest reward magnitude taken (a function's value, and a row's weighted sum): the step's
+statistics square and sum rewards in float32, whose range (3.4e38) a reward of 1e20 already
+overflows, turning the update's advantages to NaN; no scale a reward needs comes near it."""
 
 STEP_FAILS = " (a reward error fails the step and is not retried)"
 """What a reward error does mid-campaign, as its message says it."""
@@ -65,7 +71,18 @@ def log_extra(column: str, values: list) -> None:
 
 def _invoke(fn: Callable, kwargs: dict[str, Any], trainer_state: Any,
             log_metric: Callable[[str, float], None]) -> Any:
-    return _await(fn(**kwargs, trainer_state=trainer_state, log_extra=log_extra, log_metric=log_metric))
+    return _await(fn(**fresh(kwargs), trainer_state=trainer_state, log_extra=log_extra, log_metric=log_metric))
+
+
+def fresh(kwargs: dict[str, list]) -> dict[str, list]:
+    """The call's inputs as lists of its own, their mutable values (a chat prompt's messages, a
+    column's list or dict) copied: a function that edits what it is given (appends a message,
+    pops a completion) changes neither the next function's inputs nor the rows a warm action
+    keeps for later steps, nor the dataset the start-up check's rows are written to. Strings and
+    numbers are shared (immutable); ``completion_ids`` are flat lists of ints, copied as such."""
+    plain = (str, int, float, bool, type(None))
+    return {k: [list(c) for c in v] if k == "completion_ids" else
+            [x if isinstance(x, plain) else copy.deepcopy(x) for x in v] for k, v in kwargs.items()}
 
 
 def call_reward(name: str, fn: Callable, rows: Sequence[Any], kwargs: dict[str, list], trainer_state: Any,
@@ -101,8 +118,12 @@ def call_reward(name: str, fn: Callable, rows: Sequence[Any], kwargs: dict[str, 
     for row, v in zip(rows, listed):
         number = None if v is None else _number(v)
         if v is not None and number is None:
-            raise RewardFunctionError(f"reward function {name!r} returned {v!r} for prompt_id {row.prompt_id}; "
+            raise RewardFunctionError(f"reward function {name!r} returned {_shown(v)} for prompt_id {row.prompt_id}; "
                                       "return a finite float or None per completion")
+        if number is not None and abs(number) > REWARD_LIMIT:
+            raise RewardFunctionError(f"reward function {name!r} returned {_shown(v)} for prompt_id {row.prompt_id}, "
+                                      f"beyond +-{REWARD_LIMIT:g}, where the step's float32 statistics overflow; "
+                                      "return rewards of a moderate scale (e.g. within +-1e6)")
         out.append(number)
     for metric, value in _checked_metrics(name, logged):
         if metrics is not None:
@@ -122,13 +143,23 @@ def _as_list(values: Any) -> list | None:
 
 def _number(v: Any) -> float | None:
     """``v`` as a finite float: a real number (NumPy's scalars are registered as ``numbers.Real``)
-    or a 0-d array or tensor holding one. None for a bool, a non-finite value or anything else."""
+    or a 0-d array or tensor holding one. None for a bool, a non-finite value or anything else;
+    an infinity for an int past float's range (refused as too large by the caller)."""
     if getattr(v, "ndim", None) == 0 and callable(getattr(v, "item", None)):
         v = v.item()
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         return None
-    v = float(v)
+    try:
+        v = float(v)
+    except OverflowError:  # an int past float's range: as large as a reward can be
+        return math.inf if v > 0 else -math.inf
     return v if math.isfinite(v) else None
+
+
+def _shown(v: Any) -> str:
+    """``v`` for a message: its repr, cut short (an int of 400 digits)."""
+    text = repr(v)
+    return text if len(text) <= 60 else f"{text[:40]}...({len(text)} characters)"
 
 
 def _checked_metrics(name: str, logged: Sequence[tuple[Any, Any]]) -> list[tuple[str, float]]:
