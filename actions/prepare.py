@@ -193,7 +193,15 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str, *, steps: 
     """Validate inputs (the reward plug-ins called as at step 0 of ``steps`` RL steps), then
     write them. Raises ValueError before writing anything."""
     from actions.models.loading import encode, encode_prompt
-    from actions.models.modeling import base_files, build_tiny_model, instantiate, model_summary, read_model_dir
+    from actions.models.modeling import (
+        base_files,
+        build_tiny_model,
+        instantiate,
+        model_summary,
+        read_model_dir,
+        stored_state,
+        tied_head_keys,
+    )
     from actions.models.special_tokens import special_tokens
     from actions.models.weight_shapes import check_weight_shapes
     from actions.rl.head import check_head
@@ -218,8 +226,9 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str, *, steps: 
         model, tokenizer = build_tiny_model(hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
                                             intermediate_size=m.intermediate_size, max_positions=m.max_positions,
                                             seed=cfg.seed, extra_chars=get_task(cfg.data.task).extra_chars)
-        files, tensors = base_files(model, tokenizer), model.state_dict()
+        files, tensors = base_files(model, tokenizer), stored_state(model)
     built, tokenizer = instantiate(files, tensors)  # the tokenizer exactly as actions will load it
+    tensors = {k: t for k, t in tensors.items() if k not in tied_head_keys(built)}  # as every version stores them
     check_head(built.config)  # a logit scale the learner cannot reproduce is refused before any write
     try:  # as the generate action will ask, before any write
         special = special_tokens(built, tokenizer)

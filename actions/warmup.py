@@ -21,6 +21,7 @@ import torch
 
 from actions.contracts import ModelRef, WarmupRequest, WarmupResult
 from actions.models.loading import encode, encode_prompt, load_model, store_for
+from actions.models.modeling import stored_state
 from actions.models.special_tokens import special_tokens
 from actions.rl.recompute import enable_checkpointing
 from actions.rl.sequences import pack, response_logprobs
@@ -57,7 +58,7 @@ def run_warmup(req: WarmupRequest) -> WarmupResult:
         loss.backward()
         opt.step(max_grad_norm=math.inf)  # no clipping: a norm of inf scales the gradients by exactly 1
         losses.append(float(loss.detach()))
-    published = publish_tensors(store, req.output_key, model.state_dict(), {"version": 0, "source": "warmup"})
+    published = publish_tensors(store, req.output_key, stored_state(model), {"version": 0, "source": "warmup"})
     return WarmupResult(
         policy_key=published.manifest_key,
         weights_sha256=published.weights_sha256,

@@ -190,6 +190,7 @@ def test_generate_score_train_on_each_architecture(prepared):
     assert set(before) == set(after) and all(torch.isfinite(t).all() for t in after.values())
     assert not torch.equal(before["model.embed_tokens.weight"], after["model.embed_tokens.weight"])
     tied = json.loads((info.path / "config.json").read_text())["tie_word_embeddings"]
+    assert ("lm_head.weight" in after) is not tied  # a tied head is the embedding: stored once, under its name
     if "lm_head.weight" in after:
         same = torch.equal(after["lm_head.weight"], after["model.embed_tokens.weight"])
         assert same == tied  # tied stays tied after an update; untied heads move on their own

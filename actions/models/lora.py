@@ -132,9 +132,12 @@ def is_lora(model: torch.nn.Module) -> bool:
 
 def adapter_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """What a policy version stores: a LoRA model's trainable tensors (the adapter, and the
-    biases ``model.lora.bias`` trains), every tensor of any other model."""
+    biases ``model.lora.bias`` trains), every tensor of any other model but a tied output head
+    (``modeling.stored_state``)."""
     if not is_lora(model):
-        return model.state_dict()
+        from actions.models.modeling import stored_state
+
+        return stored_state(model)
     return {name: p.detach() for name, p in model.named_parameters() if "lora_" in name or p.requires_grad}
 
 
