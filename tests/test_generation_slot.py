@@ -123,6 +123,21 @@ def test_generating_through_versions_adds_no_model_per_version_to_the_warm_cache
     assert after["misses"] - before["misses"] >= 4 and after["hits"] - before["hits"] >= 1
 
 
+def test_the_warm_cache_keeps_a_run_s_newest_policy_version_and_its_reference(full):
+    """A score worker asks for the sampling version and the reference each step: building a
+    newer version evicts the older (a full model each), never the reference (no fingerprint)."""
+    _, refs = full
+    warm.clear()
+    reference = refs[0]
+    assert reference.weights_sha256 is None
+    for v in (1, 2):
+        load_model(refs[v])
+        load_model(reference)
+    assert sorted(k[3] for k in warm._cache if k[0] == "model") == sorted([refs[2].policy_key, reference.policy_key])
+    assert load_model(refs[2])[2] and load_model(reference)[2]  # both warm
+    warm.clear()
+
+
 def test_a_generate_prewarm_loads_the_version_into_the_slot(full, monkeypatch):
     from actions.runtime.server import _preload_model
 

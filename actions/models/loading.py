@@ -11,7 +11,8 @@ action that needs no weights (scoring without a forward) reads the tokenizer alo
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -105,8 +106,18 @@ def load_model(ref: ModelRef, *, fresh: bool = False) -> tuple[torch.nn.Module, 
         return model, tokenizer, False
     key = ("model", ref.store_uri, ref.base_key, ref.policy_key, ref.weights_sha256, str(device), str(dtype),
            ref.lora and ref.lora.model_dump_json())
-    (model, tokenizer), hit = warm.get_or_build(key, build)
+    (model, tokenizer), hit = warm.get_or_build(key, build, supersedes=partial(_older_version, key))
     return model, tokenizer, hit
+
+
+def _older_version(key: tuple, other: Hashable) -> bool:
+    """Whether ``other`` is another policy version of ``key``'s run (same store and base) that a
+    new version replaces: a run's actions ask for one policy version at a time (a step scores
+    with the version that sampled, the evaluation after it with the next), so a warm worker that
+    kept each would hold two stale full models until the LRU limit (a 7B in bf16: 15 GB each).
+    The reference (loaded without a fingerprint, ``score._reference_logprobs``) is kept."""
+    return (isinstance(other, tuple) and other[:1] == ("model",) and other[1:3] == key[1:3]
+            and other[4] is not None and key[4] is not None)
 
 
 def encode(tokenizer: object, text: str, *, special_tokens: bool = False) -> tuple[int, ...]:
