@@ -162,13 +162,15 @@ def test_workers_that_died_idle_are_replaced_before_an_activation_not_sent_it(tm
         pool.close()
 
 
-def test_an_activation_past_the_timeout_names_invoker_timeout_s(tmp_path):
+def test_an_activation_past_the_timeout_names_invoker_timeout_s_and_is_not_retried(tmp_path):
     pool = LocalPoolInvoker(1, log_dir=tmp_path, timeout_s=1.0)
     try:
         with pytest.raises(ActionError, match=r"no answer within invoker.timeout_s=1 s; raise invoker.timeout_s if "
                                               r"the action needs longer") as info:
             pool.invoke("generate", {"__inject_latency_s": 5.0})  # sleeps before it reads its request
-        assert info.value.transient and len(info.value.failed_attempts) == 1
+        # not retried: the same work would run as long again (a 600 s action, four times more)
+        assert not info.value.transient and len(info.value.failed_attempts) == 1
+        assert pool.invoke("noop", {}).result == {"ok": True}  # a new worker took the killed one's place
     finally:
         pool.close()
 

@@ -270,12 +270,15 @@ class LocalPoolInvoker:
             unreplaced = self._replace(worker)
             why = "a reply without its MAC: another process answers on its port" \
                 if isinstance(exc, UnauthenticatedReply) else type(exc).__name__
-            if isinstance(exc, httpx.ReadTimeout):  # the worker was killed for it: say which setting bounds it
+            past_deadline = isinstance(exc, httpx.ReadTimeout)
+            if past_deadline:  # the worker was killed for it: say which setting bounds it
                 why += (f": no answer within invoker.timeout_s={timeout_s or self.timeout_s:g} s; raise "
                         "invoker.timeout_s if the action needs longer")
             short = f"; no worker replaces it ({unreplaced})" if unreplaced else ""
-            # a retry needs a worker to run on: with none left it would wait for one forever
-            retry = unreplaced is None or (self._has_workers() and not self._closing)
+            # a retry needs a worker to run on: with none left it would wait for one forever. Past
+            # the deadline, not retried (as the child and OpenWhisk invokers do): the same work
+            # would run as long again, and four retries of a 600 s action are 40 minutes lost
+            retry = not past_deadline and (unreplaced is None or (self._has_workers() and not self._closing))
             raise ActionError(action, f"worker {worker.name} was lost mid-activation ({how}; {why}){short}; "
                               f"worker log {worker.log_path}", transient=retry, activation_id=activation_id,
                               failed_attempts=(lost,)) from None
