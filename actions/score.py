@@ -55,6 +55,13 @@ def _policy_model(ref: ModelRef) -> torch.nn.Module:
     return held if held is not None else load_model(ref)[0]
 
 
+def _reference_is_policy(req: ScoreRequest) -> bool:
+    """Whether the reference is the sampling policy's own version (the first RL step, before any
+    update): no second model is built (a 7B in bf16: 15 GB more), and its log-probs are the
+    policy's, computed once."""
+    return req.reference_key == req.policy.policy_key and req.policy.lora is None
+
+
 def _reference_logprobs(req: ScoreRequest) -> Callable[..., torch.Tensor]:
     """Log-probs under the frozen reference. With LoRA over it (the reference is the
     backbone), the policy's own model with its adapter switched off: no second copy."""
@@ -66,6 +73,8 @@ def _reference_logprobs(req: ScoreRequest) -> Callable[..., torch.Tensor]:
                 return response_logprobs(model, *args, temperature=req.temperature, **kwargs)
 
         return ref_logp
+    if _reference_is_policy(req):  # the first step's: its weights are the model the policy already has
+        return partial(response_logprobs, _policy_model(req.policy), temperature=req.temperature)
     ref_model, _, _ = load_model(req.policy.model_copy(update={"policy_key": req.reference_key, "policy_version": 0,
                                                                "weights_sha256": None, "lora": None,
                                                                "backbone_key": None}))
@@ -92,7 +101,8 @@ def run_score(req: ScoreRequest) -> ScoreResult:
     fns = {}
     if needs_old_logp(req.algorithm):  # the only use of the sampling policy's weights here
         fns["old_logp"] = partial(response_logprobs, _policy_model(req.policy), temperature=req.temperature)
-    if needs_ref_logp(req.algorithm):
+    shared_ref = needs_ref_logp(req.algorithm) and "old_logp" in fns and _reference_is_policy(req)
+    if needs_ref_logp(req.algorithm) and not shared_ref:
         fns["ref_logp"] = _reference_logprobs(req)
     if req.algorithm.name == "ppo":
         if req.critic_key is None:
@@ -104,6 +114,8 @@ def run_score(req: ScoreRequest) -> ScoreResult:
     outs, mask = (per_row_widths(list(fns.values()), prompts, responses, ids.pad_id, device=device) if fns
                   else ([], None))
     scored = dict(zip(fns, outs))
+    if shared_ref:
+        scored["ref_logp"] = scored["old_logp"]
     tensors = {name: t.cpu() for name, t in scored.items()} | {"rewards": rewards}
     meta = {"samples": [{"prompt_id": s["prompt_id"], "sample_index": s["sample_index"], "prompt": list(p),
                          "response": r, "finish_reason": s["finish_reason"], "reward_applicable": a}

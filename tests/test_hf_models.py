@@ -274,3 +274,25 @@ def test_the_profile_reads_a_gpt2_config_s_own_names():
              "vocab_size": 100}
     assert kv_bytes_per_token(gpt2, torch.float32) == kv_bytes_per_token(llama, torch.float32) == 2 * 3 * 4 * 16 * 4
     assert kv_bytes_per_token({**llama, "num_key_value_heads": 1, "head_dim": 32}, torch.bfloat16) == 2 * 3 * 32 * 2
+
+
+def test_the_first_step_s_reference_is_the_policy_s_model_and_its_log_probs(prepared):
+    """Score at the first step, whose reference is the sampling version itself: one model in the
+    warm cache (no second copy built), and the reference log-probs are the policy's."""
+    from actions.models import warm
+
+    info, cfg, store, p = prepared
+    ref = ModelRef(store_uri=store.uri, base_key=p.base_key, policy_key=p.init_key, policy_version=0)
+    gen = _call("generate", {"model": ref.model_dump(), "dataset_key": p.train_key, "run_seed": 0, "step": 0,
+                             "shard": "r", "prompt_ids": [0, 1], "group_size": 2, "max_new_tokens": 5,
+                             "temperature": 1.0, "output_key": "runs/h/ref-roll.json"})
+    assert len(gen["samples"]) == 4
+    warm.clear()
+    algorithm = cfg.algorithm.model_copy(update={"kl_coef": 0.05}).model_dump()
+    score = _call("score", {"policy": ref.model_dump(), "reference_key": p.init_key, "dataset_key": p.train_key,
+                            "rollout_keys": ["runs/h/ref-roll.json"], "rewards": [{"name": "repeat"}],
+                            "algorithm": algorithm, "output_key": "runs/h/ref-scored/manifest.json"})
+    tensors, _ = load_tensors(store, score["scored_key"])
+    assert torch.equal(tensors["ref_logp"], tensors["old_logp"]) and score["kl_mean"] == 0.0
+    # generate ran here: its slot's model served the policy and the reference, and no model was built
+    assert [k for k in warm._cache if k[0] == "model"] == []
