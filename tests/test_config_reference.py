@@ -113,6 +113,16 @@ def test_a_closed_pipe_ends_the_output_quietly(words):
     assert "Broken pipe" not in err and "Traceback" not in err and "Exception ignored" not in err, err
 
 
+@pytest.mark.parametrize("words", [["--version"], ["config"], ["nosuchcommand"]])
+def test_a_command_started_with_stdout_closed_ends_as_it_would_otherwise(words):
+    """``rlhfless ... >&-``: Python's stdout is None; the command's status is its own (a usage
+    error's 2), with no traceback about flushing it."""
+    proc = subprocess.run(["bash", "-c", 'exec "$0" -m flows.commands.cli "$@" >&-', sys.executable, *words],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == (2 if words == ["nosuchcommand"] else 0), proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize("setting, words", [("algorithm.lr=-1", "greater than 0"),
                                             ("algorithm.clip_low=1", "less than 1")])  # a ratio clipped at 0
 def test_config_refuses_bad_input_in_one_line(capsys, setting, words):

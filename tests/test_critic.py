@@ -58,6 +58,7 @@ def test_a_tied_output_head_is_the_embedding_and_still_trains():
     _value_step(critic, critic.lm, critic.value_head, TrainOptimizer(critic, 1e-3))
     assert not torch.equal(before, critic.tensors()["model.embed_tokens.weight"])
     assert critic.lm.lm_head.weight is critic.lm.model.embed_tokens.weight
+    assert "lm_head.weight" not in critic.tensors()  # the embedding, stored once under its own name
 
 
 def _store_base(tmp_path, lm: torch.nn.Module, key: str = "base/manifest.json"):

@@ -101,6 +101,19 @@ def test_decode_settings_that_demand_graphs_or_a_compiled_step_are_refused_where
     preflight.check_engine(load_config(None, [f"model.path={tmp_path}"]), local_actions=True)  # defaults: eager
 
 
+def test_a_demand_for_the_static_cache_asks_nothing_of_the_hub_for_a_path_that_is_no_folder(monkeypatch):
+    """``model.path`` a hub id (or missing): the sliding-window check reads no config (which
+    would be a download); ``validate_inputs`` refuses the path in its own line."""
+    import transformers
+
+    def no_download(*args, **kwargs):
+        raise AssertionError(f"AutoConfig.from_pretrained{args}")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", no_download)
+    cfg = load_config(None, ["generation.compile_decode=true", "model.path=Org/some-model"])
+    preflight.check_engine(cfg, local_actions=False)
+
+
 @pytest.mark.parametrize("config, refused", [
     ({"model_type": "mistral", "sliding_window": 4}, "mistral sliding_window 4"),
     ({"model_type": "mistral", "sliding_window": None}, None),

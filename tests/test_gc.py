@@ -599,3 +599,34 @@ def test_a_campaign_s_collections_read_a_manifest_again_only_when_it_changed(bac
     assert all(_blob_exists(store, data) for data in (b"s", b"t", b"reference", b"r-policy-5", b"r-policy-6"))
     assert {blob_key(e["sha256"]) for k in live for e in read_manifest(store, k)["files"].values()} <= set(
         store.list(BLOB_PREFIX))  # every blob a manifest lists (the other run's first policy blob: an orphan now)
+
+
+class _Untagged:
+    """A store whose listing gives ``key`` no tag (an S3-compatible server that lists no ETag)."""
+
+    def __init__(self, inner: ObjectStore, key: str) -> None:
+        self.inner, self.key, self.uri = inner, key, inner.uri
+
+    def list_tags(self, prefix: str):
+        return {k: None if k == self.key else t for k, t in self.inner.list_tags(prefix).items()}
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def test_a_manifest_the_listing_gives_no_tag_is_read_by_every_collection(backend_store) -> None:
+    """Untagged is not unlisted: another run's kept manifest without a tag still marks the blob
+    it shares with a garbage version, at every collection (it is never kept from one to the next)."""
+    from flows.campaign.collect import Collector
+
+    latest = _fake_run(backend_store, "r", 4, shared=b"s")
+    other = _fake_run(backend_store, "other", 1, shared=b"r-policy-2")  # r's version 2's bytes
+    store = _Untagged(backend_store, other.policy_key)
+    collect = Collector(store, Retention(keep_last=1), lease=None)
+    collect(latest)
+    assert _blob_exists(store, b"r-policy-2") and not _blob_exists(store, b"r-policy-1")
+    first = collect.known.reads
+    latest = _commit_next(backend_store, latest, shared=b"s")
+    collect(latest)
+    assert collect.known.reads == first + 2 + 1  # the two new manifests and the untagged one again
+    assert _blob_exists(store, b"r-policy-2")

@@ -107,10 +107,12 @@ def sliding_window_reason(config: Any) -> str | None:
 def _sliding_window_of_dir(path: str) -> str | None:
     """:func:`sliding_window_reason` for a model folder's config.json, read as transformers reads
     it (qwen2's ``use_sliding_window`` and ``max_window_layers`` become its ``layer_types``)."""
+    if not Path(path).is_dir():  # a hub id or a missing folder: validate_inputs says so, without a download
+        return None
     from transformers import AutoConfig
 
     try:
-        return sliding_window_reason(AutoConfig.from_pretrained(path))
+        return sliding_window_reason(AutoConfig.from_pretrained(path, local_files_only=True))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # validate_model_dir reports a broken directory
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from actions.models.modeling import untied_head_keys
+from actions.models.modeling import stored_state, untied_head_keys
 from actions.rl.sequences import PackedBatch, response_hidden
 
 HEAD_PREFIX = "value_head."
@@ -73,8 +73,9 @@ class Critic(torch.nn.Module):
         return self.value_head(hidden).squeeze(-1).float() * batch.response_mask
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """The stored critic: the backbone (no untied output head) and ``value_head.*``."""
-        state = {k: v for k, v in self.lm.state_dict().items()}
+        """The stored critic: the backbone (no output head: an untied one is dropped, a tied one is
+        the embedding, stored once, ``modeling.stored_state``) and ``value_head.*``."""
+        state = stored_state(self.lm)
         state.update({HEAD_PREFIX + k: v for k, v in self.value_head.state_dict().items()})
         return state
 

@@ -374,7 +374,7 @@ class LocalStore:
             out[rel] = (st.st_mtime, st.st_size)
         return out
 
-    def list_tags(self, prefix: str) -> dict[str, str]:
+    def list_tags(self, prefix: str) -> dict[str, str | None]:
         """Key -> a tag that changes whenever the file's bytes may have: its inode, modification
         time in nanoseconds and size (every ``put`` renames a new file into place). Garbage
         collection keeps what it read of a manifest while its tag stays the same."""

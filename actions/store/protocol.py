@@ -81,10 +81,11 @@ class ObjectStore(Protocol):
       compare-and-swap (see :mod:`.objects`);
     * ``list_stats(prefix)`` -- ``{key: (modification time in epoch seconds, size)}``, the
       ages the orphan sweep of garbage collection needs (a backend without it is not swept);
-    * ``list_tags(prefix)`` -- ``{key: tag}``, a string that changes whenever the object's bytes
-      may have (S3: its ETag; local: inode, time and size), from one listing: garbage
-      collection reads a manifest again only when its tag changed (a backend without it: every
-      collection reads every manifest);
+    * ``list_tags(prefix)`` -- ``{key: tag}`` for every key :meth:`list` gives, the tag a string
+      that changes whenever the object's bytes may have (S3: its ETag; local: inode, time and
+      size), or None where the backend cannot tell: garbage collection reads a manifest again
+      only when its tag changed (one without a tag, and every manifest of a backend without
+      ``list_tags``: at every collection);
     * ``delete_if_older(key, older_than) -> bool`` -- delete only if not modified since
       ``older_than``, checked atomically with the delete (else the sweep deletes by the
       listing's age);

@@ -345,12 +345,13 @@ class S3Store(ConditionalWrites):
         are not ours and stay where they are."""
         return {key: (obj["LastModified"].timestamp(), int(obj["Size"])) for key, obj in self._listing(prefix)}
 
-    def list_tags(self, prefix: str) -> dict[str, str]:
-        """Key -> its ``ETag`` (size prefixed) for the keys under ``prefix`` that the listing gives
-        one, from the same listing as :meth:`list`: a tag that changes whenever the object's bytes
-        may have (for a single-part PUT, the MD5 of its bytes). Garbage collection keeps what it
-        read of a manifest while its tag stays the same (``flows/campaign/collect.py``)."""
-        return {key: f"{obj['Size']}:{obj['ETag']}" for key, obj in self._listing(prefix) if obj.get("ETag")}
+    def list_tags(self, prefix: str) -> dict[str, str | None]:
+        """Key -> its ``ETag`` (size prefixed) for the keys under ``prefix``, from the same listing
+        as :meth:`list` (every key; None where the listing gives no ETag): a tag that changes
+        whenever the object's bytes may have (for a single-part PUT, the MD5 of its bytes).
+        Garbage collection keeps what it read of a manifest while its tag stays the same
+        (``flows/campaign/collect.py``)."""
+        return {key: f"{obj['Size']}:{obj['ETag']}" if obj.get("ETag") else None for key, obj in self._listing(prefix)}
 
     def _listing(self, prefix: str) -> list[tuple[str, dict]]:
         """(store key, the ``list_objects_v2`` entry) for the valid store keys under ``prefix``."""

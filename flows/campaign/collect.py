@@ -136,7 +136,7 @@ class _Listing(list):
     """The sorted keys of one listing of ``runs/``, with the tag of each key where the backend
     tags them (``list_tags``)."""
 
-    def __init__(self, tags: dict[str, str]) -> None:
+    def __init__(self, tags: dict[str, str | None]) -> None:
         super().__init__(sorted(tags))
         self.tags = tags
 
@@ -163,11 +163,11 @@ class ManifestTables:
         self.reads = 0  # manifests read from the store, all collections together
 
     def tables(self, store: ObjectStore, manifests: list[str], garbage: set[str],
-               tags: dict[str, str]) -> list[dict[str, int]]:
+               tags: dict[str, str | None]) -> list[dict[str, int]]:
         """The blob table of each of ``manifests``, in order (``_file_table``)."""
         def known(k: str) -> dict[str, int] | None:
             entry = self._tables.get(k)
-            return entry[1] if entry is not None and k in tags and entry[0] == tags[k] else None
+            return entry[1] if entry is not None and tags.get(k) is not None and entry[0] == tags[k] else None
 
         todo = [k for k in manifests if known(k) is None]
         read = dict(zip(todo, map_bounded(lambda k: _file_table(store, k, garbage=k in garbage), todo,
@@ -175,7 +175,8 @@ class ManifestTables:
         self.reads += len(todo)
         out = [read[k] if k in read else known(k) for k in manifests]
         # an empty table may be a manifest deleted since the listing: read again, not kept
-        self._tables = {k: (tags[k], t) for k, t in zip(manifests, out) if k in tags and k not in garbage and t}
+        self._tables = {k: (tag, t) for k, t in zip(manifests, out)
+                        if (tag := tags.get(k)) is not None and k not in garbage and t}
         return out
 
 

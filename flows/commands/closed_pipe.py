@@ -38,6 +38,8 @@ def closed_or(exc: BrokenPipeError, failed: Callable[[BaseException], int]) -> i
 def flushed(status: int, failed: Callable[[BaseException], int]) -> int:
     """``status`` once stdout is flushed: here, not at exit, where a reader gone would make
     Python print an "Exception ignored" notice and exit 120."""
+    if sys.stdout is None:  # started with stdout closed (`>&-`): nothing to flush
+        return status
     try:
         sys.stdout.flush()
     except BrokenPipeError as exc:

@@ -87,7 +87,10 @@ def run(args: argparse.Namespace) -> int:
 
 def emit(text: str) -> int:
     """Write ``text`` to stdout, flushed; 141 (as a shell reports SIGPIPE) where the reader is
-    gone, as with ``rlhfless config | head``, instead of an error about a broken pipe."""
+    gone, as with ``rlhfless config | head``, instead of an error about a broken pipe. Nothing
+    where the command started with stdout closed (``>&-``: Python's ``sys.stdout`` is None)."""
+    if sys.stdout is None:
+        return 0
     try:
         sys.stdout.write(text)
         sys.stdout.flush()  # here, not at exit: a block-buffered stdout would fail outside this handler
