@@ -113,6 +113,13 @@ def test_a_closed_pipe_ends_the_output_quietly(words):
     assert "Broken pipe" not in err and "Traceback" not in err and "Exception ignored" not in err, err
 
 
+def test_a_broken_pipe_that_is_not_stdout_s_stays_an_error(capsys):
+    """A connection's broken pipe (stdout is no pipe without a reader) is reported, never a quiet 141."""
+    from flows.commands.closed_pipe import closed_or
+
+    assert closed_or(BrokenPipeError(), lambda exc: 7) == 7
+
+
 @pytest.mark.parametrize("words", [["--version"], ["config"], ["nosuchcommand"]])
 def test_a_command_started_with_stdout_closed_ends_as_it_would_otherwise(words):
     """``rlhfless ... >&-``: Python's stdout is None; the command's status is its own (a usage

@@ -129,13 +129,14 @@ def test_a_demand_for_the_static_cache_is_refused_for_sliding_window_attention(t
     than running uncompiled on the dynamic path without a word."""
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2, "hidden_size": 32,
                                                       "num_attention_heads": 2, "vocab_size": 64}))
-    cfg = load_config(None, ["generation.compile_decode=true", f"model.path={tmp_path}"])
-    if refused is None:
-        preflight.check_engine(cfg, local_actions=False)
-        return
-    with pytest.raises(ValueError, match=rf"generation.compile_decode true needs a model the static KV cache decodes, "
-                                         rf"which attends to every token; config.json of .* gives {refused}: remove"):
-        preflight.check_engine(cfg, local_actions=False)
+    for setting, named in (("compile_decode=true", "compile_decode true"), ("cuda_graphs=on", "cuda_graphs 'on'")):
+        cfg = load_config(None, [f"generation.{setting}", f"model.path={tmp_path}"])
+        if refused is None:
+            preflight.check_engine(cfg, local_actions=False)
+            continue
+        with pytest.raises(ValueError, match=rf"generation.{named} needs a model the static KV cache decodes, which "
+                                             rf"attends to every token; config.json of .* gives {refused}: remove"):
+            preflight.check_engine(cfg, local_actions=False)
 
 
 def test_decode_settings_that_contradict_each_other_are_refused_by_the_config():

@@ -138,6 +138,19 @@ def test_the_warm_cache_keeps_a_run_s_newest_policy_version_and_its_reference(fu
     warm.clear()
 
 
+def test_an_older_version_is_one_of_the_same_run_and_never_the_reference():
+    from actions.models.loading import _older_version
+
+    def key(store, base, policy, sha):
+        return ("model", store, base, policy, sha, "cpu", "torch.float32", None)
+
+    v2, v1 = key("s", "runs/a/base", "p2", "h2"), key("s", "runs/a/base", "p1", "h1")
+    reference, other_run = key("s", "runs/a/base", "p0", None), key("s", "runs/b/base", "q1", "g1")
+    assert _older_version(v2, v1) and not _older_version(v2, reference) and not _older_version(v2, other_run)
+    assert not _older_version(reference, v2)  # loading the reference evicts no policy version
+    assert not _older_version(v2, ("critic", "s", "runs/a/base", "c1"))
+
+
 def test_a_generate_prewarm_loads_the_version_into_the_slot(full, monkeypatch):
     from actions.runtime.server import _preload_model
 

@@ -264,6 +264,18 @@ def test_a_model_whose_embedding_is_smaller_than_its_tokenizer_is_refused_by_pre
     assert not [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
 
 
+def test_check_vocab_names_the_first_id_past_the_embedding_and_where_it_occurs():
+    from actions.prepare import check_vocab
+
+    tokens = {"0": {"prompt": [1, 9]}, "1": {"prompt": [2]}}
+    check_vocab("m", 10, tokens, [[3], [9]], {"pad": [0], "EOS": [9]})  # ids up to 9 fit 10 rows
+    for train, evals, special, where in (([1, 10], [[3]], [0], "train prompt 0"),
+                                         ([1], [[3], [12]], [0], "eval prompt 1"),
+                                         ([1], [[3]], [10], "the pad id")):
+        with pytest.raises(ValueError, match=rf"token id \d+ \({where}\) is beyond the model's 10 embedding rows"):
+            check_vocab("m", 10, {"0": {"prompt": train}}, evals, {"pad": special, "EOS": [9]})
+
+
 def test_the_profile_reads_a_gpt2_config_s_own_names():
     """GPT-2 names its sizes n_head, n_embd and n_layer: the profile's KV bytes per token read
     them as transformers does (a KeyError in the campaign's profile action otherwise)."""
@@ -274,6 +286,8 @@ def test_the_profile_reads_a_gpt2_config_s_own_names():
              "vocab_size": 100}
     assert kv_bytes_per_token(gpt2, torch.float32) == kv_bytes_per_token(llama, torch.float32) == 2 * 3 * 4 * 16 * 4
     assert kv_bytes_per_token({**llama, "num_key_value_heads": 1, "head_dim": 32}, torch.bfloat16) == 2 * 3 * 32 * 2
+    llava = {"model_type": "llava", "text_config": llama}  # a multimodal config: its text part decodes
+    assert kv_bytes_per_token(llava, torch.float32) == kv_bytes_per_token(llama, torch.float32)
 
 
 def test_the_first_step_s_reference_is_the_policy_s_model_and_its_log_probs(prepared):
@@ -295,4 +309,12 @@ def test_the_first_step_s_reference_is_the_policy_s_model_and_its_log_probs(prep
     tensors, _ = load_tensors(store, score["scored_key"])
     assert torch.equal(tensors["ref_logp"], tensors["old_logp"]) and score["kl_mean"] == 0.0
     # generate ran here: its slot's model served the policy and the reference, and no model was built
+    assert [k for k in warm._cache if k[0] == "model"] == []
+    # one epoch of one mini-batch: no old log-probs (the update's own are), the reference's still the policy's
+    on_policy = cfg.algorithm.model_copy(update={"kl_coef": 0.05, "num_minibatches": 1, "epochs": 1}).model_dump()
+    score = _call("score", {"policy": ref.model_dump(), "reference_key": p.init_key, "dataset_key": p.train_key,
+                            "rollout_keys": ["runs/h/ref-roll.json"], "rewards": [{"name": "repeat"}],
+                            "algorithm": on_policy, "output_key": "runs/h/ref-scored1/manifest.json"})
+    alone, _ = load_tensors(store, score["scored_key"])
+    assert "old_logp" not in alone and torch.equal(alone["ref_logp"], tensors["ref_logp"])
     assert [k for k in warm._cache if k[0] == "model"] == []

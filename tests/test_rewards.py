@@ -410,6 +410,12 @@ def test_rewards_whose_weighted_sum_is_beyond_the_limit_are_refused(monkeypatch)
     with pytest.raises(RewardFunctionError, match=r"is 1.2e\+15 \('my_big:g' 6e\+14 x weight 2\)"):
         compute_rewards([Fn(name="my_big:g", weight=2.0)], rows, ["x", "y"])
     assert compute_rewards([Fn(name="my_big:g")], rows, ["x", "y"]).total == [6e14, 6e14]
+    with pytest.raises(RewardFunctionError, match=r"is -1.2e\+15 \('my_big:g' 6e\+14 x weight -2\)"):
+        compute_rewards([Fn(name="my_big:g", weight=-2.0)], rows, ["x", "y"])  # a penalty beyond it too
+    big.none = lambda completions, **kw: [None] * len(completions)
+    with pytest.raises(RewardFunctionError, match=r"is 1.2e\+15 \('my_big:g' 6e\+14 x weight 1, 'my_big:h' 6e\+14 x "
+                                                  r"weight 1\), beyond"):  # a None term is left out of the line
+        compute_rewards([*specs, Fn(name="my_big:none")], rows, ["x", "y"])
 
 
 @pytest.mark.parametrize("value, shown", [

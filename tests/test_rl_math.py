@@ -85,10 +85,10 @@ def test_group_advantages_hand_computed():
 def test_a_group_of_equal_rewards_gets_exactly_zero_whatever_the_mean_s_rounding(scale_by_std):
     """Eight rewards of 0.3 average to 0.3 + 1.5e-8 in fp32: computed, every row would get the
     same advantage (0.029 with the std); set, it is 0. Scored rows only where some are not."""
-    for value, g in ((0.30000000000000004, 8), (1.3, 8), (100.3, 3), (7.7, 7)):
+    for value, g in ((0.30000000000000004, 8), (1.3, 8), (100.3, 3), (7.7, 7), (-0.3, 8)):
         rewards = torch.tensor([value] * g + [float(i % 2) for i in range(g)])
         grouped = rewards[:g]
-        assert grouped.mean().item() != grouped[0].item() or value == 7.7  # the rounding this is about
+        assert grouped.mean().item() != grouped[0].item() or value in (7.7, -0.3)  # the rounding this is about
         adv = group_normalized_advantages(rewards, group_size=g, scale_by_std=scale_by_std)
         assert torch.equal(adv[:g], torch.zeros(g)) and adv[g:].abs().sum() > 0
         scored = torch.ones(2 * g, dtype=torch.bool)
