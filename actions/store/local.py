@@ -365,26 +365,22 @@ class LocalStore:
     def list_stats(self, prefix: str) -> dict[str, tuple[float, int]]:
         """Key -> (modification time in epoch seconds, size in bytes) for the keys under
         ``prefix`` (those :meth:`list` gives; a key deleted meanwhile is left out)."""
-        out = {}
-        for rel, path in self._walk(prefix):
-            try:
-                st = path.lstat()
-            except FileNotFoundError:
-                continue
-            out[rel] = (st.st_mtime, st.st_size)
-        return out
+        return {rel: (st.st_mtime, st.st_size) for rel, st in self._stats(prefix)}
 
     def list_tags(self, prefix: str) -> dict[str, str | None]:
         """Key -> a tag that changes whenever the file's bytes may have: its inode, modification
         time in nanoseconds and size (every ``put`` renames a new file into place). Garbage
         collection keeps what it read of a manifest while its tag stays the same."""
-        out = {}
+        return {rel: f"{st.st_ino}:{st.st_mtime_ns}:{st.st_size}" for rel, st in self._stats(prefix)}
+
+    def _stats(self, prefix: str) -> list[tuple[str, os.stat_result]]:
+        """(key, its file's lstat) for the keys under ``prefix``; a key deleted meanwhile is left out."""
+        out = []
         for rel, path in self._walk(prefix):
             try:
-                st = path.lstat()
+                out.append((rel, path.lstat()))
             except FileNotFoundError:
                 continue
-            out[rel] = f"{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
         return out
 
     def _walk(self, prefix: str, *, temporaries: bool = False) -> list[tuple[str, Path]]:
