@@ -271,7 +271,8 @@ def check_vocab(source: str, rows: int, tokens: dict[str, dict], eval_prompts: l
     if top >= rows:
         raise ValueError(f"model.path {source!r}: token id {top} ({where}) is beyond the model's {rows} embedding rows "
                          "(config.json vocab_size is smaller than the tokenizer); resize the embeddings to the "
-                         "tokenizer (model.resize_token_embeddings(len(tokenizer))) and save the model again")
+                         "tokenizer (resize_token_embeddings(len(tokenizer)) in transformers) and save the model "
+                         "again")
 
 
 def token_table(rows: list[PromptRow], encode: Callable[[str], Any], max_new_tokens: int,
