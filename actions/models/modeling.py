@@ -150,12 +150,7 @@ def untied_head_keys(model: torch.nn.Module) -> list[str]:
     """The state-dict keys of ``model``'s output head where it has weights of its own (untied
     embeddings, e.g. ``["lm_head.weight"]``); ``[]`` where the head is the input embedding
     (tied) or the model has none."""
-    head = model.get_output_embeddings()
-    if head is None:
-        return []
-    shared = {id(p) for p in model.get_input_embeddings().parameters()}
-    name = next(n for n, m in model.named_modules() if m is head)
-    return [f"{name}.{k}" for k, p in head.named_parameters() if id(p) not in shared]
+    return _head_keys(model, tied=False)
 
 
 def stored_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -171,12 +166,17 @@ def stored_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def tied_head_keys(model: torch.nn.Module) -> list[str]:
     """The state-dict keys of ``model``'s output head that are its input embedding (tied), e.g.
     ``["lm_head.weight"]``; ``[]`` where the head has weights of its own or there is none."""
+    return _head_keys(model, tied=True)
+
+
+def _head_keys(model: torch.nn.Module, *, tied: bool) -> list[str]:
+    """The output head's state-dict keys whose parameter is (``tied``) or is not the input embedding's."""
     head = model.get_output_embeddings()
     if head is None:
         return []
     shared = {id(p) for p in model.get_input_embeddings().parameters()}
     name = next(n for n, m in model.named_modules() if m is head)
-    return [f"{name}.{k}" for k, p in head.named_parameters() if id(p) in shared]
+    return [f"{name}.{k}" for k, p in head.named_parameters() if (id(p) in shared) == tied]
 
 
 def build_model(base: BaseParts, tensors: dict[str, torch.Tensor], *, share: bool = False,
