@@ -207,6 +207,15 @@ def test_grpo_loss_on_policy_is_minus_token_mean_advantage():
     assert close(logp.grad, [[-0.2, -0.2, -0.2], [0.1, 0.1, 0.0]])
 
 
+def test_ratio_mean_and_clipfrac_are_over_real_tokens_only():
+    """One real token at ratio 2 (clipped, A=+1) and one padding token: over the real token the
+    metrics are 2 and 1; a mean over the row (padding's ratio set to 1) would give 1.5 and 0.5."""
+    logp = torch.tensor([[math.log(2.0), float("nan")]])
+    _, metrics = grpo_loss(logp, torch.zeros(1, 2), None, torch.tensor([1.0]), torch.tensor([[1, 0]]),
+                           clip_low=0.2, clip_high=0.2, kl_coef=0.0)
+    assert metrics["ratio_mean"] == pytest.approx(2.0) and metrics["clipfrac"] == pytest.approx(1.0)
+
+
 def test_grpo_loss_clipping_zeroes_gradient_and_counts_clipfrac():
     # clip 0.2 -> ratio range [0.8, 1.2]; per token max(-A*r, -A*clip(r)):
     # row 0, A=+1: r=1.5 -> max(-1.5, -1.2) = -1.2 clipped
