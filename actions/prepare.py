@@ -199,7 +199,6 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str, *, steps: 
         instantiate,
         model_summary,
         read_model_dir,
-        stored_state,
         tied_head_keys,
     )
     from actions.models.special_tokens import special_tokens
@@ -226,7 +225,7 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str, *, steps: 
         model, tokenizer = build_tiny_model(hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
                                             intermediate_size=m.intermediate_size, max_positions=m.max_positions,
                                             seed=cfg.seed, extra_chars=get_task(cfg.data.task).extra_chars)
-        files, tensors = base_files(model, tokenizer), stored_state(model)
+        files, tensors = base_files(model, tokenizer), model.state_dict()
     built, tokenizer = instantiate(files, tensors)  # the tokenizer exactly as actions will load it
     tensors = {k: t for k, t in tensors.items() if k not in tied_head_keys(built)}  # as every version stores them
     check_head(built.config)  # a logit scale the learner cannot reproduce is refused before any write

@@ -86,18 +86,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def emit(text: str) -> int:
-    """Write ``text`` to stdout, flushed; 141 (as a shell reports SIGPIPE) where the reader is
-    gone, as with ``rlhfless config | head``, instead of an error about a broken pipe. Nothing
-    where the command started with stdout closed (``>&-``: Python's ``sys.stdout`` is None)."""
-    if sys.stdout is None:
-        return 0
-    try:
+    """Write ``text`` to stdout (nothing where the command started with stdout closed, ``>&-``:
+    Python's ``sys.stdout`` is None). A reader gone (``rlhfless config | head``) is the CLI's to
+    answer, with 141 (``flows/commands/closed_pipe.py``), here or at its flush."""
+    if sys.stdout is not None:
         sys.stdout.write(text)
-        sys.stdout.flush()  # here, not at exit: a block-buffered stdout would fail outside this handler
-    except BrokenPipeError:
-        from flows.commands.closed_pipe import quiet_exit
-
-        return quiet_exit()
     return 0
 
 
