@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from actions.engines.preflight import attention_shape
 from actions.engines.sampling import fused_for
 from actions.engines.torch_engine import decode_path
 from actions.models.device import action_device, action_dtype
@@ -57,11 +58,11 @@ def kv_bytes_per_token(config: dict, dtype: torch.dtype) -> int:
     from transformers import AutoConfig
 
     data = dict(config)
-    text = AutoConfig.for_model(data.pop("model_type"), **data).get_text_config()
-    heads = int(text.num_attention_heads)
-    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
-    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
-    return 2 * int(text.num_hidden_layers) * kv_heads * head_dim * torch.finfo(dtype).bits // 8
+    shape = attention_shape(AutoConfig.for_model(data.pop("model_type"), **data).get_text_config(decoder=True))
+    if shape is None:
+        raise ValueError(f"config.json of the stored base does not give the attention shape: {sorted(config)}")
+    layers, kv_heads, head_dim = shape
+    return 2 * layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8
 
 
 def read_throughput(store: ObjectStore, manifest_key: str, cap_bytes: int) -> tuple[int, float]:

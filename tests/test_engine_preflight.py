@@ -25,7 +25,8 @@ def test_vllm_on_the_cpu_refuses_a_head_dim_its_attention_lacks(monkeypatch):
 
 
 def test_a_model_directory_is_judged_by_its_config_and_cuda_has_no_head_dim_rule(monkeypatch, tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 3, "hidden_size": 120}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "num_attention_heads": 3,
+                                                      "hidden_size": 120}))
     cfg = load_config(None, ["generation.engine=vllm"])
     cfg.model.path = str(tmp_path)
     monkeypatch.setattr(preflight, "vllm_available", lambda: True)
@@ -192,7 +193,9 @@ def test_the_kv_layout_of_a_model_directory_is_read_from_its_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert preflight.kv_bytes_per_token(model, "cpu") == 2 * 24 * 2 * 64 * 4
     assert preflight.kv_bytes_per_token(model, "cuda") == 2 * 24 * 2 * 64 * 2
-    for other in ({"use_sliding_window": True}, {"model_type": "deepseek_v3"}):
+    (tmp_path / "config.json").write_text(json.dumps(config | {"use_sliding_window": True}))
+    assert preflight.kv_bytes_per_token(model, "cpu") == 2 * 24 * 2 * 64 * 4  # no layer at or past max_window_layers
+    for other in ({"use_sliding_window": True, "max_window_layers": 12}, {"model_type": "deepseek_v3"}):
         (tmp_path / "config.json").write_text(json.dumps(config | other))
         assert preflight.kv_bytes_per_token(model, "cpu") is None
 
@@ -209,3 +212,16 @@ def test_vllm_settings_are_refused_where_the_torch_engine_would_ignore_them_and_
     context = load_config(None, [*VLLM_64, "generation.vllm.max_model_len=200"])
     assert plain.fingerprint() == memory.fingerprint() != context.fingerprint()  # it bounds the prompts kept
     assert CampaignConfig.model_validate(context.model_dump(mode="json")).fingerprint() == context.fingerprint()
+
+
+def test_a_gpt2_folder_is_read_through_its_config_class(monkeypatch, tmp_path):
+    """GPT-2 names its shape ``n_embd``, ``n_head`` and ``n_layer``; the head dimension the CPU
+    backend refuses is found from them, as transformers reads them, not left unknown."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2}))
+    cfg = load_config(None, ["generation.engine=vllm", f"model.path={tmp_path}"])
+    assert preflight.head_dim(cfg.model) == (16, f"config.json of {str(tmp_path)!r}")
+    monkeypatch.setattr(preflight, "vllm_available", lambda: True)
+    monkeypatch.setattr(preflight, "vllm_backend", lambda: "cpu")
+    with pytest.raises(ValueError, match=r"this model has head_dim 16 \(config.json of"):
+        preflight.check_engine(cfg, local_actions=True)
+    assert preflight.kv_bytes_per_token(cfg.model, "cpu") is None  # not a layout the static cache decodes

