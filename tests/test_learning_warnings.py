@@ -6,7 +6,13 @@ from __future__ import annotations
 import json
 
 import flows.campaign.run  # noqa: F401  (Prefect sets its logging up here, not under a test's capsys)
-from flows.campaign.learning_warnings import ZERO_STD_STEPS, learning_warnings, new_warning_lines
+from flows.campaign.learning_warnings import (
+    TRUNCATED_SHARE,
+    TRUNCATED_STEPS,
+    ZERO_STD_STEPS,
+    learning_warnings,
+    new_warning_lines,
+)
 
 
 def _step(zero_std: float = 0.5, grad: float = 0.3, none: float = 0.0) -> dict:
@@ -35,6 +41,25 @@ def test_zero_reward_spread_warns_for_grpo_only():
                                                                                       "zero_reward_std"]
     assert [w["kind"] for w in learning_warnings(flat, total=3, algorithm="ppo")] == ["zero_grad_norm"]
     assert new_warning_lines(flat, 3, "ppo") == []
+
+
+def test_completions_cut_at_the_length_limit_warn_after_three_steps_in_a_row():
+    """Most completions stopping at generation.max_new_tokens (a limit too short for the task) is
+    reported for any algorithm, once it held TRUNCATED_STEPS steps running (or all of a shorter run)."""
+    assert (TRUNCATED_SHARE, TRUNCATED_STEPS) == (0.5, 3)
+
+    def cut(share: float) -> dict:
+        return {**_step(), "response_length/clip_ratio": share}
+
+    steps = [cut(0.9), cut(0.5), cut(0.49), cut(0.6), cut(1.0), cut(0.7), cut(0.8)]
+    for algorithm in ("grpo", "ppo"):
+        [got] = learning_warnings(steps, total=10, algorithm=algorithm)
+        assert (got["kind"], got["step"], got["steps"]) == ("truncated", 6, 2)
+        assert "generation.max_new_tokens" in got["message"] and "50%" in got["message"]
+    assert learning_warnings(steps[:5], total=10) == []  # the 0.49 step broke the run of cut steps
+    assert [w["kind"] for w in learning_warnings([cut(0.5), cut(0.5)], total=2)] == ["truncated"]
+    assert learning_warnings([cut(0.5), cut(0.4)], total=2) == []
+    assert learning_warnings([_step()] * 4, total=4) == []  # a step without the metric is not cut
 
 
 def test_a_diverged_update_warns():

@@ -16,6 +16,11 @@ metrics, printed on the progress output as they first hold and listed in ``summa
   ``train/critic_skipped_nonfinite``), the critic's, whose value loss the rewards' scale drives.
 * ``no_reward``: no reward function or model applied to any completion of a step (every reward
   None, ``frac_reward_none`` = 1.0).
+* ``truncated``: at least ``TRUNCATED_SHARE`` of the completions were cut at
+  ``generation.max_new_tokens`` (``response_length/clip_ratio``) for ``TRUNCATED_STEPS`` steps in
+  a row, or every step of a shorter campaign: the rewards then judge unfinished answers, and a
+  limit too short for the task leaves a run that rewards nothing (a 256-token default that cut
+  97-99% of completions is a known way to learn nothing).
 
 Each kind is reported once, at the step it first holds, with the number of steps it held.
 """
@@ -23,7 +28,7 @@ Each kind is reported once, at the step it first holds, with the number of steps
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -34,6 +39,12 @@ CRITIC_LOSS = "loss/value"
 """PPO's critic loss: the one ``loss/*`` of the critic's update, not the policy's."""
 ZERO_STD_STEPS = 3
 """Consecutive steps of all-zero reward spread before ``zero_reward_std`` is raised."""
+TRUNCATED_SHARE = 0.5
+"""Share of a step's completions cut at ``generation.max_new_tokens`` from which ``truncated`` counts the step."""
+TRUNCATED_STEPS = 3
+"""Consecutive steps with ``TRUNCATED_SHARE`` or more cut before ``truncated`` is raised."""
+CLIP_RATIO = "response_length/clip_ratio"
+"""A step's share of completions that stopped at the length limit (``actions/rl/batch.py``)."""
 GROUP_RELATIVE = ("grpo",)
 """Algorithms (``algorithm.name``) whose advantage is a reward's spread within its group: the
 ones ``zero_reward_std`` applies to."""
@@ -48,6 +59,9 @@ _FIX = {
                         "algorithm.max_grad_norm and check the rewards for extreme values",
     "no_reward": "no reward function applied to any completion (each returned None); check that the functions "
                  "read the dataset's columns and the completions' format",
+    "truncated": f"at least {TRUNCATED_SHARE:.0%} of the completions were cut at generation.max_new_tokens "
+                 f"({CLIP_RATIO}), so the rewards judge unfinished answers; raise generation.max_new_tokens, or check "
+                 "that the model ends its answers with its EOS token",
 }
 
 
@@ -68,11 +82,18 @@ def _holds(kind: str, steps: Sequence[Mapping[str, Any]], i: int, total: int, al
         return any(_diverged(m))
     if kind == "no_reward":
         return m.get("frac_reward_none", 0.0) >= 1.0
+    if kind == "truncated":
+        return _in_a_row(steps, i, min(TRUNCATED_STEPS, total), lambda s: s.get(CLIP_RATIO, 0.0) >= TRUNCATED_SHARE)
     if algorithm not in GROUP_RELATIVE:
         return False
-    window = min(ZERO_STD_STEPS, total)
+    return _in_a_row(steps, i, min(ZERO_STD_STEPS, total), lambda s: s.get("frac_reward_zero_std", 0.0) >= 1.0)
+
+
+def _in_a_row(steps: Sequence[Mapping[str, Any]], i: int, window: int,
+              holds: Callable[[Mapping[str, Any]], bool]) -> bool:
+    """Whether ``holds`` is true of each of the ``window`` steps ending at step ``i + 1``."""
     recent = steps[max(0, i + 1 - window):i + 1]
-    return len(recent) == window and all(s.get("frac_reward_zero_std", 0.0) >= 1.0 for s in recent)
+    return len(recent) == window and all(holds(s) for s in recent)
 
 
 def _diverged(m: Mapping[str, Any]) -> tuple[bool, bool]:
