@@ -197,15 +197,13 @@ class GenerateRequest(_Msg):
 class EngineEvents(_Msg):
     """What a worker process spent on its generation engine since its previous report: engine
     starts and in-place weight pushes (``actions/engines/factory.py``). vLLM: an engine built,
-    a version pushed into it. Torch: the generation slot's model built, a version copied into
-    its parameters (``actions/engines/torch_slot.py``). Events of a pre-warm or a profile ride
-    on the next generate or evaluate result of the same process, so none is lost or counted
-    twice."""
+    a version pushed into it. Torch: the slot's model built, a version copied into its
+    parameters (``actions/engines/torch_slot.py``). A pre-warm's or a profile's events ride on
+    the process's next generate or evaluate result: none is lost or counted twice."""
 
     starts: int = Field(0, ge=0)
     start_s: float = Field(0.0, ge=0)
-    """Seconds spent building engines (the engine's own start or the torch model's build,
-    weights included)."""
+    """Seconds spent building engines (the engine's own start or the torch model's build, weights included)."""
     pushes: int = Field(0, ge=0)
     push_s: float = Field(0.0, ge=0)
     """Seconds spent pushing new policy versions into a running engine (read, reload, cache
@@ -289,8 +287,7 @@ class ScoreRequest(_Rewarded):
     algorithm: AlgorithmConfig
     output_key: str
     temperature: float = rollout_temperature()
-    """The rollouts' sampling temperature: the old and reference log-probs are of its
-    distribution (:func:`rollout_temperature`)."""
+    """The rollouts' sampling temperature: the old and reference log-probs are of its distribution."""
 
 
 class ScoreResult(_Msg):
@@ -328,6 +325,9 @@ class TrainStepRequest(_Msg):
     temperature: float = rollout_temperature()
     """The rollouts' sampling temperature: the trained log-probs are of its distribution
     (:func:`rollout_temperature`)."""
+    max_new_tokens: int | None = Field(None, ge=1, exclude_if=lambda n: n is None)
+    """``generation.max_new_tokens``, sent only for ``algorithm.loss_agg: seq_mean_token_sum_norm``,
+    which divides by it (left out otherwise, as ``temperature`` is at 1)."""
 
 
 class TrainStepResult(_Msg):

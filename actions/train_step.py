@@ -63,7 +63,7 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
     enable_checkpointing(policy, req.gradient_checkpointing)
     algo = req.algorithm
     batch: TrainBatch = gather_batch(store, req.scored_keys, algo, special_tokens(policy, tokenizer).pad_id,
-                                     temperature=req.temperature)
+                                     temperature=req.temperature, max_new_tokens=req.max_new_tokens)
     batch = batch.to(next(policy.parameters()).device)
     opt = make_optimizer(policy, algo.lr)
     if opt_state is not None:

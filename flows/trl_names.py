@@ -20,7 +20,8 @@ TRL_SETTINGS = {
     "max_steps": "steps = max_steps / (algorithm.epochs x algorithm.num_minibatches)",
     "reward_funcs": "reward.functions",
     "reward_weights": "the weight of each reward.functions entry",
-    "loss_type": "no setting: the loss is TRL's dapo",
+    "loss_type": "algorithm.loss_agg (dapo and bnpo: token_mean, grpo: seq_mean_token_mean, "
+                 "dr_grpo: seq_mean_token_sum_norm)",
 }
 """TRL's name -> the RLHFless setting (or what stands for it)."""
 

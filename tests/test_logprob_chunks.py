@@ -91,7 +91,7 @@ def _batch(model, prompts, responses, algo: AlgorithmConfig, *, with_old: bool =
     rewards = torch.tensor([float(i % 3 == 0) for i in range(len(prompts))])
     values = (0.1 * torch.arange(T, dtype=torch.float32))[None].expand(len(prompts), T) * packed.response_mask
     return TrainBatch(packed, old if with_old else None, ref, rewards, values if algo.name == "ppo" else None,
-                      ["stop"] * len(prompts), prompts, responses, 0)
+                      ["stop"] * len(prompts), prompts, responses, 0, max_new_tokens=T + 3)
 
 
 class _Recording(TrainOptimizer):
@@ -124,9 +124,14 @@ def _train(qwen, algo: AlgorithmConfig, *, with_old: bool = True, checkpointing:
     return policy.state_dict(), (opt, critic_opt), metrics
 
 
-@pytest.mark.parametrize("name", ["grpo", "ppo"])
-def test_micro_batches_give_the_unsplit_update(qwen, name):
-    base = dict(name=name, batch_size=16, group_size=4, num_minibatches=2, lr=1e-3, critic_lr=1e-3, kl_coef=0.05)
+@pytest.mark.parametrize("name,loss_agg", [("grpo", "token_mean"), ("ppo", "token_mean"),
+                                           ("grpo", "seq_mean_token_mean"), ("grpo", "seq_mean_token_sum_norm"),
+                                           ("ppo", "seq_mean_token_mean")])
+def test_micro_batches_give_the_unsplit_update(qwen, name, loss_agg):
+    """Micro batches weighted by their share (of the tokens, or of the rows for a per-sequence
+    loss_agg) accumulate the mini-batch's gradient and its metrics."""
+    base = dict(name=name, batch_size=16, group_size=4, num_minibatches=2, lr=1e-3, critic_lr=1e-3, kl_coef=0.05,
+                loss_agg=loss_agg)
     _, whole, m_whole = _train(qwen, AlgorithmConfig(**base))
     _, split, m_split = _train(qwen, AlgorithmConfig(**base, micro_batch_size=2))
     for opt_whole, opt_split in zip(whole, split):
@@ -139,8 +144,24 @@ def test_micro_batches_give_the_unsplit_update(qwen, name):
                 # fp32 round-off of a different summation order: gradients here are ~1e-3, a real
                 # difference (a wrong token weight) is of their own size
                 torch.testing.assert_close(g_split, g_whole, atol=1e-6, rtol=1e-4)
-    for k in ("loss/policy", "entropy", "grad_norm") + (("loss/value",) if name == "ppo" else ()):
-        assert m_split[k] == pytest.approx(m_whole[k], rel=1e-4, abs=1e-6)
+    for k in ("loss/policy", "entropy", "clipfrac", "ratio_mean", "grad_norm") + (
+            ("loss/value",) if name == "ppo" else ("kl",)):
+        assert m_split[k] == pytest.approx(m_whole[k], rel=1e-4, abs=1e-6), k
+
+
+def test_each_loss_agg_gives_its_own_gradient_and_the_same_token_metrics(qwen):
+    """The reductions weigh the rows' tokens differently (the rows here have ragged lengths), so
+    each one's first gradient differs from the others'; entropy is a token mean under all three."""
+    base = dict(name="grpo", batch_size=16, group_size=4, num_minibatches=1, lr=1e-3, kl_coef=0.05)
+    runs = {mode: _train(qwen, AlgorithmConfig(**base, loss_agg=mode))
+            for mode in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")}
+    firsts = {mode: torch.cat([g.flatten() for g in opts[0].seen[0]]) for mode, (_, opts, _) in runs.items()}
+    modes = list(firsts)
+    for i, a in enumerate(modes):
+        for b in modes[i + 1:]:
+            assert (firsts[a] - firsts[b]).abs().max() > 1e-3 * firsts[a].abs().max(), (a, b)
+    entropies = {mode: m["entropy"] for mode, (_, _, m) in runs.items()}
+    assert len({round(v, 6) for v in entropies.values()}) == 1, entropies
 
 
 def test_one_pass_shortcut_gives_the_same_weights_bit_for_bit(qwen):

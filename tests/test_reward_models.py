@@ -126,7 +126,8 @@ def test_campaign_scored_by_reward_model_and_trl_function(tmp_path, reward_model
     # the reward changed, every group had a reward spread and the gradient was not zero.
     assert last != first
     assert all(s["frac_reward_zero_std"] < 1.0 and s["grad_norm"] > 0.0 for s in summary["steps"])
-    assert summary["warnings"] == []
+    # a random tiny policy seldom stops before max_new_tokens, so its completions are cut; nothing else is amiss
+    assert [w["kind"] for w in summary["warnings"]] in ([], ["truncated"])
     assert all(s["frac_reward_none"] == 0.0 for s in summary["steps"])
     # each scorer's rewards under its short name: the reward model's folder, the function's name
     assert all({k for k in s if k.startswith("rewards/")} == {f"rewards/{n}/{m}" for n in ("rm", "even_token_reward")
@@ -180,7 +181,8 @@ def test_campaign_on_a_dataset_without_reference_answers(tmp_path, prefect_harne
     assert main(["train", "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "run")]) == 0, \
         capsys.readouterr()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["steps_completed"] == 2 and summary["warnings"] == []
+    assert summary["steps_completed"] == 2
+    assert [w["kind"] for w in summary["warnings"]] in ([], ["truncated"])  # as above: a random tiny policy
     assert all(s["frac_reward_none"] == 0.0 and s["grad_norm"] > 0.0 for s in summary["steps"])
     assert summary["reward_mean_first"] != summary["reward_mean_last"]
     keywords = {tuple(k) for k in trl_style_rewards.SEEN_KEYWORDS}

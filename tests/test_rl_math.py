@@ -271,7 +271,8 @@ def test_grpo_uses_the_configured_kl_estimator(kind):
 
     logp, ref = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])
     mask = torch.ones(1, 2)
-    batch = SimpleNamespace(packed=SimpleNamespace(response_mask=mask), old_logp=logp, ref_logp=ref)
+    batch = SimpleNamespace(packed=SimpleNamespace(response_mask=mask), old_logp=logp, ref_logp=ref,
+                            max_new_tokens=None)
     algo = AlgorithmConfig(kl_kind=kind, kl_coef=0.1)
     loss, metrics = policy_loss(logp, torch.zeros(1, 2), batch, torch.zeros(1), torch.tensor([0]), algo)
     expected = float(masked_mean(kl_estimate(logp, ref, kind), mask))  # k1 -0.25, k2 0.3125, k3 0.412
@@ -354,3 +355,30 @@ def test_rows_are_scored_at_widths_of_their_own_whatever_their_batch_mates():
         (whole,), _ = per_row_widths([logp], [r[0] for r in rows], [r[1] for r in rows], 0)
         (blocks,), bmask = per_row_widths([logp], [r[0] for r in rows], [r[1] for r in rows], 0, row_block=2)
     assert torch.equal(blocks, whole) and bmask.sum(-1).tolist() == [20.0, 21.0, 22.0, 23.0, 24.0]
+
+
+def test_loss_aggregations_by_hand():
+    """token_mean weighs every token alike, seq_mean_token_mean every row alike (an empty row
+    counts 0), seq_mean_token_sum_norm divides the token sum by rows x the response limit;
+    padding (NaN here) never reaches any of them, and the parts' shares sum to 1."""
+    from actions.rl.masked import aggregate, micro_share
+
+    x = torch.tensor([[1.0, 2.0, 3.0, float("nan")], [4.0, float("nan"), float("nan"), float("nan")],
+                      [float("nan")] * 4])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.float32)
+    assert aggregate(x, mask, "token_mean").item() == pytest.approx(10 / 4)
+    assert aggregate(x, mask, "seq_mean_token_mean").item() == pytest.approx((2.0 + 4.0 + 0.0) / 3)
+    assert aggregate(x, mask, "seq_mean_token_sum_norm", norm_tokens=8).item() == pytest.approx(10 / (3 * 8))
+    with pytest.raises(ValueError, match="norm_tokens is None; pass generation.max_new_tokens"):
+        aggregate(x, mask, "seq_mean_token_sum_norm")
+    with pytest.raises(ValueError, match="'sum' is not one of"):
+        aggregate(x, mask, "sum")
+    idx, parts = torch.arange(3), (torch.tensor([0]), torch.tensor([1, 2]))
+    for mode, want in (("token_mean", (0.75, 0.25)), ("seq_mean_token_mean", (1 / 3, 2 / 3)),
+                       ("seq_mean_token_sum_norm", (1 / 3, 2 / 3))):
+        got = [micro_share(mask, p, idx, mode).item() for p in parts]
+        assert got == pytest.approx(want) and sum(got) == pytest.approx(1.0)
+        x0 = torch.nan_to_num(x)
+        whole = aggregate(x0, mask, mode, 8)
+        split = sum(micro_share(mask, p, idx, mode) * aggregate(x0[p], mask[p], mode, 8) for p in parts)
+        assert split.item() == pytest.approx(whole.item())

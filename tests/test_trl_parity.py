@@ -24,7 +24,8 @@ from actions.rl.grpo_loss import grpo_loss
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
 
 
-def _trl_loss(logp, old, ref, adv, mask, *, beta, clip_low, clip_high, loss_type="dapo", bias_correction=False):
+def _trl_loss(logp, old, ref, adv, mask, *, beta, clip_low, clip_high, loss_type="dapo", bias_correction=False,
+              max_completion_length=None):
     model = torch.nn.Linear(1, 1)  # .training is all the loss reads from it
     acc = SimpleNamespace(num_processes=1, sync_gradients=True, gather=lambda x: x, gather_for_metrics=lambda x: x,
                           reduce=lambda x, reduction="sum": x)
@@ -32,7 +33,8 @@ def _trl_loss(logp, old, ref, adv, mask, *, beta, clip_low, clip_high, loss_type
         top_entropy_quantile=1.0, aux_loss_enabled=False, off_policy_mask_threshold=None,
         importance_sampling_level="token", beta=beta, loss_type=loss_type, epsilon_low=clip_low,
         epsilon_high=clip_high, use_vllm=False, model=model, current_gradient_accumulation_steps=1,
-        accelerator=acc, _entropy_bonus_enabled=False, _metrics=defaultdict(lambda: defaultdict(list)),
+        accelerator=acc, _entropy_bonus_enabled=False, max_completion_length=max_completion_length,
+        _metrics=defaultdict(lambda: defaultdict(list)),
         args=SimpleNamespace(use_bias_correction_kl=bias_correction, delta=None, steps_per_generation=1),
         _get_per_token_logps_and_entropies=lambda *a, **k: (logp, torch.zeros_like(logp), None))
     B, T = logp.shape
@@ -64,6 +66,24 @@ def test_grpo_loss_and_gradient_match_trl_with_aligned_semantics(beta):
     ours, _ = grpo_loss(ours_logp, old, ref if beta else None, adv, mask, clip_low=0.2, clip_high=0.28,
                         kl_coef=beta, kl_kind="k3")
     theirs = _trl_loss(trl_logp, old, ref, adv, mask, beta=beta, clip_low=0.2, clip_high=0.28)
+    ours.backward()
+    theirs.backward()
+    assert abs(ours.item() - theirs.item()) <= 1e-6
+    assert (ours_logp.grad - trl_logp.grad).abs().max().item() <= 1e-6
+
+
+@pytest.mark.parametrize("loss_type,loss_agg", [("grpo", "seq_mean_token_mean"), ("dr_grpo", "seq_mean_token_sum_norm"),
+                                                ("bnpo", "token_mean")])
+def test_each_trl_loss_type_matches_its_loss_agg(loss_type, loss_agg):
+    """README's mapping of TRL's ``loss_type``: the loss and its gradient match, the KL term
+    reduced as the surrogate is (TRL adds it per token before reducing)."""
+    logp, old, ref, adv, mask = _inputs(2)
+    ours_logp = logp.clone().requires_grad_(True)
+    trl_logp = logp.clone().requires_grad_(True)
+    ours, _ = grpo_loss(ours_logp, old, ref, adv, mask, clip_low=0.2, clip_high=0.28, kl_coef=0.04, kl_kind="k3",
+                        loss_agg=loss_agg, norm_tokens=16)
+    theirs = _trl_loss(trl_logp, old, ref, adv, mask, beta=0.04, clip_low=0.2, clip_high=0.28, loss_type=loss_type,
+                       max_completion_length=16)
     ours.backward()
     theirs.backward()
     assert abs(ours.item() - theirs.item()) <= 1e-6

@@ -101,6 +101,10 @@ class DataConfig(_Section):
         return chat_template_mode(v, "data.chat_template", ("messages",))
 
 
+LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+"""How a policy loss reduces its per-token terms (``AlgorithmConfig.loss_agg``, ``actions/rl/masked.py: aggregate``)."""
+
+
 class AlgorithmConfig(_Section):
     name: Literal["grpo", "ppo"] = "grpo"
     """``grpo``: group-relative advantages, no critic. ``ppo``: a learned critic and GAE
@@ -142,11 +146,21 @@ class AlgorithmConfig(_Section):
     scale_by_std: bool = True
     """GRPO: divide each group's centred rewards by their std (False: Dr. GRPO). PPO refuses
     False: it whitens its GAE advantages over the batch instead."""
+    loss_agg: LossAgg = "token_mean"
+    """How the policy loss reduces its per-token terms (the clipped surrogate and GRPO's KL):
+    ``token_mean`` over every real token of the mini-batch (DAPO; TRL's ``dapo`` and ``bnpo``),
+    so a long response weighs in proportion to its length; ``seq_mean_token_mean``, each
+    response's token mean, then the mean over responses (the GRPO paper; TRL's ``grpo``), so a
+    short response's tokens weigh more; ``seq_mean_token_sum_norm``, the token sum over
+    responses x ``generation.max_new_tokens``, a constant (Dr. GRPO; TRL's ``dr_grpo``), free of
+    either length bias. PPO's value loss is a token mean whatever this says; logged ``clipfrac``,
+    ``ratio_mean``, ``kl`` and ``entropy`` stay token means (``actions/rl/masked.py``)."""
     micro_batch_size: int | None = Field(None, gt=0)
     """Samples per forward/backward pass; gradients are accumulated over a mini-batch
     (``batch_size / num_minibatches`` samples) before each optimizer step, with every micro
-    batch weighted by its share of the mini-batch's tokens, so the update equals the unsplit
-    one to float round-off. None: the whole mini-batch at once."""
+    batch weighted by its share of the mini-batch's tokens (of its responses, with a
+    ``seq_mean`` ``loss_agg``), so the update equals the unsplit one to float round-off. None:
+    the whole mini-batch at once."""
 
     @model_validator(mode="before")
     @classmethod

@@ -34,6 +34,9 @@ class TrainBatch:
     temperature: float = 1.0
     """The rows' sampling temperature: the update's log-probs are of ``softmax(logits / temperature)``,
     as the scored ones (``TrainStepRequest.temperature``, ``actions/rl/head.py``)."""
+    max_new_tokens: int | None = None
+    """The rows' response limit (``TrainStepRequest.max_new_tokens``): the constant that
+    ``algorithm.loss_agg: seq_mean_token_sum_norm`` divides each row's token sum by."""
 
     def scored(self) -> torch.Tensor:
         """``[B]`` bool on the rewards' device: rows a reward function or model scored (all, where
@@ -54,7 +57,7 @@ class TrainBatch:
 
         return TrainBatch(self.packed.to(device), move(self.old_logp), move(self.ref_logp), self.rewards.to(device),
                           move(self.values), self.finish_reasons, self.prompts, self.responses, self.pad_id,
-                          self.reward_applicable, self.temperature)
+                          self.reward_applicable, self.temperature, self.max_new_tokens)
 
 
 def _pad_to(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -65,7 +68,7 @@ def _pad_to(x: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def gather_batch(store: ObjectStore, keys: list[str], algo: AlgorithmConfig, pad_id: int, *,
-                 temperature: float = 1.0) -> TrainBatch:
+                 temperature: float = 1.0, max_new_tokens: int | None = None) -> TrainBatch:
     rows = []  # (identity, sample meta, per-row tensors)
     for key in keys:
         tensors, meta = load_tensors(store, key)
@@ -88,7 +91,7 @@ def gather_batch(store: ObjectStore, keys: list[str], algo: AlgorithmConfig, pad
     return TrainBatch(packed, stack("old_logp"), stack("ref_logp"), torch.stack([r[2]["rewards"] for r in rows]),
                       stack("values") if algo.name == "ppo" else None, [r[1]["finish_reason"] for r in rows],
                       [r[1]["prompt"] for r in rows], [r[1]["response"] for r in rows], pad_id,
-                      [bool(r[1].get("reward_applicable", True)) for r in rows], temperature)
+                      [bool(r[1].get("reward_applicable", True)) for r in rows], temperature, max_new_tokens)
 
 
 def rollout_metrics(batch: TrainBatch, algo: AlgorithmConfig) -> dict[str, float]:

@@ -6,10 +6,13 @@ estimator of eq. 4, written as a loss to minimise, per real token t of sample i:
 ``ratio = exp(logp - old_logp)``, ``A_i`` from ``advantage.group_normalized_advantages``.
 
 Choices and deviations from eq. 3:
-- Aggregation: token-level mean over all real tokens of the batch (DAPO, arXiv 2503.14476,
-  sec. 3.3 "token-level policy gradient loss"), so long responses weigh in proportion to their
-  length. The original GRPO averages tokens within each sequence, then sequences over the
-  batch. A caller accumulating micro-batches must weight each by its share of tokens.
+- Aggregation (``loss_agg``, ``masked.aggregate``): by default the token-level mean over all
+  real tokens of the batch (DAPO, arXiv 2503.14476, sec. 3.3 "token-level policy gradient
+  loss"), so long responses weigh in proportion to their length; ``seq_mean_token_mean`` is the
+  original GRPO's (tokens averaged within each sequence, then sequences over the batch),
+  ``seq_mean_token_sum_norm`` Dr. GRPO's (the token sum over a constant). The KL term is reduced
+  the same way; its logged value is always the token mean. A caller accumulating micro-batches
+  must weight each by its share (``masked.micro_share``).
 - Clip range decoupled as in DAPO sec. 3.1 ("clip-higher"); equal values give GRPO's epsilon.
 - KL is a loss term (not a reward penalty as in PPO); ``kl_kind`` defaults to k3 as in the
   paper. ``ref_logp`` may be None when ``kl_coef == 0`` (DAPO drops the KL term).
@@ -19,12 +22,17 @@ Choices and deviations from eq. 3:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from actions.rl.kl import kl_estimate
-from actions.rl.masked import masked_mean
+from actions.rl.masked import aggregate, masked_mean
 from actions.rl.ppo_loss import ppo_policy_loss
+
+if TYPE_CHECKING:
+    from actions.config.workload import LossAgg
 
 
 def grpo_loss(
@@ -38,8 +46,10 @@ def grpo_loss(
     clip_high: float,
     kl_coef: float,
     kl_kind: str = "k3",
+    loss_agg: LossAgg = "token_mean",
+    norm_tokens: int | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """GRPO loss, token-level mean over the batch.
+    """GRPO loss, reduced over the batch as ``loss_agg`` says (a token-level mean by default).
 
     Args:
         logp: log-probs of the sampled tokens under the policy being trained, ``[B, T]``.
@@ -51,6 +61,8 @@ def grpo_loss(
         clip_high: ratio upper bound is ``1 + clip_high``.
         kl_coef: weight of the KL(pi || pi_ref) term (beta).
         kl_kind: KL estimator, see ``kl.kl_estimate``.
+        loss_agg: ``algorithm.loss_agg`` (``masked.aggregate``).
+        norm_tokens: ``seq_mean_token_sum_norm``'s response limit (``generation.max_new_tokens``).
     Returns:
         ``(loss, metrics)``: a scalar to minimise, and python floats ``"loss/policy"``,
         ``"kl"`` (token-mean KL estimate, 0.0 when not computed), ``"clipfrac"`` and
@@ -63,7 +75,8 @@ def grpo_loss(
         )
     token_advantages = advantages[:, None].expand_as(logp)
     loss, metrics = ppo_policy_loss(
-        logp, old_logp, token_advantages, mask, clip_low=clip_low, clip_high=clip_high
+        logp, old_logp, token_advantages, mask, clip_low=clip_low, clip_high=clip_high, loss_agg=loss_agg,
+        norm_tokens=norm_tokens,
     )
     kl_value = 0.0
     if ref_logp is not None:
@@ -76,7 +89,7 @@ def grpo_loss(
         kl_mean = masked_mean(kl, mask)
         kl_value = kl_mean.item()
         if kl_coef != 0.0:
-            loss = loss + kl_coef * kl_mean
+            loss = loss + kl_coef * (kl_mean if loss_agg == "token_mean" else aggregate(kl, mask, loss_agg, norm_tokens))
     elif kl_coef != 0.0:
         raise ValueError(f"ref_logp is None but kl_coef={kl_coef}; pass ref_logp or set kl_coef=0")
     metrics["kl"] = kl_value

@@ -15,13 +15,19 @@ intra-op threads and adds the pieces, so its last bits would depend on how many 
 activation was given (``flows.invokers.cores``); a row reduction is serial within the row.
 
 Not covered: sequence-parallel or data-parallel all-reduces of the token count; a caller that
-accumulates gradients over micro-batches must weight each micro-batch by its token count.
+accumulates gradients over micro-batches must weight each micro-batch by its share of the
+mini-batch (``micro_share``).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from actions.config.workload import LossAgg
 
 
 def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
@@ -58,6 +64,40 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     count = mask.to(x.dtype)
     count = _sum_all(count) if dim is None else count.sum(dim=dim)
     return masked_sum(x, mask, dim) / count.clamp_min(1.0)
+
+
+def aggregate(x: Tensor, mask: Tensor, mode: LossAgg, norm_tokens: int | None = None) -> Tensor:
+    """A per-token loss ``x`` ``[B, T]`` reduced to a scalar as ``algorithm.loss_agg`` says.
+
+    * ``token_mean``: :func:`masked_mean` over every real token (DAPO).
+    * ``seq_mean_token_mean``: each row's token mean, then the mean over the B rows (GRPO's
+      paper); a row without real tokens counts 0.
+    * ``seq_mean_token_sum_norm``: the sum over every real token / (B x ``norm_tokens``), a
+      constant per batch shape (Dr. GRPO, arXiv 2503.20783; ``norm_tokens`` the response limit,
+      ``generation.max_new_tokens``).
+
+    Raises:
+        ValueError: ``seq_mean_token_sum_norm`` without a positive ``norm_tokens``, or an unknown mode.
+    """
+    if mode == "token_mean":
+        return masked_mean(x, mask)
+    if mode == "seq_mean_token_mean":
+        return masked_mean(x, mask, dim=-1).mean()
+    if mode == "seq_mean_token_sum_norm":
+        if not norm_tokens or norm_tokens < 1:
+            raise ValueError(f"loss_agg seq_mean_token_sum_norm divides by the response limit, and norm_tokens is "
+                             f"{norm_tokens!r}; pass generation.max_new_tokens")
+        return masked_sum(x, mask, dim=-1).sum() / (x.shape[0] * norm_tokens)
+    raise ValueError(f"loss_agg {mode!r} is not one of token_mean, seq_mean_token_mean, seq_mean_token_sum_norm")
+
+
+def micro_share(mask: Tensor, rows: Tensor, idx: Tensor, mode: LossAgg) -> Tensor:
+    """The weight of rows ``rows``' loss in the loss of mini-batch rows ``idx`` (``rows`` a part
+    of them), so that the weighted parts sum to the whole's :func:`aggregate`: their share of its
+    real tokens (``token_mean``), else of its rows. A 0-d tensor on ``mask``'s device."""
+    if mode == "token_mean":
+        return mask[rows].sum() / mask[idx].sum().clamp_min(1.0)
+    return torch.tensor(len(rows) / max(len(idx), 1), dtype=mask.dtype, device=mask.device)
 
 
 def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:

@@ -5,7 +5,9 @@ Policy: Schulman et al., arXiv 1707.06347, eq. 7, per token, as a loss to minimi
 ``ratio_t = exp(logp_t - old_logp_t)``. Deviations and choices:
 - Decoupled clip range (DAPO arXiv 2503.14476, sec. 3.1 "clip-higher"); equal values give the
   paper's symmetric epsilon.
-- Aggregation is the token-level mean over all real tokens of the batch (DAPO sec. 3.3).
+- Aggregation is the token-level mean over all real tokens of the batch (DAPO sec. 3.3) by
+  default; ``loss_agg`` chooses GRPO's per-sequence mean or Dr. GRPO's constant normaliser
+  (``masked.aggregate``). The value loss is a token mean.
 - The log-ratio is clamped to [-20, 20] before ``exp`` (as verl does) so a stale outlier
   token cannot overflow to inf; no dual-clip (arXiv 1912.09729) bound for A < 0.
 - ``old_logp`` and ``advantages`` are constants (detached here).
@@ -21,10 +23,15 @@ per-token reward before GAE, ``token_rewards = -kl_coef * kl`` (``kl``: the esti
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
-from actions.rl.masked import masked_mean
+from actions.rl.masked import aggregate, masked_mean
+
+if TYPE_CHECKING:
+    from actions.config.workload import LossAgg
 
 LOG_RATIO_CLAMP = 20.0
 
@@ -37,8 +44,10 @@ def ppo_policy_loss(
     *,
     clip_low: float,
     clip_high: float,
+    loss_agg: LossAgg = "token_mean",
+    norm_tokens: int | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Clipped-surrogate policy loss, token-level mean.
+    """Clipped-surrogate policy loss, reduced as ``loss_agg`` says (a token-level mean by default).
 
     Args:
         logp: log-probs of the sampled tokens under the policy being trained, ``[B, T]``.
@@ -47,8 +56,10 @@ def ppo_policy_loss(
         mask: 0/1, 1 on real response tokens, ``[B, T]``.
         clip_low: ratio lower bound is ``1 - clip_low``.
         clip_high: ratio upper bound is ``1 + clip_high``.
+        loss_agg: ``algorithm.loss_agg`` (``masked.aggregate``).
+        norm_tokens: ``seq_mean_token_sum_norm``'s response limit (``generation.max_new_tokens``).
     Returns:
-        ``(loss, metrics)``: a scalar to minimise, and python floats ``"loss/policy"``,
+        ``(loss, metrics)``: a scalar to minimise, and python floats ``"loss/policy"`` (the loss),
         ``"clipfrac"`` (share of real tokens where the clipped term was the active one, so
         their gradient is zero) and ``"ratio_mean"``.
     """
@@ -65,7 +76,7 @@ def ppo_policy_loss(
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     per_token = torch.maximum(unclipped, clipped)
-    loss = masked_mean(per_token, mask)
+    loss = aggregate(per_token, mask, loss_agg, norm_tokens)
     metrics = {
         "loss/policy": loss.item(),
         "clipfrac": masked_mean((clipped > unclipped).to(logp.dtype), mask).item(),

@@ -146,7 +146,7 @@ def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | 
         shard(critic, mesh, compute_dtype)
         critic_opt = _sharded_optimizer(critic, algo.critic_lr, cstate, req.critic_optimizer_key or "")
     batch = gather_batch(store, req.scored_keys, algo, special_tokens(policy, tokenizer).pad_id,
-                         temperature=req.temperature).to(device)
+                         temperature=req.temperature, max_new_tokens=req.max_new_tokens).to(device)
     metrics = rollout_metrics(batch, algo)
     metrics["train/reused_state"] = 0.0
     metrics["train/world_size"] = float(world)

@@ -8,8 +8,9 @@ critic, one micro batch. Job ``j`` runs on rank ``j % world``. FSDP2 gathers and
 every forward and backward, so each rank must make the same number of calls: a rank with fewer
 jobs repeats its first one with a weight of zero.
 
-The losses are token means over the mini-batch, so a job's loss weighted by its share of the
-mini-batch's real tokens sums, over jobs, to the one-rank loss; the ranks' gradients are summed
+A job's loss weighted by its share of the mini-batch (``masked.micro_share``: of its real
+tokens for the token mean, of its rows for ``algorithm.loss_agg``'s per-sequence reductions)
+sums, over jobs, to the one-rank loss; the ranks' gradients are summed
 (``fsdp.shard``) and the update equals the one-rank update up to the order of float additions.
 A job's LoRA dropout masks are seeded by the mini-batch and the job's first row, as the one-rank
 call with those rows seeds them (``update.call_masks``), so dropout does not break this.
@@ -31,7 +32,16 @@ from actions.rl.fsdp import all_sum
 from actions.rl.optimizer import TrainOptimizer
 from actions.rl.ppo_loss import value_loss
 from actions.rl.sequences import CUDA_ROW_BLOCK, bucket_widths, per_row_widths, response_logprobs
-from actions.rl.update import CRITIC_SKIPPED, SKIPPED, call_masks, micro_batches, policy_loss, run_updates
+from actions.rl.update import (
+    CRITIC_SKIPPED,
+    SKIPPED,
+    add_weighted,
+    call_masks,
+    micro_batches,
+    policy_loss,
+    run_updates,
+    shares,
+)
 
 
 class LogprobRoot(torch.nn.Module):
@@ -80,7 +90,6 @@ def _policy_pass(root: LogprobRoot, opt: TrainOptimizer, batch: TrainBatch, adv:
     device = batch.packed.input_ids.device
     mask = batch.packed.response_mask
     T = batch.packed.response_width
-    total = mask[idx].sum().clamp_min(1.0)
     row_block = CUDA_ROW_BLOCK if device.type == "cuda" else None
     metrics: dict[str, float] = defaultdict(float)
     opt.zero_grad()
@@ -92,10 +101,9 @@ def _policy_pass(root: LogprobRoot, opt: TrainOptimizer, batch: TrainBatch, adv:
                                    row_block=row_block, each_call=call_masks(masks, list(job.rows), device))
         out = torch.nn.functional.pad(out, (0, 0, 0, max(0, T - out.shape[1])))[:, :T]
         loss, m = policy_loss(out[..., 0], out[..., 1], batch, adv, rows, algo)
-        share = mask[rows].sum() / total * job.weight_scale
+        share, tokens = (s * job.weight_scale for s in shares(mask, rows, idx, algo))
         (loss * share).backward()
-        for k, v in m.items():
-            metrics[k] += v * float(share)
+        add_weighted(metrics, m, share, tokens)
     metrics = defaultdict(float, all_sum(dict(metrics), device))
     metrics["grad_norm"] = opt.step(algo.max_grad_norm)  # the same whole norm, so the same skip, on every rank
     metrics[SKIPPED] = float(not math.isfinite(metrics["grad_norm"]))

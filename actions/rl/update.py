@@ -10,10 +10,12 @@ epoch, mini-batch, the call's first row) (``dropout.seeded_masks``), so a row ge
 masks on one rank and on several (``sharded_update.py``), and on a resumed run.
 
 Micro-batches (``algorithm.micro_batch_size``): each mini-batch is split into micro batches
-whose gradients are accumulated before the optimizer step. The losses are token means, so a
-micro batch's loss is weighted by its share of the mini-batch's real tokens: the sum of the
-weighted losses is the mini-batch's token mean, and the update equals the unsplit one up to
-float round-off. Metrics are combined with the same weights.
+whose gradients are accumulated before the optimizer step. A micro batch's loss is weighted by
+its share of the mini-batch (``masked.micro_share``: of its real tokens for the token mean,
+``algorithm.loss_agg``'s default, of its rows for the per-sequence reductions): the sum of the
+weighted losses is the mini-batch's loss, and the update equals the unsplit one up to float
+round-off. ``loss/policy`` is combined with the same weights, the token means among the
+metrics (``clipfrac``, ``ratio_mean``, ``kl``, ``entropy``) with the tokens' shares.
 
 The policy's log-probs are computed like the score action's (``sequences.per_row_widths``:
 each row at widths of its own, the output head in chunks, at the batch's sampling temperature;
@@ -44,7 +46,7 @@ from actions.rl.critic import Critic
 from actions.rl.dropout import mask_seed, seeded_masks
 from actions.rl.grpo_loss import grpo_loss
 from actions.rl.kl import kl_estimate
-from actions.rl.masked import masked_mean, masked_whiten
+from actions.rl.masked import masked_mean, masked_whiten, micro_share
 from actions.rl.optimizer import TrainOptimizer
 from actions.rl.ppo_loss import ppo_policy_loss, value_loss
 from actions.rl.sequences import per_row_widths, response_logprobs
@@ -153,33 +155,50 @@ def _policy_pass(policy: torch.nn.Module, opt: TrainOptimizer, batch: TrainBatch
                  idx: torch.Tensor, algo: AlgorithmConfig, *, masks: int | None = None) -> dict[str, float]:
     """One optimizer step of the policy on mini-batch ``idx``, gradients accumulated over micro
     batches; ``masks`` keys LoRA's dropout masks (``policy_logprobs``)."""
-    total = batch.packed.response_mask[idx].sum().clamp_min(1.0)
     metrics: dict[str, float] = defaultdict(float)
     opt.zero_grad()
     for mb in micro_batches(idx, algo):
         logp, entropy = policy_logprobs(policy, batch, mb, masks)
         loss, m = policy_loss(logp, entropy, batch, adv, mb, algo)
-        share = batch.packed.response_mask[mb].sum() / total  # exactly 1 without micro batches
+        share, tokens = shares(batch.packed.response_mask, mb, idx, algo)  # exactly 1 without micro batches
         (loss * share).backward()
-        for k, v in m.items():
-            metrics[k] += v * float(share)
+        add_weighted(metrics, m, share, tokens)
     metrics["grad_norm"] = opt.step(algo.max_grad_norm)
     metrics[SKIPPED] = float(not math.isfinite(metrics["grad_norm"]))
     return metrics
 
 
+def shares(mask: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor, algo: AlgorithmConfig
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the loss's weight, the token means' weight) of mini-batch ``idx``'s rows ``rows``
+    (``masked.micro_share``); one tensor twice for ``algorithm.loss_agg: token_mean``."""
+    tokens = micro_share(mask, rows, idx, "token_mean")
+    return (tokens if algo.loss_agg == "token_mean" else micro_share(mask, rows, idx, algo.loss_agg)), tokens
+
+
+def add_weighted(metrics: dict[str, float], part: dict[str, float], share: torch.Tensor,
+                 tokens: torch.Tensor) -> None:
+    """Add a part's metrics ``part`` into ``metrics``: ``loss/policy`` weighted by ``share`` (the
+    loss's own weight), the token means by ``tokens`` (the part's share of the tokens)."""
+    for k, v in part.items():
+        metrics[k] += v * float(share if k == "loss/policy" else tokens)
+
+
 def policy_loss(logp: torch.Tensor, entropy: torch.Tensor, batch: TrainBatch, adv: torch.Tensor, rows: torch.Tensor,
                 algo: AlgorithmConfig) -> tuple[torch.Tensor, dict[str, float]]:
-    """The algorithm's policy loss (a token mean) over batch rows ``rows``, whose log-probs and
-    entropies ``[len(rows), T]`` are given, with its metrics (entropy included)."""
+    """The algorithm's policy loss (reduced as ``algorithm.loss_agg`` says) over batch rows
+    ``rows``, whose log-probs and entropies ``[len(rows), T]`` are given, with its metrics
+    (entropy included)."""
     sub_mask = batch.packed.response_mask[rows]
     old = batch.old_logp[rows] if batch.old_logp is not None else logp.detach()
     if algo.name == "grpo":
         ref = batch.ref_logp[rows] if batch.ref_logp is not None else None
         loss, m = grpo_loss(logp, old, ref, adv[rows], sub_mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
-                            kl_coef=algo.kl_coef if ref is not None else 0.0, kl_kind=algo.kl_kind)
+                            kl_coef=algo.kl_coef if ref is not None else 0.0, kl_kind=algo.kl_kind,
+                            loss_agg=algo.loss_agg, norm_tokens=batch.max_new_tokens)
     else:
-        loss, m = ppo_policy_loss(logp, old, adv[rows], sub_mask, clip_low=algo.clip_low, clip_high=algo.clip_high)
+        loss, m = ppo_policy_loss(logp, old, adv[rows], sub_mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
+                                  loss_agg=algo.loss_agg, norm_tokens=batch.max_new_tokens)
     m["entropy"] = float(masked_mean(entropy.detach(), sub_mask))
     return loss, m
 

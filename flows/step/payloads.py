@@ -85,4 +85,6 @@ def train_payload(ctx: RunContext, inputs: StepInputs, scored_keys: list[str]) -
         gradient_checkpointing=ctx.config.model.gradient_checkpointing,
         world_size=ctx.config.train.world_size, gpus_per_actor=ctx.config.scaling.gpus_per_actor,
         temperature=ctx.config.generation.temperature,
+        max_new_tokens=(ctx.config.generation.max_new_tokens
+                        if ctx.config.algorithm.loss_agg == "seq_mean_token_sum_norm" else None),
     ).model_dump(mode="json")
