@@ -18,10 +18,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from actions.config.model import TINY_SHAPE, ModelConfig
 from actions.config.quoting import quote
-from actions.config.section import BOOL_NOT_NUMBER, bool_error_line
+from actions.config.section import BOOL_NOT_NUMBER, HomePath, bool_error_line
 from actions.config.section import Section as _Section
-from actions.config.workload import WorkloadConfig
+from actions.config.workload import TASK_DEFAULTS, WorkloadConfig
 from actions.store.endpoints import has_userinfo
 from actions.store.safe_paths import check_run_id
 from flows.config_yaml import AliasBomb, load_yaml
@@ -64,14 +65,17 @@ class ScalingConfig(_Section):
     The local pool starts its workers with it and the in-process invoker has no containers, so
     none pays one there (on the pool an actor beyond ``invoker.num_workers`` queues for a worker
     instead, which the planner times)."""
-    profile: str | None = None
+    profile: HomePath | None = None
     """TPOT profile JSON (``rlhfless profile``); None: measured by the pool at campaign start,
     or reused from the store's cache for the same model, dtype, device, engine and threads
     (``flows/campaign/live_profile.py``)."""
     prewarm: bool = True
     """Warm the generation actions (and load the new policy version in them) ahead of use,
     at the earliest past invocation offset minus ``prewarm_buffer_s`` and minus how long the
-    last pre-warms took (paper §3.7); none where it could not finish before that invocation."""
+    last pre-warms took (paper §3.7); none where it could not finish before that invocation. On
+    the local pool it also has every worker load the policy before the first step, and the next
+    step's workers load each new version as it is published (``flows/campaign/warming.py``).
+    False: no pre-warm of either kind (activations load the policy when invoked)."""
     prewarm_buffer_s: float = Field(0.2, ge=0)
     """Seconds of margin a pre-warm fires ahead of the generation actions' invocation."""
     tail_error_steps: int = Field(2, ge=0, le=64)
@@ -128,9 +132,11 @@ class StoreConfig(_Section):
     uri: str = "runs/store"
     """A directory, or s3://bucket/prefix (endpoint and keys from AWS_* environment variables)."""
     keep_last: int | None = 2
-    """Policy versions kept after each commit: the newest this many (the newest's optimizer
-    state too, for a resume). Older versions' objects, and blobs nothing kept references, are
-    deleted after the commit (``flows/campaign/collect.py``). None: keep every version."""
+    """Policy versions kept after each commit: the newest this many, and the newest two whole
+    whatever it says (with their optimizer state: a resume starts from the newest, or the one
+    before it where the newest commit record is lost). Older versions' objects, and blobs nothing
+    kept references, are deleted after the commit (``flows/campaign/collect.py``, docs/storage.md
+    section 6). None: keep every version."""
     checkpoint_every: int = Field(0, ge=0)
     """Also keep every version whose number is a multiple of this, for good, with its optimizer
     state (a restart point). 0: none."""
@@ -175,7 +181,7 @@ class InvokerConfig(_Section):
     long as the controller may take for the action, 2 x its time limit + 2 min
     (docs/openwhisk.md, section 7). A value below an OpenWhisk action's time limit is warned
     about: an activation still running at the deadline fails its step, not invoked again."""
-    log_dir: str | None = None
+    log_dir: HomePath | None = None
     """Local pool: directory of the per-worker log files (``worker-N.log``, the workers' stdout
     and stderr); None: ``logs`` in the run directory (the CLI's ``--out``, else ``runs/<run_id>``)."""
     max_request_mb: float = Field(64.0, gt=0)
@@ -240,7 +246,7 @@ class ObservabilityConfig(_Section):
     report_to: list[Literal["tensorboard", "wandb", "mlflow", "trackio"]] = []
     """Experiment trackers that get every step's metrics (each an optional extra of the same
     name; flows/campaign/trackers.py). ``tensorboard: true`` is ``report_to: [tensorboard]``."""
-    tensorboard_dir: str | None = None
+    tensorboard_dir: HomePath | None = None
     """Event-file directory; wandb writes its ``wandb/`` folder beside it (unless ``WANDB_DIR``).
     None: ``<run directory>/tensorboard``, the CLI's ``--out`` (default ``runs/<run_id>``);
     ``runs/<run_id>/tensorboard`` for a flow run started without the CLI."""
@@ -296,6 +302,13 @@ class CampaignConfig(WorkloadConfig):
         # Fan-out and planning change cost, never the training data.
         data.pop("scaling", None)
         data["model"].pop("gradient_checkpointing", None)  # memory for compute; the same weights
+        # Settings of what a model folder or a dataset file replaces read as their defaults: a
+        # run id must not change with a setting that changes nothing (existing runs keep theirs).
+        if self.model.path:
+            data["model"].update({name: ModelConfig.model_fields[name].default for name in TINY_SHAPE})
+        if self.data.train_path:
+            for (section, name), by_task in TASK_DEFAULTS.items():
+                data[section][name] = by_task[self.data.task]
         data.pop("train", None)  # ranks of the learner: the same update up to round-off
         for key in ("assignment", "cut_threshold", "rank_slack", "migrate_window_s", "score_while_generating",
                     "dedup_prefill", "prefill_capacity", "prefill_action", "length_window", "first_epoch_predictor",
@@ -480,3 +493,7 @@ def _check_task_sizes(cfg: CampaignConfig) -> None:
             raise ValueError(f"data.{name}={getattr(cfg.data, name)} sizes the generated task, but data.train_path "
                              "is set and every row of the file is used; remove it (to train on fewer rows, keep "
                              "fewer in the file)")
+        if name == "num_eval_prompts" and cfg.data.eval_path:
+            raise ValueError(f"data.num_eval_prompts={cfg.data.num_eval_prompts} sizes the generated evaluation set, "
+                             "but data.eval_path is set and every row of the file is evaluated; remove it (to "
+                             "evaluate fewer rows, keep fewer in the file)")

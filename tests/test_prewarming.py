@@ -127,3 +127,18 @@ def test_local_pool_prewarm_loads_the_policy_version_in_idle_workers(tmp_path):
         assert pool.size == 3
     finally:
         pool.close()
+
+
+def test_prewarm_false_leaves_the_local_pool_cold_too(tiny_config):
+    """``scaling.prewarm: false`` asks for no pre-warm: the local pool's workers load no policy
+    before the first step or after a step either (with it on, both happen)."""
+    from flows.campaign.warming import PoolWarming
+
+    for on in (True, False):
+        inv = RecordingInvoker()
+        warming = PoolWarming(tiny_config("invoker.kind=local", f"scaling.prewarm={str(on).lower()}"), inv, 3)
+        warming.before_first_step({"policy_version": 0})
+        warming.before_next_step(2, {"policy_version": 1})
+        warming.join()
+        assert [(a, n, m["policy_version"]) for a, n, m, _ in inv.calls] == (
+            [("generate", 3, 0), ("generate", 2, 1)] if on else [])

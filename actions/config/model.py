@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from actions.config.quoting import quote
+from actions.config.section import HomePath
 from actions.config.section import Section as _Section
 
 
@@ -63,15 +64,19 @@ class LoraConfig(_Section):
         return v
 
 
+TINY_SHAPE = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_positions")
+"""``ModelConfig`` settings of the tiny default model, which a ``path`` folder's config.json replaces."""
+
+
 class ModelConfig(_Section):
-    path: str | None = None
-    """Local Hugging Face model directory; None builds the tiny default from the fields below."""
+    path: HomePath | None = None
+    """Local Hugging Face model directory (``~`` expands); None builds the tiny default from the fields below."""
     hidden_size: int = Field(96, ge=8)
     """The tiny default model (``path`` unset): width of its residual stream."""
     num_layers: int = Field(2, ge=1)
     """The tiny default model: transformer layers."""
     num_heads: int = Field(4, ge=1)
-    """The tiny default model: attention heads (``hidden_size`` must be a multiple of them)."""
+    """The tiny default model: attention heads (``hidden_size / num_heads`` must be a whole, even number)."""
     intermediate_size: int = Field(256, ge=8)
     """The tiny default model: width of its MLP."""
     max_positions: int = Field(256, ge=16)
@@ -79,9 +84,24 @@ class ModelConfig(_Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """What actions compute in: ``auto`` is bfloat16 on CUDA and float32 on the CPU (or
     ``RLHFLESS_DTYPE`` where the action's environment sets it). Training in bfloat16/float16
-    keeps fp32 master weights in the optimizer state and publishes weights in this dtype."""
+    keeps fp32 master weights in the optimizer state and publishes weights in this dtype. Reward
+    models (``reward.models``) score in ``auto``'s dtype (or ``RLHFLESS_DTYPE``), whatever this says."""
     gradient_checkpointing: bool = False
     """Recompute the transformer's activations in the backward pass (less memory, ~30% more
     training compute); the weights come out the same."""
     lora: LoraConfig | None = None
     """Train LoRA adapters instead of every weight; None (absent): full fine-tuning."""
+
+    @model_validator(mode="after")
+    def _check_tiny_heads(self) -> ModelConfig:
+        """The tiny default's heads split its width evenly into an even head dimension (rotary
+        embeddings rotate pairs): refused here, not by transformers inside the prepare action."""
+        if self.path is None and (self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 2):
+            step = 2 * self.num_heads
+            below, above = self.hidden_size // step * step, (self.hidden_size // step + 1) * step
+            sizes = " or ".join(str(h) for h in (below, above) if h >= 8)
+            raise ValueError(f"model.hidden_size={self.hidden_size} with model.num_heads={self.num_heads} gives a head "
+                             f"dimension of {self.hidden_size / self.num_heads:g}; it must be a whole, even number "
+                             f"(the tiny model's rotary embeddings rotate pairs): use model.hidden_size={sizes}, or "
+                             "other model.num_heads")
+        return self

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from actions.config.quoting import chat_template_mode, quote
+from actions.config.section import HomePath
 from actions.config.section import Section as _Section
 
 BUILTIN_REWARDS = ("repeat", "gsm8k", "math", "exact_match", "format")
@@ -61,7 +62,7 @@ class RewardModelConfig(_Section):
     """A learned reward model: an ``AutoModelForSequenceClassification`` folder that scores
     each (prompt, completion) in the score action (``actions/tasks/rewards/model_scoring.py``)."""
 
-    path: str = Field(min_length=1)
+    path: HomePath = Field(min_length=1)
     """A local Hugging Face folder of a sequence-classification model."""
     label: int | str | None = None
     """Which logit is the score: a label name of the model's ``id2label`` (``POSITIVE``) or its

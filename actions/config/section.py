@@ -4,18 +4,29 @@ field named, rather than failing later far from the config), and no number a boo
 
 from __future__ import annotations
 
+import os
 import types
 import typing
 from functools import cache
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 BOOL_NOT_NUMBER = "bool_not_number"
 """The error type of a boolean given for a number; its context holds ``field``, ``value``,
 ``kind`` and the field's ``default``, and ``flows.config.load_config`` names the dotted key with
 :func:`bool_error_line`."""
+
+
+def expand_home(value: str) -> str:
+    """A path whose first part is ``~`` or ``~user`` with that part expanded, as a shell expands
+    it on the command line (nothing expands it in a YAML file); any other value as it is."""
+    return os.path.expanduser(value) if value.startswith("~") else value
+
+
+HomePath = Annotated[str, AfterValidator(expand_home)]
+"""A local path setting (a model folder, a data file, a log folder) that may start with ``~``."""
 
 
 def _numeric_kind(annotation: Any) -> str | None:

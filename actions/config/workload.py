@@ -27,6 +27,7 @@ from actions.config.reward import (  # noqa: F401
     RewardFunctionConfig,
     RewardModelConfig,
 )
+from actions.config.section import HomePath
 from actions.config.section import Section as _Section
 from actions.config.vllm import VllmConfig
 
@@ -35,9 +36,9 @@ class DataConfig(_Section):
     task: Literal["repeat", "arith"] = "repeat"
     """The synthetic task used when ``train_path`` is unset, and the default reward. ``repeat``:
     write a letter exactly k times; ``arith``: GSM8K-style arithmetic word problems."""
-    train_path: str | None = None
+    train_path: HomePath | None = None
     """A .jsonl or .parquet file, or a ``Dataset.save_to_disk`` folder; None generates the task."""
-    eval_path: str | None = None
+    eval_path: HomePath | None = None
     """Held-out prompts in the same format (or a hub id, ``actions/models/hub.py``). Without it,
     ``eval_fraction`` of the training rows are held out, or nothing is evaluated."""
     eval_fraction: float | None = Field(None, gt=0, lt=1)
@@ -384,6 +385,13 @@ class TrainConfig(_Section):
     CUDA, 1 on the CPU."""
 
 
+TASK_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {
+    ("data", "max_count"): {"repeat": 14, "arith": 3},
+    ("warmup", "error_rate"): {"repeat": 0.9, "arith": 0.7},
+}
+"""(section, setting) -> ``data.task`` -> the value an unset setting of the generated task takes."""
+
+
 class WorkloadConfig(_Section):
     """What the actions compute: the sections they read (model, data, reward, algorithm,
     warm-up, generation) and the seed. ``CampaignConfig`` adds how and where the work runs
@@ -406,9 +414,9 @@ class WorkloadConfig(_Section):
     @model_validator(mode="after")
     def _resolve_defaults(self) -> WorkloadConfig:
         if self.data.max_count is None:
-            self.data.max_count = {"repeat": 14, "arith": 3}[self.data.task]
+            self.data.max_count = TASK_DEFAULTS["data", "max_count"][self.data.task]
         if self.warmup.error_rate is None:
-            self.warmup.error_rate = {"repeat": 0.9, "arith": 0.7}[self.data.task]
+            self.warmup.error_rate = TASK_DEFAULTS["warmup", "error_rate"][self.data.task]
         if self.warmup.steps is None:
             self.warmup.steps = 0 if self.data.train_path else 300
         self._check_lora()

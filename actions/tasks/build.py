@@ -171,10 +171,10 @@ def _too_few_prompts(cfg: WorkloadConfig, kept: int, stats: dict[str, Any], held
 def evaluation_source(train_path: str | None, eval_path: str | None, eval_fraction: float | None) -> str:
     """What the campaign evaluates on, as the summary names it: ``eval_path``, ``held_out
     <fraction> of train_path``, ``none`` or ``task``."""
-    if not train_path:
-        return "task"
     if eval_path:
         return "eval_path"
+    if not train_path:
+        return "task"
     return f"held_out {eval_fraction} of train_path" if eval_fraction else "none"
 
 

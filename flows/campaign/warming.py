@@ -19,10 +19,11 @@ from flows.step.prewarmer import prewarm_in_background
 
 
 class PoolWarming:
-    """The campaign's pre-warm of its local pool (a no-op on other invokers)."""
+    """The campaign's pre-warm of its local pool (a no-op on other invokers, and with
+    ``scaling.prewarm: false``, which asks for no pre-warm of any kind)."""
 
     def __init__(self, cfg: CampaignConfig, invoker: Invoker, num_workers: int) -> None:
-        self.on = cfg.invoker.kind == "local"
+        self.on = cfg.invoker.kind == "local" and cfg.scaling.prewarm
         self.invoker, self.num_workers = invoker, num_workers
         self.decode = DecodeSettings.of(cfg.generation)
         self.thread: threading.Thread | None = None  # the next step's policy, loading in generation workers
