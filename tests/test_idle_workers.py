@@ -44,6 +44,20 @@ def test_equal_workers_are_taken_first_in_first_out_and_take_waits_for_a_put():
     assert got == [a] and len(idle) == 0
 
 
+def test_a_worker_that_ran_anything_comes_before_a_fresh_one_among_equals():
+    """A fresh process's first activation imports torch: the set-up chain stays on one worker."""
+    idle: IdleWorkers[W] = IdleWorkers()
+    fresh, used, later = W("f"), W("u", {"prepare": None}), W("l")
+    for w in (fresh, used, later):
+        idle.put(w)
+    assert idle.take("warmup", None) is used  # not the fresh one idle longer
+    assert idle.take("warmup", None) is fresh and idle.take("warmup", None) is later  # then first in, first out
+    holder = W("h", {"generate": "v1"})
+    for w in (fresh, used, holder):
+        idle.put(w)
+    assert idle.take("generate", "v1") is holder  # affinity first
+
+
 def test_the_policy_a_request_reads_and_the_one_a_worker_holds_after_it():
     ref = {"store_uri": "s", "base_key": "b", "policy_key": "p/1", "policy_version": 1}
     gen, train = {"model": ref}, {"policy": ref}

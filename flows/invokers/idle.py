@@ -6,7 +6,8 @@ published. An activation that lands elsewhere reads them from the store again. S
 remembers, per action it ran, the policy version that left it holding (``warm``: the version a
 training step published, else the version the request named), and an activation takes the idle
 worker whose ``warm`` has its action at its version, then one that ran its action at all, then
-the one idle longest (first in, first out). A training step thus returns to the worker that
+the one idle longest (first in, first out) among those that ran an activation before, then
+among fresh ones. A training step thus returns to the worker that
 holds its optimizer state, and a generation to the worker pre-warmed for it, away from the
 training worker. Which worker runs an activation never changes its result; this only saves loads.
 
@@ -195,10 +196,14 @@ class IdleWorkers(Generic[W]):
 
     def _pick(self, action: str, policy: str | None, engine: str | None) -> W:
         # Among equals, a request without an engine leaves the workers that hold one free for
-        # the requests that need it (another engine would cost a start and a KV cache).
+        # the requests that need it (another engine would cost a start and a KV cache); then a
+        # worker that ran anything before one that never did: its first activation imports torch
+        # and the model code (~4 s of a CPU), so the campaign's set-up chain (prepare, warm-up,
+        # profile, first evaluation) pays that once, not once per action.
         best = max(range(len(self._workers)),
                    key=lambda i: (affinity(self._workers[i], action, policy, engine),
-                                  engine is not None or self._workers[i].engine is None, -i))
+                                  engine is not None or self._workers[i].engine is None,
+                                  bool(self._workers[i].warm) or self._workers[i].engine is not None, -i))
         return self._workers.pop(best)
 
     def __len__(self) -> int:
