@@ -111,6 +111,8 @@ def test_zero_variance_run_warns_and_resume_of_finished_run_writes_nothing(tmp_p
     summary = json.loads(before)
     assert [(w["kind"], w["step"], w["steps"]) for w in summary["warnings"]] == [
         ("no_reward", 1, 2), ("zero_grad_norm", 1, 2), ("truncated", 2, 1), ("zero_reward_std", 2, 1)]
+    # a step's commit column is the previous step's commit and collection, which ran in its period
+    assert summary["steps"][0]["timing_s/commit"] == 0.0 < summary["steps"][1]["timing_s/commit"]
     store_files = {p: p.stat().st_mtime_ns for p in (tmp_path / "store").rglob("*")}
     assert main([*args, "--resume"]) == 0
     out = capsys.readouterr().out

@@ -38,9 +38,7 @@ def run_one_step(ctx: RunContext, state: CampaignState, planner: Planner, tokens
                         spec_priors=dict(planner.state.spec_rates))
     t_plan = time.time() - t0
     out = step_flow(inputs, phase)
-    t_commit0 = time.time()
-    metrics = step_metrics(out, phase, cfg.price_per_gpu_second, cfg.scaling.gpus_per_actor, t_plan,
-                           time.time() - t_commit0)
+    metrics = step_metrics(out, phase, cfg.price_per_gpu_second, cfg.scaling.gpus_per_actor, t_plan)
     # The step's index, as its inputs and store objects (steps/<index>/) name it; what reports
     # show is steps committed, index + 1 (README, summary.json). Committed histories are checked
     # against it (state.py, _check_history), so it stays the index.

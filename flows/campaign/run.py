@@ -187,10 +187,14 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
     the collection (Ctrl-C, SIGTERM, a kill) leaves no committed step they lack. Only a stop in
     the instant between the commit and the report can (no store call lies between them): a
     resume does not log that step again, since nothing records which steps a tracker received
-    and logging one it did receive would repeat it."""
+    and logging one it did receive would repeat it.
+
+    A step's ``timing_s/commit`` is the previous step's commit and collection, which run in this
+    step's period (the step's own happen after its metrics are committed); 0 for a run's first."""
     cfg = ctx.config
     tokens = ctx.token_table(state.prepared.tokens_key)
     clock = StepClock()
+    commit_s = 0.0
     stop = state.stopped_reason or budget_stop(cfg, state)  # a resumed run may have no budget left
     if state.step < cfg.steps and not stop:
         step_flow.prepare()
@@ -200,6 +204,7 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
         state, record = run_one_step(ctx, state, planner, tokens,
                                      functools.partial(step_flow.run, prepare_next=state.step + 1 < cfg.steps))
         last = record.metrics  # the committed metrics of this step (state.steps[-1])
+        last[timing_key("commit")] = commit_s
         state.stopped_reason = stop = budget_stop(cfg, state, before_evaluation=True)
         if state.step < cfg.steps and not stop:
             # The next step generates with the version just trained: its workers load it
@@ -213,7 +218,8 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
         state.mark_checkpoint(cfg.store.checkpoint_every)
         wall.stamp(state)
         commit_state(ctx.store, state)
-        clock.add_work(time.time() - t_commit)
+        commit_s = time.time() - t_commit
+        clock.add_work(commit_s)
         quiet_api.clear()  # published once the next step's flow run is running (or at the end)
         # Reported before the collection (seconds on S3): a stop during it leaves no committed
         # step the trackers lack, and a resume finishes the collection (``_start``).
@@ -222,6 +228,7 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
         collect(state)  # after the commit, never before
         drop_unreferenced(ctx.store, ctx.prefix, old_drafts, state.draft_index)
         clock.add_work(time.time() - t_collect)
+        commit_s += time.time() - t_collect
     if stop:
         state.stopped_reason = stop
         reporter.progress(f"stopped after step {state.step}/{cfg.steps}: {stop}; raise the budget and resume "

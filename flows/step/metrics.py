@@ -143,7 +143,9 @@ def cost_metrics(records: Sequence[Activation], failed: Sequence[Activation], *,
 
 
 def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_actor: int,
-                 timing_plan: float, timing_commit: float) -> dict[str, float]:
+                 timing_plan: float) -> dict[str, float]:
+    """The step's metrics, but ``timing_s/commit`` (the campaign adds it: ``flows/campaign/run.py``)
+    and ``timing_s/period`` and ``timing_s/overhead`` (measured around the step)."""
     records = out.records
     gens = out.generate
     primary = [g for g in gens if g.kind == "first"]  # not continuations
@@ -153,8 +155,8 @@ def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_acto
     for s in samples:
         observed[s.prompt_id] = max(observed.get(s.prompt_id, 0), s.length)
     ids = sorted(observed)
-    timing = dict(out.timing, plan=timing_plan, commit=timing_commit)
-    timing["step"] = timing["step"] + timing_plan + timing_commit
+    timing = dict(out.timing, plan=timing_plan)
+    timing["step"] = timing["step"] + timing_plan
     gen_records = [r for r in records if r.action == "generate"]
     prefill_naive = sum(g.prefill_tokens_naive for g in primary)
     prefill_done = sum(g.prefill_tokens for g in primary)
@@ -189,7 +191,7 @@ def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_acto
         # failed attempts held) plus the flow's own planning and bookkeeping; the campaign
         # measures the step's period around it and records ``timing_s/overhead`` = period -
         # work (flows/campaign/overhead.py)
-        timing_key("work"): _critical_busy(records, out.continued_from, out.failed) + timing_plan + timing_commit,
+        timing_key("work"): _critical_busy(records, out.continued_from, out.failed) + timing_plan,
     }
     for part in (engine_metrics([g.engine_events for g in gens]), step_spec_metrics(g.spec for g in gens),
                  reward_function_metrics([s.reward_metrics for s in out.score]),
