@@ -291,7 +291,12 @@ def test_status_of_a_run_being_set_up_under_its_lease_is_running(tmp_path, capsy
     lease.release()
     assert main(["status", RUN, "--store", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and f"run '{RUN}' has no committed state" in err and "holds its lease" in err
+    assert err.count("\n") == 0 and f"holds nothing of run '{RUN}'; check the run id and --store" in err
+    # stopped or killed before its first commit: what it set up is left, and train sets it up again
+    store.put(f"runs/{RUN}/base/config.json", b"{}")
+    assert main(["status", RUN, "--store", str(tmp_path)]) == 0
+    stopped = json.loads(capsys.readouterr().out)
+    assert (stopped["state"], stopped["steps_committed"], stopped["lease"]) == ("incomplete", 0, None)
     commit_state(store, _state(step=1, steps_configured=3, steps=[_step(0)]))
     assert main(["status", RUN, "--store", str(tmp_path)]) == 0
     assert set(json.loads(capsys.readouterr().out)) == set(shown)  # the same keys as a committed run's

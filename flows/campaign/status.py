@@ -56,15 +56,17 @@ def run_state(state: CampaignState, lease: dict[str, Any] | None) -> str:
 
 def status_report(store: ObjectStore, run_id: str) -> dict[str, Any] | None:
     """What ``rlhfless status`` prints of ``run_id``: its last commit, state word and lease; or
-    None where it has no commit and no live process holds its lease (no such run, or one that
-    died before committing). A run set up under a held lease, not yet committed, is ``running``
-    with ``steps_committed`` 0 and null for what only a commit records."""
+    None where the store holds nothing of it (no such run). A run set up under a held lease, not
+    yet committed, is ``running`` with ``steps_committed`` 0 and null for what only a commit
+    records; one stopped or killed before its first commit (its lease or set-up objects left,
+    no commit) is ``incomplete`` alike: ``train`` (``--resume`` or not) sets it up again."""
     state = load_state(store, run_id)
     lease = lease_status(store, run_id)
     if state is None:
-        if lease is None or not lease["held"]:
+        held = lease is not None and lease["held"]
+        if not held and lease is None and not store.list(f"runs/{run_id}/"):
             return None
-        return {"run_id": run_id, "state": "running", "steps_committed": 0, "lease": lease,
+        return {"run_id": run_id, "state": "running" if held else "incomplete", "steps_committed": 0, "lease": lease,
                 **dict.fromkeys(("steps_configured", "policy_version", "weights_sha256", "spend", "stopped_reason",
                                  "last_eval", "last_metrics"))}
     last = state.steps[-1] if state.steps else {}

@@ -299,8 +299,8 @@ def stopped(exc: KeyboardInterrupt | Terminated, run_id: str | None = None) -> i
     as a shell reports a process killed by that signal."""
     code = exc.code if isinstance(exc, Terminated) and isinstance(exc.code, int) else 128 + signal.SIGINT
     how = "interrupted" if code == 128 + signal.SIGINT else f"stopped by {signal.Signals(code - 128).name}"
-    then = (f"; run {run_id!r} continues from its last committed step with `rlhfless train --resume` "
-            "and the same settings" if run_id else "")
+    then = (f"; run {run_id!r} continues from its last committed step (or starts again, where it committed "
+            "none) with `rlhfless train --resume` and the same settings" if run_id else "")
     print(f"rlhfless: {how}{then}", file=sys.stderr)
     return code
 
@@ -365,8 +365,7 @@ def _status(args: argparse.Namespace) -> int:
     _, store, uri, run = _locate_run(args, "status")
     report = status_report(store, run)
     if report is None:
-        raise ValueError(f"run {run!r} has no committed state in store {uri} and no live process holds its lease; "
-                         "check the run id and --store")
+        raise ValueError(f"store {uri} holds nothing of run {run!r}; check the run id and --store")
     print(json.dumps(report, indent=2, sort_keys=True))
     return 0
 
