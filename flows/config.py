@@ -331,8 +331,9 @@ class CampaignConfig(WorkloadConfig):
         # PPO used to compute k1 whatever kl_kind said, and its runs recorded the default k3: a
         # k1 PPO run is recorded as those were, so they resume; PPO's other estimators are new.
         algo = data["algorithm"]
-        if algo.get("loss_agg") == "token_mean":  # the loss before the setting existed
-            algo.pop("loss_agg")
+        for name, before in (("loss_agg", "token_mean"), ("mask_truncated", False)):
+            if algo.get(name) == before:  # the loss before the setting existed
+                algo.pop(name)
         if algo["name"] == "ppo":
             algo["kl_kind"] = "k3" if algo["kl_kind"] == "k1" else f"ppo-{algo['kl_kind']}"
         for m in data["reward"]["models"]:  # unset and 0 both score the first logit, as runs did before

@@ -20,6 +20,7 @@ TRL_SETTINGS = {
     "max_steps": "steps = max_steps / (algorithm.epochs x algorithm.num_minibatches)",
     "reward_funcs": "reward.functions",
     "reward_weights": "the weight of each reward.functions entry",
+    "mask_truncated_completions": "algorithm.mask_truncated",
     "loss_type": "algorithm.loss_agg (dapo and bnpo: token_mean, grpo: seq_mean_token_mean, "
                  "dr_grpo: seq_mean_token_sum_norm)",
 }

@@ -115,6 +115,8 @@ def _train(qwen, algo: AlgorithmConfig, *, with_old: bool = True, checkpointing:
         enable_checkpointing(policy)
     prompts, responses = _rows(algo.batch_size, seed=4)
     batch = _batch(policy, prompts, responses, algo, with_old=with_old)
+    if algo.mask_truncated:  # some rows cut at the length limit, left out of the policy loss
+        batch.finish_reasons[:] = ["length" if i % 3 == 0 else "stop" for i in range(len(prompts))]
     critic = critic_opt = None
     if algo.name == "ppo":
         critic = build_critic(copy.deepcopy(policy), None)
@@ -126,12 +128,14 @@ def _train(qwen, algo: AlgorithmConfig, *, with_old: bool = True, checkpointing:
 
 @pytest.mark.parametrize("name,loss_agg", [("grpo", "token_mean"), ("ppo", "token_mean"),
                                            ("grpo", "seq_mean_token_mean"), ("grpo", "seq_mean_token_sum_norm"),
-                                           ("ppo", "seq_mean_token_mean")])
+                                           ("ppo", "seq_mean_token_mean"), ("grpo", "mask_truncated"),
+                                           ("grpo", "seq_mean_token_mean+mask_truncated")])
 def test_micro_batches_give_the_unsplit_update(qwen, name, loss_agg):
     """Micro batches weighted by their share (of the tokens, or of the rows for a per-sequence
     loss_agg) accumulate the mini-batch's gradient and its metrics."""
+    mode = loss_agg.partition("mask_truncated")[0]
     base = dict(name=name, batch_size=16, group_size=4, num_minibatches=2, lr=1e-3, critic_lr=1e-3, kl_coef=0.05,
-                loss_agg=loss_agg)
+                loss_agg=mode.rstrip("+") or "token_mean", mask_truncated=loss_agg.endswith("mask_truncated"))
     _, whole, m_whole = _train(qwen, AlgorithmConfig(**base))
     _, split, m_split = _train(qwen, AlgorithmConfig(**base, micro_batch_size=2))
     for opt_whole, opt_split in zip(whole, split):

@@ -1,5 +1,6 @@
-"""``algorithm.loss_agg``: the policy loss's reduction reaches the train action, is part of the
-run's identity where it is not the default, and TRL's ``loss_type`` names point to it. The
+"""``algorithm.loss_agg`` and ``algorithm.mask_truncated``: the policy loss's reduction and the
+rows it counts reach the train action, are part of the run's identity where they are not the
+default, and TRL's ``loss_type`` and ``mask_truncated_completions`` point to them. The
 reductions' arithmetic is in ``test_rl_math.py``, their parity with TRL in ``test_trl_parity.py``,
 micro batches in ``test_logprob_chunks.py``."""
 
@@ -41,3 +42,38 @@ def test_each_mode_trains_and_changes_the_step_loss(tiny_config, prefect_harness
     losses = [s["loss/policy"] for s in steps.values()]
     assert len({round(v, 9) for v in losses}) == 2, losses
     assert all(s["grad_norm"] > 0 for s in steps.values())
+
+
+def test_mask_truncated_leaves_cut_rows_out_of_the_policy_loss_only():
+    """With ``algorithm.mask_truncated`` the rows that stopped at the length limit get no policy
+    gradient and no weight in the loss's reduction; the other rows' loss is theirs alone."""
+    import torch
+
+    from actions.config.workload import AlgorithmConfig
+    from actions.rl.batch import TrainBatch
+    from actions.rl.sequences import pack
+    from actions.rl.update import policy_loss
+
+    prompts, responses = [[1, 2], [1, 2], [3], [3]], [[4, 5, 6], [4], [7, 8], [9, 9, 9]]
+    packed = pack(prompts, responses, 0)
+    reasons = ["length", "stop", "stop", "length"]
+    batch = TrainBatch(packed, None, None, torch.tensor([1.0, 0.0, 1.0, 0.0]), None, reasons, prompts, responses, 0,
+                       max_new_tokens=3)
+    assert batch.policy_mask(False) is packed.response_mask
+    assert batch.policy_mask(True).sum(-1).tolist() == [0.0, 1.0, 2.0, 0.0]
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    rows = torch.arange(4)
+    for mode in MODES:
+        for masked in (False, True):
+            algo = AlgorithmConfig(batch_size=4, group_size=2, num_minibatches=1, kl_coef=0.0, loss_agg=mode,
+                                   mask_truncated=masked)
+            logp = torch.full(packed.response_mask.shape, -1.0, requires_grad=True)
+            loss, _ = policy_loss(logp, torch.zeros_like(logp), batch, adv, rows, algo)
+            loss.backward()
+            cut_grad = logp.grad[[0, 3]].abs().sum().item()
+            assert (cut_grad == 0.0) == masked, (mode, masked)
+            assert logp.grad[[1, 2]].abs().sum().item() > 0
+    assert load_config(None, ["algorithm.mask_truncated=false"]).fingerprint() == load_config(None, []).fingerprint()
+    assert load_config(None, ["algorithm.mask_truncated=true"]).fingerprint() != load_config(None, []).fingerprint()
+    with pytest.raises(ValueError, match=r"TRL's `mask_truncated_completions` is algorithm.mask_truncated"):
+        load_config(None, ["algorithm.mask_truncated_completions=true"])

@@ -272,7 +272,7 @@ def test_grpo_uses_the_configured_kl_estimator(kind):
     logp, ref = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])
     mask = torch.ones(1, 2)
     batch = SimpleNamespace(packed=SimpleNamespace(response_mask=mask), old_logp=logp, ref_logp=ref,
-                            max_new_tokens=None)
+                            max_new_tokens=None, policy_mask=lambda mask_truncated: mask)
     algo = AlgorithmConfig(kl_kind=kind, kl_coef=0.1)
     loss, metrics = policy_loss(logp, torch.zeros(1, 2), batch, torch.zeros(1), torch.tensor([0]), algo)
     expected = float(masked_mean(kl_estimate(logp, ref, kind), mask))  # k1 -0.25, k2 0.3125, k3 0.412

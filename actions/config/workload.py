@@ -156,6 +156,12 @@ class AlgorithmConfig(_Section):
     responses x ``generation.max_new_tokens``, a constant (Dr. GRPO; TRL's ``dr_grpo``), free of
     either length bias. PPO's value loss is a token mean whatever this says; logged ``clipfrac``,
     ``ratio_mean``, ``kl`` and ``entropy`` stay token means (``actions/rl/masked.py``)."""
+    mask_truncated: bool = False
+    """Leave completions cut at ``generation.max_new_tokens`` (no stop token; finish reason
+    ``length``) out of the policy loss, their tokens masked (DAPO's overlong filtering; TRL's
+    ``mask_truncated_completions``): an unfinished answer's reward says little about its tokens.
+    They still count in their group's reward mean and std (the advantages of the others), and
+    PPO's critic still learns from them."""
     micro_batch_size: int | None = Field(None, gt=0)
     """Samples per forward/backward pass; gradients are accumulated over a mini-batch
     (``batch_size / num_minibatches`` samples) before each optimizer step, with every micro

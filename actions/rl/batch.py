@@ -45,6 +45,16 @@ class TrainBatch:
             return torch.ones_like(self.rewards, dtype=torch.bool)
         return torch.tensor(self.reward_applicable, dtype=torch.bool, device=self.rewards.device)
 
+    def policy_mask(self, mask_truncated: bool) -> torch.Tensor:
+        """The tokens the policy loss counts (``[B, T]``, ``response_mask``'s dtype): every real
+        token, but for the rows cut at the length limit where ``mask_truncated``
+        (``algorithm.mask_truncated``)."""
+        mask = self.packed.response_mask
+        if not mask_truncated:
+            return mask
+        kept = torch.tensor([r != "length" for r in self.finish_reasons], dtype=mask.dtype, device=mask.device)
+        return mask * kept[:, None]
+
     def scored_mask(self) -> torch.Tensor:
         """``response_mask`` with the unscored rows' tokens set to 0 (``[B, T]``, same dtype)."""
         mask = self.packed.response_mask

@@ -88,7 +88,7 @@ def rank_share(jobs: list[Job], rank: int, world: int) -> list[Job]:
 def _policy_pass(root: LogprobRoot, opt: TrainOptimizer, batch: TrainBatch, adv: torch.Tensor, idx: torch.Tensor,
                  algo: AlgorithmConfig, *, rank: int, world: int, masks: int | None = None) -> dict[str, float]:
     device = batch.packed.input_ids.device
-    mask = batch.packed.response_mask
+    mask = batch.policy_mask(algo.mask_truncated)
     T = batch.packed.response_width
     row_block = CUDA_ROW_BLOCK if device.type == "cuda" else None
     metrics: dict[str, float] = defaultdict(float)

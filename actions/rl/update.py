@@ -160,7 +160,7 @@ def _policy_pass(policy: torch.nn.Module, opt: TrainOptimizer, batch: TrainBatch
     for mb in micro_batches(idx, algo):
         logp, entropy = policy_logprobs(policy, batch, mb, masks)
         loss, m = policy_loss(logp, entropy, batch, adv, mb, algo)
-        share, tokens = shares(batch.packed.response_mask, mb, idx, algo)  # exactly 1 without micro batches
+        share, tokens = shares(batch.policy_mask(algo.mask_truncated), mb, idx, algo)  # 1 without micro batches
         (loss * share).backward()
         add_weighted(metrics, m, share, tokens)
     metrics["grad_norm"] = opt.step(algo.max_grad_norm)
@@ -189,7 +189,7 @@ def policy_loss(logp: torch.Tensor, entropy: torch.Tensor, batch: TrainBatch, ad
     """The algorithm's policy loss (reduced as ``algorithm.loss_agg`` says) over batch rows
     ``rows``, whose log-probs and entropies ``[len(rows), T]`` are given, with its metrics
     (entropy included)."""
-    sub_mask = batch.packed.response_mask[rows]
+    sub_mask = batch.policy_mask(algo.mask_truncated)[rows]
     old = batch.old_logp[rows] if batch.old_logp is not None else logp.detach()
     if algo.name == "grpo":
         ref = batch.ref_logp[rows] if batch.ref_logp is not None else None

@@ -60,8 +60,9 @@ _FIX = {
     "no_reward": "no reward function applied to any completion (each returned None); check that the functions "
                  "read the dataset's columns and the completions' format",
     "truncated": f"at least {TRUNCATED_SHARE:.0%} of the completions were cut at generation.max_new_tokens "
-                 f"({CLIP_RATIO}), so the rewards judge unfinished answers; raise generation.max_new_tokens, or check "
-                 "that the model ends its answers with its EOS token",
+                 f"({CLIP_RATIO}), so the rewards judge unfinished answers; raise generation.max_new_tokens, check "
+                 "that the model ends its answers with its EOS token, or set algorithm.mask_truncated: true to "
+                 "leave them out of the loss",
 }
 
 
