@@ -164,12 +164,14 @@ def test_a_failing_rank_fails_the_activation_once_and_stops_the_others():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", [("algorithm.name=ppo",), ("model.lora={r: 4, alpha: 8}",), ("model.dtype=bfloat16",),
-                                   ("algorithm.loss_agg=seq_mean_token_sum_norm", "algorithm.micro_batch_size=4")],
+                                   ("algorithm.loss_agg=seq_mean_token_sum_norm", "algorithm.micro_batch_size=4",
+                                    "algorithm.mask_truncated=true")],
                          ids=["ppo", "lora", "bf16", "dr_grpo"])
 def test_two_ranks_train_ppo_lora_and_bf16_as_one(tiny_config, prefect_harness, extra):
     """One step on two ranks against one rank: PPO (the critic sharded too), LoRA (only the adapter
     sharded and trained), bf16 (fp32 shards as the master copy; weights within a bf16 spacing),
-    Dr. GRPO's reduction over micro batches (each rank's jobs weighted by their share of rows)."""
+    Dr. GRPO's reduction over micro batches with truncated rows masked (each rank's jobs weighted by their
+    share of rows)."""
     base = ("invoker.kind=inprocess", "algorithm.lr=0.003", "steps=1",
             "reward.functions=[{name: 'trl_doc_reward_len:reward_func', weight: 0.1}]", *extra)
     runs = {ws: tiny_config(*base, f"run_id=w{ws}", f"train.world_size={ws}") for ws in (1, 2)}
