@@ -18,11 +18,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from actions.config.model import TINY_SHAPE, ModelConfig
 from actions.config.quoting import quote
 from actions.config.section import BOOL_NOT_NUMBER, HomePath, bool_error_line
 from actions.config.section import Section as _Section
-from actions.config.workload import TASK_DEFAULTS, WorkloadConfig
+from actions.config.workload import WorkloadConfig
 from actions.store.endpoints import has_userinfo
 from actions.store.safe_paths import check_run_id
 from flows.config_yaml import AliasBomb, load_yaml
@@ -302,13 +301,9 @@ class CampaignConfig(WorkloadConfig):
         # Fan-out and planning change cost, never the training data.
         data.pop("scaling", None)
         data["model"].pop("gradient_checkpointing", None)  # memory for compute; the same weights
-        # Settings of what a model folder or a dataset file replaces read as their defaults: a
-        # run id must not change with a setting that changes nothing (existing runs keep theirs).
-        if self.model.path:
-            data["model"].update({name: ModelConfig.model_fields[name].default for name in TINY_SHAPE})
-        if self.data.train_path:
-            for (section, name), by_task in TASK_DEFAULTS.items():
-                data[section][name] = by_task[self.data.task]
+        # The tiny model's shape beside model.path, and the generated task's max_count,
+        # num_eval_prompts and error_rate beside a dataset file, change nothing but stay: a run
+        # id computed without them would not find the runs committed with them.
         data.pop("train", None)  # ranks of the learner: the same update up to round-off
         for key in ("assignment", "cut_threshold", "rank_slack", "migrate_window_s", "score_while_generating",
                     "dedup_prefill", "prefill_capacity", "prefill_action", "length_window", "first_epoch_predictor",
@@ -331,9 +326,6 @@ class CampaignConfig(WorkloadConfig):
         # PPO used to compute k1 whatever kl_kind said, and its runs recorded the default k3: a
         # k1 PPO run is recorded as those were, so they resume; PPO's other estimators are new.
         algo = data["algorithm"]
-        for name, before in (("loss_agg", "token_mean"), ("mask_truncated", False)):
-            if algo.get(name) == before:  # the loss before the setting existed
-                algo.pop(name)
         if algo["name"] == "ppo":
             algo["kl_kind"] = "k3" if algo["kl_kind"] == "k1" else f"ppo-{algo['kl_kind']}"
         for m in data["reward"]["models"]:  # unset and 0 both score the first logit, as runs did before
@@ -494,7 +486,3 @@ def _check_task_sizes(cfg: CampaignConfig) -> None:
             raise ValueError(f"data.{name}={getattr(cfg.data, name)} sizes the generated task, but data.train_path "
                              "is set and every row of the file is used; remove it (to train on fewer rows, keep "
                              "fewer in the file)")
-        if name == "num_eval_prompts" and cfg.data.eval_path:
-            raise ValueError(f"data.num_eval_prompts={cfg.data.num_eval_prompts} sizes the generated evaluation set, "
-                             "but data.eval_path is set and every row of the file is evaluated; remove it (to "
-                             "evaluate fewer rows, keep fewer in the file)")

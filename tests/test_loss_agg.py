@@ -20,6 +20,36 @@ def test_the_default_keeps_run_ids_and_each_other_mode_is_a_run_of_its_own():
     assert len(set(ids.values())) == 3
 
 
+def test_requests_of_a_config_without_the_settings_are_the_bytes_they_were():
+    """At their defaults neither setting is in a dump, so the requests of a run that sets neither
+    are what the revision before them sent (whose actions refuse unknown fields)."""
+    from actions.config.workload import AlgorithmConfig
+    from actions.contracts import TrainStepRequest
+
+    assert not {"loss_agg", "mask_truncated"} & set(load_config(None, []).model_dump(mode="json")["algorithm"])
+    ref = {"store_uri": "s", "base_key": "b", "policy_key": "p", "policy_version": 0}
+    request = TrainStepRequest(policy=ref, optimizer_key=None, scored_keys=[], algorithm=AlgorithmConfig(), seed=0,
+                               step=0, output_prefix="o").model_dump(mode="json")
+    assert not {"loss_agg", "mask_truncated"} & set(request["algorithm"]) and "max_new_tokens" not in request
+    both = AlgorithmConfig(loss_agg="seq_mean_token_mean", mask_truncated=True)
+    assert AlgorithmConfig.model_validate(both.model_dump(mode="json")) == both
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_train_request_carries_the_response_limit_only_for_dr_grpo(mode):
+    from types import SimpleNamespace
+
+    from flows.step.payloads import train_payload
+
+    cfg = load_config(None, [f"algorithm.loss_agg={mode}", "generation.max_new_tokens=40"])
+    ctx = SimpleNamespace(config=cfg, prefix="runs/r")
+    inputs = SimpleNamespace(model={"store_uri": "s", "base_key": "b", "policy_key": "p", "policy_version": 0},
+                             optimizer_key=None, critic_key=None, critic_optimizer_key=None, step=0)
+    request = train_payload(ctx, inputs, ["k"])
+    assert request.get("max_new_tokens") == (40 if mode == "seq_mean_token_sum_norm" else None)
+    assert ("loss_agg" in request["algorithm"]) == (mode != "token_mean")
+
+
 def test_a_trl_loss_type_and_an_unknown_mode_are_answered_with_the_setting():
     with pytest.raises(ValueError, match=r"TRL's `loss_type` is algorithm.loss_agg \(.*dr_grpo: seq_mean_token_sum_norm"):
         load_config(None, ["algorithm.loss_type=dr_grpo"])

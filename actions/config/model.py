@@ -64,15 +64,12 @@ class LoraConfig(_Section):
         return v
 
 
-TINY_SHAPE = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_positions")
-"""``ModelConfig`` settings of the tiny default model, which a ``path`` folder's config.json replaces."""
-
-
 class ModelConfig(_Section):
     path: HomePath | None = None
     """Local Hugging Face model directory (``~`` expands); None builds the tiny default from the fields below."""
     hidden_size: int = Field(96, ge=8)
-    """The tiny default model (``path`` unset): width of its residual stream."""
+    """The tiny default model (``path`` unset; with a folder, this and the four below are not
+    used, but stay part of the run's identity): width of its residual stream."""
     num_layers: int = Field(2, ge=1)
     """The tiny default model: transformer layers."""
     num_heads: int = Field(4, ge=1)

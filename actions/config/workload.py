@@ -71,10 +71,11 @@ class DataConfig(_Section):
     ``train_path``, it is refused by ``load_config``)."""
     num_eval_prompts: int = Field(64, ge=1)
     """Eval prompts of the generated task, drawn as its training prompts are (from the
-    repeat task's few distinct prompts, most of them are training prompts too)."""
+    repeat task's few distinct prompts, most of them are training prompts too). Not used with
+    ``eval_path`` (every row of the file is evaluated), but part of the run's identity."""
     max_count: int | None = Field(None, ge=1)
     """Largest k of the repeat task (answer length in tokens; None: 14), or the most operations
-    of an arith problem (None: 3)."""
+    of an arith problem (None: 3). Not used with ``train_path``, but part of the run's identity."""
     max_value: int | None = Field(None, ge=1)
     """Largest quantity of an arith problem: every number in it, its worked solution and its
     answer lies in 0..max_value (None: 9). Only the arith task has quantities."""
@@ -147,7 +148,7 @@ class AlgorithmConfig(_Section):
     scale_by_std: bool = True
     """GRPO: divide each group's centred rewards by their std (False: Dr. GRPO). PPO refuses
     False: it whitens its GAE advantages over the batch instead."""
-    loss_agg: LossAgg = "token_mean"
+    loss_agg: LossAgg = Field("token_mean", exclude_if=lambda v: v == "token_mean")
     """How the policy loss reduces its per-token terms (the clipped surrogate and GRPO's KL):
     ``token_mean`` over every real token of the mini-batch (DAPO; TRL's ``dapo`` and ``bnpo``),
     so a long response weighs in proportion to its length; ``seq_mean_token_mean``, each
@@ -155,13 +156,15 @@ class AlgorithmConfig(_Section):
     short response's tokens weigh more; ``seq_mean_token_sum_norm``, the token sum over
     responses x ``generation.max_new_tokens``, a constant (Dr. GRPO; TRL's ``dr_grpo``), free of
     either length bias. PPO's value loss is a token mean whatever this says; logged ``clipfrac``,
-    ``ratio_mean``, ``kl`` and ``entropy`` stay token means (``actions/rl/masked.py``)."""
-    mask_truncated: bool = False
+    ``ratio_mean``, ``kl`` and ``entropy`` stay token means (``actions/rl/masked.py``). Left out of
+    a dump (requests, run identity) at its default, so runs from before it keep their ids and
+    actions of the revision before it (which refuse unknown fields) still take the requests."""
+    mask_truncated: bool = Field(False, exclude_if=lambda v: not v)
     """Leave completions cut at ``generation.max_new_tokens`` (no stop token; finish reason
     ``length``) out of the policy loss, their tokens masked (DAPO's overlong filtering; TRL's
     ``mask_truncated_completions``): an unfinished answer's reward says little about its tokens.
     They still count in their group's reward mean and std (the advantages of the others), and
-    PPO's critic still learns from them."""
+    PPO's critic still learns from them. Left out of a dump at its default, as ``loss_agg`` is."""
     micro_batch_size: int | None = Field(None, gt=0)
     """Samples per forward/backward pass; gradients are accumulated over a mini-batch
     (``batch_size / num_minibatches`` samples) before each optimizer step, with every micro
@@ -233,7 +236,8 @@ class WarmupConfig(_Section):
     """Warm-up: learning rate (AdamW)."""
     error_rate: float | None = Field(None, ge=0, le=1)
     """How often the synthetic demonstrator errs: miscounts a long repeat answer (None: 0.9),
-    stops an arith solution one operation early (None: 0.7)."""
+    stops an arith solution one operation early (None: 0.7). Not used with ``data.train_path``
+    (warm-up trains on the file's answers), but part of the run's identity."""
 
 
 class GenerationConfig(_Section):
