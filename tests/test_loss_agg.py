@@ -51,7 +51,8 @@ def test_the_train_request_carries_the_response_limit_only_for_dr_grpo(mode):
 
 
 def test_a_trl_loss_type_and_an_unknown_mode_are_answered_with_the_setting():
-    with pytest.raises(ValueError, match=r"TRL's `loss_type` is algorithm.loss_agg \(.*dr_grpo: seq_mean_token_sum_norm"):
+    with pytest.raises(ValueError,
+                       match=r"TRL's `loss_type` is algorithm.loss_agg \(.*dr_grpo: seq_mean_token_sum_norm"):
         load_config(None, ["algorithm.loss_type=dr_grpo"])
     with pytest.raises(ValueError, match=r"algorithm.loss_agg.*'seq_mean'.*token_mean"):
         load_config(None, ["algorithm.loss_agg=seq_mean"])
