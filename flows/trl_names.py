@@ -15,7 +15,8 @@ TRL_SETTINGS = {
     "gradient_accumulation_steps": "algorithm.num_minibatches = steps_per_generation / gradient_accumulation_steps "
                                    "(1 for TRL's default)",
     "per_device_train_batch_size": "algorithm.micro_batch_size",
-    "scale_rewards": "algorithm.scale_by_std (true for group, false for none)",
+    "scale_rewards": "algorithm.scale_by_std (true for group, false for none) and algorithm.std_scope (batch: "
+                     "scale_by_std true, std_scope batch)",
     "max_completion_length": "generation.max_new_tokens",
     "max_steps": "steps = max_steps / (algorithm.epochs x algorithm.num_minibatches)",
     "reward_funcs": "reward.functions",

@@ -108,3 +108,36 @@ def test_mask_truncated_leaves_cut_rows_out_of_the_policy_loss_only():
     assert load_config(None, ["algorithm.mask_truncated=true"]).fingerprint() != load_config(None, []).fingerprint()
     with pytest.raises(ValueError, match=r"TRL's `mask_truncated_completions` is algorithm.mask_truncated"):
         load_config(None, ["algorithm.mask_truncated_completions=true"])
+
+
+def test_batch_std_scope_is_grpo_with_a_std_only_and_keeps_default_ids():
+    base = load_config(None, []).fingerprint()
+    assert load_config(None, ["algorithm.std_scope=group"]).fingerprint() == base
+    assert load_config(None, ["algorithm.std_scope=batch"]).fingerprint() != base
+    for other, why in (("algorithm.name=ppo", "algorithm.name is ppo"),
+                       ("algorithm.scale_by_std=false", "algorithm.scale_by_std is false")):
+        with pytest.raises(ValueError, match=rf"algorithm.std_scope=batch .* but {why}.*remove algorithm.std_scope"):
+            load_config(None, ["algorithm.std_scope=batch", other])
+    with pytest.raises(ValueError, match=r"TRL's `scale_rewards` is .*std_scope batch"):
+        load_config(None, ["algorithm.scale_rewards=batch"])
+
+
+def test_the_update_computes_advantages_with_the_configured_std_scope():
+    import torch
+
+    from actions.config.workload import AlgorithmConfig
+    from actions.rl.advantage import group_normalized_advantages
+    from actions.rl.batch import TrainBatch
+    from actions.rl.sequences import pack
+    from actions.rl.update import compute_advantages
+
+    prompts, responses = [[1]] * 4, [[2], [3], [4], [5]]
+    rewards = torch.tensor([1.0, 0.0, 3.0, 1.0])
+    batch = TrainBatch(pack(prompts, responses, 0), None, None, rewards, None, ["stop"] * 4, prompts, responses, 0)
+    for scope in ("group", "batch"):
+        algo = AlgorithmConfig(batch_size=4, group_size=2, num_minibatches=1, std_scope=scope)
+        adv, _ = compute_advantages(batch, algo)
+        torch.testing.assert_close(adv, group_normalized_advantages(rewards, 2, std_scope=scope))
+    assert not torch.allclose(compute_advantages(batch, AlgorithmConfig(batch_size=4, group_size=2,
+                                                                        num_minibatches=1))[0],
+                              group_normalized_advantages(rewards, 2, std_scope="batch"))

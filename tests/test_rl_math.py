@@ -382,3 +382,25 @@ def test_loss_aggregations_by_hand():
         whole = aggregate(x0, mask, mode, 8)
         split = sum(micro_share(mask, p, idx, mode) * aggregate(x0[p], mask[p], mode, 8) for p in parts)
         assert split.item() == pytest.approx(whole.item())
+
+
+def test_batch_std_scope_divides_group_centred_rewards_by_the_steps_std():
+    """``std_scope: batch``: group mean, batch std (population, over the scored rows); uniform
+    groups stay exactly 0, unscored rows 0 and out of the std."""
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 3.0, 1.0, 2.0, 2.0])
+    adv = group_normalized_advantages(rewards, 4, std_scope="batch")
+    centred = torch.tensor([0.75, -0.25, -0.25, -0.25, 1.0, -1.0, 0.0, 0.0])
+    torch.testing.assert_close(adv, centred / (rewards.std(unbiased=False) + 1e-6))
+    group = group_normalized_advantages(rewards, 4)
+    assert not torch.allclose(adv, group)  # the first group's spread is no longer stretched to 1
+    flat = torch.tensor([0.3] * 4 + [1.0, 0.0, 0.0, 1.0])
+    assert group_normalized_advantages(flat, 4, std_scope="batch")[:4].tolist() == [0.0] * 4
+    scored = torch.tensor([True, True, False, True, True, True, True, True])
+    got = group_normalized_advantages(rewards, 4, std_scope="batch", scored=scored)
+    kept = rewards[scored]
+    mean0 = (1.0 + 0.0 + 0.0) / 3
+    assert got[2].item() == 0.0
+    assert got[0].item() == pytest.approx((1.0 - mean0) / (kept.std(unbiased=False).item() + 1e-6), rel=1e-6)
+    assert got[4].item() == pytest.approx(1.0 / (kept.std(unbiased=False).item() + 1e-6), rel=1e-6)
+    with pytest.raises(ValueError, match="std_scope 'row' is not group or batch"):
+        group_normalized_advantages(rewards, 4, std_scope="row")

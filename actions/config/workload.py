@@ -165,6 +165,12 @@ class AlgorithmConfig(_Section):
     ``mask_truncated_completions``): an unfinished answer's reward says little about its tokens.
     They still count in their group's reward mean and std (the advantages of the others), and
     PPO's critic still learns from them. Left out of a dump at its default, as ``loss_agg`` is."""
+    std_scope: Literal["group", "batch"] = Field("group", exclude_if=lambda v: v == "group")
+    """GRPO with ``scale_by_std``: divide each group's centred rewards by the std of that group
+    (``group``, the GRPO paper's) or of every scored reward of the step (``batch``: group mean,
+    batch std, as in Lite PPO, arXiv 2508.08221; TRL's ``scale_rewards: batch``), which keeps a
+    group's spread relative to the others' instead of stretching each to 1. Left out of a dump
+    at its default, as ``loss_agg`` is."""
     micro_batch_size: int | None = Field(None, gt=0)
     """Samples per forward/backward pass; gradients are accumulated over a mini-batch
     (``batch_size / num_minibatches`` samples) before each optimizer step, with every micro
@@ -185,6 +191,11 @@ class AlgorithmConfig(_Section):
         if self.name == "ppo" and not self.scale_by_std:
             raise ValueError("algorithm.scale_by_std=false sets GRPO's group normalisation, but algorithm.name is "
                              "ppo, which whitens its GAE advantages over the batch; remove algorithm.scale_by_std")
+        if self.std_scope == "batch" and (self.name == "ppo" or not self.scale_by_std):
+            why = ("algorithm.name is ppo, which whitens its GAE advantages over the batch" if self.name == "ppo"
+                   else "algorithm.scale_by_std is false, so no std divides them")
+            raise ValueError(f"algorithm.std_scope=batch sets the std GRPO divides its centred rewards by, but {why}; "
+                             "remove algorithm.std_scope")
         return self
 
     @model_validator(mode="after")

@@ -12,6 +12,10 @@ its group, ``(r - mean_group) / (std_group + eps)``, broadcast to all its tokens
   an advantage of the same sign on every row (0.03 there, up to 0.95 seen).
 - ``scale_by_std=False`` gives mean-centring only, as Dr. GRPO (arXiv 2503.20783) recommends:
   dividing by the std up-weights near-uniform groups (too easy or too hard questions).
+- ``std_scope="batch"`` divides the group-centred rewards by the population std of every
+  (scored) reward of the batch instead of their group's (group mean, batch std: "Tricks or
+  Traps", arXiv 2508.08221; TRL's ``scale_rewards: batch``, whose std is the sample
+  std): a group's spread is kept relative to the others' rather than stretched to 1.
 - Rows of one group are contiguous: row b belongs to group ``b // group_size``.
 - Unscorable rows (``scored`` False: every reward function returned None and no reward model
   scored them) are left out of their group's mean and std and get advantage exactly 0, as in
@@ -40,7 +44,8 @@ from actions.rl.kl import kl_estimate
 
 
 def group_normalized_advantages(
-    rewards: Tensor, group_size: int, *, scale_by_std: bool = True, eps: float = 1e-6, scored: Tensor | None = None
+    rewards: Tensor, group_size: int, *, scale_by_std: bool = True, eps: float = 1e-6, scored: Tensor | None = None,
+    std_scope: str = "group",
 ) -> Tensor:
     """GRPO outcome advantages, normalised within each group of ``group_size`` rows.
 
@@ -50,6 +55,7 @@ def group_normalized_advantages(
         scale_by_std: divide by the group's population std (GRPO); False gives Dr. GRPO.
         eps: added to the std to avoid division by zero.
         scored: bool ``[B]``, False for an unscorable row (module docstring); None: all scored.
+        std_scope: ``group`` (each group's std) or ``batch`` (the std of every scored reward).
     Returns:
         Advantages, ``[B]``, same dtype as ``rewards``; 0 on unscorable rows.
     """
@@ -60,18 +66,22 @@ def group_normalized_advantages(
             f"group_size={group_size} must be >= 1 and divide the number of rewards "
             f"B={rewards.numel()}; pass all group_size completions of every prompt"
         )
+    if std_scope not in ("group", "batch"):
+        raise ValueError(f"std_scope {std_scope!r} is not group or batch")
     if scored is not None and not bool(scored.all()):
-        return _scored_group_advantages(rewards, scored, group_size, scale_by_std=scale_by_std, eps=eps)
+        return _scored_group_advantages(rewards, scored, group_size, scale_by_std=scale_by_std, eps=eps,
+                                        std_scope=std_scope)
     grouped = rewards.view(-1, group_size)  # [num_groups, G]
     centered = grouped - grouped.mean(dim=1, keepdim=True)
     if scale_by_std:
-        centered = centered / (grouped.std(dim=1, unbiased=False, keepdim=True) + eps)
+        std = rewards.std(unbiased=False) if std_scope == "batch" else grouped.std(dim=1, unbiased=False, keepdim=True)
+        centered = centered / (std + eps)
     uniform = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)
     return torch.where(uniform, torch.zeros_like(centered), centered).reshape(-1)
 
 
 def _scored_group_advantages(rewards: Tensor, scored: Tensor, group_size: int, *, scale_by_std: bool,
-                             eps: float) -> Tensor:
+                             eps: float, std_scope: str) -> Tensor:
     """``group_normalized_advantages`` with the mean and population std of each group taken over
     its scored rows only, and 0 on the rest (and on a group with none scored)."""
     keep = scored.view(-1, group_size).to(torch.bool)  # [num_groups, G]
@@ -79,7 +89,10 @@ def _scored_group_advantages(rewards: Tensor, scored: Tensor, group_size: int, *
     count = keep.sum(dim=1, keepdim=True).clamp_min(1).to(rewards.dtype)
     mean = grouped.sum(dim=1, keepdim=True) / count
     centered = torch.where(keep, grouped - mean, torch.zeros_like(grouped))
-    if scale_by_std:
+    if scale_by_std and std_scope == "batch":
+        taken = rewards[scored.to(torch.bool)]
+        centered = centered / (taken.std(unbiased=False) + eps)
+    elif scale_by_std:
         std = (centered.square().sum(dim=1, keepdim=True) / count).sqrt()
         centered = centered / (std + eps)
     inf = torch.full_like(grouped, float("inf"))

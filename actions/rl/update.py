@@ -90,7 +90,7 @@ def compute_advantages(batch: TrainBatch, algo: AlgorithmConfig) -> tuple[torch.
     scored = batch.scored()
     if algo.name == "grpo":
         return group_normalized_advantages(batch.rewards, algo.group_size, scale_by_std=algo.scale_by_std,
-                                           scored=scored), None
+                                           scored=scored, std_scope=algo.std_scope), None
     mask = batch.packed.response_mask
     if batch.old_logp is None:
         raise ValueError("PPO needs the scored old_logp; the score action computes them for algorithm.name ppo")
