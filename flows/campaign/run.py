@@ -27,6 +27,7 @@ from flows.campaign.advance import run_one_step
 from flows.campaign.budget import budget_stop, evaluation_due, resume_stop, runs_a_step
 from flows.campaign.collect import Collector
 from flows.campaign.drafts import drop_unreferenced
+from flows.campaign.earlier_ids import resumed_run_id
 from flows.campaign.holding import holding_lease
 from flows.campaign.learning_warnings import learning_warnings
 from flows.campaign.lease import RunLease
@@ -62,6 +63,8 @@ def run_campaign(cfg: CampaignConfig, *, resume: bool = False, progress: Progres
     """
     started = time.time()
     store = store or open_store(cfg.store.uri)  # as the CLI: first, so a resume's checks know the run exists
+    if resume and (earlier := resumed_run_id(cfg, store)) is not None:  # a run derived before (earlier_ids.py)
+        cfg = cfg.model_copy(update={"run_id": earlier})
     run_id = cfg.resolved_run_id()
     check_campaign(cfg, resumed=resume and load_state(store, run_id) is not None)
     with holding_lease(cfg, store, run_id, break_lease=break_lease, progress=progress) as lease:

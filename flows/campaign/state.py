@@ -30,6 +30,7 @@ from actions.store import (
     read_pointer,
 )
 from actions.store.safe_paths import STORE_FIX, UnsafeName, check_name, shown
+from flows.campaign.earlier_ids import as_recorded_then
 from flows.campaign.history import seal, unseal
 from flows.campaign.reward_copies import described, reconcile_reward_paths
 from flows.config import CampaignConfig, fingerprint_of
@@ -306,7 +307,7 @@ def check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: bo
         )
     identity, warnings = (reconcile_reward_paths(existing.run_id, existing.identity, cfg, store) if store is not None
                           else (cfg.identity(), []))
-    identity = _as_recorded(identity, existing.identity, RESUMABLE_CHANGES)
+    identity = _as_recorded(as_recorded_then(identity, existing.identity), existing.identity, RESUMABLE_CHANGES)
     if existing.fingerprint != fingerprint_of(identity):
         diff = [described(k, existing.identity, identity) if store is not None else k
                 for k in differing_keys(existing.identity, identity)]

@@ -164,6 +164,20 @@ def _preflight(cfg: CampaignConfig, out: Path, summary_path: Path, resume: bool,
     return RunLease.acquire(store, run_id, ttl_s=cfg.store.lease_ttl_s, break_lease=break_lease)
 
 
+def _earlier_run(cfg: Any) -> None:
+    """Resume a run whose id was derived before its settings' identity gained two keys
+    (``flows/campaign/earlier_ids.py``): name it in ``cfg`` and say so."""
+    from actions.store import open_store
+    from flows.campaign.earlier_ids import resumed_run_id
+
+    earlier = resumed_run_id(cfg, open_store(cfg.store.uri))
+    if earlier is not None:
+        print(f"note: --resume: run {earlier!r} is the one these settings named before model.lora and "
+              f"reward.models were part of a run's identity (now {cfg.resolved_run_id()!r}); resuming it",
+              file=sys.stderr)
+        cfg.run_id = earlier
+
+
 def _train(args: argparse.Namespace) -> int:
     from flows.config import load_config
 
@@ -175,6 +189,8 @@ def _train(args: argparse.Namespace) -> int:
     if args.run_id is not None:  # "" is refused by the validator, not silently replaced by the default
         overrides.append(f"run_id={json.dumps(args.run_id)}")  # a JSON string is a YAML string: "007" stays text
     cfg = load_config(args.config, overrides)
+    if args.resume:
+        _earlier_run(cfg)
     out = Path(args.out or f"runs/{cfg.resolved_run_id()}")
     summary_path = Path(args.summary) if args.summary else out / "summary.json"
     if cfg.invoker.log_dir is None:  # worker logs live in the run directory

@@ -1,0 +1,61 @@
+"""Runs whose identity was recorded before ``model.lora`` and ``reward.models`` were part of it.
+
+A derived run id hashes the settings that define what a run computes
+(``CampaignConfig.identity``). Those two keys entered the identity without being left out at
+their defaults (None, ``[]``), so every run id derived before then differs from the one the
+same settings derive now (the default campaign: ``repeat-grpo-7a56ae721e20`` then,
+``repeat-grpo-7cd0a181803c`` now), and its recorded identity lacks the two keys. A resume of
+such a run takes the id it was derived with where the store holds a run under it and none under
+today's (``resumed_run_id``), and compares the settings without the keys its record lacks, where
+they are at those defaults (``as_recorded_then``). Runs derived since keep their ids.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from actions.store import ObjectStore
+from flows.config import CampaignConfig, fingerprint_of
+
+LATER_KEYS: tuple[tuple[str, str, Any], ...] = (("reward", "models", []), ("model", "lora", None))
+"""(section, key, value) of identity keys added after runs were committed without them, in the
+order they were added: a run recorded without the key had that value."""
+
+
+def as_recorded_then(identity: dict[str, Any], recorded: dict[str, Any] | None = None,
+                     keys: tuple[tuple[str, str, Any], ...] = LATER_KEYS) -> dict[str, Any]:
+    """``identity`` (a copy) without each of ``keys`` that holds its value there and that
+    ``recorded`` (a run's recorded identity; None: a record from before them all) lacks."""
+    out = copy.deepcopy(identity)
+    for section, key, value in keys:
+        lacks = recorded is None or key not in (recorded.get(section) or {})
+        if lacks and section in out and key in out[section] and out[section][key] == value:
+            del out[section][key]
+    return out
+
+
+def earlier_run_ids(cfg: CampaignConfig) -> list[str]:
+    """The ids ``cfg`` derived before each of ``LATER_KEYS`` entered the identity (before both,
+    then before the later one alone), those that differ from today's; none where ``run_id`` is set."""
+    if cfg.run_id is not None:
+        return []
+    identity, now = cfg.identity(), cfg.fingerprint()
+    stem = cfg.resolved_run_id().removesuffix(now)
+    ids = [stem + fingerprint_of(as_recorded_then(identity, keys=LATER_KEYS[i:])) for i in range(len(LATER_KEYS))]
+    return [i for i in dict.fromkeys(ids) if i != stem + now]
+
+
+def resumed_run_id(cfg: CampaignConfig, store: ObjectStore) -> str | None:
+    """For a resume: an earlier derivation's run id where the store holds a committed run under
+    it and none under the id ``cfg`` derives now; else None (resume what ``cfg`` names)."""
+    earlier = earlier_run_ids(cfg)
+    if not earlier or _committed(store, cfg.resolved_run_id()):
+        return None
+    return next((i for i in earlier if _committed(store, i)), None)
+
+
+def _committed(store: ObjectStore, run_id: str) -> bool:
+    """Whether ``run_id`` has a commit record (as ``status.committed_runs`` finds runs)."""
+    return any(k.rsplit("/", 1)[-1].startswith("step-") and k.endswith(".json")
+               for k in store.list(f"runs/{run_id}/campaign/commits/"))
