@@ -34,6 +34,8 @@ def test_a_resume_takes_the_earlier_id_only_where_the_store_holds_that_run_alone
     _commit(store, "repeat-grpo-7a56ae721e20")
     assert resumed_run_id(cfg, store) == "repeat-grpo-7a56ae721e20"
     assert resumed_run_id(load_config(None, ["algorithm.lr=0.001"]), store) is None  # other settings
+    store.put("runs/repeat-grpo-7cd0a181803c/lease.json", b"{}")
+    assert resumed_run_id(cfg, store) is None  # a run under today's id stopped before its first commit: that one
     _commit(store, "repeat-grpo-7cd0a181803c")
     assert resumed_run_id(cfg, store) is None  # today's id has a run: that one
 

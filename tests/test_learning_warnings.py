@@ -60,6 +60,10 @@ def test_completions_cut_at_the_length_limit_warn_after_three_steps_in_a_row():
     assert [w["kind"] for w in learning_warnings([cut(0.5), cut(0.5)], total=2)] == ["truncated"]
     assert learning_warnings([cut(0.5), cut(0.4)], total=2) == []
     assert learning_warnings([_step()] * 4, total=4) == []  # a step without the metric is not cut
+    [plain] = learning_warnings([cut(0.9)] * 3, total=3)
+    [masked] = learning_warnings([cut(0.9)] * 3, total=3, mask_truncated=True)
+    assert "set algorithm.mask_truncated: true" in plain["message"]  # the run lacks it: offered
+    assert "set algorithm.mask_truncated" not in masked["message"] and "already" in masked["message"]
 
 
 def test_a_diverged_update_warns():
@@ -128,3 +132,24 @@ def test_zero_variance_run_warns_and_resume_of_finished_run_writes_nothing(tmp_p
     # it invokes no action (no profile): the figures billed are the ones committed
     spend = ("billed_gpu_seconds", "useful_gpu_seconds", "usd", "billed_gpu_seconds_by_part")
     assert {k: again[k] for k in spend} == {k: summary[k] for k in spend} and again["profile"] is None
+
+
+def test_a_steps_commit_column_is_the_previous_steps_commit_alone(tiny_config, prefect_harness, monkeypatch):
+    """``timing_s/commit`` of step k+1 is step k's commit and collection: a commit made slow at
+    the first step shows at the second, and not again at the third."""
+    import time
+
+    import flows.campaign.run as run
+
+    real = run.commit_state
+
+    def slow_first(store, state):
+        if state.step == 1:
+            time.sleep(0.4)
+        return real(store, state)
+
+    monkeypatch.setattr(run, "commit_state", slow_first)
+    steps = run.run_campaign(tiny_config("invoker.kind=inprocess", "run_id=commit", "steps=3"),
+                             progress=lambda m: None)["steps"]
+    commit = [s["timing_s/commit"] for s in steps]
+    assert commit[0] == 0.0 and commit[1] >= 0.4 and commit[2] < 0.4, commit

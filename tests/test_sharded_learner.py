@@ -165,20 +165,23 @@ def test_a_failing_rank_fails_the_activation_once_and_stops_the_others():
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", [("algorithm.name=ppo",), ("model.lora={r: 4, alpha: 8}",), ("model.dtype=bfloat16",),
                                    ("algorithm.loss_agg=seq_mean_token_sum_norm", "algorithm.micro_batch_size=4",
-                                    "algorithm.mask_truncated=true")],
-                         ids=["ppo", "lora", "bf16", "dr_grpo"])
+                                    "algorithm.mask_truncated=true"),
+                                   ("algorithm.mask_truncated=true", "algorithm.micro_batch_size=4")],
+                         ids=["ppo", "lora", "bf16", "dr_grpo", "masked"])
 def test_two_ranks_train_ppo_lora_and_bf16_as_one(tiny_config, prefect_harness, extra):
     """One step on two ranks against one rank: PPO (the critic sharded too), LoRA (only the adapter
     sharded and trained), bf16 (fp32 shards as the master copy; weights within a bf16 spacing),
     Dr. GRPO's reduction over micro batches with truncated rows masked (each rank's jobs weighted by their
-    share of rows)."""
+    share of rows), and the token mean with them masked (by their share of the counted tokens)."""
     base = ("invoker.kind=inprocess", "algorithm.lr=0.003", "steps=1",
             "reward.functions=[{name: 'trl_doc_reward_len:reward_func', weight: 0.1}]", *extra)
     runs = {ws: tiny_config(*base, f"run_id=w{ws}", f"train.world_size={ws}") for ws in (1, 2)}
     summaries = {ws: run_campaign(cfg, progress=lambda m: None)["steps"][0] for ws, cfg in runs.items()}
     assert summaries[2]["train/world_size"] == 2.0 and summaries[1]["grad_norm"] > 0.01
-    for key in ("loss/policy", "grad_norm") + (("loss/value",) if "ppo" in extra[0] else ()):
+    for key in ("loss/policy", "grad_norm", "entropy", "clipfrac") + (("loss/value",) if "ppo" in extra[0] else ()):
         assert summaries[2][key] == pytest.approx(summaries[1][key], rel=LOSS_RTOL, abs=1e-9), key
+    if "algorithm.mask_truncated=true" in extra:  # rows to mask: the case tests the ranks' token weights
+        assert summaries[1]["response_length/clip_ratio"] > 0
     (w1, o1), (w2, o2) = _tensors_at(runs[1], 1), _tensors_at(runs[2], 1)
     _assert_close(w1, w2, "weights")
     _assert_close(o1, o2, "optimizer state")

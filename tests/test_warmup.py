@@ -106,3 +106,34 @@ def test_campaign_passes_model_dtype_and_checkpointing_to_warmup(tiny_config, pr
     assert (req.dtype, req.gradient_checkpointing) == ("bfloat16", True)
     stored, meta = load_tensors(LocalStore(cfg.store.uri), req.output_key)
     assert meta["source"] == "warmup" and {t.dtype for t in stored.values()} == {torch.bfloat16}
+
+
+def test_each_row_is_trained_on_its_own_prompt_encoded_once(prepared, monkeypatch):
+    """Warm-up encodes a row's prompt the first time the row is drawn and reuses it after; every
+    packed prompt is that row's own encoding."""
+    from actions.models.loading import encode_prompt
+    from actions.tasks.stored import load_dataset
+
+    cfg, store, p = prepared
+    rows = load_dataset(store.uri, p.train_key)
+    calls: list[int] = []
+    packed: list[list[tuple[int, ...]]] = []
+    real_pack = warmup.pack
+
+    def counting(tokenizer, row):
+        calls.append(row.prompt_id)
+        return encode_prompt(tokenizer, row)
+
+    def recording(prompts, targets, pad_id):
+        packed.append([tuple(x) for x in prompts])
+        return real_pack(prompts, targets, pad_id)
+
+    monkeypatch.setattr(warmup, "encode_prompt", counting)
+    monkeypatch.setattr(warmup, "pack", recording)
+    monkeypatch.setenv("RLHFLESS_DEVICE", "cpu")
+    warmup.run_warmup(_request(cfg, store, p, "encoded-once"))
+    assert len(calls) == len(set(calls)) and len(packed) == cfg.warmup.steps
+    tokenizer = load_model(ModelRef(store_uri=store.uri, base_key=p.base_key, policy_key=p.init_key,
+                                    policy_version=0))[1]
+    drawn = {tuple(encode_prompt(tokenizer, rows[i])) for i in set(calls)}  # the rows' own (texts repeat)
+    assert {prompt for step in packed for prompt in step} == drawn and len(drawn) > 1

@@ -48,9 +48,11 @@ def earlier_run_ids(cfg: CampaignConfig) -> list[str]:
 
 def resumed_run_id(cfg: CampaignConfig, store: ObjectStore) -> str | None:
     """For a resume: an earlier derivation's run id where the store holds a committed run under
-    it and none under the id ``cfg`` derives now; else None (resume what ``cfg`` names)."""
+    it and nothing under the id ``cfg`` derives now (not even the set-up or lease of a run stopped
+    before its first commit, which ``status`` calls ``incomplete``); else None (resume what
+    ``cfg`` names)."""
     earlier = earlier_run_ids(cfg)
-    if not earlier or _committed(store, cfg.resolved_run_id()):
+    if not earlier or store.list(f"runs/{cfg.resolved_run_id()}/"):
         return None
     return next((i for i in earlier if _committed(store, i)), None)
 

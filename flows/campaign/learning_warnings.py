@@ -49,6 +49,9 @@ GROUP_RELATIVE = ("grpo",)
 """Algorithms (``algorithm.name``) whose advantage is a reward's spread within its group: the
 ones ``zero_reward_std`` applies to."""
 
+_MASK_FIX = "; or set algorithm.mask_truncated: true to leave them out of the loss"
+"""``truncated``'s last fix, which a run that has the setting is not given."""
+
 _FIX = {
     "zero_reward_std": "every completion of a prompt earned the same reward, so there is nothing to learn from; "
                        "check the reward functions on real completions, raise algorithm.group_size, "
@@ -60,9 +63,8 @@ _FIX = {
     "no_reward": "no reward function applied to any completion (each returned None); check that the functions "
                  "read the dataset's columns and the completions' format",
     "truncated": f"at least {TRUNCATED_SHARE:.0%} of the completions were cut at generation.max_new_tokens "
-                 f"({CLIP_RATIO}), so the rewards judge unfinished answers; raise generation.max_new_tokens, check "
-                 "that the model ends its answers with its EOS token, or set algorithm.mask_truncated: true to "
-                 "leave them out of the loss",
+                 f"({CLIP_RATIO}), so the rewards judge unfinished answers; raise generation.max_new_tokens, "
+                 "check that the model ends its answers with its EOS token" + _MASK_FIX,
 }
 
 
@@ -107,9 +109,12 @@ def _diverged(m: Mapping[str, Any]) -> tuple[bool, bool]:
             nonfinite(CRITIC_LOSS) or m.get(SKIPPED_STEPS[1], 0.0) > 0)
 
 
-def _message(kind: str, m: Mapping[str, Any]) -> str:
+def _message(kind: str, m: Mapping[str, Any], mask_truncated: bool = False) -> str:
     """The fix ``kind``'s line gives at the step of metrics ``m``: the critic's wording of
-    ``nonfinite_update`` where only the critic diverged, naming the counter that is not 0."""
+    ``nonfinite_update`` where only the critic diverged, naming the counter that is not 0;
+    ``truncated``'s without the setting a run with ``mask_truncated`` has already."""
+    if kind == "truncated" and mask_truncated:
+        return _FIX[kind].replace(_MASK_FIX, " (algorithm.mask_truncated leaves them out of the loss already)")
     if kind != "nonfinite_update":
         return _FIX[kind]
     policy, critic = _diverged(m)
@@ -129,9 +134,11 @@ class LearningWarning:
     """The progress line."""
 
 
-def find_warnings(steps: Sequence[Mapping[str, Any]], total: int, algorithm: str = "grpo") -> list[LearningWarning]:
+def find_warnings(steps: Sequence[Mapping[str, Any]], total: int, algorithm: str = "grpo",
+                  mask_truncated: bool = False) -> list[LearningWarning]:
     """One warning per kind that held over ``steps`` (``total`` planned) of a run of
-    ``algorithm`` (``algorithm.name``), in the order they first held."""
+    ``algorithm`` (``algorithm.name``; ``mask_truncated``: its ``algorithm.mask_truncated``), in
+    the order they first held."""
     found: dict[str, LearningWarning] = {}
     for i in range(len(steps)):
         for kind in _FIX:
@@ -141,15 +148,18 @@ def find_warnings(steps: Sequence[Mapping[str, Any]], total: int, algorithm: str
                 found[kind].steps += 1
             else:
                 found[kind] = LearningWarning(kind, i + 1, 1,
-                                              f"warning: step {i + 1}: {kind}: {_message(kind, steps[i])}")
+                                              f"warning: step {i + 1}: {kind}: "
+                                              f"{_message(kind, steps[i], mask_truncated)}")
     return sorted(found.values(), key=lambda w: (w.step, w.kind))
 
 
-def learning_warnings(steps: Sequence[Mapping[str, Any]], total: int, algorithm: str = "grpo") -> list[dict[str, Any]]:
+def learning_warnings(steps: Sequence[Mapping[str, Any]], total: int, algorithm: str = "grpo",
+                      mask_truncated: bool = False) -> list[dict[str, Any]]:
     """``find_warnings`` as JSON for ``summary.json``: ``kind``, ``step``, ``steps``, ``message``."""
-    return [asdict(w) for w in find_warnings(steps, total, algorithm)]
+    return [asdict(w) for w in find_warnings(steps, total, algorithm, mask_truncated)]
 
 
-def new_warning_lines(steps: Sequence[Mapping[str, Any]], total: int, algorithm: str = "grpo") -> list[str]:
+def new_warning_lines(steps: Sequence[Mapping[str, Any]], total: int, algorithm: str = "grpo",
+                      mask_truncated: bool = False) -> list[str]:
     """The warnings that first hold at the last step: what the progress output prints after it."""
-    return [w.message for w in find_warnings(steps, total, algorithm) if w.step == len(steps)]
+    return [w.message for w in find_warnings(steps, total, algorithm, mask_truncated) if w.step == len(steps)]

@@ -30,6 +30,7 @@ class Reporter:
     def __init__(self, cfg: CampaignConfig, run_id: str, publisher: Background, progress: Progress) -> None:
         self.run_id, self.total, self.publisher, self.progress = run_id, cfg.steps, publisher, progress
         self.algorithm = cfg.algorithm.name  # which learning warnings apply
+        self.mask_truncated = cfg.algorithm.mask_truncated  # and what they advise
         self.unit = billing(cfg.invoker.kind)["unit"]  # what billed time is on this invoker
         self.board = Trackers.open(cfg, run_id)  # observability.report_to: TensorBoard, wandb, MLflow, trackio
         self.progress_id: Any = None
@@ -45,7 +46,8 @@ class Reporter:
                               state.step, self.total, self.unit)
         self.board.add_step(state.step, dict(record.metrics), state.evals)
         self.progress(progress_line(state, StepFigures.of(record.metrics), self.total))
-        for line in new_warning_lines(state.steps, self.total, self.algorithm):  # a run that cannot learn says so
+        # a run that cannot learn says so
+        for line in new_warning_lines(state.steps, self.total, self.algorithm, self.mask_truncated):
             self.progress(line)
 
     def close(self, failure: BaseException | None = None) -> None:

@@ -138,7 +138,8 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
         finally:
             reporter.close(failure)  # last: a tracker that fails to end skips no other clean-up
     return summarize(state, wall.session_s(), wall.total_s(state), billing=billing(cfg.invoker.kind), gc=collect.totals,
-                     warnings=learning_warnings(state.steps, cfg.steps, cfg.algorithm.name),
+                     warnings=learning_warnings(state.steps, cfg.steps, cfg.algorithm.name,
+                                                cfg.algorithm.mask_truncated),
                      profile=ctx.live.describe() if ctx.live else None)
 
 
