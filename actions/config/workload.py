@@ -406,13 +406,6 @@ class TrainConfig(_Section):
     CUDA, 1 on the CPU."""
 
 
-TASK_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {
-    ("data", "max_count"): {"repeat": 14, "arith": 3},
-    ("warmup", "error_rate"): {"repeat": 0.9, "arith": 0.7},
-}
-"""(section, setting) -> ``data.task`` -> the value an unset setting of the generated task takes."""
-
-
 class WorkloadConfig(_Section):
     """What the actions compute: the sections they read (model, data, reward, algorithm,
     warm-up, generation) and the seed. ``CampaignConfig`` adds how and where the work runs
@@ -435,9 +428,9 @@ class WorkloadConfig(_Section):
     @model_validator(mode="after")
     def _resolve_defaults(self) -> WorkloadConfig:
         if self.data.max_count is None:
-            self.data.max_count = TASK_DEFAULTS["data", "max_count"][self.data.task]
+            self.data.max_count = {"repeat": 14, "arith": 3}[self.data.task]
         if self.warmup.error_rate is None:
-            self.warmup.error_rate = TASK_DEFAULTS["warmup", "error_rate"][self.data.task]
+            self.warmup.error_rate = {"repeat": 0.9, "arith": 0.7}[self.data.task]
         if self.warmup.steps is None:
             self.warmup.steps = 0 if self.data.train_path else 300
         self._check_lora()
