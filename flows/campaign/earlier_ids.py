@@ -15,7 +15,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from actions.store import ObjectStore
+from actions.store import ObjectStore, commit_key
+from flows.campaign.lease import lease_key
 from flows.config import CampaignConfig, fingerprint_of
 
 LATER_KEYS: tuple[tuple[str, str, Any], ...] = (("reward", "models", []), ("model", "lora", None))
@@ -50,14 +51,14 @@ def resumed_run_id(cfg: CampaignConfig, store: ObjectStore) -> str | None:
     """For a resume: an earlier derivation's run id where the store holds a committed run under
     it and nothing under the id ``cfg`` derives now (not even the set-up or lease of a run stopped
     before its first commit, which ``status`` calls ``incomplete``); else None (resume what
-    ``cfg`` names)."""
+    ``cfg`` names). A few one-key listings, whatever the runs' sizes."""
     earlier = earlier_run_ids(cfg)
-    if not earlier or store.list(f"runs/{cfg.resolved_run_id()}/"):
+    today = cfg.resolved_run_id()
+    if not earlier or any(store.list(p) for p in (lease_key(today), f"runs/{today}/base/", _first_commit(today))):
         return None
-    return next((i for i in earlier if _committed(store, i)), None)
+    return next((i for i in earlier if store.list(_first_commit(i))), None)
 
 
-def _committed(store: ObjectStore, run_id: str) -> bool:
-    """Whether ``run_id`` has a commit record (as ``status.committed_runs`` finds runs)."""
-    return any(k.rsplit("/", 1)[-1].startswith("step-") and k.endswith(".json")
-               for k in store.list(f"runs/{run_id}/campaign/commits/"))
+def _first_commit(run_id: str) -> str:
+    """The key of a run's first commit record (after set-up; garbage collection never deletes one)."""
+    return commit_key(f"runs/{run_id}/campaign", 0)
