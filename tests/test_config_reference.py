@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from actions.config.workload import AlgorithmConfig
 from flows.commands.cli import main
 from flows.commands.config_show import keys, reference, type_text
 from flows.config import CampaignConfig, load_config
@@ -65,6 +66,9 @@ def test_config_prints_what_train_would_run(capsys):
     assert printed["steps"] == 3 and printed["algorithm"]["kl_kind"] == "k1"  # resolved, not as typed
     # the printed configuration, given back, is the same run
     assert CampaignConfig.model_validate(printed).resolved_run_id() == expected.resolved_run_id()
+    # every setting, those a dump leaves out at their defaults included, in field order
+    assert list(printed["algorithm"]) == list(AlgorithmConfig.model_fields)
+    assert (printed["algorithm"]["loss_agg"], printed["algorithm"]["mask_truncated"]) == ("token_mean", False)
 
 
 def test_automatic_values_are_named_so_a_template_drops_them(capsys, tmp_path):

@@ -8,6 +8,7 @@ What ``train`` checks beyond the configuration (the data and model files, the en
 store) is not checked here, and the two paths ``train`` fills from its ``--out``
 (``invoker.log_dir``, ``observability.tensorboard_dir``) print as null. With a dataset file
 the generated task's sizes are left out, which ``train`` would refuse beside it.
+Settings a dump leaves out at their defaults (``exclude_if``) are printed too.
 Automatic values (a key whose default is null, resolved from the rest: ``warmup.steps``,
 ``data.max_count``, ``algorithm.kl_kind``...) are printed resolved, and named in a comment:
 given back with ``--config`` the file runs the same, but as a template for other data they
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = validate_config(written)
     # with a dataset file, the generated task's sizes are left out: refused beside it
     generated = {"data": {"num_train_prompts", "num_eval_prompts"}} if cfg.data.train_path else None
-    dumped = cfg.model_dump(mode="json", exclude=generated)
+    dumped = with_quiet_defaults(cfg, cfg.model_dump(mode="json", exclude=generated))
     lines = []
     if dumped.get("run_id") is None:
         lines.append(f"# run_id derived from this configuration: {cfg.resolved_run_id()}")
@@ -83,6 +84,23 @@ def run(args: argparse.Namespace) -> int:
                      "dataset, task or algorithm, drop these")
     lines.append(yaml.safe_dump(dumped, sort_keys=False, allow_unicode=True))
     return emit("\n".join(lines))
+
+
+def with_quiet_defaults(model: BaseModel, dumped: dict[str, Any]) -> dict[str, Any]:
+    """``dumped`` (``model``'s ``model_dump``) with the fields a dump leaves out at their default
+    (``exclude_if``: settings newer than runs and actions that refuse unknown keys) put back, in
+    field order: the printed configuration shows every setting, as ``--reference`` does."""
+    from pydantic_core import to_jsonable_python
+
+    out: dict[str, Any] = {}
+    for name, info in type(model).model_fields.items():
+        value = getattr(model, name)
+        if name in dumped:
+            out[name] = (with_quiet_defaults(value, dumped[name])
+                         if isinstance(value, BaseModel) and isinstance(dumped[name], dict) else dumped[name])
+        elif info.exclude_if is not None and info.exclude_if(value):
+            out[name] = to_jsonable_python(value)
+    return out
 
 
 def emit(text: str) -> int:
