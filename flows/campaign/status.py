@@ -64,7 +64,7 @@ def status_report(store: ObjectStore, run_id: str) -> dict[str, Any] | None:
     lease = lease_status(store, run_id)
     if state is None:
         held = lease is not None and lease["held"]
-        if not held and lease is None and not store.list(f"runs/{run_id}/"):
+        if lease is None and not store.list(f"runs/{run_id}/"):
             return None
         return {"run_id": run_id, "state": "running" if held else "incomplete", "steps_committed": 0, "lease": lease,
                 **dict.fromkeys(("steps_configured", "policy_version", "weights_sha256", "spend", "stopped_reason",
