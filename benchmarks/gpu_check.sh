@@ -12,7 +12,9 @@
 #                all but the compiled step; graph-vs-eager fp32 equality among them
 #   roofline     the decode step of the Qwen2.5-7B and -0.5B shapes (SHAPES) against the HBM roofline,
 #                bf16, context 512, at each batch of BATCHES (default "64 8"; batch 64 with a profile of
-#                the step's kernels by kind, PROFILE="graphs,static"); roofline=N[,M] runs those batches
+#                the step's kernels by kind, PROFILE="graphs,static"); roofline=N[,M] runs those batches;
+#                ROOF_PATHS narrows the paths (default graphs,static,dynamic,hf-loop; "graphs,compiled,static"
+#                measures the compiled step on the same model build)
 #   spec         speculative rounds on graphs against plain graphed decoding, 0.5B shape
 #   prefill      per-length-bucket prefill calls and the last-column output head, 0.5B shape
 #   sampling     fused draws against unfused ones, 0.5B shape
@@ -146,9 +148,11 @@ for p in $PARTS; do
       for batch in ${arg//,/ }; do
         for shape in ${SHAPES:-7b 0.5b}; do
           prof=(); [ "$batch" = 64 ] && prof=(--profile "${PROFILE:-graphs,static}")  # kernels by kind
+          paths=(--compare)  # ROOF_PATHS without dynamic: no row comparison (it is against dynamic's rows)
+          [ -n "${ROOF_PATHS:-}" ] && { paths=(--paths "$ROOF_PATHS"); [[ ",$ROOF_PATHS," == *,dynamic,* ]] && paths+=(--compare); }
           run_part "roofline qwen2.5-$shape batch $batch" "${BENCH_TIMEOUT:-150}" -- python3 benchmarks/bench_decode_roofline.py \
             --device cuda --model-config "benchmarks/configs/qwen2.5-$shape.json" --batch "$batch" --context 512 \
-            --compare ${prof[@]+"${prof[@]}"} --json "$JSON"
+            "${paths[@]}" ${prof[@]+"${prof[@]}"} --json "$JSON"
         done
       done ;;
     spec)  # history drafts at epoch 2 first: the 1.5x bar
