@@ -226,3 +226,54 @@ def test_a_compiled_decode_step_compiles_a_few_times_per_container_and_keeps_the
     spec_got, _ = _gen(compiled, call, speculation=spec)
     eager_got, _ = _gen(eager, call)
     assert sum(spec_got[k] == eager_got[k] for k in eager_got) >= 0.9 * len(eager_got)
+
+
+def test_a_compiled_step_writes_the_kv_cache_in_place(monkeypatch):
+    """The compiled step writes each new key and value into the cache in place, in full buckets
+    and in smaller ones alike: no out-of-place copy of a cache buffer (or of its validity mask)
+    is left in the compiled graphs. An in-place write into the view ``keys[:b]`` with ``b``
+    symbolic compiled to a copy of the whole view plus a copy back, twice per layer and step,
+    2.7 ms of a 9.6 ms step on one H200 (``StaticForward._write``)."""
+    import torch._dynamo
+    import torch._functorch.config
+    import torch._inductor.config
+    from torch._inductor.fx_passes import post_grad
+
+    aten = torch.ops.aten
+    functional = {aten.index_put.default, aten.index_copy.default, aten.index_fill.int_Scalar,
+                  aten.index_fill.int_Tensor}
+    seen: list[str] = []
+    ran = []
+    reinplace = post_grad.reinplace_inplaceable_ops
+
+    def checked(*args, **kwargs):
+        out = reinplace(*args, **kwargs)
+        graph = args[-1]
+        ran.append(1)
+        for node in graph.nodes:
+            val = node.meta.get("val")
+            big = isinstance(val, torch.Tensor) and val.dim() >= 2
+            copy_back = node.target is aten.copy_.default and big
+            if big and node.target in functional or copy_back:
+                seen.append(f"{node.target}: {node.format_node()}"[:200])
+        return out
+
+    monkeypatch.setattr(post_grad, "reinplace_inplaceable_ops", checked)
+    # compile afresh: a cached graph skips the compiler's passes, and this check with them
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
+    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
+    torch._dynamo.reset()
+    cls, extra = SHAPES["qwen2-gqa"]
+    model, tok = tiny_causal_lm(cls, **extra)
+    engine = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, compile_decode=True)
+    rows = make_rows(3, max_count=9, seed=1)
+    specs = [SampleSpec(r.prompt_id, i, tuple(tok(r.prompt)["input_ids"])) for r in rows for i in range(3)]
+    eager = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    want = {n: _gen(eager, specs[:n], max_new_tokens=4)[0] for n in (9, 2)}
+    for n in (9, 2):  # 9 rows, then 2 in a smaller bucket of the same buffers
+        got, _ = _gen(engine, specs[:n], max_new_tokens=4)
+        assert got == want[n]
+    rt = runtime_for(model, compiled=True)
+    assert rt.compiled and rt.kv.rows > 2, "the step fell back to eager, or no smaller bucket ran"
+    assert ran, "the compiler's reinplacing pass never ran: nothing was checked"
+    assert not seen, seen

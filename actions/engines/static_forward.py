@@ -97,7 +97,11 @@ class StaticForward:
         Hugging Face's forward does when nothing is padded, so that on the CPU the sums are the
         dynamic path's to the last bit (the caller checks; a graph never passes it)."""
         b, w = ids.shape
-        kv.mask[:b].index_fill_(1, col, True)
+        if torch.compiler.is_compiling():  # in place on the whole mask, as ``_write`` says why
+            kv.mask.index_put_((torch.arange(b, device=col.device)[:, None], col[None, :]),
+                               torch.ones((), dtype=torch.bool, device=col.device))
+        else:
+            kv.mask[:b].index_fill_(1, col, True)
         amask = None if dense and w == 1 else self.attention_mask(kv, b, window, col)
         x = self.inner.embed_tokens(ids)
         cos, sin = self.inner.rotary_emb(x, pos)
@@ -105,6 +109,25 @@ class StaticForward:
             x = x + self._attend(layer.self_attn, layer.input_layernorm(x), kv, i, cos, sin, col, amask, window)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.lm_head(self.inner.norm(x))
+
+    @staticmethod
+    def _write(buf: torch.Tensor, new: torch.Tensor, col: torch.Tensor, b: int) -> torch.Tensor:
+        """Write ``new`` ``[b, kv_heads, w, head_dim]`` into columns ``col`` of ``buf``'s first
+        ``b`` rows, in place; returns ``buf[:b]``.
+
+        Under ``torch.compile`` the write indexes the whole buffer (rows, heads and columns as
+        index tensors) instead of writing into the view ``buf[:b]``: with ``b`` symbolic the
+        compiler does not make a write into that view in place, but copies the whole view,
+        writes the copy and copies it back -- two passes over every row's keys and values per
+        layer and step (2.7 ms of a 9.6 ms step of the Qwen2.5-7B shape at 64 rows, one H200)."""
+        if torch.compiler.is_compiling():
+            rows = torch.arange(b, device=buf.device)[:, None, None]
+            heads = torch.arange(buf.shape[1], device=buf.device)[None, :, None]
+            buf.index_put_((rows, heads, col[None, None, :]), new.to(buf.dtype))
+            return buf[:b]
+        out = buf[:b]
+        out.index_copy_(2, col, new.to(buf.dtype))
+        return out
 
     def _attend(self, attn, h: torch.Tensor, kv: StaticKV, i: int, cos: torch.Tensor, sin: torch.Tensor,
                 col: torch.Tensor, amask: torch.Tensor, window: int) -> torch.Tensor:
@@ -118,9 +141,7 @@ class StaticForward:
         # as rotating each, in half the kernels (a decode step is launch-bound on a GPU)
         qk, _ = self.rotate(torch.cat([q, k], dim=2).transpose(1, 2), self._none, cos, sin)
         q, k = qk[:, : self.heads], qk[:, self.heads:]
-        keys, values = kv.keys[i][:b], kv.values[i][:b]
-        keys.index_copy_(2, col, k.to(keys.dtype))
-        values.index_copy_(2, col, v.to(values.dtype))
+        keys, values = self._write(kv.keys[i], k, col, b), self._write(kv.values[i], v, col, b)
         if amask is None:  # nothing masked: grouped heads natively, as the dynamic path then does
             out = F.scaled_dot_product_attention(q.contiguous(), keys[:, :, :window], values[:, :, :window],
                                                  scale=self.scaling, enable_gqa=self.groups > 1)
