@@ -45,8 +45,9 @@ the unscaled model. It also prints the cost of a verification forward at each wi
 Output: JSON lines, each printed (and appended to ``--json``) as soon as it is measured, so a run
 cut short keeps what it measured: the workload (with the verification forward's cost, on a
 model shape), then one line per workload (``off_s``, ``on_s``, ``speedup``, ``same_outputs``,
-``rows_equal``, ``accept_rate``), then the ceilings, then every result in one line; last, one
-plain-text verdict line per workload.
+``rows_equal``, ``accept_rate``; where the time went per round, ``round_split``; the engine's cost
+fit after the run, ``cost_fit``: ``spec_select.ForwardCost``'s c0..c4), then the ceilings, then
+every result in one line; last, one plain-text verdict line per workload.
 """
 
 from __future__ import annotations
@@ -121,13 +122,19 @@ def _history(engine: TorchEngine, batches: list[list[SampleSpec]], new_tokens: i
 
 def _run(engine, batches, step0: int, spec: Speculation | None, new_tokens: int) -> tuple[float, list, dict]:
     sync(engine.device)
-    t0, outs, agg = time.perf_counter(), [], {"proposed": 0, "accepted": 0, "rounds": 0, "spec_rounds": 0}
+    t0, outs = time.perf_counter(), []
+    agg = dict.fromkeys(("proposed", "accepted", "rounds", "spec_rounds", "draft_len_sum", "seconds",
+                         "spec_seconds", "decode_steps", "loop_rounds"), 0)
     for i, specs in enumerate(batches):
         params = GenerationParams(seed=0, step=step0 + i, max_new_tokens=new_tokens, temperature=1.0)
         o, stats = engine.generate(specs, params, speculation=spec)
         outs.append([(x.prompt_id, x.sample_index, x.tokens, x.finish_reason) for x in o])
+        got = {**(stats.spec or {}), "decode_steps": stats.decode_steps}
+        # the rounds of calls that ran the speculative loop (a call the estimates sent to the plain
+        # loop counts its steps as rounds, untimed)
+        got["loop_rounds"] = 0 if got.get("plain_calls") else got.get("rounds", 0)
         for k in agg:
-            agg[k] += (stats.spec or {}).get(k, 0)
+            agg[k] += got.get(k, 0)
     sync(engine.device)
     return time.perf_counter() - t0, outs, agg
 
@@ -136,9 +143,9 @@ def compare(engine, batches, step0: int, spec: Speculation, repeats: int, new_to
     """Fastest seconds off and on (alternating), the ratio, and whether outputs are equal
     (``rows_equal``: rows whose tokens and finish reason equal the plain run's, on the last repeat)."""
     _run(engine, batches[:1], step0, spec, new_tokens)  # warm the engine's estimates (a warm container)
-    off, on, same, agg = [], [], True, {}
+    off, on, same, agg, off_agg = [], [], True, {}, {}
     for _ in range(repeats):
-        t_off, o_off, _ = _run(engine, batches, step0, None, new_tokens)
+        t_off, o_off, off_agg = _run(engine, batches, step0, None, new_tokens)
         t_on, o_on, agg = _run(engine, batches, step0, spec, new_tokens)
         off.append(t_off)
         on.append(t_on)
@@ -147,9 +154,27 @@ def compare(engine, batches, step0: int, spec: Speculation, repeats: int, new_to
     # The fastest of the repeats: on a shared machine the least-disturbed run is the measurement.
     m_off, m_on = min(off), min(on)
     acc = agg["accepted"] / agg["proposed"] if agg["proposed"] else 0.0
+    plain_rounds = agg["loop_rounds"] - agg["spec_rounds"]
     return {"off_s": round(m_off, 3), "on_s": round(m_on, 3), "speedup": round(m_off / m_on, 3),
             "same_outputs": same, "rows_equal": f"{sum(rows)}/{len(rows)}", "accept_rate": round(acc, 3),
-            "spec_round_share": round(agg["spec_rounds"] / max(agg["rounds"], 1), 3)}
+            "spec_round_share": round(agg["spec_rounds"] / max(agg["rounds"], 1), 3),
+            **round_split(m_off, off_agg, agg, plain_rounds), "cost_fit": engine.forward_cost.coefficients()}
+
+
+def round_split(off_s: float, off_agg: dict, agg: dict, plain_rounds: int) -> dict:
+    """Where a speculative run's time goes, per round (ms; None where no such round ran): the
+    plain run's seconds per decode step (prefill included), the speculative loop's plain rounds
+    and its speculative ones (drafting, verification, read-back and bookkeeping each), and the
+    speculative rounds' mean width. The plain run is the alternative a speculative call gives up;
+    the loop's plain rounds also draft and are not pipelined (``static_decode``)."""
+    def ms(seconds: float, n: int) -> float | None:
+        return round(1e3 * seconds / n, 3) if n else None
+
+    spec_n = agg["spec_rounds"]
+    return {"off_step_ms": ms(off_s, off_agg["decode_steps"]),
+            "loop_plain_round_ms": ms(agg["seconds"] - agg["spec_seconds"], plain_rounds),
+            "spec_round_ms": ms(agg["spec_seconds"], spec_n),
+            "spec_width": round(1 + agg["draft_len_sum"] / spec_n, 2) if spec_n else None}
 
 
 BARS = {"history (epoch 2)": 1.5, "prompt_lookup (epoch 1)": 1.2, "first_epoch auto (trained)": 0.97,

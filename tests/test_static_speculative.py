@@ -77,6 +77,8 @@ def test_static_speculation_equals_plain(setup, case):
     assert stats.kv_cache == "static"
     s = stats.spec
     assert s["rounds"] == stats.decode_steps
+    # the speculative rounds' share of the timed rounds: some, and no more than all
+    assert (0 < s["spec_seconds"] <= s["seconds"]) == (s["spec_rounds"] > 0), s
     if case == "right-ragged":
         assert 0 < s["accepted"] < s["proposed"], s  # kept and rejected drafts: ragged rows
         assert s["forwards_saved"] > 0

@@ -98,6 +98,7 @@ class SpecStats:
     forwards_saved: int = 0  # plain decode steps for the same tokens, minus the forwards run
     plain_calls: int = 0  # calls the estimates sent to the plain loop (TorchEngine._skip_speculation)
     seconds: float = 0.0  # measured time of every decode forward (with its sampling)
+    spec_seconds: float = 0.0  # the part of ``seconds`` in speculative rounds (width > 1)
     plain_seconds_est: float = 0.0  # the cost model's time for the same rounds at width 1
 
     def to_dict(self) -> dict:
@@ -385,6 +386,8 @@ def _observe(cost: ForwardCost, sstats: SpecStats, batch: int, width: int, t_rou
     elapsed = time.perf_counter() - t_round
     cost.observe(batch, width, elapsed)
     sstats.seconds += elapsed
+    if width > 1:
+        sstats.spec_seconds += elapsed
 
 
 def _next_tokens(rows: list[int], known: dict[int, int], logits: torch.Tensor, keys: torch.Tensor,
