@@ -64,6 +64,7 @@ from json_lines import emit
 from actions.contracts import ModelRef
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.factory import make_engine
+from actions.engines.spec_guard import CallRates
 from actions.engines.speculative import Speculation, make_drafters
 from actions.engines.torch_engine import TorchEngine
 from actions.models.device import sync
@@ -124,7 +125,7 @@ def _run(engine, batches, step0: int, spec: Speculation | None, new_tokens: int)
     sync(engine.device)
     t0, outs = time.perf_counter(), []
     agg = dict.fromkeys(("proposed", "accepted", "rounds", "spec_rounds", "draft_len_sum", "seconds",
-                         "spec_seconds", "decode_steps", "loop_rounds"), 0)
+                         "spec_seconds", "decode_steps", "loop_rounds", "plain_calls"), 0)
     for i, specs in enumerate(batches):
         params = GenerationParams(seed=0, step=step0 + i, max_new_tokens=new_tokens, temperature=1.0)
         o, stats = engine.generate(specs, params, speculation=spec)
@@ -142,6 +143,8 @@ def _run(engine, batches, step0: int, spec: Speculation | None, new_tokens: int)
 def compare(engine, batches, step0: int, spec: Speculation, repeats: int, new_tokens: int = NEW_TOKENS) -> dict:
     """Fastest seconds off and on (alternating), the ratio, and whether outputs are equal
     (``rows_equal``: rows whose tokens and finish reason equal the plain run's, on the last repeat)."""
+    if engine.call_rates is not None:  # each workload from a fresh container's whole-call rates
+        engine.call_rates = CallRates()
     _run(engine, batches[:1], step0, spec, new_tokens)  # warm the engine's estimates (a warm container)
     off, on, same, agg, off_agg = [], [], True, {}, {}
     for _ in range(repeats):
@@ -158,6 +161,7 @@ def compare(engine, batches, step0: int, spec: Speculation, repeats: int, new_to
     return {"off_s": round(m_off, 3), "on_s": round(m_on, 3), "speedup": round(m_off / m_on, 3),
             "same_outputs": same, "rows_equal": f"{sum(rows)}/{len(rows)}", "accept_rate": round(acc, 3),
             "spec_round_share": round(agg["spec_rounds"] / max(agg["rounds"], 1), 3),
+            "plain_calls": agg["plain_calls"],  # calls of the last run sent to the plain loop
             **round_split(m_off, off_agg, agg, plain_rounds), "cost_fit": engine.forward_cost.coefficients()}
 
 

@@ -291,6 +291,7 @@ def test_speculative_rounds_on_cuda_graphs_equal_plain_decoding_fp32():
     specs = [SampleSpec(r.prompt_id, i, encode(tok, r.prompt)) for r in rows for i in range(4)]  # 24 rows
     kw = {"seed": SEED, "step": STEP, "max_new_tokens": 24, "temperature": 1.0}
     engine = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, cuda_graphs="on")
+    assert engine.call_rates is not None  # a pipelined plain loop: whole calls are compared (spec_guard)
     plain = _by_id(engine.generate(specs, GenerationParams(**kw))[0])
     other = _by_id(engine.generate(specs, GenerationParams(**{**kw, "step": STEP + 1}))[0])
     right = {}

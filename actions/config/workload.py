@@ -318,7 +318,9 @@ class GenerationConfig(_Section):
     plainly elsewhere; ``off`` never drafts. Outputs are plain decoding's either way (a draft
     token is kept only where it equals the target's own draw; in bf16 up to kernel round-off).
     On a GPU with CUDA graphs ``auto`` measured 0.45-0.72x of plain decoding on an H200, where
-    the selector misprices graphed rounds (docs/gpu.md): set ``off`` there.
+    the selector misprices graphed rounds; the engine now also compares whole calls there and
+    decodes plainly where speculative ones ran slower (docs/gpu.md; not yet measured on a GPU):
+    ``off`` is the sure choice there.
     ``engine: vllm``: see docs/vllm.md."""
     draft_strategies: list[Literal["history", "prompt_lookup"]] = Field(
         default_factory=lambda: ["history", "prompt_lookup"], min_length=1)

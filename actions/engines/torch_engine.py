@@ -46,9 +46,10 @@ from actions.engines.base import EngineStats, GenerationParams, RowEnds, SampleO
 from actions.engines.kv_state import PrefixState, sliding_window, stack_logits, stack_states
 from actions.engines.prefill_plan import CALL_TOKENS, plan_prefill_calls
 from actions.engines.sampling import Sampler, fused_draw, fused_for, stream_key
+from actions.engines.spec_guard import CallRates
 from actions.engines.spec_select import AcceptanceTracker, ForwardCost, can_pay
 from actions.engines.speculative import SpecStats, Speculation, decode_speculative
-from actions.engines.static_decode import decode_static, static_supported
+from actions.engines.static_decode import bucket_for, decode_static, static_supported
 from actions.engines.static_speculative import decode_static_speculative
 from actions.models.special_tokens import special_tokens
 
@@ -111,6 +112,9 @@ class TorchEngine:
         self.acceptance = AcceptanceTracker()
         self._hopeless_calls = 0  # calls decoded plainly by estimate since the last recheck
         self._recheck_after = RECHECK_CALLS
+        # whole calls, speculative against plain, where the plain loop is pipelined (graphs):
+        # the rounds the selector prices leave out what a call gives up by speculating
+        self.call_rates = CallRates() if self.graphs else None
 
     def prepare_draws(self) -> None:
         """Compile the fused draw now, where this engine draws fused (``fused_sampling``): for a
@@ -265,10 +269,12 @@ class TorchEngine:
             row_states, stats.prefill_tokens = self.prefill(contexts, prefixes)
         if speculation is not None:
             self.acceptance.priors.update(speculation.priors)
-        if speculation is None or self._skip_speculation(speculation, len(samples)):
+        t_decode = time.perf_counter()
+        if speculation is None or self._plain_by_choice(speculation, len(samples)):
             outs = self._decode(samples, row_states, params, sampling, stats)
             if speculation is not None:  # decoded plainly by choice: say so in the counters
                 stats.spec = SpecStats(rounds=stats.decode_steps, plain_calls=1).to_dict()
+            self._record_call(samples, outs, False, time.perf_counter() - t_decode)
             return outs, stats
         if self.static:
             outs, spec_stats = decode_static_speculative(
@@ -280,7 +286,26 @@ class TorchEngine:
                 self, samples, row_states, params, sampling=sampling, stats=stats, spec=speculation,
                 tracker=self.acceptance, cost=self.forward_cost)
         stats.spec = spec_stats.to_dict()
+        if speculation.fixed is None:  # a fixed choice (benchmarks) says nothing of the selector's calls
+            self._record_call(samples, outs, True, time.perf_counter() - t_decode)
         return outs, stats
+
+    def _plain_by_choice(self, spec: Speculation, batch: int) -> bool:
+        """Whether a call asked to speculate decodes plainly: where whole speculative calls of
+        its bucket ran slower than plain ones (``spec_guard``, engines that replay graphs), or
+        where the estimates say nothing could pay (``_skip_speculation``)."""
+        if spec.fixed is None and self.call_rates is not None:
+            if self.call_rates.verdict(bucket_for(batch)) != "speculate":
+                return True
+        return self._skip_speculation(spec, batch)
+
+    def _record_call(self, samples: list[SampleSpec], outs: list[SampleOut], speculative: bool,
+                     seconds: float) -> None:
+        """A decode loop's seconds per new token, for ``spec_guard`` (engines that replay graphs;
+        the loops end by reading their last tokens back, so the device has finished)."""
+        if self.call_rates is not None:
+            tokens = sum(len(o.tokens) for o in outs) - sum(len(s.generated) for s in samples)
+            self.call_rates.record(bucket_for(len(samples)), speculative, seconds, tokens)
 
     def _generate_without(self, full: set[int], samples: list[SampleSpec], params: GenerationParams,
                           **options) -> tuple[list[SampleOut], EngineStats]:

@@ -1,0 +1,106 @@
+"""Whole speculative calls against plain ones (``actions/engines/spec_guard.py``): the decisions,
+and the engine's use of them where its plain loop is pipelined (CUDA graphs)."""
+
+from __future__ import annotations
+
+import torch
+
+from actions.engines.base import GenerationParams, SampleSpec
+from actions.engines.spec_guard import CallRates
+from actions.engines.speculative import Speculation
+from actions.engines.static_decode import bucket_for
+from actions.engines.torch_engine import TorchEngine
+from actions.models.modeling import build_tiny_model
+from actions.tasks.repeat import make_rows
+
+PARAMS = GenerationParams(seed=3, step=1, max_new_tokens=12, temperature=1.0)
+
+
+def test_a_bucket_speculates_until_measured_then_measures_plain_once():
+    rates = CallRates()
+    assert rates.verdict(64) == "speculate"  # nothing measured
+    rates.record(64, True, 1.0, 100)
+    assert rates.verdict(64) == "measure" and rates.verdict(8) == "speculate"  # buckets apart
+    rates.record(64, False, 1.0, 100)
+    assert rates.verdict(64) == "speculate"  # equal: speculation did not lose
+
+
+def test_slower_speculation_runs_plain_and_rechecks_less_often_while_it_stays_slower():
+    rates = CallRates(recheck=4, recheck_max=8)
+    rates.record(64, False, 1.0, 100)
+    rates.record(64, True, 2.0, 100)
+    seen = [rates.verdict(64) for _ in range(4 + 8 + 8)]
+    speculated = [i for i, v in enumerate(seen) if v == "speculate"]
+    assert speculated == [3, 11, 19] and set(seen) == {"plain", "speculate"}, seen  # waits 4, 8, then 8 (the cap)
+    rates.record(64, True, 0.05, 100)  # a recheck that paid: the decayed mean falls within the margin
+    assert not rates.slower(64)
+    assert [rates.verdict(64) for _ in range(3)] == ["speculate"] * 3
+    rates.record(64, True, 4.0, 100)  # slower again: the wait starts over from ``recheck``
+    assert [rates.verdict(64) for _ in range(4)] == ["plain"] * 3 + ["speculate"]
+
+
+def test_the_margin_and_the_decayed_means():
+    rates = CallRates(margin=0.1, decay=0.5)
+    rates.record(1, False, 1.0, 100)
+    rates.record(1, True, 1.05, 100)  # 5% slower: within the margin
+    assert not rates.slower(1)
+    rates.record(1, True, 1.35, 100)  # mean 0.5 * 0.0105 + 0.5 * 0.0135 = 0.012: 20% slower
+    assert rates.spec[1] == 0.012 and rates.slower(1)
+    rates.record(1, True, 5.0, 0)  # no tokens, nothing learnt
+    rates.record(1, True, 0.0, 10)
+    assert rates.spec[1] == 0.012
+
+
+def _engine():
+    torch.set_num_threads(1)
+    model, tok = build_tiny_model(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                                  max_positions=256, seed=0)
+    model.eval()
+    engine = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    rows = make_rows(4, max_count=9, seed=0)
+    specs = [SampleSpec(r.prompt_id, i, tuple(tok(r.prompt)["input_ids"])) for r in rows for i in range(3)]
+    return engine, specs
+
+
+def _key(outs):
+    return [(o.prompt_id, o.sample_index, o.tokens, o.finish_reason) for o in outs]
+
+
+def test_the_engine_consults_the_rates_only_where_its_plain_loop_is_pipelined():
+    """On the CPU the engine keeps no rates (its plain loop runs each step before the next):
+    speculative calls go to the selector as before."""
+    engine, specs = _engine()
+    assert not engine.graphs and engine.call_rates is None
+    _, stats = engine.generate(specs, PARAMS, speculation=Speculation(strategies=("prompt_lookup",)))
+    assert stats.spec["plain_calls"] == 0  # a first call probes the strategy
+
+
+def test_the_engine_decodes_plainly_where_speculative_calls_were_slower_and_records_every_call(monkeypatch):
+    """With the rates of a graph-replaying engine: a call asked to speculate whose bucket's
+    speculative calls ran slower decodes plainly (the same tokens, counted as a plain call) and
+    its time is recorded as plain; a fixed choice (benchmarks) bypasses the rates and records
+    nothing; a call that speculates records its time as speculative."""
+    engine, specs = _engine()
+    plain, _ = engine.generate(specs, PARAMS)
+    bucket = bucket_for(len(specs))
+    engine.call_rates = rates = CallRates()
+    # the selector's own estimates decide past the rates (and here they would not pay): kept
+    # out, so that every plain call below is the rates' decision
+    monkeypatch.setattr(engine, "_skip_speculation", lambda *_: False)
+    spec = Speculation(strategies=("prompt_lookup",))
+    _, stats = engine.generate(specs, PARAMS, speculation=spec)  # nothing measured: speculates
+    assert stats.spec["plain_calls"] == 0 and set(rates.spec) == {bucket} and not rates.plain
+    out, stats = engine.generate(specs, PARAMS, speculation=spec)  # "measure": one plain call
+    assert _key(out) == _key(plain) and stats.spec["plain_calls"] == 1 and set(rates.plain) == {bucket}
+    rates.spec[bucket] = 10 * rates.plain[bucket]  # speculative calls far slower
+    before = rates.plain[bucket]
+    out, stats = engine.generate(specs, PARAMS, speculation=spec)
+    assert _key(out) == _key(plain) and stats.spec["plain_calls"] == 1 and stats.spec["spec_rounds"] == 0
+    assert rates.plain[bucket] != before  # the plain call's time was recorded
+    slow = rates.spec[bucket]
+    _, stats = engine.generate(specs, PARAMS, speculation=Speculation(strategies=("prompt_lookup",),
+                                                                     fixed=("prompt_lookup", 2)))
+    assert stats.spec["spec_rounds"] > 0 and rates.spec[bucket] == slow  # fixed: neither asked nor told
+    rates.spec[bucket] = rates.plain[bucket] / 10  # speculative calls far faster
+    _, stats = engine.generate(specs, PARAMS, speculation=spec)
+    assert stats.spec["plain_calls"] == 0 and rates.spec[bucket] != rates.plain[bucket] / 10
