@@ -64,7 +64,6 @@ from json_lines import emit
 from actions.contracts import ModelRef
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.factory import make_engine
-from actions.engines.spec_guard import CallRates
 from actions.engines.speculative import Speculation, make_drafters
 from actions.engines.torch_engine import TorchEngine
 from actions.models.device import sync
@@ -140,11 +139,13 @@ def _run(engine, batches, step0: int, spec: Speculation | None, new_tokens: int)
     return time.perf_counter() - t0, outs, agg
 
 
-def compare(engine, batches, step0: int, spec: Speculation, repeats: int, new_tokens: int = NEW_TOKENS) -> dict:
+def compare(engine, batches, step0: int, spec: Speculation, repeats: int, new_tokens: int = NEW_TOKENS,
+            guard: bool = False) -> dict:
     """Fastest seconds off and on (alternating), the ratio, and whether outputs are equal
     (``rows_equal``: rows whose tokens and finish reason equal the plain run's, on the last repeat)."""
-    if engine.call_rates is not None:  # each workload from a fresh container's whole-call rates
-        engine.call_rates = CallRates()
+    # each workload from a fresh container's whole-call rates (``spec_guard``, where graphs run),
+    # or without them: the selector's speculation alone
+    engine.call_rates, engine.compare_calls = None, guard
     _run(engine, batches[:1], step0, spec, new_tokens)  # warm the engine's estimates (a warm container)
     off, on, same, agg, off_agg = [], [], True, {}, {}
     for _ in range(repeats):
@@ -207,6 +208,10 @@ def main() -> None:
                     help="with --model-config: the policy's mean top-token probability (spec_synthetic.py)")
     ap.add_argument("--calls", type=int, default=4, help="generate calls per timed run")
     ap.add_argument("--json", default=None, help="also append every JSON line printed to this file")
+    ap.add_argument("--guard", action="store_true",
+                    help="keep the engine's whole-call comparison (spec_guard; where graphs run) on, as actions "
+                         "run: a bucket whose speculative calls were slower then decodes plainly. Off by "
+                         "default: the speed-ups are the selector's speculation")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     results: dict[str, dict] = {}
@@ -239,7 +244,7 @@ def main() -> None:
     step2 = 100  # epoch 2: other steps, so other noise than the drafts had
 
     def run(engine, spec: Speculation) -> dict:
-        return compare(engine, batches, step2, spec, args.repeats, args.new_tokens)
+        return compare(engine, batches, step2, spec, args.repeats, args.new_tokens, args.guard)
 
     workloads = {"history (epoch 2)": (new, Speculation(history=hist)),
                  "prompt_lookup (epoch 1)": (new, Speculation(strategies=("prompt_lookup",))),

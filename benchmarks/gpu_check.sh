@@ -15,7 +15,8 @@
 #                the step's kernels by kind, PROFILE="graphs,static"); roofline=N[,M] runs those batches;
 #                ROOF_PATHS narrows the paths (default graphs,static,dynamic,hf-loop; "graphs,compiled,static"
 #                measures the compiled step on the same model build)
-#   spec         speculative rounds on graphs against plain graphed decoding, 0.5B shape
+#   spec         speculative rounds on graphs against plain graphed decoding, 0.5B shape: the selector
+#                alone, then with the engine's whole-call comparison as actions run (--guard)
 #   prefill      per-length-bucket prefill calls and the last-column output head, 0.5B shape
 #   sampling     fused draws against unfused ones, 0.5B shape
 #   versions     a policy version copied into the warm model against a model built afresh
@@ -155,9 +156,11 @@ for p in $PARTS; do
             "${paths[@]}" ${prof[@]+"${prof[@]}"} --json "$JSON"
         done
       done ;;
-    spec)  # history drafts at epoch 2 first: the 1.5x bar
+    spec)  # history drafts at epoch 2 first: the 1.5x bar; the selector alone, then as actions run (--guard)
       run_part "spec qwen2.5-0.5b" "${SPEC_TIMEOUT:-300}" -- python3 benchmarks/bench_speculation.py --device cuda --no-sweep \
-        --model-config "$q05" --new-tokens 64 --calls 2 --repeats 2 --json "$JSON" ;;
+        --model-config "$q05" --new-tokens 64 --calls 2 --repeats 2 --json "$JSON"
+      run_part "spec qwen2.5-0.5b --guard" "${SPEC_TIMEOUT:-300}" -- python3 benchmarks/bench_speculation.py --device cuda \
+        --no-sweep --guard --model-config "$q05" --new-tokens 64 --calls 2 --repeats 2 --json "$JSON" ;;
     prefill)
       run_part "prefill qwen2.5-0.5b" "${PREFILL_TIMEOUT:-120}" -- python3 benchmarks/bench_prefill_calls.py --device cuda \
         --prompts 24 --model-config "$q05" --json "$JSON" ;;

@@ -291,7 +291,6 @@ def test_speculative_rounds_on_cuda_graphs_equal_plain_decoding_fp32():
     specs = [SampleSpec(r.prompt_id, i, encode(tok, r.prompt)) for r in rows for i in range(4)]  # 24 rows
     kw = {"seed": SEED, "step": STEP, "max_new_tokens": 24, "temperature": 1.0}
     engine = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, cuda_graphs="on")
-    assert engine.call_rates is not None  # a pipelined plain loop: whole calls are compared (spec_guard)
     plain = _by_id(engine.generate(specs, GenerationParams(**kw))[0])
     other = _by_id(engine.generate(specs, GenerationParams(**{**kw, "step": STEP + 1}))[0])
     right = {}
@@ -305,6 +304,7 @@ def test_speculative_rounds_on_cuda_graphs_equal_plain_decoding_fp32():
         outs, stats = engine.generate(specs, GenerationParams(**kw), speculation=spec)
         assert _by_id(outs) == plain, k
         assert stats.kv_cache == "static+graphs" and stats.spec["spec_rounds"] > 0, stats
+    assert engine.call_rates is not None  # a pipelined plain loop: whole calls are compared (spec_guard)
     again, astats = engine.generate(specs, GenerationParams(**kw), speculation=Speculation(history=right,
                                                                                              fixed=("history", 6)))
     assert _by_id(again) == plain and astats.graph_captures == 0  # warm: every round replayed

@@ -96,7 +96,9 @@ class SpecStats:
     rejections_by_strategy: dict[str, int] = field(default_factory=dict)  # rows with a rejected token
     verified_rows: int = 0  # row-rounds that checked a non-empty draft
     forwards_saved: int = 0  # plain decode steps for the same tokens, minus the forwards run
-    plain_calls: int = 0  # calls the estimates sent to the plain loop (TorchEngine._skip_speculation)
+    # calls asked to speculate that decoded plainly: by the estimates (TorchEngine._skip_speculation)
+    # or, where graphs run, by whole-call rates (spec_guard)
+    plain_calls: int = 0
     seconds: float = 0.0  # measured time of every decode forward (with its sampling)
     spec_seconds: float = 0.0  # the part of ``seconds`` in speculative rounds (width > 1)
     plain_seconds_est: float = 0.0  # the cost model's time for the same rounds at width 1

@@ -114,7 +114,10 @@ class TorchEngine:
         self._recheck_after = RECHECK_CALLS
         # whole calls, speculative against plain, where the plain loop is pipelined (graphs):
         # the rounds the selector prices leave out what a call gives up by speculating
-        self.call_rates = CallRates() if self.graphs else None
+        # (made on first use, ``_rates``; ``compare_calls`` False turns it off, for benchmarks
+        # of the selector alone)
+        self.call_rates: CallRates | None = None
+        self.compare_calls = True
 
     def prepare_draws(self) -> None:
         """Compile the fused draw now, where this engine draws fused (``fused_sampling``): for a
@@ -274,7 +277,9 @@ class TorchEngine:
             outs = self._decode(samples, row_states, params, sampling, stats)
             if speculation is not None:  # decoded plainly by choice: say so in the counters
                 stats.spec = SpecStats(rounds=stats.decode_steps, plain_calls=1).to_dict()
-            self._record_call(samples, outs, False, time.perf_counter() - t_decode)
+                # the plain side of the comparison: calls asked to speculate only (an
+                # evaluation's greedy calls on the same engine are another workload)
+                self._record_call(samples, outs, False, time.perf_counter() - t_decode, stats)
             return outs, stats
         if self.static:
             outs, spec_stats = decode_static_speculative(
@@ -287,25 +292,36 @@ class TorchEngine:
                 tracker=self.acceptance, cost=self.forward_cost)
         stats.spec = spec_stats.to_dict()
         if speculation.fixed is None:  # a fixed choice (benchmarks) says nothing of the selector's calls
-            self._record_call(samples, outs, True, time.perf_counter() - t_decode)
+            self._record_call(samples, outs, True, time.perf_counter() - t_decode, stats)
         return outs, stats
 
     def _plain_by_choice(self, spec: Speculation, batch: int) -> bool:
-        """Whether a call asked to speculate decodes plainly: where whole speculative calls of
-        its bucket ran slower than plain ones (``spec_guard``, engines that replay graphs), or
-        where the estimates say nothing could pay (``_skip_speculation``)."""
-        if spec.fixed is None and self.call_rates is not None:
-            if self.call_rates.verdict(bucket_for(batch)) != "speculate":
-                return True
-        return self._skip_speculation(spec, batch)
+        """Whether a call asked to speculate decodes plainly: where the estimates say nothing
+        could pay (``_skip_speculation``), or else where whole speculative calls of its bucket
+        ran slower than plain ones (``spec_guard``, engines that replay graphs). A fixed
+        choice (benchmarks) always speculates."""
+        if self._skip_speculation(spec, batch):
+            return True
+        rates = self._rates()
+        return spec.fixed is None and rates is not None and rates.verdict(bucket_for(batch)) != "speculate"
+
+    def _rates(self) -> CallRates | None:
+        """The whole-call rates where this engine replays graphs (its plain loop is pipelined)."""
+        if not self.compare_calls:
+            return None
+        if self.call_rates is None and self.graphs:
+            self.call_rates = CallRates()
+        return self.call_rates
 
     def _record_call(self, samples: list[SampleSpec], outs: list[SampleOut], speculative: bool,
-                     seconds: float) -> None:
-        """A decode loop's seconds per new token, for ``spec_guard`` (engines that replay graphs;
-        the loops end by reading their last tokens back, so the device has finished)."""
-        if self.call_rates is not None:
+                     seconds: float, stats: EngineStats) -> None:
+        """A decode loop's seconds per new token, for ``spec_guard``, less its graph captures
+        (and the compilations inside them: paid once per warm container and shape). The loops
+        end by reading their last tokens back, so the device has finished."""
+        rates = self._rates()
+        if rates is not None:
             tokens = sum(len(o.tokens) for o in outs) - sum(len(s.generated) for s in samples)
-            self.call_rates.record(bucket_for(len(samples)), speculative, seconds, tokens)
+            rates.record(bucket_for(len(samples)), speculative, seconds - stats.graph_capture_s, tokens)
 
     def _generate_without(self, full: set[int], samples: list[SampleSpec], params: GenerationParams,
                           **options) -> tuple[list[SampleOut], EngineStats]:
