@@ -4,7 +4,6 @@ and the engine's use of them where its plain loop is pipelined (CUDA graphs)."""
 from __future__ import annotations
 
 import torch
-
 from cuda_graph_emulator import emulated_cuda_graphs
 
 from actions.engines.base import EngineStats, GenerationParams, SampleSpec
