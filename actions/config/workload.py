@@ -342,10 +342,11 @@ class GenerationConfig(_Section):
     rotary, residuals and sampling hash; the CUDA graphs then replay the compiled kernels).
     Measured on an H200 (docs/gpu.md): 1.2-1.3x faster steps than graphs alone on a 0.5B shape,
     slower on a 7B shape, where a whole-cache copy (since removed) cost 2.7 ms a step (static
-    shapes: 2.04 ms against 4.20 on the 0.5B shape, 6.60 against 9.45 on the 7B). A warm container compiles the step about three times (the batch and
-    the window are symbolic; 30-100 s each), and fused kernels round differently from eager ones, so tokens can
-    differ from ``compile_decode: false`` where two draws nearly tie. For long-lived warm
-    containers; off by default."""
+    shapes: 2.04 ms against 4.20 on the 0.5B shape, 6.60 against 9.45 on the 7B). A warm
+    container compiles the step about three times (the batch and the window are symbolic;
+    30-100 s each), and fused kernels round differently from eager ones, so tokens can differ
+    from ``compile_decode: false`` where two draws nearly tie. For long-lived warm containers;
+    off by default."""
     fused_sampling: Literal["auto", "on", "off"] = "auto"
     """Both engines: draw each token (hash, Gumbel noise, argmax) in one compiled kernel instead
     of about twenty passes over ``[rows, vocabulary]`` temporaries (``actions/engines/sampling.py``).
