@@ -3,16 +3,13 @@ and the engine's use of them where its plain loop is pipelined (CUDA graphs)."""
 
 from __future__ import annotations
 
-import torch
 from cuda_graph_emulator import emulated_cuda_graphs
+from test_speculative import _setup
 
-from actions.engines.base import EngineStats, GenerationParams, SampleSpec
+from actions.engines.base import EngineStats, GenerationParams
 from actions.engines.spec_guard import CallRates
 from actions.engines.speculative import Speculation
 from actions.engines.static_decode import bucket_for
-from actions.engines.torch_engine import TorchEngine
-from actions.models.modeling import build_tiny_model
-from actions.tasks.repeat import make_rows
 
 PARAMS = GenerationParams(seed=3, step=1, max_new_tokens=12, temperature=1.0)
 
@@ -77,14 +74,7 @@ def test_the_margin_and_the_decayed_means():
 
 
 def _engine():
-    torch.set_num_threads(1)
-    model, tok = build_tiny_model(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
-                                  max_positions=256, seed=0)
-    model.eval()
-    engine = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
-    rows = make_rows(4, max_count=9, seed=0)
-    specs = [SampleSpec(r.prompt_id, i, tuple(tok(r.prompt)["input_ids"])) for r in rows for i in range(3)]
-    return engine, specs
+    return _setup(0)  # a tiny Llama's engine and 15 rows
 
 
 def _key(outs):
