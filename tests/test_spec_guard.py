@@ -6,7 +6,7 @@ from __future__ import annotations
 from cuda_graph_emulator import emulated_cuda_graphs
 from test_speculative import _setup
 
-from actions.engines.base import EngineStats, GenerationParams
+from actions.engines.base import EngineStats, GenerationParams, SampleSpec
 from actions.engines.spec_guard import CallRates
 from actions.engines.speculative import Speculation
 from actions.engines.static_decode import bucket_for
@@ -143,3 +143,18 @@ def test_graph_captures_are_left_out_of_a_calls_time():
     tokens = sum(len(o.tokens) for o in outs)
     engine._record_call(specs, outs, True, 1.0, EngineStats(graph_capture_s=0.75))
     assert rates.spec[bucket_for(len(specs))] == 0.25 / tokens
+
+
+def test_a_continuation_counts_only_the_tokens_it_drew():
+    """Continuations (cut rows resumed elsewhere) return their earlier tokens too: a call's
+    rate counts only the tokens drawn in it."""
+    engine, specs = _engine()
+    engine.call_rates = rates = CallRates()
+    first, _ = engine.generate(specs, PARAMS)
+    cont = [SampleSpec(o.prompt_id, o.sample_index, s.prompt_tokens, tuple(o.tokens[:3]))
+            for s, o in zip(specs, first)]
+    outs, _ = engine.generate(cont, PARAMS)
+    drawn = sum(len(o.tokens) for o in outs) - sum(len(c.generated) for c in cont)
+    assert 0 < drawn < sum(len(o.tokens) for o in outs)
+    engine._record_call(cont, outs, True, 1.0, EngineStats())
+    assert rates.spec[bucket_for(len(cont))] == 1.0 / drawn
