@@ -251,6 +251,9 @@ def main() -> None:
                         help="with --model-config: mean chance per token of the stop token")
     parser.add_argument("--json", default=None, help="also append every JSON line printed to this file")
     args = parser.parse_args()
+    if args.steps < 3:  # the first step is reported apart and the last one also evaluates
+        parser.error(f"--steps {args.steps}: at least 3 (the first step warms up and the last one also evaluates, "
+                     "so the steps timed are the ones between)")
     if importlib.util.find_spec("trl") is None:  # a benchmark-only extra: half the comparison is missing
         print("vs TRL: skipped, TRL is not importable here; pip install -e '.[bench]' (make bench does it)")
         if args.device != "cpu":  # a GPU check that asked for this figure has not got it: never "ok"

@@ -4,6 +4,9 @@ length reward (``benchmarks/bench_vs_trl.py``, ``benchmarks/length_reward.py``).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -32,3 +35,12 @@ def test_a_shaped_model_stops_at_the_asked_rate_and_keeps_its_shape(tmp_path):
 def test_the_length_reward_peaks_at_its_target():
     ids = [[1] * n for n in (0, TARGET_TOKENS // 2, TARGET_TOKENS, 2 * TARGET_TOKENS, 3 * TARGET_TOKENS)]
     assert length_reward([""] * len(ids), ids) == [0.0, 0.5, 1.0, 0.0, 0.0]
+
+
+def test_too_few_steps_are_refused_before_anything_runs():
+    """The steps timed are those between the first (warm-up) and the last (it also evaluates):
+    fewer than 3 would time none, so the benchmark refuses them with the fix."""
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_vs_trl.py"), "--steps", "2"],
+                          capture_output=True, text=True, cwd=root, timeout=120)
+    assert proc.returncode == 2 and "--steps 2: at least 3" in proc.stderr, proc.stderr[-500:]
