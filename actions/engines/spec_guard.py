@@ -64,9 +64,9 @@ class CallRates:
         means[bucket] = rate if old is None else self.decay * old + (1.0 - self.decay) * rate
         if not self.slower(bucket):
             self._waits.pop(bucket, None)
-        elif speculative:  # a recheck that did not pay: wait longer before the next
-            old_wait = self._waits.get(bucket, [0, self.recheck // 2])[1]
-            self._waits[bucket] = [0, min(max(2 * old_wait, self.recheck), self.recheck_max)]
+        elif speculative:  # a recheck that did not pay: wait longer before the next (first: ``recheck``)
+            wait = 2 * self._waits[bucket][1] if bucket in self._waits else self.recheck
+            self._waits[bucket] = [0, min(wait, self.recheck_max)]
         else:
             self._waits.setdefault(bucket, [0, self.recheck])[0] += 1
 

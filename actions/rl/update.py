@@ -156,11 +156,12 @@ def _policy_pass(policy: torch.nn.Module, opt: TrainOptimizer, batch: TrainBatch
     """One optimizer step of the policy on mini-batch ``idx``, gradients accumulated over micro
     batches; ``masks`` keys LoRA's dropout masks (``policy_logprobs``)."""
     metrics: dict[str, float] = defaultdict(float)
+    mask = batch.policy_mask(algo.mask_truncated)
     opt.zero_grad()
     for mb in micro_batches(idx, algo):
         logp, entropy = policy_logprobs(policy, batch, mb, masks)
         loss, m = policy_loss(logp, entropy, batch, adv, mb, algo)
-        share, tokens = shares(batch.policy_mask(algo.mask_truncated), mb, idx, algo)  # 1 without micro batches
+        share, tokens = shares(mask, mb, idx, algo)  # 1 without micro batches
         (loss * share).backward()
         add_weighted(metrics, m, share, tokens)
     metrics["grad_norm"] = opt.step(algo.max_grad_norm)
