@@ -45,8 +45,11 @@ the unscaled model. It also prints the cost of a verification forward at each wi
 Output: JSON lines, each printed (and appended to ``--json``) as soon as it is measured, so a run
 cut short keeps what it measured: the workload (with the verification forward's cost, on a
 model shape), then one line per workload (``off_s``, ``on_s``, ``speedup``, ``same_outputs``,
-``rows_equal``, ``accept_rate``; where the time went per round, ``round_split``; the engine's cost
-fit after the run, ``cost_fit``: ``spec_select.ForwardCost``'s c0..c4), then the ceilings, then
+``rows_equal``, ``accept_rate``; where the time went per round, ``round_split``; the seconds the
+last speculative run spent in its decode loops, ``loop_s``, and capturing graphs, ``captures`` and
+``capture_s`` (``off_captures`` for the plain run: a warm container captures each bucket and width
+once); the engine's cost fit after the run, ``cost_fit``: ``spec_select.ForwardCost``'s c0..c4),
+then the ceilings, then
 every result in one line; last, one plain-text verdict line per workload.
 """
 
@@ -124,12 +127,14 @@ def _run(engine, batches, step0: int, spec: Speculation | None, new_tokens: int)
     sync(engine.device)
     t0, outs = time.perf_counter(), []
     agg = dict.fromkeys(("proposed", "accepted", "rounds", "spec_rounds", "draft_len_sum", "seconds",
-                         "spec_seconds", "decode_steps", "loop_rounds", "plain_calls"), 0)
+                         "spec_seconds", "decode_steps", "loop_rounds", "plain_calls", "graph_captures",
+                         "graph_capture_s"), 0)
     for i, specs in enumerate(batches):
         params = GenerationParams(seed=0, step=step0 + i, max_new_tokens=new_tokens, temperature=1.0)
         o, stats = engine.generate(specs, params, speculation=spec)
         outs.append([(x.prompt_id, x.sample_index, x.tokens, x.finish_reason) for x in o])
-        got = {**(stats.spec or {}), "decode_steps": stats.decode_steps}
+        got = {**(stats.spec or {}), "decode_steps": stats.decode_steps, "graph_captures": stats.graph_captures,
+               "graph_capture_s": stats.graph_capture_s}
         # the rounds of calls that ran the speculative loop (a call the estimates sent to the plain
         # loop counts its steps as rounds, untimed)
         got["loop_rounds"] = 0 if got.get("plain_calls") else got.get("rounds", 0)
@@ -163,6 +168,10 @@ def compare(engine, batches, step0: int, spec: Speculation, repeats: int, new_to
             "same_outputs": same, "rows_equal": f"{sum(rows)}/{len(rows)}", "accept_rate": round(acc, 3),
             "spec_round_share": round(agg["spec_rounds"] / max(agg["rounds"], 1), 3),
             "plain_calls": agg["plain_calls"],  # calls of the last run sent to the plain loop
+            # graphs captured inside the last timed runs (a warm container has them already): seconds
+            # a speed-up pays once per (bucket, width), not per call
+            "captures": agg["graph_captures"], "capture_s": round(agg["graph_capture_s"], 3),
+            "off_captures": off_agg["graph_captures"], "loop_s": round(agg["seconds"], 3),
             **round_split(m_off, off_agg, agg, plain_rounds), "cost_fit": engine.forward_cost.coefficients()}
 
 
