@@ -18,9 +18,17 @@ container (the local pool routes it there, ``flows/invokers/idle.py``), starts f
 instead of reading both back from the store. They are the published tensors themselves, so
 the update is the same bit for bit; anything else (another version, a retry after a failure)
 reads the store.
+
+Besides the learning metrics, a one-rank step reports where its seconds went:
+``train/load_s`` (model and optimizer state, from the warm cache or the store, and the
+batch), ``train/update_s`` (advantages and every pass), ``train/publish_policy_s`` and
+``train/publish_optimizer_s`` (hashing and writing each; the optimizer state, fp32 master
+weights and moments, is the larger by far).
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -51,6 +59,7 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
         return run_sharded(req, world)
     store = store_for(req.policy.store_uri)
     torch.manual_seed(req.seed * 100_003 + req.step)
+    t_start = time.perf_counter()
     ref = req.policy
     kept = warm.take(trained_key(ref.store_uri, ref.policy_key, ref.weights_sha256, ref.dtype, req.optimizer_key))
     if kept is not None:
@@ -82,13 +91,24 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
     metrics = rollout_metrics(batch, algo)
     metrics["train/reused_state"] = float(kept is not None)
     metrics["train/world_size"] = 1.0
+    t_loaded = time.perf_counter()
     metrics.update(run_updates(policy, opt, batch, algo, critic, critic_opt, seed=req.seed, step=req.step))
+    device = next(policy.parameters()).device
+    if device.type == "cuda":  # the optimizer's last kernels may still run: time them as the update's
+        torch.cuda.synchronize(device)
+    t_updated = time.perf_counter()
     version = req.policy.policy_version + 1
     # A LoRA policy publishes its adapter only; the backbone was stored once, as version 0.
     pub = publish_tensors(store, f"{req.output_prefix}/policy/manifest.json", adapter_tensors(policy),
                           {"version": version, "step": req.step})
+    t_policy = time.perf_counter()
     opt_pub = publish_tensors(store, f"{req.output_prefix}/optimizer/manifest.json", opt.state_tensors(),
                               scalars_in_meta=True)
+    # where the step's seconds go: loading (model, optimizer state, batch), the update, and
+    # publishing the version and the optimizer state (the last two every step, for a retry)
+    metrics.update({"train/load_s": t_loaded - t_start, "train/update_s": t_updated - t_loaded,
+                    "train/publish_policy_s": t_policy - t_updated,
+                    "train/publish_optimizer_s": time.perf_counter() - t_policy})
     out = TrainStepResult(policy_key=pub.manifest_key, policy_version=version, weights_sha256=pub.weights_sha256,
                           optimizer_key=opt_pub.manifest_key,
                           bytes_uploaded=pub.stats.bytes_uploaded + opt_pub.stats.bytes_uploaded, metrics=metrics)

@@ -2,7 +2,7 @@
 
 A random policy's completions carry no meaning, so a task reward would be 0 everywhere and
 GRPO's advantages with it; the completion's length in tokens gives every group a spread
-(lengths vary once the model can stop: ``bench_vs_trl.py --stop-rate``). The reward peaks at
+(lengths vary once the model can stop: ``bench_vs_trl.py --mean-length``). The reward peaks at
 ``TARGET_TOKENS`` rather than growing with length, so training does not drive every sample to
 the length limit and the lengths keep varying from step to step. Used by both systems in
 ``bench_vs_trl.py``, so they optimise the same objective.

@@ -1,35 +1,115 @@
-"""The GPU benchmark against TRL on a real model shape: its stop-rate calibration and its
+"""The GPU benchmark against TRL on a real model shape: its stop calibration and its
 length reward (``benchmarks/bench_vs_trl.py``, ``benchmarks/length_reward.py``)."""
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from benchmarks.bench_vs_trl import write_shaped_model
+from benchmarks.bench_vs_trl import (
+    calibrate_stop_shift,
+    expected_lengths,
+    phase_medians,
+    write_inputs,
+    write_shaped_model,
+)
 from benchmarks.length_reward import TARGET_TOKENS, length_reward
 
 
-def test_a_shaped_model_stops_at_the_asked_rate_and_keeps_its_shape(tmp_path):
+def test_a_shaped_model_stops_after_the_benchmark_prompts_at_the_asked_mean_length(tmp_path, capsys):
+    """Calibrated on the prompts themselves: sampling after them (temperature 1, the whole
+    vocabulary) gives completions whose mean length is the one asked for, and lengths vary
+    within each prompt's samples, not from prompt to prompt (a random model's stop chance
+    otherwise hangs on the prompt's last tokens: 3 in 4 of these completions stopped at their
+    first token when only the stop row was scaled to the same mean)."""
     config = {"model_type": "qwen2", "vocab_size": 2048, "hidden_size": 32, "intermediate_size": 64,
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
               "max_position_embeddings": 512, "tie_word_embeddings": True}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
-    folder = write_shaped_model(tmp_path, str(path), stop_rate=0.02, device="cpu")
+    _, data = write_inputs(tmp_path)
+    prompts = [json.loads(line)["prompt"] for line in data.read_text().splitlines()[:8]]
+    folder = write_shaped_model(tmp_path, str(path), prompts, mean_length=12.0, max_new_tokens=48, device="cpu")
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["expected_length"] == pytest.approx(12.0, rel=1e-3)
+    low, median, high = line["row_expected_length"]  # every prompt alike: the stop chance is the model's
+    assert 12.0 / 1.5 < low <= median <= high < 12.0 * 1.5, line["row_expected_length"]
+    sampled = line["sampled_length"]  # the pre-flight sample in the systems' dtype (fp32 on the CPU)
+    assert sampled["dtype"] == "float32" and sampled["first_logits_finite"] and sampled["stop_first"] < 0.5
+    assert 1 <= sampled["min"] <= sampled["mean"] <= sampled["max"] <= 48
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     assert model.config.vocab_size == 2048 and model.config.num_key_value_heads == 2
     eos = model.generation_config.eos_token_id
     eos = eos[0] if isinstance(eos, list) else eos
-    ids = torch.randint(0, 2048, (16, 64), generator=torch.Generator().manual_seed(5))  # other contexts
-    with torch.no_grad():
-        rate = float(torch.softmax(model(input_ids=ids).logits, -1)[..., eos].mean())
-    assert 0.01 < rate < 0.04, rate  # untouched, a random model's stop chance is 1 / 2048
+    tok = AutoTokenizer.from_pretrained(folder)
+    lengths = []
+    torch.manual_seed(3)
+    for prompt in prompts:
+        ids = torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]] * 32)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
+                             top_p=1.0, max_new_tokens=48, eos_token_id=eos, pad_token_id=eos)[:, ids.shape[1]:]
+        for row in out.tolist():
+            lengths.append(row.index(eos) + 1 if eos in row else len(row))
+    mean = sum(lengths) / len(lengths)
+    assert 8.0 < mean < 17.0, mean  # 256 samples of a spread near 12: well inside
+    assert min(lengths) < 6 and max(lengths) > 24  # they vary, as a trained model's do
+
+
+def test_the_expected_length_is_the_geometric_one_and_an_unreachable_mean_is_refused():
+    """A stop chance p at every step of 40: expected length (1 - (1 - p)^40) / p, stop included;
+    a trace whose constant went negative somewhere is refused, as is a length outside (1, 40)."""
+    p = 0.1
+    logit = math.log(p / (1 - p))
+    full = lambda v: torch.full((40, 3), v, dtype=torch.float64)  # noqa: E731
+    trace = torch.stack([full(logit), full(0.5), full(0.0)])  # sigmoid(logit + shift * 0.5 - 0)
+    assert expected_lengths(trace, 0.0).tolist() == pytest.approx([(1 - (1 - p) ** 40) / p] * 3)
+    shift = calibrate_stop_shift(trace, 5.0)  # a stop chance near 0.2
+    assert float(expected_lengths(trace, shift).mean()) == pytest.approx(5.0, rel=1e-6)
+    assert shift == pytest.approx((math.log(0.19998 / 0.80002) - logit) / 0.5, abs=0.01)
+    bad = trace.clone()
+    bad[1, 7, 2] = -0.1
+    with pytest.raises(ValueError, match="the constant did not dominate"):
+        calibrate_stop_shift(bad, 5.0)
+    with pytest.raises(ValueError, match="--mean-length 40: must lie between 1 and the 40"):
+        calibrate_stop_shift(trace, 40.0)
+    with pytest.raises(ValueError, match="already average 9.9 tokens before any shift"):
+        calibrate_stop_shift(trace, 12.0)
+
+
+def test_a_workload_that_would_generate_nothing_is_refused_before_either_system_runs(tmp_path, monkeypatch, capsys):
+    """Where the sample in the systems' dtype stops at once though the fp32 calibration expects
+    more (what a GPU run of 2026-11-30 measured: both systems' completions 1 token long), the
+    benchmark exits 4 with the figures, before minutes of device time go by."""
+    import benchmarks.bench_vs_trl as bench
+
+    config = {"model_type": "qwen2", "vocab_size": 1024, "hidden_size": 32, "intermediate_size": 64,
+              "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 512, "tie_word_embeddings": True}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    monkeypatch.setattr(bench, "sampled_lengths", lambda *a, **k: {"dtype": "bfloat16", "mean": 1.0, "min": 1,
+                                                                   "max": 1, "stop_first": 1.0,
+                                                                   "first_logits_finite": True})
+    with pytest.raises(SystemExit) as exc:
+        bench.write_shaped_model(tmp_path, str(path), ["k=3 c=j\n", "k=5 c=b\n"], 16.0, 48, "cpu")
+    assert exc.value.code == 4
+    assert "completions sampled in bfloat16 averaged 1.0 tokens where the calibration (fp32) expects 16.0" \
+        in capsys.readouterr().err
+
+
+def test_the_phase_medians_name_where_the_timed_steps_went():
+    steps = [{"timing_s/train": 9.0, "train/publish_optimizer_s": 6.0, "train/reused_state": 1.0,
+              "engine/weight_push_s": 0.5, "engine/graph_captures": 2.0, "loss/policy": 0.1},
+             {"timing_s/train": 7.0, "train/publish_optimizer_s": 4.0, "engine/weight_push_s": 0.25},
+             {"timing_s/train": 8.0, "train/publish_optimizer_s": 5.0}]
+    assert phase_medians(steps) == {"train": 8.0, "train/publish_optimizer_s": 5.0, "engine/weight_push_s": 0.375}
 
 
 def test_the_length_reward_peaks_at_its_target():
