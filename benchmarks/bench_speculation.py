@@ -46,7 +46,7 @@ Output: JSON lines, each printed (and appended to ``--json``) as soon as it is m
 cut short keeps what it measured: the workload (with the verification forward's cost, on a
 model shape), then one line per workload (``off_s``, ``on_s``, ``speedup``, ``same_outputs``,
 ``rows_equal``, ``accept_rate``; where the time went per round, ``round_split``; the seconds the
-last speculative run spent in its decode loops, ``loop_s``, and capturing graphs, ``captures`` and
+fastest speculative run spent in its decode loops, ``loop_s``, and capturing graphs, ``captures`` and
 ``capture_s`` (``off_captures`` for the plain run: a warm container captures each bucket and width
 once); the engine's cost fit after the run, ``cost_fit``: ``spec_select.ForwardCost``'s c0..c4),
 then the ceilings, then
@@ -152,24 +152,25 @@ def compare(engine, batches, step0: int, spec: Speculation, repeats: int, new_to
     # or without them: the selector's speculation alone
     engine.call_rates, engine.compare_calls = None, guard
     _run(engine, batches[:1], step0, spec, new_tokens)  # warm the engine's estimates (a warm container)
-    off, on, same, agg, off_agg = [], [], True, {}, {}
+    off, on, same = [], [], True
     for _ in range(repeats):
         t_off, o_off, off_agg = _run(engine, batches, step0, None, new_tokens)
         t_on, o_on, agg = _run(engine, batches, step0, spec, new_tokens)
-        off.append(t_off)
-        on.append(t_on)
+        off.append((t_off, off_agg))
+        on.append((t_on, agg))
         same &= o_off == o_on
     rows = [(a == b) for x, y in zip(o_off, o_on) for a, b in zip(x, y)]
-    # The fastest of the repeats: on a shared machine the least-disturbed run is the measurement.
-    m_off, m_on = min(off), min(on)
+    # The fastest of the repeats: on a shared machine the least-disturbed run is the measurement,
+    # and its counters and time split are the ones reported beside it.
+    (m_off, off_agg), (m_on, agg) = min(off, key=lambda r: r[0]), min(on, key=lambda r: r[0])
     acc = agg["accepted"] / agg["proposed"] if agg["proposed"] else 0.0
     plain_rounds = agg["loop_rounds"] - agg["spec_rounds"]
     return {"off_s": round(m_off, 3), "on_s": round(m_on, 3), "speedup": round(m_off / m_on, 3),
             "same_outputs": same, "rows_equal": f"{sum(rows)}/{len(rows)}", "accept_rate": round(acc, 3),
             "spec_round_share": round(agg["spec_rounds"] / max(agg["rounds"], 1), 3),
-            "plain_calls": agg["plain_calls"],  # calls of the last run sent to the plain loop
-            # graphs captured inside the last timed runs (a warm container has them already): seconds
-            # a speed-up pays once per (bucket, width), not per call
+            "plain_calls": agg["plain_calls"],  # calls of the fastest run sent to the plain loop
+            # graphs captured inside the fastest timed runs (a warm container has them already):
+            # seconds a speed-up pays once per (bucket, width), not per call
             "captures": agg["graph_captures"], "capture_s": round(agg["graph_capture_s"], 3),
             "off_captures": off_agg["graph_captures"], "loop_s": round(agg["seconds"], 3),
             **round_split(m_off, off_agg, agg, plain_rounds), "cost_fit": engine.forward_cost.coefficients()}

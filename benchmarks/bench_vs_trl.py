@@ -31,9 +31,10 @@ the expected completion length after the benchmark's own prompts is ``--mean-len
 geometric spread within every group), and the reward is
 ``length_reward.py``'s (the task reward is 0 for a random model). Before either system runs,
 16 prompts are sampled once more in the systems' dtype (bf16 on a GPU; ``sampled_length`` in the
-calibration line), and a pair whose completions average under a tenth of ``--mean-length`` on
-either side is printed and then refused: either way the benchmark exits 4, since a step that
-generates next to nothing measures something else. ``--size gpu`` is 64 prompts x
+calibration line), and a pair whose completions average under a tenth or over twice
+``--mean-length`` on either side is printed and then refused (``shaped_model.length_problem``):
+either way the benchmark exits 4, since a step that generates next to nothing, or runs every
+completion to the limit, measures something else. ``--size gpu`` is 64 prompts x
 8 samples, up to 256 new tokens:
 
     python benchmarks/bench_vs_trl.py --size gpu --device cuda --model-config benchmarks/configs/qwen2.5-0.5b.json \
@@ -53,20 +54,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script or imported as benchmarks.bench_vs_trl (tests)
 
 from benchmarks.json_lines import emit  # noqa: E402
+from benchmarks.shaped_model import WorkloadRefused, length_problem, write_shaped_model  # noqa: E402
 
 SIZES = {"small": (16, 4, 32), "large": (32, 8, 128), "gpu": (64, 8, 256)}  # prompts x samples x new tokens
 LR = 4e-4
 LENGTH_REWARD = "benchmarks.length_reward:length_reward"
 CALIBRATION_PROMPTS = 32
-"""Prompts the stop calibration samples after (``stop_trace``), once each."""
-PREFLIGHT_PROMPTS = 16
-"""Of those, the prompts sampled once more in the systems' dtype before they run
-(``sampled_lengths``)."""
+"""Prompts the stop calibration samples after (``shaped_model.stop_trace``), once each."""
 MICRO = {"gpu": 64}
 """Completions per forward and backward pass, for both systems (RLHFless
 ``algorithm.micro_batch_size``; TRL ``per_device_train_batch_size`` with gradient accumulation
@@ -90,199 +90,6 @@ def write_inputs(work: Path) -> tuple[Path, Path]:
     data.write_text("".join(lines))
     (work / "eval.jsonl").write_text("".join(lines[:8]))
     return model, data
-
-
-def write_shaped_model(work: Path, config_json: str, prompts: list[str], mean_length: float, max_new_tokens: int,
-                       device: str) -> Path:
-    """A model folder of the shape ``config_json`` describes, random weights, the built-in BPE
-    tokenizer, made context-free (``make_context_free``) and its stop token's chance set so that
-    the expected completion length after ``prompts`` is ``mean_length`` tokens
-    (``calibrate_stop_shift``). Checks the lengths by sampling in the systems' dtype
-    (``sampled_lengths``) and exits 4 where they would come out under a tenth of that."""
-    sys.path.insert(0, str(ROOT))
-    from flows.commands.tiny_model_dir import write_tiny_model_dir
-
-    cfg = json.loads(Path(config_json).read_text())
-    info = write_tiny_model_dir(
-        work / "model", cfg["model_type"], vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
-        num_layers=cfg["num_hidden_layers"], num_heads=cfg["num_attention_heads"],
-        num_kv_heads=cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
-        intermediate_size=cfg["intermediate_size"], max_positions=min(cfg["max_position_embeddings"], 4096),
-        tie_word_embeddings=cfg.get("tie_word_embeddings", True), chat_template=False)
-    eos = info.eos_token_ids[0]
-    make_context_free(info.path)
-    trace = stop_trace(info.path, eos, prompts, max_new_tokens, device)
-    shift = calibrate_stop_shift(trace, mean_length)
-    rows = expected_lengths(trace, shift)
-    shift_stop_row(info.path, eos, shift)
-    sampled = sampled_lengths(info.path, eos, prompts[:PREFLIGHT_PROMPTS], max_new_tokens, device)
-    print(json.dumps({"model": config_json, "stop_token": eos, "stop_shift": round(shift, 4),
-                      "expected_length": round(float(rows.mean()), 2),
-                      "row_expected_length": [round(float(x), 1) for x in (rows.min(), rows.median(), rows.max())],
-                      "sampled_length": sampled}), flush=True)
-    if sampled["mean"] < mean_length / 10:  # what both runs would measure: refuse before minutes go by
-        print(f"vs TRL: refused before either system ran, completions sampled in {sampled['dtype']} averaged "
-              f"{sampled['mean']} tokens where the calibration (fp32) expects {float(rows.mean()):.1f}: the step "
-              "compared would generate next to nothing (sampled_length above says how)", file=sys.stderr)
-        sys.exit(4)
-    return info.path
-
-
-CONSTANT_DIM = 0
-"""The residual-stream dimension ``make_context_free`` fills with a constant."""
-
-
-def _output_rows(tensors: dict) -> str:
-    """The name of the matrix whose rows are the output head's (the embedding where tied)."""
-    return "lm_head.weight" if "lm_head.weight" in tensors else "model.embed_tokens.weight"
-
-
-def make_context_free(model_dir: Path) -> None:
-    """Give every token's embedding the same large value ``C`` in dimension ``CONSTANT_DIM``
-    (16 times the norm of an embedding row), and scale that dimension of the final norm's weight
-    so it reaches the output head as about ``1 / C``. Every layer's normalised input is then
-    dominated by that one constant, so the random model's next-token distribution hardly
-    depends on the context, and the stop token's chance can be set once for every position and
-    prompt (``shift_stop_row``): completion lengths come out geometric, varying within a group
-    as a trained model's do. A random model's stop chance otherwise depends on the last prompt
-    token, which the benchmark's prompts all share: scaling the stop token's row made every
-    completion stop at its first token or none. The shapes, and so every FLOP and byte the two
-    systems spend, are the config's; the output head's other rows gain the same ``C / C = 1``
-    logit each, which the softmax ignores (and which keeps bf16 logits small)."""
-    from safetensors.torch import load_file, save_file
-
-    path = model_dir / "model.safetensors"
-    tensors = load_file(path)
-    embed = tensors["model.embed_tokens.weight"]
-    hidden = embed.shape[1]
-    c = 16.0 * float(embed.float().norm(dim=1).mean())
-    embed[:, CONSTANT_DIM] = c
-    if "lm_head.weight" in tensors:  # untied: the output rows carry the same constant
-        tensors["lm_head.weight"][:, CONSTANT_DIM] = c
-    norm = tensors["model.norm.weight"]
-    norm[CONSTANT_DIM] = 1.0 / (c * hidden ** 0.5)  # the normalised constant is about sqrt(hidden)
-    save_file(tensors, str(path), metadata={"format": "pt"})
-
-
-def sampled_lengths(model_dir: Path, eos: int, prompts: list[str], max_new_tokens: int, device: str,
-                    seed: int = 0) -> dict:
-    """One completion per prompt, sampled as the two systems will sample it: Hugging Face
-    ``generate`` in the systems' dtype (bf16 on a GPU, fp32 on the CPU), temperature 1, the whole
-    vocabulary, left-padded. Returns the completion lengths' mean, min and max (the stop token
-    included), the share of rows whose first token is the stop token, and whether the first
-    position's logits were all finite: a check of the workload before either system runs, in
-    the arithmetic they run it in, where the calibration ran in fp32."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-    enc = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    width = max(map(len, enc))
-    ids = torch.tensor([[eos] * (width - len(e)) + e for e in enc], device=device)
-    mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc], device=device)
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        first = model(input_ids=ids, attention_mask=mask).logits[:, -1].float()
-        out = model.generate(ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                             max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos)[:, width:]
-    lengths = [row.index(eos) + 1 if eos in row else len(row) for row in out.tolist()]
-    return {"dtype": str(dtype).removeprefix("torch."), "mean": round(sum(lengths) / len(lengths), 2),
-            "min": min(lengths), "max": max(lengths),
-            "stop_first": round(sum(row[0] == eos for row in out.tolist()) / len(lengths), 3),
-            "first_logits_finite": bool(torch.isfinite(first).all())}
-
-
-def stop_trace(model_dir: Path, eos: int, prompts: list[str], max_new_tokens: int, device: str, seed: int = 0):
-    """Sample ``max_new_tokens`` tokens after each prompt (fp32, temperature 1, the stop token
-    masked) and record, per step and row, the stop token's logit, the output head's input in
-    ``CONSTANT_DIM`` and the log-sum-exp of every other logit: a ``[3, steps, rows]`` float64
-    tensor.
-
-    Adding ``d`` to the stop token's row in ``CONSTANT_DIM`` adds ``d`` times that input to its
-    logit and changes nothing else until it is drawn (it is not in the context before), so a
-    row's chance to stop at step t is ``sigmoid(logit_t + d * input_t - lse_t)`` along the very
-    path it takes while it does not stop: one masked sampling run prices every shift."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
-    pad = tok.pad_token_id if tok.pad_token_id is not None else eos
-    enc = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    width = max(map(len, enc))
-    ids = torch.tensor([[pad] * (width - len(e)) + e for e in enc], device=device)  # left-padded
-    mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc], device=device)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    gen = torch.Generator(device).manual_seed(seed)
-    stop, slope, rest = [], [], []
-    with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, output_hidden_states=True)
-        for _ in range(max_new_tokens):
-            logits = out.logits[:, -1].double()
-            stop.append(logits[:, eos].clone())
-            slope.append(out.hidden_states[-1][:, -1, CONSTANT_DIM].double())  # after the final norm
-            logits[:, eos] = float("-inf")
-            rest.append(torch.logsumexp(logits, -1))
-            nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
-            mask = torch.cat([mask, mask.new_ones(len(enc), 1)], 1)
-            pos = pos[:, -1:] + 1
-            out = model(input_ids=nxt, attention_mask=mask, position_ids=pos, past_key_values=out.past_key_values,
-                        use_cache=True, output_hidden_states=True)
-    return torch.stack([torch.stack(stop), torch.stack(slope), torch.stack(rest)]).cpu()
-
-
-def expected_lengths(trace, shift: float):
-    """Each row's expected completion length in tokens (the stop token included, at most the
-    trace's steps) with ``shift`` added to the stop row's ``CONSTANT_DIM``:
-    ``sum_t P(no stop before t)``."""
-    import torch
-
-    p = torch.sigmoid(trace[0] + shift * trace[1] - trace[2])  # [steps, rows]
-    alive = torch.cumprod(1 - p, 0)
-    return 1 + alive[:-1].sum(0)
-
-
-def calibrate_stop_shift(trace, mean_length: float) -> float:
-    """The shift of the stop row whose expected completion length, averaged over the trace's
-    rows, is ``mean_length``: bisection (the length falls as the shift grows, the output head's
-    input in ``CONSTANT_DIM`` being positive everywhere). Raises ValueError when the length
-    asked for lies outside (1, steps), or the trace shows the constant did not dominate."""
-    steps = trace.shape[1]
-    if not 1 < mean_length < steps:
-        raise ValueError(f"--mean-length {mean_length:g}: must lie between 1 and the {steps} new tokens allowed")
-    if float(trace[1].min()) <= 0:
-        raise ValueError(f"the output head's input in dimension {CONSTANT_DIM} went as low as "
-                         f"{float(trace[1].min()):.3g}: the constant did not dominate the model's hidden states, "
-                         "so no one shift sets every position's stop chance")
-
-    def mean_at(shift: float) -> float:
-        return float(expected_lengths(trace, shift).mean())
-
-    lo, hi = 0.0, 1.0
-    if mean_at(lo) < mean_length:
-        raise ValueError(f"completions already average {mean_at(lo):.1f} tokens before any shift, under the "
-                         f"--mean-length {mean_length:g} asked for")
-    while mean_at(hi) > mean_length:
-        lo, hi = hi, hi * 2
-        if hi > 2.0 ** 40:
-            raise ValueError(f"no shift of the stop row gives a mean length of {mean_length:g} tokens")
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if mean_at(mid) > mean_length else (lo, mid)
-    return (lo + hi) / 2
-
-
-def shift_stop_row(model_dir: Path, eos: int, shift: float) -> None:
-    """Add ``shift`` to the stop token's output row (the embedding where tied) in
-    ``CONSTANT_DIM``, in the folder's ``model.safetensors``."""
-    from safetensors.torch import load_file, save_file
-
-    path = model_dir / "model.safetensors"
-    tensors = load_file(path)
-    tensors[_output_rows(tensors)][eos, CONSTANT_DIM] += shift
-    save_file(tensors, str(path), metadata={"format": "pt"})
 
 
 def _child_env(**extra: str) -> dict[str, str]:
@@ -397,6 +204,12 @@ def run_trl(work: Path, model: Path, data: Path, size: tuple[int, int, int], ste
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def refuse(why: str) -> NoReturn:
+    """End the benchmark with exit status 4: the workload is not the one it compares."""
+    print(f"vs TRL: refused, {why}", file=sys.stderr)
+    sys.exit(4)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--trl-child":
         m, d, p, s, t, n, o, dev, reward, micro = sys.argv[2:]
@@ -414,6 +227,9 @@ def main() -> None:
                              "calibrated to, on the benchmark's prompts")
     parser.add_argument("--json", default=None, help="also append every JSON line printed to this file")
     args = parser.parse_args()
+    if args.model_config and not 1 < args.mean_length < SIZES[args.size][2]:
+        parser.error(f"--mean-length {args.mean_length:g}: must lie between 1 and the {SIZES[args.size][2]} new "
+                     f"tokens --size {args.size} allows")
     if args.steps < 3:  # the first step is reported apart and the last one also evaluates
         parser.error(f"--steps {args.steps}: at least 3 (the first step warms up and the last one also evaluates, "
                      "so the steps timed are the ones between)")
@@ -428,7 +244,10 @@ def main() -> None:
     reward = None
     if args.model_config:
         prompts = [json.loads(line)["prompt"] for line in data.read_text().splitlines()[:CALIBRATION_PROMPTS]]
-        model = write_shaped_model(work, args.model_config, prompts, args.mean_length, size[2], args.device)
+        try:
+            model = write_shaped_model(work, args.model_config, prompts, args.mean_length, size[2], args.device)
+        except WorkloadRefused as exc:
+            refuse(f"before either system ran: {exc}")
         reward = LENGTH_REWARD
     completions = size[0] * size[1]
     rows = []
@@ -449,13 +268,11 @@ def main() -> None:
         rows.append(row)
         emit({"bench": "vs_trl_pair", **{k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}},
              args.json)
-        short = {who: row[f"{who}_mean_length"] for who in ("rlhfless", "trl")
-                 if row[f"{who}_mean_length"] < args.mean_length / 10}
-        if args.model_config and short:
-            print(f"vs TRL: refused, completions averaged {short} tokens against the --mean-length "
-                  f"{args.mean_length:g} calibrated for: a step that generates next to nothing is not the step "
-                  "compared; check the calibration line above (expected_length, row_expected_length)", file=sys.stderr)
-            sys.exit(4)
+        for who in ("rlhfless", "trl") if args.model_config else ():
+            problem = length_problem(row[f"{who}_mean_length"], 1, 2, args.mean_length)  # spread: per step only
+            if problem:
+                refuse(f"{who}'s completions are not the workload: {problem}; the calibration line above "
+                       "(expected_length, sampled_length) says what the model gave before the runs")
     emit({"bench": "vs_trl", "size": args.size, "prompts_x_samples_x_tokens": size, "device": args.device,
           "model": args.model_config or "tiny qwen2 folder",
           "median_completions_ratio": statistics.median(r["completions_ratio"] for r in rows)}, args.json)

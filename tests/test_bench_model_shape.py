@@ -1,5 +1,6 @@
-"""The GPU benchmark against TRL on a real model shape: its stop calibration and its
-length reward (``benchmarks/bench_vs_trl.py``, ``benchmarks/length_reward.py``)."""
+"""The GPU benchmark against TRL on a real model shape: its shaped model and stop calibration
+(``benchmarks/shaped_model.py``), its checks and phase split (``benchmarks/bench_vs_trl.py``)
+and its length reward (``benchmarks/length_reward.py``)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from benchmarks.bench_vs_trl import (
+from benchmarks.bench_vs_trl import phase_medians, write_inputs
+from benchmarks.length_reward import TARGET_TOKENS, length_reward
+from benchmarks.shaped_model import (
+    WorkloadRefused,
     calibrate_stop_shift,
     expected_lengths,
-    phase_medians,
-    write_inputs,
+    length_problem,
     write_shaped_model,
 )
-from benchmarks.length_reward import TARGET_TOKENS, length_reward
 
 
 def test_a_shaped_model_stops_after_the_benchmark_prompts_at_the_asked_mean_length(tmp_path, capsys):
@@ -86,22 +88,29 @@ def test_the_expected_length_is_the_geometric_one_and_an_unreachable_mean_is_ref
 def test_a_workload_that_would_generate_nothing_is_refused_before_either_system_runs(tmp_path, monkeypatch, capsys):
     """Where the sample in the systems' dtype stops at once though the fp32 calibration expects
     more (what a GPU run of 2026-11-30 measured: both systems' completions 1 token long), the
-    benchmark exits 4 with the figures, before minutes of device time go by."""
-    import benchmarks.bench_vs_trl as bench
+    model is refused with the figures, before minutes of device time go by; the benchmark's
+    main turns that into exit status 4."""
+    import benchmarks.shaped_model as shaped
 
     config = {"model_type": "qwen2", "vocab_size": 1024, "hidden_size": 32, "intermediate_size": 64,
               "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
               "max_position_embeddings": 512, "tie_word_embeddings": True}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
-    monkeypatch.setattr(bench, "sampled_lengths", lambda *a, **k: {"dtype": "bfloat16", "mean": 1.0, "min": 1,
-                                                                   "max": 1, "stop_first": 1.0,
-                                                                   "first_logits_finite": True})
-    with pytest.raises(SystemExit) as exc:
-        bench.write_shaped_model(tmp_path, str(path), ["k=3 c=j\n", "k=5 c=b\n"], 16.0, 48, "cpu")
-    assert exc.value.code == 4
-    assert "completions sampled in bfloat16 averaged 1.0 tokens where the calibration (fp32) expects 16.0" \
-        in capsys.readouterr().err
+    monkeypatch.setattr(shaped, "sampled_lengths", lambda *a, **k: {"dtype": "bfloat16", "mean": 1.0, "min": 1,
+                                                                    "max": 1, "stop_first": 1.0,
+                                                                    "first_logits_finite": True})
+    with pytest.raises(WorkloadRefused, match=r"completions sampled in bfloat16 are not the workload: they averaged "
+                                              r"1 tokens, under a tenth of the 16 asked for, where the calibration "
+                                              r"\(fp32\) expects 16.0"):
+        shaped.write_shaped_model(tmp_path, str(path), ["k=3 c=j\n", "k=5 c=b\n"], 16.0, 48, "cpu")
+
+
+def test_lengths_far_from_the_mean_asked_for_or_without_spread_are_not_the_workload():
+    assert length_problem(12.0, 1, 40, 16.0) is None
+    assert "under a tenth" in length_problem(1.5, 1, 2, 16.0)
+    assert "over twice the 16 asked for" in length_problem(33.0, 2, 48, 16.0)  # every completion near the limit
+    assert length_problem(16.0, 16, 16, 16.0) == "every one was 16 tokens long: no spread"
 
 
 def test_the_phase_medians_name_where_the_timed_steps_went():
@@ -115,6 +124,15 @@ def test_the_phase_medians_name_where_the_timed_steps_went():
 def test_the_length_reward_peaks_at_its_target():
     ids = [[1] * n for n in (0, TARGET_TOKENS // 2, TARGET_TOKENS, 2 * TARGET_TOKENS, 3 * TARGET_TOKENS)]
     assert length_reward([""] * len(ids), ids) == [0.0, 0.5, 1.0, 0.0, 0.0]
+
+
+def test_a_mean_length_the_size_cannot_reach_is_refused_before_anything_runs(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_vs_trl.py"), "--size", "small",
+                           "--model-config", str(root / "benchmarks" / "configs" / "qwen2.5-0.5b.json")],
+                          capture_output=True, text=True, cwd=root, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-500:]
+    assert "--mean-length 96: must lie between 1 and the 32 new tokens --size small allows" in proc.stderr
 
 
 def test_too_few_steps_are_refused_before_anything_runs():
