@@ -73,7 +73,8 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
     algo = req.algorithm
     batch: TrainBatch = gather_batch(store, req.scored_keys, algo, special_tokens(policy, tokenizer).pad_id,
                                      temperature=req.temperature, max_new_tokens=req.max_new_tokens)
-    batch = batch.to(next(policy.parameters()).device)
+    device = next(policy.parameters()).device
+    batch = batch.to(device)
     opt = make_optimizer(policy, algo.lr)
     if opt_state is not None:
         opt.load_state_tensors(opt_state, where=req.optimizer_key or "")
@@ -93,7 +94,6 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
     metrics["train/world_size"] = 1.0
     t_loaded = time.perf_counter()
     metrics.update(run_updates(policy, opt, batch, algo, critic, critic_opt, seed=req.seed, step=req.step))
-    device = next(policy.parameters()).device
     if device.type == "cuda":  # the optimizer's last kernels may still run: time them as the update's
         torch.cuda.synchronize(device)
     t_updated = time.perf_counter()

@@ -23,16 +23,17 @@ class WorkloadRefused(Exception):
     """The model cannot give the completion lengths asked for: the message says what it gives."""
 
 
-def length_problem(mean: float, shortest: int, longest: int, mean_length: float) -> str | None:
+def length_problem(mean: float, mean_length: float, shortest: int | None = None,
+                   longest: int | None = None) -> str | None:
     """Why completions of these lengths are not the workload asked for (None: they are): a
     mean under a tenth of ``mean_length`` (a step that generates next to nothing), over twice it
-    (every completion near the limit), or no spread at all (GRPO's groups need lengths that
-    vary)."""
+    (every completion near the limit), or, where the extremes are known, no spread at all
+    (GRPO's groups need lengths that vary)."""
     if mean < mean_length / 10:
         return f"they averaged {mean:g} tokens, under a tenth of the {mean_length:g} asked for"
     if mean > 2 * mean_length:
         return f"they averaged {mean:g} tokens, over twice the {mean_length:g} asked for"
-    if shortest == longest:
+    if shortest is not None and shortest == longest:
         return f"every one was {shortest} tokens long: no spread"
     return None
 
@@ -72,7 +73,7 @@ def write_shaped_model(work: Path, config_json: str, prompts: list[str], mean_le
                       "expected_length": round(float(rows.mean()), 2),
                       "row_expected_length": [round(float(x), 1) for x in (rows.min(), rows.median(), rows.max())],
                       "sampled_length": sampled}), flush=True)
-    problem = length_problem(sampled["mean"], sampled["min"], sampled["max"], mean_length)
+    problem = length_problem(sampled["mean"], mean_length, sampled["min"], sampled["max"])
     if problem:  # what both systems would run: refuse before minutes go by
         raise WorkloadRefused(f"completions sampled in {sampled['dtype']} are not the workload: {problem}, where the "
                               f"calibration (fp32) expects {float(rows.mean()):.1f} (sampled_length above says how)")
@@ -124,18 +125,12 @@ def sampled_lengths(model_dir: Path, eos: int, prompts: list[str], max_new_token
     position's logits were all finite: a check of the workload before either system runs, in
     the arithmetic they run it in, where the calibration ran in fp32."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-    enc = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    width = max(map(len, enc))
-    ids = torch.tensor([[eos] * (width - len(e)) + e for e in enc], device=device)
-    mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc], device=device)
+    model, ids, mask, pos = _load_with_prompts(model_dir, eos, prompts, device, dtype)
+    width = ids.shape[1]
     torch.manual_seed(seed)
     with torch.no_grad():
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)  # as generate numbers left-padded rows
         first = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1].float()
         out = model.generate(ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
                              max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=eos)[:, width:]
@@ -160,16 +155,8 @@ def stop_trace(model_dir: Path, eos: int, prompts: list[str], max_new_tokens: in
     row's chance to stop at step t is ``sigmoid(logit_t + d * input_t - lse_t)`` along the very
     path it takes while it does not stop: one masked sampling run prices every shift."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
-    pad = tok.pad_token_id if tok.pad_token_id is not None else eos
-    enc = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    width = max(map(len, enc))
-    ids = torch.tensor([[pad] * (width - len(e)) + e for e in enc], device=device)  # left-padded
-    mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc], device=device)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    model, ids, mask, pos = _load_with_prompts(model_dir, eos, prompts, device, torch.float32)
     gen = torch.Generator(device).manual_seed(seed)
     stop, slope, rest = [], [], []
     with torch.no_grad():
@@ -181,7 +168,7 @@ def stop_trace(model_dir: Path, eos: int, prompts: list[str], max_new_tokens: in
             logits[:, eos] = float("-inf")
             rest.append(torch.logsumexp(logits, -1))
             nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
-            mask = torch.cat([mask, mask.new_ones(len(enc), 1)], 1)
+            mask = torch.cat([mask, mask.new_ones(len(ids), 1)], 1)
             pos = pos[:, -1:] + 1
             out = model(input_ids=nxt, attention_mask=mask, position_ids=pos, past_key_values=out.past_key_values,
                         use_cache=True, output_hidden_states=True)
@@ -189,6 +176,24 @@ def stop_trace(model_dir: Path, eos: int, prompts: list[str], max_new_tokens: in
     del model, out
     _release(device)
     return trace
+
+
+def _load_with_prompts(model_dir: Path, eos: int, prompts: list[str], device: str, dtype):
+    """The folder's model on ``device`` in ``dtype``, and ``prompts`` tokenized without special
+    tokens, left-padded (with the pad token, else the stop token: masked either way): the
+    model, ids and attention mask ``[rows, width]``, and positions counted over real tokens
+    only (as ``generate`` numbers left-padded rows)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+    enc = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    width = max(map(len, enc))
+    ids = torch.tensor([[pad] * (width - len(e)) + e for e in enc], device=device)
+    mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc], device=device)
+    return model, ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def _release(device: str) -> None:

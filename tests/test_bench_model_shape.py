@@ -107,10 +107,10 @@ def test_a_workload_that_would_generate_nothing_is_refused_before_either_system_
 
 
 def test_lengths_far_from_the_mean_asked_for_or_without_spread_are_not_the_workload():
-    assert length_problem(12.0, 1, 40, 16.0) is None
-    assert "under a tenth" in length_problem(1.5, 1, 2, 16.0)
-    assert "over twice the 16 asked for" in length_problem(33.0, 2, 48, 16.0)  # every completion near the limit
-    assert length_problem(16.0, 16, 16, 16.0) == "every one was 16 tokens long: no spread"
+    assert length_problem(12.0, 16.0, 1, 40) is None
+    assert "under a tenth" in length_problem(1.5, 16.0, 1, 2)
+    assert "over twice the 16 asked for" in length_problem(33.0, 16.0, 2, 48)  # every completion near the limit
+    assert length_problem(16.0, 16.0, 16, 16) == "every one was 16 tokens long: no spread"
 
 
 def test_the_phase_medians_name_where_the_timed_steps_went():
