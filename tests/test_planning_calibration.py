@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from flows.planning.calibration import WINDOW, Calibration, calibration_memory
+from flows.planning.calibration import LENGTH_BIAS_RANGE, WINDOW, Calibration, calibration_memory
 from flows.planning.calibration import calibrate as _calibrate
 from flows.planning.plan import ClusterSpec
 from flows.planning.record import PhaseObservation
@@ -140,3 +140,33 @@ def test_the_memory_a_campaign_keeps_calibrates_as_the_whole_history_and_stays_b
         assert len(memory) <= 5 * WINDOW  # last window, three fan-outs, prefills
     assert memory[-WINDOW:] == every[-WINDOW:]
     assert sum(m.ran_prefill for m in memory) == WINDOW and {m.num_actors for m in memory} == {1, 2, 4}
+
+
+def _first_step(hindsight: float | None, predicted: float = 0.137, measured: float = 3.951) -> dict[str, float]:
+    """A campaign's first step as measured (512 samples, up to 128 tokens, two actions): planned
+    at scale 1 from no observed length, ``hindsight`` its phase timed at the observed lengths."""
+    out = {**_step(Calibration(), 0.1, 0.02, prefill_ran=False), "plan/predicted_generate_s": predicted,
+           "timing_s/generate": measured}
+    return out if hindsight is None else {**out, "plan/hindsight_generate_s": hindsight}
+
+
+def test_a_length_miss_beyond_a_steady_bias_is_not_read_as_speed():
+    """Predicted 0.137 s, 2.726 s at the observed lengths (20x), measured 3.951 s: the speed is
+    1.45x the profile's and the scale takes it with twice the lengths at most, not 29x."""
+    speed = (3.951 - A) / (2.726 - A)
+    assert calibrate([_first_step(2.726)]).decode_scale == pytest.approx(speed * 2.0)
+    assert calibrate([_first_step(None)]).decode_scale == pytest.approx((3.951 - A) / (0.137 - A))  # no hindsight
+    # the other way (lengths far shorter than predicted) the same: held at half
+    short = _first_step(hindsight=0.05, predicted=2.0, measured=0.08)
+    assert calibrate([short]).decode_scale == pytest.approx((0.08 - A) / (0.05 - A) * 0.5)
+
+
+@pytest.mark.parametrize("bias", [0.53, 0.65, 0.94, 1.6])
+def test_a_steady_length_bias_is_absorbed_with_the_speed_as_before(bias):
+    """Inside ``LENGTH_BIAS_RANGE`` the hindsight changes nothing: the scale is measured over
+    predicted, the steady bias of the upper-quartile predictions corrected with the speed."""
+    step = _step(Calibration(), 0.1, 0.02, prefill_ran=False)
+    step["plan/hindsight_generate_s"] = A + bias * (step["plan/predicted_generate_s"] - A)
+    expected = (step["timing_s/generate"] - A) / (step["plan/predicted_generate_s"] - A)
+    assert LENGTH_BIAS_RANGE[0] <= bias <= LENGTH_BIAS_RANGE[1]
+    assert calibrate([step]).decode_scale == pytest.approx(expected)

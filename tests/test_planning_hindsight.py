@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 from test_planner import IDS, inputs, rules
 
-from flows.planning.calibration import calibrate
+from flows.planning.calibration import LENGTH_BIAS_RANGE, calibrate
 from flows.planning.planner import PhaseInputs, Planner
 from flows.planning.record import PhaseObservation, StepRecord
 from flows.planning.registry import parse_scaling_policy
@@ -52,19 +52,28 @@ def test_the_prediction_follows_the_lengths_observed(policy, factor, low, high):
     assert low < (planner.hindsight_generate_s(record) - a) / (pred - a) < high
 
 
-def test_the_calibration_still_learns_from_the_prediction():
-    """A steady length bias is absorbed with the speed (hindsight.py says why): the decode
-    scale learned is measured / predicted, whatever the lengths observed."""
+@pytest.mark.parametrize("shrink, learned", [(0.7, 1.8), (0.05, None)])
+def test_the_calibration_learns_from_the_prediction_up_to_a_steady_bias(shrink, learned):
+    """Lengths 0.7x the predicted (a steady bias, as the upper-quartile predictions have): the
+    decode scale learned is measured / predicted, the bias absorbed with the speed
+    (hindsight.py says why). Lengths 0.05x (no steady predictor misses so): the observation
+    keeps its hindsight and the scale takes the speed with the length error held to
+    ``LENGTH_BIAS_RANGE``."""
     planner = _planner("fixed:2")
     phase = planner.plan(replace(inputs(0), reference_lengths={p: 40.0 + 10 * p for p in IDS}))
     a = phase.activation_s
     observed = _observation(phase, 0.0)
     observed = replace(observed, generate_s=a + 1.8 * (observed.predicted_generate_s - a))
-    record = StepRecord(step=0, epoch=0, lengths={p: (max(1, round(v / 2)),) for p, v in phase.predicted.items()},
+    record = StepRecord(step=0, epoch=0, lengths={p: (max(1, round(v * shrink)),) for p, v in phase.predicted.items()},
                         phase=observed)
-    assert planner.hindsight_generate_s(record) < 0.7 * observed.predicted_generate_s
+    hindsight = planner.hindsight_generate_s(record)
+    ratio = (hindsight - a) / (observed.predicted_generate_s - a)
+    assert ratio < 0.8 if learned else ratio < LENGTH_BIAS_RANGE[0]
     planner.observe(record)
-    assert calibrate(planner.state.phases).decode_scale == pytest.approx(1.8)
+    kept = planner.state.phases[-1]
+    assert kept.hindsight_generate_s == pytest.approx(hindsight)
+    expected = learned or 1.8 / ratio * LENGTH_BIAS_RANGE[0]  # the speed, 1.8 / ratio, at half the lengths
+    assert calibrate(planner.state.phases).decode_scale == pytest.approx(expected)
 
 
 def test_a_prompt_with_no_finished_sample_stays_at_its_prediction():

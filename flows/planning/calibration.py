@@ -29,6 +29,16 @@ as ``g`` (``a`` of it the activation) and prefill time ``F`` predicted as ``f`` 
     decode_scale'    = decode_scale * (G - a) / (g - a)
     prefill_fixed_s' = prefill_fixed_s + (F - f)
 
+The decode scale absorbs the length predictor's error with the speed's, on purpose: a steady
+bias (predictions of the upper quartile run long) is what the next plans need corrected too
+(``flows/planning/hindsight.py``). Not a miss no steady predictor makes: with ``h`` the phase
+timed at the lengths the samples really had (``PhaseObservation.hindsight_generate_s``),
+``(G - a) / (g - a)`` is the speed ``(G - a) / (h - a)`` times the length error
+``(h - a) / (g - a)``, and the length error is held to ``LENGTH_BIAS_RANGE``. A campaign's
+first step, predicted before any length was observed, otherwise set the next steps' scale
+from its length miss: 30x, every prediction of the two steps after it 25x and 13x the
+measured time (docs/results.md).
+
 :func:`calibrate` takes each one's median over the last ``window`` steps, so one cold or
 disturbed step does not move it. Pure: no I/O, no clock.
 """
@@ -44,6 +54,12 @@ from flows.planning.tpot import TpotProfile
 
 WINDOW = 8
 """Steps the medians are taken over."""
+LENGTH_BIAS_RANGE = (0.5, 2.0)
+"""How far a step's predicted lengths may have missed (its phase timed at the observed lengths,
+over its prediction) for the miss to count as the length predictor's steady bias, absorbed
+with the speed (module docstring). The learned first-epoch predictor's upper quartile ran
+0.53-0.94 on the default campaign (``flows/planning/hindsight.py``); a first step predicted
+with no lengths observed missed by 21x (512 samples of up to 128 tokens, docs/results.md)."""
 SCALE_RANGE = (0.02, 50.0)
 """A decode scale outside this is a measurement gone wrong (a stalled step), not a speed. Real
 ones reach 20-25 on a 2-core machine running three campaigns at once (decode steps profiled in
@@ -120,6 +136,13 @@ def _implied_scale(m: PhaseObservation) -> float | None:
     step gives no reading."""
     a = m.activation_s
     predicted, measured = m.predicted_generate_s - a, m.generate_s - a
-    if predicted > 0 and measured > 0:
-        return min(max(m.decode_scale * measured / predicted, SCALE_RANGE[0]), SCALE_RANGE[1])
-    return None
+    if not (predicted > 0 and measured > 0):
+        return None
+    ratio = measured / predicted
+    hindsight = None if m.hindsight_generate_s is None else m.hindsight_generate_s - a
+    if hindsight is not None and hindsight > 0:
+        # measured / predicted = (measured / hindsight: speed) * (hindsight / predicted: lengths),
+        # the second held to the bias a steady predictor has (module docstring)
+        low, high = LENGTH_BIAS_RANGE
+        ratio = measured / hindsight * min(max(hindsight / predicted, low), high)
+    return min(max(m.decode_scale * ratio, SCALE_RANGE[0]), SCALE_RANGE[1])

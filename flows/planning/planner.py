@@ -264,7 +264,10 @@ class Planner:
             s.errors = [*s.errors, ([float(phase.predicted[p]) for p in seen],
                                     [float(max(record.lengths[p])) for p in seen])][-self.rules.tail_error_steps:]
         if record.phase is not None:
-            s.phases = calibration_memory([*s.phases, record.phase])  # bounded: what calibrate reads
+            observed = record.phase
+            if observed.hindsight_generate_s is None:  # the calibration tells length errors from speed by it
+                observed = replace(observed, hindsight_generate_s=self.hindsight_generate_s(record))
+            s.phases = calibration_memory([*s.phases, observed])  # bounded: what calibrate reads
         for action, offset in record.call_offsets.items():
             s.call_history[action] = [*s.call_history.get(action, []), offset][-CALL_HISTORY:]
         s.prewarm_s = [*s.prewarm_s, record.prewarm_s][-CALL_HISTORY:]

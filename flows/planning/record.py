@@ -34,6 +34,10 @@ class PhaseObservation:
     decode_scale: float
     prefill_fixed_s: float
     """The calibration the plan was timed with."""
+    hindsight_generate_s: float | None = None
+    """``predicted_generate_s`` redone at the lengths the samples really had
+    (``flows/planning/hindsight.py``): the speed error alone against ``generate_s``. None where
+    it is not known (a record of an earlier revision without it)."""
 
     @classmethod
     def from_metrics(cls, m: Mapping[str, float]) -> PhaseObservation | None:
@@ -45,7 +49,8 @@ class PhaseObservation:
                    prefill_s=m["timing_s/prefill"], ran_prefill=m.get("prefill/unique_prefixes", 0.0) > 0,
                    predicted_generate_s=m["plan/predicted_generate_s"],
                    predicted_prefill_s=m["plan/predicted_prefill_s"], activation_s=m.get("plan/activation_s", 0.0),
-                   decode_scale=m["plan/decode_scale"], prefill_fixed_s=m.get("plan/prefill_fixed_s", 0.0))
+                   decode_scale=m["plan/decode_scale"], prefill_fixed_s=m.get("plan/prefill_fixed_s", 0.0),
+                   hindsight_generate_s=m.get("plan/hindsight_generate_s"))
 
 
 @dataclass(frozen=True, kw_only=True)
