@@ -47,6 +47,7 @@ from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.sampling import fused_draw, fused_for
 from actions.engines.static_decode import runtime_for
 from actions.engines.torch_engine import TorchEngine
+from actions.models.cache_name import cache_of, with_cache
 from actions.models.device import sync
 
 PEAK_GBPS = {"H100": 3350.0, "H200": 4800.0, "A100": 2039.0}
@@ -86,10 +87,10 @@ def step_bytes(model: torch.nn.Module, batch: int, context: float) -> float:
 def hf_loop(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int) -> None:
     """Greedy decoding by plain eager forwards with a DynamicCache (no engine)."""
     cache = DynamicCache()
-    out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+    out = model(input_ids=ids, **with_cache(cache), use_cache=True)
     tok = out.logits[:, -1].argmax(-1, keepdim=True)
     for _ in range(new_tokens - 1):
-        out = model(input_ids=tok, past_key_values=out.past_key_values, use_cache=True)
+        out = model(input_ids=tok, **with_cache(cache_of(out)), use_cache=True)
         tok = out.logits[:, -1].argmax(-1, keepdim=True)
     tok.tolist()
 

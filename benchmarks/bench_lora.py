@@ -112,16 +112,18 @@ def decode(args: argparse.Namespace) -> dict:
     from peft import PeftModel  # noqa: F401  (merge_and_unload lives on the PEFT wrapper)
     from transformers import DynamicCache
 
+    from actions.models.cache_name import with_cache
+
     peft_model = attach_adapter(model, lora, None)
     prompt = torch.randint(0, model.config.vocab_size - 1, (args.batch, 16), device=args.device)
 
     @torch.no_grad()
     def run(m) -> None:
         cache = DynamicCache()
-        out = m(input_ids=prompt, past_key_values=cache, use_cache=True)
+        out = m(input_ids=prompt, **with_cache(cache), use_cache=True)
         tok = out.logits[:, -1:].argmax(-1)
         for _ in range(args.decode_steps):
-            out = m(input_ids=tok, past_key_values=cache, use_cache=True)
+            out = m(input_ids=tok, **with_cache(cache), use_cache=True)
             tok = out.logits[:, -1:].argmax(-1)
         _sync(torch, args.device)
 

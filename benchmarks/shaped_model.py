@@ -156,6 +156,8 @@ def stop_trace(model_dir: Path, eos: int, prompts: list[str], max_new_tokens: in
     path it takes while it does not stop: one masked sampling run prices every shift."""
     import torch
 
+    from actions.models.cache_name import cache_of, with_cache
+
     model, ids, mask, pos = _load_with_prompts(model_dir, eos, prompts, device, torch.float32)
     gen = torch.Generator(device).manual_seed(seed)
     stop, slope, rest = [], [], []
@@ -170,7 +172,7 @@ def stop_trace(model_dir: Path, eos: int, prompts: list[str], max_new_tokens: in
             nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
             mask = torch.cat([mask, mask.new_ones(len(ids), 1)], 1)
             pos = pos[:, -1:] + 1
-            out = model(input_ids=nxt, attention_mask=mask, position_ids=pos, past_key_values=out.past_key_values,
+            out = model(input_ids=nxt, attention_mask=mask, position_ids=pos, **with_cache(cache_of(out)),
                         use_cache=True, output_hidden_states=True)
     trace = torch.stack([torch.stack(stop), torch.stack(slope), torch.stack(rest)]).cpu()
     del model, out

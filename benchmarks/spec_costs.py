@@ -31,6 +31,7 @@ import torch
 from actions.engines.base import GenerationParams
 from actions.engines.spec_select import ForwardCost
 from actions.engines.speculative import Speculation, make_drafters
+from actions.models.cache_name import with_cache
 from actions.models.device import sync
 
 Table = dict[tuple[int, int], float]
@@ -48,7 +49,7 @@ def cost_table(model: torch.nn.Module, context: int, max_k: int, repeats: int = 
     with torch.no_grad():
         for b in batches:
             cache = DynamicCache()
-            model(input_ids=torch.randint(3, vocab, (b, context), device=device), past_key_values=cache, use_cache=True)
+            model(input_ids=torch.randint(3, vocab, (b, context), device=device), **with_cache(cache), use_cache=True)
             for w in range(1, max_k + 2):
                 new = torch.randint(3, vocab, (b, w), device=device)
                 pos = torch.arange(context, context + w, device=device).expand(b, w)
@@ -58,7 +59,7 @@ def cost_table(model: torch.nn.Module, context: int, max_k: int, repeats: int = 
                 for _ in range(repeats + 1):  # the first is a warm-up
                     sync(device)
                     t0 = time.perf_counter()
-                    model(input_ids=new, attention_mask=mask, past_key_values=cache, position_ids=pos, use_cache=True)
+                    model(input_ids=new, attention_mask=mask, **with_cache(cache), position_ids=pos, use_cache=True)
                     sync(device)
                     times.append(time.perf_counter() - t0)
                     for layer in cache.layers:  # back to ``context`` columns, as the engine's rollback

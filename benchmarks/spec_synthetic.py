@@ -18,6 +18,7 @@ import torch
 
 from actions.engines.base import SampleSpec
 from actions.engines.torch_engine import TorchEngine
+from actions.models.cache_name import with_cache
 from actions.models.device import sync
 from actions.models.modeling import random_model_from_config
 
@@ -84,7 +85,7 @@ def width_costs(model: torch.nn.Module, batches: tuple[int, ...], widths: tuple[
     for b in batches:
         ids = torch.randint(3, vocab, (b, context), device=device)
         cache = DynamicCache()
-        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        model(input_ids=ids, **with_cache(cache), use_cache=True)
         row: dict[str, float] = {}
         for w in widths:
             new = torch.randint(3, vocab, (b, w), device=device)
@@ -93,7 +94,7 @@ def width_costs(model: torch.nn.Module, batches: tuple[int, ...], widths: tuple[
             for _ in range(repeats + 1):  # the first is a warm-up
                 sync(device)
                 t0 = time.perf_counter()
-                model(input_ids=new, past_key_values=cache, position_ids=pos, use_cache=True)
+                model(input_ids=new, **with_cache(cache), position_ids=pos, use_cache=True)
                 sync(device)
                 times.append(time.perf_counter() - t0)
                 for layer in cache.layers:  # back to ``context`` columns (as the engine's rollback)

@@ -27,6 +27,7 @@ from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.decode_timing import step_seconds
 from actions.engines.static_decode import compact_rows, runtime_for, static_supported
 from actions.engines.torch_engine import TorchEngine
+from actions.models.cache_name import cache_of, with_cache
 from actions.models.device import sync
 
 
@@ -104,7 +105,7 @@ def shrink_seconds(model: torch.nn.Module, batch: int, context: int, vocab: int,
         # batch x context shape without a batch x context forward and its logits; a full cache,
         # as the engine holds (a sliding-window layer of Hugging Face's own would keep fewer columns)
         ids = torch.randint(3, vocab, (1, context)).to(device)
-        cache = model(input_ids=ids, past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1).past_key_values
+        cache = cache_of(model(input_ids=ids, use_cache=True, logits_to_keep=1, **with_cache(DynamicCache())))
         cache.batch_repeat_interleave(batch)
         mask = torch.ones((batch, context), dtype=torch.long, device=device)
         keep = torch.tensor([i for i in range(batch) if i != r % batch], device=device)

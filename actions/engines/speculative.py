@@ -48,6 +48,7 @@ from actions.engines.spec_select import (
     can_pay,
     choose_rows,
 )
+from actions.models.cache_name import with_cache
 from actions.models.device import sync
 
 PROBE_EVERY = 8
@@ -326,7 +327,7 @@ def decode_speculative(engine, samples: list[SampleSpec], states: list, params: 
         pos_ids = batch.next_pos[:, None] + torch.arange(width, device=dev)[None, :]
         batch.mask = torch.cat([batch.mask, torch.ones((b, width), dtype=torch.long, device=dev)], dim=1)
         res = model(input_ids=ids.to(dev), attention_mask=batch.mask, position_ids=pos_ids,
-                    past_key_values=batch.cache, use_cache=True)
+                    use_cache=True, **with_cache(batch.cache))
         stats.decode_steps += 1
         stats.decode_token_slots += b
         sstats.rounds += 1

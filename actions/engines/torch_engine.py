@@ -51,6 +51,7 @@ from actions.engines.spec_select import AcceptanceTracker, ForwardCost, can_pay
 from actions.engines.speculative import SpecStats, Speculation, decode_speculative
 from actions.engines.static_decode import bucket_for, decode_static, static_supported
 from actions.engines.static_speculative import decode_static_speculative
+from actions.models.cache_name import cache_of, with_cache
 from actions.models.special_tokens import special_tokens
 
 KV_CACHES = ("static", "dynamic")
@@ -205,8 +206,8 @@ class TorchEngine:
         dev = self.device
         keep_logits = 1 if last == [width - 1] else torch.tensor(last, device=dev)
         res = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
-                         past_key_values=cache, use_cache=True, logits_to_keep=keep_logits)
-        layers = res.past_key_values.layers
+                         use_cache=True, logits_to_keep=keep_logits, **with_cache(cache))
+        layers = cache_of(res).layers
         states = []
         for r, (seq, c) in enumerate(zip(full, cols)):
             keep = torch.cat([torch.arange(start), torch.arange(start + c.start, start + c.stop)]).to(dev)
@@ -384,7 +385,7 @@ class TorchEngine:
             positions[active] += 1
             mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long, device=dev)], dim=1)
             res = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[active][:, None],
-                             past_key_values=cache, use_cache=True)
+                             use_cache=True, **with_cache(cache))
             next_pos[active] += 1
             logits = res.logits[:, -1]
             stats.decode_steps += 1
