@@ -36,9 +36,15 @@ def test_generation_warns_of_no_deprecated_cache_name(kv_cache, caplog):
     prompt = tuple(tok("ccc ccc ccc")["input_ids"])
     specs = [SampleSpec(p, i, prompt + (p + 5,)) for p in range(3) for i in range(2)]
     params = GenerationParams(seed=1, step=0, max_new_tokens=6, temperature=1.0)
+    speculation = Speculation(strategies=("prompt_lookup",), fixed=("prompt_lookup", 3))
+    # transformers logs each deprecation once per process (an lru_cache on Logger.warning_once):
+    # forget what an earlier test logged, so that this one sees its own
+    once = getattr(logging.Logger, "warning_once", None)
+    if once is not None and hasattr(once, "cache_clear"):
+        once.cache_clear()
     with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="transformers"):
         warnings.simplefilter("error", FutureWarning)
         outs, _ = engine.generate(specs, params)
-        spec, _ = engine.generate(specs, params, speculation=Speculation(strategies=("prompt_lookup",), fixed=("prompt_lookup", 3)))
+        spec, _ = engine.generate(specs, params, speculation=speculation)
     assert len(outs) == len(spec) == len(specs)
     assert not [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]

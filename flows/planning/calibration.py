@@ -33,11 +33,15 @@ The decode scale absorbs the length predictor's error with the speed's, on purpo
 bias (predictions of the upper quartile run long) is what the next plans need corrected too
 (``flows/planning/hindsight.py``). Not a miss no steady predictor makes: with ``h`` the phase
 timed at the lengths the samples really had (``PhaseObservation.hindsight_generate_s``),
-``(G - a) / (g - a)`` is the speed ``(G - a) / (h - a)`` times the length error
-``(h - a) / (g - a)``, and the length error is held to ``LENGTH_BIAS_RANGE``. A campaign's
-first step, predicted before any length was observed, otherwise set the next steps' scale
-from its length miss: 30x, every prediction of the two steps after it 25x and 13x the
-measured time (docs/results.md).
+``(G - a) / (g - a)`` is the speed ``(G - a) / (h - a)`` times the length miss
+``(h - a) / (g - a)``, and a miss beyond ``LENGTH_MISS_ABSORBED`` counts as that much. A
+campaign's first step, predicted before any length was observed, otherwise set the next
+steps' scale from its length miss: 30.4, and the two steps after it were predicted at 25x and
+13x their measured time (docs/results.md). Only lengths longer than predicted are held so:
+there the phase is mostly decoding, and ``(G - a) / (h - a)`` is a speed. Where they ran far
+shorter, the measured time is mostly what the profile does not time (the action's store reads
+and writes, the first call's set-up), and dividing it by a small ``h`` would read that as a
+decoding many times slower than it is.
 
 :func:`calibrate` takes each one's median over the last ``window`` steps, so one cold or
 disturbed step does not move it. Pure: no I/O, no clock.
@@ -54,12 +58,13 @@ from flows.planning.tpot import TpotProfile
 
 WINDOW = 8
 """Steps the medians are taken over."""
-LENGTH_BIAS_RANGE = (0.5, 2.0)
-"""How far a step's predicted lengths may have missed (its phase timed at the observed lengths,
-over its prediction) for the miss to count as the length predictor's steady bias, absorbed
-with the speed (module docstring). The learned first-epoch predictor's upper quartile ran
-0.53-0.94 on the default campaign (``flows/planning/hindsight.py``); a first step predicted
-with no lengths observed missed by 21x (512 samples of up to 128 tokens, docs/results.md)."""
+LENGTH_MISS_ABSORBED = 2.0
+"""The most a step's lengths may have run longer than predicted (its phase timed at the
+observed lengths, over its prediction) for the whole miss to be absorbed with the speed as the
+length predictor's bias (module docstring); beyond it, this much is. A steady predictor's
+miss stays inside: the learned first-epoch predictor's upper quartile ran 0.53-0.94
+(``flows/planning/hindsight.py``). A first step predicted before any length was observed ran
+21x (512 samples of up to 128 tokens, docs/results.md)."""
 SCALE_RANGE = (0.02, 50.0)
 """A decode scale outside this is a measurement gone wrong (a stalled step), not a speed. Real
 ones reach 20-25 on a 2-core machine running three campaigns at once (decode steps profiled in
@@ -140,9 +145,8 @@ def _implied_scale(m: PhaseObservation) -> float | None:
         return None
     ratio = measured / predicted
     hindsight = None if m.hindsight_generate_s is None else m.hindsight_generate_s - a
-    if hindsight is not None and hindsight > 0:
-        # measured / predicted = (measured / hindsight: speed) * (hindsight / predicted: lengths),
-        # the second held to the bias a steady predictor has (module docstring)
-        low, high = LENGTH_BIAS_RANGE
-        ratio = measured / hindsight * min(max(hindsight / predicted, low), high)
+    if hindsight is not None and hindsight > LENGTH_MISS_ABSORBED * predicted:
+        # measured / predicted = (measured / hindsight: the speed) * (hindsight / predicted: the
+        # length miss), the miss held to what a steady predictor's bias may be (module docstring)
+        ratio = measured / hindsight * LENGTH_MISS_ABSORBED
     return min(max(m.decode_scale * ratio, SCALE_RANGE[0]), SCALE_RANGE[1])

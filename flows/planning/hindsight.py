@@ -13,8 +13,8 @@ as they were, so only the lengths change. Every step records it
 (``plan/hindsight_generate_s``); the report gives the predicted time's error against it (the
 length predictor's part) beside the error against the measured time.
 
-The calibration learns from it only where the lengths missed by more than a steady bias
-(``calibration.LENGTH_BIAS_RANGE``). Otherwise its decode scale compares the measured time
+The calibration learns from it only where the lengths ran longer than predicted by more than a
+steady bias (``calibration.LENGTH_MISS_ABSORBED``). Otherwise its decode scale compares the measured time
 with the prediction itself, so a steady length bias is absorbed with the speed, which is what
 the next plans need: on the default campaign (24 steps, all in the first epoch, whose learned
 predictor gives each group its upper quartile on purpose, ``first_epoch.BASE_QUANTILE``: the
