@@ -135,3 +135,39 @@ def test_optimizer_scalars_ride_in_the_manifest_so_no_other_run_shares_their_blo
         load_tensors(backend_store, "runs/c/n.json")
     with pytest.raises(ValueError, match=r"scalars \['flag'\] have a dtype outside"):
         publish_tensors(backend_store, "runs/c/o.json", {"flag": torch.tensor(True)}, scalars_in_meta=True)
+
+
+def test_host_copies_are_made_by_the_uploading_threads_a_few_at_a_time(tmp_path, monkeypatch) -> None:
+    """A tensor that needs a host copy (one on a GPU; here, a non-contiguous one) is copied by the
+    thread that uploads it and freed once it is up: at most ``max_concurrency`` copies are alive
+    at once, not the whole set (a 7B model's optimizer state is 91 GB)."""
+    import threading
+    import weakref
+
+    from actions.store import LocalStore, weights
+
+    alive, most, lock = [0], [0], threading.Lock()
+    copy = weights._tensor_bytes
+
+    def counted(tensor: torch.Tensor) -> memoryview:
+        view = copy(tensor)
+        with lock:
+            alive[0] += 1
+            most[0] = max(most[0], alive[0])
+
+        def freed() -> None:
+            with lock:
+                alive[0] -= 1
+
+        weakref.finalize(view.obj, freed)  # the array that owns the host copy: freed with the last view
+        return view
+
+    monkeypatch.setattr(weights, "_tensor_bytes", counted)
+    base = torch.randn(64, 24, 16)
+    tensors = {f"t{i}": base[:, i].clone().t() for i in range(24)}  # non-contiguous: each needs a copy
+    store = LocalStore(tmp_path / "store", max_concurrency=3)
+    published = publish_tensors(store, "m.json", tensors)
+    assert 1 <= most[0] <= 3 and alive[0] == 0
+    loaded, _ = load_tensors(store, "m.json")
+    assert all(torch.equal(loaded[n], t) for n, t in tensors.items())
+    assert published.weights_sha256 == weights_sha256(tensors)

@@ -145,7 +145,7 @@ class PutStats:
 def put_artifact(
     store: ObjectStore,
     manifest_key: str,
-    files: Mapping[str, BlobData],
+    files: Mapping[str, BlobData | Callable[[], BlobData]],
     meta: Mapping[str, Any] | Callable[[dict[str, dict[str, Any]]], Mapping[str, Any]] | None = None,
 ) -> PutStats:
     """Publish ``files`` as blobs (in parallel, bounded by ``store.max_concurrency``), then
@@ -154,7 +154,10 @@ def put_artifact(
     Args:
         store: the object store.
         manifest_key: where the manifest goes; the artifact exists once this key exists.
-        files: name -> bytes, or name -> sequence of buffers (concatenated, never copied).
+        files: name -> bytes, or name -> sequence of buffers (concatenated, never copied), or
+            name -> a callable returning either, called by the thread that uploads the file and
+            dropped once it is up: at most ``max_concurrency`` such files exist at once (a GPU
+            tensor's host copy: ``weights.publish_tensors``).
         meta: JSON-serialisable dict stored in the manifest, or a callable that receives the
             file table (``{name: {"sha256", "size"}}``) once the blobs are up and returns it
             (lets the caller derive meta from the blob digests without hashing again).
@@ -163,11 +166,16 @@ def put_artifact(
     fails, the manifest is not written and the artifact does not exist.
     """
     names = sorted(files)
-    results = map_bounded(lambda n: put_blob(store, files[n]), names, transfer_threads(store, len(names)))
+
+    def put(name: str) -> tuple[str, bool, int]:
+        data = files[name]
+        data = data() if callable(data) else data
+        return (*put_blob(store, data), num_bytes(data))
+
+    results = map_bounded(put, names, transfer_threads(store, len(names)))
     entries = {}
     num_uploaded = bytes_uploaded = 0
-    for name, (digest, uploaded) in zip(names, results):
-        size = num_bytes(files[name])
+    for name, (digest, uploaded, size) in zip(names, results):
         entries[name] = {"sha256": digest, "size": size}
         if uploaded:
             num_uploaded += 1

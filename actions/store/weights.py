@@ -21,6 +21,7 @@ sha256 has been verified.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -106,8 +107,10 @@ def publish_tensors(
 ) -> PublishedWeights:
     """Upload ``tensors`` (only the ones whose bytes are new) and write the manifest last.
 
-    Blobs are built from the tensors' own memory (no serialisation copy) and uploaded in
-    parallel; the fingerprint is derived from their digests. The tensors must not be modified
+    Blobs are built from the tensors' own memory (no serialisation copy; a tensor on another
+    device is copied to the host by the thread that uploads it, so host memory holds at most
+    ``store.max_concurrency`` such copies at once, not the whole set) and uploaded in parallel;
+    the fingerprint is derived from their digests. The tensors must not be modified
     while this runs (the bytes are read twice: hashed, then sent).
 
     ``scalars_in_meta``: 0-dim tensors go in the manifest's meta (``SCALARS``), not in blobs.
@@ -122,7 +125,9 @@ def publish_tensors(
     if scalars:
         meta = {**(meta or {}), SCALARS: {n: [str(t.dtype).removeprefix("torch."), t.item()]
                                           for n, t in scalars.items()}}
-    files = {name: tensor_blob_parts(name, t) for name, t in tensors.items() if name not in scalars}
+    # each blob made by the thread that uploads it: a GPU tensor's host copy is made there, beside
+    # the other threads' hashing and writing, and at most one per thread is alive at a time
+    files = {name: functools.partial(tensor_blob_parts, name, t) for name, t in tensors.items() if name not in scalars}
     fingerprint: list[str] = []
 
     def manifest_meta(table: dict[str, dict[str, Any]]) -> dict[str, Any]:
