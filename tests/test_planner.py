@@ -172,6 +172,26 @@ def test_a_record_of_an_earlier_revision_resumes_with_what_its_planner_had_learn
     assert "length_history" not in data and CampaignState._planner_of_older_records(data) is data
 
 
+def test_phases_committed_without_their_hindsight_take_it_from_their_steps():
+    """A run committed before each kept phase carried its hindsight prediction resumes with it
+    (the calibration's hold on a length miss then applies to its old steps too); a phase whose
+    step recorded none, or was not found, stays as it was."""
+    from dataclasses import asdict
+
+    from flows.campaign.state import CampaignState
+
+    metrics = {"actors/n": 2.0, "timing_s/generate": 3.951, "timing_s/prefill": 0.0, "prefill/unique_prefixes": 0.0,
+               "plan/predicted_generate_s": 0.137, "plan/predicted_prefill_s": 0.0, "plan/activation_s": 0.0076,
+               "plan/decode_scale": 1.0, "plan/prefill_fixed_s": 0.0, "plan/hindsight_generate_s": 2.726}
+    phase = asdict(PhaseObservation.from_metrics({**metrics, "plan/hindsight_generate_s": None}))
+    other = {**phase, "generate_s": 1.0}  # no step measured this
+    data = {"planner": {"phases": [phase, other]}, "steps": [metrics, {"timing_s/generate": 1.0}]}
+    out = CampaignState._hindsight_of_older_phases(data)
+    assert out["planner"]["phases"] == [{**phase, "hindsight_generate_s": 2.726}, other]
+    assert PlannerState.model_validate(out["planner"]).phases[0] == PhaseObservation.from_metrics(metrics)
+    assert CampaignState._hindsight_of_older_phases(out) is out  # nothing left to fill
+
+
 def test_only_the_registry_reads_the_policy_text():
     """``scaling.policy`` is parsed once into a strategy; no other module compares or splits its text."""
     import re

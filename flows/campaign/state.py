@@ -174,6 +174,30 @@ class CampaignState(BaseModel):
         data["planner"] = {**old, "phases": phases}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _hindsight_of_older_phases(cls, data: Any) -> Any:
+        """Phases committed before each kept its hindsight prediction
+        (``PhaseObservation.hindsight_generate_s``) take it from their step's metrics, which
+        recorded it, matched by the plan and the measurement: the calibration then reads a resumed
+        run's steps as it reads new ones (a fan-out's scale is kept however old it is)."""
+        planner = data.get("planner") if isinstance(data, dict) else None
+        steps = data.get("steps") if isinstance(data, dict) else None
+        if not (isinstance(planner, dict) and isinstance(planner.get("phases"), list) and isinstance(steps, list)):
+            return data
+        found = {(m.get("plan/predicted_generate_s"), m.get("timing_s/generate"), m.get("plan/decode_scale")):
+                 m["plan/hindsight_generate_s"] for m in steps
+                 if isinstance(m, dict) and m.get("plan/hindsight_generate_s") is not None}
+
+        def filled(phase: Any) -> Any:
+            if not isinstance(phase, dict) or phase.get("hindsight_generate_s") is not None:
+                return phase
+            h = found.get((phase.get("predicted_generate_s"), phase.get("generate_s"), phase.get("decode_scale")))
+            return phase if h is None else {**phase, "hindsight_generate_s": h}
+
+        phases = [filled(p) for p in planner["phases"]]
+        return data if phases == planner["phases"] else {**data, "planner": {**planner, "phases": phases}}
+
     @property
     def length_history(self) -> dict[str, Any]:
         """The planner's length history (``LengthHistory.to_dict``)."""
