@@ -184,10 +184,11 @@ def test_phases_committed_without_their_hindsight_take_it_from_their_steps():
                "plan/predicted_generate_s": 0.137, "plan/predicted_prefill_s": 0.0, "plan/activation_s": 0.0076,
                "plan/decode_scale": 1.0, "plan/prefill_fixed_s": 0.0, "plan/hindsight_generate_s": 2.726}
     phase = asdict(PhaseObservation.from_metrics({**metrics, "plan/hindsight_generate_s": None}))
-    other = {**phase, "generate_s": 1.0}  # no step measured this
-    data = {"planner": {"phases": [phase, other]}, "steps": [metrics, {"timing_s/generate": 1.0}]}
+    # no step was planned and measured as these: each differs from the step in one of the three
+    others = [{**phase, "generate_s": 1.0}, {**phase, "predicted_generate_s": 0.2}, {**phase, "decode_scale": 2.0}]
+    data = {"planner": {"phases": [phase, *others]}, "steps": [metrics, {"timing_s/generate": 1.0}]}
     out = CampaignState._hindsight_of_older_phases(data)
-    assert out["planner"]["phases"] == [{**phase, "hindsight_generate_s": 2.726}, other]
+    assert out["planner"]["phases"] == [{**phase, "hindsight_generate_s": 2.726}, *others]
     assert PlannerState.model_validate(out["planner"]).phases[0] == PhaseObservation.from_metrics(metrics)
     assert CampaignState._hindsight_of_older_phases(out) is out  # nothing left to fill
 

@@ -171,3 +171,13 @@ def test_host_copies_are_made_by_the_uploading_threads_a_few_at_a_time(tmp_path,
     loaded, _ = load_tensors(store, "m.json")
     assert all(torch.equal(loaded[n], t) for n, t in tensors.items())
     assert published.weights_sha256 == weights_sha256(tensors)
+
+
+def test_a_tensor_safetensors_cannot_store_fails_before_any_blob_is_up(tmp_path) -> None:
+    from actions.store import LocalStore
+
+    store = LocalStore(tmp_path / "store")
+    tensors = {**{f"w{i}": torch.randn(64, 64) for i in range(8)}, "z": torch.zeros(3, dtype=torch.complex128)}
+    with pytest.raises(ValueError, match="tensor 'z' has dtype complex128, which safetensors cannot store"):
+        publish_tensors(store, "m.json", tensors)
+    assert not store.exists("m.json") and not list((tmp_path / "store").rglob("blobs/**/*[0-9a-f]"))

@@ -83,7 +83,11 @@ def tensor_blob_parts(name: str, tensor: torch.Tensor) -> tuple[bytes, memoryvie
     8, then the raw little-endian data."""
     dtype = tensor.dtype
     if dtype not in _TAGS:
-        return (serialize_tensor(name, tensor), memoryview(b""))
+        try:
+            return (serialize_tensor(name, tensor), memoryview(b""))
+        except (KeyError, ValueError, TypeError) as exc:  # safetensors' own message is the bare dtype
+            raise ValueError(f"tensor {shown(name)} has dtype {str(dtype).removeprefix('torch.')}, which safetensors "
+                             "cannot store; convert it to a stored dtype first (e.g. .to(torch.float32))") from exc
     data = _tensor_bytes(tensor)
     entry = {"dtype": _TAGS[dtype], "shape": list(tensor.shape), "data_offsets": [0, data.nbytes]}
     header = json.dumps({name: entry}, separators=(",", ":"), ensure_ascii=False).encode()
@@ -109,7 +113,8 @@ def publish_tensors(
 
     Blobs are built from the tensors' own memory (no serialisation copy; a tensor on another
     device is copied to the host by the thread that uploads it, so host memory holds at most
-    ``store.max_concurrency`` such copies at once, not the whole set) and uploaded in parallel;
+    ``store.max_concurrency`` such copies at once, not the whole set: the tensors must be ready
+    on their device's default stream, which those threads copy on) and uploaded in parallel;
     the fingerprint is derived from their digests. The tensors must not be modified
     while this runs (the bytes are read twice: hashed, then sent).
 
@@ -126,8 +131,11 @@ def publish_tensors(
         meta = {**(meta or {}), SCALARS: {n: [str(t.dtype).removeprefix("torch."), t.item()]
                                           for n, t in scalars.items()}}
     # each blob made by the thread that uploads it: a GPU tensor's host copy is made there, beside
-    # the other threads' hashing and writing, and at most one per thread is alive at a time
-    files = {name: functools.partial(tensor_blob_parts, name, t) for name, t in tensors.items() if name not in scalars}
+    # the other threads' hashing and writing, and at most one per thread is alive at a time. A
+    # dtype without a tag is serialised here, first: one safetensors cannot store fails before
+    # any blob is uploaded.
+    files = {name: functools.partial(tensor_blob_parts, name, t) if t.dtype in _TAGS else tensor_blob_parts(name, t)
+             for name, t in tensors.items() if name not in scalars}
     fingerprint: list[str] = []
 
     def manifest_meta(table: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -183,7 +183,8 @@ class CampaignState(BaseModel):
         run's steps as it reads new ones (a fan-out's scale is kept however old it is)."""
         planner = data.get("planner") if isinstance(data, dict) else None
         steps = data.get("steps") if isinstance(data, dict) else None
-        if not (isinstance(planner, dict) and isinstance(planner.get("phases"), list) and isinstance(steps, list)):
+        if not (isinstance(planner, dict) and isinstance(planner.get("phases"), list) and isinstance(steps, list)
+                and any(isinstance(p, dict) and p.get("hindsight_generate_s") is None for p in planner["phases"])):
             return data
         found = {(m.get("plan/predicted_generate_s"), m.get("timing_s/generate"), m.get("plan/decode_scale")):
                  m["plan/hindsight_generate_s"] for m in steps
