@@ -212,3 +212,16 @@ def test_two_ranks_and_a_resume_draw_the_one_rank_lora_dropout_masks(tiny_config
             assert b[key] == pytest.approx(a[key], rel=LOSS_RTOL, abs=1e-9), (a["step"], key)
     for step in (1, 2):
         _assert_close(_tensors_at(one, step)[0], _tensors_at(two, step)[0], f"weights after step {step}")
+
+
+def test_only_the_publishing_rank_keeps_host_copies_and_every_rank_gathers(monkeypatch):
+    """Every rank enters each gather (a collective: a rank that skipped one would hang the
+    others), and only rank 0, which publishes, keeps the whole tensors on the host."""
+    from actions.rl import sharded_train
+
+    calls = []
+    monkeypatch.setattr(sharded_train, "full", lambda t: calls.append(t) or t)
+    tensors = {"w": torch.randn(4, 3), "ids": torch.arange(5)}
+    kept = sharded_train._gathered(tensors, {"w": torch.bfloat16}, keep=True)
+    assert len(calls) == 2 and kept["w"].dtype == torch.bfloat16 and torch.equal(kept["ids"], tensors["ids"])
+    assert sharded_train._gathered(tensors, {"w": torch.bfloat16}, keep=False) == {} and len(calls) == 4

@@ -90,20 +90,25 @@ def _sharded_optimizer(module: torch.nn.Module, lr: float, state: dict[str, torc
     return opt
 
 
-def _gathered(tensors: dict[str, torch.Tensor], dtypes: dict[str, torch.dtype]) -> dict[str, torch.Tensor]:
-    """Whole tensors on the CPU, each in the dtype it was published in (a collective)."""
+def _gathered(tensors: dict[str, torch.Tensor], dtypes: dict[str, torch.dtype], keep: bool) -> dict[str, torch.Tensor]:
+    """Whole tensors on the CPU, each in the dtype it was published in (a collective: every rank
+    gathers every tensor, in the same order). ``keep``: this rank publishes them; the others
+    drop each whole tensor as soon as it is gathered, so host memory holds one copy of the
+    state on the node, not one per rank (a 7B model's weights and optimizer state are 106 GB)."""
     out = {}
     for name, t in tensors.items():
         whole = full(t.detach())
-        out[name] = whole.to("cpu", dtypes.get(name, whole.dtype)) if whole.is_floating_point() else whole.cpu()
+        if keep:
+            out[name] = whole.to("cpu", dtypes.get(name, whole.dtype)) if whole.is_floating_point() else whole.cpu()
     return out
 
 
-def _optimizer_tensors(opt: TrainOptimizer, low_precision: bool) -> dict[str, torch.Tensor]:
-    """The one-rank ``TrainOptimizer.state_tensors`` of this sharded optimizer (a collective)."""
-    out = _gathered(optimizer_tensors(opt.opt), {})
+def _optimizer_tensors(opt: TrainOptimizer, low_precision: bool, keep: bool) -> dict[str, torch.Tensor]:
+    """The one-rank ``TrainOptimizer.state_tensors`` of this sharded optimizer (a collective;
+    ``keep`` as for :func:`_gathered`)."""
+    out = _gathered(optimizer_tensors(opt.opt), {}, keep)
     if low_precision:
-        out.update({f"p{i}.{MASTER}": full(p.detach()).cpu() for i, p in enumerate(opt.params)})
+        out.update(_gathered({f"p{i}.{MASTER}": p for i, p in enumerate(opt.params)}, {}, keep))
     return out
 
 
@@ -152,11 +157,12 @@ def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | 
     metrics["train/world_size"] = float(world)
     metrics.update(run_sharded_updates(root, opt, batch, algo, critic, critic_opt, seed=req.seed, step=req.step,
                                        rank=rank, world=world))
-    weights = _gathered(adapter_tensors(policy), policy_dtypes)
-    opt_tensors = _optimizer_tensors(opt, low_precision)
+    publishes = rank == 0
+    weights = _gathered(adapter_tensors(policy), policy_dtypes, publishes)
+    opt_tensors = _optimizer_tensors(opt, low_precision, publishes)
     if critic is not None:
-        critic_tensors = _gathered(critic.tensors(), critic_dtypes)
-        critic_opt_tensors = _optimizer_tensors(critic_opt, critic_low)
+        critic_tensors = _gathered(critic.tensors(), critic_dtypes, publishes)
+        critic_opt_tensors = _optimizer_tensors(critic_opt, critic_low, publishes)
     dist.barrier()
     if rank != 0:
         return None
