@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from actions.contracts import PromptTokens
@@ -48,6 +49,8 @@ def run_one_step(ctx: RunContext, state: CampaignState, planner: Planner, tokens
     hindsight = planner.hindsight_generate_s(record)
     if hindsight is not None:
         metrics[HINDSIGHT_GENERATE] = hindsight
+        # the calibration reads it too (Planner.observe would otherwise time the phase again)
+        record = replace(record, phase=replace(record.phase, hindsight_generate_s=hindsight))
     planner.observe(record)
     metrics["plan"] = phase.plan.to_dict() | {"cut_after": list(phase.cut_after)}  # type: ignore[assignment]
     return _next_state(ctx, state, planner, out, metrics), record
