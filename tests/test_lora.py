@@ -141,6 +141,21 @@ def test_attach_adapter_refuses_targets_that_match_nothing():
                                                 "model.layers.0.self_attn.q_proj.lora_B.default.weight"}
 
 
+def test_attaching_an_adapter_logs_no_library_deprecation():
+    """PEFT reads a property transformers deprecates: that FutureWarning, which no setting can
+    act on, stays out of every LoRA action's log; the wrap itself still works."""
+    import warnings
+
+    from actions.models.modeling import build_tiny_model
+
+    model, _ = build_tiny_model(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_positions=32,
+                                seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        peft_model = attach_adapter(model, LoraConfig(r=2, target_modules=["q_proj"]), None)
+    assert len(adapter_tensors(peft_model)) == 2
+
+
 def test_the_head_of_a_tied_model_folder_is_a_target(tmp_path):
     """A tied model (Qwen2.5-0.5B, the tiny Qwen2 folder) saves no ``lm_head.weight``, yet has the
     module PEFT wraps: the check at the CLI takes it, also where config.json leaves the tying to

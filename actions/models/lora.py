@@ -23,6 +23,7 @@ Choices, each measured in ``benchmarks/bench_lora.py`` and written down in docs/
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -45,7 +46,12 @@ def wrap(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
     targets = cfg.target_modules if isinstance(cfg.target_modules, str) else list(cfg.target_modules)
     peft_cfg = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
                               bias=cfg.bias, task_type="CAUSAL_LM")
-    return get_peft_model(model, peft_cfg, autocast_adapter_dtype=False)
+    with warnings.catch_warnings():
+        # peft reads transformers' `is_gradient_checkpointing`, which transformers 5.24 deprecates
+        # for `is_activation_checkpointing`: a FutureWarning in every LoRA action's log that no
+        # setting here can act on. Only that message is ignored, and only while PEFT wraps.
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        return get_peft_model(model, peft_cfg, autocast_adapter_dtype=False)
 
 
 def merge_adapter(model: torch.nn.Module) -> torch.nn.Module:
