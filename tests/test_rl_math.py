@@ -96,7 +96,10 @@ def test_a_group_of_equal_rewards_gets_exactly_zero_whatever_the_mean_s_rounding
         partial = group_normalized_advantages(rewards * torch.where(scored, 1.0, 5.0), group_size=g,
                                               scale_by_std=scale_by_std, scored=scored)
         assert torch.equal(partial[:g], torch.zeros(g))  # the unscored row's reward left out
-        assert torch.equal(partial[g:], adv[g:])
+        # the other group as without the mask, to fp32 round-off: the masked path takes the std
+        # as the root of the mean square, the plain one with torch.std, and which last bit each
+        # lands on depends on the CPU's vector kernels (equal on an AMD EPYC, not on an Intel Xeon)
+        assert torch.allclose(partial[g:], adv[g:], rtol=1e-6, atol=0)
 
 
 def test_group_advantages_without_std_scaling():
