@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from actions.contracts import PromptTokens
@@ -46,12 +45,9 @@ def run_one_step(ctx: RunContext, state: CampaignState, planner: Planner, tokens
     metrics["step"] = float(state.step)
     metrics.update(out.prewarm)
     record = step_record(out, phase, step=state.step, epoch=epoch, metrics=metrics)
-    hindsight = planner.hindsight_generate_s(record)
-    if hindsight is not None:
-        metrics[HINDSIGHT_GENERATE] = hindsight
-        # the calibration reads it too (Planner.observe would otherwise time the phase again)
-        record = replace(record, phase=replace(record.phase, hindsight_generate_s=hindsight))
-    planner.observe(record)
+    observed = planner.observe(record)  # times the phase again at the observed lengths: the hindsight
+    if observed is not None and observed.hindsight_generate_s is not None:
+        metrics[HINDSIGHT_GENERATE] = observed.hindsight_generate_s
     metrics["plan"] = phase.plan.to_dict() | {"cut_after": list(phase.cut_after)}  # type: ignore[assignment]
     return _next_state(ctx, state, planner, out, metrics), record
 

@@ -250,8 +250,9 @@ class Planner:
         return hindsight_generate_s(model, phase.plan.assignments, phase.predicted, record.lengths,
                                     record.phase.predicted_generate_s, record.phase.activation_s)
 
-    def observe(self, record: StepRecord) -> None:
-        """Learn from the step just run (after :meth:`plan` of its phase)."""
+    def observe(self, record: StepRecord) -> PhaseObservation | None:
+        """Learn from the step just run (after :meth:`plan` of its phase). Returns its phase as
+        the calibration keeps it, the hindsight prediction filled in (None: no phase measured)."""
         if self._last is None:
             raise ValueError("Planner.observe: no phase was planned; call plan() first")
         inputs, phase, _ = self._last
@@ -263,8 +264,8 @@ class Planner:
         if seen and self.rules.tail_error_steps > 0:
             s.errors = [*s.errors, ([float(phase.predicted[p]) for p in seen],
                                     [float(max(record.lengths[p])) for p in seen])][-self.rules.tail_error_steps:]
-        if record.phase is not None:
-            observed = record.phase
+        observed = record.phase
+        if observed is not None:
             if observed.hindsight_generate_s is None:  # the calibration tells length errors from speed by it
                 observed = replace(observed, hindsight_generate_s=self.hindsight_generate_s(record))
             s.phases = calibration_memory([*s.phases, observed])  # bounded: what calibrate reads
@@ -275,3 +276,4 @@ class Planner:
             s.spec_rates = acceptance_rates(record.spec, s.spec_rates)
             s.spec_speedup = running_speedup(s.spec_speedup, decode_speedup([x for x in record.spec if x]))
         self._last = None
+        return observed
