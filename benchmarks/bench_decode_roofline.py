@@ -6,6 +6,10 @@ is downloaded), a batch and a context, prints the milliseconds of one decode ste
 * ``graphs``: the engine on its static KV cache with the step replayed as a CUDA graph;
 * ``compiled`` (``--paths`` must name it): the graph path with the step through
   ``torch.compile`` (fused kernels; they round differently, so tokens may differ in bf16);
+* ``compiled-flex`` (``--paths`` must name it): the compiled graph path with ``flex``
+  decode attention (``static_forward.ATTENTIONS``): split-KV decoding that skips the key/value
+  blocks past the last written column, where ``compiled`` runs cuDNN's or the flash kernel
+  over the whole window;
 * ``static``: the same path, eager (``generation.cuda_graphs: off``);
 * ``dynamic``: the engine on Hugging Face's growing ``DynamicCache`` (``kv_cache: dynamic``);
 * ``hf-loop``: a plain Hugging Face eager loop (forward with ``DynamicCache``, greedy argmax);
@@ -49,6 +53,18 @@ from actions.engines.static_decode import runtime_for
 from actions.engines.torch_engine import TorchEngine
 from actions.models.cache_name import cache_of, with_cache
 from actions.models.device import sync
+
+ENGINE_PATHS = {
+    "graphs": dict(kv_cache="static", cuda_graphs="on"),
+    "compiled": dict(kv_cache="static", cuda_graphs="on", compile_decode=True),
+    "compiled-flex": dict(kv_cache="static", cuda_graphs="on", compile_decode=True, decode_attention="flex"),
+    "static": dict(kv_cache="static", cuda_graphs="off"),
+    "dynamic": dict(kv_cache="dynamic", cuda_graphs="off"),
+}
+"""The engine's decode paths this benchmark times: ``TorchEngine`` settings by name."""
+
+GRAPH_PATHS = ("graphs", "compiled", "compiled-flex")
+"""The paths that replay CUDA graphs (timed on CUDA only)."""
 
 PEAK_GBPS = {"H100": 3350.0, "H200": 4800.0, "A100": 2039.0}
 """Peak HBM bandwidth, GB/s, by a substring of the CUDA device name (SXM parts)."""
@@ -98,12 +114,9 @@ def hf_loop(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int) -> None:
 def compare_rows(model: torch.nn.Module, specs: list[SampleSpec], new_tokens: int, paths: list[str]) -> dict:
     """Per engine path: how many rows drew exactly the dynamic path's tokens (in bf16 the
     kernels round differently, and a near-tie can flip a draw; in fp32 all should)."""
-    opts = {"graphs": ("static", "on"), "compiled": ("static", "on"), "static": ("static", "off"),
-            "dynamic": ("dynamic", "off")}
     toks = {}
-    for name in [p for p in paths if p in opts]:
-        engine = TorchEngine(model, eos_id=-1, pad_id=0, kv_cache=opts[name][0], cuda_graphs=opts[name][1])
-        engine.compiled = name == "compiled"
+    for name in [p for p in paths if p in ENGINE_PATHS]:
+        engine = TorchEngine(model, eos_id=-1, pad_id=0, **ENGINE_PATHS[name])
         params = GenerationParams(seed=1, step=0, max_new_tokens=new_tokens, temperature=1.0)
         toks[name] = [o.tokens for o in engine.generate(specs, params)[0]]
     ref = toks.get("dynamic")
@@ -157,16 +170,16 @@ def main() -> None:
     specs, prompts = grouped_prompts(vocab, args.batch, args.context, args.group)
     ids = prompts.repeat_interleave(len(specs) // len(prompts), dim=0).to(device)
 
-    def engine_fn(kv_cache: str, graphs: str, compiled: bool = False):
-        engine = TorchEngine(model, eos_id=-1, pad_id=0, kv_cache=kv_cache, cuda_graphs=graphs,
-                             compile_decode=compiled, fused_sampling=args.fused_sampling)
+    def engine_fn(name: str):
+        engine = TorchEngine(model, eos_id=-1, pad_id=0, fused_sampling=args.fused_sampling, **ENGINE_PATHS[name])
         return lambda n: engine.generate(specs, GenerationParams(seed=0, step=0, max_new_tokens=n, temperature=1.0))
 
-    paths = {"graphs": lambda: engine_fn("static", "on"), "compiled": lambda: engine_fn("static", "on", True),
-             "static": lambda: engine_fn("static", "off"),
-             "dynamic": lambda: engine_fn("dynamic", "off"),
+    paths = {**{name: (lambda name=name: engine_fn(name)) for name in ENGINE_PATHS},
              "hf-loop": lambda: (lambda n: hf_loop(model, ids, n))}
-    wanted = [x for x in args.paths.split(",") if x and (x not in ("graphs", "compiled") or device.type == "cuda")]
+    unknown = [x for x in args.paths.split(",") if x and x not in paths]
+    if unknown:
+        p.error(f"--paths {','.join(unknown)}: not one of {','.join(paths)}")
+    wanted = [x for x in args.paths.split(",") if x and (x not in GRAPH_PATHS or device.type == "cuda")]
     peak, measured = bandwidth_gbps(device)
     gbps = peak or measured
     nbytes = step_bytes(model, len(specs), args.context + args.steps / 2)
@@ -180,14 +193,22 @@ def main() -> None:
     print(f"{res['device']} {res['dtype']} batch={res['batch']} context={args.context}: roofline "
           + (f"{roof_ms:.3f} ms/step" if roof_ms else "unknown (no bandwidth on the CPU)") + f"; timing {wanted}",
           flush=True)
+
+    def runtime_of(name: str):
+        """The decode runtime an engine path runs on (None: the dynamic path and the HF loop)."""
+        opts = ENGINE_PATHS.get(name, {})
+        if opts.get("kv_cache") != "static":
+            return None
+        return runtime_for(model, opts.get("compile_decode", False), opts.get("decode_attention", "sdpa"))
+
     for name in wanted:
-        rt0 = runtime_for(model, name == "compiled") if name in ("graphs", "static", "compiled") else None
+        rt0 = runtime_of(name)
         c0, s0 = (rt0.captures, rt0.capture_s) if rt0 else (0, 0.0)
         frames0 = compilations()
         res["ms"][name] = step_ms(paths[name](), args.steps, args.repeats, device)
         res.setdefault("compilations", {})[name] = compilations() - frames0
-        if name in ("graphs", "compiled"):
-            rt1 = runtime_for(model, name == "compiled")
+        if name in GRAPH_PATHS:
+            rt1 = runtime_of(name)
             res[f"{name}_captures"] = rt1.captures - (c0 if rt1 is rt0 else 0)
             res[f"{name}_capture_s"] = rt1.capture_s - (s0 if rt1 is rt0 else 0.0)
             res[f"{name}_error"] = rt1.graph_error or (None if rt1.compiled == rt1.wants_compiled else "compile failed")
@@ -208,7 +229,7 @@ def main() -> None:
     if gbps:
         print(f"bandwidth: {gbps:.0f} GB/s ({'card peak' if peak else 'measured copy'}); measured copy "
               f"{measured:.0f} GB/s; roofline {roof_ms:.3f} ms/step")
-    for name in ("graphs", "compiled"):
+    for name in GRAPH_PATHS:
         if f"{name}_captures" in res:
             print(f"{name}: captures in the warm-up {res[f'{name}_captures']} in {res[f'{name}_capture_s']:.3f} s"
                   f" (torch.compile graphs made in its warm-up and timed calls: {res['compilations'][name]})"

@@ -20,8 +20,11 @@
 #   prefill      per-length-bucket prefill calls and the last-column output head, 0.5B shape
 #   sampling     fused draws against unfused ones, 0.5B shape
 #   versions     a policy version copied into the warm model against a model built afresh
-#   compiled     the torch.compile'd step: its GPU test (compiles for minutes; COMPILED_TEST=0 skips
-#                it), then roofline rows at batch 64 for COMPILED_SHAPES (default "7b 0.5b")
+#   compiled     the torch.compile'd step: its GPU tests (sdpa and flex attention; they compile for
+#                minutes; COMPILED_TEST=0 skips them), then roofline rows at batch 64 for COMPILED_SHAPES
+#                (default "7b 0.5b") of COMPILED_PATHS (default "compiled,compiled-flex": the compiled
+#                step on cuDNN's attention over the whole window, then on split-KV flex decoding over
+#                the written blocks), each with its kernel profile
 #   trl          one GRPO step of the 0.5B shape, the campaign against TRL (needs gpu_wheels.sh all)
 #
 # Time: the whole run ends by DEADLINE seconds after it starts (default 540, for a device command
@@ -172,9 +175,10 @@ for p in $PARTS; do
         --model-config "$q05" --json "$JSON" ;;
     compiled)
       [ "${COMPILED_TEST:-1}" != 0 ] && run_tests "tests compiled_step" "${COMPILE_TEST_TIMEOUT:-240}" -k compiled_step tests/test_gpu.py
+      cpaths="${COMPILED_PATHS:-compiled,compiled-flex}"
       for shape in ${COMPILED_SHAPES:-7b 0.5b}; do
-        run_part "roofline qwen2.5-$shape batch 64 compiled" "${COMPILE_TIMEOUT:-200}" -- python3 benchmarks/bench_decode_roofline.py \
-          --device cuda --paths compiled --profile compiled --model-config "benchmarks/configs/qwen2.5-$shape.json" \
+        run_part "roofline qwen2.5-$shape batch 64 $cpaths" "${COMPILE_TIMEOUT:-320}" -- python3 benchmarks/bench_decode_roofline.py \
+          --device cuda --paths "$cpaths" --profile "$cpaths" --model-config "benchmarks/configs/qwen2.5-$shape.json" \
           --batch 64 --context 512 --json "$JSON"
       done ;;
     trl)

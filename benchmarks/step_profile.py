@@ -21,7 +21,8 @@ from torch.profiler import ProfilerActivity, profile
 from actions.models.device import sync
 
 KINDS = (
-    ("attention", r"flash|fmha|attention|sdpa|scaled_dot_product"),  # before gemm: cutlass FMHA kernels
+    # before gemm: cutlass FMHA kernels; "flex": flex attention's Triton templates (flex_decoding)
+    ("attention", r"flash|fmha|attention|sdpa|scaled_dot_product|flex"),
     ("gemm", r"gemm|gemv|cutlass|nvjet|xmma|cublas|aten::(mm|addmm|bmm|linear|matmul)$"),
     ("triton", r"^triton"),
     ("norm/reduce", r"reduce|norm|rsqrt|softmax|aten::(mean|sum|pow|max|argmax|amax)$"),

@@ -73,10 +73,12 @@ shapes and agree bit for bit; so does a compiled step anywhere (``window_step``)
 
 
 def window_step(rt: "DecodeRuntime") -> int:
-    """Columns the attention window grows by: ``WINDOW_STEP`` on CUDA, and for a compiled step
+    """Columns the attention window grows by: ``WINDOW_STEP`` on CUDA, for a compiled step
     (each window is a shape ``torch.compile`` compiles for; fused kernels round differently
-    from the dynamic path anyway); else ``CPU_WINDOW_STEP``."""
-    return WINDOW_STEP if rt.device.type == "cuda" or rt.compiled else CPU_WINDOW_STEP
+    from the dynamic path anyway) and for ``flex`` attention (whole key/value blocks, and a
+    sum of another order anyway); else ``CPU_WINDOW_STEP``."""
+    exact = rt.device.type != "cuda" and not rt.compiled and rt.forward.attention == "sdpa"
+    return CPU_WINDOW_STEP if exact else WINDOW_STEP
 
 _RUNTIMES: "weakref.WeakKeyDictionary[torch.nn.Module, DecodeRuntime]" = weakref.WeakKeyDictionary()
 """Each loaded model's runtime, dropped with the model (a runtime holds the model's
@@ -97,15 +99,18 @@ def static_supported(model: torch.nn.Module) -> bool:
     return unsupported_reason(model) is None
 
 
-def runtime_for(model: torch.nn.Module, compiled: bool = False) -> "DecodeRuntime":
+def runtime_for(model: torch.nn.Module, compiled: bool = False, attention: str = "sdpa") -> "DecodeRuntime":
     """The model's runtime, created on first use and kept as long as the model is (a warm
     container keeps its buffers and graphs across calls). A model whose parameters moved
     (``.to()`` another device or dtype and back, a re-materialised weight) gets a new one:
     captured graphs read the parameters at the addresses they had when captured. Weights
-    copied into the same tensors in place keep the runtime, and its graphs see the new values."""
+    copied into the same tensors in place keep the runtime, and its graphs see the new values.
+    ``compiled`` and ``attention`` (``static_forward.ATTENTIONS``): how its step runs; a call
+    that asks otherwise than the runtime was made for gets a new one."""
     rt = _RUNTIMES.get(model)
-    if rt is None or rt.signature != _signature(model) or rt.wants_compiled != compiled:
-        rt = DecodeRuntime(model, compiled)
+    if (rt is None or rt.signature != _signature(model) or rt.wants_compiled != compiled
+            or rt.forward.attention != attention):
+        rt = DecodeRuntime(model, compiled, attention)
         _RUNTIMES[model] = rt
     return rt
 
@@ -145,8 +150,8 @@ class _State:
 class DecodeRuntime:
     """Buffers, state and graphs of one model's decode step (module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, compiled: bool = False) -> None:
-        self.forward = StaticForward(model)
+    def __init__(self, model: torch.nn.Module, compiled: bool = False, attention: str = "sdpa") -> None:
+        self.forward = StaticForward(model, attention)
         self.wants_compiled = compiled  # what the runtime was made for (runtime_for)
         self.compiled = compiled  # False after a compiler failure
         self._compiled_step = None
@@ -349,16 +354,16 @@ class DecodeRuntime:
 
 def decode_static(engine, samples: list[SampleSpec], states: list[PrefixState], params: GenerationParams, *,
                   sampling: Sampler, stats: EngineStats, graphs: bool, padded: bool | None = None,
-                  compiled: bool = False) -> list[SampleOut]:
+                  compiled: bool = False, attention: str = "sdpa") -> list[SampleOut]:
     """``TorchEngine``'s plain decode loop on the static cache (module docstring). Returns the
     samples in input order; updates ``stats`` and the engine's ``forward_cost``.
 
     ``graphs``: replay the step as CUDA graphs; ``padded`` (default: ``graphs``): run batch
     buckets with idle rows, as graphs need (the eager step can run either way, which is how the
     CPU tests exercise the bucket logic); ``compiled``: the step through ``torch.compile``
-    (``DecodeRuntime.step``)."""
+    (``DecodeRuntime.step``); ``attention``: its attention kernel (``static_forward.ATTENTIONS``)."""
     padded = graphs if padded is None else padded
-    rt = runtime_for(engine.model, compiled)
+    rt = runtime_for(engine.model, compiled, attention)
     with rt.lock:
         return _decode_locked(rt, engine, samples, states, params, sampling=sampling, stats=stats, graphs=graphs,
                               padded=padded)

@@ -14,6 +14,17 @@ Supported: decoder-only models whose layers are Llama-shaped (``llama``, ``qwen2
 another layer structure, sliding-window layers, a missing module -- is reported by
 ``unsupported_reason`` and decodes on the dynamic path.
 
+Attention (``ATTENTIONS``). ``sdpa`` (the default) is PyTorch's scaled-dot-product
+attention over the whole window with a boolean mask: on a GPU, cuDNN's or the flash kernel,
+one thread block per row and key/value head walking every column of the window, masked or
+not. ``flex`` is ``torch.nn.attention.flex_attention`` with a block mask built on the device
+from the write column: blocks of ``FLEX_KV_BLOCK`` columns past the last written one are
+skipped, not masked, and under ``torch.compile`` on a GPU its decoding kernel splits a row's
+columns across thread blocks (split-KV, as flash-decoding does) and folds the grouped query
+heads into one tile. It is for the compiled step (``generation.compile_decode``): without
+the compiler flex attention runs an unfused reference that materialises the scores. Both
+compute the same attention; they round differently (a different order of additions).
+
 Shapes: ids and positions ``[b, w]``; ``col``: ``[w]`` int64 cache columns of the w new
 tokens (the same for every row); logits ``[b, w, V]``.
 """
@@ -29,7 +40,14 @@ from actions.engines.preflight import STATIC_MODEL_TYPES as SUPPORTED_TYPES
 from actions.engines.preflight import sliding_window_reason
 from actions.engines.static_kv import StaticKV
 
-__all__ = ["StaticForward", "unsupported_reason"]
+__all__ = ["ATTENTIONS", "FLEX_KV_BLOCK", "StaticForward", "unsupported_reason"]
+
+ATTENTIONS = ("sdpa", "flex")
+"""The decode step's attention kernels (module docstring)."""
+
+FLEX_KV_BLOCK = 128
+"""Columns per key/value block of ``flex`` attention: the unit it skips unwritten columns by
+(a window is a multiple of it wherever ``flex`` runs: ``static_decode.window_step``)."""
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
@@ -56,10 +74,17 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
 class StaticForward:
     """The decode forward of one loaded model (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, attention: str = "sdpa") -> None:
+        """``attention``: one of ``ATTENTIONS``.
+
+        Raises:
+            ValueError: an unsupported model, or an unknown ``attention``."""
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the static decode path cannot run this model: {reason}")
+        if attention not in ATTENTIONS:
+            raise ValueError(f"decode attention {attention!r} is not one of {ATTENTIONS}")
+        self.attention = attention
         cfg = model.config
         # submodules only, never the model: the runtime that holds this forward is kept in a
         # weak map keyed by the model (static_decode.runtime_for)
@@ -87,6 +112,28 @@ class StaticForward:
         mask = valid[:, None, None, :] & causal[None, None, :, :]  # [b, 1, w, window]
         return mask.repeat(1, 1, self.groups, 1)  # query index g * w + j, as q is folded below
 
+    def block_mask(self, kv: StaticKV, b: int, window: int, col: torch.Tensor):
+        """``flex`` attention's ``BlockMask`` over ``[b, heads, w, window]``, built on the device
+        with no host read (a graph replays it with each step's column): the key/value blocks up
+        to the one holding the last new column are visited, every later block of the window is
+        skipped, and inside the visited blocks a new token sees what ``attention_mask`` lets
+        it see (the row's valid columns, up to its own). One mask for every row and head:
+        every row writes the same columns."""
+        from torch.nn.attention.flex_attention import BlockMask
+
+        blocks = window // FLEX_KV_BLOCK
+        used = (col.max() // FLEX_KV_BLOCK + 1).to(torch.int32).reshape(1, 1, 1)
+        indices = torch.arange(blocks, dtype=torch.int32, device=col.device).reshape(1, 1, 1, blocks)
+        # the mask read flat: inductor's CPU template for flex attention fails to compile a
+        # two-index read of a captured tensor once the shapes are symbolic (torch 2.13)
+        valid, stride = kv.mask.view(-1), kv.mask.shape[1]
+
+        def visible(row, head, q, k):  # noqa: ARG001 -- flex_attention's mask_mod signature
+            return valid[row * stride + k] & (k <= col[q])
+
+        return BlockMask.from_kv_blocks(used, indices, BLOCK_SIZE=(FLEX_KV_BLOCK, FLEX_KV_BLOCK), mask_mod=visible,
+                                        seq_lengths=(col.shape[0], window), compute_q_blocks=False)
+
     def __call__(self, kv: StaticKV, ids: torch.Tensor, pos: torch.Tensor, col: torch.Tensor,
                  window: int, dense: bool = False) -> torch.Tensor:
         """Logits ``[b, w, V]`` of tokens ``ids`` at model positions ``pos``, their keys and
@@ -102,7 +149,10 @@ class StaticForward:
                                torch.ones((), dtype=torch.bool, device=col.device))
         else:
             kv.mask[:b].index_fill_(1, col, True)
-        amask = None if dense and w == 1 else self.attention_mask(kv, b, window, col)
+        if self.attention == "flex":
+            amask = self.block_mask(kv, b, window, col)
+        else:
+            amask = None if dense and w == 1 else self.attention_mask(kv, b, window, col)
         x = self.inner.embed_tokens(ids)
         cos, sin = self.inner.rotary_emb(x, pos)
         for i, layer in enumerate(self.layers):
@@ -142,7 +192,12 @@ class StaticForward:
         qk, _ = self.rotate(torch.cat([q, k], dim=2).transpose(1, 2), self._none, cos, sin)
         q, k = qk[:, : self.heads], qk[:, self.heads:]
         keys, values = self._write(kv.keys[i], k, col, b), self._write(kv.values[i], v, col, b)
-        if amask is None:  # nothing masked: grouped heads natively, as the dynamic path then does
+        if self.attention == "flex":
+            from torch.nn.attention.flex_attention import flex_attention
+
+            out = flex_attention(q.contiguous(), keys[:, :, :window], values[:, :, :window], block_mask=amask,
+                                 scale=self.scaling, enable_gqa=self.groups > 1)
+        elif amask is None:  # nothing masked: grouped heads natively, as the dynamic path then does
             out = F.scaled_dot_product_attention(q.contiguous(), keys[:, :, :window], values[:, :, :window],
                                                  scale=self.scaling, enable_gqa=self.groups > 1)
         else:

@@ -75,15 +75,15 @@ def graph_width(w: int) -> int:
 
 def decode_static_speculative(engine, samples: list[SampleSpec], states: list[PrefixState], params: GenerationParams,
                               *, sampling: Sampler, stats: EngineStats, spec: Speculation, tracker: AcceptanceTracker,
-                              cost: ForwardCost, graphs: bool, padded: bool | None = None, compiled: bool = False
-                              ) -> tuple[list[SampleOut], SpecStats]:
+                              cost: ForwardCost, graphs: bool, padded: bool | None = None, compiled: bool = False,
+                              attention: str = "sdpa") -> tuple[list[SampleOut], SpecStats]:
     """``TorchEngine``'s speculative decode loop on the static cache (module docstring).
 
-    ``graphs``, ``padded``, ``compiled``: as for ``static_decode.decode_static``. ``tracker``
+    ``graphs``, ``padded``, ``compiled``, ``attention``: as for ``static_decode.decode_static``. ``tracker``
     and ``cost`` are updated in place. Returns the samples, in input order, and the call's
     speculation statistics (``speculative.SpecStats``)."""
     padded = graphs if padded is None else padded
-    rt = runtime_for(engine.model, compiled)
+    rt = runtime_for(engine.model, compiled, attention)
     with rt.lock:
         loop = _Loop(rt, engine, samples, states, params, sampling, spec, tracker, cost, padded)
         outs, sstats = loop.run(stats, graphs)

@@ -50,6 +50,7 @@ from actions.engines.spec_guard import CallRates
 from actions.engines.spec_select import AcceptanceTracker, ForwardCost, can_pay
 from actions.engines.speculative import SpecStats, Speculation, decode_speculative
 from actions.engines.static_decode import bucket_for, decode_static, static_supported
+from actions.engines.static_forward import ATTENTIONS
 from actions.engines.static_speculative import decode_static_speculative
 from actions.models.cache_name import cache_of, with_cache
 from actions.models.special_tokens import special_tokens
@@ -71,7 +72,7 @@ class TorchEngine:
 
     def __init__(self, model: torch.nn.Module, *, eos_id: int | Sequence[int], pad_id: int,
                  kv_cache: str = "static", cuda_graphs: str = "auto", compile_decode: bool = False,
-                 fused_sampling: str = "auto") -> None:
+                 fused_sampling: str = "auto", decode_attention: str = "sdpa") -> None:
         """``eos_id``: the id, or every id, that ends a sample (``special_tokens.eos_ids``);
         ``pad_id``: any valid id (padding is masked out). ``kv_cache``: ``static`` (the
         engine's own preallocated cache, where the model is supported) or ``dynamic``;
@@ -80,11 +81,14 @@ class TorchEngine:
         ``compile_decode``: the static step through ``torch.compile`` (``static_decode``);
         ``fused_sampling``: ``auto``, ``on`` or ``off`` (``sampling.fused_for``), the draws
         through one compiled kernel (compiled by the first draw; under ``auto`` a model whose
-        output size is unknown draws unfused).
+        output size is unknown draws unfused); ``decode_attention``: the static step's attention
+        kernel, ``sdpa`` or ``flex`` (``static_forward.ATTENTIONS``; ``flex`` is meant for a
+        compiled step on a GPU, and needs the static cache).
 
         Raises:
-            ValueError: an unknown ``kv_cache``, ``cuda_graphs`` or ``fused_sampling``, or
-                ``cuda_graphs="on"`` where graphs cannot run.
+            ValueError: an unknown ``kv_cache``, ``cuda_graphs``, ``fused_sampling`` or
+                ``decode_attention``, ``cuda_graphs="on"`` where graphs cannot run, or
+                ``decode_attention="flex"`` without the static cache.
         """
         if kv_cache not in KV_CACHES:
             raise ValueError(f"generation.kv_cache {kv_cache!r} is not one of {KV_CACHES}")
@@ -103,6 +107,12 @@ class TorchEngine:
             where = "a CUDA device" if self.device.type != "cuda" else "kv_cache 'static' and a supported model"
             raise ValueError(f"generation.cuda_graphs 'on' needs {where} (model on {self.device}, kv_cache "
                              f"{kv_cache!r}); use 'auto' or 'off'")
+        if decode_attention not in ATTENTIONS:
+            raise ValueError(f"decode attention {decode_attention!r} is not one of {ATTENTIONS}")
+        if decode_attention != "sdpa" and not self.static:
+            raise ValueError(f"decode attention {decode_attention!r} runs on the static KV cache (kv_cache "
+                             f"{kv_cache!r}, model supported: {static_supported(model)}); use 'sdpa'")
+        self.decode_attention = decode_attention
         self.vocab_size = _vocab_size(model)  # 0: unknown
         self.fused_sampling = fused_for(fused_sampling, self.vocab_size)
         # The price of one more prefill call in tokens of padded compute (prefill_plan).
@@ -286,7 +296,7 @@ class TorchEngine:
             outs, spec_stats = decode_static_speculative(
                 self, samples, row_states, params, sampling=sampling, stats=stats, spec=speculation,
                 tracker=self.acceptance, cost=self.forward_cost, graphs=self.graphs, padded=self.pad_batches,
-                compiled=self.compiled)
+                compiled=self.compiled, attention=self.decode_attention)
         else:
             outs, spec_stats = decode_speculative(
                 self, samples, row_states, params, sampling=sampling, stats=stats, spec=speculation,
@@ -341,7 +351,8 @@ class TorchEngine:
         """Plain decoding: on the static cache where it runs, else the dynamic loop."""
         if self.static:
             return decode_static(self, samples, states, params, sampling=sampling, stats=stats, graphs=self.graphs,
-                                 padded=self.pad_batches, compiled=self.compiled)
+                                 padded=self.pad_batches, compiled=self.compiled,
+                                 attention=self.decode_attention)
         return self._decode_dynamic(samples, states, params, sampling, stats)
 
     def _decode_dynamic(
