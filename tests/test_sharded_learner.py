@@ -151,6 +151,13 @@ def _rank_processes() -> list[int]:
     return found
 
 
+def test_a_stored_tensor_is_cut_to_the_ranks_shard_where_it_lies():
+    """``fsdp.like`` gives each rank the shard ``distribute_tensor`` gives, even, uneven, empty
+    and replicated, cut on the host and copied alone into memory of its own (not the whole
+    tensor moved to the device first)."""
+    assert run_on_ranks(rank_functions.shards_cut_where_they_lie, 3) == []
+
+
 def test_a_failing_rank_fails_the_activation_once_and_stops_the_others():
     assert run_on_ranks(rank_functions.sum_of_ranks, 2) == 1.0
     with pytest.raises(RankFailed, match=r"^rank 1 of 2 failed: ValueError: bad shard$") as err:
@@ -187,6 +194,29 @@ def test_two_ranks_train_ppo_lora_and_bf16_as_one(tiny_config, prefect_harness, 
     _assert_close(o1, o2, "optimizer state")
     if "lora" in extra[0]:
         assert all("lora_" in name for name in w1)  # the version is the adapter alone
+
+
+@pytest.mark.slow
+def test_a_bf16_step_on_two_ranks_reads_the_fp32_masters_of_the_last(tiny_config, prefect_harness):
+    """bf16, step 1 on one rank, step 2 resumed on two, against two steps on one: step 2's
+    ranks read step 1's optimizer state one tensor at a time and put each fp32 master copy
+    into their shards (``fsdp.assign``). Masters rebuilt from the bf16 weights instead would
+    lose what the first update added below a bf16 spacing, and step 2's state would differ."""
+    base = ("invoker.kind=inprocess", "algorithm.lr=0.003", "store.keep_last=null", "model.dtype=bfloat16",
+            "reward.functions=[{name: 'trl_doc_reward_len:reward_func', weight: 0.1}]")
+    one = tiny_config(*base, "run_id=one", "steps=2")
+    ref = run_campaign(one, progress=lambda m: None)
+    run_campaign(tiny_config(*base, "run_id=two", "steps=1"), progress=lambda m: None)
+    rest = run_campaign(tiny_config(*base, "run_id=two", "steps=2", "train.world_size=2"), resume=True,
+                        progress=lambda m: None)
+    assert rest["steps"][1]["train/world_size"] == 2.0
+    for key in ("loss/policy", "grad_norm", "entropy"):
+        assert rest["steps"][1][key] == pytest.approx(ref["steps"][1][key], rel=LOSS_RTOL, abs=1e-9), key
+    (w1, o1), (w2, o2) = _tensors_at(one, 2), _tensors_at(tiny_config(*base, "run_id=two"), 2)
+    assert any(name.endswith(".master") for name in o1)
+    _assert_close(w1, w2, "weights after step 2")
+    worst = _assert_close(o1, o2, "optimizer state after step 2")
+    assert worst < 1e-6  # fp32 masters and moments, not values rounded through bf16
 
 
 @pytest.mark.slow

@@ -181,3 +181,58 @@ def test_a_tensor_safetensors_cannot_store_fails_before_any_blob_is_up(tmp_path)
     with pytest.raises(ValueError, match="tensor 'z' has dtype complex128, which safetensors cannot store"):
         publish_tensors(store, "m.json", tensors)
     assert not store.exists("m.json") and not list((tmp_path / "store").rglob("blobs/**/*[0-9a-f]"))
+
+
+def test_stored_tensors_read_one_tensor_at_a_time_what_load_tensors_reads(backend_store: ObjectStore,
+                                                                          monkeypatch) -> None:
+    """``StoredTensors``: the names, values and meta scalars of ``load_tensors``, each tensor
+    fetched when looked up and never kept; renaming fetches nothing; ``stream`` yields in name
+    order with the blobs fetched ahead bounded by its byte budget; a damaged blob is named when
+    its turn comes."""
+    from actions.store import weights
+    from actions.store.weights import StoredTensors
+
+    tensors = {**_policy(), "p0.step": torch.tensor(3.0)}
+    published = publish_tensors(backend_store, "m.json", tensors, {"step": 1}, scalars_in_meta=True)
+    whole, _ = load_tensors(backend_store, "m.json")
+    blobs = set(read_manifest(backend_store, "m.json")["files"])  # the 0-d tensors ride in the manifest
+    assert blobs < set(whole)
+    fetched: list[str] = []
+    get_blob = weights.get_blob
+
+    def counted(store, digest, *, name="", **kw):
+        fetched.append(name)
+        return get_blob(store, digest, name=name, **kw)
+
+    monkeypatch.setattr(weights, "get_blob", counted)
+    lazy = StoredTensors(backend_store, "m.json", expected_sha256=published.weights_sha256)
+    assert sorted(lazy) == sorted(whole) and len(lazy) == len(whole) and not fetched
+    assert lazy.meta["step"] == 1
+    for name in sorted(whole):
+        t = lazy[name]
+        assert t.dtype == whole[name].dtype and torch.equal(t, whole[name]), name
+    assert sorted(fetched) == sorted(blobs)  # every blob once
+    assert lazy["mask"] is not lazy["mask"]  # nothing cached: a caller's drop frees the tensor
+    fetched.clear()
+    renamed = lazy.renamed({"w": "embed.weight", "n": "p0.step"})
+    assert sorted(renamed) == ["n", "w"] and not fetched
+    assert torch.equal(renamed["w"], whole["embed.weight"]) and torch.equal(renamed["n"], whole["p0.step"])
+    fetched.clear()
+    order = []
+    for name, t in lazy.stream(budget=0):  # at most the next blob ahead of the caller
+        order.append(name)
+        assert len(fetched) <= len([n for n in order if n in blobs]) + 1
+        assert torch.equal(t, whole[name])
+    assert order == sorted(whole)
+    fetched.clear()
+    streamed = dict(lazy.stream())  # a budget above the set: every blob fetched up front
+    assert streamed.keys() == whole.keys() and sorted(fetched) == sorted(blobs)
+    with pytest.raises(IntegrityError, match="weights_sha256"):
+        StoredTensors(backend_store, "m.json", expected_sha256="0" * 64)
+    digest = read_manifest(backend_store, "m.json")["files"]["mask"]["sha256"]
+    backend_store.put(blob_key(digest), serialize_tensor("mask", torch.tensor([False, False, False])))
+    seen = []
+    with pytest.raises(IntegrityError, match=rf"{blob_key(digest)} for file 'mask' is corrupted"):
+        for name, _ in StoredTensors(backend_store, "m.json").stream(budget=0):
+            seen.append(name)
+    assert seen == [n for n in sorted(whole) if n < "mask"]

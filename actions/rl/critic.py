@@ -14,6 +14,8 @@ is discarded), and so does the optimizer state stored with them (``stored_optimi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from actions.models.modeling import stored_state, untied_head_keys
@@ -41,19 +43,21 @@ def drop_untied_head(lm: torch.nn.Module) -> tuple[list[str], list[int]]:
     return keys, positions
 
 
-def renumber_state(tensors: dict[str, torch.Tensor], removed: list[int]) -> dict[str, torch.Tensor]:
+def renumber_state(tensors: Mapping[str, torch.Tensor], removed: list[int]) -> Mapping[str, torch.Tensor]:
     """Optimizer state (``p{index}.{field}``, ``optimizer.py``) written over a parameter list
     that included the parameters at ``removed``, renumbered for the list without them: their
     entries dropped, later indices shifted down. Names of another form are kept for the
-    loader to refuse."""
-    out = {}
-    for key, value in tensors.items():
+    loader to refuse. A set read lazily from the store (``weights.StoredTensors``) is renamed
+    without fetching a tensor."""
+    names = {}  # new name -> name in ``tensors``
+    for key in tensors:
         index, dot, field = key[1:].partition(".")
         if not (key.startswith("p") and index.isdigit() and dot):
-            out[key] = value
+            names[key] = key
         elif int(index) not in removed:
-            out[f"p{int(index) - sum(r < int(index) for r in removed)}.{field}"] = value
-    return out
+            names[f"p{int(index) - sum(r < int(index) for r in removed)}.{field}"] = key
+    renamed = getattr(tensors, "renamed", None)
+    return renamed(names) if renamed is not None else {new: tensors[old] for new, old in names.items()}
 
 
 class Critic(torch.nn.Module):
@@ -79,7 +83,7 @@ class Critic(torch.nn.Module):
         state.update({HEAD_PREFIX + k: v for k, v in self.value_head.state_dict().items()})
         return state
 
-    def stored_optimizer_state(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def stored_optimizer_state(self, tensors: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
         """Stored critic-optimizer state in this critic's parameter numbering: state written
         beside a critic stored with its untied head (an earlier release) also numbered the
         head's parameters (an fp32 master copy under bf16/fp16; no moments, it had no

@@ -1,9 +1,12 @@
 """One train step on ``train.world_size`` FSDP2 ranks (``train_step.py`` runs it through
 ``ranks.run_on_ranks``); the store format is the one-rank format.
 
-Every rank reads the whole policy version and optimizer state from the store, shards them
-(``fsdp.shard``: fp32 shards of every trainable parameter, the fp32 master copy of a bf16/fp16
-run taken from the stored ``p{i}.master``), runs the update with the work shared out
+Every rank reads the policy version from the store, shards it (``fsdp.shard``: fp32 shards of
+every trainable parameter, one unit made fp32 at a time), then reads the optimizer state one
+tensor at a time (``weights.StoredTensors``) and keeps only its shard of each: the fp32 master
+copy of a bf16/fp16 run (the stored ``p{i}.master``) is copied into the parameter's shard, the
+AdamW moments are cut to the optimizer's. So a rank holds the whole model in its own dtype
+while it shards it, and never the whole optimizer state. It runs the update with the work shared out
 (``sharded_update``), and gathers whole tensors back; rank 0 publishes them exactly as one rank
 would: the weights in each tensor's own dtype, AdamW's moments and step under the same
 ``p{index}`` names, the masters of a low-precision run. So a run trained on two ranks resumes on
@@ -16,7 +19,7 @@ trained model for the next step on one rank only).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -28,13 +31,13 @@ from actions.models.special_tokens import special_tokens
 from actions.rl.batch import gather_batch, rollout_metrics
 from actions.rl.critic_store import load_critic
 from actions.rl.dropout import disable_dropout
-from actions.rl.fsdp import full, like, make_mesh, shard
+from actions.rl.fsdp import assign, full, like, make_mesh, shard
 from actions.rl.optimizer import MASTER, MASTER_NAME, TrainOptimizer, check_precision
 from actions.rl.recompute import enable_checkpointing
 from actions.rl.sharded_update import LogprobRoot, run_sharded_updates
 from actions.store.optim_state import load_optimizer_tensors, optimizer_tensors
 from actions.store.safe_paths import shown
-from actions.store.weights import load_tensors, publish_tensors
+from actions.store.weights import StoredTensors, publish_tensors
 
 
 def rank_device(rank: int) -> torch.device:
@@ -52,39 +55,41 @@ def _trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in module.parameters() if p.requires_grad]
 
 
-def _load_masters(module: torch.nn.Module, state: dict[str, torch.Tensor] | None, where: str) -> dict:
-    """Put the stored fp32 master copies into ``module``'s trainable parameters (upcast to fp32
-    first, as ``fsdp.shard`` would); returns the state without them."""
-    if not state:
-        return {}
-    params = _trainable(module)
-    check_precision(state, [p.dtype for p in params], where)
-    rest = {}
-    for key, value in state.items():
-        if not key.endswith(f".{MASTER}"):
-            rest[key] = value
-            continue
-        match = MASTER_NAME.match(key)
-        index = int(match.group(1)) if match else len(params)
-        if index >= len(params) or params[index].dtype == torch.float32 or value.shape != params[index].shape:
-            raise ValueError(f"optimizer state {where!r}: tensor {shown(key)} is not the fp32 master copy of one of "
-                             f"the {len(params)} low-precision parameters; re-publish the optimizer state")
-        params[index].data = value.to(params[index].device, torch.float32).clone()
-    return rest
+def _stored_state(store, key: str | None, dtypes: list[torch.dtype]) -> StoredTensors | None:
+    """The optimizer state at ``key`` (None: none yet), opened but not read; refused at once
+    where it was written at another precision than ``dtypes``, the trainable parameters'
+    (``optimizer.check_precision``: the names alone tell)."""
+    if not key:
+        return None
+    state = StoredTensors(store, key)
+    check_precision(state, dtypes, key)
+    return state
 
 
-def _sharded_optimizer(module: torch.nn.Module, lr: float, state: dict[str, torch.Tensor], where: str
-                       ) -> TrainOptimizer:
-    """AdamW over the sharded fp32 parameters, its stored moments cut to this rank's shards
-    (``load_optimizer_tensors`` then checks every name)."""
+def _sharded_optimizer(module: torch.nn.Module, lr: float, state: Mapping[str, torch.Tensor] | None,
+                       dtypes: list[torch.dtype], where: str) -> TrainOptimizer:
+    """AdamW over ``module``'s sharded fp32 parameters, with the stored state read one tensor
+    at a time: each fp32 master copy goes into its parameter's shard (``fsdp.assign``), each
+    moment is cut to this rank's shard, and the whole tensor is dropped before the next
+    arrives (``load_optimizer_tensors`` then checks every name). ``dtypes``: the trainable
+    parameters' dtypes before sharding (a master belongs to a low-precision one)."""
     opt = TrainOptimizer(module, lr)
     if not state:
         return opt
+    params = opt.params
     laid = {}
-    for key, value in state.items():
+    for key, value in state.stream() if isinstance(state, StoredTensors) else state.items():
+        if key.endswith(f".{MASTER}"):
+            match = MASTER_NAME.match(key)
+            index = int(match.group(1)) if match else len(params)
+            if index >= len(params) or dtypes[index] == torch.float32 or value.shape != params[index].shape:
+                raise ValueError(f"optimizer state {where!r}: tensor {shown(key)} is not the fp32 master copy of one "
+                                 f"of the {len(params)} low-precision parameters; re-publish the optimizer state")
+            assign(params[index], value.to(params[index].device, torch.float32))
+            continue
         index, _, field = key[1:].partition(".")
-        if field != "step" and index.isdigit() and int(index) < len(opt.params):
-            value = like(value, opt.params[int(index)])
+        if field != "step" and index.isdigit() and int(index) < len(params):
+            value = like(value, params[int(index)])
         laid[key] = value
     load_optimizer_tensors(opt.opt, laid, where=where)
     return opt
@@ -126,30 +131,33 @@ def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | 
     algo = req.algorithm
     policy, tokenizer, _ = load_model(req.policy, fresh=True)
     policy_dtypes = _dtypes(lambda: adapter_tensors(policy))
-    low_precision = any(p.dtype != torch.float32 for p in _trainable(policy))
-    state = load_tensors(store, req.optimizer_key)[0] if req.optimizer_key else None
-    state = _load_masters(policy, state, req.optimizer_key or "")
+    trainable_dtypes = [p.dtype for p in _trainable(policy)]
+    low_precision = any(d != torch.float32 for d in trainable_dtypes)
+    state = _stored_state(store, req.optimizer_key, trainable_dtypes)
     policy.train()
     disable_dropout(policy)  # log-probs without random masks, as scored (dropout.py)
     enable_checkpointing(policy, req.gradient_checkpointing)
     mesh = make_mesh(device)
     compute_dtype = next(iter(policy_dtypes.values()))
     root = shard(LogprobRoot(policy), mesh, compute_dtype)
-    opt = _sharded_optimizer(policy, algo.lr, state, req.optimizer_key or "")
+    opt = _sharded_optimizer(policy, algo.lr, state, trainable_dtypes, req.optimizer_key or "")
     critic = critic_opt = None
     if algo.name == "ppo":
         critic = load_critic(req.policy.store_uri, req.policy.base_key, req.critic_key, fresh=True,
                              dtype_setting=req.policy.dtype)
         critic_dtypes = _dtypes(critic.tensors)
-        critic_low = any(p.dtype != torch.float32 for p in _trainable(critic))
-        cstate = (critic.stored_optimizer_state(load_tensors(store, req.critic_optimizer_key)[0])
-                  if req.critic_optimizer_key else None)
-        cstate = _load_masters(critic, cstate, req.critic_optimizer_key or "")
+        critic_trainable = [p.dtype for p in _trainable(critic)]
+        critic_low = any(d != torch.float32 for d in critic_trainable)
+        cstored = StoredTensors(store, req.critic_optimizer_key) if req.critic_optimizer_key else None
+        cstate = critic.stored_optimizer_state(cstored) if cstored is not None else None
+        if cstate is not None:
+            check_precision(cstate, critic_trainable, req.critic_optimizer_key)
         critic.train()
         disable_dropout(critic)
         enable_checkpointing(critic.lm, req.gradient_checkpointing)
         shard(critic, mesh, compute_dtype)
-        critic_opt = _sharded_optimizer(critic, algo.critic_lr, cstate, req.critic_optimizer_key or "")
+        critic_opt = _sharded_optimizer(critic, algo.critic_lr, cstate, critic_trainable,
+                                        req.critic_optimizer_key or "")
     batch = gather_batch(store, req.scored_keys, algo, special_tokens(policy, tokenizer).pad_id,
                          temperature=req.temperature, max_new_tokens=req.max_new_tokens).to(device)
     metrics = rollout_metrics(batch, algo)

@@ -26,7 +26,9 @@ import hashlib
 import json
 import math
 import struct
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +37,17 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from actions.store import IntegrityError, ObjectStore, PutStats, get_artifact, put_artifact, read_manifest, sha256_hex
+from actions.store import (
+    IntegrityError,
+    ObjectStore,
+    PutStats,
+    get_artifact,
+    get_blob,
+    put_artifact,
+    read_manifest,
+    sha256_hex,
+    transfer_threads,
+)
 from actions.store.safe_paths import shown
 
 # safetensors dtype tags (https://github.com/huggingface/safetensors, format spec).
@@ -248,6 +260,84 @@ def load_tensors(
     tensors = {name: _view_tensor(buf, name, manifest_key) for name, buf in buffers.items()}
     tensors.update(_meta_scalars(meta, set(tensors), manifest_key))
     return tensors, meta
+
+
+STREAM_BYTES = 1 << 30
+"""``StoredTensors.stream`` keeps at most about this many bytes of blobs fetched ahead of the
+caller (always at least the next one)."""
+
+
+class StoredTensors(Mapping):
+    """A published tensor set read one tensor at a time: what :func:`load_tensors` returns,
+    without holding every tensor at once.
+
+    Opening reads the manifest and checks its fingerprint; each tensor is fetched (size- and
+    sha256-verified) when it is looked up, and nothing is cached, so a caller that keeps only
+    what it cuts from each tensor (a rank's shard) holds one whole tensor at a time, not the
+    set (a 7B model's AdamW state is 91 GB). :meth:`stream` fetches ahead in parallel within
+    ``STREAM_BYTES``. Names may be given other names (:meth:`renamed`) without fetching.
+    """
+
+    def __init__(self, store: ObjectStore, manifest_key: str, *, expected_sha256: str | None = None) -> None:
+        self.store, self.manifest_key = store, manifest_key
+        self.manifest = read_manifest(store, manifest_key)
+        check_fingerprint(self.manifest, manifest_key, expected_sha256)
+        self.meta: dict[str, Any] = self.manifest.get("meta", {})
+        self._files: dict[str, dict[str, Any]] = self.manifest["files"]
+        self._scalars = _meta_scalars(self.meta, set(self._files), manifest_key)
+        self._names: dict[str, str] = {n: n for n in sorted([*self._files, *self._scalars])}  # name -> stored name
+
+    def renamed(self, names: Mapping[str, str]) -> "StoredTensors":
+        """The same set under new names: ``names`` maps each new name to a name of this set
+        (names left out are dropped). Nothing is fetched."""
+        out = object.__new__(StoredTensors)
+        out.__dict__.update(self.__dict__)
+        out._names = {new: self._names[old] for new, old in names.items()}
+        return out
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        stored = self._names[name]
+        if stored in self._scalars:
+            return self._scalars[stored].clone()
+        return self._fetch(stored)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def _fetch(self, stored: str) -> torch.Tensor:
+        entry = self._files[stored]
+        buf = get_blob(self.store, entry["sha256"], name=stored, size=entry["size"], manifest_key=self.manifest_key,
+                       zero_copy=True)
+        return _view_tensor(buf, stored, self.manifest_key)
+
+    def stream(self, budget: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` in name order, fetched ahead on the store's transfer threads while
+        the blobs in flight or waiting stay within ``budget`` bytes (default ``STREAM_BYTES``;
+        at least one blob); a tensor the caller has passed is no longer referenced here. A
+        failed fetch raises when its turn comes."""
+        budget = STREAM_BYTES if budget is None else budget
+        names = list(self._names)
+        threads = transfer_threads(self.store, len(names))
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="stream") as pool:
+            ahead: deque = deque()
+            ahead_bytes, nxt = 0, 0
+            while nxt < len(names) or ahead:
+                while nxt < len(names) and (not ahead or ahead_bytes + self._size(names[nxt]) <= budget):
+                    name = names[nxt]
+                    ahead.append((name, self._size(name), pool.submit(self.__getitem__, name)))
+                    ahead_bytes += self._size(name)
+                    nxt += 1
+                name, size, future = ahead.popleft()
+                ahead_bytes -= size
+                yield name, future.result()
+                del future
+
+    def _size(self, name: str) -> int:
+        stored = self._names[name]
+        return int(self._files[stored]["size"]) if stored in self._files else 0
 
 
 SCALARS = "scalars"

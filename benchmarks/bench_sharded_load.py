@@ -1,0 +1,192 @@
+"""Peak memory per rank of loading a bf16 train step's state onto FSDP2 ranks: the sharded
+learner's streamed loading against loading everything whole, side by side.
+
+What a rank of ``train.world_size: N`` does before its update (``actions/rl/sharded_train.py``):
+shard the policy (fp32 shards, ``fsdp.shard``) and put the stored optimizer state into the shards
+(the fp32 master copy of every bf16 weight, AdamW's two moments). Two methods, each on fresh
+ranks (gloo, the CPU):
+
+* ``streamed`` -- the action's code: the state opened lazily (``weights.StoredTensors``), each
+  unit made fp32 just before it is sharded, each stored tensor read, cut to the rank's shard and
+  dropped before the next (``StoredTensors.stream``, within ``--budget`` bytes fetched ahead);
+* ``whole`` -- the baseline, as the learner loaded before: every optimizer tensor read at once
+  (``load_tensors``), each master copied whole into its parameter, the whole model made fp32,
+  then sharded.
+
+The model is a bf16 shape from ``--model-config`` (random weights, the same on every rank, built
+before the measurement starts: both methods hold it whole while they shard it); the state is
+synthetic (a master near each weight, random moments), published once to a local store. The
+figure is the highest rank's peak resident set from the moment the model is built (the peak is
+reset then, Linux ``clear_refs``), above its resident set at that moment, with glibc's mmap
+threshold fixed so that freed tensors leave the resident set. Per parameter,
+the state is 12 bytes (master 4, moments 8); a rank keeps 12 / N of it.
+
+    .venv/bin/python benchmarks/bench_sharded_load.py --model-config benchmarks/configs/qwen2-100m.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+KEY = "optimizer/manifest.json"
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _reset_peak() -> None:
+    """Start the peak resident set (``VmHWM``) afresh (Linux): building the model allocates
+    more than it keeps, and that transient is not what the loading costs."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _peak_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def _model(config: str):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model(**json.loads(Path(config).read_text()))
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+
+
+def publish_state(store_dir: str, config: str) -> tuple[int, int]:
+    """A bf16 run's AdamW state for the model of ``config``: (parameters, bytes of blobs)."""
+    import torch
+
+    from actions.store import LocalStore
+    from actions.store.weights import publish_tensors
+
+    model = _model(config)
+    g = torch.Generator().manual_seed(1)
+    state = {}
+    for i, p in enumerate(q for q in model.parameters() if q.requires_grad):
+        state[f"p{i}.master"] = p.detach().float() + 1e-4 * torch.randn(p.shape, generator=g)
+        state[f"p{i}.exp_avg"] = 1e-3 * torch.randn(p.shape, generator=g)
+        state[f"p{i}.exp_avg_sq"] = 1e-6 * torch.rand(p.shape, generator=g)
+        state[f"p{i}.step"] = torch.tensor(1.0)
+    pub = publish_tensors(LocalStore(store_dir), KEY, state, scalars_in_meta=True)
+    return sum(p.numel() for p in model.parameters()), pub.stats.bytes_uploaded
+
+
+def _whole(model, store, mesh, lr: float):
+    """The baseline: every optimizer tensor read at once, masters copied whole into the
+    parameters, the whole model made fp32, then sharded and the moments cut."""
+    import torch
+
+    from actions.rl.fsdp import like, shard
+    from actions.rl.optimizer import TrainOptimizer
+    from actions.rl.sharded_update import LogprobRoot
+    from actions.store.optim_state import load_optimizer_tensors
+    from actions.store.weights import load_tensors
+
+    state = load_tensors(store, KEY)[0]
+    params = [p for p in model.parameters() if p.requires_grad]
+    rest = {}
+    for key, value in state.items():
+        if key.endswith(".master"):
+            params[int(key[1:].partition(".")[0])].data = value.to(torch.float32).clone()
+        else:
+            rest[key] = value
+    for p in model.parameters():
+        if p.requires_grad and p.dtype != torch.float32:
+            p.data = p.data.float()
+    shard(LogprobRoot(model), mesh, torch.bfloat16)
+    opt = TrainOptimizer(model, lr)
+    laid = {}
+    for key, value in rest.items():
+        index, _, field = key[1:].partition(".")
+        laid[key] = value if field == "step" else like(value, opt.params[int(index)])
+    load_optimizer_tensors(opt.opt, laid, where=KEY)
+    return opt
+
+
+def _streamed(model, store, mesh, lr: float):
+    """The action's loading (``sharded_train``)."""
+    import torch
+
+    from actions.rl.fsdp import shard
+    from actions.rl.sharded_train import _sharded_optimizer, _stored_state
+    from actions.rl.sharded_update import LogprobRoot
+
+    dtypes = [p.dtype for p in model.parameters() if p.requires_grad]
+    state = _stored_state(store, KEY, dtypes)
+    shard(LogprobRoot(model), mesh, torch.bfloat16)
+    return _sharded_optimizer(model, lr, state, dtypes, KEY)
+
+
+def load_on_rank(rank: int, world: int, opts: dict) -> dict:
+    """One rank's load by ``opts["method"]``; rank 0 returns every rank's figures."""
+    import torch
+    import torch.distributed as dist
+
+    from actions.rl.fsdp import make_mesh
+    from actions.store import LocalStore, weights
+
+    torch.set_num_threads(1)
+    weights.STREAM_BYTES = opts["budget"]
+    model = _model(opts["config"])
+    base = _rss_bytes()
+    _reset_peak()
+    t0 = time.perf_counter()
+    mesh = make_mesh(torch.device("cpu"))
+    opt = (_whole if opts["method"] == "whole" else _streamed)(model, LocalStore(opts["store"]), mesh, 1e-5)
+    seconds = time.perf_counter() - t0
+    held = sum(t.to_local().numel() * 4 for p in opt.params for t in (p, opt.opt.state[p]["exp_avg"],
+                                                                      opt.opt.state[p]["exp_avg_sq"]))
+    peak = _peak_bytes()
+    mine = {"rank": rank, "peak_above_model_bytes": peak - base, "kept_bytes": held, "seconds": seconds}
+    every: list = [None] * world
+    dist.all_gather_object(every, mine)
+    return {"method": opts["method"], "ranks": every}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-config", default=str(ROOT / "benchmarks/configs/qwen2-100m.json"))
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--budget", type=int, default=64 << 20, help="bytes StoredTensors.stream fetches ahead")
+    p.add_argument("--methods", nargs="+", default=["whole", "streamed"], choices=["whole", "streamed"])
+    args = p.parse_args()
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")  # inherited by the ranks: freed pages leave
+    import bench_sharded_load as this  # by name, so the ranks can import the rank function
+
+    from actions.rl.ranks import run_on_ranks
+
+    with tempfile.TemporaryDirectory(prefix="bench-sharded-load-") as store:
+        params, nbytes = publish_state(store, args.model_config)
+        print(f"{params / 1e6:.1f} M parameters (bf16); optimizer state {nbytes / 2**30:.3f} GiB in the store; "
+              f"{args.ranks} ranks; stream budget {args.budget / 2**20:.0f} MiB", flush=True)
+        peaks = {}
+        for method in args.methods:
+            out = run_on_ranks(this.load_on_rank, args.ranks,
+                               ({"method": method, "config": args.model_config, "store": store,
+                                 "budget": args.budget},))
+            top = max(out["ranks"], key=lambda r: r["peak_above_model_bytes"])
+            peaks[method] = top["peak_above_model_bytes"]
+            print(f"{method:9s} peak per rank above the built model {top['peak_above_model_bytes'] / 2**30:6.3f} GiB "
+                  f"({top['peak_above_model_bytes'] / params:5.1f} B/param); kept {top['kept_bytes'] / 2**30:.3f} GiB "
+                  f"of shards; {top['seconds']:.1f} s", flush=True)
+            print(json.dumps({"bench": "sharded_load", "params": params, "state_bytes": nbytes, **out}), flush=True)
+        if len(peaks) == 2 and peaks["streamed"] > 0:
+            print(f"whole / streamed: {peaks['whole'] / peaks['streamed']:.2f}x the peak per rank")
+
+
+if __name__ == "__main__":
+    main()
