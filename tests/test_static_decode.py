@@ -228,6 +228,7 @@ def test_a_compiled_decode_step_compiles_a_few_times_per_container_and_keeps_the
     assert sum(spec_got[k] == eager_got[k] for k in eager_got) >= 0.9 * len(eager_got)
 
 
+@pytest.mark.slow  # it compiles the step (30-50 s on 2 cores), as the test above does
 def test_a_compiled_step_writes_the_kv_cache_in_place(monkeypatch):
     """The compiled step writes each new key and value into the cache in place, in full buckets
     and in smaller ones alike: no out-of-place copy of a cache buffer (or of its validity mask)
