@@ -7,7 +7,7 @@ is downloaded), a batch and a context, prints the milliseconds of one decode ste
 * ``compiled`` (``--paths`` must name it): the graph path with the step through
   ``torch.compile`` (fused kernels; they round differently, so tokens may differ in bf16);
 * ``compiled-flex`` (``--paths`` must name it): the compiled graph path with ``flex``
-  decode attention (``static_forward.ATTENTIONS``): split-KV decoding that skips the key/value
+  decode attention (``static_forward.ATTENTIONS``): a Triton kernel that skips the key/value
   blocks past the last written column, where ``compiled`` runs cuDNN's or the flash kernel
   over the whole window;
 * ``static``: the same path, eager (``generation.cuda_graphs: off``);
@@ -238,7 +238,7 @@ def main() -> None:
     for name, ms in res["ms"].items():
         extra = f"  x{ms / roof_ms:.2f} roofline" if roof_ms else ""
         extra += f"  hf-loop/this {base / ms:.2f}x" if base else ""
-        print(f"  {name:8s} {ms:8.3f} ms/step{extra}")
+        print(f"  {name:13s} {ms:8.3f} ms/step{extra}")
     # what the GEMMs read: every weight but an input embedding of its own (a row lookup, not a GEMM)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight

@@ -23,8 +23,8 @@
 #   compiled     the torch.compile'd step: its GPU tests (sdpa and flex attention; they compile for
 #                minutes; COMPILED_TEST=0 skips them), then roofline rows at batch 64 for COMPILED_SHAPES
 #                (default "7b 0.5b") of COMPILED_PATHS (default "compiled,compiled-flex": the compiled
-#                step on cuDNN's attention over the whole window, then on split-KV flex decoding over
-#                the written blocks), each with its kernel profile
+#                step on cuDNN's attention over the whole window, then on flex attention's Triton
+#                kernel over the written blocks), each with its kernel profile
 #   trl          one GRPO step of the 0.5B shape, the campaign against TRL (needs gpu_wheels.sh all)
 #
 # Time: the whole run ends by DEADLINE seconds after it starts (default 540, for a device command
@@ -174,7 +174,7 @@ for p in $PARTS; do
       run_part "versions qwen2.5-0.5b" "${VERSIONS_TIMEOUT:-120}" -- python3 benchmarks/bench_version_swap.py --device cuda \
         --model-config "$q05" --json "$JSON" ;;
     compiled)
-      [ "${COMPILED_TEST:-1}" != 0 ] && run_tests "tests compiled_step" "${COMPILE_TEST_TIMEOUT:-240}" -k compiled_step tests/test_gpu.py
+      [ "${COMPILED_TEST:-1}" != 0 ] && run_tests "tests compiled_step" "${COMPILE_TEST_TIMEOUT:-400}" -k compiled_step tests/test_gpu.py
       cpaths="${COMPILED_PATHS:-compiled,compiled-flex}"
       for shape in ${COMPILED_SHAPES:-7b 0.5b}; do
         run_part "roofline qwen2.5-$shape batch 64 $cpaths" "${COMPILE_TIMEOUT:-320}" -- python3 benchmarks/bench_decode_roofline.py \

@@ -1,8 +1,8 @@
 """``flex`` decode attention (``static_forward.ATTENTIONS``): the same attention as ``sdpa``,
 skipping the key/value blocks past the last written column (CPU, fp32).
 
-Checked on the four Llama-shaped families: the logits of plain steps and of verification
-rounds (several new columns, causal among themselves) agree with ``sdpa``'s to fp32 round-off
+Checked on the four Llama-shaped families: the logits of plain steps and of forwards of
+several new columns (causal among themselves) agree with ``sdpa``'s to fp32 round-off
 over left-padded rows, idle rows and windows wider than the columns in use, with the last
 column on either side of a block boundary; the block mask visits exactly the blocks up to
 the last written column; an engine on ``flex`` draws the dynamic path's tokens, speculation
@@ -103,8 +103,8 @@ def _gen(engine, specs, speculation=None, **kw):
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
 def test_an_engine_on_flex_draws_the_dynamic_paths_tokens(name):
-    """Dedup, a batch in parts, cut-then-continue and speculation (verification rounds attend
-    causally among their new columns) on ``flex``, against the dynamic path."""
+    """Dedup, a batch in parts, cut-then-continue and speculation (its verification rounds
+    attend by ``sdpa``, its plain rounds by ``flex``) on ``flex``, against the dynamic path."""
     model, tok = _model(name, sharp=False)  # draws EOS at varied steps
     specs = _specs(tok)
     flex = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, decode_attention="flex")
@@ -145,6 +145,27 @@ def test_the_block_mask_is_built_on_the_device_and_replays_with_each_column():
         col.fill_(last)
         g.replay()
         assert out.tolist() == [visited]
+
+
+def test_verification_rounds_attend_by_sdpa_and_plain_steps_by_flex(monkeypatch):
+    """A round is never compiled, and uncompiled flex attention is its unfused reference: on a
+    flex runtime the verification forwards (several columns) run ``sdpa``, plain steps ``flex``."""
+    model, tok = _model("qwen2-gqa", sharp=False)
+    seen: dict[bool, set[int]] = {True: set(), False: set()}  # flex -> widths attended
+    attend = StaticForward._attend
+
+    def spy(self, attn, h, *args):
+        seen[args[-1]].add(h.shape[1])
+        return attend(self, attn, h, *args)
+
+    monkeypatch.setattr(StaticForward, "_attend", spy)
+    flex = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, decode_attention="flex")
+    spec = Speculation(strategies=("prompt_lookup",), fixed=("prompt_lookup", 3))
+    _, stats = _gen(flex, _specs(tok), speculation=spec)
+    assert stats.spec["rounds"] > 0
+    assert seen[True] <= {1} and max(seen[False]) > 1, seen  # a round without drafts is a plain step
+    _gen(flex, _specs(tok))
+    assert seen[True] == {1} and seen[False] - {1} == seen[False], seen
 
 
 def test_flex_without_the_static_cache_is_refused_with_the_fix():

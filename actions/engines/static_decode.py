@@ -204,9 +204,12 @@ class DecodeRuntime:
     def verify_logits(self, b: int, w: int, window: int) -> torch.Tensor:
         """The verification forward of ``spec_ids[:b, :w]`` (each row's last token, then its
         draft): logits ``[b, w, V]``, keys and values written to columns ``col .. col + w - 1``.
-        The state is not advanced (``advance`` does, once the host knows what was accepted)."""
+        The state is not advanced (``advance`` does, once the host knows what was accepted).
+        Attention by ``sdpa`` whatever the runtime's: a round is never compiled, and flex
+        attention without the compiler is its unfused reference (``static_forward``)."""
         st, offs = self.state, self.offsets[:w]
-        return self.forward(self.kv, self.spec_ids[:b, :w], st.pos[:b, None] + offs, st.col + offs, window)
+        return self.forward(self.kv, self.spec_ids[:b, :w], st.pos[:b, None] + offs, st.col + offs, window,
+                            attention="sdpa")
 
     def _verify_step(self, b: int, w: int, window: int, sampling: Sampler) -> None:
         """``verify_logits``, then every column's draw into ``spec_drawn[:b, :w]``: column c

@@ -19,11 +19,17 @@ attention over the whole window with a boolean mask: on a GPU, cuDNN's or the fl
 one thread block per row and key/value head walking every column of the window, masked or
 not. ``flex`` is ``torch.nn.attention.flex_attention`` with a block mask built on the device
 from the write column: blocks of ``FLEX_KV_BLOCK`` columns past the last written one are
-skipped, not masked, and under ``torch.compile`` on a GPU its decoding kernel splits a row's
-columns across thread blocks (split-KV, as flash-decoding does) and folds the grouped query
-heads into one tile. It is for the compiled step (``generation.compile_decode``): without
-the compiler flex attention runs an unfused reference that materialises the scores. Both
-compute the same attention; they round differently (a different order of additions).
+skipped, not masked. It is for the compiled plain step (``generation.compile_decode``), where
+inductor generates one Triton kernel for it; without the compiler flex attention runs an
+unfused reference that materialises the scores, so verification rounds (never compiled)
+attend with ``sdpa`` whatever the setting (``__call__``'s ``attention``). Which Triton kernel:
+inductor picks its split-KV decoding kernel (a row's columns spread over thread blocks, the
+grouped query heads of a key/value head in one tile) only for a batch fixed at compile time
+and a power-of-two number of query heads per key/value head; the compiled step's batch is
+symbolic (one compilation for every batch bucket), and Qwen2.5 groups 7 heads, so it gets
+the main flex template: one program per row and query head over the visited blocks. Both
+kernels compute the same attention as ``sdpa``; they round differently (another order of
+additions).
 
 Shapes: ids and positions ``[b, w]``; ``col``: ``[w]`` int64 cache columns of the w new
 tokens (the same for every row); logits ``[b, w, V]``.
@@ -121,6 +127,7 @@ class StaticForward:
         every row writes the same columns."""
         from torch.nn.attention.flex_attention import BlockMask
 
+        torch._check(window % FLEX_KV_BLOCK == 0)  # else the tail columns would never be visited
         blocks = window // FLEX_KV_BLOCK
         used = (col.max() // FLEX_KV_BLOCK + 1).to(torch.int32).reshape(1, 1, 1)
         indices = torch.arange(blocks, dtype=torch.int32, device=col.device).reshape(1, 1, 1, blocks)
@@ -135,28 +142,31 @@ class StaticForward:
                                         seq_lengths=(col.shape[0], window), compute_q_blocks=False)
 
     def __call__(self, kv: StaticKV, ids: torch.Tensor, pos: torch.Tensor, col: torch.Tensor,
-                 window: int, dense: bool = False) -> torch.Tensor:
+                 window: int, dense: bool = False, attention: str | None = None) -> torch.Tensor:
         """Logits ``[b, w, V]`` of tokens ``ids`` at model positions ``pos``, their keys and
         values written to columns ``col``; attention over the first ``window`` columns (which
         must cover ``col``). Marks ``col`` valid in ``kv.mask`` for all ``b`` rows.
 
         ``dense`` (one new token, every column of the window valid): attend without a mask, as
         Hugging Face's forward does when nothing is padded, so that on the CPU the sums are the
-        dynamic path's to the last bit (the caller checks; a graph never passes it)."""
+        dynamic path's to the last bit (the caller checks; a graph never passes it).
+        ``attention``: this call's kernel, where it is not the forward's own."""
         b, w = ids.shape
+        flex = (attention or self.attention) == "flex"
         if torch.compiler.is_compiling():  # in place on the whole mask, as ``_write`` says why
             kv.mask.index_put_((torch.arange(b, device=col.device)[:, None], col[None, :]),
                                torch.ones((), dtype=torch.bool, device=col.device))
         else:
             kv.mask[:b].index_fill_(1, col, True)
-        if self.attention == "flex":
+        if flex:
             amask = self.block_mask(kv, b, window, col)
         else:
             amask = None if dense and w == 1 else self.attention_mask(kv, b, window, col)
         x = self.inner.embed_tokens(ids)
         cos, sin = self.inner.rotary_emb(x, pos)
         for i, layer in enumerate(self.layers):
-            x = x + self._attend(layer.self_attn, layer.input_layernorm(x), kv, i, cos, sin, col, amask, window)
+            x = x + self._attend(layer.self_attn, layer.input_layernorm(x), kv, i, cos, sin, col, amask, window,
+                                 flex)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.lm_head(self.inner.norm(x))
 
@@ -180,7 +190,7 @@ class StaticForward:
         return out
 
     def _attend(self, attn, h: torch.Tensor, kv: StaticKV, i: int, cos: torch.Tensor, sin: torch.Tensor,
-                col: torch.Tensor, amask: torch.Tensor, window: int) -> torch.Tensor:
+                col: torch.Tensor, amask, window: int, flex: bool) -> torch.Tensor:
         b, w, _ = h.shape
         q = attn.q_proj(h).view(b, w, self.heads, self.head_dim)
         k = attn.k_proj(h).view(b, w, self.kv_heads, self.head_dim)
@@ -192,7 +202,7 @@ class StaticForward:
         qk, _ = self.rotate(torch.cat([q, k], dim=2).transpose(1, 2), self._none, cos, sin)
         q, k = qk[:, : self.heads], qk[:, self.heads:]
         keys, values = self._write(kv.keys[i], k, col, b), self._write(kv.values[i], v, col, b)
-        if self.attention == "flex":
+        if flex:
             from torch.nn.attention.flex_attention import flex_attention
 
             out = flex_attention(q.contiguous(), keys[:, :, :window], values[:, :, :window], block_mask=amask,

@@ -83,12 +83,12 @@ class TorchEngine:
         through one compiled kernel (compiled by the first draw; under ``auto`` a model whose
         output size is unknown draws unfused); ``decode_attention``: the static step's attention
         kernel, ``sdpa`` or ``flex`` (``static_forward.ATTENTIONS``; ``flex`` is meant for a
-        compiled step on a GPU, and needs the static cache).
+        compiled step on a GPU, needs the static cache, and on CUDA ``compile_decode``).
 
         Raises:
             ValueError: an unknown ``kv_cache``, ``cuda_graphs``, ``fused_sampling`` or
                 ``decode_attention``, ``cuda_graphs="on"`` where graphs cannot run, or
-                ``decode_attention="flex"`` without the static cache.
+                ``decode_attention="flex"`` without the static cache or, on CUDA, uncompiled.
         """
         if kv_cache not in KV_CACHES:
             raise ValueError(f"generation.kv_cache {kv_cache!r} is not one of {KV_CACHES}")
@@ -112,6 +112,10 @@ class TorchEngine:
         if decode_attention != "sdpa" and not self.static:
             raise ValueError(f"decode attention {decode_attention!r} runs on the static KV cache (kv_cache "
                              f"{kv_cache!r}, model supported: {static_supported(model)}); use 'sdpa'")
+        if decode_attention == "flex" and self.device.type == "cuda" and not compile_decode:
+            # uncompiled, flex attention is an unfused reference that materialises the scores
+            raise ValueError("decode attention 'flex' on CUDA runs fused only in the compiled step; set "
+                             "compile_decode true, or use 'sdpa'")
         self.decode_attention = decode_attention
         self.vocab_size = _vocab_size(model)  # 0: unknown
         self.fused_sampling = fused_for(fused_sampling, self.vocab_size)
