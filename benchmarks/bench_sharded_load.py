@@ -9,9 +9,9 @@ ranks (gloo, the CPU):
 * ``streamed`` -- the action's code: the state opened lazily (``weights.StoredTensors``), each
   unit made fp32 just before it is sharded, each stored tensor read, cut to the rank's shard and
   dropped before the next (``StoredTensors.stream``, within ``--budget`` bytes fetched ahead);
-* ``whole`` -- the baseline, as the learner loaded before: every optimizer tensor read at once
-  (``load_tensors``), each master copied whole into its parameter, the whole model made fp32,
-  then sharded.
+* ``whole`` -- the baseline, the learner's code before streaming, reproduced line for line:
+  every optimizer tensor read at once (``load_tensors``), each master copied whole into its
+  parameter, the whole model made fp32, then sharded, each moment moved whole and cut.
 
 The model is a bf16 shape from ``--model-config`` (random weights, the same on every rank, built
 before the measurement starts: both methods hold it whole while they shard it); the state is
@@ -86,33 +86,58 @@ def publish_state(store_dir: str, config: str) -> tuple[int, int]:
 
 
 def _whole(model, store, mesh, lr: float):
-    """The baseline: every optimizer tensor read at once, masters copied whole into the
-    parameters, the whole model made fp32, then sharded and the moments cut."""
+    """The baseline, the learner's loading before streaming, line for line: every optimizer
+    tensor read at once, the masters copied whole into the parameters (the rest of the state
+    kept), the whole model made fp32 and sharded, each moment moved whole and cut
+    (``distribute_tensor``)."""
     import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import DTensor, distribute_tensor
 
-    from actions.rl.fsdp import like, shard
+    from actions.rl.fsdp import layer_classes
     from actions.rl.optimizer import TrainOptimizer
     from actions.rl.sharded_update import LogprobRoot
     from actions.store.optim_state import load_optimizer_tensors
     from actions.store.weights import load_tensors
 
+    def load_masters(module, state):
+        params = [p for p in module.parameters() if p.requires_grad]
+        rest = {}
+        for key, value in state.items():
+            if not key.endswith(".master"):
+                rest[key] = value
+                continue
+            index = int(key[1:].partition(".")[0])
+            params[index].data = value.to(params[index].device, torch.float32).clone()
+        return rest
+
+    def shard(root):
+        for p in root.parameters():
+            if p.requires_grad and p.is_floating_point() and p.dtype != torch.float32:
+                p.data = p.data.float()
+        frozen = {p for p in root.parameters() if not p.requires_grad}
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        classes = layer_classes(root)
+        for m in root.modules():
+            if classes and isinstance(m, classes) and any(p.requires_grad for p in m.parameters()):
+                fully_shard(m, mesh=mesh, mp_policy=policy, ignored_params=frozen)
+        fully_shard(root, mesh=mesh, mp_policy=policy, ignored_params=frozen)
+
+    def like(whole, param):
+        if isinstance(param, DTensor):
+            return distribute_tensor(whole.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
+        return whole.to(param.device)
+
     state = load_tensors(store, KEY)[0]
-    params = [p for p in model.parameters() if p.requires_grad]
-    rest = {}
-    for key, value in state.items():
-        if key.endswith(".master"):
-            params[int(key[1:].partition(".")[0])].data = value.to(torch.float32).clone()
-        else:
-            rest[key] = value
-    for p in model.parameters():
-        if p.requires_grad and p.dtype != torch.float32:
-            p.data = p.data.float()
-    shard(LogprobRoot(model), mesh, torch.bfloat16)
+    state = load_masters(model, state)
+    shard(LogprobRoot(model))
     opt = TrainOptimizer(model, lr)
     laid = {}
-    for key, value in rest.items():
+    for key, value in state.items():
         index, _, field = key[1:].partition(".")
-        laid[key] = value if field == "step" else like(value, opt.params[int(index)])
+        if field != "step" and index.isdigit() and int(index) < len(opt.params):
+            value = like(value, opt.params[int(index)])
+        laid[key] = value
     load_optimizer_tensors(opt.opt, laid, where=KEY)
     return opt
 

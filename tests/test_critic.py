@@ -129,6 +129,26 @@ def test_renumber_state_drops_the_removed_parameters_and_shifts_the_rest():
     assert renumber_state(stored, []) == stored
 
 
+def test_renumber_state_renames_a_lazily_read_state_as_it_renumbers_a_loaded_one(tmp_path):
+    """The sharded learner opens the critic's optimizer state lazily (``StoredTensors``):
+    renumbering it renames without reading, to the names and values the loaded dict gets."""
+    from actions.store import LocalStore
+    from actions.store.weights import StoredTensors, load_tensors, publish_tensors
+
+    g = torch.Generator().manual_seed(0)
+    state = {f"p{i}.{f}": torch.randn(3, i + 1, generator=g) for i in range(12) for f in ("exp_avg", "master")}
+    state.update({f"p{i}.step": torch.tensor(float(i)) for i in range(12)})
+    store = LocalStore(str(tmp_path))
+    publish_tensors(store, "opt/manifest.json", state, scalars_in_meta=True)
+    loaded = load_tensors(store, "opt/manifest.json")[0]
+    for removed in ([1], [0, 5], [11], []):
+        want = renumber_state(loaded, removed)
+        got = renumber_state(StoredTensors(store, "opt/manifest.json"), removed)
+        assert isinstance(got, StoredTensors) and sorted(got) == sorted(want), removed
+        for name in want:
+            assert torch.equal(got[name], want[name]), (removed, name)
+
+
 def test_the_warm_cache_keeps_only_a_runs_latest_critic(tmp_path, monkeypatch):
     """Each critic version scores one step: caching the next evicts the run's older ones (not
     another run's, nor other warm state)."""

@@ -70,12 +70,24 @@ def _to_fp32(module: torch.nn.Module) -> None:
 
 
 def assign(param: torch.Tensor, whole: torch.Tensor) -> None:
-    """Copy ``whole`` (the same on every rank, ``param``'s global shape) into ``param`` in place:
-    this rank's shard of it into a sharded parameter's local shard, all of it otherwise. No
-    communication; ``whole`` can be dropped as soon as this returns."""
+    """Copy ``whole`` (the same on every rank, ``param``'s global shape, any dtype and device)
+    into ``param`` in place: this rank's part of it, cut where ``whole`` lies, into a sharded
+    parameter's local shard; all of it otherwise. No communication; ``whole`` can be dropped
+    as soon as this returns."""
     with torch.no_grad():
-        local = param.to_local() if isinstance(param, DTensor) else param.data
-        local.copy_(like(whole, param).to_local() if isinstance(param, DTensor) else whole)
+        if isinstance(param, DTensor):
+            param.to_local().copy_(_local_part(whole, param))
+        else:
+            param.data.copy_(whole)
+
+
+def _local_part(whole: torch.Tensor, param: DTensor) -> torch.Tensor:
+    """The view of ``whole`` that is this rank's shard of ``param``'s layout."""
+    shape, offset = compute_local_shape_and_global_offset(whole.shape, param.device_mesh, param.placements)
+    local = whole
+    for dim, (size, start) in enumerate(zip(shape, offset)):
+        local = local.narrow(dim, start, size)
+    return local
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
@@ -93,10 +105,7 @@ def like(whole: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     first move the whole tensor there (on a GPU, a whole-tensor transient per moment and N
     times the host-to-device traffic)."""
     if isinstance(param, DTensor):
-        shape, offset = compute_local_shape_and_global_offset(whole.shape, param.device_mesh, param.placements)
-        local = whole
-        for dim, (size, start) in enumerate(zip(shape, offset)):
-            local = local.narrow(dim, start, size)
+        local = _local_part(whole, param)
         own = torch.empty(local.shape, dtype=local.dtype, device=param.device)
         own.copy_(local)
         return DTensor.from_local(own, param.device_mesh, param.placements, run_check=False, shape=whole.shape,

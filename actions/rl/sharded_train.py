@@ -85,12 +85,14 @@ def _sharded_optimizer(module: torch.nn.Module, lr: float, state: Mapping[str, t
             if index >= len(params) or dtypes[index] == torch.float32 or value.shape != params[index].shape:
                 raise ValueError(f"optimizer state {where!r}: tensor {shown(key)} is not the fp32 master copy of one "
                                  f"of the {len(params)} low-precision parameters; re-publish the optimizer state")
-            assign(params[index], value.to(params[index].device, torch.float32))
-            continue
-        index, _, field = key[1:].partition(".")
-        if field != "step" and index.isdigit() and int(index) < len(params):
-            value = like(value, params[int(index)])
-        laid[key] = value
+            assign(params[index], value)  # cut on the host, then only the shard goes to the device
+        else:
+            index, _, field = key[1:].partition(".")
+            if field != "step" and index.isdigit() and int(index) < len(params):
+                laid[key] = like(value, params[int(index)])
+            else:
+                laid[key] = value
+        del value  # the whole tensor, before the stream fetches the next ones
     load_optimizer_tensors(opt.opt, laid, where=where)
     return opt
 

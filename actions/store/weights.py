@@ -314,14 +314,15 @@ class StoredTensors(Mapping):
         return _view_tensor(buf, stored, self.manifest_key)
 
     def stream(self, budget: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(name, tensor)`` in name order, fetched ahead on the store's transfer threads while
-        the blobs in flight or waiting stay within ``budget`` bytes (default ``STREAM_BYTES``;
-        at least one blob); a tensor the caller has passed is no longer referenced here. A
-        failed fetch raises when its turn comes."""
+        """``(name, tensor)`` in the set's order (name order, unless :meth:`renamed` gave
+        another), fetched ahead on the store's transfer threads while the blobs in flight or
+        waiting stay within ``budget`` bytes (default ``STREAM_BYTES``; at least one blob); a
+        tensor the caller has passed is no longer referenced here. A failed fetch raises when
+        its turn comes; a caller that stops early (or raises) cancels the fetches not started."""
         budget = STREAM_BYTES if budget is None else budget
         names = list(self._names)
-        threads = transfer_threads(self.store, len(names))
-        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="stream") as pool:
+        pool = ThreadPoolExecutor(max_workers=transfer_threads(self.store, len(names)), thread_name_prefix="stream")
+        try:
             ahead: deque = deque()
             ahead_bytes, nxt = 0, 0
             while nxt < len(names) or ahead:
@@ -334,6 +335,8 @@ class StoredTensors(Mapping):
                 ahead_bytes -= size
                 yield name, future.result()
                 del future
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def _size(self, name: str) -> int:
         stored = self._names[name]
