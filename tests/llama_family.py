@@ -27,3 +27,19 @@ SHAPES = {
     "mistral-gqa": (MistralConfig, {"num_key_value_heads": 2, "sliding_window": None}),
 }
 """Name -> (config class, config arguments): plain and grouped KV heads, Qwen3's q/k norms."""
+
+
+def cut_then_continue(gen, specs: list, want: dict) -> tuple[dict, object]:
+    """Cut a call after as many rows as end first in ``want`` (``cut_after``), continue the
+    cut rows in a second call, and return the two merged, keyed as ``want``, with the second
+    call's stats. ``gen(specs, **params)`` -> ({(prompt_id, sample_index): (tokens, reason,
+    ...)}, stats)."""
+    from actions.engines.base import SampleSpec
+
+    ends = sorted(len(v[0]) for v in want.values())
+    first, _ = gen(specs, cut_after=sum(e == ends[0] for e in ends))
+    cut = [k for k, v in first.items() if v[1] == "cut"]
+    assert cut, "nothing was cut"
+    prompts = {(s.prompt_id, s.sample_index): s.prompt_tokens for s in specs}
+    rest, stats = gen([SampleSpec(p, i, prompts[(p, i)], tuple(first[(p, i)][0])) for p, i in cut])
+    return {**{k: v for k, v in first.items() if v[1] != "cut"}, **rest}, stats

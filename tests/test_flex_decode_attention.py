@@ -18,7 +18,7 @@ import warnings
 import pytest
 import torch
 from cuda_graph_emulator import EmulatedGraph, capture
-from llama_family import SHAPES, tiny_causal_lm
+from llama_family import SHAPES, cut_then_continue, tiny_causal_lm
 
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.kv_state import PrefixState
@@ -118,13 +118,7 @@ def test_an_engine_on_flex_draws_the_dynamic_paths_tokens(name):
     for part in (specs[:4], specs[4:]):
         split.update(_gen(flex, part)[0])
     assert split == want
-    ends = sorted(len(t) for t, _ in want.values())
-    first, _ = _gen(flex, specs, cut_after=sum(e == ends[0] for e in ends))
-    cut = [k for k, (_, reason) in first.items() if reason == "cut"]
-    assert cut, "nothing was cut"
-    prompts = {(s.prompt_id, s.sample_index): s.prompt_tokens for s in specs}
-    rest, _ = _gen(flex, [SampleSpec(p, i, prompts[(p, i)], tuple(first[(p, i)][0])) for p, i in cut])
-    assert {**{k: v for k, v in first.items() if v[1] != "cut"}, **rest} == want
+    assert cut_then_continue(lambda part, **kw: _gen(flex, part, **kw), specs, want)[0] == want
     spec = Speculation(strategies=("prompt_lookup",), fixed=("prompt_lookup", 3))
     spec_got, sstats = _gen(flex, specs, speculation=spec)
     assert spec_got == want and sstats.spec["rounds"] > 0

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import pytest
 import torch
 from cuda_graph_emulator import CaptureError, EmulatedGraph, capture, emulated_cuda_graphs
-from llama_family import SHAPES, tiny_causal_lm
+from llama_family import SHAPES, cut_then_continue, tiny_causal_lm
 
 from actions.engines.base import GenerationParams, SampleSpec
 from actions.engines.speculative import Speculation
@@ -183,13 +183,8 @@ def test_uneven_splits_dedup_off_and_cut_then_continue_replay_exactly(cold, monk
         split.update(_gen(engine, part)[0])
     assert split == want
     assert _gen(engine, specs, dedup=False)[0] == want
-    ends = sorted(len(t) for t, _ in want.values())
-    first, _ = _gen(engine, specs, cut_after=sum(e == ends[0] for e in ends))
-    cut = [k for k, (_, reason) in first.items() if reason == "cut"]
-    assert cut, "nothing was cut"
-    prompts = {(s.prompt_id, s.sample_index): s.prompt_tokens for s in specs}
-    rest, stats = _gen(engine, [SampleSpec(p, i, prompts[(p, i)], tuple(first[(p, i)][0])) for p, i in cut])
-    assert {**{k: v for k, v in first.items() if v[1] != "cut"}, **rest} == want
+    merged, stats = cut_then_continue(lambda part, **kw: _gen(engine, part, **kw), specs, want)
+    assert merged == want
     assert stats.kv_cache == "static+graphs"
 
 
