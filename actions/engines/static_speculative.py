@@ -79,9 +79,10 @@ def decode_static_speculative(engine, samples: list[SampleSpec], states: list[Pr
                               attention: str = "sdpa") -> tuple[list[SampleOut], SpecStats]:
     """``TorchEngine``'s speculative decode loop on the static cache (module docstring).
 
-    ``graphs``, ``padded``, ``compiled``, ``attention``: as for ``static_decode.decode_static``. ``tracker``
-    and ``cost`` are updated in place. Returns the samples, in input order, and the call's
-    speculation statistics (``speculative.SpecStats``)."""
+    ``graphs``, ``padded``, ``compiled``, ``attention``: as for ``static_decode.decode_static``
+    (verification rounds attend by ``sdpa`` whatever ``attention`` says, ``DecodeRuntime.verify_logits``).
+    ``tracker`` and ``cost`` are updated in place. Returns the samples, in input order, and the
+    call's speculation statistics (``speculative.SpecStats``)."""
     padded = graphs if padded is None else padded
     rt = runtime_for(engine.model, compiled, attention)
     with rt.lock:

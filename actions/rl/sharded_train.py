@@ -6,11 +6,11 @@ every trainable parameter, one unit made fp32 at a time), then reads the optimiz
 tensor at a time (``weights.StoredTensors``) and keeps only its shard of each: the fp32 master
 copy of a bf16/fp16 run (the stored ``p{i}.master``) is copied into the parameter's shard, the
 AdamW moments are cut to the optimizer's. So a rank holds the whole model in its own dtype
-while it shards it, and never the whole optimizer state. It runs the update with the work shared out
-(``sharded_update``), and gathers whole tensors back; rank 0 publishes them exactly as one rank
-would: the weights in each tensor's own dtype, AdamW's moments and step under the same
-``p{index}`` names, the masters of a low-precision run. So a run trained on two ranks resumes on
-one, and the other way round. LoRA: only the adapter trains, so only the adapter is sharded;
+while it shards it, and never the whole optimizer state. It runs the update with the work
+shared out (``sharded_update``), and gathers whole tensors back; rank 0 publishes them exactly
+as one rank would: the weights in each tensor's own dtype, AdamW's moments and step under the
+same ``p{index}`` names, the masters of a low-precision run. So a run trained on two ranks
+resumes on one, and the other way round. LoRA: only the adapter trains, so only the adapter is sharded;
 every rank holds the frozen backbone whole.
 
 The ranks are fresh processes, so nothing stays warm between steps (``train_step.py`` keeps the
