@@ -213,11 +213,13 @@ def test_bf16_training_keeps_fp32_master_weights_that_accumulate_small_updates()
     assert not plain.mixed and not any(k.endswith(".master") for k in plain.state_tensors())
 
 
-def test_optimizer_state_of_another_precision_or_incomplete_is_refused_naming_the_fix():
+def test_optimizer_state_of_another_precision_or_incomplete_is_refused_naming_the_fix(tmp_path):
     """A run resumed where ``model.dtype: auto`` resolves otherwise (CUDA against the CPU) meets
     state of another precision: refused, never continued from masters rebuilt out of rounded
     weights; a parameter whose moments are missing is named, not a KeyError inside torch."""
-    from actions.rl.sharded_train import _load_masters
+    from actions.rl.sharded_train import _stored_state
+    from actions.store import LocalStore
+    from actions.store.weights import publish_tensors
 
     def trained(dtype: torch.dtype) -> dict[str, torch.Tensor]:
         torch.manual_seed(0)
@@ -238,8 +240,10 @@ def test_optimizer_state_of_another_precision_or_incomplete_is_refused_naming_th
         fresh[torch.float32].load_state_tensors(bf16, where="k")
     with pytest.raises(ValueError, match=r"master weights for 1 of 2 parameters"):
         fresh[torch.bfloat16].load_state_tensors({k: v for k, v in bf16.items() if k != "p1.master"}, where="k")
-    with pytest.raises(ValueError, match=r"training in float32"):  # the sharded learner checks the same
-        _load_masters(torch.nn.Linear(4, 4).to(torch.bfloat16), fp32, "k")
+    store = LocalStore(str(tmp_path))
+    publish_tensors(store, "k", fp32, scalars_in_meta=True)
+    with pytest.raises(ValueError, match=r"'k' was written by a run training in float32"):
+        _stored_state(store, "k", [torch.bfloat16, torch.bfloat16])  # the sharded learner, before reading
     with pytest.raises(ValueError, match=r"optimizer state 'k': parameter p0 has no exp_avg or exp_avg_sq"):
         fresh[torch.float32].load_state_tensors({k: v for k, v in fp32.items() if "exp_avg" not in k}, where="k")
     fresh[torch.float32].load_state_tensors(fp32, where="k")  # the same precision resumes
