@@ -55,13 +55,15 @@ def _trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in module.parameters() if p.requires_grad]
 
 
-def _stored_state(store, key: str | None, dtypes: list[torch.dtype]) -> StoredTensors | None:
-    """The optimizer state at ``key`` (None: none yet), opened but not read; refused at once
-    where it was written at another precision than ``dtypes``, the trainable parameters'
-    (``optimizer.check_precision``: the names alone tell)."""
+def _stored_state(store, key: str | None, dtypes: list[torch.dtype],
+                  numbered: Callable[[Mapping], Mapping] = lambda state: state) -> Mapping | None:
+    """The optimizer state at ``key`` (None: none yet), opened but not read, in the learner's
+    parameter numbering (``numbered``: the critic's renumbering, which renames without
+    reading); refused at once where it was written at another precision than ``dtypes``, the
+    trainable parameters' (``optimizer.check_precision``: the names alone tell)."""
     if not key:
         return None
-    state = StoredTensors(store, key)
+    state = numbered(StoredTensors(store, key))
     check_precision(state, dtypes, key)
     return state
 
@@ -150,10 +152,7 @@ def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | 
         critic_dtypes = _dtypes(critic.tensors)
         critic_trainable = [p.dtype for p in _trainable(critic)]
         critic_low = any(d != torch.float32 for d in critic_trainable)
-        cstored = StoredTensors(store, req.critic_optimizer_key) if req.critic_optimizer_key else None
-        cstate = critic.stored_optimizer_state(cstored) if cstored is not None else None
-        if cstate is not None:
-            check_precision(cstate, critic_trainable, req.critic_optimizer_key)
+        cstate = _stored_state(store, req.critic_optimizer_key, critic_trainable, critic.stored_optimizer_state)
         critic.train()
         disable_dropout(critic)
         enable_checkpointing(critic.lm, req.gradient_checkpointing)
