@@ -11,11 +11,12 @@ from actions.models.modeling import build_char_tokenizer
 
 def tiny_causal_lm(cls, *, seed: int = 0, **extra):
     """(model, tokenizer): 2 layers, hidden 48, 4 heads, fp32, eval mode; ``extra`` goes to the
-    config (grouped KV heads, head_dim, ...)."""
+    config (grouped KV heads, head_dim, ...) and may replace those."""
     tok = build_char_tokenizer("")
-    cfg = cls(vocab_size=len(tok), hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-              num_attention_heads=4, max_position_embeddings=256, pad_token_id=tok.pad_token_id,
-              eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, **extra)
+    shape = {"hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "max_position_embeddings": 256, **extra}
+    cfg = cls(vocab_size=len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+              bos_token_id=tok.eos_token_id, **shape)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval(), tok
 

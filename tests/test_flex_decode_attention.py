@@ -7,8 +7,9 @@ over left-padded rows, idle rows and windows wider than the columns in use, with
 column on either side of a block boundary; the block mask visits exactly the blocks up to
 the last written column; an engine on ``flex`` draws the dynamic path's tokens, speculation
 and cut-then-continue included; its block mask is built on the device, as a CUDA graph
-needs; and a bad setting is refused with the fix. The compiled step (symbolic batch and
-window, the way ``generation.compile_decode`` runs it) is in the slow suite.
+needs; the compiled step meets inductor's conditions for its split-KV decoding kernel
+(traced, grouped heads folded, batch fixed per bucket); and a bad setting is refused with the
+fix. The compiled step's samples (inductor on the CPU) are in the slow suite.
 """
 
 from __future__ import annotations
@@ -173,21 +174,74 @@ def test_flex_without_the_static_cache_is_refused_with_the_fix():
 
 @pytest.mark.slow
 def test_a_compiled_flex_step_keeps_the_eager_steps_samples():
-    """``flex`` through ``torch.compile`` with the batch and the window symbolic, as
-    ``generation.compile_decode`` compiles the step: it compiles (no fallback to eager) and
-    draws the eager ``flex`` step's samples in at least 90% of rows (fused kernels may round
-    differently), over several batch buckets and across a window boundary."""
+    """``flex`` through ``torch.compile`` with the batch fixed per bucket and the window
+    symbolic, as ``generation.compile_decode`` compiles it (on the CPU inductor's decoding
+    template then runs): it compiles (no fallback to eager) and draws the eager ``flex`` step's
+    samples in at least 90% of rows, over several batch buckets and across a window boundary;
+    a row that differs does so late, as round-off does (fused kernels add in another order),
+    not from its first tokens, as a wrong mask would."""
     model, tok = _model("qwen2-gqa", sharp=False)
     eager = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, decode_attention="flex")
     compiled = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, decode_attention="flex",
                            compile_decode=True)
-    for n, new in ((5, 16), (3, 260)):
+    for n, new in ((5, 16), (4, 260)):
         specs = _specs(tok, prompts=n)
         want, _ = _gen(eager, specs, max_new_tokens=new)
         with warnings.catch_warnings():
             warnings.simplefilter("error", UserWarning)  # the unfused reference would warn
             got, _ = _gen(compiled, specs, max_new_tokens=new)
         assert sum(got[k] == want[k] for k in want) >= 0.9 * len(want)
+        for k in (k for k in want if got[k] != want[k]):
+            same = next((i for i, (a, b) in enumerate(zip(want[k][0], got[k][0])) if a != b), len(want[k][0]))
+            assert same >= 16, (k, same)
     rt = runtime_for(model, compiled=True, attention="flex")
     assert rt.compiled and rt._compiled_step is not None, "the step fell back to eager"
     assert rt.kv.cols == 512
+
+
+def _picks_flex_decoding(query, key, kv_indices) -> bool:
+    """Whether inductor lowers this ``flex_attention`` call to its split-KV decoding kernel on
+    a GPU: the conditions of ``_use_flex_decoding`` (``torch/_inductor/kernel/flex/
+    flex_decoding.py``) on the traced shapes, which a CPU compile never reaches (the CPU has
+    its own template). Batch and heads fixed, a query shorter than 128, a power-of-two number
+    of query heads per key/value head, and a block mask of one head where heads are grouped."""
+    static = all(isinstance(n, int) for n in query.shape[:3])
+    if not static:
+        return False
+    ratio = query.shape[1] // key.shape[1]
+    gqa = query.shape[1] != key.shape[1]
+    return (0 < query.shape[2] < 128 and ratio > 0 and ratio & (ratio - 1) == 0
+            and (kv_indices.shape[1] == 1 or (not gqa and kv_indices.shape[1] == query.shape[1])))
+
+
+def test_the_compiled_flex_step_has_the_shapes_of_inductors_decoding_kernel(monkeypatch):
+    """The compiled flex step (``compile_decode``), traced on the CPU with a backend that records
+    each ``flex_attention`` call: with 7 query heads per key/value head (Qwen2.5's grouping) its
+    calls meet inductor's conditions for the split-KV decoding kernel -- the heads folded into
+    the query length, the batch fixed per bucket -- and it is traced once per batch bucket."""
+    from transformers import Qwen2Config
+
+    calls: list[tuple] = []
+
+    def record(gm, example_inputs):
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and "flex_attention" in str(node.target):
+                query, key = (a.meta["example_value"] for a in node.args[:2])
+                kv_indices = node.args[4][3].meta["example_value"]  # the block mask's tuple
+                calls.append((tuple(query.shape), tuple(key.shape), _picks_flex_decoding(query, key, kv_indices)))
+        return gm.forward
+
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, **{"backend": record, **kw}))
+    model, tok = tiny_causal_lm(Qwen2Config, num_attention_heads=7, num_key_value_heads=1, head_dim=16)
+    engine = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, decode_attention="flex",
+                         compile_decode=True)
+    want = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kv_cache="dynamic")
+    for prompts in (5, 2):
+        specs = _specs(tok, prompts=prompts, samples=2)
+        assert _gen(engine, specs, max_new_tokens=6)[0] == _gen(want, specs, max_new_tokens=6)[0]
+    assert runtime_for(model, compiled=True, attention="flex").compiled, "the step fell back to eager"
+    assert calls and all(picks for _, _, picks in calls), calls
+    assert {q[1:3] for q, _, _ in calls} == {(1, 7)}  # one head per key/value head, 7 grouped queries
+    batches = sorted({q[0] for q, _, _ in calls})
+    assert len(batches) == 2 and len(calls) == 2 * len(batches), calls  # 2 layers, one trace per bucket

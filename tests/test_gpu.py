@@ -342,10 +342,11 @@ def test_compiled_step_on_cuda_graphs_compiles_a_few_times_and_keeps_the_tokens_
 
 def test_compiled_step_with_flex_attention_keeps_the_tokens_fp32():
     """``flex`` decode attention (flex attention's Triton kernel over the written key/value
-    blocks) in the compiled step on CUDA graphs: it compiles with the batch and the window
-    symbolic, replays without falling back, and in fp32 at least 90% of rows draw the tokens
-    of the eager graph path on ``sdpa`` (another order of additions may flip a near-tie), over
-    shrinking buckets and across a window, warm calls included. Uncompiled flex is refused on
+    blocks) in the compiled step on CUDA graphs: it compiles per batch bucket with the window
+    symbolic (the shapes of inductor's split-KV decoding kernel), replays without falling
+    back, and in fp32 at least 90% of rows draw the tokens of the eager graph path on ``sdpa``
+    (another order of additions may flip a near-tie), over shrinking buckets and across a
+    window, warm calls included. Uncompiled flex is refused on
     CUDA. Slow: ``gpu_check.sh`` runs it in part ``compiled``."""
     from actions.engines.static_decode import runtime_for
 

@@ -260,21 +260,39 @@ class DecodeRuntime:
         where the runtime is ``compiled``: fused kernels, which round differently from eager)."""
         if self.compiled:
             if self._compiled_step is None:
-                import torch._dynamo
+                from torch._dynamo import config as dynamo_config
 
-                torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-                # the batch and the window symbolic: one compilation serves every batch bucket
-                # and window of a warm container, where static shapes compiled each (bucket,
-                # window) anew (tens of seconds apiece on a GPU); the compiler still specialises
-                # a batch of 1 and a window that spans the whole buffer, about three in all
-                self._compiled_step = torch.compile(self._step, dynamic=True)
+                dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
+                if self.forward.attention == "flex":
+                    # the batch (and every buffer) fixed, the window symbolic (``_flex_step``):
+                    # one compilation per batch bucket, as inductor's split-KV decoding kernel
+                    # needs (static_forward)
+                    self._compiled_step = torch.compile(self._flex_step, dynamic=False)
+                else:
+                    # the batch and the window symbolic: one compilation serves every batch
+                    # bucket and window of a warm container, where static shapes compiled each
+                    # (bucket, window) anew (tens of seconds apiece on a GPU); the compiler still
+                    # specialises a batch of 1 and a window that spans the whole buffer, about
+                    # three in all
+                    self._compiled_step = torch.compile(self._step, dynamic=True)
             try:
+                if self.forward.attention == "flex":
+                    from torch._dynamo import maybe_mark_dynamic
+
+                    span = self.kv.mask[0, :window]
+                    maybe_mark_dynamic(span, 0)  # a window of the whole buffer specialises
+                    return self._compiled_step(b, span, sampling)
                 return self._compiled_step(b, window, sampling, dense)
             except Exception as exc:  # noqa: BLE001 -- a compiler failure falls back to eager
                 self.compiled = False
                 log.warning("torch.compile of the decode step failed, running it eagerly: %s: %s",
                             type(exc).__name__, str(exc)[:200])
         self._step(b, window, sampling, dense)
+
+    def _flex_step(self, b: int, span: torch.Tensor, sampling: Sampler) -> None:
+        """``_step`` over a window of ``span``'s length: compiled with every shape fixed but that
+        length (``maybe_mark_dynamic``), the compiled flex step's shapes (``step``)."""
+        self._step(b, span.shape[0], sampling)
 
     def _step(self, b: int, window: int, sampling: Sampler, dense: bool = False) -> None:
         st = self.state

@@ -23,13 +23,15 @@ skipped, not masked. It is for the compiled plain step (``generation.compile_dec
 inductor generates one Triton kernel for it; without the compiler flex attention runs an
 unfused reference that materialises the scores, so verification rounds (never compiled)
 attend with ``sdpa`` whatever the setting (``__call__``'s ``attention``). Which Triton kernel:
-inductor picks its split-KV decoding kernel (a row's columns spread over thread blocks, the
-grouped query heads of a key/value head in one tile) only for a batch fixed at compile time
-and a power-of-two number of query heads per key/value head; the compiled step's batch is
-symbolic (one compilation for every batch bucket), and Qwen2.5 groups 7 heads, so it gets
-the main flex template: one program per row and query head over the visited blocks. Both
-kernels compute the same attention as ``sdpa``; they round differently (another order of
-additions).
+inductor picks its split-KV decoding kernel (a row's columns spread over thread blocks, as
+flash-decoding does) only where the batch and the heads are fixed at compile time, the query
+is shorter than 128, and each key/value head serves a power-of-two number of query heads
+(``torch/_inductor/kernel/flex/flex_decoding.py``, ``_use_flex_decoding``). So ``flex`` folds
+the grouped heads into the query length as ``sdpa``'s masked path does (``[b, kv_heads, G * w,
+head_dim]`` against ``[b, kv_heads, window, head_dim]``: one query head per key/value head,
+whatever ``G``; Qwen2.5 groups 7), and the compiled flex step is compiled per batch bucket
+(``static_decode.DecodeRuntime``). Every kernel computes the same attention as ``sdpa``; they
+round differently (another order of additions).
 
 Shapes: ids and positions ``[b, w]``; ``col``: ``[w]`` int64 cache columns of the w new
 tokens (the same for every row); logits ``[b, w, V]``.
@@ -119,7 +121,8 @@ class StaticForward:
         return mask.repeat(1, 1, self.groups, 1)  # query index g * w + j, as q is folded below
 
     def block_mask(self, kv: StaticKV, b: int, window: int, col: torch.Tensor):
-        """``flex`` attention's ``BlockMask`` over ``[b, heads, w, window]``, built on the device
+        """``flex`` attention's ``BlockMask`` over ``[b, kv_heads, G * w, window]`` (the grouped
+        heads folded into the query length, as ``_attend`` folds them), built on the device
         with no host read (a graph replays it with each step's column): the key/value blocks up
         to the one holding the last new column are visited, every later block of the window is
         skipped, and inside the visited blocks a new token sees what ``attention_mask`` lets
@@ -129,17 +132,27 @@ class StaticForward:
 
         torch._check(window % FLEX_KV_BLOCK == 0)  # else the tail columns would never be visited
         blocks = window // FLEX_KV_BLOCK
-        used = (col.max() // FLEX_KV_BLOCK + 1).to(torch.int32).reshape(1, 1, 1)
-        indices = torch.arange(blocks, dtype=torch.int32, device=col.device).reshape(1, 1, 1, blocks)
+        w = col.shape[0]
+        q_blocks = -(-self.groups * w // FLEX_KV_BLOCK)  # one for a plain step (G < 128)
+        used = (col.max() // FLEX_KV_BLOCK + 1).to(torch.int32).reshape(1, 1, 1).expand(1, 1, q_blocks).contiguous()
+        indices = torch.arange(blocks, dtype=torch.int32, device=col.device).expand(1, 1, q_blocks, blocks).contiguous()
         # the mask read flat: inductor's CPU template for flex attention fails to compile a
         # two-index read of a captured tensor once the shapes are symbolic (torch 2.13)
         valid, stride = kv.mask.view(-1), kv.mask.shape[1]
+        last = col[0]
 
         def visible(row, head, q, k):  # noqa: ARG001 -- flex_attention's mask_mod signature
-            return valid[row * stride + k] & (k <= col[q])
+            # query index q = g * w + j (the grouped heads folded, as ``_attend`` does): new token
+            # j; a plain step's one column read as a scalar, without the index arithmetic
+            return valid[row * stride + k] & (k <= (col[q % w] if w > 1 else last))
 
-        return BlockMask.from_kv_blocks(used, indices, BLOCK_SIZE=(FLEX_KV_BLOCK, FLEX_KV_BLOCK), mask_mod=visible,
-                                        seq_lengths=(col.shape[0], window), compute_q_blocks=False)
+        # no block is known whole (padding and speculation's holes are per row), and saying so
+        # outright keeps inductor's CPU decoding template, which reads the count, compiling
+        # (its whole-block indices unlike the visited ones: the template names one buffer once)
+        none_whole, whole_indices = torch.zeros_like(used), torch.zeros_like(indices)
+        return BlockMask.from_kv_blocks(used, indices, none_whole, whole_indices,
+                                        BLOCK_SIZE=(FLEX_KV_BLOCK, FLEX_KV_BLOCK), mask_mod=visible,
+                                        seq_lengths=(self.groups * w, window), compute_q_blocks=False)
 
     def __call__(self, kv: StaticKV, ids: torch.Tensor, pos: torch.Tensor, col: torch.Tensor,
                  window: int, dense: bool = False, attention: str | None = None) -> torch.Tensor:
@@ -202,19 +215,21 @@ class StaticForward:
         qk, _ = self.rotate(torch.cat([q, k], dim=2).transpose(1, 2), self._none, cos, sin)
         q, k = qk[:, : self.heads], qk[:, self.heads:]
         keys, values = self._write(kv.keys[i], k, col, b), self._write(kv.values[i], v, col, b)
-        if flex:
-            from torch.nn.attention.flex_attention import flex_attention
-
-            out = flex_attention(q.contiguous(), keys[:, :, :window], values[:, :, :window], block_mask=amask,
-                                 scale=self.scaling, enable_gqa=self.groups > 1)
-        elif amask is None:  # nothing masked: grouped heads natively, as the dynamic path then does
+        if amask is None:  # nothing masked: grouped heads natively, as the dynamic path then does
             out = F.scaled_dot_product_attention(q.contiguous(), keys[:, :, :window], values[:, :, :window],
                                                  scale=self.scaling, enable_gqa=self.groups > 1)
         else:
             # heads h = kv * G + g share kv head kv (Hugging Face's repeat_kv order), folded into
-            # the query length; contiguous, as the dynamic path's packed query is
+            # the query length; contiguous, as the dynamic path's packed query is. For flex, the
+            # fold is what lets inductor pick its split-KV decoding kernel (module docstring)
             q = q.reshape(b, self.kv_heads, self.groups * w, self.head_dim).contiguous()
-            out = F.scaled_dot_product_attention(q, keys[:, :, :window], values[:, :, :window], attn_mask=amask,
-                                                 scale=self.scaling)
+            if flex:
+                from torch.nn.attention.flex_attention import flex_attention
+
+                out = flex_attention(q, keys[:, :, :window], values[:, :, :window], block_mask=amask,
+                                     scale=self.scaling)
+            else:
+                out = F.scaled_dot_product_attention(q, keys[:, :, :window], values[:, :, :window],
+                                                     attn_mask=amask, scale=self.scaling)
         out = out.reshape(b, self.heads, w, self.head_dim).transpose(1, 2).reshape(b, w, self.heads * self.head_dim)
         return attn.o_proj(out)
