@@ -15,6 +15,7 @@ fix. The compiled step's samples (inductor on the CPU) are in the slow suite.
 from __future__ import annotations
 
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -199,26 +200,32 @@ def test_a_compiled_flex_step_keeps_the_eager_steps_samples():
     assert rt.kv.cols == 512
 
 
-def _picks_flex_decoding(query, key, kv_indices) -> bool:
+def _picks_flex_decoding(query, value, kv_indices, kernel_options) -> bool:
     """Whether inductor lowers this ``flex_attention`` call to its split-KV decoding kernel on
-    a GPU: the conditions of ``_use_flex_decoding`` (``torch/_inductor/kernel/flex/
-    flex_decoding.py``) on the traced shapes, which a CPU compile never reaches (the CPU has
-    its own template). Batch and heads fixed, a query shorter than 128, a power-of-two number
-    of query heads per key/value head, and a block mask of one head where heads are grouped."""
-    static = all(isinstance(n, int) for n in query.shape[:3])
-    if not static:
-        return False
-    ratio = query.shape[1] // key.shape[1]
-    gqa = query.shape[1] != key.shape[1]
-    return (0 < query.shape[2] < 128 and ratio > 0 and ratio & (ratio - 1) == 0
-            and (kv_indices.shape[1] == 1 or (not gqa and kv_indices.shape[1] == query.shape[1])))
+    a GPU: torch's own ``_use_flex_decoding`` (``torch/_inductor/kernel/flex/flex_decoding.py``)
+    asked about the traced shapes, which a CPU compile never asks it (the CPU has its own
+    template). It wants the batch and heads fixed, a query shorter than 128, a power-of-two
+    number of query heads per key/value head and a block mask of one head where heads group."""
+    import sympy
+    from torch._inductor.kernel.flex.flex_decoding import _use_flex_decoding
+    from torch._inductor.sizevars import SizeVarAllocator
+    from torch._inductor.virtualized import V
+
+    def node(t):
+        sizes = [n.node.expr if isinstance(n, torch.SymInt) else sympy.Integer(n) for n in t.shape]
+        return SimpleNamespace(get_size=lambda: sizes)
+
+    with V.set_graph_handler(SimpleNamespace(sizevars=SizeVarAllocator())):
+        return _use_flex_decoding(node(query), node(kv_indices), node(value), dict(kernel_options),
+                                  query.shape[1] != value.shape[1])
 
 
 def test_the_compiled_flex_step_has_the_shapes_of_inductors_decoding_kernel(monkeypatch):
     """The compiled flex step (``compile_decode``), traced on the CPU with a backend that records
-    each ``flex_attention`` call: with 7 query heads per key/value head (Qwen2.5's grouping) its
-    calls meet inductor's conditions for the split-KV decoding kernel -- the heads folded into
-    the query length, the batch fixed per bucket -- and it is traced once per batch bucket."""
+    each ``flex_attention`` call: with 7 query heads per key/value head (Qwen2.5's grouping)
+    torch's own test picks the split-KV decoding kernel for every call -- the heads folded into
+    the query length, the batch fixed per bucket -- the window (below the buffer's columns)
+    stays symbolic, and the step is traced once per batch bucket."""
     from transformers import Qwen2Config
 
     calls: list[tuple] = []
@@ -226,9 +233,10 @@ def test_the_compiled_flex_step_has_the_shapes_of_inductors_decoding_kernel(monk
     def record(gm, example_inputs):
         for node in gm.graph.nodes:
             if node.op == "call_function" and "flex_attention" in str(node.target):
-                query, key = (a.meta["example_value"] for a in node.args[:2])
+                query, key, value = (a.meta["example_value"] for a in node.args[:3])
                 kv_indices = node.args[4][3].meta["example_value"]  # the block mask's tuple
-                calls.append((tuple(query.shape), tuple(key.shape), _picks_flex_decoding(query, key, kv_indices)))
+                picks = _picks_flex_decoding(query, value, kv_indices, node.args[6])
+                calls.append((tuple(query.shape), key.shape[2], picks))
         return gm.forward
 
     compile_ = torch.compile
@@ -237,11 +245,47 @@ def test_the_compiled_flex_step_has_the_shapes_of_inductors_decoding_kernel(monk
     engine = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, decode_attention="flex",
                          compile_decode=True)
     want = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kv_cache="dynamic")
+    rt = runtime_for(model, compiled=True, attention="flex")
+    rt.ensure(16, 2 * FLEX_KV_BLOCK + 1)  # a warm container's buffers: wider than these calls' windows
     for prompts in (5, 2):
         specs = _specs(tok, prompts=prompts, samples=2)
         assert _gen(engine, specs, max_new_tokens=6)[0] == _gen(want, specs, max_new_tokens=6)[0]
-    assert runtime_for(model, compiled=True, attention="flex").compiled, "the step fell back to eager"
+    assert rt.compiled, "the step fell back to eager"
     assert calls and all(picks for _, _, picks in calls), calls
     assert {q[1:3] for q, _, _ in calls} == {(1, 7)}  # one head per key/value head, 7 grouped queries
+    assert all(isinstance(window, torch.SymInt) for _, window, _ in calls), calls
     batches = sorted({q[0] for q, _, _ in calls})
     assert len(batches) == 2 and len(calls) == 2 * len(batches), calls  # 2 layers, one trace per bucket
+
+
+def test_a_compiled_flex_step_past_the_recompilation_limit_falls_back_to_sdpa_with_a_warning(monkeypatch, caplog):
+    """Past the compiler's recompilation limit torch would run the step eagerly without a word
+    -- for flex, its unfused reference (scores materialised; on a GPU, many times slower). The
+    runtime makes that a failure instead: one warning, and from then on eager ``sdpa`` steps,
+    which draw the same tokens."""
+    from torch._dynamo import config as dynamo_config
+
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, **{"backend": "eager", **kw}))
+    model, tok = _model("qwen2-gqa", sharp=False)
+    engine = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, decode_attention="flex",
+                         compile_decode=True)
+    want = TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kv_cache="dynamic")
+    first, second = _specs(tok, prompts=5, samples=2), _specs(tok, prompts=2, samples=2)
+    assert _gen(engine, first, max_new_tokens=6)[0] == _gen(want, first, max_new_tokens=6)[0]
+    rt = runtime_for(model, compiled=True, attention="flex")
+    assert rt.compiled
+    monkeypatch.setattr(dynamo_config, "recompile_limit", 1)  # the next batch bucket is one too many
+    eager_flex = []  # attention calls run outside the compiler on flex: the unfused reference
+    attend = StaticForward._attend
+
+    def spy(self, attn, h, *args):
+        eager_flex.append(args[-1] and not torch.compiler.is_compiling())
+        return attend(self, attn, h, *args)
+
+    monkeypatch.setattr(StaticForward, "_attend", spy)
+    got = _gen(engine, second, max_new_tokens=6)[0]
+    assert got == _gen(want, second, max_new_tokens=6)[0]
+    assert not rt.compiled and eager_flex and not any(eager_flex)
+    assert [r.message for r in caplog.records if "torch.compile of the decode step failed" in r.message], \
+        caplog.text

@@ -308,9 +308,9 @@ def test_a_host_read_inside_the_step_falls_back_to_eager_with_one_warning(cold, 
     want, _ = _gen(_engine(cold, graphs=False), specs)
     step = static_decode.DecodeRuntime._step
 
-    def reads_host(self, b, window, sampling, dense=False):
+    def reads_host(self, b, window, sampling, dense=False, **kw):
         int(self.state.col.item())
-        return step(self, b, window, sampling, dense)
+        return step(self, b, window, sampling, dense, **kw)
 
     monkeypatch.setattr(static_decode.DecodeRuntime, "_step", reads_host)
     with caplog.at_level("WARNING", logger="actions.engines.static_decode"):

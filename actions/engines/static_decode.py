@@ -166,6 +166,9 @@ class DecodeRuntime:
         self.spec_ids: torch.Tensor | None = None
         self.spec_drawn: torch.Tensor | None = None
         self.offsets: torch.Tensor | None = None  # arange(w_max): a round's column offsets
+        # one byte per cache column, never read or written: the compiled flex step reads its
+        # window as the length of a slice of it (``step``), a tensor no step mutates
+        self.spans: torch.Tensor | None = None
         self.pool = None
         self.capture_s = 0.0
         self.captures = 0
@@ -187,6 +190,7 @@ class DecodeRuntime:
             self.kv = StaticKV(layers=len(f.layers), kv_heads=f.kv_heads, head_dim=f.head_dim, rows=rows,
                                cols=cols, dtype=self.dtype, device=self.device)
             self.state = _State.empty(rows, self.device)
+            self.spans = torch.empty(cols, dtype=torch.uint8, device=self.device)
         return self.kv
 
     def ensure_verify(self, width: int) -> None:
@@ -259,14 +263,14 @@ class DecodeRuntime:
         """One decode step of rows ``[0, b)``: forward, draw, advance (through ``torch.compile``
         where the runtime is ``compiled``: fused kernels, which round differently from eager)."""
         if self.compiled:
-            if self._compiled_step is None:
-                from torch._dynamo import config as dynamo_config
+            from torch._dynamo import config as dynamo_config
 
-                dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
+            if self._compiled_step is None:
+                # a flex step compiles per batch bucket, window specialisation and buffer size
+                dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 8 * len(BATCH_BUCKETS))
                 if self.forward.attention == "flex":
                     # the batch (and every buffer) fixed, the window symbolic (``_flex_step``):
-                    # one compilation per batch bucket, as inductor's split-KV decoding kernel
-                    # needs (static_forward)
+                    # the shapes inductor's split-KV decoding kernel needs (static_forward)
                     self._compiled_step = torch.compile(self._flex_step, dynamic=False)
                 else:
                     # the batch and the window symbolic: one compilation serves every batch
@@ -276,27 +280,34 @@ class DecodeRuntime:
                     # three in all
                     self._compiled_step = torch.compile(self._step, dynamic=True)
             try:
-                if self.forward.attention == "flex":
-                    from torch._dynamo import maybe_mark_dynamic
+                # past the recompilation limit the compiler would run the step eagerly without a
+                # word (for flex, its unfused reference): raise instead, and fall back below
+                with dynamo_config.patch(fail_on_recompile_limit_hit=True):
+                    if self.forward.attention == "flex":
+                        from torch._dynamo import maybe_mark_dynamic
 
-                    span = self.kv.mask[0, :window]
-                    maybe_mark_dynamic(span, 0)  # a window of the whole buffer specialises
-                    return self._compiled_step(b, span, sampling)
-                return self._compiled_step(b, window, sampling, dense)
+                        span = self.spans[:window]
+                        maybe_mark_dynamic(span, 0)  # a window of the whole buffer specialises
+                        return self._compiled_step(b, span, sampling)
+                    return self._compiled_step(b, window, sampling, dense)
             except Exception as exc:  # noqa: BLE001 -- a compiler failure falls back to eager
                 self.compiled = False
-                log.warning("torch.compile of the decode step failed, running it eagerly: %s: %s",
-                            type(exc).__name__, str(exc)[:200])
-        self._step(b, window, sampling, dense)
+                log.warning("torch.compile of the decode step failed, running it eagerly (attention by sdpa): "
+                            "%s: %s", type(exc).__name__, str(exc)[:200])
+        # a runtime whose compilation failed attends by sdpa: uncompiled flex is its unfused reference
+        self._step(b, window, sampling, dense, attention="sdpa" if self.wants_compiled else None)
 
     def _flex_step(self, b: int, span: torch.Tensor, sampling: Sampler) -> None:
         """``_step`` over a window of ``span``'s length: compiled with every shape fixed but that
-        length (``maybe_mark_dynamic``), the compiled flex step's shapes (``step``)."""
+        length (``maybe_mark_dynamic``), the compiled flex step's shapes (``step``). Up to two
+        compilations per batch bucket and buffer size: a window that spans the whole buffer
+        specialises (flex attention's shape check pins it)."""
         self._step(b, span.shape[0], sampling)
 
-    def _step(self, b: int, window: int, sampling: Sampler, dense: bool = False) -> None:
+    def _step(self, b: int, window: int, sampling: Sampler, dense: bool = False, attention: str | None = None) -> None:
         st = self.state
-        logits = self.forward(self.kv, st.tok[:b, None], st.pos[:b, None], st.col, window, dense)[:, -1]
+        logits = self.forward(self.kv, st.tok[:b, None], st.pos[:b, None], st.col, window, dense,
+                              attention=attention)[:, -1]
         st.rpos[:b] += 1
         st.tok[:b] = sampling.draw(logits, st.keys[:b], st.rpos[:b])
         st.pos[:b] += 1

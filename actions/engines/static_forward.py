@@ -146,13 +146,16 @@ class StaticForward:
             # j; a plain step's one column read as a scalar, without the index arithmetic
             return valid[row * stride + k] & (k <= (col[q % w] if w > 1 else last))
 
-        # no block is known whole (padding and speculation's holes are per row), and saying so
-        # outright keeps inductor's CPU decoding template, which reads the count, compiling
-        # (its whole-block indices unlike the visited ones: the template names one buffer once)
-        none_whole, whole_indices = torch.zeros_like(used), torch.zeros_like(indices)
-        return BlockMask.from_kv_blocks(used, indices, none_whole, whole_indices,
-                                        BLOCK_SIZE=(FLEX_KV_BLOCK, FLEX_KV_BLOCK), mask_mod=visible,
-                                        seq_lengths=(self.groups * w, window), compute_q_blocks=False)
+        whole = ()
+        if col.device.type == "cpu":
+            # no block is known whole (padding and speculation's holes are per row); inductor's
+            # CPU decoding template reads that count, so it is stated there, as zero (with
+            # indices unlike the visited ones: the template names one buffer once). Not on a
+            # GPU: the Triton kernel would then size its splits by the whole window
+            whole = (torch.zeros_like(used), torch.zeros_like(indices))
+        return BlockMask.from_kv_blocks(used, indices, *whole, BLOCK_SIZE=(FLEX_KV_BLOCK, FLEX_KV_BLOCK),
+                                        mask_mod=visible, seq_lengths=(self.groups * w, window),
+                                        compute_q_blocks=False)
 
     def __call__(self, kv: StaticKV, ids: torch.Tensor, pos: torch.Tensor, col: torch.Tensor,
                  window: int, dense: bool = False, attention: str | None = None) -> torch.Tensor:
