@@ -47,6 +47,18 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def fresh_compiles() -> Iterator[None]:
+    """``torch.compile`` without its graph caches, for a test that checks what the compiler
+    does (a cached graph skips it). Through torch's own ``config.patch``: a monkeypatched torch
+    config setting is deleted, not restored, when the monkeypatch is undone."""
+    import torch._functorch.config
+    import torch._inductor.config
+
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+        yield
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3Server]:
     """A SeaweedFS S3 server that requires credentials. Attributes: endpoint, bucket,

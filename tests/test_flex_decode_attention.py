@@ -275,7 +275,6 @@ def test_a_compiled_flex_step_past_the_recompilation_limit_falls_back_to_sdpa_wi
     assert _gen(engine, first, max_new_tokens=6)[0] == _gen(want, first, max_new_tokens=6)[0]
     rt = runtime_for(model, compiled=True, attention="flex")
     assert rt.compiled
-    monkeypatch.setattr(dynamo_config, "recompile_limit", 1)  # the next batch bucket is one too many
     eager_flex = []  # attention calls run outside the compiler on flex: the unfused reference
     attend = StaticForward._attend
 
@@ -284,7 +283,9 @@ def test_a_compiled_flex_step_past_the_recompilation_limit_falls_back_to_sdpa_wi
         return attend(self, attn, h, *args)
 
     monkeypatch.setattr(StaticForward, "_attend", spy)
-    got = _gen(engine, second, max_new_tokens=6)[0]
+    # the next batch bucket one too many (torch's config patch: an undone monkeypatch deletes the setting)
+    with dynamo_config.patch(recompile_limit=1):
+        got = _gen(engine, second, max_new_tokens=6)[0]
     assert got == _gen(want, second, max_new_tokens=6)[0]
     assert not rt.compiled and eager_flex and not any(eager_flex)
     assert [r.message for r in caplog.records if "torch.compile of the decode step failed" in r.message], \

@@ -340,7 +340,7 @@ def test_compiled_step_on_cuda_graphs_compiles_a_few_times_and_keeps_the_tokens_
     assert frames["unique_graphs"] - before <= 4, frames["unique_graphs"] - before
 
 
-def test_compiled_step_with_flex_attention_keeps_the_tokens_fp32(monkeypatch):
+def test_compiled_step_with_flex_attention_keeps_the_tokens_fp32(monkeypatch, fresh_compiles):
     """``flex`` decode attention (flex attention's Triton kernel over the written key/value
     blocks) in the compiled step on CUDA graphs: it compiles per batch bucket with the window
     symbolic, inductor lowers every flex call to its split-KV decoding kernel (its own
@@ -349,8 +349,6 @@ def test_compiled_step_with_flex_attention_keeps_the_tokens_fp32(monkeypatch):
     path on ``sdpa`` (another order of additions may flip a near-tie), over shrinking buckets
     and across a window, warm calls included. Uncompiled flex is refused on CUDA. Slow:
     ``gpu_check.sh`` runs it in part ``compiled``."""
-    import torch._functorch.config
-    import torch._inductor.config
     from torch._inductor.kernel.flex import flex_attention as flex_lowering
 
     from actions.engines.static_decode import runtime_for
@@ -362,9 +360,7 @@ def test_compiled_step_with_flex_attention_keeps_the_tokens_fp32(monkeypatch):
         decoding.append(choose(*args, **kwargs))
         return decoding[-1]
 
-    monkeypatch.setattr(flex_lowering, "_use_flex_decoding", recorded)
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
-    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
+    monkeypatch.setattr(flex_lowering, "_use_flex_decoding", recorded)  # asked: compiled afresh (fresh_compiles)
     model, tok = _qwen2_gqa_on_cuda()
     with pytest.raises(ValueError, match="runs fused only in the compiled step"):
         TorchEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, decode_attention="flex")

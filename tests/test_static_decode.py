@@ -229,15 +229,13 @@ def test_a_compiled_decode_step_compiles_a_few_times_per_container_and_keeps_the
 
 
 @pytest.mark.slow  # it compiles the step (30-50 s on 2 cores), as the test above does
-def test_a_compiled_step_writes_the_kv_cache_in_place(monkeypatch):
+def test_a_compiled_step_writes_the_kv_cache_in_place(monkeypatch, fresh_compiles):
     """The compiled step writes each new key and value into the cache in place, in full buckets
     and in smaller ones alike: no out-of-place copy of a cache buffer (or of its validity mask)
     is left in the compiled graphs. An in-place write into the view ``keys[:b]`` with ``b``
     symbolic compiled to a copy of the whole view plus a copy back, twice per layer and step,
     2.7 ms of a 9.6 ms step on one H200 (``StaticForward._write``)."""
     import torch._dynamo
-    import torch._functorch.config
-    import torch._inductor.config
     from torch._inductor.fx_passes import post_grad
 
     aten = torch.ops.aten
@@ -260,9 +258,7 @@ def test_a_compiled_step_writes_the_kv_cache_in_place(monkeypatch):
         return out
 
     monkeypatch.setattr(post_grad, "reinplace_inplaceable_ops", checked)
-    # compile afresh: a cached graph skips the compiler's passes, and this check with them
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
-    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
+    # compiled afresh (fresh_compiles): a cached graph skips the compiler's passes, and this check with them
     torch._dynamo.reset()
     cls, extra = SHAPES["qwen2-gqa"]
     model, tok = tiny_causal_lm(cls, **extra)
