@@ -263,37 +263,41 @@ class DecodeRuntime:
         """One decode step of rows ``[0, b)``: forward, draw, advance (through ``torch.compile``
         where the runtime is ``compiled``: fused kernels, which round differently from eager)."""
         if self.compiled:
-            from torch._dynamo import config as dynamo_config
-
             if self._compiled_step is None:
-                # a flex step compiles per batch bucket, window specialisation and buffer size
+                from torch._dynamo import config as dynamo_config
+
+                # compilations are keyed by batch bucket (flex), window specialisation, buffer
+                # size, sampler and model shape, over the process's life, for every runtime
+                # (they share this code): room for all a warm container meets
                 dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 8 * len(BATCH_BUCKETS))
+                # fullgraph: one graph per step, and past the recompilation limit a raise (caught
+                # below) where the compiler would otherwise run the step eagerly without a word
+                # (for flex, its unfused reference)
                 if self.forward.attention == "flex":
                     # the batch (and every buffer) fixed, the window symbolic (``_flex_step``):
                     # the shapes inductor's split-KV decoding kernel needs (static_forward)
-                    self._compiled_step = torch.compile(self._flex_step, dynamic=False)
+                    self._compiled_step = torch.compile(self._flex_step, dynamic=False, fullgraph=True)
                 else:
                     # the batch and the window symbolic: one compilation serves every batch
                     # bucket and window of a warm container, where static shapes compiled each
                     # (bucket, window) anew (tens of seconds apiece on a GPU); the compiler still
                     # specialises a batch of 1 and a window that spans the whole buffer, about
                     # three in all
-                    self._compiled_step = torch.compile(self._step, dynamic=True)
+                    self._compiled_step = torch.compile(self._step, dynamic=True, fullgraph=True)
             try:
-                # past the recompilation limit the compiler would run the step eagerly without a
-                # word (for flex, its unfused reference): raise instead, and fall back below
-                with dynamo_config.patch(fail_on_recompile_limit_hit=True):
-                    if self.forward.attention == "flex":
-                        from torch._dynamo import maybe_mark_dynamic
+                if self.forward.attention == "flex":
+                    from torch._dynamo import maybe_mark_dynamic
 
-                        span = self.spans[:window]
-                        maybe_mark_dynamic(span, 0)  # a window of the whole buffer specialises
-                        return self._compiled_step(b, span, sampling)
-                    return self._compiled_step(b, window, sampling, dense)
+                    span = self.spans[:window]
+                    maybe_mark_dynamic(span, 0)  # a window of the whole buffer specialises
+                    return self._compiled_step(b, span, sampling)
+                return self._compiled_step(b, window, sampling, dense)
             except Exception as exc:  # noqa: BLE001 -- a compiler failure falls back to eager
                 self.compiled = False
                 log.warning("torch.compile of the decode step failed, running it eagerly (attention by sdpa): "
                             "%s: %s", type(exc).__name__, str(exc)[:200])
+                if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                    raise  # the capture holds the failed call's work: _capture captures the eager step anew
         # a runtime whose compilation failed attends by sdpa: uncompiled flex is its unfused reference
         self._step(b, window, sampling, dense, attention="sdpa" if self.wants_compiled else None)
 
@@ -334,12 +338,19 @@ class DecodeRuntime:
         """A CUDA graph of ``step()`` (a plain step or a verification round), kept under ``key``
         (whose last item says whether its draws are fused, ``_draws``). Where a capture with
         fused draws fails, draws go unfused (``fused_draw.disable``) and the step is captured
-        again, under the key of unfused draws: the graphs are worth more than the fused draw."""
-        fused = key[-1]
+        again, under the key of unfused draws: the graphs are worth more than the fused draw.
+        Where the compiled step fails inside the capture (``step`` then runs eagerly from now
+        on), the eager step is captured instead."""
+        fused, compiled = key[-1], self.compiled
         try:
             return self._capture_once(key, step)
         except Exception as exc:  # noqa: BLE001 -- any capture failure falls back
             error = exc
+        if compiled and not self.compiled:  # the compiler failed inside the capture
+            try:
+                return self._capture_once(key, step)
+            except Exception as exc:  # noqa: BLE001
+                error = exc
         if fused:
             fused_draw.disable(f"a CUDA graph capture with fused draws failed: {type(error).__name__}: "
                                f"{str(error)[:200]}")
