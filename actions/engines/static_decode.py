@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from actions.engines.base import EngineStats, GenerationParams, RowEnds, SampleOut, SampleSpec
+from actions.engines.compiled_step import CompiledStep
 from actions.engines.kv_state import PrefixState, stack_logits
 from actions.engines.sampling import Sampler, fused_draw, stream_key
 from actions.engines.static_forward import StaticForward, unsupported_reason
@@ -167,7 +168,7 @@ class DecodeRuntime:
         self.spec_drawn: torch.Tensor | None = None
         self.offsets: torch.Tensor | None = None  # arange(w_max): a round's column offsets
         # one byte per cache column, never read or written: the compiled flex step reads its
-        # window as the length of a slice of it (``step``), a tensor no step mutates
+        # window as the length of a slice of it (``compiled_step``), a tensor no step mutates
         self.spans: torch.Tensor | None = None
         self.pool = None
         self.capture_s = 0.0
@@ -261,36 +262,12 @@ class DecodeRuntime:
 
     def step(self, b: int, window: int, sampling: Sampler, dense: bool = False) -> None:
         """One decode step of rows ``[0, b)``: forward, draw, advance (through ``torch.compile``
-        where the runtime is ``compiled``: fused kernels, which round differently from eager)."""
+        where the runtime is ``compiled``, ``compiled_step``: fused kernels, which round
+        differently from eager)."""
         if self.compiled:
             if self._compiled_step is None:
-                from torch._dynamo import config as dynamo_config
-
-                # compilations are keyed by batch bucket (flex), window specialisation, buffer
-                # size, sampler and model shape, over the process's life, for every runtime
-                # (they share this code): room for all a warm container meets
-                dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 8 * len(BATCH_BUCKETS))
-                # fullgraph: one graph per step, and past the recompilation limit a raise (caught
-                # below) where the compiler would otherwise run the step eagerly without a word
-                # (for flex, its unfused reference)
-                if self.forward.attention == "flex":
-                    # the batch (and every buffer) fixed, the window symbolic (``_flex_step``):
-                    # the shapes inductor's split-KV decoding kernel needs (static_forward)
-                    self._compiled_step = torch.compile(self._flex_step, dynamic=False, fullgraph=True)
-                else:
-                    # the batch and the window symbolic: one compilation serves every batch
-                    # bucket and window of a warm container, where static shapes compiled each
-                    # (bucket, window) anew (tens of seconds apiece on a GPU); the compiler still
-                    # specialises a batch of 1 and a window that spans the whole buffer, about
-                    # three in all
-                    self._compiled_step = torch.compile(self._step, dynamic=True, fullgraph=True)
+                self._compiled_step = CompiledStep(self, recompile_limit=8 * len(BATCH_BUCKETS))
             try:
-                if self.forward.attention == "flex":
-                    from torch._dynamo import maybe_mark_dynamic
-
-                    span = self.spans[:window]
-                    maybe_mark_dynamic(span, 0)  # a window of the whole buffer specialises
-                    return self._compiled_step(b, span, sampling)
                 return self._compiled_step(b, window, sampling, dense)
             except Exception as exc:  # noqa: BLE001 -- a compiler failure falls back to eager
                 self.compiled = False
@@ -300,13 +277,6 @@ class DecodeRuntime:
                     raise  # the capture holds the failed call's work: _capture captures the eager step anew
         # a runtime whose compilation failed attends by sdpa: uncompiled flex is its unfused reference
         self._step(b, window, sampling, dense, attention="sdpa" if self.wants_compiled else None)
-
-    def _flex_step(self, b: int, span: torch.Tensor, sampling: Sampler) -> None:
-        """``_step`` over a window of ``span``'s length: compiled with every shape fixed but that
-        length (``maybe_mark_dynamic``), the compiled flex step's shapes (``step``). Up to two
-        compilations per batch bucket and buffer size: a window that spans the whole buffer
-        specialises (flex attention's shape check pins it)."""
-        self._step(b, span.shape[0], sampling)
 
     def _step(self, b: int, window: int, sampling: Sampler, dense: bool = False, attention: str | None = None) -> None:
         st = self.state
