@@ -30,7 +30,7 @@ is shorter than 128, and each key/value head serves a power-of-two number of que
 the grouped heads into the query length as ``sdpa``'s masked path does (``[b, kv_heads, G * w,
 head_dim]`` against ``[b, kv_heads, window, head_dim]``: one query head per key/value head,
 whatever ``G``; Qwen2.5 groups 7), and the compiled flex step is compiled per batch bucket
-(``static_decode.DecodeRuntime``). Every kernel computes the same attention as ``sdpa``; they
+(``compiled_step``). Every kernel computes the same attention as ``sdpa``; they
 round differently (another order of additions).
 
 Shapes: ids and positions ``[b, w]``; ``col``: ``[w]`` int64 cache columns of the w new
@@ -139,12 +139,10 @@ class StaticForward:
         # the mask read flat: inductor's CPU template for flex attention fails to compile a
         # two-index read of a captured tensor once the shapes are symbolic (torch 2.13)
         valid, stride = kv.mask.view(-1), kv.mask.shape[1]
-        last = col[0]
 
         def visible(row, head, q, k):  # noqa: ARG001 -- flex_attention's mask_mod signature
-            # query index q = g * w + j (the grouped heads folded, as ``_attend`` does): new token
-            # j; a plain step's one column read as a scalar, without the index arithmetic
-            return valid[row * stride + k] & (k <= (col[q % w] if w > 1 else last))
+            # query index q = g * w + j (the grouped heads folded, as ``_attend`` does): new token j
+            return valid[row * stride + k] & (k <= col[q % w])
 
         whole = ()
         if col.device.type == "cpu":
