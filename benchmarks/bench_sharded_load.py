@@ -1,5 +1,5 @@
-"""Peak memory per rank of loading a bf16 train step's state onto FSDP2 ranks: the sharded
-learner's streamed loading against loading everything whole, side by side.
+"""Peak memory and store reads per rank of loading a bf16 train step's state onto FSDP2 ranks:
+the sharded learner's loading against loading everything whole on every rank, side by side.
 
 What a rank of ``train.world_size: N`` does before its update (``actions/rl/sharded_train.py``):
 shard the policy (fp32 shards, ``fsdp.shard``) and put the stored optimizer state into the shards
@@ -7,8 +7,9 @@ shard the policy (fp32 shards, ``fsdp.shard``) and put the stored optimizer stat
 ranks (gloo, the CPU):
 
 * ``streamed`` -- the action's code: the state opened lazily (``weights.StoredTensors``), each
-  unit made fp32 just before it is sharded, each stored tensor read, cut to the rank's shard and
-  dropped before the next (``StoredTensors.stream``, within ``--budget`` bytes fetched ahead);
+  unit made fp32 just before it is sharded, each stored tensor fetched by one rank only and
+  scattered, every rank receiving its shard (``state_scatter.scattered``; each rank's own
+  tensors fetched ahead within ``--budget`` bytes, ``StoredTensors.stream``);
 * ``whole`` -- the baseline, the learner's code before streaming, reproduced line for line:
   every optimizer tensor read at once (``load_tensors``), each master copied whole into its
   parameter, the whole model made fp32, then sharded, each moment moved whole and cut.
@@ -19,7 +20,8 @@ synthetic (a master near each weight, random moments), published once to a local
 figure is the highest rank's peak resident set from the moment the model is built (the peak is
 reset then, Linux ``clear_refs``), above its resident set at that moment, with glibc's mmap
 threshold fixed so that freed tensors leave the resident set. Per parameter,
-the state is 12 bytes (master 4, moments 8); a rank keeps 12 / N of it.
+the state is 12 bytes (master 4, moments 8); a rank keeps 12 / N of it. Beside it, the blob bytes
+each rank fetched from the store (every blob whole: each is verified by its sha256).
 
     .venv/bin/python benchmarks/bench_sharded_load.py --model-config benchmarks/configs/qwen2-100m.json
 """
@@ -142,7 +144,7 @@ def _whole(model, store, mesh, lr: float):
     return opt
 
 
-def _streamed(model, store, mesh, lr: float):
+def _streamed(model, store, mesh, lr: float, rank: int, world: int):
     """The action's loading (``sharded_train``)."""
     import torch
 
@@ -153,7 +155,7 @@ def _streamed(model, store, mesh, lr: float):
     dtypes = [p.dtype for p in model.parameters() if p.requires_grad]
     state = _stored_state(store, KEY, dtypes)
     shard(LogprobRoot(model), mesh, torch.bfloat16)
-    return _sharded_optimizer(model, lr, state, dtypes, KEY)
+    return _sharded_optimizer(model, lr, state, dtypes, KEY, rank=rank, world=world, device=torch.device("cpu"))
 
 
 def load_on_rank(rank: int, world: int, opts: dict) -> dict:
@@ -171,12 +173,19 @@ def load_on_rank(rank: int, world: int, opts: dict) -> dict:
     _reset_peak()
     t0 = time.perf_counter()
     mesh = make_mesh(torch.device("cpu"))
-    opt = (_whole if opts["method"] == "whole" else _streamed)(model, LocalStore(opts["store"]), mesh, 1e-5)
+    store, fetched = LocalStore(opts["store"]), []
+    get_buffer = store.get_buffer
+    store.get_buffer = lambda key, size=None: fetched.append(size) or get_buffer(key, size=size)
+    if opts["method"] == "whole":
+        opt = _whole(model, store, mesh, 1e-5)
+    else:
+        opt = _streamed(model, store, mesh, 1e-5, rank, world)
     seconds = time.perf_counter() - t0
     held = sum(t.to_local().numel() * 4 for p in opt.params for t in (p, opt.opt.state[p]["exp_avg"],
                                                                       opt.opt.state[p]["exp_avg_sq"]))
     peak = _peak_bytes()
-    mine = {"rank": rank, "peak_above_model_bytes": peak - base, "kept_bytes": held, "seconds": seconds}
+    mine = {"rank": rank, "peak_above_model_bytes": peak - base, "kept_bytes": held, "seconds": seconds,
+            "store_read_bytes": sum(fetched)}
     every: list = [None] * world
     dist.all_gather_object(every, mine)
     return {"method": opts["method"], "ranks": every}
@@ -207,7 +216,8 @@ def main() -> None:
             peaks[method] = top["peak_above_model_bytes"]
             print(f"{method:9s} peak per rank above the built model {top['peak_above_model_bytes'] / 2**30:6.3f} GiB "
                   f"({top['peak_above_model_bytes'] / params:5.1f} B/param); kept {top['kept_bytes'] / 2**30:.3f} GiB "
-                  f"of shards; {top['seconds']:.1f} s", flush=True)
+                  f"of shards; {top['seconds']:.1f} s; read from the store per rank "
+                  f"{', '.join('%.3f' % (r['store_read_bytes'] / 2**30) for r in out['ranks'])} GiB", flush=True)
             print(json.dumps({"bench": "sharded_load", "params": params, "state_bytes": nbytes, **out}), flush=True)
         if len(peaks) == 2 and peaks["streamed"] > 0:
             print(f"whole / streamed: {peaks['whole'] / peaks['streamed']:.2f}x the peak per rank")

@@ -4,6 +4,7 @@ classified error when a rank fails."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -151,11 +152,26 @@ def _rank_processes() -> list[int]:
     return found
 
 
-def test_a_stored_tensor_is_cut_to_the_ranks_shard_where_it_lies():
-    """``fsdp.like`` gives each rank the shard ``distribute_tensor`` gives, even, uneven, empty
-    and replicated, cut on the host and copied alone into memory of its own (not the whole
-    tensor moved to the device first)."""
-    assert run_on_ranks(rank_functions.shards_cut_where_they_lie, 3) == []
+def test_stored_state_is_read_once_and_each_rank_gets_its_shard(tmp_path):
+    """``state_scatter.scattered`` on 3 ranks gives each rank the shard ``distribute_tensor``
+    gives (even, uneven, empty, replicated), the whole tensor of an unsharded parameter or of
+    none, and the meta's scalars; and the ranks together fetch every blob exactly once."""
+    failed, fetched = run_on_ranks(rank_functions.scattered_state_reads, 3, (str(tmp_path / "store"),))
+    assert failed == []
+    manifest = open_store(str(tmp_path / "store")).get("opt/manifest.json")
+    sizes = [entry["size"] for entry in json.loads(manifest)["files"].values()]
+    assert sum(fetched) == sum(sizes), (fetched, sizes)  # each blob once, by its owner
+    assert all(0 < count < sum(sizes) for count in fetched), fetched
+
+
+@pytest.mark.parametrize("how, error", [("corrupt", "IntegrityError: blob"), ("shape", "ValueError: optimizer state")])
+def test_a_tensor_its_owner_cannot_read_fails_every_rank_with_the_owners_error(tmp_path, how, error):
+    """A blob that fails its sha256, or has another shape than its parameter, on the rank that
+    owns it: every rank stops (none waits in a collective), and the error raised is the owner's."""
+    with pytest.raises(RankFailed) as info:
+        run_on_ranks(rank_functions.scattered_read_fails, 2, (str(tmp_path / "store"), how))
+    text = str(info.value)
+    assert text.startswith("rank 1 of 2 failed: ") and error in text and "read by rank" not in text, text
 
 
 def test_a_failing_rank_fails_the_activation_once_and_stops_the_others():

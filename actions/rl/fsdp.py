@@ -21,7 +21,6 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 
 def layer_classes(model: torch.nn.Module) -> tuple[type, ...]:
@@ -69,48 +68,19 @@ def _to_fp32(module: torch.nn.Module) -> None:
             p.data = p.data.float()
 
 
-def assign(param: torch.Tensor, whole: torch.Tensor) -> None:
-    """Copy ``whole`` (the same on every rank, ``param``'s global shape, any dtype and device)
-    into ``param`` in place: this rank's part of it, cut where ``whole`` lies, into a sharded
-    parameter's local shard; all of it otherwise. No communication; ``whole`` can be dropped
-    as soon as this returns."""
-    with torch.no_grad():
-        if isinstance(param, DTensor):
-            param.to_local().copy_(_local_part(whole, param))
-        else:
-            param.data.copy_(whole)
-
-
-def _local_part(whole: torch.Tensor, param: DTensor) -> torch.Tensor:
-    """The view of ``whole`` that is this rank's shard of ``param``'s layout."""
-    shape, offset = compute_local_shape_and_global_offset(whole.shape, param.device_mesh, param.placements)
-    local = whole
-    for dim, (size, start) in enumerate(zip(shape, offset)):
-        local = local.narrow(dim, start, size)
-    return local
+def as_shard(local: torch.Tensor, param: DTensor) -> DTensor:
+    """``local`` (this rank's shard of a tensor laid out as ``param``, already on its device, in
+    memory of its own: ``state_scatter.scattered`` gives such shards) as a ``DTensor``. No
+    communication; cutting a whole tensor where it lies and sending only the shard spares
+    ``distribute_tensor``'s whole-tensor transient on the device and its N-fold traffic."""
+    return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False, shape=param.shape,
+                              stride=torch.empty(param.shape, device="meta").stride())
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor behind a shard (a collective: every rank calls it in the same order);
     an unsharded tensor as it is."""
     return t.full_tensor() if isinstance(t, DTensor) else t
-
-
-def like(whole: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """``whole`` (the same on every rank) laid out as ``param``: this rank's shard for a
-    sharded parameter, ``whole`` itself otherwise. No communication.
-
-    The shard is cut where ``whole`` lies (the host, for stored state) and only the shard is
-    copied to the parameter's device, into memory of its own: ``distribute_tensor`` would
-    first move the whole tensor there (on a GPU, a whole-tensor transient per moment and N
-    times the host-to-device traffic)."""
-    if isinstance(param, DTensor):
-        local = _local_part(whole, param)
-        own = torch.empty(local.shape, dtype=local.dtype, device=param.device)
-        own.copy_(local)
-        return DTensor.from_local(own, param.device_mesh, param.placements, run_check=False, shape=whole.shape,
-                                  stride=torch.empty(whole.shape, device="meta").stride())
-    return whole.to(param.device)
 
 
 def all_sum(values: dict[str, float], device: torch.device) -> dict[str, float]:

@@ -119,6 +119,10 @@ FAILURE_GRACE_S = 5.0
 which failure to raise: a peer's failure makes the survivors' collectives fail too, and the
 report that arrives first is often that echo rather than the cause."""
 
+PEER_MARKER = "(read by rank "
+"""Ends a rank's error that only reports another rank's failure (``state_scatter.PeerReadFailed``):
+ranked as an echo, so the owner's own report is the one raised."""
+
 _ECHO_MARKERS = ("connection reset", "connection closed", "broken pipe", "gloo", "nccl", "timed out")
 
 
@@ -128,7 +132,8 @@ def _rank_of_failure(failure: tuple[int, str, bool]) -> tuple[int, int]:
     rank, text, _ = failure
     if " killed by " in text or " without a result" in text:
         return 1, rank
-    echo = text.split(" failed: ", 1)[-1].startswith("Dist") or any(m in text.lower() for m in _ECHO_MARKERS)
+    echo = (text.split(" failed: ", 1)[-1].startswith("Dist") or any(m in text.lower() for m in _ECHO_MARKERS)
+            or PEER_MARKER in text)  # a rank told that the tensor's owner failed to read it (state_scatter.py)
     return (2 if echo else 0), rank
 
 

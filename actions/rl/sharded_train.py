@@ -2,11 +2,12 @@
 ``ranks.run_on_ranks``); the store format is the one-rank format.
 
 Every rank reads the policy version from the store, shards it (``fsdp.shard``: fp32 shards of
-every trainable parameter, one unit made fp32 at a time), then reads the optimizer state one
-tensor at a time (``weights.StoredTensors``) and keeps only its shard of each: the fp32 master
-copy of a bf16/fp16 run (the stored ``p{i}.master``) is copied into the parameter's shard, the
-AdamW moments are cut to the optimizer's. So a rank holds the whole model in its own dtype
-while it shards it, and never the whole optimizer state. It runs the update with the work
+every trainable parameter, one unit made fp32 at a time), then reads the optimizer state once
+for all ranks (``state_scatter``: each stored tensor fetched by one rank, which sends every
+rank its shard): the fp32 master copy of a bf16/fp16 run (the stored ``p{i}.master``) is
+copied into the parameter's shard, the AdamW moments become the optimizer's shards. So a rank
+holds the whole model in its own dtype while it shards it, never the whole optimizer state,
+and the store serves the optimizer state once per step, not once per rank. It runs the update with the work
 shared out (``sharded_update``), and gathers whole tensors back; rank 0 publishes them exactly
 as one rank would: the weights in each tensor's own dtype, AdamW's moments and step under the
 same ``p{index}`` names, the masters of a low-precision run. So a run trained on two ranks
@@ -23,6 +24,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from actions.contracts import TrainStepRequest, TrainStepResult
 from actions.models.loading import configure_threads, load_model, store_for
@@ -31,10 +33,11 @@ from actions.models.special_tokens import special_tokens
 from actions.rl.batch import gather_batch, rollout_metrics
 from actions.rl.critic_store import load_critic
 from actions.rl.dropout import disable_dropout
-from actions.rl.fsdp import assign, full, like, make_mesh, shard
+from actions.rl.fsdp import as_shard, full, make_mesh, shard
 from actions.rl.optimizer import MASTER, MASTER_NAME, TrainOptimizer, check_precision
 from actions.rl.recompute import enable_checkpointing
 from actions.rl.sharded_update import LogprobRoot, run_sharded_updates
+from actions.rl.state_scatter import scattered
 from actions.store.optim_state import load_optimizer_tensors, optimizer_tensors
 from actions.store.safe_paths import shown
 from actions.store.weights import StoredTensors, publish_tensors
@@ -68,33 +71,54 @@ def _stored_state(store, key: str | None, dtypes: list[torch.dtype],
     return state
 
 
-def _sharded_optimizer(module: torch.nn.Module, lr: float, state: Mapping[str, torch.Tensor] | None,
-                       dtypes: list[torch.dtype], where: str) -> TrainOptimizer:
-    """AdamW over ``module``'s sharded fp32 parameters, with the stored state read one tensor
-    at a time: each fp32 master copy goes into its parameter's shard (``fsdp.assign``), each
-    moment is cut to this rank's shard, and the whole tensor is dropped before the next
-    arrives (``load_optimizer_tensors`` then checks every name). ``dtypes``: the trainable
-    parameters' dtypes before sharding (a master belongs to a low-precision one)."""
+_LAID_OUT = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", MASTER}  # the stored fields shaped as their parameter
+
+
+def _param_index(key: str, count: int) -> int | None:
+    """``i`` for a stored ``p{i}.<field shaped as its parameter>`` with ``i < count``, else None."""
+    index, _, field = key[1:].partition(".")
+    ok = key.startswith("p") and index.isdigit() and field in _LAID_OUT and int(index) < count
+    return int(index) if ok else None
+
+
+def _check_masters(state: Mapping, params: list, dtypes: list[torch.dtype], where: str) -> None:
+    """Refuse a stored master that belongs to no low-precision parameter (names alone tell, so
+    every rank refuses the same set before any tensor is read)."""
+    for key in state:
+        if key.endswith(f".{MASTER}"):
+            match = MASTER_NAME.match(key)
+            index = int(match.group(1)) if match else len(params)
+            if index >= len(params) or dtypes[index] == torch.float32:
+                raise ValueError(f"optimizer state {where!r}: tensor {shown(key)} is not the fp32 master copy of one "
+                                 f"of the {len(params)} low-precision parameters; re-publish the optimizer state")
+
+
+def _sharded_optimizer(module: torch.nn.Module, lr: float, state: StoredTensors | None, dtypes: list[torch.dtype],
+                       where: str, *, rank: int, world: int, device: torch.device) -> TrainOptimizer:
+    """AdamW over ``module``'s sharded fp32 parameters, with the stored state read once for all
+    ranks (``state_scatter.scattered``: each tensor fetched by one rank, each rank sent only its
+    shard): each fp32 master goes into its parameter's shard, each moment becomes the
+    optimizer's shard (``load_optimizer_tensors`` then checks every name). ``dtypes``: the
+    trainable parameters' dtypes before sharding (a master belongs to a low-precision one)."""
     opt = TrainOptimizer(module, lr)
     if not state:
         return opt
     params = opt.params
+    _check_masters(state, params, dtypes, where)
+
+    def layout(key: str) -> torch.Tensor | None:
+        index = _param_index(key, len(params))
+        return None if index is None else params[index]
+
     laid = {}
-    for key, value in state.stream() if isinstance(state, StoredTensors) else state.items():
+    for key, value in scattered(state, layout, rank=rank, world=world, device=device, where=where):
+        param = layout(key)
         if key.endswith(f".{MASTER}"):
-            match = MASTER_NAME.match(key)
-            index = int(match.group(1)) if match else len(params)
-            if index >= len(params) or dtypes[index] == torch.float32 or value.shape != params[index].shape:
-                raise ValueError(f"optimizer state {where!r}: tensor {shown(key)} is not the fp32 master copy of one "
-                                 f"of the {len(params)} low-precision parameters; re-publish the optimizer state")
-            assign(params[index], value)  # cut on the host, then only the shard goes to the device
+            with torch.no_grad():
+                (param.to_local() if isinstance(param, DTensor) else param).copy_(value)
         else:
-            index, _, field = key[1:].partition(".")
-            if field != "step" and index.isdigit() and int(index) < len(params):
-                laid[key] = like(value, params[int(index)])
-            else:
-                laid[key] = value
-        del value  # the whole tensor, before the stream fetches the next ones
+            laid[key] = as_shard(value, param) if isinstance(param, DTensor) else value
+        del value
     load_optimizer_tensors(opt.opt, laid, where=where)
     return opt
 
@@ -144,7 +168,8 @@ def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | 
     mesh = make_mesh(device)
     compute_dtype = next(iter(policy_dtypes.values()))
     root = shard(LogprobRoot(policy), mesh, compute_dtype)
-    opt = _sharded_optimizer(policy, algo.lr, state, trainable_dtypes, req.optimizer_key or "")
+    on_rank = {"rank": rank, "world": world, "device": device}
+    opt = _sharded_optimizer(policy, algo.lr, state, trainable_dtypes, req.optimizer_key or "", **on_rank)
     critic = critic_opt = None
     if algo.name == "ppo":
         critic = load_critic(req.policy.store_uri, req.policy.base_key, req.critic_key, fresh=True,
@@ -158,7 +183,7 @@ def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | 
         enable_checkpointing(critic.lm, req.gradient_checkpointing)
         shard(critic, mesh, compute_dtype)
         critic_opt = _sharded_optimizer(critic, algo.critic_lr, cstate, critic_trainable,
-                                        req.critic_optimizer_key or "")
+                                        req.critic_optimizer_key or "", **on_rank)
     batch = gather_batch(store, req.scored_keys, algo, special_tokens(policy, tokenizer).pad_id,
                          temperature=req.temperature, max_new_tokens=req.max_new_tokens).to(device)
     metrics = rollout_metrics(batch, algo)

@@ -304,6 +304,10 @@ class StoredTensors(Mapping):
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
 
+    def is_scalar(self, name: str) -> bool:
+        """Whether ``name`` is a scalar kept in the manifest's meta (read without a fetch)."""
+        return self._names[name] in self._scalars
+
     def __len__(self) -> int:
         return len(self._names)
 

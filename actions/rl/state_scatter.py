@@ -1,0 +1,177 @@
+"""Stored optimizer state read once per sharded step, not once per rank.
+
+Every rank of a sharded step needs its shard of each AdamW moment and fp32 master (12 B/param
+under bf16: 84 GB for a 7B model). Streaming the whole set on every rank reads it ``world``
+times from the store (672 GB per step on 8 GPUs, through one node's network link). Here each
+stored tensor has one *owner*, the rank ``i % world`` for the set's ``i``-th blob in the set's
+order: the owner fetches it (size- and sha256-verified, fetched ahead within
+``StoredTensors.stream``'s budget while the other ranks fetch theirs) and scatters it. A rank
+receives only its shard of a sharded parameter's tensor, and the whole tensor where the
+parameter is not sharded. So the store serves the set once, and no rank but the owner ever
+holds a whole sharded tensor.
+
+Per stored tensor, in the set's order, every rank takes part in:
+
+1. a header broadcast from the owner: whether its fetch succeeded, the dtype and the shape;
+2. after a failure, the owner's crash description (an object broadcast): the owner raises its
+   own error and every other rank :class:`PeerReadFailed` with the same text and transience,
+   which the rank supervisor (``ranks.py``) ranks below the owner's report;
+3. the scatter of the shards (each rank's box of the tensor, padded to the largest box), or
+   the broadcast of the whole tensor.
+
+Collectives run on ``device`` (NCCL takes CUDA tensors only): the owner holds one whole tensor
+there, cut into its boxes, while it scatters. Scalars kept in the manifest's meta (AdamW's
+``step``) are read by every rank and need no collective.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+from actions.rl.ranks import PEER_MARKER
+from actions.runtime.errors import describe_crash
+from actions.store.safe_paths import shown
+from actions.store.weights import StoredTensors
+
+_MAX_DIMS = 8
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.uint8)
+
+Box = tuple[tuple[int, ...], tuple[int, ...]]  # (local shape, global offset) of one rank's shard
+
+
+class PeerReadFailed(RuntimeError):
+    """The rank that owns a stored tensor could not read it; ``transient`` is its classification."""
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+def scattered(state: StoredTensors, layout: Callable[[str], torch.Tensor | None], *, rank: int, world: int,
+              device: torch.device, where: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` for every tensor of ``state``, in its order, each read from the store
+    by one rank only (a collective: every rank iterates to the end, or raises at the same name).
+
+    ``layout(name)`` is the parameter a stored tensor is laid out as (None: none). For a
+    sharded parameter (a ``DTensor``) the tensor given is this rank's local shard on
+    ``device``, as ``fsdp.like`` cuts it; for an unsharded one, the whole tensor on ``device``;
+    for a tensor of no parameter, the whole tensor on the host.
+    Scalars in the manifest's meta are given whole, on the host, without communication.
+
+    Raises:
+        ValueError: a stored tensor's shape is not its parameter's (``where``: the manifest key).
+        PeerReadFailed: on every rank but the owner, where the owner's fetch or check failed (the
+            owner raises its own error).
+    """
+    names = list(state)
+    blobs = [n for n in names if not state.is_scalar(n)]
+    owner_of = {n: i % world for i, n in enumerate(blobs)}
+    boxes = _all_boxes({n: p for n in blobs if isinstance(p := layout(n), DTensor)}, world)
+    mine = state.renamed({n: n for n in blobs if owner_of[n] == rank}).stream()
+    try:
+        for name in names:
+            if name not in owner_of:
+                yield name, state[name]
+                continue
+            owner, param = owner_of[name], layout(name)
+            whole = _fetch_checked(mine, name, param, where) if owner == rank else None
+            if isinstance(whole, BaseException):
+                _header(None, owner, device)
+                _share_failure(whole, owner, device)
+                raise whole
+            dtype, shape = _header(whole, owner, device)
+            if dtype is None:
+                crash = _share_failure(None, owner, device)
+                raise PeerReadFailed(f"{crash['type']}: {crash['message']} {PEER_MARKER}{owner})",
+                                     transient=bool(crash.get("transient")))
+            if name in boxes:
+                yield name, _scatter(whole, boxes[name], dtype, owner, rank, device)
+            else:  # an unsharded parameter's tensor on the device; one of no parameter (a step) on the host
+                whole = _broadcast(whole, dtype, shape, owner, device)
+                yield name, whole if param is not None else whole.cpu()
+            del whole
+    finally:
+        mine.close()
+
+
+def _fetch_checked(stream: Iterator[tuple[str, torch.Tensor]], name: str, param: torch.Tensor | None,
+                   where: str) -> torch.Tensor | BaseException:
+    """The owner's next tensor (which must be ``name``), or the exception its fetch or shape raised."""
+    try:
+        got, whole = next(stream)
+        assert got == name, (got, name)  # both iterate the set's order
+        if param is not None and tuple(whole.shape) != tuple(param.shape):
+            raise ValueError(f"optimizer state {where!r}: tensor {shown(name)} has shape {list(whole.shape)}, its "
+                             f"parameter has shape {list(param.shape)}; re-publish the optimizer state")
+        if whole.dtype not in _DTYPES or whole.dim() > _MAX_DIMS:
+            raise ValueError(f"optimizer state {where!r}: tensor {shown(name)} is a {whole.dtype} tensor of "
+                             f"{whole.dim()} dimensions; re-publish the optimizer state")
+        return whole
+    except Exception as exc:  # noqa: BLE001 - shared with the other ranks, then raised
+        return exc
+
+
+def _header(whole: torch.Tensor | None, owner: int, device: torch.device) -> tuple[torch.dtype | None, list[int]]:
+    """Broadcast from ``owner``: ``[ok, dtype index, ndim, *shape]`` (ok 0 after a failure)."""
+    head = torch.zeros(3 + _MAX_DIMS, dtype=torch.int64)
+    if whole is not None:
+        head[:3] = torch.tensor([1, _DTYPES.index(whole.dtype), whole.dim()])
+        head[3:3 + whole.dim()] = torch.tensor(whole.shape, dtype=torch.int64)
+    head = head.to(device)
+    dist.broadcast(head, src=owner)
+    ok, dtype, ndim, *shape = head.tolist()
+    return (_DTYPES[dtype] if ok else None), shape[:ndim]
+
+
+def _share_failure(exc: BaseException | None, owner: int, device: torch.device) -> dict:
+    """The owner's crash description, on every rank (``describe_crash`` redacts secrets)."""
+    box = [describe_crash(exc) if exc is not None else None]
+    dist.broadcast_object_list(box, src=owner, device=device if device.type == "cuda" else None)
+    return box[0]
+
+
+def _all_boxes(params: dict[str, DTensor], world: int) -> dict[str, list[Box]]:
+    """Every rank's box of each sharded parameter (one object all-gather: a rank computes
+    only its own)."""
+    own = {n: tuple(map(tuple, compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)))
+           for n, p in params.items()}
+    every: list = [None] * world
+    dist.all_gather_object(every, own)
+    return {n: [every[r][n] for r in range(world)] for n in params}
+
+
+def _cut(whole: torch.Tensor, box: Box, numel: int) -> torch.Tensor:
+    """``whole``'s part at ``box``, flat and zero-padded to ``numel`` elements."""
+    part = whole
+    for dim, (size, start) in enumerate(zip(*box)):
+        part = part.narrow(dim, start, size)
+    flat = part.reshape(-1)
+    return torch.nn.functional.pad(flat, (0, numel - flat.numel())) if flat.numel() < numel else flat.contiguous()
+
+
+def _scatter(whole: torch.Tensor | None, boxes: list[Box], dtype: torch.dtype, owner: int, rank: int,
+             device: torch.device) -> torch.Tensor:
+    """This rank's box of the owner's ``whole``, on ``device`` in memory of its own."""
+    numel = max(math.prod(shape) for shape, _ in boxes)
+    out = torch.empty(numel, dtype=dtype, device=device)
+    pieces = None
+    if whole is not None:
+        on_device = whole.to(device)
+        pieces = [_cut(on_device, box, numel) for box in boxes]
+    dist.scatter(out, pieces, src=owner)
+    shape = boxes[rank][0]
+    return out[:math.prod(shape)].view(shape)
+
+
+def _broadcast(whole: torch.Tensor | None, dtype: torch.dtype, shape: list[int], owner: int,
+               device: torch.device) -> torch.Tensor:
+    """The owner's ``whole`` on every rank's ``device``."""
+    out = whole.to(device) if whole is not None else torch.empty(shape, dtype=dtype, device=device)
+    dist.broadcast(out, src=owner)
+    return out
