@@ -1,8 +1,8 @@
 """Stored optimizer state read once per sharded step, not once per rank.
 
 Every rank of a sharded step needs its shard of each AdamW moment and fp32 master (12 B/param
-under bf16: 84 GB for a 7B model). Streaming the whole set on every rank reads it ``world``
-times from the store (672 GB per step on 8 GPUs, through one node's network link). Here each
+under bf16: 91 GB for a 7B model). Streaming the whole set on every rank reads it ``world``
+times from the store (728 GB per step on 8 GPUs, through one node's network link). Here each
 stored tensor has one *owner*, the rank ``i % world`` for the set's ``i``-th blob in the set's
 order: the owner fetches it (size- and sha256-verified, fetched ahead within
 ``StoredTensors.stream``'s budget while the other ranks fetch theirs) and scatters it. A rank
