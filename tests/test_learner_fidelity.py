@@ -60,7 +60,8 @@ HEADS = {  # family: (config class, its head settings), each far from the identi
     "granitemoe": ("GraniteMoeConfig", dict(logits_scaling=8.0, num_local_experts=2, num_experts_per_tok=1)),
     "hyperclovax": ("HyperCLOVAXConfig", dict(logits_scaling=0.25)),
     "minicpm3": ("MiniCPM3Config", dict(dim_model_base=8)),  # logits_scaling = hidden_size / dim_model_base = 4
-    "falcon_h1": ("FalconH1Config", dict(lm_head_multiplier=3.0)),
+    "falcon_h1": ("FalconH1Config", dict(lm_head_multiplier=3.0, mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8,
+                                        mamba_d_state=8, mamba_chunk_size=8)),  # its defaults' SSM: 20 s a test
     "cohere": ("CohereConfig", dict(logit_scale=0.25)),
     "gemma2": ("Gemma2Config", dict(final_logit_softcapping=2.0, head_dim=8)),
     "mpt": ("MptConfig", dict(logit_scale=4.0)),  # transformers' MPT does not apply it
