@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -95,10 +96,11 @@ def scattered_state_reads(rank: int, world: int, store_root: str) -> tuple[list[
 
 def scattered_read_fails(rank: int, world: int, store_root: str, how: str) -> None:
     """Iterate ``scattered`` over a set whose second blob (owned by rank 1) is corrupt
-    (``how="corrupt"``) or has another shape than its parameter (``how="shape"``)."""
+    (``how="corrupt"``) or has another shape than its parameter (``how="shape"``). Rank 0 writes
+    the ``PeerReadFailed`` it raises to ``peer.json`` in ``store_root``."""
     from pathlib import Path
 
-    from actions.rl.state_scatter import scattered
+    from actions.rl.state_scatter import PeerReadFailed, scattered
     from actions.store.weights import StoredTensors
 
     store, tensors = _publish_state(rank, store_root)
@@ -114,5 +116,10 @@ def scattered_read_fails(rank: int, world: int, store_root: str, how: str) -> No
         data[-1] ^= 0xFF
         blob.write_bytes(bytes(data))
     dist.barrier()
-    for _ in scattered(state, layout.get, rank=rank, world=world, device=torch.device("cpu"), where="opt"):
-        pass
+    try:
+        for _ in scattered(state, layout.get, rank=rank, world=world, device=torch.device("cpu"), where="opt"):
+            pass
+    except PeerReadFailed as exc:  # what the rank that does not own the tensor was told
+        Path(store_root, "peer.json").write_text(json.dumps({"rank": rank, "text": str(exc),
+                                                            "transient": exc.transient}))
+        raise

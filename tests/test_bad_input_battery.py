@@ -834,9 +834,10 @@ def _env(extra: dict[str, str], home: Path) -> dict[str, str]:
 
 
 _FORK_SERVER = r"""
-import json, os, runpy, signal, sys, traceback
+import atexit, json, os, runpy, signal, sys, threading
 import flows.campaign.preflight, flows.config  # what each CLI start imports first, imported once
 import torch, transformers  # what checking a model or a dataset imports (no thread is started yet)
+print("ready", flush=True)
 for line in sys.stdin:
     req = json.loads(line)
     pid = os.fork()
@@ -845,22 +846,29 @@ for line in sys.stdin:
         os.environ.clear()
         os.environ.update(req["env"])
         sys.path[0] = req["cwd"]  # as python -m sets it
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
         signal.alarm(60)
         sys.argv = ["rlhfless", *req["args"]]
-        code = 1
+        # The module's end handled as the interpreter would: exit status, SystemExit's message,
+        # the traceback, non-daemon threads joined, atexit handlers (logging's among them). Not
+        # the module teardown: with torch loaded it costs a second, and it prints nothing.
+        code = 0
         try:
             runpy.run_module("flows.commands.cli", run_name="__main__", alter_sys=True)
-            code = 0
         except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-        except BaseException:  # as the interpreter reports an uncaught exception: traceback, exit 1
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+            code = exc.code if exc.code is None or isinstance(exc.code, int) else 1
+            if not (exc.code is None or isinstance(exc.code, int)):
+                print(exc.code, file=sys.stderr)
+        except BaseException:
+            sys.excepthook(*sys.exc_info())
+            code = 1
+        threading._shutdown()
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code or 0)
     print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 """
 
@@ -869,12 +877,17 @@ for line in sys.stdin:
 def fork_server(tmp_path_factory: pytest.TempPathFactory):
     """Runs the CLI as ``python -m flows.commands.cli`` would, in a process forked per case from
     one that imported the configuration layer once (0.3 s of every start, 235 times) and torch
-    (2 s of each case that checks a model or a dataset). The
-    server's environment is the cases' base environment (``_env``), so only cases that set
-    variables of their own need a fresh interpreter (a variable read at import, ``PYTHONPATH``)."""
+    (2 s of each case that checks a model or a dataset). The server's environment is the cases'
+    base environment (``_env``), so only cases that set variables of their own need a fresh
+    interpreter (a variable read at import, ``PYTHONPATH``). What those imports print (a
+    warning), a fresh interpreter would print in every case that makes them: it fails here."""
     home = tmp_path_factory.mktemp("fork-server")
-    proc = subprocess.Popen([sys.executable, "-c", _FORK_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, cwd=home, env=_env({}, home))
+    with open(home / "imports.stderr", "w") as imports_err:
+        proc = subprocess.Popen([sys.executable, "-c", _FORK_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=imports_err, text=True, cwd=home, env=_env({}, home))
+    assert proc.stdout.readline() == "ready\n"
+    printed = (home / "imports.stderr").read_text()
+    assert printed == "", f"importing the CLI's modules printed: {printed}"
 
     def run(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
         out, err = home / "stdout", home / "stderr"  # outside the snapshotted directories

@@ -172,6 +172,9 @@ def test_a_tensor_its_owner_cannot_read_fails_every_rank_with_the_owners_error(t
         run_on_ranks(rank_functions.scattered_read_fails, 2, (str(tmp_path / "store"), how))
     text = str(info.value)
     assert text.startswith("rank 1 of 2 failed: ") and error in text and "read by rank" not in text, text
+    peer = json.loads((tmp_path / "store" / "peer.json").read_text())  # rank 0 was told, not left waiting
+    assert peer["rank"] == 0 and peer["transient"] is False, peer
+    assert peer["text"] == f"{text.removeprefix('rank 1 of 2 failed: ')} (read by rank 1)", peer
 
 
 def test_a_failing_rank_fails_the_activation_once_and_stops_the_others():

@@ -128,12 +128,14 @@ _ECHO_MARKERS = ("connection reset", "connection closed", "broken pipe", "gloo",
 
 def _rank_of_failure(failure: tuple[int, str, bool]) -> tuple[int, int]:
     """Sort key: a rank's own error first, then a rank that died, then a collective's echo of
-    another rank's failure; lower ranks first within each."""
+    another rank's failure, then a rank's report of another's failed read; lower ranks first
+    within each."""
     rank, text, _ = failure
+    if PEER_MARKER in text:  # a rank told that a tensor's owner failed to read it (state_scatter.py)
+        return 3, rank
     if " killed by " in text or " without a result" in text:
         return 1, rank
-    echo = (text.split(" failed: ", 1)[-1].startswith("Dist") or any(m in text.lower() for m in _ECHO_MARKERS)
-            or PEER_MARKER in text)  # a rank told that the tensor's owner failed to read it (state_scatter.py)
+    echo = text.split(" failed: ", 1)[-1].startswith("Dist") or any(m in text.lower() for m in _ECHO_MARKERS)
     return (2 if echo else 0), rank
 
 

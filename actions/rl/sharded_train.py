@@ -110,8 +110,15 @@ def _sharded_optimizer(module: torch.nn.Module, lr: float, state: StoredTensors 
         index = _param_index(key, len(params))
         return None if index is None else params[index]
 
+    def misshapen(key: str) -> str:  # the one-rank loader's words (``TrainOptimizer.load_state``)
+        if key.endswith(f".{MASTER}"):
+            return (f"optimizer state {where!r}: tensor {shown(key)} is not the fp32 master copy of one of the "
+                    f"{len(params)} low-precision parameters; re-publish the optimizer state")
+        return f"optimizer state {where!r}: tensor {shown(key)} does not have its parameter's shape; re-publish it"
+
     laid = {}
-    for key, value in scattered(state, layout, rank=rank, world=world, device=device, where=where):
+    for key, value in scattered(state, layout, rank=rank, world=world, device=device, where=where,
+                                misshapen=misshapen):
         param = layout(key)
         if key.endswith(f".{MASTER}"):
             with torch.no_grad():

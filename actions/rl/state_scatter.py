@@ -40,7 +40,8 @@ from actions.store.safe_paths import shown
 from actions.store.weights import StoredTensors
 
 _MAX_DIMS = 8
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.uint8)
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.int16,
+           torch.int8, torch.uint8, torch.bool)  # what gloo and NCCL both carry
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (local shape, global offset) of one rank's shard
 
@@ -54,18 +55,21 @@ class PeerReadFailed(RuntimeError):
 
 
 def scattered(state: StoredTensors, layout: Callable[[str], torch.Tensor | None], *, rank: int, world: int,
-              device: torch.device, where: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+              device: torch.device, where: str = "",
+              misshapen: Callable[[str], str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` for every tensor of ``state``, in its order, each read from the store
     by one rank only (a collective: every rank iterates to the end, or raises at the same name).
 
     ``layout(name)`` is the parameter a stored tensor is laid out as (None: none). For a
     sharded parameter (a ``DTensor``) the tensor given is this rank's local shard on
-    ``device``, as ``fsdp.like`` cuts it; for an unsharded one, the whole tensor on ``device``;
+    ``device``, the shard ``distribute_tensor`` would place there; for an unsharded one, the
+    whole tensor on ``device``;
     for a tensor of no parameter, the whole tensor on the host.
     Scalars in the manifest's meta are given whole, on the host, without communication.
 
     Raises:
-        ValueError: a stored tensor's shape is not its parameter's (``where``: the manifest key).
+        ValueError: a stored tensor's shape is not its parameter's: ``misshapen(name)``'s
+            message, else one naming both shapes and ``where`` (the manifest key).
         PeerReadFailed: on every rank but the owner, where the owner's fetch or check failed (the
             owner raises its own error).
     """
@@ -80,7 +84,7 @@ def scattered(state: StoredTensors, layout: Callable[[str], torch.Tensor | None]
                 yield name, state[name]
                 continue
             owner, param = owner_of[name], layout(name)
-            whole = _fetch_checked(mine, name, param, where) if owner == rank else None
+            whole = _fetch_checked(mine, name, param, device, where, misshapen) if owner == rank else None
             if isinstance(whole, BaseException):
                 _header(None, owner, device)
                 _share_failure(whole, owner, device)
@@ -101,18 +105,22 @@ def scattered(state: StoredTensors, layout: Callable[[str], torch.Tensor | None]
 
 
 def _fetch_checked(stream: Iterator[tuple[str, torch.Tensor]], name: str, param: torch.Tensor | None,
-                   where: str) -> torch.Tensor | BaseException:
-    """The owner's next tensor (which must be ``name``), or the exception its fetch or shape raised."""
+                   device: torch.device, where: str,
+                   misshapen: Callable[[str], str] | None) -> torch.Tensor | BaseException:
+    """The owner's next tensor (which must be ``name``) on ``device``, or the exception its
+    fetch, its check or its copy to the device (out of memory) raised: every failure of the
+    owner's comes before the header, so the other ranks learn of it."""
     try:
         got, whole = next(stream)
         assert got == name, (got, name)  # both iterate the set's order
         if param is not None and tuple(whole.shape) != tuple(param.shape):
-            raise ValueError(f"optimizer state {where!r}: tensor {shown(name)} has shape {list(whole.shape)}, its "
+            raise ValueError(misshapen(name) if misshapen else
+                             f"optimizer state {where!r}: tensor {shown(name)} has shape {list(whole.shape)}, its "
                              f"parameter has shape {list(param.shape)}; re-publish the optimizer state")
         if whole.dtype not in _DTYPES or whole.dim() > _MAX_DIMS:
             raise ValueError(f"optimizer state {where!r}: tensor {shown(name)} is a {whole.dtype} tensor of "
                              f"{whole.dim()} dimensions; re-publish the optimizer state")
-        return whole
+        return whole.to(device)
     except Exception as exc:  # noqa: BLE001 - shared with the other ranks, then raised
         return exc
 
@@ -157,13 +165,10 @@ def _cut(whole: torch.Tensor, box: Box, numel: int) -> torch.Tensor:
 
 def _scatter(whole: torch.Tensor | None, boxes: list[Box], dtype: torch.dtype, owner: int, rank: int,
              device: torch.device) -> torch.Tensor:
-    """This rank's box of the owner's ``whole``, on ``device`` in memory of its own."""
+    """This rank's box of the owner's ``whole`` (on ``device``), on ``device`` in memory of its own."""
     numel = max(math.prod(shape) for shape, _ in boxes)
     out = torch.empty(numel, dtype=dtype, device=device)
-    pieces = None
-    if whole is not None:
-        on_device = whole.to(device)
-        pieces = [_cut(on_device, box, numel) for box in boxes]
+    pieces = None if whole is None else [_cut(whole, box, numel) for box in boxes]
     dist.scatter(out, pieces, src=owner)
     shape = boxes[rank][0]
     return out[:math.prod(shape)].view(shape)
@@ -171,7 +176,7 @@ def _scatter(whole: torch.Tensor | None, boxes: list[Box], dtype: torch.dtype, o
 
 def _broadcast(whole: torch.Tensor | None, dtype: torch.dtype, shape: list[int], owner: int,
                device: torch.device) -> torch.Tensor:
-    """The owner's ``whole`` on every rank's ``device``."""
-    out = whole.to(device) if whole is not None else torch.empty(shape, dtype=dtype, device=device)
+    """The owner's ``whole`` (on ``device``) on every rank's ``device``."""
+    out = whole if whole is not None else torch.empty(shape, dtype=dtype, device=device)
     dist.broadcast(out, src=owner)
     return out
