@@ -21,7 +21,10 @@ figure is the highest rank's peak resident set from the moment the model is buil
 reset then, Linux ``clear_refs``), above its resident set at that moment, with glibc's mmap
 threshold fixed so that freed tensors leave the resident set. Per parameter,
 the state is 12 bytes (master 4, moments 8); a rank keeps 12 / N of it. Beside it, the blob bytes
-each rank fetched from the store (every blob whole: each is verified by its sha256).
+each rank fetched from the store (every blob whole: each is verified by its sha256). Before
+the model is built, apart from those figures: the bytes and seconds of reading the policy's bf16
+weights whole onto every rank, by every rank (``whole``) or each blob by one rank and broadcast
+(``streamed``, ``state_scatter.read_whole``).
 
     .venv/bin/python benchmarks/bench_sharded_load.py --model-config benchmarks/configs/qwen2-100m.json
 """
@@ -40,6 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 KEY = "optimizer/manifest.json"
+POLICY = "policy/manifest.json"
 
 
 def _rss_bytes() -> int:
@@ -69,7 +73,8 @@ def _model(config: str):
 
 
 def publish_state(store_dir: str, config: str) -> tuple[int, int]:
-    """A bf16 run's AdamW state for the model of ``config``: (parameters, bytes of blobs)."""
+    """A bf16 run's policy weights and AdamW state for the model of ``config``: (parameters,
+    bytes of the state's blobs)."""
     import torch
 
     from actions.store import LocalStore
@@ -84,6 +89,7 @@ def publish_state(store_dir: str, config: str) -> tuple[int, int]:
         state[f"p{i}.exp_avg_sq"] = 1e-6 * torch.rand(p.shape, generator=g)
         state[f"p{i}.step"] = torch.tensor(1.0)
     pub = publish_tensors(LocalStore(store_dir), KEY, state, scalars_in_meta=True)
+    publish_tensors(LocalStore(store_dir), POLICY, {k: v.detach() for k, v in model.state_dict().items()})
     return sum(p.numel() for p in model.parameters()), pub.stats.bytes_uploaded
 
 
@@ -158,6 +164,33 @@ def _streamed(model, store, mesh, lr: float, rank: int, world: int):
     return _sharded_optimizer(model, lr, state, dtypes, KEY, rank=rank, world=world, device=torch.device("cpu"))
 
 
+def _read_policy(store, method: str, rank: int, world: int) -> tuple[int, float]:
+    """(bytes fetched, seconds) of reading the policy weights whole onto this rank: every rank
+    reads every blob (``whole``), or each blob is fetched by one rank and broadcast (the action's
+    ``sharded_train._read_once``). Timed apart from the state's loading, whose figures it leaves
+    as they were."""
+    import torch
+    import torch.distributed as dist
+
+    from actions.rl.sharded_train import _read_once
+    from actions.store.weights import load_tensors
+
+    fetched = []
+    get_buffer = store.get_buffer
+    store.get_buffer = lambda key, size=None: fetched.append(size) or get_buffer(key, size=size)
+    dist.barrier()
+    t0 = time.perf_counter()
+    if method == "whole":
+        tensors = load_tensors(store, POLICY)[0]
+    else:
+        tensors = _read_once(store, POLICY, None, rank=rank, world=world, device=torch.device("cpu"))
+    dist.barrier()  # the slowest rank's time is the step's
+    seconds = time.perf_counter() - t0
+    del tensors
+    store.get_buffer = get_buffer
+    return sum(fetched), seconds
+
+
 def load_on_rank(rank: int, world: int, opts: dict) -> dict:
     """One rank's load by ``opts["method"]``; rank 0 returns every rank's figures."""
     import torch
@@ -168,6 +201,7 @@ def load_on_rank(rank: int, world: int, opts: dict) -> dict:
 
     torch.set_num_threads(1)
     weights.STREAM_BYTES = opts["budget"]
+    policy_bytes, policy_s = _read_policy(LocalStore(opts["store"]), opts["method"], rank, world)
     model = _model(opts["config"])
     base = _rss_bytes()
     _reset_peak()
@@ -185,7 +219,7 @@ def load_on_rank(rank: int, world: int, opts: dict) -> dict:
                                                                       opt.opt.state[p]["exp_avg_sq"]))
     peak = _peak_bytes()
     mine = {"rank": rank, "peak_above_model_bytes": peak - base, "kept_bytes": held, "seconds": seconds,
-            "store_read_bytes": sum(fetched)}
+            "store_read_bytes": sum(fetched), "policy_read_bytes": policy_bytes, "policy_read_s": policy_s}
     every: list = [None] * world
     dist.all_gather_object(every, mine)
     return {"method": opts["method"], "ranks": every}
@@ -218,6 +252,9 @@ def main() -> None:
                   f"({top['peak_above_model_bytes'] / params:5.1f} B/param); kept {top['kept_bytes'] / 2**30:.3f} GiB "
                   f"of shards; {top['seconds']:.1f} s; read from the store per rank "
                   f"{', '.join('%.3f' % (r['store_read_bytes'] / 2**30) for r in out['ranks'])} GiB", flush=True)
+            print(f"{'':9s} policy weights read per rank "
+                  f"{', '.join('%.3f' % (r['policy_read_bytes'] / 2**30) for r in out['ranks'])} GiB in "
+                  f"{max(r['policy_read_s'] for r in out['ranks']):.1f} s", flush=True)
             print(json.dumps({"bench": "sharded_load", "params": params, "state_bytes": nbytes, **out}), flush=True)
         if len(peaks) == 2 and peaks["streamed"] > 0:
             print(f"whole / streamed: {peaks['whole'] / peaks['streamed']:.2f}x the peak per rank")

@@ -95,17 +95,18 @@ def scattered_state_reads(rank: int, world: int, store_root: str) -> tuple[list[
 
 
 def scattered_read_fails(rank: int, world: int, store_root: str, how: str) -> None:
-    """Iterate ``scattered`` over a set whose second blob (owned by rank 1) is corrupt
+    """Iterate ``scattered`` over a set whose first blob owned by rank 1 is corrupt
     (``how="corrupt"``) or has another shape than its parameter (``how="shape"``). Rank 0 writes
     the ``PeerReadFailed`` it raises to ``peer.json`` in ``store_root``."""
     from pathlib import Path
 
-    from actions.rl.state_scatter import PeerReadFailed, scattered
+    from actions.rl.state_scatter import PeerReadFailed, owners, scattered
     from actions.store.weights import StoredTensors
 
     store, tensors = _publish_state(rank, store_root)
     state = StoredTensors(store, "opt/manifest.json")
-    second = [n for n in state if not state.is_scalar(n)][1]
+    blobs = [n for n in state if not state.is_scalar(n)]
+    second = next(n for n, owner in owners(state, blobs, world).items() if owner == 1)
     layout = {}
     if how == "shape":
         layout[second] = torch.zeros(tensors[second].numel() + 1)
@@ -123,3 +124,40 @@ def scattered_read_fails(rank: int, world: int, store_root: str, how: str) -> No
         Path(store_root, "peer.json").write_text(json.dumps({"rank": rank, "text": str(exc),
                                                             "transient": exc.transient}))
         raise
+
+
+def weights_read_once(rank: int, world: int, store_root: str) -> tuple[list[str], list[int]]:
+    """``sharded_train._read_once`` (the ranks' reader of the policy, backbone, adapter and
+    critic) against the published tensors, then with a fingerprint the set does not have.
+    Returns what failed on any rank and the blob bytes each rank fetched."""
+    from actions.rl.sharded_train import _read_once
+    from actions.store import open_store
+    from actions.store.weights import IntegrityError, publish_tensors, weights_sha256
+
+    g = torch.Generator().manual_seed(3)
+    tensors = {f"model.layers.{i}.w": torch.randn(shape, generator=g).to(torch.bfloat16 if i % 2 else torch.float32)
+               for i, shape in enumerate(SHAPES)}
+    tensors["model.ids"] = torch.arange(11)
+    store = open_store(store_root)
+    if rank == 0:
+        publish_tensors(store, "policy/manifest.json", tensors, {"version": 1})
+    dist.barrier()
+    fetched = _counted(store)
+    failed = []
+    got = _read_once(store, "policy/manifest.json", weights_sha256(tensors), rank=rank, world=world,
+                     device=torch.device("cpu"))
+    if got.keys() != tensors.keys():
+        failed.append(f"rank {rank}: names {sorted(got)}")
+    for name, want in tensors.items():
+        have = got.get(name)
+        if have is None or have.device.type != "cpu" or have.dtype != want.dtype or not torch.equal(have, want):
+            failed.append(f"rank {rank}: {name}")
+    try:
+        _read_once(store, "policy/manifest.json", "0" * 64, rank=rank, world=world, device=torch.device("cpu"))
+        failed.append(f"rank {rank}: another fingerprint was accepted")
+    except IntegrityError as exc:
+        if "is not the committed one" not in str(exc):
+            failed.append(f"rank {rank}: {exc}")
+    every: list = [None] * world
+    dist.all_gather_object(every, (failed, sum(fetched)))
+    return [f for part, _ in every for f in part], [count for _, count in every]

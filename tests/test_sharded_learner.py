@@ -164,6 +164,35 @@ def test_stored_state_is_read_once_and_each_rank_gets_its_shard(tmp_path):
     assert all(0 < count < sum(sizes) for count in fetched), fetched
 
 
+def test_blobs_are_dealt_out_to_owners_by_size(tmp_path):
+    """Owners get near equal bytes where a few tensors hold most of them (an embedding beside
+    norms): largest first, each to the least-loaded rank; every rank owns some bytes."""
+    from actions.rl.state_scatter import owners
+    from actions.store.weights import StoredTensors, publish_tensors
+
+    store = open_store(str(tmp_path / "store"))
+    sizes = {"embed": 1000, "head": 700, "q": 300, "k": 300, "norm1": 8, "norm2": 8, "norm3": 8}
+    publish_tensors(store, "w/manifest.json", {n: torch.zeros(k) for n, k in sizes.items()})
+    state = StoredTensors(store, "w/manifest.json")
+    got = owners(state, list(state), 3)
+    assert got == {"embed": 0, "head": 1, "q": 2, "k": 2, "norm1": 2, "norm2": 2, "norm3": 2}, got
+    load = [sum(state.size(n) for n, r in got.items() if r == rank) for rank in range(3)]
+    assert max(load) - min(load) <= max(state.size(n) for n in got), load
+    assert owners(state, list(state), 3) == got and set(owners(state, list(state), 9).values()) == set(range(7))
+
+
+def test_the_weights_every_rank_builds_are_read_from_the_store_once(tmp_path):
+    """The ranks' reader of the policy (and its backbone, adapter, critic) gives every rank
+    every tensor whole, in its dtype, on the host, while the ranks together fetch each blob
+    once; a fingerprint the set does not have is refused on every rank."""
+    failed, fetched = run_on_ranks(rank_functions.weights_read_once, 3, (str(tmp_path / "store"),))
+    assert failed == []
+    manifest = json.loads(open_store(str(tmp_path / "store")).get("policy/manifest.json"))
+    sizes = [entry["size"] for entry in manifest["files"].values()]
+    assert sum(fetched) == sum(sizes), (fetched, sizes)
+    assert all(0 < count < sum(sizes) for count in fetched), fetched
+
+
 @pytest.mark.parametrize("how, error", [("corrupt", "IntegrityError: blob"), ("shape", "ValueError: optimizer state")])
 def test_a_tensor_its_owner_cannot_read_fails_every_rank_with_the_owners_error(tmp_path, how, error):
     """A blob that fails its sha256, or has another shape than its parameter, on the rank that

@@ -11,7 +11,7 @@ action that needs no weights (scoring without a forward) reads the tokenizer alo
 from __future__ import annotations
 
 import os
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from functools import partial
 from typing import Any
 
@@ -46,6 +46,16 @@ def store_for(uri: str) -> ObjectStore:
     return warm.get_or_build(("store", uri), lambda: open_store(uri))[0]
 
 
+TensorReader = Callable[[ObjectStore, str, "str | None"], dict[str, torch.Tensor]]
+"""``read(store, manifest_key, expected_sha256)``: a published tensor set, verified (the
+ranks of a sharded step read one together, each blob fetched by one rank: ``state_scatter``)."""
+
+
+def read_tensors(store: ObjectStore, manifest_key: str, expected_sha256: str | None = None) -> dict[str, torch.Tensor]:
+    """The default :data:`TensorReader`: every tensor fetched by this process (``load_tensors``)."""
+    return load_tensors(store, manifest_key, expected_sha256=expected_sha256)[0]
+
+
 def load_base(store_uri: str, base_key: str) -> dict[str, bytes]:
     return warm.get_or_build(("base", store_uri, base_key), lambda: get_artifact(store_for(store_uri), base_key)[0])[0]
 
@@ -62,42 +72,45 @@ def load_tokenizer(ref: ModelRef) -> tuple[object, SpecialTokens]:
     return base.tokenizer, base.special_tokens()
 
 
-def load_backbone(ref: ModelRef, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def load_backbone(ref: ModelRef, device: torch.device, dtype: torch.dtype,
+                  read: TensorReader = read_tensors) -> dict[str, torch.Tensor]:
     """A LoRA run's frozen backbone on ``device`` in ``dtype``, read once per warm container and
     shared by every version built from it (each in aligned storage of its own, see build_model)."""
     def build() -> dict[str, torch.Tensor]:
-        tensors, _ = load_tensors(store_for(ref.store_uri), ref.backbone_key)
+        tensors = read(store_for(ref.store_uri), ref.backbone_key, None)
         return {k: v.to(device=device, dtype=dtype, copy=True) if v.is_floating_point() else v.to(device, copy=True)
                 for k, v in tensors.items()}
 
     return warm.get_or_build(("backbone", ref.store_uri, ref.backbone_key, str(device), str(dtype)), build)[0]
 
 
-def _build_lora(ref: ModelRef, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+def _build_lora(ref: ModelRef, device: torch.device, dtype: torch.dtype, read: TensorReader) -> torch.nn.Module:
     """The backbone (shared, warm) with the version's adapter: only the adapter is read."""
     from actions.models.lora import attach_adapter
 
     assert ref.lora is not None and ref.backbone_key is not None, ref
     adapter = None
     if ref.policy_key != ref.backbone_key:  # version 0 is the backbone with the seeded adapter
-        adapter = load_tensors(store_for(ref.store_uri), ref.policy_key, expected_sha256=ref.weights_sha256)[0]
-    model = build_model(load_base_parts(ref.store_uri, ref.base_key), load_backbone(ref, device, dtype), share=True,
-                        dtype=dtype)
+        adapter = read(store_for(ref.store_uri), ref.policy_key, ref.weights_sha256)
+    model = build_model(load_base_parts(ref.store_uri, ref.base_key), load_backbone(ref, device, dtype, read),
+                        share=True, dtype=dtype)
     return attach_adapter(model.to(device), ref.lora, adapter)
 
 
-def load_model(ref: ModelRef, *, fresh: bool = False) -> tuple[torch.nn.Module, object, bool]:
+def load_model(ref: ModelRef, *, fresh: bool = False,
+               read: TensorReader = read_tensors) -> tuple[torch.nn.Module, object, bool]:
     """(model, tokenizer, warm_hit) for a policy version, on ``RLHFLESS_DEVICE`` in
     ``ref.dtype`` (``auto``: bf16 on CUDA, fp32 on the CPU; see ``device.py``). With
     ``ref.lora``: the shared backbone plus the version's adapter (``lora.py``); ``fresh``
-    then means a private adapter, the backbone being frozen."""
+    then means a private adapter, the backbone being frozen. ``read`` fetches the weights
+    (a sharded step's ranks pass one that reads each blob once among them)."""
     device = action_device()
     dtype = action_dtype(ref.dtype, device)
 
     def build():
         if ref.lora is not None:
-            return _build_lora(ref, device, dtype), load_base_parts(ref.store_uri, ref.base_key).tokenizer
-        tensors, _ = load_tensors(store_for(ref.store_uri), ref.policy_key, expected_sha256=ref.weights_sha256)
+            return _build_lora(ref, device, dtype, read), load_base_parts(ref.store_uri, ref.base_key).tokenizer
+        tensors = read(store_for(ref.store_uri), ref.policy_key, ref.weights_sha256)
         base = load_base_parts(ref.store_uri, ref.base_key)
         return build_model(base, tensors, dtype=dtype).to(device), base.tokenizer
 

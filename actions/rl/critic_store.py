@@ -5,21 +5,21 @@ from __future__ import annotations
 
 from actions.models import warm
 from actions.models.device import action_device, action_dtype
-from actions.models.loading import load_base_parts, store_for
+from actions.models.loading import TensorReader, load_base_parts, read_tensors, store_for
 from actions.models.modeling import build_model
 from actions.rl.critic import Critic, build_critic, split_tensors
-from actions.store.weights import load_tensors
 
 
 def load_critic(store_uri: str, base_key: str, critic_key: str, *, fresh: bool = False,
-                dtype_setting: str = "auto") -> Critic:
+                dtype_setting: str = "auto", read: TensorReader = read_tensors) -> Critic:
     """The critic on ``RLHFLESS_DEVICE`` in the policy's dtype (``model.dtype``, loading.py).
-    Not ``fresh``: from the warm cache, where loading a version evicts the run's other ones."""
+    Not ``fresh``: from the warm cache, where loading a version evicts the run's other ones.
+    ``read`` fetches the tensors (``loading.TensorReader``)."""
     device = action_device()
     dtype = action_dtype(dtype_setting, device)
 
     def build() -> Critic:
-        tensors, _ = load_tensors(store_for(store_uri), critic_key)
+        tensors = read(store_for(store_uri), critic_key, None)
         # Built in dtype (its fp32 rotary buffers stay fp32, see build_model); the head is cast.
         # A critic stores no untied output head (critic.py); one stored before may hold it.
         lm = build_model(load_base_parts(store_uri, base_key), split_tensors(tensors), dtype=dtype,

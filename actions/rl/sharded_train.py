@@ -1,10 +1,12 @@
 """One train step on ``train.world_size`` FSDP2 ranks (``train_step.py`` runs it through
 ``ranks.run_on_ranks``); the store format is the one-rank format.
 
-Every rank reads the policy version from the store, shards it (``fsdp.shard``: fp32 shards of
-every trainable parameter, one unit made fp32 at a time), then reads the optimizer state once
-for all ranks (``state_scatter``: each stored tensor fetched by one rank, which sends every
-rank its shard): the fp32 master copy of a bf16/fp16 run (the stored ``p{i}.master``) is
+The ranks read the policy version from the store together, each blob fetched by one rank and
+broadcast (``state_scatter.read_whole``; the critic and a LoRA run's backbone and adapter too),
+so every rank builds the whole model while the store serves it once; each rank shards it
+(``fsdp.shard``: fp32 shards of every trainable parameter, one unit made fp32 at a time), then
+the ranks read the optimizer state once for all (``state_scatter``: each stored tensor fetched
+by one rank, which sends every rank its shard): the fp32 master copy of a bf16/fp16 run (the stored ``p{i}.master``) is
 copied into the parameter's shard, the AdamW moments become the optimizer's shards. So a rank
 holds the whole model in its own dtype while it shards it, never the whole optimizer state,
 and the store serves the optimizer state once per step, not once per rank. It runs the update with the work
@@ -21,6 +23,7 @@ trained model for the next step on one rank only).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -37,7 +40,7 @@ from actions.rl.fsdp import as_shard, full, make_mesh, shard
 from actions.rl.optimizer import MASTER, MASTER_NAME, TrainOptimizer, check_precision
 from actions.rl.recompute import enable_checkpointing
 from actions.rl.sharded_update import LogprobRoot, run_sharded_updates
-from actions.rl.state_scatter import scattered
+from actions.rl.state_scatter import read_whole, scattered
 from actions.store.optim_state import load_optimizer_tensors, optimizer_tensors
 from actions.store.safe_paths import shown
 from actions.store.weights import StoredTensors, publish_tensors
@@ -156,6 +159,14 @@ def _dtypes(tensors_fn: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torc
     return {k: v.dtype for k, v in tensors_fn().items()}
 
 
+def _read_once(store, key: str, expected_sha256: str | None, *, rank: int, world: int,
+               device: torch.device) -> dict[str, torch.Tensor]:
+    """A weight set (the policy, its backbone or adapter, the critic) whole on every rank, with
+    each blob fetched by one rank only (``state_scatter.read_whole``): a loading.TensorReader."""
+    return read_whole(StoredTensors(store, key, expected_sha256=expected_sha256), rank=rank, world=world,
+                      device=device, what="weights")
+
+
 def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | None:
     """Rank ``rank``'s part of one train step; rank 0 publishes and returns the result."""
     req = TrainStepRequest.model_validate(request)
@@ -164,7 +175,8 @@ def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | 
     torch.manual_seed(req.seed * 100_003 + req.step)
     store = store_for(req.policy.store_uri)
     algo = req.algorithm
-    policy, tokenizer, _ = load_model(req.policy, fresh=True)
+    read = partial(_read_once, rank=rank, world=world, device=device)
+    policy, tokenizer, _ = load_model(req.policy, fresh=True, read=read)
     policy_dtypes = _dtypes(lambda: adapter_tensors(policy))
     trainable_dtypes = [p.dtype for p in _trainable(policy)]
     low_precision = any(d != torch.float32 for d in trainable_dtypes)
@@ -180,7 +192,7 @@ def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | 
     critic = critic_opt = None
     if algo.name == "ppo":
         critic = load_critic(req.policy.store_uri, req.policy.base_key, req.critic_key, fresh=True,
-                             dtype_setting=req.policy.dtype)
+                             dtype_setting=req.policy.dtype, read=read)
         critic_dtypes = _dtypes(critic.tensors)
         critic_trainable = [p.dtype for p in _trainable(critic)]
         critic_low = any(d != torch.float32 for d in critic_trainable)

@@ -1,14 +1,16 @@
-"""Stored optimizer state read once per sharded step, not once per rank.
+"""Stored optimizer state and weights read once per sharded step, not once per rank.
 
 Every rank of a sharded step needs its shard of each AdamW moment and fp32 master (12 B/param
 under bf16: 91 GB for a 7B model). Streaming the whole set on every rank reads it ``world``
 times from the store (728 GB per step on 8 GPUs, through one node's network link). Here each
-stored tensor has one *owner*, the rank ``i % world`` for the set's ``i``-th blob in the set's
-order: the owner fetches it (size- and sha256-verified, fetched ahead within
-``StoredTensors.stream``'s budget while the other ranks fetch theirs) and scatters it. A rank
+stored tensor has one *owner* (:func:`owners`: the blobs dealt out largest first, each to the
+rank with the fewest bytes so far, so the ranks fetch near equal shares): the owner fetches it
+(size- and sha256-verified, fetched ahead within ``StoredTensors.stream``'s budget while the
+other ranks fetch theirs) and scatters it. A rank
 receives only its shard of a sharded parameter's tensor, and the whole tensor where the
 parameter is not sharded. So the store serves the set once, and no rank but the owner ever
-holds a whole sharded tensor.
+holds a whole sharded tensor. Weights that every rank needs whole (the policy it builds its
+model from, before sharding) go through the same path with no layout (:func:`read_whole`).
 
 Per stored tensor, in the set's order, every rank takes part in:
 
@@ -54,9 +56,19 @@ class PeerReadFailed(RuntimeError):
         self.transient = transient
 
 
+def read_whole(state: StoredTensors, *, rank: int, world: int, device: torch.device,
+               what: str = "tensor set") -> dict[str, torch.Tensor]:
+    """Every tensor of ``state``, whole and on the host, on every rank (a collective), each
+    fetched from the store by its owner only and broadcast: the policy's weights that every
+    rank builds its model from (2 B/param under bf16) are served once per step, not
+    ``world`` times. Failures are shared as in :func:`scattered`."""
+    return dict(scattered(state, lambda name: None, rank=rank, world=world, device=device,
+                          where=state.manifest_key, what=what))
+
+
 def scattered(state: StoredTensors, layout: Callable[[str], torch.Tensor | None], *, rank: int, world: int,
-              device: torch.device, where: str = "",
-              misshapen: Callable[[str], str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+              device: torch.device, where: str = "", misshapen: Callable[[str], str] | None = None,
+              what: str = "optimizer state") -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` for every tensor of ``state``, in its order, each read from the store
     by one rank only (a collective: every rank iterates to the end, or raises at the same name).
 
@@ -75,7 +87,7 @@ def scattered(state: StoredTensors, layout: Callable[[str], torch.Tensor | None]
     """
     names = list(state)
     blobs = [n for n in names if not state.is_scalar(n)]
-    owner_of = {n: i % world for i, n in enumerate(blobs)}
+    owner_of = owners(state, blobs, world)
     boxes = _all_boxes({n: p for n in blobs if isinstance(p := layout(n), DTensor)}, world)
     mine = state.renamed({n: n for n in blobs if owner_of[n] == rank}).stream()
     try:
@@ -84,7 +96,7 @@ def scattered(state: StoredTensors, layout: Callable[[str], torch.Tensor | None]
                 yield name, state[name]
                 continue
             owner, param = owner_of[name], layout(name)
-            whole = _fetch_checked(mine, name, param, device, where, misshapen) if owner == rank else None
+            whole = _fetch_checked(mine, name, param, device, where, misshapen, what) if owner == rank else None
             if isinstance(whole, BaseException):
                 _header(None, owner, device)
                 _share_failure(whole, owner, device)
@@ -104,9 +116,23 @@ def scattered(state: StoredTensors, layout: Callable[[str], torch.Tensor | None]
         mine.close()
 
 
+def owners(state: StoredTensors, blobs: list[str], world: int) -> dict[str, int]:
+    """Each blob's owning rank: the largest first, each to the rank with the fewest bytes so far
+    (ties: the lower rank, then the name), so that the ranks fetch near equal bytes although a
+    few tensors (the embedding, an untied output head: a fifth of a 0.5B model) hold much of the
+    set. Every rank computes the same from the manifest alone."""
+    load = [0] * world
+    out = {}
+    for name in sorted(blobs, key=lambda n: (-state.size(n), n)):
+        rank = min(range(world), key=lambda r: (load[r], r))
+        out[name] = rank
+        load[rank] += state.size(name)
+    return out
+
+
 def _fetch_checked(stream: Iterator[tuple[str, torch.Tensor]], name: str, param: torch.Tensor | None,
-                   device: torch.device, where: str,
-                   misshapen: Callable[[str], str] | None) -> torch.Tensor | BaseException:
+                   device: torch.device, where: str, misshapen: Callable[[str], str] | None,
+                   what: str) -> torch.Tensor | BaseException:
     """The owner's next tensor (which must be ``name``) on ``device``, or the exception its
     fetch, its check or its copy to the device (out of memory) raised: every failure of the
     owner's comes before the header, so the other ranks learn of it."""
@@ -115,11 +141,12 @@ def _fetch_checked(stream: Iterator[tuple[str, torch.Tensor]], name: str, param:
         assert got == name, (got, name)  # both iterate the set's order
         if param is not None and tuple(whole.shape) != tuple(param.shape):
             raise ValueError(misshapen(name) if misshapen else
-                             f"optimizer state {where!r}: tensor {shown(name)} has shape {list(whole.shape)}, its "
-                             f"parameter has shape {list(param.shape)}; re-publish the optimizer state")
+                             f"{what} {where!r}: tensor {shown(name)} has shape {list(whole.shape)}, its "
+                             f"parameter has shape {list(param.shape)}; re-publish the {what}")
         if whole.dtype not in _DTYPES or whole.dim() > _MAX_DIMS:
-            raise ValueError(f"optimizer state {where!r}: tensor {shown(name)} is a {whole.dtype} tensor of "
-                             f"{whole.dim()} dimensions; re-publish the optimizer state")
+            raise ValueError(f"{what} {where!r}: tensor {shown(name)} is a {whole.dtype} tensor of "
+                             f"{whole.dim()} dimensions, which the ranks cannot exchange; re-publish the {what} "
+                             f"in one of {', '.join(str(d).removeprefix('torch.') for d in _DTYPES)}")
         return whole.to(device)
     except Exception as exc:  # noqa: BLE001 - shared with the other ranks, then raised
         return exc

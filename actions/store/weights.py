@@ -330,10 +330,10 @@ class StoredTensors(Mapping):
             ahead: deque = deque()
             ahead_bytes, nxt = 0, 0
             while nxt < len(names) or ahead:
-                while nxt < len(names) and (not ahead or ahead_bytes + self._size(names[nxt]) <= budget):
+                while nxt < len(names) and (not ahead or ahead_bytes + self.size(names[nxt]) <= budget):
                     name = names[nxt]
-                    ahead.append((name, self._size(name), pool.submit(self.__getitem__, name)))
-                    ahead_bytes += self._size(name)
+                    ahead.append((name, self.size(name), pool.submit(self.__getitem__, name)))
+                    ahead_bytes += self.size(name)
                     nxt += 1
                 name, size, future = ahead.popleft()
                 ahead_bytes -= size
@@ -342,7 +342,8 @@ class StoredTensors(Mapping):
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def _size(self, name: str) -> int:
+    def size(self, name: str) -> int:
+        """The bytes of ``name``'s stored blob (0 for a scalar kept in the meta)."""
         stored = self._names[name]
         return int(self._files[stored]["size"]) if stored in self._files else 0
 
