@@ -138,22 +138,32 @@ def weights_read_once(rank: int, world: int, store_root: str) -> tuple[list[str]
     tensors = {f"model.layers.{i}.w": torch.randn(shape, generator=g).to(torch.bfloat16 if i % 2 else torch.float32)
                for i, shape in enumerate(SHAPES)}
     tensors["model.ids"] = torch.arange(11)
+    # dtypes gloo and NCCL do not carry travel as bytes
+    tensors["model.u16"] = torch.arange(7).to(torch.uint16)
+    tensors["model.f8"] = torch.randn(4, 3, generator=g).to(torch.float8_e4m3fn)
+    tensors["model.c64"] = torch.randn(5, generator=g, dtype=torch.complex64)
     store = open_store(store_root)
     if rank == 0:
         publish_tensors(store, "policy/manifest.json", tensors, {"version": 1})
     dist.barrier()
     fetched = _counted(store)
     failed = []
+    told: list[int] = []
     got = _read_once(store, "policy/manifest.json", weights_sha256(tensors), rank=rank, world=world,
-                     device=torch.device("cpu"))
+                     device=torch.device("cpu"), fetched=told)
+    if told != [sum(fetched)]:  # what the step reports (train/state_read_bytes) is what was fetched
+        failed.append(f"rank {rank}: reported {told}, fetched {sum(fetched)}")
     if got.keys() != tensors.keys():
         failed.append(f"rank {rank}: names {sorted(got)}")
     for name, want in tensors.items():
         have = got.get(name)
-        if have is None or have.device.type != "cpu" or have.dtype != want.dtype or not torch.equal(have, want):
+        same = have is not None and have.dtype == want.dtype and have.shape == want.shape and torch.equal(
+            have.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8))  # bit for bit, any dtype
+        if not same or have.device.type != "cpu":
             failed.append(f"rank {rank}: {name}")
     try:
-        _read_once(store, "policy/manifest.json", "0" * 64, rank=rank, world=world, device=torch.device("cpu"))
+        _read_once(store, "policy/manifest.json", "0" * 64, rank=rank, world=world, device=torch.device("cpu"),
+                   fetched=[])
         failed.append(f"rank {rank}: another fingerprint was accepted")
     except IntegrityError as exc:
         if "is not the committed one" not in str(exc):
@@ -161,3 +171,19 @@ def weights_read_once(rank: int, world: int, store_root: str) -> tuple[list[str]
     every: list = [None] * world
     dist.all_gather_object(every, (failed, sum(fetched)))
     return [f for part, _ in every for f in part], [count for _, count in every]
+
+
+def reopened_set_is_refused(rank: int, world: int, store_root: str) -> None:
+    """Rank 0 opens one tensor set and the other ranks another under the same key, as where it
+    was re-published between their reads: every rank must raise, none wait."""
+    from actions.rl.state_scatter import read_whole
+    from actions.store import open_store
+    from actions.store.weights import StoredTensors, publish_tensors
+
+    store = open_store(store_root)
+    for i in range(2):
+        if rank == 0:
+            publish_tensors(store, f"w{i}/manifest.json", {"a": torch.full((3,), float(i)), "b": torch.zeros(2)})
+    dist.barrier()
+    state = StoredTensors(store, f"w{min(rank, 1)}/manifest.json")
+    read_whole(state, rank=rank, world=world, device=torch.device("cpu"), what="weights")

@@ -58,6 +58,13 @@ def test_two_ranks_train_as_one_and_a_run_resumes_on_another_rank_count(tiny_con
     rest = run_campaign(tiny_config(*base, "run_id=two", "steps=3", "train.world_size=1"), resume=True,
                         progress=lambda m: None)
     assert rest["steps"][2]["train/world_size"] == 1.0
+    store = open_store(two.store.uri)
+    for step, (policy_at, optimizer_at) in enumerate([(0, None), (1, 1)]):  # what step n+1 read: commit n's
+        at = load_state_at(store, two.resolved_run_id(), policy_at)
+        keys = [at.policy_key] + ([at.optimizer_key] if optimizer_at is not None else [])
+        stored = sum(e["size"] for k in keys for e in json.loads(store.get(k))["files"].values())
+        assert first["steps"][step]["train/state_read_bytes"] == stored, step  # each blob once, by one rank
+        assert first["steps"][step]["train/load_s"] > 0 and first["steps"][step]["train/gather_s"] > 0
     for step in range(3):
         a, b = ref["steps"][step], rest["steps"][step]
         assert a["grad_norm"] > 0.01 and a["loss/policy"] != 0.0, (step, a)
@@ -193,6 +200,16 @@ def test_the_weights_every_rank_builds_are_read_from_the_store_once(tmp_path):
     assert all(0 < count < sum(sizes) for count in fetched), fetched
 
 
+def test_ranks_that_opened_different_sets_all_refuse_before_any_tensor(tmp_path):
+    """A set re-published between two ranks' reads of its manifest: every rank raises the same
+    IntegrityError (naming both fingerprints), none waits in a collective."""
+    with pytest.raises(RankFailed) as info:
+        run_on_ranks(rank_functions.reopened_set_is_refused, 3, (str(tmp_path / "store"),))
+    text = str(info.value)
+    assert "IntegrityError" in text and "re-published while the step read it" in text, text
+    assert "rank 0 opened weights_sha256" in text and "rank 1 " in text, text
+
+
 @pytest.mark.parametrize("how, error", [("corrupt", "IntegrityError: blob"), ("shape", "ValueError: optimizer state")])
 def test_a_tensor_its_owner_cannot_read_fails_every_rank_with_the_owners_error(tmp_path, how, error):
     """A blob that fails its sha256, or has another shape than its parameter, on the rank that
@@ -242,6 +259,11 @@ def test_two_ranks_train_ppo_lora_and_bf16_as_one(tiny_config, prefect_harness, 
     _assert_close(o1, o2, "optimizer state")
     if "lora" in extra[0]:
         assert all("lora_" in name for name in w1)  # the version is the adapter alone
+    store = open_store(runs[2].store.uri)  # the ranks read the first version (and critic) once among them
+    at = load_state_at(store, runs[2].resolved_run_id(), 0)
+    keys = [k for k in (at.policy_key, at.critic_key) if k]
+    stored = sum(e["size"] for k in keys for e in json.loads(store.get(k))["files"].values())
+    assert summaries[2]["train/state_read_bytes"] == stored
 
 
 @pytest.mark.slow

@@ -17,11 +17,19 @@ resumes on one, and the other way round. LoRA: only the adapter trains, so only 
 every rank holds the frozen backbone whole.
 
 The ranks are fresh processes, so nothing stays warm between steps (``train_step.py`` keeps the
-trained model for the next step on one rank only).
+trained model for the next step on one rank only); none hits a warm cache that another misses,
+which would leave the others waiting in a read's collectives.
+
+Besides the learning metrics, a sharded step reports rank 0's split of its seconds as a
+one-rank step does (``train/load_s``, ``train/update_s``, ``train/publish_policy_s``,
+``train/publish_optimizer_s``), plus ``train/gather_s`` (gathering the whole tensors to
+publish, on every rank), and ``train/state_read_bytes``: the blob bytes of the weights and
+optimizer states that all ranks together fetched from the store, each set once.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from functools import partial
 
@@ -159,12 +167,22 @@ def _dtypes(tensors_fn: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torc
     return {k: v.dtype for k, v in tensors_fn().items()}
 
 
-def _read_once(store, key: str, expected_sha256: str | None, *, rank: int, world: int,
-               device: torch.device) -> dict[str, torch.Tensor]:
+def _read_once(store, key: str, expected_sha256: str | None, *, rank: int, world: int, device: torch.device,
+               fetched: list[int]) -> dict[str, torch.Tensor]:
     """A weight set (the policy, its backbone or adapter, the critic) whole on every rank, with
-    each blob fetched by one rank only (``state_scatter.read_whole``): a loading.TensorReader."""
-    return read_whole(StoredTensors(store, key, expected_sha256=expected_sha256), rank=rank, world=world,
-                      device=device, what="weights")
+    each blob fetched by one rank only (``state_scatter.read_whole``): a loading.TensorReader.
+    The bytes this rank fetched are appended to ``fetched``."""
+    state = StoredTensors(store, key, expected_sha256=expected_sha256)
+    out = read_whole(state, rank=rank, world=world, device=device, what="weights")
+    fetched.append(state.bytes_fetched)
+    return out
+
+
+def _summed(value: float, device: torch.device) -> float:
+    """``value`` summed over the ranks (a collective)."""
+    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return float(t)
 
 
 def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | None:
@@ -173,9 +191,11 @@ def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | 
     configure_threads(threads)
     device = rank_device(rank)
     torch.manual_seed(req.seed * 100_003 + req.step)
+    t_start = time.perf_counter()
     store = store_for(req.policy.store_uri)
     algo = req.algorithm
-    read = partial(_read_once, rank=rank, world=world, device=device)
+    fetched: list[int] = []  # blob bytes this rank fetched: weights, then optimizer states
+    read = partial(_read_once, rank=rank, world=world, device=device, fetched=fetched)
     policy, tokenizer, _ = load_model(req.policy, fresh=True, read=read)
     policy_dtypes = _dtypes(lambda: adapter_tensors(policy))
     trainable_dtypes = [p.dtype for p in _trainable(policy)]
@@ -189,6 +209,7 @@ def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | 
     root = shard(LogprobRoot(policy), mesh, compute_dtype)
     on_rank = {"rank": rank, "world": world, "device": device}
     opt = _sharded_optimizer(policy, algo.lr, state, trainable_dtypes, req.optimizer_key or "", **on_rank)
+    fetched.append(state.bytes_fetched if state else 0)
     critic = critic_opt = None
     if algo.name == "ppo":
         critic = load_critic(req.policy.store_uri, req.policy.base_key, req.critic_key, fresh=True,
@@ -203,13 +224,19 @@ def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | 
         shard(critic, mesh, compute_dtype)
         critic_opt = _sharded_optimizer(critic, algo.critic_lr, cstate, critic_trainable,
                                         req.critic_optimizer_key or "", **on_rank)
+        fetched.append(cstate.bytes_fetched if cstate else 0)
     batch = gather_batch(store, req.scored_keys, algo, special_tokens(policy, tokenizer).pad_id,
                          temperature=req.temperature, max_new_tokens=req.max_new_tokens).to(device)
     metrics = rollout_metrics(batch, algo)
     metrics["train/reused_state"] = 0.0
     metrics["train/world_size"] = float(world)
+    metrics["train/state_read_bytes"] = _summed(sum(fetched), device)
+    t_loaded = time.perf_counter()
     metrics.update(run_sharded_updates(root, opt, batch, algo, critic, critic_opt, seed=req.seed, step=req.step,
                                        rank=rank, world=world))
+    if device.type == "cuda":  # the optimizer's last kernels may still run: time them as the update's
+        torch.cuda.synchronize(device)
+    t_updated = time.perf_counter()
     publishes = rank == 0
     weights = _gathered(adapter_tensors(policy), policy_dtypes, publishes)
     opt_tensors = _optimizer_tensors(opt, low_precision, publishes)
@@ -220,10 +247,17 @@ def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | 
     if rank != 0:
         return None
     version = req.policy.policy_version + 1
+    t_gathered = time.perf_counter()
     pub = publish_tensors(store, f"{req.output_prefix}/policy/manifest.json", weights,
                           {"version": version, "step": req.step})
+    t_policy = time.perf_counter()
     opt_pub = publish_tensors(store, f"{req.output_prefix}/optimizer/manifest.json", opt_tensors,
                               scalars_in_meta=True)
+    # rank 0's split, as a one-rank step reports it (train_step.py), plus the gathers of the
+    # whole tensors before publishing (every rank takes part)
+    metrics.update({"train/load_s": t_loaded - t_start, "train/update_s": t_updated - t_loaded,
+                    "train/gather_s": t_gathered - t_updated, "train/publish_policy_s": t_policy - t_gathered,
+                    "train/publish_optimizer_s": time.perf_counter() - t_policy})
     out = TrainStepResult(policy_key=pub.manifest_key, policy_version=version, weights_sha256=pub.weights_sha256,
                           optimizer_key=opt_pub.manifest_key,
                           bytes_uploaded=pub.stats.bytes_uploaded + opt_pub.stats.bytes_uploaded, metrics=metrics)

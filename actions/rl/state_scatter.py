@@ -21,13 +21,18 @@ Per stored tensor, in the set's order, every rank takes part in:
 3. the scatter of the shards (each rank's box of the tensor, padded to the largest box), or
    the broadcast of the whole tensor.
 
-Collectives run on ``device`` (NCCL takes CUDA tensors only): the owner holds one whole tensor
-there, cut into its boxes, while it scatters. Scalars kept in the manifest's meta (AdamW's
-``step``) are read by every rank and need no collective.
+Before the first tensor the ranks check that they opened the same set (one object gather of
+its fingerprint and names, with the shards' boxes): a set re-published between two ranks'
+reads would otherwise pair tensors with the wrong names or leave a rank waiting in a
+collective. Whole tensors travel as their bytes, so any stored dtype does; a scattered one must
+be of a dtype both gloo and NCCL carry. Collectives run on ``device`` (NCCL takes CUDA tensors
+only): the owner holds one whole tensor there, cut into its boxes, while it scatters. Scalars
+kept in the manifest's meta (AdamW's ``step``) are read by every rank and need no collective.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Iterator
 
@@ -39,11 +44,12 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from actions.rl.ranks import PEER_MARKER
 from actions.runtime.errors import describe_crash
 from actions.store.safe_paths import shown
-from actions.store.weights import StoredTensors
+from actions.store.weights import STORED_DTYPES, IntegrityError, StoredTensors
 
 _MAX_DIMS = 8
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.int16,
-           torch.int8, torch.uint8, torch.bool)  # what gloo and NCCL both carry
+_CARRIED = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.int16,
+            torch.int8, torch.uint8, torch.bool)  # what gloo and NCCL both scatter
+_WIRE = tuple(dict.fromkeys((*_CARRIED, *STORED_DTYPES)))  # a header's dtype index into this
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (local shape, global offset) of one rank's shard
 
@@ -88,7 +94,7 @@ def scattered(state: StoredTensors, layout: Callable[[str], torch.Tensor | None]
     names = list(state)
     blobs = [n for n in names if not state.is_scalar(n)]
     owner_of = owners(state, blobs, world)
-    boxes = _all_boxes({n: p for n in blobs if isinstance(p := layout(n), DTensor)}, world)
+    boxes = _agreed_boxes(state, names, {n: p for n in blobs if isinstance(p := layout(n), DTensor)}, world, what)
     mine = state.renamed({n: n for n in blobs if owner_of[n] == rank}).stream()
     try:
         for name in names:
@@ -143,10 +149,12 @@ def _fetch_checked(stream: Iterator[tuple[str, torch.Tensor]], name: str, param:
             raise ValueError(misshapen(name) if misshapen else
                              f"{what} {where!r}: tensor {shown(name)} has shape {list(whole.shape)}, its "
                              f"parameter has shape {list(param.shape)}; re-publish the {what}")
-        if whole.dtype not in _DTYPES or whole.dim() > _MAX_DIMS:
+        scatters = isinstance(param, DTensor)
+        if whole.dim() > _MAX_DIMS or whole.dtype not in (_CARRIED if scatters else _WIRE):
             raise ValueError(f"{what} {where!r}: tensor {shown(name)} is a {whole.dtype} tensor of "
                              f"{whole.dim()} dimensions, which the ranks cannot exchange; re-publish the {what} "
-                             f"in one of {', '.join(str(d).removeprefix('torch.') for d in _DTYPES)}")
+                             f"in one of {', '.join(str(d).removeprefix('torch.') for d in _CARRIED)}, of "
+                             f"at most {_MAX_DIMS} dimensions")
         return whole.to(device)
     except Exception as exc:  # noqa: BLE001 - shared with the other ranks, then raised
         return exc
@@ -156,12 +164,12 @@ def _header(whole: torch.Tensor | None, owner: int, device: torch.device) -> tup
     """Broadcast from ``owner``: ``[ok, dtype index, ndim, *shape]`` (ok 0 after a failure)."""
     head = torch.zeros(3 + _MAX_DIMS, dtype=torch.int64)
     if whole is not None:
-        head[:3] = torch.tensor([1, _DTYPES.index(whole.dtype), whole.dim()])
+        head[:3] = torch.tensor([1, _WIRE.index(whole.dtype), whole.dim()])
         head[3:3 + whole.dim()] = torch.tensor(whole.shape, dtype=torch.int64)
     head = head.to(device)
     dist.broadcast(head, src=owner)
     ok, dtype, ndim, *shape = head.tolist()
-    return (_DTYPES[dtype] if ok else None), shape[:ndim]
+    return (_WIRE[dtype] if ok else None), shape[:ndim]
 
 
 def _share_failure(exc: BaseException | None, owner: int, device: torch.device) -> dict:
@@ -171,14 +179,25 @@ def _share_failure(exc: BaseException | None, owner: int, device: torch.device) 
     return box[0]
 
 
-def _all_boxes(params: dict[str, DTensor], world: int) -> dict[str, list[Box]]:
-    """Every rank's box of each sharded parameter (one object all-gather: a rank computes
-    only its own)."""
+def _agreed_boxes(state: StoredTensors, names: list[str], params: dict[str, DTensor], world: int,
+                  what: str) -> dict[str, list[Box]]:
+    """Every rank's box of each sharded parameter (one object all-gather: a rank computes only
+    its own), after checking that every rank opened the same set under the same names.
+
+    Raises:
+        IntegrityError: on every rank, where a rank opened another set (re-published meanwhile).
+    """
     own = {n: tuple(map(tuple, compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)))
            for n, p in params.items()}
+    opened = (state.fingerprint, hashlib.sha256("\n".join(names).encode()).hexdigest())
     every: list = [None] * world
-    dist.all_gather_object(every, own)
-    return {n: [every[r][n] for r in range(world)] for n in params}
+    dist.all_gather_object(every, (opened, own))
+    other = next((r for r in range(world) if every[r][0] != every[0][0]), None)
+    if other is not None:
+        raise IntegrityError(f"{what} {state.manifest_key!r}: rank 0 opened weights_sha256 {every[0][0][0]}, rank "
+                             f"{other} {every[other][0][0]} (or other names); it was re-published while the step read "
+                             "it; run the step again once nothing writes it")
+    return {n: [every[r][1][n] for r in range(world)] for n in params}
 
 
 def _cut(whole: torch.Tensor, box: Box, numel: int) -> torch.Tensor:
@@ -203,7 +222,8 @@ def _scatter(whole: torch.Tensor | None, boxes: list[Box], dtype: torch.dtype, o
 
 def _broadcast(whole: torch.Tensor | None, dtype: torch.dtype, shape: list[int], owner: int,
                device: torch.device) -> torch.Tensor:
-    """The owner's ``whole`` (on ``device``) on every rank's ``device``."""
+    """The owner's ``whole`` (on ``device``) on every rank's ``device``, bit for bit: sent as its
+    bytes, so every stored dtype travels (the owner's may be a copy, if not contiguous)."""
     out = whole if whole is not None else torch.empty(shape, dtype=dtype, device=device)
-    dist.broadcast(out, src=owner)
+    dist.broadcast(out.reshape(-1).view(torch.uint8), src=owner)
     return out

@@ -26,6 +26,7 @@ import hashlib
 import json
 import math
 import struct
+import threading
 from collections import deque
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -59,6 +60,8 @@ _DTYPES = {
     "C64": torch.complex64,
 }  # fmt: skip
 _TAGS = {dtype: tag for tag, dtype in _DTYPES.items()}
+STORED_DTYPES = tuple(_DTYPES.values())
+"""Every dtype a stored tensor may have (the safetensors tags above)."""
 
 
 @dataclass(frozen=True)
@@ -276,12 +279,15 @@ class StoredTensors(Mapping):
     what it cuts from each tensor (a rank's shard) holds one whole tensor at a time, not the
     set (a 7B model's AdamW state is 91 GB). :meth:`stream` fetches ahead in parallel within
     ``STREAM_BYTES``. Names may be given other names (:meth:`renamed`) without fetching.
+    ``fingerprint`` is the set's checked ``weights_sha256``; :attr:`bytes_fetched` counts what
+    was fetched.
     """
 
     def __init__(self, store: ObjectStore, manifest_key: str, *, expected_sha256: str | None = None) -> None:
         self.store, self.manifest_key = store, manifest_key
         self.manifest = read_manifest(store, manifest_key)
-        check_fingerprint(self.manifest, manifest_key, expected_sha256)
+        self.fingerprint = check_fingerprint(self.manifest, manifest_key, expected_sha256)
+        self._fetched, self._fetched_lock = [0], threading.Lock()  # shared with renamed views
         self.meta: dict[str, Any] = self.manifest.get("meta", {})
         self._files: dict[str, dict[str, Any]] = self.manifest["files"]
         self._scalars = _meta_scalars(self.meta, set(self._files), manifest_key)
@@ -311,10 +317,17 @@ class StoredTensors(Mapping):
     def __len__(self) -> int:
         return len(self._names)
 
+    @property
+    def bytes_fetched(self) -> int:
+        """Blob bytes fetched from the store so far through this set and its renamed views."""
+        return self._fetched[0]
+
     def _fetch(self, stored: str) -> torch.Tensor:
         entry = self._files[stored]
         buf = get_blob(self.store, entry["sha256"], name=stored, size=entry["size"], manifest_key=self.manifest_key,
                        zero_copy=True)
+        with self._fetched_lock:  # stream() fetches on several threads
+            self._fetched[0] += int(entry["size"])
         return _view_tensor(buf, stored, self.manifest_key)
 
     def stream(self, budget: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
