@@ -183,7 +183,7 @@ def _read_policy(store, method: str, rank: int, world: int) -> tuple[int, float]
     if method == "whole":
         tensors = load_tensors(store, POLICY)[0]
     else:
-        tensors = _read_once(store, POLICY, None, rank=rank, world=world, device=torch.device("cpu"))
+        tensors = _read_once(store, POLICY, None, rank=rank, world=world, device=torch.device("cpu"), fetched=[])
     dist.barrier()  # the slowest rank's time is the step's
     seconds = time.perf_counter() - t0
     del tensors

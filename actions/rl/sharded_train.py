@@ -44,7 +44,7 @@ from actions.models.special_tokens import special_tokens
 from actions.rl.batch import gather_batch, rollout_metrics
 from actions.rl.critic_store import load_critic
 from actions.rl.dropout import disable_dropout
-from actions.rl.fsdp import as_shard, full, make_mesh, shard
+from actions.rl.fsdp import all_sum, as_shard, full, make_mesh, shard
 from actions.rl.optimizer import MASTER, MASTER_NAME, TrainOptimizer, check_precision
 from actions.rl.recompute import enable_checkpointing
 from actions.rl.sharded_update import LogprobRoot, run_sharded_updates
@@ -178,13 +178,6 @@ def _read_once(store, key: str, expected_sha256: str | None, *, rank: int, world
     return out
 
 
-def _summed(value: float, device: torch.device) -> float:
-    """``value`` summed over the ranks (a collective)."""
-    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return float(t)
-
-
 def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | None:
     """Rank ``rank``'s part of one train step; rank 0 publishes and returns the result."""
     req = TrainStepRequest.model_validate(request)
@@ -230,7 +223,7 @@ def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | 
     metrics = rollout_metrics(batch, algo)
     metrics["train/reused_state"] = 0.0
     metrics["train/world_size"] = float(world)
-    metrics["train/state_read_bytes"] = _summed(sum(fetched), device)
+    metrics.update(all_sum({"train/state_read_bytes": float(sum(fetched))}, device))
     t_loaded = time.perf_counter()
     metrics.update(run_sharded_updates(root, opt, batch, algo, critic, critic_opt, seed=req.seed, step=req.step,
                                        rank=rank, world=world))

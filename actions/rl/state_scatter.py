@@ -49,7 +49,6 @@ from actions.store.weights import STORED_DTYPES, IntegrityError, StoredTensors
 _MAX_DIMS = 8
 _CARRIED = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.int16,
             torch.int8, torch.uint8, torch.bool)  # what gloo and NCCL both scatter
-_WIRE = tuple(dict.fromkeys((*_CARRIED, *STORED_DTYPES)))  # a header's dtype index into this
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (local shape, global offset) of one rank's shard
 
@@ -149,8 +148,7 @@ def _fetch_checked(stream: Iterator[tuple[str, torch.Tensor]], name: str, param:
             raise ValueError(misshapen(name) if misshapen else
                              f"{what} {where!r}: tensor {shown(name)} has shape {list(whole.shape)}, its "
                              f"parameter has shape {list(param.shape)}; re-publish the {what}")
-        scatters = isinstance(param, DTensor)
-        if whole.dim() > _MAX_DIMS or whole.dtype not in (_CARRIED if scatters else _WIRE):
+        if whole.dim() > _MAX_DIMS or (isinstance(param, DTensor) and whole.dtype not in _CARRIED):
             raise ValueError(f"{what} {where!r}: tensor {shown(name)} is a {whole.dtype} tensor of "
                              f"{whole.dim()} dimensions, which the ranks cannot exchange; re-publish the {what} "
                              f"in one of {', '.join(str(d).removeprefix('torch.') for d in _CARRIED)}, of "
@@ -164,12 +162,12 @@ def _header(whole: torch.Tensor | None, owner: int, device: torch.device) -> tup
     """Broadcast from ``owner``: ``[ok, dtype index, ndim, *shape]`` (ok 0 after a failure)."""
     head = torch.zeros(3 + _MAX_DIMS, dtype=torch.int64)
     if whole is not None:
-        head[:3] = torch.tensor([1, _WIRE.index(whole.dtype), whole.dim()])
+        head[:3] = torch.tensor([1, STORED_DTYPES.index(whole.dtype), whole.dim()])
         head[3:3 + whole.dim()] = torch.tensor(whole.shape, dtype=torch.int64)
     head = head.to(device)
     dist.broadcast(head, src=owner)
     ok, dtype, ndim, *shape = head.tolist()
-    return (_WIRE[dtype] if ok else None), shape[:ndim]
+    return (STORED_DTYPES[dtype] if ok else None), shape[:ndim]
 
 
 def _share_failure(exc: BaseException | None, owner: int, device: torch.device) -> dict:
