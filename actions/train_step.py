@@ -23,7 +23,9 @@ Besides the learning metrics, a one-rank step reports where its seconds went:
 ``train/load_s`` (model and optimizer state, from the warm cache or the store, and the
 batch), ``train/update_s`` (advantages and every pass), ``train/publish_policy_s`` and
 ``train/publish_optimizer_s`` (hashing and writing each; the optimizer state, fp32 master
-weights and moments, is the larger by far).
+weights and moments, is the larger by far), and ``train/state_read_bytes``: the blob bytes of
+the weights and optimizer states it fetched from the store (0 when it starts from what the warm
+container kept; a LoRA run's backbone counts only when this container had not read it yet).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import torch
 
 from actions.contracts import TrainStepRequest, TrainStepResult
 from actions.models import warm
-from actions.models.loading import load_model, store_for
+from actions.models.loading import TensorReader, load_model, store_for
 from actions.models.lora import adapter_tensors
 from actions.models.special_tokens import special_tokens
 from actions.rl.batch import TrainBatch, gather_batch, rollout_metrics
@@ -44,13 +46,25 @@ from actions.rl.recompute import enable_checkpointing
 from actions.rl.update import make_optimizer, run_updates
 from actions.rl.world_size import check_world_size
 from actions.runtime.adapter import run_action
-from actions.store.weights import load_tensors, publish_tensors
+from actions.store.weights import StoredTensors, publish_tensors
 
 
 def trained_key(store_uri: str, policy_key: str, weights_sha256: str | None, dtype: str,
                 optimizer_key: str | None) -> tuple:
     """Warm-cache key of a trained model and its optimizer state, by what was published."""
     return ("trained", store_uri, policy_key, weights_sha256, dtype, optimizer_key)
+
+
+def counting_reader(fetched: list[int]) -> TensorReader:
+    """A ``loading.TensorReader`` that reads a whole set (fetched ahead in parallel) and appends
+    the blob bytes it fetched to ``fetched``."""
+    def read(store, manifest_key: str, expected_sha256: str | None = None) -> dict[str, torch.Tensor]:
+        state = StoredTensors(store, manifest_key, expected_sha256=expected_sha256)
+        tensors = dict(state.stream())
+        fetched.append(state.bytes_fetched)
+        return tensors
+
+    return read
 
 
 def run_train(req: TrainStepRequest) -> TrainStepResult:
@@ -61,12 +75,14 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
     torch.manual_seed(req.seed * 100_003 + req.step)
     t_start = time.perf_counter()
     ref = req.policy
+    fetched: list[int] = []  # blob bytes read from the store: weights, then optimizer states
+    read = counting_reader(fetched)
     kept = warm.take(trained_key(ref.store_uri, ref.policy_key, ref.weights_sha256, ref.dtype, req.optimizer_key))
     if kept is not None:
         policy, tokenizer, opt_state = kept
     else:
-        policy, tokenizer, _ = load_model(req.policy, fresh=True)
-        opt_state = load_tensors(store, req.optimizer_key)[0] if req.optimizer_key else None
+        policy, tokenizer, _ = load_model(req.policy, fresh=True, read=read)
+        opt_state = read(store, req.optimizer_key) if req.optimizer_key else None
     policy.train()
     disable_dropout(policy)  # log-probs without random masks, as scored (actions/rl/dropout.py)
     enable_checkpointing(policy, req.gradient_checkpointing)
@@ -81,17 +97,18 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
     critic = critic_opt = None
     if algo.name == "ppo":
         critic = load_critic(req.policy.store_uri, req.policy.base_key, req.critic_key, fresh=True,
-                             dtype_setting=req.policy.dtype)
+                             dtype_setting=req.policy.dtype, read=read)
         critic.train()
         disable_dropout(critic)
         enable_checkpointing(critic.lm, req.gradient_checkpointing)
         critic_opt = make_optimizer(critic, algo.critic_lr)
         if req.critic_optimizer_key:
-            state = critic.stored_optimizer_state(load_tensors(store, req.critic_optimizer_key)[0])
+            state = critic.stored_optimizer_state(read(store, req.critic_optimizer_key))
             critic_opt.load_state_tensors(state, where=req.critic_optimizer_key)
     metrics = rollout_metrics(batch, algo)
     metrics["train/reused_state"] = float(kept is not None)
     metrics["train/world_size"] = 1.0
+    metrics["train/state_read_bytes"] = float(sum(fetched))
     t_loaded = time.perf_counter()
     metrics.update(run_updates(policy, opt, batch, algo, critic, critic_opt, seed=req.seed, step=req.step))
     if device.type == "cuda":  # the optimizer's last kernels may still run: time them as the update's

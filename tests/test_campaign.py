@@ -6,6 +6,7 @@ import pytest
 
 from actions.store import get_json, open_store
 from flows.campaign.run import CampaignRefused, run_campaign
+from flows.campaign.state import load_state_at
 
 try:
     from conftest import LEARNING, assert_learned
@@ -317,8 +318,15 @@ def test_training_resumes_from_the_state_it_kept_with_the_same_weights(clean_sum
     from actions.models import warm
 
     assert [s["train/reused_state"] for s in clean_summary["steps"]] == [0.0, 1.0]
+    assert clean_summary["steps"][1]["train/state_read_bytes"] == 0.0  # nothing read back from the store
     monkeypatch.setattr(warm, "take", lambda key: None)
-    cold = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=clean", *LEARNING), progress=lambda m: None)
+    cfg = tiny_config("invoker.kind=inprocess", "run_id=clean", *LEARNING, "store.keep_last=null")
+    cold = run_campaign(cfg, progress=lambda m: None)
     assert [s["train/reused_state"] for s in cold["steps"]] == [0.0, 0.0]
+    store = open_store(cfg.store.uri)
+    for step, keys in enumerate([["policy_key"], ["policy_key", "optimizer_key"]]):  # what step n+1 read: commit n's
+        at = load_state_at(store, cfg.resolved_run_id(), step)
+        stored = sum(e["size"] for k in keys for e in get_json(store, getattr(at, k))["files"].values())
+        assert cold["steps"][step]["train/state_read_bytes"] == stored > 0, step
     assert_learned(clean_summary)
     assert cold["weights_sha256"] == clean_summary["weights_sha256"]
