@@ -144,11 +144,15 @@ def test_smoke_whole_flow_on_local_warm_pool(tiny_config, prefect_harness, monke
     settings = []  # the decode settings each pre-warm builds its engine with
     real_prewarm = LocalPoolInvoker.prewarm
 
+    loads: dict[int, int] = {}  # policy version -> workers that loaded it through any pre-warm
+
     def spy(self, action, count, *, model=None, **kw):
+        loaded = real_prewarm(self, action, count, model=model, **kw)
         if model is not None:
             warmed.append((action, model["policy_version"]))
             settings.append(kw["decode"])
-        return real_prewarm(self, action, count, model=model, **kw)
+            loads[model["policy_version"]] = loads.get(model["policy_version"], 0) + loaded
+        return loaded
 
     monkeypatch.setattr(LocalPoolInvoker, "prewarm", spy)
     # a prefill action that takes a second: the generation calls come late enough for a pre-warm
@@ -156,11 +160,14 @@ def test_smoke_whole_flow_on_local_warm_pool(tiny_config, prefect_harness, monke
                       "faults.latency_fraction=1", "faults.latency_s=1.0", "faults.actions=[prefill]")
     summary = rlhf_campaign(config=cfg.model_dump(mode="json"))
     # The version each step trains is loaded for the next step's generation as soon as it is
-    # published, none after the last step; the step-start pre-warm then finds it loaded or
-    # loading, and loads it nowhere else.
+    # published, none after the last step. The step-start pre-warm finds it loaded or loading
+    # and loads it only where it is not: the two pre-warms together load it into each of the
+    # 2 workers at most once (which of them loads a worker depends on timing and on how many
+    # actors the next plan has).
     assert ("generate", 1) in warmed and ("generate", 2) not in warmed
     assert settings and all(s == DecodeSettings.of(cfg.generation) for s in settings)
-    assert summary["steps"][-1]["prewarm/started"] == 0.0
+    assert summary["steps"][-1]["prewarm/started"] <= loads[1] <= 2, loads
+    assert loads[1] >= 1, loads
     assert summary["steps_completed"] == 2
     assert summary["billed_gpu_seconds"] > 0 and summary["useful_gpu_seconds"] > 0
     step = summary["steps"][-1]

@@ -59,9 +59,9 @@ def chat_template_mode(value: object, key: str, more: tuple[str, ...] = ()) -> o
 
 def unusable_path(field: str, value: str, exc: OSError, *, name_max: int = 255) -> str:
     """The one line for the path ``value`` of setting ``field`` that the system refused to look
-    up (``exc``, from ``stat``): naming the setting, the value (quoted, cut to 80 characters) and
-    the fix. ``name_max``: the bytes a name may have where known (``PC_NAME_MAX``), else the
-    usual 255.
+    up (``exc``, from ``stat``): naming the setting, the value (quoted; cut to 80 characters when
+    it is too long a path, else to ``QUOTE_LIMIT``) and the fix. ``name_max``: the bytes a name
+    may have where known (``PC_NAME_MAX``), else the usual 255.
 
     >>> line = unusable_path("data.train_path", "/tmp/" + "x" * 300, OSError(errno.ENAMETOOLONG, "File name too long"))
     >>> line.endswith("a name in it is 300 bytes, more than a file system allows (255); shorten data.train_path")
@@ -74,5 +74,5 @@ def unusable_path(field: str, value: str, exc: OSError, *, name_max: int = 255) 
         why = (f"a name in it is {longest} bytes, more than a file system allows ({name_max})"
                if longest > name_max else f"{len(value.encode())} bytes, more than the system allows in a path")
         return f"{field} {quote(value, 80)} is too long a path: {why}; shorten {field}"
-    return (f"{field} {quote(value, 80)} cannot be looked up ({exc.strerror or exc}); point {field} at a path this "
+    return (f"{field} {quote(value)} cannot be looked up ({exc.strerror or exc}); point {field} at a path this "
             "user can read")

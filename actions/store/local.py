@@ -43,9 +43,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from actions.config.quoting import unusable_path
+from actions.config.quoting import quote, unusable_path
 from actions.store.protocol import BlobData, ObjectNotFound, StoreAccessDenied, StoreError, as_parts, check_key
-from actions.store.safe_paths import UnsafeName, open_component, parent_dir, shown
+from actions.store.safe_paths import UnsafeName, open_component, parent_dir
 
 DEFAULT_MAX_CONCURRENCY = 8
 
@@ -80,8 +80,10 @@ def root_problem(given: str | os.PathLike[str], root: Path) -> str | None:
         if stat.S_ISDIR(mode):
             return _name_too_long(given, root, path)
         what = "is a file, not a directory" if stat.S_ISREG(mode) else "is not a directory"
-        where = f" {what}" if path == root else f": {str(path)!r} {what}"
-        return f"store.uri {shown(os.fspath(given))}{where}; point store.uri at a directory (a missing one is created)"
+        # both paths whole up to quote's limit: a deep but ordinary store path cut at 60
+        # characters hides which folder is in the way
+        where = f" {what}" if path == root else f": {quote(str(path))} {what}"
+        return f"store.uri {quote(os.fspath(given))}{where}; point store.uri at a directory (a missing one is created)"
     return None
 
 
