@@ -36,7 +36,7 @@ import torch
 
 from actions.contracts import TrainStepRequest, TrainStepResult
 from actions.models import warm
-from actions.models.loading import TensorReader, load_model, store_for
+from actions.models.loading import counting_reader, load_model, store_for
 from actions.models.lora import adapter_tensors
 from actions.models.special_tokens import special_tokens
 from actions.rl.batch import TrainBatch, gather_batch, rollout_metrics
@@ -46,25 +46,13 @@ from actions.rl.recompute import enable_checkpointing
 from actions.rl.update import make_optimizer, run_updates
 from actions.rl.world_size import check_world_size
 from actions.runtime.adapter import run_action
-from actions.store.weights import StoredTensors, publish_tensors
+from actions.store.weights import publish_tensors
 
 
 def trained_key(store_uri: str, policy_key: str, weights_sha256: str | None, dtype: str,
                 optimizer_key: str | None) -> tuple:
     """Warm-cache key of a trained model and its optimizer state, by what was published."""
     return ("trained", store_uri, policy_key, weights_sha256, dtype, optimizer_key)
-
-
-def counting_reader(fetched: list[int]) -> TensorReader:
-    """A ``loading.TensorReader`` that reads a whole set (fetched ahead in parallel) and appends
-    the blob bytes it fetched to ``fetched``."""
-    def read(store, manifest_key: str, expected_sha256: str | None = None) -> dict[str, torch.Tensor]:
-        state = StoredTensors(store, manifest_key, expected_sha256=expected_sha256)
-        tensors = dict(state.stream())
-        fetched.append(state.bytes_fetched)
-        return tensors
-
-    return read
 
 
 def run_train(req: TrainStepRequest) -> TrainStepResult:

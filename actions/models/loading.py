@@ -23,7 +23,7 @@ from actions.models.device import action_device, action_dtype
 from actions.models.modeling import BaseParts, build_model, read_base
 from actions.models.special_tokens import SpecialTokens
 from actions.store import ObjectStore, get_artifact, open_store
-from actions.store.weights import load_tensors
+from actions.store.weights import StoredTensors, load_tensors
 
 
 def configure_threads(num_threads: int | None = None) -> int:
@@ -54,6 +54,18 @@ ranks of a sharded step read one together, each blob fetched by one rank: ``stat
 def read_tensors(store: ObjectStore, manifest_key: str, expected_sha256: str | None = None) -> dict[str, torch.Tensor]:
     """The default :data:`TensorReader`: every tensor fetched by this process (``load_tensors``)."""
     return load_tensors(store, manifest_key, expected_sha256=expected_sha256)[0]
+
+
+def counting_reader(fetched: list[int]) -> TensorReader:
+    """A :data:`TensorReader` like :func:`read_tensors` (the whole set, fetched ahead in
+    parallel) that appends the blob bytes each read fetched to ``fetched``."""
+    def read(store: ObjectStore, manifest_key: str, expected_sha256: str | None = None) -> dict[str, torch.Tensor]:
+        state = StoredTensors(store, manifest_key, expected_sha256=expected_sha256)
+        tensors = dict(state.stream())
+        fetched.append(state.bytes_fetched)
+        return tensors
+
+    return read
 
 
 def load_base(store_uri: str, base_key: str) -> dict[str, bytes]:
