@@ -11,7 +11,14 @@ model, thread count and context:
 * ``speculative_overhead``: what a speculative round of the engine as it is costs beyond that
   (drafting, column-by-column verification draws, cache rollback), fitted to rounds of fixed
   (strategy, k) runs: added to the round table it gives the ceiling of a perfect selector in
-  today's engine.
+  today's engine;
+* ``free_width_table`` (from ``round_table``): the engine's own plain rounds, fitted in the
+  batch, at every width alike. It prices no eager forward, so it holds on whatever runtime
+  the engine decodes with (CUDA graphs, a compiled step), where the first two tables do not:
+  the eager forward they start from costs several graphed rounds there. No verification of
+  any width costs less than a plain round at the same batch on the same runtime (it reads the
+  same weights and does more), so its ceiling (``free_width_ceiling``) bounds every engine,
+  selector and verification kernel on that runtime with these drafts.
 
 The engine times every round it runs and reports it to its ``ForwardCost``; a ``_RoundLog``
 put in its place for a few untimed runs keeps those timings (and is then put back, so the
@@ -95,15 +102,28 @@ def _fit(features: Sequence[Sequence[float]], targets: Sequence[float]) -> list[
     return [float(x) for x in c]
 
 
+def free_width_table(rounds: Sequence[tuple[int, float]], keys: Sequence[tuple[int, int]]) -> Table:
+    """``p0 + p1 * b`` at every key (batch, width), fitted to plain rounds ``(b, seconds)`` as the
+    engine timed them; a round time is never below the fastest round observed (a fit's
+    intercept can go negative where the rounds span few batches)."""
+    if len({b for b, _ in rounds}) < 2:  # one batch: no slope to fit
+        s = float(np.median([t for _, t in rounds]))
+        return {key: s for key in keys}
+    p0, p1 = _fit([(1.0, b) for b, _ in rounds], [t for _, t in rounds])
+    floor = min(t for _, t in rounds)
+    return {(b, w): max(p0 + p1 * b, floor) for b, w in keys}
+
+
 def round_table(engine, batches, step0: int, forwards: Table, new_tokens: int, repeats: int = 3
-                ) -> tuple[Table, float, list[list[list[int]]]]:
+                ) -> tuple[Table, float, list[list[list[int]]], Table]:
     """Plain runs of the workload's calls, ``repeats`` times, timed round by round.
 
     Returns:
         ``forwards`` plus a plain round's host work ``h0 + h1 * b`` (fitted to the plain rounds
         less their forwards); the seconds of the calls outside their decode rounds (prefill,
-        stacking the rows' caches: the median over repeats); and per call, per row, the plain
-        run's final sequence with the stop token that ended it.
+        stacking the rows' caches: the median over repeats); per call, per row, the plain
+        run's final sequence with the stop token that ended it; and ``free_width_table`` of
+        the same rounds at the keys of ``forwards``.
     """
     seqs: list[list[list[int]]] = []
     calls: list[float] = []
@@ -123,7 +143,7 @@ def round_table(engine, batches, step0: int, forwards: Table, new_tokens: int, r
     rest = sorted(c - sum(s for _, s in rounds[i * per_repeat:(i + 1) * per_repeat]) for i, c in enumerate(calls))
     h0, h1 = _fit([(1.0, b) for b, _ in rounds], [s - spec_ceiling.seconds(forwards, b, 1) for b, s in rounds])
     table = {(b, w): f + max(h0 + h1 * b, 0.0) for (b, w), f in forwards.items()}
-    return table, rest[repeats // 2], seqs[:len(batches)]
+    return table, rest[repeats // 2], seqs[:len(batches)], free_width_table(rounds, list(forwards))
 
 
 def speculative_overhead(engine, batches, step0: int, spec: Speculation, table: Table, new_tokens: int,
@@ -149,14 +169,17 @@ def speculative_overhead(engine, batches, step0: int, spec: Speculation, table: 
     return {(b, w): 0.0 if w == 1 else max(c[0] + c[1] * b + c[2] * b * (w - 1), 0.0) for b, w in table}
 
 
-def ceiling(batches, spec: Speculation, table: Table, extra: Table, rest_s: float, seqs, new_tokens: int) -> dict:
+def ceiling(batches, spec: Speculation, table: Table, extra: Table, rest_s: float, seqs, new_tokens: int,
+            free: Table | None = None) -> dict:
     """The hindsight ceilings of one workload (``spec_ceiling``): every allowed strategy's drafts
     replayed along the plain run's sequences ``seqs``, rounds charged by ``table`` (optimistic:
-    ``ceiling``, ``hindsight_schedule``) and by ``table`` plus ``extra`` (today's engine with a
-    perfect selector: ``engine_ceiling``, ``engine_hindsight``), as speed-ups of the whole calls,
-    whose work outside the decode rounds (``rest_s``, ``round_table``) stays."""
+    ``ceiling``, ``hindsight_schedule``), by ``table`` plus ``extra`` (today's engine with a
+    perfect selector: ``engine_ceiling``, ``engine_hindsight``) and, given ``free``
+    (``free_width_table``), by the engine's plain rounds at every width (``free_width_ceiling``:
+    the bound of any engine on this runtime), as speed-ups of the whole calls, whose work
+    outside the decode rounds (``rest_s``, ``round_table``) stays."""
     with_extra = {key: t + extra[key] for key, t in table.items()}
-    plain = bound = greedy = bound_x = greedy_x = 0.0
+    plain = bound = greedy = bound_x = greedy_x = plain_f = bound_f = 0.0
     for specs, call_seqs in zip(batches, seqs):
         rows = [(s.prompt_id, s.prompt_tokens, q) for s, q in zip(specs, call_seqs)]
         acc = spec_ceiling.replay_acceptance(list(make_drafters(spec).values()), rows, new_tokens, spec.max_draft_len)
@@ -166,9 +189,16 @@ def ceiling(batches, spec: Speculation, table: Table, extra: Table, rest_s: floa
         greedy += spec_ceiling.greedy_seconds(table, lengths, acc, spec.max_draft_len)
         bound_x += spec_ceiling.bound_seconds(with_extra, lengths, acc, spec.max_draft_len)
         greedy_x += spec_ceiling.greedy_seconds(with_extra, lengths, acc, spec.max_draft_len)
+        if free is not None:
+            plain_f += spec_ceiling.plain_seconds(free, lengths)
+            bound_f += spec_ceiling.bound_seconds(free, lengths, acc, spec.max_draft_len)
 
-    def speedup(seconds: float) -> float:
-        return round(spec_ceiling.call_speedup(rest_s + plain, plain, seconds), 3)
+    def speedup(seconds: float, plain_s: float = plain) -> float:
+        return round(spec_ceiling.call_speedup(rest_s + plain_s, plain_s, seconds), 3)
 
-    return {"plain_rounds_s": round(plain, 4), "rest_s": round(rest_s, 4), "ceiling": speedup(bound), "hindsight_schedule": speedup(greedy),
-            "engine_ceiling": speedup(bound_x), "engine_hindsight": speedup(greedy_x)}
+    out = {"plain_rounds_s": round(plain, 4), "rest_s": round(rest_s, 4), "ceiling": speedup(bound),
+           "hindsight_schedule": speedup(greedy), "engine_ceiling": speedup(bound_x),
+           "engine_hindsight": speedup(greedy_x)}
+    if free is not None:
+        out.update(free_width_plain_rounds_s=round(plain_f, 4), free_width_ceiling=speedup(bound_f, plain_f))
+    return out

@@ -65,3 +65,49 @@ def test_table_lookup_interpolates_in_the_batch_and_call_speedup_keeps_the_rest(
     assert seconds(t, 2, 1) == pytest.approx(2.0) and seconds(t, 9, 1) == 4.0
     # a 10 s call with 6 s of forwards, which become 2 s: 10 / 6
     assert call_speedup(10.0, 6.0, 2.0) == pytest.approx(10 / 6)
+
+
+@pytest.fixture
+def spec_costs(monkeypatch):
+    """``benchmarks/spec_costs.py``, which imports its siblings as a script does."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import spec_costs
+
+    return spec_costs
+
+
+def test_the_free_width_table_is_the_plain_rounds_fit_at_every_width(spec_costs):
+    keys = [(b, w) for b in (4, 8, 64) for w in (1, 5, 9)]
+    rounds = [(b, 2e-3 + 1e-5 * b) for b in (4, 8, 30, 64) for _ in range(3)]
+    t = spec_costs.free_width_table(rounds, keys)
+    for b, w in keys:
+        assert t[(b, w)] == pytest.approx(2e-3 + 1e-5 * b)
+    # rounds of one batch: their median everywhere
+    assert set(spec_costs.free_width_table([(64, 3e-3), (64, 1e-3), (64, 2e-3)], keys).values()) == {2e-3}
+    # a fit whose intercept goes negative never prices a round below the fastest one observed
+    steep = spec_costs.free_width_table([(32, 1e-3), (64, 3e-3)], keys)
+    assert steep[(4, 1)] == steep[(8, 9)] == 1e-3 and steep[(64, 5)] == pytest.approx(3e-3)
+
+
+def test_the_free_width_ceiling_is_above_the_ceiling_of_any_table_with_the_same_plain_rounds(spec_costs):
+    from actions.engines.base import SampleSpec
+    from actions.engines.speculative import Speculation
+
+    # prompts that the responses quote, so prompt lookup's drafts are right part of the time
+    prompts = [(5, 6, 7, 8), (9, 9, 4), (3, 1, 4, 1, 5)]
+    seqs = [[[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 2], [9, 9, 9, 9, 4, 9, 9, 1], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9]]]
+    batches = [[SampleSpec(prompt_id=i, sample_index=0, prompt_tokens=p) for i, p in enumerate(prompts)]]
+    spec = Speculation(strategies=("prompt_lookup",))
+    keys = [(b, w) for b in (1, 2, 4) for w in range(1, spec.max_draft_len + 2)]
+    free = spec_costs.free_width_table([(b, 1e-3 + 2e-4 * b) for b in (1, 2, 4)], keys)
+    widening = {(b, w): free[(b, w)] * (1 + 0.3 * (w - 1)) for b, w in keys}
+    zero = {key: 0.0 for key in keys}
+    out = spec_costs.ceiling(batches, spec, widening, zero, 0.01, seqs, 16, free)
+    assert 1.0 < out["ceiling"] < out["free_width_ceiling"] <= spec.max_draft_len + 1
+    assert out["free_width_plain_rounds_s"] == pytest.approx(out["plain_rounds_s"])
+    # where every width costs a plain round both tables agree
+    same = spec_costs.ceiling(batches, spec, free, zero, 0.01, seqs, 16, free)
+    assert same["ceiling"] == same["free_width_ceiling"]
+    assert "free_width_ceiling" not in spec_costs.ceiling(batches, spec, free, zero, 0.01, seqs, 16)
