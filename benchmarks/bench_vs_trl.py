@@ -39,6 +39,13 @@ completion to the limit, measures something else. ``--size gpu`` is 64 prompts x
 
     python benchmarks/bench_vs_trl.py --size gpu --device cuda --model-config benchmarks/configs/qwen2.5-0.5b.json \
         --pairs 1 --steps 3
+
+``--set KEY=VALUE`` (repeatable) adds an RLHFless setting after the benchmark's own, e.g.
+``--set generation.compile_decode=true`` for the compiled decode step. Only settings that leave
+the work the same are taken: one under a section the comparison fixes (``model``, ``data``,
+``reward``, ``algorithm``, ``warmup``, ``store``, ``eval_every``) or
+``generation.max_new_tokens`` / ``generation.temperature`` is refused with exit status 2. The
+settings are printed in each pair's line (``rlhfless_set``).
 """
 
 from __future__ import annotations
@@ -108,8 +115,29 @@ def _worker_error(out: Path) -> str:
     return ""
 
 
+FIXED_SETTINGS = ("model.", "data.", "reward.", "algorithm.", "warmup.", "store.", "eval_every",
+                  "generation.max_new_tokens", "generation.temperature")
+"""Settings (prefixes of dotted keys) that define the work both systems do: ``--set`` may not
+change them."""
+
+
+def extra_setting_problem(kv: str) -> str | None:
+    """Why ``--set`` cannot take ``kv`` (``KEY=VALUE``), or None."""
+    key, eq, _ = kv.partition("=")
+    key = key.strip()
+    if not eq or not key:
+        return f"--set {kv!r}: expected KEY=VALUE, e.g. generation.compile_decode=true"
+    for fixed in FIXED_SETTINGS:
+        if key == fixed.rstrip(".") or (fixed.endswith(".") and key.startswith(fixed)):
+            return (f"--set {kv!r}: {key} is part of the work both systems do (the benchmark sets it for both); "
+                    "only settings that leave the work the same, such as generation.compile_decode or "
+                    "generation.cuda_graphs, may be added")
+    return None
+
+
 def run_rlhfless(work: Path, model: Path, data: Path, size: tuple[int, int, int], steps: int, tag: str,
-                 device: str = "cpu", reward: str | None = None, micro: int | None = None) -> dict:
+                 device: str = "cpu", reward: str | None = None, micro: int | None = None,
+                 extra: tuple[str, ...] = ()) -> dict:
     prompts, samples, tokens = size
     out = work / f"rlhfless-{tag}"
     cmd = [sys.executable, "-m", "flows.commands.cli", "train", "--out", str(out), "--steps", str(steps),
@@ -119,7 +147,7 @@ def run_rlhfless(work: Path, model: Path, data: Path, size: tuple[int, int, int]
                           "algorithm.num_minibatches=1", "algorithm.kl_coef=0", f"algorithm.lr={LR}",
                           f"generation.max_new_tokens={tokens}", "eval_every=0", f"store.uri={out}/store",
                           *([f'reward.functions=[{{name: "{reward}"}}]'] if reward else []),
-                          *([f"algorithm.micro_batch_size={micro}"] if micro else []))
+                          *([f"algorithm.micro_batch_size={micro}"] if micro else []), *extra)
              for a in ("--set", kv)]]
     env = _child_env(RLHFLESS_DEVICE=device)
     t0 = time.time()
@@ -226,7 +254,14 @@ def main() -> None:
                         help="with --model-config: the expected completion length in tokens the stop token is "
                              "calibrated to, on the benchmark's prompts")
     parser.add_argument("--json", default=None, help="also append every JSON line printed to this file")
+    parser.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
+                        help="an RLHFless setting added after the benchmark's own (repeatable); settings that "
+                             "change the work are refused")
     args = parser.parse_args()
+    for kv in args.extra:
+        problem = extra_setting_problem(kv)
+        if problem:
+            parser.error(problem)
     if args.model_config and not 1 < args.mean_length < SIZES[args.size][2]:
         parser.error(f"--mean-length {args.mean_length:g}: must lie between 1 and the {SIZES[args.size][2]} new "
                      f"tokens --size {args.size} allows")
@@ -253,7 +288,7 @@ def main() -> None:
     rows = []
     micro = MICRO.get(args.size)
     for i in range(args.pairs):
-        ours = run_rlhfless(work, model, data, size, args.steps, str(i), args.device, reward, micro)
+        ours = run_rlhfless(work, model, data, size, args.steps, str(i), args.device, reward, micro, tuple(args.extra))
         theirs = run_trl(work, model, data, size, args.steps, str(i), args.device, reward, micro)
         o, t = statistics.median(ours["steps"]), statistics.median(theirs["steps"])
         row = {"pair": i, "rlhfless_s_per_step": o, "trl_s_per_step": t,
@@ -264,7 +299,8 @@ def main() -> None:
                "rlhfless_first_step_s": ours["first_step_s"], "trl_first_step_s": theirs["first_step_s"],
                "rlhfless_mean_length": ours["mean_length"], "trl_mean_length": theirs["mean_length"],
                "rlhfless_phases_s": ours["phases_s"], "rlhfless_first_phases_s": ours["first_phases_s"],
-               "rlhfless_failed_attempts": ours["failed_attempts"], "rlhfless_reused_state": ours["reused_state"]}
+               "rlhfless_failed_attempts": ours["failed_attempts"], "rlhfless_reused_state": ours["reused_state"],
+               "rlhfless_set": list(args.extra)}
         rows.append(row)
         emit({"bench": "vs_trl_pair", **{k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}},
              args.json)

@@ -25,7 +25,8 @@
 #                (default "7b 0.5b") of COMPILED_PATHS (default "compiled,compiled-flex": the compiled
 #                step on cuDNN's attention over the whole window, then on flex attention's Triton
 #                kernel over the written blocks), each with its kernel profile
-#   trl          one GRPO step of the 0.5B shape, the campaign against TRL (needs gpu_wheels.sh all)
+#   trl          one GRPO step of the 0.5B shape, the campaign against TRL (needs gpu_wheels.sh all);
+#                TRL_SET="KEY=VALUE ..." adds RLHFless settings (e.g. generation.compile_decode=true)
 #
 # Time: the whole run ends by DEADLINE seconds after it starts (default 540, for a device command
 # limit of 600 s). Each part runs under min(its own timeout, the time left - MARGIN) and is
@@ -182,8 +183,9 @@ for p in $PARTS; do
           --batch 64 --context 512 --json "$JSON"
       done ;;
     trl)
-      run_part "trl qwen2.5-0.5b" "${TRL_TIMEOUT:-480}" "$MIN_TRL" -- python3 benchmarks/bench_vs_trl.py --size gpu --device cuda \
-        --pairs 1 --steps 3 --model-config "$q05" --json "$JSON" ;;
+      trl_set=(); for kv in ${TRL_SET:-}; do trl_set+=(--set "$kv"); done
+      run_part "trl qwen2.5-0.5b${TRL_SET:+ $TRL_SET}" "${TRL_TIMEOUT:-480}" "$MIN_TRL" -- python3 benchmarks/bench_vs_trl.py \
+        --size gpu --device cuda --pairs 1 --steps 3 --model-config "$q05" ${trl_set[@]+"${trl_set[@]}"} --json "$JSON" ;;
   esac
 done
 { echo "== summary: $(( SECONDS - START )) s of DEADLINE=$DEADLINE; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"

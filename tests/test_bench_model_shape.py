@@ -142,3 +142,35 @@ def test_too_few_steps_are_refused_before_anything_runs():
     proc = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_vs_trl.py"), "--steps", "2"],
                           capture_output=True, text=True, cwd=root, timeout=120)
     assert proc.returncode == 2 and "--steps 2: at least 3" in proc.stderr, proc.stderr[-500:]
+
+
+def test_extra_settings_that_change_the_work_are_refused_and_others_reach_the_campaign(tmp_path, monkeypatch):
+    from benchmarks import bench_vs_trl
+
+    for kv in ("algorithm.lr=1", "generation.max_new_tokens=8", "model.path=/x", "eval_every=1", "store.uri=/y"):
+        problem = bench_vs_trl.extra_setting_problem(kv)
+        assert problem and kv.split("=")[0] in problem and "generation.compile_decode" in problem
+    assert "expected KEY=VALUE" in bench_vs_trl.extra_setting_problem("generation.compile_decode")
+    assert bench_vs_trl.extra_setting_problem("generation.compile_decode=true") is None
+    assert bench_vs_trl.extra_setting_problem("generation.max_new_tokens_scale=2") is None  # a key, not a prefix
+
+    seen: list[list[str]] = []
+
+    class Stop(Exception):
+        pass
+
+    def popen(cmd, **_):
+        seen.append(cmd)
+        raise Stop
+
+    with monkeypatch.context() as patch, pytest.raises(Stop):
+        patch.setattr(bench_vs_trl.subprocess, "Popen", popen)
+        bench_vs_trl.run_rlhfless(tmp_path, tmp_path / "m", tmp_path / "d.jsonl", (2, 2, 4), 3, "0",
+                                  extra=("generation.compile_decode=true",))
+    # after the benchmark's own settings, so it is the one that holds
+    assert seen[0][-2:] == ["--set", "generation.compile_decode=true"]
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_vs_trl.py"), "--set", "algorithm.lr=1"],
+                          capture_output=True, text=True, cwd=root, timeout=120)
+    assert proc.returncode == 2 and "algorithm.lr is part of the work both systems do" in proc.stderr, proc.stderr
