@@ -145,6 +145,13 @@ def step_ms(fn, steps: int, repeats: int, device: torch.device) -> float:
                                    for _ in range(repeats))
 
 
+def inductor_choices() -> dict[str, bool]:
+    """The compiler settings that pick a compiled step's GEMM kernels, as this process has them."""
+    from torch._inductor import config
+
+    return {"max_autotune": bool(config.max_autotune), "max_autotune_gemm": bool(config.max_autotune_gemm)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_args(p)
@@ -189,10 +196,14 @@ def main() -> None:
                  "params": sum(p.numel() for p in model.parameters()), "batch": len(specs),
                  "context": args.context, "steps": args.steps, "step_bytes": nbytes,
                  "peak_gbps": peak, "measured_copy_gbps": measured, "roofline_ms": roof_ms,
-                 "fused_sampling": fused_for(args.fused_sampling, vocab), "ms": {}}
+                 "fused_sampling": fused_for(args.fused_sampling, vocab), "ms": {},
+                 # the compiled paths' kernel choice: TORCHINDUCTOR_MAX_AUTOTUNE(_GEMM)=1 in the
+                 # environment has the compiler time candidate GEMM kernels (Triton templates
+                 # against cuBLAS) per shape instead of taking cuBLAS's
+                 "inductor": inductor_choices()}
     print(f"{res['device']} {res['dtype']} batch={res['batch']} context={args.context}: roofline "
-          + (f"{roof_ms:.3f} ms/step" if roof_ms else "unknown (no bandwidth on the CPU)") + f"; timing {wanted}",
-          flush=True)
+          + (f"{roof_ms:.3f} ms/step" if roof_ms else "unknown (no bandwidth on the CPU)") + f"; timing {wanted}"
+          + (f"; compiler {res['inductor']}" if any(x.startswith("compiled") for x in wanted) else ""), flush=True)
 
     def runtime_of(name: str):
         """The decode runtime an engine path runs on (None: the dynamic path and the HF loop)."""
@@ -220,6 +231,7 @@ def main() -> None:
                 f.write(json.dumps({"bench": "roofline_path", "partial": True, "device": res["device"],
                                     "dtype": res["dtype"], "model_config": args.model_config, "batch": len(specs),
                                     "context": args.context, "path": name, "ms": ms, "roofline_ms": roof_ms,
+                                    **({"inductor": res["inductor"]} if name.startswith("compiled") else {}),
                                     **{k: v for k, v in res.items() if k.startswith(name + "_")}}) + "\n")
     res["fused_error"] = fused_draw.error  # fused draws that fell back to unfused ones, and why
     print(f"{res['device']} {res['dtype']} params={res['params'] / 1e9:.3f}B batch={res['batch']} "
