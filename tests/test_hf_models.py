@@ -217,7 +217,7 @@ def test_tiny_model_cli_writes_a_loadable_folder_and_refuses_bad_flags(tmp_path,
     assert not (tmp_path / "x").exists()
 
 
-def test_tiny_model_cli_refuses_what_it_cannot_write_or_run_and_replaces_its_own_files(tmp_path, capsys):
+def test_tiny_model_cli_refuses_what_it_cannot_write_or_run_and_replaces_a_folder_only_whole(tmp_path, capsys):
     from flows.commands.cli import main
 
     (tmp_path / "afile").write_text("")
@@ -227,12 +227,24 @@ def test_tiny_model_cli_refuses_what_it_cannot_write_or_run_and_replaces_its_own
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "which is a file, not a folder" in err[0] and "even number" in err[1]
     assert not (tmp_path / "odd").exists()
-    # a reward model written over a causal LM's folder leaves no generation config behind
-    assert main(["tiny-model", "--out", str(tmp_path / "m"), "--hidden-size", "32", "--num-heads", "2"]) == 0
-    assert (tmp_path / "m" / "generation_config.json").exists()
-    assert main(["tiny-model", "--out", str(tmp_path / "m"), "--hidden-size", "32", "--num-heads", "2",
-                 "--reward"]) == 0
-    assert not (tmp_path / "m" / "generation_config.json").exists()
+    m = tmp_path / "m"
+    assert main(["tiny-model", "--out", str(m), "--hidden-size", "32", "--num-heads", "2"]) == 0
+    assert (m / "generation_config.json").exists()
+    (m / "notes.txt").write_text("the user's")
+    before = {p.name: p.read_bytes() for p in m.iterdir()}
+    # a folder with something in it (a trained export, say) is not written over unasked
+    assert main(["tiny-model", "--out", str(m), "--reward"]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {str(m)!r} is not empty (6 entries, e.g. 'config.json')" in err and "--force" in err, err
+    # --force with a flag the writer refuses part-way: the folder stays as it was
+    assert main(["tiny-model", "--out", str(m), "--force", "--eos-token", "<nope>"]) == 2
+    assert {p.name: p.read_bytes() for p in m.iterdir()} == before
+    # --force replaces the folder whole: a reward model over a causal LM's folder keeps neither
+    # its generation config nor anything else that was there
+    assert main(["tiny-model", "--out", str(m), "--hidden-size", "32", "--num-heads", "2", "--reward", "--force"]) == 0
+    assert sorted(p.name for p in m.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
+                                                   "tokenizer_config.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "m"]  # nothing staged is left beside it
 
 
 def test_a_policy_folder_whose_config_disagrees_with_its_weights_is_refused_by_prepare_in_one_line(tmp_path):

@@ -12,11 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
+import shutil
 from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", required=True, help="folder to write (created; files in it are replaced)")
+    parser.add_argument("--out", required=True, help="folder to write: new or empty, or with --force any")
+    parser.add_argument("--force", action="store_true",
+                        help="replace a non-empty --out whole (nothing that was in it stays)")
     parser.add_argument("--arch", default="qwen2", choices=("qwen2", "llama", "mistral"))
     parser.add_argument("--vocab-size", type=int, default=None,
                         help="embedding rows (default: the tokenizer's size rounded up to 64), e.g. 151936")
@@ -51,29 +55,65 @@ def run(args: argparse.Namespace) -> int:
                          f"{args.hidden_size // args.num_heads} dimensions; rotary embeddings need an even number")
     if args.tokenizer_vocab < 257:
         raise ValueError(f"--tokenizer-vocab {args.tokenizer_vocab}: a byte-level BPE needs > 256 tokens")
-    out = _check_out(Path(args.out))
+    out = _check_out(Path(args.out), args.force)
     from flows.commands.tiny_model_dir import write_tiny_model_dir
 
+    # Written beside --out, then renamed into place: a failure part-way (a bad flag the writer
+    # finds, a full disk) leaves --out as it was, and a replaced folder keeps nothing old.
+    staging = None
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = _beside(out, "tiny-model")
+        staging.mkdir()  # as --out itself would be made: its mode from the umask
         info = write_tiny_model_dir(
-            out, args.arch, vocab_size=args.vocab_size, tokenizer_vocab=args.tokenizer_vocab,
+            staging, args.arch, vocab_size=args.vocab_size, tokenizer_vocab=args.tokenizer_vocab,
             hidden_size=args.hidden_size, num_layers=args.num_layers, num_heads=args.num_heads,
             num_kv_heads=args.num_kv_heads, max_positions=args.max_positions,
             tie_word_embeddings=not args.untied, pad_token=args.pad_token, eos_tokens=args.eos_tokens,
             chat_template=not args.no_chat_template, seed=args.seed, reward=args.reward)
+        _move_into_place(staging, out)
     except OSError as exc:  # what the checks could not foresee (a read-only file system, a full disk)
         raise ValueError(f"--out {str(out)!r} cannot be written ({exc.strerror or exc}); pass a folder path you "
                          "can write") from None
-    print(json.dumps({"path": str(info.path), "arch": info.arch, "vocab_size": info.vocab_size,
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    print(json.dumps({"path": str(out), "arch": info.arch, "vocab_size": info.vocab_size,
                       "tokenizer_size": info.tokenizer_size, "pad_token_id": info.pad_token_id,
                       "eos_token_ids": list(info.eos_token_ids)}))
     return 0
 
 
-def _check_out(out: Path) -> Path:
-    """``--out`` as a folder this user can create or fill; ValueError naming it otherwise."""
+def _beside(out: Path, what: str) -> Path:
+    """A hidden, unused name in ``out``'s folder."""
+    return out.parent / f".{out.name}.{what}-{secrets.token_hex(6)}"
+
+
+def _move_into_place(staging: Path, out: Path) -> None:
+    """Rename the written folder ``staging`` to ``out``, replacing what ``out`` held (the old
+    folder is renamed aside first and deleted once the new one is in place)."""
+    if not out.exists():
+        staging.rename(out)
+        return
+    old = _beside(out, "replaced")
+    out.rename(old)
+    try:
+        staging.rename(out)
+    except OSError:
+        old.rename(out)  # put it back: a failed replace changes nothing
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _check_out(out: Path, force: bool = False) -> Path:
+    """``--out`` as a folder this user can create or fill (a non-empty one only with ``force``);
+    ValueError naming it otherwise."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is a file; pass a folder path")
+    entries = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if entries and not force:
+        raise ValueError(f"--out {str(out)!r} is not empty ({len(entries)} entries, e.g. {entries[0]!r}); pass a "
+                         "new or empty folder, or --force to replace the folder whole")
     blocked = next((p for p in out.absolute().parents if p.exists() and not p.is_dir()), None)
     if blocked is not None:
         raise ValueError(f"--out {str(out)!r} is inside {str(blocked)!r}, which is a file, not a folder; pass a "
