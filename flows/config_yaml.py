@@ -1,4 +1,4 @@
-"""YAML for configurations, with aliases bounded.
+"""YAML for configurations and manifests, with aliases bounded and keys unique.
 
 PyYAML's safe loader expands aliases by reference, so a few hundred bytes of nested anchors
 ("billion laughs") describe a structure of billions of nodes, which any later walk over it
@@ -6,6 +6,10 @@ PyYAML's safe loader expands aliases by reference, so a few hundred bytes of nes
 alias stands for and refuses a document whose aliases add more than ``MAX_ALIAS_NODES``
 nodes in all, before anything is constructed. Ordinary use of anchors (a shared block
 of settings reused a few times) stays far below the limit.
+
+It also refuses a mapping that states one key twice, which the safe loader takes silently
+(the last wins: a second ``algorithm:`` section drops the first one's settings without a
+word). A key that overrides one brought in by a merge (``<<: *defaults``) is not a repeat.
 """
 
 from __future__ import annotations
@@ -21,6 +25,10 @@ MAX_ALIAS_NODES = 10_000
 
 class AliasBomb(ValueError):
     """A YAML document whose aliases expand past ``MAX_ALIAS_NODES``."""
+
+
+class DuplicateKey(yaml.constructor.ConstructorError):
+    """A mapping that states one key twice; ``problem`` says which and where, and the fix."""
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -39,6 +47,23 @@ class _BoundedLoader(yaml.SafeLoader):
                 if self._alias_nodes > MAX_ALIAS_NODES:
                     raise AliasBomb(f"its aliases expand to over {MAX_ALIAS_NODES} values (alias *{anchor[:40]})")
         return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Node, deep: bool = False) -> dict:
+        if isinstance(node, MappingNode):  # before the merge keys are flattened into the mapping
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:  # an unhashable key: the constructor refuses it with its own error
+                    continue
+                if first is not key_node:
+                    raise DuplicateKey("while constructing a mapping", node.start_mark,
+                                       f"the key {str(key)[:60]!r} is stated twice, first at line "
+                                       f"{first.start_mark.line + 1}; keep one", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _size(node: Node, memo: dict[int, int]) -> int:
@@ -62,6 +87,7 @@ def load_yaml(text: str) -> Any:
 
     Raises:
         AliasBomb: the aliases expand past the limit.
+        DuplicateKey: a mapping states a key twice (a ``yaml.YAMLError``).
         yaml.YAMLError: the text is not YAML.
     """
     loader = _BoundedLoader(text)
@@ -69,3 +95,12 @@ def load_yaml(text: str) -> Any:
         return loader.get_single_data()
     finally:
         loader.dispose()
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """Where a YAML error is and what it is, to follow "not valid YAML" in a message:
+    ``" at line 3, column 5: mapping values are not allowed here"`` (what the error holds of it)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = getattr(exc, "problem", None) or (str(exc).splitlines() or [""])[0]
+    return f"{where}: {problem}" if problem else where

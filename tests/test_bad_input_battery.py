@@ -294,6 +294,10 @@ CASES: dict[str, Case] = {
     "config malformed YAML": Case(
         _train("--config", "{tmp}/c.yaml"), ("c.yaml", "not valid YAML at line", "fix the syntax"),
         setup=_write("c.yaml", "algorithm: [unclosed\n")),
+    "config YAML states a section twice": Case(  # the last would win, dropping the first one's settings
+        _train("--config", "{tmp}/c.yaml"),
+        ("c.yaml", "at line 3, column 1: the key 'algorithm' is stated twice, first at line 1; keep one"),
+        setup=_write("c.yaml", "algorithm:\n  lr: 1.0e-5\nalgorithm:\n  epochs: 2\n")),
     "config YAML is not a mapping": Case(
         _train("--config", "{tmp}/c.yaml"), ("c.yaml", "must hold a mapping"), setup=_write("c.yaml", "- a\n- b\n")),
     "config YAML alias bomb": Case(

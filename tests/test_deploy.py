@@ -153,7 +153,18 @@ def test_shipped_manifest_fits_the_helm_limits():
          'RLHFLESS_THREADS: YAML read the unquoted value as the int 4, not a string; quote it as written, e.g. '
          'RLHFLESS_THREADS: "4"; A: YAML read the unquoted value as the boolean True'),
         ("- just\n- a list\n", "expected a mapping with 'package' and 'actions', got list"),
-        ("actions: [unclosed\n", "not valid YAML"),
+        ("actions: [unclosed\n", "not valid YAML at line 2, column 1: expected ',' or ']', but got '<stream end>'; "
+                                  "fix the syntax"),
+        ("actions:\n  noop: {docker: img:1, memory: 1: 2}\n", "not valid YAML at line 2, column 34: expected ',' or '}'"),
+        # the last of two entries would win without a word, dropping the first one's definition
+        ("x-cpu: &cpu {docker: img:1}\nactions:\n  generate: {docker: gpu:1}\n  noop: {<<: *cpu}\n"
+         "  generate: {<<: *cpu}\n",
+         "not valid YAML at line 5, column 3: the key 'generate' is stated twice, first at line 3; keep one"),
+        ("actions:\n  noop: {docker: img:1, concurrency: true}\n",
+         "actions.noop.concurrency: Input should be a valid integer (got True)"),
+        ("actions:\n  noop: {docker: img:1, memory: '256'}\n", "actions.noop.memory: Input should be a valid integer"),
+        ("actions:\n  noop: {docker: img:1, memory: 10000000000000}\n",
+         "actions.noop.memory: Input should be less than or equal to 2147483647 (got 10000000000000)"),
     ],
 )
 def test_manifest_errors_name_the_field(tmp_path, body, expected):
@@ -162,6 +173,12 @@ def test_manifest_errors_name_the_field(tmp_path, body, expected):
         load_manifest(path)
     assert str(info.value).startswith(f"{path}: ")
     assert expected in str(info.value)
+
+
+def test_a_key_that_overrides_a_merged_one_is_not_a_repeat(tmp_path):
+    manifest = load_manifest(write(tmp_path, "x-cpu: &cpu {docker: img:1, memory: 512}\n"
+                                              "actions:\n  noop: {<<: *cpu, memory: 1024}\n"))
+    assert manifest.actions["noop"].memory == 1024 and manifest.actions["noop"].docker == "img:1"
 
 
 def test_env_values_stay_strings_and_hide_secret_numbers(tmp_path):

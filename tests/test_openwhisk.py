@@ -170,6 +170,18 @@ def test_a_bad_secret_block_is_named_with_its_key_never_its_value(monkeypatch, v
     assert "123zO3xZCLrMN6v2BKK1dX" not in message and "nocolon" not in message and "no-colon-key" not in message
 
 
+def test_connection_retries_are_counted_against_their_own_budget(caplog):
+    """A refused connection is tried ``connect_attempts`` times: the warnings count those retries
+    (1/2, 2/2), not the budget of throttled or unavailable answers (max_attempts)."""
+    config = OpenWhiskConfig.from_env({"WSK_APIHOST": "http://127.0.0.1:9", "WSK_AUTH": "uuid1234:key12345678"})
+    policy = RetryPolicy(max_attempts=8, connect_attempts=3, backoff_base_s=0.01, backoff_max_s=0.01)
+    with caplog.at_level(logging.WARNING), OpenWhiskClient(config, retry=policy) as client:
+        with pytest.raises(OpenWhiskUnreachable):
+            client.get_action("rlhfless/generate")
+    retries = [r.getMessage() for r in caplog.records if "connection failed; retry" in r.getMessage()]
+    assert [m.split("retry ")[1].split(" ")[0] for m in retries] == ["1/2", "2/2"], retries
+
+
 def test_connection_errors_name_where_the_setting_came_from(monkeypatch, tmp_path):
     """A host that does not answer, or a key the controller rejects, names the setting to fix:
     the block's key for a block, the variable (or ~/.wskprops) it was read from otherwise."""

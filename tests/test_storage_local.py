@@ -478,6 +478,16 @@ def test_redact_scrubs_env_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     assert out.count("[REDACTED]") == 4
 
 
+def test_an_auth_variable_holding_a_url_keeps_the_scheme_in_messages() -> None:
+    """Host and key swapped: WSK_AUTH holds the URL. The URL is scrubbed whole, but its scheme is
+    not a secret half, so the message that says how to set WSK_APIHOST keeps its https://."""
+    env = {"WSK_AUTH": "https://openwhisk.example.com"}
+    out = redact("set WSK_APIHOST to https://host[:port] (got https://openwhisk.example.com)", env=env)
+    assert out == "set WSK_APIHOST to https://host[:port] (got [REDACTED])"
+    # a key that is not a uuid still has both halves scrubbed
+    assert redact("user=someuser pw=pass1234", env={"WSK_AUTH": "someuser:pass1234"}) == "user=[REDACTED] pw=[REDACTED]"
+
+
 def test_redact_leaves_ordinary_text_and_short_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "ab")  # too short to scrub meaningfully
     monkeypatch.delenv("WSK_AUTH", raising=False)

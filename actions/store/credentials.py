@@ -62,10 +62,13 @@ def register_secret(value: str | None, *, key_id: bool = False) -> None:
 
 def _variants(value: str) -> list[str]:
     """A secret and the encodings under which it leaks: an OpenWhisk ``uuid:key`` auth string
-    also travels base64-encoded in ``Authorization: Basic``, and each half is secret alone."""
+    also travels base64-encoded in ``Authorization: Basic``, and each half is secret alone.
+    A URL's scheme is not a half: an auth variable that holds a URL (host and key swapped)
+    would otherwise scrub ``https`` from every message, the one saying they are swapped too."""
     out = [value, base64.b64encode(value.encode()).decode()]
-    if ":" in value:
-        out.extend(part for part in value.split(":", 1) if len(part) >= _MIN_SECRET_LEN)
+    head, colon, tail = value.partition(":")
+    if colon and not tail.startswith("//"):
+        out.extend(part for part in (head, tail) if len(part) >= _MIN_SECRET_LEN)
     return out
 
 

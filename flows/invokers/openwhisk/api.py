@@ -157,12 +157,9 @@ class ControllerApi:
                 connect_failures += 1
                 self.count("connect")
                 if connect_failures >= self.retry.connect_attempts:
-                    raise OpenWhiskUnreachable(
-                        f"cannot reach the OpenWhisk API at {self.config.api_host}: {_reason(exc)}; "
-                        f"check {self.config.setting('api_host')}",
-                        transient=True,
-                    ) from None
-                self.pause(what, "connection failed", attempt, None, deadline)
+                    raise self.unreachable(exc) from None
+                self.pause(what, "connection failed", attempt, None, deadline,
+                           retries=self.retry.connect_attempts - 1, retry=connect_failures)
                 attempt += 1
                 continue
             except httpx.TransportError as exc:
@@ -190,10 +187,17 @@ class ControllerApi:
                 continue
             return resp
 
-    def pause(self, what: str, why: str, attempt: int, resp: httpx.Response | None, deadline: float | None) -> None:
+    def unreachable(self, exc: httpx.ConnectError) -> OpenWhiskUnreachable:
+        """The error of a host that refused every connection attempt, naming the setting to fix."""
+        return OpenWhiskUnreachable(f"cannot reach the OpenWhisk API at {self.config.api_host}: {_reason(exc)}; "
+                                    f"check {self.config.setting('api_host')}", transient=True)
+
+    def pause(self, what: str, why: str, attempt: int, resp: httpx.Response | None, deadline: float | None,
+              retries: int | None = None, retry: int | None = None) -> None:
         """Sleep before retry ``attempt + 1`` (backoff, at least ``Retry-After`` up to
         ``retry_after_max_s``), or raise a transient OpenWhiskError when the deadline leaves no
-        time for it."""
+        time for it. The warning counts the retry as ``retry`` of ``retries`` (default: attempt
+        + 1 of ``max_attempts - 1``; connection failures have their own, smaller budget)."""
         delay = self.retry.backoff_s(attempt, self._rng)
         retry_after = resp.headers.get("Retry-After", "") if resp is not None else ""
         if retry_after.isascii() and retry_after.isdigit():  # "²" is a digit float() refuses
@@ -202,7 +206,8 @@ class ControllerApi:
         if remaining is not None and delay >= remaining:
             status = resp.status_code if resp is not None else None
             raise OpenWhiskError(f"{what}: {why}; no time left before the deadline to retry", status=status, transient=True)
-        log.warning("%s: %s; retry %d/%d in %.2fs", what, why, attempt + 1, self.retry.max_attempts - 1, delay)
+        log.warning("%s: %s; retry %d/%d in %.2fs", what, why, attempt + 1 if retry is None else retry,
+                    self.retry.max_attempts - 1 if retries is None else retries, delay)
         self.sleep(delay)
 
     def refuse(self, resp: httpx.Response, what: str) -> None:
