@@ -327,7 +327,9 @@ def test_a_resume_may_change_the_price_not_what_the_run_computes(tiny_config):
     # the fix an out-of-memory error advises, and speculation (it changes no token), may change too
     assert check_resume(existing, tiny_config("algorithm.micro_batch_size=2", "generation.speculation=off",
                                               "generation.max_draft_len=2"), True) == []
-    with pytest.raises(CampaignRefused, match=r"settings differ: algorithm.lr\)"):
+    # the values, the run's and the one asked for, so the fix needs no record of the first config
+    with pytest.raises(CampaignRefused, match=r"settings differ: algorithm.lr: run 0.0006, now 0.5\); set them back "
+                                              r"\(e.g. --set KEY=VALUE with the run's value\)"):
         check_resume(existing, tiny_config("price_per_gpu_second=0.002", "algorithm.lr=0.5"), True)
     assert made.identity()["algorithm"]["micro_batch_size"] is None  # the recorded identity is untouched
 

@@ -207,13 +207,15 @@ def test_sigkill_of_the_cli_mid_generation_then_resume(tmp_path, prefect_harness
     slow = ["--set", "faults.latency_fraction=1", "--set", "faults.latency_s=3", "--set", "faults.actions=[generate]"]
     cli = subprocess.Popen(_cli_args(tmp_path) + slow, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
-    while not any("generate activation" in p.read_text() for p in logs.glob("worker-*.log")):
+    # both workers up (under load the second may still be starting when the first generates)
+    while not (any("generate activation" in p.read_text() for p in logs.glob("worker-*.log"))
+               and len(_worker_pids(logs)) == 2):
         assert cli.poll() is None, f"the CLI exited with {cli.returncode} before generating"
-        assert time.monotonic() < deadline, "no generation started within 240 s"
+        assert time.monotonic() < deadline, f"no generation on both workers within 240 s: {_worker_pids(logs)}"
         time.sleep(0.1)
     time.sleep(0.5)
     pids = _worker_pids(logs)
-    assert len(pids) == 2 and all(alive(p) for p in pids)
+    assert len(pids) == 2 and all(alive(p) for p in pids), pids
     cli.send_signal(signal.SIGKILL)
     cli.wait()
     assert wait_gone(pids, 5.0) == []

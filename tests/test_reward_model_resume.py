@@ -47,13 +47,13 @@ def test_a_resume_compares_reward_model_paths_by_what_they_hold(tmp_path, monkey
     for spelling in (str(tmp_path / "rm"), "rm/", "./rm", str(tmp_path / "rm") + "/"):
         assert check_resume(state, _cfg(tmp_path, spelling), True, store) == []
     # without the store to compare with, the spelling is all there is (and the sub-field is named)
-    with pytest.raises(CampaignRefused, match=r"settings differ: reward.models\[0\].path\)"):
+    with pytest.raises(CampaignRefused, match=r"settings differ: reward.models\[0\].path: run 'rm', now '/.*rm'\)"):
         check_resume(state, _cfg(tmp_path, str(tmp_path / "rm")), True)
 
     # another model under another spelling: refused, naming the sub-field and both paths
     write_tiny_model_dir(tmp_path / "other", "qwen2", reward=True, seed=1)
     with pytest.raises(CampaignRefused, match=r"settings differ: reward.models\[0\].path 'rm', now '.*other', which "
-                                              r"does not hold the model the run stored\); use the original config"):
+                                              r"does not hold the model the run stored\); set them back"):
         check_resume(state, _cfg(tmp_path, str(tmp_path / "other")), True, store)
 
     # the same spelling, other files in the folder: one warning line, and the run goes on with its copy

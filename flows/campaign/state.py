@@ -334,12 +334,13 @@ def check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: bo
                           else (cfg.identity(), []))
     identity = _as_recorded(as_recorded_then(identity, existing.identity), existing.identity, RESUMABLE_CHANGES)
     if existing.fingerprint != fingerprint_of(identity):
-        diff = [described(k, existing.identity, identity) if store is not None else k
-                for k in differing_keys(existing.identity, identity)]
-        shown = ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
+        # a reward model's path by what the folder holds (``described``), any other by its values
+        diff = [d if store is not None and (d := described(k, existing.identity, identity)) != k
+                else _run_and_now(k, a, b) for k, a, b in differing_values(existing.identity, identity)]
+        shown = "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
         raise CampaignRefused(
             f"refusing to resume run {existing.run_id!r}: it was made with a different configuration "
-            f"(settings differ: {shown}); use the original config or a new run_id"
+            f"(settings differ: {shown}); set them back (e.g. --set KEY=VALUE with the run's value) or use a new run_id"
         )
     return warnings
 
@@ -370,14 +371,29 @@ def differing_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
     >>> differing_keys({"models": [{"path": "a", "weight": 1}]}, {"models": [{"path": "b", "weight": 1}]})
     ['models[0].path']
     """
+    return [key for key, _, _ in differing_values(old, new, prefix)]
+
+
+def differing_values(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """``differing_keys`` with each key's value in ``old`` and in ``new`` (None where absent)."""
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new) and old != new:
-        return [k for i, (a, b) in enumerate(zip(old, new)) for k in differing_keys(a, b, f"{prefix}[{i}]")]
+        return [d for i, (a, b) in enumerate(zip(old, new)) for d in differing_values(a, b, f"{prefix}[{i}]")]
     if not (isinstance(old, dict) and isinstance(new, dict)):
-        return [prefix or "(the whole configuration)"] if old != new else []
-    out: list[str] = []
+        return [(prefix or "(the whole configuration)", old, new)] if old != new else []
+    out: list[tuple[str, Any, Any]] = []
     for key in sorted(set(old) | set(new)):
-        out += differing_keys(old.get(key), new.get(key), f"{prefix}.{key}" if prefix else str(key))
+        out += differing_values(old.get(key), new.get(key), f"{prefix}.{key}" if prefix else str(key))
     return out
+
+
+def _run_and_now(key: str, old: Any, new: Any) -> str:
+    """``key`` with the value the run was made with and the one asked for now, each cut to 80
+    characters in the middle (a whole section would fill the line; a path's end tells most)."""
+    def shown(value: Any) -> str:
+        text = repr(value)
+        return text if len(text) <= 80 else text[:38] + "..." + text[-39:]
+
+    return f"{key}: run {shown(old)}, now {shown(new)}"
 
 
 def commit_state(store: ObjectStore, state: CampaignState) -> str:
