@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -45,11 +46,12 @@ def test_a_mid_run_failure_is_one_line_naming_the_resume_and_resume_continues(tm
     last = failed.stderr.strip().splitlines()[-1]
     assert last.startswith("rlhfless: error: action score failed: reward function 'latefail:late' raised "
                            "ValueError: late failure"), last
-    assert last.endswith("`rlhfless train --resume --run-id late` with the same settings continues the run from "
-                         "its last committed step (1)"), last
-
-    resumed = subprocess.run([*cmd, "--resume"], env={**env, "FIXED": "1"}, capture_output=True, text=True,
-                             timeout=600)
+    assert last.endswith(" --run-id late --resume` continues the run from its last committed step (1)"), last
+    # the command it names is the one that ran, with --resume: pasted as printed, it continues the run
+    printed = shlex.split(last.split("`")[-2])
+    assert printed[:2] == ["rlhfless", "train"] and f"store.uri={tmp_path / 'store'}" in printed, printed
+    resumed = subprocess.run([sys.executable, "-m", "flows.commands.cli", *printed[1:]], env={**env, "FIXED": "1"},
+                             capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert (tmp_path / "out" / "summary.json").is_file()
 

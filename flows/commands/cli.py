@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flows.campaign.preflight import checked  # imports nothing heavy: a refusal stays fast
+from flows.commands.resume_command import load_spend, print_continue, resume_command, resume_hint
 
 if TYPE_CHECKING:
     from flows.config import CampaignConfig
@@ -200,9 +201,10 @@ def _train(args: argparse.Namespace) -> int:
     if args.resume:
         from flows.campaign.finished import finished_run_line
 
-        line = finished_run_line(cfg)
-        if line is not None and summary_path.is_file():  # nothing to do: the summary stays as the run left it
-            print(line)
+        finished = finished_run_line(cfg)
+        if finished is not None and summary_path.is_file():  # nothing to do: the summary stays as the run left it
+            print(finished[0])
+            print_continue(args, cfg, finished[1], load_spend(cfg))
             return 0
         # complete but without its summary (stopped while writing it): the resume below trains
         # nothing and writes it
@@ -218,22 +220,25 @@ def _train(args: argparse.Namespace) -> int:
             with one_line_console():  # the error line below, not Prefect's traceback of it
                 summary = rlhf_campaign(config=cfg.model_dump(mode="json"), resume=args.resume)
     except (KeyboardInterrupt, Terminated) as exc:  # the flow recorded its crash; the run resumes from its last commit
-        return stopped(exc, cfg.resolved_run_id())
+        return stopped(exc, cfg.resolved_run_id(), resume_command(args, cfg.resolved_run_id()))
     except Exception as exc:
         from flows.commands.reported_errors import reported_in_one_line
 
         if not reported_in_one_line(exc):
             raise
-        return _failed(exc, _resume_hint(cfg))
+        return _failed(exc, resume_hint(cfg, resume_command(args, cfg.resolved_run_id())))
     finally:
         lease.release()
     try:
         with sigterm_unwinds():  # a stop now ends in one line; the summary is whole or absent
             _write_outputs(summary, out, summary_path)
     except (KeyboardInterrupt, Terminated) as exc:
-        return stopped(exc, cfg.resolved_run_id())
+        return stopped(exc, cfg.resolved_run_id(), resume_command(args, cfg.resolved_run_id()))
     _print_summary(summary, summary_path)
+    print_continue(args, cfg, summary.get("stopped_reason"), summary)
     return 0
+
+
 
 
 def _write_outputs(summary: dict[str, Any], out: Path, summary_path: Path) -> None:
@@ -253,21 +258,6 @@ def _write_outputs(summary: dict[str, Any], out: Path, summary_path: Path) -> No
     except ImportError:
         pass
 
-
-def _resume_hint(cfg: CampaignConfig) -> str:
-    """How to continue a run that failed mid-campaign ("" when it has no committed step)."""
-    from actions.store import open_store
-    from flows.campaign.state import load_state
-
-    try:
-        state = load_state(open_store(cfg.store.uri), cfg.resolved_run_id())
-    except Exception:  # the store may be what failed: the error line stands without the hint
-        return ""
-    if state is None:
-        return ""
-    run_id = cfg.resolved_run_id()  # named: a changed micro-batch size would derive another id
-    return (f"; once that is fixed, `rlhfless train --resume --run-id {run_id}` with the same settings continues "
-            f"the run from its last committed step ({state.step})")
 
 
 def _number(value: float | None, spec: str) -> str:
@@ -309,14 +299,14 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise Terminated(128 + signum)
 
 
-def stopped(exc: KeyboardInterrupt | Terminated, run_id: str | None = None) -> int:
+def stopped(exc: KeyboardInterrupt | Terminated, run_id: str | None = None, command: str | None = None) -> int:
     """Report a command stopped part-way by Ctrl-C or SIGTERM in one line (its clean-ups ran
-    while the exception unwound), naming the run to resume; returns the exit status, 130 or 143
-    as a shell reports a process killed by that signal."""
+    while the exception unwound), naming the run to resume and the ``command`` that does;
+    returns the exit status, 130 or 143 as a shell reports a process killed by that signal."""
     code = exc.code if isinstance(exc, Terminated) and isinstance(exc.code, int) else 128 + signal.SIGINT
     how = "interrupted" if code == 128 + signal.SIGINT else f"stopped by {signal.Signals(code - 128).name}"
     then = (f"; run {run_id!r} continues from its last committed step (or starts again, where it committed "
-            "none) with `rlhfless train --resume` and the same settings" if run_id else "")
+            f"none) with `{command or 'rlhfless train --resume'}`" if run_id else "")
     print(f"rlhfless: {how}{then}", file=sys.stderr)
     return code
 
