@@ -93,6 +93,16 @@ def needed_commits(latest: int, retention: Retention) -> list[int]:
     return sorted(set(retention.window(latest)) | set(retention.checkpoints(latest)) | resumable(latest))
 
 
+def _held(run_prefix: str, keys: list[str], versions: Mapping[int, VersionKeys], candidates: set[int]) -> set[int]:
+    """The versions among ``candidates`` the store still holds (0, the initial one, always): an
+    earlier collection may have deleted one a retention now names. Held: its weights' manifests
+    are listed, or, without its commit record, its step directory is."""
+    listed, base = set(keys), run_prefix.rstrip("/") + "/"
+    dirs = {int(m.group(1)) + 1 for k in keys if k.startswith(base) and (m := _STEP_DIR.match(k[len(base):]))}
+    return {0} | {c for c in candidates
+                  if (listed.issuperset(versions[c].weights) if c in versions and versions[c].weights else c in dirs)}
+
+
 def plan_collection(run_prefix: str, latest: int, versions: Mapping[int, VersionKeys], keys: Iterable[str],
                     retention: Retention) -> GcPlan:
     """Decide which of a run's ``keys`` are garbage after commit ``latest``.
@@ -117,6 +127,7 @@ def plan_collection(run_prefix: str, latest: int, versions: Mapping[int, Version
         >>> plan_collection("runs/r", 3, v, keys, Retention(keep_last=1)).delete
         ('runs/r/steps/000000/rollouts/gen-0.json', 'runs/r/steps/000000/train/policy/manifest.json')
     """
+    keys = list(keys)
     recent = resumable(latest)
     window, checkpoints = set(retention.window(latest)) | recent, set(retention.checkpoints(latest))
     keep: set[str] = set()
@@ -130,7 +141,8 @@ def plan_collection(run_prefix: str, latest: int, versions: Mapping[int, Version
         elif c in window:
             dropped.update(v.resume)
     dropped -= keep
-    versions_kept = tuple(sorted((window | checkpoints | {0}) & set(range(latest + 1))))
+    held = _held(run_prefix, keys, versions, window | checkpoints)
+    versions_kept = tuple(sorted((window | checkpoints | {0}) & held & set(range(latest + 1))))
     if retention.keep_last is None:
         return GcPlan(frozenset(keep), (), versions_kept)
     delete = []
