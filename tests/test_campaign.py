@@ -294,8 +294,11 @@ def test_a_budget_stop_evaluates_and_commits_the_policy_it_stops_with_and_resume
     rest = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=budget", *LEARNING), resume=True,
                         progress=lambda m: None)
     assert rest["steps_completed"] == 2 and rest["stopped_reason"] is None
-    # a resume that runs a step profiles again, and bills it as set-up
-    assert rest["profile"] is not None
+    # a resume that runs a step profiles again, and bills it as set-up, and keeps what that cost
+    # where the next resume from that commit finds it (commit 1: the resume started there)
+    from flows.campaign.resume_setup import observed_setup_s
+
+    assert rest["profile"] is not None and observed_setup_s(store, "budget", 1) > 0
     assert rest["billed_gpu_seconds_by_part"]["setup"] > first["billed_gpu_seconds_by_part"]["setup"]
     assert load_state(store, "budget").stopped_reason is None
     assert [e["step"] for e in rest["evals"]] == [0, 1, 2]

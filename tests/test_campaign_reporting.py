@@ -355,3 +355,29 @@ def test_a_resume_counts_its_set_up_before_paying_it(tiny_config):
     assert resume_stop(dearer, state) == ("budget.usd=0.02 would be exceeded by the resume's set-up, the next step "
                                           "(spent 0.004000, next about 0.025000)")
     assert resume_stop(tiny_config("steps=4", "price_per_gpu_second=0.01", "budget.usd=0.03"), state) is None
+
+
+def test_what_a_resume_paid_for_its_set_up_is_counted_by_the_next_resume_from_that_commit(tiny_config, tmp_path):
+    """A resume that paid more for its set-up than the committed estimate (cold workers) and was
+    then stopped by the budget commits nothing: what it paid, kept beside the commits, makes the
+    next resume from the same commit stop before paying it again."""
+    from actions.store import LocalStore
+    from flows.campaign.budget import resume_setup_estimate, resume_stop
+    from flows.campaign.resume_setup import observed_setup_s, record_setup, setup_key
+
+    store = LocalStore(tmp_path / "store")
+    state = _state(step=2, steps=[_step(0), _step(1, **{"cost/billed_gpu_seconds": 2.0})],
+                   spend={"billed_gpu_seconds": 10.0, "useful_gpu_seconds": 5.0, "usd": 0.004})
+    state.prepared.data["evaluation"] = "none"
+    state.resume_setup_s = 0.1  # a new run's, measured on warm workers
+    cfg = tiny_config("steps=4", "budget.gpu_seconds=12.5")
+    assert observed_setup_s(store, state.run_id, 2) is None and resume_stop(cfg, state) is None
+    record_setup(store, state.run_id, 2, 4.0)  # what the resume paid on cold ones
+    observed = observed_setup_s(store, state.run_id, 2)
+    assert observed == 4.0 and resume_setup_estimate(state, observed) == 4.0
+    assert resume_stop(cfg, state, observed).startswith("budget.gpu_seconds=12.5 would be exceeded by the resume's")
+    # another commit's record, or an unreadable one, leaves the committed estimate
+    assert observed_setup_s(store, state.run_id, 3) is None
+    store.put(setup_key(state.run_id), b"{not json")
+    assert observed_setup_s(store, state.run_id, 2) is None
+    assert resume_setup_estimate(state, None) == 0.1

@@ -61,18 +61,19 @@ def budget_stop(cfg: CampaignConfig, state: CampaignState, *, before_evaluation:
     return None
 
 
-def resume_setup_estimate(state: CampaignState) -> float:
+def resume_setup_estimate(state: CampaignState, observed_s: float | None = None) -> float:
     """The billed seconds a resume's set-up (its profile, read from the store's cache, and its
     round-trip probes) will cost, before it is paid: ``CampaignState.resume_setup_s``, as the
-    last set-up recorded it (``setup.add_setup_spend``); 0 in a record from before it was kept."""
-    return state.resume_setup_s or 0.0
+    last set-up recorded it (``setup.add_setup_spend``; 0 in a record from before it was kept),
+    or ``observed_s``, what a resume from this same commit paid (``resume_setup.py``), if more."""
+    return max(state.resume_setup_s or 0.0, observed_s or 0.0)
 
 
-def resume_stop(cfg: CampaignConfig, state: CampaignState) -> str | None:
+def resume_stop(cfg: CampaignConfig, state: CampaignState, observed_s: float | None = None) -> str | None:
     """Why a resume from committed ``state`` runs no step, or None: the budget cannot pay its
     set-up (:func:`resume_setup_estimate`) and the next step (``budget_stop``). Judged before
     the set-up is paid: a resume that stops invokes nothing and commits nothing."""
-    return budget_stop(cfg, state, setup_s=resume_setup_estimate(state))
+    return budget_stop(cfg, state, setup_s=resume_setup_estimate(state, observed_s))
 
 
 def runs_a_step(cfg: CampaignConfig, state: CampaignState) -> bool:

@@ -25,11 +25,13 @@ def finished_run_line(cfg: CampaignConfig) -> tuple[str, str | None] | None:
     from actions.store import open_store
     from flows.campaign.budget import resume_stop
     from flows.campaign.lease import read_lease
+    from flows.campaign.resume_setup import observed_setup_s
     from flows.campaign.state import CampaignRefused, check_resume, load_state
 
     store = open_store(cfg.store.uri)
     state = load_state(store, cfg.resolved_run_id())
-    stop = resume_stop(cfg, state) if state is not None and state.step < cfg.steps else None
+    stop = (resume_stop(cfg, state, observed_setup_s(store, state.run_id, state.step))
+            if state is not None and state.step < cfg.steps else None)
     if state is None or (state.step < cfg.steps and stop is None):
         return None
     try:

@@ -36,6 +36,7 @@ from flows.campaign.overhead import Background, StepClock, hold_for_training, op
 from flows.campaign.preflight import check_campaign
 from flows.campaign.prestart import FlowRunStarter
 from flows.campaign.reporting import Reporter, summarize
+from flows.campaign.resume_setup import observed_setup_s, record_setup
 from flows.campaign.setup import add_setup_spend, evaluate, model_ref, set_up
 from flows.campaign.state import CampaignRefused, CampaignState, check_resume, commit_state, load_state
 from flows.campaign.warming import PoolWarming
@@ -162,12 +163,14 @@ def _start(ctx: RunContext, existing: CampaignState | None, lease: RunLease, col
         collect(state)
     state.stopped_reason = None
     if ctx.live is None and state.step < ctx.config.steps:  # a resume: the budget judged before its set-up
-        state.stopped_reason = resume_stop(ctx.config, state)
+        state.stopped_reason = resume_stop(ctx.config, state, observed_setup_s(ctx.store, state.run_id, state.step))
         if state.stopped_reason is None:
             tokens = ctx.token_table(state.prepared.tokens_key)
             with accounted() as ledger:  # set-up's spend, committed with its first step
                 ctx.live = finish_profiling(ctx, start_profiling(ctx, model_ref(ctx, state), tokens), progress)
             add_setup_spend(ctx, state, ledger, resumed=True)
+            # kept now: should the budget stop the run before its first step, nothing commits it
+            record_setup(ctx.store, state.run_id, state.step, state.resume_setup_s or 0.0)
     state.steps_configured = ctx.config.steps  # a resume's own, committed with its next step
     state.retention = _retention_of(ctx.config)
     return state
