@@ -76,9 +76,11 @@ def test_the_floor_of_no_work_is_an_error_not_a_division_by_zero():
     (["--nodes", "1", "--policy", "static:100"], "--policy 'static:100': 100 actors of --gpus-per-actor 2 need "
                                                  "200 GPUs, but --nodes 1 x --gpus-per-node 8 hold 4 such actors"),
     (["--nodes", "1", "--gpus-per-actor", "8"], "default policy 'static:3' (pass --policy to choose)"),
+    (["--policy", "static:0"], "policy='static:0': N must be a whole number >= 1 (the actors it holds), e.g. static:3"),
+    (["--max-new-tokens", "512"], "--max-new-tokens 512, but the trace states [256]; drop the flag"),
 ])
 def test_flags_are_named_in_the_error(tmp_path, capsys, args, named):
-    path = _trace(tmp_path, ROW)
+    path = _trace(tmp_path, {**ROW, "max_new_tokens": 256})
     assert main(["--trace", str(path), *args]) == 2
     err = capsys.readouterr().err
     assert named in err and err.count("\n") == 1, err
@@ -156,3 +158,52 @@ def test_without_a_static_baseline_the_ratio_columns_are_dashes_not_nan(tmp_path
     out = capsys.readouterr().out
     assert "--policy names none" not in out and [line.split()[3] for line in out.splitlines()
                                                  if line.startswith("static:3 ")] == ["1.00x", "1.00x"]
+
+
+def _profile(tmp_path: Path, seconds, identity: dict | None = None, name: str = "p.json") -> Path:
+    from flows.planning.tpot import ProfileIdentity, TpotProfile
+
+    profile = TpotProfile(batch_sizes=(1, 2, 64), contexts=(1.0, 4096.0), seconds=seconds, prefill_tokens_per_s=5e4,
+                          identity=ProfileIdentity(**identity) if identity else None)
+    path = tmp_path / name
+    path.write_text(json.dumps(profile.to_dict()))
+    return path
+
+
+def test_a_profile_that_breaks_the_floor_s_conditions_gets_no_bound_rather_than_a_wrong_one(tmp_path, capsys):
+    """Measured on a loaded machine, a batch of 2 may step faster than a lone sample: plans then
+    end phases under the floor, and the bound is withdrawn (naming why), not printed below the
+    table's own times."""
+    trace = _small(tmp_path)
+    falling = _profile(tmp_path, ((0.05, 0.06), (0.01, 0.012), (0.001, 0.0012)))  # faster with more rows
+    assert main(["--trace", str(trace), *FAST, "--profile", str(falling)]) == 0
+    out = capsys.readouterr().out
+    assert "bound: n/a: " in out and "under the floor" in out and "max speed-up" not in out
+    assert main(["--trace", str(trace), *FAST, "--profile", str(falling), "--json"]) == 0
+    assert "under the floor" in json.loads(capsys.readouterr().out)["generation_floor"]["invalid"]
+    rising = _profile(tmp_path, ((0.01, 0.012), (0.011, 0.013), (0.03, 0.04)), name="q.json")  # a roofline's shape
+    assert main(["--trace", str(trace), *FAST, "--profile", str(rising)]) == 0
+    out = capsys.readouterr().out
+    assert "bound: no plan can run" in out and "bound: n/a" not in out
+
+
+def test_a_profile_file_s_identity_picks_the_model_and_learner_or_is_warned_about(tmp_path, capsys):
+    trace = _small(tmp_path)
+    seconds = ((0.01, 0.012), (0.011, 0.013), (0.03, 0.04))
+    # a roofline file of a model and GPU the simulator knows: both taken from it, no warning
+    known = _profile(tmp_path, seconds, {"model": "Llama2-70B", "device": "A100-SXM-80G", "engine": "roofline"})
+    assert main(["--trace", str(trace), *FAST, "--profile", str(known)]) == 0
+    out, err = capsys.readouterr()
+    assert "A100-SXM-80G" in out and "68.98B FLOPs" in out and "warning" not in err
+    # a measured profile of a model it has no shape for: modelled as the default, and said so
+    tiny = _profile(tmp_path, seconds, {"model": "qwen2 tiny", "device": "cpu:AMD EPYC", "engine": "torch"},
+                    name="tiny.json")
+    assert main(["--trace", str(trace), *FAST, "--profile", str(tiny)]) == 0
+    err = capsys.readouterr().err
+    assert "was measured on qwen2 tiny (cpu:AMD EPYC)" in err and "modelled as Qwen2.5-7B on H100-SXM" in err
+    assert "pass --model and --learner-gpu" in err
+
+
+def test_an_empty_trace_says_what_a_line_holds(tmp_path, capsys):
+    assert main(["--trace", str(_trace(tmp_path, raw=b"\n"))]) == 2
+    assert "no trace lines; write one JSON object per line (epoch, step, prompt_id" in capsys.readouterr().err

@@ -188,6 +188,25 @@ def check_fits(policy: Policy, model: ClusterModel, source: str = "--policy") ->
                          f"{model.gpus_per_node} hold {most} such actors; use N <= {most} or raise --nodes")
 
 
+def _from_identity(args: argparse.Namespace, profile: TpotProfile) -> tuple[str, str]:
+    """The model and learner GPU (``MODELS``, ``GPUS`` keys) a profile file's ``identity`` names,
+    where ``--model`` / ``--learner-gpu`` do not (qwen2.5-7b, h100 where it names none the
+    simulator has a shape for); one warning line on stderr where the file's model or device is
+    not the one modelled, as the weights, KV bytes and learner rate would then be another's."""
+    ident = profile.identity
+    known_model = next((k for k, m in MODELS.items() if ident is not None and m.name == ident.model), None)
+    known_gpu = next((k for k, g in GPUS.items() if ident is not None and g.name == ident.device), None)
+    model_name, gpu = args.model or known_model or "qwen2.5-7b", args.learner_gpu or known_gpu or "h100"
+    if ident is not None and (MODELS[model_name].name != ident.model
+                              or (ident.engine == "roofline" and GPUS[gpu].name != ident.device)):
+        device = ident.device or "a device it does not state"
+        print(f"warning: --profile {args.profile} was measured on {ident.model} ({device}); weights, KV bytes and "
+              f"the learner are modelled as {MODELS[model_name].name} on {GPUS[gpu].name}: pass --model and "
+              f"--learner-gpu for the profile's own (one of "
+              f"{', '.join(MODELS)}; {', '.join(GPUS)})", file=sys.stderr)
+    return model_name, gpu
+
+
 def build_model(args: argparse.Namespace) -> ClusterModel:
     """ClusterModel from parsed arguments (``check_flags``); ValueError on a bad profile."""
     check_flags(args)
@@ -197,9 +216,9 @@ def build_model(args: argparse.Namespace) -> ClusterModel:
         model_name = args.model or args.profile.split(":")[2]
     else:
         profile = TpotProfile.load(args.profile, "--profile")
-        model_name = args.model or "qwen2.5-7b"
+        model_name, file_gpu = _from_identity(args, profile)
     spec = MODELS[model_name]
-    gpu = args.learner_gpu or (args.profile.split(":")[1] if args.profile.startswith("roofline:") else "h100")
+    gpu = args.learner_gpu or (args.profile.split(":")[1] if args.profile.startswith("roofline:") else file_gpu)
     rate = args.learner_tokens_per_s or learner_tokens_per_s(GPUS[gpu], spec, args.learner_gpus,
                                                              args.learner_mfu)
     args.learner_note = (f"{args.learner_tokens_per_s:,.0f} tokens/s as given" if args.learner_tokens_per_s
@@ -262,6 +281,18 @@ def bound_report(steps: list, runs: dict[str, PolicyRun], model: ClusterModel) -
               "serverless_time_s": sum(f.serverless_s for f in floors),
               "serverful_time_s": sum(f.serverful_s for f in floors),
               "steps": [f.time_s for f in floors]}
+    # The floor holds only for profiles that meet its conditions (bound.py); a measured one
+    # (a loaded or tiny machine: a batch of 2 stepping faster than 1) may not. A policy under the
+    # floor shows it, and the bound is then withdrawn rather than contradicting the table.
+    under = next(((name, i, s.gen_time_s, f.time_s) for name, run in runs.items()
+                  for i, (s, f) in enumerate(zip(run.steps, floors)) if s.gen_time_s < f.time_s * (1 - 1e-9)), None)
+    if under is not None:
+        name, i, took, floor = under
+        report["invalid"] = (f"{name} ran step {i}'s generation in {took:.1f} s, under the floor of {floor:.1f} s: "
+                             "the profile breaks the conditions the bound needs (no batch stepping faster than a "
+                             "lone sample at the batch's total context, a batch-1 row convex in context; "
+                             "flows/simulate/bound.py), as one measured on a loaded or tiny machine can")
+        return report
     base = next((name for name in runs if name.startswith("static")), None)
     if base is not None:
         times = [s.gen_time_s for s in runs[base].steps]
@@ -274,6 +305,8 @@ def bound_report(steps: list, runs: dict[str, PolicyRun], model: ClusterModel) -
 
 def format_bound(report: dict) -> str:
     """``bound_report`` as the text report's lines."""
+    if "invalid" in report:
+        return f"bound: n/a: {report['invalid']}"
     lines = [f"bound: no plan can run these generation phases in under {report['time_s']:.1f} s "
              f"(serverless plans {report['serverless_time_s']:.1f} s): the longest sample of each "
              "step started as early and decoded as fast (alone) as the replay allows"]

@@ -67,6 +67,8 @@ def parse_policy(name: str) -> Policy:
               "oracle": Policy(name, False, CostAware(), "ranked", cut=True, oracle=True)}
     if not arg and base in simple:
         return simple[base]
+    if base in ("static", "round-robin", "no-scale") and arg:  # a known fan-out policy, a bad N
+        raise ValueError(f"policy={name!r}: N must be a whole number >= 1 (the actors it holds), e.g. {base}:3")
     raise ValueError(f"policy={name!r}: unknown; use rlhfless, static:N, round-robin:N, "
                      "no-assign, no-scale[:N], no-cut or oracle")
 

@@ -136,7 +136,8 @@ def read_trace(path: str | Path) -> list[TraceStep]:
                 raise ValueError(f"{path}:{number}: prompt {row.prompt_id} twice in step {step}")
             rows.append(row)
     if not steps:
-        raise ValueError(f"{path}: no trace lines")
+        raise ValueError(f"{path}: no trace lines; write one JSON object per line (epoch, step, prompt_id, "
+                         "prompt_len, response_lens), as benchmarks/make_traces.py does")
     return [TraceStep(e, s, tuple(rows), cap) for (e, s), rows in steps.items()]
 
 
@@ -315,7 +316,8 @@ def generation_cap(steps: list[TraceStep], max_new_tokens: int | None = None) ->
     """
     stated = {s.max_new_tokens for s in steps} - {None}
     if max_new_tokens is not None and stated and stated != {max_new_tokens}:
-        raise ValueError(f"max_new_tokens={max_new_tokens}, but the trace states {sorted(stated)}")
+        raise ValueError(f"--max-new-tokens {max_new_tokens}, but the trace states {sorted(stated)}; drop the flag "
+                         "(the trace's cap is used) or pass the cap the trace was made with")
     cap = max_new_tokens if max_new_tokens is not None else max(stated, default=None)
     if cap is None:
         raise ValueError("the trace states no generation cap (a max_new_tokens field): give the one it "
