@@ -394,6 +394,11 @@ CASES: dict[str, Case] = {
     "dataset prompt_key missing": Case(
         _train("--set", "data.train_path={tmp}/d.jsonl", "--set", "data.prompt_key=question"),
         ("d.jsonl:1", "key 'question' is missing", "set data.prompt_key"), setup=_write("d.jsonl", _rows(ROW))),
+    "dataset eval file with other column names": Case(  # data.prompt_key names both files' column
+        _train("--set", "data.train_path={tmp}/d.jsonl", "--set", "data.eval_path={tmp}/e.jsonl"),
+        ("e.jsonl:1", "key 'prompt' is missing (row keys: a, q)", "must name its columns as the train file does",
+         "rename its column holding the prompt"),
+        setup=lambda tmp: (_write("d.jsonl", _rows(ROW))(tmp), _write("e.jsonl", _rows({"q": "x", "a": "c"}))(tmp))),
     "dataset empty prompt": Case(
         _train("--set", "data.train_path={tmp}/d.jsonl"), ("d.jsonl:2", "key 'prompt' is an empty prompt", "fill in"),
         setup=_write("d.jsonl", _rows(ROW, {**ROW, "prompt_id": 2, "prompt": "  "}))),

@@ -121,15 +121,26 @@ def _check_answer_column(records: Sequence[Record], fields: FieldMap, source: st
     key = fields.answer_key
     if key is None or key == "answer" or any(key in rec for _, rec in records):
         return
+    fix = ("the eval file must name its columns as the train file does (data.answer_key applies to both): rename "
+           "its answer column" if source.startswith("data.eval_path") else
+           "fix the name, or set data.answer_key: null for a dataset without reference answers")
     raise ValueError(f"{source}: no row has the column {key!r} named by data.answer_key (row keys: "
-                     f"{', '.join(sorted(records[0][1])[:8])}); fix the name, or set data.answer_key: null for a "
-                     "dataset without reference answers")
+                     f"{', '.join(sorted(records[0][1])[:8])}); {fix}")
+
+
+def _key_fix(where: str, setting: str, what: str) -> str:
+    """The fix for a missing column: the setting names it in both files, so in the eval file
+    (``where`` starts ``data.eval_path``) the column is renamed to the train file's name."""
+    if where.startswith("data.eval_path"):
+        return (f"the eval file must name its columns as the train file does ({setting} applies to both): "
+                f"rename its column holding {what}")
+    return f"set {setting} to the column holding {what}"
 
 
 def _prompt(rec: dict[str, Any], key: str, where: str) -> str | list[dict[str, Any]]:
     if key not in rec:
         raise ValueError(f"{where}: key {key!r} is missing (row keys: {', '.join(sorted(rec)[:8])}); "
-                         "set data.prompt_key to the column holding the prompt")
+                         f"{_key_fix(where, 'data.prompt_key', 'the prompt')}")
     value = rec[key]
     if isinstance(value, str):
         check_prompt_size(len(value), where, key)
@@ -173,7 +184,7 @@ def _reference(rec: dict[str, Any], fields: FieldMap, where: str) -> str | int |
     what, other = fields.answer_need  # with answer_key null the config refused it (WorkloadConfig)
     if key not in rec:
         raise ValueError(f"{where}: key {key!r} is missing (row keys: {', '.join(sorted(rec)[:8])}); {what}, so "
-                         f"every row needs one: set data.answer_key to the column holding it, {other}")
+                         f"every row needs one: {_key_fix(where, 'data.answer_key', 'it')}, {other}")
     if value is None:
         raise ValueError(f"{where}: key {key!r} is null; {what}, so every row needs one: fill it in or remove "
                          f"the row, {other}")
