@@ -24,7 +24,7 @@ from actions.config.section import Section as _Section
 from actions.config.workload import WorkloadConfig
 from actions.store.endpoints import has_userinfo
 from actions.store.safe_paths import check_run_id
-from flows.config_yaml import AliasBomb, DuplicateKey, load_yaml, yaml_problem
+from flows.config_yaml import AliasBomb, load_yaml, yaml_problem
 from flows.planning.registry import ScalingStrategy
 from flows.planning.scaling import parse_scaling_policy  # the built-in strategies register on import
 from flows.trl_names import trl_hint
@@ -459,8 +459,7 @@ def config_input(path: str | None = None, overrides: list[str] | None = None) ->
             raise ValueError(f"config file {path!r} is refused: {exc}; write the repeated settings out, or use "
                              "fewer anchors") from None
         except yaml.YAMLError as exc:
-            fix = "" if isinstance(exc, DuplicateKey) else "; fix the syntax"  # a duplicate key's problem says it
-            raise ValueError(f"config file {path!r} is not valid YAML{yaml_problem(exc)}{fix}") from None
+            raise ValueError(f"config file {path!r} is not valid YAML{yaml_problem(exc)}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ValueError(f"config file {path!r} must hold a mapping of sections, not {type(loaded).__name__}")
         raw = loaded or {}

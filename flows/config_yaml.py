@@ -98,9 +98,11 @@ def load_yaml(text: str) -> Any:
 
 
 def yaml_problem(exc: yaml.YAMLError) -> str:
-    """Where a YAML error is and what it is, to follow "not valid YAML" in a message:
-    ``" at line 3, column 5: mapping values are not allowed here"`` (what the error holds of it)."""
+    """Where a YAML error is, what it is and the fix, to follow "not valid YAML" in a message:
+    ``" at line 3, column 5: mapping values are not allowed here; fix the syntax"`` (what the
+    error holds of it; a duplicate key's problem states its own fix)."""
     mark = getattr(exc, "problem_mark", None)
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
     problem = getattr(exc, "problem", None) or (str(exc).splitlines() or [""])[0]
-    return f"{where}: {problem}" if problem else where
+    fix = "" if isinstance(exc, DuplicateKey) else "; fix the syntax"
+    return (f"{where}: {problem}" if problem else where) + fix

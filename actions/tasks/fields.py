@@ -121,8 +121,7 @@ def _check_answer_column(records: Sequence[Record], fields: FieldMap, source: st
     key = fields.answer_key
     if key is None or key == "answer" or any(key in rec for _, rec in records):
         return
-    fix = ("the eval file must name its columns as the train file does (data.answer_key applies to both): rename "
-           "its answer column" if source.startswith("data.eval_path") else
+    fix = (_key_fix(source, "data.answer_key", "the answer") if source.startswith("data.eval_path") else
            "fix the name, or set data.answer_key: null for a dataset without reference answers")
     raise ValueError(f"{source}: no row has the column {key!r} named by data.answer_key (row keys: "
                      f"{', '.join(sorted(records[0][1])[:8])}); {fix}")

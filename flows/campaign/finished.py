@@ -14,10 +14,10 @@ if TYPE_CHECKING:
     from flows.config import CampaignConfig
 
 
-def finished_run_line(cfg: CampaignConfig) -> tuple[str, str | None] | None:
+def finished_run_line(cfg: CampaignConfig) -> tuple[str, str | None, dict[str, float]] | None:
     """One status line when the configured run is complete, or its budget cannot pay for the
-    next step (``budget.resume_stop``), with that stop's reason (None for a complete run); None
-    when there is work to do.
+    next step (``budget.resume_stop``), with that stop's reason (None for a complete run) and
+    the run's committed spend (``CampaignState.spend``); None when there is work to do.
 
     A run whose lease is still there did not end cleanly (its process died, perhaps in the
     middle of a garbage collection after its last commit): that is work left, which the
@@ -44,7 +44,7 @@ def finished_run_line(cfg: CampaignConfig) -> tuple[str, str | None] | None:
            if state.evals else "")
     if stop is not None:
         return (f"run {state.run_id!r} stops before its next step: {state.step}/{cfg.steps} steps committed, "
-                f"{stop}; nothing to resume, nothing written (raise the budget to train further)"), stop
+                f"{stop}; nothing to resume, nothing written (raise the budget to train further)"), stop, state.spend
     return (f"run {state.run_id!r} is complete: {state.step}/{cfg.steps} steps committed, policy version "
             f"{state.policy_version}, weights_sha256 {state.weights_sha256[:12] or '-'}{acc}; nothing to resume, "
-            f"nothing written (pass --steps N with N > {state.step} to train further)"), None
+            f"nothing written (pass --steps N with N > {state.step} to train further)"), None, state.spend

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flows.campaign.preflight import checked  # imports nothing heavy: a refusal stays fast
-from flows.commands.resume_command import load_spend, print_continue, resume_command, resume_hint
+from flows.commands.resume_command import print_continue, resume_command, resume_hint
 
 if TYPE_CHECKING:
     from flows.config import CampaignConfig
@@ -204,7 +204,7 @@ def _train(args: argparse.Namespace) -> int:
         finished = finished_run_line(cfg)
         if finished is not None and summary_path.is_file():  # nothing to do: the summary stays as the run left it
             print(finished[0])
-            print_continue(args, cfg, finished[1], load_spend(cfg))
+            print_continue(args, cfg, finished[1], finished[2])
             return 0
         # complete but without its summary (stopped while writing it): the resume below trains
         # nothing and writes it
@@ -239,8 +239,6 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-
-
 def _write_outputs(summary: dict[str, Any], out: Path, summary_path: Path) -> None:
     """The summary first, whole or not at all (written beside and renamed over, so a stop
     mid-write leaves none: ``train --resume`` then writes it again, training nothing), then
@@ -257,7 +255,6 @@ def _write_outputs(summary: dict[str, Any], out: Path, summary_path: Path) -> No
         write_report(summary, out)
     except ImportError:
         pass
-
 
 
 def _number(value: float | None, spec: str) -> str:

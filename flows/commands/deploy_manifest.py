@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from flows.config_yaml import AliasBomb, DuplicateKey, load_yaml, yaml_problem
+from flows.config_yaml import AliasBomb, load_yaml, yaml_problem
 
 DEFAULT_MANIFEST = "openwhisk_actions.yaml"
 """The shipped manifest: package data of ``flows.commands`` (read with importlib.resources)."""
@@ -157,9 +157,8 @@ def load_manifest(path: str | Path | None = None) -> DeploymentManifest:
         raise ManifestError(f"{path}: cannot read the manifest: {exc.strerror}") from None
     except AliasBomb as exc:
         raise ManifestError(f"{path}: refused: {exc}; write the repeated settings out, or use fewer anchors") from None
-    except yaml.YAMLError as exc:  # a duplicate key's problem says the fix
-        fix = "" if isinstance(exc, DuplicateKey) else "; fix the syntax"
-        raise ManifestError(f"{path}: not valid YAML{yaml_problem(exc)}{fix}") from None
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"{path}: not valid YAML{yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise ManifestError(f"{path}: expected a mapping with 'package' and 'actions', got {type(data).__name__}")
     try:

@@ -75,14 +75,3 @@ def resume_hint(cfg: CampaignConfig, command: str) -> str:
         return ""
     return f"; once that is fixed, `{command}` continues the run from its last committed step ({state.step})"
 
-
-def load_spend(cfg: CampaignConfig) -> dict[str, Any]:
-    """The committed spend of the configured run ({} where it cannot be read)."""
-    from actions.store import open_store
-    from flows.campaign.state import load_state
-
-    try:
-        state = load_state(open_store(cfg.store.uri), cfg.resolved_run_id())
-    except Exception:  # noqa: BLE001 -- a hint, never a failure
-        return {}
-    return {"usd": state.spend["usd"], "billed_gpu_seconds": state.spend["billed_gpu_seconds"]} if state else {}
