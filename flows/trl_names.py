@@ -22,8 +22,8 @@ TRL_SETTINGS = {
     "reward_funcs": "reward.functions",
     "reward_weights": "the weight of each reward.functions entry",
     "mask_truncated_completions": "algorithm.mask_truncated",
-    "loss_type": "algorithm.loss_agg (dapo and bnpo: token_mean, grpo: seq_mean_token_mean, "
-                 "dr_grpo: seq_mean_token_sum_norm)",
+    "loss_type": "algorithm.loss_agg (dapo: token_mean; bnpo: token_mean with micro_batch_size unset; "
+                 "grpo: seq_mean_token_mean; dr_grpo: seq_mean_token_sum_norm)",
 }
 """TRL's name -> the RLHFless setting (or what stands for it)."""
 

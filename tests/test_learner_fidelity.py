@@ -490,6 +490,18 @@ def test_kl_kind_defaults_to_each_algorithms_own_estimator_and_ppo_refuses_scale
         AlgorithmConfig(name="ppo", scale_by_std=False)
 
 
+def test_grpo_refuses_ppo_settings_it_would_ignore():
+    """PPO's critic and GAE settings change nothing GRPO computes but would change its run id."""
+    with pytest.raises(ValueError, match=r"algorithm.gamma=0.9 sets PPO's .* remove algorithm.gamma or set "
+                                         r"algorithm.name=ppo"):
+        AlgorithmConfig(gamma=0.9)
+    with pytest.raises(ValueError, match=r"critic_lr=0.1, algorithm.value_clip=0.5 set .* remove "
+                                         r"algorithm.critic_lr and algorithm.value_clip"):
+        AlgorithmConfig(critic_lr=0.1, value_clip=0.5)
+    assert AlgorithmConfig(gamma=1.0).gamma == 1.0  # the default, stated: nothing to refuse
+    assert AlgorithmConfig(name="ppo", gamma=0.9, critic_lr=0.1).gamma == 0.9
+
+
 @pytest.mark.parametrize("kind", ["k1", "k3"])
 def test_ppo_penalises_and_reports_the_kl_estimator_it_is_configured_with(kind):
     """``algorithm.kl_kind`` reaches PPO's per-token KL reward (so its advantages and returns)

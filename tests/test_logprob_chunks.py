@@ -134,8 +134,9 @@ def test_micro_batches_give_the_unsplit_update(qwen, name, loss_agg):
     """Micro batches weighted by their share (of the tokens, or of the rows for a per-sequence
     loss_agg) accumulate the mini-batch's gradient and its metrics."""
     mode = loss_agg.partition("mask_truncated")[0]
-    base = dict(name=name, batch_size=16, group_size=4, num_minibatches=2, lr=1e-3, critic_lr=1e-3, kl_coef=0.05,
-                loss_agg=mode.rstrip("+") or "token_mean", mask_truncated=loss_agg.endswith("mask_truncated"))
+    base = dict(name=name, batch_size=16, group_size=4, num_minibatches=2, lr=1e-3, kl_coef=0.05,
+                loss_agg=mode.rstrip("+") or "token_mean", mask_truncated=loss_agg.endswith("mask_truncated"),
+                **({"critic_lr": 1e-3} if name == "ppo" else {}))
     _, whole, m_whole = _train(qwen, AlgorithmConfig(**base))
     _, split, m_split = _train(qwen, AlgorithmConfig(**base, micro_batch_size=2))
     for opt_whole, opt_split in zip(whole, split):
@@ -149,8 +150,10 @@ def test_micro_batches_give_the_unsplit_update(qwen, name, loss_agg):
                 # difference (a wrong token weight) is of their own size
                 torch.testing.assert_close(g_split, g_whole, atol=1e-6, rtol=1e-4)
     for k in ("loss/policy", "entropy", "clipfrac", "ratio_mean", "grad_norm") + (
-            ("loss/value",) if name == "ppo" else ("kl",)):
+            ("loss/value",) if name == "ppo" else ("kl", "loss")):
         assert m_split[k] == pytest.approx(m_whole[k], rel=1e-4, abs=1e-6), k
+    if name == "grpo" and mode.rstrip("+") in ("", "token_mean"):  # both token means, weighted alike
+        assert m_whole["loss"] == pytest.approx(m_whole["loss/policy"] + 0.05 * m_whole["kl"], rel=1e-5)
 
 
 def test_each_loss_agg_gives_its_own_gradient_and_the_same_token_metrics(qwen):

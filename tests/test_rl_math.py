@@ -203,7 +203,7 @@ def test_grpo_loss_on_policy_is_minus_token_mean_advantage():
         clip_low=0.2, clip_high=0.2, kl_coef=0.0,
     )
     assert loss.item() == pytest.approx(-0.4)
-    expected = {"loss/policy": -0.4, "kl": 0.0, "clipfrac": 0.0, "ratio_mean": 1.0}
+    expected = {"loss": -0.4, "loss/policy": -0.4, "kl": 0.0, "clipfrac": 0.0, "ratio_mean": 1.0}
     assert metrics == pytest.approx(expected)
     loss.backward()
     # d/dlogp (-A * ratio / 5) = -A / 5 at ratio 1; padding gets 0
@@ -260,6 +260,8 @@ def test_grpo_kl_term_is_added_to_loss():
     loss, metrics = grpo_loss(logp, logp, ref, torch.zeros(1), mask, **clips, kl_coef=0.1)
     assert metrics["kl"] == pytest.approx(0.543081, abs=1e-6)
     assert loss.item() == pytest.approx(0.0543081, abs=1e-6)
+    # `loss` is what is minimised (TRL's), `loss/policy` the surrogate alone
+    assert (metrics["loss"], metrics["loss/policy"]) == pytest.approx((0.0543081, 0.0), abs=1e-6)
     with pytest.raises(ValueError, match="ref_logp"):
         grpo_loss(logp, logp, None, torch.zeros(1), mask, **clips, kl_coef=0.1)
 

@@ -110,7 +110,8 @@ LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"
 class AlgorithmConfig(_Section):
     name: Literal["grpo", "ppo"] = "grpo"
     """``grpo``: group-relative advantages, no critic. ``ppo``: a learned critic and GAE
-    (``critic_lr``, ``gamma``, ``gae_lambda``, ``value_clip``)."""
+    (``critic_lr``, ``gamma``, ``gae_lambda``, ``value_clip``; GRPO refuses them at other than their
+    defaults, since they would change its run id and nothing it computes)."""
     batch_size: int = Field(128, gt=0)
     """Samples (responses) per step = prompts per step x group_size."""
     group_size: int = Field(8, gt=0)
@@ -118,9 +119,10 @@ class AlgorithmConfig(_Section):
     kl_coef: float = Field(0.01, ge=0)
     """Weight of the KL penalty to the reference policy (the policy after warm-up); 0: none."""
     kl_kind: Literal["k1", "k2", "k3"] | None = None  # never None once validated: _default_kl_kind fills it
-    """KL estimator (``actions/rl/kl.py``): GRPO adds ``kl_coef`` x its token mean to the loss,
-    PPO subtracts ``kl_coef`` x it from each token's reward. Unset or null: the algorithm's own,
-    k3 for GRPO (DeepSeekMath eq. 4), k1 for PPO (Ouyang et al. eq. 2; TRL's ``kl_estimator``)."""
+    """KL estimator (``actions/rl/kl.py``): GRPO adds ``kl_coef`` x it to the loss, reduced
+    over tokens as ``loss_agg`` says (a token mean by default), PPO subtracts ``kl_coef`` x it
+    from each token's reward. Unset or null: the algorithm's own, k3 for GRPO (DeepSeekMath eq. 4),
+    k1 for PPO (Ouyang et al. eq. 2; TRL's ``kl_estimator``)."""
     clip_low: float = Field(0.2, gt=0, lt=1)
     """The importance ratio is clipped below at ``1 - clip_low`` (PPO's epsilon)."""
     clip_high: float = Field(0.28, gt=0)
@@ -150,7 +152,8 @@ class AlgorithmConfig(_Section):
     False: it whitens its GAE advantages over the batch instead."""
     loss_agg: LossAgg = Field("token_mean", exclude_if=lambda v: v == "token_mean")
     """How the policy loss reduces its per-token terms (the clipped surrogate and GRPO's KL):
-    ``token_mean`` over every real token of the mini-batch (DAPO; TRL's ``dapo`` and ``bnpo``),
+    ``token_mean`` over every real token of the mini-batch (DAPO; TRL's ``dapo``, and
+    ``bnpo`` without micro-batches),
     so a long response weighs in proportion to its length; ``seq_mean_token_mean``, each
     response's token mean, then the mean over responses (the GRPO paper; TRL's ``grpo``), so a
     short response's tokens weigh more; ``seq_mean_token_sum_norm``, the token sum over
@@ -196,6 +199,13 @@ class AlgorithmConfig(_Section):
                    else "algorithm.scale_by_std is false, so no std divides them")
             raise ValueError(f"algorithm.std_scope=batch sets the std GRPO divides its centred rewards by, but {why}; "
                              "remove algorithm.std_scope")
+        ppo = [k for k in ("critic_lr", "gamma", "gae_lambda", "value_clip")
+               if self.name == "grpo" and getattr(self, k) != type(self).model_fields[k].default]
+        if ppo:  # refused, not ignored: they would change nothing computed, yet the run's id
+            given = ", ".join(f"algorithm.{k}={getattr(self, k)}" for k in ppo)
+            raise ValueError(f"{given} {'sets' if len(ppo) == 1 else 'set'} PPO's critic and GAE, but algorithm.name "
+                             "is grpo, which has neither; remove "
+                             f"{' and '.join(f'algorithm.{k}' for k in ppo)} or set algorithm.name=ppo")
         return self
 
     @model_validator(mode="after")

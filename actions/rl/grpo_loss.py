@@ -64,7 +64,8 @@ def grpo_loss(
         loss_agg: ``algorithm.loss_agg`` (``masked.aggregate``).
         norm_tokens: ``seq_mean_token_sum_norm``'s response limit (``generation.max_new_tokens``).
     Returns:
-        ``(loss, metrics)``: a scalar to minimise, and python floats ``"loss/policy"``,
+        ``(loss, metrics)``: a scalar to minimise, and python floats ``"loss"`` (that scalar:
+        TRL's ``loss``), ``"loss/policy"`` (its clipped surrogate alone, without the KL term),
         ``"kl"`` (token-mean KL estimate, 0.0 when not computed), ``"clipfrac"`` and
         ``"ratio_mean"``.
     """
@@ -94,4 +95,5 @@ def grpo_loss(
     elif kl_coef != 0.0:
         raise ValueError(f"ref_logp is None but kl_coef={kl_coef}; pass ref_logp or set kl_coef=0")
     metrics["kl"] = kl_value
+    metrics["loss"] = loss.item()
     return loss, metrics

@@ -14,7 +14,7 @@ whose gradients are accumulated before the optimizer step. A micro batch's loss 
 its share of the mini-batch (``masked.micro_share``: of its real tokens for the token mean,
 ``algorithm.loss_agg``'s default, of its rows for the per-sequence reductions): the sum of the
 weighted losses is the mini-batch's loss, and the update equals the unsplit one up to float
-round-off. ``loss/policy`` is combined with the same weights, the token means among the
+round-off. ``loss/policy`` and ``loss`` are combined with the same weights, the token means among the
 metrics (``clipfrac``, ``ratio_mean``, ``kl``, ``entropy``) with the tokens' shares.
 
 The policy's log-probs are computed like the score action's (``sequences.per_row_widths``:
@@ -177,12 +177,16 @@ def shares(mask: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor, algo: Algo
     return (tokens if algo.loss_agg == "token_mean" else micro_share(mask, rows, idx, algo.loss_agg)), tokens
 
 
+LOSS_KEYS = ("loss/policy", "loss")
+"""Metrics that are a loss reduced as ``algorithm.loss_agg`` says, not a token mean."""
+
+
 def add_weighted(metrics: dict[str, float], part: dict[str, float], share: torch.Tensor,
                  tokens: torch.Tensor) -> None:
-    """Add a part's metrics ``part`` into ``metrics``: ``loss/policy`` weighted by ``share`` (the
-    loss's own weight), the token means by ``tokens`` (the part's share of the tokens)."""
+    """Add a part's metrics ``part`` into ``metrics``: the losses (``LOSS_KEYS``) weighted by
+    ``share`` (the loss's own weight), the token means by ``tokens`` (the part's share of the tokens)."""
     for k, v in part.items():
-        metrics[k] += v * float(share if k == "loss/policy" else tokens)
+        metrics[k] += v * float(share if k in LOSS_KEYS else tokens)
 
 
 def policy_loss(logp: torch.Tensor, entropy: torch.Tensor, batch: TrainBatch, adv: torch.Tensor, rows: torch.Tensor,

@@ -35,7 +35,8 @@ TRL_NAMES = {
     "response_length/clip_ratio": "completions/clipped_ratio",
 }
 """Campaign metric -> the name TRL's GRPOTrainer logs it under, where they differ (``kl``,
-``grad_norm``, ``loss``, ``entropy`` and ``frac_reward_zero_std`` are already TRL's)."""
+``grad_norm``, ``loss`` (GRPO's, the KL term included), ``entropy`` and ``frac_reward_zero_std``
+are already TRL's)."""
 
 
 def step_scalars(metrics: dict[str, Any]) -> dict[str, float]:
