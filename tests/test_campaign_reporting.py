@@ -54,6 +54,27 @@ def test_a_nan_metric_is_null_in_the_summary_which_is_strict_json(tmp_path):
     assert "| 2 | nan | 6.0 |" in report and (tmp_path / "reward.png").exists()
 
 
+def test_a_nan_committed_as_null_is_read_back_as_nan_for_a_resumes_outputs(monkeypatch):
+    """A commit holds a diverged step's NaN as null (strict JSON); read back for a resume, it is
+    NaN again: the metrics table artifact takes it (``float(None)`` raised after the resumed
+    run's first commit), the divergence warning still names that step, status stays strict JSON."""
+    from flows.campaign.artifacts import publish_step_artifacts
+    from flows.campaign.learning_warnings import learning_warnings
+
+    committed = _state(step=2, steps=[_step(0, grad_norm=math.nan, **{"loss/policy": math.nan}), _step(1)])
+    back = CampaignState.model_validate_json(committed.model_dump_json())
+    assert json.loads(committed.model_dump_json())["steps"][0]["grad_norm"] is None  # what the store holds
+    assert math.isnan(back.steps[0]["grad_norm"]) and back.steps[1] == committed.steps[1]
+    assert [w["step"] for w in learning_warnings(back.steps, 2) if w["kind"] == "nonfinite_update"] == [1]
+    tables = []
+    run = types.SimpleNamespace(flow_run=types.SimpleNamespace(id=uuid.uuid4()))
+    monkeypatch.setattr(prefect.context.FlowRunContext, "get", classmethod(lambda cls: run))
+    monkeypatch.setattr(prefect.artifacts, "create_table_artifact", lambda **kw: tables.append(kw["table"]))
+    monkeypatch.setattr(prefect.artifacts, "create_markdown_artifact", lambda **kw: None)
+    assert publish_step_artifacts(RUN, back.steps, [], "action-seconds")
+    assert math.isnan(tables[0][0]["loss/policy"]) and tables[0][1]["loss/policy"] == 0.0
+
+
 @pytest.mark.parametrize("kind, unit", [("local", "action-seconds"), ("openwhisk", "GPU-seconds")])
 def test_the_report_artifact_names_the_unit_billed_time_has_on_the_invoker(tiny_config, monkeypatch, kind, unit):
     from flows.campaign.overhead import Background
@@ -248,12 +269,13 @@ def test_status_shows_the_run_state_its_configured_steps_and_who_holds_its_lease
 
     def status() -> dict:
         assert main(["status", RUN, "--store", str(tmp_path)]) == 0
-        return json.loads(capsys.readouterr().out)
+        return json.loads(capsys.readouterr().out, parse_constant=pytest.fail)  # strict JSON: no NaN token
 
-    commit_state(store, _state(step=1, steps_configured=3, steps=[_step(0)]))
+    commit_state(store, _state(step=1, steps_configured=3, steps=[_step(0, grad_norm=math.nan)]))
     shown = status()
     assert (shown["state"], shown["steps_committed"], shown["steps_configured"], shown["lease"]) == (
         "incomplete", 1, 3, None)
+    assert shown["last_metrics"]["grad_norm"] is None  # a diverged step's NaN, as the summary shows it
     # a process of another host holds the lease
     lease = RunLease.acquire(store, RUN, ttl_s=60, renew=False, host="trainer", pid=4242, progress=lambda m: None)
     shown = status()

@@ -132,6 +132,12 @@ def test_zero_variance_run_warns_and_resume_of_finished_run_writes_nothing(tmp_p
     # it invokes no action (no profile): the figures billed are the ones committed
     spend = ("billed_gpu_seconds", "useful_gpu_seconds", "usd", "billed_gpu_seconds_by_part")
     assert {k: again[k] for k in spend} == {k: summary[k] for k in spend} and again["profile"] is None
+    # a summary of an earlier commit (a resume that committed, then failed before writing it):
+    # rewritten the same way, not kept as the run's
+    summary_file.write_text(json.dumps({**again, "steps_completed": 1, "weights_sha256": "0" * 64}))
+    assert main([*args, "--resume"]) == 0
+    assert "nothing written" not in capsys.readouterr().out
+    assert json.loads(summary_file.read_text())["steps_completed"] == 2
 
 
 def test_a_steps_commit_column_is_the_previous_steps_commit_alone(tiny_config, prefect_harness, monkeypatch):

@@ -318,6 +318,39 @@ def test_wandb_and_mlflow_record_a_failed_and_a_killed_run(tmp_path, monkeypatch
         assert read_wandb_exit_code(tmp_path / run_id) == end.exit_code
 
 
+@needs_wandb
+@needs_mlflow
+def test_a_resume_continues_its_tracker_runs_and_a_new_campaign_of_the_same_id_starts_its_own(tmp_path,
+                                                                                             monkeypatch):
+    """Tracker runs are keyed by the campaign's ``tracker_key``: its resume appends to them, a new
+    campaign with the same run id (another store, a cleared one) does not rewrite their steps."""
+    from mlflow.tracking import MlflowClient
+
+    from flows.campaign.trackers import RunEnd, _Mlflow, _Wandb
+
+    uri = (tmp_path / "mlruns").as_uri()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    cfg = load_config(None, [])
+    runs = (("aaaa", 1, 0.25), ("aaaa", 2, 0.5), ("bbbb", 1, 0.75))  # a campaign, its resume, a new campaign
+    for i, (key, step, reward) in enumerate(runs):
+        for tracker in (_Wandb(cfg, "nightly", tmp_path / f"wb{i}", key), _Mlflow(cfg, "nightly", key)):
+            tracker.add_step(step, {"reward/mean": reward}, [])
+            tracker.close(RunEnd("FINISHED", 0))
+    wandb_ids = [{r.run.run_id for r in wandb_records(tmp_path / f"wb{i}") if r.HasField("run")} for i in range(3)]
+    assert wandb_ids == [{"nightly-aaaa"}, {"nightly-aaaa"}, {"nightly-bbbb"}]
+    client = MlflowClient(tracking_uri=uri)
+    found = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                               filter_string="tags.rlhfless_run_id = 'nightly'")
+    history = {r.data.tags["rlhfless_tracker_key"]: [(m.step, m.value) for m in
+                                                      client.get_metric_history(r.info.run_id, "reward/mean")]
+               for r in found}
+    assert history == {"aaaa": [(1, 0.25), (2, 0.5)], "bbbb": [(1, 0.75)]}
+
+
 def test_trackers_do_not_change_the_run_identity():
     assert load_config(None, []).fingerprint() == load_config(None, ["observability.report_to=[mlflow]"]).fingerprint()
 
@@ -361,3 +394,8 @@ def test_campaign_metrics_land_in_wandb_mlflow_and_tensorboard_as_in_the_summary
         for step, value in points:
             tb.setdefault(step, {})[name] = value
     assert_same(tb, want, "tensorboard")
+    # a resume continues the campaign's MLflow run (one run, every step once)
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "run"), "--steps", "3", "--resume"]) == 0
+    resumed = expected(json.loads((tmp_path / "run" / "summary.json").read_text()))
+    assert sorted(resumed) == [0, 1, 2, 3]
+    assert_same(read_mlflow(uri, "tracked"), {s: without_path_prefixes(v) for s, v in resumed.items()}, "mlflow")

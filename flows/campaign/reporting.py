@@ -27,12 +27,14 @@ Progress = Callable[[str], None]
 class Reporter:
     """Reports of one campaign run: open before its first step, :meth:`close` at its end."""
 
-    def __init__(self, cfg: CampaignConfig, run_id: str, publisher: Background, progress: Progress) -> None:
+    def __init__(self, cfg: CampaignConfig, run_id: str, publisher: Background, progress: Progress,
+                 tracker_key: str = "") -> None:
         self.run_id, self.total, self.publisher, self.progress = run_id, cfg.steps, publisher, progress
         self.algorithm = cfg.algorithm.name  # which learning warnings apply
         self.mask_truncated = cfg.algorithm.mask_truncated  # and what they advise
         self.unit = billing(cfg.invoker.kind)["unit"]  # what billed time is on this invoker
-        self.board = Trackers.open(cfg, run_id)  # observability.report_to: TensorBoard, wandb, MLflow, trackio
+        # observability.report_to: TensorBoard, wandb, MLflow, trackio; runs keyed by the campaign
+        self.board = Trackers.open(cfg, run_id, tracker_key)
         self.progress_id: Any = None
 
     def start(self, done: int) -> None:

@@ -15,6 +15,7 @@ reports (``reporting.py``).
 from __future__ import annotations
 
 import functools
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -106,7 +107,8 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
     # critical path: made in the generation phase of a step, never beside its training
     quiet_api = threading.Event()
     publisher = Background(quiet_api)
-    reporter = Reporter(cfg, run_id, publisher, progress)
+    tracker_key = existing.tracker_key if existing is not None else secrets.token_hex(4)  # committed by _start
+    reporter = Reporter(cfg, run_id, publisher, progress, tracker_key)
     invoker = make_invoker(cfg, num_workers)
     ctx = RunContext(config=cfg, store=store, invoker=invoker, run_id=run_id)
     set_context(ctx)
@@ -117,7 +119,7 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
     failure: BaseException | None = None  # how the trackers record the run's end
     wall = SessionWall(started)
     try:
-        state = _start(ctx, existing, lease, collect, progress, wall)
+        state = _start(ctx, existing, lease, collect, progress, wall, tracker_key)
         if state.stopped_reason is None and runs_a_step(cfg, state):
             warming.before_first_step(model_ref(ctx, state).model_dump(mode="json"))
         reporter.start(state.step)
@@ -136,6 +138,9 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
                 step_flow.close()  # a flow run prepared for a step that did not come
             finally:
                 publisher.wait()
+        except BaseException as exc:  # the run's own failure, if any, is the one trackers record
+            failure = failure or exc
+            raise
         finally:
             reporter.close(failure)  # last: a tracker that fails to end skips no other clean-up
     return summarize(state, wall.session_s(), wall.total_s(state), billing=billing(cfg.invoker.kind), gc=collect.totals,
@@ -145,17 +150,18 @@ def _run_leased(cfg: CampaignConfig, store: ObjectStore, run_id: str, lease: Run
 
 
 def _start(ctx: RunContext, existing: CampaignState | None, lease: RunLease, collect: Collector,
-           progress: Progress, wall: SessionWall) -> CampaignState:
+           progress: Progress, wall: SessionWall, tracker_key: str) -> CampaignState:
     """The state to continue from: a new run's record 0, committed, or the last commit of a
     resumed one (whose profile comes from the store's cache, usually). A resume profiles again
     only when it will run a step: one that runs none (the run is complete, or the budget cannot
     pay the set-up and the next step: ``resume_stop``, its ``stopped_reason``) invokes no action,
-    so its summary bills what was committed."""
+    so its summary bills what was committed. ``tracker_key`` keys a new run's tracker runs."""
     state = existing
     if state is None:
         state = set_up(ctx, progress)
         state.steps_configured = ctx.config.steps
         state.retention = _retention_of(ctx.config)
+        state.tracker_key = tracker_key
         lease.check()
         wall.stamp(state)
         commit_state(ctx.store, state)

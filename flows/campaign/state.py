@@ -14,10 +14,11 @@ same objects with the same bytes.
 from __future__ import annotations
 
 import copy
+import math
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator, model_validator
 
 from actions.contracts import EvaluateResult, Prepared
 from actions.store import (
@@ -97,6 +98,10 @@ class CampaignState(BaseModel):
     """The step from which ``spend`` counts evaluations, set-up and wall time: a run committed
     before they were counted reads them as 0 up to the step it was resumed from (its steps were
     counted)."""
+    tracker_key: str = ""
+    """The key of this campaign's experiment-tracker runs (``trackers.py``), made with its first
+    commit: a resume continues those runs, a new campaign of the same run id starts its own. ""
+    in a record from before it: the trackers find their runs by the run id alone."""
     draft_index: dict[str, int] = {}
     """prompt_id -> step whose draft object holds its latest responses (``flows/campaign/drafts.py``)."""
     stopped_reason: str | None = None
@@ -159,6 +164,13 @@ class CampaignState(BaseModel):
         """Record an evaluation, and its cost in ``spend``."""
         self.evals.append(record)
         self.add_spend("evaluations", record.billed_gpu_seconds, record.useful_gpu_seconds, record.usd)
+
+    @field_validator("steps")
+    @classmethod
+    def _nan_of_null(cls, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A metric committed as null (JSON has no NaN or infinity) is read back as NaN, as the
+        step held it: a resumed run's outputs and warnings (``nonfinite_update``) see it as they did."""
+        return [{k: math.nan if v is None else v for k, v in m.items()} for m in steps]
 
     @model_validator(mode="before")
     @classmethod

@@ -18,6 +18,7 @@ from typing import Any
 from actions.store import ObjectStore
 from flows.campaign.holder import machine_identity
 from flows.campaign.lease import pid_alive, read_lease, takeover_reason
+from flows.campaign.reporting import json_safe
 from flows.campaign.state import CampaignState, load_state
 
 
@@ -75,7 +76,7 @@ def status_report(store: ObjectStore, run_id: str) -> dict[str, Any] | None:
         "steps_configured": state.steps_configured, "lease": lease, "policy_version": state.policy_version,
         "weights_sha256": state.weights_sha256, "spend": state.spend, "stopped_reason": state.stopped_reason,
         "last_eval": state.evals[-1].model_dump(mode="json") if state.evals else None,
-        "last_metrics": {k: v for k, v in last.items() if k != "plan"},
+        "last_metrics": json_safe({k: v for k, v in last.items() if k != "plan"}),  # NaN is null
     }
 
 

@@ -24,7 +24,8 @@ PROBE_TIMEOUT_S = 3.0
 """Seconds the MLflow server probe waits to connect, and again for the answer."""
 HINTS = {
     "mlflow": "check MLFLOW_TRACKING_URI",
-    "wandb": "check WANDB_API_KEY (`wandb login`) and WANDB_BASE_URL, or set WANDB_MODE=offline",
+    "wandb": "check WANDB_API_KEY (`wandb login`), WANDB_BASE_URL and WANDB_DIR (a folder wandb can write), or set "
+             "WANDB_MODE=offline",
     "trackio": "check TRACKIO_PROJECT and TRACKIO_DIR",
     "tensorboard": "check observability.tensorboard_dir",
 }

@@ -13,10 +13,14 @@ Each tracker is an optional extra (``pip install 'rlhfless[wandb]'``) configured
 environment, as in TRL: ``WANDB_PROJECT``, ``WANDB_MODE=offline``, ``MLFLOW_TRACKING_URI``
 (a database such as ``sqlite:///mlflow.db``, or a ``file:`` store, which MLflow 3 allows only with
 ``MLFLOW_ALLOW_FILE_STORE=true`` and which cannot hold TRL's ``reward`` beside ``reward/mean``:
-there the TRL name is left out), ``MLFLOW_EXPERIMENT_NAME``, ``TRACKIO_PROJECT``... The run is named by
-the run id, so a resumed campaign continues the same run where the tracker can (wandb's
-``resume="allow"``, the MLflow run tagged with the run id). A missing package, or an environment
-the tracker cannot start with (``tracker_env.py``), is refused before anything is written
+there the TRL name is left out), ``MLFLOW_EXPERIMENT_NAME``, ``TRACKIO_PROJECT``... A campaign's
+tracker runs are named by its run id and keyed by its ``tracker_key`` (``CampaignState``: made with
+the run's first commit), so a resumed campaign continues the same runs where the tracker can
+(wandb's run id ``<run_id>-<key>`` with ``resume="allow"``, the MLflow run tagged with both, trackio's
+run ``<run_id>-<key>``), and a new campaign of the same run id (in another store, or after its
+store was cleared) starts its own instead of appending its steps to an old one's. A run committed
+before the key (``""``) finds its tracker runs by the run id alone, as it made them. A missing
+package, or an environment the tracker cannot start with (``tracker_env.py``), is refused before anything is written
 (``check_trackers``, called by the pre-flight); a tracker that fails later all the same fails
 the campaign with one line naming it. A tracker's run ends as the campaign did (``RunEnd``:
 finished, failed, or killed by Ctrl-C or SIGTERM).
@@ -115,14 +119,24 @@ class Tracker(Protocol):
     def close(self, end: RunEnd) -> None: ...
 
 
+def keyed(run_id: str, key: str) -> str:
+    """The tracker run of campaign ``run_id`` keyed ``key`` (``""``: a run from before keys).
+
+    >>> keyed("nightly", "3f9a0c1e"), keyed("nightly", "")
+    ('nightly-3f9a0c1e', 'nightly')
+    """
+    return f"{run_id}-{key}" if key else run_id
+
+
 class _Wandb:
-    def __init__(self, cfg: CampaignConfig, run_id: str, run_dir: Path) -> None:
+    def __init__(self, cfg: CampaignConfig, run_id: str, run_dir: Path, key: str = "") -> None:
         import wandb
 
         folder = Path(os.environ.get("WANDB_DIR") or run_dir)  # wandb writes <folder>/wandb/
         folder.mkdir(parents=True, exist_ok=True)
-        self._run = wandb.init(project=os.environ.get("WANDB_PROJECT", DEFAULT_PROJECT), id=run_id, name=run_id,
-                               resume="allow", dir=str(folder), config=cfg.identity(), reinit="create_new")
+        self._run = wandb.init(project=os.environ.get("WANDB_PROJECT", DEFAULT_PROJECT), id=keyed(run_id, key),
+                               name=run_id, resume="allow", dir=str(folder), config=cfg.identity(),
+                               reinit="create_new")
 
     def add_step(self, step: int, metrics: dict[str, Any], evals: Sequence[EvalRecord]) -> None:
         scalars = step_scalars(metrics)
@@ -138,7 +152,7 @@ class _Wandb:
 
 
 class _Mlflow:
-    def __init__(self, cfg: CampaignConfig, run_id: str) -> None:
+    def __init__(self, cfg: CampaignConfig, run_id: str, key: str = "") -> None:
         import mlflow
 
         self._mlflow = mlflow
@@ -146,9 +160,11 @@ class _Mlflow:
         # cannot exist there (a database backend holds both).
         self._file_store = mlflow.get_tracking_uri().startswith("file:") or "://" not in mlflow.get_tracking_uri()
         mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_PROJECT))
-        found = mlflow.search_runs(filter_string=f"tags.rlhfless_run_id = '{run_id}'", output_format="list")
+        tags = {"rlhfless_run_id": run_id, **({"rlhfless_tracker_key": key} if key else {})}
+        found = mlflow.search_runs(filter_string=" and ".join(f"tags.{k} = '{v}'" for k, v in tags.items()),
+                                   output_format="list")
         self._run = mlflow.start_run(run_id=found[0].info.run_id) if found else mlflow.start_run(
-            run_name=run_id, tags={"rlhfless_run_id": run_id})
+            run_name=run_id, tags=tags)
         if not found:
             mlflow.log_params({k: str(v)[:500] for k, v in _flat(cfg.identity()).items()})
 
@@ -165,12 +181,12 @@ class _Mlflow:
 
 
 class _Trackio:
-    def __init__(self, cfg: CampaignConfig, run_id: str) -> None:
+    def __init__(self, cfg: CampaignConfig, run_id: str, key: str = "") -> None:
         import trackio
 
         self._trackio = trackio
-        trackio.init(project=os.environ.get("TRACKIO_PROJECT", DEFAULT_PROJECT), name=run_id, config=cfg.identity(),
-                     resume="allow")
+        trackio.init(project=os.environ.get("TRACKIO_PROJECT", DEFAULT_PROJECT), name=keyed(run_id, key),
+                     config=cfg.identity(), resume="allow")
 
     def add_step(self, step: int, metrics: dict[str, Any], evals: Sequence[EvalRecord]) -> None:
         scalars = step_scalars(metrics)
@@ -200,14 +216,15 @@ class Trackers:
         self._trackers = list(trackers)
 
     @classmethod
-    def open(cls, cfg: CampaignConfig, run_id: str) -> Trackers:
-        """Start each tracker ``cfg`` asks for (the pre-flight checked their environment)."""
+    def open(cls, cfg: CampaignConfig, run_id: str, key: str = "") -> Trackers:
+        """Start (or, for a resumed campaign, continue) each tracker run ``cfg`` asks for, keyed
+        ``key`` (the campaign's ``tracker_key``); the pre-flight checked their environment."""
         check_packages(cfg)
         run_dir = Path(cfg.observability.tensorboard_dir or f"runs/{run_id}/tensorboard").parent
         made = cls()
         for name in requested(cfg):
             try:
-                made._trackers.append((name, _open_one(name, cfg, run_id, run_dir)))
+                made._trackers.append((name, _open_one(name, cfg, run_id, run_dir, key)))
             except Exception as exc:
                 made.close(RunEnd.of(exc), quiet=True)  # the ones started end as failed
                 raise tracker_error(name, exc) from None  # the library's chain may quote a secret
@@ -243,13 +260,13 @@ class Trackers:
             raise failures[0]
 
 
-def _open_one(name: str, cfg: CampaignConfig, run_id: str, run_dir: Path) -> Tracker:
+def _open_one(name: str, cfg: CampaignConfig, run_id: str, run_dir: Path, key: str) -> Tracker:
     if name == "tensorboard":
         cfg_tb = cfg.model_copy(deep=True)
         cfg_tb.observability.tensorboard = True
         return ScalarBoard.open(cfg_tb, run_id)
     if name == "wandb":
-        return _Wandb(cfg, run_id, run_dir)
+        return _Wandb(cfg, run_id, run_dir, key)
     if name == "mlflow":
-        return _Mlflow(cfg, run_id)
-    return _Trackio(cfg, run_id)
+        return _Mlflow(cfg, run_id, key)
+    return _Trackio(cfg, run_id, key)

@@ -201,13 +201,13 @@ def _train(args: argparse.Namespace) -> int:
     if args.resume:
         from flows.campaign.finished import finished_run_line
 
-        finished = finished_run_line(cfg)
-        if finished is not None and summary_path.is_file():  # nothing to do: the summary stays as the run left it
+        finished = finished_run_line(cfg, summary_path)
+        if finished is not None:  # nothing to do: the summary stays as the run left it
             print(finished[0])
             print_continue(args, cfg, finished[1], finished[2])
             return 0
-        # complete but without its summary (stopped while writing it): the resume below trains
-        # nothing and writes it
+        # complete but without the summary of its last commit (stopped while writing it, or failed
+        # after committing): the resume below trains nothing and writes it
     lease = _preflight(cfg, out, summary_path, args.resume, args.break_lease)
     try:
         # the lease below is released on SIGTERM too; the flow skips the checks _preflight made

@@ -117,7 +117,7 @@ def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
     # billed_gpu_seconds is GPU-seconds only on OpenWhisk; locally it is action wall time.
     unit, meaning = (summary.get("billing") or billing("local")).values()
     plots = {
-        "reward.png": ("Reward and eval accuracy", "step", "fraction correct (0-1)",
+        "reward.png": ("Reward and eval accuracy", "step", "reward (its own scale); accuracy (0-1)",
                        {"mean reward (training samples)": (xs, [s.reward_mean for s in steps]),
                         "eval greedy accuracy": ([e["step"] for e in evals], [e["accuracy"] for e in evals])},
                        "line"),
