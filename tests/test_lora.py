@@ -212,6 +212,28 @@ def test_a_rank_above_every_targeted_matrix_is_refused_at_the_cli(tmp_path):
         check_targets(load_config(None, ["model.lora.r=100000"]).workload())
 
 
+def test_a_model_folder_of_pickled_weights_is_checked_by_the_model_its_config_builds(tmp_path):
+    """A ``pytorch_model.bin`` folder has no header to read: its targets and rank are checked
+    against the model config.json builds on the meta device (a typo was dropped silently)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from actions.models.lora_targets import check_targets
+
+    folder = write_tiny_model_dir(tmp_path / "m", "qwen2", hidden_size=32).path
+    torch.save(load_file(str(folder / "model.safetensors")), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+
+    def check(*extra):
+        check_targets(load_config(None, [f"model.path={folder}", *extra]).workload())
+
+    check("model.lora={r: 16, target_modules: [q_proj, k_proj, lm_head]}")
+    with pytest.raises(ValueError, match=r"^model.lora.target_modules: 'v_porj' matches no module .*k_proj"):
+        check("model.lora={r: 4, target_modules: [q_proj, v_porj]}")
+    with pytest.raises(ValueError, match=r"^model.lora.r=33 is above 32, "):
+        check("model.lora.r=33")
+
+
 def test_a_target_may_name_one_layer_of_the_tiny_default_by_its_path():
     """As on a model folder, a target names a module by its path's tail: one layer's q_proj of
     the tiny default (2 layers) is a target; a layer it does not have is refused."""

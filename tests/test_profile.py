@@ -89,6 +89,11 @@ def test_profile_rejects_bad_device_and_config(tmp_path, capsys):
     assert "--device='tpu'" in capsys.readouterr().err
     assert main(["profile", "--model-config", str(tmp_path / "none.json")]) == 2
     assert "--model-config" in capsys.readouterr().err
+    # model.lora as train checks it: a target the model lacks, a rank no targeted layer can hold
+    for lora, said in (("{r: 4, target_modules: [c_attn]}", "model.lora.target_modules: 'c_attn' matches no module"),
+                       ("{r: 1000}", "model.lora.r=1000 is above 96")):
+        assert main(["profile", "--set", f"model.lora={lora}", "--output", str(tmp_path / "p.json")]) == 2
+        assert said in capsys.readouterr().err and not (tmp_path / "p.json").exists()
 
 
 def _profile_name(out) -> str:

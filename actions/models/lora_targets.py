@@ -1,11 +1,12 @@
 """Which modules ``model.lora.target_modules`` names, and how large ``model.lora.r`` may be,
-checked without torch (at the CLI).
+checked at the CLI (without torch, but for a model folder of pickled weights).
 
 PEFT matches a listed name against every module path: ``q_proj`` matches
 ``model.layers.0.self_attn.q_proj`` (the path equals the name or ends with ``.`` + name). A
 name that matches nothing would be silently ignored when other names match, so each one is
-checked here, against the weight matrices of the model's safetensors headers (``model.path``)
-or of the tiny default Llama, before anything is written.
+checked here, against the weight matrices of the model's safetensors headers (``model.path``;
+for a folder of ``pytorch_model.bin`` weights, of the model its ``config.json`` builds on
+torch's meta device) or of the tiny default Llama, before anything is written.
 
 A model that ties its output head to the input embedding (Qwen2.5-0.5B, Gemma, GPT-2, the tiny
 default) does not save the head's weight, yet has the module: ``lm_head`` is added for it.
@@ -47,11 +48,23 @@ def matrix_shapes(model_dir: str) -> dict[str, Shape]:
             header = json.loads(fh.read(length))
         shapes.update({k[: -len(".weight")]: tuple(v["shape"]) for k, v in header.items()  # type: ignore[misc]
                        if k.endswith(".weight") and isinstance(v, dict) and len(v.get("shape", [])) == 2})
+    if not shapes:  # pickled weights: no header to read without loading them
+        shapes = _built_shapes(model_dir)
     if shapes and HEAD not in shapes and _ties_head(model_dir):
         config = _config(model_dir)
         shapes[HEAD] = tuple(v if isinstance(v, int) else None  # type: ignore[assignment]
                              for v in (config.get("vocab_size"), config.get("hidden_size")))
     return shapes
+
+
+def _built_shapes(model_dir: str) -> dict[str, Shape]:
+    """The 2-D ``.weight`` matrices of the model ``config.json`` builds (shapes only, nothing
+    allocated); empty where it cannot be built here (the loader reports that)."""
+    from actions.models.weight_shapes import built_shapes
+
+    built = built_shapes(Path(model_dir), "AutoModelForCausalLM")
+    return {k[: -len(".weight")]: (v[0], v[1]) for k, v in (built or {}).items()
+            if k.endswith(".weight") and len(v) == 2}
 
 
 def _config(model_dir: str) -> dict:
@@ -84,12 +97,12 @@ def _tiny_shapes(model: ModelConfig) -> dict[str, Shape]:
 def check_targets(cfg: WorkloadConfig) -> None:
     """Raise ValueError (one line: the field, the value, the fix) when a listed target module
     matches no weight matrix of the model, or when ``r`` exceeds every targeted matrix's smaller
-    side; no LoRA passes, and so does a folder without safetensors (PEFT checks it later)."""
+    side; no LoRA passes, and so does a model that cannot be built here (the loader reports it)."""
     lora = cfg.model.lora
     if lora is None:
         return
     shapes = matrix_shapes(cfg.model.path) if cfg.model.path else _tiny_shapes(cfg.model)
-    if not shapes:  # weights in another format: PEFT checks it when the model is built
+    if not shapes:  # a model transformers cannot build here: the action's loader reports it
         return
     if isinstance(lora.target_modules, str):  # all-linear: every linear layer but the head
         targeted = {m: s for m, s in shapes.items() if m != HEAD and not _embedding(m)} or shapes

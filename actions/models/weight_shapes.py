@@ -79,6 +79,13 @@ def checkpoint_shapes(root: Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def built_shapes(root: Path, auto_class: str) -> dict[str, tuple[int, ...]] | None:
+    """Parameter and buffer name -> shape of the model ``config.json`` builds (on the meta
+    device); None where it cannot be built here."""
+    built = _expected_shapes(root, auto_class)
+    return None if built is None else built[0]
+
+
 def _expected_shapes(root: Path, auto_class: str) -> tuple[dict[str, tuple[int, ...]], str] | None:
     """(parameter and buffer name -> shape, ``base_model_prefix``) of the model ``config.json``
     builds; None where it cannot be built here (a model

@@ -73,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
 
         validate_model_dir(cfg.model.path)
         check_weight_shapes(cfg.model.path, "model.path", "AutoModelForCausalLM")
+    if args.model_config is None:  # model.lora's targets and rank, as train checks them
+        from actions.models.lora_targets import check_targets
+
+        check_targets(cfg.workload())
     # CPU: a small padded batch, as one action thread sees it; GPU: enough tokens to fill it.
     shape = (16, 512) if device.type == "cuda" else (16, 64)
     if cfg.generation.engine == "vllm":
