@@ -11,20 +11,25 @@ every sample returned exactly once, in input order      yes        yes
 ``finish_reason`` in {"stop", "length", "cut"}          yes        yes
 same (seed, step, prompt_id, sample_index) -> same      yes        yes (same engine, same
 output, on the same weights                                        weights, same build)
-fan-out invariance: output does not depend on which     yes        yes, up to float
-other samples share the call                                       round-off of batched
-                                                                   kernels (see vllm_engine)
-dedup / prefix reuse changes cost, never outputs        yes        yes (APC)
-cut then continue == uncut run, token for token         yes        yes (same noise stream)
+fan-out invariance: output does not depend on which     yes*       yes*
+other samples share the call
+dedup / prefix reuse changes cost, never outputs        yes*       yes* (APC)
+cut then continue == uncut run, token for token         yes*       yes* (same noise stream)
 KV bundle (``prefixes``) from the prefill action        used       ignored: vLLM cannot
                                                                    import KV; APC dedups
-speculative decoding (``speculation``), same outputs    yes        not used (docs/vllm.md)
+speculative decoding (``speculation``), same outputs    yes*       not used (docs/vllm.md)
 ======================================================  =========  ==========================
 
 Both engines sample with the same counter-based Gumbel-max noise (``sampling.py``) keyed by
 ``stream_key(seed, step, prompt_id, sample_index)`` and the response position, so given equal
 logits they draw equal tokens, with the same top-k / top-p filtering applied to the logits
 before the noise; temperature 0 is greedy argmax.
+
+\* Up to float round-off: the draw from given logits is exact, but the logits a row gets depend
+on the forward that computed them by round-off (its batch's padded width, a prefill of tokens
+another call decoded, a verification's width; torch's static and dynamic KV cache give the same
+bits). A token flips where its two best noisy scores lie within that round-off: rare in fp32
+(about 1e-7; the tests compare token for token), common in bf16 (docs/gpu.md).
 """
 
 from __future__ import annotations

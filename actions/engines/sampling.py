@@ -1,8 +1,9 @@
 """Counter-based sampling noise: a sample's randomness depends only on who it is.
 
 A design invariant says scaling is invisible to learning: the tokens a sample draws may
-depend only on (run seed, step, prompt id, sample index) -- never on the batch it shares, the
-actor that runs it, or whether it was cut and migrated. Stateful generators cannot give that
+depend only on (run seed, step, prompt id, sample index) and its logits -- never on the batch it
+shares, the actor that runs it, or whether it was cut and migrated, except through the float
+round-off those change the logits by (``base.py``). Stateful generators cannot give that
 cheaply in a batch, so sampling uses the Gumbel-max trick with noise from a counter-based hash:
 
     token_t = argmax_v( logits_v / temperature + G(key, t, v) ),  G = -log(-log(U)),

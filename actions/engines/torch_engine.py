@@ -171,7 +171,8 @@ class TorchEngine:
         for (prefix, _), group in by_prefix.items():
             base = prefixes[prefix] if prefix else None
             # one padded call per run of similar suffix lengths, where the padding saved pays for
-            # the call (prefill_plan); exact, since rows never mix in a forward
+            # the call (prefill_plan); rows never mix in a forward (padding changes a row's logits
+            # by float round-off only: base.py's table)
             for part in plan_prefill_calls([len(sequences[i]) - len(prefix) for i in group], self.prefill_call_tokens):
                 idxs = [group[k] for k in part]
                 suffixes = [sequences[i][len(prefix):] for i in idxs]
