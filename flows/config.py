@@ -387,6 +387,8 @@ def _first_error(exc: ValidationError, raw: dict[str, Any]) -> str:
         return bool_error_line(".".join(str(p) for p in err["loc"]), err["ctx"])
     kept, value, union = _in_raw(err, raw)
     fix = " (nan and inf are refused)" if err["type"] == "finite_number" else ""
+    if isinstance(value, bool) and err["type"] == "literal_error":  # the user typed on, yes or no, not a bool
+        fix = f" (YAML reads {'on, yes and true' if value else 'off, no and false'} as {value}; quote the word)"
     if union is not None:  # a value no member of a union accepts: each member's complaint, at the union's field
         kept = kept[:union]
         value = _value_at(raw, kept)

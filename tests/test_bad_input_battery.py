@@ -242,6 +242,8 @@ CASES: dict[str, Case] = {
         _train("--set", "algorithm.group_size=3"), ("algorithm.group_size=3", "multiple of group_size")),
     "config too many minibatches": Case(
         _train("--set", "algorithm.num_minibatches=99"), ("algorithm.num_minibatches=99", "lower num_minibatches")),
+    "config yaml boolean for a word": Case(
+        _train("--set", "generation.speculation=on"), ("generation.speculation = True", "YAML reads on", "quote")),
     "config ppo setting under grpo": Case(
         _train("--set", "algorithm.gae_lambda=0.9"), ("algorithm.gae_lambda=0.9", "set algorithm.name=ppo")),
     "config unknown algorithm": Case(_train("--set", "algorithm.name=dpo"), ("algorithm.name", "'grpo' or 'ppo'")),

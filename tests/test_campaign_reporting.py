@@ -339,7 +339,7 @@ def test_the_state_word_of_a_run_nobody_trains(update, word):
 
 def test_a_resume_may_change_the_price_not_what_the_run_computes(tiny_config):
     """``price_per_gpu_second`` (USD and the planner's cost), ``algorithm.micro_batch_size`` (the
-    same update to round-off) and speculation (the same tokens) may change on a resume; a
+    same update to round-off), speculation and the engine (the same tokens, to round-off) may change on a resume; a
     setting that changes the samples or weights is still refused."""
     from flows.campaign.state import CampaignRefused, check_resume
 
@@ -349,6 +349,7 @@ def test_a_resume_may_change_the_price_not_what_the_run_computes(tiny_config):
     # the fix an out-of-memory error advises, and speculation (it changes no token), may change too
     assert check_resume(existing, tiny_config("algorithm.micro_batch_size=2", "generation.speculation=off",
                                               "generation.max_draft_len=2"), True) == []
+    assert check_resume(existing, tiny_config("generation.engine=vllm"), True) == []  # the same tokens, to round-off
     # the values, the run's and the one asked for, so the fix needs no record of the first config
     with pytest.raises(CampaignRefused, match=r"settings differ: algorithm.lr: run 0.0006, now 0.5\); set them back "
                                               r"\(e.g. --set KEY=VALUE with the run's value\)"):

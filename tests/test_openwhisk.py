@@ -785,7 +785,7 @@ def test_client_imports_without_torch():
 
 
 # ---------------------------------------------------------------------------- the vLLM engine's containers
-def test_a_vllm_evaluation_runs_in_the_generate_containers(ow_emulator: OpenWhiskEmulator, client: OpenWhiskClient):
+def test_a_vllm_evaluation_and_profile_run_in_the_generate_containers(ow_emulator: OpenWhiskEmulator, client: OpenWhiskClient):
     put_action(client, "generate", timeout_ms=120_000)  # a cold container imports torch first
     put_action(client, "evaluate", timeout_ms=120_000)
     invoker = OpenWhiskInvoker(client, package="rlhfless", timeout_s=120.0)
@@ -797,8 +797,12 @@ def test_a_vllm_evaluation_runs_in_the_generate_containers(ow_emulator: OpenWhis
     with pytest.raises(ActionError, match=r"EvaluateRequest\.model: field required"):
         invoker.invoke("evaluate", {"engine": "torch"})  # the torch engine: its own containers
     assert ow_emulator.pool.warm("rlhfless/evaluate") == 1
-    with pytest.raises(ActionError, match=r"GenerateRequest\.model"):  # only evaluate may be a guest
+    with pytest.raises(ActionError, match=r"GenerateRequest\.model"):  # only evaluate and profile may be guests
         invoker.invoke("generate", {"engine": "vllm", "__action": "score"})
+    put_action(client, "profile", timeout_ms=120_000)
+    with pytest.raises(ActionError, match=r"ProfileRequest") as profile:  # a vLLM profile: the warm engine's
+        invoker.invoke("profile", {"engine": "vllm"})
+    assert profile.value.action == "profile" and ow_emulator.pool.warm("rlhfless/profile") == 0
 
 
 def test_campaign_preflight_compares_gpus_annotation_with_gpus_per_actor(ow_emulator: OpenWhiskEmulator, monkeypatch):

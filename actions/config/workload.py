@@ -277,7 +277,7 @@ class GenerationConfig(_Section):
     1.0: off (1.0 is read as None)."""
     engine: Literal["torch", "vllm"] = "torch"
     """The generation engine of the generate, evaluate and profile actions: ``torch`` (this
-    project's, CPU or CUDA) or ``vllm`` (the optional extra; docs/vllm.md)."""
+    project's, CPU or CUDA) or ``vllm`` (installed separately, in its own environment: docs/vllm.md, "Using it")."""
     dedup_prefill: bool = True
     """Compute shared prompt prefill once: a group's prompt inside each generation action (the
     torch engine; vLLM's prefix cache always does), and prefixes shared across prompts in the

@@ -81,9 +81,9 @@ SLOT_ACTIONS = frozenset({"generate", "evaluate"})
 """Actions that generate through ``factory.load_engine``: a torch pre-warm for one of them
 loads the version into the generation slot (``actions/engines/torch_slot.py``)."""
 
-ENGINE_GUESTS = {"generate": frozenset({"evaluate"})}
+ENGINE_GUESTS = {"generate": frozenset({"evaluate", "profile"})}
 """Action -> the actions that may run in its containers when the request says so
-(``__action``): an evaluation on the vLLM engine runs where the generation engine is built
+(``__action``): an evaluation or a profile on the vLLM engine runs where the generation engine is built
 (``flows/invokers/openwhisk/invoker.py``: ``ENGINE_HOSTS``), never beside a second one."""
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 """Generous: payloads carry object-store keys, not data (OpenWhisk itself caps them at ~1 MB)."""

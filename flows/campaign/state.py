@@ -312,12 +312,13 @@ def load_state_at(store: ObjectStore, run_id: str, step: int, *, history: bool =
 
 
 RESUMABLE_CHANGES = (("price_per_gpu_second",), ("algorithm", "micro_batch_size"), ("generation", "speculation"),
-                     ("generation", "max_draft_len"), ("generation", "draft_strategies"))
+                     ("generation", "max_draft_len"), ("generation", "draft_strategies"), ("generation", "engine"))
 """Settings of the identity a resume may change: the price (it turns billed time into USD and
 weighs the planner's cost), the learner's micro-batches (the update equals the unsplit one to
-round-off: the fix an out-of-memory error advises) and speculative decoding (it never changes a
-token). A derived run id hashes them, as the identity holds them since before they could change
-(a run that may change them names its run_id)."""
+round-off: the fix an out-of-memory error advises), speculative decoding and the engine (both
+draw the same counter-based tokens from logits equal up to round-off: ``actions/engines/base.py``).
+A derived run id hashes them, as the identity holds them since before they could change (a run
+that may change them names its run_id)."""
 
 
 class CampaignRefused(ValueError):

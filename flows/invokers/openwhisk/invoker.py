@@ -84,17 +84,18 @@ def failed_activations(action: str, records: list[dict[str, Any]],
     return tuple(replace(activation_from_record(action, r, action_record), result={}) for r in records)
 
 
-ENGINE_HOSTS = {"evaluate": "generate"}
+ENGINE_HOSTS = {"evaluate": "generate", "profile": "generate"}
 """Action -> the action whose containers run it when it uses the vLLM engine. OpenWhisk picks
 the container of an activation among its own action's, so an evaluation sent to ``evaluate``
-would start a second engine in a container of its own; sent to ``generate`` with ``__action``
-(``actions/runtime/server.py``: ``ENGINE_GUESTS``), it runs where the generation engines are
-built and pre-warmed, and pushes its version into one of them."""
+would start a second engine in a container of its own (and the profile one in the torch-only
+image of ``profile``); sent to ``generate`` with ``__action`` (``actions/runtime/server.py``:
+``ENGINE_GUESTS``), it runs where the generation engines are built and pre-warmed, and pushes its
+version into one of them (the profile measures that warm engine's decode grid)."""
 
 
 def engine_host(action: str, payload: dict[str, Any]) -> str:
     """The action whose containers run ``action`` with ``payload`` (itself but for a vLLM
-    evaluation: ``ENGINE_HOSTS``)."""
+    evaluation or profile: ``ENGINE_HOSTS``)."""
     return ENGINE_HOSTS.get(action, action) if payload.get("engine") == "vllm" else action
 
 
