@@ -278,7 +278,8 @@ def test_a_budget_stop_evaluates_and_commits_the_policy_it_stops_with_and_resume
     assert run_campaign(short, resume=True, progress=lambda m: None)["profile"] is None
     assert sorted(store.list("runs/budget/campaign/commits/")) == commits
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(short.model_dump(mode="json")))
-    (tmp_path / "summary.json").write_text("{}")
+    held = json.dumps(again, indent=1)  # the run's summary of its last commit: kept byte for byte
+    (tmp_path / "summary.json").write_text(held)
     with contextlib.redirect_stdout(out := io.StringIO()):
         assert main(["train", "--config", str(tmp_path / "c.yaml"), "--resume", "--summary",
                      str(tmp_path / "summary.json")]) == 0
@@ -289,7 +290,7 @@ def test_a_budget_stop_evaluates_and_commits_the_policy_it_stops_with_and_resume
         f"to continue: rlhfless train --config {tmp_path / 'c.yaml'} --set budget.gpu_seconds=N --summary "
         f"{tmp_path / 'summary.json'} --run-id budget --resume  (N: budget.gpu_seconds above the {spent:.6g} spent "
         "so far)")
-    assert (tmp_path / "summary.json").read_text() == "{}"
+    assert (tmp_path / "summary.json").read_text() == held
     assert sorted(store.list("runs/budget/campaign/commits/")) == commits
     rest = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=budget", *LEARNING), resume=True,
                         progress=lambda m: None)
