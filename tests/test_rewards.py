@@ -30,6 +30,17 @@ def test_gsm8k_reads_the_final_answer_by_value():
     assert gsm8k_reward(["#### 5 \\boxed{6}", "#### -3", "#### 2.50"], answer=["#### 5", "#### -3", "#### 2.5"]) == [1.0] * 3
 
 
+def test_gsm8k_takes_a_markdown_heading_after_hashes_for_no_answer():
+    """``#### Step 1`` is a heading a model writes, not GSM8K's ``#### N``: the answer is then the
+    last ``####`` a number follows, else ``\\boxed{}``, else the last number (a heading had hidden
+    a boxed answer, and rewarded the step number when it matched the reference)."""
+    texts = ["#### Step 1: add\n24 + 48 = 72\n#### Final Answer\n\\boxed{72}",
+             "#### Step 3: Compute\n5 + 4 = 9\nThe answer is 9.", "#### Plan\n#### 12\n#### Check\nok",
+             "#### **18**", r"so \boxed{-\$24}", r"so \boxed{-\$24}"]
+    answers = ["#### 72", "#### 3", "#### 12", "#### 18", "#### -24", "#### 24"]
+    assert gsm8k_reward(texts, answer=answers) == [1.0, 0.0, 1.0, 1.0, 1.0, 0.0]
+
+
 def test_gsm8k_reads_dashes_latex_group_separators_ellipses_and_unicode_minus_as_graders_mean_them():
     texts = ["Final answer - 18", "Eggs left:\n- 18", r"\boxed{14{,}400}", r"The total is $14{,}400$.",
              r"\boxed{14\,400}", "So the answer is...42", "The answer is \u22125", "The answer is \u22125"]

@@ -2,7 +2,8 @@
 
 Reference: the text after the last ``####`` (GSM8K's format, ``... #### 72``); a reference
 without ``####`` is read as a completion is (its ``\\boxed{}``, else its last number).
-Completion: the first number after its last ``####``, else the content of its last
+Completion: the number that starts the line after its last ``####`` followed by one (a
+``#### Step 1`` Markdown heading is not an answer), else the content of its last
 ``\\boxed{}``, else its last number. Both sides are compared by value
 (``numeric.py``): ``1,000``, ``1000.0`` and ``$1000`` are equal. A completion with no number
 earns 0.0; a reference with no number makes the row not applicable (None).
@@ -15,20 +16,24 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from actions.tasks.rewards.numeric import boxed, first_number, last_number, parse_number
+from actions.tasks.rewards.numeric import boxed, last_number, leading_number, parse_number
 from actions.tasks.rewards.text import completion_text
 
 
 def final_answer(text: str) -> Fraction | None:
-    """The value a text commits to: after ``####``, else in ``\\boxed{}``, else its last number.
+    """The value a text commits to: the number that starts a line after ``####`` (the last such),
+    else in ``\\boxed{}``, else its last number.
 
     >>> final_answer("3+4=7. 7*2=14.\\n#### 14"), final_answer(r"so \\boxed{1,000}"), final_answer("it is 5, no 6")
     (Fraction(14, 1), Fraction(1000, 1), Fraction(6, 1))
+    >>> final_answer("#### Step 1: add\\n24 + 48 = 72\\n#### Final answer\\n\\\\boxed{72}")
+    Fraction(72, 1)
     """
-    if "####" in text:
-        after = text.rsplit("####", 1)[1].strip()
-        first_line = after.splitlines()[0] if after else ""
-        return first_number(first_line)
+    for after in reversed(text.split("####")[1:]):  # the last marker an answer follows
+        line = after.lstrip(" \t").split("\n", 1)[0]
+        value = leading_number(line)
+        if value is not None:
+            return value
     inner = boxed(text)
     if inner is not None:
         return parse_number(inner)

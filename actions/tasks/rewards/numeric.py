@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-# A minus sign only when attached ("- 18" is a dash, then 18); a space only after a dollar sign;
-# ".42" not when it ends an ellipsis ("...42" is 42).
-_NUMBER = re.compile(r"-?(?:\$\s*)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|(?<!\.)-?\.\d+")
+# A minus sign only when attached ("- 18" is a dash, then 18); a space only after a dollar sign
+# (LaTeX's ``\$`` too: ``-\$24`` is -24); ".42" not when it ends an ellipsis ("...42" is 42).
+_NUMBER = re.compile(r"-?(?:\\?\$\s*)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|(?<!\.)-?\.\d+")
 # LaTeX and typographic digit-group separators: 14{,}400, 14\,400, 1,\!000, a thin space.
 _GROUP_SEPARATOR = re.compile(r"(?<=\d)(?:\{,\}|,\\!|\\[,!]|\u2009|\u202f)(?=\d{3}(?!\d))")
 _MINUS = str.maketrans({"\u2212": "-", "\u2013": "-"})  # the minus sign and the en dash a model may write
@@ -45,14 +45,15 @@ def last_number(text: str) -> Fraction | None:
     return _value(found[-1]) if found else None
 
 
-def first_number(text: str) -> Fraction | None:
-    """The value of the first number in ``text`` (None if it holds none).
+def leading_number(text: str) -> Fraction | None:
+    """The value of the number ``text`` starts with, after spaces and Markdown emphasis (None
+    where it starts with anything else: a ``#### Step 1`` heading is not an answer).
 
-    >>> first_number("1000 (or 999)")
-    Fraction(1000, 1)
+    >>> leading_number(" 1,000 apples"), leading_number("**-$18**"), leading_number("Step 1: add 2")
+    (Fraction(1000, 1), Fraction(-18, 1), None)
     """
-    found = _NUMBER.findall(_normalised(text))
-    return _value(found[0]) if found else None
+    found = _NUMBER.match(_normalised(text).lstrip(" \t*_"))
+    return _value(found.group(0)) if found else None
 
 
 def boxed(text: str) -> str | None:
@@ -80,7 +81,7 @@ def _normalised(text: str) -> str:
 
 
 def _value(token: str) -> Fraction | None:
-    cleaned = token.replace("$", "").replace(",", "").replace(" ", "")
+    cleaned = token.replace("\\", "").replace("$", "").replace(",", "").replace(" ", "")
     try:
         if "/" in cleaned:
             num, den = cleaned.split("/")
