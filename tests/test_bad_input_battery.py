@@ -98,6 +98,14 @@ PLUGIN_ENV = {"PYTHONPATH": os.pathsep.join(["{tmp}/plugins", *filter(None, [os.
               "PYTHONDONTWRITEBYTECODE": "1"}
 
 
+def _tiny_model_without_tokenizer_json(tmp: Path) -> None:
+    """A whole model folder but for tokenizer.json: its tokenizer_config.json alone loads a
+    tokenizer that encodes every prompt as nothing."""
+    from flows.commands.tiny_model_dir import write_tiny_model_dir
+
+    (write_tiny_model_dir(tmp / "model", "qwen2", hidden_size=32).path / "tokenizer.json").unlink()
+
+
 def _model_dir(weights: bytes | None, *, config: str = '{"model_type": "llama"}', tokenizer: bool = True):
     def setup(tmp: Path) -> None:
         root = tmp / "model"
@@ -482,6 +490,9 @@ CASES: dict[str, Case] = {
     "model without tokenizer": Case(
         _train("--set", "model.path={tmp}/model"), ("model.path", "no tokenizer files", "save the tokenizer"),
         setup=_model_dir(_safetensors(16), tokenizer=False)),
+    "model tokenizer that encodes nothing": Case(
+        _train("--set", "model.path={tmp}/model"), ("model.path", "encodes 'Question:", "tokenizer.save_pretrained"),
+        setup=_tiny_model_without_tokenizer_json),
     "model without weights": Case(
         _train("--set", "model.path={tmp}/model"), ("model.path", "has no weights", "save_pretrained"),
         setup=_model_dir(None)),

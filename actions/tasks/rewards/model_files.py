@@ -99,16 +99,24 @@ def input_limit(max_length: int | str | None, tokenizer: Any) -> int | None:
 
 
 def load_tokenizer(path: str, field: str) -> Any:
-    """``AutoTokenizer.from_pretrained(path)``; a folder whose tokenizer files do not load is one
+    """``AutoTokenizer.from_pretrained(path)``; a folder whose tokenizer files do not load, or
+    load a tokenizer that encodes plain text as nothing or only its unknown token (a
+    ``tokenizer_config.json`` without its ``tokenizer.json``: every prompt would be empty), is one
     ValueError naming ``field``, the path and the fix."""
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        ids = tokenizer(_PROBE, add_special_tokens=False)["input_ids"]
     except Exception as exc:  # tokenizer files of every kind of damage
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise ValueError(f"{field} {path!r}: the tokenizer cannot be loaded ({type(exc).__name__}: {first}); save "
                          "it again with save_pretrained") from None
+    if all(i == tokenizer.unk_token_id for i in ids):  # none, or unknown only
+        raise ValueError(f"{field} {path!r}: its tokenizer ({len(tokenizer)} tokens) encodes {_PROBE!r} as "
+                         f"{ids}; save the model's tokenizer into the folder with tokenizer.save_pretrained (it "
+                         "writes tokenizer.json)")
+    return tokenizer
 
 
 def check_tokenizer(path: str, field: str, settings: Any, chat_prompts: bool) -> None:
