@@ -298,17 +298,24 @@ def test_a_step_committed_before_a_stop_during_its_collection_is_in_the_trackers
     assert logged == [(1, [0])] and ended == ["KILLED"]
 
 
-@needs_wandb
-@needs_mlflow
-def test_wandb_and_mlflow_record_a_failed_and_a_killed_run(tmp_path, monkeypatch):
-    from flows.campaign.trackers import RunEnd, _Mlflow, _Wandb
-
+def _offline_wandb_and_file_mlflow(tmp_path: Path, monkeypatch) -> str:
+    """wandb offline (its folder in each tracker's run directory) and MLflow on a ``file:``
+    store under ``tmp_path``, whose URI this returns."""
     uri = (tmp_path / "mlruns").as_uri()
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_DIR", raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    return uri
+
+
+@needs_wandb
+@needs_mlflow
+def test_wandb_and_mlflow_record_a_failed_and_a_killed_run(tmp_path, monkeypatch):
+    from flows.campaign.trackers import RunEnd, _Mlflow, _Wandb
+
+    uri = _offline_wandb_and_file_mlflow(tmp_path, monkeypatch)
     cfg = load_config(None, [])
     for run_id, end in (("failed", RunEnd("FAILED", 1)), ("killed", RunEnd("KILLED", 143))):
         for tracker in (_Wandb(cfg, run_id, tmp_path / run_id), _Mlflow(cfg, run_id)):
@@ -328,12 +335,7 @@ def test_a_resume_continues_its_tracker_runs_and_a_new_campaign_of_the_same_id_s
 
     from flows.campaign.trackers import RunEnd, _Mlflow, _Wandb
 
-    uri = (tmp_path / "mlruns").as_uri()
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.delenv("WANDB_DIR", raising=False)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = _offline_wandb_and_file_mlflow(tmp_path, monkeypatch)
     cfg = load_config(None, [])
     runs = (("aaaa", 1, 0.25), ("aaaa", 2, 0.5), ("bbbb", 1, 0.75))  # a campaign, its resume, a new campaign
     for i, (key, step, reward) in enumerate(runs):
