@@ -528,3 +528,42 @@ def test_a_url_password_holding_url_delimiters_is_refused_unquoted_and_redacted(
         assert out.count("[REDACTED]") == 1 and "AKIAX" not in out, out
         assert not any(part in out for part in secret.replace("@", "/").split("/") if len(part) > 3), out
     assert split_uri("s3://bucket/team@site/run") == ("bucket", "team@site/run")  # '@' in a key is no password
+
+
+@pytest.mark.parametrize("uri", ["s3://bucket/dbl//pre", "s3://bucket/../x", "s3://bucket/a/./b", "s3://bucket/a/.."])
+def test_an_s3_prefix_with_an_empty_dot_or_dot_dot_part_is_refused(uri: str) -> None:
+    """SeaweedFS stores ``dbl//pre/k`` as ``dbl/pre/k`` and lists nothing under ``dbl//pre/``, so
+    such a store trained and resumed while garbage collection deleted nothing; ``.`` and ``..``
+    failed every write with a message naming no setting."""
+    from actions.store.s3_settings import split_uri
+
+    with pytest.raises(ValueError, match=r"^store.uri .*: its prefix .* has an empty, '.' or '..' part"):
+        split_uri(uri)
+    assert split_uri("s3://bucket/runs/a.b/") == ("bucket", "runs/a.b/") and split_uri("s3://bucket") == ("bucket", "")
+
+
+def test_a_wrong_signing_region_names_aws_region_not_the_keys() -> None:
+    """MinIO and Ceph answer a request signed for another region with AuthorizationHeaderMalformed,
+    a credential code: the fix is AWS_REGION (unset: us-east-1), not the keys."""
+    from botocore.exceptions import ClientError
+
+    from actions.store.s3_errors import ErrorContext, translate
+
+    ctx = ErrorContext(where="http://minio:9000", bucket="b", uri="s3://b/run", key_id="AKIA****",
+                       connect_timeout=5.0, read_timeout=60.0)
+    wrong = {"Error": {"Code": "AuthorizationHeaderMalformed", "Message": "The authorization header is malformed; "
+                       "the region 'us-east-1' is wrong; expecting 'eu-central-1'"}}
+    said = str(translate(ClientError(wrong, "ListObjectsV2"), "check", ctx, "s3://b/run"))
+    assert said.endswith("expects requests signed for region 'eu-central-1' (AuthorizationHeaderMalformed); set "
+                         "AWS_REGION=eu-central-1"), said
+    malformed = {"Error": {"Code": "AuthorizationHeaderMalformed", "Message": "The authorization header is malformed"}}
+    assert "check AWS_ACCESS_KEY_ID" in str(translate(ClientError(malformed, "ListObjectsV2"), "check", ctx, "x"))
+
+
+
+def test_a_malformed_aws_region_is_named() -> None:
+    from actions.store.s3_settings import settings_from_env
+
+    with pytest.raises(ValueError, match=r"^AWS_REGION='../x' is not a region name; set it"):
+        settings_from_env({"AWS_REGION": "../x"})
+    assert settings_from_env({"AWS_DEFAULT_REGION": "eu-central-1"})["region"] == "eu-central-1"

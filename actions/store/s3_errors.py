@@ -10,6 +10,7 @@ through :func:`actions.store.credentials.redact`, and an exception whose text ma
 from __future__ import annotations
 
 import random
+import re
 import time
 from dataclasses import dataclass
 
@@ -140,10 +141,25 @@ def translate(exc: Exception, op: str, ctx: ErrorContext, target: str, tries: st
     return type(err)(redact(str(err)))
 
 
+def _expected_region(message: str) -> str | None:
+    """The region a wrong-region reply names (AWS and MinIO: "... expecting 'eu-central-1'").
+
+    >>> _expected_region("the region 'us-east-1' is wrong; expecting 'eu-central-1'")
+    'eu-central-1'
+    """
+    found = re.search(r"expecting '([a-z0-9-]+)'", message)
+    return found.group(1) if found else None
+
+
 def _client_error(exc: bce.ClientError, op: str, ctx: ErrorContext, target: str, note: str) -> StoreError:
     where, key_id = ctx.where, ctx.key_id
     error_code, http_status = code(exc), status(exc)
     message = exc.response.get("Error", {}).get("Message", "")
+    region = exc.response.get("Error", {}).get("Region") or _expected_region(message)
+    if error_code == "AuthorizationHeaderMalformed" and region:  # signed for another region: not the keys
+        return StoreCredentialsError(
+            f"S3 at {where} expects requests signed for region {region!r} ({error_code}); set AWS_REGION={region}"
+        )
     if error_code in CREDENTIAL_CODES:
         return StoreCredentialsError(
             f"S3 rejected the credentials (key {key_id}) for bucket {ctx.bucket!r} at {where} "

@@ -19,6 +19,8 @@ from actions.store.endpoints import has_userinfo, is_http_url
 
 BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 BUCKET_FIX = "use 3-63 lowercase letters, digits, '.', '-'"
+REGION_RE = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9\-]{0,61}[a-zA-Z0-9])?$")
+"""A region name as botocore accepts it."""
 
 
 _CREDENTIALS_IN_URI = ("store.uri carries credentials (key:secret@ before the bucket); use s3://bucket[/prefix] "
@@ -41,6 +43,11 @@ def split_uri(uri: str) -> tuple[str, str]:
         raise ValueError(_CREDENTIALS_IN_URI)
     if not BUCKET_RE.match(bucket):
         raise ValueError(f"store.uri {uri!r}: bucket name {bucket!r} is invalid; {BUCKET_FIX}")
+    if any(part in ("", ".", "..") for part in prefix.strip("/").split("/")) and prefix.strip("/"):
+        # SeaweedFS writes a//b as a/b but lists nothing under a//b (collection then deletes
+        # nothing); other servers refuse . and .. in a key
+        raise ValueError(f"store.uri {uri!r}: its prefix {prefix!r} has an empty, '.' or '..' part, which S3 "
+                         "servers store or list differently; write the prefix as names joined by single '/'")
     return bucket, prefix
 
 
@@ -67,10 +74,15 @@ def settings_from_env(env: Mapping[str, str]) -> dict[str, Any]:
         raise ValueError(
             f"{endpoint_var}={endpoint!r} is not an http(s) URL; set it to e.g. http://127.0.0.1:9000"
         )
+    region_var = "AWS_REGION" if env.get("AWS_REGION") else "AWS_DEFAULT_REGION"
+    region = env.get(region_var) or "us-east-1"
+    if not REGION_RE.match(region):  # botocore's own check, which names no variable
+        raise ValueError(f"{region_var}={region!r} is not a region name; set it to the one the S3 server expects "
+                         "(e.g. us-east-1: letters, digits and '-')")
     return {
         "endpoint_url": endpoint,
         "credentials": S3Credentials.from_env(env),
-        "region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+        "region": region,
         "conditional_writes": {"auto": None, "on": True, "off": False}[mode],
     }
 
