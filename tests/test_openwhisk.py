@@ -785,7 +785,8 @@ def test_client_imports_without_torch():
 
 
 # ---------------------------------------------------------------------------- the vLLM engine's containers
-def test_a_vllm_evaluation_and_profile_run_in_the_generate_containers(ow_emulator: OpenWhiskEmulator, client: OpenWhiskClient):
+def test_a_vllm_evaluation_and_profile_run_in_the_generate_containers(ow_emulator: OpenWhiskEmulator,
+                                                                     client: OpenWhiskClient):
     put_action(client, "generate", timeout_ms=120_000)  # a cold container imports torch first
     put_action(client, "evaluate", timeout_ms=120_000)
     invoker = OpenWhiskInvoker(client, package="rlhfless", timeout_s=120.0)

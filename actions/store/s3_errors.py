@@ -155,8 +155,9 @@ def _client_error(exc: bce.ClientError, op: str, ctx: ErrorContext, target: str,
     where, key_id = ctx.where, ctx.key_id
     error_code, http_status = code(exc), status(exc)
     message = exc.response.get("Error", {}).get("Message", "")
-    region = exc.response.get("Error", {}).get("Region") or _expected_region(message)
-    if error_code == "AuthorizationHeaderMalformed" and region:  # signed for another region: not the keys
+    region = (exc.response.get("Error", {}).get("Region") or _expected_region(message)
+              if error_code == "AuthorizationHeaderMalformed" else None)
+    if region:  # signed for another region: not the keys
         return StoreCredentialsError(
             f"S3 at {where} expects requests signed for region {region!r} ({error_code}); set AWS_REGION={region}"
         )

@@ -43,7 +43,8 @@ def split_uri(uri: str) -> tuple[str, str]:
         raise ValueError(_CREDENTIALS_IN_URI)
     if not BUCKET_RE.match(bucket):
         raise ValueError(f"store.uri {uri!r}: bucket name {bucket!r} is invalid; {BUCKET_FIX}")
-    if any(part in ("", ".", "..") for part in prefix.strip("/").split("/")) and prefix.strip("/"):
+    parts = prefix.strip("/")
+    if parts and any(part in ("", ".", "..") for part in parts.split("/")):
         # SeaweedFS writes a//b as a/b but lists nothing under a//b (collection then deletes
         # nothing); other servers refuse . and .. in a key
         raise ValueError(f"store.uri {uri!r}: its prefix {prefix!r} has an empty, '.' or '..' part, which S3 "

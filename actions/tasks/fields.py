@@ -121,19 +121,20 @@ def _check_answer_column(records: Sequence[Record], fields: FieldMap, source: st
     key = fields.answer_key
     if key is None or key == "answer" or any(key in rec for _, rec in records):
         return
-    fix = (_key_fix(source, "data.answer_key", "the answer") if source.startswith("data.eval_path") else
-           "fix the name, or set data.answer_key: null for a dataset without reference answers")
+    fix = _key_fix(source, "data.answer_key", "the answer",
+                   "fix the name, or set data.answer_key: null for a dataset without reference answers")
     raise ValueError(f"{source}: no row has the column {key!r} named by data.answer_key (row keys: "
                      f"{', '.join(sorted(records[0][1])[:8])}); {fix}")
 
 
-def _key_fix(where: str, setting: str, what: str) -> str:
+def _key_fix(where: str, setting: str, what: str, otherwise: str | None = None) -> str:
     """The fix for a missing column: the setting names it in both files, so in the eval file
-    (``where`` starts ``data.eval_path``) the column is renamed to the train file's name."""
+    (``where`` starts ``data.eval_path``) the column is renamed to the train file's name;
+    elsewhere ``otherwise``, by default to set the setting to the column's name."""
     if where.startswith("data.eval_path"):
         return (f"the eval file must name its columns as the train file does ({setting} applies to both): "
                 f"rename its column holding {what}")
-    return f"set {setting} to the column holding {what}"
+    return otherwise or f"set {setting} to the column holding {what}"
 
 
 def _prompt(rec: dict[str, Any], key: str, where: str) -> str | list[dict[str, Any]]:

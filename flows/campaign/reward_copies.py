@@ -60,7 +60,7 @@ def reconcile_reward_paths(run_id: str, recorded: dict[str, Any], cfg: CampaignC
 
 
 def described(key: str, old: dict[str, Any], new: dict[str, Any]) -> str:
-    """``key`` of ``differing_keys``, with both paths where it is ``reward.models[i].path``:
+    """``key`` of ``differing_values``, with both paths where it is ``reward.models[i].path``:
     the spelling the run was made with, and the folder that does not hold its copy."""
     match = re.fullmatch(r"reward\.models\[(\d+)\]\.path", key)
     if match is None:

@@ -375,20 +375,16 @@ def _as_recorded(identity: dict[str, Any], recorded: dict[str, Any], paths: tupl
     return out
 
 
-def differing_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
-    """The dotted keys whose values differ between two identities; a list's entries by index
-    where both lists have as many (``reward.models[0].path``), else the list whole.
-
-    >>> differing_keys({"algorithm": {"lr": 1, "kl": "k3"}, "seed": 0}, {"algorithm": {"lr": 2, "kl": "k3"}, "seed": 0})
-    ['algorithm.lr']
-    >>> differing_keys({"models": [{"path": "a", "weight": 1}]}, {"models": [{"path": "b", "weight": 1}]})
-    ['models[0].path']
-    """
-    return [key for key, _, _ in differing_values(old, new, prefix)]
-
-
 def differing_values(old: Any, new: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
-    """``differing_keys`` with each key's value in ``old`` and in ``new`` (None where absent)."""
+    """(dotted key, value in ``old``, value in ``new``; None where absent) of each setting that
+    differs between two identities; a list's entries by index where both lists have as many
+    (``reward.models[0].path``), else the list whole.
+
+    >>> differing_values({"algorithm": {"lr": 1, "kl": "k3"}, "seed": 0}, {"algorithm": {"lr": 2, "kl": "k3"}})
+    [('algorithm.lr', 1, 2), ('seed', 0, None)]
+    >>> differing_values({"models": [{"path": "a", "weight": 1}]}, {"models": [{"path": "b", "weight": 1}]})
+    [('models[0].path', 'a', 'b')]
+    """
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new) and old != new:
         return [d for i, (a, b) in enumerate(zip(old, new)) for d in differing_values(a, b, f"{prefix}[{i}]")]
     if not (isinstance(old, dict) and isinstance(new, dict)):

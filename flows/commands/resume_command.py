@@ -74,4 +74,3 @@ def resume_hint(cfg: CampaignConfig, command: str) -> str:
     if state is None:
         return ""
     return f"; once that is fixed, `{command}` continues the run from its last committed step ({state.step})"
-
