@@ -20,6 +20,11 @@ from actions.store import LocalStore
 from flows.commands.cli import main
 from flows.commands.tiny_model_dir import write_tiny_model_dir
 
+try:
+    from faultproxy import SilentServer
+except ImportError:  # tests/ imported as a package
+    from tests.faultproxy import SilentServer
+
 
 @pytest.fixture(scope="module")
 def run_store(tmp_path_factory) -> tuple[Path, dict]:
@@ -299,6 +304,38 @@ def test_a_symlink_out_is_refused_before_any_work(tmp_path, run_store, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"] and not any((tmp_path / "real").iterdir())
 
 
+def test_the_current_folder_as_out_is_refused_before_any_work(tmp_path, run_store, capsys, monkeypatch):
+    """The folder is written beside --out and renamed over it: over the current folder, the
+    shell would be left in a deleted one (and '.' has no name to write beside)."""
+    store, _ = run_store
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    for out in (".", str(tmp_path / "here"), "../here"):
+        assert main(["export", "ex", "--store", str(store), "--out", out]) == 2
+        err = capsys.readouterr().err
+        assert f"export --out {out!r} is the current folder; pass a new folder path, e.g. ./policy" in err, err
+    assert not any((tmp_path / "here").iterdir()) and sorted(p.name for p in tmp_path.iterdir()) == ["here"]
+
+
+def test_a_run_before_its_first_commit_is_named_as_in_progress(tmp_path, capsys):
+    """Prepare, warm-up and the first step come before a run's first commit: while its lease
+    is held, export says so and names the holder, not "check the run id"."""
+    from flows.campaign.lease import RunLease
+
+    store = LocalStore(tmp_path / "s")
+    lease = RunLease.acquire(store, "busy", renew=False, progress=lambda m: None)
+    try:
+        assert main(["export", "busy", "--store", str(tmp_path / "s"), "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err
+        assert "run 'busy' has committed nothing yet: it is being trained by host" in err, err
+        assert f"`rlhfless status busy --store {tmp_path / 's'}`" in err
+    finally:
+        lease.release()
+    assert main(["export", "busy", "--store", str(tmp_path / "s"), "--out", str(tmp_path / "o")]) == 2
+    assert "has no committed state in store" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_bf16_lora_version_exports_in_bf16_as_it_was_trained(tmp_path, lora_store):
     """A LoRA run trained in bfloat16 over a backbone stored as read (fp32: no warm-up): the
     export is bfloat16, backbone and adapter alike, and gives the logits of the version as the
@@ -387,11 +424,20 @@ HUB_TOKEN = "hf_MARKERtokenNeverEchoed1234"
 @contextlib.contextmanager
 def hub_at(answer: str) -> Iterator[tuple[str, list[str]]]:
     """(endpoint, requests it received): a loopback hub that answers every request 401, a
-    captive portal that answers every request 200 with an HTML page ("portal"), or an address
-    where nothing listens (a port bound, then closed)."""
+    captive portal that answers every request 200 with an HTML page ("portal"), an address
+    where nothing listens (a port bound, then closed), or a server that accepts and never
+    answers ("silent")."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     seen: list[str] = []
+    if answer == "silent":
+        silent = SilentServer()
+        try:
+            yield silent.endpoint, seen
+        finally:
+            seen.extend(["request"] * silent.requests)
+            silent.close()
+        return
     if answer == "unreachable":
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -430,6 +476,7 @@ def hub_at(answer: str) -> Iterator[tuple[str, list[str]]]:
     ("401", ("HTTP 401", "Invalid username or password", "HF_TOKEN", "`hf auth login`")),
     ("unreachable", ("could not be reached", "ConnectError", "check the network")),
     ("portal", ("answered what the upload could not use", "check the network")),
+    ("silent", ("stopped answering (no reply within the 0.5 s timeout, ReadTimeout)", "check the network")),
 ])
 def test_a_push_the_hub_refuses_or_cannot_take_prints_the_report_then_one_line(tmp_path, run_store, monkeypatch,
                                                                                   capsys, answer, needles):
@@ -443,6 +490,7 @@ def test_a_push_the_hub_refuses_or_cannot_take_prints_the_report_then_one_line(t
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # read when huggingface_hub is imported
     monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
+    monkeypatch.setattr("flows.commands.export.HUB_READ_TIMEOUT_S", 0.5)  # a hub that never answers: not forever
     with hub_at(answer) as (endpoint, seen):
         monkeypatch.setenv("HF_ENDPOINT", endpoint)
         monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", endpoint)
@@ -484,6 +532,20 @@ def test_export_names_what_went_wrong_with_the_store_or_the_folder(tmp_path, run
     assert main(["export", "ex", "--store", str(copy), "--out", str(tmp_path / "a")]) == 2
     assert "committed step 3 while step 1 was being exported" in capsys.readouterr().err
     monkeypatch.undo()
+    # without --step, a latest version collected as it was read gives way to the new latest, once
+    fresh = tmp_path / "fresh"
+    shutil.copytree(store, fresh)
+    stale = load_state(LocalStore(fresh), "ex")
+    for step in (2, 3):
+        commit_state(LocalStore(fresh), stale.model_copy(update={"step": step, "policy_version": step}))
+    collected = stale.model_copy(update={"policy_key": stale.policy_key + "-collected"})
+    reads, read = [(LocalStore(fresh), collected, True)], export_cmd._state
+    monkeypatch.setattr(export_cmd, "_state", lambda args: reads.pop() if reads else read(args))
+    assert main(["export", "ex", "--store", str(fresh), "--out", str(tmp_path / "d")]) == 0
+    assert json.loads(capsys.readouterr().out)["step"] == 3 and not reads
+    monkeypatch.undo()
+    shutil.rmtree(tmp_path / "d")
+    shutil.rmtree(fresh)
     # an earlier version gone is what collection does (store.keep_last)
     shutil.rmtree(copy / Path(keys["v0"]).parent)
     assert main(["export", "ex", "--store", str(copy), "--step", "0", "--out", str(tmp_path / "a")]) == 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -33,6 +34,37 @@ def test_an_in_process_crash_and_refusal_carry_their_accounting(monkeypatch):
     with pytest.raises(ActionError) as info:
         invoker.invoke("generate", {})  # refused: an application error, billed all the same
     assert not info.value.transient and len(info.value.failed_attempts) == 1
+
+
+def test_an_unreachable_store_is_retried_once_by_the_task_other_transient_crashes_four_times(monkeypatch):
+    """The action's store client has retried already (up to 5 x 60 s on a hung endpoint): the
+    task tries one more activation, not four. Each invoker names the crash's type."""
+    import actions.noop
+    from actions.store import StoreUnreachable
+    from flows.invokers.local_pool import LocalPoolInvoker
+    from flows.step.invoke import STORE_UNREACHABLE_RETRIES, _transient_only
+
+    def unreachable(args):
+        raise StoreUnreachable("cannot reach S3 endpoint http://minio:9000 : no response within the 60 s read timeout")
+
+    monkeypatch.setattr(actions.noop, "main", unreachable)
+    with pytest.raises(ActionError) as info:
+        InProcessInvoker(num_cores=1).invoke("noop", {})
+    pooled = LocalPoolInvoker._failure("noop", 502, {"type": "StoreUnreachable", "message": "m", "transient": True},
+                                       SimpleNamespace(log_path="w.log"), info.value.failed_attempts[0])
+    refused = ActionError.from_crash("noop", {"type": "ConnectionRefusedError", "message": "m", "transient": True})
+
+    def retried(exc: ActionError, run_count: int) -> bool:
+        def result():
+            raise exc
+        return _transient_only(None, SimpleNamespace(run_count=run_count), SimpleNamespace(result=result))
+
+    for exc in (info.value, pooled):
+        assert exc.crash_type == "StoreUnreachable" and exc.transient
+        assert [retried(exc, n) for n in (1, 2, 3)] == [True, False, False] and STORE_UNREACHABLE_RETRIES == 1
+    assert pooled.message == "StoreUnreachable: m; worker log w.log"
+    assert [retried(refused, n) for n in (1, 2, 3, 4)] == [True] * 4
+    assert not retried(ActionError("noop", "bad payload", transient=False), 1)
 
 
 def test_a_killed_pool_worker_bills_its_activation_until_it_died(tmp_path):

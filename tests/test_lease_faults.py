@@ -5,6 +5,7 @@ turns read-only in the middle of a campaign stops it with the store's own error.
 from __future__ import annotations
 
 import errno
+import threading
 import time
 
 import pytest
@@ -74,6 +75,29 @@ def test_release_never_raises_over_the_error_that_ends_a_run(tmp_path) -> None:
     with pytest.raises(ValueError, match="the real error"):
         with lease:
             raise ValueError("the real error")
+
+
+def test_release_waits_for_a_store_that_does_not_answer_at_most_release_wait_s(tmp_path, monkeypatch, caplog) -> None:
+    """A hung store would hold the release for max_attempts x its read timeout per request:
+    the release gives up after RELEASE_WAIT_S, says the lease expires by itself, and the
+    deletion still lands if the store answers later."""
+    monkeypatch.setattr("flows.campaign.lease.RELEASE_WAIT_S", 0.2)
+    answer = threading.Event()
+
+    class HungStore(FaultyStore):
+        def delete_if(self, key: str, expected: bytes) -> bool:
+            answer.wait(20)
+            return self.inner.delete_if(key, expected)
+
+    store = HungStore(LocalStore(tmp_path / "s"))
+    lease = RunLease.acquire(store, "r", ttl_s=45, renew=False, progress=lambda m: None)
+    started = time.monotonic()
+    lease.release()
+    assert time.monotonic() - started < 10  # not the 20 s the store would take
+    assert "the store did not answer within 0.2 s; it expires 45 s after its last renewal" in caplog.text
+    assert read_lease(store, "r") is not None
+    answer.set()
+    assert _wait(lambda: read_lease(store, "r") is None)
 
 
 class LostReplyStore(FaultyStore):

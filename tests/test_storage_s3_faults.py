@@ -117,6 +117,24 @@ def test_a_server_that_never_answers_gets_max_attempts_requests_per_read(s3_serv
     assert ("retried by botocore" in message) is not fast_path
 
 
+def test_opening_a_store_on_a_server_that_never_answers_fails_within_the_probe_budget(s3_server, monkeypatch) -> None:
+    """The probe every open makes has a budget of its own (2 requests, timeouts capped at
+    PROBE_TIMEOUT_S), whatever the store's read timeout: a hung endpoint is named in about half
+    a minute, not max_attempts x read_timeout (5 minutes at the defaults)."""
+    monkeypatch.setattr("actions.store.s3.PROBE_TIMEOUT_S", 0.5)
+    silent = SilentServer()
+    try:
+        with pytest.raises(StoreUnreachable) as info:
+            S3Store.from_uri(s3_server.uri("hung"), env={**s3_server.env(), "AWS_ENDPOINT_URL": silent.endpoint},
+                             max_attempts=5, read_timeout=60.0)
+    finally:
+        silent.close()
+    assert silent.requests == 2
+    assert str(info.value).startswith(f"cannot reach S3 endpoint {silent.endpoint} : no response within the 0.5 s "
+                                      "read timeout (2 requests in ")
+    assert str(info.value).endswith("; check AWS_ENDPOINT_URL")
+
+
 def test_a_blob_larger_than_its_manifest_says_is_refused_before_its_body_is_read(store: S3Store,
                                                                                  proxy: FaultProxy) -> None:
     data = os.urandom(40 * MiB)  # where the manifest promises 10 bytes

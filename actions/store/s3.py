@@ -9,6 +9,11 @@ configuration fails with a one-line error before anything is written. Choices:
 * ``request_checksum_calculation`` / ``response_checksum_validation`` = ``when_required``:
   boto3 >= 1.36 otherwise sends CRC trailers that some S3-compatible servers reject. Integrity
   of campaign data is checked end to end by sha256 in manifests instead.
+* :meth:`S3Store.check`, the probe every open makes, has a budget of its own
+  (``PROBE_ATTEMPTS`` requests, ``PROBE_TIMEOUT_S`` connect and read timeouts): an endpoint
+  that accepts connections and never answers is named in about half a minute, not after
+  ``max_attempts`` x ``read_timeout`` (5 minutes at the defaults), which a large object's read
+  may need but one ``ListObjectsV2(MaxKeys=1)`` never does.
 * Retries: botocore "standard" mode (transient errors only: 5xx, throttling, connection
   errors; jittered exponential backoff) with ``max_attempts``. Reads are retried at one level
   only, whole, by :meth:`S3Store.get_buffer` (which also covers a body stream that breaks after
@@ -43,6 +48,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, NoReturn
 
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
@@ -68,6 +74,11 @@ from actions.store.safe_paths import name_problem
 log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
+PROBE_ATTEMPTS = 2
+PROBE_TIMEOUT_S = 15.0
+"""The probe's budget (:meth:`S3Store.check`): requests, and the cap on its connect and read
+timeouts in seconds. A healthy endpoint answers it in milliseconds; a loaded one well within
+15 s."""
 
 
 class S3Store(ConditionalWrites):
@@ -127,6 +138,7 @@ class S3Store(ConditionalWrites):
         self.max_concurrency = max_concurrency
         self.max_single_put = max_single_put
         self._key_id = credentials.access_key_id if credentials else None
+        self._credentials = credentials  # for the probe's client (check); its repr masks the secret
         self._conditional = conditional_writes
         self._lock = threading.Lock()
         self._client = make_client(self.endpoint_url, region, credentials, max_attempts=max_attempts,
@@ -202,12 +214,27 @@ class S3Store(ConditionalWrites):
 
         Uses ``ListObjectsV2(MaxKeys=1)`` on the prefix rather than ``HeadBucket``: a HEAD
         response has no body, so a 403 cannot tell a wrong secret from a policy denial, and a
-        policy scoped to the run prefix may deny HeadBucket while allowing this call.
+        policy scoped to the run prefix may deny HeadBucket while allowing this call. Sent
+        through a client of its own with the probe's budget (``PROBE_ATTEMPTS`` requests,
+        timeouts at most ``PROBE_TIMEOUT_S`` seconds): a hung endpoint fails it in about
+        ``PROBE_ATTEMPTS x PROBE_TIMEOUT_S`` seconds.
         """
+        connect_timeout = min(self.connect_timeout, PROBE_TIMEOUT_S)
+        read_timeout = min(self.read_timeout, PROBE_TIMEOUT_S)
+        probe = make_client(self.endpoint_url, self.region, self._credentials,
+                            max_attempts=min(self.max_attempts, PROBE_ATTEMPTS),
+                            connect_timeout=connect_timeout, read_timeout=read_timeout, max_concurrency=1)
+        started = time.monotonic()
         try:
-            self._client.list_objects_v2(Bucket=self.bucket, Prefix=self._base(), MaxKeys=1)
+            probe.list_objects_v2(Bucket=self.bucket, Prefix=self._base(), MaxKeys=1)
         except (bce.BotoCoreError, bce.ClientError) as exc:
-            self._raise(exc, "check")
+            attempts = min(self.max_attempts, PROBE_ATTEMPTS)
+            context = replace(self._errors, connect_timeout=connect_timeout, read_timeout=read_timeout)
+            # botocore retried a transient failure to the budget; anything else was sent once
+            tries = f"{attempts} requests in {time.monotonic() - started:.1f} s" if is_transient(exc) else ""
+            raise translate(exc, "check", context, self.uri, tries) from None
+        finally:
+            probe.close()
 
     # ------------------------------------------------------------------ keys
 

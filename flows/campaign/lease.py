@@ -17,7 +17,10 @@ runs in (``holder.py``), a random token, since when) and an expiry. The protocol
   expired lease cannot race with a renewal (clocks must agree to within ``SKEW_S``).
 * **check** before every write a campaign commits (:meth:`RunLease.check`): the lease is
   lost, expired, or holds another token -> :class:`LeaseLost`, which stops the run.
-* **release**: delete the object if it still holds the holder's bytes.
+* **release**: delete the object if it still holds the holder's bytes, waiting at most
+  ``RELEASE_WAIT_S``: a store that stopped answering (often why the run is ending) would keep
+  the process up for ``max_attempts`` x its read timeout per request. A lease left behind
+  expires ``ttl_s`` after its last renewal, and a run on this host takes it over at once.
 
 The stores cannot check a token on each write (no fencing), so a holder that stalls past its
 expiry can still write between its last check and noticing the loss. Every key a step writes
@@ -48,6 +51,8 @@ DEFAULT_TTL_S = 60.0
 SKEW_S = 2.0
 """A lease counts as expired only this long after its expiry time (clock differences)."""
 _ATTEMPTS = 5
+RELEASE_WAIT_S = 30.0
+"""How long :meth:`RunLease.release` waits for the store to delete the lease, in seconds."""
 BREAK_LEASE = "--break-lease (or the parameter break_lease=true of a deployment run)"
 """How a refusal names the override: the flag of `rlhfless train` and `gc`, and the campaign flow's parameter."""
 
@@ -304,10 +309,22 @@ class RunLease:
         with _HELD_LOCK:
             if _HELD.get((self.store.uri, self.record.run_id)) is self:
                 del _HELD[(self.store.uri, self.record.run_id)]
-        try:
-            delete_if(self.store, self.key, self._raw)
-        except Exception as exc:  # noqa: BLE001 - it expires by itself; never hide the error that ends the run
-            log.warning("could not release the lease of run %s: %s", self.record.run_id, exc)
+        deleted = threading.Event()
+
+        def delete() -> None:
+            try:
+                delete_if(self.store, self.key, self._raw)
+            except Exception as exc:  # noqa: BLE001 - it expires by itself; never hide the error that ends the run
+                log.warning("could not release the lease of run %s: %s", self.record.run_id, exc)
+            finally:
+                deleted.set()
+
+        # a daemon thread: a store that does not answer keeps neither the caller nor the exit waiting
+        threading.Thread(target=delete, name=f"lease-release-{self.record.run_id}", daemon=True).start()
+        if not deleted.wait(RELEASE_WAIT_S):
+            log.warning("could not release the lease of run %s: the store did not answer within %g s; it expires "
+                        "%g s after its last renewal (a run started on this host takes it over at once)",
+                        self.record.run_id, RELEASE_WAIT_S, self.ttl_s)
 
     def __enter__(self) -> RunLease:
         return self

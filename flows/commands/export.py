@@ -21,6 +21,9 @@ from typing import Any
 from actions.config.quoting import quote
 
 _TRUE = ("1", "true", "yes", "on")
+HUB_CONNECT_TIMEOUT_S = 10.0
+HUB_READ_TIMEOUT_S = 120.0
+"""The upload's timeouts, per connection and per read or write (not for the whole upload)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +47,9 @@ def _check_args(args: argparse.Namespace) -> Path:
         raise ValueError(f"export --out {str(out)!r} is a file; pass a new or empty folder")
     if out.is_dir() and any(out.iterdir()):
         raise ValueError(f"export --out {str(out)!r} is not empty; pass a new or empty folder")
+    if out.is_dir() and Path.cwd().samefile(out):  # a folder holding the current one is not empty
+        # the folder is written beside --out and renamed over it: this shell would be left in a deleted folder
+        raise ValueError(f"export --out {str(out)!r} is the current folder; pass a new folder path, e.g. ./policy")
     blocked = next((p for p in out.absolute().parents if p.exists() and not p.is_dir()), None)
     if blocked is not None:  # else a bare "[Errno 17] File exists" after the weights were read
         raise ValueError(f"export --out {str(out)!r} is inside {str(blocked)!r}, which is a file, not a folder; "
@@ -81,13 +87,28 @@ def _state(args: argparse.Namespace) -> tuple[Any, Any, bool]:
     run = check_run_id(args.run)
     latest = load_state(store, run)
     if latest is None:
-        raise ValueError(f"run {run!r} has no committed state in store {uri}; check the run id and --store")
+        raise ValueError(_nothing_committed(store, run, uri))
     if args.step is None or args.step == latest.step:
         return store, latest, True
     state = load_state_at(store, run, args.step) if args.step < latest.step else None
     if state is None:
         raise ValueError(f"export --step {args.step}: run {run!r} has steps 0..{latest.step}; pass one of them")
     return store, state, False
+
+
+def _nothing_committed(store: Any, run: str, uri: str) -> str:
+    """Why a run has no version to export: it is still before its first commit (its lease is
+    held: prepare, warm-up and the first step come first), or the id or store is wrong."""
+    import time
+
+    from flows.campaign.lease import read_lease
+
+    lease = read_lease(store, run)
+    if lease is not None and lease.expires > time.time():
+        return (f"run {run!r} has committed nothing yet: it is being trained by {lease.describe(time.time())}, and "
+                "its first commit comes after prepare, warm-up and its first step; export once `rlhfless status "
+                f"{run} --store {uri}` shows a committed step")
+    return f"run {run!r} has no committed state in store {uri}; check the run id and --store"
 
 
 def _writing(exc: OSError, out: Path) -> bool:
@@ -102,9 +123,41 @@ def _writing(exc: OSError, out: Path) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     out = _check_args(args)
-    store, state, latest = _state(args)
+    # torch and transformers load before the commit is read (seconds): a run that trains on
+    # meanwhile has that much less time to collect the version read
+    from actions.models.export import describe
+
+    for attempt in (1, 2):
+        store, state, latest = _state(args)
+        try:
+            folder, sha = _export(args, out, store, state, latest)
+            break
+        except _Overtaken as exc:  # the latest version, collected as it was read: take the new latest once
+            if attempt == 2 or args.step is not None:
+                raise ValueError(str(exc)) from None
+    report = describe(folder, run_id=state.run_id, step=state.step, policy_version=state.policy_version,
+                      weights_sha256=sha or None)
+    failed: ValueError | None = None
+    if args.push_to_hub:
+        try:
+            report["pushed"] = push(Path(folder.path), args.push_to_hub,
+                                    f"{state.run_id} step {state.step} (policy v{state.policy_version})")
+        except Exception as exc:  # noqa: BLE001 -- a hub, proxy or portal answering anything: the folder stands
+            failed = push_failed(args.push_to_hub, args.out, exc)
+    print(json.dumps(report, sort_keys=True))  # the folder is written whatever the hub answered
+    if failed is not None:
+        raise failed
+    return 0
+
+
+class _Overtaken(Exception):
+    """The run committed on while its latest version was exported, and its collection took it."""
+
+
+def _export(args: argparse.Namespace, out: Path, store: Any, state: Any, latest: bool) -> tuple[Any, str]:
+    """Write ``state``'s policy to ``out``; (the folder, the version's fingerprint)."""
     from actions.config.workload import ModelConfig
-    from actions.models.export import LoraVersion, describe, export_policy
+    from actions.models.export import LoraVersion, export_policy
     from actions.store import ObjectNotFound
     from actions.store.weights import manifest_fingerprint
     from flows.campaign.state import load_state
@@ -126,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         # it trained on while this read, far enough for its collection to take this version (it
         # keeps the previous commit whole, and checkpoints for good)
         if now is not None and now.step >= state.step + 2 and state.step not in now.checkpoints:
-            raise ValueError(f"export: run {state.run_id!r} committed step {now.step} while step {state.step} was "
+            raise _Overtaken(f"export: run {state.run_id!r} committed step {now.step} while step {state.step} was "
                              "being exported, and its collection (store.keep_last) removed that version; export "
                              "again, or keep versions for good with store.checkpoint_every") from None
         if latest:  # collection never deletes the latest version: something else did
@@ -141,19 +194,7 @@ def run(args: argparse.Namespace) -> int:
             raise
         raise ValueError(f"export --out {str(out)!r} cannot be written ({exc.strerror or exc}); pass a folder path "
                          "you can write") from None
-    report = describe(folder, run_id=state.run_id, step=state.step, policy_version=state.policy_version,
-                      weights_sha256=sha or None)
-    failed: ValueError | None = None
-    if args.push_to_hub:
-        try:
-            report["pushed"] = push(Path(folder.path), args.push_to_hub,
-                                    f"{state.run_id} step {state.step} (policy v{state.policy_version})")
-        except Exception as exc:  # noqa: BLE001 -- a hub, proxy or portal answering anything: the folder stands
-            failed = push_failed(args.push_to_hub, args.out, exc)
-    print(json.dumps(report, sort_keys=True))  # the folder is written whatever the hub answered
-    if failed is not None:
-        raise failed
-    return 0
+    return folder, sha
 
 
 def push(folder: Path, repo: str, message: str) -> str:
@@ -163,7 +204,8 @@ def push(folder: Path, repo: str, message: str) -> str:
     written to; the uploaded copy names ``repo`` instead, whose root holds that backbone, so
     ``AutoPeftModelForCausalLM.from_pretrained(repo, subfolder="adapter")`` finds it on any
     machine. The local folder is left as written."""
-    from huggingface_hub import CommitOperationAdd, HfApi
+    import httpx
+    from huggingface_hub import CommitOperationAdd, HfApi, get_session
 
     ops = []
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
@@ -174,6 +216,9 @@ def push(folder: Path, repo: str, message: str) -> str:
                                  indent=2, sort_keys=True).encode()
         ops.append(CommitOperationAdd(path_in_repo=rel, path_or_fileobj=content))
     api = HfApi()
+    # huggingface_hub's shared client waits forever by default: a hub or proxy that accepts the
+    # connection and never answers would hang the export with its folder already complete
+    get_session().timeout = httpx.Timeout(HUB_READ_TIMEOUT_S, connect=HUB_CONNECT_TIMEOUT_S)
     api.create_repo(repo, exist_ok=True)
     commit = api.create_commit(repo, ops, commit_message=message)
     return str(getattr(commit, "commit_url", commit))
@@ -197,7 +242,10 @@ def push_failed(repo: str, out: str, exc: BaseException) -> ValueError:
         import httpx
 
         detail = f"{type(exc).__name__}: {quote(' '.join(str(exc).split()) or 'no detail')}"
-        if isinstance(exc, (httpx.TransportError, ConnectionError, TimeoutError)):
+        if isinstance(exc, (httpx.ReadTimeout, httpx.WriteTimeout)):  # connected, then silence
+            reason = (f"the hub ({constants.ENDPOINT}) stopped answering (no reply within the "
+                      f"{HUB_READ_TIMEOUT_S:g} s timeout, {type(exc).__name__})")
+        elif isinstance(exc, (httpx.TransportError, ConnectionError, TimeoutError)):
             reason = f"the hub ({constants.ENDPOINT}) could not be reached ({detail})"
         else:  # a proxy or portal answering 200 with a page the hub's client cannot read
             reason = f"the hub ({constants.ENDPOINT}) answered what the upload could not use ({detail})"

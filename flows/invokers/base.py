@@ -41,16 +41,31 @@ class ActionError(RuntimeError):
     the invoker knows it (a platform bills them though they gave no result): one for a crash,
     an error or a killed worker; none where no activation ran or nothing of it is known (a
     refused request; an OpenWhisk activation never recorded, or still running at the deadline).
+    ``crash_type``: the class name of the exception the action raised (``StoreUnreachable``),
+    where the runtime described a crash; "" for every other failure.
     """
 
     def __init__(self, action: str, message: str, *, transient: bool, activation_id: str = "",
-                 failed_attempts: tuple[Activation, ...] = ()) -> None:
+                 failed_attempts: tuple[Activation, ...] = (), crash_type: str = "") -> None:
         super().__init__(f"action {action} failed: {message}")
         self.action = action
         self.message = message
         self.transient = transient
         self.activation_id = activation_id
         self.failed_attempts = failed_attempts
+        self.crash_type = crash_type
+
+    @classmethod
+    def from_crash(cls, action: str, crash: dict[str, Any], where: str = "", *, activation_id: str = "",
+                   failed_attempts: tuple[Activation, ...] = ()) -> ActionError:
+        """The failure of an action whose runtime described its crash (``{"type", "message",
+        "transient"[, "advice"]}``, ``actions.runtime.errors.describe_crash``); ``where`` (the
+        worker's log) follows the crash's line."""
+        from actions.runtime.errors import crash_text
+
+        text = f"{crash_text(crash)}; {where}" if where else crash_text(crash)
+        return cls(action, text, transient=crash.get("transient") is True, activation_id=activation_id,
+                   failed_attempts=failed_attempts, crash_type=str(crash.get("type", "")))
 
 
 @dataclass

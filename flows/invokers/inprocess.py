@@ -18,7 +18,7 @@ from typing import Any
 
 from actions.contracts import DecodeSettings
 from actions.runtime.control import Control
-from actions.runtime.errors import crash_text, describe_crash
+from actions.runtime.errors import describe_crash
 from flows.invokers.base import ActionError, Activation
 from flows.invokers.cores import available_cores
 
@@ -47,9 +47,8 @@ class InProcessInvoker:
             try:
                 result = importlib.import_module(f"actions.{action}").main({**wire, **Control(threads=self.num_cores).to_payload()})
             except Exception as exc:  # a crashed action, classified as the runtime server does
-                crash = describe_crash(exc)
-                raise ActionError(action, crash_text(crash), transient=crash["transient"],
-                                  activation_id=activation_id, failed_attempts=(spent({}),)) from exc
+                raise ActionError.from_crash(action, describe_crash(exc), activation_id=activation_id,
+                                             failed_attempts=(spent({}),)) from exc
             activation = spent(result)
         activation.result = json.loads(json.dumps(result))
         if "error" in activation.result:

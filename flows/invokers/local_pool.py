@@ -60,7 +60,7 @@ import httpx
 
 from actions.contracts import DecodeSettings
 from actions.runtime.control import Control, take_activation
-from actions.runtime.errors import TRANSIENT_STATUS, crash_text, one_line
+from actions.runtime.errors import TRANSIENT_STATUS, one_line
 from actions.runtime.request_auth import REPLY_HEADER, reply_is_authentic, sign_request
 from actions.runtime.server import DEFAULT_MAX_BODY_BYTES
 from flows.invokers.base import ActionError, Activation
@@ -331,7 +331,7 @@ class LocalPoolInvoker:
         where = f"worker log {worker.log_path}"
         ids = {"activation_id": spent.activation_id, "failed_attempts": (spent,)}
         if isinstance(error, dict):  # a crash the worker classified (actions.runtime.errors)
-            return ActionError(action, f"{crash_text(error)}; {where}", transient=bool(error.get("transient")), **ids)
+            return ActionError.from_crash(action, error, where, **ids)
         text = one_line(str(error)) if error is not None else "(no error message)"
         if status == 200:  # the action refused its input: an application error
             return ActionError(action, text, transient=False, **ids)

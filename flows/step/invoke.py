@@ -5,7 +5,8 @@ transient failure -- a killed or lost worker, a 429/502/503, a timeout, an injec
 gives the same bytes. Application errors (bad payload, missing input) and permanent crashes (a
 ``TypeError``, CUDA out of memory: ``actions.runtime.errors``) fail on the first attempt, and
 so does an OpenWhisk activation still running when ``invoker.timeout_s`` runs out: it goes on,
-and a retry would start a second copy beside it.
+and a retry would start a second copy beside it. An action whose store did not answer is
+retried once (``STORE_UNREACHABLE_RETRIES``): its store client has retried already.
 
 GPU actions hold slots of an optional Prefect global concurrency limit while they run
 (``invoker.gpu_concurrency_limit``), so several campaigns share one GPU pool without
@@ -45,6 +46,11 @@ RESULTS = {"profile": ProfileResult}
 """Result contracts beyond ``contracts.RESULT_MODELS`` (defined where the action's logic is)."""
 
 RETRY_DELAYS_S = [0.2, 0.5, 1.0, 2.0]
+STORE_UNREACHABLE_RETRIES = 1
+"""Retries of an action that failed because its store did not answer: the store client had
+already tried ``max_attempts`` times (up to 5 x 60 s on a hung endpoint); one more activation
+covers a fault of that worker's network, and four more would only keep a dead endpoint's
+campaign waiting 20 minutes longer."""
 
 GPU_ACTIONS = frozenset({"prefill", "generate", "score", "train_step", "evaluate", "warmup", "profile"})
 """The actions on the GPU image (``x-gpu-action`` in infra/openwhisk/actions.yaml). ``score`` is
@@ -107,9 +113,13 @@ def spare_gpu_slots(action: str, count: int, cfg: CampaignConfig) -> Iterator[in
 
 
 def _transient_only(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect's retry condition: a transient :class:`ActionError`, and an unreachable store
+    only ``STORE_UNREACHABLE_RETRIES`` times (``task_run.run_count``: attempts so far)."""
     try:
         state.result()
     except ActionError as exc:
+        if exc.crash_type == "StoreUnreachable":
+            return exc.transient and task_run.run_count <= STORE_UNREACHABLE_RETRIES
         return exc.transient
     except Exception:
         return False

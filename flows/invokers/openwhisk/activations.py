@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from actions.runtime.errors import crash_text
 from flows.invokers.base import ActionError
 
 LIMIT_ERRORS = (
@@ -42,8 +41,7 @@ def classify_activation(action: str, record: dict[str, Any]) -> tuple[ActionErro
     result = response.get("result") if isinstance(response.get("result"), dict) else {}
     error = result.get("error")
     if isinstance(error, dict) and "type" in error:  # the runtime server's classified crash
-        return ActionError(action, crash_text(error), transient=error.get("transient") is True,
-                           activation_id=activation_id), False
+        return ActionError.from_crash(action, error, activation_id=activation_id), False
     message = str(error or status)
     if status == "application error":  # the action refused its input: the same every time
         return ActionError(action, message, transient=False, activation_id=activation_id), False
