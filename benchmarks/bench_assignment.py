@@ -22,9 +22,10 @@ Two parts, each printing ratios against its naive baseline measured in the same 
    by processes outside this benchmark ("foreign", in cores); the verdict is taken over the
    pairs where both steps ran with at most ``QUIET_CORES`` foreign cores (at least
    ``MIN_PAIRS`` of them, else it is INCONCLUSIVE); the median over all pairs is printed too.
-2. **Through the planner and simulator** on ``../shared/traces/*.jsonl`` (skipped with a
-   message when absent): ``no-scale:N`` (ranked, cut, serverless release) vs ``round-robin:N``
-   (serverless release, no cut) for N in 2, 3, 4, 8, on the roofline profile of Qwen2.5-7B on
+2. **Through the planner and simulator** on ``../shared/traces/*.jsonl``, or the ``*.jsonl``
+   of ``--traces DIR`` (skipped with a message saying why when there are none):
+   ``no-scale:N`` (ranked, cut, serverless release) vs ``round-robin:N`` (serverless
+   release, no cut) for N in 2, 3, 4, 8, on the roofline profile of Qwen2.5-7B on
    H100 with 2 GPUs per actor, for both migration modes and both slicings of the ranking
    (``rank_slack`` 0.1, the default, and equal prompt counts).
 
@@ -34,6 +35,7 @@ target (NOT MET) or an INCONCLUSIVE verdict is printed and exits 0, as every ben
 figures do.
 
     .venv/bin/python benchmarks/bench_assignment.py [--steps 10] [--repeats 1] [--skip-live] [--skip-traces]
+        [--traces DIR]
 """
 
 from __future__ import annotations
@@ -245,10 +247,14 @@ def report_live(repeats: list[dict[str, dict]]) -> bool:
     return True
 
 
-def run_traces() -> None:
-    paths = sorted(TRACES.glob("*.jsonl"))
+def run_traces(traces: Path = TRACES) -> None:
+    """Part 2 (module docstring) on every ``*.jsonl`` in ``traces``; a line saying why where
+    there is none."""
+    paths = sorted(traces.glob("*.jsonl"))
     if not paths:
-        print(f"traces: skipped, no ../shared/traces/*.jsonl next to the repository ({TRACES})")
+        why = "has no *.jsonl traces" if traces.is_dir() else "does not exist"
+        print(f"traces: skipped: {traces} {why} (the shared traces sit beside the repository, in "
+              "../shared/traces; pass --traces DIR where they are elsewhere)")
         return
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_simulator import SHARED_TRACES_CAP, default_model
@@ -297,6 +303,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--skip-live", action="store_true")
     parser.add_argument("--skip-traces", action="store_true")
+    parser.add_argument("--traces", default=str(TRACES), metavar="DIR",
+                        help="directory of the shared length traces (default: ../shared/traces beside the repository)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for both campaigns, e.g. generation.score_while_generating=false")
     parser.add_argument("--one-campaign", choices=list(STRATEGIES), help=argparse.SUPPRESS)
@@ -310,7 +318,7 @@ def main() -> int:
     if not args.skip_live:
         paired = report_live(run_live(args.steps, args.repeats, args.set))
     if not args.skip_traces:
-        run_traces()
+        run_traces(Path(args.traces))
     return 0 if paired else 1
 
 

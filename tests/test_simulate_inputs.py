@@ -128,7 +128,8 @@ def test_json_keeps_the_frontier_and_every_trace_given(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     rows = report["frontier"]["rows"]
     assert report["frontier"]["knob"] == "time_slack" and len(rows) == 7
-    assert set(rows[0]) == {"time_slack", "gen_time", "gen_gpu_seconds", "step_time", "step_gpu_seconds", "mean_n"}
+    assert set(rows[0]) == {"time_slack", "gen_time", "gen_gpu_seconds", "step_time", "step_gpu_seconds",
+                            "step_gpu_seconds_with_learner", "mean_n"}
     assert main(["--trace", str(trace), "--trace", str(trace), *FAST, "--json"]) == 0  # the same trace twice
     report = json.loads(capsys.readouterr().out)
     assert list(report["traces"]) == [str(trace), f"{trace}#2"]

@@ -82,6 +82,9 @@ class PhaseResult:
     num_migrated: int
     release_s: tuple[float, ...] = ()
     """When each actor returned (s), in start order: the planned actors, then continuations."""
+    learner_gpu_seconds: float = 0.0
+    """The learner's GPU-s not already in ``gpu_seconds`` (a whole step's: set by
+    ``replay.execute_step``, 0 from ``simulate_phase``); ``gpu_seconds`` counts actors only."""
 
     @property
     def idle_fraction(self) -> float:

@@ -11,7 +11,9 @@ for several (a path given twice is kept twice, as ``path#2``), with the frontier
 
 Each trace's generation table is followed by its ``bound`` lines: the critical-path floor of
 the phases (``bound.phase_floor``), the most any plan could speed them up over static:N, and
-the most a plan without cuts could within static:N's GPU-s (``bill_bound``).
+the most a plan without cuts could within static:N's GPU-s (``bill_bound``). Its whole-step
+table bills each policy's actors (static:N standalone) and, beside them, the total with the
+learner's GPUs (``format_table``).
 
 Defaults model the paper's simulated cluster (paper §4.7): 20 nodes x 8 H100, 2 GPUs per
 actor, roofline TPOT of Qwen2.5-7B, lam = cut_threshold (the paper's tau) = 0.7. Inter-node bandwidth: 40 GB/s per GPU
@@ -25,7 +27,6 @@ import json
 import math
 import sys
 from dataclasses import replace
-from pathlib import Path
 from typing import Sequence
 
 from flows.planning.lengths import FIRST_EPOCH_PREDICTORS
@@ -33,14 +34,17 @@ from flows.planning.objective import check_objective
 from flows.planning.tpot import GPUS, LEARNER_MFU, MODELS, TpotProfile, learner_tokens_per_s, parse_roofline_spec
 from flows.simulate.bill_bound import capped_time_floor
 from flows.simulate.bound import max_speedup, phase_floor
+from flows.simulate.plot import plot_paths, unique_names
 from flows.simulate.policies import DEFAULT_POLICIES, ClusterModel, Policy, parse_policy
 from flows.simulate.replay import MAX_TOKENS, PolicyRun, read_trace, replay
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Replay response-length traces on a modelled GPU cluster. The defaults model the paper's "
-                          "setting (20 nodes of 8 H100s, a 7B model, 2 GPUs per actor, 30 s cold starts, the budget "
-                          "objective against a static fan-out of 3), not the live campaign's configuration.")
+                          "setting (20 nodes of 8 H100s, a 7B model, 2 GPUs per actor, the budget objective against "
+                          "a static fan-out of 3), not the live campaign's configuration. Planned actors are "
+                          "pre-warmed a step ahead and start warm (--prewarm-idle-s bills their wait); the cold start "
+                          "(--cold-start-s) applies only to a --continuation actor no warm container is left for.")
     parser.add_argument("--trace", required=True, action="append", dest="traces", metavar="PATH",
                         help="JSONL length trace (repeatable: one report per trace)")
     parser.add_argument("--policy", action="append", dest="policies", metavar="P",
@@ -95,9 +99,12 @@ def _add_planner(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bandwidth-gb-per-gpu", type=float, default=40.0,
                         help="learner -> actor transfer GB/s per actor GPU (default %(default)s)")
     parser.add_argument("--cold-start-s", type=float, default=30.0,
-                        help="seconds an actor that was not pre-warmed takes to start (default %(default)s)")
+                        help="seconds an actor that was not pre-warmed takes to start; planned actors are "
+                             "pre-warmed, so it applies only with --continuation, to a continuation actor "
+                             "that finds no warm container (default %(default)s)")
     parser.add_argument("--prewarm-idle-s", type=float, default=0.0,
-                        help="billed wait of each pre-warmed remote actor (paper proxy: %(default)s)")
+                        help="seconds of waiting billed to each pre-warmed remote actor: what pre-warming "
+                             "costs (paper proxy: %(default)s)")
     parser.add_argument("--continuation", action="store_true",
                         help="a cut with no free slots starts a continuation actor")
     parser.add_argument("--migration", choices=("reprefill", "kv"), default="kv",
@@ -113,10 +120,11 @@ def _add_planner(parser: argparse.ArgumentParser) -> None:
 def _add_learner_and_output(parser: argparse.ArgumentParser) -> None:
     """The whole-step learner model's flags and the output's."""
     parser.add_argument("--learner-tokens-per-s", type=float, default=None, metavar="R",
-                        help="whole step: scoring + training at R rollout tokens/s (serverful "
-                             "actors stay billed through it); default: from the learner model")
-    parser.add_argument("--learner-gpus", type=int, default=8,
-                        help="whole step: GPUs of the learner (scoring + training; default %(default)s)")
+                        help="whole step: scoring + training at R rollout tokens/s (static:N is modelled "
+                             "standalone: its actors stay billed through it); default: from the learner model")
+    parser.add_argument("--learner-gpus", type=int, default=None, metavar="G",
+                        help="whole step: GPUs of the learner (scoring + training), held through every step "
+                             "and counted in the total GPU-s (default: one node, --gpus-per-node)")
     parser.add_argument("--learner-mfu", type=float, default=LEARNER_MFU,
                         help="whole step: model FLOP utilisation of the learner's passes (default %(default)s)")
     parser.add_argument("--learner-gpu", choices=sorted(GPUS), default=None,
@@ -149,7 +157,8 @@ def check_flags(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag}={value}: {rule}")
 
     for flag in ("nodes", "gpus_per_node", "gpus_per_actor", "n_min", "n_max", "budget_actors", "learner_gpus"):
-        need(getattr(args, flag) >= 1, f"--{flag.replace('_', '-')}", getattr(args, flag), "must be >= 1")
+        value = getattr(args, flag)
+        need(value is None or value >= 1, f"--{flag.replace('_', '-')}", value, "must be >= 1")
     need(args.gpus_per_actor <= args.gpus_per_node, "--gpus-per-actor", args.gpus_per_actor,
          f"more than --gpus-per-node={args.gpus_per_node}: an actor's GPUs are on one node; use at most "
          f"{args.gpus_per_node}")
@@ -219,10 +228,11 @@ def build_model(args: argparse.Namespace) -> ClusterModel:
         model_name, file_gpu = _from_identity(args, profile)
     spec = MODELS[model_name]
     gpu = args.learner_gpu or (args.profile.split(":")[1] if args.profile.startswith("roofline:") else file_gpu)
-    rate = args.learner_tokens_per_s or learner_tokens_per_s(GPUS[gpu], spec, args.learner_gpus,
-                                                             args.learner_mfu)
-    args.learner_note = (f"{args.learner_tokens_per_s:,.0f} tokens/s as given" if args.learner_tokens_per_s
-                         else f"{args.learner_gpus} x {GPUS[gpu].name} at {args.learner_mfu:.0%} MFU, "
+    learner_gpus = args.learner_gpus or args.gpus_per_node
+    rate = args.learner_tokens_per_s or learner_tokens_per_s(GPUS[gpu], spec, learner_gpus, args.learner_mfu)
+    args.learner_note = (f"{learner_gpus} GPUs at {args.learner_tokens_per_s:,.0f} tokens/s as given"
+                         if args.learner_tokens_per_s
+                         else f"{learner_gpus} x {GPUS[gpu].name} at {args.learner_mfu:.0%} MFU, "
                               f"10 x {spec.num_params / 1e9:.2f}B FLOPs per token = {rate:,.0f} tokens/s")
     return ClusterModel(profile=profile, num_nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                         gpus_per_actor=args.gpus_per_actor, weight_bytes=spec.weight_bytes,
@@ -235,40 +245,68 @@ def build_model(args: argparse.Namespace) -> ClusterModel:
                         cut_threshold=args.cut_threshold, rank_slack=_slack(args.rank_slack),
                         n_min=args.n_min, n_max=args.n_max, colocated_actors=args.colocated_actors,
                         continuation=args.continuation, migration=args.migration,
-                        prefer=args.prefer, learner_tokens_per_s=rate, first_epoch=args.first_epoch)
+                        prefer=args.prefer, learner_tokens_per_s=rate, learner_gpus=learner_gpus,
+                        first_epoch=args.first_epoch)
 
 
-def format_table(runs: dict[str, PolicyRun], whole_step: bool = False) -> str:
+def format_table(runs: dict[str, PolicyRun], whole_step: bool = False, model: ClusterModel | None = None) -> str:
     """Totals per policy (the generation phases, or the whole steps), with ratios against the
     first static policy when there is one (``-`` and a closing line saying so when there is
     none); the generation table also gives the planner's predicted against replayed phase time
-    (median and p90 of the absolute relative error)."""
-    def totals(s: dict) -> tuple[float, float, float]:
-        """Time (s), GPU-s and the mean idle fraction of the steps or of their generation phases."""
+    (median and p90 of the absolute relative error). The whole-step table bills two ways
+    (``PolicyRun.summary``): ``actor_gpu_s``, the policy's actors alone, and last
+    ``total_gpu_s``, with the learner's GPUs held through every step; ``model`` (the one
+    replayed) adds the closing lines that say so and give a hybrid-engine baseline's total."""
+    def totals(s: dict) -> tuple[float, float, float, float]:
+        """Time (s), GPU-s, the mean idle fraction and the GPU-s with the learner's (0 for the
+        generation phases) of the steps or of their generation phases."""
         if whole_step:
-            return s["total_time_s"], s["total_gpu_seconds"], s["mean_idle_fraction"]
+            return (s["total_time_s"], s["total_gpu_seconds"], s["mean_idle_fraction"],
+                    s["total_gpu_seconds_with_learner"])
         gen = s["generation"]
-        return gen["time_s"], gen["gpu_seconds"], gen["mean_idle_fraction"]
+        return gen["time_s"], gen["gpu_seconds"], gen["mean_idle_fraction"], 0.0
 
     summaries = {name: run.summary() for name, run in runs.items()}
-    base = next((totals(s) for n, s in summaries.items() if n.startswith("static")), None)
-    lines = [f"{'policy':<12} {'time_s':>9} {'gpu_s':>10} {'speedup':>8} {'gpu_s_cut':>9} "
-             f"{'idle':>6} {'plan_ms_p50':>11} {'mean_N':>7}"
-             + ("" if whole_step else f" {'pred_err p50/p90':>16}")]
+    base_name = next((n for n in summaries if n.startswith("static")), None)
+    base = totals(summaries[base_name]) if base_name else None
+    lines = [f"{'policy':<12} {'time_s':>9} {'actor_gpu_s' if whole_step else 'gpu_s':>11} {'speedup':>8} "
+             f"{'actor_cut' if whole_step else 'gpu_s_cut':>9} {'idle':>6} {'plan_ms_p50':>11} {'mean_N':>7}"
+             + (f" {'total_gpu_s':>11} {'total_cut':>9}" if whole_step else f" {'pred_err p50/p90':>16}")]
     for name, s in summaries.items():
-        time_s, gpu_s, idle = totals(s)
+        time_s, gpu_s, idle, total = totals(s)
         # no baseline, no ratio: a dash rather than nan
         ratios = f"{base[0] / time_s:>7.2f}x {1 - gpu_s / base[1]:>9.1%}" if base else f"{'-':>8} {'-':>9}"
         mean_n = sum(x["n_actors"] for x in s["steps"]) / len(s["steps"])
         fid = s["fidelity"]
-        lines.append(f"{name:<12} {time_s:>9.1f} {gpu_s:>10.1f} {ratios} "
-                     f"{idle:>6.2f} {s['planning_ms_p50']:>11.2f} {mean_n:>7.1f}"
-                     + ("" if whole_step else
-                        f" {fid['median_abs_error']:>9.1%}/{fid['p90_abs_error']:<6.1%}"))
+        tail = (f" {total:>11.1f} " + (f"{1 - total / base[3]:>9.1%}" if base else f"{'-':>9}") if whole_step
+                else f" {fid['median_abs_error']:>9.1%}/{fid['p90_abs_error']:<6.1%}")
+        lines.append(f"{name:<12} {time_s:>9.1f} {gpu_s:>11.1f} {ratios} "
+                     f"{idle:>6.2f} {s['planning_ms_p50']:>11.2f} {mean_n:>7.1f}" + tail)
     if base is None:
-        lines.append("(speedup and gpu_s_cut compare with the first static:N policy, and --policy names none: "
+        lines.append("(speedup and the cuts compare with the first static:N policy, and --policy names none: "
                      "add one, e.g. --policy static:3)")
+    if whole_step and model is not None:
+        lines += whole_step_notes(summaries, base_name, model)
     return "\n".join(lines)
+
+
+def whole_step_notes(summaries: dict[str, dict], base_name: str | None, model: ClusterModel) -> list[str]:
+    """What the whole-step table's GPU-s columns count, and, where the first static policy's
+    actors fit on the learner's GPUs, its total as a hybrid engine (the learner's GPUs x its
+    step time: its actors add nothing) with each policy's total as a multiple of it."""
+    gpus = model.num_learner_gpus
+    lines = ["(actor_gpu_s: the policy's actors; static:N is standalone, on GPUs of its own held through the "
+             "learner's phases, its weight sync after each step not charged. total_gpu_s: with the learner's "
+             f"{gpus} GPUs held through every step, what a policy runs on them counted once)"]
+    policy = parse_policy(base_name) if base_name else None
+    if policy is None or policy.scaling.num_actors * model.gpus_per_actor > gpus:
+        return lines
+    hybrid = gpus * summaries[base_name]["total_time_s"]
+    shares = ", ".join(f"{name} {s['total_gpu_seconds_with_learner'] / hybrid:.2f}x"
+                       for name, s in summaries.items() if name != base_name)
+    return lines + [f"(against {base_name} as a hybrid engine, its actors on the learner's GPUs, its total is the "
+                    f"learner's alone: {gpus} x {summaries[base_name]['total_time_s']:.1f} s = {hybrid:.1f} GPU-s; "
+                    f"total_gpu_s against that: {shares or 'no other policy'})"]
 
 
 def bound_report(steps: list, runs: dict[str, PolicyRun], model: ClusterModel) -> dict:
@@ -327,8 +365,10 @@ FRONTIER = {"budget": ("budget_actors", (1, 2, 3, 4, 6, 8)),
 
 def frontier(steps: list, model: ClusterModel, max_new_tokens: int | None = None) -> dict:
     """rlhfless against static:3 over the objective's knob (``FRONTIER``): per knob value, the
-    generation-only and whole-step time and GPU-s ratios (< 1 is faster or cheaper) and
-    rlhfless's mean actor count; ``max_new_tokens`` as ``replay``'s."""
+    generation-only and whole-step time and GPU-s ratios (< 1 is faster or cheaper; the whole
+    step's GPU-s of the actors, ``step_gpu_seconds``, and with the learner's,
+    ``step_gpu_seconds_with_learner``: ``PolicyRun.summary``) and rlhfless's mean actor count;
+    ``max_new_tokens`` as ``replay``'s."""
     field, values = FRONTIER[model.objective]
     rows = []
     for value in values:
@@ -340,6 +380,8 @@ def frontier(steps: list, model: ClusterModel, max_new_tokens: int | None = None
                      "gen_gpu_seconds": ours["generation"]["gpu_seconds"] / base["generation"]["gpu_seconds"],
                      "step_time": ours["total_time_s"] / base["total_time_s"],
                      "step_gpu_seconds": ours["total_gpu_seconds"] / base["total_gpu_seconds"],
+                     "step_gpu_seconds_with_learner": (ours["total_gpu_seconds_with_learner"]
+                                                       / base["total_gpu_seconds_with_learner"]),
                      "mean_n": sum(runs["rlhfless"].planned) / len(runs["rlhfless"].planned)})
     return {"objective": model.objective, "knob": field, "baseline": "static:3", "rows": rows}
 
@@ -347,72 +389,19 @@ def frontier(steps: list, model: ClusterModel, max_new_tokens: int | None = None
 def format_frontier(report: dict) -> str:
     """``frontier``'s report as the text report's table."""
     field = report["knob"]
-    lines = [f"{field:>24} {'gen time':>9} {'gen GPU-s':>10} {'step time':>10} {'step GPU-s':>11} "
-             f"{'mean_N':>7}"]
+    lines = [f"{field:>24} {'gen time':>9} {'gen GPU-s':>10} {'step time':>10} {'step actor GPU-s':>17} "
+             f"{'step total GPU-s':>17} {'mean_N':>7}"]
     for r in report["rows"]:
         lines.append(f"{r[field]:>24g} {r['gen_time']:>8.3f}x {r['gen_gpu_seconds']:>9.3f}x "
-                     f"{r['step_time']:>9.3f}x {r['step_gpu_seconds']:>10.3f}x {r['mean_n']:>7.1f}")
+                     f"{r['step_time']:>9.3f}x {r['step_gpu_seconds']:>16.3f}x "
+                     f"{r['step_gpu_seconds_with_learner']:>16.3f}x {r['mean_n']:>7.1f}")
     return "\n".join(lines)
-
-
-PLOT_SUFFIXES = (".png", ".pdf", ".svg")
-
-
-def plot_paths(plot: str, traces: Sequence[str]) -> list[Path]:
-    """Where each trace's plot goes: ``plot`` for one trace, else ``<plot stem>-<trace stem>``
-    with ``-2``, ``-3``... added where trace file names repeat, so no plot overwrites another.
-
-    Raises:
-        ValueError: naming ``--plot`` when the suffix is not one of ``PLOT_SUFFIXES``, a path
-            is a directory, its folder does not exist or cannot be written, or matplotlib is
-            missing: checked before any trace is simulated.
-    """
-    import importlib.util
-    import os
-
-    path = Path(plot)
-    if path.suffix.lower() not in PLOT_SUFFIXES:
-        raise ValueError(f"--plot {plot!r}: name a file ending in {', '.join(PLOT_SUFFIXES)}")
-    if importlib.util.find_spec("matplotlib") is None:
-        raise ValueError(f"--plot {plot!r}: matplotlib is not installed; pip install matplotlib, or drop --plot")
-    folder = path.parent
-    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        raise ValueError(f"--plot {plot!r}: the folder {str(folder)!r} does not exist or cannot be written; "
-                         "create it or pick another path")
-    if len(traces) == 1:
-        paths = [path]
-    else:
-        tags = unique_names([Path(trace).stem for trace in traces], "-")
-        paths = [folder / f"{path.stem}-{tag}{path.suffix}" for tag in tags]
-    for p in paths:
-        if p.is_dir():
-            raise ValueError(f"--plot {plot!r}: {str(p)!r} is a directory; pass a file path")
-    return paths
 
 
 def report_keys(traces: Sequence[str]) -> list[str]:
     """The JSON report's key of each trace: its path, with ``#2``, ``#3``... on a path given
     again, so every report is kept."""
     return unique_names(list(traces), "#")
-
-
-def unique_names(names: list[str], sep: str) -> list[str]:
-    """``names`` made distinct: a name already taken gets ``sep`` and the first free number
-    from 2 (so ``a``, ``a-2``, ``a`` give ``a``, ``a-2``, ``a-3``).
-
-    >>> unique_names(["a", "a-2", "a"], "-")
-    ['a', 'a-2', 'a-3']
-    """
-    taken: set[str] = set()
-    out = []
-    for name in names:
-        new, n = name, 1
-        while new in taken:
-            n += 1
-            new = f"{name}{sep}{n}"
-        taken.add(new)
-        out.append(new)
-    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -452,7 +441,7 @@ def _simulate(args: argparse.Namespace) -> int:
             print(format_table(runs))
             print(format_bound(bound))
             print(f"whole step (learner: {args.learner_note}):")
-            print(format_table(runs, whole_step=True))
+            print(format_table(runs, whole_step=True, model=model))
             if args.frontier:
                 print(f"frontier of objective {model.objective!r} (rlhfless / static:3):")
                 print(format_frontier(out[key]["frontier"]))

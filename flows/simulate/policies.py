@@ -5,9 +5,14 @@
   prefill is done (``colocated_actors``), serverless release.
 - ``static:N`` (VERL-like serverful baseline, paper default N = 3): N actors, contiguous
   slices of the batch in the given order, each prefills its own prompts once (vLLM parallel
-  sampling shares a prompt across its n samples) and decodes; actors are co-located with the
-  learner (hybrid engine) so there is no weight transfer or cold start; every actor is held
-  for the whole phase: GPU-s = N * GPUs * phase time.
+  sampling shares a prompt across its n samples) and decodes, with no weight transfer and no
+  cold start; every actor is held for the whole phase: GPU-s = N * GPUs * phase time. Where
+  its actors live matters only to the whole step (``ClusterModel.learner_tokens_per_s``),
+  which models the standalone placement (paper §4.9): the N actors hold GPUs of their own,
+  billed through the learner's phases too, and the weight sync to them after each step is not
+  charged (it favours the baseline). A hybrid engine instead runs them on the learner's GPUs:
+  then they cost nothing beyond the learner's own GPU-s, and the only whole-step saving left
+  to a serverless policy is its generation phase's (``ClusterModel.learner_gpus``).
 - ``round-robin:N``: N serverless actors (released when done), round-robin assignment, no
   cut: the naive baseline of ranked assignment + cut-and-migrate at the same fan-out
   (``no-scale:N``).
@@ -98,9 +103,9 @@ class ClusterModel:
     tail_quantile: float = 0.5
     """Quantile of an actor's longest observed group its robust tail runs to."""
     colocated_actors: int | None = None
-    """Decode actors on the learner node's GPUs after prefill (no weight or KV transfer), as
-    static:N's hybrid engine shares them; None: as many as fit, gpus_per_node //
-    gpus_per_actor (``ClusterSpec.colocated_actors``); 1 is the paper's actor 0 alone."""
+    """Decode actors on the learner node's GPUs after prefill (no weight or KV transfer), as a
+    hybrid engine shares them; None: as many as fit, gpus_per_node // gpus_per_actor
+    (``ClusterSpec.colocated_actors``); 1 is the paper's actor 0 alone."""
     cut_threshold: float = 0.7
     rank_slack: float | None = 0.1  # ranked slices within this fraction of the balanced time
     n_min: int = 1
@@ -115,9 +120,16 @@ class ClusterModel:
     """None: simulate the generation phase only (as the paper's simulator does). A rate: each
     step also runs the learner's scoring and training on its rollout (prompt + response tokens
     of every sample / this rate, in seconds) after generation. Every policy's step time includes
-    it; serverful actors stay allocated, and billed, through it (standalone placement, paper
-    §4.9), while serverless actors are already released. The learner's own GPU-seconds are the
-    same for every policy and are not counted."""
+    it. static:N is then the standalone baseline (module docstring): its actors stay allocated,
+    and billed, through the learner's phases (paper §4.9), while serverless actors are already
+    released. A policy's GPU-s count its actors only; the learner's are counted beside them
+    (``learner_gpus``, ``replay.StepRecord.learner_gpu_seconds``)."""
+    learner_gpus: int | None = None
+    """GPUs the learner holds through every step, generation included (it waits for the
+    rollout); None: one node, ``gpus_per_node``. They give each step's learner GPU-s, this
+    count x the step's time; where they cover the node (>= ``gpus_per_node``), a serverless
+    policy's prefill actor and co-located decode actors run on them and are counted once
+    (``learner_node_gpu_seconds``)."""
 
     def cut_threshold_of(self, policy: Policy) -> float | None:
         """The cut threshold ``policy`` runs with (its strategy's rule, as live)."""
@@ -125,7 +137,14 @@ class ClusterModel:
 
     @property
     def max_actors(self) -> int:
-        return max(1, self.num_nodes * self.gpus_per_node // self.gpus_per_actor)
+        """Actors the cluster holds: an actor's GPUs are on one node, so each node holds
+        gpus_per_node // gpus_per_actor of them and its remaining GPUs hold none."""
+        return max(1, self.num_nodes * (self.gpus_per_node // self.gpus_per_actor))
+
+    @property
+    def num_learner_gpus(self) -> int:
+        """``learner_gpus``, or one node's GPUs where it is None."""
+        return self.learner_gpus if self.learner_gpus is not None else self.gpus_per_node
 
     def planner_settings(self, policy: Policy, tail_error: MeasuredError | None = None) -> PlannerSettings:
         """What the planner is told under ``policy`` (the live hook builds the same object), with
@@ -207,6 +226,24 @@ def build_actors(policy: Policy, plan: GenerationPlan, samples: Mapping[int, lis
                                st.ready_s, cuttable=cut))
         extra += st.prewarm_idle_s * cluster.gpus_per_actor
     return specs, extra
+
+
+def learner_node_gpu_seconds(policy: Policy, plan: GenerationPlan, specs: Sequence[ActorSpec],
+                             release_s: Sequence[float], prompt_lengths: Mapping[int, int],
+                             model: ClusterModel) -> float:
+    """GPU-s ``policy`` billed on the learner node's GPUs in one generation phase: a serverless
+    policy's prefill actor (every GPU of the node, for the prefill time) and its first
+    ``colocated_actors`` decode actors (GPUs x invoke to release, ``release_s`` being the
+    phase's per-actor release times, planned actors first); 0 for a serverful policy, whose
+    actors hold GPUs of their own (module docstring). Continuations count as remote."""
+    if policy.serverful:
+        return 0.0
+    cluster = model.cluster_spec()
+    all_tokens = sum(prompt_lengths[p] for pids in plan.assignments for p in pids)
+    billed = prefill_seconds(all_tokens, model.profile, cluster) * cluster.prefill_gpus
+    for spec, release in list(zip(specs, release_s))[:cluster.colocated_actors]:
+        billed += (release - spec.invoked_s) * cluster.gpus_per_actor
+    return billed
 
 
 def sim_config(policy: Policy, model: ClusterModel, spare_warm_actors: int) -> SimConfig:

@@ -18,6 +18,7 @@ planner runs (its wall time is recorded), told how far the policy's own predicti
 last ``ClusterModel.tail_error_steps`` steps (``robust.MeasuredError``; none before the first
 step, all zero for ``oracle``); the phase is simulated with the true lengths
 (plus the learner's scoring and training where ``ClusterModel.learner_tokens_per_s`` is set);
+beside each policy's GPU-s (its actors') go the learner's (``StepRecord.learner_gpu_seconds``);
 then the planner observes the step's lengths (the same for every policy, since the trace
 fixes what was generated). Planning and observing is the live campaign's
 ``flows/planning/planner.py: Planner``, one per policy.
@@ -40,7 +41,15 @@ from flows.planning.prewarm import warm_actor_count
 from flows.planning.record import StepRecord as ObservedStep
 from flows.planning.robust import MeasuredError
 from flows.simulate.cluster import PhaseResult, Sample, simulate_phase
-from flows.simulate.policies import ClusterModel, Policy, build_actors, make_plan, parse_policy, sim_config
+from flows.simulate.policies import (
+    ClusterModel,
+    Policy,
+    build_actors,
+    learner_node_gpu_seconds,
+    make_plan,
+    parse_policy,
+    sim_config,
+)
 
 _FIELDS = ("epoch", "step", "prompt_id", "prompt_len", "answer_len")
 MAX_TOKENS = 2**20
@@ -136,8 +145,8 @@ def read_trace(path: str | Path) -> list[TraceStep]:
                 raise ValueError(f"{path}:{number}: prompt {row.prompt_id} twice in step {step}")
             rows.append(row)
     if not steps:
-        raise ValueError(f"{path}: no trace lines; write one JSON object per line (epoch, step, prompt_id, "
-                         "prompt_len, response_lens), as benchmarks/make_traces.py does")
+        raise ValueError(f"{path}: no trace lines; write one JSON object per line ({', '.join(_FIELDS)}, "
+                         "response_lens), as benchmarks/make_traces.py does")
     return [TraceStep(e, s, tuple(rows), cap) for (e, s), rows in steps.items()]
 
 
@@ -145,7 +154,9 @@ def read_trace(path: str | Path) -> list[TraceStep]:
 class StepRecord:
     """One replayed step. ``time_s``/``gpu_seconds``: the step as modelled (the generation
     phase, plus the learner's phases where the model has a learner rate; so is ``idle_fraction``,
-    a serverful policy's actors held idle through the learner's phases); ``gen_*``: the
+    a serverful policy's actors held idle through the learner's phases), ``gpu_seconds`` being
+    the policy's actors' alone; ``learner_gpu_seconds``: the learner's GPUs x ``time_s``, less
+    what the policy's actors billed on them (counted once, in ``gpu_seconds``); ``gen_*``: the
     generation phase alone; ``predicted_*``: what the planner estimated for that phase."""
 
     step: int
@@ -162,6 +173,7 @@ class StepRecord:
     predicted_time_s: float = 0.0
     predicted_gpu_seconds: float = 0.0
     gen_idle_fraction: float = 0.0
+    learner_gpu_seconds: float = 0.0
 
     @property
     def time_error(self) -> float:
@@ -178,13 +190,16 @@ class PolicyRun:
     """The plan of every step, in order."""
 
     def summary(self) -> dict:
-        """Totals of the modelled steps (``total_*``) and of their generation phases alone
-        (``generation``); ``fidelity``: the planner's predicted against the replayed phase
-        time, as absolute relative errors over the steps (median and 90th percentile)."""
+        """Totals of the modelled steps (``total_*``; ``total_gpu_seconds``: the policy's
+        actors, ``total_gpu_seconds_with_learner``: with the learner's GPUs held through every
+        step, ``StepRecord``) and of their generation phases alone (``generation``);
+        ``fidelity``: the planner's predicted against the replayed phase time, as absolute
+        relative errors over the steps (median and 90th percentile)."""
         ms = [s.planning_ms for s in self.steps]
         errors = sorted(abs(s.time_error) for s in self.steps)
         return {"total_time_s": sum(s.time_s for s in self.steps),
                 "total_gpu_seconds": sum(s.gpu_seconds for s in self.steps),
+                "total_gpu_seconds_with_learner": sum(s.gpu_seconds + s.learner_gpu_seconds for s in self.steps),
                 "generation": {"time_s": sum(s.gen_time_s for s in self.steps),
                                "gpu_seconds": sum(s.gen_gpu_seconds for s in self.steps),
                                "mean_idle_fraction": statistics.fmean(s.gen_idle_fraction for s in self.steps)},
@@ -241,18 +256,27 @@ def replay_step(policy: Policy, step: TraceStep, predicted: dict[int, float], mo
 def execute_step(policy: Policy, step: TraceStep, plan: GenerationPlan, predicted: Mapping[int, float],
                  model: ClusterModel, warm_pool: int = 0
                  ) -> tuple[PhaseResult, PhaseResult, GenerationPlan, list[Sample]]:
-    """Simulate ``plan`` (made with ``predicted``) on the step's true lengths: as ``replay_step``."""
+    """Simulate ``plan`` (made with ``predicted``) on the step's true lengths: as ``replay_step``.
+    The step's result carries the learner's GPU-s (``PhaseResult.learner_gpu_seconds``: its
+    GPUs x the step's time, less the GPU-s the policy billed on them); the phase's does not."""
     prompt_lengths = {r.prompt_id: r.prompt_len for r in step.prompts}
     samples = _samples(step)
     specs, extra = build_actors(policy, plan, samples, prompt_lengths, model, predicted)
     spare = max(0, warm_pool - plan.num_actors)
     gen, done = simulate_phase(specs, sim_config(policy, model, spare), extra_gpu_seconds=extra)
-    result = gen
+    learn = held = 0.0
     if model.learner_tokens_per_s:  # the rest of the step (see ClusterModel.learner_tokens_per_s)
         tokens = sum(r.prompt_len * len(r.response_lens) + sum(r.response_lens) for r in step.prompts)
         learn = tokens / model.learner_tokens_per_s
+        # standalone static:N: its actors' own GPUs, held idle while the learner works
         held = plan.num_actors * model.gpus_per_actor * learn if policy.serverful else 0.0
-        result = replace(gen, time_s=gen.time_s + learn, gpu_seconds=gen.gpu_seconds + held)
+    # what a policy bills on the learner node is within the learner's hold where that covers the
+    # node: counted once, in the policy's GPU-s; a smaller learner leaves it on top (an upper bound)
+    shared = (learner_node_gpu_seconds(policy, plan, specs, gen.release_s, prompt_lengths, model)
+              if model.num_learner_gpus >= model.gpus_per_node else 0.0)
+    time_s = gen.time_s + learn
+    result = replace(gen, time_s=time_s, gpu_seconds=gen.gpu_seconds + held,
+                     learner_gpu_seconds=model.num_learner_gpus * time_s - shared)
     return result, gen, plan, done
 
 
@@ -292,7 +316,8 @@ def replay(steps: list[TraceStep], policy_names: list[str], model: ClusterModel,
             run.steps.append(StepRecord(step.step, plan.num_actors, result.time_s, result.gpu_seconds,
                                         result.idle_fraction, plan.planning_ms, 1.0 if policy.oracle else corr,
                                         result.num_cut, result.num_migrated, gen.time_s, gen.gpu_seconds,
-                                        plan.predicted_time_s, plan.predicted_gpu_seconds, gen.idle_fraction))
+                                        plan.predicted_time_s, plan.predicted_gpu_seconds, gen.idle_fraction,
+                                        result.learner_gpu_seconds))
             run.plans.append(phase.plan)
     return runs
 
