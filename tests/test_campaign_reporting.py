@@ -352,7 +352,8 @@ def test_a_resume_may_change_the_price_not_what_the_run_computes(tiny_config):
     assert check_resume(existing, tiny_config("generation.engine=vllm"), True) == []  # the same tokens, to round-off
     # the values, the run's and the one asked for, so the fix needs no record of the first config
     with pytest.raises(CampaignRefused, match=r"settings differ: algorithm.lr: run 0.0006, now 0.5\); set them back "
-                                              r"\(e.g. --set KEY=VALUE with the run's value\)"):
+                                              r"\(e.g. --set KEY=VALUE with the run's value, or that key of a "
+                                              r"deployment run's config parameter\)"):
         check_resume(existing, tiny_config("price_per_gpu_second=0.002", "algorithm.lr=0.5"), True)
     assert made.identity()["algorithm"]["micro_batch_size"] is None  # the recorded identity is untouched
 

@@ -18,7 +18,7 @@ def test_vllm_on_the_cpu_refuses_a_head_dim_its_attention_lacks(monkeypatch):
         preflight.check_engine(load_config(None, ["generation.engine=vllm"]), local_actions=True)
     line = str(exc.value)
     assert "\n" not in line and "head_dim 24" in line and "model.hidden_size 96 / model.num_heads 4" in line
-    assert "--set model.hidden_size=128 --set model.num_heads=2" in line
+    assert "use model.hidden_size=128 and model.num_heads=2 (head_dim 64; --set KEY=VALUE, or those keys" in line
     preflight.check_engine(load_config(None, ["generation.engine=vllm", "model.hidden_size=128",
                                               "model.num_heads=2"]), local_actions=True)  # head_dim 64 runs
     preflight.check_engine(load_config(None, []), local_actions=True)  # the torch engine: no constraint

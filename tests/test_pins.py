@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 IMAGES = ("cpu", "gpu")
 # Dependencies the action images do not need, and why: the images run actions/ only.
 CONTROL_PLANE_ONLY = {
-    "prefect": "flows only", "fastapi": "Prefect's server", "minio": "flows' storage helpers",
+    "prefect": "flows only", "fastapi": "Prefect's server", "sqlalchemy": "Prefect's server",
+    "minio": "flows' storage helpers",
     "httpx": "the OpenWhisk client in flows", "matplotlib": "reports and the simulator's plots",
     "datasets": "the prepare action, which runs beside the flows (infra/prefect worker)",
 }
@@ -68,6 +69,16 @@ def _compose_worker() -> tuple[str, str]:
     compose = yaml.safe_load((REPO / "infra" / "prefect" / "docker-compose.yaml").read_text())
     worker = compose["services"]["worker"]
     return worker["image"], " ".join(worker["command"])
+
+
+def test_the_compose_server_installs_the_sqlalchemy_its_scheduler_works_with():
+    """The Prefect image's SQLAlchemy is whatever it was built with: 2.1 fails the 3.8
+    scheduler's every pass, so the server installs the project's specifier first."""
+    compose = yaml.safe_load((REPO / "infra" / "prefect" / "docker-compose.yaml").read_text())
+    command = " ".join(compose["services"]["server"]["command"])
+    [req] = [Requirement(r) for r in re.findall(r"'([A-Za-z][^']*)'", command)]
+    assert canonicalize_name(req.name) == "sqlalchemy" and req.specifier == project()["sqlalchemy"].specifier
+    assert command.endswith("&& prefect server start --host 0.0.0.0")
 
 
 def test_prefect_worker_installs_the_project_specifiers():

@@ -57,7 +57,9 @@ class LocalPrefectServer:
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
         env.update(PREFECT_HOME=str(self.home), PREFECT_API_URL=self.url, PREFECT_SERVER_ANALYTICS_ENABLED="false",
-                   CI="true", HF_HUB_OFFLINE="1", PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW="ignore")
+                   CI="true", HF_HUB_OFFLINE="1", PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW="ignore",
+                   # the scheduler's pass every 2 s, not 60: a schedule turned on shows its runs at once
+                   PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="2")
         return env
 
     def start(self, timeout_s: float = 120.0) -> None:
@@ -164,6 +166,31 @@ def test_deploy_registers_pool_schedule_pull_step_and_concurrency_limit(deployed
     # The parameter schema is CampaignConfig's: the server validates runs against it.
     assert dep.enforce_parameter_schema
     assert "CampaignConfig" in dep.parameter_openapi_schema["definitions"]
+
+
+def test_a_schedule_turned_on_creates_its_runs(deployed: LocalPrefectServer):
+    """The operator's step (docs/prefect.md): `prefect deployment schedule resume`. The server's
+    scheduler then inserts the coming nights' runs; with a SQLAlchemy Prefect 3.8 does not
+    support (2.1) every pass failed in the server log and no run ever appeared."""
+    with deployed.client() as client:
+        dep = client.read_deployment_by_name(DEPLOYMENT)
+    [schedule] = dep.schedules
+    deployed.prefect("deployment", "schedule", "resume", DEPLOYMENT, str(schedule.id))
+    try:
+        deadline, runs = time.time() + 60, []
+        while time.time() < deadline and not runs:
+            time.sleep(1)
+            with deployed.client() as client:
+                runs = [r for r in client.read_flow_runs(limit=20) if r.deployment_id == dep.id
+                        and r.state is not None and r.state.type.value == "SCHEDULED"]
+        assert runs, f"no scheduled run within 60 s; server log:\n{deployed.log_tail()}"
+        assert all(r.expected_start_time.hour == 2 and r.expected_start_time.minute == 0 for r in runs)
+    finally:
+        deployed.prefect("deployment", "schedule", "pause", DEPLOYMENT, str(schedule.id))
+        with deployed.client() as client:  # the other tests count this deployment's runs
+            for run in client.read_flow_runs(limit=200):
+                if run.deployment_id == dep.id and run.state is not None and run.state.type.value == "SCHEDULED":
+                    client.delete_flow_run(run.id)
 
 
 def test_bad_parameter_is_rejected_naming_the_field(deployed: LocalPrefectServer, tmp_path: Path):

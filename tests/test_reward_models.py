@@ -372,6 +372,38 @@ def test_a_reward_model_whose_config_disagrees_with_its_weights_is_refused_befor
     assert not store.exists() or not [p for p in store.rglob("*") if p.is_file()]
 
 
+@pytest.mark.parametrize("fault", ["model_type", "no_pad"])
+def test_a_reward_model_the_scorer_could_not_load_or_pad_is_refused_before_anything_is_written(
+        tmp_path, reward_model, capsys, fault):
+    """A model_type this transformers does not know (code of the model's own: the actions never
+    trust remote code), or a tokenizer with neither a pad nor an EOS token (a batch cannot be
+    padded): each failed only in the first evaluation, after the run was written."""
+    import shutil
+
+    from flows.commands.cli import main
+
+    folder = tmp_path / "rm"
+    shutil.copytree(reward_model, folder)
+    if fault == "model_type":
+        _edit_config(folder, model_type="myrm", architectures=["MyRMForSequenceClassification"],
+                     auto_map={"AutoModelForSequenceClassification": "modeling_myrm.MyRM"})
+        needles = ("reward.models[0].path", "model_type 'myrm', with code of its own in auto_map",
+                   "trust_remote_code are not supported")
+    else:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        config = {**config, "eos_token": None, "pad_token": None}
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+        needles = ("reward.models[0].path", "neither a pad token nor an EOS token", "set pad_token")
+    args = ["train", "--set", f"reward.models=[{{path: {folder}}}]", "--set", f"store.uri={tmp_path / 'store'}",
+            "--set", "invoker.kind=inprocess", "--out", str(tmp_path / "run")]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"rlhfless: error: reward.models[0].path '{folder}': "), err
+    assert all(n in err[0] for n in needles), err[0]
+    store = tmp_path / "store"
+    assert not store.exists() or not [p for p in store.rglob("*") if p.is_file()]
+
+
 def test_a_reward_model_scoring_nan_is_named_with_its_folder_prompt_and_cause(tmp_path, reward_model):
     """A NaN or infinite score fails where the model makes it, naming reward.models[i], its
     folder, the prompt id and the value, and why: the damaged tensor where the weights hold one,

@@ -244,7 +244,8 @@ def check_engine(cfg: Any, *, local_actions: bool, device: str | None = None) ->
     if vllm_backend() == "cpu":
         dim, source = head_dim(cfg.model)
         if dim and dim not in CPU_HEAD_DIMS:
-            fix = ("--set model.hidden_size=128 --set model.num_heads=2 (head_dim 64)" if not cfg.model.path
+            fix = ("model.hidden_size=128 and model.num_heads=2 (head_dim 64; --set KEY=VALUE, or those keys of a "
+                   "deployment run's config)" if not cfg.model.path
                    else "a model whose head_dim is one of them")
             raise ValueError(f"generation.engine 'vllm' on the CPU supports head_dim {', '.join(map(str, CPU_HEAD_DIMS))}; "
                              f"this model has head_dim {dim} ({source}): use {fix}, or generation.engine=torch")

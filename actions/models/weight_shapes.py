@@ -41,6 +41,7 @@ def check_weight_shapes(path: str, field: str, auto_class: str) -> None:
     tensors have shapes of their own) or a config transformers cannot build here.
     """
     root = Path(path)
+    check_config(root, field)
     stored = checkpoint_shapes(root)
     built = _expected_shapes(root, auto_class) if stored else None
     if built is None:
@@ -53,6 +54,32 @@ def check_weight_shapes(path: str, field: str, auto_class: str) -> None:
                 f"{field} {path!r}: tensor {name} has shape {list(shape)} in the weights, but config.json gives "
                 f"{list(want)}; config.json does not describe these weights: use the config.json saved with them "
                 "(save_pretrained writes both)")
+
+
+def check_config(root: Path, field: str) -> None:
+    """Refuse a folder whose ``config.json`` the installed transformers cannot read: a
+    ``model_type`` it does not know, or one whose code the model brings (``auto_map``), which
+    the actions never run (they load without ``trust_remote_code``), so its first load would
+    fail after the run was written.
+
+    Raises:
+        ValueError: one line naming ``field``, the path, the model type and the fix.
+    """
+    import transformers
+
+    try:
+        transformers.AutoConfig.from_pretrained(str(root))
+    except (ValueError, KeyError, OSError) as exc:
+        try:
+            config = json.loads((root / "config.json").read_text())
+        except (OSError, ValueError):
+            return  # not this check's to diagnose: validate_model_dir names the file
+        own_code = ", with code of its own in auto_map" if "auto_map" in config else ""
+        first = " ".join(str(exc).split(". ")[0].split())
+        raise ValueError(f"{field} {str(root)!r}: its config.json (model_type {config.get('model_type')!r}{own_code}) "
+                         f"cannot be read by transformers {transformers.__version__} ({first}); use a model whose "
+                         "model_type this transformers knows: models that need trust_remote_code are not "
+                         "supported") from None
 
 
 def checkpoint_shapes(root: Path) -> dict[str, tuple[int, ...]]:

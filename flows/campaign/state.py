@@ -353,7 +353,8 @@ def check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: bo
         shown = "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
         raise CampaignRefused(
             f"refusing to resume run {existing.run_id!r}: it was made with a different configuration "
-            f"(settings differ: {shown}); set them back (e.g. --set KEY=VALUE with the run's value) or use a new run_id"
+            f"(settings differ: {shown}); set them back (e.g. --set KEY=VALUE with the run's value, or that key of a "
+            "deployment run's config parameter) or use a new run_id"
         )
     return warnings
 

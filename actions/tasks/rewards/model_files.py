@@ -121,8 +121,9 @@ def load_tokenizer(path: str, field: str) -> Any:
 
 def check_tokenizer(path: str, field: str, settings: Any, chat_prompts: bool) -> None:
     """Refuse what would fail or mislead only once scoring runs: a tokenizer the stored copy
-    (``folder_files``) does not reproduce, a chat template the settings need and the tokenizer
-    lacks, an explicit ``max_length`` beyond what the model takes.
+    (``folder_files``) does not reproduce, one with neither a pad nor an EOS token, a chat
+    template the settings need and the tokenizer lacks, an explicit ``max_length`` beyond what
+    the model takes.
 
     Args:
         field: ``reward.models[i]``; settings: its ``RewardModelConfig``;
@@ -144,6 +145,10 @@ def check_tokenizer(path: str, field: str, settings: Any, chat_prompts: bool) ->
     if stored != folder(_PROBE)["input_ids"]:
         raise ValueError(f"{where}: its tokenizer needs files other than {', '.join(_FILES[1:])}; save it with "
                          "tokenizer.save_pretrained (which writes tokenizer.json) into the folder")
+    if folder.pad_token_id is None and folder.eos_token_id is None:  # the scorer pads with the one or the other
+        raise ValueError(f"{where}: its tokenizer has neither a pad token nor an EOS token, so a batch of texts "
+                         "cannot be padded for scoring; set pad_token (or eos_token) in its tokenizer_config.json "
+                         "to one of its special tokens")
     mode = settings.chat_template
     if folder.chat_template is None and (mode is True or (mode == "auto" and chat_prompts)):
         why = "true" if mode is True else "auto, and the prompts are chat messages"
