@@ -24,6 +24,7 @@ from actions.config.section import Section as _Section
 from actions.config.workload import WorkloadConfig
 from actions.store.endpoints import has_userinfo
 from actions.store.safe_paths import check_run_id
+from flows.config_overrides import apply_override
 from flows.config_yaml import AliasBomb, load_yaml, yaml_problem
 from flows.planning.registry import ScalingStrategy
 from flows.planning.scaling import parse_scaling_policy  # the built-in strategies register on import
@@ -408,23 +409,6 @@ def _value_at(raw: dict[str, Any], parts: list[Any]) -> Any:
     return raw
 
 
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """``a.b=value`` -> (["a", "b"], parsed YAML value)."""
-    if "=" not in item:
-        raise ValueError(f"--set {quote(item)} is not of the form dotted.key=value, e.g. --set algorithm.lr=1e-3")
-    key, raw = item.split("=", 1)
-    parts = key.strip().split(".")
-    if not all(parts):
-        raise ValueError(f"--set {quote(item)} has an empty key segment; use dotted.key=value")
-    try:
-        value = load_yaml(raw) if raw.strip() else ""
-    except AliasBomb as exc:
-        raise ValueError(f"--set {quote(key)}: the value is refused: {exc}; write the value out") from None
-    except yaml.YAMLError:
-        value = raw
-    return parts, value
-
-
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> CampaignConfig:
     """Read a YAML file (optional), apply ``--set`` overrides, validate.
 
@@ -466,14 +450,7 @@ def config_input(path: str | None = None, overrides: list[str] | None = None) ->
             raise ValueError(f"config file {path!r} must hold a mapping of sections, not {type(loaded).__name__}")
         raw = loaded or {}
     for item in overrides or []:
-        parts, value = parse_override(item)
-        node = raw
-        for p in parts[:-1]:
-            child = node.setdefault(p, {})
-            if not isinstance(child, dict):
-                raise ValueError(f"--set {quote(item)}: {quote(p)} is a value, not a section")
-            node = child
-        node[parts[-1]] = value
+        apply_override(raw, item)
     return raw
 
 

@@ -120,6 +120,21 @@ class RewardConfig(_Section):
                                  "{name, weight}, e.g. [gsm8k, {name: 'my_rewards:fmt', weight: 0.5}]")
         return [{"name": f} if isinstance(f, str) else f for f in v]
 
+    @field_validator("models", mode="before")
+    @classmethod
+    def _paths_alone(cls, v: Any) -> Any:
+        """A folder's path is ``{path: ...}``, and one path or one ``{path, ...}`` alone is a
+        list of it, as ``functions`` takes names; anything else an entry cannot be is refused."""
+        if isinstance(v, (str, dict)):  # one model
+            v = [v]
+        if not isinstance(v, list):
+            return v  # a type pydantic's own message names
+        for i, m in enumerate(v):
+            if not isinstance(m, (str, dict, RewardModelConfig)):
+                raise ValueError(f"reward.models[{i}] = {quote(m)}: each entry is a model folder's path or "
+                                 "{path, weight, ...}, e.g. [{path: /models/rm, weight: 0.5}]")
+        return [{"path": m} if isinstance(m, str) else m for m in v]
+
     @field_validator("functions")
     @classmethod
     def _check_functions(cls, v: list[RewardFunctionConfig] | None) -> list[RewardFunctionConfig] | None:
