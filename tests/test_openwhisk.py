@@ -230,6 +230,73 @@ def test_a_ca_bundle_that_is_missing_or_not_pem_names_the_setting_and_the_path(m
     OpenWhiskClient(OpenWhiskConfig.from_env({**env, "WSK_CA_BUNDLE": certifi.where()})).close()  # a real one loads
 
 
+def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """(certificate, key) PEM files of a self-signed certificate for 127.0.0.1."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ow.test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_a_controller_certificate_not_trusted_names_the_ca_bundle_setting_at_once(tmp_path):
+    """A self-signed controller: one line naming WSK_CA_BUNDLE (not "check WSK_APIHOST"), and
+    no retry, since verification fails the same way every time; with the bundle it is trusted."""
+    import ssl
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"name": "generate", "namespace": "_/rlhfless", "version": "0.0.1", "exec": {"kind": "blackbox"}}'
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    cert, key = _self_signed(tmp_path)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = {"WSK_APIHOST": f"https://127.0.0.1:{server.server_address[1]}", "WSK_AUTH": "uuid1234:key12345678",
+           "HOME": str(tmp_path)}
+    try:
+        with OpenWhiskClient(OpenWhiskConfig.from_env(env)) as client:
+            with pytest.raises(OpenWhiskError) as info:
+                client.get_action("rlhfless/generate")
+        message = str(info.value)
+        assert "presented a TLS certificate this client does not trust" in message and "\n" not in message
+        assert message.endswith("set WSK_CA_BUNDLE to the CA bundle that signed it (or WSK_INSECURE=true on a test "
+                                "cluster)") and not info.value.transient and client.stats["connect"] == 0
+        with OpenWhiskClient(OpenWhiskConfig.from_env({**env, "WSK_CA_BUNDLE": str(cert)})) as client:
+            assert client.get_action("rlhfless/generate")["name"] == "generate"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 # ---------------------------------------------------------------------------- CRUD
 def test_action_crud_roundtrip(ow_emulator: OpenWhiskEmulator):
     with make_client(ow_emulator) as client:
@@ -661,7 +728,8 @@ def test_a_host_that_answers_html_is_named_not_a_json_error():
     # an ingress's 413 page (its body limit) is the payload's size, not a wrong host
     too_big = httpx.MockTransport(lambda request: httpx.Response(413, content=PORTAL_PAGE))
     with OpenWhiskClient(config, transport=too_big) as client:
-        with pytest.raises(OpenWhiskError, match="payload over the controller's limit") as info:
+        with pytest.raises(OpenWhiskError, match=r"HTTP 413 Request Entity Too Large: the payload is over the "
+                                                 r"controller's limit \(whisk.limits.activation.payload.max") as info:
             client.invoke("rlhfless/probe", {})
     assert "WSK_APIHOST" not in str(info.value)
     # a Retry-After of a digit float() refuses is a plain backoff, not a crash

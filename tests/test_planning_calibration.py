@@ -122,6 +122,25 @@ def test_each_fan_out_keeps_the_speed_measured_at_it():
     assert 1.2 < used.decode_scale < 2.4 and used.for_actors(3).decode_scale == used.decode_scale
 
 
+def test_a_phase_spent_starting_an_engine_gives_no_decode_reading():
+    """Three steps at one actor, then one at two that paid a vLLM engine's 18 s start, then
+    twenty more at one: read as decoding, that start made two actors 46x slower for the rest of
+    the run. A start under a quarter of the phase (a torch model loaded) still gives a reading."""
+    def step(n: int, decode: float, start: float = 0.0) -> dict[str, float]:
+        return {"plan/decode_scale": 1.0, "plan/activation_s": A, "actors/n": float(n),
+                "plan/predicted_generate_s": decode + A, "timing_s/generate": 1.1 * decode + A + start,
+                "plan/predicted_prefill_s": 0.0, "timing_s/prefill": 0.0, "prefill/unique_prefixes": 0.0,
+                "engine/start_s_max": start}
+
+    steps = [step(1, 0.4)] * 3 + [step(2, 0.4, start=18.1)] + [step(1, 0.4)] * 20
+    used = calibrate(steps)
+    assert dict(used.by_actors) == pytest.approx({1: 1.1}) and used.for_actors(2).decode_scale == pytest.approx(1.1)
+    steps.append(step(2, 0.4, start=0.05))  # 0.05 s of a 0.49 s phase: the phase still times decoding
+    assert dict(calibrate(steps).by_actors)[2] == pytest.approx((1.1 * 0.4 + 0.05) / 0.4)
+    observed = [PhaseObservation.from_metrics(m) for m in steps]
+    assert _calibrate(calibration_memory(observed)) == _calibrate(observed)
+
+
 def test_the_memory_a_campaign_keeps_calibrates_as_the_whole_history_and_stays_bounded():
     """``calibration_memory`` keeps only what ``calibrate`` reads: the same corrections as from
     every step, after every step of a long run, from a memory a few windows long."""

@@ -121,10 +121,13 @@ def finish_profiling(ctx: RunContext, started: tuple[Any, ProfileRequest] | None
         source = result.source
     activation_s = measure_activation_s()
     push_s = float(result.profile.get("weight_push_s", 0.0)) if source != "file" else 0.0
+    unpriced = source == "file" and ctx.config.generation.engine == "vllm"  # a profile file holds no push time
     progress(f"profile: {source} {profile.name} ({result.profile_key}); store reads "
              f"{result.store_read_bytes_per_s / 1e6:.0f} MB/s, weights {result.weight_bytes / 1e6:.1f} MB, "
              f"activation round trip {activation_s * 1e3:.0f} ms"
-             + (f", weight push {push_s * 1e3:.0f} ms" if push_s else ""))
+             + (f", weight push {push_s * 1e3:.0f} ms" if push_s else "")
+             + ("; the weight push into the vLLM engines is not timed from a profile file: plans leave it out"
+                if unpriced else ""))
     # A generation action on a warm vLLM engine pays the push of the step's version into it
     # (when no pre-warm did it first): a fixed cost per action, as the round trip is.
     return LiveInputs(profile, source, weight_bytes=float(result.weight_bytes),

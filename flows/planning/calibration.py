@@ -43,6 +43,13 @@ shorter, the measured time is mostly what the profile does not time (the action'
 and writes, the first call's set-up), and dividing it by a small ``h`` would read that as a
 decoding many times slower than it is.
 
+A phase in which one generation action spent more than ``START_SHARE`` of the phase starting
+its engine (a vLLM engine's 20-60 s start, the torch slot's model loaded: what no plan times,
+``PhaseObservation.engine_start_s``) gives no decode-scale reading: read as decoding, a vLLM
+start at a fan-out the campaign tried once made that fan-out 46x slower for the rest of the run
+(``by_actors`` keeps a fan-out's readings however far back). Such a phase's time is what a
+start costs, not what a decode step does.
+
 :func:`calibrate` takes each one's median over the last ``window`` steps, so one cold or
 disturbed step does not move it. Pure: no I/O, no clock.
 """
@@ -58,6 +65,9 @@ from flows.planning.tpot import TpotProfile
 
 WINDOW = 8
 """Steps the medians are taken over."""
+START_SHARE = 0.25
+"""A phase one of whose actions spent more than this share of the phase's measured time
+starting its engine (``PhaseObservation.engine_start_s``) gives no decode-scale reading."""
 LENGTH_MISS_ABSORBED = 2.0
 """The most a step's lengths may have run longer than predicted (its phase timed at the
 observed lengths, over its prediction) for the whole miss to be absorbed with the speed as the
@@ -141,7 +151,7 @@ def _implied_scale(m: PhaseObservation) -> float | None:
     step gives no reading."""
     a = m.activation_s
     predicted, measured = m.predicted_generate_s - a, m.generate_s - a
-    if not (predicted > 0 and measured > 0):
+    if not (predicted > 0 and measured > 0) or m.engine_start_s > START_SHARE * measured:
         return None
     ratio = measured / predicted
     hindsight = None if m.hindsight_generate_s is None else m.hindsight_generate_s - a

@@ -38,6 +38,10 @@ class PhaseObservation:
     """``predicted_generate_s`` redone at the lengths the samples really had
     (``flows/planning/hindsight.py``): the speed error alone against ``generate_s``. None where
     it is not known (a record of an earlier revision without it)."""
+    engine_start_s: float = 0.0
+    """Measured: the longest engine start one of the phase's generation actions reported (a
+    vLLM engine built, the torch slot's model loaded), which the plan did not time; a start a
+    pre-warm made before the phase rides on the worker's next result and is counted here too."""
 
     @classmethod
     def from_metrics(cls, m: Mapping[str, float]) -> PhaseObservation | None:
@@ -50,7 +54,8 @@ class PhaseObservation:
                    predicted_generate_s=m["plan/predicted_generate_s"],
                    predicted_prefill_s=m["plan/predicted_prefill_s"], activation_s=m.get("plan/activation_s", 0.0),
                    decode_scale=m["plan/decode_scale"], prefill_fixed_s=m.get("plan/prefill_fixed_s", 0.0),
-                   hindsight_generate_s=m.get("plan/hindsight_generate_s"))
+                   hindsight_generate_s=m.get("plan/hindsight_generate_s"),
+                   engine_start_s=m.get("engine/start_s_max", 0.0))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -267,10 +267,12 @@ def _shown_names(names: Sequence[str]) -> dict[str, str]:
 def engine_metrics(events: Sequence[EngineEvents]) -> dict[str, float]:
     """The step's generation-engine work, as its generate results reported it (a worker's
     pre-warm is reported by its next activation): engine starts (vLLM engines, torch slot
-    models built) and their seconds, and the seconds spent pushing new versions into running
-    engines or the torch slot's model (``EngineEvents``)."""
+    models built) and their seconds (``start_s_max``: one action's most, which the calibration
+    reads), and the seconds spent pushing new versions into running engines or the torch slot's
+    model (``EngineEvents``)."""
     return {"engine/starts": float(sum(e.starts for e in events)),
             "engine/start_s": sum(e.start_s for e in events),
+            "engine/start_s_max": max((e.start_s for e in events), default=0.0),
             "engine/weight_pushes": float(sum(e.pushes for e in events)),
             "engine/weight_push_s": sum(e.push_s for e in events)}
 
@@ -310,7 +312,8 @@ def step_record(out: StepOutcome, phase: PhasePlan, *, step: int, epoch: int, me
         prefill_s=float(out.timing["prefill"]), ran_prefill=bool(phase.prefill and phase.prefill.num_unique_prefixes),
         predicted_generate_s=phase.plan.predicted_time_s - phase.predicted_prefill_s,
         predicted_prefill_s=phase.predicted_prefill_s, activation_s=phase.activation_s,
-        decode_scale=phase.calibration.decode_scale, prefill_fixed_s=phase.calibration.prefill_fixed_s)
+        decode_scale=phase.calibration.decode_scale, prefill_fixed_s=phase.calibration.prefill_fixed_s,
+        engine_start_s=metrics.get("engine/start_s_max", 0.0))
     return StepRecord(step=step, epoch=epoch, lengths=finished_lengths(out), phase=observed,
                       timing_s={k[len(TIMING):]: v for k, v in metrics.items() if k.startswith(TIMING)},
                       billed_s=billed, call_offsets=dict(out.call_offsets), spec=tuple(g.spec for g in out.generate),

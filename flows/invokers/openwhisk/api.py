@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import random
+import ssl
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -154,6 +155,8 @@ class ControllerApi:
             try:
                 resp = self._http.request(method, path, params=params, json=body, timeout=timeout)
             except httpx.ConnectError as exc:
+                if _certificate_refused(exc):  # the same answer every time: no retry
+                    raise self.untrusted(exc) from None
                 connect_failures += 1
                 self.count("connect")
                 if connect_failures >= self.retry.connect_attempts:
@@ -178,7 +181,7 @@ class ControllerApi:
                 if attempt + 1 >= self.retry.max_attempts:
                     hint = "; raise whisk.limits.actionsInvokesPerminute/Concurrent or lower the fan-out" if throttled else ""
                     raise OpenWhiskError(
-                        f"{what}: HTTP {resp.status_code} {_error_text(resp)} after {attempt + 1} attempts{hint}",
+                        f"{what}: HTTP {resp.status_code} {error_text(resp)} after {attempt + 1} attempts{hint}",
                         status=resp.status_code,
                         transient=True,
                     )
@@ -191,6 +194,14 @@ class ControllerApi:
         """The error of a host that refused every connection attempt, naming the setting to fix."""
         return OpenWhiskUnreachable(f"cannot reach the OpenWhisk API at {self.config.api_host}: {_reason(exc)}; "
                                     f"check {self.config.setting('api_host')}", transient=True)
+
+    def untrusted(self, exc: httpx.ConnectError) -> OpenWhiskError:
+        """The error of a host whose TLS certificate this client does not trust (a self-signed
+        controller), naming the settings that make it trusted."""
+        return OpenWhiskError(f"the OpenWhisk API at {self.config.api_host} presented a TLS certificate this "
+                              f"client does not trust ({_reason(exc)}); set {self.config.setting('ca_bundle')} to "
+                              "the CA bundle that signed it (or WSK_INSECURE=true on a test cluster)",
+                              transient=False)
 
     def pause(self, what: str, why: str, attempt: int, resp: httpx.Response | None, deadline: float | None,
               retries: int | None = None, retry: int | None = None) -> None:
@@ -231,7 +242,7 @@ class ControllerApi:
     def fail(self, resp: httpx.Response, what: str) -> OpenWhiskError:
         """The error for an unexpected answer to ``what`` (transient for 5xx)."""
         status = resp.status_code
-        return OpenWhiskError(f"{what}: HTTP {status} {_error_text(resp)}", status=status, transient=status >= 500)
+        return OpenWhiskError(f"{what}: HTTP {status} {error_text(resp)}", status=status, transient=status >= 500)
 
     def body(self, resp: httpx.Response, what: str, kind: type[dict] | type[list] = dict) -> Any:
         """The JSON body of ``resp`` (the answer to ``what``), which must be a ``kind``.
@@ -287,10 +298,25 @@ def _is_unavailable(resp: httpx.Response) -> bool:
     return resp.status_code in (408, 500, 502, 503, 504) and not has_activation(resp)
 
 
-def _error_text(resp: httpx.Response) -> str:
+def error_text(resp: httpx.Response) -> str:
+    """The controller's ``error`` text on one line: a refusal of a request's content comes as
+    "The request content was malformed:" and the reason on the next line (Akka's rejection of
+    a limit out of range), which the first line alone would drop."""
     data = json_object(resp)
-    text = str(data.get("error") or resp.reason_phrase or "")
+    text = " ".join(str(data.get("error") or resp.reason_phrase or "").split())
     return redact(text[:300])
+
+
+def _certificate_refused(exc: BaseException) -> bool:
+    """Whether a connection failed on certificate verification (an ``ssl.SSLCertVerificationError``
+    under httpx's ConnectError)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return False
 
 
 def _reason(exc: Exception) -> str:

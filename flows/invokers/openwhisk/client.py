@@ -17,7 +17,7 @@ import httpx
 from flows.invokers.base import ActionError
 from flows.invokers.openwhisk.activations import classify_activation
 from flows.invokers.openwhisk.api import (ControllerApi, OpenWhiskError, OpenWhiskNotFound, RetryPolicy,
-                                          has_activation, json_object)
+                                          error_text, has_activation, json_object)
 from flows.invokers.openwhisk.config import OpenWhiskConfig
 
 log = logging.getLogger(__name__)
@@ -311,9 +311,10 @@ class OpenWhiskClient:
             raise OpenWhiskNotFound(self._missing_action(name), status=404)
         if resp.status_code == 413:
             raise OpenWhiskError(
-                f"invoke {name}: payload over the controller's limit (~1 MB); pass object-store keys, not data",
-                status=413,
-            )
+                f"invoke {name}: HTTP 413 {error_text(resp)}: the payload is over the controller's limit "
+                "(whisk.limits.activation.payload.max, 1 MB by default) or its ingress's body limit; actions "
+                "take object-store keys, not data: raise scaling.n_min so each action gets fewer prompts, or "
+                "raise the limit", status=413)
         raise self._api.fail(resp, f"invoke {name}")
 
     def _await(self, name: str, activation_id: str, sent: float, deadline: float | None) -> dict[str, Any] | None:
