@@ -16,8 +16,15 @@ import httpx
 
 from flows.invokers.base import ActionError
 from flows.invokers.openwhisk.activations import classify_activation
-from flows.invokers.openwhisk.api import (ControllerApi, OpenWhiskError, OpenWhiskNotFound, RetryPolicy,
-                                          error_text, has_activation, json_object)
+from flows.invokers.openwhisk.api import (
+    ControllerApi,
+    OpenWhiskError,
+    OpenWhiskNotFound,
+    RetryPolicy,
+    error_text,
+    has_activation,
+    json_object,
+)
 from flows.invokers.openwhisk.config import OpenWhiskConfig
 
 log = logging.getLogger(__name__)
