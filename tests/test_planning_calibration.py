@@ -125,7 +125,8 @@ def test_each_fan_out_keeps_the_speed_measured_at_it():
 def test_a_phase_spent_starting_an_engine_gives_no_decode_reading():
     """Three steps at one actor, then one at two that paid a vLLM engine's 18 s start, then
     twenty more at one: read as decoding, that start made two actors 46x slower for the rest of
-    the run. A start under a quarter of the phase (a torch model loaded) still gives a reading."""
+    the run. A start under a quarter of the phase (a torch model loaded), or longer than the
+    whole phase (a pre-warm's, reported with the next result), still gives a reading."""
     def step(n: int, decode: float, start: float = 0.0) -> dict[str, float]:
         return {"plan/decode_scale": 1.0, "plan/activation_s": A, "actors/n": float(n),
                 "plan/predicted_generate_s": decode + A, "timing_s/generate": 1.1 * decode + A + start,
@@ -137,6 +138,8 @@ def test_a_phase_spent_starting_an_engine_gives_no_decode_reading():
     assert dict(used.by_actors) == pytest.approx({1: 1.1}) and used.for_actors(2).decode_scale == pytest.approx(1.1)
     steps.append(step(2, 0.4, start=0.05))  # 0.05 s of a 0.49 s phase: the phase still times decoding
     assert dict(calibrate(steps).by_actors)[2] == pytest.approx((1.1 * 0.4 + 0.05) / 0.4)
+    prewarmed = {**step(3, 0.4), "engine/start_s_max": 5.0}  # longer than the phase: a pre-warm's, before it
+    assert dict(calibrate([*steps, prewarmed]).by_actors)[3] == pytest.approx(1.1)
     observed = [PhaseObservation.from_metrics(m) for m in steps]
     assert _calibrate(calibration_memory(observed)) == _calibrate(observed)
 

@@ -48,7 +48,10 @@ its engine (a vLLM engine's 20-60 s start, the torch slot's model loaded: what n
 ``PhaseObservation.engine_start_s``) gives no decode-scale reading: read as decoding, a vLLM
 start at a fan-out the campaign tried once made that fan-out 46x slower for the rest of the run
 (``by_actors`` keeps a fan-out's readings however far back). Such a phase's time is what a
-start costs, not what a decode step does.
+start costs, not what a decode step does. A start longer than the whole phase cannot have been
+in it: a pre-warm made it before, and the worker reported it with its next result (on the
+default campaign, the torch slot models' 4-5 s builds before the first steps' 0.2 s phases),
+so that phase still gives its reading.
 
 :func:`calibrate` takes each one's median over the last ``window`` steps, so one cold or
 disturbed step does not move it. Pure: no I/O, no clock.
@@ -151,7 +154,8 @@ def _implied_scale(m: PhaseObservation) -> float | None:
     step gives no reading."""
     a = m.activation_s
     predicted, measured = m.predicted_generate_s - a, m.generate_s - a
-    if not (predicted > 0 and measured > 0) or m.engine_start_s > START_SHARE * measured:
+    # a start longer than the phase was a pre-warm's, before it (reported with the next result)
+    if not (predicted > 0 and measured > 0) or START_SHARE * measured < m.engine_start_s <= m.generate_s:
         return None
     ratio = measured / predicted
     hindsight = None if m.hindsight_generate_s is None else m.hindsight_generate_s - a
