@@ -24,6 +24,12 @@ TRL_SETTINGS = {
     "mask_truncated_completions": "algorithm.mask_truncated",
     "loss_type": "algorithm.loss_agg (dapo: token_mean; bnpo: token_mean with micro_batch_size unset; "
                  "grpo: seq_mean_token_mean; dr_grpo: seq_mean_token_sum_norm)",
+    "temperature": "generation.temperature",
+    "top_p": "generation.top_p",
+    "top_k": "generation.top_k",
+    "num_train_epochs": "steps = num_train_epochs x prompts / (algorithm.batch_size / algorithm.group_size)",
+    "chat_template_kwargs": "not supported: edit the chat template in the model folder's tokenizer_config.json "
+                            "(e.g. to leave thinking off)",
 }
 """TRL's name -> the RLHFless setting (or what stands for it)."""
 

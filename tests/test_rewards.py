@@ -378,6 +378,8 @@ def test_numpy_and_torch_rewards_are_taken_as_trl_takes_them(monkeypatch):
         "zero_d": lambda n: [torch.tensor(0.5), np.array(1.0)][:n],
         "with_none": lambda n: [np.float64(0.5), None][:n],
         "bools": lambda n: np.array([True, False][:n]),
+        "py_bools": lambda n: [True, False][:n],
+        "nothing": lambda n: None,
         "nan": lambda n: np.array([0.5, np.nan][:n]),
         "inf": lambda n: [torch.tensor(0.5), torch.tensor(float("inf"))][:n],
         "two_d": lambda n: np.ones((n, 1)),
@@ -392,7 +394,14 @@ def test_numpy_and_torch_rewards_are_taken_as_trl_takes_them(monkeypatch):
         assert r.total == [0.5, 1.0] and all(type(v) is float for v in r.per_function[f"my_arrays:{name}"]), name
     assert compute_rewards([Fn(name="my_arrays:with_none")], rows, ["x", "y"]).per_function == {
         "my_arrays:with_none": [0.5, None]}
-    for name, shown in (("bools", "True"), ("nan", "nan"), ("inf", r"tensor\(inf\)")):
+    for name in ("bools", "py_bools"):
+        with pytest.raises(RewardFunctionError, match=rf"'my_arrays:{name}' returned True \(a bool\) for prompt_id "
+                                                      r"\d; return float\(True\) or another number \(TRL casts"):
+            compute_rewards([Fn(name=f"my_arrays:{name}")], rows, ["x", "y"])
+    with pytest.raises(RewardFunctionError, match=r"'my_arrays:nothing' returned None, not a list; return one float "
+                                                  r"\(or None\) per completion, 2 here \(is a return statement"):
+        compute_rewards([Fn(name="my_arrays:nothing")], rows, ["x", "y"])
+    for name, shown in (("nan", "nan"), ("inf", r"tensor\(inf\)")):
         with pytest.raises(RewardFunctionError, match=rf"'my_arrays:{name}' returned {shown} for prompt_id \d; "
                                                       "return a finite float or None"):
             compute_rewards([Fn(name=f"my_arrays:{name}")], rows, ["x", "y"])

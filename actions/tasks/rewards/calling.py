@@ -110,6 +110,9 @@ def call_reward(name: str, fn: Callable, rows: Sequence[Any], kwargs: dict[str, 
                                   f"on prompt_id {_failing_row(fn, rows, kwargs, trainer_state)}; "
                                   f"fix the function{raised_fix}") from None
     listed = _as_list(values)
+    if listed is None and values is None:  # most often a missing return statement
+        raise RewardFunctionError(f"reward function {name!r} returned None, not a list; return one float (or None) "
+                                  f"per completion, {len(rows)} here (is a return statement missing?)")
     if listed is None or len(listed) != len(rows):
         got = len(listed) if listed is not None else type(values).__name__
         raise RewardFunctionError(f"reward function {name!r} returned {got} values for {len(rows)} completions; "
@@ -117,6 +120,10 @@ def call_reward(name: str, fn: Callable, rows: Sequence[Any], kwargs: dict[str, 
     out: list[float | None] = []
     for row, v in zip(rows, listed):
         number = None if v is None else _number(v)
+        if type(v).__name__ in ("bool", "bool_"):  # Python's or NumPy's: TRL casts them to 1.0 / 0.0
+            raise RewardFunctionError(f"reward function {name!r} returned {bool(v)!r} (a bool) for prompt_id "
+                                      f"{row.prompt_id}; return float({bool(v)!r}) or another number (TRL casts "
+                                      "bools to 1.0 and 0.0, RLHFless refuses them)")
         if v is not None and number is None:
             raise RewardFunctionError(f"reward function {name!r} returned {_shown(v)} for prompt_id {row.prompt_id}; "
                                       "return a finite float or None per completion")
