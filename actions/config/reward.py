@@ -97,6 +97,20 @@ class RewardModelConfig(_Section):
         return v
 
 
+def _entries(v: Any, setting: str, key: str, entry: type, form: str) -> Any:
+    """A list setting written as its entries' ``key`` alone: a string is ``{key: it}``, and one
+    string or mapping alone is a list of it; an entry of any other type is refused naming
+    ``setting[i]`` and ``form`` (what an entry is). Anything not a list is left to pydantic."""
+    if isinstance(v, (str, dict)):  # one entry
+        v = [v]
+    if not isinstance(v, list):
+        return v  # None, or a type pydantic's own message names
+    for i, e in enumerate(v):
+        if not isinstance(e, (str, dict, entry)):
+            raise ValueError(f"{setting}[{i}] = {quote(e)}: each entry is {form}")
+    return [{key: e} if isinstance(e, str) else e for e in v]
+
+
 class RewardConfig(_Section):
     functions: list[RewardFunctionConfig] | None = None
     """Weighted reward functions, summed; None: the task's (repeat: repeat, arith: gsm8k), or
@@ -110,30 +124,16 @@ class RewardConfig(_Section):
         """``[gsm8k, pkg.mod:fn]`` (TRL's ``reward_funcs`` as a list of names) is ``[{name: ...}, ...]``,
         and one name or ``{name, weight}`` alone is a list of it; anything else an entry cannot be is
         refused here."""
-        if isinstance(v, (str, dict)):  # one function
-            v = [v]
-        if not isinstance(v, list):
-            return v  # None, or a type pydantic's own message names
-        for i, f in enumerate(v):
-            if not isinstance(f, (str, dict, RewardFunctionConfig)):
-                raise ValueError(f"reward.functions[{i}] = {quote(f)}: each entry is a function's name or "
-                                 "{name, weight}, e.g. [gsm8k, {name: 'my_rewards:fmt', weight: 0.5}]")
-        return [{"name": f} if isinstance(f, str) else f for f in v]
+        return _entries(v, "reward.functions", "name", RewardFunctionConfig,
+                        "a function's name or {name, weight}, e.g. [gsm8k, {name: 'my_rewards:fmt', weight: 0.5}]")
 
     @field_validator("models", mode="before")
     @classmethod
     def _paths_alone(cls, v: Any) -> Any:
         """A folder's path is ``{path: ...}``, and one path or one ``{path, ...}`` alone is a
         list of it, as ``functions`` takes names; anything else an entry cannot be is refused."""
-        if isinstance(v, (str, dict)):  # one model
-            v = [v]
-        if not isinstance(v, list):
-            return v  # a type pydantic's own message names
-        for i, m in enumerate(v):
-            if not isinstance(m, (str, dict, RewardModelConfig)):
-                raise ValueError(f"reward.models[{i}] = {quote(m)}: each entry is a model folder's path or "
-                                 "{path, weight, ...}, e.g. [{path: /models/rm, weight: 0.5}]")
-        return [{"path": m} if isinstance(m, str) else m for m in v]
+        return _entries(v, "reward.models", "path", RewardModelConfig,
+                        "a model folder's path or {path, weight, ...}, e.g. [{path: /models/rm, weight: 0.5}]")
 
     @field_validator("functions")
     @classmethod

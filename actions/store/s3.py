@@ -219,16 +219,15 @@ class S3Store(ConditionalWrites):
         timeouts at most ``PROBE_TIMEOUT_S`` seconds): a hung endpoint fails it in about
         ``PROBE_ATTEMPTS x PROBE_TIMEOUT_S`` seconds.
         """
+        attempts = min(self.max_attempts, PROBE_ATTEMPTS)
         connect_timeout = min(self.connect_timeout, PROBE_TIMEOUT_S)
         read_timeout = min(self.read_timeout, PROBE_TIMEOUT_S)
-        probe = make_client(self.endpoint_url, self.region, self._credentials,
-                            max_attempts=min(self.max_attempts, PROBE_ATTEMPTS),
+        probe = make_client(self.endpoint_url, self.region, self._credentials, max_attempts=attempts,
                             connect_timeout=connect_timeout, read_timeout=read_timeout, max_concurrency=1)
         started = time.monotonic()
         try:
             probe.list_objects_v2(Bucket=self.bucket, Prefix=self._base(), MaxKeys=1)
         except (bce.BotoCoreError, bce.ClientError) as exc:
-            attempts = min(self.max_attempts, PROBE_ATTEMPTS)
             context = replace(self._errors, connect_timeout=connect_timeout, read_timeout=read_timeout)
             # botocore retried a transient failure to the budget; anything else was sent once
             tries = f"{attempts} requests in {time.monotonic() - started:.1f} s" if is_transient(exc) else ""
