@@ -35,6 +35,7 @@ from actions.tasks.build import Datasets, build_datasets
 from actions.tasks.chat import has_chat_prompts
 from actions.tasks.dataset import DATASET_FILE, PromptRow, rows_to_jsonl
 from actions.tasks.rewards.model_files import check_classifier, check_tokenizer, folder_files, load_tokenizer
+from actions.tasks.source_digest import recorded_sources
 
 # torch and transformers are imported inside prepare(): validate_inputs runs at the CLI and
 # answers bad input in well under a second.
@@ -207,10 +208,13 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str, *, steps: 
     from actions.store.weights import publish_tensors
 
     source = cfg.model.path or "tiny"
+    typed = {"data.train_path": cfg.data.train_path, "data.eval_path": cfg.data.eval_path}
     cfg, fetched = resolve_hub_ids(cfg)  # the campaign's only network access, where allowed
     data = _datasets(cfg, steps=steps)
     if fetched:
         data.summary["hub"] = fetched
+    if sources := recorded_sources(typed, fetched):  # what a resume compares the files with
+        data.summary["sources"] = sources
     _validate_reward_models(cfg, data)
     train, evals = data.train, data.evals
     check_targets(cfg)

@@ -41,6 +41,8 @@ ALLOWED = {
     ("flows/invokers/child.py", "result"),
     # the configuration's own JSON dump (the run's identity), not an action result
     ("flows/config.py", "model"), ("flows/config.py", "data"),
+    # a resume's data section of that identity (its paths), compared with the stored copy's
+    ("flows/campaign/data_copies.py", "data"),
     # export reads the model section of that identity as the run committed it
     ("flows/commands/export.py", "model"),
 }

@@ -18,8 +18,6 @@ the copies were checked when they were stored.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import os
 import re
 from pathlib import Path
@@ -28,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from actions.config.reward import reward_model_key
 from actions.store import IntegrityError, ObjectNotFound, ObjectStore, read_manifest
 from actions.tasks.rewards.model_files import folder_names
+from actions.tasks.source_digest import file_sha256
 
 if TYPE_CHECKING:
     from flows.config import CampaignConfig
@@ -87,16 +86,7 @@ def _holds_copy(path: str, store: ObjectStore, manifest_key: str) -> bool | None
         stats = [(root / n).stat() for n in names]
         if any(s.st_size != table[n]["size"] for n, s in zip(names, stats)):
             return False
-        return all(_sha256(os.path.realpath(root / n), s.st_size, s.st_mtime_ns) == table[n]["sha256"]
+        return all(file_sha256(os.path.realpath(root / n), s.st_size, s.st_mtime_ns) == table[n]["sha256"]
                    for n, s in zip(names, stats))
     except OSError:  # a folder this process cannot read: nothing to compare, as for none
         return None
-
-
-@functools.lru_cache(maxsize=256)
-def _sha256(path: str, size: int, mtime_ns: int) -> str:
-    """sha256 of the file at ``path``, read in chunks; cached while its size and mtime are these
-    (the CLI and the flow it starts both compare)."""
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
-

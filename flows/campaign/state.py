@@ -31,6 +31,7 @@ from actions.store import (
     read_pointer,
 )
 from actions.store.safe_paths import STORE_FIX, UnsafeName, check_name, shown
+from flows.campaign.data_copies import reconcile_data_paths
 from flows.campaign.earlier_ids import as_recorded_then
 from flows.campaign.history import seal, unseal
 from flows.campaign.reward_copies import described, reconcile_reward_paths
@@ -330,11 +331,12 @@ def check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: bo
     """Refuse (CampaignRefused) to start over an existing run without ``resume``, or to resume
     one made with a different configuration (``CampaignConfig.identity``). With the run's
     ``store``, a reward model path is compared by what it holds, not by its spelling
-    (``reward_copies``). The CLI calls it before Prefect starts, the campaign again before its
-    first step.
+    (``reward_copies``); so is a data path whose digest the run recorded (``data_copies``).
+    The CLI calls it before Prefect starts, the campaign again before its first step.
 
     Returns:
-        the resume's warning lines (a reward model folder changed since the run stored its copy).
+        the resume's warning lines (a reward model folder or a data file changed since the run
+        stored its copy: ``reward_copies``, ``data_copies``).
     """
     if existing is None:
         return []
@@ -345,6 +347,9 @@ def check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: bo
         )
     identity, warnings = (reconcile_reward_paths(existing.run_id, existing.identity, cfg, store) if store is not None
                           else (cfg.identity(), []))
+    identity, changed = reconcile_data_paths(existing.run_id, identity, existing.identity,
+                                             existing.prepared.data.get("sources", {}))
+    warnings += changed
     identity = _as_recorded(as_recorded_then(identity, existing.identity), existing.identity, RESUMABLE_CHANGES)
     if existing.fingerprint != fingerprint_of(identity):
         # a reward model's path by what the folder holds (``described``), any other by its values
