@@ -53,8 +53,8 @@ class DataConfig(_Section):
     lack one (the column absent or null) unless something reads it: a built-in reward that
     compares with it (``REFERENCE_REWARDS``) or warm-up on a dataset (``answer_need``)."""
     id_key: str | None = None
-    """Column holding a unique id (int or string); None: a ``prompt_id`` column if present,
-    else an id from the row's content."""
+    """Column holding a unique id (int or string); None: a ``prompt_id`` column if any row has
+    one (then every row must), else an id from the row's content."""
     chat_template: Literal["auto", "messages"] | bool = "auto"
     """Format prompts with the tokenizer's chat template: auto (when it has one), true, false, or
     messages (TRL's GRPOTrainer: chat-message prompts only; ``actions/tasks/chat.py``)."""

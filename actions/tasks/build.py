@@ -120,7 +120,9 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
                          + (" or raise data.eval_fraction" if d.eval_fraction else ""))
     state = make_trainer_state(step=0, epoch=0.0, max_steps=steps,
                                optimizer_steps_per_step=cfg.algorithm.optimizer_steps_per_step)
-    check_reward_functions(cfg.reward_functions(), train, trainer_state=state, encode=encode)
+    # evaluation calls the plug-ins on the eval rows: their columns are checked as the training rows' are
+    sources = [(split_source(d, which), split_rows[which]) for which in ("train", "eval")]
+    check_reward_functions(cfg.reward_functions(), train, trainer_state=state, encode=encode, sources=sources)
     return Datasets(train=train, evals=evals, summary=stats | {"chat_template": template, "evaluation": evaluation})
 
 

@@ -21,12 +21,51 @@ dataset's prompt as written: the reward functions and reward models read that, a
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from actions.config.quoting import quote
 from actions.tasks.dataset import PromptRow, row_where
 
 ChatMode = Literal["auto", "messages"] | bool
+
+ROLES = ("system", "user", "assistant", "tool", "developer", "ipython")
+"""The roles a chat message may have: OpenAI's and TRL's (``developer`` is the system turn of
+OpenAI's newer models and some templates), and ``ipython``, Llama 3's tool-result turn. Names
+are case-sensitive, as the templates compare them."""
+
+_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant", "ai": "assistant"}
+"""Roles other chat formats (ShareGPT, Gemma's turns) write, and the role meant."""
+
+
+def message_problem(message: dict[str, Any]) -> str | None:
+    """What is wrong with one chat message whose role is a string and content a string or
+    null (the shape ``fields.py`` checks), with the fix; None when nothing is. Refused: a role
+    not in :data:`ROLES` that is one misspelt, in other case, or another format's name for one
+    (it would reach the template as a turn of its own, or be dropped by it; a role unlike any,
+    as GLM's ``observation``, is the template's to render), a user message without text (null,
+    empty or blank), and null content in any message but an assistant turn that calls tools (``tool_calls`` or ``function_call``): a
+    template writes it as "None" or fails. Empty content elsewhere is kept (a tool's empty
+    result, an assistant turn before its tool calls).
+
+    >>> message_problem({"role": "assistent", "content": "4"}).split("; ")[1]
+    "change it to 'assistant'"
+    >>> message_problem({"role": "assistant", "content": None, "tool_calls": [{"type": "function"}]}) is None
+    True
+    """
+    role, content = message["role"], message["content"]
+    close = None if role in ROLES else _ALIASES.get(role.strip().lower()) or next(
+        iter(difflib.get_close_matches(role.strip().lower(), ROLES, n=1, cutoff=0.7)), None)
+    if close:  # another role is the template's to render (GLM's observation, a legacy function turn)
+        return f"has role {quote(role, 40)}, not a chat role ({', '.join(ROLES)}); change it to {close!r}"
+    if role == "user" and (content is None or not content.strip()):
+        said = "null" if content is None else "empty" if not content else "blank"
+        return f"(user) has {said} content; fill in the user's text, or remove the message (or the row)"
+    if content is None and not (role == "assistant" and (message.get("tool_calls") or message.get("function_call"))):
+        return (f"({role}) has null content and no tool_calls; give it its text (\"\" for none) or remove it: null "
+                "content is for an assistant turn that calls tools")
+    return None
 
 
 def has_chat_prompts(rows: Sequence[PromptRow]) -> bool:
@@ -64,6 +103,18 @@ def _apply_template(tokenizer: Any, messages: list[dict[str, Any]], where: str, 
                          "them (tool calls, null content)") from None
 
 
+def _check_messages(messages: list[dict[str, Any]], where: str) -> None:
+    """Raise ValueError naming ``where`` and the first message :func:`message_problem` refuses
+    (a row read from a file was checked as it was read; one built otherwise is here). A message
+    of another shape (content parts) is left to the template, as before."""
+    for i, m in enumerate(messages):
+        shaped = isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m and (
+            m["content"] is None or isinstance(m["content"], str))
+        problem = message_problem(m) if shaped else None
+        if problem:
+            raise ValueError(f"{where}: message {i} {problem}")
+
+
 def format_rows(rows: Sequence[PromptRow], tokenizer: Any, *, use_template: bool, system_prompt: str | None,
                 source: str, strings_as_text: bool = False) -> list[PromptRow]:
     """Rows whose ``prompt`` is the final text and whose ``source_prompt`` is the dataset's
@@ -74,6 +125,8 @@ def format_rows(rows: Sequence[PromptRow], tokenizer: Any, *, use_template: bool
         written = row.source_prompt if row.source_prompt is not None else row.prompt
         as_text = strings_as_text and not isinstance(written, list)
         if use_template and not as_text:
+            if isinstance(written, list):  # checked before the system prompt is put first: a failing template
+                _check_messages(written, row_where(source, row, number))  # then blames the row, not it
             messages = list(written) if isinstance(written, list) else [{"role": "user", "content": written}]
             added = bool(system_prompt) and messages[0]["role"] != "system"
             if added:

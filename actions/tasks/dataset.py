@@ -55,8 +55,12 @@ class PromptRow(BaseModel):
     name; a reference in a column named ``answer`` is left out (``answer`` and ``source_answer``
     hold it)."""
     line: int | None = Field(None, exclude=True)
-    """The row's number in the file it was read from (1-based: a JSONL line, a Parquet row), for
-    the errors that name it; None in a generated or stored row (never stored)."""
+    """The row's number in the file it was read from (1-based: a JSONL line, a Parquet row; in
+    a folder of several Parquet files, the row in ``file``), for the errors that name it; None in
+    a generated or stored row (never stored)."""
+    file: str | None = Field(None, exclude=True)
+    """The Parquet file of a folder of several that the row was read from (its name), for the
+    errors that name it; None for a single file or a generated or stored row (never stored)."""
     add_special_tokens: bool = Field(False, exclude_if=lambda v: not v)
     """Encode ``prompt`` with the tokenizer's special tokens (its BOS, where it adds one): a string
     prompt under ``data.chat_template: messages``, as TRL encodes one (``chat.py``;
@@ -65,10 +69,37 @@ class PromptRow(BaseModel):
 
 def row_where(source: str, row: PromptRow, number: int) -> str:
     """Where ``row`` comes from, for an error line: ``<source>:<line> (prompt_id N)`` for a row
-    read from a file (the line its errors name when the file is read), else
-    ``<source>: row <number> (prompt_id N)`` (``number``: its place among the rows checked)."""
-    at = f"{source}:{row.line}" if row.line is not None else f"{source}: row {number}"
+    read from a file (the line its errors name when the file is read; ``<source>: <file> row
+    <line>`` for a row of one of several Parquet files), else ``<source>: row <number>
+    (prompt_id N)`` (``number``: its place among the rows checked)."""
+    at = record_where(source, row.line, row.file) if row.line is not None else f"{source}: row {number}"
     return f"{at} (prompt_id {row.prompt_id})"
+
+
+def record_where(source: str, number: int, file: str | None = None) -> str:
+    """A row read from a file, as error lines name it: ``<source>:<number>``, or ``<source>:
+    <file> row <number>`` for a row of ``file``, one of several Parquet files read as one.
+
+    >>> record_where("data.train_path d.jsonl", 3), record_where("data.train_path dir", 2, "part-1.parquet")
+    ('data.train_path d.jsonl:3', 'data.train_path dir: part-1.parquet row 2')
+    """
+    return f"{source}: {file} row {number}" if file else f"{source}:{number}"
+
+
+def not_utf8(data: bytes, exc: UnicodeDecodeError, where: str, what: str) -> str:
+    """The error line for ``data`` (a file's bytes, as its lines are numbered) whose decoding
+    failed with ``exc``: the line (from 1) and the byte within it (from 1) of the first byte
+    that is not UTF-8, and the fix. ``what`` names the format (``JSON Lines``).
+
+    >>> data = b'{"a": 1}' + bytes([10]) + b'{"a": "' + bytes([255]) + b'"}'  # bytes([10]): a newline
+    >>> not_utf8(data, UnicodeDecodeError("utf-8", data, 16, 17, "invalid start byte"), "f", "JSON Lines")
+    'f:2: byte 8 of the line (0xff) is not UTF-8; save the file as UTF-8 (a dataset is UTF-8 JSON Lines)'
+    """
+    start = exc.start
+    line = data.count(b"\n", 0, start) + 1
+    column = start - data.rfind(b"\n", 0, start)  # rfind gives -1 on line 1: the column is then start + 1
+    return (f"{where}:{line}: byte {column} of the line (0x{data[start:start + 1].hex()}) is not UTF-8; save the file "
+            f"as UTF-8 (a dataset is UTF-8 {what})")
 
 
 def rows_to_jsonl(rows: Iterable[PromptRow]) -> bytes:
@@ -83,7 +114,7 @@ def json_objects(data: bytes, *, where: str) -> list[tuple[int, dict[str, Any]]]
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{where}: byte {exc.start} is not UTF-8; a dataset is UTF-8 JSON Lines") from None
+        raise ValueError(not_utf8(data, exc, where, "JSON Lines")) from None
     objects: list[tuple[int, dict[str, Any]]] = []
     # "\n" alone ends a line (a "\r" before it is dropped): str.splitlines also splits at
     # U+2028, U+2029 and U+0085, which a JSON string may hold as they are

@@ -1,9 +1,10 @@
 """From dataset rows to prompt rows: which key holds the prompt, the answer and the id.
 
 ``prompt_key`` holds a non-empty string or a non-empty list of chat messages, each a dict with
-a string ``role`` and a ``content`` that is a string or null (an assistant turn that only calls
-tools), kept as written with every other key (``tool_calls``, ``name``, ...) in
-``source_prompt``: the chat template and the reward functions get whole messages, as TRL's do.
+a ``role`` of ``chat.ROLES`` and a ``content`` that is a string or null (an assistant turn that
+only calls tools; a user's is never empty: ``chat.message_problem``), kept as written with every
+other key (``tool_calls``, ``name``, ...) in ``source_prompt``: the chat template and the reward
+functions get whole messages, as TRL's do.
 ``answer_key`` a string or a finite number (some datasets store final answers as numbers; a NaN
 or infinite one is an error, whatever reads it): ``answer`` is its text, and a number is also
 kept as it is in ``source_answer`` for the plug-in reward functions. A row may have no
@@ -11,12 +12,14 @@ reference answer (``answer_key`` None, or its column absent, null, an empty or b
 of another type in the row: ``answer`` "", ``has_answer`` false) unless something reads it (``FieldMap.answer_need``);
 then each such row is an error naming what reads it.
 ``id_key`` (optional) holds an int, or a string that is hashed to one; without it a
-``prompt_id`` column is used when present, else the id is a hash of the row's prompt and
-answer, so the same row gets the same id in every run.
+``prompt_id`` column is used when any row has a value there (null is none, as a Parquet shard
+without the column reads), and then every row must; else the id is a hash of the row's prompt
+and answer, so the same row gets the same id in every run.
 Every column but the prompt, the id column included, is kept for the reward functions.
 
 Rows whose prompt and answer are identical to an earlier row's are dropped (counted); two
-different rows with one id are an error. Errors name the file, the row, the key and the fix.
+different rows with one id are an error. Errors name the file, the row, the key and the fix
+(for a folder of several Parquet files, the file of the folder and the row in it).
 """
 
 from __future__ import annotations
@@ -24,14 +27,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from actions.config.quoting import quote
-from actions.tasks.dataset import PromptRow
+from actions.tasks.chat import message_problem
+from actions.tasks.dataset import PromptRow, record_where
 from actions.tasks.input_limits import check_prompt_size
-from actions.tasks.sources import Record
+from actions.tasks.sources import Record, Records
 
 ID_BITS = 48
 """Content-derived ids stay below 2**48: exact in JSON numbers and in float64."""
@@ -65,7 +69,8 @@ def content_id(prompt: Any, answer: str) -> int:
 
 
 def to_rows(records: Sequence[Record], fields: FieldMap, *, source: str) -> tuple[list[PromptRow], MappingStats]:
-    """Validate and map every record. ``source`` names the file in errors (``data.train_path x.jsonl``).
+    """Validate and map every record. ``source`` names the file in errors (``data.train_path x.jsonl``);
+    records read from several Parquet files (:class:`sources.Records`) are named by file and row.
 
     Raises:
         ValueError: the first bad row, as ``<source>:<row>: key 'k' ...; <fix>``.
@@ -76,12 +81,14 @@ def to_rows(records: Sequence[Record], fields: FieldMap, *, source: str) -> tupl
                          + (f" (and {fields.answer_key!r}, where a reward or warm-up reads reference answers)"
                             if fields.answer_key else ""))
     _check_answer_column(records, fields, source)
-    picked = fields.id_key is None and "prompt_id" in records[0][1]  # the id column chosen for the user
+    place = records.place if isinstance(records, Records) else lambda n: (n, None)
+    picked = fields.id_key is None and _check_id_column(records, source, place)  # the id column chosen for the user
     id_key = fields.id_key or ("prompt_id" if picked else None)
     rows: list[PromptRow] = []
-    seen: dict[int, tuple[int, Any, str]] = {}
+    seen: dict[int, tuple[str, Any, str]] = {}
     for number, rec in records:
-        where = f"{source}:{number}"
+        line, file = place(number)
+        where = record_where(source, line, file)
         prompt = _prompt(rec, fields.prompt_key, where)
         value = _reference(rec, fields, where)
         answer = "" if value is None else value if isinstance(value, str) else str(value)
@@ -92,20 +99,20 @@ def to_rows(records: Sequence[Record], fields: FieldMap, *, source: str) -> tupl
                 stats.duplicates_dropped += 1
                 continue
             raise ValueError(_repeated_id(where, first, id_key, rec.get(id_key, pid) if id_key else pid, picked))
-        seen[pid] = (number, prompt, answer)
+        seen[pid] = (f"{file} row {line}" if file else f"row {line}", prompt, answer)
         # a reference under `answer` is held by answer/source_answer; anything else there is a column of its own
         skip = (fields.prompt_key, "answer") if fields.answer_key == "answer" and value is not None \
             else (fields.prompt_key,)
         rows.append(PromptRow(prompt_id=pid, prompt=prompt if isinstance(prompt, str) else "", answer=answer,
-                              has_answer=value is not None, source_prompt=prompt, line=number,
+                              has_answer=value is not None, source_prompt=prompt, line=line, file=file,
                               source_answer=None if value is None or isinstance(value, str) else value,
                               columns={k: _jsonable(v) for k, v in rec.items() if k not in skip}))
     return rows, stats
 
 
-def _repeated_id(where: str, first: int, id_key: str | None, value: Any, picked: bool) -> str:
-    """The error line for a row whose id an earlier row (``first``) has."""
-    head = f"{where}: {id_key or 'prompt_id'} {_short(value)} appears twice (first at row {first}); "
+def _repeated_id(where: str, first: str, id_key: str | None, value: Any, picked: bool) -> str:
+    """The error line for a row whose id an earlier row (``first``: ``row N``) has."""
+    head = f"{where}: {id_key or 'prompt_id'} {_short(value)} appears twice (first at {first}); "
     if picked:
         return head + ("the dataset's 'prompt_id' column is the id because data.id_key is unset: make its values "
                        "unique, set data.id_key to a column of unique values, or rename the column (ids then come "
@@ -113,6 +120,27 @@ def _repeated_id(where: str, first: int, id_key: str | None, value: Any, picked:
     if id_key:
         return head + f"make every {id_key} unique (data.id_key names the id column)"
     return head + "make every prompt_id unique"
+
+
+def _check_id_column(records: Sequence[Record], source: str, place: Callable[[int], tuple[int, str | None]]
+                     ) -> bool:
+    """Whether the ``prompt_id`` column is the id (``data.id_key`` unset): when any row has a
+    value there, whichever row it is, and then every row must have one (ValueError naming the
+    first that has none, and the first that has one). A null is none: a Parquet shard without the
+    column reads as null there, as a JSON Lines row may write null or leave the key out."""
+    having = next((n for n, rec in records if rec.get("prompt_id") is not None), None)
+    if having is None:
+        return False
+    lacking = next(((n, rec) for n, rec in records if rec.get("prompt_id") is None), None)
+    if lacking is not None:
+        number, rec = lacking
+        other, file = place(having)
+        raise ValueError(f"{record_where(source, *place(number))}: key 'prompt_id' is "
+                         f"{'null' if 'prompt_id' in rec else 'missing'}, but {file + ' ' if file else ''}row {other} "
+                         "has one: the dataset's 'prompt_id' column is the id because data.id_key is unset, so every "
+                         "row needs one; fill it in, set data.id_key to a column of unique ids every row has, or "
+                         "remove the column (ids then come from each row's prompt and answer)")
+    return True
 
 
 def _check_answer_column(records: Sequence[Record], fields: FieldMap, source: str) -> None:
@@ -153,6 +181,9 @@ def _prompt(rec: dict[str, Any], key: str, where: str) -> str | list[dict[str, A
                     and (m["content"] is None or isinstance(m["content"], str))):
                 raise ValueError(f"{where}: key {key!r} message {i} is {_short(m)}; each chat message must be "
                                  '{"role": str, "content": str or null, ...} (other keys, e.g. tool_calls, are kept)')
+            problem = message_problem(m)
+            if problem:
+                raise ValueError(f"{where}: key {key!r} message {i} {problem}")
         messages = [{k: _jsonable(v) for k, v in m.items()} for m in value]
         # every key counts towards the size: a tool call's arguments are prompt text too
         check_prompt_size(sum(len(json.dumps(m, ensure_ascii=False)) for m in messages), where, key)

@@ -26,8 +26,9 @@ here, line by line, rather than by the Arrow JSON reader: that reader stops at t
 whose type differs from the others without saying which line it is, and this loader's errors
 name the file, the row and the key.
 
-Rows come back as plain dicts with their 1-based row number; what they must hold is checked by
-``fields.py``.
+Rows come back as plain dicts with their 1-based row number (in a folder of several Parquet
+files, counted across them: ``Records.place`` gives the file and the row in it, which errors
+name); what they must hold is checked by ``fields.py``.
 """
 
 from __future__ import annotations
@@ -36,20 +37,43 @@ import codecs
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from actions.config.quoting import quote, unusable_path
 from actions.models.hub import KNOWN_SPLITS, SPLITS, files_by_split, pick_split
-from actions.tasks.dataset import json_objects
+from actions.tasks.dataset import json_objects, not_utf8
 from actions.tasks.input_limits import check_dataset_size, check_line_lengths
 
 Record = tuple[int, dict[str, Any]]
 """(1-based row number in the file, the row)."""
 
 
-def read_records(path: str, *, field: str) -> list[Record]:
+class Records(list[Record]):
+    """The rows :func:`read_records` gives. Read from a folder of several Parquet files, a row's
+    number counts across them, in order, and ``shards`` holds each file's name and row count
+    (empty otherwise): :meth:`place` turns the number into the file and the row within it, as
+    errors name a row. A slice is a plain list: its numbers stay unique, but name no file."""
+
+    shards: tuple[tuple[str, int], ...] = ()
+
+    def place(self, number: int) -> tuple[int, str | None]:
+        """(row within its file from 1, the file's name or None) of the row numbered ``number``."""
+        return _place(self.shards, number)
+
+
+def _place(shards: Sequence[tuple[str, int]], number: int) -> tuple[int, str | None]:
+    """(row within its file, its file) of row ``number`` of the files ``shards`` ((name, rows),
+    in order; none: ``number`` as it is, no file)."""
+    for name, count in shards:
+        if number <= count:
+            return number, name
+        number -= count
+    return number, None
+
+
+def read_records(path: str, *, field: str) -> Records:
     """All rows of the dataset at ``path``. ``field`` names the setting that gave the path
     (``data.train_path`` or ``data.eval_path``) in error messages, and so which split a folder
     of several gives.
@@ -76,21 +100,21 @@ def read_records(path: str, *, field: str) -> list[Record]:
             p = _dict_split(p, which, where, field)
         if (p / "state.json").is_file():
             check_dataset_size([f for f in p.rglob("*") if f.is_file()], where, field)
-            return list(_numbered(_load_from_disk(p, where)))
+            return Records(_numbered(_load_from_disk(p, where)))
         parquet = sorted(p.glob("*.parquet"))
         if parquet:
             parquet = _folder_split(parquet, which, where, field)
             check_dataset_size(parquet, where, field)
-            return list(_numbered(_load_parquet([str(f) for f in parquet], where)))
+            return _load_parquet([str(f) for f in parquet], where)
         raise ValueError(f"{where} is a folder without state.json or *.parquet files; point {field} at a .jsonl or "
                          ".parquet file or a save_to_disk folder")
     suffix = p.suffix.lower()
     if suffix in (".jsonl", ".json", ".parquet"):
         check_dataset_size([p], where, field)
     if suffix in (".jsonl", ".json"):
-        return _read_jsonl(p, field)
+        return Records(_read_jsonl(p, field))
     if suffix == ".parquet":
-        return list(_numbered(_load_parquet([str(p)], where)))
+        return _load_parquet([str(p)], where)
     raise ValueError(f"{where} has an unknown format ({suffix or 'no suffix'}); use .jsonl, .parquet or a "
                      "save_to_disk folder")
 
@@ -161,14 +185,15 @@ def _load_from_disk(path: Path, where: str) -> Iterator[dict[str, Any]]:
     return iter(_decoded(ds, where, []))
 
 
-def _load_parquet(files: list[str], where: str) -> Iterator[dict[str, Any]]:
-    """The rows of ``files`` in order. A file of no rows (a valid Parquet file, as an empty
-    shard of a split is) is skipped: ``datasets`` fails on it as if it were damaged. No rows
-    in any file gives no rows, which ``fields.to_rows`` refuses as an empty JSON Lines file."""
+def _load_parquet(files: list[str], where: str) -> Records:
+    """The rows of ``files`` in order, numbered across them (``Records.shards`` names the files
+    when there are several). A file of no rows (a valid Parquet file, as an empty shard of a
+    split is) is skipped: ``datasets`` fails on it as if it were damaged. No rows in any file
+    gives no rows, which ``fields.to_rows`` refuses as an empty JSON Lines file."""
     counts = {name: _parquet_rows(name, where) for name in files}
     kept = [name for name in files if counts[name]]
     if not kept:
-        return iter([])
+        return Records()
     _check_shards_agree(kept, where)
     _offline()
     import datasets
@@ -184,7 +209,11 @@ def _load_parquet(files: list[str], where: str) -> Iterator[dict[str, Any]]:
                 ds = datasets.Dataset.from_parquet(kept, cache_dir=cache, keep_in_memory=True)
             except Exception as exc:  # pyarrow raises several unrelated types for a damaged file
                 raise ValueError(_unreadable(kept, where, exc)) from None
-            return iter(_decoded(ds, where, [(Path(name).name, counts[name]) for name in kept]))
+            shards = [(Path(name).name, counts[name]) for name in kept]
+            records = Records(_numbered(iter(_decoded(ds, where, shards))))
+            if len(shards) > 1:  # one file's rows are numbered in it already
+                records.shards = tuple(shards)
+            return records
     finally:
         datasets.logging.set_verbosity(verbosity)
 
@@ -199,14 +228,10 @@ def _decoded(ds: Any, where: str, files: list[tuple[str, int]]) -> list[dict[str
         for row in ds:
             rows.append(row)
     except UnicodeDecodeError as exc:
-        index, name = len(rows), ""
-        for file, count in files:
-            if index < count:
-                name = f"{file} "
-                break
-            index -= count
+        number, file = _place(files, len(rows) + 1)
+        name = f"{file} " if file else ""
         byte = exc.object[exc.start:exc.start + 1].hex()
-        raise ValueError(f"{where}: {name}row {index + 1}{_bad_column(ds, len(rows))} holds text that is not UTF-8 "
+        raise ValueError(f"{where}: {name}row {number}{_bad_column(ds, len(rows))} holds text that is not UTF-8 "
                          f"(byte 0x{byte}); write the {'file' if files else 'dataset'} again with its text as UTF-8"
                          ) from None
     return rows
@@ -362,7 +387,7 @@ def _json_array(data: bytes, where: str) -> list[Record]:
     try:
         rows = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{where}: byte {exc.start} is not UTF-8; a dataset is UTF-8 JSON") from None
+        raise ValueError(not_utf8(data, exc, where, "JSON")) from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{where}:{exc.lineno}: not valid JSON ({exc.msg}); a .json file holds JSON Lines or one "
                          "array of objects") from None

@@ -274,14 +274,16 @@ STARTUP_CHECK = ("reward check at start-up, before any step (each package.module
 
 
 def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow],
-                           encode: Callable[[str], Sequence[int]] | None = None, *, trainer_state: Any = None
-                           ) -> None:
+                           encode: Callable[[str], Sequence[int]] | None = None, *, trainer_state: Any = None,
+                           sources: Sequence[tuple[str, Sequence[RewardRow]]] = ()) -> None:
     """Import every function and call each plug-in once on up to two rows, with the reference
     answers as completions ("" for a row without one; their token ids from ``encode``, when
     given) and ``trainer_state`` (default: step 0 of a one-step campaign; a campaign passes its
     own, so ``global_step / max_steps`` works as in TRL), so a broken plug-in fails at start-up
     rather than mid-campaign. A dataset column
     named like a keyword the call fills itself (``calling.RESERVED``) is refused for a plug-in,
+    in every set of ``sources`` ((name as errors give it, rows): the train and the eval rows, as
+    evaluation calls the plug-ins too; none: ``rows``, named "the dataset"),
     and so are ``max_reward``/``min_reward`` attributes that are not finite numbers and sample
     rewards whose weighted sum is not finite.
 
@@ -297,7 +299,8 @@ def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow
         fn = load_reward(spec.name, spec.pattern)
         reward_bounds(spec.name, fn)
         if ":" in spec.name:
-            _check_column_names(spec.name, rows)
+            for source, checked in sources or (("the dataset", rows),):
+                _check_column_names(spec.name, source, checked)
             prompts, completions, columns = reward_inputs(sample, [r.answer for r in sample])
             ids = [list(encode(r.answer)) if encode else [] for r in sample]
             kwargs = {"prompts": prompts, "completions": completions, "completion_ids": ids, **columns}
@@ -310,11 +313,12 @@ def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow
     _check_totals(total, sample, per_function, weights)  # the plug-ins' sum: built-ins score at most 1 each
 
 
-def _check_column_names(name: str, rows: Sequence[RewardRow]) -> None:
-    """Raise RewardFunctionError for a dataset column that a reward keyword would shadow."""
+def _check_column_names(name: str, source: str, rows: Sequence[RewardRow]) -> None:
+    """Raise RewardFunctionError for a column of ``rows`` (named ``source``: ``data.eval_path
+    e.jsonl``) that a reward keyword would shadow."""
     clash = sorted({k for r in rows for k in r.columns} & set(RESERVED))
     if clash:
         raise RewardFunctionError(
-            f"reward.functions {name!r}: the dataset has a column named {clash[0]!r}, a keyword the reward functions "
+            f"reward.functions {name!r}: {source} has a column named {clash[0]!r}, a keyword the reward functions "
             f"receive from the trainer ({', '.join(RESERVED)}), so the column cannot reach them; rename the column "
             "(TRL's GRPOTrainer fails on it too)")
