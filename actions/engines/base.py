@@ -1,4 +1,4 @@
-"""The generation-engine contract shared by the torch and the vLLM engine.
+r"""The generation-engine contract shared by the torch and the vLLM engine.
 
 Actions talk to an engine only through ``GenerationEngine.generate``; ``factory.make_engine``
 picks the implementation from ``generation.engine``. The contract, and which engine gives what:
