@@ -30,6 +30,15 @@ def sum_of_ranks(rank: int, world: int) -> float:
     return float(t)
 
 
+def spawn_times(rank: int, world: int) -> list[float]:
+    """Every rank's ``spawn_seconds()``, in rank order."""
+    from actions.rl.ranks import spawn_seconds
+
+    seen = [None] * world
+    dist.all_gather_object(seen, spawn_seconds())
+    return seen
+
+
 SHAPES = [(151, 7), (2, 3), (1,), (5,), (300, 64)]
 
 

@@ -284,12 +284,18 @@ def test_a_budget_stop_evaluates_and_commits_the_policy_it_stops_with_and_resume
         assert main(["train", "--config", str(tmp_path / "c.yaml"), "--resume", "--summary",
                      str(tmp_path / "summary.json")]) == 0
     assert out.getvalue().startswith("run 'budget' stops before its next step: 1/2 steps committed, budget.gpu_sec")
-    # and the command that continues it once the budget is raised, this one's settings kept
+    # and the command that continues it once the budget is raised, this one's settings kept, with
+    # the least budget that the resume's own check lets run a step
     spent = state.spend["billed_gpu_seconds"]
-    assert out.getvalue().splitlines()[1] == (
+    hint = out.getvalue().splitlines()[1]
+    assert hint.startswith(
         f"to continue: rlhfless train --config {tmp_path / 'c.yaml'} --set budget.gpu_seconds=N --summary "
-        f"{tmp_path / 'summary.json'} --run-id budget --resume  (N: budget.gpu_seconds above the {spent:.6g} spent "
-        "so far)")
+        f"{tmp_path / 'summary.json'} --run-id budget --resume  (N: budget.gpu_seconds of at least "), hint
+    least = float(hint.split("of at least ")[1].split(",")[0])
+    assert f", the {spent:.6g} spent so far plus about " in hint and hint.endswith(
+        " for the resume's set-up, the next step and the evaluation after it)"), hint
+    enough = tiny_config("invoker.kind=inprocess", "run_id=budget", f"budget.gpu_seconds={least!r}", *LEARNING)
+    assert resume_stop(short, state) is not None and resume_stop(enough, state) is None
     assert (tmp_path / "summary.json").read_text() == held
     assert sorted(store.list("runs/budget/campaign/commits/")) == commits
     rest = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=budget", *LEARNING), resume=True,

@@ -405,3 +405,45 @@ def test_what_a_resume_paid_for_its_set_up_is_counted_by_the_next_resume_from_th
     store.put(setup_key(state.run_id), b"{not json")
     assert observed_setup_s(store, state.run_id, 2) is None
     assert resume_setup_estimate(state, None) == 0.1
+
+
+def test_the_command_after_a_budget_stop_asks_for_a_budget_the_resume_accepts(tiny_config, capsys):
+    """The least N printed for the budget that stopped a run is what the resume's own check
+    (``resume_stop``) lets through: the spend plus the resume's set-up, the next step and the
+    evaluation after it, rounded up; the spend alone, what the line asked for before, stops it
+    again. A second budget the resume would stop at is named with its own least value."""
+    import argparse
+
+    from actions.store import open_store
+    from flows.campaign.budget import resume_stop
+    from flows.campaign.state import commit_state
+    from flows.commands.resume_command import print_continue
+
+    # spent 10 billed s ($0.01); the last step cost 2 s, the last evaluation 1.5 s, the resume's
+    # set-up 0.25 s: 10 + 0.25 + 2 + 1.5 = 13.75 s for one more step ($0.01375 at $0.001 a second)
+    state = _state(step=2, steps=[_step(0), _step(1, **{"cost/billed_gpu_seconds": 2.0})],
+                   evals=[_eval(0, billed_gpu_seconds=1.5)], resume_setup_s=0.25,
+                   spend={"billed_gpu_seconds": 10.0, "useful_gpu_seconds": 5.0, "usd": 0.01})
+
+    def cfg(*budgets: str):
+        return tiny_config("steps=4", f"run_id={RUN}", "price_per_gpu_second=0.001", *budgets)
+
+    store = open_store(cfg().store.uri)
+    commit_state(store, state.model_copy(update={"step": 1}, deep=True))  # commits are consecutive
+    commit_state(store, state)
+    args = argparse.Namespace(config=None, overrides=["budget.gpu_seconds=13"], steps=None, out=None, summary=None)
+    stopped = cfg("budget.gpu_seconds=13")
+    print_continue(args, stopped, resume_stop(stopped, state), state.spend)
+    assert capsys.readouterr().out == (
+        "to continue: rlhfless train --set budget.gpu_seconds=N --run-id rep --resume  (N: budget.gpu_seconds of at "
+        "least 13.75, the 10 spent so far plus about 3.75 for the resume's set-up, the next step and the evaluation "
+        "after it)\n")
+    assert resume_stop(cfg("budget.gpu_seconds=13.75"), state) is None
+    assert resume_stop(cfg("budget.gpu_seconds=10.01"), state) is not None  # just above the spend: no step
+    both = cfg("budget.usd=0.012", "budget.gpu_seconds=13")
+    print_continue(args, both, resume_stop(both, state), state.spend)
+    assert capsys.readouterr().out.endswith(
+        "(N: budget.usd of at least 0.01375, the 0.01 spent so far plus about 0.00375 for the resume's set-up, the "
+        "next step and the evaluation after it; budget.gpu_seconds=13.0 would stop it too: raise it to at least "
+        "13.75)\n")
+    assert resume_stop(cfg("budget.usd=0.01375", "budget.gpu_seconds=13.75"), state) is None

@@ -88,3 +88,28 @@ def test_a_stop_while_train_writes_its_outputs_leaves_the_summary_whole_or_absen
     with pytest.raises(Terminated):
         _write_outputs({"steps_completed": 2}, tmp_path / "out", summary_path)
     assert json.loads(summary_path.read_text()) == {"steps_completed": 2, "run_dir": str(tmp_path / "out")}
+
+
+def test_the_error_line_comes_after_a_warning_of_the_lease_release(tmp_path, monkeypatch, capsys):
+    """A run that fails releases its lease before the error line is printed: a warning the
+    release gives (a store that would not delete the lease) never follows the error, which
+    stays the last line the user sees."""
+    import flows.campaign.run as campaign_run
+    import flows.commands.cli as cli
+    import flows.commands.local_api as local_api
+
+    class WarningLease:
+        def release(self) -> None:
+            print("could not release the lease of run 'warned': the store did not answer", file=sys.stderr)
+
+    def fails(**kwargs):
+        raise ValueError("the real error")
+
+    monkeypatch.setattr(cli, "_preflight", lambda *args: WarningLease())
+    monkeypatch.setattr(local_api, "start_local_api", lambda: None)
+    monkeypatch.setattr(campaign_run, "rlhf_campaign", fails)
+    assert cli.main(["train", "--run-id", "warned", "--set", f"store.uri={tmp_path / 'store'}",
+                     "--out", str(tmp_path / "out")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-2:] == ["could not release the lease of run 'warned': the store did not answer",
+                          "rlhfless: error: the real error"], lines

@@ -1,6 +1,7 @@
 """Run the doctest examples of the tasks, the data mapping, the reward functions, the scaling
 policies' registry, the phase clock, the decode-step timing, the leftovers garbage collection
-removes, and the redaction of secrets (URL passwords included) from messages."""
+removes, the redaction of secrets (URL passwords included) from messages, and the command
+that continues a run (with the budget figure it asks for after a budget stop)."""
 
 import doctest
 import importlib
@@ -12,7 +13,8 @@ MODULES = ["actions.tasks.repeat", "actions.tasks.arith", "actions.tasks.fields"
            "actions.tasks.rewards.format", "actions.tasks.rewards.symbolic", "flows.planning.registry",
            "flows.step.timing", "flows.step.metrics",
            "actions.engines.decode_timing", "actions.models.hub", "flows.planning.leftovers",
-           "actions.store.credentials", "actions.store.endpoints", "actions.config.quoting"]
+           "actions.store.credentials", "actions.store.endpoints", "actions.config.quoting",
+           "flows.commands.resume_command"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -65,6 +65,7 @@ def test_two_ranks_train_as_one_and_a_run_resumes_on_another_rank_count(tiny_con
         stored = sum(e["size"] for k in keys for e in json.loads(store.get(k))["files"].values())
         assert first["steps"][step]["train/state_read_bytes"] == stored, step  # each blob once, by one rank
         assert first["steps"][step]["train/load_s"] > 0 and first["steps"][step]["train/gather_s"] > 0
+        assert 0.001 < first["steps"][step]["train/spawn_s"] < first["steps"][step]["timing_s/train"], step
     for step in range(3):
         a, b = ref["steps"][step], rest["steps"][step]
         assert a["grad_norm"] > 0.01 and a["loss/policy"] != 0.0, (step, a)
@@ -141,6 +142,24 @@ def test_world_size_defaults_and_refusals():
         check_world_size(4096, 1, "cpu")
     with pytest.raises(ValueError, match=r"scaling.gpus_per_actor \(train.world_size unset\)=64 needs 64 CUDA"):
         check_world_size(None, 64, "cuda")
+
+
+def test_cpu_ranks_beyond_invoker_num_cores_are_refused_naming_both_settings(monkeypatch):
+    """``invoker.num_cores`` is what the local actions share: more CPU ranks than that would
+    oversubscribe it (each rank a process, with a thread at least), however many processors
+    the machine has; 0 leaves the processors alone to limit them, and CUDA ranks ignore it."""
+    import actions.rl.world_size as world_size
+
+    monkeypatch.setattr(world_size, "devices_present", lambda kind: 8)  # this machine: 8 processors, 8 GPUs
+    with pytest.raises(ValueError, match=r"^train.world_size=4 needs 4 cores \(one gloo rank each\), but "
+                                         r"invoker.num_cores=2 gives the actions 2; set train.world_size to at most "
+                                         r"2, or invoker.num_cores to 4 or more \(this machine has 8\)$"):
+        check_world_size(4, 1, "cpu", num_cores=2)
+    # more ranks than the machine has, too: the cores setting is the one to lower
+    with pytest.raises(ValueError, match=r"^train.world_size=12 needs 12 cores .* at most 10$"):
+        check_world_size(12, 1, "cpu", num_cores=10)
+    assert check_world_size(4, 1, "cpu", num_cores=4) == check_world_size(4, 1, "cpu", num_cores=0) == 4
+    assert check_world_size(4, 1, "cuda", num_cores=2) == 4
 
 
 def _rank_processes() -> list[int]:
@@ -221,6 +240,21 @@ def test_a_tensor_its_owner_cannot_read_fails_every_rank_with_the_owners_error(t
     peer = json.loads((tmp_path / "store" / "peer.json").read_text())  # rank 0 was told, not left waiting
     assert peer["rank"] == 0 and peer["transient"] is False, peer
     assert peer["text"] == f"{text.removeprefix('rank 1 of 2 failed: ')} (read by rank 1)", peer
+
+
+def test_spawn_seconds_is_how_long_starting_the_ranks_took():
+    """``spawn_seconds`` inside a rank: from the supervisor starting the processes to that rank
+    joining the group (a fresh interpreter importing torch: well above a millisecond), within
+    the supervisor's own wall time; 0 outside a rank."""
+    import time
+
+    from actions.rl.ranks import spawn_seconds
+
+    t0 = time.time()
+    seen = run_on_ranks(rank_functions.spawn_times, 2)
+    wall = time.time() - t0
+    assert len(seen) == 2 and all(0.001 < s < wall for s in seen), (seen, wall)
+    assert spawn_seconds() == 0.0
 
 
 def test_a_failing_rank_fails_the_activation_once_and_stops_the_others():
@@ -325,3 +359,18 @@ def test_only_the_publishing_rank_keeps_host_copies_and_every_rank_gathers(monke
     kept = sharded_train._gathered(tensors, {"w": torch.bfloat16}, keep=True)
     assert len(calls) == 2 and kept["w"].dtype == torch.bfloat16 and torch.equal(kept["ids"], tensors["ids"])
     assert sharded_train._gathered(tensors, {"w": torch.bfloat16}, keep=False) == {} and len(calls) == 4
+
+
+def test_the_start_up_check_refuses_cpu_ranks_beyond_invoker_num_cores(tmp_path, monkeypatch):
+    """``train`` checks ``train.world_size`` against ``invoker.num_cores`` before any write."""
+    import actions.rl.world_size as world_size
+    from flows.campaign.preflight import check_campaign
+    from flows.config import load_config
+
+    monkeypatch.setattr(world_size, "devices_present", lambda kind: 8)
+    cfg = load_config(None, ["train.world_size=2", "invoker.num_cores=1", "invoker.kind=inprocess",
+                             f"store.uri={tmp_path / 'store'}", "model.hidden_size=32", "model.num_heads=2",
+                             "model.intermediate_size=64"])
+    with pytest.raises(ValueError, match=r"^train.world_size=2 needs 2 cores .* invoker.num_cores=1"):
+        check_campaign(cfg)
+    assert not (tmp_path / "store").exists()

@@ -386,7 +386,9 @@ def test_an_access_the_system_refuses_is_one_store_access_denied_line(tmp_path, 
                                                     rf"Permission denied at '{store.root}(/runs)?'; {fix}$"):
             call()
     refusal["errno"] = errno.EROFS
-    with pytest.raises(StoreAccessDenied, match=r"key 'runs/r/b.json': Read-only file system at .*; make the store"):
+    with pytest.raises(StoreAccessDenied, match=r"key 'runs/r/b.json': Read-only file system at .*; the file system "
+                                                r"holding the store is mounted read-only: remount it read-write, or "
+                                                r"point store.uri at a writable directory$"):
         store.put("runs/r/b.json", b"2")
     monkeypatch.undo()
     assert store.list("runs/") == ["runs/r/a.json"]

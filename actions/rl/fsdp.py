@@ -85,7 +85,16 @@ def full(t: torch.Tensor) -> torch.Tensor:
 
 def all_sum(values: dict[str, float], device: torch.device) -> dict[str, float]:
     """Every rank's ``values`` summed key by key (all ranks pass the same keys, in any order)."""
+    return _all_reduce(values, device, dist.ReduceOp.SUM)
+
+
+def all_max(values: dict[str, float], device: torch.device) -> dict[str, float]:
+    """The largest of every rank's ``values``, key by key (the same keys on every rank)."""
+    return _all_reduce(values, device, dist.ReduceOp.MAX)
+
+
+def _all_reduce(values: dict[str, float], device: torch.device, op: dist.ReduceOp) -> dict[str, float]:
     keys = sorted(values)
     t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
+    dist.all_reduce(t, op=op)
     return dict(zip(keys, t.tolist()))

@@ -12,6 +12,10 @@ supervisor learns that a rank has exited, with or without a message (killed by a
 out-of-memory killer for one). On the first failure every other rank is killed, since the
 survivors would wait in a collective for a peer that will never come, and the activation raises
 :class:`RankFailed`. Ranks also die with their supervisor (``lifeline.die_with_parent``).
+
+Starting the ranks is not free: each is a fresh interpreter that imports torch and the
+function's module and joins the rendezvous (seconds each on a CPU machine, the ranks competing
+for its cores). A rank reads how long that took with :func:`spawn_seconds`.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from actions.runtime.errors import crash_text, describe_crash
 RENDEZVOUS_TIMEOUT_S = 300.0
 """How long a rank waits for its peers at the rendezvous and in a collective."""
 
+_spawn_s = 0.0  # this rank's spawn_seconds(), set by _rank_main before it calls the function
+
 
 class RankFailed(RuntimeError):
     """A rank of a multi-rank activation failed; ``transient`` is that rank's own classification
@@ -42,21 +48,31 @@ class RankFailed(RuntimeError):
         self.transient = transient
 
 
+def spawn_seconds() -> float:
+    """Inside a rank (the function :func:`run_on_ranks` runs): seconds from the supervisor
+    starting the ranks' processes to this rank joining the process group, its interpreter's
+    start, the imports of torch and of the function's module and the rendezvous included (wall
+    clock: the supervisor and its ranks share one machine). 0.0 outside a rank."""
+    return _spawn_s
+
+
 def _rank_main(argv: list[str]) -> None:
     """A rank's process: ``python -m actions.rl.ranks RANK WORLD PORT BACKEND RESULT_FD PARENT_PID``."""
+    global _spawn_s
     rank, world, port, backend, fd, parent_pid = argv[0], argv[1], argv[2], argv[3], argv[4], argv[5]
     from actions.runtime.lifeline import die_with_parent
 
     die_with_parent(int(parent_pid))
     out = os.fdopen(int(fd), "wb")
     try:
-        fn, args = pickle.load(sys.stdin.buffer)
+        fn, args, started = pickle.load(sys.stdin.buffer)  # unpickling fn imports its module
         import torch.distributed as dist
 
         store = dist.TCPStore("127.0.0.1", int(port), None, is_master=False,
                               timeout=datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
         dist.init_process_group(backend, store=store, rank=int(rank), world_size=int(world),
                                 timeout=datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
+        _spawn_s = time.time() - started
         try:
             message = ("ok", fn(int(rank), int(world), *args))
         finally:
@@ -87,10 +103,11 @@ def run_on_ranks(fn: Callable[..., Any], world: int, args: tuple = (), *, backen
     """
     import torch.distributed as dist
 
+    started = time.time()  # the ranks' spawn_seconds() count from here
     store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # the caller's imports
-    payload = pickle.dumps((fn, args))
+    payload = pickle.dumps((fn, args, started))
     procs, pipes = [], []
     try:
         for rank in range(world):
@@ -175,4 +192,8 @@ def _collect(procs: list[subprocess.Popen], pipes: list, what: str) -> dict[int,
 
 
 if __name__ == "__main__":
-    _rank_main(sys.argv[1:])
+    # run by the module as imported, not by this ``__main__`` copy of it: the function reads
+    # spawn_seconds() from ``actions.rl.ranks``
+    from actions.rl.ranks import _rank_main as rank_main
+
+    rank_main(sys.argv[1:])

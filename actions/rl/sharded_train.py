@@ -23,8 +23,11 @@ which would leave the others waiting in a read's collectives.
 Besides the learning metrics, a sharded step reports rank 0's split of its seconds as a
 one-rank step does (``train/load_s``, ``train/update_s``, ``train/publish_policy_s``,
 ``train/publish_optimizer_s``), plus ``train/gather_s`` (gathering the whole tensors to
-publish, on every rank), and ``train/state_read_bytes``: the blob bytes of the weights and
-optimizer states that all ranks together fetched from the store, each set once.
+publish, on every rank), ``train/spawn_s`` (starting the ranks' processes, before any of those:
+``ranks.spawn_seconds`` of the last rank to join; rank 0's ``train/load_s`` may hold the part
+of it by which rank 0 was up first, waiting for the others at the first read), and
+``train/state_read_bytes``: the blob bytes of the weights and optimizer states that all ranks
+together fetched from the store, each set once.
 """
 
 from __future__ import annotations
@@ -44,8 +47,9 @@ from actions.models.special_tokens import special_tokens
 from actions.rl.batch import gather_batch, rollout_metrics
 from actions.rl.critic_store import load_critic
 from actions.rl.dropout import disable_dropout
-from actions.rl.fsdp import all_sum, as_shard, full, make_mesh, shard
+from actions.rl.fsdp import all_max, all_sum, as_shard, full, make_mesh, shard
 from actions.rl.optimizer import MASTER, MASTER_NAME, TrainOptimizer, check_precision
+from actions.rl.ranks import spawn_seconds
 from actions.rl.recompute import enable_checkpointing
 from actions.rl.sharded_update import LogprobRoot, run_sharded_updates
 from actions.rl.state_scatter import read_whole, scattered
@@ -224,6 +228,7 @@ def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | 
     metrics["train/reused_state"] = 0.0
     metrics["train/world_size"] = float(world)
     metrics.update(all_sum({"train/state_read_bytes": float(sum(fetched))}, device))
+    metrics.update(all_max({"train/spawn_s": spawn_seconds()}, device))  # the step waited for the last rank
     t_loaded = time.perf_counter()
     metrics.update(run_sharded_updates(root, opt, batch, algo, critic, critic_opt, seed=req.seed, step=req.step,
                                        rank=rank, world=world))

@@ -32,19 +32,31 @@ def devices_present(kind: str) -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def check_world_size(world_size: int | None, gpus_per_actor: int, kind: str | None = None) -> int:
+def check_world_size(world_size: int | None, gpus_per_actor: int, kind: str | None = None, *,
+                     num_cores: int = 0) -> int:
     """The learner's rank count, checked against the devices present; returns it.
 
+    ``num_cores``: ``invoker.num_cores`` where the actions run on this machine (the local pool,
+    in-process), the cores they share; 0 (unset, or on OpenWhisk): this machine's processors
+    alone limit CPU ranks. A CPU rank is a process of its own, with at least one thread, so more
+    ranks than those cores would oversubscribe them: refused, as ranks beyond the processors are.
+
     Raises:
-        ValueError: more ranks than devices (one line naming the key, the value and the fix).
+        ValueError: more ranks than devices, or than ``num_cores`` on the CPU (one line naming
+            the keys, the values and the fix).
     """
     kind = kind or device_kind()
     world = resolve_world_size(world_size, gpus_per_actor, kind)
     if world > 1:
         present = devices_present(kind)
+        key = "train.world_size" if world_size is not None else "scaling.gpus_per_actor (train.world_size unset)"
+        if kind == "cpu" and 0 < num_cores < world:
+            more = f", or invoker.num_cores to {world} or more (this machine has {present})" if world <= present else ""
+            raise ValueError(f"{key}={world} needs {world} cores (one gloo rank each), but invoker.num_cores="
+                             f"{num_cores} gives the actions {num_cores}; set train.world_size to at most "
+                             f"{num_cores}{more}")
         if world > present:
             what = "CUDA devices" if kind == "cuda" else "processors (one gloo rank each)"
-            key = "train.world_size" if world_size is not None else "scaling.gpus_per_actor (train.world_size unset)"
             raise ValueError(f"{key}={world} needs {world} {what}, but this machine has {present}; set "
                              f"train.world_size to at most {present}")
     return world

@@ -14,7 +14,9 @@ writes outside the root.
 The root must be a directory or a path one can be made at: a root that is a file, or lies
 beneath one, is refused when the store is opened (a ``ValueError`` naming ``store.uri``). An
 access the system refuses (permissions, a read-only filesystem) is a
-:class:`~actions.store.protocol.StoreAccessDenied` naming the store, the key and the path.
+:class:`~actions.store.protocol.StoreAccessDenied` naming the store, the key, the path and the
+fix; a write that finds the disk or the user's quota full is a ``StoreError`` saying so, and
+leaves no part of the object behind (its temporary file is removed).
 
 Keys are paths, so unlike S3 a key cannot also be the prefix of other keys (``a/b`` and
 ``a/b/c``): writing one where the other exists raises a StoreError naming both. Reading or
@@ -54,6 +56,9 @@ _DIRECTORY_ATTEMPTS = 5
 
 #: Errors that say this user may not use the store's files: a :class:`StoreAccessDenied`.
 _DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+#: Errors that say the store's disk, or this user's quota on it, has no room for a write.
+_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 #: The temporary file of a write in progress (or of one that was killed): never a key.
 _TEMPORARY = re.compile(r"^\.tmp-[0-9a-f]{16}$")
@@ -128,22 +133,33 @@ class LocalStore:
     @contextmanager
     def _dir(self, key: str, *, create: bool = False) -> Iterator[tuple[int, str]]:
         """Context manager: (fd of key's directory, key's last component). A PermissionError
-        (or a read-only filesystem) here or in the block becomes :class:`StoreAccessDenied`."""
+        (or a read-only filesystem, a full disk or quota) here or in the block becomes the one
+        line of :meth:`_denied`."""
         try:
             with parent_dir(self.root, key, where=f"store {self.uri}", create=create, what="key",
                             fix="use a relative key without '..'") as found:
                 yield found
         except OSError as exc:
-            if exc.errno not in _DENIED:
+            if exc.errno not in _DENIED + _FULL:
                 raise
             raise self._denied(f"key {key!r}", exc) from None
 
-    def _denied(self, what: str, exc: OSError) -> StoreAccessDenied:
-        """The one line for an access the system refused on ``what`` ("key 'a/b'"), naming the path."""
+    def _denied(self, what: str, exc: OSError) -> StoreError:
+        """The one line for an access the system refused on ``what`` ("key 'a/b'"), naming the
+        store, the path where the system names one, why and the fix: a :class:`StoreAccessDenied`
+        (permissions, a read-only file system), or a ``StoreError`` (a full disk or quota)."""
         path = os.fspath(exc.filename) if exc.filename else ""
         at = f" at {path!r}" if os.path.isabs(path) else ""  # (a name relative to an open directory says less)
-        return StoreAccessDenied(f"store {self.uri}: {what}: {exc.strerror or 'permission denied'}{at}; make the store "
-                                 "directory readable and writable by this user, or point store.uri at another")
+        head = f"store {self.uri}: {what}: {exc.strerror or os.strerror(exc.errno)}{at}; "
+        if exc.errno in _FULL:
+            full = "this user's disk quota there is used up" if exc.errno == errno.EDQUOT else "the disk is full"
+            return StoreError(f"{head}{full}: free space on the disk holding the store, or point store.uri at a "
+                              "directory on another disk")
+        if exc.errno == errno.EROFS:
+            return StoreAccessDenied(f"{head}the file system holding the store is mounted read-only: remount it "
+                                     "read-write, or point store.uri at a writable directory")
+        return StoreAccessDenied(f"{head}make the store directory readable and writable by this user, or point "
+                                 "store.uri at another")
 
     def _not_found(self, key: str) -> ObjectNotFound:
         return ObjectNotFound(f"object {key!r} not found in store {self.uri}")
@@ -275,12 +291,13 @@ class LocalStore:
         """Set ``key``'s modification time to now; False if it is gone."""
         try:
             with self._dir(key) as (dir_fd, last):
-                os.utime(last, dir_fd=dir_fd, follow_symlinks=False)
+                try:  # caught here: past the block, _dir makes it a StoreAccessDenied
+                    os.utime(last, dir_fd=dir_fd, follow_symlinks=False)
+                except PermissionError:
+                    pass  # another user's file: present, only its age stays as it was
             return True
         except (FileNotFoundError, NotADirectoryError):
             return False
-        except PermissionError:
-            return True  # another user's file: present, only its age stays as it was
 
     def _if_holds(self, key: str, expected: bytes, then: Callable[[int, str], None]) -> bool:
         """Under an exclusive flock of ``key``'s directory (compare-and-swap callers on this

@@ -42,15 +42,8 @@ def budget_stop(cfg: CampaignConfig, state: CampaignState, *, before_evaluation:
     next step (a resume's: :func:`resume_setup_estimate`)."""
     if not state.steps or state.step >= cfg.steps:
         return None
-    last, b = state.steps[-1], cfg.budget
-    ev = state.evals[-1] if evaluates(state) and state.evals else None
-    owed = before_evaluation and ev is not None and evaluation_due(cfg, state)  # this step's, still to make
-    evals = 0 if ev is None else 2 if owed else 1
-    what = ("this step's evaluation, the next step and the evaluation after it" if owed else
-            "the next step and the evaluation after it" if evals else "the next step")
-    if setup_s:
-        what = f"the resume's set-up, {what}"
-    next_billed = setup_s + last[BILLED] + evals * (ev.billed_gpu_seconds if ev is not None else 0.0)
+    b = cfg.budget
+    next_billed, what = next_cost(cfg, state, before_evaluation=before_evaluation, setup_s=setup_s)
     next_usd = next_billed * cfg.price_per_gpu_second
     if b.usd is not None and state.spend["usd"] + next_usd > b.usd:
         return (f"budget.usd={b.usd} would be exceeded by {what} (spent {state.spend['usd']:.6f}, "
@@ -59,6 +52,34 @@ def budget_stop(cfg: CampaignConfig, state: CampaignState, *, before_evaluation:
         return (f"budget.gpu_seconds={b.gpu_seconds} would be exceeded by {what} "
                 f"(spent {state.spend['billed_gpu_seconds']:.1f}, next about {next_billed:.1f})")
     return None
+
+
+def next_cost(cfg: CampaignConfig, state: CampaignState, *, before_evaluation: bool = False,
+              setup_s: float = 0.0) -> tuple[float, str]:
+    """The billed seconds :func:`budget_stop` expects before the next step's commit (its
+    docstring says what it counts), and what they pay for, in words. ``state`` has a step."""
+    last = state.steps[-1]
+    ev = state.evals[-1] if evaluates(state) and state.evals else None
+    owed = before_evaluation and ev is not None and evaluation_due(cfg, state)  # this step's, still to make
+    evals = 0 if ev is None else 2 if owed else 1
+    what = ("this step's evaluation, the next step and the evaluation after it" if owed else
+            "the next step and the evaluation after it" if evals else "the next step")
+    if setup_s:
+        what = f"the resume's set-up, {what}"
+    return setup_s + last[BILLED] + evals * (ev.billed_gpu_seconds if ev is not None else 0.0), what
+
+
+def resume_budget(cfg: CampaignConfig, state: CampaignState, key: str,
+                  observed_s: float | None = None) -> tuple[float, float, str]:
+    """What budget ``key`` (``budget.usd`` or ``budget.gpu_seconds``) must allow for a resume
+    from committed ``state`` to run its next step: (the spend so far, the estimate of what
+    :func:`resume_stop` counts before that step's commit, what the estimate pays for), in the
+    key's unit (USD at ``price_per_gpu_second``, or billed GPU-seconds). A ``key`` of at least
+    their sum passes :func:`resume_stop` as far as that key goes. ``state`` has a step."""
+    billed, what = next_cost(cfg, state, setup_s=resume_setup_estimate(state, observed_s))
+    if key == "budget.usd":
+        return state.spend["usd"], billed * cfg.price_per_gpu_second, what
+    return state.spend["billed_gpu_seconds"], billed, what
 
 
 def resume_setup_estimate(state: CampaignState, observed_s: float | None = None) -> float:

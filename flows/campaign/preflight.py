@@ -58,7 +58,7 @@ def check_campaign(cfg: CampaignConfig, *, resumed: bool = False) -> None:
     if local:
         from actions.rl.world_size import check_world_size
 
-        check_world_size(cfg.train.world_size, cfg.scaling.gpus_per_actor)
+        check_world_size(cfg.train.world_size, cfg.scaling.gpus_per_actor, num_cores=cfg.invoker.num_cores)
     from flows.campaign.trackers import check_trackers
     from flows.invokers.factory import check_invoker, worker_log_dir
 

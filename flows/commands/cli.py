@@ -210,15 +210,7 @@ def _train(args: argparse.Namespace) -> int:
         # after committing): the resume below trains nothing and writes it
     lease = _preflight(cfg, out, summary_path, args.resume, args.break_lease)
     try:
-        # the lease below is released on SIGTERM too; the flow skips the checks _preflight made
-        with sigterm_unwinds(), checked(cfg):
-            from flows.campaign.run import rlhf_campaign
-            from flows.commands.local_api import start_local_api
-            from flows.commands.reported_errors import one_line_console
-
-            start_local_api()  # under a lock in PREFECT_HOME: concurrent first runs set its database up once
-            with one_line_console():  # the error line below, not Prefect's traceback of it
-                summary = rlhf_campaign(config=cfg.model_dump(mode="json"), resume=args.resume)
+        summary = _campaign(cfg, args.resume, lease)
     except (KeyboardInterrupt, Terminated) as exc:  # the flow recorded its crash; the run resumes from its last commit
         return stopped(exc, cfg.resolved_run_id(), resume_command(args, cfg.resolved_run_id()))
     except Exception as exc:
@@ -227,8 +219,6 @@ def _train(args: argparse.Namespace) -> int:
         if not reported_in_one_line(exc):
             raise
         return _failed(exc, resume_hint(cfg, resume_command(args, cfg.resolved_run_id())))
-    finally:
-        lease.release()
     try:
         with sigterm_unwinds():  # a stop now ends in one line; the summary is whole or absent
             _write_outputs(summary, out, summary_path)
@@ -237,6 +227,25 @@ def _train(args: argparse.Namespace) -> int:
     _print_summary(summary, summary_path)
     print_continue(args, cfg, summary.get("stopped_reason"), summary)
     return 0
+
+
+def _campaign(cfg: CampaignConfig, resume: bool, lease: Any) -> dict[str, Any]:
+    """The campaign flow's summary, run holding ``lease`` (``_preflight``'s), which is released
+    before this returns or raises, on SIGTERM and Ctrl-C too: a warning of the release (a store
+    that would not delete it) is printed before the line that ends the command, never after
+    the error it would hide."""
+    try:
+        # the flow skips the checks _preflight made
+        with sigterm_unwinds(), checked(cfg):
+            from flows.campaign.run import rlhf_campaign
+            from flows.commands.local_api import start_local_api
+            from flows.commands.reported_errors import one_line_console
+
+            start_local_api()  # under a lock in PREFECT_HOME: concurrent first runs set its database up once
+            with one_line_console():  # the error line the caller prints, not Prefect's traceback of it
+                return rlhf_campaign(config=cfg.model_dump(mode="json"), resume=resume)
+    finally:
+        lease.release()
 
 
 def _write_outputs(summary: dict[str, Any], out: Path, summary_path: Path) -> None:
