@@ -64,7 +64,8 @@ class ScalingConfig(_Section):
     """Seconds an OpenWhisk actor beyond the warm ones takes to start; the planner prices it.
     The local pool starts its workers with it and the in-process invoker has no containers, so
     none pays one there (on the pool an actor beyond ``invoker.num_workers`` queues for a worker
-    instead, which the planner times)."""
+    instead, which the planner times). With ``generation.engine: vllm`` the planner adds an
+    engine start for an action beyond the workers holding an engine (docs/vllm.md)."""
     profile: HomePath | None = None
     """TPOT profile JSON (``rlhfless profile``); None: measured by the pool at campaign start,
     or reused from the store's cache for the same model, dtype, device, engine and threads

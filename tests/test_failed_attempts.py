@@ -151,7 +151,7 @@ def test_a_stalled_attempt_is_work_of_its_phase_not_overhead():
                           timing={"prefill": 0.0, "generate": 0.5, "score": 0.0, "train": 16.5, "step": 17.2})
     plan = SimpleNamespace(num_actors=1, predicted_time_s=0.5, planning_ms=1.0)
     phase = SimpleNamespace(plan=plan, predicted_prefill_s=0.0, activation_s=0.1, predicted={}, prefill=None,
-                            calibration=SimpleNamespace(prefill_fixed_s=0.0, decode_scale=1.0))
+                            calibration=SimpleNamespace(prefill_fixed_s=0.0, decode_scale=1.0), engine_start_s=0.0)
     m = step_metrics(out, phase, price=0.0, gpus_per_actor=1, timing_plan=0.1)
     assert m["timing_s/work"] == pytest.approx(0.5 + 15.0 + 1.0 + 0.1)
     # left to overhead: the 0.2 s before the first attempt and the 0.5 s retry delay, the flow's own

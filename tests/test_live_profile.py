@@ -460,8 +460,10 @@ def test_the_hook_runs_the_prefill_action_only_where_it_pays(tiny_config, tmp_pa
 def test_the_vllm_engine_plans_no_prefill_action_nor_its_savings(tiny_config, tmp_path):
     """vLLM cannot import the prefill action's KV bundle (its prefix cache deduplicates inside
     the engine), so whatever ``prefill_action`` says the plan has no prefill action, times none
-    and moves no prefix KV: it is timed as the torch engine's plan without one."""
+    and moves no prefix KV: it is timed as the torch engine's plan without one (once its pool's
+    engines are built: ``flows/planning/engine_starts.py``)."""
     from actions.store import LocalStore
+    from flows.planning.calibration import Calibration
     from flows.planning.lengths import LengthHistory
     from flows.step import phase as hooks
     from flows.step.context import RunContext
@@ -482,7 +484,8 @@ def test_the_vllm_engine_plans_no_prefill_action_nor_its_savings(tiny_config, tm
         rules = hooks.planner_rules(vllm, 2)
         assert (rules.prefill_capacity, rules.prefill_action) == (None, "never")
         assert not rules.settings.cluster.prefill_action and rules.settings.cluster.kv_bytes_per_token == 0.0
-        planned = hooks.plan_generation_phase(vllm, LengthHistory(), tokens, sorted(tokens), 2)
+        planned = hooks.plan_generation_phase(vllm, LengthHistory(), tokens, sorted(tokens), 2,
+                                              calibration=Calibration(max_fan_out=2))  # both engines built
         assert planned.prefill is None and planned.predicted_prefill_s == 0.0
         torch_without = hooks.plan_generation_phase(ctx("generation.prefill_action=never"), LengthHistory(),
                                                     tokens, sorted(tokens), 2)

@@ -51,7 +51,15 @@ start at a fan-out the campaign tried once made that fan-out 46x slower for the 
 start costs, not what a decode step does. A start longer than the whole phase cannot have been
 in it: a pre-warm made it before, and the worker reported it with its next result (on the
 default campaign, the torch slot models' 4-5 s builds before the first steps' 0.2 s phases),
-so that phase still gives its reading.
+so that phase still gives its reading. Nor does a phase whose plan timed an engine start over
+``START_SHARE`` of its prediction (``PhaseObservation.predicted_engine_start_s``, the vLLM
+engine's, ``flows/planning/engine_starts.py``): a start priced and not made (an engine built
+where the plan did not know of one) would read as a decoding many times faster than it is.
+
+* **Engine starts** (``flows/planning/engine_starts.py``): ``Calibration.engine_start_s``, the
+  median of the longest start of each of the last ``window`` phases that reported one, however
+  far back (a pre-warm's start riding on the phase's first result counts: it is a start all
+  the same); ``Calibration.max_fan_out``, the widest fan-out a phase ran, however far back.
 
 :func:`calibrate` takes each one's median over the last ``window`` steps, so one cold or
 disturbed step does not move it. Pure: no I/O, no clock.
@@ -96,6 +104,12 @@ class Calibration:
     by_actors: tuple[tuple[int, float], ...] = ()
     """(N, decode scale) learned from the steps that ran N generation actions; N not listed:
     ``decode_scale``."""
+    engine_start_s: float | None = None
+    """Seconds a generation action spends starting its engine (module docstring), whatever the
+    engine (only the vLLM engine's plans read it); None: no phase reported a start."""
+    max_fan_out: int = 0
+    """The most generation actions one phase ran (0: no phase observed): on the vLLM engine, the
+    workers known to hold an engine (``flows/planning/engine_starts.py``)."""
 
     def for_actors(self, n: int) -> "Calibration":
         """These corrections with the decode scale learned at fan-out ``n`` (if any)."""
@@ -110,8 +124,8 @@ def calibrate(steps: Sequence[PhaseObservation], window: int = WINDOW) -> Calibr
     """The corrections the last ``window`` steps imply (module docstring).
 
     ``steps``: each step's phase, planned and measured, oldest first. The prefill's fixed cost
-    is the median over the last ``window`` steps that ran a prefill action, however old. No
-    such step: no correction.
+    is the median over the last ``window`` steps that ran a prefill action, however old, and the
+    engine start over the last ``window`` that reported one. No such step: no correction.
     """
     first = len(steps) - window
     implied = [(i, m.num_actors, s) for i, m in enumerate(steps)
@@ -128,14 +142,17 @@ def calibrate(steps: Sequence[PhaseObservation], window: int = WINDOW) -> Calibr
     # stopped running it (generation.prefill_action auto) keeps the cost that made it stop.
     ran = [m for m in steps if m.ran_prefill]
     prefills = [m.prefill_fixed_s + m.prefill_s - m.predicted_prefill_s for m in ran[-window:]]
+    starts = [m.engine_start_s for m in steps if m.engine_start_s > 0][-window:]
     return Calibration(decode_scale=statistics.median(scales) if scales else 1.0,
                        prefill_fixed_s=max(0.0, statistics.median(prefills)) if prefills else 0.0,
-                       by_actors=by_actors)
+                       by_actors=by_actors, engine_start_s=statistics.median(starts) if starts else None,
+                       max_fan_out=max((m.num_actors for m in steps), default=0))
 
 
 def calibration_memory(steps: Sequence[PhaseObservation], window: int = WINDOW) -> list[PhaseObservation]:
     """The steps :func:`calibrate` reads, oldest first: the last ``window``, the last ``window``
-    giving a reading at each fan-out, and the last ``window`` that ran a prefill action, so that
+    giving a reading at each fan-out, the last ``window`` that ran a prefill action, the last
+    ``window`` that reported an engine start and one at the widest fan-out, so that
     ``calibrate(calibration_memory(s)) == calibrate(s)`` and the memory a campaign commits with
     every step stays bounded (a few fan-outs times ``window``) however long it runs."""
     keep = set(range(max(0, len(steps) - window), len(steps)))
@@ -146,6 +163,10 @@ def calibration_memory(steps: Sequence[PhaseObservation], window: int = WINDOW) 
     for indices in by_n.values():
         keep.update(indices[-window:])
     keep.update([i for i, m in enumerate(steps) if m.ran_prefill][-window:])
+    keep.update([i for i, m in enumerate(steps) if m.engine_start_s > 0][-window:])
+    widest = max((m.num_actors for m in steps), default=0)
+    if not any(steps[i].num_actors == widest for i in keep):  # one is enough: calibrate reads their max
+        keep.add(max(i for i, m in enumerate(steps) if m.num_actors == widest))
     return [steps[i] for i in sorted(keep)]
 
 
@@ -155,7 +176,8 @@ def _implied_scale(m: PhaseObservation) -> float | None:
     a = m.activation_s
     predicted, measured = m.predicted_generate_s - a, m.generate_s - a
     # a start longer than the phase was a pre-warm's, before it (reported with the next result)
-    if not (predicted > 0 and measured > 0) or START_SHARE * measured < m.engine_start_s <= m.generate_s:
+    if (not (predicted > 0 and measured > 0) or START_SHARE * measured < m.engine_start_s <= m.generate_s
+            or START_SHARE * predicted < m.predicted_engine_start_s):
         return None
     ratio = measured / predicted
     hindsight = None if m.hindsight_generate_s is None else m.hindsight_generate_s - a

@@ -19,9 +19,11 @@ class ClusterSpec:
     price_per_gpu_second: float = 1.0
     """rho; 1.0 makes cost_usd equal GPU-seconds (the paper's proxy)."""
     cold_start_s: float = 0.0
-    """Start-up of an actor that is not pre-warmed (container + engine + weight load)."""
+    """Start-up of an actor that is not pre-warmed (container + engine + weight load); live, on
+    the vLLM engine, the engine start learned from the steps (``flows/planning/engine_starts.py``)."""
     num_warm_actors: int = 1
-    """Pre-warmed actors (actor 0, co-located with the learner, is always warm)."""
+    """Pre-warmed actors (actor 0, co-located with the learner, is always warm); live, on the
+    vLLM engine, the workers known to hold an engine."""
     weight_bytes: float = 0.0
     """Bytes of policy weights sent to every remote actor each step."""
     kv_bytes_per_token: float = 0.0
@@ -52,7 +54,7 @@ class ClusterSpec:
     ``prefill_gpus // gpus_per_actor``; 1 is the paper's actor 0."""
     max_concurrent_actors: int = 0
     """Decode actors that run at once; 0: all of them (OpenWhisk starts a container for each).
-    The local pool has this many workers and no cold start: an actor beyond them waits in the
+    The local pool has this many workers and no container start: an actor beyond them waits in the
     queue for the first to finish and is billed from when it starts
     (``timeline.evaluate_candidate``)."""
 

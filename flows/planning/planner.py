@@ -3,7 +3,8 @@ step (paper §3.3-3.7).
 
 ``plan(inputs) -> PhasePlan`` predicts every prompt's response length from the length history,
 picks the dedup prefix and whether a prefill action pays, corrects the engine profile (the
-measured speculation speed-up, the calibration learned from past steps), gives the scaling
+measured speculation speed-up, the calibration learned from past steps), prices the vLLM
+engine's starts beyond the engines built (``flows/planning/engine_starts.py``), gives the scaling
 strategy the predictor's measured error for its robust tail, and asks it for the fan-out and
 the prompt -> action assignment (``scaling.plan_generation``); then the cut points
 (``migrate.plan_cut_points_of``, at the strategy's cut threshold) and the pre-warm time
@@ -29,6 +30,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from flows.planning.calibration import Calibration, calibrate, calibration_memory
+from flows.planning.engine_starts import EngineStarts
 from flows.planning.hindsight import PhaseModel, hindsight_generate_s
 from flows.planning.lengths import LengthHistory, predict_lengths
 from flows.planning.migrate import plan_cut_points_of
@@ -67,6 +69,9 @@ class PhasePlan:
     """The corrections the plan was timed with (recorded per step, learned from them)."""
     activation_s: float = 0.0
     """The per-activation fixed cost the plan was timed with."""
+    engine_start_s: float = 0.0
+    """The engine start the plan timed on its actions beyond the workers holding an engine
+    (``flows/planning/engine_starts.py``); 0: it timed none."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +128,10 @@ class PlannerRules:
     tail_error_steps: int = 0
     """Steps of measured prediction error given to the strategy's robust tail; 0: none."""
     tail_quantile: float = 0.5
+    engine_starts: EngineStarts | None = None
+    """How an action beyond the workers holding a vLLM engine pays its start, from what the
+    calibration learned (``flows/planning/engine_starts.py``); None: no start is priced (the
+    torch engine, the in-process invoker, the simulator), the cluster as configured."""
 
 
 class PlannerState(BaseModel):
@@ -179,6 +188,8 @@ class Planner:
             base = speculative_profile(base, self._memory.spec_speedup)
         profile = calibration.profile(base) if r.calibrated or calibration != Calibration() else base
         cluster = replace(r.settings.cluster, prefill_fixed_s=calibration.prefill_fixed_s)
+        if r.engine_starts is not None:
+            cluster = r.engine_starts.cluster(cluster, calibration)
         prefill, cluster = self._prefill(inputs, group_size, profile, cluster)
         # the prefill action computes the unique prefixes; each generation action then the
         # suffixes of its own prompts, so the suffixes are timed on the actions, split as they are
@@ -204,7 +215,8 @@ class Planner:
                                     lead_s=prewarm_lead(self._memory.prewarm_s, r.prewarm_floor_s))
         phase = PhasePlan(plan, prefill, predicted, cut_after, offset,
                           predicted_prefill_s=prefill_seconds(prefill_tokens, profile, cluster),
-                          calibration=calibration, activation_s=cluster.activation_s)
+                          calibration=calibration, activation_s=cluster.activation_s,
+                          engine_start_s=r.engine_starts.priced_s(plan.num_actors, cluster) if r.engine_starts else 0.0)
         self._last = (inputs, phase, PhaseModel(profile, cluster, group_size, inputs.prompt_lengths,
                                                 float(prefill_tokens), own))
         return phase

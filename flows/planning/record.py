@@ -42,6 +42,9 @@ class PhaseObservation:
     """Measured: the longest engine start one of the phase's generation actions reported (a
     vLLM engine built, the torch slot's model loaded), which the plan did not time; a start a
     pre-warm made before the phase rides on the worker's next result and is counted here too."""
+    predicted_engine_start_s: float = 0.0
+    """The engine start the plan timed on its actions beyond the workers holding an engine
+    (``PhasePlan.engine_start_s``, ``flows/planning/engine_starts.py``); 0: it timed none."""
 
     @classmethod
     def from_metrics(cls, m: Mapping[str, float]) -> PhaseObservation | None:
@@ -55,7 +58,8 @@ class PhaseObservation:
                    predicted_prefill_s=m["plan/predicted_prefill_s"], activation_s=m.get("plan/activation_s", 0.0),
                    decode_scale=m["plan/decode_scale"], prefill_fixed_s=m.get("plan/prefill_fixed_s", 0.0),
                    hindsight_generate_s=m.get("plan/hindsight_generate_s"),
-                   engine_start_s=m.get("engine/start_s_max", 0.0))
+                   engine_start_s=m.get("engine/start_s_max", 0.0),
+                   predicted_engine_start_s=m.get("plan/engine_start_s", 0.0))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -180,6 +180,7 @@ def step_metrics(out: StepOutcome, phase: PhasePlan, price: float, gpus_per_acto
         "plan/activation_s": phase.activation_s,
         "plan/prefill_fixed_s": phase.calibration.prefill_fixed_s,
         "plan/decode_scale": phase.calibration.decode_scale,
+        "plan/engine_start_s": phase.engine_start_s,  # the vLLM engine start timed past the built engines
         "lengths/rank_correlation": rank_correlation([phase.predicted[p] for p in ids], [observed[p] for p in ids])
         if len(ids) > 1 else 0.0,
         "prefill/unique_prefixes": float(phase.prefill.num_unique_prefixes if phase.prefill else 0),
@@ -313,7 +314,7 @@ def step_record(out: StepOutcome, phase: PhasePlan, *, step: int, epoch: int, me
         predicted_generate_s=phase.plan.predicted_time_s - phase.predicted_prefill_s,
         predicted_prefill_s=phase.predicted_prefill_s, activation_s=phase.activation_s,
         decode_scale=phase.calibration.decode_scale, prefill_fixed_s=phase.calibration.prefill_fixed_s,
-        engine_start_s=metrics.get("engine/start_s_max", 0.0))
+        engine_start_s=metrics.get("engine/start_s_max", 0.0), predicted_engine_start_s=phase.engine_start_s)
     return StepRecord(step=step, epoch=epoch, lengths=finished_lengths(out), phase=observed,
                       timing_s={k[len(TIMING):]: v for k, v in metrics.items() if k.startswith(TIMING)},
                       billed_s=billed, call_offsets=dict(out.call_offsets), spec=tuple(g.spec for g in out.generate),

@@ -16,6 +16,7 @@ from actions.contracts import PromptTokens
 from flows.invokers.cores import pool_cores
 from flows.invokers.openwhisk.invoker import PREWARM_HOLD_S
 from flows.planning.calibration import Calibration
+from flows.planning.engine_starts import EngineStarts
 from flows.planning.lengths import LengthHistory
 from flows.planning.plan import ClusterSpec
 from flows.planning.planner import PhaseInputs, PhasePlan, Planner, PlannerRules, PlannerState
@@ -26,8 +27,8 @@ from flows.step.context import RunContext
 if TYPE_CHECKING:
     from actions.config.workload import GenerationConfig
 
-__all__ = ["PhasePlan", "build_planner", "cluster_spec", "load_profile", "phase_inputs", "plan_generation_phase",
-           "planner_rules", "planner_settings", "runs_prefill_action"]
+__all__ = ["PhasePlan", "build_planner", "cluster_spec", "engine_starts", "load_profile", "phase_inputs",
+           "plan_generation_phase", "planner_rules", "planner_settings", "runs_prefill_action"]
 
 
 def load_profile(ctx: RunContext) -> TpotProfile:
@@ -47,7 +48,9 @@ def cluster_spec(ctx: RunContext, num_workers: int, calibration: Calibration = C
     profile was measured with) decodes at the measured speed, so that is the capacity (more
     would share cores the profile measured alone). Without ``dedup_prefill``, and on the vLLM
     engine, no prefill action runs (``runs_prefill_action``): the cluster has none, so no
-    prefill time is planned and no prefix KV travels."""
+    prefill time is planned and no prefix KV travels. On the vLLM engine an action beyond the
+    workers known to hold an engine pays an engine start (``engine_starts``), as ``calibration``
+    learned it."""
     s, live = ctx.config.scaling, ctx.live
     capacity = max(1, num_workers)
     transfer: dict[str, float] = {}
@@ -62,14 +65,29 @@ def cluster_spec(ctx: RunContext, num_workers: int, calibration: Calibration = C
         transfer["kv_bytes_per_token"] = 0.0
     # no container starts mid-phase on this machine: the local pool's workers start with it (an
     # actor beyond them, a fixed fan-out above invoker.num_workers, queues for one instead) and
-    # the in-process invoker runs each action as a call in a thread of its own
+    # the in-process invoker runs each action as a call in a thread of its own; a vLLM engine
+    # may still have to start in the worker (engine_starts)
     kind = ctx.config.invoker.kind
-    return ClusterSpec(gpus_per_actor=s.gpus_per_actor, max_actors=capacity,
+    spec = ClusterSpec(gpus_per_actor=s.gpus_per_actor, max_actors=capacity,
                        price_per_gpu_second=ctx.config.price_per_gpu_second,
                        cold_start_s=s.cold_start_s if kind == "openwhisk" else 0.0,
                        num_warm_actors=max(1, num_workers),
                        max_concurrent_actors=max(1, num_workers) if kind == "local" else 0,
                        prefill_action=prefill_action, **transfer)
+    starts = engine_starts(ctx, num_workers)
+    return spec if starts is None else starts.cluster(spec, calibration)
+
+
+def engine_starts(ctx: RunContext, num_workers: int) -> EngineStarts | None:
+    """How the planner prices the vLLM engine's starts (``flows/planning/engine_starts.py``):
+    on the ``num_workers`` workers of the local pool or OpenWhisk, whose new container pays its
+    own start (``scaling.cold_start_s``) first. None, no start priced: the torch engine, and the
+    in-process invoker, whose actions share the flow process's one engine."""
+    kind = ctx.config.invoker.kind
+    if ctx.config.generation.engine != "vllm" or kind == "inprocess":
+        return None
+    return EngineStarts(workers=max(1, num_workers),
+                        container_s=ctx.config.scaling.cold_start_s if kind == "openwhisk" else 0.0)
 
 
 def runs_prefill_action(generation: GenerationConfig) -> bool:
@@ -109,7 +127,8 @@ def planner_rules(ctx: RunContext, num_workers: int) -> PlannerRules:
                         calibrated=ctx.live is not None,
                         prewarm_buffer_s=s.prewarm_buffer_s if s.prewarm else None,
                         prewarm_floor_s=PREWARM_HOLD_S if cfg.invoker.kind == "openwhisk" else 0.0,
-                        tail_error_steps=s.tail_error_steps, tail_quantile=s.tail_quantile)
+                        tail_error_steps=s.tail_error_steps, tail_quantile=s.tail_quantile,
+                        engine_starts=engine_starts(ctx, num_workers))
 
 
 def build_planner(ctx: RunContext, num_workers: int, state: PlannerState | None = None) -> Planner:
