@@ -155,10 +155,63 @@ def test_the_prompt_id_column_is_the_id_wherever_a_row_has_it_and_then_every_row
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    (tmp_path / "shards").mkdir()  # a later shard without the column reads as null there
+    (tmp_path / "shards").mkdir()  # a later shard's null in the column
     pq.write_table(pa.Table.from_pylist([{"prompt": "a", "answer": "1", "prompt_id": 1}]),
                    tmp_path / "shards" / "part-0.parquet")
-    pq.write_table(pa.Table.from_pylist([{"prompt": "b", "answer": "1"}]), tmp_path / "shards" / "part-1.parquet")
+    pq.write_table(pa.table({"prompt": ["b"], "answer": ["1"], "prompt_id": pa.array([None], pa.int64())}),
+                   tmp_path / "shards" / "part-1.parquet")
     with pytest.raises(ValueError, match=r"^d: part-1.parquet row 1: key 'prompt_id' is null, but part-0.parquet row 1 "
                                          r"has one"):
         to_rows(read_records(str(tmp_path / "shards"), field="data.train_path"), FieldMap(), source="d")
+
+
+def test_rows_of_one_prompt_and_answer_with_other_columns_are_kept_with_their_own_ids():
+    """A row is dropped as a duplicate only when every column equals an earlier row's: a
+    ``difficulty`` a reward function reads makes it a row of its own, whose id is a hash over
+    its columns too; the first keeps the id of its prompt and answer, as before."""
+    def row(difficulty: str, answer: object = 1) -> dict:
+        return {"prompt": "What is 1?", "answer": answer, "difficulty": difficulty}
+
+    records = [(1, row("easy")), (2, row("hard")), (3, row("hard")), (4, row("easy")), (5, row("easy", "1")),
+               (6, {"prompt": "other", "answer": 2})]
+    rows, stats = to_rows(records, FieldMap(), source="x")
+    assert [(r.line, r.columns.get("difficulty")) for r in rows] == [(1, "easy"), (2, "hard"), (5, "easy"), (6, None)]
+    assert stats.duplicates_dropped == 2  # rows 3 and 4: every column as an earlier row's
+    assert rows[0].prompt_id == content_id("What is 1?", "1") and rows[3].prompt_id == content_id("other", "2")
+    assert rows[1].prompt_id == content_id("What is 1?", "1", {"answer": 1, "difficulty": "hard"})
+    assert len({r.prompt_id for r in rows}) == 4  # "1" is not 1 to a reward function: a row of its own
+    again, _ = to_rows(records, FieldMap(), source="x")
+    assert [r.prompt_id for r in again] == [r.prompt_id for r in rows]  # the same file, the same ids
+
+
+def test_a_prompt_longer_than_the_context_alone_is_not_told_to_lower_max_new_tokens(tmp_path):
+    """Fewer ``generation.max_new_tokens`` cannot make room for a prompt that fills the model's
+    context by itself: the error names the context and the fixes that do help."""
+    from actions.models.modeling import build_char_tokenizer
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 512}))
+    data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "x" * n, "answer": "1"} for n in (2041, 505, 3)])
+    base = [f"data.train_path={data}", f"model.path={model}", "generation.max_new_tokens=10",
+            "data.chat_template=false"]
+
+    def build(*more: str) -> None:
+        build_datasets(load_config(None, base + list(more)), build_char_tokenizer, model_name="tiny")
+
+    with pytest.raises(ValueError, match=r"^data.train_path .*d.jsonl:1 \(prompt_id \d+\) has 2041 prompt tokens, "
+                                         r"above 502 \(data.max_prompt_tokens unset: the model's context less "
+                                         r"generation.max_new_tokens\); the prompt alone leaves no room for a "
+                                         r"response in the model's context of 512 \(config.json of model.path .*\), "
+                                         r"whatever generation.max_new_tokens is: shorten it, or set "
+                                         r"data.long_prompts to truncate_left \(keep its end\) or skip$") as caught:
+        build()
+    assert "lower generation.max_new_tokens" not in str(caught.value)
+    with pytest.raises(ValueError, match=r"has 2041 prompt tokens, above data.max_prompt_tokens=400; the prompt alone "
+                                         r"leaves no room"):
+        build("data.max_prompt_tokens=400")
+    # a prompt that fits the context alone: fewer new tokens do make room
+    (tmp_path / "d.jsonl").write_text(json.dumps({"prompt": "x" * 505, "answer": "1"}) + "\n")
+    with pytest.raises(ValueError, match=r"has 505 prompt tokens, above 502 \(.*\); lower generation.max_new_tokens, "
+                                         r"or set data.long_prompts to truncate_left or skip$"):
+        build()

@@ -159,7 +159,8 @@ def _split_files(root: Path, folder: str | None, which: str, field: str, value: 
 
 def _shard_folder(shards: list[Path]) -> Path:
     """A folder holding only ``shards`` (links to them): the snapshot's folder may hold other
-    splits beside them, and a folder of Parquet files is read whole."""
+    splits beside them, and a folder of one split's Parquet files reads as that split
+    (``actions/tasks/sources.py``)."""
     import hashlib
     import tempfile
 

@@ -19,7 +19,7 @@ from actions.tasks import get_task
 from actions.tasks.chat import format_rows, uses_template
 from actions.tasks.dataset import PromptRow
 from actions.tasks.fields import FieldMap, to_rows
-from actions.tasks.input_limits import check_prompt_room, prompt_token_limit
+from actions.tasks.input_limits import check_prompt_room, prompt_token_limit, sequence_limit
 from actions.tasks.prompt_length import limit_prompt_length
 from actions.tasks.rewards import check_reward_functions
 from actions.tasks.rewards.trainer_state import make_trainer_state
@@ -99,7 +99,7 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
                 source=source,
                 limit_text=None if d.max_prompt_tokens else
                 f"{max_tokens} (data.max_prompt_tokens unset: the model's context less generation.max_new_tokens)",
-                fix="raise it" if d.max_prompt_tokens else "lower generation.max_new_tokens")
+                fix="raise it" if d.max_prompt_tokens else "lower generation.max_new_tokens", alone=_alone(cfg))
             stats[which].update(asdict(length))
         elif not d.train_path:  # a generated task: no limit, but the response must still fit the context
             check_prompt_room(cfg, rows, encode, source, one_token_per_char=not cfg.model.path,
@@ -124,6 +124,18 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
     sources = [(split_source(d, which), split_rows[which]) for which in ("train", "eval")]
     check_reward_functions(cfg.reward_functions(), train, trainer_state=state, encode=encode, sources=sources)
     return Datasets(train=train, evals=evals, summary=stats | {"chat_template": template, "evaluation": evaluation})
+
+
+def _alone(cfg: WorkloadConfig) -> tuple[int, str] | None:
+    """(the context in tokens, the fixes for a prompt that fills it alone), for
+    ``limit_prompt_length``: neither a higher limit nor fewer ``generation.max_new_tokens`` make
+    room for its response. None where the context is unknown."""
+    context, what, key = sequence_limit(cfg)
+    if context is None:
+        return None
+    return context, (f"the prompt alone leaves no room for a response in {what}, whatever generation.max_new_tokens "
+                     "is: shorten it, " + (f"raise {key}, " if key else "")
+                     + "or set data.long_prompts to truncate_left (keep its end) or skip")
 
 
 def split_source(d: Any, which: str) -> str:

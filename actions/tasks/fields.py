@@ -12,12 +12,14 @@ reference answer (``answer_key`` None, or its column absent, null, an empty or b
 of another type in the row: ``answer`` "", ``has_answer`` false) unless something reads it (``FieldMap.answer_need``);
 then each such row is an error naming what reads it.
 ``id_key`` (optional) holds an int, or a string that is hashed to one; without it a
-``prompt_id`` column is used when any row has a value there (null is none, as a Parquet shard
-without the column reads), and then every row must; else the id is a hash of the row's prompt
-and answer, so the same row gets the same id in every run.
+``prompt_id`` column is used when any row has a value there (null is none), and then every row
+must; else the id is a hash of the row's prompt and answer, so the same row gets the same id in
+every run. A row whose prompt and answer an earlier row has, but not all its other columns
+(a ``difficulty`` a reward function reads), is a row of its own: its id is a hash over its
+columns too (:func:`content_id`), the same in every run of the same file.
 Every column but the prompt, the id column included, is kept for the reward functions.
 
-Rows whose prompt and answer are identical to an earlier row's are dropped (counted); two
+Without an id column, a row equal to an earlier row in every column is dropped (counted); two
 different rows with one id are an error. Errors name the file, the row, the key and the fix
 (for a folder of several Parquet files, the file of the folder and the row in it).
 """
@@ -58,13 +60,18 @@ class MappingStats:
     duplicates_dropped: int = 0
 
 
-def content_id(prompt: Any, answer: str) -> int:
-    """A stable id for a row without one: the first 48 bits of sha256 over prompt and answer.
+def content_id(prompt: Any, answer: str, columns: dict[str, Any] | None = None) -> int:
+    """A stable id for a row without one: the first 48 bits of sha256 over prompt and answer,
+    and over ``columns`` (every column but the prompt, as JSON holds them) where given: the id
+    of a row whose prompt and answer an earlier row has, with other columns.
 
     >>> content_id("2+2?", "4") == content_id("2+2?", "4"), content_id("2+2?", "4") < 2**48
     (True, True)
+    >>> content_id("2+2?", "4", {"level": 1}) != content_id("2+2?", "4", {"level": 2})
+    True
     """
-    digest = hashlib.sha256(json.dumps([prompt, answer], sort_keys=True).encode()).digest()
+    parts = [prompt, answer] if columns is None else [prompt, answer, columns]
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).digest()
     return int.from_bytes(digest[:8], "big") >> (64 - ID_BITS)
 
 
@@ -85,21 +92,24 @@ def to_rows(records: Sequence[Record], fields: FieldMap, *, source: str) -> tupl
     picked = fields.id_key is None and _check_id_column(records, source, place)  # the id column chosen for the user
     id_key = fields.id_key or ("prompt_id" if picked else None)
     rows: list[PromptRow] = []
-    seen: dict[int, tuple[str, Any, str]] = {}
+    seen: dict[int, tuple[str, Any, str, dict[str, Any]]] = {}  # id: (where, prompt, answer, the row)
     for number, rec in records:
         line, file = place(number)
         where = record_where(source, line, file)
         prompt = _prompt(rec, fields.prompt_key, where)
         value = _reference(rec, fields, where)
         answer = "" if value is None else value if isinstance(value, str) else str(value)
-        pid = _row_id(rec, id_key, picked, where) if id_key else content_id(prompt, answer)
-        if pid in seen:
-            first, p0, a0 = seen[pid]
-            if id_key is None and (p0, a0) == (prompt, answer):
+        if id_key:
+            pid = _row_id(rec, id_key, picked, where)
+        else:
+            pid, repeated = _content_row_id(prompt, answer, rec, fields.prompt_key, seen)
+            if repeated:
                 stats.duplicates_dropped += 1
                 continue
-            raise ValueError(_repeated_id(where, first, id_key, rec.get(id_key, pid) if id_key else pid, picked))
-        seen[pid] = (f"{file} row {line}" if file else f"row {line}", prompt, answer)
+        if pid in seen:
+            raise ValueError(_repeated_id(where, seen[pid][0], id_key, rec.get(id_key, pid) if id_key else pid,
+                                          picked))
+        seen[pid] = (f"{file} row {line}" if file else f"row {line}", prompt, answer, rec)
         # a reference under `answer` is held by answer/source_answer; anything else there is a column of its own
         skip = (fields.prompt_key, "answer") if fields.answer_key == "answer" and value is not None \
             else (fields.prompt_key,)
@@ -108,6 +118,35 @@ def to_rows(records: Sequence[Record], fields: FieldMap, *, source: str) -> tupl
                               source_answer=None if value is None or isinstance(value, str) else value,
                               columns={k: _jsonable(v) for k, v in rec.items() if k not in skip}))
     return rows, stats
+
+
+def _content_row_id(prompt: Any, answer: str, rec: dict[str, Any], prompt_key: str,
+                    seen: dict[int, tuple[str, Any, str, dict[str, Any]]]) -> tuple[int, bool]:
+    """(the id of a row without an id column, whether it repeats an earlier row in every column).
+    The id is :func:`content_id` of its prompt and answer, as ever; where an earlier row has
+    them with other columns, the hash over its columns too (the earlier row keeps its id). An
+    id held by an earlier row of another prompt or answer is returned as it is: the caller
+    refuses it."""
+    pid = content_id(prompt, answer)
+    for _ in range(2):  # the prompt and answer's id, then the columns'
+        if pid not in seen or seen[pid][1:3] != (prompt, answer):
+            return pid, False
+        columns = _row_columns(rec, prompt_key)
+        if _canonical(_row_columns(seen[pid][3], prompt_key)) == _canonical(columns):
+            return pid, True
+        pid = content_id(prompt, answer, columns)
+    return pid, False
+
+
+def _row_columns(rec: dict[str, Any], prompt_key: str) -> dict[str, Any]:
+    """Every column of ``rec`` but the prompt, as JSON holds them."""
+    return {k: _jsonable(v) for k, v in rec.items() if k != prompt_key}
+
+
+def _canonical(columns: dict[str, Any]) -> str:
+    """``columns`` as :func:`content_id` hashes them: 1 and 1.0, "1" and 1 differ, as the reward
+    functions get them, and a NaN equals a NaN."""
+    return json.dumps(columns, sort_keys=True)
 
 
 def _repeated_id(where: str, first: str, id_key: str | None, value: Any, picked: bool) -> str:
@@ -126,8 +165,8 @@ def _check_id_column(records: Sequence[Record], source: str, place: Callable[[in
                      ) -> bool:
     """Whether the ``prompt_id`` column is the id (``data.id_key`` unset): when any row has a
     value there, whichever row it is, and then every row must have one (ValueError naming the
-    first that has none, and the first that has one). A null is none: a Parquet shard without the
-    column reads as null there, as a JSON Lines row may write null or leave the key out."""
+    first that has none, and the first that has one). A null is none, as a JSON Lines row may
+    write null or leave the key out."""
     having = next((n for n, rec in records if rec.get("prompt_id") is not None), None)
     if having is None:
         return False

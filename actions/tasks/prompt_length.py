@@ -29,8 +29,8 @@ class LengthStats:
 def limit_prompt_length(rows: Sequence[PromptRow], *, encode: Callable[[str], Sequence[int]],
                         decode: Callable[[Sequence[int]], str], max_tokens: int, policy: LongPromptPolicy,
                         source: str, limit_text: str | None = None, fix: str = "raise it", num_special: int = 0,
-                        encode_many: Callable[[list[str]], Sequence[Sequence[int]]] | None = None
-                        ) -> tuple[list[PromptRow], LengthStats]:
+                        encode_many: Callable[[list[str]], Sequence[Sequence[int]]] | None = None,
+                        alone: tuple[int, str] | None = None) -> tuple[list[PromptRow], LengthStats]:
     """Apply ``policy`` to every row whose encoded prompt exceeds ``max_tokens``.
 
     ``encode`` gives a text's tokens alone; a row encoded with the tokenizer's special tokens
@@ -39,8 +39,11 @@ def limit_prompt_length(rows: Sequence[PromptRow], *, encode: Callable[[str], Se
     A truncated prompt is decoded back to text and re-encoded: where that changes the token
     boundary, one more token is dropped until it fits (text is what the store keeps).
     ``limit_text`` names the limit in the error (default ``data.max_prompt_tokens=N``), ``fix``
-    how to lift it. ``encode_many``: ``encode`` of a list of texts at once (a fast tokenizer's
-    batch call, many times quicker on a large dataset), used on chunks of ``CHUNK`` rows.
+    how to lift it. ``alone``: (the context in tokens, the error's fixes for a prompt at least
+    that long): such a prompt leaves no room for a response whatever the limit or
+    ``generation.max_new_tokens`` is, so ``fix`` cannot help it. ``encode_many``: ``encode`` of a
+    list of texts at once (a fast tokenizer's batch call, many times quicker on a large
+    dataset), used on chunks of ``CHUNK`` rows.
     """
     stats = LengthStats()
     out: list[PromptRow] = []
@@ -52,9 +55,10 @@ def limit_prompt_length(rows: Sequence[PromptRow], *, encode: Callable[[str], Se
             out.append(row)
             continue
         if policy == "error":
+            lift = alone[1] if alone and count >= alone[0] else \
+                f"{fix}, or set data.long_prompts to truncate_left or skip"
             raise ValueError(f"{row_where(source, row, number)} has {count} prompt tokens, above "
-                             f"{limit_text or f'data.max_prompt_tokens={max_tokens}'}; {fix}, or set data.long_prompts "
-                             "to truncate_left or skip")
+                             f"{limit_text or f'data.max_prompt_tokens={max_tokens}'}; {lift}")
         if policy == "skip":
             stats.skipped += 1
             continue

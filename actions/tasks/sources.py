@@ -18,7 +18,10 @@ What is read, by path:
 
 A folder whose names declare splits, none of them one the setting reads, is refused, naming
 the splits (``train_sft-*`` and ``test_sft-*``: read whole, training would hold the test rows);
-a folder of one such split alone is that split. ``data-*`` shards declare no split.
+a folder of one split alone that no setting reads (``train_sft-*``) is read whole, but one of
+``train-*`` files alone is the train split, which ``data.eval_path`` refuses (as
+``data.train_path`` refuses ``test-*`` or ``validation-*`` files alone: a single file is read
+whatever its name). ``data-*`` shards declare no split.
 Only local files are read here: the ``datasets`` library never contacts the hub
 (``HF_DATASETS_OFFLINE``; hub ids are fetched before, by ``actions/models/hub.py``),
 and Parquet is converted in a temporary cache that is removed afterwards. JSON Lines is parsed
@@ -153,12 +156,27 @@ def _folder_split(files: list[Path], which: str, where: str, field: str) -> list
         names = sorted(splits)
         suggested = _suggest(names, which)
         shards = splits[suggested]
-        example = (f"{shards[0]}, or at a folder holding only them" if len(shards) == 1 else
-                   f"a folder holding only its {len(shards)} {suggested}-*.parquet files")
+        example = _split_example(shards, suggested, which)
         raise ValueError(f"{where} holds Parquet files of splits {', '.join(names)}, none of them "
                          f"{' or '.join(SPLITS[which])}; point {field} at the files of the split to use, e.g. "
                          f"{example}")
     return splits[split]
+
+
+def _split_example(shards: list[Path], split: str, which: str) -> str:
+    """How to point ``data.<which>_path`` at the files of ``split`` alone: one file is read
+    whatever its name; a folder of several is read whole only where its one split is none that
+    a setting reads (``train_sft``), so the files of a split another setting reads (``train``
+    for ``data.eval_path``) are renamed to a split this one reads."""
+    if split not in KNOWN_SPLITS:
+        return (f"{shards[0]}, or at a folder holding only them" if len(shards) == 1 else
+                f"a folder holding only its {len(shards)} {split}-*.parquet files")
+    if len(shards) == 1:
+        return f"{shards[0]} (a file is read whatever its name)"
+    own = SPLITS[which][0]
+    return (f"a folder holding only its {len(shards)} {split}-*.parquet files renamed to {own}-*.parquet "
+            f"(a folder's {split}-* files are its {split} split, which data.{which}_path does not read), or one "
+            ".parquet file holding their rows")
 
 
 def _numbered(rows: Iterator[dict[str, Any]]) -> Iterator[Record]:
@@ -267,29 +285,79 @@ def _parquet_rows(name: str, where: str) -> int:
 
 
 def _check_shards_agree(files: list[str], where: str) -> None:
-    """Refuse Parquet shards that ``datasets`` would fail on or read wrongly: a later shard with
-    a column the first lacks (it fails), or a column holding another kind of value than in the
-    first shard (text, integers, floating-point numbers, booleans, lists, structs, ...: numbers
-    beside text are read as text and integers after floats as floats, silently; untyped nulls
-    first and values later fail). A column the first shard has and a later one lacks reads as
-    null there; floats after integers read as integers (a float that is no whole number then
-    fails, naming the value); a later shard's untyped nulls read as the first's type."""
+    """Refuse Parquet shards that ``datasets`` would fail on or read wrongly: shards whose
+    columns differ, either way (a column the first lacks fails; one a later shard lacks would
+    read as null in all its rows, which a reward function reading it cannot tell from a row
+    without a value), or a column holding another kind of value than in the first shard (text,
+    integers, floating-point numbers, booleans, lists, structs, ...: numbers beside text are
+    read as text and integers after floats as floats, silently; untyped nulls first and values
+    later fail). Floats after integers read as integers when every one is whole, and are
+    refused naming the column and both shards when one is not (``datasets`` would fail naming
+    neither); a later shard's untyped nulls read as the first's type."""
     import pyarrow.parquet as pq
 
     first = pq.read_schema(files[0])
     for name in files[1:]:
         schema = pq.read_schema(name)
         a, b = Path(files[0]).name, Path(name).name
-        extra = sorted(set(schema.names) - set(first.names))
-        if extra:
-            raise ValueError(f"{where}: {b} has columns {a} lacks ({', '.join(extra)}); write every shard with the "
-                             f"columns of the first (in name order), or drop those")
+        _check_same_columns(set(first.names), set(schema.names), a, b, where)
         for column in schema.names:
             want, got = first.field(column).type, schema.field(column).type
             if not _agrees(want, got):
                 raise ValueError(f"{where}: column {column!r} holds {_described(got)} in {b} but {_described(want)} "
                                  f"in {a}; write every shard with the same type in {column!r} (cast it before "
                                  "writing)")
+            if want != got and _holds_float_as_int(want, got):
+                _check_whole(name, column, want, got, a, where)
+
+
+def _check_same_columns(first: set[str], later: set[str], a: str, b: str, where: str) -> None:
+    """Refuse shards ``a`` (the first, columns ``first``) and ``b`` (``later``) whose columns
+    differ, naming the columns, the shard that lacks them and the one that has them."""
+    for lacking, having, names in ((b, a, sorted(first - later)), (a, b, sorted(later - first))):
+        if names:
+            listed = ", ".join(repr(n) for n in names)
+            one = len(names) == 1
+            raise ValueError(f"{where}: {lacking} has no column{'' if one else 's'} {listed}, which {having} has; "
+                             f"write every shard with the same columns: add {'it' if one else 'them'} to {lacking} "
+                             f"with its type in {having} (null where a row has no value), or drop "
+                             f"{'it' if one else 'them'} from every shard")
+
+
+def _holds_float_as_int(first: Any, later: Any) -> bool:
+    """Whether a later shard's type holds floating-point numbers where the first's holds
+    integers, at the top or inside lists and structs (the one difference ``_agrees`` allows that
+    depends on the values)."""
+    import pyarrow as pa
+
+    first, later = (t.value_type if pa.types.is_dictionary(t) else t for t in (first, later))
+    want, got = _kind(first), _kind(later)
+    if (want, got) == ("integers", "floating-point numbers"):
+        return True
+    if want == got == "lists":
+        return _holds_float_as_int(first.value_type, later.value_type)
+    if want == got == "structs":
+        fields = {f.name: f.type for f in first}
+        return any(f.name in fields and _holds_float_as_int(fields[f.name], f.type) for f in later)
+    return False
+
+
+def _check_whole(name: str, column: str, want: Any, got: Any, a: str, where: str) -> None:
+    """Refuse column ``column`` of shard ``name`` (type ``got``) when it does not cast to the
+    first shard's ``want`` without loss, as ``datasets`` casts it: a float that is not whole."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    values = pq.read_table(name, columns=[column]).column(column)
+    try:
+        values.cast(want, safe=True)
+    except pa.ArrowInvalid as exc:
+        raise ValueError(f"{where}: column {column!r} holds {_described(got)} in {Path(name).name}, not all whole "
+                         f"({_first_line(exc)}), but {_described(want)} in {a}; write every shard with the same "
+                         f"type in {column!r} (floating-point numbers in every shard, to keep the fractions)"
+                         ) from None
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):  # a cast pyarrow lacks: datasets' own error names it
+        return
 
 
 NULLS = "only nulls (no type)"
@@ -297,9 +365,9 @@ NULLS = "only nulls (no type)"
 
 def _agrees(first: Any, later: Any) -> bool:
     """Whether a later shard's Arrow type reads right as the first shard's: the same kind, in
-    lists and structs too; untyped nulls as any; floats as integers (whole ones; any other
-    fails, naming the value). Integers after floats would read as floats (2 as 2.0, unlike the
-    same rows in JSON Lines)."""
+    lists and structs too; untyped nulls as any; floats as integers (whole ones: the values are
+    checked by ``_check_whole``). Integers after floats would read as floats (2 as 2.0, unlike
+    the same rows in JSON Lines)."""
     import pyarrow as pa
 
     first, later = (t.value_type if pa.types.is_dictionary(t) else t for t in (first, later))  # categoricals
