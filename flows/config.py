@@ -24,7 +24,7 @@ from actions.config.section import Section as _Section
 from actions.config.workload import WorkloadConfig
 from actions.store.endpoints import has_userinfo
 from actions.store.safe_paths import check_run_id
-from flows.config_overrides import apply_override
+from flows.config_overrides import apply_override, dotted_key
 from flows.config_yaml import AliasBomb, load_yaml, yaml_problem
 from flows.planning.registry import ScalingStrategy
 from flows.planning.scaling import parse_scaling_policy  # the built-in strategies register on import
@@ -364,7 +364,7 @@ def _in_raw(err: dict, raw: dict[str, Any]) -> tuple[list[Any], Any, int | None]
         if isinstance(value, dict) and part in value:
             value = value[part]
         elif isinstance(value, list) and isinstance(part, int) and 0 <= part < len(value):
-            value = value[part]  # an entry of a list setting, e.g. generation.draft_strategies.0
+            value = value[part]  # an entry of a list setting, e.g. generation.draft_strategies[0]
         elif isinstance(value, dict) and i == len(loc) - 1 and err["type"] == "missing":
             value = "<missing>"
         else:
@@ -379,14 +379,15 @@ def _first_error(exc: ValidationError, raw: dict[str, Any]) -> str:
     err = errors[0]
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
-        loc = ".".join(str(p) for p in err["loc"])
-        parent = loc.rsplit(".", 1)[0] if "." in loc else "top level"
+        # a list's entry as [i] (reward.functions[0].wieght); the last part is a key, even a number (YAML's 1:)
+        parent = dotted_key(err["loc"][:-1]) if len(err["loc"]) > 1 else "top level"
+        loc = f"{parent}.{err['loc'][-1]}" if len(err["loc"]) > 1 else str(err["loc"][-1])
         return (f"unknown config key {quote(loc)}: not a setting of {parent}; check the spelling "
                 f"(see README, Configuration){trl_hint(loc)}")
     if msg.startswith("Value error, "):
         return msg[len("Value error, "):]
     if err["type"] == BOOL_NOT_NUMBER:  # the section knows its field, not where it sits
-        return bool_error_line(".".join(str(p) for p in err["loc"]), err["ctx"])
+        return bool_error_line(dotted_key(err["loc"]), err["ctx"])
     kept, value, union = _in_raw(err, raw)
     fix = " (nan and inf are refused)" if err["type"] == "finite_number" else ""
     if isinstance(value, bool) and err["type"] == "literal_error":  # the user typed on, yes or no, not a bool
@@ -401,7 +402,7 @@ def _first_error(exc: ValidationError, raw: dict[str, Any]) -> str:
                 inner = "".join(f"[{p}]" for p in parts[union:])  # within the value: a list's entry
                 alternatives.append((f"entry {inner} = {quote(at)}: " if inner else "") + e["msg"].lower())
         msg = "; or ".join(dict.fromkeys(alternatives))
-    return f"config {'.'.join(str(p) for p in kept)} = {quote(value)}: {msg.lower()}{fix}"
+    return f"config {dotted_key(kept)} = {quote(value)}: {msg.lower()}{fix}"
 
 
 def _value_at(raw: dict[str, Any], parts: list[Any]) -> Any:
@@ -451,7 +452,7 @@ def config_input(path: str | None = None, overrides: list[str] | None = None) ->
             raise ValueError(f"config file {path!r} must hold a mapping of sections, not {type(loaded).__name__}")
         raw = loaded or {}
     for item in overrides or []:
-        apply_override(raw, item)
+        apply_override(raw, item, CampaignConfig)
     return raw
 
 

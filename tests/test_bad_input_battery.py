@@ -317,7 +317,7 @@ CASES: dict[str, Case] = {
         setup=_write("c.yaml", ALIAS_BOMB)),
     "config nan reward weight": Case(
         _train("--set", "reward.functions=[{{name: gsm8k, weight: .nan}}]"),
-        ("reward.functions.0.weight = nan", "finite number")),
+        ("reward.functions[0].weight = nan", "finite number")),
     "config infinite read timeout": Case(
         _train("--set", "invoker.read_timeout_s=.inf"), ("invoker.read_timeout_s = inf", "finite number")),
     "config file missing": Case(_train("--config", "{tmp}/missing.yaml"), ("missing.yaml", "check --config")),
@@ -726,7 +726,7 @@ CASES: dict[str, Case] = {
         _train("--set", "model.lora.r=100000"), ("model.lora.r=100000", "set model.lora.r to at most 96")),
     "config a value no member of a union accepts": Case(  # named at its field, with every member's complaint
         _train("--set", "reward.models=[{{path: m, max_length: -3}}]"),
-        ("reward.models.0.max_length = -3", "'auto'", "greater than 0")),
+        ("reward.models[0].max_length = -3", "'auto'", "greater than 0")),
     "config lora with vllm": Case(_train("--set", "model.lora.r=8", "--set", "generation.engine=vllm"),
                                   ("model.lora", "generation.engine='vllm'", "use generation.engine: torch")),
     "config lora bias with kl": Case(_train("--set", "model.lora.bias=all"),

@@ -29,8 +29,8 @@ from flows.config import CampaignConfig, load_config
     ("generation.top_k=true", ("generation.top_k=True", "set an integer, or null")),
     ("generation.vllm.max_model_len=true", ("generation.vllm.max_model_len=True", "or null")),
     ("store.keep_last=true", ("store.keep_last=True", "e.g. store.keep_last: 2")),
-    ("reward.functions=[{name: repeat, weight: true}]", ("reward.functions.0.weight=True", "set a number")),
-    ("reward.models=[{path: m, max_length: true}]", ("reward.models.0.max_length=True", "set an integer, or auto")),
+    ("reward.functions=[{name: repeat, weight: true}]", ("reward.functions[0].weight=True", "set a number")),
+    ("reward.models=[{path: m, max_length: true}]", ("reward.models[0].max_length=True", "set an integer, or auto")),
     ("model.lora.r=true", ("model.lora.r=True", "integer >= 1")),  # its own, sharper line
 ])
 def test_a_boolean_for_a_number_is_one_line_naming_the_key(override: str, needles: tuple[str, ...]) -> None:

@@ -48,3 +48,65 @@ def test_reward_models_take_a_path_or_one_entry_alone_as_functions_take_a_name(v
     with pytest.raises(ValueError, match=r"^reward.models\[1\] = 3: each entry is a model folder's path or "
                                          r"\{path, weight, ...\}"):
         load_config(None, ["reward.models=[/m/a, 3]"])
+
+
+@pytest.mark.parametrize("written, override, expected", [
+    ("reward.functions=[gsm8k, exact_match]", "reward.functions[1].weight=2", [("gsm8k", 1.0), ("exact_match", 2.0)]),
+    ("reward.functions=gsm8k", "reward.functions[0].weight=0.5", [("gsm8k", 0.5)]),
+    ("reward.functions={name: gsm8k}", "reward.functions.0.weight=3", [("gsm8k", 3.0)]),
+    ("reward.models=[/m/a, /m/b]", "reward.models[0].weight=-1", [("/m/a", -1.0), ("/m/b", 1.0)]),
+    ("reward.models=/m/a", "reward.models[0].label=POSITIVE", [("/m/a", 1.0)]),
+])
+def test_a_key_below_a_short_entry_applies_to_the_mapping_it_stands_for(written, override, expected) -> None:
+    """``functions: [gsm8k]`` (TRL's ``reward_funcs``), one name alone, a bare model path: each
+    entry is ``{name: ...}`` / ``{path: ...}``, so ``[0].weight`` edits it rather than failing
+    with "is a value, not a section"."""
+    cfg = load_config(None, [written, override])
+    entries = cfg.reward.functions if written.startswith("reward.functions") else cfg.reward.models
+    assert [(getattr(e, "name", None) or e.path, e.weight) for e in entries] == expected
+    if "label" in override:
+        assert cfg.reward.models[0].label == "POSITIVE"
+
+
+def test_a_short_entry_read_from_the_config_file_is_edited_too(tmp_path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("reward:\n  functions: [gsm8k]\n  models: /m/a\n")
+    cfg = load_config(str(path), ["reward.functions[0].weight=2", "reward.models[0].weight=0.5"])
+    assert (cfg.reward.functions[0].name, cfg.reward.functions[0].weight) == ("gsm8k", 2.0)
+    assert (cfg.reward.models[0].path, cfg.reward.models[0].weight) == ("/m/a", 0.5)
+
+
+@pytest.mark.parametrize("overrides, fix", [
+    (["generation.draft_strategies[0]=history"], "--set 'generation.draft_strategies=[history, prompt_lookup]'"),
+    (["generation.draft_strategies=[history]", "generation.draft_strategies[1]=x"],
+     "--set 'generation.draft_strategies=[history, prompt_lookup]'"),
+    (["faults.actions[1]=score"], "--set 'faults.actions=[generate, score]'"),
+    (["reward.functions[0].weight=2"], "--set 'reward.functions=[{...}]'"),  # a list of mappings
+])
+def test_a_missing_entry_s_fix_gives_the_list_in_the_form_its_entries_take(overrides, fix) -> None:
+    with pytest.raises(ValueError) as info:
+        load_config(None, overrides)
+    assert fix in str(info.value), str(info.value)
+
+
+def test_without_a_schema_the_entries_given_tell_the_form() -> None:
+    from flows.config_overrides import apply_override
+
+    with pytest.raises(ValueError, match=r"e.g. --set 'x.names=\[a, b\]'"):
+        apply_override({"x": {"names": ["a", "b"]}}, "x.names[2]=c")
+    with pytest.raises(ValueError, match=r"e.g. --set 'x.names=\[\{\.\.\.\}\]'"):
+        apply_override({"x": {"names": []}}, "x.names[0]=c")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["reward.functions=[{name: gsm8k, wieght: 2}]"],
+     "unknown config key 'reward.functions[0].wieght': not a setting of reward.functions[0]; check the spelling"),
+    (["reward.models=[/m/a, {path: /m/b, wieght: 2}]"], "unknown config key 'reward.models[1].wieght'"),
+    (["generation.draft_strategies=[history, histor]"], "config generation.draft_strategies[1] = 'histor': input"),
+    (["reward.functions=[{name: gsm8k, weight: .nan}]"], "config reward.functions[0].weight = nan: "),
+])
+def test_an_entry_of_a_list_is_named_by_its_index_in_brackets(overrides, message) -> None:
+    """As ``--set`` names an entry (``reward.functions[0].weight``), not pydantic's ``functions.0``."""
+    with pytest.raises(ValueError) as info:
+        load_config(None, overrides)
+    assert message in str(info.value), str(info.value)

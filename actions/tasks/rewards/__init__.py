@@ -145,7 +145,7 @@ def _reference(row: RewardRow) -> Any:
 
 
 def _call(spec: RewardSpec, fn: Callable, rows: Sequence[RewardRow], kwargs: dict[str, list], trainer_state: Any,
-          metrics: dict[str, list[float]] | None = None, **how: str) -> list[float | None]:
+          metrics: dict[str, list[float]] | None = None, **how: str | None) -> list[float | None]:
     """``call_reward`` with the reference as text for a built-in (a plug-in gets the dataset's value)."""
     if ":" not in spec.name:
         kwargs = kwargs | {"answer": [r.answer for r in rows]}
@@ -283,7 +283,8 @@ def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow
     rather than mid-campaign. A dataset column
     named like a keyword the call fills itself (``calling.RESERVED``) is refused for a plug-in,
     in every set of ``sources`` ((name as errors give it, rows): the train and the eval rows, as
-    evaluation calls the plug-ins too; none: ``rows``, named "the dataset"),
+    evaluation calls the plug-ins too; none: ``rows``, named "the dataset"; the set that
+    ``rows`` begins names the sample rows that carry their line in errors),
     and so are ``max_reward``/``min_reward`` attributes that are not finite numbers and sample
     rewards whose weighted sum is not finite.
 
@@ -295,6 +296,8 @@ def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow
     weights: dict[str, float] = {}
     total = [0.0] * len(sample)
     state = trainer_state or make_trainer_state(step=0, epoch=0.0, max_steps=1, optimizer_steps_per_step=1)
+    # the file the sample was read from, so an error names its row as the dataset's own errors do
+    where = next((name for name, checked in sources if list(checked[:len(sample)]) == sample), None)
     for spec in specs:
         fn = load_reward(spec.name, spec.pattern)
         reward_bounds(spec.name, fn)
@@ -305,7 +308,7 @@ def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow
             ids = [list(encode(r.answer)) if encode else [] for r in sample]
             kwargs = {"prompts": prompts, "completions": completions, "completion_ids": ids, **columns}
             try:
-                values = _call(spec, fn, sample, kwargs, state, raised_fix="")
+                values = _call(spec, fn, sample, kwargs, state, raised_fix="", source=where)
             except RewardFunctionError as exc:  # say where it was called: no step has run
                 raise RewardFunctionError(f"{STARTUP_CHECK}: {exc}") from None
             per_function[spec.name], weights[spec.name] = values, spec.weight

@@ -18,12 +18,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import difflib
 import inspect
 import math
 import numbers
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from actions.tasks.dataset import record_where
 
 RESERVED = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
 """Keyword names the call fills itself: a dataset column of that name cannot reach a function
@@ -86,7 +89,8 @@ def fresh(kwargs: dict[str, list]) -> dict[str, list]:
 
 
 def call_reward(name: str, fn: Callable, rows: Sequence[Any], kwargs: dict[str, list], trainer_state: Any,
-                metrics: dict[str, list[float]] | None = None, *, raised_fix: str = STEP_FAILS) -> list[float | None]:
+                metrics: dict[str, list[float]] | None = None, *, raised_fix: str = STEP_FAILS,
+                source: str | None = None) -> list[float | None]:
     """``fn``'s reward per row: one float or None each. ``fn`` may return a list or tuple, or a
     1-D NumPy array or torch tensor; each value a real number (NumPy scalars and 0-d arrays or
     tensors included, bools not) or None.
@@ -97,17 +101,24 @@ def call_reward(name: str, fn: Callable, rows: Sequence[Any], kwargs: dict[str, 
             (appended to; None: checked, then dropped).
         raised_fix: what a raising function's message adds to "fix the function" (mid-campaign:
             the step fails and is not retried).
+        source: the file ``rows`` were read from, as errors name it (``data.train_path d.jsonl``):
+            a row that carries its place in it (``line``) is named by it, as the dataset's own
+            errors name a row; None (rows of the stored copy): by prompt_id and place in the batch.
 
     Raises:
-        RewardFunctionError: it raised (naming the first row it raises on alone), returned the
-            wrong number or type of values, or logged a metric with a bad name or value.
+        RewardFunctionError: it raised (naming the first row it raises on alone, or the
+            parameter that is not a column, for a call that cannot bind), returned the wrong
+            number or type of values, or logged a metric with a bad name or value.
     """
     logged: list[tuple[Any, Any]] = []
     try:
         values = _invoke(fn, kwargs, trainer_state, lambda metric, value: logged.append((metric, value)))
     except Exception as exc:
+        unbound = _unbound_parameter(name, fn, kwargs) if isinstance(exc, TypeError) else None
+        if unbound:  # the signature, not a row, is at fault: every row fails alike
+            raise RewardFunctionError(unbound) from None
         raise RewardFunctionError(f"reward function {name!r} raised {type(exc).__name__}: {exc} "
-                                  f"on prompt_id {_failing_row(fn, rows, kwargs, trainer_state)}; "
+                                  f"on {_failing_row(fn, rows, kwargs, trainer_state, source)}; "
                                   f"fix the function{raised_fix}") from None
     listed = _as_list(values)
     if listed is None and values is None:  # most often a missing return statement
@@ -121,14 +132,14 @@ def call_reward(name: str, fn: Callable, rows: Sequence[Any], kwargs: dict[str, 
     for row, v in zip(rows, listed):
         number = None if v is None else _number(v)
         if type(v).__name__ in ("bool", "bool_"):  # Python's or NumPy's: TRL casts them to 1.0 / 0.0
-            raise RewardFunctionError(f"reward function {name!r} returned {bool(v)!r} (a bool) for prompt_id "
-                                      f"{row.prompt_id}; return float({bool(v)!r}) or another number (TRL casts "
+            raise RewardFunctionError(f"reward function {name!r} returned {bool(v)!r} (a bool) for "
+                                      f"{_where(row, source)}; return float({bool(v)!r}) or another number (TRL casts "
                                       "bools to 1.0 and 0.0, RLHFless refuses them)")
         if v is not None and number is None:
-            raise RewardFunctionError(f"reward function {name!r} returned {_shown(v)} for prompt_id {row.prompt_id}; "
+            raise RewardFunctionError(f"reward function {name!r} returned {_shown(v)} for {_where(row, source)}; "
                                       "return a finite float or None per completion")
         if number is not None and abs(number) > REWARD_LIMIT:
-            raise RewardFunctionError(f"reward function {name!r} returned {_shown(v)} for prompt_id {row.prompt_id}, "
+            raise RewardFunctionError(f"reward function {name!r} returned {_shown(v)} for {_where(row, source)}, "
                                       f"beyond +-{REWARD_LIMIT:g}, where the step's float32 statistics overflow; "
                                       "return rewards of a moderate scale (e.g. within +-1e6)")
         out.append(number)
@@ -185,12 +196,55 @@ def _checked_metrics(name: str, logged: Sequence[tuple[Any, Any]]) -> list[tuple
     return out
 
 
-def _failing_row(fn: Callable, rows: Sequence[Any], kwargs: dict[str, list], trainer_state: Any) -> str:
-    """The first row on which ``fn`` raises alone (the batch call does not say which)."""
+def _failing_row(fn: Callable, rows: Sequence[Any], kwargs: dict[str, list], trainer_state: Any,
+                 source: str | None = None) -> str:
+    """The first row on which ``fn`` raises alone (the batch call does not say which), as ``_where`` names it."""
     for i, row in enumerate(rows):
         try:
             # these calls only locate the row: what they log is not part of any step's metrics
             _invoke(fn, {k: [v[i]] for k, v in kwargs.items()}, trainer_state, lambda metric, value: None)
         except Exception:
-            return f"{row.prompt_id} (row {i} of the batch)"
-    return "? (it raised only on the whole batch)"
+            return _where(row, source, i)
+    return "prompt_id ? (it raised only on the whole batch)"
+
+
+def _where(row: Any, source: str | None, number: int | None = None) -> str:
+    """``row`` for a message: where it is in the file it was read from (``data.train_path
+    d.jsonl:3 (prompt_id N)``, as ``dataset.record_where`` names it), when ``source`` is given
+    and the row carries its line; else ``prompt_id N``, the stored copy's rows having no place
+    in a file, followed by ``(row <number> of the batch)`` when ``number`` (from 0) is given."""
+    line = getattr(row, "line", None)
+    if source is not None and line is not None:
+        return f"{record_where(source, line, getattr(row, 'file', None))} (prompt_id {row.prompt_id})"
+    return f"prompt_id {row.prompt_id}" + (f" (row {number} of the batch)" if number is not None else "")
+
+
+PASSED = ("trainer_state", "log_extra", "log_metric")
+"""The keywords ``_invoke`` adds to the call's inputs (``kwargs``)."""
+
+
+def _unbound_parameter(name: str, fn: Callable, kwargs: dict[str, list]) -> str | None:
+    """Why ``fn``'s signature cannot take the call's keywords (``kwargs`` and ``PASSED``), with the
+    fix: its first parameter that needs a value and that no keyword fills (a column the dataset
+    lacks, often a misspelt one), or keywords it has no parameter for and no ``**kwargs``. None
+    when the signature binds (or cannot be read): the TypeError is then the function's own."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or an object without a readable signature
+        return None
+    passed = set(kwargs) | set(PASSED)
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    missing = [p.name for p in params if p.kind in keyword and p.default is p.empty and p.name not in passed]
+    if not missing:
+        extra = sorted(passed - {p.name for p in params if p.kind in keyword})
+        if extra and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            shown = ", ".join(repr(k) for k in extra[:6]) + (f" and {len(extra) - 6} more" if len(extra) > 6 else "")
+            return (f"reward function {name!r} takes neither **kwargs nor keywords the call passes it ({shown}); "
+                    "add **kwargs to its parameters, as TRL's reward functions have")
+        return None
+    columns = sorted(set(kwargs) - set(RESERVED))
+    close = difflib.get_close_matches(missing[0], columns, n=len(columns), cutoff=0.6)
+    listed = ", ".join(repr(c) for c in close + [c for c in columns if c not in close]) or "none"
+    return (f"reward function {name!r}: its parameter {missing[0]!r} is not a column of the dataset (columns: "
+            f"{listed}; keywords always passed: {', '.join(RESERVED)}); rename the parameter to a column, or give it a "
+            f"default ({missing[0]}=None), or drop it and read the columns from **kwargs")
