@@ -178,6 +178,71 @@ def test_a_worker_whose_parent_is_already_gone_exits_at_start():
     assert proc.returncode == 1 and "is gone; exiting" in proc.stderr
 
 
+def _run_script(tmp_path: Path, code: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "starter.py"
+    script.write_text(textwrap.dedent(code))
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=os.getcwd()))
+
+
+def test_workers_that_fail_to_start_give_one_error_and_no_thread_traceback(tmp_path):
+    """Workers that exit at start (here: a flag their server refuses): the pool's one error names
+    how many failed and the first one's exit and log; no start thread prints a traceback."""
+    done = _run_script(tmp_path, f"""
+        from flows.invokers import local_pool
+        spawn = local_pool.LocalPoolInvoker._spawn
+
+        def spawn_refused(self, name):
+            self._limits = [*self._limits, "--no-such-flag"]
+            return spawn(self, name)
+
+        local_pool.LocalPoolInvoker._spawn = spawn_refused
+        from flows.commands.reported_errors import reported_in_one_line
+        try:
+            local_pool.LocalPoolInvoker(2, log_dir={str(tmp_path / 'logs')!r})
+        except local_pool.PoolStartFailed as exc:  # the CLI's one error line, not a traceback
+            assert reported_in_one_line(exc)
+            print(exc)
+    """)
+    assert done.returncode == 0 and "Exception in thread" not in done.stderr, done.stderr[-3000:]
+    [line] = done.stdout.splitlines()
+    assert "could not start all its workers (2 of 2 failed; first: local worker worker-" in line, line
+    assert "exited with code 2" in line and str(tmp_path / "logs") in line, line
+
+
+def test_sigterm_while_workers_start_closes_the_pool_without_a_thread_traceback(tmp_path):
+    """SIGTERM to the whole process group kills the starting workers and unwinds the main thread
+    (as ``rlhfless train`` does): the pool closes, and the starts it ends fail silently, so the
+    command's own line is all that reaches stderr."""
+    done = _run_script(tmp_path, f"""
+        import signal, sys, threading, time
+        from flows.invokers import local_pool
+
+        def unwind(signum, frame):
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, unwind)
+        all_forked = threading.Barrier(3, timeout=10)
+
+        def killed_by_the_same_signal(self, name):
+            all_forked.wait()
+            if name == "worker-0":
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+            deadline = time.monotonic() + 5  # the start fails once the pool closes (or after 5 s)
+            while not self._closing and time.monotonic() < deadline:
+                time.sleep(0.01)
+            raise RuntimeError(f"local worker {{name}} failed to start (killed by SIGTERM)")
+
+        local_pool.LocalPoolInvoker._spawn = killed_by_the_same_signal
+        try:
+            local_pool.LocalPoolInvoker(3, log_dir={str(tmp_path / 'logs')!r})
+        except SystemExit:
+            print("stopped", file=sys.stderr)
+            raise
+    """)
+    assert done.returncode == 143 and done.stderr == "stopped\n", done.stderr[-3000:]
+
+
 def _cli_args(tmp_path: Path) -> list[str]:
     args = []
     for override in (*TINY_OVERRIDES, *LEARNING, f"store.uri={tmp_path / 'store'}", "invoker.kind=local",

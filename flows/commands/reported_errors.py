@@ -21,12 +21,13 @@ from contextlib import contextmanager
 def reported_in_one_line(exc: BaseException) -> bool:
     """Whether ``main`` answers ``exc`` with one ``rlhfless: error:`` line (exit 2) rather
     than a traceback: bad input (``ValueError``, ``OSError``), the store's refusals, a failed
-    action, the local Prefect API that would not start."""
+    action, the local Prefect API or the local pool's workers that would not start."""
     from actions.store import StoreError
     from flows.commands.local_api import LocalApiError
     from flows.invokers.base import ActionError
+    from flows.invokers.local_pool import PoolStartFailed
 
-    return isinstance(exc, (ValueError, OSError, StoreError, ActionError, LocalApiError))
+    return isinstance(exc, (ValueError, OSError, StoreError, ActionError, LocalApiError, PoolStartFailed))
 
 
 def _formatting_without_reported_tracebacks(format_record):

@@ -90,6 +90,10 @@ class _Worker:
     """The policy version that engine holds."""
 
 
+class PoolStartFailed(RuntimeError):
+    """Workers of the local pool did not start (one line: how many, the first's cause, its log)."""
+
+
 class UnauthenticatedReply(Exception):
     """A reply without this worker's MAC: something else answers on the worker's port."""
 
@@ -157,14 +161,7 @@ class LocalPoolInvoker:
         self._forker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pool-forker",
                                           initializer=signal.pthread_sigmask,
                                           initargs=(signal.SIG_BLOCK, {signal.SIGINT}))
-        threads = [threading.Thread(target=self._add, args=(f"worker-{i}",)) for i in range(num_workers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if len(self._workers) != num_workers:
-            self.close()
-            raise RuntimeError(f"the local warm pool could not start all its workers; see the logs in {self.log_dir}")
+        self._start_all([f"worker-{i}" for i in range(num_workers)])
 
     def __repr__(self) -> str:  # never a secret
         return f"LocalPoolInvoker(size={self.size}, log_dir={str(self.log_dir)!r})"
@@ -231,6 +228,40 @@ class LocalPoolInvoker:
         if not reply_is_authentic(worker.secret, nonce, resp.status_code, resp.content, resp.headers.get(REPLY_HEADER)):
             raise UnauthenticatedReply(f"HTTP {resp.status_code} without worker {worker.name}'s MAC")
         return resp
+
+    def _start_all(self, names: list[str]) -> None:
+        """Start the named workers in parallel, one thread each, and wait for them all.
+
+        Raises:
+            RuntimeError: a worker did not start (the pool is closed first); it names how many
+                failed and the first failure, with that worker's log.
+            BaseException: Ctrl-C or SIGTERM's exception while waiting: the pool is closed and it
+                propagates. The starts still running then fail without a word (a worker killed by
+                the same signal is no error to report), and the command's one line stands alone.
+        """
+        failures: list[BaseException] = []
+
+        def start(name: str) -> None:
+            # never raised out of the thread: threading would print its traceback on stderr
+            try:
+                self._add(name)
+            except BaseException as exc:  # noqa: BLE001 - reported below, or dropped once interrupted
+                failures.append(exc)
+
+        threads = [threading.Thread(target=start, args=(name,), name=f"pool-start-{name}") for name in names]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        except BaseException:
+            self.close()
+            raise
+        if failures or len(self._workers) != len(names):
+            self.close()
+            first = f"; first: {one_line(str(failures[0]) or type(failures[0]).__name__, 300)}" if failures else ""
+            raise PoolStartFailed(f"the local warm pool could not start all its workers ({len(failures)} of "
+                               f"{len(names)} failed{first}); see the logs in {self.log_dir}")
 
     def _add(self, name: str) -> None:
         worker = self._spawn(name)
