@@ -98,6 +98,7 @@ def test_a_diverged_critic_is_named_as_the_critic_not_as_the_policy():
 
 def test_zero_variance_run_warns_and_resume_of_finished_run_writes_nothing(tmp_path, prefect_harness, capsys):
     from conftest import TINY_OVERRIDES
+
     from flows.commands.cli import main
 
     args = ["train", "--out", str(tmp_path / "run")]
@@ -123,6 +124,13 @@ def test_zero_variance_run_warns_and_resume_of_finished_run_writes_nothing(tmp_p
     assert "is complete: 2/2 steps committed" in out and "nothing written" in out
     assert summary_file.read_bytes() == before
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "store").rglob("*")} == store_files
+    # a stop between the summary's write and the report's: the report is drawn again, nothing else
+    report = tmp_path / "run" / "report.md"
+    drawn = report.read_text()
+    report.unlink()
+    assert main([*args, "--resume"]) == 0
+    assert f"{report} was missing: drawn again from the summary" in capsys.readouterr().out
+    assert report.read_text() == drawn and summary_file.read_bytes() == before
     # a complete run whose summary was never written (stopped while writing it): --resume
     # trains nothing and writes it
     summary_file.unlink()

@@ -74,7 +74,7 @@ def progress_line(state: CampaignState, last: StepFigures, total: int, width: in
     phases = " ".join(f"{p} {last.timing_s[p]:.1f}s" for p in PROGRESS_PHASES)
     acc = f" | eval acc {state.evals[-1].accuracy:.3f}" if state.evals and state.evals[-1].step == state.step else ""
     return (f"[{'#' * done}{'.' * (width - done)}] step {state.step}/{total} | {phases} | "
-            f"actions {last.num_actors} cut {last.migrated} | "
+            f"actions {last.num_actors} migrated {last.migrated} | "
             f"reward {last.reward_mean:.3f} len {last.response_length_mean:.1f}{acc}")
 
 

@@ -204,6 +204,13 @@ def _train(args: argparse.Namespace) -> int:
         finished = finished_run_line(cfg, summary_path)
         if finished is not None:  # nothing to do: the summary stays as the run left it
             print(finished[0])
+            try:  # but a stop between the summary's write and the report's left no report
+                from flows.commands.report import redraw_missing_report
+
+                if (drawn := redraw_missing_report(summary_path, out)) is not None:
+                    print(f"{drawn} was missing: drawn again from the summary")
+            except ImportError:
+                pass
             print_continue(args, cfg, finished[1], finished[2])
             return 0
         # complete but without the summary of its last commit (stopped while writing it, or failed

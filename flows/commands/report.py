@@ -7,6 +7,7 @@ planner sizes the fan-out for), fan-out decisions, and cost per step.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import matplotlib
 
 from flows.campaign.reporting import evaluation_line
-from flows.step.metrics import StepFigures, billing
+from flows.step.metrics import PHASES, StepFigures, billing
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -65,7 +66,9 @@ def planner_lines(summary: dict[str, Any]) -> list[str]:
                      f"{profile['weight_bytes'] / 1e6:.2f} MB, KV {profile['kv_bytes_per_token']:.0f} B/token, "
                      f"activation round trip {profile['activation_s'] * 1e3:.0f} ms")
     names = {"generate": "generation actions", "prefill": "prefill", "phase": "whole phase"}
-    for part, fid in (summary.get("planner_fidelity") or {}).items():
+    fidelity = summary.get("planner_fidelity") or {}
+    order = list(PHASES) + sorted(set(fidelity) - set(PHASES))  # PHASES' order: a summary read back has sorted keys
+    for part, fid in ((p, fidelity[p]) for p in order if p in fidelity):
         if part == "lengths":
             if fid.get("steps"):
                 lines.append(f"- the length predictor's part: the generation actions' prediction against itself redone "
@@ -115,7 +118,8 @@ def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
     xs = [s.step + 1 for s in steps]
     files = []
     # billed_gpu_seconds is GPU-seconds only on OpenWhisk; locally it is action wall time.
-    unit, meaning = (summary.get("billing") or billing("local")).values()
+    bill = summary.get("billing") or billing("local")
+    unit, meaning = bill["unit"], bill["meaning"]  # by name: a summary read back has its keys sorted
     plots = {
         "reward.png": ("Reward and eval accuracy", "step", "reward (its own scale); accuracy (0-1)",
                        {"mean reward (training samples)": (xs, [s.reward_mean for s in steps]),
@@ -147,7 +151,7 @@ def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
     if summary.get("stopped_reason"):
         lines.append(f"- stopped early: {summary['stopped_reason']}")
     lines += planner_lines(summary)
-    lines += ["", f"| step | reward | length | actions | cut | billed {unit} | step s | generation s predicted | "
+    lines += ["", f"| step | reward | length | actions | migrated | billed {unit} | step s | generation s predicted | "
               "generation s measured |", "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {x} | {s.reward_mean:.3f} | {s.response_length_mean:.1f} | {s.num_actors} | "
               f"{s.migrated} | {s.billed_gpu_seconds:.2f} | {s.timing_s['step']:.2f} | "
@@ -156,3 +160,17 @@ def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
     lines += [""] + [f"![{p.stem}]({p.name})" for p in files]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     return [out / "report.md", *files]
+
+
+def redraw_missing_report(summary_path: Path, out: Path) -> Path | None:
+    """``out/report.md`` (and its plots) drawn again from the summary at ``summary_path`` where
+    it is missing, as after a stop between the summary's write and the report's: a resume with
+    nothing to train writes nothing else. Returns the report's path; None where it is there,
+    or the summary or the plotting library is not."""
+    if (out / "report.md").is_file():
+        return None
+    try:
+        summary = json.loads(summary_path.read_text())
+        return write_report(summary, out)[0] if isinstance(summary, dict) else None
+    except (OSError, ValueError, ImportError):
+        return None
