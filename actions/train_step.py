@@ -25,7 +25,9 @@ batch), ``train/update_s`` (advantages and every pass), ``train/publish_policy_s
 ``train/publish_optimizer_s`` (hashing and writing each; the optimizer state, fp32 master
 weights and moments, is the larger by far), and ``train/state_read_bytes``: the blob bytes of
 the weights and optimizer states it fetched from the store (0 when it starts from what the warm
-container kept; a LoRA run's backbone counts only when this container had not read it yet).
+container kept, the policy and its optimizer state; PPO's critic and its optimizer state are
+read every step and count; a LoRA run's backbone counts only when this container had not read
+it yet).
 """
 
 from __future__ import annotations
