@@ -247,19 +247,30 @@ def report_live(repeats: list[dict[str, dict]]) -> bool:
     return True
 
 
-def run_traces(traces: Path = TRACES) -> None:
-    """Part 2 (module docstring) on every ``*.jsonl`` in ``traces``; a line saying why where
-    there is none."""
+def read_traces(traces: Path = TRACES) -> dict[Path, list] | None:
+    """Every ``*.jsonl`` in ``traces``, read (``replay.read_trace``: ValueError naming the file
+    and line of a malformed one); None, with a line saying why, where there is none."""
     paths = sorted(traces.glob("*.jsonl"))
     if not paths:
         why = "has no *.jsonl traces" if traces.is_dir() else "does not exist"
         print(f"traces: skipped: {traces} {why} (the shared traces sit beside the repository, in "
               "../shared/traces; pass --traces DIR where they are elsewhere)")
+        return None
+    from flows.simulate.replay import read_trace
+
+    return {path: read_trace(path) for path in paths}
+
+
+def run_traces(traces: Path = TRACES, read: dict[Path, list] | None = None) -> None:
+    """Part 2 (module docstring) on every ``*.jsonl`` in ``traces`` (``read``: those traces read
+    already by ``read_traces``); a line saying why where there is none."""
+    read = read_traces(traces) if read is None else read
+    if not read:
         return
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_simulator import SHARED_TRACES_CAP, default_model
 
-    from flows.simulate.replay import read_trace, replay
+    from flows.simulate.replay import replay
 
     model = default_model()
     print(f"\ntraces: {model.profile.name}, {model.gpus_per_actor} GPUs/actor, cut_threshold={model.cut_threshold}; "
@@ -269,8 +280,7 @@ def run_traces(traces: Path = TRACES) -> None:
           "from reference answers)")
     print(f"{'trace':<7} {'N':>2} {'migration':>9} {'slices':>6} {'GPU-s ratio':>11} {'time ratio':>10} "
           f"{'target':>7} {'GPU-s, epoch>=1':>15} {'time, epoch>=1':>14}")
-    for path in paths:
-        steps = read_trace(path)
+    for path, steps in read.items():
         print(f"{path.stem}: {len(steps)} steps, "
               f"{statistics.median(len(s.prompts) for s in steps):.0f} prompts per step (median)")
         later = [i for i, s in enumerate(steps) if s.epoch > steps[0].epoch]
@@ -314,11 +324,18 @@ def main() -> int:
     if args.one_campaign:  # a child of run_live
         run_one_campaign(args.one_campaign, args.store, args.steps, args.out, args.set)
         return 0
+    read = None
+    if not args.skip_traces:  # a malformed trace is one line before the live part's minutes, not a traceback
+        try:
+            read = read_traces(Path(args.traces))
+        except ValueError as exc:
+            print(f"bench_assignment.py: {exc}", file=sys.stderr)
+            return 2
     paired = True
     if not args.skip_live:
         paired = report_live(run_live(args.steps, args.repeats, args.set))
-    if not args.skip_traces:
-        run_traces(Path(args.traces))
+    if read:
+        run_traces(Path(args.traces), read)
     return 0 if paired else 1
 
 

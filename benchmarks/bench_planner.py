@@ -23,10 +23,10 @@ import time
 from flows.planning import cost
 from flows.planning.lengths import FIRST_EPOCH_PREDICTORS, LengthHistory, predict_lengths
 from flows.planning.plan import ClusterSpec
-from flows.planning.settings import PlannerSettings
 from flows.planning.robust import MeasuredError
-from flows.planning.tpot import GPUS, MODELS, roofline_profile
 from flows.planning.scaling import plan_generation
+from flows.planning.settings import PlannerSettings
+from flows.planning.tpot import GPUS, MODELS, roofline_profile
 
 TARGET_MS = 10.0
 
@@ -91,20 +91,38 @@ def time_predictions(num_seen: int, repeats: int, first_epoch: str) -> list[floa
     return times
 
 
-def main() -> None:
+def repeats(text: str) -> int:
+    """``--repeats``: a whole number >= 2 (a median and p90 need two timed calls)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a whole number >= 2 (timed calls per path; "
+                                         "the p90 needs at least two), e.g. --repeats 30")
+    return value
+
+
+def p90(times: list[float]) -> float:
+    """The 90th percentile of ``times`` (>= 2 values), interpolated between them (the inclusive
+    method: never above the largest, as the exclusive one is with few values)."""
+    return statistics.quantiles(times, n=10, method="inclusive")[-1]
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=30)
-    args = parser.parse_args()
+    parser.add_argument("--repeats", type=repeats, default=30, metavar="R",
+                        help="timed calls per path after the first (at least 2; default %(default)s)")
+    args = parser.parse_args(argv)
     print(f"planner: 512 prompts x 4 samples, N in [1, 64], target <= {TARGET_MS:.0f} ms per call")
     paths = {"ranked": ("ranked", "value", None), "round_robin": ("round_robin", "value", None),
              "ranked, budget, measured error": ("ranked", "budget", measured_error())}
     for label, (assignment, objective, error) in paths.items():
         first, times, chosen = time_plans(assignment, args.repeats, objective, error)
         median = statistics.median(times)
-        p90 = statistics.quantiles(times, n=10)[-1]
         verdict = "PASS" if max(first, *times) <= TARGET_MS else "FAIL"
         print(f"  {label:<12} first call {first:6.2f} ms | median {median:6.2f} ms | "
-              f"p90 {p90:6.2f} ms | max {max(times):6.2f} ms over {len(times)} | "
+              f"p90 {p90(times):6.2f} ms | max {max(times):6.2f} ms over {len(times)} | "
               f"chosen N={chosen} | every call {verdict}")
     for seen in (512, 7473):  # one trace's prompts; GSM8K's training set
         for first_epoch in FIRST_EPOCH_PREDICTORS:

@@ -147,13 +147,15 @@ def epoch_split(runs: dict, epochs: dict[int, int]) -> str:
 
 
 def report_trace(path: Path, model: ClusterModel, sensitivity: bool = True,
-                 model_name: str = "qwen2.5-7b", max_new_tokens: int | None = None) -> dict[str, tuple[float, float]]:
-    """Print the trace's tables; return rlhfless's (time, GPU-s) ratios to static:3 for the
+                 model_name: str = "qwen2.5-7b", max_new_tokens: int | None = None,
+                 steps: list[TraceStep] | None = None) -> dict[str, tuple[float, float]]:
+    """Print the trace's tables (``steps``: the trace read already, else read here); return
+    rlhfless's (time, GPU-s) ratios to static:3 for the
     generation phase ('gen') and the whole step ('step': time, the actors' GPU-s, the total
     with the learner's, and that total over static:3's as a hybrid engine, the learner's GPUs x
     its step time), and its fidelity ('fid': median and p90 absolute error of the predicted
     phase time). ``max_new_tokens``: the generation cap of a trace that states none."""
-    steps = read_trace(path)
+    steps = read_trace(path) if steps is None else steps
     cap = None if steps[0].max_new_tokens else max_new_tokens
     rate = learner_tokens_per_s(GPUS["h100"], MODELS[model_name], model.gpus_per_node)
     start = time.perf_counter()
@@ -258,7 +260,27 @@ def _share(speed: float, bound: float) -> str:
     return f"{(speed - 1) / (bound - 1):.1%}" if bound > 1 else "-"
 
 
-def main() -> None:
+def model_names(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    """``--models``' names, each a known model (``MODELS``), else ``parser.error`` listing them."""
+    names = [name.strip() for name in text.split(",")]
+    unknown = [name for name in names if name not in MODELS]
+    if unknown:
+        parser.error(f"--models {text!r}: unknown model {', '.join(map(repr, unknown))}; use a comma-separated "
+                     f"list of {', '.join(sorted(MODELS))}")
+    return names
+
+
+def read_traces(paths: list[Path]) -> dict[Path, list[TraceStep]] | None:
+    """Every trace read before the first is replayed; None, with the one line ``read_trace``
+    raises (path:line and what is wrong) on stderr, where one is malformed."""
+    try:
+        return {path: read_trace(path) for path in paths}
+    except ValueError as exc:
+        print(f"bench_simulator.py: {exc}", file=sys.stderr)
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="RLHFless vs static:3 on the shared length traces")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic traces")
     parser.add_argument("--traces", default=str(TRACES), metavar="DIR",
@@ -271,7 +293,8 @@ def main() -> None:
     parser.add_argument("--models", default="qwen2.5-7b,llama2-70b",
                         help="comma-separated actor models: qwen2.5-7b is the issue's setting, "
                              "llama2-70b the paper's simulated one (paper §4.7), where KV memory binds")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    names = model_names(parser, args.models)
     traces = Path(args.traces)
     paths = sorted(traces.glob("*.jsonl"))
     if not paths:
@@ -283,7 +306,10 @@ def main() -> None:
         path = synthetic / f"{shape}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in make_trace(shape, args.seed)))
         paths.append(path)
-    for name in args.models.split(","):
+    steps = read_traces(paths)
+    if steps is None:
+        return 2
+    for name in names:
         model = dataclasses.replace(default_model(name), first_epoch=args.first_epoch)
         capacity = kv_capacity_tokens(GPUS["h100"], MODELS[name], model.gpus_per_actor)
         print(f"\n#### cluster: {model.num_nodes} nodes x {model.gpus_per_node} H100, "
@@ -294,9 +320,11 @@ def main() -> None:
               f"migration {model.migration}, N in [{model.n_min}, {model.n_max}], "
               f"first-epoch predictor {model.first_epoch}")
         results = {path.stem: report_trace(path, model, sensitivity=name == "qwen2.5-7b" and args.sensitivity,
-                                           model_name=name, max_new_tokens=args.max_new_tokens) for path in paths}
+                                           model_name=name, max_new_tokens=args.max_new_tokens,
+                                           steps=steps[path]) for path in paths}
         verdict(results)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -259,7 +259,7 @@ def test_cli_reports_generation_whole_step_and_frontier(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--trace", "/nonexistent/trace.jsonl"], "No such file"),
+    (["--trace", "/nonexistent/trace.jsonl"], "--trace '/nonexistent/trace.jsonl' is not a file"),
     (["--policy", "bogus"], "bogus"),
     (["--profile", "roofline:h100:gpt5"], "roofline"),
     (["--rank-slack", "-1"], "--rank-slack"),

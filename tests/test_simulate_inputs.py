@@ -78,6 +78,12 @@ def test_the_floor_of_no_work_is_an_error_not_a_division_by_zero():
     (["--nodes", "1", "--gpus-per-actor", "8"], "default policy 'static:3' (pass --policy to choose)"),
     (["--policy", "static:0"], "policy='static:0': N must be a whole number >= 1 (the actors it holds), e.g. static:3"),
     (["--max-new-tokens", "512"], "--max-new-tokens 512, but the trace states [256]; drop the flag"),
+    # the runs are keyed by name: a second static:3 was added to the first's totals
+    (["--policy", "static:3", "--policy", "static:3", "--policy", "rlhfless"],
+     "--policy 'static:3' given twice; name each policy once"),
+    # the live config's scaling.policy spellings, mapped to the simulator's
+    (["--policy", "cost_aware"], "the live scaling.policy 'cost_aware' is 'rlhfless' here"),
+    (["--policy", "fixed:3"], "the live scaling.policy 'fixed:3' is 'no-scale:3' here"),
 ])
 def test_flags_are_named_in_the_error(tmp_path, capsys, args, named):
     path = _trace(tmp_path, {**ROW, "max_new_tokens": 256})
@@ -117,9 +123,43 @@ def test_a_plot_that_cannot_be_written_is_refused_before_simulating(tmp_path, ca
 
 def test_traces_of_the_same_file_name_get_a_plot_each(tmp_path, capsys):
     a, b = _small(tmp_path / "a"), _small(tmp_path / "b")
-    assert main(["--trace", str(a), "--trace", str(b), *FAST, "--plot", str(tmp_path / "p.svg")]) == 0
-    capsys.readouterr()
+    assert main(["--trace", str(a), "--trace", str(b), *FAST, "--plot", str(tmp_path / "p.svg"), "--json"]) == 0
+    out, err = capsys.readouterr()
     assert sorted(p.name for p in tmp_path.glob("p-*")) == ["p-t-2.svg", "p-t.svg"]
+    # each file written is named (on stderr: stdout stays one JSON document)
+    assert f"wrote {tmp_path / 'p-t.svg'} (plot of {a})" in err
+    assert f"wrote {tmp_path / 'p-t-2.svg'} (plot of {b})" in err
+    assert set(json.loads(out)["traces"]) == {str(a), str(b)}
+
+
+def test_a_missing_trace_is_named_as_the_main_cli_names_it(tmp_path, capsys):
+    """``python -m flows.simulate`` printed Python's bare ``[Errno 2]``."""
+    missing = tmp_path / "nope.jsonl"
+    assert main(["--trace", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"rlhfless simulate: --trace {str(missing)!r} is not a file; pass a JSONL length trace\n"
+    assert main(["--trace", str(tmp_path)]) == 2  # a directory too
+    assert "is not a file" in capsys.readouterr().err
+
+
+def test_a_policy_named_twice_is_refused_by_replay_too(tmp_path):
+    from sim_cluster import qwen_cluster
+
+    from flows.simulate.replay import read_trace, replay
+
+    with pytest.raises(ValueError, match="policy 'static:3' given twice"):
+        replay(read_trace(_small(tmp_path)), ["static:3", "rlhfless", "static:3"], qwen_cluster())
+
+
+def test_the_value_of_time_frontier_is_labelled_in_gpu_seconds_per_second(tmp_path, capsys):
+    """The simulator prices a GPU-second at 1: the knob's unit is GPU-s per second, not dollars."""
+    trace = _small(tmp_path)
+    assert main(["--trace", str(trace), *FAST, "--frontier", "--objective", "value", "--json"]) == 0
+    frontier = json.loads(capsys.readouterr().out)["frontier"]
+    assert frontier["knob"] == "value_of_time_gpu_s_per_s" and "value_of_time_gpu_s_per_s" in frontier["rows"][0]
+    assert main(["--trace", str(trace), *FAST, "--frontier", "--objective", "value"]) == 0
+    out = capsys.readouterr().out
+    assert "value_of_time_gpu_s_per_s" in out and "usd" not in out
 
 
 def test_json_keeps_the_frontier_and_every_trace_given(tmp_path, capsys):

@@ -122,4 +122,4 @@ def test_bench_assignment_says_why_it_skips_the_traces(tmp_path, capsys, monkeyp
     run_traces(tmp_path)
     assert "has no *.jsonl traces" in capsys.readouterr().out
     source = (benchmarks / "bench_assignment.py").read_text()  # main's own flag, passed on
-    assert 'add_argument("--traces"' in source and "run_traces(Path(args.traces))" in source
+    assert 'add_argument("--traces"' in source and "read_traces(Path(args.traces))" in source

@@ -8,9 +8,11 @@ Among what is left (the frontier):
   ``budget_actors`` decode actors (default 3, the paper's static fan-out) held for the whole
   phase would bill (``robust.held_budget``). In operator terms: "never pay more for a phase
   than the fixed allocation you would otherwise reserve; spend what early release saves on
-  speed". With no candidate within the budget, the cheapest. Since a striped plan of that many
-  actors is a candidate and bills at most the held allocation, the plan is never estimated
-  slower than that allocation either.
+  speed". With no candidate within the budget, the cheapest. The allocation is reserved, not
+  pre-warmed: its bill has no ``prewarm_idle_s``, a candidate's has its remote actors'. Without
+  that wait a striped plan of that many actors is a candidate within the budget, so the plan is
+  never estimated slower than the allocation either; with it, the plans within may be fewer
+  actors and slower (those on the learner node's GPUs alone wait for nothing).
 - ``value`` (the live default): minimise ``cost_usd + value_of_time_usd_per_s * time_s``. The knob is
   the operator's price of one second of phase time, in dollars. An extra actor is added only
   when the seconds it saves are worth more than the GPU-seconds it bills. With

@@ -58,16 +58,22 @@ def held_budget(cands: Sequence[Candidate], actors: int, cluster: ClusterSpec,
     """The ``budget`` objective's limit (dollars): what ``actors`` decode actors would bill if
     held from their invocation until the phase ends, as a fixed allocation is, plus the
     prefill. The phase is timed as this step's striped plan of that many actors (a
-    length-oblivious split in effect, like a fixed data-parallel one), so that plan, whose
-    actors are billed from the same invocations but released at their own ends, is always
-    within the budget. Without a striped candidate of that size (other assignments, ``n_max``
-    below it): the first candidate of that size, else the first one."""
+    length-oblivious split in effect, like a fixed data-parallel one); without a striped
+    candidate of that size (other assignments, ``n_max`` below it): the first candidate of that
+    size, else the first one.
+
+    A fixed allocation is reserved for the whole run and never waits pre-warmed, so the limit
+    bills no ``prewarm_idle_s``; a candidate's own bill does (``timeline.evaluate_candidate``).
+    With no pre-warm idle the striped plan, whose actors are billed from the same invocations
+    but released at their own ends, is always within the limit. With it, each remote actor's
+    wait is on top, and the plans within the limit may be fewer actors, slower than the
+    allocation (the ones on the learner node's GPUs, ``colocated_actors``, pay none)."""
     ref = ([c for c in cands if c.kind == "striped" and c.n == actors]
            or [c for c in cands if c.n == actors] or list(cands))[0]
     held = 0.0
     for i in range(actors):
         start = actor_start(i, cluster, prefill_s, 0.0)
-        held += start.prewarm_idle_s + max(0.0, ref.time_s - start.invoked_s)
+        held += max(0.0, ref.time_s - start.invoked_s)
     return (held * cluster.gpus_per_actor + prefill_s * cluster.prefill_gpus) * cluster.price_per_gpu_second
 
 

@@ -2,12 +2,13 @@
 
 ``add_arguments(parser)`` + ``run(args)`` let the main CLI mount this as a subcommand;
 ``main(argv)`` runs it standalone (``python -m flows.simulate``). Bad input (missing trace,
-malformed line, unknown policy or profile, a flag out of range, a fixed fan-out the cluster
-cannot hold, a ``--plot`` path that cannot be written) prints one line on stderr naming the
-flag or the trace line and returns 2; every input but the trace lines is checked before the
-first trace is simulated. ``--json`` prints one trace's report, or ``{"traces": {path: report}}``
-for several (a path given twice is kept twice, as ``path#2``), with the frontier under
-``frontier`` when ``--frontier`` asks for it; ``--plot`` writes one plot per trace.
+malformed line, unknown policy or profile, a policy named twice, a flag out of range, a fixed
+fan-out the cluster cannot hold, a ``--plot`` path that cannot be written) prints one line on
+stderr naming the flag or the trace line and returns 2; every input but the trace lines is
+checked before the first trace is simulated. ``--json`` prints one trace's report, or
+``{"traces": {path: report}}`` for several (a path given twice is kept twice, as ``path#2``),
+with the frontier under ``frontier`` when ``--frontier`` asks for it; ``--plot`` writes one
+plot per trace and names each file it writes on stderr.
 
 Each trace's generation table is followed by its ``bound`` lines: the critical-path floor of
 the phases (``bound.phase_floor``), the most any plan could speed them up over static:N, and
@@ -27,6 +28,7 @@ import json
 import math
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Sequence
 
 from flows.planning.lengths import FIRST_EPOCH_PREDICTORS
@@ -361,21 +363,26 @@ FRONTIER = {"budget": ("budget_actors", (1, 2, 3, 4, 6, 8)),
             "value": ("value_of_time_usd_per_s", (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 1e3)),
             "slack": ("time_slack", (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)),
             "paper": ("lam", (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0))}
+"""Per objective: the ``ClusterModel`` field the frontier varies and its values."""
+KNOB_LABELS = {"value_of_time_usd_per_s": "value_of_time_gpu_s_per_s"}
+"""The frontier's name of a knob where the field's is not its unit: the simulator prices a
+GPU-second at 1, so a value of time is GPU-seconds per second of phase time (``--value-of-time``)."""
 
 
 def frontier(steps: list, model: ClusterModel, max_new_tokens: int | None = None) -> dict:
-    """rlhfless against static:3 over the objective's knob (``FRONTIER``): per knob value, the
-    generation-only and whole-step time and GPU-s ratios (< 1 is faster or cheaper; the whole
-    step's GPU-s of the actors, ``step_gpu_seconds``, and with the learner's,
-    ``step_gpu_seconds_with_learner``: ``PolicyRun.summary``) and rlhfless's mean actor count;
-    ``max_new_tokens`` as ``replay``'s."""
+    """rlhfless against static:3 over the objective's knob (``FRONTIER``; named in the report
+    by its ``KNOB_LABELS`` label where it has one): per knob value, the generation-only and
+    whole-step time and GPU-s ratios (< 1 is faster or cheaper; the whole step's GPU-s of the
+    actors, ``step_gpu_seconds``, and with the learner's, ``step_gpu_seconds_with_learner``:
+    ``PolicyRun.summary``) and rlhfless's mean actor count; ``max_new_tokens`` as ``replay``'s."""
     field, values = FRONTIER[model.objective]
+    label = KNOB_LABELS.get(field, field)
     rows = []
     for value in values:
         runs = replay(steps, ["static:3", "rlhfless"], replace(model, **{field: value}),
                       max_new_tokens=max_new_tokens)
         base, ours = runs["static:3"].summary(), runs["rlhfless"].summary()
-        rows.append({field: value,
+        rows.append({label: value,
                      "gen_time": ours["generation"]["time_s"] / base["generation"]["time_s"],
                      "gen_gpu_seconds": ours["generation"]["gpu_seconds"] / base["generation"]["gpu_seconds"],
                      "step_time": ours["total_time_s"] / base["total_time_s"],
@@ -383,7 +390,7 @@ def frontier(steps: list, model: ClusterModel, max_new_tokens: int | None = None
                      "step_gpu_seconds_with_learner": (ours["total_gpu_seconds_with_learner"]
                                                        / base["total_gpu_seconds_with_learner"]),
                      "mean_n": sum(runs["rlhfless"].planned) / len(runs["rlhfless"].planned)})
-    return {"objective": model.objective, "knob": field, "baseline": "static:3", "rows": rows}
+    return {"objective": model.objective, "knob": label, "baseline": "static:3", "rows": rows}
 
 
 def format_frontier(report: dict) -> str:
@@ -414,10 +421,24 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
+def check_inputs(traces: Sequence[str], names: Sequence[str]) -> None:
+    """ValueError naming the flag and the value: a ``--trace`` that is not a file (the main
+    CLI's wording), a ``--policy`` given twice (the runs are keyed by name: a second one would
+    be added to the first's totals) or not a policy (``parse_policy``)."""
+    for trace in traces:
+        if not Path(trace).is_file():
+            raise ValueError(f"--trace {trace!r} is not a file; pass a JSONL length trace")
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"--policy {name!r} given twice; name each policy once")
+        seen.add(name)
+        parse_policy(name)
+
+
 def _simulate(args: argparse.Namespace) -> int:
     names = list(args.policies or DEFAULT_POLICIES)
-    for name in names:
-        parse_policy(name)
+    check_inputs(args.traces, names)
     model = build_model(args)
     for name in names:
         check_fits(parse_policy(name), model, "--policy" if args.policies else "default policy")
@@ -449,6 +470,8 @@ def _simulate(args: argparse.Namespace) -> int:
             from flows.simulate.plot import plot_runs
 
             plot_runs(summaries, plot, title=str(path))
+            # stderr: the --json report on stdout stays one JSON document
+            print(f"rlhfless simulate: wrote {plot} (plot of {path})", file=sys.stderr)
     if args.json:
         print(json.dumps(out[keys[0]] if len(keys) == 1 else {"traces": out}, indent=1))
     return 0

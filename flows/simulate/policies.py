@@ -35,7 +35,7 @@ from typing import Mapping, Sequence
 from flows.planning.migrate import plan_cut_points_of
 from flows.planning.plan import ClusterSpec, GenerationPlan
 from flows.planning.planner import Planner, PlannerRules
-from flows.planning.registry import ScalingStrategy
+from flows.planning.registry import ScalingStrategy, parse_scaling_policy
 from flows.planning.robust import MeasuredError
 from flows.planning.scaling import CostAware, Fixed, plan_generation
 from flows.planning.settings import PlannerSettings
@@ -75,7 +75,25 @@ def parse_policy(name: str) -> Policy:
     if base in ("static", "round-robin", "no-scale") and arg:  # a known fan-out policy, a bad N
         raise ValueError(f"policy={name!r}: N must be a whole number >= 1 (the actors it holds), e.g. {base}:3")
     raise ValueError(f"policy={name!r}: unknown; use rlhfless, static:N, round-robin:N, "
-                     "no-assign, no-scale[:N], no-cut or oracle")
+                     f"no-assign, no-scale[:N], no-cut or oracle{_live_hint(name)}")
+
+
+def _live_hint(name: str) -> str:
+    """Where ``name`` is a live ``scaling.policy`` (``registry.parse_scaling_policy``), the
+    simulator's name of what it runs: ``cost_aware`` is ``rlhfless``; ``fixed:N`` (N serverless
+    actors, ranked, released when done, cut) is ``no-scale:N``, while ``static:N`` is a held
+    serverful allocation."""
+    try:
+        strategy = parse_scaling_policy(name)
+    except ValueError:
+        return ""
+    if isinstance(strategy, CostAware):
+        return f" (the live scaling.policy {name!r} is 'rlhfless' here)"
+    if isinstance(strategy, Fixed):
+        n = strategy.num_actors
+        return (f" (the live scaling.policy {name!r} is 'no-scale:{n}' here: {n} serverless actors, ranked, "
+                f"released when done; 'static:{n}' is {n} serverful actors held for the whole phase)")
+    return ""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -291,8 +291,12 @@ def replay(steps: list[TraceStep], policy_names: list[str], model: ClusterModel,
 
     ``max_new_tokens``: the generation cap the trace was made with; predictions are capped at
     it, as the live planner caps them. Default: the cap the trace states; ValueError where it
-    states none (``generation_cap``).
+    states none (``generation_cap``), or where ``policy_names`` names a policy twice (the
+    runs are keyed by name).
     """
+    if len(set(policy_names)) < len(policy_names):  # runs are keyed by name: one would swallow the other
+        twice = next(n for i, n in enumerate(policy_names) if n in policy_names[:i])
+        raise ValueError(f"policy {twice!r} given twice; name each policy once")
     policies = [parse_policy(name) for name in policy_names]
     runs = {p.name: PolicyRun(p.name) for p in policies}
     cap = generation_cap(steps, max_new_tokens)
