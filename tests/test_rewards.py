@@ -427,6 +427,10 @@ def test_rewards_whose_weighted_sum_is_beyond_the_limit_are_refused(monkeypatch)
         compute_rewards(specs, rows, ["x", "y"])
     with pytest.raises(RewardFunctionError, match=message):  # at start-up, on the sample rows
         check_reward_functions(specs, rows)
+    read = [r.model_copy(update={"line": 3 + i}) for i, r in enumerate(rows)]  # rows read from a file: named there
+    with pytest.raises(RewardFunctionError, match=r"weighted sum of the rewards for data.train_path d.jsonl:3 "
+                                                  r"\(prompt_id 0\) is 1.2e\+15"):
+        check_reward_functions(specs, read, sources=[("data.train_path d.jsonl", read)])
     with pytest.raises(RewardFunctionError, match=r"is 1.2e\+15 \('my_big:g' 6e\+14 x weight 2\)"):
         compute_rewards([Fn(name="my_big:g", weight=2.0)], rows, ["x", "y"])
     assert compute_rewards([Fn(name="my_big:g")], rows, ["x", "y"]).total == [6e14, 6e14]

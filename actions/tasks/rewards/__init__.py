@@ -46,7 +46,7 @@ from typing import Any, Protocol
 
 from actions.config.quoting import clip, quote
 from actions.config.reward import BUILTIN_REWARDS
-from actions.tasks.rewards.calling import RESERVED, REWARD_LIMIT, RewardFunctionError, call_reward
+from actions.tasks.rewards.calling import RESERVED, REWARD_LIMIT, RewardFunctionError, call_reward, row_place
 from actions.tasks.rewards.trainer_state import make_trainer_state
 
 
@@ -244,18 +244,19 @@ def _check_model_scores(name: str, scores: Sequence[float], rows: Sequence[Rewar
 
 
 def _check_totals(total: Sequence[float], rows: Sequence[RewardRow], per_function: Mapping[str, Sequence[Any]],
-                  weights: Mapping[str, float]) -> None:
+                  weights: Mapping[str, float], source: str | None = None) -> None:
     """Raise RewardFunctionError for the first row whose weighted sum is beyond
     ``REWARD_LIMIT``: each value is within it, but a sum of large ones, or a large weight, may
     not be, and the step's float32 statistics would overflow (an infinite reward turns the
-    update's gradients to NaN)."""
+    update's gradients to NaN). ``source``: the file the rows were read from, which names a
+    row by its place in it (``row_place``); None: by prompt_id."""
     for i, t in enumerate(total):
         if abs(t) <= REWARD_LIMIT:
             continue
         terms = ", ".join(f"{n!r} {v[i]:g} x weight {weights[n]:g}" for n, v in per_function.items()
                           if v[i] is not None)
         raise RewardFunctionError(
-            f"reward.functions: the weighted sum of the rewards for prompt_id {rows[i].prompt_id} is {t:g} ({terms}), "
+            f"reward.functions: the weighted sum of the rewards for {row_place(rows[i], source)} is {t:g} ({terms}), "
             f"beyond +-{REWARD_LIMIT:g}, where the step's float32 statistics overflow: return rewards of a moderate "
             "scale (e.g. within +-1e6), or lower their weights")
 
@@ -313,7 +314,7 @@ def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow
                 raise RewardFunctionError(f"{STARTUP_CHECK}: {exc}") from None
             per_function[spec.name], weights[spec.name] = values, spec.weight
             total = [t + spec.weight * v if v is not None else t for t, v in zip(total, values)]
-    _check_totals(total, sample, per_function, weights)  # the plug-ins' sum: built-ins score at most 1 each
+    _check_totals(total, sample, per_function, weights, where)  # the plug-ins' sum: built-ins score at most 1 each
 
 
 def _check_column_names(name: str, source: str, rows: Sequence[RewardRow]) -> None:

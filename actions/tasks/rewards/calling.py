@@ -133,13 +133,13 @@ def call_reward(name: str, fn: Callable, rows: Sequence[Any], kwargs: dict[str, 
         number = None if v is None else _number(v)
         if type(v).__name__ in ("bool", "bool_"):  # Python's or NumPy's: TRL casts them to 1.0 / 0.0
             raise RewardFunctionError(f"reward function {name!r} returned {bool(v)!r} (a bool) for "
-                                      f"{_where(row, source)}; return float({bool(v)!r}) or another number (TRL casts "
+                                      f"{row_place(row, source)}; return float({bool(v)!r}) or another number (TRL casts "
                                       "bools to 1.0 and 0.0, RLHFless refuses them)")
         if v is not None and number is None:
-            raise RewardFunctionError(f"reward function {name!r} returned {_shown(v)} for {_where(row, source)}; "
+            raise RewardFunctionError(f"reward function {name!r} returned {_shown(v)} for {row_place(row, source)}; "
                                       "return a finite float or None per completion")
         if number is not None and abs(number) > REWARD_LIMIT:
-            raise RewardFunctionError(f"reward function {name!r} returned {_shown(v)} for {_where(row, source)}, "
+            raise RewardFunctionError(f"reward function {name!r} returned {_shown(v)} for {row_place(row, source)}, "
                                       f"beyond +-{REWARD_LIMIT:g}, where the step's float32 statistics overflow; "
                                       "return rewards of a moderate scale (e.g. within +-1e6)")
         out.append(number)
@@ -198,17 +198,17 @@ def _checked_metrics(name: str, logged: Sequence[tuple[Any, Any]]) -> list[tuple
 
 def _failing_row(fn: Callable, rows: Sequence[Any], kwargs: dict[str, list], trainer_state: Any,
                  source: str | None = None) -> str:
-    """The first row on which ``fn`` raises alone (the batch call does not say which), as ``_where`` names it."""
+    """The first row on which ``fn`` raises alone (the batch call does not say which), as ``row_place`` names it."""
     for i, row in enumerate(rows):
         try:
             # these calls only locate the row: what they log is not part of any step's metrics
             _invoke(fn, {k: [v[i]] for k, v in kwargs.items()}, trainer_state, lambda metric, value: None)
         except Exception:
-            return _where(row, source, i)
+            return row_place(row, source, i)
     return "prompt_id ? (it raised only on the whole batch)"
 
 
-def _where(row: Any, source: str | None, number: int | None = None) -> str:
+def row_place(row: Any, source: str | None, number: int | None = None) -> str:
     """``row`` for a message: where it is in the file it was read from (``data.train_path
     d.jsonl:3 (prompt_id N)``, as ``dataset.record_where`` names it), when ``source`` is given
     and the row carries its line; else ``prompt_id N``, the stored copy's rows having no place
