@@ -21,11 +21,12 @@ import yaml
 from pydantic import BaseModel
 
 from actions.config.quoting import quote
+from actions.config.reward import SHORT_ENTRY_KEYS
 from flows.config_yaml import AliasBomb, load_yaml
 
 _INDEXED = re.compile(r"([^\[\]]+)((?:\[\d+\])+)")
 
-SHORT_ENTRIES = {("reward", "functions"): "name", ("reward", "models"): "path"}
+SHORT_ENTRIES = {("reward", setting): key for setting, key in SHORT_ENTRY_KEYS.items()}
 """List settings whose entry may be one string, standing for ``{key: it}``, and whose one entry
 may stand alone, not in a list (``actions.config.reward._entries``): setting -> key."""
 

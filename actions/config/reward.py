@@ -97,6 +97,11 @@ class RewardModelConfig(_Section):
         return v
 
 
+SHORT_ENTRY_KEYS = {"functions": "name", "models": "path"}
+"""``reward`` list settings whose entry may be written as one string, and the key it stands
+for (``{name: it}``, ``{path: it}``); ``flows/config_overrides.py`` reads entries so too."""
+
+
 def _entries(v: Any, setting: str, key: str, entry: type, form: str) -> Any:
     """A list setting written as its entries' ``key`` alone: a string is ``{key: it}``, and one
     string or mapping alone is a list of it; an entry of any other type is refused naming
@@ -124,7 +129,7 @@ class RewardConfig(_Section):
         """``[gsm8k, pkg.mod:fn]`` (TRL's ``reward_funcs`` as a list of names) is ``[{name: ...}, ...]``,
         and one name or ``{name, weight}`` alone is a list of it; anything else an entry cannot be is
         refused here."""
-        return _entries(v, "reward.functions", "name", RewardFunctionConfig,
+        return _entries(v, "reward.functions", SHORT_ENTRY_KEYS["functions"], RewardFunctionConfig,
                         "a function's name or {name, weight}, e.g. [gsm8k, {name: 'my_rewards:fmt', weight: 0.5}]")
 
     @field_validator("models", mode="before")
@@ -132,7 +137,7 @@ class RewardConfig(_Section):
     def _paths_alone(cls, v: Any) -> Any:
         """A folder's path is ``{path: ...}``, and one path or one ``{path, ...}`` alone is a
         list of it, as ``functions`` takes names; anything else an entry cannot be is refused."""
-        return _entries(v, "reward.models", "path", RewardModelConfig,
+        return _entries(v, "reward.models", SHORT_ENTRY_KEYS["models"], RewardModelConfig,
                         "a model folder's path or {path, weight, ...}, e.g. [{path: /models/rm, weight: 0.5}]")
 
     @field_validator("functions")

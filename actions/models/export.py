@@ -112,7 +112,7 @@ def export_policy(store: ObjectStore, base_key: str, policy_key: str, out: str |
         model.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
         if adapter is not None:
             _save_adapter(adapter, tmp, target)
-        _give_usual_modes(tmp)
+        give_usual_modes(tmp)
         if target.exists():
             target.rmdir()  # the caller checked that it is an empty folder
         tmp.rename(target)
@@ -147,10 +147,10 @@ def _umask() -> int:
     return mask
 
 
-def _give_usual_modes(folder: Path) -> None:
+def give_usual_modes(folder: Path) -> None:
     """Folders ``0o777`` and files ``0o666`` less the umask, as a plain ``save_pretrained``
-    leaves them (``mkdtemp`` and ``write_beneath`` create owner-only ones). Symlinks (none are
-    written) are left alone."""
+    leaves them (``mkdtemp`` and ``write_beneath`` create owner-only ones, and safetensors writes
+    its weights owner-only). Symlinks are left alone."""
     mask = _umask()
     os.chmod(folder, 0o777 & ~mask)
     for root, dirs, files in os.walk(folder):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -194,6 +194,8 @@ def _save_model(root: Path, config, *, seed: int, reward: bool, eos_ids: list[in
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, GenerationConfig
 
+    from actions.models.export import give_usual_modes
+
     torch.manual_seed(seed)
     if reward:
         config.num_labels = 1
@@ -204,19 +206,7 @@ def _save_model(root: Path, config, *, seed: int, reward: bool, eos_ids: list[in
         model.generation_config = GenerationConfig(eos_token_id=list(eos_ids), pad_token_id=pad_id,
                                                    bos_token_id=bos_id, do_sample=True, temperature=0.7)
     model.save_pretrained(root, safe_serialization=True)
-    _give_usual_modes(root.glob("model*.safetensors*"))
-
-
-def _give_usual_modes(files: Iterable[Path]) -> None:
-    """Give ``files`` mode ``0o666`` less the umask, what a file the user writes gets (as
-    ``rlhfless export`` does): safetensors writes the weights owner-only (``0o600``), so a
-    model folder made for another user or a serving container could not be read there. Symlinks
-    are left alone."""
-    mask = os.umask(0o022)  # reading the umask means setting it: restored at once
-    os.umask(mask)
-    for path in files:
-        if path.is_file() and not path.is_symlink():
-            os.chmod(path, 0o666 & ~mask)
+    give_usual_modes(root)  # safetensors writes the weights owner-only: unreadable to a serving user
 
 
 def _save_tokenizer(root: Path, tok, arch: str, eos_token: str, pad_token: str | None, max_positions: int,
