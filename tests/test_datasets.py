@@ -144,17 +144,36 @@ def test_too_few_training_prompts_says_where_the_rows_went(tmp_path):
     with pytest.raises(ValueError, match=r"^data has 1 training prompt but a step needs algorithm.batch_size/"
                                          r"group_size = 2; add prompts or lower algorithm.batch_size$"):
         _build(f"data.train_path={_jsonl(tmp_path / 'one.jsonl', [{'prompt': 'q', 'answer': 'a'}])}")
+    # every skipped row fills the context alone: a lower generation.max_new_tokens is no fix
+    path = _jsonl(tmp_path / "d.jsonl", [{"prompt": "x" * 300 + str(i), "answer": "a"} for i in range(3)])
+    with pytest.raises(ValueError, match=r"3 were skipped by data.long_prompts=skip as longer than the prompt limit "
+                                         r"232 .*group_size = 2; all 3 fill the model's context of 256 "
+                                         r"\(model.max_positions\) alone, whatever generation.max_new_tokens is: "
+                                         r"shorten them, raise model.max_positions, or set "
+                                         r"data.long_prompts=truncate_left \(keep its end\)$"):
+        _build(f"data.train_path={path}", "data.long_prompts=skip")
 
 
 def test_an_eval_set_that_the_prompt_limit_empties_names_the_setting_that_sets_it(tmp_path):
     train = _jsonl(tmp_path / "t.jsonl", [{"prompt": f"q{i}", "answer": "a"} for i in range(4)])
-    evals = _jsonl(tmp_path / "e.jsonl", [{"prompt": "x" * 5000, "answer": "a"}])
+    # 240 characters: above the limit (the tiny model's context of 256 less 24 new tokens), within the context
+    evals = _jsonl(tmp_path / "e.jsonl", [{"prompt": "x" * 240, "answer": "a"}])
     with pytest.raises(ValueError, match=r"^the eval set \(.*\) has no prompts left after data.long_prompts; "
                                          r"raise data.max_prompt_tokens$"):
         _build(f"data.train_path={train}", f"data.eval_path={evals}", "data.long_prompts=skip",
                "data.max_prompt_tokens=5")
-    with pytest.raises(ValueError, match=r"has no prompts left after data.long_prompts; its limit is \d+ tokens "
+    with pytest.raises(ValueError, match=r"has no prompts left after data.long_prompts; its limit is 232 tokens "
                                          r"\(data.max_prompt_tokens unset: .*\): lower generation.max_new_tokens$"):
+        _build(f"data.train_path={train}", f"data.eval_path={evals}", "data.long_prompts=skip")
+    # a prompt that fills the context alone: no limit and no generation.max_new_tokens brings it back
+    evals = _jsonl(tmp_path / "e.jsonl", [{"prompt": "x" * 5000, "answer": "a"}])
+    fills = (r"it fills the model's context of 256 \(model.max_positions\) alone, whatever generation.max_new_tokens "
+             r"is: shorten it, raise model.max_positions, or set data.long_prompts=truncate_left \(keep its end\)$")
+    with pytest.raises(ValueError, match=r"has no prompts left after data.long_prompts; " + fills):
+        _build(f"data.train_path={train}", f"data.eval_path={evals}", "data.long_prompts=skip",
+               "data.max_prompt_tokens=5")
+    with pytest.raises(ValueError, match=r"has no prompts left after data.long_prompts; its limit is 232 tokens "
+                                         r"\(data.max_prompt_tokens unset: .*\): " + fills):
         _build(f"data.train_path={train}", f"data.eval_path={evals}", "data.long_prompts=skip")
 
 

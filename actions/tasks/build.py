@@ -113,10 +113,11 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
     if len(train) < cfg.algorithm.prompts_per_step:
         raise ValueError(_too_few_prompts(cfg, len(train), stats["train"], held, max_tokens))
     if not evals and evaluation != "none":
+        over = _over_context(cfg, stats["eval"])
         raise ValueError(f"the eval set ({evaluation}) has no prompts left after data.long_prompts; "
-                         + ("raise data.max_prompt_tokens" if d.max_prompt_tokens else
+                         + (over or "raise data.max_prompt_tokens" if d.max_prompt_tokens else
                             f"its limit is {max_tokens} tokens (data.max_prompt_tokens unset: the model's context "
-                            "less generation.max_new_tokens): lower generation.max_new_tokens")
+                            f"less generation.max_new_tokens): {over or 'lower generation.max_new_tokens'}")
                          + (" or raise data.eval_fraction" if d.eval_fraction else ""))
     state = make_trainer_state(step=0, epoch=0.0, max_steps=steps,
                                optimizer_steps_per_step=cfg.algorithm.optimizer_steps_per_step)
@@ -136,6 +137,19 @@ def _alone(cfg: WorkloadConfig) -> tuple[int, str] | None:
     return context, (f"the prompt alone leaves no room for a response in {what}, whatever generation.max_new_tokens "
                      "is: shorten it, " + (f"raise {key}, " if key else "")
                      + "or set data.long_prompts to truncate_left (keep its end) or skip")
+
+
+def _over_context(cfg: WorkloadConfig, stats: dict[str, Any]) -> str | None:
+    """The fix for a split whose skipped prompts all fill the model's context alone
+    (``LengthStats.skipped_over_context``), where neither a higher limit nor fewer
+    ``generation.max_new_tokens`` brings one back; None where some would come back."""
+    skipped, over = stats.get("skipped", 0), stats.get("skipped_over_context", 0)
+    if not skipped or over < skipped:
+        return None
+    _, what, key = sequence_limit(cfg)
+    return (f"{'it fills' if over == 1 else f'all {over} fill'} {what} alone, whatever generation.max_new_tokens "
+            "is: shorten " + ("it" if over == 1 else "them") + (f", raise {key}," if key else "")
+            + " or set data.long_prompts=truncate_left (keep its end)")
 
 
 def split_source(d: Any, which: str) -> str:
@@ -170,7 +184,8 @@ def _too_few_prompts(cfg: WorkloadConfig, kept: int, stats: dict[str, Any], held
                  "generation.max_new_tokens)")
         lost.append(f"{skipped} {'was' if skipped == 1 else 'were'} skipped by data.long_prompts=skip as longer "
                     f"than {limit}")
-        fixes.append(f"{'raise data.max_prompt_tokens' if d.max_prompt_tokens else 'lower generation.max_new_tokens'}"
+        fixes.append(_over_context(cfg, stats) or
+                     f"{'raise data.max_prompt_tokens' if d.max_prompt_tokens else 'lower generation.max_new_tokens'}"
                      " or set data.long_prompts=truncate_left")
     if skipped and not kept:  # every row left was too long: no other change brings one back
         fixes = fixes[-1:]

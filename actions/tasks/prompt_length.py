@@ -23,6 +23,9 @@ LongPromptPolicy = Literal["error", "truncate_left", "skip"]
 class LengthStats:
     truncated: int = 0
     skipped: int = 0
+    skipped_over_context: int = 0
+    """Of ``skipped``, the prompts that fill the model's context alone (``alone``): no limit or
+    ``generation.max_new_tokens`` brings them back. 0 where the context is unknown."""
     longest_prompt_tokens: int = 0
 
 
@@ -61,6 +64,7 @@ def limit_prompt_length(rows: Sequence[PromptRow], *, encode: Callable[[str], Se
                              f"{limit_text or f'data.max_prompt_tokens={max_tokens}'}; {lift}")
         if policy == "skip":
             stats.skipped += 1
+            stats.skipped_over_context += bool(alone and count >= alone[0])
             continue
         room = max(1, max_tokens - extra)
         keep = room
