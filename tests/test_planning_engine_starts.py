@@ -108,9 +108,10 @@ def test_a_start_priced_and_not_made_gives_no_decode_reading():
     assert PhaseObservation.from_metrics(metrics).predicted_engine_start_s == 30.0
 
 
-def test_the_planner_prices_what_it_observed_and_a_resume_plans_alike():
+def test_the_planner_prices_what_it_observed_and_a_resume_finds_the_engines_that_outlive_it():
     """The first step's pre-warmed engine reports a 2 s start: the next plan prices 2 s, not the
-    default, for the actions past the one engine; after a phase of two, two engines are built."""
+    default, for the actions past the one engine; after a phase of two, two engines are built. A
+    resume plans alike on OpenWhisk, whose containers keep theirs; the local pool's are new."""
     planner = Planner(rules())
     first = planner.plan(INPUTS)
     assert first.plan.num_actors == 1
@@ -128,10 +129,18 @@ def test_the_planner_prices_what_it_observed_and_a_resume_plans_alike():
     second = planner.plan(INPUTS)
     assert (second.plan.num_actors, second.engine_start_s) == (2, 2.0)
     observe(second, 2.0)
-    resumed = Planner(rules(), PlannerState.model_validate(json.loads(planner.state.model_dump_json())))
+    state = PlannerState.model_validate(json.loads(planner.state.model_dump_json()))
     third = planner.plan(INPUTS)
-    assert resumed.plan(INPUTS) == third
     assert third.calibration.max_fan_out == 2 and third.calibration.engine_start_s == 2.0
+    # workers that outlive the flow's process (OpenWhisk's containers): a resume finds both engines
+    assert Planner(rules(starts=EngineStarts(workers=4, outlives_process=True)), state).plan(INPUTS) == third
+    # the local pool starts anew with the process: its one pre-warmed engine, so the resumed
+    # planner prices a start for the second action that the uninterrupted one does not
+    resumed = Planner(rules(), state).plan(INPUTS)
+    assert resumed.calibration == third.calibration and third.engine_start_s == 0.0
+    assert POOL.warm_actors(third.calibration, 0) == 1 and POOL.warm_actors(third.calibration, 2) == 2
+    assert (resumed.plan.num_actors, resumed.engine_start_s) == (2, 2.0)
+    assert resumed.plan.predicted_gpu_seconds > third.plan.predicted_gpu_seconds
 
 
 def test_the_torch_engine_and_the_in_process_invoker_price_no_start(tiny_config, tmp_path):
@@ -158,6 +167,7 @@ def test_the_torch_engine_and_the_in_process_invoker_price_no_start(tiny_config,
     assert (cluster_spec(local, 4, learned).cold_start_s, cluster_spec(local, 4, learned).num_warm_actors) == (12.0, 2)
     assert cluster_spec(remote, 4, learned).cold_start_s == 2.0 + 12.0
     assert planner_rules(local, 4).engine_starts == EngineStarts(workers=4)
+    assert planner_rules(remote, 4).engine_starts == EngineStarts(workers=4, container_s=2.0, outlives_process=True)
     threads = ctx("generation.engine=vllm", "invoker.kind=inprocess")  # one engine in the flow's process
     assert planner_rules(threads, 4).engine_starts is None and cluster_spec(threads, 4, learned).cold_start_s == 0.0
     tokens = {p: PromptTokens(prompt=list(range(12)), answer_len=40) for p in range(8)}

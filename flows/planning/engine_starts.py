@@ -9,18 +9,20 @@ planner prices that as the cluster's cold start (``timeline.actor_start``): acto
 num_warm_actors`` pays ``cold_start_s`` before it decodes, with
 
 * ``num_warm_actors``: the workers known to hold an engine, the widest fan-out a phase has run
-  (``Calibration.max_fan_out``: a phase's actions start at once, each on a worker of its own),
-  at least the one the local pool pre-warms before the first step (``flows/campaign/warming.py``),
-  at most the pool's workers;
+  (a phase's actions start at once, each on a worker of its own) -- on OpenWhisk the
+  campaign's (``Calibration.max_fan_out``: its containers outlive the flow's process), on the
+  local pool this process's (its workers start with the process, so a resumed campaign's new
+  pool holds none of the engines built before) -- at least the one the local pool pre-warms
+  before the first step (``flows/campaign/warming.py``), at most the pool's workers;
 * ``cold_start_s``: the engine start learned from the steps (``Calibration.engine_start_s``),
   ``DEFAULT_ENGINE_START_S`` before any is observed, plus the container's own start where a
   new worker is a new container (OpenWhisk: ``scaling.cold_start_s``).
 
 So a fan-out within the engines built plans as before, and one beyond them pays a start for
 each action past them, which is what makes it worth it or not. The count is what the steps
-show, and the planner's state keeps it (``calibration_memory``), so a resumed campaign plans as
-an uninterrupted one; it does not see an engine lost with its worker (a crash, a resume's new
-pool, an OpenWhisk container reclaimed while idle), whose start comes unpriced once, nor one
+show, and the planner's state keeps it (``calibration_memory``), so a resumed campaign on
+OpenWhisk plans as an uninterrupted one; it does not see an engine lost with its worker (a
+crash, an OpenWhisk container reclaimed while idle), whose start comes unpriced once, nor one
 built outside the steps (an evaluation's), whose start is priced and does not come; such a
 phase gives the calibration no decode-speed reading where the start is a large share of it
 (``flows/planning/calibration.py``).
@@ -52,6 +54,10 @@ class EngineStarts:
     container_s: float = 0.0
     """A new worker's own start before its engine's: an OpenWhisk container's
     (``scaling.cold_start_s``); 0 on the local pool, whose workers start with it."""
+    outlives_process: bool = False
+    """The workers outlive the flow's process (OpenWhisk's containers): the campaign's widest
+    fan-out holds an engine after a resume. False (the local pool, started by the process):
+    only the widest fan-out this process ran does."""
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.container_s < 0:
@@ -63,15 +69,19 @@ class EngineStarts:
         learned = calibration.engine_start_s
         return DEFAULT_ENGINE_START_S if learned is None else learned
 
-    def warm_actors(self, calibration: Calibration) -> int:
-        """Actions that find an engine built: the widest fan-out run, in [1, workers]."""
-        return max(1, min(self.workers, calibration.max_fan_out))
+    def warm_actors(self, calibration: Calibration, widest_here: int | None = None) -> int:
+        """Actions that find an engine built: the widest fan-out run, in [1, workers] -- the
+        campaign's (``calibration.max_fan_out``) where the workers outlive the process or
+        ``widest_here`` is None, else ``widest_here``, the widest this process ran."""
+        built = calibration.max_fan_out if self.outlives_process or widest_here is None else widest_here
+        return max(1, min(self.workers, built))
 
-    def cluster(self, cluster: ClusterSpec, calibration: Calibration) -> ClusterSpec:
-        """``cluster`` whose actions beyond the warm engines pay the container's and the
-        engine's start."""
+    def cluster(self, cluster: ClusterSpec, calibration: Calibration, widest_here: int | None = None
+                ) -> ClusterSpec:
+        """``cluster`` whose actions beyond the warm engines (:meth:`warm_actors`) pay the
+        container's and the engine's start."""
         return replace(cluster, cold_start_s=self.container_s + self.start_s(calibration),
-                       num_warm_actors=self.warm_actors(calibration))
+                       num_warm_actors=self.warm_actors(calibration, widest_here))
 
     def priced_s(self, num_actors: int, cluster: ClusterSpec) -> float:
         """The engine start a plan of ``num_actors`` on ``cluster`` (:meth:`cluster`'s) timed

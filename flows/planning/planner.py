@@ -165,6 +165,9 @@ class Planner:
         self._history = LengthHistory.from_dict(self._memory.length_history)
         # the last phase planned: its inputs, its plan and what it was timed with
         self._last: tuple[PhaseInputs, PhasePlan, PhaseModel] | None = None
+        # the widest fan-out observed by this planner, that is since this process started: the
+        # local pool's engines (EngineStarts.outlives_process) are its, not the campaign's
+        self._widest_here = 0
 
     @property
     def state(self) -> PlannerState:
@@ -175,12 +178,15 @@ class Planner:
     def plan(self, inputs: PhaseInputs, calibration: Calibration | None = None) -> PhasePlan:
         """The plan of one generation phase (module docstring); ``calibration``: the
         corrections to plan with (default: those the observed phases imply, where the rules
-        calibrate)."""
+        calibrate, with the engines built since this planner started where they do not outlive
+        the process: ``EngineStarts.outlives_process``)."""
         r, ids = self.rules, list(inputs.prompt_ids)
         group_size = inputs.group_size or r.group_size
         predicted = dict(inputs.known_lengths) if inputs.known_lengths is not None else predict_lengths(
             self._history, ids, dict(inputs.reference_lengths), window=r.length_window, max_length=r.max_length,
             first_epoch=r.first_epoch, prompt_lengths=dict(inputs.prompt_lengths))
+        # a calibration given is the caller's, its engines built (max_fan_out) included
+        widest_here = None if calibration is not None else self._widest_here
         if calibration is None:
             calibration = calibrate(self._memory.phases) if r.calibrated else Calibration()
         base = r.settings.profile
@@ -189,7 +195,7 @@ class Planner:
         profile = calibration.profile(base) if r.calibrated or calibration != Calibration() else base
         cluster = replace(r.settings.cluster, prefill_fixed_s=calibration.prefill_fixed_s)
         if r.engine_starts is not None:
-            cluster = r.engine_starts.cluster(cluster, calibration)
+            cluster = r.engine_starts.cluster(cluster, calibration, widest_here)
         prefill, cluster = self._prefill(inputs, group_size, profile, cluster)
         # the prefill action computes the unique prefixes; each generation action then the
         # suffixes of its own prompts, so the suffixes are timed on the actions, split as they are
@@ -281,6 +287,7 @@ class Planner:
             if observed.hindsight_generate_s is None:  # the calibration tells length errors from speed by it
                 observed = replace(observed, hindsight_generate_s=self.hindsight_generate_s(record))
             s.phases = calibration_memory([*s.phases, observed])  # bounded: what calibrate reads
+            self._widest_here = max(self._widest_here, observed.num_actors)
         for action, offset in record.call_offsets.items():
             s.call_history[action] = [*s.call_history.get(action, []), offset][-CALL_HISTORY:]
         s.prewarm_s = [*s.prewarm_s, record.prewarm_s][-CALL_HISTORY:]

@@ -81,12 +81,13 @@ def cluster_spec(ctx: RunContext, num_workers: int, calibration: Calibration = C
 def engine_starts(ctx: RunContext, num_workers: int) -> EngineStarts | None:
     """How the planner prices the vLLM engine's starts (``flows/planning/engine_starts.py``):
     on the ``num_workers`` workers of the local pool or OpenWhisk, whose new container pays its
-    own start (``scaling.cold_start_s``) first. None, no start priced: the torch engine, and the
+    own start (``scaling.cold_start_s``) first and outlives the flow's process (a resume finds
+    its engines; the local pool's start anew). None, no start priced: the torch engine, and the
     in-process invoker, whose actions share the flow process's one engine."""
     kind = ctx.config.invoker.kind
     if ctx.config.generation.engine != "vllm" or kind == "inprocess":
         return None
-    return EngineStarts(workers=max(1, num_workers),
+    return EngineStarts(workers=max(1, num_workers), outlives_process=kind == "openwhisk",
                         container_s=ctx.config.scaling.cold_start_s if kind == "openwhisk" else 0.0)
 
 
