@@ -13,11 +13,11 @@ model's own dropout off (``actions/rl/dropout.py``), and the log-probs are of th
 the rollouts were sampled from, at ``generation.temperature`` (``actions/rl/head.py``).
 
 A warm container keeps the model and optimizer state it just published, under the keys of
-what it published (``trained_key``): the next step's training, when it lands on the same
-container (the local pool routes it there, ``flows/invokers/idle.py``), starts from them
-instead of reading both back from the store. They are the published tensors themselves, so
-the update is the same bit for bit; anything else (another version, a retry after a failure)
-reads the store.
+what it published (``trained_key``; PPO's critic and its optimizer state likewise,
+``trained_critic_key``): the next step's training, when it lands on the same container (the
+local pool routes it there, ``flows/invokers/idle.py``), starts from them instead of reading
+them back from the store. They are the published tensors themselves, so the update is the same
+bit for bit; anything else (another version, a retry after a failure) reads the store.
 
 Besides the learning metrics, a one-rank step reports where its seconds went:
 ``train/load_s`` (model and optimizer state, from the warm cache or the store, and the
@@ -25,9 +25,9 @@ batch), ``train/update_s`` (advantages and every pass), ``train/publish_policy_s
 ``train/publish_optimizer_s`` (hashing and writing each; the optimizer state, fp32 master
 weights and moments, is the larger by far), and ``train/state_read_bytes``: the blob bytes of
 the weights and optimizer states it fetched from the store (0 when it starts from what the warm
-container kept, the policy and its optimizer state; PPO's critic and its optimizer state are
-read every step and count; a LoRA run's backbone counts only when this container had not read
-it yet).
+container kept, the policy and its optimizer state and PPO's critic and its optimizer state,
+``train/reused_state`` and ``train/reused_critic_state``; a LoRA run's backbone counts only
+when this container had not read it yet).
 """
 
 from __future__ import annotations
@@ -57,6 +57,11 @@ def trained_key(store_uri: str, policy_key: str, weights_sha256: str | None, dty
     return ("trained", store_uri, policy_key, weights_sha256, dtype, optimizer_key)
 
 
+def trained_critic_key(store_uri: str, critic_key: str | None, dtype: str, optimizer_key: str | None) -> tuple:
+    """Warm-cache key of a trained PPO critic and its optimizer state, by what was published."""
+    return ("trained_critic", store_uri, critic_key, dtype, optimizer_key)
+
+
 def run_train(req: TrainStepRequest) -> TrainStepResult:
     world = check_world_size(req.world_size, req.gpus_per_actor)
     if world > 1:
@@ -84,19 +89,26 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
     opt = make_optimizer(policy, algo.lr)
     if opt_state is not None:
         opt.load_state_tensors(opt_state, where=req.optimizer_key or "")
-    critic = critic_opt = None
+    critic = critic_opt = kept_critic = None
     if algo.name == "ppo":
-        critic = load_critic(req.policy.store_uri, req.policy.base_key, req.critic_key, fresh=True,
-                             dtype_setting=req.policy.dtype, read=read)
+        kept_critic = warm.take(trained_critic_key(ref.store_uri, req.critic_key, ref.dtype, req.critic_optimizer_key))
+        if kept_critic is not None:
+            critic, critic_state = kept_critic
+        else:
+            critic = load_critic(req.policy.store_uri, req.policy.base_key, req.critic_key, fresh=True,
+                                 dtype_setting=req.policy.dtype, read=read)
+            critic_state = critic.stored_optimizer_state(read(store, req.critic_optimizer_key)) \
+                if req.critic_optimizer_key else None
         critic.train()
         disable_dropout(critic)
         enable_checkpointing(critic.lm, req.gradient_checkpointing)
         critic_opt = make_optimizer(critic, algo.critic_lr)
-        if req.critic_optimizer_key:
-            state = critic.stored_optimizer_state(read(store, req.critic_optimizer_key))
-            critic_opt.load_state_tensors(state, where=req.critic_optimizer_key)
+        if critic_state is not None:
+            critic_opt.load_state_tensors(critic_state, where=req.critic_optimizer_key or "")
     metrics = rollout_metrics(batch, algo)
     metrics["train/reused_state"] = float(kept is not None)
+    if critic is not None:
+        metrics["train/reused_critic_state"] = float(kept_critic is not None)
     metrics["train/world_size"] = 1.0
     metrics["train/state_read_bytes"] = float(sum(fetched))
     t_loaded = time.perf_counter()
@@ -127,6 +139,9 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
         co = publish_tensors(store, f"{req.output_prefix}/critic_optimizer/manifest.json", critic_opt.state_tensors(),
                              scalars_in_meta=True)
         out.critic_key, out.critic_optimizer_key = c.manifest_key, co.manifest_key
+        critic.zero_grad(set_to_none=True)
+        warm.put(trained_critic_key(ref.store_uri, c.manifest_key, ref.dtype, co.manifest_key),
+                 (critic, critic_opt.state_tensors()))
     return out
 
 

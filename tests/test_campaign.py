@@ -190,10 +190,16 @@ def test_smoke_whole_flow_on_local_warm_pool(tiny_config, prefect_harness, monke
     assert 0.0 <= last["prewarm/offset_s"] <= last["prewarm/fired_s"] and last["prewarm/duration_s"] >= 0.0
 
 
-def test_ppo_step_trains_critic(tiny_config, prefect_harness):
+def test_ppo_step_trains_critic(tiny_config, prefect_harness, monkeypatch):
+    """PPO trains its critic; the second step trains the critic and optimizer state the first
+    kept warm (``actions/train_step.py``), reading nothing back, and reading them from the store
+    instead gives the same policy and critic bit for bit."""
+    from actions.models import warm
+
     # one sample per prompt, natural for PPO: every group has one reward, which is no warning here
-    cfg = tiny_config("invoker.kind=inprocess", "run_id=ppo", "algorithm.name=ppo", "algorithm.group_size=1",
-                      "steps=1")
+    ppo = ("invoker.kind=inprocess", "algorithm.name=ppo", "algorithm.group_size=1", "steps=2",
+           "store.keep_last=null")
+    cfg = tiny_config(*ppo, "run_id=ppo")
     lines: list[str] = []
     summary = run_campaign(cfg, progress=lines.append)
     step = summary["steps"][0]
@@ -201,6 +207,21 @@ def test_ppo_step_trains_critic(tiny_config, prefect_harness):
     assert step["frac_reward_zero_std"] == 1.0
     assert "zero_reward_std" not in {w["kind"] for w in summary["warnings"]}
     assert not [line for line in lines if "zero_reward_std" in line], lines
+    assert [s["train/reused_critic_state"] for s in summary["steps"]] == [0.0, 1.0]
+    assert summary["steps"][0]["train/state_read_bytes"] > 0 == summary["steps"][1]["train/state_read_bytes"]
+    monkeypatch.setattr(warm, "take", lambda key: None)
+    cold_cfg = tiny_config(*ppo, "run_id=ppo_cold")
+    cold = run_campaign(cold_cfg, progress=lambda m: None)
+    assert [s["train/reused_critic_state"] for s in cold["steps"]] == [0.0, 0.0]
+    assert cold["steps"][1]["train/state_read_bytes"] > 0
+    assert cold["weights_sha256"] == summary["weights_sha256"]
+    store = open_store(cfg.store.uri)
+
+    def critic_files(c):
+        return get_json(store, load_state_at(store, c.resolved_run_id(), 2).critic_key)["files"]
+
+    assert {k: e["sha256"] for k, e in critic_files(cold_cfg).items()} == \
+        {k: e["sha256"] for k, e in critic_files(cfg).items()}
 
 
 def test_failed_activations_are_retried_and_change_nothing(tiny_config, prefect_harness, clean_summary):
