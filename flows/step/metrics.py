@@ -112,7 +112,9 @@ def cost_metrics(records: Sequence[Activation], failed: Sequence[Activation], *,
     attempts that failed and were retried (``failed``), in the unit of ``billing``.
 
     Billed counts both, as a platform charges for a crashed or killed activation; useful (busy)
-    time counts only the successful ones. ``cost/failed_billed_gpu_seconds`` is the failed
+    time counts only the successful ones. Each activation counts ``gpus_per_actor`` times its
+    seconds, but one whose action holds no GPU (``Activation.gpus`` 0: on OpenWhisk an action
+    annotated ``gpus: 0``, the CPU image's ``init_critic`` and ``noop`` probes) counts 0. ``cost/failed_billed_gpu_seconds`` is the failed
     attempts' share of billed, so ``cost/idle_fraction`` = (billed - useful) / billed splits
     into failures and idle time in live containers. ``cost/generate_billed_actor_s``: the
     generation actions' billed seconds, failed attempts included, not times ``gpus_per_actor``.
@@ -125,10 +127,16 @@ def cost_metrics(records: Sequence[Activation], failed: Sequence[Activation], *,
     (6.0, 1.5, 4.0, 3.0)
     >>> m["cost/generate_billed_actor_s"], m["cost/failed_attempts"], m["cost/idle_fraction"]
     (3.0, 1.0, 0.75)
+    >>> probe = Activation("noop", "c", {}, 0.0, 0.0, 300.0, 300.0, gpus=0)  # on the CPU image
+    >>> cost_metrics([ok, probe], [], gpus_per_actor=2, price=0.5)["cost/billed_gpu_seconds"]
+    2.0
     """
-    billed_ok = sum(r.billed_s for r in records) * gpus_per_actor
-    billed_failed = sum(r.billed_s for r in failed) * gpus_per_actor
-    billed, useful = billed_ok + billed_failed, sum(r.busy_s for r in records) * gpus_per_actor
+    def held(r: Activation) -> int:  # an action that holds no GPU (OpenWhisk's gpus: 0) bills none
+        return gpus_per_actor if r.gpus > 0 else 0
+
+    billed_ok = sum(r.billed_s * held(r) for r in records)
+    billed_failed = sum(r.billed_s * held(r) for r in failed)
+    billed, useful = billed_ok + billed_failed, sum(r.busy_s * held(r) for r in records)
     return {
         USEFUL: useful,
         BILLED: billed,
