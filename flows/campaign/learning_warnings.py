@@ -22,7 +22,8 @@ metrics, printed on the progress output as they first hold and listed in ``summa
   limit too short for the task leaves a run that rewards nothing (a 256-token default that cut
   97-99% of completions is a known way to learn nothing).
 
-Each kind is reported once, at the step it first holds, with the number of steps it held.
+Each kind is reported once, after the step at which it first holds, with its first step (a
+run's first, for a kind that must hold steps in a row) and the number of steps it held.
 """
 
 from __future__ import annotations
@@ -75,6 +76,11 @@ _CRITIC_FIX = ("the critic's update diverged (loss/value NaN or infinite); its o
 """``nonfinite_update``'s fix where only PPO's critic diverged."""
 
 
+def _window(kind: str, total: int) -> int:
+    """The steps in a row ``kind`` must hold at to be raised (1: at any one step)."""
+    return min({"truncated": TRUNCATED_STEPS, "zero_reward_std": ZERO_STD_STEPS}.get(kind, 1), total)
+
+
 def _holds(kind: str, steps: Sequence[Mapping[str, Any]], i: int, total: int, algorithm: str) -> bool:
     """Does ``kind`` hold after step ``i + 1`` (``steps[:i + 1]`` committed, ``total`` planned)
     of a run of ``algorithm``?"""
@@ -86,10 +92,10 @@ def _holds(kind: str, steps: Sequence[Mapping[str, Any]], i: int, total: int, al
     if kind == "no_reward":
         return m.get("frac_reward_none", 0.0) >= 1.0
     if kind == "truncated":
-        return _in_a_row(steps, i, min(TRUNCATED_STEPS, total), lambda s: s.get(CLIP_RATIO, 0.0) >= TRUNCATED_SHARE)
+        return _in_a_row(steps, i, _window(kind, total), lambda s: s.get(CLIP_RATIO, 0.0) >= TRUNCATED_SHARE)
     if algorithm not in GROUP_RELATIVE:
         return False
-    return _in_a_row(steps, i, min(ZERO_STD_STEPS, total), lambda s: s.get("frac_reward_zero_std", 0.0) >= 1.0)
+    return _in_a_row(steps, i, _window(kind, total), lambda s: s.get("frac_reward_zero_std", 0.0) >= 1.0)
 
 
 def _in_a_row(steps: Sequence[Mapping[str, Any]], i: int, window: int,
@@ -127,11 +133,14 @@ def _message(kind: str, m: Mapping[str, Any], mask_truncated: bool = False) -> s
 class LearningWarning:
     kind: str
     step: int
-    """The step (1-based) at which it first held."""
+    """The step (1-based) at which it first held: for a kind that must hold some steps in a row
+    (``truncated``, ``zero_reward_std``), the first of those steps."""
     steps: int
-    """How many steps it held at."""
+    """How many steps it held at (such a kind's: in the runs long enough to raise it)."""
     message: str
-    """The progress line."""
+    """The progress line, printed after the step that raised it (``raised``)."""
+    raised: int = 0
+    """The step after which it was raised: ``step`` plus its run's length less one."""
 
 
 def find_warnings(steps: Sequence[Mapping[str, Any]], total: int, algorithm: str = "grpo",
@@ -144,22 +153,26 @@ def find_warnings(steps: Sequence[Mapping[str, Any]], total: int, algorithm: str
         for kind in _FIX:
             if not _holds(kind, steps, i, total, algorithm):
                 continue
+            # a run that just became long enough brings its earlier steps, which counted for none
+            window = _window(kind, total)
+            new = window if i == 0 or not _holds(kind, steps, i - 1, total, algorithm) else 1
             if kind in found:
-                found[kind].steps += 1
+                found[kind].steps += new
             else:
-                found[kind] = LearningWarning(kind, i + 1, 1,
+                found[kind] = LearningWarning(kind, i + 2 - window, window,
                                               f"warning: step {i + 1}: {kind}: "
-                                              f"{_message(kind, steps[i], mask_truncated)}")
+                                              f"{_message(kind, steps[i], mask_truncated)}", raised=i + 1)
     return sorted(found.values(), key=lambda w: (w.step, w.kind))
 
 
 def learning_warnings(steps: Sequence[Mapping[str, Any]], total: int, algorithm: str = "grpo",
                       mask_truncated: bool = False) -> list[dict[str, Any]]:
     """``find_warnings`` as JSON for ``summary.json``: ``kind``, ``step``, ``steps``, ``message``."""
-    return [asdict(w) for w in find_warnings(steps, total, algorithm, mask_truncated)]
+    return [{k: v for k, v in asdict(w).items() if k != "raised"}
+            for w in find_warnings(steps, total, algorithm, mask_truncated)]
 
 
 def new_warning_lines(steps: Sequence[Mapping[str, Any]], total: int, algorithm: str = "grpo",
                       mask_truncated: bool = False) -> list[str]:
     """The warnings that first hold at the last step: what the progress output prints after it."""
-    return [w.message for w in find_warnings(steps, total, algorithm, mask_truncated) if w.step == len(steps)]
+    return [w.message for w in find_warnings(steps, total, algorithm, mask_truncated) if w.raised == len(steps)]
