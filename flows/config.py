@@ -195,6 +195,20 @@ class InvokerConfig(_Section):
     ``scaling.gpus_per_actor`` (create it first: ``prefect gcl create gpu-actions --limit 8``).
     None: no limit. A name the server does not know is skipped with a warning, never blocks."""
 
+    @field_validator("package")
+    @classmethod
+    def _check_package(cls, v: str) -> str:
+        # PKG (in the connection's namespace), /NS/PKG, /NS (NS's actions outside a package) or
+        # empty: the client resolves NAME, PKG/NAME and /NS/PKG/NAME only, so a namespace needs its "/".
+        parts = v.removeprefix("/").split("/") if v else []
+        if not all(parts) or len(parts) > (2 if v.startswith("/") else 1):
+            inner = [p for p in v.split("/") if p]
+            lead = "/" if v.startswith("/") or len(inner) == 2 else ""
+            hint = f"; did you mean {quote(lead + '/'.join(inner))}?" if 0 < len(inner) <= 2 else ""
+            raise ValueError(f"invoker.package {quote(v)} is not an OpenWhisk package path: write PKG, /NAMESPACE/PKG "
+                             f"or /NAMESPACE (a namespace after a leading '/', no trailing '/'){hint}")
+        return v
+
     def local_timeout_s(self) -> float:
         """``timeout_s`` for activations on this machine (local pool, child process): 600 s when unset."""
         return LOCAL_TIMEOUT_S if self.timeout_s is None else self.timeout_s

@@ -522,3 +522,14 @@ def test_a_secret_block_that_is_not_json_is_named_without_its_value(no_credentia
                               "remaining...", None, None)
     other = logging.LogRecord("EventsWorker", logging.WARNING, __file__, 1, "lost connection", None, None)
     assert not events.filter(drain) and events.filter(other)
+
+
+def test_env_expansion_follows_the_shell_for_empty_variables():
+    """``:-`` takes the default for an empty variable too (an empty RLHFLESS_THREADS would reach
+    every action, which reads it with int()); ``-`` and a plain reference keep the empty value."""
+    manifest = {"T": "${RLHFLESS_THREADS:-4}", "D": "${RLHFLESS_THREADS-4}", "P": "${RLHFLESS_THREADS}",
+                "U": "${UNSET-dflt}", "V": "${UNSET:-dflt}"}
+    values, missing = expand_env(manifest, {"RLHFLESS_THREADS": ""})
+    assert values == {"T": "4", "D": "", "P": "", "U": "dflt", "V": "dflt"} and missing == []
+    values = expand_env(manifest, {"RLHFLESS_THREADS": "2"})[0]
+    assert values == {"T": "2", "D": "2", "P": "2", "U": "dflt", "V": "dflt"}

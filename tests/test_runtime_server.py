@@ -144,3 +144,48 @@ def test_a_malformed_init_is_refused_with_an_error_and_a_good_one_still_initiali
     assert runtime.initialized and os.environ["RLHFLESS_TEST_INIT"] == "1"
     assert os.environ["RLHFLESS_TEST_INIT_SET"] == '{"a": [1]}'  # a non-string value as its JSON text
     assert ActionRuntime().init({"value": {"env": None}}) == ActionRuntime().init({}) == (200, {"ok": True})
+
+
+_LEAKY_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzz0secret"
+
+
+def _leaky(args):
+    raise RuntimeError(f"S3 said no to AWS_SECRET_ACCESS_KEY={_LEAKY_SECRET}")
+
+
+def test_a_crashing_activation_logs_its_traceback_without_the_secret(monkeypatch, capsys):
+    """stderr is the activation's log: the traceback printed there is scrubbed like the result."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", _LEAKY_SECRET)
+    stub = types.ModuleType("actions.noop")
+    stub.main = _leaky  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "actions.noop", stub)
+    status, reply = ActionRuntime().run({"value": {}, "action_name": "/guest/rlhfless/noop"})
+    assert status == 502 and _LEAKY_SECRET not in json.dumps(reply)
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "RuntimeError: S3 said no to AWS_SECRET_ACCESS_KEY=[REDACTED]" in err
+    assert _LEAKY_SECRET not in err
+
+
+def test_a_failed_prewarm_load_logs_its_traceback_without_the_secret(monkeypatch, capsys):
+    from actions.runtime.server import _preload_model
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", _LEAKY_SECRET)
+    monkeypatch.setattr("importlib.import_module", lambda name: _leaky({}))
+    assert _preload_model({}, "noop", None) is False  # type: ignore[arg-type]
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "[REDACTED]" in err and _LEAKY_SECRET not in err
+
+
+def test_a_crashing_oneshot_logs_its_traceback_without_the_secret(monkeypatch, tmp_path, capsys):
+    import io
+
+    import actions.noop
+    from actions.runtime import oneshot
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", _LEAKY_SECRET)
+    monkeypatch.setattr(actions.noop, "main", _leaky)
+    monkeypatch.setattr("sys.stdin", io.StringIO("{}"))
+    assert oneshot.main(["noop", str(tmp_path / "out.json")]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "[REDACTED]" in err and _LEAKY_SECRET not in err
+    assert _LEAKY_SECRET not in (tmp_path / "out.json").read_text()

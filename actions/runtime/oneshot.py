@@ -4,10 +4,10 @@ The request (JSON) comes on stdin. The file ``OUT`` receives, whole or not at al
 the action or its libraries print can corrupt it), ``{"result": ...}`` -- the action's result,
 an application error ``{"error": ...}`` included -- or, when the action raised,
 ``{"crash": ...}``: the exception classified as the runtime server classifies it
-(``actions.runtime.errors.describe_crash``), with the traceback on stderr. Used by
-the control plane for an action that must read its machine's files while the other actions run
-elsewhere (``flows/invokers/child.py``). A Ctrl-C (SIGINT) ends it with one line on stderr, no
-traceback and no ``OUT``, and exit status 130.
+(``actions.runtime.errors.describe_crash``), with the traceback, secrets scrubbed, on stderr.
+Used by the control plane for an action that must read its machine's files while the other
+actions run elsewhere (``flows/invokers/child.py``). A Ctrl-C (SIGINT) ends it with one line on
+stderr, no traceback and no ``OUT``, and exit status 130.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ import json
 import os
 import signal
 import sys
-import traceback
 
 from actions.runtime.errors import describe_crash
-from actions.runtime.server import ACTION_NAMES
+from actions.runtime.server import ACTION_NAMES, print_redacted_traceback
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[rlhfless] {action} interrupted (SIGINT); no result written", file=sys.stderr, flush=True)
         return 128 + signal.SIGINT
     except Exception as exc:  # classified for the caller, which decides on a retry
-        traceback.print_exc()
+        print_redacted_traceback()  # stderr is the worker's log: no secret in it
         record = {"crash": describe_crash(exc)}
     tmp = f"{out}.part"
     with open(tmp, "w") as fh:

@@ -187,7 +187,7 @@ class ActionRuntime:
                 module = importlib.import_module(f"actions.{name}")
                 result = module.main(dict(params))
             except Exception as exc:  # outermost adapter: report, never crash the container
-                traceback.print_exc()
+                print_redacted_traceback()
                 status, result = 502, {"error": describe_crash(exc)}
             if kill_after_s is not None:
                 threading.Event().wait()  # an action quicker than the kill still gets no reply
@@ -198,6 +198,16 @@ class ActionRuntime:
             result = {"error": f"action {name} returned {type(result).__name__}, not a dict"}
         result.update(_activation_block(busy, start, cold))
         return status, result
+
+
+def print_redacted_traceback() -> None:
+    """Print the exception being handled, as ``traceback.print_exc`` does, with every secret
+    scrubbed (``actions.store.credentials.redact``): stderr is the activation's log on OpenWhisk
+    and ``runs/<id>/logs/worker-N.log`` on the local pool, and an exception's text may quote a
+    secret (an S3 error echoing a request, a bound parameter)."""
+    from actions.store.credentials import redact  # imported here: /init answers before the store loads
+
+    print(redact(traceback.format_exc()), end="", file=sys.stderr, flush=True)
 
 
 def _refuse(body: dict[str, Any], kind: str, message: str, advice: str | None = None) -> tuple[int, dict[str, Any]]:
@@ -235,7 +245,7 @@ def _preload_model(ref: dict[str, Any], action: str, decode: DecodeSettings) -> 
             _, _, hit = load_model(model)
         return not hit
     except Exception:  # a pre-warm never fails the container; the activation loads it later
-        traceback.print_exc()
+        print_redacted_traceback()
         return False
 
 

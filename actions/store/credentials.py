@@ -40,6 +40,11 @@ space or quote. A password may hold ``/``, ``?``, ``#``, ``:`` or ``@``, so the 
 (which ends the host part at the first of ``/?#``) would leave part of it; a path that holds an
 ``@`` is redacted too, which costs a message some detail, never a secret."""
 
+_GENERATED_KEY_ID = re.compile(r"[A-Z0-9]{16,}")
+_KEY_ID_CHAR = r"[A-Za-z0-9_\-/+]"
+"""A character that continues a token around a key id: ``=`` and punctuation end one, so
+``AWS_ACCESS_KEY_ID=ID`` and ``key ID.`` are masked."""
+
 _extra_lock = threading.Lock()
 _extra_secrets: set[str] = set()
 _extra_key_ids: set[str] = set()
@@ -76,7 +81,8 @@ def redact(text: str, env: Mapping[str, str] | None = None) -> str:
     """Remove current secret values from ``text``.
 
     Scrubs the values of ``SECRET_ENV_VARS`` (plus the base64 form and both halves of
-    ``uuid:key`` auth strings), masks AWS_ACCESS_KEY_ID to its first 4 characters, does the
+    ``uuid:key`` auth strings) wherever they occur, masks AWS_ACCESS_KEY_ID to its first 4
+    characters where it stands as a token of its own (``_key_id_pattern``), does the
     same for values passed to :func:`register_secret`, and removes the user name and password
     of any URL (``scheme://user:pass@host``: the endpoints refuse them, this is the backstop).
 
@@ -93,6 +99,8 @@ def redact(text: str, env: Mapping[str, str] | None = None) -> str:
     'cannot reach http://[REDACTED]@10.0.0.5:9000/b'
     >>> redact("AWS_ENDPOINT_URL='http://AKIAX:wJal/K7MD?x#y@minio:9000' is bad", env={})
     "AWS_ENDPOINT_URL='http://[REDACTED]@minio:9000' is bad"
+    >>> redact("action rlhfless/prepare: key rlhfless denied", env={"AWS_ACCESS_KEY_ID": "rlhfless"})
+    'action rlhfless/prepare: key rlhf**** denied'
     """
     env = os.environ if env is None else env
     with _extra_lock:
@@ -101,12 +109,25 @@ def redact(text: str, env: Mapping[str, str] | None = None) -> str:
     secrets.update(v for name in SECRET_ENV_VARS if len(v := env.get(name, "")) >= _MIN_SECRET_LEN)
     key_ids.update(v for name in KEY_ID_ENV_VARS if len(v := env.get(name, "")) >= _MIN_SECRET_LEN)
     replacements = [(v, _REDACTED) for s in secrets for v in _variants(s)]
-    replacements += [(k, mask_key_id(k)) for k in key_ids]
     # Longest first, so a secret that contains another one is replaced whole.
     for value, repl in sorted(replacements, key=lambda r: -len(r[0])):
         if value in text:
             text = text.replace(value, repl)
+    for key_id in sorted(key_ids, key=len, reverse=True):
+        if key_id in text:
+            text = _key_id_pattern(key_id).sub(mask_key_id(key_id), text)
     return _URL_USERINFO.sub(rf"\1{_REDACTED}@", text)
+
+
+def _key_id_pattern(key_id: str) -> re.Pattern[str]:
+    """Where ``key_id`` is masked. A generated id (AWS's ``AKIA...``: 16+ upper-case letters and
+    digits) is masked anywhere, even inside SigV4's ``Credential=ID/date/...``. A shorter or
+    lower-case id may be a word its owner chose (MinIO's ``rlhfless-actions``), so it is masked
+    only as a whole token: not inside a longer name, path or key such as ``rlhfless/prepare``
+    when the id is ``rlhfless``."""
+    if _GENERATED_KEY_ID.fullmatch(key_id):
+        return re.compile(re.escape(key_id))
+    return re.compile(rf"(?<!{_KEY_ID_CHAR}){re.escape(key_id)}(?!{_KEY_ID_CHAR})")
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ from flows.invokers.openwhisk.config import credentials_configured
 #: Annotations the controller adds by itself; compared only when the manifest sets them.
 SYSTEM_ANNOTATIONS = frozenset({"exec", "provide-api-key"})
 LIMITS_HINT = "the operator must raise whisk.limits.actions.* (see infra/openwhisk/values-gpu.yaml)"
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?)-([^}]*))?\}")
 
 
 class DeployError(RuntimeError):
@@ -82,12 +82,15 @@ class DeployError(RuntimeError):
 
 
 def expand_env(values: Mapping[str, str], environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
-    """Substitute ``${VAR}`` / ``${VAR:-default}``; returns (values, names of unset VARs)."""
+    """Substitute ``${VAR}``, ``${VAR:-default}`` and ``${VAR-default}`` as the shell does:
+    ``:-`` gives the default when VAR is unset or empty, ``-`` only when it is unset, and a
+    plain ``${VAR}`` set to the empty string is the empty string. Returns (values, names of
+    the unset VARs that have no default)."""
     missing: list[str] = []
 
     def sub(match: re.Match[str]) -> str:
-        name, default = match.group(1), match.group(2)
-        if name in environ:
+        name, colon, default = match.groups()
+        if name in environ and not (colon and environ[name] == ""):  # ":-": empty counts as unset
             return environ[name]
         if default is not None:
             return default

@@ -236,7 +236,7 @@ class ControllerApi:
             return f"OpenWhisk rejected the credentials for namespace {ns} at {host} (HTTP 401); check {auth}"
         return (
             f"OpenWhisk denied the credentials access to namespace {ns} at {host} (HTTP 403); "
-            f"check {auth} and the namespace (__OW_NAMESPACE, or _ for the key's own)"
+            f"check {auth} and the namespace ({self.config.setting('namespace')}, or _ for the key's own)"
         )
 
     def fail(self, resp: httpx.Response, what: str) -> OpenWhiskError:

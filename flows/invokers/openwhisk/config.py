@@ -21,7 +21,8 @@ AUTH_FORM = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}:\S
 """An OpenWhisk auth key (``uuid:key``), wherever it turns up: never shown."""
 SECRET_BLOCK_ENV = "RLHFLESS_OPENWHISK_SECRET"
 """Names a Prefect Secret block holding the OpenWhisk connection (see ``OpenWhiskConfig.from_secret``)."""
-ENV_SETTINGS = {"api_host": "WSK_APIHOST", "auth": "WSK_AUTH", "ca_bundle": "WSK_CA_BUNDLE"}
+ENV_SETTINGS = {"api_host": "WSK_APIHOST", "auth": "WSK_AUTH", "ca_bundle": "WSK_CA_BUNDLE",
+                "namespace": "WSK_NAMESPACE or __OW_NAMESPACE"}
 """How messages name a setting that came from arguments or the environment."""
 
 
@@ -47,9 +48,10 @@ class OpenWhiskConfig:
     verify: bool | str = True
     """TLS verification: True, False (``WSK_INSECURE``), or a CA bundle path."""
     origins: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
-    """Where ``api_host``, ``auth`` and ``ca_bundle`` were set, as messages name it (``WSK_AUTH``,
-    ``the auth key of Prefect Secret block 'NAME'``...); one not given is named by its
-    environment variable (``ENV_SETTINGS``). Messages tell the user what to fix there."""
+    """Where ``api_host``, ``auth``, ``ca_bundle`` and ``namespace`` were set, as messages name it
+    (``WSK_AUTH``, ``NAMESPACE in ~/.wskprops``, ``the auth key of Prefect Secret block 'NAME'``...);
+    one not given is named by its environment variable (``ENV_SETTINGS``). Messages tell the
+    user what to fix there."""
 
     def __post_init__(self) -> None:
         for value in (self.auth, self.api_host):  # first: no message below may show a key, wherever it was put
@@ -86,7 +88,7 @@ class OpenWhiskConfig:
         return f"OpenWhiskConfig(api_host={self.api_host!r}, namespace={self.namespace!r}, subject={subject!r})"
 
     def setting(self, key: str) -> str:
-        """Where ``key`` (``api_host``, ``auth`` or ``ca_bundle``) was set, as a message names it."""
+        """Where ``key`` (``api_host``, ``auth``, ``ca_bundle`` or ``namespace``) was set, as a message names it."""
         return self.origins.get(key) or ENV_SETTINGS[key]
 
     def tls_verify(self) -> bool | ssl.SSLContext:
@@ -124,17 +126,19 @@ class OpenWhiskConfig:
         if not host or not auth:
             missing = " and ".join(n for n, v in (("WSK_APIHOST", host), ("WSK_AUTH", auth)) if not v)
             raise ValueError(f"OpenWhisk connection not configured: set {missing} (or write ~/.wskprops)")
-        namespace = env.get("__OW_NAMESPACE") or env.get("WSK_NAMESPACE") or props.get("NAMESPACE") or "_"
+        namespace, ns_from = _namespace_from(env, props)
         origins = {"api_host": host_from or f"APIHOST in {_wskprops_path(env)}",
-                   "auth": auth_from or f"AUTH in {_wskprops_path(env)}"}
+                   "auth": auth_from or f"AUTH in {_wskprops_path(env)}", **ns_from}
         return cls(host, auth, namespace, _verify_from(env), origins)
 
     @classmethod
     def from_secret(cls, block_name: str, env: Mapping[str, str] | None = None) -> OpenWhiskConfig:
         """Load a Prefect Secret block. Its value is either a JSON object with ``api_host``,
         ``auth`` and optional ``namespace``, ``insecure``, ``ca_bundle``, or the bare
-        ``uuid:key`` string (host and namespace then come from the environment). Errors name
-        the block and its key, never the value."""
+        ``uuid:key`` string (host and namespace then come from the environment). A namespace
+        the block does not hold comes from the environment or ``~/.wskprops``, as in
+        :meth:`from_env`, else ``_``. Errors name the block and its key, never the value; one
+        that cannot be loaded names ``PREFECT_API_URL``."""
         from prefect.blocks.system import Secret  # lazy: the client works without a Prefect server
 
         # Loading a block emits an event; a process that exits soon after (a refused deploy) would
@@ -143,8 +147,7 @@ class OpenWhiskConfig:
         try:
             value = Secret.load(block_name).get()
         except Exception as exc:  # Prefect raises ValueError, httpx or its own errors here
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise ValueError(f"cannot load the Prefect Secret block {block_name!r}: {reason}") from None
+            raise ValueError(_block_load_error(block_name, exc)) from None
         block = f"Prefect Secret block {block_name!r}"
         value = _parse_block(block, value)
         env = os.environ if env is None else env
@@ -163,8 +166,8 @@ class OpenWhiskConfig:
         if not host:
             raise ValueError(f"{block} has no api_host key and WSK_APIHOST is not set; add "
                              "\"api_host\": \"https://host[:port]\" to the block")
-        namespace = value.get("namespace") or env.get("__OW_NAMESPACE") or "_"
-        origins = {key: f"the {key} key of {block}" for key in ("auth", "ca_bundle")}
+        namespace, ns_from = (value["namespace"], {}) if value.get("namespace") else _namespace_from(env)
+        origins = {key: f"the {key} key of {block}" for key in ("auth", "ca_bundle", "namespace")} | ns_from
         if host_key:
             origins["api_host"] = f"the {host_key} key of {block}"
         return cls(str(host), str(value["auth"]), str(namespace), verify, origins)
@@ -186,7 +189,8 @@ class OpenWhiskConfig:
         if api_host and auth:
             return cls(api_host, auth, namespace or "_", _verify_from(env))
         base = cls.from_secret(block, env) if block else cls.from_env(env)
-        origins = {k: v for k, v in base.origins.items() if not (k == "api_host" and api_host or k == "auth" and auth)}
+        given = {"api_host": api_host, "auth": auth, "namespace": namespace}
+        origins = {k: v for k, v in base.origins.items() if not given.get(k)}
         return cls(api_host or base.api_host, auth or base.auth, namespace or base.namespace, base.verify, origins)
 
 
@@ -217,6 +221,39 @@ def credentials_configured(secret_block: str | None = None, env: Mapping[str, st
     return bool(secret_block or env.get(SECRET_BLOCK_ENV)
                 or _first_set(env, "WSK_APIHOST", "WSK_AUTH", "__OW_API_HOST", "__OW_API_KEY")
                 or props.get("APIHOST") or props.get("AUTH"))
+
+
+def _namespace_from(env: Mapping[str, str], props: Mapping[str, str] | None = None) -> tuple[str, dict[str, str]]:
+    """The namespace the environment names (``__OW_NAMESPACE``, ``WSK_NAMESPACE``, else
+    ``NAMESPACE`` of ``~/.wskprops``; ``_``, the key's own, when none does) and, when one does,
+    its origin (``{"namespace": where}``) for messages."""
+    props = _read_wskprops(env) if props is None else props
+    if name := _first_set(env, "__OW_NAMESPACE", "WSK_NAMESPACE"):
+        return env[name], {"namespace": name}
+    if props.get("NAMESPACE"):
+        return props["NAMESPACE"], {"namespace": f"NAMESPACE in {_wskprops_path(env)}"}
+    return "_", {}
+
+
+def _block_load_error(block_name: str, exc: Exception) -> str:
+    """The message for a Secret block that cannot be loaded. A Prefect API that cannot be
+    reached is named by ``PREFECT_API_URL`` and its value (an address, not a secret; any
+    ``user:password@`` in it is removed), with the ways out."""
+    import httpx
+
+    from actions.store.credentials import redact
+
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    message = f"cannot load the Prefect Secret block {block_name!r}: {reason}"
+    if not isinstance(exc, (httpx.TransportError, OSError)):
+        return redact(message)
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    where = f"PREFECT_API_URL={url}" if url else "PREFECT_API_URL (not set)"
+    return redact(f"{message}; the Prefect API at {where} does not answer: start the Prefect server there "
+                  f"(`prefect server start`) or set PREFECT_API_URL to the one holding the block, or leave "
+                  f"the block out (--secret-block, {SECRET_BLOCK_ENV}) and set WSK_APIHOST and WSK_AUTH")
 
 
 def _verify_from(env: Mapping[str, str]) -> bool | str:

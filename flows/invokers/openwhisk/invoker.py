@@ -102,7 +102,9 @@ def engine_host(action: str, payload: dict[str, Any]) -> str:
 class OpenWhiskInvoker:
     """The :class:`~flows.invokers.base.Invoker` for an OpenWhisk cluster.
 
-    ``invoke("generate", payload)`` runs ``{package}/generate`` and returns its accounting.
+    ``invoke("generate", payload)`` runs ``{package}/generate`` and returns its accounting;
+    ``package`` is ``PKG`` (in the connection's namespace), ``/NS/PKG`` or ``/NS`` (the
+    namespace's own actions), or empty (bare names).
     ``timeout_s`` bounds each activation, queueing and polling included (seconds); None waits as
     long as the controller may take for the action (``RetryPolicy.lost_after_s``: 2 x its time
     limit + 2 min). A ``timeout_s`` below an action's time limit is warned about once per action:
@@ -125,7 +127,9 @@ class OpenWhiskInvoker:
         prewarm_hold_s: float = PREWARM_HOLD_S,
     ) -> None:
         self.client = client
-        self.package = package.strip("/")
+        # A leading "/" names the namespace (/NS/PKG) and must stay: qualified_name then gives
+        # /NS/PKG/ACTION, which the client resolves in that namespace.
+        self.package = package.rstrip("/")
         self.timeout_s = timeout_s
         self._warned: set[str] = set()
         self.prewarm_hold_s = prewarm_hold_s
