@@ -262,7 +262,7 @@ def test_limit_problems_name_every_action_and_limit():
 
 def test_plan_refuses_unset_env_unless_dry_run(tmp_path):
     manifest = load_manifest(write(tmp_path, "env: {KEY: '${NOT_SET_ANYWHERE}'}\nactions:\n  noop: {docker: img:1}\n"))
-    with pytest.raises(ManifestError, match="unset variable\\(s\\) NOT_SET_ANYWHERE"):
+    with pytest.raises(ManifestError, match="unset or empty variable\\(s\\) NOT_SET_ANYWHERE"):
         plan_deploy(manifest, {}, environ={})
     plan = plan_deploy(manifest, {}, environ={}, allow_unset_env=True)
     assert plan[1].body["parameters"] == [{"key": "KEY", "value": "<unset $NOT_SET_ANYWHERE>", "init": True}]
@@ -403,7 +403,7 @@ def test_cli_dry_run_needs_no_credentials(no_credentials, monkeypatch, capsys):
     out, err = capsys.readouterr()
     assert "action rlhfless/generate: create" in out
     assert out.strip().endswith(f"{1 + len(ACTION_NAMES)} to create, 0 to update, 0 unchanged (dry run: nothing was changed)")
-    assert "no OpenWhisk credentials" in err and "unset $AWS_SECRET_ACCESS_KEY" in err
+    assert "no OpenWhisk credentials" in err and "unset or empty $AWS_SECRET_ACCESS_KEY" in err
 
 
 def test_cli_dry_run_reads_the_action_runtime_s_credential_names_too(no_credentials, monkeypatch, capsys):
@@ -526,10 +526,12 @@ def test_a_secret_block_that_is_not_json_is_named_without_its_value(no_credentia
 
 def test_env_expansion_follows_the_shell_for_empty_variables():
     """``:-`` takes the default for an empty variable too (an empty RLHFLESS_THREADS would reach
-    every action, which reads it with int()); ``-`` and a plain reference keep the empty value."""
+    every action, which reads it with int()); ``-`` keeps the empty value; a plain reference to
+    an empty variable is refused as an unset one (an empty secret would fail in every action)."""
     manifest = {"T": "${RLHFLESS_THREADS:-4}", "D": "${RLHFLESS_THREADS-4}", "P": "${RLHFLESS_THREADS}",
                 "U": "${UNSET-dflt}", "V": "${UNSET:-dflt}"}
     values, missing = expand_env(manifest, {"RLHFLESS_THREADS": ""})
-    assert values == {"T": "4", "D": "", "P": "", "U": "dflt", "V": "dflt"} and missing == []
+    assert {k: v for k, v in values.items() if k != "P"} == {"T": "4", "D": "", "U": "dflt", "V": "dflt"}
+    assert missing == ["RLHFLESS_THREADS"]
     values = expand_env(manifest, {"RLHFLESS_THREADS": "2"})[0]
     assert values == {"T": "2", "D": "2", "P": "2", "U": "dflt", "V": "dflt"}

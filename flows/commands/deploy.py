@@ -83,14 +83,17 @@ class DeployError(RuntimeError):
 
 def expand_env(values: Mapping[str, str], environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
     """Substitute ``${VAR}``, ``${VAR:-default}`` and ``${VAR-default}`` as the shell does:
-    ``:-`` gives the default when VAR is unset or empty, ``-`` only when it is unset, and a
-    plain ``${VAR}`` set to the empty string is the empty string. Returns (values, names of
-    the unset VARs that have no default)."""
+    ``:-`` gives the default when VAR is unset or empty, ``-`` only when it is unset. A plain
+    ``${VAR}`` must be set and not empty: an empty binding (an exported but empty
+    ``AWS_SECRET_ACCESS_KEY``) would reach every action and fail there, so it counts as unset
+    (``${VAR-}`` binds an empty value on purpose). Returns (values, names of the VARs unset or
+    empty that have no default)."""
     missing: list[str] = []
 
     def sub(match: re.Match[str]) -> str:
         name, colon, default = match.groups()
-        if name in environ and not (colon and environ[name] == ""):  # ":-": empty counts as unset
+        # ":-", and a plain reference, take an empty value as unset
+        if name in environ and not ((colon or default is None) and environ[name] == ""):
             return environ[name]
         if default is not None:
             return default
@@ -175,12 +178,13 @@ def plan_deploy(
     Pure: no network. ``environ`` feeds ``${VAR}`` in ``env`` (default: this process's).
 
     Raises:
-        ManifestError: ``env`` names an unset variable (unless ``allow_unset_env``, as in a dry
+        ManifestError: ``env`` names an unset or empty variable (unless ``allow_unset_env``, as in a dry
             run: the bodies then hold the placeholder ``<unset $VAR>``, compared, never shown).
     """
     env, missing = expand_env(manifest.env, os.environ if environ is None else environ)
     if missing and not allow_unset_env:
-        raise ManifestError(f"env refers to unset variable(s) {', '.join(sorted(set(missing)))}; export them or give ${{VAR:-default}}")
+        raise ManifestError(f"env refers to unset or empty variable(s) {', '.join(sorted(set(missing)))}; export them "
+                            "or give ${VAR:-default} (${VAR-} binds an empty value)")
     changes = [Change("package", manifest.package, "unchanged" if package_exists else "create")]
     for name, spec in manifest.actions.items():
         qualified = f"{manifest.package}/{name}"
@@ -296,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
         manifest = with_registry(load_manifest(args.manifest), args.registry)
         if args.dry_run:
             for name in sorted(set(expand_env(manifest.env, os.environ)[1])):
-                print(f"warning: env refers to unset ${name}; a real deploy would stop here", file=sys.stderr)
+                print(f"warning: env refers to unset or empty ${name}; a real deploy would stop here", file=sys.stderr)
         config = _config_or_none(args) if args.dry_run else OpenWhiskConfig.resolve(secret_block=args.secret_block)
         if config is None:
             print("no OpenWhisk credentials: planning against an empty namespace", file=sys.stderr)
