@@ -66,6 +66,7 @@ from actions.store import (
 )
 from flows.campaign.drafts import drafts_key
 from flows.campaign.pins import read_pins, record_pins
+from flows.campaign.progress_line import print_line
 from flows.campaign.state import CampaignState, load_state_at
 from flows.planning.leftovers import TEMP_GRACE_S, plan_orphans
 from flows.planning.retention import GcPlan, Retention, VersionKeys, needed_commits, plan_collection
@@ -418,7 +419,7 @@ class Collector:
     the summary's ``gc``."""
 
     def __init__(self, store: ObjectStore, retention: Retention, lease: Any,
-                 warn: Callable[[str], None] = print) -> None:
+                 warn: Callable[[str], None] = print_line) -> None:
         self.store, self.retention, self.lease, self.warn = store, retention, lease, warn
         self.known = ManifestTables()
         self.totals: dict[str, Any] = {"collections": 0, "deleted_objects": 0, "deleted_blobs": 0,

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass
 
 from actions.store import ObjectNotFound, ObjectStore, StoreError, delete_if, replace_if
 from flows.campaign.holder import machine_identity, same_pid_space
+from flows.campaign.progress_line import print_line
 from flows.campaign.renewal import renewal_failure
 
 log = logging.getLogger(__name__)
@@ -175,7 +176,7 @@ class RunLease:
 
     @classmethod
     def acquire(cls, store: ObjectStore, run_id: str, *, ttl_s: float = DEFAULT_TTL_S, break_lease: bool = False,
-                renew: bool = True, progress: Callable[[str], None] = print, host: str | None = None,
+                renew: bool = True, progress: Callable[[str], None] = print_line, host: str | None = None,
                 pid: int | None = None, clock: Callable[[], float] = time.time,
                 alive: Callable[[int], bool] = pid_alive) -> RunLease:
         """Take the lease of ``run_id`` (see the module docstring) and, with ``renew``, start

@@ -36,6 +36,7 @@ from flows.campaign.live_profile import finish_profiling, start_profiling
 from flows.campaign.overhead import Background, StepClock, hold_for_training, open_gate_when_running, quiet_step_flows
 from flows.campaign.preflight import check_campaign
 from flows.campaign.prestart import FlowRunStarter
+from flows.campaign.progress_line import print_line
 from flows.campaign.reporting import Reporter, summarize
 from flows.campaign.resume_setup import observed_setup_s, record_setup
 from flows.campaign.setup import add_setup_spend, evaluate, model_ref, set_up
@@ -54,7 +55,7 @@ from flows.step.phase import build_planner
 Progress = Callable[[str], None]
 
 
-def run_campaign(cfg: CampaignConfig, *, resume: bool = False, progress: Progress = print,
+def run_campaign(cfg: CampaignConfig, *, resume: bool = False, progress: Progress = print_line,
                  store: ObjectStore | None = None, break_lease: bool = False) -> dict[str, Any]:
     """Run (or resume) a campaign to ``cfg.steps`` steps and return its summary.
 
