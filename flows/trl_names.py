@@ -30,6 +30,23 @@ TRL_SETTINGS = {
     "num_train_epochs": "steps = num_train_epochs x prompts / (algorithm.batch_size / algorithm.group_size)",
     "chat_template_kwargs": "not supported: edit the chat template in the model folder's tokenizer_config.json "
                             "(e.g. to leave thinking off)",
+    "max_prompt_length": "data.max_prompt_tokens, with data.long_prompts: truncate_left to cut a longer prompt from "
+                         "the left as TRL does (the default, error, refuses it)",
+    "use_vllm": "generation.engine: vllm (docs/vllm.md)",
+    "gradient_checkpointing": "model.gradient_checkpointing",
+    "bf16": "model.dtype: bfloat16 (auto: bfloat16 on CUDA, float32 on the CPU)",
+    "fp16": "model.dtype: float16",
+    "save_steps": "store.checkpoint_every, in RL steps (every step is committed, and a run resumes from its last "
+                  "one whatever it says; store.checkpoint_every also keeps those steps' versions for good)",
+    "eval_steps": "eval_every, in RL steps: eval_steps / (algorithm.epochs x algorithm.num_minibatches)",
+    "num_generations_eval": "not supported: evaluation decodes one greedy completion per prompt",
+    "min_p": "not supported: generation samples with generation.temperature, generation.top_k and generation.top_p",
+    # TRL's ModelConfig (PEFT's LoraConfig without the lora_ prefix is model.lora itself)
+    "use_peft": "model.lora: {} (LoRA adapters with its defaults; absent: full fine-tuning)",
+    "lora_r": "model.lora.r",
+    "lora_alpha": "model.lora.alpha",
+    "lora_dropout": "model.lora.dropout",
+    "lora_target_modules": "model.lora.target_modules",
 }
 """TRL's name -> the RLHFless setting (or what stands for it)."""
 

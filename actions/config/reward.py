@@ -73,11 +73,14 @@ class RewardModelConfig(_Section):
     batch_size: int = Field(16, gt=0)
     """(prompt, completion) pairs per forward."""
     max_length: Literal["auto"] | Annotated[int, Field(gt=0)] | None = "auto"
-    """Longest input in tokens; a longer one keeps its first ``max_length`` tokens. ``auto``:
-    ``DEFAULT_MAX_LENGTH`` (1024) lowered to the tokenizer's ``model_max_length`` (512 for BERT
-    and RoBERTa). None: no limit. A number (or None) beyond what the tokenizer says the model
-    takes is refused. A value of its own, not "the default": it means the same after the
-    config crossed into an action as JSON (which does not keep which fields were set)."""
+    """Longest input in tokens; a longer one keeps its last ``max_length`` tokens (the prompt's
+    beginning is cut, not the completion; each step counts the cut rows,
+    ``reward_fn/reward_model/<i>/truncated_frac``). ``auto``: ``DEFAULT_MAX_LENGTH`` (1024)
+    lowered to what the model takes: its tokenizer's ``model_max_length`` (512 for BERT and
+    RoBERTa) and its position embeddings (``max_position_embeddings``, less ``pad_token_id + 1``
+    for RoBERTa-style models). None: no limit. A number (or None) beyond what the model takes
+    is refused. A value of its own, not "the default": it means the same after the config
+    crossed into an action as JSON (which does not keep which fields were set)."""
     chat_template: Literal["auto"] | bool = "auto"
     """``auto``: chat prompts go through the reward tokenizer's chat template with the completion
     as the assistant's turn, string prompts are joined to the completion (TRL's rule); ``true``:

@@ -14,7 +14,8 @@ completions' token ids as trained (ending with the EOS id where the sample stopp
 says which fields are filled); ``log_metric(name, value)`` and ``log_extra(column, values)``
 TRL's logging callables (``calling.py``). Every other column of the dataset (the id column
 too, all but the prompt) arrives as a keyword list under its own name with its JSON values, as
-TRL passes them: a number stays a number, a null is None. ``answer`` is the dataset's
+TRL passes them: a number stays a number, a null is None; as in TRL, a ``completion`` or
+``completion_ids`` column does not (``calling.DROPPED``). ``answer`` is the dataset's
 ``answer`` column; a dataset without one whose reference is in another column
 (``data.answer_key: solution``) gets the reference under ``answer`` as well, and one without any
 reference gets no ``answer`` keyword. The built-ins alone read the reference as text
@@ -46,7 +47,7 @@ from typing import Any, Protocol
 
 from actions.config.quoting import clip, quote
 from actions.config.reward import BUILTIN_REWARDS
-from actions.tasks.rewards.calling import RESERVED, REWARD_LIMIT, RewardFunctionError, call_reward, row_place
+from actions.tasks.rewards.calling import DROPPED, RESERVED, REWARD_LIMIT, RewardFunctionError, call_reward, row_place
 from actions.tasks.rewards.trainer_state import make_trainer_state
 
 
@@ -125,12 +126,13 @@ def _builtin(name: str, pattern: str | None) -> Callable[..., list[float | None]
 def reward_inputs(rows: Sequence[RewardRow], texts: Sequence[str]) -> tuple[list, list, dict[str, list]]:
     """(prompts, completions, columns) in TRL's formats for rows and their completion texts: the
     dataset's prompts (``prompt``, the policy's text, where a stored row has no ``source_prompt``)
-    and its columns by name (None where a row lacks one). ``answer`` is the row's ``answer``
+    and its columns by name (None where a row lacks one; not the keywords' own names nor
+    ``calling.DROPPED``'s, TRL's ``completion`` and ``completion_ids``). ``answer`` is the row's ``answer``
     column, else its reference as the dataset wrote it (``source_answer`` or ``answer``); it is
     left out where no row has either (module docstring)."""
     prompts = [r.source_prompt if r.source_prompt is not None else r.prompt for r in rows]
     completions = [[{"role": "assistant", "content": t}] if isinstance(p, list) else t for p, t in zip(prompts, texts)]
-    names = sorted({k for r in rows for k in r.columns} - set(RESERVED))
+    names = sorted({k for r in rows for k in r.columns} - set(RESERVED) - set(DROPPED))
     columns = {k: [r.columns.get(k) for r in rows] for k in names}
     if any(r.has_answer for r in rows):
         columns["answer"] = [r.columns["answer"] if "answer" in r.columns else _reference(r) for r in rows]
@@ -282,7 +284,8 @@ def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow
     given) and ``trainer_state`` (default: step 0 of a one-step campaign; a campaign passes its
     own, so ``global_step / max_steps`` works as in TRL), so a broken plug-in fails at start-up
     rather than mid-campaign. A dataset column
-    named like a keyword the call fills itself (``calling.RESERVED``) is refused for a plug-in,
+    named like a keyword the call fills itself (``calling.RESERVED``, but for the ``DROPPED``
+    ``completion_ids``, left out as TRL leaves it out) is refused for a plug-in,
     in every set of ``sources`` ((name as errors give it, rows): the train and the eval rows, as
     evaluation calls the plug-ins too; none: ``rows``, named "the dataset"; the set that
     ``rows`` begins names the sample rows that carry their line in errors),
@@ -320,7 +323,7 @@ def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow
 def _check_column_names(name: str, source: str, rows: Sequence[RewardRow]) -> None:
     """Raise RewardFunctionError for a column of ``rows`` (named ``source``: ``data.eval_path
     e.jsonl``) that a reward keyword would shadow."""
-    clash = sorted({k for r in rows for k in r.columns} & set(RESERVED))
+    clash = sorted({k for r in rows for k in r.columns} & (set(RESERVED) - set(DROPPED)))
     if clash:
         raise RewardFunctionError(
             f"reward.functions {name!r}: {source} has a column named {clash[0]!r}, a keyword the reward functions "

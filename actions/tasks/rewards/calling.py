@@ -31,7 +31,14 @@ from actions.tasks.dataset import record_where
 RESERVED = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
 """Keyword names the call fills itself: a dataset column of that name cannot reach a function
 (in TRL the call fails with "multiple values for keyword"), so the start-up check refuses it
-(``rewards.check_reward_functions``)."""
+(``rewards.check_reward_functions``), but for the ``DROPPED`` ones."""
+
+DROPPED = ("completion", "completion_ids")
+"""Dataset columns left out of the reward functions' keywords, never refused, as TRL's
+GRPOTrainer leaves out its ``prompt``, ``completion`` and ``completion_ids`` columns: a
+prompt-completion dataset's ``completion`` is not the sampled completion (that is
+``completions``), and ``completion_ids`` is always the sampled ids. (``prompt`` is the prompt
+column, ``data.prompt_key``, which no function gets by its name either.)"""
 
 METRIC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,99}")
 """A ``log_metric`` name: it becomes part of a metric's name in summary.json and the trackers."""
@@ -242,6 +249,10 @@ def _unbound_parameter(name: str, fn: Callable, kwargs: dict[str, list]) -> str 
             return (f"reward function {name!r} takes neither **kwargs nor keywords the call passes it ({shown}); "
                     "add **kwargs to its parameters, as TRL's reward functions have")
         return None
+    if missing[0] in DROPPED:
+        return (f"reward function {name!r}: its parameter {missing[0]!r} is never passed (as in TRL, a dataset's "
+                f"{missing[0]!r} column is left out of the reward keywords); read the sampled completion from "
+                "completions (completion_ids), or rename the column and the parameter")
     columns = sorted(set(kwargs) - set(RESERVED))
     close = difflib.get_close_matches(missing[0], columns, n=len(columns), cutoff=0.6)
     listed = ", ".join(repr(c) for c in close + [c for c in columns if c not in close]) or "none"

@@ -87,15 +87,62 @@ def folder_names(path: str, weights: bool = True) -> list[str]:
     return sorted(names)
 
 
-def input_limit(max_length: int | str | None, tokenizer: Any) -> int | None:
+POSITION_OFFSET_TYPES = frozenset({
+    "roberta", "xlm-roberta", "xlm-roberta-xl", "roberta-prelayernorm", "camembert", "data2vec-text", "longformer",
+    "ibert", "mpnet", "xmod", "luke", "markuplm", "lilt", "layoutlmv3", "esm"})
+"""``model_type``s whose position ids start after the padding id (transformers'
+``create_position_ids_from_input_ids``, RoBERTa's family): ``pad_token_id + 1`` of their
+``max_position_embeddings`` positions are never a token's, so RoBERTa's 514 take 512 tokens."""
+
+
+def position_limit(config: Any) -> int | None:
+    """The most tokens a model's position embeddings take, from its transformers config (or
+    anything with its attributes): ``max_position_embeddings`` (GPT-2's ``n_positions``), less
+    ``pad_token_id + 1`` for ``POSITION_OFFSET_TYPES`` (a missing pad id counts as RoBERTa's 1);
+    None where the config states no positive count."""
+    n = next((v for v in (getattr(config, a, None) for a in ("max_position_embeddings", "n_positions"))
+              if isinstance(v, int) and not isinstance(v, bool) and v > 0), None)
+    if n is not None and getattr(config, "model_type", None) in POSITION_OFFSET_TYPES:
+        pad = getattr(config, "pad_token_id", None)
+        n -= (pad if isinstance(pad, int) and pad >= 0 else 1) + 1
+    return n if n is not None and n > 0 else None
+
+
+def model_limit(tokenizer: Any, positions: int | None = None) -> tuple[int | None, str]:
+    """(the most tokens the model takes, where that limit comes from, for a message): the lower
+    of the tokenizer's ``model_max_length`` (where it knows one) and ``positions``
+    (``position_limit``); (None, "") where neither is known."""
+    known = getattr(tokenizer, "model_max_length", None)
+    found = []
+    if known is not None and known < UNSET_MAX_LENGTH:
+        found.append((int(known), "its tokenizer's model_max_length"))
+    if positions is not None:
+        found.append((positions, "its position embeddings: config.json max_position_embeddings, of which "
+                                "RoBERTa-style models lose pad_token_id + 1"))
+    return min(found) if found else (None, "")
+
+
+def input_limit(max_length: int | str | None, tokenizer: Any, positions: int | None = None) -> int | None:
     """The most tokens a reward model reads: ``max_length`` (``auto``: ``DEFAULT_MAX_LENGTH``),
-    and never more than the tokenizer says the model takes (``model_max_length``, where it
-    knows one: 512 for BERT and RoBERTa)."""
+    and never more than the model takes (``model_limit``: the tokenizer's ``model_max_length``,
+    512 for BERT and RoBERTa, and its position embeddings, ``positions``)."""
     if max_length == "auto":
         max_length = DEFAULT_MAX_LENGTH
-    known = getattr(tokenizer, "model_max_length", None)
+    known, _ = model_limit(tokenizer, positions)
     limits = [n for n in (max_length, known) if n is not None and n < UNSET_MAX_LENGTH]
     return int(min(limits)) if limits else None
+
+
+def folder_positions(path: str) -> int | None:
+    """``position_limit`` of the model in folder ``path`` (its config.json through
+    ``AutoConfig``, which fills the defaults of its type); None where it cannot be read (the
+    folder's own checks name that)."""
+    from transformers import AutoConfig
+
+    try:
+        return position_limit(AutoConfig.from_pretrained(path))
+    except Exception:  # noqa: BLE001 -- validate_model_dir and check_classifier report a bad config.json
+        return None
 
 
 def load_tokenizer(path: str, field: str) -> Any:
@@ -123,7 +170,7 @@ def check_tokenizer(path: str, field: str, settings: Any, chat_prompts: bool) ->
     """Refuse what would fail or mislead only once scoring runs: a tokenizer the stored copy
     (``folder_files``) does not reproduce, one with neither a pad nor an EOS token, a chat
     template the settings need and the tokenizer lacks, an explicit ``max_length`` beyond what
-    the model takes.
+    the model takes (``model_limit``: its tokenizer's ``model_max_length`` or its positions).
 
     Args:
         field: ``reward.models[i]``; settings: its ``RewardModelConfig``;
@@ -155,10 +202,10 @@ def check_tokenizer(path: str, field: str, settings: Any, chat_prompts: bool) ->
         raise ValueError(f"{field}.chat_template is {why}, but the tokenizer in {path!r} has no chat template; set "
                          f"{field}.chat_template: false to score prompt and completion as plain text, or add a "
                          "template to its tokenizer_config.json")
-    known = getattr(folder, "model_max_length", None)
-    if settings.max_length != "auto" and known is not None and known < UNSET_MAX_LENGTH:
+    known, why = model_limit(folder, folder_positions(path))
+    if settings.max_length != "auto" and known is not None:
         value = settings.max_length
         if value is None or value > known:
             raise ValueError(f"{field}.max_length {'null (no limit)' if value is None else value} is more than the "
-                             f"{int(known)} tokens the model in {path!r} takes; set it to {int(known)} or less, or "
+                             f"{known} tokens the model in {path!r} takes ({why}); set it to {known} or less, or "
                              f"to auto (the default: {DEFAULT_MAX_LENGTH} or the model's limit, if lower)")
