@@ -328,4 +328,5 @@ def _check_column_names(name: str, source: str, rows: Sequence[RewardRow]) -> No
         raise RewardFunctionError(
             f"reward.functions {name!r}: {source} has a column named {clash[0]!r}, a keyword the reward functions "
             f"receive from the trainer ({', '.join(RESERVED)}), so the column cannot reach them; rename the column "
-            "(TRL's GRPOTrainer fails on it too)")
+            + ("(TRL's GRPOTrainer fails on it too)" if clash[0] in ("prompts", "completions") else
+               "(TRL's GRPOTrainer passes its own value in its place)"))
