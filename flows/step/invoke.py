@@ -57,17 +57,24 @@ GPU_ACTIONS = frozenset({"prefill", "generate", "score", "train_step", "evaluate
 one: it runs forward passes of the policy and the reference (and the critic for PPO)."""
 
 
+GPU_SLOT_LEASE_S = 60.0
+"""Seconds of the server's lease on a GPU action's slots, renewed in the background while it
+runs: how long the slots of a process that is gone (a cancelled deployment run, a kill) stay
+held before the server frees them. Prefect's default, 300 s, kept a cancelled run's slots from
+the next run for five minutes."""
+
+
 def gpu_slots(action: str, cfg: CampaignConfig) -> contextlib.AbstractContextManager:
     """Hold ``scaling.gpus_per_actor`` slots of the GPU limit while a GPU action runs.
 
     ``strict=False``: a limit the server does not know is skipped with a warning, so a
     missing ``prefect gcl create`` degrades to "no limit" instead of failing the campaign.
-    The lease is renewed in the background, so activations may outlast ``lease_duration``.
+    The lease (``GPU_SLOT_LEASE_S``) is renewed in the background, so activations may outlast it.
     """
     name = cfg.invoker.gpu_concurrency_limit
     if name is None or action not in GPU_ACTIONS:
         return contextlib.nullcontext()
-    return concurrency(name, occupy=cfg.scaling.gpus_per_actor, strict=False)
+    return concurrency(name, occupy=cfg.scaling.gpus_per_actor, strict=False, lease_duration=GPU_SLOT_LEASE_S)
 
 
 @contextlib.contextmanager
@@ -106,7 +113,8 @@ def spare_gpu_slots(action: str, count: int, cfg: CampaignConfig) -> Iterator[in
         return
     with contextlib.ExitStack() as held:
         try:
-            held.enter_context(concurrency(name, occupy=spare * per_actor, timeout_seconds=1.0, strict=False))
+            held.enter_context(concurrency(name, occupy=spare * per_actor, timeout_seconds=1.0, strict=False,
+                                           lease_duration=GPU_SLOT_LEASE_S))
         except TimeoutError:  # taken between the read and the acquisition
             spare = 0
         yield spare
