@@ -15,7 +15,14 @@ import uuid
 
 import pytest
 
-from flows.campaign.artifacts import TABLE_ROWS, _percent, publish_step_artifacts, start_progress, update_progress
+from flows.campaign.artifacts import (
+    TABLE_ROWS,
+    _percent,
+    plan_rows,
+    publish_step_artifacts,
+    start_progress,
+    update_progress,
+)
 from flows.campaign.state import EvalRecord
 from flows.campaign.tensorboard import ScalarBoard, read_scalars, step_scalars
 from flows.commands.report import length_histogram, write_report
@@ -199,3 +206,19 @@ def test_a_flow_run_replaces_only_its_own_metrics_tables(prefect_harness):
     with get_client(sync_client=True) as client:
         tables = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["twin-1-metrics"])))
     assert len(tables) == 2 and len({t.flow_run_id for t in tables}) == 2
+
+
+def test_the_plan_table_tells_candidates_of_one_fan_out_apart_and_marks_the_chosen():
+    """Two candidates of two actions (ranked and round-robin) read alike without their kind."""
+    from flows.planning.plan import Candidate, GenerationPlan
+
+    cands = (Candidate(1, 4.0, 4.0, 0.0, 1.0, True, kind="ranked"),
+             Candidate(2, 2.5, 5.0, 0.0, 0.5, True, kind="ranked"),
+             Candidate(2, 2.5, 5.0, 0.0, None, True, kind="round_robin"))
+    plan = GenerationPlan("cost_aware", 2, ((0,), (1,)), 2.5, 5.0, candidates=cands, chosen=1).to_dict()
+    rows = plan_rows(plan)
+    assert [(r["chosen"], r["n"], r["kind"]) for r in rows] == [(False, 1, "ranked"), (True, 2, "ranked"),
+                                                               (False, 2, "round_robin")]
+    assert rows[1] != rows[2]
+    old = {"candidates": [{k: v for k, v in c.items() if k != "kind"} for c in plan["candidates"]]}
+    assert [r["kind"] for r in plan_rows(old)] == ["", "", ""] and not any(r["chosen"] for r in plan_rows(old))

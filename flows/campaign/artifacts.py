@@ -47,6 +47,18 @@ def slug(run_id: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-") or "run"
 
 
+PLAN_COLUMNS = ("n", "kind", "time_s", "gpu_seconds", "score", "feasible", "reason")
+"""The plan table's columns after ``chosen``: ``kind`` tells apart candidates of one fan-out
+(ranked, round_robin, contiguous, sized: ``plan.Candidate.kind``)."""
+
+
+def plan_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """The plan artifact's rows: each candidate of a step's ``plan`` (its ``to_dict``), the
+    chosen one marked; a record of an earlier revision lacks ``kind`` (empty)."""
+    return [{"chosen": i == plan.get("chosen"), **{k: c.get(k, "") for k in PLAN_COLUMNS}}
+            for i, c in enumerate(plan.get("candidates", []))]
+
+
 def publish_step_artifacts(run_id: str, steps: list[dict[str, Any]], evals: Sequence[EvalRecord],
                            unit: str) -> bool:
     """Publish the artifacts of the latest step; ``unit`` names what billed time is on this
@@ -67,8 +79,7 @@ def publish_step_artifacts(run_id: str, steps: list[dict[str, Any]], evals: Sequ
     plan = last.get("plan", {})
     create_table_artifact(key=f"{key}-plan", description=f"fan-out candidates, step {int(last['step']) + 1}: "
                                                          f"chose {plan.get('num_actors')} actions ({plan.get('policy')})",
-                          table=[{k: c[k] for k in ("n", "time_s", "gpu_seconds", "score", "feasible", "reason")}
-                                 for c in plan.get("candidates", [])] or [{"n": plan.get("num_actors")}])
+                          table=plan_rows(plan) or [{"n": plan.get("num_actors"), "chosen": True}])
     acc = evals[-1].accuracy if evals else None
     f = StepFigures.of(last)
     create_markdown_artifact(key=f"{key}-report", markdown=(
