@@ -191,7 +191,8 @@ def test_losing_the_lease_stops_the_campaign_before_its_commit(tiny_config, pref
             RunLease.acquire(store, "lost", host="intruder", pid=99, renew=False, break_lease=True,
                              progress=lambda m: None)
 
-    with pytest.raises(LeaseLost, match="lost its lease .*host 'intruder' pid 99"):
+    with pytest.raises(LeaseLost, match="lost its lease .*host .intruder. pid 99.*--resume "
+                                        "\\(a deployment run: the parameter resume=true\\)"):
         run_campaign(cfg, progress=progress)
     assert load_state(store, "lost").step == 1  # step 2 was never committed
     assert read_lease(store, "lost").host == "intruder"  # and the loser left the new lease alone

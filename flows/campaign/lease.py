@@ -263,7 +263,8 @@ class RunLease:
                         self._lose(f"it is now held by {other.describe(now)}" if other else "it was deleted")
         if self._lost is not None:
             raise LeaseLost(f"run {self.record.run_id!r} stopped: this process lost its lease ({self._lost}); "
-                            "another process may be writing the run; resume it with --resume once that one ends")
+                            "another process may be writing the run; resume it with --resume (a deployment run: the "
+                            "parameter resume=true) once that one ends")
 
     def renew(self) -> None:
         """Extend the expiry by ``ttl_s`` (compare-and-swap of this holder's bytes)."""
