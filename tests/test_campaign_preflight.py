@@ -160,3 +160,27 @@ def test_a_resume_reads_no_data_or_model_file_again_but_imports_the_reward_funct
     gone = tiny_config("reward.functions=[gone_reward_module:score]")
     with pytest.raises(ValueError, match="module 'gone_reward_module' cannot be imported"):
         validate_inputs(gone, resumed=True)
+
+
+def test_gpus_per_actor_above_the_gpu_limit_is_refused_before_anything_is_written(prefect_harness):
+    """Every GPU action asks the named Prefect limit for scaling.gpus_per_actor slots; more than
+    it has fails the first one (422) after set-up wrote the store, so preflight refuses it. A
+    limit the server does not know is the campaign's to skip, as gpu_slots does."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+
+    from flows.campaign.preflight import check_gpu_limit
+    from flows.config import load_config
+
+    with get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name="gpu-small", limit=2))
+
+    def cfg(name: str, gpus: int):
+        return load_config(None, [f"invoker.gpu_concurrency_limit={name}", f"scaling.gpus_per_actor={gpus}"])
+
+    with pytest.raises(ValueError, match=r"^scaling.gpus_per_actor=4 is above the 2 slots of the Prefect GPU limit "
+                                         r"invoker.gpu_concurrency_limit='gpu-small'.*prefect gcl update gpu-small "
+                                         r"--limit 4\) or lower scaling.gpus_per_actor$"):
+        check_gpu_limit(cfg("gpu-small", 4))
+    check_gpu_limit(cfg("gpu-small", 2))
+    check_gpu_limit(cfg("no-such-limit", 4))

@@ -1,6 +1,7 @@
 """The checks a campaign's configuration passes before anything is written: the planner's
 profile and scaling policy, its inputs, the generation engine, the learner's world size, the
-experiment trackers, the store's and the worker logs' directories and the invoker.
+experiment trackers, the store's and the worker logs' directories, the invoker and the GPU
+limit's size.
 
 One list for both ways in. ``rlhfless train`` runs it before Prefect starts, so a refusal is
 one line and exit code 2 (``flows/commands/cli.py``); the flow ``rlhf_campaign`` runs it again
@@ -35,7 +36,8 @@ _LOCK = threading.Lock()
 def check_campaign(cfg: CampaignConfig, *, resumed: bool = False) -> None:
     """Refuse a configuration the campaign would fail on after writing the store; nothing when
     this exact configuration was checked for the block this call runs in (:func:`checked`).
-    Imports neither Prefect nor torch (but for a new run's reward models, ``validate_inputs``).
+    Imports neither Prefect (but to read a named GPU limit, :func:`check_gpu_limit`) nor torch
+    (but for a new run's reward models, ``validate_inputs``).
     ``resumed``: the store holds a committed step of the run, so its inputs are stored already
     (the reward models' folders are not read: ``flows/campaign/reward_copies.py``).
 
@@ -43,7 +45,7 @@ def check_campaign(cfg: CampaignConfig, *, resumed: bool = False) -> None:
         ValueError: one line naming the field, the value and the fix (``check_planning``,
             ``validate_inputs``, ``check_engine``, ``check_world_size``, ``check_trackers``,
             :func:`check_store_directory`, :func:`check_directory` of ``invoker.log_dir``,
-            ``check_invoker``).
+            ``check_invoker``, :func:`check_gpu_limit`).
     """
     with _LOCK:
         if _CHECKED.get(cfg.model_dump_json()):
@@ -67,6 +69,35 @@ def check_campaign(cfg: CampaignConfig, *, resumed: bool = False) -> None:
     if cfg.invoker.kind != "inprocess":  # the local pool's worker logs; on OpenWhisk, prepare's child
         check_directory(worker_log_dir(cfg), "invoker.log_dir")
     check_invoker(cfg)
+    check_gpu_limit(cfg)
+
+
+def check_gpu_limit(cfg: CampaignConfig) -> None:
+    """Refuse ``scaling.gpus_per_actor`` above the size of the Prefect GPU limit
+    ``invoker.gpu_concurrency_limit`` names: every GPU action asks for that many slots, and the
+    server refuses a request beyond the limit (422) at the first one, after set-up wrote the
+    store. One request to the Prefect API, only where a limit is named; a limit the server does
+    not know, a disabled one or a server that does not answer is the campaign's to skip
+    (``flows/step/invoke.py: gpu_slots``), not refused here.
+
+    Raises:
+        ValueError: naming both settings, the limit's size and the fix.
+    """
+    name = cfg.invoker.gpu_concurrency_limit
+    if name is None:
+        return
+    try:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            limit = client.read_global_concurrency_limit_by_name(name)
+    except Exception:  # unknown name, no server: gpu_slots warns and runs without the limit
+        return
+    if limit.active and limit.limit < cfg.scaling.gpus_per_actor:
+        raise ValueError(f"scaling.gpus_per_actor={cfg.scaling.gpus_per_actor} is above the {limit.limit} slots of "
+                         f"the Prefect GPU limit invoker.gpu_concurrency_limit={name!r}, which every GPU action asks "
+                         f"that many of; raise the limit (prefect gcl update {name} --limit "
+                         f"{cfg.scaling.gpus_per_actor}) or lower scaling.gpus_per_actor")
 
 
 def check_planning(cfg: CampaignConfig) -> None:
