@@ -148,7 +148,7 @@ BLOCK_KEY = "23bc46b1-71f6:123zO3xZCLrMN6v2BKK1dX"
     ('{"api_host": "https://ow.example", "auth": "%s", }' % BLOCK_KEY,
      "Prefect Secret block 'ow-conn' is not valid JSON (Expecting property name enclosed in double quotes: line 1"),
     ('{"api_host": "https://ow.example"}', "Prefect Secret block 'ow-conn' has no auth key; add \"auth\""),
-    ({"auth": BLOCK_KEY}, "Prefect Secret block 'ow-conn' has no api_host key and WSK_APIHOST is not set"),
+    ({"auth": BLOCK_KEY}, "Prefect Secret block 'ow-conn' has no api_host key, WSK_APIHOST is not set and "),
     ({"api_host": "ht tp://bad", "auth": BLOCK_KEY},
      "'ht tp://bad' is not a URL; set the api_host key of Prefect Secret block 'ow-conn' to https://"),
     ({"api_host": "https://ow.example", "auth": "nocolon"}, "check the auth key of Prefect Secret block 'ow-conn'"),

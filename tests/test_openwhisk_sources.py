@@ -73,6 +73,22 @@ def test_a_json_block_without_a_namespace_takes_it_from_the_environment(monkeypa
     assert OpenWhiskConfig.resolve(secret_block="ow-conn", env={**env, "HOME": str(tmp_path)}).namespace == "blocks"
 
 
+def test_a_json_block_without_an_api_host_takes_it_from_the_environment_or_wskprops(monkeypatch, tmp_path: Path):
+    """As the namespace: WSK_APIHOST, else APIHOST of ~/.wskprops, each named as the host's source."""
+    (tmp_path / ".wskprops").write_text("APIHOST=https://props.example\n")
+    _block(monkeypatch, {"auth": BLOCK_KEY})
+    config = OpenWhiskConfig.resolve(secret_block="ow-conn", env={"HOME": str(tmp_path)})
+    assert config.api_host == "https://props.example"
+    assert config.origins["api_host"] == f"APIHOST in {tmp_path / '.wskprops'}"
+    config = OpenWhiskConfig.resolve(secret_block="ow-conn", env={"HOME": str(tmp_path),
+                                                                  "WSK_APIHOST": "https://env.example"})
+    assert (config.api_host, config.origins["api_host"]) == ("https://env.example", "WSK_APIHOST")
+    (tmp_path / ".wskprops").write_text("")
+    with pytest.raises(ValueError, match=r"has no api_host key, WSK_APIHOST is not set and .*\.wskprops has no "
+                                         r"APIHOST; add \"api_host\""):
+        OpenWhiskConfig.resolve(secret_block="ow-conn", env={"HOME": str(tmp_path)})
+
+
 def test_a_block_behind_an_unreachable_prefect_api_names_prefect_api_url():
     from prefect.settings import PREFECT_API_URL, temporary_settings
 

@@ -135,8 +135,8 @@ class OpenWhiskConfig:
     def from_secret(cls, block_name: str, env: Mapping[str, str] | None = None) -> OpenWhiskConfig:
         """Load a Prefect Secret block. Its value is either a JSON object with ``api_host``,
         ``auth`` and optional ``namespace``, ``insecure``, ``ca_bundle``, or the bare
-        ``uuid:key`` string (host and namespace then come from the environment). A namespace
-        the block does not hold comes from the environment or ``~/.wskprops``, as in
+        ``uuid:key`` string (host and namespace then come from the environment). A host or
+        namespace the block does not hold comes from the environment or ``~/.wskprops``, as in
         :meth:`from_env`, else ``_``. Errors name the block and its key, never the value; one
         that cannot be loaded names ``PREFECT_API_URL``."""
         from prefect.blocks.system import Secret  # lazy: the client works without a Prefect server
@@ -162,14 +162,16 @@ class OpenWhiskConfig:
             raise ValueError(f"{block} has no auth key; add \"auth\": \"UUID:KEY\" (the AUTH of ~/.wskprops)")
         verify: bool | str = value.get("ca_bundle") or not _truthy(str(value.get("insecure", "")))
         host_key = next((k for k in ("api_host", "apihost") if value.get(k)), None)
-        host = value[host_key] if host_key else env.get("WSK_APIHOST") or env.get("__OW_API_HOST", "")
+        host_from = _first_set(env, "WSK_APIHOST", "__OW_API_HOST")
+        host = value[host_key] if host_key else env[host_from] if host_from else \
+            _read_wskprops(env).get("APIHOST", "")
         if not host:
-            raise ValueError(f"{block} has no api_host key and WSK_APIHOST is not set; add "
-                             "\"api_host\": \"https://host[:port]\" to the block")
+            raise ValueError(f"{block} has no api_host key, WSK_APIHOST is not set and {_wskprops_path(env)} has no "
+                             "APIHOST; add \"api_host\": \"https://host[:port]\" to the block")
         namespace, ns_from = (value["namespace"], {}) if value.get("namespace") else _namespace_from(env)
         origins = {key: f"the {key} key of {block}" for key in ("auth", "ca_bundle", "namespace")} | ns_from
-        if host_key:
-            origins["api_host"] = f"the {host_key} key of {block}"
+        origins["api_host"] = f"the {host_key} key of {block}" if host_key else \
+            host_from or f"APIHOST in {_wskprops_path(env)}"
         return cls(str(host), str(value["auth"]), str(namespace), verify, origins)
 
     @classmethod
