@@ -8,12 +8,13 @@ on the decode path the campaign runs, ``kv_cache``;
 vLLM: ``actions/engines/vllm_profiling.py``, on the process's warm engine, with the time a new
 version takes to reach it), then caches the result if its grid is usable (``grid_problem``; one
 that is not is returned uncached, and the flow measures again). Either way it reports what the
-planner's locality check needs: the weight bytes as published, the KV bytes per token and the
-store's measured read throughput.
+planner's locality check needs (``transfer_facts``): the weight bytes a warm actor reads per new
+policy version, the KV bytes per token and the store's measured read throughput.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import platform
@@ -21,6 +22,7 @@ import time
 
 import torch
 
+from actions.contracts import ModelRef
 from actions.engines.preflight import attention_shape
 from actions.engines.sampling import fused_for
 from actions.engines.torch_engine import decode_path
@@ -81,6 +83,47 @@ def read_throughput(store: ObjectStore, manifest_key: str, cap_bytes: int) -> tu
     return total, taken / max(time.perf_counter() - t0, 1e-6)
 
 
+def adapter_bytes(ref: ModelRef, dtype: torch.dtype) -> int:
+    """Bytes one version of ``ref``'s LoRA policy publishes, as its manifest lists them: the
+    adapter's tensors (and the biases ``model.lora.bias`` trains) in ``dtype``, one safetensors
+    blob each (``actions/store/weights.py``). Computed from the base's config, ``model.lora``
+    (r, the target modules' shapes) and ``dtype`` on torch's meta device (shapes only, nothing
+    allocated but one adapter tensor's bytes at a time), so version 0, whose adapter is built
+    rather than stored, counts what every later version publishes."""
+    from transformers import AutoModelForCausalLM
+
+    from actions.models.loading import load_base_parts
+    from actions.models.lora import adapter_tensors, attach_adapter
+    from actions.store.weights import tensor_blob_parts
+
+    assert ref.lora is not None, ref
+    config = copy.deepcopy(load_base_parts(ref.store_uri, ref.base_key).config)
+    with torch.device("meta"):
+        model = attach_adapter(AutoModelForCausalLM.from_config(config, dtype=dtype), ref.lora, None)
+    total = 0
+    for name, t in adapter_tensors(model).items():
+        # PEFT casts a new adapter to its layer's dtype on a real device only: on the meta device
+        # it stays fp32, so the dtype a built model gives its floating tensors is set here
+        stored = torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device="cpu")
+        header, data = tensor_blob_parts(name, stored)  # the header names the tensor, its dtype and shape
+        total += len(header) + data.nbytes
+    return total
+
+
+def transfer_facts(store: ObjectStore, ref: ModelRef, dtype: torch.dtype, probe_bytes: int) -> tuple[int, float]:
+    """(weight bytes a warm actor reads per new policy version, store read bytes/s) for the
+    planner, the same at every version of a run. A full model: the version's weights, read
+    back to time them. LoRA: the adapter's bytes (``adapter_bytes``; a warm actor holds the
+    backbone), with the throughput probed on the backbone's blobs, which are large enough to
+    time the store's bandwidth at every version (an adapter's few KB would time its latency,
+    and version 0's policy is the backbone itself)."""
+    if ref.lora is None:
+        return read_throughput(store, ref.policy_key, probe_bytes)
+    assert ref.backbone_key is not None, ref
+    _, read_bps = read_throughput(store, ref.backbone_key, probe_bytes)
+    return adapter_bytes(ref, dtype), read_bps
+
+
 def decode_facts(req: ProfileRequest, device: torch.device, vocab: int) -> dict:
     """What the request's decode settings do on ``device`` (``ProfileFacts``): the torch
     engine's cache, graphs and compilation, and either engine's fused draws."""
@@ -106,7 +149,7 @@ def run_profile(req: ProfileRequest) -> ProfileResult:
                          prefill_shape=req.prefill_shape, **decode_facts(req, device, int(config["vocab_size"])),
                          lora=ref.lora.model_dump(mode="json") if ref.lora is not None else None)
     key = facts.cache_key()
-    weight_bytes, read_bps = read_throughput(store, ref.policy_key, req.probe_bytes)
+    weight_bytes, read_bps = transfer_facts(store, ref, dtype, req.probe_bytes)
     common = dict(profile_key=key, facts=facts, weight_bytes=weight_bytes,
                   kv_bytes_per_token=kv_bytes_per_token(config, dtype), store_read_bytes_per_s=read_bps)
     rejected = None

@@ -148,11 +148,12 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
 def run_sharded(req: TrainStepRequest, world: int) -> TrainStepResult:
     """The step on ``world`` FSDP2 ranks (``actions/rl/sharded_train.py``), each with its share
     of this activation's threads on the CPU."""
+    from actions.models.device import action_device
     from actions.rl.ranks import run_on_ranks
     from actions.rl.sharded_train import train_on_rank
-    from actions.rl.world_size import device_kind
 
-    backend = "nccl" if device_kind() == "cuda" else "gloo"
+    # the device the ranks compute on (``sharded_train.rank_device``), so ``auto`` without CUDA is gloo
+    backend = "nccl" if action_device().type == "cuda" else "gloo"
     threads = max(1, torch.get_num_threads() // world)
     out = run_on_ranks(train_on_rank, world, (req.model_dump(mode="json"), threads), backend=backend,
                        what="train rank")

@@ -11,9 +11,15 @@ import os
 
 
 def device_kind() -> str:
-    """``cuda`` or ``cpu``: the device the actions of this environment use (``RLHFLESS_DEVICE``)."""
+    """``cuda`` or ``cpu``: the device the actions of this environment use (``RLHFLESS_DEVICE``),
+    resolved as ``actions/models/device.py: parse_device`` resolves it: ``auto`` is CUDA only
+    where torch sees a CUDA device (torch is imported for that setting alone)."""
     device = os.environ.get("RLHFLESS_DEVICE", "cpu").strip().lower()
-    return "cuda" if device.startswith("cuda") or device == "auto" else "cpu"
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if device.startswith("cuda") else "cpu"
 
 
 def resolve_world_size(world_size: int | None, gpus_per_actor: int, kind: str) -> int:
@@ -42,8 +48,8 @@ def check_world_size(world_size: int | None, gpus_per_actor: int, kind: str | No
     ranks than those cores would oversubscribe them: refused, as ranks beyond the processors are.
 
     Raises:
-        ValueError: more ranks than devices, or than ``num_cores`` on the CPU (one line naming
-            the keys, the values and the fix).
+        ValueError: more ranks than devices, or than ``num_cores`` on the CPU, or CUDA asked
+            for where none is visible (one line naming the keys, the values and the fix).
     """
     kind = kind or device_kind()
     world = resolve_world_size(world_size, gpus_per_actor, kind)
@@ -55,6 +61,10 @@ def check_world_size(world_size: int | None, gpus_per_actor: int, kind: str | No
             raise ValueError(f"{key}={world} needs {world} cores (one gloo rank each), but invoker.num_cores="
                              f"{num_cores} gives the actions {num_cores}; set train.world_size to at most "
                              f"{num_cores}{more}")
+        if kind == "cuda" and present == 0:
+            setting = os.environ.get("RLHFLESS_DEVICE", "") or "cuda"
+            raise ValueError(f"{key}={world} needs {world} CUDA devices: RLHFLESS_DEVICE={setting} but no CUDA "
+                             "device is visible; set RLHFLESS_DEVICE to cpu or auto (gloo ranks on the CPU)")
         if world > present:
             what = "CUDA devices" if kind == "cuda" else "processors (one gloo rank each)"
             raise ValueError(f"{key}={world} needs {world} {what}, but this machine has {present}; set "

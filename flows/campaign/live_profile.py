@@ -10,9 +10,11 @@ on this machine's shared cores the set-up runs it alone, ``flows/campaign/setup.
   the store's cache for exactly those (``source`` says which); an explicit ``scaling.profile``
   file wins over both (``file``), with a warning where the file says it was measured for
   another model, dtype, device or engine (``other_model_warning``);
-- the locality model: weight bytes as published, KV bytes per token from the model config and
-  the store's read throughput as the pool measured it, so the planner's transfer times are
-  the ones this campaign pays.
+- the locality model: the weight bytes a warm actor reads per new policy version (the whole
+  model's as published; a LoRA run's adapter, the same at version 0 and after a resume), KV
+  bytes per token from the model config and the store's read throughput as the pool measured
+  it (a LoRA run's on the backbone's blobs), so the planner's transfer times are the ones this
+  campaign pays.
 
 A cached profile the flow cannot use (``TpotProfile.from_dict`` rejects it) is reported and
 measured again (``refresh``); the action itself rejects one that is not what it wrote.
@@ -123,7 +125,7 @@ def finish_profiling(ctx: RunContext, started: tuple[Any, ProfileRequest] | None
     push_s = float(result.profile.get("weight_push_s", 0.0)) if source != "file" else 0.0
     unpriced = source == "file" and ctx.config.generation.engine == "vllm"  # a profile file holds no push time
     progress(f"profile: {source} {profile.name} ({result.profile_key}); store reads "
-             f"{result.store_read_bytes_per_s / 1e6:.0f} MB/s, weights {result.weight_bytes / 1e6:.1f} MB, "
+             f"{result.store_read_bytes_per_s / 1e6:.0f} MB/s, {weights_text(result.weight_bytes, req.model)}, "
              f"activation round trip {activation_s * 1e3:.0f} ms"
              + (f", weight push {push_s * 1e3:.0f} ms" if push_s else "")
              + ("; the weight push into the vLLM engines is not timed from a profile file: plans leave it out"
@@ -135,6 +137,20 @@ def finish_profiling(ctx: RunContext, started: tuple[Any, ProfileRequest] | None
                       transfer_bandwidth_bytes_per_s=result.store_read_bytes_per_s,
                       threads=result.facts.threads, activation_s=activation_s + push_s, profile_key=result.profile_key,
                       weight_push_s=push_s, measure_s=result.measure_s)
+
+
+def weights_text(weight_bytes: float, model: ModelRef) -> str:
+    """The progress line's words for the bytes a warm actor reads per new policy version: the
+    whole model's weights, or a LoRA run's adapter (``actions/profile.py: transfer_facts``), in
+    kB below a megabyte so that a small adapter does not read as 0.0 MB.
+
+    >>> weights_text(644072, ModelRef(store_uri="s", base_key="b", policy_key="p", policy_version=0))
+    'weights 0.6 MB'
+    """
+    if model.lora is None:
+        return f"weights {weight_bytes / 1e6:.1f} MB"
+    size = f"{weight_bytes / 1e6:.1f} MB" if weight_bytes >= 1e6 else f"{weight_bytes / 1e3:.1f} kB"
+    return f"adapter {size} per version (LoRA: a warm actor holds the backbone)"
 
 
 def other_model_warning(path: str, profile: TpotProfile, facts: ProfileFacts | None, engine: str,

@@ -353,15 +353,32 @@ def check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: bo
     identity = _as_recorded(as_recorded_then(identity, existing.identity), existing.identity, RESUMABLE_CHANGES)
     if existing.fingerprint != fingerprint_of(identity):
         # a reward model's path by what the folder holds (``described``), any other by its values
+        differing = differing_values(existing.identity, identity)
         diff = [d if store is not None and (d := described(k, existing.identity, identity)) != k
-                else _run_and_now(k, a, b) for k, a, b in differing_values(existing.identity, identity)]
+                else _run_and_now(k, a, b) for k, a, b in differing]
         shown = "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
         raise CampaignRefused(
             f"refusing to resume run {existing.run_id!r}: it was made with a different configuration "
             f"(settings differ: {shown}); set them back (e.g. --set KEY=VALUE with the run's value, or that key of a "
             "deployment run's config parameter) or use a new run_id"
+            + _keep_weights_hint(existing.run_id, differing)
         )
     return warnings
+
+
+def _keep_weights_hint(run_id: str, differing: list[tuple[str, Any, Any]]) -> str:
+    """Where ``model.lora`` is among the ``differing`` settings (``differing_values``, run then
+    now): how a new run starts from the weights run ``run_id`` trained (its policy exported as
+    a model folder, a LoRA run's adapter merged into it, since a new run's ``model.path`` loads
+    the folder's model and not an ``adapter/`` beside it)."""
+    lora = [(k, run) for k, run, _ in differing if k == "model.lora" or k.startswith("model.lora.")]
+    if not lora:
+        return ""
+    trained_lora = any(k != "model.lora" or run is not None for k, run in lora)  # a sub-key: LoRA then and now
+    merge = " --merge-lora" if trained_lora else ""
+    return (f"; to keep the weights it trained, export them (rlhfless export {run_id} --out DIR{merge}, "
+            "with --store URI where the run's store is not the default) and start a new run with model.path: DIR "
+            "and the model.lora you want")
 
 
 def _as_recorded(identity: dict[str, Any], recorded: dict[str, Any], paths: tuple[tuple[str, ...], ...]
@@ -402,13 +419,41 @@ def differing_values(old: Any, new: Any, prefix: str = "") -> list[tuple[str, An
 
 
 def _run_and_now(key: str, old: Any, new: Any) -> str:
-    """``key`` with the value the run was made with and the one asked for now, each cut to 80
-    characters in the middle (a whole section would fill the line; a path's end tells most)."""
-    def shown(value: Any) -> str:
-        text = repr(value)
-        return text if len(text) <= 80 else text[:38] + "..." + text[-39:]
+    """``key`` with the value the run was made with and the one asked for now (``shown_value``).
 
-    return f"{key}: run {shown(old)}, now {shown(new)}"
+    >>> _run_and_now("model.lora", None, {"r": 8, "alpha": 16.0, "dropout": 0.0, "target_modules": "all-linear",
+    ...                                   "bias": "none"})
+    "model.lora: run None, now {'r': 8, 'alpha': 16.0, 'dropout': 0.0, 'target_modules': 'all-linear', 'bias': 'none'}"
+    """
+    return f"{key}: run {shown_value(old)}, now {shown_value(new)}"
+
+
+def shown_value(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` for a refusal's line, at most about ``limit`` characters where it is
+    longer. A section (dict) or list is whole up to twice ``limit``, beyond that cut after its
+    last entry that fits, saying how many more there are, so no key or value is cut in two; any
+    other value is cut in the middle (a path's end tells most).
+
+    >>> shown_value({f"k{i}": i for i in range(40)}, 40)
+    "{'k0': 0, 'k1': 1, 'k2': 2, 'k3': 3, ... and 36 more}"
+    """
+    text = repr(value)
+    if len(text) <= limit or (isinstance(value, (dict, list)) and len(text) <= 2 * limit):
+        return text
+    if isinstance(value, (dict, list)):
+        items = [f"{k!r}: {v!r}" for k, v in value.items()] if isinstance(value, dict) else [repr(v) for v in value]
+        kept: list[str] = []
+        while len(kept) < len(items) and len(", ".join(kept + [items[len(kept)]])) <= limit:
+            kept.append(items[len(kept)])
+        kept = kept or [_cut(items[0], limit)]
+        opened, closed = ("{", "}") if isinstance(value, dict) else ("[", "]")
+        return f"{opened}{', '.join(kept)}, ... and {len(items) - len(kept)} more{closed}"
+    return _cut(text, limit)
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters in the middle."""
+    return text if len(text) <= limit else text[: limit // 2 - 2] + "..." + text[-(limit // 2 - 1):]
 
 
 def commit_state(store: ObjectStore, state: CampaignState) -> str:
