@@ -226,6 +226,8 @@ def train_on_rank(rank: int, world: int, request: dict, threads: int) -> dict | 
                          temperature=req.temperature, max_new_tokens=req.max_new_tokens).to(device)
     metrics = rollout_metrics(batch, algo)
     metrics["train/reused_state"] = 0.0
+    if critic is not None:  # the ranks are fresh processes: nothing kept warm (as one rank reports it)
+        metrics["train/reused_critic_state"] = 0.0
     metrics["train/world_size"] = float(world)
     metrics.update(all_sum({"train/state_read_bytes": float(sum(fetched))}, device))
     metrics.update(all_max({"train/spawn_s": spawn_seconds()}, device))  # the step waited for the last rank

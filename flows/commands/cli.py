@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 # HF_HUB_OFFLINE stays the user's: unset or 0 lets `prepare` fetch hub ids (actions/models/hub.py).
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")  # the client's usage notice and its telemetry, as the server's
 
 
 class UsageError(ValueError):
