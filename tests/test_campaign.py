@@ -374,3 +374,24 @@ def test_training_resumes_from_the_state_it_kept_with_the_same_weights(clean_sum
         assert cold["steps"][step]["train/state_read_bytes"] == stored > 0, step
     assert_learned(clean_summary)
     assert cold["weights_sha256"] == clean_summary["weights_sha256"]
+
+
+def test_a_warm_critic_whose_keys_hold_other_tensors_now_is_read_from_the_store(tiny_config, prefect_harness,
+                                                                                   monkeypatch):
+    """The warm critic is kept under its manifests' keys; where those were published again since
+    (a step retried on another container), what the container kept is dropped and the store read."""
+    from actions.models import warm
+
+    put = warm.put
+
+    def republished(key, value):  # as if the manifests now hold other blobs than those kept
+        if key[0] == "trained_critic":
+            value = (*value[:2], (("other", "0" * 64),))
+        put(key, value)
+
+    monkeypatch.setattr(warm, "put", republished)
+    cfg = tiny_config("invoker.kind=inprocess", "algorithm.name=ppo", "algorithm.group_size=1", "steps=2",
+                      "run_id=ppo_republished")
+    summary = run_campaign(cfg, progress=lambda m: None)
+    assert [s["train/reused_critic_state"] for s in summary["steps"]] == [0.0, 0.0]
+    assert summary["steps"][1]["train/state_read_bytes"] > 0
