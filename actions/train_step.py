@@ -48,7 +48,7 @@ from actions.rl.recompute import enable_checkpointing
 from actions.rl.update import make_optimizer, run_updates
 from actions.rl.world_size import check_world_size
 from actions.runtime.adapter import run_action
-from actions.store import get_json
+from actions.store import read_manifest
 from actions.store.weights import publish_tensors
 
 
@@ -93,8 +93,7 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
     critic = critic_opt = kept_critic = None
     if algo.name == "ppo":
         kept_critic = warm.take(trained_critic_key(ref.store_uri, req.critic_key, ref.dtype, req.critic_optimizer_key))
-        if kept_critic is not None and kept_critic[2] != _blob_digests(store, req.critic_key,
-                                                                      req.critic_optimizer_key):
+        if kept_critic is not None and kept_critic[2] != _published(store, req.critic_key, req.critic_optimizer_key):
             kept_critic = None  # the keys were published again since (a retried step elsewhere): read them
         if kept_critic is not None:
             critic, critic_state, _ = kept_critic
@@ -145,16 +144,16 @@ def run_train(req: TrainStepRequest) -> TrainStepResult:
         out.critic_key, out.critic_optimizer_key = c.manifest_key, co.manifest_key
         critic.zero_grad(set_to_none=True)
         warm.put(trained_critic_key(ref.store_uri, c.manifest_key, ref.dtype, co.manifest_key),
-                 (critic, critic_opt.state_tensors(), _blob_digests(store, c.manifest_key, co.manifest_key)))
+                 (critic, critic_opt.state_tensors(), (c.weights_sha256, co.weights_sha256)))
     return out
 
 
-def _blob_digests(store, *manifest_keys: str | None) -> tuple:
-    """What the manifests under ``manifest_keys`` hold now (their blobs' sha256): the warm critic
-    is kept under its manifests' keys, which a step published again (a retry on another
-    container after an interrupted commit) may fill with other tensors; the policy's key has
-    its ``weights_sha256`` for that."""
-    return tuple(None if k is None else tuple(sorted((n, e["sha256"]) for n, e in get_json(store, k)["files"].items()))
+def _published(store, *manifest_keys: str | None) -> tuple:
+    """The ``weights_sha256`` the manifests under ``manifest_keys`` record now: the warm critic is
+    kept under its manifests' keys, which a step published again (a retry on another container
+    after an interrupted commit) may fill with other tensors; the policy's key has its
+    ``weights_sha256`` for that."""
+    return tuple(None if k is None else read_manifest(store, k).get("meta", {}).get("weights_sha256")
                  for k in manifest_keys)
 
 

@@ -69,25 +69,33 @@ def _ref(cfg, store, p, key: str, version: int, sha: str | None = None):
                     weights_sha256=sha, lora=cfg.model.lora, backbone_key=p.init_key)
 
 
+def train_one_step(cfg, store, p, v0, prefix: str) -> dict:
+    """The train_step result of one step from ``v0``: its generate and score actions, then rewards
+    set to mixed groups so that every adapter tensor gets a gradient; objects under ``prefix``."""
+    from actions.store.weights import load_tensors, publish_tensors
+
+    gen = _call("generate", {"model": v0.model_dump(), "dataset_key": p.train_key, "run_seed": 0, "step": 0,
+                             "shard": "g", "prompt_ids": [0, 1, 2, 3], "group_size": 4, "max_new_tokens": 8,
+                             "temperature": 1.0, "output_key": f"{prefix}/roll.json"})
+    score = _call("score", {"policy": v0.model_dump(), "reference_key": p.init_key, "dataset_key": p.train_key,
+                            "rollout_keys": [gen["rollout_key"]], "rewards": [{"name": "repeat"}],
+                            "algorithm": cfg.algorithm.model_dump(), "output_key": f"{prefix}/scored/manifest.json"})
+    tensors, meta = load_tensors(store, score["scored_key"])
+    tensors["rewards"] = torch.tensor([1.0, 0.0] * 8)
+    publish_tensors(store, f"{prefix}/scored2/manifest.json", tensors, meta)
+    return _call("train_step", {"policy": v0.model_dump(), "optimizer_key": None, "seed": 0, "step": 0,
+                                "scored_keys": [f"{prefix}/scored2/manifest.json"],
+                                "algorithm": cfg.algorithm.model_dump(), "output_prefix": f"{prefix}/train"})
+
+
 def test_lora_version_is_the_adapter_and_warm_actions_share_the_backbone(prepared):
     from actions.models import warm
     from actions.models.loading import load_backbone, load_model
-    from actions.store.weights import load_tensors, publish_tensors
+    from actions.store.weights import load_tensors
 
     cfg, store, p = prepared
     v0 = _ref(cfg, store, p, p.init_key, 0)
-    gen = _call("generate", {"model": v0.model_dump(), "dataset_key": p.train_key, "run_seed": 0, "step": 0,
-                             "shard": "g", "prompt_ids": [0, 1, 2, 3], "group_size": 4, "max_new_tokens": 8,
-                             "temperature": 1.0, "output_key": "runs/l/roll.json"})
-    score = _call("score", {"policy": v0.model_dump(), "reference_key": p.init_key, "dataset_key": p.train_key,
-                            "rollout_keys": [gen["rollout_key"]], "rewards": [{"name": "repeat"}],
-                            "algorithm": cfg.algorithm.model_dump(), "output_key": "runs/l/scored/manifest.json"})
-    tensors, meta = load_tensors(store, score["scored_key"])
-    tensors["rewards"] = torch.tensor([1.0, 0.0] * 8)  # mixed groups: every adapter tensor gets a gradient
-    publish_tensors(store, "runs/l/scored2/manifest.json", tensors, meta)
-    train = _call("train_step", {"policy": v0.model_dump(), "optimizer_key": None, "seed": 0, "step": 0,
-                                 "scored_keys": ["runs/l/scored2/manifest.json"],
-                                 "algorithm": cfg.algorithm.model_dump(), "output_prefix": "runs/l/train"})
+    train = train_one_step(cfg, store, p, v0, "runs/l")
     files = read_manifest(store, train["policy_key"])["files"]
     assert files and all("lora_A" in k or "lora_B" in k for k in files), sorted(files)[:4]
     full = sum(e["size"] for e in read_manifest(store, p.init_key)["files"].values())

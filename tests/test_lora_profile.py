@@ -7,12 +7,11 @@ the version's weights, read back."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from actions.store import read_manifest
+from tests.test_lora import _call, _ref, train_one_step
 
 GRID = {"batch_sizes": [1, 2], "contexts": [4, 8], "prefill_shape": [2, 4]}
 
@@ -21,36 +20,14 @@ GRID = {"batch_sizes": [1, 2], "contexts": [4, 8], "prefill_shape": [2, 4]}
 def lora_run(tmp_path_factory):
     """(cfg, store, prepared, v0 ModelRef, v1 ModelRef): a prepared tiny LoRA run and the
     adapter version one train step published."""
-    from actions.contracts import ModelRef
-    from actions.store.weights import load_tensors, publish_tensors
     from tests.conftest import prepare_tiny
 
     cfg, store, p = prepare_tiny(tmp_path_factory.mktemp("store"), "runs/lp", "model.lora.r=4")
-    v0 = ModelRef(store_uri=store.uri, base_key=p.base_key, policy_key=p.init_key, policy_version=0,
-                  lora=cfg.model.lora, backbone_key=p.init_key)
-    gen = _call("generate", {"model": v0.model_dump(), "dataset_key": p.train_key, "run_seed": 0, "step": 0,
-                             "shard": "g", "prompt_ids": [0, 1, 2, 3], "group_size": 4, "max_new_tokens": 8,
-                             "temperature": 1.0, "output_key": "runs/lp/roll.json"})
-    score = _call("score", {"policy": v0.model_dump(), "reference_key": p.init_key, "dataset_key": p.train_key,
-                            "rollout_keys": [gen["rollout_key"]], "rewards": [{"name": "repeat"}],
-                            "algorithm": cfg.algorithm.model_dump(), "output_key": "runs/lp/scored/manifest.json"})
-    tensors, meta = load_tensors(store, score["scored_key"])
-    tensors["rewards"] = torch.tensor([1.0, 0.0] * 8)
-    publish_tensors(store, "runs/lp/scored2/manifest.json", tensors, meta)
-    train = _call("train_step", {"policy": v0.model_dump(), "optimizer_key": None, "seed": 0, "step": 0,
-                                 "scored_keys": ["runs/lp/scored2/manifest.json"],
-                                 "algorithm": cfg.algorithm.model_dump(), "output_prefix": "runs/lp/train"})
+    v0 = _ref(cfg, store, p, p.init_key, 0)
+    train = train_one_step(cfg, store, p, v0, "runs/lp")
     v1 = v0.model_copy(update={"policy_key": train["policy_key"], "policy_version": 1,
                                "weights_sha256": train["weights_sha256"]})
     return cfg, store, p, v0, v1
-
-
-def _call(name: str, payload: dict) -> dict:
-    import importlib
-
-    result = importlib.import_module(f"actions.{name}").main(json.loads(json.dumps(payload)))
-    assert "error" not in result, result
-    return result
 
 
 def _size(store, key: str) -> int:

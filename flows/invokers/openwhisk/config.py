@@ -119,16 +119,14 @@ class OpenWhiskConfig:
         ``WSK_CA_BUNDLE``; values missing there come from ``~/.wskprops`` (``WSK_CONFIG_FILE``)."""
         env = os.environ if env is None else env
         props = _read_wskprops(env)
-        host_from = _first_set(env, "WSK_APIHOST", "__OW_API_HOST")
+        host, host_from = _host_from(env, props)
         auth_from = _first_set(env, "WSK_AUTH", "__OW_API_KEY")
-        host = env.get(host_from, "") if host_from else props.get("APIHOST", "")
         auth = env.get(auth_from, "") if auth_from else props.get("AUTH", "")
         if not host or not auth:
             missing = " and ".join(n for n, v in (("WSK_APIHOST", host), ("WSK_AUTH", auth)) if not v)
             raise ValueError(f"OpenWhisk connection not configured: set {missing} (or write ~/.wskprops)")
         namespace, ns_from = _namespace_from(env, props)
-        origins = {"api_host": host_from or f"APIHOST in {_wskprops_path(env)}",
-                   "auth": auth_from or f"AUTH in {_wskprops_path(env)}", **ns_from}
+        origins = {"api_host": host_from, "auth": auth_from or f"AUTH in {_wskprops_path(env)}", **ns_from}
         return cls(host, auth, namespace, _verify_from(env), origins)
 
     @classmethod
@@ -162,16 +160,13 @@ class OpenWhiskConfig:
             raise ValueError(f"{block} has no auth key; add \"auth\": \"UUID:KEY\" (the AUTH of ~/.wskprops)")
         verify: bool | str = value.get("ca_bundle") or not _truthy(str(value.get("insecure", "")))
         host_key = next((k for k in ("api_host", "apihost") if value.get(k)), None)
-        host_from = _first_set(env, "WSK_APIHOST", "__OW_API_HOST")
-        host = value[host_key] if host_key else env[host_from] if host_from else \
-            _read_wskprops(env).get("APIHOST", "")
+        host, host_from = (value[host_key], f"the {host_key} key of {block}") if host_key else _host_from(env)
         if not host:
             raise ValueError(f"{block} has no api_host key, WSK_APIHOST is not set and {_wskprops_path(env)} has no "
                              "APIHOST; add \"api_host\": \"https://host[:port]\" to the block")
         namespace, ns_from = (value["namespace"], {}) if value.get("namespace") else _namespace_from(env)
         origins = {key: f"the {key} key of {block}" for key in ("auth", "ca_bundle", "namespace")} | ns_from
-        origins["api_host"] = f"the {host_key} key of {block}" if host_key else \
-            host_from or f"APIHOST in {_wskprops_path(env)}"
+        origins["api_host"] = host_from
         return cls(str(host), str(value["auth"]), str(namespace), verify, origins)
 
     @classmethod
@@ -223,6 +218,15 @@ def credentials_configured(secret_block: str | None = None, env: Mapping[str, st
     return bool(secret_block or env.get(SECRET_BLOCK_ENV)
                 or _first_set(env, "WSK_APIHOST", "WSK_AUTH", "__OW_API_HOST", "__OW_API_KEY")
                 or props.get("APIHOST") or props.get("AUTH"))
+
+
+def _host_from(env: Mapping[str, str], props: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """(the API host the environment names: ``WSK_APIHOST``, ``__OW_API_HOST``, else ``APIHOST``
+    of ``~/.wskprops``, "" where none does; its origin, for messages)."""
+    if name := _first_set(env, "WSK_APIHOST", "__OW_API_HOST"):
+        return env.get(name, ""), name
+    props = _read_wskprops(env) if props is None else props
+    return props.get("APIHOST", ""), f"APIHOST in {_wskprops_path(env)}"
 
 
 def _namespace_from(env: Mapping[str, str], props: Mapping[str, str] | None = None) -> tuple[str, dict[str, str]]:
