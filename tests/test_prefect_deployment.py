@@ -386,6 +386,39 @@ def test_a_prewarm_takes_only_the_gpu_slots_free_now_and_never_waits(deployed: L
             assert allowed == 3
 
 
+def test_a_prewarm_whose_slots_went_between_read_and_take_starts_none_at_once(
+        deployed: LocalPrefectServer, monkeypatch: pytest.MonkeyPatch):
+    """spare_gpu_slots: where the limit read says slots are free but they are taken by the time
+    it asks for them, one refused request (423) makes it start 0 containers without waiting
+    for slots, and it holds nothing."""
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.concurrency.sync import concurrency
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.step.invoke import spare_gpu_slots
+
+    with deployed.client() as client:
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name="gpu-race", limit=4))
+    read = SyncPrefectClient.read_global_concurrency_limit_by_name
+
+    def stale(self, name):  # the state before another run took the slots
+        return read(self, name).model_copy(update={"active_slots": 0})
+
+    cfg = load_config(None, ["invoker.gpu_concurrency_limit=gpu-race", "scaling.gpus_per_actor=2"])
+    with temporary_settings(updates={PREFECT_API_URL: deployed.url}):
+        with concurrency("gpu-race", occupy=3):
+            monkeypatch.setattr(SyncPrefectClient, "read_global_concurrency_limit_by_name", stale)
+            started = time.monotonic()
+            with spare_gpu_slots("generate", 2, cfg) as allowed:
+                assert allowed == 0
+                waited = time.monotonic() - started
+            monkeypatch.undo()
+            with deployed.client() as client:
+                assert client.read_global_concurrency_limit_by_name("gpu-race").active_slots == 3
+    assert waited < 10  # it did not wait for the 3 held slots (held until after the check)
+
+
 def test_deploy_from_a_checkout_elsewhere_points_the_worker_there(deployed: LocalPrefectServer, tmp_path: Path):
     """prefect.yaml holds no path: a clone at any path deploys with its own directory."""
     clone = tmp_path / "elsewhere" / "rlhfless"

@@ -93,6 +93,7 @@ def spare_gpu_slots(action: str, count: int, cfg: CampaignConfig) -> Iterator[in
     per_actor = cfg.scaling.gpus_per_actor
     try:
         from prefect.client.orchestration import get_client
+        from prefect.concurrency._asyncio import ConcurrencySlotAcquisitionError  # sync.concurrency raises it
         from prefect.exceptions import ObjectNotFound
 
         with get_client(sync_client=True) as client:
@@ -113,9 +114,14 @@ def spare_gpu_slots(action: str, count: int, cfg: CampaignConfig) -> Iterator[in
         return
     with contextlib.ExitStack() as held:
         try:
-            held.enter_context(concurrency(name, occupy=spare * per_actor, timeout_seconds=1.0, strict=False,
-                                           lease_duration=GPU_SLOT_LEASE_S))
-        except TimeoutError:  # taken between the read and the acquisition
+            # One request, no retry: the server answers 423 at once where the slots were taken
+            # between the read and now. The timeout bounds a server too slow to answer, not a
+            # wait for slots (a tight one refused free slots on a loaded control plane).
+            held.enter_context(concurrency(name, occupy=spare * per_actor, max_retries=0, timeout_seconds=30.0,
+                                           strict=False, lease_duration=GPU_SLOT_LEASE_S))
+        except (TimeoutError, ConcurrencySlotAcquisitionError) as exc:
+            log.info("pre-warm of %s skipped: the GPU limit %r has no %d free slots now (%s)",
+                        action, name, spare * per_actor, exc)
             spare = 0
         yield spare
 
