@@ -243,6 +243,32 @@ def test_sigterm_while_workers_start_closes_the_pool_without_a_thread_traceback(
     assert done.returncode == 143 and done.stderr == "stopped\n", done.stderr[-3000:]
 
 
+def test_sigterm_while_a_worker_start_hangs_exits_at_once(tmp_path):
+    """A worker whose start never ends (an import stuck on a network file system, a server that
+    never writes its ready line): SIGTERM still ends the process at once, the start thread left
+    behind, not waited for at exit."""
+    started = time.monotonic()
+    done = _run_script(tmp_path, f"""
+        import signal, sys, threading, time
+        from flows.invokers import local_pool
+
+        def unwind(signum, frame):
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, unwind)
+
+        def hung(self, name):
+            if name == "worker-0":
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+            time.sleep(3600)
+
+        local_pool.LocalPoolInvoker._spawn = hung
+        local_pool.LocalPoolInvoker(2, log_dir={str(tmp_path / 'logs')!r})
+    """)
+    assert done.returncode == 143, done.stderr[-3000:]
+    assert time.monotonic() - started < 30
+
+
 def _cli_args(tmp_path: Path) -> list[str]:
     args = []
     for override in (*TINY_OVERRIDES, *LEARNING, f"store.uri={tmp_path / 'store'}", "invoker.kind=local",

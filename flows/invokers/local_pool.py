@@ -248,7 +248,10 @@ class LocalPoolInvoker:
             except BaseException as exc:  # noqa: BLE001 - reported below, or dropped once interrupted
                 failures.append(exc)
 
-        threads = [threading.Thread(target=start, args=(name,), name=f"pool-start-{name}") for name in names]
+        # daemons: a start that hangs (a worker that never writes its ready line) must not keep
+        # an interrupted process alive at exit; its worker exits with the control pipe then
+        threads = [threading.Thread(target=start, args=(name,), name=f"pool-start-{name}", daemon=True)
+                   for name in names]
         try:
             for t in threads:
                 t.start()
@@ -439,7 +442,7 @@ class LocalPoolInvoker:
             finally:
                 self._idle.put(worker, warmed=(kind or action, policy))
 
-        threads = [threading.Thread(target=lambda w=w: results.append(warm(w))) for w in taken]
+        threads = [threading.Thread(target=lambda w=w: results.append(warm(w)), daemon=True) for w in taken]
         results: list[bool] = []
         for t in threads:
             t.start()
