@@ -174,3 +174,24 @@ def test_a_steps_commit_column_is_the_previous_steps_commit_alone(tiny_config, p
                              progress=lambda m: None)["steps"]
     commit = [s["timing_s/commit"] for s in steps]
     assert commit[0] == 0.0 and commit[1] >= 0.4 and commit[2] < 0.4, commit
+
+
+def test_a_reward_model_that_cuts_most_pairs_for_steps_in_a_row_is_named():
+    """``reward_model_truncated``: a reward model whose ``truncated_frac`` is at least
+    ``TRUNCATED_SHARE`` for ``TRUNCATED_STEPS`` steps in a row; the line names which one."""
+    def step(first: float, second: float) -> dict:
+        return {**_step(), "reward_fn/reward_model/0/truncated_frac": first,
+                "reward_fn/reward_model/1/truncated_frac": second}
+
+    cut, kept = TRUNCATED_SHARE, TRUNCATED_SHARE / 2
+    steps = [step(kept, cut), step(kept, cut), step(cut, kept), step(kept, cut), step(kept, cut), step(kept, cut)]
+    [found] = learning_warnings(steps, total=10)
+    # model 1 cut steps 1-2, then 4-6: a run long enough first from step 4; model 0 alone at step 3
+    # breaks no run of "some model cut", so steps 1-6 are one run of 6
+    assert (found["kind"], found["step"], found["steps"]) == ("reward_model_truncated", 1, 6)
+    lines = new_warning_lines(steps[:TRUNCATED_STEPS], 10)
+    assert len(lines) == 1 and "step 3: reward_model_truncated: reward model(s) 0, 1 cut" in lines[0], lines
+    assert "reward.models[i].max_length" in lines[0]
+    assert learning_warnings([step(kept, kept)] * 5, total=5) == []
+    # a campaign shorter than the window warns when each of its steps cut
+    assert [w["kind"] for w in learning_warnings([step(kept, cut)] * 2, total=2)] == ["reward_model_truncated"]

@@ -21,6 +21,11 @@ metrics, printed on the progress output as they first hold and listed in ``summa
   a row, or every step of a shorter campaign: the rewards then judge unfinished answers, and a
   limit too short for the task leaves a run that rewards nothing (a 256-token default that cut
   97-99% of completions is a known way to learn nothing).
+* ``reward_model_truncated``: a reward model (``reward.models[i]``) cut at least
+  ``TRUNCATED_SHARE`` of the (prompt, completion) pairs it scored to its ``max_length``
+  (``reward_fn/reward_model/<i>/truncated_frac``), for ``TRUNCATED_STEPS`` steps in a row or
+  every step of a shorter campaign: it keeps their last tokens, so it scored answers without
+  the beginning of their prompts (a question's statement, a system prompt).
 
 Each kind is reported once, after the step at which it first holds, with its first step (a
 run's first, for a kind that must hold steps in a row) and the number of steps it held.
@@ -29,6 +34,7 @@ run's first, for a kind that must hold steps in a row) and the number of steps i
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -46,6 +52,8 @@ TRUNCATED_STEPS = 3
 """Consecutive steps with ``TRUNCATED_SHARE`` or more cut before ``truncated`` is raised."""
 CLIP_RATIO = "response_length/clip_ratio"
 """A step's share of completions that stopped at the length limit (``actions/rl/batch.py``)."""
+REWARD_MODEL_CUT = re.compile(r"^reward_fn/reward_model/(\d+)/truncated_frac$")
+"""A reward model's share of the step's pairs cut to its ``max_length`` (``flows/step/metrics.py``)."""
 GROUP_RELATIVE = ("grpo",)
 """Algorithms (``algorithm.name``) whose advantage is a reward's spread within its group: the
 ones ``zero_reward_std`` applies to."""
@@ -66,6 +74,11 @@ _FIX = {
     "truncated": f"at least {TRUNCATED_SHARE:.0%} of the completions were cut at generation.max_new_tokens "
                  f"({CLIP_RATIO}), so the rewards judge unfinished answers; raise generation.max_new_tokens, "
                  "check that the model ends its answers with its EOS token" + _MASK_FIX,
+    "reward_model_truncated": f"reward model(s) {{models}} cut at least {TRUNCATED_SHARE:.0%} of the (prompt, "
+                              "completion) pairs they scored to their max_length "
+                              "(reward_fn/reward_model/<i>/truncated_frac), keeping the last tokens, so they scored "
+                              "answers without the beginning of their prompts; raise reward.models[i].max_length "
+                              "(up to what the model takes) or shorten the prompts (data.max_prompt_tokens)",
 }
 
 
@@ -78,7 +91,9 @@ _CRITIC_FIX = ("the critic's update diverged (loss/value NaN or infinite); its o
 
 def _window(kind: str, total: int) -> int:
     """The steps in a row ``kind`` must hold at to be raised (1: at any one step)."""
-    return min({"truncated": TRUNCATED_STEPS, "zero_reward_std": ZERO_STD_STEPS}.get(kind, 1), total)
+    windows = {"truncated": TRUNCATED_STEPS, "reward_model_truncated": TRUNCATED_STEPS,
+               "zero_reward_std": ZERO_STD_STEPS}
+    return min(windows.get(kind, 1), total)
 
 
 def _holds(kind: str, steps: Sequence[Mapping[str, Any]], i: int, total: int, algorithm: str) -> bool:
@@ -93,6 +108,8 @@ def _holds(kind: str, steps: Sequence[Mapping[str, Any]], i: int, total: int, al
         return m.get("frac_reward_none", 0.0) >= 1.0
     if kind == "truncated":
         return _in_a_row(steps, i, _window(kind, total), lambda s: s.get(CLIP_RATIO, 0.0) >= TRUNCATED_SHARE)
+    if kind == "reward_model_truncated":
+        return _in_a_row(steps, i, _window(kind, total), lambda s: bool(_cut_models(s)))
     if algorithm not in GROUP_RELATIVE:
         return False
     return _in_a_row(steps, i, _window(kind, total), lambda s: s.get("frac_reward_zero_std", 0.0) >= 1.0)
@@ -105,6 +122,13 @@ def _in_a_row(steps: Sequence[Mapping[str, Any]], i: int, window: int,
     return len(recent) == window and all(holds(s) for s in recent)
 
 
+def _cut_models(m: Mapping[str, Any]) -> list[int]:
+    """The reward models (``reward.models`` indices) that cut ``TRUNCATED_SHARE`` or more of the
+    pairs at the step of metrics ``m``."""
+    return sorted(int(found[1]) for k, v in m.items()
+                  if (found := REWARD_MODEL_CUT.match(k)) and isinstance(v, (int, float)) and v >= TRUNCATED_SHARE)
+
+
 def _diverged(m: Mapping[str, Any]) -> tuple[bool, bool]:
     """(did the policy's update diverge, did the critic's) at the step of metrics ``m``."""
     def nonfinite(k: str) -> bool:
@@ -115,15 +139,19 @@ def _diverged(m: Mapping[str, Any]) -> tuple[bool, bool]:
             nonfinite(CRITIC_LOSS) or m.get(SKIPPED_STEPS[1], 0.0) > 0)
 
 
-def _message(kind: str, m: Mapping[str, Any], mask_truncated: bool = False) -> str:
-    """The fix ``kind``'s line gives at the step of metrics ``m``: the critic's wording of
+def _message(kind: str, recent: Sequence[Mapping[str, Any]], mask_truncated: bool = False) -> str:
+    """The fix ``kind``'s line gives where it is raised, ``recent`` the metrics of the steps in
+    the window that raised it (the last: that step's): the critic's wording of
     ``nonfinite_update`` where only the critic diverged, naming the counter that is not 0;
-    ``truncated``'s without the setting a run with ``mask_truncated`` has already."""
+    ``truncated``'s without the setting a run with ``mask_truncated`` has already;
+    ``reward_model_truncated``'s naming each model that cut in the window."""
     if kind == "truncated" and mask_truncated:
         return _FIX[kind].replace(_MASK_FIX, " (algorithm.mask_truncated leaves them out of the loss already)")
+    if kind == "reward_model_truncated":
+        return _FIX[kind].format(models=", ".join(map(str, sorted({i for m in recent for i in _cut_models(m)}))))
     if kind != "nonfinite_update":
         return _FIX[kind]
-    policy, critic = _diverged(m)
+    policy, critic = _diverged(recent[-1])
     if not policy:
         return _CRITIC_FIX
     return _FIX[kind] + ("; the critic's steps were skipped too (train/critic_skipped_nonfinite)" if critic else "")
@@ -134,7 +162,7 @@ class LearningWarning:
     kind: str
     step: int
     """The step (1-based) at which it first held: for a kind that must hold some steps in a row
-    (``truncated``, ``zero_reward_std``), the first of those steps."""
+    (``truncated``, ``reward_model_truncated``, ``zero_reward_std``), the first of those steps."""
     steps: int
     """How many steps it held at (such a kind's: in the runs long enough to raise it)."""
     message: str
@@ -161,7 +189,8 @@ def find_warnings(steps: Sequence[Mapping[str, Any]], total: int, algorithm: str
             else:
                 found[kind] = LearningWarning(kind, i + 2 - window, window,
                                               f"warning: step {i + 1}: {kind}: "
-                                              f"{_message(kind, steps[i], mask_truncated)}", raised=i + 1)
+                                              f"{_message(kind, steps[i + 1 - window:i + 1], mask_truncated)}",
+                                              raised=i + 1)
     return sorted(found.values(), key=lambda w: (w.step, w.kind))
 
 
