@@ -466,9 +466,6 @@ def _main(argv: list[str] | None) -> int:
             return _status(args)
         if args.command == "gc":
             return _gc(args)
-        for trace in (args.traces if args.command == "simulate" else ()):  # else a bare "[Errno 2]"
-            if not Path(trace).is_file():
-                raise UsageError(f"simulate --trace {trace!r} is not a file; pass a JSONL length trace")
         return int(args._run(args))
     except (KeyboardInterrupt, Terminated) as exc:  # not a traceback: nothing failed
         return stopped(exc)
