@@ -48,7 +48,8 @@ def _config(tmp: Path, model: Path, data: dict, **extra: dict) -> Path:
     return path
 
 
-def _train(tmp: Path, config: Path, capsys) -> dict:
+def _train(tmp: Path, config: Path, capsys) -> tuple[dict, str]:
+    """The summary and the progress output of a 2-step run."""
     rc = main(["train", "--config", str(config), "--out", str(tmp / "run")])
     out = capsys.readouterr().out
     assert rc == 0, out
@@ -57,7 +58,7 @@ def _train(tmp: Path, config: Path, capsys) -> dict:
     assert summary["steps_completed"] == 2 and summary["policy_version"] == 2
     assert all(0.0 <= s["reward/mean"] <= 1.1 for s in summary["steps"])
     assert "billed action-seconds" in (tmp / "run" / "report.md").read_text()
-    return summary
+    return summary, out
 
 
 def _stored_prompts(config: Path, split: str = "train") -> list[dict]:
@@ -84,7 +85,7 @@ def test_parquet_gsm8k_file(tmp_path, qwen2, prefect_harness, capsys):
                                       "eval_path": str(tmp_path / "test.parquet"), "prompt_key": "question",
                                       "system_prompt": "Solve it. End with #### and the number."},
                      warmup={"steps": 2, "batch_size": 4})  # warm-up on the reference solutions, asked for
-    summary = _train(tmp_path, config, capsys)
+    summary, _ = _train(tmp_path, config, capsys)
     assert summary["data"]["train"]["rows"] == 16 and summary["data"]["chat_template"] is True
     rows = _stored_prompts(config)
     assert rows[0]["prompt"].startswith("<|im_start|>system\nSolve it.")
@@ -104,11 +105,19 @@ def test_jsonl_chat_message_prompts(tmp_path, qwen2, prefect_harness, capsys):
                                       "eval_path": str(write("test.jsonl", _gsm8k_rows(4, seed=4))),
                                       "prompt_key": "messages", "answer_key": "solution", "id_key": "id",
                                       "max_prompt_tokens": 40, "long_prompts": "truncate_left"})
-    summary = _train(tmp_path, config, capsys)
+    summary, out = _train(tmp_path, config, capsys)
     rows = _stored_prompts(config)
     assert rows[0]["source_prompt"][0]["role"] == "system" and rows[0]["columns"]["level"] == 0
     assert rows[0]["prompt"].endswith("<|im_start|>assistant\n")
-    assert summary["data"]["train"]["truncated"] > 0 and summary["data"]["train"]["longest_prompt_tokens"] <= 40
+    cut = summary["data"]["train"]["truncated"]
+    assert cut > 0 and summary["data"]["train"]["longest_prompt_tokens"] <= 40
+    # the rows cut are said where the run is watched and in its report, not only in summary.json
+    cut_evals = summary["data"]["eval"]["truncated"]
+    line = (f"data: 12 training prompts (of 12 rows read: {cut} cut to the prompt limit "
+            f"(data.long_prompts=truncate_left)); 4 eval prompts (of 4 rows read: {cut_evals} cut to the prompt "
+            "limit (data.long_prompts=truncate_left))")
+    assert line in out.splitlines(), out
+    assert f"- {line}" in (tmp_path / "run" / "report.md").read_text()
 
 
 def test_save_to_disk_folder(tmp_path, qwen2, prefect_harness, capsys):
@@ -118,7 +127,7 @@ def test_save_to_disk_folder(tmp_path, qwen2, prefect_harness, capsys):
     datasets.Dataset.from_list(_gsm8k_rows(4, seed=6)).save_to_disk(str(tmp_path / "test"))
     config = _config(tmp_path, qwen2, {"train_path": str(tmp_path / "train"), "eval_path": str(tmp_path / "test"),
                                       "prompt_key": "question", "chat_template": False})
-    summary = _train(tmp_path, config, capsys)
+    summary, _ = _train(tmp_path, config, capsys)
     rows = _stored_prompts(config, "eval")
     assert len(rows) == 4 and "<|im_start|>" not in rows[0]["prompt"]  # chat_template: false keeps the raw text
 

@@ -17,6 +17,7 @@ from actions.contracts import (
     reward_model_refs,
 )
 from flows.campaign.budget import evaluates
+from flows.campaign.data_line import data_line
 from flows.campaign.inputs import init_critic, prepare_inputs
 from flows.campaign.live_profile import finish_profiling, start_profiling
 from flows.campaign.overhead import StepClock
@@ -100,6 +101,7 @@ def _set_up(ctx: RunContext, progress: Progress) -> CampaignState:
     cfg = ctx.config
     progress("prepare: model, initial weights and datasets -> store")
     prepared = prepare_inputs(ctx)
+    progress(data_line(prepared.data))
     policy_key = prepared.init_key
     # OpenWhisk profiles the engine beside warm-up and the first evaluation, in containers of
     # their own (speed does not depend on the weights' values, so the initial ones do; it does on

@@ -15,6 +15,7 @@ from typing import Any
 
 import matplotlib
 
+from flows.campaign.data_line import data_line
 from flows.campaign.reporting import evaluation_line
 from flows.step.metrics import PHASES, StepFigures, billing
 
@@ -142,6 +143,7 @@ def write_report(summary: dict[str, Any], out: Path) -> list[Path]:
             files.append(out / name)
     lines = [f"# Run {summary['run_id']}", "",
              f"- steps completed: {summary['steps_completed']}",
+             *([f"- {data_line(summary['data'])}"] if summary.get("data") else []),
              f"- {evaluation_line(summary)}",
              f"- billed {unit}: {summary['billed_gpu_seconds']:.1f} (useful {summary['useful_gpu_seconds']:.1f}),"
              f" cost ${summary['usd']:.4f} at price_per_gpu_second{_by_part(summary)}",
