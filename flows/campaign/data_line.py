@@ -36,9 +36,12 @@ def data_line(data: dict[str, Any]) -> str:
     """``data: 6 training prompts (of 10 rows read: 4 repeated an earlier row (dropped)); 2 eval
     prompts`` from ``Prepared.data``; a split held out of the training file counts as held there.
 
-    >>> data_line({"train": {"rows_read": 10, "duplicates_dropped": 2, "rows": 6},
-    ...            "eval": {"rows": 2, "in_train": 0}, "evaluation": "held_out 0.25 of train_path"})
-    'data: 6 training prompts (of 10 rows read: 2 repeated an earlier row (dropped), 2 held out for evaluation (data.eval_fraction)); 2 eval prompts'
+    >>> line = data_line({"train": {"rows_read": 10, "duplicates_dropped": 2, "rows": 6},
+    ...                   "eval": {"rows": 2, "in_train": 0}, "evaluation": "held_out 0.25 of train_path"})
+    >>> line.split(": ", 2)[2].split(", ")
+    ['2 repeated an earlier row (dropped)', '2 held out for evaluation (data.eval_fraction)); 2 eval prompts']
+    >>> line.split(" (")[0]
+    'data: 6 training prompts'
     >>> data_line({"train": {"rows_read": 4, "rows": 4}, "eval": {"rows": 0}, "evaluation": "none"})
     'data: 4 training prompts; no evaluation'
     """
