@@ -319,6 +319,9 @@ def test_status_of_a_run_being_set_up_under_its_lease_is_running(tmp_path, capsy
     assert main(["status", RUN, "--store", str(tmp_path)]) == 0
     stopped = json.loads(capsys.readouterr().out)
     assert (stopped["state"], stopped["steps_committed"], stopped["lease"]) == ("incomplete", 0, None)
+    # the store's only run, found without its id (its first train failed: no commit names it)
+    assert main(["status", "--store", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out) == stopped
     commit_state(store, _state(step=1, steps_configured=3, steps=[_step(0)]))
     assert main(["status", RUN, "--store", str(tmp_path)]) == 0
     assert set(json.loads(capsys.readouterr().out)) == set(shown)  # the same keys as a committed run's

@@ -89,6 +89,12 @@ def committed_runs(store: ObjectStore) -> list[str]:
                    and parts[4].endswith(".json")})
 
 
+def stored_runs(store: ObjectStore) -> list[str]:
+    """Every run ``store`` holds an object of (``runs/<run>/...``), committed or not: a run
+    stopped or failed before its first commit has its set-up objects or lease only."""
+    return sorted({parts[1] for parts in (k.split("/") for k in store.list("runs/")) if len(parts) > 2})
+
+
 def same_task_runs_hint(store: ObjectStore, run_id: str, explicit: bool) -> str:
     """For a ``--resume`` that finds no run ``run_id``: where ``run_id`` was derived (not set
     explicitly: ``<task>-<algorithm>-<fingerprint>``), the runs of the store with the same task

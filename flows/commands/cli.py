@@ -341,10 +341,11 @@ def sigterm_unwinds() -> Iterator[None]:
 
 
 def _only_run(store: Any, uri: str, command: str) -> str:
-    """The one run of the store (``committed_runs``)."""
-    from flows.campaign.status import committed_runs
+    """The one run of the store (``committed_runs``; where none committed, ``stored_runs``: a
+    first run that failed before its first commit is ``incomplete``, not absent)."""
+    from flows.campaign.status import committed_runs, stored_runs
 
-    runs = committed_runs(store)
+    runs = committed_runs(store) or stored_runs(store)
     if not runs:
         raise ValueError(f"store {uri} holds no runs; check --store (or store.uri of --config)")
     if len(runs) != 1:
