@@ -92,6 +92,9 @@ tenmax.max_reward = "ten"
 
 def huge(prompts, completions, **kw):
     return [6e14 for _ in completions]
+
+def graded(prompts, completions, difficulty, **kw):
+    return [1.0 for _ in completions]
 """
 # {tmp} is filled in per case; no bytecode, so the plug-in's folder is not changed by the import.
 PLUGIN_ENV = {"PYTHONPATH": os.pathsep.join(["{tmp}/plugins", *filter(None, [os.environ.get("PYTHONPATH")])]),
@@ -468,6 +471,14 @@ CASES: dict[str, Case] = {
         _train("--set", "reward.functions=[{{name: 'plug:huge', weight: 2}}]"),
         ("'plug:huge' 6e+14 x weight 2", "is 1.2e+15", "lower their weights"), env=PLUGIN_ENV,
         setup=_write("plugins/plug.py", PLUGIN)),
+    "reward parameter the eval file lacks": Case(  # the start-up call sees two training rows only
+        _train("--set", "data.train_path={tmp}/d.jsonl", "--set", "data.eval_path={tmp}/e.jsonl",
+               "--set", "reward.functions=[{{name: 'plug:graded'}}]"),
+        ("'plug:graded'", "parameter 'difficulty' is not a column of data.eval_path", "e.jsonl",
+         "add the column to data.eval_path", "give the parameter a default (difficulty=None)"), env=PLUGIN_ENV,
+        setup=lambda tmp: [_write("plugins/plug.py", PLUGIN)(tmp), _write("e.jsonl", _rows(ROW))(tmp),
+                           _write("d.jsonl", _rows(*({**ROW, "prompt_id": i, "difficulty": i % 3}
+                                                     for i in range(16))))(tmp)]),
     "reward module raises at import": Case(
         _train("--set", "reward.functions=[{{name: 'keyed:score'}}]"),
         ("importing module 'keyed' raised RuntimeError: needs API_KEY", "fix the module"), env=PLUGIN_ENV,

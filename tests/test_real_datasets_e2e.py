@@ -157,3 +157,19 @@ def test_gsm8k_walkthrough_config_validates_against_a_qwen2_folder(tmp_path, qwe
     validate_inputs(cfg)  # datasets, chat template, prompt lengths, rewards, model folder
     assert cfg.warmup.steps == 0 and [f.name for f in cfg.reward_functions()][0] == "gsm8k"
     assert not (tmp_path / "store").exists()
+
+
+def test_sft_shaped_chat_data_is_warned_about_on_the_progress_output(tmp_path, qwen2, prefect_harness, capsys):
+    """Conversations that end with the assistant's reply train with the answer in the prompt:
+    allowed, but the warning line is printed once, after the data line."""
+    path = tmp_path / "sft.jsonl"
+    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": r["question"]},
+                                                     {"role": "assistant", "content": r["answer"]}],
+                                        "solution": r["answer"]}) + "\n" for r in _gsm8k_rows(12, seed=5)))
+    config = _config(tmp_path, qwen2, {"train_path": str(path), "prompt_key": "messages", "answer_key": "solution",
+                                      "eval_fraction": 0.25})
+    summary, out = _train(tmp_path, config, capsys)
+    lines = out.splitlines()
+    warned = [i for i, line in enumerate(lines) if line.startswith(f"warning: data.train_path {path}: 12 of its 12")]
+    assert len(warned) == 1 and lines[warned[0] - 1].startswith("data: 9 training prompts"), out
+    assert summary["data"]["warnings"] == [lines[warned[0]]]

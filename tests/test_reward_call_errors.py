@@ -102,3 +102,65 @@ def test_a_type_error_of_the_function_s_own_still_names_the_row(tmp_path, plugin
     with pytest.raises(RewardFunctionError, match=r"raised TypeError: unsupported operand .* on data.train_path "
                                                   r"\S+d.jsonl:1 \(prompt_id \d+\)"):
         _build(tmp_path, "own")
+
+
+def _by_difficulty(prompts, completions, difficulty, **kw):
+    return [1.0] * len(completions)
+
+
+def _by_difficulty_or_none(prompts, completions, difficulty=None, **kw):
+    return [1.0] * len(completions)
+
+
+def _files(tmp_path: Path, eval_rows: list[dict]) -> tuple[Path, Path]:
+    train, evals = tmp_path / "d.jsonl", tmp_path / "e.jsonl"
+    train.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i), "difficulty": i % 3}) + "\n"
+                             for i in range(20)))
+    evals.write_text("".join(json.dumps(r) + "\n" for r in eval_rows))
+    return train, evals
+
+
+def test_a_parameter_the_eval_file_lacks_is_refused_at_start_up_naming_the_eval_file(tmp_path, monkeypatch):
+    """The plug-in is called on two training rows at start-up; evaluation calls it on the eval
+    rows, whose file lacks the column: refused before anything is written, not at the first
+    evaluation after set-up."""
+    from actions.models.modeling import build_char_tokenizer
+
+    monkeypatch.setitem(sys.modules, "my_evals", types.SimpleNamespace(strict=_by_difficulty,
+                                                                       lenient=_by_difficulty_or_none))
+    train, evals = _files(tmp_path, [{"prompt": f"e{i}", "answer": str(i)} for i in range(4)])
+    args = [f"data.train_path={train}", f"data.eval_path={evals}"]
+    cfg = load_config(None, [*args, "reward.functions=[my_evals:strict]"])
+    with pytest.raises(RewardFunctionError) as info:
+        build_datasets(cfg, build_char_tokenizer, model_name="tiny")
+    text = str(info.value)
+    assert text.startswith(f"reward function 'my_evals:strict': its parameter 'difficulty' is not a column of "
+                           f"data.eval_path {evals} (columns: 'answer'; "), text
+    assert text.endswith(f"; data.train_path {train} has it, but the reward functions are called on these rows too: "
+                         f"add the column to data.eval_path {evals}, or give the parameter a default "
+                         "(difficulty=None)"), text
+    # a default, the column in the eval file, or an eval set held out of the training file: all pass
+    build_datasets(load_config(None, [*args, "reward.functions=[my_evals:lenient]"]), build_char_tokenizer,
+                   model_name="tiny")
+    _files(tmp_path, [{"prompt": f"e{i}", "answer": str(i), "difficulty": 1} for i in range(4)])
+    build_datasets(cfg, build_char_tokenizer, model_name="tiny")
+    build_datasets(load_config(None, [f"data.train_path={train}", "data.eval_fraction=0.2",
+                                      "reward.functions=[my_evals:strict]"]), build_char_tokenizer, model_name="tiny")
+
+
+def _every_keyword(prompts, completions, completion_ids, trainer_state, log_extra, log_metric, answer):
+    return [1.0] * len(completions)
+
+
+def test_an_eval_column_a_function_without_kwargs_cannot_take_is_refused_naming_the_eval_file(tmp_path, monkeypatch):
+    from actions.models.modeling import build_char_tokenizer
+
+    monkeypatch.setitem(sys.modules, "my_evals", types.SimpleNamespace(every=_every_keyword))
+    train, evals = _files(tmp_path, [{"prompt": f"e{i}", "answer": str(i), "level": 2} for i in range(4)])
+    train.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n" for i in range(16)))
+    cfg = load_config(None, [f"data.train_path={train}", f"data.eval_path={evals}",
+                             "reward.functions=[my_evals:every]"])
+    with pytest.raises(RewardFunctionError, match=re.escape(
+            f"'my_evals:every' takes neither **kwargs nor keywords the call passes it on the rows of data.eval_path "
+            f"{evals} ('level'); add **kwargs")):
+        build_datasets(cfg, build_char_tokenizer, model_name="tiny")

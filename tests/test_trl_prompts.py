@@ -106,3 +106,50 @@ def test_system_prompt_goes_first_unless_the_row_has_its_own_and_a_template_refu
     with pytest.raises(ValueError, match=r"fails on its messages \(TemplateError: no system role\); change the "
                                          r"messages, or use a model"):  # the row's own system message
         format_rows([own], tok, use_template=True, system_prompt=None, source="f")
+
+
+def test_system_prompt_is_not_added_before_a_developer_turn_the_row_starts_with():
+    """``developer`` is the system turn of OpenAI's newer models: the row's own, kept alone."""
+    tok = _tokenizer()
+    dev = PromptRow(prompt_id=3, prompt="", answer="c",
+                    source_prompt=[{"role": "developer", "content": "world"}, {"role": "user", "content": "hello"}])
+    later = PromptRow(prompt_id=4, prompt="", answer="c",  # a developer turn after the user's is no system turn
+                      source_prompt=[{"role": "user", "content": "hello"}, {"role": "developer", "content": "world"}])
+    out = format_rows([dev, later], tok, use_template=True, system_prompt="brief", source="f")
+    assert out[0].prompt == "<|im_start|>developer world<|im_end|> <|im_start|>user hello<|im_end|> " \
+                            "<|im_start|>assistant "
+    assert out[1].prompt.startswith("<|im_start|>system brief<|im_end|> <|im_start|>user hello")
+
+
+def _chat_file(tmp_path, ending: int, total: int = 20, name: str = "chat.jsonl"):
+    """``total`` chat rows under ``messages``, the first ``ending`` of them ending with the assistant's reply."""
+    rows = [{"messages": [{"role": "user", "content": f"hello {i}"}]
+             + ([{"role": "assistant", "content": "world"}] if i < ending else []), "answer": "world"}
+            for i in range(total)]
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _built(*settings: str):
+    return build_datasets(load_config(None, ["data.prompt_key=messages", "algorithm.batch_size=8",
+                                             "algorithm.group_size=4", *settings]), _tokenizer, model_name="m")
+
+
+def test_chat_prompts_that_end_with_the_assistant_reply_are_warned_of_once(tmp_path):
+    path = _chat_file(tmp_path, ending=19)
+    built = _built(f"data.train_path={path}")
+    assert built.warnings == [
+        f"warning: data.train_path {path}: 19 of its 20 prompts (95%) end with an assistant message "
+        "(data.prompt_key 'messages'); the chat template closes that turn and opens a new one, so the policy is "
+        "prompted with the reply already written, as in an SFT dataset's conversations: drop the final assistant "
+        "message from each prompt, and put its text in the answer column (data.answer_key) where a reward reads a "
+        "reference (README, Data: prompt_key)"]
+    assert built.summary["warnings"] == built.warnings  # summary.json keeps it
+    held = _built(f"data.train_path={path}", "data.eval_fraction=0.1")  # the held-out rows: the same file, once
+    assert len(held.warnings) == 1 and held.warnings[0].startswith(f"warning: data.train_path {path}: ")
+    eval_path = _chat_file(tmp_path, ending=20, total=4, name="eval.jsonl")
+    both = _built(f"data.train_path={path}", f"data.eval_path={eval_path}")
+    assert both.warnings[1].startswith(f"warning: data.eval_path {eval_path}: 4 of its 4 prompts (100%) end with")
+    quiet = _built(f"data.train_path={_chat_file(tmp_path, ending=17, name='few.jsonl')}")  # 85%: multi-turn
+    assert quiet.warnings == [] and "warnings" not in quiet.summary

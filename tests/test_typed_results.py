@@ -24,7 +24,7 @@ RESULT_FIELDS = frozenset().union(
 ALLOWED = {
     # the campaign summary JSON the CLI wrote (its own document, not an action result)
     ("flows/commands/report.py", "accuracy"), ("flows/commands/report.py", "policy_version"),
-    ("flows/commands/report.py", "weights_sha256"),
+    ("flows/commands/report.py", "weights_sha256"), ("flows/commands/report.py", "data"),  # its data line
     ("flows/campaign/reporting.py", "data"), ("flows/campaign/reporting.py", "num_prompts"),  # its evaluation line
     # OpenWhisk's REST documents: an activation record's response and an action's exec
     ("flows/invokers/openwhisk/activations.py", "result"), ("flows/invokers/openwhisk/invoker.py", "result"),

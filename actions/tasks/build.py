@@ -3,8 +3,10 @@
 The order is the order in which a user fixes things: the files and their rows first (no
 tokenizer needed, so most mistakes are reported in well under a second), then the model's
 tokenizer for the chat template and the prompt-length limit, then the dataset's size, then the
-reward functions (imported and, for plug-ins, called once on two rows). Nothing is written:
-``prepare`` stores the result, and the CLI calls the same function before anything starts.
+reward functions (imported and, for plug-ins, called once on two rows and their signatures
+checked against the columns of the train and the eval rows). Nothing is written: ``prepare``
+stores the result, and the CLI calls the same function before anything starts. What loads but
+will likely not train as meant is said in ``Datasets.warnings``, not refused.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 from actions.config.workload import WorkloadConfig
 from actions.tasks import get_task
-from actions.tasks.chat import format_rows, uses_template
+from actions.tasks.chat import answer_in_prompt_warning, format_rows, uses_template
 from actions.tasks.dataset import PromptRow
 from actions.tasks.fields import FieldMap, to_rows
 from actions.tasks.input_limits import check_prompt_room, prompt_token_limit, sequence_limit
@@ -37,7 +39,12 @@ class Datasets:
     train: list[PromptRow]
     evals: list[PromptRow]
     summary: dict[str, Any] = field(default_factory=dict)
-    """Per split: rows read, kept, duplicates dropped, truncated and skipped long prompts."""
+    """Per split: rows read, kept, duplicates dropped, truncated and skipped long prompts; under
+    ``warnings`` (where there are any), :attr:`warnings`."""
+    warnings: list[str] = field(default_factory=list)
+    """Lines for data that loads but will likely not train as meant (``warning: ...``, naming
+    the file and the fix), for the caller to print once: chat prompts that end with the
+    assistant's reply (``chat.answer_in_prompt_warning``)."""
 
 
 def _split(cfg: WorkloadConfig, which: str, exclude: frozenset[str]) -> tuple[list[PromptRow], dict[str, Any]]:
@@ -88,6 +95,11 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
         return (tok or tokenizer())(text, add_special_tokens=False, verbose=False)["input_ids"]
 
     split_rows = {"train": train, "eval": evals}
+    # per file read, as read (a held-out eval set is the training file's: counted with it, once)
+    files = {"train": train + evals if d.train_path and not d.eval_path else train,
+             "eval": evals if d.eval_path else []}
+    warnings = [line for which, rows in files.items()
+                if (line := answer_in_prompt_warning(rows, d.prompt_key, split_source(d, which)))]
     for which, rows in split_rows.items():
         source = split_source(d, which)
         rows = format_rows(rows, tok, use_template=template, system_prompt=d.system_prompt, source=source,
@@ -121,10 +133,14 @@ def build_datasets(cfg: WorkloadConfig, tokenizer: TokenizerSource, *, model_nam
                          + (" or raise data.eval_fraction" if d.eval_fraction else ""))
     state = make_trainer_state(step=0, epoch=0.0, max_steps=steps,
                                optimizer_steps_per_step=cfg.algorithm.optimizer_steps_per_step)
-    # evaluation calls the plug-ins on the eval rows: their columns are checked as the training rows' are
+    # evaluation calls the plug-ins on the eval rows: each set's columns are checked against their
+    # signatures (and for names that clash with the keywords), not only the two rows called
     sources = [(split_source(d, which), split_rows[which]) for which in ("train", "eval")]
     check_reward_functions(cfg.reward_functions(), train, trainer_state=state, encode=encode, sources=sources)
-    return Datasets(train=train, evals=evals, summary=stats | {"chat_template": template, "evaluation": evaluation})
+    summary = stats | {"chat_template": template, "evaluation": evaluation}
+    if warnings:
+        summary["warnings"] = warnings
+    return Datasets(train=train, evals=evals, summary=summary, warnings=warnings)
 
 
 def _alone(cfg: WorkloadConfig) -> tuple[int, str] | None:

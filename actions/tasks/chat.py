@@ -11,7 +11,9 @@
   ``processing_class(text=prompts)`` encodes it (``PromptRow.add_special_tokens``).
 
 With a template, a string prompt becomes one user message, ``data.system_prompt`` (if set) is
-put first unless the prompt already starts with a system message, and the generation prompt
+put first unless the prompt already starts with a system turn of its own (a ``system`` or a
+``developer`` message, :data:`SYSTEM_ROLES`: the row's own is kept, and the setting is not
+added beside it), and the generation prompt
 (the assistant turn's header) is appended: the completion starts right after it. Without one,
 the system prompt and the prompt are joined by a newline. Templated text and raw text under
 ``auto``, ``true`` and ``false`` are encoded without special tokens (a template writes its own
@@ -34,6 +36,15 @@ ROLES = ("system", "user", "assistant", "tool", "developer", "ipython")
 """The roles a chat message may have: OpenAI's and TRL's (``developer`` is the system turn of
 OpenAI's newer models and some templates), and ``ipython``, Llama 3's tool-result turn. Names
 are case-sensitive, as the templates compare them."""
+
+SYSTEM_ROLES = ("system", "developer")
+"""The roles of a system turn: a chat prompt that starts with one has its own, and
+``data.system_prompt`` is not put before it (two system turns, the second overriding the first
+or refused by the template)."""
+
+SFT_SHARE = 0.9
+"""Share of a file's prompts that end with an assistant message from which
+:func:`answer_in_prompt_warning` warns."""
 
 _ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant", "ai": "assistant"}
 """Roles other chat formats (ShareGPT, Gemma's turns) write, and the role meant."""
@@ -118,8 +129,10 @@ def _check_messages(messages: list[dict[str, Any]], where: str) -> None:
 def format_rows(rows: Sequence[PromptRow], tokenizer: Any, *, use_template: bool, system_prompt: str | None,
                 source: str, strings_as_text: bool = False) -> list[PromptRow]:
     """Rows whose ``prompt`` is the final text and whose ``source_prompt`` is the dataset's
-    prompt (see the module docstring). ``strings_as_text`` (``messages``): string prompts are
-    never templated and are encoded with the tokenizer's special tokens."""
+    prompt (see the module docstring). ``system_prompt`` is put first as a system message,
+    but not in a chat prompt whose first message is a ``system`` or ``developer`` one
+    (:data:`SYSTEM_ROLES`). ``strings_as_text`` (``messages``): string prompts are never
+    templated and are encoded with the tokenizer's special tokens."""
     out = []
     for number, row in enumerate(rows, start=1):
         written = row.source_prompt if row.source_prompt is not None else row.prompt
@@ -128,7 +141,7 @@ def format_rows(rows: Sequence[PromptRow], tokenizer: Any, *, use_template: bool
             if isinstance(written, list):  # checked before the system prompt is put first: a failing template
                 _check_messages(written, row_where(source, row, number))  # then blames the row, not it
             messages = list(written) if isinstance(written, list) else [{"role": "user", "content": written}]
-            added = bool(system_prompt) and messages[0]["role"] != "system"
+            added = bool(system_prompt) and messages[0]["role"] not in SYSTEM_ROLES
             if added:
                 messages.insert(0, {"role": "system", "content": system_prompt})
             text = _apply_template(tokenizer, messages, row_where(source, row, number), added)
@@ -140,3 +153,33 @@ def format_rows(rows: Sequence[PromptRow], tokenizer: Any, *, use_template: bool
             text = f"{system_prompt}\n{written}" if system_prompt else written
         out.append(row.model_copy(update={"prompt": text, "source_prompt": written, "add_special_tokens": as_text}))
     return out
+
+
+def answer_in_prompt_warning(rows: Sequence[PromptRow], prompt_key: str, source: str) -> str | None:
+    """The warning line for ``rows`` (read from ``source``) of which at least :data:`SFT_SHARE`
+    have a chat prompt whose last message is the assistant's, as an SFT dataset's conversations
+    do: the template closes that turn and opens a new one (README, Data: ``prompt_key``), so the
+    policy is prompted with the reply already written. None for fewer, and for no rows. A
+    warning, not a refusal: a multi-turn prompt may end with an assistant turn on purpose.
+
+    >>> turn = lambda role: {"role": role, "content": "x"}
+    >>> rows = [PromptRow(prompt_id=i, prompt="", answer="", source_prompt=[turn("user"), turn("assistant")])
+    ...         for i in range(9)] + [PromptRow(prompt_id=9, prompt="q", answer="")]
+    >>> answer_in_prompt_warning(rows, "messages", "f").split(";")[0]
+    "warning: f: 9 of its 10 prompts (90%) end with an assistant message (data.prompt_key 'messages')"
+    >>> answer_in_prompt_warning(rows[1:], "messages", "f") is None  # 8 of 9
+    True
+    """
+    ending = sum(_ends_with_assistant(r.source_prompt if r.source_prompt is not None else r.prompt) for r in rows)
+    if not rows or ending < SFT_SHARE * len(rows):
+        return None
+    return (f"warning: {source}: {ending} of its {len(rows)} prompts ({ending / len(rows):.0%}) end with an assistant "
+            f"message (data.prompt_key {prompt_key!r}); the chat template closes that turn and opens a new one, so "
+            "the policy is prompted with the reply already written, as in an SFT dataset's conversations: drop the "
+            "final assistant message from each prompt, and put its text in the answer column (data.answer_key) "
+            "where a reward reads a reference (README, Data: prompt_key)")
+
+
+def _ends_with_assistant(prompt: Any) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[-1], dict) and \
+        prompt[-1].get("role") == "assistant"

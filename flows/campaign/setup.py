@@ -102,6 +102,8 @@ def _set_up(ctx: RunContext, progress: Progress) -> CampaignState:
     progress("prepare: model, initial weights and datasets -> store")
     prepared = prepare_inputs(ctx)
     progress(data_line(prepared.data))
+    for line in prepared.data.get("warnings", ()):  # build.Datasets.warnings: once, as a new run prepares
+        progress(line)
     policy_key = prepared.init_key
     # OpenWhisk profiles the engine beside warm-up and the first evaluation, in containers of
     # their own (speed does not depend on the weights' values, so the initial ones do; it does on

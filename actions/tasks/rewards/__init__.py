@@ -47,7 +47,15 @@ from typing import Any, Protocol
 
 from actions.config.quoting import clip, quote
 from actions.config.reward import BUILTIN_REWARDS
-from actions.tasks.rewards.calling import DROPPED, RESERVED, REWARD_LIMIT, RewardFunctionError, call_reward, row_place
+from actions.tasks.rewards.calling import (
+    DROPPED,
+    RESERVED,
+    REWARD_LIMIT,
+    RewardFunctionError,
+    call_reward,
+    row_place,
+    unbound_parameter,
+)
 from actions.tasks.rewards.trainer_state import make_trainer_state
 
 
@@ -132,11 +140,21 @@ def reward_inputs(rows: Sequence[RewardRow], texts: Sequence[str]) -> tuple[list
     left out where no row has either (module docstring)."""
     prompts = [r.source_prompt if r.source_prompt is not None else r.prompt for r in rows]
     completions = [[{"role": "assistant", "content": t}] if isinstance(p, list) else t for p, t in zip(prompts, texts)]
-    names = sorted({k for r in rows for k in r.columns} - set(RESERVED) - set(DROPPED))
-    columns = {k: [r.columns.get(k) for r in rows] for k in names}
+    columns = {k: [r.columns.get(k) for r in rows] for k in _passed_columns(rows)}
     if any(r.has_answer for r in rows):
         columns["answer"] = [r.columns["answer"] if "answer" in r.columns else _reference(r) for r in rows]
     return prompts, completions, columns
+
+
+def _passed_columns(rows: Sequence[RewardRow]) -> list[str]:
+    """The columns of ``rows`` that reach the reward functions under their own names, sorted."""
+    return sorted({k for r in rows for k in r.columns} - set(RESERVED) - set(DROPPED))
+
+
+def column_keywords(rows: Sequence[RewardRow]) -> set[str]:
+    """The names of the column keywords :func:`reward_inputs` passes for ``rows`` (``answer``
+    where a row has a reference), without computing their values."""
+    return set(_passed_columns(rows)) | ({"answer"} if any(r.has_answer for r in rows) else set())
 
 
 def _reference(row: RewardRow) -> Any:
@@ -289,8 +307,10 @@ def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow
     in every set of ``sources`` ((name as errors give it, rows): the train and the eval rows, as
     evaluation calls the plug-ins too; none: ``rows``, named "the dataset"; the set that
     ``rows`` begins names the sample rows that carry their line in errors),
-    and so are ``max_reward``/``min_reward`` attributes that are not finite numbers and sample
-    rewards whose weighted sum is not finite.
+    and so is a plug-in whose signature cannot take the columns of one of them (a parameter that
+    is a column of the training file but not of the eval file), and so are
+    ``max_reward``/``min_reward`` attributes that are not finite numbers and sample rewards
+    whose weighted sum is not finite.
 
     Raises:
         RewardFunctionError: naming the function and what is wrong.
@@ -317,7 +337,25 @@ def check_reward_functions(specs: Sequence[RewardSpec], rows: Sequence[RewardRow
                 raise RewardFunctionError(f"{STARTUP_CHECK}: {exc}") from None
             per_function[spec.name], weights[spec.name] = values, spec.weight
             total = [t + spec.weight * v if v is not None else t for t, v in zip(total, values)]
+            _check_signature(spec.name, fn, sources)
     _check_totals(total, sample, per_function, weights, where)  # the plug-ins' sum: built-ins score at most 1 each
+
+
+def _check_signature(name: str, fn: Callable, sources: Sequence[tuple[str, Sequence[RewardRow]]]) -> None:
+    """Raise RewardFunctionError where ``fn``'s signature cannot take the columns one set of
+    ``sources`` passes it (the sample call saw two training rows only; evaluation calls the
+    plug-ins on the eval rows, whose file may lack a column), naming the set, the parameter and
+    the fix. Reads signatures only: nothing is called."""
+    have = {source: column_keywords(rows) for source, rows in sources if rows}
+    for source, columns in have.items():
+        def fix(param: str, source: str = source) -> str:
+            other = next((s for s, c in have.items() if param in c), None)
+            said = f"{other} has it, but the reward functions are called on these rows too: " if other else ""
+            return f"{said}add the column to {source}, or give the parameter a default ({param}=None)"
+
+        problem = unbound_parameter(name, fn, columns | {"prompts", "completions", "completion_ids"}, source, fix)
+        if problem:
+            raise RewardFunctionError(problem)
 
 
 def _check_column_names(name: str, source: str, rows: Sequence[RewardRow]) -> None:

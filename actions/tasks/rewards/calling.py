@@ -23,7 +23,7 @@ import inspect
 import math
 import numbers
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from actions.tasks.dataset import record_where
@@ -121,7 +121,7 @@ def call_reward(name: str, fn: Callable, rows: Sequence[Any], kwargs: dict[str, 
     try:
         values = _invoke(fn, kwargs, trainer_state, lambda metric, value: logged.append((metric, value)))
     except Exception as exc:
-        unbound = _unbound_parameter(name, fn, kwargs) if isinstance(exc, TypeError) else None
+        unbound = unbound_parameter(name, fn, kwargs) if isinstance(exc, TypeError) else None
         if unbound:  # the signature, not a row, is at fault: every row fails alike
             raise RewardFunctionError(unbound) from None
         raise RewardFunctionError(f"reward function {name!r} raised {type(exc).__name__}: {exc} "
@@ -230,32 +230,37 @@ PASSED = ("trainer_state", "log_extra", "log_metric")
 """The keywords ``_invoke`` adds to the call's inputs (``kwargs``)."""
 
 
-def _unbound_parameter(name: str, fn: Callable, kwargs: dict[str, list]) -> str | None:
-    """Why ``fn``'s signature cannot take the call's keywords (``kwargs`` and ``PASSED``), with the
-    fix: its first parameter that needs a value and that no keyword fills (a column the dataset
-    lacks, often a misspelt one), or keywords it has no parameter for and no ``**kwargs``. None
-    when the signature binds (or cannot be read): the TypeError is then the function's own."""
+def unbound_parameter(name: str, fn: Callable, keywords: Collection[str], dataset: str = "the dataset",
+                      fix: Callable[[str], str] | None = None) -> str | None:
+    """Why ``fn``'s signature cannot take a call whose keywords are ``keywords`` (the inputs'
+    names, ``PASSED`` added), with the fix: its first parameter that needs a value and that no
+    keyword fills (a column ``dataset`` lacks, often a misspelt one), or keywords it has no
+    parameter for and no ``**kwargs``. ``fix``: the parameter's name -> what to do about it, in
+    place of renaming it (an eval file that lacks a training file's column). None when the
+    signature binds (or cannot be read): a TypeError is then the function's own."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):  # a builtin or an object without a readable signature
         return None
-    passed = set(kwargs) | set(PASSED)
+    passed = set(keywords) | set(PASSED)
     keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     missing = [p.name for p in params if p.kind in keyword and p.default is p.empty and p.name not in passed]
     if not missing:
         extra = sorted(passed - {p.name for p in params if p.kind in keyword})
         if extra and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
             shown = ", ".join(repr(k) for k in extra[:6]) + (f" and {len(extra) - 6} more" if len(extra) > 6 else "")
-            return (f"reward function {name!r} takes neither **kwargs nor keywords the call passes it ({shown}); "
+            on = "" if dataset == "the dataset" else f" on the rows of {dataset}"
+            return (f"reward function {name!r} takes neither **kwargs nor keywords the call passes it{on} ({shown}); "
                     "add **kwargs to its parameters, as TRL's reward functions have")
         return None
     if missing[0] in DROPPED:
         return (f"reward function {name!r}: its parameter {missing[0]!r} is never passed (as in TRL, a dataset's "
                 f"{missing[0]!r} column is left out of the reward keywords); read the sampled completion from "
                 "completions (completion_ids), or rename the column and the parameter")
-    columns = sorted(set(kwargs) - set(RESERVED))
+    columns = sorted(passed - set(RESERVED))
     close = difflib.get_close_matches(missing[0], columns, n=len(columns), cutoff=0.6)
     listed = ", ".join(repr(c) for c in close + [c for c in columns if c not in close]) or "none"
-    return (f"reward function {name!r}: its parameter {missing[0]!r} is not a column of the dataset (columns: "
-            f"{listed}; keywords always passed: {', '.join(RESERVED)}); rename the parameter to a column, or give it a "
-            f"default ({missing[0]}=None), or drop it and read the columns from **kwargs")
+    return (f"reward function {name!r}: its parameter {missing[0]!r} is not a column of {dataset} (columns: "
+            f"{listed}; keywords always passed: {', '.join(RESERVED)}); "
+            + (fix(missing[0]) if fix else f"rename the parameter to a column, or give it a default "
+               f"({missing[0]}=None), or drop it and read the columns from **kwargs"))
