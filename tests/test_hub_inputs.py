@@ -232,3 +232,22 @@ def test_a_path_too_long_to_look_up_is_refused_naming_its_setting(tmp_path):
     with pytest.raises(ValueError, match="^store.uri" + line + "shorten store.uri$") as exc:
         LocalStore(tmp_path / "store" / name)
     assert len(str(exc.value)) < 250 and not (tmp_path / "store").exists()
+
+
+def test_a_split_in_upper_case_parquet_and_beside_json_lines_reads_its_parquet_shards(tmp_path: Path):
+    """A snapshot's split given as ``.PARQUET`` shards (any case) and again as JSON Lines: the
+    split is the Parquet shards, each read once, not a folder of mixed formats refused."""
+    import datasets
+
+    from actions.models.hub import _split_files
+    from actions.tasks.sources import read_records
+
+    root = tmp_path / "snapshot"
+    root.mkdir()
+    datasets.Dataset.from_list(_rows(3)).to_parquet(str(root / "train-00000-of-00002.PARQUET"))
+    datasets.Dataset.from_list(_rows(2, 3)).to_parquet(str(root / "train-00001-of-00002.parquet"))
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(5)))
+    split = _split_files(root, None, "train", "data.train_path", "tiny/mixed")
+    assert sorted(p.name.lower() for p in split.iterdir()) == ["train-00000-of-00002.parquet",
+                                                             "train-00001-of-00002.parquet"]
+    assert sorted(rec["prompt_id"] for _, rec in read_records(str(split), field="data.train_path")) == list(range(5))

@@ -141,7 +141,7 @@ def pick_split(splits: list[str], which: str) -> str | None:
 def _split_files(root: Path, folder: str | None, which: str, field: str, value: str) -> Path:
     """The one folder or file that holds split ``which`` of the snapshot at ``root``."""
     base = root / folder if folder else root
-    files = sorted(p for p in base.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file())
+    files = sorted(p for p in base.rglob("*") if p.suffix.lower() in DATA_SUFFIXES and p.is_file())
     splits = files_by_split(files, by_folder=True)
     split = pick_split(list(splits), which)
     if split is None:
@@ -149,6 +149,8 @@ def _split_files(root: Path, folder: str | None, which: str, field: str, value: 
         raise ValueError(f"{field} {value!r} holds no {' or '.join(SPLITS[which])} split as Parquet or JSON Lines "
                          f"files{found}; download it and point at a local file")
     chosen = splits[split]
+    parquet = [p for p in chosen if p.suffix.lower() == ".parquet"]
+    chosen = parquet or chosen  # a split given in both formats (a Parquet export beside the JSON Lines): one
     parents = sorted({p.parent for p in chosen})
     if len(parents) > 1:
         subsets = ", ".join(str(p.relative_to(root)) for p in parents)

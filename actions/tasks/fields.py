@@ -7,7 +7,9 @@ other key (``tool_calls``, ``name``, ...) in ``source_prompt``: the chat templat
 functions get whole messages, as TRL's do.
 ``answer_key`` a string or a finite number (some datasets store final answers as numbers; a NaN
 or infinite one is an error, whatever reads it): ``answer`` is its text, and a number is also
-kept as it is in ``source_answer`` for the plug-in reward functions. A row may have no
+kept as it is in ``source_answer`` for the plug-in reward functions. A Parquet decimal column's
+value (``decimal.Decimal``) is a number too: ``answer`` is its exact text without an exponent
+(``0.50``), ``source_answer`` a float (an int where it is written without a fraction). A row may have no
 reference answer (``answer_key`` None, or its column absent, null, an empty or blank string or
 of another type in the row: ``answer`` "", ``has_answer`` false) unless something reads it (``FieldMap.answer_need``);
 then each such row is an error naming what reads it.
@@ -31,6 +33,7 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from actions.config.quoting import quote
@@ -98,7 +101,8 @@ def to_rows(records: Sequence[Record], fields: FieldMap, *, source: str) -> tupl
         where = record_where(source, line, file)
         prompt = _prompt(rec, fields.prompt_key, where)
         value = _reference(rec, fields, where)
-        answer = "" if value is None else value if isinstance(value, str) else str(value)
+        answer = "" if value is None else value if isinstance(value, str) else \
+            format(value, "f") if isinstance(value, Decimal) else str(value)
         if id_key:
             pid = _row_id(rec, id_key, picked, where)
         else:
@@ -115,7 +119,7 @@ def to_rows(records: Sequence[Record], fields: FieldMap, *, source: str) -> tupl
             else (fields.prompt_key,)
         rows.append(PromptRow(prompt_id=pid, prompt=prompt if isinstance(prompt, str) else "", answer=answer,
                               has_answer=value is not None, source_prompt=prompt, line=line, file=file,
-                              source_answer=None if value is None or isinstance(value, str) else value,
+                              source_answer=None if value is None or isinstance(value, str) else _number(value),
                               columns={k: _jsonable(v) for k, v in rec.items() if k not in skip}))
     return rows, stats
 
@@ -204,10 +208,24 @@ def _key_fix(where: str, setting: str, what: str, otherwise: str | None = None) 
     return otherwise or f"set {setting} to the column holding {what}"
 
 
+def _wrapped_fix(rec: dict[str, Any], key: str, where: str) -> str | None:
+    """The fix for a row that wraps the rows (``{"data": [{"prompt": ...}, ...]}`` on one line,
+    as some exports write a whole file), naming its key: None for any other row."""
+    wrapper = next((k for k, v in rec.items() if isinstance(v, list) and v
+                    and all(isinstance(r, dict) and key in r for r in v)), None)
+    if wrapper is None:
+        return None
+    setting = where.split(" ")[0] if where.startswith("data.") else "the data path"
+    step = f".{wrapper}" if wrapper.isidentifier() else f".[{json.dumps(wrapper)}]"
+    return (f"its key {_short(wrapper)} holds a list of {len(rec[wrapper])} objects with {key!r}: the file wraps its "
+            f"rows in one object; write them one object per line (jq -c '{step}[]' on the file, into a .jsonl file) "
+            f"and point {setting} at that file")
+
+
 def _prompt(rec: dict[str, Any], key: str, where: str) -> str | list[dict[str, Any]]:
     if key not in rec:
         raise ValueError(f"{where}: key {key!r} is missing (row keys: {', '.join(sorted(rec)[:8])}); "
-                         f"{_key_fix(where, 'data.prompt_key', 'the prompt')}")
+                         f"{_wrapped_fix(rec, key, where) or _key_fix(where, 'data.prompt_key', 'the prompt')}")
     value = rec[key]
     if isinstance(value, str):
         check_prompt_size(len(value), where, key)
@@ -231,7 +249,16 @@ def _prompt(rec: dict[str, Any], key: str, where: str) -> str | list[dict[str, A
                      "string or a list of chat messages")
 
 
-def _reference(rec: dict[str, Any], fields: FieldMap, where: str) -> str | int | float | None:
+def _number(value: int | float | Decimal) -> int | float:
+    """A reference number as JSON holds it: a Decimal as a float, or an int where its text has
+    no fraction (``Decimal("12")``, a decimal column of scale 0)."""
+    if isinstance(value, Decimal):
+        exponent = value.as_tuple().exponent  # an int: a NaN or infinite one ("n", "F") is refused before
+        return int(value) if isinstance(exponent, int) and exponent >= 0 else float(value)
+    return value
+
+
+def _reference(rec: dict[str, Any], fields: FieldMap, where: str) -> str | int | float | Decimal | None:
     """The row's reference answer; None where it has none (an empty or blank string, as CSV
     and pandas exports write a missing one, is none), an error when something reads it."""
     key = fields.answer_key
@@ -242,12 +269,13 @@ def _reference(rec: dict[str, Any], fields: FieldMap, where: str) -> str | int |
         what, other = fields.answer_need
         raise ValueError(f"{where}: key {key!r} is {'empty' if not value else 'blank'}; {what}, so every row needs "
                          f"one: fill it in or remove the row, {other}")
-    if isinstance(value, float) and not math.isfinite(value):  # stored, it would be the text "nan" and bad JSON
+    finite = value.is_finite() if isinstance(value, Decimal) else not isinstance(value, float) or math.isfinite(value)
+    if not finite:  # stored, it would be the text "nan" and bad JSON
         other = fields.answer_need[1] if fields.answer_need else "or set data.answer_key: null for a dataset " \
             "without reference answers"
         raise ValueError(f"{where}: key {key!r} is {value!r}; a reference answer is a string or a finite number: fix "
                          f"the row (a missing answer is null), {other}")
-    if isinstance(value, str) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+    if isinstance(value, (str, Decimal)) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
         return value
     if fields.answer_need is None:
         return None

@@ -4,8 +4,12 @@ What is read, by path:
 
 * a ``.jsonl`` / ``.json`` file (UTF-8, a leading byte-order mark ignored): JSON Lines, one
   object per line; a ``.json`` file holding one JSON array of objects (``[{...}, {...}]``, as
-  ``json.dump`` writes a list) is read too, its elements numbered from 1 as rows;
-* a ``.parquet`` file, or a folder of ``*.parquet`` files (read in name order), through
+  ``json.dump`` writes a list) is read too, its elements numbered from 1 as rows. A file that
+  is one JSON object as a whole (``{"data": [...]}``) is refused naming the keys holding lists,
+  and so are a key twice in one object and an unpaired surrogate escape (``dataset.load_json``);
+* a ``.parquet`` file, or a folder of ``*.parquet`` files (the suffix in any case, read in name
+  order; a folder that also holds ``.jsonl``, ``.json``, ``.csv``, ... data files is refused
+  naming them, rather than leaving them unread), through
   ``datasets.Dataset.from_parquet``. Where the file names declare splits, as a hub snapshot's do
   (``train-00000-of-00001.parquet``, ``test-00000-of-00001.parquet``), ``data.train_path``
   reads the ``train`` files and ``data.eval_path`` the ``test`` (else ``validation``) files:
@@ -37,7 +41,6 @@ name); what they must hold is checked by ``fields.py``.
 from __future__ import annotations
 
 import codecs
-import json
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -46,7 +49,7 @@ from typing import Any
 
 from actions.config.quoting import quote, unusable_path
 from actions.models.hub import KNOWN_SPLITS, SPLITS, files_by_split, pick_split
-from actions.tasks.dataset import json_objects, not_utf8
+from actions.tasks.dataset import json_array, json_objects, one_object
 from actions.tasks.input_limits import check_dataset_size, check_line_lengths
 
 Record = tuple[int, dict[str, Any]]
@@ -104,13 +107,10 @@ def read_records(path: str, *, field: str) -> Records:
         if (p / "state.json").is_file():
             check_dataset_size([f for f in p.rglob("*") if f.is_file()], where, field)
             return Records(_numbered(_load_from_disk(p, where)))
-        parquet = sorted(p.glob("*.parquet"))
-        if parquet:
-            parquet = _folder_split(parquet, which, where, field)
-            check_dataset_size(parquet, where, field)
-            return _load_parquet([str(f) for f in parquet], where)
-        raise ValueError(f"{where} is a folder without state.json or *.parquet files; point {field} at a .jsonl or "
-                         ".parquet file or a save_to_disk folder")
+        parquet = _parquet_files(p, where, field)
+        parquet = _folder_split(parquet, which, where, field)
+        check_dataset_size(parquet, where, field)
+        return _load_parquet([str(f) for f in parquet], where)
     suffix = p.suffix.lower()
     if suffix in (".jsonl", ".json", ".parquet"):
         check_dataset_size([p], where, field)
@@ -120,6 +120,37 @@ def read_records(path: str, *, field: str) -> Records:
         return _load_parquet([str(p)], where)
     raise ValueError(f"{where} has an unknown format ({suffix or 'no suffix'}); use .jsonl, .parquet or a "
                      "save_to_disk folder")
+
+
+OTHER_DATA = (".jsonl", ".json", ".ndjson", ".csv", ".tsv", ".arrow")
+"""Suffixes of data files a folder is not read as (a folder is Parquet files or a save_to_disk folder)."""
+METADATA = ("dataset_info.json", "dataset_infos.json", "dataset_dict.json", "state.json")
+"""The ``datasets`` library's descriptions of a dataset, kept beside its data files: no rows."""
+
+
+def _parquet_files(folder: Path, where: str, field: str) -> list[Path]:
+    """The Parquet files of ``folder`` (``.parquet`` in any case: a single ``.PARQUET`` file is
+    read too), in name order. A folder holding data files of another format (``.jsonl``,
+    ``.csv``, ...; :data:`METADATA` aside) is refused naming them, beside Parquet files (they would
+    be left out, unread) or without any (a folder is not read as them)."""
+    files = sorted(f for f in folder.iterdir() if f.is_file())
+    parquet = [f for f in files if f.suffix.lower() == ".parquet"]
+    others = [f.name for f in files if f.suffix.lower() in OTHER_DATA and f.name not in METADATA]
+    if parquet and others:
+        raise ValueError(f"{where} holds Parquet files ({_names([f.name for f in parquet])}) and data files of "
+                         f"another format ({_names(others)}), which a folder of Parquet files does not read; keep "
+                         f"one format per folder (move {others[0]} out, or write its rows as Parquet), or point "
+                         f"{field} at one file")
+    if not parquet:
+        held = f" (it holds {_names(others)}, which a folder is not read as)" if others else ""
+        raise ValueError(f"{where} is a folder without state.json or *.parquet files{held}; point {field} at a "
+                         ".jsonl or .parquet file or a save_to_disk folder")
+    return parquet
+
+
+def _names(names: list[str]) -> str:
+    """Up to three file names, and how many more."""
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _suggest(splits: list[str], which: str) -> str:
@@ -443,24 +474,14 @@ def _read_jsonl(path: Path, field: str) -> list[Record]:
         if path.suffix.lower() != ".json":
             raise ValueError(f"{where} starts with a JSON array, not an object; JSON Lines holds one object per line: "
                              f"convert it (jq -c '.[]' {path.name}), or name a file holding one array .json")
-        return _json_array(data, where)
+        return json_array(data, where=where)
     if b"\r" in data and b"\n" not in data:  # rows ended by "\r" alone (classic Mac OS, some exports)
         data = data.replace(b"\r", b"\n")   # a raw "\r" inside a JSON string is invalid, so none is lost
     check_line_lengths(data, where)
-    return json_objects(data, where=where)
-
-
-def _json_array(data: bytes, where: str) -> list[Record]:
-    """The objects of a file holding one JSON array, numbered from 1 by their place in it."""
     try:
-        rows = json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ValueError(not_utf8(data, exc, where, "JSON")) from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{where}:{exc.lineno}: not valid JSON ({exc.msg}); a .json file holds JSON Lines or one "
-                         "array of objects") from None
-    for number, row in enumerate(rows, start=1):
-        if not isinstance(row, dict):
-            raise ValueError(f"{where}: element {number} of the array is a {type(row).__name__}, not an object; "
-                             "each element must be one JSON object")
-    return list(_numbered(iter(rows)))
+        return json_objects(data, where=where)
+    except ValueError:
+        whole = one_object(data, path.name, field) if data.lstrip()[:1] == b"{" else None
+        if whole is None:
+            raise
+        raise ValueError(f"{where} {whole}") from None
