@@ -379,7 +379,8 @@ def test_rows_without_a_reference_answer_are_kept_unless_something_reads_it():
     rows, _ = to_rows(records, FieldMap(), source="f")
     assert [(r.answer, r.has_answer, r.source_answer) for r in rows] == [("once", True, None), ("", False, None),
                                                                          ("", False, None)]
-    assert [r.columns for r in rows] == [{}, {"answer": None}, {}]  # a null stays a column of its own
+    # a null stays a column of its own, and a row without the key has it as None (every column of the file)
+    assert [r.columns for r in rows] == [{}, {"answer": None}, {"answer": None}]
     rows, _ = to_rows([(1, {"prompt": "p", "answer": "a"})], FieldMap(answer_key=None), source="f")
     assert (rows[0].answer, rows[0].has_answer, rows[0].columns) == ("", False, {"answer": "a"})
     need = ("reward.functions gsm8k compares with a reference answer", "or use rewards that need none")

@@ -58,7 +58,8 @@ class PromptRow(BaseModel):
     columns: dict[str, Any] = {}
     """The dataset's columns but the prompt (JSON values), passed to the reward functions by
     name; a reference in a column named ``answer`` is left out (``answer`` and ``source_answer``
-    hold it)."""
+    hold it). Every column of the row's file, None where the row lacks the key (as a Hugging
+    Face dataset gives it), so every batch passes the same columns (``fields.to_rows``)."""
     line: int | None = Field(None, exclude=True)
     """The row's number in the file it was read from (1-based: a JSONL line, a Parquet row; in
     a folder of several Parquet files, the row in ``file``), for the errors that name it; None in

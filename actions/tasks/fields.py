@@ -19,7 +19,11 @@ must; else the id is a hash of the row's prompt and answer, so the same row gets
 every run. A row whose prompt and answer an earlier row has, but not all its other columns
 (a ``difficulty`` a reward function reads), is a row of its own: its id is a hash over its
 columns too (:func:`content_id`), the same in every run of the same file.
-Every column but the prompt, the id column included, is kept for the reward functions.
+Every column but the prompt, the id column included, is kept for the reward functions, and
+every row has every column of its file: None where a JSON Lines row leaves the key out, as
+Hugging Face datasets (and so TRL) give it and as a Parquet row has it, so every batch passes
+every column to the reward functions. The fill comes after the row's id and the check for a
+repeated row, which read the columns as written: ids stay what they were before it.
 
 Without an id column, a row equal to an earlier row in every column is dropped (counted); two
 different rows with one id are an error. Errors name the file, the row, the key and the fix
@@ -94,6 +98,7 @@ def to_rows(records: Sequence[Record], fields: FieldMap, *, source: str) -> tupl
     place = records.place if isinstance(records, Records) else lambda n: (n, None)
     picked = fields.id_key is None and _check_id_column(records, source, place)  # the id column chosen for the user
     id_key = fields.id_key or ("prompt_id" if picked else None)
+    names = _column_names(records, fields.prompt_key)
     rows: list[PromptRow] = []
     seen: dict[int, tuple[str, Any, str, dict[str, Any]]] = {}  # id: (where, prompt, answer, the row)
     for number, rec in records:
@@ -120,8 +125,20 @@ def to_rows(records: Sequence[Record], fields: FieldMap, *, source: str) -> tupl
         rows.append(PromptRow(prompt_id=pid, prompt=prompt if isinstance(prompt, str) else "", answer=answer,
                               has_answer=value is not None, source_prompt=prompt, line=line, file=file,
                               source_answer=None if value is None or isinstance(value, str) else _number(value),
-                              columns={k: _jsonable(v) for k, v in rec.items() if k not in skip}))
+                              columns=_filled_columns(rec, names, skip)))
     return rows, stats
+
+
+def _column_names(records: Sequence[Record], prompt_key: str) -> list[str]:
+    """Every key any row of ``records`` has but the prompt, in the order they first appear."""
+    return [k for k in dict.fromkeys(k for _, rec in records for k in rec) if k != prompt_key]
+
+
+def _filled_columns(rec: dict[str, Any], names: Sequence[str], skip: tuple[str, ...]) -> dict[str, Any]:
+    """The row's columns (JSON values) but ``skip``, with None under each of ``names`` it lacks.
+    Only the stored row gets the Nones: the row's id was computed from ``rec`` as written."""
+    columns = {k: _jsonable(v) for k, v in rec.items() if k not in skip}
+    return columns | {k: None for k in names if k not in rec and k not in skip}
 
 
 def _content_row_id(prompt: Any, answer: str, rec: dict[str, Any], prompt_key: str,

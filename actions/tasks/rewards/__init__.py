@@ -14,7 +14,9 @@ completions' token ids as trained (ending with the EOS id where the sample stopp
 says which fields are filled); ``log_metric(name, value)`` and ``log_extra(column, values)``
 TRL's logging callables (``calling.py``). Every other column of the dataset (the id column
 too, all but the prompt) arrives as a keyword list under its own name with its JSON values, as
-TRL passes them: a number stays a number, a null is None; as in TRL, a ``completion`` or
+TRL passes them: a number stays a number, a null is None, and so is a key a JSON Lines row
+leaves out (every row has every column of its file, ``fields.to_rows``, as in a Hugging Face
+dataset, so every batch passes every column); as in TRL, a ``completion`` or
 ``completion_ids`` column does not (``calling.DROPPED``). ``answer`` is the dataset's
 ``answer`` column; a dataset without one whose reference is in another column
 (``data.answer_key: solution``) gets the reference under ``answer`` as well, and one without any
@@ -134,7 +136,8 @@ def _builtin(name: str, pattern: str | None) -> Callable[..., list[float | None]
 def reward_inputs(rows: Sequence[RewardRow], texts: Sequence[str]) -> tuple[list, list, dict[str, list]]:
     """(prompts, completions, columns) in TRL's formats for rows and their completion texts: the
     dataset's prompts (``prompt``, the policy's text, where a stored row has no ``source_prompt``)
-    and its columns by name (None where a row lacks one; not the keywords' own names nor
+    and its columns by name (None where a row lacks one: a row stored before every row had every
+    column of its file, or one built by hand; not the keywords' own names nor
     ``calling.DROPPED``'s, TRL's ``completion`` and ``completion_ids``). ``answer`` is the row's ``answer``
     column, else its reference as the dataset wrote it (``source_answer`` or ``answer``); it is
     left out where no row has either (module docstring)."""
