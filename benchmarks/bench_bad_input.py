@@ -51,7 +51,7 @@ def _run(argv: list[str], cwd: Path) -> tuple[float, float, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f}; targets: {TARGET_S} s, {TARGET_MB} MB")

@@ -88,7 +88,7 @@ def match(states: dict, dtype: torch.dtype) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--model-config", default=None, help="a Hugging Face config.json (random weights)")
     ap.add_argument("--layers", type=int, default=0, help="with --model-config: keep this many layers")
     ap.add_argument("--device", default="cpu")

@@ -226,7 +226,7 @@ def load_on_rank(rank: int, world: int, opts: dict) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--model-config", default=str(ROOT / "benchmarks/configs/qwen2-100m.json"))
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--budget", type=int, default=64 << 20, help="bytes StoredTensors.stream fetches ahead")

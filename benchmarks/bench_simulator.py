@@ -281,7 +281,7 @@ def read_traces(paths: list[Path]) -> dict[Path, list[TraceStep]] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="RLHFless vs static:3 on the shared length traces")
+    parser = argparse.ArgumentParser(description="RLHFless vs static:3 on the shared length traces.")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic traces")
     parser.add_argument("--traces", default=str(TRACES), metavar="DIR",
                         help="directory of the shared length traces (default: ../shared/traces beside the repository)")

@@ -47,7 +47,7 @@ def noisy(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     add_model_args(p)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--context", type=int, default=512)

@@ -150,3 +150,31 @@ def test_reference_rows_carry_type_default_and_meaning(key):
     row = next(line for line in reference().splitlines() if line.startswith(f"| `{key}` |"))
     cells = [c.strip() for c in row.strip("|").split(" | ")]
     assert len(cells) == 4 and all(cells), row
+
+
+def test_the_data_path_rows_name_every_form_the_reader_takes(tmp_path):
+    """``data.train_path`` reads a .json array and a folder of .parquet files besides .jsonl and
+    .parquet files, and takes a hub id: its reference row names each, and ``data.eval_path``'s
+    takes the same forms."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from actions.models.hub import HUB_ID
+    from actions.tasks.sources import read_records
+
+    (tmp_path / "rows.json").write_text(json.dumps([{"prompt": "q1", "answer": "1"}, {"prompt": "q2", "answer": "2"}]))
+    (tmp_path / "shards").mkdir()
+    for i in range(2):
+        pq.write_table(pa.table({"prompt": [f"q{i}"], "answer": [str(i)]}), tmp_path / "shards" / f"part-{i}.parquet")
+    for form in ("rows.json", "shards"):
+        for field in ("data.train_path", "data.eval_path"):
+            assert len(read_records(str(tmp_path / form), field=field)) == 2
+    assert HUB_ID.match("openai/gsm8k/main")
+    listed = dict(keys(CampaignConfig))
+    train = listed["data.train_path"].description
+    for form in (".jsonl", ".parquet file", ".json file (JSON Lines or one array of objects)",
+                 "folder of .parquet files", "save_to_disk", "hub id (``owner/name[/subset]``)"):
+        assert form in train, form
+    assert "any form ``train_path`` takes" in listed["data.eval_path"].description

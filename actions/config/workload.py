@@ -37,10 +37,11 @@ class DataConfig(_Section):
     """The synthetic task used when ``train_path`` is unset, and the default reward. ``repeat``:
     write a letter exactly k times; ``arith``: GSM8K-style arithmetic word problems."""
     train_path: HomePath | None = None
-    """A .jsonl or .parquet file, or a ``Dataset.save_to_disk`` folder; None generates the task."""
+    """A .jsonl or .parquet file, a .json file (JSON Lines or one array of objects), a folder of .parquet files, a
+    ``Dataset.save_to_disk`` folder, or a hub id (``owner/name[/subset]``); None generates the task."""
     eval_path: HomePath | None = None
-    """Held-out prompts in the same format (or a hub id, ``actions/models/hub.py``). Without it,
-    ``eval_fraction`` of the training rows are held out, or nothing is evaluated."""
+    """Held-out prompts in any form ``train_path`` takes (the ``test`` split, else ``validation``, where there are
+    splits). Without it, ``eval_fraction`` of the training rows are held out, or nothing is evaluated."""
     eval_fraction: float | None = Field(None, gt=0, lt=1)
     """With ``train_path`` and no ``eval_path``: the share of the training rows held out for
     evaluation (chosen by the run's seed); None: evaluate nothing."""

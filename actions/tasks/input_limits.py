@@ -157,11 +157,31 @@ def prompt_token_limit(cfg: WorkloadConfig) -> int | None:
     limit = cfg.data.max_prompt_tokens
     if limit is None:
         return default_max_prompt_tokens(cfg)
-    context, what, _ = sequence_limit(cfg)
+    context, what, key = sequence_limit(cfg)
     new = cfg.generation.max_new_tokens
     if context is not None and limit + new > context:
-        room = f"at most {context - new}" if context > new else "a smaller value"
-        raise ValueError(f"data.max_prompt_tokens={limit} plus generation.max_new_tokens={new} is {limit + new} "
-                         f"tokens, above {what}; lower data.max_prompt_tokens to {room}, or lower "
-                         "generation.max_new_tokens")
+        head = (f"data.max_prompt_tokens={limit} plus generation.max_new_tokens={new} is {limit + new} tokens, "
+                f"above {what}; ")
+        if context > new:
+            raise ValueError(f"{head}lower data.max_prompt_tokens to at most {context - new}, or lower "
+                             "generation.max_new_tokens")
+        raise ValueError(f"{head}generation.max_new_tokens alone leaves no room for a prompt there, so no smaller "
+                         f"data.max_prompt_tokens fits: lower generation.max_new_tokens below {context}, or "
+                         + longer_context(key, limit + new))
     return limit
+
+
+def longer_context(key: str | None, need: int) -> str:
+    """The fix that gives a sample of ``need`` tokens (prompt plus response) room: raise ``key``
+    (:func:`sequence_limit`'s), or, where the context is ``model.path``'s ``config.json``, a
+    model with a longer one.
+
+    >>> longer_context("model.max_positions", 1280)
+    'raise model.max_positions to 1280 or more'
+    >>> longer_context(None, 1280).startswith("point model.path at a model with a context of 1280 tokens or more")
+    True
+    """
+    if key:
+        return f"raise {key} to {need} or more"
+    return (f"point model.path at a model with a context of {need} tokens or more (`rlhfless tiny-model --out DIR "
+            f"--max-positions {need}` writes a tiny one)")

@@ -33,7 +33,8 @@ if TYPE_CHECKING:  # torch is imported only when a profile is measured (flows st
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML campaign configuration (model section is used)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value, e.g. --set algorithm.name=ppo (repeatable)")
     parser.add_argument("--batch-sizes", default="1,4,16,64,128", help="comma-separated batch sizes")
     parser.add_argument("--contexts", default="32,128", help="comma-separated context lengths (tokens)")
     parser.add_argument("--output", default="profile.json", help="where to write the profile JSON")
