@@ -329,7 +329,7 @@ CASES: dict[str, Case] = {
     "override into a value": Case(_train("--set", "steps=3", "--set", "steps.x=1"), ("'steps' is a value", "not a section")),
     # ----------------------------------------------------------------- datasets
     "dataset missing": Case(
-        _train("--set", "data.train_path={tmp}/none.jsonl"), ("data.train_path", "none.jsonl", "does not exist")),
+        _train("--set", "data.train_path={tmp}/none.jsonl"), ("data.train_path", "none.jsonl", "does not exist", "a hub id")),
     "dataset invalid JSON line": Case(
         _train("--set", "data.train_path={tmp}/d.jsonl"), ("data.train_path", "d.jsonl:2", "not valid JSON", "one object"),
         setup=_write("d.jsonl", _rows(ROW) + "{oops\n")),

@@ -99,8 +99,8 @@ def read_records(path: str, *, field: str) -> Records:
         raise ValueError(f"{where} is a pattern, which is not expanded; name the folder that holds the files "
                          f"instead (a folder of *.parquet files reads as one dataset, in name order)")
     if not found:
-        raise ValueError(f"{where} does not exist; fix {field} (a .jsonl or .parquet file, a folder of .parquet "
-                         "files or a save_to_disk folder)")
+        raise ValueError(f"{where} does not exist; fix {field} (a .jsonl, .json or .parquet file, a folder of "
+                         ".parquet files, a save_to_disk folder or a hub id owner/name[/subset])")
     if p.is_dir():
         if (p / "dataset_dict.json").is_file():
             p = _dict_split(p, which, where, field)
