@@ -124,10 +124,17 @@ _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_m
                  "pytorch_model.bin.index.json")
 
 
+_ADAPTER_CONFIGS = ("adapter_config.json", "adapter/adapter_config.json")
+"""Where a folder holds a PEFT adapter: at its root (an adapter saved alone), or under
+``adapter/`` (``rlhfless export`` of a ``model.lora`` run without ``--merge-lora``)."""
+
+
 def validate_model_dir(path: str, field: str = "model.path") -> None:
     """What ``from_pretrained`` needs, checked from file headers only (no torch, no tensor
-    reads): the directory, a JSON config.json, tokenizer files, and weight files whose
-    safetensors headers parse and whose sizes match them. Raises ValueError naming ``field``."""
+    reads): the directory, for ``model.path`` no LoRA adapter (``_ADAPTER_CONFIGS``: the policy
+    is read without it, so a run would silently start from the untrained backbone), a JSON
+    config.json, tokenizer files, and weight files whose safetensors headers parse and whose
+    sizes match them. Raises ValueError naming ``field``."""
     root = Path(path)
     where = f"{field} {quote(str(root))}"
     try:
@@ -136,6 +143,14 @@ def validate_model_dir(path: str, field: str = "model.path") -> None:
         raise ValueError(unusable_path(field, str(root), exc)) from None
     if not is_dir:
         raise ValueError(f"{where} is not a directory; point it at a local Hugging Face model directory")
+    adapter = next((name for name in _ADAPTER_CONFIGS if (root / name).is_file()), None)
+    # before config.json: an adapter folder has none, and "no config.json" would hide why. The
+    # policy's folder only: prepare reads its config.json and weights alone (read_model_dir)
+    if adapter is not None and field == "model.path":
+        raise ValueError(f"{where} holds a LoRA adapter ({adapter}), which training would ignore (it loads the "
+                         "backbone alone); export the run with the adapter merged into the weights, `rlhfless export "
+                         "RUN_ID --merge-lora --out DIR` (an adapter from elsewhere: PEFT's merge_and_unload, then "
+                         f"save_pretrained), and set {field} to DIR")
     try:
         config = json.loads((root / "config.json").read_text())
     except FileNotFoundError:

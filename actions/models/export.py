@@ -3,10 +3,11 @@
 In the store a version is a base artifact (config, tokenizer, generation settings) plus one
 content-addressed blob per tensor (``weights.py``). Export joins them again: the base's
 tokenizer files verbatim (so the chat template and special tokens are exactly the run's),
-then ``save_pretrained`` of the model built from the version's tensors, in the dtype they
-were published in (a LoRA version: its adapter's, which the backbone was trained in):
-config.json, safetensors shards with an index above ``max_shard_size``, and
-generation_config.json, whose EOS ids are every token the run's generation stopped at.
+then ``save_pretrained`` of the model built from the version's tensors, in the dtype the run
+computed in (``model.dtype``; ``auto``: the dtype they were published in, for a LoRA version its
+adapter's, which the backbone was trained in): config.json, safetensors shards with an index
+above ``max_shard_size``, and generation_config.json, whose EOS ids are every token the run's
+generation stopped at and whose sampling settings are the run's (:class:`RunSettings`).
 
 Adapters (``model.lora`` runs, :class:`LoraVersion`): the folder holds the backbone as the
 model and the version's adapter in PEFT's format under ``adapter/`` (``PeftModel.from_pretrained
@@ -21,6 +22,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 
 from actions.config.workload import LoraConfig
+from actions.models.device import parse_dtype
 from actions.models.lora import attach_adapter, attach_peft, merge_adapter
 from actions.models.modeling import SLOW_TOKENIZER_FILES, TOKENIZER_FILES, build_model, read_base
 from actions.store import ObjectStore, get_artifact
@@ -49,6 +52,24 @@ def _stored_dtype(tensors: dict[str, torch.Tensor]) -> torch.dtype:
 
 
 @dataclass(frozen=True)
+class RunSettings:
+    """What the run computed with beyond its weights, as its configuration records it.
+
+    ``dtype``: ``model.dtype`` (``auto``: resolved by the device of each action, which the
+    export does not know, so the dtype the version was stored in). ``temperature``, ``top_k``,
+    ``top_p``: ``generation.*`` (0 is greedy; ``top_k`` None and ``top_p`` None: off)."""
+
+    dtype: str = "auto"
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def torch_dtype(self) -> torch.dtype | None:
+        """The dtype every action computed in, or None for ``auto``."""
+        return None if self.dtype == "auto" else parse_dtype(self.dtype, source="model.dtype")
+
+
+@dataclass(frozen=True)
 class LoraVersion:
     """A ``model.lora`` run's version: an adapter over the backbone stored at ``backbone_key``."""
 
@@ -57,26 +78,36 @@ class LoraVersion:
 
 
 def _model(store: ObjectStore, base: Any, policy_key: str, weights_sha256: str | None, lora: LoraVersion | None,
-           merge_lora: bool, run: str) -> tuple[torch.nn.Module, torch.nn.Module | None, torch.dtype]:
-    """(the model to save, the PEFT-wrapped adapter to save beside it or None, the dtype).
-    A full fine-tuning run has no adapter, so merging one is refused."""
+           merge_lora: bool, run: str,
+           trained: torch.dtype | None) -> tuple[torch.nn.Module, torch.nn.Module | None, torch.dtype]:
+    """(the model to save, the PEFT-wrapped adapter to save beside it or None, the dtype:
+    ``trained``, the run's, else the stored one). A full fine-tuning run has no adapter, so
+    merging one is refused."""
     if lora is None:
         if merge_lora:
             raise ValueError(f"--merge-lora: run {run!r} trained every weight (no LoRA adapter) and is exported "
                              "whole; drop --merge-lora")
         tensors, _ = load_tensors(store, policy_key, expected_sha256=weights_sha256)
-        dtype = _stored_dtype(tensors)
+        # Versions 1 on are published in model.dtype; version 0 without warm-up is the model folder
+        # as read (fp32), which the actions cast to model.dtype when they load it: so is the export.
+        dtype = trained or _stored_dtype(tensors)
         return build_model(base, tensors, dtype=dtype), None, dtype
     backbone, _ = load_tensors(store, lora.backbone_key)
-    dtype = _stored_dtype(backbone)
+    dtype = trained or _stored_dtype(backbone)
     adapter = None  # version 0 is the backbone with the adapter's seeded (zero-update) start
     if policy_key != lora.backbone_key:
         adapter, _ = load_tensors(store, policy_key, expected_sha256=weights_sha256)
         # The adapter is published in the training dtype, and the learner ran the backbone in it
         # too (loading.py casts it): a backbone stored as read (fp32, no warm-up) is cast to match.
-        dtype = _stored_dtype(adapter)
+        dtype = trained or _stored_dtype(adapter)
     if merge_lora:
-        merged = merge_adapter(attach_adapter(build_model(base, backbone, dtype=dtype), lora.config, adapter))
+        with warnings.catch_warnings():
+            # PEFT warns that an adapter on an output head tied to the input embedding "can lead to
+            # complications, for example when merging": merge_adapter unties the two first (the
+            # head gets its own copy, config tie_word_embeddings false), so the merge is exact.
+            warnings.filterwarnings("ignore", message=r"Model (has|with) `tie_word_embeddings=True`",
+                                    category=UserWarning)
+            merged = merge_adapter(attach_adapter(build_model(base, backbone, dtype=dtype), lora.config, adapter))
         return merged, None, dtype
     peft_model = attach_peft(build_model(base, backbone, dtype=dtype), lora.config, adapter)
     return build_model(base, backbone, dtype=dtype), peft_model, dtype
@@ -84,8 +115,10 @@ def _model(store: ObjectStore, base: Any, policy_key: str, weights_sha256: str |
 
 def export_policy(store: ObjectStore, base_key: str, policy_key: str, out: str | os.PathLike[str], *,
                   weights_sha256: str | None = None, merge_lora: bool = False, run: str = "",
-                  lora: LoraVersion | None = None, max_shard_size: str = "5GB") -> ExportedFolder:
-    """Write the policy version ``policy_key`` of base ``base_key`` to the folder ``out``.
+                  lora: LoraVersion | None = None, max_shard_size: str = "5GB",
+                  settings: RunSettings = RunSettings()) -> ExportedFolder:
+    """Write the policy version ``policy_key`` of base ``base_key`` to the folder ``out``, in
+    ``settings``' dtype and with its sampling settings (default: the configuration's defaults).
 
     The folder appears whole or not at all: it is written beside ``out`` and renamed. It gets
     the modes ``save_pretrained`` would give it (``0o777`` for folders and ``0o666`` for files,
@@ -100,7 +133,8 @@ def export_policy(store: ObjectStore, base_key: str, policy_key: str, out: str |
         ValueError: ``merge_lora`` for a run without an adapter.
     """
     base_files, _ = get_artifact(store, base_key)
-    model, adapter, dtype = _model(store, read_base(base_files), policy_key, weights_sha256, lora, merge_lora, run)
+    model, adapter, dtype = _model(store, read_base(base_files), policy_key, weights_sha256, lora, merge_lora, run,
+                                   settings.torch_dtype())
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
@@ -109,6 +143,7 @@ def export_policy(store: ObjectStore, base_key: str, policy_key: str, out: str |
             if name in base_files:
                 write_beneath(tmp, name, bytes(base_files[name]), where="exported model")
         _stop_as_trained(model, tmp)
+        _sample_as_trained(model, settings)
         model.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
         if adapter is not None:
             _save_adapter(adapter, tmp, target)
@@ -173,6 +208,30 @@ def _stop_as_trained(model: torch.nn.Module, tokenizer_dir: Path) -> None:
     gen = model.generation_config
     gen.eos_token_id = ids.eos_ids[0] if len(ids.eos_ids) == 1 else list(ids.eos_ids)
     gen.pad_token_id = ids.pad_id
+
+
+_UNAPPLIED_SETTINGS = ("min_p", "top_h", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty",
+                      "no_repeat_ngram_size", "num_beams")
+"""``GenerationConfig`` settings that change which tokens ``generate`` draws and that the run's
+sampler (``actions/engines/sampling.py``) never applied: cleared, so that transformers' neutral
+default applies (no penalty, no other filter, one beam)."""
+
+
+def _sample_as_trained(model: torch.nn.Module, settings: RunSettings) -> None:
+    """Make the saved ``generation_config.json`` sample as the run's generation did, not as the
+    base folder's settings say (an instruct model's temperature 0.7, top_p 0.8, ...): its
+    temperature, ``top_k`` and ``top_p``. A filter the run had off is written as
+    transformers' neutral value (``top_k`` 0, ``top_p`` 1.0), since an absent ``top_k`` is 50 to
+    ``generate``; temperature 0 (greedy) is ``do_sample`` false, the filters then unused."""
+    gen = model.generation_config
+    for name in _UNAPPLIED_SETTINGS:
+        if hasattr(gen, name):
+            setattr(gen, name, None)
+    if settings.temperature == 0:
+        gen.do_sample, gen.temperature, gen.top_k, gen.top_p = False, None, None, None
+    else:
+        gen.do_sample, gen.temperature = True, float(settings.temperature)
+        gen.top_k, gen.top_p = settings.top_k or 0, settings.top_p or 1.0
 
 
 def describe(folder: ExportedFolder, **extra: Any) -> dict[str, Any]:

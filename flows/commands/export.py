@@ -39,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_args(args: argparse.Namespace) -> Path:
+    if not args.out:  # Path("") is "." (the current folder), which would be refused as not empty
+        raise ValueError("export --out '' is empty; pass the folder to write, e.g. --out ./policy")
     out = Path(args.out)
     if out.is_symlink():  # the final rename would fail on it, after all the work
         raise ValueError(f"export --out {str(out)!r} is a symbolic link (to {os.path.realpath(out)!r}); pass the "
@@ -92,8 +94,45 @@ def _state(args: argparse.Namespace) -> tuple[Any, Any, bool]:
         return store, latest, True
     state = load_state_at(store, run, args.step) if args.step < latest.step else None
     if state is None:
-        raise ValueError(f"export --step {args.step}: run {run!r} has steps 0..{latest.step}; pass one of them")
+        steps = exportable_steps(store, latest)
+        collected = (f" (the versions of the other steps up to {latest.step} were collected, store.keep_last)"
+                     if len(steps) <= latest.step else "")
+        which = f"steps {compact(steps)}{collected}; pass one of them" if len(steps) > 1 else \
+            f"step {compact(steps)} alone{collected}; pass it"
+        raise ValueError(f"export --step {args.step}: run {run!r} can export {which}")
     return store, state, False
+
+
+def exportable_steps(store: Any, latest: Any) -> list[int]:
+    """The committed steps of ``latest``'s run whose policy version the store still holds (garbage
+    collection deletes the others, ``flows/planning/retention.py``), ascending. One listing of
+    the run's objects, and one read of each commit record (never collected) that it lists."""
+    from actions.store.commits import commit_key
+    from flows.campaign.state import load_state_at, pointer_key
+
+    held = set(store.list(f"runs/{latest.run_id}/"))
+    steps = [latest.step]  # its version is never collected
+    for step in range(latest.step):
+        if commit_key(pointer_key(latest.run_id), step) in held:
+            state = load_state_at(store, latest.run_id, step, history=False)
+            if state is not None and state.policy_key in held:
+                steps.append(step)
+    return sorted(steps)
+
+
+def compact(steps: list[int]) -> str:
+    """Ascending ``steps`` as text, three or more in a row as a range.
+
+    >>> compact([0, 3, 4]), compact([0, 1, 2, 3, 7, 9, 10, 11])
+    ('0, 3, 4', '0..3, 7, 9..11')
+    """
+    runs: list[list[int]] = []
+    for step in steps:
+        if runs and step == runs[-1][-1] + 1:
+            runs[-1].append(step)
+        else:
+            runs.append([step])
+    return ", ".join(f"{r[0]}..{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
 
 
 def _nothing_committed(store: Any, run: str, uri: str) -> str:
@@ -165,7 +204,8 @@ def _export(args: argparse.Namespace, out: Path, store: Any, state: Any, latest:
 
     # the run's model.lora, as it trained: only the model section is read, so settings that
     # later versions check across sections never stop an older run's export
-    lora_cfg = ModelConfig.model_validate(state.identity["model"]).lora
+    model_cfg = ModelConfig.model_validate(state.identity["model"])
+    lora_cfg = model_cfg.lora
     # under model.lora the backbone is version 0, which is also the reference (flows/campaign/setup.py)
     lora = LoraVersion(lora_cfg, state.reference_key) if lora_cfg else None
     try:
@@ -173,7 +213,8 @@ def _export(args: argparse.Namespace, out: Path, store: Any, state: Any, latest:
         sha = state.weights_sha256 or manifest_fingerprint(store, state.policy_key)
         with sigterm_unwinds():  # a stop part-way removes the partial folder beside --out
             folder = export_policy(store, state.prepared.base_key, state.policy_key, out,
-                                   weights_sha256=sha or None, merge_lora=args.merge_lora, run=state.run_id, lora=lora)
+                                   weights_sha256=sha or None, merge_lora=args.merge_lora, run=state.run_id, lora=lora,
+                                   settings=_settings(model_cfg.dtype, state.identity.get("generation") or {}))
     except ObjectNotFound:
         now = load_state(store, state.run_id) if latest else None
         # it trained on while this read, far enough for its collection to take this version (it
@@ -195,6 +236,16 @@ def _export(args: argparse.Namespace, out: Path, store: Any, state: Any, latest:
         raise ValueError(f"export --out {str(out)!r} cannot be written ({exc.strerror or exc}); pass a folder path "
                          "you can write") from None
     return folder, sha
+
+
+def _settings(dtype: str, generation: dict[str, Any]) -> Any:
+    """The run's dtype and sampling as its identity records them (``top_k`` / ``top_p`` absent
+    when off; 0 and 1.0 are off too, as the configuration reads them)."""
+    from actions.models.export import RunSettings
+
+    top_p = generation.get("top_p")
+    return RunSettings(dtype=dtype, temperature=float(generation.get("temperature", 1.0)),
+                       top_k=generation.get("top_k") or None, top_p=None if top_p in (None, 1.0) else float(top_p))
 
 
 def push(folder: Path, repo: str, message: str) -> str:
