@@ -124,15 +124,17 @@ def test_break_lease_takes_a_live_lease_and_the_old_holder_stops(backend_store) 
 
 
 def test_renewal_extends_expiry_and_detects_loss(backend_store) -> None:
-    lease = RunLease.acquire(backend_store, "r4", ttl_s=3.0, progress=lambda m: None)
+    lease = RunLease.acquire(backend_store, "r4", ttl_s=6.0, progress=lambda m: None)
     first = lease.record.expires
-    time.sleep(2.5)  # renewed at ~1 s and ~2 s
+    deadline = time.time() + 30  # renewed every 2 s: waited for, not slept for (a loaded machine is late)
+    while lease.record.expires == first and time.time() < deadline:
+        time.sleep(0.05)
     assert lease.record.expires > first and lease.lost is None
     lease.check()
     # another process breaks it: the next renewal (within ttl/3) marks it lost
     RunLease.acquire(backend_store, "r4", host="rescuer", pid=7, renew=False, break_lease=True,
                      progress=lambda m: None)
-    deadline = time.time() + 5
+    deadline = time.time() + 30
     while lease.lost is None and time.time() < deadline:
         time.sleep(0.1)
     assert lease.lost is not None and "rescuer" in lease.lost

@@ -4,6 +4,8 @@ come from the difference of two calls (CPU: operators' self time)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from llama_family import SHAPES, tiny_causal_lm
@@ -38,11 +40,15 @@ def test_a_cpu_step_profile_counts_each_steps_operators():
     prof = step_profile(lambda n: engine.generate(specs, GenerationParams(seed=0, step=0, max_new_tokens=n,
                                                                            temperature=1.0)), 6, torch.device("cpu"))
     kinds = prof["kinds"]
-    assert prof["unit"] == "operators" and prof["total_ms"] > 0
+    # times are a difference of two profiled calls' (the benchmark's median is what reads them):
+    # on a loaded machine it may come out at or below 0, so only the counts are asserted exactly
+    assert prof["unit"] == "operators" and math.isfinite(prof["total_ms"])
     assert sum(v["ms"] for v in kinds.values()) == pytest.approx(prof["total_ms"])
     gemms = kinds["gemm"]["kernels"]
     assert gemms >= 15 and gemms % 15 == 0, gemms  # whole steps: prefill and set-up cancel
     attention = kinds["attention"]["kernels"]
     assert attention >= 2 and attention % 2 == 0, attention  # per layer: the call and its CPU kernel
+    # the report of this profile, with its GEMM time set (a measured one may be 0 under load)
+    prof["kinds"]["gemm"]["ms"] = 0.5
     text = report(prof, weight_bytes=1e6, roof_ms=None, wall_ms=1.0)
-    assert "gemm" in text and "self time" in text and "GB/s" in text
+    assert "gemm" in text and "self time" in text and "(weights at 2 GB/s)" in text
