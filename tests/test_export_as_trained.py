@@ -242,3 +242,18 @@ def test_an_empty_out_is_refused_by_name(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "export --out '' is empty; pass the folder to write, e.g. --out ./policy" in err, err
     assert "'.'" not in err
+
+
+def test_a_ppo_runs_report_says_its_critic_stays_in_the_store(tmp_path, capsys):
+    """The policy alone is exported (as TRL's PPOTrainer saves it); the report names where the
+    run's critic stays, and a run without one has no such field."""
+    from flows.campaign.state import commit_state
+
+    store, state, _ = _run(tmp_path, "pp", "algorithm.name=ppo")
+    critic = "runs/pp/critic/v000000/manifest.json"
+    commit_state(store, state.model_copy(update={"step": 1, "critic_key": critic}))  # the policy as at 0
+    _export(store, "pp", tmp_path / "out")
+    assert json.loads(capsys.readouterr().out)["critic"] == f"not exported: it stays in the store at {critic}"
+    store, _, _ = _run(tmp_path / "grpo", "gr")
+    _export(store, "gr", tmp_path / "grpo-out")
+    assert "critic" not in json.loads(capsys.readouterr().out)

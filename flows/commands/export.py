@@ -137,7 +137,7 @@ def compact(steps: list[int]) -> str:
 
 def _nothing_committed(store: Any, run: str, uri: str) -> str:
     """Why a run has no version to export: it is still before its first commit (its lease is
-    held: prepare, warm-up and the first step come first), or the id or store is wrong."""
+    held: its first commit, record 0, comes once set-up is done), or the id or store is wrong."""
     import time
 
     from flows.campaign.lease import read_lease
@@ -145,8 +145,8 @@ def _nothing_committed(store: Any, run: str, uri: str) -> str:
     lease = read_lease(store, run)
     if lease is not None and lease.expires > time.time():
         return (f"run {run!r} has committed nothing yet: it is being trained by {lease.describe(time.time())}, and "
-                "its first commit comes after prepare, warm-up and its first step; export once `rlhfless status "
-                f"{run} --store {uri}` shows a committed step")
+                "its first commit comes once set-up (prepare, the profile, warm-up, the first evaluation) is done; "
+                f"export once `rlhfless status {run} --store {uri}` shows a committed step")
     return f"run {run!r} has no committed state in store {uri}; check the run id and --store"
 
 
@@ -176,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(str(exc)) from None
     report = describe(folder, run_id=state.run_id, step=state.step, policy_version=state.policy_version,
                       weights_sha256=sha or None)
+    if state.critic_key:  # a PPO run's value model: the policy alone is exported, as TRL's PPOTrainer saves it
+        report["critic"] = f"not exported: it stays in the store at {state.critic_key}"
     failed: ValueError | None = None
     if args.push_to_hub:
         try:
