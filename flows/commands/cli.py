@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from flows.campaign.preflight import checked  # imports nothing heavy: a refusal stays fast
 from flows.commands.resume_command import print_continue, resume_command, resume_hint
+from flows.invokers.cores import MKL_REPRODUCIBLE
 
 if TYPE_CHECKING:
     from flows.config import CampaignConfig
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")  # the client's usage notice and its telemetry, as the server's
+# MKL's reproducible mode, as the pool's workers run: set before torch's first matrix product,
+# so actions run in this process (the in-process invoker) give the workers' bits
+os.environ.setdefault("MKL_CBWR", MKL_REPRODUCIBLE)
 
 
 class UsageError(ValueError):

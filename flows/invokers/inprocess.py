@@ -3,13 +3,19 @@
 It goes through the same JSON round trip as a real activation, so a payload that would not
 survive OpenWhisk does not pass here either. An exception out of ``main`` is classified as the
 runtime server classifies it (``actions.runtime.errors``): transient or permanent. One
-activation runs at a time, with all of ``num_cores`` (``flows.invokers.cores``).
+activation runs at a time, with all of ``num_cores`` (``flows.invokers.cores``), and MKL in
+the strict reproducible mode the pool's workers run in (``MKL_CBWR``, unless the user chose
+one): MKL's default mode rounds some products differently (PPO's value head, a matrix-vector
+product, differed in the last bits), so a campaign would end at other weights in process
+than on the pool. MKL reads the mode at its first call, so the invoker must be made before
+this process's first matrix product (the CLI sets the mode as it starts, before torch loads).
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
 import threading
 import time
 import uuid
@@ -20,13 +26,15 @@ from actions.contracts import DecodeSettings
 from actions.runtime.control import Control
 from actions.runtime.errors import describe_crash
 from flows.invokers.base import ActionError, Activation
-from flows.invokers.cores import available_cores
+from flows.invokers.cores import MKL_REPRODUCIBLE, available_cores
 
 
 class InProcessInvoker:
     sees_local_files = True
 
     def __init__(self, num_cores: int = 0) -> None:
+        # the actions' numerics of a pool worker (module docstring); no effect once MKL has run
+        os.environ.setdefault("MKL_CBWR", MKL_REPRODUCIBLE)
         self.num_cores = num_cores or available_cores()
         self._lock = threading.Lock()  # actions assume one activation per container at a time
         self.calls: list[tuple[str, dict[str, Any]]] = []
