@@ -196,3 +196,19 @@ def reopened_set_is_refused(rank: int, world: int, store_root: str) -> None:
     dist.barrier()
     state = StoredTensors(store, f"w{min(rank, 1)}/manifest.json")
     read_whole(state, rank=rank, world=world, device=torch.device("cpu"), what="weights")
+
+
+LONG_FIX = "re-publish the artifact"
+
+
+def raise_long_on_rank_one(rank: int, world: int) -> int:
+    """Rank 1 raises an error that fits the crash line alone but not behind the rank's prefix,
+    its fix at the end (as ``actions/store/artifacts.py`` words a corrupted blob)."""
+    if rank == 1:
+        digest = "ab" * 32
+        raise ValueError(f"blob runs/r1/optimizer/blobs/{digest} (file 'model.layers.0.self_attn.q_proj.exp_avg') "
+                         f"is corrupted (manifest "
+                         f"'runs/r1/optimizer/step-000002/manifest.json'): expected sha256 {digest}, "
+                         f"found {'62a2' * 16}; {LONG_FIX}")
+    dist.barrier()
+    return rank

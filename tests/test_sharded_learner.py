@@ -159,7 +159,7 @@ def test_cpu_ranks_beyond_invoker_num_cores_are_refused_naming_both_settings(mon
     with pytest.raises(ValueError, match=r"^train.world_size=12 needs 12 cores .* at most 10$"):
         check_world_size(12, 1, "cpu", num_cores=10)
     assert check_world_size(4, 1, "cpu", num_cores=4) == check_world_size(4, 1, "cpu", num_cores=0) == 4
-    assert check_world_size(4, 1, "cuda", num_cores=2) == 4
+    assert check_world_size(4, 4, "cuda", num_cores=2) == 4
 
 
 def _rank_processes() -> list[int]:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
 
-from actions.runtime.errors import crash_text, describe_crash
+from actions.runtime.errors import LINE_LIMIT, crash_text, describe_crash
 
 RENDEZVOUS_TIMEOUT_S = 300.0
 """How long a rank waits for its peers at the rendezvous and in a collective."""
@@ -156,6 +156,23 @@ def _rank_of_failure(failure: tuple[int, str, bool]) -> tuple[int, int]:
     return (2 if echo else 0), rank
 
 
+_CUT = " ... "  # marks where _rank_error cut a rank's error
+
+
+def _rank_error(prefix: str, text: str) -> str:
+    """``prefix + text``, cut in the middle of ``text`` to fit what ``describe_crash`` keeps of
+    the :class:`RankFailed` raised with it (``LINE_LIMIT`` characters, after ``RankFailed: ``
+    where the crash is a CUDA out-of-memory error): a rank's error ends with what to do about it
+    (``re-publish the artifact``), and cutting its end, as ``one_line`` does, would lose that
+    where the same error on one rank keeps it. The middle is a key or a hash, mostly."""
+    text = " ".join(text.split())
+    room = LINE_LIMIT - len(prefix) - len(f"{RankFailed.__name__}: ")
+    if len(text) <= room:
+        return prefix + text
+    head = (room - len(_CUT)) // 2
+    return prefix + text[:head] + _CUT + text[len(text) - (room - len(_CUT) - head):]
+
+
 def _collect(procs: list[subprocess.Popen], pipes: list, what: str) -> dict[int, Any]:
     """Every rank's value, or RankFailed naming the failure that caused the others."""
     world = len(procs)
@@ -178,7 +195,7 @@ def _collect(procs: list[subprocess.Popen], pipes: list, what: str) -> dict[int,
                 continue
             kind, value = pickle.loads(data)
             if kind == "error":
-                failures.append((r, f"{what} {r} of {world} failed: {crash_text(value)}",
+                failures.append((r, _rank_error(f"{what} {r} of {world} failed: ", crash_text(value)),
                                  bool(value.get("transient"))))
             else:
                 results[r] = value

@@ -47,9 +47,12 @@ def check_world_size(world_size: int | None, gpus_per_actor: int, kind: str | No
     alone limit CPU ranks. A CPU rank is a process of its own, with at least one thread, so more
     ranks than those cores would oversubscribe them: refused, as ranks beyond the processors are.
 
+    On CUDA the ranks are also held to ``gpus_per_actor`` (:func:`check_ranks_within_gpus`).
+
     Raises:
-        ValueError: more ranks than devices, or than ``num_cores`` on the CPU, or CUDA asked
-            for where none is visible (one line naming the keys, the values and the fix).
+        ValueError: more ranks than devices, or than ``num_cores`` on the CPU, or than
+            ``gpus_per_actor`` on CUDA, or CUDA asked for where none is visible (one line
+            naming the keys, the values and the fix).
     """
     kind = kind or device_kind()
     world = resolve_world_size(world_size, gpus_per_actor, kind)
@@ -65,8 +68,28 @@ def check_world_size(world_size: int | None, gpus_per_actor: int, kind: str | No
             setting = os.environ.get("RLHFLESS_DEVICE", "") or "cuda"
             raise ValueError(f"{key}={world} needs {world} CUDA devices: RLHFLESS_DEVICE={setting} but no CUDA "
                              "device is visible; set RLHFLESS_DEVICE to cpu or auto (gloo ranks on the CPU)")
+        if kind == "cuda":
+            check_ranks_within_gpus(world, gpus_per_actor, "on CUDA (one GPU each)")
         if world > present:
             what = "CUDA devices" if kind == "cuda" else "processors (one gloo rank each)"
             raise ValueError(f"{key}={world} needs {world} {what}, but this machine has {present}; set "
                              f"train.world_size to at most {present}")
     return world
+
+
+def check_ranks_within_gpus(world_size: int | None, gpus_per_actor: int, where: str) -> None:
+    """Refuse more learner ranks than ``scaling.gpus_per_actor`` where each rank takes a GPU:
+    billing (``flows/step/metrics.py: cost_metrics``, wall time x ``gpus_per_actor``) and the
+    Prefect GPU slots (``flows/step/invoke.py: gpu_slots``) count that many GPUs per activation,
+    and an OpenWhisk container holds that many. ``where``: the words saying why (the device, or
+    the invoker). None (``train.world_size`` unset) defaults to ``gpus_per_actor`` on CUDA
+    (:func:`resolve_world_size`) and to 1 on the CPU: never above it.
+
+    Raises:
+        ValueError: one line naming both settings, their values and the fix.
+    """
+    if world_size is not None and world_size > gpus_per_actor:
+        raise ValueError(f"train.world_size={world_size} is above scaling.gpus_per_actor={gpus_per_actor} {where}: "
+                         f"each activation is billed and reserved as {gpus_per_actor} GPU(s) but its ranks would "
+                         f"use {world_size}; raise scaling.gpus_per_actor to {world_size}, or lower "
+                         f"train.world_size to at most {gpus_per_actor}")

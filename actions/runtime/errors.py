@@ -43,7 +43,11 @@ class InjectedFault(RuntimeError):
     is transient by definition, whatever the action was doing."""
 
 
-def one_line(text: str, limit: int = 400) -> str:
+LINE_LIMIT = 400
+"""Characters :func:`one_line` keeps by default: a crash's message (:func:`describe_crash`)."""
+
+
+def one_line(text: str, limit: int = LINE_LIMIT) -> str:
     """``text`` with line breaks folded and cut to ``limit`` characters."""
     flat = " ".join(str(text).split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."

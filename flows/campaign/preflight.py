@@ -43,9 +43,9 @@ def check_campaign(cfg: CampaignConfig, *, resumed: bool = False) -> None:
 
     Raises:
         ValueError: one line naming the field, the value and the fix (``check_planning``,
-            ``validate_inputs``, ``check_engine``, ``check_world_size``, ``check_trackers``,
-            :func:`check_store_directory`, :func:`check_directory` of ``invoker.log_dir``,
-            ``check_invoker``, :func:`check_gpu_limit`).
+            ``validate_inputs``, ``check_engine``, ``check_world_size`` (on OpenWhisk in
+            ``check_invoker``: ``check_train_ranks``), ``check_trackers``, :func:`check_store_directory`,
+            :func:`check_directory` of ``invoker.log_dir``, ``check_invoker``, :func:`check_gpu_limit`).
     """
     with _LOCK:
         if _CHECKED.get(cfg.model_dump_json()):
@@ -57,7 +57,7 @@ def check_campaign(cfg: CampaignConfig, *, resumed: bool = False) -> None:
     validate_inputs(cfg, steps=cfg.steps, resumed=resumed)
     local = cfg.invoker.kind != "openwhisk"  # an OpenWhisk action checks on the machine it runs on
     check_engine(cfg, local_actions=local)
-    if local:
+    if local:  # on OpenWhisk check_invoker compares the ranks with the deployed action's GPUs
         from actions.rl.world_size import check_world_size
 
         check_world_size(cfg.train.world_size, cfg.scaling.gpus_per_actor, num_cores=cfg.invoker.num_cores)

@@ -67,6 +67,24 @@ def check_invoker(cfg: CampaignConfig) -> None:
         except OpenWhiskError as exc:
             raise ValueError(str(exc)) from None
     check_gpus_annotation(f"{prefix}generate", generate, cfg.scaling.gpus_per_actor)
+    check_train_ranks(generate, cfg.train.world_size)
+
+
+def check_train_ranks(record: dict, world_size: int | None) -> None:
+    """On a GPU cluster (the deployed action's ``gpus`` annotation above 0: its container holds
+    that many, one per rank), ``train.world_size`` may not exceed them; billing and the GPU
+    limit count the container's. A CPU cluster (``gpus: 0``) or an action without the
+    annotation is not compared: there the action checks its ranks on the machine it runs on.
+
+    Raises:
+        ValueError: ``actions.rl.world_size.check_ranks_within_gpus``'s line.
+    """
+    from actions.rl.world_size import check_ranks_within_gpus
+    from flows.invokers.openwhisk import annotations_of
+
+    gpus = annotations_of(record).get("gpus")
+    if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0:
+        check_ranks_within_gpus(world_size, gpus, "on OpenWhisk (one GPU each)")
 
 
 def check_gpus_annotation(action: str, record: dict, gpus_per_actor: int) -> None:
