@@ -113,3 +113,27 @@ def test_the_error_line_comes_after_a_warning_of_the_lease_release(tmp_path, mon
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines[-2:] == ["could not release the lease of run 'warned': the store did not answer",
                           "rlhfless: error: the real error"], lines
+
+
+def test_a_step_run_cancelled_in_prefect_stops_train_in_one_line_with_the_resume(tmp_path, monkeypatch, capsys):
+    """A step's flow run cancelled from Prefect (the UI or ``prefect flow-run cancel``) stops the
+    campaign after committing that step: ``train`` says so in one line, not with a traceback."""
+    import flows.campaign.run as campaign_run
+    import flows.commands.cli as cli
+    import flows.commands.local_api as local_api
+
+    class Lease:
+        def release(self) -> None:
+            pass
+
+    line = "stopped after step 1/3: its step run 'brave-fox' was cancelled; resume the run to continue"
+
+    def cancelled(**kwargs):
+        raise campaign_run.StepRunCancelled(line)
+
+    monkeypatch.setattr(cli, "_preflight", lambda *args: Lease())
+    monkeypatch.setattr(local_api, "start_local_api", lambda: None)
+    monkeypatch.setattr(campaign_run, "rlhf_campaign", cancelled)
+    assert cli.main(["train", "--run-id", "cut", "--set", f"store.uri={tmp_path / 'store'}",
+                     "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"rlhfless: error: {line}"]

@@ -237,6 +237,27 @@ def test_a_deployment_run_refuses_what_train_refuses_before_writing_the_store(de
     assert "ValueError: model.path" in done.state.message and "is not a directory" in done.state.message, \
         done.state.message
     assert not (tmp_path / "store").exists()
+    # the run's log (the UI's log tab) holds the one line, not the engine's tracebacks of it
+    logs = _run_logs(deployed, run.id)
+    assert not [m for _, m in logs if "Traceback" in m or "unexpected exception" in m], logs
+    assert [m for level, m in logs if level >= 40] == [done.state.message], logs
+
+
+def _run_logs(server: LocalPrefectServer, run_id: Any) -> list[tuple[int, str]]:
+    """(level, message) of every record of flow run ``run_id`` the server holds (its workers
+    send them as the run goes: read until two reads agree)."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    seen: list[tuple[int, str]] = []
+    for _ in range(10):
+        with server.client() as client:
+            logs = [(r.level, r.message) for r in client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))]
+        if logs and logs == seen:
+            break
+        seen = logs
+        time.sleep(0.5)
+    return seen
 
 
 def test_deployment_run_on_worker_publishes_artifacts_and_holds_gpu_slots(deployed: LocalPrefectServer,
@@ -296,6 +317,60 @@ def _concurrency_events(server: LocalPrefectServer, limit_id: Any, phase: str, m
             break
         time.sleep(1)
     return events
+
+
+@pytest.mark.slow  # a campaign of 4 steps on the worker, about 40 s
+def test_cancelling_a_step_run_commits_that_step_and_cancels_the_campaign_run(deployed: LocalPrefectServer,
+                                                                            tmp_path: Path):
+    """``prefect flow-run cancel STEP_RUN`` on a deployment run: the step in flight finishes and
+    is committed, its run ends Cancelled (not Cancelling for good), the campaign run ends
+    Cancelled after it with one line, its lease released and its GPU slots free."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.client.schemas.objects import State, StateType
+
+    from actions.store import open_store
+    from flows.campaign.lease import read_lease
+    from flows.campaign.state import load_state
+
+    deployed.prefect("gcl", "create", "gpu-cancel", "--limit", "2")
+    cfg = _tiny(tmp_path, "run_id=step-cancel", "steps=4", "invoker.gpu_concurrency_limit=gpu-cancel")
+    with deployed.client() as client:
+        dep = client.read_deployment_by_name(DEPLOYMENT)
+        run = client.create_flow_run_from_deployment(dep.id, parameters={"config": cfg, "resume": False})
+    with open(deployed.home / "worker-cancel.log", "wb") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--run-once"],
+                                  cwd=deployed.home, env=deployed.env(), stdin=subprocess.DEVNULL, stdout=log,
+                                  stderr=subprocess.STDOUT)
+    try:
+        cancelled, deadline = None, time.time() + 240
+        mine = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id]))
+        while cancelled is None and worker.poll() is None and time.time() < deadline:
+            with deployed.client() as client:
+                for step in client.read_flow_runs(flow_run_filter=mine):
+                    # what `prefect flow-run cancel` proposes; refused if the step has just ended
+                    if step.state.is_running() and client.set_flow_run_state(
+                            step.id, State(type=StateType.CANCELLING)).status.value == "ACCEPT":
+                        cancelled = step
+            time.sleep(0.1)
+        assert worker.wait(timeout=max(1.0, deadline - time.time())) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert cancelled is not None, "no step run was cancelled while it ran"
+    with deployed.client() as client:
+        done = client.read_flow_run(run.id)
+        step = client.read_flow_run(cancelled.id)
+        slots = client.read_global_concurrency_limit_by_name("gpu-cancel").active_slots
+    committed = step.parameters["inputs"]["step"] + 1
+    assert step.state.is_cancelled(), step.state
+    assert done.state.is_cancelled(), f"{done.state!r}\n{(deployed.home / 'worker-cancel.log').read_text()[-4000:]}"
+    assert done.state.message == (f"stopped after step {committed}/4: its step run {step.name!r} was cancelled; "
+                                  "resume the run to continue")
+    store = open_store(cfg["store"]["uri"])
+    assert load_state(store, "step-cancel").step == committed and read_lease(store, "step-cancel") is None
+    assert slots == 0
+    assert not [m for _, m in _run_logs(deployed, run.id) if "Traceback" in m]
 
 
 def test_gpu_slots_held_only_by_gpu_actions_and_missing_limit_never_blocks(deployed: LocalPrefectServer,

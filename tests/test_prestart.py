@@ -9,6 +9,7 @@ import threading
 import httpx
 import pytest
 
+from flows.campaign import prestart
 from flows.campaign.api_client import BUSY_RETRY_AFTER_S, retry_busy_soon
 from flows.campaign.overhead import Background, open_gate_when_running
 from flows.campaign.prestart import FlowRunStarter
@@ -211,3 +212,140 @@ def test_no_background_job_starts_while_a_step_trains(tiny_config, prefect_harne
     assert not [(j, t) for j in jobs for t in trains if t[2] <= j[2] <= t[3]]  # none started beside training
     for step in steps[:2]:  # each step's first job creates the next step's flow run
         assert min((j for j in jobs if step[2] <= j[2] <= step[3]), key=lambda j: j[2])[1] == "_create"
+
+
+def _cancel(flow_run_id) -> None:
+    """What ``prefect flow-run cancel ID`` does: propose Cancelling (not forced)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import State, StateType
+
+    with get_client(sync_client=True) as client:
+        assert client.set_flow_run_state(flow_run_id, State(type=StateType.CANCELLING)).status.value == "ACCEPT"
+
+
+def test_a_call_whose_flow_run_is_cancelled_while_it_runs_is_named_and_can_be_ended_cancelled(prefect_harness):
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+
+    @flow(name="prestart-cancelled", validate_parameters=False)
+    def child(x: int) -> int:
+        if x == 1:
+            _cancel(FlowRunContext.get().flow_run.id)
+        return x * 2
+
+    @flow(name="prestart-cancelled-parent")
+    def parent() -> list:
+        gate = threading.Event()
+        bg = Background(gate)
+        starter = FlowRunStarter(open_gate_when_running(child, gate), bg)
+        seen = []
+        for x in (0, 1):  # the first call's run is Prefect's own, the second's was prepared
+            gate.clear()
+            seen.append((starter.run(x, prepare_next=True), starter.cancelled()))
+        starter.mark_cancelled(seen[1][1], "stopped after step 2/9")
+        starter.close()
+        bg.wait()
+        return [(result, None if run is None else run.id) for result, run in seen]
+
+    (first, not_cancelled), (second, cancelled_id) = parent()
+    assert (first, not_cancelled, second) == (0, None, 2)  # the cancelled call still returned its result
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(cancelled_id)
+    assert run.state.is_cancelled() and run.state.message == "stopped after step 2/9"
+
+
+def test_a_step_run_cancelled_while_it_runs_is_committed_and_ends_the_campaign_cancelled(tiny_config, prefect_harness,
+                                                                                         monkeypatch):
+    """``prefect flow-run cancel STEP_RUN``: the step finishes (nothing stops a subflow in its
+    parent's process) and is committed, its run ends Cancelled rather than Cancelling for good,
+    the campaign run ends Cancelled with the one line, its lease released, and a resume goes on."""
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+
+    from actions.store import open_store
+    from flows.campaign.lease import read_lease
+    from flows.campaign.run import rlhf_campaign
+    from flows.campaign.state import load_state
+    from flows.invokers.inprocess import InProcessInvoker
+
+    invoke, trained = InProcessInvoker.invoke, []
+
+    def cancel_the_first_step(self, action, *args, **kwargs):
+        run = FlowRunContext.get().flow_run
+        if action == "train_step" and not trained and run.name:
+            trained.append(run.name)
+            _cancel(run.id)
+        return invoke(self, action, *args, **kwargs)
+
+    monkeypatch.setattr(InProcessInvoker, "invoke", cancel_the_first_step)
+    cfg = tiny_config("invoker.kind=inprocess", "run_id=cancelled_step", "steps=2")
+    state = rlhf_campaign(config=cfg.model_dump(mode="json"), return_state=True)
+    assert state.is_cancelled(), state
+    assert state.message == (f"stopped after step 1/2: its step run {trained[0]!r} was cancelled; "
+                             "resume the run to continue")
+    store = open_store(cfg.store.uri)
+    assert load_state(store, "cancelled_step").step == 1  # the cancelled step's work was kept
+    assert read_lease(store, "cancelled_step") is None
+    with get_client(sync_client=True) as client:
+        tracking, children = _child_runs(client, state.state_details.flow_run_id)
+    steps = [(t.name, children[t.id].name, children[t.id].state.type.value) for t in tracking if t.id in children]
+    # Cancelled, not Cancelling for good; the run prepared for step 2 was deleted
+    assert steps == [("rlhf-step-0", trained[0], "CANCELLED")]
+    monkeypatch.setattr(InProcessInvoker, "invoke", invoke)
+    assert rlhf_campaign(config=cfg.model_dump(mode="json"), resume=True)["steps_completed"] == 2
+
+
+def test_a_prepared_run_cancelled_before_its_call_raises_naming_it_and_its_body_never_runs(prefect_harness):
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+
+    from flows.campaign.prestart import CancelledBeforeStart
+
+    ran = []
+
+    @flow(name="prestart-cancelled-early", validate_parameters=False)
+    def child(x: int) -> int:
+        ran.append(x)
+        return x
+
+    bg = Background()
+    starter = FlowRunStarter(child, bg)
+    starter.prepare()
+    prepared = starter._next.result()
+    _cancel(prepared.id)
+    with pytest.raises(CancelledBeforeStart) as info:
+        starter.run(1)
+    assert info.value.flow_run.id == prepared.id and ran == []
+    starter.mark_cancelled(info.value.flow_run, "stopped")
+    starter.close()
+    bg.wait()
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(prepared.id).state.is_cancelled()
+
+
+def test_a_step_run_cancelled_before_it_started_ends_the_campaign_cancelled_after_the_step_before(
+        tiny_config, prefect_harness, monkeypatch):
+    from prefect.client.orchestration import get_client
+
+    from actions.store import open_store
+    from flows.campaign.run import rlhf_campaign
+    from flows.campaign.state import load_state
+
+    run, calls = prestart.FlowRunStarter.run, []
+
+    def cancel_the_second_before_it_starts(self, *args, **kwargs):
+        calls.append(self._next)
+        if len(calls) == 2:  # step 1's run, its creation started in step 0 (test_no_background_job_starts_...)
+            _cancel(self._next.result(timeout=60).id)
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(prestart.FlowRunStarter, "run", cancel_the_second_before_it_starts)
+    cfg = tiny_config("invoker.kind=inprocess", "run_id=cancelled_early", "steps=3")
+    state = rlhf_campaign(config=cfg.model_dump(mode="json"), return_state=True)
+    name = calls[1].result().name
+    assert state.is_cancelled() and state.message == (f"stopped after step 1/3: its step run {name!r} was "
+                                                      "cancelled; resume the run to continue")
+    assert load_state(open_store(cfg.store.uri), "cancelled_early").step == 1
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(calls[1].result().id).state.is_cancelled()  # not Cancelling for good

@@ -22,9 +22,20 @@ task runs is retried within milliseconds (``flows/campaign/api_client.py``). A c
 has not started when the call comes is cancelled and Prefect creates the run the usual way, so
 a creation queued behind a gated job never blocks the call that would open the gate.
 
+A call's flow run cancelled while it runs (``prefect flow-run cancel``, the UI) is not stopped:
+nothing delivers a cancel to a flow run that runs in its parent's process, and the server
+refuses the engine's Completed, so the engine ends with the run Cancelling. The call still
+returns its result; :meth:`FlowRunStarter.cancelled` then names the run (kept by an
+``on_cancellation`` hook, which the engine runs when the run enters Cancelling: no request),
+and :meth:`FlowRunStarter.mark_cancelled` ends it Cancelled.
+
 Not covered: a process killed between a creation and its call leaves one Pending flow run
 behind (the parent's run is left Running then anyway); :meth:`FlowRunStarter.close` deletes an
 unused one otherwise.
+
+A prepared run cancelled while still Pending never runs: the engine's Running is refused, and
+its call raises :class:`CancelledBeforeStart` naming the run (Prefect's own error,
+``UnfinishedRun``, would not).
 """
 
 from __future__ import annotations
@@ -37,16 +48,27 @@ from flows.campaign.api_client import RETRY_SOON
 from flows.campaign.overhead import Background
 
 
+class CancelledBeforeStart(Exception):
+    """The call's flow run was cancelled before it started (Pending, prepared ahead): its body
+    did not run. ``flow_run``: the run, Cancelling."""
+
+    def __init__(self, flow_run: Any) -> None:
+        super().__init__(f"flow run {flow_run.name!r} ({flow_run.id}) was cancelled before it started")
+        self.flow_run = flow_run
+
+
 class FlowRunStarter:
     """Runs ``flow`` as a nested flow run of the current flow run, created ahead of the call.
 
     Use inside a flow run: ``prepare()`` queues the creation of the next call's flow run,
     ``run(*args, **kwargs)`` runs the flow like ``flow(*args, **kwargs)`` (the same result
-    or exception), and ``close()`` deletes a prepared run that no call used.
+    or exception), ``cancelled()`` says whether that call's run was cancelled while it ran, and
+    ``close()`` deletes a prepared run that no call used.
     """
 
     def __init__(self, flow: Any, background: Background) -> None:
-        self.flow = flow
+        self.flow = flow.with_options(on_cancellation=[*flow.on_cancellation_hooks, self._keep_cancelled])
+        self._cancelled: Any = None  # the last call's flow run, once it entered Cancelling
         self._background = background
         self._next: Future | None = None
         self._api: Any = None  # the jobs' client, opened by the first (see _client)
@@ -61,7 +83,11 @@ class FlowRunStarter:
     def run(self, *args: Any, prepare_next: bool = False, **kwargs: Any) -> Any:
         """``flow(*args, **kwargs)`` against the prepared flow run (Prefect creates one as usual
         when none is ready); ``prepare_next``: queue the next call's creation, gated, first in
-        the queue, so it is the first job once this call's run opens the gate."""
+        the queue, so it is the first job once this call's run opens the gate.
+
+        Raises:
+            CancelledBeforeStart: the prepared run was cancelled before the call started it."""
+        from prefect.exceptions import UnfinishedRun
         from prefect.flow_engine import run_flow
         from prefect.utilities.callables import get_call_parameters
 
@@ -71,7 +97,26 @@ class FlowRunStarter:
             self.prepare(gated=True)
         if flow_run is not None:  # written once it runs (the module docstring)
             self._background.submit(self._write_parameters, flow_run.id, parameters)
-        return run_flow(flow=self.flow, flow_run=flow_run, parameters=parameters)
+        self._cancelled = None
+        try:
+            return run_flow(flow=self.flow, flow_run=flow_run, parameters=parameters)
+        except UnfinishedRun:  # Running refused: the run is Cancelling (the module docstring)
+            if self._cancelled is None:
+                raise
+            raise CancelledBeforeStart(self._cancelled) from None
+
+    def cancelled(self) -> Any:
+        """The last call's flow run if it entered Cancelling (it was cancelled while it ran: the
+        call returned its result all the same), else None."""
+        return self._cancelled
+
+    def mark_cancelled(self, flow_run: Any, message: str) -> None:
+        """Set ``flow_run`` (:meth:`cancelled`'s) Cancelled with ``message``: forced, as nothing
+        else moves a Cancelling run whose process goes on. Raises the client's error if the
+        server does not answer."""
+        from prefect.states import Cancelled
+
+        self._client().set_flow_run_state(flow_run.id, Cancelled(message=message), force=True)
 
     def close(self) -> None:
         """Delete the prepared flow run and its tracking task run if no call used them; the
@@ -84,6 +129,11 @@ class FlowRunStarter:
                 client.delete_task_run(flow_run.parent_task_run_id)
         if self._api is not None:
             self._background.submit(self._api.__exit__, None, None, None)
+
+    def _keep_cancelled(self, flow: Any, flow_run: Any, state: Any) -> None:
+        """``on_cancellation`` hook (the engine runs it in the caller's thread when the run enters
+        Cancelling): keep the run for :meth:`cancelled`."""
+        self._cancelled = flow_run
 
     def _client(self) -> Any:
         """One Prefect client for every job of this starter, opened on first use. A client per

@@ -15,15 +15,18 @@ reports (``reporting.py``).
 from __future__ import annotations
 
 import functools
+import logging
 import secrets
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from prefect import flow
+from prefect import flow, get_run_logger
+from prefect.states import Cancelled, Failed, State
 
 from actions.store import ObjectStore, open_store
+from actions.store.credentials import redact
 from flows.campaign.advance import run_one_step
 from flows.campaign.budget import budget_stop, evaluation_due, resume_stop, runs_a_step
 from flows.campaign.collect import Collector
@@ -31,11 +34,11 @@ from flows.campaign.drafts import drop_unreferenced
 from flows.campaign.earlier_ids import resumed_run_id
 from flows.campaign.holding import holding_lease
 from flows.campaign.learning_warnings import learning_warnings
-from flows.campaign.lease import RunLease
+from flows.campaign.lease import LeaseHeld, RunLease
 from flows.campaign.live_profile import finish_profiling, start_profiling
 from flows.campaign.overhead import Background, StepClock, hold_for_training, open_gate_when_running, quiet_step_flows
 from flows.campaign.preflight import check_campaign
-from flows.campaign.prestart import FlowRunStarter
+from flows.campaign.prestart import CancelledBeforeStart, FlowRunStarter
 from flows.campaign.progress_line import print_line
 from flows.campaign.reporting import Reporter, summarize
 from flows.campaign.resume_setup import observed_setup_s, record_setup
@@ -45,6 +48,7 @@ from flows.campaign.warming import PoolWarming
 from flows.config import CampaignConfig
 from flows.invokers.factory import make_invoker, pool_size
 from flows.planning.planner import Planner
+from flows.planning.record import StepRecord
 from flows.planning.retention import Retention
 from flows.step.context import RunContext, set_context
 from flows.step.flow import rlhf_step
@@ -63,13 +67,24 @@ def run_campaign(cfg: CampaignConfig, *, resume: bool = False, progress: Progres
     (``flows/campaign/preflight.py``): a config that would fail after set-up wrote the store is
     refused with the same ``ValueError`` before anything is written. Then holds the run's
     lease throughout (``flows/campaign/holding.py``); every commit and collection checks it first.
+
+    Raises:
+        ValueError: those checks' refusal, marked as one (:func:`refused_at_start`), as are
+            ``LeaseHeld`` (another process holds the run) and ``CampaignRefused`` (the run
+            exists and cannot be continued as asked).
+        StepRunCancelled: a step's own flow run was cancelled while it ran; that step is
+            committed and the campaign stops as a cancelled one does (:func:`_loop`).
     """
     started = time.time()
     store = store or open_store(cfg.store.uri)  # as the CLI: first, so a resume's checks know the run exists
     if resume and (earlier := resumed_run_id(cfg, store)) is not None:  # a run derived before (earlier_ids.py)
         cfg = cfg.model_copy(update={"run_id": earlier})
     run_id = cfg.resolved_run_id()
-    check_campaign(cfg, resumed=resume and load_state(store, run_id) is not None)
+    try:
+        check_campaign(cfg, resumed=resume and load_state(store, run_id) is not None)
+    except ValueError as exc:
+        setattr(exc, _REFUSED, True)  # a ValueError later in the run is no refusal: it keeps its traceback
+        raise
     with holding_lease(cfg, store, run_id, break_lease=break_lease, progress=progress) as lease:
         return _run_leased(cfg, store, run_id, lease, resume, progress, started)
 
@@ -204,7 +219,15 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
     and logging one it did receive would repeat it.
 
     A step's ``timing_s/commit`` is the previous step's commit and collection, which run in this
-    step's period (the step's own happen after its metrics are committed); 0 for a run's first."""
+    step's period (the step's own happen after its metrics are committed); 0 for a run's first.
+
+    A step whose own flow run was cancelled while it ran (nothing stops a subflow in its
+    parent's process) ends the campaign: that step is evaluated where due and committed as
+    any, its run set Cancelled, and ``StepRunCancelled`` unwinds the campaign as a cancel of
+    the campaign run does; one cancelled before it started stops it so, with nothing to commit.
+
+    Raises:
+        StepRunCancelled: after that step's commit (:func:`_stop_cancelled`)."""
     cfg = ctx.config
     tokens = ctx.token_table(state.prepared.tokens_key)
     clock = StepClock()
@@ -215,34 +238,25 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
     while not stop and state.step < cfg.steps:
         lease.check()
         old_drafts = state.draft_index
-        state, record = run_one_step(ctx, state, planner, tokens,
-                                     functools.partial(step_flow.run, prepare_next=state.step + 1 < cfg.steps))
+        try:
+            state, record = run_one_step(ctx, state, planner, tokens,
+                                         functools.partial(step_flow.run, prepare_next=state.step + 1 < cfg.steps))
+        except CancelledBeforeStart as before:  # the step's run, prepared ahead: nothing ran, nothing to commit
+            raise _stop_cancelled(step_flow, before.flow_run, state, reporter) from None
+        cancelled = step_flow.cancelled()  # its flow run, cancelled while it ran: this step is the last
         last = record.metrics  # the committed metrics of this step (state.steps[-1])
         last[timing_key("commit")] = commit_s
         state.stopped_reason = stop = budget_stop(cfg, state, before_evaluation=True)
-        if state.step < cfg.steps and not stop:
+        if state.step < cfg.steps and not stop and cancelled is None:
             # The next step generates with the version just trained: its workers load it
             # while this step is committed and the next step's flow run starts.
             warming.before_next_step(record.phase.num_actors, model_ref(ctx, state).model_dump(mode="json"))
         if evaluation_due(cfg, state, stop):
             state.add_evaluation(evaluate(ctx, state, clock))
         last[timing_key("period")], last[timing_key("overhead")] = clock.close_period(last[timing_key("work")])
-        lease.check()
-        t_commit = time.time()
-        state.mark_checkpoint(cfg.store.checkpoint_every)
-        wall.stamp(state)
-        commit_state(ctx.store, state)
-        commit_s = time.time() - t_commit
-        clock.add_work(commit_s)
-        quiet_api.clear()  # published once the next step's flow run is running (or at the end)
-        # Reported before the collection (seconds on S3): a stop during it leaves no committed
-        # step the trackers lack, and a resume finishes the collection (``_start``).
-        reporter.committed(state, record)
-        t_collect = time.time()
-        collect(state)  # after the commit, never before
-        drop_unreferenced(ctx.store, ctx.prefix, old_drafts, state.draft_index)
-        clock.add_work(time.time() - t_collect)
-        commit_s += time.time() - t_collect
+        commit_s = _commit(ctx, state, lease, collect, reporter, wall, clock, quiet_api, record, old_drafts)
+        if cancelled is not None:
+            raise _stop_cancelled(step_flow, cancelled, state, reporter)
     if stop:
         state.stopped_reason = stop
         reporter.progress(f"stopped after step {state.step}/{cfg.steps}: {stop}; raise the budget and resume "
@@ -250,16 +264,116 @@ def _loop(ctx: RunContext, state: CampaignState, planner: Planner, lease: RunLea
     return state
 
 
+def _commit(ctx: RunContext, state: CampaignState, lease: RunLease, collect: Collector, reporter: Reporter,
+            wall: SessionWall, clock: StepClock, quiet_api: threading.Event, record: StepRecord,
+            old_drafts: dict[str, int]) -> float:
+    """Commit the step ``record`` ran as ``state``, report it, then collect; returns the seconds
+    the commit and the collection took (the next step's ``timing_s/commit``)."""
+    lease.check()
+    t_commit = time.time()
+    state.mark_checkpoint(ctx.config.store.checkpoint_every)
+    wall.stamp(state)
+    commit_state(ctx.store, state)
+    commit_s = time.time() - t_commit
+    clock.add_work(commit_s)
+    quiet_api.clear()  # published once the next step's flow run is running (or at the end)
+    # Reported before the collection (seconds on S3): a stop during it leaves no committed
+    # step the trackers lack, and a resume finishes the collection (``_start``).
+    reporter.committed(state, record)
+    t_collect = time.time()
+    collect(state)  # after the commit, never before
+    drop_unreferenced(ctx.store, ctx.prefix, old_drafts, state.draft_index)
+    clock.add_work(time.time() - t_collect)
+    return commit_s + time.time() - t_collect
+
+
+class StepRunCancelled(Exception):
+    """A step's own flow run was cancelled while it ran; the step was committed and the
+    campaign stops (:func:`rlhf_campaign` ends its run Cancelled with this one line). An
+    ``Exception``, not a ``BaseException`` like a cancel's ``TerminationSignal``: Prefect raises
+    the end state's exception from the flow's result inside its event loop, where a
+    ``KeyboardInterrupt`` would come out as ``asyncio.CancelledError``."""
+
+
+def _stop_cancelled(step_flow: FlowRunStarter, flow_run: Any, state: CampaignState,
+                    reporter: Reporter) -> StepRunCancelled:
+    """After the commit of the step whose ``flow_run`` was cancelled (or before the step, if it
+    was cancelled before it started): end that run Cancelled
+    (it would stay Cancelling), say so in one line, and return the exception that stops the
+    campaign (raised where the loop is, so the clean-ups of a stopped campaign run: the lease
+    released, the GPU slots free, the next step's prepared flow run deleted)."""
+    line = (f"stopped after step {state.step}/{state.steps_configured}: its step run {flow_run.name!r} was "
+            f"cancelled; resume the run to continue")
+    try:
+        step_flow.mark_cancelled(flow_run, line)
+    except Exception as exc:  # noqa: BLE001 - the stop goes on; the run stays Cancelling, as said
+        reporter.progress(f"warning: step run {flow_run.name!r} ({flow_run.id}) stays Cancelling: setting it "
+                          f"Cancelled failed: {redact(str(exc))}; `prefect flow-run cancel {flow_run.id}` ends it")
+    reporter.progress(line)
+    return StepRunCancelled(line)
+
+
+_REFUSED = "rlhfless_refused_at_start"  # set on a start-up check's ValueError (run_campaign)
+_ENDED = "rlhfless_ended_in_one_line"  # set on an exception rlhf_campaign made its run's end
+
+
+def refused_at_start(exc: BaseException) -> bool:
+    """Whether ``exc`` refused the campaign before it wrote anything: a start-up check's
+    ``ValueError`` (``check_campaign``), the lease held by another process (``LeaseHeld``) or a
+    run that cannot be continued as asked (``CampaignRefused``)."""
+    return isinstance(exc, (LeaseHeld, CampaignRefused)) or getattr(exc, _REFUSED, False)
+
+
+class _EndedQuietly(logging.Filter):
+    """Drops a run logger's record of an exception :func:`rlhf_campaign` made its run's end (a
+    Failed or Cancelled state with a one-line message): the engine raises it again from the
+    run's result once the run has ended, and a deployment's engine logs it there as "Engine
+    execution exited with unexpected exception" with its traceback (30-40 lines through
+    Prefect's frames), which the UI's log tab shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not getattr(exc, _ENDED, False)
+
+
+_QUIET = _EndedQuietly()
+
+
+def _ended(exc: BaseException, state: Callable[..., State], message: str) -> State:
+    """The run's end ``state`` (``Failed``, ``Cancelled``) with ``message``, carrying ``exc``: a
+    direct call of the flow (``rlhfless train``, tests) raises it from the flow's result, as if
+    the flow had raised it, and Prefect logs no traceback of it (:class:`_EndedQuietly`)."""
+    setattr(exc, _ENDED, True)
+    logging.getLogger("prefect.flow_runs").addFilter(_QUIET)  # the engine's run loggers; once (addFilter dedups)
+    return state(message=message, data=exc)
+
+
 @flow(name="rlhf-campaign", log_prints=True)
-def rlhf_campaign(config: CampaignConfig, resume: bool = False, break_lease: bool = False) -> dict[str, Any]:
+def rlhf_campaign(config: CampaignConfig, resume: bool = False, break_lease: bool = False) -> dict[str, Any] | State:
     """Prefect entrypoint. ``config`` arrives as a dict (deployment parameters, the CLI) and is
     validated by Prefect with pydantic before the run starts: a bad value fails the run with
     ``ParameterTypeError`` naming the field (``config.algorithm.batch_size``), and a deployment
     rejects it when the run is created (the parameter schema is CampaignConfig's JSON schema).
     What pydantic cannot see (a missing dataset or model, an engine not installed, a tracker's
     package or environment, an unreachable controller) fails the run next with the ``ValueError`` that
-    ``rlhfless train`` prints, before the store is written (``run_campaign``)."""
-    return run_campaign(config, resume=resume, break_lease=break_lease)
+    ``rlhfless train`` prints, before the store is written (``run_campaign``).
+
+    Such a refusal (:func:`refused_at_start`: the checks, the lease held by another process, a
+    resume that changes what the run computes) ends the run ``Failed`` with one line as its
+    message and its one ERROR log line, ``TYPE: message`` with secrets scrubbed, and no
+    traceback in the run's log. A step run cancelled while it ran ends the run ``Cancelled``
+    after that step's commit (``StepRunCancelled``). Any other exception fails the run with
+    its traceback, as Prefect records one."""
+    try:
+        return run_campaign(config, resume=resume, break_lease=break_lease)
+    except StepRunCancelled as exc:
+        return _ended(exc, Cancelled, str(exc))
+    except ValueError as exc:
+        if not refused_at_start(exc):
+            raise
+        line = f"{type(exc).__name__}: {redact(str(exc))}"
+        get_run_logger().error(line)
+        return _ended(exc, Failed, line)
 
 
-__all__ = ["rlhf_campaign", "run_campaign", "CampaignRefused", "check_resume"]
+__all__ = ["rlhf_campaign", "run_campaign", "CampaignRefused", "StepRunCancelled", "check_resume", "refused_at_start"]

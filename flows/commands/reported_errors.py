@@ -21,13 +21,16 @@ from contextlib import contextmanager
 def reported_in_one_line(exc: BaseException) -> bool:
     """Whether ``main`` answers ``exc`` with one ``rlhfless: error:`` line (exit 2) rather
     than a traceback: bad input (``ValueError``, ``OSError``), the store's refusals, a failed
-    action, the local Prefect API or the local pool's workers that would not start."""
+    action, the local Prefect API, the local pool's workers that would not start, or a step's
+    flow run cancelled in Prefect (the campaign stopped after committing it)."""
     from actions.store import StoreError
+    from flows.campaign.run import StepRunCancelled
     from flows.commands.local_api import LocalApiError
     from flows.invokers.base import ActionError
     from flows.invokers.local_pool import PoolStartFailed
 
-    return isinstance(exc, (ValueError, OSError, StoreError, ActionError, LocalApiError, PoolStartFailed))
+    return isinstance(exc, (ValueError, OSError, StoreError, ActionError, LocalApiError, PoolStartFailed,
+                            StepRunCancelled))
 
 
 def _formatting_without_reported_tracebacks(format_record):

@@ -59,9 +59,12 @@ one: it runs forward passes of the policy and the reference (and the critic for 
 
 GPU_SLOT_LEASE_S = 60.0
 """Seconds of the server's lease on a GPU action's slots, renewed in the background while it
-runs: how long the slots of a process that is gone (a cancelled deployment run, a kill) stay
-held before the server frees them. Prefect's default, 300 s, kept a cancelled run's slots from
-the next run for five minutes."""
+runs: how long the slots of a process that died without unwinding (``kill -9``, a cancelled
+deployment run whose process outlived Prefect's 30 s grace period and was killed) stay held
+before the server frees them (within about 75 s: its sweep runs every 15 s). A cancel that
+unwinds (the worker's SIGTERM, which the flow answers within about a second) releases them at
+once. Prefect's default, 300 s, kept a killed process's slots from the next run for five
+minutes."""
 
 
 def gpu_slots(action: str, cfg: CampaignConfig) -> contextlib.AbstractContextManager:
