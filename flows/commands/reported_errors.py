@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -24,13 +25,15 @@ def reported_in_one_line(exc: BaseException) -> bool:
     action, the local Prefect API, the local pool's workers that would not start, or a step's
     flow run cancelled in Prefect (the campaign stopped after committing it)."""
     from actions.store import StoreError
-    from flows.campaign.run import StepRunCancelled
     from flows.commands.local_api import LocalApiError
     from flows.invokers.base import ActionError
     from flows.invokers.local_pool import PoolStartFailed
 
-    return isinstance(exc, (ValueError, OSError, StoreError, ActionError, LocalApiError, PoolStartFailed,
-                            StepRunCancelled))
+    # a StepRunCancelled exists only once the campaign module is loaded; importing it here would
+    # load Prefect (seconds) before any other command's error line
+    campaign = sys.modules.get("flows.campaign.run")
+    cancelled = (campaign.StepRunCancelled,) if campaign is not None else ()
+    return isinstance(exc, (ValueError, OSError, StoreError, ActionError, LocalApiError, PoolStartFailed, *cancelled))
 
 
 def _formatting_without_reported_tracebacks(format_record):

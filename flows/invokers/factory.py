@@ -80,11 +80,19 @@ def check_train_ranks(record: dict, world_size: int | None) -> None:
         ValueError: ``actions.rl.world_size.check_ranks_within_gpus``'s line.
     """
     from actions.rl.world_size import check_ranks_within_gpus
+
+    gpus = _gpus_held(record)
+    if gpus is not None:
+        check_ranks_within_gpus(world_size, gpus, "on OpenWhisk (one GPU each)")
+
+
+def _gpus_held(record: dict) -> int | None:
+    """The GPUs one container of a deployed action holds (its ``gpus`` annotation), or None
+    where it holds none (``gpus: 0``, a CPU-only cluster) or the annotation is absent."""
     from flows.invokers.openwhisk import annotations_of
 
     gpus = annotations_of(record).get("gpus")
-    if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0:
-        check_ranks_within_gpus(world_size, gpus, "on OpenWhisk (one GPU each)")
+    return gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 else None
 
 
 def check_gpus_annotation(action: str, record: dict, gpus_per_actor: int) -> None:
@@ -96,10 +104,8 @@ def check_gpus_annotation(action: str, record: dict, gpus_per_actor: int) -> Non
     Raises:
         ValueError: naming both numbers and the two ways to make them agree.
     """
-    from flows.invokers.openwhisk import annotations_of
-
-    gpus = annotations_of(record).get("gpus")
-    if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 and gpus != gpus_per_actor:
+    gpus = _gpus_held(record)
+    if gpus is not None and gpus != gpus_per_actor:
         raise ValueError(f"scaling.gpus_per_actor={gpus_per_actor}, but the deployed action {action} holds {gpus} "
                          f"GPU(s) per container (its 'gpus' annotation): billing and the GPU limit would count "
                          f"{gpus_per_actor}; set scaling.gpus_per_actor: {gpus}, or deploy the action with "
