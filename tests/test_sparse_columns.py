@@ -119,6 +119,22 @@ def test_a_batch_without_the_column_passes_it_as_none_when_scored(tmp_path):
     assert rewards.applicable == [False] * 4
 
 
+def test_a_copy_stored_before_the_fill_gives_every_row_every_column(tmp_path):
+    """A stored copy whose rows leave a sparse column out (as one stored before the fill, by a
+    run now resumed): each row read has it as None; a row's reference under ``answer`` stays
+    out of its columns (the reward functions still get it as ``answer``)."""
+    path = _jsonl(tmp_path / "d.jsonl", _records(8, range(2)))
+    data, _ = _build(tmp_path, f"data.train_path={path}", "reward.functions=[{name: 'sparse_plugin:rew'}]")
+    old = [r.model_copy(update={"columns": {k: v for k, v in r.columns.items() if v is not None}})
+           for r in data.train]
+    assert any("difficulty" not in r.columns for r in old) and any("difficulty" in r.columns for r in old)
+    stored = StoredRows(rows_to_jsonl(old), "runs/r/data/train/manifest.json")
+    read = [stored[r.prompt_id] for r in old]
+    assert all("difficulty" in r.columns for r in read)
+    assert [r.columns["difficulty"] for r in read] == [r.columns.get("difficulty") for r in data.train]
+    assert all("answer" not in r.columns for r in read if r.has_answer)
+
+
 def test_the_startup_check_accepts_a_column_some_rows_have_and_refuses_one_none_has(tmp_path):
     """The two rows the start-up check calls the plug-in on lack the column (the last four of
     the training file have it, one of the eval file's): they pass it as None."""
