@@ -6,10 +6,12 @@ A dataset key never changes once its manifest exists, so a warm hit is always va
 
 An action reads the few rows of its prompts: the rows stay JSON text, indexed by prompt id,
 and each is validated as a :class:`PromptRow` when first asked for (``prepare`` validated them
-all before storing them). Every row read has every column any row of the copy has, None where
-it lacks one: a copy stored before ``prepare`` filled a JSON Lines file's sparse columns (an
-older release's run, resumed) passes the same columns in every batch as one stored since. On a dataset of 200,000 rows that index builds in a fifth of the time
-a whole parse takes, and holds a row's text until the row is read.
+all before storing them). On a dataset of 200,000 rows that index builds in a fifth of the
+time a whole parse takes, and holds a row's text until the row is read.
+
+Every row read has every column any row of the copy has, None where it lacks one: a copy
+stored before ``prepare`` filled a JSON Lines file's sparse columns (an older release's run,
+resumed) passes the same columns in every batch as one stored since.
 """
 
 from __future__ import annotations
