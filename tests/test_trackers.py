@@ -242,6 +242,9 @@ def test_a_run_ends_in_the_trackers_as_the_campaign_ended():
     assert RunEnd.of(RuntimeError("reward function raised")) == RunEnd("FAILED", 1)
     assert RunEnd.of(KeyboardInterrupt()) == RunEnd("KILLED", 130)
     assert RunEnd.of(Terminated(143)) == RunEnd("KILLED", 143)
+    # a step run cancelled in Prefect stops the campaign on request: not a failure
+    from flows.campaign.run import StepRunCancelled
+    assert RunEnd.of(StepRunCancelled("stopped after step 2/4: its step run 'x' was cancelled")) == RunEnd("KILLED", 2)
 
 
 @pytest.mark.parametrize("raised, end", [(RuntimeError("action score failed"), ("FAILED", 1)),

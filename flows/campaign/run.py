@@ -44,6 +44,7 @@ from flows.campaign.reporting import Reporter, summarize
 from flows.campaign.resume_setup import observed_setup_s, record_setup
 from flows.campaign.setup import add_setup_spend, evaluate, model_ref, set_up
 from flows.campaign.state import CampaignRefused, CampaignState, check_resume, commit_state, load_state
+from flows.campaign.trackers import StopRequested
 from flows.campaign.warming import PoolWarming
 from flows.config import CampaignConfig
 from flows.invokers.factory import make_invoker, pool_size
@@ -287,9 +288,10 @@ def _commit(ctx: RunContext, state: CampaignState, lease: RunLease, collect: Col
     return commit_s + time.time() - t_collect
 
 
-class StepRunCancelled(Exception):
+class StepRunCancelled(StopRequested):
     """A step's own flow run was cancelled while it ran; the step was committed and the
-    campaign stops (:func:`rlhf_campaign` ends its run Cancelled with this one line). An
+    campaign stops (:func:`rlhf_campaign` ends its run Cancelled with this one line; trackers
+    record it KILLED, not FAILED). An
     ``Exception``, not a ``BaseException`` like a cancel's ``TerminationSignal``: Prefect raises
     the end state's exception from the flow's result inside its event loop, where a
     ``KeyboardInterrupt`` would come out as ``asyncio.CancelledError``."""

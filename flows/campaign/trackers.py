@@ -92,6 +92,11 @@ def evals_at(step: int, evals: Sequence[EvalRecord]) -> list[tuple[int, dict[str
     return [(ev.step, ev.scalars()) for ev in evals if ev.step == step or (step == 1 and ev.step == 0)]
 
 
+class StopRequested(Exception):
+    """A campaign that stopped because its operator asked, not because something failed (a
+    step's flow run cancelled in Prefect): trackers record it ``KILLED``, as a Ctrl-C."""
+
+
 @dataclass(frozen=True)
 class RunEnd:
     """How the campaign ended, as trackers record it: MLflow's run status (``FINISHED``,
@@ -104,13 +109,16 @@ class RunEnd:
     def of(cls, exc: BaseException | None) -> RunEnd:
         """The end of a campaign that raised ``exc`` (None: it returned). Ctrl-C and SIGTERM
         (``SystemExit``: the CLI's ``Terminated``) stop it, with the status a shell reports
-        (130, 143); any other exception fails it."""
+        (130, 143); so does a :class:`StopRequested` (a step run cancelled in Prefect: the exit
+        status the CLI gives its one line, 2); any other exception fails it."""
         if exc is None:
             return cls("FINISHED", 0)
         if isinstance(exc, KeyboardInterrupt):
             return cls("KILLED", 130)
         if isinstance(exc, SystemExit):
             return cls("KILLED", exc.code if isinstance(exc.code, int) and exc.code else 1)
+        if isinstance(exc, StopRequested):
+            return cls("KILLED", 2)
         return cls("FAILED", 1)
 
 
