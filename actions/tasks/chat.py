@@ -84,11 +84,6 @@ def has_chat_prompts(rows: Sequence[PromptRow]) -> bool:
     return any(isinstance(r.source_prompt, list) for r in rows)
 
 
-def needs_tokenizer(rows: Sequence[PromptRow], mode: ChatMode) -> bool:
-    """Whether formatting must look at the tokenizer (raw text needs none)."""
-    return mode is not False and (mode is True or has_chat_prompts(rows) or mode == "auto")
-
-
 def uses_template(tokenizer: Any, mode: ChatMode, model_name: str) -> bool:
     """Resolve ``mode`` against a tokenizer: whether its template is used (under ``messages``,
     for chat-message prompts only). Raises ValueError when ``true`` cannot be met."""
