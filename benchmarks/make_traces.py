@@ -5,8 +5,8 @@ trace of that format, so this writes four more with other shapes, seeded and rep
 
 - ``lognormal``: long-tailed lengths (median 350 tokens, sigma 0.8), few at the cap;
 - ``bimodal``: 70% short answers (~150 tokens) and 30% long ones (~1,200 tokens);
-- ``capheavy``: long answers (median 1,100 tokens, sigma 0.7): about 30% of groups run to the
-  2,048-token cap;
+- ``capheavy``: long answers (median 1,100 tokens, sigma 0.7): about 24% of groups run to the
+  2,048-token cap (seed 0; the script prints each trace's share);
 - ``uniform``: group means spread evenly over 60-1,500 tokens.
 
 Every trace has the shared traces' layout: 512 prompts, 3 epochs of 4 steps of 128 prompts

@@ -224,8 +224,9 @@ def test_cli_json_shape(tmp_path, capsys):
     assert report["policies"]["static:3"]["generation"]["time_s"] >= floor["serverful_time_s"]
     assert report["policies"]["rlhfless"]["generation"]["time_s"] >= floor["serverless_time_s"]
     summary = report["policies"]["rlhfless"]
-    assert set(summary) == {"total_time_s", "total_gpu_seconds", "total_gpu_seconds_with_learner", "mean_idle_fraction",
-                            "planning_ms_p50", "planning_ms_max", "steps", "generation", "fidelity"}
+    assert set(summary) == {"total_time_s", "actor_gpu_seconds", "total_gpu_seconds", "total_gpu_seconds_with_learner",
+                            "mean_idle_fraction", "planning_ms_p50", "planning_ms_max", "steps", "generation",
+                            "fidelity"}
     assert [set(s) for s in summary["steps"]] == [{"step", "n_actors", "time_s", "gpu_seconds",
                                                    "gen_time_s", "predicted_time_s"}] * 2
     # the whole step (the learner after generation) is longer than its generation phase

@@ -78,7 +78,8 @@ def _add_planner(parser: argparse.ArgumentParser) -> None:
                         help="how the planner picks a plan (flows/planning/objective.py; default %(default)s)")
     parser.add_argument("--value-of-time", type=float, default=None, metavar="V",
                         help="objective value: GPU-seconds one second of phase time is worth "
-                             "(price 1 per GPU-s); default: the learner node's GPUs, which wait")
+                             "(price 1 per GPU-s); default: the learner's GPUs, which wait for it "
+                             "(--learner-gpus, one node's unless given)")
     parser.add_argument("--time-slack", type=float, default=0.05,
                         help="objective slack: cheapest plan within (1 + S) x the fastest (default %(default)s)")
     parser.add_argument("--budget-actors", type=int, default=3, metavar="K",
@@ -263,7 +264,7 @@ def format_table(runs: dict[str, PolicyRun], whole_step: bool = False, model: Cl
         """Time (s), GPU-s, the mean idle fraction and the GPU-s with the learner's (0 for the
         generation phases) of the steps or of their generation phases."""
         if whole_step:
-            return (s["total_time_s"], s["total_gpu_seconds"], s["mean_idle_fraction"],
+            return (s["total_time_s"], s["actor_gpu_seconds"], s["mean_idle_fraction"],
                     s["total_gpu_seconds_with_learner"])
         gen = s["generation"]
         return gen["time_s"], gen["gpu_seconds"], gen["mean_idle_fraction"], 0.0
@@ -277,10 +278,10 @@ def format_table(runs: dict[str, PolicyRun], whole_step: bool = False, model: Cl
     for name, s in summaries.items():
         time_s, gpu_s, idle, total = totals(s)
         # no baseline, no ratio: a dash rather than nan
-        ratios = f"{base[0] / time_s:>7.2f}x {1 - gpu_s / base[1]:>9.1%}" if base else f"{'-':>8} {'-':>9}"
+        ratios = f"{base[0] / time_s:>7.2f}x {_cut(gpu_s, base[1]):>9.1%}" if base else f"{'-':>8} {'-':>9}"
         mean_n = sum(x["n_actors"] for x in s["steps"]) / len(s["steps"])
         fid = s["fidelity"]
-        tail = (f" {total:>11.1f} " + (f"{1 - total / base[3]:>9.1%}" if base else f"{'-':>9}") if whole_step
+        tail = (f" {total:>11.1f} " + (f"{_cut(total, base[3]):>9.1%}" if base else f"{'-':>9}") if whole_step
                 else f" {fid['median_abs_error']:>9.1%}/{fid['p90_abs_error']:<6.1%}")
         lines.append(f"{name:<12} {time_s:>9.1f} {gpu_s:>11.1f} {ratios} "
                      f"{idle:>6.2f} {s['planning_ms_p50']:>11.2f} {mean_n:>7.1f}" + tail)
@@ -290,6 +291,20 @@ def format_table(runs: dict[str, PolicyRun], whole_step: bool = False, model: Cl
     if whole_step and model is not None:
         lines += whole_step_notes(summaries, base_name, model)
     return "\n".join(lines)
+
+
+def _cut(value: float, base: float) -> float:
+    """The fraction ``value`` saves against ``base`` (1 - value / base), 0 where it is under
+    the table's 0.05% resolution: a round-off difference would print as "-0.0%"."""
+    saved = 1.0 - value / base
+    return 0.0 if abs(saved) < 5e-4 else saved
+
+
+def _product(count: int, seconds: float, total: float) -> str:
+    """``count x seconds s = total GPU-s`` with ``seconds`` given to as many decimals as the
+    product needs to read right at one decimal (8 x 0.41 s = 3.3, not 8 x 0.4 s = 3.3)."""
+    digits = next((d for d in range(1, 7) if f"{count * float(f'{seconds:.{d}f}'):.1f}" == f"{total:.1f}"), 6)
+    return f"{count} x {seconds:.{digits}f} s = {total:.1f} GPU-s"
 
 
 def whole_step_notes(summaries: dict[str, dict], base_name: str | None, model: ClusterModel) -> list[str]:
@@ -307,7 +322,7 @@ def whole_step_notes(summaries: dict[str, dict], base_name: str | None, model: C
     shares = ", ".join(f"{name} {s['total_gpu_seconds_with_learner'] / hybrid:.2f}x"
                        for name, s in summaries.items() if name != base_name)
     return lines + [f"(against {base_name} as a hybrid engine, its actors on the learner's GPUs, its total is the "
-                    f"learner's alone: {gpus} x {summaries[base_name]['total_time_s']:.1f} s = {hybrid:.1f} GPU-s; "
+                    f"learner's alone: {_product(gpus, summaries[base_name]['total_time_s'], hybrid)}; "
                     f"total_gpu_s against that: {shares or 'no other policy'})"]
 
 
@@ -386,7 +401,7 @@ def frontier(steps: list, model: ClusterModel, max_new_tokens: int | None = None
                      "gen_time": ours["generation"]["time_s"] / base["generation"]["time_s"],
                      "gen_gpu_seconds": ours["generation"]["gpu_seconds"] / base["generation"]["gpu_seconds"],
                      "step_time": ours["total_time_s"] / base["total_time_s"],
-                     "step_gpu_seconds": ours["total_gpu_seconds"] / base["total_gpu_seconds"],
+                     "step_gpu_seconds": ours["actor_gpu_seconds"] / base["actor_gpu_seconds"],
                      "step_gpu_seconds_with_learner": (ours["total_gpu_seconds_with_learner"]
                                                        / base["total_gpu_seconds_with_learner"]),
                      "mean_n": sum(runs["rlhfless"].planned) / len(runs["rlhfless"].planned)})

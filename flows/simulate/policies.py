@@ -6,8 +6,9 @@
 - ``static:N`` (VERL-like serverful baseline, paper default N = 3): N actors, contiguous
   slices of the batch in the given order, each prefills its own prompts once (vLLM parallel
   sampling shares a prompt across its n samples) and decodes, with no weight transfer and no
-  cold start; every actor is held for the whole phase: GPU-s = N * GPUs * phase time. Where
-  its actors live matters only to the whole step (``ClusterModel.learner_tokens_per_s``),
+  cold start; every actor is held for the whole phase, one given no prompts (a step of fewer
+  than N) idle: GPU-s = N * GPUs * phase time. Where its actors live matters only to the
+  whole step (``ClusterModel.learner_tokens_per_s``),
   which models the standalone placement (paper §4.9): the N actors hold GPUs of their own,
   billed through the learner's phases too, and the weight sync to them after each step is not
   charged (it favours the baseline). A hybrid engine instead runs them on the learner's GPUs:
@@ -111,7 +112,9 @@ class ClusterModel:
     prewarm_idle_s: float = 0.0
     lam: float = 0.7
     objective: str = "budget"
-    value_of_time_usd_per_s: float | None = None  # None: the prefill GPUs' price (scaling.py)
+    value_of_time_usd_per_s: float | None = None
+    """Objective ``value``: GPU-s one second of phase time is worth; None: the price of the
+    learner's GPUs, which wait for the phase (``value_of_time``)."""
     time_slack: float = 0.05
     budget_actors: int = 3  # objective budget: the held fixed allocation bounding the bill
     tail_error_steps: int = 2
@@ -164,13 +167,24 @@ class ClusterModel:
         """``learner_gpus``, or one node's GPUs where it is None."""
         return self.learner_gpus if self.learner_gpus is not None else self.gpus_per_node
 
+    @property
+    def value_of_time(self) -> float:
+        """``value_of_time_usd_per_s``, or where it is None the price of the learner's GPUs
+        (``num_learner_gpus`` x the cluster's price per GPU-s), as the live planner prices the
+        GPUs that wait for the phase (``scaling.default_value_of_time``). Passed to the planner
+        resolved, since its own default counts the prefill actor's GPUs (one node here), not
+        ``learner_gpus``."""
+        if self.value_of_time_usd_per_s is not None:
+            return self.value_of_time_usd_per_s
+        return self.num_learner_gpus * self.cluster_spec().price_per_gpu_second
+
     def planner_settings(self, policy: Policy, tail_error: MeasuredError | None = None) -> PlannerSettings:
         """What the planner is told under ``policy`` (the live hook builds the same object), with
         the predictor's measured error where there is one."""
         return PlannerSettings(policy=policy.scaling, n_min=self.n_min, n_max=self.n_max, lam=self.lam,
                                assignment=policy.assignment, profile=self.profile, cluster=self.cluster_spec(),
                                cut_threshold=self.cut_threshold_of(policy), rank_slack=self.rank_slack,
-                               objective=self.objective, value_of_time_usd_per_s=self.value_of_time_usd_per_s,
+                               objective=self.objective, value_of_time_usd_per_s=self.value_of_time,
                                time_slack=self.time_slack, budget_actors=self.budget_actors,
                                tail_error=tail_error)
 
@@ -211,10 +225,20 @@ def serverful_ready_s(prompt_tokens: float, profile: TpotProfile) -> float:
     return prompt_tokens / profile.prefill_tokens_per_s
 
 
+def held_actors(policy: Policy, plan: GenerationPlan) -> int:
+    """Actors ``policy`` holds for ``plan``'s phase: a serverful ``static:N`` holds its N
+    whether or not each has prompts (the planner caps a fixed N at the step's prompt count,
+    ``scaling._actor_range``); any other policy, the plan's."""
+    if policy.serverful and policy.scaling.num_actors is not None:
+        return max(plan.num_actors, policy.scaling.num_actors)
+    return plan.num_actors
+
+
 def build_actors(policy: Policy, plan: GenerationPlan, samples: Mapping[int, list[Sample]],
                  prompt_lengths: Mapping[int, int], model: ClusterModel,
                  predicted: Mapping[int, float] | None = None) -> tuple[list[ActorSpec], float]:
-    """Actor start-ups for ``plan`` and the GPU-s billed outside the decode actors.
+    """Actor start-ups for ``plan`` and the GPU-s billed outside the decode actors. A
+    serverful policy's specs are its ``held_actors``: the plan's, then idle ones, with no samples.
 
     With ``predicted`` (prompt id -> length the plan was made with) and a cutting policy, only
     the actors ``migrate.plan_cut_points`` gives a cut point can be cut, as in the live flow
@@ -226,7 +250,10 @@ def build_actors(policy: Policy, plan: GenerationPlan, samples: Mapping[int, lis
             ready = serverful_ready_s(sum(prompt_lengths[p] for p in pids), model.profile)
             specs.append(ActorSpec(tuple(s for p in pids for s in samples[p]), 0.0, ready,
                                    holds_until_end=True))
-        return specs, 0.0
+        # the planner gives a step of fewer prompts than N fewer actors; the allocation still
+        # holds all N, so the rest are held idle and billed for the phase
+        idle = held_actors(policy, plan) - len(specs)
+        return specs + [ActorSpec((), 0.0, 0.0, holds_until_end=True)] * idle, 0.0
     cluster = model.cluster_spec()
     all_tokens = sum(prompt_lengths[p] for pids in plan.assignments for p in pids)
     prefill_s = prefill_seconds(all_tokens, model.profile, cluster)

@@ -4,9 +4,12 @@ Trace format (JSONL, UTF-8, one line per prompt per step): ``epoch, step, prompt
 prompt_len, answer_len, response_lens`` (one length per sample), and optionally
 ``max_new_tokens``: the generation cap the trace was made with (the same on every line that
 has it). Every value is a JSON integer (not a boolean): ids, epochs and steps >= 0, a prompt of
-at least one token, token counts up to ``MAX_TOKENS``. Steps run in file
-order; a step's prompts keep their file order (the "given order" of contiguous / round-robin
-assignment).
+at least one token, token counts up to ``MAX_TOKENS``, and a group of at least one token
+(``response_lens`` not all 0). Lines come in (epoch, step) order, as a campaign writes them:
+a line of an earlier step after a later one is refused (the planner predicts each step from
+the epochs before it, so a reversed trace would predict from the future), and steps run in
+that order; a step's prompts keep their file order (the "given order" of contiguous /
+round-robin assignment).
 
 Per step: predictions come from a ``LengthHistory`` of earlier epochs (the reference answer
 length where a prompt has none, i.e. in epoch 0, or a fit learned from the prompts seen so far:
@@ -45,6 +48,7 @@ from flows.simulate.policies import (
     ClusterModel,
     Policy,
     build_actors,
+    held_actors,
     learner_node_gpu_seconds,
     make_plan,
     parse_policy,
@@ -83,7 +87,7 @@ def _count(value: object) -> bool:
 
 def _parse_line(text: str, where: str) -> tuple[int, int, PromptRow, int | None]:
     """One trace line; ValueError starting with ``where`` (path:line) naming the field, the
-    value and the range it must be in."""
+    value and the range it must be in (``response_lens`` also: not every sample 0 tokens)."""
     try:
         row = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -105,6 +109,9 @@ def _parse_line(text: str, where: str) -> tuple[int, int, PromptRow, int | None]
     if not lens or not all(_count(x) and 0 <= x <= MAX_TOKENS for x in lens):
         raise ValueError(f"{where}: response_lens={_short(lens)}: must be a non-empty list of integers in "
                          f"[0, {MAX_TOKENS}] (tokens per sample)")
+    if not any(lens):  # no decode work: a step of such groups is a 0 s phase its ratios divide by
+        raise ValueError(f"{where}: response_lens={_short(lens)}: every sample 0 tokens, a group that "
+                         "generated nothing; give each sample's generated tokens, or drop the line")
     cap = row.get("max_new_tokens")
     if cap is not None and not (_count(cap) and 1 <= cap <= MAX_TOKENS):
         raise ValueError(f"{where}: max_new_tokens={_short(cap)}: must be an integer in [1, {MAX_TOKENS}] "
@@ -124,9 +131,11 @@ def _short(value: object) -> str:
 def read_trace(path: str | Path) -> list[TraceStep]:
     """Steps of a JSONL trace (UTF-8), each carrying the trace's generation cap where it states
     one; ValueError with the path and line number on a malformed line (``_parse_line``: JSON,
-    field types and ranges), a second, different cap or a prompt twice in one step."""
+    field types and ranges), a second, different cap, a prompt twice in one step or a line of
+    an earlier (epoch, step) after a later one (module docstring)."""
     steps: dict[tuple[int, int], list[PromptRow]] = {}
     cap: int | None = None
+    latest: tuple[int, int] | None = None
     with open(path, "rb") as fh:
         for number, raw in enumerate(fh, start=1):
             try:
@@ -140,6 +149,11 @@ def read_trace(path: str | Path) -> list[TraceStep]:
             if line_cap is not None and cap not in (None, line_cap):
                 raise ValueError(f"{path}:{number}: max_new_tokens={line_cap}, but an earlier line says {cap}")
             cap = line_cap if line_cap is not None else cap
+            if latest is not None and (epoch, step) < latest:
+                raise ValueError(f"{path}:{number}: epoch {epoch}, step {step} comes after epoch {latest[0]}, "
+                                 f"step {latest[1]}; steps replay in file order, each predicted from the "
+                                 "epochs before it: sort the trace by epoch, step")
+            latest = (epoch, step)
             rows = steps.setdefault((epoch, step), [])
             if any(r.prompt_id == row.prompt_id for r in rows):
                 raise ValueError(f"{path}:{number}: prompt {row.prompt_id} twice in step {step}")
@@ -157,7 +171,9 @@ class StepRecord:
     a serverful policy's actors held idle through the learner's phases), ``gpu_seconds`` being
     the policy's actors' alone; ``learner_gpu_seconds``: the learner's GPUs x ``time_s``, less
     what the policy's actors billed on them (counted once, in ``gpu_seconds``); ``gen_*``: the
-    generation phase alone; ``predicted_*``: what the planner estimated for that phase."""
+    generation phase alone; ``predicted_*``: what the planner estimated for that phase;
+    ``n_actors``: the actors the policy held (``policies.held_actors``: static:N's N, idle ones
+    included)."""
 
     step: int
     n_actors: int
@@ -190,15 +206,19 @@ class PolicyRun:
     """The plan of every step, in order."""
 
     def summary(self) -> dict:
-        """Totals of the modelled steps (``total_*``; ``total_gpu_seconds``: the policy's
-        actors, ``total_gpu_seconds_with_learner``: with the learner's GPUs held through every
-        step, ``StepRecord``) and of their generation phases alone (``generation``);
+        """Totals of the modelled steps (``total_*``; ``actor_gpu_seconds``: the policy's
+        actors, the text table's ``actor_gpu_s``, also under its older name
+        ``total_gpu_seconds``; ``total_gpu_seconds_with_learner``: with the learner's GPUs held
+        through every step, the table's ``total_gpu_s``, ``StepRecord``) and of their
+        generation phases alone (``generation``);
         ``fidelity``: the planner's predicted against the replayed phase time, as absolute
         relative errors over the steps (median and 90th percentile)."""
         ms = [s.planning_ms for s in self.steps]
         errors = sorted(abs(s.time_error) for s in self.steps)
+        actors = sum(s.gpu_seconds for s in self.steps)
         return {"total_time_s": sum(s.time_s for s in self.steps),
-                "total_gpu_seconds": sum(s.gpu_seconds for s in self.steps),
+                "actor_gpu_seconds": actors,
+                "total_gpu_seconds": actors,  # the older name of actor_gpu_seconds, kept for readers of it
                 "total_gpu_seconds_with_learner": sum(s.gpu_seconds + s.learner_gpu_seconds for s in self.steps),
                 "generation": {"time_s": sum(s.gen_time_s for s in self.steps),
                                "gpu_seconds": sum(s.gen_gpu_seconds for s in self.steps),
@@ -269,7 +289,7 @@ def execute_step(policy: Policy, step: TraceStep, plan: GenerationPlan, predicte
         tokens = sum(r.prompt_len * len(r.response_lens) + sum(r.response_lens) for r in step.prompts)
         learn = tokens / model.learner_tokens_per_s
         # standalone static:N: its actors' own GPUs, held idle while the learner works
-        held = plan.num_actors * model.gpus_per_actor * learn if policy.serverful else 0.0
+        held = held_actors(policy, plan) * model.gpus_per_actor * learn if policy.serverful else 0.0
     # what a policy bills on the learner node is within the learner's hold where that covers the
     # node: counted once, in the policy's GPU-s; a smaller learner leaves it on top (an upper bound)
     shared = (learner_node_gpu_seconds(policy, plan, specs, gen.release_s, prompt_lengths, model)
@@ -317,7 +337,7 @@ def replay(steps: list[TraceStep], policy_names: list[str], model: ClusterModel,
             result, gen, plan, _ = execute_step(policy, step, phase.plan, phase.predicted, model, pool)
             planner.observe(observed)
             run.planned.append(plan.num_actors)
-            run.steps.append(StepRecord(step.step, plan.num_actors, result.time_s, result.gpu_seconds,
+            run.steps.append(StepRecord(step.step, held_actors(policy, plan), result.time_s, result.gpu_seconds,
                                         result.idle_fraction, plan.planning_ms, 1.0 if policy.oracle else corr,
                                         result.num_cut, result.num_migrated, gen.time_s, gen.gpu_seconds,
                                         plan.predicted_time_s, plan.predicted_gpu_seconds, gen.idle_fraction,
