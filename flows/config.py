@@ -52,7 +52,8 @@ class ScalingConfig(_Section):
     cost."""
     value_of_time_usd_per_s: float | None = Field(None, ge=0, allow_inf_nan=False)
     """Dollars one second of generation-phase time is worth to the operator. None: the price
-    of the GPUs that wait for the phase (the learner's, ``price_per_gpu_second`` x their count)."""
+    of the GPUs that wait for the phase (the learner's, ``price_per_gpu_second`` x their count:
+    ``gpus_per_actor``, as the train action holds one actor's GPUs)."""
     time_slack: float = Field(0.05, ge=0, le=10)
     """``objective: slack``: accepted time above the fastest candidate's, as a fraction."""
     budget_actors: int = Field(3, ge=1)
