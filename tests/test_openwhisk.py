@@ -178,7 +178,7 @@ def test_connection_retries_are_counted_against_their_own_budget(caplog):
     with caplog.at_level(logging.WARNING), OpenWhiskClient(config, retry=policy) as client:
         with pytest.raises(OpenWhiskUnreachable):
             client.get_action("rlhfless/generate")
-    retries = [r.getMessage() for r in caplog.records if "connection failed; retry" in r.getMessage()]
+    retries = [r.getMessage() for r in caplog.records if "connection to http://127.0.0.1:9 failed; retry" in r.getMessage()]
     assert [m.split("retry ")[1].split(" ")[0] for m in retries] == ["1/2", "2/2"], retries
 
 

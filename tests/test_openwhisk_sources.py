@@ -105,7 +105,7 @@ def test_a_block_behind_an_unreachable_prefect_api_names_prefect_api_url():
                             "WSK_APIHOST and WSK_AUTH") and "\n" not in message
 
 
-def test_a_block_the_server_does_not_hold_keeps_its_own_reason(monkeypatch):
+def test_a_block_the_server_does_not_hold_keeps_its_own_reason_and_names_the_fix(monkeypatch):
     import prefect.blocks.system as system
 
     def missing(name):
@@ -114,5 +114,8 @@ def test_a_block_the_server_does_not_hold_keeps_its_own_reason(monkeypatch):
     monkeypatch.setattr(system.Secret, "load", staticmethod(missing))
     with pytest.raises(ValueError) as info:
         OpenWhiskConfig.resolve(secret_block="ow-conn", env={})
-    assert str(info.value) == ("cannot load the Prefect Secret block 'ow-conn': Unable to find block document named "
-                               "ow-conn for block type secret")
+    message = str(info.value)
+    assert message.startswith("cannot load the Prefect Secret block 'ow-conn': Unable to find block document named "
+                              "ow-conn for block type secret; the Prefect API at PREFECT_API_URL")
+    assert "holds no Secret block of that name: check the name" in message and ".save('ow-conn')" in message
+    assert "\n" not in message

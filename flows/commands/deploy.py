@@ -8,19 +8,22 @@ The manifest is declarative: one package, and per action its runtime image, memo
 time limit, per-container concurrency, log size, annotations and default parameters. A
 top-level ``env`` block is bound to every action as *init* parameters, which OpenWhisk hands to
 ``/init`` only and the runtime server exports as environment variables (S3 endpoint and keys:
-credentials never travel in activation payloads). ``${VAR}`` and ``${VAR:-default}`` in ``env``
-are read from the deploying shell.
+credentials never travel in activation payloads). ``${VAR}``, ``${VAR:-default}`` and
+``${VAR-default}`` in ``env`` are read from the deploying shell; any other ``$`` is refused.
 
 Action names must be ones the runtime image dispatches to (``ACTION_NAMES`` in
-``actions/runtime/server.py``); ``env`` values must be strings (quote ``off``, ``yes``, ``4``:
-YAML reads them as booleans and numbers).
+``actions/runtime/server.py``); ``env`` keys must be environment variable names and its values
+strings (quote ``off``, ``yes``, ``4``: YAML reads them as booleans and numbers).
 
 Deploying is idempotent: each action's desired ``ActionPut`` is compared with what the
 controller has (image, limits, annotations, parameters; the controller's own ``exec`` and
 ``provide-api-key`` annotations are ignored), and only changed actions are PUT with
 ``overwrite=true``. A second deploy of the same manifest changes nothing. OpenWhisk merges the
 annotations of an update into the stored ones, so an annotation that left the manifest is
-named in ``delAnnotations``, which removes it.
+named in ``delAnnotations``, which removes it. It also answers an action with its package's
+parameters merged in, so those are not compared as the action's (``own_parameters``). The
+package is only ever created: parameters an operator binds to it (``wsk package update -p``)
+stay, and reach every action that does not set the key itself.
 
 Before any PUT, every changed action's limits are checked against the namespace's
 (``GET /namespaces/{ns}/limits``, where the controller serves it; ``deploy_limits.py``), and a
@@ -45,20 +48,26 @@ from typing import Any, Literal
 from actions.store.credentials import redact
 from flows.commands.deploy_limits import limit_problems
 from flows.commands.deploy_manifest import (
+    ENV_REF,
     ActionSpec,
     DeploymentManifest,
     ManifestError,
+    env_reference_problem,
     load_manifest,
     with_registry,
 )
 from flows.invokers.base import ActionError
-from flows.invokers.openwhisk import OpenWhiskClient, OpenWhiskConfig, OpenWhiskError, OpenWhiskNotFound
+from flows.invokers.openwhisk import OpenWhiskClient, OpenWhiskConfig, OpenWhiskError, OpenWhiskNotFound, RetryPolicy
 from flows.invokers.openwhisk.config import credentials_configured
 
 #: Annotations the controller adds by itself; compared only when the manifest sets them.
 SYSTEM_ANNOTATIONS = frozenset({"exec", "provide-api-key"})
 LIMITS_HINT = "the operator must raise whisk.limits.actions.* (see infra/openwhisk/values-gpu.yaml)"
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?)-([^}]*))?\}")
+DEPLOY_RETRY = RetryPolicy(max_attempts=4, request_timeout_s=12.0, backoff_max_s=4.0, retry_after_max_s=10.0)
+"""The bounds of ``rlhfless deploy``'s requests: someone waits at the terminal, so a controller
+that accepts connections but never answers is given up on within a minute (4 reads of 12 s,
+under 4 s of backoff between them), not after the invoker's 8 x 30 s; a 429's ``Retry-After``
+is honoured up to 10 s. A refused connection gets ``connect_attempts`` tries, as anywhere."""
 
 
 class DeployError(RuntimeError):
@@ -87,7 +96,15 @@ def expand_env(values: Mapping[str, str], environ: Mapping[str, str]) -> tuple[d
     ``${VAR}`` must be set and not empty: an empty binding (an exported but empty
     ``AWS_SECRET_ACCESS_KEY``) would reach every action and fail there, so it counts as unset
     (``${VAR-}`` binds an empty value on purpose). Returns (values, names of the VARs unset or
-    empty that have no default)."""
+    empty that have no default). A variable's value is bound as it is, ``$`` included.
+
+    Raises:
+        ManifestError: a value holds a ``$`` none of these forms consumes (``$VAR``,
+            ``${VAR:=default}``, a nested reference), naming the key, the value and the forms.
+    """
+    problems = [p for key, value in values.items() if (p := env_reference_problem(key, value))]
+    if problems:
+        raise ManifestError("env " + "; ".join(problems))
     missing: list[str] = []
 
     def sub(match: re.Match[str]) -> str:
@@ -100,7 +117,7 @@ def expand_env(values: Mapping[str, str], environ: Mapping[str, str]) -> tuple[d
         missing.append(name)
         return f"<unset ${name}>"
 
-    return {key: _ENV_REF.sub(sub, value) for key, value in values.items()}, missing
+    return {key: ENV_REF.sub(sub, value) for key, value in values.items()}, missing
 
 
 def action_body(spec: ActionSpec, env: Mapping[str, str]) -> dict[str, Any]:
@@ -115,8 +132,11 @@ def action_body(spec: ActionSpec, env: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
-def diff_action(desired: Mapping[str, Any], existing: Mapping[str, Any]) -> list[str]:
-    """Names of the fields where the stored action differs from the desired ``ActionPut``."""
+def diff_action(desired: Mapping[str, Any], existing: Mapping[str, Any], inherited: Any = ()) -> list[str]:
+    """Names of the fields where the stored action differs from the desired ``ActionPut``.
+
+    ``inherited``: the package's parameters (a ``KeyValue`` list), which the controller's GET
+    merges under the action's own; only the action's own are compared (:func:`own_parameters`)."""
     changed = []
     exec_now = existing.get("exec") or {}
     if exec_now.get("kind") != "blackbox" or exec_now.get("image") != desired["exec"]["image"]:
@@ -127,9 +147,24 @@ def diff_action(desired: Mapping[str, Any], existing: Mapping[str, Any]) -> list
     have_ann = {k: v for k, v in _kv(existing.get("annotations")).items() if k not in SYSTEM_ANNOTATIONS or k in want_ann}
     if have_ann != want_ann:
         changed.append("annotations")
-    if _params(existing.get("parameters")) != _params(desired["parameters"]):
+    want = _params(desired["parameters"])
+    if own_parameters(_params(existing.get("parameters")), _params(inherited), want) != want:
         changed.append("parameters")
     return changed
+
+
+def own_parameters(merged: Mapping[str, tuple[Any, bool]], inherited: Mapping[str, tuple[Any, bool]],
+                   wanted: Mapping[str, tuple[Any, bool]]) -> dict[str, tuple[Any, bool]]:
+    """The action's own parameters, as far as the merged GET tells them: OpenWhisk answers a
+    packaged action with the package's parameters under its own (``WhiskAction.
+    resolveActionAndMergeParameters``: the action's value wins on a shared key), so a stored
+    parameter equal (value and ``init``) to the package's is taken as inherited and dropped,
+    unless the manifest sets that key. Then it counts as the action's: the GET cannot tell an
+    own parameter equal to the package's from an inherited one, and the action runs with that
+    value either way. Should the package's binding change later, the GET shows the difference
+    and the next deploy PUTs the action's own value. Likewise an own parameter that left the
+    manifest but equals the package's stays until the package's value changes."""
+    return {k: v for k, v in merged.items() if k in wanted or inherited.get(k) != v}
 
 
 def stale_annotations(desired: Mapping[str, Any], existing: Mapping[str, Any]) -> list[str]:
@@ -172,8 +207,10 @@ def plan_deploy(
     package_exists: bool = True,
     environ: Mapping[str, str] | None = None,
     allow_unset_env: bool = False,
+    inherited: Any = (),
 ) -> list[Change]:
-    """Compare the manifest with the stored actions (``existing``: action name -> record).
+    """Compare the manifest with the stored actions (``existing``: action name -> record, as the
+    controller's GET answers it; ``inherited``: the package's parameters, merged into those).
 
     Pure: no network. ``environ`` feeds ``${VAR}`` in ``env`` (default: this process's).
 
@@ -193,7 +230,7 @@ def plan_deploy(
         if record is None:
             changes.append(Change("action", qualified, "create", body=body))
             continue
-        fields = diff_action(body, record)
+        fields = diff_action(body, record, inherited)
         stale = stale_annotations(body, record)
         if stale:
             body = {**body, "delAnnotations": stale}
@@ -201,19 +238,21 @@ def plan_deploy(
     return changes
 
 
-def fetch_existing(client: OpenWhiskClient, manifest: DeploymentManifest) -> tuple[dict[str, dict[str, Any]], bool]:
-    """(records of the manifest's actions that exist, whether the package exists)."""
+def fetch_existing(client: OpenWhiskClient,
+                   manifest: DeploymentManifest) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
+    """(records of the manifest's actions that exist, each with the package's parameters merged
+    in as the controller answers it; the package's record, None when it does not exist)."""
     try:
-        client.get_package(manifest.package)
+        package = client.get_package(manifest.package)
     except OpenWhiskNotFound:
-        return {}, False
+        return {}, None
     existing = {}
     for name in manifest.actions:
         try:
             existing[name] = client.get_action(f"{manifest.package}/{name}")
         except OpenWhiskNotFound:
             pass
-    return existing, True
+    return existing, package
 
 
 def deploy(
@@ -230,15 +269,16 @@ def deploy(
         DeployError: the namespace's limits refuse some actions (nothing was changed), or the
             controller refused a change part-way (``applied`` names what changed before it).
     """
-    existing, package_exists = fetch_existing(client, manifest)
-    changes = plan_deploy(manifest, existing, package_exists=package_exists, environ=environ, allow_unset_env=dry_run)
+    existing, package = fetch_existing(client, manifest)
+    changes = plan_deploy(manifest, existing, package_exists=package is not None, environ=environ,
+                          allow_unset_env=dry_run, inherited=(package or {}).get("parameters") or ())
     todo = [c for c in changes if c.kind != "unchanged"]
     check_limits(client, todo)
     if dry_run:
         return changes
     for i, change in enumerate(todo):
         try:
-            if change.entity == "package":
+            if change.entity == "package":  # only created: the operator's bindings (`wsk package update -p`) stay
                 client.put_package(change.name, {"publish": False}, overwrite=True)
             else:
                 client.put_action(change.name, change.body, overwrite=True)
@@ -306,7 +346,7 @@ def run(args: argparse.Namespace) -> int:
             print("no OpenWhisk credentials: planning against an empty namespace", file=sys.stderr)
             changes = plan_deploy(manifest, {}, package_exists=False, allow_unset_env=True)
         else:
-            with OpenWhiskClient(config) as client:
+            with OpenWhiskClient(config, retry=DEPLOY_RETRY) as client:
                 changes = deploy(client, manifest, dry_run=args.dry_run)
     except (ValueError, OpenWhiskError, DeployError, ActionError) as exc:
         print(f"rlhfless deploy: {redact(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__}",

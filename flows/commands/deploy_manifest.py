@@ -22,6 +22,12 @@ DEFAULT_MANIFEST = "openwhisk_actions.yaml"
 """The shipped manifest: package data of ``flows.commands`` (read with importlib.resources)."""
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 _SECRET_KEY = re.compile("SECRET|PASSWORD|TOKEN|KEY", re.IGNORECASE)
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""An ``env`` key: a name the shell can export (the runtime refuses others at ``/init``)."""
+ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?)-([^}$]*))?\}")
+"""A reference in an ``env`` value to the deploying shell's environment: ``${VAR}``,
+``${VAR:-default}`` or ``${VAR-default}`` (a default holds no ``}`` and no ``$``)."""
+ENV_FORMS = "${VAR}, ${VAR:-default} or ${VAR-default}"
 
 
 class ManifestError(ValueError):
@@ -117,15 +123,52 @@ class DeploymentManifest(BaseModel):
     @field_validator("env", mode="before")
     @classmethod
     def _check_env(cls, v: Any) -> Any:
-        """Strings only (an empty ``KEY:`` is ""): ``off`` unquoted is YAML's False and would
-        reach the actions as 'False'."""
+        """Keys are environment variable names (``ENV_NAME``): the runtime exports them at
+        ``/init`` and refuses others, which would fail every activation. Values are strings
+        (an empty ``KEY:`` is ""): ``off`` unquoted is YAML's False and would reach the actions
+        as 'False'. A ``$`` in a value must belong to one of ``ENV_FORMS``
+        (:func:`env_reference_problem`)."""
         if not isinstance(v, dict):
             return v
+        names = [_not_a_name(key) for key in v if not (isinstance(key, str) and ENV_NAME.fullmatch(key))]
+        if names:
+            raise ValueError("; ".join(names))
         bad = [f"{key}: {_unquoted(key, val)}" for key, val in v.items()
                if val is not None and not isinstance(val, str)]
         if bad:
             raise ValueError("values must be strings; " + "; ".join(bad))
+        refs = [problem for key, val in v.items() if val and (problem := env_reference_problem(key, val))]
+        if refs:
+            raise ValueError("; ".join(refs))
         return {k: "" if val is None else val for k, val in v.items()}
+
+
+def _not_a_name(key: Any) -> str:
+    """Why an env key is refused, with a name that would do."""
+    suggestion = re.sub(r"[^A-Za-z0-9_]", "_", str(key))
+    suggestion = suggestion if re.match(r"[A-Za-z_]", suggestion) else f"_{suggestion}"
+    return (f"key {str(key)!r} is not an environment variable name (letters, digits and '_', not starting with "
+            "a digit); the actions' runtime exports env keys as environment variables and refuses this one "
+            f"at /init, so every activation would fail; rename it, e.g. {suggestion}")
+
+
+def env_reference_problem(key: str, value: str) -> str | None:
+    """Why the ``env`` value ``value`` of ``key`` holds a ``$`` that none of ``ENV_FORMS``
+    consumes (``$VAR``, ``${VAR:=default}``, an unclosed ``${``, a reference nested in a
+    default), or None. Such a ``$`` would otherwise be bound as literal text. A value under a
+    secret-looking key is not shown.
+
+    >>> env_reference_problem("R", "${R:-us-east-1}") is None
+    True
+    >>> env_reference_problem("H", "$HOME")[:52]
+    "H: '$HOME' holds a '$' that is not part of ${VAR}, $"
+    """
+    if "$" not in ENV_REF.sub("", value):
+        return None
+    shown = "(value not shown: the key looks secret)" if _SECRET_KEY.search(key) else repr(value)
+    return (f"{key}: {shown} holds a '$' that is not part of {ENV_FORMS}, the only forms read from the "
+            "deploying shell ($VAR, ${VAR:=default}, a reference inside a default and an unclosed ${ are not); "
+            "write one of those forms, or, for a literal '$', export the value in a variable and write ${VAR}")
 
 
 def _unquoted(key: Any, value: Any) -> str:

@@ -161,17 +161,15 @@ class ControllerApi:
                 self.count("connect")
                 if connect_failures >= self.retry.connect_attempts:
                     raise self.unreachable(exc) from None
-                self.pause(what, "connection failed", attempt, None, deadline,
+                self.pause(what, f"connection to {self.config.api_host} failed", attempt, None, deadline,
                            retries=self.retry.connect_attempts - 1, retry=connect_failures)
                 attempt += 1
                 continue
             except httpx.TransportError as exc:
                 self.count("transport")
                 if not retry_unavailable or attempt + 1 >= self.retry.max_attempts:
-                    raise OpenWhiskError(
-                        f"{what}: {type(exc).__name__} talking to {self.config.api_host}: {_reason(exc)}", transient=True
-                    ) from None
-                self.pause(what, type(exc).__name__, attempt, None, deadline)
+                    raise self.no_answer(exc, what, attempt + 1, timeout) from None
+                self.pause(what, f"{type(exc).__name__} talking to {self.config.api_host}", attempt, None, deadline)
                 attempt += 1
                 continue
             self.refuse(resp, what)
@@ -185,10 +183,23 @@ class ControllerApi:
                         status=resp.status_code,
                         transient=True,
                     )
-                self.pause(what, f"HTTP {resp.status_code}", attempt, resp, deadline)
+                self.pause(what, f"HTTP {resp.status_code} from {self.config.api_host}", attempt, resp, deadline)
                 attempt += 1
                 continue
             return resp
+
+    def no_answer(self, exc: httpx.TransportError, what: str, attempts: int, timeout_s: float) -> OpenWhiskError:
+        """The (transient) error of a request whose last try failed in transport (a timeout, a
+        dropped connection). A timeout (a host that accepts connections but never answers: a
+        wrong port, a hung proxy; or one that silently drops them) names the setting to check,
+        as a refused connection does."""
+        message = f"{what}: {type(exc).__name__} talking to {self.config.api_host}: {_reason(exc)}"
+        if isinstance(exc, httpx.TimeoutException):
+            silent = ("does not accept connections" if isinstance(exc, httpx.ConnectTimeout)
+                      else "accepts connections but does not answer")
+            message += (f" after {attempts} attempt(s), the last waiting {timeout_s:g} s; check "
+                        f"{self.config.setting('api_host')} (the OpenWhisk API host: this one {silent})")
+        return OpenWhiskError(message, transient=True)
 
     def unreachable(self, exc: httpx.ConnectError) -> OpenWhiskUnreachable:
         """The error of a host that refused every connection attempt, naming the setting to fix."""

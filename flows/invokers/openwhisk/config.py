@@ -242,24 +242,47 @@ def _namespace_from(env: Mapping[str, str], props: Mapping[str, str] | None = No
 
 
 def _block_load_error(block_name: str, exc: Exception) -> str:
-    """The message for a Secret block that cannot be loaded. A Prefect API that cannot be
-    reached is named by ``PREFECT_API_URL`` and its value (an address, not a secret; any
-    ``user:password@`` in it is removed), with the ways out."""
+    """The message for a Secret block that cannot be loaded, with the ways out where the cause
+    is known: a Prefect API that cannot be reached, or one that holds no block of that name
+    (Prefect's ``ValueError`` raised from ``ObjectNotFound``). Both name ``PREFECT_API_URL``
+    and its value (an address, not a secret; any ``user:password@`` in it is removed)."""
     import httpx
 
     from actions.store.credentials import redact
 
     reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     message = f"cannot load the Prefect Secret block {block_name!r}: {reason}"
+    without = f"or leave the block out (--secret-block, {SECRET_BLOCK_ENV}) and set WSK_APIHOST and WSK_AUTH"
+    if _block_missing(exc):
+        return redact(f"{message}; the Prefect API at {_prefect_api()} holds no Secret block of that name: check "
+                      "the name (`prefect block ls` lists the blocks there), create it there (`from "
+                      "prefect.blocks.system import Secret; Secret(value='{\"api_host\": ..., \"auth\": ...}')"
+                      f".save({block_name!r})`), set PREFECT_API_URL to the server holding it, {without}")
     if not isinstance(exc, (httpx.TransportError, OSError)):
         return redact(message)
+    return redact(f"{message}; the Prefect API at {_prefect_api()} does not answer: start the Prefect server there "
+                  f"(`prefect server start`) or set PREFECT_API_URL to the one holding the block, {without}")
+
+
+def _block_missing(exc: BaseException) -> bool:
+    """Whether Prefect's error says the API holds no block of that name: its ``ObjectNotFound``
+    (a 404), which ``Block.load`` raises as the cause of a ``ValueError``."""
+    from prefect.exceptions import ObjectNotFound
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ObjectNotFound):
+            return True
+        seen = seen.__cause__
+    return str(exc).startswith("Unable to find block document named")
+
+
+def _prefect_api() -> str:
+    """``PREFECT_API_URL`` and its value, as a message names the Prefect API used."""
     from prefect.settings import PREFECT_API_URL
 
     url = PREFECT_API_URL.value()
-    where = f"PREFECT_API_URL={url}" if url else "PREFECT_API_URL (not set)"
-    return redact(f"{message}; the Prefect API at {where} does not answer: start the Prefect server there "
-                  f"(`prefect server start`) or set PREFECT_API_URL to the one holding the block, or leave "
-                  f"the block out (--secret-block, {SECRET_BLOCK_ENV}) and set WSK_APIHOST and WSK_AUTH")
+    return f"PREFECT_API_URL={url}" if url else "PREFECT_API_URL (not set: this machine's own Prefect database)"
 
 
 def _verify_from(env: Mapping[str, str]) -> bool | str:
