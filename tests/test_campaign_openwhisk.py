@@ -16,8 +16,9 @@ except ImportError:  # tests/ imported as a package
 
 
 def test_campaign_through_openwhisk_matches_local_training_data(tiny_config, monkeypatch, prefect_harness):
+    local_lines: list[str] = []
     local = run_campaign(tiny_config("invoker.kind=inprocess", "run_id=ref", "steps=2", *LEARNING),
-                         progress=lambda m: None)
+                         progress=local_lines.append)
     with running_emulator() as emu:
         client = make_client(emu)
         for name in sorted(ACTION_NAMES):  # what `rlhfless deploy` creates
@@ -25,8 +26,13 @@ def test_campaign_through_openwhisk_matches_local_training_data(tiny_config, mon
         client.close()
         for key, value in emu.env().items():
             monkeypatch.setenv(key, value)
+        lines: list[str] = []
         summary = run_campaign(tiny_config("invoker.kind=openwhisk", "run_id=ow", "steps=2", *LEARNING),
-                               progress=lambda m: None)
+                               progress=lines.append)
+    # the emulator's actions share this machine's files; a cluster's containers would not see the folder
+    folder = [m for m in lines if m.startswith("warning: store.uri ")]
+    assert len(folder) == 1 and "s3://bucket/prefix" in folder[0], lines[:5]
+    assert not any(m.startswith("warning: store.uri ") for m in local_lines)
     assert summary["steps_completed"] == 2
     first, second = summary["steps"]
     assert summary["billed_gpu_seconds"] >= 0 and first["actors/n"] >= 1

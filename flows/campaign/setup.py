@@ -100,6 +100,11 @@ def set_up(ctx: RunContext, progress: Progress) -> CampaignState:
 def _set_up(ctx: RunContext, progress: Progress) -> CampaignState:
     cfg = ctx.config
     progress("prepare: model, initial weights and datasets -> store")
+    if not ctx.invoker.sees_local_files and not ctx.store.uri.startswith("s3://"):
+        # a test cluster on this machine may mount it; a real one's containers cannot see it,
+        # and would fail at their first read of the store, after set-up began
+        progress(f"warning: store.uri {ctx.store.uri!r} is a folder on this machine: the actions' containers "
+                 "see it only where it is mounted at the same path; on a cluster use s3://bucket/prefix")
     prepared = prepare_inputs(ctx)
     progress(data_line(prepared.data))
     for line in prepared.data.get("warnings", ()):  # build.Datasets.warnings: once, as a new run prepares
