@@ -323,11 +323,13 @@ def test_a_run_before_its_first_commit_is_named_as_in_progress(tmp_path, capsys)
     from flows.campaign.lease import RunLease
 
     store = LocalStore(tmp_path / "s")
-    lease = RunLease.acquire(store, "busy", renew=False, progress=lambda m: None)
+    # a trainer on another host: a lease of this very process would be judged gone (the CLI is
+    # never the process that trains), see test_uncommitted_runs.py
+    lease = RunLease.acquire(store, "busy", renew=False, host="trainer", pid=4242, progress=lambda m: None)
     try:
         assert main(["export", "busy", "--store", str(tmp_path / "s"), "--out", str(tmp_path / "o")]) == 2
         err = capsys.readouterr().err
-        assert "run 'busy' has committed nothing yet: it is being trained by host" in err, err
+        assert "run 'busy' has committed nothing yet: it is being trained by host 'trainer' pid 4242" in err, err
         assert f"`rlhfless status busy --store {tmp_path / 's'}`" in err
     finally:
         lease.release()

@@ -100,6 +100,8 @@ class S3Store(ConditionalWrites):
             PUT (no HEAD, no re-hash); larger ones as multipart after a HEAD.
         conditional_writes: True/False to state whether the server honours If-None-Match;
             None probes on first use.
+        endpoint_from: the setting ``endpoint_url`` came from, which messages blaming the
+            endpoint name (``from_uri``: its environment variable); None names this argument.
 
     Attributes:
         fast_path: which parts of :mod:`.s3_fastpath` this client got (fixed at construction).
@@ -121,6 +123,7 @@ class S3Store(ConditionalWrites):
         max_concurrency: int = 8,
         max_single_put: int = 64 * MiB,
         conditional_writes: bool | None = None,
+        endpoint_from: str | None = None,
     ) -> None:
         if not BUCKET_RE.match(bucket):
             raise ValueError(f"S3 bucket name {bucket!r} is invalid: {BUCKET_FIX}")
@@ -156,7 +159,9 @@ class S3Store(ConditionalWrites):
         where = self.endpoint_url or "AWS S3"
         self._reader = RangedReader(self._client, self.fast_path, bucket, chunk_size=multipart_chunksize,
                                     max_concurrency=max_concurrency, where=where)
-        self._errors = ErrorContext(where, bucket, self.uri, mask_key_id(self._key_id), connect_timeout, read_timeout)
+        self._errors = ErrorContext(where, bucket, self.uri, mask_key_id(self._key_id), connect_timeout, read_timeout,
+                                    endpoint_from or "the endpoint_url S3Store was given",
+                                    bool(credentials and credentials.session_token))
 
     # ------------------------------------------------------------------ construction
 
@@ -176,6 +181,8 @@ class S3Store(ConditionalWrites):
         """
         bucket, prefix = split_uri(uri)
         settings = settings_from_env(os.environ if env is None else env)
+        if "endpoint_url" in options:  # the caller's endpoint, not the environment's
+            settings["endpoint_from"] = options.get("endpoint_from")
         store = cls(bucket, prefix, **{**settings, **options})
         if check:
             store.check()

@@ -93,6 +93,11 @@ class ErrorContext:
         uri: the store URI (``s3://bucket/prefix``).
         key_id: the masked access key id.
         connect_timeout, read_timeout: seconds, to name the one that expired.
+        endpoint_from: the setting the endpoint came from, named where the endpoint is to blame:
+            ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` (also when both are unset: AWS S3),
+            or the argument of the code that opened the store.
+        session_token: whether a session token (``AWS_SESSION_TOKEN``) is sent with the keys; its
+            value is never held here.
     """
 
     where: str
@@ -101,6 +106,8 @@ class ErrorContext:
     key_id: str
     connect_timeout: float
     read_timeout: float
+    endpoint_from: str = "AWS_ENDPOINT_URL"
+    session_token: bool = False
 
 
 def _connection_reason(exc: Exception, ctx: ErrorContext) -> str:
@@ -132,7 +139,7 @@ def translate(exc: Exception, op: str, ctx: ErrorContext, target: str, tries: st
         exc, bce.ResponseStreamingError
     ):
         err = StoreUnreachable(
-            f"cannot reach S3 endpoint {where} : {_connection_reason(exc, ctx)}{note}; check AWS_ENDPOINT_URL"
+            f"cannot reach S3 endpoint {where} : {_connection_reason(exc, ctx)}{note}; check {ctx.endpoint_from}"
         )
     elif isinstance(exc, bce.ClientError):
         err = _client_error(exc, op, ctx, target, note)
@@ -162,17 +169,23 @@ def _client_error(exc: bce.ClientError, op: str, ctx: ErrorContext, target: str,
             f"S3 at {where} expects requests signed for region {region!r} ({error_code}); set AWS_REGION={region}"
         )
     if error_code in CREDENTIAL_CODES:
+        # a session token the server refuses is answered like a wrong key: name it, never its value
+        keys = "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
+        if ctx.session_token:
+            keys += ("/AWS_SESSION_TOKEN (it is set: a temporary token goes with the key pair it was issued "
+                     "with, and expires; unset it for long-term keys)")
         return StoreCredentialsError(
             f"S3 rejected the credentials (key {key_id}) for bucket {ctx.bucket!r} at {where} "
-            f"({error_code}); check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY"
+            f"({error_code}); check {keys}"
         )
     if error_code == "NoSuchBucket":
         return BucketNotFound(f"bucket {ctx.bucket!r} does not exist at {where}; create it or fix store.uri")
-    if op == "check" and error_code.isdigit():
-        # A GET answered without an S3 error document: something else listens there.
+    if op == "check" and (not error_code or error_code.isdigit()):
+        # A GET answered without an S3 error document (a bare status, or XML such as an HTML
+        # page that names no error code): something else listens there.
         return StoreError(
             f"S3 endpoint {where} answered HTTP {http_status} without an S3 error to a bucket "
-            "listing; is AWS_ENDPOINT_URL an S3 server?"
+            f"listing; is {ctx.endpoint_from} an S3 server?"
         )
     if error_code == "AccessDenied" or http_status == 403:
         bare = not error_code or error_code.isdigit()  # HEAD: a status, no error document

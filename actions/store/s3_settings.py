@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import boto3
 from botocore.config import Config
@@ -60,7 +61,13 @@ def settings_from_env(env: Mapping[str, str]) -> dict[str, Any]:
     us-east-1) and RLHFLESS_S3_CONDITIONAL_WRITES (``auto``/``on``/``off``).
 
     Returns:
-        ``endpoint_url``, ``credentials``, ``region`` and ``conditional_writes``.
+        ``endpoint_url``, ``endpoint_from`` (the variable it came from, for messages that blame
+        it), ``credentials``, ``region`` and ``conditional_writes``.
+
+    Raises:
+        ValueError: a bad value, naming its variable and the fix. An endpoint with a path
+            (``http://host:9000/s3``) is refused: path-style requests put the bucket after it,
+            so the server would take the path's first part for the bucket.
     """
     mode = env.get("RLHFLESS_S3_CONDITIONAL_WRITES", "auto").lower()
     if mode not in ("auto", "on", "off"):
@@ -75,6 +82,11 @@ def settings_from_env(env: Mapping[str, str]) -> dict[str, Any]:
         raise ValueError(
             f"{endpoint_var}={endpoint!r} is not an http(s) URL; set it to e.g. http://127.0.0.1:9000"
         )
+    path = endpoint_path(endpoint) if endpoint is not None else ""
+    if endpoint is not None and path:  # quoted whole: a user name or password was refused above
+        raise ValueError(f"{endpoint_var}={endpoint!r} has a path ({path!r}), which S3 "
+                         "requests would take for the bucket; set it to the server's address alone, "
+                         f"{endpoint_var}={endpoint[:-len(path)]}, with the bucket and prefix in store.uri")
     region_var = "AWS_REGION" if env.get("AWS_REGION") else "AWS_DEFAULT_REGION"
     region = env.get(region_var) or "us-east-1"
     if not REGION_RE.match(region):  # botocore's own check, which names no variable
@@ -82,10 +94,23 @@ def settings_from_env(env: Mapping[str, str]) -> dict[str, Any]:
                          "(e.g. us-east-1: letters, digits and '-')")
     return {
         "endpoint_url": endpoint,
+        "endpoint_from": endpoint_var,
         "credentials": S3Credentials.from_env(env),
         "region": region,
         "conditional_writes": {"auto": None, "on": True, "off": False}[mode],
     }
+
+
+def endpoint_path(url: str) -> str:
+    """What follows ``scheme://host[:port]`` in an http(s) URL: its path, query and fragment, or
+    ``""`` when that is nothing but ``/``.
+
+    >>> endpoint_path("http://minio:9000/"), endpoint_path("http://minio:9000/s3/"), endpoint_path("http://m?x=1")
+    ('', '/s3/', '?x=1')
+    """
+    parts = urlsplit(url)
+    rest = url[len(f"{parts.scheme}://{parts.netloc}"):]
+    return "" if not rest.strip("/") else rest
 
 
 def make_client(endpoint_url: str | None, region: str, credentials: S3Credentials | None, *, max_attempts: int,

@@ -5,7 +5,8 @@ The lease shows who holds it (host, pid, since when, when it expires), never its
 lease whose holder is alive is ``running``; one whose holder is gone (expired, or a process of
 this host that no longer runs: ``lease.takeover_reason``) is shown as ``stale``, left by a
 process that died, and the run is not running. A run whose lease is held before its first
-commit (``train`` still setting it up) is ``running`` with no step committed.
+commit (``train`` still setting it up) is ``running`` with no step committed. ``export`` and
+``gc``, which need a commit, say why a run has none by the same judgement (:func:`committed_state`).
 """
 
 from __future__ import annotations
@@ -78,6 +79,33 @@ def status_report(store: ObjectStore, run_id: str) -> dict[str, Any] | None:
         "last_eval": state.evals[-1].model_dump(mode="json") if state.evals else None,
         "last_metrics": json_safe({k: v for k, v in last.items() if k != "plan"}),  # NaN is null
     }
+
+
+def committed_state(store: ObjectStore, run_id: str, uri: str, then: str) -> CampaignState:
+    """The latest commit of ``run_id``; else ValueError, one line saying why there is none
+    as ``status`` judges the lease (:func:`lease_status`), then ``then`` (what the command
+    does about it, e.g. ``"there is nothing to collect"``):
+
+    * its lease is held: ``train`` is setting the run up (prepare, the profile, warm-up, the
+      first evaluation come before its first commit), and who holds it;
+    * a stale lease (its process gone, or expired) or set-up objects without a lease: its
+      set-up was interrupted, and ``train --resume`` sets it up again;
+    * nothing of it in ``uri``: the run id or the store is wrong.
+    """
+    state = load_state(store, run_id)
+    if state is not None:
+        return state
+    lease = lease_status(store, run_id)
+    if lease is None and not store.list(f"runs/{run_id}/"):
+        raise ValueError(f"run {run_id!r} has no committed state in store {uri}; check the run id and --store")
+    head = f"run {run_id!r} has committed nothing yet"
+    if lease is not None and lease["held"]:
+        raise ValueError(f"{head}: it is being trained by host {lease['host']!r} pid {lease['pid']} since "
+                         f"{lease['since']}, and its first commit comes once set-up (prepare, the profile, "
+                         f"warm-up, the first evaluation) is done; {then}")
+    why = f" ({lease['stale']})" if lease is not None else ""
+    raise ValueError(f"{head}: its set-up was interrupted{why}; `rlhfless train --run-id {run_id} --resume` with "
+                     f"its configuration sets it up again; {then}")
 
 
 def committed_runs(store: ObjectStore) -> list[str]:

@@ -371,14 +371,12 @@ def _locate_run(args: argparse.Namespace, command: str) -> tuple[Any, Any, str, 
 
 
 def _open_run(args: argparse.Namespace, command: str) -> tuple[Any, Any, Any]:
-    """(config, store, the run's latest state) for ``gc``."""
-    from flows.campaign.state import load_state
+    """(config, store, the run's latest state) for ``gc``; a run not committed yet is refused
+    as ``status`` judges its lease (set up now, or its set-up interrupted)."""
+    from flows.campaign.status import committed_state
 
     cfg, store, uri, run = _locate_run(args, command)
-    state = load_state(store, run)
-    if state is None:
-        raise ValueError(f"run {run!r} has no committed state in store {uri}; check the run id and --store")
-    return cfg, store, state
+    return cfg, store, committed_state(store, run, uri, f"{command} has nothing of it to collect yet")
 
 
 def _status(args: argparse.Namespace) -> int:

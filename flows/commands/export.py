@@ -81,15 +81,16 @@ def _state(args: argparse.Namespace) -> tuple[Any, Any, bool]:
     """(store, the commit to export, whether it is the run's latest)."""
     from actions.store import open_store
     from actions.store.safe_paths import check_run_id
-    from flows.campaign.state import load_state, load_state_at
+    from flows.campaign.state import load_state_at
+    from flows.campaign.status import committed_state
     from flows.config import check_store_uri, load_config
 
     uri = check_store_uri(args.store) if args.store is not None else load_config(args.config, []).store.uri
     store = open_store(uri)
     run = check_run_id(args.run)
-    latest = load_state(store, run)
-    if latest is None:
-        raise ValueError(_nothing_committed(store, run, uri))
+    # none yet: who sets the run up, or that its set-up was interrupted, as `status` judges it
+    latest = committed_state(store, run, uri, f"export once `rlhfless status {run} --store {uri}` shows a "
+                                              "committed step")
     if args.step is None or args.step == latest.step:
         return store, latest, True
     state = load_state_at(store, run, args.step) if args.step < latest.step else None
@@ -133,21 +134,6 @@ def compact(steps: list[int]) -> str:
         else:
             runs.append([step])
     return ", ".join(f"{r[0]}..{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
-
-
-def _nothing_committed(store: Any, run: str, uri: str) -> str:
-    """Why a run has no version to export: it is still before its first commit (its lease is
-    held: its first commit, record 0, comes once set-up is done), or the id or store is wrong."""
-    import time
-
-    from flows.campaign.lease import read_lease
-
-    lease = read_lease(store, run)
-    if lease is not None and lease.expires > time.time():
-        return (f"run {run!r} has committed nothing yet: it is being trained by {lease.describe(time.time())}, and "
-                "its first commit comes once set-up (prepare, the profile, warm-up, the first evaluation) is done; "
-                f"export once `rlhfless status {run} --store {uri}` shows a committed step")
-    return f"run {run!r} has no committed state in store {uri}; check the run id and --store"
 
 
 def _writing(exc: OSError, out: Path) -> bool:
