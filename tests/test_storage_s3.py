@@ -84,6 +84,9 @@ def test_unreachable_endpoint_is_one_clear_line(s3_server) -> None:
     assert re.fullmatch(rf"cannot reach S3 endpoint {re.escape(endpoint)} : connection refused "
                         r"\(2 requests in \d+\.\d s\); check AWS_ENDPOINT_URL", msg), msg
     _assert_no_secret(msg, s3_server)
+    with pytest.raises(StoreUnreachable) as info:  # one request is one, not "1 requests"
+        S3Store.from_uri(s3_server.uri("x"), env=env, max_attempts=1)
+    assert "(1 request in " in str(info.value), str(info.value)
 
 
 @pytest.mark.parametrize("which", ["secret", "key_id"])

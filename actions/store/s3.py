@@ -237,7 +237,8 @@ class S3Store(ConditionalWrites):
         except (bce.BotoCoreError, bce.ClientError) as exc:
             context = replace(self._errors, connect_timeout=connect_timeout, read_timeout=read_timeout)
             # botocore retried a transient failure to the budget; anything else was sent once
-            tries = f"{attempts} requests in {time.monotonic() - started:.1f} s" if is_transient(exc) else ""
+            tries = (f"{attempts} request{'s' if attempts != 1 else ''} in {time.monotonic() - started:.1f} s"
+                     if is_transient(exc) else "")
             raise translate(exc, "check", context, self.uri, tries) from None
         finally:
             probe.close()
