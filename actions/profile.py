@@ -6,8 +6,10 @@ same facts (``actions/store/profile_cache.py``); otherwise loads the policy as `
 does and measures the engine over the requested grid (torch: ``actions/engines/profiling.py``,
 on the decode path the campaign runs, ``kv_cache``;
 vLLM: ``actions/engines/vllm_profiling.py``, on the process's warm engine, with the time a new
-version takes to reach it), then caches the result if its grid is usable (``grid_problem``; one
-that is not is returned uncached, and the flow measures again). Either way it reports what the
+version takes to reach it; the engine starts first, whatever the cache holds, as the dtype it
+computes in, not ``model.dtype``'s, keys and names the profile and counts the KV bytes), then
+caches the result if its grid is usable (``grid_problem``; one that is not is returned
+uncached, and the flow measures again). Either way it reports what the
 planner's locality check needs (``transfer_facts``): the weight bytes a warm actor reads per new
 policy version, the KV bytes per token and the store's measured read throughput.
 """
@@ -19,6 +21,7 @@ import hashlib
 import json
 import platform
 import time
+from typing import Any
 
 import torch
 
@@ -139,19 +142,23 @@ def run_profile(req: ProfileRequest) -> ProfileResult:
         configure_threads(req.threads)
     ref = req.model
     device = action_device()
-    dtype = action_dtype(ref.dtype, device)
+    dtype = action_dtype(ref.dtype, device)  # the policy's, as its versions are published
+    # vLLM computes (and caches KV) in a dtype of its own choosing, which can differ from
+    # model.dtype's (its CPU backend runs float32): the engine, which generate uses too, says
+    engine = _vllm_engine(req) if req.engine == "vllm" else None
+    computes = dtype if engine is None else engine.dtype
     store = store_for(ref.store_uri)
     base_config = load_base(ref.store_uri, ref.base_key)["config.json"]
     config = json.loads(base_config)
     facts = ProfileFacts(model_config_sha256=hashlib.sha256(base_config).hexdigest(),
-                         dtype=str(dtype).removeprefix("torch."), device=device_name(device), engine=req.engine,
+                         dtype=str(computes).removeprefix("torch."), device=device_name(device), engine=req.engine,
                          threads=torch.get_num_threads(), batch_sizes=req.batch_sizes, contexts=req.contexts,
                          prefill_shape=req.prefill_shape, **decode_facts(req, device, int(config["vocab_size"])),
                          lora=ref.lora.model_dump(mode="json") if ref.lora is not None else None)
     key = facts.cache_key()
     weight_bytes, read_bps = transfer_facts(store, ref, dtype, req.probe_bytes)
     common = dict(profile_key=key, facts=facts, weight_bytes=weight_bytes,
-                  kv_bytes_per_token=kv_bytes_per_token(config, dtype), store_read_bytes_per_s=read_bps)
+                  kv_bytes_per_token=kv_bytes_per_token(config, computes), store_read_bytes_per_s=read_bps)
     rejected = None
     if not req.measure_grid:
         return ProfileResult(profile={}, source="skipped", measure_s=0.0, **common)
@@ -164,8 +171,8 @@ def run_profile(req: ProfileRequest) -> ProfileResult:
             return ProfileResult(profile=profile, source="cached", measure_s=0.0, **common)
     t0 = time.perf_counter()
     name = f"measured-{req.engine}-{facts.device}-{facts.dtype}-{facts.threads}t"
-    if req.engine == "vllm":
-        profile = _measure_vllm(req, int(config["vocab_size"]), name)
+    if engine is not None:
+        profile = _measure_vllm(req, engine, int(config["vocab_size"]), name)
     else:
         from actions.engines.profiling import measure_grid  # torch engine: imported only to measure
 
@@ -184,15 +191,21 @@ def run_profile(req: ProfileRequest) -> ProfileResult:
                          measure_s=time.perf_counter() - t0, **common)
 
 
-def _measure_vllm(req: ProfileRequest, vocab: int, name: str) -> dict:
-    """The vLLM engine's grid and push time (``actions/engines/vllm_profiling.py``), on the
-    process's engine: the one this worker's generate and evaluate activations will use."""
+def _vllm_engine(req: ProfileRequest) -> Any:
+    """The process's vLLM engine holding the request's policy: the one this worker's generate
+    and evaluate activations will use (started here where none runs)."""
     from actions.engines.factory import load_engine
+
+    return load_engine("vllm", req.model, fused_sampling=req.fused_sampling, vllm=req.vllm)[0]
+
+
+def _measure_vllm(req: ProfileRequest, engine: Any, vocab: int, name: str) -> dict:
+    """The vLLM engine's grid and push time (``actions/engines/vllm_profiling.py``) on
+    ``engine`` (``_vllm_engine``)."""
     from actions.engines.vllm_profiling import measure_grid
     from actions.store.weights import load_tensors
 
     ref = req.model
-    engine, _, _ = load_engine("vllm", ref, fused_sampling=req.fused_sampling, vllm=req.vllm)
     tensors, _ = load_tensors(store_for(ref.store_uri), ref.policy_key, expected_sha256=ref.weights_sha256)
     return measure_grid(engine, vocab, req.batch_sizes, req.contexts, prefill_shape=req.prefill_shape, name=name,
                         push=(tensors, ref.policy_version))

@@ -10,8 +10,8 @@ measures its own engine profile. Printed per engine:
 * per step: the generate phase (``timing_s/generate``), its ratio to step 1's, the planner's
   prediction, engine starts and pushes reported by the step's generate actions and their
   seconds;
-* the campaign: engine starts and their seconds, pushes and the median push (set-up and
-  evaluations included), the engines each worker started (from its log), and the planner's
+* the campaign: engine starts and their seconds, pushes and the mean push (set-up and
+  evaluations included), for vLLM the engines each worker started (from its log), and the planner's
   median relative error on the generate phase (``planner_fidelity``).
 
 Run it in the ``make test-vllm`` environment (the vLLM half is skipped elsewhere):
@@ -53,6 +53,21 @@ def run(engine: str, steps: int, extra: list[str], root: Path) -> tuple[dict[str
     return summary, starts, wall
 
 
+def engine_line(engine: str, e: dict[str, Any], starts: dict[str, int]) -> str:
+    """The campaign's engine starts and pushes (``summary["engine"]``, ``e``). ``starts`` counts
+    the ``vllm engine started`` lines of each worker's log, so it is shown for vLLM only: the
+    torch engine's starts (generation slot models built) log no such line.
+
+    >>> engine_line("torch", {"starts": 4, "start_s": 0.5, "weight_pushes": 6, "weight_push_s": 0.042},
+    ...             {"worker-0": 0})
+    'engine starts 4 (0.5 s); pushes 6, mean 7 ms'
+    """
+    pushes = e["weight_pushes"]
+    per_worker = f", vLLM engines per worker {starts}" if engine == "vllm" else ""
+    return (f"engine starts {int(e['starts'])} ({e['start_s']:.1f} s){per_worker}; "
+            f"pushes {int(pushes)}, mean {e['weight_push_s'] / pushes * 1e3 if pushes else 0:.0f} ms")
+
+
 def report(engine: str, summary: dict[str, Any], starts: dict[str, int], wall: float) -> None:
     steps = summary["steps"]
     first = steps[0]["timing_s/generate"]
@@ -66,11 +81,9 @@ def report(engine: str, summary: dict[str, Any], starts: dict[str, int], wall: f
               f"{int(s.get('engine/weight_pushes', 0))} ({s.get('engine/weight_push_s', 0):.3f})")
     steady = [s["timing_s/generate"] / first for s in steps[1:]]
     e = summary["engine"]
-    pushes = e["weight_pushes"]
     print(f"steady steps' generate / step 1: median {statistics.median(steady) if steady else 0:.2f}x, "
           f"max {max(steady, default=0):.2f}x")
-    print(f"engine starts {int(e['starts'])} ({e['start_s']:.1f} s), per worker {starts}; "
-          f"pushes {int(pushes)}, mean {e['weight_push_s'] / pushes * 1e3 if pushes else 0:.0f} ms")
+    print(engine_line(engine, e, starts))
     fid = summary["planner_fidelity"]["generate"]
     print(f"planner, generate phase: median relative error {fid['median_relative_error']:+.1%}, "
           f"median |error| {fid['median_abs_relative_error']:.1%} over {fid['steps']} steps")

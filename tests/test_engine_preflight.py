@@ -157,11 +157,13 @@ def test_decode_settings_that_contradict_each_other_are_refused_by_the_config():
 VLLM_64 = ["generation.engine=vllm", "model.hidden_size=128", "model.num_heads=2"]  # head_dim 64, 2 layers
 
 
-def test_a_vllm_kv_cache_that_cannot_hold_one_sequence_is_refused_naming_the_keys():
+def test_a_vllm_kv_cache_that_cannot_hold_one_sequence_is_refused_naming_the_keys(monkeypatch):
     """vLLM refuses to start an engine whose KV cache cannot hold one ``max_model_len`` sequence
     (after the store was written, in the first evaluate). The preflight counts as vLLM does: a
     tiny model token takes 2 layers x 2 (keys, values) x 2 heads x 64 x 4 bytes = 2048 bytes on
     the CPU, whose 1 GiB default holds 4096 blocks of 128 tokens less vLLM's null block."""
+    monkeypatch.setattr(preflight, "cpu_node_memory", lambda: 16 << 30, raising=False)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     big = load_config(None, [*VLLM_64, "model.max_positions=1048576"])
     with pytest.raises(ValueError) as exc:
         preflight.check_vllm_memory(big, "cpu")
@@ -225,3 +227,127 @@ def test_a_gpt2_folder_is_read_through_its_config_class(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match=r"this model has head_dim 16 \(config.json of"):
         preflight.check_engine(cfg, local_actions=True)
     assert preflight.kv_bytes_per_token(cfg.model, "cpu") is None  # not a layout the static cache decodes
+
+
+def test_a_cpu_memory_share_that_cannot_hold_the_engine_and_one_sequence_is_refused_at_start_up(monkeypatch):
+    """On the CPU backend vLLM gives the KV cache ``gpu_memory_utilization`` of the memory node
+    less the engine process's resident memory, and does not start where that is nothing
+    (``vllm/v1/worker/cpu_worker.py``): 0.001 of a 16 GiB node is 17 MB, below what the
+    process holds before its cache. Refused before anything is written, naming the key, its
+    value and the fix; a share vLLM accepts is not refused."""
+    monkeypatch.setattr(preflight, "cpu_node_memory", lambda: 16 << 30, raising=False)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    tiny = load_config(None, [*VLLM_64, "generation.vllm.gpu_memory_utilization=0.001"])
+    with pytest.raises(ValueError) as exc:
+        preflight.check_vllm_memory(tiny, "cpu")
+    line = str(exc.value)
+    assert "\n" not in line and line.startswith("generation.vllm.gpu_memory_utilization=0.001 gives each vLLM engine "
+                                                "17179870 bytes on the CPU backend (that share of the memory node's "
+                                                "17179869184 bytes)")
+    need = (2 + 1) * 128 * 2048  # two blocks of the 256-token context, and the null block
+    assert f"set generation.vllm.kv_cache_memory_bytes to at least {need}" in line
+    assert "raise generation.vllm.gpu_memory_utilization above 0.016" in line  # (256 MiB + need) / 16 GiB
+    for fits in (["generation.vllm.gpu_memory_utilization=0.05"],  # 0.8 GiB: the tiny model's engine starts
+                 ["generation.vllm.gpu_memory_utilization=0.001", f"generation.vllm.kv_cache_memory_bytes={need}"]):
+        preflight.check_vllm_memory(load_config(None, [*VLLM_64, *fits]), "cpu")
+    preflight.check_vllm_memory(tiny, "cuda")  # a GPU's memory is not read here
+    preflight.check_vllm_memory(tiny, None)  # nor an OpenWhisk image's
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # vLLM's CPU backend: 1 GiB over both keys
+    preflight.check_vllm_memory(tiny, "cpu")
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
+    monkeypatch.setattr(preflight, "cpu_node_memory", lambda: None)  # unreadable: left to vLLM
+    preflight.check_vllm_memory(tiny, "cpu")
+
+
+def test_a_model_folder_s_weights_count_in_the_engine_process_s_memory(monkeypatch, tmp_path):
+    """The engine holds its weights (float32 on the CPU), at least the safetensors files' size,
+    out of the same share: a share that holds the tiny model's engine does not hold one whose
+    weights are larger than it."""
+    from actions.models.modeling import build_tiny_model
+
+    model, tok = build_tiny_model(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=256,
+                                  max_positions=256, seed=0)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    tok.save_pretrained(tmp_path)
+    weights = sum(p.stat().st_size for p in tmp_path.glob("*.safetensors"))
+    monkeypatch.setattr(preflight, "cpu_node_memory", lambda: 1 << 30, raising=False)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    share = (preflight.ENGINE_PROCESS_FLOOR_BYTES + 3 * 128 * 2048 + weights // 2) / (1 << 30)
+    tiny = load_config(None, [*VLLM_64, f"generation.vllm.gpu_memory_utilization={share}"])
+    preflight.check_vllm_memory(tiny, "cpu")  # the tiny default: no weights on disk
+    folder = load_config(None, ["generation.engine=vllm", f"model.path={tmp_path}",
+                                f"generation.vllm.gpu_memory_utilization={share}"])
+    with pytest.raises(ValueError, match=rf"holds at least {preflight.ENGINE_PROCESS_FLOOR_BYTES + weights} of them"):
+        preflight.check_vllm_memory(folder, "cpu")
+
+
+def test_a_kv_cache_above_the_cpu_memory_node_is_refused(monkeypatch):
+    """vLLM's CPU backend refuses a KV cache above the node's free memory, which is at most its size."""
+    monkeypatch.setattr(preflight, "cpu_node_memory", lambda: 16 << 30, raising=False)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    cfg = load_config(None, [*VLLM_64, "generation.vllm.kv_cache_memory_bytes=34359738368"])
+    with pytest.raises(ValueError, match=r"^generation.vllm.kv_cache_memory_bytes=34359738368 is more than the CPU "
+                                         r"memory node's 17179869184 bytes; lower it"):
+        preflight.check_vllm_memory(cfg, "cpu")
+    preflight.check_vllm_memory(cfg, "cuda")
+
+
+def test_the_cpu_node_memory_is_the_one_vllm_takes_its_share_of():
+    """Read as vllm-cpu reads it (``get_memory_node_info`` of the first allowed CPU's node);
+    never less, so the refusal never stops a share vLLM accepts."""
+    total = preflight.cpu_node_memory()
+    assert total is not None and total > 0
+    if not preflight.vllm_available() or preflight.vllm_backend() != "cpu":
+        return
+    from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
+
+    nodes = {c.numa_node for c in get_allowed_cpu_list()}
+    assert total == max(get_memory_node_info(n).total_memory for n in nodes)
+
+
+def test_a_model_folder_of_another_head_dim_is_refused_with_a_tiny_folder_that_runs(monkeypatch, tmp_path):
+    """The fix names ``rlhfless tiny-model`` flags that exist, for a head_dim the CPU backend runs."""
+    import argparse
+
+    from flows.commands.tiny_model import add_arguments
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "num_attention_heads": 3,
+                                                      "hidden_size": 120}))
+    monkeypatch.setattr(preflight, "vllm_available", lambda: True)
+    monkeypatch.setattr(preflight, "vllm_backend", lambda: "cpu")
+    with pytest.raises(ValueError) as exc:
+        preflight.check_engine(load_config(None, ["generation.engine=vllm", f"model.path={tmp_path}"]),
+                               local_actions=True)
+    line = str(exc.value)
+    command = line.split("`")[1]
+    assert command == "rlhfless tiny-model --out DIR --hidden-size 128 --num-heads 2" and "model.path=DIR" in line
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(command.split()[2:])
+    assert args.hidden_size // args.num_heads in preflight.CPU_HEAD_DIMS
+
+
+@pytest.mark.parametrize("env", ["default", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_a_cpu_memory_share_too_small_is_refused_by_train_before_anything_is_written(env, tmp_path):
+    """The CLI, end to end: the share is refused in one line, in a second, not after the
+    set-up and warm-up ran (vLLM's own refusal came two minutes in)."""
+    import os
+    import subprocess
+    import sys
+
+    if env == "vllm" and not preflight.vllm_available():
+        pytest.skip("vLLM is not installed here (make test-vllm)")
+    total = preflight.cpu_node_memory()
+    if total is None or total * 0.001 >= preflight.ENGINE_PROCESS_FLOOR_BYTES:
+        pytest.skip("this machine's memory node is too large for 0.001 of it to be too little")
+    environ = {k: v for k, v in os.environ.items() if k not in ("RLHFLESS_DEVICE", "VLLM_CPU_KVCACHE_SPACE")}
+    proc = subprocess.run([sys.executable, "-m", "flows.commands.cli", "train", "--steps", "1",
+                           *[x for o in [*VLLM_64, "generation.vllm.gpu_memory_utilization=0.001",
+                                         f"store.uri={tmp_path / 'store'}"] for x in ("--set", o)],
+                           "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, env=environ, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "generation.vllm.gpu_memory_utilization=0.001" in lines[0], proc.stderr
+    assert "generation.vllm.kv_cache_memory_bytes" in lines[0]
+    assert list(tmp_path.iterdir()) == []

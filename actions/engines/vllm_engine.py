@@ -71,6 +71,41 @@ def _import_vllm() -> Any:
     return vllm
 
 
+_MEMORY_WORDS = ("available memory", "memory utilization", "memory for kv", "kv cache", "out of memory",
+                 "gpu_memory_utilization", "kv-cache-memory-bytes")
+"""Lower-case words of vLLM 0.32's refusals to start for memory (its CPU worker's node checks, the
+KV cache's one-sequence check, CUDA's out of memory)."""
+_MEMORY_KEYS = ("kv_cache_memory_bytes", "gpu_memory_utilization", "max_model_len")
+
+
+def _short_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` or an exception it was raised from is vLLM refusing to start for memory."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, (MemoryError, torch.OutOfMemoryError)) or any(
+                w in str(seen).lower() for w in _MEMORY_WORDS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _memory_advice(exc: BaseException, llm_kwargs: Mapping[str, Any], cpu: bool) -> str:
+    """One line for an engine that did not start for memory: vLLM's words (which name its own
+    flags) and the ``generation.vllm`` keys that change what it reserves."""
+    given = [f"{k}={llm_kwargs[k]}" for k in _MEMORY_KEYS if k in llm_kwargs]
+    if cpu and not {"kv_cache_memory_bytes", "gpu_memory_utilization"} & llm_kwargs.keys():
+        given.append(f"KV cache the CPU default of {CPU_KV_CACHE_BYTES} bytes")
+    if cpu and os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        given.append(f"VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB over both memory keys")
+    memory = "the CPU memory node" if cpu else "the GPU"
+    return (f"the vLLM engine did not start for memory (generation.vllm: {', '.join(given) or 'the defaults'}): "
+            f"{' '.join(str(exc).split())} -- set generation.vllm.kv_cache_memory_bytes to KV cache bytes {memory} "
+            "has free (it takes precedence over gpu_memory_utilization); or raise "
+            "generation.vllm.gpu_memory_utilization where the KV cache got too little (the engine process's own "
+            f"memory comes out of that share of {memory}), lower it where {memory} has less free; or lower "
+            "generation.vllm.max_model_len (the KV cache must hold one sequence of it)")
+
+
 class VllmEngine:
     """A running ``vllm.LLM`` on a local model directory, plus the policy version it holds.
 
@@ -88,6 +123,10 @@ class VllmEngine:
             ``enable_sleep_mode`` on CUDA; ``generation.vllm`` sets the memory and context ones).
             On the CPU backend the KV cache is ``CPU_KV_CACHE_BYTES`` unless one of the two
             memory arguments is given.
+
+    Raises:
+        ValueError: vLLM refused to start for memory; the message keeps vLLM's and names the
+            ``generation.vllm`` keys to change (vLLM's own names its flags).
     """
 
     def __init__(self, model_dir: str | os.PathLike[str], *, eos_id: int | Sequence[int], policy_version: int = 0,
@@ -112,7 +151,13 @@ class VllmEngine:
                 # an explicit size: vLLM's own fails for a second engine in one process
                 kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         kwargs.update(llm_kwargs)
-        self.llm = vllm.LLM(**kwargs)
+        try:
+            self.llm = vllm.LLM(**kwargs)
+        except Exception as exc:
+            if not _short_of_memory(exc):
+                raise
+            raise ValueError(_memory_advice(exc, llm_kwargs, cpu)) from exc
+        self.dtype: torch.dtype = self.llm.llm_engine.model_config.dtype  # what it computes and caches KV in
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         self.max_model_len: int = self.llm.llm_engine.model_config.max_model_len  # prompt + response, tokens
         # what a push must match (vllm_push.check_push): the checkpoint the engine started from
