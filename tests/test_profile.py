@@ -183,3 +183,5 @@ def test_profile_measures_the_vllm_engine(tmp_path, capsys):
     assert "vLLM computes in float32" in err
     profile = TpotProfile.load(out)
     assert profile.name == "measured-vllm-cpu-float32" and all(s > 0 for row in profile.seconds for s in row)
+    # the identity states that dtype too, as the campaign's profile action does: no dtype mismatch
+    assert json.loads(out.read_text())["identity"]["dtype"] == "float32"

@@ -80,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
         check_targets(cfg.workload())
     # CPU: a small padded batch, as one action thread sees it; GPU: enough tokens to fill it.
     shape = (16, 512) if device.type == "cuda" else (16, 64)
-    if cfg.generation.engine == "vllm":
-        grid = measure_vllm(cfg, args.model_config, device, dtype, batches, contexts, shape)
+    if cfg.generation.engine == "vllm":  # its identity states the dtype vLLM computes in, as the campaign's does
+        grid, dtype = measure_vllm(cfg, args.model_config, device, dtype, batches, contexts, shape)
     else:
         from actions.engines.profiling import measure_grid
 
@@ -206,10 +206,11 @@ def campaign_model(cfg: CampaignConfig) -> tuple[dict[str, bytes], dict[str, tor
 
 
 def measure_vllm(cfg: CampaignConfig, config_json: str | None, device: torch.device, dtype: torch.dtype,
-                 batches: list[int], contexts: list[int], shape: tuple[int, int]) -> dict:
-    """The vLLM engine's grid (``vllm_profiling.measure_grid``, no push measured) on the
-    campaign's model, its weights stored in ``dtype`` and the engine started as the generate
-    action starts it; shut down and its folder removed afterwards.
+                 batches: list[int], contexts: list[int], shape: tuple[int, int]) -> tuple[dict, torch.dtype]:
+    """(the vLLM engine's grid (``vllm_profiling.measure_grid``, no push measured), the dtype
+    the engine computes in) on the campaign's model, its weights stored in ``dtype`` and the
+    engine started as the generate action starts it; shut down and its folder removed
+    afterwards. The campaign's ``profile`` action names and keys its profile by that dtype too.
 
     Raises:
         ValueError: ``config_json`` given (vLLM loads a model folder), or ``device`` is not
@@ -236,12 +237,13 @@ def measure_vllm(cfg: CampaignConfig, config_json: str | None, device: torch.dev
         engine = make_engine("vllm", None, AutoTokenizer.from_pretrained(model_dir), model_dir=model_dir,
                              fused_sampling=cfg.generation.fused_sampling, **cfg.generation.vllm.llm_kwargs())
         try:
-            computes = str(engine.llm.llm_engine.model_config.dtype).removeprefix("torch.")
-            if computes != str(dtype).removeprefix("torch."):
-                print(f"rlhfless profile: note: vLLM computes in {computes} here (as the campaign's generate "
+            computes = engine.llm.llm_engine.model_config.dtype
+            named = str(computes).removeprefix("torch.")
+            if computes != dtype:
+                print(f"rlhfless profile: note: vLLM computes in {named} here (as the campaign's generate "
                       f"actions will), not {str(dtype).removeprefix('torch.')}", file=sys.stderr)
             return measure_grid(engine, engine.vocab_size, batches, contexts, prefill_shape=shape,
-                                name=f"measured-vllm-{device.type}-{computes}")
+                                name=f"measured-vllm-{device.type}-{named}"), computes
         finally:
             engine.shutdown()
     finally:
