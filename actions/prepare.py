@@ -9,8 +9,9 @@ same configuration twice writes the same bytes.
 It reads ``model.path`` and ``data.*_path`` where it runs, so the control plane runs it where
 those files are (``flows/campaign/inputs.py``): on its pool, or in a child process of its own
 when the actions run on a cluster. ``validate_inputs`` checks the same inputs at the CLI, before
-anything is written, without torch unless the run has reward models (whose weights are checked
-against their config.json there: a mismatch would otherwise surface in the first evaluation).
+anything is written, without torch for the tiny default model (transformers imports it to read
+a ``model.path``'s tokenizer and config.json, and reward models' weights are checked against
+their config.json there: a mismatch would otherwise surface in the first evaluation).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actions.config.quoting import quote, unusable_path
+from actions.config.quoting import clip, quote, unusable_path
 from actions.config.reward import reward_model_key
 from actions.config.workload import WorkloadConfig
 from actions.contracts import Prepared, PrepareRequest
@@ -47,7 +48,7 @@ def _tokenizer_source(cfg: WorkloadConfig) -> Callable[[], Any]:
     @functools.cache
     def load() -> Any:
         if cfg.model.path:
-            validate_model_dir(cfg.model.path)
+            validate_policy_dir(cfg.model.path)
             return load_tokenizer(cfg.model.path, "model.path")
         from actions.models.modeling import build_char_tokenizer
 
@@ -80,7 +81,7 @@ def validate_inputs(cfg: WorkloadConfig, *, steps: int = 1, resumed: bool = Fals
     tokenizer = _tokenizer_source(cfg)
     data = _datasets(cfg, tokenizer, steps=steps)
     if cfg.model.path:
-        validate_model_dir(cfg.model.path)
+        validate_policy_dir(cfg.model.path)
         check_eos(cfg.model.path, tokenizer())
     check_targets(cfg)
     _validate_reward_models(cfg, data)
@@ -129,12 +130,32 @@ _ADAPTER_CONFIGS = ("adapter_config.json", "adapter/adapter_config.json")
 ``adapter/`` (``rlhfless export`` of a ``model.lora`` run without ``--merge-lora``)."""
 
 
+def validate_policy_dir(path: str) -> None:
+    """``model.path``'s folder: :func:`validate_model_dir`, then a ``config.json`` that the
+    installed transformers reads as a causal language model's (``check_causal_lm``: an
+    encoder-decoder such as T5 is refused here, not by the loader inside ``prepare``). The
+    second part imports transformers (and torch), which reading the folder's tokenizer next
+    imports anyway.
+
+    Raises:
+        ValueError: one line naming ``model.path``, the value and the fix.
+    """
+    from actions.models.weight_shapes import check_causal_lm
+
+    validate_model_dir(path)
+    check_causal_lm(Path(path), "model.path")
+
+
 def validate_model_dir(path: str, field: str = "model.path") -> None:
     """What ``from_pretrained`` needs, checked from file headers only (no torch, no tensor
     reads): the directory, for ``model.path`` no LoRA adapter (``_ADAPTER_CONFIGS``: the policy
     is read without it, so a run would silently start from the untrained backbone), a JSON
-    config.json, tokenizer files, and weight files whose safetensors headers parse and whose
-    sizes match them. Raises ValueError naming ``field``."""
+    config.json without ``auto_map`` (code of the model's own, which is never run: checked
+    before anything hands the folder to transformers, which would offer to run it) unless its
+    ``model_type`` is one transformers has built in (its own classes load it, every read
+    passing ``trust_remote_code=False``, as older Phi-3 checkpoints load), tokenizer
+    files, and weight files whose safetensors headers parse and whose sizes match them. Raises
+    ValueError naming ``field``."""
     root = Path(path)
     where = f"{field} {quote(str(root))}"
     try:
@@ -159,6 +180,8 @@ def validate_model_dir(path: str, field: str = "model.path") -> None:
         raise ValueError(f"{where}: config.json is not valid JSON; save the model again with save_pretrained") from None
     if not isinstance(config, dict):
         raise ValueError(f"{where}: config.json is not a JSON object; save the model again with save_pretrained")
+    if config.get("auto_map") and not _built_in(config.get("model_type")):
+        raise ValueError(_own_code(where, config))
     if not any((root / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json")):
         raise ValueError(f"{where} has no tokenizer files; save the tokenizer next to the model")
     found = [n for n in _WEIGHT_FILES if (root / n).is_file()]
@@ -169,6 +192,27 @@ def validate_model_dir(path: str, field: str = "model.path") -> None:
             _check_safetensors(root / name, where)
         elif (root / name).stat().st_size == 0:
             raise ValueError(f"{where}: weight file {name} is empty; save the model again with save_pretrained")
+
+
+def _built_in(model_type: Any) -> bool:
+    """Whether the installed transformers has ``model_type`` built in. Imports transformers'
+    auto mapping (and torch, seconds): only a folder with an ``auto_map`` asks."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return isinstance(model_type, str) and model_type in CONFIG_MAPPING_NAMES
+
+
+def _own_code(where: str, config: dict[str, Any]) -> str:
+    """The refusal of a folder whose ``config.json`` maps transformers' auto classes to code of
+    its own (``auto_map``): which, the model type, and the fix. Such code is never run (models
+    that need ``trust_remote_code`` are not supported); where transformers has the model type
+    built in, its own classes load the folder once the map is gone."""
+    auto_map = config["auto_map"]
+    listed = ", ".join(f"{k}: {v}" for k, v in auto_map.items()) if isinstance(auto_map, dict) else auto_map
+    return (f"{where}: config.json has auto_map ({clip(listed)}), code of the model's own, which rlhfless never "
+            "runs (models that need trust_remote_code are not supported), and its model_type "
+            f"{quote(config.get('model_type'))} is not one the installed transformers has built in; use a "
+            "checkpoint of a built-in model type, or a newer transformers that has this one")
 
 
 def _weight_shards(root: Path, name: str, where: str) -> list[str]:
@@ -234,7 +278,7 @@ def prepare(cfg: WorkloadConfig, store: ObjectStore, run_prefix: str, *, steps: 
     train, evals = data.train, data.evals
     check_targets(cfg)
     if cfg.model.path:
-        validate_model_dir(cfg.model.path)
+        validate_policy_dir(cfg.model.path)
         # one line naming the tensor, rather than the loader's report; here, not at the CLI, where
         # building the model's classes would cost every run seconds to answer what this answers
         check_weight_shapes(cfg.model.path, "model.path", "AutoModelForCausalLM")

@@ -102,7 +102,8 @@ def adapter_bytes(ref: ModelRef, dtype: torch.dtype) -> int:
     assert ref.lora is not None, ref
     config = copy.deepcopy(load_base_parts(ref.store_uri, ref.base_key).config)
     with torch.device("meta"):
-        model = attach_adapter(AutoModelForCausalLM.from_config(config, dtype=dtype), ref.lora, None)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=False)
+        model = attach_adapter(model, ref.lora, None)
     total = 0
     for name, t in adapter_tensors(model).items():
         # PEFT casts a new adapter to its layer's dtype on a real device only: on the meta device

@@ -372,12 +372,13 @@ def test_a_reward_model_whose_config_disagrees_with_its_weights_is_refused_befor
     assert not store.exists() or not [p for p in store.rglob("*") if p.is_file()]
 
 
-@pytest.mark.parametrize("fault", ["model_type", "no_pad"])
+@pytest.mark.parametrize("fault", ["model_type", "auto_map", "no_pad"])
 def test_a_reward_model_the_scorer_could_not_load_or_pad_is_refused_before_anything_is_written(
         tmp_path, reward_model, capsys, fault):
-    """A model_type this transformers does not know (code of the model's own: the actions never
-    trust remote code), or a tokenizer with neither a pad nor an EOS token (a batch cannot be
-    padded): each failed only in the first evaluation, after the run was written."""
+    """A model_type this transformers does not know, code of the model's own (auto_map: the
+    actions never trust remote code, and nothing asks to), or a tokenizer with neither a pad nor
+    an EOS token (a batch cannot be padded): each failed only in the first evaluation, after the
+    run was written."""
     import shutil
 
     from flows.commands.cli import main
@@ -385,10 +386,14 @@ def test_a_reward_model_the_scorer_could_not_load_or_pad_is_refused_before_anyth
     folder = tmp_path / "rm"
     shutil.copytree(reward_model, folder)
     if fault == "model_type":
+        _edit_config(folder, model_type="myrm", architectures=["MyRMForSequenceClassification"])
+        needles = ("reward.models[0].path", "(model_type 'myrm') cannot be read by transformers",
+                   "trust_remote_code are not supported")
+    elif fault == "auto_map":
         _edit_config(folder, model_type="myrm", architectures=["MyRMForSequenceClassification"],
                      auto_map={"AutoModelForSequenceClassification": "modeling_myrm.MyRM"})
-        needles = ("reward.models[0].path", "model_type 'myrm', with code of its own in auto_map",
-                   "trust_remote_code are not supported")
+        needles = ("reward.models[0].path", "config.json has auto_map (AutoModelForSequenceClassification: "
+                   "modeling_myrm.MyRM)", "model_type 'myrm' is not one", "trust_remote_code are not supported")
     else:
         config = json.loads((folder / "tokenizer_config.json").read_text())
         config = {**config, "eos_token": None, "pad_token": None}

@@ -170,7 +170,7 @@ def _hold_vllm(ref: ModelRef, fused_sampling: str, options: dict[str, Any]) -> b
         _vllm.model_dir = write_model_dir(load_base(ref.store_uri, ref.base_key), tensors)
         from transformers import AutoTokenizer
 
-        _vllm.tokenizer = AutoTokenizer.from_pretrained(_vllm.model_dir)
+        _vllm.tokenizer = AutoTokenizer.from_pretrained(_vllm.model_dir, trust_remote_code=False)
         _vllm.engine = make_engine("vllm", None, _vllm.tokenizer, model_dir=_vllm.model_dir,
                                    fused_sampling=fused_sampling, policy_version=ref.policy_version, **options)
         _vllm.base = base

@@ -93,7 +93,8 @@ def _text_config_of_dir(path: str) -> Any:
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(path, local_files_only=True).get_text_config(decoder=True)
+        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        return config.get_text_config(decoder=True)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 

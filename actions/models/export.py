@@ -57,12 +57,15 @@ class RunSettings:
 
     ``dtype``: ``model.dtype`` (``auto``: resolved by the device of each action, which the
     export does not know, so the dtype the version was stored in). ``temperature``, ``top_k``,
-    ``top_p``: ``generation.*`` (0 is greedy; ``top_k`` None and ``top_p`` None: off)."""
+    ``top_p``: ``generation.*`` (0 is greedy; ``top_k`` None and ``top_p`` None: off).
+    ``max_new_tokens``: ``generation.max_new_tokens``, the longest response the run drew
+    (None: not known, and the export states no length limit of its own)."""
 
     dtype: str = "auto"
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
+    max_new_tokens: int | None = None
 
     def torch_dtype(self) -> torch.dtype | None:
         """The dtype every action computed in, or None for ``auto``."""
@@ -204,29 +207,43 @@ def _stop_as_trained(model: torch.nn.Module, tokenizer_dir: Path) -> None:
 
     from actions.models.special_tokens import special_tokens
 
-    ids = special_tokens(model, AutoTokenizer.from_pretrained(tokenizer_dir))
+    ids = special_tokens(model, AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=False))
     gen = model.generation_config
     gen.eos_token_id = ids.eos_ids[0] if len(ids.eos_ids) == 1 else list(ids.eos_ids)
     gen.pad_token_id = ids.pad_id
 
 
-_UNAPPLIED_SETTINGS = ("min_p", "top_h", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty",
-                      "no_repeat_ngram_size", "num_beams")
-"""``GenerationConfig`` settings that change which tokens ``generate`` draws and that the run's
-sampler (``actions/engines/sampling.py``) never applied: cleared, so that transformers' neutral
-default applies (no penalty, no other filter, one beam)."""
+_UNAPPLIED_SETTINGS = (
+    # filters and penalties
+    "min_p", "top_h", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty", "encoder_repetition_penalty",
+    "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "exponential_decay_length_penalty", "renormalize_logits",
+    "guidance_scale", "watermarking_config", "sequence_bias",
+    # tokens banned, suppressed or forced (suppress_tokens: such an id can never be drawn)
+    "suppress_tokens", "begin_suppress_tokens", "bad_words_ids", "forced_bos_token_id", "forced_eos_token_id",
+    # lengths and stops other than the run's (min_new_tokens: EOS cannot be drawn before it)
+    "min_length", "min_new_tokens", "max_length", "max_time", "stop_strings",
+    # decoding strategies other than sampling token by token
+    "num_beams", "num_beam_groups", "diversity_penalty", "length_penalty", "early_stopping", "constraints",
+    "force_words_ids", "penalty_alpha", "dola_layers", "token_healing")
+"""``GenerationConfig`` settings that change which tokens ``generate`` draws, or where it stops,
+and that the run's sampler (``actions/engines/sampling.py``) never applied: cleared, so that
+transformers' neutral default applies (no penalty, no other filter, nothing banned or forced,
+no minimum length, one beam). Its one length limit is ``max_new_tokens``, the run's."""
 
 
 def _sample_as_trained(model: torch.nn.Module, settings: RunSettings) -> None:
     """Make the saved ``generation_config.json`` sample as the run's generation did, not as the
     base folder's settings say (an instruct model's temperature 0.7, top_p 0.8, ...): its
-    temperature, ``top_k`` and ``top_p``. A filter the run had off is written as
+    temperature, ``top_k`` and ``top_p``, and its ``max_new_tokens`` (where ``settings`` knows
+    it; else none, ``generate``'s default). A filter the run had off is written as
     transformers' neutral value (``top_k`` 0, ``top_p`` 1.0), since an absent ``top_k`` is 50 to
-    ``generate``; temperature 0 (greedy) is ``do_sample`` false, the filters then unused."""
+    ``generate``; temperature 0 (greedy) is ``do_sample`` false, the filters then unused. The
+    folder's other settings that the run never applied (``_UNAPPLIED_SETTINGS``) are cleared."""
     gen = model.generation_config
     for name in _UNAPPLIED_SETTINGS:
         if hasattr(gen, name):
             setattr(gen, name, None)
+    gen.max_new_tokens = settings.max_new_tokens
     if settings.temperature == 0:
         gen.do_sample, gen.temperature, gen.top_k, gen.top_p = False, None, None, None
     else:

@@ -38,7 +38,9 @@ from actions.store.safe_paths import write_beneath
 TINY_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 .,:;?!=+-*\n"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "chat_template.jinja", "chat_template.json")
-# A slow tokenizer's files: needed only when there is no tokenizer.json (Qwen ships both).
+# A slow tokenizer's files (Qwen ships them beside tokenizer.json, Llama 2 and Mistral its
+# tokenizer.model): kept with the base whatever else it has, so an export holds them too, where
+# converters (llama.cpp's) and slow tokenizers look for them.
 SLOW_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.model")
 # Generation settings: the list of EOS ids real instruct models stop at (special_tokens.py).
 GENERATION_CONFIG = "generation_config.json"
@@ -77,7 +79,7 @@ def build_tiny_model(
         tie_word_embeddings=True,
     )
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=False)
     return model, tokenizer
 
 
@@ -92,23 +94,49 @@ def check_model_dir(path: str | os.PathLike[str]) -> Path:
 
 
 def read_model_dir(path: str | os.PathLike[str]) -> tuple[dict[str, bytes], dict[str, torch.Tensor]]:
-    """Split a local HF model directory into (base files, tensors).
+    """Split a local HF model directory into (base files: config, generation settings and every
+    tokenizer file it has, ``TOKENIZER_FILES`` and ``SLOW_TOKENIZER_FILES``; tensors). The
+    model's own code (``auto_map``) is never run.
 
     Raises:
-        ValueError: the directory or a required file is missing (names ``model.path``).
+        ValueError: the directory or a required file is missing, or the weights lack a tensor
+            of the causal LM other than a tied output head (names ``model.path``).
     """
     root = check_model_dir(path)
-    model = AutoModelForCausalLM.from_pretrained(root, dtype=torch.float32)
+    model, info = AutoModelForCausalLM.from_pretrained(root, dtype=torch.float32, trust_remote_code=False,
+                                                       output_loading_info=True)
+    check_loaded(root, info["missing_keys"])
     files = {"config.json": (root / "config.json").read_bytes()}
-    names = TOKENIZER_FILES + (GENERATION_CONFIG,)
-    if not (root / "tokenizer.json").is_file():
-        names += SLOW_TOKENIZER_FILES
-    for name in names:
+    for name in TOKENIZER_FILES + SLOW_TOKENIZER_FILES + (GENERATION_CONFIG,):
         if (root / name).is_file():
             files[name] = (root / name).read_bytes()
     if "tokenizer.json" not in files and "tokenizer_config.json" not in files:
         raise ValueError(f"model.path {str(root)!r} has no tokenizer files; save the tokenizer next to the model")
     return files, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def check_loaded(root: Path, missing: list[str]) -> None:
+    """Refuse weights that lack tensors the causal LM needs (``missing``: the loader's
+    ``missing_keys``, which leave out a tied output head): ``from_pretrained`` would initialise
+    them at random and only log it, so a sequence classifier's folder (no ``lm_head.weight``,
+    a ``score`` head instead) or a bare base model's with an untied head would train from a
+    random head.
+
+    Raises:
+        ValueError: one line naming ``model.path``, the missing tensors, the folder's
+            ``architectures`` and the fix.
+    """
+    if not missing:
+        return
+    try:
+        archs = ", ".join(map(str, json.loads((root / "config.json").read_text()).get("architectures") or []))
+    except (OSError, ValueError, AttributeError):
+        archs = ""
+    names = ", ".join(sorted(missing)[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    raise ValueError(f"model.path {str(root)!r}: its weights have no {names} (config.json architectures: "
+                     f"{archs or 'none'}), which AutoModelForCausalLM would initialise at random; point model.path "
+                     "at a causal language model saved whole with save_pretrained (architectures ...ForCausalLM), "
+                     "not a classifier's or a bare base model's folder")
 
 
 def base_files(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast) -> dict[str, bytes]:
@@ -140,8 +168,8 @@ def read_base(files: dict[str, bytes]) -> BaseParts:
     with tempfile.TemporaryDirectory() as tmp:
         for name, data in files.items():  # names come from a manifest: never a path outside tmp
             write_beneath(tmp, name, data, where="base model")
-        config = AutoConfig.from_pretrained(tmp)
-        tokenizer = AutoTokenizer.from_pretrained(tmp)
+        config = AutoConfig.from_pretrained(tmp, trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(tmp, trust_remote_code=False)
         generation = GenerationConfig.from_pretrained(tmp) if GENERATION_CONFIG in files else None
     return BaseParts(config, tokenizer, generation)
 
@@ -203,7 +231,7 @@ def build_model(base: BaseParts, tensors: dict[str, torch.Tensor], *, share: boo
     # tensors are copied into the model's own (aligned) storage, not adopted: kernels may
     # round differently on the stored blobs' offsets, and the caller keeps its tensors.
     with no_init_weights():
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=False)
     if base.generation is not None:
         model.generation_config = copy.deepcopy(base.generation)
     model.tie_weights()  # part of the skipped init: a tied output head is the embedding itself
@@ -253,4 +281,4 @@ def random_model_from_config(config_json: str | os.PathLike[str], device: torch.
                          f"model_type ({exc}); fix the file") from None
     torch.manual_seed(0)
     with torch.device(device):
-        return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+        return AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=False).eval()

@@ -72,4 +72,5 @@ def special_tokens_of_dir(model_dir: str | os.PathLike[str], tokenizer: Any) -> 
 
     root = Path(model_dir)
     gen = GenerationConfig.from_pretrained(root) if (root / "generation_config.json").is_file() else None
-    return special_tokens(SimpleNamespace(config=AutoConfig.from_pretrained(root), generation_config=gen), tokenizer)
+    config = AutoConfig.from_pretrained(root, trust_remote_code=False)  # a model's own code never runs
+    return special_tokens(SimpleNamespace(config=config, generation_config=gen), tokenizer)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -34,14 +35,18 @@ def check_weight_shapes(path: str, field: str, auto_class: str) -> None:
             class the actions load it with.
     Raises:
         ValueError: one line naming ``field``, the path, the first tensor (in the files' order)
-            whose shape differs, the shape config.json gives and the one the file holds, and the fix.
+            whose shape differs, the shape config.json gives and the one the file holds, and the fix;
+            or ``check_config``'s (for ``AutoModelForCausalLM``, ``check_causal_lm``'s).
 
     Nothing is checked (the loader has the last word) for weights stored only as
     ``pytorch_model.bin`` (their shapes are in a pickle), a quantized model (its packed
     tensors have shapes of their own) or a config transformers cannot build here.
     """
     root = Path(path)
-    check_config(root, field)
+    if auto_class == "AutoModelForCausalLM":
+        check_causal_lm(root, field)
+    else:
+        check_config(root, field)
     stored = checkpoint_shapes(root)
     built = _expected_shapes(root, auto_class) if stored else None
     if built is None:
@@ -56,11 +61,12 @@ def check_weight_shapes(path: str, field: str, auto_class: str) -> None:
                 "(save_pretrained writes both)")
 
 
-def check_config(root: Path, field: str) -> None:
-    """Refuse a folder whose ``config.json`` the installed transformers cannot read: a
-    ``model_type`` it does not know, or one whose code the model brings (``auto_map``), which
-    the actions never run (they load without ``trust_remote_code``), so its first load would
-    fail after the run was written.
+def check_config(root: Path, field: str) -> Any:
+    """The transformers config of the folder ``root``; refuses a ``config.json`` the installed
+    transformers cannot read: a ``model_type`` it does not know, or one whose code the model
+    brings (``auto_map``), which the actions never run (they load with ``trust_remote_code``
+    False), so its first load would fail after the run was written. None where config.json is
+    not this check's to diagnose (missing or not JSON: ``validate_model_dir`` names it).
 
     Raises:
         ValueError: one line naming ``field``, the path, the model type and the fix.
@@ -68,18 +74,39 @@ def check_config(root: Path, field: str) -> None:
     import transformers
 
     try:
-        transformers.AutoConfig.from_pretrained(str(root))
+        return transformers.AutoConfig.from_pretrained(str(root), trust_remote_code=False)
     except (ValueError, KeyError, OSError) as exc:
         try:
             config = json.loads((root / "config.json").read_text())
         except (OSError, ValueError):
-            return  # not this check's to diagnose: validate_model_dir names the file
+            return None  # not this check's to diagnose: validate_model_dir names the file
         own_code = ", with code of its own in auto_map" if "auto_map" in config else ""
         first = " ".join(str(exc).split(". ")[0].split())
         raise ValueError(f"{field} {str(root)!r}: its config.json (model_type {config.get('model_type')!r}{own_code}) "
                          f"cannot be read by transformers {transformers.__version__} ({first}); use a model whose "
                          "model_type this transformers knows: models that need trust_remote_code are not "
                          "supported") from None
+
+
+def check_causal_lm(root: Path, field: str) -> None:
+    """Refuse a folder that ``AutoModelForCausalLM`` does not load: ``check_config``, then a
+    config class outside transformers' ``MODEL_FOR_CAUSAL_LM_MAPPING`` (the test the loader
+    applies), such as an encoder-decoder's (T5), which the loader would refuse in ``prepare``
+    with its list of every causal model type. Reads config.json alone, in milliseconds once
+    transformers is imported.
+
+    Raises:
+        ValueError: one line naming ``field``, the path, its architectures, its model type and the fix.
+    """
+    import transformers
+
+    config = check_config(root, field)
+    if config is None or type(config) in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
+        return
+    archs = ", ".join(str(a) for a in getattr(config, "architectures", None) or []) or f"a {config.model_type} model"
+    raise ValueError(f"{field} {str(root)!r}: {archs} (model_type {config.model_type}) is not a causal language "
+                     "model; use a decoder-only model (a folder AutoModelForCausalLM loads, config.json "
+                     "architectures ...ForCausalLM, such as Qwen2 or Llama)")
 
 
 def checkpoint_shapes(root: Path) -> dict[str, tuple[int, ...]]:
@@ -122,11 +149,11 @@ def _expected_shapes(root: Path, auto_class: str) -> tuple[dict[str, tuple[int, 
     if auto_class not in _AUTO_CLASSES:
         raise ValueError(f"auto_class {auto_class!r} is not one of {', '.join(_AUTO_CLASSES)}")
     try:
-        config = transformers.AutoConfig.from_pretrained(str(root))
+        config = transformers.AutoConfig.from_pretrained(str(root), trust_remote_code=False)
         if getattr(config, "quantization_config", None):
             return None
         with torch.device("meta"):  # shapes only: nothing is allocated or initialised
-            model = getattr(transformers, auto_class).from_config(config)
+            model = getattr(transformers, auto_class).from_config(config, trust_remote_code=False)
     except Exception:  # noqa: BLE001 -- the loader reports what it cannot build, in the action
         return None
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}, getattr(model, "base_model_prefix", "") or ""

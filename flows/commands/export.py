@@ -227,13 +227,14 @@ def _export(args: argparse.Namespace, out: Path, store: Any, state: Any, latest:
 
 
 def _settings(dtype: str, generation: dict[str, Any]) -> Any:
-    """The run's dtype and sampling as its identity records them (``top_k`` / ``top_p`` absent
-    when off; 0 and 1.0 are off too, as the configuration reads them)."""
+    """The run's dtype, sampling and response length as its identity records them (``top_k`` /
+    ``top_p`` absent when off; 0 and 1.0 are off too, as the configuration reads them)."""
     from actions.models.export import RunSettings
 
     top_p = generation.get("top_p")
     return RunSettings(dtype=dtype, temperature=float(generation.get("temperature", 1.0)),
-                       top_k=generation.get("top_k") or None, top_p=None if top_p in (None, 1.0) else float(top_p))
+                       top_k=generation.get("top_k") or None, top_p=None if top_p in (None, 1.0) else float(top_p),
+                       max_new_tokens=generation.get("max_new_tokens"))
 
 
 def push(folder: Path, repo: str, message: str) -> str:

@@ -234,7 +234,8 @@ def measure_vllm(cfg: CampaignConfig, config_json: str | None, device: torch.dev
     files, tensors = campaign_model(cfg)
     model_dir = write_model_dir(files, {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()})
     try:
-        engine = make_engine("vllm", None, AutoTokenizer.from_pretrained(model_dir), model_dir=model_dir,
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
+        engine = make_engine("vllm", None, tokenizer, model_dir=model_dir,
                              fused_sampling=cfg.generation.fused_sampling, **cfg.generation.vllm.llm_kwargs())
         try:
             computes = engine.llm.llm_engine.model_config.dtype

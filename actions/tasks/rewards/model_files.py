@@ -140,7 +140,7 @@ def folder_positions(path: str) -> int | None:
     from transformers import AutoConfig
 
     try:
-        return position_limit(AutoConfig.from_pretrained(path))
+        return position_limit(AutoConfig.from_pretrained(path, trust_remote_code=False))
     except Exception:  # noqa: BLE001 -- validate_model_dir and check_classifier report a bad config.json
         return None
 
@@ -153,7 +153,7 @@ def load_tokenizer(path: str, field: str) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)  # its own code never runs
         ids = tokenizer(_PROBE, add_special_tokens=False)["input_ids"]
     except Exception as exc:  # tokenizer files of every kind of damage
         first = str(exc).splitlines()[0] if str(exc) else ""
@@ -186,7 +186,7 @@ def check_tokenizer(path: str, field: str, settings: Any, chat_prompts: bool) ->
         for name, data in folder_files(path, weights=False).items():
             (Path(tmp) / name).write_bytes(data)
         try:
-            stored = AutoTokenizer.from_pretrained(tmp)(_PROBE)["input_ids"]
+            stored = AutoTokenizer.from_pretrained(tmp, trust_remote_code=False)(_PROBE)["input_ids"]
         except Exception:  # noqa: BLE001 -- a file it needs was not copied: the same answer as below
             stored = None
     if stored != folder(_PROBE)["input_ids"]:

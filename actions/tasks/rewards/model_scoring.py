@@ -53,8 +53,8 @@ def load_reward_model(ref: RewardModelRef, store_uri: str, device: torch.device)
         with tempfile.TemporaryDirectory() as tmp:
             for name, data in files.items():  # names come from a checked manifest: never outside tmp
                 write_beneath(tmp, name, bytes(data), where="reward model")
-            tokenizer = AutoTokenizer.from_pretrained(tmp)
-            model = AutoModelForSequenceClassification.from_pretrained(tmp, dtype=dtype)
+            tokenizer = AutoTokenizer.from_pretrained(tmp, trust_remote_code=False)
+            model = AutoModelForSequenceClassification.from_pretrained(tmp, dtype=dtype, trust_remote_code=False)
         # the positions before pad_token_id is set below: RoBERTa's offset is config.json's pad id
         positions = position_limit(model.config)
         if positions is not None and (tokenizer.model_max_length or UNSET_MAX_LENGTH) > positions:
