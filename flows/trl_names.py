@@ -41,6 +41,32 @@ TRL_SETTINGS = {
     "eval_steps": "eval_every, in RL steps: eval_steps / (algorithm.epochs x algorithm.num_minibatches)",
     "num_generations_eval": "not supported: evaluation decodes one greedy completion per prompt",
     "min_p": "not supported: generation samples with generation.temperature, generation.top_k and generation.top_p",
+    "repetition_penalty": "not supported: generation samples with generation.temperature, generation.top_k and "
+                          "generation.top_p",
+    "generation_kwargs": "not supported: generation takes generation.temperature, generation.top_k, generation.top_p "
+                         "and generation.max_new_tokens only",
+    "generation_batch_size": "algorithm.batch_size (samples per RL step: TRL's generation batch)",
+    "model_name_or_path": "model.path (a local model folder, or a Hub id that prepare fetches once)",
+    "disable_dropout": "not a setting: the actions run the policy with dropout off, in training too",
+    "lr_scheduler_type": "not supported: algorithm.lr is constant (no schedule)",
+    "warmup_ratio": "not supported: algorithm.lr is constant from the first step (warmup.steps are supervised steps "
+                    "before RL, not a learning-rate warm-up)",
+    "warmup_steps": "not supported: algorithm.lr is constant from the first step (warmup.steps are supervised steps "
+                    "before RL, not a learning-rate warm-up)",
+    # GRPOConfig's loss variants RLHFless does not implement (README, Coming from TRL: "none")
+    "importance_sampling_level": "not supported: the importance ratio is per token (TRL's token); GSPO's sequence "
+                                 "level is not implemented",
+    "delta": "not supported: the ratio is clipped to [1 - algorithm.clip_low, 1 + algorithm.clip_high] only, with no "
+             "two-sided delta bound",
+    "top_entropy_quantile": "not supported: the loss counts every response token (TRL's 1.0), with no entropy filter",
+    "entropy_coef": "not supported: the loss has no entropy term (TRL's 0.0); entropy is logged only",
+    "use_adaptive_entropy": "not supported: the loss has no entropy term (TRL's false); entropy is logged only",
+    "off_policy_mask_threshold": "not supported: no completion is masked for its KL to the policy that sampled it "
+                                 "(TRL's None)",
+    "sync_ref_model": "not supported: the reference policy stays the policy after warm-up (TRL's false), the KL to "
+                      "it weighed by algorithm.kl_coef",
+    "multi_objective_aggregation": "not supported: the weighted rewards are summed, then normalised (TRL's default, "
+                                   "sum_then_normalize); normalize_then_sum is not implemented",
     # TRL's ModelConfig (PEFT's LoraConfig without the lora_ prefix is model.lora itself)
     "use_peft": "model.lora: {} (LoRA adapters with its defaults; absent: full fine-tuning)",
     "lora_r": "model.lora.r",

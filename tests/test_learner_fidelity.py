@@ -242,7 +242,8 @@ def test_score_and_train_requests_carry_the_generation_temperature(tmp_path):
 @pytest.mark.parametrize("batch_size,group_size,num_minibatches", [(6, 1, 4), (12, 4, 2), (10, 1, 4), (5, 1, 4),
                                                                    (9, 3, 2), (128, 8, 2), (16, 4, 2), (24, 2, 3)])
 def test_minibatches_are_as_many_as_asked_of_whole_groups(batch_size, group_size, num_minibatches):
-    algo = AlgorithmConfig(batch_size=batch_size, group_size=group_size, num_minibatches=num_minibatches)
+    algo = AlgorithmConfig(name="ppo" if group_size == 1 else "grpo",  # GRPO refuses groups of 1
+                           batch_size=batch_size, group_size=group_size, num_minibatches=num_minibatches)
     parts = minibatches(batch_size, algo, torch.Generator().manual_seed(7))
     assert len(parts) == num_minibatches
     assert sorted(torch.cat(parts).tolist()) == list(range(batch_size))

@@ -72,6 +72,29 @@ def test_completions_cut_at_the_length_limit_warn_after_three_steps_in_a_row():
     assert "set algorithm.mask_truncated" not in masked["message"] and "already" in masked["message"]
 
 
+def test_a_zero_gradient_with_every_completion_masked_names_the_length_limit():
+    """algorithm.mask_truncated with every completion cut leaves no token in the loss: the
+    zero_grad_norm line names generation.max_new_tokens and the setting, not the rewards' spread."""
+    masked = {**_step(0.0, 0.0), "response_length/clip_ratio": 1.0}
+    [got] = [w for w in learning_warnings([masked], total=1, mask_truncated=True) if w["kind"] == "zero_grad_norm"]
+    assert "generation.max_new_tokens" in got["message"] and "algorithm.mask_truncated" in got["message"]
+    assert "spread" not in got["message"] and "algorithm.lr" not in got["message"]
+    for plain in (learning_warnings([masked], total=1), learning_warnings(
+            [{**masked, "response_length/clip_ratio": 0.5}], total=1, mask_truncated=True)):
+        [got] = [w for w in plain if w["kind"] == "zero_grad_norm"]
+        assert "rewards' spread" in got["message"] and "algorithm.mask_truncated" not in got["message"]
+
+
+def test_uniform_groups_warn_whatever_the_std_scope():
+    """With algorithm.std_scope batch, TRL's frac_reward_zero_std is 0.0 unless every reward is
+    equal; groups each of one reward still have every advantage 0: the warning reads
+    reward/frac_uniform_groups, and a step recorded without it frac_reward_zero_std."""
+    batch_scope = [{**_step(0.0), "reward/frac_uniform_groups": 1.0}] * 3
+    assert [w["kind"] for w in learning_warnings(batch_scope, total=3)] == ["zero_reward_std"]
+    spread = [{**_step(1.0), "reward/frac_uniform_groups": 0.5}] * 3
+    assert learning_warnings(spread, total=3) == []
+
+
 def test_a_diverged_update_warns():
     """A non-finite loss or gradient norm (on OpenWhisk sent as "NaN"/"Infinity" and read back as
     floats by the typed result) is reported, not dropped with the tracker's non-finite values."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Annotated, Any, Literal
 
@@ -35,14 +36,8 @@ class RewardFunctionConfig(_Section):
         if v in BUILTIN_REWARDS or (module and attr.isidentifier()
                                     and all(p.isidentifier() for p in module.split("."))):
             return v
-        hint = "fix the name"
-        if module.endswith(".py") or "/" in module or "\\" in module:  # a file path, not a module name
-            folder, _, stem = module.replace("\\", "/").rpartition("/")
-            stem = stem.removesuffix(".py")
-            hint = (f"a reward is named by its module, not its file: put its folder ({folder or '.'}) on PYTHONPATH "
-                    f"and use '{stem}:{attr}'")
         raise ValueError(f"reward.functions name {quote(v)} is not a built-in ({', '.join(BUILTIN_REWARDS)}) nor "
-                         f"package.module:function; {hint}")
+                         f"package.module:function; {_name_hint(v)}")
 
     @model_validator(mode="after")
     def _check_pattern(self) -> RewardFunctionConfig:
@@ -56,6 +51,31 @@ class RewardFunctionConfig(_Section):
                 raise ValueError(f"reward.functions format pattern {quote(self.pattern)} is not a regular expression "
                                  f"({exc}); fix it") from None
         return self
+
+
+def _name_hint(v: str) -> str:
+    """The fix for ``v``, a ``reward.functions`` name that is neither a built-in nor
+    ``package.module:function``: a module's file (``plugins/mod.py:fn``) is named by its module; a
+    Hub id or a folder (``org/model``, ``./rm``; TRL's ``reward_funcs`` takes reward models so) is a
+    reward model, which goes under ``reward.models`` as a local folder; ``pkg.mod.fn`` is
+    ``pkg.mod:fn``."""
+    module, colon, attr = v.partition(":")
+    path_like = "/" in module or "\\" in module
+    if module.endswith(".py") or (path_like and colon):  # a file path, not a module name
+        folder, _, stem = module.replace("\\", "/").rpartition("/")
+        return (f"a reward is named by its module, not its file: put its folder ({folder or '.'}) on PYTHONPATH "
+                f"and use '{stem.removesuffix('.py')}:{attr or '<function>'}'")
+    folder = os.path.isdir(v) and not os.path.isfile(os.path.join(v, "__init__.py"))  # a package is a module
+    if not colon and (path_like or folder or not all(p.isidentifier() for p in v.split("."))):
+        where = (f"reward.models: [{{path: {v}}}]" if folder else
+                 "reward.models: [{path: <local folder>}] with the model downloaded there (reward.models takes a "
+                 "local folder, not a Hub id)")
+        return ("a reward model (a Hub id or a folder) is not a function: remove it from reward.functions and set "
+                + where)
+    if not colon and "." in v:
+        module, _, attr = v.rpartition(".")
+        return f"a function is named by its module and its name joined by ':': use '{module}:{attr}'"
+    return "fix the name"
 
 
 class RewardModelConfig(_Section):

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from actions.config.algorithm_rules import check_algorithm_name
+
 # LoraConfig and ModelConfig are re-exported, as the reward sections are.
 from actions.config.model import LoraConfig, ModelConfig  # noqa: F401
 from actions.config.quoting import chat_template_mode
@@ -116,7 +118,7 @@ class AlgorithmConfig(_Section):
     batch_size: int = Field(128, gt=0)
     """Samples (responses) per step = prompts per step x group_size."""
     group_size: int = Field(8, gt=0)
-    """Responses per prompt (GRPO's n)."""
+    """Responses per prompt (GRPO's n; GRPO needs 2 or more, PPO takes 1)."""
     kl_coef: float = Field(0.01, ge=0)
     """Weight of the KL penalty to the reference policy (the policy after warm-up); 0: none."""
     kl_kind: Literal["k1", "k2", "k3"] | None = None  # never None once validated: _default_kl_kind fills it
@@ -191,22 +193,8 @@ class AlgorithmConfig(_Section):
         return data
 
     @model_validator(mode="after")
-    def _check_ppo(self) -> AlgorithmConfig:
-        if self.name == "ppo" and not self.scale_by_std:
-            raise ValueError("algorithm.scale_by_std=false sets GRPO's group normalisation, but algorithm.name is "
-                             "ppo, which whitens its GAE advantages over the batch; remove algorithm.scale_by_std")
-        if self.std_scope == "batch" and (self.name == "ppo" or not self.scale_by_std):
-            why = ("algorithm.name is ppo, which whitens its GAE advantages over the batch" if self.name == "ppo"
-                   else "algorithm.scale_by_std is false, so no std divides them")
-            raise ValueError(f"algorithm.std_scope=batch sets the std GRPO divides its centred rewards by, but {why}; "
-                             "remove algorithm.std_scope")
-        ppo = [k for k in ("critic_lr", "gamma", "gae_lambda", "value_clip")
-               if self.name == "grpo" and getattr(self, k) != type(self).model_fields[k].default]
-        if ppo:  # refused, not ignored: they would change nothing computed, yet the run's id
-            given = ", ".join(f"algorithm.{k}={getattr(self, k)}" for k in ppo)
-            raise ValueError(f"{given} {'sets' if len(ppo) == 1 else 'set'} PPO's critic and GAE, but algorithm.name "
-                             "is grpo, which has neither; remove "
-                             f"{' and '.join(f'algorithm.{k}' for k in ppo)} or set algorithm.name=ppo")
+    def _check_name(self) -> AlgorithmConfig:
+        check_algorithm_name(self)
         return self
 
     @model_validator(mode="after")

@@ -107,12 +107,17 @@ def gather_batch(store: ObjectStore, keys: list[str], algo: AlgorithmConfig, pad
 def rollout_metrics(batch: TrainBatch, algo: AlgorithmConfig) -> dict[str, float]:
     """Reward and length statistics (the metric names of flows/step/metrics.py).
 
-    The reward figures are over the scored rows only (``TrainBatch.scored``), as TRL's ``reward``
-    and ``reward_std`` (the names the trackers give ``reward/mean`` and ``reward/std``): the mean,
-    and the Bessel-corrected std (TRL's; the advantages divide by the population std,
-    ``advantage.py``), each 0.0 where fewer rows are scored than it needs (1 and 2). A group has
-    zero std (``frac_reward_zero_std``) when its scored rows' rewards are all equal, or it has at
-    most one scored row: every advantage of it is 0.
+    The reward figures are over the scored rows only (``TrainBatch.scored``); stds are
+    Bessel-corrected (TRL's; the advantages divide by the population std, ``advantage.py``), 0.0
+    where fewer than 2 rows are scored. ``reward/mean`` (TRL's ``reward``) is their mean and
+    ``reward/std`` the std of all of them (the batch's). ``reward_std`` and ``frac_reward_zero_std``
+    are TRL's figures for the run's std scope (``algorithm.std_scope``, TRL's ``scale_rewards``):
+    with ``group`` (also with ``scale_by_std`` false, TRL's ``none``, and for PPO) the mean over
+    groups of each group's std, a group with at most one scored row counting 0, and the share of
+    groups whose scored rewards are all equal or that have at most one scored row; with ``batch``
+    the batch std, and 1.0 where every scored reward is equal, else 0.0 (the std each row is
+    divided by). ``reward/frac_uniform_groups`` is that share of groups whatever the scope: every
+    GRPO advantage of such a group is 0.
     """
     lengths = batch.packed.response_mask.sum(-1)
     scored = batch.scored()
@@ -121,10 +126,18 @@ def rollout_metrics(batch: TrainBatch, algo: AlgorithmConfig) -> dict[str, float
     groups = batch.rewards.view(-1, algo.group_size)
     top = torch.where(keep, groups, torch.full_like(groups, -math.inf)).amax(-1)
     bottom = torch.where(keep, groups, torch.full_like(groups, math.inf)).amin(-1)
+    uniform = float(((top == bottom) | (keep.sum(-1) <= 1)).float().mean())
+    batch_std = float(rewards.std()) if len(rewards) > 1 else 0.0
+    if algo.std_scope == "batch":
+        trl_std, trl_zero = batch_std, float(len(rewards) < 2 or bool(rewards.amax() == rewards.amin()))
+    else:
+        trl_std, trl_zero = _mean_group_std(groups, keep), uniform
     return {
         "reward/mean": float(rewards.mean()) if len(rewards) else 0.0,
-        "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-        "frac_reward_zero_std": float(((top == bottom) | (keep.sum(-1) <= 1)).float().mean()),
+        "reward/std": batch_std,
+        "reward_std": trl_std,
+        "frac_reward_zero_std": trl_zero,
+        "reward/frac_uniform_groups": uniform,
         "response_length/mean": float(lengths.mean()),
         "response_length/max": float(lengths.max()),
         "response_length/min": float(lengths.min()),
@@ -132,3 +145,14 @@ def rollout_metrics(batch: TrainBatch, algo: AlgorithmConfig) -> dict[str, float
         # rows no reward function or model applied to (every reward None): advantage 0, no signal
         "frac_reward_none": 1.0 - sum(scored.tolist()) / len(scored),
     }
+
+
+def _mean_group_std(groups: torch.Tensor, keep: torch.Tensor) -> float:
+    """The mean over groups (rows of ``groups``, ``[num_groups, G]``) of the Bessel-corrected std
+    of each group's kept rewards (``keep``, same shape), 0 for a group with fewer than 2 kept."""
+    count = keep.sum(-1).to(groups.dtype)
+    kept = torch.where(keep, groups, torch.zeros_like(groups))
+    mean = kept.sum(-1, keepdim=True) / count.clamp_min(1)[:, None]
+    square = torch.where(keep, (groups - mean).square(), torch.zeros_like(groups)).sum(-1)
+    std = torch.where(count > 1, (square / (count - 1).clamp_min(1)).sqrt(), torch.zeros_like(count))
+    return float(std.mean())

@@ -1,13 +1,16 @@
 """Warnings for a campaign that runs but cannot learn: pure checks over the committed steps'
 metrics, printed on the progress output as they first hold and listed in ``summary.json``.
 
-* ``zero_reward_std``: every group had one reward (``frac_reward_zero_std`` = 1.0, so every
-  GRPO advantage is 0) for ``ZERO_STD_STEPS`` steps in a row, or for every step of a campaign
+* ``zero_reward_std``: every group had one reward (``reward/frac_uniform_groups`` = 1.0, so every
+  GRPO advantage is 0, whatever ``algorithm.std_scope``; a step recorded without it is read by
+  ``frac_reward_zero_std``) for ``ZERO_STD_STEPS`` steps in a row, or for every step of a campaign
   shorter than that. GRPO only (``GROUP_RELATIVE``): PPO's advantages come from its critic's
   baseline and the per-token KL reward, not from a group's spread, so one reward per group
   (always so with ``group_size: 1``) leaves it something to learn; a PPO update that changes
   nothing still raises ``zero_grad_norm``.
-* ``zero_grad_norm``: a step's gradient norm was 0 (the update changed nothing).
+* ``zero_grad_norm``: a step's gradient norm was 0 (the update changed nothing). Where every
+  completion was cut at the length limit (``response_length/clip_ratio`` = 1.0) and
+  ``algorithm.mask_truncated`` is on, its line names those two settings: the loss counted no token.
 * ``nonfinite_update``: a step's ``grad_norm`` or a ``loss/*`` was NaN or infinite, or it
   skipped optimizer steps for it (``train/skipped_nonfinite``, ``actions/rl/update.py``): the
   update diverged (on OpenWhisk such values travel as the strings ``"NaN"``/``"Infinity"`` and
@@ -52,6 +55,9 @@ TRUNCATED_STEPS = 3
 """Consecutive steps with ``TRUNCATED_SHARE`` or more cut before ``truncated`` is raised."""
 CLIP_RATIO = "response_length/clip_ratio"
 """A step's share of completions that stopped at the length limit (``actions/rl/batch.py``)."""
+UNIFORM_GROUPS = ("reward/frac_uniform_groups", "frac_reward_zero_std")
+"""A step's share of groups whose rewards were all equal (``actions/rl/batch.py``), then the figure
+that held it before it was recorded (TRL's, which is it with ``algorithm.std_scope: group``)."""
 REWARD_MODEL_CUT = re.compile(r"^reward_fn/reward_model/(\d+)/truncated_frac$")
 """A reward model's share of the step's pairs cut to its ``max_length`` (``flows/step/metrics.py``)."""
 GROUP_RELATIVE = ("grpo",)
@@ -65,7 +71,7 @@ _FIX = {
     "zero_reward_std": "every completion of a prompt earned the same reward, so there is nothing to learn from; "
                        "check the reward functions on real completions, raise algorithm.group_size, "
                        "generation.temperature or generation.max_new_tokens",
-    "zero_grad_norm": "the update changed nothing; check the rewards' spread (frac_reward_zero_std) and algorithm.lr",
+    "zero_grad_norm": f"the update changed nothing; check the rewards' spread ({UNIFORM_GROUPS[0]}) and algorithm.lr",
     "nonfinite_update": "the update diverged (grad_norm or a loss NaN or infinite); its optimizer steps were skipped "
                         "(train/skipped_nonfinite), so the policy did not learn from them: lower algorithm.lr or "
                         "algorithm.max_grad_norm and check the rewards for extreme values",
@@ -81,6 +87,12 @@ _FIX = {
                               "(up to what the model takes) or shorten the prompts (data.max_prompt_tokens)",
 }
 
+
+_ALL_MASKED_FIX = (f"every completion was cut at generation.max_new_tokens ({CLIP_RATIO} 1.0) and "
+                   "algorithm.mask_truncated: true leaves each of them out of the loss, so no token was learned "
+                   "from; raise generation.max_new_tokens (or check that the model ends its answers with its EOS "
+                   "token), or set algorithm.mask_truncated: false")
+"""``zero_grad_norm``'s fix where ``mask_truncated`` masked every completion of the step."""
 
 _CRITIC_FIX = ("the critic's update diverged (loss/value NaN or infinite); its optimizer steps were skipped "
                "(train/critic_skipped_nonfinite), so its value baseline did not learn from them (the policy's steps "
@@ -112,7 +124,12 @@ def _holds(kind: str, steps: Sequence[Mapping[str, Any]], i: int, total: int, al
         return _in_a_row(steps, i, _window(kind, total), lambda s: bool(_cut_models(s)))
     if algorithm not in GROUP_RELATIVE:
         return False
-    return _in_a_row(steps, i, _window(kind, total), lambda s: s.get("frac_reward_zero_std", 0.0) >= 1.0)
+    return _in_a_row(steps, i, _window(kind, total), lambda s: _uniform_groups(s) >= 1.0)
+
+
+def _uniform_groups(m: Mapping[str, Any]) -> float:
+    """The share of groups of one reward at the step of metrics ``m`` (``UNIFORM_GROUPS``; 0.0 unrecorded)."""
+    return next((float(m[k]) for k in UNIFORM_GROUPS if k in m), 0.0)
 
 
 def _in_a_row(steps: Sequence[Mapping[str, Any]], i: int, window: int,
@@ -144,9 +161,13 @@ def _message(kind: str, recent: Sequence[Mapping[str, Any]], mask_truncated: boo
     the window that raised it (the last: that step's): the critic's wording of
     ``nonfinite_update`` where only the critic diverged, naming the counter that is not 0;
     ``truncated``'s without the setting a run with ``mask_truncated`` has already;
+    ``zero_grad_norm``'s naming the length limit and ``mask_truncated`` where that masked every
+    completion of the step;
     ``reward_model_truncated``'s naming each model that cut in the window."""
     if kind == "truncated" and mask_truncated:
         return _FIX[kind].replace(_MASK_FIX, " (algorithm.mask_truncated leaves them out of the loss already)")
+    if kind == "zero_grad_norm" and mask_truncated and recent[-1].get(CLIP_RATIO, 0.0) >= 1.0:
+        return _ALL_MASKED_FIX
     if kind == "reward_model_truncated":
         return _FIX[kind].format(models=", ".join(map(str, sorted({i for m in recent for i in _cut_models(m)}))))
     if kind != "nonfinite_update":

@@ -2,7 +2,7 @@
 
 With ``observability.tensorboard: true`` the campaign writes one scalar per metric of
 flows/step/metrics.py (``reward/mean``, ``timing_s/generate``, ``cost/usd``, ...), and under TRL's
-name too where TRL logs it under another (``reward``, ``reward_std``, ``completions/*``:
+name too where TRL logs it under another (``reward``, ``completions/*``:
 ``TRL_NAMES``), at global step = steps committed, plus each evaluation's ``eval/accuracy``, ``eval/reward_mean``,
 ``eval/mean_length`` and ``eval/reward_fn/<name>`` at the step it was measured (0 = before RL), into
 ``runs/<run_id>/tensorboard/`` (``tensorboard --logdir runs``). A resumed campaign appends a
@@ -30,13 +30,15 @@ if TYPE_CHECKING:
 NON_SCALAR_KEYS = ("plan", "step")
 """Entries of a step's metrics that are not TensorBoard scalars (the planner's record, the index)."""
 TRL_NAMES = {
-    "reward/mean": "reward", "reward/std": "reward_std", "response_length/mean": "completions/mean_length",
+    "reward/mean": "reward", "response_length/mean": "completions/mean_length",
     "response_length/max": "completions/max_length", "response_length/min": "completions/min_length",
     "response_length/clip_ratio": "completions/clipped_ratio",
 }
 """Campaign metric -> the name TRL's GRPOTrainer logs it under, where they differ (``kl``,
-``grad_norm``, ``loss`` (GRPO's, the KL term included), ``entropy`` and ``frac_reward_zero_std``
-are already TRL's)."""
+``grad_norm``, ``loss`` (GRPO's, the KL term included), ``entropy``, ``reward_std`` and
+``frac_reward_zero_std`` are already TRL's, the last two for the run's ``algorithm.std_scope`` as
+TRL's ``scale_rewards``; ``reward/std``, the std of all the step's rewards, is not TRL's
+``reward_std``: ``actions/rl/batch.py``, ``rollout_metrics``)."""
 
 
 def step_scalars(metrics: dict[str, Any]) -> dict[str, float]:
