@@ -18,9 +18,9 @@ its group, ``(r - mean_group) / (std_group + eps)``, broadcast to all its tokens
   std): a group's spread is kept relative to the others' rather than stretched to 1.
 - Rows of one group are contiguous: row b belongs to group ``b // group_size``.
 - Unscorable rows (``scored`` False: every reward function returned None and no reward model
-  scored them) are left out of their group's mean and std and get advantage exactly 0, as in
-  TRL's GRPOTrainer: their stand-in reward 0 would otherwise shift the baseline and hand them a
-  made-up advantage. A group with no scored row gets 0 everywhere. Where every row is scored the
+  scored them) are left out of their group's mean and std and get advantage exactly 0: a
+  stand-in reward 0 (TRL's GRPOTrainer counts one, through its ``nansum``, and warns) would
+  shift the baseline and hand them a made-up advantage. A group with no scored row gets 0 everywhere. Where every row is scored the
   result is bit for bit the plain computation. Rewards of scored rows must be finite.
 
 GAE (Schulman et al., arXiv 1506.02438, sec. 3, eq. 16) over response tokens, for PPO:

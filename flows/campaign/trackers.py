@@ -3,8 +3,9 @@
 Every committed step's metrics go to each tracker asked for, at step = steps committed, under
 the campaign's own names (verl's: ``reward/mean``, ``response_length/mean``, ``timing_s/*``,
 ``perf/throughput``, ...; the full list is ``flows/step/metrics.py``) and, for the metrics TRL's
-GRPOTrainer logs, under TRL's names too (``reward``, ``reward_std``,
-``completions/mean_length``, ``kl``, ``grad_norm``, ...: ``tensorboard.TRL_NAMES``). Evaluations go in as
+GRPOTrainer logs, under TRL's names too (``reward``, ``completions/mean_length``, ``kl``,
+``grad_norm``, ...: ``tensorboard.TRL_NAMES``; ``reward_std`` and ``frac_reward_zero_std`` are
+computed as TRL's, ``actions/rl/batch.py``). Evaluations go in as
 ``eval/accuracy``, ``eval/reward_mean``, ``eval/mean_length`` and ``eval/reward_fn/<name>``
 (``EvalRecord.scalars``) at the step they were measured (0 = before RL). The values are the ones
 ``summary.json`` holds for the same step.
