@@ -72,7 +72,9 @@ def child(args: argparse.Namespace) -> None:
         (old,), mask = per_row_widths([lambda b: logprobs(model, b)], prompts, responses, 0)
     t_score = time.perf_counter() - t0
 
-    algo = AlgorithmConfig(batch_size=args.rows, group_size=min(4, args.rows), num_minibatches=1, kl_coef=0.0,
+    # GRPO groups of 4 where the rows divide into them, else of 2 (main: the rows are even)
+    algo = AlgorithmConfig(batch_size=args.rows, group_size=4 if args.rows % 4 == 0 else 2, num_minibatches=1,
+                           kl_coef=0.0,
                            micro_batch_size=args.micro_batch_size)
     packed = pack(prompts, responses, 0)
     rewards = torch.tensor([float(i % 2) for i in range(args.rows)])
@@ -112,6 +114,9 @@ def main() -> None:
     p.add_argument("--child", choices=("chunked", "naive"), help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     args = p.parse_args()
+    for flag, rows in (("--rows", args.rows), ("--naive-rows", args.naive_rows)):
+        if rows < 2 or rows % 2:
+            p.error(f"{flag} {rows}: pass an even number of at least 2 (the training step takes GRPO groups of 2 or 4)")
     if args.child:
         return child(args)
     from flows.commands.tiny_model_dir import write_tiny_model_dir
