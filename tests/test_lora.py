@@ -319,3 +319,16 @@ def test_the_profile_of_a_lora_policy_is_its_own(prepared):
     lora = _call("profile", {"model": v0.model_dump(), **grid})
     assert lora["source"] == "measured" and lora["profile_key"] != full["profile_key"]
     assert lora["facts"]["lora"] == cfg.model.lora.model_dump(mode="json") and full["facts"].get("lora") is None
+
+
+@pytest.mark.parametrize("target", ["embed_tokens", "lm_head"])
+def test_an_adapter_on_a_tied_layer_does_not_warn_in_every_action(target):
+    """PEFT warns that an adapter on a tied layer "can lead to complications, for example when
+    merging"; the export's merge unties the layers first, so the warning, printed by every LoRA
+    action (and four times in a one-step run's console), has nothing to act on."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        attach_adapter(_tiny_tied(), LoraConfig(r=2, target_modules=[target]), None)
+    assert not [w for w in seen if "tie_word_embeddings=True" in str(w.message)], [str(w.message) for w in seen]

@@ -65,3 +65,24 @@ def test_the_sharded_step_picks_gloo_where_the_ranks_compute_on_the_cpu(cpu_only
     monkeypatch.setattr(ranks, "run_on_ranks", capture)
     with pytest.raises(Chosen, match="^gloo$"):
         run_sharded(Request(), 2)  # type: ignore[arg-type]
+
+
+def test_cuda_without_a_visible_device_is_refused_with_one_rank_too(cpu_only, monkeypatch):
+    """The default world size (1) on a host without CUDA: refused by the start-up check, not by
+    the first action after set-up has written the store."""
+    monkeypatch.setenv("RLHFLESS_DEVICE", "cuda")
+    with pytest.raises(ValueError) as info:
+        world_size.check_world_size(None, 1)
+    assert str(info.value) == ("RLHFLESS_DEVICE='cuda' but no CUDA device is visible; set RLHFLESS_DEVICE to cpu "
+                               "or auto")
+
+
+@pytest.mark.parametrize("setting", ["gpu", "cuda:x", "tpu"])
+def test_a_setting_that_is_no_device_is_refused_as_the_actions_refuse_it(cpu_only, monkeypatch, setting):
+    from actions.models.device import DeviceSettingError, parse_device
+
+    monkeypatch.setenv("RLHFLESS_DEVICE", setting)
+    with pytest.raises(ValueError, match=f"^RLHFLESS_DEVICE={setting!r} is not a device; use cpu, cuda, cuda:N or auto$"):
+        world_size.device_kind()
+    with pytest.raises(DeviceSettingError, match="is not a device"):  # the action's own reading agrees
+        parse_device(setting)

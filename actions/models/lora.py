@@ -51,6 +51,11 @@ def wrap(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
         # for `is_activation_checkpointing`: a FutureWarning in every LoRA action's log that no
         # setting here can act on. Only that message is ignored, and only while PEFT wraps.
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        # and that an adapter on a layer tied to another (the input embedding and the output head)
+        # "can lead to complications, for example when merging": the adapter acts on the layer it
+        # names alone, in training as in the export, whose merge unties the two first
+        # (``actions/models/export.py``), so the merged model computes what was trained
+        warnings.filterwarnings("ignore", message=r"Model (has|with) `tie_word_embeddings=True`", category=UserWarning)
         return get_peft_model(model, peft_cfg, autocast_adapter_dtype=False)
 
 

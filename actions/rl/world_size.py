@@ -13,12 +13,16 @@ import os
 def device_kind() -> str:
     """``cuda`` or ``cpu``: the device the actions of this environment use (``RLHFLESS_DEVICE``),
     resolved as ``actions/models/device.py: parse_device`` resolves it: ``auto`` is CUDA only
-    where torch sees a CUDA device (torch is imported for that setting alone)."""
-    device = os.environ.get("RLHFLESS_DEVICE", "cpu").strip().lower()
+    where torch sees a CUDA device (torch is imported for that setting alone). ValueError for a
+    name that is no device (``gpu``), as ``parse_device`` refuses it."""
+    raw = os.environ.get("RLHFLESS_DEVICE", "cpu")
+    device = raw.strip().lower()
     if device == "auto":
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if device != "cpu" and device != "cuda" and not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise ValueError(f"RLHFLESS_DEVICE={raw!r} is not a device; use cpu, cuda, cuda:N or auto")
     return "cuda" if device.startswith("cuda") else "cpu"
 
 
@@ -51,11 +55,14 @@ def check_world_size(world_size: int | None, gpus_per_actor: int, kind: str | No
 
     Raises:
         ValueError: more ranks than devices, or than ``num_cores`` on the CPU, or than
-            ``gpus_per_actor`` on CUDA, or CUDA asked for where none is visible (one line
-            naming the keys, the values and the fix).
+            ``gpus_per_actor`` on CUDA, or CUDA asked for where none is visible, whatever the
+            rank count (one line naming the keys, the values and the fix).
     """
     kind = kind or device_kind()
     world = resolve_world_size(world_size, gpus_per_actor, kind)
+    if kind == "cuda" and world == 1 and devices_present(kind) == 0:  # every action would fail at its start
+        raise ValueError(f"RLHFLESS_DEVICE={os.environ.get('RLHFLESS_DEVICE', '')!r} but no CUDA device is visible; "
+                         "set RLHFLESS_DEVICE to cpu or auto")
     if world > 1:
         present = devices_present(kind)
         key = "train.world_size" if world_size is not None else "scaling.gpus_per_actor (train.world_size unset)"
