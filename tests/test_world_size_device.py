@@ -82,7 +82,8 @@ def test_a_setting_that_is_no_device_is_refused_as_the_actions_refuse_it(cpu_onl
     from actions.models.device import DeviceSettingError, parse_device
 
     monkeypatch.setenv("RLHFLESS_DEVICE", setting)
-    with pytest.raises(ValueError, match=f"^RLHFLESS_DEVICE={setting!r} is not a device; use cpu, cuda, cuda:N or auto$"):
+    refusal = f"^RLHFLESS_DEVICE={setting!r} is not a device; use cpu, cuda, cuda:N or auto$"
+    with pytest.raises(ValueError, match=refusal):
         world_size.device_kind()
     with pytest.raises(DeviceSettingError, match="is not a device"):  # the action's own reading agrees
         parse_device(setting)
