@@ -4,7 +4,6 @@ up on within a minute), and a Prefect Secret block that does not exist."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import socket
@@ -19,8 +18,11 @@ from flows.commands import deploy as deploy_mod
 from flows.commands.deploy import ManifestError, expand_env, load_manifest
 from flows.invokers.openwhisk import OpenWhiskClient, OpenWhiskConfig, OpenWhiskError, RetryPolicy
 
-REPO = Path(__file__).resolve().parents[1]
-SHIPPED = REPO / "infra" / "openwhisk" / "actions.yaml"
+try:
+    from test_deploy import SHIPPED, cli, no_credentials  # noqa: F401 - a fixture
+except ImportError:  # tests/ imported as a package
+    from tests.test_deploy import SHIPPED, cli, no_credentials  # noqa: F401
+
 KEY = "23bc46b1-71f6-4ed5-8c54-816aa4f8c502:123zO3xZCLrMN6v2BKK1dX"
 
 
@@ -28,20 +30,6 @@ def _write(tmp_path: Path, env: str) -> Path:
     path = tmp_path / "actions.yaml"
     path.write_text(textwrap.dedent(f"env:\n{env}\nactions:\n  noop: {{docker: 'rlhfless/runtime-cpu:0.1.0'}}\n"))
     return path
-
-
-def cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser()
-    deploy_mod.add_arguments(parser)
-    return deploy_mod.run(parser.parse_args(argv))
-
-
-@pytest.fixture
-def no_credentials(monkeypatch, tmp_path):
-    for name in ("WSK_APIHOST", "__OW_API_HOST", "WSK_AUTH", "__OW_API_KEY", "__OW_NAMESPACE",
-                 "RLHFLESS_OPENWHISK_SECRET", "WSK_CONFIG_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
 
 
 # ---------------------------------------------------------------------------- env keys
