@@ -26,9 +26,10 @@ from actions.store.endpoints import has_userinfo
 from actions.store.safe_paths import check_run_id
 from flows.config_overrides import apply_override, dotted_key
 from flows.config_yaml import AliasBomb, load_yaml, yaml_problem
+from flows.key_hints import elsewhere_hint
 from flows.planning.registry import ScalingStrategy
 from flows.planning.scaling import parse_scaling_policy  # the built-in strategies register on import
-from flows.trl_names import trl_hint
+from flows.trl_names import trl_hint, trl_value_hint
 
 
 class ScalingConfig(_Section):
@@ -398,7 +399,7 @@ def _first_error(exc: ValidationError, raw: dict[str, Any]) -> str:
         parent = dotted_key(err["loc"][:-1]) if len(err["loc"]) > 1 else "top level"
         loc = f"{parent}.{err['loc'][-1]}" if len(err["loc"]) > 1 else str(err["loc"][-1])
         return (f"unknown config key {quote(loc)}: not a setting of {parent}; check the spelling "
-                f"(see README, Configuration){trl_hint(loc)}")
+                f"(see README, Configuration){trl_hint(loc) or elsewhere_hint(loc, CampaignConfig)}")
     if msg.startswith("Value error, "):
         return msg[len("Value error, "):]
     if err["type"] == BOOL_NOT_NUMBER:  # the section knows its field, not where it sits
@@ -407,6 +408,8 @@ def _first_error(exc: ValidationError, raw: dict[str, Any]) -> str:
     fix = " (nan and inf are refused)" if err["type"] == "finite_number" else ""
     if isinstance(value, bool) and err["type"] == "literal_error":  # the user typed on, yes or no, not a bool
         fix = f" (YAML reads {'on, yes and true' if value else 'off, no and false'} as {value}; quote the word)"
+    elif err["type"] == "literal_error":
+        fix = trl_value_hint(kept[-1] if kept else "", value)
     if union is not None:  # a value no member of a union accepts: each member's complaint, at the union's field
         kept = kept[:union]
         value = _value_at(raw, kept)

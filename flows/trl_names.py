@@ -77,6 +77,18 @@ TRL_SETTINGS = {
 """TRL's name -> the RLHFless setting (or what stands for it)."""
 
 
+TRL_LOSS_TYPES = {"dapo": "token_mean", "bnpo": "token_mean with algorithm.micro_batch_size unset",
+                  "grpo": "seq_mean_token_mean", "dr_grpo": "seq_mean_token_sum_norm"}
+"""TRL's ``loss_type`` values -> the ``algorithm.loss_agg`` that computes the same loss."""
+
+
+def trl_value_hint(field: str, value: object) -> str:
+    """``; TRL's loss_type dapo is loss_agg token_mean`` where ``field`` got a TRL value, else ''."""
+    if field == "loss_agg" and isinstance(value, str) and value in TRL_LOSS_TYPES:
+        return f"; TRL's loss_type {value} is loss_agg {TRL_LOSS_TYPES[value]} (README, Coming from TRL)"
+    return ""
+
+
 def trl_hint(key: str) -> str:
     """``; TRL's `beta` is algorithm.kl_coef`` for a dotted key whose last part is a TRL name, else ''."""
     name = key.rsplit(".", 1)[-1]

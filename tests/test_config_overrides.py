@@ -110,3 +110,20 @@ def test_an_entry_of_a_list_is_named_by_its_index_in_brackets(overrides, message
     with pytest.raises(ValueError) as info:
         load_config(None, overrides)
     assert message in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize(("override", "hint"), [
+    ("train.steps=2", "; 'steps' is a setting elsewhere: steps or warmup.steps"),
+    ("generation.lr=1e-5", "; 'lr' is a setting elsewhere: algorithm.lr or warmup.lr"),
+    ("algorithm.weight=1", "; 'weight' is a setting elsewhere: reward.functions[i].weight or reward.models[i].weight"),
+])
+def test_a_key_in_the_wrong_section_names_where_it_is_a_setting(override: str, hint: str) -> None:
+    with pytest.raises(ValueError) as err:
+        load_config(None, [override])
+    assert str(err.value).endswith(hint)
+
+
+def test_a_key_that_is_a_setting_nowhere_gets_no_hint() -> None:
+    with pytest.raises(ValueError) as err:
+        load_config(None, ["algorithm.wieght=1"])
+    assert str(err.value).endswith("check the spelling (see README, Configuration)")

@@ -4,6 +4,8 @@ one line naming the file, the line, the key or file and the fix (``actions/tasks
 
 from __future__ import annotations
 
+import base64
+import datetime
 import json
 import os
 import subprocess
@@ -194,6 +196,25 @@ def test_a_decimal_answer_column_is_a_number(tmp_path):
     rows, _ = to_rows(records, FieldMap(answer_key="whole", answer_need=("gsm8k reads it", "or not")), source="f")
     assert [(r.answer, r.source_answer) for r in rows] == [("7", 7), ("8", 8), ("9", 9)]
     assert all(type(r.source_answer) is int for r in rows)
+
+
+def test_columns_reach_the_rewards_as_json_values_leaf_by_leaf(tmp_path):
+    """A struct stays a dict (its timestamp as text), a decimal column is a number, bytes are base64."""
+    when = datetime.datetime(2024, 1, 2, 3, 4, 5)
+    table = pa.table({"prompt": ["a", "b"], "answer": ["1", "2"],
+                      "meta": [{"source": "web", "created": when}, {"source": "book", "created": when}],
+                      "score": pa.array([Decimal("0.50"), Decimal("3")], pa.decimal128(5, 2)),
+                      "blob": [b"\x00\xff", b"ok"],
+                      "tags": [[{"at": datetime.date(2024, 1, 2)}], []]})
+    pq.write_table(table, tmp_path / "c.parquet")
+    rows, _ = to_rows(_read(tmp_path / "c.parquet"), FieldMap(), source="f")
+    first = rows[0].columns
+    assert first["meta"] == {"source": "web", "created": "2024-01-02 03:04:05"}
+    assert first["score"] == 0.5 and isinstance(first["score"], float)
+    assert rows[1].columns["score"] == 3.0
+    assert base64.b64decode(first["blob"]) == b"\x00\xff"
+    assert first["tags"] == [{"at": "2024-01-02"}]
+    assert json.loads(json.dumps(first)) == first  # what travels is what the function gets
 
 
 def test_a_decimal_answer_that_is_not_finite_is_refused():

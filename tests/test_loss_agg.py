@@ -56,6 +56,11 @@ def test_a_trl_loss_type_and_an_unknown_mode_are_answered_with_the_setting():
         load_config(None, ["algorithm.loss_type=dr_grpo"])
     with pytest.raises(ValueError, match=r"algorithm.loss_agg.*'seq_mean'.*token_mean"):
         load_config(None, ["algorithm.loss_agg=seq_mean"])
+    # TRL's value typed into the setting itself names the mode that computes it
+    with pytest.raises(ValueError, match=r"'dapo': input should be .*; TRL's loss_type dapo is loss_agg token_mean"):
+        load_config(None, ["algorithm.loss_agg=dapo"])
+    with pytest.raises(ValueError, match=r"TRL's loss_type dr_grpo is loss_agg seq_mean_token_sum_norm"):
+        load_config(None, ["algorithm.loss_agg=dr_grpo"])
 
 
 def test_each_mode_trains_and_changes_the_step_loss(tiny_config, prefect_harness):

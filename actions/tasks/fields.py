@@ -32,6 +32,7 @@ different rows with one id are an error. Errors name the file, the row, the key 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import math
@@ -324,12 +325,20 @@ def _row_id(rec: dict[str, Any], key: str, picked: bool, where: str) -> int:
 
 
 def _jsonable(value: Any) -> Any:
-    """Columns travel as JSON: values JSON cannot hold (bytes, dates) become their text."""
-    try:
-        json.dumps(value)
+    """``value`` as a JSON value, leaf by leaf: a struct stays a dict and a list a list, a finite
+    Decimal is a number (as the reference answer), bytes are their base64 text, and a value JSON
+    has no type for (a date, a timestamp) is its text, ``str(value)``, so "2024-01-01 00:00:00"."""
+    if value is None or isinstance(value, (str, bool, int, float)):
         return value
-    except (TypeError, ValueError):
-        return str(value)
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Decimal) and value.is_finite():
+        return _number(value)
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(value).decode("ascii")
+    return str(value)
 
 
 def _short(value: Any) -> str:
