@@ -49,8 +49,8 @@ class ScalingConfig(_Section):
     the fastest plan billing no more than ``budget_actors`` actors held for the phase, and does
     not cut-and-migrate (the simulator's default, against a fixed GPU allocation); ``slack``
     takes the cheapest plan within (1 + time_slack) of the fastest; ``paper`` the paper's
-    min-max lam. No objective picks a plan another candidate beats on both predicted time and
-    cost."""
+    min-max lam. No objective picks a plan another feasible candidate beats on both predicted
+    time and cost (on a step without a prefill action every candidate is feasible)."""
     value_of_time_usd_per_s: float | None = Field(None, ge=0, allow_inf_nan=False)
     """Dollars one second of generation-phase time is worth to the operator. None: the price
     of the GPUs that wait for the phase (the learner's, ``price_per_gpu_second`` x their count:

@@ -281,6 +281,10 @@ def test_a_profile_file_of_another_model_is_planned_with_after_one_warning(tiny_
         lines: list[str] = []
         live = finish_profiling(ctx, (_Done(_result({}, "skipped")), req), lines.append)
         assert live.source == "file" and live.profile == profile
+        # the store's cache entry was not used: the line names the file, the summary no key
+        assert live.profile_key == "" and live.describe()["key"] == ""
+        (start,) = [line for line in lines if line.startswith("profile: file")]
+        assert f"({path})" in start and "profiles/" not in start, start
         warned[name] = [line for line in lines if "warning" in line]
     assert warned["same"] == warned["unstated"] == []
     (line,) = warned["roofline"]

@@ -351,3 +351,42 @@ def test_the_local_pool_has_a_worker_for_every_generation_action_of_the_policy(p
     cfg = CampaignConfig.model_validate({"scaling": {"policy": policy, "n_max": n_max},
                                          "invoker": {"num_workers": workers}})
     assert pool_size(cfg) == expected
+
+
+@pytest.mark.parametrize("objective", ["value", "budget", "slack", "paper"])
+def test_without_a_prefill_action_no_transfer_makes_a_plan_infeasible(objective):
+    """No prefill action (the live default): no prefill window for the transfers to hide behind,
+    so the §3.6 check does not apply; the timeline charges the transfers to each candidate's time
+    and bill. Equal lengths, where a TPOT that grows fast with batch makes 4 actors both the
+    fastest and the cheapest: that plan runs, and no candidate beats the chosen one on both."""
+    steep = TpotProfile((1, 16), (0.0, 10000.0), ((0.01, 0.01), (0.5, 0.5)), 1e6)
+    ids = list(range(16))
+    cluster = ClusterSpec(gpus_per_actor=1, max_actors=8, weight_bytes=1e6,
+                          transfer_bandwidth_bytes_per_s=67e6, prefill_action=False)
+    plan = plan_generation(ids, {i: 100.0 for i in ids}, group_size=1, prompt_lengths={i: 50 for i in ids},
+                           policy="cost_aware", n_min=1, n_max=4, lam=0.7, assignment="ranked",
+                           profile=steep, cluster=cluster, objective=objective)
+    assert all(c.feasible and not c.reason for c in plan.candidates)
+    assert plan.num_actors == 4
+    assert not any(c.time_s < plan.predicted_time_s and c.gpu_seconds < plan.predicted_gpu_seconds
+                   for c in plan.candidates)
+    # with a prefill action the paper's constraint stands: equal slices break it
+    paper = plan_generation(ids, {i: 100.0 for i in ids}, group_size=1, prompt_lengths={i: 50 for i in ids},
+                            policy="cost_aware", n_min=1, n_max=4, lam=0.7, assignment="ranked",
+                            profile=steep, cluster=replace(cluster, prefill_action=True), objective=objective)
+    assert not paper.candidates[3].feasible and paper.num_actors == 3
+
+
+def test_the_simulators_static_policy_is_refused_naming_the_live_one():
+    """``static:N`` is ``rlhfless simulate``'s serverful baseline; as a live ``scaling.policy``
+    it is refused where the config is validated, naming ``fixed:N``, not imported as a module."""
+    from pydantic import ValidationError
+
+    from flows.config import ScalingConfig
+    from flows.planning.registry import parse_scaling_policy
+
+    with pytest.raises(ValueError, match=re.escape("scaling.policy='static:3': static:N is the simulator's")
+                       + ".*use 'fixed:3'"):
+        parse_scaling_policy("static:3")
+    with pytest.raises(ValidationError, match="use 'fixed:4'"):
+        ScalingConfig(policy="static:4")

@@ -9,7 +9,9 @@ on this machine's shared cores the set-up runs it alone, ``flows/campaign/setup.
   the torch engine's decode path, ``generation.kv_cache``) and torch threads, or reused from
   the store's cache for exactly those (``source`` says which); an explicit ``scaling.profile``
   file wins over both (``file``), with a warning where the file says it was measured for
-  another model, dtype, device or engine (``other_model_warning``);
+  another model, dtype, device or engine (``other_model_warning``); the progress line then names
+  the file, and ``LiveInputs.profile_key`` (the summary's ``profile.key``, the cache entry to
+  delete to measure again) is empty: the store's entry was not used;
 - the locality model: the weight bytes a warm actor reads per new policy version (the whole
   model's as published; a LoRA run's adapter, the same at version 0 and after a resume), KV
   bytes per token from the model config and the store's read throughput as the pool measured
@@ -124,7 +126,10 @@ def finish_profiling(ctx: RunContext, started: tuple[Any, ProfileRequest] | None
     activation_s = measure_activation_s()
     push_s = float(result.profile.get("weight_push_s", 0.0)) if source != "file" else 0.0
     unpriced = source == "file" and ctx.config.generation.engine == "vllm"  # a profile file holds no push time
-    progress(f"profile: {source} {profile.name} ({result.profile_key}); store reads "
+    # a file was never the store's cache entry: name the file, and no key (the summary's
+    # profile.key is the entry to delete to measure again; the action's key is another config's)
+    key = "" if source == "file" else result.profile_key
+    progress(f"profile: {source} {profile.name} ({path if source == 'file' else key}); store reads "
              f"{result.store_read_bytes_per_s / 1e6:.0f} MB/s, {weights_text(result.weight_bytes, req.model)}, "
              f"activation round trip {activation_s * 1e3:.0f} ms"
              + (f", weight push {push_s * 1e3:.0f} ms" if push_s else "")
@@ -135,7 +140,7 @@ def finish_profiling(ctx: RunContext, started: tuple[Any, ProfileRequest] | None
     return LiveInputs(profile, source, weight_bytes=float(result.weight_bytes),
                       kv_bytes_per_token=float(result.kv_bytes_per_token),
                       transfer_bandwidth_bytes_per_s=result.store_read_bytes_per_s,
-                      threads=result.facts.threads, activation_s=activation_s + push_s, profile_key=result.profile_key,
+                      threads=result.facts.threads, activation_s=activation_s + push_s, profile_key=key,
                       weight_push_s=push_s, measure_s=result.measure_s)
 
 

@@ -186,6 +186,7 @@ def _earlier_run(cfg: Any) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from flows.config import load_config
+    from flows.planning.objective import unread_knob_warnings
 
     if args.steps is not None and args.steps < 1:
         raise UsageError(f"--steps {args.steps}: a campaign runs at least one RL step; pass --steps N with N >= 1")
@@ -195,6 +196,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.run_id is not None:  # "" is refused by the validator, not silently replaced by the default
         overrides.append(f"run_id={json.dumps(args.run_id)}")  # a JSON string is a YAML string: "007" stays text
     cfg = load_config(args.config, overrides)
+    sys.stderr.writelines(f"{w}\n" for w in unread_knob_warnings(cfg.scaling.objective, cfg.scaling.model_fields_set))
     if args.resume:
         _earlier_run(cfg)
     out = Path(args.out or f"runs/{cfg.resolved_run_id()}")
@@ -236,7 +238,7 @@ def _train(args: argparse.Namespace) -> int:
             _write_outputs(summary, out, summary_path)
     except (KeyboardInterrupt, Terminated) as exc:
         return stopped(exc, cfg.resolved_run_id(), resume_command(args, cfg.resolved_run_id()))
-    _print_summary(summary, summary_path)
+    _print_summary(summary, summary_path, cfg.scaling.gpus_per_actor)
     print_continue(args, cfg, summary.get("stopped_reason"), summary)
     return 0
 
@@ -283,16 +285,16 @@ def _number(value: float | None, spec: str) -> str:
     return format(float("nan") if value is None else value, spec)
 
 
-def _print_summary(summary: dict[str, Any], summary_path: Path) -> None:
+def _print_summary(summary: dict[str, Any], summary_path: Path, gpus_per_actor: int = 1) -> None:
     """``train``'s last lines: evaluation, bill, planner and engine figures, the summary's path."""
     from flows.campaign.reporting import evaluation_line
 
-    evaluated = evaluation_line(summary)
     parts, wall, total = summary["billed_gpu_seconds_by_part"], summary["wall_seconds"], summary["wall_seconds_total"]
     resumed = f" ({total:.0f} s in all)" if round(total) != round(wall) else ""  # a resume: every session's
-    print(f"{evaluated}; billed {summary['billed_gpu_seconds']:.1f} {summary['billing']['unit']} (steps "
-          f"{parts['steps']:.1f}, evaluations {parts['evaluations']:.1f}, set-up {parts['setup']:.1f}); "
-          f"wall {wall:.0f} s{resumed}")
+    unit = summary["billing"]["unit"]  # an action's seconds count once per GPU it holds (cost_metrics): no wall time
+    unit += f" x {gpus_per_actor} GPUs per actor" if unit == "action-seconds" and gpus_per_actor != 1 else ""
+    print(f"{evaluation_line(summary)}; billed {summary['billed_gpu_seconds']:.1f} {unit} (steps {parts['steps']:.1f}, "
+          f"evaluations {parts['evaluations']:.1f}, set-up {parts['setup']:.1f}); wall {wall:.0f} s{resumed}")
     profile, fid = summary.get("profile"), (summary.get("planner_fidelity") or {}).get("generate", {})
     if profile:
         print(f"planner profile: {profile['source']} {profile['name']}")

@@ -34,11 +34,31 @@ tail, a trade the other objectives price and the budget one has already bounded.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Mapping, Sequence
 
 from flows.planning.plan import Candidate
 
 OBJECTIVES = ("budget", "value", "slack", "paper")
+
+KNOB_OBJECTIVE = {"value_of_time_usd_per_s": "value", "time_slack": "slack", "budget_actors": "budget",
+                  "lam": "paper"}
+"""Each objective's knob (a ``scaling`` field) and the objective that reads it."""
+
+
+def unread_knob_warnings(objective: str, given: Iterable[str], names: Mapping[str, str] | None = None) -> list[str]:
+    """One warning line per knob in ``given`` (the fields the user set, e.g. pydantic's
+    ``model_fields_set``) that ``objective`` does not read: another objective's. ``names``: how
+    the user wrote each knob and ``objective`` (default ``scaling.<field>``; the simulator's flags).
+
+    >>> for line in unread_knob_warnings("budget", {"time_slack", "budget_actors"}):
+    ...     print(line)
+    warning: scaling.time_slack is the 'slack' objective's knob; scaling.objective is 'budget', which ignores it
+    """
+    names = names or {}
+    objective_name = names.get("objective", "scaling.objective")
+    return [f"warning: {names.get(knob, f'scaling.{knob}')} is the {owner!r} objective's knob; {objective_name} "
+            f"is {objective!r}, which ignores it"
+            for knob, owner in KNOB_OBJECTIVE.items() if knob in given and owner != objective]
 
 
 def pareto_mask(cands: Sequence[Candidate]) -> list[bool]:

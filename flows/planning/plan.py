@@ -46,8 +46,9 @@ class ClusterSpec:
     prefill_action: bool = True
     """False: no prefill action runs before the decode actors (``prefix.prefill_action_pays``
     found it costs more than it saves); each actor prefills its own prompts, so P = 0 and no
-    prefix KV travels. The actors' own prefill compute is part of their measured generation
-    time, which the live calibration's decode scale follows."""
+    prefix KV travels, and no candidate is infeasible (the §3.6 check needs a prefill window to
+    hide transfers behind; ``timeline.py``). The actors' own prefill compute is part of their
+    measured generation time, which the live calibration's decode scale follows."""
     colocated_actors: int = 1
     """Decode actors 0..k-1 run on the prefill actor's GPUs once prefill is done: they hold the
     weights and the prefix KV already (no cold start, no transfer). At most

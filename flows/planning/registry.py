@@ -18,6 +18,9 @@ GenerationPlan``; its plan is validated (``GenerationPlan.validate``).
 3
 >>> parse_scaling_policy("builtins:len").name
 'builtins:len'
+
+The simulator's ``static:N`` (a serverful allocation, ``flows/simulate/policies.py``) is refused
+with the live ``fixed:N`` named, not imported as a module ``static``.
 """
 
 from __future__ import annotations
@@ -96,6 +99,10 @@ def parse_scaling_policy(text: str) -> ScalingStrategy:
         importlib.import_module("flows.planning.scaling")
     if base in _FACTORIES:
         return _FACTORIES[base](arg)
+    if base.lower() == "static" and arg.isdigit():  # no function is named N: the simulator's policy
+        raise ValueError(f"scaling.policy={quote(text)}: static:N is the simulator's serverful baseline "
+                         f"(`rlhfless simulate`: N actors held for the whole phase); live, use 'fixed:{arg}' "
+                         f"({arg} generation actions, each released when it finishes)")
     if sep and base and arg:
         return FunctionPolicy(text)
     raise ValueError(f"scaling.policy={quote(text)} is unknown; use {FORMS}")

@@ -10,7 +10,9 @@ from ``timeline.evaluate_candidate``; each actor's decode time from the shrinkin
 estimate (cost.py) with every sample of a prompt at the prompt's predicted length. The min-max
 ranges are taken over feasible candidates; a zero range normalises to 0. Infeasible candidates
 stay in the table with their reason but are not chosen; if no N is feasible the smallest N is
-used and ``note`` says so. Ties go to the smaller N.
+used and ``note`` says so. Ties go to the smaller N. The check applies only where a prefill
+action runs (``ClusterSpec.prefill_action``; ``timeline.py`` says why): without one every
+candidate is feasible, and the plan run is one no other candidate beats on both time and cost.
 
 Assignments: ``ranked`` (the paper), ``round_robin`` (ablation baseline) and ``contiguous``
 (equal slices of the given order: the static serverful baseline's data-parallel split).

@@ -37,6 +37,15 @@ not an infeasible one). It is made on the decode times given, or on ``point_deco
 point estimate) where the planner passes stressed ones (``robust.py``), which answers that
 question; a stressed tail may fall on any actor, actor 0 included.
 
+The check applies only where a prefill action runs (``ClusterSpec.prefill_action``): it asks
+whether the transfers hide behind the prefill window, and without a prefill action there is
+none (P = 0), so any transfer would make equal slices of equal lengths infeasible. There the
+timeline above already charges every transfer and start to the phase time and the bill, which
+the objective weighs, so no candidate is infeasible and the planner never runs a plan another
+candidate beats on both time and cost. With a prefill action the check stands (the paper's
+constraint, as the simulator replays it): a plan that breaks it is not run even where its
+estimate is faster and cheaper.
+
 The simulator starts its actors with the same ``actor_start``, so plan and simulation agree
 when predictions are exact.
 """
@@ -127,7 +136,8 @@ def evaluate_candidate(decode: Sequence[float], tokens: Sequence[float], cluster
         billed += st.prewarm_idle_s + end - invoked
         start = st.cold_s + st.transfer_s + kv
         over = start + c.activation_s + check[i] - check0
-        if over > 0 and start > 0 and not reason:  # nothing to hide without a start (docstring)
+        # nothing to hide without a start, nor behind without a prefill window (docstring)
+        if over > 0 and start > 0 and c.prefill_action and not reason:
             reason = (f"actor {i}: start+transfer+decode exceeds prefill+decode of actor 0 "
                       f"by {over:.3f}s")
     return t_max, prefill_s * c.prefill_gpus + billed * c.gpus_per_actor, reason

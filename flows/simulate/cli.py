@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Sequence
 
 from flows.planning.lengths import FIRST_EPOCH_PREDICTORS
-from flows.planning.objective import check_objective
+from flows.planning.objective import KNOB_OBJECTIVE, check_objective, unread_knob_warnings
 from flows.planning.tpot import GPUS, LEARNER_MFU, MODELS, TpotProfile, learner_tokens_per_s, parse_roofline_spec
 from flows.simulate.bill_bound import capped_time_floor
 from flows.simulate.bound import max_speedup, phase_floor
@@ -220,7 +220,7 @@ def _from_identity(args: argparse.Namespace, profile: TpotProfile) -> tuple[str,
 
 
 def build_model(args: argparse.Namespace) -> ClusterModel:
-    """ClusterModel from parsed arguments (``check_flags``); ValueError on a bad profile."""
+    """ClusterModel from parsed arguments (``check_flags``); ValueError on a bad profile; warns of ignored knobs."""
     check_flags(args)
     check_objective(args.objective, args.lam, args.value_of_time, args.time_slack, args.budget_actors)
     if args.profile.startswith("roofline:"):
@@ -237,19 +237,21 @@ def build_model(args: argparse.Namespace) -> ClusterModel:
                          if args.learner_tokens_per_s
                          else f"{learner_gpus} x {GPUS[gpu].name} at {args.learner_mfu:.0%} MFU, "
                               f"10 x {spec.num_params / 1e9:.2f}B FLOPs per token = {rate:,.0f} tokens/s")
-    return ClusterModel(profile=profile, num_nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                        gpus_per_actor=args.gpus_per_actor, weight_bytes=spec.weight_bytes,
-                        kv_bytes_per_token=spec.kv_bytes_per_token,
-                        bandwidth_bytes_per_s=args.bandwidth_gb_per_gpu * 1e9 * args.gpus_per_actor,
-                        cold_start_s=args.cold_start_s, prewarm_idle_s=args.prewarm_idle_s,
-                        lam=args.lam, objective=args.objective,
-                        value_of_time_usd_per_s=args.value_of_time, time_slack=args.time_slack,
-                        budget_actors=args.budget_actors,
-                        cut_threshold=args.cut_threshold, rank_slack=_slack(args.rank_slack),
-                        n_min=args.n_min, n_max=args.n_max, colocated_actors=args.colocated_actors,
-                        continuation=args.continuation, migration=args.migration,
-                        prefer=args.prefer, learner_tokens_per_s=rate, learner_gpus=learner_gpus,
-                        first_epoch=args.first_epoch)
+    model = ClusterModel(profile=profile, num_nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                         gpus_per_actor=args.gpus_per_actor, weight_bytes=spec.weight_bytes,
+                         kv_bytes_per_token=spec.kv_bytes_per_token, cold_start_s=args.cold_start_s,
+                         bandwidth_bytes_per_s=args.bandwidth_gb_per_gpu * 1e9 * args.gpus_per_actor,
+                         prewarm_idle_s=args.prewarm_idle_s, lam=args.lam, objective=args.objective,
+                         value_of_time_usd_per_s=args.value_of_time, time_slack=args.time_slack,
+                         budget_actors=args.budget_actors, cut_threshold=args.cut_threshold,
+                         rank_slack=_slack(args.rank_slack), n_min=args.n_min, n_max=args.n_max,
+                         colocated_actors=args.colocated_actors, continuation=args.continuation,
+                         migration=args.migration, prefer=args.prefer, learner_tokens_per_s=rate,
+                         learner_gpus=learner_gpus, first_epoch=args.first_epoch)
+    given = {k for k in KNOB_OBJECTIVE if getattr(model, k) != getattr(ClusterModel, k)}  # off the flag's default
+    flags = {"objective": "--objective", **{k: "--" + k.removesuffix("_usd_per_s").replace("_", "-") for k in given}}
+    sys.stderr.writelines(f"rlhfless simulate: {w}\n" for w in unread_knob_warnings(model.objective, given, flags))
+    return model
 
 
 def format_table(runs: dict[str, PolicyRun], whole_step: bool = False, model: ClusterModel | None = None) -> str:
