@@ -19,7 +19,7 @@ import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from actions.config.quoting import quote
-from actions.config.section import BOOL_NOT_NUMBER, HomePath, bool_error_line
+from actions.config.section import BOOL_NOT_NUMBER, HomePath, bool_error_line, with_quiet_defaults
 from actions.config.section import Section as _Section
 from actions.config.workload import WorkloadConfig
 from actions.store.endpoints import has_userinfo
@@ -123,6 +123,10 @@ def check_store_uri(v: str) -> str:
         raise ValueError("store.uri carries a user name or password (user:password@) in a file:// URI, which names "
                          "a local directory (file:///path); for S3 use s3://bucket/prefix with the keys in AWS_* "
                          "variables")
+    if v.startswith("s3://"):  # the bucket's name, or credentials before it, refused before anything runs
+        from actions.store.s3_settings import split_uri  # boto3 with it: only for an S3 store
+
+        split_uri(v)
     if v.startswith(("s3://", "file://")) or (scheme not in ("s3", "file") and "://" not in v):
         return v
     if has_userinfo(v):  # not quoted: the part before '@' may be a password
@@ -309,6 +313,13 @@ class CampaignConfig(WorkloadConfig):
         the reference again and score on a share of the same cores. The fan-out elsewhere,
         where each activation brings its own accelerator."""
         return 1 if self.invoker.kind in ("local", "inprocess") else fan_out
+
+    def settings(self) -> dict[str, Any]:
+        """Every setting as ``rlhfless config`` prints it (JSON values, in field order, those a
+        dump leaves out at their defaults put back); with a dataset file the generated task's
+        sizes, refused beside it, are left out."""
+        generated = {"data": {"num_train_prompts", "num_eval_prompts"}} if self.data.train_path else None
+        return with_quiet_defaults(self, self.model_dump(mode="json", exclude=generated))
 
     def identity(self) -> dict[str, Any]:
         """The settings that define what a run computes; resuming requires them unchanged.

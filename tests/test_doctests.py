@@ -1,7 +1,8 @@
 """Run the doctest examples of the tasks, the data mapping, the reward functions, the scaling
 policies' registry, the phase clock, the decode-step timing, the leftovers garbage collection
 removes, the redaction of secrets (URL passwords included) from messages, and the command
-that continues a run (with the budget figure it asks for after a budget stop)."""
+that continues a run (with the budget figure it asks for after a budget stop), a refused resume's
+values as the user sets them, and the metrics table's blank for a metric a step lacks."""
 
 import doctest
 import importlib
@@ -14,7 +15,7 @@ MODULES = ["actions.tasks.repeat", "actions.tasks.arith", "actions.tasks.fields"
            "flows.step.timing", "flows.step.metrics",
            "actions.engines.decode_timing", "actions.models.hub", "flows.planning.leftovers",
            "actions.store.credentials", "actions.store.endpoints", "actions.config.quoting",
-           "flows.commands.resume_command"]
+           "flows.commands.resume_command", "flows.campaign.resume_values", "flows.campaign.artifacts"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -83,3 +83,20 @@ class Section(BaseModel):
             ctx = {**refusal, "field": info.field_name, "value": v}
             raise PydanticCustomError(BOOL_NOT_NUMBER, bool_error_line(info.field_name, ctx), ctx)
         return v
+
+
+def with_quiet_defaults(model: BaseModel, dumped: dict[str, Any]) -> dict[str, Any]:
+    """``dumped`` (``model``'s ``model_dump``) with the fields a dump leaves out at their default
+    (``exclude_if``: settings newer than runs and actions that refuse unknown keys) put back, in
+    field order: every setting shows, as ``rlhfless config --reference`` lists them."""
+    from pydantic_core import to_jsonable_python
+
+    out: dict[str, Any] = {}
+    for name, info in type(model).model_fields.items():
+        value = getattr(model, name)
+        if name in dumped:
+            out[name] = (with_quiet_defaults(value, dumped[name])
+                         if isinstance(value, BaseModel) and isinstance(dumped[name], dict) else dumped[name])
+        elif info.exclude_if is not None and info.exclude_if(value):
+            out[name] = to_jsonable_python(value)
+    return out

@@ -66,8 +66,8 @@ def grpo_loss(
     Returns:
         ``(loss, metrics)``: a scalar to minimise, and python floats ``"loss"`` (that scalar:
         TRL's ``loss``), ``"loss/policy"`` (its clipped surrogate alone, without the KL term),
-        ``"kl"`` (token-mean KL estimate, 0.0 when not computed), ``"clipfrac"`` and
-        ``"ratio_mean"``.
+        ``"kl"`` (token-mean KL estimate; absent without ``ref_logp``, as PPO's and TRL's
+        with a zero KL weight: no KL is computed), ``"clipfrac"`` and ``"ratio_mean"``.
     """
     if advantages.shape != logp.shape[:1]:
         raise ValueError(
@@ -79,7 +79,6 @@ def grpo_loss(
         logp, old_logp, token_advantages, mask, clip_low=clip_low, clip_high=clip_high, loss_agg=loss_agg,
         norm_tokens=norm_tokens,
     )
-    kl_value = 0.0
     if ref_logp is not None:
         real = mask.bool()
         zeros = torch.zeros_like(logp)
@@ -88,12 +87,11 @@ def grpo_loss(
             torch.where(real, logp, zeros), torch.where(real, ref_logp, zeros).detach(), kl_kind
         )
         kl_mean = masked_mean(kl, mask)
-        kl_value = kl_mean.item()
+        metrics["kl"] = kl_mean.item()
         if kl_coef != 0.0:
             reduced = kl_mean if loss_agg == "token_mean" else aggregate(kl, mask, loss_agg, norm_tokens)
             loss = loss + kl_coef * reduced
     elif kl_coef != 0.0:
         raise ValueError(f"ref_logp is None but kl_coef={kl_coef}; pass ref_logp or set kl_coef=0")
-    metrics["kl"] = kl_value
     metrics["loss"] = loss.item()
     return loss, metrics

@@ -59,6 +59,20 @@ def plan_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:
             for i, c in enumerate(plan.get("candidates", []))]
 
 
+def metrics_rows(steps: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The metrics table's rows: each step's ``TABLE_METRICS`` rounded to 5 decimals, blank
+    where the step has no such metric (``kl`` where no KL is computed: ``algorithm.kl_coef`` 0),
+    never a 0 it did not measure.
+
+    >>> metrics_rows([{"step": 0, "kl": 0.0123456, "loss/policy": -0.5}])[0]["kl"]
+    0.01235
+    >>> metrics_rows([{"step": 1, "loss/policy": -0.5}])[0]["kl"]
+    ''
+    """
+    return [{"step": int(s["step"]) + 1, **{m: round(float(s[m]), 5) if s.get(m) is not None else ""
+                                            for m in TABLE_METRICS}} for s in steps]
+
+
 def publish_step_artifacts(run_id: str, steps: list[dict[str, Any]], evals: Sequence[EvalRecord],
                            unit: str) -> bool:
     """Publish the artifacts of the latest step; ``unit`` names what billed time is on this
@@ -72,9 +86,7 @@ def publish_step_artifacts(run_id: str, steps: list[dict[str, Any]], evals: Sequ
     key, last = slug(run_id), steps[-1]
     shown = steps[-TABLE_ROWS:]
     table = create_table_artifact(key=f"{key}-metrics", description=_table_description(len(steps), len(shown)),
-                                  table=[{"step": int(s["step"]) + 1,
-                                          **{m: round(float(s.get(m, 0.0)), 5) for m in TABLE_METRICS}}
-                                         for s in shown])
+                                  table=metrics_rows(shown))
     _replace_table((FlowRunContext.get().flow_run.id, f"{key}-metrics"), table)
     plan = last.get("plan", {})
     create_table_artifact(key=f"{key}-plan", description=f"fan-out candidates, step {int(last['step']) + 1}: "

@@ -34,6 +34,7 @@ from actions.store.safe_paths import STORE_FIX, UnsafeName, check_name, shown
 from flows.campaign.data_copies import reconcile_data_paths
 from flows.campaign.earlier_ids import as_recorded_then
 from flows.campaign.history import seal, unseal
+from flows.campaign.resume_values import as_set
 from flows.campaign.reward_copies import described, reconcile_reward_paths
 from flows.config import CampaignConfig, fingerprint_of
 from flows.planning.planner import PlannerState
@@ -354,8 +355,9 @@ def check_resume(existing: CampaignState | None, cfg: CampaignConfig, resume: bo
     if existing.fingerprint != fingerprint_of(identity):
         # a reward model's path by what the folder holds (``described``), any other by its values
         differing = differing_values(existing.identity, identity)
+        # the values as --set takes them: a key the identity lacks is its default (resume_values)
         diff = [d if store is not None and (d := described(k, existing.identity, identity)) != k
-                else _run_and_now(k, a, b) for k, a, b in differing]
+                else _run_and_now(k, a, b) for k, a, b in as_set(differing, existing.identity, identity)]
         shown = "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
         raise CampaignRefused(
             f"refusing to resume run {existing.run_id!r}: it was made with a different configuration "

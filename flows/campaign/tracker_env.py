@@ -44,14 +44,16 @@ def tracker_error(tracker: str, exc: BaseException) -> ValueError:
 def check_mlflow() -> None:
     """MLflow's tracking URI names a store MLflow can open here: its scheme has a store builder
     in MLflow's own registry (a database scheme needs sqlalchemy, which mlflow-skinny leaves
-    out), a ``file:`` store is allowed (``MLFLOW_ALLOW_FILE_STORE``), and an ``http(s)`` server
-    answers (one request, ``PROBE_TIMEOUT_S``). Nothing is created: a database or a file store
-    is only opened by the tracker.
+    out), a database's driver is installed (``check_database_driver``), a ``file:`` store is
+    allowed (``MLFLOW_ALLOW_FILE_STORE``), and an ``http(s)`` server answers (one request,
+    ``PROBE_TIMEOUT_S``). Nothing is created: a database or a file store is only opened by the
+    tracker.
 
     Raises:
         ValueError: one line naming MLFLOW_TRACKING_URI, its value (without credentials) and the fix.
     """
     import mlflow
+    from mlflow.store.db.db_types import DATABASE_ENGINES
     from mlflow.utils.uri import get_uri_scheme
 
     uri = mlflow.get_tracking_uri()
@@ -61,19 +63,52 @@ def check_mlflow() -> None:
     field = "observability.report_to 'mlflow'"
     schemes = _mlflow_store_schemes()
     if schemes is not None and scheme not in schemes:
-        from mlflow.store.db.db_types import DATABASE_ENGINES
-
         fix = ("install sqlalchemy (mlflow-skinny leaves it out) for a database store"
                if scheme in DATABASE_ENGINES else
                "set it to a database (sqlite:///mlflow.db), an http(s):// tracking server or a file: store")
         raise ValueError(f"{field}: {named} names no tracking store MLflow can open here (scheme {scheme!r}; "
                          f"known: {', '.join(sorted(s for s in schemes if s))}); {fix}")
+    if scheme in DATABASE_ENGINES:
+        check_database_driver(uri, f"{field}: {named}")
     if scheme in ("", "file") and not _file_store_allowed():
         raise ValueError(f"{field}: {named} is a file store, which MLflow 3 opens only with "
                          "MLFLOW_ALLOW_FILE_STORE=true; set that, or MLFLOW_TRACKING_URI to a database "
                          "such as sqlite:///mlflow.db")
     if scheme in ("http", "https"):
         _probe_mlflow_server(uri, f"{field}: {named}")
+
+
+DRIVER_PACKAGES = {"psycopg2": "psycopg2-binary", "psycopg": "psycopg[binary]", "MySQLdb": "mysqlclient",
+                   "pymysql": "PyMySQL", "pyodbc": "pyodbc", "pymssql": "pymssql"}
+"""A database driver's module -> the package that installs it, where the names differ or are
+unclear (any other module is named as its own package)."""
+
+
+def check_database_driver(uri: str, named: str) -> None:
+    """The database URI ``uri`` can be opened here: SQLAlchemy knows its dialect and imports
+    its driver (``create_engine`` loads both and connects to nothing; MLflow opens its store
+    the same way, after the run started). ``named``: how the message names the URI (its
+    credentials already removed).
+
+    Raises:
+        ValueError: one line with ``named``, the driver's module and the package to install.
+    """
+    try:
+        import sqlalchemy
+    except ImportError:
+        raise ValueError(f"{named} is a database, which MLflow opens with sqlalchemy; install sqlalchemy "
+                         "(mlflow-skinny leaves it out)") from None
+    try:
+        sqlalchemy.create_engine(uri).dispose()
+    except ImportError as exc:  # the dialect's driver (ModuleNotFoundError: a missing module)
+        module = (exc.name or "").split(".")[0] or "the database driver"
+        package = DRIVER_PACKAGES.get(module, module)
+        raise ValueError(f"{named} needs the database driver {module!r}, which is not installed; "
+                         f"install it (pip install '{package}') or use a database whose driver is, such as "
+                         "sqlite:///mlflow.db") from None
+    except Exception as exc:  # an unknown dialect (postgresql+nosuch), a malformed URL
+        raise ValueError(f"{named}: SQLAlchemy cannot open it ({type(exc).__name__}: "
+                         f"{redact(' '.join(str(exc).split()))[:200]}); fix MLFLOW_TRACKING_URI") from None
 
 
 def _mlflow_store_schemes() -> set[str] | None:

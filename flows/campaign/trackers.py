@@ -13,8 +13,9 @@ computed as TRL's, ``actions/rl/batch.py``). Evaluations go in as
 Each tracker is an optional extra (``pip install 'rlhfless[wandb]'``) configured by its own
 environment, as in TRL: ``WANDB_PROJECT``, ``WANDB_MODE=offline``, ``MLFLOW_TRACKING_URI``
 (a database such as ``sqlite:///mlflow.db``, or a ``file:`` store, which MLflow 3 allows only with
-``MLFLOW_ALLOW_FILE_STORE=true`` and which cannot hold TRL's ``reward`` beside ``reward/mean``:
-there the TRL name is left out), ``MLFLOW_EXPERIMENT_NAME``, ``TRACKIO_PROJECT``... A campaign's
+``MLFLOW_ALLOW_FILE_STORE=true`` and which cannot hold a metric beside a folder of the same name:
+there TRL's ``reward`` and GRPO's ``loss``, beside ``reward/mean`` and ``loss/policy``, are left
+out), ``MLFLOW_EXPERIMENT_NAME``, ``TRACKIO_PROJECT``... A campaign's
 tracker runs are named by its run id and keyed by its ``tracker_key`` (``CampaignState``: made with
 the run's first commit), so a resumed campaign continues the same runs where the tracker can
 (wandb's run id ``<run_id>-<key>`` with ``resume="allow"``, the MLflow run tagged with both, trackio's
@@ -25,6 +26,13 @@ package, or an environment the tracker cannot start with (``tracker_env.py``), i
 (``check_trackers``, called by the pre-flight); a tracker that fails later all the same fails
 the campaign with one line naming it. A tracker's run ends as the campaign did (``RunEnd``:
 finished, failed, or killed by Ctrl-C or SIGTERM).
+
+A tracker run's configuration (wandb's and trackio's ``config``, MLflow's params, flattened to
+dotted keys) is every setting the campaign runs with, as ``rlhfless config`` prints it
+(:func:`run_settings`), not the run id's fingerprint (``CampaignConfig.identity``, which leaves
+out steps, budgets and settings at their defaults). The configuration holds no secret by design
+(keys and passwords come from the environment); a URL's user name and password are removed all
+the same.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from actions.store.credentials import redact
 from flows.campaign.tensorboard import ScalarBoard, step_scalars
 from flows.campaign.tracker_env import check_mlflow, check_wandb, tracker_error
 from flows.config import CampaignConfig
@@ -85,6 +94,25 @@ def without_path_prefixes(scalars: dict[str, float]) -> dict[str, float]:
     {'reward/mean': 1.0, 'reward_std': 0.0}
     """
     return {k: v for k, v in scalars.items() if not any(o.startswith(k + "/") for o in scalars)}
+
+
+def run_settings(cfg: CampaignConfig, run_id: str) -> dict[str, Any]:
+    """Every setting of ``cfg`` as ``rlhfless config`` prints it (``flows/commands/config_show.py``):
+    defaults filled in, automatic values resolved (PPO's ``algorithm.kl_kind`` is ``k1``, as
+    set), the settings a dump leaves out at their defaults put back, and with a dataset file
+    the generated task's sizes left out; ``run_id`` is the campaign's (resolved) id. Strings
+    pass through ``redact`` (a URL's ``user:password@``)."""
+    settings = cfg.settings()
+    settings["run_id"] = run_id
+    return _redacted(settings)
+
+
+def _redacted(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _redacted(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_redacted(v) for v in tree]
+    return redact(tree) if isinstance(tree, str) else tree
 
 
 def evals_at(step: int, evals: Sequence[EvalRecord]) -> list[tuple[int, dict[str, float]]]:
@@ -144,7 +172,7 @@ class _Wandb:
         folder = Path(os.environ.get("WANDB_DIR") or run_dir)  # wandb writes <folder>/wandb/
         folder.mkdir(parents=True, exist_ok=True)
         self._run = wandb.init(project=os.environ.get("WANDB_PROJECT", DEFAULT_PROJECT), id=keyed(run_id, key),
-                               name=run_id, resume="allow", dir=str(folder), config=cfg.identity(),
+                               name=run_id, resume="allow", dir=str(folder), config=run_settings(cfg, run_id),
                                reinit="create_new")
 
     def add_step(self, step: int, metrics: dict[str, Any], evals: Sequence[EvalRecord]) -> None:
@@ -175,7 +203,7 @@ class _Mlflow:
         self._run = mlflow.start_run(run_id=found[0].info.run_id) if found else mlflow.start_run(
             run_name=run_id, tags=tags)
         if not found:
-            mlflow.log_params({k: str(v)[:500] for k, v in _flat(cfg.identity()).items()})
+            mlflow.log_params({k: str(v)[:500] for k, v in _flat(run_settings(cfg, run_id)).items()})
 
     def add_step(self, step: int, metrics: dict[str, Any], evals: Sequence[EvalRecord]) -> None:
         scalars = step_scalars(metrics)
@@ -195,7 +223,7 @@ class _Trackio:
 
         self._trackio = trackio
         trackio.init(project=os.environ.get("TRACKIO_PROJECT", DEFAULT_PROJECT), name=keyed(run_id, key),
-                     config=cfg.identity(), resume="allow")
+                     config=run_settings(cfg, run_id), resume="allow")
 
     def add_step(self, step: int, metrics: dict[str, Any], evals: Sequence[EvalRecord]) -> None:
         scalars = step_scalars(metrics)

@@ -72,9 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
     written = config_input(args.config, list(args.overrides))  # the file read once
     cfg = validate_config(written)
-    # with a dataset file, the generated task's sizes are left out: refused beside it
-    generated = {"data": {"num_train_prompts", "num_eval_prompts"}} if cfg.data.train_path else None
-    dumped = with_quiet_defaults(cfg, cfg.model_dump(mode="json", exclude=generated))
+    dumped = cfg.settings()
     lines = []
     if dumped.get("run_id") is None:
         lines.append(f"# run_id derived from this configuration: {cfg.resolved_run_id()}")
@@ -84,23 +82,6 @@ def run(args: argparse.Namespace) -> int:
                      "dataset, task or algorithm, drop these")
     lines.append(yaml.safe_dump(dumped, sort_keys=False, allow_unicode=True))
     return emit("\n".join(lines))
-
-
-def with_quiet_defaults(model: BaseModel, dumped: dict[str, Any]) -> dict[str, Any]:
-    """``dumped`` (``model``'s ``model_dump``) with the fields a dump leaves out at their default
-    (``exclude_if``: settings newer than runs and actions that refuse unknown keys) put back, in
-    field order: the printed configuration shows every setting, as ``--reference`` does."""
-    from pydantic_core import to_jsonable_python
-
-    out: dict[str, Any] = {}
-    for name, info in type(model).model_fields.items():
-        value = getattr(model, name)
-        if name in dumped:
-            out[name] = (with_quiet_defaults(value, dumped[name])
-                         if isinstance(value, BaseModel) and isinstance(dumped[name], dict) else dumped[name])
-        elif info.exclude_if is not None and info.exclude_if(value):
-            out[name] = to_jsonable_python(value)
-    return out
 
 
 def emit(text: str) -> int:
