@@ -1,5 +1,5 @@
 """A knob of another objective than the one configured is named in one warning line, where the
-user set it (``train``: the fields the config gives; ``simulate``: a flag off its default)."""
+user set it off its default (``train`` and ``config``: a setting; ``simulate``: a flag)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,28 @@ def test_train_warns_of_a_knob_its_objective_ignores(monkeypatch, capsys, tmp_pa
     assert cli.main(args) == 2
     lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warning: scaling.")]
     assert len(lines) == (1 if warned else 0), lines
+
+
+def test_config_warns_on_stderr_and_a_configuration_it_wrote_back_warns_of_nothing(capsys, tmp_path, monkeypatch):
+    import flows.commands.cli as cli
+
+    assert cli.main(["config", "--set", "scaling.objective=budget", "--set", "scaling.time_slack=0.2"]) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines() == ["warning: scaling.time_slack is the 'slack' objective's knob; scaling.objective is "
+                                "'budget', which ignores it"]
+    assert "warning" not in out  # stdout stays the YAML that --config reads
+    (tmp_path / "whole.yaml").write_text(out)  # every knob written, all but time_slack at their defaults
+    assert cli.main(["config", "--config", str(tmp_path / "whole.yaml")]) == 0
+    assert capsys.readouterr().err.splitlines() == err.splitlines()
+
+    def stop(*args, **kwargs):
+        raise cli.UsageError("stopped before the campaign")
+
+    monkeypatch.setattr(cli, "_preflight", stop)
+    assert cli.main(["config"]) == 0
+    (tmp_path / "default.yaml").write_text(capsys.readouterr().out)
+    assert cli.main(["train", "--out", str(tmp_path / "o"), "--config", str(tmp_path / "default.yaml")]) == 2
+    assert "warning: scaling." not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags, warned", [

@@ -186,7 +186,7 @@ def _earlier_run(cfg: Any) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from flows.config import load_config
-    from flows.planning.objective import unread_knob_warnings
+    from flows.planning.objective import knobs_off_default, unread_knob_warnings
 
     if args.steps is not None and args.steps < 1:
         raise UsageError(f"--steps {args.steps}: a campaign runs at least one RL step; pass --steps N with N >= 1")
@@ -196,7 +196,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.run_id is not None:  # "" is refused by the validator, not silently replaced by the default
         overrides.append(f"run_id={json.dumps(args.run_id)}")  # a JSON string is a YAML string: "007" stays text
     cfg = load_config(args.config, overrides)
-    sys.stderr.writelines(f"{w}\n" for w in unread_knob_warnings(cfg.scaling.objective, cfg.scaling.model_fields_set))
+    sys.stderr.writelines(f"{w}\n" for w in unread_knob_warnings(cfg.scaling.objective, knobs_off_default(cfg.scaling)))
     if args.resume:
         _earlier_run(cfg)
     out = Path(args.out or f"runs/{cfg.resolved_run_id()}")

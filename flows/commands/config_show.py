@@ -69,9 +69,11 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from flows.config import CampaignConfig, config_input, validate_config
+    from flows.planning.objective import knobs_off_default, unread_knob_warnings
 
     written = config_input(args.config, list(args.overrides))  # the file read once
     cfg = validate_config(written)
+    sys.stderr.writelines(f"{w}\n" for w in unread_knob_warnings(cfg.scaling.objective, knobs_off_default(cfg.scaling)))
     dumped = cfg.settings()
     lines = []
     if dumped.get("run_id") is None:

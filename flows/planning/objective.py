@@ -34,7 +34,7 @@ tail, a trade the other objectives price and the budget one has already bounded.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from flows.planning.plan import Candidate
 
@@ -45,9 +45,17 @@ KNOB_OBJECTIVE = {"value_of_time_usd_per_s": "value", "time_slack": "slack", "bu
 """Each objective's knob (a ``scaling`` field) and the objective that reads it."""
 
 
+def knobs_off_default(scaling: Any) -> set[str]:
+    """The knobs (``KNOB_OBJECTIVE``) the pydantic section ``scaling`` holds at a value other
+    than its default: what the user chose. A configuration written back whole by ``rlhfless
+    config`` sets every knob, most at their defaults, and those are no choice to warn of."""
+    fields = type(scaling).model_fields
+    return {k for k in KNOB_OBJECTIVE if k in fields and getattr(scaling, k) != fields[k].default}
+
+
 def unread_knob_warnings(objective: str, given: Iterable[str], names: Mapping[str, str] | None = None) -> list[str]:
-    """One warning line per knob in ``given`` (the fields the user set, e.g. pydantic's
-    ``model_fields_set``) that ``objective`` does not read: another objective's. ``names``: how
+    """One warning line per knob in ``given`` (the knobs the user chose, :func:`knobs_off_default`)
+    that ``objective`` does not read: another objective's. ``names``: how
     the user wrote each knob and ``objective`` (default ``scaling.<field>``; the simulator's flags).
 
     >>> for line in unread_knob_warnings("budget", {"time_slack", "budget_actors"}):
