@@ -19,25 +19,17 @@ from actions.store import LocalStore
 from flows.commands.cli import main
 from flows.commands.tiny_model_dir import write_tiny_model_dir
 
+try:
+    from test_model_folder_checks import prepare_and_commit
+except ImportError:  # tests/ imported as a package
+    from tests.test_model_folder_checks import prepare_and_commit
+
 IDS = torch.tensor([[5, 9, 14, 3, 22, 7]])
 
 
 def _run(tmp: Path, run: str, *overrides: str) -> tuple[LocalStore, object, object]:
-    """(store, commit 0, config) of run ``run``, prepared from a tiny Qwen2 folder (no warm-up:
-    commit 0's policy is the initial weights as read, in fp32)."""
-    from actions.prepare import prepare
-    from flows.campaign.state import CampaignState, commit_state
-    from flows.config import load_config
-
-    model = write_tiny_model_dir(tmp / "qwen2", "qwen2").path
-    cfg = load_config(None, [f"model.path={model}", f"store.uri={tmp / 'store'}", f"run_id={run}",
-                             "warmup.steps=0", *overrides])
-    store = LocalStore(tmp / "store")
-    prepared = prepare(cfg.workload(), store, f"runs/{run}")
-    state = CampaignState(run_id=run, fingerprint=cfg.fingerprint(), identity=cfg.identity(), step=0,
-                          policy_key=prepared.init_key, reference_key=prepared.init_key, prepared=prepared)
-    commit_state(store, state)
-    return store, state, cfg
+    """(store, commit 0, config) of run ``run``, prepared from a tiny Qwen2 folder."""
+    return prepare_and_commit(tmp, write_tiny_model_dir(tmp / "qwen2", "qwen2").path, run, *overrides)
 
 
 def _ref(store: LocalStore, state, cfg, **update) -> ModelRef:

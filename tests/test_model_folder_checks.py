@@ -18,8 +18,9 @@ from flows.commands.tiny_model_dir import write_tiny_model_dir
 from flows.config import load_config
 
 
-def _prepare_and_commit(tmp: Path, folder: Path, run: str, *overrides: str):
-    """(store, commit 0) of run ``run`` prepared from ``folder`` (no warm-up)."""
+def prepare_and_commit(tmp: Path, folder: Path, run: str, *overrides: str):
+    """(store, commit 0, config) of run ``run`` prepared from ``folder`` (no warm-up: commit 0's
+    policy is the initial weights as read, in fp32)."""
     from actions.prepare import prepare
     from flows.campaign.state import CampaignState, commit_state
 
@@ -30,7 +31,7 @@ def _prepare_and_commit(tmp: Path, folder: Path, run: str, *overrides: str):
     state = CampaignState(run_id=run, fingerprint=cfg.fingerprint(), identity=cfg.identity(), step=0,
                           policy_key=prepared.init_key, reference_key=prepared.init_key, prepared=prepared)
     commit_state(store, state)
-    return store, state
+    return store, state, cfg
 
 
 def _nothing_written(tmp: Path) -> bool:
@@ -51,7 +52,7 @@ def test_the_export_drops_lengths_and_token_rules_the_run_never_applied(tmp_path
                begin_suppress_tokens=[8], bad_words_ids=[[7]], forced_bos_token_id=10, forced_eos_token_id=9,
                sequence_bias={(11,): -5.0}, exponential_decay_length_penalty=(2, 1.5), stop_strings=["ab"])
     GenerationConfig(eos_token_id=source.eos_token_id, do_sample=True, temperature=0.6, **odd).save_pretrained(folder)
-    store, _ = _prepare_and_commit(tmp_path, folder, "gen", "generation.max_new_tokens=7")
+    store, _, _ = prepare_and_commit(tmp_path, folder, "gen", "generation.max_new_tokens=7")
     assert main(["export", "gen", "--store", str(store.root), "--out", str(tmp_path / "out")]) == 0
     capsys.readouterr()
     saved = json.loads((tmp_path / "out" / "generation_config.json").read_text())
@@ -270,7 +271,7 @@ def test_a_slow_tokenizer_s_files_beside_tokenizer_json_are_exported_verbatim(tm
     slow = {"vocab.json": b'{"a": 0}', "merges.txt": b"#version: 0.2\n", "tokenizer.model": bytes(range(256))}
     for name, data in slow.items():
         (folder / name).write_bytes(data)
-    store, _ = _prepare_and_commit(tmp_path, folder, "tok")
+    store, _, _ = prepare_and_commit(tmp_path, folder, "tok")
     assert main(["export", "tok", "--store", str(store.root), "--out", str(tmp_path / "out")]) == 0
     capsys.readouterr()
     for name in ("tokenizer.json", "tokenizer_config.json", *slow):

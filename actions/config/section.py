@@ -100,3 +100,20 @@ def with_quiet_defaults(model: BaseModel, dumped: dict[str, Any]) -> dict[str, A
         elif info.exclude_if is not None and info.exclude_if(value):
             out[name] = to_jsonable_python(value)
     return out
+
+
+def section_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
+    """(the section class a field's ``annotation`` holds, or None; whether it is a list of them):
+    ``X``, ``X | None``, ``list[X] | None``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is list and args:
+        inner, _ = section_of(args[0])
+        return inner, True
+    if origin in (typing.Union, types.UnionType):
+        for arg in args:
+            inner, many = section_of(arg)
+            if inner is not None:
+                return inner, many
+    return None, False

@@ -12,13 +12,12 @@ default, PPO's estimator its own name.
 from __future__ import annotations
 
 import re
-import types
-import typing
 from typing import Any
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
+from actions.config.section import section_of
 from flows.config import CampaignConfig
 
 _MISSING = object()
@@ -98,16 +97,5 @@ def default_of(key: str) -> Any:
             return None
         default = (info.default_factory() if info.default_factory is not None  # type: ignore[call-arg]
                    else None if info.default is PydanticUndefined else info.default)
-        model = _section(info.annotation)
+        model = section_of(info.annotation)[0]
     return to_jsonable_python(default)
-
-
-def _section(annotation: Any) -> type[BaseModel] | None:
-    """The configuration section an annotation holds (``LoraConfig | None``, ``list[RewardModelConfig]``)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType, list):
-        for arg in typing.get_args(annotation):
-            if (found := _section(arg)) is not None:
-                return found
-    return None

@@ -38,6 +38,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from actions.config.section import section_of
+
 HEADER = """# Configuration reference
 
 Every key of a campaign's configuration: the YAML file of `rlhfless train --config FILE` (or a
@@ -157,7 +159,7 @@ def keys(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, Key]]:
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
         entry = Key(field.annotation, field, attribute_docs(model).get(name, ""))
-        inner, many = _section_of(field.annotation)
+        inner, many = section_of(field.annotation)
         if inner is None:
             yield key, entry
             continue
@@ -185,22 +187,6 @@ def _own_attribute_docs(cls: type) -> dict[str, str]:
                 and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
             out[stmt.target.id] = inspect.cleandoc(nxt.value.value)
     return out
-
-
-def _section_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
-    """(the section class ``annotation`` holds, whether it is a list of them)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation, False
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is list and args:
-        inner, _ = _section_of(args[0])
-        return inner, True
-    if origin in (typing.Union, types.UnionType):
-        for arg in args:
-            inner, many = _section_of(arg)
-            if inner is not None:
-                return inner, many
-    return None, False
 
 
 def type_text(annotation: Any) -> str:
@@ -249,7 +235,7 @@ def _section_doc(model: type[BaseModel], section: str) -> str:
     field = model.model_fields.get(section)
     if not section or field is None:
         return ""
-    inner, _ = _section_of(field.annotation)
+    inner, _ = section_of(field.annotation)
     own = attribute_docs(model).get(section, "")
     cls_doc = (inner.__doc__ or "") if inner is not None and inner.__doc__ != BaseModel.__doc__ else ""
     return text(own or cls_doc)
